@@ -1,0 +1,1 @@
+"""Keeping conversations inside the context window."""

@@ -1,0 +1,200 @@
+"""The exceptions littleghost raises.
+
+Every exception takes its message as the first positional argument; other fields are
+keyword-only with defaults. The tree::
+
+    LittleGhostError
+    ├── ConfigurationError (also ValueError)   a declaration or argument is wrong
+    ├── ProviderError                          a model provider answered with an error
+    │   ├── RateLimitError                     429: retried after ``retry_after``
+    │   ├── ProviderUnavailableError           5xx, timeout, connection: retried
+    │   ├── ContextWindowOverflowError         the prompt is over the window: never retried
+    │   └── InvalidRequestError                any other 4xx: never retried
+    ├── OutputLimitError                       the answer stopped at ``max_tokens``
+    ├── ProtocolError                          a reply or script broke the expected shape
+    ├── DeadlineExceededError (also TimeoutError)
+    ├── CleanupError                           resources did not shut down cleanly
+    ├── LimitExceededError                     ``max_turns`` or ``max_tool_calls`` overrun
+    └── SessionStoreError                      a session store failed
+        ├── CorruptSessionStoreError           not a littleghost store, or damaged
+        ├── SchemaVersionError                 written by a newer littleghost
+        ├── UnknownSessionError                no session with that id
+        ├── SessionBusyError                   another run holds the session
+        └── UnstorableValueError               a value the store cannot keep
+
+Cancellation is never wrapped: anyio's native cancellation exception propagates as is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from littleghost.models import ModelResponse
+
+__all__ = [
+    "CleanupError",
+    "ConfigurationError",
+    "ContextWindowOverflowError",
+    "CorruptSessionStoreError",
+    "DeadlineExceededError",
+    "InvalidRequestError",
+    "LimitExceededError",
+    "LittleGhostError",
+    "OutputLimitError",
+    "ProtocolError",
+    "ProviderError",
+    "ProviderUnavailableError",
+    "RateLimitError",
+    "SchemaVersionError",
+    "SessionBusyError",
+    "SessionStoreError",
+    "UnknownSessionError",
+    "UnstorableValueError",
+]
+
+
+class LittleGhostError(Exception):
+    """The root of every error littleghost raises."""
+
+
+class ConfigurationError(LittleGhostError, ValueError):
+    """A declaration, constructor argument or environment setting is invalid."""
+
+
+class ProviderError(LittleGhostError):
+    """A model provider answered with an error.
+
+    Args:
+        message: What went wrong, without message content.
+        status: The HTTP status, when there was one.
+        code: The provider's error code or type, when it sent one.
+        provider: The provider's name (``openai``, ``anthropic``, ...).
+        retry_after: Seconds the provider asked to wait before retrying.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        provider: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.provider = provider
+        self.retry_after = retry_after
+
+
+class RateLimitError(ProviderError):
+    """The provider is rate limiting; the call is retried after ``retry_after``."""
+
+
+class ProviderUnavailableError(ProviderError):
+    """The provider is overloaded, down or unreachable; the call is retried."""
+
+
+class ContextWindowOverflowError(ProviderError):
+    """The prompt does not fit the model's context window. Never retried as is.
+
+    Args:
+        prompt_tokens: The prompt size the provider reported, when it did.
+        context_window: The window the provider reported, when it did.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        provider: str | None = None,
+        retry_after: float | None = None,
+        prompt_tokens: int | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        super().__init__(
+            message, status=status, code=code, provider=provider, retry_after=retry_after
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
+class InvalidRequestError(ProviderError):
+    """The provider rejected the request (a 4xx other than rate limits and overflow)."""
+
+
+class OutputLimitError(LittleGhostError):
+    """The model stopped at its output limit before completing its answer.
+
+    Args:
+        response: The cut-off ``ModelResponse``.
+    """
+
+    def __init__(self, message: str, *, response: ModelResponse | None = None) -> None:
+        super().__init__(message)
+        self.response = response
+
+
+class ProtocolError(LittleGhostError):
+    """A reply, a script or a history broke the shape littleghost expects."""
+
+
+class DeadlineExceededError(LittleGhostError, TimeoutError):
+    """The run's deadline passed."""
+
+
+class CleanupError(LittleGhostError):
+    """Resources did not shut down cleanly; always propagates."""
+
+
+class LimitExceededError(LittleGhostError):
+    """The run went past ``max_turns`` or ``max_tool_calls``.
+
+    Args:
+        limit: The name of the limit (``max_turns`` or ``max_tool_calls``).
+        value: The limit's value.
+    """
+
+    def __init__(self, message: str, *, limit: str | None = None, value: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+
+
+class SessionStoreError(LittleGhostError):
+    """A session store could not do what was asked; nothing stored was changed.
+
+    Args:
+        session_id: The session concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class CorruptSessionStoreError(SessionStoreError):
+    """The store's file or tables are damaged or were not written by littleghost."""
+
+
+class SchemaVersionError(SessionStoreError):
+    """The store was written by a newer littleghost with a schema this one cannot read."""
+
+
+class UnknownSessionError(SessionStoreError, KeyError):
+    """No session has that id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class SessionBusyError(SessionStoreError):
+    """Another run holds the session and waiting for it was not possible."""
+
+
+class UnstorableValueError(SessionStoreError, TypeError):
+    """A message holds a value the store cannot keep (metadata must be JSON-like)."""

@@ -1,0 +1,102 @@
+"""The typed events a streaming run yields (values only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attrs import frozen
+
+from littleghost.messages import ToolCall, ToolResult
+from littleghost.models.base import StopReason, Usage
+
+if TYPE_CHECKING:
+    from littleghost.run import RunResult
+
+__all__ = [
+    "CompactionFinished",
+    "CompactionStarted",
+    "Event",
+    "ModelCallFinished",
+    "ModelCallRetried",
+    "RunFinished",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
+]
+
+
+@frozen
+class TextDelta:
+    """A piece of the answer's text, as the model wrote it."""
+
+    text: str
+
+
+@frozen
+class ToolCallStarted:
+    """A tool call is about to run."""
+
+    call: ToolCall
+
+
+@frozen
+class ToolCallFinished:
+    """A tool call finished; ``result.is_error`` tells whether it failed."""
+
+    result: ToolResult
+
+
+@frozen
+class CompactionStarted:
+    """Context management began compacting (``reason``: ``threshold`` or ``overflow``)."""
+
+    reason: str
+    estimated_tokens: int
+    context_window_tokens: int
+
+
+@frozen
+class CompactionFinished:
+    """A compaction attempt ended (``outcome``: ``completed`` or ``error``)."""
+
+    reason: str
+    outcome: str
+    removed_messages: int
+    estimated_tokens_after: int | None
+    error_type: str | None
+    usage: Usage
+
+
+@frozen
+class ModelCallRetried:
+    """A transient error interrupted a model call; drop the text it streamed, it is retried."""
+
+    attempt: int
+    error_type: str
+
+
+@frozen
+class ModelCallFinished:
+    """A model call of the run completed."""
+
+    usage: Usage
+    stop_reason: StopReason
+
+
+@frozen
+class RunFinished:
+    """The run completed."""
+
+    result: RunResult
+
+
+Event = (
+    TextDelta
+    | ToolCallStarted
+    | ToolCallFinished
+    | CompactionStarted
+    | CompactionFinished
+    | ModelCallRetried
+    | ModelCallFinished
+    | RunFinished
+)

@@ -1,0 +1,22 @@
+"""The model protocol, its values, and model strings."""
+
+from littleghost.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    ToolSpec,
+    Usage,
+)
+from littleghost.models.registry import register_provider, resolve
+
+__all__ = [
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "StopReason",
+    "ToolSpec",
+    "Usage",
+    "register_provider",
+    "resolve",
+]

@@ -1,0 +1,194 @@
+"""The model protocol and the values that cross it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import field, frozen
+
+from littleghost.messages import Message, Role
+
+__all__ = [
+    "Model",
+    "ModelRequest",
+    "ModelResponse",
+    "StopReason",
+    "ToolSpec",
+    "Usage",
+]
+
+
+class StopReason(str, enum.Enum):
+    """Why the model stopped."""
+
+    END_TURN = "end_turn"
+    TOOL_USE = "tool_use"
+    MAX_TOKENS = "max_tokens"
+    STOP_SEQUENCE = "stop_sequence"
+    CONTENT_FILTER = "content_filter"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _count(name: str) -> Any:
+    def check(instance: object, attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"{name} must be an int >= 0, not {value!r}")
+
+    return check
+
+
+@frozen
+class Usage:
+    """Tokens a model call (or a run, summed) consumed."""
+
+    input_tokens: int = field(default=0, validator=_count("Usage.input_tokens"))
+    output_tokens: int = field(default=0, validator=_count("Usage.output_tokens"))
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+
+def _parameters(value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"ToolSpec.parameters must be a JSON schema dict, not {value!r}")
+    return dict(value)
+
+
+@frozen
+class ToolSpec:
+    """What the model is told about a tool: its name, description and JSON schema."""
+
+    name: str = field()
+    description: str = field(default="")
+    parameters: Mapping[str, Any] = field(
+        factory=lambda: {"type": "object", "properties": {}}, converter=_parameters
+    )
+
+    @name.validator
+    def _check_name(self, attribute: object, value: object) -> None:
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"ToolSpec.name must be a non-empty str, not {value!r}")
+
+
+def _messages(value: object) -> tuple[Message, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"ModelRequest.messages must be a sequence of Message, not {value!r}")
+    messages = tuple(value)
+    for message in messages:
+        if not isinstance(message, Message):
+            raise TypeError(
+                f"ModelRequest.messages must hold Message values, not {type(message).__name__}"
+            )
+    return messages
+
+
+def _tools(value: object) -> tuple[ToolSpec, ...]:
+    if not isinstance(value, Iterable):
+        raise TypeError(f"ModelRequest.tools must be a sequence of ToolSpec, not {value!r}")
+    tools = tuple(value)
+    for spec in tools:
+        if not isinstance(spec, ToolSpec):
+            raise TypeError(f"ModelRequest.tools must hold ToolSpec values, not {spec!r}")
+    return tools
+
+
+def _settings(value: object) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise TypeError(f"settings must be a mapping with str keys, not {value!r}")
+    return dict(value)
+
+
+@frozen
+class ModelRequest:
+    """One call to a model.
+
+    Args:
+        messages: What the model sees, instructions first.
+        tools: The tools it may call.
+        settings: Provider settings (``max_tokens``, ``temperature``, ``seed``, ...).
+        purpose: ``chat``, or ``context_compaction`` for a summary call.
+    """
+
+    messages: tuple[Message, ...] = field(converter=_messages)
+    tools: tuple[ToolSpec, ...] = field(default=(), converter=_tools)
+    settings: Mapping[str, Any] = field(factory=dict, converter=_settings)
+    purpose: str = field(default="chat")
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The output cap the request sets, if any."""
+        value = self.settings.get("max_tokens")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _response_message(value: object) -> Message:
+    if not isinstance(value, Message):
+        raise TypeError(f"ModelResponse.message must be a Message, not {value!r}")
+    if value.role is not Role.ASSISTANT:
+        raise TypeError(f"ModelResponse.message must be an assistant message, not {value.role}")
+    return value
+
+
+def _stop_reason(value: object) -> StopReason:
+    try:
+        return StopReason(value)
+    except ValueError:
+        raise TypeError(f"ModelResponse.stop_reason must be a StopReason, not {value!r}") from None
+
+
+def _usage(value: object) -> Usage:
+    if not isinstance(value, Usage):
+        raise TypeError(f"ModelResponse.usage must be a Usage, not {value!r}")
+    return value
+
+
+@frozen
+class ModelResponse:
+    """What a model answered."""
+
+    message: Message = field(converter=_response_message)
+    stop_reason: StopReason = field(default=StopReason.END_TURN, converter=_stop_reason)
+    usage: Usage = field(factory=Usage, converter=_usage)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A chat model.
+
+    Optionally a model also has ``async prepare()`` (awaited before a run's first call),
+    ``async aclose()`` and ``stream(request)`` (see :mod:`littleghost.models.streaming`).
+    """
+
+    @property
+    def name(self) -> str:
+        """The model's name, as the provider knows it."""
+        ...
+
+    @property
+    def provider(self) -> str:
+        """The provider's name (``openai``, ``anthropic``, ``local``, ...)."""
+        ...
+
+    @property
+    def context_window(self) -> int | None:
+        """The window the provider advertises, in tokens; ``None`` when unknown."""
+        ...
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request."""
+        ...

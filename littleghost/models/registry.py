@@ -1,0 +1,70 @@
+"""Model strings: ``"provider:model"`` resolved through a registry users can extend."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from littleghost.errors import ConfigurationError
+from littleghost.models.base import Model
+
+__all__ = ["ModelFactory", "register_provider", "resolve"]
+
+ModelFactory = Callable[[str | None], Model]
+"""Builds a model from the part of the string after ``provider:`` (``None`` when absent)."""
+
+_BUILTIN = {
+    "openai": "littleghost.models.openai:from_model_string",
+    "anthropic": "littleghost.models.anthropic:from_model_string",
+    "local": "littleghost.models.local:from_model_string",
+}
+_registry: dict[str, ModelFactory] = {}
+
+
+def register_provider(name: str, factory: ModelFactory) -> None:
+    """Make ``"name:model"`` strings resolve through ``factory``.
+
+    Args:
+        name: The provider prefix; registering an existing name replaces it.
+        factory: Called with the model part of the string (``None`` for a bare ``name``).
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ConfigurationError(
+            f"register_provider: name must be a non-empty str without ':', not {name!r}"
+        )
+    if not callable(factory):
+        raise ConfigurationError(f"register_provider: factory for {name!r} must be callable")
+    _registry[name] = factory
+
+
+def split_model_string(spec: str) -> tuple[str, str | None]:
+    """Split ``"provider:model"`` into its parts; a bare ``"provider"`` has no model part."""
+    provider, sep, model = spec.partition(":")
+    if not provider or (sep and not model):
+        raise ConfigurationError(
+            f"model: {spec!r} is not of the form 'provider:model' (for example 'openai:gpt-4o-mini')"
+        )
+    return provider, (model if sep else None)
+
+
+def resolve(spec: str) -> Model:
+    """Build the model a model string names.
+
+    Raises:
+        ConfigurationError: The provider is unknown, or its SDK or key is missing.
+    """
+    provider, model = split_model_string(spec)
+    factory = _registry.get(provider)
+    if factory is None and provider in _BUILTIN:
+        module_name, _, attribute = _BUILTIN[provider].partition(":")
+        factory = getattr(importlib.import_module(module_name), attribute)
+    if factory is None:
+        known = ", ".join(sorted(set(_registry) | set(_BUILTIN)))
+        raise ConfigurationError(
+            f"model: unknown provider {provider!r} in {spec!r}; known providers: {known} "
+            "(add one with littleghost.models.register_provider)"
+        )
+    resolved = factory(model)
+    if not isinstance(resolved, Model):
+        raise ConfigurationError(f"model: the factory for {provider!r} did not return a Model")
+    return resolved

@@ -1,0 +1,45 @@
+"""Streaming from a model: the optional ``stream(request)`` method of the ``Model`` protocol.
+
+A model that streams has ``stream(request)`` returning an async iterator (usually an
+async generator) that yields ``TextChunk`` values as text arrives and ends with exactly
+one ``StreamDone`` holding the whole ``ModelResponse`` (usage included). The caller
+closes the iterator (``aclose``) when it stops early; the model then cancels the
+provider's generation. Errors are raised as from ``respond``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from attrs import frozen
+
+from littleghost.models.base import ModelRequest, ModelResponse
+
+__all__ = ["ModelStreamEvent", "StreamDone", "StreamingModel", "TextChunk"]
+
+
+@frozen
+class TextChunk:
+    """A piece of the answer's text, as it arrived."""
+
+    text: str
+
+
+@frozen
+class StreamDone:
+    """The end of a stream: the complete response."""
+
+    response: ModelResponse
+
+
+ModelStreamEvent = TextChunk | StreamDone
+
+
+@runtime_checkable
+class StreamingModel(Protocol):
+    """A model that can stream its answer."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
+        """Yield ``TextChunk`` values, then one ``StreamDone``."""
+        ...

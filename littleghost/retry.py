@@ -1,0 +1,100 @@
+"""The retry policy for transient provider errors.
+
+Only ``RateLimitError`` and ``ProviderUnavailableError`` are retried (an allow-list, so
+cancellation never is), with full-jitter exponential backoff; a ``retry_after`` the
+provider sent is a floor for the wait. A wait that would pass the run's deadline is not
+taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+from tenacity.stop import stop_base
+
+from littleghost.errors import DeadlineExceededError, ProviderUnavailableError, RateLimitError
+
+__all__ = ["RETRYABLE_ERRORS", "call_with_retries"]
+
+T = TypeVar("T")
+
+RETRYABLE_ERRORS = (RateLimitError, ProviderUnavailableError)
+MAX_RETRY_AFTER = 300.0
+"""The longest ``retry_after`` honoured, in seconds."""
+
+_backoff = wait_random_exponential(multiplier=0.5, max=30)
+
+
+def _wait(state: RetryCallState) -> float:
+    backoff = _backoff(state)
+    error = state.outcome.exception() if state.outcome else None
+    retry_after = getattr(error, "retry_after", None)
+    if isinstance(retry_after, (int, float)) and retry_after > 0:
+        return max(backoff, min(float(retry_after), MAX_RETRY_AFTER))
+    return backoff
+
+
+class _StopAtDeadline(stop_base):
+    """Stops when the next sleep would reach the effective anyio deadline."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def __call__(self, state: RetryCallState) -> bool:
+        deadline = anyio.current_effective_deadline()
+        if math.isinf(deadline):
+            return False
+        if state.upcoming_sleep >= deadline - anyio.current_time():
+            self.hit = True
+        return self.hit
+
+
+async def call_with_retries(
+    call: Callable[[], Awaitable[T]],
+    *,
+    max_retries: int,
+    on_retry: Callable[[int, BaseException], None] | None = None,
+) -> T:
+    """Await ``call()``, retrying transient provider errors up to ``max_retries`` times.
+
+    Args:
+        call: Makes one attempt.
+        max_retries: Retries after the first attempt.
+        on_retry: Told the attempt number and the error before each retry's wait.
+
+    Raises:
+        DeadlineExceededError: The wait before a retry would pass the deadline.
+    """
+    deadline_stop = _StopAtDeadline()
+
+    def before_sleep(state: RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            error = state.outcome.exception()
+            if error is not None:
+                on_retry(state.attempt_number, error)
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(RETRYABLE_ERRORS),
+        wait=_wait,
+        stop=stop_after_attempt(max_retries + 1) | deadline_stop,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        return await retrying(call)
+    except RETRYABLE_ERRORS as error:
+        if deadline_stop.hit:
+            raise DeadlineExceededError(
+                f"the run's deadline leaves no time to retry after {type(error).__name__}"
+            ) from error
+        raise

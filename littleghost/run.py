@@ -1,0 +1,206 @@
+"""The state of one run (``RunContext``) and what a run returns (``RunResult``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from attrs import define, field, frozen
+from opentelemetry.trace import SpanKind
+
+from littleghost import telemetry
+from littleghost.errors import ProtocolError
+from littleghost.events import Event, ModelCallFinished, ModelCallRetried, TextDelta
+from littleghost.messages import Message
+from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.retry import call_with_retries
+
+if TYPE_CHECKING:
+    from littleghost.agent import Agent
+
+__all__ = ["RunContext", "RunResult"]
+
+LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
+EventSink = Callable[[Event], Awaitable[None]]
+
+
+@frozen
+class RunResult:
+    """What a completed run returns.
+
+    Args:
+        output: The final assistant text.
+        messages: The whole conversation log after the run (history and new messages).
+        usage: Tokens of every model call of the run, summary calls included.
+        stop_reason: Why the final model call stopped.
+    """
+
+    output: str
+    messages: tuple[Message, ...]
+    usage: Usage
+    stop_reason: StopReason
+
+
+@define(eq=False)
+class RunContext:
+    """What hooks, tools and callable instructions may read during a run.
+
+    ``messages`` is the log so far (read-only); ``state`` is a dict for capabilities'
+    per-run data; ``deadline`` is the absolute anyio deadline, or ``None``.
+    """
+
+    agent: Agent
+    model: Model
+    settings: Mapping[str, Any]
+    deadline: float | None
+    max_retries: int = field(repr=False)
+    capture_content: bool = field(repr=False)
+    session_id: str | None = None
+    usage: Usage = field(factory=Usage)
+    turn: int = 0
+    state: dict[str, Any] = field(factory=dict, repr=False)
+    _log: list[Message] = field(factory=list, repr=False, alias="log")
+    _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
+    _sink: EventSink | None = field(default=None, repr=False, alias="sink")
+    _compacted: bool = field(default=False, repr=False, init=False)
+    last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
+        default=None, repr=False, init=False
+    )
+    """The last main (``chat``) request and its response, for usage-anchored estimates."""
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The conversation log so far."""
+        return tuple(self._log)
+
+    @property
+    def log_size(self) -> int:
+        """How many messages the log holds."""
+        return len(self._log)
+
+    def log_since(self, index: int) -> tuple[Message, ...]:
+        """The messages appended at or after position ``index``."""
+        return tuple(self._log[index:])
+
+    async def append(self, *messages: Message) -> None:
+        """Append messages to the log (and to the session, when there is one).
+
+        The messages are in the log before the store is written, and the write is
+        shielded, so a cancellation cannot leave the two apart.
+        """
+        if not messages:
+            return
+        self._log.extend(messages)
+        if self._writer is not None:
+            with anyio.CancelScope(shield=True):
+                await self._writer(messages)
+
+    @property
+    def streaming(self) -> bool:
+        """True when a consumer receives this run's events."""
+        return self._sink is not None
+
+    async def emit(self, event: Event) -> None:
+        """Hand an event to the stream's consumer, if there is one."""
+        if self._sink is not None:
+            await self._sink(event)
+
+    def add_usage(self, usage: Usage) -> None:
+        """Add a model call's usage to the run's total."""
+        self.usage = self.usage + usage
+
+    def mark_compacted(self) -> None:
+        """Note that the next main model call's request was compacted."""
+        self._compacted = True
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Call the run's model once, with retries for transient errors only.
+
+        Each attempt is a ``chat`` span (child of the run's span); its usage is added
+        to the run's total.
+        """
+        main = request.purpose == "chat"
+        compacted = False
+        if main:
+            compacted, self._compacted = self._compacted, False
+        model = self.model
+
+        async def attempt() -> ModelResponse:
+            attributes: dict[str, Any] = {
+                telemetry.OPERATION_NAME: "chat",
+                telemetry.PROVIDER_NAME: model.provider,
+                telemetry.REQUEST_MODEL: model.name,
+                telemetry.PURPOSE: request.purpose,
+                **telemetry.setting_attributes(request.settings),
+            }
+            if compacted:
+                attributes[telemetry.CONVERSATION_COMPACTED] = True
+            if self.session_id is not None:
+                attributes[telemetry.CONVERSATION_ID] = self.session_id
+            with telemetry.open_span(
+                f"chat {model.name}", kind=SpanKind.CLIENT, attributes=attributes
+            ) as span:
+                if self.capture_content and span.is_recording():
+                    span.set_attribute(
+                        telemetry.INPUT_MESSAGES, telemetry.messages_json(request.messages)
+                    )
+                try:
+                    response = await self._respond(request, streamed=main and self.streaming)
+                except anyio.get_cancelled_exc_class():
+                    span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
+                    raise
+                if not isinstance(response, ModelResponse):
+                    raise ProtocolError(
+                        f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
+                    )
+                self.add_usage(response.usage)
+                span.set_attribute(telemetry.USAGE_INPUT_TOKENS, response.usage.input_tokens)
+                span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, response.usage.output_tokens)
+                span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (response.stop_reason.value,))
+                if self.capture_content and span.is_recording():
+                    span.set_attribute(
+                        telemetry.OUTPUT_MESSAGES, telemetry.messages_json([response.message])
+                    )
+                return response
+
+        retried: list[ModelCallRetried] = []
+
+        def on_retry(number: int, error: BaseException) -> None:
+            retried.append(ModelCallRetried(number, telemetry.error_type(error)))
+
+        async def attempt_and_report() -> ModelResponse:
+            while retried:
+                await self.emit(retried.pop(0))
+            return await attempt()
+
+        response = await call_with_retries(
+            attempt_and_report if main and self.streaming else attempt,
+            max_retries=self.max_retries,
+            on_retry=on_retry,
+        )
+        if main:
+            self.last_exchange = (request, response)
+            await self.emit(ModelCallFinished(response.usage, response.stop_reason))
+        return response
+
+    async def _respond(self, request: ModelRequest, *, streamed: bool) -> ModelResponse:
+        stream = getattr(self.model, "stream", None)
+        if not streamed or stream is None:
+            response = await self.model.respond(request)
+            if streamed and isinstance(response, ModelResponse) and response.message.text:
+                await self.emit(TextDelta(response.message.text))
+            return response
+        done: ModelResponse | None = None
+        async with aclosing(stream(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, TextChunk):
+                    if chunk.text:
+                        await self.emit(TextDelta(chunk.text))
+                elif isinstance(chunk, StreamDone):
+                    done = chunk.response
+        if done is None:
+            raise ProtocolError(f"model {self.model.name!r} ended its stream without a response")
+        return done

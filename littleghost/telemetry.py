@@ -1,0 +1,140 @@
+"""Tracing: the tracer, GenAI attribute names, littleghost event names, content policy.
+
+Only ``opentelemetry-api`` is used. Spans follow the OpenTelemetry GenAI conventions.
+No message content, tool argument, summary or credential reaches a span unless the
+agent opts in with ``capture_content = True``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from littleghost._version import __version__
+from littleghost.errors import ContextWindowOverflowError
+from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+
+__all__ = [
+    "COMPACTION_EVENT",
+    "error_type",
+    "messages_json",
+    "open_span",
+    "tracer",
+]
+
+tracer = trace.get_tracer("littleghost", __version__)
+
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+REQUEST_TOP_P = "gen_ai.request.top_p"
+REQUEST_SEED = "gen_ai.request.seed"
+REQUEST_STREAM = "gen_ai.request.stream"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+AGENT_NAME = "gen_ai.agent.name"
+CONVERSATION_ID = "gen_ai.conversation.id"
+CONVERSATION_COMPACTED = "gen_ai.conversation.compacted"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_TYPE = "gen_ai.tool.type"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+ERROR_TYPE = "error.type"
+PURPOSE = "littleghost.purpose"
+
+COMPACTION_EVENT = "littleghost.context.compaction"
+COMPACTION_REASON = "littleghost.compaction.reason"
+COMPACTION_OUTCOME = "littleghost.compaction.outcome"
+COMPACTION_REMOVED = "littleghost.compaction.removed_messages"
+COMPACTION_ESTIMATED = "littleghost.compaction.estimated_tokens"
+COMPACTION_ESTIMATED_AFTER = "littleghost.compaction.estimated_tokens_after"
+COMPACTION_WINDOW = "littleghost.compaction.context_window_tokens"
+
+_SETTING_ATTRIBUTES = {
+    "max_tokens": REQUEST_MAX_TOKENS,
+    "temperature": REQUEST_TEMPERATURE,
+    "top_p": REQUEST_TOP_P,
+    "seed": REQUEST_SEED,
+}
+
+
+def error_type(error: BaseException) -> str:
+    """A low-cardinality name for an error, for ``error.type``."""
+    if isinstance(error, ContextWindowOverflowError):
+        return "context_length_exceeded"
+    return type(error).__qualname__
+
+
+def mark_failed(span: Span, error: BaseException) -> None:
+    """Set ERROR status and ``error.type`` on ``span``; the message holds no content."""
+    span.set_attribute(ERROR_TYPE, error_type(error))
+    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The GenAI request attributes for the settings a request carries."""
+    attributes: dict[str, Any] = {}
+    for key, name in _SETTING_ATTRIBUTES.items():
+        value = settings.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attributes[name] = value
+    return attributes
+
+
+@contextmanager
+def open_span(
+    name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
+) -> Iterator[Span]:
+    """Open a current span that records a failure as ERROR and a cancellation as UNSET."""
+    with tracer.start_as_current_span(
+        name,
+        kind=kind,
+        attributes=dict(attributes or {}),
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except Exception as error:
+            mark_failed(span, error)
+            raise
+
+
+def _part_json(part: object) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "content": part.text}
+    if isinstance(part, ToolCall):
+        return {"type": "tool_call", "id": part.id, "name": part.name, "arguments": part.arguments}
+    if isinstance(part, ToolResult):
+        return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
+    if isinstance(part, ImagePart):
+        return {"type": "image", "url": part.url} if part.url else {"type": "image"}
+    return {"type": "unknown"}
+
+
+def arguments_json(arguments: Mapping[str, Any] | str) -> str:
+    """Tool-call arguments as JSON; only for agents that capture content."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, default=str)
+
+
+def messages_json(messages: Sequence[Message]) -> str:
+    """Messages in the GenAI "parts" shape, as JSON; only for agents that capture content."""
+    return json.dumps(
+        [{"role": m.role.value, "parts": [_part_json(p) for p in m.content]} for m in messages],
+        ensure_ascii=False,
+        default=str,
+    )

@@ -1,0 +1,32 @@
+"""Text helpers shared by tool results, views and transcripts."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["CHARS_PER_TOKEN", "cut_middle", "truncate_middle"]
+
+CHARS_PER_TOKEN = 4
+"""The default estimate: four characters per token."""
+
+
+def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
+    """Keep the first and last ``keep_chars // 2`` characters with a marker between them.
+
+    The marker says how much was cut, in ``unit`` (``characters`` or ``tokens``, the
+    latter estimated at four characters per token).
+    """
+    if len(text) <= keep_chars:
+        return text
+    keep_chars = max(keep_chars, 0)
+    head = keep_chars - keep_chars // 2
+    tail = keep_chars // 2
+    removed = len(text) - head - tail
+    amount = math.ceil(removed / CHARS_PER_TOKEN) if unit == "tokens" else removed
+    marker = f"\n[… {amount} {unit} truncated …]\n"
+    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
+
+
+def truncate_middle(text: str, max_tokens: int) -> str:
+    """Cut ``text`` in the middle to about ``max_tokens`` tokens (four characters each)."""
+    return cut_middle(text, max_tokens * CHARS_PER_TOKEN, unit="tokens")
