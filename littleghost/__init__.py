@@ -2,6 +2,7 @@
 
 from littleghost._version import __version__
 from littleghost.agent import Agent
+from littleghost.context.management import manage_context
 from littleghost.hooks import after_model, after_model_error, after_tool, before_model, before_tool
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models.base import Usage
@@ -25,5 +26,6 @@ __all__ = [
     "after_tool",
     "before_model",
     "before_tool",
+    "manage_context",
     "tool",
 ]

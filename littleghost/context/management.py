@@ -1,0 +1,428 @@
+"""``@manage_context``: keep a conversation inside the model's context window.
+
+Before every model call, when the request's estimate reaches ``compression_threshold`` of
+the window, the oldest part of the conversation is summarized with the agent's current
+model and the summary is appended to the log; the view shows it instead of the messages
+it covers. A provider's context-overflow error is recovered by exactly one compaction and
+one retry of that call. A proactive compaction that fails leaves the request as it was;
+cancellation, ``DeadlineExceededError`` and ``CleanupError`` always propagate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from attrs import field, frozen
+from opentelemetry import trace
+
+from littleghost import telemetry
+from littleghost.context.summarize import (
+    DEFAULT_SUMMARY_INSTRUCTIONS,
+    render_transcript,
+    request_summary,
+    summary_message,
+    summary_request,
+)
+from littleghost.context.tokens import (
+    DEFAULT_TOKENIZER,
+    Tokenizer,
+    estimate_messages,
+    estimate_request,
+)
+from littleghost.errors import (
+    CleanupError,
+    ConfigurationError,
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    ProtocolError,
+)
+from littleghost.events import CompactionFinished, CompactionStarted
+from littleghost.hooks import CapabilityHook, register_capability
+from littleghost.messages import Message, Role
+from littleghost.models.base import Model, ModelRequest, Usage
+
+if TYPE_CHECKING:
+    from littleghost.run import RunContext
+
+__all__ = ["ContextManagement", "context_window", "estimate_tokens", "manage_context"]
+
+logger = logging.getLogger("littleghost.context")
+
+C = TypeVar("C", bound=type)
+
+SUMMARY_FIT_MARGIN = 0.9
+"""The share of the window a summary request may fill (estimates are not exact)."""
+_CLIP_LEVELS = (None, 2_000, 500)
+_OVERFLOW_KEY = "littleghost.context.overflow"
+
+
+def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if not ok(value):
+            raise ConfigurationError(f"manage_context: {name} must be {allowed}, not {value!r}")
+
+    return validate
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@frozen(kw_only=True)
+class ContextManagement:
+    """The ``manage_context`` configuration of an agent class (``Agent.context_management``).
+
+    Args:
+        context_window_tokens: The window used when the model advertises none (> 0).
+        compression_threshold: Compact when the estimate reaches this share of the window,
+            in (0, 1].
+        summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
+        preserve_recent_messages: Newest messages always kept verbatim (>= 2).
+        tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
+        summary_instructions: Replaces the summarizer's instructions.
+        summary_max_tokens: The summary's output cap; default a quarter of the window, at
+            most 4 096.
+    """
+
+    context_window_tokens: int = field(
+        default=200_000,
+        validator=_check("context_window_tokens", lambda v: _integer(v) and v > 0, "an int > 0"),
+    )
+    compression_threshold: float = field(
+        default=0.85,
+        validator=_check(
+            "compression_threshold", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"
+        ),
+    )
+    summary_ratio: float = field(
+        default=0.3,
+        validator=_check(
+            "summary_ratio", lambda v: _number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"
+        ),
+    )
+    preserve_recent_messages: int = field(
+        default=10,
+        validator=_check(
+            "preserve_recent_messages", lambda v: _integer(v) and v >= 2, "an int >= 2"
+        ),
+    )
+    tokenizer: Tokenizer = field(
+        default=DEFAULT_TOKENIZER,
+        validator=_check(
+            "tokenizer",
+            lambda v: callable(getattr(v, "count_tokens", None)),
+            "an object with count_tokens(text)",
+        ),
+    )
+    summary_instructions: str | None = field(
+        default=None,
+        validator=_check(
+            "summary_instructions",
+            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+            "a non-empty str or None",
+        ),
+    )
+    summary_max_tokens: int | None = field(
+        default=None,
+        validator=_check(
+            "summary_max_tokens",
+            lambda v: v is None or (_integer(v) and v > 0),
+            "an int > 0 or None",
+        ),
+    )
+
+    def summary_cap(self, window: int) -> int:
+        """The summary's output cap for ``window``."""
+        if self.summary_max_tokens is not None:
+            return self.summary_max_tokens
+        return max(1, min(window // 4, 4_096))
+
+
+def manage_context(cls: C | None = None, /, **options: Any) -> Any:
+    """Keep an agent's conversations inside the model's context window.
+
+    Use bare (``@manage_context``) or with the keywords of ``ContextManagement``. Invalid
+    values raise ``ConfigurationError`` when the class is defined.
+    """
+    config = ContextManagement(**options)
+
+    def decorate(target: C) -> C:
+        from littleghost.agent import Agent
+
+        if not (isinstance(target, type) and issubclass(target, Agent)):
+            raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
+        target.context_management = config
+        register_capability(
+            target,
+            "manage_context",
+            (
+                CapabilityHook("before_model", _compact_before_model),
+                CapabilityHook("after_model_error", _compact_after_overflow),
+            ),
+        )
+        return target
+
+    return decorate(cls) if cls is not None else decorate
+
+
+def context_window(model: Model, config: ContextManagement) -> int:
+    """The model's advertised window when it is a positive int, else the configured one."""
+    advertised = getattr(model, "context_window", None)
+    if isinstance(advertised, int) and not isinstance(advertised, bool) and advertised > 0:
+        return advertised
+    return config.context_window_tokens
+
+
+def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
+    """The request's estimated size plus the room its answer needs (``max_tokens``).
+
+    Anchored on the input tokens the provider reported for the previous request of the
+    run when this request extends it; otherwise estimated whole.
+    """
+    prompt: int | None = None
+    exchange = context.last_exchange
+    if exchange is not None:
+        previous, response = exchange
+        reported = response.usage.input_tokens
+        count = len(previous.messages)
+        if (
+            reported > 0
+            and count <= len(request.messages)
+            and previous.tools == request.tools
+            and all(a.id == b.id for a, b in zip(previous.messages, request.messages, strict=False))
+        ):
+            prompt = reported + estimate_messages(request.messages[count:], tokenizer)
+    if prompt is None:
+        prompt = estimate_request(request.messages, request.tools, request.settings, tokenizer)
+    return prompt + (request.max_tokens or 0)
+
+
+def _config(agent: object) -> ContextManagement | None:
+    config = getattr(agent, "context_management", None)
+    return config if isinstance(config, ContextManagement) else None
+
+
+async def _compact_before_model(
+    agent: object, request: ModelRequest, *, context: RunContext
+) -> ModelRequest | None:
+    config = _config(agent)
+    if config is None:
+        return None
+    window = context_window(context.model, config)
+    estimated = estimate_tokens(request, context, config.tokenizer)
+    if estimated < config.compression_threshold * window:
+        return None
+    try:
+        return await _compact(request, context, config, "threshold", estimated, window)
+    except (DeadlineExceededError, CleanupError):
+        raise
+    except Exception:
+        return None
+
+
+async def _compact_after_overflow(
+    agent: object, request: ModelRequest, error: Exception, *, context: RunContext
+) -> ModelRequest | None:
+    config = _config(agent)
+    if config is None or not isinstance(error, ContextWindowOverflowError):
+        return None
+    first = context.state.get(_OVERFLOW_KEY)
+    if first is not None and first[0] == context.turn:
+        raise error from first[1]
+    context.state[_OVERFLOW_KEY] = (context.turn, error)
+    window = context_window(context.model, config)
+    estimated = estimate_tokens(request, context, config.tokenizer)
+    try:
+        return await _compact(request, context, config, "overflow", estimated, window)
+    except Exception as failure:
+        raise failure from error
+
+
+class _Impossible(ProtocolError):
+    """Nothing can be compacted (too little history, or it cannot fit)."""
+
+
+def _blocked_edges(conversation: Sequence[Message]) -> list[bool]:
+    """``blocked[k]`` is True when summarizing ``conversation[:k]`` would split a tool call
+    from one of its results (matched by call id)."""
+    blocked = [False] * (len(conversation) + 1)
+    open_calls: dict[str, int] = {}
+    last: dict[int, int] = {}
+    for index, message in enumerate(conversation):
+        if message.role is Role.ASSISTANT:
+            for call in message.tool_calls:
+                open_calls[call.id] = index
+        for result in message.tool_results:
+            owner = open_calls.pop(result.call_id, None)
+            if owner is not None:
+                last[owner] = max(last.get(owner, owner), index)
+    for owner, end in last.items():
+        for edge in range(owner + 1, end + 1):
+            blocked[edge] = True
+    return blocked
+
+
+def _choose(
+    conversation: Sequence[Message], config: ContextManagement, budget: int, instructions: str
+) -> tuple[int, int | None]:
+    """How many of the oldest messages to summarize, and the transcript clip to use."""
+    total = len(conversation)
+    limit = total - config.preserve_recent_messages
+    if limit < 1:
+        raise _Impossible(
+            f"only {total} conversation messages; preserve_recent_messages="
+            f"{config.preserve_recent_messages} keeps them all"
+        )
+    blocked = _blocked_edges(conversation)
+    edges = [k for k in range(1, limit + 1) if not blocked[k]]
+    if not edges:
+        raise _Impossible(
+            f"the newest {config.preserve_recent_messages} messages cannot be kept without "
+            "separating a tool call from its results"
+        )
+    target = min(max(math.floor(total * config.summary_ratio), 1), limit)
+    below = [k for k in edges if k <= target]
+    chosen = below[-1] if below else edges[0]
+    if all(message.is_summary for message in conversation[:chosen]):
+        raise _Impossible("nothing new to summarize: only the previous summary is old enough")
+    tokenizer = config.tokenizer
+    room = budget - tokenizer.count_tokens(instructions) - 64
+    best: tuple[int, int | None] = (0, None)
+    for clip in _CLIP_LEVELS:
+        fits = 0
+        used = 0
+        for k in range(1, chosen + 1):
+            line = render_transcript(conversation[k - 1 : k], max_item_chars=clip)
+            used += tokenizer.count_tokens(line) + 1
+            if used > room:
+                break
+            if not blocked[k]:
+                fits = k
+        if fits == chosen:
+            return chosen, clip
+        if fits > best[0]:
+            best = (fits, clip)
+    if best[0] == 0 or all(message.is_summary for message in conversation[: best[0]]):
+        raise _Impossible("the summary request cannot fit the context window")
+    return best
+
+
+async def _compact(
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    reason: str,
+    estimated: int,
+    window: int,
+) -> ModelRequest:
+    """Summarize the oldest part of ``request``; append the summary; return the new request."""
+    await context.emit(CompactionStarted(reason, estimated, window))
+    usage_before = context.usage
+    try:
+        conversation = [message for message in request.messages if not message.is_trusted]
+        instructions = config.summary_instructions or DEFAULT_SUMMARY_INSTRUCTIONS
+        cap = config.summary_cap(window)
+        budget = int(window * SUMMARY_FIT_MARGIN) - cap
+        count, clip = _choose(conversation, config, budget, instructions)
+        covered = conversation[:count]
+        text = await request_summary(
+            summary_request(
+                covered,
+                instructions=instructions,
+                settings=request.settings,
+                max_tokens=cap,
+                max_item_chars=clip,
+            ),
+            context.complete,
+        )
+        summary = summary_message(text, (message.id for message in covered))
+        await context.append(summary)
+        covered_ids = {message.id for message in covered}
+        messages: list[Message] = []
+        placed = False
+        for message in request.messages:
+            if message.id in covered_ids:
+                continue
+            if not placed and not message.is_trusted:
+                messages.append(summary)
+                placed = True
+            messages.append(message)
+        compacted = ModelRequest(messages, request.tools, request.settings, request.purpose)
+        after = estimate_tokens(compacted, context, config.tokenizer)
+    except Exception as error:
+        await _record(
+            context,
+            reason=reason,
+            outcome="error",
+            removed=0,
+            estimated=estimated,
+            after=None,
+            window=window,
+            usage=_since(usage_before, context.usage),
+            error=error,
+        )
+        raise
+    context.mark_compacted()
+    await _record(
+        context,
+        reason=reason,
+        outcome="completed",
+        removed=len(request.messages) - len(compacted.messages),
+        estimated=estimated,
+        after=after,
+        window=window,
+        usage=_since(usage_before, context.usage),
+        error=None,
+    )
+    return compacted
+
+
+def _since(before: Usage, after: Usage) -> Usage:
+    return Usage(
+        after.input_tokens - before.input_tokens, after.output_tokens - before.output_tokens
+    )
+
+
+async def _record(
+    context: RunContext,
+    *,
+    reason: str,
+    outcome: str,
+    removed: int,
+    estimated: int,
+    after: int | None,
+    window: int,
+    usage: Usage,
+    error: BaseException | None,
+) -> None:
+    attributes: dict[str, Any] = {
+        telemetry.COMPACTION_REASON: reason,
+        telemetry.COMPACTION_OUTCOME: outcome,
+        telemetry.COMPACTION_REMOVED: removed,
+        telemetry.COMPACTION_ESTIMATED: estimated,
+        telemetry.COMPACTION_WINDOW: window,
+    }
+    if after is not None:
+        attributes[telemetry.COMPACTION_ESTIMATED_AFTER] = after
+    error_type = telemetry.error_type(error) if error is not None else None
+    if error_type is not None:
+        attributes[telemetry.ERROR_TYPE] = error_type
+    trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
+    logger.info(
+        "context compaction %s (reason=%s, removed=%d, tokens %d -> %s, window %d%s)",
+        outcome,
+        reason,
+        removed,
+        estimated,
+        after,
+        window,
+        f", error={error_type}" if error_type else "",
+    )
+    await context.emit(CompactionFinished(reason, outcome, removed, after, error_type, usage))
