@@ -21,6 +21,7 @@ from opentelemetry import trace
 from littleghost import telemetry
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
+    FRAMING,
     render_transcript,
     request_summary,
     summary_message,
@@ -55,7 +56,7 @@ C = TypeVar("C", bound=type)
 
 SUMMARY_FIT_MARGIN = 0.9
 """The share of the window a summary request may fill (estimates are not exact)."""
-_CLIP_LEVELS = (None, 2_000, 500)
+_CLIP_LEVELS = (None, 2_000, 500, 200)
 _OVERFLOW_KEY = "littleghost.context.overflow"
 
 
@@ -293,7 +294,7 @@ def _choose(
     if all(message.is_summary for message in conversation[:chosen]):
         raise _Impossible("nothing new to summarize: only the previous summary is old enough")
     tokenizer = config.tokenizer
-    room = budget - tokenizer.count_tokens(instructions) - 64
+    room = budget - tokenizer.count_tokens(instructions) - tokenizer.count_tokens(FRAMING)
     best: tuple[int, int | None] = (0, None)
     for clip in _CLIP_LEVELS:
         fits = 0

@@ -1,0 +1,788 @@
+"""@manage_context: proactive compaction, overflow recovery, failures and telemetry."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from littleghost import Agent, Message, Role, ToolCall, before_model, manage_context, tool
+from littleghost.context.management import ContextManagement
+from littleghost.context.summarize import SUMMARY_PREFIX
+from littleghost.errors import (
+    CleanupError,
+    ConfigurationError,
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    ProviderUnavailableError,
+)
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+
+class PerMessage:
+    """One token per counted text: the estimate is the number of messages (+ extras)."""
+
+    def count_tokens(self, text: str) -> int:
+        return 1
+
+
+def chat(pairs: int, prefix: str = "m") -> list[Message]:
+    """``pairs`` user/assistant exchanges."""
+    messages: list[Message] = []
+    for index in range(pairs):
+        messages.append(Message.user(f"{prefix} question {index}"))
+        messages.append(Message.assistant(f"{prefix} answer {index}"))
+    return messages
+
+
+def summary_step(
+    text: str = "They talked.", **usage: int
+) -> Callable[[ModelRequest], ModelResponse]:
+    """A script step that checks it is a summary call and answers ``text``."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        assert request.purpose == "context_compaction"
+        return text_response(text, **usage)
+
+    return answer
+
+
+def compaction_events(spans: Spans) -> list[dict[str, Any]]:
+    return [
+        dict(event.attributes or {})
+        for span in spans.all()
+        for event in span.events
+        if event.name == "littleghost.context.compaction"
+    ]
+
+
+@manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    preserve_recent_messages=4,
+    tokenizer=PerMessage(),
+)
+class Small(Agent):
+    instructions = "Be brief."
+
+
+class TestDeclaration:
+    def test_bare_and_with_keywords(self) -> None:
+        """Bare use gives the defaults; keywords set the fields of a frozen config."""
+
+        @manage_context
+        class Bare(Agent):
+            pass
+
+        @manage_context(compression_threshold=0.75, preserve_recent_messages=12)
+        class Tuned(Agent):
+            pass
+
+        assert Bare.context_management == ContextManagement()
+        config = Bare.context_management
+        assert (config.context_window_tokens, config.compression_threshold) == (200_000, 0.85)
+        assert (config.summary_ratio, config.preserve_recent_messages) == (0.3, 10)
+        assert Tuned.context_management.compression_threshold == 0.75
+        assert Tuned.context_management.preserve_recent_messages == 12
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            Tuned.context_management.summary_ratio = 0.5  # type: ignore[misc]
+
+    def test_off_until_declared(self) -> None:
+        """``Agent.context_management`` is None until declared."""
+        assert Agent.context_management is None
+
+        class Plain(Agent):
+            pass
+
+        assert Plain.context_management is None
+
+    @pytest.mark.parametrize(
+        ("keyword", "value", "words"),
+        [
+            ("context_window_tokens", 0, "> 0"),
+            ("context_window_tokens", 1.5, "int"),
+            ("compression_threshold", 0, "(0, 1]"),
+            ("compression_threshold", 1.01, "(0, 1]"),
+            ("summary_ratio", 0.05, "[0.1, 0.8]"),
+            ("summary_ratio", 0.9, "[0.1, 0.8]"),
+            ("preserve_recent_messages", 1, ">= 2"),
+            ("preserve_recent_messages", True, ">= 2"),
+            ("tokenizer", object(), "count_tokens"),
+            ("summary_max_tokens", 0, "> 0"),
+            ("summary_instructions", "  ", "non-empty"),
+        ],
+    )
+    def test_invalid_values_fail_at_class_definition(
+        self, keyword: str, value: object, words: str
+    ) -> None:
+        """An invalid value raises ConfigurationError naming the parameter and its range."""
+        with pytest.raises(ConfigurationError) as caught:
+
+            @manage_context(**{keyword: value})
+            class Broken(Agent):
+                pass
+
+        assert keyword in str(caught.value)
+        assert words in str(caught.value)
+
+    def test_only_agent_classes(self) -> None:
+        """Decorating something else is a ConfigurationError."""
+        with pytest.raises(ConfigurationError, match="Agent subclass"):
+            manage_context(int)
+
+    async def test_redeclaring_on_a_subclass_replaces_it_there_only(self) -> None:
+        """A subclass's declaration wins for it; the parent keeps its own; hooks run once."""
+
+        @manage_context(context_window_tokens=100, tokenizer=PerMessage())
+        class Parent(Agent):
+            pass
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Child(Parent):
+            pass
+
+        assert Parent.context_management.compression_threshold == 0.85
+        assert Child.context_management.compression_threshold == 0.5
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Child(model=model).run("go", history=chat(30))
+        assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+
+    async def test_own_hooks_see_the_compacted_request_and_parents_run_first(self) -> None:
+        """Capability hooks run after the parent's hooks and before the class's own."""
+        seen: list[tuple[str, int]] = []
+
+        class Base(Agent):
+            @before_model
+            def parent_hook(self, request: ModelRequest) -> None:
+                seen.append(("parent", len(request.messages)))
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Managed(Base):
+            @before_model
+            def own_hook(self, request: ModelRequest) -> None:
+                seen.append(("own", len(request.messages)))
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Managed(model=model).run("go", history=chat(30))
+        assert seen[0] == ("parent", 61)
+        assert seen[1][0] == "own" and seen[1][1] < 61
+        assert seen[1][1] == len(model.requests[1].messages)
+
+
+class TestWhenItFires:
+    async def test_fires_exactly_at_the_threshold(self) -> None:
+        """Estimate == threshold × window compacts; one message less does not."""
+
+        # PerMessage: one token per message; 49 pairs + the new user message = 99 + the
+        # instructions = 100 tokens; threshold 0.5 × window 200 = 100.
+        @manage_context(
+            context_window_tokens=200,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class AtThreshold(Agent):
+            instructions = "Be brief."
+
+        at = ScriptedModel([summary_step(), text_response("done")])
+        await AtThreshold(model=at).run("go", history=chat(49))
+        assert [r.purpose for r in at.requests] == ["context_compaction", "chat"]
+
+        below = ScriptedModel([text_response("done")])
+        await AtThreshold(model=below).run("go", history=chat(49)[1:])
+        assert [r.purpose for r in below.requests] == ["chat"]
+
+    async def test_does_not_fire_below(self) -> None:
+        """A short conversation is sent as is."""
+        model = ScriptedModel([text_response("done")])
+        result = await Small(model=model).run("go", history=chat(3))
+        assert len(model.requests) == 1
+        assert len(model.requests[0].messages) == 8
+        assert not any(m.is_summary for m in result.messages)
+
+    async def test_the_models_advertised_window_wins(self) -> None:
+        """A model advertising a larger window keeps the conversation whole."""
+        model = ScriptedModel([text_response("done")], context_window=10_000)
+        await Small(model=model).run("go", history=chat(30))
+        assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_a_non_positive_advertised_window_falls_back(self) -> None:
+        """An advertised window of 0 is ignored in favour of the configured one."""
+        model = ScriptedModel([summary_step(), text_response("done")], context_window=0)
+        await Small(model=model).run("go", history=chat(30))
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+
+    async def test_max_tokens_counts_toward_the_estimate(self) -> None:
+        """The room the answer needs (max_tokens) is part of the estimate."""
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Small(model=model).run("go", history=chat(10), settings={"max_tokens": 40})
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        quiet = ScriptedModel([text_response("done")])
+        await Small(model=quiet).run("go", history=chat(10))
+        assert [r.purpose for r in quiet.requests] == ["chat"]
+
+    async def test_tool_schemas_count_toward_the_estimate(self) -> None:
+        """Tool schemas are estimated with the messages."""
+        calls: list[str] = []
+
+        class Recording:
+            def count_tokens(self, text: str) -> int:
+                calls.append(text)
+                return 1
+
+        @manage_context(tokenizer=Recording())
+        class WithTool(Agent):
+            @tool
+            def lookup_order(self, order_id: str) -> str:
+                """Find an order."""
+                return "ok"
+
+        await WithTool(model=ScriptedModel([text_response("done")])).run("go")
+        assert any("lookup_order" in text and "order_id" in text for text in calls)
+
+    async def test_the_estimate_anchors_on_reported_input_tokens(self) -> None:
+        """After a provider reports input tokens, the next estimate starts from them."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=2,
+            tokenizer=PerMessage(),
+        )
+        class Anchored(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        model = ScriptedModel(
+            [
+                tool_call_response("ping", {}, input_tokens=600),
+                summary_step(),
+                text_response("done"),
+            ]
+        )
+        await Anchored(model=model).run("go", history=chat(5))
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+
+    async def test_estimating_a_turn_counts_only_new_messages(self) -> None:
+        """Per-message estimates are cached: a later turn counts what was added."""
+        counted: list[str] = []
+
+        class Counting:
+            def count_tokens(self, text: str) -> int:
+                counted.append(text)
+                return 1
+
+        @manage_context(tokenizer=Counting())
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        model = ScriptedModel(
+            [tool_call_response("ping", {}), tool_call_response("ping", {}), text_response("done")]
+        )
+        await Looping(model=model).run("go", history=chat(200))
+        message_texts = [t for t in counted if t.startswith(("user: ", "assistant: ", "tool: "))]
+        # 401 messages on the first turn, then 2 new messages per turn.
+        assert len(message_texts) == 401 + 2 + 2
+
+
+class TestWhatIsSent:
+    async def test_summary_request_is_a_transcript_in_one_user_message(self) -> None:
+        """Instructions plus one user message with a role-tagged transcript; no tools."""
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Tooled(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        history = [
+            Message.user("check the order"),
+            Message.assistant(tool_calls=[ToolCall("c1", "lookup_order", {"order_id": "42"})]),
+            Message.tool("c1", "shipped"),
+            Message.assistant("It shipped."),
+            *chat(25),
+        ]
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Tooled(model=model).run("go", history=history, settings={"temperature": 0, "seed": 3})
+        summary_call = model.requests[0]
+        assert summary_call.tools == ()
+        assert [m.role for m in summary_call.messages] == [Role.SYSTEM, Role.USER]
+        transcript = summary_call.messages[1].text
+        assert "User: check the order" in transcript
+        assert 'Assistant called lookup_order({"order_id": "42"})' in transcript
+        assert "Tool result (lookup_order): shipped" in transcript
+        assert transcript.rstrip().endswith("In a few sentences, what was this conversation about?")
+        assert not any(m.tool_calls or m.tool_results for m in summary_call.messages)
+        assert summary_call.settings["temperature"] == 0 and summary_call.settings["seed"] == 3
+        assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
+
+    async def test_summary_max_tokens_and_instructions_are_used(self) -> None:
+        """summary_max_tokens caps the summary; summary_instructions replace the prompt."""
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+            summary_max_tokens=7,
+            summary_instructions="Sum it up.",
+        )
+        class Custom(Agent):
+            pass
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Custom(model=model).run("go", history=chat(30))
+        assert model.requests[0].settings["max_tokens"] == 7
+        assert model.requests[0].messages[0].text == "Sum it up."
+
+    async def test_compacted_request_keeps_trusted_messages_and_recent_ones(self) -> None:
+        """System/developer messages stay; the summary precedes the kept conversation."""
+        history = [Message.developer("Always answer in French."), *chat(30)]
+        model = ScriptedModel([summary_step("Earlier: greetings."), text_response("fini")])
+        result = await Small(model=model).run("go", history=history)
+        sent = model.requests[1].messages
+        assert sent[0].role is Role.SYSTEM and sent[0].text == "Be brief."
+        assert sent[1].role is Role.DEVELOPER and sent[1].text == "Always answer in French."
+        assert sent[2].is_summary and sent[2].text == SUMMARY_PREFIX + "Earlier: greetings."
+        kept = [m for m in sent if not m.is_trusted and not m.is_summary]
+        assert len(kept) >= 4
+        assert kept == list(result.messages[len(history) - len(kept) + 1 : len(history) + 1])
+
+    async def test_about_summary_ratio_of_the_conversation_is_summarized(self) -> None:
+        """30 % of 61 conversation messages → 18 summarized."""
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Small(model=model).run("go", history=chat(30))
+        summary = next(m for m in result.messages if m.is_summary)
+        assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 18
+
+    async def test_a_tool_call_is_never_separated_from_its_results(self) -> None:
+        """Parallel calls at the boundary stay with all their results (non-adjacent too)."""
+
+        @manage_context(
+            context_window_tokens=50,
+            compression_threshold=0.3,
+            summary_ratio=0.7,
+            preserve_recent_messages=2,
+            tokenizer=PerMessage(),
+        )
+        class Parallel(Agent):
+            pass
+
+        calls = [ToolCall("a", "one", {}), ToolCall("b", "two", {})]
+        history = [
+            *chat(7),
+            Message.assistant(tool_calls=calls),
+            Message.tool("a", "A"),
+            Message.user("interjection"),
+            Message.tool("b", "B"),
+            *chat(2, "late"),
+        ]
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Parallel(model=model).run("go", history=history)
+        # 70 % of 23 is 16, inside the tool exchange (14..17): the boundary moves back to 14.
+        covered = next(m for m in result.messages if m.is_summary).metadata[SUMMARY_COVERS_KEY]
+        assert covered == [m.id for m in history[:14]]
+        sent = model.requests[1].messages
+        index = next(i for i, m in enumerate(sent) if m.tool_calls)
+        assert [m.tool_results[0].call_id for m in sent[index + 1 : index + 3]] == ["a", "b"]
+        assert sum(1 for m in sent if m.tool_results) == 2
+
+    async def test_preserving_recent_messages_that_cannot_be_kept_is_a_failed_compaction(
+        self, spans: Spans
+    ) -> None:
+        """When the newest messages are one long tool exchange, nothing is cut short."""
+
+        @manage_context(
+            context_window_tokens=20,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Tight(Agent):
+            pass
+
+        calls = [ToolCall(f"c{i}", "t", {}) for i in range(12)]
+        history = [
+            Message.assistant(tool_calls=calls),
+            *(Message.tool(f"c{i}", "r") for i in range(12)),
+        ]
+        model = ScriptedModel([text_response("done")])
+        await Tight(model=model).run("go", history=history)
+        assert [r.purpose for r in model.requests] == ["chat"]
+        assert len(model.requests[0].messages) == 14
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "error"
+
+    async def test_usage_includes_the_summary_call(self) -> None:
+        """Usage sums the summary call and the main calls."""
+        model = ScriptedModel(
+            [
+                summary_step(input_tokens=50, output_tokens=9),
+                text_response("done", input_tokens=30, output_tokens=2),
+            ]
+        )
+        result = await Small(model=model).run("go", history=chat(30))
+        assert result.usage == Usage(80, 11)
+
+    async def test_compacts_every_turn_of_the_tool_loop(self) -> None:
+        """The threshold is checked before every model call of a tool loop."""
+
+        @manage_context(
+            context_window_tokens=40,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        model = ScriptedModel(
+            [
+                tool_call_response("ping", {}),
+                tool_call_response("ping", {}),
+                summary_step(),
+                text_response("done"),
+            ]
+        )
+        result = await Looping(model=model).run("go", history=chat(7))
+        assert [r.purpose for r in model.requests] == ["chat", "chat", "context_compaction", "chat"]
+        assert sum(m.is_summary for m in result.messages) == 1
+
+    async def test_summary_request_fits_a_small_window(self) -> None:
+        """Long items are clipped and fewer messages summarized rather than overflowing."""
+
+        @manage_context(
+            context_window_tokens=400, compression_threshold=0.5, preserve_recent_messages=2
+        )
+        class Little(Agent):
+            pass
+
+        history: list[Message] = [Message.user("q " + "word " * 3000), Message.assistant("noted")]
+        for index in range(6):
+            history.append(Message.user(f"q{index} " + "word " * 120))
+            history.append(Message.assistant(f"a{index} " + "text " * 120))
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Little(model=model).run("go", history=history)
+        summary_call = model.requests[0]
+        size = (
+            sum(len(m.text) for m in summary_call.messages) / 4
+            + summary_call.settings["max_tokens"]
+        )
+        assert size <= 400
+        assert "truncated" in summary_call.messages[1].text
+
+
+class TestTheLog:
+    async def test_summary_is_appended_and_originals_stay(self) -> None:
+        """The log keeps every original message; the summary is appended, marked."""
+        history = chat(30)
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Small(model=model).run("go", history=history)
+        assert list(result.messages[:60]) == history
+        summaries = [m for m in result.messages if m.is_summary]
+        assert len(summaries) == 1
+        covers = summaries[0].metadata[SUMMARY_COVERS_KEY]
+        assert covers == [m.id for m in history[:18]]
+        assert result.messages[-1].text == "done"
+
+    async def test_passing_messages_back_keeps_the_compaction(self) -> None:
+        """result.messages as history: the next request shows the summary, not the originals."""
+
+        @manage_context(
+            context_window_tokens=200,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Roomy(Agent):
+            pass
+
+        first = ScriptedModel([summary_step(), text_response("done")])
+        result = await Roomy(model=first).run("go", history=chat(50))
+        second = ScriptedModel([text_response("again")])
+        await Roomy(model=second).run("more", history=result.messages)
+        sent = second.requests[0].messages
+        assert sum(m.is_summary for m in sent) == 1
+        covered = set(next(m for m in result.messages if m.is_summary).metadata[SUMMARY_COVERS_KEY])
+        assert not covered & {m.id for m in sent}
+
+    async def test_a_later_compaction_folds_the_previous_summary_in(self) -> None:
+        """The second summary covers the first; no original is summarized twice."""
+        model = ScriptedModel(
+            [
+                summary_step("first"),
+                text_response("one"),
+                summary_step("second"),
+                text_response("two"),
+            ]
+        )
+        agent = Small(model=model)
+        one = await agent.run("go", history=chat(30))
+        two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
+        first, second = [m for m in two.messages if m.is_summary]
+        assert first.id in second.metadata[SUMMARY_COVERS_KEY]
+        assert not set(first.metadata[SUMMARY_COVERS_KEY]) & set(
+            second.metadata[SUMMARY_COVERS_KEY]
+        )
+        transcript = model.requests[2].messages[1].text
+        assert "Earlier summary: first" in transcript
+        assert "m question 0" not in transcript
+        sent = model.requests[3].messages
+        assert [m.text for m in sent if m.is_summary] == [SUMMARY_PREFIX + "second"]
+
+    async def test_only_the_previous_summary_left_means_no_summary_call(self, spans: Spans) -> None:
+        """When the kept tail alone is over the threshold, nothing is sent to summarize."""
+
+        @manage_context(
+            context_window_tokens=10,
+            compression_threshold=0.5,
+            preserve_recent_messages=7,
+            tokenizer=PerMessage(),
+        )
+        class Busy(Agent):
+            pass
+
+        earlier = chat(2)
+        summary = Message.user(
+            SUMMARY_PREFIX + "old",
+            metadata={"littleghost.summary": True, SUMMARY_COVERS_KEY: [m.id for m in earlier]},
+        )
+        model = ScriptedModel([text_response("done")])
+        await Busy(model=model).run("go", history=[*earlier, *chat(3, "new"), summary])
+        assert [r.purpose for r in model.requests] == ["chat"]
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "error"
+
+
+class TestFailures:
+    @pytest.mark.parametrize(
+        ("step", "error_type"),
+        [
+            (ProviderUnavailableError("down"), "ProviderUnavailableError"),
+            (text_response("half", stop_reason=StopReason.MAX_TOKENS), "OutputLimitError"),
+            (text_response("   "), "ProtocolError"),
+            (ContextWindowOverflowError("too long"), "context_length_exceeded"),
+        ],
+    )
+    async def test_a_failed_summary_leaves_the_request_unchanged(
+        self, spans: Spans, step: Any, error_type: str
+    ) -> None:
+        """The run goes on with the original request; an error event is recorded."""
+        history = chat(30)
+
+        class NoRetry(Small):
+            max_retries = 0
+
+        model = ScriptedModel([step, text_response("done")])
+        result = await NoRetry(model=model).run("go", history=history)
+        assert result.output == "done"
+        sent = model.requests[-1].messages
+        assert len(sent) == 62 and not any(m.is_summary for m in sent)
+        assert list(result.messages[:60]) == history and not any(
+            m.is_summary for m in result.messages
+        )
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "error"
+        assert event["error.type"] == error_type
+        assert event["littleghost.compaction.reason"] == "threshold"
+
+    async def test_too_short_or_only_trusted_history_fails_cleanly(self, spans: Spans) -> None:
+        """Nothing to compact: an error event, the request unchanged, never an empty request."""
+
+        @manage_context(context_window_tokens=10, compression_threshold=0.1, tokenizer=PerMessage())
+        class Eager(Agent):
+            pass
+
+        model = ScriptedModel([text_response("a"), text_response("b")])
+        await Eager(model=model).run("go", history=[Message.developer("d1"), Message.system("s2")])
+        await Eager(model=model).run("go", history=chat(2))
+        assert [len(r.messages) for r in model.requests] == [3, 5]
+        assert [e["littleghost.compaction.outcome"] for e in compaction_events(spans)] == [
+            "error",
+            "error",
+        ]
+
+    async def test_cancellation_during_the_summary_propagates(self) -> None:
+        """Cancelling the caller's scope during the summary cancels the run."""
+        started = anyio.Event()
+
+        async def slow(request: ModelRequest) -> ModelResponse:
+            started.set()
+            await anyio.sleep(10)
+            raise AssertionError("not reached")
+
+        model = ScriptedModel([slow, text_response("done")])
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(Small(model=model).run, "go", history=chat(30)))
+                await started.wait()
+                scope.cancel()
+        assert scope.cancelled_caught
+        assert len(model.requests) == 1
+
+    async def test_deadline_during_the_summary_raises(self) -> None:
+        """The run's deadline applies to the summary call."""
+
+        async def slow(request: ModelRequest) -> ModelResponse:
+            await anyio.sleep(10)
+            raise AssertionError("not reached")
+
+        model = ScriptedModel([slow, text_response("done")])
+        start = anyio.current_time()
+        with pytest.raises(DeadlineExceededError):
+            await Small(model=model).run("go", history=chat(30), timeout=0.2)
+        assert anyio.current_time() - start < 1
+
+    async def test_cleanup_error_propagates(self) -> None:
+        """A CleanupError from the summary call is never swallowed."""
+        model = ScriptedModel([CleanupError("stream not closed"), text_response("done")])
+        with pytest.raises(CleanupError):
+            await Small(model=model).run("go", history=chat(30))
+
+
+class TestOverflow:
+    async def test_overflow_is_recovered_once(self, spans: Spans) -> None:
+        """An overflow compacts (whatever the threshold) and retries the call once."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Lenient(Agent):
+            pass
+
+        model = ScriptedModel(
+            [
+                ContextWindowOverflowError("prompt is too long", provider="x"),
+                summary_step(),
+                text_response("done"),
+            ]
+        )
+        history = chat(10)
+        result = await Lenient(model=model).run("go", history=history)
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        assert any(m.is_summary for m in model.requests[2].messages)
+        assert list(result.messages[:20]) == history
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.reason"] == "overflow"
+        assert event["littleghost.compaction.outcome"] == "completed"
+
+    async def test_a_second_overflow_propagates_with_the_first_as_cause(self) -> None:
+        """No loop: the retried call overflowing again raises, caused by the first."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Lenient(Agent):
+            pass
+
+        first = ContextWindowOverflowError("first")
+        second = ContextWindowOverflowError("second")
+        model = ScriptedModel([first, summary_step(), second, text_response("unused")])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("go", history=chat(10))
+        assert caught.value is second
+        assert caught.value.__cause__ is first
+        assert len(model.requests) == 3
+
+    async def test_a_failed_recovery_propagates_with_the_overflow_as_cause(self) -> None:
+        """If the recovery compaction fails, its error propagates, caused by the overflow."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Lenient(Agent):
+            max_retries = 0
+
+        overflow = ContextWindowOverflowError("too long")
+        model = ScriptedModel([overflow, ProviderUnavailableError("down")])
+        with pytest.raises(ProviderUnavailableError) as caught:
+            await Lenient(model=model).run("go", history=chat(10))
+        assert caught.value.__cause__ is overflow
+
+    async def test_overflow_is_never_retried_without_the_capability(self) -> None:
+        """Without manage_context an overflow propagates after one call."""
+        model = ScriptedModel([ContextWindowOverflowError("too long"), text_response("x")])
+
+        class Bare(Agent):
+            pass
+
+        with pytest.raises(ContextWindowOverflowError):
+            await Bare(model=model).run("go")
+        assert len(model.requests) == 1
+
+
+class TestTelemetry:
+    async def test_event_attributes_and_compacted_flag(self, spans: Spans) -> None:
+        """The compaction event carries its figures; the chat span is marked compacted."""
+        model = ScriptedModel([summary_step("SECRET-SUMMARY"), text_response("done")])
+        await Small(model=model).run("go", history=chat(30))
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.reason"] == "threshold"
+        assert event["littleghost.compaction.outcome"] == "completed"
+        assert event["littleghost.compaction.removed_messages"] == 17
+        assert event["littleghost.compaction.estimated_tokens"] == 62
+        assert event["littleghost.compaction.estimated_tokens_after"] == 45
+        assert event["littleghost.compaction.context_window_tokens"] == 100
+        agent_span = spans.one("invoke_agent")
+        chats = spans.named("chat")
+        assert [c.attributes["littleghost.purpose"] for c in chats] == [
+            "context_compaction",
+            "chat",
+        ]
+        assert all(
+            c.parent is not None and c.parent.span_id == agent_span.context.span_id for c in chats
+        )
+        assert chats[1].attributes.get("gen_ai.conversation.compacted") is True
+        assert "gen_ai.conversation.compacted" not in chats[0].attributes
+        for span in spans.all():
+            values = [str(v) for v in (span.attributes or {}).values()]
+            values += [str(v) for e in span.events for v in (e.attributes or {}).values()]
+            assert not any("SECRET-SUMMARY" in v for v in values)
+
+    async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
+        """A request that was not compacted carries no compacted attribute."""
+        await Small(model=ScriptedModel([text_response("done")])).run("go")
+        assert "gen_ai.conversation.compacted" not in spans.one("chat").attributes
