@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -13,6 +14,7 @@ import anyio
 import attrs
 
 from littleghost import telemetry
+from littleghost.context.derive import clip_tool_results
 from littleghost.context.view import build_view, interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -26,6 +28,7 @@ from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
 from littleghost.run import RunContext, RunResult
+from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.text import truncate_middle
 from littleghost.tools import (
     ToolArgumentError,
@@ -97,6 +100,15 @@ def _settings(name: str, value: object) -> Mapping[str, Any]:
     return dict(value)
 
 
+def _session_store(name: str, value: object) -> SessionStore:
+    if isinstance(value, type) or not isinstance(value, SessionStore):
+        raise ConfigurationError(
+            f"{name} must be a session store instance (load, append, list_sessions, delete, "
+            f"lock), such as SQLiteSessionStore(path), not {value!r}"
+        )
+    return value
+
+
 _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "model": _model,
     "instructions": _instructions,
@@ -107,6 +119,7 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "max_tool_result_tokens": _positive_int(1),
     "max_retries": _positive_int(0),
     "capture_content": _bool,
+    "session_store": _session_store,
 }
 
 
@@ -166,8 +179,10 @@ class Agent:
     a ``Model``), ``instructions`` (a str, or a callable that receives the
     ``RunContext``), tools (``@tool`` methods, and plain functions in ``tools``),
     ``settings``, the limits ``max_turns`` (100), ``max_tool_calls`` (1000) and
-    ``max_tool_result_tokens`` (10 000), ``max_retries`` (3) and ``capture_content``
-    (False). Constructor keywords of the same names override them for one instance.
+    ``max_tool_result_tokens`` (10 000), ``max_retries`` (3), ``capture_content``
+    (False) and ``session_store`` (where ``run(..., session_id=)`` keeps conversations;
+    default one process-wide ``InMemorySessionStore``). Constructor keywords of the same
+    names override them for one instance.
     """
 
     model: ClassVar[str | Model | None] = None
@@ -179,6 +194,7 @@ class Agent:
     max_tool_result_tokens: ClassVar[int] = 10_000
     max_retries: ClassVar[int] = 3
     capture_content: ClassVar[bool] = False
+    session_store: ClassVar[SessionStore] = InMemorySessionStore()
     context_management: ClassVar[Any] = None
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
@@ -283,9 +299,14 @@ class Agent:
 
         Args:
             input: The user's message.
-            history: Earlier messages of the conversation.
+            history: Earlier messages of the conversation. With ``session_id``, they seed
+                a new session; for a session that already has messages they are ignored
+                (the stored log wins) and a ``UserWarning`` says so.
             settings: Model settings for this run, over the agent's.
-            session_id: The conversation's id (telemetry's ``gen_ai.conversation.id``).
+            session_id: The conversation to continue from ``session_store``: the run holds
+                the session until it ends (another run of it waits, within its own
+                deadline), loads its log, and appends every new message as it enters
+                the log. Also telemetry's ``gen_ai.conversation.id``.
             timeout: Seconds the whole run may take.
             deadline: The absolute anyio time the run must end by.
 
@@ -293,9 +314,10 @@ class Agent:
             DeadlineExceededError: The deadline passed.
             LimitExceededError: ``max_turns`` or ``max_tool_calls`` was reached.
             OutputLimitError: The final answer stopped at the output limit.
+            SessionStoreError: The session store failed (see its subclasses).
         """
         message = _user_message(input)
-        log = _history(history)
+        seed = _history(history)
         run_settings = {
             **self.settings,
             **(_settings("settings", settings) if settings is not None else {}),
@@ -304,6 +326,10 @@ class Agent:
             raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
         end = _deadline(timeout, deadline)
         model = self._model()
+        store = self.session_store
+        # With a session, the log starts empty and is filled from the store once the
+        # session is held; the context keeps this very list.
+        log = seed if session_id is None else []
         context = RunContext(
             self,
             model,
@@ -313,6 +339,7 @@ class Agent:
             self.capture_content,
             session_id,
             log=log,
+            writer=None if session_id is None else functools.partial(store.append, session_id),
         )
         attributes = {
             telemetry.OPERATION_NAME: "invoke_agent",
@@ -326,7 +353,12 @@ class Agent:
             result: RunResult | None = None
             try:
                 with anyio.CancelScope(deadline=end) as scope:
-                    result = await self._loop(context, message)
+                    if session_id is None:
+                        result = await self._loop(context, message)
+                    else:
+                        async with store.lock(session_id):
+                            await self._open_session(context, log, seed)
+                            result = await self._loop(context, message)
             finally:
                 span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
                 span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
@@ -335,6 +367,37 @@ class Agent:
                 raise DeadlineExceededError(f"{self.name} did not finish before its deadline")
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
             return result
+
+    async def _open_session(
+        self, context: RunContext, log: list[Message], seed: list[Message]
+    ) -> None:
+        """Fill the run's log from its session; a new session is seeded with ``seed``.
+
+        System and developer messages of the seed are not stored (instructions come
+        from the class each run), so they are left out of the run too.
+        """
+        assert context.session_id is not None
+        stored = await self.session_store.load(context.session_id)
+        if stored:
+            if seed:
+                warnings.warn(
+                    f"history= is ignored: session {context.session_id!r} already holds "
+                    f"{len(stored)} messages, and the stored log wins",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            log.extend(stored)
+            return
+        kept = [message for message in seed if not message.is_trusted]
+        if len(kept) < len(seed):
+            warnings.warn(
+                "the system and developer messages of history= are left out of session "
+                f"{context.session_id!r}: sessions do not store instructions, which come "
+                "from the agent class each run",
+                UserWarning,
+                stacklevel=3,
+            )
+        await context.append(*kept)
 
     async def _loop(self, context: RunContext, message: Message) -> RunResult:
         repaired = interrupted_results(context.messages)
@@ -397,6 +460,8 @@ class Agent:
                 f"{self.name}.instructions returned {type(text).__name__}, not a str"
             )
         view = build_view(context.messages)
+        if self.context_management is not None:
+            view = clip_tool_results(view, self.max_tool_result_tokens)
         messages = (_instructions_message(text), *view) if text else view
         return ModelRequest(messages, self.tool_specs, context.settings)
 
@@ -490,8 +555,15 @@ class Agent:
         except Exception as error:
             telemetry.mark_failed(span, error)
             text = f"Tool {call.name!r} failed: {type(error).__name__}: {error}"
-            return error_result(call, truncate_middle(text, self.max_tool_result_tokens))
-        return ToolResult(call.id, truncate_middle(text, self.max_tool_result_tokens))
+            return error_result(call, self._stored_result(text))
+        return ToolResult(call.id, self._stored_result(text))
+
+    def _stored_result(self, text: str) -> str:
+        """Without context management the log holds the cut result; with it, the whole
+        result (views cut what the model sees)."""
+        if self.context_management is not None:
+            return text
+        return truncate_middle(text, self.max_tool_result_tokens)
 
 
 def _user_message(value: object) -> Message:

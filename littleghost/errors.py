@@ -15,6 +15,7 @@ keyword-only with defaults. The tree::
     ├── DeadlineExceededError (also TimeoutError)
     ├── CleanupError                           resources did not shut down cleanly
     ├── LimitExceededError                     ``max_turns`` or ``max_tool_calls`` overrun
+    ├── PromptBudgetError                      a request's mandatory part is over its budget
     └── SessionStoreError                      a session store failed
         ├── CorruptSessionStoreError           not a littleghost store, or damaged
         ├── SchemaVersionError                 written by a newer littleghost
@@ -42,6 +43,7 @@ __all__ = [
     "LimitExceededError",
     "LittleGhostError",
     "OutputLimitError",
+    "PromptBudgetError",
     "ProtocolError",
     "ProviderError",
     "ProviderUnavailableError",
@@ -163,6 +165,22 @@ class LimitExceededError(LittleGhostError):
         super().__init__(message)
         self.limit = limit
         self.value = value
+
+
+class PromptBudgetError(LittleGhostError):
+    """The instructions, tools and current turn alone are over the prompt budget.
+
+    Args:
+        limit: The view's token limit.
+        required: The estimated tokens of the mandatory part.
+    """
+
+    def __init__(
+        self, message: str, *, limit: int | None = None, required: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.required = required
 
 
 class SessionStoreError(LittleGhostError):

@@ -65,7 +65,7 @@ class RunContext:
     _log: list[Message] = field(factory=list, repr=False, alias="log")
     _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")
-    _compacted: bool = field(default=False, repr=False, init=False)
+    _call_attributes: dict[str, Any] = field(factory=dict, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )
@@ -114,7 +114,11 @@ class RunContext:
 
     def mark_compacted(self) -> None:
         """Note that the next main model call's request was compacted."""
-        self._compacted = True
+        self._call_attributes[telemetry.CONVERSATION_COMPACTED] = True
+
+    def annotate_next_call(self, attributes: Mapping[str, Any]) -> None:
+        """Attributes for the next main model call's span (figures, never content)."""
+        self._call_attributes.update(attributes)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Call the run's model once, with retries for transient errors only.
@@ -123,9 +127,9 @@ class RunContext:
         to the run's total.
         """
         main = request.purpose == "chat"
-        compacted = False
+        extra: dict[str, Any] = {}
         if main:
-            compacted, self._compacted = self._compacted, False
+            extra, self._call_attributes = self._call_attributes, {}
         model = self.model
 
         async def attempt() -> ModelResponse:
@@ -136,8 +140,7 @@ class RunContext:
                 telemetry.PURPOSE: request.purpose,
                 **telemetry.setting_attributes(request.settings),
             }
-            if compacted:
-                attributes[telemetry.CONVERSATION_COMPACTED] = True
+            attributes.update(extra)
             if self.session_id is not None:
                 attributes[telemetry.CONVERSATION_ID] = self.session_id
             with telemetry.open_span(
@@ -179,6 +182,7 @@ class RunContext:
         response = await call_with_retries(
             attempt_and_report if main and self.streaming else attempt,
             max_retries=self.max_retries,
+            deadline=self.deadline,
             on_retry=on_retry,
         )
         if main:

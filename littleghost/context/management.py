@@ -19,6 +19,7 @@ from attrs import field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
+from littleghost.context.budget import EXCERPTS_KEY, PromptBudget, fit_request, load_memories
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     FRAMING,
@@ -60,6 +61,12 @@ _CLIP_LEVELS = (None, 2_000, 500, 200)
 _OVERFLOW_KEY = "littleghost.context.overflow"
 
 
+def _env_window() -> int:
+    from littleghost.context.budget import _env_int
+
+    return _env_int("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
+
+
 def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
     def validate(instance: object, attribute: object, value: Any) -> None:
         if not ok(value):
@@ -90,10 +97,12 @@ class ContextManagement:
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap; default a quarter of the window, at
             most 4 096.
+        budget: A ``PromptBudget``: every request's view is first bounded to it.
+        summarize: False never calls a model for context (needs ``budget``).
     """
 
     context_window_tokens: int = field(
-        default=200_000,
+        factory=lambda: _env_window(),
         validator=_check("context_window_tokens", lambda v: _integer(v) and v > 0, "an int > 0"),
     )
     compression_threshold: float = field(
@@ -138,6 +147,25 @@ class ContextManagement:
             "an int > 0 or None",
         ),
     )
+
+    budget: PromptBudget | None = field(
+        default=None,
+        validator=_check(
+            "budget", lambda v: v is None or isinstance(v, PromptBudget), "a PromptBudget or None"
+        ),
+    )
+    summarize: bool = field(
+        default=True, validator=_check("summarize", lambda v: isinstance(v, bool), "True or False")
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.budget is not None:
+            self.budget.check_window(self.context_window_tokens)
+        elif not self.summarize:
+            raise ConfigurationError(
+                "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
+                "the window without a model"
+            )
 
     def summary_cap(self, window: int) -> int:
         """The summary's output cap for ``window``."""
@@ -217,15 +245,33 @@ async def _compact_before_model(
     if config is None:
         return None
     window = context_window(context.model, config)
-    estimated = estimate_tokens(request, context, config.tokenizer)
-    if estimated < config.compression_threshold * window:
-        return None
-    try:
-        return await _compact(request, context, config, "threshold", estimated, window)
-    except (DeadlineExceededError, CleanupError):
-        raise
-    except Exception:
-        return None
+    original = request
+    if config.budget is not None:
+        memories = await load_memories(config.budget, context)
+        limit = config.budget.limit(window, request.max_tokens)
+        request = _bounded(request, config.budget, limit, memories, context)
+    if config.summarize:
+        estimated = estimate_tokens(request, context, config.tokenizer)
+        if estimated >= config.compression_threshold * window:
+            try:
+                request = await _compact(request, context, config, "threshold", estimated, window)
+            except (DeadlineExceededError, CleanupError):
+                raise
+            except Exception:
+                pass
+    return None if request is original else request
+
+
+def _bounded(
+    request: ModelRequest,
+    budget: PromptBudget,
+    limit: int,
+    memories: Sequence[str],
+    context: RunContext,
+) -> ModelRequest:
+    bounded, report = fit_request(request, budget, limit, memories)
+    context.annotate_next_call(report.span_attributes())
+    return bounded
 
 
 async def _compact_after_overflow(
@@ -241,9 +287,59 @@ async def _compact_after_overflow(
     window = context_window(context.model, config)
     estimated = estimate_tokens(request, context, config.tokenizer)
     try:
-        return await _compact(request, context, config, "overflow", estimated, window)
+        if config.summarize:
+            return await _compact(request, context, config, "overflow", estimated, window)
+        assert config.budget is not None
+        return await _shrink(request, context, config.budget, error, estimated, window)
     except Exception as failure:
         raise failure from error
+
+
+async def _shrink(
+    request: ModelRequest,
+    context: RunContext,
+    budget: PromptBudget,
+    error: ContextWindowOverflowError,
+    estimated: int,
+    window: int,
+) -> ModelRequest:
+    """Without summaries, recover from an overflow by a tighter view (once)."""
+    await context.emit(CompactionStarted("overflow", estimated, window))
+    usage_before = context.usage
+    limit = budget.limit(window, request.max_tokens)
+    if error.prompt_tokens and error.context_window and error.prompt_tokens > 0:
+        factor = min(0.9 * error.context_window / error.prompt_tokens, 0.9)
+    else:
+        factor = 0.5
+    try:
+        memories = await load_memories(budget, context)
+        shrunk = _bounded(request, budget, max(int(limit * factor), 1), memories, context)
+    except Exception as failure:
+        await _record(
+            context,
+            reason="overflow",
+            outcome="error",
+            removed=0,
+            estimated=estimated,
+            after=None,
+            window=window,
+            usage=_since(usage_before, context.usage),
+            error=failure,
+        )
+        raise
+    context.mark_compacted()
+    await _record(
+        context,
+        reason="overflow",
+        outcome="completed",
+        removed=len(request.messages) - len(shrunk.messages),
+        estimated=estimated,
+        after=estimate_tokens(shrunk, context, budget.tokenizer),
+        window=window,
+        usage=_since(usage_before, context.usage),
+        error=None,
+    )
+    return shrunk
 
 
 class _Impossible(ProtocolError):
@@ -327,7 +423,7 @@ async def _compact(
     await context.emit(CompactionStarted(reason, estimated, window))
     usage_before = context.usage
     try:
-        conversation = [message for message in request.messages if not message.is_trusted]
+        conversation = [message for message in request.messages if not _pinned(message)]
         instructions = config.summary_instructions or DEFAULT_SUMMARY_INSTRUCTIONS
         cap = config.summary_cap(window)
         budget = int(window * SUMMARY_FIT_MARGIN) - cap
@@ -351,7 +447,7 @@ async def _compact(
         for message in request.messages:
             if message.id in covered_ids:
                 continue
-            if not placed and not message.is_trusted:
+            if not placed and not _pinned(message):
                 messages.append(summary)
                 placed = True
             messages.append(message)
@@ -383,6 +479,11 @@ async def _compact(
         error=None,
     )
     return compacted
+
+
+def _pinned(message: Message) -> bool:
+    """Kept as they are by summaries: instructions, and the excerpts of a bounded view."""
+    return message.is_trusted or message.metadata.get(EXCERPTS_KEY) is True
 
 
 def _since(before: Usage, after: Usage) -> Usage:

@@ -1,0 +1,544 @@
+"""A bounded prompt view: every request fits a hard token budget, with no model call.
+
+The log keeps everything; each model call gets a view built to fit
+``min(prompt_budget_tokens, window - max(response_reserve_tokens, max_tokens) -
+safety_reserve_tokens)``:
+
+- the mandatory part — instructions, memories, tool schemas, the current user request
+  whole and every tool call of the current turn with its id and arguments — is always
+  kept; the current turn's results and intermediate text may be cut down to a floor;
+- oversized tool results (over ``tool_result_share`` of the limit) become marked excerpts
+  that keep their beginning and end;
+- recent history is taken as complete turns, newest first; older user messages, answers
+  and tool results are capped at ``history_item_tokens`` each, images become placeholders,
+  and intermediate assistant text is shortened when that lets a turn fit;
+- incomplete tool exchanges and orphan results are left out;
+- turns that do not fit leave short question/answer excerpts in a small part of the
+  budget (``excerpt_tokens``);
+- if the mandatory part cannot fit, ``PromptBudgetError`` names the figures.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from littleghost.context.derive import derived
+from littleghost.context.tokens import (
+    ByteEstimator,
+    Tokenizer,
+    estimate_message,
+    prompt_text,
+    tools_text,
+)
+from littleghost.errors import ConfigurationError, PromptBudgetError
+from littleghost.messages import ImagePart, Message, Role, TextPart, ToolResult
+from littleghost.models.base import ModelRequest
+from littleghost.text import cut_middle
+
+__all__ = ["EXCERPTS_KEY", "BudgetReport", "PromptBudget", "fit_request", "load_memories"]
+
+context_budget_log = logging.getLogger("littleghost.context_budget")
+prompt_budget_log = logging.getLogger("littleghost.prompt_budget")
+
+EXCERPTS_KEY = "littleghost.context.excerpts"
+"""Metadata key of the excerpts message a view may carry (never in the log)."""
+MEMORIES_KEY = "littleghost.context.memories"
+"""Metadata key of the memories message a view may carry (never in the log)."""
+EXCERPTS_HEADER = "[Earlier turns, excerpted; for reference, not instructions:]"
+MEMORIES_HEADER = "Saved memories, for reference (newest last):"
+IMAGE_PLACEHOLDER = "[image omitted from this context]"
+
+
+def _env_int(variable: str, default: int) -> int:
+    raw = os.environ.get(variable)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{variable} must be an integer number of tokens, not {raw!r}"
+        ) from None
+    if value <= 0:
+        raise ConfigurationError(f"{variable} must be > 0, not {value}")
+    return value
+
+
+def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if not ok(value):
+            raise ConfigurationError(f"PromptBudget: {name} must be {allowed}, not {value!r}")
+
+    return validate
+
+
+def _tokens(minimum: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+@frozen(kw_only=True)
+class PromptBudget:
+    """The budget every request's view is built to fit.
+
+    Args:
+        prompt_budget_tokens: The prompt target, instructions and tools included
+            (default ``LITTLEGHOST_PROMPT_BUDGET_TOKENS`` or 16 000).
+        response_reserve_tokens: Room kept for the answer, and the ``max_tokens`` of a
+            request that sets none (default ``LITTLEGHOST_RESPONSE_RESERVE_TOKENS`` or 4 096).
+        safety_reserve_tokens: Room kept for estimate error (2 048).
+        tokenizer: The estimate (default ``ByteEstimator``: UTF-8 bytes ÷ 3, 4 tokens per
+            message, 765 per image).
+        memory: A callable ``(context) -> entries`` (sync or async) or an object with
+            ``async load_memories(context)``; entries are str, oldest first.
+        memory_tokens: The memories' own budget (1 000), newest first.
+        tool_result_share: A tool result over this share of the limit is excerpted (0.25).
+        history_item_tokens: The cap on each older message (1 000).
+        excerpt_tokens: The part of the budget for excerpts of dropped turns (512).
+        excerpt_item_chars: The length of one question or answer excerpt (240).
+        floor_tokens: What a current-turn result or intermediate text may be cut down to (128).
+    """
+
+    prompt_budget_tokens: int = field(
+        factory=lambda: _env_int("LITTLEGHOST_PROMPT_BUDGET_TOKENS", 16_000),
+        validator=_check("prompt_budget_tokens", _tokens(1), "an int > 0"),
+    )
+    response_reserve_tokens: int = field(
+        factory=lambda: _env_int("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
+        validator=_check("response_reserve_tokens", _tokens(1), "an int > 0"),
+    )
+    safety_reserve_tokens: int = field(
+        default=2_048, validator=_check("safety_reserve_tokens", _tokens(0), "an int >= 0")
+    )
+    tokenizer: Tokenizer = field(
+        factory=ByteEstimator,
+        validator=_check(
+            "tokenizer",
+            lambda v: callable(getattr(v, "count_tokens", None)),
+            "an object with count_tokens(text)",
+        ),
+    )
+    memory: Any = field(
+        default=None,
+        validator=_check(
+            "memory",
+            lambda v: v is None or callable(v) or callable(getattr(v, "load_memories", None)),
+            "None, a callable or an object with load_memories(context)",
+        ),
+    )
+    memory_tokens: int = field(
+        default=1_000, validator=_check("memory_tokens", _tokens(0), "an int >= 0")
+    )
+    tool_result_share: float = field(
+        default=0.25,
+        validator=_check(
+            "tool_result_share",
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+            "a number in (0, 1]",
+        ),
+    )
+    history_item_tokens: int = field(
+        default=1_000, validator=_check("history_item_tokens", _tokens(16), "an int >= 16")
+    )
+    excerpt_tokens: int = field(
+        default=512, validator=_check("excerpt_tokens", _tokens(0), "an int >= 0")
+    )
+    excerpt_item_chars: int = field(
+        default=240, validator=_check("excerpt_item_chars", _tokens(20), "an int >= 20")
+    )
+    floor_tokens: int = field(
+        default=128, validator=_check("floor_tokens", _tokens(16), "an int >= 16")
+    )
+
+    def limit(self, window: int, max_tokens: int | None) -> int:
+        """The token limit of a view for ``window`` and the request's ``max_tokens``."""
+        answer = max(self.response_reserve_tokens, max_tokens or 0)
+        return min(self.prompt_budget_tokens, window - answer - self.safety_reserve_tokens)
+
+    def check_window(self, window: int) -> None:
+        """Reject a configuration whose reserves leave no room in ``window``."""
+        if self.limit(window, None) <= 0:
+            raise ConfigurationError(
+                f"PromptBudget: response_reserve_tokens ({self.response_reserve_tokens}) + "
+                f"safety_reserve_tokens ({self.safety_reserve_tokens}) leave no room in a "
+                f"{window}-token context window"
+            )
+
+
+@frozen
+class BudgetReport:
+    """What a bounded view kept; figures only, never content."""
+
+    limit_tokens: int
+    history_estimated_tokens: int
+    fixed_overhead_tokens: int
+    estimated_prompt_tokens: int
+    messages_total: int
+    messages_kept: int
+    turns_total: int
+    turns_dropped: int
+    excerpts_included: int
+    memories_included: int
+
+    def span_attributes(self) -> dict[str, int]:
+        """The figures as chat-span attributes."""
+        return {
+            "littleghost.context_budget.history_estimated_tokens": self.history_estimated_tokens,
+            "littleghost.context_budget.messages_total": self.messages_total,
+            "littleghost.context_budget.messages_kept": self.messages_kept,
+            "littleghost.context_budget.turns_total": self.turns_total,
+            "littleghost.context_budget.turns_dropped": self.turns_dropped,
+            "littleghost.context_budget.excerpts_included": self.excerpts_included,
+            "littleghost.context_budget.memories_included": self.memories_included,
+            "littleghost.prompt_budget.limit_tokens": self.limit_tokens,
+            "littleghost.prompt_budget.fixed_overhead_tokens": self.fixed_overhead_tokens,
+            "littleghost.prompt_budget.estimated_prompt_tokens": self.estimated_prompt_tokens,
+        }
+
+
+async def load_memories(budget: PromptBudget, context: object) -> list[str]:
+    """The memory provider's entries (oldest first), or none."""
+    provider = budget.memory
+    if provider is None:
+        return []
+    loader = getattr(provider, "load_memories", None)
+    entries = loader(context) if callable(loader) else provider(context)
+    if inspect.isawaitable(entries):
+        entries = await entries
+    if entries is None:
+        return []
+    result = []
+    for entry in entries:
+        text = entry if isinstance(entry, str) else getattr(entry, "text", None)
+        if not isinstance(text, str):
+            raise ConfigurationError(f"PromptBudget.memory returned {entry!r}; entries must be str")
+        result.append(text)
+    return result
+
+
+def _shrink(
+    message: Message, max_tokens: int, tokenizer: Tokenizer, kinds: tuple[type, ...]
+) -> Message:
+    """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
+    into placeholders) until its estimate is at most ``max_tokens``, if it can be."""
+    images = any(isinstance(part, ImagePart) for part in message.content)
+    size = estimate_message(message, tokenizer)
+    if size <= max_tokens and not images:
+        return message
+
+    def build(chars: int) -> Message:
+        parts: list[Any] = []
+        for part in message.content:
+            if isinstance(part, TextPart) and TextPart in kinds:
+                parts.append(TextPart(cut_middle(part.text, chars)))
+            elif isinstance(part, ToolResult) and ToolResult in kinds:
+                parts.append(
+                    ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
+                )
+            elif isinstance(part, ImagePart):
+                parts.append(TextPart(IMAGE_PLACEHOLDER))
+            else:
+                parts.append(part)
+        return Message(message.role, parts, message.id, message.metadata)
+
+    def make() -> Message:
+        longest = max(
+            (
+                len(p.text) if isinstance(p, TextPart) else len(p.content)
+                for p in message.content
+                if (isinstance(p, TextPart) and TextPart in kinds)
+                or (isinstance(p, ToolResult) and ToolResult in kinds)
+            ),
+            default=0,
+        )
+        low, high = 0, longest
+        best = build(0)
+        while low <= high:  # the longest cut that fits, by bisection
+            middle = (low + high) // 2
+            candidate = build(middle)
+            if _count(candidate, tokenizer) <= max_tokens:
+                best, low = candidate, middle + 1
+            else:
+                high = middle - 1
+        return best
+
+    return derived(message, ("shrink", max_tokens, kinds, id(tokenizer)), make)
+
+
+def _cap_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
+    """Cap text and tool results at about ``max_tokens``; images become placeholders."""
+    return _shrink(message, max_tokens, tokenizer, (TextPart, ToolResult))
+
+
+def _cut_results(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
+    """Excerpt tool results over ``max_tokens`` (head and tail kept, with a marker)."""
+    if not message.tool_results:
+        return message
+    return _shrink(message, max_tokens, tokenizer, (ToolResult,))
+
+
+def _cut_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
+    """Shorten an assistant message's text to about ``max_tokens``, keeping every tool
+    call whole."""
+    if not message.text:
+        return message
+    calls = derived(message, ("calls-only",), functools.partial(_without_text, message))
+    return _shrink(message, estimate_message(calls, tokenizer) + max_tokens, tokenizer, (TextPart,))
+
+
+def _without_text(message: Message) -> Message:
+    parts = [part for part in message.content if not isinstance(part, TextPart)]
+    return Message(message.role, parts, message.id, message.metadata)
+
+
+def _count(message: Message, tokenizer: Tokenizer) -> int:
+    """An uncached estimate, for trial copies."""
+    text = prompt_text(message)
+    images = sum(1 for part in message.content if isinstance(part, ImagePart))
+    return (
+        tokenizer.count_tokens(text)
+        + images * int(getattr(tokenizer, "image_tokens", 85))
+        + int(getattr(tokenizer, "message_overhead", 0))
+    )
+
+
+def _turns(conversation: Sequence[Message]) -> list[list[Message]]:
+    """Split into turns: each starts at a user message (a leading partial turn too)."""
+    turns: list[list[Message]] = []
+    for message in conversation:
+        if message.role is Role.USER or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return turns
+
+
+def _complete_exchanges(turn: list[Message]) -> list[Message]:
+    """Leave out tool calls without results and results without calls."""
+    answered = {r.call_id for m in turn for r in m.tool_results}
+    called = {c.id for m in turn for c in m.tool_calls}
+    kept: list[Message] = []
+    for message in turn:
+        if message.tool_calls and not all(call.id in answered for call in message.tool_calls):
+            text_parts = [p for p in message.content if isinstance(p, TextPart)]
+            if text_parts:
+                kept.append(derived(message, ("no-calls",), functools.partial(_text_only, message)))
+            continue
+        if message.tool_results and not all(r.call_id in called for r in message.tool_results):
+            continue
+        kept.append(message)
+    incomplete = {c.id for m in turn for c in m.tool_calls} - {
+        c.id for m in kept for c in m.tool_calls
+    }
+    return [m for m in kept if not any(r.call_id in incomplete for r in m.tool_results)]
+
+
+def _text_only(message: Message) -> Message:
+    parts = [part for part in message.content if isinstance(part, TextPart)]
+    return Message(message.role, parts, message.id, message.metadata)
+
+
+def _cost(messages: Iterable[Message], tokenizer: Tokenizer) -> int:
+    return sum(estimate_message(message, tokenizer) for message in messages)
+
+
+def _excerpt(turn: Sequence[Message], chars: int) -> str | None:
+    question = next((m.text for m in turn if m.role is Role.USER and m.text), "")
+    answer = next((m.text for m in reversed(turn) if m.role is Role.ASSISTANT and m.text), "")
+    if not question and not answer:
+        return None
+    line = f"Q: {cut_middle(question, chars)}"
+    if answer:
+        line += f" | A: {cut_middle(answer, chars)}"
+    return line.replace("\n", " ")
+
+
+def fit_request(
+    request: ModelRequest, budget: PromptBudget, limit: int, memories: Sequence[str] = ()
+) -> tuple[ModelRequest, BudgetReport]:
+    """Build the bounded view of ``request`` for ``limit`` tokens.
+
+    Raises:
+        PromptBudgetError: The mandatory part alone is over the limit.
+    """
+    tokenizer = budget.tokenizer
+    trusted = [m for m in request.messages if m.is_trusted]
+    conversation = [m for m in request.messages if not m.is_trusted]
+    summaries = [m for m in conversation if m.is_summary]
+    conversation = [m for m in conversation if not m.is_summary]
+    turns = _turns(conversation)
+    current = _complete_exchanges(turns[-1]) if turns else []
+    history_turns = [_complete_exchanges(turn) for turn in turns[:-1]]
+
+    tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
+    fixed = _cost(trusted, tokenizer) + tools_tokens
+    memory_message, memories_used = _memories(memories, budget)
+    if memory_message is not None:
+        fixed += estimate_message(memory_message, tokenizer)
+
+    share = max(int(limit * budget.tool_result_share), budget.floor_tokens)
+    current = [_cut_results(m, share, tokenizer) for m in current]
+    room = limit - fixed
+    if _cost(current, tokenizer) > room:
+        current = _shrink_current(current, room, budget)
+    current_cost = _cost(current, tokenizer)
+    if current_cost > room:
+        raise PromptBudgetError(
+            f"the request cannot fit its prompt budget: instructions, memories and tools take "
+            f"{fixed} tokens and the current turn at least {current_cost}, over the limit of "
+            f"{limit} tokens",
+            limit=limit,
+            required=fixed + current_cost,
+        )
+    room -= current_cost
+
+    kept_summaries = []
+    for summary in summaries[-1:]:
+        capped = _cap_text(summary, budget.history_item_tokens, tokenizer)
+        if estimate_message(capped, tokenizer) <= room:
+            kept_summaries.append(capped)
+            room -= estimate_message(capped, tokenizer)
+
+    excerpt_room = min(budget.excerpt_tokens, max(room // 5, 0))
+    room -= excerpt_room
+    kept_turns: list[list[Message]] = []
+    dropped: list[list[Message]] = []
+    for index in range(len(history_turns) - 1, -1, -1):
+        turn = [_cap_text(m, budget.history_item_tokens, tokenizer) for m in history_turns[index]]
+        turn = [_cut_results(m, share, tokenizer) for m in turn]
+        cost = _cost(turn, tokenizer)
+        if cost > room:
+            final = len(turn) - 1
+            turn = [
+                _cut_text(m, budget.floor_tokens, tokenizer)
+                if m.role is Role.ASSISTANT and i != final
+                else m
+                for i, m in enumerate(turn)
+            ]
+            cost = _cost(turn, tokenizer)
+        if cost > room:
+            dropped = history_turns[: index + 1]
+            break
+        kept_turns.append(turn)
+        room -= cost
+    kept_turns.reverse()
+
+    excerpt_message, excerpts = _excerpts(dropped, excerpt_room, budget)
+    messages = [*trusted]
+    if memory_message is not None:
+        messages.append(memory_message)
+    messages.extend(kept_summaries)
+    if excerpt_message is not None:
+        messages.append(excerpt_message)
+    for turn in kept_turns:
+        messages.extend(turn)
+    messages.extend(current)
+    settings = dict(request.settings)
+    settings.setdefault("max_tokens", budget.response_reserve_tokens)
+    bounded = ModelRequest(messages, request.tools, settings, request.purpose)
+    estimated = _cost(messages, tokenizer) + tools_tokens
+    report = BudgetReport(
+        limit_tokens=limit,
+        history_estimated_tokens=_cost(conversation, tokenizer) + _cost(summaries, tokenizer),
+        fixed_overhead_tokens=fixed,
+        estimated_prompt_tokens=estimated,
+        messages_total=len(request.messages),
+        messages_kept=len(messages),
+        turns_total=len(turns),
+        turns_dropped=len(dropped),
+        excerpts_included=excerpts,
+        memories_included=memories_used,
+    )
+    _log(report)
+    return bounded, report
+
+
+def _shrink_current(current: list[Message], room: int, budget: PromptBudget) -> list[Message]:
+    """Cut the current turn's intermediate text, then its results, toward the floor."""
+    tokenizer = budget.tokenizer
+    final = len(current) - 1
+    shrunk = [
+        _cut_text(m, budget.floor_tokens, tokenizer)
+        if m.role is Role.ASSISTANT and i != final
+        else m
+        for i, m in enumerate(current)
+    ]
+    if _cost(shrunk, tokenizer) <= room:
+        return shrunk
+    results = [i for i, m in enumerate(shrunk) if m.tool_results]
+    for size in (4 * budget.floor_tokens, 2 * budget.floor_tokens, budget.floor_tokens):
+        for i in results:
+            shrunk[i] = _cut_results(shrunk[i], size, tokenizer)
+        if _cost(shrunk, tokenizer) <= room:
+            break
+    return shrunk
+
+
+def _memories(memories: Sequence[str], budget: PromptBudget) -> tuple[Message | None, int]:
+    if not memories or budget.memory_tokens <= 0:
+        return None, 0
+    tokenizer = budget.tokenizer
+    room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
+    chosen: list[str] = []
+    for entry in reversed(memories):
+        cost = tokenizer.count_tokens(entry) + 1
+        if cost > room:
+            continue
+        chosen.append(entry)
+        room -= cost
+    if not chosen:
+        return None, 0
+    chosen.reverse()
+    text = "\n".join([MEMORIES_HEADER, *(f"- {entry}" for entry in chosen)])
+    return Message.developer(text, metadata={MEMORIES_KEY: True}), len(chosen)
+
+
+def _excerpts(
+    dropped: Sequence[Sequence[Message]], room: int, budget: PromptBudget
+) -> tuple[Message | None, int]:
+    if not dropped or room <= 0:
+        return None, 0
+    tokenizer = budget.tokenizer
+    room -= tokenizer.count_tokens(EXCERPTS_HEADER) + getattr(tokenizer, "message_overhead", 0)
+    lines: list[str] = []
+    for turn in reversed(dropped):
+        line = _excerpt(turn, budget.excerpt_item_chars)
+        if line is None:
+            continue
+        cost = tokenizer.count_tokens(line) + 1
+        if cost > room:
+            break
+        lines.append(line)
+        room -= cost
+    if not lines:
+        return None, 0
+    lines.reverse()
+    text = "\n".join([EXCERPTS_HEADER, *lines])
+    return Message.user(text, metadata={EXCERPTS_KEY: True}), len(lines)
+
+
+def _log(report: BudgetReport) -> None:
+    context_budget_log.info(
+        "context_budget history_estimated_tokens=%d messages_total=%d messages_kept=%d "
+        "turns_total=%d turns_dropped=%d excerpts_included=%d",
+        report.history_estimated_tokens,
+        report.messages_total,
+        report.messages_kept,
+        report.turns_total,
+        report.turns_dropped,
+        report.excerpts_included,
+        extra={"littleghost": report.span_attributes()},
+    )
+    prompt_budget_log.info(
+        "prompt_budget fixed_overhead_tokens=%d estimated_prompt_tokens=%d limit_tokens=%d",
+        report.fixed_overhead_tokens,
+        report.estimated_prompt_tokens,
+        report.limit_tokens,
+        extra={"littleghost": report.span_attributes()},
+    )

@@ -1,0 +1,384 @@
+"""manage_context(budget=PromptBudget(...)): a bounded view for every request."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from littleghost import Agent, ImagePart, Message, Role, TextPart, ToolCall, before_model, manage_context, tool
+from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
+from littleghost.context.summarize import SUMMARY_PREFIX
+from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
+from littleghost.errors import ConfigurationError, ContextWindowOverflowError, PromptBudgetError
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+BYTES = ByteEstimator()
+
+
+def turn(index: int, *, result: str = "sunny", answer: str | None = None) -> list[Message]:
+    """One user turn: a question, a tool call, its result and an answer."""
+    call = ToolCall(f"call-{index}", "weather", {"city": f"city {index}"})
+    return [
+        Message.user(f"question {index}: what is the weather?"),
+        Message.assistant(tool_calls=[call]),
+        Message.tool(call.id, result),
+        Message.assistant(answer or f"answer {index}: it is {result}"),
+    ]
+
+
+def history(turns: int) -> list[Message]:
+    return [message for index in range(turns) for message in turn(index)]
+
+
+def size(request: ModelRequest) -> int:
+    """The budget's estimate of a request as sent."""
+    return estimate_request(request.messages, request.tools, {}, BYTES)
+
+
+def bounded_agent(**budget: Any) -> type[Agent]:
+    options = {"prompt_budget_tokens": 400, "response_reserve_tokens": 100, "safety_reserve_tokens": 50}
+    options.update(budget)
+
+    @manage_context(context_window_tokens=4_000, budget=PromptBudget(**options), summarize=False)
+    class Bounded(Agent):
+        instructions = "You report the weather."
+
+        @tool
+        def weather(self, city: str) -> str:
+            """The weather in a city."""
+            return "sunny"
+
+    return Bounded
+
+
+class TestDeclaration:
+    def test_defaults(self) -> None:
+        """The seed's defaults, keyword-only."""
+        budget = PromptBudget()
+        assert (budget.prompt_budget_tokens, budget.response_reserve_tokens) == (16_000, 4_096)
+        assert budget.safety_reserve_tokens == 2_048
+        assert budget.tokenizer == ByteEstimator()
+        with pytest.raises(TypeError):
+            PromptBudget(16_000)  # type: ignore[misc]
+
+    def test_environment_defaults_and_keywords_win(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """LITTLEGHOST_* variables set defaults; an explicit keyword wins."""
+        monkeypatch.setenv("LITTLEGHOST_PROMPT_BUDGET_TOKENS", "9000")
+        monkeypatch.setenv("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", "1000")
+        monkeypatch.setenv("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", "32768")
+        assert PromptBudget().prompt_budget_tokens == 9000
+        assert PromptBudget().response_reserve_tokens == 1000
+        assert PromptBudget(prompt_budget_tokens=5).prompt_budget_tokens == 5
+
+        @manage_context(budget=PromptBudget())
+        class FromEnvironment(Agent):
+            pass
+
+        assert FromEnvironment.context_management.context_window_tokens == 32_768
+        monkeypatch.setenv("LITTLEGHOST_PROMPT_BUDGET_TOKENS", "many")
+        with pytest.raises(ConfigurationError, match="LITTLEGHOST_PROMPT_BUDGET_TOKENS"):
+            PromptBudget()
+
+    def test_reserves_that_leave_no_room_fail_at_class_definition(self) -> None:
+        """Window − reserves ≤ 0 is rejected when the class is defined."""
+        with pytest.raises(ConfigurationError, match="leave no room"):
+
+            @manage_context(context_window_tokens=4_000, budget=PromptBudget(response_reserve_tokens=3_000, safety_reserve_tokens=1_000))
+            class Cramped(Agent):
+                pass
+
+    def test_invalid_values(self) -> None:
+        """Each field is validated, naming it."""
+        with pytest.raises(ConfigurationError, match="tool_result_share"):
+            PromptBudget(tool_result_share=0)
+        with pytest.raises(ConfigurationError, match="summarize=False"):
+            manage_context(summarize=False)
+
+
+class TestLimit:
+    async def test_limit_and_default_max_tokens(self) -> None:
+        """limit = min(budget, window − max(reserve, max_tokens) − safety); max_tokens defaults."""
+        budget = PromptBudget(prompt_budget_tokens=10_000, response_reserve_tokens=500, safety_reserve_tokens=200)
+        assert budget.limit(4_000, None) == 3_300
+        assert budget.limit(4_000, 1_000) == 2_800
+        assert budget.limit(100_000, None) == 10_000
+        model = ScriptedModel([text_response("ok")])
+        await bounded_agent()(model=model).run("hi")
+        assert model.requests[0].settings["max_tokens"] == 100
+        model = ScriptedModel([text_response("ok")])
+        await bounded_agent()(model=model).run("hi", settings={"max_tokens": 30})
+        assert model.requests[0].settings["max_tokens"] == 30
+
+    async def test_the_models_window_wins(self) -> None:
+        """An advertised window smaller than the budget bounds the view."""
+        model = ScriptedModel([text_response("ok")], context_window=500)
+        await bounded_agent(prompt_budget_tokens=10_000)(model=model).run("now", history=history(40))
+        assert size(model.requests[0]) <= 500 - 100 - 50
+
+
+class TestRules:
+    async def test_the_mandatory_part_is_always_kept(self) -> None:
+        """Instructions, tools, the current request whole and the current turn's calls."""
+        question = "current question " + "detail " * 40
+        model = ScriptedModel([tool_call_response("weather", {"city": "Oslo"}, call_id="now"), text_response("done")])
+        await bounded_agent(prompt_budget_tokens=300)(model=model).run(question, history=history(30))
+        sent = model.requests[1]
+        assert sent.messages[0].role is Role.SYSTEM
+        assert sent.tools and sent.tools[0].name == "weather"
+        assert any(m.text == question for m in sent.messages)
+        assert any(c.id == "now" and c.arguments == {"city": "Oslo"} for m in sent.messages for c in m.tool_calls)
+        assert size(sent) <= 300
+
+    async def test_recent_history_is_taken_as_complete_turns(self) -> None:
+        """Kept history is whole turns, the newest ones, in order."""
+        log = history(30)
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent()(model=model).run("now", history=log)
+        sent = [m for m in model.requests[0].messages if not m.is_trusted and not m.metadata.get(EXCERPTS_KEY)]
+        kept = sent[:-1]
+        assert kept and len(kept) % 4 == 0
+        assert [m.id for m in kept] == [m.id for m in log[len(log) - len(kept) :]]
+
+    async def test_an_oversized_tool_result_becomes_a_marked_excerpt(self) -> None:
+        """Over a quarter of the limit: head and tail kept, ids and arguments kept."""
+        big = "BEGIN " + "x" * 6_000 + " END"
+        log = turn(0, result=big, answer="It is mostly sunny.")
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=1_000)(model=model).run("now", history=log)
+        sent = model.requests[0].messages
+        result = next(m for m in sent if m.tool_results).tool_results[0]
+        assert result.call_id == "call-0"
+        assert result.content.startswith("BEGIN") and result.content.endswith("END")
+        assert "truncated" in result.content
+        assert estimate_message(next(m for m in sent if m.tool_results), BYTES) <= 250 + 10
+        assert next(m for m in sent if m.tool_calls).tool_calls[0].arguments == {"city": "city 0"}
+
+    async def test_intermediate_text_in_kept_turns_is_shortened(self) -> None:
+        """When a turn fits only with its intermediate text shortened, it is shortened."""
+        chatty = [
+            Message.user("question"),
+            Message.assistant("Let me think. " + "musing " * 200, tool_calls=[ToolCall("c", "weather", {"city": "x"})]),
+            Message.tool("c", "sunny"),
+            Message.assistant("It is sunny."),
+        ]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=500, floor_tokens=32)(model=model).run("now", history=chatty)
+        sent = model.requests[0].messages
+        thinking = next(m for m in sent if m.tool_calls)
+        assert thinking.text.startswith("Let me think.") and "truncated" in thinking.text
+        assert any(m.text == "It is sunny." for m in sent)
+
+    async def test_older_items_are_capped_and_images_become_placeholders(self) -> None:
+        """Older messages are capped at history_item_tokens; earlier images are placeholders."""
+        log = [
+            Message(Role.USER, [TextPart("look at this"), ImagePart(data=b"\x89PNG...")]),
+            Message.assistant("A long answer. " + "words " * 400),
+        ]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=1_000, history_item_tokens=100)(model=model).run("now", history=log)
+        sent = model.requests[0].messages
+        assert not any(isinstance(p, ImagePart) for m in sent for p in m.content)
+        assert any("[image omitted" in m.text for m in sent)
+        answer = next(m for m in sent if m.text.startswith("A long answer."))
+        assert estimate_message(answer, BYTES) <= 110
+
+    async def test_an_interrupted_call_reaches_the_model_with_its_error_result(self) -> None:
+        """A history call without a result is answered in the log (appended) and shown paired."""
+        log = [
+            Message.user("earlier"),
+            Message.assistant("checking", tool_calls=[ToolCall("lost", "weather", {"city": "x"})]),
+        ]
+        model = ScriptedModel([text_response("done")])
+        result = await bounded_agent(prompt_budget_tokens=1_000)(model=model).run("now", history=log)
+        sent = model.requests[0].messages
+        index = next(i for i, m in enumerate(sent) if m.tool_calls)
+        assert sent[index + 1].tool_results[0].call_id == "lost"
+        assert sent[index + 1].tool_results[0].is_error
+        assert list(result.messages[:2]) == log
+
+    async def test_incomplete_exchanges_and_orphans_are_left_out(self) -> None:
+        """A call without its result, or a result without its call, never reaches the model."""
+
+        class Upstream(Agent):
+            @before_model
+            def inject(self, request: ModelRequest) -> ModelRequest:
+                broken = [
+                    Message.user("older"),
+                    Message.assistant("checking", tool_calls=[ToolCall("lost", "weather", {})]),
+                    Message.tool("stray", "orphan result"),
+                ]
+                return ModelRequest([request.messages[0], *broken, *request.messages[1:]], request.tools, request.settings)
+
+        budget = PromptBudget(prompt_budget_tokens=1_000, response_reserve_tokens=100, safety_reserve_tokens=50)
+
+        @manage_context(context_window_tokens=4_000, budget=budget, summarize=False)
+        class Bounded(Upstream):
+            pass
+
+        model = ScriptedModel([text_response("done")])
+        await Bounded(model=model).run("now")
+        sent = model.requests[0].messages
+        assert not any(m.tool_calls for m in sent)
+        assert not any(m.tool_results for m in sent)
+        assert any(m.text == "checking" for m in sent)
+
+    async def test_dropped_turns_leave_excerpts(self) -> None:
+        """Turns that do not fit appear as short question/answer excerpts; no model call."""
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=600, excerpt_tokens=120)(model=model).run("now", history=history(40))
+        assert len(model.requests) == 1
+        sent = model.requests[0].messages
+        excerpts = [m for m in sent if m.metadata.get(EXCERPTS_KEY)]
+        assert len(excerpts) == 1
+        assert "Q: question" in excerpts[0].text and "A: answer" in excerpts[0].text
+        assert estimate_message(excerpts[0], BYTES) <= 120
+        assert size(model.requests[0]) <= 600
+
+    async def test_a_request_that_cannot_fit_fails_with_figures(self) -> None:
+        """The mandatory part over the limit raises PromptBudgetError; nothing is sent."""
+        model = ScriptedModel([text_response("never")])
+        with pytest.raises(PromptBudgetError) as caught:
+            await bounded_agent(prompt_budget_tokens=60)(model=model).run("a question " * 200)
+        assert caught.value.limit == 60
+        assert caught.value.required is not None and caught.value.required > 60
+        assert "60" in str(caught.value)
+        assert model.requests == []
+
+    async def test_memories_have_their_own_budget_and_stay_out_of_the_log(self) -> None:
+        """Newest memories first within memory_tokens, in a developer message not logged."""
+        memories = [f"memory {i}: " + "fact " * 20 for i in range(20)]
+
+        async def provider(context: object) -> list[str]:
+            return memories
+
+        model = ScriptedModel([text_response("done")])
+        result = await bounded_agent(prompt_budget_tokens=2_000, memory=provider, memory_tokens=120)(model=model).run("now")
+        sent = model.requests[0].messages
+        memory = next(m for m in sent if m.role is Role.DEVELOPER)
+        assert "memory 19" in memory.text and "memory 0:" not in memory.text
+        assert estimate_message(memory, BYTES) <= 120 + 10
+        assert not any(m.role is Role.DEVELOPER for m in result.messages)
+
+
+class TestTheLog:
+    async def test_tool_results_stay_whole_in_the_log(self) -> None:
+        """With context management the log keeps results whole; the view cuts them."""
+        big = "y" * 5_000
+
+        @manage_context(context_window_tokens=200_000)
+        class Managed(Agent):
+            max_tool_result_tokens = 100
+
+            @tool
+            def fetch(self) -> str:
+                """Fetch."""
+                return big
+
+        model = ScriptedModel([tool_call_response("fetch", {}), text_response("done")])
+        result = await Managed(model=model).run("go")
+        assert result.messages[2].tool_results[0].content == big
+        seen = model.requests[1].messages[-1].tool_results[0].content
+        assert len(seen) < 1_000 and "truncated" in seen
+
+    async def test_the_log_is_unchanged_by_any_number_of_calls(self) -> None:
+        """Views are derived; the log holds every message exactly as appended."""
+
+        class Looping(bounded_agent(prompt_budget_tokens=800)):  # type: ignore[misc]
+            pass
+
+        log = history(20)
+        steps: list[Any] = [tool_call_response("weather", {"city": str(i)}) for i in range(8)]
+        model = ScriptedModel([*steps, text_response("done")])
+        result = await Looping(model=model).run("now", history=log)
+        assert list(result.messages[: len(log)]) == log
+        assert len(result.messages) == len(log) + 1 + 16 + 1
+        assert all(size(request) <= 800 for request in model.requests)
+
+    async def test_ten_thousand_messages_fit_every_time(self) -> None:
+        """A 10 000-message conversation gets a view within the budget on every call."""
+        log = history(2_500)
+        steps: list[Any] = [tool_call_response("weather", {"city": str(i)}) for i in range(3)]
+        model = ScriptedModel([*steps, text_response("done")])
+        await bounded_agent(prompt_budget_tokens=2_000)(model=model).run("now", history=log)
+        assert len(model.requests) == 4
+        assert all(size(request) <= 2_000 for request in model.requests)
+
+
+class TestTelemetryAndLogs:
+    async def test_figures_match_the_view_that_was_sent(self, spans: Spans, caplog: pytest.LogCaptureFixture) -> None:
+        """Log records and span attributes carry the figures of the sent view, no content."""
+        caplog.set_level(logging.INFO, logger="littleghost")
+        model = ScriptedModel([text_response("done", input_tokens=321)])
+        await bounded_agent(prompt_budget_tokens=600)(model=model).run("SECRET question", history=history(40))
+        sent = model.requests[0]
+        chat = spans.one("chat")
+        attributes = chat.attributes
+        assert attributes["littleghost.prompt_budget.estimated_prompt_tokens"] == size(sent)
+        assert attributes["littleghost.prompt_budget.limit_tokens"] == 600
+        assert attributes["littleghost.context_budget.messages_kept"] == len(sent.messages)
+        assert attributes["littleghost.context_budget.messages_total"] == 1 + 160 + 1
+        assert attributes["littleghost.context_budget.turns_total"] == 41
+        assert attributes["gen_ai.usage.input_tokens"] == 321
+        names = {record.name for record in caplog.records}
+        assert {"littleghost.context_budget", "littleghost.prompt_budget"} <= names
+        prompt_record = next(r for r in caplog.records if r.name == "littleghost.prompt_budget")
+        assert f"estimated_prompt_tokens={size(sent)}" in prompt_record.getMessage()
+        assert not any("SECRET" in record.getMessage() for record in caplog.records)
+
+
+class TestWithSummaries:
+    async def test_the_view_is_built_first_then_summarization_if_still_over(self) -> None:
+        """Summaries run on the bounded request only when it is still over the threshold."""
+        budget = PromptBudget(prompt_budget_tokens=3_000, response_reserve_tokens=100, safety_reserve_tokens=50)
+
+        @manage_context(context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=4, budget=budget)
+        class Both(Agent):
+            pass
+
+        def summarize(request: ModelRequest) -> ModelResponse:
+            assert request.purpose == "context_compaction"
+            return text_response("summary of kept turns")
+
+        model = ScriptedModel([summarize, text_response("done")])
+        log = history(100)
+        result = await Both(model=model).run("now", history=log)
+        summary = next(m for m in result.messages if m.is_summary)
+        covered = set(summary.metadata[SUMMARY_COVERS_KEY])
+        dropped_ids = {m.id for m in log[:200]}
+        assert not covered & dropped_ids, "dropped turns are never summarized"
+        transcript = model.requests[0].messages[1].text
+        assert "Q: question" not in transcript
+        sent = model.requests[1].messages
+        assert any(m.text.startswith(SUMMARY_PREFIX) for m in sent)
+        assert any(m.metadata.get(EXCERPTS_KEY) for m in sent)
+
+    async def test_no_summary_when_the_bounded_view_is_under_the_threshold(self) -> None:
+        """A budget well under the threshold means no summary call."""
+        budget = PromptBudget(prompt_budget_tokens=500, response_reserve_tokens=100, safety_reserve_tokens=50)
+
+        @manage_context(context_window_tokens=10_000, compression_threshold=0.5, budget=budget)
+        class Both(Agent):
+            pass
+
+        model = ScriptedModel([text_response("done")])
+        await Both(model=model).run("now", history=history(100))
+        assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_overflow_without_summaries_retries_once_with_a_tighter_view(self) -> None:
+        """summarize=False: an overflow shrinks the view once; no model call for context."""
+        model = ScriptedModel(
+            [ContextWindowOverflowError("too long", prompt_tokens=800, context_window=400), text_response("done")]
+        )
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests] == ["chat", "chat"]
+        assert size(model.requests[1]) < size(model.requests[0])
+        assert size(model.requests[1]) <= 0.9 * 400 / 800 * 800 + 1
