@@ -23,12 +23,14 @@ from littleghost.errors import (
     LimitExceededError,
     OutputLimitError,
 )
+from littleghost.events import ToolCallFinished, ToolCallStarted
 from littleghost.hooks import BoundHook, bind_hooks, hook_plan, run_chain
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
-from littleghost.run import RunContext, RunResult
+from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
+from littleghost.stream import RunPlan, RunStream
 from littleghost.text import truncate_middle
 from littleghost.tools import (
     ToolArgumentError,
@@ -42,6 +44,7 @@ from littleghost.tools import (
 
 __all__ = ["Agent"]
 
+STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
 """How many replacement requests ``after_model_error`` hooks may hand back per model call."""
 
@@ -316,15 +319,62 @@ class Agent:
             OutputLimitError: The final answer stopped at the output limit.
             SessionStoreError: The session store failed (see its subclasses).
         """
-        message = _user_message(input)
-        seed = _history(history)
-        run_settings = {
-            **self.settings,
-            **(_settings("settings", settings) if settings is not None else {}),
-        }
+        plan = self._plan(input, history, settings, session_id, timeout, deadline)
+        return await self._run_plan(plan)
+
+    def stream(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> RunStream:
+        """Run the agent while yielding events; use as ``async with agent.stream(...) as
+        events: async for event in events: ...``.
+
+        Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
+        ``timeout``) starts when the block is entered. See ``littleghost.events``.
+        """
+        return RunStream(self, self._plan(input, history, settings, session_id, timeout, deadline))
+
+    def _plan(
+        self,
+        input: object,
+        history: object,
+        settings: object,
+        session_id: object,
+        timeout: object,
+        deadline: object,
+    ) -> RunPlan:
+        """Check ``run()``'s arguments, naming the one that is wrong."""
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
-        end = _deadline(timeout, deadline)
+        _deadline(timeout, deadline)
+        return RunPlan(
+            message=_user_message(input),
+            seed=_history(history),
+            settings={
+                **self.settings,
+                **(_settings("settings", settings) if settings is not None else {}),
+            },
+            session_id=session_id,
+            timeout=timeout,  # type: ignore[arg-type]
+            deadline=deadline,  # type: ignore[arg-type]
+        )
+
+    async def _run_plan(
+        self,
+        plan: RunPlan,
+        *,
+        sink: EventSink | None = None,
+        observe: Callable[[RunContext], None] | None = None,
+    ) -> RunResult:
+        """The run loop shared by ``run()`` and ``stream()`` (which passes an event sink)."""
+        message, seed, session_id = plan.message, list(plan.seed), plan.session_id
+        end = _deadline(plan.timeout, plan.deadline)
         model = self._model()
         store = self.session_store
         # With a session, the log starts empty and is filled from the store once the
@@ -333,14 +383,17 @@ class Agent:
         context = RunContext(
             self,
             model,
-            run_settings,
+            plan.settings,
             None if math.isinf(end) else end,
             self.max_retries,
             self.capture_content,
             session_id,
             log=log,
             writer=None if session_id is None else functools.partial(store.append, session_id),
+            sink=sink,
         )
+        if observe is not None:
+            observe(context)
         attributes = {
             telemetry.OPERATION_NAME: "invoke_agent",
             telemetry.AGENT_NAME: self.name,
@@ -402,6 +455,16 @@ class Agent:
     async def _loop(self, context: RunContext, message: Message) -> RunResult:
         repaired = interrupted_results(context.messages)
         await context.append(*repaired, message)
+        try:
+            return await self._turns(context)
+        except BaseException:
+            # A stop (cancellation, deadline, error) can leave tool calls without results:
+            # answer them in the log so it can be passed back as history.
+            with anyio.CancelScope(shield=True):
+                await context.append(*interrupted_results(context.messages, STOPPED_TEXT))
+            raise
+
+    async def _turns(self, context: RunContext) -> RunResult:
         prepare = getattr(context.model, "prepare", None)
         if prepare is not None:
             await prepare()
@@ -512,6 +575,7 @@ class Agent:
     async def _run_tool(self, call: ToolCall, context: RunContext) -> ToolResult:
         original_id = call.id
         call = await run_chain(self._hooks["before_tool"], call, expected=ToolCall, context=context)
+        await context.emit(ToolCallStarted(call))
         attributes = {
             telemetry.OPERATION_NAME: "execute_tool",
             telemetry.TOOL_NAME: call.name,
@@ -531,6 +595,7 @@ class Agent:
         )
         if replaced.call_id != original_id:
             replaced = attrs.evolve(replaced, call_id=original_id)
+        await context.emit(ToolCallFinished(replaced))
         return replaced
 
     async def _execute(self, call: ToolCall, context: RunContext, span: Any) -> ToolResult:
@@ -599,11 +664,15 @@ def _history(value: object) -> list[Message]:
 def _deadline(timeout: object, deadline: object) -> float:
     end = math.inf
     if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise TypeError(f"timeout must be seconds >= 0, not {timeout!r}")
         end = anyio.current_time() + timeout
     if deadline is not None:
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        if (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, (int, float))
+            or math.isnan(deadline)
+        ):
             raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
         end = min(end, float(deadline))
     return end

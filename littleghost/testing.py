@@ -3,17 +3,41 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
+
+import anyio
+import anyio.lowlevel
+from attrs import frozen
 
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 
-__all__ = ["ScriptedModel", "Step", "text_response", "tool_call_response"]
+__all__ = [
+    "ScriptedModel",
+    "Step",
+    "Streamed",
+    "streamed",
+    "text_response",
+    "tool_call_response",
+]
+
+
+@frozen
+class Streamed:
+    """A script step that streams ``chunks`` (``delay`` seconds before each)."""
+
+    chunks: tuple[str, ...]
+    response: ModelResponse
+    delay: float = 0.0
+
 
 Step = (
-    ModelResponse
+    Streamed
+    | ModelResponse
     | BaseException
     | Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
 )
@@ -22,6 +46,9 @@ Step = (
 
 class ScriptedModel:
     """A model that plays a script, one step per call, and records every request.
+
+    Each call is a checkpoint, as a real provider's I/O is: cancellation and the run's
+    deadline apply to it.
 
     Args:
         steps: Responses, exceptions (raised) or callables ``(request) -> response``
@@ -43,7 +70,9 @@ class ScriptedModel:
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
         self._steps = list(steps)
         for index, step in enumerate(self._steps):
-            if not isinstance(step, (ModelResponse, BaseException)) and not callable(step):
+            if not isinstance(step, (ModelResponse, BaseException, Streamed)) and not callable(
+                step
+            ):
                 raise TypeError(
                     f"ScriptedModel: step {index} must be a ModelResponse, an exception or a "
                     f"callable, not {type(step).__name__}"
@@ -78,6 +107,7 @@ class ScriptedModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Play the next step for ``request``."""
         self.requests.append(request)
+        await anyio.lowlevel.checkpoint()
         if not self._steps:
             raise ProtocolError(
                 f"ScriptedModel {self._name!r} ran out of steps after {len(self.requests) - 1} calls"
@@ -87,6 +117,8 @@ class ScriptedModel:
             raise step
         if isinstance(step, ModelResponse):
             return step
+        if isinstance(step, Streamed):
+            return step.response
         answer = step(request)
         if inspect.isawaitable(answer):
             answer = await answer
@@ -95,6 +127,40 @@ class ScriptedModel:
                 f"ScriptedModel step returned {type(answer).__name__}, not a ModelResponse"
             )
         return answer
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
+        """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
+        delay before each), any other text answer word by word."""
+        step = self._steps[0] if self._steps else None
+        if isinstance(step, Streamed):
+            response = await self.respond(request)
+            for chunk in step.chunks:
+                if step.delay:
+                    await anyio.sleep(step.delay)
+                yield TextChunk(chunk)
+        else:
+            response = await self.respond(request)
+            for chunk in re.findall(r"\S+\s*|\s+", response.message.text):
+                await anyio.lowlevel.checkpoint()
+                yield TextChunk(chunk)
+        yield StreamDone(response)
+
+
+def streamed(
+    *chunks: str,
+    delay: float = 0.0,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    stop_reason: StopReason = StopReason.END_TURN,
+) -> Streamed:
+    """A step whose answer streams in ``chunks``; ``respond()`` returns it whole."""
+    response = text_response(
+        "".join(chunks),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        stop_reason=stop_reason,
+    )
+    return Streamed(tuple(chunks), response, delay)
 
 
 def text_response(

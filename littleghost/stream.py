@@ -1,0 +1,129 @@
+"""``agent.stream()``: the run loop with an event sink, consumed as an async iterator.
+
+The run happens in a task of its own; events reach the consumer through an unbuffered
+anyio memory stream, so spans open and close in the run's task and never across a
+``yield``. Leaving the ``async with`` block early cancels that task: the model call in
+flight is cancelled, and the log keeps every completed message (a tool call the stop
+left without a result gets an appended error result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from attrs import frozen
+
+from littleghost.errors import LittleGhostError
+from littleghost.events import Event, RunFinished
+from littleghost.messages import Message
+from littleghost.run import RunContext, RunResult
+
+if TYPE_CHECKING:
+    from littleghost.agent import Agent
+
+__all__ = ["RunPlan", "RunStream", "StreamStateError"]
+
+
+class StreamStateError(LittleGhostError, RuntimeError):
+    """A stream was used out of order (its result read before the run completed, ...)."""
+
+
+@frozen(kw_only=True)
+class RunPlan:
+    """The checked arguments of one run."""
+
+    message: Message
+    seed: Sequence[Message]
+    settings: Mapping[str, Any]
+    session_id: str | None
+    timeout: float | None
+    deadline: float | None
+
+
+class RunStream:
+    """The events of one run. Use ``async with agent.stream(...) as events``."""
+
+    def __init__(self, agent: Agent, plan: RunPlan) -> None:
+        self._agent = agent
+        self._plan = plan
+        self._context: RunContext | None = None
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+        self._group: TaskGroup | None = None
+        self._receive: MemoryObjectReceiveStream[Event] | None = None
+        self._entered = False
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The conversation log so far (the history before the run starts)."""
+        if self._context is not None:
+            return self._context.messages
+        return tuple(self._plan.seed)
+
+    @property
+    def result(self) -> RunResult:
+        """The run's result, once it has completed."""
+        if self._result is None:
+            state = "failed" if self._error is not None else "not completed"
+            raise StreamStateError(
+                f"the run has {state}: events.result is there only after a completed run"
+            )
+        return self._result
+
+    async def __aenter__(self) -> RunStream:
+        if self._entered:
+            raise StreamStateError("a stream can be entered once; call agent.stream() again")
+        self._entered = True
+        send, self._receive = anyio.create_memory_object_stream[Event](0)
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        self._group.start_soon(self._drive, send)
+        return self
+
+    async def _drive(self, send: MemoryObjectSendStream[Event]) -> None:
+        def observe(context: RunContext) -> None:
+            self._context = context
+
+        async with send:
+            try:
+                result = await self._agent._run_plan(self._plan, sink=send.send, observe=observe)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException as error:  # handed to the consumer, not to the task group
+                self._error = error
+                return
+            self._result = result
+            await send.send(RunFinished(result))
+
+    def __aiter__(self) -> RunStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._receive is None:
+            raise StreamStateError("iterate inside `async with agent.stream(...) as events`")
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            pass
+        if self._error is not None:
+            raise self._error  # as run() would raise it, causes kept
+        raise StopAsyncIteration
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        assert self._group is not None and self._receive is not None
+        self._group.cancel_scope.cancel()
+        self._receive.close()
+        # The consumer's own exception is not handed to the task group, so it propagates
+        # as it is, never wrapped in an exception group.
+        await self._group.__aexit__(None, None, None)
+        return None

@@ -1,0 +1,290 @@
+"""agent.stream(): typed events while the run goes on, one run loop with run()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost.errors import DeadlineExceededError, ProtocolError, RateLimitError
+from littleghost.events import (
+    CompactionFinished,
+    CompactionStarted,
+    Event,
+    ModelCallFinished,
+    ModelCallRetried,
+    RunFinished,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.stream import StreamStateError
+from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
+
+from .conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+
+class PerMessage:
+    def count_tokens(self, text: str) -> int:
+        return 1
+
+
+@manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    preserve_recent_messages=4,
+    tokenizer=PerMessage(),
+)
+class Weather(Agent):
+    instructions = "Report the weather."
+
+    @tool
+    async def weather(self, city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+
+def chat(pairs: int) -> list[Message]:
+    return [m for i in range(pairs) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+
+
+def summary(request: ModelRequest) -> ModelResponse:
+    assert request.purpose == "context_compaction"
+    return text_response("SUMMARY TEXT", input_tokens=40, output_tokens=4)
+
+
+async def collect(agent: Agent, *args: Any, **kwargs: Any) -> tuple[list[Event], Any]:
+    async with agent.stream(*args, **kwargs) as events:
+        received = [event async for event in events]
+    return received, events
+
+
+class TestEvents:
+    async def test_order_with_a_compaction_and_a_tool_call(self) -> None:
+        """Compaction, model call, tool call, streamed answer, run finished — in order."""
+        model = ScriptedModel(
+            [
+                summary,
+                tool_call_response("weather", {"city": "Oslo"}, input_tokens=30, output_tokens=5),
+                streamed("It is ", "sunny ", "in Oslo.", input_tokens=50, output_tokens=6),
+            ]
+        )
+        received, events = await collect(Weather(model=model), "Weather in Oslo?", history=chat(30))
+        kinds = [type(event) for event in received]
+        assert kinds == [
+            CompactionStarted,
+            CompactionFinished,
+            ModelCallFinished,
+            ToolCallStarted,
+            ToolCallFinished,
+            TextDelta,
+            TextDelta,
+            TextDelta,
+            ModelCallFinished,
+            RunFinished,
+        ]
+        started, finished = received[0], received[1]
+        assert isinstance(started, CompactionStarted) and started.reason == "threshold"
+        assert started.context_window_tokens == 100
+        assert isinstance(finished, CompactionFinished) and finished.outcome == "completed"
+        assert finished.removed_messages > 0 and finished.usage == Usage(40, 4)
+        assert isinstance(received[3], ToolCallStarted) and received[3].call.name == "weather"
+        assert (
+            isinstance(received[4], ToolCallFinished)
+            and received[4].result.content == "sunny in Oslo"
+        )
+        result = events.result
+        assert isinstance(received[-1], RunFinished) and received[-1].result is result
+        assert "".join(e.text for e in received if isinstance(e, TextDelta)) == result.output
+        usages = [
+            e.usage for e in received if isinstance(e, (ModelCallFinished, CompactionFinished))
+        ]
+        assert sum(usages, Usage()) == result.usage == Usage(120, 15)
+
+    async def test_the_summary_is_never_streamed(self) -> None:
+        """A compaction's summary call shows as compaction events, not as text."""
+        model = ScriptedModel([summary, text_response("fine")])
+        received, _ = await collect(Weather(model=model), "go", history=chat(30))
+        assert "SUMMARY" not in "".join(e.text for e in received if isinstance(e, TextDelta))
+
+    async def test_a_model_without_streaming_gives_one_delta(self) -> None:
+        """A model with only respond() delivers its answer as one TextDelta."""
+
+        class Plain:
+            name, provider, context_window = "plain", "test", None
+
+            async def respond(self, request: ModelRequest) -> ModelResponse:
+                return text_response("all at once")
+
+        received, _ = await collect(Agent(model=Plain()), "go")
+        assert [e for e in received if isinstance(e, TextDelta)] == [TextDelta("all at once")]
+
+    async def test_scripted_text_streams_word_by_word(self) -> None:
+        """ScriptedModel streams a plain text step in several deltas."""
+        received, events = await collect(
+            Agent(model=ScriptedModel([text_response("one two three")])), "go"
+        )
+        deltas = [e.text for e in received if isinstance(e, TextDelta)]
+        assert deltas == ["one ", "two ", "three"]
+        assert "".join(deltas) == events.result.output
+
+    async def test_a_retried_call_is_announced(self) -> None:
+        """A transient error makes a ModelCallRetried before the retry's text."""
+        model = ScriptedModel([RateLimitError("slow down", retry_after=0.01), text_response("ok")])
+        received, _ = await collect(Agent(model=model), "go")
+        retried = [e for e in received if isinstance(e, ModelCallRetried)]
+        assert retried == [ModelCallRetried(1, "RateLimitError")]
+        assert received.index(retried[0]) < received.index(TextDelta("ok"))
+
+    async def test_after_model_hooks_may_change_the_output(self) -> None:
+        """Deltas are what the model wrote; result.output is what hooks made of it."""
+        from littleghost import after_model
+
+        class Loud(Agent):
+            @after_model
+            def shout(self, response: ModelResponse) -> ModelResponse:
+                import attrs
+
+                return attrs.evolve(
+                    response, message=Message.assistant(response.message.text.upper())
+                )
+
+        received, events = await collect(
+            Loud(model=ScriptedModel([text_response("hi there")])), "go"
+        )
+        assert "".join(e.text for e in received if isinstance(e, TextDelta)) == "hi there"
+        assert events.result.output == "HI THERE"
+
+
+class TestStates:
+    async def test_bad_arguments_fail_at_the_call(self) -> None:
+        """stream() checks its arguments before any run starts."""
+        agent = Agent(model=ScriptedModel([]))
+        with pytest.raises(TypeError, match="history"):
+            agent.stream("go", history="not messages")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="timeout"):
+            agent.stream("go", timeout=-1)
+
+    async def test_result_before_completion_raises(self) -> None:
+        """events.result is there only once the run has completed."""
+        agent = Agent(model=ScriptedModel([streamed("a", "b")]))
+        async with agent.stream("go") as events:
+            with pytest.raises(StreamStateError, match="not completed"):
+                events.result  # noqa: B018
+            assert events.messages == ()
+            await events.__anext__()
+            assert [m.text for m in events.messages] == ["go"]
+
+    async def test_a_failed_run_raises_the_same_exception_as_run(self) -> None:
+        """The run's own exception comes out of the async for, not an exception group."""
+        agent = Agent(model=ScriptedModel([]))
+        with pytest.raises(ProtocolError, match="ran out of steps"):
+            async with agent.stream("go") as events:
+                async for _ in events:
+                    pass
+        with pytest.raises(StreamStateError, match="failed"):
+            events.result  # noqa: B018
+
+
+class TestStopping:
+    async def test_leaving_early_stops_the_run_and_keeps_the_log_whole(self, spans: Spans) -> None:
+        """A break after the first delta cancels the model call; spans end; log is usable."""
+        finished = anyio.Event()
+
+        class Slow(Agent):
+            @tool
+            async def wait(self) -> str:
+                """Wait."""
+                finished.set()
+                await anyio.sleep(10)
+                return "never"
+
+        calls = [ToolCall("w", "wait", {})]
+        model = ScriptedModel(
+            [
+                ModelResponse(Message.assistant("Waiting…", tool_calls=calls), StopReason.TOOL_USE),
+                text_response("x"),
+            ]
+        )
+        async with Slow(model=model).stream("go") as events:
+            async for event in events:
+                if isinstance(event, ToolCallStarted):
+                    await finished.wait()
+                    break
+        log = events.messages
+        assert [m.role.value for m in log] == ["user", "assistant", "tool"]
+        assert log[2].tool_results[0].call_id == "w" and log[2].tool_results[0].is_error
+        assert "stopped" in log[2].tool_results[0].content
+        agent_span = spans.one("invoke_agent")
+        assert agent_span.end_time is not None
+        assert all(span.end_time is not None for span in spans.all())
+        again = ScriptedModel([text_response("resumed")])
+        result = await Slow(model=again).run("again", history=log)
+        assert result.output == "resumed"
+
+    async def test_leaving_after_the_first_delta_cancels_the_model_call(self) -> None:
+        """The rest of a slow stream is never produced."""
+        model = ScriptedModel([streamed("first ", "second ", "third", delay=0.2)])
+        start = anyio.current_time()
+        async with Agent(model=model).stream("go") as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    break
+        assert anyio.current_time() - start < 0.35
+        assert [m.role.value for m in events.messages] == ["user"]
+
+    async def test_deadline_during_a_stream(self) -> None:
+        """The run's deadline applies; DeadlineExceededError comes out of the loop."""
+        model = ScriptedModel([streamed("a ", "b ", "c", delay=0.3)])
+        start = anyio.current_time()
+        received: list[Event] = []
+        with pytest.raises(DeadlineExceededError):
+            async with Agent(model=model).stream("go", timeout=0.45) as events:
+                async for event in events:
+                    received.append(event)
+        assert 0.4 <= anyio.current_time() - start < 0.9
+        assert received == [TextDelta("a ")]
+
+    async def test_an_exception_in_the_consumer_propagates_and_the_log_is_whole(self) -> None:
+        """The consumer's own exception stops the run and propagates as is."""
+        model = ScriptedModel([tool_call_response("weather", {"city": "x"}), text_response("done")])
+        with pytest.raises(KeyError, match="consumer"):
+            async with Weather(model=model).stream("go") as events:
+                async for event in events:
+                    if isinstance(event, ToolCallFinished):
+                        raise KeyError("consumer")
+        log = events.messages
+        assert log[1].tool_calls[0].id == log[2].tool_results[0].call_id
+
+    async def test_cancelling_the_consumer(self) -> None:
+        """An outer cancel scope stops consumer and run; nothing is left behind."""
+        model = ScriptedModel([streamed("a ", "b", delay=5)])
+        with anyio.move_on_after(0.2) as scope:
+            async with Agent(model=model).stream("go") as events:
+                async for _ in events:
+                    pass
+        assert scope.cancelled_caught
+        assert [m.role.value for m in events.messages] == ["user"]
+
+
+class TestRunUnchanged:
+    async def test_run_and_stream_give_the_same_result(self) -> None:
+        """One run loop: the same script gives the same output, usage and log shape."""
+
+        def script() -> ScriptedModel:
+            return ScriptedModel(
+                [
+                    tool_call_response("weather", {"city": "x"}, input_tokens=3, output_tokens=1),
+                    text_response("done", input_tokens=5, output_tokens=2),
+                ]
+            )
+
+        ran = await Weather(model=script()).run("go")
+        _, events = await collect(Weather(model=script()), "go")
+        assert (events.result.output, events.result.usage) == (ran.output, ran.usage)
+        assert [m.role for m in events.result.messages] == [m.role for m in ran.messages]
