@@ -302,7 +302,9 @@ class Agent:
 
         Args:
             input: The user's message.
-            history: Earlier messages of the conversation. With ``session_id``, they seed
+            history: Earlier messages of the conversation. A tool call in it without a
+                result gets an appended error result saying the run was interrupted; a
+                result whose call is missing is a ``ConfigurationError``. With ``session_id``, they seed
                 a new session; for a session that already has messages they are ignored
                 (the stored log wins) and a ``UserWarning`` says so.
             settings: Model settings for this run, over the agent's.
@@ -480,19 +482,9 @@ class Agent:
             calls = response.message.tool_calls
             if calls:
                 if tool_calls + len(calls) > self.max_tool_calls:
-                    await context.append(
-                        *(
-                            Message.tool(
-                                call.id, "Not run: the run reached max_tool_calls.", is_error=True
-                            )
-                            for call in calls
-                        )
-                    )
-                    raise LimitExceededError(
-                        f"{self.name} reached max_tool_calls={self.max_tool_calls}",
-                        limit="max_tool_calls",
-                        value=self.max_tool_calls,
-                    )
+                    await self._refuse(calls, context, "max_tool_calls", self.max_tool_calls)
+                if turn == self.max_turns - 1:
+                    await self._refuse(calls, context, "max_turns", self.max_turns)
                 tool_calls += len(calls)
                 results = await self._run_tools(calls, context)
                 await context.append(*(Message(Role.TOOL, (result,)) for result in results))
@@ -510,6 +502,14 @@ class Agent:
             limit="max_turns",
             value=self.max_turns,
         )
+
+    async def _refuse(
+        self, calls: Sequence[ToolCall], context: RunContext, limit: str, value: int
+    ) -> None:
+        """Answer ``calls`` without running them (the log stays whole), then stop the run."""
+        text = f"Not run: the run reached {limit}={value}."
+        await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+        raise LimitExceededError(f"{self.name} reached {limit}={value}", limit=limit, value=value)
 
     async def _request(self, context: RunContext) -> ModelRequest:
         instructions: Any = getattr(self, "instructions", None)
@@ -602,13 +602,13 @@ class Agent:
         entry = self._tool_index.get(call.name)
         if entry is None:
             available = ", ".join(sorted(self._tool_index)) or "none"
-            span.set_attribute(telemetry.ERROR_TYPE, "unknown_tool")
+            telemetry.mark_failed(span, "unknown_tool")
             return error_result(call, f"Unknown tool {call.name!r}. Available tools: {available}.")
         definition, attribute = entry
         try:
             kwargs = bind_arguments(definition, call)
         except ToolArgumentError as problem:
-            span.set_attribute(telemetry.ERROR_TYPE, "invalid_arguments")
+            telemetry.mark_failed(span, "invalid_arguments")
             return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
         if definition.takes_context:
             kwargs["context"] = context

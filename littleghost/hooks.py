@@ -39,6 +39,12 @@ def _decorator(kind: str) -> Callable[[F], F]:
         )
         if not callable(target):
             raise ConfigurationError(f"@{kind} decorates a function or method, not {function!r}")
+        earlier = getattr(target, _MARK, kind)
+        if earlier != kind:
+            raise ConfigurationError(
+                f"@{kind}: {getattr(target, '__name__', target)!r} is already a {earlier} hook; "
+                "a function is a hook of one kind"
+            )
         setattr(target, _MARK, kind)
         return function
 

@@ -60,6 +60,14 @@ def _str(name: str) -> Any:
     return check
 
 
+def _bool(name: str) -> Any:
+    def check(instance: object, attribute: object, value: object) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, not {value!r}")
+
+    return check
+
+
 def _optional(kind: type, name: str) -> Any:
     def check(instance: object, attribute: object, value: object) -> None:
         if value is not None and not isinstance(value, kind):
@@ -115,7 +123,7 @@ class ToolResult:
 
     call_id: str = field(validator=_str("ToolResult.call_id"))
     content: str = field(validator=_str("ToolResult.content"))
-    is_error: bool = field(default=False)
+    is_error: bool = field(default=False, validator=_bool("ToolResult.is_error"))
 
 
 Part = TextPart | ImagePart | ToolCall | ToolResult

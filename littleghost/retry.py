@@ -45,16 +45,20 @@ def _wait(state: RetryCallState) -> float:
 
 
 class _StopAtDeadline(stop_base):
-    """Stops when the next sleep would reach the effective anyio deadline."""
+    """Stops when the next sleep would reach the run's deadline.
 
-    def __init__(self) -> None:
+    Only the run's own deadline counts: a caller's cancel scope that expires earlier
+    cancels the sleep natively, as any cancellation does.
+    """
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
         self.hit = False
 
     def __call__(self, state: RetryCallState) -> bool:
-        deadline = anyio.current_effective_deadline()
-        if math.isinf(deadline):
+        if self.deadline is None or math.isinf(self.deadline):
             return False
-        if state.upcoming_sleep >= deadline - anyio.current_time():
+        if state.upcoming_sleep >= self.deadline - anyio.current_time():
             self.hit = True
         return self.hit
 
@@ -63,6 +67,7 @@ async def call_with_retries(
     call: Callable[[], Awaitable[T]],
     *,
     max_retries: int,
+    deadline: float | None = None,
     on_retry: Callable[[int, BaseException], None] | None = None,
 ) -> T:
     """Await ``call()``, retrying transient provider errors up to ``max_retries`` times.
@@ -70,12 +75,13 @@ async def call_with_retries(
     Args:
         call: Makes one attempt.
         max_retries: Retries after the first attempt.
+        deadline: The run's absolute anyio deadline, or ``None``.
         on_retry: Told the attempt number and the error before each retry's wait.
 
     Raises:
         DeadlineExceededError: The wait before a retry would pass the deadline.
     """
-    deadline_stop = _StopAtDeadline()
+    deadline_stop = _StopAtDeadline(deadline)
 
     def before_sleep(state: RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
@@ -88,6 +94,7 @@ async def call_with_retries(
         wait=_wait,
         stop=stop_after_attempt(max_retries + 1) | deadline_stop,
         before_sleep=before_sleep,
+        sleep=anyio.sleep,
         reraise=True,
     )
     try:

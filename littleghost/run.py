@@ -27,6 +27,21 @@ LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 
 
+def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be a {kind.__name__}, not {type(value).__name__}")
+
+    return check
+
+
+def _messages(value: Any) -> tuple[Message, ...]:
+    messages = tuple(value)
+    if not all(isinstance(message, Message) for message in messages):
+        raise TypeError("RunResult.messages must hold Message values")
+    return messages
+
+
 @frozen
 class RunResult:
     """What a completed run returns.
@@ -38,10 +53,11 @@ class RunResult:
         stop_reason: Why the final model call stopped.
     """
 
-    output: str
-    messages: tuple[Message, ...]
-    usage: Usage
-    stop_reason: StopReason
+    output: str = field(validator=_instance(str, "RunResult.output"))
+    messages: tuple[Message, ...] = field(converter=_messages)
+    usage: Usage = field(validator=_instance(Usage, "RunResult.usage"))
+    stop_reason: StopReason = field(converter=StopReason)
+
 
 
 @define(eq=False)

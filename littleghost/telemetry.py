@@ -77,10 +77,12 @@ def error_type(error: BaseException) -> str:
     return type(error).__qualname__
 
 
-def mark_failed(span: Span, error: BaseException) -> None:
-    """Set ERROR status and ``error.type`` on ``span``; the message holds no content."""
-    span.set_attribute(ERROR_TYPE, error_type(error))
-    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+def mark_failed(span: Span, error: BaseException | str) -> None:
+    """Set ERROR status and ``error.type`` (an exception's, or the given name) on ``span``;
+    the status description holds no content."""
+    kind = error if isinstance(error, str) else error_type(error)
+    span.set_attribute(ERROR_TYPE, kind)
+    span.set_status(Status(StatusCode.ERROR, kind))
 
 
 def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,11 @@ class ScriptedModel:
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
         self._steps = list(steps)
         for index, step in enumerate(self._steps):
+            if isinstance(step, type) and issubclass(step, BaseException):
+                raise TypeError(
+                    f"ScriptedModel: step {index} is the exception class {step.__name__}; "
+                    f"pass an instance, such as {step.__name__}('message')"
+                )
             if not isinstance(step, (ModelResponse, BaseException, Streamed)) and not callable(
                 step
             ):

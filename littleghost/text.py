@@ -24,7 +24,8 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
     removed = len(text) - head - tail
     amount = math.ceil(removed / CHARS_PER_TOKEN) if unit == "tokens" else removed
     marker = f"\n[… {amount} {unit} truncated …]\n"
-    return text[:head] + marker + (text[len(text) - tail :] if tail else "")
+    cut = text[:head] + marker + (text[len(text) - tail :] if tail else "")
+    return cut if len(cut) < len(text) else text
 
 
 def truncate_middle(text: str, max_tokens: int) -> str:

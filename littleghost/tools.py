@@ -70,18 +70,29 @@ def tool(
 ) -> Any:
     """Declare a function or method as a tool.
 
-    Use bare (``@tool``) or with ``name=`` / ``description=``. The description defaults
+    Use bare (``@tool``) or with ``name=`` / ``description=``, on a function, a method
+    or a ``staticmethod`` (either side of ``@staticmethod``). The description defaults
     to the docstring; parameter descriptions come from its ``Args:`` section.
     """
 
     def mark(target: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(target):
+        if isinstance(target, classmethod):
+            raise ConfigurationError("@tool decorates a function, a method or a staticmethod")
+        function = target.__func__ if isinstance(target, staticmethod) else target
+        if not callable(function):
             raise ConfigurationError(f"@tool decorates a function or method, not {target!r}")
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
             raise ConfigurationError(f"@tool: name must match {_NAME.pattern}, not {name!r}")
-        setattr(target, _MARK, {"name": name, "description": description})
+        options = {"name": name, "description": description}
+        earlier = tool_options(function)
+        if earlier is not None and earlier != options:
+            raise ConfigurationError(
+                f"@tool: {function.__name__!r} is already a tool with other options; "
+                "wrap it in a new function to declare it again"
+            )
+        setattr(function, _MARK, options)
         try:  # fail early where possible; the class definition checks again
-            define_tool(target, is_method=_looks_like_method(target))
+            define_tool(target, is_method=_looks_like_method(function))
         except NameError:
             pass
         return target
@@ -91,6 +102,8 @@ def tool(
 
 def tool_options(value: object) -> dict[str, Any] | None:
     """The options ``@tool`` stored on a function, or ``None`` if it is not a tool."""
+    if isinstance(value, staticmethod):
+        value = value.__func__
     options = getattr(value, _MARK, None)
     return options if isinstance(options, dict) else None
 
@@ -109,9 +122,13 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinition:
     """Build the definition of ``function`` as a tool.
 
+    A ``staticmethod`` is defined as the plain function it wraps.
+
     Raises:
         ConfigurationError: No docstring, a missing or unsupported annotation.
     """
+    if isinstance(function, staticmethod):
+        function, is_method = function.__func__, False
     options = tool_options(function) or {}
     tool_name = options.get("name") or getattr(function, "__name__", None)
     if not isinstance(tool_name, str) or not _NAME.fullmatch(tool_name):

@@ -7,7 +7,17 @@ from typing import Any
 
 import pytest
 
-from littleghost import Agent, ImagePart, Message, Role, TextPart, ToolCall, before_model, manage_context, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    Role,
+    TextPart,
+    ToolCall,
+    before_model,
+    manage_context,
+    tool,
+)
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request

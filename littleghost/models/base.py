@@ -41,6 +41,14 @@ def _count(name: str) -> Any:
     return check
 
 
+def _str(name: str) -> Any:
+    def check(instance: object, attribute: object, value: object) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, not {value!r}")
+
+    return check
+
+
 @frozen
 class Usage:
     """Tokens a model call (or a run, summed) consumed."""
@@ -72,7 +80,7 @@ class ToolSpec:
     """What the model is told about a tool: its name, description and JSON schema."""
 
     name: str = field()
-    description: str = field(default="")
+    description: str = field(default="", validator=_str("ToolSpec.description"))
     parameters: Mapping[str, Any] = field(
         factory=lambda: {"type": "object", "properties": {}}, converter=_parameters
     )
@@ -127,7 +135,7 @@ class ModelRequest:
     messages: tuple[Message, ...] = field(converter=_messages)
     tools: tuple[ToolSpec, ...] = field(default=(), converter=_tools)
     settings: Mapping[str, Any] = field(factory=dict, converter=_settings)
-    purpose: str = field(default="chat")
+    purpose: str = field(default="chat", validator=_str("ModelRequest.purpose"))
 
     @property
     def max_tokens(self) -> int | None:

@@ -1,0 +1,404 @@
+"""The Agent class DSL: declarations, inheritance, overrides, decorators, bad declarations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+from attrs import field, frozen, validators
+
+from littleghost import Agent, Message, RunContext, before_model, tool
+from littleghost.errors import ConfigurationError
+from littleghost.hooks import CapabilityHook, register_capability
+from littleghost.models import ModelRequest, register_provider
+from littleghost.testing import ScriptedModel, text_response
+
+pytestmark = pytest.mark.anyio
+
+
+def ping() -> str:
+    """Answer pong."""
+    return "pong"
+
+
+def echo(text: str) -> str:
+    """Echo the text back."""
+    return text
+
+
+class Parent(Agent):
+    model = ScriptedModel([], name="parent model")
+    instructions = "parent instructions"
+    tools = [ping]
+    settings = {"temperature": 0.5}
+    max_turns = 7
+    max_tool_calls = 9
+    max_tool_result_tokens = 11
+    max_retries = 1
+    capture_content = True
+
+    @tool
+    async def lookup(self, key: str) -> str:
+        """Look a key up."""
+        return f"parent:{key}"
+
+
+class Child(Parent):
+    pass
+
+
+class Overrider(Parent):
+    instructions = "child instructions"
+    tools = [echo]
+    max_turns = 2
+
+    @tool
+    async def lookup(self, key: str) -> str:
+        """Look a key up, the child's way."""
+        return f"child:{key}"
+
+    @tool
+    async def extra(self) -> str:
+        """A tool only the child has."""
+        return "extra"
+
+
+async def first_request(agent_class: type[Agent], **overrides: Any) -> ModelRequest:
+    """Run one turn of ``agent_class`` and return what the model was sent."""
+    model = ScriptedModel([text_response("ok")])
+    await agent_class(model=model, **overrides).run("hi")
+    return model.requests[0]
+
+
+KNOBS = (
+    "model",
+    "instructions",
+    "tools",
+    "settings",
+    "max_turns",
+    "max_tool_calls",
+    "max_tool_result_tokens",
+    "max_retries",
+    "capture_content",
+)
+
+
+@pytest.mark.parametrize("knob", KNOBS)
+def test_subclass_inherits_every_declaration(knob: str) -> None:
+    """A subclass that declares nothing has every value of its parent."""
+    assert getattr(Child(), knob) == getattr(Parent(), knob) != getattr(Agent(), knob)
+
+
+def test_agent_defaults() -> None:
+    """The base Agent's limits and knobs have the documented defaults."""
+    agent = Agent()
+    assert (agent.max_turns, agent.max_tool_calls, agent.max_tool_result_tokens) == (
+        100,
+        1000,
+        10_000,
+    )
+    assert (agent.max_retries, agent.capture_content, Agent.context_management) == (3, False, None)
+
+
+def test_subclass_inherits_tools() -> None:
+    """Method tools and function tools both pass to a subclass."""
+    assert {spec.name for spec in Child().tool_specs} == {"ping", "lookup"}
+
+
+def test_subclass_declarations_replace_the_parents() -> None:
+    """A subclass's own declarations win: tools list, overridden tool, new tool."""
+    assert {spec.name for spec in Overrider().tool_specs} == {"echo", "lookup", "extra"}
+    assert Overrider.max_turns == 2
+
+
+def test_declaring_on_a_subclass_leaves_the_parent_alone() -> None:
+    """The parent keeps its instructions, limits and tools after a subclass redeclares them."""
+    assert (Parent.instructions, Parent.max_turns) == ("parent instructions", 7)
+    assert {spec.name for spec in Parent().tool_specs} == {"ping", "lookup"}
+    description = {spec.name: spec.description for spec in Parent().tool_specs}["lookup"]
+    assert description == "Look a key up."
+
+
+async def test_subclass_sends_its_own_instructions() -> None:
+    """Parent, inheriting child and overriding child send the right instructions."""
+    assert (await first_request(Parent)).messages[0].text == "parent instructions"
+    assert (await first_request(Child)).messages[0].text == "parent instructions"
+    assert (await first_request(Overrider)).messages[0].text == "child instructions"
+
+
+async def test_request_carries_settings_and_tool_specs() -> None:
+    """The class settings and tool specs reach the model request."""
+    request = await first_request(Child)
+    assert request.settings == {"temperature": 0.5}
+    assert {spec.name for spec in request.tools} == {"ping", "lookup"}
+
+
+def test_constructor_keywords_override_one_instance() -> None:
+    """A constructor keyword changes that instance only, not the class or other instances."""
+    tuned = Parent(max_turns=3, instructions="tuned")
+    assert (tuned.max_turns, tuned.instructions) == (3, "tuned")
+    assert (Parent.max_turns, Parent().max_turns, Parent.instructions) == (
+        7,
+        7,
+        "parent instructions",
+    )
+
+
+def test_constructor_tools_override_function_tools() -> None:
+    """tools= given to the constructor replaces the function tools for that instance."""
+    assert {spec.name for spec in Parent(tools=[echo]).tool_specs} == {"echo", "lookup"}
+    assert {spec.name for spec in Parent().tool_specs} == {"ping", "lookup"}
+
+
+async def test_constructor_model_overrides_class_model() -> None:
+    """model= given to the constructor is used instead of the class's model."""
+
+    class Declared(Agent):
+        model = ScriptedModel([text_response("from the class")])
+
+    result = await Declared(model=ScriptedModel([text_response("from the instance")])).run("hi")
+    assert result.output == "from the instance"
+
+
+async def test_model_string_resolves_through_the_registry() -> None:
+    """A "provider:model" string is resolved through a registered provider."""
+    built: list[str | None] = []
+
+    def factory(name: str | None) -> ScriptedModel:
+        built.append(name)
+        return ScriptedModel([text_response("resolved")], name=name or "default")
+
+    register_provider("dsltest", factory)
+
+    class Stringly(Agent):
+        model = "dsltest:tiny"
+
+    assert (await Stringly().run("hi")).output == "resolved"
+    assert built == ["tiny"]
+
+
+async def test_no_model_fails_clearly() -> None:
+    """Running an agent that declares no model raises ConfigurationError."""
+    with pytest.raises(ConfigurationError, match="declares no model"):
+        await Agent().run("hi")
+
+
+async def test_callable_instructions_receive_the_context() -> None:
+    """Instructions given as a function receive the RunContext."""
+    seen: list[RunContext] = []
+
+    def instructions(context: RunContext) -> str:
+        seen.append(context)
+        return f"turn {context.turn}"
+
+    class Dynamic(Agent):
+        pass
+
+    request = await first_request(Dynamic, instructions=instructions)
+    assert request.messages[0].text == "turn 0"
+    assert isinstance(seen[0], RunContext)
+
+
+async def test_instructions_method_and_async_callable() -> None:
+    """Instructions may be a method of the agent or an async function."""
+
+    class AsMethod(Agent):
+        greeting = "method says hi"
+
+        def instructions(self, context: RunContext) -> str:  # type: ignore[override]
+            return self.greeting
+
+    async def later(context: RunContext) -> str:
+        return "async says hi"
+
+    assert (await first_request(AsMethod)).messages[0].text == "method says hi"
+    assert (await first_request(AsMethod, instructions=later)).messages[0].text == "async says hi"
+
+
+async def test_instructions_returning_a_non_str_fail_clearly() -> None:
+    """Instructions that return something other than a str raise ConfigurationError."""
+
+    class Broken(Agent):
+        pass
+
+    with pytest.raises(ConfigurationError, match="instructions returned int"):
+        await first_request(Broken, instructions=lambda context: 42)
+
+
+@frozen(kw_only=True)
+class Tagging:
+    """An immutable config a class decorator stores."""
+
+    label: str = field(validator=validators.instance_of(str))
+
+
+def tagged(label: str) -> Callable[[type[Agent]], type[Agent]]:
+    """A tiny capability: stores its config on the class and adds a before_model hook."""
+    config = Tagging(label=label)
+
+    def hook(agent: Any, request: ModelRequest, context: RunContext) -> None:
+        agent.order.append(f"tag:{label}")
+
+    def decorate(cls: type[Agent]) -> type[Agent]:
+        cls.tagging = config  # type: ignore[attr-defined]
+        register_capability(cls, "tagging", [CapabilityHook("before_model", hook)])
+        return cls
+
+    return decorate
+
+
+class Base(Agent):
+    tagging: Tagging | None = None
+
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.order: list[str] = []
+
+    @before_model
+    def base_hook(self, request: ModelRequest) -> None:
+        self.order.append("base")
+
+
+@tagged("child")
+class Tagged(Base):
+    @before_model
+    def own_hook(self, request: ModelRequest) -> None:
+        self.order.append("own")
+
+
+class TaggedGrandchild(Tagged):
+    pass
+
+
+async def hook_order(agent_class: type[Base]) -> list[str]:
+    """The order in which before_model hooks of ``agent_class`` ran for one call."""
+    agent = agent_class(model=ScriptedModel([text_response("ok")]))
+    await agent.run("hi")
+    return agent.order
+
+
+def test_decorator_stores_config_on_the_decorated_class_only() -> None:
+    """The decorated class has the config; its parent does not; a subclass inherits it."""
+    assert Tagged.tagging == Tagging(label="child")
+    assert Base.tagging is None
+    assert TaggedGrandchild.tagging is Tagged.tagging
+
+
+def test_decorator_config_is_immutable() -> None:
+    """The stored config cannot be changed in place."""
+    assert Tagged.tagging is not None
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        Tagged.tagging.label = "changed"  # type: ignore[misc]
+
+
+async def test_capability_hooks_run_after_parent_and_before_own_hooks() -> None:
+    """A capability's hooks run after the parent's hooks and before the class's own."""
+    assert await hook_order(Tagged) == ["base", "tag:child", "own"]
+
+
+async def test_decorating_a_subclass_leaves_the_parent_untouched() -> None:
+    """The parent of a decorated class runs only its own hooks."""
+    assert await hook_order(Base) == ["base"]
+
+
+async def test_subclass_of_decorated_class_inherits_the_capability() -> None:
+    """A subclass of a decorated class runs the capability in the same place."""
+    assert await hook_order(TaggedGrandchild) == ["base", "tag:child", "own"]
+
+
+async def test_redecorating_a_subclass_moves_the_capability() -> None:
+    """Declaring the capability again on a subclass replaces it in the subclass's place."""
+    regrown = tagged("grandchild")(type("Regrown", (Tagged,), {}))
+    assert await hook_order(regrown) == ["base", "own", "tag:grandchild"]  # type: ignore[arg-type]
+    assert Tagged.tagging == Tagging(label="child")
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("max_turns", 0),
+        ("max_turns", -1),
+        ("max_turns", 2.5),
+        ("max_turns", True),
+        ("max_tool_calls", 0),
+        ("max_tool_result_tokens", "many"),
+        ("max_retries", -1),
+        ("capture_content", "yes"),
+        ("settings", ["temperature"]),
+        ("tools", "ping"),
+        ("tools", [42]),
+        ("instructions", 42),
+        ("model", 42),
+        ("model", "openai:"),
+    ],
+)
+def test_invalid_declarations_fail_at_class_definition(knob: str, value: object) -> None:
+    """An out-of-range or wrongly typed class value raises ConfigurationError naming it."""
+    with pytest.raises(ConfigurationError, match=knob):
+        type("Bad", (Agent,), {knob: value})
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [("max_turns", 0), ("max_retries", "3"), ("capture_content", 1), ("model", 3.5)],
+)
+def test_invalid_constructor_values_fail(knob: str, value: object) -> None:
+    """An invalid constructor keyword raises ConfigurationError naming it."""
+    with pytest.raises(ConfigurationError, match=knob):
+        Agent(**{knob: value})
+
+
+def test_unknown_constructor_keyword_is_a_type_error() -> None:
+    """An unknown constructor keyword raises TypeError naming it."""
+    with pytest.raises(TypeError, match="max_turn"):
+        Agent(max_turn=3)
+
+
+def test_non_callable_hook_fails_at_class_definition() -> None:
+    """@before_model on a non-callable raises ConfigurationError naming the hook kind."""
+    with pytest.raises(ConfigurationError, match="before_model"):
+
+        class Bad(Agent):
+            hook = before_model(42)  # type: ignore[type-var]
+
+
+def test_unsupported_tool_annotation_fails_at_class_definition() -> None:
+    """A tool parameter with a type JSON cannot describe fails naming the parameter."""
+    with pytest.raises(ConfigurationError, match="'when'"):
+
+        class Bad(Agent):
+            @tool
+            def schedule(self, when: complex) -> str:
+                """Schedule something."""
+                return ""
+
+
+def test_duplicate_tool_names_fail_at_class_definition() -> None:
+    """Two tools with one name raise ConfigurationError."""
+    with pytest.raises(ConfigurationError, match="two tools are named 'ping'"):
+
+        class Bad(Agent):
+            tools = [ping]
+
+            @tool
+            def ping(self) -> str:
+                """Ping again."""
+                return ""
+
+
+def test_capability_hook_rejects_bad_values() -> None:
+    """CapabilityHook needs a known hook kind and a callable."""
+    with pytest.raises(ConfigurationError, match="hook kind"):
+        CapabilityHook("before_everything", lambda agent, payload: None)
+    with pytest.raises(ConfigurationError, match="callable"):
+        CapabilityHook("before_model", "not a function")  # type: ignore[arg-type]
+
+
+async def test_message_input_is_accepted() -> None:
+    """run() takes a user Message as well as a str."""
+    model = ScriptedModel([text_response("ok")])
+    message = Message.user("as a message")
+    result = await Agent(model=model).run(message)
+    assert result.messages[0] is message

@@ -1,0 +1,129 @@
+"""The exception tree: its shape, its fields, and how each exception is built."""
+
+from __future__ import annotations
+
+import pytest
+
+import littleghost.errors as errors_module
+from littleghost.errors import (
+    CleanupError,
+    ConfigurationError,
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    LimitExceededError,
+    LittleGhostError,
+    OutputLimitError,
+    ProtocolError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.models import StopReason
+from littleghost.testing import text_response
+
+PUBLIC = (
+    LittleGhostError,
+    ConfigurationError,
+    ProviderError,
+    RateLimitError,
+    ProviderUnavailableError,
+    ContextWindowOverflowError,
+    OutputLimitError,
+    ProtocolError,
+    DeadlineExceededError,
+    CleanupError,
+    LimitExceededError,
+    InvalidRequestError,
+)
+
+
+@pytest.mark.parametrize("error", PUBLIC, ids=lambda error: error.__name__)
+def test_every_error_is_a_littleghost_error(error: type[Exception]) -> None:
+    """Every public exception derives from LittleGhostError."""
+    assert issubclass(error, LittleGhostError)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RateLimitError, ProviderUnavailableError, ContextWindowOverflowError, InvalidRequestError],
+    ids=lambda error: error.__name__,
+)
+def test_provider_failures_are_provider_errors(error: type[Exception]) -> None:
+    """Rate limits, outages, overflow and invalid requests are ProviderErrors."""
+    assert issubclass(error, ProviderError)
+
+
+@pytest.mark.parametrize("error", PUBLIC, ids=lambda error: error.__name__)
+def test_every_error_takes_just_a_message(error: type[Exception]) -> None:
+    """Each exception can be built from its message alone, which str() returns."""
+    assert str(error("what happened")) == "what happened"
+
+
+def test_configuration_error_is_a_value_error() -> None:
+    """ConfigurationError can be caught as ValueError."""
+    with pytest.raises(ValueError, match="bad knob"):
+        raise ConfigurationError("bad knob")
+
+
+def test_deadline_exceeded_is_a_timeout_error() -> None:
+    """DeadlineExceededError can be caught as TimeoutError."""
+    with pytest.raises(TimeoutError):
+        raise DeadlineExceededError("too late")
+
+
+def test_provider_error_carries_its_fields() -> None:
+    """ProviderError keeps status, code, provider and retry_after."""
+    error = RateLimitError(
+        "slow down", status=429, code="rate_limit", provider="openai", retry_after=1.5
+    )
+    assert (str(error), error.status, error.code, error.provider, error.retry_after) == (
+        "slow down",
+        429,
+        "rate_limit",
+        "openai",
+        1.5,
+    )
+
+
+def test_provider_error_fields_default_to_none() -> None:
+    """A ProviderError built from a message alone has no status, code, provider or wait."""
+    error = ProviderError("boom")
+    assert (error.status, error.code, error.provider, error.retry_after) == (None, None, None, None)
+
+
+def test_provider_error_fields_are_keyword_only() -> None:
+    """Fields other than the message cannot be passed positionally."""
+    with pytest.raises(TypeError):
+        ProviderError("boom", 500)  # type: ignore[misc]
+
+
+def test_overflow_error_carries_token_counts() -> None:
+    """ContextWindowOverflowError keeps prompt_tokens and context_window."""
+    error = ContextWindowOverflowError(
+        "too long", provider="local", status=400, prompt_tokens=9000, context_window=8192
+    )
+    assert (error.provider, error.status, error.prompt_tokens, error.context_window) == (
+        "local",
+        400,
+        9000,
+        8192,
+    )
+
+
+def test_output_limit_error_carries_the_response() -> None:
+    """OutputLimitError keeps the cut-off response."""
+    response = text_response("half an ans", stop_reason=StopReason.MAX_TOKENS)
+    assert OutputLimitError("cut", response=response).response is response
+
+
+def test_limit_exceeded_error_names_the_limit() -> None:
+    """LimitExceededError keeps which limit and its value."""
+    error = LimitExceededError("too many turns", limit="max_turns", value=3)
+    assert (error.limit, error.value) == ("max_turns", 3)
+
+
+@pytest.mark.parametrize("error", PUBLIC, ids=lambda error: error.__name__)
+def test_docstring_draws_every_error(error: type[Exception]) -> None:
+    """The module docstring's tree names every public exception."""
+    assert error.__name__ in (errors_module.__doc__ or "")

@@ -1,0 +1,315 @@
+"""Hooks: order, replacement, sync and async, the run context, failures, recovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from littleghost import (
+    Agent,
+    RunContext,
+    ToolCall,
+    ToolResult,
+    after_model,
+    after_model_error,
+    after_tool,
+    before_model,
+    before_tool,
+    tool,
+)
+from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder(Agent):
+    """An agent whose hooks note their names in ``self.order``."""
+
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.order: list[str] = []
+
+
+class Ancestor(Recorder):
+    @before_model
+    def first(self, request: ModelRequest) -> None:
+        self.order.append("ancestor.first")
+
+    @before_model
+    def second(self, request: ModelRequest) -> None:
+        self.order.append("ancestor.second")
+
+
+class Descendant(Ancestor):
+    @before_model
+    def third(self, request: ModelRequest) -> None:
+        self.order.append("descendant.third")
+
+    @before_model
+    def first(self, request: ModelRequest) -> None:
+        self.order.append("descendant.first")
+
+
+class Undecorated(Ancestor):
+    def second(self, request: ModelRequest) -> None:
+        self.order.append("undecorated.second")
+
+
+class Disabled(Ancestor):
+    first = None  # type: ignore[assignment]
+
+
+async def run_order(agent_class: type[Recorder]) -> list[str]:
+    """The hooks that ran, in order, for one model call."""
+    agent = agent_class(model=ScriptedModel([text_response("ok")]))
+    await agent.run("hi")
+    return agent.order
+
+
+async def test_hooks_run_in_definition_order() -> None:
+    """A class's hooks run in the order they are defined."""
+    assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]
+
+
+async def test_parent_hooks_run_first_and_overrides_keep_their_place() -> None:
+    """Parent hooks run first; an overriding method runs in the place of the one it replaces."""
+    assert await run_order(Descendant) == [
+        "descendant.first",
+        "ancestor.second",
+        "descendant.third",
+    ]
+
+
+async def test_an_override_without_the_decorator_still_replaces_the_hook() -> None:
+    """Hooks are found by name, so an undecorated override replaces the hook in place."""
+    assert await run_order(Undecorated) == ["ancestor.first", "undecorated.second"]
+
+
+async def test_overriding_a_hook_with_none_disables_it() -> None:
+    """A subclass that sets a hook's name to None turns that hook off."""
+    assert await run_order(Disabled) == ["ancestor.second"]
+
+
+async def test_parent_hooks_are_unchanged_by_a_subclass() -> None:
+    """The parent still runs its own hooks after subclasses override them."""
+    assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]
+
+
+class Replacing(Recorder):
+    @before_model
+    def add_seed(self, request: ModelRequest) -> ModelRequest:
+        return attrs.evolve(request, settings={**request.settings, "seed": 7})
+
+    @before_model
+    async def add_temperature(self, request: ModelRequest) -> ModelRequest:
+        self.order.append(f"saw seed {request.settings.get('seed')}")
+        return attrs.evolve(request, settings={**request.settings, "temperature": 0.1})
+
+    @before_model
+    def keep(self, request: ModelRequest) -> None:
+        self.order.append(f"saw {sorted(request.settings)}")
+
+
+async def test_before_model_replacement_reaches_later_hooks_and_the_call() -> None:
+    """A returned request is what later hooks (sync or async) and the model receive."""
+    model = ScriptedModel([text_response("ok")])
+    agent = Replacing(model=model)
+    await agent.run("hi")
+    assert agent.order == ["saw seed 7", "saw ['seed', 'temperature']"]
+    assert model.requests[0].settings == {"seed": 7, "temperature": 0.1}
+
+
+class Rewriting(Agent):
+    @after_model
+    async def shout(self, response: ModelResponse) -> ModelResponse:
+        message = attrs.evolve(response.message, content=response.message.text.upper())
+        return attrs.evolve(response, message=message)
+
+    @after_model
+    def exclaim(self, response: ModelResponse) -> ModelResponse:
+        message = attrs.evolve(response.message, content=response.message.text + "!")
+        return attrs.evolve(response, message=message)
+
+
+async def test_after_model_replacement_reaches_the_result_and_the_log() -> None:
+    """A replaced response is what the run returns and what the log keeps."""
+    result = await Rewriting(model=ScriptedModel([text_response("hello")])).run("hi")
+    assert result.output == "HELLO!"
+    assert result.messages[-1].text == "HELLO!"
+
+
+class ToolHooks(Recorder):
+    @tool
+    async def square(self, n: int) -> int:
+        """Square a number."""
+        self.order.append(f"square({n})")
+        return n * n
+
+    @before_tool
+    def double_input(self, call: ToolCall) -> ToolCall:
+        assert isinstance(call.arguments, dict)
+        return attrs.evolve(call, arguments={"n": call.arguments["n"] * 2})
+
+    @after_tool
+    async def annotate(self, result: ToolResult) -> ToolResult:
+        return attrs.evolve(result, content=f"result={result.content}")
+
+
+async def test_tool_hooks_replace_the_call_and_the_result() -> None:
+    """before_tool changes what the tool receives; after_tool changes what the model sees."""
+    model = ScriptedModel(
+        [tool_call_response("square", {"n": 3}, call_id="c1"), text_response("done")]
+    )
+    agent = ToolHooks(model=model)
+    await agent.run("square 3")
+    assert agent.order == ["square(6)"]
+    seen = model.requests[1].messages[-1].tool_results[0]
+    assert (seen.call_id, seen.content) == ("c1", "result=36")
+
+
+class ContextHooks(Recorder):
+    @before_model
+    def keyword_only(self, request: ModelRequest, *, context: RunContext) -> None:
+        context.state["seen"] = context.turn
+        self.order.append(type(context).__name__)
+
+    @after_model
+    async def positional(self, response: ModelResponse, context: RunContext) -> None:
+        self.order.append(f"{len(context.messages)} messages, state {context.state['seen']}")
+
+
+async def test_a_hook_declaring_context_receives_the_run_context() -> None:
+    """Hooks with a ``context`` parameter get the RunContext, keyword-only or not."""
+    agent = ContextHooks(model=ScriptedModel([text_response("ok")]))
+    await agent.run("hi")
+    assert agent.order == ["RunContext", "1 messages, state 0"]
+
+
+class Failing(Agent):
+    @before_model
+    def refuse(self, request: ModelRequest) -> None:
+        raise PermissionError("not today")
+
+
+async def test_a_raising_hook_ends_the_run() -> None:
+    """An exception from a hook propagates and the model is never called."""
+    model = ScriptedModel([text_response("ok")])
+    with pytest.raises(PermissionError, match="not today"):
+        await Failing(model=model).run("hi")
+    assert model.requests == []
+
+
+class FailingToolHook(Agent):
+    @tool
+    async def noop(self) -> str:
+        """Do nothing."""
+        return ""
+
+    @after_tool
+    async def refuse(self, result: ToolResult) -> None:
+        raise PermissionError("no results")
+
+
+async def test_a_raising_tool_hook_ends_the_run() -> None:
+    """An exception from a tool hook propagates instead of becoming a tool result."""
+    model = ScriptedModel([tool_call_response("noop", {}), text_response("never")])
+    with pytest.raises(PermissionError, match="no results"):
+        await FailingToolHook(model=model).run("hi")
+    assert len(model.requests) == 1
+
+
+class WrongType(Agent):
+    @before_model
+    def confused(self, request: ModelRequest) -> str:
+        return "a string"
+
+
+async def test_a_hook_returning_a_wrong_type_fails_clearly() -> None:
+    """A hook that returns neither None nor a ModelRequest raises TypeError naming both."""
+    with pytest.raises(TypeError, match=r"confused.*returned str.*ModelRequest"):
+        await WrongType(model=ScriptedModel([text_response("ok")])).run("hi")
+
+
+class Recovering(Recorder):
+    @after_model_error
+    def shorten(self, request: ModelRequest, error: Exception) -> ModelRequest:
+        self.order.append(type(error).__name__)
+        return attrs.evolve(request, settings={"attempt": len(self.order)})
+
+
+async def test_after_model_error_replacement_retries_the_call() -> None:
+    """A replacement request from after_model_error is sent again and can succeed."""
+    model = ScriptedModel([InvalidRequestError("bad", status=400), text_response("fixed")])
+    agent = Recovering(model=model)
+    result = await agent.run("hi")
+    assert result.output == "fixed"
+    assert agent.order == ["InvalidRequestError"]
+    assert model.requests[1].settings == {"attempt": 1}
+
+
+async def test_at_most_three_recoveries_then_the_error_propagates() -> None:
+    """After three replacement requests a fourth failure propagates."""
+    failures = [InvalidRequestError(f"bad {n}", status=400) for n in range(5)]
+    model = ScriptedModel([*failures, text_response("never")])
+    agent = Recovering(model=model)
+    with pytest.raises(InvalidRequestError, match="bad 3"):
+        await agent.run("hi")
+    assert len(model.requests) == 4
+    assert len(agent.order) == 3
+
+
+class Observing(Recorder):
+    @after_model_error
+    async def observe(self, request: ModelRequest, error: Exception) -> None:
+        self.order.append(str(error))
+
+
+async def test_after_model_error_returning_none_lets_the_error_propagate() -> None:
+    """A hook that returns None sees the error, which then propagates unchanged."""
+    error = InvalidRequestError("rejected", status=400)
+    model = ScriptedModel([error, text_response("never")])
+    agent = Observing(model=model)
+    with pytest.raises(ProviderError) as caught:
+        await agent.run("hi")
+    assert caught.value is error
+    assert agent.order == ["rejected"]
+    assert len(model.requests) == 1
+
+
+class RecoveringWithBefore(Recovering):
+    @before_model
+    def count(self, request: ModelRequest) -> None:
+        self.order.append("before")
+
+
+async def test_before_model_hooks_run_again_on_a_replacement_request() -> None:
+    """A replacement request passes through the before_model hooks again."""
+    model = ScriptedModel([InvalidRequestError("bad", status=400), text_response("ok")])
+    agent = RecoveringWithBefore(model=model)
+    await agent.run("hi")
+    assert agent.order == ["before", "InvalidRequestError", "before"]
+
+
+def test_a_function_is_a_hook_of_one_kind() -> None:
+    """Marking a hook with a second kind raises ConfigurationError naming both."""
+    with pytest.raises(ConfigurationError, match="already a before_model hook"):
+
+        class Bad(Agent):
+            @after_model
+            @before_model
+            def both(self, value: Any) -> None:
+                pass
+
+
+async def test_a_subclass_cannot_remark_its_parents_hook() -> None:
+    """Re-marking a parent's hook function as another kind fails; the parent is unchanged."""
+    with pytest.raises(ConfigurationError, match="after_model"):
+
+        class Bad(Ancestor):
+            moved = after_model(Ancestor.first)
+
+    assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]

@@ -1,0 +1,280 @@
+"""Messages, parts, model values and the scripted model: construction and bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from littleghost import ImagePart, Message, Role, TextPart, ToolCall, ToolResult, Usage
+from littleghost.errors import ProtocolError
+from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
+from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+def test_role_is_a_str_enum() -> None:
+    """Role values are the strings of the design, and compare equal to them."""
+    assert [role.value for role in Role] == ["system", "developer", "user", "assistant", "tool"]
+    assert Role.USER == "user"
+
+
+def test_constructors_set_role_and_text() -> None:
+    """system/developer/user/assistant build a message of their role holding the text."""
+    built = [
+        Message.system("s"),
+        Message.developer("d"),
+        Message.user("u"),
+        Message.assistant("a"),
+    ]
+    assert [(m.role, m.text) for m in built] == [
+        (Role.SYSTEM, "s"),
+        (Role.DEVELOPER, "d"),
+        (Role.USER, "u"),
+        (Role.ASSISTANT, "a"),
+    ]
+
+
+def test_assistant_with_tool_calls_exposes_them() -> None:
+    """An assistant message lists its tool calls in order."""
+    calls = [ToolCall("c1", "a", {"x": 1}), ToolCall("c2", "b", {})]
+    message = Message.assistant("thinking", tool_calls=calls)
+    assert message.tool_calls == tuple(calls)
+    assert message.text == "thinking"
+
+
+def test_assistant_without_text_has_no_text_part() -> None:
+    """An assistant message of tool calls alone holds no empty text part."""
+    message = Message.assistant(tool_calls=[ToolCall("c1", "a")])
+    assert not any(isinstance(part, TextPart) for part in message.content)
+
+
+def test_tool_message_carries_its_result() -> None:
+    """Message.tool builds a tool message with one ToolResult."""
+    message = Message.tool("c1", "done", is_error=True)
+    assert message.role is Role.TOOL
+    assert message.tool_results == (ToolResult("c1", "done", True),)
+
+
+def test_text_joins_text_parts_only() -> None:
+    """.text joins the text parts and skips images and calls."""
+    message = Message(Role.USER, [TextPart("a"), ImagePart(url="https://x/y.png"), TextPart("b")])
+    assert message.text == "ab"
+
+
+def test_lists_are_stored_as_tuples() -> None:
+    """Lists given to constructors are stored as tuples."""
+    message = Message(Role.USER, [TextPart("a")])
+    assert isinstance(message.content, tuple)
+    assert isinstance(ModelRequest([message], []).messages, tuple)
+    assert isinstance(ModelRequest([message], []).tools, tuple)
+
+
+def test_a_str_content_becomes_one_text_part() -> None:
+    """A str passed as content becomes one TextPart."""
+    assert Message(Role.USER, "hello").content == (TextPart("hello"),)
+
+
+def test_ids_are_generated_and_unique() -> None:
+    """Each message gets its own id unless one is given."""
+    assert Message.user("a").id != Message.user("a").id
+    assert Message.user("a", id="fixed").id == "fixed"
+
+
+def test_messages_are_frozen_and_evolve() -> None:
+    """A message cannot be changed in place; attrs.evolve makes a new one."""
+    message = Message.user("a")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        message.role = Role.SYSTEM  # type: ignore[misc]
+    changed = attrs.evolve(message, content=(TextPart("b"),))
+    assert (message.text, changed.text, changed.id) == ("a", "b", message.id)
+
+
+def test_summary_marker() -> None:
+    """A message carrying the summary metadata is a summary; others are not."""
+    summary = Message.user("sum", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ("m1",)})
+    assert summary.is_summary
+    assert not Message.user("plain").is_summary
+
+
+def test_tool_call_keeps_raw_string_arguments() -> None:
+    """ToolCall keeps a str of arguments as it came (not valid JSON)."""
+    assert ToolCall("c1", "t", "{not json").arguments == "{not json"
+
+
+def test_image_part_needs_data_or_url() -> None:
+    """An ImagePart needs exactly one of data and url."""
+    with pytest.raises(TypeError, match="data= or url="):
+        ImagePart()
+    with pytest.raises(TypeError, match="data= or url="):
+        ImagePart(data=b"x", url="https://x")
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        (lambda: Message("wizard", ()), "Message.role"),
+        (lambda: Message(Role.USER, 42), "Message.content"),
+        (lambda: Message(Role.USER, [42]), "Message.content"),
+        (lambda: Message(Role.USER, (), id=7), "Message.id"),
+        (lambda: Message(Role.USER, (), metadata=[1]), "Message.metadata"),
+        (lambda: Message.user(3), "TextPart.text"),
+        (lambda: TextPart(b"x"), "TextPart.text"),
+        (lambda: ImagePart(data="not bytes"), "ImagePart.data"),
+        (lambda: ImagePart(url=5), "ImagePart.url"),
+        (lambda: ToolCall(1, "t"), "ToolCall.id"),
+        (lambda: ToolCall("c", None), "ToolCall.name"),
+        (lambda: ToolCall("c", "t", 5), "ToolCall.arguments"),
+        (lambda: ToolResult("c", 5), "ToolResult.content"),
+        (lambda: ToolResult("c", "x", "yes"), "ToolResult.is_error"),
+        (lambda: Message.tool("c", "x", is_error="no"), "ToolResult.is_error"),
+    ],
+)
+def test_message_values_reject_wrong_types(build: Any, names: str) -> None:
+    """Wrong types to message and part constructors raise TypeError naming the field."""
+    with pytest.raises(TypeError, match=names):
+        build()
+
+
+def test_usage_adds_up() -> None:
+    """Usage values add field by field."""
+    total = Usage(1, 2) + Usage(10, 20)
+    assert (total.input_tokens, total.output_tokens, total.total_tokens) == (11, 22, 33)
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        (lambda: Usage(-1, 0), "Usage.input_tokens"),
+        (lambda: Usage(0, "3"), "Usage.output_tokens"),
+        (lambda: ModelRequest("hello"), "ModelRequest.messages"),
+        (lambda: ModelRequest(["hello"]), "ModelRequest.messages"),
+        (lambda: ModelRequest([], tools=5), "ModelRequest.tools"),
+        (lambda: ModelRequest([], tools=[{"name": "x"}]), "ModelRequest.tools"),
+        (lambda: ModelRequest([], settings=[("a", 1)]), "settings"),
+        (lambda: ModelRequest([], settings={1: 2}), "settings"),
+        (lambda: ModelRequest([], purpose=5), "ModelRequest.purpose"),
+        (lambda: ModelResponse("hi"), "ModelResponse.message"),
+        (lambda: ModelResponse(Message.user("hi")), "ModelResponse.message"),
+        (lambda: ModelResponse(Message.assistant("hi"), "tired"), "ModelResponse.stop_reason"),
+        (lambda: ModelResponse(Message.assistant("hi"), usage=(1, 2)), "ModelResponse.usage"),
+        (lambda: ToolSpec(""), "ToolSpec.name"),
+        (lambda: ToolSpec("t", 5), "ToolSpec.description"),
+        (lambda: ToolSpec("t", "d", "{}"), "ToolSpec.parameters"),
+    ],
+)
+def test_model_values_reject_wrong_types(build: Any, names: str) -> None:
+    """Wrong types to model value constructors raise TypeError naming the field."""
+    with pytest.raises(TypeError, match=names):
+        build()
+
+
+def test_model_values_take_fields_positionally() -> None:
+    """Requests and responses take their fields positionally in the documented order."""
+    spec = ToolSpec("t", "does t", {"type": "object", "properties": {}})
+    request = ModelRequest([Message.user("a")], [spec], {"max_tokens": 5}, "chat")
+    response = ModelResponse(Message.assistant("b"), StopReason.MAX_TOKENS, Usage(3, 4))
+    assert (request.tools, request.max_tokens, request.purpose) == ((spec,), 5, "chat")
+    assert (response.stop_reason, response.usage) == (StopReason.MAX_TOKENS, Usage(3, 4))
+
+
+def test_scripted_model_is_a_model() -> None:
+    """ScriptedModel satisfies the Model protocol with its name and window."""
+    model = ScriptedModel([], context_window=1000, name="fake")
+    assert isinstance(model, Model)
+    assert (model.name, model.provider, model.context_window) == ("fake", "scripted", 1000)
+
+
+async def test_scripted_model_plays_steps_in_order() -> None:
+    """Responses are returned, exceptions raised, callables (sync and async) called."""
+
+    def sync_step(request: ModelRequest) -> ModelResponse:
+        return text_response(f"sync saw {len(request.messages)}")
+
+    async def async_step(request: ModelRequest) -> ModelResponse:
+        return text_response("async")
+
+    model = ScriptedModel([text_response("one"), ValueError("two"), sync_step, async_step])
+    request = ModelRequest([Message.user("hi")])
+    assert (await model.respond(request)).message.text == "one"
+    with pytest.raises(ValueError, match="two"):
+        await model.respond(request)
+    assert (await model.respond(request)).message.text == "sync saw 1"
+    assert (await model.respond(request)).message.text == "async"
+    assert model.requests == [request] * 4
+
+
+async def test_scripted_model_raises_protocol_error_when_out_of_steps() -> None:
+    """A call past the end of the script raises ProtocolError."""
+    model = ScriptedModel([text_response("only")])
+    await model.respond(ModelRequest([]))
+    with pytest.raises(ProtocolError, match="ran out of steps"):
+        await model.respond(ModelRequest([]))
+
+
+async def test_scripted_model_rejects_a_step_that_returns_junk() -> None:
+    """A callable step that returns something other than a response raises ProtocolError."""
+    model = ScriptedModel([lambda request: "text"])
+    with pytest.raises(ProtocolError, match="not a ModelResponse"):
+        await model.respond(ModelRequest([]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"steps": "abc"}, "steps"),
+        ({"steps": 3}, "steps"),
+        ({"steps": [42]}, "step 0"),
+        ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
+        ({"steps": [], "context_window": "big"}, "context_window"),
+        ({"steps": [], "context_window": True}, "context_window"),
+        ({"steps": [], "name": 5}, "name"),
+    ],
+)
+def test_scripted_model_rejects_wrong_types(kwargs: dict[str, Any], names: str) -> None:
+    """Wrong types to ScriptedModel raise TypeError naming the argument."""
+    with pytest.raises(TypeError, match=names):
+        ScriptedModel(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        (lambda: text_response(5), "TextPart.text"),
+        (lambda: text_response("x", input_tokens=-1), "Usage.input_tokens"),
+        (lambda: text_response("x", stop_reason="tired"), "stop_reason"),
+        (lambda: tool_call_response(5, {}), "ToolCall.name"),
+        (lambda: tool_call_response("t", 5), "ToolCall.arguments"),
+    ],
+)
+def test_helpers_reject_wrong_types(build: Any, names: str) -> None:
+    """Wrong types to text_response and tool_call_response raise TypeError naming the field."""
+    with pytest.raises(TypeError, match=names):
+        build()
+
+
+def test_text_response_builds_a_final_answer() -> None:
+    """text_response builds an assistant message with usage and stop reason."""
+    response = text_response("hi", input_tokens=3, output_tokens=4)
+    assert (response.message.text, response.stop_reason, response.usage) == (
+        "hi",
+        StopReason.END_TURN,
+        Usage(3, 4),
+    )
+
+
+def test_tool_call_response_builds_one_call() -> None:
+    """tool_call_response builds one call with the given id and a tool_use stop."""
+    response = tool_call_response("lookup", {"id": "42"}, call_id="c9")
+    assert response.message.tool_calls == (ToolCall("c9", "lookup", {"id": "42"}),)
+    assert response.stop_reason is StopReason.TOOL_USE
+
+
+def test_tool_call_response_generates_distinct_ids() -> None:
+    """Without call_id, each tool_call_response gets its own id."""
+    first = tool_call_response("t", {}).message.tool_calls[0].id
+    second = tool_call_response("t", {}).message.tool_calls[0].id
+    assert first != second

@@ -1,0 +1,208 @@
+"""Deadlines, cancellation and the retry policy for transient provider errors."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from littleghost import Agent, tool
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.testing import ScriptedModel, Step, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+MARGIN = 0.5
+"""How long after the deadline a run may take to notice it."""
+
+
+async def hang(request: ModelRequest) -> ModelResponse:
+    """A model step that never answers."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+def timed(times: list[float], step: Step) -> Callable[[ModelRequest], ModelResponse]:
+    """A step that notes the time it was called, then plays ``step``."""
+
+    def play(request: ModelRequest) -> ModelResponse:
+        times.append(anyio.current_time())
+        if isinstance(step, BaseException):
+            raise step
+        assert isinstance(step, ModelResponse)
+        return step
+
+    return play
+
+
+class Slow(Agent):
+    def __init__(self, **overrides: object) -> None:
+        super().__init__(**overrides)
+        self.release = threading.Event()
+
+    @tool
+    async def wait_async(self) -> str:
+        """Waits for ever."""
+        await anyio.sleep_forever()
+        return "never"
+
+    @tool
+    def wait_sync(self) -> str:
+        """Blocks a thread until released."""
+        self.release.wait(5)
+        return "released"
+
+
+async def test_deadline_during_a_model_call() -> None:
+    """A timeout passing during a model call raises DeadlineExceededError promptly."""
+    model = ScriptedModel([hang])
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError):
+        await Slow(model=model).run("hi", timeout=0.2)
+    assert 0.2 <= anyio.current_time() - start < 0.2 + MARGIN
+
+
+async def test_absolute_deadline_during_a_model_call() -> None:
+    """deadline= (anyio clock time) bounds the run like timeout=."""
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError):
+        await Slow(model=ScriptedModel([hang])).run("hi", deadline=start + 0.2)
+    assert anyio.current_time() - start < 0.2 + MARGIN
+
+
+async def test_the_earlier_of_timeout_and_deadline_wins() -> None:
+    """Given both, the run ends at the earlier of timeout and deadline."""
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError):
+        await Slow(model=ScriptedModel([hang])).run("hi", timeout=30, deadline=start + 0.2)
+    assert anyio.current_time() - start < 0.2 + MARGIN
+
+
+async def test_deadline_error_is_a_timeout_error() -> None:
+    """Callers may catch the deadline as TimeoutError."""
+    with pytest.raises(TimeoutError):
+        await Slow(model=ScriptedModel([hang])).run("hi", timeout=0.05)
+
+
+async def test_a_deadline_already_passed_fails_before_answering() -> None:
+    """A zero timeout raises DeadlineExceededError even against an instant model."""
+    with pytest.raises(DeadlineExceededError):
+        await Slow(model=ScriptedModel([text_response("too fast")])).run("hi", timeout=0)
+
+
+@pytest.mark.parametrize("tool_name", ["wait_async", "wait_sync"])
+async def test_deadline_during_a_tool(tool_name: str) -> None:
+    """A timeout passing while a tool (async, or sync in a thread) runs is prompt."""
+    agent = Slow(model=ScriptedModel([tool_call_response(tool_name, {}), text_response("x")]))
+    start = anyio.current_time()
+    try:
+        with pytest.raises(DeadlineExceededError):
+            await agent.run("hi", timeout=0.2)
+        assert anyio.current_time() - start < 0.2 + MARGIN
+    finally:
+        agent.release.set()
+        await anyio.sleep(0.05)
+
+
+async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
+    """When retry_after would pass the deadline, DeadlineExceededError comes at once."""
+    error = RateLimitError("slow down", status=429, retry_after=5)
+    model = ScriptedModel([error, text_response("never")])
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError) as caught:
+        await Slow(model=model).run("hi", timeout=2)
+    assert anyio.current_time() - start < 0.3
+    assert caught.value.__cause__ is error
+    assert len(model.requests) == 1
+
+
+async def test_an_outer_cancel_scope_cancels_the_run_natively() -> None:
+    """Cancelling the caller's scope propagates native cancellation; nothing is retried."""
+    model = ScriptedModel([hang, text_response("never")])
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(Slow(model=model).run, "hi")
+            await anyio.sleep(0.1)
+            scope.cancel()
+    assert scope.cancelled_caught
+    assert len(model.requests) == 1
+
+
+async def test_an_outer_timeout_is_native_cancellation_not_a_deadline_error() -> None:
+    """A caller's move_on_after ends the run by cancellation, even during a retry wait."""
+    model = ScriptedModel([RateLimitError("slow down", retry_after=5), text_response("never")])
+    with anyio.move_on_after(0.2) as scope:
+        await Slow(model=model).run("hi")
+    assert scope.cancelled_caught
+    assert len(model.requests) == 1
+
+
+async def test_rate_limit_is_retried_once_after_retry_after() -> None:
+    """A 429 with retry_after=0.3 then success: one retry, at least 0.3 s later."""
+    times: list[float] = []
+    model = ScriptedModel(
+        [
+            timed(times, RateLimitError("slow down", status=429, retry_after=0.3)),
+            timed(times, text_response("ok")),
+        ]
+    )
+    result = await Slow(model=model).run("hi")
+    assert result.output == "ok"
+    assert len(model.requests) == 2
+    assert times[1] - times[0] >= 0.3
+
+
+async def test_provider_unavailable_is_retried() -> None:
+    """A 5xx-style ProviderUnavailableError is retried and the run succeeds."""
+    model = ScriptedModel([ProviderUnavailableError("down", status=503), text_response("ok")])
+    assert (await Slow(model=model).run("hi")).output == "ok"
+    assert len(model.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        InvalidRequestError("bad request", status=400),
+        ContextWindowOverflowError("too long", status=400),
+        ValueError("a bug"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+async def test_other_errors_are_not_retried(error: Exception) -> None:
+    """A 400, an overflow or any other error propagates after a single attempt."""
+    model = ScriptedModel([error, text_response("never")])
+    with pytest.raises(type(error)) as caught:
+        await Slow(model=model).run("hi")
+    assert caught.value is error
+    assert len(model.requests) == 1
+
+
+async def test_max_retries_is_respected() -> None:
+    """With max_retries=1 a second transient error propagates after two attempts."""
+    model = ScriptedModel(
+        [
+            ProviderUnavailableError("down"),
+            ProviderUnavailableError("still down"),
+            text_response("x"),
+        ]
+    )
+    with pytest.raises(ProviderUnavailableError, match="still down"):
+        await Slow(model=model, max_retries=1).run("hi")
+    assert len(model.requests) == 2
+
+
+async def test_max_retries_zero_never_retries() -> None:
+    """With max_retries=0 the first transient error propagates."""
+    model = ScriptedModel([RateLimitError("slow down", retry_after=0.01), text_response("x")])
+    with pytest.raises(RateLimitError):
+        await Slow(model=model, max_retries=0).run("hi")
+    assert len(model.requests) == 1

@@ -1,0 +1,260 @@
+"""The run loop: results, history, usage, limits, the output limit and bad run() input."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from littleghost import Agent, Message, Role, RunResult, ToolCall, Usage, tool
+from littleghost.errors import (
+    ConfigurationError,
+    LimitExceededError,
+    OutputLimitError,
+    ProtocolError,
+)
+from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+class Counter(Agent):
+    instructions = "Count things."
+
+    @tool
+    async def count(self, n: int) -> int:
+        """Count up from n."""
+        return n + 1
+
+
+async def test_a_tool_round_trip() -> None:
+    """A tool call, its result and the final answer make up the run's new messages."""
+    model = ScriptedModel([tool_call_response("count", {"n": 1}, call_id="c1"), text_response("2")])
+    result = await Counter(model=model).run("count from 1")
+    assert isinstance(result, RunResult)
+    assert (result.output, result.stop_reason) == ("2", StopReason.END_TURN)
+    assert [m.role for m in result.messages] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+    ]
+    assert result.messages[2].tool_results[0].content == "2"
+
+
+async def test_the_model_sees_instructions_then_the_conversation() -> None:
+    """Each request starts with the instructions and carries the log so far."""
+    model = ScriptedModel([tool_call_response("count", {"n": 1}, call_id="c1"), text_response("2")])
+    await Counter(model=model).run("count from 1")
+    second = model.requests[1].messages
+    assert [m.role for m in second] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL]
+    assert second[0].text == "Count things."
+
+
+def test_run_sync_works() -> None:
+    """run_sync runs the agent from synchronous code and passes the run options on."""
+    history = [Message.user("earlier"), Message.assistant("before")]
+    model = ScriptedModel([text_response("sync answer")])
+    result = Counter(model=model).run_sync("hi", history=history, timeout=10)
+    assert result.output == "sync answer"
+    assert result.messages[:2] == tuple(history)
+
+
+async def test_messages_hold_history_and_new_messages() -> None:
+    """RunResult.messages is the history followed by what the run added."""
+    history = [Message.user("earlier"), Message.assistant("earlier answer")]
+    model = ScriptedModel([text_response("now")])
+    result = await Counter(model=model).run("again", history=history)
+    assert result.messages[:2] == tuple(history)
+    assert [m.text for m in result.messages[2:]] == ["again", "now"]
+    assert [m.text for m in model.requests[0].messages[1:]] == [
+        "earlier",
+        "earlier answer",
+        "again",
+    ]
+
+
+async def test_history_is_not_modified() -> None:
+    """The list passed as history is left as it was."""
+    history = [Message.user("earlier"), Message.assistant("earlier answer")]
+    await Counter(model=ScriptedModel([text_response("now")])).run("again", history=history)
+    assert len(history) == 2
+
+
+async def test_usage_is_summed_over_every_model_call() -> None:
+    """RunResult.usage adds up the usage of every model call."""
+    model = ScriptedModel(
+        [
+            tool_call_response("count", {"n": 1}, input_tokens=10, output_tokens=2),
+            tool_call_response("count", {"n": 2}, input_tokens=20, output_tokens=3),
+            text_response("3", input_tokens=30, output_tokens=4),
+        ]
+    )
+    result = await Counter(model=model).run("count")
+    assert result.usage == Usage(60, 9)
+
+
+async def test_max_turns_raises_limit_exceeded() -> None:
+    """A run still calling tools after max_turns model calls raises LimitExceededError."""
+    model = ScriptedModel([tool_call_response("count", {"n": n}) for n in range(5)])
+    with pytest.raises(LimitExceededError, match="max_turns=3") as caught:
+        await Counter(model=model, max_turns=3).run("count forever")
+    assert (caught.value.limit, caught.value.value) == ("max_turns", 3)
+    assert len(model.requests) == 3
+
+
+async def test_max_tool_calls_raises_limit_exceeded() -> None:
+    """A response whose calls would pass max_tool_calls raises LimitExceededError unrun."""
+    calls = [ToolCall(f"c{n}", "count", {"n": n}) for n in range(3)]
+    model = ScriptedModel(
+        [
+            tool_call_response("count", {"n": 0}),
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("never"),
+        ]
+    )
+    with pytest.raises(LimitExceededError, match="max_tool_calls=3") as caught:
+        await Counter(model=model, max_tool_calls=3).run("count a lot")
+    assert (caught.value.limit, caught.value.value) == ("max_tool_calls", 3)
+    assert len(model.requests) == 2
+
+
+async def test_exactly_max_tool_calls_is_allowed() -> None:
+    """Reaching max_tool_calls without passing it is fine."""
+    model = ScriptedModel([tool_call_response("count", {"n": 0}), text_response("done")])
+    assert (await Counter(model=model, max_tool_calls=1).run("once")).output == "done"
+
+
+async def test_final_answer_cut_at_max_tokens_raises_output_limit() -> None:
+    """A final response that stopped at max_tokens raises OutputLimitError with it."""
+    cut = text_response("The answer is", stop_reason=StopReason.MAX_TOKENS)
+    with pytest.raises(OutputLimitError) as caught:
+        await Counter(model=ScriptedModel([cut])).run("long question")
+    assert caught.value.response is cut
+
+
+async def test_tool_calls_cut_at_max_tokens_still_run() -> None:
+    """A max_tokens response that carries tool calls is not an output-limit failure."""
+    call = Message.assistant(tool_calls=[ToolCall("c1", "count", {"n": 1})])
+    model = ScriptedModel([ModelResponse(call, StopReason.MAX_TOKENS), text_response("2")])
+    assert (await Counter(model=model).run("count")).output == "2"
+
+
+async def test_a_history_with_an_orphan_result_fails_before_any_model_call() -> None:
+    """A tool result whose call is missing raises ConfigurationError naming it; no call is made."""
+    history = [Message.user("hi"), Message.tool("ghost", "boo")]
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match=r"history\[1\].*'ghost'"):
+        await Counter(model=model).run("again", history=history)
+    assert model.requests == []
+
+
+async def test_a_call_without_result_is_repaired_with_an_error_result() -> None:
+    """An unanswered call in history gets an appended error result; originals stay."""
+    call = ToolCall("open", "count", {"n": 1})
+    history = [Message.user("count"), Message.assistant(tool_calls=[call]), Message.user("hello?")]
+    model = ScriptedModel([text_response("sorry")])
+    result = await Counter(model=model).run("still there?", history=history)
+    assert result.messages[:3] == tuple(history)
+    repair = result.messages[3]
+    assert repair.role is Role.TOOL
+    assert (repair.tool_results[0].call_id, repair.tool_results[0].is_error) == ("open", True)
+    seen = model.requests[0].messages
+    position = next(i for i, m in enumerate(seen) if m.tool_calls)
+    assert seen[position + 1].tool_results[0].call_id == "open"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "names"),
+    [
+        ({"input": 42}, TypeError, "input"),
+        ({"input": Message.assistant("hi")}, TypeError, "input"),
+        ({"history": "hello"}, TypeError, "history"),
+        ({"history": 5}, TypeError, "history"),
+        ({"history": ["hello"]}, TypeError, r"history\[0\]"),
+        ({"timeout": "10"}, TypeError, "timeout"),
+        ({"timeout": -1}, TypeError, "timeout"),
+        ({"timeout": True}, TypeError, "timeout"),
+        ({"deadline": "soon"}, TypeError, "deadline"),
+        ({"timeout": math.nan}, TypeError, "timeout"),
+        ({"deadline": math.nan}, TypeError, "deadline"),
+        ({"settings": ["max_tokens"]}, ConfigurationError, "settings"),
+        ({"settings": {1: 2}}, ConfigurationError, "settings"),
+        ({"session_id": 5}, TypeError, "session_id"),
+        ({"session_id": ""}, TypeError, "session_id"),
+    ],
+)
+async def test_run_rejects_wrong_types(
+    options: dict[str, Any], error: type[Exception], names: str
+) -> None:
+    """Wrong types to run() raise TypeError or ConfigurationError naming the argument."""
+    model = ScriptedModel([text_response("never")])
+    arguments = {"input": "hi", **options}
+    with pytest.raises(error, match=names):
+        await Counter(model=model).run(**arguments)
+    assert model.requests == []
+
+
+async def test_run_settings_override_agent_settings() -> None:
+    """settings= given to run() are laid over the agent's for that run only."""
+    model = ScriptedModel([text_response("a"), text_response("b")])
+    agent = Counter(model=model, settings={"temperature": 0.2, "seed": 1})
+    await agent.run("hi", settings={"temperature": 0.9})
+    await agent.run("hi")
+    assert [dict(r.settings) for r in model.requests] == [
+        {"temperature": 0.9, "seed": 1},
+        {"temperature": 0.2, "seed": 1},
+    ]
+
+
+async def test_a_script_that_runs_out_raises_protocol_error() -> None:
+    """A model with no step left raises ProtocolError out of the run."""
+    model = ScriptedModel([tool_call_response("count", {"n": 1})])
+    with pytest.raises(ProtocolError, match="ran out of steps"):
+        await Counter(model=model).run("count")
+
+
+class Prepared:
+    """A model with ``prepare()``, noting what it was asked to do, in order."""
+
+    provider = "custom"
+    name = "prepared"
+    context_window = None
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    async def prepare(self) -> None:
+        self.events.append("prepare")
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        self.events.append("respond")
+        if not any(message.role is Role.TOOL for message in request.messages):
+            return tool_call_response("count", {"n": 1})
+        return text_response("done")
+
+
+async def test_prepare_is_awaited_once_before_the_first_call() -> None:
+    """A model's prepare() runs once per run, before its first call."""
+    model = Prepared()
+    await Counter(model=model).run("hi")
+    assert model.events == ["prepare", "respond", "respond"]
+
+
+class Junk:
+    """A model that answers with something other than a ModelResponse."""
+
+    provider = "custom"
+    name = "junk"
+    context_window = None
+
+    async def respond(self, request: ModelRequest) -> Any:
+        return "not a response"
+
+
+async def test_a_model_returning_junk_raises_protocol_error() -> None:
+    """A model that does not return a ModelResponse raises ProtocolError."""
+    with pytest.raises(ProtocolError, match="not a ModelResponse"):
+        await Counter(model=Junk()).run("hi")

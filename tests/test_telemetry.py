@@ -1,0 +1,269 @@
+"""Tracing: span names, nesting, GenAI attributes, failures, cancellation, content policy."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from littleghost import Agent, Message, tool
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    RateLimitError,
+)
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+if TYPE_CHECKING:
+    from conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "S3CR3T-MARKER"
+
+
+class Support(Agent):
+    instructions = f"Instructions mentioning {SECRET}."
+    settings = {"max_tokens": 50, "temperature": 0.3}
+
+    @tool
+    async def lookup(self, order_id: str) -> str:
+        """Find an order."""
+        return f"order {order_id} contains {SECRET}"
+
+    @tool
+    async def stall(self) -> str:
+        """Never finishes."""
+        await anyio.sleep_forever()
+        return ""
+
+    @tool
+    async def explode(self, reason: str) -> str:
+        """Always fails."""
+        raise RuntimeError(f"failed because {reason}")
+
+
+def two_turns() -> ScriptedModel:
+    """A model that calls lookup, then answers."""
+    return ScriptedModel(
+        [
+            tool_call_response(
+                "lookup",
+                {"order_id": f"42-{SECRET}"},
+                call_id="c1",
+                input_tokens=10,
+                output_tokens=5,
+            ),
+            text_response(f"Your order has {SECRET}.", input_tokens=20, output_tokens=7),
+        ]
+    )
+
+
+def attributes(span: ReadableSpan) -> dict[str, Any]:
+    """A span's attributes as a plain dict."""
+    return dict(span.attributes or {})
+
+
+async def test_span_names_and_nesting(spans: Spans) -> None:
+    """One invoke_agent span, with the chat and execute_tool spans as its children."""
+    await Support(model=two_turns()).run("Where is my order?")
+    root = spans.one("invoke_agent")
+    assert root.name == "invoke_agent Support"
+    chats = spans.named("chat ")
+    assert [span.name for span in chats] == ["chat scripted", "chat scripted"]
+    tool_span = spans.one("execute_tool")
+    assert tool_span.name == "execute_tool lookup"
+    assert root.parent is None
+    assert root.context is not None
+    for child in [*chats, tool_span]:
+        assert child.parent is not None
+        assert child.parent.span_id == root.context.span_id
+        assert child.context is not None
+        assert child.context.trace_id == root.context.trace_id
+
+
+async def test_invoke_agent_attributes(spans: Spans) -> None:
+    """invoke_agent carries the operation, agent, provider, model, usage and finish reason."""
+    session_id = f"conv-{uuid.uuid4().hex}"
+    await Support(model=two_turns()).run("Where is my order?", session_id=session_id)
+    assert attributes(spans.one("invoke_agent")) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "Support",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+        "gen_ai.conversation.id": session_id,
+        "gen_ai.usage.input_tokens": 30,
+        "gen_ai.usage.output_tokens": 12,
+        "gen_ai.response.finish_reasons": ("end_turn",),
+    }
+
+
+async def test_chat_attributes(spans: Spans) -> None:
+    """Each chat span carries its request settings, usage and finish reason."""
+    await Support(model=two_turns()).run("Where is my order?")
+    first, second = spans.named("chat ")
+    assert first.kind is SpanKind.CLIENT
+    assert attributes(first) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+        "gen_ai.request.max_tokens": 50,
+        "gen_ai.request.temperature": 0.3,
+        "littleghost.purpose": "chat",
+        "gen_ai.usage.input_tokens": 10,
+        "gen_ai.usage.output_tokens": 5,
+        "gen_ai.response.finish_reasons": ("tool_use",),
+    }
+    assert attributes(second)["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert attributes(second)["gen_ai.usage.output_tokens"] == 7
+
+
+async def test_execute_tool_attributes(spans: Spans) -> None:
+    """execute_tool carries the operation, tool name, call id and tool type."""
+    await Support(model=two_turns()).run("Where is my order?")
+    span = spans.one("execute_tool")
+    assert attributes(span) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "lookup",
+        "gen_ai.tool.call.id": "c1",
+        "gen_ai.tool.type": "function",
+    }
+    assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_a_failing_provider_call_is_an_error_span(spans: Spans) -> None:
+    """A provider error sets error.type and ERROR status on the chat and invoke_agent spans."""
+    model = ScriptedModel([InvalidRequestError(f"rejected {SECRET}", status=400)])
+    with pytest.raises(InvalidRequestError):
+        await Support(model=model).run("hi")
+    for span in (spans.one("chat"), spans.one("invoke_agent")):
+        assert attributes(span)["error.type"] == "InvalidRequestError"
+        assert span.status.status_code is StatusCode.ERROR
+    assert not [text for text in every_text(spans.all()) if SECRET in text]
+
+
+async def test_an_overflow_has_its_own_error_type(spans: Spans) -> None:
+    """A context overflow is reported as error.type context_length_exceeded."""
+    model = ScriptedModel([ContextWindowOverflowError("too long", status=400)])
+    with pytest.raises(ContextWindowOverflowError):
+        await Support(model=model).run("hi")
+    assert attributes(spans.one("chat"))["error.type"] == "context_length_exceeded"
+
+
+async def test_each_retry_attempt_is_its_own_chat_span(spans: Spans) -> None:
+    """A retried call shows a failed chat span, then a successful one."""
+    model = ScriptedModel([RateLimitError("slow", retry_after=0.01), text_response("ok")])
+    await Support(model=model).run("hi")
+    failed, succeeded = spans.named("chat")
+    assert attributes(failed)["error.type"] == "RateLimitError"
+    assert failed.status.status_code is StatusCode.ERROR
+    assert succeeded.status.status_code is StatusCode.UNSET
+    assert spans.one("invoke_agent").status.status_code is StatusCode.UNSET
+
+
+async def test_a_failing_tool_is_an_error_span(spans: Spans) -> None:
+    """A raising tool marks its execute_tool span ERROR; the run goes on."""
+    model = ScriptedModel([tool_call_response("explode", {"reason": "x"}), text_response("ok")])
+    await Support(model=model).run("hi")
+    span = spans.one("execute_tool")
+    assert attributes(span)["error.type"] == "RuntimeError"
+    assert span.status.status_code is StatusCode.ERROR
+    assert spans.one("invoke_agent").status.status_code is StatusCode.UNSET
+
+
+async def hang(request: ModelRequest) -> ModelResponse:
+    """A model step that never answers."""
+    await anyio.sleep_forever()
+    raise AssertionError("unreachable")
+
+
+async def test_a_cancelled_run_ends_its_spans_without_error(spans: Spans) -> None:
+    """Spans of a run cancelled by its caller end, none with ERROR status."""
+    with anyio.move_on_after(0.1):
+        await Support(model=ScriptedModel([hang])).run("hi")
+    assert {span.name for span in spans.all()} == {"invoke_agent Support", "chat scripted"}
+    assert all(span.status.status_code is StatusCode.UNSET for span in spans.all())
+    assert all(span.end_time is not None for span in spans.all())
+
+
+async def test_a_run_cancelled_during_a_tool_ends_its_spans_without_error(spans: Spans) -> None:
+    """A run cancelled while a tool runs ends the tool span too, without ERROR status."""
+    with anyio.move_on_after(0.1):
+        await Support(model=ScriptedModel([tool_call_response("stall", {})])).run("hi")
+    assert sorted(span.name for span in spans.all()) == [
+        "chat scripted",
+        "execute_tool stall",
+        "invoke_agent Support",
+    ]
+    assert all(span.status.status_code is StatusCode.UNSET for span in spans.all())
+
+
+async def test_a_run_past_its_deadline_is_an_error_span(spans: Spans) -> None:
+    """The deadline fails invoke_agent with DeadlineExceededError; the cut chat is not an error."""
+    with pytest.raises(DeadlineExceededError):
+        await Support(model=ScriptedModel([hang])).run("hi", timeout=0.1)
+    root = spans.one("invoke_agent")
+    assert attributes(root)["error.type"] == "DeadlineExceededError"
+    assert root.status.status_code is StatusCode.ERROR
+    assert spans.one("chat").status.status_code is StatusCode.UNSET
+
+
+def every_text(all_spans: tuple[ReadableSpan, ...]) -> list[str]:
+    """Every string a span exporter would ship: names, attributes, events, statuses."""
+    texts: list[str] = []
+
+    def add(values: Any) -> None:
+        for value in dict(values or {}).values():
+            items = value if isinstance(value, tuple) else (value,)
+            texts.extend(str(item) for item in items)
+
+    for span in all_spans:
+        texts.append(span.name)
+        texts.append(span.status.description or "")
+        add(span.attributes)
+        for event in span.events:
+            texts.append(event.name)
+            add(event.attributes)
+        for link in span.links:
+            add(link.attributes)
+    return texts
+
+
+async def run_with_secrets(agent: Support) -> None:
+    """A run whose instructions, input, history, tool arguments, results and answer hold SECRET."""
+    model = ScriptedModel(
+        [
+            tool_call_response("lookup", {"order_id": SECRET}, call_id="c1"),
+            tool_call_response("explode", {"reason": SECRET}, call_id="c2"),
+            text_response(f"answer {SECRET}"),
+        ]
+    )
+    history = [Message.user(f"earlier {SECRET}"), Message.assistant(f"reply {SECRET}")]
+    await type(agent)(model=model, capture_content=agent.capture_content).run(
+        f"question {SECRET}", history=history
+    )
+
+
+async def test_no_content_in_spans_by_default(spans: Spans) -> None:
+    """By default no span name, attribute, event or status holds message or tool content."""
+    await run_with_secrets(Support())
+    texts = every_text(spans.all())
+    assert len(spans.all()) == 6
+    assert not [text for text in texts if SECRET in text]
+
+
+async def test_content_is_captured_when_asked(spans: Spans) -> None:
+    """capture_content=True records messages, tool arguments and results on the spans."""
+    await run_with_secrets(Support(capture_content=True))
+    chat = spans.named("chat")[0]
+    assert SECRET in attributes(chat)["gen_ai.input.messages"]
+    assert SECRET in spans.named("chat")[-1].attributes["gen_ai.output.messages"]  # type: ignore[index]
+    lookup = spans.one("execute_tool lookup")
+    assert SECRET in attributes(lookup)["gen_ai.tool.call.arguments"]
+    assert SECRET in attributes(lookup)["gen_ai.tool.call.result"]

@@ -1,0 +1,559 @@
+"""Tools: JSON schemas, argument checking and coercion, error results, truncation, parallel calls."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, Optional, Union
+
+import anyio
+import pytest
+from attrs import frozen
+
+from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, tool
+from littleghost.errors import ConfigurationError
+from littleghost.models import ModelResponse, StopReason
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+@frozen
+class Point:
+    x: int
+    y: int = 0
+
+
+def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
+    """The parameters schema of ``function`` declared as a plain-function tool."""
+    agent_class = type("Holder", (Agent,), {"tools": [function]})
+    (spec,) = agent_class().tool_specs
+    return dict(spec.parameters)
+
+
+def property_of(annotation: Any) -> dict[str, Any]:
+    """The schema of one parameter annotated ``annotation``."""
+
+    def probe(value: Any) -> str:
+        """Probe a type."""
+        return ""
+
+    probe.__annotations__ = {"value": annotation, "return": str}
+    return dict(schema_of(probe)["properties"]["value"])
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        (str, {"type": "string"}),
+        (int, {"type": "integer"}),
+        (float, {"type": "number"}),
+        (bool, {"type": "boolean"}),
+        (None, {"type": "null"}),
+        (list[int], {"type": "array", "items": {"type": "integer"}}),
+        (list, {"type": "array", "items": {}}),
+        (tuple[int, ...], {"type": "array", "items": {"type": "integer"}}),
+        (
+            tuple[int, str],
+            {
+                "type": "array",
+                "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        ),
+        (dict[str, float], {"type": "object", "additionalProperties": {"type": "number"}}),
+        (Optional[int], {"anyOf": [{"type": "integer"}, {"type": "null"}]}),  # noqa: UP045
+        (int | str, {"anyOf": [{"type": "integer"}, {"type": "string"}]}),
+        (Union[str, bool], {"anyOf": [{"type": "string"}, {"type": "boolean"}]}),  # noqa: UP007
+        (Literal["a", "b", 3], {"enum": ["a", "b", 3]}),
+        (Color, {"enum": ["red", "green"]}),
+        (Any, {}),
+        (Annotated[str, "a city name"], {"type": "string", "description": "a city name"}),
+        (
+            Point,
+            {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
+        ),
+        (
+            list[Point | None],
+            {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                            "required": ["x"],
+                            "additionalProperties": False,
+                        },
+                        {"type": "null"},
+                    ]
+                },
+            },
+        ),
+    ],
+    ids=repr,
+)
+def test_schema_for_each_supported_type(annotation: Any, expected: dict[str, Any]) -> None:
+    """Each supported annotation maps to its JSON schema."""
+    assert property_of(annotation) == expected
+
+
+def forecast(city: str, days: int = 3, unit: Literal["c", "f"] = "c") -> str:
+    """Get the weather forecast.
+
+    Looks it up in the almanac.
+
+    Args:
+        city: The city, spelled out
+            in full.
+        days: How many days ahead.
+
+    Returns:
+        The forecast.
+    """
+    return f"{city}:{days}:{unit}"
+
+
+def test_schema_object_shape_and_docstring() -> None:
+    """Required, defaults, no extras, and Args: descriptions (continued lines joined)."""
+    schema = schema_of(forecast)
+    assert schema == {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "The city, spelled out in full."},
+            "days": {"type": "integer", "description": "How many days ahead.", "default": 3},
+            "unit": {"enum": ["c", "f"], "default": "c"},
+        },
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+
+
+def test_tool_description_is_the_docstring_before_its_sections() -> None:
+    """The tool's description is the docstring text before Args:/Returns:."""
+    (spec,) = type("Holder", (Agent,), {"tools": [forecast]})().tool_specs
+    assert (spec.name, spec.description) == (
+        "forecast",
+        "Get the weather forecast.\n\nLooks it up in the almanac.",
+    )
+
+
+def test_args_entries_with_types_and_blank_first_lines() -> None:
+    """``name (type): text`` entries and descriptions starting on the next line are read."""
+
+    def book(room: str, nights: int) -> str:
+        """Book a room.
+
+        Args:
+            room (str): The room's number.
+            nights:
+                How many nights.
+        """
+        return room
+
+    properties = schema_of(book)["properties"]
+    assert properties["room"]["description"] == "The room's number."
+    assert properties["nights"]["description"] == "How many nights."
+
+
+def test_annotated_description_wins_over_the_docstring() -> None:
+    """An Annotated description is kept when the docstring also describes the parameter."""
+
+    def find(name: Annotated[str, "from Annotated"]) -> str:
+        """Find something.
+
+        Args:
+            name: from the docstring
+        """
+        return name
+
+    assert schema_of(find)["properties"]["name"]["description"] == "from Annotated"
+
+
+class Methods(Agent):
+    @tool
+    async def with_context(self, query: str, context: RunContext) -> str:
+        """Search, knowing the run."""
+        return f"{query} on turn {context.turn}"
+
+    @tool(name="renamed", description="Described by the decorator.")
+    def original(self) -> str:
+        return "renamed ran"
+
+
+def test_context_parameter_is_not_shown_and_tool_options_apply() -> None:
+    """``context`` is hidden from the schema; @tool(name=, description=) override."""
+    specs = {spec.name: spec for spec in Methods().tool_specs}
+    assert list(specs["with_context"].parameters["properties"]) == ["query"]
+    assert specs["renamed"].description == "Described by the decorator."
+
+
+async def test_method_tools_get_the_context_and_renamed_tools_run() -> None:
+    """A tool declaring ``context`` receives the RunContext; a renamed tool runs by its new name."""
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                Message.assistant(
+                    tool_calls=[
+                        ToolCall("c1", "with_context", {"query": "q"}),
+                        ToolCall("c2", "renamed", {}),
+                    ]
+                ),
+                StopReason.TOOL_USE,
+            ),
+            text_response("done"),
+        ]
+    )
+    await Methods(model=model).run("go")
+    assert [r.content for r in tool_results(model.requests[1].messages)] == [
+        "q on turn 0",
+        "renamed ran",
+    ]
+
+
+received: list[Any] = []
+
+
+def take(color: Color, point: Point, pair: tuple[int, str], ratio: float, tags: set[str]) -> str:
+    """Take rich arguments."""
+    received.extend([color, point, pair, ratio, tags])
+    return "taken"
+
+
+class Rich(Agent):
+    tools = [take]
+
+
+async def test_arguments_are_coerced_to_python_values() -> None:
+    """Enum, attrs, tuple, float and set arguments reach the tool as Python values."""
+    received.clear()
+    arguments = {
+        "color": "green",
+        "point": {"x": 1},
+        "pair": [2, "b"],
+        "ratio": 2,
+        "tags": ["a", "a"],
+    }
+    model = ScriptedModel([tool_call_response("take", arguments), text_response("ok")])
+    await Rich(model=model).run("go")
+    assert received == [Color.GREEN, Point(1, 0), (2, "b"), 2.0, {"a"}]
+    assert isinstance(received[3], float)
+
+
+def tool_results(messages: Sequence[Message]) -> list[ToolResult]:
+    """Every tool result in ``messages``, in order."""
+    return [result for message in messages for result in message.tool_results]
+
+
+class Checked(Agent):
+    max_tool_result_tokens = 10
+
+    @tool
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @tool
+    def explode(self) -> str:
+        """Always fails."""
+        raise RuntimeError("kaboom")
+
+    @tool
+    async def shout(self, size: int) -> str:
+        """Return a long text."""
+        return "A" * (size // 2) + "B" * (size - size // 2)
+
+    @tool
+    async def paint(self, color: Color, point: Point) -> str:
+        """Paint a point."""
+        return "painted"
+
+
+async def single_result(arguments: dict[str, Any] | str, name: str = "add") -> ToolResult:
+    """Run one call of ``name`` and return the result the model saw next."""
+    model = ScriptedModel(
+        [tool_call_response(name, arguments, call_id="c1"), text_response("done")]
+    )
+    result = await Checked(model=model).run("go")
+    assert result.output == "done"
+    (seen,) = tool_results(model.requests[1].messages)
+    assert seen.call_id == "c1"
+    return seen
+
+
+async def test_a_good_call_returns_the_rendered_value() -> None:
+    """A valid call's result is the tool's return value rendered as text."""
+    seen = await single_result({"a": 2, "b": 3})
+    assert (seen.content, seen.is_error) == ("5", False)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "name", "fragment"),
+    [
+        ({"a": 1}, "nothing_like_it", "Unknown tool 'nothing_like_it'"),
+        ('{"a": 1, "b":', "add", "not valid JSON"),
+        ("[1, 2]", "add", "must be a JSON object"),
+        ({"a": "one", "b": 2}, "add", "a: expected an integer, got a string"),
+        ({"a": 1}, "add", "missing required argument 'b'"),
+        ({"a": 1, "b": 2, "c": 3}, "add", "unexpected argument 'c'"),
+        ({"a": True, "b": 2}, "add", "a: expected an integer, got a boolean"),
+        ({"color": "blue", "point": {"x": 1}}, "paint", "color: expected one of ['red', 'green']"),
+        ({"color": "red", "point": {"y": 1}}, "paint", "point: missing field 'x'"),
+        ({"color": "red", "point": {"x": 1, "z": 2}}, "paint", "point: unexpected field 'z'"),
+        ({}, "explode", "RuntimeError: kaboom"),
+    ],
+)
+async def test_bad_calls_become_error_results(
+    arguments: dict[str, Any] | str, name: str, fragment: str
+) -> None:
+    """Unknown tools, bad JSON, schema mismatches and raising tools become error results."""
+    seen = await single_result(arguments, name)
+    assert seen.is_error
+    assert fragment in seen.content
+
+
+async def test_unknown_tool_result_lists_the_available_tools() -> None:
+    """The error for an unknown tool tells the model which tools exist."""
+    seen = await single_result({}, "nope")
+    assert "add, explode, paint, shout" in seen.content
+
+
+async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
+    """A result over max_tool_result_tokens keeps its head and tail around a marker."""
+    seen = await single_result({"size": 1000}, "shout")
+    head, marker, tail = re.fullmatch(
+        r"(A+)\n(\[… \d+ tokens truncated …\])\n(B+)", seen.content
+    ).groups()  # type: ignore[union-attr]
+    assert (len(head), len(tail)) == (20, 20)
+    assert marker == "[… 240 tokens truncated …]"
+    assert not seen.is_error
+
+
+async def test_a_short_result_is_not_cut() -> None:
+    """A result within max_tool_result_tokens is passed as it is."""
+    seen = await single_result({"size": 40}, "shout")
+    assert seen.content == "A" * 20 + "B" * 20
+
+
+class Concurrent(Agent):
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.fast_done = anyio.Event()
+        self.finished: list[str] = []
+
+    @tool
+    async def slow(self) -> str:
+        """Finishes only once the fast tool has finished."""
+        await self.fast_done.wait()
+        self.finished.append("slow")
+        return "slow result"
+
+    @tool
+    async def fast(self) -> str:
+        """Finishes at once."""
+        self.finished.append("fast")
+        self.fast_done.set()
+        return "fast result"
+
+
+async def test_parallel_calls_run_concurrently_and_results_keep_call_order() -> None:
+    """Calls of one response run at once; results are appended in call order."""
+    calls = [ToolCall("c1", "slow", {}), ToolCall("c2", "fast", {}), ToolCall("c3", "fast", {})]
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("done"),
+        ]
+    )
+    agent = Concurrent(model=model)
+    with anyio.fail_after(5):
+        result = await agent.run("go")
+    assert agent.finished[-1] == "slow"
+    results = tool_results(result.messages)
+    assert [(r.call_id, r.content) for r in results] == [
+        ("c1", "slow result"),
+        ("c2", "fast result"),
+        ("c3", "fast result"),
+    ]
+    assert [r.call_id for r in tool_results(model.requests[1].messages)] == ["c1", "c2", "c3"]
+
+
+async def test_a_failing_call_does_not_stop_its_siblings() -> None:
+    """One raising tool gives an error result; the other calls of the response still run."""
+    calls = [ToolCall("c1", "explode", {}), ToolCall("c2", "add", {"a": 1, "b": 1})]
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("done"),
+        ]
+    )
+    result = await Checked(model=model).run("go")
+    assert [(r.is_error, r.content[:6]) for r in tool_results(result.messages)] == [
+        (True, "Tool '"),
+        (False, "2"),
+    ]
+
+
+def lookup(order_id: str) -> dict[str, Any]:
+    """Find an order."""
+    return {"id": order_id, "items": ("a", "b"), "color": Color.RED}
+
+
+class Plain(Agent):
+    tools = [lookup]
+
+
+async def test_plain_function_tools_run_and_results_render_as_json() -> None:
+    """A plain function in ``tools`` runs (in a thread); a dict result renders as JSON."""
+    model = ScriptedModel([tool_call_response("lookup", {"order_id": "42"}), text_response("ok")])
+    result = await Plain(model=model).run("go")
+    (seen,) = tool_results(result.messages)
+    assert seen.content == '{"id": "42", "items": ["a", "b"], "color": "red"}'
+
+
+def no_doc(x: int) -> int:
+    return x
+
+
+def no_annotation(x) -> int:  # type: ignore[no-untyped-def]
+    """Has an untyped parameter."""
+    return 0
+
+
+def bad_annotation(x: bytes) -> int:
+    """Takes bytes."""
+    return 0
+
+
+def bad_keys(x: dict[int, str]) -> int:
+    """Takes a dict with int keys."""
+    return 0
+
+
+def star_args(*values: int) -> int:
+    """Takes any number of values."""
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("function", "fragment"),
+    [
+        (no_doc, "'no_doc' has no docstring"),
+        (no_annotation, "parameter 'x' needs a type annotation"),
+        (bad_annotation, "parameter 'x': the type <class 'bytes'> cannot be described"),
+        (bad_keys, "parameter 'x': dict keys must be str"),
+        (star_args, "*args and **kwargs"),
+    ],
+    ids=lambda value: getattr(value, "__name__", "fragment"),
+)
+def test_bad_plain_function_tools_fail_at_class_definition(
+    function: Callable[..., Any], fragment: str
+) -> None:
+    """A function tool the model cannot be told about fails when the class is defined."""
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        type("Bad", (Agent,), {"tools": [function]})
+
+
+def test_bad_method_tool_fails_at_class_definition() -> None:
+    """A @tool method without a docstring fails while the class body runs."""
+    with pytest.raises(ConfigurationError, match="has no docstring"):
+
+        class Bad(Agent):
+            @tool
+            async def silent(self, x: int) -> int:
+                return x
+
+
+@frozen
+class Blob:
+    data: bytes
+
+
+def store(blob: Blob) -> str:
+    """Store a blob."""
+    return ""
+
+
+def test_unsupported_attrs_field_fails_naming_it() -> None:
+    """An attrs class with a field JSON cannot describe fails naming the field."""
+    with pytest.raises(ConfigurationError, match="parameter 'blob', field 'data'"):
+        type("Bad", (Agent,), {"tools": [store]})
+
+
+def test_invalid_tool_name_fails() -> None:
+    """@tool(name=) must be a name providers accept."""
+    with pytest.raises(ConfigurationError, match="name must match"):
+        tool(name="has spaces")(forecast)
+
+
+def test_redeclaring_a_tool_with_other_options_fails() -> None:
+    """@tool with new options on a function that is already a tool raises, leaving it as it was."""
+
+    @tool(name="first_name")
+    def shared() -> str:
+        """A shared tool."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match="already a tool"):
+        tool(name="second_name")(shared)
+    (spec,) = type("Holder", (Agent,), {"tools": [shared]})().tool_specs
+    assert spec.name == "first_name"
+
+
+class Static(Agent):
+    @staticmethod
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    @tool
+    @staticmethod
+    async def multiply(a: int, b: int) -> int:
+        """Multiply two numbers."""
+        return a * b
+
+
+async def test_staticmethod_tools_keep_every_parameter_and_run() -> None:
+    """@tool works on either side of @staticmethod: all parameters shown, the tool runs."""
+    specs = {spec.name: spec for spec in Static().tool_specs}
+    assert {name: spec.parameters["required"] for name, spec in specs.items()} == {
+        "add": ["a", "b"],
+        "multiply": ["a", "b"],
+    }
+    calls = [ToolCall("c1", "add", {"a": 2, "b": 3}), ToolCall("c2", "multiply", {"a": 2, "b": 3})]
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("done"),
+        ]
+    )
+    result = await Static(model=model).run("go")
+    assert [(r.content, r.is_error) for r in tool_results(result.messages)] == [
+        ("5", False),
+        ("6", False),
+    ]
+
+
+def test_tool_on_a_classmethod_fails_clearly() -> None:
+    """@tool on a classmethod raises ConfigurationError."""
+    with pytest.raises(ConfigurationError, match="staticmethod"):
+
+        class Bad(Agent):
+            @tool
+            @classmethod
+            def make(cls) -> str:
+                """Make something."""
+                return ""
