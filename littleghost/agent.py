@@ -23,7 +23,7 @@ from littleghost.errors import (
     LimitExceededError,
     OutputLimitError,
 )
-from littleghost.events import ToolCallFinished, ToolCallStarted
+from littleghost.events import ModelCallRetried, ToolCallFinished, ToolCallStarted
 from littleghost.hooks import BoundHook, bind_hooks, hook_plan, run_chain
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
@@ -439,7 +439,7 @@ class Agent:
                     f"history= is ignored: session {context.session_id!r} already holds "
                     f"{len(stored)} messages, and the stored log wins",
                     UserWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             log.extend(stored)
             return
@@ -450,7 +450,7 @@ class Agent:
                 f"{context.session_id!r}: sessions do not store instructions, which come "
                 "from the agent class each run",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         await context.append(*kept)
 
@@ -486,8 +486,7 @@ class Agent:
                 if turn == self.max_turns - 1:
                     await self._refuse(calls, context, "max_turns", self.max_turns)
                 tool_calls += len(calls)
-                results = await self._run_tools(calls, context)
-                await context.append(*(Message(Role.TOOL, (result,)) for result in results))
+                await self._run_tools(calls, context)
                 continue
             if response.stop_reason is StopReason.MAX_TOKENS:
                 raise OutputLimitError(
@@ -550,11 +549,18 @@ class Agent:
                 if replacement is request:
                     raise
                 recoveries += 1
+                if context.streaming:
+                    await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
                 request = await run_chain(
                     before, replacement, expected=ModelRequest, context=context
                 )
 
-    async def _run_tools(self, calls: Sequence[ToolCall], context: RunContext) -> list[ToolResult]:
+    async def _run_tools(self, calls: Sequence[ToolCall], context: RunContext) -> None:
+        """Run ``calls`` concurrently and append their results in call order.
+
+        If the run stops meanwhile, the results already finished are appended all the
+        same (shielded); the run loop answers the rest.
+        """
         results: list[ToolResult | None] = [None] * len(calls)
         failures: list[BaseException] = []
 
@@ -565,12 +571,17 @@ class Agent:
                 failures.append(error)
                 group.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as group:
-            for index, call in enumerate(calls):
-                group.start_soon(run_one, index, call)
+        try:
+            async with anyio.create_task_group() as group:
+                for index, call in enumerate(calls):
+                    group.start_soon(run_one, index, call)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await context.append(
+                    *(Message(Role.TOOL, (result,)) for result in results if result is not None)
+                )
         if failures:
             raise failures[0]
-        return [result for result in results if result is not None]
 
     async def _run_tool(self, call: ToolCall, context: RunContext) -> ToolResult:
         original_id = call.id

@@ -68,7 +68,7 @@ async def call_with_retries(
     *,
     max_retries: int,
     deadline: float | None = None,
-    on_retry: Callable[[int, BaseException], None] | None = None,
+    on_retry: Callable[[int, BaseException], Awaitable[None]] | None = None,
 ) -> T:
     """Await ``call()``, retrying transient provider errors up to ``max_retries`` times.
 
@@ -76,18 +76,18 @@ async def call_with_retries(
         call: Makes one attempt.
         max_retries: Retries after the first attempt.
         deadline: The run's absolute anyio deadline, or ``None``.
-        on_retry: Told the attempt number and the error before each retry's wait.
+        on_retry: Awaited with the attempt number and the error before each retry's wait.
 
     Raises:
         DeadlineExceededError: The wait before a retry would pass the deadline.
     """
     deadline_stop = _StopAtDeadline(deadline)
 
-    def before_sleep(state: RetryCallState) -> None:
+    async def before_sleep(state: RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
             error = state.outcome.exception()
             if error is not None:
-                on_retry(state.attempt_number, error)
+                await on_retry(state.attempt_number, error)
 
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(RETRYABLE_ERRORS),

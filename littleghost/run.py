@@ -59,7 +59,6 @@ class RunResult:
     stop_reason: StopReason = field(converter=StopReason)
 
 
-
 @define(eq=False)
 class RunContext:
     """What hooks, tools and callable instructions may read during a run.
@@ -185,21 +184,12 @@ class RunContext:
                     )
                 return response
 
-        retried: list[ModelCallRetried] = []
-
-        def on_retry(number: int, error: BaseException) -> None:
-            retried.append(ModelCallRetried(number, telemetry.error_type(error)))
-
-        async def attempt_and_report() -> ModelResponse:
-            while retried:
-                await self.emit(retried.pop(0))
-            return await attempt()
+        async def on_retry(number: int, error: BaseException) -> None:
+            if main:
+                await self.emit(ModelCallRetried(number, telemetry.error_type(error)))
 
         response = await call_with_retries(
-            attempt_and_report if main and self.streaming else attempt,
-            max_retries=self.max_retries,
-            deadline=self.deadline,
-            on_retry=on_retry,
+            attempt, max_retries=self.max_retries, deadline=self.deadline, on_retry=on_retry
         )
         if main:
             self.last_exchange = (request, response)

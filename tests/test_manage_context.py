@@ -380,11 +380,74 @@ class TestWhatIsSent:
         assert kept == list(result.messages[len(history) - len(kept) + 1 : len(history) + 1])
 
     async def test_about_summary_ratio_of_the_conversation_is_summarized(self) -> None:
-        """30 % of 61 conversation messages → 18 summarized."""
+        """30 % of 50 conversation messages → 15 summarized."""
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Small(model=model).run("go", history=chat(25))
+        summary = next(m for m in result.messages if m.is_summary)
+        assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 15
+
+    async def test_more_is_summarized_when_the_ratio_would_leave_it_near_the_threshold(
+        self,
+    ) -> None:
+        """Enough is summarized to land at 80 % of the threshold: 62 → 40 tokens."""
         model = ScriptedModel([summary_step(), text_response("done")])
         result = await Small(model=model).run("go", history=chat(30))
         summary = next(m for m in result.messages if m.is_summary)
-        assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 18
+        assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 22
+
+    async def test_a_summary_that_saves_nothing_is_a_failure(self, spans: Spans) -> None:
+        """A compaction that would not make the request smaller is not kept."""
+        long_summary = "word " * 400
+
+        @manage_context(
+            context_window_tokens=4_000,
+            compression_threshold=0.005,
+            preserve_recent_messages=2,
+            summary_max_tokens=1_000,
+        )
+        class Wordy(Agent):
+            pass
+
+        model = ScriptedModel([summary_step(long_summary), text_response("done")])
+        result = await Wordy(model=model).run("go", history=chat(3))
+        assert not any(m.is_summary for m in result.messages)
+        assert not any(m.is_summary for m in model.requests[-1].messages)
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "error"
+
+    async def test_the_current_request_is_never_summarized(self) -> None:
+        """In a long tool loop the user's question stays whole in every request."""
+
+        @manage_context(
+            context_window_tokens=60,
+            compression_threshold=0.5,
+            preserve_recent_messages=2,
+            tokenizer=PerMessage(),
+        )
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        chats = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal chats
+            if request.purpose == "context_compaction":
+                return text_response("summary")
+            chats += 1
+            return tool_call_response("ping", {}) if chats <= 6 else text_response("done")
+
+        model = ScriptedModel([respond] * 40)
+        result = await Looping(model=model).run("THE QUESTION", history=chat(20))
+        assert sum(r.purpose == "context_compaction" for r in model.requests) >= 3
+        for request in model.requests:
+            if request.purpose == "chat":
+                assert any(m.text == "THE QUESTION" for m in request.messages)
+        for summary in (m for m in result.messages if m.is_summary):
+            question = next(m for m in result.messages if m.text == "THE QUESTION")
+            assert question.id not in summary.metadata[SUMMARY_COVERS_KEY]
 
     async def test_a_tool_call_is_never_separated_from_its_results(self) -> None:
         """Parallel calls at the boundary stay with all their results (non-adjacent too)."""
@@ -516,7 +579,7 @@ class TestTheLog:
         summaries = [m for m in result.messages if m.is_summary]
         assert len(summaries) == 1
         covers = summaries[0].metadata[SUMMARY_COVERS_KEY]
-        assert covers == [m.id for m in history[:18]]
+        assert covers == [m.id for m in history[:22]]
         assert result.messages[-1].text == "done"
 
     async def test_passing_messages_back_keeps_the_compaction(self) -> None:
@@ -762,9 +825,9 @@ class TestTelemetry:
         (event,) = compaction_events(spans)
         assert event["littleghost.compaction.reason"] == "threshold"
         assert event["littleghost.compaction.outcome"] == "completed"
-        assert event["littleghost.compaction.removed_messages"] == 17
+        assert event["littleghost.compaction.removed_messages"] == 21
         assert event["littleghost.compaction.estimated_tokens"] == 62
-        assert event["littleghost.compaction.estimated_tokens_after"] == 45
+        assert event["littleghost.compaction.estimated_tokens_after"] == 41
         assert event["littleghost.compaction.context_window_tokens"] == 100
         agent_span = spans.one("invoke_agent")
         chats = spans.named("chat")

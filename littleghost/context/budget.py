@@ -21,6 +21,7 @@ safety_reserve_tokens)``:
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import logging
 import os
@@ -56,7 +57,7 @@ MEMORIES_HEADER = "Saved memories, for reference (newest last):"
 IMAGE_PLACEHOLDER = "[image omitted from this context]"
 
 
-def _env_int(variable: str, default: int) -> int:
+def env_tokens(variable: str, default: int) -> int:
     raw = os.environ.get(variable)
     if raw is None or raw.strip() == "":
         return default
@@ -106,11 +107,11 @@ class PromptBudget:
     """
 
     prompt_budget_tokens: int = field(
-        factory=lambda: _env_int("LITTLEGHOST_PROMPT_BUDGET_TOKENS", 16_000),
+        factory=lambda: env_tokens("LITTLEGHOST_PROMPT_BUDGET_TOKENS", 16_000),
         validator=_check("prompt_budget_tokens", _tokens(1), "an int > 0"),
     )
     response_reserve_tokens: int = field(
-        factory=lambda: _env_int("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
+        factory=lambda: env_tokens("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
         validator=_check("response_reserve_tokens", _tokens(1), "an int > 0"),
     )
     safety_reserve_tokens: int = field(
@@ -308,6 +309,16 @@ def _count(message: Message, tokenizer: Tokenizer) -> int:
     )
 
 
+def _view_only(message: Message) -> bool:
+    """Memories and excerpts: made for one view, never in the log."""
+    return message.metadata.get(MEMORIES_KEY) is True or message.metadata.get(EXCERPTS_KEY) is True
+
+
+def _stable_id(kind: str, text: str) -> str:
+    """The same id for the same view-only text, so usage anchors still match."""
+    return f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+
+
 def _turns(conversation: Sequence[Message]) -> list[list[Message]]:
     """Split into turns: each starts at a user message (a leading partial turn too)."""
     turns: list[list[Message]] = []
@@ -360,21 +371,30 @@ def _excerpt(turn: Sequence[Message], chars: int) -> str | None:
 
 
 def fit_request(
-    request: ModelRequest, budget: PromptBudget, limit: int, memories: Sequence[str] = ()
+    request: ModelRequest,
+    budget: PromptBudget,
+    limit: int,
+    memories: Sequence[str] = (),
+    *,
+    summary_tokens: int | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
     """Build the bounded view of ``request`` for ``limit`` tokens.
+
+    Memories and excerpts a request already carries (from an earlier pass) are rebuilt,
+    not repeated. The newest summary is kept (cut to ``summary_tokens`` and to the room
+    left, never dropped for older turns).
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
     """
     tokenizer = budget.tokenizer
-    trusted = [m for m in request.messages if m.is_trusted]
-    conversation = [m for m in request.messages if not m.is_trusted]
+    incoming = [m for m in request.messages if not _view_only(m)]
+    trusted = [m for m in incoming if m.is_trusted]
+    conversation = [m for m in incoming if not m.is_trusted]
     summaries = [m for m in conversation if m.is_summary]
     conversation = [m for m in conversation if not m.is_summary]
     turns = _turns(conversation)
     current = _complete_exchanges(turns[-1]) if turns else []
-    history_turns = [_complete_exchanges(turn) for turn in turns[:-1]]
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
     fixed = _cost(trusted, tokenizer) + tools_tokens
@@ -400,7 +420,8 @@ def fit_request(
 
     kept_summaries = []
     for summary in summaries[-1:]:
-        capped = _cap_text(summary, budget.history_item_tokens, tokenizer)
+        allowance = min(summary_tokens or budget.history_item_tokens, room)
+        capped = _cap_text(summary, max(allowance, 1), tokenizer)
         if estimate_message(capped, tokenizer) <= room:
             kept_summaries.append(capped)
             room -= estimate_message(capped, tokenizer)
@@ -409,8 +430,12 @@ def fit_request(
     room -= excerpt_room
     kept_turns: list[list[Message]] = []
     dropped: list[list[Message]] = []
+    history_turns = turns[:-1]
     for index in range(len(history_turns) - 1, -1, -1):
-        turn = [_cap_text(m, budget.history_item_tokens, tokenizer) for m in history_turns[index]]
+        turn = [
+            _cap_text(m, budget.history_item_tokens, tokenizer)
+            for m in _complete_exchanges(history_turns[index])
+        ]
         turn = [_cut_results(m, share, tokenizer) for m in turn]
         cost = _cost(turn, tokenizer)
         if cost > room:
@@ -496,7 +521,10 @@ def _memories(memories: Sequence[str], budget: PromptBudget) -> tuple[Message | 
         return None, 0
     chosen.reverse()
     text = "\n".join([MEMORIES_HEADER, *(f"- {entry}" for entry in chosen)])
-    return Message.developer(text, metadata={MEMORIES_KEY: True}), len(chosen)
+    message = Message.developer(
+        text, id=_stable_id("memories", text), metadata={MEMORIES_KEY: True}
+    )
+    return message, len(chosen)
 
 
 def _excerpts(
@@ -520,7 +548,8 @@ def _excerpts(
         return None, 0
     lines.reverse()
     text = "\n".join([EXCERPTS_HEADER, *lines])
-    return Message.user(text, metadata={EXCERPTS_KEY: True}), len(lines)
+    message = Message.user(text, id=_stable_id("excerpts", text), metadata={EXCERPTS_KEY: True})
+    return message, len(lines)
 
 
 def _log(report: BudgetReport) -> None:

@@ -13,13 +13,23 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import attrs
 from attrs import field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
-from littleghost.context.budget import EXCERPTS_KEY, PromptBudget, fit_request, load_memories
+from littleghost.context.budget import (
+    EXCERPTS_KEY,
+    MEMORIES_KEY,
+    BudgetReport,
+    PromptBudget,
+    env_tokens,
+    fit_request,
+    load_memories,
+)
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     FRAMING,
@@ -31,14 +41,17 @@ from littleghost.context.summarize import (
 from littleghost.context.tokens import (
     DEFAULT_TOKENIZER,
     Tokenizer,
+    estimate_message,
     estimate_messages,
     estimate_request,
 )
+from littleghost.context.view import covered_ids
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
+    PromptBudgetError,
     ProtocolError,
 )
 from littleghost.events import CompactionFinished, CompactionStarted
@@ -59,12 +72,11 @@ SUMMARY_FIT_MARGIN = 0.9
 """The share of the window a summary request may fill (estimates are not exact)."""
 _CLIP_LEVELS = (None, 2_000, 500, 200)
 _OVERFLOW_KEY = "littleghost.context.overflow"
+_LIMIT_KEY = "littleghost.context.budget_limit"
 
 
 def _env_window() -> int:
-    from littleghost.context.budget import _env_int
-
-    return _env_int("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
+    return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
 
 
 def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
@@ -238,6 +250,11 @@ def _config(agent: object) -> ContextManagement | None:
     return config if isinstance(config, ContextManagement) else None
 
 
+def _reaches(estimated: int, threshold: float, window: int) -> bool:
+    """``estimated >= threshold × window``, exactly (0.55 × 200 000 is 110 000)."""
+    return Decimal(estimated) >= Decimal(repr(threshold)) * window
+
+
 async def _compact_before_model(
     agent: object, request: ModelRequest, *, context: RunContext
 ) -> ModelRequest | None:
@@ -246,32 +263,59 @@ async def _compact_before_model(
         return None
     window = context_window(context.model, config)
     original = request
+    report: BudgetReport | None = None
     if config.budget is not None:
-        memories = await load_memories(config.budget, context)
-        limit = config.budget.limit(window, request.max_tokens)
-        request = _bounded(request, config.budget, limit, memories, context)
+        request, report = await _bounded(request, config, config.budget, window, context)
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
-        if estimated >= config.compression_threshold * window:
+        if _reaches(estimated, config.compression_threshold, window):
+            target = int(0.8 * config.compression_threshold * window)
             try:
-                request = await _compact(request, context, config, "threshold", estimated, window)
+                request = await _compact(
+                    request, context, config, "threshold", estimated, window, target
+                )
             except (DeadlineExceededError, CleanupError):
                 raise
             except Exception:
                 pass
+    if report is not None and config.budget is not None:
+        context.annotate_next_call(_sent_figures(report, request, config.budget).span_attributes())
     return None if request is original else request
 
 
-def _bounded(
+async def _bounded(
     request: ModelRequest,
+    config: ContextManagement,
     budget: PromptBudget,
-    limit: int,
-    memories: Sequence[str],
+    window: int,
     context: RunContext,
-) -> ModelRequest:
-    bounded, report = fit_request(request, budget, limit, memories)
-    context.annotate_next_call(report.span_attributes())
-    return bounded
+) -> tuple[ModelRequest, BudgetReport]:
+    """The request bounded to the budget (tighter after an overflow in this turn)."""
+    limit = budget.limit(window, request.max_tokens)
+    tighter = context.state.get(_LIMIT_KEY)
+    if tighter is not None and tighter[0] == context.turn:
+        limit = min(limit, tighter[1])
+    if limit <= 0:
+        raise PromptBudgetError(
+            f"the model's {window}-token window leaves no room for a prompt after "
+            f"max(response_reserve_tokens, max_tokens) and safety_reserve_tokens",
+            limit=limit,
+        )
+    memories = await load_memories(budget, context)
+    return fit_request(request, budget, limit, memories, summary_tokens=config.summary_cap(window))
+
+
+def _sent_figures(
+    report: BudgetReport, request: ModelRequest, budget: PromptBudget
+) -> BudgetReport:
+    """The report's figures for the request actually sent (after any summary)."""
+    return attrs.evolve(
+        report,
+        messages_kept=len(request.messages),
+        estimated_prompt_tokens=estimate_request(
+            request.messages, request.tools, {}, budget.tokenizer
+        ),
+    )
 
 
 async def _compact_after_overflow(
@@ -286,34 +330,49 @@ async def _compact_after_overflow(
     context.state[_OVERFLOW_KEY] = (context.turn, error)
     window = context_window(context.model, config)
     estimated = estimate_tokens(request, context, config.tokenizer)
+    fits = _fitting_window(request, error, estimated, window)
     try:
         if config.summarize:
-            return await _compact(request, context, config, "overflow", estimated, window)
+            target = int(0.8 * min(config.compression_threshold * window, fits))
+            return await _compact(
+                request, context, config, "overflow", estimated, min(window, fits), target
+            )
         assert config.budget is not None
-        return await _shrink(request, context, config.budget, error, estimated, window)
+        return await _shrink(request, context, config, config.budget, estimated, window, fits)
     except Exception as failure:
         raise failure from error
+
+
+def _fitting_window(
+    request: ModelRequest, error: ContextWindowOverflowError, estimated: int, window: int
+) -> int:
+    """The provider's reported window, in this estimate's units (``window`` if unknown)."""
+    if not (error.context_window and error.prompt_tokens and error.prompt_tokens > 0):
+        return window
+    prompt = max(estimated - (request.max_tokens or 0), 1)
+    return max(int(error.context_window * prompt / error.prompt_tokens), 1)
 
 
 async def _shrink(
     request: ModelRequest,
     context: RunContext,
+    config: ContextManagement,
     budget: PromptBudget,
-    error: ContextWindowOverflowError,
     estimated: int,
     window: int,
+    fits: int,
 ) -> ModelRequest:
-    """Without summaries, recover from an overflow by a tighter view (once)."""
+    """Without summaries, recover from an overflow once with a tighter view."""
     await context.emit(CompactionStarted("overflow", estimated, window))
     usage_before = context.usage
-    limit = budget.limit(window, request.max_tokens)
-    if error.prompt_tokens and error.context_window and error.prompt_tokens > 0:
-        factor = min(0.9 * error.context_window / error.prompt_tokens, 0.9)
-    else:
-        factor = 0.5
     try:
-        memories = await load_memories(budget, context)
-        shrunk = _bounded(request, budget, max(int(limit * factor), 1), memories, context)
+        if fits < window:
+            limit = int(0.9 * budget.limit(fits, request.max_tokens))
+        else:
+            limit = budget.limit(window, request.max_tokens) // 2
+        context.state[_LIMIT_KEY] = (context.turn, limit)
+        shrunk, report = await _bounded(request, config, budget, window, context)
+        context.annotate_next_call(report.span_attributes())
     except Exception as failure:
         await _record(
             context,
@@ -342,10 +401,6 @@ async def _shrink(
     return shrunk
 
 
-class _Impossible(ProtocolError):
-    """Nothing can be compacted (too little history, or it cannot fit)."""
-
-
 def _blocked_edges(conversation: Sequence[Message]) -> list[bool]:
     """``blocked[k]`` is True when summarizing ``conversation[:k]`` would split a tool call
     from one of its results (matched by call id)."""
@@ -367,30 +422,45 @@ def _blocked_edges(conversation: Sequence[Message]) -> list[bool]:
 
 
 def _choose(
-    conversation: Sequence[Message], config: ContextManagement, budget: int, instructions: str
+    conversation: Sequence[Message],
+    config: ContextManagement,
+    room: int,
+    needed: int,
 ) -> tuple[int, int | None]:
-    """How many of the oldest messages to summarize, and the transcript clip to use."""
+    """How many of the oldest messages to summarize, and the transcript clip to use.
+
+    About ``summary_ratio`` of the conversation, more when that would not remove
+    ``needed`` tokens; never the newest ``preserve_recent_messages``, never splitting a
+    tool call from its results, and no more than the summary request's ``room`` holds.
+    """
     total = len(conversation)
     limit = total - config.preserve_recent_messages
     if limit < 1:
-        raise _Impossible(
-            f"only {total} conversation messages; preserve_recent_messages="
-            f"{config.preserve_recent_messages} keeps them all"
+        raise ProtocolError(
+            f"only {total} conversation messages can be summarized and "
+            f"preserve_recent_messages={config.preserve_recent_messages} keeps them all"
         )
     blocked = _blocked_edges(conversation)
     edges = [k for k in range(1, limit + 1) if not blocked[k]]
     if not edges:
-        raise _Impossible(
+        raise ProtocolError(
             f"the newest {config.preserve_recent_messages} messages cannot be kept without "
             "separating a tool call from its results"
         )
+    tokenizer = config.tokenizer
     target = min(max(math.floor(total * config.summary_ratio), 1), limit)
+    removed = 0
+    for index, message in enumerate(conversation[:limit]):
+        removed += estimate_message(message, tokenizer)
+        if removed >= needed:
+            target = max(target, index + 1)
+            break
+    else:
+        target = limit
     below = [k for k in edges if k <= target]
     chosen = below[-1] if below else edges[0]
     if all(message.is_summary for message in conversation[:chosen]):
-        raise _Impossible("nothing new to summarize: only the previous summary is old enough")
-    tokenizer = config.tokenizer
-    room = budget - tokenizer.count_tokens(instructions) - tokenizer.count_tokens(FRAMING)
+        raise ProtocolError("nothing new to summarize: only the previous summary is old enough")
     best: tuple[int, int | None] = (0, None)
     for clip in _CLIP_LEVELS:
         fits = 0
@@ -407,7 +477,7 @@ def _choose(
         if fits > best[0]:
             best = (fits, clip)
     if best[0] == 0 or all(message.is_summary for message in conversation[: best[0]]):
-        raise _Impossible("the summary request cannot fit the context window")
+        raise ProtocolError("the summary request cannot fit the context window")
     return best
 
 
@@ -418,16 +488,32 @@ async def _compact(
     reason: str,
     estimated: int,
     window: int,
+    target: int,
 ) -> ModelRequest:
-    """Summarize the oldest part of ``request``; append the summary; return the new request."""
+    """Summarize the oldest part of ``request``, aiming at ``target`` tokens; append the
+    summary to the log; return the compacted request.
+
+    The current user request is never summarized. A previous summary the request lacks
+    is folded in all the same, so no summary is ever left behind.
+    """
     await context.emit(CompactionStarted(reason, estimated, window))
     usage_before = context.usage
     try:
-        conversation = [message for message in request.messages if not _pinned(message)]
+        current = _current_request(request.messages)
+        conversation = [m for m in request.messages if not _pinned(m) and m is not current]
+        previous = _latest_summary(context.messages)
+        if previous is not None and all(m.id != previous.id for m in conversation):
+            conversation.insert(0, previous)
         instructions = config.summary_instructions or DEFAULT_SUMMARY_INSTRUCTIONS
         cap = config.summary_cap(window)
-        budget = int(window * SUMMARY_FIT_MARGIN) - cap
-        count, clip = _choose(conversation, config, budget, instructions)
+        tokenizer = config.tokenizer
+        room = (
+            int(window * SUMMARY_FIT_MARGIN)
+            - cap
+            - tokenizer.count_tokens(instructions)
+            - tokenizer.count_tokens(FRAMING)
+        )
+        count, clip = _choose(conversation, config, room, estimated - target)
         covered = conversation[:count]
         text = await request_summary(
             summary_request(
@@ -440,7 +526,6 @@ async def _compact(
             context.complete,
         )
         summary = summary_message(text, (message.id for message in covered))
-        await context.append(summary)
         covered_ids = {message.id for message in covered}
         messages: list[Message] = []
         placed = False
@@ -452,7 +537,12 @@ async def _compact(
                 placed = True
             messages.append(message)
         compacted = ModelRequest(messages, request.tools, request.settings, request.purpose)
-        after = estimate_tokens(compacted, context, config.tokenizer)
+        after = estimate_tokens(compacted, context, tokenizer)
+        if after >= estimated:
+            raise ProtocolError(
+                f"the summary would not make the request smaller ({estimated} -> {after} tokens)"
+            )
+        await context.append(summary)
     except Exception as error:
         await _record(
             context,
@@ -481,9 +571,30 @@ async def _compact(
     return compacted
 
 
+def _current_request(messages: Sequence[Message]) -> Message | None:
+    """The newest user message that is not a summary or excerpts: the turn's question."""
+    for message in reversed(messages):
+        if message.role is Role.USER and not message.is_summary and not _pinned(message):
+            return message
+    return None
+
+
+def _latest_summary(log: Sequence[Message]) -> Message | None:
+    """The newest summary of the log no later summary covers."""
+    covered = covered_ids(log)
+    for message in reversed(log):
+        if message.is_summary and message.id not in covered:
+            return message
+    return None
+
+
 def _pinned(message: Message) -> bool:
     """Kept as they are by summaries: instructions, and the excerpts of a bounded view."""
-    return message.is_trusted or message.metadata.get(EXCERPTS_KEY) is True
+    return (
+        message.is_trusted
+        or message.metadata.get(EXCERPTS_KEY) is True
+        or message.metadata.get(MEMORIES_KEY) is True
+    )
 
 
 def _since(before: Usage, after: Usage) -> Usage:

@@ -1,0 +1,35 @@
+"""Session stores: append-only conversation logs that outlive a run.
+
+``agent.run(..., session_id=...)`` holds the session for the whole run (a second run of
+the same session waits for it, and the wait counts against its own deadline), loads the
+session's log, and appends every new message as it enters the log. Stores:
+``InMemorySessionStore`` (the default, one per process), ``SQLiteSessionStore`` (one
+file, one machine) and ``PostgresSessionStore`` (many workers on many machines).
+
+Stored messages round-trip exactly; metadata values must be JSON-like (str, int, float,
+bool, None, list, tuple, dict with str keys) and come back with the same types.
+"""
+
+from littleghost.sessions.base import SessionStore
+from littleghost.sessions.codec import (
+    decode_message,
+    encode_message,
+    message_from_json,
+    message_to_json,
+)
+from littleghost.sessions.locks import SessionLocks
+from littleghost.sessions.memory import InMemorySessionStore
+from littleghost.sessions.postgres import PostgresSessionStore
+from littleghost.sessions.sqlite import SQLiteSessionStore
+
+__all__ = [
+    "InMemorySessionStore",
+    "PostgresSessionStore",
+    "SQLiteSessionStore",
+    "SessionLocks",
+    "SessionStore",
+    "decode_message",
+    "encode_message",
+    "message_from_json",
+    "message_to_json",
+]

@@ -1,0 +1,105 @@
+"""The session store protocol: an append-only conversation log per session id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
+
+from littleghost.errors import CorruptSessionStoreError, SchemaVersionError, UnstorableValueError
+from littleghost.messages import Message
+
+__all__ = ["SCHEMA_VERSION", "STORE_FORMAT", "SessionStore", "check_schema", "check_session_id"]
+
+STORE_FORMAT = "littleghost.sessions"
+"""The ``format`` row of a store's meta table: marks the tables as a littleghost store."""
+SCHEMA_VERSION = 1
+"""The schema this littleghost writes and reads (the meta table's ``schema_version``)."""
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Where conversations live between runs: one append-only message log per session.
+
+    A store never rewrites or drops a stored message (only ``delete`` removes a whole
+    session); a compaction is an appended summary message that covers earlier ids, so
+    the view is derived from the log. A session exists once something was appended to it.
+    A custom store can implement ``lock`` with ``SessionLocks().hold`` (in-process).
+    """
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        """The session's messages in append order; ``()`` for an unknown session."""
+        ...
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Append ``messages`` to the session, all or none (creates the session).
+
+        Raises:
+            UnstorableValueError: A message holds a value the store cannot keep;
+                nothing was stored.
+        """
+        ...
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        """The ids of the stored sessions, oldest first."""
+        ...
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session and all its messages.
+
+        Raises:
+            UnknownSessionError: There is no such session.
+        """
+        ...
+
+    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the session exclusively while the context is open (one run at a time).
+
+        Waiting is cancellable: a cancel scope or deadline around it ends the wait.
+
+        Raises:
+            SessionBusyError: The current task already holds the session (a run
+                started from inside a run of the same session would wait for itself).
+        """
+        ...
+
+
+def check_session_id(session_id: object) -> str:
+    """Return ``session_id`` if a store can keep it.
+
+    Raises:
+        TypeError: It is not a non-empty str.
+        UnstorableValueError: It holds a NUL character or cannot be encoded as UTF-8.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
+    if "\x00" in session_id:
+        raise UnstorableValueError("session_id must not contain NUL characters")
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnstorableValueError("session_id must be encodable as UTF-8") from None
+    return session_id
+
+
+def check_schema(meta: Mapping[str, object], where: str) -> None:
+    """Check a store's meta rows (``format``, ``schema_version``) before using it.
+
+    Raises:
+        CorruptSessionStoreError: The rows are not a littleghost store's.
+        SchemaVersionError: The store was written by a newer littleghost.
+    """
+    if meta.get("format") != STORE_FORMAT:
+        raise CorruptSessionStoreError(
+            f"{where} is not a littleghost session store (its meta table is foreign)"
+        )
+    version = meta.get("schema_version")
+    if not isinstance(version, str) or not (version.isascii() and version.isdigit()):
+        raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")
+    if int(version) > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} holds session store schema {version}, written by a newer littleghost; "
+            f"this one reads schema {SCHEMA_VERSION}. Upgrade littleghost."
+        )
+    if int(version) < 1:
+        raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")

@@ -1,0 +1,150 @@
+"""In-process per-session locks: one run of a session at a time in this process.
+
+A session's lock is a ``threading.Lock``, so runs in different threads and event loops
+(``run_sync`` from several threads) exclude each other too. Runs of one event loop
+queue for it in FIFO order on an anyio lock first; the one at the head takes the
+thread lock at once when it is free, or waits for it in a worker thread. Every wait
+is cancellable by anyio cancel scopes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+
+import anyio
+from attrs import define, field
+
+from littleghost.errors import SessionBusyError
+
+__all__ = ["SessionLocks"]
+
+_POLL = 0.05
+"""Seconds a worker thread waits for a session between checks that it is still wanted."""
+
+
+@define(eq=False)
+class _Hold:
+    owner: int
+    session_id: str
+    active: bool = True
+
+
+@define(eq=False)
+class _Queue:
+    """The runs of one event loop (one thread) waiting for a session."""
+
+    lock: anyio.Lock
+    users: int = 0
+
+
+@define(eq=False)
+class _Entry:
+    mutex: threading.Lock = field(factory=threading.Lock)
+    queues: dict[int, _Queue] = field(factory=dict)
+    users: int = 0
+
+
+class _ThreadWait:
+    """Waits for a ``threading.Lock`` in a worker thread; can be given up at any time."""
+
+    def __init__(self, mutex: threading.Lock) -> None:
+        self._mutex = mutex
+        self._guard = threading.Lock()
+        self._abandoned = False
+        self._acquired = False
+
+    def run(self) -> None:
+        while True:
+            with self._guard:
+                if self._abandoned:
+                    return
+            if self._mutex.acquire(timeout=_POLL):
+                with self._guard:
+                    if self._abandoned:
+                        self._mutex.release()
+                    else:
+                        self._acquired = True
+                return
+
+    def abandon(self) -> None:
+        """Stop waiting; release the lock if the thread got it after all."""
+        with self._guard:
+            self._abandoned = True
+            if self._acquired:
+                self._acquired = False
+                self._mutex.release()
+
+
+async def _acquire(mutex: threading.Lock) -> None:
+    if mutex.acquire(blocking=False):
+        return
+    wait = _ThreadWait(mutex)
+    try:
+        await anyio.to_thread.run_sync(
+            wait.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
+        )
+    except BaseException:
+        wait.abandon()
+        raise
+
+
+_HELD: ContextVar[tuple[_Hold, ...]] = ContextVar("littleghost_held_sessions", default=())
+
+
+class SessionLocks:
+    """A lock per session id, made when first wanted and dropped when nobody wants it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+
+    @asynccontextmanager
+    async def hold(self, session_id: str) -> AsyncIterator[None]:
+        """Hold ``session_id`` while the context is open.
+
+        Raises:
+            SessionBusyError: The current task (or the run it belongs to) already holds
+                the session, so waiting would never end.
+        """
+        held = _HELD.get()
+        if any(
+            hold.active and hold.owner == id(self) and hold.session_id == session_id
+            for hold in held
+        ):
+            raise SessionBusyError(
+                "a run of this session is already in progress in this task; a run started "
+                "from inside it would wait for itself",
+                session_id=session_id,
+            )
+        thread = threading.get_ident()
+        with self._guard:
+            entry = self._entries.setdefault(session_id, _Entry())
+            queue = entry.queues.get(thread)
+            if queue is None:
+                queue = entry.queues[thread] = _Queue(anyio.Lock())
+            queue.users += 1
+            entry.users += 1
+        try:
+            async with queue.lock:
+                await _acquire(entry.mutex)
+                try:
+                    hold = _Hold(id(self), session_id)
+                    token = _HELD.set((*held, hold))
+                    try:
+                        yield
+                    finally:
+                        hold.active = False
+                        _HELD.reset(token)
+                finally:
+                    entry.mutex.release()
+        finally:
+            with self._guard:
+                queue.users -= 1
+                if queue.users == 0:
+                    del entry.queues[thread]
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._entries[session_id]

@@ -1,0 +1,72 @@
+"""``InMemorySessionStore``: sessions in this process's memory (the default)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
+from littleghost.errors import UnknownSessionError
+from littleghost.messages import Message
+from littleghost.sessions.base import check_session_id
+from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.locks import SessionLocks
+
+__all__ = ["InMemorySessionStore"]
+
+
+class InMemorySessionStore:
+    """Sessions kept in memory, gone when the process ends.
+
+    Messages are stored encoded (as the persistent stores keep them), so a stored
+    message cannot change afterwards and the same values are refused. Runs of one
+    session are serialized by an in-process lock.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._sessions: dict[str, list[str]] = {}
+        self._locks = SessionLocks()
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        """The session's messages in append order; ``()`` for an unknown session."""
+        check_session_id(session_id)
+        with self._guard:
+            stored = tuple(self._sessions.get(session_id, ()))
+        return tuple(message_from_json(text) for text in stored)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Append ``messages`` to the session, all or none.
+
+        Raises:
+            UnstorableValueError: A message holds a value that is not JSON-like.
+        """
+        check_session_id(session_id)
+        encoded = messages_to_json(messages)
+        if not encoded:
+            return
+        with self._guard:
+            self._sessions.setdefault(session_id, []).extend(encoded)
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        """The ids of the stored sessions, oldest first."""
+        with self._guard:
+            return tuple(self._sessions)
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session.
+
+        Raises:
+            UnknownSessionError: There is no such session.
+        """
+        check_session_id(session_id)
+        with self._guard:
+            if self._sessions.pop(session_id, None) is None:
+                raise UnknownSessionError(
+                    f"no session {session_id!r} to delete", session_id=session_id
+                )
+
+    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the session exclusively (in this process) while the context is open."""
+        check_session_id(session_id)
+        return self._locks.hold(session_id)

@@ -1,0 +1,296 @@
+"""``SQLiteSessionStore``: sessions in one SQLite file (standard-library ``sqlite3``)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
+
+import anyio
+
+from littleghost.errors import (
+    ConfigurationError,
+    CorruptSessionStoreError,
+    SessionStoreError,
+    UnknownSessionError,
+)
+from littleghost.messages import Message
+from littleghost.sessions.base import (
+    SCHEMA_VERSION,
+    STORE_FORMAT,
+    check_schema,
+    check_session_id,
+)
+from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.locks import SessionLocks
+
+__all__ = ["SQLiteSessionStore"]
+
+_SCHEMA = (
+    "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
+    "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER NOT NULL,"
+    " body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+)
+_TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+T = TypeVar("T")
+
+_LOCKS_GUARD = threading.Lock()
+_LOCKS_BY_FILE: dict[str, SessionLocks] = {}
+
+
+def _locks_for(path: str) -> SessionLocks:
+    """One lock table per database file in this process, shared by its stores."""
+    if path in ("", ":memory:"):
+        return SessionLocks()
+    key = os.path.realpath(path)
+    with _LOCKS_GUARD:
+        return _LOCKS_BY_FILE.setdefault(key, SessionLocks())
+
+
+def _store_error(error: sqlite3.Error, path: str) -> SessionStoreError:
+    code = getattr(error, "sqlite_errorcode", None)
+    text = str(error)
+    damaged = code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    if damaged or "not a database" in text or "malformed" in text:
+        return CorruptSessionStoreError(
+            f"{path!r} is not a littleghost session store or is damaged ({text})"
+        )
+    return SessionStoreError(f"SQLite session store {path!r} failed: {text}")
+
+
+def _transaction(connection: sqlite3.Connection, work: Callable[[], T]) -> T:
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        result = work()
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
+    return result
+
+
+class SQLiteSessionStore:
+    """Sessions in an SQLite file, for one machine.
+
+    The file is created with its schema on first use and opened in WAL mode; each
+    ``append`` is one transaction, so a process killed mid-run leaves every message
+    appended before the kill. Runs of one session are serialized by an in-process lock
+    shared by every store of the same file in this process (runs in other processes
+    are not waited for; their appends still never interleave within one ``append``).
+
+    Args:
+        path: The database file (``":memory:"`` for a private in-memory database).
+        timeout: Seconds to wait for another process's write to finish (> 0).
+
+    Raises:
+        CorruptSessionStoreError: (on use) The file is not an SQLite database, is damaged,
+            or belongs to another application; it is left untouched.
+        SchemaVersionError: (on use) The file was written by a newer littleghost.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+            raise ConfigurationError(
+                f"SQLiteSessionStore: path must be a str or a path, not {path!r}"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigurationError(
+                f"SQLiteSessionStore: timeout must be seconds > 0, not {timeout!r}"
+            )
+        self._path: str = os.fspath(path)
+        self._timeout = float(timeout)
+        self._guard = threading.Lock()
+        self._connection: sqlite3.Connection | None = None
+        self._locks = _locks_for(self._path)
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"SQLiteSessionStore({self._path!r})"
+
+    async def __aenter__(self) -> SQLiteSessionStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the database connection (a later call opens it again)."""
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._close)
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        """The session's messages in append order; ``()`` for an unknown session."""
+        check_session_id(session_id)
+        rows = await self._call(
+            lambda connection: connection.execute(
+                "SELECT body FROM littleghost_messages WHERE session_id = ? ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        )
+        return tuple(message_from_json(body) for (body,) in rows)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Append ``messages`` to the session in one transaction.
+
+        Raises:
+            UnstorableValueError: A message holds a value that is not JSON-like; nothing
+                was stored.
+        """
+        check_session_id(session_id)
+        bodies = messages_to_json(messages)
+        if not bodies:
+            return
+
+        def write(connection: sqlite3.Connection) -> None:
+            row = connection.execute(
+                "SELECT length FROM littleghost_sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            start = 0 if row is None else int(row[0])
+            if row is None:
+                connection.execute(
+                    "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
+                    (session_id, len(bodies)),
+                )
+            else:
+                connection.execute(
+                    "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
+                    (start + len(bodies), session_id),
+                )
+            connection.executemany(
+                "INSERT INTO littleghost_messages (session_id, position, body) VALUES (?, ?, ?)",
+                [(session_id, start + index, body) for index, body in enumerate(bodies)],
+            )
+
+        await self._call(lambda connection: _transaction(connection, lambda: write(connection)))
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        """The ids of the stored sessions, oldest first."""
+        rows = await self._call(
+            lambda connection: connection.execute(
+                "SELECT id FROM littleghost_sessions ORDER BY rowid"
+            ).fetchall()
+        )
+        return tuple(session_id for (session_id,) in rows)
+
+    async def delete(self, session_id: str) -> None:
+        """Remove the session and its messages in one transaction.
+
+        Raises:
+            UnknownSessionError: There is no such session.
+        """
+        check_session_id(session_id)
+
+        def remove(connection: sqlite3.Connection) -> None:
+            cursor = connection.execute(
+                "DELETE FROM littleghost_sessions WHERE id = ?", (session_id,)
+            )
+            if cursor.rowcount == 0:
+                raise UnknownSessionError(
+                    f"no session {session_id!r} to delete", session_id=session_id
+                )
+            connection.execute(
+                "DELETE FROM littleghost_messages WHERE session_id = ?", (session_id,)
+            )
+
+        await self._call(lambda connection: _transaction(connection, lambda: remove(connection)))
+
+    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the session exclusively (in this process) while the context is open."""
+        check_session_id(session_id)
+        return self._locks.hold(session_id)
+
+    async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        return await anyio.to_thread.run_sync(self._run, work)
+
+    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._guard:
+            try:
+                connection = self._connection or self._open()
+                return work(connection)
+            except sqlite3.Error as error:
+                raise _store_error(error, self._path) from error
+
+    def _close(self) -> None:
+        with self._guard:
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                connection.close()
+
+    def _open(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._prepare(connection)
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+        return connection
+
+    def _prepare(self, connection: sqlite3.Connection) -> None:
+        """Check the file is a littleghost store of a known schema; make one if empty.
+
+        Nothing is written to a file that holds anything but a littleghost store.
+        """
+        if not _entries(connection):
+            self._use_wal(connection)
+            _transaction(connection, lambda: _create(connection))
+        tables = {name for name, kind in _entries(connection) if kind == "table"}
+        if "littleghost_meta" not in tables:
+            raise CorruptSessionStoreError(
+                f"{self._path!r} is an SQLite database of another application, not a "
+                "littleghost session store; it was left untouched"
+            )
+        try:
+            meta = dict(connection.execute("SELECT key, value FROM littleghost_meta").fetchall())
+        except sqlite3.OperationalError as error:
+            if "no such column" not in str(error):
+                raise
+            raise CorruptSessionStoreError(
+                f"{self._path!r} has a foreign littleghost_meta table ({error})"
+            ) from error
+        check_schema(meta, repr(self._path))
+        if not _TABLES.issubset(tables):
+            raise CorruptSessionStoreError(f"{self._path!r} is missing littleghost tables")
+
+    def _use_wal(self, connection: sqlite3.Connection) -> None:
+        """Switch a new file to WAL mode; SQLite does not wait for other connections
+        here, so a busy file is retried until ``timeout``."""
+        give_up = time.monotonic() + self._timeout
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > give_up:
+                    raise
+            time.sleep(0.01)
+
+
+def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
+    rows = connection.execute("SELECT name, type FROM sqlite_master").fetchall()
+    return [(str(name), str(kind)) for name, kind in rows]
+
+
+def _create(connection: sqlite3.Connection) -> None:
+    if _entries(connection):
+        return
+    for statement in _SCHEMA:
+        connection.execute(statement)
+    connection.executemany(
+        "INSERT INTO littleghost_meta (key, value) VALUES (?, ?)",
+        [("format", STORE_FORMAT), ("schema_version", str(SCHEMA_VERSION))],
+    )

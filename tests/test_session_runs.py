@@ -1,0 +1,431 @@
+"""``run(..., session_id=)``: sessions across runs, seeding, repair, serialization, compaction."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from littleghost import Agent, Message, Role, ToolCall, manage_context, tool
+from littleghost.context.summarize import SUMMARY_PREFIX
+from littleghost.errors import (
+    ConfigurationError,
+    DeadlineExceededError,
+    ProviderUnavailableError,
+    UnstorableValueError,
+)
+from littleghost.events import ToolCallStarted
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .stores import KINDS, open_store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    async with open_store(request.param, tmp_path) as opened:
+        yield opened
+
+
+def new_session() -> str:
+    return f"session-{uuid.uuid4().hex}"
+
+
+def texts(messages: tuple[Message, ...] | list[Message]) -> list[str]:
+    return [message.text for message in messages if message.text]
+
+
+class Helper(Agent):
+    instructions = "Help."
+
+    @tool
+    async def lookup(self, order_id: str) -> str:
+        """Find an order."""
+        return f"order {order_id} shipped"
+
+
+class TestContinuing:
+    async def test_a_session_continues_across_runs(self, store: SessionStore) -> None:
+        model = ScriptedModel(
+            [
+                tool_call_response("lookup", {"order_id": "42"}),
+                text_response("It shipped."),
+                text_response("You asked about order 42."),
+            ]
+        )
+        agent = Helper(model=model, session_store=store)
+        first = await agent.run("Where is order 42?", session_id="s")
+        second = await agent.run("What did I ask?", session_id="s")
+
+        assert second.messages[: len(first.messages)] == first.messages
+        assert await store.load("s") == second.messages
+        assert texts(model.requests[2].messages) == [
+            "Help.",
+            "Where is order 42?",
+            "It shipped.",
+            "What did I ask?",
+        ]
+        assert all(message.role is not Role.SYSTEM for message in await store.load("s"))
+        assert await store.list_sessions() == ("s",)
+
+    async def test_a_failed_run_keeps_what_it_appended(self, store: SessionStore) -> None:
+        failing = ScriptedModel([ProviderUnavailableError("down")])
+        with pytest.raises(ProviderUnavailableError):
+            await Helper(model=failing, session_store=store, max_retries=0).run(
+                "are you there?", session_id="s"
+            )
+        assert texts(await store.load("s")) == ["are you there?"]
+        model = ScriptedModel([text_response("yes")])
+        result = await Helper(model=model, session_store=store).run("hello?", session_id="s")
+        assert texts(result.messages) == ["are you there?", "hello?", "yes"]
+
+    async def test_runs_without_a_session_leave_the_store_alone(self, store: SessionStore) -> None:
+        model = ScriptedModel([text_response("hi")])
+        await Helper(model=model, session_store=store).run("hello", history=[Message.user("a")])
+        assert await store.list_sessions() == ()
+
+
+class TestHistory:
+    async def test_history_seeds_a_new_session(self, store: SessionStore) -> None:
+        history = [Message.user("I am Ada."), Message.assistant("Hello Ada.")]
+        model = ScriptedModel([text_response("Ada.")])
+        result = await Helper(model=model, session_store=store).run(
+            "Who am I?", history=history, session_id="s"
+        )
+        assert result.messages[:2] == tuple(history)
+        assert await store.load("s") == result.messages
+
+    async def test_history_is_ignored_for_an_existing_session(self, store: SessionStore) -> None:
+        await store.append("s", [Message.user("stored question"), Message.assistant("stored")])
+        model = ScriptedModel([text_response("ok")])
+        with pytest.warns(UserWarning, match="history= is ignored: session 's' already holds 2"):
+            result = await Helper(model=model, session_store=store).run(
+                "next", history=[Message.user("ignored")], session_id="s"
+            )
+        assert texts(result.messages) == ["stored question", "stored", "next", "ok"]
+        assert "ignored" not in texts(model.requests[0].messages)
+
+    async def test_instructions_in_a_seed_are_not_stored(self, store: SessionStore) -> None:
+        history = [Message.system("Be rude."), Message.developer("Shout."), Message.user("hi")]
+        model = ScriptedModel([text_response("hello")])
+        with pytest.warns(UserWarning, match="system and developer messages of history="):
+            result = await Helper(model=model, session_store=store).run(
+                "again", history=history, session_id="s"
+            )
+        assert texts(result.messages) == ["hi", "again", "hello"]
+        assert await store.load("s") == result.messages
+        assert texts(model.requests[0].messages) == ["Help.", "hi", "again"]
+
+
+class TestRepair:
+    async def test_a_call_left_without_its_result_gets_a_stored_error_result(
+        self, store: SessionStore
+    ) -> None:
+        call = ToolCall("call-7", "lookup", {"order_id": "7"})
+        await store.append("s", [Message.user("order 7?"), Message.assistant(tool_calls=(call,))])
+        model = ScriptedModel([text_response("Sorry, that was interrupted.")])
+        result = await Helper(model=model, session_store=store).run("well?", session_id="s")
+
+        stored = await store.load("s")
+        assert stored == result.messages
+        repair = stored[2]
+        assert repair.role is Role.TOOL
+        assert repair.tool_results[0].call_id == "call-7"
+        assert repair.tool_results[0].is_error
+        assert "interrupted" in repair.tool_results[0].content
+        assert stored[3].text == "well?"
+        assert repair in model.requests[0].messages
+
+
+class TestStreaming:
+    async def test_a_streamed_run_continues_the_session(self, store: SessionStore) -> None:
+        await store.append("s", [Message.user("before"), Message.assistant("noted")])
+        model = ScriptedModel([text_response("streamed")])
+        async with Helper(model=model, session_store=store).stream("now", session_id="s") as events:
+            async for _ in events:
+                pass
+        assert events.result.messages == await store.load("s")
+        assert texts(events.result.messages) == ["before", "noted", "now", "streamed"]
+
+    async def test_a_stream_left_early_keeps_its_messages_and_frees_the_session(
+        self, store: SessionStore
+    ) -> None:
+        class Endless(Agent):
+            @tool
+            async def work(self) -> str:
+                """Work forever."""
+                await anyio.sleep_forever()
+                return "never"
+
+        model = ScriptedModel(
+            [tool_call_response("work", {}, call_id="w1"), text_response("after the stop")]
+        )
+        agent = Endless(model=model, session_store=store)
+        async with agent.stream("start", session_id="s") as events:
+            async for event in events:
+                if isinstance(event, ToolCallStarted):
+                    break
+        stored = await store.load("s")
+        assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+        assert stored[2].tool_results[0].call_id == "w1"
+        assert stored[2].tool_results[0].is_error
+        with anyio.fail_after(5):
+            result = await agent.run("and now?", session_id="s")
+        assert result.messages[:3] == stored
+        assert model.requests[1].messages[:3] == stored
+
+
+class TestConcurrentRuns:
+    async def test_a_second_run_of_a_session_waits_for_the_first(self, store: SessionStore) -> None:
+        in_tool = anyio.Event()
+        release = anyio.Event()
+
+        class Slow(Agent):
+            @tool
+            async def work(self) -> str:
+                """Work until released."""
+                in_tool.set()
+                await release.wait()
+                return "worked"
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        second = ScriptedModel([text_response("second done")])
+
+        async def release_later() -> None:
+            await anyio.sleep(0.1)
+            assert second.requests == []
+            release.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(Slow(model=first, session_store=store).run, "one", session_id="s")
+            )
+            await in_tool.wait()
+            group.start_soon(
+                functools.partial(
+                    Slow(model=second, session_store=store).run, "two", session_id="s"
+                )
+            )
+            group.start_soon(release_later)
+
+        stored = await store.load("s")
+        assert [message.role.value for message in stored] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant",
+        ]
+        assert texts(stored) == ["one", "first done", "two", "second done"]
+        assert second.requests[0].messages == stored[:5]
+
+    async def test_run_sync_from_two_threads_serializes(self, store: SessionStore) -> None:
+        in_tool = threading.Event()
+        release = threading.Event()
+
+        class Blocking(Agent):
+            @tool
+            def work(self) -> str:
+                """Work until released (a sync tool, run in a worker thread)."""
+                in_tool.set()
+                release.wait(10)
+                return "worked"
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        second = ScriptedModel([text_response("second done")])
+
+        def run_first() -> None:
+            Blocking(model=first, session_store=store).run_sync("one", session_id="s")
+
+        def run_second() -> None:
+            Blocking(model=second, session_store=store).run_sync("two", session_id="s")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, run_first)
+            await anyio.to_thread.run_sync(in_tool.wait)
+            group.start_soon(anyio.to_thread.run_sync, run_second)
+            await anyio.sleep(0.1)
+            assert second.requests == []
+            release.set()
+        assert texts(await store.load("s")) == ["one", "first done", "two", "second done"]
+
+    async def test_a_waiting_run_raises_at_its_deadline_and_stores_nothing(
+        self, store: SessionStore
+    ) -> None:
+        model = ScriptedModel([text_response("never")])
+        held = anyio.Event()
+        done = anyio.Event()
+
+        async def hold() -> None:
+            async with store.lock("s"):
+                held.set()
+                await done.wait()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(hold)
+            await held.wait()
+            started = anyio.current_time()
+            with pytest.raises(DeadlineExceededError):
+                await Helper(model=model, session_store=store).run(
+                    "waiting", session_id="s", timeout=0.1
+                )
+            assert anyio.current_time() - started < 2
+            done.set()
+        assert model.requests == []
+        assert await store.load("s") == ()
+
+    async def test_a_run_started_inside_a_run_of_its_session_fails_clearly(
+        self, store: SessionStore
+    ) -> None:
+        class Recursive(Agent):
+            @tool
+            async def again(self) -> str:
+                """Run this agent again on the same session."""
+                inner = Recursive(model=ScriptedModel([]), session_store=store)
+                result = await inner.run("inner", session_id="s")
+                return result.output
+
+        model = ScriptedModel([tool_call_response("again", {}), text_response("done")])
+        result = await Recursive(model=model, session_store=store).run("outer", session_id="s")
+        failure = result.messages[2].tool_results[0]
+        assert failure.is_error
+        assert "SessionBusyError" in failure.content
+        assert "wait for itself" in failure.content
+        assert await store.load("s") == result.messages
+
+
+class TestStoreKnob:
+    def test_the_default_is_one_in_memory_store_per_process(self) -> None:
+        class Other(Agent):
+            pass
+
+        assert isinstance(Agent.session_store, InMemorySessionStore)
+        assert Other.session_store is Agent.session_store
+        assert Helper(model=ScriptedModel([])).session_store is Agent.session_store
+
+    async def test_the_default_store_keeps_sessions(self) -> None:
+        session_id = new_session()
+        model = ScriptedModel([text_response("one"), text_response("two")])
+        await Helper(model=model).run("first", session_id=session_id)
+        await Helper(model=model).run("second", session_id=session_id)
+        assert texts(await Agent.session_store.load(session_id)) == [
+            "first",
+            "one",
+            "second",
+            "two",
+        ]
+
+    async def test_a_class_store_and_an_instance_override(self, tmp_path: Path) -> None:
+        class_store = SQLiteSessionStore(tmp_path / "class.db")
+        own_store = InMemorySessionStore()
+
+        class Stored(Agent):
+            session_store = class_store
+
+        model = ScriptedModel([text_response("a"), text_response("b")])
+        await Stored(model=model).run("to the class store", session_id="s")
+        await Stored(model=model, session_store=own_store).run("to my own", session_id="s")
+        assert texts(await class_store.load("s")) == ["to the class store", "a"]
+        assert texts(await own_store.load("s")) == ["to my own", "b"]
+        assert Agent.session_store is not class_store
+        await class_store.aclose()
+
+    @pytest.mark.parametrize("value", [None, "sessions.db", InMemorySessionStore])
+    def test_a_store_that_is_not_one_fails_at_class_definition(self, value: object) -> None:
+        with pytest.raises(ConfigurationError, match=r"Broken\.session_store"):
+
+            class Broken(Agent):
+                session_store = value  # type: ignore[assignment]
+
+        with pytest.raises(ConfigurationError, match="session_store="):
+            Helper(session_store=value)
+
+    async def test_an_unstorable_input_fails_before_anything_is_stored(
+        self, store: SessionStore
+    ) -> None:
+        model = ScriptedModel([text_response("never")])
+        message = Message.user("hi", metadata={"when": {1, 2}})
+        with pytest.raises(UnstorableValueError, match="set"):
+            await Helper(model=model, session_store=store).run(message, session_id="s")
+        assert await store.list_sessions() == ()
+        assert model.requests == []
+
+
+class One:
+    """One token per counted text: estimates count messages."""
+
+    def count_tokens(self, text: str) -> int:
+        return 1
+
+
+@manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    preserve_recent_messages=4,
+    tokenizer=One(),
+)
+class LongChat(Agent):
+    instructions = "Be brief."
+
+
+def chat(pairs: int) -> list[Message]:
+    messages: list[Message] = []
+    for index in range(pairs):
+        messages += [Message.user(f"old q{index}"), Message.assistant(f"old a{index}")]
+    return messages
+
+
+class TestCompactionAcrossRuns:
+    async def test_a_summary_from_one_run_is_reused_by_the_next(self, store: SessionStore) -> None:
+        summaries = iter(["First summary.", "Second summary."])
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response(next(summaries))
+            return text_response(f"answer to {request.messages[-1].text}")
+
+        model = ScriptedModel([answer] * 60)
+        agent = LongChat(model=model, session_store=store)
+
+        await agent.run("first", history=chat(30), session_id="s")
+        assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+        (first_summary,) = [message for message in await store.load("s") if message.is_summary]
+        covered = set(first_summary.metadata[SUMMARY_COVERS_KEY])
+        assert first_summary.text == SUMMARY_PREFIX + "First summary."
+
+        seen = len(model.requests)
+        await agent.run("second", session_id="s")
+        assert [request.purpose for request in model.requests[seen:]] == ["chat"]
+        view = model.requests[-1].messages
+        assert first_summary in view
+        assert not covered & {message.id for message in view}
+
+        for turn in range(3, 20):  # talk until the conversation needs a second summary
+            seen = len(model.requests)
+            await agent.run(f"turn {turn}", session_id="s")
+            purposes = [request.purpose for request in model.requests[seen:]]
+            if purposes != ["chat"]:
+                break
+        assert purposes == ["context_compaction", "chat"]
+        transcript = model.requests[seen].messages[-1].text
+        assert "Earlier summary: First summary." in transcript
+        stored = await store.load("s")
+        covered_texts = {message.text for message in stored if message.id in covered}
+        said = [line.split(": ", 1)[-1] for line in transcript.splitlines()]
+        first_kept = next(m for m in stored if not m.is_summary and m.id not in covered)
+        assert first_kept.text in said
+        assert not covered_texts & set(said)
+        second_summary = [message for message in stored if message.is_summary][-1]
+        second_covers = set(second_summary.metadata[SUMMARY_COVERS_KEY])
+        assert first_summary.id in second_covers
+        assert not covered & second_covers

@@ -1,0 +1,393 @@
+"""Session stores: exact round trips, append-only batches, errors, per-session locks.
+
+Every behaviour here is checked against each store (in memory, SQLite, PostgreSQL when a
+server is configured).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from littleghost import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
+from littleghost.errors import (
+    CorruptSessionStoreError,
+    LittleGhostError,
+    SessionBusyError,
+    SessionStoreError,
+    UnknownSessionError,
+    UnstorableValueError,
+)
+from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
+from littleghost.sessions import (
+    SessionStore,
+    decode_message,
+    encode_message,
+    message_from_json,
+    message_to_json,
+)
+
+from .stores import KINDS, open_store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    async with open_store(request.param, tmp_path) as opened:
+        yield opened
+
+
+def typed(value: Any) -> Any:
+    """``value`` with the type of every part spelled out, so 1, 1.0 and True differ."""
+    if isinstance(value, dict):
+        return ("dict", [(key, typed(item)) for key, item in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [typed(item) for item in value])
+    return (type(value).__name__, value)
+
+
+def assert_identical(stored: tuple[Message, ...], original: list[Message]) -> None:
+    assert stored == tuple(original)
+    for got, expected in zip(stored, original, strict=True):
+        assert typed(dict(got.metadata)) == typed(dict(expected.metadata))
+        for got_part, expected_part in zip(got.content, expected.content, strict=True):
+            assert type(got_part) is type(expected_part)
+            if isinstance(got_part, ToolCall):
+                assert isinstance(expected_part, ToolCall)
+                assert typed(got_part.arguments) == typed(expected_part.arguments)
+
+
+METADATA: dict[str, Any] = {
+    "str": "text",
+    "int": 7,
+    "big": 10**30,
+    "negative": -3,
+    "float": 1.0,
+    "negative_zero": -0.0,
+    "bool": True,
+    "false": False,
+    "none": None,
+    "list": [1, "two", 3.5, None, [True]],
+    "tuple": (1, "a", (2.5, None), [()]),
+    "empty": {"list": [], "tuple": (), "dict": {}},
+    "nested": {"deep": {"deeper": (1, {"x": [False]})}},
+    "looks_like_a_tag": {"$tuple": [1, 2]},
+    "$dollar_key": "kept",
+    "unicode": "żółw ☃ \u0000 \udcff",
+}
+
+
+def every_field() -> list[Message]:
+    """Messages that use every field a message can have."""
+    return [
+        Message.user("plain"),
+        Message.user("with metadata", metadata=METADATA),
+        Message(
+            Role.USER,
+            (
+                TextPart("look: \u0000 \udcff"),
+                ImagePart(data=bytes(range(256)), media_type="image/png"),
+                ImagePart(url="https://example.com/cat.jpg"),
+            ),
+            id="custom-id",
+        ),
+        Message.assistant(
+            "calling",
+            tool_calls=(
+                ToolCall("call-1", "add", {"a": 1, "b": 2.0, "c": [True, None], "d": {"e": "f"}}),
+                ToolCall("call-2", "broken", '{"a": 1,,'),
+                ToolCall("call-3", "empty"),
+            ),
+        ),
+        Message.tool("call-1", "3"),
+        Message(Role.TOOL, (ToolResult("call-2", "bad arguments", True),)),
+        Message(Role.TOOL, (ToolResult("call-3", ""),), metadata={"elapsed": 0.25}),
+        Message.assistant(""),
+        Message.system("system text"),
+        Message.developer("developer text"),
+        Message.user(
+            "[summary] they talked",
+            metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ["a", "b"]},
+        ),
+        Message.user(
+            "[summary] again",
+            metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ("c", "d")},
+        ),
+    ]
+
+
+class TestCodec:
+    def test_every_field_round_trips(self) -> None:
+        messages = every_field()
+        decoded = [message_from_json(message_to_json(message)) for message in messages]
+        assert_identical(tuple(decoded), messages)
+        assert [decode_message(encode_message(message)) for message in messages] == messages
+
+    def test_the_stored_form_is_stable_json(self) -> None:
+        message = Message.user("hi", id="m1", metadata={"k": (1,), "$d": {"$tuple": 2}})
+        assert message_to_json(message) == (
+            '{"id":"m1","role":"user","content":[{"type":"text","text":"hi"}],'
+            '"metadata":{"$dict":{"k":{"$tuple":[1]},"$d":{"$dict":{"$tuple":2}}}}}'
+        )
+        call = Message.assistant(tool_calls=(ToolCall("c", "f", "raw"),), id="m2")
+        assert json.loads(message_to_json(call))["content"] == [
+            {"type": "tool_call", "id": "c", "name": "f", "arguments": "raw"}
+        ]
+        image = Message(Role.USER, (ImagePart(data=b"\x00\x01"),), id="m3")
+        assert json.loads(message_to_json(image))["content"][0]["data"] == "AAE="
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "not json",
+            "[]",
+            '{"id": "m", "role": "user", "content": []}',
+            '{"id": "m", "role": "boss", "content": [], "metadata": {}}',
+            '{"id": "m", "role": "user", "content": [{"type": "video"}], "metadata": {}}',
+            '{"id": "m", "role": "user", "content": [{"type": "image", "data": "%%%",'
+            ' "url": null, "media_type": null}], "metadata": {}}',
+            '{"id": "m", "role": "user", "content": [], "metadata": {"$set": [1]}}',
+            '{"id": "m", "role": "user", "content": [], "metadata": []}',
+        ],
+    )
+    def test_damaged_records_are_reported_as_corrupt(self, text: str) -> None:
+        with pytest.raises(CorruptSessionStoreError):
+            message_from_json(text)
+
+
+class TestRoundTrip:
+    async def test_every_field_comes_back_identical(self, store: SessionStore) -> None:
+        messages = every_field()
+        await store.append("s", messages[:5])
+        await store.append("s", messages[5:])
+        assert_identical(await store.load("s"), messages)
+
+    async def test_stored_messages_do_not_change_with_the_caller_s_values(
+        self, store: SessionStore
+    ) -> None:
+        metadata: dict[str, Any] = {"items": [1]}
+        message = Message.user("hi", metadata=metadata)
+        await store.append("s", [message])
+        message.metadata["items"].append(2)
+        (loaded,) = await store.load("s")
+        assert loaded.metadata == {"items": [1]}
+        loaded.metadata["items"].append(3)
+        assert (await store.load("s"))[0].metadata == {"items": [1]}
+
+    async def test_appends_keep_their_order_and_sessions_stay_apart(
+        self, store: SessionStore
+    ) -> None:
+        first = [Message.user(f"a{index}") for index in range(3)]
+        second = [Message.user(f"b{index}") for index in range(2)]
+        await store.append("a", first[:1])
+        await store.append("b", second[:1])
+        await store.append("a", first[1:])
+        await store.append("b", second[1:])
+        assert await store.load("a") == tuple(first)
+        assert await store.load("b") == tuple(second)
+        assert await store.load("unknown") == ()
+
+    async def test_sessions_are_listed_oldest_first_once_they_hold_messages(
+        self, store: SessionStore
+    ) -> None:
+        assert await store.list_sessions() == ()
+        await store.append("b", [Message.user("1")])
+        await store.append("a", [Message.user("2")])
+        await store.append("b", [Message.user("3")])
+        await store.append("c", [])
+        assert await store.list_sessions() == ("b", "a")
+
+    async def test_delete_removes_one_session(self, store: SessionStore) -> None:
+        await store.append("a", [Message.user("1")])
+        await store.append("b", [Message.user("2")])
+        await store.delete("a")
+        assert await store.list_sessions() == ("b",)
+        assert await store.load("a") == ()
+        assert len(await store.load("b")) == 1
+        await store.append("a", [Message.user("new")])
+        assert [message.text for message in await store.load("a")] == ["new"]
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("value", "named"),
+        [
+            ({1, 2}, "set"),
+            (b"bytes", "bytes"),
+            (float("nan"), "NaN"),
+            (float("inf"), "infinity"),
+            ({1: "int key"}, "int key"),
+            (object(), "object"),
+            (Role.USER, "Role"),
+            ([1, {"deeper": frozenset()}], "frozenset"),
+        ],
+    )
+    async def test_unstorable_metadata_is_refused_and_nothing_is_stored(
+        self, store: SessionStore, value: object, named: str
+    ) -> None:
+        kept = Message.user("kept")
+        await store.append("s", [kept])
+        bad = Message.user("bad", metadata={"key": value})
+        with pytest.raises(UnstorableValueError, match=named) as caught:
+            await store.append("s", [Message.user("fine"), bad])
+        assert isinstance(caught.value, SessionStoreError)
+        assert isinstance(caught.value, TypeError)
+        with pytest.raises(UnstorableValueError):
+            await store.append("new", [bad])
+        assert await store.load("s") == (kept,)
+        assert await store.list_sessions() == ("s",)
+
+    async def test_a_cycle_is_refused(self, store: SessionStore) -> None:
+        loop: list[Any] = []
+        loop.append(loop)
+        with pytest.raises(UnstorableValueError, match="contains itself"):
+            await store.append("s", [Message.user("x", metadata={"loop": loop})])
+        assert await store.list_sessions() == ()
+
+    async def test_unstorable_tool_arguments_are_refused(self, store: SessionStore) -> None:
+        call = ToolCall("c", "f", {"when": b"\x00"})
+        with pytest.raises(UnstorableValueError, match=r"arguments\['when'\]"):
+            await store.append("s", [Message.assistant(tool_calls=(call,))])
+        assert await store.load("s") == ()
+
+    async def test_only_messages_can_be_appended(self, store: SessionStore) -> None:
+        with pytest.raises(TypeError, match=r"messages\[1\]"):
+            await store.append("s", [Message.user("ok"), "not a message"])  # type: ignore[list-item]
+        assert await store.list_sessions() == ()
+
+    async def test_deleting_an_unknown_session_changes_nothing(self, store: SessionStore) -> None:
+        await store.append("kept", [Message.user("1")])
+        with pytest.raises(UnknownSessionError, match="'missing'") as caught:
+            await store.delete("missing")
+        assert caught.value.session_id == "missing"
+        assert isinstance(caught.value, KeyError)
+        assert isinstance(caught.value, LittleGhostError)
+        assert await store.list_sessions() == ("kept",)
+        assert len(await store.load("kept")) == 1
+
+    @pytest.mark.parametrize(
+        ("session_id", "error"),
+        [("", TypeError), (7, TypeError), ("a\x00b", UnstorableValueError)],
+    )
+    async def test_session_ids_are_checked(
+        self, store: SessionStore, session_id: Any, error: type[Exception]
+    ) -> None:
+        with pytest.raises(error):
+            await store.append(session_id, [Message.user("x")])
+        with pytest.raises(error):
+            await store.load(session_id)
+        with pytest.raises(error):
+            store.lock(session_id)
+        assert await store.list_sessions() == ()
+
+
+class TestLocks:
+    async def test_a_second_holder_waits_for_the_first(self, store: SessionStore) -> None:
+        order: list[str] = []
+        entered = anyio.Event()
+
+        async def first() -> None:
+            async with store.lock("s"):
+                order.append("first in")
+                entered.set()
+                await anyio.sleep(0.05)
+                order.append("first out")
+
+        async def second() -> None:
+            await entered.wait()
+            async with store.lock("s"):
+                order.append("second in")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(first)
+            group.start_soon(second)
+        assert order == ["first in", "first out", "second in"]
+
+    async def test_other_sessions_do_not_wait(self, store: SessionStore) -> None:
+        async with store.lock("a"):
+            with anyio.fail_after(5):
+                async with store.lock("b"):
+                    pass
+
+    async def test_waiting_is_cancellable_and_leaves_the_lock_usable(
+        self, store: SessionStore
+    ) -> None:
+        held = anyio.Event()
+        gave_up = anyio.Event()
+
+        async def holder() -> None:
+            async with store.lock("s"):
+                held.set()
+                await gave_up.wait()
+
+        async def waiter() -> None:
+            await held.wait()
+            with anyio.move_on_after(0.05) as scope:
+                async with store.lock("s"):
+                    pytest.fail("the lock was held")
+            assert scope.cancelled_caught
+            gave_up.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(holder)
+            group.start_soon(waiter)
+        with anyio.fail_after(5):
+            async with store.lock("s"):
+                pass
+
+    async def test_holders_in_other_threads_and_event_loops_are_waited_for(
+        self, store: SessionStore
+    ) -> None:
+        entered = threading.Event()
+        release = threading.Event()
+        order: list[str] = []
+
+        def other_thread() -> None:
+            async def hold() -> None:
+                async with store.lock("s"):
+                    order.append("thread in")
+                    entered.set()
+                    await anyio.to_thread.run_sync(release.wait)
+                    order.append("thread out")
+
+            anyio.run(hold)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, other_thread)
+            await anyio.to_thread.run_sync(entered.wait)
+            with anyio.move_on_after(0.1) as scope:
+                async with store.lock("s"):
+                    pytest.fail("the other thread held the lock")
+            assert scope.cancelled_caught
+            release.set()
+            with anyio.fail_after(5):
+                async with store.lock("s"):
+                    order.append("main in")
+        assert order == ["thread in", "thread out", "main in"]
+
+    async def test_holding_a_session_again_from_inside_is_refused(
+        self, store: SessionStore
+    ) -> None:
+        async with store.lock("s"):
+            with pytest.raises(SessionBusyError, match="wait for itself") as caught:
+                async with store.lock("s"):
+                    pass
+            assert caught.value.session_id == "s"
+            async with anyio.create_task_group() as group:
+
+                async def child() -> None:
+                    with pytest.raises(SessionBusyError):
+                        async with store.lock("s"):
+                            pass
+
+                group.start_soon(child)
+        with anyio.fail_after(5):
+            async with store.lock("s"):
+                pass

@@ -1,0 +1,323 @@
+"""SQLiteSessionStore: the file, its schema, damage and foreign files, kills, concurrency."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from littleghost import Agent, Message, tool
+from littleghost.errors import (
+    ConfigurationError,
+    CorruptSessionStoreError,
+    SchemaVersionError,
+    SessionStoreError,
+)
+from littleghost.sessions import SQLiteSessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file in ``directory`` with its bytes."""
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def raw(path: Path, *statements: str) -> list[tuple[object, ...]]:
+    """Run ``statements`` on the file with plain sqlite3 (autocommit); the last one's rows."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        rows: list[tuple[object, ...]] = []
+        for statement in statements:
+            rows = connection.execute(statement).fetchall()
+        return rows
+    finally:
+        connection.close()
+
+
+async def every_operation_fails(store: SQLiteSessionStore, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        await store.load("s")
+    with pytest.raises(error):
+        await store.append("s", [Message.user("x")])
+    with pytest.raises(error):
+        await store.list_sessions()
+    with pytest.raises(error):
+        await store.delete("s")
+
+
+class TestFile:
+    async def test_made_on_first_use_in_wal_mode_with_a_versioned_schema(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "sessions.db"
+        async with SQLiteSessionStore(path) as store:
+            assert store.path == str(path)
+            assert not path.exists()
+            assert await store.list_sessions() == ()
+        assert raw(path, "PRAGMA journal_mode") == [("wal",)]
+        assert raw(path, "SELECT key, value FROM littleghost_meta ORDER BY key") == [
+            ("format", "littleghost.sessions"),
+            ("schema_version", "1"),
+        ]
+
+    async def test_sessions_outlive_the_store(self, tmp_path: Path) -> None:
+        messages = [Message.user("hi", metadata={"t": (1, 2)}), Message.assistant("hello")]
+        async with SQLiteSessionStore(tmp_path / "s.db") as store:
+            await store.append("s", messages)
+        async with SQLiteSessionStore(str(tmp_path / "s.db")) as store:
+            assert await store.load("s") == tuple(messages)
+            assert (await store.load("s"))[0].metadata["t"] == (1, 2)
+
+    async def test_a_store_can_be_used_again_after_closing(self, tmp_path: Path) -> None:
+        store = SQLiteSessionStore(tmp_path / "s.db")
+        await store.append("s", [Message.user("one")])
+        await store.aclose()
+        await store.append("s", [Message.user("two")])
+        assert [message.text for message in await store.load("s")] == ["one", "two"]
+        await store.aclose()
+
+    async def test_a_private_in_memory_database(self) -> None:
+        async with SQLiteSessionStore(":memory:") as store:
+            await store.append("s", [Message.user("x")])
+            assert len(await store.load("s")) == 1
+
+    @pytest.mark.parametrize(
+        ("options", "named"),
+        [({"path": 5}, "path"), ({"path": "x.db", "timeout": 0}, "timeout")],
+    )
+    def test_arguments_are_checked(self, options: dict[str, object], named: str) -> None:
+        with pytest.raises(ConfigurationError, match=named):
+            SQLiteSessionStore(**options)  # type: ignore[arg-type]
+
+    async def test_a_missing_directory_is_a_store_error(self, tmp_path: Path) -> None:
+        store = SQLiteSessionStore(tmp_path / "missing" / "s.db")
+        with pytest.raises(SessionStoreError, match="unable to open"):
+            await store.list_sessions()
+
+
+class TestBadFiles:
+    async def test_a_file_that_is_not_a_database_is_corrupt_and_left_untouched(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "notes.db"
+        path.write_bytes(b"these are my notes, not a database\n" * 200)
+        before = snapshot(tmp_path)
+        store = SQLiteSessionStore(path)
+        await every_operation_fails(store, CorruptSessionStoreError)
+        assert snapshot(tmp_path) == before
+
+    async def test_a_damaged_header_is_corrupt(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("x")])
+        raw(path, "PRAGMA wal_checkpoint(TRUNCATE)")
+        data = bytearray(path.read_bytes())
+        data[:16] = b"garbage garbage!"
+        path.write_bytes(bytes(data))
+        before = snapshot(tmp_path)
+        async with SQLiteSessionStore(path) as store:
+            await every_operation_fails(store, CorruptSessionStoreError)
+        assert snapshot(tmp_path) == before
+
+    async def test_another_application_s_database_is_foreign_and_left_untouched(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "shop.db"
+        raw(
+            path,
+            "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)",
+            "INSERT INTO customers (name) VALUES ('Ada')",
+        )
+        before = snapshot(tmp_path)
+        store = SQLiteSessionStore(path)
+        with pytest.raises(CorruptSessionStoreError, match="another application"):
+            await store.list_sessions()
+        await every_operation_fails(store, CorruptSessionStoreError)
+        assert snapshot(tmp_path) == before
+
+    async def test_a_foreign_meta_table_is_corrupt(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.db"
+        raw(path, "CREATE TABLE littleghost_meta (a TEXT, b TEXT)")
+        before = snapshot(tmp_path)
+        await every_operation_fails(SQLiteSessionStore(path), CorruptSessionStoreError)
+        assert snapshot(tmp_path) == before
+
+    async def test_a_newer_schema_is_refused_and_left_untouched(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("kept")])
+        raw(
+            path,
+            "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+        )
+        before = snapshot(tmp_path)
+        store = SQLiteSessionStore(path)
+        with pytest.raises(SchemaVersionError, match="schema 2") as caught:
+            await store.load("s")
+        assert "Upgrade littleghost" in str(caught.value)
+        await every_operation_fails(store, SchemaVersionError)
+        assert snapshot(tmp_path) == before
+
+    async def test_a_damaged_record_is_corrupt_and_other_sessions_still_load(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("good", [Message.user("fine")])
+            await store.append("bad", [Message.user("soon damaged")])
+            raw(
+                path, "UPDATE littleghost_messages SET body = '{\"id\": 1' WHERE session_id = 'bad'"
+            )
+            with pytest.raises(CorruptSessionStoreError, match="not valid JSON"):
+                await store.load("bad")
+            assert [message.text for message in await store.load("good")] == ["fine"]
+
+
+class Sleeper(Agent):
+    instructions = "Wait when asked."
+
+    @tool
+    async def note(self, text: str) -> str:
+        """Note ``text`` after a short, random pause."""
+        await anyio.sleep(random.random() / 100)
+        return f"noted {text}"
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+
+    import anyio
+
+    from littleghost import Agent, tool
+    from littleghost.sessions import SQLiteSessionStore
+    from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+
+    class Worker(Agent):
+        @tool
+        async def wait(self) -> str:
+            \"\"\"Wait a long time.\"\"\"
+            print("tool running", flush=True)
+            await anyio.sleep(60)
+            return "done"
+
+
+    async def main() -> None:
+        model = ScriptedModel(
+            [tool_call_response("wait", {}, call_id="call-1"), text_response("never")]
+        )
+        agent = Worker(model=model, session_store=SQLiteSessionStore(sys.argv[1]))
+        await agent.run("start the long job", session_id="killed")
+
+
+    anyio.run(main)
+    """
+)
+
+
+class TestKilledProcess:
+    async def test_a_killed_run_leaves_a_readable_log_that_the_next_run_repairs(
+        self, tmp_path: Path
+    ) -> None:
+        script = tmp_path / "child.py"
+        script.write_text(CHILD)
+        path = tmp_path / "s.db"
+        with anyio.fail_after(60):
+            async with await anyio.open_process([sys.executable, str(script), str(path)]) as child:
+                assert child.stdout is not None
+                line = await child.stdout.receive()
+                assert line.startswith(b"tool running")
+                child.kill()
+                assert await child.wait() == -9
+        assert raw(path, "PRAGMA integrity_check") == [("ok",)]
+
+        async with SQLiteSessionStore(path) as store:
+            stored = await store.load("killed")
+            assert [message.role.value for message in stored] == ["user", "assistant"]
+            assert stored[0].text == "start the long job"
+            assert stored[1].tool_calls[0].id == "call-1"
+
+            model = ScriptedModel([text_response("the job was interrupted")])
+            result = await Sleeper(model=model, session_store=store).run(
+                "what happened?", session_id="killed"
+            )
+            repair = result.messages[2]
+            assert repair.tool_results[0].call_id == "call-1"
+            assert repair.tool_results[0].is_error
+            assert "interrupted" in repair.tool_results[0].content
+            assert repair in model.requests[0].messages
+            assert await store.load("killed") == result.messages
+            assert len(result.messages) == 5
+
+
+class TestConcurrency:
+    @pytest.mark.parametrize("connections", [1, 5])
+    async def test_fifty_runs_on_fifty_sessions_keep_their_own_messages(
+        self, tmp_path: Path, connections: int
+    ) -> None:
+        path = tmp_path / "s.db"
+        stores = [SQLiteSessionStore(path) for _ in range(connections)]
+        results = {}
+
+        async def one(index: int) -> None:
+            model = ScriptedModel(
+                [
+                    tool_call_response("note", {"text": f"s{index}"}),
+                    text_response(f"done s{index}"),
+                ]
+            )
+            agent = Sleeper(model=model, session_store=stores[index % connections])
+            results[index] = await agent.run(f"hello s{index}", session_id=f"s{index}")
+
+        async with anyio.create_task_group() as group:
+            for index in range(50):
+                group.start_soon(one, index)
+
+        store = stores[0]
+        assert sorted(await store.list_sessions()) == sorted(f"s{index}" for index in range(50))
+        for index, result in results.items():
+            stored = await store.load(f"s{index}")
+            assert stored == result.messages
+            assert [message.role.value for message in stored] == [
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+            ]
+            assert stored[0].text == f"hello s{index}"
+            assert stored[1].tool_calls[0].arguments == {"text": f"s{index}"}
+            assert stored[2].tool_results[0].content == f"noted s{index}"
+            assert stored[3].text == f"done s{index}"
+        for opened in stores:
+            await opened.aclose()
+
+    async def test_stores_of_one_file_share_the_session_lock(self, tmp_path: Path) -> None:
+        first = SQLiteSessionStore(tmp_path / "s.db")
+        second = SQLiteSessionStore(tmp_path / "." / "s.db")
+        entered = anyio.Event()
+        order: list[str] = []
+
+        async def hold() -> None:
+            async with first.lock("s"):
+                entered.set()
+                await anyio.sleep(0.05)
+                order.append("first")
+
+        async def wait() -> None:
+            await entered.wait()
+            async with second.lock("s"):
+                order.append("second")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(hold)
+            group.start_soon(wait)
+        assert order == ["first", "second"]
