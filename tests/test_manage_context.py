@@ -10,7 +10,16 @@ import anyio
 import attrs
 import pytest
 
-from littleghost import Agent, Message, Role, ToolCall, before_model, manage_context, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    ToolCall,
+    after_model_error,
+    before_model,
+    manage_context,
+    tool,
+)
 from littleghost.context.management import ContextManagement
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.errors import (
@@ -18,6 +27,7 @@ from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
+    InvalidRequestError,
     ProviderUnavailableError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
@@ -161,6 +171,13 @@ class TestDeclaration:
         model = ScriptedModel([summary_step(), text_response("done")])
         await Child(model=model).run("go", history=chat(30))
         assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+        # Hooks registered twice would compact twice for one overflow (or refuse the
+        # retry); registered once, one overflow is one compaction and one retry.
+        overflow = ScriptedModel(
+            [ContextWindowOverflowError("too long"), summary_step(), text_response("done")]
+        )
+        await Child(model=overflow).run("go", history=chat(10))
+        assert [r.purpose for r in overflow.requests] == ["chat", "context_compaction", "chat"]
 
     async def test_own_hooks_see_the_compacted_request_and_parents_run_first(self) -> None:
         """Capability hooks run after the parent's hooks and before the class's own."""
@@ -376,7 +393,7 @@ class TestWhatIsSent:
         assert sent[1].role is Role.DEVELOPER and sent[1].text == "Always answer in French."
         assert sent[2].is_summary and sent[2].text == SUMMARY_PREFIX + "Earlier: greetings."
         kept = [m for m in sent if not m.is_trusted and not m.is_summary]
-        assert len(kept) >= 4
+        assert len(kept) == 61 - 23  # 63 tokens, 23 summarized to land at 40
         assert kept == list(result.messages[len(history) - len(kept) + 1 : len(history) + 1])
 
     async def test_about_summary_ratio_of_the_conversation_is_summarized(self) -> None:
@@ -730,6 +747,29 @@ class TestFailures:
             await Small(model=model).run("go", history=chat(30), timeout=0.2)
         assert anyio.current_time() - start < 1
 
+    async def test_a_deadline_error_from_the_summary_propagates(self) -> None:
+        """DeadlineExceededError raised by the summary call is never swallowed."""
+        model = ScriptedModel([DeadlineExceededError("late"), text_response("done")])
+        with pytest.raises(DeadlineExceededError, match="late"):
+            await Small(model=model).run("go", history=chat(30))
+        assert len(model.requests) == 1
+
+    async def test_the_log_is_whole_after_a_stop_during_the_summary(self) -> None:
+        """Cancelled or past its deadline mid-summary, the log keeps every message."""
+        history = chat(30)
+
+        async def slow(request: ModelRequest) -> ModelResponse:
+            await anyio.sleep(10)
+            raise AssertionError("not reached")
+
+        model = ScriptedModel([slow])
+        async with Small(model=model).stream("go", history=history, timeout=0.2) as events:
+            with pytest.raises(DeadlineExceededError):
+                async for _ in events:
+                    pass
+        assert list(events.messages[:60]) == history
+        assert [m.text for m in events.messages[60:]] == ["go"]
+
     async def test_cleanup_error_propagates(self) -> None:
         """A CleanupError from the summary call is never swallowed."""
         model = ScriptedModel([CleanupError("stream not closed"), text_response("done")])
@@ -765,6 +805,26 @@ class TestOverflow:
         (event,) = compaction_events(spans)
         assert event["littleghost.compaction.reason"] == "overflow"
         assert event["littleghost.compaction.outcome"] == "completed"
+
+    async def test_proactive_compaction_runs_again_before_the_retry(self) -> None:
+        """A replacement request from after_model_error is checked against the threshold."""
+
+        class Recovering(Small):
+            max_retries = 0
+
+            @after_model_error
+            def resend_longer(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+                if not isinstance(error, InvalidRequestError):
+                    return None
+                return attrs.evolve(
+                    request, messages=(*request.messages[:1], *chat(30), *request.messages[1:])
+                )
+
+        model = ScriptedModel([InvalidRequestError("bad"), summary_step(), text_response("done")])
+        result = await Recovering(model=model).run("go", history=chat(5))
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        assert any(m.is_summary for m in model.requests[2].messages)
+        assert result.output == "done"
 
     async def test_a_second_overflow_propagates_with_the_first_as_cause(self) -> None:
         """No loop: the retried call overflowing again raises, caused by the first."""

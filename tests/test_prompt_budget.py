@@ -54,7 +54,11 @@ def size(request: ModelRequest) -> int:
 
 
 def bounded_agent(**budget: Any) -> type[Agent]:
-    options = {"prompt_budget_tokens": 400, "response_reserve_tokens": 100, "safety_reserve_tokens": 50}
+    options = {
+        "prompt_budget_tokens": 400,
+        "response_reserve_tokens": 100,
+        "safety_reserve_tokens": 50,
+    }
     options.update(budget)
 
     @manage_context(context_window_tokens=4_000, budget=PromptBudget(**options), summarize=False)
@@ -101,7 +105,10 @@ class TestDeclaration:
         """Window − reserves ≤ 0 is rejected when the class is defined."""
         with pytest.raises(ConfigurationError, match="leave no room"):
 
-            @manage_context(context_window_tokens=4_000, budget=PromptBudget(response_reserve_tokens=3_000, safety_reserve_tokens=1_000))
+            @manage_context(
+                context_window_tokens=4_000,
+                budget=PromptBudget(response_reserve_tokens=3_000, safety_reserve_tokens=1_000),
+            )
             class Cramped(Agent):
                 pass
 
@@ -116,7 +123,9 @@ class TestDeclaration:
 class TestLimit:
     async def test_limit_and_default_max_tokens(self) -> None:
         """limit = min(budget, window − max(reserve, max_tokens) − safety); max_tokens defaults."""
-        budget = PromptBudget(prompt_budget_tokens=10_000, response_reserve_tokens=500, safety_reserve_tokens=200)
+        budget = PromptBudget(
+            prompt_budget_tokens=10_000, response_reserve_tokens=500, safety_reserve_tokens=200
+        )
         assert budget.limit(4_000, None) == 3_300
         assert budget.limit(4_000, 1_000) == 2_800
         assert budget.limit(100_000, None) == 10_000
@@ -130,7 +139,9 @@ class TestLimit:
     async def test_the_models_window_wins(self) -> None:
         """An advertised window smaller than the budget bounds the view."""
         model = ScriptedModel([text_response("ok")], context_window=500)
-        await bounded_agent(prompt_budget_tokens=10_000)(model=model).run("now", history=history(40))
+        await bounded_agent(prompt_budget_tokens=10_000)(model=model).run(
+            "now", history=history(40)
+        )
         assert size(model.requests[0]) <= 500 - 100 - 50
 
 
@@ -138,13 +149,21 @@ class TestRules:
     async def test_the_mandatory_part_is_always_kept(self) -> None:
         """Instructions, tools, the current request whole and the current turn's calls."""
         question = "current question " + "detail " * 40
-        model = ScriptedModel([tool_call_response("weather", {"city": "Oslo"}, call_id="now"), text_response("done")])
-        await bounded_agent(prompt_budget_tokens=300)(model=model).run(question, history=history(30))
+        model = ScriptedModel(
+            [tool_call_response("weather", {"city": "Oslo"}, call_id="now"), text_response("done")]
+        )
+        await bounded_agent(prompt_budget_tokens=300)(model=model).run(
+            question, history=history(30)
+        )
         sent = model.requests[1]
         assert sent.messages[0].role is Role.SYSTEM
         assert sent.tools and sent.tools[0].name == "weather"
         assert any(m.text == question for m in sent.messages)
-        assert any(c.id == "now" and c.arguments == {"city": "Oslo"} for m in sent.messages for c in m.tool_calls)
+        assert any(
+            c.id == "now" and c.arguments == {"city": "Oslo"}
+            for m in sent.messages
+            for c in m.tool_calls
+        )
         assert size(sent) <= 300
 
     async def test_recent_history_is_taken_as_complete_turns(self) -> None:
@@ -152,7 +171,11 @@ class TestRules:
         log = history(30)
         model = ScriptedModel([text_response("done")])
         await bounded_agent()(model=model).run("now", history=log)
-        sent = [m for m in model.requests[0].messages if not m.is_trusted and not m.metadata.get(EXCERPTS_KEY)]
+        sent = [
+            m
+            for m in model.requests[0].messages
+            if not m.is_trusted and not m.metadata.get(EXCERPTS_KEY)
+        ]
         kept = sent[:-1]
         assert kept and len(kept) % 4 == 0
         assert [m.id for m in kept] == [m.id for m in log[len(log) - len(kept) :]]
@@ -175,12 +198,17 @@ class TestRules:
         """When a turn fits only with its intermediate text shortened, it is shortened."""
         chatty = [
             Message.user("question"),
-            Message.assistant("Let me think. " + "musing " * 200, tool_calls=[ToolCall("c", "weather", {"city": "x"})]),
+            Message.assistant(
+                "Let me think. " + "musing " * 200,
+                tool_calls=[ToolCall("c", "weather", {"city": "x"})],
+            ),
             Message.tool("c", "sunny"),
             Message.assistant("It is sunny."),
         ]
         model = ScriptedModel([text_response("done")])
-        await bounded_agent(prompt_budget_tokens=500, floor_tokens=32)(model=model).run("now", history=chatty)
+        await bounded_agent(prompt_budget_tokens=500, floor_tokens=32)(model=model).run(
+            "now", history=chatty
+        )
         sent = model.requests[0].messages
         thinking = next(m for m in sent if m.tool_calls)
         assert thinking.text.startswith("Let me think.") and "truncated" in thinking.text
@@ -193,7 +221,9 @@ class TestRules:
             Message.assistant("A long answer. " + "words " * 400),
         ]
         model = ScriptedModel([text_response("done")])
-        await bounded_agent(prompt_budget_tokens=1_000, history_item_tokens=100)(model=model).run("now", history=log)
+        await bounded_agent(prompt_budget_tokens=1_000, history_item_tokens=100)(model=model).run(
+            "now", history=log
+        )
         sent = model.requests[0].messages
         assert not any(isinstance(p, ImagePart) for m in sent for p in m.content)
         assert any("[image omitted" in m.text for m in sent)
@@ -207,7 +237,9 @@ class TestRules:
             Message.assistant("checking", tool_calls=[ToolCall("lost", "weather", {"city": "x"})]),
         ]
         model = ScriptedModel([text_response("done")])
-        result = await bounded_agent(prompt_budget_tokens=1_000)(model=model).run("now", history=log)
+        result = await bounded_agent(prompt_budget_tokens=1_000)(model=model).run(
+            "now", history=log
+        )
         sent = model.requests[0].messages
         index = next(i for i, m in enumerate(sent) if m.tool_calls)
         assert sent[index + 1].tool_results[0].call_id == "lost"
@@ -225,9 +257,15 @@ class TestRules:
                     Message.assistant("checking", tool_calls=[ToolCall("lost", "weather", {})]),
                     Message.tool("stray", "orphan result"),
                 ]
-                return ModelRequest([request.messages[0], *broken, *request.messages[1:]], request.tools, request.settings)
+                return ModelRequest(
+                    [request.messages[0], *broken, *request.messages[1:]],
+                    request.tools,
+                    request.settings,
+                )
 
-        budget = PromptBudget(prompt_budget_tokens=1_000, response_reserve_tokens=100, safety_reserve_tokens=50)
+        budget = PromptBudget(
+            prompt_budget_tokens=1_000, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
 
         @manage_context(context_window_tokens=4_000, budget=budget, summarize=False)
         class Bounded(Upstream):
@@ -243,7 +281,9 @@ class TestRules:
     async def test_dropped_turns_leave_excerpts(self) -> None:
         """Turns that do not fit appear as short question/answer excerpts; no model call."""
         model = ScriptedModel([text_response("done")])
-        await bounded_agent(prompt_budget_tokens=600, excerpt_tokens=120)(model=model).run("now", history=history(40))
+        await bounded_agent(prompt_budget_tokens=600, excerpt_tokens=120)(model=model).run(
+            "now", history=history(40)
+        )
         assert len(model.requests) == 1
         sent = model.requests[0].messages
         excerpts = [m for m in sent if m.metadata.get(EXCERPTS_KEY)]
@@ -270,7 +310,9 @@ class TestRules:
             return memories
 
         model = ScriptedModel([text_response("done")])
-        result = await bounded_agent(prompt_budget_tokens=2_000, memory=provider, memory_tokens=120)(model=model).run("now")
+        result = await bounded_agent(
+            prompt_budget_tokens=2_000, memory=provider, memory_tokens=120
+        )(model=model).run("now")
         sent = model.requests[0].messages
         memory = next(m for m in sent if m.role is Role.DEVELOPER)
         assert "memory 19" in memory.text and "memory 0:" not in memory.text
@@ -323,11 +365,15 @@ class TestTheLog:
 
 
 class TestTelemetryAndLogs:
-    async def test_figures_match_the_view_that_was_sent(self, spans: Spans, caplog: pytest.LogCaptureFixture) -> None:
+    async def test_figures_match_the_view_that_was_sent(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
         """Log records and span attributes carry the figures of the sent view, no content."""
         caplog.set_level(logging.INFO, logger="littleghost")
         model = ScriptedModel([text_response("done", input_tokens=321)])
-        await bounded_agent(prompt_budget_tokens=600)(model=model).run("SECRET question", history=history(40))
+        await bounded_agent(prompt_budget_tokens=600)(model=model).run(
+            "SECRET question", history=history(40)
+        )
         sent = model.requests[0]
         chat = spans.one("chat")
         attributes = chat.attributes
@@ -345,11 +391,20 @@ class TestTelemetryAndLogs:
 
 
 class TestWithSummaries:
-    async def test_the_view_is_built_first_then_summarization_if_still_over(self) -> None:
+    async def test_the_view_is_built_first_then_summarization_if_still_over(
+        self, spans: Spans
+    ) -> None:
         """Summaries run on the bounded request only when it is still over the threshold."""
-        budget = PromptBudget(prompt_budget_tokens=3_000, response_reserve_tokens=100, safety_reserve_tokens=50)
+        budget = PromptBudget(
+            prompt_budget_tokens=3_000, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
 
-        @manage_context(context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=4, budget=budget)
+        @manage_context(
+            context_window_tokens=2_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            budget=budget,
+        )
         class Both(Agent):
             pass
 
@@ -369,10 +424,18 @@ class TestWithSummaries:
         sent = model.requests[1].messages
         assert any(m.text.startswith(SUMMARY_PREFIX) for m in sent)
         assert any(m.metadata.get(EXCERPTS_KEY) for m in sent)
+        main = [c for c in spans.named("chat") if c.attributes["littleghost.purpose"] == "chat"]
+        (chat_span,) = main
+        assert chat_span.attributes["littleghost.prompt_budget.estimated_prompt_tokens"] == size(
+            model.requests[1]
+        )
+        assert chat_span.attributes["littleghost.context_budget.messages_kept"] == len(sent)
 
     async def test_no_summary_when_the_bounded_view_is_under_the_threshold(self) -> None:
         """A budget well under the threshold means no summary call."""
-        budget = PromptBudget(prompt_budget_tokens=500, response_reserve_tokens=100, safety_reserve_tokens=50)
+        budget = PromptBudget(
+            prompt_budget_tokens=500, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
 
         @manage_context(context_window_tokens=10_000, compression_threshold=0.5, budget=budget)
         class Both(Agent):
@@ -385,9 +448,14 @@ class TestWithSummaries:
     async def test_overflow_without_summaries_retries_once_with_a_tighter_view(self) -> None:
         """summarize=False: an overflow shrinks the view once; no model call for context."""
         model = ScriptedModel(
-            [ContextWindowOverflowError("too long", prompt_tokens=800, context_window=400), text_response("done")]
+            [
+                ContextWindowOverflowError("too long", prompt_tokens=800, context_window=400),
+                text_response("done"),
+            ]
         )
-        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+            "now", history=history(40)
+        )
         assert result.output == "done"
         assert [r.purpose for r in model.requests] == ["chat", "chat"]
         assert size(model.requests[1]) < size(model.requests[0])
