@@ -1,0 +1,144 @@
+"""Plumbing shared by the SDK-backed providers: lazy SDK imports, images, tool arguments,
+the parameters an installed SDK accepts, server-sent events, and the HTTP library's
+transport errors."""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import inspect
+import json
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from littleghost.errors import ConfigurationError
+from littleghost.messages import ImagePart
+
+__all__ = [
+    "accepted_parameters",
+    "check_context_window",
+    "image_base64",
+    "image_media_type",
+    "import_sdk",
+    "parse_arguments",
+    "sse_events",
+    "transport_errors",
+]
+
+
+def import_sdk(module: str, extra: str) -> Any:
+    """Import a provider SDK, or say what to install.
+
+    Raises:
+        ConfigurationError: The SDK is not installed.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigurationError(
+            f"the {module!r} SDK is not installed: pip install 'littleghost[{extra}]'"
+        ) from None
+
+
+def check_context_window(owner: str, value: object) -> int | None:
+    """A ``context_window`` argument: ``None`` or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"{owner}: context_window must be an int >= 1 or None, not {value!r}"
+        )
+    return value
+
+
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def image_media_type(part: ImagePart) -> str:
+    """The part's media type; for bytes without one, read from the data's signature."""
+    if part.media_type:
+        return part.media_type
+    data = part.data or b""
+    for signature, media_type in _SIGNATURES:
+        if data.startswith(signature):
+            return media_type
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "image/png"
+
+
+def image_base64(part: ImagePart) -> str:
+    """The part's bytes as base64 text."""
+    return base64.b64encode(part.data or b"").decode("ascii")
+
+
+def parse_arguments(raw: object) -> Mapping[str, Any] | str:
+    """Tool-call arguments as a mapping; the raw text when it is not a JSON object."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    text = raw if isinstance(raw, str) else str(raw)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def accepted_parameters(method: Callable[..., Any]) -> frozenset[str]:
+    """The keyword parameters an SDK method accepts."""
+    return frozenset(inspect.signature(method).parameters)
+
+
+def transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """The HTTP libraries' request errors and, among them, their timeouts.
+
+    A stream that breaks after its headers raises these directly, not as SDK errors.
+    """
+    errors: list[type[BaseException]] = []
+    timeouts: list[type[BaseException]] = []
+    for name in ("httpx2", "httpx"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        errors.append(module.RequestError)
+        timeouts.append(module.TimeoutException)
+    return tuple(errors), tuple(timeouts)
+
+
+async def sse_events(response: Any) -> AsyncGenerator[tuple[str | None, str], None]:
+    """The ``(event, data)`` pairs of a server-sent-events HTTP response body.
+
+    Reads ``response.aiter_bytes()`` and closes it, also when the caller stops early, so
+    no reader is left for the garbage collector (which trio reports).
+    """
+    buffer = b""
+    event: str | None = None
+    data: list[str] = []
+    async with aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.rstrip(b"\r").decode("utf-8", "replace")
+                if not line:
+                    if data:
+                        yield event, "\n".join(data)
+                    event, data = None, []
+                    continue
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "event":
+                    event = value
+                elif name == "data":
+                    data.append(value)
+    if data:
+        yield event, "\n".join(data)

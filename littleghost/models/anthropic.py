@@ -1,0 +1,413 @@
+"""Anthropic Messages through the official ``anthropic`` SDK.
+
+System and developer text goes in ``system``; tool calls and results become
+``tool_use`` / ``tool_result`` blocks; consecutive messages of the same role are merged,
+as the API requires. The SDK's own retries are off; errors are mapped by
+:mod:`littleghost.models.overflow`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+
+from littleghost.errors import ConfigurationError, ProtocolError, ProviderError
+from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
+from littleghost.models._sdk import (
+    accepted_parameters,
+    check_context_window,
+    image_base64,
+    image_media_type,
+    import_sdk,
+    parse_arguments,
+    sse_events,
+    transport_errors,
+)
+from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
+from littleghost.models.overflow import classify_error, transport_error
+from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
+
+DEFAULT_MAX_TOKENS = 4096
+"""The output cap sent when the request sets none (the API requires one)."""
+
+logger = logging.getLogger(__name__)
+
+_RESERVED = frozenset(
+    {
+        "messages",
+        "model",
+        "system",
+        "tools",
+        "stream",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "timeout",
+    }
+)
+_STOP_REASONS = {
+    "end_turn": StopReason.END_TURN,
+    "pause_turn": StopReason.END_TURN,
+    "max_tokens": StopReason.MAX_TOKENS,
+    "model_context_window_exceeded": StopReason.MAX_TOKENS,
+    "stop_sequence": StopReason.STOP_SEQUENCE,
+    "tool_use": StopReason.TOOL_USE,
+    "refusal": StopReason.CONTENT_FILTER,
+}
+_TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
+
+
+def _image(part: ImagePart) -> dict[str, Any]:
+    if part.url is not None:
+        return {"type": "image", "source": {"type": "url", "url": part.url}}
+    return {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": image_media_type(part),
+            "data": image_base64(part),
+        },
+    }
+
+
+def _block(part: object) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text} if part.text else None
+    if isinstance(part, ImagePart):
+        return _image(part)
+    if isinstance(part, ToolCall):
+        arguments = part.arguments if isinstance(part.arguments, Mapping) else {}
+        return {"type": "tool_use", "id": part.id, "name": part.name, "input": dict(arguments)}
+    if isinstance(part, ToolResult):
+        return {
+            "type": "tool_result",
+            "tool_use_id": part.call_id,
+            "content": part.content,
+            "is_error": part.is_error,
+        }
+    return None
+
+
+def convert_messages(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The ``system`` text and the ``messages`` list for a conversation.
+
+    System and developer text is joined into ``system``; tool results travel in user
+    turns; consecutive turns of one role are merged; empty text is left out.
+    """
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role.is_trusted:
+            if message.text:
+                system.append(message.text)
+            continue
+        role = "assistant" if message.role is Role.ASSISTANT else "user"
+        blocks = [block for part in message.content if (block := _block(part)) is not None]
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return ("\n\n".join(system) or None), turns
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "input_schema": dict(spec.parameters),
+    }
+
+
+def _tool_choice(value: object) -> object:
+    if isinstance(value, str) and value in _TOOL_CHOICES:
+        return {"type": _TOOL_CHOICES[value]}
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        function = value.get("function")
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            return {"type": "tool", "name": function["name"]}
+    return value
+
+
+def stop_reason(reason: str | None, has_tool_calls: bool) -> StopReason:
+    """The ``StopReason`` for an Anthropic ``stop_reason``."""
+    mapped = _STOP_REASONS.get(reason or "", StopReason.END_TURN)
+    if has_tool_calls and mapped is StopReason.END_TURN:
+        return StopReason.TOOL_USE
+    return mapped
+
+
+def _usage(usage: Any) -> Usage:
+    """Input tokens include cache writes and reads: together they are the prompt's size."""
+    if usage is None:
+        return Usage()
+    keys = (
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    )
+    if isinstance(usage, dict):
+        counts = [usage.get(key) or 0 for key in keys]
+    else:
+        counts = [getattr(usage, key, None) or 0 for key in keys]
+    return Usage(sum(counts[:3]), counts[3])
+
+
+def _streamed_response(
+    blocks: Mapping[int, Mapping[str, Any]], reason: str | None, usage: Mapping[str, Any]
+) -> ModelResponse:
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for _, block in sorted(blocks.items()):
+        if block.get("type") == "text":
+            text.append(block.get("text") or "")
+        elif block.get("type") == "tool_use":
+            raw = block.get("partial_json")
+            arguments = parse_arguments(raw) if raw else parse_arguments(block.get("input"))
+            calls.append(ToolCall(block.get("id") or "", block.get("name") or "", arguments))
+    return ModelResponse(
+        Message.assistant("".join(text), calls),
+        stop_reason(reason, bool(calls)),
+        _usage(dict(usage)),
+    )
+
+
+def _response(message: Any) -> ModelResponse:
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    for block in message.content or ():
+        if block.type == "text":
+            text.append(block.text)
+        elif block.type == "tool_use":
+            calls.append(ToolCall(block.id, block.name, parse_arguments(block.input)))
+    return ModelResponse(
+        Message.assistant("".join(text), calls),
+        stop_reason(message.stop_reason, bool(calls)),
+        _usage(message.usage),
+    )
+
+
+class AnthropicModel:
+    """A Claude model through the Anthropic Messages API.
+
+    Args:
+        model: The model's name (``claude-sonnet-4-6``, ...).
+        client: An ``anthropic.AsyncAnthropic`` to use (its own retries are turned off);
+            by default one is made with ``api_key``.
+        api_key: The key (default: ``ANTHROPIC_API_KEY``).
+        context_window: The model's window in tokens, when known.
+
+    Settings are translated for the API: ``max_tokens`` is always sent (default
+    ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
+    ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
+    becomes ``metadata.user_id``; settings the installed SDK does not accept (``seed``,
+    ...) are left out.
+
+    Raises:
+        ConfigurationError: The SDK is not installed, or no key is set.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        api_key: str | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError(f"{owner}: model must be a non-empty str, not {model!r}")
+        self._name = model
+        self._context_window = check_context_window(owner, context_window)
+        self._sdk = import_sdk("anthropic", "anthropic")
+        if client is None:
+            api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+            if api_key is None:
+                raise ConfigurationError(
+                    f"{owner}: no Anthropic API key: set ANTHROPIC_API_KEY (or pass api_key=)"
+                )
+            client = self._sdk.AsyncAnthropic(api_key=api_key, max_retries=0)
+            self._owns_client = True
+        else:
+            client = client.with_options(max_retries=0)
+            self._owns_client = False
+        self._client = client
+        self._accepted = accepted_parameters(client.messages.create)
+        self._http_errors, self._timeouts = transport_errors()
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._name
+
+    @property
+    def context_window(self) -> int | None:
+        """The window given to the constructor; ``None`` when unknown."""
+        return self._context_window
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, when this model made it."""
+        if self._owns_client:
+            with anyio.CancelScope(shield=True):
+                await self._client.close()
+
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        system, messages = convert_messages(request.messages)
+        params: dict[str, Any] = {"model": self._name, "messages": messages}
+        if system is not None:
+            params["system"] = system
+        if request.tools:
+            params["tools"] = [_tool(spec) for spec in request.tools]
+        settings = dict(request.settings)
+        reserved = sorted(settings.keys() & _RESERVED)
+        if reserved:
+            raise ConfigurationError(
+                f"settings: {reserved[0]!r} is set by littleghost and cannot be a model setting"
+            )
+        params["max_tokens"] = settings.pop("max_tokens", None) or DEFAULT_MAX_TOKENS
+        stop = settings.pop("stop", None)
+        if stop:
+            settings.setdefault("stop_sequences", [stop] if isinstance(stop, str) else list(stop))
+        user = settings.pop("user", None)
+        if isinstance(user, str) and user:
+            settings.setdefault("metadata", {"user_id": user})
+        choice: Any = _tool_choice(settings.pop("tool_choice", None))
+        parallel = settings.pop("parallel_tool_calls", None)
+        if request.tools and (choice is not None or parallel is False):
+            choice = dict(choice) if isinstance(choice, Mapping) else {"type": "auto"}
+            if parallel is False:
+                choice["disable_parallel_tool_use"] = True
+            settings["tool_choice"] = choice
+        accepted = self._accepted
+        dropped = sorted(key for key in settings if key not in accepted)
+        if dropped:
+            logger.debug(
+                "%s: settings the installed SDK does not take were left out: %s",
+                self.provider,
+                dropped,
+            )
+        params.update((key, value) for key, value in settings.items() if key in accepted)
+        return params
+
+    def _error(self, error: Exception) -> ProviderError | None:
+        sdk = self._sdk
+        if isinstance(error, sdk.APIStatusError):
+            return classify_error(
+                provider=self.provider,
+                status=error.status_code,
+                body=error.body,
+                headers=error.response.headers,
+                message=error.message,
+            )
+        if isinstance(error, sdk.APITimeoutError):
+            return transport_error(self.provider, timeout=True)
+        if isinstance(error, sdk.APIConnectionError):
+            return transport_error(self.provider, timeout=False)
+        if isinstance(error, sdk.APIError):
+            return classify_error(provider=self.provider, body=error.body, message=error.message)
+        if isinstance(error, self._http_errors):
+            return transport_error(self.provider, timeout=isinstance(error, self._timeouts))
+        if isinstance(error, sdk.AnthropicError):
+            return ProviderError(
+                f"{self.provider}: the SDK failed ({type(error).__name__})", provider=self.provider
+            )
+        return None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request with one Messages call."""
+        params = self._params(request)
+        try:
+            message = await self._client.messages.create(**params)
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        return _response(message)
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
+        """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.
+
+        Closing the iterator early closes the HTTP response, which stops generation.
+        """
+        params = self._params(request)
+        blocks: dict[int, dict[str, Any]] = {}
+        reason: str | None = None
+        usage: dict[str, Any] = {}
+        try:
+            create = self._client.messages.with_streaming_response.create
+            async with create(**params, stream=True) as response:
+                http = response.http_response
+                try:
+                    async with aclosing(sse_events(http)) as events:
+                        async for _, data in events:
+                            event = self._event(data)
+                            kind = event.get("type")
+                            if kind == "message_start":
+                                usage.update((event.get("message") or {}).get("usage") or {})
+                            elif kind == "content_block_start":
+                                blocks[event.get("index", 0)] = dict(
+                                    event.get("content_block") or {}
+                                )
+                            elif kind == "content_block_delta":
+                                block = blocks.setdefault(event.get("index", 0), {})
+                                delta = event.get("delta") or {}
+                                if delta.get("type") == "text_delta" and delta.get("text"):
+                                    block["text"] = block.get("text", "") + delta["text"]
+                                    yield TextChunk(delta["text"])
+                                elif delta.get("type") == "input_json_delta":
+                                    block["partial_json"] = block.get("partial_json", "") + (
+                                        delta.get("partial_json") or ""
+                                    )
+                            elif kind == "message_delta":
+                                reason = (event.get("delta") or {}).get("stop_reason") or reason
+                                usage.update(
+                                    (key, value)
+                                    for key, value in (event.get("usage") or {}).items()
+                                    if value is not None
+                                )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await http.aclose()
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        yield StreamDone(_streamed_response(blocks, reason, usage))
+
+    def _event(self, data: str) -> dict[str, Any]:
+        """One streamed event; an error event is raised as the error it reports."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise ProtocolError(
+                f"{self.provider}: the stream sent an event that is not JSON"
+            ) from None
+        if not isinstance(event, dict):
+            raise ProtocolError(f"{self.provider}: the stream sent an event that is not an object")
+        if event.get("type") == "error":
+            raise classify_error(provider=self.provider, body=event)
+        return event
+
+
+def from_model_string(model: str | None) -> AnthropicModel:
+    """Build the model an ``"anthropic:NAME"`` string names (key from ``ANTHROPIC_API_KEY``)."""
+    if not model:
+        raise ConfigurationError(
+            "model: 'anthropic' needs a model name, as in 'anthropic:claude-sonnet-4-6'"
+        )
+    return AnthropicModel(model)

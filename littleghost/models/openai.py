@@ -1,0 +1,387 @@
+"""OpenAI-compatible chat completions through the official ``openai`` SDK.
+
+Works against OpenAI and any server that speaks chat completions (vLLM, llama.cpp,
+Ollama, ...). The SDK's own retries are off; errors are mapped by
+:mod:`littleghost.models.overflow`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import AsyncExitStack, aclosing
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+from littleghost.errors import ConfigurationError, ProtocolError, ProviderError
+from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall
+from littleghost.models._sdk import (
+    accepted_parameters,
+    check_context_window,
+    image_base64,
+    image_media_type,
+    import_sdk,
+    parse_arguments,
+    sse_events,
+    transport_errors,
+)
+from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
+from littleghost.models.overflow import classify_error, transport_error
+from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+
+__all__ = ["OpenAIModel", "from_model_string"]
+
+_RESERVED = frozenset(
+    {
+        "messages",
+        "model",
+        "tools",
+        "stream",
+        "stream_options",
+        "functions",
+        "function_call",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "timeout",
+    }
+)
+_TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
+_STOP_REASONS = {
+    "stop": StopReason.END_TURN,
+    "length": StopReason.MAX_TOKENS,
+    "tool_calls": StopReason.TOOL_USE,
+    "function_call": StopReason.TOOL_USE,
+    "content_filter": StopReason.CONTENT_FILTER,
+}
+
+
+def _is_official(base_url: object) -> bool:
+    return (urlsplit(str(base_url)).hostname or "") == "api.openai.com"
+
+
+def stop_reason(finish_reason: str | None, has_tool_calls: bool) -> StopReason:
+    """The ``StopReason`` for a chat-completions ``finish_reason``."""
+    reason = _STOP_REASONS.get(finish_reason or "", StopReason.END_TURN)
+    if has_tool_calls and reason is StopReason.END_TURN:
+        return StopReason.TOOL_USE
+    return reason
+
+
+def _image(part: ImagePart) -> dict[str, Any]:
+    url = part.url or f"data:{image_media_type(part)};base64,{image_base64(part)}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _tool_call(call: ToolCall) -> dict[str, Any]:
+    arguments = (
+        call.arguments
+        if isinstance(call.arguments, str)
+        else json.dumps(call.arguments, ensure_ascii=False, default=str)
+    )
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
+
+
+def _message(message: Message, developer_role: str) -> Iterator[dict[str, Any]]:
+    role = message.role
+    if role is Role.TOOL:
+        for result in message.tool_results:
+            yield {"role": "tool", "tool_call_id": result.call_id, "content": result.content}
+        return
+    if role is Role.ASSISTANT:
+        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        if message.tool_calls:
+            entry["tool_calls"] = [_tool_call(call) for call in message.tool_calls]
+        yield entry
+        return
+    name = developer_role if role is Role.DEVELOPER else role.value
+    parts = [part for part in message.content if isinstance(part, (TextPart, ImagePart))]
+    if role is Role.USER and any(isinstance(part, ImagePart) for part in parts):
+        content: Any = [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else _image(part)
+            for part in parts
+        ]
+    else:
+        content = message.text
+    yield {"role": name, "content": content}
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": dict(spec.parameters),
+        },
+    }
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    if isinstance(usage, dict):
+        return Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+
+
+def _tool_calls(raw: Any) -> list[ToolCall]:
+    calls = []
+    for index, call in enumerate(raw or ()):
+        function = getattr(call, "function", None)
+        if function is None:
+            continue
+        calls.append(
+            ToolCall(
+                call.id or f"call_{index}", function.name or "", parse_arguments(function.arguments)
+            )
+        )
+    return calls
+
+
+class OpenAIModel:
+    """A chat model behind an OpenAI-compatible chat-completions endpoint.
+
+    Args:
+        model: The model's name, as the server knows it.
+        client: An ``openai.AsyncOpenAI`` to use (its own retries are turned off);
+            by default one is made from ``base_url`` and ``api_key``.
+        base_url: The server's URL (default: ``OPENAI_BASE_URL``, else OpenAI's).
+        api_key: The key (default: ``OPENAI_API_KEY``; optional with a custom ``base_url``).
+        context_window: The model's window in tokens, when known.
+
+    Raises:
+        ConfigurationError: The SDK is not installed, or no key is set for OpenAI.
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: Any = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError(f"{owner}: model must be a non-empty str, not {model!r}")
+        self._name = model
+        self._context_window = check_context_window(owner, context_window)
+        self._sdk = import_sdk("openai", "openai")
+        if client is None:
+            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+            if api_key is None:
+                if base_url is None:
+                    raise ConfigurationError(
+                        f"{owner}: no OpenAI API key: set OPENAI_API_KEY (or pass api_key=; "
+                        "OPENAI_BASE_URL points it at another server)"
+                    )
+                api_key = "unused"
+            client = self._sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+            self._owns_client = True
+        else:
+            client = client.with_options(max_retries=0)
+            self._owns_client = False
+        self._client = client
+        self._official = _is_official(client.base_url)
+        self._accepted = accepted_parameters(client.chat.completions.create)
+        self._stream_usage = True
+        self._http_errors, self._timeouts = transport_errors()
+
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._name
+
+    @property
+    def context_window(self) -> int | None:
+        """The window given to the constructor; ``None`` when unknown."""
+        return self._context_window
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, when this model made it."""
+        if self._owns_client:
+            with anyio.CancelScope(shield=True):
+                await self._client.close()
+
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        developer_role = "developer" if self._official else "system"
+        params: dict[str, Any] = {
+            "model": self._name,
+            "messages": [
+                entry for message in request.messages for entry in _message(message, developer_role)
+            ],
+        }
+        if request.tools:
+            params["tools"] = [_tool(spec) for spec in request.tools]
+        extra: dict[str, Any] = {}
+        for key, value in request.settings.items():
+            if key in _RESERVED:
+                raise ConfigurationError(
+                    f"settings: {key!r} is set by littleghost and cannot be a model setting"
+                )
+            if key in _TOOL_SETTINGS and not request.tools:
+                continue
+            if key == "max_tokens" and self._official:
+                key = "max_completion_tokens"
+            (params if key in self._accepted else extra)[key] = value
+        if extra:
+            params["extra_body"] = extra
+        return params
+
+    def _error(self, error: Exception) -> ProviderError | None:
+        sdk = self._sdk
+        if isinstance(error, sdk.APIStatusError):
+            return classify_error(
+                provider=self.provider,
+                status=error.status_code,
+                body=error.body,
+                headers=error.response.headers,
+                message=error.message,
+            )
+        if isinstance(error, sdk.APITimeoutError):
+            return transport_error(self.provider, timeout=True)
+        if isinstance(error, sdk.APIConnectionError):
+            return transport_error(self.provider, timeout=False)
+        if isinstance(error, sdk.APIError):
+            return classify_error(provider=self.provider, body=error.body, message=error.message)
+        if isinstance(error, self._http_errors):
+            return transport_error(self.provider, timeout=isinstance(error, self._timeouts))
+        if isinstance(error, sdk.OpenAIError):
+            return ProviderError(
+                f"{self.provider}: the SDK failed ({type(error).__name__})", provider=self.provider
+            )
+        return None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request with one chat completion."""
+        params = self._params(request)
+        try:
+            completion = await self._client.chat.completions.create(**params)
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ProtocolError(
+                f"{self.provider}: the completion for {self._name!r} has no choices"
+            )
+        choice = choices[0]
+        message = choice.message
+        calls = _tool_calls(message.tool_calls)
+        text = message.content or getattr(message, "refusal", None) or ""
+        return ModelResponse(
+            Message.assistant(text, calls),
+            stop_reason(choice.finish_reason, bool(calls)),
+            _usage(completion.usage),
+        )
+
+    async def _open_stream(self, stack: AsyncExitStack, params: dict[str, Any]) -> Any:
+        """Send the streaming request; without ``stream_options`` if the server rejects it."""
+        create = self._client.chat.completions.with_streaming_response.create
+        if self._stream_usage:
+            try:
+                return await stack.enter_async_context(
+                    create(**params, stream=True, stream_options={"include_usage": True})
+                )
+            except self._sdk.APIStatusError as error:
+                if error.status_code not in (400, 422) or "stream_options" not in (
+                    f"{error.message} {error.body}"
+                ):
+                    raise
+                self._stream_usage = False
+        return await stack.enter_async_context(create(**params, stream=True))
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
+        """Stream one chat completion: ``TextChunk`` values, then one ``StreamDone``.
+
+        Closing the iterator early closes the HTTP response, which stops the server's
+        generation.
+        """
+        params = self._params(request)
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish_reason: str | None = None
+        usage: Any = None
+        try:
+            async with AsyncExitStack() as stack:
+                http = (await self._open_stream(stack, params)).http_response
+                try:
+                    async with aclosing(sse_events(http)) as events:
+                        async for _, data in events:
+                            if data.strip() == "[DONE]":
+                                continue  # read the body to its end: nothing is left open
+                            chunk = self._chunk(data)
+                            usage = chunk.get("usage") or usage
+                            for choice in chunk.get("choices") or ():
+                                if choice.get("index", 0) != 0:
+                                    continue
+                                delta = choice.get("delta") or {}
+                                if delta.get("content"):
+                                    text.append(delta["content"])
+                                    yield TextChunk(delta["content"])
+                                for piece in delta.get("tool_calls") or ():
+                                    call = calls.setdefault(
+                                        piece.get("index", 0),
+                                        {"id": None, "name": "", "arguments": ""},
+                                    )
+                                    call["id"] = piece.get("id") or call["id"]
+                                    function = piece.get("function") or {}
+                                    call["name"] += function.get("name") or ""
+                                    call["arguments"] += function.get("arguments") or ""
+                                finish_reason = choice.get("finish_reason") or finish_reason
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await http.aclose()
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        tool_calls = [
+            ToolCall(
+                call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
+            )
+            for index, call in sorted(calls.items())
+        ]
+        yield StreamDone(
+            ModelResponse(
+                Message.assistant("".join(text), tool_calls),
+                stop_reason(finish_reason, bool(tool_calls)),
+                _usage(usage),
+            )
+        )
+
+    def _chunk(self, data: str) -> dict[str, Any]:
+        """One streamed chunk; an error event is raised as the error it reports."""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ProtocolError(
+                f"{self.provider}: the stream sent an event that is not JSON"
+            ) from None
+        if not isinstance(chunk, dict):
+            raise ProtocolError(f"{self.provider}: the stream sent an event that is not an object")
+        if chunk.get("error"):
+            raise classify_error(provider=self.provider, body=chunk["error"])
+        return chunk
+
+
+def from_model_string(model: str | None) -> OpenAIModel:
+    """Build the model an ``"openai:NAME"`` string names (key from ``OPENAI_API_KEY``)."""
+    if not model:
+        raise ConfigurationError("model: 'openai' needs a model name, as in 'openai:gpt-4o-mini'")
+    return OpenAIModel(model)

@@ -1,0 +1,361 @@
+"""The one classifier of provider errors, shared by every provider.
+
+A provider hands over what it got (HTTP status, JSON body, headers, message) and gets
+back the littleghost exception to raise: structured codes first
+(``context_length_exceeded``, ``exceed_context_size_error``), then the known message
+forms of OpenAI, Anthropic, Bedrock, Gemini, vLLM, OpenRouter, Mistral, xAI and
+llama.cpp → ``ContextWindowOverflowError``; 429 → ``RateLimitError`` with
+``retry_after`` from the headers (unless waiting cannot help: a single request over the
+per-minute limit, or an exhausted quota); 5xx and 408 → ``ProviderUnavailableError``;
+any other 4xx → ``InvalidRequestError``. A rate-limit message that mentions tokens is
+never an overflow.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+
+__all__ = [
+    "MAX_DETAIL_CHARS",
+    "classify_error",
+    "is_overflow_message",
+    "retry_after_seconds",
+    "transport_error",
+]
+
+MAX_DETAIL_CHARS = 300
+"""How much of a provider's own error message an exception message keeps."""
+
+_OVERFLOW_CODES = frozenset(
+    {
+        "context_length_exceeded",
+        "exceed_context_size_error",
+        "context_window_exceeded",
+        "model_context_window_exceeded",
+    }
+)
+_RATE_LIMIT_CODES = frozenset(
+    {
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        "resource_exhausted",
+        "throttlingexception",
+        "too_many_requests",
+    }
+)
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "overloaded_error",
+        "api_error",
+        "server_error",
+        "internal_server_error",
+        "internal",
+        "unavailable",
+        "service_unavailable",
+        "timeout_error",
+        "serviceunavailableexception",
+        "modelnotreadyexception",
+    }
+)
+_QUOTA_CODES = frozenset({"insufficient_quota", "billing_error"})
+
+_OVERFLOW_MESSAGES = re.compile(
+    "|".join(
+        (
+            r"maximum context length",  # OpenAI, vLLM, OpenRouter, Groq, DeepSeek
+            r"context[ _]length[ _]exceeded",
+            r"exceeds? the context window",  # OpenAI (Responses), generic
+            r"prompt is too long",  # Anthropic, Bedrock (Claude)
+            r"prompt too long",  # Ollama
+            r"input length and `?max_tokens`? exceed context limit",  # Anthropic
+            r"exceeds the maximum number of tokens",  # Gemini
+            r"input is too long",  # Bedrock
+            r"too many input tokens",  # Bedrock (Titan)
+            r"exceeds? the available context size",  # llama.cpp
+            r"input is too large to process",  # llama.cpp (older)
+            r"longer than the maximum model length",  # vLLM
+            r"too large for model with \d+ maximum context length",  # Mistral
+            r"maximum prompt length is \d+",  # xAI
+        )
+    ),
+    re.IGNORECASE,
+)
+_RATE_LIMIT_MESSAGES = re.compile(
+    r"rate.?limit|per min|per day|\bTPM\b|\bRPM\b|throttl|too many requests|quota",
+    re.IGNORECASE,
+)
+_REQUEST_TOO_LARGE = re.compile(
+    r"request too large.*?limit\s+([\d,]+).*?requested\s+([\d,]+)", re.I | re.S
+)
+
+_N = r"([\d,]+)"
+# (pattern, group of the prompt size, group of the window); 0 when the message lacks it.
+_SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE | re.DOTALL), prompt, window)
+    for pattern, prompt, window in (
+        (rf"request \({_N} tokens\) exceeds the available context size \({_N} tokens\)", 1, 2),
+        (rf"prompt is too long: {_N} tokens > {_N}", 1, 2),
+        (rf"exceed context limit: {_N} \+ {_N} > {_N}", 1, 3),
+        (
+            rf"input token count \(?{_N}\)? exceeds the maximum number of tokens allowed \(?{_N}",
+            1,
+            2,
+        ),
+        (rf"prompt \(length {_N}\) is longer than the maximum model length of {_N}", 1, 2),
+        (rf"prompt contains {_N} tokens.*?too large for model with {_N} maximum", 1, 2),
+        (rf"maximum prompt length is {_N} but the request contains {_N}", 2, 1),
+        (rf"max input tokens: {_N}, request input token count: {_N}", 2, 1),
+        (rf"\({_N} in the messages", 1, 0),
+        (rf"{_N} of text input", 1, 0),
+        (rf"request has {_N} input tokens", 1, 0),
+        (rf"messages resulted in {_N} tokens", 1, 0),
+        (rf"requested (?:about )?{_N} tokens", 1, 0),
+        (rf"maximum context length is {_N}", 0, 1),
+    )
+)
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+def _mappings(body: object) -> Iterator[Mapping[str, Any]]:
+    """The body and the error objects nested in it (``error``, ``details``, list items)."""
+    if isinstance(body, list):
+        for item in body[:4]:
+            yield from _mappings(item)
+        return
+    if not isinstance(body, Mapping):
+        return
+    yield body
+    for key in ("error", "details"):
+        yield from _mappings(body.get(key))
+
+
+def _codes(body: object) -> list[str]:
+    """The body's error codes and types, the most specific (innermost) first."""
+    codes: list[str] = []
+    for mapping in reversed(list(_mappings(body))):
+        for key in ("error_code", "code", "type", "__type", "status"):
+            value = mapping.get(key)
+            if isinstance(value, str) and value and value != "error":
+                code = value.rsplit("#", 1)[-1].lower()
+                if code not in codes:
+                    codes.append(code)
+    return codes
+
+
+def _body_message(body: object) -> str | None:
+    for mapping in _mappings(body):
+        for key in ("message", "error", "detail"):
+            value = mapping.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def _body_int(body: object, key: str) -> int | None:
+    for mapping in _mappings(body):
+        value = mapping.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _sizes(message: str) -> tuple[int | None, int | None]:
+    prompt: int | None = None
+    window: int | None = None
+    for pattern, prompt_group, window_group in _SIZES:
+        found = pattern.search(message)
+        if found is None:
+            continue
+        if prompt is None and prompt_group:
+            prompt = _number(found.group(prompt_group))
+        if window is None and window_group:
+            window = _number(found.group(window_group))
+        if prompt is not None and window is not None:
+            break
+    return prompt, window
+
+
+def is_overflow_message(message: str) -> bool:
+    """True when ``message`` is one of the known forms of a context-window overflow
+    (and not a rate-limit message that happens to mention tokens)."""
+    return bool(_OVERFLOW_MESSAGES.search(message)) and not _RATE_LIMIT_MESSAGES.search(message)
+
+
+def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if not headers:
+        return None
+    value = headers.get(name)
+    if value is None:
+        for key, candidate in headers.items():
+            if key.lower() == name:
+                return candidate
+    return value
+
+
+def retry_after_seconds(
+    headers: Mapping[str, str] | None, *, body: object = None, message: str = ""
+) -> float | None:
+    """Seconds the provider asked to wait: ``retry-after-ms``, ``retry-after`` (seconds or
+    an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" in the message."""
+    value = _header(headers, "retry-after-ms")
+    if value is not None:
+        try:
+            milliseconds = float(value)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(milliseconds) and milliseconds >= 0:
+                return milliseconds / 1000
+    value = _header(headers, "retry-after")
+    if value is not None:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None and when.tzinfo is not None:
+                return max(0.0, when.timestamp() - time.time())
+        else:
+            if math.isfinite(seconds) and seconds >= 0:
+                return seconds
+    for mapping in _mappings(body):
+        delay = mapping.get("retryDelay")
+        if isinstance(delay, str) and (found := _DURATION.match(delay)):
+            return float(found.group(1))
+    found = _TRY_AGAIN.search(message)
+    if found is not None:
+        amount = float(found.group(1))
+        return amount / 1000 if found.group(2).lower() == "ms" else amount
+    return None
+
+
+def _detail(message: str | None) -> str:
+    if not message:
+        return ""
+    message = " ".join(message.split())
+    if len(message) > MAX_DETAIL_CHARS:
+        message = message[: MAX_DETAIL_CHARS - 1] + "…"
+    return f": {message}"
+
+
+def _effective_status(status: int | None, codes: set[str]) -> int | None:
+    if status is not None and status >= 400:
+        return status
+    if codes & _RATE_LIMIT_CODES:
+        return 429
+    if codes & _UNAVAILABLE_CODES:
+        return 503
+    if codes & _QUOTA_CODES:
+        return 402
+    if "invalid_request_error" in codes or "invalid_argument" in codes:
+        return 400
+    return None
+
+
+def classify_error(
+    *,
+    provider: str,
+    status: int | None = None,
+    body: object = None,
+    headers: Mapping[str, str] | None = None,
+    message: str | None = None,
+) -> ProviderError:
+    """The littleghost exception for a provider's error answer.
+
+    Args:
+        provider: The provider's name, for the exception's ``provider``.
+        status: The HTTP status, when there was one (a mid-stream error event has none,
+            or the stream's 200).
+        body: The decoded JSON error body (the whole body or its ``error`` object).
+        headers: The response headers (for ``retry-after``).
+        message: The SDK's message, used when the body holds none.
+
+    Returns:
+        The exception to raise, with the provider's own message (shortened) in its text.
+    """
+    found = _codes(body)
+    codes = set(found)
+    text = _body_message(body) or message or ""
+    overflow_codes = [code for code in found if code in _OVERFLOW_CODES]
+    code = (overflow_codes + found)[0] if found else None
+    effective = _effective_status(status, codes)
+    detail = _detail(text)
+    http = f"HTTP {status}" if status is not None and status >= 400 else "an error"
+    rate_limited = effective == 429 or bool(codes & _RATE_LIMIT_CODES)
+    if codes & _OVERFLOW_CODES or (not rate_limited and is_overflow_message(text)):
+        prompt, window = _sizes(text)
+        return ContextWindowOverflowError(
+            f"{provider}: the prompt does not fit the model's context window{detail}",
+            status=status,
+            code=code,
+            provider=provider,
+            prompt_tokens=_body_int(body, "n_prompt_tokens") or prompt,
+            context_window=_body_int(body, "n_ctx") or window,
+        )
+    if rate_limited:
+        if _REQUEST_TOO_LARGE.search(text):
+            return InvalidRequestError(
+                f"{provider}: the request alone is over the per-minute token limit, so waiting "
+                f"cannot help{detail}",
+                status=status,
+                code=code,
+                provider=provider,
+            )
+        if codes & _QUOTA_CODES:
+            return InvalidRequestError(
+                f"{provider}: the account's quota is exhausted{detail}",
+                status=status,
+                code=code,
+                provider=provider,
+            )
+        return RateLimitError(
+            f"{provider}: rate limited ({http}){detail}",
+            status=status,
+            code=code,
+            provider=provider,
+            retry_after=retry_after_seconds(headers, body=body, message=text),
+        )
+    if effective is None or effective >= 500 or effective == 408:
+        return ProviderUnavailableError(
+            f"{provider}: the provider is unavailable ({http}){detail}",
+            status=status,
+            code=code,
+            provider=provider,
+            retry_after=retry_after_seconds(headers, body=body),
+        )
+    return InvalidRequestError(
+        f"{provider}: the request was rejected ({http}){detail}",
+        status=status,
+        code=code,
+        provider=provider,
+    )
+
+
+def transport_error(provider: str, *, timeout: bool) -> ProviderUnavailableError:
+    """The exception for a request that got no answer: a timeout or a connection error."""
+    what = "timed out" if timeout else "could not reach the provider"
+    return ProviderUnavailableError(
+        f"{provider}: the request {what}",
+        code="timeout" if timeout else "connection_error",
+        provider=provider,
+    )

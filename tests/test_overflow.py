@@ -1,0 +1,497 @@
+"""The provider error classifier, on the providers' real error bodies and headers."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import pytest
+
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.models.overflow import (
+    MAX_DETAIL_CHARS,
+    classify_error,
+    is_overflow_message,
+    retry_after_seconds,
+    transport_error,
+)
+
+# (provider, status, body, prompt tokens, window) as the providers send them.
+OVERFLOWS = [
+    pytest.param(
+        "openai",
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 128000 tokens. However, your "
+                "messages resulted in 130521 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+        130521,
+        128000,
+        id="openai-code",
+    ),
+    pytest.param(
+        "openai",
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 16385 tokens. However, you "
+                "requested 17000 tokens (15000 in the messages, 2000 in the completion). Please "
+                "reduce the length of the messages or completion.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": None,
+            }
+        },
+        15000,
+        16385,
+        id="openai-message",
+    ),
+    pytest.param(
+        "openai",
+        400,
+        {
+            "error": {
+                "message": "Your input exceeds the context window of this model. Please adjust "
+                "your input and try again.",
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": "context_length_exceeded",
+            }
+        },
+        None,
+        None,
+        id="openai-responses",
+    ),
+    pytest.param(
+        "anthropic",
+        400,
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208310 tokens > 200000 maximum",
+            },
+            "request_id": "req_011",
+        },
+        208310,
+        200000,
+        id="anthropic-prompt-too-long",
+    ),
+    pytest.param(
+        "anthropic",
+        400,
+        {
+            "type": "error",
+            "error": {
+                "type": "invalid_request_error",
+                "message": "input length and `max_tokens` exceed context limit: 197434 + 8192 > "
+                "200000, decrease input length or `max_tokens` and try again",
+            },
+        },
+        197434,
+        200000,
+        id="anthropic-with-max-tokens",
+    ),
+    pytest.param(
+        "bedrock",
+        400,
+        {"message": "Input is too long for requested model."},
+        None,
+        None,
+        id="bedrock",
+    ),
+    pytest.param(
+        "bedrock",
+        400,
+        {
+            "message": "Too many input tokens. Max input tokens: 8192, request input token count: 9001"
+        },
+        9001,
+        8192,
+        id="bedrock-titan",
+    ),
+    pytest.param(
+        "gemini",
+        400,
+        {
+            "error": {
+                "code": 400,
+                "message": "The input token count (1234567) exceeds the maximum number of tokens "
+                "allowed (1048576).",
+                "status": "INVALID_ARGUMENT",
+            }
+        },
+        1234567,
+        1048576,
+        id="gemini",
+    ),
+    pytest.param(
+        "gemini",
+        400,
+        [
+            {
+                "error": {
+                    "code": 400,
+                    "message": "The input token count exceeds the maximum number of tokens allowed "
+                    "1048576.",
+                    "status": "INVALID_ARGUMENT",
+                }
+            }
+        ],
+        None,
+        None,
+        id="gemini-openai-compatible-list",
+    ),
+    pytest.param(
+        "vllm",
+        400,
+        {
+            "object": "error",
+            "message": "This model's maximum context length is 4096 tokens. However, you requested "
+            "5000 tokens (4500 in the messages, 500 in the completion). Please reduce the length "
+            "of the messages or completion.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        },
+        4500,
+        4096,
+        id="vllm",
+    ),
+    pytest.param(
+        "vllm",
+        400,
+        {
+            "error": {
+                "message": "'max_tokens' or 'max_completion_tokens' is too large: 1000. This "
+                "model's maximum context length is 2048 tokens and your request has 1500 input "
+                "tokens (1000 > 2048 - 1500).",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+        },
+        1500,
+        2048,
+        id="vllm-newer",
+    ),
+    pytest.param(
+        "vllm",
+        400,
+        {
+            "object": "error",
+            "message": "The decoder prompt (length 5000) is longer than the maximum model length "
+            "of 4096. Make sure that `max_model_len` is no smaller than the number of text tokens.",
+            "type": "BadRequestError",
+            "code": 400,
+        },
+        5000,
+        4096,
+        id="vllm-decoder-prompt",
+    ),
+    pytest.param(
+        "openrouter",
+        400,
+        {
+            "error": {
+                "message": "This endpoint's maximum context length is 8192 tokens. However, you "
+                "requested about 9000 tokens (8000 of text input, 1000 in the output). Please "
+                'reduce the length of either one, or use the "middle-out" transform to compress '
+                "your prompt automatically.",
+                "code": 400,
+                "metadata": {"provider_name": None},
+            }
+        },
+        8000,
+        8192,
+        id="openrouter",
+    ),
+    pytest.param(
+        "mistral",
+        400,
+        {
+            "object": "error",
+            "message": "Prompt contains 40000 tokens and 0 draft tokens, too large for model with "
+            "32768 maximum context length",
+            "type": "invalid_request_error",
+            "code": None,
+        },
+        40000,
+        32768,
+        id="mistral",
+    ),
+    pytest.param(
+        "xai",
+        400,
+        {
+            "code": "Client specified an invalid argument",
+            "error": "This model's maximum prompt length is 131072 but the request contains "
+            "140000 tokens.",
+        },
+        140000,
+        131072,
+        id="xai",
+    ),
+    pytest.param(
+        "local",
+        400,
+        {
+            "error": {
+                "code": 400,
+                "type": "exceed_context_size_error",
+                "message": "request (530 tokens) exceeds the available context size (512 tokens), "
+                "try increasing it",
+                "n_prompt_tokens": 530,
+                "n_ctx": 512,
+            }
+        },
+        530,
+        512,
+        id="llama.cpp",
+    ),
+    pytest.param(
+        "local",
+        400,
+        {"error": {"code": 400, "type": "exceed_context_size_error", "message": "too big"}},
+        None,
+        None,
+        id="llama.cpp-code-only",
+    ),
+]
+
+
+@pytest.mark.parametrize(("provider", "status", "body", "prompt", "window"), OVERFLOWS)
+def test_known_overflow_forms_are_context_window_overflows(
+    provider: str, status: int, body: object, prompt: int | None, window: int | None
+) -> None:
+    error = classify_error(provider=provider, status=status, body=body)
+    assert isinstance(error, ContextWindowOverflowError)
+    assert (error.prompt_tokens, error.context_window) == (prompt, window)
+    assert (error.status, error.provider) == (status, provider)
+    assert "context window" in str(error)
+
+
+def test_the_sdk_message_is_used_when_the_body_has_none() -> None:
+    error = classify_error(
+        provider="openai",
+        status=400,
+        body="<html>Bad Request</html>",
+        message="This model's maximum context length is 8192 tokens. However, your messages "
+        "resulted in 9000 tokens.",
+    )
+    assert isinstance(error, ContextWindowOverflowError)
+    assert (error.prompt_tokens, error.context_window) == (9000, 8192)
+
+
+def test_an_overflow_code_wins_over_the_status() -> None:
+    error = classify_error(
+        provider="openai", status=413, body={"code": "context_length_exceeded", "message": "x"}
+    )
+    assert isinstance(error, ContextWindowOverflowError)
+    assert error.code == "context_length_exceeded"
+
+
+def test_rate_limit_with_retry_after_ms() -> None:
+    body = {
+        "error": {
+            "message": "Rate limit reached for gpt-4o in organization org-abc on tokens per min "
+            "(TPM): Limit 30000, Used 28000, Requested 4000. Please try again in 4.2s. Visit "
+            "https://platform.openai.com/account/rate-limits to learn more.",
+            "type": "tokens",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+    error = classify_error(
+        provider="openai", status=429, body=body, headers={"retry-after-ms": "1500"}
+    )
+    assert type(error) is RateLimitError
+    assert error.retry_after == 1.5
+    assert error.code == "rate_limit_exceeded"
+
+
+def test_a_rate_limit_that_mentions_tokens_is_not_an_overflow() -> None:
+    body = {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "This request would exceed the rate limit for your organization of 40,000 "
+            "input tokens per minute; the prompt is too long for the remaining budget.",
+        },
+    }
+    error = classify_error(
+        provider="anthropic", status=429, body=body, headers={"retry-after": "17"}
+    )
+    assert type(error) is RateLimitError
+    assert error.retry_after == 17.0
+
+
+def test_a_throttling_message_about_tokens_is_not_an_overflow() -> None:
+    error = classify_error(
+        provider="bedrock",
+        status=400,
+        body={"message": "Too many tokens per minute, please wait before trying again."},
+    )
+    assert type(error) is InvalidRequestError
+    assert not is_overflow_message("Rate limit: the input is too long for your tokens per minute")
+
+
+def test_a_request_over_the_per_minute_limit_is_not_retried() -> None:
+    body = {
+        "error": {
+            "message": "Request too large for gpt-4o in organization org-abc on tokens per min "
+            "(TPM): Limit 30000, Requested 45000. The input or output tokens must be reduced in "
+            "order to run successfully.",
+            "type": "tokens",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+    error = classify_error(provider="openai", status=429, body=body, headers={"retry-after": "1"})
+    assert type(error) is InvalidRequestError
+    assert error.status == 429
+    assert "waiting cannot help" in str(error)
+
+
+def test_an_exhausted_quota_is_not_retried() -> None:
+    body = {
+        "error": {
+            "message": "You exceeded your current quota, please check your plan and billing details.",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": "insufficient_quota",
+        }
+    }
+    error = classify_error(provider="openai", status=429, body=body)
+    assert type(error) is InvalidRequestError
+
+
+def test_gemini_retry_delay_is_read_from_the_details() -> None:
+    body = {
+        "error": {
+            "code": 429,
+            "message": "Resource has been exhausted (e.g. check quota).",
+            "status": "RESOURCE_EXHAUSTED",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "31s"},
+            ],
+        }
+    }
+    error = classify_error(provider="gemini", status=429, body=body)
+    assert type(error) is RateLimitError
+    assert error.retry_after == 31.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "message", "expected"),
+    [
+        ({"retry-after-ms": "250"}, "", 0.25),
+        ({"Retry-After": "12"}, "", 12.0),
+        ({"retry-after": "0.5"}, "", 0.5),
+        ({"retry-after": "soon"}, "", None),
+        ({}, "Please try again in 20ms.", 0.02),
+        ({}, "Please try again in 3s.", 3.0),
+        (None, "", None),
+    ],
+)
+def test_retry_after_forms(
+    headers: dict[str, str] | None, message: str, expected: float | None
+) -> None:
+    assert retry_after_seconds(headers, message=message) == expected
+
+
+def test_retry_after_as_an_http_date() -> None:
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    seconds = retry_after_seconds({"retry-after": when})
+    assert seconds is not None
+    assert 27 <= seconds <= 31
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (
+            500,
+            {"error": {"message": "The server had an error", "type": "server_error"}},
+            ProviderUnavailableError,
+        ),
+        (503, {"error": {"message": "Service Unavailable"}}, ProviderUnavailableError),
+        (
+            529,
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            ProviderUnavailableError,
+        ),
+        (408, {"message": "Request Timeout"}, ProviderUnavailableError),
+        (
+            401,
+            {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+            InvalidRequestError,
+        ),
+        (
+            404,
+            {"error": {"message": "The model `gpt-9` does not exist", "code": "model_not_found"}},
+            InvalidRequestError,
+        ),
+        (
+            413,
+            {
+                "type": "error",
+                "error": {
+                    "type": "request_too_large",
+                    "message": "Request exceeds the maximum allowed number of bytes.",
+                },
+            },
+            InvalidRequestError,
+        ),
+        (422, {"detail": [{"msg": "field required"}]}, InvalidRequestError),
+    ],
+)
+def test_status_classes(status: int, body: object, kind: type[ProviderError]) -> None:
+    error = classify_error(provider="p", status=status, body=body)
+    assert type(error) is kind
+    assert error.status == status
+
+
+def test_errors_in_a_stream_are_classified_by_their_type() -> None:
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    assert type(classify_error(provider="anthropic", status=200, body=overloaded)) is (
+        ProviderUnavailableError
+    )
+    limited = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    assert type(classify_error(provider="anthropic", status=200, body=limited)) is RateLimitError
+    invalid = {"error": {"type": "invalid_request_error", "message": "bad"}}
+    assert type(classify_error(provider="openai", body=invalid)) is InvalidRequestError
+    assert type(classify_error(provider="openai", body=None, message="boom")) is (
+        ProviderUnavailableError
+    )
+
+
+def test_the_provider_message_is_kept_short() -> None:
+    error = classify_error(provider="p", status=400, body={"error": {"message": "x" * 5000}})
+    assert len(str(error)) < MAX_DETAIL_CHARS + 100
+
+
+def test_transport_errors_are_transient() -> None:
+    timeout = transport_error("openai", timeout=True)
+    refused = transport_error("openai", timeout=False)
+    assert type(timeout) is ProviderUnavailableError
+    assert type(refused) is ProviderUnavailableError
+    assert "timed out" in str(timeout)
+    assert timeout.provider == refused.provider == "openai"

@@ -1,0 +1,553 @@
+"""AnthropicModel: request and response translation, streaming and error mapping, through
+the real ``anthropic`` SDK over a mock HTTP transport that answers as the API does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anthropic
+import anyio
+import httpx2
+import pytest
+
+from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, AnthropicModel, from_model_string
+from littleghost.models.streaming import StreamDone, TextChunk
+
+pytestmark = pytest.mark.anyio
+
+Answer = httpx2.Response | BaseException | Callable[[httpx2.Request], Any]
+
+
+class FakeServer:
+    """Plays one answer per HTTP request and records the requests."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx2.Request] = []
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            answer = answer(request)
+            if not isinstance(answer, httpx2.Response):
+                answer = await answer
+        return answer
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(request.content) for request in self.requests]
+
+
+def message(
+    content: list[dict[str, Any]],
+    stop_reason: str = "end_turn",
+    usage: dict[str, int] | None = None,
+) -> httpx2.Response:
+    return httpx2.Response(
+        200,
+        json={
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-5",
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage or {"input_tokens": 25, "output_tokens": 6},
+        },
+    )
+
+
+def sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(
+        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
+    )
+
+
+def event_stream(content: bytes) -> httpx2.Response:
+    return httpx2.Response(200, content=content, headers={"content-type": "text/event-stream"})
+
+
+def error(
+    status: int, kind: str, text: str, headers: dict[str, str] | None = None
+) -> httpx2.Response:
+    body = {"type": "error", "error": {"type": kind, "message": text}, "request_id": "req_011"}
+    return httpx2.Response(status, json=body, headers=headers)
+
+
+START = {
+    "type": "message_start",
+    "message": {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1},
+    },
+}
+
+
+def text_block(index: int, *pieces: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "text", "text": ""},
+        },
+        *(
+            {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "text_delta", "text": piece},
+            }
+            for piece in pieces
+        ),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def finish(stop_reason: str, output_tokens: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[anthropic.AsyncAnthropic]]:
+    made: list[anthropic.AsyncAnthropic] = []
+    yield made
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+def make_model(clients: list[anthropic.AsyncAnthropic]) -> Callable[..., AnthropicModel]:
+    def make(server: FakeServer, **options: Any) -> AnthropicModel:
+        client = anthropic.AsyncAnthropic(
+            api_key="sk-ant-test",
+            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
+        )
+        clients.append(client)
+        return AnthropicModel("claude-sonnet-5", client=client, **options)
+
+    return make
+
+
+ADD = ToolSpec(
+    "add",
+    "Add two numbers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+)
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+
+
+async def test_request_translation(make_model: Callable[..., AnthropicModel]) -> None:
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    request = ModelRequest(
+        [
+            Message.system("You are terse."),
+            Message.developer("Answer in English."),
+            Message.user("hello"),
+            Message.user("and another thing"),
+            Message("user", [TextPart("what is this?"), ImagePart(data=PNG)]),
+            Message.assistant(
+                "Adding.",
+                [ToolCall("toolu_1", "add", {"a": 1, "b": 2}), ToolCall("toolu_2", "add", "{oops")],
+            ),
+            Message.tool("toolu_1", "3"),
+            Message.tool("toolu_2", "Invalid arguments", is_error=True),
+            Message.user("thanks"),
+            Message.assistant(""),
+            Message("user", [ImagePart(url="https://example.com/cat.png")]),
+        ],
+        [ADD],
+        {"stop": "END", "seed": 7, "tool_choice": "required", "parallel_tool_calls": False},
+    )
+    response = await make_model(server).respond(request)
+    assert response.message.text == "ok"
+    [body] = server.bodies
+    assert body["model"] == "claude-sonnet-5"
+    assert body["system"] == "You are terse.\n\nAnswer in English."
+    assert body["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hello"},
+                {"type": "text", "text": "and another thing"},
+                {"type": "text", "text": "what is this?"},
+                {
+                    "type": "image",
+                    "source": {
+                        "type": "base64",
+                        "media_type": "image/png",
+                        "data": "iVBORw0KGgoAAAAAAAAAAA==",
+                    },
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Adding."},
+                {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}},
+                {"type": "tool_use", "id": "toolu_2", "name": "add", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": "3",
+                    "is_error": False,
+                },
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "content": "Invalid arguments",
+                    "is_error": True,
+                },
+                {"type": "text", "text": "thanks"},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
+            ],
+        },
+    ]
+    assert body["tools"] == [
+        {"name": "add", "description": "Add two numbers.", "input_schema": ADD.parameters}
+    ]
+    assert body["stop_sequences"] == ["END"]
+    assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert "seed" not in body and "stop" not in body
+
+
+async def test_settings_follow_what_the_sdk_takes(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    request = ModelRequest(
+        [Message.user("hi")],
+        settings={
+            "max_tokens": 300,
+            "user": "customer-42",
+            "tool_choice": {"type": "function", "function": {"name": "add"}},
+            "frequency_penalty": 0.5,
+        },
+    )
+    await make_model(server).respond(request)
+    [body] = server.bodies
+    assert body["max_tokens"] == 300
+    assert body["metadata"] == {"user_id": "customer-42"}
+    assert "tool_choice" not in body  # no tools in this request
+    assert "frequency_penalty" not in body
+    assert "system" not in body
+
+
+async def test_response_translation(make_model: Callable[..., AnthropicModel]) -> None:
+    server = FakeServer(
+        message(
+            [
+                {"type": "text", "text": "Adding both."},
+                {"type": "tool_use", "id": "toolu_a", "name": "add", "input": {"a": 1, "b": 2}},
+                {"type": "tool_use", "id": "toolu_b", "name": "add", "input": {"a": 3, "b": 4}},
+            ],
+            stop_reason="tool_use",
+            usage={
+                "input_tokens": 100,
+                "cache_creation_input_tokens": 20,
+                "cache_read_input_tokens": 300,
+                "output_tokens": 40,
+            },
+        )
+    )
+    response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert response.message.text == "Adding both."
+    assert response.message.tool_calls == (
+        ToolCall("toolu_a", "add", {"a": 1, "b": 2}),
+        ToolCall("toolu_b", "add", {"a": 3, "b": 4}),
+    )
+    assert response.stop_reason is StopReason.TOOL_USE
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (420, 40)
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("end_turn", StopReason.END_TURN),
+        ("max_tokens", StopReason.MAX_TOKENS),
+        ("stop_sequence", StopReason.STOP_SEQUENCE),
+        ("refusal", StopReason.CONTENT_FILTER),
+        ("pause_turn", StopReason.END_TURN),
+        ("model_context_window_exceeded", StopReason.MAX_TOKENS),
+    ],
+)
+async def test_stop_reasons(
+    make_model: Callable[..., AnthropicModel], reason: str, expected: StopReason
+) -> None:
+    server = FakeServer(message([{"type": "text", "text": "x"}], stop_reason=reason))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.stop_reason is expected
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind", "attributes"),
+    [
+        (
+            error(
+                400, "invalid_request_error", "prompt is too long: 208310 tokens > 200000 maximum"
+            ),
+            ContextWindowOverflowError,
+            {"status": 400, "prompt_tokens": 208310, "context_window": 200000},
+        ),
+        (
+            error(
+                400,
+                "invalid_request_error",
+                "input length and `max_tokens` exceed context limit: 197434 + 8192 > 200000, "
+                "decrease input length or `max_tokens` and try again",
+            ),
+            ContextWindowOverflowError,
+            {"prompt_tokens": 197434, "context_window": 200000},
+        ),
+        (
+            error(
+                429,
+                "rate_limit_error",
+                "This request would exceed the rate limit for your organization of 40,000 input "
+                "tokens per minute.",
+                {"retry-after": "17", "anthropic-ratelimit-input-tokens-remaining": "0"},
+            ),
+            RateLimitError,
+            {"status": 429, "retry_after": 17.0, "code": "rate_limit_error"},
+        ),
+        (error(529, "overloaded_error", "Overloaded"), ProviderUnavailableError, {"status": 529}),
+        (
+            error(500, "api_error", "Internal server error"),
+            ProviderUnavailableError,
+            {"status": 500},
+        ),
+        (
+            error(401, "authentication_error", "invalid x-api-key"),
+            InvalidRequestError,
+            {"status": 401, "code": "authentication_error"},
+        ),
+        (
+            error(413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+            InvalidRequestError,
+            {"status": 413},
+        ),
+        (
+            httpx2.ConnectError("connection refused"),
+            ProviderUnavailableError,
+            {"code": "connection_error"},
+        ),
+        (httpx2.ReadTimeout("timed out"), ProviderUnavailableError, {"code": "timeout"}),
+    ],
+)
+async def test_errors_are_mapped_and_not_retried_by_the_sdk(
+    make_model: Callable[..., AnthropicModel],
+    answer: Answer,
+    kind: type[ProviderError],
+    attributes: dict[str, object],
+) -> None:
+    server = FakeServer(answer, message([{"type": "text", "text": "should not be reached"}]))
+    with pytest.raises(ProviderError) as caught:
+        await make_model(server).respond(ModelRequest([Message.user("secret prompt text")]))
+    assert type(caught.value) is kind
+    assert not isinstance(caught.value, anthropic.AnthropicError)
+    assert caught.value.provider == "anthropic"
+    for name, value in attributes.items():
+        assert getattr(caught.value, name) == value, name
+    assert "secret prompt text" not in str(caught.value)
+    assert len(server.requests) == 1
+
+
+async def test_cancellation_propagates_untouched(make_model: Callable[..., AnthropicModel]) -> None:
+    async def never(request: httpx2.Request) -> httpx2.Response:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    with anyio.move_on_after(0.2) as scope:
+        await make_model(FakeServer(never)).respond(ModelRequest([Message.user("hi")]))
+    assert scope.cancelled_caught
+
+
+async def test_stream_yields_text_tool_calls_and_usage(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    server = FakeServer(
+        event_stream(
+            sse(
+                START,
+                {"type": "ping"},
+                *text_block(0, "Let me ", "add."),
+                {
+                    "type": "content_block_start",
+                    "index": 1,
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "add",
+                        "input": {},
+                    },
+                },
+                {
+                    "type": "content_block_delta",
+                    "index": 1,
+                    "delta": {"type": "input_json_delta", "partial_json": '{"a": 1'},
+                },
+                {
+                    "type": "content_block_delta",
+                    "index": 1,
+                    "delta": {"type": "input_json_delta", "partial_json": ', "b": 2}'},
+                },
+                {"type": "content_block_stop", "index": 1},
+                *finish("tool_use", 17),
+            )
+        )
+    )
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert events[:-1] == [TextChunk("Let me "), TextChunk("add.")]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.text == "Let me add."
+    assert done.response.message.tool_calls == (ToolCall("toolu_1", "add", {"a": 1, "b": 2}),)
+    assert done.response.stop_reason is StopReason.TOOL_USE
+    assert (done.response.usage.input_tokens, done.response.usage.output_tokens) == (100, 17)
+    [body] = server.bodies
+    assert body["stream"] is True
+
+
+async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel]) -> None:
+    before = FakeServer(
+        error(400, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum")
+    )
+    with pytest.raises(ContextWindowOverflowError):
+        async for _ in make_model(before).stream(ModelRequest([Message.user("hi")])):
+            pass
+    midway = FakeServer(
+        event_stream(
+            sse(START, *text_block(0, "par")[:2])
+            + b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+        )
+    )
+    seen: list[object] = []
+    with pytest.raises(ProviderUnavailableError):
+        async for event in make_model(midway).stream(ModelRequest([Message.user("hi")])):
+            seen.append(event)
+    assert seen == [TextChunk("par")]
+
+
+class EndlessBody(httpx2.AsyncByteStream):
+    """A response body that sends one piece, then waits; it records being closed."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await anyio.sleep_forever()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_closing_a_stream_early_closes_the_response(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    body = EndlessBody(sse(START, *text_block(0, "first")[:2]))
+    answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+    stream = make_model(FakeServer(answer)).stream(ModelRequest([Message.user("hi")]))
+    assert await stream.__anext__() == TextChunk("first")
+    assert not body.closed
+    await stream.aclose()
+    assert body.closed
+
+
+async def test_an_agent_runs_a_tool_round_trip_through_the_sdk(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    class Adder(Agent):
+        instructions = "Add numbers."
+
+        @tool
+        async def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    server = FakeServer(
+        message(
+            [{"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}}],
+            stop_reason="tool_use",
+            usage={"input_tokens": 50, "output_tokens": 10},
+        ),
+        message([{"type": "text", "text": "5"}], usage={"input_tokens": 70, "output_tokens": 1}),
+    )
+    result = await Adder(model=make_model(server)).run("2+3?")
+    assert result.output == "5"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (120, 11)
+    second = server.bodies[1]
+    assert second["system"] == "Add numbers."
+    assert second["messages"][-1] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5", "is_error": False}
+        ],
+    }
+
+
+def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
+        resolve("anthropic:claude-sonnet-5")
+    with pytest.raises(ConfigurationError, match="needs a model name"):
+        from_model_string(None)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    model = resolve("anthropic:claude-sonnet-5")
+    assert isinstance(model, AnthropicModel)
+    assert (model.name, model.provider, model.context_window) == (
+        "claude-sonnet-5",
+        "anthropic",
+        None,
+    )
+
+
+def test_a_missing_sdk_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)
+    with pytest.raises(ConfigurationError, match=r"pip install 'littleghost\[anthropic\]'"):
+        AnthropicModel("claude-sonnet-5", api_key="sk-ant-test")
+
+
+def test_bad_arguments_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="model"):
+        AnthropicModel("", api_key="k")
+    with pytest.raises(ConfigurationError, match="context_window"):
+        AnthropicModel("m", api_key="k", context_window=-1)

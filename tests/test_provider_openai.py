@@ -1,0 +1,690 @@
+"""OpenAIModel: request and response translation, streaming and error mapping, through the
+real ``openai`` SDK over a mock HTTP transport that answers as the servers do."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import httpx2
+import openai
+import pytest
+
+from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models.openai import OpenAIModel, from_model_string
+from littleghost.models.streaming import StreamDone, TextChunk
+
+pytestmark = pytest.mark.anyio
+
+Answer = httpx2.Response | BaseException | Callable[[httpx2.Request], Any]
+
+
+class FakeServer:
+    """Plays one answer per HTTP request and records the requests."""
+
+    def __init__(self, *answers: Answer) -> None:
+        self.answers = list(answers)
+        self.requests: list[httpx2.Request] = []
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            answer = answer(request)
+            if not isinstance(answer, httpx2.Response):
+                answer = await answer
+        return answer
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(request.content) for request in self.requests]
+
+
+def completion(
+    message: dict[str, Any], finish_reason: str | None = "stop", usage: tuple[int, int] = (12, 3)
+) -> httpx2.Response:
+    return httpx2.Response(
+        200,
+        json={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, **message},
+                    "finish_reason": finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": usage[0],
+                "completion_tokens": usage[1],
+                "total_tokens": sum(usage),
+            },
+        },
+    )
+
+
+def chunk(
+    delta: dict[str, Any] | None = None, finish_reason: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    choices = (
+        [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    )
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": choices,
+        **extra,
+    }
+
+
+def sse(*events: dict[str, Any]) -> bytes:
+    return (
+        b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events)
+        + b"data: [DONE]\n\n"
+    )
+
+
+def event_stream(content: bytes | AsyncIterator[bytes]) -> httpx2.Response:
+    return httpx2.Response(200, content=content, headers={"content-type": "text/event-stream"})
+
+
+def error(status: int, body: object, headers: dict[str, str] | None = None) -> httpx2.Response:
+    return httpx2.Response(status, json=body, headers=headers)
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[openai.AsyncOpenAI]]:
+    made: list[openai.AsyncOpenAI] = []
+    yield made
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+def make_model(clients: list[openai.AsyncOpenAI]) -> Callable[..., OpenAIModel]:
+    def make(
+        server: FakeServer, base_url: str = "https://api.openai.com/v1", **options: Any
+    ) -> OpenAIModel:
+        client = openai.AsyncOpenAI(
+            api_key="sk-test",
+            base_url=base_url,
+            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
+        )
+        clients.append(client)
+        return OpenAIModel("gpt-4o-mini", client=client, **options)
+
+    return make
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+ADD = ToolSpec(
+    "add",
+    "Add two numbers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+)
+
+
+async def test_request_translation_for_openai(make_model: Callable[..., OpenAIModel]) -> None:
+    server = FakeServer(completion({"content": "ok"}))
+    model = make_model(server)
+    request = ModelRequest(
+        [
+            Message.system("You are terse."),
+            Message.developer("Answer in English."),
+            Message.user("hello"),
+            Message("user", [TextPart("what is this?"), ImagePart(data=PNG)]),
+            Message.assistant(
+                "Let me add.",
+                [ToolCall("call_1", "add", {"a": 1, "b": 2}), ToolCall("call_2", "add", "{oops")],
+            ),
+            Message.tool("call_1", "3"),
+            Message.tool("call_2", "Invalid arguments", is_error=True),
+            Message("user", [ImagePart(url="https://example.com/cat.png")]),
+        ],
+        [ADD],
+        {"max_tokens": 50, "temperature": 0, "top_k": 40, "parallel_tool_calls": True},
+    )
+    response = await model.respond(request)
+    assert response.message.text == "ok"
+    [body] = server.bodies
+    assert body["model"] == "gpt-4o-mini"
+    assert body["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "developer", "content": "Answer in English."},
+        {"role": "user", "content": "hello"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAAAAAAAAA=="},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": "Let me add.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": "{oops"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "Invalid arguments"},
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+        },
+    ]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "Add two numbers.",
+                "parameters": ADD.parameters,
+            },
+        }
+    ]
+    assert body["max_completion_tokens"] == 50
+    assert "max_tokens" not in body
+    assert (body["temperature"], body["top_k"], body["parallel_tool_calls"]) == (0, 40, True)
+
+
+async def test_other_servers_get_system_role_and_max_tokens(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    server = FakeServer(completion({"content": "ok"}))
+    model = make_model(server, base_url="http://127.0.0.1:8080/v1")
+    request = ModelRequest(
+        [Message.developer("Be brief."), Message.user("hi")],
+        settings={"max_tokens": 7, "seed": 42, "tool_choice": "auto", "parallel_tool_calls": False},
+    )
+    await model.respond(request)
+    [body] = server.bodies
+    assert str(server.requests[0].url) == "http://127.0.0.1:8080/v1/chat/completions"
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert (body["max_tokens"], body["seed"]) == (7, 42)
+    assert "tool_choice" not in body and "parallel_tool_calls" not in body
+
+
+async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> None:
+    server = FakeServer(
+        completion(
+            {
+                "content": "I'll add both.",
+                "tool_calls": [
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+                    },
+                    {
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 3,'},
+                    },
+                ],
+            },
+            finish_reason="tool_calls",
+            usage=(120, 30),
+        )
+    )
+    response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert response.message.text == "I'll add both."
+    assert response.message.tool_calls == (
+        ToolCall("call_a", "add", {"a": 1, "b": 2}),
+        ToolCall("call_b", "add", '{"a": 3,'),
+    )
+    assert response.stop_reason is StopReason.TOOL_USE
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "stop_reason"),
+    [
+        ("stop", StopReason.END_TURN),
+        ("length", StopReason.MAX_TOKENS),
+        ("content_filter", StopReason.CONTENT_FILTER),
+        (None, StopReason.END_TURN),
+    ],
+)
+async def test_stop_reasons(
+    make_model: Callable[..., OpenAIModel], finish_reason: str | None, stop_reason: StopReason
+) -> None:
+    server = FakeServer(completion({"content": "x"}, finish_reason=finish_reason))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.stop_reason is stop_reason
+
+
+async def test_a_setting_littleghost_owns_is_rejected(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    model = make_model(FakeServer())
+    with pytest.raises(ConfigurationError, match="'stream'"):
+        await model.respond(ModelRequest([Message.user("hi")], settings={"stream": True}))
+
+
+OVERFLOW_BODY = {
+    "error": {
+        "message": "This model's maximum context length is 128000 tokens. However, your messages "
+        "resulted in 130521 tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind", "attributes"),
+    [
+        (
+            error(400, OVERFLOW_BODY),
+            ContextWindowOverflowError,
+            {
+                "status": 400,
+                "code": "context_length_exceeded",
+                "prompt_tokens": 130521,
+                "context_window": 128000,
+            },
+        ),
+        (
+            error(
+                400,
+                {
+                    "error": {
+                        "code": 400,
+                        "type": "exceed_context_size_error",
+                        "message": "request (530 tokens) exceeds the available context size (512 tokens), try increasing it",
+                        "n_prompt_tokens": 530,
+                        "n_ctx": 512,
+                    }
+                },
+            ),
+            ContextWindowOverflowError,
+            {"prompt_tokens": 530, "context_window": 512},
+        ),
+        (
+            error(
+                429,
+                {
+                    "error": {
+                        "message": "Rate limit reached for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Used 199000, Requested 1500. Please try again in 450ms.",
+                        "type": "tokens",
+                        "param": None,
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+                {"retry-after-ms": "450", "retry-after": "1"},
+            ),
+            RateLimitError,
+            {"status": 429, "retry_after": 0.45},
+        ),
+        (
+            error(
+                429,
+                {
+                    "error": {
+                        "message": "Request too large for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Requested 250000. The input or output tokens must be reduced in order to run successfully.",
+                        "type": "tokens",
+                        "param": None,
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+                {"retry-after": "1"},
+            ),
+            InvalidRequestError,
+            {"status": 429},
+        ),
+        (
+            error(
+                500,
+                {
+                    "error": {
+                        "message": "The server had an error while processing your request.",
+                        "type": "server_error",
+                    }
+                },
+            ),
+            ProviderUnavailableError,
+            {"status": 500},
+        ),
+        (
+            error(
+                503,
+                {
+                    "error": {
+                        "message": "The engine is currently overloaded.",
+                        "type": "server_error",
+                    }
+                },
+                {"retry-after": "2"},
+            ),
+            ProviderUnavailableError,
+            {"status": 503, "retry_after": 2.0},
+        ),
+        (
+            error(
+                401,
+                {
+                    "error": {
+                        "message": "Incorrect API key provided: sk-test.",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
+            ),
+            InvalidRequestError,
+            {"status": 401, "code": "invalid_api_key"},
+        ),
+        (httpx2.ConnectError("connection refused"), ProviderUnavailableError, {"status": None}),
+        (httpx2.ReadTimeout("timed out"), ProviderUnavailableError, {"code": "timeout"}),
+    ],
+)
+async def test_errors_are_mapped_and_not_retried_by_the_sdk(
+    make_model: Callable[..., OpenAIModel],
+    answer: Answer,
+    kind: type[ProviderError],
+    attributes: dict[str, object],
+) -> None:
+    server = FakeServer(answer, completion({"content": "should not be reached"}))
+    model = make_model(server)
+    with pytest.raises(ProviderError) as caught:
+        await model.respond(ModelRequest([Message.user("secret prompt text")]))
+    assert type(caught.value) is kind
+    assert not isinstance(caught.value, openai.OpenAIError)
+    assert caught.value.provider == "openai"
+    for name, value in attributes.items():
+        assert getattr(caught.value, name) == value, name
+    assert "secret prompt text" not in str(caught.value)
+    assert len(server.requests) == 1
+
+
+async def test_cancellation_propagates_untouched(make_model: Callable[..., OpenAIModel]) -> None:
+    async def never(request: httpx2.Request) -> httpx2.Response:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = make_model(FakeServer(never))
+    with anyio.move_on_after(0.2) as scope:
+        await model.respond(ModelRequest([Message.user("hi")]))
+    assert scope.cancelled_caught
+
+
+async def test_stream_yields_text_then_the_whole_response(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk({"role": "assistant", "content": ""}),
+                chunk({"content": "Hel"}),
+                chunk({"content": "lo, "}),
+                chunk({"content": "world"}, finish_reason="stop"),
+                chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}),
+            )
+        )
+    )
+    model = make_model(server)
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    assert events[:-1] == [TextChunk("Hel"), TextChunk("lo, "), TextChunk("world")]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.text == "Hello, world"
+    assert done.response.stop_reason is StopReason.END_TURN
+    assert (done.response.usage.input_tokens, done.response.usage.output_tokens) == (9, 4)
+    [body] = server.bodies
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+
+
+async def test_stream_accumulates_parallel_tool_calls(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    def call(index: int, **fields: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"index": index, **fields}]}
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk(
+                    call(0, id="call_a", type="function", function={"name": "add", "arguments": ""})
+                ),
+                chunk(call(0, function={"arguments": '{"a": 1, '})),
+                chunk(
+                    call(
+                        1,
+                        id="call_b",
+                        type="function",
+                        function={"name": "add", "arguments": '{"a"'},
+                    )
+                ),
+                chunk(call(0, function={"arguments": '"b": 2}'})),
+                chunk(call(1, function={"arguments": ': 5, "b": 6}'}), finish_reason="tool_calls"),
+                chunk(
+                    None, usage={"prompt_tokens": 30, "completion_tokens": 20, "total_tokens": 50}
+                ),
+            )
+        )
+    )
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert len(events) == 1
+    done = events[0]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.tool_calls == (
+        ToolCall("call_a", "add", {"a": 1, "b": 2}),
+        ToolCall("call_b", "add", {"a": 5, "b": 6}),
+    )
+    assert done.response.stop_reason is StopReason.TOOL_USE
+
+
+async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    rejected = error(
+        400,
+        {
+            "error": {
+                "message": "Unrecognized request argument supplied: stream_options",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        },
+    )
+    text = sse(chunk({"content": "hi"}, finish_reason="stop"))
+    server = FakeServer(rejected, event_stream(text), event_stream(text))
+    model = make_model(server, base_url="http://127.0.0.1:11434/v1")
+    for _ in range(2):
+        events = [e async for e in model.stream(ModelRequest([Message.user("hi")]))]
+        assert events[0] == TextChunk("hi")
+        assert isinstance(events[-1], StreamDone)
+        assert events[-1].response.usage.total_tokens == 0
+    assert [("stream_options" in body) for body in server.bodies] == [True, False, False]
+
+
+async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) -> None:
+    overflow = FakeServer(error(400, OVERFLOW_BODY))
+    with pytest.raises(ContextWindowOverflowError):
+        async for _ in make_model(overflow).stream(ModelRequest([Message.user("hi")])):
+            pass
+    midway = FakeServer(
+        event_stream(
+            sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")]
+            + b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error"}}\n\n'
+        )
+    )
+    seen: list[object] = []
+    with pytest.raises(ProviderUnavailableError):
+        async for event in make_model(midway).stream(ModelRequest([Message.user("hi")])):
+            seen.append(event)
+    assert seen == [TextChunk("par")]
+
+
+async def test_a_connection_lost_mid_stream_is_transient(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")]
+        raise httpx2.ReadError("connection reset by peer")
+
+    server = FakeServer(event_stream(body()))
+    with pytest.raises(ProviderUnavailableError):
+        async for _ in make_model(server).stream(ModelRequest([Message.user("hi")])):
+            pass
+
+
+class EndlessBody(httpx2.AsyncByteStream):
+    """A response body that sends one piece, then waits; it records being closed."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await anyio.sleep_forever()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_closing_a_stream_early_closes_the_response(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    body = EndlessBody(sse(chunk({"content": "first"}))[: -len(b"data: [DONE]\n\n")])
+    answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+    model = make_model(FakeServer(answer))
+    stream = model.stream(ModelRequest([Message.user("hi")]))
+    assert await stream.__anext__() == TextChunk("first")
+    assert not body.closed
+    await stream.aclose()
+    assert body.closed
+
+
+async def test_an_agent_runs_a_tool_round_trip_through_the_sdk(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    class Adder(Agent):
+        instructions = "Add numbers."
+
+        @tool
+        async def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    server = FakeServer(
+        completion(
+            {
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                    }
+                ]
+            },
+            finish_reason="tool_calls",
+            usage=(50, 10),
+        ),
+        completion({"content": "5"}, usage=(70, 1)),
+    )
+    result = await Adder(model=make_model(server)).run("2+3?")
+    assert result.output == "5"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (120, 11)
+    second = server.bodies[1]["messages"]
+    assert second[-2]["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": '{"a": 2, "b": 3}',
+    }
+    assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "5"}
+
+
+async def test_closing_the_model_leaves_a_given_client_open(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    server = FakeServer(completion({"content": "a"}), completion({"content": "b"}))
+    model = make_model(server)
+    await model.respond(ModelRequest([Message.user("hi")]))
+    await model.aclose()
+    response = await model.respond(ModelRequest([Message.user("hi")]))
+    assert response.message.text == "b"
+
+
+def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
+        resolve("openai:gpt-4o-mini")
+    with pytest.raises(ConfigurationError, match="needs a model name"):
+        from_model_string(None)
+
+
+def test_model_strings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    model = resolve("openai:gpt-4o-mini")
+    assert isinstance(model, OpenAIModel)
+    assert (model.name, model.provider, model.context_window) == ("gpt-4o-mini", "openai", None)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    assert resolve("openai:qwen").name == "qwen"  # a custom server needs no key
+
+
+def test_a_missing_sdk_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)
+    with pytest.raises(ConfigurationError, match=r"pip install 'littleghost\[openai\]'"):
+        OpenAIModel("gpt-4o-mini", api_key="sk-test")
+
+
+async def test_an_agent_reports_a_missing_key_when_it_first_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+    class Support(Agent):
+        model = "openai:gpt-4o-mini"
+
+    agent = Support()
+    with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
+        await agent.run("hi")
+
+
+def test_bad_arguments_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="model"):
+        OpenAIModel("", api_key="k")
+    with pytest.raises(ConfigurationError, match="context_window"):
+        OpenAIModel("m", api_key="k", context_window=0)
