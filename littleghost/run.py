@@ -135,8 +135,8 @@ class RunContext:
         """Attributes for the next main model call's span (figures, never content)."""
         self._call_attributes.update(attributes)
 
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        """Call the run's model once, with retries for transient errors only.
+    async def complete(self, request: ModelRequest, *, model: Model | None = None) -> ModelResponse:
+        """Call the run's model (or ``model``) once, with retries for transient errors only.
 
         Each attempt is a ``chat`` span (child of the run's span); its usage is added
         to the run's total.
@@ -145,7 +145,7 @@ class RunContext:
         extra: dict[str, Any] = {}
         if main:
             extra, self._call_attributes = self._call_attributes, {}
-        model = self.model
+        model = self.model if model is None else model
 
         async def attempt() -> ModelResponse:
             attributes: dict[str, Any] = {
@@ -166,7 +166,7 @@ class RunContext:
                         telemetry.INPUT_MESSAGES, telemetry.messages_json(request.messages)
                     )
                 try:
-                    response = await self._respond(request, streamed=main and self.streaming)
+                    response = await self._respond(model, request, streamed=main and self.streaming)
                 except anyio.get_cancelled_exc_class():
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
                     raise
@@ -196,10 +196,12 @@ class RunContext:
             await self.emit(ModelCallFinished(response.usage, response.stop_reason))
         return response
 
-    async def _respond(self, request: ModelRequest, *, streamed: bool) -> ModelResponse:
-        stream = getattr(self.model, "stream", None)
+    async def _respond(
+        self, model: Model, request: ModelRequest, *, streamed: bool
+    ) -> ModelResponse:
+        stream = getattr(model, "stream", None)
         if not streamed or stream is None:
-            response = await self.model.respond(request)
+            response = await model.respond(request)
             if streamed and isinstance(response, ModelResponse) and response.message.text:
                 await self.emit(TextDelta(response.message.text))
             return response
@@ -212,5 +214,5 @@ class RunContext:
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
         if done is None:
-            raise ProtocolError(f"model {self.model.name!r} ended its stream without a response")
+            raise ProtocolError(f"model {model.name!r} ended its stream without a response")
         return done

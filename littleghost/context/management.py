@@ -30,6 +30,8 @@ from littleghost.context.budget import (
     fit_request,
     load_memories,
 )
+from littleghost.context.compaction import compaction_records
+from littleghost.context.strategies import CompactionStrategy
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     FRAMING,
@@ -45,7 +47,7 @@ from littleghost.context.tokens import (
     estimate_messages,
     estimate_request,
 )
-from littleghost.context.view import covered_ids
+from littleghost.context.view import build_view, covered_ids
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -110,7 +112,9 @@ class ContextManagement:
         summary_max_tokens: The summary's output cap; default a quarter of the window, at
             most 4 096.
         budget: A ``PromptBudget``: every request's view is first bounded to it.
-        summarize: False never calls a model for context (needs ``budget``).
+        summarize: False never compacts with a model (needs ``budget``).
+        strategy: How to compact, in place of the default summarizer (the threshold
+            still decides when; overflow recovery uses it too).
     """
 
     context_window_tokens: int = field(
@@ -169,8 +173,21 @@ class ContextManagement:
     summarize: bool = field(
         default=True, validator=_check("summarize", lambda v: isinstance(v, bool), "True or False")
     )
+    strategy: CompactionStrategy | None = field(
+        default=None,
+        validator=_check(
+            "strategy",
+            lambda v: v is None or callable(getattr(v, "compact", None)),
+            "a compaction strategy (Truncation, Pipeline, ...) or None",
+        ),
+    )
 
     def __attrs_post_init__(self) -> None:
+        if self.strategy is not None and not self.summarize:
+            raise ConfigurationError(
+                "manage_context: strategy= decides how to compact; summarize=False turns "
+                "compaction off, so the two cannot be combined"
+            )
         if self.budget is not None:
             self.budget.check_window(self.context_window_tokens)
         elif not self.summarize:
@@ -499,6 +516,17 @@ async def _compact(
     await context.emit(CompactionStarted(reason, estimated, window))
     usage_before = context.usage
     try:
+        if config.strategy is not None:
+            compacted, records = await _by_strategy(request, context, config, config.strategy)
+            after = estimate_tokens(compacted, context, config.tokenizer)
+            if after >= estimated:
+                raise ProtocolError(
+                    f"the strategy would not make the request smaller ({estimated} -> {after} tokens)"
+                )
+            await context.append(*records)
+            return await _completed(
+                request, compacted, context, reason, estimated, after, window, usage_before
+            )
         current = _current_request(request.messages)
         conversation = [m for m in request.messages if not _pinned(m) and m is not current]
         previous = _latest_summary(context.messages)
@@ -556,6 +584,21 @@ async def _compact(
             error=error,
         )
         raise
+    return await _completed(
+        request, compacted, context, reason, estimated, after, window, usage_before
+    )
+
+
+async def _completed(
+    request: ModelRequest,
+    compacted: ModelRequest,
+    context: RunContext,
+    reason: str,
+    estimated: int,
+    after: int,
+    window: int,
+    usage_before: Usage,
+) -> ModelRequest:
     context.mark_compacted()
     await _record(
         context,
@@ -569,6 +612,26 @@ async def _compact(
         error=None,
     )
     return compacted
+
+
+async def _by_strategy(
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    strategy: CompactionStrategy,
+) -> tuple[ModelRequest, tuple[Message, ...]]:
+    """The request compacted by ``strategy``, and the records to append to the log."""
+    records = await compaction_records(
+        request.messages,
+        strategy,
+        tokenizer=config.tokenizer,
+        complete=context.complete,
+        settings=request.settings,
+    )
+    if not records:
+        raise ProtocolError("the compaction strategy found nothing to compact")
+    messages = build_view((*request.messages, *records))
+    return ModelRequest(messages, request.tools, request.settings, request.purpose), records
 
 
 def _current_request(messages: Sequence[Message]) -> Message | None:

@@ -1,0 +1,230 @@
+"""Token-budget truncation of a long, tool-heavy conversation: littleghost against peers.
+
+One conversation — per turn a user question, an assistant tool call, the tool result and
+an assistant answer — at 1k, 10k and 100k messages, trimmed to a quarter of its
+estimated tokens (characters ÷ 4) by:
+
+- littleghost: ``await apply_compaction(log, TokenBudget(token_budget=...))``;
+- agent-framework-core: ``await apply_compaction(messages, strategy=TruncationStrategy(...))``;
+- langchain-core: ``trim_messages(..., strategy="last", token_counter="approximate")``;
+- the floor: one pass over the littleghost messages summing the UTF-8 bytes of their text.
+
+*Cold* runs get fresh message objects; *warm* runs the same objects again, as on the next
+turn. Times are the best of a few runs, with the garbage collector paused while timing.
+A peer that needs over 60 s at one size is reported as such and not run at larger sizes.
+
+Set up once with ``benchmarks/setup.sh``, then run ``benchmarks/.env/bin/python
+benchmarks/compaction.py`` (``--sizes 1000,10000`` for a quicker run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from littleghost import Message, ToolCall
+from littleghost.context import TokenBudget, apply_compaction
+
+LIMIT_SECONDS = 60
+
+
+class TooSlow(Exception):
+    """A run went over ``LIMIT_SECONDS``."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise TooSlow
+
+
+def turn_texts(turn: int) -> tuple[str, str, dict[str, str], str, str]:
+    """The texts of one turn: question, call id, arguments, result, answer."""
+    return (
+        f"What is the weather in city number {turn}? Please answer briefly.",
+        f"call_{turn}",
+        {"city": f"city {turn}"},
+        f"sunny, {turn % 30}°C, wind 12 km/h from the north-west, humidity {turn % 90}%",
+        f"In city {turn} it is sunny and {turn % 30}°C, with a light north-west wind.",
+    )
+
+
+def littleghost_log(size: int) -> list[Message]:
+    log: list[Message] = []
+    for turn in range(size // 4):
+        question, call_id, arguments, result, answer = turn_texts(turn)
+        log.append(Message.user(question))
+        log.append(Message.assistant(tool_calls=[ToolCall(call_id, "get_weather", arguments)]))
+        log.append(Message.tool(call_id, result))
+        log.append(Message.assistant(answer))
+    return log
+
+
+def agent_framework_log(size: int) -> list[Any]:
+    from agent_framework import Content
+    from agent_framework import Message as AFMessage
+
+    log: list[Any] = []
+    for turn in range(size // 4):
+        question, call_id, arguments, result, answer = turn_texts(turn)
+        log.append(AFMessage("user", [Content.from_text(question)]))
+        call = Content.from_function_call(call_id, "get_weather", arguments=arguments)
+        log.append(AFMessage("assistant", [call]))
+        log.append(AFMessage("tool", [Content.from_function_result(call_id, result=result)]))
+        log.append(AFMessage("assistant", [Content.from_text(answer)]))
+    return log
+
+
+def langchain_log(size: int) -> list[Any]:
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    log: list[Any] = []
+    for turn in range(size // 4):
+        question, call_id, arguments, result, answer = turn_texts(turn)
+        log.append(HumanMessage(question))
+        call = {"name": "get_weather", "args": arguments, "id": call_id, "type": "tool_call"}
+        log.append(AIMessage("", tool_calls=[call]))
+        log.append(ToolMessage(result, tool_call_id=call_id))
+        log.append(AIMessage(answer))
+    return log
+
+
+def budget_for(size: int) -> int:
+    """A quarter of the conversation's tokens at four characters per token."""
+    log = littleghost_log(size)
+    characters = sum(len(message.text) + 80 for message in log)
+    return characters // 16
+
+
+Run = Callable[[Any, int], Awaitable[object]]
+
+
+async def run_littleghost(log: Any, budget: int) -> object:
+    return await apply_compaction(log, TokenBudget(token_budget=budget))
+
+
+async def run_agent_framework(log: Any, budget: int) -> object:
+    from agent_framework._compaction import (
+        CharacterEstimatorTokenizer,
+        TruncationStrategy,
+    )
+    from agent_framework._compaction import apply_compaction as af_apply_compaction
+
+    tokenizer = CharacterEstimatorTokenizer()
+    strategy = TruncationStrategy(max_n=budget, compact_to=budget, tokenizer=tokenizer)
+    return await af_apply_compaction(log, strategy=strategy, tokenizer=tokenizer)
+
+
+async def run_langchain(log: Any, budget: int) -> object:
+    from langchain_core.messages import trim_messages
+
+    return trim_messages(
+        log,
+        max_tokens=budget,
+        token_counter="approximate",
+        strategy="last",
+        start_on="human",
+        include_system=True,
+    )
+
+
+async def run_floor(log: Any, budget: int) -> object:
+    return sum(len(message.text.encode("utf-8")) for message in log)
+
+
+CONTENDERS: dict[str, tuple[Callable[[int], list[Any]], Run]] = {
+    "littleghost": (littleghost_log, run_littleghost),
+    "floor": (littleghost_log, run_floor),
+    "agent-framework": (agent_framework_log, run_agent_framework),
+    "langchain": (langchain_log, run_langchain),
+}
+
+
+async def timed(run: Run, log: Any, budget: int) -> float:
+    gc.collect()
+    gc.disable()
+    signal.alarm(LIMIT_SECONDS)
+    try:
+        start = time.perf_counter()
+        await run(log, budget)
+        return time.perf_counter() - start
+    finally:
+        signal.alarm(0)
+        gc.enable()
+
+
+async def measure(name: str, size: int, repeats: int) -> tuple[float, float]:
+    """Best cold and best warm seconds of ``name`` at ``size`` messages."""
+    build, run = CONTENDERS[name]
+    budget = budget_for(size)
+    cold: list[float] = []
+    warm: list[float] = []
+    for _ in range(repeats):
+        log = build(size)
+        cold.append(await timed(run, log, budget))
+        warm.append(await timed(run, log, budget))
+    return min(cold), min(warm)
+
+
+def milliseconds(seconds: float | None) -> str:
+    if seconds is None:
+        return f"> {LIMIT_SECONDS} s".rjust(10)
+    return f"{seconds * 1000:10.1f}"
+
+
+async def main(sizes: list[int]) -> None:
+    signal.signal(signal.SIGALRM, _alarm)
+    names = list(CONTENDERS)
+    too_slow: set[str] = set()
+    print("milliseconds, best of several runs; cold = fresh messages, warm = same log again\n")
+    header = f"{'messages':>9} {'run':>5} " + " ".join(f"{name:>16}" for name in names)
+    print(header + f" {'lg/floor':>9} {'peer/lg':>8}")
+    for size in sizes:
+        repeats = 5 if size <= 1_000 else 3
+        results: dict[str, tuple[float, float] | None] = {}
+        for name in names:
+            if name in too_slow:
+                results[name] = None
+                continue
+            try:
+                results[name] = await measure(
+                    name, size, 1 if name == "agent-framework" else repeats
+                )
+            except TooSlow:
+                too_slow.add(name)
+                results[name] = None
+        for column, label in ((0, "cold"), (1, "warm")):
+            cells = []
+            for name in names:
+                value = results[name]
+                if value is None and name in too_slow:
+                    cells.append(f"{'> 60 s' if column == 0 else '-':>16}")
+                else:
+                    cells.append(f"{milliseconds(value[column] if value else None):>16}")
+            mine = results["littleghost"]
+            floor = results["floor"]
+            peers = [
+                value[column]
+                for name, value in results.items()
+                if name not in ("littleghost", "floor") and value is not None
+            ]
+            ratio = f"{mine[column] / floor[column]:9.2f}" if mine and floor else f"{'':>9}"
+            lead = f"{min(peers) / mine[column]:8.1f}" if mine and peers else f"{'':>8}"
+            print(f"{size:>9} {label:>5} " + " ".join(cells) + f" {ratio} {lead}")
+    print(
+        "\nlg/floor: littleghost ÷ floor; peer/lg: the fastest peer ÷ littleghost "
+        "(how many times faster littleghost is)."
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes", default="1000,10000,100000", help="message counts, comma-separated"
+    )
+    arguments = parser.parse_args()
+    anyio.run(main, [int(size) for size in arguments.sizes.split(",")])

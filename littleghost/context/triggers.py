@@ -1,0 +1,277 @@
+"""Triggers: predicates over the size of a conversation under compaction.
+
+A strategy starts only when its ``trigger`` holds, and stops as soon as its ``target``
+holds (by default: when the trigger no longer does), re-evaluated after each step. A
+trigger is any callable ``(metrics) -> bool``; the built-in ones are values that combine
+with ``all_of``/``any_of`` or the operators ``&``, ``|`` and ``~``::
+
+    trigger = all_of(has_tool_calls(), tokens_exceed(2_000))
+    Truncation(trigger=tokens_exceed(32_000), target=~tokens_exceed(16_000))
+
+Every count is of what is still included (kept or collapsed, not excluded), system
+messages included; ``turns`` counts user groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from attrs import field, frozen
+
+from littleghost.errors import ConfigurationError
+
+__all__ = [
+    "AllOf",
+    "Always",
+    "AnyOf",
+    "GroupsExceed",
+    "HasToolCalls",
+    "MessagesExceed",
+    "Metrics",
+    "Never",
+    "Not",
+    "TokensExceed",
+    "Trigger",
+    "TurnsExceed",
+    "all_of",
+    "always",
+    "any_of",
+    "groups_exceed",
+    "has_tool_calls",
+    "messages_exceed",
+    "never",
+    "tokens_exceed",
+    "turns_exceed",
+]
+
+
+class Metrics(Protocol):
+    """What a trigger reads: the included size of the conversation, kept current."""
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens."""
+        ...
+
+    @property
+    def messages(self) -> int:
+        """Messages."""
+        ...
+
+    @property
+    def groups(self) -> int:
+        """Groups."""
+        ...
+
+    @property
+    def turns(self) -> int:
+        """User turns (user groups)."""
+        ...
+
+    @property
+    def tool_call_groups(self) -> int:
+        """Tool-call groups."""
+        ...
+
+
+class Trigger(Protocol):
+    """Whether compaction should start (a trigger) or may stop (a target)."""
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        """True when the condition holds for ``metrics``."""
+        ...
+
+
+def check_trigger(name: str) -> Any:
+    """An attrs validator: the value is a callable trigger."""
+
+    def check(instance: object, attribute: object, value: object) -> None:
+        if not callable(value):
+            raise ConfigurationError(f"{name} must be a trigger (a callable), not {value!r}")
+
+    return check
+
+
+def _limit(name: str) -> Any:
+    def check(instance: object, attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(f"{name} must be an int >= 0, not {value!r}")
+
+    return check
+
+
+class _Combine:
+    """Operators shared by the built-in triggers."""
+
+    __slots__ = ()
+
+    def __and__(self, other: Trigger) -> AllOf:
+        return all_of(self, other)  # type: ignore[arg-type]
+
+    def __or__(self, other: Trigger) -> AnyOf:
+        return any_of(self, other)  # type: ignore[arg-type]
+
+    def __invert__(self) -> Not:
+        return Not(self)  # type: ignore[arg-type]
+
+
+@frozen
+class Always(_Combine):
+    """Always holds."""
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return True
+
+
+@frozen
+class Never(_Combine):
+    """Never holds (disables a strategy, or makes it run to its limits as a target)."""
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return False
+
+
+@frozen
+class TokensExceed(_Combine):
+    """More than ``limit`` estimated tokens."""
+
+    limit: int = field(validator=_limit("tokens_exceed(limit)"))
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return metrics.tokens > self.limit
+
+
+@frozen
+class MessagesExceed(_Combine):
+    """More than ``limit`` messages."""
+
+    limit: int = field(validator=_limit("messages_exceed(limit)"))
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return metrics.messages > self.limit
+
+
+@frozen
+class TurnsExceed(_Combine):
+    """More than ``limit`` user turns."""
+
+    limit: int = field(validator=_limit("turns_exceed(limit)"))
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return metrics.turns > self.limit
+
+
+@frozen
+class GroupsExceed(_Combine):
+    """More than ``limit`` groups."""
+
+    limit: int = field(validator=_limit("groups_exceed(limit)"))
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return metrics.groups > self.limit
+
+
+@frozen
+class HasToolCalls(_Combine):
+    """At least one tool-call group."""
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return metrics.tool_call_groups > 0
+
+
+def _triggers(name: str, value: Any) -> tuple[Trigger, ...]:
+    triggers = tuple(value)
+    for trigger in triggers:
+        if not callable(trigger):
+            raise ConfigurationError(f"{name} takes triggers (callables), not {trigger!r}")
+    return triggers
+
+
+def _all_of(value: Any) -> tuple[Trigger, ...]:
+    return _triggers("all_of", value)
+
+
+def _any_of(value: Any) -> tuple[Trigger, ...]:
+    return _triggers("any_of", value)
+
+
+@frozen
+class AllOf(_Combine):
+    """Every one of ``triggers`` holds (true when there are none)."""
+
+    triggers: tuple[Trigger, ...] = field(converter=_all_of)
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return all(trigger(metrics) for trigger in self.triggers)
+
+
+@frozen
+class AnyOf(_Combine):
+    """At least one of ``triggers`` holds (false when there are none)."""
+
+    triggers: tuple[Trigger, ...] = field(converter=_any_of)
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return any(trigger(metrics) for trigger in self.triggers)
+
+
+@frozen
+class Not(_Combine):
+    """``trigger`` does not hold: the default target of a strategy."""
+
+    trigger: Trigger = field(validator=check_trigger("~trigger"))
+
+    def __call__(self, metrics: Metrics, /) -> bool:
+        return not self.trigger(metrics)
+
+
+always = Always()
+"""Holds every time: the default trigger."""
+never = Never()
+"""Never holds."""
+
+
+def tokens_exceed(limit: int) -> TokensExceed:
+    """Holds when the estimated tokens exceed ``limit``."""
+    return TokensExceed(limit)
+
+
+def messages_exceed(limit: int) -> MessagesExceed:
+    """Holds when the messages exceed ``limit``."""
+    return MessagesExceed(limit)
+
+
+def turns_exceed(limit: int) -> TurnsExceed:
+    """Holds when the user turns exceed ``limit``."""
+    return TurnsExceed(limit)
+
+
+def groups_exceed(limit: int) -> GroupsExceed:
+    """Holds when the groups exceed ``limit``."""
+    return GroupsExceed(limit)
+
+
+def has_tool_calls() -> HasToolCalls:
+    """Holds when at least one tool-call group is included."""
+    return HasToolCalls()
+
+
+def all_of(*triggers: Trigger) -> AllOf:
+    """Holds when every one of ``triggers`` holds."""
+    return AllOf(triggers)
+
+
+def any_of(*triggers: Trigger) -> AnyOf:
+    """Holds when at least one of ``triggers`` holds."""
+    return AnyOf(triggers)
+
+
+def negate(trigger: Trigger) -> Trigger:
+    """The opposite of ``trigger`` (``always`` and ``never`` swap)."""
+    if isinstance(trigger, Always):
+        return never
+    if isinstance(trigger, Never):
+        return always
+    if isinstance(trigger, Not):
+        return trigger.trigger
+    return Not(trigger)

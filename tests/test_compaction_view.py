@@ -1,0 +1,296 @@
+"""Compaction records in the log: collapses, exclusions and summaries read by one view
+builder; the records give the same view as ``apply_compaction``; the input and the
+stored originals are never changed; reuse of the previous turn's work."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import pytest
+
+from littleghost import Message, ToolCall
+from littleghost.context import (
+    CompactionStrategy,
+    Pipeline,
+    SelectiveToolCallCompaction,
+    SlidingWindow,
+    Summarization,
+    TokenBudget,
+    ToolResultCompaction,
+    Truncation,
+    apply_compaction,
+    build_view,
+    compact_session,
+    compaction_records,
+    messages_exceed,
+)
+from littleghost.context.view import (
+    COMPACTION_COVERS_KEY,
+    COMPACTION_KIND_KEY,
+    orphan_results,
+    unanswered_calls,
+)
+from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
+from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import ScriptedModel, text_response
+
+pytestmark = pytest.mark.anyio
+
+
+def turn(number: int, calls: int = 1) -> list[Message]:
+    ids = [f"t{number}c{k}" for k in range(calls)]
+    return [
+        Message.user(f"question {number}"),
+        Message.assistant(tool_calls=[ToolCall(i, "get_weather", {"city": i}) for i in ids]),
+        *(Message.tool(i, f"sunny {number}") for i in ids),
+        Message.assistant(f"answer {number}"),
+    ]
+
+
+def conversation(turns: int, calls: int = 1) -> list[Message]:
+    log = [Message.system("sys")]
+    for number in range(turns):
+        log += turn(number, calls)
+    return log
+
+
+def collapse(text: str, covers: list[Message]) -> Message:
+    return Message.assistant(
+        text,
+        metadata={COMPACTION_KIND_KEY: "collapse", COMPACTION_COVERS_KEY: [m.id for m in covers]},
+    )
+
+
+def exclusion(covers: list[Message]) -> Message:
+    return Message.assistant(
+        "excluded",
+        metadata={COMPACTION_KIND_KEY: "exclusion", COMPACTION_COVERS_KEY: [m.id for m in covers]},
+    )
+
+
+def summary(text: str, covers: list[Message]) -> Message:
+    return Message.user(
+        text, metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: [m.id for m in covers]}
+    )
+
+
+# --- the view builder -----------------------------------------------------------------
+
+
+def test_a_collapse_shows_where_its_first_covered_message_was() -> None:
+    log = conversation(2)
+    record = collapse("[Tool results: get_weather: sunny 0]", log[2:4])
+    assert build_view([*log, record]) == (log[0], log[1], record, *log[4:])
+
+
+def test_an_exclusion_hides_and_is_never_shown() -> None:
+    log = conversation(2)
+    assert build_view([*log, exclusion(log[1:5])]) == (log[0], *log[5:])
+
+
+def test_a_summary_shows_before_the_first_visible_non_trusted_message() -> None:
+    log = conversation(2)
+    developer = Message.developer("metric units")
+    log.insert(5, developer)
+    record = summary("earlier", log[1:5])
+    assert build_view([*log, record]) == (log[0], developer, record, *log[6:])
+
+
+def test_a_record_covered_by_a_later_record_is_hidden_and_what_it_hid_stays_hidden() -> None:
+    log = conversation(3)
+    folded = collapse("[Tool results: get_weather: sunny 0]", log[2:4])
+    log.append(folded)
+    old = summary("first", log[1:2])
+    log.append(old)
+    newer = summary("second", [old, log[4], folded])  # folds the summary and the collapse
+    view = build_view([*log, newer, exclusion(log[5:9])])
+    assert view == (log[0], newer, *log[9:13])
+
+
+def test_records_are_read_in_one_view_with_results_after_their_calls() -> None:
+    ask = Message.assistant(tool_calls=[ToolCall("a", "f", {}), ToolCall("b", "g", {})])
+    late = [Message.user("wait"), Message.tool("b", "B"), Message.tool("a", "A")]
+    log = [Message.user("go"), ask, *late, Message.assistant("done")]
+    assert build_view(log) == (log[0], ask, late[1], late[2], late[0], log[-1])
+    record = collapse("[Tool results: g: B; f: A]", [ask, *late[1:]])
+    assert build_view([*log, record]) == (log[0], record, late[0], log[-1])
+
+
+def test_a_view_of_a_view_is_the_same_view() -> None:
+    log = conversation(3)
+    log += [collapse("[c]", log[2:4]), summary("s", log[5:6]), exclusion(log[9:13])]
+    view = build_view(log)
+    assert build_view(view) == view
+
+
+def test_pairing_rules_for_duplicated_ids() -> None:
+    first = Message.assistant(tool_calls=[ToolCall("x", "f", {})])
+    second = Message.assistant(tool_calls=[ToolCall("x", "f", {})])
+    log = [first, second, Message.tool("x", "2"), Message.tool("x", "1"), Message.tool("x", "3")]
+    assert build_view(log) == (first, log[3], second, log[2])
+    assert orphan_results(log) == [4]
+    assert unanswered_calls(log[:3]) == [(0, "x")]
+
+
+# --- records and apply_compaction --------------------------------------------------------
+
+
+def random_log(rng: random.Random) -> list[Message]:
+    log = [Message.system("s")]
+    for number in range(rng.randint(4, 16)):
+        log += turn(number, rng.randint(0, 3))
+        if rng.random() < 0.15:
+            log.append(Message.developer(f"note {number}"))
+    return log
+
+
+def strategies(model: ScriptedModel) -> list[CompactionStrategy]:
+    return [
+        Truncation(minimum_preserved=5),
+        SlidingWindow(keep_last_turns=2),
+        ToolResultCompaction(keep_last_tool_call_groups=1),
+        SelectiveToolCallCompaction(),
+        Summarization(model=model, minimum_preserved=3),
+        Pipeline(
+            ToolResultCompaction(), Summarization(model=model), Truncation(minimum_preserved=2)
+        ),
+        Pipeline(Summarization(model=model), ToolResultCompaction(keep_last_tool_call_groups=0)),
+        TokenBudget(
+            token_budget=100, strategies=[ToolResultCompaction(), SlidingWindow(keep_last_groups=8)]
+        ),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_records_in_the_log_give_the_view_apply_compaction_returns(seed: int) -> None:
+    rng = random.Random(seed)
+    log = random_log(rng)
+    model = ScriptedModel([text_response("summary")] * 200)
+    for strategy in strategies(model):
+        records = await compaction_records(log, strategy, tokenizer=None, complete=None)
+        assert records, strategy
+        compacted = build_view([*log, *records])
+        again = await apply_compaction([*log, *records], Truncation(minimum_preserved=10**6))
+        assert again == compacted  # nothing more to do: the view is stable
+        ad_hoc = await apply_compaction(log, strategy)
+        assert [(m.role, m.text) for m in ad_hoc] == [(m.role, m.text) for m in compacted]
+        # A second compaction on top of the first reads its records too.
+        more = await compaction_records([*log, *records], strategy, tokenizer=None)
+        twice = await apply_compaction(compacted, strategy)
+        assert [m.text for m in build_view([*log, *records, *more])] == [m.text for m in twice]
+
+
+async def test_record_kinds_and_what_they_cover() -> None:
+    log = conversation(6)
+    records = await compaction_records(
+        log, Pipeline(ToolResultCompaction(), Truncation(minimum_preserved=12)), tokenizer=None
+    )
+    kinds = [r.metadata[COMPACTION_KIND_KEY] for r in records]
+    assert kinds == ["collapse", "collapse", "exclusion"]
+    collapses, dropped = records[:2], records[2]
+    assert collapses[0].metadata[COMPACTION_COVERS_KEY] == [log[10].id, log[11].id]  # turn 2
+    assert collapses[1].metadata[COMPACTION_COVERS_KEY] == [log[14].id, log[15].id]  # turn 3
+    # Turns 0 and 1 were collapsed, then excluded: by their originals' ids, no collapse.
+    assert dropped.metadata[COMPACTION_COVERS_KEY] == [m.id for m in log[1:9]]
+
+
+async def test_nothing_to_do_gives_no_records() -> None:
+    log = conversation(2)
+    assert await compaction_records(log, Truncation(), tokenizer=None) == ()
+    assert await apply_compaction(log, Truncation()) == tuple(log)
+
+
+def public(attribute: attrs.Attribute[object], value: object) -> bool:
+    return not attribute.name.startswith("_")  # estimates are cached on messages
+
+
+async def test_apply_compaction_leaves_its_input_untouched() -> None:
+    log = conversation(8, calls=2)
+    snapshot = [attrs.asdict(m, filter=public) for m in log]
+    originals = list(log)
+    model = ScriptedModel([text_response("s")])
+    view = await apply_compaction(
+        log,
+        Pipeline(
+            ToolResultCompaction(), Summarization(model=model), Truncation(minimum_preserved=3)
+        ),
+    )
+    assert len(view) < len(log)
+    assert log == originals and all(a is b for a, b in zip(log, originals, strict=True))
+    assert [attrs.asdict(m, filter=public) for m in log] == snapshot
+
+
+async def test_a_strategy_must_be_a_strategy() -> None:
+    from littleghost.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="compaction strategy"):
+        await apply_compaction(conversation(1), "truncate")  # type: ignore[arg-type]
+
+
+# --- the next turn reuses the work on the previous log -------------------------------
+
+
+async def fresh(log: list[Message]) -> list[tuple[str, str]]:
+    """The compaction of an equal log made of new message objects."""
+    copies = [attrs.evolve(m) for m in log]
+    view = await apply_compaction(
+        copies, TokenBudget(token_budget=200, strategies=[ToolResultCompaction()])
+    )
+    return [(m.role, m.text) for m in view]
+
+
+async def test_the_next_turn_gives_the_same_view_as_a_fresh_start() -> None:
+    strategy = TokenBudget(token_budget=200, strategies=[ToolResultCompaction()])
+    log = conversation(6, calls=2)
+    await apply_compaction(log, strategy)
+    first_view = [(m.role, m.text) for m in await apply_compaction(log, strategy)]
+    assert first_view == [(m.role, m.text) for m in await apply_compaction(log, strategy)]
+    assert first_view == await fresh(log)
+    # The next turn: plain messages, one of them a late result for an earlier call.
+    pending = Message.assistant(tool_calls=[ToolCall("late", "slow", {})])
+    log += [Message.user("more"), pending, Message.user("still there?")]
+    first = await apply_compaction(log, strategy)
+    assert [(m.role, m.text) for m in first] == await fresh(log)
+    log += [Message.tool("late", "finally"), Message.assistant("done")]
+    second = await apply_compaction(log, strategy)
+    assert [(m.role, m.text) for m in second] == await fresh(log)
+    assert second[-4:-2] == (pending, log[-2])  # the late result follows its call
+    # Records appended since: the view is built afresh and reads them.
+    records = await compaction_records(log, Truncation(minimum_preserved=2), tokenizer=None)
+    log += [*records, *turn(7)]
+    third = await apply_compaction(log, strategy)
+    assert [(m.role, m.text) for m in third] == await fresh(log)
+
+
+# --- stored sessions ---------------------------------------------------------------------
+
+
+async def test_compact_session_appends_records_and_keeps_the_originals() -> None:
+    store = InMemorySessionStore()
+    log = conversation(5)
+    await store.append("s1", log)
+    records = await compact_session(store, "s1", Truncation(minimum_preserved=2))
+    stored = await store.load("s1")
+    assert stored[: len(log)] == tuple(log) and stored[len(log) :] == records
+    assert build_view(stored) == (log[0], *log[-3:])
+    assert await compact_session(store, "s1", Truncation(minimum_preserved=2)) == ()
+
+
+async def test_compact_session_summarizes_with_the_strategys_model() -> None:
+    store = InMemorySessionStore()
+    await store.append("s2", conversation(5))
+    model = ScriptedModel([text_response("the user asked about five cities")])
+    (record,) = await compact_session(store, "s2", Summarization(model=model))
+    view = build_view(await store.load("s2"))
+    assert view[1] == record and record.is_summary and len(view) == 2 + 5
+
+
+async def test_sizes_stay_exact_when_the_next_turn_reuses_the_index() -> None:
+    log = conversation(3)
+    log.append(Message.assistant(tool_calls=[ToolCall("late", "slow", {})]))
+    await apply_compaction(log, Truncation())
+    log += [Message.user("hello?"), Message.tool("late", "done")]
+    # 16 messages: over 15, one user group of one message goes; the count must be exact.
+    view = await apply_compaction(log, Truncation(trigger=messages_exceed(15), minimum_preserved=0))
+    assert view == tuple(log[:1] + log[2:-2] + log[-1:] + log[-2:-1])

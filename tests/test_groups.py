@@ -1,0 +1,155 @@
+"""Message groups: kinds, tool-call pairing by id (parallel, non-adjacent, duplicated),
+sizes, and that grouping never loses a message or separates a call from its results."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from littleghost import Message, ToolCall
+from littleghost.context import ByteEstimator, CharacterEstimator, MessageGroup, group_messages
+from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
+
+
+def call(call_id: str, name: str = "get_weather", **arguments: str) -> ToolCall:
+    return ToolCall(call_id, name, arguments or {"city": "Oslo"})
+
+
+def kinds(groups: tuple[MessageGroup, ...]) -> list[str]:
+    return [group.kind for group in groups]
+
+
+def test_each_kind_of_group() -> None:
+    summary = Message.user("earlier", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ["x"]})
+    messages = [
+        Message.system("be brief"),
+        Message.developer("use metric units"),
+        summary,
+        Message.user("weather?"),
+        Message.assistant(tool_calls=[call("a")]),
+        Message.tool("a", "sunny"),
+        Message.assistant("It is sunny."),
+    ]
+    groups = group_messages(messages)
+    assert kinds(groups) == ["system", "summary", "user", "tool_call", "assistant_text"]
+    assert groups[0].messages == tuple(messages[:2])
+    assert groups[3].messages == (messages[4], messages[5])
+
+
+def test_parallel_calls_and_their_results_are_one_group() -> None:
+    ask = Message.assistant("Checking both.", tool_calls=[call("a"), call("b", city="Rome")])
+    first, second = Message.tool("b", "rain"), Message.tool("a", "sunny")
+    groups = group_messages([Message.user("two cities?"), ask, first, second])
+    assert kinds(groups) == ["user", "tool_call"]
+    assert groups[1].messages == (ask, first, second)
+
+
+def test_a_result_joins_its_call_even_when_not_adjacent() -> None:
+    ask = Message.assistant(tool_calls=[call("a")])
+    interjection = Message.user("also, hurry")
+    result = Message.tool("a", "sunny")
+    groups = group_messages([ask, interjection, result, Message.assistant("Sunny.")])
+    assert kinds(groups) == ["tool_call", "user", "assistant_text"]
+    assert groups[0].messages == (ask, result)
+    assert groups[1].messages == (interjection,)
+
+
+def test_a_duplicated_id_pairs_each_result_with_the_nearest_open_call() -> None:
+    first = Message.assistant(tool_calls=[call("dup")])
+    second = Message.assistant(tool_calls=[call("dup")])
+    answer_second, answer_first = Message.tool("dup", "2"), Message.tool("dup", "1")
+    groups = group_messages([first, second, answer_second, answer_first])
+    assert [group.messages for group in groups] == [(first, answer_first), (second, answer_second)]
+
+
+def test_a_reused_id_after_an_answer_pairs_with_the_new_call() -> None:
+    first, answer_first = Message.assistant(tool_calls=[call("x")]), Message.tool("x", "1")
+    second, answer_second = Message.assistant(tool_calls=[call("x")]), Message.tool("x", "2")
+    groups = group_messages([first, answer_first, second, answer_second])
+    assert [group.messages for group in groups] == [(first, answer_first), (second, answer_second)]
+
+
+def test_a_result_that_answers_no_call_is_a_group_of_its_own() -> None:
+    stray = Message.tool("nobody", "lost")
+    groups = group_messages([Message.user("hi"), stray])
+    assert kinds(groups) == ["user", "tool_call"]
+    assert groups[1].messages == (stray,)
+
+
+def test_an_unanswered_call_is_a_tool_call_group() -> None:
+    ask = Message.assistant(tool_calls=[call("a")])
+    assert kinds(group_messages([ask])) == ["tool_call"]
+
+
+def test_sizes_count_bytes_and_tokens() -> None:
+    ask = Message.assistant(tool_calls=[call("a", city="Zürich")])
+    result = Message.tool("a", "sonnig, 18°C")
+    (group,) = group_messages([ask, result])
+    assert group.count == 2
+    assert group.bytes == sum(len(prompt_text(m).encode("utf-8")) for m in (ask, result))
+    assert group.bytes > sum(len(prompt_text(m)) for m in (ask, result))  # ü and ° are 2 bytes
+    assert group.tokens == estimate_message(ask) + estimate_message(result)
+    (by_bytes,) = group_messages([ask, result], tokenizer=ByteEstimator())
+    assert by_bytes.tokens == sum(estimate_message(m, ByteEstimator()) for m in (ask, result))
+    assert by_bytes.tokens != group.tokens
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{}, {"note": 'say "hi"\n', "city": "Zürich"}, {"n": 1, "tags": ["a", None]}, "not json {"],
+)
+def test_a_character_estimate_is_a_quarter_of_the_prompt_text(arguments: object) -> None:
+    message = Message.assistant("héllo", tool_calls=[ToolCall("a", "f", arguments)])
+    result = Message.tool("a", 'line\n"quoted" ü')
+    for chars_per_token in (4, 2, 1):
+        tokenizer = CharacterEstimator(chars_per_token=chars_per_token)
+        for item in (message, result):
+            expected = -(-len(prompt_text(item)) // chars_per_token)
+            assert group_messages([item], tokenizer)[0].tokens == expected
+
+
+def test_grouping_leaves_its_input_as_it_was() -> None:
+    messages = [
+        Message.user("q"),
+        Message.assistant(tool_calls=[call("a")]),
+        Message.tool("a", "r"),
+    ]
+    before = list(messages)
+    group_messages(messages)
+    assert messages == before and all(a is b for a, b in zip(messages, before, strict=True))
+
+
+def random_conversation(rng: random.Random, turns: int) -> list[Message]:
+    """Turns with parallel calls, late and out-of-order results, reused ids and strays."""
+    messages: list[Message] = [Message.system("sys")]
+    waiting: list[str] = []
+    for turn in range(turns):
+        messages.append(Message.user(f"question {turn}"))
+        for step in range(rng.randint(0, 2)):
+            ids = [f"c{rng.randint(0, 5)}" for _ in range(rng.randint(1, 3))]
+            messages.append(Message.assistant(tool_calls=[call(i) for i in ids]))
+            waiting.extend(ids)
+            rng.shuffle(waiting)
+            while waiting and rng.random() < 0.8:
+                messages.append(Message.tool(waiting.pop(), f"result {turn}.{step}"))
+        if rng.random() < 0.1:
+            messages.append(Message.tool("stray", "nobody asked"))
+        messages.append(Message.assistant(f"answer {turn}"))
+    return messages
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_message_is_lost_and_no_result_leaves_its_call(seed: int) -> None:
+    messages = random_conversation(random.Random(seed), 12)
+    groups = group_messages(messages)
+    flat = [message for group in groups for message in group.messages]
+    assert sorted(map(id, flat)) == sorted(map(id, messages))
+    for group in groups:
+        if group.kind != "tool_call" or not group.messages[0].tool_calls:
+            assert all(not message.tool_results for message in group.messages) or (group.count == 1)
+            continue
+        calls = [c.id for c in group.messages[0].tool_calls]
+        for message in group.messages[1:]:
+            assert message.tool_results[0].call_id in calls

@@ -1,0 +1,446 @@
+"""Strategies: what each keeps, collapses, excludes or summarizes; minimum counts; system
+groups; pipeline order; the token budget and its fallback; groups never split."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from littleghost import Message, ToolCall
+from littleghost.context import (
+    CompactionState,
+    CompactionStrategy,
+    Pipeline,
+    SelectiveToolCallCompaction,
+    SlidingWindow,
+    Summarization,
+    TokenBudget,
+    ToolResultCompaction,
+    Truncation,
+    apply_compaction,
+    group_messages,
+    has_tool_calls,
+    never,
+    tokens_exceed,
+    turns_exceed,
+)
+from littleghost.context.compaction import compaction_records
+from littleghost.context.summarize import SUMMARY_PREFIX
+from littleghost.context.tokens import estimate_messages
+from littleghost.errors import ConfigurationError, OutputLimitError
+from littleghost.models import StopReason
+from littleghost.testing import ScriptedModel, text_response
+
+pytestmark = pytest.mark.anyio
+
+
+def turn(number: int, *, calls: int = 1) -> list[Message]:
+    """A user question, parallel calls with their results, the answer."""
+    ids = [f"t{number}c{k}" for k in range(calls)]
+    return [
+        Message.user(f"question {number}"),
+        Message.assistant(tool_calls=[ToolCall(i, "get_weather", {"city": i}) for i in ids]),
+        *(Message.tool(i, f"sunny, {number}°C") for i in ids),
+        Message.assistant(f"answer {number}"),
+    ]
+
+
+def conversation(turns: int, *, calls: int = 1) -> list[Message]:
+    log = [Message.system("You are terse.")]
+    for number in range(turns):
+        log += turn(number, calls=calls)
+    return log
+
+
+def texts(view: tuple[Message, ...]) -> list[str]:
+    return [m.text for m in view]
+
+
+def assert_whole(view: tuple[Message, ...]) -> None:
+    """Every result follows its call's message; every call in the view is answered."""
+    open_calls: set[str] = set()
+    for message in view:
+        if message.tool_calls:
+            assert not open_calls
+            open_calls = {call.id for call in message.tool_calls}
+        elif message.tool_results:
+            assert message.tool_results[0].call_id in open_calls
+            open_calls.discard(message.tool_results[0].call_id)
+        else:
+            assert not open_calls
+
+
+# --- Truncation -----------------------------------------------------------------------
+
+
+async def test_truncation_keeps_system_and_the_newest_32_groups_by_default() -> None:
+    log = conversation(20)  # 60 non-system groups
+    view = await apply_compaction(log, Truncation())
+    assert view[0] is log[0]
+    assert len(group_messages(view)) == 1 + 32
+    assert tuple(view[1:]) == tuple(log[-len(view) + 1 :])
+
+
+async def test_truncation_stops_once_under_the_token_trigger() -> None:
+    log = conversation(20)
+    limit = estimate_messages(log) // 3
+    view = await apply_compaction(
+        log, Truncation(trigger=tokens_exceed(limit), minimum_preserved=0)
+    )
+    assert estimate_messages(view) <= limit
+    assert estimate_messages(view) > limit - max(g.tokens for g in group_messages(log))
+    assert_whole(view)
+
+
+async def test_truncation_keeps_the_minimum_even_over_the_trigger() -> None:
+    log = conversation(5)
+    view = await apply_compaction(log, Truncation(trigger=tokens_exceed(1), minimum_preserved=4))
+    assert view == (log[0], *log[-5:])  # answer 3, then turn 4 (its call and result one group)
+
+
+# --- SlidingWindow -----------------------------------------------------------------------
+
+
+async def test_sliding_window_by_turns_keeps_whole_turns() -> None:
+    log = conversation(6, calls=2)
+    view = await apply_compaction(log, SlidingWindow(keep_last_turns=2))
+    assert view[0] is log[0]
+    assert [m.text for m in view if m.role == "user"] == ["question 4", "question 5"]
+    assert tuple(view[1:]) == tuple(log[-2 * 5 :])
+
+
+async def test_sliding_window_by_turns_counts_leading_groups_as_a_turn() -> None:
+    log = [Message.system("s"), Message.assistant("welcome"), *turn(0), *turn(1)]
+    view = await apply_compaction(log, SlidingWindow(keep_last_turns=3))
+    assert view == tuple(log)
+    view = await apply_compaction(log, SlidingWindow(keep_last_turns=2))
+    assert view == (log[0], *turn_of(log, 0), *turn_of(log, 1))
+    view = await apply_compaction(log, SlidingWindow(keep_last_turns=1))
+    assert view == (log[0], *turn_of(log, 1))
+
+
+def turn_of(log: list[Message], number: int) -> list[Message]:
+    start = next(i for i, m in enumerate(log) if m.text == f"question {number}")
+    end = next(i for i, m in enumerate(log) if m.text == f"answer {number}")
+    return log[start : end + 1]
+
+
+async def test_sliding_window_by_groups() -> None:
+    log = conversation(4)
+    view = await apply_compaction(log, SlidingWindow(keep_last_groups=4))
+    assert [g.kind for g in group_messages(view)] == [
+        "system",
+        "assistant_text",
+        "user",
+        "tool_call",
+        "assistant_text",
+    ]
+
+
+async def test_sliding_window_with_a_trigger_stops_at_its_target() -> None:
+    log = conversation(8)
+    view = await apply_compaction(log, SlidingWindow(keep_last_turns=1, trigger=turns_exceed(4)))
+    assert [m.text for m in view if m.role == "user"] == [f"question {n}" for n in range(4, 8)]
+
+
+def test_sliding_window_takes_exactly_one_window() -> None:
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        SlidingWindow()
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        SlidingWindow(keep_last_turns=1, keep_last_groups=1)
+    with pytest.raises(ConfigurationError, match=r"keep_last_turns must be an int >= 1"):
+        SlidingWindow(keep_last_turns=0)
+
+
+# --- ToolResultCompaction and SelectiveToolCallCompaction ------------------------------
+
+
+async def test_tool_results_collapse_into_one_short_message() -> None:
+    log = conversation(4, calls=2)
+    view = await apply_compaction(log, ToolResultCompaction())
+    assert texts(view)[:7] == [
+        "You are terse.",
+        "question 0",
+        "[Tool results: get_weather: sunny, 0°C; get_weather: sunny, 0°C]",
+        "answer 0",
+        "question 1",
+        "[Tool results: get_weather: sunny, 1°C; get_weather: sunny, 1°C]",
+        "answer 1",
+    ]
+    collapsed = view[2]
+    assert collapsed.role == "assistant" and not collapsed.tool_calls
+    assert tuple(view[7:]) == tuple(log[-10:])  # the newest two tool-call groups stay whole
+    assert_whole(view)
+
+
+async def test_a_collapse_keeps_assistant_text_errors_and_unanswered_calls() -> None:
+    ask = Message.assistant(
+        "Looking it up.",
+        tool_calls=[
+            ToolCall("a", "search", {}),
+            ToolCall("b", "fetch", {}),
+            ToolCall("c", "x", {}),
+        ],
+    )
+    log = [
+        Message.user("go"),
+        ask,
+        Message.tool("a", "  found\n  it  "),
+        Message.tool("b", "timeout", is_error=True),
+        Message.user("again"),
+        Message.assistant(tool_calls=[ToolCall("d", "search", {})]),
+        Message.tool("d", "x" * 1000),
+    ]
+    view = await apply_compaction(
+        log, ToolResultCompaction(keep_last_tool_call_groups=0, max_result_chars=40)
+    )
+    assert view[1].text == (
+        "Looking it up.\n[Tool results: search: found it; fetch: error: timeout; x: no result]"
+    )
+    assert "truncated" in view[3].text and len(view[3].text) < 200
+
+
+async def test_tool_result_compaction_leaves_user_and_text_messages_alone() -> None:
+    log = conversation(5)
+    view = await apply_compaction(log, ToolResultCompaction(keep_last_tool_call_groups=1))
+    expected = [m for m in log if not (m.tool_calls or m.tool_results) or m in log[-3:-1]]
+    assert [m for m in view if not m.text.startswith("[Tool results")] == expected
+    assert sum(m.text.startswith("[Tool results") for m in view) == 4
+
+
+async def test_selective_tool_call_compaction_drops_older_tool_groups() -> None:
+    log = conversation(5, calls=3)
+    view = await apply_compaction(log, SelectiveToolCallCompaction())
+    kept_calls = [m for m in view if m.tool_calls]
+    assert [m.tool_calls[0].id for m in kept_calls] == ["t3c0", "t4c0"]
+    assert [m.text for m in view if m.role == "user"] == [f"question {n}" for n in range(5)]
+    assert_whole(view)
+
+
+# --- Summarization ---------------------------------------------------------------------
+
+
+async def test_summarization_keeps_the_newest_four_groups_and_writes_one_summary() -> None:
+    model = ScriptedModel([text_response("They asked about the weather.")])
+    log = conversation(4)
+    view = await apply_compaction(log, Summarization(model=model))
+    assert view[0] is log[0]
+    assert view[1].is_summary and view[1].text == SUMMARY_PREFIX + "They asked about the weather."
+    assert tuple(view[2:]) == tuple(log[-5:])  # 4 groups: the tool call is one
+    (request,) = model.requests
+    assert request.purpose == "context_compaction" and not request.tools
+    transcript = request.messages[-1].text
+    assert "question 0" in transcript and "question 2" in transcript
+    assert "question 3" not in transcript
+    covered = set(view[1].metadata["littleghost.summary.covers"])
+    assert covered == {m.id for m in log[1:-5]}
+
+
+async def test_summarization_folds_the_previous_summary_in() -> None:
+    model = ScriptedModel([text_response("first"), text_response("second")])
+    log = conversation(4)
+    first = await compaction_records(log, Summarization(model=model), tokenizer=None)
+    log2 = [*log, *first, *turn(9)]
+    second = await compaction_records(log2, Summarization(model=model), tokenizer=None)
+    (summary,) = second
+    covers = summary.metadata["littleghost.summary.covers"]
+    assert first[0].id in covers and log[-2].id in covers  # the summary, turn 3's result
+    assert log[-1].id not in covers  # with turn 9, the newest four groups
+    assert "Earlier summary: first" in model.requests[1].messages[-1].text
+
+
+async def test_summarization_uses_a_custom_prompt_and_the_given_complete() -> None:
+    model = ScriptedModel([text_response("short")])
+    records = await compaction_records(
+        conversation(3),
+        Summarization(prompt="Only the cities.", minimum_preserved=1),
+        tokenizer=None,
+        complete=model.respond,
+        settings={"temperature": 0.1, "max_tokens": 9, "tool_choice": "auto"},
+    )
+    assert records[0].is_summary
+    request = model.requests[0]
+    assert request.messages[0].text == "Only the cities."
+    assert request.settings == {"temperature": 0.1, "max_tokens": 1024}
+
+
+async def test_summarization_with_nothing_new_to_summarize_does_nothing() -> None:
+    model = ScriptedModel([])
+    log = conversation(1)
+    assert await apply_compaction(log, Summarization(model=model)) == tuple(log)
+    assert model.requests == []
+
+
+async def test_a_failed_summary_raises() -> None:
+    cut = text_response("half a sen", stop_reason=StopReason.MAX_TOKENS)
+    with pytest.raises(OutputLimitError):
+        await apply_compaction(conversation(4), Summarization(model=ScriptedModel([cut])))
+    with pytest.raises(ConfigurationError, match=r"Summarization\(model=\.\.\.\)"):
+        await apply_compaction(conversation(4), Summarization())
+
+
+# --- Pipeline and TokenBudget ----------------------------------------------------------
+
+
+async def test_pipeline_runs_in_order_each_on_the_result_of_the_last() -> None:
+    log = conversation(4)
+    collapse = ToolResultCompaction(keep_last_tool_call_groups=0)
+    drop = SelectiveToolCallCompaction(keep_last_tool_call_groups=0)
+    collapsed_first = await apply_compaction(log, Pipeline(collapse, drop))
+    dropped_first = await apply_compaction(log, Pipeline(drop, collapse))
+    assert sum(m.text.startswith("[Tool results") for m in collapsed_first) == 4
+    assert not any(m.text.startswith("[Tool results") for m in dropped_first)
+    assert not any(m.tool_calls for m in (*collapsed_first, *dropped_first))
+    assert len(dropped_first) == len(collapsed_first) - 4
+
+
+async def test_pipeline_children_check_their_own_triggers() -> None:
+    log = conversation(6)
+    pipeline = Pipeline(
+        ToolResultCompaction(keep_last_tool_call_groups=0, trigger=tokens_exceed(10**6)),
+        SelectiveToolCallCompaction(keep_last_tool_call_groups=1, trigger=has_tool_calls()),
+    )
+    view = await apply_compaction(log, pipeline)
+    assert not any(m.text.startswith("[Tool results") for m in view)
+    assert sum(bool(m.tool_calls) for m in view) == 1
+    assert await apply_compaction(log, Pipeline(Truncation(), trigger=never)) == tuple(log)
+
+
+def test_pipeline_takes_strategies_positionally_or_by_keyword() -> None:
+    assert Pipeline(Truncation()) == Pipeline(strategies=[Truncation()])
+    with pytest.raises(ConfigurationError, match="positionally or strategies="):
+        Pipeline(Truncation(), strategies=[Truncation()])
+    with pytest.raises(ConfigurationError, match="Pipeline takes strategies"):
+        Pipeline("truncate")  # type: ignore[arg-type]
+
+
+async def test_token_budget_does_nothing_under_budget() -> None:
+    log = conversation(3)
+    model = ScriptedModel([])
+    budget = TokenBudget(
+        token_budget=estimate_messages(log), strategies=[Summarization(model=model)]
+    )
+    assert await apply_compaction(log, budget) == tuple(log)
+
+
+async def test_token_budget_stops_as_soon_as_a_strategy_gets_under() -> None:
+    log = conversation(10)
+    collapsed = await apply_compaction(log, ToolResultCompaction())
+    model = ScriptedModel([])  # would raise if the summary were asked for
+    budget = TokenBudget(
+        token_budget=estimate_messages(collapsed),
+        strategies=[ToolResultCompaction(), Summarization(model=model)],
+    )
+    assert texts(await apply_compaction(log, budget)) == texts(collapsed)
+    assert model.requests == []
+
+
+async def test_token_budget_falls_back_to_dropping_the_oldest_groups() -> None:
+    log = conversation(10)
+    limit = estimate_messages(log) // 4
+    view = await apply_compaction(
+        log, TokenBudget(token_budget=limit, strategies=[ToolResultCompaction()])
+    )
+    assert estimate_messages(view) <= limit
+    assert view[0] is log[0] and view[-1] is log[-1]
+    assert_whole(view)
+    tiny = await apply_compaction(log, TokenBudget(token_budget=1, minimum_preserved=2))
+    assert tiny == (log[0], *log[-3:])  # over budget: the system group and the newest two stay
+
+
+def test_configuration_is_validated_with_the_parameter_named() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"Truncation.minimum_preserved must be an int >= 0"
+    ):
+        Truncation(minimum_preserved=-1)
+    with pytest.raises(ConfigurationError, match=r"TokenBudget.token_budget must be an int >= 1"):
+        TokenBudget(token_budget=0)
+    with pytest.raises(ConfigurationError, match=r"keep_last_tool_call_groups"):
+        ToolResultCompaction(keep_last_tool_call_groups=-2)
+    with pytest.raises(ConfigurationError, match=r"Summarization.prompt"):
+        Summarization(prompt=" ")
+    with pytest.raises(ConfigurationError, match=r"Summarization.model"):
+        Summarization(model="gpt")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Truncation(32)  # type: ignore[arg-type,call-arg]
+
+
+# --- Invariants over random conversations -----------------------------------------------
+
+
+def random_log(rng: random.Random) -> list[Message]:
+    log = [Message.system("s")]
+    for number in range(rng.randint(3, 14)):
+        log += turn(number, calls=rng.randint(0, 3)) if rng.random() < 0.7 else turn(number)[:1]
+        if rng.random() < 0.2:
+            log.append(Message.developer(f"note {number}"))
+    return log
+
+
+STRATEGIES: list[CompactionStrategy] = [
+    Truncation(minimum_preserved=3),
+    Truncation(trigger=tokens_exceed(120), minimum_preserved=1),
+    SlidingWindow(keep_last_turns=2),
+    SlidingWindow(keep_last_groups=3, minimum_preserved=5),
+    ToolResultCompaction(keep_last_tool_call_groups=1),
+    SelectiveToolCallCompaction(keep_last_tool_call_groups=1),
+    Pipeline(ToolResultCompaction(), Truncation(minimum_preserved=4)),
+    TokenBudget(token_budget=150, strategies=[ToolResultCompaction()], minimum_preserved=2),
+]
+
+
+@pytest.mark.parametrize("seed", range(15))
+async def test_groups_are_never_split_and_system_and_minimums_hold(seed: int) -> None:
+    rng = random.Random(seed)
+    log = random_log(rng)
+    trusted = [m for m in log if m.role in ("system", "developer")]
+    for strategy in STRATEGIES:
+        view = await apply_compaction(log, strategy)
+        assert_whole(view)
+        assert [m for m in view if m.role in ("system", "developer")] == trusted
+        originals = [m for m in view if m in log]
+        assert originals == sorted(originals, key=log.index)  # order kept
+        preserved = getattr(strategy, "minimum_preserved", 0)
+        newest = [g for g in group_messages(log) if g.kind != "system"][-preserved:]
+        if preserved:
+            for group in newest:
+                assert all(message in view for message in group.messages)
+
+
+async def test_a_custom_strategy_works_on_the_state() -> None:
+    """Anything with ``async compact(state)`` is a strategy: here, drop every answer and
+    collapse the first tool-call group, whatever their age."""
+
+    class DropAnswers:
+        async def compact(self, state: CompactionState, /) -> None:
+            collapsed = False
+            for slot in range(state.slots):
+                if not state.included(slot):
+                    continue
+                if state.kind(slot) == "assistant_text":
+                    state.exclude(slot)
+                elif state.kind(slot) == "tool_call" and not collapsed:
+                    state.collapse(slot, f"[{state.group(slot).count} messages collapsed]")
+                    collapsed = True
+
+    log = conversation(3)
+    view = await apply_compaction(log, DropAnswers())
+    assert texts(view) == [
+        "You are terse.",
+        "question 0",
+        "[2 messages collapsed]",
+        "question 1",
+        "",
+        "",
+        "question 2",
+        "",
+        "",
+    ]
+    with pytest.raises(ValueError, match="system groups"):
+        await apply_compaction(log, SystemDropper())
+
+
+class SystemDropper:
+    async def compact(self, state: CompactionState, /) -> None:
+        state.exclude(0)

@@ -1,0 +1,192 @@
+"""manage_context(strategy=...): the threshold decides when, the strategy decides how."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost.context import (
+    PromptBudget,
+    Summarization,
+    ToolResultCompaction,
+    Truncation,
+    always,
+    build_view,
+)
+from littleghost.errors import ConfigurationError, ContextWindowOverflowError
+from littleghost.models import ModelRequest, ModelResponse, Usage
+from littleghost.testing import ScriptedModel, text_response
+
+from .conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+
+class PerMessage:
+    def count_tokens(self, text: str) -> int:
+        return 1
+
+
+def chat(pairs: int) -> list[Message]:
+    return [m for i in range(pairs) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+
+
+def compaction_events(spans: Spans) -> list[dict[str, Any]]:
+    return [
+        dict(event.attributes or {})
+        for span in spans.all()
+        for event in span.events
+        if event.name == "littleghost.context.compaction"
+    ]
+
+
+def managed(strategy: Any, **options: Any) -> type[Agent]:
+    settings = {
+        "context_window_tokens": 100,
+        "compression_threshold": 0.5,
+        "tokenizer": PerMessage(),
+        "strategy": strategy,
+        **options,
+    }
+
+    @manage_context(**settings)
+    class Managed(Agent):
+        instructions = "Be brief."
+
+    return Managed
+
+
+class TestStrategies:
+    async def test_truncation_at_the_threshold_calls_no_model(self, spans: Spans) -> None:
+        """Over the threshold the strategy drops the oldest groups; no summary call."""
+        history = chat(40)
+        model = ScriptedModel([text_response("done")])
+        result = await managed(Truncation(minimum_preserved=10))(model=model).run(
+            "go", history=history
+        )
+        assert [r.purpose for r in model.requests] == ["chat"]
+        sent = model.requests[0].messages
+        assert sent[0].text == "Be brief."
+        assert len(sent) < 82 and sent[-1].text == "go"
+        assert list(result.messages[:80]) == history
+        records = [m for m in result.messages if m.metadata.get("littleghost.compaction.kind")]
+        assert records and records[0].metadata["littleghost.compaction.kind"] == "exclusion"
+        assert build_view(result.messages[:-1])[-1].text == "go"
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "completed"
+        assert spans.one("chat").attributes.get("gen_ai.conversation.compacted") is True
+
+    async def test_below_the_threshold_nothing_happens(self) -> None:
+        """The strategy's own trigger does not fire compaction below the threshold."""
+        model = ScriptedModel([text_response("done")])
+        result = await managed(Truncation(minimum_preserved=1, trigger=always))(model=model).run(
+            "go", history=chat(5)
+        )
+        assert len(model.requests[0].messages) == 12
+        assert not any(m.metadata for m in result.messages)
+
+    async def test_tool_results_collapse(self) -> None:
+        """ToolResultCompaction turns older tool exchanges into one short message."""
+        history: list[Message] = []
+        for index in range(15):
+            call = ToolCall(f"c{index}", "weather", {"city": f"c{index}"})
+            history += [
+                Message.user(f"q{index}"),
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, f"sunny {index}"),
+                Message.assistant(f"a{index}"),
+            ]
+        model = ScriptedModel([text_response("done")])
+        await managed(ToolResultCompaction(keep_last_tool_call_groups=2))(model=model).run(
+            "go", history=history
+        )
+        sent = model.requests[0].messages
+        assert sum(1 for m in sent if m.tool_calls) == 2
+        assert any(m.text.startswith("[Tool results: weather: sunny 0") for m in sent)
+
+    async def test_summarization_uses_the_agents_model(self, spans: Spans) -> None:
+        """A Summarization without a model summarizes with the agent's, traced and counted."""
+
+        def summary(request: ModelRequest) -> ModelResponse:
+            assert request.purpose == "context_compaction"
+            return text_response("earlier talk", input_tokens=7, output_tokens=3)
+
+        model = ScriptedModel([summary, text_response("done", input_tokens=5, output_tokens=1)])
+        result = await managed(Summarization(minimum_preserved=4))(model=model).run(
+            "go", history=chat(40)
+        )
+        assert result.usage == Usage(12, 4)
+        assert any(m.is_summary for m in model.requests[1].messages)
+        purposes = [c.attributes["littleghost.purpose"] for c in spans.named("chat")]
+        assert purposes == ["context_compaction", "chat"]
+
+    async def test_summarization_with_its_own_model_is_counted_too(self, spans: Spans) -> None:
+        """A cheaper summarizer model is used instead, still traced and counted."""
+        cheap = ScriptedModel(
+            [text_response("earlier talk", input_tokens=9, output_tokens=2)], name="cheap"
+        )
+        model = ScriptedModel([text_response("done", input_tokens=5, output_tokens=1)])
+        result = await managed(Summarization(model=cheap, minimum_preserved=4))(model=model).run(
+            "go", history=chat(40)
+        )
+        assert len(cheap.requests) == 1 and len(model.requests) == 1
+        assert result.usage == Usage(14, 3)
+        assert [c.name for c in spans.named("chat")] == ["chat cheap", "chat scripted"]
+
+    async def test_overflow_recovery_uses_the_strategy(self) -> None:
+        """An overflow is recovered once with the strategy, whatever the threshold."""
+        model = ScriptedModel([ContextWindowOverflowError("too long"), text_response("done")])
+        strategy = Truncation(minimum_preserved=4)
+        result = await managed(strategy, compression_threshold=1.0)(model=model).run(
+            "go", history=chat(20)
+        )
+        assert result.output == "done"
+        assert len(model.requests[1].messages) < len(model.requests[0].messages)
+
+    async def test_a_strategy_that_removes_nothing_is_a_failed_compaction(
+        self, spans: Spans
+    ) -> None:
+        """Nothing to do: an error event, the request unchanged."""
+        model = ScriptedModel([text_response("done")])
+        await managed(Truncation(minimum_preserved=100))(model=model).run("go", history=chat(40))
+        assert len(model.requests[0].messages) == 82
+        (event,) = compaction_events(spans)
+        assert event["littleghost.compaction.outcome"] == "error"
+
+    def test_strategy_with_summarize_false_is_rejected(self) -> None:
+        """strategy= with summarize=False is a contradiction caught at class definition."""
+        with pytest.raises(ConfigurationError, match="strategy"):
+            manage_context(strategy=Truncation(), summarize=False, budget=PromptBudget())
+
+    def test_a_non_strategy_is_rejected(self) -> None:
+        """strategy= must be a strategy."""
+        with pytest.raises(ConfigurationError, match="strategy"):
+            manage_context(strategy="truncate")
+
+
+class TestTools:
+    async def test_a_tool_loop_with_a_strategy(self) -> None:
+        """Every model call of a tool loop is checked; the run completes."""
+
+        @manage_context(
+            context_window_tokens=40,
+            compression_threshold=0.5,
+            tokenizer=PerMessage(),
+            strategy=Truncation(minimum_preserved=4),
+        )
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        from littleghost.testing import tool_call_response
+
+        model = ScriptedModel(
+            [*(tool_call_response("ping", {}) for _ in range(5)), text_response("done")]
+        )
+        result = await Looping(model=model).run("go", history=chat(8))
+        assert result.output == "done"
+        assert all(len(r.messages) <= 22 for r in model.requests)
