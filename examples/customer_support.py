@@ -12,6 +12,7 @@ import os
 import anyio
 
 from littleghost import Agent, manage_context, tool
+from littleghost.models import Model
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 ORDERS = {"42": "shipped on Monday, arriving Thursday", "7": "waiting for payment"}
@@ -36,43 +37,53 @@ class CustomerSupportAgent(Agent):
         return ORDERS.get(order_id.strip().lstrip("#"), "no such order")
 
 
-def choose_model() -> tuple[object, str]:
+def scripted() -> ScriptedModel:
+    """A stand-in that plays the conversation, for machines with no provider at all."""
+    return ScriptedModel(
+        [
+            tool_call_response("lookup_order", {"order_id": "42"}),
+            text_response("Order 42 shipped on Monday and arrives on Thursday."),
+            text_response("You're welcome! Anything else?"),
+        ]
+    )
+
+
+async def choose_model() -> tuple[Model | str, str]:
     """The model to run on, and a line saying which it is."""
     if os.environ.get("OPENAI_API_KEY"):
         return "openai:gpt-4o-mini", "OpenAI gpt-4o-mini"
     if os.environ.get("ANTHROPIC_API_KEY"):
         return "anthropic:claude-sonnet-4-5", "Anthropic claude-sonnet-4-5"
     try:
-        import littleghost.models.local  # noqa: F401
-        from littleghost.models.local import default_model_path
+        from littleghost.models.local import LocalModel
 
-        default_model_path()
-        return "local", "the local llama.cpp server with SmolLM2-135M-Instruct"
-    except Exception:
-        scripted = ScriptedModel(
-            [
-                tool_call_response("lookup_order", {"order_id": "42"}),
-                text_response("Order 42 shipped on Monday and arrives on Thursday."),
-                text_response("You're welcome! Anything else?"),
-            ]
-        )
-        return scripted, "a ScriptedModel (no API key and no local model installed)"
+        local = LocalModel()
+        await local.prepare()
+    except Exception as error:
+        reason = str(error).splitlines()[0]
+        return scripted(), f"a ScriptedModel, because the local model cannot run here ({reason})"
+    return local, "the local llama.cpp server with SmolLM2-135M-Instruct"
 
 
 async def main() -> None:
-    model, label = choose_model()
+    model, label = await choose_model()
     print(f"Running CustomerSupportAgent on {label}.")
-    async with CustomerSupportAgent(model=model) as agent:  # type: ignore[arg-type]
-        first = await agent.run("Where is order 42?", timeout=120)
-        print("customer: Where is order 42?")
-        print(f"agent:    {first.output}")
-        second = await agent.run("Thanks!", history=first.messages, timeout=120)
-        print("customer: Thanks!")
-        print(f"agent:    {second.output}")
-        print(
-            f"usage:    {second.usage.input_tokens + first.usage.input_tokens} input tokens, "
-            f"{second.usage.output_tokens + first.usage.output_tokens} output tokens"
-        )
+    try:
+        async with CustomerSupportAgent(model=model) as agent:
+            first = await agent.run("Where is order 42?", timeout=120)
+            print("customer: Where is order 42?")
+            print(f"agent:    {first.output.strip()}")
+            second = await agent.run("Thanks!", history=first.messages, timeout=120)
+            print("customer: Thanks!")
+            print(f"agent:    {second.output.strip()}")
+            usage = first.usage + second.usage
+            print(
+                f"usage:    {usage.input_tokens} input tokens, {usage.output_tokens} output tokens"
+            )
+    finally:
+        close = getattr(model, "aclose", None)
+        if close is not None:
+            await close()
 
 
 if __name__ == "__main__":

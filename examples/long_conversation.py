@@ -10,8 +10,9 @@ from __future__ import annotations
 import anyio
 
 from littleghost import Agent, manage_context
+from littleghost.errors import OutputLimitError
 from littleghost.events import CompactionFinished, CompactionStarted
-from littleghost.models import Model
+from littleghost.models import Model, ModelRequest, ModelResponse
 from littleghost.testing import ScriptedModel, text_response
 
 QUESTIONS = [
@@ -31,46 +32,64 @@ class TravelAgent(Agent):
     settings = {"temperature": 0, "seed": 7, "max_tokens": 120}
 
 
-def choose_model() -> tuple[Model, str]:
-    try:
-        from littleghost.models.local import LocalModel, default_model_path
+def scripted() -> ScriptedModel:
+    """Answers long enough to fill a 1 024-token window in a few turns."""
+    answers = iter(range(100))
 
-        default_model_path()
-        return LocalModel(n_ctx=1024), "the local llama.cpp server (SmolLM2-135M, 1 024-token window)"
-    except Exception:
-        answers = []
-        for index in range(len(QUESTIONS)):
-            answers.append(text_response("A summary of the trip so far."))
-            answers.append(text_response(f"Answer {index}: " + "a detailed suggestion " * 40))
-        return ScriptedModel(answers, context_window=1024), "a ScriptedModel with a 1 024-token window"
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.purpose == "context_compaction":
+            return text_response("The user is planning a week in Lisbon in May.")
+        return text_response(f"Answer {next(answers)}: " + "a detailed suggestion " * 40)
+
+    return ScriptedModel([answer] * 100, context_window=1024)
+
+
+async def choose_model() -> tuple[Model, str]:
+    try:
+        from littleghost.models.local import LocalModel
+
+        local = LocalModel(n_ctx=1024)
+        await local.prepare()
+    except Exception as error:
+        reason = str(error).splitlines()[0]
+        return scripted(), f"a ScriptedModel with a 1 024-token window ({reason})"
+    return local, "the local llama.cpp server (SmolLM2-135M, 1 024-token window)"
+
+
+def report(event: object) -> None:
+    """Print the compaction events of a streamed turn."""
+    if isinstance(event, CompactionStarted):
+        print(
+            f"  [compaction started: {event.reason}, ~{event.estimated_tokens} "
+            f"of {event.context_window_tokens} tokens]"
+        )
+    elif isinstance(event, CompactionFinished):
+        outcome = f"compaction {event.outcome}: removed {event.removed_messages} messages"
+        if event.estimated_tokens_after is not None:
+            outcome += f", ~{event.estimated_tokens_after} tokens after"
+        if event.error_type:
+            outcome += f", error {event.error_type}"
+        print(f"  [{outcome}]")
 
 
 async def main() -> None:
-    model, label = choose_model()
+    model, label = await choose_model()
     print(f"Running TravelAgent on {label}.")
     history: tuple = ()
     async with TravelAgent(model=model) as agent:
         try:
             for question in QUESTIONS:
                 print(f"\nuser: {question}")
-                async with agent.stream(question, history=history, timeout=300) as events:
-                    async for event in events:
-                        if isinstance(event, CompactionStarted):
-                            print(
-                                f"  [compaction started: {event.reason}, ~{event.estimated_tokens} "
-                                f"of {event.context_window_tokens} tokens]"
-                            )
-                        elif isinstance(event, CompactionFinished):
-                            after = event.estimated_tokens_after
-                            print(
-                                f"  [compaction {event.outcome}: removed {event.removed_messages} "
-                                f"messages, ~{after} tokens after"
-                                + (f", error {event.error_type}" if event.error_type else "")
-                                + "]"
-                            )
-                result = events.result
-                print(f"assistant: {result.output.strip()}")
-                history = result.messages
+                events = agent.stream(question, history=history, timeout=300)
+                try:
+                    async with events:
+                        async for event in events:
+                            report(event)
+                    print(f"assistant: {events.result.output.strip()}")
+                except OutputLimitError as error:  # a small model may ramble to its cap
+                    text = error.response.message.text.strip() if error.response else ""
+                    print(f"assistant: {text} [cut at the output limit]")
+                history = events.messages
         finally:
             close = getattr(model, "aclose", None)
             if close is not None:
