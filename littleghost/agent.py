@@ -15,7 +15,7 @@ import attrs
 
 from littleghost import telemetry
 from littleghost.context.derive import clip_tool_results
-from littleghost.context.view import build_view, interrupted_results, orphan_results
+from littleghost.context.view import interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -521,7 +521,7 @@ class Agent:
             raise ConfigurationError(
                 f"{self.name}.instructions returned {type(text).__name__}, not a str"
             )
-        view = build_view(context.messages)
+        view = context.view()
         if self.context_management is not None:
             view = clip_tool_results(view, self.max_tool_result_tokens)
         messages = (_instructions_message(text), *view) if text else view

@@ -11,6 +11,7 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
+from littleghost.context.view import ViewIndex
 from littleghost.errors import ProtocolError
 from littleghost.events import Event, ModelCallFinished, ModelCallRetried, TextDelta
 from littleghost.messages import Message
@@ -81,6 +82,7 @@ class RunContext:
     _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")
     _call_attributes: dict[str, Any] = field(factory=dict, repr=False, init=False)
+    _view_index: ViewIndex | None = field(default=None, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )
@@ -95,6 +97,15 @@ class RunContext:
     def log_size(self) -> int:
         """How many messages the log holds."""
         return len(self._log)
+
+    def view(self) -> tuple[Message, ...]:
+        """What the model sees of the log (see ``littleghost.context.view``), built
+        incrementally: a turn that only added messages costs what it added."""
+        index = self._view_index.extend(self._log) if self._view_index is not None else None
+        if index is None:
+            index = ViewIndex.build(self._log)
+        self._view_index = index
+        return tuple(index.messages())
 
     def log_since(self, index: int) -> tuple[Message, ...]:
         """The messages appended at or after position ``index``."""

@@ -34,6 +34,7 @@ from littleghost.context.derive import derived
 from littleghost.context.tokens import (
     ByteEstimator,
     Tokenizer,
+    estimate_each,
     estimate_message,
     prompt_text,
     tools_text,
@@ -309,6 +310,9 @@ def _count(message: Message, tokenizer: Tokenizer) -> int:
     )
 
 
+_TRUSTED = (Role.SYSTEM, Role.DEVELOPER)
+
+
 def _view_only(message: Message) -> bool:
     """Memories and excerpts: made for one view, never in the log."""
     return message.metadata.get(MEMORIES_KEY) is True or message.metadata.get(EXCERPTS_KEY) is True
@@ -356,7 +360,7 @@ def _text_only(message: Message) -> Message:
 
 
 def _cost(messages: Iterable[Message], tokenizer: Tokenizer) -> int:
-    return sum(estimate_message(message, tokenizer) for message in messages)
+    return sum(estimate_each(messages, tokenizer))
 
 
 def _excerpt(turn: Sequence[Message], chars: int) -> str | None:
@@ -388,11 +392,17 @@ def fit_request(
         PromptBudgetError: The mandatory part alone is over the limit.
     """
     tokenizer = budget.tokenizer
-    incoming = [m for m in request.messages if not _view_only(m)]
-    trusted = [m for m in incoming if m.is_trusted]
-    conversation = [m for m in incoming if not m.is_trusted]
-    summaries = [m for m in conversation if m.is_summary]
-    conversation = [m for m in conversation if not m.is_summary]
+    trusted: list[Message] = []
+    summaries: list[Message] = []
+    conversation: list[Message] = []
+    for message in request.messages:  # one pass; most messages have no metadata
+        if message.metadata and (_view_only(message) or message.is_summary):
+            if message.is_summary:
+                summaries.append(message)
+        elif message.role in _TRUSTED:
+            trusted.append(message)
+        else:
+            conversation.append(message)
     turns = _turns(conversation)
     current = _complete_exchanges(turns[-1]) if turns else []
 

@@ -42,7 +42,7 @@ class Tokenizer(Protocol):
         ...
 
 
-@frozen(kw_only=True)
+@frozen(kw_only=True, cache_hash=True)
 class CharacterEstimator:
     """Four characters per token (rounded up), the default estimate."""
 
@@ -56,7 +56,7 @@ class CharacterEstimator:
         return math.ceil(len(text) / self.chars_per_token)
 
 
-@frozen(kw_only=True)
+@frozen(kw_only=True, cache_hash=True)
 class ByteEstimator:
     """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image.
 
