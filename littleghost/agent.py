@@ -199,6 +199,7 @@ class Agent:
     capture_content: ClassVar[bool] = False
     session_store: ClassVar[SessionStore] = InMemorySessionStore()
     context_management: ClassVar[Any] = None
+    __littleghost_agent__: ClassVar[bool] = True
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
 
@@ -214,7 +215,14 @@ class Agent:
                     value = staticmethod(value)
                 setattr(cls, knob, value)
         cls.__littleghost_tool_index__ = _index_tools(cls.__name__, _method_tools(cls), cls.tools)
-        hook_plan(cls, Agent)
+        for entry in hook_plan(cls, Agent):
+            if entry.method is not None:
+                value = getattr(cls, entry.method)
+                if value is not None and not callable(value):
+                    raise ConfigurationError(
+                        f"{cls.__name__}.{entry.method} overrides a hook but is not callable "
+                        "(set it to None to turn the hook off)"
+                    )
 
     def __init__(self, **overrides: Any) -> None:
         unknown = sorted(set(overrides) - set(_KNOBS))
@@ -285,8 +293,19 @@ class Agent:
             raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]
 
     def run_sync(self, input: str | Message, **options: Any) -> RunResult:
-        """``run()`` for synchronous callers (not from inside an event loop)."""
-        return anyio.run(functools.partial(self.run, input, **options))
+        """``run()`` for synchronous callers (not from inside an event loop).
+
+        Each call runs its own event loop; the models the agent made from model strings
+        are closed at its end and made again by the next call.
+        """
+
+        async def run_and_close() -> RunResult:
+            try:
+                return await self.run(input, **options)
+            finally:
+                await self.aclose()  # clients made in this event loop die with it
+
+        return anyio.run(run_and_close)
 
     async def run(
         self,

@@ -93,11 +93,6 @@ class RunContext:
         """The conversation log so far."""
         return tuple(self._log)
 
-    @property
-    def log_size(self) -> int:
-        """How many messages the log holds."""
-        return len(self._log)
-
     def view(self) -> tuple[Message, ...]:
         """What the model sees of the log (see ``littleghost.context.view``), built
         incrementally: a turn that only added messages costs what it added."""
@@ -106,10 +101,6 @@ class RunContext:
             index = ViewIndex.build(self._log)
         self._view_index = index
         return tuple(index.messages())
-
-    def log_since(self, index: int) -> tuple[Message, ...]:
-        """The messages appended at or after position ``index``."""
-        return tuple(self._log[index:])
 
     async def append(self, *messages: Message) -> None:
         """Append messages to the log (and to the session, when there is one).
@@ -152,6 +143,8 @@ class RunContext:
         Each attempt is a ``chat`` span (child of the run's span); its usage is added
         to the run's total.
         """
+        if model is not None and model is not self.model:
+            await self._prepare(model)
         main = request.purpose == "chat"
         extra: dict[str, Any] = {}
         if main:
@@ -206,6 +199,16 @@ class RunContext:
             self.last_exchange = (request, response)
             await self.emit(ModelCallFinished(response.usage, response.stop_reason))
         return response
+
+    async def _prepare(self, model: Model) -> None:
+        """Await another model's ``prepare()`` once in this run (a summarizer's, say)."""
+        prepared: set[int] = self.state.setdefault("littleghost.prepared_models", set())
+        if id(model) in prepared:
+            return
+        prepare = getattr(model, "prepare", None)
+        if prepare is not None:
+            await prepare()
+        prepared.add(id(model))
 
     async def _respond(
         self, model: Model, request: ModelRequest, *, streamed: bool

@@ -28,6 +28,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    ProtocolError,
     ProviderUnavailableError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
@@ -909,3 +910,31 @@ class TestTelemetry:
         """A request that was not compacted carries no compacted attribute."""
         await Small(model=ScriptedModel([text_response("done")])).run("go")
         assert "gen_ai.conversation.compacted" not in spans.one("chat").attributes
+
+
+class TestEstimateUnits:
+    async def test_a_compaction_is_judged_in_the_units_it_was_triggered_in(
+        self, spans: Spans
+    ) -> None:
+        """A provider denser than the estimate does not make every compaction 'useless'."""
+
+        @manage_context(
+            context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=4
+        )
+        class Dense(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong " * 50
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("summary")
+            reported = int(0.6 * sum(len(m.text) + 40 for m in request.messages) / 4)
+            return tool_call_response("ping", {}, input_tokens=reported)
+
+        model = ScriptedModel([respond] * 25)
+        with pytest.raises(ProtocolError):  # the script ends in a tool call; only compactions matter
+            await Dense(model=model).run("go", history=chat(70))
+        outcomes = [e["littleghost.compaction.outcome"] for e in compaction_events(spans)]
+        assert outcomes and all(outcome == "completed" for outcome in outcomes)

@@ -190,3 +190,50 @@ class TestTools:
         result = await Looping(model=model).run("go", history=chat(8))
         assert result.output == "done"
         assert all(len(r.messages) <= 22 for r in model.requests)
+
+
+class TestProtection:
+    async def test_a_strategy_never_removes_the_current_question(self) -> None:
+        """In a tool loop, a strategy's records never cover the turn's user request."""
+        from littleghost.context import TokenBudget
+        from littleghost.testing import tool_call_response
+
+        @manage_context(
+            context_window_tokens=30,
+            compression_threshold=0.5,
+            tokenizer=PerMessage(),
+            strategy=TokenBudget(token_budget=4),
+        )
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        model = ScriptedModel(
+            [*(tool_call_response("ping", {}) for _ in range(8)), text_response("done")]
+        )
+        result = await Looping(model=model).run("THE QUESTION", history=chat(4))
+        for request in model.requests:
+            assert any(m.text == "THE QUESTION" for m in request.messages)
+        question = next(m for m in result.messages if m.text == "THE QUESTION")
+        from littleghost.context.view import record_covers
+
+        assert all(question.id not in record_covers(m) for m in result.messages)
+
+
+class TestViewReuse:
+    async def test_a_late_result_after_a_summary_stays_after_its_call(self) -> None:
+        """Reusing last turn's view puts a late tool result right after its call."""
+        from littleghost.context import TokenBudget, apply_compaction
+        from littleghost.context.summarize import summary_message
+
+        first, answer = Message.user("q0"), Message.assistant("a1")
+        call = Message.assistant("", [ToolCall("c1", "lookup", {})])
+        log = [first, answer, summary_message("they talked", [first.id, answer.id]), call]
+        later = [*log, Message.tool("c1", "result")]
+        strategy = TokenBudget(token_budget=10**6)
+        await apply_compaction(log, strategy)
+        reused = await apply_compaction(later, strategy)
+        assert [m.role.value for m in reused] == ["user", "assistant", "tool"]
+        assert list(reused) == list(build_view(later))

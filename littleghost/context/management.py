@@ -47,7 +47,12 @@ from littleghost.context.tokens import (
     estimate_messages,
     estimate_request,
 )
-from littleghost.context.view import build_view, covered_ids
+from littleghost.context.view import (
+    COMPACTION_COVERS_KEY,
+    build_view,
+    covered_ids,
+    record_covers,
+)
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -58,7 +63,7 @@ from littleghost.errors import (
 )
 from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.hooks import CapabilityHook, register_capability
-from littleghost.messages import Message, Role
+from littleghost.messages import SUMMARY_COVERS_KEY, Message, Role
 from littleghost.models.base import Model, ModelRequest, Usage
 
 if TYPE_CHECKING:
@@ -212,11 +217,9 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
     config = ContextManagement(**options)
 
     def decorate(target: C) -> C:
-        from littleghost.agent import Agent
-
-        if not (isinstance(target, type) and issubclass(target, Agent)):
+        if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
             raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
-        target.context_management = config
+        setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
         register_capability(
             target,
             "manage_context",
@@ -518,7 +521,7 @@ async def _compact(
     try:
         if config.strategy is not None:
             compacted, records = await _by_strategy(request, context, config, config.strategy)
-            after = estimate_tokens(compacted, context, config.tokenizer)
+            after = _estimate_after(request, compacted, estimated, config.tokenizer)
             if after >= estimated:
                 raise ProtocolError(
                     f"the strategy would not make the request smaller ({estimated} -> {after} tokens)"
@@ -565,7 +568,7 @@ async def _compact(
                 placed = True
             messages.append(message)
         compacted = ModelRequest(messages, request.tools, request.settings, request.purpose)
-        after = estimate_tokens(compacted, context, tokenizer)
+        after = _estimate_after(request, compacted, estimated, tokenizer)
         if after >= estimated:
             raise ProtocolError(
                 f"the summary would not make the request smaller ({estimated} -> {after} tokens)"
@@ -628,10 +631,37 @@ async def _by_strategy(
         complete=context.complete,
         settings=request.settings,
     )
+    current = _current_request(request.messages)
+    if current is not None:  # the turn's question is never compacted away
+        kept = (_uncover(record, current.id) for record in records)
+        records = tuple(record for record in kept if record is not None)
     if not records:
         raise ProtocolError("the compaction strategy found nothing to compact")
     messages = build_view((*request.messages, *records))
     return ModelRequest(messages, request.tools, request.settings, request.purpose), records
+
+
+def _estimate_after(
+    request: ModelRequest, compacted: ModelRequest, estimated: int, tokenizer: Tokenizer
+) -> int:
+    """The compacted request's estimate in the units of ``estimated`` (which may be
+    anchored on the provider's count): ``estimated`` plus what the messages changed by."""
+    change = estimate_messages(compacted.messages, tokenizer) - estimate_messages(
+        request.messages, tokenizer
+    )
+    return max(estimated + change, 0)
+
+
+def _uncover(record: Message, message_id: str) -> Message | None:
+    """``record`` without ``message_id`` among the ids it covers (``None`` if it then
+    covers nothing)."""
+    key = SUMMARY_COVERS_KEY if record.is_summary else COMPACTION_COVERS_KEY
+    covers = [item for item in record_covers(record) if item != message_id]
+    if len(covers) == len(record_covers(record)):
+        return record
+    if not covers:
+        return None
+    return attrs.evolve(record, metadata={**record.metadata, key: covers})
 
 
 def _current_request(messages: Sequence[Message]) -> Message | None:

@@ -572,6 +572,18 @@ def _prompt(value: object) -> None:
         )
 
 
+def _prepared(model: Model) -> Complete:
+    """``model.respond``, after the model's optional ``prepare()`` (outside a run)."""
+
+    async def call(request: ModelRequest) -> ModelResponse:
+        prepare = getattr(model, "prepare", None)
+        if prepare is not None:
+            await prepare()
+        return await model.respond(request)
+
+    return call
+
+
 def _with_model(complete: Any, model: Model) -> Complete:
     """``complete`` (``RunContext.complete``, which takes ``model=``) bound to ``model``."""
 
@@ -623,7 +635,7 @@ class Summarization:
         if complete is not None and self.model is not None:  # inside a run: traced, counted
             complete = _with_model(complete, self.model)
         elif complete is None and self.model is not None:
-            complete = self.model.respond
+            complete = _prepared(self.model)
         if complete is None:
             raise ConfigurationError(
                 "Summarization needs a model outside a run: Summarization(model=...)"

@@ -281,13 +281,14 @@ class ViewIndex:
                 if role is _TOOL and position not in orphans:
                     continue
                 if role is _ASSISTANT:
-                    head_of[position] = len(heads)
                     answers = attached.get(position)
             if pending is not None:
                 role = message.role
                 if role is not _SYSTEM and role is not _DEVELOPER:
                     heads.append(pending)
                     pending = None
+            if message.role is _ASSISTANT and not (records and is_record(message)):
+                head_of[position] = len(heads)  # after any summary placed before it
             if answers is not None:
                 if hidden:
                     answers = [result for result in answers if result.id not in hidden]

@@ -1,0 +1,129 @@
+"""Model lifecycle: strings resolved per event loop, prepare() and aclose()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from littleghost import Agent, Message, manage_context
+from littleghost.context import Summarization
+from littleghost.errors import ConfigurationError
+from littleghost.models import ModelRequest, ModelResponse, register_provider
+from littleghost.testing import text_response
+
+pytestmark = pytest.mark.anyio
+
+
+class LoopBound:
+    """A model whose client belongs to the event loop it was first used in."""
+
+    provider = "loopbound"
+    context_window = None
+    made: list[LoopBound] = []
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name or "default"
+        self.loop: object = None
+        self.prepared = 0
+        self.closed = False
+        LoopBound.made.append(self)
+
+    async def prepare(self) -> None:
+        self.prepared += 1
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        token = anyio.lowlevel.current_token()
+        if self.closed:
+            raise RuntimeError("used after aclose")
+        if self.loop is None:
+            self.loop = token
+        elif self.loop != token:
+            raise RuntimeError("Event loop is closed")
+        return text_response("hello")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+register_provider("loopbound", LoopBound)
+
+
+class Bound(Agent):
+    model = "loopbound:m"
+
+
+def test_run_sync_twice_uses_a_fresh_model_each_time() -> None:
+    """Each run_sync has its own event loop; string-made models are closed at its end."""
+    LoopBound.made.clear()
+    agent = Bound()
+    assert agent.run_sync("one").output == "hello"
+    assert agent.run_sync("two").output == "hello"
+    assert len(LoopBound.made) == 2
+    assert all(model.closed and model.prepared == 1 for model in LoopBound.made)
+
+
+async def test_leaving_async_with_closes_models_made_from_strings() -> None:
+    """An Agent is an async context manager that closes the models it created."""
+    LoopBound.made.clear()
+    async with Bound() as agent:
+        await agent.run("hi")
+        await agent.run("again")
+    assert len(LoopBound.made) == 1
+    assert LoopBound.made[0].closed and LoopBound.made[0].prepared == 2
+
+
+async def test_a_given_model_instance_is_not_closed() -> None:
+    """A Model passed in is the caller's to close."""
+    model = LoopBound("mine")
+    async with Agent(model=model) as agent:
+        await agent.run("hi")
+    assert not model.closed
+
+
+async def test_a_summarizers_own_model_is_prepared_once_per_run() -> None:
+    """Summarization(model=...) gets its prepare() awaited before it is used."""
+    summarizer = LoopBound("summarizer")
+
+    class One:
+        def count_tokens(self, text: str) -> int:
+            return 1
+
+    @manage_context(
+        context_window_tokens=100,
+        compression_threshold=0.5,
+        tokenizer=One(),
+        strategy=Summarization(model=summarizer, minimum_preserved=4),
+    )
+    class Summarized(Agent):
+        pass
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        return text_response("done")
+
+    from littleghost.testing import ScriptedModel
+
+    history = [m for i in range(40) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+    await Summarized(model=ScriptedModel([answer])).run("go", history=history)
+    assert summarizer.prepared == 1
+
+
+def test_a_hook_override_that_is_not_callable_fails_at_class_definition() -> None:
+    """Overriding a hook method with a non-callable is caught when the class is defined."""
+    from littleghost import before_model
+
+    class Parent(Agent):
+        @before_model
+        def audit(self, request: Any) -> None:
+            return None
+
+    with pytest.raises(ConfigurationError, match="audit"):
+
+        class Child(Parent):
+            audit = "off"  # type: ignore[assignment]
+
+    class Disabled(Parent):
+        audit = None  # type: ignore[assignment]
+
+    assert Disabled is not None
