@@ -30,6 +30,7 @@ from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReas
 from littleghost.models.registry import resolve, split_model_string
 from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
+from littleghost.sessions.locks import hold_session
 from littleghost.stream import RunPlan, RunStream
 from littleghost.text import truncate_middle
 from littleghost.tools import (
@@ -104,10 +105,15 @@ def _settings(name: str, value: object) -> Mapping[str, Any]:
 
 
 def _session_store(name: str, value: object) -> SessionStore:
-    if isinstance(value, type) or not isinstance(value, SessionStore):
+    lock = getattr(value, "lock", None)
+    if (
+        isinstance(value, type)
+        or not isinstance(value, SessionStore)
+        or not (lock is None or callable(lock))
+    ):
         raise ConfigurationError(
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
-            f"lock), such as SQLiteSessionStore(path), not {value!r}"
+            f"and optionally lock), such as SQLiteSessionStore(path), not {value!r}"
         )
     return value
 
@@ -430,7 +436,7 @@ class Agent:
                     if session_id is None:
                         result = await self._loop(context, message)
                     else:
-                        async with store.lock(session_id):
+                        async with hold_session(store, session_id):
                             await self._open_session(context, log, seed)
                             result = await self._loop(context, message)
             finally:

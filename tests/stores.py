@@ -1,5 +1,8 @@
 """Session stores for tests: every kind, each on fresh storage.
 
+``PlainStore`` is a custom store with exactly the four methods of the protocol (no
+``lock``); run tests use it as the kind ``"plain"`` besides the built-in ``KINDS``.
+
 PostgreSQL is found through ``LITTLEGHOST_TEST_POSTGRES_DSN`` (``.ci/postgres.sh`` starts a
 server and prints it). Without it the PostgreSQL tests skip, except under CI (``CI`` set),
 where they fail: CI must test the server-backed store.
@@ -9,22 +12,50 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 
+from littleghost import Message
+from littleghost.errors import UnknownSessionError
 from littleghost.sessions import (
     InMemorySessionStore,
     PostgresSessionStore,
-    SessionStore,
     SQLiteSessionStore,
+    message_from_json,
+    message_to_json,
 )
 
 DSN_VARIABLE = "LITTLEGHOST_TEST_POSTGRES_DSN"
 KINDS = ("memory", "sqlite", "postgres")
+"""The built-in stores (each has a ``lock`` method)."""
+RUN_KINDS = (*KINDS, "plain")
+"""The built-in stores and ``PlainStore``."""
+
+
+class PlainStore:
+    """A custom store: the four protocol methods over a dict of JSON texts, no ``lock``."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, list[str]] = {}
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        return tuple(message_from_json(text) for text in self.sessions.get(session_id, ()))
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        texts = [message_to_json(message) for message in messages]
+        if texts:
+            self.sessions.setdefault(session_id, []).extend(texts)
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        return tuple(self.sessions)
+
+    async def delete(self, session_id: str) -> None:
+        if self.sessions.pop(session_id, None) is None:
+            raise UnknownSessionError(f"no session {session_id!r}", session_id=session_id)
 
 
 def postgres_dsn() -> str:
@@ -59,11 +90,16 @@ async def postgres_schema() -> AsyncIterator[str]:
             await anyio.to_thread.run_sync(_run_sql, dsn, f"DROP SCHEMA {schema} CASCADE")
 
 
+BuiltinStore = InMemorySessionStore | SQLiteSessionStore | PostgresSessionStore
+
+
 @asynccontextmanager
-async def open_store(kind: str, directory: Path) -> AsyncIterator[SessionStore]:
+async def open_store(kind: str, directory: Path) -> AsyncIterator[BuiltinStore | PlainStore]:
     """A store of ``kind`` on fresh storage, closed afterwards."""
     if kind == "memory":
         yield InMemorySessionStore()
+    elif kind == "plain":
+        yield PlainStore()
     elif kind == "sqlite":
         async with SQLiteSessionStore(directory / "sessions.db") as sqlite_store:
             yield sqlite_store

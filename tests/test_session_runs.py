@@ -1,4 +1,8 @@
-"""``run(..., session_id=)``: sessions across runs, seeding, repair, serialization, compaction."""
+"""``run(..., session_id=)``: sessions across runs, seeding, repair, serialization, compaction.
+
+Every behaviour is checked against each built-in store and a custom store with only the
+four protocol methods (``PlainStore``, no ``lock``).
+"""
 
 from __future__ import annotations
 
@@ -25,12 +29,12 @@ from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import KINDS, open_store
+from .stores import RUN_KINDS, PlainStore, open_store
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=RUN_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
     async with open_store(request.param, tmp_path) as opened:
         yield opened
@@ -262,27 +266,35 @@ class TestConcurrentRuns:
     async def test_a_waiting_run_raises_at_its_deadline_and_stores_nothing(
         self, store: SessionStore
     ) -> None:
+        in_tool = anyio.Event()
+        release = anyio.Event()
+
+        class Holding(Agent):
+            @tool
+            async def work(self) -> str:
+                """Work until released."""
+                in_tool.set()
+                await release.wait()
+                return "worked"
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         model = ScriptedModel([text_response("never")])
-        held = anyio.Event()
-        done = anyio.Event()
-
-        async def hold() -> None:
-            async with store.lock("s"):
-                held.set()
-                await done.wait()
-
         async with anyio.create_task_group() as group:
-            group.start_soon(hold)
-            await held.wait()
+            group.start_soon(
+                functools.partial(
+                    Holding(model=first, session_store=store).run, "one", session_id="s"
+                )
+            )
+            await in_tool.wait()
             started = anyio.current_time()
             with pytest.raises(DeadlineExceededError):
                 await Helper(model=model, session_store=store).run(
                     "waiting", session_id="s", timeout=0.1
                 )
             assert anyio.current_time() - started < 2
-            done.set()
+            release.set()
         assert model.requests == []
-        assert await store.load("s") == ()
+        assert texts(await store.load("s")) == ["one", "first done"]
 
     async def test_a_run_started_inside_a_run_of_its_session_fails_clearly(
         self, store: SessionStore
@@ -349,6 +361,53 @@ class TestStoreKnob:
 
         with pytest.raises(ConfigurationError, match="session_store="):
             Helper(session_store=value)
+
+    async def test_a_store_without_lock_is_accepted_and_keeps_sessions(self) -> None:
+        store = PlainStore()
+
+        class Plain(Agent):
+            session_store = store
+
+        model = ScriptedModel([text_response("one"), text_response("two")])
+        await Plain(model=model).run("first", session_id="s")
+        await Helper(model=model, session_store=store).run("second", session_id="s")
+        assert texts(await store.load("s")) == ["first", "one", "second", "two"]
+        assert texts(model.requests[1].messages) == ["Help.", "first", "one", "second"]
+
+    async def test_stores_without_lock_each_have_their_own_session_locks(self) -> None:
+        in_tool = anyio.Event()
+        release = anyio.Event()
+
+        class Holding(Agent):
+            @tool
+            async def work(self) -> str:
+                """Work until released."""
+                in_tool.set()
+                await release.wait()
+                return "worked"
+
+        first, second = PlainStore(), PlainStore()
+        model = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(
+                    Holding(model=model, session_store=first).run, "one", session_id="s"
+                )
+            )
+            await in_tool.wait()
+            with anyio.fail_after(5):
+                await Helper(
+                    model=ScriptedModel([text_response("other store")]), session_store=second
+                ).run("two", session_id="s")
+            release.set()
+        assert texts(await first.load("s")) == ["one", "first done"]
+        assert texts(await second.load("s")) == ["two", "other store"]
+
+    def test_a_lock_that_is_not_a_method_is_refused(self) -> None:
+        store = PlainStore()
+        store.lock = "exclusive"  # type: ignore[attr-defined]
+        with pytest.raises(ConfigurationError, match="optionally lock"):
+            Helper(session_store=store)
 
     async def test_an_unstorable_input_fails_before_anything_is_stored(
         self, store: SessionStore

@@ -26,21 +26,21 @@ from littleghost.errors import (
 )
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import (
-    SessionStore,
     decode_message,
     encode_message,
     message_from_json,
     message_to_json,
 )
 
-from .stores import KINDS, open_store
+from .stores import KINDS, BuiltinStore, PlainStore, open_store
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(params=KINDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BuiltinStore]:
     async with open_store(request.param, tmp_path) as opened:
+        assert not isinstance(opened, PlainStore)
         yield opened
 
 
@@ -163,14 +163,14 @@ class TestCodec:
 
 
 class TestRoundTrip:
-    async def test_every_field_comes_back_identical(self, store: SessionStore) -> None:
+    async def test_every_field_comes_back_identical(self, store: BuiltinStore) -> None:
         messages = every_field()
         await store.append("s", messages[:5])
         await store.append("s", messages[5:])
         assert_identical(await store.load("s"), messages)
 
     async def test_stored_messages_do_not_change_with_the_caller_s_values(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         metadata: dict[str, Any] = {"items": [1]}
         message = Message.user("hi", metadata=metadata)
@@ -182,7 +182,7 @@ class TestRoundTrip:
         assert (await store.load("s"))[0].metadata == {"items": [1]}
 
     async def test_appends_keep_their_order_and_sessions_stay_apart(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         first = [Message.user(f"a{index}") for index in range(3)]
         second = [Message.user(f"b{index}") for index in range(2)]
@@ -195,7 +195,7 @@ class TestRoundTrip:
         assert await store.load("unknown") == ()
 
     async def test_sessions_are_listed_oldest_first_once_they_hold_messages(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         assert await store.list_sessions() == ()
         await store.append("b", [Message.user("1")])
@@ -204,7 +204,7 @@ class TestRoundTrip:
         await store.append("c", [])
         assert await store.list_sessions() == ("b", "a")
 
-    async def test_delete_removes_one_session(self, store: SessionStore) -> None:
+    async def test_delete_removes_one_session(self, store: BuiltinStore) -> None:
         await store.append("a", [Message.user("1")])
         await store.append("b", [Message.user("2")])
         await store.delete("a")
@@ -230,7 +230,7 @@ class TestBadInput:
         ],
     )
     async def test_unstorable_metadata_is_refused_and_nothing_is_stored(
-        self, store: SessionStore, value: object, named: str
+        self, store: BuiltinStore, value: object, named: str
     ) -> None:
         kept = Message.user("kept")
         await store.append("s", [kept])
@@ -244,25 +244,25 @@ class TestBadInput:
         assert await store.load("s") == (kept,)
         assert await store.list_sessions() == ("s",)
 
-    async def test_a_cycle_is_refused(self, store: SessionStore) -> None:
+    async def test_a_cycle_is_refused(self, store: BuiltinStore) -> None:
         loop: list[Any] = []
         loop.append(loop)
         with pytest.raises(UnstorableValueError, match="contains itself"):
             await store.append("s", [Message.user("x", metadata={"loop": loop})])
         assert await store.list_sessions() == ()
 
-    async def test_unstorable_tool_arguments_are_refused(self, store: SessionStore) -> None:
+    async def test_unstorable_tool_arguments_are_refused(self, store: BuiltinStore) -> None:
         call = ToolCall("c", "f", {"when": b"\x00"})
         with pytest.raises(UnstorableValueError, match=r"arguments\['when'\]"):
             await store.append("s", [Message.assistant(tool_calls=(call,))])
         assert await store.load("s") == ()
 
-    async def test_only_messages_can_be_appended(self, store: SessionStore) -> None:
+    async def test_only_messages_can_be_appended(self, store: BuiltinStore) -> None:
         with pytest.raises(TypeError, match=r"messages\[1\]"):
             await store.append("s", [Message.user("ok"), "not a message"])  # type: ignore[list-item]
         assert await store.list_sessions() == ()
 
-    async def test_deleting_an_unknown_session_changes_nothing(self, store: SessionStore) -> None:
+    async def test_deleting_an_unknown_session_changes_nothing(self, store: BuiltinStore) -> None:
         await store.append("kept", [Message.user("1")])
         with pytest.raises(UnknownSessionError, match="'missing'") as caught:
             await store.delete("missing")
@@ -277,7 +277,7 @@ class TestBadInput:
         [("", TypeError), (7, TypeError), ("a\x00b", UnstorableValueError)],
     )
     async def test_session_ids_are_checked(
-        self, store: SessionStore, session_id: Any, error: type[Exception]
+        self, store: BuiltinStore, session_id: Any, error: type[Exception]
     ) -> None:
         with pytest.raises(error):
             await store.append(session_id, [Message.user("x")])
@@ -289,7 +289,7 @@ class TestBadInput:
 
 
 class TestLocks:
-    async def test_a_second_holder_waits_for_the_first(self, store: SessionStore) -> None:
+    async def test_a_second_holder_waits_for_the_first(self, store: BuiltinStore) -> None:
         order: list[str] = []
         entered = anyio.Event()
 
@@ -310,14 +310,14 @@ class TestLocks:
             group.start_soon(second)
         assert order == ["first in", "first out", "second in"]
 
-    async def test_other_sessions_do_not_wait(self, store: SessionStore) -> None:
+    async def test_other_sessions_do_not_wait(self, store: BuiltinStore) -> None:
         async with store.lock("a"):
             with anyio.fail_after(5):
                 async with store.lock("b"):
                     pass
 
     async def test_waiting_is_cancellable_and_leaves_the_lock_usable(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         held = anyio.Event()
         gave_up = anyio.Event()
@@ -343,7 +343,7 @@ class TestLocks:
                 pass
 
     async def test_holders_in_other_threads_and_event_loops_are_waited_for(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         entered = threading.Event()
         release = threading.Event()
@@ -373,7 +373,7 @@ class TestLocks:
         assert order == ["thread in", "thread out", "main in"]
 
     async def test_holding_a_session_again_from_inside_is_refused(
-        self, store: SessionStore
+        self, store: BuiltinStore
     ) -> None:
         async with store.lock("s"):
             with pytest.raises(SessionBusyError, match="wait for itself") as caught:

@@ -6,15 +6,20 @@ import random
 import sqlite3
 import sys
 import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from littleghost import Agent, Message, tool
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
+    DeadlineExceededError,
     SchemaVersionError,
     SessionStoreError,
 )
@@ -100,6 +105,9 @@ class TestFile:
         store = SQLiteSessionStore(tmp_path / "missing" / "s.db")
         with pytest.raises(SessionStoreError, match="unable to open"):
             await store.list_sessions()
+        with pytest.raises(SessionStoreError, match=r"lock file .*s\.db-lock"):
+            async with store.lock("s"):
+                pass
 
 
 class TestBadFiles:
@@ -321,3 +329,134 @@ class TestConcurrency:
             group.start_soon(hold)
             group.start_soon(wait)
         assert order == ["first", "second"]
+
+
+RUNNER = textwrap.dedent(
+    """
+    import sys
+
+    import anyio
+
+    from littleghost import Agent
+    from littleghost.sessions import SQLiteSessionStore
+    from littleghost.testing import text_response
+
+    path, tag, mode = sys.argv[1:]
+
+
+    async def answer(request):
+        if mode == "hold":
+            print("holding", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+        asked = ", ".join(m.text for m in request.messages if m.role.value == "user")
+        return text_response(f"answer {tag} to {asked}")
+
+
+    async def main():
+        from littleghost.testing import ScriptedModel
+
+        agent = Agent(model=ScriptedModel([answer]), session_store=SQLiteSessionStore(path))
+        print("starting", flush=True)
+        await agent.run(f"question {tag}", session_id="shared", timeout=30)
+
+
+    anyio.run(main)
+    """
+)
+
+
+class Runner:
+    """A run of session ``shared`` in another process; ``hold`` waits inside the run
+    (holding the session) until a line arrives on its stdin."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self.output = BufferedByteReceiveStream(process.stdout)
+
+    async def said(self, line: bytes) -> None:
+        assert await self.output.receive_until(b"\n", 1000) == line
+
+    async def release(self) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(b"go\n")
+
+
+@asynccontextmanager
+async def runner(directory: Path, tag: str, mode: str) -> AsyncIterator[Runner]:
+    script = directory / "runner.py"
+    script.write_text(RUNNER)
+    command = [sys.executable, str(script), str(directory / "s.db"), tag, mode]
+    async with await anyio.open_process(command) as process:
+        yield Runner(process)
+
+
+async def stored_texts(path: Path) -> list[str]:
+    async with SQLiteSessionStore(path) as store:
+        return [message.text for message in await store.load("shared")]
+
+
+class TestProcesses:
+    async def test_runs_of_one_session_in_two_processes_take_turns(self, tmp_path: Path) -> None:
+        with anyio.fail_after(60):
+            async with runner(tmp_path, "A", "hold") as first:
+                await first.said(b"starting")
+                await first.said(b"holding")
+                async with runner(tmp_path, "B", "go") as second:
+                    await second.said(b"starting")
+                    await anyio.sleep(0.3)
+                    assert await stored_texts(tmp_path / "s.db") == ["question A"]
+                    await first.release()
+                    assert await first.process.wait() == 0
+                    assert await second.process.wait() == 0
+        assert await stored_texts(tmp_path / "s.db") == [
+            "question A",
+            "answer A to question A",
+            "question B",
+            "answer B to question A, question B",
+        ]
+
+    async def test_a_killed_holder_frees_the_session(self, tmp_path: Path) -> None:
+        with anyio.fail_after(60):
+            async with runner(tmp_path, "A", "hold") as first:
+                await first.said(b"starting")
+                await first.said(b"holding")
+                async with runner(tmp_path, "B", "go") as second:
+                    await second.said(b"starting")
+                    await anyio.sleep(0.3)
+                    assert await stored_texts(tmp_path / "s.db") == ["question A"]
+                    first.process.kill()
+                    assert await first.process.wait() == -9
+                    assert await second.process.wait() == 0
+        assert await stored_texts(tmp_path / "s.db") == [
+            "question A",
+            "question B",
+            "answer B to question A, question B",
+        ]
+
+    async def test_waiting_for_another_process_is_cancellable_and_counts_against_the_deadline(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "s.db"
+        model = ScriptedModel([text_response("never")])
+        with anyio.fail_after(60):
+            async with runner(tmp_path, "A", "hold") as first, SQLiteSessionStore(path) as store:
+                await first.said(b"starting")
+                await first.said(b"holding")
+                started = anyio.current_time()
+                with anyio.move_on_after(0.2) as scope:
+                    async with store.lock("shared"):
+                        pytest.fail("the other process held the session")
+                assert scope.cancelled_caught
+                with pytest.raises(DeadlineExceededError):
+                    await Agent(model=model, session_store=store).run(
+                        "waiting", session_id="shared", timeout=0.2
+                    )
+                assert anyio.current_time() - started < 2
+                await first.release()
+                assert await first.process.wait() == 0
+                with anyio.fail_after(5):
+                    async with store.lock("shared"):
+                        pass
+        assert model.requests == []
+        assert await stored_texts(path) == ["question A", "answer A to question A"]

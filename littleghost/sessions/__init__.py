@@ -3,8 +3,11 @@
 ``agent.run(..., session_id=...)`` holds the session for the whole run (a second run of
 the same session waits for it, and the wait counts against its own deadline), loads the
 session's log, and appends every new message as it enters the log. Stores:
-``InMemorySessionStore`` (the default, one per process), ``SQLiteSessionStore`` (one
-file, one machine) and ``PostgresSessionStore`` (many workers on many machines).
+``InMemorySessionStore`` (the default, one per process; runs wait within the process),
+``SQLiteSessionStore`` (one file, one machine; runs wait across its processes) and
+``PostgresSessionStore`` (many workers on many machines; runs wait across all of them).
+A custom store needs ``load``, ``append``, ``list_sessions`` and ``delete``; without a
+``lock`` method of its own, its runs wait only within the process.
 
 Stored messages round-trip exactly; metadata values must be JSON-like (str, int, float,
 bool, None, list, tuple, dict with str keys) and come back with the same types.

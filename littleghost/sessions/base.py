@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
 from littleghost.errors import CorruptSessionStoreError, SchemaVersionError, UnstorableValueError
@@ -24,7 +23,13 @@ class SessionStore(Protocol):
     A store never rewrites or drops a stored message (only ``delete`` removes a whole
     session); a compaction is an appended summary message that covers earlier ids, so
     the view is derived from the log. A session exists once something was appended to it.
-    A custom store can implement ``lock`` with ``SessionLocks().hold`` (in-process).
+
+    A store may also have ``lock(session_id)``, returning an async context manager that
+    holds the session exclusively while open (one run at a time; waiting must be
+    cancellable, and a task that already holds the session gets ``SessionBusyError``).
+    The built-in stores have one. A run on a store without it holds the session with a
+    lock kept for that store in this process (``SessionLocks``), so runs in other
+    processes are not waited for.
     """
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
@@ -49,17 +54,6 @@ class SessionStore(Protocol):
 
         Raises:
             UnknownSessionError: There is no such session.
-        """
-        ...
-
-    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
-        """Hold the session exclusively while the context is open (one run at a time).
-
-        Waiting is cancellable: a cancel scope or deadline around it ends the wait.
-
-        Raises:
-            SessionBusyError: The current task already holds the session (a run
-                started from inside a run of the same session would wait for itself).
         """
         ...
 

@@ -5,21 +5,27 @@ A session's lock is a ``threading.Lock``, so runs in different threads and event
 queue for it in FIFO order on an anyio lock first; the one at the head takes the
 thread lock at once when it is free, or waits for it in a worker thread. Every wait
 is cancellable by anyio cancel scopes.
+
+``hold_session`` holds a session of any store: through the store's own ``lock`` when it
+has one, else through a ``SessionLocks`` kept for that store in this process.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
+from typing import cast
 
 import anyio
 from attrs import define, field
 
 from littleghost.errors import SessionBusyError
+from littleghost.sessions.base import SessionStore
 
-__all__ = ["SessionLocks"]
+__all__ = ["SessionLocks", "hold_session"]
 
 _POLL = 0.05
 """Seconds a worker thread waits for a session between checks that it is still wanted."""
@@ -148,3 +154,44 @@ class SessionLocks:
                 entry.users -= 1
                 if entry.users == 0:
                     del self._entries[session_id]
+
+
+_STORE_LOCKS_GUARD = threading.RLock()
+"""Reentrant: a collection inside ``_locks_of`` may run ``_forget`` in the same thread."""
+_STORE_LOCKS: dict[int, SessionLocks] = {}
+
+
+def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextManager[None]:
+    """Hold ``session_id`` of ``store`` while the context is open (one run at a time).
+
+    A store with a ``lock`` method holds its sessions itself. For a store without one,
+    runs of this process are serialized by a lock table kept for that store (one per
+    store object, dropped with it); runs in other processes are not waited for.
+
+    Raises:
+        SessionBusyError: The current task already holds the session.
+    """
+    lock = getattr(store, "lock", None)
+    if lock is not None:
+        return cast(AbstractAsyncContextManager[None], lock(session_id))
+    return _locks_of(store).hold(session_id)
+
+
+def _locks_of(store: SessionStore) -> SessionLocks:
+    key = id(store)
+    with _STORE_LOCKS_GUARD:
+        locks = _STORE_LOCKS.get(key)
+        if locks is None:
+            locks = _STORE_LOCKS[key] = SessionLocks()
+            try:
+                weakref.finalize(store, _forget, key)
+            except TypeError:
+                # Not weakly referable: the table stays. If a later store reuses the
+                # id, the two share it, which only serializes more.
+                pass
+        return locks
+
+
+def _forget(key: int) -> None:
+    with _STORE_LOCKS_GUARD:
+        _STORE_LOCKS.pop(key, None)

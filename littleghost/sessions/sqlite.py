@@ -6,8 +6,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TypeVar
 
 import anyio
@@ -26,6 +26,7 @@ from littleghost.sessions.base import (
     check_session_id,
 )
 from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.filelock import LockFile, lock_file
 from littleghost.sessions.locks import SessionLocks
 
 __all__ = ["SQLiteSessionStore"]
@@ -44,15 +45,20 @@ T = TypeVar("T")
 
 _LOCKS_GUARD = threading.Lock()
 _LOCKS_BY_FILE: dict[str, SessionLocks] = {}
+_LOCK_FILE_SUFFIX = "-lock"
+"""The lock file of a database is its path with this suffix (``sessions.db-lock``)."""
 
 
-def _locks_for(path: str) -> SessionLocks:
-    """One lock table per database file in this process, shared by its stores."""
+def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
+    """The locks of a database file, shared by every store of the file in this process:
+    a FIFO lock table for this process, and the file lock for other processes (none for
+    a private database)."""
     if path in ("", ":memory:"):
-        return SessionLocks()
+        return SessionLocks(), None
     key = os.path.realpath(path)
     with _LOCKS_GUARD:
-        return _LOCKS_BY_FILE.setdefault(key, SessionLocks())
+        locks = _LOCKS_BY_FILE.setdefault(key, SessionLocks())
+    return locks, lock_file(key + _LOCK_FILE_SUFFIX)
 
 
 def _store_error(error: sqlite3.Error, path: str) -> SessionStoreError:
@@ -82,9 +88,16 @@ class SQLiteSessionStore:
 
     The file is created with its schema on first use and opened in WAL mode; each
     ``append`` is one transaction, so a process killed mid-run leaves every message
-    appended before the kill. Runs of one session are serialized by an in-process lock
-    shared by every store of the same file in this process (runs in other processes
-    are not waited for; their appends still never interleave within one ``append``).
+    appended before the kill.
+
+    Runs of one session are serialized across every process on the machine: runs of
+    this process queue for the session in FIFO order (every store of the same file in
+    the process shares the queue), and the run at the head then takes an ``fcntl``
+    byte-range lock on the lock file beside the database (its path plus ``-lock``,
+    created on first use), waiting while another process holds the session. The kernel
+    frees the lock when its process ends, even by SIGKILL. Across processes the order
+    is not FIFO. The lock needs POSIX file locks (not on Windows), which network file
+    systems may not provide.
 
     Args:
         path: The database file (``":memory:"`` for a private in-memory database).
@@ -109,7 +122,7 @@ class SQLiteSessionStore:
         self._timeout = float(timeout)
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
-        self._locks = _locks_for(self._path)
+        self._locks, self._lock_file = _locks_for(self._path)
 
     @property
     def path(self) -> str:
@@ -207,9 +220,25 @@ class SQLiteSessionStore:
         await self._call(lambda connection: _transaction(connection, lambda: remove(connection)))
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
-        """Hold the session exclusively (in this process) while the context is open."""
+        """Hold the session exclusively, across processes, while the context is open.
+
+        Waiting is cancellable and counts against the caller's deadline.
+
+        Raises:
+            SessionBusyError: The current task already holds the session.
+            SessionStoreError: The lock file cannot be opened or locked.
+        """
         check_session_id(session_id)
-        return self._locks.hold(session_id)
+        return self._hold(session_id)
+
+    @asynccontextmanager
+    async def _hold(self, session_id: str) -> AsyncIterator[None]:
+        async with self._locks.hold(session_id):
+            if self._lock_file is None:
+                yield
+            else:
+                async with self._lock_file.hold(session_id):
+                    yield
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await anyio.to_thread.run_sync(self._run, work)

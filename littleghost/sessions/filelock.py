@@ -1,0 +1,134 @@
+"""Cross-process session locks: byte-range locks on a lock file beside a database.
+
+A session is held by an exclusive POSIX record lock (``fcntl``) on one byte of the lock
+file, at an offset derived from the session id. The kernel drops a process's locks when
+the process ends, even by SIGKILL, so a dead process never blocks a session. Record
+locks belong to the whole process, and closing any descriptor of the file drops them
+all, so the process opens each lock file once (while any of its sessions is wanted)
+and keeps its own holders apart itself. A wait repeats non-blocking attempts between
+short sleeps, so a cancel scope or deadline ends it at once, under asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+
+from littleghost.errors import SessionStoreError
+
+if sys.platform != "win32":
+    import fcntl
+
+__all__ = ["LockFile", "lock_file"]
+
+_FIRST_POLL = 0.002
+"""Seconds before the second attempt; the pause doubles up to ``_LAST_POLL``."""
+_LAST_POLL = 0.05
+_OFFSETS = 1 << 62
+"""Lock offsets are below this, so ``offset + 1`` fits a signed 64-bit ``off_t``."""
+
+
+def _offset(session_id: str) -> int:
+    digest = hashlib.blake2b(
+        session_id.encode("utf-8"), digest_size=8, person=b"littleghost"
+    ).digest()
+    return int.from_bytes(digest, "big") % _OFFSETS
+
+
+class LockFile:
+    """The sessions of one database, held across processes through the file ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._guard = threading.Lock()
+        self._fd: int | None = None
+        self._users = 0
+        self._held: set[int] = set()
+
+    @asynccontextmanager
+    async def hold(self, session_id: str) -> AsyncIterator[None]:
+        """Hold ``session_id`` against every process while the context is open.
+
+        Raises:
+            SessionStoreError: The lock file cannot be opened or locked.
+        """
+        offset = _offset(session_id)
+        with self._guard:
+            self._users += 1
+            opened = self._fd is not None
+        try:
+            if not opened:
+                await anyio.to_thread.run_sync(self._open)
+            pause = _FIRST_POLL
+            while not self._attempt(offset):
+                await anyio.sleep(pause)
+                pause = min(2 * pause, _LAST_POLL)
+            try:
+                yield
+            finally:
+                self._release(offset)
+        finally:
+            self._leave()
+
+    def _open(self) -> None:
+        if sys.platform == "win32":
+            raise SessionStoreError(
+                f"cannot lock sessions through {self._path!r}: session lock files need "
+                "POSIX file locks (fcntl), which this platform lacks"
+            )
+        with self._guard:
+            if self._fd is not None:
+                return
+            try:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as error:
+                raise self._error("open", error) from error
+
+    def _attempt(self, offset: int) -> bool:
+        """Take the byte at ``offset`` if no holder in this or another process has it."""
+        with self._guard:
+            assert self._fd is not None
+            if offset in self._held:
+                return False
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            except (BlockingIOError, PermissionError):
+                return False
+            except OSError as error:
+                raise self._error("lock", error) from error
+            self._held.add(offset)
+            return True
+
+    def _release(self, offset: int) -> None:
+        with self._guard:
+            assert self._fd is not None
+            self._held.discard(offset)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, offset)
+
+    def _leave(self) -> None:
+        with self._guard:
+            self._users -= 1
+            if self._users == 0 and self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+
+    def _error(self, action: str, error: OSError) -> SessionStoreError:
+        return SessionStoreError(
+            f"cannot {action} the session lock file {self._path!r}: {error.strerror or error}"
+        )
+
+
+_FILES_GUARD = threading.Lock()
+_FILES: dict[str, LockFile] = {}
+
+
+def lock_file(path: str) -> LockFile:
+    """This process's one ``LockFile`` for ``path`` (give a resolved, absolute path)."""
+    with _FILES_GUARD:
+        return _FILES.setdefault(path, LockFile(path))
