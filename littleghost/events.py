@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from attrs import frozen
 
 from littleghost.messages import ToolCall, ToolResult
-from littleghost.models.base import StopReason, Usage
 
 if TYPE_CHECKING:
+    from littleghost.models.base import StopReason, Usage
     from littleghost.run import RunResult
 
 __all__ = [

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import types
 import uuid
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
 
 from attrs import field, frozen
+
+from littleghost._validators import instance_of
 
 __all__ = [
     "SUMMARY_COVERS_KEY",
@@ -52,78 +55,88 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _str(name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-
-    return check
-
-
-def _bool(name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, not {value!r}")
-
-    return check
-
-
-def _optional(kind: type, name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if value is not None and not isinstance(value, kind):
-            raise TypeError(f"{name} must be {kind.__name__} or None, not {type(value).__name__}")
-
-    return check
-
-
 @frozen
 class TextPart:
     """Plain text."""
 
-    text: str = field(validator=_str("TextPart.text"))
+    text: str = field(validator=instance_of("TextPart.text", str, "a str"))
 
 
 @frozen
 class ImagePart:
     """An image, as bytes or as a URL."""
 
-    data: bytes | None = field(default=None, validator=_optional(bytes, "ImagePart.data"))
-    url: str | None = field(default=None, validator=_optional(str, "ImagePart.url"))
-    media_type: str | None = field(default=None, validator=_optional(str, "ImagePart.media_type"))
+    data: bytes | None = field(
+        default=None, validator=instance_of("ImagePart.data", (bytes, type(None)), "bytes or None")
+    )
+    url: str | None = field(
+        default=None, validator=instance_of("ImagePart.url", (str, type(None)), "a str or None")
+    )
+    media_type: str | None = field(
+        default=None,
+        validator=instance_of("ImagePart.media_type", (str, type(None)), "a str or None"),
+    )
 
     def __attrs_post_init__(self) -> None:
         if (self.data is None) == (self.url is None):
             raise TypeError("ImagePart needs exactly one of data= or url=")
 
 
+_EMPTY: Mapping[str, Any] = types.MappingProxyType({})
+
+
+def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only view of a private copy of ``value`` (nested values are shared)."""
+    return types.MappingProxyType(dict(value)) if value else _EMPTY
+
+
+def _shown_mapping(value: Mapping[str, Any] | str) -> str:
+    """A stored mapping shown as the dict it was given as."""
+    return repr(_plain(value))
+
+
+def _plain(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
+    return arguments if isinstance(arguments, str) else dict(arguments)
+
+
 def _arguments(value: object) -> Mapping[str, Any] | str:
     if isinstance(value, str):
         return value
     if isinstance(value, Mapping):
-        return dict(value)
+        return _read_only(value)
     raise TypeError(f"ToolCall.arguments must be a mapping or a str, not {type(value).__name__}")
 
 
-@frozen
+@frozen(unsafe_hash=False)
 class ToolCall:
     """A request from the model to run a tool.
 
-    ``arguments`` is a mapping, or the raw string when the provider sent arguments that
-    are not valid JSON (the run loop answers such a call with an error result).
+    ``arguments`` is a read-only mapping (a copy of the one given; values nested in it are
+    not copied), or the raw string when the provider sent arguments that are not valid JSON
+    (the run loop answers such a call with an error result). Calls compare by value but
+    are not hashable: ``hash()`` raises ``TypeError``.
     """
 
-    id: str = field(validator=_str("ToolCall.id"))
-    name: str = field(validator=_str("ToolCall.name"))
-    arguments: Mapping[str, Any] | str = field(factory=dict, converter=_arguments)
+    id: str = field(validator=instance_of("ToolCall.id", str, "a str"))
+    name: str = field(validator=instance_of("ToolCall.name", str, "a str"))
+    arguments: Mapping[str, Any] | str = field(
+        factory=dict, converter=_arguments, repr=_shown_mapping
+    )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and copy through the constructor (a read-only mapping cannot be pickled)."""
+        return type(self), (self.id, self.name, _plain(self.arguments))
 
 
 @frozen
 class ToolResult:
     """What a tool returned, as text, for the call with ``call_id``."""
 
-    call_id: str = field(validator=_str("ToolResult.call_id"))
-    content: str = field(validator=_str("ToolResult.content"))
-    is_error: bool = field(default=False, validator=_bool("ToolResult.is_error"))
+    call_id: str = field(validator=instance_of("ToolResult.call_id", str, "a str"))
+    content: str = field(validator=instance_of("ToolResult.content", str, "a str"))
+    is_error: bool = field(
+        default=False, validator=instance_of("ToolResult.is_error", bool, "True or False")
+    )
 
 
 Part = TextPart | ImagePart | ToolCall | ToolResult
@@ -158,25 +171,33 @@ def _content(value: object) -> tuple[Part, ...]:
 def _metadata(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise TypeError(f"Message.metadata must be a mapping, not {type(value).__name__}")
-    return dict(value)
+    return _read_only(value)
 
 
-@frozen
+@frozen(unsafe_hash=False)
 class Message:
     """One message of a conversation. Frozen: change it with ``attrs.evolve``.
+
+    Messages compare by value but are not hashable (``hash()`` raises ``TypeError``): key
+    them by ``id``.
 
     Args:
         role: Who it is from.
         content: Its parts, in order (a str becomes one ``TextPart``).
         id: A unique id, generated when not given.
-        metadata: Free-form values; keys under ``littleghost.`` are reserved.
+        metadata: Free-form values; keys under ``littleghost.`` are reserved. Stored as a
+            read-only copy; values nested in it are not copied.
     """
 
     role: Role = field(converter=_role)
     content: tuple[Part, ...] = field(default=(), converter=_content)
-    id: str = field(factory=new_id, validator=_str("Message.id"))
-    metadata: Mapping[str, Any] = field(factory=dict, converter=_metadata)
+    id: str = field(factory=new_id, validator=instance_of("Message.id", str, "a str"))
+    metadata: Mapping[str, Any] = field(factory=dict, converter=_metadata, repr=_shown_mapping)
     _cache: dict[object, Any] = field(init=False, factory=dict, eq=False, repr=False, hash=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and copy through the constructor (a read-only mapping cannot be pickled)."""
+        return type(self), (self.role, self.content, self.id, dict(self.metadata))
 
     @classmethod
     def system(cls, text: str, **kwargs: Any) -> Message:

@@ -36,7 +36,6 @@ REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 REQUEST_TOP_P = "gen_ai.request.top_p"
 REQUEST_SEED = "gen_ai.request.seed"
-REQUEST_STREAM = "gen_ai.request.stream"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
@@ -46,7 +45,6 @@ CONVERSATION_COMPACTED = "gen_ai.conversation.compacted"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
-TOOL_DESCRIPTION = "gen_ai.tool.description"
 TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 INPUT_MESSAGES = "gen_ai.input.messages"
@@ -118,7 +116,8 @@ def _part_json(part: object) -> dict[str, Any]:
     if isinstance(part, TextPart):
         return {"type": "text", "content": part.text}
     if isinstance(part, ToolCall):
-        return {"type": "tool_call", "id": part.id, "name": part.name, "arguments": part.arguments}
+        arguments = part.arguments if isinstance(part.arguments, str) else dict(part.arguments)
+        return {"type": "tool_call", "id": part.id, "name": part.name, "arguments": arguments}
     if isinstance(part, ToolResult):
         return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
     if isinstance(part, ImagePart):
@@ -130,7 +129,7 @@ def arguments_json(arguments: Mapping[str, Any] | str) -> str:
     """Tool-call arguments as JSON; only for agents that capture content."""
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(arguments, ensure_ascii=False, default=str)
+    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
 
 
 def messages_json(messages: Sequence[Message]) -> str:

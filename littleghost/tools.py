@@ -367,7 +367,10 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ToolArgumentError(f"{path}: expected a number, got {_json_type(value)}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ToolArgumentError(f"{path}: the number is too large") from None
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
@@ -391,7 +394,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         try:
             return annotation(value)
-        except ValueError:
+        except Exception:  # ValueError, TypeError (unhashable), or a custom _missing_'s
             allowed = [member.value for member in annotation]
             raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}") from None
     if isinstance(annotation, type) and attrs.has(annotation):
@@ -409,8 +412,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
                 raise ToolArgumentError(f"{path}: missing field {alias!r}")
         try:
             return annotation(**kwargs)
-        except (TypeError, ValueError) as error:
-            raise ToolArgumentError(f"{path}: {error}") from None
+        except Exception as error:  # the class's validators and converters decide
+            raise ToolArgumentError(f"{path}: {error or type(error).__name__}") from None
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
@@ -423,7 +426,10 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             if annotation in (set, frozenset)
             else list
         )
-        return container(items)
+        try:
+            return container(items)
+        except TypeError as error:
+            raise ToolArgumentError(f"{path}: a set cannot hold these items ({error})") from None
     if annotation is tuple or origin is tuple:
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
@@ -469,7 +475,7 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ToolArgumentError("the arguments are not valid JSON") from None
     if not isinstance(arguments, Mapping):
         raise ToolArgumentError("the arguments must be a JSON object")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -151,7 +152,7 @@ class ToolHooks(Recorder):
 
     @before_tool
     def double_input(self, call: ToolCall) -> ToolCall:
-        assert isinstance(call.arguments, dict)
+        assert isinstance(call.arguments, Mapping)
         return attrs.evolve(call, arguments={"n": call.arguments["n"] * 2})
 
     @after_tool

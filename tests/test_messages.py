@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from typing import Any
 
 import attrs
@@ -98,6 +100,86 @@ def test_summary_marker() -> None:
     summary = Message.user("sum", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ("m1",)})
     assert summary.is_summary
     assert not Message.user("plain").is_summary
+
+
+def test_metadata_is_a_read_only_copy() -> None:
+    """Changing the dict given, or the stored mapping, never changes a message (a logged
+    message cannot become a summary); values nested in it are kept as given."""
+    nested = {"tags": ["a"]}
+    given: dict[str, Any] = {"source": "crm", "extra": nested}
+    message = Message.user("hello", metadata=given)
+    given[SUMMARY_KEY] = True
+    assert not message.is_summary
+    with pytest.raises(TypeError):
+        message.metadata[SUMMARY_KEY] = True  # type: ignore[index]
+    assert not message.is_summary
+    assert message.metadata == {"source": "crm", "extra": {"tags": ["a"]}}
+    assert message.metadata["extra"] is nested
+    assert "metadata={'source': 'crm', 'extra': {'tags': ['a']}}" in repr(message)
+
+
+def test_tool_call_arguments_are_a_read_only_copy() -> None:
+    """ToolCall.arguments is a read-only copy that still equals a plain dict."""
+    given: dict[str, Any] = {"a": 1}
+    call = ToolCall("c1", "add", given)
+    given["a"] = 2
+    assert call.arguments == {"a": 1}
+    assert {"a": 1} == call.arguments  # noqa: SIM300 - the dict on the left side too
+    with pytest.raises(TypeError):
+        call.arguments["a"] = 3  # type: ignore[index]
+    assert call == ToolCall("c1", "add", {"a": 1})
+    assert repr(call) == "ToolCall(id='c1', name='add', arguments={'a': 1})"
+
+
+def test_evolve_builds_new_metadata_and_arguments() -> None:
+    """attrs.evolve with a merged mapping makes a new read-only copy; the original keeps its own."""
+    message = Message.user("a", metadata={"k": 1})
+    changed = attrs.evolve(message, metadata={**message.metadata, SUMMARY_KEY: True})
+    assert changed.is_summary and not message.is_summary
+    call = ToolCall("c1", "f", {"x": 1})
+    assert attrs.evolve(call, arguments={**call.arguments, "y": 2}).arguments == {"x": 1, "y": 2}  # type: ignore[dict-item]
+
+
+def test_messages_and_tool_calls_compare_by_value_but_are_not_hashable() -> None:
+    """Equal values compare equal; hash() raises TypeError naming the class (key by id)."""
+    call = ToolCall("c1", "f", {"x": 1})
+    message = Message.assistant(tool_calls=[call], id="m1", metadata={"k": 1})
+    assert message == Message.assistant(tool_calls=[call], id="m1", metadata={"k": 1})
+    with pytest.raises(TypeError, match="unhashable type: 'Message'"):
+        hash(message)
+    with pytest.raises(TypeError, match="unhashable type: 'ToolCall'"):
+        hash(call)
+    assert {message.id: message}["m1"] is message
+
+
+def test_messages_pickle_and_copy() -> None:
+    """Messages with metadata and tool calls survive pickle, copy and deepcopy, still read-only."""
+    message = Message.assistant(
+        "x",
+        [ToolCall("c1", "f", {"x": [1]}), ToolCall("c2", "g", "{raw")],
+        metadata={"k": {"n": 1}},
+    )
+    for twin in (
+        pickle.loads(pickle.dumps(message)),
+        copy.copy(message),
+        copy.deepcopy(message),
+    ):
+        assert twin == message
+        with pytest.raises(TypeError):
+            twin.metadata["k"] = 2  # type: ignore[index]
+        with pytest.raises(TypeError):
+            twin.tool_calls[0].arguments["x"] = 2  # type: ignore[index]
+    assert copy.deepcopy(message).metadata["k"] is not message.metadata["k"]
+
+
+def test_wrong_value_messages_name_the_field_but_not_the_content() -> None:
+    """A value type's TypeError names the field and the type given, never echoes text."""
+    with pytest.raises(TypeError) as wrong_text:
+        TextPart(b"secret text")  # type: ignore[arg-type]
+    assert str(wrong_text.value) == "TextPart.text must be a str, not bytes"
+    with pytest.raises(TypeError) as wrong_count:
+        Usage(-1, 0)
+    assert str(wrong_count.value) == "Usage.input_tokens must be an int >= 0, not -1"
 
 
 def test_tool_call_keeps_raw_string_arguments() -> None:

@@ -269,6 +269,17 @@ async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> N
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
 
 
+async def test_arguments_nested_too_deep_are_kept_raw(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Arguments deeper than the JSON parser goes stay the raw text (answered as invalid)."""
+    deep = "[" * 100_000
+    call = {"id": "call_a", "type": "function", "function": {"name": "add", "arguments": deep}}
+    server = FakeServer(completion({"tool_calls": [call]}, finish_reason="tool_calls"))
+    response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert response.message.tool_calls == (ToolCall("call_a", "add", deep),)
+
+
 @pytest.mark.parametrize(
     ("finish_reason", "stop_reason"),
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -267,3 +268,7 @@ async def test_content_is_captured_when_asked(spans: Spans) -> None:
     lookup = spans.one("execute_tool lookup")
     assert SECRET in attributes(lookup)["gen_ai.tool.call.arguments"]
     assert SECRET in attributes(lookup)["gen_ai.tool.call.result"]
+    assert json.loads(attributes(lookup)["gen_ai.tool.call.arguments"]) == {"order_id": SECRET}
+    sent = json.loads(attributes(spans.named("chat")[1])["gen_ai.input.messages"])
+    calls = [part for message in sent for part in message["parts"] if part["type"] == "tool_call"]
+    assert calls[0]["arguments"] == {"order_id": SECRET}

@@ -330,6 +330,89 @@ async def test_unknown_tool_result_lists_the_available_tools() -> None:
     assert "add, explode, paint, shout" in seen.content
 
 
+class Shade(enum.Enum):
+    LIGHT = "light"
+    DARK = "dark"
+
+    @classmethod
+    def _missing_(cls, value: object) -> Shade:
+        raise LookupError(f"no shade {value!r}")
+
+
+@frozen
+class Interval:
+    low: int
+    high: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.low > self.high:
+            raise ArithmeticError("low is above high")
+
+
+class Fussy(Agent):
+    @tool
+    async def tag(self, tags: set, groups: frozenset[Any] = frozenset()) -> str:  # type: ignore[type-arg]
+        """Tag things."""
+        return ",".join(sorted(map(str, tags | groups)))
+
+    @tool
+    async def shade(self, shade: Shade) -> str:
+        """Pick a shade."""
+        return shade.value
+
+    @tool
+    async def measure(self, interval: Interval) -> str:
+        """Measure an interval."""
+        return str(interval.high - interval.low)
+
+    @tool
+    async def scale(self, factor: float) -> str:
+        """Scale by a factor."""
+        return str(factor)
+
+
+async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult:
+    """Run one call of a ``Fussy`` tool; the run must finish normally."""
+    model = ScriptedModel(
+        [tool_call_response(name, arguments, call_id="c1"), text_response("done")]
+    )
+    result = await Fussy(model=model).run("go")
+    assert result.output == "done"
+    (seen,) = tool_results(model.requests[1].messages)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("arguments", "name", "fragment"),
+    [
+        ({"tags": [[1], [2]]}, "tag", "tags: a set cannot hold these items"),
+        ({"tags": [], "groups": [{"a": 1}]}, "tag", "groups: a set cannot hold these items"),
+        ({"shade": "pale"}, "shade", "shade: expected one of ['light', 'dark'], got 'pale'"),
+        ({"interval": {"low": 3, "high": 1}}, "measure", "interval: low is above high"),
+        ({"factor": 10**400}, "scale", "factor: the number is too large"),
+        ("[" * 100_000, "scale", "the arguments are not valid JSON"),
+    ],
+    ids=["set", "frozenset", "enum-missing", "attrs", "float", "deep-json"],
+)
+async def test_arguments_that_break_conversion_become_error_results(
+    arguments: dict[str, Any] | str, name: str, fragment: str
+) -> None:
+    """Unhashable set items, an Enum or attrs constructor that raises anything, a number
+    too large for a float and JSON nested too deep are answered, never raised."""
+    seen = await fussy_result(arguments, name)
+    assert seen.is_error
+    assert f"Invalid arguments for tool {name!r}" in seen.content
+    assert fragment in seen.content
+
+
+async def test_fitting_arguments_still_convert() -> None:
+    """The same tools run with arguments that fit."""
+    assert (await fussy_result({"tags": ["b", "a", "b"], "groups": [1]}, "tag")).content == "1,a,b"
+    assert (await fussy_result({"shade": "dark"}, "shade")).content == "dark"
+    assert (await fussy_result({"interval": {"low": 1, "high": 4}}, "measure")).content == "3"
+    assert (await fussy_result({"factor": 10**300}, "scale")).content == str(1e300)
+
+
 async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
     """A result over max_tool_result_tokens keeps its head and tail around a marker."""
     seen = await single_result({"size": 1000}, "shout")

@@ -25,11 +25,12 @@ import hashlib
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attrs import field, frozen
 
+from littleghost._validators import check, count, is_number
 from littleghost.context.derive import derived
 from littleghost.context.tokens import (
     ByteEstimator,
@@ -73,18 +74,6 @@ def env_tokens(variable: str, default: int) -> int:
     return value
 
 
-def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
-    def validate(instance: object, attribute: object, value: Any) -> None:
-        if not ok(value):
-            raise ConfigurationError(f"PromptBudget: {name} must be {allowed}, not {value!r}")
-
-    return validate
-
-
-def _tokens(minimum: int) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
-
-
 @frozen(kw_only=True)
 class PromptBudget:
     """The budget every request's view is built to fit.
@@ -95,7 +84,7 @@ class PromptBudget:
         response_reserve_tokens: Room kept for the answer, and the ``max_tokens`` of a
             request that sets none (default ``LITTLEGHOST_RESPONSE_RESERVE_TOKENS`` or 4 096).
         safety_reserve_tokens: Room kept for estimate error (2 048).
-        tokenizer: The estimate (default ``ByteEstimator``: UTF-8 bytes ÷ 3, 4 tokens per
+        tokenizer: The estimate (default ``ByteEstimator``: UTF-8 bytes ÷ 3, 6 tokens per
             message, 765 per image).
         memory: A callable ``(context) -> entries`` (sync or async) or an object with
             ``async load_memories(context)``; entries are str, oldest first.
@@ -109,54 +98,48 @@ class PromptBudget:
 
     prompt_budget_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_PROMPT_BUDGET_TOKENS", 16_000),
-        validator=_check("prompt_budget_tokens", _tokens(1), "an int > 0"),
+        validator=count("PromptBudget: prompt_budget_tokens", 1),
     )
     response_reserve_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
-        validator=_check("response_reserve_tokens", _tokens(1), "an int > 0"),
+        validator=count("PromptBudget: response_reserve_tokens", 1),
     )
     safety_reserve_tokens: int = field(
-        default=2_048, validator=_check("safety_reserve_tokens", _tokens(0), "an int >= 0")
+        default=2_048, validator=count("PromptBudget: safety_reserve_tokens", 0)
     )
     tokenizer: Tokenizer = field(
         factory=ByteEstimator,
-        validator=_check(
-            "tokenizer",
+        validator=check(
+            "PromptBudget: tokenizer",
             lambda v: callable(getattr(v, "count_tokens", None)),
             "an object with count_tokens(text)",
         ),
     )
     memory: Any = field(
         default=None,
-        validator=_check(
-            "memory",
+        validator=check(
+            "PromptBudget: memory",
             lambda v: v is None or callable(v) or callable(getattr(v, "load_memories", None)),
             "None, a callable or an object with load_memories(context)",
         ),
     )
-    memory_tokens: int = field(
-        default=1_000, validator=_check("memory_tokens", _tokens(0), "an int >= 0")
-    )
+    memory_tokens: int = field(default=1_000, validator=count("PromptBudget: memory_tokens", 0))
     tool_result_share: float = field(
         default=0.25,
-        validator=_check(
-            "tool_result_share",
-            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+        validator=check(
+            "PromptBudget: tool_result_share",
+            lambda v: is_number(v) and 0 < v <= 1,
             "a number in (0, 1]",
         ),
     )
     history_item_tokens: int = field(
-        default=1_000, validator=_check("history_item_tokens", _tokens(16), "an int >= 16")
+        default=1_000, validator=count("PromptBudget: history_item_tokens", 16)
     )
-    excerpt_tokens: int = field(
-        default=512, validator=_check("excerpt_tokens", _tokens(0), "an int >= 0")
-    )
+    excerpt_tokens: int = field(default=512, validator=count("PromptBudget: excerpt_tokens", 0))
     excerpt_item_chars: int = field(
-        default=240, validator=_check("excerpt_item_chars", _tokens(20), "an int >= 20")
+        default=240, validator=count("PromptBudget: excerpt_item_chars", 20)
     )
-    floor_tokens: int = field(
-        default=128, validator=_check("floor_tokens", _tokens(16), "an int >= 16")
-    )
+    floor_tokens: int = field(default=128, validator=count("PromptBudget: floor_tokens", 16))
 
     def limit(self, window: int, max_tokens: int | None) -> int:
         """The token limit of a view for ``window`` and the request's ``max_tokens``."""

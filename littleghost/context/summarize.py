@@ -62,7 +62,7 @@ def summary_text(message: Message) -> str:
 def _arguments(arguments: Mapping[str, Any] | str) -> str:
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(arguments, ensure_ascii=False, default=str)
+    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
 
 
 def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:

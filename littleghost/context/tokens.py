@@ -15,8 +15,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from attrs import field, frozen, validators
+from attrs import field, frozen
 
+from littleghost._validators import check, count, is_number
 from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
 
 __all__ = [
@@ -42,14 +43,19 @@ class Tokenizer(Protocol):
         ...
 
 
+def _positive(value: object) -> bool:
+    return is_number(value) and value > 0
+
+
 @frozen(kw_only=True, cache_hash=True)
 class CharacterEstimator:
     """Four characters per token (rounded up), the default estimate."""
 
     chars_per_token: float = field(
-        default=4.0, validator=[validators.instance_of((int, float)), validators.gt(0)]
+        default=4.0,
+        validator=check("CharacterEstimator.chars_per_token", _positive, "a finite number > 0"),
     )
-    image_tokens: int = field(default=85, validator=[validators.instance_of(int), validators.ge(0)])
+    image_tokens: int = field(default=85, validator=count("CharacterEstimator.image_tokens"))
 
     def count_tokens(self, text: str) -> int:
         """Characters ÷ ``chars_per_token``, rounded up."""
@@ -69,14 +75,11 @@ class ByteEstimator:
     """
 
     bytes_per_token: float = field(
-        default=3.0, validator=[validators.instance_of((int, float)), validators.gt(0)]
+        default=3.0,
+        validator=check("ByteEstimator.bytes_per_token", _positive, "a finite number > 0"),
     )
-    message_overhead: int = field(
-        default=6, validator=[validators.instance_of(int), validators.ge(0)]
-    )
-    image_tokens: int = field(
-        default=765, validator=[validators.instance_of(int), validators.ge(0)]
-    )
+    message_overhead: int = field(default=6, validator=count("ByteEstimator.message_overhead"))
+    image_tokens: int = field(default=765, validator=count("ByteEstimator.image_tokens"))
 
     def count_tokens(self, text: str) -> int:
         """UTF-8 bytes ÷ ``bytes_per_token``, rounded up."""
@@ -116,7 +119,7 @@ _ARGUMENTS_JSON = _fast_json()
 def _arguments_text(arguments: Mapping[str, Any] | str) -> str:
     if isinstance(arguments, str):
         return arguments
-    return _ARGUMENTS_JSON(arguments)
+    return _ARGUMENTS_JSON(dict(arguments))  # the encoders take a dict, not any mapping
 
 
 def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
@@ -128,7 +131,7 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
     length = 1 + 2 * len(arguments)  # braces, colons and commas
     for key, value in arguments.items():
         if type(key) is not str or type(value) is not str:
-            return len(_ARGUMENTS_JSON(arguments))
+            return len(_ARGUMENTS_JSON(dict(arguments)))
         length += len(_JSON_STR(key)) + len(_JSON_STR(value))
     return length
 

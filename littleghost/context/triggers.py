@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from attrs import field, frozen
 
+from littleghost._validators import Validator, check, count
 from littleghost.errors import ConfigurationError
 
 __all__ = [
@@ -82,22 +83,9 @@ class Trigger(Protocol):
         ...
 
 
-def check_trigger(name: str) -> Any:
+def check_trigger(name: str) -> Validator:
     """An attrs validator: the value is a callable trigger."""
-
-    def check(instance: object, attribute: object, value: object) -> None:
-        if not callable(value):
-            raise ConfigurationError(f"{name} must be a trigger (a callable), not {value!r}")
-
-    return check
-
-
-def _limit(name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigurationError(f"{name} must be an int >= 0, not {value!r}")
-
-    return check
+    return check(name, callable, "a trigger (a callable)")
 
 
 class _Combine:
@@ -135,7 +123,7 @@ class Never(_Combine):
 class TokensExceed(_Combine):
     """More than ``limit`` estimated tokens."""
 
-    limit: int = field(validator=_limit("tokens_exceed(limit)"))
+    limit: int = field(validator=count("tokens_exceed(limit)"))
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return metrics.tokens > self.limit
@@ -145,7 +133,7 @@ class TokensExceed(_Combine):
 class MessagesExceed(_Combine):
     """More than ``limit`` messages."""
 
-    limit: int = field(validator=_limit("messages_exceed(limit)"))
+    limit: int = field(validator=count("messages_exceed(limit)"))
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return metrics.messages > self.limit
@@ -155,7 +143,7 @@ class MessagesExceed(_Combine):
 class TurnsExceed(_Combine):
     """More than ``limit`` user turns."""
 
-    limit: int = field(validator=_limit("turns_exceed(limit)"))
+    limit: int = field(validator=count("turns_exceed(limit)"))
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return metrics.turns > self.limit
@@ -165,7 +153,7 @@ class TurnsExceed(_Combine):
 class GroupsExceed(_Combine):
     """More than ``limit`` groups."""
 
-    limit: int = field(validator=_limit("groups_exceed(limit)"))
+    limit: int = field(validator=count("groups_exceed(limit)"))
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return metrics.groups > self.limit

@@ -1,6 +1,6 @@
 """Plumbing shared by the SDK-backed providers: lazy SDK imports, images, tool arguments,
-the parameters an installed SDK accepts, server-sent events, and the HTTP library's
-transport errors."""
+the parameters an installed SDK accepts, server-sent events, and the mapping of the SDK's
+and the HTTP library's errors to littleghost's."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from littleghost.errors import ConfigurationError
+from littleghost.errors import ConfigurationError, ProviderError
 from littleghost.messages import ImagePart
+from littleghost.models.overflow import classify_error, transport_error
 
 __all__ = [
     "accepted_parameters",
     "check_context_window",
+    "error_mapper",
     "image_base64",
     "image_media_type",
     "import_sdk",
     "parse_arguments",
     "sse_events",
-    "transport_errors",
 ]
 
 
@@ -87,7 +88,7 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
     text = raw if isinstance(raw, str) else str(raw)
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser goes
         return text
     return value if isinstance(value, dict) else text
 
@@ -112,6 +113,50 @@ def transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
         errors.append(module.RequestError)
         timeouts.append(module.TimeoutException)
     return tuple(errors), tuple(timeouts)
+
+
+def error_mapper(
+    sdk: Any, base: type[Exception], provider: str
+) -> Callable[[Exception], ProviderError | None]:
+    """Maps what an SDK call raised to a ``ProviderError``.
+
+    Args:
+        sdk: The SDK module (``openai`` or ``anthropic``): its ``APIStatusError``,
+            ``APITimeoutError``, ``APIConnectionError`` and ``APIError`` are classified.
+        base: The SDK's base exception (``openai.OpenAIError``): any other of its
+            subclasses becomes a plain ``ProviderError``.
+        provider: The provider name the errors carry.
+
+    Returns:
+        A function that gives ``None`` for an exception that is neither the SDK's nor a
+        request error of the HTTP library (it is re-raised as it is).
+    """
+    http_errors, timeouts = transport_errors()
+
+    def map_error(error: Exception) -> ProviderError | None:
+        if isinstance(error, sdk.APIStatusError):
+            return classify_error(
+                provider=provider,
+                status=error.status_code,
+                body=error.body,
+                headers=error.response.headers,
+                message=error.message,
+            )
+        if isinstance(error, sdk.APITimeoutError):
+            return transport_error(provider, timeout=True)
+        if isinstance(error, sdk.APIConnectionError):
+            return transport_error(provider, timeout=False)
+        if isinstance(error, sdk.APIError):
+            return classify_error(provider=provider, body=error.body, message=error.message)
+        if isinstance(error, http_errors):
+            return transport_error(provider, timeout=isinstance(error, timeouts))
+        if isinstance(error, base):
+            return ProviderError(
+                f"{provider}: the SDK failed ({type(error).__name__})", provider=provider
+            )
+        return None
+
+    return map_error
 
 
 async def sse_events(response: Any) -> AsyncGenerator[tuple[str | None, str], None]:

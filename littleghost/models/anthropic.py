@@ -17,20 +17,20 @@ from typing import Any
 
 import anyio
 
-from littleghost.errors import ConfigurationError, ProtocolError, ProviderError
+from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
+    error_mapper,
     image_base64,
     image_media_type,
     import_sdk,
     parse_arguments,
     sse_events,
-    transport_errors,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
-from littleghost.models.overflow import classify_error, transport_error
+from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
@@ -246,7 +246,7 @@ class AnthropicModel:
             self._owns_client = False
         self._client = client
         self._accepted = accepted_parameters(client.messages.create)
-        self._http_errors, self._timeouts = transport_errors()
+        self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
 
     @property
     def name(self) -> str:
@@ -301,30 +301,6 @@ class AnthropicModel:
             )
         params.update((key, value) for key, value in settings.items() if key in accepted)
         return params
-
-    def _error(self, error: Exception) -> ProviderError | None:
-        sdk = self._sdk
-        if isinstance(error, sdk.APIStatusError):
-            return classify_error(
-                provider=self.provider,
-                status=error.status_code,
-                body=error.body,
-                headers=error.response.headers,
-                message=error.message,
-            )
-        if isinstance(error, sdk.APITimeoutError):
-            return transport_error(self.provider, timeout=True)
-        if isinstance(error, sdk.APIConnectionError):
-            return transport_error(self.provider, timeout=False)
-        if isinstance(error, sdk.APIError):
-            return classify_error(provider=self.provider, body=error.body, message=error.message)
-        if isinstance(error, self._http_errors):
-            return transport_error(self.provider, timeout=isinstance(error, self._timeouts))
-        if isinstance(error, sdk.AnthropicError):
-            return ProviderError(
-                f"{self.provider}: the SDK failed ({type(error).__name__})", provider=self.provider
-            )
-        return None
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one Messages call."""

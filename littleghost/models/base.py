@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
 
+from littleghost._validators import instance_of, int_at_least, type_check
 from littleghost.messages import Message, Role
 
 __all__ = [
@@ -33,28 +34,16 @@ class StopReason(str, enum.Enum):
         return self.value
 
 
-def _count(name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TypeError(f"{name} must be an int >= 0, not {value!r}")
-
-    return check
-
-
-def _str(name: str) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, not {value!r}")
-
-    return check
-
-
 @frozen
 class Usage:
     """Tokens a model call (or a run, summed) consumed."""
 
-    input_tokens: int = field(default=0, validator=_count("Usage.input_tokens"))
-    output_tokens: int = field(default=0, validator=_count("Usage.output_tokens"))
+    input_tokens: int = field(
+        default=0, validator=type_check("Usage.input_tokens", int_at_least(0), "an int >= 0")
+    )
+    output_tokens: int = field(
+        default=0, validator=type_check("Usage.output_tokens", int_at_least(0), "an int >= 0")
+    )
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -80,7 +69,9 @@ class ToolSpec:
     """What the model is told about a tool: its name, description and JSON schema."""
 
     name: str = field()
-    description: str = field(default="", validator=_str("ToolSpec.description"))
+    description: str = field(
+        default="", validator=instance_of("ToolSpec.description", str, "a str")
+    )
     parameters: Mapping[str, Any] = field(
         factory=lambda: {"type": "object", "properties": {}}, converter=_parameters
     )
@@ -135,7 +126,9 @@ class ModelRequest:
     messages: tuple[Message, ...] = field(converter=_messages)
     tools: tuple[ToolSpec, ...] = field(default=(), converter=_tools)
     settings: Mapping[str, Any] = field(factory=dict, converter=_settings)
-    purpose: str = field(default="chat", validator=_str("ModelRequest.purpose"))
+    purpose: str = field(
+        default="chat", validator=instance_of("ModelRequest.purpose", str, "a str")
+    )
 
     @property
     def max_tokens(self) -> int | None:

@@ -16,20 +16,20 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from littleghost.errors import ConfigurationError, ProtocolError, ProviderError
+from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
+    error_mapper,
     image_base64,
     image_media_type,
     import_sdk,
     parse_arguments,
     sse_events,
-    transport_errors,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
-from littleghost.models.overflow import classify_error, transport_error
+from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 
 __all__ = ["OpenAIModel", "from_model_string"]
@@ -80,7 +80,7 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     arguments = (
         call.arguments
         if isinstance(call.arguments, str)
-        else json.dumps(call.arguments, ensure_ascii=False, default=str)
+        else json.dumps(dict(call.arguments), ensure_ascii=False, default=str)
     )
     return {
         "id": call.id,
@@ -197,7 +197,7 @@ class OpenAIModel:
         self._official = _is_official(client.base_url)
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
-        self._http_errors, self._timeouts = transport_errors()
+        self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @property
     def name(self) -> str:
@@ -239,30 +239,6 @@ class OpenAIModel:
         if extra:
             params["extra_body"] = extra
         return params
-
-    def _error(self, error: Exception) -> ProviderError | None:
-        sdk = self._sdk
-        if isinstance(error, sdk.APIStatusError):
-            return classify_error(
-                provider=self.provider,
-                status=error.status_code,
-                body=error.body,
-                headers=error.response.headers,
-                message=error.message,
-            )
-        if isinstance(error, sdk.APITimeoutError):
-            return transport_error(self.provider, timeout=True)
-        if isinstance(error, sdk.APIConnectionError):
-            return transport_error(self.provider, timeout=False)
-        if isinstance(error, sdk.APIError):
-            return classify_error(provider=self.provider, body=error.body, message=error.message)
-        if isinstance(error, self._http_errors):
-            return transport_error(self.provider, timeout=isinstance(error, self._timeouts))
-        if isinstance(error, sdk.OpenAIError):
-            return ProviderError(
-                f"{self.provider}: the SDK failed ({type(error).__name__})", provider=self.provider
-            )
-        return None
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""

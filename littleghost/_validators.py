@@ -1,0 +1,110 @@
+"""attrs validators shared by littleghost's values and configurations.
+
+A configuration value rejects a wrong field with ``ConfigurationError``, a value type with
+``TypeError``; either way the message names the field and what it accepts, as in
+``"TokensExceed.limit must be an int >= 0, not -1"``. This module imports only
+``errors.py``, so any module may use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+from littleghost.errors import ConfigurationError
+
+__all__ = [
+    "Validator",
+    "check",
+    "count",
+    "instance_of",
+    "int_at_least",
+    "is_int",
+    "is_number",
+    "optional",
+    "type_check",
+]
+
+Validator = Callable[[Any, Any, Any], None]
+"""An attrs validator: called with ``(instance, attribute, value)``, raises when wrong."""
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """True for an ``int`` that is not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """True for an ``int`` or a finite ``float``, not a ``bool``."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return is_int(value)
+
+
+def int_at_least(minimum: int) -> Callable[[object], bool]:
+    """A predicate: an ``int`` (not a ``bool``) >= ``minimum``."""
+
+    def ok(value: object) -> bool:
+        return is_int(value) and value >= minimum
+
+    return ok
+
+
+def check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
+    """A configuration validator: ``ConfigurationError`` unless ``ok(value)``.
+
+    Args:
+        name: The field as the user knows it (``"ByteEstimator.bytes_per_token"``).
+        ok: The predicate the value must satisfy.
+        allowed: What it accepts, completing "must be ..." (``"a number > 0"``).
+    """
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if not ok(value):
+            raise ConfigurationError(f"{name} must be {allowed}, not {value!r}")
+
+    return validate
+
+
+def count(name: str, minimum: int = 0) -> Validator:
+    """A configuration validator for an ``int`` (not a ``bool``) >= ``minimum``."""
+    return check(name, int_at_least(minimum), f"an int >= {minimum}")
+
+
+def optional(validator: Validator) -> Validator:
+    """``validator``, letting ``None`` through."""
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if value is not None:
+            validator(instance, attribute, value)
+
+    return validate
+
+
+def _shown(value: object) -> str:
+    """A wrong value as an error message shows it: numbers, bools and ``None`` as they are,
+    anything else by its type (a value type's field may hold message content)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    return type(value).__name__
+
+
+def type_check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
+    """A value-type validator: ``TypeError`` unless ``ok(value)`` (arguments as ``check``)."""
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if not ok(value):
+            raise TypeError(f"{name} must be {allowed}, not {_shown(value)}")
+
+    return validate
+
+
+def instance_of(name: str, kind: type | tuple[type, ...], allowed: str) -> Validator:
+    """A value-type validator: ``TypeError`` unless the value is an instance of ``kind``."""
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be {allowed}, not {_shown(value)}")
+
+    return validate

@@ -1,0 +1,77 @@
+"""Token estimators: their configuration is checked, and tool arguments are counted as JSON."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from littleghost import Message, ToolCall
+from littleghost.context import ByteEstimator, CharacterEstimator
+from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.errors import ConfigurationError
+
+NUMBER = "a finite number > 0"
+COUNT = "an int >= 0"
+
+
+@pytest.mark.parametrize(
+    ("estimator", "field", "value", "allowed"),
+    [
+        (CharacterEstimator, "chars_per_token", 0, NUMBER),
+        (CharacterEstimator, "chars_per_token", -1.5, NUMBER),
+        (CharacterEstimator, "chars_per_token", True, NUMBER),
+        (CharacterEstimator, "chars_per_token", "4", NUMBER),
+        (CharacterEstimator, "chars_per_token", None, NUMBER),
+        (CharacterEstimator, "chars_per_token", math.nan, NUMBER),
+        (CharacterEstimator, "chars_per_token", math.inf, NUMBER),
+        (CharacterEstimator, "image_tokens", -1, COUNT),
+        (CharacterEstimator, "image_tokens", True, COUNT),
+        (CharacterEstimator, "image_tokens", 1.5, COUNT),
+        (ByteEstimator, "bytes_per_token", 0.0, NUMBER),
+        (ByteEstimator, "bytes_per_token", False, NUMBER),
+        (ByteEstimator, "bytes_per_token", "3", NUMBER),
+        (ByteEstimator, "message_overhead", -1, COUNT),
+        (ByteEstimator, "message_overhead", True, COUNT),
+        (ByteEstimator, "message_overhead", 6.0, COUNT),
+        (ByteEstimator, "image_tokens", -765, COUNT),
+        (ByteEstimator, "image_tokens", None, COUNT),
+    ],
+)
+def test_a_wrong_setting_is_a_configuration_error_naming_the_field_and_range(
+    estimator: type[Any], field: str, value: object, allowed: str
+) -> None:
+    """Zero, negative, non-finite, bool and non-number settings are rejected as such."""
+    with pytest.raises(ConfigurationError) as raised:
+        estimator(**{field: value})
+    assert str(raised.value) == f"{estimator.__name__}.{field} must be {allowed}, not {value!r}"
+
+
+def test_valid_settings_are_kept_and_used() -> None:
+    """Ints where floats are expected, and zero counts, are valid settings."""
+    characters = CharacterEstimator(chars_per_token=2, image_tokens=0)
+    assert (characters.chars_per_token, characters.image_tokens) == (2, 0)
+    assert characters.count_tokens("abcde") == 3
+    by_bytes = ByteEstimator(bytes_per_token=1, message_overhead=0, image_tokens=0)
+    assert by_bytes.count_tokens("ü") == 2
+    assert estimate_message(Message.user("ab"), by_bytes) == len(prompt_text(Message.user("ab")))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"city": "Zürich", "days": 3}, '{"city":"Zürich","days":3}'),
+        ({"tags": ["a", None], "nested": {"k": True}}, '{"tags":["a",null],"nested":{"k":true}}'),
+        ({"city": "Oslo"}, '{"city":"Oslo"}'),
+        ({}, "{}"),
+    ],
+)
+def test_tool_arguments_are_counted_as_their_json(arguments: dict[str, Any], expected: str) -> None:
+    """A call's read-only arguments reach the prompt text, and the estimate, as JSON."""
+    message = Message.assistant(tool_calls=[ToolCall("c1", "weather", arguments)])
+    text = prompt_text(message)
+    assert f'"arguments":{expected}}}' in text
+    for tokenizer in (CharacterEstimator(chars_per_token=1), ByteEstimator(bytes_per_token=1)):
+        overhead = getattr(tokenizer, "message_overhead", 0)
+        assert estimate_message(message, tokenizer) == tokenizer.count_tokens(text) + overhead
