@@ -21,6 +21,7 @@ from attrs import field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
+from littleghost._validators import Validator, check, is_int, is_number
 from littleghost.context.budget import (
     EXCERPTS_KEY,
     MEMORIES_KEY,
@@ -86,20 +87,8 @@ def _env_window() -> int:
     return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
 
 
-def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Callable[[Any, Any, Any], None]:
-    def validate(instance: object, attribute: object, value: Any) -> None:
-        if not ok(value):
-            raise ConfigurationError(f"manage_context: {name} must be {allowed}, not {value!r}")
-
-    return validate
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
+    return check(f"manage_context: {name}", ok, allowed)
 
 
 @frozen(kw_only=True)
@@ -124,25 +113,23 @@ class ContextManagement:
 
     context_window_tokens: int = field(
         factory=lambda: _env_window(),
-        validator=_check("context_window_tokens", lambda v: _integer(v) and v > 0, "an int > 0"),
+        validator=_check("context_window_tokens", lambda v: is_int(v) and v > 0, "an int > 0"),
     )
     compression_threshold: float = field(
         default=0.85,
         validator=_check(
-            "compression_threshold", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"
+            "compression_threshold", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"
         ),
     )
     summary_ratio: float = field(
         default=0.3,
         validator=_check(
-            "summary_ratio", lambda v: _number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"
+            "summary_ratio", lambda v: is_number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"
         ),
     )
     preserve_recent_messages: int = field(
         default=10,
-        validator=_check(
-            "preserve_recent_messages", lambda v: _integer(v) and v >= 2, "an int >= 2"
-        ),
+        validator=_check("preserve_recent_messages", lambda v: is_int(v) and v >= 2, "an int >= 2"),
     )
     tokenizer: Tokenizer = field(
         default=DEFAULT_TOKENIZER,
@@ -164,7 +151,7 @@ class ContextManagement:
         default=None,
         validator=_check(
             "summary_max_tokens",
-            lambda v: v is None or (_integer(v) and v > 0),
+            lambda v: v is None or (is_int(v) and v > 0),
             "an int > 0 or None",
         ),
     )

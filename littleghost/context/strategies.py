@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
 
+from littleghost._validators import count, optional
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -345,34 +346,6 @@ class CompactionStrategy(Protocol):
         ...
 
 
-def _count(name: str, minimum: int = 0) -> Any:
-    def check(instance: object, attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigurationError(f"{name} must be an int >= {minimum}, not {value!r}")
-
-    return check
-
-
-def _optional_count(name: str, minimum: int) -> Any:
-    inner = _count(name, minimum)
-
-    def check(instance: object, attribute: object, value: object) -> None:
-        if value is not None:
-            inner(instance, attribute, value)
-
-    return check
-
-
-def _optional_trigger(name: str) -> Any:
-    inner = check_trigger(name)
-
-    def check(instance: object, attribute: object, value: object) -> None:
-        if value is not None:
-            inner(instance, attribute, value)
-
-    return check
-
-
 def _token_limit(target: Trigger) -> int | None:
     """``n`` when ``target`` is ``~tokens_exceed(n)`` (then steps can be counted ahead)."""
     if isinstance(target, Not) and isinstance(target.trigger, TokensExceed):
@@ -396,8 +369,10 @@ class Truncation:
     """
 
     trigger: Trigger = field(default=always, validator=check_trigger("Truncation.trigger"))
-    target: Trigger | None = field(default=None, validator=_optional_trigger("Truncation.target"))
-    minimum_preserved: int = field(default=32, validator=_count("Truncation.minimum_preserved"))
+    target: Trigger | None = field(
+        default=None, validator=optional(check_trigger("Truncation.target"))
+    )
+    minimum_preserved: int = field(default=32, validator=count("Truncation.minimum_preserved"))
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
@@ -424,16 +399,16 @@ class SlidingWindow:
     """
 
     keep_last_turns: int | None = field(
-        default=None, validator=_optional_count("SlidingWindow.keep_last_turns", 1)
+        default=None, validator=optional(count("SlidingWindow.keep_last_turns", 1))
     )
     keep_last_groups: int | None = field(
-        default=None, validator=_optional_count("SlidingWindow.keep_last_groups", 1)
+        default=None, validator=optional(count("SlidingWindow.keep_last_groups", 1))
     )
     trigger: Trigger = field(default=always, validator=check_trigger("SlidingWindow.trigger"))
     target: Trigger | None = field(
-        default=None, validator=_optional_trigger("SlidingWindow.target")
+        default=None, validator=optional(check_trigger("SlidingWindow.target"))
     )
-    minimum_preserved: int = field(default=1, validator=_count("SlidingWindow.minimum_preserved"))
+    minimum_preserved: int = field(default=1, validator=count("SlidingWindow.minimum_preserved"))
 
     def __attrs_post_init__(self) -> None:
         if (self.keep_last_turns is None) == (self.keep_last_groups is None):
@@ -510,16 +485,16 @@ class ToolResultCompaction:
     """
 
     keep_last_tool_call_groups: int = field(
-        default=2, validator=_count("ToolResultCompaction.keep_last_tool_call_groups")
+        default=2, validator=count("ToolResultCompaction.keep_last_tool_call_groups")
     )
     trigger: Trigger = field(
         default=always, validator=check_trigger("ToolResultCompaction.trigger")
     )
     target: Trigger | None = field(
-        default=None, validator=_optional_trigger("ToolResultCompaction.target")
+        default=None, validator=optional(check_trigger("ToolResultCompaction.target"))
     )
     max_result_chars: int = field(
-        default=400, validator=_count("ToolResultCompaction.max_result_chars", 16)
+        default=400, validator=count("ToolResultCompaction.max_result_chars", 16)
     )
 
     async def compact(self, state: CompactionState, /) -> None:
@@ -542,13 +517,13 @@ class SelectiveToolCallCompaction:
     """
 
     keep_last_tool_call_groups: int = field(
-        default=2, validator=_count("SelectiveToolCallCompaction.keep_last_tool_call_groups")
+        default=2, validator=count("SelectiveToolCallCompaction.keep_last_tool_call_groups")
     )
     trigger: Trigger = field(
         default=always, validator=check_trigger("SelectiveToolCallCompaction.trigger")
     )
     target: Trigger | None = field(
-        default=None, validator=_optional_trigger("SelectiveToolCallCompaction.target")
+        default=None, validator=optional(check_trigger("SelectiveToolCallCompaction.target"))
     )
 
     async def compact(self, state: CompactionState, /) -> None:
@@ -617,15 +592,15 @@ class Summarization:
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
     """
 
-    minimum_preserved: int = field(default=4, validator=_count("Summarization.minimum_preserved"))
+    minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
     prompt: str | None = field(default=None, validator=lambda _i, _a, v: _prompt(v))
     model: Model | None = field(default=None, validator=lambda _i, _a, v: _model(v))
     trigger: Trigger = field(default=always, validator=check_trigger("Summarization.trigger"))
     target: Trigger | None = field(
-        default=None, validator=_optional_trigger("Summarization.target")
+        default=None, validator=optional(check_trigger("Summarization.target"))
     )
-    max_tokens: int = field(default=1_024, validator=_count("Summarization.max_tokens", 1))
-    max_item_chars: int = field(default=4_000, validator=_count("Summarization.max_item_chars", 64))
+    max_tokens: int = field(default=1_024, validator=count("Summarization.max_tokens", 1))
+    max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
@@ -731,9 +706,9 @@ class TokenBudget:
             default 1); the result stays over budget when they alone exceed it.
     """
 
-    token_budget: int = field(validator=_count("TokenBudget.token_budget", 1))
+    token_budget: int = field(validator=count("TokenBudget.token_budget", 1))
     strategies: tuple[CompactionStrategy, ...] = field(default=(), converter=_budget_strategies)
-    minimum_preserved: int = field(default=1, validator=_count("TokenBudget.minimum_preserved"))
+    minimum_preserved: int = field(default=1, validator=count("TokenBudget.minimum_preserved"))
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
