@@ -256,9 +256,9 @@ class Agent:
         """The agent's name (its class name), as telemetry reports it."""
         return type(self).__name__
 
-    @property
+    @functools.cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:
-        """What the model is told about this agent's tools."""
+        """What the model is told about this agent's tools (the same values every turn)."""
         return tuple(definition.spec for definition, _ in self._tool_index.values())
 
     def _model(self) -> Model:
