@@ -9,7 +9,15 @@ import pytest
 
 from littleghost import Message, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator, MessageGroup, group_messages
-from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.context.groups import GroupIndex
+from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_message, prompt_text
+from littleghost.context.view import (
+    COLLAPSE,
+    COMPACTION_COVERS_KEY,
+    COMPACTION_KIND_KEY,
+    EXCLUSION,
+    ViewIndex,
+)
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 
 
@@ -153,3 +161,81 @@ def test_no_message_is_lost_and_no_result_leaves_its_call(seed: int) -> None:
         calls = [c.id for c in group.messages[0].tool_calls]
         for message in group.messages[1:]:
             assert message.tool_results[0].call_id in calls
+
+
+def summary_of(covered: list[Message]) -> Message:
+    return Message.user(
+        "earlier", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: [m.id for m in covered]}
+    )
+
+
+def random_log(rng: random.Random, size: int) -> list[Message]:
+    """Plain messages, calls with reused ids, late results and compaction records."""
+    log: list[Message] = []
+    calls: list[str] = []
+    for position in range(size):
+        draw = rng.random()
+        if draw < 0.2 or position < 2:
+            log.append(Message.user(f"u{position}"))
+        elif draw < 0.3:
+            log.append(Message.assistant(f"a{position}"))
+        elif draw < 0.5:
+            asked = [call(f"c{rng.randint(0, 6)}") for _ in range(rng.randint(1, 3))]
+            calls.extend(c.id for c in asked)
+            log.append(Message.assistant(tool_calls=asked))
+        elif draw < 0.7 and calls:
+            log.append(Message.tool(rng.choice(calls), f"r{position}"))
+        elif draw < 0.8:
+            log.append(Message.system(f"s{position}"))
+        else:
+            covered = rng.sample(log, rng.randint(1, min(3, len(log))))
+            kind = rng.choice(["summary", "summary", COLLAPSE, EXCLUSION])
+            if kind == "summary":
+                log.append(summary_of(covered))
+            else:
+                covers = [m.id for m in covered]
+                metadata = {COMPACTION_KIND_KEY: kind, COMPACTION_COVERS_KEY: covers}
+                log.append(Message.assistant("record", metadata=metadata))
+    return log
+
+
+def group_shape(index: GroupIndex) -> tuple[object, ...]:
+    members = [[m.id for m in group] for group in index.members]
+    return index.kinds, members, index.tokens, index.message_count
+
+
+def test_extending_groups_past_a_pending_summary_counts_it_once() -> None:
+    question = Message.user("weather?")
+    summary = summary_of([question])
+    earlier = [question, summary]
+    rules, follow_up = Message.system("be brief"), Message.user("and tomorrow?")
+    for added, expected in (
+        ([follow_up], ["summary", "user"]),
+        ([rules], ["system", "summary"]),
+        ([rules, follow_up], ["system", "summary", "user"]),
+    ):
+        log = [*earlier, *added]
+        view = ViewIndex.build(earlier).extend(log)
+        assert view is not None
+        groups = GroupIndex.build(ViewIndex.build(earlier), DEFAULT_TOKENIZER).extend(
+            view, DEFAULT_TOKENIZER
+        )
+        assert groups.kinds == expected
+        assert groups.message_count == len(view.messages()) == len(log) - 1
+        assert group_shape(groups) == group_shape(
+            GroupIndex.build(ViewIndex.build(log), DEFAULT_TOKENIZER)
+        )
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_extending_groups_equals_grouping_afresh(seed: int) -> None:
+    rng = random.Random(seed)
+    log = random_log(rng, rng.randint(1, 16))
+    fresh = group_shape(GroupIndex.build(ViewIndex.build(log), DEFAULT_TOKENIZER))
+    for size in range(len(log) + 1):  # the last extension adds nothing
+        earlier = ViewIndex.build(log[:size])
+        view = earlier.extend(log)
+        if view is None:  # the added messages hold a record: built afresh instead
+            continue
+        groups = GroupIndex.build(earlier, DEFAULT_TOKENIZER).extend(view, DEFAULT_TOKENIZER)
+        assert group_shape(groups) == fresh, size

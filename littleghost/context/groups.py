@@ -81,9 +81,21 @@ class MessageGroup:
 
 class GroupIndex:
     """Groups as parallel lists (kind, messages, tokens), with the slot of each head of
-    the ``ViewIndex`` they were made from: the compaction engine's input."""
+    the ``ViewIndex`` they were made from: the compaction engine's input.
 
-    __slots__ = ("kinds", "members", "message_count", "slot_of", "system_open", "tokens")
+    A pending summary of that view (one with nothing after it yet) is the last group and
+    has no head slot; ``pending`` says it is there.
+    """
+
+    __slots__ = (
+        "kinds",
+        "members",
+        "message_count",
+        "pending",
+        "slot_of",
+        "system_open",
+        "tokens",
+    )
 
     def __init__(self) -> None:
         self.kinds: list[GroupKind] = []
@@ -92,6 +104,7 @@ class GroupIndex:
         self.slot_of: list[int] = []
         self.system_open = False
         self.message_count = 0
+        self.pending = False
 
     @classmethod
     def build(cls, view: ViewIndex, tokenizer: Tokenizer) -> GroupIndex:
@@ -103,15 +116,19 @@ class GroupIndex:
     def extend(self, view: ViewIndex, tokenizer: Tokenizer) -> GroupIndex:
         """The groups of ``view``, an extension of the view this index was made from.
 
-        This index is left as it is.
+        This index is left as it is. Its pending summary group is dropped: ``view``
+        either still holds the summary as pending or has placed it among the heads past
+        this index's, and the grouping of those adds it back either way.
         """
+        dropped = 1 if self.pending else 0
+        end = len(self.kinds) - dropped
         index = GroupIndex()
-        index.kinds = list(self.kinds)
-        index.members = list(self.members)
-        index.tokens = list(self.tokens)
+        index.kinds = self.kinds[:end]
+        index.members = self.members[:end]
+        index.tokens = self.tokens[:end]
         index.slot_of = list(self.slot_of)
         index.system_open = self.system_open
-        index.message_count = self.message_count
+        index.message_count = self.message_count - dropped
         for owner, _ in view.late:
             head = view.head_of.get(owner)
             if head is None or head >= len(self.slot_of):
@@ -178,6 +195,7 @@ class GroupIndex:
             tokens.append(count)
         self.system_open = system_open
         self.message_count += added
+        self.pending = view.pending is not None
         if view.pending is not None:  # a summary with nothing after it to stand before
             self.message_count += 1
             kinds.append(SUMMARY)
