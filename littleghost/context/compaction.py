@@ -61,6 +61,11 @@ class _Snapshot:
         self.groups = groups
 
 
+def _same(first: Sequence[Message], second: Sequence[Message]) -> bool:
+    """The same messages, object for object (messages are immutable values)."""
+    return len(first) == len(second) and all(a is b for a, b in zip(first, second, strict=True))
+
+
 def _indexes(messages: Sequence[Message], tokenizer: Tokenizer) -> tuple[ViewIndex, GroupIndex]:
     """The view and groups of ``messages``, reusing those of the same log or of a log it
     extends with plain messages (the previous turn), found on one of its last messages."""
@@ -71,18 +76,14 @@ def _indexes(messages: Sequence[Message], tokenizer: Tokenizer) -> tuple[ViewInd
     key = ("littleghost.compaction.index", cache_key(tokenizer))
     last = log[-1]._cache
     snapshot: _Snapshot | None = last.get(key)
-    if snapshot is not None and snapshot.log == log:
+    if snapshot is not None and _same(snapshot.log, log):
         return snapshot.view, snapshot.groups
     for position in range(len(log) - 2, max(-1, len(log) - 2 - _LOOKBACK), -1):
         cache = log[position]._cache
         snapshot = cache.get(key)
         if snapshot is None:
             continue
-        if (
-            len(snapshot.log) == position + 1
-            and snapshot.view.pending is None
-            and log[: position + 1] == snapshot.log
-        ):
+        if len(snapshot.log) == position + 1 and _same(snapshot.log, log[: position + 1]):
             extended = snapshot.view.extend(log)
             if extended is not None:
                 groups = snapshot.groups.extend(extended, tokenizer)
