@@ -40,6 +40,7 @@ from littleghost.tools import (
     define_tool,
     error_result,
     invoke,
+    looks_like_method,
     tool_options,
 )
 
@@ -172,8 +173,13 @@ def _index_tools(
     return index
 
 
-def _is_method(function: Callable[..., Any]) -> bool:
-    return next(iter(inspect.signature(function).parameters), None) == "self"
+def _plan_of(cls: type[Agent]) -> tuple[Any, ...]:
+    """The class's hook plan, made once (and again after a capability is declared)."""
+    plan = cls.__dict__.get("__littleghost_hook_plan__")
+    if plan is None:
+        plan = hook_plan(cls, Agent)
+        cls.__littleghost_hook_plan__ = plan
+    return plan
 
 
 def _instructions_message(text: str) -> Message:
@@ -208,6 +214,7 @@ class Agent:
     __littleghost_agent__: ClassVar[bool] = True
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
+    __littleghost_hook_plan__: ClassVar[tuple[Any, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -217,11 +224,15 @@ class Agent:
                 if knob == "instructions" and isinstance(value, staticmethod):
                     value = value.__func__
                 value = check(f"{cls.__name__}.{knob}", value)
-                if knob == "instructions" and inspect.isfunction(value) and not _is_method(value):
+                if (
+                    knob == "instructions"
+                    and inspect.isfunction(value)
+                    and not looks_like_method(value)
+                ):
                     value = staticmethod(value)
                 setattr(cls, knob, value)
         cls.__littleghost_tool_index__ = _index_tools(cls.__name__, _method_tools(cls), cls.tools)
-        for entry in hook_plan(cls, Agent):
+        for entry in _plan_of(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
                 if value is not None and not callable(value):
@@ -246,7 +257,7 @@ class Agent:
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
-        self._hooks: dict[str, tuple[BoundHook, ...]] = bind_hooks(self, hook_plan(cls, Agent))
+        self._hooks: dict[str, tuple[BoundHook, ...]] = bind_hooks(self, _plan_of(cls))
         self._resolved: Model | None = None
         self._resolved_from: str | None = None
         self._owned: list[Model] = []
@@ -591,8 +602,9 @@ class Agent:
 
         async def run_one(index: int, call: ToolCall) -> None:
             try:
-                results[index] = await self._run_tool(call, context)
-            except Exception as error:
+                result = results[index] = await self._run_tool(call, context)
+                await context.emit(ToolCallFinished(result))  # after it is kept: a stop
+            except Exception as error:  # while the consumer reads cannot lose it
                 failures.append(error)
                 group.cancel_scope.cancel()
 
@@ -631,7 +643,6 @@ class Agent:
         )
         if replaced.call_id != original_id:
             replaced = attrs.evolve(replaced, call_id=original_id)
-        await context.emit(ToolCallFinished(replaced))
         return replaced
 
     async def _execute(self, call: ToolCall, context: RunContext, span: Any) -> ToolResult:
@@ -650,7 +661,7 @@ class Agent:
             kwargs["context"] = context
         function = getattr(self, attribute) if attribute is not None else definition.function
         try:
-            text = await invoke(definition, function, kwargs)
+            text = await invoke(function, kwargs)
         except (CleanupError, DeadlineExceededError):
             raise
         except Exception as error:

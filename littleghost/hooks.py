@@ -30,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 HOOK_KINDS = ("before_model", "after_model", "after_model_error", "before_tool", "after_tool")
 _MARK = "__littleghost_hook__"
 CAPABILITIES_ATTRIBUTE = "__littleghost_capabilities__"
+PLAN_ATTRIBUTE = "__littleghost_hook_plan__"
 
 
 def _decorator(kind: str) -> Callable[[F], F]:
@@ -101,6 +102,8 @@ def register_capability(cls: type, name: str, hooks: Iterable[CapabilityHook]) -
     own: dict[str, tuple[CapabilityHook, ...]] = dict(cls.__dict__.get(CAPABILITIES_ATTRIBUTE, {}))
     own[name] = tuple(hooks)
     setattr(cls, CAPABILITIES_ATTRIBUTE, own)
+    if PLAN_ATTRIBUTE in cls.__dict__:  # planned before the decorator ran: plan again
+        delattr(cls, PLAN_ATTRIBUTE)
 
 
 @frozen

@@ -92,7 +92,7 @@ def tool(
             )
         setattr(function, _MARK, options)
         try:  # fail early where possible; the class definition checks again
-            define_tool(target, is_method=_looks_like_method(function))
+            define_tool(target, is_method=looks_like_method(function))
         except NameError:
             pass
         return target
@@ -108,7 +108,7 @@ def tool_options(value: object) -> dict[str, Any] | None:
     return options if isinstance(options, dict) else None
 
 
-def _looks_like_method(function: Callable[..., Any]) -> bool:
+def looks_like_method(function: Callable[..., Any]) -> bool:
     try:
         first = next(iter(inspect.signature(function).parameters), None)
     except (TypeError, ValueError):
@@ -522,9 +522,7 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
-async def invoke(
-    definition: ToolDefinition, function: Callable[..., Any], kwargs: dict[str, Any]
-) -> str:
+async def invoke(function: Callable[..., Any], kwargs: dict[str, Any]) -> str:
     """Call a tool (sync tools in a worker thread) and render what it returned."""
     if inspect.iscoroutinefunction(function):
         value = await function(**kwargs)

@@ -934,7 +934,9 @@ class TestEstimateUnits:
             return tool_call_response("ping", {}, input_tokens=reported)
 
         model = ScriptedModel([respond] * 25)
-        with pytest.raises(ProtocolError):  # the script ends in a tool call; only compactions matter
+        with pytest.raises(
+            ProtocolError
+        ):  # the script ends in a tool call; only compactions matter
             await Dense(model=model).run("go", history=chat(70))
         outcomes = [e["littleghost.compaction.outcome"] for e in compaction_events(spans)]
         assert outcomes and all(outcome == "completed" for outcome in outcomes)

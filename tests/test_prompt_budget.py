@@ -14,6 +14,7 @@ from littleghost import (
     Role,
     TextPart,
     ToolCall,
+    ToolResult,
     before_model,
     manage_context,
     tool,
@@ -460,3 +461,21 @@ class TestWithSummaries:
         assert [r.purpose for r in model.requests] == ["chat", "chat"]
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
+
+    async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
+        """A result cut down on a later call does not inherit the provider's old count."""
+        from littleghost.context.management import estimate_tokens
+        from littleghost.models import StopReason, Usage
+        from littleghost.run import RunContext
+
+        big = Message.tool("c", "x" * 40_000)
+        small = Message(big.role, [ToolResult("c", "x" * 400)], big.id)
+        call = Message.assistant(tool_calls=[ToolCall("c", "weather", {})])
+        previous = ModelRequest([Message.user("q"), call, big])
+        context = RunContext(Agent(), ScriptedModel([]), {}, None, 0, False)
+        context.last_exchange = (
+            previous,
+            ModelResponse(Message.assistant("a"), StopReason.END_TURN, Usage(10_010, 1)),
+        )
+        now = ModelRequest([Message.user("q"), call, small, Message.user("next")])
+        assert estimate_tokens(now, context, BYTES) < 1_000

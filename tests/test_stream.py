@@ -230,6 +230,30 @@ class TestStopping:
         result = await Slow(model=again).run("again", history=log)
         assert result.output == "resumed"
 
+    async def test_a_tool_that_finished_while_the_consumer_was_slow_keeps_its_result(self) -> None:
+        """A finished tool's result is in the log even if the run stops before the
+        consumer reads ToolCallFinished."""
+        ran: list[str] = []
+
+        class Fast(Agent):
+            @tool
+            async def fast(self) -> str:
+                """Fast."""
+                ran.append("fast")
+                return "FAST RESULT"
+
+        model = ScriptedModel([tool_call_response("fast", {}, call_id="a"), text_response("x")])
+        async with Fast(model=model).stream("go") as events:
+            async for event in events:
+                if isinstance(event, ToolCallStarted):
+                    await anyio.sleep(0.1)  # the tool finishes meanwhile
+                    break
+        assert ran == ["fast"]
+        results = [r for m in events.messages for r in m.tool_results]
+        assert [(r.call_id, r.content, r.is_error) for r in results] == [
+            ("a", "FAST RESULT", False)
+        ]
+
     async def test_leaving_after_the_first_delta_cancels_the_model_call(self) -> None:
         """The rest of a slow stream is never produced."""
         model = ScriptedModel([streamed("first ", "second ", "third", delay=0.2)])

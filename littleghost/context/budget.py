@@ -35,6 +35,7 @@ from littleghost.context.derive import derived
 from littleghost.context.tokens import (
     ByteEstimator,
     Tokenizer,
+    cache_key,
     estimate_each,
     estimate_message,
     prompt_text,
@@ -253,7 +254,7 @@ def _shrink(
                 high = middle - 1
         return best
 
-    return derived(message, ("shrink", max_tokens, kinds, id(tokenizer)), make)
+    return derived(message, ("shrink", max_tokens, kinds, cache_key(tokenizer)), make)
 
 
 def _cap_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:

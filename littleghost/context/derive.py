@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.text import truncate_middle
+from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 __all__ = ["clip_tool_results", "derived"]
 
@@ -30,28 +30,25 @@ def derived(message: Message, key: tuple[Any, ...], make: Callable[[], Message])
 def clip_tool_results(messages: Sequence[Message], max_tokens: int) -> tuple[Message, ...]:
     """The messages with every tool result over ``max_tokens`` cut in the middle.
 
-    The decision is cached on each message, so a later turn costs a lookup per message.
+    The cut copy is cached on each message, so a later turn costs a lookup per message.
     """
-    limit = max_tokens * 4
-    key = ("derived", "clip", max_tokens)
+    limit = max_tokens * CHARS_PER_TOKEN
 
     def clip(message: Message) -> Message:
-        if message.role is not Role.TOOL:
+        if message.role is not Role.TOOL or not any(
+            len(result.content) > limit for result in message.tool_results
+        ):
             return message
-        cached = message._cache.get(key)
-        if cached is None:
-            if any(len(r.content) > limit for r in message.tool_results):
-                parts = [
-                    ToolResult(p.call_id, truncate_middle(p.content, max_tokens), p.is_error)
-                    if isinstance(p, ToolResult)
-                    else p
-                    for p in message.content
-                ]
-                cached = Message(message.role, parts, message.id, message.metadata)
-            else:
-                cached = message
-            message._cache[key] = cached
-        assert isinstance(cached, Message)
-        return cached
+
+        def make() -> Message:
+            parts = [
+                ToolResult(p.call_id, truncate_middle(p.content, max_tokens), p.is_error)
+                if isinstance(p, ToolResult)
+                else p
+                for p in message.content
+            ]
+            return Message(message.role, parts, message.id, message.metadata)
+
+        return derived(message, ("clip", max_tokens), make)
 
     return tuple(clip(message) for message in messages)

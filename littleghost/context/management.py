@@ -244,7 +244,9 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
             reported > 0
             and count <= len(request.messages)
             and previous.tools == request.tools
-            and all(a.id == b.id for a, b in zip(previous.messages, request.messages, strict=False))
+            and all(
+                a is b or a == b for a, b in zip(previous.messages, request.messages, strict=False)
+            )
         ):
             prompt = reported + estimate_messages(request.messages[count:], tokenizer)
     if prompt is None:
@@ -544,11 +546,11 @@ async def _compact(
             context.complete,
         )
         summary = summary_message(text, (message.id for message in covered))
-        covered_ids = {message.id for message in covered}
+        covered_set = {message.id for message in covered}
         messages: list[Message] = []
         placed = False
         for message in request.messages:
-            if message.id in covered_ids:
+            if message.id in covered_set:
                 continue
             if not placed and not _pinned(message):
                 messages.append(summary)
