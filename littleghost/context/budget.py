@@ -36,9 +36,9 @@ from littleghost.context.tokens import (
     ByteEstimator,
     Tokenizer,
     cache_key,
+    counter,
     estimate_each,
     estimate_message,
-    prompt_text,
     tools_text,
 )
 from littleghost.errors import ConfigurationError, PromptBudgetError
@@ -248,7 +248,7 @@ def _shrink(
         while low <= high:  # the longest cut that fits, by bisection
             middle = (low + high) // 2
             candidate = build(middle)
-            if _count(candidate, tokenizer) <= max_tokens:
+            if counter(tokenizer)(candidate) <= max_tokens:
                 best, low = candidate, middle + 1
             else:
                 high = middle - 1
@@ -281,17 +281,6 @@ def _cut_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Messag
 def _without_text(message: Message) -> Message:
     parts = [part for part in message.content if not isinstance(part, TextPart)]
     return Message(message.role, parts, message.id, message.metadata)
-
-
-def _count(message: Message, tokenizer: Tokenizer) -> int:
-    """An uncached estimate, for trial copies."""
-    text = prompt_text(message)
-    images = sum(1 for part in message.content if isinstance(part, ImagePart))
-    return (
-        tokenizer.count_tokens(text)
-        + images * int(getattr(tokenizer, "image_tokens", 85))
-        + int(getattr(tokenizer, "message_overhead", 0))
-    )
 
 
 _TRUSTED = (Role.SYSTEM, Role.DEVELOPER)

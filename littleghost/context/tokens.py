@@ -189,7 +189,7 @@ def cache_key(tokenizer: Tokenizer) -> str:
     return key
 
 
-def _counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
+def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
     """Counts one message with ``tokenizer``, uncached: its prompt text, plus the
     tokenizer's ``image_tokens`` per image and ``message_overhead``."""
     count_tokens = tokenizer.count_tokens
@@ -232,7 +232,7 @@ def _counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
 def estimator(tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> Callable[[Message], int]:
     """``estimate_message`` bound to ``tokenizer``, for estimating many messages."""
     key = cache_key(tokenizer)
-    count = _counter(tokenizer)
+    count = counter(tokenizer)
 
     def estimate(message: Message) -> int:
         cache = message._cache
@@ -250,7 +250,7 @@ def estimate_message(message: Message, tokenizer: Tokenizer = DEFAULT_TOKENIZER)
     cache = message._cache
     tokens: int | None = cache.get(key)
     if tokens is None:
-        tokens = cache[key] = _counter(tokenizer)(message)
+        tokens = cache[key] = counter(tokenizer)(message)
     return tokens
 
 
@@ -270,7 +270,7 @@ def estimate_each(
         tokens = cache.get(key)
         if tokens is None:
             if count is None:
-                count = _counter(tokenizer)
+                count = counter(tokenizer)
             tokens = cache[key] = count(message)
         append(tokens)
     return estimates
