@@ -14,7 +14,6 @@ import anyio
 import attrs
 
 from littleghost import telemetry
-from littleghost.context.derive import clip_tool_results
 from littleghost.context.view import interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -558,8 +557,6 @@ class Agent:
                 f"{self.name}.instructions returned {type(text).__name__}, not a str"
             )
         view = context.view()
-        if self.context_management is not None:
-            view = clip_tool_results(view, self.max_tool_result_tokens)
         messages = (_instructions_message(text), *view) if text else view
         return ModelRequest(messages, self.tool_specs, context.settings)
 

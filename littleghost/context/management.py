@@ -32,6 +32,7 @@ from littleghost.context.budget import (
     load_memories,
 )
 from littleghost.context.compaction import compaction_records
+from littleghost.context.derive import clip_tool_results
 from littleghost.context.strategies import CompactionStrategy
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
@@ -272,6 +273,12 @@ async def _compact_before_model(
         return None
     window = context_window(context.model, config)
     original = request
+    # The log keeps tool results whole under context management; the view cuts them.
+    limit = getattr(agent, "max_tool_result_tokens", None)
+    if isinstance(limit, int):
+        clipped = clip_tool_results(request.messages, limit)
+        if any(a is not b for a, b in zip(clipped, request.messages, strict=True)):
+            request = attrs.evolve(request, messages=clipped)
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, config, config.budget, window, context)
