@@ -1,15 +1,14 @@
-"""Helpers for the tests against the real llama.cpp server: skipping when the local
-packages are absent, and finding server processes this test process left behind."""
+"""Helpers for the tests against the real llama.cpp server: skipping when no server can run
+here (failing under CI), and finding server processes this test process left behind."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import pytest
-
 from littleghost.errors import ConfigurationError, ProviderError
 from littleghost.models.local import LocalModel
+from tests.ci import missing
 
 
 def running_servers() -> list[int]:
@@ -30,20 +29,19 @@ def running_servers() -> list[int]:
 
 
 def local_model_or_skip(**options: object) -> LocalModel:
-    """A ``LocalModel``; the test is skipped when the local packages are not installed."""
+    """A ``LocalModel``; the test is skipped (failed under CI) when the local packages
+    are not installed or no llama.cpp server can run on this machine."""
     try:
         return LocalModel(**options)  # type: ignore[arg-type]
     except ConfigurationError as error:
-        if "not installed" in str(error):
-            if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-                pytest.fail(f".ci/run installs the local model, yet: {error}")
-            pytest.skip(f"the local model is not installed: {error}")
+        if "not installed" in str(error) or "no llama.cpp server" in str(error):
+            missing(f"the local model cannot run: {error}")
         raise
 
 
 def skip_if_this_cpu_cannot_run_the_server(error: ProviderError) -> None:
-    """Skip when the prebuilt server dies of SIGILL: its build needs CPU instructions
-    (AVX-512) this machine lacks, so no test of ours can run it here. Point
-    ``LITTLEGHOST_LLAMA_SERVER`` at a llama.cpp server built for this machine instead."""
+    """Skip (fail under CI) when the chosen server died of SIGILL: its build needs CPU
+    instructions this machine lacks. Point ``LITTLEGHOST_LLAMA_SERVER`` at a llama.cpp
+    server built for this machine (``.ci/run`` does)."""
     if "SIGILL" in str(error):
-        pytest.skip(f"the installed llama.cpp server cannot run on this CPU: {error}")
+        missing(f"the llama.cpp server cannot run on this CPU: {error}")

