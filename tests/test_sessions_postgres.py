@@ -1,8 +1,9 @@
 """PostgresSessionStore against a real server: schema, workers, advisory locks, kills.
 
-Needs ``LITTLEGHOST_TEST_POSTGRES_DSN`` (``eval "$(.ci/postgres.sh)"``); skips without it
-locally. Each test gets its own PostgreSQL schema. Several store instances stand for
-several worker processes: they share nothing but the database.
+The server is the one ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, else a throwaway one the
+test session starts (fixture ``postgres_dsn``). Each test gets its own PostgreSQL schema.
+Several store instances stand for several worker processes: they share nothing but the
+database.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def conninfo() -> AsyncIterator[str]:
+async def conninfo(postgres_dsn: str) -> AsyncIterator[str]:
     """A connection string for a fresh schema, tagged so its connections can be counted."""
     from psycopg.conninfo import make_conninfo
 
-    async with postgres_schema() as schema_conninfo:
+    async with postgres_schema(postgres_dsn) as schema_conninfo:
         yield make_conninfo(schema_conninfo, application_name=f"lg-{uuid.uuid4().hex[:12]}")
 
 
