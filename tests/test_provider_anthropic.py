@@ -536,7 +536,7 @@ def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (model.name, model.provider, model.context_window) == (
         "claude-sonnet-5",
         "anthropic",
-        None,
+        1_000_000,
     )
 
 

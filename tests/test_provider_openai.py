@@ -668,7 +668,11 @@ def test_model_strings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     model = resolve("openai:gpt-4o-mini")
     assert isinstance(model, OpenAIModel)
-    assert (model.name, model.provider, model.context_window) == ("gpt-4o-mini", "openai", None)
+    assert (model.name, model.provider, model.context_window) == (
+        "gpt-4o-mini",
+        "openai",
+        128_000,
+    )
     monkeypatch.delenv("OPENAI_API_KEY")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
     assert resolve("openai:qwen").name == "qwen"  # a custom server needs no key

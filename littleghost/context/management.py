@@ -82,6 +82,8 @@ SUMMARY_FIT_MARGIN = 0.9
 _CLIP_LEVELS = (None, 2_000, 500, 200)
 _OVERFLOW_KEY = "littleghost.context.overflow"
 _LIMIT_KEY = "littleghost.context.budget_limit"
+_assumed_windows: set[tuple[str, str]] = set()
+"""The (provider, model name) pairs already warned about an assumed window."""
 
 
 def _env_window() -> int:
@@ -98,6 +100,8 @@ class ContextManagement:
 
     Args:
         context_window_tokens: The window used when the model advertises none (> 0).
+        context_window_override: The window used whatever the model advertises (> 0), or
+            None.
         compression_threshold: Compact when the estimate reaches this share of the window,
             in (0, 1].
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
@@ -115,6 +119,14 @@ class ContextManagement:
     context_window_tokens: int = field(
         factory=lambda: _env_window(),
         validator=_check("context_window_tokens", lambda v: is_int(v) and v > 0, "an int > 0"),
+    )
+    context_window_override: int | None = field(
+        default=None,
+        validator=_check(
+            "context_window_override",
+            lambda v: v is None or (is_int(v) and v > 0),
+            "an int > 0 or None",
+        ),
     )
     compression_threshold: float = field(
         default=0.85,
@@ -182,7 +194,7 @@ class ContextManagement:
                 "compaction off, so the two cannot be combined"
             )
         if self.budget is not None:
-            self.budget.check_window(self.context_window_tokens)
+            self.budget.check_window(self.context_window_override or self.context_window_tokens)
         elif not self.summarize:
             raise ConfigurationError(
                 "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
@@ -222,10 +234,28 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
 
 
 def context_window(model: Model, config: ContextManagement) -> int:
-    """The model's advertised window when it is a positive int, else the configured one."""
+    """The window compaction works against.
+
+    ``context_window_override`` when set; else the model's advertised window when it is a
+    positive int; else ``context_window_tokens``, with one warning per model for the
+    process.
+    """
+    if config.context_window_override is not None:
+        return config.context_window_override
     advertised = getattr(model, "context_window", None)
-    if isinstance(advertised, int) and not isinstance(advertised, bool) and advertised > 0:
+    if is_int(advertised) and advertised > 0:
         return advertised
+    provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
+    if (provider, name) not in _assumed_windows:
+        _assumed_windows.add((provider, name))
+        logger.warning(
+            "manage_context: model %r (provider %r) advertises no context window; assuming "
+            "%d tokens. Set context_window= on the model, or context_window_override= or "
+            "context_window_tokens= on manage_context",
+            name,
+            provider,
+            config.context_window_tokens,
+        )
     return config.context_window_tokens
 
 

@@ -32,6 +32,7 @@ from littleghost.models._sdk import (
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.windows import known_context_window
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
 
@@ -205,7 +206,8 @@ class AnthropicModel:
         client: An ``anthropic.AsyncAnthropic`` to use (its own retries are turned off);
             by default one is made with ``api_key``.
         api_key: The key (default: ``ANTHROPIC_API_KEY``).
-        context_window: The model's window in tokens, when known.
+        context_window: The model's window in tokens; by default the window documented
+            for the model's name (:mod:`littleghost.models.windows`).
 
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
@@ -231,7 +233,8 @@ class AnthropicModel:
         if not isinstance(model, str) or not model:
             raise ConfigurationError(f"{owner}: model must be a non-empty str, not {model!r}")
         self._name = model
-        self._context_window = check_context_window(owner, context_window)
+        context_window = check_context_window(owner, context_window)
+        self._context_window = context_window or known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
         if client is None:
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
@@ -255,7 +258,7 @@ class AnthropicModel:
 
     @property
     def context_window(self) -> int | None:
-        """The window given to the constructor; ``None`` when unknown."""
+        """The constructor's window, else the documented one; ``None`` when unknown."""
         return self._context_window
 
     async def aclose(self) -> None:

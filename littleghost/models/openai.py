@@ -8,14 +8,16 @@ Ollama, ...). The SDK's own retries are off; errors are mapped by
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 
+from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall
 from littleghost.models._sdk import (
@@ -31,8 +33,14 @@ from littleghost.models._sdk import (
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.windows import known_context_window
 
-__all__ = ["OpenAIModel", "from_model_string"]
+__all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
+
+MODELS_TIMEOUT = 3.0
+"""Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
+
+logger = logging.getLogger(__name__)
 
 _RESERVED = frozenset(
     {
@@ -61,6 +69,30 @@ _STOP_REASONS = {
 
 def _is_official(base_url: object) -> bool:
     return (urlsplit(str(base_url)).hostname or "") == "api.openai.com"
+
+
+def _reported_window(body: object, model: str) -> int | None:
+    """The window a ``GET /models`` body reports for ``model``, if any.
+
+    The entry whose ``id`` is ``model`` (or the only entry) is read: ``meta.n_ctx``
+    (llama.cpp), ``max_model_len`` (vLLM), ``context_length`` (OpenRouter and others) or
+    ``context_window`` (Groq).
+    """
+    data = body.get("data") if isinstance(body, Mapping) else None
+    entries = [item for item in data if isinstance(item, Mapping)] if isinstance(data, list) else []
+    entry = next((entry for entry in entries if entry.get("id") == model), None)
+    if entry is None and len(entries) == 1:
+        entry = entries[0]
+    if entry is None:
+        return None
+    meta = entry.get("meta")
+    figures = (
+        meta.get("n_ctx") if isinstance(meta, Mapping) else None,
+        entry.get("max_model_len"),
+        entry.get("context_length"),
+        entry.get("context_window"),
+    )
+    return next((figure for figure in figures if is_int(figure) and figure > 0), None)
 
 
 def stop_reason(finish_reason: str | None, has_tool_calls: bool) -> StopReason:
@@ -155,7 +187,12 @@ class OpenAIModel:
             by default one is made from ``base_url`` and ``api_key``.
         base_url: The server's URL (default: ``OPENAI_BASE_URL``, else OpenAI's).
         api_key: The key (default: ``OPENAI_API_KEY``; optional with a custom ``base_url``).
-        context_window: The model's window in tokens, when known.
+        context_window: The model's window in tokens; it wins over any other figure.
+
+    Without ``context_window``, ``prepare()`` asks a server other than OpenAI's for its
+    window once (``GET /models``, at most ``MODELS_TIMEOUT`` seconds; a failure only
+    leaves it unknown); otherwise the window documented for the model's name
+    (:mod:`littleghost.models.windows`) applies.
 
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set for OpenAI.
@@ -195,6 +232,10 @@ class OpenAIModel:
             self._owns_client = False
         self._client = client
         self._official = _is_official(client.base_url)
+        self._known_window = known_context_window(self.provider, model)
+        self._served_window: int | None = None
+        self._probed = self._official or self._context_window is not None
+        self._probing: anyio.Event | None = None
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
@@ -206,8 +247,50 @@ class OpenAIModel:
 
     @property
     def context_window(self) -> int | None:
-        """The window given to the constructor; ``None`` when unknown."""
-        return self._context_window
+        """The constructor's window, else the server's, else the documented one; or ``None``."""
+        return self._context_window or self._served_window or self._known_window
+
+    async def prepare(self) -> None:
+        """Read the window another server reports, once; concurrent callers wait for it."""
+        while not self._probed:
+            if self._probing is not None:
+                await self._probing.wait()
+                continue
+            probing = self._probing = anyio.Event()
+            try:
+                self._served_window = await self._read_served_window()
+                self._probed = True
+            finally:
+                self._probing = None
+                probing.set()
+
+    async def _read_served_window(self) -> int | None:
+        """The server's ``GET /models`` figure; ``None`` (logged) when it gives none in time."""
+        body: object = None
+        with anyio.move_on_after(MODELS_TIMEOUT) as scope:
+            try:
+                body = await self._client.get("models", cast_to=object)
+            except Exception as error:  # cancellation is not an Exception: it propagates
+                logger.debug(
+                    "%s: GET /models for %r failed (%s); its window is not read from the server",
+                    self.provider,
+                    self._name,
+                    type(error).__name__,
+                )
+                return None
+        if scope.cancelled_caught:
+            logger.debug(
+                "%s: GET /models for %r got no answer within %g s; its window is not read "
+                "from the server",
+                self.provider,
+                self._name,
+                MODELS_TIMEOUT,
+            )
+            return None
+        window = _reported_window(body, self._name)
+        if window is None:
+            logger.debug("%s: GET /models reports no window for %r", self.provider, self._name)
+        return window
 
     async def aclose(self) -> None:
         """Close the HTTP client, when this model made it."""

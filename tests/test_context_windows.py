@@ -1,0 +1,531 @@
+"""Known context windows: the documented table, the window an OpenAI-compatible server
+reports from ``GET /v1/models``, and how ``manage_context`` picks the window it works
+against (override, advertised, fallback with one warning per model)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NamedTuple
+from uuid import uuid4
+
+import anyio
+import httpx2
+import openai
+import pytest
+
+import littleghost.models.openai as openai_provider
+from littleghost import Agent, manage_context
+from littleghost.context.budget import PromptBudget
+from littleghost.context.management import ContextManagement, context_window
+from littleghost.errors import ConfigurationError, DeadlineExceededError
+from littleghost.messages import Message
+from littleghost.models.anthropic import AnthropicModel
+from littleghost.models.openai import OpenAIModel
+from littleghost.models.windows import WINDOWS_CHECKED, known_context_window
+from littleghost.testing import ScriptedModel, text_response
+
+pytestmark = pytest.mark.anyio
+
+
+class Answer(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+
+
+def json_answer(body: object, status: int = 200) -> Answer:
+    return Answer(status, "application/json", json.dumps(body).encode())
+
+
+NOT_FOUND = json_answer({"error": {"message": "Not found", "type": "not_found_error"}}, 404)
+COMPLETION = json_answer(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "They talked about order 42."},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+)
+
+
+def llama_cpp(n_ctx: int) -> Answer:
+    """``GET /v1/models`` as llama.cpp's server answers it: one model, named by its file."""
+    return json_answer(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                    "object": "model",
+                    "owned_by": "llamacpp",
+                    "meta": {"n_ctx": n_ctx, "n_ctx_train": 8192, "n_vocab": 49152},
+                }
+            ],
+        }
+    )
+
+
+VLLM = json_answer(
+    {
+        "object": "list",
+        "data": [{"id": "m", "object": "model", "owned_by": "vllm", "max_model_len": 4096}],
+    }
+)
+OPENROUTER = json_answer(
+    {
+        "data": [
+            {"id": "other/model", "context_length": 1_000_000},
+            {"id": "m", "context_length": 32_768, "top_provider": {"context_length": 16_384}},
+        ]
+    }
+)
+GROQ = json_answer({"object": "list", "data": [{"id": "m", "context_window": 131_072}]})
+
+
+class StubServer:
+    """A real HTTP server on 127.0.0.1 that answers each path from ``routes`` (404 else)."""
+
+    def __init__(self, routes: Mapping[str, Answer], delay: float = 0.0) -> None:
+        self.routes = dict(routes)
+        self.delay = delay
+        self.requests: list[tuple[str, str]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                stub.answer(self)
+
+            def do_POST(self) -> None:
+                stub.answer(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
+
+    def count(self, path: str) -> int:
+        return sum(1 for _, seen in self.requests if seen == path)
+
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        self.requests.append((handler.command, handler.path))
+        time.sleep(self.delay)
+        status, content_type, body = self.routes.get(handler.path, NOT_FOUND)
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., StubServer]]:
+    """Starts stub servers; stops them after the test."""
+    servers: list[StubServer] = []
+
+    def start(routes: Mapping[str, Answer], delay: float = 0.0) -> StubServer:
+        server = StubServer(routes, delay)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """The URL of a server that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+
+def refused_url() -> str:
+    """The URL of a port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(autouse=True)
+def no_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+@pytest.fixture
+async def models() -> AsyncIterator[Callable[..., OpenAIModel]]:
+    """Makes ``OpenAIModel`` values and closes them after the test."""
+    made: list[OpenAIModel] = []
+
+    def make(name: str, base_url: str | None = None, **options: Any) -> OpenAIModel:
+        model = OpenAIModel(name, base_url=base_url, api_key="x", **options)
+        made.append(model)
+        return model
+
+    yield make
+    for model in made:
+        await model.aclose()
+
+
+# --- the documented table -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "window"),
+    [
+        ("openai", "gpt-4o-mini", 128_000),
+        ("openai", "gpt-4o", 128_000),
+        ("openai", "gpt-4o-2024-08-06", 128_000),
+        ("openai", "chatgpt-4o-latest", 128_000),
+        ("openai", "gpt-4.1-mini-2025-04-14", 1_047_576),
+        ("openai", "gpt-4-turbo-2024-04-09", 128_000),
+        ("openai", "gpt-4-32k-0613", 32_768),
+        ("openai", "gpt-4-0613", 8_192),
+        ("openai", "gpt-3.5-turbo-0125", 16_385),
+        ("openai", "gpt-5", 400_000),
+        ("openai", "gpt-5-mini-2025-08-07", 400_000),
+        ("openai", "gpt-5-chat-latest", 128_000),
+        ("openai", "gpt-5.1-chat-latest", 128_000),
+        ("openai", "gpt-5.4", 1_050_000),
+        ("openai", "gpt-5.4-mini", 400_000),
+        ("openai", "o1-2024-12-17", 200_000),
+        ("openai", "o1-mini-2024-09-12", 128_000),
+        ("openai", "o1-preview", 128_000),
+        ("openai", "o3-mini", 200_000),
+        ("openai", "o4-mini-2025-04-16", 200_000),
+        ("openai", "GPT-4o-Mini", 128_000),
+        ("openai", "ft:gpt-4o-mini-2024-07-18:acme::abc123", 128_000),
+        ("openai", "ft:gpt-3.5-turbo:acme:support:xyz", 16_385),
+        ("anthropic", "claude-sonnet-4-5", 200_000),
+        ("anthropic", "claude-sonnet-4-5-20250929", 200_000),
+        ("anthropic", "claude-3-5-sonnet-20241022", 200_000),
+        ("anthropic", "claude-3-7-sonnet-latest", 200_000),
+        ("anthropic", "claude-3-haiku-20240307", 200_000),
+        ("anthropic", "claude-haiku-4-5-20251001", 200_000),
+        ("anthropic", "claude-opus-4-1-20250805", 200_000),
+        ("anthropic", "claude-opus-4-6", 1_000_000),
+        ("anthropic", "claude-sonnet-4-6", 1_000_000),
+        ("anthropic", "claude-sonnet-5", 1_000_000),
+        ("anthropic", "claude-opus-5-5", 1_000_000),
+        ("anthropic", "claude-2.0", 100_000),
+        ("anthropic", "claude-instant-1.2", 100_000),
+    ],
+)
+def test_documented_windows_by_longest_prefix(provider: str, model: str, window: int) -> None:
+    assert known_context_window(provider, model) == window
+
+
+@pytest.mark.parametrize(
+    ("provider", "model"),
+    [
+        ("openai", "qwen2.5-7b-instruct"),
+        ("openai", "claude-sonnet-4-5"),  # another provider's model
+        ("anthropic", "gpt-4o"),
+        ("local", "gpt-4o"),
+        ("openai", "ft:davinci-002:acme::x"),
+    ],
+)
+def test_unknown_models_have_no_window(provider: str, model: str) -> None:
+    assert known_context_window(provider, model) is None
+
+
+def test_the_table_says_when_it_was_checked() -> None:
+    assert WINDOWS_CHECKED == "2026-12-01"
+
+
+def test_models_advertise_their_documented_window() -> None:
+    assert OpenAIModel("gpt-4o-mini", api_key="k").context_window == 128_000
+    assert AnthropicModel("claude-sonnet-4-5", api_key="k").context_window == 200_000
+    assert OpenAIModel("my-finetune", api_key="k").context_window is None
+    assert AnthropicModel("claude-next", api_key="k").context_window is None
+
+
+def test_an_explicit_window_wins() -> None:
+    assert OpenAIModel("gpt-4o-mini", api_key="k", context_window=9_000).context_window == 9_000
+    assert AnthropicModel(
+        "claude-sonnet-4-5", api_key="k", context_window=1_000_000
+    ).context_window == (1_000_000)
+
+
+async def test_openais_own_api_is_not_asked() -> None:
+    requests: list[httpx2.Request] = []
+
+    def record(request: httpx2.Request) -> httpx2.Response:
+        requests.append(request)
+        return httpx2.Response(500)
+
+    client = openai.AsyncOpenAI(
+        api_key="sk-test", http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(record))
+    )
+    try:
+        model = OpenAIModel("gpt-4o-mini", client=client)
+        await model.prepare()
+        assert (requests, model.context_window) == ([], 128_000)
+    finally:
+        await client.close()
+
+
+# --- the window a server reports -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "window"),
+    [(llama_cpp(512), 512), (VLLM, 4_096), (OPENROUTER, 32_768), (GROQ, 131_072)],
+    ids=["llama.cpp", "vllm", "openrouter", "groq"],
+)
+async def test_a_server_reports_its_window(
+    serve: Callable[..., StubServer],
+    models: Callable[..., OpenAIModel],
+    answer: Answer,
+    window: int,
+) -> None:
+    server = serve({"/v1/models": answer})
+    model = models("m", server.url)
+    assert model.context_window is None
+    await model.prepare()
+    assert model.context_window == window
+    await model.prepare()
+    assert server.requests == [("GET", "/v1/models")]  # read once
+
+
+async def test_the_servers_window_wins_over_the_table_and_the_explicit_one_over_both(
+    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+) -> None:
+    server = serve({"/v1/models": llama_cpp(2_048)})
+    served = models("gpt-4o-mini", server.url)
+    assert served.context_window == 128_000
+    await served.prepare()
+    assert served.context_window == 2_048
+    explicit = models("gpt-4o-mini", server.url, context_window=1_000)
+    await explicit.prepare()
+    assert explicit.context_window == 1_000
+    assert server.count("/v1/models") == 1  # the explicit window needs no request
+
+
+async def test_a_list_without_the_model_gives_no_window(
+    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+) -> None:
+    answer = json_answer({"data": [{"id": "a", "max_model_len": 10}, {"id": "b"}]})
+    model = models("m", serve({"/v1/models": answer}).url)
+    await model.prepare()
+    assert model.context_window is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        NOT_FOUND,
+        Answer(200, "application/json", b"{not json"),
+        Answer(200, "text/html", b"<html>models</html>"),
+        json_answer({"error": "boom"}, 500),
+        json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
+    ],
+    ids=["404", "garbage", "html", "500", "bad-figures"],
+)
+async def test_a_failed_models_request_falls_back_to_the_table(
+    serve: Callable[..., StubServer],
+    models: Callable[..., OpenAIModel],
+    caplog: pytest.LogCaptureFixture,
+    answer: Answer,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="littleghost.models.openai")
+    server = serve({"/v1/models": answer})
+    unknown, known = models("m", server.url), models("gpt-4o-mini", server.url)
+    for model in (unknown, known, unknown, known):
+        await model.prepare()
+    assert (unknown.context_window, known.context_window) == (None, 128_000)
+    assert server.count("/v1/models") == 2  # once per model
+    logged = [r for r in caplog.records if r.name == "littleghost.models.openai"]
+    assert len(logged) == 2
+    assert all(record.levelno == logging.DEBUG for record in logged)
+
+
+async def test_a_refused_connection_is_no_error(models: Callable[..., OpenAIModel]) -> None:
+    model = models("gpt-4o-mini", refused_url())
+    await model.prepare()
+    assert model.context_window == 128_000
+
+
+async def test_a_silent_server_is_given_up_on_in_bounded_time(
+    silent_url: str,
+    models: Callable[..., OpenAIModel],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="littleghost.models.openai")
+    monkeypatch.setattr(openai_provider, "MODELS_TIMEOUT", 0.3)
+    model = models("m", silent_url)
+    started = time.monotonic()
+    with anyio.fail_after(5):
+        await model.prepare()
+    assert time.monotonic() - started < 2
+    assert model.context_window is None
+    assert any("no answer within" in record.getMessage() for record in caplog.records)
+
+
+async def test_cancelling_prepare_propagates(
+    silent_url: str, models: Callable[..., OpenAIModel]
+) -> None:
+    model = models("m", silent_url)
+    started = time.monotonic()
+    with anyio.move_on_after(0.2) as scope:
+        await model.prepare()
+    assert scope.cancelled_caught
+    assert time.monotonic() - started < openai_provider.MODELS_TIMEOUT
+
+
+async def test_the_probe_never_outlives_the_runs_deadline(
+    silent_url: str, models: Callable[..., OpenAIModel]
+) -> None:
+    class Helper(Agent):
+        instructions = "Help."
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await Helper(model=models("m", silent_url)).run("hi", timeout=0.3)
+    assert time.monotonic() - started < openai_provider.MODELS_TIMEOUT
+
+
+async def test_concurrent_prepares_read_once(
+    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+) -> None:
+    server = serve({"/v1/models": VLLM}, delay=0.2)
+    model = models("m", server.url)
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(model.prepare)
+    assert (server.count("/v1/models"), model.context_window) == (1, 4_096)
+
+
+# --- manage_context and the window -----------------------------------------------------
+
+
+def long_history(pairs: int = 12) -> list[Message]:
+    """About 1 300 estimated tokens of conversation."""
+    filler = "The customer asked about delivery times, invoices and returns. " * 3
+    messages: list[Message] = []
+    for index in range(pairs):
+        messages.append(Message.user(f"Question {index}: {filler}"))
+        messages.append(Message.assistant(f"Answer {index}: {filler}"))
+    return messages
+
+
+@pytest.mark.parametrize(
+    ("served", "override", "compacts"),
+    [
+        (llama_cpp(2_000), None, True),
+        (NOT_FOUND, None, False),
+        (llama_cpp(1_000_000), 2_000, True),
+        (llama_cpp(2_000), 1_000_000, False),
+    ],
+    ids=["served-window", "fallback", "override-smaller", "override-larger"],
+)
+async def test_an_agent_compacts_at_the_window_that_applies(
+    serve: Callable[..., StubServer],
+    models: Callable[..., OpenAIModel],
+    served: Answer,
+    override: int | None,
+    compacts: bool,
+) -> None:
+    @manage_context(
+        context_window_tokens=200_000,
+        context_window_override=override,
+        compression_threshold=0.5,
+        preserve_recent_messages=2,
+    )
+    class Support(Agent):
+        instructions = "Help with orders."
+
+    server = serve({"/v1/models": served, "/v1/chat/completions": COMPLETION})
+    result = await Support(model=models("m", server.url)).run(
+        "Where is order 42?", history=long_history()
+    )
+    assert result.output == "They talked about order 42."
+    assert server.count("/v1/models") == 1
+    assert server.count("/v1/chat/completions") == (2 if compacts else 1)
+    assert any(message.is_summary for message in result.messages) is compacts
+
+
+def test_the_override_wins_over_the_advertised_window() -> None:
+    config = ContextManagement(context_window_override=4_000, context_window_tokens=50_000)
+    assert context_window(ScriptedModel([], context_window=8_000), config) == 4_000
+    assert context_window(ScriptedModel([], name=f"w-{uuid4().hex}"), config) == 4_000
+    advertised = ContextManagement(context_window_tokens=50_000)
+    assert context_window(ScriptedModel([], context_window=8_000), advertised) == 8_000
+
+
+async def test_the_fallback_is_logged_once_per_model(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="littleghost.context")
+    first, second, windowed = (f"no-window-{uuid4().hex}" for _ in range(3))
+
+    @manage_context(context_window_tokens=50_000)
+    class Helper(Agent):
+        instructions = "Help."
+
+    for name, window in ((first, None), (first, None), (second, None), (windowed, 8_000)):
+        model = ScriptedModel(
+            [text_response("ok"), text_response("ok")], name=name, context_window=window
+        )
+        agent = Helper(model=model)
+        await agent.run("my secret question")
+        await agent.run("my secret question")
+    warned = [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "littleghost.context" and record.levelno == logging.WARNING
+    ]
+    assert [first in text for text in warned] == [True, False]
+    assert second in warned[1]
+    assert not any(windowed in text for text in warned)
+    for text in warned:
+        assert "'scripted'" in text and "50000" in text
+        assert "context_window=" in text and "context_window_override=" in text
+        assert "secret" not in text
+
+
+@pytest.mark.parametrize("value", [0, -5, 1.5, True, "big"])
+def test_bad_overrides_fail_at_class_definition(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="context_window_override"):
+
+        @manage_context(context_window_override=value)
+        class Broken(Agent):
+            pass
+
+
+def test_a_budget_is_checked_against_the_override() -> None:
+    budget = PromptBudget(response_reserve_tokens=4_096, safety_reserve_tokens=2_048)
+    with pytest.raises(ConfigurationError, match="5000-token context window"):
+        manage_context(context_window_override=5_000, budget=budget)
+    manage_context(context_window_tokens=5_000, context_window_override=50_000, budget=budget)
