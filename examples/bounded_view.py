@@ -5,19 +5,21 @@ A workflow agent with a long tool-heavy history and saved memories runs under
 ``manage_context(budget=PromptBudget(...), summarize=False)``. The log keeps everything;
 each request is a view built to fit the budget. The ``littleghost.prompt_budget`` and
 ``littleghost.context_budget`` log records show the figures (never content). Runs on the
-local llama.cpp model when it can start here, otherwise on a scripted model.
+local llama.cpp model (extra ``local``); when it cannot run, the example says why and
+exits with 1.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 import anyio
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
 from littleghost.context import PromptBudget
-from littleghost.models import Model, ModelRequest, ModelResponse
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.errors import LittleGhostError
+from littleghost.models.local import LocalModel
 
 MEMORIES = [
     "The customer prefers email over phone.",
@@ -69,38 +71,24 @@ def history(turns: int) -> list[Message]:
     return messages
 
 
-async def choose_model() -> tuple[Model, str]:
-    try:
-        from littleghost.models.local import LocalModel
-
-        local = LocalModel(n_ctx=2048)
-        await local.prepare()
-    except Exception as error:
-
-        def answer(request: ModelRequest) -> ModelResponse:
-            return text_response("Order 7 shipped from Lyon.")
-
-        reason = str(error).splitlines()[0]
-        return ScriptedModel([answer] * 10, context_window=2048), f"a ScriptedModel ({reason})"
-    return local, "the local llama.cpp server (SmolLM2-135M, 2 048-token window)"
-
-
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format="  %(name)s: %(message)s")
-    model, label = await choose_model()
-    print(f"Running OrderDesk on {label}.")
+    model = LocalModel(n_ctx=2048)
+    print(f"Running OrderDesk on the local model {model.name} (2 048-token window).")
     log = history(200)
     print(f"The log holds {len(log)} messages before the run.")
     try:
         async with OrderDesk(model=model) as agent:
             result = await agent.run("And where is order 7?", history=log, timeout=120)
     finally:
-        close = getattr(model, "aclose", None)
-        if close is not None:
-            await close()
-    print(f"assistant: {result.output.strip()}")
+        await model.aclose()
+    answer = result.output.strip()
+    print(f"assistant: {answer or '[the model returned an empty answer]'}")
     print(f"The log holds {len(result.messages)} messages after the run; none was dropped.")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except LittleGhostError as error:
+        sys.exit(f"bounded_view: cannot run: {type(error).__name__}: {error}")

@@ -1,19 +1,21 @@
 """A conversation long enough to compact, printing each compaction as it happens.
 
-Runs on the local llama.cpp model (extra ``local``, with a 1 024-token window so that a
-few turns fill it) or, without it, on a scripted model. Each turn is streamed; the
-compaction events show the estimated tokens before and after.
+Runs on the local llama.cpp model (extra ``local``) with a 1 024-token window, so that a
+few turns fill it. Each turn is streamed; the compaction events show the estimated
+tokens before and after. When the local model cannot run, the example says why and exits
+with 1.
 """
 
 from __future__ import annotations
 
+import sys
+
 import anyio
 
-from littleghost import Agent, manage_context
-from littleghost.errors import OutputLimitError
+from littleghost import Agent, Message, manage_context
+from littleghost.errors import LittleGhostError, OutputLimitError
 from littleghost.events import CompactionFinished, CompactionStarted
-from littleghost.models import Model, ModelRequest, ModelResponse
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.models.local import LocalModel
 
 QUESTIONS = [
     "I am planning a week in Lisbon in May. What neighbourhoods should I stay in?",
@@ -30,30 +32,6 @@ QUESTIONS = [
 class TravelAgent(Agent):
     instructions = "You are a concise travel assistant. Answer in at most three sentences."
     settings = {"temperature": 0, "seed": 7, "max_tokens": 120}
-
-
-def scripted() -> ScriptedModel:
-    """Answers long enough to fill a 1 024-token window in a few turns."""
-    answers = iter(range(100))
-
-    def answer(request: ModelRequest) -> ModelResponse:
-        if request.purpose == "context_compaction":
-            return text_response("The user is planning a week in Lisbon in May.")
-        return text_response(f"Answer {next(answers)}: " + "a detailed suggestion " * 40)
-
-    return ScriptedModel([answer] * 100, context_window=1024)
-
-
-async def choose_model() -> tuple[Model, str]:
-    try:
-        from littleghost.models.local import LocalModel
-
-        local = LocalModel(n_ctx=1024)
-        await local.prepare()
-    except Exception as error:
-        reason = str(error).splitlines()[0]
-        return scripted(), f"a ScriptedModel with a 1 024-token window ({reason})"
-    return local, "the local llama.cpp server (SmolLM2-135M, 1 024-token window)"
 
 
 def report(event: object) -> None:
@@ -73,9 +51,9 @@ def report(event: object) -> None:
 
 
 async def main() -> None:
-    model, label = await choose_model()
-    print(f"Running TravelAgent on {label}.")
-    history: tuple = ()
+    model = LocalModel(n_ctx=1024)
+    print(f"Running TravelAgent on the local model {model.name} (1 024-token window).")
+    history: tuple[Message, ...] = ()
     async with TravelAgent(model=model) as agent:
         try:
             for question in QUESTIONS:
@@ -85,18 +63,20 @@ async def main() -> None:
                     async with events:
                         async for event in events:
                             report(event)
-                    print(f"assistant: {events.result.output.strip()}")
+                    answer = events.result.output.strip()
+                    print(f"assistant: {answer or '[the model returned an empty answer]'}")
                 except OutputLimitError as error:  # a small model may ramble to its cap
                     text = error.response.message.text.strip() if error.response else ""
-                    print(f"assistant: {text} [cut at the output limit]")
+                    print(f"assistant: {text} [cut at max_tokens]")
                 history = events.messages
         finally:
-            close = getattr(model, "aclose", None)
-            if close is not None:
-                await close()
+            await model.aclose()
     summaries = sum(message.is_summary for message in history)
     print(f"\nThe log holds {len(history)} messages, {summaries} of them summaries; none was lost.")
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except LittleGhostError as error:
+        sys.exit(f"long_conversation: cannot run: {type(error).__name__}: {error}")
