@@ -9,11 +9,16 @@ database.
 from __future__ import annotations
 
 import functools
+import math
 import random
+import socket
 import sys
 import textwrap
+import threading
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -135,6 +140,15 @@ class TestSchema:
             PostgresSessionStore("dbname=x", max_connections=0)
         with pytest.raises(ConfigurationError, match="conninfo"):
             PostgresSessionStore(b"dbname=x")  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("name", ["connect_timeout", "statement_timeout"])
+    @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), True, "5", None])
+    def test_timeouts_are_checked(self, name: str, value: object) -> None:
+        with pytest.raises(ConfigurationError, match=name):
+            PostgresSessionStore("dbname=x", **{name: value})  # type: ignore[arg-type]
+
+    def test_timeouts_take_seconds(self) -> None:
+        PostgresSessionStore("dbname=x", connect_timeout=0.5, statement_timeout=2)
 
 
 class TestWorkers:
@@ -277,3 +291,363 @@ class TestKilledWorker:
                 async with store.lock("held"):
                     pass
         await store.aclose()
+
+
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers; it notes
+    which of them the client closed."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.accepted = 0
+        self.closed = 0
+        self._guard = threading.Lock()
+        self._connections: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._guard:
+                self.accepted += 1
+                self._connections.append(connection)
+            threading.Thread(target=self._hold, args=(connection,), daemon=True).start()
+
+    def _hold(self, connection: socket.socket) -> None:
+        while True:
+            try:
+                data = connection.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                with self._guard:
+                    self.closed += 1
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._guard:
+            for connection in self._connections:
+                connection.close()
+
+
+@contextmanager
+def silent_server() -> Iterator[SilentServer]:
+    server = SilentServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class Proxy:
+    """TCP on 127.0.0.1 to a real server; while ``frozen`` it forwards nothing either
+    way, so the server seems to hang. It notes which connections the client closed."""
+
+    def __init__(self, conninfo: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(conninfo)
+        host = str(params.get("host") or "/tmp")
+        port = int(params.get("port") or 5432)
+        self._upstream: tuple[int, str | tuple[str, int]] = (
+            (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+            if host.startswith("/")
+            else (socket.AF_INET, (str(params.get("hostaddr") or host), port))
+        )
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.conninfo = make_conninfo(
+            conninfo, host="127.0.0.1", hostaddr="", port=self.listener.getsockname()[1]
+        )
+        self.frozen = threading.Event()
+        self.accepted = 0
+        self.closed = 0
+        self._guard = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            family, address = self._upstream
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.connect(address)
+            with self._guard:
+                self.accepted += 1
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if not self.frozen.is_set():
+                try:
+                    target.sendall(data)
+                except OSError:
+                    break
+        if from_client:
+            with self._guard:
+                self.closed += 1
+        try:
+            target.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        with self._guard:
+            for opened in self._sockets:
+                opened.close()
+
+
+@pytest.fixture
+def proxy(conninfo: str) -> Iterator[Proxy]:
+    opened = Proxy(conninfo)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+async def eventually(check: Callable[[], bool], within: float = 5.0) -> bool:
+    """Whether ``check()`` becomes true within ``within`` seconds."""
+    for _ in range(max(1, round(within / 0.02))):
+        if check():
+            return True
+        await anyio.sleep(0.02)
+    return check()
+
+
+async def seconds_after_cancel(call: Callable[[], Awaitable[object]]) -> float:
+    """Seconds ``call()`` takes to return once its scope, which has no deadline, is
+    cancelled 0.3 s after it started."""
+    cancelled_at = math.inf
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+
+            async def cancel_soon() -> None:
+                nonlocal cancelled_at
+                await anyio.sleep(0.3)
+                cancelled_at = time.monotonic()
+                scope.cancel()
+
+            group.start_soon(cancel_soon)
+            assert anyio.current_effective_deadline() == math.inf
+            await call()
+            pytest.fail("the call returned before it was cancelled")
+    assert scope.cancelled_caught
+    return time.monotonic() - cancelled_at
+
+
+async def lock_and_leave(store: PostgresSessionStore) -> None:
+    async with store.lock("s"):
+        pass
+
+
+def calls(store: PostgresSessionStore) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Every kind of store call that talks to the server."""
+    return {
+        "load": lambda: store.load("s"),
+        "append": lambda: store.append("s", [Message.user("secret words")]),
+        "list_sessions": store.list_sessions,
+        "delete": lambda: store.delete("s"),
+        "lock": lambda: lock_and_leave(store),
+    }
+
+
+async def texts(store: PostgresSessionStore) -> list[str]:
+    return [message.text for message in await store.load("s")]
+
+
+@contextmanager
+def holding(conninfo: str, *statements: str) -> Iterator[None]:
+    """Another client runs ``statements`` in a transaction, open while the context is."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(make_conninfo(conninfo, application_name="lg-holder")) as holder:
+        for statement in statements:
+            holder.execute(statement)
+        yield
+        holder.rollback()
+
+
+async def waiting_backends(conninfo: str) -> int:
+    """Backends of the stores under test waiting for a lock on the server."""
+    rows = await sql(
+        conninfo,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = current_setting('application_name')",
+    )
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
+class TestDeadlines:
+    @pytest.mark.parametrize("call", ["load", "append", "lock"])
+    async def test_a_server_that_never_answers_keeps_no_caller_past_its_deadline(
+        self, call: str
+    ) -> None:
+        with silent_server() as server:
+            store = PostgresSessionStore(f"postgresql://nobody@127.0.0.1:{server.port}/none")
+            started = time.monotonic()
+            with anyio.move_on_after(1) as scope:
+                await calls(store)[call]()
+            assert scope.cancelled_caught
+            assert time.monotonic() - started < 1.5
+            assert server.accepted >= 1
+            # The abandoned thread ends at libpq's shortest connect timeout and lets go.
+            assert await eventually(lambda: server.closed == server.accepted)
+            await store.aclose()
+
+    @pytest.mark.parametrize("call", ["load", "append", "list_sessions", "delete", "lock"])
+    async def test_a_server_that_stops_answering_is_left_at_once_and_its_connection_closed(
+        self, proxy: Proxy, call: str
+    ) -> None:
+        store = PostgresSessionStore(proxy.conninfo)
+        await store.append("s", [Message.user("before")])  # a pooled, open connection
+        opened = proxy.accepted
+        proxy.frozen.set()
+        started = time.monotonic()
+        with anyio.move_on_after(0.5) as scope:
+            await calls(store)[call]()
+        assert scope.cancelled_caught
+        assert time.monotonic() - started < 0.5 + 0.3
+        if call == "lock":
+            # A new connection, which its abandoned thread gives up at libpq's shortest
+            # connect timeout; the pooled one stays idle.
+            assert proxy.accepted == opened + 1
+            assert await eventually(lambda: proxy.closed == 1)
+        else:
+            # The pooled connection: its thread's socket was shut down, so the thread
+            # closed it at once.
+            assert proxy.accepted == opened
+            assert await eventually(lambda: proxy.closed == opened, within=0.5)
+        proxy.frozen.clear()
+        assert await texts(store) == ["before"]
+        await store.aclose()
+
+    async def test_a_cancelled_caller_without_a_deadline_stops_waiting_at_once(
+        self, proxy: Proxy
+    ) -> None:
+        store = PostgresSessionStore(proxy.conninfo)
+        await store.append("s", [Message.user("before")])
+        proxy.frozen.set()
+        assert await seconds_after_cancel(lambda: store.append("s", [Message.user("x")])) < 0.2
+        assert await eventually(lambda: proxy.closed == proxy.accepted, within=0.5)
+        proxy.frozen.clear()
+        assert await texts(store) == ["before"]
+        await store.aclose()
+
+    async def test_a_write_waiting_on_a_row_lock_ends_at_the_deadline_and_rolls_back(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        with holding(conninfo, "SELECT * FROM littleghost_sessions FOR UPDATE"):
+            started = time.monotonic()
+            with anyio.move_on_after(0.5) as scope:
+                await store.append("s", [Message.user("secret words")])
+            assert scope.cancelled_caught
+            assert time.monotonic() - started < 1
+            # The server stopped waiting too: the statement timed out and rolled back.
+            await anyio.sleep(0.3)
+            assert await waiting_backends(conninfo) == 0
+        assert await texts(store) == ["before"]
+        await store.append("s", [Message.user("after")])
+        assert await texts(store) == ["before", "after"]
+        await store.aclose()
+        assert await open_connections(conninfo) == 0
+
+    async def test_a_shielded_cleanup_write_keeps_to_its_scope_s_deadline(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        with holding(conninfo, "LOCK TABLE littleghost_sessions IN EXCLUSIVE MODE"):
+            with anyio.CancelScope() as outer:
+                outer.cancel()
+                started = time.monotonic()
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 0.3) as cleanup:
+                    await store.append("s", [Message.user("cleanup")])
+                assert cleanup.cancelled_caught
+                assert time.monotonic() - started < 0.8
+        assert await texts(store) == ["before"]
+        await store.aclose()
+
+    async def test_the_statement_timeout_bounds_a_write_without_a_deadline(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo, statement_timeout=0.3)
+        await store.append("s", [Message.user("before")])
+        with (
+            holding(conninfo, "SELECT * FROM littleghost_sessions FOR UPDATE"),
+            anyio.fail_after(5),
+            pytest.raises(SessionStoreError) as caught,
+        ):
+            await store.append("s", [Message.user("secret words")])
+        assert "QueryCanceled" in str(caught.value)
+        assert "secret" not in str(caught.value)
+        assert await texts(store) == ["before"]
+        await store.aclose()
+
+    async def test_waiting_for_a_held_session_ends_at_the_deadline_on_the_server_too(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        async with PostgresSessionStore(conninfo) as holder, holder.lock("s"):
+            started = time.monotonic()
+            with anyio.move_on_after(0.3) as scope:
+                async with store.lock("s"):
+                    pytest.fail("the session was held")
+            assert scope.cancelled_caught
+            assert time.monotonic() - started < 0.8
+            # Only the holder's connection is left: the waiter's backend gave up too.
+            await anyio.sleep(0.3)
+            assert await waiting_backends(conninfo) == 0
+        with anyio.fail_after(5):
+            async with store.lock("s"):
+                pass
+        await store.aclose()
+        assert await open_connections(conninfo) == 0
+
+    async def test_a_session_wait_cancelled_without_a_deadline_stops_at_once(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        async with PostgresSessionStore(conninfo) as holder:
+            async with holder.lock("s"):
+                assert await seconds_after_cancel(lambda: lock_and_leave(store)) < 0.2
+            with anyio.fail_after(5):
+                async with store.lock("s"):
+                    pass
+        await store.aclose()
+        assert await open_connections(conninfo) == 0
+
+    async def test_a_run_against_a_server_that_never_answers_ends_near_its_deadline(
+        self,
+    ) -> None:
+        model = ScriptedModel([text_response("never")])
+        with silent_server() as server:
+            store = PostgresSessionStore(f"postgresql://nobody@127.0.0.1:{server.port}/none")
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceededError):
+                await Noter(model=model, session_store=store).run(
+                    "hello", session_id="s", timeout=0.5
+                )
+            assert time.monotonic() - started < 2.5
+            assert await eventually(lambda: server.closed == server.accepted)
+            await store.aclose()
+        assert model.requests == []

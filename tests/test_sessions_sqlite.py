@@ -6,8 +6,9 @@ import random
 import sqlite3
 import sys
 import textwrap
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -95,7 +96,11 @@ class TestFile:
 
     @pytest.mark.parametrize(
         ("options", "named"),
-        [({"path": 5}, "path"), ({"path": "x.db", "timeout": 0}, "timeout")],
+        [
+            ({"path": 5}, "path"),
+            ({"path": "x.db", "timeout": 0}, "timeout"),
+            ({"path": "x.db", "timeout": float("inf")}, "timeout"),
+        ],
     )
     def test_arguments_are_checked(self, options: dict[str, object], named: str) -> None:
         with pytest.raises(ConfigurationError, match=named):
@@ -460,3 +465,136 @@ class TestProcesses:
                         pass
         assert model.requests == []
         assert await stored_texts(path) == ["question A", "answer A to question A"]
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Another connection holds the database's write lock while the context is open."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteSessionStore]:
+    """A store with the default 30 s timeout, holding one message of session ``s``."""
+    async with SQLiteSessionStore(tmp_path / "s.db", timeout=30) as opened:
+        await opened.append("s", [Message.user("before")])
+        yield opened
+
+
+async def texts(store: SQLiteSessionStore) -> list[str]:
+    return [message.text for message in await store.load("s")]
+
+
+class TestDeadlines:
+    async def test_a_locked_database_waits_only_until_the_caller_s_deadline(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        with locked(Path(store.path)):
+            started = time.monotonic()
+            with anyio.move_on_after(0.5) as scope:
+                await store.append("s", [Message.user("secret words")])
+            elapsed = time.monotonic() - started
+            assert scope.cancelled_caught
+            assert 0.4 < elapsed < 1.5
+            assert await texts(store) == ["before"]
+        await store.append("s", [Message.user("after")])
+        assert await texts(store) == ["before", "after"]
+
+    async def test_the_deadline_stays_a_deadline(self, store: SQLiteSessionStore) -> None:
+        with locked(Path(store.path)):
+            started = time.monotonic()
+            with pytest.raises(TimeoutError) as caught:
+                with anyio.fail_after(0.3):
+                    await store.delete("s")
+            assert time.monotonic() - started < 1.3
+        busy = caught.value.__context__
+        while busy is not None and not isinstance(busy, SessionStoreError):
+            busy = busy.__context__
+        assert busy is not None
+        assert "busy" in str(busy)
+        assert "locked" in str(busy)
+        assert "deadline" in str(busy)
+        assert await texts(store) == ["before"]
+
+    async def test_a_shielded_cleanup_scope_caps_the_wait_with_its_own_deadline(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        with locked(Path(store.path)):
+            with anyio.CancelScope() as outer:
+                outer.cancel()
+                started = time.monotonic()
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 0.3) as cleanup:
+                    await store.append("s", [Message.user("cleanup")])
+                assert cleanup.cancelled_caught
+                assert time.monotonic() - started < 1.3
+        assert await texts(store) == ["before"]
+
+    async def test_an_already_passed_deadline_fails_fast(self, store: SQLiteSessionStore) -> None:
+        with locked(Path(store.path)):
+            with anyio.CancelScope() as outer:
+                outer.cancel()
+                started = time.monotonic()
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() - 1) as cleanup:
+                    await store.append("s", [Message.user("too late")])
+                assert cleanup.cancelled_caught
+                assert time.monotonic() - started < 0.2
+        assert await texts(store) == ["before"]
+
+    async def test_the_store_s_timeout_is_a_busy_error_without_content(
+        self, tmp_path: Path
+    ) -> None:
+        async with SQLiteSessionStore(tmp_path / "s.db", timeout=0.2) as store:
+            await store.append("s", [Message.user("before")])
+            with (
+                locked(tmp_path / "s.db"),
+                anyio.fail_after(5),
+                pytest.raises(SessionStoreError) as caught,
+            ):
+                await store.append("s", [Message.user("secret words")])
+            message = str(caught.value)
+            assert "busy" in message
+            assert "locked" in message
+            assert "secret" not in message
+            assert await texts(store) == ["before"]
+
+    async def test_a_call_waiting_behind_another_call_of_the_store_keeps_its_deadline(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        first_done = anyio.Event()
+
+        async def first() -> None:
+            with anyio.move_on_after(1):
+                await store.append("s", [Message.user("first")])
+            first_done.set()
+
+        with locked(Path(store.path)):
+            async with anyio.create_task_group() as group:
+                group.start_soon(first)
+                await anyio.sleep(0.1)  # the first call holds the store's connection
+                started = time.monotonic()
+                with anyio.move_on_after(0.3) as scope:
+                    await store.load("s")
+                assert scope.cancelled_caught
+                assert time.monotonic() - started < 1
+                assert not first_done.is_set()
+                group.cancel_scope.cancel()
+        assert await texts(store) == ["before"]
+
+    async def test_a_run_on_a_locked_database_ends_near_its_deadline(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        model = ScriptedModel([text_response("never stored")])
+        with locked(Path(store.path)):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceededError):
+                await Agent(model=model, session_store=store).run(
+                    "hello", session_id="s", timeout=0.5
+                )
+            assert time.monotonic() - started < 3
+        assert await texts(store) == ["before"]

@@ -8,11 +8,15 @@ is cancellable by anyio cancel scopes.
 
 ``hold_session`` holds a session of any store: through the store's own ``lock`` when it
 has one, else through a ``SessionLocks`` kept for that store in this process.
+
+``TimeLeft`` carries the caller's deadline into the worker threads of the stores.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -20,15 +24,62 @@ from contextvars import ContextVar
 from typing import cast
 
 import anyio
-from attrs import define, field
+from attrs import define, field, frozen
 
 from littleghost.errors import SessionBusyError
 from littleghost.sessions.base import SessionStore
 
-__all__ = ["SessionLocks", "hold_session"]
+__all__ = ["SessionLocks", "TimeLeft", "hold_session"]
 
 _POLL = 0.05
 """Seconds a worker thread waits for a session between checks that it is still wanted."""
+_DUE = 0.05
+"""Seconds before its deadline from which a call counts as having run out of time."""
+
+
+@frozen
+class TimeLeft:
+    """The deadline of the calling task, read before its work goes to a worker thread.
+
+    Attributes:
+        deadline: ``anyio.current_effective_deadline()`` (``inf`` for none, ``-inf``
+            when already cancelled), on the event loop's clock.
+        give_up: The same instant on the ``time.monotonic()`` clock, for threads.
+    """
+
+    deadline: float
+    give_up: float
+
+    @classmethod
+    def now(cls) -> TimeLeft:
+        """The current task's deadline (call it in the task, not in a worker thread)."""
+        deadline = anyio.current_effective_deadline()
+        if math.isinf(deadline):
+            return cls(deadline, deadline)
+        return cls(deadline, time.monotonic() + (deadline - anyio.current_time()))
+
+    def seconds(self) -> float:
+        """Seconds left before the deadline (``inf`` for none, negative once passed)."""
+        return self.give_up - time.monotonic()
+
+    def cap(self, seconds: float, *, floor: float = 0.0) -> float:
+        """``seconds``, or the time left when that is shorter, but at least ``floor``."""
+        return max(min(seconds, self.seconds()), floor)
+
+    def is_due(self) -> bool:
+        """The deadline is (about) reached: waits capped by it have run out."""
+        return self.seconds() <= _DUE
+
+    async def yield_to_deadline(self) -> None:
+        """Let the deadline's cancellation go first when it is due.
+
+        A store call that failed because a wait ran into the caller's deadline raises
+        the caller's cancellation (the failure is its ``__context__``), so a deadline
+        stays a deadline; call this in an ``except`` block, then re-raise.
+        """
+        if math.isfinite(self.deadline) and self.is_due():
+            await anyio.sleep_until(self.deadline)
+            await anyio.lowlevel.checkpoint()
 
 
 @define(eq=False)

@@ -4,12 +4,23 @@ psycopg's sync API runs in worker threads (``anyio.to_thread``), so the store wo
 under asyncio and trio alike. A run holds its session through a session-level advisory
 lock on a connection of its own; the lock goes with the connection, so a worker that
 dies frees its sessions.
+
+No call waits past its caller's deadline: connecting has a timeout, server-side waits of
+a transaction end at the deadline (``statement_timeout``, so the transaction rolls back),
+and a caller that stops waiting leaves its worker thread behind after shutting the
+thread's socket down: the thread's blocking I/O fails at once, and the thread closes the
+connection, which is never used again. A connection still being opened is left to its
+``connect_timeout``; it has written nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import os
+import socket
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +41,7 @@ from littleghost.sessions.base import (
     check_session_id,
 )
 from littleghost.sessions.codec import message_from_json, messages_to_json
-from littleghost.sessions.locks import SessionLocks
+from littleghost.sessions.locks import SessionLocks, TimeLeft
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,6 +58,20 @@ _SCHEMA = (
     " body text NOT NULL, PRIMARY KEY (session_id, position))",
 )
 _TABLES = ("littleghost_meta", "littleghost_sessions", "littleghost_messages")
+_POLL = 0.05
+"""Seconds a worker thread waits for a free connection between checks that it is wanted."""
+_SHORTEST_CONNECT_TIMEOUT = 2
+"""libpq's: a shorter ``connect_timeout`` counts as 2 seconds."""
+
+
+def _milliseconds(seconds: float) -> str:
+    """A ``statement_timeout`` value: at least 1 ms (0 would mean none)."""
+    return str(max(1, math.ceil(seconds * 1000)))
+
+
+def _gone() -> SessionStoreError:
+    """Ends a worker thread whose caller stopped waiting (nobody sees it)."""
+    return SessionStoreError("PostgreSQL session store: the caller stopped waiting")
 
 
 def _lock_key(name: str) -> int:
@@ -58,29 +83,127 @@ def _lock_key(name: str) -> int:
 _SCHEMA_LOCK = _lock_key("littleghost schema")
 
 
+class _Operation:
+    """One call's work in a worker thread, which its caller may stop waiting for.
+
+    The thread attaches the connection it uses. A caller that stops waiting calls
+    ``abandon``, which shuts the attached connection's socket down (through a duplicate
+    of its descriptor, so a descriptor number that libpq closed and the process reused
+    is never touched): the thread's blocking I/O fails at once, and the thread closes
+    the connection. Nothing else opens, uses or closes a connection from another thread.
+    """
+
+    def __init__(self, time_left: TimeLeft) -> None:
+        self.time_left = time_left
+        self._guard = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._abandoned = False
+        self._delivered: psycopg.Connection[Any] | None = None
+
+    @property
+    def abandoned(self) -> bool:
+        """The caller stopped waiting."""
+        return self._abandoned
+
+    def attach(self, connection: psycopg.Connection[Any]) -> None:
+        """Make ``connection`` the one ``abandon`` shuts down.
+
+        Raises:
+            SessionStoreError: The caller already stopped waiting; the caller of
+                ``attach`` still owns (and closes) the connection.
+        """
+        duplicate = socket.socket(fileno=os.dup(connection.fileno()))
+        with self._guard:
+            if not self._abandoned:
+                self._socket = duplicate
+                return
+        duplicate.close()
+        raise _gone()
+
+    def detach(self) -> bool:
+        """Let go of the attached connection; ``False`` when the caller stopped waiting
+        (then the connection may be broken and must be closed)."""
+        with self._guard:
+            duplicate, self._socket = self._socket, None
+            wanted = not self._abandoned
+        if duplicate is not None:
+            duplicate.close()
+        return wanted
+
+    def deliver(self, connection: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        """Hand the thread's last connection, detached, over to the caller: ``abandon``
+        closes it if the caller stops waiting before it gets it.
+
+        Raises:
+            SessionStoreError: The caller already stopped waiting; the connection was
+                closed.
+        """
+        with self._guard:
+            duplicate, self._socket = self._socket, None
+            wanted = not self._abandoned
+            if wanted:
+                self._delivered = connection
+        if duplicate is not None:
+            duplicate.close()
+        if not wanted:
+            connection.close()
+            raise _gone()
+        return connection
+
+    def abandon(self) -> None:
+        """Stop waiting: end the thread's I/O on the attached connection, or close the
+        connection it delivered (never blocks)."""
+        with self._guard:
+            self._abandoned = True
+            if self._socket is not None:
+                try:
+                    self._socket.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            delivered, self._delivered = self._delivered, None
+        if delivered is not None:
+            delivered.close()
+
+
 class _Pool:
     """At most ``size`` connections for short operations, kept open between them."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+    def __init__(self, connect: Callable[[_Operation], psycopg.Connection[Any]], size: int) -> None:
         self._connect = connect
         self._slots = threading.BoundedSemaphore(size)
         self._guard = threading.Lock()
         self._idle: list[psycopg.Connection[Any]] = []
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, operation: _Operation) -> Iterator[psycopg.Connection[Any]]:
+        """A connection attached to ``operation``; back to the pool afterwards only when
+        it is sound, idle, and its caller still waits."""
         from psycopg.pq import TransactionStatus
 
-        with self._slots:
+        while not self._slots.acquire(timeout=_POLL):
+            if operation.abandoned:
+                raise _gone()
+        try:
             with self._guard:
                 connection = self._idle.pop() if self._idle else None
-            if connection is None or connection.closed or connection.broken:
-                connection = self._connect()
+            if connection is not None and (connection.closed or connection.broken):
+                connection.close()
+                connection = None
+            if connection is None:
+                connection = self._connect(operation)
+            else:
+                try:
+                    operation.attach(connection)
+                except BaseException:
+                    connection.close()
+                    raise
             try:
                 yield connection
             finally:
+                wanted = operation.detach()
                 reusable = (
-                    not connection.broken
+                    wanted
+                    and not connection.broken
                     and connection.info.transaction_status == TransactionStatus.IDLE
                 )
                 if reusable:
@@ -88,42 +211,14 @@ class _Pool:
                         self._idle.append(connection)
                 else:
                     connection.close()
+        finally:
+            self._slots.release()
 
     def close(self) -> None:
         with self._guard:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
-
-
-class _Waiter:
-    """A blocking statement in a worker thread that a cancellation can interrupt."""
-
-    def __init__(self, connection: psycopg.Connection[Any]) -> None:
-        self._connection = connection
-        self._guard = threading.Lock()
-        self._started = False
-        self._abandoned = False
-        self._done = threading.Event()
-
-    def run(self, query: str, parameters: tuple[Any, ...]) -> None:
-        with self._guard:
-            if self._abandoned:
-                return
-            self._started = True
-        try:
-            self._connection.execute(query, parameters)
-        finally:
-            self._done.set()
-
-    def interrupt(self) -> None:
-        """Stop the statement and wait until its thread has let go of the connection."""
-        with self._guard:
-            self._abandoned = True
-            if not self._started:
-                return
-        while not self._done.wait(0.05):
-            self._connection.cancel()
 
 
 class PostgresSessionStore:
@@ -136,16 +231,34 @@ class PostgresSessionStore:
     session are serialized across every process that uses the database; the wait is
     cancellable and counts against the waiting run's deadline.
 
+    No call waits past the caller's deadline (``anyio.current_effective_deadline()``):
+    a write still waiting on the server then is rolled back, and a caller cancelled
+    while the server does not answer stops waiting at once (that connection is closed,
+    never reused).
+
     Args:
         conninfo: A libpq connection string or URI.
         max_connections: Connections kept for short operations (> 0); each running
             session holds one more while it runs.
+        connect_timeout: Seconds to wait for a new connection (> 0; libpq waits at
+            least 2 s and rounds up to whole seconds); overrides ``connect_timeout``
+            in ``conninfo``.
+        statement_timeout: Seconds the server may spend on one statement of a load,
+            append or delete (> 0); waiting for a session held by another run is
+            bounded by the waiting run's deadline instead.
 
     Raises:
         ConfigurationError: psycopg 3 is not installed, or an argument is invalid.
     """
 
-    def __init__(self, conninfo: str, *, max_connections: int = 10) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 10.0,
+        statement_timeout: float = 30.0,
+    ) -> None:
         try:
             import psycopg
         except ImportError:
@@ -164,9 +277,23 @@ class PostgresSessionStore:
             raise ConfigurationError(
                 f"PostgresSessionStore: max_connections must be an int >= 1, not {max_connections!r}"
             )
+        for name, value in (
+            ("connect_timeout", connect_timeout),
+            ("statement_timeout", statement_timeout),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 < value < math.inf
+            ):
+                raise ConfigurationError(
+                    f"PostgresSessionStore: {name} must be finite seconds > 0, not {value!r}"
+                )
         self._psycopg = psycopg
         self._conninfo = conninfo
-        self._pool = _Pool(self._connect, max_connections)
+        self._connect_timeout = float(connect_timeout)
+        self._statement_timeout = float(statement_timeout)
+        self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
         self._locks = SessionLocks()
 
@@ -188,7 +315,7 @@ class PostgresSessionStore:
         """The session's messages in append order; ``()`` for an unknown session."""
         check_session_id(session_id)
         rows = await self._call(
-            lambda connection: connection.execute(
+            lambda connection, time_left: connection.execute(
                 "SELECT body FROM littleghost_messages WHERE session_id = %s ORDER BY position",
                 (session_id,),
             ).fetchall()
@@ -207,8 +334,8 @@ class PostgresSessionStore:
         if not bodies:
             return
 
-        def write(connection: psycopg.Connection[Any]) -> None:
-            with connection.transaction():
+        def write(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
+            with self._transaction(connection, time_left):
                 row = connection.execute(
                     "INSERT INTO littleghost_sessions (id, length) VALUES (%s, %s) "
                     "ON CONFLICT (id) DO UPDATE "
@@ -230,7 +357,7 @@ class PostgresSessionStore:
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
         rows = await self._call(
-            lambda connection: connection.execute(
+            lambda connection, time_left: connection.execute(
                 "SELECT id FROM littleghost_sessions ORDER BY created"
             ).fetchall()
         )
@@ -244,8 +371,8 @@ class PostgresSessionStore:
         """
         check_session_id(session_id)
 
-        def remove(connection: psycopg.Connection[Any]) -> None:
-            with connection.transaction():
+        def remove(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
+            with self._transaction(connection, time_left):
                 cursor = connection.execute(
                     "DELETE FROM littleghost_sessions WHERE id = %s", (session_id,)
                 )
@@ -271,27 +398,77 @@ class PostgresSessionStore:
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
         async with self._locks.hold(session_id):
-            connection = await anyio.to_thread.run_sync(self._guarded, self._connect)
+            # A thread of its own: long waits for sessions do not starve other calls.
+            connection = await self._dispatch(
+                lambda operation: self._take_lock(operation, session_id),
+                limiter=anyio.CapacityLimiter(1),
+            )
             try:
-                waiter = _Waiter(connection)
-                try:
-                    await anyio.to_thread.run_sync(
-                        self._guarded,
-                        lambda: waiter.run("SELECT pg_advisory_lock(%s)", (_lock_key(session_id),)),
-                        abandon_on_cancel=True,
-                        limiter=anyio.CapacityLimiter(1),
-                    )
-                except anyio.get_cancelled_exc_class():
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(waiter.interrupt)
-                    raise
                 yield
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(connection.close)
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        return self._psycopg.connect(self._conninfo, autocommit=True)
+    def _take_lock(self, operation: _Operation, session_id: str) -> psycopg.Connection[Any]:
+        """A new connection holding the session's advisory lock; the server-side wait
+        ends at the caller's deadline (none without one)."""
+        seconds = operation.time_left.seconds()
+        limit = "0" if math.isinf(seconds) else _milliseconds(seconds)
+        connection = self._connect(operation, limit)
+        try:
+            connection.execute("SELECT pg_advisory_lock(%s)", (_lock_key(session_id),))
+        except BaseException:
+            operation.detach()
+            connection.close()
+            raise
+        return operation.deliver(connection)
+
+    def _pooled(self, operation: _Operation) -> psycopg.Connection[Any]:
+        return self._connect(operation, _milliseconds(self._statement_timeout))
+
+    def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
+        """A new connection attached to ``operation``, with its ``statement_timeout``.
+
+        Opening it is bounded by ``connect_timeout`` or the time left, whichever is
+        shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
+        the thread to finish, then close it.
+        """
+        seconds = operation.time_left.cap(self._connect_timeout)
+        try:
+            connection = self._psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=max(_SHORTEST_CONNECT_TIMEOUT, math.ceil(seconds)),
+            )
+        except self._psycopg.Error as error:
+            # psycopg's error keeps the half-open connection (and its socket) in a
+            # reference cycle through its traceback until the garbage collector runs.
+            traceback.clear_frames(error.__traceback__)
+            raise
+        try:
+            operation.attach(connection)
+            connection.execute(
+                "SELECT set_config('statement_timeout', %s, false)", (statement_timeout,)
+            )
+        except BaseException:
+            operation.detach()
+            connection.close()
+            raise
+        return connection
+
+    @contextmanager
+    def _transaction(
+        self, connection: psycopg.Connection[Any], time_left: TimeLeft
+    ) -> Iterator[None]:
+        """A transaction whose statements the server ends at the caller's deadline (so
+        that it rolls back) when that comes before ``statement_timeout``."""
+        with connection.transaction():
+            seconds = time_left.seconds()
+            if seconds < self._statement_timeout:
+                connection.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", (_milliseconds(seconds),)
+                )
+            yield
 
     def _guarded(self, work: Callable[[], T]) -> T:
         try:
@@ -302,19 +479,46 @@ class PostgresSessionStore:
                 f"PostgreSQL session store failed: {type(error).__name__}: {first_line}"
             ) from error
 
-    async def _call(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        return await anyio.to_thread.run_sync(self._guarded, lambda: self._run(work))
+    async def _call(self, work: Callable[[psycopg.Connection[Any], TimeLeft], T]) -> T:
+        return await self._dispatch(lambda operation: self._run(operation, work))
 
-    def _run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        with self._pool.connection() as connection:
+    async def _dispatch(
+        self,
+        job: Callable[[_Operation], T],
+        *,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> T:
+        """Run ``job`` in a worker thread that the caller stops waiting for when it is
+        cancelled (its deadline included)."""
+        operation = _Operation(TimeLeft.now())
+        try:
+            return await anyio.to_thread.run_sync(
+                self._guarded,
+                lambda: job(operation),
+                abandon_on_cancel=True,
+                limiter=limiter,
+            )
+        except SessionStoreError:
+            await operation.time_left.yield_to_deadline()
+            raise
+        except BaseException:
+            operation.abandon()
+            raise
+
+    def _run(
+        self,
+        operation: _Operation,
+        work: Callable[[psycopg.Connection[Any], TimeLeft], T],
+    ) -> T:
+        with self._pool.connection(operation) as connection:
             if not self._ready:
-                self._prepare(connection)
+                self._prepare(connection, operation.time_left)
                 self._ready = True
-            return work(connection)
+            return work(connection, operation.time_left)
 
-    def _prepare(self, connection: psycopg.Connection[Any]) -> None:
+    def _prepare(self, connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
         """Check the tables are a littleghost store of a known schema; make them if absent."""
-        with connection.transaction():
+        with self._transaction(connection, time_left):
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             found = connection.execute(
                 "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", _TABLES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import threading
@@ -27,7 +28,7 @@ from littleghost.sessions.base import (
 )
 from littleghost.sessions.codec import message_from_json, messages_to_json
 from littleghost.sessions.filelock import LockFile, lock_file
-from littleghost.sessions.locks import SessionLocks
+from littleghost.sessions.locks import SessionLocks, TimeLeft
 
 __all__ = ["SQLiteSessionStore"]
 
@@ -38,8 +39,13 @@ _SCHEMA = (
     " body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
 )
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
+_SHORTEST_WAIT = 0.005
+"""Seconds a call waits for a lock at least, even at or past its deadline."""
+_LONGEST_BUSY_TIMEOUT_MS = 2**31 - 1
 
 T = TypeVar("T")
 
@@ -61,7 +67,7 @@ def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
     return locks, lock_file(key + _LOCK_FILE_SUFFIX)
 
 
-def _store_error(error: sqlite3.Error, path: str) -> SessionStoreError:
+def _store_error(error: sqlite3.Error, path: str, waited: str) -> SessionStoreError:
     code = getattr(error, "sqlite_errorcode", None)
     text = str(error)
     damaged = code is not None and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
@@ -69,18 +75,13 @@ def _store_error(error: sqlite3.Error, path: str) -> SessionStoreError:
         return CorruptSessionStoreError(
             f"{path!r} is not a littleghost session store or is damaged ({text})"
         )
+    busy = code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    if busy or "database is locked" in text or "database table is locked" in text:
+        return SessionStoreError(
+            f"SQLite session store {path!r} is busy: the database stayed locked by another "
+            f"connection {waited} ({text}); nothing was changed"
+        )
     return SessionStoreError(f"SQLite session store {path!r} failed: {text}")
-
-
-def _transaction(connection: sqlite3.Connection, work: Callable[[], T]) -> T:
-    connection.execute("BEGIN IMMEDIATE")
-    try:
-        result = work()
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    connection.execute("COMMIT")
-    return result
 
 
 class SQLiteSessionStore:
@@ -101,7 +102,9 @@ class SQLiteSessionStore:
 
     Args:
         path: The database file (``":memory:"`` for a private in-memory database).
-        timeout: Seconds to wait for another process's write to finish (> 0).
+        timeout: Seconds to wait for another connection's write to finish (> 0); a call
+            waits at most until the caller's deadline
+            (``anyio.current_effective_deadline()``) when that comes sooner.
 
     Raises:
         CorruptSessionStoreError: (on use) The file is not an SQLite database, is damaged,
@@ -114,14 +117,20 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must be a str or a path, not {path!r}"
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf
+        ):
             raise ConfigurationError(
-                f"SQLiteSessionStore: timeout must be seconds > 0, not {timeout!r}"
+                f"SQLiteSessionStore: timeout must be finite seconds > 0, not {timeout!r}"
             )
         self._path: str = os.fspath(path)
         self._timeout = float(timeout)
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._time_left = TimeLeft(math.inf, math.inf)
+        """The deadline of the call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
 
     @property
@@ -186,7 +195,9 @@ class SQLiteSessionStore:
                 [(session_id, start + index, body) for index, body in enumerate(bodies)],
             )
 
-        await self._call(lambda connection: _transaction(connection, lambda: write(connection)))
+        await self._call(
+            lambda connection: self._transaction(connection, lambda: write(connection))
+        )
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
@@ -217,7 +228,9 @@ class SQLiteSessionStore:
                 "DELETE FROM littleghost_messages WHERE session_id = ?", (session_id,)
             )
 
-        await self._call(lambda connection: _transaction(connection, lambda: remove(connection)))
+        await self._call(
+            lambda connection: self._transaction(connection, lambda: remove(connection))
+        )
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.
@@ -241,15 +254,56 @@ class SQLiteSessionStore:
                     yield
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await anyio.to_thread.run_sync(self._run, work)
+        # Every wait in the thread ends by the caller's deadline, so the thread is never
+        # abandoned: a write it committed after its caller left would be lost to the run.
+        time_left = TimeLeft.now()
+        try:
+            return await anyio.to_thread.run_sync(self._run, work, time_left)
+        except SessionStoreError:
+            await time_left.yield_to_deadline()
+            raise
 
-    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        with self._guard:
-            try:
-                connection = self._connection or self._open()
-                return work(connection)
-            except sqlite3.Error as error:
-                raise _store_error(error, self._path) from error
+    def _run(self, work: Callable[[sqlite3.Connection], T], time_left: TimeLeft) -> T:
+        if not self._guard.acquire(timeout=time_left.cap(self._timeout, floor=_SHORTEST_WAIT)):
+            raise SessionStoreError(
+                f"SQLite session store {self._path!r} is busy: another call of this store "
+                f"did not finish {self._waited(time_left)}; nothing was changed"
+            )
+        try:
+            self._time_left = time_left
+            connection = self._connection or self._open()
+            self._cap(connection)
+            return work(connection)
+        except sqlite3.Error as error:
+            raise _store_error(error, self._path, self._waited(time_left)) from error
+        finally:
+            self._guard.release()
+
+    def _waited(self, time_left: TimeLeft) -> str:
+        """How long a failed call waited, for its error message."""
+        if time_left.is_due():
+            return "until the caller's deadline"
+        return f"for the store's timeout of {self._timeout:g} s"
+
+    def _cap(self, connection: sqlite3.Connection) -> None:
+        """Let the next statement wait for other connections' locks only until the
+        store's timeout or the caller's deadline, whichever comes first."""
+        seconds = self._time_left.cap(self._timeout, floor=_SHORTEST_WAIT)
+        milliseconds = min(math.ceil(seconds * 1000), _LONGEST_BUSY_TIMEOUT_MS)
+        connection.execute(f"PRAGMA busy_timeout = {milliseconds}")
+
+    def _transaction(self, connection: sqlite3.Connection, work: Callable[[], T]) -> T:
+        self._cap(connection)
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            result = work()
+            self._cap(connection)
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+        return result
 
     def _close(self) -> None:
         with self._guard:
@@ -262,6 +316,7 @@ class SQLiteSessionStore:
             self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
         )
         try:
+            self._cap(connection)
             self._prepare(connection)
         except BaseException:
             connection.close()
@@ -276,7 +331,8 @@ class SQLiteSessionStore:
         """
         if not _entries(connection):
             self._use_wal(connection)
-            _transaction(connection, lambda: _create(connection))
+            self._transaction(connection, lambda: _create(connection))
+        self._cap(connection)
         tables = {name for name, kind in _entries(connection) if kind == "table"}
         if "littleghost_meta" not in tables:
             raise CorruptSessionStoreError(
@@ -284,6 +340,7 @@ class SQLiteSessionStore:
                 "littleghost session store; it was left untouched"
             )
         try:
+            self._cap(connection)
             meta = dict(connection.execute("SELECT key, value FROM littleghost_meta").fetchall())
         except sqlite3.OperationalError as error:
             if "no such column" not in str(error):
@@ -297,10 +354,11 @@ class SQLiteSessionStore:
 
     def _use_wal(self, connection: sqlite3.Connection) -> None:
         """Switch a new file to WAL mode; SQLite does not wait for other connections
-        here, so a busy file is retried until ``timeout``."""
-        give_up = time.monotonic() + self._timeout
+        here, so a busy file is retried until ``timeout`` or the caller's deadline."""
+        give_up = time.monotonic() + self._time_left.cap(self._timeout)
         while True:
             try:
+                self._cap(connection)
                 connection.execute("PRAGMA journal_mode=WAL")
                 return
             except sqlite3.OperationalError as error:
