@@ -2,8 +2,12 @@
 
 Supported parameter types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` /
 ``tuple`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
-``Literal``, ``Enum`` subclasses, attrs classes, ``Any`` and ``Annotated[T, "description"]``.
-A parameter named ``context`` receives the ``RunContext`` and is not shown to the model.
+``Literal``, ``Enum`` subclasses (with JSON values), attrs classes (not recursive), ``Any``
+and ``Annotated[T, "description"]``. A parameter annotated ``RunContext``, whatever its
+name, receives the run's context and is not shown to the model (an annotation that cannot
+be resolved, as when ``RunContext`` is imported under ``TYPE_CHECKING``, counts when its
+text is ``RunContext`` or ends with ``.RunContext``); a parameter named ``context`` with
+another annotation is an ordinary argument.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ import enum
 import functools
 import inspect
 import json
+import logging
+import math
 import re
+import threading
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -22,14 +29,19 @@ import anyio.to_thread
 import attrs
 from attrs import frozen
 
+from littleghost._validators import is_number
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.models.base import ToolSpec
 
-__all__ = ["ToolArgumentError", "ToolDefinition", "tool"]
+__all__ = ["ToolArgumentError", "ToolDefinition", "index_tools", "tool"]
+
+logger = logging.getLogger(__name__)
 
 _MARK = "__littleghost_tool__"
 _NONE_TYPE = type(None)
+_CONTEXT = object()
+"""Stands for a ``RunContext`` annotation that cannot be resolved."""
 
 
 class ToolArgumentError(ValueError):
@@ -46,15 +58,21 @@ class _Parameter:
 
 @frozen
 class ToolDefinition:
-    """A tool: what the model is told, and how to call it."""
+    """A tool: what the model is told, and how to call it.
+
+    ``context_parameter`` is the parameter that receives the ``RunContext`` (``None``
+    when the tool takes none); ``timeout`` is how long a call may run, in seconds
+    (``None``: no limit of its own).
+    """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
     function: Callable[..., Any]
     is_method: bool
-    takes_context: bool
+    context_parameter: str | None
     signature: tuple[_Parameter, ...]
+    timeout: float | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -67,12 +85,15 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    timeout: float | None = None,
 ) -> Any:
     """Declare a function or method as a tool.
 
-    Use bare (``@tool``) or with ``name=`` / ``description=``, on a function, a method
-    or a ``staticmethod`` (either side of ``@staticmethod``). The description defaults
-    to the docstring; parameter descriptions come from its ``Args:`` section.
+    Use bare (``@tool``) or with ``name=`` / ``description=`` / ``timeout=``, on a
+    function, a method or a ``staticmethod`` (either side of ``@staticmethod``). The
+    description defaults to the docstring; parameter descriptions come from its
+    ``Args:`` section. ``timeout`` (seconds, a positive finite number) bounds each call:
+    when it passes, the call gets an error result and the run goes on.
     """
 
     def mark(target: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,7 +104,16 @@ def tool(
             raise ConfigurationError(f"@tool decorates a function or method, not {target!r}")
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
             raise ConfigurationError(f"@tool: name must match {_NAME.pattern}, not {name!r}")
-        options = {"name": name, "description": description}
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
+            raise ConfigurationError(
+                "@tool: timeout must be a positive finite number of seconds or None, "
+                f"not {timeout!r}"
+            )
+        options = {
+            "name": name,
+            "description": description,
+            "timeout": None if timeout is None else float(timeout),
+        }
         earlier = tool_options(function)
         if earlier is not None and earlier != options:
             raise ConfigurationError(
@@ -125,7 +155,10 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     A ``staticmethod`` is defined as the plain function it wraps.
 
     Raises:
-        ConfigurationError: No docstring, a missing or unsupported annotation.
+        ConfigurationError: No docstring, a missing or unsupported annotation, two
+            ``RunContext`` parameters, ``*args`` / ``**kwargs`` or a positional-only
+            parameter.
+        NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
     """
     if isinstance(function, staticmethod):
         function, is_method = function.__func__, False
@@ -148,20 +181,30 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     properties: dict[str, Any] = {}
     required: list[str] = []
     signature: list[_Parameter] = []
-    takes_context = False
+    context_parameter: str | None = None
     for parameter in parameters:
-        if parameter.name == "context":
-            takes_context = True
-            continue
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             raise ConfigurationError(
                 f"tool {tool_name!r}: *args and **kwargs cannot be described to a model"
+            )
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"tool {tool_name!r}: parameter {parameter.name!r} is positional-only; "
+                "tools are called with keyword arguments"
             )
         if parameter.name not in hints:
             raise ConfigurationError(
                 f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation"
             )
         annotation = hints[parameter.name]
+        if _is_run_context(annotation):
+            if context_parameter is not None:
+                raise ConfigurationError(
+                    f"tool {tool_name!r}: parameters {context_parameter!r} and "
+                    f"{parameter.name!r} are both annotated RunContext; a tool takes at most one"
+                )
+            context_parameter = parameter.name
+            continue
         where = f"tool {tool_name!r}, parameter {parameter.name!r}"
         schema = dict(json_schema(annotation, where))
         if parameter.name in arg_docs and "description" not in schema:
@@ -188,22 +231,96 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
         schema_object,
         function,
         is_method,
-        takes_context,
+        context_parameter,
         tuple(signature),
+        options.get("timeout"),
     )
 
 
+def index_tools(
+    owner: str,
+    methods: Mapping[str, ToolDefinition],
+    functions: Sequence[ToolDefinition],
+) -> dict[str, tuple[ToolDefinition, str | None]]:
+    """Index an agent's tools by name: ``{name: (definition, attribute or None)}``.
+
+    Args:
+        owner: Who declares them, for the message (``"Support"``).
+        methods: The ``@tool`` methods by attribute name, parents' first.
+        functions: The definitions of the plain functions in ``tools``, in order.
+
+    Raises:
+        ConfigurationError: Two tools have one name (the message names both places).
+    """
+    index: dict[str, tuple[ToolDefinition, str | None]] = {}
+    places: dict[str, str] = {}
+    entries: list[tuple[ToolDefinition, str | None, str]] = [
+        (definition, attribute, f"method {attribute!r}")
+        for attribute, definition in methods.items()
+    ]
+    entries.extend(
+        (definition, None, f"tools[{position}] ({_qualname(definition.function)})")
+        for position, definition in enumerate(functions)
+    )
+    for definition, attribute, place in entries:
+        if definition.name in index:
+            raise ConfigurationError(
+                f"{owner}: two tools are named {definition.name!r}: {places[definition.name]} "
+                f"and {place}; tool names must be unique (rename one with @tool(name=...))"
+            )
+        index[definition.name] = (definition, attribute)
+        places[definition.name] = place
+    return index
+
+
+def _qualname(function: Callable[..., Any]) -> str:
+    return str(getattr(function, "__qualname__", None) or type(function).__name__)
+
+
+def _run_context_class() -> type:
+    """``littleghost.run.RunContext``, imported when first needed (run.py may use tools)."""
+    from littleghost.run import RunContext
+
+    return RunContext
+
+
+def _is_run_context(annotation: Any) -> bool:
+    return annotation is _CONTEXT or annotation is _run_context_class()
+
+
+def _names_run_context(text: str) -> bool:
+    """True for the text of a ``RunContext`` annotation: ``RunContext``, ``x.RunContext``."""
+    text = text.strip().strip("'\"").strip()
+    return text == "RunContext" or text.endswith(".RunContext")
+
+
 def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
-    """Resolved annotations; ``context`` may stay an unresolvable forward reference."""
+    """Resolved parameter annotations.
+
+    An annotation naming ``RunContext`` that cannot be resolved (imported only under
+    ``TYPE_CHECKING``) becomes ``_CONTEXT``; the return annotation may be unresolvable.
+
+    Raises:
+        NameError: Another parameter annotation cannot be resolved.
+    """
     try:
         return typing.get_type_hints(function, include_extras=True)
     except NameError:
-        annotations = dict(getattr(function, "__annotations__", {}))
-        annotations.pop("context", None)
-        annotations.pop("return", None)
+        pass
+    annotations = dict(getattr(function, "__annotations__", {}))
+    annotations.pop("return", None)
+    hints: dict[str, Any] = {}
+    for name, annotation in annotations.items():
         probe = types.FunctionType(_probe.__code__, getattr(function, "__globals__", {}))
-        probe.__annotations__ = annotations
-        return typing.get_type_hints(probe, include_extras=True)
+        probe.__annotations__ = {name: annotation}
+        try:
+            hints[name] = typing.get_type_hints(probe, include_extras=True)[name]
+        except NameError:
+            if isinstance(annotation, str) and _names_run_context(annotation):
+                hints[name] = _CONTEXT
+            else:
+                raise
+    return hints
 
 
 def _probe() -> None:  # pragma: no cover - only its code object is used
@@ -260,8 +377,20 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
     """The JSON schema for a parameter annotation.
 
     Raises:
-        ConfigurationError: The annotation cannot be described to a model.
+        ConfigurationError: The annotation cannot be described to a model (the message
+            says where and why).
     """
+    return _schema(annotation, where, ())
+
+
+def _is_json_scalar(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (str, int, bool))
+
+
+def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, Any]:
+    """``json_schema``, with ``outer`` the attrs classes being described around it."""
     if annotation is Any:
         return {}
     if annotation is None or annotation is _NONE_TYPE:
@@ -277,23 +406,35 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
-        schema = dict(json_schema(args[0], where))
+        schema = dict(_schema(args[0], where, outer))
         for extra in args[1:]:
             if isinstance(extra, str):
                 schema["description"] = extra
         return schema
     if origin is Literal:
         values = list(args)
-        if not all(isinstance(value, (str, int, float, bool)) or value is None for value in values):
+        if not all(_is_json_scalar(value) for value in values):
             raise ConfigurationError(
-                f"{where}: Literal values must be str, int, float, bool or None"
+                f"{where}: Literal values must be str, int, finite float, bool or None"
             )
         return {"enum": values}
     if origin in (Union, types.UnionType):
-        return {"anyOf": [json_schema(arg, where) for arg in args]}
+        return {"anyOf": [_schema(arg, where, outer) for arg in args]}
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return {"enum": [member.value for member in annotation]}
+        values = [member.value for member in annotation]
+        if not all(_is_json_scalar(value) for value in values):
+            raise ConfigurationError(
+                f"{where}: the values of the enum {annotation.__qualname__} must be str, int, "
+                "finite float, bool or None to be described as JSON"
+            )
+        return {"enum": values}
     if isinstance(annotation, type) and attrs.has(annotation):
+        if annotation in outer:
+            raise ConfigurationError(
+                f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
+                "be described as JSON schema"
+            )
+        inner = (*outer, annotation)
         fields = attrs.fields(attrs.resolve_types(annotation))
         properties = {}
         required = []
@@ -304,8 +445,8 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
                 raise ConfigurationError(
                     f"{where}: field {attribute.name!r} of {annotation.__name__} has no type"
                 )
-            properties[attribute.alias] = json_schema(
-                attribute.type, f"{where}, field {attribute.name!r}"
+            properties[attribute.alias] = _schema(
+                attribute.type, f"{where}, field {attribute.name!r}", inner
             )
             if attribute.default is attrs.NOTHING:
                 required.append(attribute.alias)
@@ -317,13 +458,13 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
         }
     if annotation in (list, tuple, set, frozenset) or origin in (list, set, frozenset, Sequence):
         item = args[0] if args else Any
-        return {"type": "array", "items": json_schema(item, where)}
+        return {"type": "array", "items": _schema(item, where, outer)}
     if annotation is tuple or origin is tuple:
         if not args or (len(args) == 2 and args[1] is Ellipsis):
-            return {"type": "array", "items": json_schema(args[0] if args else Any, where)}
+            return {"type": "array", "items": _schema(args[0] if args else Any, where, outer)}
         return {
             "type": "array",
-            "prefixItems": [json_schema(arg, where) for arg in args],
+            "prefixItems": [_schema(arg, where, outer) for arg in args],
             "minItems": len(args),
             "maxItems": len(args),
         }
@@ -331,7 +472,7 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
         if args and args[0] is not str:
             raise ConfigurationError(f"{where}: dict keys must be str to be JSON, not {args[0]!r}")
         value = args[1] if args else Any
-        return {"type": "object", "additionalProperties": json_schema(value, where)}
+        return {"type": "object", "additionalProperties": _schema(value, where, outer)}
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
         "float, bool, None, list, tuple, dict, Optional, Literal, an Enum or an attrs class)"
@@ -522,17 +663,75 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
-async def invoke(function: Callable[..., Any], kwargs: dict[str, Any]) -> str:
-    """Call a tool (sync tools in a worker thread) and render what it returned."""
+async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> str:
+    """Call a tool and render what it returned.
+
+    A sync tool runs in a worker thread that cannot be stopped: when the caller stops
+    waiting (cancellation, a timeout), the thread runs on, and whatever it finally
+    returns or raises is discarded with one log line naming the tool ``name``.
+    """
     if inspect.iscoroutinefunction(function):
         value = await function(**kwargs)
     else:
-        value = await anyio.to_thread.run_sync(
-            functools.partial(function, **kwargs), abandon_on_cancel=True
-        )
+        value = await _in_thread(functools.partial(function, **kwargs), name)
         if inspect.isawaitable(value):
             value = await value
     return render_result(value)
+
+
+class _ThreadCall:
+    """One sync tool call in a worker thread, and whether its caller stopped waiting."""
+
+    def __init__(self, call: Callable[[], Any], name: str) -> None:
+        self.call = call
+        self.name = name
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.outcome: str | None = None  # "returned" or "raised ...", once finished
+        self.raised: BaseException | None = None
+
+    def run(self) -> Any:
+        """Run in the worker thread."""
+        try:
+            value = self.call()
+        except BaseException as error:
+            self.raised = error
+            self.finish(f"raised {type(error).__name__}")
+            raise
+        self.finish("returned")
+        return value
+
+    def finish(self, outcome: str) -> None:
+        with self.lock:
+            self.outcome = outcome
+            late = self.abandoned
+        if late:
+            self.discarded(outcome)
+
+    def abandon(self) -> None:
+        """The caller stopped waiting; log now if the call had already finished."""
+        with self.lock:
+            self.abandoned = True
+            outcome = self.outcome
+        if outcome is not None:
+            self.discarded(outcome)
+
+    def discarded(self, outcome: str) -> None:
+        logger.warning(
+            "tool %r: a call the run stopped waiting for has %s; its late result was discarded",
+            self.name,
+            outcome,
+        )
+
+
+async def _in_thread(call: Callable[[], Any], name: str) -> Any:
+    thread_call = _ThreadCall(call, name)
+    try:
+        return await anyio.to_thread.run_sync(thread_call.run, abandon_on_cancel=True)
+    except BaseException as error:
+        if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
+            thread_call.abandon()
+        raise
 
 
 def error_result(call: ToolCall, text: str) -> ToolResult:

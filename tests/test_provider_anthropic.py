@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anthropic
@@ -185,7 +186,7 @@ async def test_request_translation(make_model: Callable[..., AnthropicModel]) ->
             Message("user", [ImagePart(url="https://example.com/cat.png")]),
         ],
         [ADD],
-        {"stop": "END", "seed": 7, "tool_choice": "required", "parallel_tool_calls": False},
+        {"stop": "END", "tool_choice": "required", "parallel_tool_calls": False},
     )
     response = await make_model(server).respond(request)
     assert response.message.text == "ok"
@@ -243,7 +244,7 @@ async def test_request_translation(make_model: Callable[..., AnthropicModel]) ->
     ]
     assert body["stop_sequences"] == ["END"]
     assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
-    assert "seed" not in body and "stop" not in body
+    assert "stop" not in body and "parallel_tool_calls" not in body
 
 
 async def test_settings_follow_what_the_sdk_takes(
@@ -256,16 +257,58 @@ async def test_settings_follow_what_the_sdk_takes(
             "max_tokens": 300,
             "user": "customer-42",
             "tool_choice": {"type": "function", "function": {"name": "add"}},
-            "frequency_penalty": 0.5,
+            "service_tier": "auto",
         },
     )
     await make_model(server).respond(request)
     [body] = server.bodies
     assert body["max_tokens"] == 300
     assert body["metadata"] == {"user_id": "customer-42"}
+    assert body["service_tier"] == "auto"  # a setting the SDK takes goes as it is
     assert "tool_choice" not in body  # no tools in this request
-    assert "frequency_penalty" not in body
     assert "system" not in body
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["respond", "stream"])
+async def test_a_setting_the_sdk_does_not_take_fails_before_sending(
+    make_model: Callable[..., AnthropicModel], streaming: bool
+) -> None:
+    """An unknown setting is a ConfigurationError naming it and what is accepted; nothing
+    is sent, and the setting's value is not in the message."""
+    server = FakeServer()
+    model = make_model(server)
+    request = ModelRequest(
+        [Message.user("hi")], settings={"max_tokens": 10, "seed": 123456789, "top_q": 1}
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        if streaming:
+            async with aclosing(model.stream(request)) as events:
+                async for _ in events:
+                    pass
+        else:
+            await model.respond(request)
+    text = str(caught.value)
+    assert "'seed'" in text  # the first unknown one, in sorted order
+    assert "123456789" not in text
+    for accepted in ("max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"):
+        assert accepted in text
+    assert "metadata" in text and "stop_sequences" in text  # what the SDK takes
+    assert "extra_body" not in text and "messages" not in text  # littleghost's own
+    assert server.requests == []
+
+
+async def test_a_setting_the_sdk_does_not_take_fails_an_agent_run(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Through an agent the unknown setting fails the run before any request is sent."""
+    server = FakeServer()
+
+    class Seeded(Agent):
+        settings = {"seed": 7}
+
+    with pytest.raises(ConfigurationError, match="'seed'"):
+        await Seeded(model=make_model(server)).run("hi")
+    assert server.requests == []
 
 
 async def test_response_translation(make_model: Callable[..., AnthropicModel]) -> None:

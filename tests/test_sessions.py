@@ -7,6 +7,7 @@ server is configured).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from littleghost.sessions import (
     message_from_json,
     message_to_json,
 )
+from littleghost.sessions.codec import MAX_DEPTH, check_storable
 
 from .stores import KINDS, BuiltinStore, PlainStore, open_store
 
@@ -123,6 +125,13 @@ def every_field() -> list[Message]:
     ]
 
 
+class Secret:
+    """A value whose repr must never reach an error message."""
+
+    def __repr__(self) -> str:
+        return "S3CRET"
+
+
 class TestCodec:
     def test_every_field_round_trips(self) -> None:
         messages = every_field()
@@ -160,6 +169,175 @@ class TestCodec:
     def test_damaged_records_are_reported_as_corrupt(self, text: str) -> None:
         with pytest.raises(CorruptSessionStoreError):
             message_from_json(text)
+
+    @pytest.mark.parametrize(
+        ("text", "named"),
+        [
+            ('{"id": "m", "role": "S3CRET", "content": [], "metadata": {}}', "'role'"),
+            ('{"id": ["S3CRET"], "role": "user", "content": [], "metadata": {}}', "'id'"),
+            ('{"id": "m", "role": "user", "content": "S3CRET", "metadata": {}}', "'content'"),
+            ('{"id": "m", "role": "user", "content": [], "metadata": ["S3CRET"]}', "'metadata'"),
+            ('{"id": "m", "role": "user", "content": [], "metadata": {"$S3CRET": 1}}', "$ tag"),
+            ('{"id": "m", "role": "user", "content": ["S3CRET"], "metadata": {}}', "content[0]"),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "S3CRET"}], "metadata": {}}',
+                "content[0] has no known part type",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "text"}], "metadata": {}}',
+                "content[0] (text) has no 'text' field",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "text", "text": ["S3CRET"]}],'
+                ' "metadata": {}}',
+                "content[0] (text) has a field of the wrong type",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "image", "data": "S3CRET%",'
+                ' "url": null, "media_type": null}], "metadata": {}}',
+                "content[0] (image) has 'data' that is not base64",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "image", "data": "\\u00e9S3CRET",'
+                ' "url": null, "media_type": null}], "metadata": {}}',
+                "content[0] (image) has 'data' that is not base64",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"type": "image", "data": null,'
+                ' "url": null, "media_type": "S3CRET"}], "metadata": {}}',
+                "content[0] (image) has a field of the wrong type",
+            ),
+            (
+                '{"id": "m", "role": "assistant", "content": [{"type": "tool_call", "id": "c",'
+                ' "name": "f", "arguments": {"a": {"$S3CRET": 1}}}], "metadata": {}}',
+                "content[0] (tool_call) 'arguments' holds an object with an unknown $ tag",
+            ),
+            (
+                '{"id": "m", "role": "tool", "content": [{"type": "tool_result", "call_id": "c",'
+                ' "content": "x", "is_error": "S3CRET"}], "metadata": {}}',
+                "content[0] (tool_result) has a field of the wrong type",
+            ),
+            ('{"id": "m", "role": "user" S3CRET}', "not valid JSON (at character 27)"),
+            ('"S3CRET"', "not a JSON object"),
+        ],
+        ids=[
+            "role",
+            "id",
+            "content",
+            "metadata",
+            "tag",
+            "part",
+            "part-type",
+            "part-field",
+            "part-field-type",
+            "base64",
+            "base64-non-ascii",
+            "image-shape",
+            "argument-tag",
+            "is-error",
+            "json",
+            "not-object",
+        ],
+    )
+    def test_corruption_errors_name_the_field_never_stored_content(
+        self, text: str, named: str
+    ) -> None:
+        """Every decoding error says which field or shape is wrong, and quotes nothing stored."""
+        with pytest.raises(CorruptSessionStoreError) as caught:
+            message_from_json(text)
+        assert named in str(caught.value)
+        assert "S3CRET" not in str(caught.value)
+
+    @pytest.mark.parametrize("deep", ["[" * 100_000, '{"a":' * 100_000], ids=["array", "object"])
+    def test_json_nested_too_deep_is_corrupt(self, deep: str) -> None:
+        """JSON deeper than the parser goes is a corrupt record, not a RecursionError."""
+        text = f'{{"id": "m", "role": "user", "content": [], "metadata": {{"a": {deep}}}}}'
+        with pytest.raises(CorruptSessionStoreError, match="nested too deep"):
+            message_from_json(text)
+
+    @pytest.mark.parametrize("depth", [MAX_DEPTH, 5_000], ids=["over-the-limit", "far-over"])
+    def test_values_nested_deeper_than_max_depth_are_corrupt(self, depth: int) -> None:
+        """A decoded body deeper than MAX_DEPTH (which no encoder writes) is corrupt."""
+        value: Any = []
+        for _ in range(depth):
+            value = {"$tuple": [value]}
+        data = {"id": "m", "role": "user", "content": [], "metadata": {"a": value}}
+        with pytest.raises(CorruptSessionStoreError, match=f"more than {MAX_DEPTH} levels"):
+            decode_message(data)
+
+    def test_values_nest_up_to_max_depth(self) -> None:
+        """MAX_DEPTH levels round-trip, in metadata and arguments; one more is refused."""
+        value: Any = "leaf"
+        for level in range(MAX_DEPTH - 1):
+            value = (value,) if level % 2 else [value]
+        call = ToolCall("c", "f", {"a": value})
+        message = Message.assistant(tool_calls=(call,), metadata={"a": value})
+        assert_identical((message_from_json(message_to_json(message)),), [message])
+        with pytest.raises(
+            UnstorableValueError,
+            match=rf"metadata\['a'\]{re.escape('[0]' * (MAX_DEPTH - 1))} nests",
+        ):
+            message_to_json(Message.user("x", metadata={"a": [value]}))
+        with pytest.raises(UnstorableValueError, match=r"content\[0\]\.arguments\['a'\]"):
+            message_to_json(Message.assistant(tool_calls=(ToolCall("c", "f", {"a": [value]}),)))
+
+    @pytest.mark.parametrize(
+        ("value", "kind"),
+        [
+            ({"S3CRET"}, "set"),
+            (b"S3CRET", "bytes"),
+            (frozenset({"S3CRET"}), "frozenset"),
+            (float("nan"), "float that is not finite"),
+            (float("-inf"), "float that is not finite"),
+            (Secret(), "Secret"),
+            (10**5000, "int with too many digits"),
+        ],
+        ids=["set", "bytes", "frozenset", "nan", "inf", "object", "huge-int"],
+    )
+    def test_unstorable_values_are_named_by_their_field_not_shown(
+        self, value: object, kind: str
+    ) -> None:
+        """Encoding errors name the message, the field path and the value's kind, never
+        the value; tool-call arguments are named ``content[i].arguments[...]``."""
+        shown = "10000000000" if isinstance(value, int) else repr(value)  # no repr: too long
+        metadata = Message.user("x", id="m1", metadata={"outer": {"key": value}})
+        with pytest.raises(UnstorableValueError) as caught:
+            message_to_json(metadata)
+        text = str(caught.value)
+        assert text.startswith("message 'm1': metadata['outer']['key'] is a") and kind in text
+        assert "S3CRET" not in text and shown not in text
+        call = Message.assistant(
+            "calling",
+            tool_calls=(ToolCall("c1", "f", {}), ToolCall("c2", "f", {"x": [value]})),
+            id="m2",
+        )
+        with pytest.raises(UnstorableValueError) as caught:
+            check_storable([call])
+        text = str(caught.value)
+        assert text.startswith("message 'm2': content[2].arguments['x'][0] is a") and kind in text
+        assert "S3CRET" not in text and shown not in text
+
+    def test_long_ints_within_the_digit_limit_round_trip(self) -> None:
+        """Ints long enough to be checked, but within Python's digit limit, are kept."""
+        message = Message.user("x", metadata={"n": 10**1000, "m": -(10**600)})
+        assert_identical((message_from_json(message_to_json(message)),), [message])
+
+    def test_check_storable_checks_without_writing(self) -> None:
+        """check_storable accepts what message_to_json accepts and refuses the rest."""
+        check_storable(every_field())
+        check_storable(iter(every_field()))
+        check_storable([])
+        with pytest.raises(UnstorableValueError, match=r"content\[0\]\.arguments\['when'\]"):
+            check_storable(
+                [
+                    Message.user("ok"),
+                    Message.assistant(tool_calls=(ToolCall("c", "f", {"when": {1}}),)),
+                ]
+            )
+        with pytest.raises(TypeError, match=r"messages\[1\] must be a Message"):
+            check_storable([Message.user("ok"), "text"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="sequence of Message"):
+            check_storable(Message.user("one"))  # type: ignore[arg-type]
 
 
 class TestRoundTrip:

@@ -1,10 +1,14 @@
-"""Tools: JSON schemas, argument checking and coercion, error results, truncation, parallel calls."""
+"""Tools: JSON schemas, argument checking and coercion, error results, truncation, parallel
+calls, the RunContext parameter, timeouts, sync calls left running, and declaration errors."""
 
 from __future__ import annotations
 
 import enum
+import logging
+import math
 import re
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal, Optional, Union
 
 import anyio
@@ -15,6 +19,9 @@ from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, tool
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.tools import ToolDefinition, define_tool, index_tools, invoke
+
+from . import _hidden_context
 
 pytestmark = pytest.mark.anyio
 
@@ -194,14 +201,14 @@ class Methods(Agent):
 
 
 def test_context_parameter_is_not_shown_and_tool_options_apply() -> None:
-    """``context`` is hidden from the schema; @tool(name=, description=) override."""
+    """A RunContext parameter is hidden from the schema; @tool(name=, description=) override."""
     specs = {spec.name: spec for spec in Methods().tool_specs}
     assert list(specs["with_context"].parameters["properties"]) == ["query"]
     assert specs["renamed"].description == "Described by the decorator."
 
 
 async def test_method_tools_get_the_context_and_renamed_tools_run() -> None:
-    """A tool declaring ``context`` receives the RunContext; a renamed tool runs by its new name."""
+    """A tool declaring a RunContext parameter receives it; a renamed tool runs by its new name."""
     model = ScriptedModel(
         [
             ModelResponse(
@@ -640,3 +647,458 @@ def test_tool_on_a_classmethod_fails_clearly() -> None:
             def make(cls) -> str:
                 """Make something."""
                 return ""
+
+
+# --- the RunContext parameter: by annotation, whatever its name ------------------------
+
+
+def context_as_text(context: str, limit: int = 3) -> str:
+    """Search within a context.
+
+    Args:
+        context: The text to search in.
+    """
+    return context[:limit]
+
+
+def context_by_other_name(question: str, run: RunContext) -> str:
+    """Answer, knowing the run."""
+    return f"{question} on turn {run.turn}"
+
+
+def test_a_parameter_named_context_with_another_annotation_is_an_argument() -> None:
+    """``context: str`` is shown to the model like any other parameter."""
+    definition = define_tool(context_as_text, is_method=False)
+    assert definition.context_parameter is None
+    assert definition.parameters["properties"]["context"] == {
+        "type": "string",
+        "description": "The text to search in.",
+    }
+    assert definition.parameters["required"] == ["context"]
+    assert schema_of(context_as_text) == definition.parameters
+
+
+@pytest.mark.parametrize(
+    ("function", "parameter"),
+    [
+        (context_by_other_name, "run"),
+        (_hidden_context.by_name, "ctx"),
+        (_hidden_context.by_dotted_name, "run"),
+    ],
+    ids=["resolved", "type-checking-only", "dotted-type-checking-only"],
+)
+def test_a_parameter_annotated_run_context_is_the_context_whatever_its_name(
+    function: Callable[..., Any], parameter: str
+) -> None:
+    """A ``RunContext`` annotation, resolved or only text under TYPE_CHECKING, marks the
+    parameter that receives the context; the model is not told about it."""
+    definition = define_tool(function, is_method=False)
+    assert definition.context_parameter == parameter
+    assert list(definition.parameters["properties"]) == [
+        name for name in ("question", "query") if name in definition.parameters["properties"]
+    ]
+    assert parameter not in definition.parameters["required"]
+    assert [p.name for p in definition.signature] == list(definition.parameters["properties"])
+
+
+def test_methods_name_their_context_parameter() -> None:
+    """A method tool reports its RunContext parameter; a tool without one reports None."""
+    assert define_tool(Methods.with_context, is_method=True).context_parameter == "context"
+    assert define_tool(Methods.original, is_method=True).context_parameter is None
+
+
+def test_an_unresolvable_annotation_other_than_run_context_is_reported() -> None:
+    """Only ``RunContext`` may stay unresolved; another name fails the class definition."""
+    with pytest.raises(NameError):
+        define_tool(_hidden_context.with_unknown_type, is_method=False)
+    with pytest.raises(ConfigurationError, match="cannot be resolved"):
+        type("Bad", (Agent,), {"tools": [_hidden_context.with_unknown_type]})
+
+
+def two_contexts(first: RunContext, query: str, second: RunContext) -> str:
+    """Takes the context twice."""
+    return query
+
+
+def untyped_context(context) -> str:  # type: ignore[no-untyped-def]
+    """Takes an untyped parameter named context."""
+    return ""
+
+
+def positional_only(query: str, /) -> str:
+    """Takes a positional-only parameter."""
+    return query
+
+
+@pytest.mark.parametrize(
+    ("function", "fragment"),
+    [
+        (two_contexts, "parameters 'first' and 'second' are both annotated RunContext"),
+        (untyped_context, "parameter 'context' needs a type annotation"),
+        (positional_only, "parameter 'query' is positional-only"),
+    ],
+    ids=["two-contexts", "untyped-context", "positional-only"],
+)
+def test_context_and_parameter_declaration_errors(
+    function: Callable[..., Any], fragment: str
+) -> None:
+    """Two RunContext parameters, an untyped ``context`` and a positional-only parameter
+    fail when the tool is declared and when the class is defined."""
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        tool(function)
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        type("Bad", (Agent,), {"tools": [function]})
+
+
+class ContextTools(Agent):
+    tools = [context_as_text, context_by_other_name, _hidden_context.by_name]
+
+
+async def test_the_context_reaches_its_parameter_and_context_text_reaches_the_tool() -> None:
+    """A RunContext parameter of any name receives the run's context; ``context: str``
+    receives the model's argument."""
+    calls = [
+        ToolCall("c1", "context_as_text", {"context": "abcdef"}),
+        ToolCall("c2", "context_by_other_name", {"question": "q"}),
+        ToolCall("c3", "by_name", {"query": "r"}),
+    ]
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("done"),
+        ]
+    )
+    result = await ContextTools(model=model).run("go")
+    assert [(r.content, r.is_error) for r in tool_results(result.messages)] == [
+        ("abc", False),
+        ("q on turn 0", False),
+        ("r on turn 0", False),
+    ]
+
+
+# --- per-tool timeout -------------------------------------------------------------------
+
+
+def test_timeout_is_stored_on_the_definition() -> None:
+    """``@tool(timeout=)`` is kept, as a float, on the definition; no timeout is None."""
+
+    @tool(timeout=2)
+    def bounded() -> str:
+        """Bounded."""
+        return ""
+
+    assert define_tool(bounded, is_method=False).timeout == 2.0
+    assert define_tool(forecast, is_method=False).timeout is None
+    with pytest.raises(ConfigurationError, match="already a tool"):
+        tool(timeout=3)(bounded)
+
+
+@pytest.mark.parametrize(
+    "timeout", [0, -1, math.nan, math.inf, True, "5"], ids=["0", "-1", "nan", "inf", "bool", "str"]
+)
+def test_a_bad_timeout_fails_naming_it(timeout: Any) -> None:
+    """A timeout that is not a positive finite number is a ConfigurationError naming it."""
+
+    def bounded() -> str:
+        """Bounded."""
+        return ""
+
+    with pytest.raises(ConfigurationError, match="timeout must be a positive finite number"):
+        tool(timeout=timeout)(bounded)
+
+
+class Slow(Agent):
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.release = threading.Event()
+
+    @tool(timeout=0.2)
+    async def wait_async(self) -> str:
+        """Waits forever."""
+        await anyio.sleep(math.inf)
+        return "never"
+
+    @tool(timeout=0.2)
+    def wait_sync(self) -> str:
+        """Blocks until released."""
+        self.release.wait(10)
+        return "late result"
+
+    @tool(timeout=5)
+    async def quick(self) -> str:
+        """Finishes well within its timeout."""
+        return "quick result"
+
+
+class Discards(logging.Handler):
+    """Collects the log lines saying a late tool result was discarded."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "discarded" in record.getMessage():
+            self.records.append(record)
+            self.seen.set()
+
+    async def one_line(self) -> logging.LogRecord:
+        """The one discard line, once it is written (and no second one follows)."""
+        assert await anyio.to_thread.run_sync(self.seen.wait, 5)
+        await anyio.sleep(0.05)
+        [record] = self.records
+        return record
+
+
+@pytest.fixture
+def discards() -> Iterator[Discards]:
+    handler = Discards()
+    logger = logging.getLogger("littleghost.tools")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+async def test_a_tool_over_its_timeout_gets_an_error_result_and_the_run_goes_on(
+    discards: Discards,
+) -> None:
+    """Async and sync tools past their timeout are answered with an error; the run goes
+    on; the sync tool's thread runs on and its late result is discarded with one log line."""
+    calls = [
+        ToolCall("c1", "wait_async", {}),
+        ToolCall("c2", "wait_sync", {}),
+        ToolCall("c3", "quick", {}),
+    ]
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("done"),
+        ]
+    )
+    agent = Slow(model=model)
+    with anyio.fail_after(5):
+        result = await agent.run("go")
+    assert result.output == "done"
+    results = tool_results(result.messages)
+    assert [(r.call_id, r.is_error) for r in results] == [("c1", True), ("c2", True), ("c3", False)]
+    assert results[2].content == "quick result"
+    assert not discards.records
+    agent.release.set()
+    assert "'wait_sync'" in (await discards.one_line()).getMessage()
+
+
+# --- sync tools that cannot be stopped -------------------------------------------------
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
+async def test_an_abandoned_sync_call_logs_once_without_its_values(
+    discards: Discards, raises: bool
+) -> None:
+    """When the caller stops waiting, the thread runs on; its late result (or exception)
+    is discarded with one WARNING naming the tool, never its arguments or result."""
+    release = threading.Event()
+
+    def blocking(secret: str) -> str:
+        release.wait(10)
+        if raises:
+            raise ValueError(f"failed with {secret}")
+        return f"result {secret}"
+
+    with anyio.move_on_after(0.1) as scope:
+        await invoke(blocking, {"secret": "s3cr3t-argument"}, "blocking_tool")
+    assert scope.cancelled_caught
+    await anyio.sleep(0.05)
+    assert not discards.records
+    release.set()
+    record = await discards.one_line()
+    text = record.getMessage()
+    assert (record.name, record.levelno) == ("littleghost.tools", logging.WARNING)
+    assert "'blocking_tool'" in text and "late result was discarded" in text
+    assert ("raised ValueError" in text) == raises
+    assert "s3cr3t" not in text
+    assert record.exc_info is None
+
+
+async def test_a_call_finishing_as_its_caller_stops_waiting_logs_exactly_once(
+    discards: Discards,
+) -> None:
+    """Whichever side sees the other first, a result the caller never got is logged once."""
+    with anyio.CancelScope() as scope:
+
+        def cancel_then_return() -> str:
+            anyio.from_thread.run_sync(scope.cancel)
+            return "late"
+
+        await invoke(cancel_then_return, {}, "racing_tool")
+    assert scope.cancelled_caught
+    assert "'racing_tool'" in (await discards.one_line()).getMessage()
+
+
+async def test_finished_calls_log_nothing(discards: Discards) -> None:
+    """A sync call that returns or raises while its caller waits is not logged."""
+
+    def ok(value: int) -> dict[str, int]:
+        return {"value": value}
+
+    def fails() -> str:
+        raise KeyError("missing")
+
+    assert await invoke(ok, {"value": 3}, "ok") == '{"value": 3}'
+    with pytest.raises(KeyError):
+        await invoke(fails, {}, "fails")
+    await anyio.sleep(0.05)
+    assert not discards.records
+
+
+# --- declaration errors: duplicate names, recursive types, enums that are not JSON ------
+
+
+def named(name: str) -> ToolDefinition:
+    """The definition of a plain tool called ``name``."""
+
+    def function() -> str:
+        """A tool."""
+        return ""
+
+    return define_tool(tool(name=name)(function), is_method=False)
+
+
+def test_index_tools_refuses_two_tools_with_one_name_naming_both_places() -> None:
+    """Two tools with one name fail, naming the name and where each is declared."""
+    with pytest.raises(
+        ConfigurationError, match=r"Owner: two tools are named 'x': method 'a' and method 'b'"
+    ):
+        index_tools("Owner", {"a": named("x"), "b": named("x")}, [])
+    with pytest.raises(ConfigurationError, match=r"'x': method 'a' and tools\[1\] \(.*function\)"):
+        index_tools("Owner", {"a": named("x")}, [named("y"), named("x")])
+    with pytest.raises(ConfigurationError, match=r"'x': tools\[0\] .* and tools\[1\]"):
+        index_tools("Owner", {}, [named("x"), named("x")])
+
+
+def test_index_tools_keys_each_tool_by_name() -> None:
+    """Method tools keep their attribute; function tools have none."""
+    a, b = named("a"), named("b")
+    assert index_tools("Owner", {"attr": a}, [b]) == {"a": (a, "attr"), "b": (b, None)}
+
+
+@frozen
+class Node:
+    label: str
+    children: list[Node]
+
+
+@frozen
+class Ping:
+    pong: Pong | None
+
+
+@frozen
+class Pong:
+    ping: Ping
+
+
+@frozen
+class Segment:
+    start: Point
+    end: Point
+
+
+def take_node(node: Node) -> str:
+    """Takes a tree."""
+    return ""
+
+
+def take_ping(ping: Ping) -> str:
+    """Takes a ping."""
+    return ""
+
+
+def take_segment(segment: Segment) -> str:
+    """Takes a segment."""
+    return ""
+
+
+@pytest.mark.parametrize(
+    ("function", "fragment"),
+    [
+        (take_node, "parameter 'node', field 'children': Node contains itself"),
+        (take_ping, "field 'pong', field 'ping': Ping contains itself"),
+    ],
+    ids=["self", "mutual"],
+)
+def test_recursive_attrs_types_fail_naming_the_class(
+    function: Callable[..., Any], fragment: str
+) -> None:
+    """A self- or mutually-referencing attrs class is a ConfigurationError, not a RecursionError."""
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)) as caught:
+        tool(function)
+    assert "recursive types cannot be described" in str(caught.value)
+    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+        type("Bad", (Agent,), {"tools": [function]})
+
+
+def test_an_attrs_class_used_twice_side_by_side_is_not_recursive() -> None:
+    """The same class in two fields is described twice, not refused."""
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
+    assert schema_of(take_segment)["properties"]["segment"]["properties"] == {
+        "start": point,
+        "end": point,
+    }
+
+
+class Opaque(enum.Enum):
+    THING = object()
+
+
+class Pairs(enum.Enum):
+    ORIGIN = (0, 0)
+
+
+class Sets(enum.Enum):
+    LETTERS = frozenset({"a", "b"})
+
+
+class Raw(enum.Enum):
+    BYTES = b"raw"
+
+
+class NotANumber(enum.Enum):
+    NAN = math.nan
+
+
+class Mixed(enum.Enum):
+    TEXT = "text"
+    NUMBER = 2
+    REAL = 2.5
+    FLAG = True
+    NOTHING = None
+
+
+@pytest.mark.parametrize("kind", [Opaque, Pairs, Sets, Raw, NotANumber], ids=lambda k: k.__name__)
+def test_an_enum_whose_values_are_not_json_fails_naming_it(kind: type[enum.Enum]) -> None:
+    """An Enum with a value JSON cannot hold fails naming the enum."""
+
+    def probe(value: Any) -> str:
+        """Probe an enum."""
+        return ""
+
+    probe.__annotations__ = {"value": kind, "return": str}
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"parameter 'value': the values of the enum {kind.__name__} must be",
+    ):
+        type("Bad", (Agent,), {"tools": [probe]})
+
+
+def test_an_enum_of_json_values_is_described() -> None:
+    """Str, int, float, bool and None values are all fine."""
+    assert property_of(Mixed) == {"enum": ["text", 2, 2.5, True, None]}

@@ -9,7 +9,6 @@ as the API requires. The SDK's own retries are off; errors are mapped by
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
@@ -33,27 +32,13 @@ from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Too
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
+from littleghost.settings import RESERVED_SETTINGS
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
 
 DEFAULT_MAX_TOKENS = 4096
 """The output cap sent when the request sets none (the API requires one)."""
 
-logger = logging.getLogger(__name__)
-
-_RESERVED = frozenset(
-    {
-        "messages",
-        "model",
-        "system",
-        "tools",
-        "stream",
-        "extra_headers",
-        "extra_query",
-        "extra_body",
-        "timeout",
-    }
-)
 _STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
     "pause_turn": StopReason.END_TURN,
@@ -64,6 +49,8 @@ _STOP_REASONS = {
     "refusal": StopReason.CONTENT_FILTER,
 }
 _TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
+_TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"})
+"""Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
@@ -212,8 +199,9 @@ class AnthropicModel:
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
-    becomes ``metadata.user_id``; settings the installed SDK does not accept (``seed``,
-    ...) are left out.
+    becomes ``metadata.user_id``; other settings go to the API as they are. A setting
+    the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
+    before the request is sent, naming it and the settings accepted.
 
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set.
@@ -275,10 +263,18 @@ class AnthropicModel:
         if request.tools:
             params["tools"] = [_tool(spec) for spec in request.tools]
         settings = dict(request.settings)
-        reserved = sorted(settings.keys() & _RESERVED)
+        reserved = sorted(settings.keys() & RESERVED_SETTINGS)
         if reserved:
             raise ConfigurationError(
                 f"settings: {reserved[0]!r} is set by littleghost and cannot be a model setting"
+            )
+        accepted = self._accepted
+        unknown = sorted(key for key in settings if key not in accepted and key not in _TRANSLATED)
+        if unknown:
+            allowed = ", ".join(sorted((accepted - RESERVED_SETTINGS) | _TRANSLATED))
+            raise ConfigurationError(
+                f"settings: {self.provider} does not accept the setting {unknown[0]!r} "
+                f"(with the installed SDK it accepts {allowed})"
             )
         params["max_tokens"] = settings.pop("max_tokens", None) or DEFAULT_MAX_TOKENS
         stop = settings.pop("stop", None)
@@ -294,15 +290,7 @@ class AnthropicModel:
             if parallel is False:
                 choice["disable_parallel_tool_use"] = True
             settings["tool_choice"] = choice
-        accepted = self._accepted
-        dropped = sorted(key for key in settings if key not in accepted)
-        if dropped:
-            logger.debug(
-                "%s: settings the installed SDK does not take were left out: %s",
-                self.provider,
-                dropped,
-            )
-        params.update((key, value) for key, value in settings.items() if key in accepted)
+        params.update(settings)
         return params
 
     async def respond(self, request: ModelRequest) -> ModelResponse:

@@ -34,6 +34,7 @@ from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Too
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
+from littleghost.settings import RESERVED_SETTINGS
 
 __all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
 
@@ -42,21 +43,6 @@ MODELS_TIMEOUT = 3.0
 
 logger = logging.getLogger(__name__)
 
-_RESERVED = frozenset(
-    {
-        "messages",
-        "model",
-        "tools",
-        "stream",
-        "stream_options",
-        "functions",
-        "function_call",
-        "extra_headers",
-        "extra_query",
-        "extra_body",
-        "timeout",
-    }
-)
 _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 _STOP_REASONS = {
     "stop": StopReason.END_TURN,
@@ -194,6 +180,13 @@ class OpenAIModel:
     leaves it unknown); otherwise the window documented for the model's name
     (:mod:`littleghost.models.windows`) applies.
 
+    Settings go to the API as they are (``max_tokens`` becomes ``max_completion_tokens``
+    on OpenAI's own API); one the installed SDK does not name travels in ``extra_body``,
+    for a compatible server's own parameters (llama.cpp's ``top_k``, ...).
+    ``tool_choice`` and ``parallel_tool_calls`` are left out of a request without tools;
+    a key littleghost sets itself (``messages``, ``stream``, ...) is a
+    ``ConfigurationError``.
+
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set for OpenAI.
     """
@@ -310,7 +303,7 @@ class OpenAIModel:
             params["tools"] = [_tool(spec) for spec in request.tools]
         extra: dict[str, Any] = {}
         for key, value in request.settings.items():
-            if key in _RESERVED:
+            if key in RESERVED_SETTINGS:
                 raise ConfigurationError(
                     f"settings: {key!r} is set by littleghost and cannot be a model setting"
                 )

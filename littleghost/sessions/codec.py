@@ -6,7 +6,12 @@ objects tagged by ``"type"`` (``text``, ``image`` with base64 ``data``, ``tool_c
 ``int``, ``float`` (finite), ``bool``, ``None``, ``list``, ``tuple`` and ``dict`` with
 ``str`` keys, of exactly these types; they come back with the same types. A tuple is
 written as ``{"$tuple": [...]}``; a dict with a key starting with ``$`` is wrapped as
-``{"$dict": {...}}``, so no user dict is ever read back as a tag.
+``{"$dict": {...}}``, so no user dict is ever read back as a tag. Values nest at most
+``MAX_DEPTH`` levels deep.
+
+Errors never quote stored content: an encoding error names the field that holds the
+value (``message 'm1': metadata['key']``) and what is wrong with it; a decoding error
+names the field or shape that is wrong.
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
-from littleghost.messages import ImagePart, Message, Part, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, Part, Role, TextPart, ToolCall, ToolResult
 
 __all__ = [
+    "MAX_DEPTH",
+    "check_storable",
     "decode_message",
     "encode_message",
     "message_from_json",
@@ -32,15 +39,30 @@ __all__ = [
 _TUPLE = "$tuple"
 _DICT = "$dict"
 _ALLOWED = "str, int, float, bool, None, list, tuple or dict with str keys"
+_LONG_INT_BITS = 2000  # ~600 digits: under the smallest int-to-str limit Python allows (640)
+
+MAX_DEPTH = 100
+"""How deeply lists, tuples and dicts may nest in a stored value (metadata, arguments)."""
 
 
-def _encode_value(value: Any, where: str, seen: set[int]) -> Any:
+def _encode_value(value: Any, where: str, seen: set[int], depth: int = 0) -> Any:
     kind = type(value)
-    if value is None or kind in (str, bool, int):
+    if value is None or kind in (str, bool):
+        return value
+    if kind is int:
+        if value.bit_length() > _LONG_INT_BITS:
+            try:
+                str(value)
+            except ValueError:
+                raise UnstorableValueError(
+                    f"{where} is an int with too many digits to store"
+                ) from None
         return value
     if kind is float:
         if not math.isfinite(value):
-            raise UnstorableValueError(f"{where} is {value!r}: JSON has no NaN or infinity")
+            raise UnstorableValueError(
+                f"{where} is a float that is not finite: JSON has no NaN or infinity"
+            )
         return value
     if kind not in (list, tuple, dict):
         raise UnstorableValueError(
@@ -48,6 +70,10 @@ def _encode_value(value: Any, where: str, seen: set[int]) -> Any:
         )
     if id(value) in seen:
         raise UnstorableValueError(f"{where} contains itself")
+    if depth >= MAX_DEPTH:
+        raise UnstorableValueError(
+            f"{where} nests lists, tuples and dicts more than {MAX_DEPTH} levels deep"
+        )
     seen.add(id(value))
     try:
         if kind is dict:
@@ -57,28 +83,37 @@ def _encode_value(value: Any, where: str, seen: set[int]) -> Any:
                     raise UnstorableValueError(
                         f"{where} has a {type(key).__name__} key; dict keys must be str"
                     )
-                encoded[key] = _encode_value(item, f"{where}[{key!r}]", seen)
+                encoded[key] = _encode_value(item, f"{where}[{key!r}]", seen, depth + 1)
             if any(key.startswith("$") for key in encoded):
                 return {_DICT: encoded}
             return encoded
-        items = [_encode_value(item, f"{where}[{index}]", seen) for index, item in enumerate(value)]
+        items = [
+            _encode_value(item, f"{where}[{index}]", seen, depth + 1)
+            for index, item in enumerate(value)
+        ]
         return {_TUPLE: items} if kind is tuple else items
     finally:
         seen.discard(id(value))
 
 
-def _decode_value(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode_value(item) for item in value]
-    if not isinstance(value, dict):
+class _Corrupt(Exception):
+    """A stored message has a wrong field or shape; the text says which, never its value."""
+
+
+def _decode_value(value: Any, where: str, depth: int = 0) -> Any:
+    if not isinstance(value, (list, dict)):
         return value
+    if depth >= MAX_DEPTH:
+        raise _Corrupt(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, list):
+        return [_decode_value(item, where, depth + 1) for item in value]
     if len(value) == 1 and _TUPLE in value and isinstance(value[_TUPLE], list):
-        return tuple(_decode_value(item) for item in value[_TUPLE])
+        return tuple(_decode_value(item, where, depth + 1) for item in value[_TUPLE])
     if len(value) == 1 and _DICT in value and isinstance(value[_DICT], dict):
-        return {key: _decode_value(item) for key, item in value[_DICT].items()}
+        return {key: _decode_value(item, where, depth + 1) for key, item in value[_DICT].items()}
     if any(key.startswith("$") for key in value):
-        raise CorruptSessionStoreError(f"stored value has an unknown tag: {sorted(value)[0]!r}")
-    return {key: _decode_value(item) for key, item in value.items()}
+        raise _Corrupt(f"{where} holds an object with an unknown $ tag")
+    return {key: _decode_value(item, where, depth + 1) for key, item in value.items()}
 
 
 def _encode_part(part: Part, where: str) -> dict[str, Any]:
@@ -107,7 +142,7 @@ def encode_message(message: Message) -> dict[str, Any]:
         UnstorableValueError: Its metadata or tool arguments hold a value that is not
             JSON-like (the error names where).
     """
-    where = f"message {message.id!r}"
+    where = f"message {message.id!r}:"
     return {
         "id": message.id,
         "role": message.role.value,
@@ -119,53 +154,119 @@ def encode_message(message: Message) -> dict[str, Any]:
     }
 
 
-def _decode_part(data: Any) -> Part:
-    kind = data["type"]
-    if kind == "text":
-        return TextPart(data["text"])
-    if kind == "image":
-        raw = data["data"]
-        payload = None if raw is None else base64.b64decode(raw.encode("ascii"), validate=True)
-        return ImagePart(payload, data["url"], data["media_type"])
-    if kind == "tool_call":
-        arguments = data["arguments"]
-        if not isinstance(arguments, str):
-            arguments = _decode_value(arguments)
-        return ToolCall(data["id"], data["name"], arguments)
-    if kind == "tool_result":
+def check_storable(messages: Iterable[Message]) -> None:
+    """Check that a store could keep ``messages``, writing nothing.
+
+    Raises:
+        TypeError: ``messages`` is not a sequence of ``Message``.
+        UnstorableValueError: A message holds a value that is not JSON-like (the error
+            names where).
+    """
+    for _ in _encoded(messages):
+        pass
+
+
+_PART_FIELDS = {
+    "text": ("text",),
+    "image": ("data", "url", "media_type"),
+    "tool_call": ("id", "name", "arguments"),
+    "tool_result": ("call_id", "content", "is_error"),
+}
+
+
+def _decode_part(data: Any, where: str) -> Part:
+    if not isinstance(data, Mapping):
+        raise _Corrupt(f"{where} is not an object")
+    kind = data.get("type")
+    fields = _PART_FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        raise _Corrupt(f"{where} has no known part type")
+    for name in fields:
+        if name not in data:
+            raise _Corrupt(f"{where} ({kind}) has no {name!r} field")
+    try:
+        if kind == "text":
+            return TextPart(data["text"])
+        if kind == "image":
+            raw = data["data"]
+            if raw is None:
+                payload = None
+            else:
+                try:
+                    payload = base64.b64decode(raw.encode("ascii"), validate=True)
+                except (AttributeError, ValueError, binascii.Error):
+                    raise _Corrupt(f"{where} (image) has 'data' that is not base64") from None
+            return ImagePart(payload, data["url"], data["media_type"])
+        if kind == "tool_call":
+            arguments = data["arguments"]
+            if not isinstance(arguments, str):
+                arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'")
+            return ToolCall(data["id"], data["name"], arguments)
         return ToolResult(data["call_id"], data["content"], data["is_error"])
-    raise ValueError(f"unknown part type {kind!r}")
+    except (TypeError, ValueError):
+        # the part's own checks: their text may quote the value, so it is not passed on
+        raise _Corrupt(f"{where} ({kind}) has a field of the wrong type") from None
 
 
 def decode_message(data: Mapping[str, Any]) -> Message:
     """The message ``encode_message`` made ``data`` from.
 
     Raises:
-        CorruptSessionStoreError: ``data`` is not a stored message.
+        CorruptSessionStoreError: ``data`` is not a stored message (the error names the
+            field or shape that is wrong, never stored content).
     """
     try:
-        metadata = _decode_value(data["metadata"])
-        if not isinstance(metadata, dict):
-            raise TypeError("metadata is not an object")
-        content = data["content"]
-        if not isinstance(content, list):
-            raise TypeError("content is not a list")
-        return Message(
-            data["role"], tuple(_decode_part(part) for part in content), data["id"], metadata
-        )
-    except CorruptSessionStoreError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as error:
+        return _decode_message(data)
+    except _Corrupt as problem:
+        raise CorruptSessionStoreError(f"a stored message cannot be read: {problem}") from None
+    except RecursionError:
         raise CorruptSessionStoreError(
-            f"a stored message cannot be read ({type(error).__name__}: {error})"
+            "a stored message cannot be read: it is nested too deep"
         ) from None
+
+
+def _decode_message(data: Any) -> Message:
+    if not isinstance(data, Mapping):
+        raise _Corrupt("it is not an object")
+    for name in ("id", "role", "content", "metadata"):
+        if name not in data:
+            raise _Corrupt(f"it has no {name!r} field")
+    if not isinstance(data["id"], str):
+        raise _Corrupt("its 'id' is not a string")
+    try:
+        role = Role(data["role"])
+    except (TypeError, ValueError):
+        raise _Corrupt("its 'role' is not a known role") from None
+    metadata = _decode_value(data["metadata"], "its 'metadata'")
+    if not isinstance(metadata, dict):
+        raise _Corrupt("its 'metadata' is not an object")
+    content = data["content"]
+    if not isinstance(content, list):
+        raise _Corrupt("its 'content' is not a list")
+    parts = tuple(_decode_part(part, f"content[{index}]") for index, part in enumerate(content))
+    try:
+        return Message(role, parts, data["id"], metadata)
+    except (TypeError, ValueError):
+        raise _Corrupt("it has a field of the wrong type") from None
 
 
 def message_to_json(message: Message) -> str:
     """``message`` as compact, ASCII-only JSON text (see ``encode_message``)."""
-    return json.dumps(
-        encode_message(message), ensure_ascii=True, allow_nan=False, separators=(",", ":")
-    )
+    return _dumps(encode_message(message))
+
+
+def _dumps(encoded: dict[str, Any]) -> str:
+    return json.dumps(encoded, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
+
+def _encoded(messages: Iterable[Message]) -> Iterator[dict[str, Any]]:
+    """Each of ``messages`` encoded, checking each is a ``Message``."""
+    if isinstance(messages, (str, bytes, Message)) or not isinstance(messages, Iterable):
+        raise TypeError(f"messages must be a sequence of Message, not {type(messages).__name__}")
+    for position, message in enumerate(messages):
+        if not isinstance(message, Message):
+            raise TypeError(f"messages[{position}] must be a Message, not {type(message).__name__}")
+        yield encode_message(message)
 
 
 def messages_to_json(messages: Iterable[Message]) -> list[str]:
@@ -175,14 +276,7 @@ def messages_to_json(messages: Iterable[Message]) -> list[str]:
         TypeError: An item is not a ``Message``.
         UnstorableValueError: A message holds a value that is not JSON-like.
     """
-    if isinstance(messages, (str, bytes, Message)) or not isinstance(messages, Iterable):
-        raise TypeError(f"messages must be a sequence of Message, not {type(messages).__name__}")
-    encoded = []
-    for position, message in enumerate(messages):
-        if not isinstance(message, Message):
-            raise TypeError(f"messages[{position}] must be a Message, not {type(message).__name__}")
-        encoded.append(message_to_json(message))
-    return encoded
+    return [_dumps(encoded) for encoded in list(_encoded(messages))]
 
 
 def message_from_json(text: str) -> Message:
@@ -193,8 +287,16 @@ def message_from_json(text: str) -> Message:
     """
     try:
         data = json.loads(text)
-    except (TypeError, ValueError) as error:
-        raise CorruptSessionStoreError(f"a stored message is not valid JSON ({error})") from None
+    except RecursionError:
+        raise CorruptSessionStoreError(
+            "a stored message cannot be read: it is nested too deep"
+        ) from None
+    except json.JSONDecodeError as error:  # where it broke, nothing of the text
+        raise CorruptSessionStoreError(
+            f"a stored message is not valid JSON (at character {error.pos})"
+        ) from None
+    except (TypeError, ValueError):
+        raise CorruptSessionStoreError("a stored message is not valid JSON") from None
     if not isinstance(data, dict):
         raise CorruptSessionStoreError("a stored message is not a JSON object")
     return decode_message(data)

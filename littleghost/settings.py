@@ -1,0 +1,91 @@
+"""Model settings: checked where they are declared, before anything is sent or stored.
+
+Settings reach the provider as request parameters (``max_tokens``, ``temperature``, ...).
+The keys littleghost fills in itself are reserved, and the settings every provider
+shares must have the right type and range; a wrong one is a ``ConfigurationError``
+naming it — at class definition for ``Agent.settings``, at the call for ``run(settings=)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from littleghost._validators import is_int, is_number
+from littleghost.errors import ConfigurationError
+
+__all__ = ["RESERVED_SETTINGS", "check_settings"]
+
+RESERVED_SETTINGS = frozenset(
+    {
+        "messages",
+        "model",
+        "tools",
+        "stream",
+        "stream_options",
+        "system",
+        "functions",
+        "function_call",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "timeout",
+    }
+)
+"""Request parameters littleghost sets itself (instructions, tools, streaming, ...)."""
+
+
+def _stop(value: object) -> bool:
+    if isinstance(value, str):
+        return True
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, (str, bytes))
+        and all(isinstance(item, str) for item in value)
+    )
+
+
+_TYPED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
+    "max_completion_tokens": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
+    "temperature": (lambda v: is_number(v) and v >= 0, "a finite number >= 0"),
+    "top_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "top_k": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
+    "frequency_penalty": (is_number, "a finite number"),
+    "presence_penalty": (is_number, "a finite number"),
+    "seed": (is_int, "an int"),
+    "stop": (_stop, "a str or a list of str"),
+}
+
+
+def _shown(value: object) -> str:
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)
+    return type(value).__name__
+
+
+def check_settings(owner: str, value: object) -> dict[str, Any]:
+    """A copy of ``value`` if it is a valid settings mapping.
+
+    Args:
+        owner: Where the settings come from, for the message (``"Support.settings"``).
+        value: The settings.
+
+    Raises:
+        ConfigurationError: Not a mapping with str keys, a reserved key, or a shared
+            setting of the wrong type or range (the message names it).
+    """
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise ConfigurationError(f"{owner} must be a mapping with str keys, not {_shown(value)}")
+    for key, item in value.items():
+        if key in RESERVED_SETTINGS:
+            raise ConfigurationError(
+                f"{owner}: {key!r} is set by littleghost and cannot be a model setting"
+            )
+        rule = _TYPED.get(key)
+        if rule is not None and not rule[0](item):
+            raise ConfigurationError(f"{owner}[{key!r}] must be {rule[1]}, not {_shown(item)}")
+    return dict(value)
