@@ -7,13 +7,16 @@ import hashlib
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import anyio
 import attrs
 
 from littleghost import telemetry
+from littleghost.cleanup import Grace
 from littleghost.context.view import interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -22,14 +25,21 @@ from littleghost.errors import (
     LimitExceededError,
     OutputLimitError,
 )
-from littleghost.events import ModelCallRetried, ToolCallFinished, ToolCallStarted
+from littleghost.events import (
+    ModelCallFinished,
+    ModelCallRetried,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from littleghost.hooks import BoundHook, bind_hooks, hook_plan, run_chain
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
 from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
+from littleghost.sessions.base import check_session_id
 from littleghost.sessions.locks import hold_session
+from littleghost.settings import check_settings
 from littleghost.stream import RunPlan, RunStream
 from littleghost.text import truncate_middle
 from littleghost.tools import (
@@ -38,6 +48,7 @@ from littleghost.tools import (
     bind_arguments,
     define_tool,
     error_result,
+    index_tools,
     invoke,
     looks_like_method,
     tool_options,
@@ -48,6 +59,9 @@ __all__ = ["Agent"]
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
 """How many replacement requests ``after_model_error`` hooks may hand back per model call."""
+UNDECLARED_TOOL = "undeclared"
+"""The tool name telemetry shows for a call of a tool the agent does not declare (the
+name is the model's text), unless ``capture_content`` is on."""
 
 Instructions = str | Callable[[RunContext], Any] | None
 
@@ -98,10 +112,10 @@ def _bool(name: str, value: object) -> bool:
     return value
 
 
-def _settings(name: str, value: object) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise ConfigurationError(f"{name} must be a mapping with str keys, not {value!r}")
-    return dict(value)
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, not {value!r}")
+    return float(value)
 
 
 def _session_store(name: str, value: object) -> SessionStore:
@@ -122,14 +136,24 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "model": _model,
     "instructions": _instructions,
     "tools": _tools,
-    "settings": _settings,
+    "settings": check_settings,
     "max_turns": _positive_int(1),
     "max_tool_calls": _positive_int(1),
     "max_tool_result_tokens": _positive_int(1),
     "max_retries": _positive_int(0),
     "capture_content": _bool,
     "session_store": _session_store,
+    "cleanup_grace": _seconds,
 }
+
+_DEFAULT_STORES: weakref.WeakSet[InMemorySessionStore] = weakref.WeakSet()
+"""The in-memory stores made for agent classes that declare none (one per class)."""
+
+
+def _default_store() -> InMemorySessionStore:
+    store = InMemorySessionStore()
+    _DEFAULT_STORES.add(store)
+    return store
 
 
 def _method_tools(cls: type) -> dict[str, ToolDefinition]:
@@ -159,19 +183,6 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
     return definitions
 
 
-def _index_tools(
-    owner: str, method_tools: Mapping[str, ToolDefinition], functions: Iterable[Callable[..., Any]]
-) -> dict[str, tuple[ToolDefinition, str | None]]:
-    index: dict[str, tuple[ToolDefinition, str | None]] = {}
-    for attribute, definition in method_tools.items():
-        index[definition.name] = (definition, attribute)
-    for definition in _function_tools(owner, functions):
-        if definition.name in index:
-            raise ConfigurationError(f"{owner}: two tools are named {definition.name!r}")
-        index[definition.name] = (definition, None)
-    return index
-
-
 def _plan_of(cls: type[Agent]) -> tuple[Any, ...]:
     """The class's hook plan, made once (and again after a capability is declared)."""
     plan = cls.__dict__.get("__littleghost_hook_plan__")
@@ -194,9 +205,10 @@ class Agent:
     ``RunContext``), tools (``@tool`` methods, and plain functions in ``tools``),
     ``settings``, the limits ``max_turns`` (100), ``max_tool_calls`` (1000) and
     ``max_tool_result_tokens`` (10 000), ``max_retries`` (3), ``capture_content``
-    (False) and ``session_store`` (where ``run(..., session_id=)`` keeps conversations;
-    default one process-wide ``InMemorySessionStore``). Constructor keywords of the same
-    names override them for one instance.
+    (False), ``session_store`` (where ``run(..., session_id=)`` keeps conversations;
+    default an ``InMemorySessionStore`` of the class's own) and ``cleanup_grace`` (1 s:
+    how long a stopping run may go on storing what it must). Constructor keywords of the
+    same names override them for one instance.
     """
 
     model: ClassVar[str | Model | None] = None
@@ -208,7 +220,8 @@ class Agent:
     max_tool_result_tokens: ClassVar[int] = 10_000
     max_retries: ClassVar[int] = 3
     capture_content: ClassVar[bool] = False
-    session_store: ClassVar[SessionStore] = InMemorySessionStore()
+    session_store: ClassVar[SessionStore] = _default_store()
+    cleanup_grace: ClassVar[float] = 1.0
     context_management: ClassVar[Any] = None
     __littleghost_agent__: ClassVar[bool] = True
 
@@ -230,7 +243,11 @@ class Agent:
                 ):
                     value = staticmethod(value)
                 setattr(cls, knob, value)
-        cls.__littleghost_tool_index__ = _index_tools(cls.__name__, _method_tools(cls), cls.tools)
+        if "session_store" not in cls.__dict__ and cls.session_store in _DEFAULT_STORES:
+            cls.session_store = _default_store()  # sessions never leak between classes
+        cls.__littleghost_tool_index__ = index_tools(
+            cls.__name__, _method_tools(cls), _function_tools(cls.__name__, cls.tools)
+        )
         for entry in _plan_of(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
@@ -251,8 +268,9 @@ class Agent:
             setattr(self, knob, _KNOBS[knob](f"{type(self).__name__}(…, {knob}=)", value))
         cls = type(self)
         if "tools" in overrides:
-            self._tool_index = _index_tools(
-                f"{cls.__name__}(…, tools=)", _method_tools(cls), self.tools
+            owner = f"{cls.__name__}(…, tools=)"
+            self._tool_index = index_tools(
+                owner, _method_tools(cls), _function_tools(owner, self.tools)
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
@@ -271,15 +289,19 @@ class Agent:
         """What the model is told about this agent's tools (the same values every turn)."""
         return tuple(definition.spec for definition, _ in self._tool_index.values())
 
-    def _model(self) -> Model:
+    def _declared_model(self) -> str | Model:
         declared = self.model
-        if isinstance(declared, Model):
-            return declared
         if declared is None:
             raise ConfigurationError(
                 f'{type(self).__name__} declares no model: set `model = "provider:name"` '
                 "or pass model= to the constructor"
             )
+        return declared
+
+    def _model(self) -> Model:
+        declared = self._declared_model()
+        if isinstance(declared, Model):
+            return declared
         if self._resolved is None or self._resolved_from != declared:
             self._resolved = resolve(declared)
             self._resolved_from = declared
@@ -295,31 +317,32 @@ class Agent:
     async def aclose(self) -> None:
         """Close the models this agent created from model strings."""
         owned, self._owned, self._resolved = self._owned, [], None
-        errors = []
-        with anyio.CancelScope(shield=True):
-            for model in owned:
-                close = getattr(model, "aclose", None)
-                if close is None:
-                    continue
-                try:
-                    await close()
-                except Exception as error:
-                    errors.append(error)
-        if errors:
-            raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]
+        await _close_models(owned)
 
     def run_sync(self, input: str | Message, **options: Any) -> RunResult:
         """``run()`` for synchronous callers (not from inside an event loop).
 
-        Each call runs its own event loop; the models the agent made from model strings
-        are closed at its end and made again by the next call.
+        Each call runs its own event loop and owns the model it makes from a model
+        string, closed at its end, so calls from several threads on one agent do not
+        share one. Takes the keywords of ``run()``.
         """
+        declared = self._declared_model()
 
         async def run_and_close() -> RunResult:
+            plan = self._plan(input, **options)
+            if isinstance(declared, Model):
+                return await self._run_plan(plan)
+            model = resolve(declared)
             try:
-                return await self.run(input, **options)
-            finally:
-                await self.aclose()  # clients made in this event loop die with it
+                result = await self._run_plan(plan, model=model)
+            except BaseException:
+                try:
+                    await _close_models([model])
+                except CleanupError:
+                    pass  # the run's own error is the one to see
+                raise
+            await _close_models([model])
+            return result
 
         return anyio.run(run_and_close)
 
@@ -345,18 +368,26 @@ class Agent:
             settings: Model settings for this run, over the agent's.
             session_id: The conversation to continue from ``session_store``: the run holds
                 the session until it ends (another run of it waits, within its own
-                deadline), loads its log, and appends every new message as it enters
-                the log. Also telemetry's ``gen_ai.conversation.id``.
+                deadline), loads its log, and appends every new message as the store
+                accepts it. Also telemetry's ``gen_ai.conversation.id``.
             timeout: Seconds the whole run may take.
             deadline: The absolute anyio time the run must end by.
 
         Raises:
-            DeadlineExceededError: The deadline passed.
+            DeadlineExceededError: The deadline passed (a cleanup the stop could not
+                finish within ``cleanup_grace`` is its ``__cause__``).
             LimitExceededError: ``max_turns`` or ``max_tool_calls`` was reached.
             OutputLimitError: The final answer stopped at the output limit.
             SessionStoreError: The session store failed (see its subclasses).
         """
-        plan = self._plan(input, history, settings, session_id, timeout, deadline)
+        plan = self._plan(
+            input,
+            history=history,
+            settings=settings,
+            session_id=session_id,
+            timeout=timeout,
+            deadline=deadline,
+        )
         return await self._run_plan(plan)
 
     def stream(
@@ -375,29 +406,41 @@ class Agent:
         Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
         ``timeout``) starts when the block is entered. See ``littleghost.events``.
         """
-        return RunStream(self, self._plan(input, history, settings, session_id, timeout, deadline))
+        plan = self._plan(
+            input,
+            history=history,
+            settings=settings,
+            session_id=session_id,
+            timeout=timeout,
+            deadline=deadline,
+        )
+        return RunStream(self, plan)
 
     def _plan(
         self,
         input: object,
-        history: object,
-        settings: object,
-        session_id: object,
-        timeout: object,
-        deadline: object,
+        *,
+        history: object = None,
+        settings: object = None,
+        session_id: object = None,
+        timeout: object = None,
+        deadline: object = None,
     ) -> RunPlan:
         """Check ``run()``'s arguments, naming the one that is wrong."""
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
+        if session_id is not None:
+            check_session_id(session_id)
         _deadline(timeout, deadline)
+        message = _user_message(input)
+        seed = _history(history)
+        _check_new(message, seed, "history")
         return RunPlan(
-            message=_user_message(input),
-            seed=_history(history),
+            message=message,
+            seed=seed,
             settings={
                 **self.settings,
-                **(_settings("settings", settings) if settings is not None else {}),
+                **(check_settings("settings", settings) if settings is not None else {}),
             },
-            session_id=session_id,
+            session_id=session_id,  # type: ignore[arg-type]
             timeout=timeout,  # type: ignore[arg-type]
             deadline=deadline,  # type: ignore[arg-type]
         )
@@ -408,12 +451,14 @@ class Agent:
         *,
         sink: EventSink | None = None,
         observe: Callable[[RunContext], None] | None = None,
+        model: Model | None = None,
     ) -> RunResult:
         """The run loop shared by ``run()`` and ``stream()`` (which passes an event sink)."""
         message, seed, session_id = plan.message, list(plan.seed), plan.session_id
         end = _deadline(plan.timeout, plan.deadline)
-        model = self._model()
+        model = self._model() if model is None else model
         store = self.session_store
+        grace = Grace(self.cleanup_grace, None if math.isinf(end) else end)
         # With a session, the log starts empty and is filled from the store once the
         # session is held; the context keeps this very list.
         log = seed if session_id is None else []
@@ -425,6 +470,7 @@ class Agent:
             self.max_retries,
             self.capture_content,
             session_id,
+            grace=grace,
             log=log,
             writer=None if session_id is None else functools.partial(store.append, session_id),
             sink=sink,
@@ -446,20 +492,23 @@ class Agent:
                     if session_id is None:
                         result = await self._loop(context, message)
                     else:
-                        async with hold_session(store, session_id):
-                            await self._open_session(context, log, seed)
+                        async with _holding(store, session_id, grace):
+                            await self._open_session(context, log, seed, message)
                             result = await self._loop(context, message)
             finally:
                 span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
                 span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
             if result is None:
                 assert scope.cancelled_caught
-                raise DeadlineExceededError(f"{self.name} did not finish before its deadline")
+                late = DeadlineExceededError(f"{self.name} did not finish before its deadline")
+                if grace.failures:
+                    raise late from grace.failures[0]
+                raise late
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
             return result
 
     async def _open_session(
-        self, context: RunContext, log: list[Message], seed: list[Message]
+        self, context: RunContext, log: list[Message], seed: list[Message], message: Message
     ) -> None:
         """Fill the run's log from its session; a new session is seeded with ``seed``.
 
@@ -469,6 +518,7 @@ class Agent:
         assert context.session_id is not None
         stored = await self.session_store.load(context.session_id)
         if stored:
+            _check_new(message, stored, f"session {context.session_id!r}")
             if seed:
                 warnings.warn(
                     f"history= is ignored: session {context.session_id!r} already holds "
@@ -495,10 +545,7 @@ class Agent:
         try:
             return await self._turns(context)
         except BaseException:
-            # A stop (cancellation, deadline, error) can leave tool calls without results:
-            # answer them in the log so it can be passed back as history.
-            with anyio.CancelScope(shield=True):
-                await context.append(*interrupted_results(context.messages, STOPPED_TEXT))
+            await _answer_open_calls(context)
             raise
 
     async def _turns(self, context: RunContext) -> RunResult:
@@ -509,11 +556,12 @@ class Agent:
         for turn in range(self.max_turns):
             context.turn = turn
             request = await self._request(context)
-            response = await self._call_model(request, context)
+            answered = await self._call_model(request, context)
             response = await run_chain(
-                self._hooks["after_model"], response, expected=ModelResponse, context=context
+                self._hooks["after_model"], answered, expected=ModelResponse, context=context
             )
             await context.append(response.message)
+            await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
             calls = response.message.tool_calls
             if calls:
                 if tool_calls + len(calls) > self.max_tool_calls:
@@ -589,20 +637,36 @@ class Agent:
                 )
 
     async def _run_tools(self, calls: Sequence[ToolCall], context: RunContext) -> None:
-        """Run ``calls`` concurrently and append their results in call order.
+        """Run ``calls`` concurrently; store their results in call order.
 
-        If the run stops meanwhile, the results already finished are appended all the
-        same (shielded); the run loop answers the rest.
+        A result is stored as soon as it and every earlier call's result are done, and
+        its ``ToolCallFinished`` event follows its storing. If the run stops meanwhile,
+        the finished results not yet stored are stored all the same (within the
+        cleanup grace); the run loop answers the rest.
         """
         results: list[ToolResult | None] = [None] * len(calls)
+        stored = 0
+        storing = anyio.Lock()
         failures: list[BaseException] = []
+
+        async def store_ready() -> None:
+            nonlocal stored
+            async with storing:
+                end = stored
+                while end < len(results) and results[end] is not None:
+                    end += 1
+                ready = [result for result in results[stored:end] if result is not None]
+                await context.append(*(Message(Role.TOOL, (result,)) for result in ready))
+                stored = end
+                for result in ready:
+                    await context.emit(ToolCallFinished(result))
 
         async def run_one(index: int, call: ToolCall) -> None:
             try:
-                result = results[index] = await self._run_tool(call, context)
-                await context.emit(ToolCallFinished(result))  # after it is kept: a stop
-            except Exception as error:  # while the consumer reads cannot lose it
-                failures.append(error)
+                results[index] = await self._run_tool(call, context)
+                await store_ready()
+            except (Exception, KeyboardInterrupt, SystemExit) as error:
+                failures.append(error)  # re-raised as itself, not in an exception group
                 group.cancel_scope.cancel()
 
         try:
@@ -610,9 +674,13 @@ class Agent:
                 for index, call in enumerate(calls):
                     group.start_soon(run_one, index, call)
         finally:
-            with anyio.CancelScope(shield=True):
-                await context.append(
-                    *(Message(Role.TOOL, (result,)) for result in results if result is not None)
+            answered = _answered(context.messages, calls)
+            unstored = [r for r in results if r is not None and r.call_id not in answered]
+            if unstored and not context.grace.uncertain:
+                await _cleanup(
+                    context,
+                    "storing finished tool results",
+                    context.append(*(Message(Role.TOOL, (result,)) for result in unstored)),
                 )
         if failures:
             raise failures[0]
@@ -621,13 +689,16 @@ class Agent:
         original_id = call.id
         call = await run_chain(self._hooks["before_tool"], call, expected=ToolCall, context=context)
         await context.emit(ToolCallStarted(call))
+        name = (
+            call.name if call.name in self._tool_index or self.capture_content else UNDECLARED_TOOL
+        )
         attributes = {
             telemetry.OPERATION_NAME: "execute_tool",
-            telemetry.TOOL_NAME: call.name,
+            telemetry.TOOL_NAME: name,
             telemetry.TOOL_CALL_ID: original_id,
             telemetry.TOOL_TYPE: "function",
         }
-        with telemetry.open_span(f"execute_tool {call.name}", attributes=attributes) as span:
+        with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:
             if self.capture_content and span.is_recording():
                 span.set_attribute(
                     telemetry.TOOL_CALL_ARGUMENTS, telemetry.arguments_json(call.arguments)
@@ -654,18 +725,38 @@ class Agent:
         except ToolArgumentError as problem:
             telemetry.mark_failed(span, "invalid_arguments")
             return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
-        if definition.takes_context:
-            kwargs["context"] = context
+        if definition.context_parameter is not None:
+            kwargs[definition.context_parameter] = context
         function = getattr(self, attribute) if attribute is not None else definition.function
-        try:
-            text = await invoke(function, kwargs)
-        except (CleanupError, DeadlineExceededError):
-            raise
-        except Exception as error:
-            telemetry.mark_failed(span, error)
-            text = f"Tool {call.name!r} failed: {type(error).__name__}: {error}"
-            return error_result(call, self._stored_result(text))
-        return ToolResult(call.id, self._stored_result(text))
+        limit = definition.timeout
+        with anyio.CancelScope(
+            deadline=math.inf if limit is None else anyio.current_time() + limit
+        ) as timer:
+            try:
+                text = await invoke(function, kwargs, definition.name)
+            except anyio.get_cancelled_exc_class():
+                if anyio.current_effective_deadline() == -math.inf:
+                    raise  # the run is stopping, or the tool's own timeout passed
+                return self._failed(call, span, "cancelled", "it raised a cancellation exception")
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except DeadlineExceededError as error:
+                if context.deadline is not None and anyio.current_time() >= context.deadline:
+                    raise  # the run's own deadline
+                return self._failed(call, span, error, f"DeadlineExceededError: {error}")
+            except BaseException as error:  # the tool's own failure, of any kind
+                return self._failed(call, span, error, f"{type(error).__name__}: {error}")
+            return ToolResult(call.id, self._stored_result(text))
+        assert timer.cancelled_caught and limit is not None
+        return self._failed(
+            call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
+        )
+
+    def _failed(
+        self, call: ToolCall, span: Any, error: BaseException | str, what: str
+    ) -> ToolResult:
+        telemetry.mark_failed(span, error)
+        return error_result(call, self._stored_result(f"Tool {call.name!r} failed: {what}"))
 
     def _stored_result(self, text: str) -> str:
         """Without context management the log holds the cut result; with it, the whole
@@ -675,12 +766,89 @@ class Agent:
         return truncate_middle(text, self.max_tool_result_tokens)
 
 
+async def _close_models(models: Iterable[Model]) -> None:
+    """Close ``models`` (shielded); ``CleanupError`` if any failed."""
+    errors = []
+    with anyio.CancelScope(shield=True):
+        for model in models:
+            close = getattr(model, "aclose", None)
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as error:
+                errors.append(error)
+    if errors:
+        raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]
+
+
+async def _cleanup(context: RunContext, what: str, work: Awaitable[None]) -> None:
+    """Await cleanup ``work`` for a run that stops: shielded until its grace ends; a
+    failure is recorded and logged, never raised over what stopped the run."""
+    with anyio.CancelScope(shield=True, deadline=context.grace.stop()):
+        try:
+            await work
+        except Exception as failure:
+            context.grace.fail(what, failure)
+
+
+async def _answer_open_calls(context: RunContext) -> None:
+    """Answer, in the log, the tool calls a stopping run leaves open (so the log can be
+    passed back as history). Skipped when a write was cut off with its outcome unknown:
+    the store may hold more than the log, and the next run repairs from the store."""
+    if context.grace.uncertain:
+        return
+    open_calls = interrupted_results(context.messages, STOPPED_TEXT)
+    if open_calls:
+        await _cleanup(context, "answering the open tool calls", context.append(*open_calls))
+
+
+@asynccontextmanager
+async def _holding(store: SessionStore, session_id: str, grace: Grace) -> AsyncIterator[None]:
+    """Hold the session for the run; releasing it never replaces what stopped the run."""
+    hold = hold_session(store, session_id)
+    await hold.__aenter__()
+    try:
+        yield
+    except BaseException:
+        with anyio.CancelScope(shield=True, deadline=grace.stop()):
+            try:
+                await hold.__aexit__(None, None, None)
+            except Exception as failure:
+                grace.fail("releasing the session", failure)
+        raise
+    await hold.__aexit__(None, None, None)
+
+
+def _answered(log: Sequence[Message], calls: Sequence[ToolCall]) -> set[str]:
+    """The ids of ``calls`` answered in ``log`` since the message that made them."""
+    ids = {call.id for call in calls}
+    found: set[str] = set()
+    for message in reversed(log):
+        found.update(result.call_id for result in message.tool_results if result.call_id in ids)
+        if any(call.id in ids for call in message.tool_calls):
+            break
+    return found
+
+
+def _check_new(message: Message, log: Sequence[Message], where: str) -> None:
+    """The input must be a new message, not one of the conversation's."""
+    if any(earlier.id == message.id for earlier in log):
+        raise ConfigurationError(
+            f"input: a message with id {message.id!r} is already in the {where}; pass a new message"
+        )
+
+
 def _user_message(value: object) -> Message:
     if isinstance(value, str):
         return Message.user(value)
     if isinstance(value, Message):
         if value.role is not Role.USER:
             raise TypeError(f"input must be a user message, not a {value.role} message")
+        if value.tool_calls or value.tool_results:
+            raise ConfigurationError(
+                "input: a user message holds text and images, not tool calls or tool results"
+            )
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")
 

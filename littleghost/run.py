@@ -11,13 +11,15 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
+from littleghost.cleanup import Grace
 from littleghost.context.view import ViewIndex
-from littleghost.errors import ProtocolError
-from littleghost.events import Event, ModelCallFinished, ModelCallRetried, TextDelta
+from littleghost.errors import ProtocolError, SessionStoreError
+from littleghost.events import Event, ModelCallRetried, TextDelta
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import StreamDone, TextChunk
 from littleghost.retry import call_with_retries
+from littleghost.sessions.codec import check_storable
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -65,7 +67,8 @@ class RunContext:
     """What hooks, tools and callable instructions may read during a run.
 
     ``messages`` is the log so far (read-only); ``state`` is a dict for capabilities'
-    per-run data; ``deadline`` is the absolute anyio deadline, or ``None``.
+    per-run data; ``deadline`` is the absolute anyio deadline, or ``None``; ``grace``
+    bounds the cleanup of a run that stops (see :mod:`littleghost.cleanup`).
     """
 
     agent: Agent
@@ -78,6 +81,7 @@ class RunContext:
     usage: Usage = field(factory=Usage)
     turn: int = 0
     state: dict[str, Any] = field(factory=dict, repr=False)
+    grace: Grace = field(factory=lambda: Grace(1.0), repr=False)
     _log: list[Message] = field(factory=list, repr=False, alias="log")
     _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")
@@ -103,17 +107,44 @@ class RunContext:
         return tuple(index.messages())
 
     async def append(self, *messages: Message) -> None:
-        """Append messages to the log (and to the session, when there is one).
+        """Append messages to the log — with a session, once its store has them.
 
-        The messages are in the log before the store is written, and the write is
-        shielded, so a cancellation cannot leave the two apart.
+        The messages are first checked storable, so a value the store cannot keep fails
+        with ``UnstorableValueError`` before anything is written. A write in flight when
+        the run is cancelled may finish within the run's cleanup grace; whatever the
+        store accepted enters the log, and nothing else does.
+
+        Raises:
+            UnstorableValueError: A message holds a value the store cannot keep.
+            SessionStoreError: The store failed; the messages are not in the log (the
+                store may hold them: the run writes nothing more, and the next run of
+                the session repairs what it finds).
         """
         if not messages:
             return
-        self._log.extend(messages)
-        if self._writer is not None:
-            with anyio.CancelScope(shield=True):
-                await self._writer(messages)
+        writer = self._writer
+        if writer is None:
+            self._log.extend(messages)
+            return
+        if self.grace.uncertain:
+            raise SessionStoreError(
+                "an earlier write to the session store failed or was cut off, so the store "
+                "may hold more than the run knows: the run writes nothing more"
+            )
+        check_storable(messages)
+
+        async def write() -> None:
+            try:
+                await writer(messages)
+            except BaseException:
+                self.grace.uncertain = True  # it may have landed all the same
+                raise
+
+        await self.grace.protect(
+            write,
+            f"storing {len(messages)} message(s)",
+            then=lambda: self._log.extend(messages),
+        )
 
     @property
     def streaming(self) -> bool:
@@ -197,7 +228,6 @@ class RunContext:
         )
         if main:
             self.last_exchange = (request, response)
-            await self.emit(ModelCallFinished(response.usage, response.stop_reason))
         return response
 
     async def _prepare(self, model: Model) -> None:

@@ -317,20 +317,22 @@ class TestConcurrentRuns:
 
 
 class TestStoreKnob:
-    def test_the_default_is_one_in_memory_store_per_process(self) -> None:
+    def test_the_default_is_one_in_memory_store_per_agent_class(self) -> None:
         class Other(Agent):
             pass
 
         assert isinstance(Agent.session_store, InMemorySessionStore)
-        assert Other.session_store is Agent.session_store
-        assert Helper(model=ScriptedModel([])).session_store is Agent.session_store
+        assert isinstance(Other.session_store, InMemorySessionStore)
+        assert Other.session_store is not Agent.session_store
+        assert Other.session_store is not Helper.session_store
+        assert Helper(model=ScriptedModel([])).session_store is Helper.session_store
 
     async def test_the_default_store_keeps_sessions(self) -> None:
         session_id = new_session()
         model = ScriptedModel([text_response("one"), text_response("two")])
         await Helper(model=model).run("first", session_id=session_id)
         await Helper(model=model).run("second", session_id=session_id)
-        assert texts(await Agent.session_store.load(session_id)) == [
+        assert texts(await Helper.session_store.load(session_id)) == [
             "first",
             "one",
             "second",

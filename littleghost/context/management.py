@@ -62,6 +62,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     PromptBudgetError,
     ProtocolError,
+    SessionStoreError,
 )
 from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.hooks import CapabilityHook, register_capability
@@ -320,8 +321,8 @@ async def _compact_before_model(
                 request = await _compact(
                     request, context, config, "threshold", estimated, window, target
                 )
-            except (DeadlineExceededError, CleanupError):
-                raise
+            except (DeadlineExceededError, CleanupError, SessionStoreError):
+                raise  # a failed write ends the run: the log must stay whole
             except Exception:
                 pass
     if report is not None and config.budget is not None:

@@ -3,7 +3,7 @@
 ``agent.run(..., session_id=...)`` holds the session for the whole run (a second run of
 the same session waits for it, and the wait counts against its own deadline), loads the
 session's log, and appends every new message as it enters the log. Stores:
-``InMemorySessionStore`` (the default, one per process; runs wait within the process),
+``InMemorySessionStore`` (the default, one per agent class; runs wait within the process),
 ``SQLiteSessionStore`` (one file, one machine; runs wait across its processes) and
 ``PostgresSessionStore`` (many workers on many machines; runs wait across all of them).
 A custom store needs ``load``, ``append``, ``list_sessions`` and ``delete``; without a

@@ -8,12 +8,21 @@ from typing import Protocol, runtime_checkable
 from littleghost.errors import CorruptSessionStoreError, SchemaVersionError, UnstorableValueError
 from littleghost.messages import Message
 
-__all__ = ["SCHEMA_VERSION", "STORE_FORMAT", "SessionStore", "check_schema", "check_session_id"]
+__all__ = [
+    "MAX_SESSION_ID_LENGTH",
+    "SCHEMA_VERSION",
+    "STORE_FORMAT",
+    "SessionStore",
+    "check_schema",
+    "check_session_id",
+]
 
 STORE_FORMAT = "littleghost.sessions"
 """The ``format`` row of a store's meta table: marks the tables as a littleghost store."""
 SCHEMA_VERSION = 1
 """The schema this littleghost writes and reads (the meta table's ``schema_version``)."""
+MAX_SESSION_ID_LENGTH = 256
+"""The longest session id, in characters."""
 
 
 @runtime_checkable
@@ -63,10 +72,16 @@ def check_session_id(session_id: object) -> str:
 
     Raises:
         TypeError: It is not a non-empty str.
-        UnstorableValueError: It holds a NUL character or cannot be encoded as UTF-8.
+        UnstorableValueError: It is longer than ``MAX_SESSION_ID_LENGTH``, holds a NUL
+            character or cannot be encoded as UTF-8.
     """
     if not isinstance(session_id, str) or not session_id:
         raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
+    if len(session_id) > MAX_SESSION_ID_LENGTH:
+        raise UnstorableValueError(
+            f"session_id is {len(session_id)} characters long; the longest is "
+            f"{MAX_SESSION_ID_LENGTH}"
+        )
     if "\x00" in session_id:
         raise UnstorableValueError("session_id must not contain NUL characters")
     try:

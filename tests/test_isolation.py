@@ -1,0 +1,211 @@
+"""Isolation and early failures: sessions stay with their agent class, threads own their
+models, the RunContext reaches only the tool parameter annotated for it, and bad input
+fails before anything is stored."""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from littleghost import Agent, Message, RunContext, ToolCall, tool
+from littleghost.errors import ConfigurationError, UnstorableValueError
+from littleghost.models import ModelRequest, ModelResponse, register_provider
+from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from tests.conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+
+def echo(request: ModelRequest) -> ModelResponse:
+    """Answer with every user text the model was shown, joined."""
+    seen = [m.text for m in request.messages if m.role.value == "user"]
+    return text_response(" | ".join(seen))
+
+
+class Support(Agent):
+    instructions = "Support."
+
+
+class Billing(Agent):
+    instructions = "Billing."
+
+
+class VIPSupport(Support):
+    pass
+
+
+class TestSessionsStayWithTheirClass:
+    async def test_two_classes_never_see_each_others_session(self) -> None:
+        session = f"customer-{uuid.uuid4().hex}"
+        await Support(model=ScriptedModel([echo])).run("my password is hunter2", session_id=session)
+        result = await Billing(model=ScriptedModel([echo])).run("hello", session_id=session)
+        assert "hunter2" not in result.output
+        assert [m.text for m in result.messages] == ["hello", "hello"]
+
+    async def test_a_subclass_without_a_store_of_its_own_gets_its_own(self) -> None:
+        assert VIPSupport.session_store is not Support.session_store
+        assert Support.session_store is not Agent.session_store
+
+    async def test_sharing_is_declared(self) -> None:
+        shared = InMemorySessionStore()
+
+        class Front(Agent):
+            session_store = shared
+
+        class Back(Agent):
+            session_store = shared
+
+        class FrontChild(Front):
+            pass
+
+        await Front(model=ScriptedModel([echo])).run("first", session_id="x")
+        result = await Back(model=ScriptedModel([echo])).run("second", session_id="x")
+        assert result.output == "first | second"
+        assert FrontChild.session_store is shared
+
+
+class Closeable:
+    """A model that fails if used after it was closed (a client tied to one loop)."""
+
+    provider = "closeable"
+    context_window = None
+    made: list[Closeable] = []
+    lock = threading.Lock()
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name or "closeable"
+        self.closed = False
+        with Closeable.lock:
+            Closeable.made.append(self)
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        import anyio
+
+        await anyio.sleep(0.05)
+        if self.closed:
+            raise RuntimeError("used after close")
+        return text_response("ok")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_run_sync_from_several_threads_on_one_agent() -> None:
+    register_provider("closeable", Closeable)
+
+    class Threaded(Agent):
+        model = "closeable:m"
+
+    agent = Threaded()
+    Closeable.made.clear()
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(lambda i: agent.run_sync(f"hi {i}").output, range(12)))
+    assert results == ["ok"] * 12
+    assert len(Closeable.made) == 12  # each call owned its model
+    assert all(model.closed for model in Closeable.made)
+
+
+class TestTheContextParameter:
+    async def test_the_parameter_annotated_run_context_receives_it(self) -> None:
+        seen: list[Any] = []
+
+        class Tools(Agent):
+            @tool
+            async def where(self, ctx: RunContext, context: str) -> str:
+                """Say where we are.
+
+                Args:
+                    context: Some context the model gives.
+                """
+                seen.append((ctx, context))
+                return "here"
+
+        model = ScriptedModel(
+            [tool_call_response("where", {"context": "a hint"}), text_response("x")]
+        )
+        agent = Tools(model=model)
+        await agent.run("Go.")
+        [(ctx, context)] = seen
+        assert isinstance(ctx, RunContext) and ctx.agent is agent
+        assert context == "a hint"
+        [spec] = model.requests[0].tools
+        assert set(spec.parameters["properties"]) == {"context"}
+
+
+class TestBadInputStoresNothing:
+    async def test_a_user_input_holding_tool_parts(self) -> None:
+        store = InMemorySessionStore()
+        agent = Support(model=ScriptedModel([echo]), session_store=store)
+        bad = Message("user", (ToolCall("c", "t", {}),))
+        with pytest.raises(ConfigurationError, match="tool calls or tool results"):
+            await agent.run(bad, session_id="s")
+        assert await store.list_sessions() == ()
+
+    async def test_an_input_already_in_the_log(self) -> None:
+        store = InMemorySessionStore()
+        agent = Support(model=ScriptedModel([echo, echo]), session_store=store)
+        first = Message.user("first")
+        await agent.run(first, session_id="s")
+        before = await store.load("s")
+        with pytest.raises(ConfigurationError, match="already in the session"):
+            await agent.run(first, session_id="s")
+        assert await store.load("s") == before
+        with pytest.raises(ConfigurationError, match="already in the history"):
+            await agent.run(first, history=[first])
+
+    @pytest.mark.parametrize(
+        ("settings", "named"),
+        [
+            ({"messages": []}, "messages"),
+            ({"tools": []}, "tools"),
+            ({"model": "other"}, "model"),
+            ({"stream": True}, "stream"),
+            ({"max_tokens": "10"}, "max_tokens"),
+            ({"max_tokens": 2.5}, "max_tokens"),
+            ({"temperature": math.nan}, "temperature"),
+            ({"top_p": 3}, "top_p"),
+        ],
+    )
+    async def test_reserved_or_mistyped_settings(
+        self, settings: dict[str, Any], named: str
+    ) -> None:
+        with pytest.raises(ConfigurationError, match=named):  # at class definition
+            type("Declared", (Agent,), {"settings": settings})
+        store = InMemorySessionStore()
+        agent = Support(model=ScriptedModel([echo]), session_store=store)
+        with pytest.raises(ConfigurationError, match=named):
+            await agent.run("hi", settings=settings, session_id="s")
+        assert await store.list_sessions() == ()
+
+    @pytest.mark.parametrize(
+        ("session_id", "error"),
+        [("", TypeError), ("x" * 257, UnstorableValueError), ("a\x00b", UnstorableValueError)],
+    )
+    async def test_empty_or_overlong_session_ids(
+        self, session_id: str, error: type[Exception]
+    ) -> None:
+        store = InMemorySessionStore()
+        agent = Support(model=ScriptedModel([echo]), session_store=store)
+        with pytest.raises(error):
+            await agent.run("hi", session_id=session_id)
+        assert await store.list_sessions() == ()
+
+
+class TestUndeclaredToolNames:
+    async def test_an_undeclared_name_never_reaches_telemetry(self, spans: Spans) -> None:
+        model = ScriptedModel([tool_call_response("call_me_maybe_4111", {}), text_response("x")])
+        await Support(model=model).run("Go.")
+        span = spans.one("execute_tool")
+        assert span.name == "execute_tool undeclared"
+        assert "call_me_maybe_4111" not in str(dict(span.attributes or {}))
+
+    async def test_with_capture_content_it_does(self, spans: Spans) -> None:
+        model = ScriptedModel([tool_call_response("call_me_maybe_4111", {}), text_response("x")])
+        await Support(model=model, capture_content=True).run("Go.")
+        assert spans.one("execute_tool").name == "execute_tool call_me_maybe_4111"

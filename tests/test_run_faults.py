@@ -1,0 +1,373 @@
+"""Runs keep their deadline, their cancellation and a whole log under faults.
+
+Each reproduction of issue 12 as a regression test through the public API, under asyncio
+and trio: the store first, then the log; bounded cleanup; cancellation that stays
+cancellation; whose deadline it is; events after facts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from littleghost import Agent, Message, Role, ToolCall, after_model, tool
+from littleghost.errors import (
+    DeadlineExceededError,
+    SessionStoreError,
+    UnstorableValueError,
+)
+from littleghost.events import ModelCallFinished, ToolCallFinished
+from littleghost.models import ModelResponse, StopReason
+from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+GRACE = 0.3
+"""The cleanup grace of the agents here (short, so the tests are quick)."""
+SLACK = 0.4
+"""What a bound on elapsed time allows beyond deadline + grace (scheduling, threads)."""
+
+
+def valid(log: Sequence[Message]) -> None:
+    """Every tool result follows its call; every call is answered at most once."""
+    open_calls: dict[str, int] = {}
+    answered: set[tuple[int, str]] = set()
+    ids = [message.id for message in log]
+    assert len(ids) == len(set(ids)), "a message is stored twice"
+    for position, message in enumerate(log):
+        for call in message.tool_calls:
+            open_calls[call.id] = position
+        for result in message.tool_results:
+            assert result.call_id in open_calls, f"result for {result.call_id} before its call"
+            key = (open_calls[result.call_id], result.call_id)
+            assert key not in answered, f"call {result.call_id} answered twice"
+            answered.add(key)
+
+
+class SlowStore:
+    """A store whose appends (after the first ``fast`` of them) take ``delay`` seconds."""
+
+    def __init__(self, delay: float, fast: int = 0, fail: bool = False) -> None:
+        self.inner = InMemorySessionStore()
+        self.delay = delay
+        self.fast = fast
+        self.fail = fail
+        self.appends = 0
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        return await self.inner.load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        self.appends += 1
+        if self.appends > self.fast:
+            await anyio.sleep(self.delay)
+            if self.fail:
+                raise SessionStoreError("the store is down")
+        await self.inner.append(session_id, messages)
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        return await self.inner.list_sessions()
+
+    async def delete(self, session_id: str) -> None:
+        await self.inner.delete(session_id)
+
+
+class Waiter(Agent):
+    instructions = "Wait."
+    cleanup_grace = GRACE
+
+    @tool
+    async def wait(self, seconds: float) -> str:
+        """Wait a while."""
+        await anyio.sleep(seconds)
+        return "waited"
+
+
+def waiting_model() -> ScriptedModel:
+    return ScriptedModel(
+        [tool_call_response("wait", {"seconds": 10}, call_id="c1"), text_response("done")]
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore()
+    else:
+        async with SQLiteSessionStore(tmp_path / "sessions.db", timeout=0.2) as sqlite_store:
+            yield sqlite_store
+
+
+class TestTheStoreFirst:
+    async def test_a_locked_database_ends_the_run_and_stores_no_result_without_its_call(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "sessions.db"
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+        class Locking(Waiter):
+            @after_model
+            def lock_the_database(self, response: ModelResponse) -> None:
+                if response.message.tool_calls:
+                    blocker.execute("BEGIN EXCLUSIVE")
+
+        async with SQLiteSessionStore(path, timeout=0.2) as store:
+            agent = Locking(model=waiting_model(), session_store=store)
+            await store.append("s", [])  # the file and its tables exist before the lock
+            with pytest.raises(SessionStoreError):
+                await agent.run("Wait for me.", session_id="s", timeout=5)
+            blocker.execute("ROLLBACK")
+            blocker.close()
+            stored = await store.load("s")
+        valid(stored)
+        assert [message.role for message in stored] == [Role.USER]
+
+    @pytest.mark.parametrize("value", [{1, 2}, b"raw"], ids=["set", "bytes"])
+    async def test_unstorable_tool_arguments_are_rejected_before_anything_of_the_message_is_written(
+        self, store: SessionStore, value: object
+    ) -> None:
+        model = ScriptedModel([tool_call_response("wait", {"seconds": value}), text_response("x")])
+        with pytest.raises(UnstorableValueError, match=r"content\[0\]\.arguments\['seconds'\]"):
+            await Waiter(model=model, session_store=store).run("Go.", session_id="s")
+        stored = await store.load("s")
+        assert [message.role for message in stored] == [Role.USER]
+
+    async def test_an_after_model_hook_adding_unstorable_metadata_stores_nothing_of_that_message(
+        self, store: SessionStore
+    ) -> None:
+        class Tagging(Waiter):
+            @after_model
+            def tag(self, response: ModelResponse) -> ModelResponse:
+                message = attrs.evolve(response.message, metadata={"seen": object()})
+                return attrs.evolve(response, message=message)
+
+        model = ScriptedModel([tool_call_response("wait", {"seconds": 0}), text_response("x")])
+        with pytest.raises(UnstorableValueError, match=r"metadata\['seen'\]"):
+            await Tagging(model=model, session_store=store).run("Go.", session_id="s")
+        stored = await store.load("s")
+        valid(stored)
+        assert [message.role for message in stored] == [Role.USER]
+
+    async def test_a_failed_write_leaves_the_log_as_the_store_has_it(self) -> None:
+        store = SlowStore(0, fast=1, fail=True)  # the user message lands; the answer fails
+        agent = Waiter(model=ScriptedModel([text_response("hello")]), session_store=store)
+        async with agent.stream("Hi.", session_id="s") as events:
+            with pytest.raises(SessionStoreError):
+                async for _ in events:
+                    pass
+        assert events.messages == await store.load("s")
+        assert [message.text for message in events.messages] == ["Hi."]
+
+
+class TestBoundedCleanup:
+    async def test_a_slow_store_keeps_the_deadline_plus_the_grace(self) -> None:
+        store = SlowStore(3.0, fast=2)  # user message and the call land; the rest is slow
+        agent = Waiter(model=waiting_model(), session_store=store)
+        began = time.monotonic()
+        with pytest.raises(DeadlineExceededError) as caught:
+            await agent.run("Wait.", session_id="s", timeout=0.2)
+        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+        assert isinstance(caught.value.__cause__, TimeoutError)
+        valid(await store.load("s"))
+
+    async def test_a_callers_cancel_scope_is_honoured_within_the_grace(self) -> None:
+        store = SlowStore(3.0, fast=2)
+        agent = Waiter(model=waiting_model(), session_store=store)
+        began = time.monotonic()
+        with anyio.move_on_after(0.2) as scope:
+            await agent.run("Wait.", session_id="s")
+        assert scope.cancelled_caught
+        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+
+    async def test_a_cleanup_that_could_not_finish_is_logged_without_content(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        store = SlowStore(3.0, fast=2)
+        agent = Waiter(model=waiting_model(), session_store=store)
+        with (
+            caplog.at_level(logging.WARNING, "littleghost.cleanup"),
+            pytest.raises(DeadlineExceededError),
+        ):
+            await agent.run("Secret words.", session_id="s", timeout=0.2)
+        lines = [record.getMessage() for record in caplog.records]
+        assert any("could not be done" in line for line in lines), lines
+        assert not any("Secret" in line or "stopped before" in line for line in lines)
+
+    async def test_a_stopped_run_answers_its_open_call_within_the_grace(
+        self, store: SessionStore
+    ) -> None:
+        agent = Waiter(model=waiting_model(), session_store=store)
+        with pytest.raises(DeadlineExceededError):
+            await agent.run("Wait.", session_id="s", timeout=0.2)
+        stored = await store.load("s")
+        valid(stored)
+        [result] = [r for message in stored for r in message.tool_results]
+        assert result.is_error and "stopped" in result.content
+
+    async def test_a_locked_database_keeps_the_deadline(self, tmp_path: Path) -> None:
+        path = tmp_path / "sessions.db"
+        async with SQLiteSessionStore(path, timeout=30) as store:
+            await store.append("s", [Message.user("earlier")])
+            blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            blocker.execute("BEGIN EXCLUSIVE")
+            try:
+                agent = Waiter(model=waiting_model(), session_store=store)
+                began = time.monotonic()
+                with pytest.raises(DeadlineExceededError):
+                    await agent.run("Wait.", session_id="s", timeout=1)
+                assert time.monotonic() - began < 1 + GRACE + SLACK
+            finally:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+            valid(await store.load("s"))
+
+
+class TestCancellationStaysCancellation:
+    async def test_a_failing_cleanup_never_replaces_the_cancellation(self) -> None:
+        store = SlowStore(0.05, fast=2, fail=True)  # the stop's writes fail
+        agent = Waiter(model=waiting_model(), session_store=store)
+        with anyio.move_on_after(0.2) as scope:
+            await agent.run("Wait.", session_id="s")
+        assert scope.cancelled_caught
+        valid(await store.load("s"))
+
+    async def test_a_tool_raising_a_cancellation_of_its_own_gets_an_error_result(self) -> None:
+        class Odd(Agent):
+            @tool
+            async def odd(self) -> str:
+                """Raise a cancellation exception nobody asked for."""
+                raise asyncio.CancelledError()
+
+        model = ScriptedModel([tool_call_response("odd", {}), text_response("ok")])
+        result = await Odd(model=model).run("Go.")
+        assert result.output == "ok"
+        [answer] = [r for message in result.messages for r in message.tool_results]
+        assert answer.is_error
+        valid(result.messages)
+
+    @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+    async def test_keyboard_interrupt_and_system_exit_propagate_as_themselves(
+        self, kind: type[BaseException]
+    ) -> None:
+        class Exiting(Agent):
+            @tool
+            async def stop(self) -> str:
+                """Stop everything."""
+                raise kind()
+
+            @tool
+            async def slow(self) -> str:
+                """Take a while."""
+                await anyio.sleep(10)
+                return "slow"
+
+        calls = [ToolCall("c1", "stop", {}), ToolCall("c2", "slow", {})]
+        model = ScriptedModel(
+            [ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)]
+        )
+        store = InMemorySessionStore()
+        with pytest.raises(kind) as caught:
+            await Exiting(model=model, session_store=store).run("Go.", session_id="s")
+        assert type(caught.value) is kind
+        stored = await store.load("s")
+        valid(stored)
+        assert len([r for message in stored for r in message.tool_results]) == 2
+
+
+class Nested(Agent):
+    instructions = "Think slowly."
+
+
+class Outer(Agent):
+    @tool
+    async def ask_the_expert(self, question: str) -> str:
+        """Ask a slower agent, with a short timeout of its own."""
+
+        async def slow(request: Any) -> ModelResponse:
+            await anyio.sleep(10)
+            return text_response("late")
+
+        result = await Nested(model=ScriptedModel([slow])).run(question, timeout=0.05)
+        return result.output
+
+    @tool(timeout=0.1)
+    async def hang(self) -> str:
+        """Hang."""
+        await anyio.sleep(10)
+        return "never"
+
+    @tool(timeout=0.1)
+    def block(self) -> str:
+        """Block a thread for a while (a sync tool cannot be stopped)."""
+        time.sleep(0.5)
+        return "late"
+
+
+class TestWhoseDeadline:
+    async def test_a_nested_runs_deadline_is_the_tools_error(self) -> None:
+        model = ScriptedModel(
+            [tool_call_response("ask_the_expert", {"question": "?"}), text_response("ok")]
+        )
+        result = await Outer(model=model).run("Go.", timeout=5)
+        assert result.output == "ok"
+        [answer] = [r for message in result.messages for r in message.tool_results]
+        assert answer.is_error and "DeadlineExceededError" in answer.content
+
+    async def test_a_tool_timeout_is_an_error_result_and_the_run_goes_on(self) -> None:
+        model = ScriptedModel([tool_call_response("hang", {}), text_response("ok")])
+        began = time.monotonic()
+        result = await Outer(model=model).run("Go.")
+        assert time.monotonic() - began < 2
+        [answer] = [r for message in result.messages for r in message.tool_results]
+        assert answer.is_error and "did not finish within 0.1 s and was stopped" in answer.content
+
+    async def test_a_sync_tool_past_its_timeout_is_stopped_and_its_late_result_discarded(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        model = ScriptedModel([tool_call_response("block", {}), text_response("ok")])
+        with caplog.at_level(logging.INFO, "littleghost.tools"):
+            result = await Outer(model=model).run("Go.")
+            [answer] = [r for message in result.messages for r in message.tool_results]
+            assert answer.is_error and "was stopped" in answer.content
+            await anyio.sleep(0.8)  # the thread finishes meanwhile
+        assert any("block" in record.getMessage() for record in caplog.records)
+
+    async def test_the_runs_own_deadline_ends_the_run(self) -> None:
+        model = ScriptedModel([tool_call_response("hang", {})])
+        with pytest.raises(DeadlineExceededError):
+            await Outer(model=model).run("Go.", timeout=0.05)
+
+
+class TestEventsAfterFacts:
+    async def test_leaving_on_model_call_finished_keeps_the_answer(self) -> None:
+        store = InMemorySessionStore()
+        agent = Waiter(model=ScriptedModel([text_response("the answer")]), session_store=store)
+        async with agent.stream("Question?", session_id="s") as events:
+            async for event in events:
+                if isinstance(event, ModelCallFinished):
+                    break
+        assert [message.text for message in await store.load("s")] == ["Question?", "the answer"]
+        assert events.messages[-1].text == "the answer"
+
+    async def test_leaving_on_tool_call_finished_keeps_the_result(self) -> None:
+        store = InMemorySessionStore()
+        model = ScriptedModel([tool_call_response("wait", {"seconds": 0}), text_response("x")])
+        agent = Waiter(model=model, session_store=store)
+        async with agent.stream("Go.", session_id="s") as events:
+            async for event in events:
+                if isinstance(event, ToolCallFinished):
+                    seen = event.result
+                    break
+        stored = await store.load("s")
+        assert seen in [r for message in stored for r in message.tool_results]
+        valid(stored)
