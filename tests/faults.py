@@ -1,0 +1,579 @@
+"""A fault-injection harness for whole runs: many short runs with faults at random points.
+
+Each run is drawn from a seeded random generator: a script of model turns (tool calls,
+several at once, and a final answer), tools that answer, fail, hang, time out, block a
+thread, raise a cancellation of their own or end the process, a session store (in
+memory or SQLite) that fails, stalls or fails after writing, model calls that fail or
+stall, and a stop: a deadline, a caller's cancel scope, or a cancellation at the k-th
+instrumented await (each store call, model call and tool start and end is one). Runs go
+through ``run()`` or ``stream()`` (whose consumer may leave early).
+
+After each run the harness checks:
+
+- the exception that escaped, if any, is a documented one (``DOCUMENTED``), never an
+  exception group, and a caller's cancellation that came before any fault that ends a
+  run is what ended it (never replaced);
+- the run ended within its stop time (deadline or cancellation) plus the cleanup grace;
+- the stored log is valid: unique ids, every tool result after its call, no call
+  answered twice; and after a fault-free run of the same session, every call is
+  answered exactly once and the model was shown a valid request.
+
+``campaign()`` runs a number of them concurrently and returns a ``Report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from attrs import define, field
+
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
+from littleghost.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    LimitExceededError,
+    OutputLimitError,
+    ProtocolError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+    SessionStoreError,
+)
+from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
+from littleghost.testing import text_response
+
+GRACE = 0.1
+"""The cleanup grace of the harness's agents, in seconds."""
+TOLERANCE = 0.25
+"""What a run may take past its stop time plus the grace (scheduling of many
+concurrent runs and worker threads), in seconds."""
+
+DOCUMENTED: tuple[type[BaseException], ...] = (
+    DeadlineExceededError,
+    SessionStoreError,
+    ProviderError,
+    ProtocolError,
+    LimitExceededError,
+    OutputLimitError,
+)
+"""What a run may raise (besides the caller's own cancellation and a tool's SystemExit)."""
+
+TOOLS = ("quick", "fail", "hang", "timed", "blocking", "cancel_self", "nested", "exit")
+
+
+@define(eq=False)
+class Chaos:
+    """The faults of one run, and the instrumented awaits they fire at."""
+
+    rng: random.Random
+    store_faults: dict[int, tuple[str, float]] = field(factory=dict)
+    model_faults: dict[int, tuple[str, float]] = field(factory=dict)
+    cancel_at_point: int | None = None
+    fail_cleanup: bool = False
+    """Fail every store write made once the run's stop has come (its cleanup)."""
+    scope: anyio.CancelScope | None = None
+    context: RunContext | None = None
+    """The run's context, once its first model call is due."""
+    points: int = 0
+    appends: int = 0
+    calls: int = 0
+    fired: Counter[str] = field(factory=Counter)
+    ending_fault_at: float | None = None
+    """When the first fault that can end a run fired (an error, not a stall)."""
+    cancelled_at: float | None = None
+
+    async def point(self) -> None:
+        """An instrumented await: the caller's scope may be cancelled here."""
+        index = self.points
+        self.points += 1
+        if index == self.cancel_at_point and self.scope is not None:
+            self.fired["cancel at an await"] += 1
+            self.cancelled_at = time.monotonic()
+            self.scope.cancel()
+        await anyio.lowlevel.checkpoint()
+
+    def stopping(self) -> bool:
+        """True once the run knows it is stopping (its cleanup has begun)."""
+        return self.context is not None and self.context.grace.stopping
+
+    def ending(self, kind: str) -> None:
+        self.fired[kind] += 1
+        if self.ending_fault_at is None:
+            self.ending_fault_at = time.monotonic()
+
+
+class ChaosStore:
+    """A session store that fails, stalls or fails after writing, as ``chaos`` says."""
+
+    def __init__(self, inner: SessionStore, chaos: Chaos) -> None:
+        self.inner = inner
+        self.chaos = chaos
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        await self.chaos.point()
+        return await self.inner.load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        chaos = self.chaos
+        index = chaos.appends
+        chaos.appends += 1
+        await chaos.point()
+        kind, seconds = chaos.store_faults.get(index, ("", 0.0))
+        if chaos.fail_cleanup and chaos.stopping():
+            chaos.fired["store error while stopping"] += 1
+            raise SessionStoreError("injected: the store is down while the run stops")
+        if kind == "store stall":
+            chaos.fired[kind] += 1
+            await anyio.sleep(seconds)
+        elif kind == "store error":
+            chaos.ending(kind)
+            raise SessionStoreError("injected: the store is down")
+        await self.inner.append(session_id, messages)
+        if kind == "store error after writing":
+            chaos.ending(kind)
+            raise SessionStoreError("injected: the connection dropped after the commit")
+        await chaos.point()
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        return await self.inner.list_sessions()
+
+    async def delete(self, session_id: str) -> None:
+        await self.inner.delete(session_id)
+
+    def lock(self, session_id: str) -> Any:
+        return self.inner.lock(session_id)  # type: ignore[attr-defined]
+
+
+class ChaosModel:
+    """Plays ``turns`` (lists of tool names, the last one an answer), with faults."""
+
+    provider = "chaos"
+    name = "chaos"
+    context_window = None
+
+    def __init__(self, turns: list[list[str]], chaos: Chaos) -> None:
+        self.turns = turns
+        self.chaos = chaos
+        self.turn = 0
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        chaos = self.chaos
+        index = chaos.calls
+        chaos.calls += 1
+        await chaos.point()
+        kind, seconds = chaos.model_faults.get(index, ("", 0.0))
+        if kind == "model stall":
+            chaos.fired[kind] += 1
+            await anyio.sleep(seconds)
+        elif kind == "model unavailable":
+            chaos.ending(kind)
+            raise ProviderUnavailableError("injected", provider="chaos")
+        elif kind == "model rate limit":
+            chaos.ending(kind)
+            raise RateLimitError("injected", provider="chaos", retry_after=0.01)
+        elif kind == "model invalid request":
+            chaos.ending(kind)
+            raise InvalidRequestError("injected", provider="chaos", status=400)
+        if self.turn >= len(self.turns):
+            return text_response("done")
+        names = self.turns[self.turn]
+        self.turn += 1
+        if not names:
+            return text_response("done")
+        calls = [ToolCall(f"call-{self.turn}-{i}", name, {}) for i, name in enumerate(names)]
+        return ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+
+
+class Inner(Agent):
+    """The agent a tool runs, with a deadline of its own that always passes."""
+
+    cleanup_grace = GRACE
+
+
+class Slow:
+    provider = "slow"
+    name = "slow"
+    context_window = None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        await anyio.sleep(10)
+        return text_response("late")
+
+
+class ChaosAgent(Agent):
+    instructions = "Work."
+    cleanup_grace = GRACE
+    max_retries = 0
+    max_turns = 6
+
+    @before_model
+    def watch(self, request: ModelRequest, context: RunContext) -> None:
+        """Let the faults see whether the run is stopping."""
+        if isinstance(context.model, ChaosModel):
+            context.model.chaos.context = context
+
+    @tool
+    async def quick(self) -> str:
+        """Answer at once."""
+        return "quick"
+
+    @tool
+    async def fail(self) -> str:
+        """Fail."""
+        raise ValueError("injected tool failure")
+
+    @tool
+    async def hang(self) -> str:
+        """Never finish."""
+        await anyio.sleep(60)
+        return "never"
+
+    @tool(timeout=0.02)
+    async def timed(self) -> str:
+        """Take longer than its timeout."""
+        await anyio.sleep(60)
+        return "never"
+
+    @tool(timeout=0.03)
+    def blocking(self) -> str:
+        """Block a worker thread past its timeout."""
+        time.sleep(0.06)
+        return "late"
+
+    @tool
+    async def cancel_self(self) -> str:
+        """Raise a cancellation exception nobody asked for."""
+        raise asyncio.CancelledError()
+
+    @tool
+    async def nested(self) -> str:
+        """Run an agent whose own deadline passes."""
+        return (await Inner(model=Slow()).run("?", timeout=0.01)).output
+
+    @tool
+    async def exit(self) -> str:
+        """End the process (the run must let SystemExit through as itself)."""
+        raise SystemExit(3)
+
+
+@define
+class Outcome:
+    """What one run did."""
+
+    elapsed: float
+    stop_at: float | None
+    """Seconds after the start when the deadline or the caller's cancellation came."""
+    error: BaseException | None
+    cancelled: bool
+    violations: list[str]
+
+
+@define
+class Report:
+    """The figures of a campaign."""
+
+    runs: int = 0
+    by_outcome: Counter[str] = field(factory=Counter)
+    faults: Counter[str] = field(factory=Counter)
+    violations: list[str] = field(factory=list)
+    worst_overshoot: float = 0.0
+    """The most a run took past its stop time, in seconds (the grace included)."""
+
+    def add(self, outcome: Outcome, chaos: Chaos) -> None:
+        self.runs += 1
+        self.faults.update(chaos.fired)
+        self.violations.extend(outcome.violations)
+        if outcome.cancelled:
+            self.by_outcome["cancelled by the caller"] += 1
+        elif outcome.error is None:
+            self.by_outcome["completed"] += 1
+        else:
+            self.by_outcome[type(outcome.error).__name__] += 1
+        if outcome.stop_at is not None:
+            self.worst_overshoot = max(self.worst_overshoot, outcome.elapsed - outcome.stop_at)
+
+
+def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, Any]]:
+    """A script of turns and the run's stop."""
+    turns = [
+        [rng.choice(TOOLS) for _ in range(rng.choice((1, 1, 2, 3)))]
+        for _ in range(rng.randint(0, 3))
+    ]
+    turns = [[name for name in names if name != "exit" or rng.random() < 0.15] for names in turns]
+    for index in range(10):
+        roll = rng.random()
+        if roll < 0.06:
+            chaos.store_faults[index] = ("store error", 0.0)
+        elif roll < 0.09:
+            chaos.store_faults[index] = ("store error after writing", 0.0)
+        elif roll < 0.2:
+            chaos.store_faults[index] = ("store stall", rng.uniform(0.01, 0.6))
+    for index in range(8):
+        roll = rng.random()
+        if roll < 0.04:
+            chaos.model_faults[index] = ("model unavailable", 0.0)
+        elif roll < 0.06:
+            chaos.model_faults[index] = ("model rate limit", 0.0)
+        elif roll < 0.08:
+            chaos.model_faults[index] = ("model invalid request", 0.0)
+        elif roll < 0.18:
+            chaos.model_faults[index] = ("model stall", rng.uniform(0.01, 0.4))
+    stop: dict[str, Any] = {}
+    roll = rng.random()
+    if roll < 0.3:
+        stop["timeout"] = rng.uniform(0.0, 0.3)
+        chaos.fired["deadline"] += 1
+    elif roll < 0.5:
+        stop["cancel_after"] = rng.uniform(0.0, 0.3)
+        chaos.fired["caller cancel scope"] += 1
+    elif roll < 0.75:
+        chaos.cancel_at_point = rng.randint(0, 14)
+    for names in turns:
+        chaos.fired.update(f"tool {name}" for name in names)
+    chaos.fail_cleanup = rng.random() < 0.3
+    if not stop and any("hang" in names for names in turns):
+        stop["timeout"] = rng.uniform(0.05, 0.3)  # a hanging tool waits for the run's stop
+        chaos.fired["deadline"] += 1
+    stop["stream"] = rng.choice(("run", "stream", "stream and leave"))
+    return turns, stop
+
+
+async def one_run(
+    rng: random.Random, inner: SessionStore, session_id: str
+) -> tuple[Outcome, Chaos]:
+    """Run one faulty run, check it, then a fault-free run of its session, and check that."""
+    chaos = Chaos(rng)
+    turns, stop = _plan(rng, chaos)
+    store = ChaosStore(inner, chaos)
+    agent = ChaosAgent(model=ChaosModel(turns, chaos), session_store=store)
+    violations: list[str] = []
+    error: BaseException | None = None
+    began = time.monotonic()
+    stop_at: float | None = None
+    timeout = stop.get("timeout")
+    if timeout is not None:
+        stop_at = timeout
+    try:
+        with anyio.CancelScope() as scope:
+            chaos.scope = scope
+            if "cancel_after" in stop:
+                scope.deadline = anyio.current_time() + stop["cancel_after"]
+                chaos.cancelled_at = began + stop["cancel_after"]
+            try:
+                await _drive(agent, session_id, timeout, stop["stream"], rng)
+            except (Exception, SystemExit) as caught:
+                error = caught
+    except anyio.get_cancelled_exc_class() as stray:  # not the scope's own: it would catch it
+        error = stray
+        violations.append("a cancellation escaped that nobody asked for")
+    elapsed = time.monotonic() - began
+    cancelled = scope.cancelled_caught
+    cancel_at = None if chaos.cancelled_at is None else chaos.cancelled_at - began
+    if cancel_at is not None and cancel_at < elapsed:
+        stop_at = cancel_at if stop_at is None else min(stop_at, cancel_at)
+    else:
+        cancel_at = None
+    violations.extend(_check_outcome(error, cancelled, chaos, cancel_at, timeout, began))
+    if stop_at is not None and elapsed > stop_at + GRACE + TOLERANCE:
+        violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
+    if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
+        violations.append("SystemExit from nowhere")
+    stored = await inner.load(session_id)
+    violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
+    violations.extend(await _repair(inner, session_id))
+    described = [f"{session_id} ({turns}, {stop}, {chaos.fired}): {v}" for v in violations]
+    return Outcome(elapsed, stop_at, error, cancelled, described), chaos
+
+
+async def _drive(
+    agent: Agent, session_id: str, timeout: float | None, mode: str, rng: random.Random
+) -> None:
+    if mode == "run":
+        await agent.run("Go.", session_id=session_id, timeout=timeout)
+        return
+    leave_after = rng.randint(1, 6)
+    async with agent.stream("Go.", session_id=session_id, timeout=timeout) as events:
+        seen = 0
+        async for _ in events:
+            seen += 1
+            if mode == "stream and leave" and seen >= leave_after:
+                break
+
+
+def _check_outcome(
+    error: BaseException | None,
+    cancelled: bool,
+    chaos: Chaos,
+    cancel_at: float | None,
+    timeout: float | None,
+    began: float,
+) -> list[str]:
+    """Only documented errors escape; in a run no fault ended, a failed cleanup write never
+    escapes, and a cancellation at an await before the deadline is what ended the run
+    (a cancellation by a timer may race the run's last step, fairly)."""
+    problems = []
+    if error is not None and not isinstance(error, (*DOCUMENTED, SystemExit)):
+        problems.append(f"undocumented {type(error).__name__}: {error!r}")
+    if chaos.ending_fault_at is not None:
+        return problems  # a fault may end the run first; the race is fair either way
+    if isinstance(error, SessionStoreError):
+        problems.append("a failed cleanup write escaped in place of the run's stop")
+    by_point = chaos.cancel_at_point is not None and chaos.points > chaos.cancel_at_point
+    first = cancel_at is not None and (timeout is None or cancel_at < timeout)
+    if by_point and first and not cancelled and not isinstance(error, SystemExit):
+        replaced = type(error).__name__ if error is not None else "a result"
+        problems.append(f"the caller's cancellation was replaced by {replaced}")
+    return problems
+
+
+def log_problems(log: Sequence[Message]) -> list[str]:
+    """What is wrong with a stored log: duplicate ids, results before their call, calls
+    answered twice."""
+    problems = []
+    ids = [message.id for message in log]
+    if len(ids) != len(set(ids)):
+        problems.append("a message is stored twice")
+    open_calls: dict[str, int] = {}
+    answered: set[tuple[int, str]] = set()
+    for position, message in enumerate(log):
+        for call in message.tool_calls:
+            open_calls[call.id] = position
+        for result in message.tool_results:
+            if result.call_id not in open_calls:
+                problems.append(f"a result for {result.call_id} before its call")
+                continue
+            key = (open_calls[result.call_id], result.call_id)
+            if key in answered:
+                problems.append(f"call {result.call_id} answered twice")
+            answered.add(key)
+    return problems
+
+
+def unanswered(log: Sequence[Message]) -> list[str]:
+    """Calls of ``log`` without a result."""
+    pending: dict[str, int] = {}
+    for message in log:
+        for call in message.tool_calls:
+            pending[call.id] = pending.get(call.id, 0) + 1
+        for result in message.tool_results:
+            if pending.get(result.call_id):
+                pending[result.call_id] -= 1
+    return [call_id for call_id, count in pending.items() if count]
+
+
+class Checking:
+    """A fault-free model that checks the request it is shown is one a provider accepts."""
+
+    provider = "checking"
+    name = "checking"
+    context_window = None
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        open_calls: set[str] = set()
+        for message in request.messages:
+            if open_calls and not message.tool_results:
+                self.problems.append("the model was shown a call without its result")
+            for result in message.tool_results:
+                if result.call_id not in open_calls:
+                    self.problems.append("the model was shown a result without its call")
+                open_calls.discard(result.call_id)
+            open_calls.update(call.id for call in message.tool_calls)
+        if open_calls:
+            self.problems.append("the model was shown a call without its result")
+        return text_response("repaired")
+
+
+async def _repair(inner: SessionStore, session_id: str) -> list[str]:
+    model = Checking()
+    agent = ChaosAgent(model=model, session_store=inner)
+    try:
+        await agent.run("And now?", session_id=session_id, timeout=10)
+    except Exception as error:
+        return [f"the repair run failed: {type(error).__name__}: {error}"]
+    log = await inner.load(session_id)
+    problems = [f"after the repair run: {problem}" for problem in log_problems(log)]
+    if unanswered(log):
+        problems.append("after the repair run: a call is unanswered")
+    return problems + [f"repair run: {problem}" for problem in model.problems]
+
+
+@asynccontextmanager
+async def _store(kind: str, directory: Path) -> AsyncIterator[SessionStore]:
+    if kind == "memory":
+        yield InMemorySessionStore()
+    else:
+        async with SQLiteSessionStore(directory / "faults.db", timeout=5) as store:
+            yield store
+
+
+async def campaign(
+    seed: int, runs: int, *, directory: Path, concurrency: int = 20, store_kind: str = "mixed"
+) -> Report:
+    """Run ``runs`` faulty runs (``concurrency`` at a time) and report on them.
+
+    Args:
+        seed: Seeds every random choice (each run has its own generator from it).
+        runs: How many runs.
+        directory: Where the SQLite store lives.
+        concurrency: Runs at the same time (each on its own session).
+        store_kind: ``memory``, ``sqlite``, or ``mixed`` (every other run on each).
+    """
+    report = Report()
+    limiter = anyio.Semaphore(concurrency)
+    gc.collect()
+    gc.freeze()  # what earlier code left on the heap is not scanned: no long pauses
+    try:
+        await _runs(report, limiter, seed, runs, directory, store_kind)
+    finally:
+        gc.unfreeze()
+    return report
+
+
+async def _runs(
+    report: Report,
+    limiter: anyio.Semaphore,
+    seed: int,
+    runs: int,
+    directory: Path,
+    store_kind: str,
+) -> None:
+    async with _store("memory", directory) as memory, _store("sqlite", directory) as sqlite:
+
+        async def one(index: int) -> None:
+            async with limiter:
+                rng = random.Random(f"{seed}-{index}")
+                kind = store_kind if store_kind != "mixed" else ("memory", "sqlite")[index % 2]
+                inner = memory if kind == "memory" else sqlite
+                outcome, chaos = await one_run(rng, inner, f"run-{index}")
+                chaos.fired[f"{kind} store"] += 1
+                report.add(outcome, chaos)
+
+        async with anyio.create_task_group() as group:
+            for index in range(runs):
+                group.start_soon(one, index)
+
+
+def figures(report: Report, backend: str, seconds: float) -> str:
+    """The report as text: runs, outcomes, faults by kind, violations, worst overshoot."""
+    lines = [
+        f"{backend}: {report.runs} runs in {seconds:.1f} s; violations: {len(report.violations)}; "
+        f"worst end past the stop time: {report.worst_overshoot * 1000:.0f} ms "
+        f"(grace {GRACE * 1000:.0f} ms)",
+        "  outcomes: " + ", ".join(f"{k} {v}" for k, v in report.by_outcome.most_common()),
+        "  faults: " + ", ".join(f"{k} {v}" for k, v in sorted(report.faults.items())),
+    ]
+    lines.extend(f"  VIOLATION: {violation}" for violation in report.violations[:20])
+    return "\n".join(lines)

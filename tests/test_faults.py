@@ -1,0 +1,134 @@
+"""The fault-injection harness (``tests/faults.py``), run with a fixed seed under asyncio and
+trio, and SQLite appends cut short by killing the process.
+
+``python benchmarks/faults.py`` runs a longer campaign and prints its figures.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from littleghost.sessions import SQLiteSessionStore
+from tests.faults import (
+    TOOLS,
+    ChaosAgent,
+    Checking,
+    campaign,
+    figures,
+    log_problems,
+    unanswered,
+)
+
+pytestmark = pytest.mark.anyio
+
+SEED = 20261201
+RUNS = 2500
+
+EXPECTED_FAULTS = {
+    "deadline",
+    "caller cancel scope",
+    "cancel at an await",
+    "store error",
+    "store error after writing",
+    "store error while stopping",
+    "store stall",
+    "model stall",
+    "model unavailable",
+    "model rate limit",
+    "model invalid request",
+    "memory store",
+    "sqlite store",
+    *(f"tool {name}" for name in TOOLS),
+}
+
+
+async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    report = await campaign(SEED, RUNS, directory=tmp_path)
+    print("\n" + figures(report, anyio_backend, time.monotonic() - began))
+    assert report.runs == RUNS
+    assert report.violations == []
+    assert set(report.faults) >= EXPECTED_FAULTS, set(report.faults)
+    outcomes = set(report.by_outcome)
+    assert {"completed", "cancelled by the caller", "DeadlineExceededError"} <= outcomes
+    assert {"SessionStoreError", "SystemExit"} <= outcomes
+
+
+CHILD = """
+import sys
+import anyio
+from littleghost.sessions import SQLiteSessionStore
+from tests.faults import ChaosAgent
+from littleghost import Message, ToolCall
+from littleghost.models import ModelResponse, StopReason
+from littleghost.testing import text_response
+
+
+class Busy:
+    provider = name = "busy"
+    context_window = None
+
+    def __init__(self):
+        self.turn = 0
+
+    async def respond(self, request):
+        self.turn += 1
+        if self.turn % 3:
+            calls = [ToolCall(f"c{self.turn}-{i}", "quick", {}) for i in range(2)]
+            return ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+        return text_response("done")
+
+
+async def main(path):
+    async with SQLiteSessionStore(path) as store:
+        print("ready", flush=True)
+        while True:
+            await ChaosAgent(model=Busy(), session_store=store).run("Go.", session_id="killed")
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+def test_killing_the_process_during_sqlite_appends_leaves_a_log_the_next_run_repairs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "killed.db"
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(CHILD))
+    rng = random.Random(SEED)
+    root = Path(__file__).resolve().parent.parent
+    for _ in range(12):
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(path)],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"ready"
+        time.sleep(rng.uniform(0.01, 0.25))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        anyio.run(_check_and_repair, path)
+
+
+async def _check_and_repair(path: Path) -> None:
+    async with SQLiteSessionStore(path) as store:
+        assert log_problems(await store.load("killed")) == []
+        model = Checking()
+        await ChaosAgent(model=model, session_store=store).run("Again.", session_id="killed")
+        log = await store.load("killed")
+        assert log_problems(log) == []
+        assert unanswered(log) == []
+        assert model.problems == []
