@@ -27,6 +27,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import anyio.to_thread
 import attrs
+from anyio.lowlevel import RunVar
 from attrs import frozen
 
 from littleghost._validators import is_number
@@ -663,12 +664,33 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
+_TOOL_THREADS = 64
+"""How many sync tool calls run at once in each event loop; more calls wait for a turn.
+
+Sync tools have worker threads of their own (not anyio's default limiter), so threads
+of calls that outlived their timeout never hold up the session store or other users of
+the default limiter (under trio, an abandoned thread keeps its token until it returns).
+"""
+
+_TOOL_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("littleghost_tool_threads")
+
+
+def _tool_threads() -> anyio.CapacityLimiter:
+    """The limiter of sync tool threads of the running event loop."""
+    limiter = _TOOL_LIMITER.get(None)
+    if limiter is None:
+        limiter = anyio.CapacityLimiter(_TOOL_THREADS)
+        _TOOL_LIMITER.set(limiter)
+    return limiter
+
+
 async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> str:
     """Call a tool and render what it returned.
 
-    A sync tool runs in a worker thread that cannot be stopped: when the caller stops
-    waiting (cancellation, a timeout), the thread runs on, and whatever it finally
-    returns or raises is discarded with one log line naming the tool ``name``.
+    A sync tool runs in a worker thread (at most ``_TOOL_THREADS`` at once) that cannot
+    be stopped: when the caller stops waiting (cancellation, a timeout), the thread runs
+    on, and whatever it finally returns or raises is discarded with one log line naming
+    the tool ``name``.
     """
     if inspect.iscoroutinefunction(function):
         value = await function(**kwargs)
@@ -727,7 +749,9 @@ class _ThreadCall:
 async def _in_thread(call: Callable[[], Any], name: str) -> Any:
     thread_call = _ThreadCall(call, name)
     try:
-        return await anyio.to_thread.run_sync(thread_call.run, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(
+            thread_call.run, abandon_on_cancel=True, limiter=_tool_threads()
+        )
     except BaseException as error:
         if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
             thread_call.abandon()

@@ -36,6 +36,7 @@ from littleghost.sessions import PostgresSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .stores import postgres_schema
+from .threads import blocking_agent, default_threads_taken
 
 pytestmark = pytest.mark.anyio
 
@@ -651,3 +652,53 @@ class TestDeadlines:
             assert await eventually(lambda: server.closed == server.accepted)
             await store.aclose()
         assert model.requests == []
+
+
+class TestThreads:
+    async def test_sync_tools_past_their_timeout_do_not_hold_up_the_store(
+        self, conninfo: str
+    ) -> None:
+        release = threading.Event()
+        async with PostgresSessionStore(conninfo) as store:
+            try:
+                started = time.monotonic()
+                result = await blocking_agent(store, release).run("go", session_id="s", timeout=1)
+                assert time.monotonic() - started < 1
+            finally:
+                release.set()
+            assert result.output == "done"
+            assert await store.load("s") == result.messages
+        assert await open_connections(conninfo) == 0
+
+    async def test_calls_and_sessions_do_not_need_the_default_thread_limiter(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        async with default_threads_taken():
+            with anyio.fail_after(2):
+                await store.append("s", [Message.user("before")])
+                async with store.lock("s"):
+                    await store.append("s", [Message.user("held")])
+                    leaving = time.monotonic()
+                # Releasing the session closes its connection without a worker thread.
+                assert time.monotonic() - leaving < 0.1
+                assert await texts(store) == ["before", "held"]
+                async with PostgresSessionStore(conninfo) as other, other.lock("s"):
+                    pass
+                await store.aclose()
+        assert await open_connections(conninfo) == 0
+
+    async def test_a_cancelled_session_holder_lets_go_at_once(self, conninfo: str) -> None:
+        store = PostgresSessionStore(conninfo)
+        async with default_threads_taken():
+            with anyio.CancelScope() as scope:
+                async with store.lock("s"):
+                    scope.cancel()
+                    leaving = time.monotonic()
+                    await anyio.sleep(1)
+            assert time.monotonic() - leaving < 0.1
+            with anyio.fail_after(2):
+                async with PostgresSessionStore(conninfo) as other, other.lock("s"):
+                    pass
+        await store.aclose()
+        assert await open_connections(conninfo) == 0

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import random
 import sqlite3
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from types import FrameType
 
 import anyio
 import pytest
@@ -26,6 +29,8 @@ from littleghost.errors import (
 )
 from littleghost.sessions import SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .threads import blocking_agent, default_threads_taken
 
 pytestmark = pytest.mark.anyio
 
@@ -598,3 +603,124 @@ class TestDeadlines:
                 )
             assert time.monotonic() - started < 3
         assert await texts(store) == ["before"]
+
+
+def store_threads() -> int:
+    """Worker threads running a call of an SQLite store right now."""
+    code = SQLiteSessionStore._run.__code__
+    running = 0
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        running += frame is not None
+    return running
+
+
+async def threads_end() -> bool:
+    """Whether every worker thread of the SQLite stores ends within 0.3 s."""
+    for _ in range(30):
+        if not store_threads():
+            return True
+        await anyio.sleep(0.01)
+    return store_threads() == 0
+
+
+async def stopped(how: str, call: Callable[[], Awaitable[object]]) -> float:
+    """Seconds ``call()`` takes when its caller stops waiting 0.3 s after it started:
+    ``cancel``: its scope, without a deadline, is cancelled; ``late deadline``: it runs
+    in a shielded scope without a deadline, given one then (as a run's cleanup is);
+    ``deadline``: it runs in a shielded scope whose deadline is then."""
+    started = time.monotonic()
+    if how == "deadline":
+        scope = anyio.CancelScope(shield=True, deadline=anyio.current_time() + 0.3)
+    else:
+        scope = anyio.CancelScope(shield=how == "late deadline")
+
+    async def stop() -> None:
+        await anyio.sleep(0.3)
+        if how == "cancel":
+            scope.cancel()
+        elif how == "late deadline":
+            scope.deadline = anyio.current_time()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop)
+        with scope:
+            assert anyio.current_effective_deadline() == math.inf or how == "deadline"
+            await call()
+            pytest.fail("the call returned before its caller stopped waiting")
+    assert scope.cancelled_caught
+    return time.monotonic() - started
+
+
+class TestStoppedCallers:
+    @pytest.mark.parametrize("how", ["cancel", "late deadline", "deadline"])
+    @pytest.mark.parametrize("holding", [False, True], ids=["append", "lock-and-append"])
+    async def test_a_caller_that_stops_waiting_leaves_at_once_and_nothing_is_written(
+        self, store: SQLiteSessionStore, how: str, holding: bool
+    ) -> None:
+        async def write() -> None:
+            if holding:
+                async with store.lock("s"):
+                    await store.append("s", [Message.user("secret words")])
+            else:
+                await store.append("s", [Message.user("secret words")])
+
+        with locked(Path(store.path)):
+            assert await stopped(how, write) < 0.6
+            # The worker thread stops too, while the database is still locked.
+            assert await threads_end()
+            assert await texts(store) == ["before"]
+        await anyio.sleep(0.1)
+        assert await texts(store) == ["before"]
+        with anyio.fail_after(2):
+            async with store.lock("s"):
+                await store.append("s", [Message.user("after")])
+        assert await texts(store) == ["before", "after"]
+
+    async def test_a_read_behind_a_stopped_call_is_not_held_up(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        with locked(Path(store.path)):
+            await stopped("cancel", lambda: store.delete("s"))
+            with anyio.fail_after(0.5):
+                assert await texts(store) == ["before"]
+
+    async def test_a_run_cancelled_on_a_locked_database_ends_within_its_grace(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        class Graceful(Agent):
+            cleanup_grace = 0.2
+
+        agent = Graceful(model=ScriptedModel([text_response("never")]), session_store=store)
+        with locked(Path(store.path)):
+            assert await stopped("cancel", lambda: agent.run("hi", session_id="s")) < 0.8
+            assert await threads_end()
+        assert await texts(store) == ["before"]
+
+
+class TestThreads:
+    async def test_sync_tools_past_their_timeout_do_not_hold_up_the_store(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        release = threading.Event()
+        try:
+            started = time.monotonic()
+            result = await blocking_agent(store, release).run("go", session_id="s", timeout=1)
+            assert time.monotonic() - started < 1
+        finally:
+            release.set()
+        assert result.output == "done"
+        assert await store.load("s") == result.messages
+
+    async def test_calls_do_not_need_the_default_thread_limiter(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        async with default_threads_taken():
+            with anyio.fail_after(1):
+                await store.append("s", [Message.user("more")])
+                assert await texts(store) == ["before", "more"]
+                assert await store.list_sessions() == ("s",)
+                await store.delete("s")
+                await store.aclose()

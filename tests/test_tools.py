@@ -954,6 +954,60 @@ async def test_finished_calls_log_nothing(discards: Discards) -> None:
     assert not discards.records
 
 
+async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
+    """Sync tools run in threads of their own: under trio an abandoned thread keeps its
+    limiter token until it returns, yet anyio's default limiter stays free."""
+    release = threading.Event()
+
+    def blocking() -> str:
+        release.wait(3)
+        return "late"
+
+    async def stop_waiting() -> None:
+        with anyio.move_on_after(0.1):
+            await invoke(blocking, {}, "blocking_tool")
+
+    try:
+        async with anyio.create_task_group() as group:
+            for _ in range(40):
+                group.start_soon(stop_waiting)
+        assert anyio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
+        with anyio.fail_after(1):
+            assert await anyio.to_thread.run_sync(lambda: "free") == "free"
+    finally:
+        release.set()
+
+
+async def test_at_most_64_sync_calls_run_at_once() -> None:
+    """More sync calls than that wait for a turn."""
+    release = threading.Event()
+    guard = threading.Lock()
+    running = most = 0
+
+    def counted() -> str:
+        nonlocal running, most
+        with guard:
+            running += 1
+            most = max(most, running)
+        release.wait(5)
+        with guard:
+            running -= 1
+        return "ok"
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            for _ in range(70):
+                group.start_soon(invoke, counted, {}, "counted")
+            for _ in range(400):
+                if running == 64:
+                    break
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.1)
+            assert most == 64
+            release.set()
+    assert running == 0
+
+
 # --- declaration errors: duplicate names, recursive types, enums that are not JSON ------
 
 

@@ -9,7 +9,9 @@ is cancellable by anyio cancel scopes.
 ``hold_session`` holds a session of any store: through the store's own ``lock`` when it
 has one, else through a ``SessionLocks`` kept for that store in this process.
 
-``TimeLeft`` carries the caller's deadline into the worker threads of the stores.
+``TimeLeft`` carries the caller's deadline into the worker threads of the stores, and
+``thread_limiter`` gives each store worker threads of its own, so threads that others
+left running (sync tools past their timeout, say) never hold up a store's calls.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from contextvars import ContextVar
 from typing import cast
 
 import anyio
+from anyio.lowlevel import RunVar
 from attrs import define, field, frozen
 
 from littleghost.errors import SessionBusyError
 from littleghost.sessions.base import SessionStore
 
-__all__ = ["SessionLocks", "TimeLeft", "hold_session"]
+__all__ = ["SessionLocks", "TimeLeft", "hold_session", "thread_limiter"]
 
 _POLL = 0.05
 """Seconds a worker thread waits for a session between checks that it is still wanted."""
@@ -66,6 +69,11 @@ class TimeLeft:
         """``seconds``, or the time left when that is shorter, but at least ``floor``."""
         return max(min(seconds, self.seconds()), floor)
 
+    def until_due(self) -> float:
+        """Seconds before the deadline is due: a wait that ends by then fails before the
+        caller's cancellation, which ``yield_to_deadline`` then raises over the failure."""
+        return self.seconds() - _DUE
+
     def is_due(self) -> bool:
         """The deadline is (about) reached: waits capped by it have run out."""
         return self.seconds() <= _DUE
@@ -80,6 +88,24 @@ class TimeLeft:
         if math.isfinite(self.deadline) and self.is_due():
             await anyio.sleep_until(self.deadline)
             await anyio.lowlevel.checkpoint()
+
+
+_LIMITERS: RunVar[weakref.WeakKeyDictionary[object, anyio.CapacityLimiter]] = RunVar(
+    "littleghost_thread_limiters"
+)
+
+
+def thread_limiter(owner: object, tokens: int) -> anyio.CapacityLimiter:
+    """``owner``'s own limiter of worker threads in the running event loop (a limiter
+    belongs to one event loop), made with ``tokens`` on first use, dropped with ``owner``."""
+    limiters = _LIMITERS.get(None)
+    if limiters is None:
+        limiters = weakref.WeakKeyDictionary()
+        _LIMITERS.set(limiters)
+    limiter = limiters.get(owner)
+    if limiter is None:
+        limiter = limiters[owner] = anyio.CapacityLimiter(tokens)
+    return limiter
 
 
 @define(eq=False)

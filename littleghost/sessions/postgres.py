@@ -10,7 +10,8 @@ a transaction end at the deadline (``statement_timeout``, so the transaction rol
 and a caller that stops waiting leaves its worker thread behind after shutting the
 thread's socket down: the thread's blocking I/O fails at once, and the thread closes the
 connection, which is never used again. A connection still being opened is left to its
-``connect_timeout``; it has written nothing.
+``connect_timeout``; it has written nothing. The store's threads are its own (not
+anyio's default limiter's), and a session's connection is closed without waiting.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from littleghost.sessions.base import (
     check_session_id,
 )
 from littleghost.sessions.codec import message_from_json, messages_to_json
-from littleghost.sessions.locks import SessionLocks, TimeLeft
+from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
 
 if TYPE_CHECKING:
     import psycopg
@@ -72,6 +73,19 @@ def _milliseconds(seconds: float) -> str:
 def _gone() -> SessionStoreError:
     """Ends a worker thread whose caller stopped waiting (nobody sees it)."""
     return SessionStoreError("PostgreSQL session store: the caller stopped waiting")
+
+
+def _close_now(connection: psycopg.Connection[Any]) -> None:
+    """Close ``connection`` without waiting for the server: its socket is shut down
+    first (through a duplicate of its descriptor), so what closing sends cannot block.
+    The server ends the session, and frees its advisory locks, when it sees the end."""
+    if not (connection.closed or connection.broken):  # a broken one has no socket left
+        try:
+            with socket.socket(fileno=os.dup(connection.fileno())) as duplicate:
+                duplicate.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    connection.close()
 
 
 def _lock_key(name: str) -> int:
@@ -162,7 +176,7 @@ class _Operation:
                     pass
             delivered, self._delivered = self._delivered, None
         if delivered is not None:
-            delivered.close()
+            _close_now(delivered)
 
 
 class _Pool:
@@ -293,6 +307,7 @@ class PostgresSessionStore:
         self._conninfo = conninfo
         self._connect_timeout = float(connect_timeout)
         self._statement_timeout = float(statement_timeout)
+        self._max_connections = max_connections
         self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
         self._locks = SessionLocks()
@@ -309,7 +324,7 @@ class PostgresSessionStore:
     async def aclose(self) -> None:
         """Close the idle connections (a later call opens new ones)."""
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._pool.close)
+            await anyio.to_thread.run_sync(self._pool.close, limiter=self._threads())
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
@@ -406,8 +421,7 @@ class PostgresSessionStore:
             try:
                 yield
             finally:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(connection.close)
+                _close_now(connection)
 
     def _take_lock(self, operation: _Operation, session_id: str) -> psycopg.Connection[Any]:
         """A new connection holding the session's advisory lock; the server-side wait
@@ -480,13 +494,16 @@ class PostgresSessionStore:
             ) from error
 
     async def _call(self, work: Callable[[psycopg.Connection[Any], TimeLeft], T]) -> T:
-        return await self._dispatch(lambda operation: self._run(operation, work))
+        return await self._dispatch(
+            lambda operation: self._run(operation, work), limiter=self._threads()
+        )
+
+    def _threads(self) -> anyio.CapacityLimiter:
+        """The store's worker threads for short operations: one per pooled connection."""
+        return thread_limiter(self, self._max_connections)
 
     async def _dispatch(
-        self,
-        job: Callable[[_Operation], T],
-        *,
-        limiter: anyio.CapacityLimiter | None = None,
+        self, job: Callable[[_Operation], T], *, limiter: anyio.CapacityLimiter
     ) -> T:
         """Run ``job`` in a worker thread that the caller stops waiting for when it is
         cancelled (its deadline included)."""

@@ -28,7 +28,7 @@ from littleghost.sessions.base import (
 )
 from littleghost.sessions.codec import message_from_json, messages_to_json
 from littleghost.sessions.filelock import LockFile, lock_file
-from littleghost.sessions.locks import SessionLocks, TimeLeft
+from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
 
 __all__ = ["SQLiteSessionStore"]
 
@@ -45,7 +45,11 @@ _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _SHORTEST_WAIT = 0.005
 """Seconds a call waits for a lock at least, even at or past its deadline."""
-_LONGEST_BUSY_TIMEOUT_MS = 2**31 - 1
+_SLICE = 0.05
+"""Seconds a worker thread waits for a lock at a time, between checks that its caller
+still waits."""
+_PAUSE = 0.005
+"""Seconds between attempts that found the database busy."""
 
 T = TypeVar("T")
 
@@ -67,6 +71,14 @@ def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
     return locks, lock_file(key + _LOCK_FILE_SUFFIX)
 
 
+def _is_busy(error: sqlite3.Error) -> bool:
+    """The statement failed because another connection held a lock it needed."""
+    code = getattr(error, "sqlite_errorcode", None)
+    text = str(error)
+    busy = code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return busy or "database is locked" in text or "database table is locked" in text
+
+
 def _store_error(error: sqlite3.Error, path: str, waited: str) -> SessionStoreError:
     code = getattr(error, "sqlite_errorcode", None)
     text = str(error)
@@ -75,13 +87,24 @@ def _store_error(error: sqlite3.Error, path: str, waited: str) -> SessionStoreEr
         return CorruptSessionStoreError(
             f"{path!r} is not a littleghost session store or is damaged ({text})"
         )
-    busy = code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
-    if busy or "database is locked" in text or "database table is locked" in text:
+    if _is_busy(error):
         return SessionStoreError(
             f"SQLite session store {path!r} is busy: the database stayed locked by another "
             f"connection {waited} ({text}); nothing was changed"
         )
     return SessionStoreError(f"SQLite session store {path!r} failed: {text}")
+
+
+class _Call:
+    """One call of a store: its caller's deadline, and the token the caller sets when it
+    stops waiting (its worker thread then ends every wait within a slice and commits
+    nothing more)."""
+
+    def __init__(self, time_left: TimeLeft) -> None:
+        self.time_left = time_left
+        self.stop = threading.Event()
+        self.give_up = math.inf
+        """When (``time.monotonic()``) the call stops waiting for the database."""
 
 
 class SQLiteSessionStore:
@@ -104,7 +127,10 @@ class SQLiteSessionStore:
         path: The database file (``":memory:"`` for a private in-memory database).
         timeout: Seconds to wait for another connection's write to finish (> 0); a call
             waits at most until the caller's deadline
-            (``anyio.current_effective_deadline()``) when that comes sooner.
+            (``anyio.current_effective_deadline()``) when that comes sooner. A cancelled
+            caller stops waiting at once; the call's worker thread then stops within a
+            few hundredths of a second and starts no commit (a write not yet committed
+            rolls back).
 
     Raises:
         CorruptSessionStoreError: (on use) The file is not an SQLite database, is damaged,
@@ -129,8 +155,8 @@ class SQLiteSessionStore:
         self._timeout = float(timeout)
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
-        self._time_left = TimeLeft(math.inf, math.inf)
-        """The deadline of the call that holds ``_guard``."""
+        self._current = _Call(TimeLeft(math.inf, math.inf))
+        """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
 
     @property
@@ -150,7 +176,7 @@ class SQLiteSessionStore:
     async def aclose(self) -> None:
         """Close the database connection (a later call opens it again)."""
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._close)
+            await anyio.to_thread.run_sync(self._close, limiter=thread_limiter(self, 1))
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
@@ -254,30 +280,54 @@ class SQLiteSessionStore:
                     yield
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        # Every wait in the thread ends by the caller's deadline, so the thread is never
-        # abandoned: a write it committed after its caller left would be lost to the run.
-        time_left = TimeLeft.now()
+        # The caller may stop waiting at any time: ``stop`` then ends the thread's waits,
+        # and a write not yet committing rolls back (a COMMIT under way may finish; the
+        # run counts a write it was cut off from as uncertain). The calls of a store take
+        # turns on its connection, so one thread (of its own) at a time serves them.
+        call = _Call(TimeLeft.now())
         try:
-            return await anyio.to_thread.run_sync(self._run, work, time_left)
-        except SessionStoreError:
-            await time_left.yield_to_deadline()
-            raise
-
-    def _run(self, work: Callable[[sqlite3.Connection], T], time_left: TimeLeft) -> T:
-        if not self._guard.acquire(timeout=time_left.cap(self._timeout, floor=_SHORTEST_WAIT)):
-            raise SessionStoreError(
-                f"SQLite session store {self._path!r} is busy: another call of this store "
-                f"did not finish {self._waited(time_left)}; nothing was changed"
+            return await anyio.to_thread.run_sync(
+                self._run, work, call, abandon_on_cancel=True, limiter=thread_limiter(self, 1)
             )
+        except SessionStoreError:
+            await call.time_left.yield_to_deadline()
+            raise
+        finally:
+            call.stop.set()
+
+    def _run(self, work: Callable[[sqlite3.Connection], T], call: _Call) -> T:
+        self._enter(call)
         try:
-            self._time_left = time_left
-            connection = self._connection or self._open()
-            self._cap(connection)
-            return work(connection)
-        except sqlite3.Error as error:
-            raise _store_error(error, self._path, self._waited(time_left)) from error
+            self._current = call
+            call.give_up = self._give_up(call.time_left)
+            while True:
+                try:
+                    connection = self._connection or self._open()
+                    self._slice(connection)
+                    return work(connection)
+                except sqlite3.Error as error:
+                    if not (_is_busy(error) and self._again()):
+                        waited = self._waited(call.time_left)
+                        raise _store_error(error, self._path, waited) from error
         finally:
             self._guard.release()
+
+    def _enter(self, call: _Call) -> None:
+        """Take ``_guard``, waiting until the store's timeout or the caller's deadline at
+        most, a slice at a time."""
+        give_up = self._give_up(call.time_left)
+        while not self._guard.acquire(timeout=min(_SLICE, max(give_up - time.monotonic(), 0))):
+            if call.stop.is_set() or time.monotonic() >= give_up:
+                raise SessionStoreError(
+                    f"SQLite session store {self._path!r} is busy: another call of this "
+                    f"store did not finish {self._waited(call.time_left)}; nothing was changed"
+                )
+
+    def _give_up(self, time_left: TimeLeft) -> float:
+        """When (``time.monotonic()``) a wait starting now ends: after the store's timeout,
+        or as the caller's deadline becomes due, but not before ``_SHORTEST_WAIT``."""
+        seconds = max(min(self._timeout, time_left.until_due()), _SHORTEST_WAIT)
+        return time.monotonic() + seconds
 
     def _waited(self, time_left: TimeLeft) -> str:
         """How long a failed call waited, for its error message."""
@@ -285,19 +335,27 @@ class SQLiteSessionStore:
             return "until the caller's deadline"
         return f"for the store's timeout of {self._timeout:g} s"
 
-    def _cap(self, connection: sqlite3.Connection) -> None:
-        """Let the next statement wait for other connections' locks only until the
-        store's timeout or the caller's deadline, whichever comes first."""
-        seconds = self._time_left.cap(self._timeout, floor=_SHORTEST_WAIT)
-        milliseconds = min(math.ceil(seconds * 1000), _LONGEST_BUSY_TIMEOUT_MS)
-        connection.execute(f"PRAGMA busy_timeout = {milliseconds}")
+    def _slice(self, connection: sqlite3.Connection) -> None:
+        """Let each statement wait for other connections' locks for a slice at most (less
+        when the call's time is nearly up); ``_run`` tries again while the call waits."""
+        seconds = min(_SLICE, max(self._current.give_up - time.monotonic(), _SHORTEST_WAIT))
+        connection.execute(f"PRAGMA busy_timeout = {math.ceil(seconds * 1000)}")
+
+    def _again(self) -> bool:
+        """After a pause, whether to try again what found the database busy: not once the
+        call's time is up or its caller stopped waiting."""
+        call = self._current
+        return time.monotonic() < call.give_up and not call.stop.wait(_PAUSE)
 
     def _transaction(self, connection: sqlite3.Connection, work: Callable[[], T]) -> T:
-        self._cap(connection)
         connection.execute("BEGIN IMMEDIATE")
         try:
             result = work()
-            self._cap(connection)
+            if self._current.stop.is_set():
+                raise SessionStoreError(
+                    f"SQLite session store {self._path!r}: the caller stopped waiting; "
+                    "nothing was changed"
+                )
             connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:
@@ -313,10 +371,10 @@ class SQLiteSessionStore:
 
     def _open(self) -> sqlite3.Connection:
         connection = sqlite3.connect(
-            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            self._path, timeout=_SLICE, isolation_level=None, check_same_thread=False
         )
         try:
-            self._cap(connection)
+            self._slice(connection)
             self._prepare(connection)
         except BaseException:
             connection.close()
@@ -330,9 +388,8 @@ class SQLiteSessionStore:
         Nothing is written to a file that holds anything but a littleghost store.
         """
         if not _entries(connection):
-            self._use_wal(connection)
+            connection.execute("PRAGMA journal_mode=WAL")
             self._transaction(connection, lambda: _create(connection))
-        self._cap(connection)
         tables = {name for name, kind in _entries(connection) if kind == "table"}
         if "littleghost_meta" not in tables:
             raise CorruptSessionStoreError(
@@ -340,7 +397,6 @@ class SQLiteSessionStore:
                 "littleghost session store; it was left untouched"
             )
         try:
-            self._cap(connection)
             meta = dict(connection.execute("SELECT key, value FROM littleghost_meta").fetchall())
         except sqlite3.OperationalError as error:
             if "no such column" not in str(error):
@@ -351,20 +407,6 @@ class SQLiteSessionStore:
         check_schema(meta, repr(self._path))
         if not _TABLES.issubset(tables):
             raise CorruptSessionStoreError(f"{self._path!r} is missing littleghost tables")
-
-    def _use_wal(self, connection: sqlite3.Connection) -> None:
-        """Switch a new file to WAL mode; SQLite does not wait for other connections
-        here, so a busy file is retried until ``timeout`` or the caller's deadline."""
-        give_up = time.monotonic() + self._time_left.cap(self._timeout)
-        while True:
-            try:
-                self._cap(connection)
-                connection.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) or time.monotonic() > give_up:
-                    raise
-            time.sleep(0.01)
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
