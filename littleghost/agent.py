@@ -1,67 +1,38 @@
-"""``Agent``: class-level declarations, ``run`` / ``run_sync``, and the turn loop."""
+"""``Agent``: class-level declarations and their checks, the model it runs with, and
+``run`` / ``run_sync`` / ``stream`` (the run loop is :mod:`littleghost.runner`)."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import math
-import warnings
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import anyio
-import attrs
 
-from littleghost import telemetry
-from littleghost.cleanup import Grace
-from littleghost.context.view import interrupted_results, orphan_results
-from littleghost.errors import (
-    CleanupError,
-    ConfigurationError,
-    DeadlineExceededError,
-    LimitExceededError,
-    OutputLimitError,
-)
-from littleghost.events import (
-    ModelCallFinished,
-    ModelCallRetried,
-    ToolCallFinished,
-    ToolCallStarted,
-)
-from littleghost.hooks import BoundHook, bind_hooks, hook_plan, run_chain
-from littleghost.messages import Message, Role, ToolCall, ToolResult
-from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
+from littleghost import runner
+from littleghost.capabilities import Capability, hook_plan, in_effect
+from littleghost.errors import CleanupError, ConfigurationError
+from littleghost.hooks import BoundHook, bind_hooks
+from littleghost.messages import Message
+from littleghost.models.base import Model, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
-from littleghost.run import EventSink, RunContext, RunResult
+from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
-from littleghost.sessions.base import check_session_id
-from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
-from littleghost.stream import RunPlan, RunStream
-from littleghost.text import truncate_middle
+from littleghost.stream import RunStream
 from littleghost.tools import (
-    ToolArgumentError,
     ToolDefinition,
-    bind_arguments,
     define_tool,
-    error_result,
     index_tools,
-    invoke,
     looks_like_method,
     tool_options,
 )
 
 __all__ = ["Agent"]
-
-STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
-MAX_RECOVERIES = 3
-"""How many replacement requests ``after_model_error`` hooks may hand back per model call."""
-UNDECLARED_TOOL = "undeclared"
-"""The tool name telemetry shows for a call of a tool the agent does not declare (the
-name is the model's text), unless ``capture_content`` is on."""
 
 Instructions = str | Callable[[RunContext], Any] | None
 
@@ -183,20 +154,6 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
     return definitions
 
 
-def _plan_of(cls: type[Agent]) -> tuple[Any, ...]:
-    """The class's hook plan, made once (and again after a capability is declared)."""
-    plan = cls.__dict__.get("__littleghost_hook_plan__")
-    if plan is None:
-        plan = hook_plan(cls, Agent)
-        cls.__littleghost_hook_plan__ = plan
-    return plan
-
-
-def _instructions_message(text: str) -> Message:
-    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
-    return Message.system(text, id=f"instructions-{digest}")
-
-
 class Agent:
     """An LLM agent declared as a class.
 
@@ -208,7 +165,8 @@ class Agent:
     (False), ``session_store`` (where ``run(..., session_id=)`` keeps conversations;
     default an ``InMemorySessionStore`` of the class's own) and ``cleanup_grace`` (1 s:
     how long a stopping run may go on storing what it must). Constructor keywords of the
-    same names override them for one instance.
+    same names override them for one instance. ``capabilities`` shows what class
+    decorators added (see :mod:`littleghost.capabilities`).
     """
 
     model: ClassVar[str | Model | None] = None
@@ -223,13 +181,20 @@ class Agent:
     session_store: ClassVar[SessionStore] = _default_store()
     cleanup_grace: ClassVar[float] = 1.0
     context_management: ClassVar[Any] = None
+    capabilities: ClassVar[tuple[Capability, ...]] = ()
+    """The capabilities in effect for the class, in the order their hooks run."""
     __littleghost_agent__: ClassVar[bool] = True
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
-    __littleghost_hook_plan__: ClassVar[tuple[Any, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "capabilities" in cls.__dict__:
+            raise ConfigurationError(
+                f"{cls.__name__}.capabilities is not declared: class decorators add "
+                "capabilities (littleghost.capabilities.add_capability)"
+            )
+        cls.capabilities = in_effect(cls)
         for knob, check in _KNOBS.items():
             if knob in cls.__dict__:
                 value = cls.__dict__[knob]
@@ -248,7 +213,7 @@ class Agent:
         cls.__littleghost_tool_index__ = index_tools(
             cls.__name__, _method_tools(cls), _function_tools(cls.__name__, cls.tools)
         )
-        for entry in _plan_of(cls):
+        for entry in hook_plan(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
                 if value is not None and not callable(value):
@@ -274,7 +239,7 @@ class Agent:
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
-        self._hooks: dict[str, tuple[BoundHook, ...]] = bind_hooks(self, _plan_of(cls))
+        self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
         self._resolved: Model | None = None
         self._resolved_from: str | None = None
         self._owned: list[Model] = []
@@ -289,6 +254,20 @@ class Agent:
         """What the model is told about this agent's tools (the same values every turn)."""
         return tuple(definition.spec for definition, _ in self._tool_index.values())
 
+    @property
+    def hooks(self) -> Mapping[str, tuple[BoundHook, ...]]:
+        """This agent's hooks by kind (``"before_model"``, ...), bound to it, in running order."""
+        return self._hooks
+
+    def find_tool(self, name: str) -> tuple[ToolDefinition, Callable[..., Any]] | None:
+        """The tool the model calls ``name``: its definition and the function to call (a
+        ``@tool`` method bound to this agent), or ``None`` when the agent has none."""
+        entry = self._tool_index.get(name)
+        if entry is None:
+            return None
+        definition, attribute = entry
+        return definition, definition.function if attribute is None else getattr(self, attribute)
+
     def _declared_model(self) -> str | Model:
         declared = self.model
         if declared is None:
@@ -298,7 +277,14 @@ class Agent:
             )
         return declared
 
-    def _model(self) -> Model:
+    def resolve_model(self) -> Model:
+        """The model this agent runs with: its ``model`` when that is a ``Model``, else
+        the one made from its model string (once per string; ``aclose()`` closes it).
+
+        Raises:
+            ConfigurationError: The agent declares no model, or a model string that no
+                provider resolves.
+        """
         declared = self._declared_model()
         if isinstance(declared, Model):
             return declared
@@ -329,12 +315,12 @@ class Agent:
         declared = self._declared_model()
 
         async def run_and_close() -> RunResult:
-            plan = self._plan(input, **options)
+            plan = runner.plan_run(self, input, **options)
             if isinstance(declared, Model):
-                return await self._run_plan(plan)
+                return await runner.run(self, plan)
             model = resolve(declared)
             try:
-                result = await self._run_plan(plan, model=model)
+                result = await runner.run(self, plan, model=model)
             except BaseException:
                 try:
                     await _close_models([model])
@@ -380,7 +366,8 @@ class Agent:
             OutputLimitError: The final answer stopped at the output limit.
             SessionStoreError: The session store failed (see its subclasses).
         """
-        plan = self._plan(
+        plan = runner.plan_run(
+            self,
             input,
             history=history,
             settings=settings,
@@ -388,7 +375,7 @@ class Agent:
             timeout=timeout,
             deadline=deadline,
         )
-        return await self._run_plan(plan)
+        return await runner.run(self, plan)
 
     def stream(
         self,
@@ -406,7 +393,8 @@ class Agent:
         Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
         ``timeout``) starts when the block is entered. See ``littleghost.events``.
         """
-        plan = self._plan(
+        plan = runner.plan_run(
+            self,
             input,
             history=history,
             settings=settings,
@@ -415,355 +403,6 @@ class Agent:
             deadline=deadline,
         )
         return RunStream(self, plan)
-
-    def _plan(
-        self,
-        input: object,
-        *,
-        history: object = None,
-        settings: object = None,
-        session_id: object = None,
-        timeout: object = None,
-        deadline: object = None,
-    ) -> RunPlan:
-        """Check ``run()``'s arguments, naming the one that is wrong."""
-        if session_id is not None:
-            check_session_id(session_id)
-        _deadline(timeout, deadline)
-        message = _user_message(input)
-        seed = _history(history)
-        _check_new(message, seed, "history")
-        return RunPlan(
-            message=message,
-            seed=seed,
-            settings={
-                **self.settings,
-                **(check_settings("settings", settings) if settings is not None else {}),
-            },
-            session_id=session_id,  # type: ignore[arg-type]
-            timeout=timeout,  # type: ignore[arg-type]
-            deadline=deadline,  # type: ignore[arg-type]
-        )
-
-    async def _run_plan(
-        self,
-        plan: RunPlan,
-        *,
-        sink: EventSink | None = None,
-        observe: Callable[[RunContext], None] | None = None,
-        model: Model | None = None,
-    ) -> RunResult:
-        """The run loop shared by ``run()`` and ``stream()`` (which passes an event sink)."""
-        message, seed, session_id = plan.message, list(plan.seed), plan.session_id
-        end = _deadline(plan.timeout, plan.deadline)
-        model = self._model() if model is None else model
-        store = self.session_store
-        grace = Grace(self.cleanup_grace, None if math.isinf(end) else end)
-        # With a session, the log starts empty and is filled from the store once the
-        # session is held; the context keeps this very list.
-        log = seed if session_id is None else []
-        context = RunContext(
-            self,
-            model,
-            plan.settings,
-            None if math.isinf(end) else end,
-            self.max_retries,
-            self.capture_content,
-            session_id,
-            grace=grace,
-            log=log,
-            writer=None if session_id is None else functools.partial(store.append, session_id),
-            sink=sink,
-        )
-        if observe is not None:
-            observe(context)
-        attributes = {
-            telemetry.OPERATION_NAME: "invoke_agent",
-            telemetry.AGENT_NAME: self.name,
-            telemetry.PROVIDER_NAME: model.provider,
-            telemetry.REQUEST_MODEL: model.name,
-        }
-        if session_id is not None:
-            attributes[telemetry.CONVERSATION_ID] = session_id
-        with telemetry.open_span(f"invoke_agent {self.name}", attributes=attributes) as span:
-            result: RunResult | None = None
-            try:
-                with anyio.CancelScope(deadline=end) as scope:
-                    if session_id is None:
-                        result = await self._loop(context, message)
-                    else:
-                        async with _holding(store, session_id, grace):
-                            await self._open_session(context, log, seed, message)
-                            result = await self._loop(context, message)
-            finally:
-                span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
-                span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
-            if result is None:
-                assert scope.cancelled_caught
-                late = DeadlineExceededError(f"{self.name} did not finish before its deadline")
-                if grace.failures:
-                    raise late from grace.failures[0]
-                raise late
-            span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
-            return result
-
-    async def _open_session(
-        self, context: RunContext, log: list[Message], seed: list[Message], message: Message
-    ) -> None:
-        """Fill the run's log from its session; a new session is seeded with ``seed``.
-
-        System and developer messages of the seed are not stored (instructions come
-        from the class each run), so they are left out of the run too.
-        """
-        assert context.session_id is not None
-        stored = await self.session_store.load(context.session_id)
-        if stored:
-            _check_new(message, stored, f"session {context.session_id!r}")
-            if seed:
-                warnings.warn(
-                    f"history= is ignored: session {context.session_id!r} already holds "
-                    f"{len(stored)} messages, and the stored log wins",
-                    UserWarning,
-                    stacklevel=4,
-                )
-            log.extend(stored)
-            return
-        kept = [message for message in seed if not message.is_trusted]
-        if len(kept) < len(seed):
-            warnings.warn(
-                "the system and developer messages of history= are left out of session "
-                f"{context.session_id!r}: sessions do not store instructions, which come "
-                "from the agent class each run",
-                UserWarning,
-                stacklevel=4,
-            )
-        await context.append(*kept)
-
-    async def _loop(self, context: RunContext, message: Message) -> RunResult:
-        repaired = interrupted_results(context.messages)
-        await context.append(*repaired, message)
-        try:
-            return await self._turns(context)
-        except BaseException:
-            await _answer_open_calls(context)
-            raise
-
-    async def _turns(self, context: RunContext) -> RunResult:
-        prepare = getattr(context.model, "prepare", None)
-        if prepare is not None:
-            await prepare()
-        tool_calls = 0
-        for turn in range(self.max_turns):
-            context.turn = turn
-            request = await self._request(context)
-            answered = await self._call_model(request, context)
-            response = await run_chain(
-                self._hooks["after_model"], answered, expected=ModelResponse, context=context
-            )
-            await context.append(response.message)
-            await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
-            calls = response.message.tool_calls
-            if calls:
-                if tool_calls + len(calls) > self.max_tool_calls:
-                    await self._refuse(calls, context, "max_tool_calls", self.max_tool_calls)
-                if turn == self.max_turns - 1:
-                    await self._refuse(calls, context, "max_turns", self.max_turns)
-                tool_calls += len(calls)
-                await self._run_tools(calls, context)
-                continue
-            if response.stop_reason is StopReason.MAX_TOKENS:
-                raise OutputLimitError(
-                    "the model stopped at its output limit before completing its answer",
-                    response=response,
-                )
-            return RunResult(
-                response.message.text, context.messages, context.usage, response.stop_reason
-            )
-        raise LimitExceededError(
-            f"{self.name} reached max_turns={self.max_turns}",
-            limit="max_turns",
-            value=self.max_turns,
-        )
-
-    async def _refuse(
-        self, calls: Sequence[ToolCall], context: RunContext, limit: str, value: int
-    ) -> None:
-        """Answer ``calls`` without running them (the log stays whole), then stop the run."""
-        text = f"Not run: the run reached {limit}={value}."
-        await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
-        raise LimitExceededError(f"{self.name} reached {limit}={value}", limit=limit, value=value)
-
-    async def _request(self, context: RunContext) -> ModelRequest:
-        instructions: Any = getattr(self, "instructions", None)
-        text: object = instructions
-        if callable(instructions):
-            text = instructions(context)
-            if inspect.isawaitable(text):
-                text = await text
-        if text is not None and not isinstance(text, str):
-            raise ConfigurationError(
-                f"{self.name}.instructions returned {type(text).__name__}, not a str"
-            )
-        view = context.view()
-        messages = (_instructions_message(text), *view) if text else view
-        return ModelRequest(messages, self.tool_specs, context.settings)
-
-    async def _call_model(self, request: ModelRequest, context: RunContext) -> ModelResponse:
-        before = self._hooks["before_model"]
-        request = await run_chain(before, request, expected=ModelRequest, context=context)
-        recoveries = 0
-        while True:
-            try:
-                return await context.complete(request)
-            except (CleanupError, DeadlineExceededError):
-                raise
-            except Exception as error:
-                if recoveries >= MAX_RECOVERIES:
-                    raise
-                replacement = await run_chain(
-                    self._hooks["after_model_error"],
-                    request,
-                    error,
-                    expected=ModelRequest,
-                    context=context,
-                )
-                if replacement is request:
-                    raise
-                recoveries += 1
-                if context.streaming:
-                    await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
-                request = await run_chain(
-                    before, replacement, expected=ModelRequest, context=context
-                )
-
-    async def _run_tools(self, calls: Sequence[ToolCall], context: RunContext) -> None:
-        """Run ``calls`` concurrently; store their results in call order.
-
-        A result is stored as soon as it and every earlier call's result are done, and
-        its ``ToolCallFinished`` event follows its storing. If the run stops meanwhile,
-        the finished results not yet stored are stored all the same (within the
-        cleanup grace); the run loop answers the rest.
-        """
-        results: list[ToolResult | None] = [None] * len(calls)
-        stored = 0
-        storing = anyio.Lock()
-        failures: list[BaseException] = []
-
-        async def store_ready() -> None:
-            nonlocal stored
-            async with storing:
-                end = stored
-                while end < len(results) and results[end] is not None:
-                    end += 1
-                ready = [result for result in results[stored:end] if result is not None]
-                await context.append(*(Message(Role.TOOL, (result,)) for result in ready))
-                stored = end
-                for result in ready:
-                    await context.emit(ToolCallFinished(result))
-
-        async def run_one(index: int, call: ToolCall) -> None:
-            try:
-                results[index] = await self._run_tool(call, context)
-                await store_ready()
-            except (Exception, KeyboardInterrupt, SystemExit) as error:
-                failures.append(error)  # re-raised as itself, not in an exception group
-                group.cancel_scope.cancel()
-
-        try:
-            async with anyio.create_task_group() as group:
-                for index, call in enumerate(calls):
-                    group.start_soon(run_one, index, call)
-        finally:
-            answered = _answered(context.messages, calls)
-            unstored = [r for r in results if r is not None and r.call_id not in answered]
-            if unstored and not context.grace.uncertain:
-                await _cleanup(
-                    context,
-                    "storing finished tool results",
-                    context.append(*(Message(Role.TOOL, (result,)) for result in unstored)),
-                )
-        if failures:
-            raise failures[0]
-
-    async def _run_tool(self, call: ToolCall, context: RunContext) -> ToolResult:
-        original_id = call.id
-        call = await run_chain(self._hooks["before_tool"], call, expected=ToolCall, context=context)
-        await context.emit(ToolCallStarted(call))
-        name = (
-            call.name if call.name in self._tool_index or self.capture_content else UNDECLARED_TOOL
-        )
-        attributes = {
-            telemetry.OPERATION_NAME: "execute_tool",
-            telemetry.TOOL_NAME: name,
-            telemetry.TOOL_CALL_ID: original_id,
-            telemetry.TOOL_TYPE: "function",
-        }
-        with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:
-            if self.capture_content and span.is_recording():
-                span.set_attribute(
-                    telemetry.TOOL_CALL_ARGUMENTS, telemetry.arguments_json(call.arguments)
-                )
-            result = await self._execute(call, context, span)
-            if self.capture_content and span.is_recording():
-                span.set_attribute(telemetry.TOOL_CALL_RESULT, result.content)
-        replaced: ToolResult = await run_chain(
-            self._hooks["after_tool"], result, expected=ToolResult, context=context
-        )
-        if replaced.call_id != original_id:
-            replaced = attrs.evolve(replaced, call_id=original_id)
-        return replaced
-
-    async def _execute(self, call: ToolCall, context: RunContext, span: Any) -> ToolResult:
-        entry = self._tool_index.get(call.name)
-        if entry is None:
-            available = ", ".join(sorted(self._tool_index)) or "none"
-            telemetry.mark_failed(span, "unknown_tool")
-            return error_result(call, f"Unknown tool {call.name!r}. Available tools: {available}.")
-        definition, attribute = entry
-        try:
-            kwargs = bind_arguments(definition, call)
-        except ToolArgumentError as problem:
-            telemetry.mark_failed(span, "invalid_arguments")
-            return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
-        if definition.context_parameter is not None:
-            kwargs[definition.context_parameter] = context
-        function = getattr(self, attribute) if attribute is not None else definition.function
-        limit = definition.timeout
-        with anyio.CancelScope(
-            deadline=math.inf if limit is None else anyio.current_time() + limit
-        ) as timer:
-            try:
-                text = await invoke(function, kwargs, definition.name)
-            except anyio.get_cancelled_exc_class():
-                if anyio.current_effective_deadline() == -math.inf:
-                    raise  # the run is stopping, or the tool's own timeout passed
-                return self._failed(call, span, "cancelled", "it raised a cancellation exception")
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except DeadlineExceededError as error:
-                if context.deadline is not None and anyio.current_time() >= context.deadline:
-                    raise  # the run's own deadline
-                return self._failed(call, span, error, f"DeadlineExceededError: {error}")
-            except BaseException as error:  # the tool's own failure, of any kind
-                return self._failed(call, span, error, f"{type(error).__name__}: {error}")
-            return ToolResult(call.id, self._stored_result(text))
-        assert timer.cancelled_caught and limit is not None
-        return self._failed(
-            call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
-        )
-
-    def _failed(
-        self, call: ToolCall, span: Any, error: BaseException | str, what: str
-    ) -> ToolResult:
-        telemetry.mark_failed(span, error)
-        return error_result(call, self._stored_result(f"Tool {call.name!r} failed: {what}"))
-
-    def _stored_result(self, text: str) -> str:
-        """Without context management the log holds the cut result; with it, the whole
-        result (views cut what the model sees)."""
-        if self.context_management is not None:
-            return text
-        return truncate_middle(text, self.max_tool_result_tokens)
 
 
 async def _close_models(models: Iterable[Model]) -> None:
@@ -780,111 +419,3 @@ async def _close_models(models: Iterable[Model]) -> None:
                 errors.append(error)
     if errors:
         raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]
-
-
-async def _cleanup(context: RunContext, what: str, work: Awaitable[None]) -> None:
-    """Await cleanup ``work`` for a run that stops: shielded until its grace ends; a
-    failure is recorded and logged, never raised over what stopped the run."""
-    with anyio.CancelScope(shield=True, deadline=context.grace.stop()):
-        try:
-            await work
-        except Exception as failure:
-            context.grace.fail(what, failure)
-
-
-async def _answer_open_calls(context: RunContext) -> None:
-    """Answer, in the log, the tool calls a stopping run leaves open (so the log can be
-    passed back as history). Skipped when a write was cut off with its outcome unknown:
-    the store may hold more than the log, and the next run repairs from the store."""
-    if context.grace.uncertain:
-        return
-    open_calls = interrupted_results(context.messages, STOPPED_TEXT)
-    if open_calls:
-        await _cleanup(context, "answering the open tool calls", context.append(*open_calls))
-
-
-@asynccontextmanager
-async def _holding(store: SessionStore, session_id: str, grace: Grace) -> AsyncIterator[None]:
-    """Hold the session for the run; releasing it never replaces what stopped the run."""
-    hold = hold_session(store, session_id)
-    await hold.__aenter__()
-    try:
-        yield
-    except BaseException:
-        with anyio.CancelScope(shield=True, deadline=grace.stop()):
-            try:
-                await hold.__aexit__(None, None, None)
-            except Exception as failure:
-                grace.fail("releasing the session", failure)
-        raise
-    await hold.__aexit__(None, None, None)
-
-
-def _answered(log: Sequence[Message], calls: Sequence[ToolCall]) -> set[str]:
-    """The ids of ``calls`` answered in ``log`` since the message that made them."""
-    ids = {call.id for call in calls}
-    found: set[str] = set()
-    for message in reversed(log):
-        found.update(result.call_id for result in message.tool_results if result.call_id in ids)
-        if any(call.id in ids for call in message.tool_calls):
-            break
-    return found
-
-
-def _check_new(message: Message, log: Sequence[Message], where: str) -> None:
-    """The input must be a new message, not one of the conversation's."""
-    if any(earlier.id == message.id for earlier in log):
-        raise ConfigurationError(
-            f"input: a message with id {message.id!r} is already in the {where}; pass a new message"
-        )
-
-
-def _user_message(value: object) -> Message:
-    if isinstance(value, str):
-        return Message.user(value)
-    if isinstance(value, Message):
-        if value.role is not Role.USER:
-            raise TypeError(f"input must be a user message, not a {value.role} message")
-        if value.tool_calls or value.tool_results:
-            raise ConfigurationError(
-                "input: a user message holds text and images, not tool calls or tool results"
-            )
-        return value
-    raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")
-
-
-def _history(value: object) -> list[Message]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(f"history must be a sequence of Message, not {type(value).__name__}")
-    log = list(value)
-    for position, message in enumerate(log):
-        if not isinstance(message, Message):
-            raise TypeError(f"history[{position}] must be a Message, not {type(message).__name__}")
-    orphans = orphan_results(log)
-    if orphans:
-        position = orphans[0]
-        call_id = log[position].tool_results[0].call_id if log[position].tool_results else "?"
-        raise ConfigurationError(
-            f"history[{position}] is a tool result for call {call_id!r}, which no earlier "
-            "assistant message in the history makes"
-        )
-    return log
-
-
-def _deadline(timeout: object, deadline: object) -> float:
-    end = math.inf
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise TypeError(f"timeout must be seconds >= 0, not {timeout!r}")
-        end = anyio.current_time() + timeout
-    if deadline is not None:
-        if (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, (int, float))
-            or math.isnan(deadline)
-        ):
-            raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
-        end = min(end, float(deadline))
-    return end

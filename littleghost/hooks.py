@@ -1,14 +1,16 @@
-"""Hook decorators and the chain that runs them.
+"""Hook decorators, and the chain that runs them.
 
 A hook returns ``None`` to continue, or a value of the same kind to replace what later
 hooks and the call see. Raising ends the run. Hooks may be sync or async; a hook that
-declares a ``context`` parameter also receives the ``RunContext``.
+declares a ``context`` parameter also receives the ``RunContext``. The order they run in
+(a class's hook plan) is made by :mod:`littleghost.capabilities`; ``bind_hooks`` binds it
+to an agent.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from attrs import frozen
@@ -17,7 +19,8 @@ from littleghost.errors import ConfigurationError
 
 __all__ = [
     "HOOK_KINDS",
-    "CapabilityHook",
+    "BoundHook",
+    "PlanEntry",
     "after_model",
     "after_model_error",
     "after_tool",
@@ -29,8 +32,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 HOOK_KINDS = ("before_model", "after_model", "after_model_error", "before_tool", "after_tool")
 _MARK = "__littleghost_hook__"
-CAPABILITIES_ATTRIBUTE = "__littleghost_capabilities__"
-PLAN_ATTRIBUTE = "__littleghost_hook_plan__"
 
 
 def _decorator(kind: str) -> Callable[[F], F]:
@@ -82,70 +83,14 @@ def wants_context(function: Callable[..., Any]) -> bool:
 
 
 @frozen
-class CapabilityHook:
-    """A hook a class decorator registers: ``function(agent, payload, ..., context=...)``."""
+class PlanEntry:
+    """A hook's place in a class's hook plan: a hook method by name, or a capability's
+    function (``key`` says which, for replacing it in place)."""
 
-    kind: str
-    function: Callable[..., Any]
-
-    def __attrs_post_init__(self) -> None:
-        if self.kind not in HOOK_KINDS:
-            raise ConfigurationError(
-                f"hook kind must be one of {', '.join(HOOK_KINDS)}, not {self.kind!r}"
-            )
-        if not callable(self.function):
-            raise ConfigurationError(f"a {self.kind} hook must be callable, not {self.function!r}")
-
-
-def register_capability(cls: type, name: str, hooks: Iterable[CapabilityHook]) -> None:
-    """Register a capability's hooks on ``cls`` only, replacing an earlier declaration of it."""
-    own: dict[str, tuple[CapabilityHook, ...]] = dict(cls.__dict__.get(CAPABILITIES_ATTRIBUTE, {}))
-    own[name] = tuple(hooks)
-    setattr(cls, CAPABILITIES_ATTRIBUTE, own)
-    if PLAN_ATTRIBUTE in cls.__dict__:  # planned before the decorator ran: plan again
-        delattr(cls, PLAN_ATTRIBUTE)
-
-
-@frozen
-class _Entry:
     kind: str
     key: tuple[str, str]
     method: str | None
     function: Callable[..., Any] | None
-
-
-def hook_plan(cls: type, root: type) -> tuple[_Entry, ...]:
-    """The hooks of ``cls`` in running order.
-
-    Along the class hierarchy, parent first: each class's capability hooks, then its own
-    hook methods in definition order. A method overridden in a subclass keeps its
-    parent's place; a capability declared again moves to the redeclaring class's place.
-    """
-    entries: list[_Entry] = []
-    for klass in reversed(cls.__mro__):
-        if not (isinstance(klass, type) and issubclass(klass, root)):
-            continue
-        capabilities: Mapping[str, tuple[CapabilityHook, ...]] = klass.__dict__.get(
-            CAPABILITIES_ATTRIBUTE, {}
-        )
-        for capability, hooks in capabilities.items():
-            entries = [entry for entry in entries if entry.key != ("capability", capability)]
-            entries.extend(
-                _Entry(hook.kind, ("capability", capability), None, hook.function) for hook in hooks
-            )
-        for name, value in klass.__dict__.items():
-            kind = hook_kind(value)
-            if kind is None:
-                continue
-            key = ("method", name)
-            if any(entry.key == key for entry in entries):
-                entries = [
-                    _Entry(kind, key, name, None) if entry.key == key else entry
-                    for entry in entries
-                ]
-            else:
-                entries.append(_Entry(kind, key, name, None))
-    return tuple(entries)
 
 
 @frozen
@@ -157,7 +102,7 @@ class BoundHook:
     takes_context: bool
 
 
-def bind_hooks(agent: object, plan: Iterable[_Entry]) -> dict[str, tuple[BoundHook, ...]]:
+def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[BoundHook, ...]]:
     """Bind a hook plan to ``agent``; an overriding attribute set to ``None`` disables a hook."""
     bound: dict[str, list[BoundHook]] = {kind: [] for kind in HOOK_KINDS}
     for entry in plan:

@@ -1,4 +1,5 @@
-"""``agent.stream()``: the run loop with an event sink, consumed as an async iterator.
+"""``agent.stream()``: the run loop (:mod:`littleghost.runner`) with an event sink,
+consumed as an async iterator.
 
 The run happens in a task of its own; events reach the consumer through an unbuffered
 anyio memory stream, so spans open and close in the run's task and never across a
@@ -9,40 +10,27 @@ left without a result gets an appended error result).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from attrs import frozen
 
 from littleghost.errors import LittleGhostError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
 from littleghost.run import RunContext, RunResult
+from littleghost.runner import RunPlan, run
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
 
-__all__ = ["RunPlan", "RunStream", "StreamStateError"]
+__all__ = ["RunStream", "StreamStateError"]
 
 
 class StreamStateError(LittleGhostError, RuntimeError):
     """A stream was used out of order (its result read before the run completed, ...)."""
-
-
-@frozen(kw_only=True)
-class RunPlan:
-    """The checked arguments of one run."""
-
-    message: Message
-    seed: Sequence[Message]
-    settings: Mapping[str, Any]
-    session_id: str | None
-    timeout: float | None
-    deadline: float | None
 
 
 class RunStream:
@@ -91,7 +79,7 @@ class RunStream:
 
         async with send:
             try:
-                result = await self._agent._run_plan(self._plan, sink=send.send, observe=observe)
+                result = await run(self._agent, self._plan, sink=send.send, observe=observe)
             except anyio.get_cancelled_exc_class():
                 raise
             except BaseException as error:  # handed to the consumer, not to the task group

@@ -10,8 +10,8 @@ import pytest
 from attrs import field, frozen, validators
 
 from littleghost import Agent, Message, RunContext, before_model, tool
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError
-from littleghost.hooks import CapabilityHook, register_capability
 from littleghost.models import ModelRequest, register_provider
 from littleghost.testing import ScriptedModel, text_response
 
@@ -243,7 +243,7 @@ def tagged(label: str) -> Callable[[type[Agent]], type[Agent]]:
 
     def decorate(cls: type[Agent]) -> type[Agent]:
         cls.tagging = config  # type: ignore[attr-defined]
-        register_capability(cls, "tagging", [CapabilityHook("before_model", hook)])
+        add_capability(cls, Capability("tagging", [CapabilityHook("before_model", hook)]))
         return cls
 
     return decorate

@@ -1,0 +1,248 @@
+"""The capability protocol: add_capability, hook order, Agent.capabilities, per-run state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from attrs import frozen
+
+from littleghost import Agent, RunContext, before_model, manage_context, tool
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
+from littleghost.errors import ConfigurationError
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.runner import plan_run, run
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+pytestmark = pytest.mark.anyio
+
+
+class Calls:
+    """A capability's per-run data: how many model calls it saw."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def counted(label: str) -> Callable[[type[Agent]], type[Agent]]:
+    """A small capability: counts the run's model calls in its per-run state."""
+
+    def before(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        calls = context.state_for(counted, Calls)
+        calls.count += 1
+        agent.order.append(f"{label}:{calls.count}")
+
+    def after(agent: Any, response: ModelResponse, *, context: RunContext) -> None:
+        agent.seen.append(context.state_for(counted, Calls).count)
+
+    capability = Capability(
+        "counted", [CapabilityHook("before_model", before), CapabilityHook("after_model", after)]
+    )
+
+    def decorate(cls: type[Agent]) -> type[Agent]:
+        add_capability(cls, capability)
+        return cls
+
+    return decorate
+
+
+def marked(cls: type[Agent]) -> type[Agent]:
+    """Another capability, with one hook."""
+
+    def hook(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        agent.order.append("marked")
+
+    add_capability(cls, Capability("marked", [CapabilityHook("before_model", hook)]))
+    return cls
+
+
+class Base(Agent):
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.order: list[str] = []
+        self.seen: list[int] = []
+
+    @before_model
+    def parent(self, request: ModelRequest) -> None:
+        self.order.append("parent")
+
+    @tool
+    def ping(self) -> str:
+        """Answer pong."""
+        return "pong"
+
+
+@counted("child")
+class Child(Base):
+    @before_model
+    def own(self, request: ModelRequest) -> None:
+        self.order.append("own")
+
+
+class Grandchild(Child):
+    @before_model
+    def later(self, request: ModelRequest) -> None:
+        self.order.append("later")
+
+
+@counted("again")
+class Redeclared(Grandchild):
+    pass
+
+
+@marked
+@counted("both")
+class Both(Base):
+    pass
+
+
+def steps() -> list[ModelResponse]:
+    """One run's script: a tool call, then the answer."""
+    return [tool_call_response("ping", {}), text_response("done")]
+
+
+def script() -> ScriptedModel:
+    return ScriptedModel(steps())
+
+
+async def orders(agent_class: type[Base]) -> tuple[list[str], list[int]]:
+    agent = agent_class(model=script())
+    await agent.run("hi")
+    return agent.order, agent.seen
+
+
+async def test_capability_hooks_run_after_the_parents_and_before_the_class_own() -> None:
+    """The decorated class's capability runs between its parents' hooks and its own."""
+    order, _ = await orders(Child)
+    assert order == ["parent", "child:1", "own", "parent", "child:2", "own"]
+
+
+async def test_a_subclass_keeps_the_capability_in_its_place() -> None:
+    """A subclass's own hooks run after the inherited capability."""
+    order, _ = await orders(Grandchild)
+    assert order[:4] == ["parent", "child:1", "own", "later"]
+
+
+async def test_redeclaring_replaces_the_capability_in_the_subclass_place() -> None:
+    """Adding the capability again on a subclass moves its hooks there and replaces it."""
+    order, _ = await orders(Redeclared)
+    assert order[:4] == ["parent", "own", "later", "again:1"]
+    parent_order, _ = await orders(Child)
+    assert parent_order[:3] == ["parent", "child:1", "own"]
+
+
+async def test_capabilities_on_one_class_run_in_the_order_they_were_added() -> None:
+    """Class decorators apply bottom up, so the innermost one's hooks run first."""
+    order, _ = await orders(Both)
+    assert order[:3] == ["parent", "both:1", "marked"]
+
+
+def test_agent_capabilities_shows_what_is_in_effect() -> None:
+    """Agent.capabilities is () and each class shows its own and inherited capabilities."""
+    assert Agent.capabilities == ()
+    assert Base.capabilities == ()
+    assert [c.name for c in Child.capabilities] == ["counted"]
+    assert Grandchild.capabilities == Child.capabilities
+    assert [c.name for c in Redeclared.capabilities] == ["counted"]
+    assert Redeclared.capabilities[0] is not Child.capabilities[0]
+    assert [c.name for c in Both.capabilities] == ["counted", "marked"]
+    assert [h.kind for h in Child.capabilities[0].hooks] == ["before_model", "after_model"]
+
+
+def test_manage_context_is_a_capability() -> None:
+    """manage_context adds a capability named manage_context."""
+    managed = manage_context(type("Managed", (Child,), {}))
+    assert [c.name for c in managed.capabilities] == ["counted", "manage_context"]
+
+
+async def test_adding_to_a_parent_reaches_its_existing_subclasses() -> None:
+    """A capability added to a class with subclasses is in effect for them too."""
+    parent = type("Parent", (Base,), {})
+    child = type("Kid", (parent,), {})
+    marked(parent)
+    assert [c.name for c in child.capabilities] == ["marked"]
+    order, _ = await orders(child)
+    assert order[:2] == ["parent", "marked"]
+
+
+async def test_per_run_state_is_shared_by_the_hooks_and_fresh_each_run() -> None:
+    """Both hooks of a capability see one object in a run; the next run starts anew."""
+    agent = Child(model=ScriptedModel(steps() * 2))
+    await agent.run("first")
+    await agent.run("second")
+    assert agent.seen == [1, 2, 1, 2]
+
+
+async def test_per_run_state_is_fresh_in_a_stream_too() -> None:
+    """stream() runs the same loop: the state starts anew there as well."""
+    agent = Child(model=ScriptedModel(steps() * 2))
+    await agent.run("first")
+    async with agent.stream("second") as events:
+        async for _ in events:
+            pass
+    assert agent.seen == [1, 2, 1, 2]
+    assert events.result.output == "done"
+
+
+@frozen
+class Owner:
+    name: str
+
+
+async def test_state_for_is_keyed_by_identity() -> None:
+    """Two owners that compare equal still get objects of their own."""
+    seen: list[bool] = []
+
+    def check(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        first, second = Owner("same"), Owner("same")
+        seen.append(context.state_for(first, list) is context.state_for(second, list))
+        seen.append(context.state_for(first, list) is context.state_for(first, list))
+
+    checked = type("Checked", (Agent,), {})
+    add_capability(checked, Capability("check", [CapabilityHook("before_model", check)]))
+    await checked(model=ScriptedModel([text_response("ok")])).run("hi")
+    assert seen == [False, True]
+
+
+def test_bad_capabilities_fail() -> None:
+    """add_capability takes an Agent subclass and a Capability; Capability checks itself."""
+    hook = CapabilityHook("before_model", lambda agent, request, context: None)
+    with pytest.raises(ConfigurationError, match="Agent subclass"):
+        add_capability(object, Capability("x", [hook]))
+    with pytest.raises(ConfigurationError, match="takes a Capability"):
+        add_capability(Base, "x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="name"):
+        Capability("", [hook])
+    with pytest.raises(ConfigurationError, match="sequence of hooks"):
+        Capability("x", hook)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="CapabilityHook"):
+        Capability("x", [lambda agent, request: None])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="capabilities"):
+        type("Declares", (Agent,), {"capabilities": (Capability("x", [hook]),)})
+
+
+async def test_the_runner_entry_runs_an_agent_as_run_does() -> None:
+    """runner.run with a plan from plan_run gives what agent.run gives."""
+    agent = Child(model=script())
+    result = await run(agent, plan_run(agent, "hi"))
+    ran = await Child(model=script()).run("hi")
+    assert (result.output, result.usage, len(result.messages)) == (
+        ran.output,
+        ran.usage,
+        len(ran.messages),
+    )
+    names = [hook.name for hook in agent.hooks["before_model"]]
+    assert names == ["parent", "counted.<locals>.before", "own"]
+
+
+def test_what_the_runner_reads_of_an_agent() -> None:
+    """resolve_model() and find_tool() are how the runner reaches the model and tools."""
+    model = script()
+    agent = Child(model=model)
+    assert agent.resolve_model() is model
+    found = agent.find_tool("ping")
+    assert found is not None
+    definition, function = found
+    assert (definition.name, function()) == ("ping", "pong")
+    assert agent.find_tool("nope") is None
