@@ -16,6 +16,7 @@ keyword-only with defaults. The tree::
     ├── CleanupError                           resources did not shut down cleanly
     ├── LimitExceededError                     ``max_turns`` or ``max_tool_calls`` overrun
     ├── PromptBudgetError                      a request's mandatory part is over its budget
+    ├── CompactionError                        a conversation could not be compacted
     └── SessionStoreError                      a session store failed
         ├── CorruptSessionStoreError           not a littleghost store, or damaged
         ├── SchemaVersionError                 written by a newer littleghost
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CleanupError",
+    "CompactionError",
     "ConfigurationError",
     "ContextWindowOverflowError",
     "CorruptSessionStoreError",
@@ -216,3 +218,12 @@ class SessionBusyError(SessionStoreError):
 
 class UnstorableValueError(SessionStoreError, TypeError):
     """A message holds a value the store cannot keep (metadata must be JSON-like)."""
+
+
+class CompactionError(LittleGhostError):
+    """A conversation could not be compacted; the message says why (nothing old enough
+    to compact, no summary request that fits, a result no smaller than the request).
+
+    When overflow recovery fails, it is the ``__cause__`` of the provider's
+    ``ContextWindowOverflowError``.
+    """

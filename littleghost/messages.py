@@ -193,7 +193,6 @@ class Message:
     content: tuple[Part, ...] = field(default=(), converter=_content)
     id: str = field(factory=new_id, validator=instance_of("Message.id", str, "a str"))
     metadata: Mapping[str, Any] = field(factory=dict, converter=_metadata, repr=_shown_mapping)
-    _cache: dict[object, Any] = field(init=False, factory=dict, eq=False, repr=False, hash=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle and copy through the constructor (a read-only mapping cannot be pickled)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from attrs import define, field, frozen
@@ -12,7 +12,8 @@ from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
 from littleghost.cleanup import Grace
-from littleghost.context.view import ViewIndex
+from littleghost.context.groups import Layout
+from littleghost.context.index import LogIndex
 from littleghost.errors import ProtocolError, SessionStoreError
 from littleghost.events import Event, ModelCallRetried, TextDelta
 from littleghost.messages import Message
@@ -28,6 +29,7 @@ __all__ = ["RunContext", "RunResult"]
 
 LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
+T = TypeVar("T")
 
 
 def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
@@ -66,9 +68,10 @@ class RunResult:
 class RunContext:
     """What hooks, tools and callable instructions may read during a run.
 
-    ``messages`` is the log so far (read-only); ``state`` is a dict for capabilities'
-    per-run data; ``deadline`` is the absolute anyio deadline, or ``None``; ``grace``
-    bounds the cleanup of a run that stops (see :mod:`littleghost.cleanup`).
+    ``messages`` is the log so far (read-only); ``state`` is a dict for your own per-run
+    data (a capability keeps its own with ``state_for``); ``deadline`` is the absolute
+    anyio deadline, or ``None``; ``grace`` bounds the cleanup of a run that stops (see
+    :mod:`littleghost.cleanup`).
     """
 
     agent: Agent
@@ -86,7 +89,9 @@ class RunContext:
     _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")
     _call_attributes: dict[str, Any] = field(factory=dict, repr=False, init=False)
-    _view_index: ViewIndex | None = field(default=None, repr=False, init=False)
+    _index: LogIndex = field(factory=lambda: LogIndex((), Layout()), repr=False, init=False)
+    _owned: dict[int, tuple[object, object]] = field(factory=dict, repr=False, init=False)
+    _prepared_models: set[int] = field(factory=set, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )
@@ -97,14 +102,30 @@ class RunContext:
         """The conversation log so far."""
         return tuple(self._log)
 
+    @property
+    def log_index(self) -> LogIndex:
+        """The context engine's index of the log (its view and per-message figures),
+        grown to the log as it is now."""
+        if len(self._index.log) != len(self._log):
+            self._index = self._index.grown(self._log)
+        return self._index
+
     def view(self) -> tuple[Message, ...]:
         """What the model sees of the log (see ``littleghost.context.view``), built
         incrementally: a turn that only added messages costs what it added."""
-        index = self._view_index.extend(self._log) if self._view_index is not None else None
-        if index is None:
-            index = ViewIndex.build(self._log)
-        self._view_index = index
-        return tuple(index.messages())
+        return tuple(self.log_index.layout.messages())
+
+    def state_for(self, owner: object, factory: Callable[[], T]) -> T:
+        """The per-run object of ``owner``: what ``factory()`` made the first time
+        ``owner`` asked in this run.
+
+        Keyed by ``owner``'s identity (a capability's hook function, a class of its own,
+        ...), so no name can clash; each run starts without it.
+        """
+        entry = self._owned.get(id(owner))
+        if entry is None:
+            entry = self._owned[id(owner)] = (owner, factory())  # owner kept: its id stays its own
+        return cast(T, entry[1])
 
     async def append(self, *messages: Message) -> None:
         """Append messages to the log — with a session, once its store has them.
@@ -232,13 +253,12 @@ class RunContext:
 
     async def _prepare(self, model: Model) -> None:
         """Await another model's ``prepare()`` once in this run (a summarizer's, say)."""
-        prepared: set[int] = self.state.setdefault("littleghost.prepared_models", set())
-        if id(model) in prepared:
+        if id(model) in self._prepared_models:
             return
         prepare = getattr(model, "prepare", None)
         if prepare is not None:
             await prepare()
-        prepared.add(id(model))
+        self._prepared_models.add(id(model))
 
     async def _respond(
         self, model: Model, request: ModelRequest, *, streamed: bool

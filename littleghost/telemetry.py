@@ -59,6 +59,8 @@ COMPACTION_REMOVED = "littleghost.compaction.removed_messages"
 COMPACTION_ESTIMATED = "littleghost.compaction.estimated_tokens"
 COMPACTION_ESTIMATED_AFTER = "littleghost.compaction.estimated_tokens_after"
 COMPACTION_WINDOW = "littleghost.compaction.context_window_tokens"
+COMPACTION_SKIPPED = "littleghost.compaction.skipped_because"
+COMPACTION_FALLBACK = "littleghost.compaction.fallback"
 
 _SETTING_ATTRIBUTES = {
     "max_tokens": REQUEST_MAX_TOKENS,

@@ -9,15 +9,14 @@ import pytest
 
 from littleghost import Message, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator, MessageGroup, group_messages
-from littleghost.context.groups import GroupIndex
-from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_message, prompt_text
-from littleghost.context.view import (
+from littleghost.context.groups import Layout
+from littleghost.context.records import (
     COLLAPSE,
     COMPACTION_COVERS_KEY,
     COMPACTION_KIND_KEY,
     EXCLUSION,
-    ViewIndex,
 )
+from littleghost.context.tokens import estimate_message, prompt_text
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 
 
@@ -199,9 +198,9 @@ def random_log(rng: random.Random, size: int) -> list[Message]:
     return log
 
 
-def group_shape(index: GroupIndex) -> tuple[object, ...]:
-    members = [[m.id for m in group] for group in index.members]
-    return index.kinds, members, index.tokens, index.message_count
+def group_shape(layout: Layout) -> tuple[object, ...]:
+    kinds, members = layout.slots()
+    return kinds, [[m.id for m in group] for group in members], layout.message_count
 
 
 def test_extending_groups_past_a_pending_summary_counts_it_once() -> None:
@@ -215,27 +214,20 @@ def test_extending_groups_past_a_pending_summary_counts_it_once() -> None:
         ([rules, follow_up], ["system", "summary", "user"]),
     ):
         log = [*earlier, *added]
-        view = ViewIndex.build(earlier).extend(log)
-        assert view is not None
-        groups = GroupIndex.build(ViewIndex.build(earlier), DEFAULT_TOKENIZER).extend(
-            view, DEFAULT_TOKENIZER
-        )
-        assert groups.kinds == expected
-        assert groups.message_count == len(view.messages()) == len(log) - 1
-        assert group_shape(groups) == group_shape(
-            GroupIndex.build(ViewIndex.build(log), DEFAULT_TOKENIZER)
-        )
+        layout = Layout.build(earlier).extend(log)
+        assert layout is not None
+        assert layout.slots()[0] == expected
+        assert len(layout.messages()) == len(log) - 1
+        assert group_shape(layout) == group_shape(Layout.build(log))
 
 
 @pytest.mark.parametrize("seed", range(300))
 def test_extending_groups_equals_grouping_afresh(seed: int) -> None:
     rng = random.Random(seed)
     log = random_log(rng, rng.randint(1, 16))
-    fresh = group_shape(GroupIndex.build(ViewIndex.build(log), DEFAULT_TOKENIZER))
+    fresh = group_shape(Layout.build(log))
     for size in range(len(log) + 1):  # the last extension adds nothing
-        earlier = ViewIndex.build(log[:size])
-        view = earlier.extend(log)
-        if view is None:  # the added messages hold a record: built afresh instead
+        layout = Layout.build(log[:size]).extend(log)
+        if layout is None:  # the added messages hold a record: built afresh instead
             continue
-        groups = GroupIndex.build(earlier, DEFAULT_TOKENIZER).extend(view, DEFAULT_TOKENIZER)
-        assert group_shape(groups) == fresh, size
+        assert group_shape(layout) == fresh, size

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from littleghost import Agent, Message, manage_context
+from littleghost import Agent, Message, ToolCall, manage_context, tool
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProviderError
 from littleghost.events import TextDelta
 from littleghost.models import ModelRequest, StopReason, resolve
@@ -355,3 +356,101 @@ def test_bad_arguments_are_configuration_errors(
     monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-server"))
     with pytest.raises(ConfigurationError, match=SERVER_ENV):
         LocalModel()
+
+
+# Histories whose estimate (characters ÷ 4) is off by 2 to 7 times on SmolLM2: digit lists,
+# JSON tool results, Japanese. Each overflows the 512-token window on its first call.
+def dense_history(kind: str, pairs: int) -> list[Message]:
+    rng = random.Random(kind)
+    messages: list[Message] = []
+    for index in range(pairs):
+        if kind == "digits":
+            note = " ".join(str(rng.randint(1000, 99_999)) for _ in range(25))
+            messages += [
+                Message.user(f"Note {index}: {note}"),
+                Message.assistant(f"Noted {index}."),
+            ]
+        elif kind == "json":
+            call = ToolCall(f"call_{index}", "lookup", {"id": index})
+            payload = json.dumps(
+                {
+                    "id": index,
+                    "items": [
+                        {"sku": f"A-{rng.randint(1, 999)}", "qty": rng.randint(1, 9)}
+                        for _ in range(12)
+                    ],
+                }
+            )
+            messages += [
+                Message.user(f"Look up order {index}."),
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, payload),
+                Message.assistant(f"Order {index} has 12 items."),
+            ]
+        else:
+            messages += [
+                Message.user(f"メモ{index}: 東京の天気は晴れです。明日は雨が降るでしょう。" * 3),
+                Message.assistant(f"了解しました {index}。"),
+            ]
+    return messages
+
+
+@manage_context(compression_threshold=0.8, preserve_recent_messages=2)
+class Dense(Agent):
+    instructions = "You are a helpful assistant. Answer in one short sentence."
+    settings = {**SETTINGS, "max_tokens": 48}
+
+    @tool
+    def lookup(self, id: int) -> str:
+        """Look an order up."""
+        return f"order {id}"
+
+
+@pytest.mark.parametrize("kind", ["digits", "json", "japanese"])
+async def test_an_underestimated_history_is_recovered_once_by_a_summary(
+    local: LocalModel, spans: Spans, kind: str
+) -> None:
+    history = dense_history(kind, 6)
+    result = await Dense(model=local).run("What is 2+2? Answer with a number.", history=history)
+    assert result.output.strip()
+    overflows = [
+        span
+        for span in spans.named("chat")
+        if span.attributes.get("error.type") and span.attributes["littleghost.purpose"] == "chat"
+    ]
+    assert len(overflows) == 1  # recovered once: the retried call fitted
+    events = [
+        (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"])
+        for e in compactions(spans)
+    ]
+    assert ("overflow", "completed") in events
+    assert any(message.is_summary for message in result.messages)
+
+
+@manage_context(
+    compression_threshold=0.8,
+    preserve_recent_messages=2,
+    summary_instructions="Summarize the conversation. " + "Keep every number exactly. " * 60,
+)
+class NoRoom(Dense):
+    """Instructions too long for any summary request to fit the 512-token window."""
+
+
+async def test_when_no_summary_fits_recovery_falls_back_to_excerpts(
+    local: LocalModel, spans: Spans
+) -> None:
+    result = await NoRoom(model=local).run(
+        "What is 2+2? Answer with a number.", history=dense_history("digits", 6)
+    )
+    assert result.output.strip()
+    assert [span.attributes.get("littleghost.purpose") for span in spans.named("chat")].count(
+        "context_compaction"
+    ) == 0
+    fallback = [e for e in compactions(spans) if e.get("littleghost.compaction.fallback")]
+    assert [
+        (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"]) for e in fallback
+    ] == [("overflow", "completed")]
+    excerpts = [
+        m for m in result.messages if m.metadata.get("littleghost.compaction.kind") == "collapse"
+    ]
+    assert excerpts and all(m.text.startswith("[Earlier turn, excerpted:") for m in excerpts)

@@ -24,6 +24,7 @@ from littleghost.context.management import ContextManagement
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.errors import (
     CleanupError,
+    CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -491,13 +492,14 @@ class TestWhatIsSent:
         ]
         model = ScriptedModel([summary_step(), text_response("done")])
         result = await Parallel(model=model).run("go", history=history)
-        # 70 % of 23 is 16, inside the tool exchange (14..17): the boundary moves back to 14.
+        # 70 % of 23 is 16, inside the tool exchange (14, 15, 17): it is taken whole, and
+        # the interjection between its results (16) stays.
         covered = next(m for m in result.messages if m.is_summary).metadata[SUMMARY_COVERS_KEY]
-        assert covered == [m.id for m in history[:14]]
+        exchange = [history[14].id, history[15].id, history[17].id]
+        assert covered == [m.id for m in history[:14]] + exchange
         sent = model.requests[1].messages
-        index = next(i for i, m in enumerate(sent) if m.tool_calls)
-        assert [m.tool_results[0].call_id for m in sent[index + 1 : index + 3]] == ["a", "b"]
-        assert sum(1 for m in sent if m.tool_results) == 2
+        assert not any(m.tool_calls or m.tool_results for m in sent)
+        assert "interjection" in [m.text for m in sent]
 
     async def test_preserving_recent_messages_that_cannot_be_kept_is_a_failed_compaction(
         self, spans: Spans
@@ -848,8 +850,34 @@ class TestOverflow:
         assert caught.value.__cause__ is first
         assert len(model.requests) == 3
 
-    async def test_a_failed_recovery_propagates_with_the_overflow_as_cause(self) -> None:
-        """If the recovery compaction fails, its error propagates, caused by the overflow."""
+    async def test_a_failed_recovery_raises_the_overflow_caused_by_a_compaction_error(
+        self,
+    ) -> None:
+        """If recovery cannot compact, the overflow propagates, caused by a CompactionError
+        (itself caused by the failed summary call that came first)."""
+
+        @manage_context(
+            context_window_tokens=100_000, compression_threshold=1.0, preserve_recent_messages=4
+        )
+        class Lenient(Agent):
+            max_retries = 0
+
+        overflow = ContextWindowOverflowError("too long")
+        down = ProviderUnavailableError("down")
+        model = ScriptedModel([overflow, down])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            # The provider says only "too long": recovery must at least halve the request,
+            # which the question alone (about 2 500 of 2 700 tokens) does not allow.
+            await Lenient(model=model).run("word " * 2_000, history=chat(10))
+        assert caught.value is overflow
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert caught.value.__cause__.__cause__ is down
+
+    async def test_a_failed_summary_call_in_recovery_falls_back_to_excerpts(
+        self, spans: Spans
+    ) -> None:
+        """When the summary cannot be made, the oldest turns become one-line excerpts."""
 
         @manage_context(
             context_window_tokens=1_000,
@@ -860,11 +888,29 @@ class TestOverflow:
         class Lenient(Agent):
             max_retries = 0
 
-        overflow = ContextWindowOverflowError("too long")
-        model = ScriptedModel([overflow, ProviderUnavailableError("down")])
-        with pytest.raises(ProviderUnavailableError) as caught:
-            await Lenient(model=model).run("go", history=chat(10))
-        assert caught.value.__cause__ is overflow
+        model = ScriptedModel(
+            [
+                ContextWindowOverflowError("too long"),
+                ProviderUnavailableError("down"),
+                text_response("ok"),
+            ]
+        )
+        result = await Lenient(model=model).run("go", history=chat(10))
+        assert result.output == "ok"
+        sent = model.requests[-1].messages
+        assert len(sent) < 22
+        excerpts = [m for m in result.messages if m.text.startswith("[Earlier turn, excerpted:")]
+        assert excerpts and all(
+            m.metadata["littleghost.compaction.kind"] == "collapse" for m in excerpts
+        )
+        events = compaction_events(spans)
+        assert [
+            (e["littleghost.compaction.outcome"], e.get("littleghost.compaction.fallback"))
+            for e in events
+        ] == [
+            ("error", None),
+            ("completed", True),
+        ]
 
     async def test_overflow_is_never_retried_without_the_capability(self) -> None:
         """Without manage_context an overflow propagates after one call."""

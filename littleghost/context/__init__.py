@@ -14,6 +14,7 @@ from littleghost.context.strategies import (
     TokenBudget,
     ToolResultCompaction,
     Truncation,
+    TurnExcerpts,
 )
 from littleghost.context.tokens import ByteEstimator, CharacterEstimator, Tokenizer
 from littleghost.context.triggers import (
@@ -49,6 +50,7 @@ __all__ = [
     "ToolResultCompaction",
     "Trigger",
     "Truncation",
+    "TurnExcerpts",
     "all_of",
     "always",
     "any_of",

@@ -20,7 +20,6 @@ safety_reserve_tokens)``:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import logging
@@ -31,18 +30,19 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost._validators import check, count, is_number
-from littleghost.context.derive import derived
+from littleghost.context.groups import TOOL_CALL, USER, Layout
+from littleghost.context.index import LogIndex
+from littleghost.context.summarize import excerpt
 from littleghost.context.tokens import (
     ByteEstimator,
+    Estimates,
     Tokenizer,
     cache_key,
     counter,
-    estimate_each,
-    estimate_message,
     tools_text,
 )
 from littleghost.errors import ConfigurationError, PromptBudgetError
-from littleghost.messages import ImagePart, Message, Role, TextPart, ToolResult
+from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest
 from littleghost.text import cut_middle
 
@@ -208,79 +208,92 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
     return result
 
 
-def _shrink(
-    message: Message, max_tokens: int, tokenizer: Tokenizer, kinds: tuple[type, ...]
-) -> Message:
-    """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
-    into placeholders) until its estimate is at most ``max_tokens``, if it can be."""
-    images = any(isinstance(part, ImagePart) for part in message.content)
-    size = estimate_message(message, tokenizer)
-    if size <= max_tokens and not images:
-        return message
+class _Cuts:
+    """The cut-down copies a bounded view shows, and their estimates, made once per log."""
 
-    def build(chars: int) -> Message:
-        parts: list[Any] = []
-        for part in message.content:
-            if isinstance(part, TextPart) and TextPart in kinds:
-                parts.append(TextPart(cut_middle(part.text, chars)))
-            elif isinstance(part, ToolResult) and ToolResult in kinds:
-                parts.append(
-                    ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
-                )
-            elif isinstance(part, ImagePart):
-                parts.append(TextPart(IMAGE_PLACEHOLDER))
-            else:
-                parts.append(part)
-        return Message(message.role, parts, message.id, message.metadata)
+    __slots__ = ("estimate", "index", "tokenizer")
 
-    def make() -> Message:
-        longest = max(
-            (
-                len(p.text) if isinstance(p, TextPart) else len(p.content)
-                for p in message.content
-                if (isinstance(p, TextPart) and TextPart in kinds)
-                or (isinstance(p, ToolResult) and ToolResult in kinds)
-            ),
-            default=0,
-        )
-        low, high = 0, longest
-        best = build(0)
-        while low <= high:  # the longest cut that fits, by bisection
-            middle = (low + high) // 2
-            candidate = build(middle)
-            if counter(tokenizer)(candidate) <= max_tokens:
-                best, low = candidate, middle + 1
-            else:
-                high = middle - 1
-        return best
+    def __init__(self, index: LogIndex, tokenizer: Tokenizer) -> None:
+        self.index = index
+        self.tokenizer = tokenizer
+        self.estimate: Estimates = index.estimates(tokenizer)
 
-    return derived(message, ("shrink", max_tokens, kinds, cache_key(tokenizer)), make)
+    def cost(self, messages: Iterable[Message]) -> int:
+        return self.estimate.total(messages)
 
+    def shrink(self, message: Message, max_tokens: int, kinds: tuple[type, ...]) -> Message:
+        """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
+        into placeholders) until its estimate is at most ``max_tokens``, if it can be."""
+        images = any(isinstance(part, ImagePart) for part in message.content)
+        if self.estimate(message) <= max_tokens and not images:
+            return message
+        count = counter(self.tokenizer)
 
-def _cap_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
-    """Cap text and tool results at about ``max_tokens``; images become placeholders."""
-    return _shrink(message, max_tokens, tokenizer, (TextPart, ToolResult))
+        def build(chars: int) -> Message:
+            parts: list[Any] = []
+            for part in message.content:
+                if isinstance(part, TextPart) and TextPart in kinds:
+                    parts.append(TextPart(cut_middle(part.text, chars)))
+                elif isinstance(part, ToolResult) and ToolResult in kinds:
+                    parts.append(
+                        ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
+                    )
+                elif isinstance(part, ImagePart):
+                    parts.append(TextPart(IMAGE_PLACEHOLDER))
+                else:
+                    parts.append(part)
+            return Message(message.role, parts, message.id, message.metadata)
 
+        def make() -> Message:
+            longest = max(
+                (
+                    len(p.text) if isinstance(p, TextPart) else len(p.content)
+                    for p in message.content
+                    if (isinstance(p, TextPart) and TextPart in kinds)
+                    or (isinstance(p, ToolResult) and ToolResult in kinds)
+                ),
+                default=0,
+            )
+            low, high = 0, longest
+            best = build(0)
+            while low <= high:  # the longest cut that fits, by bisection
+                middle = (low + high) // 2
+                candidate = build(middle)
+                if count(candidate) <= max_tokens:
+                    best, low = candidate, middle + 1
+                else:
+                    high = middle - 1
+            return best
 
-def _cut_results(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
-    """Excerpt tool results over ``max_tokens`` (head and tail kept, with a marker)."""
-    if not message.tool_results:
-        return message
-    return _shrink(message, max_tokens, tokenizer, (ToolResult,))
+        key = ("shrink", max_tokens, kinds, cache_key(self.tokenizer))
+        return self.index.derived(message, key, make)
 
+    def cap_text(self, message: Message, max_tokens: int) -> Message:
+        """Cap text and tool results at about ``max_tokens``; images become placeholders."""
+        return self.shrink(message, max_tokens, (TextPart, ToolResult))
 
-def _cut_text(message: Message, max_tokens: int, tokenizer: Tokenizer) -> Message:
-    """Shorten an assistant message's text to about ``max_tokens``, keeping every tool
-    call whole."""
-    if not message.text:
-        return message
-    calls = derived(message, ("calls-only",), functools.partial(_without_text, message))
-    return _shrink(message, estimate_message(calls, tokenizer) + max_tokens, tokenizer, (TextPart,))
+    def cut_results(self, message: Message, max_tokens: int) -> Message:
+        """Excerpt tool results over ``max_tokens`` (head and tail kept, with a marker)."""
+        if not message.tool_results:
+            return message
+        return self.shrink(message, max_tokens, (ToolResult,))
 
+    def cut_text(self, message: Message, max_tokens: int) -> Message:
+        """Shorten an assistant message's text to about ``max_tokens``, keeping every tool
+        call whole."""
+        if not message.text:
+            return message
+        calls = self.without(message, (TextPart,))
+        return self.shrink(message, self.estimate(calls) + max_tokens, (TextPart,))
 
-def _without_text(message: Message) -> Message:
-    parts = [part for part in message.content if not isinstance(part, TextPart)]
-    return Message(message.role, parts, message.id, message.metadata)
+    def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
+        """``message`` without its parts of ``kinds``."""
+
+        def make() -> Message:
+            parts = [part for part in message.content if not isinstance(part, kinds)]
+            return Message(message.role, parts, message.id, message.metadata)
+
+        return self.index.derived(message, ("without", kinds), make)
 
 
 _TRUSTED = (Role.SYSTEM, Role.DEVELOPER)
@@ -296,55 +309,27 @@ def _stable_id(kind: str, text: str) -> str:
     return f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
 
 
-def _turns(conversation: Sequence[Message]) -> list[list[Message]]:
-    """Split into turns: each starts at a user message (a leading partial turn too)."""
+def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
+    """The conversation as turns of complete exchanges: each turn starts at a user
+    message (a leading partial turn too); a call left without a result, or a result
+    whose call is absent, is left out (an assistant message keeps its text)."""
+    layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
-    for message in conversation:
-        if message.role is Role.USER or not turns:
-            turns.append([message])
+    for kind, group in zip(layout.kinds, layout.members, strict=True):
+        if kind == TOOL_CALL:
+            head = group[0]
+            answered = {result.call_id for message in group[1:] for result in message.tool_results}
+            if head.role is Role.TOOL:
+                continue  # a result whose call is absent
+            if not all(call.id in answered for call in head.tool_calls):
+                if not head.text:
+                    continue
+                group = [cuts.without(head, (ToolCall,))]
+        if kind == USER or not turns:
+            turns.append(list(group))
         else:
-            turns[-1].append(message)
+            turns[-1].extend(group)
     return turns
-
-
-def _complete_exchanges(turn: list[Message]) -> list[Message]:
-    """Leave out tool calls without results and results without calls."""
-    answered = {r.call_id for m in turn for r in m.tool_results}
-    called = {c.id for m in turn for c in m.tool_calls}
-    kept: list[Message] = []
-    for message in turn:
-        if message.tool_calls and not all(call.id in answered for call in message.tool_calls):
-            text_parts = [p for p in message.content if isinstance(p, TextPart)]
-            if text_parts:
-                kept.append(derived(message, ("no-calls",), functools.partial(_text_only, message)))
-            continue
-        if message.tool_results and not all(r.call_id in called for r in message.tool_results):
-            continue
-        kept.append(message)
-    incomplete = {c.id for m in turn for c in m.tool_calls} - {
-        c.id for m in kept for c in m.tool_calls
-    }
-    return [m for m in kept if not any(r.call_id in incomplete for r in m.tool_results)]
-
-
-def _text_only(message: Message) -> Message:
-    parts = [part for part in message.content if isinstance(part, TextPart)]
-    return Message(message.role, parts, message.id, message.metadata)
-
-
-def _cost(messages: Iterable[Message], tokenizer: Tokenizer) -> int:
-    return sum(estimate_each(messages, tokenizer))
-
-
-def _excerpt(turn: Sequence[Message], chars: int) -> str | None:
-    question = next((m.text for m in turn if m.role is Role.USER and m.text), "")
-    answer = next((m.text for m in reversed(turn) if m.role is Role.ASSISTANT and m.text), "")
-    if not question and not answer:
-        return None
-    line = f"Q: {cut_middle(question, chars)}"
-    if answer:
-        line += f" | A: {cut_middle(answer, chars)}"
-    return line.replace("\n", " ")
 
 
 def fit_request(
@@ -354,17 +339,20 @@ def fit_request(
     memories: Sequence[str] = (),
     *,
     summary_tokens: int | None = None,
+    index: LogIndex | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
     """Build the bounded view of ``request`` for ``limit`` tokens.
 
     Memories and excerpts a request already carries (from an earlier pass) are rebuilt,
     not repeated. The newest summary is kept (cut to ``summary_tokens`` and to the room
-    left, never dropped for older turns).
+    left, never dropped for older turns). ``index`` (the run's) keeps the cut copies and
+    estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
     """
     tokenizer = budget.tokenizer
+    cuts = _Cuts(index or LogIndex((), Layout()), tokenizer)
     trusted: list[Message] = []
     summaries: list[Message] = []
     conversation: list[Message] = []
@@ -376,21 +364,21 @@ def fit_request(
             trusted.append(message)
         else:
             conversation.append(message)
-    turns = _turns(conversation)
-    current = _complete_exchanges(turns[-1]) if turns else []
+    turns = _turns(conversation, cuts)
+    current = turns[-1] if turns else []
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
-    fixed = _cost(trusted, tokenizer) + tools_tokens
+    fixed = cuts.cost(trusted) + tools_tokens
     memory_message, memories_used = _memories(memories, budget)
     if memory_message is not None:
-        fixed += estimate_message(memory_message, tokenizer)
+        fixed += cuts.estimate(memory_message)
 
     share = max(int(limit * budget.tool_result_share), budget.floor_tokens)
-    current = [_cut_results(m, share, tokenizer) for m in current]
+    current = [cuts.cut_results(m, share) for m in current]
     room = limit - fixed
-    if _cost(current, tokenizer) > room:
-        current = _shrink_current(current, room, budget)
-    current_cost = _cost(current, tokenizer)
+    if cuts.cost(current) > room:
+        current = _shrink_current(current, room, budget, cuts)
+    current_cost = cuts.cost(current)
     if current_cost > room:
         raise PromptBudgetError(
             f"the request cannot fit its prompt budget: instructions, memories and tools take "
@@ -404,34 +392,33 @@ def fit_request(
     kept_summaries = []
     for summary in summaries[-1:]:
         allowance = min(summary_tokens or budget.history_item_tokens, room)
-        capped = _cap_text(summary, max(allowance, 1), tokenizer)
-        if estimate_message(capped, tokenizer) <= room:
+        capped = cuts.cap_text(summary, max(allowance, 1))
+        if cuts.estimate(capped) <= room:
             kept_summaries.append(capped)
-            room -= estimate_message(capped, tokenizer)
+            room -= cuts.estimate(capped)
 
     excerpt_room = min(budget.excerpt_tokens, max(room // 5, 0))
     room -= excerpt_room
     kept_turns: list[list[Message]] = []
     dropped: list[list[Message]] = []
     history_turns = turns[:-1]
-    for index in range(len(history_turns) - 1, -1, -1):
+    for position in range(len(history_turns) - 1, -1, -1):
         turn = [
-            _cap_text(m, budget.history_item_tokens, tokenizer)
-            for m in _complete_exchanges(history_turns[index])
+            cuts.cut_results(cuts.cap_text(m, budget.history_item_tokens), share)
+            for m in history_turns[position]
         ]
-        turn = [_cut_results(m, share, tokenizer) for m in turn]
-        cost = _cost(turn, tokenizer)
+        cost = cuts.cost(turn)
         if cost > room:
             final = len(turn) - 1
             turn = [
-                _cut_text(m, budget.floor_tokens, tokenizer)
+                cuts.cut_text(m, budget.floor_tokens)
                 if m.role is Role.ASSISTANT and i != final
                 else m
                 for i, m in enumerate(turn)
             ]
-            cost = _cost(turn, tokenizer)
+            cost = cuts.cost(turn)
         if cost > room:
-            dropped = history_turns[: index + 1]
+            dropped = history_turns[: position + 1]
             break
         kept_turns.append(turn)
         room -= cost
@@ -450,12 +437,11 @@ def fit_request(
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
     bounded = ModelRequest(messages, request.tools, settings, request.purpose)
-    estimated = _cost(messages, tokenizer) + tools_tokens
     report = BudgetReport(
         limit_tokens=limit,
-        history_estimated_tokens=_cost(conversation, tokenizer) + _cost(summaries, tokenizer),
+        history_estimated_tokens=cuts.cost(conversation) + cuts.cost(summaries),
         fixed_overhead_tokens=fixed,
-        estimated_prompt_tokens=estimated,
+        estimated_prompt_tokens=cuts.cost(messages) + tools_tokens,
         messages_total=len(request.messages),
         messages_kept=len(messages),
         turns_total=len(turns),
@@ -467,23 +453,22 @@ def fit_request(
     return bounded, report
 
 
-def _shrink_current(current: list[Message], room: int, budget: PromptBudget) -> list[Message]:
+def _shrink_current(
+    current: list[Message], room: int, budget: PromptBudget, cuts: _Cuts
+) -> list[Message]:
     """Cut the current turn's intermediate text, then its results, toward the floor."""
-    tokenizer = budget.tokenizer
     final = len(current) - 1
     shrunk = [
-        _cut_text(m, budget.floor_tokens, tokenizer)
-        if m.role is Role.ASSISTANT and i != final
-        else m
+        cuts.cut_text(m, budget.floor_tokens) if m.role is Role.ASSISTANT and i != final else m
         for i, m in enumerate(current)
     ]
-    if _cost(shrunk, tokenizer) <= room:
+    if cuts.cost(shrunk) <= room:
         return shrunk
     results = [i for i, m in enumerate(shrunk) if m.tool_results]
     for size in (4 * budget.floor_tokens, 2 * budget.floor_tokens, budget.floor_tokens):
         for i in results:
-            shrunk[i] = _cut_results(shrunk[i], size, tokenizer)
-        if _cost(shrunk, tokenizer) <= room:
+            shrunk[i] = cuts.cut_results(shrunk[i], size)
+        if cuts.cost(shrunk) <= room:
             break
     return shrunk
 
@@ -519,7 +504,7 @@ def _excerpts(
     room -= tokenizer.count_tokens(EXCERPTS_HEADER) + getattr(tokenizer, "message_overhead", 0)
     lines: list[str] = []
     for turn in reversed(dropped):
-        line = _excerpt(turn, budget.excerpt_item_chars)
+        line = excerpt(turn, budget.excerpt_item_chars)
         if line is None:
             continue
         cost = tokenizer.count_tokens(line) + 1

@@ -2,41 +2,27 @@
 
 The strategy works on the groups of the view of a log. What it decides becomes records
 appended to the log — collapses, one exclusion and at most one summary, each listing
-the ids it covers — so the view changes while the stored originals stay. Building the
-groups, estimating and deciding are linear in the number of messages; estimates are
-cached on the messages, so the same log again costs a fraction of the first time.
+the ids it covers — so the view changes while the stored originals stay. Reading the
+log is linear in its messages; estimates are made only for the groups a strategy
+looks at (a token budget walks from the newest group back and stops when full), and
+the engine keeps the index of a log seen lately (``LogIndex.of``), so the same log
+again, or one turn longer, costs a fraction of the first time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any
 
-from littleghost.context.groups import GroupIndex
+from littleghost.context.index import LogIndex
 from littleghost.context.strategies import CompactionState, CompactionStrategy, Complete
-from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer, cache_key
-from littleghost.context.view import ViewIndex
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message
+from littleghost.sessions.base import SessionStore
+from littleghost.sessions.locks import hold_session
 
-__all__ = ["SessionLog", "apply_compaction", "compact_session", "compaction_records"]
-
-
-class SessionLog(Protocol):
-    """The part of a session store that ``compact_session`` uses."""
-
-    async def load(self, session_id: str) -> tuple[Message, ...]:
-        """The session's messages in append order."""
-        ...
-
-    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
-        """Append messages to the session."""
-        ...
-
-    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
-        """Hold the session exclusively."""
-        ...
+__all__ = ["apply_compaction", "compact_session", "compaction_records", "compaction_state"]
 
 
 def _check_strategy(strategy: object) -> None:
@@ -46,55 +32,25 @@ def _check_strategy(strategy: object) -> None:
         )
 
 
-_LOOKBACK = 64
-"""How many messages back from the end a reusable index of an earlier log is looked for."""
-
-
-class _Snapshot:
-    """The indexes of one log, kept on its last message for the next compaction."""
-
-    __slots__ = ("groups", "log", "view")
-
-    def __init__(self, log: tuple[Message, ...], view: ViewIndex, groups: GroupIndex) -> None:
-        self.log = log
-        self.view = view
-        self.groups = groups
-
-
-def _same(first: Sequence[Message], second: Sequence[Message]) -> bool:
-    """The same messages, object for object (messages are immutable values)."""
-    return len(first) == len(second) and all(a is b for a, b in zip(first, second, strict=True))
-
-
-def _indexes(messages: Sequence[Message], tokenizer: Tokenizer) -> tuple[ViewIndex, GroupIndex]:
-    """The view and groups of ``messages``, reusing those of the same log or of a log it
-    extends with plain messages (the previous turn), found on one of its last messages."""
-    log = tuple(messages)
-    if not log:
-        view = ViewIndex.build(log)
-        return view, GroupIndex.build(view, tokenizer)
-    key = ("littleghost.compaction.index", cache_key(tokenizer))
-    last = log[-1]._cache
-    snapshot: _Snapshot | None = last.get(key)
-    if snapshot is not None and _same(snapshot.log, log):
-        return snapshot.view, snapshot.groups
-    for position in range(len(log) - 2, max(-1, len(log) - 2 - _LOOKBACK), -1):
-        cache = log[position]._cache
-        snapshot = cache.get(key)
-        if snapshot is None:
-            continue
-        if len(snapshot.log) == position + 1 and _same(snapshot.log, log[: position + 1]):
-            extended = snapshot.view.extend(log)
-            if extended is not None:
-                groups = snapshot.groups.extend(extended, tokenizer)
-                cache.pop(key, None)
-                last[key] = _Snapshot(log, extended, groups)
-                return extended, groups
-        break
-    view = ViewIndex.build(log)
-    groups = GroupIndex.build(view, tokenizer)
-    last[key] = _Snapshot(log, view, groups)
-    return view, groups
+def compaction_state(
+    index: LogIndex,
+    tokenizer: Tokenizer,
+    *,
+    complete: Complete | None = None,
+    settings: Mapping[str, Any] | None = None,
+    protected: int | None = None,
+) -> CompactionState:
+    """A fresh compaction state over the view of ``index``'s log."""
+    kinds, members = index.layout.slots()
+    return CompactionState(
+        kinds,
+        members,
+        tokenizer=tokenizer,
+        estimate=index.estimates(tokenizer),
+        complete=complete,
+        settings=settings,
+        protected=protected,
+    )
 
 
 async def _run(
@@ -107,12 +63,12 @@ async def _run(
     """The records ``strategy`` makes for ``messages``, and the view they give."""
     _check_strategy(strategy)
     tokenizer = DEFAULT_TOKENIZER if tokenizer is None else tokenizer
-    view, groups = _indexes(messages, tokenizer)
-    state = CompactionState(groups, tokenizer=tokenizer, complete=complete, settings=settings)
+    index = LogIndex.of(messages)
+    state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
     records = state.records()
     if not records:
-        return (), view.messages()
+        return (), index.layout.messages()
     return records, state.view()
 
 
@@ -163,7 +119,7 @@ async def compaction_records(
 
 
 async def compact_session(
-    store: SessionLog,
+    store: SessionStore,
     session_id: str,
     strategy: CompactionStrategy,
     *,
@@ -171,7 +127,8 @@ async def compact_session(
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
     """Apply ``strategy`` to a stored session after a run: append its records to the
-    session's log, holding the session's lock; return them.
+    session's log, holding the session as a run does (through the store's ``lock`` when
+    it has one, any store otherwise); return them.
 
     The next run of the session sees the compacted view; nothing stored is removed. A
     summarizing strategy needs its own model here: ``Summarization(model=...)``.
@@ -179,7 +136,7 @@ async def compact_session(
     Raises:
         SessionBusyError: Called from inside a run of the same session.
     """
-    async with store.lock(session_id):
+    async with hold_session(store, session_id):
         log = await store.load(session_id)
         records, _ = await _run(log, strategy, tokenizer, None, settings)
         if records:

@@ -1,4 +1,10 @@
-"""Atomic message groups: what compaction keeps, collapses or drops as a whole.
+"""The context engine's core: which result answers which call, what the model sees of a
+log, and the atomic groups compaction keeps, collapses or drops as a whole.
+
+Pairing (the one rule): a result answers the nearest earlier call with its id that is
+still unanswered, so a repeated id pairs each result with the latest open call; a tool
+message belongs to the call its first result answers, and its other results answer
+calls of that same assistant message only.
 
 A group is one of:
 
@@ -6,28 +12,40 @@ A group is one of:
 - ``user``: one user message;
 - ``assistant_text``: one assistant message without tool calls (a collapse record is one);
 - ``tool_call``: an assistant message with tool calls plus every result that answers
-  them, matched by call id even when not adjacent, parallel calls included;
+  them, wherever they are in the log;
 - ``summary``: a compaction summary.
 
-Pairing rule (the one the view uses): a result answers the nearest earlier call with its
-id that is still unanswered, so a duplicated id pairs each result with the latest open
-call; a tool message belongs to the call its first result answers, and its other results
-answer calls of that same assistant message only. A call and the results paired with it
-are always in one group, so keeping or dropping groups never leaves an orphan. A tool
-message that answers no call at all (an orphan already, which a view never holds) is a
-``tool_call`` group of its own, so no message is lost.
+``Layout`` reads a log in two linear passes — compaction records (``records.py``) and
+pairing, then the layout into groups — and ``extend`` grows it for a longer log at the
+cost of what was added. Reading a log, a result whose call is absent or hidden is left
+out; grouping a plain sequence (``group_messages``), records are ordinary messages and
+such a result is a ``tool_call`` group of its own, so nothing is lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from attrs import frozen
 
-from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer, estimator, prompt_text
-from littleghost.context.view import ViewIndex
-from littleghost.messages import SUMMARY_KEY, Message, Role, ToolCall
+from littleghost.context.records import (
+    COLLAPSE,
+    COMPACTION_COVERS_KEY,
+    COMPACTION_KIND_KEY,
+    EXCLUSION,
+    ids,
+    is_record,
+)
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer, prompt_text
+from littleghost.messages import (
+    SUMMARY_COVERS_KEY,
+    SUMMARY_KEY,
+    Message,
+    Role,
+    ToolCall,
+    ToolResult,
+)
 
 __all__ = [
     "ASSISTANT_TEXT",
@@ -35,8 +53,8 @@ __all__ = [
     "SYSTEM",
     "TOOL_CALL",
     "USER",
-    "GroupIndex",
     "GroupKind",
+    "Layout",
     "MessageGroup",
     "group_messages",
 ]
@@ -50,8 +68,8 @@ SUMMARY: GroupKind = "summary"
 
 _SYSTEM = Role.SYSTEM
 _DEVELOPER = Role.DEVELOPER
-_USER = Role.USER
 _ASSISTANT = Role.ASSISTANT
+_TOOL = Role.TOOL
 
 
 @frozen
@@ -79,135 +97,282 @@ class MessageGroup:
         return sum(len(prompt_text(message).encode("utf-8")) for message in self.messages)
 
 
-class GroupIndex:
-    """Groups as parallel lists (kind, messages, tokens), with the slot of each head of
-    the ``ViewIndex`` they were made from: the compaction engine's input.
+class Layout:
+    """A log read by the engine: its records, its pairing, and its view as groups.
 
-    A pending summary of that view (one with nothing after it yet) is the last group and
-    has no head slot; ``pending`` says it is there.
+    ``kinds[i]`` and ``members[i]`` are the i-th group of the view (the call before its
+    results); ``pending`` is a summary with nothing after it yet to stand before (shown
+    last). ``open_calls``, ``shadowed`` and ``orphans`` say what the pairing left.
     """
 
     __slots__ = (
+        "anchors",
+        "answers",
+        "hidden",
         "kinds",
+        "late",
         "members",
         "message_count",
+        "open_calls",
+        "orphans",
         "pending",
+        "records",
+        "shadowed",
+        "shown",
+        "size",
         "slot_of",
+        "summaries",
         "system_open",
-        "tokens",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, records: bool = True) -> None:
+        self.records = records
+        self.size = 0
+        self.hidden: set[str] = set()
+        self.anchors: dict[str, Message] = {}
+        self.summaries: list[Message] = []
+        # The newest unanswered call per id; older unanswered calls with the same id wait
+        # in ``shadowed`` (a stack), so a result answers the nearest earlier one.
+        self.open_calls: dict[str, int] = {}
+        self.shadowed: dict[str, list[int]] = {}
+        self.answers: dict[int, list[int]] = {}
+        self.orphans: list[int] = []
+        self.late: list[tuple[int, int]] = []
         self.kinds: list[GroupKind] = []
         self.members: list[list[Message]] = []
-        self.tokens: list[int] = []
-        self.slot_of: list[int] = []
+        self.slot_of: dict[int, int] = {}
+        self.shown: set[str] = set()
+        self.pending: Message | None = None
         self.system_open = False
         self.message_count = 0
-        self.pending = False
 
     @classmethod
-    def build(cls, view: ViewIndex, tokenizer: Tokenizer) -> GroupIndex:
-        """The groups of ``view``."""
-        index = cls()
-        index._add(view, 0, tokenizer)
-        return index
+    def build(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
+        """The layout of ``log`` (with ``records=False``: of a plain sequence)."""
+        layout = cls(records=records)
+        layout.scan(log)
+        for candidate in reversed(layout.summaries):
+            if candidate.id not in layout.hidden:
+                layout.pending = candidate
+                break
+        layout._lay_out(log, 0)
+        return layout
 
-    def extend(self, view: ViewIndex, tokenizer: Tokenizer) -> GroupIndex:
-        """The groups of ``view``, an extension of the view this index was made from.
+    def extend(self, log: Sequence[Message]) -> Layout | None:
+        """The layout of ``log``, which starts with the log this one was built from.
 
-        This index is left as it is. Its pending summary group is dropped: ``view``
-        either still holds the summary as pending or has placed it among the heads past
-        this index's, and the grouping of those adds it back either way.
+        Returns ``None`` (build it afresh) when the added messages hold a record or a
+        message an earlier record hides. This layout is left as it is.
         """
-        dropped = 1 if self.pending else 0
-        end = len(self.kinds) - dropped
-        index = GroupIndex()
-        index.kinds = self.kinds[:end]
-        index.members = self.members[:end]
-        index.tokens = self.tokens[:end]
-        index.slot_of = list(self.slot_of)
-        index.system_open = self.system_open
-        index.message_count = self.message_count - dropped
-        for owner, _ in view.late:
-            head = view.head_of.get(owner)
-            if head is None or head >= len(self.slot_of):
-                continue
-            slot = index.slot_of[head]
-            answers = view.results[head]
-            index.message_count += 1
-            index.members[slot] = [view.heads[head], *answers]
-            index.kinds[slot] = TOOL_CALL
-            index.tokens[slot] = sum(map(estimator(tokenizer), index.members[slot]))
-        index._add(view, len(self.slot_of), tokenizer)
-        return index
+        start = self.size
+        hidden = self.hidden
+        for message in log[start:]:
+            if (message.metadata and is_record(message)) or (hidden and message.id in hidden):
+                return None
+        layout = Layout(records=self.records)
+        layout.hidden, layout.anchors, layout.summaries = hidden, self.anchors, self.summaries
+        layout.shown = self.shown
+        layout.open_calls = dict(self.open_calls)
+        layout.shadowed = {call_id: list(stack) for call_id, stack in self.shadowed.items()}
+        layout.answers = dict(self.answers)
+        layout.orphans = list(self.orphans)
+        layout.kinds = list(self.kinds)
+        layout.members = list(self.members)
+        layout.slot_of = dict(self.slot_of)
+        layout.pending, layout.system_open = self.pending, self.system_open
+        layout.message_count = self.message_count
+        layout.scan(log, start)
+        for owner, position in layout.late:
+            slot = layout.slot_of.get(owner)
+            if slot is not None:
+                layout.members[slot] = [*layout.members[slot], log[position]]
+                layout.message_count += 1
+        layout._lay_out(log, start)
+        return layout
 
-    def _add(self, view: ViewIndex, start: int, tokenizer: Tokenizer) -> None:
-        """Group the heads of ``view`` from ``start`` on, then its pending summary."""
-        heads = view.heads
-        results = view.results
-        estimate = estimator(tokenizer)
+    def scan(self, log: Sequence[Message], start: int = 0) -> None:
+        """Pass 1: read records and pair results in ``log[start:]``."""
+        records = self.records
+        open_calls = self.open_calls
+        shadowed = self.shadowed
+        answers = self.answers
+        for position in range(start, len(log)):
+            message = log[position]
+            metadata = message.metadata
+            if records and metadata and self._record(message):
+                continue
+            role = message.role
+            if role is _ASSISTANT:
+                for part in message.content:
+                    if type(part) is ToolCall:
+                        previous = open_calls.get(part.id)
+                        if previous is not None:
+                            shadowed.setdefault(part.id, []).append(previous)
+                        open_calls[part.id] = position
+            elif role is _TOOL:
+                owner: int | None = None
+                for part in message.content:
+                    if type(part) is not ToolResult:
+                        continue
+                    call_id = part.call_id
+                    found = open_calls.get(call_id)
+                    if found is None or (owner is not None and found != owner):
+                        continue
+                    owner = found
+                    stack = shadowed.get(call_id) if shadowed else None
+                    if stack:
+                        open_calls[call_id] = stack.pop()
+                        if not stack:
+                            del shadowed[call_id]
+                    else:
+                        del open_calls[call_id]
+                if owner is None:
+                    self.orphans.append(position)
+                elif owner < start:
+                    self.late.append((owner, position))
+                else:
+                    answered = answers.get(owner)
+                    if answered is None:
+                        answers[owner] = [position]
+                    else:
+                        answered.append(position)
+        self.size = len(log)
+
+    def _record(self, message: Message) -> bool:
+        """Read ``message`` if it is a compaction record (True); else False."""
+        metadata = message.metadata
+        if metadata.get(SUMMARY_KEY) is True:
+            self.summaries.append(message)
+            self.hidden.update(ids(metadata.get(SUMMARY_COVERS_KEY)))
+            return True
+        kind = metadata.get(COMPACTION_KIND_KEY)
+        if kind == COLLAPSE:
+            covers = ids(metadata.get(COMPACTION_COVERS_KEY))
+            self.hidden.update(covers)
+            for covered in covers:
+                self.anchors.setdefault(covered, message)
+            return True
+        if kind == EXCLUSION:
+            self.hidden.update(ids(metadata.get(COMPACTION_COVERS_KEY)))
+            return True
+        return False
+
+    def _lay_out(self, log: Sequence[Message], start: int) -> None:
+        """Pass 2: lay out ``log[start:]`` as groups after those laid out so far."""
+        records = self.records
+        hidden = self.hidden
+        anchors = self.anchors
+        shown = self.shown
+        answers = self.answers
         kinds = self.kinds
         members = self.members
-        tokens = self.tokens
         slot_of = self.slot_of
+        pending = self.pending
         system_open = self.system_open
-        added = len(heads) - start
-        for index in range(start, len(heads)):
-            head = heads[index]
-            count = estimate(head)
-            role = head.role
-            if role is _SYSTEM or role is _DEVELOPER:
-                if system_open:
-                    slot_of.append(len(kinds) - 1)
-                    members[-1] = [*members[-1], head]
-                    tokens[-1] += count
+        count = self.message_count
+        orphans = set() if records else set(self.orphans)
+        for position in range(start, len(log)):
+            message = log[position]
+            role = message.role
+            kind: GroupKind
+            if hidden and message.id in hidden:
+                record = anchors.get(message.id) if anchors else None
+                if record is None or record.id in shown or record.id in hidden:
                     continue
-                system_open = True
-                kind: GroupKind = SYSTEM
-                group = [head]
-            else:
-                system_open = False
-                answers = results.get(index) if results else None
-                if answers is not None:
-                    for answer in answers:
-                        count += estimate(answer)
-                    added += len(answers)
-                    kind = TOOL_CALL
-                    group = [head, *answers]
+                shown.add(record.id)
+                group = [record]
+                kind = ASSISTANT_TEXT
+            elif records and message.metadata and is_record(message):
+                if message.metadata.get(COMPACTION_KIND_KEY) != COLLAPSE or message.id in shown:
+                    continue
+                shown.add(message.id)
+                group = [message]
+                kind = ASSISTANT_TEXT
+            elif role is _TOOL:
+                if position not in orphans:
+                    continue
+                group = [message]
+                kind = TOOL_CALL
+            elif role is _SYSTEM or role is _DEVELOPER:
+                count += 1
+                if system_open:
+                    members[-1] = [*members[-1], message]
                 else:
-                    group = [head]
-                    if head.metadata and head.metadata.get(SUMMARY_KEY) is True:
-                        kind = SUMMARY
-                    elif role is _USER:
-                        kind = USER
-                    elif role is _ASSISTANT:
-                        kind = ASSISTANT_TEXT
-                        for part in head.content:
-                            if type(part) is ToolCall:
-                                kind = TOOL_CALL
-                                break
-                    else:  # a tool message that answers no call
-                        kind = TOOL_CALL
-            slot_of.append(len(kinds))
+                    system_open = True
+                    kinds.append(SYSTEM)
+                    members.append([message])
+                continue
+            elif role is _ASSISTANT:
+                answered = answers.get(position)
+                kind = ASSISTANT_TEXT
+                group = [message]
+                if answered is not None:
+                    kind = TOOL_CALL
+                    for answer in answered:
+                        result = log[answer]
+                        if not hidden or result.id not in hidden:
+                            group.append(result)
+                else:
+                    for part in message.content:
+                        if type(part) is ToolCall:
+                            kind = TOOL_CALL
+                            break
+            else:
+                group = [message]
+                metadata = message.metadata
+                kind = SUMMARY if metadata and metadata.get(SUMMARY_KEY) is True else USER
+            if pending is not None:  # the summary stands before the first non-trusted group
+                kinds.append(SUMMARY)
+                members.append([pending])
+                count += 1
+                pending = None
+            system_open = False
+            if role is _ASSISTANT and kind == TOOL_CALL:
+                slot_of[position] = len(kinds)
             kinds.append(kind)
             members.append(group)
-            tokens.append(count)
+            count += len(group)
+        self.pending = pending
         self.system_open = system_open
-        self.message_count += added
-        self.pending = view.pending is not None
-        if view.pending is not None:  # a summary with nothing after it to stand before
-            self.message_count += 1
-            kinds.append(SUMMARY)
-            members.append([view.pending])
-            tokens.append(estimate(view.pending))
+        self.message_count = count
 
-    def groups(self) -> tuple[MessageGroup, ...]:
-        """The groups as values."""
-        return tuple(
-            MessageGroup(kind, tuple(messages), tokens)
-            for kind, messages, tokens in zip(self.kinds, self.members, self.tokens, strict=True)
-        )
+    def slots(self) -> tuple[list[GroupKind], list[list[Message]]]:
+        """The groups as parallel lists, a pending summary as the last group."""
+        if self.pending is None:
+            return self.kinds, self.members
+        return [*self.kinds, SUMMARY], [*self.members, [self.pending]]
+
+    def messages(self) -> list[Message]:
+        """The view, flat."""
+        flat = [message for group in self.members for message in group]
+        if self.pending is not None:
+            flat.append(self.pending)
+        return flat
+
+    def unanswered(self, log: Sequence[Message]) -> list[tuple[int, str]]:
+        """``(position, call_id)`` of every call left without a result, in log order."""
+        missing = [(position, call_id) for call_id, position in self.open_calls.items()]
+        for call_id, stack in self.shadowed.items():
+            missing.extend((position, call_id) for position in stack)
+
+        def order(item: tuple[int, str]) -> tuple[int, int]:
+            position, call_id = item
+            calls = [call.id for call in log[position].tool_calls]
+            return position, calls.index(call_id)
+
+        return sorted(missing, key=order)
+
+
+def groups_of(
+    kinds: Sequence[GroupKind],
+    members: Sequence[Sequence[Message]],
+    estimate: Callable[[Message], int],
+) -> tuple[MessageGroup, ...]:
+    """Groups as values, with their estimated tokens."""
+    return tuple(
+        MessageGroup(kind, tuple(group), sum(map(estimate, group)))
+        for kind, group in zip(kinds, members, strict=True)
+    )
 
 
 def group_messages(
@@ -215,9 +380,10 @@ def group_messages(
 ) -> tuple[MessageGroup, ...]:
     """Split ``messages`` into atomic groups, in order of each group's first message.
 
-    Pure and linear in the number of messages; estimates are cached on the messages.
-    Compaction records are read as plain messages here (a summary is a ``summary``
-    group, a collapse an ``assistant_text`` group); to group what a model would see of
-    a log, group ``build_view(log)``.
+    Pure and linear in the number of messages. Compaction records are read as plain
+    messages here (a summary is a ``summary`` group, a collapse an ``assistant_text``
+    group); to group what a model would see of a log, group ``build_view(log)``.
     """
-    return GroupIndex.build(ViewIndex.build(messages, records=False), tokenizer).groups()
+    layout = Layout.build(messages, records=False)
+    kinds, members = layout.slots()
+    return groups_of(kinds, members, Estimates(tokenizer))

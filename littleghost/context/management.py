@@ -1,27 +1,39 @@
 """``@manage_context``: keep a conversation inside the model's context window.
 
-Before every model call, when the request's estimate reaches ``compression_threshold`` of
-the window, the oldest part of the conversation is summarized with the agent's current
-model and the summary is appended to the log; the view shows it instead of the messages
-it covers. A provider's context-overflow error is recovered by exactly one compaction and
-one retry of that call. A proactive compaction that fails leaves the request as it was;
-cancellation, ``DeadlineExceededError`` and ``CleanupError`` always propagate.
+This module decides *when* to compact and glues overflow recovery; *how* is a strategy
+run on the engine's index of the run's log — by default ``Summarization`` with a token
+target, fitted to the window in real tokens. Estimates are calibrated by the provider:
+every reported input-token count, and the prompt size an overflow error reports,
+rescale them for the rest of the run.
+
+Before every model call, when the request's estimate reaches ``compression_threshold``
+of the window, older tool results of the preserved tail are collapsed if that tail alone
+is over the threshold, then the oldest part of the conversation is summarized. After a
+compaction that could not bring the request under the threshold, no new summary call
+is made until the request has grown by ``REGROWTH`` of the window (an overflow forces
+one). A provider's overflow error is recovered by exactly one compaction and one retry
+of that call: a summary when one fits, else the oldest turns replaced by one-line
+excerpts (dropped when even those do not fit). A proactive compaction that fails
+leaves the request as it was; cancellation, ``DeadlineExceededError``, ``CleanupError``
+and session store errors always propagate.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
-from attrs import field, frozen
+from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost._validators import Validator, check, is_int, is_number
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.budget import (
     EXCERPTS_KEY,
     MEMORIES_KEY,
@@ -31,48 +43,43 @@ from littleghost.context.budget import (
     fit_request,
     load_memories,
 )
-from littleghost.context.compaction import compaction_records
-from littleghost.context.derive import clip_tool_results
-from littleghost.context.strategies import CompactionStrategy
-from littleghost.context.summarize import (
-    DEFAULT_SUMMARY_INSTRUCTIONS,
-    FRAMING,
-    render_transcript,
-    request_summary,
-    summary_message,
-    summary_request,
+from littleghost.context.compaction import compaction_state
+from littleghost.context.groups import SUMMARY, SYSTEM, USER
+from littleghost.context.index import LogIndex
+from littleghost.context.strategies import (
+    CompactionState,
+    CompactionStrategy,
+    Summarization,
+    ToolResultCompaction,
+    TurnExcerpts,
 )
-from littleghost.context.tokens import (
-    DEFAULT_TOKENIZER,
-    Tokenizer,
-    estimate_message,
-    estimate_messages,
-    estimate_request,
-)
-from littleghost.context.view import (
-    COMPACTION_COVERS_KEY,
-    build_view,
-    covered_ids,
-    record_covers,
-)
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer, estimate_request
+from littleghost.context.triggers import messages_exceed, tokens_exceed
 from littleghost.errors import (
     CleanupError,
+    CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
     PromptBudgetError,
-    ProtocolError,
     SessionStoreError,
 )
 from littleghost.events import CompactionFinished, CompactionStarted
-from littleghost.hooks import CapabilityHook, register_capability
-from littleghost.messages import SUMMARY_COVERS_KEY, Message, Role
+from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import Model, ModelRequest, Usage
+from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
 
-__all__ = ["ContextManagement", "context_window", "estimate_tokens", "manage_context"]
+__all__ = [
+    "AFTER_KEY",
+    "REGROWTH",
+    "ContextManagement",
+    "context_window",
+    "estimate_tokens",
+    "manage_context",
+]
 
 logger = logging.getLogger("littleghost.context")
 
@@ -80,9 +87,12 @@ C = TypeVar("C", bound=type)
 
 SUMMARY_FIT_MARGIN = 0.9
 """The share of the window a summary request may fill (estimates are not exact)."""
-_CLIP_LEVELS = (None, 2_000, 500, 200)
-_OVERFLOW_KEY = "littleghost.context.overflow"
-_LIMIT_KEY = "littleghost.context.budget_limit"
+REGROWTH = 0.1
+"""After a compaction that left the request over the threshold, the share of the window
+the request must grow by before the next summary call."""
+TARGET_SHARE = 0.8
+"""A compaction aims at this share of the threshold, so it is not due again next turn."""
+_UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 _assumed_windows: set[tuple[str, str]] = set()
 """The (provider, model name) pairs already warned about an assumed window."""
 
@@ -93,6 +103,10 @@ def _env_window() -> int:
 
 def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
     return check(f"manage_context: {name}", ok, allowed)
+
+
+def _optional_count(name: str) -> Validator:
+    return _check(name, lambda v: v is None or (is_int(v) and v > 0), "an int > 0 or None")
 
 
 @frozen(kw_only=True)
@@ -110,7 +124,7 @@ class ContextManagement:
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap; default a quarter of the window, at
-            most 4 096.
+            most 4 096; it must be under the window.
         budget: A ``PromptBudget``: every request's view is first bounded to it.
         summarize: False never compacts with a model (needs ``budget``).
         strategy: How to compact, in place of the default summarizer (the threshold
@@ -118,16 +132,11 @@ class ContextManagement:
     """
 
     context_window_tokens: int = field(
-        factory=lambda: _env_window(),
+        factory=_env_window,
         validator=_check("context_window_tokens", lambda v: is_int(v) and v > 0, "an int > 0"),
     )
     context_window_override: int | None = field(
-        default=None,
-        validator=_check(
-            "context_window_override",
-            lambda v: v is None or (is_int(v) and v > 0),
-            "an int > 0 or None",
-        ),
+        default=None, validator=_optional_count("context_window_override")
     )
     compression_threshold: float = field(
         default=0.85,
@@ -162,14 +171,8 @@ class ContextManagement:
         ),
     )
     summary_max_tokens: int | None = field(
-        default=None,
-        validator=_check(
-            "summary_max_tokens",
-            lambda v: v is None or (is_int(v) and v > 0),
-            "an int > 0 or None",
-        ),
+        default=None, validator=_optional_count("summary_max_tokens")
     )
-
     budget: PromptBudget | None = field(
         default=None,
         validator=_check(
@@ -194,13 +197,27 @@ class ContextManagement:
                 "manage_context: strategy= decides how to compact; summarize=False turns "
                 "compaction off, so the two cannot be combined"
             )
-        if self.budget is not None:
-            self.budget.check_window(self.context_window_override or self.context_window_tokens)
-        elif not self.summarize:
+        if self.budget is None and not self.summarize:
             raise ConfigurationError(
                 "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
                 "the window without a model"
             )
+        self.check_window(self.context_window_override or self.context_window_tokens)
+
+    def check_window(self, window: int) -> None:
+        """Reject a configuration that leaves no room to compact in ``window``.
+
+        Raises:
+            ConfigurationError: ``summary_max_tokens`` is not under the window, or the
+                budget's reserves leave no room in it.
+        """
+        if self.summary_max_tokens is not None and self.summary_max_tokens >= window:
+            raise ConfigurationError(
+                f"manage_context: summary_max_tokens ({self.summary_max_tokens}) must be under "
+                f"the {window}-token context window"
+            )
+        if self.budget is not None:
+            self.budget.check_window(window)
 
     def summary_cap(self, window: int) -> int:
         """The summary's output cap for ``window``."""
@@ -221,12 +238,14 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
         if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
             raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
         setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
-        register_capability(
+        add_capability(
             target,
-            "manage_context",
-            (
-                CapabilityHook("before_model", _compact_before_model),
-                CapabilityHook("after_model_error", _compact_after_overflow),
+            Capability(
+                "manage_context",
+                (
+                    CapabilityHook("before_model", _compact_before_model),
+                    CapabilityHook("after_model_error", _compact_after_overflow),
+                ),
             ),
         )
         return target
@@ -260,11 +279,101 @@ def context_window(model: Model, config: ContextManagement) -> int:
     return config.context_window_tokens
 
 
+@define(eq=False)
+class _Run:
+    """What manage_context knows during one run."""
+
+    window: int | None = None
+    scale: float = 1.0
+    """Real tokens per estimated token, from the provider's counts."""
+    calibrated: ModelRequest | None = None
+    overflow: tuple[int, ContextWindowOverflowError] | None = None
+    tighter: tuple[int, int] | None = None
+    """(turn, limit): a tighter bounded view after an overflow without summaries."""
+    quiet_until: int | None = None
+    """No new summary call until the estimate reaches this (no thrash)."""
+    last_after: int = 0
+    """The size the last completed compaction left the request at."""
+    real: dict[str, int] = field(factory=dict)
+    """The sizes the model reported for records made in this run (summaries)."""
+
+
+AFTER_KEY = "littleghost.compaction.tokens_after"
+"""Metadata of the records of a compaction: the size it left the request at, so a later
+run of the conversation knows whether the next summary must wait for growth."""
+
+
+def _run(context: RunContext, config: ContextManagement) -> _Run:
+    state = context.state_for(_Run, _Run)
+    if state.window is None:
+        state.window = context_window(context.model, config)
+        config.check_window(state.window)
+        for message in reversed(context.messages):  # the last compaction of earlier runs
+            after = message.metadata.get(AFTER_KEY) if message.metadata else None
+            if is_int(after):
+                _quiet(state, after, config, state.window)
+                break
+    return state
+
+
+def _index(context: RunContext) -> LogIndex:
+    return context.log_index
+
+
+def _calibrate(state: _Run, context: RunContext, tokenizer: Tokenizer) -> None:
+    """Learn the scale from the input tokens the provider reported for the last call:
+    what it counted beyond the instructions, the tool schemas and sizes already known,
+    over what the conversation's messages were estimated at."""
+    exchange = context.last_exchange
+    if exchange is None or exchange[0] is state.calibrated:
+        return
+    request, response = exchange
+    state.calibrated = request
+    reported = response.usage.input_tokens
+    fixed, scaled = _parts(request.messages, context, tokenizer)
+    fixed += _schema_estimate(request, tokenizer)
+    if reported > fixed and scaled > 0:
+        state.scale = min(max((reported - fixed) / scaled, 0.25), 8.0)
+
+
+def _parts(
+    messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer
+) -> tuple[int, int]:
+    """``messages`` as (tokens known or taken as estimated — records whose size the model
+    reported, instructions — and estimated tokens of the conversation, to be scaled)."""
+    known = context.state_for(_Run, _Run).real
+    estimates = _index(context).estimates(tokenizer)
+    fixed = scaled = 0
+    for message in messages:
+        size = known.get(message.id)
+        if size is not None:
+            fixed += size
+        elif message.role.is_trusted:
+            fixed += estimates(message)
+        else:
+            scaled += estimates(message)
+    return fixed, scaled
+
+
+def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
+    """The estimated tokens of the tool schemas and the settings that reach the prompt."""
+    return estimate_request((), request.tools, request.settings, tokenizer)
+
+
+def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
+    """The size of ``messages`` in the model's tokens as far as known."""
+    fixed, scaled = _parts(messages, context, tokenizer)
+    return fixed + math.ceil(context.state_for(_Run, _Run).scale * scaled)
+
+
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
-    """The request's estimated size plus the room its answer needs (``max_tokens``).
+    """The request's size in the model's tokens as far as known, plus the room its answer
+    needs (``max_tokens``).
 
     Anchored on the input tokens the provider reported for the previous request of the
-    run when this request extends it; otherwise estimated whole.
+    run when this request extends it; otherwise estimated whole. The conversation's
+    estimates are scaled by what the provider's counts showed them to be worth in this
+    run; a summary counts the size the model reported for it.
     """
     prompt: int | None = None
     exchange = context.last_exchange
@@ -280,9 +389,9 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
                 a is b or a == b for a, b in zip(previous.messages, request.messages, strict=False)
             )
         ):
-            prompt = reported + estimate_messages(request.messages[count:], tokenizer)
+            prompt = reported + _real(request.messages[count:], context, tokenizer)
     if prompt is None:
-        prompt = estimate_request(request.messages, request.tools, request.settings, tokenizer)
+        prompt = _real(request.messages, context, tokenizer) + _schema_estimate(request, tokenizer)
     return prompt + (request.max_tokens or 0)
 
 
@@ -296,38 +405,88 @@ def _reaches(estimated: int, threshold: float, window: int) -> bool:
     return Decimal(estimated) >= Decimal(repr(threshold)) * window
 
 
+def _clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
+    """The request with every tool result over ``max_tokens`` cut in the middle (the log
+    keeps it whole; the copy is made once per log)."""
+    limit = max_tokens * CHARS_PER_TOKEN
+
+    def clip(message: Message) -> Message:
+        if message.role is not Role.TOOL or not any(
+            len(result.content) > limit for result in message.tool_results
+        ):
+            return message
+
+        def make() -> Message:
+            parts = [
+                ToolResult(p.call_id, truncate_middle(p.content, max_tokens), p.is_error)
+                if isinstance(p, ToolResult)
+                else p
+                for p in message.content
+            ]
+            return Message(message.role, parts, message.id, message.metadata)
+
+        return index.derived(message, ("clip", max_tokens), make)
+
+    clipped = tuple(clip(message) for message in request.messages)
+    if all(a is b for a, b in zip(clipped, request.messages, strict=True)):
+        return request
+    return attrs.evolve(request, messages=clipped)
+
+
 async def _compact_before_model(
     agent: object, request: ModelRequest, *, context: RunContext
 ) -> ModelRequest | None:
     config = _config(agent)
     if config is None:
         return None
-    window = context_window(context.model, config)
+    state = _run(context, config)
+    window = state.window
+    assert window is not None
+    _calibrate(state, context, config.tokenizer)
     original = request
-    # The log keeps tool results whole under context management; the view cuts them.
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):
-        clipped = clip_tool_results(request.messages, limit)
-        if any(a is not b for a, b in zip(clipped, request.messages, strict=True)):
-            request = attrs.evolve(request, messages=clipped)
+        request = _clip_results(request, _index(context), limit)
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, config, config.budget, window, context)
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
         if _reaches(estimated, config.compression_threshold, window):
-            target = int(0.8 * config.compression_threshold * window)
-            try:
-                request = await _compact(
-                    request, context, config, "threshold", estimated, window, target
-                )
-            except (DeadlineExceededError, CleanupError, SessionStoreError):
-                raise  # a failed write ends the run: the log must stay whole
-            except Exception:
-                pass
+            request = await _proactive(request, context, config, state, estimated, window)
     if report is not None and config.budget is not None:
         context.annotate_next_call(_sent_figures(report, request, config.budget).span_attributes())
     return None if request is original else request
+
+
+async def _proactive(
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    state: _Run,
+    estimated: int,
+    window: int,
+) -> ModelRequest:
+    """Compact a request over the threshold, unless the last attempt left it over and it
+    has not grown enough since (then the skip is recorded)."""
+    if state.quiet_until is not None and estimated < state.quiet_until:
+        why = (
+            "the last compaction left the request over the threshold; the next waits until "
+            f"it has grown to {state.quiet_until} tokens"
+        )
+        _event(context, "threshold", "skipped", estimated, window, None, None, None, skipped=why)
+        return request
+    target = int(TARGET_SHARE * config.compression_threshold * window)
+    compacted, after = request, estimated
+    try:
+        compacted = await _compact(request, context, config, "threshold", estimated, window, target)
+        after = state.last_after
+    except _UNSTOPPABLE:
+        raise
+    except Exception:
+        pass  # recorded; the request goes as it was
+    _quiet(state, after, config, window)
+    return compacted
 
 
 async def _bounded(
@@ -339,7 +498,7 @@ async def _bounded(
 ) -> tuple[ModelRequest, BudgetReport]:
     """The request bounded to the budget (tighter after an overflow in this turn)."""
     limit = budget.limit(window, request.max_tokens)
-    tighter = context.state.get(_LIMIT_KEY)
+    tighter = _run(context, config).tighter
     if tighter is not None and tighter[0] == context.turn:
         limit = min(limit, tighter[1])
     if limit <= 0:
@@ -349,7 +508,14 @@ async def _bounded(
             limit=limit,
         )
     memories = await load_memories(budget, context)
-    return fit_request(request, budget, limit, memories, summary_tokens=config.summary_cap(window))
+    return fit_request(
+        request,
+        budget,
+        limit,
+        memories,
+        summary_tokens=config.summary_cap(window),
+        index=_index(context),
+    )
 
 
 def _sent_figures(
@@ -371,161 +537,143 @@ async def _compact_after_overflow(
     config = _config(agent)
     if config is None or not isinstance(error, ContextWindowOverflowError):
         return None
-    first = context.state.get(_OVERFLOW_KEY)
-    if first is not None and first[0] == context.turn:
-        raise error from first[1]
-    context.state[_OVERFLOW_KEY] = (context.turn, error)
-    window = context_window(context.model, config)
-    estimated = estimate_tokens(request, context, config.tokenizer)
-    fits = _fitting_window(request, error, estimated, window)
+    state = _run(context, config)
+    if state.overflow is not None and state.overflow[0] == context.turn:
+        raise error from state.overflow[1]
+    state.overflow = (context.turn, error)
+    window = state.window
+    assert window is not None
+    estimated = _rescale(state, request, error, context, config.tokenizer)
+    fits = min(window, error.context_window or window)
+    if not error.prompt_tokens:  # the provider did not say by how much: halve at least
+        fits = min(fits, max(estimated // 2, 1))
     try:
         if config.summarize:
-            target = int(0.8 * min(config.compression_threshold * window, fits))
-            return await _compact(
-                request, context, config, "overflow", estimated, min(window, fits), target
-            )
+            target = int(TARGET_SHARE * min(config.compression_threshold * window, fits))
+            recovered = await _recover(request, context, config, estimated, fits, target)
+            _quiet(state, state.last_after, config, window)
+            return recovered
         assert config.budget is not None
-        return await _shrink(request, context, config, config.budget, estimated, window, fits)
+        return await _shrink(request, context, config, config.budget, estimated, fits, state)
+    except _UNSTOPPABLE:
+        raise
+    except CompactionError as failure:
+        raise error from failure
     except Exception as failure:
-        raise failure from error
+        cause = CompactionError(f"overflow recovery failed: {type(failure).__name__}")
+        cause.__cause__ = failure
+        raise error from cause
 
 
-def _fitting_window(
-    request: ModelRequest, error: ContextWindowOverflowError, estimated: int, window: int
+def _rescale(
+    state: _Run,
+    request: ModelRequest,
+    error: ContextWindowOverflowError,
+    context: RunContext,
+    tokenizer: Tokenizer,
 ) -> int:
-    """The provider's reported window, in this estimate's units (``window`` if unknown)."""
-    if not (error.context_window and error.prompt_tokens and error.prompt_tokens > 0):
-        return window
-    prompt = max(estimated - (request.max_tokens or 0), 1)
-    return max(int(error.context_window * prompt / error.prompt_tokens), 1)
+    """Learn the scale from the prompt size the overflow reported; the request's size."""
+    fixed, scaled = _parts(request.messages, context, tokenizer)
+    fixed += _schema_estimate(request, tokenizer)
+    if error.prompt_tokens and error.prompt_tokens > fixed and scaled > 0:
+        state.scale = min(max((error.prompt_tokens - fixed) / scaled, 0.25), 8.0)
+        return error.prompt_tokens + (request.max_tokens or 0)
+    return estimate_tokens(request, context, tokenizer)
 
 
-async def _shrink(
+async def _recover(
     request: ModelRequest,
     context: RunContext,
     config: ContextManagement,
-    budget: PromptBudget,
     estimated: int,
     window: int,
-    fits: int,
+    target: int,
 ) -> ModelRequest:
-    """Without summaries, recover from an overflow once with a tighter view."""
-    await context.emit(CompactionStarted("overflow", estimated, window))
-    usage_before = context.usage
-    try:
-        if fits < window:
-            limit = int(0.9 * budget.limit(fits, request.max_tokens))
-        else:
-            limit = budget.limit(window, request.max_tokens) // 2
-        context.state[_LIMIT_KEY] = (context.turn, limit)
-        shrunk, report = await _bounded(request, config, budget, window, context)
-        context.annotate_next_call(report.span_attributes())
-    except Exception as failure:
-        await _record(
-            context,
-            reason="overflow",
-            outcome="error",
-            removed=0,
-            estimated=estimated,
-            after=None,
-            window=window,
-            usage=_since(usage_before, context.usage),
-            error=failure,
-        )
-        raise
-    context.mark_compacted()
-    await _record(
-        context,
-        reason="overflow",
-        outcome="completed",
-        removed=len(request.messages) - len(shrunk.messages),
-        estimated=estimated,
-        after=estimate_tokens(shrunk, context, budget.tokenizer),
-        window=window,
-        usage=_since(usage_before, context.usage),
-        error=None,
-    )
-    return shrunk
+    """Compact for an overflow: a summary when one can be made; then, if the request is
+    still over the window (or no summary was made), the oldest turns become excerpts.
 
-
-def _blocked_edges(conversation: Sequence[Message]) -> list[bool]:
-    """``blocked[k]`` is True when summarizing ``conversation[:k]`` would split a tool call
-    from one of its results (matched by call id)."""
-    blocked = [False] * (len(conversation) + 1)
-    open_calls: dict[str, int] = {}
-    last: dict[int, int] = {}
-    for index, message in enumerate(conversation):
-        if message.role is Role.ASSISTANT:
-            for call in message.tool_calls:
-                open_calls[call.id] = index
-        for result in message.tool_results:
-            owner = open_calls.pop(result.call_id, None)
-            if owner is not None:
-                last[owner] = max(last.get(owner, owner), index)
-    for owner, end in last.items():
-        for edge in range(owner + 1, end + 1):
-            blocked[edge] = True
-    return blocked
-
-
-def _choose(
-    conversation: Sequence[Message],
-    config: ContextManagement,
-    room: int,
-    needed: int,
-) -> tuple[int, int | None]:
-    """How many of the oldest messages to summarize, and the transcript clip to use.
-
-    About ``summary_ratio`` of the conversation, more when that would not remove
-    ``needed`` tokens; never the newest ``preserve_recent_messages``, never splitting a
-    tool call from its results, and no more than the summary request's ``room`` holds.
+    Raises:
+        CompactionError: Even the current request alone does not fit the window.
     """
-    total = len(conversation)
-    limit = total - config.preserve_recent_messages
-    if limit < 1:
-        raise ProtocolError(
-            f"only {total} conversation messages can be summarized and "
-            f"preserve_recent_messages={config.preserve_recent_messages} keeps them all"
+    compacted, failure = request, None
+    try:
+        compacted = await _compact(request, context, config, "overflow", estimated, window, target)
+    except _UNSTOPPABLE:
+        raise
+    except Exception as error:
+        failure = error  # recorded; fall back to a compaction without a model
+    if compacted is not request:
+        estimated = context.state_for(_Run, _Run).last_after
+        if estimated <= window:
+            return compacted
+    try:
+        return await _compact(
+            compacted, context, config, "overflow", estimated, window, target, fallback=True
         )
-    blocked = _blocked_edges(conversation)
-    edges = [k for k in range(1, limit + 1) if not blocked[k]]
-    if not edges:
-        raise ProtocolError(
-            f"the newest {config.preserve_recent_messages} messages cannot be kept without "
-            "separating a tool call from its results"
-        )
-    tokenizer = config.tokenizer
-    target = min(max(math.floor(total * config.summary_ratio), 1), limit)
-    removed = 0
-    for index, message in enumerate(conversation[:limit]):
-        removed += estimate_message(message, tokenizer)
-        if removed >= needed:
-            target = max(target, index + 1)
-            break
+    except CompactionError as error:
+        if failure is not None and error.__cause__ is None:
+            error.__cause__ = failure  # why no summary was made either
+        raise
+
+
+def _quiet(state: _Run, after: int, config: ContextManagement, window: int) -> None:
+    """No new summary call until the request grows by ``REGROWTH`` of the window, when a
+    compaction left it over the threshold."""
+    if _reaches(after, config.compression_threshold, window):
+        state.quiet_until = after + max(1, int(REGROWTH * window))
     else:
-        target = limit
-    below = [k for k in edges if k <= target]
-    chosen = below[-1] if below else edges[0]
-    if all(message.is_summary for message in conversation[:chosen]):
-        raise ProtocolError("nothing new to summarize: only the previous summary is old enough")
-    best: tuple[int, int | None] = (0, None)
-    for clip in _CLIP_LEVELS:
-        fits = 0
-        used = 0
-        for k in range(1, chosen + 1):
-            line = render_transcript(conversation[k - 1 : k], max_item_chars=clip)
-            used += tokenizer.count_tokens(line) + 1
-            if used > room:
-                break
-            if not blocked[k]:
-                fits = k
-        if fits == chosen:
-            return chosen, clip
-        if fits > best[0]:
-            best = (fits, clip)
-    if best[0] == 0 or all(message.is_summary for message in conversation[: best[0]]):
-        raise ProtocolError("the summary request cannot fit the context window")
-    return best
+        state.quiet_until = None
+
+
+def _protected(kinds: Sequence[str], members: Sequence[Sequence[Message]], keep: int) -> int:
+    """The first slot of the groups that hold the newest ``keep`` messages."""
+    count = 0
+    for slot in range(len(kinds) - 1, -1, -1):
+        if kinds[slot] != SYSTEM:
+            count += len(members[slot])
+            if count >= keep:
+                return slot
+    return 0
+
+
+def _state(
+    request: ModelRequest, context: RunContext, config: ContextManagement, window: int
+) -> CompactionState:
+    """A compaction state over the request's view: the current request and view-only
+    messages pinned, the newest ``preserve_recent_messages`` protected."""
+    scale = _run(context, config).scale
+    index = _index(context).over(request.messages)
+    state = compaction_state(
+        index,
+        config.tokenizer,
+        complete=context.complete,
+        settings=request.settings,
+    )
+    kinds, members = index.layout.slots()
+    current = next(
+        (
+            slot
+            for slot in range(len(kinds) - 1, -1, -1)
+            if kinds[slot] == USER and not _view_only(members[slot][0])
+        ),
+        None,
+    )
+    state.pinned = frozenset(
+        slot
+        for slot in range(len(kinds))
+        if slot == current or any(_view_only(message) for message in members[slot])
+    )
+    state.protected = _protected(kinds, members, config.preserve_recent_messages)
+    state.scale = scale
+    state.room = int(window * SUMMARY_FIT_MARGIN)
+    return state
+
+
+def _view_only(message: Message) -> bool:
+    metadata = message.metadata
+    return bool(metadata) and (
+        metadata.get(EXCERPTS_KEY) is True or metadata.get(MEMORIES_KEY) is True
+    )
 
 
 async def _compact(
@@ -536,226 +684,240 @@ async def _compact(
     estimated: int,
     window: int,
     target: int,
+    *,
+    fallback: bool = False,
 ) -> ModelRequest:
-    """Summarize the oldest part of ``request``, aiming at ``target`` tokens; append the
-    summary to the log; return the compacted request.
+    """Compact ``request`` toward ``target`` (the model's tokens) with the configured
+    strategy, the default summarizer, or (``fallback``) turn excerpts without a model;
+    append the records to the log; return the compacted request.
 
-    The current user request is never summarized. A previous summary the request lacks
-    is folded in all the same, so no summary is ever left behind.
+    Raises:
+        CompactionError: Nothing could be compacted, the result is no smaller, or (as
+            a fallback) even the current request alone does not fit the window.
     """
-    await context.emit(CompactionStarted(reason, estimated, window))
-    usage_before = context.usage
-    try:
-        if config.strategy is not None:
-            compacted, records = await _by_strategy(request, context, config, config.strategy)
-            after = _estimate_after(request, compacted, estimated, config.tokenizer)
-            if after >= estimated:
-                raise ProtocolError(
-                    f"the strategy would not make the request smaller ({estimated} -> {after} tokens)"
-                )
-            await context.append(*records)
-            return await _completed(
-                request, compacted, context, reason, estimated, after, window, usage_before
+    async with _attempt(context, config, reason, estimated, window, fallback) as outcome:
+        state = _state(request, context, config, window)
+        goal = _goal(state, target, request.max_tokens or 0)
+        try:
+            if fallback:
+                state.protected = max(state.pinned, default=state.slots)  # the current turn
+                state.pinned |= {s for s in range(state.slots) if state.kind(s) == SUMMARY}
+                await TurnExcerpts(target=~tokens_exceed(goal)).compact(state)
+            elif config.strategy is not None:
+                await config.strategy.compact(state)
+            else:
+                await _default(state, config, window, goal)
+        finally:
+            _run(context, config).scale = state.scale  # a summary call may have taught it
+        if not state.records():
+            raise CompactionError(
+                "nothing to compact: the preserved messages and the current request are all "
+                "that is left, or only the previous summary is old enough"
             )
-        current = _current_request(request.messages)
-        conversation = [m for m in request.messages if not _pinned(m) and m is not current]
-        previous = _latest_summary(context.messages)
-        if previous is not None and all(m.id != previous.id for m in conversation):
-            conversation.insert(0, previous)
-        instructions = config.summary_instructions or DEFAULT_SUMMARY_INSTRUCTIONS
-        cap = config.summary_cap(window)
-        tokenizer = config.tokenizer
-        room = (
-            int(window * SUMMARY_FIT_MARGIN)
-            - cap
-            - tokenizer.count_tokens(instructions)
-            - tokenizer.count_tokens(FRAMING)
-        )
-        count, clip = _choose(conversation, config, room, estimated - target)
-        covered = conversation[:count]
-        text = await request_summary(
-            summary_request(
-                covered,
-                instructions=instructions,
-                settings=request.settings,
-                max_tokens=cap,
-                max_item_chars=clip,
-            ),
-            context.complete,
-        )
-        summary = summary_message(text, (message.id for message in covered))
-        covered_set = {message.id for message in covered}
-        messages: list[Message] = []
-        placed = False
-        for message in request.messages:
-            if message.id in covered_set:
-                continue
-            if not placed and not _pinned(message):
-                messages.append(summary)
-                placed = True
-            messages.append(message)
-        compacted = ModelRequest(messages, request.tools, request.settings, request.purpose)
-        after = _estimate_after(request, compacted, estimated, tokenizer)
+        context.state_for(_Run, _Run).real.update(state.real)
+        compacted = ModelRequest(state.view(), request.tools, request.settings, request.purpose)
+        after = _estimate_after(request, compacted, estimated, context, config)
+        if fallback and after > window:
+            raise CompactionError(
+                f"the current request alone does not fit the context window (about {after} of "
+                f"{window} tokens)"
+            )
         if after >= estimated:
-            raise ProtocolError(
-                f"the summary would not make the request smaller ({estimated} -> {after} tokens)"
+            raise CompactionError(
+                f"the compaction would not make the request smaller ({estimated} -> {after} tokens)"
             )
-        await context.append(summary)
-    except Exception as error:
-        await _record(
-            context,
-            reason=reason,
-            outcome="error",
-            removed=0,
-            estimated=estimated,
-            after=None,
-            window=window,
-            usage=_since(usage_before, context.usage),
-            error=error,
-        )
-        raise
-    return await _completed(
-        request, compacted, context, reason, estimated, after, window, usage_before
-    )
-
-
-async def _completed(
-    request: ModelRequest,
-    compacted: ModelRequest,
-    context: RunContext,
-    reason: str,
-    estimated: int,
-    after: int,
-    window: int,
-    usage_before: Usage,
-) -> ModelRequest:
-    context.mark_compacted()
-    await _record(
-        context,
-        reason=reason,
-        outcome="completed",
-        removed=len(request.messages) - len(compacted.messages),
-        estimated=estimated,
-        after=after,
-        window=window,
-        usage=_since(usage_before, context.usage),
-        error=None,
-    )
+        await context.append(*_annotated(state.records(), after))
+        outcome.done(compacted, after, len(request.messages) - len(compacted.messages))
     return compacted
 
 
-async def _by_strategy(
-    request: ModelRequest,
-    context: RunContext,
-    config: ContextManagement,
-    strategy: CompactionStrategy,
-) -> tuple[ModelRequest, tuple[Message, ...]]:
-    """The request compacted by ``strategy``, and the records to append to the log."""
-    records = await compaction_records(
-        request.messages,
-        strategy,
-        tokenizer=config.tokenizer,
-        complete=context.complete,
-        settings=request.settings,
+def _annotated(records: Sequence[Message], after: int) -> list[Message]:
+    """``records`` marked with the size their compaction left the request at."""
+    return [attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records]
+
+
+def _goal(state: CompactionState, target: int, answer: int) -> int:
+    """``target`` (in the model's tokens, with the answer's room) in the state's estimated
+    tokens: instructions count as estimated, the conversation scaled."""
+    fixed = sum(
+        state.size(slot)
+        for slot in range(state.slots)
+        if state.included(slot) and state.kind(slot) == SYSTEM
     )
-    current = _current_request(request.messages)
-    if current is not None:  # the turn's question is never compacted away
-        kept = (_uncover(record, current.id) for record in records)
-        records = tuple(record for record in kept if record is not None)
-    if not records:
-        raise ProtocolError("the compaction strategy found nothing to compact")
-    messages = build_view((*request.messages, *records))
-    return ModelRequest(messages, request.tools, request.settings, request.purpose), records
+    return max(fixed + int((target - answer - fixed) / state.scale), 0)
+
+
+async def _default(
+    state: CompactionState, config: ContextManagement, window: int, goal: int
+) -> None:
+    """The default compaction: when the preserved tail alone is over the goal, collapse
+    its older tool results first; then summarize about ``summary_ratio`` of the older
+    conversation, more when needed to reach ``goal`` (estimated tokens)."""
+    tail = sum(
+        state.size(slot) for slot in range(state.protected, state.slots) if state.included(slot)
+    )
+    if tail > goal:
+        protected, state.protected = state.protected, state.slots
+        await ToolResultCompaction(target=~tokens_exceed(goal)).compact(state)
+        state.protected = protected
+    conversation = sum(
+        state.group(slot).count
+        for slot in range(state.slots)
+        if state.included(slot) and state.kind(slot) != SYSTEM
+    )
+    keep = state.messages - max(1, math.floor(conversation * config.summary_ratio))
+    summarizer = Summarization(
+        minimum_preserved=0,
+        prompt=config.summary_instructions,
+        max_tokens=config.summary_cap(window),
+        target=~tokens_exceed(goal) & ~messages_exceed(keep),
+    )
+    await summarizer.compact(state)
 
 
 def _estimate_after(
-    request: ModelRequest, compacted: ModelRequest, estimated: int, tokenizer: Tokenizer
+    request: ModelRequest,
+    compacted: ModelRequest,
+    estimated: int,
+    context: RunContext,
+    config: ContextManagement,
 ) -> int:
-    """The compacted request's estimate in the units of ``estimated`` (which may be
-    anchored on the provider's count): ``estimated`` plus what the messages changed by."""
-    change = estimate_messages(compacted.messages, tokenizer) - estimate_messages(
-        request.messages, tokenizer
-    )
+    """The compacted request's size in the units of ``estimated``: ``estimated`` plus
+    what the messages changed by, in the model's tokens as far as known."""
+    before = {message.id for message in request.messages}
+    after = {message.id for message in compacted.messages}
+    added = [m for m in compacted.messages if m.id not in before]
+    removed = [m for m in request.messages if m.id not in after]
+    change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
     return max(estimated + change, 0)
 
 
-def _uncover(record: Message, message_id: str) -> Message | None:
-    """``record`` without ``message_id`` among the ids it covers (``None`` if it then
-    covers nothing)."""
-    key = SUMMARY_COVERS_KEY if record.is_summary else COMPACTION_COVERS_KEY
-    covers = [item for item in record_covers(record) if item != message_id]
-    if len(covers) == len(record_covers(record)):
-        return record
-    if not covers:
-        return None
-    return attrs.evolve(record, metadata={**record.metadata, key: covers})
+async def _shrink(
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    budget: PromptBudget,
+    estimated: int,
+    window: int,
+    state: _Run,
+) -> ModelRequest:
+    """Without summaries, recover from an overflow once with a tighter view."""
+    async with _attempt(context, config, "overflow", estimated, window, False) as outcome:
+        full = state.window
+        assert full is not None
+        if window < full:
+            limit = int(0.9 * budget.limit(window, request.max_tokens))
+        else:
+            limit = budget.limit(window, request.max_tokens) // 2
+        state.tighter = (context.turn, limit)
+        shrunk, report = await _bounded(request, config, budget, full, context)
+        context.annotate_next_call(report.span_attributes())
+        after = estimate_request(shrunk.messages, shrunk.tools, {}, budget.tokenizer)
+        outcome.done(shrunk, after, len(request.messages) - len(shrunk.messages))
+    return shrunk
 
 
-def _current_request(messages: Sequence[Message]) -> Message | None:
-    """The newest user message that is not a summary or excerpts: the turn's question."""
-    for message in reversed(messages):
-        if message.role is Role.USER and not message.is_summary and not _pinned(message):
-            return message
-    return None
+@define(eq=False)
+class _Outcome:
+    """What a compaction attempt achieved, set by its body."""
+
+    after: int | None = None
+    removed: int = 0
+
+    def done(self, compacted: ModelRequest, after: int, removed: int) -> None:
+        self.after, self.removed = after, removed
 
 
-def _latest_summary(log: Sequence[Message]) -> Message | None:
-    """The newest summary of the log no later summary covers."""
-    covered = covered_ids(log)
-    for message in reversed(log):
-        if message.is_summary and message.id not in covered:
-            return message
-    return None
-
-
-def _pinned(message: Message) -> bool:
-    """Kept as they are by summaries: instructions, and the excerpts of a bounded view."""
-    return (
-        message.is_trusted
-        or message.metadata.get(EXCERPTS_KEY) is True
-        or message.metadata.get(MEMORIES_KEY) is True
+@asynccontextmanager
+async def _attempt(
+    context: RunContext,
+    config: ContextManagement,
+    reason: str,
+    estimated: int,
+    window: int,
+    fallback: bool,
+) -> AsyncIterator[_Outcome]:
+    """One compaction attempt: its stream events, span event and log line, and on success
+    the compacted mark on the next chat span."""
+    await context.emit(CompactionStarted(reason, estimated, window))
+    before = context.usage
+    outcome = _Outcome()
+    try:
+        yield outcome
+    except Exception as error:
+        _event(context, reason, "error", estimated, window, 0, None, error, fallback=fallback)
+        await context.emit(
+            CompactionFinished(
+                reason, "error", 0, None, telemetry.error_type(error), _since(before, context)
+            )
+        )
+        raise
+    assert outcome.after is not None
+    context.mark_compacted()
+    context.state_for(_Run, _Run).last_after = outcome.after
+    _event(
+        context,
+        reason,
+        "completed",
+        estimated,
+        window,
+        outcome.removed,
+        outcome.after,
+        None,
+        fallback=fallback,
+    )
+    await context.emit(
+        CompactionFinished(
+            reason, "completed", outcome.removed, outcome.after, None, _since(before, context)
+        )
     )
 
 
-def _since(before: Usage, after: Usage) -> Usage:
+def _since(before: Usage, context: RunContext) -> Usage:
+    after = context.usage
     return Usage(
         after.input_tokens - before.input_tokens, after.output_tokens - before.output_tokens
     )
 
 
-async def _record(
+def _event(
     context: RunContext,
-    *,
     reason: str,
     outcome: str,
-    removed: int,
     estimated: int,
-    after: int | None,
     window: int,
-    usage: Usage,
+    removed: int | None,
+    after: int | None,
     error: BaseException | None,
+    *,
+    fallback: bool = False,
+    skipped: str | None = None,
 ) -> None:
+    """The ``littleghost.context.compaction`` span event, and its log line (no content)."""
     attributes: dict[str, Any] = {
         telemetry.COMPACTION_REASON: reason,
         telemetry.COMPACTION_OUTCOME: outcome,
-        telemetry.COMPACTION_REMOVED: removed,
         telemetry.COMPACTION_ESTIMATED: estimated,
         telemetry.COMPACTION_WINDOW: window,
     }
+    if removed is not None:
+        attributes[telemetry.COMPACTION_REMOVED] = removed
     if after is not None:
         attributes[telemetry.COMPACTION_ESTIMATED_AFTER] = after
-    error_type = telemetry.error_type(error) if error is not None else None
-    if error_type is not None:
-        attributes[telemetry.ERROR_TYPE] = error_type
+    if error is not None:
+        attributes[telemetry.ERROR_TYPE] = telemetry.error_type(error)
+    if fallback:
+        attributes[telemetry.COMPACTION_FALLBACK] = True
+    if skipped is not None:
+        attributes[telemetry.COMPACTION_SKIPPED] = skipped
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     logger.info(
-        "context compaction %s (reason=%s, removed=%d, tokens %d -> %s, window %d%s)",
+        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",
         outcome,
         reason,
-        removed,
         estimated,
         after,
         window,
-        f", error={error_type}" if error_type else "",
+        f", error={attributes[telemetry.ERROR_TYPE]}" if error is not None else "",
+        ", without a model" if fallback else "",
     )
-    await context.emit(CompactionFinished(reason, outcome, removed, after, error_type, usage))

@@ -11,7 +11,10 @@ after each step, and keeps a minimum of newest non-system groups. Strategies wor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
@@ -23,17 +26,23 @@ from littleghost.context.groups import (
     SYSTEM,
     TOOL_CALL,
     USER,
-    GroupIndex,
     GroupKind,
     MessageGroup,
 )
+from littleghost.context.records import (
+    COLLAPSE,
+    COMPACTION_COVERS_KEY,
+    COMPACTION_KIND_KEY,
+    EXCLUSION,
+)
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
+    excerpt,
     request_summary,
     summary_message,
     summary_request,
 )
-from littleghost.context.tokens import Tokenizer, estimate_message
+from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
 from littleghost.context.triggers import (
     Not,
     TokensExceed,
@@ -41,15 +50,14 @@ from littleghost.context.triggers import (
     always,
     check_trigger,
     negate,
-    tokens_exceed,
 )
-from littleghost.context.view import COLLAPSE, COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY, EXCLUSION
-from littleghost.errors import ConfigurationError
+from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 from littleghost.text import cut_middle
 
 __all__ = [
+    "SUMMARY_FLOOR_TOKENS",
     "CompactionState",
     "CompactionStrategy",
     "Complete",
@@ -60,24 +68,33 @@ __all__ = [
     "TokenBudget",
     "ToolResultCompaction",
     "Truncation",
+    "TurnExcerpts",
 ]
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 """Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
 
 _INCLUDED, _EXCLUDED, _ABSORBED = 0, 1, 2
+_ID = attrgetter("id")
 
 
 class CompactionState:
     """The groups of a view while strategies work on them, and the metrics triggers read.
 
     ``tokens``, ``messages``, ``groups``, ``turns`` and ``tool_call_groups`` count what is
-    still included and are kept current by every step, so evaluating a trigger costs
-    constant time. Slots keep their order: a group is included, excluded, or absorbed
-    into a summary; a collapse or summary made now replaces the group in its slot.
+    still included; every step keeps them current, so evaluating a trigger costs constant
+    time. Token estimates are made lazily: a group is estimated when a strategy or the
+    ``tokens`` metric first needs it, so deciding what to keep under a budget from the
+    newest group back estimates only what it walks. Slots keep their order: a group is
+    included, excluded, or absorbed into a summary; a collapse or summary made now
+    replaces the group in its slot. Slots from ``protected`` on (the current turn, in a
+    run) are never removed, nor are the ``pinned`` slots. ``scale`` (real tokens per
+    estimated token, from the provider's counts) and ``room`` (the real tokens a summary
+    request may fill, ``None`` for no limit) fit summary requests to the window.
     """
 
     __slots__ = (
+        "_estimate",
         "_excluded",
         "_fate",
         "_kinds",
@@ -85,41 +102,74 @@ class CompactionState:
         "_members",
         "_sizes",
         "_stands",
+        "_tokens",
         "complete",
         "groups",
         "messages",
+        "pinned",
+        "protected",
+        "real",
+        "room",
+        "scale",
         "settings",
         "tokenizer",
-        "tokens",
         "tool_call_groups",
         "turns",
     )
 
     def __init__(
         self,
-        index: GroupIndex,
+        kinds: Sequence[GroupKind],
+        members: Sequence[Sequence[Message]],
         *,
         tokenizer: Tokenizer,
+        estimate: Callable[[Message], int] | None = None,
         complete: Complete | None = None,
         settings: Mapping[str, Any] | None = None,
+        protected: int | None = None,
+        pinned: Iterable[int] = (),
+        scale: float = 1.0,
+        room: int | None = None,
     ) -> None:
-        self._kinds = list(index.kinds)
-        self._members = list(index.members)
-        self._sizes = list(index.tokens)
-        self._fate = [_INCLUDED] * len(index.kinds)
+        self._kinds = list(kinds)
+        self._members = list(members)  # a group's list is replaced, never changed
+        self._sizes: list[int | None] = [None] * len(self._kinds)
+        self._fate = [_INCLUDED] * len(self._kinds)
         self._excluded: list[int] = []
         self._stands: dict[int, list[str]] = {}
         self._made: dict[int, Message] = {}
+        self._estimate = estimate or Estimates(tokenizer)
+        self._tokens: int | None = None
         self.tokenizer = tokenizer
         self.complete = complete
         self.settings: Mapping[str, Any] = settings or {}
-        self.tokens = sum(self._sizes)
-        self.messages = index.message_count
+        self.protected = len(self._kinds) if protected is None else protected
+        self.pinned = frozenset(pinned)
+        self.scale = scale
+        self.room = room
+        self.real: dict[str, int] = {}
+        """The size in the model's own tokens of records whose size the model reported."""
+        self.messages = sum(map(len, self._members))
         self.groups = len(self._kinds)
         self.turns = self._kinds.count(USER)
         self.tool_call_groups = self._kinds.count(TOOL_CALL)
 
     # --- reading ---------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> int:
+        """The estimated tokens of what is included (estimating every group once)."""
+        if self._tokens is None:
+            fate = self._fate
+            self._tokens = sum(self.size(s) for s in range(len(fate)) if fate[s] == _INCLUDED)
+        return self._tokens
+
+    def size(self, slot: int) -> int:
+        """The estimated tokens of the group in ``slot``."""
+        size = self._sizes[slot]
+        if size is None:
+            size = self._sizes[slot] = sum(map(self._estimate, self._members[slot]))
+        return size
 
     @property
     def slots(self) -> int:
@@ -136,14 +186,14 @@ class CompactionState:
 
     def group(self, slot: int) -> MessageGroup:
         """The group in ``slot`` as a value."""
-        return MessageGroup(self._kinds[slot], tuple(self._members[slot]), self._sizes[slot])
+        return MessageGroup(self._kinds[slot], tuple(self._members[slot]), self.size(slot))
 
     def newest(self, count: int, kind: GroupKind | None = None) -> int:
         """The first slot of the newest ``count`` included non-system groups (of ``kind``
-        when given): the groups from that slot on are protected. ``slots`` when ``count``
-        is 0; ``0`` when there are no more than ``count`` such groups."""
+        when given), and never past ``protected``: the groups from that slot on are
+        kept. ``0`` when there are no more than ``count`` such groups."""
         if count <= 0:
-            return len(self._kinds)
+            return self.protected
         fate = self._fate
         kinds = self._kinds
         for slot in range(len(kinds) - 1, -1, -1):
@@ -152,16 +202,35 @@ class CompactionState:
                     continue
                 count -= 1
                 if count == 0:
-                    return slot
+                    return min(slot, self.protected)
         return 0
 
     def candidates(self, end: int, kind: GroupKind | None = None) -> list[int]:
-        """Included non-system slots before ``end`` (of ``kind`` when given), oldest first."""
+        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given),
+        oldest first."""
         fate = self._fate
         kinds = self._kinds
-        if kind is None:
-            return [s for s in range(end) if fate[s] == _INCLUDED and kinds[s] != SYSTEM]
-        return [s for s in range(end) if fate[s] == _INCLUDED and kinds[s] == kind]
+        pinned = self.pinned
+        end = min(end, self.protected)
+        return [
+            s
+            for s in range(end)
+            if fate[s] == _INCLUDED
+            and kinds[s] != SYSTEM
+            and (kind is None or kinds[s] == kind)
+            and s not in pinned
+        ]
+
+    def fits(self, request: ModelRequest) -> bool:
+        """True when ``request`` (a summary call: instructions, then the transcript) fits
+        ``room``, its answer included; ``scale`` applies to the transcript, the
+        conversation's own text."""
+        if self.room is None:
+            return True
+        estimate = self._estimate
+        instructions, *rest = request.messages
+        prompt = estimate(instructions) + math.ceil(self.scale * sum(map(estimate, rest)))
+        return prompt + (request.max_tokens or 0) <= self.room
 
     def stands_for(self, slot: int) -> list[str]:
         """The ids of the log messages the group in ``slot`` stands for."""
@@ -170,25 +239,16 @@ class CompactionState:
 
     # --- steps -----------------------------------------------------------------------
 
-    def _retire(self, slot: int) -> None:
+    def _count(self, slot: int, sign: int) -> None:
         kind = self._kinds[slot]
-        self.tokens -= self._sizes[slot]
-        self.messages -= len(self._members[slot])
-        self.groups -= 1
+        if self._tokens is not None:
+            self._tokens += sign * self.size(slot)
+        self.messages += sign * len(self._members[slot])
+        self.groups += sign
         if kind == USER:
-            self.turns -= 1
+            self.turns += sign
         elif kind == TOOL_CALL:
-            self.tool_call_groups -= 1
-
-    def _admit(self, slot: int) -> None:
-        kind = self._kinds[slot]
-        self.tokens += self._sizes[slot]
-        self.messages += len(self._members[slot])
-        self.groups += 1
-        if kind == USER:
-            self.turns += 1
-        elif kind == TOOL_CALL:
-            self.tool_call_groups += 1
+            self.tool_call_groups += sign
 
     def exclude(self, slot: int) -> None:
         """Leave the group in ``slot`` out of the view."""
@@ -196,7 +256,7 @@ class CompactionState:
             return
         if self._kinds[slot] == SYSTEM:
             raise ValueError("system groups are always kept")
-        self._retire(slot)
+        self._count(slot, -1)
         self._fate[slot] = _EXCLUDED
         self._excluded.append(slot)
 
@@ -210,81 +270,97 @@ class CompactionState:
                     return
                 self.exclude(slot)
             return
-        # A token target: count ahead instead of asking the target after every step.
+        self.keep_newest(end, limit)
+
+    def keep_newest(self, end: int, limit: int) -> None:
+        """Exclude the oldest non-system groups before slot ``end`` so that what stays
+        is at most ``limit`` tokens (as close as whole groups allow): walk from the
+        newest group back, estimating only what is walked, and exclude the rest."""
         fate = self._fate
         kinds = self._kinds
-        sizes = self._sizes
-        members = self._members
-        excluded = self._excluded
-        tokens = self.tokens
-        messages = self.messages
-        turns = self.turns
-        tool_calls = self.tool_call_groups
-        count = 0
-        for slot in range(end):
-            if fate[slot] != _INCLUDED:
+        pinned = self.pinned
+        end = min(end, self.protected)
+        kept = sorted({*_positions(kinds, SYSTEM), *pinned})
+        used = sum(self.size(s) for s in range(end, len(kinds)) if fate[s] == _INCLUDED)
+        used += sum(self.size(s) for s in kept if s < end and fate[s] == _INCLUDED)
+        cut = 0
+        for slot in range(end - 1, -1, -1):
+            if fate[slot] != _INCLUDED or kinds[slot] == SYSTEM or slot in pinned:
                 continue
-            kind = kinds[slot]
-            if kind == SYSTEM:
-                continue
-            if tokens <= limit:
+            used += self.size(slot)
+            if used > limit:
+                cut = slot + 1
                 break
-            tokens -= sizes[slot]
-            messages -= len(members[slot])
-            if kind == USER:
-                turns -= 1
-            elif kind == TOOL_CALL:
-                tool_calls -= 1
-            fate[slot] = _EXCLUDED
-            excluded.append(slot)
-            count += 1
-        self.tokens = tokens
-        self.messages = messages
-        self.groups -= count
-        self.turns = turns
-        self.tool_call_groups = tool_calls
+        spared = [s for s in kept if s < cut]
+        if self._tokens is not None or fate[:cut].count(_INCLUDED) != cut:
+            for slot in self.candidates(cut):
+                self.exclude(slot)
+            return
+        # Everything before the cut is included: exclude it in bulk, then spare the
+        # system and pinned groups among it.
+        members = self._members
+        fate[:cut] = [_EXCLUDED] * cut
+        for slot in spared:
+            fate[slot] = _INCLUDED
+        self._excluded.extend(range(cut))
+        if spared:
+            self._excluded = [s for s in self._excluded if fate[s] == _EXCLUDED]
+        spared_kinds = [kinds[s] for s in spared]
+        self.messages -= sum(map(len, members[:cut])) - sum(len(members[s]) for s in spared)
+        self.groups -= cut - len(spared)
+        self.turns -= kinds[:cut].count(USER) - spared_kinds.count(USER)
+        self.tool_call_groups -= kinds[:cut].count(TOOL_CALL) - spared_kinds.count(TOOL_CALL)
 
     def restore(self, slot: int) -> None:
         """Put an excluded group back (a strategy undoing a tentative step)."""
         if self._fate[slot] == _EXCLUDED:
             self._fate[slot] = _INCLUDED
             self._excluded.remove(slot)
-            self._admit(slot)
+            self._count(slot, 1)
 
     def _replace(self, slot: int, record: Message, kind: GroupKind, stands: list[str]) -> None:
         self._stands[slot] = stands
         self._made[slot] = record
         self._kinds[slot] = kind
         self._members[slot] = [record]
-        self._sizes[slot] = estimate_message(record, self.tokenizer)
+        self._sizes[slot] = None
 
     def collapse(self, slot: int, text: str) -> None:
         """Replace the group in ``slot`` by one assistant message saying ``text``."""
         if self._fate[slot] != _INCLUDED or self._kinds[slot] == SYSTEM:
             raise ValueError("only an included non-system group can be collapsed")
-        stands = self.stands_for(slot)
-        record = Message.assistant(
-            text, metadata={COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
-        )
-        self._retire(slot)
-        self._replace(slot, record, ASSISTANT_TEXT, stands)
-        self._admit(slot)
+        self.merge([slot], text)
 
-    def summarize(self, slots: Sequence[int], text: str) -> None:
+    def merge(self, slots: Sequence[int], text: str) -> None:
+        """Replace the groups in ``slots`` (oldest first) by one assistant message saying
+        ``text`` (a collapse record), shown in the place of the first of them."""
+        stands = [item for slot in slots for item in self.stands_for(slot)]
+        metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
+        self._absorb(slots, Message.assistant(text, metadata=metadata), ASSISTANT_TEXT, stands)
+
+    def summarize(self, slots: Sequence[int], text: str, *, tokens: int = 0) -> None:
         """Replace the groups in ``slots`` (oldest first, excluded or included) by one
-        summary saying ``text``, shown in the place of the first of them."""
+        summary saying ``text``, shown in the place of the first of them; ``tokens`` is
+        its size in the model's own tokens when known (``real``)."""
         stands = [item for slot in slots for item in self.stands_for(slot)]
         record = summary_message(text, stands)
+        if tokens > 0:
+            self.real[record.id] = tokens + self._estimate(summary_message("", ()))
+        self._absorb(slots, record, SUMMARY, stands)
+
+    def _absorb(
+        self, slots: Sequence[int], record: Message, kind: GroupKind, stands: list[str]
+    ) -> None:
         for slot in slots:
             if self._fate[slot] == _INCLUDED:
-                self._retire(slot)
+                self._count(slot, -1)
             elif self._fate[slot] == _EXCLUDED:
                 self._excluded.remove(slot)
             self._fate[slot] = _ABSORBED
         first = slots[0]
         self._fate[first] = _INCLUDED
-        self._replace(first, record, SUMMARY, stands)
-        self._admit(first)
+        self._replace(first, record, kind, stands)
+        self._count(first, 1)
 
     # --- results ---------------------------------------------------------------------
 
@@ -325,8 +401,10 @@ class CompactionState:
                     excluded.extend(made)
                 else:
                     excluded.extend([message.id for message in members[slot]])
+        elif slots and slots[-1] - slots[0] + 1 == len(slots):  # a run of slots, as a cut
+            excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
         else:
-            excluded = [message.id for slot in slots for message in members[slot]]
+            excluded = list(map(_ID, chain.from_iterable(members[slot] for slot in slots)))
         if excluded:
             records.append(
                 Message.assistant(
@@ -344,6 +422,18 @@ class CompactionStrategy(Protocol):
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         ...
+
+
+def _positions(items: list[Any], value: object) -> list[int]:
+    """The positions of ``value`` in ``items`` (searched by ``list.index``, in C)."""
+    found: list[int] = []
+    position = -1
+    while True:
+        try:
+            position = items.index(value, position + 1)
+        except ValueError:
+            return found
+        found.append(position)
 
 
 def _token_limit(target: Trigger) -> int | None:
@@ -533,6 +623,53 @@ class SelectiveToolCallCompaction:
         )
 
 
+@frozen(kw_only=True)
+class TurnExcerpts:
+    """Without a model: replace the oldest user turns, oldest first, by one line each
+    (``[Earlier turn, excerpted: Q: … | A: … | 2 tool calls]``), then leave those lines
+    out too, until the target holds. A turn is a user group and the groups after it.
+
+    Args:
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds).
+        excerpt_chars: The length of the question and of the answer in a line (>= 16).
+    """
+
+    trigger: Trigger = field(default=always, validator=check_trigger("TurnExcerpts.trigger"))
+    target: Trigger | None = field(
+        default=None, validator=optional(check_trigger("TurnExcerpts.target"))
+    )
+    excerpt_chars: int = field(default=160, validator=count("TurnExcerpts.excerpt_chars", 16))
+
+    async def compact(self, state: CompactionState, /) -> None:
+        """Apply the strategy to ``state``."""
+        if not self.trigger(state):
+            return
+        goal = _target(self.trigger, self.target)
+        turns: list[list[int]] = []
+        for slot in state.candidates(state.slots):
+            if state.kind(slot) == USER or not turns:
+                turns.append([slot])
+            else:
+                turns[-1].append(slot)
+        for turn in turns:
+            if goal(state):
+                return
+            state.merge(turn, self._line(state, turn))
+        for turn in turns:
+            if goal(state):
+                return
+            state.exclude(turn[0])
+
+    def _line(self, state: CompactionState, turn: list[int]) -> str:
+        messages = [m for slot in turn for m in state.group(slot).messages]
+        line = excerpt(messages, self.excerpt_chars) or "Q: (none)"
+        calls = sum(len(m.tool_calls) for m in messages)
+        if calls:
+            line += f" | {calls} tool call{'s' if calls != 1 else ''}"
+        return f"[Earlier turn, excerpted: {line}]"
+
+
 def _model(value: object) -> None:
     if value is not None and not callable(getattr(value, "respond", None)):
         raise ConfigurationError(
@@ -569,6 +706,28 @@ def _with_model(complete: Any, model: Model) -> Complete:
     return call
 
 
+def _recalibrate(
+    state: CompactionState, request: ModelRequest, error: ContextWindowOverflowError
+) -> bool:
+    """Learn from a summary call's overflow what estimated tokens are worth; False when
+    the provider did not say (or the scale would not change)."""
+    prompt = estimate_request(request.messages, request.tools, request.settings, state.tokenizer)
+    if not error.prompt_tokens or prompt <= 0:
+        return False
+    scale = error.prompt_tokens / prompt
+    if scale <= state.scale:
+        return False
+    state.scale = scale
+    if error.context_window:
+        state.room = min(state.room or error.context_window, int(0.9 * error.context_window))
+    return True
+
+
+SUMMARY_FLOOR_TOKENS = 64
+"""The smallest output cap a summary call is given when its request must shrink to fit."""
+_CLIP_LEVELS = (2_000, 500, 200, 80)
+
+
 @frozen(kw_only=True)
 class Summarization:
     """Replace the oldest non-system groups by one summary written by a model.
@@ -576,9 +735,12 @@ class Summarization:
     Groups are taken oldest first (a previous summary first, so it is folded in) until
     the target holds as if they were gone, leaving the newest ``minimum_preserved``;
     then one summary call covers them all. Nothing happens when only a previous
-    summary would be taken. The summary is appended to the log as a marked message
-    (DESIGN §3) and shown before the first non-trusted message. A failed summary call
-    (an error, an empty answer, a summary cut at ``max_tokens``) raises.
+    summary would be taken. The summary request is fitted to the state's ``room``, in
+    real tokens: long transcript items are clipped (head and tail kept), then the output
+    cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then fewer groups are taken; when not
+    even one group fits, ``CompactionError``. The summary is appended to the log as a
+    marked message (DESIGN §3) and shown before the first non-trusted message. A failed
+    summary call (an error, an empty answer, a summary cut at ``max_tokens``) raises.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
@@ -606,15 +768,7 @@ class Summarization:
         """Apply the strategy to ``state``."""
         if not self.trigger(state):
             return
-        complete = state.complete
-        if complete is not None and self.model is not None:  # inside a run: traced, counted
-            complete = _with_model(complete, self.model)
-        elif complete is None and self.model is not None:
-            complete = _prepared(self.model)
-        if complete is None:
-            raise ConfigurationError(
-                "Summarization needs a model outside a run: Summarization(model=...)"
-            )
+        complete = self._complete(state)
         target = _target(self.trigger, self.target)
         taken: list[int] = []
         for slot in state.candidates(state.newest(self.minimum_preserved)):
@@ -626,16 +780,59 @@ class Summarization:
             for slot in taken:
                 state.restore(slot)
             return
-        covered = [message for slot in taken for message in state.group(slot).messages]
-        request = summary_request(
-            covered,
-            instructions=self.prompt or DEFAULT_SUMMARY_INSTRUCTIONS,
-            settings=state.settings,
-            max_tokens=self.max_tokens,
-            max_item_chars=self.max_item_chars,
+        request = self._fitted(state, taken)
+        try:
+            text, tokens = await request_summary(request, complete)
+        except ContextWindowOverflowError as error:
+            if not _recalibrate(state, request, error):
+                raise
+            request = self._fitted(state, taken)  # once more, fitted in the units it showed
+            text, tokens = await request_summary(request, complete)
+        state.summarize(taken, text, tokens=tokens)
+
+    def _complete(self, state: CompactionState) -> Complete:
+        complete = state.complete
+        if complete is not None and self.model is not None:  # inside a run: traced, counted
+            return _with_model(complete, self.model)
+        if complete is None and self.model is not None:
+            return _prepared(self.model)
+        if complete is None:
+            raise ConfigurationError(
+                "Summarization needs a model outside a run: Summarization(model=...)"
+            )
+        return complete
+
+    def _fitted(self, state: CompactionState, taken: list[int]) -> ModelRequest:
+        """The summary request for ``taken`` (oldest first) that fits the state's room;
+        the newest taken groups are given back while it cannot."""
+        instructions = self.prompt or DEFAULT_SUMMARY_INSTRUCTIONS
+        clips = sorted(
+            {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
+            reverse=True,
         )
-        text = await request_summary(request, complete)
-        state.summarize(taken, text)
+        cap = self.max_tokens
+        while True:
+            covered = [message for slot in taken for message in state.group(slot).messages]
+            for clip in clips:
+                request = summary_request(
+                    covered,
+                    instructions=instructions,
+                    settings=state.settings,
+                    max_tokens=cap,
+                    max_item_chars=clip,
+                )
+                if state.fits(request):
+                    return request
+            if cap > SUMMARY_FLOOR_TOKENS:
+                cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
+                continue
+            if sum(state.kind(slot) != SUMMARY for slot in taken) <= 1:
+                raise CompactionError(
+                    "no summary request fits the context window, even for one group with "
+                    f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
+                )
+            state.restore(taken.pop())
+            cap = self.max_tokens
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
@@ -713,10 +910,8 @@ class TokenBudget:
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         budget = self.token_budget
-        if state.tokens <= budget:
-            return
         for strategy in self.strategies:
-            await strategy.compact(state)
             if state.tokens <= budget:
                 return
-        state.exclude_oldest(state.newest(self.minimum_preserved), ~tokens_exceed(budget))
+            await strategy.compact(state)
+        state.keep_newest(state.newest(self.minimum_preserved), budget)

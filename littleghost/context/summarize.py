@@ -9,6 +9,7 @@ definitions, and which made a small local model ramble until its output cap.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "CLOSING_QUESTION",
     "DEFAULT_SUMMARY_INSTRUCTIONS",
     "SUMMARY_PREFIX",
+    "excerpt",
     "render_transcript",
     "request_summary",
     "summary_message",
@@ -89,6 +91,19 @@ def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:
             yield f"Tool {label} ({name}): {part.content}"
 
 
+def excerpt(messages: Sequence[Message], chars: int) -> str | None:
+    """One line for a turn: ``Q: <its question> | A: <its last answer>``, each cut in the
+    middle to ``chars``; ``None`` when the turn has neither."""
+    question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
+    answer = next((m.text for m in reversed(messages) if m.role is Role.ASSISTANT and m.text), "")
+    if not question and not answer:
+        return None
+    line = f"Q: {cut_middle(question, chars)}"
+    if answer:
+        line += f" | A: {cut_middle(answer, chars)}"
+    return line.replace("\n", " ")
+
+
 def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None = None) -> str:
     """The messages as role-tagged lines; items longer than ``max_item_chars`` are clipped
     in the middle (head and tail kept, with a marker)."""
@@ -130,17 +145,36 @@ def summary_message(text: str, covers: Iterable[str]) -> Message:
     )
 
 
-async def request_summary(request: ModelRequest, complete: Complete) -> str:
-    """Make the summary call and return its text.
+async def request_summary(request: ModelRequest, complete: Complete) -> tuple[str, int]:
+    """Make the summary call; return its text and its size in the model's tokens (its
+    reported output tokens, ``0`` when not reported). A summary that reached its output
+    cap keeps its complete lines (or sentences).
 
     Raises:
-        OutputLimitError: The summary stopped at its output cap.
+        OutputLimitError: The summary stopped at its output cap with nothing complete.
         ProtocolError: The summary came back empty.
     """
     response = await complete(request)
-    if response.stop_reason is StopReason.MAX_TOKENS:
-        raise OutputLimitError("the context summary stopped at its output limit", response=response)
     text = response.message.text.strip()
+    if response.stop_reason is StopReason.MAX_TOKENS:
+        text = complete_part(text)
+        if not text:
+            raise OutputLimitError(
+                "the context summary stopped at its output limit with no complete line",
+                response=response,
+            )
     if not text:
         raise ProtocolError("the context summary came back empty")
-    return text
+    return text, response.usage.output_tokens
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
+
+
+def complete_part(text: str) -> str:
+    """``text`` up to its last complete line, or else its last complete sentence."""
+    line_end = text.rfind("\n")
+    if line_end > 0:
+        return text[:line_end].strip()
+    ends = [match.end() for match in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].strip() if ends else ""

@@ -1,10 +1,11 @@
-"""Token estimates: the ``Tokenizer`` protocol, two estimators, and cached per-message counts.
+"""Token estimates: the ``Tokenizer`` protocol, two estimators, and per-message counts.
 
 A tokenizer is any object with ``count_tokens(text) -> int``. The default,
 ``CharacterEstimator``, counts four characters per token. ``ByteEstimator`` counts UTF-8
-bytes ÷ 3, plus an overhead per message and a fixed allowance per image. A message's
-estimate is cached on the message for each tokenizer, so estimating a growing
-conversation costs time proportional to what was added.
+bytes ÷ 3, plus an overhead per message and a fixed allowance per image. ``Estimates``
+remembers the counts of the messages of one log (the engine keeps one per log and
+tokenizer; a message holds none), so estimating a growing conversation costs time
+proportional to what was added.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolRes
 __all__ = [
     "ByteEstimator",
     "CharacterEstimator",
+    "Estimates",
     "Tokenizer",
     "cache_key",
-    "estimate_each",
     "estimate_message",
     "estimate_messages",
     "estimate_request",
-    "estimator",
     "prompt_text",
 ]
 
@@ -88,38 +88,17 @@ class ByteEstimator:
 
 DEFAULT_TOKENIZER = CharacterEstimator()
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
-_JSON: Callable[[Any], str] = _ENCODER.encode
+_JSON: Callable[[Any], str] = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), default=str
+).encode
 """Compact JSON, non-ASCII kept: one encoder built once (``json.dumps`` builds one per call)."""
 _JSON_STR: Callable[[str], str] = json.encoder.encode_basestring
-
-
-def _fast_json() -> Callable[[Any], str]:
-    """``_JSON`` through the C encoder directly when this Python has it (about 2× faster)."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return _JSON
-    try:
-        chunks = make(None, str, _JSON_STR, None, ":", ",", False, False, True)
-        sample: dict[str, Any] = {"a": [1, 2.5, None, True, "é\n"], "b": {"c": object()}}
-        if "".join(chunks(sample, 0)) != _JSON(sample):
-            return _JSON
-    except Exception:
-        return _JSON
-
-    def encode(value: Any) -> str:
-        return "".join(chunks(value, 0))
-
-    return encode
-
-
-_ARGUMENTS_JSON = _fast_json()
 
 
 def _arguments_text(arguments: Mapping[str, Any] | str) -> str:
     if isinstance(arguments, str):
         return arguments
-    return _ARGUMENTS_JSON(dict(arguments))  # the encoders take a dict, not any mapping
+    return _JSON(dict(arguments))  # the encoders take a dict, not any mapping
 
 
 def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
@@ -131,7 +110,7 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
     length = 1 + 2 * len(arguments)  # braces, colons and commas
     for key, value in arguments.items():
         if type(key) is not str or type(value) is not str:
-            return len(_ARGUMENTS_JSON(dict(arguments)))
+            return len(_JSON(dict(arguments)))
         length += len(_JSON_STR(key)) + len(_JSON_STR(value))
     return length
 
@@ -151,16 +130,14 @@ def _prompt(message: Message) -> tuple[str, int]:
             )
         elif kind is ToolResult:
             result: ToolResult = part  # type: ignore[assignment]
-            pieces.append(
-                f'{{"tool_call_id":"{result.call_id}","content":{_JSON_STR(result.content)}}}'
-            )
+            pieces.append(f'{{"tool_call_id":"{result.call_id}","content":"{result.content}"}}')
         elif kind is ImagePart:
             images += 1
     return "".join(pieces), images
 
 
 _CALL_CHARS = len('{"id":"","name":"","arguments":}')
-_RESULT_CHARS = len('{"tool_call_id":"","content":}')
+_RESULT_CHARS = len('{"tool_call_id":"","content":""}')
 
 
 def prompt_text(message: Message) -> str:
@@ -176,10 +153,8 @@ _SERIAL = itertools.count()
 
 
 def cache_key(tokenizer: Tokenizer) -> str:
-    """The key under which ``tokenizer``'s counts are cached on messages.
-
-    Equal tokenizers share a key; an unhashable one is keyed by identity.
-    """
+    """A key for ``tokenizer``'s counts: equal tokenizers share it; an unhashable one is
+    keyed by identity."""
     try:
         key = _KEYS.get(tokenizer)
     except TypeError:
@@ -190,8 +165,13 @@ def cache_key(tokenizer: Tokenizer) -> str:
 
 
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
-    """Counts one message with ``tokenizer``, uncached: its prompt text, plus the
-    tokenizer's ``image_tokens`` per image and ``message_overhead``."""
+    """Counts one message with ``tokenizer``: its prompt text, plus the tokenizer's
+    ``image_tokens`` per image and ``message_overhead``.
+
+    The default estimator needs only lengths, so it encodes nothing: a tool result
+    counts its text as it is (the prompt carries it raw, not JSON-escaped), and flat
+    string arguments are measured without encoding them.
+    """
     count_tokens = tokenizer.count_tokens
     image_tokens = int(getattr(tokenizer, "image_tokens", 85))
     overhead = int(getattr(tokenizer, "message_overhead", 0))
@@ -205,6 +185,9 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
                 kind = type(part)
                 if kind is TextPart:
                     length += len(part.text)  # type: ignore[union-attr]
+                elif kind is ToolResult:
+                    result: ToolResult = part  # type: ignore[assignment]
+                    length += _RESULT_CHARS + len(result.call_id) + len(result.content)
                 elif kind is ToolCall:
                     call: ToolCall = part  # type: ignore[assignment]
                     length += (
@@ -213,9 +196,6 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
                         + len(call.name)
                         + _arguments_length(call.arguments)
                     )
-                elif kind is ToolResult:
-                    result: ToolResult = part  # type: ignore[assignment]
-                    length += _RESULT_CHARS + len(result.call_id) + len(_JSON_STR(result.content))
                 elif kind is ImagePart:
                     images += 1
             return math.ceil(length / per_token) + images * image_tokens + overhead
@@ -229,56 +209,43 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
     return count
 
 
-def estimator(tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> Callable[[Message], int]:
-    """``estimate_message`` bound to ``tokenizer``, for estimating many messages."""
-    key = cache_key(tokenizer)
-    count = counter(tokenizer)
+class Estimates:
+    """The token estimates of messages by one tokenizer, each counted once.
 
-    def estimate(message: Message) -> int:
-        cache = message._cache
-        tokens: int | None = cache.get(key)
-        if tokens is None:
-            tokens = cache[key] = count(message)
+    Remembered per message object (messages are immutable values), while this lives:
+    the engine keeps one per log and tokenizer, so a later turn counts only what it
+    added.
+    """
+
+    __slots__ = ("_count", "_known", "tokenizer")
+
+    def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
+        self.tokenizer = tokenizer
+        self._count = counter(tokenizer)
+        self._known: dict[int, tuple[Message, int]] = {}
+
+    def __call__(self, message: Message) -> int:
+        """The estimated tokens of ``message``."""
+        known = self._known.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        tokens = self._count(message)
+        self._known[id(message)] = (message, tokens)
         return tokens
 
-    return estimate
+    def total(self, messages: Iterable[Message]) -> int:
+        """The estimated tokens of ``messages``."""
+        return sum(map(self, messages))
 
 
 def estimate_message(message: Message, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> int:
-    """The estimated tokens of one message, cached on the message per tokenizer."""
-    key = cache_key(tokenizer)
-    cache = message._cache
-    tokens: int | None = cache.get(key)
-    if tokens is None:
-        tokens = cache[key] = counter(tokenizer)(message)
-    return tokens
-
-
-def estimate_each(
-    messages: Iterable[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER
-) -> list[int]:
-    """The estimated tokens of each message, in order (cached like ``estimate_message``).
-
-    Linear in the messages; a message estimated before costs one dictionary lookup.
-    """
-    key = cache_key(tokenizer)
-    count: Callable[[Message], int] | None = None
-    estimates: list[int] = []
-    append = estimates.append
-    for message in messages:
-        cache = message._cache
-        tokens = cache.get(key)
-        if tokens is None:
-            if count is None:
-                count = counter(tokenizer)
-            tokens = cache[key] = count(message)
-        append(tokens)
-    return estimates
+    """The estimated tokens of one message."""
+    return counter(tokenizer)(message)
 
 
 def estimate_messages(messages: Iterable[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> int:
     """The estimated tokens of ``messages``."""
-    return sum(estimate_each(messages, tokenizer))
+    return sum(map(counter(tokenizer), messages))
 
 
 def tools_text(tools: Iterable[Any]) -> str:
@@ -299,10 +266,12 @@ def estimate_request(
     tools: Iterable[Any],
     settings: Mapping[str, Any],
     tokenizer: Tokenizer = DEFAULT_TOKENIZER,
+    estimates: Estimates | None = None,
 ) -> int:
     """The estimated prompt tokens of a request: messages, tool schemas and the settings
-    that reach the prompt (stop sequences, response format, tool choice)."""
-    total = estimate_messages(messages, tokenizer)
+    that reach the prompt (stop sequences, response format, tool choice); ``estimates``
+    remembers the messages' counts across calls."""
+    total = (estimates or Estimates(tokenizer)).total(messages)
     tool_list = tuple(tools)
     if tool_list:
         total += tokenizer.count_tokens(tools_text(tool_list))

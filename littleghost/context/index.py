@@ -1,0 +1,106 @@
+"""The engine's index of one log: its layout, and per-message figures kept beside it.
+
+A message is a value and holds no state of the engine's. What the engine learns about
+the messages of a log — their layout, their token estimates per tokenizer, the cut-down
+copies views show — lives here, keyed by message (its id, checked by identity), and is
+carried over when the log grows: a run keeps one index for its log; ``LogIndex.of``
+finds the index of a log seen lately (the same log again, or the log it extends), so
+the next turn costs what it added.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from littleghost.context.groups import Layout
+from littleghost.context.tokens import Estimates, Tokenizer, cache_key
+from littleghost.messages import Message
+
+__all__ = ["RECENT_LOGS", "LogIndex"]
+
+RECENT_LOGS = 8
+"""How many indexes of logs seen lately ``LogIndex.of`` keeps (it holds their messages)."""
+_LOOKBACK = 64
+"""How many messages back from the end ``LogIndex.of`` looks for a log this one extends."""
+
+_recent: OrderedDict[int, LogIndex] = OrderedDict()
+
+
+class LogIndex:
+    """The layout of one log and the figures the engine keeps about its messages."""
+
+    __slots__ = ("_derived", "_estimates", "layout", "log")
+
+    def __init__(
+        self,
+        log: tuple[Message, ...],
+        layout: Layout,
+        estimates: dict[str, Estimates] | None = None,
+        derived: dict[tuple[Any, ...], tuple[Message, Message]] | None = None,
+    ) -> None:
+        self.log = log
+        self.layout = layout
+        self._estimates = {} if estimates is None else estimates
+        self._derived = {} if derived is None else derived
+
+    @classmethod
+    def of(cls, messages: Sequence[Message]) -> LogIndex:
+        """The index of ``messages``, reusing one of the same log or of a log it extends
+        with plain messages, if seen lately."""
+        log = tuple(messages)
+        found: LogIndex | None = None
+        for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
+            known = _recent.get(id(log[position]))
+            if (
+                known is not None
+                and len(known.log) == position + 1
+                and known.log == log[: position + 1]  # by identity first, in C
+            ):
+                found = known.grown(log)
+                _recent.pop(id(log[position]), None)
+                break
+        if found is None:
+            found = cls(log, Layout.build(log))
+        if log:
+            _recent[id(log[-1])] = found
+            _recent.move_to_end(id(log[-1]))
+            while len(_recent) > RECENT_LOGS:
+                _recent.popitem(last=False)
+        return found
+
+    def grown(self, log: Sequence[Message]) -> LogIndex:
+        """The index of ``log``, which starts with this index's log (an append-only log
+        one turn later); figures carry over."""
+        if len(log) == len(self.log):
+            return self
+        log = tuple(log)
+        layout = self.layout.extend(log) or Layout.build(log)
+        return LogIndex(log, layout, self._estimates, self._derived)
+
+    def over(self, messages: Sequence[Message]) -> LogIndex:
+        """An index of ``messages`` (a request made from this log, say) that shares this
+        index's figures."""
+        log = tuple(messages)
+        return LogIndex(log, Layout.build(log), self._estimates, self._derived)
+
+    def estimates(self, tokenizer: Tokenizer) -> Estimates:
+        """The token estimates of this log's messages by ``tokenizer``."""
+        key = cache_key(tokenizer)
+        estimates = self._estimates.get(key)
+        if estimates is None:
+            estimates = self._estimates[key] = Estimates(tokenizer)
+        return estimates
+
+    def derived(
+        self, message: Message, key: tuple[Any, ...], make: Callable[[], Message]
+    ) -> Message:
+        """The copy of ``message`` (same id) that ``make`` builds, made once per key."""
+        slot = (message.id, *key)
+        known = self._derived.get(slot)
+        if known is not None and known[0] is message:
+            return known[1]
+        copy = make()
+        self._derived[slot] = (message, copy)
+        return copy

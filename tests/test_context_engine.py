@@ -1,0 +1,206 @@
+"""The context engine under pressure: no thrash, calibration by the provider's counts,
+errors that mean what they say, and declarations that cannot work refused early."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+import pytest
+
+from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
+from littleghost.context import PromptBudget, Truncation, compact_session
+from littleghost.context.management import REGROWTH, estimate_tokens
+from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
+from littleghost.errors import ConfigurationError
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from tests.conftest import Spans
+from tests.stores import PlainStore
+
+pytestmark = pytest.mark.anyio
+
+
+def compactions(spans: Spans) -> list[dict[str, Any]]:
+    return [
+        dict(event.attributes or {})
+        for span in spans.all()
+        for event in span.events
+        if event.name == "littleghost.context.compaction"
+    ]
+
+
+def summarizing(answer: Any) -> Any:
+    """A script step: summary calls get a one-line summary, chat calls ``answer``."""
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        if request.purpose == "context_compaction":
+            return text_response("Earlier: notes were taken.")
+        return answer(request) if callable(answer) else answer
+
+    return respond
+
+
+def test_a_message_holds_no_state_of_the_engine() -> None:
+    assert [field.name for field in attrs.fields(Message)] == ["role", "content", "id", "metadata"]
+
+
+class TestNoThrash:
+    async def test_a_tool_loop_over_the_threshold_waits_for_growth_between_summaries(
+        self, spans: Spans
+    ) -> None:
+        """The preserved tail alone is over the threshold: after a compaction that leaves
+        the request over it, the next summary waits until it has grown."""
+
+        @manage_context(
+            context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=40
+        )
+        class Looping(Agent):
+            @tool
+            def note(self, number: int) -> str:
+                """Take a note."""
+                return f"note {number}: " + "short remark " * 6
+
+        chats = 0
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            nonlocal chats
+            chats += 1
+            return (
+                tool_call_response("note", {"number": chats})
+                if chats <= 24
+                else text_response("done")
+            )
+
+        model = ScriptedModel([summarizing(answer)] * 80)
+        history = [Message.user("Start: " + "context " * 200), Message.assistant("Ready.")]
+        await Looping(model=model).run("Take notes.", history=history)
+        attempts = [
+            e
+            for e in compactions(spans)
+            if e["littleghost.compaction.outcome"] in ("completed", "error")
+        ]
+        skipped = [
+            e for e in compactions(spans) if e["littleghost.compaction.outcome"] == "skipped"
+        ]
+        assert attempts and skipped
+        assert all("grown" in e["littleghost.compaction.skipped_because"] for e in skipped)
+        growth = REGROWTH * 2_000
+        for earlier, later in itertools.pairwise(attempts):
+            left = earlier.get(
+                "littleghost.compaction.estimated_tokens_after",
+                earlier["littleghost.compaction.estimated_tokens"],
+            )
+            if left >= 1_000:  # it left the request over the threshold: growth came first
+                assert later["littleghost.compaction.estimated_tokens"] >= left + growth
+        summaries = sum(r.purpose == "context_compaction" for r in model.requests)
+        assert summaries <= len(attempts) < chats
+
+    async def test_runs_of_one_conversation_remember_a_compaction_that_left_it_over(
+        self, spans: Spans
+    ) -> None:
+        """Each turn a new run: the records say how big the last compaction left the
+        request, so the next run does not summarize again before growth."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=16
+        )
+        class Chatty(Agent):
+            pass
+
+        model = ScriptedModel([summarizing(text_response("A long answer. " * 10))] * 60)
+        log: tuple[Message, ...] = ()
+        for turn in range(12):
+            result = await Chatty(model=model).run(
+                f"Question {turn}: " + "detail " * 20, history=log
+            )
+            log = result.messages
+        chats = sum(r.purpose == "chat" for r in model.requests)
+        summaries = sum(r.purpose == "context_compaction" for r in model.requests)
+        assert chats == 12
+        assert 1 <= summaries <= 6  # before: a summary call before every chat call
+        assert any(e["littleghost.compaction.outcome"] == "skipped" for e in compactions(spans))
+
+
+class TestCalibration:
+    async def test_reported_input_tokens_rescale_the_estimate_of_new_messages(self) -> None:
+        """A provider that counts three times the estimate makes the next request's new
+        messages count about three times too."""
+        measured: list[int] = []
+
+        @manage_context(context_window_tokens=100_000)
+        class Counted(Agent):
+            @tool
+            def look(self) -> str:
+                """Look."""
+                return "result text " * 20
+
+            @before_model
+            def measure(self, request: ModelRequest, *, context: RunContext) -> None:
+                measured.append(estimate_tokens(request, context, DEFAULT_TOKENIZER))
+
+        reported = 0
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            nonlocal reported
+            if not reported:
+                reported = 3 * estimate_messages(request.messages) + 60
+                return tool_call_response("look", {}, input_tokens=reported)
+            return text_response("done")
+
+        result = await Counted(model=ScriptedModel([answer, answer])).run("Look it up.")
+        added = [m for m in result.messages if m.role.value in ("assistant", "tool")][:2]
+        assert measured[1] - reported >= 2 * estimate_messages(added)  # scaled, not raw
+
+
+class TestErrors:
+    async def test_nothing_to_compact_is_a_compaction_error(self, spans: Spans) -> None:
+        @manage_context(
+            context_window_tokens=200, compression_threshold=0.1, preserve_recent_messages=50
+        )
+        class Tight(Agent):
+            pass
+
+        model = ScriptedModel([text_response("ok")])
+        await Tight(model=model).run(
+            "hello " * 30, history=[Message.user("hi"), Message.assistant("hey")]
+        )
+        (event,) = [e for e in compactions(spans) if e["littleghost.compaction.outcome"] == "error"]
+        assert event["error.type"] == "CompactionError"
+
+    async def test_compact_session_works_on_a_store_without_a_lock(self) -> None:
+        store = PlainStore()
+        await store.append(
+            "s", [m for i in range(6) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+        )
+        records = await compact_session(store, "s", Truncation(minimum_preserved=2))
+        assert records and len(await store.load("s")) == 13
+
+    def test_a_summary_cap_over_the_window_fails_at_class_definition(self) -> None:
+        with pytest.raises(ConfigurationError, match="summary_max_tokens"):
+
+            @manage_context(context_window_tokens=1_000, summary_max_tokens=1_000)
+            class Wrong(Agent):
+                pass
+
+    async def test_a_summary_cap_over_the_models_window_fails_at_the_first_call(self) -> None:
+        @manage_context(summary_max_tokens=3_000)
+        class Capped(Agent):
+            pass
+
+        store_free = Capped(model=ScriptedModel([text_response("x")], context_window=2_048))
+        with pytest.raises(ConfigurationError, match="summary_max_tokens"):
+            await store_free.run("hi")
+
+    async def test_budget_reserves_over_the_models_window_fail_at_the_first_call(self) -> None:
+        @manage_context(
+            budget=PromptBudget(response_reserve_tokens=3_000, safety_reserve_tokens=500),
+            summarize=False,
+        )
+        class Reserved(Agent):
+            pass
+
+        agent = Reserved(model=ScriptedModel([text_response("x")], context_window=2_048))
+        with pytest.raises(ConfigurationError, match="leave no room"):
+            await agent.run("hi")
