@@ -1,19 +1,21 @@
 """The fault-injection campaign at full size: many short runs with faults at random points,
 under asyncio and trio, and the figures the README quotes.
 
-Each run draws its script, its faults (store errors, stalls and failures after a write;
-model errors and stalls; tools that fail, hang, time out, block a thread, cancel
-themselves or end the process) and its stop (a deadline, a caller's cancel scope, a
+Each run draws its script, its faults (store errors, stalls, failures after a write and a
+SQLite database locked by another connection; model errors and stalls; tools that fail,
+hang, time out, block a thread, let a cancellation of their own escape or end the process) and its stop (a deadline, a caller's cancel scope, a
 cancellation at the k-th await) from a seeded generator; ``tests/faults.py`` says what is
 checked after each. ``tests/test_faults.py`` runs a smaller campaign in CI.
 
     python benchmarks/faults.py                 # 5 000 runs per backend
     python benchmarks/faults.py --runs 500 --seed 7
+    python benchmarks/faults.py --runs 1000 --concurrency 2   # the tightest timing
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -32,6 +34,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--concurrency", type=int, default=20)
     arguments = parser.parse_args()
+    # Thousands of expected warnings (cleanups cut short, late thread results): not shown.
+    logging.getLogger("littleghost").setLevel(logging.ERROR)
     violations = 0
     for backend in ("asyncio", "trio"):
         with tempfile.TemporaryDirectory() as directory:

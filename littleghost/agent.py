@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +34,8 @@ from littleghost.tools import (
 )
 
 __all__ = ["Agent"]
+
+logger = logging.getLogger("littleghost.cleanup")
 
 Instructions = str | Callable[[RunContext], Any] | None
 
@@ -301,9 +304,14 @@ class Agent:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the models this agent created from model strings."""
+        """Close the models this agent created from model strings (shielded from
+        cancellation for at most ``cleanup_grace`` seconds).
+
+        Raises:
+            CleanupError: A model failed to close, or closing took longer.
+        """
         owned, self._owned, self._resolved = self._owned, [], None
-        await _close_models(owned)
+        await _close_models(owned, self.cleanup_grace)
 
     def run_sync(self, input: str | Message, **options: Any) -> RunResult:
         """``run()`` for synchronous callers (not from inside an event loop).
@@ -323,11 +331,11 @@ class Agent:
                 result = await runner.run(self, plan, model=model)
             except BaseException:
                 try:
-                    await _close_models([model])
-                except CleanupError:
-                    pass  # the run's own error is the one to see
+                    await _close_models([model], self.cleanup_grace)
+                except CleanupError as failure:  # the run's own error is the one to raise
+                    logger.warning("closing the run's model failed too (%s)", failure)
                 raise
-            await _close_models([model])
+            await _close_models([model], self.cleanup_grace)
             return result
 
         return anyio.run(run_and_close)
@@ -405,10 +413,11 @@ class Agent:
         return RunStream(self, plan)
 
 
-async def _close_models(models: Iterable[Model]) -> None:
-    """Close ``models`` (shielded); ``CleanupError`` if any failed."""
-    errors = []
-    with anyio.CancelScope(shield=True):
+async def _close_models(models: Iterable[Model], grace: float) -> None:
+    """Close ``models``, shielded from cancellation for at most ``grace`` seconds;
+    ``CleanupError`` if any failed or the time ran out."""
+    errors: list[BaseException] = []
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + grace) as scope:
         for model in models:
             close = getattr(model, "aclose", None)
             if close is None:
@@ -417,5 +426,7 @@ async def _close_models(models: Iterable[Model]) -> None:
                 await close()
             except Exception as error:
                 errors.append(error)
+    if scope.cancelled_caught:
+        errors.append(TimeoutError(f"closing models did not finish within {grace} s"))
     if errors:
         raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]

@@ -1,23 +1,28 @@
 """Work a run must finish even while it stops — for at most a short grace.
 
-A write to the session store that is in flight when the run is cancelled, and the
-writes a stopped run makes to answer its open tool calls, are *cleanup*: cancelling them
-half-way would leave the run's log and the store apart. ``Grace`` runs such work shielded
-from cancellation, but only until its stop time: the first cancellation (or stop) of the
-run fixes that time to ``grace`` seconds later (after the run's deadline at the latest),
-and every cleanup of the run shares it. So a run ends no later than its deadline plus the
-grace, and a caller's cancel scope is honoured within the grace.
+A write to the session store that is in flight when the run is cancelled, the writes a
+stopped run makes to answer its open tool calls, and releasing its session are
+*cleanup*: cancelling them half-way would leave the run's log and the store apart.
+``Grace`` runs such work shielded from cancellation, but only until its stop time: the
+first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
+the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
+it. A run started inside another run's tool (an agent used as a tool) stops within the
+outer run's stop time when the cancellation comes from outside it, so graces never add
+up. A run therefore ends no later than its deadline plus the grace, and a caller's
+cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
 cancelled is recorded (``failures``), logged without content, and the cancellation goes
-on.
+on. ``KeyboardInterrupt`` and ``SystemExit`` go through as themselves.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 
 import anyio
 from attrs import define, field
@@ -26,6 +31,8 @@ __all__ = ["Grace"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
+_CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=None)
+
 
 @define(eq=False)
 class Grace:
@@ -33,8 +40,8 @@ class Grace:
 
     Args:
         seconds: How long cleanup may go on once the run stops.
-        deadline: The run's absolute deadline, if any: cleanup never goes on past it
-            plus ``seconds``.
+        deadline: The run's absolute deadline (or its caller's, if earlier), if any:
+            cleanup never goes on past it plus ``seconds``.
     """
 
     seconds: float
@@ -44,6 +51,10 @@ class Grace:
     uncertain: bool = False
     """True once a store write failed or was cut off: the store may hold what the log
     does not, so the run writes nothing more (the next run repairs from the store)."""
+    parent: Grace | None = field(factory=_CURRENT.get)
+    """The grace of the run this run was started in (from a tool), if any."""
+    scope: anyio.CancelScope | None = None
+    """The run's own deadline scope, to tell its deadline from a cancellation from outside."""
     _stop_by: float | None = None
 
     @property
@@ -52,13 +63,23 @@ class Grace:
         return self._stop_by is not None
 
     def stop(self) -> float:
-        """Mark the run as stopping (once); return the time cleanup must end by."""
+        """Mark the run as stopping (once); return the time cleanup must end by.
+
+        When the run is being cancelled from outside (not by its own deadline), the run
+        it was started in is stopping too, and this one ends within its stop time.
+        """
         if self._stop_by is None:
             end = anyio.current_time() + self.seconds
             if self.deadline is not None:
                 end = min(end, self.deadline + self.seconds)
+            if self.parent is not None and self._cancelled_from_outside():
+                end = min(end, self.parent.stop())
             self._stop_by = end
         return self._stop_by
+
+    def _cancelled_from_outside(self) -> bool:
+        cancelled = anyio.current_effective_deadline() == -math.inf
+        return cancelled and (self.scope is None or not self.scope.cancel_called)
 
     def _limit(self) -> float:
         if self._stop_by is not None:
@@ -66,6 +87,11 @@ class Grace:
         if self.deadline is not None:
             return self.deadline + self.seconds
         return math.inf
+
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """Make this the current run's grace while the context is open (nested runs
+        started inside it find it as their ``parent``)."""
+        return _current(self)
 
     async def protect(
         self,
@@ -84,6 +110,7 @@ class Grace:
 
         Raises:
             Exception: What ``work()`` raised, when the caller was not cancelled.
+            KeyboardInterrupt, SystemExit: From ``work()``, as themselves.
             The caller's cancellation: when it was cancelled; ``work()``'s own failure
             is then recorded in ``failures`` and logged, never raised.
         """
@@ -91,6 +118,7 @@ class Grace:
         finished = anyio.Event()
         outcome: list[bool] = []
         problem: list[Exception] = []
+        fatal: list[BaseException] = []
 
         async def run() -> None:
             with shield:
@@ -98,6 +126,8 @@ class Grace:
                     await work()
                 except Exception as error:
                     problem.append(error)
+                except (KeyboardInterrupt, SystemExit) as error:
+                    fatal.append(error)
                 else:
                     outcome.append(True)
                     if then is not None:
@@ -115,6 +145,8 @@ class Grace:
                     shield.deadline = min(shield.deadline, self.stop())
                     raise
         finally:
+            if fatal:
+                raise fatal[0]
             if cancelled or shield.cancelled_caught:
                 self._settle(what, outcome, problem, shield)
         if problem:
@@ -129,9 +161,41 @@ class Grace:
         elif not outcome and shield.cancelled_caught:
             self.fail(what, TimeoutError(f"{what} did not finish within the cleanup grace"))
 
+    async def finish(self, what: str, work: Awaitable[object]) -> None:
+        """Await ``work`` for a run that stops: shielded until its stop time; a failure
+        (or running out of time) is recorded and logged, never raised over what stopped
+        the run."""
+        with anyio.CancelScope(shield=True, deadline=self.stop()) as scope:
+            try:
+                await work
+            except Exception as failure:
+                self.fail(what, failure)
+        if scope.cancelled_caught:
+            self.fail(what, TimeoutError(f"{what} did not finish within the cleanup grace"))
+
     def fail(self, what: str, error: BaseException) -> None:
         """Record and log a cleanup that could not be done while the run stopped."""
         self.failures.append(error)
         logger.warning(
             "cleanup: %s could not be done while the run stopped (%s)", what, type(error).__name__
         )
+
+
+@asynccontextmanager
+async def _current(grace: Grace) -> AsyncIterator[None]:
+    token = _CURRENT.set(grace)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+@asynccontextmanager
+async def holding(hold: AbstractAsyncContextManager[None], grace: Grace) -> AsyncIterator[None]:
+    """Hold a session (``hold``) for a run; releasing it takes at most the grace, and its
+    failure is recorded and logged, never raised over the run's outcome."""
+    await hold.__aenter__()
+    try:
+        yield
+    finally:
+        await grace.finish("releasing the session", hold.__aexit__(None, None, None))

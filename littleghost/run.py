@@ -84,7 +84,8 @@ class RunContext:
     usage: Usage = field(factory=Usage)
     turn: int = 0
     state: dict[str, Any] = field(factory=dict, repr=False)
-    grace: Grace = field(factory=lambda: Grace(1.0), repr=False)
+    grace: Grace = field(factory=lambda: Grace(0.0), repr=False)
+    """The run's cleanup budget (the runner passes the agent's ``cleanup_grace``)."""
     _log: list[Message] = field(factory=list, repr=False, alias="log")
     _writer: LogWriter | None = field(default=None, repr=False, alias="writer")
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")

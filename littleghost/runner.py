@@ -17,8 +17,7 @@ import hashlib
 import inspect
 import math
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -26,7 +25,7 @@ import attrs
 from attrs import frozen
 
 from littleghost import telemetry
-from littleghost.cleanup import Grace
+from littleghost.cleanup import Grace, holding
 from littleghost.context.view import interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -45,12 +44,12 @@ from littleghost.hooks import run_chain
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
 from littleghost.run import EventSink, RunContext, RunResult
-from littleghost.sessions import SessionStore
 from littleghost.sessions.base import check_session_id
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import truncate_middle
-from littleghost.tools import ToolArgumentError, bind_arguments, error_result, invoke
+from littleghost.tool_calls import error_result, invoke
+from littleghost.tools import ToolArgumentError, bind_arguments
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -131,7 +130,8 @@ async def run(
     end = _deadline(plan.timeout, plan.deadline)
     model = agent.resolve_model() if model is None else model
     store = agent.session_store
-    grace = Grace(agent.cleanup_grace, None if math.isinf(end) else end)
+    stop = min(end, anyio.current_effective_deadline())  # the caller's deadline counts too
+    grace = Grace(agent.cleanup_grace, None if math.isinf(stop) else stop)
     # With a session, the log starts empty and is filled from the store once the
     # session is held; the context keeps this very list.
     log = seed if session_id is None else []
@@ -162,12 +162,14 @@ async def run(
         result: RunResult | None = None
         try:
             with anyio.CancelScope(deadline=end) as scope:
-                if session_id is None:
-                    result = await _loop(agent, context, message)
-                else:
-                    async with _holding(store, session_id, grace):
-                        await _open_session(agent, context, log, seed, message)
+                grace.scope = scope
+                async with grace.running():
+                    if session_id is None:
                         result = await _loop(agent, context, message)
+                    else:
+                        async with holding(hold_session(store, session_id), grace):
+                            await _open_session(agent, context, log, seed, message)
+                            result = await _loop(agent, context, message)
         finally:
             span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
             span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
@@ -360,8 +362,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         answered = _answered(context.messages, calls)
         unstored = [r for r in results if r is not None and r.call_id not in answered]
         if unstored and not context.grace.uncertain:
-            await _cleanup(
-                context,
+            await context.grace.finish(
                 "storing finished tool results",
                 context.append(*(Message(Role.TOOL, (result,)) for result in unstored)),
             )
@@ -428,12 +429,27 @@ async def _execute(agent: Agent, call: ToolCall, context: RunContext, span: Any)
                 raise  # the run's own deadline
             return _failed(agent, call, span, error, f"DeadlineExceededError: {error}")
         except BaseException as error:  # the tool's own failure, of any kind
+            fatal = _fatal(error)
+            if fatal is not None:
+                raise fatal from None
             return _failed(agent, call, span, error, f"{type(error).__name__}: {error}")
         return ToolResult(call.id, _stored_result(agent, text))
     assert timer.cancelled_caught and limit is not None
     return _failed(
         agent, call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
     )
+
+
+def _fatal(error: BaseException) -> BaseException | None:
+    """The first ``KeyboardInterrupt`` or ``SystemExit`` inside an exception group (a
+    tool's own task group), which must go through as itself."""
+    for inner in getattr(error, "exceptions", ()):
+        if isinstance(inner, (KeyboardInterrupt, SystemExit)):
+            return inner
+        found = _fatal(inner)
+        if found is not None:
+            return found
+    return None
 
 
 def _failed(
@@ -451,16 +467,6 @@ def _stored_result(agent: Agent, text: str) -> str:
     return truncate_middle(text, agent.max_tool_result_tokens)
 
 
-async def _cleanup(context: RunContext, what: str, work: Awaitable[None]) -> None:
-    """Await cleanup ``work`` for a run that stops: shielded until its grace ends; a
-    failure is recorded and logged, never raised over what stopped the run."""
-    with anyio.CancelScope(shield=True, deadline=context.grace.stop()):
-        try:
-            await work
-        except Exception as failure:
-            context.grace.fail(what, failure)
-
-
 async def _answer_open_calls(context: RunContext) -> None:
     """Answer, in the log, the tool calls a stopping run leaves open (so the log can be
     passed back as history). Skipped when a write was cut off with its outcome unknown:
@@ -469,24 +475,7 @@ async def _answer_open_calls(context: RunContext) -> None:
         return
     open_calls = interrupted_results(context.messages, STOPPED_TEXT)
     if open_calls:
-        await _cleanup(context, "answering the open tool calls", context.append(*open_calls))
-
-
-@asynccontextmanager
-async def _holding(store: SessionStore, session_id: str, grace: Grace) -> AsyncIterator[None]:
-    """Hold the session for the run; releasing it never replaces what stopped the run."""
-    hold = hold_session(store, session_id)
-    await hold.__aenter__()
-    try:
-        yield
-    except BaseException:
-        with anyio.CancelScope(shield=True, deadline=grace.stop()):
-            try:
-                await hold.__aexit__(None, None, None)
-            except Exception as failure:
-                grace.fail("releasing the session", failure)
-        raise
-    await hold.__aexit__(None, None, None)
+        await context.grace.finish("answering the open tool calls", context.append(*open_calls))
 
 
 def _answered(log: Sequence[Message], calls: Sequence[ToolCall]) -> set[str]:

@@ -2,10 +2,10 @@
 
 Each run is drawn from a seeded random generator: a script of model turns (tool calls,
 several at once, and a final answer), tools that answer, fail, hang, time out, block a
-thread, raise a cancellation of their own or end the process, a session store (in
-memory or SQLite) that fails, stalls or fails after writing, model calls that fail or
-stall, and a stop: a deadline, a caller's cancel scope, or a cancellation at the k-th
-instrumented await (each store call, model call and tool start and end is one). Runs go
+thread, let a cancellation of their own escape or end the process, a session store (in
+memory or SQLite) that fails, stalls, fails after writing or finds its database locked
+by another connection, model calls that fail or stall, and a stop: a deadline, a
+caller's cancel scope, or a cancellation at the k-th instrumented await (each store call, model call and tool start and end is one). Runs go
 through ``run()`` or ``stream()`` (whose consumer may leave early).
 
 After each run the harness checks:
@@ -14,6 +14,8 @@ After each run the harness checks:
   exception group, and a caller's cancellation that came before any fault that ends a
   run is what ended it (never replaced);
 - the run ended within its stop time (deadline or cancellation) plus the cleanup grace;
+- the store first: the run's log is what the store holds, and less only when a write
+  failed or was cut off with its outcome unknown;
 - the stored log is valid: unique ids, every tool result after its call, no call
   answered twice; and after a fault-free run of the same session, every call is
   answered exactly once and the model was shown a valid request.
@@ -23,9 +25,10 @@ After each run the harness checks:
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import random
+import sqlite3
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -136,6 +139,9 @@ class ChaosStore:
         if kind == "store stall":
             chaos.fired[kind] += 1
             await anyio.sleep(seconds)
+        elif kind == "sqlite locked" and isinstance(self.inner, SQLiteSessionStore):
+            if _lock_database(self.inner.path, seconds):
+                chaos.fired[kind] += 1
         elif kind == "store error":
             chaos.ending(kind)
             raise SessionStoreError("injected: the store is down")
@@ -153,6 +159,27 @@ class ChaosStore:
 
     def lock(self, session_id: str) -> Any:
         return self.inner.lock(session_id)  # type: ignore[attr-defined]
+
+
+def _lock_database(path: str, seconds: float) -> bool:
+    """Hold an exclusive lock on the SQLite database at ``path`` from another connection
+    for ``seconds`` (so the store's worker thread blocks on it); False when another
+    holder has it already."""
+    blocker = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")
+    except sqlite3.OperationalError:
+        blocker.close()
+        return False
+
+    def release() -> None:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
+    return True
 
 
 class ChaosModel:
@@ -247,14 +274,23 @@ class ChaosAgent(Agent):
 
     @tool(timeout=0.03)
     def blocking(self) -> str:
-        """Block a worker thread past its timeout."""
-        time.sleep(0.06)
+        """Block a worker thread ten times past its timeout."""
+        time.sleep(0.3)
         return "late"
 
     @tool
     async def cancel_self(self) -> str:
-        """Raise a cancellation exception nobody asked for."""
-        raise asyncio.CancelledError()
+        """Let a cancellation of its own escape its cancel scope (a real one, under
+        asyncio and trio alike)."""
+        leaked: BaseException | None = None
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await anyio.sleep(1)
+            except anyio.get_cancelled_exc_class() as cancellation:
+                leaked = cancellation
+        assert leaked is not None
+        raise leaked
 
     @tool
     async def nested(self) -> str:
@@ -336,6 +372,8 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
             chaos.store_faults[index] = ("store error after writing", 0.0)
         elif roll < 0.2:
             chaos.store_faults[index] = ("store stall", rng.uniform(0.01, longest))
+        elif roll < 0.23:
+            chaos.store_faults[index] = ("sqlite locked", rng.uniform(0.01, longest))
     for index in range(8):
         roll = rng.random()
         if roll < 0.04:
@@ -352,7 +390,7 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
 
 
 async def one_run(
-    rng: random.Random, inner: SessionStore, session_id: str
+    rng: random.Random, inner: SessionStore, session_id: str, tolerance: float = TOLERANCE
 ) -> tuple[Outcome, Chaos]:
     """Run one faulty run, check it, then a fault-free run of its session, and check that."""
     chaos = Chaos(rng)
@@ -387,12 +425,13 @@ async def one_run(
     else:
         cancel_at = None
     violations.extend(_check_outcome(error, cancelled, chaos, cancel_at, timeout, began))
-    if stop_at is not None and elapsed > stop_at + GRACE + TOLERANCE:
+    if stop_at is not None and elapsed > stop_at + GRACE + tolerance:
         violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
     if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
         violations.append("SystemExit from nowhere")
     stored = await inner.load(session_id)
     violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
+    violations.extend(_store_first(chaos.context, stored))
     violations.extend(await _repair(inner, session_id))
     described = [f"{session_id} ({turns}, {stop}, {chaos.fired}): {v}" for v in violations]
     return Outcome(elapsed, stop_at, error, cancelled, described), chaos
@@ -437,6 +476,20 @@ def _check_outcome(
         replaced = type(error).__name__ if error is not None else "a result"
         problems.append(f"the caller's cancellation was replaced by {replaced}")
     return problems
+
+
+def _store_first(context: RunContext | None, stored: Sequence[Message]) -> list[str]:
+    """The run's log is what the store has: never more, and less only when a write
+    failed or was cut off with its outcome unknown (then the store may hold that write)."""
+    if context is None:
+        return []
+    logged = [message.id for message in context.messages]
+    kept = [message.id for message in stored]
+    if kept[: len(logged)] != logged:
+        return ["the run's log holds a message the store does not"]
+    if kept != logged and not context.grace.uncertain:
+        return ["the store holds a message the run's log does not, with no write in doubt"]
+    return []
 
 
 def log_problems(log: Sequence[Message]) -> list[str]:
@@ -523,7 +576,13 @@ async def _store(kind: str, directory: Path) -> AsyncIterator[SessionStore]:
 
 
 async def campaign(
-    seed: int, runs: int, *, directory: Path, concurrency: int = 20, store_kind: str = "mixed"
+    seed: int,
+    runs: int,
+    *,
+    directory: Path,
+    concurrency: int = 20,
+    store_kind: str = "mixed",
+    tolerance: float = TOLERANCE,
 ) -> Report:
     """Run ``runs`` faulty runs (``concurrency`` at a time) and report on them.
 
@@ -533,13 +592,14 @@ async def campaign(
         directory: Where the SQLite store lives.
         concurrency: Runs at the same time (each on its own session).
         store_kind: ``memory``, ``sqlite``, or ``mixed`` (every other run on each).
+        tolerance: What a run may take past its stop time plus the grace.
     """
     report = Report()
     limiter = anyio.Semaphore(concurrency)
     gc.collect()
     gc.freeze()  # what earlier code left on the heap is not scanned: no long pauses
     try:
-        await _runs(report, limiter, seed, runs, directory, store_kind)
+        await _runs(report, limiter, seed, runs, directory, store_kind, tolerance)
     finally:
         gc.unfreeze()
     return report
@@ -552,6 +612,7 @@ async def _runs(
     runs: int,
     directory: Path,
     store_kind: str,
+    tolerance: float,
 ) -> None:
     async with _store("memory", directory) as memory, _store("sqlite", directory) as sqlite:
 
@@ -560,7 +621,7 @@ async def _runs(
                 rng = random.Random(f"{seed}-{index}")
                 kind = store_kind if store_kind != "mixed" else ("memory", "sqlite")[index % 2]
                 inner = memory if kind == "memory" else sqlite
-                outcome, chaos = await one_run(rng, inner, f"run-{index}")
+                outcome, chaos = await one_run(rng, inner, f"run-{index}", tolerance)
                 chaos.fired[f"{kind} store"] += 1
                 report.add(outcome, chaos)
 

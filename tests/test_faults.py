@@ -42,6 +42,7 @@ EXPECTED_FAULTS = {
     "store error after writing",
     "store error while stopping",
     "store stall",
+    "sqlite locked",
     "model stall",
     "model unavailable",
     "model rate limit",
@@ -62,6 +63,22 @@ async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Pat
     outcomes = set(report.by_outcome)
     assert {"completed", "cancelled by the caller", "DeadlineExceededError"} <= outcomes
     assert {"SessionStoreError", "SystemExit"} <= outcomes
+
+
+TIGHT_RUNS = 200
+TIGHT_TOLERANCE = 0.08
+"""With two runs at a time, a run ends within its stop time plus the grace plus this:
+tighter than the grace, so a second grace after the first would show."""
+
+
+async def test_few_runs_at_a_time_end_within_one_grace(anyio_backend: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    report = await campaign(
+        SEED + 1, TIGHT_RUNS, directory=tmp_path, concurrency=2, tolerance=TIGHT_TOLERANCE
+    )
+    print("\n" + figures(report, anyio_backend, time.monotonic() - began))
+    assert report.violations == []
+    assert report.worst_overshoot > 0  # runs did stop, and were timed
 
 
 CHILD = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -9,7 +10,7 @@ import pytest
 
 from littleghost import Agent, Message, manage_context
 from littleghost.context import Summarization
-from littleghost.errors import ConfigurationError
+from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.testing import text_response
 
@@ -127,3 +128,37 @@ def test_a_hook_override_that_is_not_callable_fails_at_class_definition() -> Non
         audit = None  # type: ignore[assignment]
 
     assert Disabled is not None
+
+
+class HangingClose(LoopBound):
+    """A model whose client never finishes closing."""
+
+    provider = "hangingclose"
+
+    async def aclose(self) -> None:
+        await anyio.sleep(30)
+
+
+register_provider("hangingclose", HangingClose)
+
+
+class Hanging(Agent):
+    model = "hangingclose:m"
+    cleanup_grace = 0.2
+
+
+async def test_closing_models_takes_at_most_the_grace() -> None:
+    agent = Hanging()
+    await agent.run("hi")
+    began = anyio.current_time()
+    with pytest.raises(CleanupError) as caught:
+        await agent.aclose()
+    assert anyio.current_time() - began < 1
+    assert isinstance(caught.value.__cause__, TimeoutError)
+
+
+def test_run_sync_ends_within_the_grace_when_its_model_hangs_closing() -> None:
+    began = time.monotonic()
+    with pytest.raises(CleanupError):
+        Hanging().run_sync("hi")
+    assert time.monotonic() - began < 1

@@ -12,6 +12,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,16 @@ class TestCancellationStaysCancellation:
         assert scope.cancelled_caught
         valid(await store.load("s"))
 
+    async def test_a_write_in_flight_that_fails_after_the_cancel_keeps_the_cancellation(
+        self,
+    ) -> None:
+        store = SlowStore(0.2, fail=True)  # the very first write is in flight, then fails
+        agent = Waiter(model=ScriptedModel([text_response("x")]), session_store=store)
+        with anyio.move_on_after(0.05) as scope:
+            await agent.run("Hi.", session_id="s")
+        assert scope.cancelled_caught
+        assert await store.load("s") == ()
+
     async def test_a_tool_raising_a_cancellation_of_its_own_gets_an_error_result(self) -> None:
         class Odd(Agent):
             @tool
@@ -282,6 +293,31 @@ class TestCancellationStaysCancellation:
         stored = await store.load("s")
         valid(stored)
         assert len([r for message in stored for r in message.tool_results]) == 2
+
+
+def test_system_exit_inside_a_tools_own_task_group_propagates_as_itself() -> None:
+    """Under trio (asyncio itself ends the event loop with it, whatever the run does)."""
+
+    class FanOut(Agent):
+        @tool
+        async def fan_out(self) -> str:
+            """Do two things at once, one of which ends the process."""
+
+            async def leave() -> None:
+                raise SystemExit(3)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(leave)
+                group.start_soon(anyio.sleep, 10)
+            return "never"
+
+    async def main() -> None:
+        model = ScriptedModel([tool_call_response("fan_out", {}), text_response("x")])
+        await FanOut(model=model).run("Go.")
+
+    with pytest.raises(SystemExit) as caught:
+        anyio.run(main, backend="trio")
+    assert type(caught.value) is SystemExit and caught.value.code == 3
 
 
 class Nested(Agent):
@@ -371,3 +407,90 @@ class TestEventsAfterFacts:
         stored = await store.load("s")
         assert seen in [r for message in stored for r in message.tool_results]
         valid(stored)
+
+
+class HangingRelease(InMemorySessionStore):
+    """A store that holds its sessions itself and never finishes releasing one."""
+
+    @asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await anyio.sleep(10)
+
+
+class InterruptingStore(InMemorySessionStore):
+    """A store whose ``fatal``-th append raises ``kind`` (Ctrl-C in a driver, say)."""
+
+    def __init__(self, kind: type[BaseException], fatal: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.fatal = fatal
+        self.appends = 0
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        self.appends += 1
+        if self.appends == self.fatal:
+            raise self.kind()
+        await super().append(session_id, messages)
+
+
+NESTED_GRACE = 1.0
+"""Long enough that two graces one after the other would show."""
+
+
+class Expert(Waiter):
+    cleanup_grace = NESTED_GRACE
+
+
+class Asking(Agent):
+    cleanup_grace = NESTED_GRACE
+
+    @tool
+    async def ask(self, question: str) -> str:
+        """Ask an expert whose store is slow."""
+        expert = Expert(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+        return (await expert.run(question, session_id="inner")).output
+
+
+class TestOneGraceForAll:
+    async def test_nested_runs_cancelled_from_outside_share_the_outer_grace(self) -> None:
+        model = ScriptedModel([tool_call_response("ask", {"question": "?"}), text_response("x")])
+        agent = Asking(model=model, session_store=SlowStore(5.0, fast=2))
+        began = time.monotonic()
+        with anyio.move_on_after(0.3) as scope:
+            await agent.run("Go.", session_id="outer")
+        assert scope.cancelled_caught
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+
+    async def test_a_hanging_release_takes_at_most_the_grace_and_is_logged(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        agent = Waiter(model=ScriptedModel([text_response("hi")]), session_store=HangingRelease())
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, "littleghost.cleanup"):
+            result = await agent.run("Hi.", session_id="s")
+        assert time.monotonic() - began < GRACE + SLACK
+        assert result.output == "hi"
+        assert any("releasing the session" in r.getMessage() for r in caplog.records)
+
+    async def test_a_hanging_release_keeps_the_callers_cancel_scope(self) -> None:
+        agent = Waiter(model=waiting_model(), session_store=HangingRelease())
+        began = time.monotonic()
+        with anyio.move_on_after(0.2) as scope:
+            await agent.run("Wait.", session_id="s")
+        assert scope.cancelled_caught
+        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+
+    @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+    @pytest.mark.parametrize("fatal", [1, 2, 3], ids=["user", "call", "result"])
+    async def test_keyboard_interrupt_from_the_store_propagates_as_itself(
+        self, kind: type[BaseException], fatal: int
+    ) -> None:
+        store = InterruptingStore(kind, fatal)
+        model = ScriptedModel([tool_call_response("wait", {"seconds": 0}), text_response("x")])
+        with pytest.raises(kind) as caught:
+            await Waiter(model=model, session_store=store).run("Go.", session_id="s")
+        assert type(caught.value) is kind
+        valid(await store.load("s"))

@@ -19,7 +19,8 @@ from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, tool
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
-from littleghost.tools import ToolDefinition, define_tool, index_tools, invoke
+from littleghost.tool_calls import invoke
+from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
 

@@ -64,7 +64,7 @@ class LockFile:
             opened = self._fd is not None
         try:
             if not opened:
-                await anyio.to_thread.run_sync(self._open)
+                self._open()  # a local file: no worker thread (none to wait for either)
             pause = _FIRST_POLL
             while not self._attempt(offset):
                 await anyio.sleep(pause)

@@ -1,0 +1,131 @@
+"""Calling a tool: sync tools in worker threads of their own, results as the text the
+model sees."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+from anyio.lowlevel import RunVar
+
+from littleghost.messages import ToolCall, ToolResult
+from littleghost.tool_types import to_json
+
+__all__ = ["error_result", "invoke", "render_result"]
+
+logger = logging.getLogger("littleghost.tools")
+
+
+def render_result(value: Any) -> str:
+    """A tool's return value as the text the model sees."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=to_json)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+_TOOL_THREADS = 64
+"""How many sync tool calls run at once in each event loop; more calls wait for a turn.
+
+Sync tools have worker threads of their own (not anyio's default limiter), so threads
+of calls that outlived their timeout never hold up the session store or other users of
+the default limiter (under trio, an abandoned thread keeps its token until it returns).
+"""
+
+_TOOL_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("littleghost_tool_threads")
+
+
+def _tool_threads() -> anyio.CapacityLimiter:
+    """The limiter of sync tool threads of the running event loop."""
+    limiter = _TOOL_LIMITER.get(None)
+    if limiter is None:
+        limiter = anyio.CapacityLimiter(_TOOL_THREADS)
+        _TOOL_LIMITER.set(limiter)
+    return limiter
+
+
+async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> str:
+    """Call a tool and render what it returned.
+
+    A sync tool runs in a worker thread (at most ``_TOOL_THREADS`` at once) that cannot
+    be stopped: when the caller stops waiting (cancellation, a timeout), the thread runs
+    on, and whatever it finally returns or raises is discarded with one log line naming
+    the tool ``name``.
+    """
+    if inspect.iscoroutinefunction(function):
+        value = await function(**kwargs)
+    else:
+        value = await _in_thread(functools.partial(function, **kwargs), name)
+        if inspect.isawaitable(value):
+            value = await value
+    return render_result(value)
+
+
+class _ThreadCall:
+    """One sync tool call in a worker thread, and whether its caller stopped waiting."""
+
+    def __init__(self, call: Callable[[], Any], name: str) -> None:
+        self.call = call
+        self.name = name
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.outcome: str | None = None  # "returned" or "raised ...", once finished
+        self.raised: BaseException | None = None
+
+    def run(self) -> Any:
+        """Run in the worker thread."""
+        try:
+            value = self.call()
+        except BaseException as error:
+            self.raised = error
+            self.finish(f"raised {type(error).__name__}")
+            raise
+        self.finish("returned")
+        return value
+
+    def finish(self, outcome: str) -> None:
+        with self.lock:
+            self.outcome = outcome
+            late = self.abandoned
+        if late:
+            self.discarded(outcome)
+
+    def abandon(self) -> None:
+        """The caller stopped waiting; log now if the call had already finished."""
+        with self.lock:
+            self.abandoned = True
+            outcome = self.outcome
+        if outcome is not None:
+            self.discarded(outcome)
+
+    def discarded(self, outcome: str) -> None:
+        logger.warning(
+            "tool %r: a call the run stopped waiting for has %s; its late result was discarded",
+            self.name,
+            outcome,
+        )
+
+
+async def _in_thread(call: Callable[[], Any], name: str) -> Any:
+    thread_call = _ThreadCall(call, name)
+    try:
+        return await anyio.to_thread.run_sync(
+            thread_call.run, abandon_on_cancel=True, limiter=_tool_threads()
+        )
+    except BaseException as error:
+        if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
+            thread_call.abandon()
+        raise
+
+
+def error_result(call: ToolCall, text: str) -> ToolResult:
+    """An error result for ``call`` that the model sees."""
+    return ToolResult(call.id, text, True)

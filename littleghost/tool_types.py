@@ -1,0 +1,280 @@
+"""Tool parameter types as JSON: the schema a model is shown, the coercion of the
+arguments it sends back, and Python values turned into JSON.
+
+Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
+``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
+``Literal``, ``Enum`` subclasses (with JSON values), attrs classes (not recursive), ``Any``
+and ``Annotated[T, "description"]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+import attrs
+
+from littleghost.errors import ConfigurationError
+
+__all__ = ["ToolArgumentError", "coerce", "json_schema", "to_json"]
+
+_NONE_TYPE = type(None)
+
+
+class ToolArgumentError(ValueError):
+    """Arguments from the model do not fit a tool's schema (told to the model, not raised)."""
+
+
+def json_schema(annotation: Any, where: str) -> dict[str, Any]:
+    """The JSON schema for a parameter annotation.
+
+    Raises:
+        ConfigurationError: The annotation cannot be described to a model (the message
+            says where and why).
+    """
+    return _schema(annotation, where, ())
+
+
+def _is_json_scalar(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (str, int, bool))
+
+
+def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, Any]:
+    """``json_schema``, with ``outer`` the attrs classes being described around it."""
+    if annotation is Any:
+        return {}
+    if annotation is None or annotation is _NONE_TYPE:
+        return {"type": "null"}
+    if annotation is str:
+        return {"type": "string"}
+    if annotation is bool:
+        return {"type": "boolean"}
+    if annotation is int:
+        return {"type": "integer"}
+    if annotation is float:
+        return {"type": "number"}
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if origin is typing.Annotated:
+        schema = dict(_schema(args[0], where, outer))
+        for extra in args[1:]:
+            if isinstance(extra, str):
+                schema["description"] = extra
+        return schema
+    if origin is Literal:
+        values = list(args)
+        if not all(_is_json_scalar(value) for value in values):
+            raise ConfigurationError(
+                f"{where}: Literal values must be str, int, finite float, bool or None"
+            )
+        return {"enum": values}
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_schema(arg, where, outer) for arg in args]}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        values = [member.value for member in annotation]
+        if not all(_is_json_scalar(value) for value in values):
+            raise ConfigurationError(
+                f"{where}: the values of the enum {annotation.__qualname__} must be str, int, "
+                "finite float, bool or None to be described as JSON"
+            )
+        return {"enum": values}
+    if isinstance(annotation, type) and attrs.has(annotation):
+        if annotation in outer:
+            raise ConfigurationError(
+                f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
+                "be described as JSON schema"
+            )
+        inner = (*outer, annotation)
+        fields = attrs.fields(attrs.resolve_types(annotation))
+        properties = {}
+        required = []
+        for attribute in fields:
+            if not attribute.init:
+                continue
+            if attribute.type is None:
+                raise ConfigurationError(
+                    f"{where}: field {attribute.name!r} of {annotation.__name__} has no type"
+                )
+            properties[attribute.alias] = _schema(
+                attribute.type, f"{where}, field {attribute.name!r}", inner
+            )
+            if attribute.default is attrs.NOTHING:
+                required.append(attribute.alias)
+        return {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+    if annotation in (list, tuple, set, frozenset) or origin in (list, set, frozenset, Sequence):
+        item = args[0] if args else Any
+        return {"type": "array", "items": _schema(item, where, outer)}
+    if annotation is tuple or origin is tuple:
+        if not args or (len(args) == 2 and args[1] is Ellipsis):
+            return {"type": "array", "items": _schema(args[0] if args else Any, where, outer)}
+        return {
+            "type": "array",
+            "prefixItems": [_schema(arg, where, outer) for arg in args],
+            "minItems": len(args),
+            "maxItems": len(args),
+        }
+    if annotation is dict or origin in (dict, Mapping):
+        if args and args[0] is not str:
+            raise ConfigurationError(f"{where}: dict keys must be str to be JSON, not {args[0]!r}")
+        value = args[1] if args else Any
+        return {"type": "object", "additionalProperties": _schema(value, where, outer)}
+    raise ConfigurationError(
+        f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
+        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum or an attrs class)"
+    )
+
+
+def coerce(value: Any, annotation: Any, path: str) -> Any:
+    """Check a JSON value against ``annotation`` and convert it to the Python value.
+
+    Raises:
+        ToolArgumentError: The value does not fit, with ``path`` naming where.
+    """
+    if annotation is Any:
+        return value
+    if annotation is None or annotation is _NONE_TYPE:
+        if value is not None:
+            raise ToolArgumentError(f"{path}: expected null, got {_json_type(value)}")
+        return None
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ToolArgumentError(f"{path}: expected a string, got {_json_type(value)}")
+        return value
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ToolArgumentError(f"{path}: expected a boolean, got {_json_type(value)}")
+        return value
+    if annotation is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ToolArgumentError(f"{path}: expected an integer, got {_json_type(value)}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ToolArgumentError(f"{path}: expected a number, got {_json_type(value)}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ToolArgumentError(f"{path}: the number is too large") from None
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if origin is typing.Annotated:
+        return coerce(value, args[0], path)
+    if origin is Literal:
+        if value not in args or (
+            isinstance(value, bool) != any(isinstance(a, bool) and a == value for a in args)
+        ):
+            raise ToolArgumentError(f"{path}: expected one of {list(args)!r}, got {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        problems = []
+        for arg in args:
+            try:
+                return coerce(value, arg, path)
+            except ToolArgumentError as error:
+                problems.append(str(error))
+        raise ToolArgumentError(
+            f"{path}: matches none of the allowed types ({'; '.join(problems)})"
+        )
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        try:
+            return annotation(value)
+        except Exception:  # ValueError, TypeError (unhashable), or a custom _missing_'s
+            allowed = [member.value for member in annotation]
+            raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}") from None
+    if isinstance(annotation, type) and attrs.has(annotation):
+        if not isinstance(value, dict):
+            raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
+        fields = {a.alias: a for a in attrs.fields(annotation) if a.init}
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            raise ToolArgumentError(f"{path}: unexpected field {unknown[0]!r}")
+        kwargs = {}
+        for alias, attribute in fields.items():
+            if alias in value:
+                kwargs[alias] = coerce(value[alias], attribute.type, f"{path}.{alias}")
+            elif attribute.default is attrs.NOTHING:
+                raise ToolArgumentError(f"{path}: missing field {alias!r}")
+        try:
+            return annotation(**kwargs)
+        except Exception as error:  # the class's validators and converters decide
+            raise ToolArgumentError(f"{path}: {error or type(error).__name__}") from None
+    if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
+        if not isinstance(value, list):
+            raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
+        item = args[0] if args else Any
+        items = [coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+        container = (
+            origin
+            if origin in (set, frozenset)
+            else annotation
+            if annotation in (set, frozenset)
+            else list
+        )
+        try:
+            return container(items)
+        except TypeError as error:
+            raise ToolArgumentError(f"{path}: a set cannot hold these items ({error})") from None
+    if annotation is tuple or origin is tuple:
+        if not isinstance(value, list):
+            raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
+        if not args or (len(args) == 2 and args[1] is Ellipsis):
+            item = args[0] if args else Any
+            return tuple(coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ToolArgumentError(f"{path}: expected {len(args)} items, got {len(value)}")
+        return tuple(
+            coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False))
+        )
+    if annotation is dict or origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
+        item = args[1] if args else Any
+        return {k: coerce(v, item, f"{path}.{k}") for k, v in value.items()}
+    raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def to_json(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return attrs.asdict(
+            value, recurse=True, value_serializer=lambda _i, _a, v: _to_json_value(v)
+        )
+    return _to_json_value(value)
+
+
+def _to_json_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
