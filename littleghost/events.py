@@ -57,7 +57,12 @@ class CompactionStarted:
 
 @frozen
 class CompactionFinished:
-    """A compaction attempt ended (``outcome``: ``completed`` or ``error``)."""
+    """A compaction attempt ended (``outcome``: ``completed`` or ``error``).
+
+    ``summary_outcome`` says how a summary it made came back: ``complete``,
+    ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or
+    ``retried_shorter`` (asked once more, shorter); ``None`` when it made none.
+    """
 
     reason: str
     outcome: str
@@ -65,6 +70,7 @@ class CompactionFinished:
     estimated_tokens_after: int | None
     error_type: str | None
     usage: Usage
+    summary_outcome: str | None = None
 
 
 @frozen

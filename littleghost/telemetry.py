@@ -61,6 +61,7 @@ COMPACTION_ESTIMATED_AFTER = "littleghost.compaction.estimated_tokens_after"
 COMPACTION_WINDOW = "littleghost.compaction.context_window_tokens"
 COMPACTION_SKIPPED = "littleghost.compaction.skipped_because"
 COMPACTION_FALLBACK = "littleghost.compaction.fallback"
+COMPACTION_SUMMARY = "littleghost.compaction.summary_outcome"
 
 _SETTING_ATTRIBUTES = {
     "max_tokens": REQUEST_MAX_TOKENS,

@@ -1,4 +1,5 @@
-"""Deterministic models for tests: a script of responses, errors and callables."""
+"""Test helpers: deterministic models (a script of responses, errors and callables), and
+``check_retention``, which measures the facts a compaction keeps."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.retention import Fact, FactCheck, RetentionReport, check_retention
 
 __all__ = [
+    "Fact",
+    "FactCheck",
+    "RetentionReport",
     "ScriptedModel",
     "Step",
     "Streamed",
+    "check_retention",
     "streamed",
     "text_response",
     "tool_call_response",

@@ -296,7 +296,9 @@ async def test_manage_context_compacts_proactively_as_the_conversation_outgrows_
     events = compactions(spans)
     assert events, "the conversation never reached the threshold"
     assert {event["littleghost.compaction.reason"] for event in events} == {"threshold"}
-    assert {event["littleghost.compaction.outcome"] for event in events} == {"completed"}
+    outcomes = {event["littleghost.compaction.outcome"] for event in events}
+    assert "completed" in outcomes
+    assert outcomes <= {"completed", "skipped"}  # skipped: waiting for growth (no thrash)
     summaries = [message for message in log if message.is_summary]
     assert summaries and all(summary.text.strip() for summary in summaries)
     # Every run completed, yet the whole conversation no longer fits the window.

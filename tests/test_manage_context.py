@@ -21,7 +21,11 @@ from littleghost import (
     tool,
 )
 from littleghost.context.management import ContextManagement
-from littleghost.context.summarize import SUMMARY_PREFIX
+from littleghost.context.summarize import (
+    DEFAULT_SUMMARY_INSTRUCTIONS,
+    DEFAULT_UPDATE_INSTRUCTIONS,
+    SUMMARY_PREFIX,
+)
 from littleghost.errors import (
     CleanupError,
     CompactionError,
@@ -361,7 +365,9 @@ class TestWhatIsSent:
         assert "User: check the order" in transcript
         assert 'Assistant called lookup_order({"order_id": "42"})' in transcript
         assert "Tool result (lookup_order): shipped" in transcript
-        assert transcript.rstrip().endswith("In a few sentences, what was this conversation about?")
+        assert transcript.startswith("Transcript:\n<<<\n") and transcript.endswith("\n>>>")
+        assert "?" not in transcript.split(">>>")[-1]  # nothing after the data: no question
+        assert summary_call.messages[0].text == DEFAULT_SUMMARY_INSTRUCTIONS
         assert not any(m.tool_calls or m.tool_results for m in summary_call.messages)
         assert summary_call.settings["temperature"] == 0 and summary_call.settings["seed"] == 3
         assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
@@ -641,9 +647,10 @@ class TestTheLog:
         assert not set(first.metadata[SUMMARY_COVERS_KEY]) & set(
             second.metadata[SUMMARY_COVERS_KEY]
         )
-        transcript = model.requests[2].messages[1].text
-        assert "Earlier summary: first" in transcript
-        assert "m question 0" not in transcript
+        update = model.requests[2].messages
+        assert update[0].text == DEFAULT_UPDATE_INSTRUCTIONS
+        assert update[1].text.startswith("Current notes:\n<<<\nfirst\n>>>\n\nConversation since:")
+        assert "m question 0" not in update[1].text
         sent = model.requests[3].messages
         assert [m.text for m in sent if m.is_summary] == [SUMMARY_PREFIX + "second"]
 
@@ -673,16 +680,16 @@ class TestTheLog:
 
 class TestFailures:
     @pytest.mark.parametrize(
-        ("step", "error_type"),
+        ("steps", "error_type"),
         [
-            (ProviderUnavailableError("down"), "ProviderUnavailableError"),
-            (text_response("half", stop_reason=StopReason.MAX_TOKENS), "OutputLimitError"),
-            (text_response("   "), "ProtocolError"),
-            (ContextWindowOverflowError("too long"), "context_length_exceeded"),
+            ([ProviderUnavailableError("down")], "ProviderUnavailableError"),
+            ([text_response("half", stop_reason=StopReason.MAX_TOKENS)] * 2, "OutputLimitError"),
+            ([text_response("   ")], "ProtocolError"),
+            ([ContextWindowOverflowError("too long")], "context_length_exceeded"),
         ],
     )
     async def test_a_failed_summary_leaves_the_request_unchanged(
-        self, spans: Spans, step: Any, error_type: str
+        self, spans: Spans, steps: list[Any], error_type: str
     ) -> None:
         """The run goes on with the original request; an error event is recorded."""
         history = chat(30)
@@ -690,7 +697,7 @@ class TestFailures:
         class NoRetry(Small):
             max_retries = 0
 
-        model = ScriptedModel([step, text_response("done")])
+        model = ScriptedModel([*steps, text_response("done")])
         result = await NoRetry(model=model).run("go", history=history)
         assert result.output == "done"
         sent = model.requests[-1].messages

@@ -247,7 +247,7 @@ async def test_summarization_folds_the_previous_summary_in() -> None:
     covers = summary.metadata["littleghost.summary.covers"]
     assert first[0].id in covers and log[-2].id in covers  # the summary, turn 3's result
     assert log[-1].id not in covers  # with turn 9, the newest four groups
-    assert "Earlier summary: first" in model.requests[1].messages[-1].text
+    assert model.requests[1].messages[-1].text.startswith("Current notes:\n<<<\nfirst\n>>>")
 
 
 async def test_summarization_uses_a_custom_prompt_and_the_given_complete() -> None:
@@ -275,7 +275,7 @@ async def test_summarization_with_nothing_new_to_summarize_does_nothing() -> Non
 async def test_a_failed_summary_raises() -> None:
     cut = text_response("half a sen", stop_reason=StopReason.MAX_TOKENS)
     with pytest.raises(OutputLimitError):
-        await apply_compaction(conversation(4), Summarization(model=ScriptedModel([cut])))
+        await apply_compaction(conversation(4), Summarization(model=ScriptedModel([cut, cut])))
     with pytest.raises(ConfigurationError, match=r"Summarization\(model=\.\.\.\)"):
         await apply_compaction(conversation(4), Summarization())
 

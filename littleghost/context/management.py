@@ -52,6 +52,8 @@ from littleghost.context.strategies import (
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
+    mask_tool_results,
+    prepared,
 )
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer, estimate_request
 from littleghost.context.triggers import messages_exceed, tokens_exceed
@@ -70,12 +72,14 @@ from littleghost.models.base import Model, ModelRequest, Usage
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
+    from littleghost.agent import Agent
     from littleghost.run import RunContext
 
 __all__ = [
     "AFTER_KEY",
     "REGROWTH",
     "ContextManagement",
+    "compact_log",
     "context_window",
     "estimate_tokens",
     "manage_context",
@@ -125,6 +129,10 @@ class ContextManagement:
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap; default a quarter of the window, at
             most 4 096; it must be under the window.
+        mask_tool_results: Before summarizing, replace tool results older than the newest
+            this many tool-call groups by a one-line placeholder (their text stays in the
+            log, but a later summary sees only the placeholder); no summary is made when
+            that is enough. ``None`` (default) does not mask.
         budget: A ``PromptBudget``: every request's view is first bounded to it.
         summarize: False never compacts with a model (needs ``budget``).
         strategy: How to compact, in place of the default summarizer (the threshold
@@ -172,6 +180,14 @@ class ContextManagement:
     )
     summary_max_tokens: int | None = field(
         default=None, validator=_optional_count("summary_max_tokens")
+    )
+    mask_tool_results: int | None = field(
+        default=None,
+        validator=_check(
+            "mask_tool_results",
+            lambda v: v is None or (is_int(v) and v >= 0),
+            "an int >= 0 or None",
+        ),
     )
     budget: PromptBudget | None = field(
         default=None,
@@ -709,6 +725,7 @@ async def _compact(
                 await _default(state, config, window, goal)
         finally:
             _run(context, config).scale = state.scale  # a summary call may have taught it
+        outcome.summary = state.summary_outcome
         if not state.records():
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "
@@ -750,15 +767,21 @@ def _goal(state: CompactionState, target: int, answer: int) -> int:
 async def _default(
     state: CompactionState, config: ContextManagement, window: int, goal: int
 ) -> None:
-    """The default compaction: when the preserved tail alone is over the goal, collapse
-    its older tool results first; then summarize about ``summary_ratio`` of the older
+    """The default compaction: with ``mask_tool_results``, mask older tool results first
+    (and stop when that reaches ``goal``); when the preserved tail alone is over the goal,
+    collapse its older tool results; then summarize about ``summary_ratio`` of the older
     conversation, more when needed to reach ``goal`` (estimated tokens)."""
+    fits = ~tokens_exceed(goal)
+    if config.mask_tool_results is not None:
+        await mask_tool_results(state, config.mask_tool_results, fits)
+        if fits(state):
+            return
     tail = sum(
         state.size(slot) for slot in range(state.protected, state.slots) if state.included(slot)
     )
     if tail > goal:
         protected, state.protected = state.protected, state.slots
-        await ToolResultCompaction(target=~tokens_exceed(goal)).compact(state)
+        await ToolResultCompaction(target=fits).compact(state)
         state.protected = protected
     conversation = sum(
         state.group(slot).count
@@ -770,9 +793,40 @@ async def _default(
         minimum_preserved=0,
         prompt=config.summary_instructions,
         max_tokens=config.summary_cap(window),
-        target=~tokens_exceed(goal) & ~messages_exceed(keep),
+        target=fits & ~messages_exceed(keep),
     )
     await summarizer.compact(state)
+
+
+async def compact_log(
+    agent: Agent, messages: Sequence[Message], *, share: float = 0.5
+) -> tuple[Message, ...]:
+    """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
+    whatever its threshold: its ``strategy`` when it has one, else the default summarizer
+    aiming at ``share`` of their estimate, the newest ``preserve_recent_messages`` kept.
+    Outside a run: the summary call has no span and no deadline; ``()`` when there was
+    nothing to compact.
+
+    Raises:
+        ConfigurationError: The agent's class has no ``@manage_context``.
+    """
+    config = agent.context_management
+    if config is None:
+        raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
+    model = agent.resolve_model()
+    window = context_window(model, config)
+    index = LogIndex.of(messages)
+    state = compaction_state(
+        index, config.tokenizer, complete=prepared(model), settings=agent.settings
+    )
+    kinds, members = index.layout.slots()
+    state.protected = _protected(kinds, members, config.preserve_recent_messages)
+    state.room = int(window * SUMMARY_FIT_MARGIN)
+    if config.strategy is not None:
+        await config.strategy.compact(state)
+    else:
+        await _default(state, config, window, int(state.tokens * share))
+    return state.records()
 
 
 def _estimate_after(
@@ -823,6 +877,8 @@ class _Outcome:
 
     after: int | None = None
     removed: int = 0
+    summary: str | None = None
+    """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
 
     def done(self, compacted: ModelRequest, after: int, removed: int) -> None:
         self.after, self.removed = after, removed
@@ -865,10 +921,17 @@ async def _attempt(
         outcome.after,
         None,
         fallback=fallback,
+        summary=outcome.summary,
     )
     await context.emit(
         CompactionFinished(
-            reason, "completed", outcome.removed, outcome.after, None, _since(before, context)
+            reason,
+            "completed",
+            outcome.removed,
+            outcome.after,
+            None,
+            _since(before, context),
+            outcome.summary,
         )
     )
 
@@ -892,6 +955,7 @@ def _event(
     *,
     fallback: bool = False,
     skipped: str | None = None,
+    summary: str | None = None,
 ) -> None:
     """The ``littleghost.context.compaction`` span event, and its log line (no content)."""
     attributes: dict[str, Any] = {
@@ -910,6 +974,8 @@ def _event(
         attributes[telemetry.COMPACTION_FALLBACK] = True
     if skipped is not None:
         attributes[telemetry.COMPACTION_SKIPPED] = skipped
+    if summary is not None:
+        attributes[telemetry.COMPACTION_SUMMARY] = summary
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     logger.info(
         "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",

@@ -36,11 +36,12 @@ from littleghost.context.records import (
     EXCLUSION,
 )
 from littleghost.context.summarize import (
-    DEFAULT_SUMMARY_INSTRUCTIONS,
+    call_arguments,
     excerpt,
     request_summary,
     summary_message,
     summary_request,
+    summary_text,
 )
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
 from littleghost.context.triggers import (
@@ -69,6 +70,9 @@ __all__ = [
     "ToolResultCompaction",
     "Truncation",
     "TurnExcerpts",
+    "mask_text",
+    "mask_tool_results",
+    "prepared",
 ]
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -112,6 +116,7 @@ class CompactionState:
         "room",
         "scale",
         "settings",
+        "summary_outcome",
         "tokenizer",
         "tool_call_groups",
         "turns",
@@ -149,6 +154,8 @@ class CompactionState:
         self.room = room
         self.real: dict[str, int] = {}
         """The size in the model's own tokens of records whose size the model reported."""
+        self.summary_outcome: str | None = None
+        """How the summary made here came back (``SUMMARY_COMPLETE``, ...), if one was."""
         self.messages = sum(map(len, self._members))
         self.groups = len(self._kinds)
         self.turns = self._kinds.count(USER)
@@ -546,6 +553,39 @@ def collapse_text(group: MessageGroup, max_result_chars: int) -> str:
     return f"{text}\n{line}" if text else line
 
 
+MASKED_CALL_CHARS = 120
+"""How much of a masked tool call (its name and arguments) the placeholder keeps."""
+
+
+def mask_text(group: MessageGroup) -> str:
+    """The one-line placeholder of a masked tool-call group: the calls, cut to
+    ``MASKED_CALL_CHARS``, and the size of what was left out:
+    ``[Tool results omitted to save context: lookup_order({"id": "A-12"}) (412 characters)]``."""
+    head = group.messages[0]
+    sizes = {
+        result.call_id: len(result.content)
+        for message in group.messages[1:]
+        for result in message.tool_results
+    }
+    items = [
+        f"{cut_middle(f'{call.name}({call_arguments(call.arguments)})', MASKED_CALL_CHARS)} "
+        f"({sizes.get(call.id, 0)} characters)"
+        for call in head.tool_calls
+    ]
+    line = f"[Tool results omitted to save context: {'; '.join(items)}]"
+    text = head.text.strip()
+    return f"{text}\n{line}" if text else line
+
+
+async def mask_tool_results(state: CompactionState, keep: int, target: Trigger) -> None:
+    """Observation masking: replace each tool-call group older than the newest ``keep``
+    by its one-line placeholder (``mask_text``), oldest first, until ``target`` holds.
+    The results stay in the log; a later summary sees only the placeholder."""
+    await _tool_groups(
+        state, keep, always, target, lambda slot: state.collapse(slot, mask_text(state.group(slot)))
+    )
+
+
 async def _tool_groups(
     state: CompactionState,
     keep: int,
@@ -684,7 +724,7 @@ def _prompt(value: object) -> None:
         )
 
 
-def _prepared(model: Model) -> Complete:
+def prepared(model: Model) -> Complete:
     """``model.respond``, after the model's optional ``prepare()`` (outside a run)."""
 
     async def call(request: ModelRequest) -> ModelResponse:
@@ -732,19 +772,26 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 class Summarization:
     """Replace the oldest non-system groups by one summary written by a model.
 
-    Groups are taken oldest first (a previous summary first, so it is folded in) until
-    the target holds as if they were gone, leaving the newest ``minimum_preserved``;
-    then one summary call covers them all. Nothing happens when only a previous
-    summary would be taken. The summary request is fitted to the state's ``room``, in
-    real tokens: long transcript items are clipped (head and tail kept), then the output
-    cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then fewer groups are taken; when not
-    even one group fits, ``CompactionError``. The summary is appended to the log as a
-    marked message (DESIGN §3) and shown before the first non-trusted message. A failed
-    summary call (an error, an empty answer, a summary cut at ``max_tokens``) raises.
+    With ``mask_tool_results``, tool results older than the newest that many tool-call
+    groups are first masked (``mask_tool_results()``), and no summary is made when that
+    is enough. Then groups are taken oldest first until the target holds as if they were
+    gone, leaving the newest ``minimum_preserved``, and one summary call covers them
+    all. When a previous summary is among them, the call updates it: its text is given
+    as the current notes, and the transcript holds only what it does not cover. Nothing
+    happens when only a previous summary would be taken. The summary request is fitted
+    to the state's ``room``, in real tokens: long transcript items are clipped (head and
+    tail kept), then the output cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then
+    fewer groups are taken; when not even one group fits, ``CompactionError``. A
+    summary that reaches its cap keeps its complete lines, or is asked for once more,
+    shorter (``state.summary_outcome`` says which). The summary is appended to the log
+    as a marked message (DESIGN §3) and shown before the first non-trusted message. A
+    failed summary call (an error, an empty answer, nothing usable twice) raises.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
-        prompt: The summarizer's instructions (default: the built-in ones).
+        prompt: Replaces the summarizer's instruction (for a first summary and an
+            update alike; default: ``DEFAULT_SUMMARY_INSTRUCTIONS`` and
+            ``DEFAULT_UPDATE_INSTRUCTIONS``).
         model: The model that writes the summary; default the agent's model (inside a
             run) — ad hoc use needs one.
         trigger: Start only when this holds (default ``always``).
@@ -752,6 +799,8 @@ class Summarization:
             holds; with ``always``, take all but ``minimum_preserved``).
         max_tokens: The summary's output cap (>= 1, default 1 024).
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
+        mask_tool_results: Mask tool results beyond the newest this many tool-call groups
+            before summarizing (>= 0), or ``None`` (default) not to mask.
     """
 
     minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
@@ -763,6 +812,9 @@ class Summarization:
     )
     max_tokens: int = field(default=1_024, validator=count("Summarization.max_tokens", 1))
     max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
+    mask_tool_results: int | None = field(
+        default=None, validator=optional(count("Summarization.mask_tool_results"))
+    )
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
@@ -770,6 +822,10 @@ class Summarization:
             return
         complete = self._complete(state)
         target = _target(self.trigger, self.target)
+        if self.mask_tool_results is not None:
+            await mask_tool_results(state, self.mask_tool_results, target)
+            if target(state):
+                return
         taken: list[int] = []
         for slot in state.candidates(state.newest(self.minimum_preserved)):
             if target(state):
@@ -782,20 +838,21 @@ class Summarization:
             return
         request = self._fitted(state, taken)
         try:
-            text, tokens = await request_summary(request, complete)
+            summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
             if not _recalibrate(state, request, error):
                 raise
             request = self._fitted(state, taken)  # once more, fitted in the units it showed
-            text, tokens = await request_summary(request, complete)
-        state.summarize(taken, text, tokens=tokens)
+            summary = await request_summary(request, complete)
+        state.summarize(taken, summary.text, tokens=summary.tokens)
+        state.summary_outcome = summary.outcome
 
     def _complete(self, state: CompactionState) -> Complete:
         complete = state.complete
         if complete is not None and self.model is not None:  # inside a run: traced, counted
             return _with_model(complete, self.model)
         if complete is None and self.model is not None:
-            return _prepared(self.model)
+            return prepared(self.model)
         if complete is None:
             raise ConfigurationError(
                 "Summarization needs a model outside a run: Summarization(model=...)"
@@ -805,21 +862,31 @@ class Summarization:
     def _fitted(self, state: CompactionState, taken: list[int]) -> ModelRequest:
         """The summary request for ``taken`` (oldest first) that fits the state's room;
         the newest taken groups are given back while it cannot."""
-        instructions = self.prompt or DEFAULT_SUMMARY_INSTRUCTIONS
         clips = sorted(
             {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
             reverse=True,
         )
+        notes = [
+            summary_text(state.group(slot).messages[0])
+            for slot in taken
+            if state.kind(slot) == SUMMARY
+        ]
         cap = self.max_tokens
         while True:
-            covered = [message for slot in taken for message in state.group(slot).messages]
+            covered = [
+                message
+                for slot in taken
+                if state.kind(slot) != SUMMARY
+                for message in state.group(slot).messages
+            ]
             for clip in clips:
                 request = summary_request(
                     covered,
-                    instructions=instructions,
+                    instructions=self.prompt,
                     settings=state.settings,
                     max_tokens=cap,
                     max_item_chars=clip,
+                    notes="\n".join(notes) if notes else None,
                 )
                 if state.fits(request):
                     return request

@@ -1,0 +1,143 @@
+"""A fact-retention check: compact a conversation as an agent would, then ask about it.
+
+``check_retention`` forces one compaction of a conversation with the agent's own
+``@manage_context`` (its strategy, or the default summarizer with its instructions, cap
+and masking), then asks each probe question with the compacted log as history and
+reports, per fact, whether its expected value is still in what the model sees and
+whether the answer gives it. Teams use it to test their summarizer instructions and
+strategies on their own conversations (``littleghost.testing`` exports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from attrs import field, frozen
+
+from littleghost.context.management import compact_log
+from littleghost.context.summarize import summary_text
+from littleghost.context.view import build_view
+from littleghost.errors import ConfigurationError
+from littleghost.messages import Message
+
+if TYPE_CHECKING:
+    from littleghost.agent import Agent
+
+__all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
+
+
+def _spellings(value: str | Sequence[str]) -> tuple[str, ...]:
+    spellings = (value,) if isinstance(value, str) else tuple(value)
+    if not spellings or not all(isinstance(s, str) and s.strip() for s in spellings):
+        raise ConfigurationError(
+            f"Fact.expected must be a non-empty str or a sequence of them, not {value!r}"
+        )
+    return spellings
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+@frozen
+class Fact:
+    """A fact the conversation gave, and how to ask for it.
+
+    Args:
+        question: The probe question, asked after the compaction.
+        expected: The value an answer must contain (case and spacing ignored), or
+            several accepted spellings of it.
+    """
+
+    question: str
+    expected: tuple[str, ...] = field(converter=_spellings)
+
+    def found_in(self, text: str) -> bool:
+        """True when ``text`` contains one of the expected spellings."""
+        haystack = _normal(text)
+        return any(_normal(spelling) in haystack for spelling in self.expected)
+
+
+@frozen
+class FactCheck:
+    """What became of one fact.
+
+    Attributes:
+        fact: The fact.
+        in_view: Its value is in what the model sees after the compaction.
+        answered: The answer to its question contains its value.
+        answer: That answer.
+    """
+
+    fact: Fact
+    in_view: bool
+    answered: bool
+    answer: str
+
+
+@frozen
+class RetentionReport:
+    """The outcome of ``check_retention``.
+
+    Attributes:
+        checks: One per fact, in order.
+        records: What the compaction appended (empty: nothing was compacted).
+        summary: The summary it wrote, if any.
+    """
+
+    checks: tuple[FactCheck, ...]
+    records: tuple[Message, ...]
+    summary: str | None
+
+    @property
+    def kept(self) -> int:
+        """How many facts are still in what the model sees."""
+        return sum(check.in_view for check in self.checks)
+
+    @property
+    def answered(self) -> int:
+        """How many probe questions the agent answered with the expected value."""
+        return sum(check.answered for check in self.checks)
+
+    def __str__(self) -> str:
+        lines = [
+            f"facts kept in view: {self.kept}/{len(self.checks)}; "
+            f"answered: {self.answered}/{len(self.checks)}"
+        ]
+        for check in self.checks:
+            marks = f"{'kept' if check.in_view else 'LOST'} {'ok' if check.answered else 'MISS'}"
+            lines.append(f"  {marks:9} {check.fact.question} -> {check.fact.expected[0]}")
+        return "\n".join(lines)
+
+
+async def check_retention(
+    agent: Agent, conversation: Sequence[Message], facts: Sequence[Fact]
+) -> RetentionReport:
+    """Compact ``conversation`` once with ``agent``'s context management (whatever its
+    threshold), then ask each fact's question in a run with the compacted log as
+    history (one run per question, each from the same log).
+
+    Raises:
+        ConfigurationError: The agent's class has no ``@manage_context``, or ``facts``
+            is empty.
+    """
+    if not facts:
+        raise ConfigurationError("check_retention needs at least one Fact")
+    records = await compact_log(agent, conversation)
+    log = (*conversation, *records)
+    seen = "\n".join(_text(message) for message in build_view(log))
+    summaries = [summary_text(record) for record in records if record.is_summary]
+    checks = []
+    for fact in facts:
+        answer = (await agent.run(fact.question, history=log)).output
+        checks.append(FactCheck(fact, fact.found_in(seen), fact.found_in(answer), answer))
+    return RetentionReport(tuple(checks), records, summaries[-1] if summaries else None)
+
+
+def _text(message: Message) -> str:
+    """All a model reads of ``message``: its text, tool calls and results."""
+    parts = [message.text]
+    parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
+    parts.extend(result.content for result in message.tool_results)
+    return "\n".join(parts)
