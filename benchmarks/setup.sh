@@ -4,4 +4,5 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 python3 -m venv "$here/.env"
 "$here/.env/bin/pip" install --quiet --upgrade pip
-"$here/.env/bin/pip" install --quiet -e "$here/.." agent-framework-core langchain-core
+"$here/.env/bin/pip" install --quiet -e "$here/..[local]" agent-framework-core langchain-core \
+    langchain langchain-openai

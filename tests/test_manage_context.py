@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,7 +22,7 @@ from littleghost import (
 from littleghost.context.management import ContextManagement
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
-    DEFAULT_UPDATE_INSTRUCTIONS,
+    SUMMARY_FRAMING,
     SUMMARY_PREFIX,
 )
 from littleghost.errors import (
@@ -41,36 +40,9 @@ from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
+from .conversations import PerMessage, chat, summary_step
 
 pytestmark = pytest.mark.anyio
-
-
-class PerMessage:
-    """One token per counted text: the estimate is the number of messages (+ extras)."""
-
-    def count_tokens(self, text: str) -> int:
-        return 1
-
-
-def chat(pairs: int, prefix: str = "m") -> list[Message]:
-    """``pairs`` user/assistant exchanges."""
-    messages: list[Message] = []
-    for index in range(pairs):
-        messages.append(Message.user(f"{prefix} question {index}"))
-        messages.append(Message.assistant(f"{prefix} answer {index}"))
-    return messages
-
-
-def summary_step(
-    text: str = "They talked.", **usage: int
-) -> Callable[[ModelRequest], ModelResponse]:
-    """A script step that checks it is a summary call and answers ``text``."""
-
-    def answer(request: ModelRequest) -> ModelResponse:
-        assert request.purpose == "context_compaction"
-        return text_response(text, **usage)
-
-    return answer
 
 
 def compaction_events(spans: Spans) -> list[dict[str, Any]]:
@@ -365,9 +337,9 @@ class TestWhatIsSent:
         assert "User: check the order" in transcript
         assert 'Assistant called lookup_order({"order_id": "42"})' in transcript
         assert "Tool result (lookup_order): shipped" in transcript
-        assert transcript.startswith("Transcript:\n<<<\n") and transcript.endswith("\n>>>")
-        assert "?" not in transcript.split(">>>")[-1]  # nothing after the data: no question
-        assert summary_call.messages[0].text == DEFAULT_SUMMARY_INSTRUCTIONS
+        assert transcript.startswith("Transcript:\n<<<\n")
+        assert transcript.endswith("\n>>>\n\n" + DEFAULT_SUMMARY_INSTRUCTIONS)  # no question
+        assert summary_call.messages[0].text == SUMMARY_FRAMING
         assert not any(m.tool_calls or m.tool_results for m in summary_call.messages)
         assert summary_call.settings["temperature"] == 0 and summary_call.settings["seed"] == 3
         assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
@@ -389,7 +361,7 @@ class TestWhatIsSent:
         model = ScriptedModel([summary_step(), text_response("done")])
         await Custom(model=model).run("go", history=chat(30))
         assert model.requests[0].settings["max_tokens"] == 7
-        assert model.requests[0].messages[0].text == "Sum it up."
+        assert model.requests[0].messages[-1].text.endswith(">>>\n\nSum it up.")
 
     async def test_compacted_request_keeps_trusted_messages_and_recent_ones(self) -> None:
         """System/developer messages stay; the summary precedes the kept conversation."""
@@ -630,7 +602,8 @@ class TestTheLog:
         assert not covered & {m.id for m in sent}
 
     async def test_a_later_compaction_folds_the_previous_summary_in(self) -> None:
-        """The second summary covers the first; no original is summarized twice."""
+        """The second summary covers the first and carries its notes forward; no original
+        is summarized twice."""
         model = ScriptedModel(
             [
                 summary_step("first"),
@@ -648,11 +621,10 @@ class TestTheLog:
             second.metadata[SUMMARY_COVERS_KEY]
         )
         update = model.requests[2].messages
-        assert update[0].text == DEFAULT_UPDATE_INSTRUCTIONS
-        assert update[1].text.startswith("Current notes:\n<<<\nfirst\n>>>\n\nConversation since:")
-        assert "m question 0" not in update[1].text
+        assert update[1].text.startswith("Transcript:\n<<<\n")
+        assert "m question 0" not in update[1].text and "first" not in update[1].text
         sent = model.requests[3].messages
-        assert [m.text for m in sent if m.is_summary] == [SUMMARY_PREFIX + "second"]
+        assert [m.text for m in sent if m.is_summary] == [SUMMARY_PREFIX + "first\nsecond"]
 
     async def test_only_the_previous_summary_left_means_no_summary_call(self, spans: Spans) -> None:
         """When the kept tail alone is over the threshold, nothing is sent to summarize."""

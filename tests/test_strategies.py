@@ -247,7 +247,8 @@ async def test_summarization_folds_the_previous_summary_in() -> None:
     covers = summary.metadata["littleghost.summary.covers"]
     assert first[0].id in covers and log[-2].id in covers  # the summary, turn 3's result
     assert log[-1].id not in covers  # with turn 9, the newest four groups
-    assert model.requests[1].messages[-1].text.startswith("Current notes:\n<<<\nfirst\n>>>")
+    assert "first" not in model.requests[1].messages[-1].text  # only what is new
+    assert summary.text.endswith("first\nsecond")  # the earlier notes carried forward
 
 
 async def test_summarization_uses_a_custom_prompt_and_the_given_complete() -> None:
@@ -261,8 +262,8 @@ async def test_summarization_uses_a_custom_prompt_and_the_given_complete() -> No
     )
     assert records[0].is_summary
     request = model.requests[0]
-    assert request.messages[0].text == "Only the cities."
-    assert request.settings == {"temperature": 0.1, "max_tokens": 1024}
+    assert request.messages[-1].text.endswith(">>>\n\nOnly the cities.")
+    assert request.settings == {"temperature": 0.1, "max_tokens": 64}  # a short transcript
 
 
 async def test_summarization_with_nothing_new_to_summarize_does_nothing() -> None:

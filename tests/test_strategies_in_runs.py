@@ -20,13 +20,9 @@ from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.testing import ScriptedModel, text_response
 
 from .conftest import Spans
+from .conversations import PerMessage
 
 pytestmark = pytest.mark.anyio
-
-
-class PerMessage:
-    def count_tokens(self, text: str) -> int:
-        return 1
 
 
 def chat(pairs: int) -> list[Message]:

@@ -25,13 +25,9 @@ from littleghost.stream import StreamStateError
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 from .conftest import Spans
+from .conversations import PerMessage
 
 pytestmark = pytest.mark.anyio
-
-
-class PerMessage:
-    def count_tokens(self, text: str) -> int:
-        return 1
 
 
 @manage_context(

@@ -1,9 +1,8 @@
-"""What the default summary asks for and keeps: one instruction in a fixed structure, an
-update of the previous notes, a summary cut at its cap, and observation masking."""
+"""What the default summary asks for and keeps: one instruction after the data, notes
+anchored (new notes appended, full notes rewritten), a summary cut at its cap, repeated
+lines dropped, and observation masking."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
@@ -12,40 +11,18 @@ from littleghost.context import Summarization, apply_compaction, tokens_exceed
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     DEFAULT_UPDATE_INSTRUCTIONS,
+    SUMMARY_FRAMING,
     SUMMARY_PREFIX,
+    summary_message,
 )
 from littleghost.errors import ConfigurationError
 from littleghost.events import CompactionFinished
-from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.models import StopReason
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
+from .conversations import PerMessage, chat, summary_step
+
 pytestmark = pytest.mark.anyio
-
-
-class PerMessage:
-    """One token per counted text."""
-
-    def count_tokens(self, text: str) -> int:
-        return 1
-
-
-def chat(pairs: int, prefix: str = "m") -> list[Message]:
-    return [
-        message
-        for index in range(pairs)
-        for message in (
-            Message.user(f"{prefix} question {index}"),
-            Message.assistant(f"{prefix} answer {index}"),
-        )
-    ]
-
-
-def summary(text: str, stop: StopReason = StopReason.END_TURN) -> Any:
-    def answer(request: ModelRequest) -> ModelResponse:
-        assert request.purpose == "context_compaction"
-        return text_response(text, stop_reason=stop)
-
-    return answer
 
 
 @manage_context(
@@ -69,17 +46,20 @@ async def outcomes(agent: Agent, text: str, history: list[Message]) -> list[str 
 
 
 class TestTheRequest:
-    async def test_one_instruction_in_a_fixed_structure_and_only_data_after_it(self) -> None:
-        model = ScriptedModel([summary("Goal: x"), text_response("done")])
+    async def test_the_data_then_one_instruction_asking_for_facts_copied_exactly(self) -> None:
+        model = ScriptedModel([summary_step("- order A-1"), text_response("done")])
         await Small(model=model).run("go", history=chat(30))
-        instruction, data = model.requests[0].messages
-        assert instruction.text == DEFAULT_SUMMARY_INSTRUCTIONS
-        for heading in ("Goal:", "Facts:", "Decisions:", "Open:"):
-            assert heading in instruction.text
-        assert "copied exactly" in instruction.text
-        assert data.text.startswith("Transcript:\n<<<\n") and data.text.endswith("\n>>>")
+        framing, data = model.requests[0].messages
+        assert framing.text == SUMMARY_FRAMING
+        assert data.text.startswith("Transcript:\n<<<\n")
+        assert data.text.endswith("\n>>>\n\n" + DEFAULT_SUMMARY_INSTRUCTIONS)
+        for asked in ("bulleted list", "copied exactly", "what the user wants", "still open"):
+            assert asked in DEFAULT_SUMMARY_INSTRUCTIONS
+        assert "?" not in DEFAULT_SUMMARY_INSTRUCTIONS + SUMMARY_FRAMING  # no closing question
 
-    async def test_summary_instructions_replace_the_instruction_for_updates_too(self) -> None:
+    async def test_summary_instructions_replace_the_instruction_for_later_notes_too(
+        self,
+    ) -> None:
         @manage_context(
             context_window_tokens=100,
             compression_threshold=0.5,
@@ -91,39 +71,94 @@ class TestTheRequest:
             pass
 
         model = ScriptedModel(
-            [summary("Paris"), text_response("one"), summary("Paris, Oslo"), text_response("two")]
+            [
+                summary_step("Paris"),
+                text_response("one"),
+                summary_step("Oslo"),
+                text_response("two"),
+            ]
         )
         agent = Cities(model=model)
         one = await agent.run("go", history=chat(30))
         await agent.run("again", history=[*one.messages, *chat(20, "more")])
-        first, update = model.requests[0], model.requests[2]
-        assert [m.text for m in first.messages[:1]] == ["List the cities."]
-        assert [m.text for m in update.messages[:1]] == ["List the cities."]
-        assert len(first.messages) == len(update.messages) == 2
+        for request in (model.requests[0], model.requests[2]):
+            _framing, data = request.messages
+            assert data.text.endswith(">>>\n\nList the cities.")
+            assert DEFAULT_SUMMARY_INSTRUCTIONS not in data.text
+        sent = [m.text for m in model.requests[3].messages if m.is_summary]
+        assert sent == [SUMMARY_PREFIX + "Paris\nOslo"]
 
-    async def test_a_later_compaction_updates_the_notes_with_their_facts(self) -> None:
-        notes = "Goal: replace a router\nFacts:\n- order A-1234\n- paid 89.90 EUR"
+
+class TestAnchoredNotes:
+    async def test_later_notes_cover_only_what_is_new_and_are_appended(self) -> None:
+        notes = "- order A-1234\n- paid 89.90 EUR"
         model = ScriptedModel(
-            [summary(notes), text_response("one"), summary(notes + "\n- new"), text_response("2")]
+            [
+                summary_step(notes),
+                text_response("one"),
+                summary_step("- Paid 89.90  EUR\n- new router B-9"),
+                text_response("two"),
+            ]
         )
         agent = Small(model=model)
         one = await agent.run("go", history=chat(30))
-        await agent.run("again", history=[*one.messages, *chat(20, "more")])
-        instruction, data = model.requests[2].messages
-        assert instruction.text == DEFAULT_UPDATE_INSTRUCTIONS
-        assert data.text.startswith(f"Current notes:\n<<<\n{notes}\n>>>\n\nConversation since:")
-        since = data.text.split("Conversation since:")[1]
-        assert "more question 0" in since and "m question 0" not in since
-        assert SUMMARY_PREFIX not in data.text
+        two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
+        _framing, data = model.requests[2].messages
+        assert data.text.startswith("Transcript:\n<<<\n")
+        assert data.text.endswith(DEFAULT_SUMMARY_INSTRUCTIONS)
+        assert "A-1234" not in data.text and "m question 0" not in data.text
+        assert "more question 0" in data.text
+        merged = SUMMARY_PREFIX + notes + "\n- new router B-9"  # the repeated line dropped
+        assert [m.text for m in model.requests[3].messages if m.is_summary] == [merged]
+        first, second = [m for m in two.messages if m.is_summary]
+        assert second.text == merged and first.text == SUMMARY_PREFIX + notes
+
+    async def test_notes_that_reached_the_cap_are_rewritten_within_half_of_it(self) -> None:
+        full = "\n".join(f"- fact {index}: value V-{index:04d}" for index in range(40))
+        history = [summary_message(full, ["gone"]), *chat(8)]
+        model = ScriptedModel([summary_step("- fact 0: value V-0000\n- open: none")])
+        view = await apply_compaction(history, Summarization(model=model, max_tokens=200))
+        (request,) = model.requests
+        data = request.messages[1].text
+        assert data.startswith(f"Current notes:\n<<<\n{full}\n>>>\n\nConversation since:")
+        assert data.endswith(DEFAULT_UPDATE_INSTRUCTIONS)
+        assert request.settings["max_tokens"] == 100
+        assert view[0].text == SUMMARY_PREFIX + "- fact 0: value V-0000\n- open: none"
+
+    async def test_notes_under_the_cap_are_not_rewritten(self) -> None:
+        history = [summary_message("- order A-1", ["gone"]), *chat(8)]
+        model = ScriptedModel([summary_step("- city Oslo")])
+        view = await apply_compaction(history, Summarization(model=model, max_tokens=200))
+        data = model.requests[0].messages[1].text
+        assert data.startswith("Transcript:\n<<<\n") and "A-1" not in data
+        assert model.requests[0].settings["max_tokens"] == 64  # the floor, for 3 short turns
+        assert view[0].text == SUMMARY_PREFIX + "- order A-1\n- city Oslo"
 
 
 class TestTheOutputCap:
+    async def test_the_cap_is_at_most_half_of_what_the_summary_replaces(self) -> None:
+        async def cap(words: int, max_tokens: int = 4_096) -> int:
+            text = " ".join(f"w{index:04d}" for index in range(words))
+            model = ScriptedModel([summary_step("- a")])
+            log = [Message.user(text), Message.assistant(text), *chat(2)]
+            strategy = Summarization(model=model, minimum_preserved=2, max_tokens=max_tokens)
+            await apply_compaction(log, strategy)
+            return int(model.requests[0].settings["max_tokens"])
+
+        assert await cap(1) == 64  # the floor
+        assert await cap(2_000, max_tokens=100) == 100  # max_tokens when half is more
+        one, two, three = await cap(400), await cap(800), await cap(1_200)
+        assert 64 < one < two < three < 4_096
+        assert abs((three - two) - (two - one)) <= 2  # in proportion to what is replaced
+
     async def test_a_complete_summary_is_kept_whole(self) -> None:
-        model = ScriptedModel([summary("Goal: x\nFacts:\n- a"), text_response("done")])
+        model = ScriptedModel([summary_step("Goal: x\nFacts:\n- a"), text_response("done")])
         assert await outcomes(Small(model=model), "go", chat(30)) == ["complete"]
 
     async def test_a_cut_summary_keeps_its_complete_lines(self) -> None:
-        cut = summary("Goal: router\nFacts:\n- order A-1234\n- paid 89.", StopReason.MAX_TOKENS)
+        cut = summary_step(
+            "Goal: router\nFacts:\n- order A-1234\n- paid 89.", StopReason.MAX_TOKENS
+        )
         model = ScriptedModel([cut, text_response("done")])
         agent = Small(model=model)
         assert await outcomes(agent, "go", chat(30)) == ["cut_at_cap"]
@@ -133,16 +168,16 @@ class TestTheOutputCap:
     async def test_a_cut_summary_with_only_headings_is_asked_for_once_more_shorter(self) -> None:
         model = ScriptedModel(
             [
-                summary("Goal:\nFacts:\n- ord", StopReason.MAX_TOKENS),
-                summary("Goal: router"),
+                summary_step("Goal:\nFacts:\n- ord", StopReason.MAX_TOKENS),
+                summary_step("Goal: router"),
                 text_response("done"),
             ]
         )
         assert await outcomes(Small(model=model), "go", chat(30)) == ["retried_shorter"]
         first, second = model.requests[0], model.requests[1]
-        assert second.messages[1].text == first.messages[1].text  # the same transcript
-        assert second.messages[0].text.startswith(first.messages[0].text)
-        assert "Keep the notes short: at most about 12 words." in second.messages[0].text
+        assert second.messages[0].text == first.messages[0].text
+        asked = first.messages[1].text + " Keep the notes short: at most about 12 words."
+        assert second.messages[1].text == asked  # the same data and instruction, then this
         sent = [m.text for m in model.requests[2].messages if m.is_summary]
         assert sent == [SUMMARY_PREFIX + "Goal: router"]
 
@@ -190,7 +225,7 @@ class TestMasking:
             pass
 
         history = [*tool_history(6, 600), *chat(20, "long " * 40)]
-        model = ScriptedModel([summary("Goal: orders"), text_response("done")])
+        model = ScriptedModel([summary_step("Goal: orders"), text_response("done")])
         await Masked(model=model).run("And now?", history=history)
         transcript = model.requests[0].messages[1].text
         assert '[Tool results omitted to save context: lookup({"order": "A-0"})' in transcript
@@ -205,7 +240,7 @@ class TestMasking:
         )
         assert len([m for m in view if m.text.startswith("[Tool results omitted")]) == 2
         assert quiet.requests == []
-        busy = ScriptedModel([summary("Goal: orders")])
+        busy = ScriptedModel([summary_step("Goal: orders")])
         view = await apply_compaction(
             history, Summarization(model=busy, mask_tool_results=2, trigger=tokens_exceed(100))
         )
@@ -226,7 +261,7 @@ class TestCheckRetention:
     async def test_reports_which_facts_the_compaction_kept_and_the_agent_gave(self) -> None:
         model = ScriptedModel(
             [
-                summary("Goal: a refund\nFacts:\n- order A-1234"),
+                summary_step("Goal: a refund\nFacts:\n- order A-1234"),
                 text_response("Your order is a-1234."),
                 text_response("I do not know where you live."),
             ]
@@ -250,3 +285,11 @@ class TestCheckRetention:
             await check_retention(Small(model=ScriptedModel([])), chat(3), [])
         with pytest.raises(ConfigurationError, match=r"Fact\.expected"):
             Fact("?", "")
+
+
+async def test_echoed_delimiters_and_repeated_lines_are_not_kept_in_the_summary() -> None:
+    written = "<<<\n- Open: none\n- router A-1\n-  open:   NONE\n- Open: none\n>>>"
+    model = ScriptedModel([summary_step(written), text_response("done")])
+    result = await Small(model=model).run("go", history=chat(30))
+    kept = SUMMARY_PREFIX + "- Open: none\n- router A-1"
+    assert [m.text for m in result.messages if m.is_summary] == [kept]

@@ -38,7 +38,9 @@ from littleghost.context.records import (
 from littleghost.context.summarize import (
     call_arguments,
     excerpt,
+    merged_notes,
     request_summary,
+    summary_instruction,
     summary_message,
     summary_request,
     summary_text,
@@ -228,15 +230,17 @@ class CompactionState:
             and s not in pinned
         ]
 
-    def fits(self, request: ModelRequest) -> bool:
-        """True when ``request`` (a summary call: instructions, then the transcript) fits
-        ``room``, its answer included; ``scale`` applies to the transcript, the
-        conversation's own text."""
+    def fits(self, request: ModelRequest, instruction: str = "") -> bool:
+        """True when ``request`` (a summary call: a framing, then the data and the
+        ``instruction`` after it) fits ``room``, its answer included; ``scale`` applies
+        to the data, the conversation's own text, not to the framing and instruction."""
         if self.room is None:
             return True
         estimate = self._estimate
-        instructions, *rest = request.messages
-        prompt = estimate(instructions) + math.ceil(self.scale * sum(map(estimate, rest)))
+        framing, *rest = request.messages
+        fixed = self.tokenizer.count_tokens(instruction) if instruction else 0
+        data = max(0, sum(map(estimate, rest)) - fixed)
+        prompt = estimate(framing) + fixed + math.ceil(self.scale * data)
         return prompt + (request.max_tokens or 0) <= self.room
 
     def stands_for(self, slot: int) -> list[str]:
@@ -776,10 +780,14 @@ class Summarization:
     groups are first masked (``mask_tool_results()``), and no summary is made when that
     is enough. Then groups are taken oldest first until the target holds as if they were
     gone, leaving the newest ``minimum_preserved``, and one summary call covers them
-    all. When a previous summary is among them, the call updates it: its text is given
-    as the current notes, and the transcript holds only what it does not cover. Nothing
-    happens when only a previous summary would be taken. The summary request is fitted
-    to the state's ``room``, in real tokens: long transcript items are clipped (head and
+    all. When previous summaries are among them, their notes are anchored: the call
+    writes notes on the rest only, and those are appended to the earlier notes (lines
+    already there dropped), so what was noted is carried forward exactly; only notes
+    that reached ``max_tokens`` are rewritten, given as the current notes with the rest
+    (``DEFAULT_UPDATE_INSTRUCTIONS``), within half of ``max_tokens``. A summary's
+    output cap is at most half of what it replaces. Nothing happens when only a
+    previous summary would be taken. The summary request is fitted to the state's
+    ``room``, in real tokens: long transcript items are clipped (head and
     tail kept), then the output cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then
     fewer groups are taken; when not even one group fits, ``CompactionError``. A
     summary that reaches its cap keeps its complete lines, or is asked for once more,
@@ -789,8 +797,8 @@ class Summarization:
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
-        prompt: Replaces the summarizer's instruction (for a first summary and an
-            update alike; default: ``DEFAULT_SUMMARY_INSTRUCTIONS`` and
+        prompt: Replaces the summarizer's instruction (for new notes and a rewrite
+            alike; default: ``DEFAULT_SUMMARY_INSTRUCTIONS`` and
             ``DEFAULT_UPDATE_INSTRUCTIONS``).
         model: The model that writes the summary; default the agent's model (inside a
             run) — ad hoc use needs one.
@@ -836,15 +844,22 @@ class Summarization:
             for slot in taken:
                 state.restore(slot)
             return
-        request = self._fitted(state, taken)
+        earlier = [slot for slot in taken if state.kind(slot) == SUMMARY]
+        notes = "\n".join(summary_text(state.group(slot).messages[0]) for slot in earlier)
+        full = math.ceil(state.scale * sum(map(state.size, earlier))) >= self.max_tokens
+        rewrite = notes if earlier and full else None
+        request = self._fitted(state, taken, rewrite)
         try:
             summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
             if not _recalibrate(state, request, error):
                 raise
-            request = self._fitted(state, taken)  # once more, fitted in the units it showed
+            request = self._fitted(state, taken, rewrite)  # fitted in the units it showed
             summary = await request_summary(request, complete)
-        state.summarize(taken, summary.text, tokens=summary.tokens)
+        if earlier and rewrite is None:
+            state.summarize(taken, merged_notes(notes, summary.text))
+        else:
+            state.summarize(taken, summary.text, tokens=summary.tokens)
         state.summary_outcome = summary.outcome
 
     def _complete(self, state: CompactionState) -> Complete:
@@ -859,19 +874,15 @@ class Summarization:
             )
         return complete
 
-    def _fitted(self, state: CompactionState, taken: list[int]) -> ModelRequest:
-        """The summary request for ``taken`` (oldest first) that fits the state's room;
-        the newest taken groups are given back while it cannot."""
+    def _fitted(self, state: CompactionState, taken: list[int], notes: str | None) -> ModelRequest:
+        """The summary request for ``taken`` (oldest first; ``notes`` to rewrite with
+        them, if any) that fits the state's room; the newest taken groups are given back
+        while it cannot."""
         clips = sorted(
             {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
             reverse=True,
         )
-        notes = [
-            summary_text(state.group(slot).messages[0])
-            for slot in taken
-            if state.kind(slot) == SUMMARY
-        ]
-        cap = self.max_tokens
+        cap = self._cap(state, taken, notes)
         while True:
             covered = [
                 message
@@ -886,9 +897,9 @@ class Summarization:
                     settings=state.settings,
                     max_tokens=cap,
                     max_item_chars=clip,
-                    notes="\n".join(notes) if notes else None,
+                    notes=notes,
                 )
-                if state.fits(request):
+                if state.fits(request, summary_instruction(self.prompt, rewrite=bool(notes))):
                     return request
             if cap > SUMMARY_FLOOR_TOKENS:
                 cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
@@ -899,7 +910,17 @@ class Summarization:
                     f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
                 )
             state.restore(taken.pop())
-            cap = self.max_tokens
+            cap = self._cap(state, taken, notes)
+
+    def _cap(self, state: CompactionState, taken: list[int], notes: str | None) -> int:
+        """The output cap to start from: half of what the notes replace (a summary as
+        long could not make the request smaller, and a small model writes to its cap),
+        at most ``max_tokens``; a rewrite of full notes at most half of that, so there
+        is room to append again before the next rewrite."""
+        replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
+        half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
+        limit = self.max_tokens if notes is None else self.max_tokens // 2
+        return max(min(SUMMARY_FLOOR_TOKENS, self.max_tokens), min(limit, half))
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
