@@ -882,6 +882,7 @@ class Summarization:
             {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
             reverse=True,
         )
+        instruction = summary_instruction(self.prompt, rewrite=notes is not None)
         cap = self._cap(state, taken, notes)
         while True:
             covered = [
@@ -893,13 +894,13 @@ class Summarization:
             for clip in clips:
                 request = summary_request(
                     covered,
-                    instructions=self.prompt,
+                    instructions=instruction,
                     settings=state.settings,
                     max_tokens=cap,
                     max_item_chars=clip,
                     notes=notes,
                 )
-                if state.fits(request, summary_instruction(self.prompt, rewrite=bool(notes))):
+                if state.fits(request, instruction):
                     return request
             if cap > SUMMARY_FLOOR_TOKENS:
                 cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
