@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from littleghost import Message
+from littleghost import Agent, Message, RunResult
 from littleghost.models import ModelRequest, ModelResponse, StopReason
-from littleghost.testing import text_response
+from littleghost.testing import ScriptedModel, text_response
 
 
 class PerMessage:
@@ -38,3 +38,17 @@ def summary_step(
         return text_response(text, stop_reason=stop_reason, **usage)
 
     return answer
+
+
+async def compacted_twice(
+    cls: type[Agent], first: str, second: str
+) -> tuple[ScriptedModel, RunResult]:
+    """Run ``cls`` on a long chat, then again with more of it, each run compacting first
+    (summaries ``first`` then ``second``); the model and the second result."""
+    model = ScriptedModel(
+        [summary_step(first), text_response("one"), summary_step(second), text_response("two")]
+    )
+    agent = cls(model=model)
+    one = await agent.run("go", history=chat(30))
+    two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
+    return model, two

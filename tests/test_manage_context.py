@@ -40,7 +40,7 @@ from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
-from .conversations import PerMessage, chat, summary_step
+from .conversations import PerMessage, chat, compacted_twice, summary_step
 
 pytestmark = pytest.mark.anyio
 
@@ -604,17 +604,7 @@ class TestTheLog:
     async def test_a_later_compaction_folds_the_previous_summary_in(self) -> None:
         """The second summary covers the first and carries its notes forward; no original
         is summarized twice."""
-        model = ScriptedModel(
-            [
-                summary_step("first"),
-                text_response("one"),
-                summary_step("second"),
-                text_response("two"),
-            ]
-        )
-        agent = Small(model=model)
-        one = await agent.run("go", history=chat(30))
-        two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
+        model, two = await compacted_twice(Small, "first", "second")
         first, second = [m for m in two.messages if m.is_summary]
         assert first.id in second.metadata[SUMMARY_COVERS_KEY]
         assert not set(first.metadata[SUMMARY_COVERS_KEY]) & set(

@@ -20,7 +20,7 @@ from littleghost.events import CompactionFinished
 from littleghost.models import StopReason
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
-from .conversations import PerMessage, chat, summary_step
+from .conversations import PerMessage, chat, compacted_twice, summary_step
 
 pytestmark = pytest.mark.anyio
 
@@ -70,17 +70,7 @@ class TestTheRequest:
         class Cities(Agent):
             pass
 
-        model = ScriptedModel(
-            [
-                summary_step("Paris"),
-                text_response("one"),
-                summary_step("Oslo"),
-                text_response("two"),
-            ]
-        )
-        agent = Cities(model=model)
-        one = await agent.run("go", history=chat(30))
-        await agent.run("again", history=[*one.messages, *chat(20, "more")])
+        model, _ = await compacted_twice(Cities, "Paris", "Oslo")
         for request in (model.requests[0], model.requests[2]):
             _framing, data = request.messages
             assert data.text.endswith(">>>\n\nList the cities.")
@@ -92,17 +82,7 @@ class TestTheRequest:
 class TestAnchoredNotes:
     async def test_later_notes_cover_only_what_is_new_and_are_appended(self) -> None:
         notes = "- order A-1234\n- paid 89.90 EUR"
-        model = ScriptedModel(
-            [
-                summary_step(notes),
-                text_response("one"),
-                summary_step("- Paid 89.90  EUR\n- new router B-9"),
-                text_response("two"),
-            ]
-        )
-        agent = Small(model=model)
-        one = await agent.run("go", history=chat(30))
-        two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
+        model, two = await compacted_twice(Small, notes, "- Paid 89.90  EUR\n- new router B-9")
         _framing, data = model.requests[2].messages
         assert data.text.startswith("Transcript:\n<<<\n")
         assert data.text.endswith(DEFAULT_SUMMARY_INSTRUCTIONS)
