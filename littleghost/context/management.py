@@ -332,10 +332,6 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     return state
 
 
-def _index(context: RunContext) -> LogIndex:
-    return context.log_index
-
-
 def _calibrate(state: _Run, context: RunContext, tokenizer: Tokenizer) -> None:
     """Learn the scale from the input tokens the provider reported for the last call:
     what it counted beyond the instructions, the tool schemas and sizes already known,
@@ -345,11 +341,22 @@ def _calibrate(state: _Run, context: RunContext, tokenizer: Tokenizer) -> None:
         return
     request, response = exchange
     state.calibrated = request
-    reported = response.usage.input_tokens
+    _learn_scale(state, request, response.usage.input_tokens, context, tokenizer)
+
+
+def _learn_scale(
+    state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
+) -> bool:
+    """Set the scale from the prompt tokens the provider ``reported`` for ``request``:
+    what it counted beyond the instructions, the tool schemas and the sizes already
+    known, over what the conversation's messages were estimated at; False when that
+    says nothing."""
     fixed, scaled = _parts(request.messages, context, tokenizer)
     fixed += _schema_estimate(request, tokenizer)
-    if reported > fixed and scaled > 0:
-        state.scale = min(max((reported - fixed) / scaled, 0.25), 8.0)
+    if reported <= fixed or scaled <= 0:
+        return False
+    state.scale = min(max((reported - fixed) / scaled, 0.25), 8.0)
+    return True
 
 
 def _parts(
@@ -358,7 +365,7 @@ def _parts(
     """``messages`` as (tokens known or taken as estimated — records whose size the model
     reported, instructions — and estimated tokens of the conversation, to be scaled)."""
     known = context.state_for(_Run, _Run).real
-    estimates = _index(context).estimates(tokenizer)
+    estimates = context.log_index.estimates(tokenizer)
     fixed = scaled = 0
     for message in messages:
         size = known.get(message.id)
@@ -462,7 +469,7 @@ async def _compact_before_model(
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):
-        request = _clip_results(request, _index(context), limit)
+        request = _clip_results(request, context.log_index, limit)
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, config, config.budget, window, context)
@@ -471,7 +478,8 @@ async def _compact_before_model(
         if _reaches(estimated, config.compression_threshold, window):
             request = await _proactive(request, context, config, state, estimated, window)
     if report is not None and config.budget is not None:
-        context.annotate_next_call(_sent_figures(report, request, config.budget).span_attributes())
+        sent = _sent_figures(report, request, config.budget, context)
+        context.annotate_next_call(sent.span_attributes())
     return None if request is original else request
 
 
@@ -530,19 +538,20 @@ async def _bounded(
         limit,
         memories,
         summary_tokens=config.summary_cap(window),
-        index=_index(context),
+        index=context.log_index,
     )
 
 
 def _sent_figures(
-    report: BudgetReport, request: ModelRequest, budget: PromptBudget
+    report: BudgetReport, request: ModelRequest, budget: PromptBudget, context: RunContext
 ) -> BudgetReport:
     """The report's figures for the request actually sent (after any summary)."""
+    estimates = context.log_index.estimates(budget.tokenizer)
     return attrs.evolve(
         report,
         messages_kept=len(request.messages),
         estimated_prompt_tokens=estimate_request(
-            request.messages, request.tools, {}, budget.tokenizer
+            request.messages, request.tools, {}, budget.tokenizer, estimates
         ),
     )
 
@@ -589,10 +598,9 @@ def _rescale(
     tokenizer: Tokenizer,
 ) -> int:
     """Learn the scale from the prompt size the overflow reported; the request's size."""
-    fixed, scaled = _parts(request.messages, context, tokenizer)
-    fixed += _schema_estimate(request, tokenizer)
-    if error.prompt_tokens and error.prompt_tokens > fixed and scaled > 0:
-        state.scale = min(max((error.prompt_tokens - fixed) / scaled, 0.25), 8.0)
+    if error.prompt_tokens and _learn_scale(
+        state, request, error.prompt_tokens, context, tokenizer
+    ):
         return error.prompt_tokens + (request.max_tokens or 0)
     return estimate_tokens(request, context, tokenizer)
 
@@ -658,7 +666,7 @@ def _state(
     """A compaction state over the request's view: the current request and view-only
     messages pinned, the newest ``preserve_recent_messages`` protected."""
     scale = _run(context, config).scale
-    index = _index(context).over(request.messages)
+    index = context.log_index.over(request.messages)
     state = compaction_state(
         index,
         config.tokenizer,
@@ -744,7 +752,7 @@ async def _compact(
                 f"the compaction would not make the request smaller ({estimated} -> {after} tokens)"
             )
         await context.append(*_annotated(state.records(), after))
-        outcome.done(compacted, after, len(request.messages) - len(compacted.messages))
+        outcome.done(after, len(request.messages) - len(compacted.messages))
     return compacted
 
 
@@ -866,8 +874,9 @@ async def _shrink(
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, config, budget, full, context)
         context.annotate_next_call(report.span_attributes())
-        after = estimate_request(shrunk.messages, shrunk.tools, {}, budget.tokenizer)
-        outcome.done(shrunk, after, len(request.messages) - len(shrunk.messages))
+        estimates = context.log_index.estimates(budget.tokenizer)
+        after = estimate_request(shrunk.messages, shrunk.tools, {}, budget.tokenizer, estimates)
+        outcome.done(after, len(request.messages) - len(shrunk.messages))
     return shrunk
 
 
@@ -880,7 +889,7 @@ class _Outcome:
     summary: str | None = None
     """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
 
-    def done(self, compacted: ModelRequest, after: int, removed: int) -> None:
+    def done(self, after: int, removed: int) -> None:
         self.after, self.removed = after, removed
 
 
