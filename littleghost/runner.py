@@ -49,7 +49,7 @@ from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import truncate_middle
 from littleghost.tool_calls import error_result, invoke
-from littleghost.tools import ToolArgumentError, bind_arguments
+from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -374,8 +374,8 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
     original_id = call.id
     call = await run_chain(agent.hooks["before_tool"], call, expected=ToolCall, context=context)
     await context.emit(ToolCallStarted(call))
-    declared = agent.find_tool(call.name) is not None
-    name = call.name if declared or agent.capture_content else UNDECLARED_TOOL
+    found = agent.find_tool(call.name)
+    name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL
     attributes = {
         telemetry.OPERATION_NAME: "execute_tool",
         telemetry.TOOL_NAME: name,
@@ -387,7 +387,7 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
             span.set_attribute(
                 telemetry.TOOL_CALL_ARGUMENTS, telemetry.arguments_json(call.arguments)
             )
-        result = await _execute(agent, call, context, span)
+        result = await _execute(agent, call, found, context, span)
         if agent.capture_content and span.is_recording():
             span.set_attribute(telemetry.TOOL_CALL_RESULT, result.content)
     replaced: ToolResult = await run_chain(
@@ -398,8 +398,14 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
     return replaced
 
 
-async def _execute(agent: Agent, call: ToolCall, context: RunContext, span: Any) -> ToolResult:
-    found = agent.find_tool(call.name)
+async def _execute(
+    agent: Agent,
+    call: ToolCall,
+    found: tuple[ToolDefinition, Callable[..., Any]] | None,
+    context: RunContext,
+    span: Any,
+) -> ToolResult:
+    """Run the tool ``found`` for ``call`` (an error result when the agent has none)."""
     if found is None:
         available = ", ".join(sorted(spec.name for spec in agent.tool_specs)) or "none"
         telemetry.mark_failed(span, "unknown_tool")
