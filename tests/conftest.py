@@ -8,6 +8,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -74,6 +75,15 @@ class Spans:
         found = self.named(prefix)
         assert len(found) == 1, [span.name for span in self.all()]
         return found[0]
+
+    def compactions(self) -> list[dict[str, Any]]:
+        """The attributes of every compaction span event, in order."""
+        return [
+            dict(event.attributes or {})
+            for span in self.all()
+            for event in span.events
+            if event.name == "littleghost.context.compaction"
+        ]
 
 
 @pytest.fixture

@@ -22,15 +22,6 @@ from tests.stores import PlainStore
 pytestmark = pytest.mark.anyio
 
 
-def compactions(spans: Spans) -> list[dict[str, Any]]:
-    return [
-        dict(event.attributes or {})
-        for span in spans.all()
-        for event in span.events
-        if event.name == "littleghost.context.compaction"
-    ]
-
-
 def summarizing(answer: Any) -> Any:
     """A script step: summary calls get a one-line summary, chat calls ``answer``."""
 
@@ -78,15 +69,16 @@ class TestNoThrash:
         await Looping(model=model).run("Take notes.", history=history)
         attempts = [
             e
-            for e in compactions(spans)
+            for e in spans.compactions()
             if e["littleghost.compaction.outcome"] in ("completed", "error")
         ]
         skipped = [
-            e for e in compactions(spans) if e["littleghost.compaction.outcome"] == "skipped"
+            e for e in spans.compactions() if e["littleghost.compaction.outcome"] == "skipped"
         ]
         assert attempts and skipped
         assert all("grown" in e["littleghost.compaction.skipped_because"] for e in skipped)
         growth = REGROWTH * 2_000
+        checked = 0
         for earlier, later in itertools.pairwise(attempts):
             left = earlier.get(
                 "littleghost.compaction.estimated_tokens_after",
@@ -94,6 +86,8 @@ class TestNoThrash:
             )
             if left >= 1_000:  # it left the request over the threshold: growth came first
                 assert later["littleghost.compaction.estimated_tokens"] >= left + growth
+                checked += 1
+        assert checked
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
         assert summaries <= len(attempts) < chats
 
@@ -120,7 +114,7 @@ class TestNoThrash:
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
         assert chats == 12
         assert 1 <= summaries <= 6  # before: a summary call before every chat call
-        assert any(e["littleghost.compaction.outcome"] == "skipped" for e in compactions(spans))
+        assert any(e["littleghost.compaction.outcome"] == "skipped" for e in spans.compactions())
 
 
 class TestCalibration:
@@ -166,7 +160,9 @@ class TestErrors:
         await Tight(model=model).run(
             "hello " * 30, history=[Message.user("hi"), Message.assistant("hey")]
         )
-        (event,) = [e for e in compactions(spans) if e["littleghost.compaction.outcome"] == "error"]
+        (event,) = [
+            e for e in spans.compactions() if e["littleghost.compaction.outcome"] == "error"
+        ]
         assert event["error.type"] == "CompactionError"
 
     async def test_compact_session_works_on_a_store_without_a_lock(self) -> None:

@@ -276,15 +276,6 @@ def history(count: int) -> list[Message]:
     ]
 
 
-def compactions(spans: Spans) -> list[dict[str, object]]:
-    return [
-        dict(event.attributes or {})
-        for span in spans.all()
-        for event in span.events
-        if event.name == "littleghost.context.compaction"
-    ]
-
-
 async def test_manage_context_compacts_proactively_as_the_conversation_outgrows_the_window(
     local: LocalModel, spans: Spans
 ) -> None:
@@ -293,7 +284,7 @@ async def test_manage_context_compacts_proactively_as_the_conversation_outgrows_
         result = await Notes(model=local).run(note(index), history=log)
         assert result.output.strip()
         log = list(result.messages)
-    events = compactions(spans)
+    events = spans.compactions()
     assert events, "the conversation never reached the threshold"
     assert {event["littleghost.compaction.reason"] for event in events} == {"threshold"}
     outcomes = {event["littleghost.compaction.outcome"] for event in events}
@@ -317,7 +308,7 @@ async def test_manage_context_recovers_from_a_real_overflow_once(
 
     result = await Orders(model=local).run("Which room is the office move in?", history=history(9))
     assert result.output.strip()
-    events = compactions(spans)
+    events = spans.compactions()
     assert [
         (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"]) for e in events
     ] == [("overflow", "completed")]
@@ -423,7 +414,7 @@ async def test_an_underestimated_history_is_recovered_once_by_a_summary(
     assert len(overflows) == 1  # recovered once: the retried call fitted
     events = [
         (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"])
-        for e in compactions(spans)
+        for e in spans.compactions()
     ]
     assert ("overflow", "completed") in events
     assert any(message.is_summary for message in result.messages)
@@ -448,7 +439,7 @@ async def test_when_no_summary_fits_recovery_falls_back_to_excerpts(
     assert [span.attributes.get("littleghost.purpose") for span in spans.named("chat")].count(
         "context_compaction"
     ) == 0
-    fallback = [e for e in compactions(spans) if e.get("littleghost.compaction.fallback")]
+    fallback = [e for e in spans.compactions() if e.get("littleghost.compaction.fallback")]
     assert [
         (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"]) for e in fallback
     ] == [("overflow", "completed")]

@@ -45,15 +45,6 @@ from .conversations import PerMessage, chat, compacted_twice, summary_step
 pytestmark = pytest.mark.anyio
 
 
-def compaction_events(spans: Spans) -> list[dict[str, Any]]:
-    return [
-        dict(event.attributes or {})
-        for span in spans.all()
-        for event in span.events
-        if event.name == "littleghost.context.compaction"
-    ]
-
-
 @manage_context(
     context_window_tokens=100,
     compression_threshold=0.5,
@@ -409,7 +400,7 @@ class TestWhatIsSent:
         result = await Wordy(model=model).run("go", history=chat(3))
         assert not any(m.is_summary for m in result.messages)
         assert not any(m.is_summary for m in model.requests[-1].messages)
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
 
     async def test_the_current_request_is_never_summarized(self) -> None:
@@ -502,7 +493,7 @@ class TestWhatIsSent:
         await Tight(model=model).run("go", history=history)
         assert [r.purpose for r in model.requests] == ["chat"]
         assert len(model.requests[0].messages) == 14
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
 
     async def test_usage_includes_the_summary_call(self) -> None:
@@ -636,7 +627,7 @@ class TestTheLog:
         model = ScriptedModel([text_response("done")])
         await Busy(model=model).run("go", history=[*earlier, *chat(3, "new"), summary])
         assert [r.purpose for r in model.requests] == ["chat"]
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
 
 
@@ -667,7 +658,7 @@ class TestFailures:
         assert list(result.messages[:60]) == history and not any(
             m.is_summary for m in result.messages
         )
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
         assert event["error.type"] == error_type
         assert event["littleghost.compaction.reason"] == "threshold"
@@ -683,7 +674,7 @@ class TestFailures:
         await Eager(model=model).run("go", history=[Message.developer("d1"), Message.system("s2")])
         await Eager(model=model).run("go", history=chat(2))
         assert [len(r.messages) for r in model.requests] == [3, 5]
-        assert [e["littleghost.compaction.outcome"] for e in compaction_events(spans)] == [
+        assert [e["littleghost.compaction.outcome"] for e in spans.compactions()] == [
             "error",
             "error",
         ]
@@ -774,7 +765,7 @@ class TestOverflow:
         assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
         assert any(m.is_summary for m in model.requests[2].messages)
         assert list(result.messages[:20]) == history
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.reason"] == "overflow"
         assert event["littleghost.compaction.outcome"] == "completed"
 
@@ -872,7 +863,7 @@ class TestOverflow:
         assert excerpts and all(
             m.metadata["littleghost.compaction.kind"] == "collapse" for m in excerpts
         )
-        events = compaction_events(spans)
+        events = spans.compactions()
         assert [
             (e["littleghost.compaction.outcome"], e.get("littleghost.compaction.fallback"))
             for e in events
@@ -898,7 +889,7 @@ class TestTelemetry:
         """The compaction event carries its figures; the chat span is marked compacted."""
         model = ScriptedModel([summary_step("SECRET-SUMMARY"), text_response("done")])
         await Small(model=model).run("go", history=chat(30))
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.reason"] == "threshold"
         assert event["littleghost.compaction.outcome"] == "completed"
         assert event["littleghost.compaction.removed_messages"] == 21
@@ -953,5 +944,5 @@ class TestEstimateUnits:
             ProtocolError
         ):  # the script ends in a tool call; only compactions matter
             await Dense(model=model).run("go", history=chat(70))
-        outcomes = [e["littleghost.compaction.outcome"] for e in compaction_events(spans)]
+        outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
         assert outcomes and all(outcome == "completed" for outcome in outcomes)

@@ -630,15 +630,19 @@ async def stopped(how: str, call: Callable[[], Awaitable[object]]) -> float:
     """Seconds ``call()`` takes when its caller stops waiting 0.3 s after it started:
     ``cancel``: its scope, without a deadline, is cancelled; ``late deadline``: it runs
     in a shielded scope without a deadline, given one then (as a run's cleanup is);
-    ``deadline``: it runs in a shielded scope whose deadline is then."""
+    ``deadline``: it runs in a shielded scope whose deadline is then. Checks that a
+    worker thread of the call was seen while it waited (so ``threads_end`` can see one)."""
     started = time.monotonic()
+    seen: list[int] = []
     if how == "deadline":
         scope = anyio.CancelScope(shield=True, deadline=anyio.current_time() + 0.3)
     else:
         scope = anyio.CancelScope(shield=how == "late deadline")
 
     async def stop() -> None:
-        await anyio.sleep(0.3)
+        for _ in range(30):
+            seen.append(store_threads())
+            await anyio.sleep(0.01)
         if how == "cancel":
             scope.cancel()
         elif how == "late deadline":
@@ -651,6 +655,7 @@ async def stopped(how: str, call: Callable[[], Awaitable[object]]) -> float:
             await call()
             pytest.fail("the call returned before its caller stopped waiting")
     assert scope.cancelled_caught
+    assert max(seen) > 0
     return time.monotonic() - started
 
 

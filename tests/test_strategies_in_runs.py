@@ -29,15 +29,6 @@ def chat(pairs: int) -> list[Message]:
     return [m for i in range(pairs) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
 
 
-def compaction_events(spans: Spans) -> list[dict[str, Any]]:
-    return [
-        dict(event.attributes or {})
-        for span in spans.all()
-        for event in span.events
-        if event.name == "littleghost.context.compaction"
-    ]
-
-
 def managed(strategy: Any, **options: Any) -> type[Agent]:
     settings = {
         "context_window_tokens": 100,
@@ -70,7 +61,7 @@ class TestStrategies:
         records = [m for m in result.messages if m.metadata.get("littleghost.compaction.kind")]
         assert records and records[0].metadata["littleghost.compaction.kind"] == "exclusion"
         assert build_view(result.messages[:-1])[-1].text == "go"
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "completed"
         assert spans.one("chat").attributes.get("gen_ai.conversation.compacted") is True
 
@@ -148,7 +139,7 @@ class TestStrategies:
         model = ScriptedModel([text_response("done")])
         await managed(Truncation(minimum_preserved=100))(model=model).run("go", history=chat(40))
         assert len(model.requests[0].messages) == 82
-        (event,) = compaction_events(spans)
+        (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
 
     def test_strategy_with_summarize_false_is_rejected(self) -> None:
