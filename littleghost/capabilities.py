@@ -37,6 +37,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from littleghost._validators import check
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import HOOK_KINDS, PlanEntry, hook_kind
 
@@ -71,11 +72,6 @@ def _hooks(value: Iterable[CapabilityHook]) -> tuple[CapabilityHook, ...]:
     return hooks
 
 
-def _name(instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"Capability.name must be a non-empty str, not {value!r}")
-
-
 @frozen
 class Capability:
     """What a class decorator adds to an agent class.
@@ -85,7 +81,11 @@ class Capability:
         hooks: Its hooks, in running order.
     """
 
-    name: str = field(validator=_name)
+    name: str = field(
+        validator=check(
+            "Capability.name", lambda v: isinstance(v, str) and v != "", "a non-empty str"
+        )
+    )
     hooks: tuple[CapabilityHook, ...] = field(converter=_hooks)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from attrs import field, frozen
 
 from littleghost.context.management import compact_log
-from littleghost.context.summarize import summary_text
+from littleghost.context.summarize import render_transcript, summary_text
 from littleghost.context.view import build_view
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message
@@ -126,18 +126,10 @@ async def check_retention(
         raise ConfigurationError("check_retention needs at least one Fact")
     records = await compact_log(agent, conversation)
     log = (*conversation, *records)
-    seen = "\n".join(_text(message) for message in build_view(log))
+    seen = render_transcript(build_view(log))
     summaries = [summary_text(record) for record in records if record.is_summary]
     checks = []
     for fact in facts:
         answer = (await agent.run(fact.question, history=log)).output
         checks.append(FactCheck(fact, fact.found_in(seen), fact.found_in(answer), answer))
     return RetentionReport(tuple(checks), records, summaries[-1] if summaries else None)
-
-
-def _text(message: Message) -> str:
-    """All a model reads of ``message``: its text, tool calls and results."""
-    parts = [message.text]
-    parts.extend(f"{call.name} {call.arguments}" for call in message.tool_calls)
-    parts.extend(result.content for result in message.tool_results)
-    return "\n".join(parts)
