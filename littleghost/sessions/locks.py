@@ -65,9 +65,9 @@ class TimeLeft:
         """Seconds left before the deadline (``inf`` for none, negative once passed)."""
         return self.give_up - time.monotonic()
 
-    def cap(self, seconds: float, *, floor: float = 0.0) -> float:
-        """``seconds``, or the time left when that is shorter, but at least ``floor``."""
-        return max(min(seconds, self.seconds()), floor)
+    def cap(self, seconds: float) -> float:
+        """``seconds``, or the time left when that is shorter (never below 0)."""
+        return max(min(seconds, self.seconds()), 0.0)
 
     def until_due(self) -> float:
         """Seconds before the deadline is due: a wait that ends by then fails before the
