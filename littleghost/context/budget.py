@@ -46,7 +46,14 @@ from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, T
 from littleghost.models.base import ModelRequest
 from littleghost.text import cut_middle
 
-__all__ = ["EXCERPTS_KEY", "BudgetReport", "PromptBudget", "fit_request", "load_memories"]
+__all__ = [
+    "EXCERPTS_KEY",
+    "BudgetReport",
+    "PromptBudget",
+    "fit_request",
+    "load_memories",
+    "view_only",
+]
 
 context_budget_log = logging.getLogger("littleghost.context_budget")
 prompt_budget_log = logging.getLogger("littleghost.prompt_budget")
@@ -299,7 +306,7 @@ class _Cuts:
 _TRUSTED = (Role.SYSTEM, Role.DEVELOPER)
 
 
-def _view_only(message: Message) -> bool:
+def view_only(message: Message) -> bool:
     """Memories and excerpts: made for one view, never in the log."""
     return message.metadata.get(MEMORIES_KEY) is True or message.metadata.get(EXCERPTS_KEY) is True
 
@@ -357,7 +364,7 @@ def fit_request(
     summaries: list[Message] = []
     conversation: list[Message] = []
     for message in request.messages:  # one pass; most messages have no metadata
-        if message.metadata and (_view_only(message) or message.is_summary):
+        if message.metadata and (view_only(message) or message.is_summary):
             if message.is_summary:
                 summaries.append(message)
         elif message.role in _TRUSTED:

@@ -35,13 +35,12 @@ from littleghost import telemetry
 from littleghost._validators import Validator, check, is_int, is_number
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.budget import (
-    EXCERPTS_KEY,
-    MEMORIES_KEY,
     BudgetReport,
     PromptBudget,
     env_tokens,
     fit_request,
     load_memories,
+    view_only,
 )
 from littleghost.context.compaction import compaction_state
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
@@ -678,26 +677,19 @@ def _state(
         (
             slot
             for slot in range(len(kinds) - 1, -1, -1)
-            if kinds[slot] == USER and not _view_only(members[slot][0])
+            if kinds[slot] == USER and not view_only(members[slot][0])
         ),
         None,
     )
     state.pinned = frozenset(
         slot
         for slot in range(len(kinds))
-        if slot == current or any(_view_only(message) for message in members[slot])
+        if slot == current or any(view_only(message) for message in members[slot])
     )
     state.protected = _protected(kinds, members, config.preserve_recent_messages)
     state.scale = scale
     state.room = int(window * SUMMARY_FIT_MARGIN)
     return state
-
-
-def _view_only(message: Message) -> bool:
-    metadata = message.metadata
-    return bool(metadata) and (
-        metadata.get(EXCERPTS_KEY) is True or metadata.get(MEMORIES_KEY) is True
-    )
 
 
 async def _compact(

@@ -134,9 +134,6 @@ class CompactionState:
         complete: Complete | None = None,
         settings: Mapping[str, Any] | None = None,
         protected: int | None = None,
-        pinned: Iterable[int] = (),
-        scale: float = 1.0,
-        room: int | None = None,
     ) -> None:
         self._kinds = list(kinds)
         self._members = list(members)  # a group's list is replaced, never changed
@@ -151,9 +148,9 @@ class CompactionState:
         self.complete = complete
         self.settings: Mapping[str, Any] = settings or {}
         self.protected = len(self._kinds) if protected is None else protected
-        self.pinned = frozenset(pinned)
-        self.scale = scale
-        self.room = room
+        self.pinned: frozenset[int] = frozenset()
+        self.scale = 1.0
+        self.room: int | None = None
         self.real: dict[str, int] = {}
         """The size in the model's own tokens of records whose size the model reported."""
         self.summary_outcome: str | None = None
