@@ -11,6 +11,7 @@ from littleghost.context import Summarization, apply_compaction, tokens_exceed
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     DEFAULT_UPDATE_INSTRUCTIONS,
+    QUOTES_HEADING,
     SUMMARY_FRAMING,
     SUMMARY_PREFIX,
     summary_message,
@@ -97,7 +98,8 @@ class TestAnchoredNotes:
         full = "\n".join(f"- fact {index}: value V-{index:04d}" for index in range(40))
         history = [summary_message(full, ["gone"]), *chat(8)]
         model = ScriptedModel([summary_step("- fact 0: value V-0000\n- open: none")])
-        view = await apply_compaction(history, Summarization(model=model, max_tokens=200))
+        strategy = Summarization(model=model, max_tokens=200, quote_specifics=False)
+        view = await apply_compaction(history, strategy)
         (request,) = model.requests
         data = request.messages[1].text
         assert data.startswith(f"Current notes:\n<<<\n{full}\n>>>\n\nConversation since:")
@@ -160,6 +162,99 @@ class TestTheOutputCap:
         assert second.messages[1].text == asked  # the same data and instruction, then this
         sent = [m.text for m in model.requests[2].messages if m.is_summary]
         assert sent == [SUMMARY_PREFIX + "Goal: router"]
+
+
+PADDING = "Let me think about that for a moment. " * 40
+
+
+def specifics_log() -> list[Message]:
+    """A conversation whose first turns hold specifics, among small talk."""
+    call = ToolCall("c1", "get_account", {"id": "C-40917"})
+    return [
+        Message.user("Hi there! My order is A-1234 and I paid 89.90 EUR. Thanks a lot."),
+        Message.assistant(PADDING),
+        Message.user("Lovely weather today, isn't it."),
+        Message.assistant(PADDING),
+        Message.assistant(tool_calls=[call]),
+        Message.tool("c1", '{"tier": "Gold", "credit": 82.15, "address": {"city": "Porto"}}'),
+        Message.assistant(PADDING),
+        Message.user("Please ship it to Whitby instead."),
+        Message.assistant(PADDING),
+        Message.user("and now?"),
+        Message.assistant("sure."),
+    ]
+
+
+class TestQuotedSpecifics:
+    async def test_user_specifics_and_tool_fields_follow_the_notes_in_their_own_words(
+        self,
+    ) -> None:
+        model = ScriptedModel([summary_step("- wants a refund")])
+        view = await apply_compaction(
+            specifics_log(), Summarization(model=model, minimum_preserved=2)
+        )
+        assert view[0].text == SUMMARY_PREFIX + "\n".join(
+            [
+                "- wants a refund",
+                QUOTES_HEADING,
+                "User: My order is A-1234 and I paid 89.90 EUR.",
+                "get_account: tier=Gold; credit=82.15; address.city=Porto",
+                "User: Please ship it to Whitby instead.",
+            ]
+        )
+        assert QUOTES_HEADING not in model.requests[0].messages[1].text  # code writes them
+
+    async def test_quotes_are_carried_forward_and_never_given_to_the_model(self) -> None:
+        quoted = "User: My order is A-1234.\nget_account: tier=Gold"
+        notes = "\n".join(f"- fact {index}: value V-{index:04d}" for index in range(40))
+        earlier = summary_message(f"{notes}\n{QUOTES_HEADING}\n{quoted}", ["gone"])
+        history = [earlier, *specifics_log()]
+        model = ScriptedModel([summary_step("- fact 0: value V-0000")])
+        view = await apply_compaction(
+            history, Summarization(model=model, max_tokens=200, minimum_preserved=2)
+        )
+        data = model.requests[0].messages[1].text
+        assert data.startswith(f"Current notes:\n<<<\n{notes}\n>>>")  # a rewrite, notes only
+        assert "tier=Gold" not in data
+        text = view[0].text
+        assert text.startswith(f"{SUMMARY_PREFIX}- fact 0: value V-0000\n{QUOTES_HEADING}\n")
+        assert text.endswith("User: Please ship it to Whitby instead.")
+        assert f"{QUOTES_HEADING}\n{quoted}\nUser: My order is A-1234 and I paid" in text
+
+    async def test_the_quotes_and_the_notes_cap_add_up_to_half_of_what_is_replaced(
+        self,
+    ) -> None:
+        many = [Message.user(f"Order A-{index:04d} costs {index}.00 EUR.") for index in range(300)]
+        model = ScriptedModel([summary_step("- orders")])
+        strategy = Summarization(model=model, minimum_preserved=2, max_tokens=100)
+        view = await apply_compaction([*many, *chat(2)], strategy)
+        _notes, _, quotes = view[0].text.partition(f"\n{QUOTES_HEADING}\n")
+        assert 0 < len(quotes) // 4 <= 100  # the quoted section within max_tokens
+        assert quotes.startswith("User: Order A-0000 costs 0.00 EUR.")  # oldest first
+        few = [*many[:12], Message.assistant(PADDING), *chat(2)]
+        small = ScriptedModel([summary_step("- orders")])
+        view = await apply_compaction(few, Summarization(model=small, minimum_preserved=4))
+        replaced = sum(len(m.text) for m in few[:13]) // 4
+        added = len(view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2]) // 4
+        assert added > 0
+        assert added + small.requests[0].settings["max_tokens"] <= replaced // 2 + 12
+
+    async def test_quote_specifics_false_keeps_the_notes_alone(self) -> None:
+        @manage_context(context_window_tokens=400, compression_threshold=0.5, quote_specifics=False)
+        class Plain(Agent):
+            pass
+
+        model = ScriptedModel([summary_step("- order A-1234"), text_response("done")])
+        history = [Message.user("My order is A-1234."), *chat(40, "Order B-1 ")]
+        await Plain(model=model).run("go", history=history)
+        sent = [m.text for m in model.requests[1].messages if m.is_summary]
+        assert sent == [SUMMARY_PREFIX + "- order A-1234"]
+
+    def test_quote_specifics_must_be_a_bool(self) -> None:
+        with pytest.raises(ConfigurationError, match="quote_specifics must be True or False"):
+            manage_context(quote_specifics="yes")
+        with pytest.raises(ConfigurationError, match="quote_specifics must be True or False"):
+            Summarization(quote_specifics=1)
 
 
 def tool_history(groups: int, result_chars: int) -> list[Message]:

@@ -126,8 +126,12 @@ class ContextManagement:
         preserve_recent_messages: Newest messages always kept verbatim (>= 2).
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
-        summary_max_tokens: The summary's output cap; default a quarter of the window, at
-            most 4 096; it must be under the window.
+        summary_max_tokens: The summary's output cap, and the cap of the specifics it
+            quotes; default a quarter of the window, at most 4 096; it must be under the
+            window.
+        quote_specifics: Keep, beside the model's notes, the summarized user sentences
+            and tool results that hold a number, an identifier or a name, in their own
+            words (default True).
         mask_tool_results: Before summarizing, replace tool results older than the newest
             this many tool-call groups by a one-line placeholder (their text stays in the
             log, but a later summary sees only the placeholder); no summary is made when
@@ -179,6 +183,10 @@ class ContextManagement:
     )
     summary_max_tokens: int | None = field(
         default=None, validator=_optional_count("summary_max_tokens")
+    )
+    quote_specifics: bool = field(
+        default=True,
+        validator=_check("quote_specifics", lambda v: isinstance(v, bool), "True or False"),
     )
     mask_tool_results: int | None = field(
         default=None,
@@ -793,6 +801,7 @@ async def _default(
         minimum_preserved=0,
         prompt=config.summary_instructions,
         max_tokens=config.summary_cap(window),
+        quote_specifics=config.quote_specifics,
         target=fits & ~messages_exceed(keep),
     )
     await summarizer.compact(state)

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
 
-from littleghost._validators import count, optional
+from littleghost._validators import check, count, optional
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -39,11 +39,14 @@ from littleghost.context.summarize import (
     call_arguments,
     excerpt,
     merged_notes,
+    quoted_specifics,
     request_summary,
+    split_quotes,
     summary_instruction,
     summary_message,
     summary_request,
     summary_text,
+    with_quotes,
 )
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
 from littleghost.context.triggers import (
@@ -781,8 +784,13 @@ class Summarization:
     writes notes on the rest only, and those are appended to the earlier notes (lines
     already there dropped), so what was noted is carried forward exactly; only notes
     that reached ``max_tokens`` are rewritten, given as the current notes with the rest
-    (``DEFAULT_UPDATE_INSTRUCTIONS``), within half of ``max_tokens``. A summary's
-    output cap is at most half of what it replaces. Nothing happens when only a
+    (``DEFAULT_UPDATE_INSTRUCTIONS``), within half of ``max_tokens``. With
+    ``quote_specifics``, the summarized user sentences and tool results that hold a
+    number, an identifier or a name (``quoted_specifics``) follow the notes in their own
+    words under ``QUOTES_HEADING``; they are carried forward by code and never
+    rewritten, and the section holds at most ``max_tokens``. What a summary adds (its
+    quotes first, then the notes' output cap) is at most half of what it replaces, the
+    cap never under ``SUMMARY_FLOOR_TOKENS``. Nothing happens when only a
     previous summary would be taken. The summary request is fitted to the state's
     ``room``, in real tokens: long transcript items are clipped (head and
     tail kept), then the output cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then
@@ -806,6 +814,8 @@ class Summarization:
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
         mask_tool_results: Mask tool results beyond the newest this many tool-call groups
             before summarizing (>= 0), or ``None`` (default) not to mask.
+        quote_specifics: Quote the specifics of what is summarized after the notes
+            (default True).
     """
 
     minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
@@ -819,6 +829,12 @@ class Summarization:
     max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
     mask_tool_results: int | None = field(
         default=None, validator=optional(count("Summarization.mask_tool_results"))
+    )
+    quote_specifics: bool = field(
+        default=True,
+        validator=check(
+            "Summarization.quote_specifics", lambda v: isinstance(v, bool), "True or False"
+        ),
     )
 
     async def compact(self, state: CompactionState, /) -> None:
@@ -842,21 +858,25 @@ class Summarization:
                 state.restore(slot)
             return
         earlier = [slot for slot in taken if state.kind(slot) == SUMMARY]
-        notes = "\n".join(summary_text(state.group(slot).messages[0]) for slot in earlier)
-        full = math.ceil(state.scale * sum(map(state.size, earlier))) >= self.max_tokens
+        parts = [split_quotes(summary_text(state.group(slot).messages[0])) for slot in earlier]
+        notes = "\n".join(part[0] for part in parts)
+        quotes = "\n".join(part[1] for part in parts if part[1])
+        full = math.ceil(state.scale * state.tokenizer.count_tokens(notes)) >= self.max_tokens
         rewrite = notes if earlier and full else None
-        request = self._fitted(state, taken, rewrite)
+        request, added = self._fitted(state, taken, rewrite, quotes)
         try:
             summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
             if not _recalibrate(state, request, error):
                 raise
-            request = self._fitted(state, taken, rewrite)  # fitted in the units it showed
+            request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
+        quotes = merged_notes(quotes, "\n".join(added))
         if earlier and rewrite is None:
-            state.summarize(taken, merged_notes(notes, summary.text))
+            state.summarize(taken, with_quotes(merged_notes(notes, summary.text), quotes))
         else:
-            state.summarize(taken, summary.text, tokens=summary.tokens)
+            tokens = 0 if quotes else summary.tokens  # the model's size, when it wrote all
+            state.summarize(taken, with_quotes(summary.text, quotes), tokens=tokens)
         state.summary_outcome = summary.outcome
 
     def _complete(self, state: CompactionState) -> Complete:
@@ -871,23 +891,20 @@ class Summarization:
             )
         return complete
 
-    def _fitted(self, state: CompactionState, taken: list[int], notes: str | None) -> ModelRequest:
+    def _fitted(
+        self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
+    ) -> tuple[ModelRequest, list[str]]:
         """The summary request for ``taken`` (oldest first; ``notes`` to rewrite with
-        them, if any) that fits the state's room; the newest taken groups are given back
-        while it cannot."""
+        them, if any) that fits the state's room, and the specifics it leaves to quote
+        after ``quotes``; the newest taken groups are given back while it cannot fit."""
         clips = sorted(
             {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
             reverse=True,
         )
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
-        cap = self._cap(state, taken, notes)
+        cap, added = self._budget(state, taken, notes, quotes)
         while True:
-            covered = [
-                message
-                for slot in taken
-                if state.kind(slot) != SUMMARY
-                for message in state.group(slot).messages
-            ]
+            covered = _covered(state, taken)
             for clip in clips:
                 request = summary_request(
                     covered,
@@ -898,7 +915,7 @@ class Summarization:
                     notes=notes,
                 )
                 if state.fits(request, instruction):
-                    return request
+                    return request, added
             if cap > SUMMARY_FLOOR_TOKENS:
                 cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
                 continue
@@ -908,17 +925,42 @@ class Summarization:
                     f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
                 )
             state.restore(taken.pop())
-            cap = self._cap(state, taken, notes)
+            cap, added = self._budget(state, taken, notes, quotes)
 
-    def _cap(self, state: CompactionState, taken: list[int], notes: str | None) -> int:
-        """The output cap to start from: half of what the notes replace (a summary as
-        long could not make the request smaller, and a small model writes to its cap),
-        at most ``max_tokens``; a rewrite of full notes at most half of that, so there
-        is room to append again before the next rewrite."""
+    def _budget(
+        self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
+    ) -> tuple[int, list[str]]:
+        """The output cap to start from and the specifics to quote: together at most half
+        of what the summary replaces (one as long could not make the request smaller, and
+        a small model writes to its cap). The quotes come first, while the quoted section
+        stays within ``max_tokens``; the notes get the rest, at most ``max_tokens`` (half
+        of that for a rewrite of full notes, so there is room to append again), at least
+        ``SUMMARY_FLOOR_TOKENS``."""
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
+        floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
+        added: list[str] = []
+        if self.quote_specifics:
+            count = state.tokenizer.count_tokens
+            room = min(half - floor, self.max_tokens - math.ceil(state.scale * count(quotes)))
+            for line in quoted_specifics(_covered(state, taken)):
+                cost = math.ceil(state.scale * (count(line) + 1))
+                if cost <= room:  # a line too long is skipped, later shorter ones still fit
+                    added.append(line)
+                    room -= cost
+                    half -= cost
         limit = self.max_tokens if notes is None else self.max_tokens // 2
-        return max(min(SUMMARY_FLOOR_TOKENS, self.max_tokens), min(limit, half))
+        return max(floor, min(limit, half)), added
+
+
+def _covered(state: CompactionState, taken: list[int]) -> list[Message]:
+    """The messages of the groups in ``taken`` that are not earlier summaries."""
+    return [
+        message
+        for slot in taken
+        if state.kind(slot) != SUMMARY
+        for message in state.group(slot).messages
+    ]
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:

@@ -39,6 +39,7 @@ from littleghost.text import cut_middle
 __all__ = [
     "DEFAULT_SUMMARY_INSTRUCTIONS",
     "DEFAULT_UPDATE_INSTRUCTIONS",
+    "QUOTES_HEADING",
     "SUMMARY_COMPLETE",
     "SUMMARY_CUT",
     "SUMMARY_FRAMING",
@@ -48,12 +49,15 @@ __all__ = [
     "call_arguments",
     "excerpt",
     "merged_notes",
+    "quoted_specifics",
     "render_transcript",
     "request_summary",
+    "split_quotes",
     "summary_instruction",
     "summary_message",
     "summary_request",
     "summary_text",
+    "with_quotes",
 ]
 
 SUMMARY_FRAMING = (
@@ -75,6 +79,8 @@ DEFAULT_UPDATE_INSTRUCTIONS = (
 SUMMARY_PREFIX = (
     "[Summary of the earlier conversation, for reference only; it is not an instruction.]\n"
 )
+QUOTES_HEADING = "Quoted from the conversation:"
+"""Heads the specifics a summary quotes exactly (``quoted_specifics``), after the notes."""
 SUMMARY_COMPLETE = "complete"
 """The summary came back whole."""
 SUMMARY_CUT = "cut_at_cap"
@@ -194,9 +200,71 @@ def summary_instruction(instructions: str | None, *, rewrite: bool) -> str:
     return DEFAULT_UPDATE_INSTRUCTIONS if rewrite else DEFAULT_SUMMARY_INSTRUCTIONS
 
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_SPECIFIC = re.compile(r"\d|\w[-_./]\w|\b[A-Z]{2,}[a-z]*\b|\s[A-Z][a-z]")
+
+
+def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[str]:
+    """The specifics of ``messages`` in their own words: each user sentence that holds a
+    number, an identifier or a name, and each tool result's fields (JSON objects
+    flattened to ``key=value``) or its sentences that hold one; cut to ``max_chars``."""
+    names = {call.id: call.name for message in messages for call in message.tool_calls}
+    lines: list[str] = []
+    for message in messages:
+        if message.role is Role.USER and not message.is_summary:
+            lines.extend(f"User: {s}" for s in _specific_sentences(message.text))
+        for result in message.tool_results:
+            name = names.get(result.call_id, "tool")
+            fields = _fields(result.content)
+            if fields:
+                lines.append(f"{name}: {fields}")
+            else:
+                lines.extend(f"{name}: {s}" for s in _specific_sentences(result.content))
+    return [cut_middle(line, max_chars) for line in lines]
+
+
+def _specific_sentences(text: str) -> list[str]:
+    sentences = _SENTENCE.split(" ".join(text.split()))
+    return [s for s in sentences if _SPECIFIC.search(s)]
+
+
+def _fields(content: str) -> str:
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return ""
+    if not isinstance(data, (dict, list)):
+        return ""
+    pairs: list[str] = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, list):
+            for position, item in enumerate(value):
+                walk(item, f"{path}.{position}" if path else str(position))
+        elif value is not None:
+            pairs.append(f"{path}={value}")
+
+    walk(data, "")
+    return "; ".join(pairs)
+
+
 def merged_notes(notes: str, new: str) -> str:
     """``notes`` followed by the lines of ``new`` they do not already hold."""
     return _cleaned(f"{notes}\n{new}")
+
+
+def split_quotes(text: str) -> tuple[str, str]:
+    """A summary's text as (the model's notes, the quoted specifics kept by code)."""
+    notes, _, quotes = text.partition(f"\n{QUOTES_HEADING}\n")
+    return notes.strip(), quotes.strip()
+
+
+def with_quotes(notes: str, quotes: str) -> str:
+    """The summary text: ``notes``, then ``quotes`` under ``QUOTES_HEADING``."""
+    return f"{notes}\n{QUOTES_HEADING}\n{quotes}" if quotes else notes
 
 
 def summary_message(text: str, covers: Iterable[str]) -> Message:
