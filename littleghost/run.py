@@ -232,8 +232,7 @@ class RunContext:
                         f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
                     )
                 self.add_usage(response.usage)
-                span.set_attribute(telemetry.USAGE_INPUT_TOKENS, response.usage.input_tokens)
-                span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, response.usage.output_tokens)
+                span.set_attributes(telemetry.usage_attributes(response.usage))
                 span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (response.stop_reason.value,))
                 if self.capture_content and span.is_recording():
                     span.set_attribute(

@@ -171,8 +171,7 @@ async def run(
                             await _open_session(agent, context, log, seed, message)
                             result = await _loop(agent, context, message)
         finally:
-            span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
-            span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
+            span.set_attributes(telemetry.usage_attributes(context.usage))
         if result is None:
             assert scope.cancelled_caught
             late = DeadlineExceededError(f"{agent.name} did not finish before its deadline")

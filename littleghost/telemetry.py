@@ -18,6 +18,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
 from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.models.base import Usage
 
 __all__ = [
     "COMPACTION_EVENT",
@@ -25,6 +26,7 @@ __all__ = [
     "messages_json",
     "open_span",
     "tracer",
+    "usage_attributes",
 ]
 
 tracer = trace.get_tracer("littleghost", __version__)
@@ -39,6 +41,9 @@ REQUEST_SEED = "gen_ai.request.seed"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_WRITE_TOKENS = "gen_ai.usage.cache_write.input_tokens"
+USAGE_REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 AGENT_NAME = "gen_ai.agent.name"
 CONVERSATION_ID = "gen_ai.conversation.id"
 CONVERSATION_COMPACTED = "gen_ai.conversation.compacted"
@@ -93,6 +98,19 @@ def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
         value = settings.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[name] = value
+    return attributes
+
+
+def usage_attributes(usage: Usage) -> dict[str, int]:
+    """The GenAI usage attributes: input and output tokens always, the cache and
+    reasoning parts of them when the provider reported any."""
+    attributes = {USAGE_INPUT_TOKENS: usage.input_tokens, USAGE_OUTPUT_TOKENS: usage.output_tokens}
+    parts = {
+        USAGE_CACHE_READ_TOKENS: usage.cache_read_tokens,
+        USAGE_CACHE_WRITE_TOKENS: usage.cache_write_tokens,
+        USAGE_REASONING_TOKENS: usage.reasoning_tokens,
+    }
+    attributes.update((name, count) for name, count in parts.items() if count)
     return attributes
 
 

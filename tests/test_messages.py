@@ -222,9 +222,21 @@ def test_message_values_reject_wrong_types(build: Any, names: str) -> None:
 
 
 def test_usage_adds_up() -> None:
-    """Usage values add field by field."""
+    """Usage values add (and subtract) field by field, the cache and reasoning parts too."""
     total = Usage(1, 2) + Usage(10, 20)
     assert (total.input_tokens, total.output_tokens, total.total_tokens) == (11, 22, 33)
+    cached = Usage(100, 40, cache_read_tokens=60, cache_write_tokens=30, reasoning_tokens=25)
+    assert cached + Usage(10, 5, 4, 3, 2) == Usage(110, 45, 64, 33, 27)
+    assert (cached + Usage(10, 5, 4, 3, 2)) - cached == Usage(10, 5, 4, 3, 2)
+
+
+def test_usage_parts_cannot_exceed_their_totals() -> None:
+    """Cache tokens are part of the input and reasoning tokens part of the output."""
+    Usage(10, 5, cache_read_tokens=6, cache_write_tokens=4, reasoning_tokens=5)
+    with pytest.raises(TypeError, match=r"cache_read_tokens \+ cache_write_tokens \(6 \+ 5\)"):
+        Usage(10, 5, cache_read_tokens=6, cache_write_tokens=5)
+    with pytest.raises(TypeError, match=r"reasoning_tokens \(6\) are part of output_tokens \(5\)"):
+        Usage(10, 5, reasoning_tokens=6)
 
 
 @pytest.mark.parametrize(
@@ -232,6 +244,9 @@ def test_usage_adds_up() -> None:
     [
         (lambda: Usage(-1, 0), "Usage.input_tokens"),
         (lambda: Usage(0, "3"), "Usage.output_tokens"),
+        (lambda: Usage(0, 0, cache_read_tokens=-1), "Usage.cache_read_tokens"),
+        (lambda: Usage(0, 0, cache_write_tokens=1.5), "Usage.cache_write_tokens"),
+        (lambda: Usage(0, 0, reasoning_tokens=True), "Usage.reasoning_tokens"),
         (lambda: ModelRequest("hello"), "ModelRequest.messages"),
         (lambda: ModelRequest(["hello"]), "ModelRequest.messages"),
         (lambda: ModelRequest([], tools=5), "ModelRequest.tools"),

@@ -14,7 +14,7 @@ import anyio
 import httpx2
 import pytest
 
-from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, manage_context, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -23,7 +23,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, AnthropicModel, from_model_string
 from littleghost.models.streaming import StreamDone, TextChunk
 
@@ -335,7 +335,26 @@ async def test_response_translation(make_model: Callable[..., AnthropicModel]) -
         ToolCall("toolu_b", "add", {"a": 3, "b": 4}),
     )
     assert response.stop_reason is StopReason.TOOL_USE
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (420, 40)
+    assert response.usage == Usage(420, 40, cache_read_tokens=300, cache_write_tokens=20)
+
+
+async def test_usage_reports_cache_and_thinking_tokens_apart(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The prompt's size counts cache reads and writes; each is also reported on its own,
+    and thinking tokens as the reasoning part of the output."""
+    usage = {
+        "input_tokens": 12,
+        "cache_creation_input_tokens": 30,
+        "cache_read_input_tokens": 500,
+        "output_tokens": 90,
+        "output_tokens_details": {"thinking_tokens": 70},
+    }
+    server = FakeServer(message([{"type": "text", "text": "ok"}], usage=usage))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == Usage(
+        542, 90, cache_read_tokens=500, cache_write_tokens=30, reasoning_tokens=70
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,7 +502,7 @@ async def test_stream_yields_text_tool_calls_and_usage(
     assert done.response.message.text == "Let me add."
     assert done.response.message.tool_calls == (ToolCall("toolu_1", "add", {"a": 1, "b": 2}),)
     assert done.response.stop_reason is StopReason.TOOL_USE
-    assert (done.response.usage.input_tokens, done.response.usage.output_tokens) == (100, 17)
+    assert done.response.usage == Usage(100, 17, cache_read_tokens=60)
     [body] = server.bodies
     assert body["stream"] is True
 
@@ -565,6 +584,47 @@ async def test_an_agent_runs_a_tool_round_trip_through_the_sdk(
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5", "is_error": False}
         ],
     }
+
+
+async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tokens(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A prompt mostly read from the cache is as large as its whole count: the next turn's
+    estimate starts from input plus cache tokens, and compacts when they reach the
+    threshold, though the uncached input alone is tiny."""
+
+    @manage_context(
+        context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
+    )
+    class Cached(Agent):
+        @tool
+        def ping(self) -> str:
+            """Ping."""
+            return "pong"
+
+    cached = {"input_tokens": 10, "cache_read_input_tokens": 590, "output_tokens": 5}
+    server = FakeServer(
+        message(
+            [{"type": "tool_use", "id": "toolu_1", "name": "ping", "input": {}}],
+            stop_reason="tool_use",
+            usage=cached,
+        ),
+        message([{"type": "text", "text": "- the user said hello"}]),
+        message([{"type": "text", "text": "done"}]),
+    )
+    history = [
+        Message.user("hello"),
+        Message.assistant("hi"),
+        Message.user("more"),
+        Message.assistant("ok"),
+    ]
+    result = await Cached(model=make_model(server)).run("ping it", history=history)
+    assert result.output == "done"
+    assert [body["messages"][-1]["role"] for body in server.bodies] == ["user", "user", "user"]
+    summary = server.bodies[1]
+    assert "tools" not in summary and "Transcript:" in json.dumps(summary["messages"])
+    assert any(message.is_summary for message in result.messages)
+    assert result.usage.cache_read_tokens == 590
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

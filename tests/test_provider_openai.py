@@ -22,7 +22,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
 from littleghost.models.streaming import StreamDone, TextChunk
 
@@ -267,6 +267,51 @@ async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> N
     )
     assert response.stop_reason is StopReason.TOOL_USE
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
+
+
+async def test_usage_reports_cached_and_reasoning_tokens_apart(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Prompt tokens include the cached ones and completion tokens the reasoning ones;
+    both parts are reported, answered whole or streamed."""
+    usage = {
+        "prompt_tokens": 900,
+        "completion_tokens": 120,
+        "total_tokens": 1020,
+        "prompt_tokens_details": {"cached_tokens": 768},
+        "completion_tokens_details": {"reasoning_tokens": 100},
+    }
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = usage
+    server = FakeServer(
+        httpx2.Response(200, json=body),
+        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
+    )
+    model = make_model(server)
+    expected = Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100)
+    response = await model.respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == expected
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    done = events[-1]
+    assert isinstance(done, StreamDone) and done.response.usage == expected
+
+
+async def test_a_breakdown_over_its_total_is_cut_to_it(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A server that reports more cached tokens than prompt tokens does not fail the call."""
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 50},
+        "completion_tokens_details": {"reasoning_tokens": 9},
+    }
+    server = FakeServer(httpx2.Response(200, json=body))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == Usage(10, 2, cache_read_tokens=10, reasoning_tokens=2)
 
 
 async def test_arguments_nested_too_deep_are_kept_raw(

@@ -946,10 +946,7 @@ async def _attempt(
 
 
 def _since(before: Usage, context: RunContext) -> Usage:
-    after = context.usage
-    return Usage(
-        after.input_tokens - before.input_tokens, after.output_tokens - before.output_tokens
-    )
+    return context.usage - before
 
 
 def _event(

@@ -26,6 +26,8 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     parse_arguments,
+    reported,
+    reported_usage,
     sse_events,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
@@ -135,20 +137,19 @@ def stop_reason(reason: str | None, has_tool_calls: bool) -> StopReason:
 
 
 def _usage(usage: Any) -> Usage:
-    """Input tokens include cache writes and reads: together they are the prompt's size."""
+    """The API's ``input_tokens`` leave out cache writes and reads; the prompt's size
+    (``Usage.input_tokens``) is all three."""
     if usage is None:
         return Usage()
-    keys = (
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-        "output_tokens",
+    cache_write = reported(usage, "cache_creation_input_tokens")
+    cache_read = reported(usage, "cache_read_input_tokens")
+    return reported_usage(
+        reported(usage, "input_tokens") + cache_write + cache_read,
+        reported(usage, "output_tokens"),
+        cache_read=cache_read,
+        cache_write=cache_write,
+        reasoning=reported(usage, "output_tokens_details", "thinking_tokens"),
     )
-    if isinstance(usage, dict):
-        counts = [usage.get(key) or 0 for key in keys]
-    else:
-        counts = [getattr(usage, key, None) or 0 for key in keys]
-    return Usage(sum(counts[:3]), counts[3])
 
 
 def _streamed_response(

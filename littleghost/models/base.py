@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from attrs import field, frozen
+from attrs import astuple, field, frozen
 
 from littleghost._validators import instance_of, int_at_least, type_check
 from littleghost.messages import Message, Role
@@ -34,23 +34,50 @@ class StopReason(str, enum.Enum):
         return self.value
 
 
+def _count(name: str) -> Any:
+    return field(default=0, validator=type_check(f"Usage.{name}", int_at_least(0), "an int >= 0"))
+
+
 @frozen
 class Usage:
-    """Tokens a model call (or a run, summed) consumed."""
+    """Tokens a model call (or a run, summed) consumed.
 
-    input_tokens: int = field(
-        default=0, validator=type_check("Usage.input_tokens", int_at_least(0), "an int >= 0")
-    )
-    output_tokens: int = field(
-        default=0, validator=type_check("Usage.output_tokens", int_at_least(0), "an int >= 0")
-    )
+    ``input_tokens`` counts the whole prompt, cached tokens included (the GenAI
+    convention): ``cache_read_tokens`` of them were read from the provider's prompt cache
+    and ``cache_write_tokens`` written to it. ``output_tokens`` counts everything the
+    model wrote, ``reasoning_tokens`` of them reasoning. A breakdown larger than its
+    total is a ``TypeError``.
+    """
+
+    input_tokens: int = _count("input_tokens")
+    output_tokens: int = _count("output_tokens")
+    cache_read_tokens: int = _count("cache_read_tokens")
+    cache_write_tokens: int = _count("cache_write_tokens")
+    reasoning_tokens: int = _count("reasoning_tokens")
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache_read_tokens + self.cache_write_tokens > self.input_tokens:
+            raise TypeError(
+                "Usage: cache_read_tokens + cache_write_tokens "
+                f"({self.cache_read_tokens} + {self.cache_write_tokens}) are part of "
+                f"input_tokens ({self.input_tokens}) and cannot exceed it"
+            )
+        if self.reasoning_tokens > self.output_tokens:
+            raise TypeError(
+                f"Usage: reasoning_tokens ({self.reasoning_tokens}) are part of "
+                f"output_tokens ({self.output_tokens}) and cannot exceed it"
+            )
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
-        )
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: Usage) -> Usage:
+        """The usage between an earlier total ``other`` and this one."""
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     @property
     def total_tokens(self) -> int:

@@ -28,6 +28,8 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     parse_arguments,
+    reported,
+    reported_usage,
     sse_events,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
@@ -143,11 +145,15 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
 
 
 def _usage(usage: Any) -> Usage:
+    """Prompt tokens include the cached ones; completion tokens the reasoning ones."""
     if usage is None:
         return Usage()
-    if isinstance(usage, dict):
-        return Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
-    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+    return reported_usage(
+        reported(usage, "prompt_tokens"),
+        reported(usage, "completion_tokens"),
+        cache_read=reported(usage, "prompt_tokens_details", "cached_tokens"),
+        reasoning=reported(usage, "completion_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _tool_calls(raw: Any) -> list[ToolCall]:
