@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -93,7 +93,7 @@ class ModelCallFinished:
 class RunFinished:
     """The run completed."""
 
-    result: RunResult
+    result: RunResult[Any]
 
 
 Event = (

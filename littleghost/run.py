@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import anyio
 from attrs import define, field, frozen
@@ -30,6 +30,7 @@ __all__ = ["RunContext", "RunResult"]
 LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
+OutputT = TypeVar("OutputT")
 
 
 def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
@@ -48,17 +49,18 @@ def _messages(value: Any) -> tuple[Message, ...]:
 
 
 @frozen
-class RunResult:
+class RunResult(Generic[OutputT]):
     """What a completed run returns.
 
     Args:
-        output: The final assistant text.
+        output: The final assistant text; the typed value when an ``output_type``
+            applies.
         messages: The whole conversation log after the run (history and new messages).
         usage: Tokens of every model call of the run, summary calls included.
         stop_reason: Why the final model call stopped.
     """
 
-    output: str = field(validator=_instance(str, "RunResult.output"))
+    output: OutputT
     messages: tuple[Message, ...] = field(converter=_messages)
     usage: Usage = field(validator=_instance(Usage, "RunResult.usage"))
     stop_reason: StopReason = field(converter=StopReason)
@@ -212,6 +214,8 @@ class RunContext:
                 telemetry.PURPOSE: request.purpose,
                 **telemetry.setting_attributes(request.settings),
             }
+            if request.output_schema is not None:
+                attributes[telemetry.OUTPUT_TYPE] = "json"
             attributes.update(extra)
             if self.session_id is not None:
                 attributes[telemetry.CONVERSATION_ID] = self.session_id

@@ -54,6 +54,7 @@ TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
+OUTPUT_TYPE = "gen_ai.output.type"
 ERROR_TYPE = "error.type"
 PURPOSE = "littleghost.purpose"
 

@@ -61,6 +61,9 @@ class ScriptedModel:
             (sync or async), used in order.
         context_window: The window it advertises (``None``: unknown).
         name: Its model name.
+        supports_output_schema: Whether it says it takes a request's ``output_schema``
+            (so ``output_strategy="auto"`` asks it natively); False makes such runs use
+            the final-result tool.
     """
 
     provider = "scripted"
@@ -71,6 +74,7 @@ class ScriptedModel:
         *,
         context_window: int | None = None,
         name: str = "scripted",
+        supports_output_schema: bool = True,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
@@ -96,8 +100,14 @@ class ScriptedModel:
             )
         if not isinstance(name, str):
             raise TypeError(f"ScriptedModel: name must be a str, not {name!r}")
+        if not isinstance(supports_output_schema, bool):
+            raise TypeError(
+                "ScriptedModel: supports_output_schema must be True or False, "
+                f"not {supports_output_schema!r}"
+            )
         self._context_window = context_window
         self._name = name
+        self.supports_output_schema = supports_output_schema
         self.requests: list[ModelRequest] = []
 
     @property

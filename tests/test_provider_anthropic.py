@@ -7,10 +7,11 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import anyio
+import attrs
 import httpx2
 import pytest
 
@@ -625,6 +626,74 @@ async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tok
     assert "tools" not in summary and "Transcript:" in json.dumps(summary["messages"])
     assert any(message.is_summary for message in result.messages)
     assert result.usage.cache_read_tokens == 590
+
+
+@attrs.frozen
+class Verdict:
+    label: Literal["spam", "ham"]
+    score: float
+
+
+async def test_an_output_type_is_asked_with_an_output_format(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A typed run sends its schema as output_config's JSON-schema format (beside an
+    output_config setting); the JSON answer comes back as the typed value."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        settings = {"output_config": {"effort": "low"}}
+
+    server = FakeServer(message([{"type": "text", "text": '{"label": "ham", "score": 0.5}'}]))
+    result = await Classifier(model=make_model(server)).run("classify: hello")
+    assert result.output == Verdict("ham", 0.5)
+    [body] = server.bodies
+    assert body["output_config"] == {
+        "effort": "low",
+        "format": {
+            "type": "json_schema",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "label": {"enum": ["spam", "ham"]},
+                    "score": {"type": "number"},
+                },
+                "required": ["label", "score"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert "tools" not in body and "tool_choice" not in body
+
+
+async def test_the_tool_strategy_forces_the_final_result_tool(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """With the final-result tool, the request carries it and tool_choice "any"."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        output_strategy = "tool"
+
+    server = FakeServer(
+        message(
+            [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "final_result",
+                    "input": {"label": "spam", "score": 1},
+                }
+            ],
+            stop_reason="tool_use",
+        )
+    )
+    result = await Classifier(model=make_model(server)).run("classify: WIN $$$")
+    assert result.output == Verdict("spam", 1.0)
+    [body] = server.bodies
+    assert [tool["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == {"type": "any"}
+    assert "output_config" not in body
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

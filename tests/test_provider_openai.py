@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
+import attrs
 import httpx2
 import openai
 import pytest
@@ -697,6 +698,74 @@ async def test_closing_the_model_leaves_a_given_client_open(
     await model.aclose()
     response = await model.respond(ModelRequest([Message.user("hi")]))
     assert response.message.text == "b"
+
+
+@attrs.frozen
+class Verdict:
+    label: Literal["spam", "ham"]
+    score: float
+
+
+async def test_an_output_type_is_asked_with_a_strict_json_schema(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A typed run sends its schema as a strict json_schema response_format, and the JSON
+    answer comes back as the typed value; a schema strict decoding cannot take is sent
+    with strict off."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+
+    server = FakeServer(
+        completion({"content": '{"label": "ham", "score": 0.25}'}),
+        completion({"content": '{"result": {"a": 1}}'}),
+    )
+    model = make_model(server)
+    result = await Classifier(model=model).run("classify: hello")
+    assert result.output == Verdict("ham", 0.25)
+    assert server.bodies[0]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "Verdict",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "label": {"enum": ["spam", "ham"]},
+                    "score": {"type": "number"},
+                },
+                "required": ["label", "score"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+    assert "tools" not in server.bodies[0]
+    counts = await Classifier(model=model).run("count", output_type=dict[str, int])
+    assert counts.output == {"a": 1}
+    assert server.bodies[1]["response_format"]["json_schema"]["strict"] is False
+
+
+async def test_the_tool_strategy_sends_a_required_final_result_tool(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """With the final-result tool, the request carries it and tool_choice "required"."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        output_strategy = "tool"
+
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "final_result", "arguments": '{"label": "spam", "score": 1}'},
+    }
+    server = FakeServer(completion({"tool_calls": [call]}, finish_reason="tool_calls"))
+    result = await Classifier(model=make_model(server)).run("classify: WIN $$$")
+    assert result.output == Verdict("spam", 1.0)
+    [body] = server.bodies
+    assert [tool["function"]["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == "required"
+    assert "response_format" not in body
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

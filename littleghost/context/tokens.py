@@ -20,6 +20,7 @@ from attrs import field, frozen
 
 from littleghost._validators import check, count, is_number
 from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.models.base import OutputSchema
 
 __all__ = [
     "ByteEstimator",
@@ -267,14 +268,19 @@ def estimate_request(
     settings: Mapping[str, Any],
     tokenizer: Tokenizer = DEFAULT_TOKENIZER,
     estimates: Estimates | None = None,
+    *,
+    output_schema: OutputSchema | None = None,
 ) -> int:
-    """The estimated prompt tokens of a request: messages, tool schemas and the settings
-    that reach the prompt (stop sequences, response format, tool choice); ``estimates``
-    remembers the messages' counts across calls."""
+    """The estimated prompt tokens of a request: messages, tool schemas, the output
+    schema and the settings that reach the prompt (stop sequences,
+    response format, tool choice); ``estimates`` remembers the messages' counts across
+    calls."""
     total = (estimates or Estimates(tokenizer)).total(messages)
     tool_list = tuple(tools)
     if tool_list:
         total += tokenizer.count_tokens(tools_text(tool_list))
+    if output_schema is not None:
+        total += tokenizer.count_tokens(_JSON(dict(output_schema.schema)))
     extra = {key: settings[key] for key in _PROMPT_SETTINGS if key in settings}
     if extra:
         total += tokenizer.count_tokens(json.dumps(extra, ensure_ascii=False, default=str))

@@ -200,7 +200,9 @@ class AnthropicModel:
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
-    becomes ``metadata.user_id``; other settings go to the API as they are. A setting
+    becomes ``metadata.user_id``; other settings go to the API as they are. A request's
+    ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
+    any ``output_config`` setting). A setting
     the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
     before the request is sent, naming it and the settings accepted.
 
@@ -209,6 +211,8 @@ class AnthropicModel:
     """
 
     provider = "anthropic"
+    supports_output_schema = True
+    """A request's ``output_schema`` becomes ``output_config.format`` (structured outputs)."""
 
     def __init__(
         self,
@@ -291,6 +295,13 @@ class AnthropicModel:
             if parallel is False:
                 choice["disable_parallel_tool_use"] = True
             settings["tool_choice"] = choice
+        if request.output_schema is not None:
+            config = dict(settings.pop("output_config", None) or {})
+            config["format"] = {"type": "json_schema", "schema": dict(request.output_schema.schema)}
+            if "output_config" in accepted:
+                params["output_config"] = config
+            else:
+                params["extra_body"] = {**settings.pop("extra_body", {}), "output_config": config}
         params.update(settings)
         return params
 

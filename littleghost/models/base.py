@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -15,6 +16,7 @@ __all__ = [
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "OutputSchema",
     "StopReason",
     "ToolSpec",
     "Usage",
@@ -109,6 +111,60 @@ class ToolSpec:
             raise TypeError(f"ToolSpec.name must be a non-empty str, not {value!r}")
 
 
+def _object_schema(value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or value.get("type") != "object":
+        raise TypeError(
+            f"OutputSchema.schema must be a JSON schema dict with an object at its root, not {value!r}"
+        )
+    return dict(value)
+
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@frozen
+class OutputSchema:
+    """The JSON a request asks the model's final answer to be (native structured output).
+
+    Args:
+        name: A name for it, as providers want one (letters, digits, ``_`` and ``-``;
+            at most 64).
+        schema: A JSON schema with an object at its root.
+    """
+
+    name: str = field()
+    schema: Mapping[str, Any] = field(converter=_object_schema)
+
+    @name.validator
+    def _check_name(self, attribute: object, value: object) -> None:
+        if not isinstance(value, str) or not _SCHEMA_NAME.fullmatch(value):
+            raise TypeError(f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {value!r}")
+
+    @property
+    def strict(self) -> bool:
+        """True when the schema fits strict decoding (OpenAI's ``strict``): every object
+        closed, with every property required, and no open-ended value."""
+        return _strict(self.schema)
+
+
+def _strict(schema: object) -> bool:
+    if not isinstance(schema, Mapping) or not schema or "prefixItems" in schema:
+        return False
+    if "anyOf" in schema:
+        return all(_strict(option) for option in schema["anyOf"])
+    if schema.get("type") == "object":
+        properties = schema.get("properties")
+        return (
+            isinstance(properties, Mapping)
+            and schema.get("additionalProperties") is False
+            and set(schema.get("required", ())) == set(properties)
+            and all(_strict(value) for value in properties.values())
+        )
+    if schema.get("type") == "array":
+        return _strict(schema.get("items"))
+    return True
+
+
 def _messages(value: object) -> tuple[Message, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"ModelRequest.messages must be a sequence of Message, not {value!r}")
@@ -148,6 +204,8 @@ class ModelRequest:
         tools: The tools it may call.
         settings: Provider settings (``max_tokens``, ``temperature``, ``seed``, ...).
         purpose: ``chat``, or ``context_compaction`` for a summary call.
+        output_schema: The JSON the final answer must be, for a model that takes a
+            schema (``supports_output_schema``); ``None`` for free text.
     """
 
     messages: tuple[Message, ...] = field(converter=_messages)
@@ -155,6 +213,12 @@ class ModelRequest:
     settings: Mapping[str, Any] = field(factory=dict, converter=_settings)
     purpose: str = field(
         default="chat", validator=instance_of("ModelRequest.purpose", str, "a str")
+    )
+    output_schema: OutputSchema | None = field(
+        default=None,
+        validator=instance_of(
+            "ModelRequest.output_schema", (OutputSchema, type(None)), "an OutputSchema or None"
+        ),
     )
 
     @property
@@ -199,7 +263,9 @@ class Model(Protocol):
     """A chat model.
 
     Optionally a model also has ``async prepare()`` (awaited before a run's first call),
-    ``async aclose()`` and ``stream(request)`` (see :mod:`littleghost.models.streaming`).
+    ``async aclose()``, ``stream(request)`` (see :mod:`littleghost.models.streaming`) and
+    ``supports_output_schema`` (True when it holds its answer to a request's
+    ``output_schema``, the provider's native structured output).
     """
 
     @property

@@ -32,7 +32,14 @@ from littleghost.models._sdk import (
     reported_usage,
     sse_events,
 )
-from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
+from littleghost.models.base import (
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    StopReason,
+    ToolSpec,
+    Usage,
+)
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
@@ -198,6 +205,8 @@ class OpenAIModel:
     """
 
     provider = "openai"
+    supports_output_schema = True
+    """A request's ``output_schema`` becomes a JSON-schema ``response_format``."""
 
     def __init__(
         self,
@@ -318,9 +327,26 @@ class OpenAIModel:
             if key == "max_tokens" and self._official:
                 key = "max_completion_tokens"
             (params if key in self._accepted else extra)[key] = value
+        if request.output_schema is not None:
+            for key, value in self._output_params(request.output_schema).items():
+                (params if key in self._accepted else extra)[key] = value
         if extra:
             params["extra_body"] = extra
         return params
+
+    def _output_params(self, output: OutputSchema) -> dict[str, Any]:
+        """The parameters that hold the answer to ``output``: a JSON-schema
+        ``response_format``, strict when the schema allows it."""
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": output.name,
+                    "schema": dict(output.schema),
+                    "strict": output.strict,
+                },
+            }
+        }
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""
