@@ -18,6 +18,7 @@ __all__ = [
     "Event",
     "ModelCallFinished",
     "ModelCallRetried",
+    "ReasoningDelta",
     "RunFinished",
     "TextDelta",
     "ToolCallFinished",
@@ -28,6 +29,13 @@ __all__ = [
 @frozen
 class TextDelta:
     """A piece of the answer's text, as the model wrote it."""
+
+    text: str
+
+
+@frozen
+class ReasoningDelta:
+    """A piece of the model's reasoning, as it wrote it (never the answer's text)."""
 
     text: str
 
@@ -98,6 +106,7 @@ class RunFinished:
 
 Event = (
     TextDelta
+    | ReasoningDelta
     | ToolCallStarted
     | ToolCallFinished
     | CompactionStarted

@@ -15,10 +15,10 @@ from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import ProtocolError, SessionStoreError
-from littleghost.events import Event, ModelCallRetried, TextDelta
+from littleghost.events import Event, ModelCallRetried, ReasoningDelta, TextDelta
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
 
@@ -270,8 +270,12 @@ class RunContext:
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
             response = await model.respond(request)
-            if streamed and isinstance(response, ModelResponse) and response.message.text:
-                await self.emit(TextDelta(response.message.text))
+            if streamed and isinstance(response, ModelResponse):
+                for part in response.message.reasoning:
+                    if part.text:
+                        await self.emit(ReasoningDelta(part.text))
+                if response.message.text:
+                    await self.emit(TextDelta(response.message.text))
             return response
         done: ModelResponse | None = None
         async with aclosing(stream(request)) as chunks:
@@ -279,6 +283,9 @@ class RunContext:
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
                         await self.emit(TextDelta(chunk.text))
+                elif isinstance(chunk, ReasoningChunk):
+                    if chunk.text:
+                        await self.emit(ReasoningDelta(chunk.text))
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
         if done is None:

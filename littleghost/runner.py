@@ -571,9 +571,10 @@ def _user_message(value: object) -> Message:
     if isinstance(value, Message):
         if value.role is not Role.USER:
             raise TypeError(f"input must be a user message, not a {value.role} message")
-        if value.tool_calls or value.tool_results:
+        if value.tool_calls or value.tool_results or value.reasoning:
             raise ConfigurationError(
-                "input: a user message holds text and images, not tool calls or tool results"
+                "input: a user message holds text and images, not tool calls, tool results "
+                "or reasoning"
             )
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")

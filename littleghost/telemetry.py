@@ -17,7 +17,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
-from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models.base import Usage
 
 __all__ = [
@@ -144,6 +144,8 @@ def _part_json(part: object) -> dict[str, Any]:
         return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
     if isinstance(part, ImagePart):
         return {"type": "image", "url": part.url} if part.url else {"type": "image"}
+    if isinstance(part, ReasoningPart):
+        return {"type": "reasoning", "content": part.text}
     return {"type": "unknown"}
 
 

@@ -15,7 +15,7 @@ from attrs import frozen
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.retention import Fact, FactCheck, RetentionReport, check_retention
 
 __all__ = [
@@ -151,7 +151,7 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
-        delay before each), any other text answer word by word."""
+        delay before each), any other answer's reasoning, then its text word by word."""
         step = self._steps[0] if self._steps else None
         if isinstance(step, Streamed):
             response = await self.respond(request)
@@ -161,6 +161,9 @@ class ScriptedModel:
                 yield TextChunk(chunk)
         else:
             response = await self.respond(request)
+            for part in response.message.reasoning:
+                await anyio.lowlevel.checkpoint()
+                yield ReasoningChunk(part.text)
             for chunk in re.findall(r"\S+\s*|\s+", response.message.text):
                 await anyio.lowlevel.checkpoint()
                 yield TextChunk(chunk)

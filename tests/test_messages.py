@@ -9,7 +9,16 @@ from typing import Any
 import attrs
 import pytest
 
-from littleghost import ImagePart, Message, Role, TextPart, ToolCall, ToolResult, Usage
+from littleghost import (
+    ImagePart,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
 from littleghost.errors import ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
@@ -182,6 +191,18 @@ def test_wrong_value_messages_name_the_field_but_not_the_content() -> None:
     assert str(wrong_count.value) == "Usage.input_tokens must be an int >= 0, not -1"
 
 
+def test_reasoning_is_a_part_of_its_own() -> None:
+    """Reasoning keeps its place among a message's parts, out of its text; a block goes
+    back only to the provider that wrote it, and never when it lost its signature."""
+    thought = ReasoningPart("hmm", "sig", "anthropic")
+    message = Message(Role.ASSISTANT, [thought, TextPart("yes"), ToolCall("c", "t")])
+    assert message.reasoning == (thought,) and message.text == "yes"
+    assert message.content[0] is thought
+    assert thought.sendable_to("anthropic") and not thought.sendable_to("openai")
+    assert ReasoningPart("hmm", None, "local").sendable_to("local")
+    assert not ReasoningPart("hmm", "", "anthropic").sendable_to("anthropic")
+
+
 def test_tool_call_keeps_raw_string_arguments() -> None:
     """ToolCall keeps a str of arguments as it came (not valid JSON)."""
     assert ToolCall("c1", "t", "{not json").arguments == "{not json"
@@ -213,6 +234,10 @@ def test_image_part_needs_data_or_url() -> None:
         (lambda: ToolResult("c", 5), "ToolResult.content"),
         (lambda: ToolResult("c", "x", "yes"), "ToolResult.is_error"),
         (lambda: Message.tool("c", "x", is_error="no"), "ToolResult.is_error"),
+        (lambda: ReasoningPart(None), "ReasoningPart.text"),
+        (lambda: ReasoningPart("t", b"sig"), "ReasoningPart.signature"),
+        (lambda: ReasoningPart("t", provider=1), "ReasoningPart.provider"),
+        (lambda: ReasoningPart("t", redacted=1), "ReasoningPart.redacted"),
     ],
 )
 def test_message_values_reject_wrong_types(build: Any, names: str) -> None:

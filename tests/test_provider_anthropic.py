@@ -15,7 +15,16 @@ import attrs
 import httpx2
 import pytest
 
-from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, manage_context, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    manage_context,
+    tool,
+)
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -26,7 +35,7 @@ from littleghost.errors import (
 )
 from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, AnthropicModel, from_model_string
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -694,6 +703,168 @@ async def test_the_tool_strategy_forces_the_final_result_tool(
     assert [tool["name"] for tool in body["tools"]] == ["final_result"]
     assert body["tool_choice"] == {"type": "any"}
     assert "output_config" not in body
+
+
+THINKING = {"type": "thinking", "thinking": "The user wants order 42.", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "enc-1"}
+
+
+async def test_thinking_blocks_round_trip_through_a_tool_loop_and_a_compaction(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Signed and redacted thinking blocks enter the log in order with the text and the
+    tool call they came with, and go back verbatim in the tool loop, even after a
+    compaction: their group is kept whole. Reasoning of summarized turns stays out of
+    the summary's transcript."""
+
+    @manage_context(
+        context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
+    )
+    class Thinker(Agent):
+        @tool
+        def lookup(self, order_id: str) -> str:
+            """Find an order."""
+            return "shipped"
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"order_id": "42"}}
+    server = FakeServer(
+        message(
+            [THINKING, REDACTED, {"type": "text", "text": "Looking."}, call],
+            stop_reason="tool_use",
+            usage={"input_tokens": 600, "output_tokens": 30},
+        ),
+        message([{"type": "text", "text": "- the user asked about orders"}]),
+        message([{"type": "text", "text": "It shipped."}]),
+    )
+    history = [
+        Message.user("hello"),
+        Message(
+            "assistant",
+            [ReasoningPart("old private musing", "sig-0", "anthropic"), TextPart("hi")],
+        ),
+        Message.user("any news?"),
+        Message.assistant("none yet"),
+    ]
+    result = await Thinker(model=make_model(server)).run("where is order 42?", history=history)
+    assert result.output == "It shipped."
+    answer = result.messages[len(history) + 1]
+    assert answer.content == (
+        ReasoningPart("The user wants order 42.", "sig-1", "anthropic"),
+        ReasoningPart("", "enc-1", "anthropic", redacted=True),
+        TextPart("Looking."),
+        ToolCall("toolu_1", "lookup", {"order_id": "42"}),
+    )
+    first, summary, compacted = server.bodies
+    assert first["messages"][1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "old private musing",
+        "signature": "sig-0",
+    }
+    assert "tools" not in summary
+    assert "old private musing" not in json.dumps(summary) and "sig-0" not in json.dumps(summary)
+    assert "old private musing" not in json.dumps(compacted)
+    assert any(m.is_summary for m in result.messages)
+    assistant = [turn for turn in compacted["messages"] if turn["role"] == "assistant"]
+    assert assistant[-1]["content"] == [
+        THINKING,
+        REDACTED,
+        {"type": "text", "text": "Looking."},
+        {**call, "input": {"order_id": "42"}},
+    ]
+
+
+async def test_reasoning_that_cannot_go_back_is_dropped_before_the_request(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A thinking block that lost its signature, and reasoning from another provider, are
+    left out of the request; the message's other parts still go."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [
+        Message.user("hi"),
+        Message(
+            "assistant",
+            [
+                ReasoningPart("cut off", "", "anthropic"),
+                ReasoningPart("elsewhere", None, "openai"),
+                ReasoningPart("kept", "sig-2", "anthropic"),
+                TextPart("hello"),
+            ],
+        ),
+        Message("assistant", [ReasoningPart("only this", "", "anthropic")]),
+        Message.user("again"),
+    ]
+    await make_model(server).respond(ModelRequest(history))
+    [body] = server.bodies
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "kept", "signature": "sig-2"},
+                {"type": "text", "text": "hello"},
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "again"}]},
+    ]
+
+
+async def test_a_stream_yields_thinking_and_keeps_its_signature(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Thinking deltas stream as reasoning chunks; the signature delta completes the
+    block, and a block the stream left unsigned keeps an empty signature."""
+
+    def thinking(index: int, pieces: list[str], signature: str | None) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            },
+            *(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": piece},
+                }
+                for piece in pieces
+            ),
+        ]
+        if signature is not None:
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "signature_delta", "signature": signature},
+                }
+            )
+        return [*events, {"type": "content_block_stop", "index": index}]
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                START,
+                *thinking(0, ["Let me ", "think."], "sig-9"),
+                *text_block(1, "Done."),
+                *thinking(2, ["More"], None),
+                *finish("end_turn", 12),
+            )
+        )
+    )
+    events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hm")]))]
+    assert events[:-1] == [
+        ReasoningChunk("Let me "),
+        ReasoningChunk("think."),
+        TextChunk("Done."),
+        ReasoningChunk("More"),
+    ]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.content == (
+        ReasoningPart("Let me think.", "sig-9", "anthropic"),
+        TextPart("Done."),
+        ReasoningPart("More", "", "anthropic"),
+    )
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

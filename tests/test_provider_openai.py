@@ -14,7 +14,7 @@ import httpx2
 import openai
 import pytest
 
-from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost import Agent, ImagePart, Message, ReasoningPart, TextPart, ToolCall, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -25,7 +25,7 @@ from littleghost.errors import (
 )
 from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -698,6 +698,74 @@ async def test_closing_the_model_leaves_a_given_client_open(
     await model.aclose()
     response = await model.respond(ModelRequest([Message.user("hi")]))
     assert response.message.text == "b"
+
+
+async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A server's reasoning_content becomes a reasoning part before the answer; it goes
+    back on the assistant messages of the current turn's tool loop only, and reasoning of
+    another provider never does."""
+
+    class Adder(Agent):
+        @tool
+        def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    server = FakeServer(
+        completion(
+            {"reasoning_content": "Two plus three.", "tool_calls": [call]},
+            finish_reason="tool_calls",
+        ),
+        completion({"content": "5"}),
+    )
+    history = [
+        Message.user("hi"),
+        Message("assistant", [ReasoningPart("earlier turn", None, "openai"), TextPart("hello")]),
+    ]
+    result = await Adder(model=make_model(server)).run("2+3?", history=history)
+    assert result.messages[3].content == (
+        ReasoningPart("Two plus three.", None, "openai"),
+        ToolCall("call_1", "add", {"a": 2, "b": 3}),
+    )
+    second = server.bodies[1]["messages"]
+    assert "reasoning_content" not in second[1]
+    assert second[3]["reasoning_content"] == "Two plus three."
+    foreign = Message("assistant", [ReasoningPart("from claude", "sig", "anthropic")])
+    server.answers.append(completion({"content": "ok"}))
+    await make_model(server).respond(ModelRequest([Message.user("go"), foreign]))
+    assert "reasoning_content" not in server.bodies[2]["messages"][1]
+
+
+async def test_streamed_reasoning_arrives_as_reasoning_chunks(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Streamed reasoning_content deltas are reasoning chunks, apart from the text."""
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk({"role": "assistant", "reasoning_content": "Hmm, "}),
+                chunk({"reasoning_content": "greet."}),
+                chunk({"content": "Hello"}, finish_reason="stop"),
+            )
+        )
+    )
+    model = make_model(server)
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    assert events[:-1] == [ReasoningChunk("Hmm, "), ReasoningChunk("greet."), TextChunk("Hello")]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.content == (
+        ReasoningPart("Hmm, greet.", None, "openai"),
+        TextPart("Hello"),
+    )
+    assert done.response.message.text == "Hello"
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, tool
+from littleghost import Agent, Message, ReasoningPart, TextPart, tool
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -285,6 +285,19 @@ async def run_with_secrets(agent: Support) -> None:
     await type(agent)(model=model, capture_content=agent.capture_content).run(
         f"question {SECRET}", history=history
     )
+
+
+async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Spans) -> None:
+    """Reasoning is content: absent from spans by default, in the output messages when
+    capture_content is on."""
+    thought = ModelResponse(
+        Message("assistant", [ReasoningPart(f"thinking {SECRET}", "sig", "x"), TextPart("Hi.")])
+    )
+    await Support(model=ScriptedModel([thought])).run("hello")
+    assert not [text for text in every_text(spans.all()) if SECRET in text]
+    await Support(model=ScriptedModel([thought]), capture_content=True).run("hello")
+    output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
+    assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
 
 
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:

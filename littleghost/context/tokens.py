@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from attrs import field, frozen
 
 from littleghost._validators import check, count, is_number
-from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models.base import OutputSchema
 
 __all__ = [
@@ -122,7 +122,7 @@ def _prompt(message: Message) -> tuple[str, int]:
     images = 0
     for part in message.content:
         kind = type(part)
-        if kind is TextPart:
+        if kind is TextPart or kind is ReasoningPart:
             pieces.append(part.text)  # type: ignore[union-attr]
         elif kind is ToolCall:
             call: ToolCall = part  # type: ignore[assignment]
@@ -142,7 +142,8 @@ _RESULT_CHARS = len('{"tool_call_id":"","content":""}')
 
 
 def prompt_text(message: Message) -> str:
-    """The text of ``message`` that reaches a prompt: role, text, tool calls and results.
+    """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls
+    and results.
 
     Metadata and image bytes are not part of it (images are counted by allowance).
     """
@@ -184,7 +185,7 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
             images = 0
             for part in message.content:
                 kind = type(part)
-                if kind is TextPart:
+                if kind is TextPart or kind is ReasoningPart:
                     length += len(part.text)  # type: ignore[union-attr]
                 elif kind is ToolResult:
                     result: ToolResult = part  # type: ignore[assignment]
