@@ -185,8 +185,8 @@ class Agent:
     ``result.output``; ``None``: the answer's text) and ``output_strategy`` (``"auto"``,
     ``"native"`` or ``"tool"``: how the model is asked for it, see
     :mod:`littleghost.output`). Constructor keywords of the same names override them for
-    one instance. ``capabilities`` shows what class
-    decorators added (see :mod:`littleghost.capabilities`).
+    one instance. ``capabilities`` shows what class decorators added (see
+    :mod:`littleghost.capabilities`).
     """
 
     model: ClassVar[str | Model | None] = None

@@ -35,6 +35,8 @@ __all__ = [
     "OutputPlan",
     "OutputType",
     "Strategy",
+    "check_strategy",
+    "check_tool_names",
     "compile_output_type",
     "plan_output",
 ]

@@ -273,9 +273,8 @@ def estimate_request(
     output_schema: OutputSchema | None = None,
 ) -> int:
     """The estimated prompt tokens of a request: messages, tool schemas, the output
-    schema and the settings that reach the prompt (stop sequences,
-    response format, tool choice); ``estimates`` remembers the messages' counts across
-    calls."""
+    schema and the settings that reach the prompt (stop sequences, response format, tool
+    choice); ``estimates`` remembers the messages' counts across calls."""
     total = (estimates or Estimates(tokenizer)).total(messages)
     tool_list = tuple(tools)
     if tool_list:

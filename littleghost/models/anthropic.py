@@ -80,7 +80,7 @@ def _image(part: ImagePart) -> dict[str, Any]:
 
 def _block(part: object) -> dict[str, Any] | None:
     if isinstance(part, ReasoningPart):
-        if not part.sendable_to(PROVIDER) or not part.signature:
+        if part.provider != PROVIDER or not part.signature:
             return None  # another provider's, or unsigned: the API takes neither
         if part.redacted:
             return {"type": "redacted_thinking", "data": part.signature}
@@ -230,9 +230,9 @@ class AnthropicModel:
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
     becomes ``metadata.user_id``; other settings go to the API as they are. A request's
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
-    any ``output_config`` setting). A setting
-    the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
-    before the request is sent, naming it and the settings accepted.
+    any ``output_config`` setting). A setting the installed SDK does not accept
+    (``seed``, ...) is a ``ConfigurationError`` raised before the request is sent, naming
+    it and the settings accepted.
 
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set.

@@ -2,12 +2,12 @@
 
 A message becomes a JSON object ``{"id", "role", "content", "metadata"}``; its parts are
 objects tagged by ``"type"`` (``text``, ``image`` with base64 ``data``, ``tool_call``,
-``tool_result``, ``reasoning``). Metadata values (and tool-call arguments) must be JSON-like: ``str``,
-``int``, ``float`` (finite), ``bool``, ``None``, ``list``, ``tuple`` and ``dict`` with
-``str`` keys, of exactly these types; they come back with the same types. A tuple is
-written as ``{"$tuple": [...]}``; a dict with a key starting with ``$`` is wrapped as
-``{"$dict": {...}}``, so no user dict is ever read back as a tag. Values nest at most
-``MAX_DEPTH`` levels deep.
+``tool_result``, ``reasoning``). Metadata values (and tool-call arguments) must be
+JSON-like: ``str``, ``int``, ``float`` (finite), ``bool``, ``None``, ``list``, ``tuple``
+and ``dict`` with ``str`` keys, of exactly these types; they come back with the same
+types. A tuple is written as ``{"$tuple": [...]}``; a dict with a key starting with ``$``
+is wrapped as ``{"$dict": {...}}``, so no user dict is ever read back as a tag. Values
+nest at most ``MAX_DEPTH`` levels deep.
 
 Errors never quote stored content: an encoding error names the field that holds the
 value (``message 'm1': metadata['key']``) and what is wrong with it; a decoding error
