@@ -21,6 +21,13 @@ from littleghost.hooks import BoundHook, bind_hooks
 from littleghost.messages import Message
 from littleghost.models.base import Model, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
+from littleghost.output import (
+    OutputType,
+    Strategy,
+    check_strategy,
+    check_tool_names,
+    compile_output_type,
+)
 from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.settings import check_settings
@@ -106,6 +113,11 @@ def _session_store(name: str, value: object) -> SessionStore:
     return value
 
 
+def _output_type(name: str, value: object) -> object:
+    compile_output_type(value, name)
+    return value
+
+
 _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "model": _model,
     "instructions": _instructions,
@@ -118,6 +130,8 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "capture_content": _bool,
     "session_store": _session_store,
     "cleanup_grace": _seconds,
+    "output_type": _output_type,
+    "output_strategy": check_strategy,
 }
 
 _DEFAULT_STORES: weakref.WeakSet[InMemorySessionStore] = weakref.WeakSet()
@@ -167,9 +181,12 @@ class Agent:
     ``max_tool_result_tokens`` (10 000), ``max_retries`` (3), ``capture_content``
     (False), ``session_store`` (where ``run(..., session_id=)`` keeps conversations;
     default an ``InMemorySessionStore`` of the class's own) and ``cleanup_grace`` (1 s:
-    how long a stopping run may go on storing what it must). Constructor keywords of the
-    same names override them for one instance. ``capabilities`` shows what class
-    decorators added (see :mod:`littleghost.capabilities`).
+    how long a stopping run may go on storing what it must), ``output_type`` (the type of
+    ``result.output``; ``None``: the answer's text) and ``output_strategy`` (``"auto"``,
+    ``"native"`` or ``"tool"``: how the model is asked for it, see
+    :mod:`littleghost.output`). Constructor keywords of the same names override them for
+    one instance. ``capabilities`` shows what class decorators added (see
+    :mod:`littleghost.capabilities`).
     """
 
     model: ClassVar[str | Model | None] = None
@@ -183,6 +200,8 @@ class Agent:
     capture_content: ClassVar[bool] = False
     session_store: ClassVar[SessionStore] = _default_store()
     cleanup_grace: ClassVar[float] = 1.0
+    output_type: ClassVar[Any] = None
+    output_strategy: ClassVar[Strategy] = "auto"
     context_management: ClassVar[Any] = None
     capabilities: ClassVar[tuple[Capability, ...]] = ()
     """The capabilities in effect for the class, in the order their hooks run."""
@@ -216,6 +235,8 @@ class Agent:
         cls.__littleghost_tool_index__ = index_tools(
             cls.__name__, _method_tools(cls), _function_tools(cls.__name__, cls.tools)
         )
+        if cls.output_type is not None:
+            check_tool_names(cls.__name__, cls.__littleghost_tool_index__)
         for entry in hook_plan(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
@@ -242,6 +263,8 @@ class Agent:
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
+        if self.output_type is not None:
+            check_tool_names(type(self).__name__, self._tool_index)
         self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
         self._resolved: Model | None = None
         self._resolved_from: str | None = None
@@ -256,6 +279,16 @@ class Agent:
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """What the model is told about this agent's tools (the same values every turn)."""
         return tuple(definition.spec for definition, _ in self._tool_index.values())
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The names of this agent's tools."""
+        return frozenset(self._tool_index)
+
+    @functools.cached_property
+    def output(self) -> OutputType | None:
+        """This agent's ``output_type``, compiled; ``None`` for free text."""
+        return compile_output_type(self.output_type, f"{type(self).__name__}.output_type")
 
     @property
     def hooks(self) -> Mapping[str, tuple[BoundHook, ...]]:
@@ -313,7 +346,7 @@ class Agent:
         owned, self._owned, self._resolved = self._owned, [], None
         await _close_models(owned, self.cleanup_grace)
 
-    def run_sync(self, input: str | Message, **options: Any) -> RunResult:
+    def run_sync(self, input: str | Message, **options: Any) -> RunResult[Any]:
         """``run()`` for synchronous callers (not from inside an event loop).
 
         Each call runs its own event loop and owns the model it makes from a model
@@ -322,7 +355,7 @@ class Agent:
         """
         declared = self._declared_model()
 
-        async def run_and_close() -> RunResult:
+        async def run_and_close() -> RunResult[Any]:
             plan = runner.plan_run(self, input, **options)
             if isinstance(declared, Model):
                 return await runner.run(self, plan)
@@ -349,7 +382,8 @@ class Agent:
         session_id: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
-    ) -> RunResult:
+        output_type: Any = None,
+    ) -> RunResult[Any]:
         """Run the agent on ``input`` and return the final answer.
 
         Args:
@@ -366,12 +400,16 @@ class Agent:
                 accepts it. Also telemetry's ``gen_ai.conversation.id``.
             timeout: Seconds the whole run may take.
             deadline: The absolute anyio time the run must end by.
+            output_type: The type of ``result.output`` for this run, over the agent's
+                (``str`` for free text); see :mod:`littleghost.output`.
 
         Raises:
             DeadlineExceededError: The deadline passed (a cleanup the stop could not
                 finish within ``cleanup_grace`` is its ``__cause__``).
             LimitExceededError: ``max_turns`` or ``max_tool_calls`` was reached.
             OutputLimitError: The final answer stopped at the output limit.
+            OutputValidationError: The final answer did not fit the output type, even
+                after one repair turn.
             SessionStoreError: The session store failed (see its subclasses).
         """
         plan = runner.plan_run(
@@ -382,6 +420,7 @@ class Agent:
             session_id=session_id,
             timeout=timeout,
             deadline=deadline,
+            output_type=output_type,
         )
         return await runner.run(self, plan)
 
@@ -394,6 +433,7 @@ class Agent:
         session_id: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        output_type: Any = None,
     ) -> RunStream:
         """Run the agent while yielding events; use as ``async with agent.stream(...) as
         events: async for event in events: ...``.
@@ -409,6 +449,7 @@ class Agent:
             session_id=session_id,
             timeout=timeout,
             deadline=deadline,
+            output_type=output_type,
         )
         return RunStream(self, plan)
 

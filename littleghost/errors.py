@@ -17,6 +17,7 @@ keyword-only with defaults. The tree::
     ├── LimitExceededError                     ``max_turns`` or ``max_tool_calls`` overrun
     ├── PromptBudgetError                      a request's mandatory part is over its budget
     ├── CompactionError                        a conversation could not be compacted
+    ├── OutputValidationError                  the answer did not fit ``output_type``
     └── SessionStoreError                      a session store failed
         ├── CorruptSessionStoreError           not a littleghost store, or damaged
         ├── SchemaVersionError                 written by a newer littleghost
@@ -45,6 +46,7 @@ __all__ = [
     "LimitExceededError",
     "LittleGhostError",
     "OutputLimitError",
+    "OutputValidationError",
     "PromptBudgetError",
     "ProtocolError",
     "ProviderError",
@@ -227,3 +229,28 @@ class CompactionError(LittleGhostError):
     When overflow recovery fails, it is the ``__cause__`` of the provider's
     ``ContextWindowOverflowError``.
     """
+
+
+class OutputValidationError(LittleGhostError):
+    """The model's final answer did not fit the run's ``output_type``, even after the one
+    repair turn that showed it what was wrong.
+
+    Args:
+        raw: The answer as the model gave it: its text, or the final-result tool's
+            arguments as JSON.
+        errors: What did not fit, as the model was told.
+        response: The ``ModelResponse`` that carried the answer.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        raw: str = "",
+        errors: tuple[str, ...] = (),
+        response: ModelResponse | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.errors = errors
+        self.response = response

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -18,6 +18,7 @@ __all__ = [
     "Event",
     "ModelCallFinished",
     "ModelCallRetried",
+    "ReasoningDelta",
     "RunFinished",
     "TextDelta",
     "ToolCallFinished",
@@ -28,6 +29,13 @@ __all__ = [
 @frozen
 class TextDelta:
     """A piece of the answer's text, as the model wrote it."""
+
+    text: str
+
+
+@frozen
+class ReasoningDelta:
+    """A piece of the model's reasoning, as it wrote it (never the answer's text)."""
 
     text: str
 
@@ -93,11 +101,12 @@ class ModelCallFinished:
 class RunFinished:
     """The run completed."""
 
-    result: RunResult
+    result: RunResult[Any]
 
 
 Event = (
     TextDelta
+    | ReasoningDelta
     | ToolCallStarted
     | ToolCallFinished
     | CompactionStarted

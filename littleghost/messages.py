@@ -19,6 +19,7 @@ __all__ = [
     "ImagePart",
     "Message",
     "Part",
+    "ReasoningPart",
     "Role",
     "TextPart",
     "ToolCall",
@@ -139,8 +140,43 @@ class ToolResult:
     )
 
 
-Part = TextPart | ImagePart | ToolCall | ToolResult
-_PART_TYPES = (TextPart, ImagePart, ToolCall, ToolResult)
+@frozen
+class ReasoningPart:
+    """The model's reasoning, kept in the log in its place among the parts of the answer
+    it came with.
+
+    Args:
+        text: The reasoning as the provider showed it (``""`` for a redacted block).
+        signature: The provider's opaque signature, sent back verbatim (for a redacted
+            block, its encrypted data); ``None`` when the provider signs nothing, ``""``
+            when a signed block lost its signature (an interrupted stream), which is
+            never sent back.
+        provider: The provider that wrote it (``"anthropic"``, ``"openai"``, ...): only
+            that provider is sent it back.
+        redacted: True for a block whose text the provider withheld.
+    """
+
+    text: str = field(validator=instance_of("ReasoningPart.text", str, "a str"))
+    signature: str | None = field(
+        default=None,
+        validator=instance_of("ReasoningPart.signature", (str, type(None)), "a str or None"),
+    )
+    provider: str | None = field(
+        default=None,
+        validator=instance_of("ReasoningPart.provider", (str, type(None)), "a str or None"),
+    )
+    redacted: bool = field(
+        default=False, validator=instance_of("ReasoningPart.redacted", bool, "True or False")
+    )
+
+    def sendable_to(self, provider: str) -> bool:
+        """True when ``provider`` may be sent this block: it wrote it, and a signed block
+        still has its signature."""
+        return self.provider == provider and self.signature != ""
+
+
+Part = TextPart | ImagePart | ToolCall | ToolResult | ReasoningPart
+_PART_TYPES = (TextPart, ImagePart, ToolCall, ToolResult, ReasoningPart)
 
 
 def _role(value: object) -> Role:
@@ -162,7 +198,8 @@ def _content(value: object) -> tuple[Part, ...]:
     for part in parts:
         if not isinstance(part, _PART_TYPES):
             raise TypeError(
-                "Message.content holds TextPart, ImagePart, ToolCall or ToolResult values, "
+                "Message.content holds TextPart, ImagePart, ToolCall, ToolResult or "
+                "ReasoningPart values, "
                 f"not {type(part).__name__}"
             )
     return parts
@@ -236,6 +273,11 @@ class Message:
     def tool_calls(self) -> tuple[ToolCall, ...]:
         """The tool calls this message makes."""
         return tuple(part for part in self.content if isinstance(part, ToolCall))
+
+    @cached_property
+    def reasoning(self) -> tuple[ReasoningPart, ...]:
+        """The reasoning parts of this message."""
+        return tuple(part for part in self.content if isinstance(part, ReasoningPart))
 
     @cached_property
     def tool_results(self) -> tuple[ToolResult, ...]:

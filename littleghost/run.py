@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import anyio
 from attrs import define, field, frozen
@@ -15,10 +15,10 @@ from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import ProtocolError, SessionStoreError
-from littleghost.events import Event, ModelCallRetried, TextDelta
+from littleghost.events import Event, ModelCallRetried, ReasoningDelta, TextDelta
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
 
@@ -30,6 +30,7 @@ __all__ = ["RunContext", "RunResult"]
 LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
+OutputT = TypeVar("OutputT")
 
 
 def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
@@ -48,17 +49,18 @@ def _messages(value: Any) -> tuple[Message, ...]:
 
 
 @frozen
-class RunResult:
+class RunResult(Generic[OutputT]):
     """What a completed run returns.
 
     Args:
-        output: The final assistant text.
+        output: The final assistant text; the typed value when an ``output_type``
+            applies.
         messages: The whole conversation log after the run (history and new messages).
         usage: Tokens of every model call of the run, summary calls included.
         stop_reason: Why the final model call stopped.
     """
 
-    output: str = field(validator=_instance(str, "RunResult.output"))
+    output: OutputT
     messages: tuple[Message, ...] = field(converter=_messages)
     usage: Usage = field(validator=_instance(Usage, "RunResult.usage"))
     stop_reason: StopReason = field(converter=StopReason)
@@ -212,6 +214,8 @@ class RunContext:
                 telemetry.PURPOSE: request.purpose,
                 **telemetry.setting_attributes(request.settings),
             }
+            if request.output_schema is not None:
+                attributes[telemetry.OUTPUT_TYPE] = "json"
             attributes.update(extra)
             if self.session_id is not None:
                 attributes[telemetry.CONVERSATION_ID] = self.session_id
@@ -232,8 +236,7 @@ class RunContext:
                         f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
                     )
                 self.add_usage(response.usage)
-                span.set_attribute(telemetry.USAGE_INPUT_TOKENS, response.usage.input_tokens)
-                span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, response.usage.output_tokens)
+                span.set_attributes(telemetry.usage_attributes(response.usage))
                 span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (response.stop_reason.value,))
                 if self.capture_content and span.is_recording():
                     span.set_attribute(
@@ -267,8 +270,12 @@ class RunContext:
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
             response = await model.respond(request)
-            if streamed and isinstance(response, ModelResponse) and response.message.text:
-                await self.emit(TextDelta(response.message.text))
+            if streamed and isinstance(response, ModelResponse):
+                for part in response.message.reasoning:
+                    if part.text:
+                        await self.emit(ReasoningDelta(part.text))
+                if response.message.text:
+                    await self.emit(TextDelta(response.message.text))
             return response
         done: ModelResponse | None = None
         async with aclosing(stream(request)) as chunks:
@@ -276,6 +283,9 @@ class RunContext:
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
                         await self.emit(TextDelta(chunk.text))
+                elif isinstance(chunk, ReasoningChunk):
+                    if chunk.text:
+                        await self.emit(ReasoningDelta(chunk.text))
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
         if done is None:

@@ -33,6 +33,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     LimitExceededError,
     OutputLimitError,
+    OutputValidationError,
 )
 from littleghost.events import (
     ModelCallFinished,
@@ -43,6 +44,14 @@ from littleghost.events import (
 from littleghost.hooks import run_chain
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
+from littleghost.output import (
+    Answer,
+    OutputPlan,
+    OutputType,
+    check_tool_names,
+    compile_output_type,
+    plan_output,
+)
 from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import check_session_id
 from littleghost.sessions.locks import hold_session
@@ -59,6 +68,9 @@ __all__ = ["RunPlan", "plan_run", "run"]
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
 """How many replacement requests ``after_model_error`` hooks may hand back per model call."""
+MAX_REPAIRS = 1
+"""How many turns a run gives the model to fix a final answer that does not fit its
+``output_type`` before ``OutputValidationError``."""
 UNDECLARED_TOOL = "undeclared"
 """The tool name telemetry shows for a call of a tool the agent does not declare (the
 name is the model's text), unless ``capture_content`` is on."""
@@ -74,6 +86,7 @@ class RunPlan:
     session_id: str | None
     timeout: float | None
     deadline: float | None
+    output: OutputType | None = None
 
 
 def plan_run(
@@ -85,6 +98,7 @@ def plan_run(
     session_id: object = None,
     timeout: object = None,
     deadline: object = None,
+    output_type: object = None,
 ) -> RunPlan:
     """Check ``run()``'s arguments, naming the one that is wrong."""
     if session_id is not None:
@@ -93,16 +107,28 @@ def plan_run(
     message = _user_message(input)
     seed = _history(history)
     _check_new(message, seed, "history")
+    output = agent.output
+    if output_type is not None:
+        output = compile_output_type(output_type, "run(output_type=)")
+        if output is not None:
+            check_tool_names("run(output_type=)", agent.tool_names)
+    merged = {
+        **agent.settings,
+        **(check_settings("settings", settings) if settings is not None else {}),
+    }
+    if output is not None and "response_format" in merged:
+        raise ConfigurationError(
+            "settings: response_format cannot be set when an output_type applies; the "
+            "output type decides the format of the answer"
+        )
     return RunPlan(
         message=message,
         seed=seed,
-        settings={
-            **agent.settings,
-            **(check_settings("settings", settings) if settings is not None else {}),
-        },
+        settings=merged,
         session_id=session_id,  # type: ignore[arg-type]
         timeout=timeout,  # type: ignore[arg-type]
         deadline=deadline,  # type: ignore[arg-type]
+        output=output,
     )
 
 
@@ -113,7 +139,7 @@ async def run(
     model: Model | None = None,
     sink: EventSink | None = None,
     observe: Callable[[RunContext], None] | None = None,
-) -> RunResult:
+) -> RunResult[Any]:
     """Run ``agent`` once, as ``plan`` says.
 
     Args:
@@ -129,6 +155,7 @@ async def run(
     message, seed, session_id = plan.message, list(plan.seed), plan.session_id
     end = _deadline(plan.timeout, plan.deadline)
     model = agent.resolve_model() if model is None else model
+    output = plan_output(plan.output, agent.output_strategy, model)
     store = agent.session_store
     stop = min(end, anyio.current_effective_deadline())  # the caller's deadline counts too
     grace = Grace(agent.cleanup_grace, None if math.isinf(stop) else stop)
@@ -159,20 +186,19 @@ async def run(
     if session_id is not None:
         attributes[telemetry.CONVERSATION_ID] = session_id
     with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
-        result: RunResult | None = None
+        result: RunResult[Any] | None = None
         try:
             with anyio.CancelScope(deadline=end) as scope:
                 grace.scope = scope
                 async with grace.running():
                     if session_id is None:
-                        result = await _loop(agent, context, message)
+                        result = await _loop(agent, context, message, output)
                     else:
                         async with holding(hold_session(store, session_id), grace):
                             await _open_session(agent, context, log, seed, message)
-                            result = await _loop(agent, context, message)
+                            result = await _loop(agent, context, message, output)
         finally:
-            span.set_attribute(telemetry.USAGE_INPUT_TOKENS, context.usage.input_tokens)
-            span.set_attribute(telemetry.USAGE_OUTPUT_TOKENS, context.usage.output_tokens)
+            span.set_attributes(telemetry.usage_attributes(context.usage))
         if result is None:
             assert scope.cancelled_caught
             late = DeadlineExceededError(f"{agent.name} did not finish before its deadline")
@@ -216,24 +242,29 @@ async def _open_session(
     await context.append(*kept)
 
 
-async def _loop(agent: Agent, context: RunContext, message: Message) -> RunResult:
+async def _loop(
+    agent: Agent, context: RunContext, message: Message, output: OutputPlan | None
+) -> RunResult[Any]:
     repaired = interrupted_results(context.messages)
     await context.append(*repaired, message)
     try:
-        return await _turns(agent, context)
+        return await _turns(agent, context, output)
     except BaseException:
         await _answer_open_calls(context)
         raise
 
 
-async def _turns(agent: Agent, context: RunContext) -> RunResult:
+async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -> RunResult[Any]:
     prepare = getattr(context.model, "prepare", None)
     if prepare is not None:
         await prepare()
     tool_calls = 0
+    repairs = 0
     for turn in range(agent.max_turns):
         context.turn = turn
         request = await _request(agent, context)
+        if output is not None:
+            request = output.request(request)
         answered = await _call_model(agent, request, context)
         response = await run_chain(
             agent.hooks["after_model"], answered, expected=ModelResponse, context=context
@@ -241,6 +272,17 @@ async def _turns(agent: Agent, context: RunContext) -> RunResult:
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
+        final = output.final_call(response.message) if output is not None else None
+        if final is not None:
+            assert output is not None
+            answer = output.output.check(final.arguments)
+            await context.append(*output.final_results(calls, final, answer))
+            if answer.ok:
+                return RunResult(
+                    answer.value, context.messages, context.usage, response.stop_reason
+                )
+            repairs = _repair_or_raise(repairs, answer, response)
+            continue
         if calls:
             if tool_calls + len(calls) > agent.max_tool_calls:
                 await _refuse(agent, calls, context, "max_tool_calls", agent.max_tool_calls)
@@ -254,14 +296,34 @@ async def _turns(agent: Agent, context: RunContext) -> RunResult:
                 "the model stopped at its output limit before completing its answer",
                 response=response,
             )
-        return RunResult(
-            response.message.text, context.messages, context.usage, response.stop_reason
-        )
+        if output is None:
+            return RunResult(
+                response.message.text, context.messages, context.usage, response.stop_reason
+            )
+        answer = output.check_text(response.message)
+        if answer.ok:
+            return RunResult(answer.value, context.messages, context.usage, response.stop_reason)
+        repairs = _repair_or_raise(repairs, answer, response)
+        await context.append(output.repair_message(answer))
     raise LimitExceededError(
         f"{agent.name} reached max_turns={agent.max_turns}",
         limit="max_turns",
         value=agent.max_turns,
     )
+
+
+def _repair_or_raise(repairs: int, answer: Answer, response: ModelResponse) -> int:
+    """Count a repair turn for an answer that does not fit; after the one repair turn,
+    ``OutputValidationError``."""
+    if repairs >= MAX_REPAIRS:
+        raise OutputValidationError(
+            f"the model's answer did not fit the output type after {MAX_REPAIRS} repair "
+            f"turn ({len(answer.errors)} problem(s); see .errors)",
+            raw=answer.raw,
+            errors=answer.errors,
+            response=response,
+        )
+    return repairs + 1
 
 
 async def _refuse(
@@ -509,9 +571,10 @@ def _user_message(value: object) -> Message:
     if isinstance(value, Message):
         if value.role is not Role.USER:
             raise TypeError(f"input must be a user message, not a {value.role} message")
-        if value.tool_calls or value.tool_results:
+        if value.tool_calls or value.tool_results or value.reasoning:
             raise ConfigurationError(
-                "input: a user message holds text and images, not tool calls or tool results"
+                "input: a user message holds text and images, not tool calls, tool results "
+                "or reasoning"
             )
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")

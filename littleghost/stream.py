@@ -11,7 +11,7 @@ left without a result gets an appended error result).
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -40,7 +40,7 @@ class RunStream:
         self._agent = agent
         self._plan = plan
         self._context: RunContext | None = None
-        self._result: RunResult | None = None
+        self._result: RunResult[Any] | None = None
         self._error: BaseException | None = None
         self._group: TaskGroup | None = None
         self._receive: MemoryObjectReceiveStream[Event] | None = None
@@ -54,7 +54,7 @@ class RunStream:
         return tuple(self._plan.seed)
 
     @property
-    def result(self) -> RunResult:
+    def result(self) -> RunResult[Any]:
         """The run's result, once it has completed."""
         if self._result is None:
             state = "failed" if self._error is not None else "not completed"

@@ -17,7 +17,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
-from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
+from littleghost.models.base import Usage
 
 __all__ = [
     "COMPACTION_EVENT",
@@ -25,6 +26,7 @@ __all__ = [
     "messages_json",
     "open_span",
     "tracer",
+    "usage_attributes",
 ]
 
 tracer = trace.get_tracer("littleghost", __version__)
@@ -39,6 +41,9 @@ REQUEST_SEED = "gen_ai.request.seed"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_WRITE_TOKENS = "gen_ai.usage.cache_write.input_tokens"
+USAGE_REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 AGENT_NAME = "gen_ai.agent.name"
 CONVERSATION_ID = "gen_ai.conversation.id"
 CONVERSATION_COMPACTED = "gen_ai.conversation.compacted"
@@ -49,6 +54,7 @@ TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
+OUTPUT_TYPE = "gen_ai.output.type"
 ERROR_TYPE = "error.type"
 PURPOSE = "littleghost.purpose"
 
@@ -96,6 +102,19 @@ def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
+def usage_attributes(usage: Usage) -> dict[str, int]:
+    """The GenAI usage attributes: input and output tokens always, the cache and
+    reasoning parts of them when the provider reported any."""
+    attributes = {USAGE_INPUT_TOKENS: usage.input_tokens, USAGE_OUTPUT_TOKENS: usage.output_tokens}
+    parts = {
+        USAGE_CACHE_READ_TOKENS: usage.cache_read_tokens,
+        USAGE_CACHE_WRITE_TOKENS: usage.cache_write_tokens,
+        USAGE_REASONING_TOKENS: usage.reasoning_tokens,
+    }
+    attributes.update((name, count) for name, count in parts.items() if count)
+    return attributes
+
+
 @contextmanager
 def open_span(
     name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
@@ -125,6 +144,8 @@ def _part_json(part: object) -> dict[str, Any]:
         return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
     if isinstance(part, ImagePart):
         return {"type": "image", "url": part.url} if part.url else {"type": "image"}
+    if isinstance(part, ReasoningPart):
+        return {"type": "reasoning", "content": part.text}
     return {"type": "unknown"}
 
 

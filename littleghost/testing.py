@@ -15,7 +15,7 @@ from attrs import frozen
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.retention import Fact, FactCheck, RetentionReport, check_retention
 
 __all__ = [
@@ -61,6 +61,9 @@ class ScriptedModel:
             (sync or async), used in order.
         context_window: The window it advertises (``None``: unknown).
         name: Its model name.
+        supports_output_schema: Whether it says it takes a request's ``output_schema``
+            (so ``output_strategy="auto"`` asks it natively); False makes such runs use
+            the final-result tool.
     """
 
     provider = "scripted"
@@ -71,6 +74,7 @@ class ScriptedModel:
         *,
         context_window: int | None = None,
         name: str = "scripted",
+        supports_output_schema: bool = True,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
@@ -96,8 +100,14 @@ class ScriptedModel:
             )
         if not isinstance(name, str):
             raise TypeError(f"ScriptedModel: name must be a str, not {name!r}")
+        if not isinstance(supports_output_schema, bool):
+            raise TypeError(
+                "ScriptedModel: supports_output_schema must be True or False, "
+                f"not {supports_output_schema!r}"
+            )
         self._context_window = context_window
         self._name = name
+        self.supports_output_schema = supports_output_schema
         self.requests: list[ModelRequest] = []
 
     @property
@@ -141,7 +151,7 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
-        delay before each), any other text answer word by word."""
+        delay before each), any other answer's reasoning, then its text word by word."""
         step = self._steps[0] if self._steps else None
         if isinstance(step, Streamed):
             response = await self.respond(request)
@@ -151,6 +161,9 @@ class ScriptedModel:
                 yield TextChunk(chunk)
         else:
             response = await self.respond(request)
+            for part in response.message.reasoning:
+                await anyio.lowlevel.checkpoint()
+                yield ReasoningChunk(part.text)
             for chunk in re.findall(r"\S+\s*|\s+", response.message.text):
                 await anyio.lowlevel.checkpoint()
                 yield TextChunk(chunk)

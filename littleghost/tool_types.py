@@ -3,18 +3,19 @@ arguments it sends back, and Python values turned into JSON.
 
 Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
 ``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
-``Literal``, ``Enum`` subclasses (with JSON values), attrs classes (not recursive), ``Any``
-and ``Annotated[T, "description"]``.
+``Literal``, ``Enum`` subclasses (with JSON values), records — attrs classes, dataclasses
+and ``TypedDict`` (not recursive) — ``Any`` and ``Annotated[T, "description"]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
 
@@ -84,28 +85,26 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
                 "finite float, bool or None to be described as JSON"
             )
         return {"enum": values}
-    if isinstance(annotation, type) and attrs.has(annotation):
+    fields = _record_fields(annotation)
+    if fields is not None:
         if annotation in outer:
             raise ConfigurationError(
                 f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
                 "be described as JSON schema"
             )
         inner = (*outer, annotation)
-        fields = attrs.fields(attrs.resolve_types(annotation))
         properties = {}
         required = []
-        for attribute in fields:
-            if not attribute.init:
-                continue
-            if attribute.type is None:
+        for record_field in fields:
+            if record_field.annotation is None:
                 raise ConfigurationError(
-                    f"{where}: field {attribute.name!r} of {annotation.__name__} has no type"
+                    f"{where}: field {record_field.name!r} of {annotation.__name__} has no type"
                 )
-            properties[attribute.alias] = _schema(
-                attribute.type, f"{where}, field {attribute.name!r}", inner
+            properties[record_field.name] = _schema(
+                record_field.annotation, f"{where}, field {record_field.name!r}", inner
             )
-            if attribute.default is attrs.NOTHING:
-                required.append(attribute.alias)
+            if record_field.required:
+                required.append(record_field.name)
         return {
             "type": "object",
             "properties": properties,
@@ -131,8 +130,72 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
         return {"type": "object", "additionalProperties": _schema(value, where, outer)}
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
-        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum or an attrs class)"
+        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum, an attrs class, a "
+        "dataclass or a TypedDict)"
     )
+
+
+class _Field(NamedTuple):
+    """A field of a record type: its JSON name, its annotation (``None`` when it has
+    none) and whether a value must give it."""
+
+    name: str
+    annotation: Any
+    required: bool
+
+
+_KEY_QUALIFIERS = tuple(
+    qualifier
+    for qualifier in (getattr(typing, "Required", None), getattr(typing, "NotRequired", None))
+    if qualifier is not None
+)
+
+
+def _is_typeddict(annotation: Any) -> bool:
+    return isinstance(annotation, type) and typing.is_typeddict(annotation)
+
+
+def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
+    """The fields of an attrs class, a dataclass or a ``TypedDict``; ``None`` for any
+    other type.
+
+    Raises:
+        NameError: A field's annotation cannot be resolved.
+    """
+    if not isinstance(annotation, type):
+        return None
+    if attrs.has(annotation):
+        return tuple(
+            _Field(attribute.alias, attribute.type, attribute.default is attrs.NOTHING)
+            for attribute in attrs.fields(attrs.resolve_types(annotation))
+            if attribute.init
+        )
+    if dataclasses.is_dataclass(annotation):
+        hints = typing.get_type_hints(annotation, include_extras=True)
+        return tuple(
+            _Field(
+                field.name,
+                hints.get(field.name),
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING,
+            )
+            for field in dataclasses.fields(annotation)
+            if field.init
+        )
+    if _is_typeddict(annotation):
+        hints = typing.get_type_hints(annotation, include_extras=True)
+        required = annotation.__required_keys__  # type: ignore[attr-defined]
+        return tuple(_key(name, hint, name in required) for name, hint in hints.items())
+    return None
+
+
+def _key(name: str, hint: Any, required: bool) -> _Field:
+    """A ``TypedDict`` key; ``Required`` / ``NotRequired`` decide over the class's
+    ``total`` (the class cannot read them from string annotations)."""
+    while get_origin(hint) in _KEY_QUALIFIERS:
+        required = get_origin(hint) is getattr(typing, "Required", None)
+        hint = get_args(hint)[0]
+    return _Field(name, hint, required)
 
 
 def coerce(value: Any, annotation: Any, path: str) -> Any:
@@ -194,19 +257,22 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         except Exception:  # ValueError, TypeError (unhashable), or a custom _missing_'s
             allowed = [member.value for member in annotation]
             raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}") from None
-    if isinstance(annotation, type) and attrs.has(annotation):
+    fields = _record_fields(annotation)
+    if fields is not None:
         if not isinstance(value, dict):
             raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
-        fields = {a.alias: a for a in attrs.fields(annotation) if a.init}
-        unknown = sorted(set(value) - set(fields))
+        by_name = {record_field.name: record_field for record_field in fields}
+        unknown = sorted(set(value) - set(by_name))
         if unknown:
             raise ToolArgumentError(f"{path}: unexpected field {unknown[0]!r}")
         kwargs = {}
-        for alias, attribute in fields.items():
-            if alias in value:
-                kwargs[alias] = coerce(value[alias], attribute.type, f"{path}.{alias}")
-            elif attribute.default is attrs.NOTHING:
-                raise ToolArgumentError(f"{path}: missing field {alias!r}")
+        for name, record_field in by_name.items():
+            if name in value:
+                kwargs[name] = coerce(value[name], record_field.annotation, f"{path}.{name}")
+            elif record_field.required:
+                raise ToolArgumentError(f"{path}: missing field {name!r}")
+        if _is_typeddict(annotation):
+            return kwargs
         try:
             return annotation(**kwargs)
         except Exception as error:  # the class's validators and converters decide
@@ -267,6 +333,8 @@ def to_json(value: Any) -> Any:
         return attrs.asdict(
             value, recurse=True, value_serializer=lambda _i, _a, v: _to_json_value(v)
         )
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     return _to_json_value(value)
 
 

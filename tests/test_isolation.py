@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from littleghost import Agent, Message, RunContext, ToolCall, tool
+from littleghost import Agent, Message, ReasoningPart, RunContext, ToolCall, tool
 from littleghost.errors import ConfigurationError, UnstorableValueError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
@@ -142,9 +142,10 @@ class TestBadInputStoresNothing:
     async def test_a_user_input_holding_tool_parts(self) -> None:
         store = InMemorySessionStore()
         agent = Support(model=ScriptedModel([echo]), session_store=store)
-        bad = Message("user", (ToolCall("c", "t", {}),))
-        with pytest.raises(ConfigurationError, match="tool calls or tool results"):
-            await agent.run(bad, session_id="s")
+        for part in (ToolCall("c", "t", {}), ReasoningPart("thought", None, "x")):
+            bad = Message("user", (part,))
+            with pytest.raises(ConfigurationError, match="tool calls, tool results or reasoning"):
+                await agent.run(bad, session_id="s")
         assert await store.list_sessions() == ()
 
     async def test_an_input_already_in_the_log(self) -> None:

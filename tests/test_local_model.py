@@ -9,6 +9,7 @@ kill).
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import random
@@ -19,9 +20,11 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import aclosing
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.to_thread
+import attrs
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
@@ -315,6 +318,39 @@ async def test_manage_context_recovers_from_a_real_overflow_once(
     failed = [span for span in spans.named("chat") if span.attributes.get("error.type")]
     assert [span.attributes["error.type"] for span in failed] == ["context_length_exceeded"]
     assert sum(1 for message in result.messages if message.is_summary) == 1
+
+
+class Mood(enum.Enum):
+    HAPPY = "happy"
+    SAD = "sad"
+
+
+@attrs.frozen
+class Review:
+    verdict: Literal["good", "bad"]
+    mood: Mood
+    recommend: bool
+
+
+class Reviewer(Agent):
+    instructions = "You review films."
+    settings = {**SETTINGS, "max_tokens": 64}
+    output_type = Review
+
+
+async def test_an_output_type_is_held_to_by_llama_cpps_json_schema(local: LocalModel) -> None:
+    """The schema goes to the server as llama.cpp's json_schema, a grammar the sampler
+    follows: even SmolLM2-135M answers JSON that fits, streamed or not."""
+    result = await Reviewer(model=local).run("Review the film Jaws.")
+    assert isinstance(result.output, Review)
+    assert isinstance(result.output.mood, Mood) and isinstance(result.output.recommend, bool)
+    assert len(result.messages) == 2  # no repair turn was needed
+    answer = json.loads(result.messages[-1].text)
+    assert set(answer) == {"verdict", "mood", "recommend"}
+    async with Reviewer(model=local).stream("Review the film Alien.", output_type=bool) as events:
+        deltas = [event.text async for event in events if isinstance(event, TextDelta)]
+    assert isinstance(events.result.output, bool)
+    assert json.loads("".join(deltas)) == {"result": events.result.output}
 
 
 def test_model_strings_build_local_models_without_starting_them() -> None:

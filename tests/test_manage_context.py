@@ -12,6 +12,7 @@ import pytest
 from littleghost import (
     Agent,
     Message,
+    ReasoningPart,
     Role,
     ToolCall,
     after_model_error,
@@ -298,7 +299,8 @@ class TestWhenItFires:
 
 class TestWhatIsSent:
     async def test_summary_request_is_a_transcript_in_one_user_message(self) -> None:
-        """Instructions plus one user message with a role-tagged transcript; no tools."""
+        """Instructions plus one user message with a role-tagged transcript (reasoning left
+        out); no tools."""
 
         @manage_context(
             context_window_tokens=100,
@@ -314,7 +316,13 @@ class TestWhatIsSent:
 
         history = [
             Message.user("check the order"),
-            Message.assistant(tool_calls=[ToolCall("c1", "lookup_order", {"order_id": "42"})]),
+            Message(
+                Role.ASSISTANT,
+                [
+                    ReasoningPart("private musing", "sig", "anthropic"),
+                    ToolCall("c1", "lookup_order", {"order_id": "42"}),
+                ],
+            ),
             Message.tool("c1", "shipped"),
             Message.assistant("It shipped."),
             *chat(25),
@@ -328,6 +336,7 @@ class TestWhatIsSent:
         assert "User: check the order" in transcript
         assert 'Assistant called lookup_order({"order_id": "42"})' in transcript
         assert "Tool result (lookup_order): shipped" in transcript
+        assert "private musing" not in transcript and "sig" not in transcript
         assert transcript.startswith("Transcript:\n<<<\n")
         assert transcript.endswith("\n>>>\n\n" + DEFAULT_SUMMARY_INSTRUCTIONS)  # no question
         assert summary_call.messages[0].text == SUMMARY_FRAMING

@@ -9,7 +9,16 @@ from typing import Any
 import attrs
 import pytest
 
-from littleghost import ImagePart, Message, Role, TextPart, ToolCall, ToolResult, Usage
+from littleghost import (
+    ImagePart,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
 from littleghost.errors import ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
@@ -182,6 +191,18 @@ def test_wrong_value_messages_name_the_field_but_not_the_content() -> None:
     assert str(wrong_count.value) == "Usage.input_tokens must be an int >= 0, not -1"
 
 
+def test_reasoning_is_a_part_of_its_own() -> None:
+    """Reasoning keeps its place among a message's parts, out of its text; a block goes
+    back only to the provider that wrote it, and never when it lost its signature."""
+    thought = ReasoningPart("hmm", "sig", "anthropic")
+    message = Message(Role.ASSISTANT, [thought, TextPart("yes"), ToolCall("c", "t")])
+    assert message.reasoning == (thought,) and message.text == "yes"
+    assert message.content[0] is thought
+    assert thought.sendable_to("anthropic") and not thought.sendable_to("openai")
+    assert ReasoningPart("hmm", None, "local").sendable_to("local")
+    assert not ReasoningPart("hmm", "", "anthropic").sendable_to("anthropic")
+
+
 def test_tool_call_keeps_raw_string_arguments() -> None:
     """ToolCall keeps a str of arguments as it came (not valid JSON)."""
     assert ToolCall("c1", "t", "{not json").arguments == "{not json"
@@ -213,6 +234,10 @@ def test_image_part_needs_data_or_url() -> None:
         (lambda: ToolResult("c", 5), "ToolResult.content"),
         (lambda: ToolResult("c", "x", "yes"), "ToolResult.is_error"),
         (lambda: Message.tool("c", "x", is_error="no"), "ToolResult.is_error"),
+        (lambda: ReasoningPart(None), "ReasoningPart.text"),
+        (lambda: ReasoningPart("t", b"sig"), "ReasoningPart.signature"),
+        (lambda: ReasoningPart("t", provider=1), "ReasoningPart.provider"),
+        (lambda: ReasoningPart("t", redacted=1), "ReasoningPart.redacted"),
     ],
 )
 def test_message_values_reject_wrong_types(build: Any, names: str) -> None:
@@ -222,9 +247,21 @@ def test_message_values_reject_wrong_types(build: Any, names: str) -> None:
 
 
 def test_usage_adds_up() -> None:
-    """Usage values add field by field."""
+    """Usage values add (and subtract) field by field, the cache and reasoning parts too."""
     total = Usage(1, 2) + Usage(10, 20)
     assert (total.input_tokens, total.output_tokens, total.total_tokens) == (11, 22, 33)
+    cached = Usage(100, 40, cache_read_tokens=60, cache_write_tokens=30, reasoning_tokens=25)
+    assert cached + Usage(10, 5, 4, 3, 2) == Usage(110, 45, 64, 33, 27)
+    assert (cached + Usage(10, 5, 4, 3, 2)) - cached == Usage(10, 5, 4, 3, 2)
+
+
+def test_usage_parts_cannot_exceed_their_totals() -> None:
+    """Cache tokens are part of the input and reasoning tokens part of the output."""
+    Usage(10, 5, cache_read_tokens=6, cache_write_tokens=4, reasoning_tokens=5)
+    with pytest.raises(TypeError, match=r"cache_read_tokens \+ cache_write_tokens \(6 \+ 5\)"):
+        Usage(10, 5, cache_read_tokens=6, cache_write_tokens=5)
+    with pytest.raises(TypeError, match=r"reasoning_tokens \(6\) are part of output_tokens \(5\)"):
+        Usage(10, 5, reasoning_tokens=6)
 
 
 @pytest.mark.parametrize(
@@ -232,6 +269,9 @@ def test_usage_adds_up() -> None:
     [
         (lambda: Usage(-1, 0), "Usage.input_tokens"),
         (lambda: Usage(0, "3"), "Usage.output_tokens"),
+        (lambda: Usage(0, 0, cache_read_tokens=-1), "Usage.cache_read_tokens"),
+        (lambda: Usage(0, 0, cache_write_tokens=1.5), "Usage.cache_write_tokens"),
+        (lambda: Usage(0, 0, reasoning_tokens=True), "Usage.reasoning_tokens"),
         (lambda: ModelRequest("hello"), "ModelRequest.messages"),
         (lambda: ModelRequest(["hello"]), "ModelRequest.messages"),
         (lambda: ModelRequest([], tools=5), "ModelRequest.tools"),

@@ -11,6 +11,7 @@ from littleghost import (
     Agent,
     ImagePart,
     Message,
+    ReasoningPart,
     Role,
     TextPart,
     ToolCall,
@@ -230,6 +231,25 @@ class TestRules:
         assert any("[image omitted" in m.text for m in sent)
         answer = next(m for m in sent if m.text.startswith("A long answer."))
         assert estimate_message(answer, BYTES) <= 110
+
+    async def test_a_signed_reasoning_block_is_never_cut(self) -> None:
+        """Capping an older message cuts its text, never its reasoning: a signed block
+        goes to the model whole, beside the tool call it came with."""
+        thought = ReasoningPart("Reason " * 300, "sig-1", "anthropic")
+        call = ToolCall("c1", "weather", {"city": "Lyon"})
+        log = [
+            Message.user("weather in Lyon?"),
+            Message(Role.ASSISTANT, [thought, TextPart("Checking. " + "words " * 400), call]),
+            Message.tool("c1", "sunny"),
+            Message.assistant("It is sunny."),
+        ]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=3_000, history_item_tokens=100)(model=model).run(
+            "now", history=log
+        )
+        sent = next(m for m in model.requests[0].messages if m.tool_calls)
+        assert sent.reasoning == (thought,) and sent.tool_calls == (call,)
+        assert len(sent.text) < len(log[1].text)
 
     async def test_an_interrupted_call_reaches_the_model_with_its_error_result(self) -> None:
         """A history call without a result is answered in the log (appended) and shown paired."""

@@ -7,14 +7,24 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import anyio
+import attrs
 import httpx2
 import pytest
 
-from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    manage_context,
+    tool,
+)
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -23,9 +33,9 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, AnthropicModel, from_model_string
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -335,7 +345,26 @@ async def test_response_translation(make_model: Callable[..., AnthropicModel]) -
         ToolCall("toolu_b", "add", {"a": 3, "b": 4}),
     )
     assert response.stop_reason is StopReason.TOOL_USE
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (420, 40)
+    assert response.usage == Usage(420, 40, cache_read_tokens=300, cache_write_tokens=20)
+
+
+async def test_usage_reports_cache_and_thinking_tokens_apart(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The prompt's size counts cache reads and writes; each is also reported on its own,
+    and thinking tokens as the reasoning part of the output."""
+    usage = {
+        "input_tokens": 12,
+        "cache_creation_input_tokens": 30,
+        "cache_read_input_tokens": 500,
+        "output_tokens": 90,
+        "output_tokens_details": {"thinking_tokens": 70},
+    }
+    server = FakeServer(message([{"type": "text", "text": "ok"}], usage=usage))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == Usage(
+        542, 90, cache_read_tokens=500, cache_write_tokens=30, reasoning_tokens=70
+    )
 
 
 @pytest.mark.parametrize(
@@ -483,7 +512,7 @@ async def test_stream_yields_text_tool_calls_and_usage(
     assert done.response.message.text == "Let me add."
     assert done.response.message.tool_calls == (ToolCall("toolu_1", "add", {"a": 1, "b": 2}),)
     assert done.response.stop_reason is StopReason.TOOL_USE
-    assert (done.response.usage.input_tokens, done.response.usage.output_tokens) == (100, 17)
+    assert done.response.usage == Usage(100, 17, cache_read_tokens=60)
     [body] = server.bodies
     assert body["stream"] is True
 
@@ -565,6 +594,277 @@ async def test_an_agent_runs_a_tool_round_trip_through_the_sdk(
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5", "is_error": False}
         ],
     }
+
+
+async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tokens(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A prompt mostly read from the cache is as large as its whole count: the next turn's
+    estimate starts from input plus cache tokens, and compacts when they reach the
+    threshold, though the uncached input alone is tiny."""
+
+    @manage_context(
+        context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
+    )
+    class Cached(Agent):
+        @tool
+        def ping(self) -> str:
+            """Ping."""
+            return "pong"
+
+    cached = {"input_tokens": 10, "cache_read_input_tokens": 590, "output_tokens": 5}
+    server = FakeServer(
+        message(
+            [{"type": "tool_use", "id": "toolu_1", "name": "ping", "input": {}}],
+            stop_reason="tool_use",
+            usage=cached,
+        ),
+        message([{"type": "text", "text": "- the user said hello"}]),
+        message([{"type": "text", "text": "done"}]),
+    )
+    history = [
+        Message.user("hello"),
+        Message.assistant("hi"),
+        Message.user("more"),
+        Message.assistant("ok"),
+    ]
+    result = await Cached(model=make_model(server)).run("ping it", history=history)
+    assert result.output == "done"
+    assert [body["messages"][-1]["role"] for body in server.bodies] == ["user", "user", "user"]
+    summary = server.bodies[1]
+    assert "tools" not in summary and "Transcript:" in json.dumps(summary["messages"])
+    assert any(message.is_summary for message in result.messages)
+    assert result.usage.cache_read_tokens == 590
+
+
+@attrs.frozen
+class Verdict:
+    label: Literal["spam", "ham"]
+    score: float
+
+
+async def test_an_output_type_is_asked_with_an_output_format(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A typed run sends its schema as output_config's JSON-schema format (beside an
+    output_config setting); the JSON answer comes back as the typed value."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        settings = {"output_config": {"effort": "low"}}
+
+    server = FakeServer(message([{"type": "text", "text": '{"label": "ham", "score": 0.5}'}]))
+    result = await Classifier(model=make_model(server)).run("classify: hello")
+    assert result.output == Verdict("ham", 0.5)
+    [body] = server.bodies
+    assert body["output_config"] == {
+        "effort": "low",
+        "format": {
+            "type": "json_schema",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "label": {"enum": ["spam", "ham"]},
+                    "score": {"type": "number"},
+                },
+                "required": ["label", "score"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert "tools" not in body and "tool_choice" not in body
+
+
+async def test_the_tool_strategy_forces_the_final_result_tool(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """With the final-result tool, the request carries it and tool_choice "any"."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        output_strategy = "tool"
+
+    server = FakeServer(
+        message(
+            [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "final_result",
+                    "input": {"label": "spam", "score": 1},
+                }
+            ],
+            stop_reason="tool_use",
+        )
+    )
+    result = await Classifier(model=make_model(server)).run("classify: WIN $$$")
+    assert result.output == Verdict("spam", 1.0)
+    [body] = server.bodies
+    assert [tool["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == {"type": "any"}
+    assert "output_config" not in body
+
+
+THINKING = {"type": "thinking", "thinking": "The user wants order 42.", "signature": "sig-1"}
+REDACTED = {"type": "redacted_thinking", "data": "enc-1"}
+
+
+async def test_thinking_blocks_round_trip_through_a_tool_loop_and_a_compaction(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Signed and redacted thinking blocks enter the log in order with the text and the
+    tool call they came with, and go back verbatim in the tool loop, even after a
+    compaction: their group is kept whole. Reasoning of summarized turns stays out of
+    the summary's transcript."""
+
+    @manage_context(
+        context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
+    )
+    class Thinker(Agent):
+        @tool
+        def lookup(self, order_id: str) -> str:
+            """Find an order."""
+            return "shipped"
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"order_id": "42"}}
+    server = FakeServer(
+        message(
+            [THINKING, REDACTED, {"type": "text", "text": "Looking."}, call],
+            stop_reason="tool_use",
+            usage={"input_tokens": 600, "output_tokens": 30},
+        ),
+        message([{"type": "text", "text": "- the user asked about orders"}]),
+        message([{"type": "text", "text": "It shipped."}]),
+    )
+    history = [
+        Message.user("hello"),
+        Message(
+            "assistant",
+            [ReasoningPart("old private musing", "sig-0", "anthropic"), TextPart("hi")],
+        ),
+        Message.user("any news?"),
+        Message.assistant("none yet"),
+    ]
+    result = await Thinker(model=make_model(server)).run("where is order 42?", history=history)
+    assert result.output == "It shipped."
+    answer = result.messages[len(history) + 1]
+    assert answer.content == (
+        ReasoningPart("The user wants order 42.", "sig-1", "anthropic"),
+        ReasoningPart("", "enc-1", "anthropic", redacted=True),
+        TextPart("Looking."),
+        ToolCall("toolu_1", "lookup", {"order_id": "42"}),
+    )
+    first, summary, compacted = server.bodies
+    assert first["messages"][1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "old private musing",
+        "signature": "sig-0",
+    }
+    assert "tools" not in summary
+    assert "old private musing" not in json.dumps(summary) and "sig-0" not in json.dumps(summary)
+    assert "old private musing" not in json.dumps(compacted)
+    assert any(m.is_summary for m in result.messages)
+    assistant = [turn for turn in compacted["messages"] if turn["role"] == "assistant"]
+    assert assistant[-1]["content"] == [
+        THINKING,
+        REDACTED,
+        {"type": "text", "text": "Looking."},
+        {**call, "input": {"order_id": "42"}},
+    ]
+
+
+async def test_reasoning_that_cannot_go_back_is_dropped_before_the_request(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A thinking block that lost its signature, and reasoning from another provider, are
+    left out of the request; the message's other parts still go."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [
+        Message.user("hi"),
+        Message(
+            "assistant",
+            [
+                ReasoningPart("cut off", "", "anthropic"),
+                ReasoningPart("elsewhere", None, "openai"),
+                ReasoningPart("kept", "sig-2", "anthropic"),
+                TextPart("hello"),
+            ],
+        ),
+        Message("assistant", [ReasoningPart("only this", "", "anthropic")]),
+        Message.user("again"),
+    ]
+    await make_model(server).respond(ModelRequest(history))
+    [body] = server.bodies
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "kept", "signature": "sig-2"},
+                {"type": "text", "text": "hello"},
+            ],
+        },
+        {"role": "user", "content": [{"type": "text", "text": "again"}]},
+    ]
+
+
+async def test_a_stream_yields_thinking_and_keeps_its_signature(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Thinking deltas stream as reasoning chunks; the signature delta completes the
+    block, and a block the stream left unsigned keeps an empty signature."""
+
+    def thinking(index: int, pieces: list[str], signature: str | None) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = [
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+            },
+            *(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": piece},
+                }
+                for piece in pieces
+            ),
+        ]
+        if signature is not None:
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "signature_delta", "signature": signature},
+                }
+            )
+        return [*events, {"type": "content_block_stop", "index": index}]
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                START,
+                *thinking(0, ["Let me ", "think."], "sig-9"),
+                *text_block(1, "Done."),
+                *thinking(2, ["More"], None),
+                *finish("end_turn", 12),
+            )
+        )
+    )
+    events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hm")]))]
+    assert events[:-1] == [
+        ReasoningChunk("Let me "),
+        ReasoningChunk("think."),
+        TextChunk("Done."),
+        ReasoningChunk("More"),
+    ]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.content == (
+        ReasoningPart("Let me think.", "sig-9", "anthropic"),
+        TextPart("Done."),
+        ReasoningPart("More", "", "anthropic"),
+    )
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

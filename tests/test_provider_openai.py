@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
+import attrs
 import httpx2
 import openai
 import pytest
 
-from littleghost import Agent, ImagePart, Message, TextPart, ToolCall, tool
+from littleghost import Agent, ImagePart, Message, ReasoningPart, TextPart, ToolCall, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -22,9 +23,9 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, StopReason, ToolSpec, resolve
+from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -267,6 +268,51 @@ async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> N
     )
     assert response.stop_reason is StopReason.TOOL_USE
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
+
+
+async def test_usage_reports_cached_and_reasoning_tokens_apart(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Prompt tokens include the cached ones and completion tokens the reasoning ones;
+    both parts are reported, answered whole or streamed."""
+    usage = {
+        "prompt_tokens": 900,
+        "completion_tokens": 120,
+        "total_tokens": 1020,
+        "prompt_tokens_details": {"cached_tokens": 768},
+        "completion_tokens_details": {"reasoning_tokens": 100},
+    }
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = usage
+    server = FakeServer(
+        httpx2.Response(200, json=body),
+        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
+    )
+    model = make_model(server)
+    expected = Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100)
+    response = await model.respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == expected
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    done = events[-1]
+    assert isinstance(done, StreamDone) and done.response.usage == expected
+
+
+async def test_a_breakdown_over_its_total_is_cut_to_it(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A server that reports more cached tokens than prompt tokens does not fail the call."""
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 50},
+        "completion_tokens_details": {"reasoning_tokens": 9},
+    }
+    server = FakeServer(httpx2.Response(200, json=body))
+    response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    assert response.usage == Usage(10, 2, cache_read_tokens=10, reasoning_tokens=2)
 
 
 async def test_arguments_nested_too_deep_are_kept_raw(
@@ -652,6 +698,142 @@ async def test_closing_the_model_leaves_a_given_client_open(
     await model.aclose()
     response = await model.respond(ModelRequest([Message.user("hi")]))
     assert response.message.text == "b"
+
+
+async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A server's reasoning_content becomes a reasoning part before the answer; it goes
+    back on the assistant messages of the current turn's tool loop only, and reasoning of
+    another provider never does."""
+
+    class Adder(Agent):
+        @tool
+        def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    server = FakeServer(
+        completion(
+            {"reasoning_content": "Two plus three.", "tool_calls": [call]},
+            finish_reason="tool_calls",
+        ),
+        completion({"content": "5"}),
+    )
+    history = [
+        Message.user("hi"),
+        Message("assistant", [ReasoningPart("earlier turn", None, "openai"), TextPart("hello")]),
+    ]
+    result = await Adder(model=make_model(server)).run("2+3?", history=history)
+    assert result.messages[3].content == (
+        ReasoningPart("Two plus three.", None, "openai"),
+        ToolCall("call_1", "add", {"a": 2, "b": 3}),
+    )
+    second = server.bodies[1]["messages"]
+    assert "reasoning_content" not in second[1]
+    assert second[3]["reasoning_content"] == "Two plus three."
+    foreign = Message("assistant", [ReasoningPart("from claude", "sig", "anthropic")])
+    server.answers.append(completion({"content": "ok"}))
+    await make_model(server).respond(ModelRequest([Message.user("go"), foreign]))
+    assert "reasoning_content" not in server.bodies[2]["messages"][1]
+
+
+async def test_streamed_reasoning_arrives_as_reasoning_chunks(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Streamed reasoning_content deltas are reasoning chunks, apart from the text."""
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk({"role": "assistant", "reasoning_content": "Hmm, "}),
+                chunk({"reasoning_content": "greet."}),
+                chunk({"content": "Hello"}, finish_reason="stop"),
+            )
+        )
+    )
+    model = make_model(server)
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    assert events[:-1] == [ReasoningChunk("Hmm, "), ReasoningChunk("greet."), TextChunk("Hello")]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.content == (
+        ReasoningPart("Hmm, greet.", None, "openai"),
+        TextPart("Hello"),
+    )
+    assert done.response.message.text == "Hello"
+
+
+@attrs.frozen
+class Verdict:
+    label: Literal["spam", "ham"]
+    score: float
+
+
+async def test_an_output_type_is_asked_with_a_strict_json_schema(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A typed run sends its schema as a strict json_schema response_format, and the JSON
+    answer comes back as the typed value; a schema strict decoding cannot take is sent
+    with strict off."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+
+    server = FakeServer(
+        completion({"content": '{"label": "ham", "score": 0.25}'}),
+        completion({"content": '{"result": {"a": 1}}'}),
+    )
+    model = make_model(server)
+    result = await Classifier(model=model).run("classify: hello")
+    assert result.output == Verdict("ham", 0.25)
+    assert server.bodies[0]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "Verdict",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "label": {"enum": ["spam", "ham"]},
+                    "score": {"type": "number"},
+                },
+                "required": ["label", "score"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+    assert "tools" not in server.bodies[0]
+    counts = await Classifier(model=model).run("count", output_type=dict[str, int])
+    assert counts.output == {"a": 1}
+    assert server.bodies[1]["response_format"]["json_schema"]["strict"] is False
+
+
+async def test_the_tool_strategy_sends_a_required_final_result_tool(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """With the final-result tool, the request carries it and tool_choice "required"."""
+
+    class Classifier(Agent):
+        output_type = Verdict
+        output_strategy = "tool"
+
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "final_result", "arguments": '{"label": "spam", "score": 1}'},
+    }
+    server = FakeServer(completion({"tool_calls": [call]}, finish_reason="tool_calls"))
+    result = await Classifier(model=make_model(server)).run("classify: WIN $$$")
+    assert result.output == Verdict("spam", 1.0)
+    [body] = server.bodies
+    assert [tool["function"]["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == "required"
+    assert "response_format" not in body
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

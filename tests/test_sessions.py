@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
+from littleghost import ImagePart, Message, ReasoningPart, Role, TextPart, ToolCall, ToolResult
 from littleghost.errors import (
     CorruptSessionStoreError,
     LittleGhostError,
@@ -108,6 +108,16 @@ def every_field() -> list[Message]:
                 ToolCall("call-3", "empty"),
             ),
         ),
+        Message(
+            Role.ASSISTANT,
+            (
+                ReasoningPart("signed thought", "sig-\u0000", "anthropic"),
+                ReasoningPart("", "opaque", "anthropic", redacted=True),
+                ReasoningPart("unsigned thought", None, "local"),
+                ReasoningPart("cut off", "", None),
+                TextPart("answer"),
+            ),
+        ),
         Message.tool("call-1", "3"),
         Message(Role.TOOL, (ToolResult("call-2", "bad arguments", True),)),
         Message(Role.TOOL, (ToolResult("call-3", ""),), metadata={"elapsed": 0.25}),
@@ -160,6 +170,8 @@ class TestCodec:
             '{"id": "m", "role": "user", "content": []}',
             '{"id": "m", "role": "boss", "content": [], "metadata": {}}',
             '{"id": "m", "role": "user", "content": [{"type": "video"}], "metadata": {}}',
+            '{"id": "m", "role": "assistant", "content": [{"type": "reasoning", "text": "t",'
+            ' "signature": null, "provider": null}], "metadata": {}}',
             '{"id": "m", "role": "user", "content": [{"type": "image", "data": "%%%",'
             ' "url": null, "media_type": null}], "metadata": {}}',
             '{"id": "m", "role": "user", "content": [], "metadata": {"$set": [1]}}',

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost import Agent, Message, ReasoningPart, TextPart, ToolCall, manage_context, tool
 from littleghost.errors import DeadlineExceededError, ProtocolError, RateLimitError
 from littleghost.events import (
     CompactionFinished,
@@ -15,6 +15,7 @@ from littleghost.events import (
     Event,
     ModelCallFinished,
     ModelCallRetried,
+    ReasoningDelta,
     RunFinished,
     TextDelta,
     ToolCallFinished,
@@ -128,6 +129,27 @@ class TestEvents:
         deltas = [e.text for e in received if isinstance(e, TextDelta)]
         assert deltas == ["one ", "two ", "three"]
         assert "".join(deltas) == events.result.output
+
+    async def test_reasoning_streams_as_reasoning_deltas(self) -> None:
+        """Reasoning comes as ReasoningDelta events before the text, never inside a
+        TextDelta; a model without streaming gives one of each."""
+        thought = ModelResponse(
+            Message("assistant", [ReasoningPart("Think first.", None, "x"), TextPart("Hi.")])
+        )
+        received, events = await collect(Agent(model=ScriptedModel([thought])), "go")
+        kinds = [e for e in received if isinstance(e, (ReasoningDelta, TextDelta))]
+        assert kinds == [ReasoningDelta("Think first."), TextDelta("Hi.")]
+        assert events.result.output == "Hi."
+
+        class Plain:
+            name, provider, context_window = "plain", "test", None
+
+            async def respond(self, request: ModelRequest) -> ModelResponse:
+                return thought
+
+        received, _ = await collect(Agent(model=Plain()), "go")
+        kinds = [e for e in received if isinstance(e, (ReasoningDelta, TextDelta))]
+        assert kinds == [ReasoningDelta("Think first."), TextDelta("Hi.")]
 
     async def test_a_retried_call_is_announced(self) -> None:
         """A transient error makes a ModelCallRetried before the retry's text."""

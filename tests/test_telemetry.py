@@ -7,18 +7,19 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, tool
+from littleghost import Agent, Message, ReasoningPart, TextPart, tool
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, ModelResponse
+from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 if TYPE_CHECKING:
@@ -123,6 +124,41 @@ async def test_chat_attributes(spans: Spans) -> None:
     }
     assert attributes(second)["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert attributes(second)["gen_ai.usage.output_tokens"] == 7
+
+
+async def test_cache_and_reasoning_tokens_use_the_genai_names(spans: Spans) -> None:
+    """Chat spans carry the cache-read, cache-write and reasoning parts of their usage;
+    the invoke_agent span carries the run's sums."""
+    model = ScriptedModel(
+        [
+            attrs.evolve(
+                tool_call_response("lookup", {"order_id": "42"}),
+                usage=Usage(100, 30, cache_read_tokens=80, reasoning_tokens=20),
+            ),
+            attrs.evolve(
+                text_response("Here."),
+                usage=Usage(150, 10, cache_read_tokens=90, cache_write_tokens=40),
+            ),
+        ]
+    )
+    await Support(model=model).run("Where is my order?")
+    first, second = (attributes(span) for span in spans.named("chat "))
+    assert {k: v for k, v in first.items() if k.startswith("gen_ai.usage.")} == {
+        "gen_ai.usage.input_tokens": 100,
+        "gen_ai.usage.output_tokens": 30,
+        "gen_ai.usage.cache_read.input_tokens": 80,
+        "gen_ai.usage.reasoning.output_tokens": 20,
+    }
+    assert second["gen_ai.usage.cache_write.input_tokens"] == 40
+    assert "gen_ai.usage.reasoning.output_tokens" not in second
+    run = attributes(spans.one("invoke_agent"))
+    assert {k: v for k, v in run.items() if k.startswith("gen_ai.usage.")} == {
+        "gen_ai.usage.input_tokens": 250,
+        "gen_ai.usage.output_tokens": 40,
+        "gen_ai.usage.cache_read.input_tokens": 170,
+        "gen_ai.usage.cache_write.input_tokens": 40,
+        "gen_ai.usage.reasoning.output_tokens": 20,
+    }
 
 
 async def test_execute_tool_attributes(spans: Spans) -> None:
@@ -249,6 +285,19 @@ async def run_with_secrets(agent: Support) -> None:
     await type(agent)(model=model, capture_content=agent.capture_content).run(
         f"question {SECRET}", history=history
     )
+
+
+async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Spans) -> None:
+    """Reasoning is content: absent from spans by default, in the output messages when
+    capture_content is on."""
+    thought = ModelResponse(
+        Message("assistant", [ReasoningPart(f"thinking {SECRET}", "sig", "x"), TextPart("Hi.")])
+    )
+    await Support(model=ScriptedModel([thought])).run("hello")
+    assert not [text for text in every_text(spans.all()) if SECRET in text]
+    await Support(model=ScriptedModel([thought]), capture_content=True).run("hello")
+    output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
+    assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
 
 
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:

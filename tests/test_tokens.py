@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from littleghost import Message, ToolCall
+from littleghost import Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator
 from littleghost.context.tokens import estimate_message, prompt_text
 from littleghost.errors import ConfigurationError
@@ -75,3 +75,13 @@ def test_tool_arguments_are_counted_as_their_json(arguments: dict[str, Any], exp
     for tokenizer in (CharacterEstimator(chars_per_token=1), ByteEstimator(bytes_per_token=1)):
         overhead = getattr(tokenizer, "message_overhead", 0)
         assert estimate_message(message, tokenizer) == tokenizer.count_tokens(text) + overhead
+
+
+@pytest.mark.parametrize("tokenizer", [CharacterEstimator(), ByteEstimator()])
+def test_reasoning_is_counted_as_prompt_text(tokenizer: Any) -> None:
+    """Reasoning that goes back to the model counts like text; its signature does not."""
+    thought = ReasoningPart("x" * 400, "s" * 4_000, "anthropic")
+    with_reasoning = Message(Role.ASSISTANT, [thought, TextPart("yes")])
+    assert prompt_text(with_reasoning) == "assistant: " + "x" * 400 + "yes"
+    plain = Message.assistant("x" * 400 + "yes")
+    assert estimate_message(with_reasoning, tokenizer) == estimate_message(plain, tokenizer)

@@ -3,13 +3,15 @@ calls, the RunContext parameter, timeouts, sync calls left running, and declarat
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 import anyio
 import pytest
@@ -23,6 +25,11 @@ from littleghost.tool_calls import invoke
 from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
+
+if sys.version_info >= (3, 11):
+    from typing import Required
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import Required
 
 pytestmark = pytest.mark.anyio
 
@@ -258,6 +265,49 @@ async def test_arguments_are_coerced_to_python_values() -> None:
     await Rich(model=model).run("go")
     assert received == [Color.GREEN, Point(1, 0), (2, "b"), 2.0, {"a"}]
     assert isinstance(received[3], float)
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    width: int
+    height: int = 1
+
+
+class Label(TypedDict, total=False):
+    text: Required[str]
+    size: int
+
+
+def frame(window: Window, label: Label) -> str:
+    """Frame a window with a label."""
+    received.extend([window, label])
+    return "framed"
+
+
+async def test_dataclass_and_typeddict_parameters() -> None:
+    """A dataclass parameter arrives as its instance and a TypedDict as a checked dict;
+    their schemas say which fields are required."""
+
+    class Framer(Agent):
+        tools = [frame]
+
+    received.clear()
+    arguments = {"window": {"width": 3}, "label": {"text": "hi"}}
+    model = ScriptedModel(
+        [
+            tool_call_response("frame", arguments),
+            tool_call_response("frame", {"window": {"width": "3"}, "label": {}}),
+            text_response("ok"),
+        ]
+    )
+    await Framer(model=model).run("go")
+    assert received == [Window(3, 1), {"text": "hi"}]
+    [spec] = model.requests[0].tools
+    window, label = spec.parameters["properties"]["window"], spec.parameters["properties"]["label"]
+    assert (window["required"], label["required"]) == (["width"], ["text"])
+    assert label["properties"]["size"] == {"type": "integer"}
+    [wrong] = tool_results(model.requests[2].messages)[1:]
+    assert wrong.is_error and "window.width: expected an integer" in wrong.content
 
 
 def tool_results(messages: Sequence[Message]) -> list[ToolResult]:

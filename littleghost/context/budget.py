@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from littleghost._validators import check, count, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
@@ -443,7 +443,7 @@ def fit_request(
     messages.extend(current)
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
-    bounded = ModelRequest(messages, request.tools, settings, request.purpose)
+    bounded = evolve(request, messages=messages, settings=settings)
     report = BudgetReport(
         limit_tokens=limit,
         history_estimated_tokens=cuts.cost(conversation) + cuts.cost(summaries),

@@ -386,8 +386,11 @@ def _parts(
 
 
 def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
-    """The estimated tokens of the tool schemas and the settings that reach the prompt."""
-    return estimate_request((), request.tools, request.settings, tokenizer)
+    """The estimated tokens of the tool schemas, the output schema and the settings that
+    reach the prompt."""
+    return estimate_request(
+        (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
+    )
 
 
 def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
@@ -415,6 +418,7 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
             reported > 0
             and count <= len(request.messages)
             and previous.tools == request.tools
+            and previous.output_schema == request.output_schema
             and all(
                 a is b or a == b for a, b in zip(previous.messages, request.messages, strict=False)
             )
@@ -740,7 +744,7 @@ async def _compact(
                 "that is left, or only the previous summary is old enough"
             )
         context.state_for(_Run, _Run).real.update(state.real)
-        compacted = ModelRequest(state.view(), request.tools, request.settings, request.purpose)
+        compacted = attrs.evolve(request, messages=state.view())
         after = _estimate_after(request, compacted, estimated, context, config)
         if fallback and after > window:
             raise CompactionError(
@@ -947,10 +951,7 @@ async def _attempt(
 
 
 def _since(before: Usage, context: RunContext) -> Usage:
-    after = context.usage
-    return Usage(
-        after.input_tokens - before.input_tokens, after.output_tokens - before.output_tokens
-    )
+    return context.usage - before
 
 
 def _event(

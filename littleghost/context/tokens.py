@@ -19,7 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 from attrs import field, frozen
 
 from littleghost._validators import check, count, is_number
-from littleghost.messages import ImagePart, Message, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
+from littleghost.models.base import OutputSchema
 
 __all__ = [
     "ByteEstimator",
@@ -121,7 +122,7 @@ def _prompt(message: Message) -> tuple[str, int]:
     images = 0
     for part in message.content:
         kind = type(part)
-        if kind is TextPart:
+        if kind is TextPart or kind is ReasoningPart:
             pieces.append(part.text)  # type: ignore[union-attr]
         elif kind is ToolCall:
             call: ToolCall = part  # type: ignore[assignment]
@@ -141,7 +142,8 @@ _RESULT_CHARS = len('{"tool_call_id":"","content":""}')
 
 
 def prompt_text(message: Message) -> str:
-    """The text of ``message`` that reaches a prompt: role, text, tool calls and results.
+    """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls
+    and results.
 
     Metadata and image bytes are not part of it (images are counted by allowance).
     """
@@ -183,7 +185,7 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
             images = 0
             for part in message.content:
                 kind = type(part)
-                if kind is TextPart:
+                if kind is TextPart or kind is ReasoningPart:
                     length += len(part.text)  # type: ignore[union-attr]
                 elif kind is ToolResult:
                     result: ToolResult = part  # type: ignore[assignment]
@@ -267,14 +269,18 @@ def estimate_request(
     settings: Mapping[str, Any],
     tokenizer: Tokenizer = DEFAULT_TOKENIZER,
     estimates: Estimates | None = None,
+    *,
+    output_schema: OutputSchema | None = None,
 ) -> int:
-    """The estimated prompt tokens of a request: messages, tool schemas and the settings
-    that reach the prompt (stop sequences, response format, tool choice); ``estimates``
-    remembers the messages' counts across calls."""
+    """The estimated prompt tokens of a request: messages, tool schemas, the output
+    schema and the settings that reach the prompt (stop sequences, response format, tool
+    choice); ``estimates`` remembers the messages' counts across calls."""
     total = (estimates or Estimates(tokenizer)).total(messages)
     tool_list = tuple(tools)
     if tool_list:
         total += tokenizer.count_tokens(tools_text(tool_list))
+    if output_schema is not None:
+        total += tokenizer.count_tokens(_JSON(dict(output_schema.schema)))
     extra = {key: settings[key] for key in _PROMPT_SETTINGS if key in settings}
     if extra:
         total += tokenizer.count_tokens(json.dumps(extra, ensure_ascii=False, default=str))

@@ -14,6 +14,7 @@ from typing import Any
 
 from littleghost.errors import ConfigurationError, ProviderError
 from littleghost.messages import ImagePart
+from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "image_media_type",
     "import_sdk",
     "parse_arguments",
+    "reported",
+    "reported_usage",
     "sse_events",
 ]
 
@@ -91,6 +94,33 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
     except (ValueError, RecursionError):  # nested deeper than the parser goes
         return text
     return value if isinstance(value, dict) else text
+
+
+def reported(value: object, *path: str) -> int:
+    """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
+    for name in path:
+        value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def reported_usage(
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    cache_read: int = 0,
+    cache_write: int = 0,
+    reasoning: int = 0,
+) -> Usage:
+    """A ``Usage`` from a provider's counts; a breakdown a server reports larger than its
+    total is cut to the total, so a miscounting server cannot fail the call."""
+    cache_read = min(cache_read, input_tokens)
+    return Usage(
+        input_tokens,
+        output_tokens,
+        cache_read,
+        min(cache_write, input_tokens - cache_read),
+        min(reasoning, output_tokens),
+    )
 
 
 def accepted_parameters(method: Callable[..., Any]) -> frozenset[str]:

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
 import anyio
 
 from littleghost.errors import ConfigurationError, ProtocolError
-from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
+from littleghost.messages import (
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
@@ -26,16 +35,19 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     parse_arguments,
+    reported,
+    reported_usage,
     sse_events,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
 from littleghost.models.overflow import classify_error
-from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
 
+PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
 """The output cap sent when the request sets none (the API requires one)."""
 
@@ -67,6 +79,12 @@ def _image(part: ImagePart) -> dict[str, Any]:
 
 
 def _block(part: object) -> dict[str, Any] | None:
+    if isinstance(part, ReasoningPart):
+        if part.provider != PROVIDER or not part.signature:
+            return None  # another provider's, or unsigned: the API takes neither
+        if part.redacted:
+            return {"type": "redacted_thinking", "data": part.signature}
+        return {"type": "thinking", "thinking": part.text, "signature": part.signature}
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text} if part.text else None
     if isinstance(part, ImagePart):
@@ -88,7 +106,9 @@ def convert_messages(messages: Sequence[Message]) -> tuple[str | None, list[dict
     """The ``system`` text and the ``messages`` list for a conversation.
 
     System and developer text is joined into ``system``; tool results travel in user
-    turns; consecutive turns of one role are merged; empty text is left out.
+    turns; consecutive turns of one role are merged; empty text is left out. Thinking
+    blocks go back verbatim with their signatures; reasoning from another provider, or
+    that lost its signature, is left out.
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
@@ -135,54 +155,63 @@ def stop_reason(reason: str | None, has_tool_calls: bool) -> StopReason:
 
 
 def _usage(usage: Any) -> Usage:
-    """Input tokens include cache writes and reads: together they are the prompt's size."""
+    """The API's ``input_tokens`` leave out cache writes and reads; the prompt's size
+    (``Usage.input_tokens``) is all three."""
     if usage is None:
         return Usage()
-    keys = (
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-        "output_tokens",
+    cache_write = reported(usage, "cache_creation_input_tokens")
+    cache_read = reported(usage, "cache_read_input_tokens")
+    return reported_usage(
+        reported(usage, "input_tokens") + cache_write + cache_read,
+        reported(usage, "output_tokens"),
+        cache_read=cache_read,
+        cache_write=cache_write,
+        reasoning=reported(usage, "output_tokens_details", "thinking_tokens"),
     )
-    if isinstance(usage, dict):
-        counts = [usage.get(key) or 0 for key in keys]
-    else:
-        counts = [getattr(usage, key, None) or 0 for key in keys]
-    return Usage(sum(counts[:3]), counts[3])
+
+
+def _part(block: Mapping[str, Any]) -> Part | None:
+    """The message part for one content block (``None`` for a kind not kept)."""
+    kind = block.get("type")
+    if kind == "text":
+        return TextPart(block.get("text") or "")
+    if kind == "tool_use":
+        raw = block.get("partial_json")
+        arguments = parse_arguments(raw) if raw else parse_arguments(block.get("input"))
+        return ToolCall(block.get("id") or "", block.get("name") or "", arguments)
+    if kind == "thinking":
+        return ReasoningPart(block.get("thinking") or "", block.get("signature") or "", PROVIDER)
+    if kind == "redacted_thinking":
+        return ReasoningPart("", block.get("data") or "", PROVIDER, redacted=True)
+    return None
+
+
+def _answer(
+    blocks: Iterable[Mapping[str, Any]], reason: str | None, usage: object
+) -> ModelResponse:
+    """The response for the content blocks of an answer, their parts in order (the
+    text of adjacent text blocks joined)."""
+    parts: list[Part] = []
+    for block in blocks:
+        part = _part(block)
+        last = parts[-1] if parts else None
+        if isinstance(part, TextPart) and isinstance(last, TextPart):
+            parts[-1] = TextPart(last.text + part.text)
+        elif part is not None and part != TextPart(""):
+            parts.append(part)
+    calls = any(isinstance(part, ToolCall) for part in parts)
+    return ModelResponse(Message(Role.ASSISTANT, parts), stop_reason(reason, calls), _usage(usage))
 
 
 def _streamed_response(
     blocks: Mapping[int, Mapping[str, Any]], reason: str | None, usage: Mapping[str, Any]
 ) -> ModelResponse:
-    text: list[str] = []
-    calls: list[ToolCall] = []
-    for _, block in sorted(blocks.items()):
-        if block.get("type") == "text":
-            text.append(block.get("text") or "")
-        elif block.get("type") == "tool_use":
-            raw = block.get("partial_json")
-            arguments = parse_arguments(raw) if raw else parse_arguments(block.get("input"))
-            calls.append(ToolCall(block.get("id") or "", block.get("name") or "", arguments))
-    return ModelResponse(
-        Message.assistant("".join(text), calls),
-        stop_reason(reason, bool(calls)),
-        _usage(dict(usage)),
-    )
+    return _answer((block for _, block in sorted(blocks.items())), reason, dict(usage))
 
 
 def _response(message: Any) -> ModelResponse:
-    text: list[str] = []
-    calls: list[ToolCall] = []
-    for block in message.content or ():
-        if block.type == "text":
-            text.append(block.text)
-        elif block.type == "tool_use":
-            calls.append(ToolCall(block.id, block.name, parse_arguments(block.input)))
-    return ModelResponse(
-        Message.assistant("".join(text), calls),
-        stop_reason(message.stop_reason, bool(calls)),
-        _usage(message.usage),
-    )
+    blocks = [block.model_dump() for block in message.content or ()]
+    return _answer(blocks, message.stop_reason, message.usage)
 
 
 class AnthropicModel:
@@ -199,15 +228,19 @@ class AnthropicModel:
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
-    becomes ``metadata.user_id``; other settings go to the API as they are. A setting
-    the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
-    before the request is sent, naming it and the settings accepted.
+    becomes ``metadata.user_id``; other settings go to the API as they are. A request's
+    ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
+    any ``output_config`` setting). A setting the installed SDK does not accept
+    (``seed``, ...) is a ``ConfigurationError`` raised before the request is sent, naming
+    it and the settings accepted.
 
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set.
     """
 
-    provider = "anthropic"
+    provider = PROVIDER
+    supports_output_schema = True
+    """A request's ``output_schema`` becomes ``output_config.format`` (structured outputs)."""
 
     def __init__(
         self,
@@ -290,6 +323,13 @@ class AnthropicModel:
             if parallel is False:
                 choice["disable_parallel_tool_use"] = True
             settings["tool_choice"] = choice
+        if request.output_schema is not None:
+            config = dict(settings.pop("output_config", None) or {})
+            config["format"] = {"type": "json_schema", "schema": dict(request.output_schema.schema)}
+            if "output_config" in accepted:
+                params["output_config"] = config
+            else:
+                params["extra_body"] = {**settings.pop("extra_body", {}), "output_config": config}
         params.update(settings)
         return params
 
@@ -335,6 +375,15 @@ class AnthropicModel:
                                 if delta.get("type") == "text_delta" and delta.get("text"):
                                     block["text"] = block.get("text", "") + delta["text"]
                                     yield TextChunk(delta["text"])
+                                elif delta.get("type") == "thinking_delta":
+                                    piece = delta.get("thinking") or ""
+                                    block["thinking"] = (block.get("thinking") or "") + piece
+                                    if piece:
+                                        yield ReasoningChunk(piece)
+                                elif delta.get("type") == "signature_delta":
+                                    block["signature"] = (block.get("signature") or "") + (
+                                        delta.get("signature") or ""
+                                    )
                                 elif delta.get("type") == "input_json_delta":
                                     block["partial_json"] = block.get("partial_json", "") + (
                                         delta.get("partial_json") or ""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from attrs import field, frozen
+from attrs import astuple, field, frozen
 
 from littleghost._validators import instance_of, int_at_least, type_check
 from littleghost.messages import Message, Role
@@ -15,6 +16,7 @@ __all__ = [
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "OutputSchema",
     "StopReason",
     "ToolSpec",
     "Usage",
@@ -34,23 +36,50 @@ class StopReason(str, enum.Enum):
         return self.value
 
 
+def _count(name: str) -> Any:
+    return field(default=0, validator=type_check(f"Usage.{name}", int_at_least(0), "an int >= 0"))
+
+
 @frozen
 class Usage:
-    """Tokens a model call (or a run, summed) consumed."""
+    """Tokens a model call (or a run, summed) consumed.
 
-    input_tokens: int = field(
-        default=0, validator=type_check("Usage.input_tokens", int_at_least(0), "an int >= 0")
-    )
-    output_tokens: int = field(
-        default=0, validator=type_check("Usage.output_tokens", int_at_least(0), "an int >= 0")
-    )
+    ``input_tokens`` counts the whole prompt, cached tokens included (the GenAI
+    convention): ``cache_read_tokens`` of them were read from the provider's prompt cache
+    and ``cache_write_tokens`` written to it. ``output_tokens`` counts everything the
+    model wrote, ``reasoning_tokens`` of them reasoning. A breakdown larger than its
+    total is a ``TypeError``.
+    """
+
+    input_tokens: int = _count("input_tokens")
+    output_tokens: int = _count("output_tokens")
+    cache_read_tokens: int = _count("cache_read_tokens")
+    cache_write_tokens: int = _count("cache_write_tokens")
+    reasoning_tokens: int = _count("reasoning_tokens")
+
+    def __attrs_post_init__(self) -> None:
+        if self.cache_read_tokens + self.cache_write_tokens > self.input_tokens:
+            raise TypeError(
+                "Usage: cache_read_tokens + cache_write_tokens "
+                f"({self.cache_read_tokens} + {self.cache_write_tokens}) are part of "
+                f"input_tokens ({self.input_tokens}) and cannot exceed it"
+            )
+        if self.reasoning_tokens > self.output_tokens:
+            raise TypeError(
+                f"Usage: reasoning_tokens ({self.reasoning_tokens}) are part of "
+                f"output_tokens ({self.output_tokens}) and cannot exceed it"
+            )
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
-        )
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def __sub__(self, other: Usage) -> Usage:
+        """The usage between an earlier total ``other`` and this one."""
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     @property
     def total_tokens(self) -> int:
@@ -80,6 +109,60 @@ class ToolSpec:
     def _check_name(self, attribute: object, value: object) -> None:
         if not isinstance(value, str) or not value:
             raise TypeError(f"ToolSpec.name must be a non-empty str, not {value!r}")
+
+
+def _object_schema(value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or value.get("type") != "object":
+        raise TypeError(
+            f"OutputSchema.schema must be a JSON schema dict with an object at its root, not {value!r}"
+        )
+    return dict(value)
+
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@frozen
+class OutputSchema:
+    """The JSON a request asks the model's final answer to be (native structured output).
+
+    Args:
+        name: A name for it, as providers want one (letters, digits, ``_`` and ``-``;
+            at most 64).
+        schema: A JSON schema with an object at its root.
+    """
+
+    name: str = field()
+    schema: Mapping[str, Any] = field(converter=_object_schema)
+
+    @name.validator
+    def _check_name(self, attribute: object, value: object) -> None:
+        if not isinstance(value, str) or not _SCHEMA_NAME.fullmatch(value):
+            raise TypeError(f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {value!r}")
+
+    @property
+    def strict(self) -> bool:
+        """True when the schema fits strict decoding (OpenAI's ``strict``): every object
+        closed, with every property required, and no open-ended value."""
+        return _strict(self.schema)
+
+
+def _strict(schema: object) -> bool:
+    if not isinstance(schema, Mapping) or not schema or "prefixItems" in schema:
+        return False
+    if "anyOf" in schema:
+        return all(_strict(option) for option in schema["anyOf"])
+    if schema.get("type") == "object":
+        properties = schema.get("properties")
+        return (
+            isinstance(properties, Mapping)
+            and schema.get("additionalProperties") is False
+            and set(schema.get("required", ())) == set(properties)
+            and all(_strict(value) for value in properties.values())
+        )
+    if schema.get("type") == "array":
+        return _strict(schema.get("items"))
+    return True
 
 
 def _messages(value: object) -> tuple[Message, ...]:
@@ -121,6 +204,8 @@ class ModelRequest:
         tools: The tools it may call.
         settings: Provider settings (``max_tokens``, ``temperature``, ``seed``, ...).
         purpose: ``chat``, or ``context_compaction`` for a summary call.
+        output_schema: The JSON the final answer must be, for a model that takes a
+            schema (``supports_output_schema``); ``None`` for free text.
     """
 
     messages: tuple[Message, ...] = field(converter=_messages)
@@ -128,6 +213,12 @@ class ModelRequest:
     settings: Mapping[str, Any] = field(factory=dict, converter=_settings)
     purpose: str = field(
         default="chat", validator=instance_of("ModelRequest.purpose", str, "a str")
+    )
+    output_schema: OutputSchema | None = field(
+        default=None,
+        validator=instance_of(
+            "ModelRequest.output_schema", (OutputSchema, type(None)), "an OutputSchema or None"
+        ),
     )
 
     @property
@@ -172,7 +263,9 @@ class Model(Protocol):
     """A chat model.
 
     Optionally a model also has ``async prepare()`` (awaited before a run's first call),
-    ``async aclose()`` and ``stream(request)`` (see :mod:`littleghost.models.streaming`).
+    ``async aclose()``, ``stream(request)`` (see :mod:`littleghost.models.streaming`) and
+    ``supports_output_schema`` (True when it holds its answer to a request's
+    ``output_schema``, the provider's native structured output).
     """
 
     @property

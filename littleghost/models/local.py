@@ -36,7 +36,7 @@ from attrs import define
 
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._sdk import import_sdk
-from littleghost.models.base import ModelRequest, ModelResponse
+from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
 
@@ -295,6 +295,11 @@ class _ServerChat(OpenAIModel):
 
     provider = "local"
 
+    def _output_params(self, output: OutputSchema) -> dict[str, Any]:
+        """llama.cpp's own ``json_schema``: the schema becomes a grammar the sampler
+        follows."""
+        return {"json_schema": dict(output.schema)}
+
 
 @define(eq=False)
 class _Server:
@@ -328,6 +333,8 @@ class LocalModel:
     """
 
     provider = "local"
+    supports_output_schema = True
+    """A request's ``output_schema`` becomes llama.cpp's ``json_schema`` grammar."""
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ import anyio
 
 from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProtocolError
-from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall
+from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
@@ -28,11 +28,20 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     parse_arguments,
+    reported,
+    reported_usage,
     sse_events,
 )
-from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
+from littleghost.models.base import (
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    StopReason,
+    ToolSpec,
+    Usage,
+)
 from littleghost.models.overflow import classify_error
-from littleghost.models.streaming import ModelStreamEvent, StreamDone, TextChunk
+from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
@@ -107,7 +116,11 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _message(message: Message, developer_role: str) -> Iterator[dict[str, Any]]:
+def _message(
+    message: Message, developer_role: str, reasoning_of: str | None
+) -> Iterator[dict[str, Any]]:
+    """The chat-completions messages for ``message``; an assistant message carries the
+    reasoning of provider ``reasoning_of`` as ``reasoning_content``."""
     role = message.role
     if role is Role.TOOL:
         for result in message.tool_results:
@@ -115,6 +128,13 @@ def _message(message: Message, developer_role: str) -> Iterator[dict[str, Any]]:
         return
     if role is Role.ASSISTANT:
         entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        reasoning = "".join(
+            part.text
+            for part in message.reasoning
+            if reasoning_of is not None and part.sendable_to(reasoning_of)
+        )
+        if reasoning:
+            entry["reasoning_content"] = reasoning
         if message.tool_calls:
             entry["tool_calls"] = [_tool_call(call) for call in message.tool_calls]
         yield entry
@@ -143,11 +163,25 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
 
 
 def _usage(usage: Any) -> Usage:
+    """Prompt tokens include the cached ones; completion tokens the reasoning ones."""
     if usage is None:
         return Usage()
-    if isinstance(usage, dict):
-        return Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
-    return Usage(usage.prompt_tokens or 0, usage.completion_tokens or 0)
+    return reported_usage(
+        reported(usage, "prompt_tokens"),
+        reported(usage, "completion_tokens"),
+        cache_read=reported(usage, "prompt_tokens_details", "cached_tokens"),
+        reasoning=reported(usage, "completion_tokens_details", "reasoning_tokens"),
+    )
+
+
+def _reasoning(message: object) -> str:
+    """The reasoning text a server sent beside the answer (``reasoning_content``, as
+    llama.cpp, vLLM and DeepSeek send it, or ``reasoning``), from a message or a delta."""
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def _tool_calls(raw: Any) -> list[ToolCall]:
@@ -192,6 +226,8 @@ class OpenAIModel:
     """
 
     provider = "openai"
+    supports_output_schema = True
+    """A request's ``output_schema`` becomes a JSON-schema ``response_format``."""
 
     def __init__(
         self,
@@ -293,10 +329,20 @@ class OpenAIModel:
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         developer_role = "developer" if self._official else "system"
+        # Reasoning goes back within the current turn's tool loop (after the last user
+        # message), where servers that think between tool calls expect it.
+        turn = max(
+            (i for i, message in enumerate(request.messages) if message.role is Role.USER),
+            default=-1,
+        )
         params: dict[str, Any] = {
             "model": self._name,
             "messages": [
-                entry for message in request.messages for entry in _message(message, developer_role)
+                entry
+                for position, message in enumerate(request.messages)
+                for entry in _message(
+                    message, developer_role, self.provider if position > turn else None
+                )
             ],
         }
         if request.tools:
@@ -312,9 +358,26 @@ class OpenAIModel:
             if key == "max_tokens" and self._official:
                 key = "max_completion_tokens"
             (params if key in self._accepted else extra)[key] = value
+        if request.output_schema is not None:
+            for key, value in self._output_params(request.output_schema).items():
+                (params if key in self._accepted else extra)[key] = value
         if extra:
             params["extra_body"] = extra
         return params
+
+    def _output_params(self, output: OutputSchema) -> dict[str, Any]:
+        """The parameters that hold the answer to ``output``: a JSON-schema
+        ``response_format``, strict when the schema allows it."""
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": output.name,
+                    "schema": dict(output.schema),
+                    "strict": output.strict,
+                },
+            }
+        }
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""
@@ -336,10 +399,19 @@ class OpenAIModel:
         calls = _tool_calls(message.tool_calls)
         text = message.content or getattr(message, "refusal", None) or ""
         return ModelResponse(
-            Message.assistant(text, calls),
+            self._answer(_reasoning(message), text, calls),
             stop_reason(choice.finish_reason, bool(calls)),
             _usage(completion.usage),
         )
+
+    def _answer(self, reasoning: str, text: str, calls: list[ToolCall]) -> Message:
+        """The assistant message: its reasoning (a server's ``reasoning_content``), text
+        and tool calls."""
+        parts: list[Part] = [ReasoningPart(reasoning, None, self.provider)] if reasoning else []
+        if text:
+            parts.append(TextPart(text))
+        parts.extend(calls)
+        return Message(Role.ASSISTANT, parts)
 
     async def _open_stream(self, stack: AsyncExitStack, params: dict[str, Any]) -> Any:
         """Send the streaming request; without ``stream_options`` if the server rejects it."""
@@ -365,6 +437,7 @@ class OpenAIModel:
         """
         params = self._params(request)
         text: list[str] = []
+        reasoning: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish_reason: str | None = None
         usage: Any = None
@@ -382,6 +455,10 @@ class OpenAIModel:
                                 if choice.get("index", 0) != 0:
                                     continue
                                 delta = choice.get("delta") or {}
+                                piece = _reasoning(delta)
+                                if piece:
+                                    reasoning.append(piece)
+                                    yield ReasoningChunk(piece)
                                 if delta.get("content"):
                                     text.append(delta["content"])
                                     yield TextChunk(delta["content"])
@@ -411,7 +488,7 @@ class OpenAIModel:
         ]
         yield StreamDone(
             ModelResponse(
-                Message.assistant("".join(text), tool_calls),
+                self._answer("".join(reasoning), "".join(text), tool_calls),
                 stop_reason(finish_reason, bool(tool_calls)),
                 _usage(usage),
             )

@@ -1,10 +1,11 @@
 """Streaming from a model: the optional ``stream(request)`` method of the ``Model`` protocol.
 
 A model that streams has ``stream(request)`` returning an async iterator (usually an
-async generator) that yields ``TextChunk`` values as text arrives and ends with exactly
-one ``StreamDone`` holding the whole ``ModelResponse`` (usage included). The caller
-closes the iterator (``aclose``) when it stops early; the model then cancels the
-provider's generation. Errors are raised as from ``respond``.
+async generator) that yields ``TextChunk`` values as text arrives (``ReasoningChunk``
+values as reasoning does) and ends with exactly one ``StreamDone`` holding the whole
+``ModelResponse`` (usage included). The caller closes the iterator (``aclose``) when it
+stops early; the model then cancels the provider's generation. Errors are raised as
+from ``respond``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from attrs import frozen
 
 from littleghost.models.base import ModelRequest, ModelResponse
 
-__all__ = ["ModelStreamEvent", "StreamDone", "StreamingModel", "TextChunk"]
+__all__ = ["ModelStreamEvent", "ReasoningChunk", "StreamDone", "StreamingModel", "TextChunk"]
 
 
 @frozen
 class TextChunk:
     """A piece of the answer's text, as it arrived."""
+
+    text: str
+
+
+@frozen
+class ReasoningChunk:
+    """A piece of the model's reasoning, as it arrived."""
 
     text: str
 
@@ -33,7 +41,7 @@ class StreamDone:
     response: ModelResponse
 
 
-ModelStreamEvent = TextChunk | StreamDone
+ModelStreamEvent = TextChunk | ReasoningChunk | StreamDone
 
 
 @runtime_checkable

@@ -2,12 +2,12 @@
 
 A message becomes a JSON object ``{"id", "role", "content", "metadata"}``; its parts are
 objects tagged by ``"type"`` (``text``, ``image`` with base64 ``data``, ``tool_call``,
-``tool_result``). Metadata values (and tool-call arguments) must be JSON-like: ``str``,
-``int``, ``float`` (finite), ``bool``, ``None``, ``list``, ``tuple`` and ``dict`` with
-``str`` keys, of exactly these types; they come back with the same types. A tuple is
-written as ``{"$tuple": [...]}``; a dict with a key starting with ``$`` is wrapped as
-``{"$dict": {...}}``, so no user dict is ever read back as a tag. Values nest at most
-``MAX_DEPTH`` levels deep.
+``tool_result``, ``reasoning``). Metadata values (and tool-call arguments) must be
+JSON-like: ``str``, ``int``, ``float`` (finite), ``bool``, ``None``, ``list``, ``tuple``
+and ``dict`` with ``str`` keys, of exactly these types; they come back with the same
+types. A tuple is written as ``{"$tuple": [...]}``; a dict with a key starting with ``$``
+is wrapped as ``{"$dict": {...}}``, so no user dict is ever read back as a tag. Values
+nest at most ``MAX_DEPTH`` levels deep.
 
 Errors never quote stored content: an encoding error names the field that holds the
 value (``message 'm1': metadata['key']``) and what is wrong with it; a decoding error
@@ -24,7 +24,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
-from littleghost.messages import ImagePart, Message, Part, Role, TextPart, ToolCall, ToolResult
+from littleghost.messages import (
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -127,6 +136,14 @@ def _encode_part(part: Part, where: str) -> dict[str, Any]:
         if not isinstance(arguments, str):
             arguments = _encode_value(dict(arguments), f"{where}.arguments", set())
         return {"type": "tool_call", "id": part.id, "name": part.name, "arguments": arguments}
+    if isinstance(part, ReasoningPart):
+        return {
+            "type": "reasoning",
+            "text": part.text,
+            "signature": part.signature,
+            "provider": part.provider,
+            "redacted": part.redacted,
+        }
     return {
         "type": "tool_result",
         "call_id": part.call_id,
@@ -171,6 +188,7 @@ _PART_FIELDS = {
     "image": ("data", "url", "media_type"),
     "tool_call": ("id", "name", "arguments"),
     "tool_result": ("call_id", "content", "is_error"),
+    "reasoning": ("text", "signature", "provider", "redacted"),
 }
 
 
@@ -202,6 +220,10 @@ def _decode_part(data: Any, where: str) -> Part:
             if not isinstance(arguments, str):
                 arguments = _decode_value(arguments, f"{where} (tool_call) 'arguments'")
             return ToolCall(data["id"], data["name"], arguments)
+        if kind == "reasoning":
+            return ReasoningPart(
+                data["text"], data["signature"], data["provider"], data["redacted"]
+            )
         return ToolResult(data["call_id"], data["content"], data["is_error"])
     except (TypeError, ValueError):
         # the part's own checks: their text may quote the value, so it is not passed on

@@ -1,0 +1,493 @@
+"""Typed results: ``output_type`` through ScriptedModel, natively and with the final-result
+tool; the repair turn and its failure; streaming; declarations that fail; and structured
+runs that compact or recover from an overflow halfway."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict
+
+import attrs
+import pytest
+
+from littleghost import Agent, Message, Role, ToolCall, manage_context, tool
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    OutputValidationError,
+)
+from littleghost.events import RunFinished, TextDelta
+from littleghost.models import ModelRequest, ModelResponse, OutputSchema, StopReason
+from littleghost.output import OUTPUT_TOOL
+from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
+
+from .conversations import PerMessage, chat, summary_step
+
+pytestmark = pytest.mark.anyio
+
+
+@attrs.frozen
+class Invoice:
+    number: str
+    total: float
+    paid: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Address:
+    city: str
+    zip_code: str
+
+
+class Contact(TypedDict):
+    name: str
+    phone: str
+
+
+@dataclasses.dataclass
+class Node:
+    children: list[Node]
+
+
+class Priority(enum.Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+OBJECT = {"type": "object", "additionalProperties": False}
+
+
+def wrapped(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**OBJECT, "properties": {"result": schema}, "required": ["result"]}
+
+
+# (output type, the JSON the model answers, the value it becomes, the request's schema)
+KINDS: list[tuple[Any, Any, Any, dict[str, Any]]] = [
+    (
+        Invoice,
+        {"number": "A-7", "total": 12.5},
+        Invoice("A-7", 12.5),
+        {
+            **OBJECT,
+            "properties": {
+                "number": {"type": "string"},
+                "total": {"type": "number"},
+                "paid": {"type": "boolean"},
+            },
+            "required": ["number", "total"],
+        },
+    ),
+    (
+        Address,
+        {"city": "Lyon", "zip_code": "69001"},
+        Address("Lyon", "69001"),
+        {
+            **OBJECT,
+            "properties": {"city": {"type": "string"}, "zip_code": {"type": "string"}},
+            "required": ["city", "zip_code"],
+        },
+    ),
+    (
+        Contact,
+        {"name": "Ada", "phone": "555"},
+        {"name": "Ada", "phone": "555"},
+        {
+            **OBJECT,
+            "properties": {"name": {"type": "string"}, "phone": {"type": "string"}},
+            "required": ["name", "phone"],
+        },
+    ),
+    (
+        list[int],
+        {"result": [3, 1, 2]},
+        [3, 1, 2],
+        wrapped({"type": "array", "items": {"type": "integer"}}),
+    ),
+    (
+        Literal["yes", "no"],
+        {"result": "no"},
+        "no",
+        wrapped({"enum": ["yes", "no"]}),
+    ),
+    (Priority, {"result": "high"}, Priority.HIGH, wrapped({"enum": ["low", "high"]})),
+    (int, {"result": 42}, 42, wrapped({"type": "integer"})),
+    (float, {"result": 2.5}, 2.5, wrapped({"type": "number"})),
+    (bool, {"result": True}, True, wrapped({"type": "boolean"})),
+]
+KIND_IDS = ["attrs", "dataclass", "TypedDict", "list", "Literal", "enum", "int", "float", "bool"]
+
+
+class Plain(Agent):
+    instructions = "Answer."
+
+
+class Typed(Agent):
+    output_type = Invoice
+
+
+class TestEveryKind:
+    @pytest.mark.parametrize(("kind", "answer", "expected", "schema"), KINDS, ids=KIND_IDS)
+    async def test_natively(self, kind: Any, answer: Any, expected: Any, schema: Any) -> None:
+        """A model that takes a schema is sent it; its JSON answer becomes the typed value."""
+        model = ScriptedModel([text_response(json.dumps(answer))])
+        result = await Plain(model=model).run("go", output_type=kind)
+        assert result.output == expected and type(result.output) is type(expected)
+        [request] = model.requests
+        assert request.output_schema is not None
+        assert request.output_schema.schema == schema
+        assert request.tools == () and "tool_choice" not in request.settings
+
+    @pytest.mark.parametrize(("kind", "answer", "expected", "schema"), KINDS, ids=KIND_IDS)
+    async def test_with_the_final_result_tool(
+        self, kind: Any, answer: Any, expected: Any, schema: Any
+    ) -> None:
+        """A model that takes no schema gets a final-result tool it must call; the call's
+        arguments become the typed value, and the call gets a result in the log."""
+        model = ScriptedModel(
+            [tool_call_response(OUTPUT_TOOL, answer, call_id="c1")],
+            supports_output_schema=False,
+        )
+        result = await Plain(model=model).run("go", output_type=kind)
+        assert result.output == expected and type(result.output) is type(expected)
+        [request] = model.requests
+        assert request.output_schema is None
+        assert [spec.name for spec in request.tools] == [OUTPUT_TOOL]
+        assert request.tools[0].parameters == schema
+        assert request.settings["tool_choice"] == "required"
+        assert result.messages[-1].tool_results[0].call_id == "c1"
+        assert not result.messages[-1].tool_results[0].is_error
+
+
+class TestDeclaring:
+    async def test_the_class_declares_it_and_run_overrides_it(self) -> None:
+        """``output_type`` on the class applies to every run; ``run(output_type=)`` wins
+        for one run, and ``str`` asks for free text."""
+        answer = json.dumps({"number": "A-1", "total": 3})
+        model = ScriptedModel([text_response(answer), text_response('{"result": 7}')])
+        agent = Typed(model=model)
+        assert (await agent.run("go")).output == Invoice("A-1", 3.0)
+        assert (await agent.run("go", output_type=int)).output == 7
+        text = ScriptedModel([text_response("just text")])
+        result = await Typed(model=text).run("go", output_type=str)
+        assert result.output == "just text" and text.requests[0].output_schema is None
+
+    async def test_the_strategy_can_be_chosen(self) -> None:
+        """``output_strategy="tool"`` uses the final-result tool even with a model that takes
+        schemas; ``"native"`` with a model that takes none fails before any call."""
+
+        class ByTool(Typed):
+            output_strategy = "tool"
+
+        model = ScriptedModel([tool_call_response(OUTPUT_TOOL, {"number": "B", "total": 1})])
+        assert (await ByTool(model=model).run("go")).output == Invoice("B", 1.0)
+        assert model.requests[0].output_schema is None
+
+        no_schema = ScriptedModel([], supports_output_schema=False)
+        with pytest.raises(ConfigurationError, match="output_strategy='native'"):
+            await Typed(model=no_schema, output_strategy="native").run("go")
+        assert no_schema.requests == []
+
+    async def test_a_tool_choice_in_the_settings_wins(self) -> None:
+        """The final-result tool is required unless the settings name a tool choice."""
+        model = ScriptedModel(
+            [tool_call_response(OUTPUT_TOOL, {"result": 1})], supports_output_schema=False
+        )
+        await Plain(model=model).run("go", output_type=int, settings={"tool_choice": "auto"})
+        assert model.requests[0].settings["tool_choice"] == "auto"
+
+    @pytest.mark.parametrize(
+        ("declare", "message"),
+        [
+            (lambda: type("Bad", (Agent,), {"output_type": object}), "Bad.output_type"),
+            (lambda: type("Bad", (Agent,), {"output_type": set[bytes]}), "Bad.output_type"),
+            (lambda: type("Bad", (Agent,), {"output_strategy": "json"}), "Bad.output_strategy"),
+            (lambda: Plain(output_type=complex), r"Plain\(…, output_type=\)"),
+            (lambda: Plain(output_strategy=None), r"Plain\(…, output_strategy=\)"),
+        ],
+    )
+    def test_invalid_declarations_fail_when_made(
+        self, declare: Callable[[], object], message: str
+    ) -> None:
+        """An output type that cannot be a JSON schema, or an unknown strategy, is a
+        ConfigurationError when the class is defined (or the agent made), naming it."""
+        with pytest.raises(ConfigurationError, match=message):
+            declare()
+
+    def test_a_recursive_or_unresolvable_type_fails_when_declared(self) -> None:
+        """Recursive records and annotations that cannot be resolved fail at definition."""
+        with pytest.raises(ConfigurationError, match="contains itself"):
+            type("Tree", (Agent,), {"output_type": Node})
+
+        @dataclasses.dataclass
+        class Dangling:
+            other: Missing  # type: ignore[name-defined]  # noqa: F821
+
+        with pytest.raises(ConfigurationError, match="cannot be resolved"):
+            type("Broken", (Agent,), {"output_type": Dangling})
+
+    def test_a_tool_cannot_take_the_final_result_name(self) -> None:
+        """A tool named like the final-result tool clashes with an output type."""
+        with pytest.raises(ConfigurationError, match=OUTPUT_TOOL):
+
+            class Clash(Agent):
+                output_type = Invoice
+
+                @tool(name=OUTPUT_TOOL)
+                def finish(self) -> str:
+                    """Finish."""
+                    return "done"
+
+    async def test_bad_run_arguments_fail_before_any_call(self) -> None:
+        """A bad ``run(output_type=)``, or a response format set beside an output type,
+        fails before the model is called."""
+        model = ScriptedModel([])
+        with pytest.raises(ConfigurationError, match=r"run\(output_type=\)"):
+            await Plain(model=model).run("go", output_type=bytes)
+        with pytest.raises(ConfigurationError, match="response_format"):
+            await Typed(model=model).run("go", settings={"response_format": {"type": "text"}})
+        assert model.requests == []
+
+
+def tool_result_texts(messages: tuple[Message, ...]) -> list[tuple[str, bool]]:
+    return [
+        (result.content, result.is_error) for message in messages for result in message.tool_results
+    ]
+
+
+class TestRepair:
+    async def test_a_native_answer_that_does_not_fit_gets_one_repair_turn(self) -> None:
+        """The model is shown what did not fit, as a user message after its answer, and
+        answers again."""
+        model = ScriptedModel(
+            [text_response('{"number": "A-1"}'), text_response('{"number": "A-1", "total": 9}')]
+        )
+        result = await Typed(model=model).run("go")
+        assert result.output == Invoice("A-1", 9.0)
+        second = model.requests[1].messages
+        assert second[-2].text == '{"number": "A-1"}'
+        assert second[-1].role is Role.USER
+        assert "missing field 'total'" in second[-1].text
+        assert result.messages[-3:-1] == second[-2:]
+
+    async def test_a_second_answer_that_does_not_fit_raises_with_the_raw_reply(self) -> None:
+        """After the one repair turn, OutputValidationError carries the raw reply and the
+        errors; the session keeps every message of the run."""
+        store = InMemorySessionStore()
+        model = ScriptedModel([text_response("not json"), text_response('{"total": "x"}')])
+        with pytest.raises(OutputValidationError) as caught:
+            await Typed(model=model, session_store=store).run("go", session_id="s")
+        error = caught.value
+        assert error.raw == '{"total": "x"}'
+        assert error.errors == ("answer: missing field 'number'",)
+        assert error.response is not None and error.response.message.text == '{"total": "x"}'
+        assert "not json" not in str(error) and '"x"' not in str(error)
+        stored = await store.load("s")
+        assert [m.role for m in stored] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT]
+        assert "not valid JSON" in stored[2].text
+        assert len(model.requests) == 2
+
+    async def test_a_final_result_call_that_does_not_fit_is_answered_with_the_errors(
+        self,
+    ) -> None:
+        """With the final-result tool, what did not fit is the call's error result; a
+        second misfit raises, with the call answered in the log all the same."""
+        store = InMemorySessionStore()
+        model = ScriptedModel(
+            [
+                tool_call_response(OUTPUT_TOOL, {"result": "many"}, call_id="c1"),
+                tool_call_response(OUTPUT_TOOL, '{"result": ', call_id="c2"),
+            ],
+            supports_output_schema=False,
+        )
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=model, session_store=store).run("go", output_type=int, session_id="s")
+        assert caught.value.raw == '{"result": '
+        first, second = tool_result_texts(await store.load("s"))
+        assert first[1] and "result: expected an integer" in first[0]
+        assert second[1] and "not valid JSON" in second[0]
+
+    async def test_a_text_answer_is_asked_to_call_the_final_result_tool(self) -> None:
+        """With the final-result tool, a text answer is repaired by asking for the call."""
+        model = ScriptedModel(
+            [text_response("It is 4."), tool_call_response(OUTPUT_TOOL, {"result": 4})],
+            supports_output_schema=False,
+        )
+        result = await Plain(model=model).run("go", output_type=int)
+        assert result.output == 4
+        assert model.requests[1].messages[-1].text == (
+            f"Give your final answer by calling the {OUTPUT_TOOL} tool."
+        )
+
+    async def test_other_calls_beside_the_final_result_are_answered_not_run(self) -> None:
+        """Calls made in the same turn as the final answer are not run; each gets a result."""
+        ran: list[str] = []
+
+        class WithTool(Plain):
+            @tool
+            def look(self) -> str:
+                """Look."""
+                ran.append("look")
+                return "seen"
+
+        response = ModelResponse(
+            Message.assistant(
+                tool_calls=[
+                    ToolCall("c1", "look", {}),
+                    ToolCall("c2", OUTPUT_TOOL, {"result": True}),
+                ]
+            ),
+            StopReason.TOOL_USE,
+        )
+        model = ScriptedModel([response], supports_output_schema=False)
+        result = await WithTool(model=model).run("go", output_type=bool)
+        assert result.output is True and ran == []
+        (look, final) = tool_result_texts(result.messages)
+        assert look[1] and look[0].startswith("Not run")
+        assert final == ("The final answer was received.", False)
+
+    async def test_tools_run_before_the_typed_answer(self) -> None:
+        """The agent's own tools run as usual until the final answer."""
+
+        class Lookup(Typed):
+            @tool
+            def find(self, number: str) -> float:
+                """Find an invoice's total."""
+                return 12.0
+
+        model = ScriptedModel(
+            [
+                tool_call_response("find", {"number": "A"}),
+                text_response('{"number": "A", "total": 12.0, "paid": true}'),
+            ]
+        )
+        result = await Lookup(model=model).run("go")
+        assert result.output == Invoice("A", 12.0, paid=True)
+        assert model.requests[1].output_schema == model.requests[0].output_schema
+
+
+class TestStreaming:
+    async def test_text_deltas_then_the_typed_value(self) -> None:
+        """Streaming yields the answer's text as it comes and the typed value at the end."""
+        model = ScriptedModel([streamed('{"number": ', '"S-1", ', '"total": 5}')])
+        async with Typed(model=model).stream("go") as events:
+            seen = [event async for event in events]
+        deltas = "".join(e.text for e in seen if isinstance(e, TextDelta))
+        assert deltas == '{"number": "S-1", "total": 5}'
+        assert isinstance(seen[-1], RunFinished)
+        assert seen[-1].result.output == Invoice("S-1", 5.0)
+        assert events.result.output == Invoice("S-1", 5.0)
+
+
+@manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    preserve_recent_messages=4,
+    tokenizer=PerMessage(),
+)
+class Compacting(Agent):
+    output_type = Invoice
+
+    @tool
+    def ping(self) -> str:
+        """Ping."""
+        return "pong"
+
+
+def asks_for_output(request: ModelRequest, native: bool) -> bool:
+    """True when ``request`` asks for the Invoice output, as the strategy does."""
+    if native:
+        return request.output_schema is not None and request.output_schema.name == "Invoice"
+    return [t.name for t in request.tools] == ["ping", OUTPUT_TOOL] and (
+        request.settings.get("tool_choice") == "required"
+    )
+
+
+def answer_step(native: bool) -> ModelResponse:
+    payload = {"number": "C-3", "total": 30}
+    if native:
+        return text_response(json.dumps(payload))
+    return tool_call_response(OUTPUT_TOOL, payload)
+
+
+class TestCompaction:
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_a_compaction_halfway_keeps_the_output_request(self, native: bool) -> None:
+        """A compacted request still asks for the output (schema, or final-result tool and
+        tool choice); the summary request asks for none; the typed value comes back."""
+        model = ScriptedModel(
+            [tool_call_response("ping", {}, input_tokens=60), summary_step(), answer_step(native)],
+            supports_output_schema=native,
+        )
+        result = await Compacting(model=model).run("go", history=chat(5))
+        first, summary, compacted = model.requests
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        assert any(m.is_summary for m in compacted.messages)
+        assert asks_for_output(first, native) and asks_for_output(compacted, native)
+        assert summary.output_schema is None and summary.tools == ()
+        assert "tool_choice" not in summary.settings
+        assert result.output == Invoice("C-3", 30.0)
+
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_an_overflow_recovery_halfway_keeps_the_output_request(
+        self, native: bool
+    ) -> None:
+        """The request retried after an overflow still asks for the output."""
+
+        class Roomy(Compacting):
+            pass
+
+        Roomy.context_management = attrs.evolve(
+            Compacting.context_management, compression_threshold=1.0, context_window_tokens=1_000
+        )
+        model = ScriptedModel(
+            [
+                tool_call_response("ping", {}),
+                ContextWindowOverflowError("prompt is too long", provider="x"),
+                summary_step(),
+                answer_step(native),
+            ],
+            supports_output_schema=native,
+        )
+        result = await Roomy(model=model).run("go", history=chat(10))
+        purposes = [r.purpose for r in model.requests]
+        assert purposes == ["chat", "chat", "context_compaction", "chat"]
+        overflowed, retried = model.requests[1], model.requests[3]
+        assert any(m.is_summary for m in retried.messages)
+        assert asks_for_output(overflowed, native) and asks_for_output(retried, native)
+        assert model.requests[2].output_schema is None and model.requests[2].tools == ()
+        assert result.output == Invoice("C-3", 30.0)
+
+    async def test_the_estimate_counts_the_output_schema(self) -> None:
+        """A large output schema alone can bring a request to the threshold."""
+
+        @manage_context(
+            context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=2
+        )
+        class Windowed(Agent):
+            pass
+
+        choices = tuple(f"choice number {index} of a long list" for index in range(150))
+        big = Literal[choices]  # type: ignore[valid-type]
+        plain = ScriptedModel([text_response("done")])
+        await Windowed(model=plain).run("go", history=chat(3))
+        assert [r.purpose for r in plain.requests] == ["chat"]
+        typed = ScriptedModel([summary_step(), text_response('{"result": "' + choices[0] + '"}')])
+        result = await Windowed(model=typed).run("go", history=chat(3), output_type=big)
+        assert [r.purpose for r in typed.requests] == ["context_compaction", "chat"]
+        assert result.output == choices[0]
+
+
+def test_an_output_schema_says_whether_it_is_strict() -> None:
+    """Strict decoding needs closed objects with every property required."""
+    closed = {**OBJECT, "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert OutputSchema("x", closed).strict
+    assert not OutputSchema("x", {**closed, "required": []}).strict
+    assert not OutputSchema("x", {"type": "object", "additionalProperties": {}}).strict
+    with pytest.raises(TypeError, match=r"OutputSchema\.schema"):
+        OutputSchema("x", {"type": "array"})
+    with pytest.raises(TypeError, match=r"OutputSchema\.name"):
+        OutputSchema("two words", closed)
