@@ -96,6 +96,25 @@ class TestSchema:
         rows = await sql(conninfo, "SELECT key, value FROM littleghost_meta ORDER BY key")
         assert rows == [("format", "littleghost.sessions"), ("schema_version", "1")]
 
+    async def test_tables_made_before_stored_times_load_without_times(self, conninfo: str) -> None:
+        for statement in (
+            "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
+            "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
+            " created bigint GENERATED ALWAYS AS IDENTITY)",
+            "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
+            "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
+            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+            "('schema_version', '1')",
+        ):
+            await sql(conninfo, statement)
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("old"), Message.assistant("times")])
+            stored = await store.load_stored("s")
+        assert [(entry.message.text, entry.stored_at) for entry in stored] == [
+            ("old", None),
+            ("times", None),
+        ]
+
     async def test_a_newer_schema_is_refused_and_left_untouched(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:
             await store.append("s", [Message.user("kept")])

@@ -119,6 +119,25 @@ class TestFile:
             async with store.lock("s"):
                 pass
 
+    async def test_tables_made_before_stored_times_load_without_times(self, tmp_path: Path) -> None:
+        path = tmp_path / "old.db"
+        raw(
+            path,
+            "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
+            "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER "
+            "NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+            "('schema_version', '1')",
+        )
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("old"), Message.assistant("times")])
+            stored = await store.load_stored("s")
+        assert [(entry.message.text, entry.stored_at) for entry in stored] == [
+            ("old", None),
+            ("times", None),
+        ]
+
 
 class TestBadFiles:
     async def test_a_file_that_is_not_a_database_is_corrupt_and_left_untouched(

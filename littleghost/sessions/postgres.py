@@ -24,6 +24,7 @@ import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -38,6 +39,7 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    StoredMessage,
     check_schema,
     check_session_id,
 )
@@ -56,8 +58,11 @@ _SCHEMA = (
     "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
     " created bigint GENERATED ALWAYS AS IDENTITY)",
     "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint NOT NULL,"
-    " body text NOT NULL, PRIMARY KEY (session_id, position))",
+    " body text NOT NULL, stored_at timestamptz DEFAULT now(),"
+    " PRIMARY KEY (session_id, position))",
 )
+"""The tables of a new store. ``stored_at`` (the appending transaction's start, filled in
+by PostgreSQL) is optional: tables made before it existed are read without times."""
 _TABLES = ("littleghost_meta", "littleghost_sessions", "littleghost_messages")
 _POLL = 0.05
 """Seconds a worker thread waits for a free connection between checks that it is wanted."""
@@ -86,6 +91,10 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
         except OSError:
             pass
     connection.close()
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    return None if moment is None else moment.astimezone(timezone.utc)
 
 
 def _lock_key(name: str) -> int:
@@ -310,6 +319,8 @@ class PostgresSessionStore:
         self._max_connections = max_connections
         self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
+        self._times = False
+        """The messages table has ``stored_at`` (known once the tables are checked)."""
         self._locks = SessionLocks()
 
     def __repr__(self) -> str:
@@ -336,6 +347,20 @@ class PostgresSessionStore:
             ).fetchall()
         )
         return tuple(message_from_json(body) for (body,) in rows)
+
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's messages in append order, each with the time it was stored
+        (``None`` in tables made before stores recorded times); ``()`` for an unknown
+        session."""
+        check_session_id(session_id)
+        rows = await self._call(
+            lambda connection, time_left: connection.execute(
+                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                " WHERE session_id = %s ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        )
+        return tuple(StoredMessage(message_from_json(body), _utc(at)) for body, at in rows)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
@@ -549,6 +574,7 @@ class PostgresSessionStore:
                     "INSERT INTO littleghost_meta (key, value) VALUES (%s, %s), (%s, %s)",
                     ("format", STORE_FORMAT, "schema_version", str(SCHEMA_VERSION)),
                 )
+                self._times = True
                 return
             if "littleghost_meta" not in present:
                 raise CorruptSessionStoreError(
@@ -560,3 +586,9 @@ class PostgresSessionStore:
                 raise CorruptSessionStoreError(
                     "the PostgreSQL session store is missing littleghost tables"
                 )
+            column = connection.execute(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = 'stored_at' AND NOT attisdropped",
+                ("littleghost_messages",),
+            ).fetchone()
+            self._times = column is not None

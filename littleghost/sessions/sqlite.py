@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime, timezone
 from typing import TypeVar
 
 import anyio
@@ -23,6 +24,7 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    StoredMessage,
     check_schema,
     check_session_id,
 )
@@ -36,8 +38,11 @@ _SCHEMA = (
     "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
     "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER NOT NULL,"
-    " body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+    " body TEXT NOT NULL, stored_at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),"
+    " PRIMARY KEY (session_id, position)) WITHOUT ROWID",
 )
+"""The tables of a new store. ``stored_at`` (Unix seconds, filled in by SQLite) is
+optional: tables made before it existed are read without times."""
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
@@ -158,6 +163,8 @@ class SQLiteSessionStore:
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
+        self._times = False
+        """The messages table has ``stored_at`` (known once the database is open)."""
 
     @property
     def path(self) -> str:
@@ -188,6 +195,26 @@ class SQLiteSessionStore:
             ).fetchall()
         )
         return tuple(message_from_json(body) for (body,) in rows)
+
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's messages in append order, each with the time it was stored
+        (``None`` in tables made before stores recorded times); ``()`` for an unknown
+        session."""
+        check_session_id(session_id)
+        rows = await self._call(
+            lambda connection: connection.execute(
+                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                " WHERE session_id = ? ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        )
+        return tuple(
+            StoredMessage(
+                message_from_json(body),
+                None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc),
+            )
+            for body, seconds in rows
+        )
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
@@ -407,6 +434,8 @@ class SQLiteSessionStore:
         check_schema(meta, repr(self._path))
         if not _TABLES.issubset(tables):
             raise CorruptSessionStoreError(f"{self._path!r} is missing littleghost tables")
+        columns = connection.execute("PRAGMA table_info(littleghost_messages)").fetchall()
+        self._times = any(column[1] == "stored_at" for column in columns)
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
