@@ -171,6 +171,45 @@ class TestSchema:
         PostgresSessionStore("dbname=x", connect_timeout=0.5, statement_timeout=2)
 
 
+class TestReadOnly:
+    async def test_never_makes_tables(self, conninfo: str) -> None:
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            assert repr(reader) == "PostgresSessionStore(..., read_only=True)"
+            with pytest.raises(CorruptSessionStoreError, match="no littleghost session store"):
+                await reader.list_sessions()
+        rows = await sql(
+            conninfo,
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+        )
+        assert rows == [(0,)]
+
+    async def test_reads_a_store_and_refuses_every_write(self, conninfo: str) -> None:
+        messages = [Message.user("hi"), Message.assistant("hello")]
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("a", messages)
+        table = "SELECT session_id, position, body, stored_at FROM littleghost_messages"
+        content = await sql(conninfo, table)
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            assert await reader.list_sessions() == ("a",)
+            assert await reader.load("a") == tuple(messages)
+            assert [entry.message for entry in await reader.load_stored("a")] == messages
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.append("a", [Message.user("more")])
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.delete("a")
+            with pytest.raises(SessionStoreError, match="read-only"):
+                reader.lock("a")
+        assert await sql(conninfo, table) == content
+
+    async def test_a_newer_schema_is_refused(self, conninfo: str) -> None:
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("kept")])
+        await sql(conninfo, "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'")
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            with pytest.raises(SchemaVersionError, match="schema 2"):
+                await reader.load("s")
+
+
 class TestWorkers:
     @pytest.mark.parametrize("workers", [1, 5])
     async def test_fifty_runs_on_fifty_sessions_keep_their_own_messages(

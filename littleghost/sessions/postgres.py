@@ -269,6 +269,10 @@ class PostgresSessionStore:
         statement_timeout: Seconds the server may spend on one statement of a load,
             append or delete (> 0); waiting for a session held by another run is
             bounded by the waiting run's deadline instead.
+        read_only: Read an existing store only: every transaction is read-only on the
+            server (``default_transaction_read_only``), missing tables are an error
+            instead of being made, and ``append``, ``delete`` and ``lock`` raise
+            ``SessionStoreError``.
 
     Raises:
         ConfigurationError: psycopg 3 is not installed, or an argument is invalid.
@@ -281,6 +285,7 @@ class PostgresSessionStore:
         max_connections: int = 10,
         connect_timeout: float = 10.0,
         statement_timeout: float = 30.0,
+        read_only: bool = False,
     ) -> None:
         try:
             import psycopg
@@ -312,11 +317,16 @@ class PostgresSessionStore:
                 raise ConfigurationError(
                     f"PostgresSessionStore: {name} must be finite seconds > 0, not {value!r}"
                 )
+        if not isinstance(read_only, bool):
+            raise ConfigurationError(
+                f"PostgresSessionStore: read_only must be True or False, not {read_only!r}"
+            )
         self._psycopg = psycopg
         self._conninfo = conninfo
         self._connect_timeout = float(connect_timeout)
         self._statement_timeout = float(statement_timeout)
         self._max_connections = max_connections
+        self._read_only = read_only
         self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
         self._times = False
@@ -324,6 +334,8 @@ class PostgresSessionStore:
         self._locks = SessionLocks()
 
     def __repr__(self) -> str:
+        if self._read_only:
+            return "PostgresSessionStore(..., read_only=True)"
         return "PostgresSessionStore(...)"
 
     async def __aenter__(self) -> PostgresSessionStore:
@@ -370,6 +382,7 @@ class PostgresSessionStore:
                 was stored.
         """
         check_session_id(session_id)
+        self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
@@ -410,6 +423,7 @@ class PostgresSessionStore:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
+        self._check_writable()
 
         def remove(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
             with self._transaction(connection, time_left):
@@ -433,7 +447,14 @@ class PostgresSessionStore:
         costs at most one connection per process.
         """
         check_session_id(session_id)
+        self._check_writable()
         return self._hold(session_id)
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise SessionStoreError(
+                "the PostgreSQL session store is open read-only; nothing was changed"
+            )
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
@@ -489,6 +510,8 @@ class PostgresSessionStore:
             connection.execute(
                 "SELECT set_config('statement_timeout', %s, false)", (statement_timeout,)
             )
+            if self._read_only:
+                connection.execute("SET default_transaction_read_only = on")
         except BaseException:
             operation.detach()
             connection.close()
@@ -559,14 +582,21 @@ class PostgresSessionStore:
             return work(connection, operation.time_left)
 
     def _prepare(self, connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
-        """Check the tables are a littleghost store of a known schema; make them if absent."""
+        """Check the tables are a littleghost store of a known schema; make them if absent
+        (unless read-only)."""
         with self._transaction(connection, time_left):
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            if not self._read_only:
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             found = connection.execute(
                 "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", _TABLES
             ).fetchone()
             assert found is not None
             present = [name for name, oid in zip(_TABLES, found, strict=True) if oid is not None]
+            if not present and self._read_only:
+                raise CorruptSessionStoreError(
+                    "the PostgreSQL database holds no littleghost session store (no "
+                    "littleghost tables in its search path)"
+                )
             if not present:
                 for statement in _SCHEMA:
                     connection.execute(statement)

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timezone
@@ -136,6 +137,10 @@ class SQLiteSessionStore:
             caller stops waiting at once; the call's worker thread then stops within a
             few hundredths of a second and starts no commit (a write not yet committed
             rolls back).
+        read_only: Open an existing store for reading only (SQLite's ``mode=ro``): a
+            missing, empty or foreign file is an error, and ``append``, ``delete`` and
+            ``lock`` raise ``SessionStoreError``. SQLite may still create the ``-wal``
+            and ``-shm`` files a reader of a WAL database needs.
 
     Raises:
         CorruptSessionStoreError: (on use) The file is not an SQLite database, is damaged,
@@ -143,10 +148,20 @@ class SQLiteSessionStore:
         SchemaVersionError: (on use) The file was written by a newer littleghost.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float = 30.0, read_only: bool = False
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must be a str or a path, not {path!r}"
+            )
+        if not isinstance(read_only, bool):
+            raise ConfigurationError(
+                f"SQLiteSessionStore: read_only must be True or False, not {read_only!r}"
+            )
+        if read_only and os.fspath(path) in ("", ":memory:"):
+            raise ConfigurationError(
+                "SQLiteSessionStore: read_only needs a database file, not a private in-memory one"
             )
         if (
             isinstance(timeout, bool)
@@ -158,6 +173,7 @@ class SQLiteSessionStore:
             )
         self._path: str = os.fspath(path)
         self._timeout = float(timeout)
+        self._read_only = read_only
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
         self._current = _Call(TimeLeft(math.inf, math.inf))
@@ -172,6 +188,8 @@ class SQLiteSessionStore:
         return self._path
 
     def __repr__(self) -> str:
+        if self._read_only:
+            return f"SQLiteSessionStore({self._path!r}, read_only=True)"
         return f"SQLiteSessionStore({self._path!r})"
 
     async def __aenter__(self) -> SQLiteSessionStore:
@@ -224,6 +242,7 @@ class SQLiteSessionStore:
                 was stored.
         """
         check_session_id(session_id)
+        self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
@@ -268,6 +287,7 @@ class SQLiteSessionStore:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
+        self._check_writable()
 
         def remove(connection: sqlite3.Connection) -> None:
             cursor = connection.execute(
@@ -295,7 +315,14 @@ class SQLiteSessionStore:
             SessionStoreError: The lock file cannot be opened or locked.
         """
         check_session_id(session_id)
+        self._check_writable()
         return self._hold(session_id)
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise SessionStoreError(
+                f"SQLite session store {self._path!r} is open read-only; nothing was changed"
+            )
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
@@ -397,8 +424,14 @@ class SQLiteSessionStore:
                 connection.close()
 
     def _open(self) -> sqlite3.Connection:
+        target, uri = self._path, False
+        if self._read_only:
+            if not os.path.exists(self._path):
+                raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
+            target = f"file:{urllib.parse.quote(os.path.abspath(self._path))}?mode=ro"
+            uri = True
         connection = sqlite3.connect(
-            self._path, timeout=_SLICE, isolation_level=None, check_same_thread=False
+            target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
         )
         try:
             self._slice(connection)
@@ -410,11 +443,16 @@ class SQLiteSessionStore:
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
-        """Check the file is a littleghost store of a known schema; make one if empty.
+        """Check the file is a littleghost store of a known schema; make one if empty
+        (unless read-only).
 
         Nothing is written to a file that holds anything but a littleghost store.
         """
         if not _entries(connection):
+            if self._read_only:
+                raise CorruptSessionStoreError(
+                    f"{self._path!r} is an empty database, not a littleghost session store"
+                )
             connection.execute("PRAGMA journal_mode=WAL")
             self._transaction(connection, lambda: _create(connection))
         tables = {name for name, kind in _entries(connection) if kind == "table"}
