@@ -26,8 +26,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
     ``kind`` and what it ``covers``) and ``covered_by`` (the record hiding it)."""
     where = {entry.message.id: position for position, entry in enumerate(log)}
     covered_by: dict[str, int] = {}
-    open_calls: dict[str, tuple[int, dict[str, Any]]] = {}
-    """The calls without a result yet: the position of each, and its entry."""
+    open_calls: dict[str, tuple[int, dict[str, Any]]] = {}  # call id: (position, entry)
     entries: list[dict[str, Any]] = []
     for position, stored in enumerate(log):
         message = stored.message

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Literal, Protocol
 
 import click
-from attrs import frozen
+from attrs import field, frozen
 
 from littleghost.errors import UnknownSessionError
 from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore, StoredMessage
@@ -32,7 +32,7 @@ class StoreAddress:
     """Where the sessions are: an SQLite file or a PostgreSQL database."""
 
     kind: Literal["sqlite", "postgres"]
-    target: str
+    target: str = field(repr=False)
     """The file's path, or the PostgreSQL connection string (never shown: it may hold a
     password)."""
 

@@ -76,6 +76,7 @@ async def view_document(
             {"origin": origin, "cut": cut, "tokens": tokens, "message": encode_message(message)}
         )
     answer = preview.request.max_tokens or 0
+    in_messages = sum(preview.message_tokens)
     threshold = None
     if preview.threshold_tokens is not None and config is not None:
         threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
@@ -84,10 +85,8 @@ async def view_document(
         "agent": None if agent is None else f"{type(agent).__module__}:{type(agent).__qualname__}",
         "window": asdict(window),
         "messages": shown,
-        "message_tokens": sum(preview.message_tokens),
-        "tools_and_settings_tokens": preview.estimated_tokens
-        - sum(preview.message_tokens)
-        - answer,
+        "message_tokens": in_messages,
+        "tools_and_settings_tokens": preview.estimated_tokens - in_messages - answer,
         "answer_tokens": answer,
         "estimated_tokens": preview.estimated_tokens,
         "threshold": threshold,
