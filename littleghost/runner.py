@@ -63,7 +63,7 @@ from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 if TYPE_CHECKING:
     from littleghost.agent import Agent
 
-__all__ = ["RunPlan", "plan_run", "run"]
+__all__ = ["RunPlan", "instructions_message", "plan_run", "run"]
 
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
@@ -347,11 +347,13 @@ async def _request(agent: Agent, context: RunContext) -> ModelRequest:
             f"{agent.name}.instructions returned {type(text).__name__}, not a str"
         )
     view = context.view()
-    messages = (_instructions_message(text), *view) if text else view
+    messages = (instructions_message(text), *view) if text else view
     return ModelRequest(messages, agent.tool_specs, context.settings)
 
 
-def _instructions_message(text: str) -> Message:
+def instructions_message(text: str) -> Message:
+    """The system message a request carries for the agent's instructions; the same text
+    always gets the same id."""
     digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
     return Message.system(text, id=f"instructions-{digest}")
 

@@ -10,8 +10,8 @@ server ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, or else a throwaway one the test
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -66,15 +66,30 @@ def _run_sql(dsn: str, statement: str) -> None:
 async def postgres_schema(dsn: str) -> AsyncIterator[str]:
     """A connection string (on the server ``dsn`` names) whose tables live in a new
     schema, dropped afterwards."""
-    from psycopg.conninfo import make_conninfo
-
     schema = f"lg_test_{uuid.uuid4().hex[:12]}"
     await anyio.to_thread.run_sync(_run_sql, dsn, f"CREATE SCHEMA {schema}")
     try:
-        yield make_conninfo(dsn, options=f"-csearch_path={schema}")
+        yield _in_schema(dsn, schema)
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_run_sql, dsn, f"DROP SCHEMA {schema} CASCADE")
+
+
+@contextmanager
+def postgres_schema_sync(dsn: str) -> Iterator[str]:
+    """``postgres_schema`` for tests that run no event loop of their own."""
+    schema = f"lg_test_{uuid.uuid4().hex[:12]}"
+    _run_sql(dsn, f"CREATE SCHEMA {schema}")
+    try:
+        yield _in_schema(dsn, schema)
+    finally:
+        _run_sql(dsn, f"DROP SCHEMA {schema} CASCADE")
+
+
+def _in_schema(dsn: str, schema: str) -> str:
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(dsn, options=f"-csearch_path={schema}")
 
 
 BuiltinStore = InMemorySessionStore | SQLiteSessionStore | PostgresSessionStore

@@ -20,7 +20,13 @@ from littleghost import (
     manage_context,
     tool,
 )
-from littleghost.context.management import ContextManagement
+from littleghost.context import PromptBudget, build_view
+from littleghost.context.management import (
+    AFTER_KEY,
+    ContextManagement,
+    RequestPreview,
+    preview_request,
+)
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     SUMMARY_FRAMING,
@@ -38,6 +44,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.runner import instructions_message
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
@@ -955,3 +962,84 @@ class TestEstimateUnits:
             await Dense(model=model).run("go", history=chat(70))
         outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
         assert outcomes and all(outcome == "completed" for outcome in outcomes)
+
+
+class TestPreview:
+    """``preview_request``: the first request of a run, as the hook makes it, without a run."""
+
+    @staticmethod
+    def preview(agent: Agent, log: list[Message], window: int) -> RequestPreview:
+        assert isinstance(agent.instructions, str)
+        request = ModelRequest(
+            (instructions_message(agent.instructions), *build_view(log)),
+            agent.tool_specs,
+            agent.settings,
+        )
+        return preview_request(
+            request,
+            log,
+            agent.context_management,
+            window,
+            max_tool_result_tokens=agent.max_tool_result_tokens,
+        )
+
+    async def test_the_preview_is_what_the_first_call_sends_bounded_and_clipped(self) -> None:
+        @manage_context(
+            context_window_tokens=4_000,
+            budget=PromptBudget(
+                prompt_budget_tokens=400, response_reserve_tokens=100, safety_reserve_tokens=50
+            ),
+            summarize=False,
+        )
+        class Bounded(Agent):
+            instructions = "You report the weather."
+            max_tool_result_tokens = 20
+
+            @tool
+            def weather(self, city: str) -> str:
+                """The weather in a city."""
+                return "sunny"
+
+        log: list[Message] = []
+        for turn in range(12):
+            call = ToolCall(f"c{turn}", "weather", {"city": f"city {turn}"})
+            log += [
+                Message.user(f"Weather in city {turn}?"),
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, f"report {turn}: " + "sunny and warm " * 30),
+                Message.assistant(f"It is sunny in city {turn}."),
+            ]
+        model = ScriptedModel([text_response("Sunny.")])
+        following = Message.user("And tomorrow?")
+        await Bounded(model=model).run(following, history=log)
+        preview = self.preview(Bounded(), [*log, following], 4_000)
+        assert preview.request == model.requests[0]
+        assert preview.budget is not None and preview.budget.turns_dropped > 0
+        assert any(
+            "truncated" in r.content for m in preview.request.messages for r in m.tool_results
+        )
+        assert len(preview.message_tokens) == len(preview.request.messages)
+        assert (preview.threshold_tokens, preview.compaction_due) == (None, False)
+
+    @pytest.mark.parametrize(("pairs", "due"), [(5, False), (30, True)])
+    async def test_due_as_the_next_run_finds_it(self, pairs: int, due: bool) -> None:
+        log = [*chat(pairs), Message.user("go")]
+        preview = self.preview(Small(), log, 100)
+        assert preview.threshold_tokens == 50
+        assert preview.compaction_due is due
+        assert (preview.estimated_tokens >= 50) is due
+        model = ScriptedModel(
+            [summary_step(), text_response("ok")] if due else [text_response("ok")]
+        )
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert model.requests[0].purpose == ("context_compaction" if due else "chat")
+
+    async def test_after_a_compaction_left_it_over_the_threshold_it_waits(self) -> None:
+        marked = Message.assistant("noted", metadata={AFTER_KEY: 55})
+        log = [*chat(26), Message.user("more?"), marked, Message.user("go")]
+        preview = self.preview(Small(), log, 100)
+        assert 50 <= preview.estimated_tokens < 65
+        assert (preview.waits_until, preview.compaction_due) == (65, False)
+        model = ScriptedModel([text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert [request.purpose for request in model.requests] == ["chat"]

@@ -10,6 +10,7 @@ import json
 import re
 import threading
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -393,6 +394,26 @@ class TestRoundTrip:
         await store.append("b", [Message.user("3")])
         await store.append("c", [])
         assert await store.list_sessions() == ("b", "a")
+
+    async def test_load_stored_gives_each_message_with_when_it_was_stored(
+        self, store: BuiltinStore
+    ) -> None:
+        first, second = [Message.user("one"), Message.assistant("two")], [Message.user("three")]
+        before = datetime.now(timezone.utc)
+        await store.append("s", first)
+        await anyio.sleep(0.05)
+        middle = datetime.now(timezone.utc)
+        await store.append("s", second)
+        after = datetime.now(timezone.utc)
+        stored = await store.load_stored("s")
+        assert tuple(entry.message for entry in stored) == (*first, *second)
+        times = [entry.stored_at for entry in stored]
+        assert all(t is not None and t.utcoffset() == timedelta(0) for t in times)
+        slack = timedelta(milliseconds=2)  # SQLite's clock counts whole milliseconds
+        assert times[0] == times[1]
+        assert before - slack <= times[1] <= middle + slack  # type: ignore[operator]
+        assert middle - slack <= times[2] <= after + slack  # type: ignore[operator]
+        assert await store.load_stored("unknown") == ()
 
     async def test_delete_removes_one_session(self, store: BuiltinStore) -> None:
         await store.append("a", [Message.user("1")])

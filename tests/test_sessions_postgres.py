@@ -96,6 +96,25 @@ class TestSchema:
         rows = await sql(conninfo, "SELECT key, value FROM littleghost_meta ORDER BY key")
         assert rows == [("format", "littleghost.sessions"), ("schema_version", "1")]
 
+    async def test_tables_made_before_stored_times_load_without_times(self, conninfo: str) -> None:
+        for statement in (
+            "CREATE TABLE littleghost_meta (key text PRIMARY KEY, value text NOT NULL)",
+            "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
+            " created bigint GENERATED ALWAYS AS IDENTITY)",
+            "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint "
+            "NOT NULL, body text NOT NULL, PRIMARY KEY (session_id, position))",
+            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+            "('schema_version', '1')",
+        ):
+            await sql(conninfo, statement)
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("old"), Message.assistant("times")])
+            stored = await store.load_stored("s")
+        assert [(entry.message.text, entry.stored_at) for entry in stored] == [
+            ("old", None),
+            ("times", None),
+        ]
+
     async def test_a_newer_schema_is_refused_and_left_untouched(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:
             await store.append("s", [Message.user("kept")])
@@ -150,6 +169,45 @@ class TestSchema:
 
     def test_timeouts_take_seconds(self) -> None:
         PostgresSessionStore("dbname=x", connect_timeout=0.5, statement_timeout=2)
+
+
+class TestReadOnly:
+    async def test_never_makes_tables(self, conninfo: str) -> None:
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            assert repr(reader) == "PostgresSessionStore(..., read_only=True)"
+            with pytest.raises(CorruptSessionStoreError, match="no littleghost session store"):
+                await reader.list_sessions()
+        rows = await sql(
+            conninfo,
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+        )
+        assert rows == [(0,)]
+
+    async def test_reads_a_store_and_refuses_every_write(self, conninfo: str) -> None:
+        messages = [Message.user("hi"), Message.assistant("hello")]
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("a", messages)
+        table = "SELECT session_id, position, body, stored_at FROM littleghost_messages"
+        content = await sql(conninfo, table)
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            assert await reader.list_sessions() == ("a",)
+            assert await reader.load("a") == tuple(messages)
+            assert [entry.message for entry in await reader.load_stored("a")] == messages
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.append("a", [Message.user("more")])
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.delete("a")
+            with pytest.raises(SessionStoreError, match="read-only"):
+                reader.lock("a")
+        assert await sql(conninfo, table) == content
+
+    async def test_a_newer_schema_is_refused(self, conninfo: str) -> None:
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("kept")])
+        await sql(conninfo, "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'")
+        async with PostgresSessionStore(conninfo, read_only=True) as reader:
+            with pytest.raises(SchemaVersionError, match="schema 2"):
+                await reader.load("s")
 
 
 class TestWorkers:

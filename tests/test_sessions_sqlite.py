@@ -119,6 +119,86 @@ class TestFile:
             async with store.lock("s"):
                 pass
 
+    async def test_tables_made_before_stored_times_load_without_times(self, tmp_path: Path) -> None:
+        path = tmp_path / "old.db"
+        raw(
+            path,
+            "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
+            "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER "
+            "NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+            "INSERT INTO littleghost_meta VALUES ('format', 'littleghost.sessions'), "
+            "('schema_version', '1')",
+        )
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("old"), Message.assistant("times")])
+            stored = await store.load_stored("s")
+        assert [(entry.message.text, entry.stored_at) for entry in stored] == [
+            ("old", None),
+            ("times", None),
+        ]
+
+
+class TestReadOnly:
+    async def test_reads_a_store_and_refuses_every_write(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.db"
+        messages = [Message.user("hi"), Message.assistant("hello")]
+        async with SQLiteSessionStore(path) as store:
+            await store.append("a", messages)
+            await store.append("b", [Message.user("other")])
+        content = raw(
+            path, "SELECT session_id, position, body, stored_at FROM littleghost_messages"
+        )
+        database = path.read_bytes()
+        async with SQLiteSessionStore(path, read_only=True) as reader:
+            assert repr(reader) == f"SQLiteSessionStore({str(path)!r}, read_only=True)"
+            assert await reader.list_sessions() == ("a", "b")
+            assert await reader.load("a") == tuple(messages)
+            assert [entry.message for entry in await reader.load_stored("a")] == messages
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.append("a", [Message.user("more")])
+            with pytest.raises(SessionStoreError, match="read-only"):
+                await reader.delete("a")
+            with pytest.raises(SessionStoreError, match="read-only"):
+                reader.lock("a")
+        assert path.read_bytes() == database
+        assert (
+            raw(path, "SELECT session_id, position, body, stored_at FROM littleghost_messages")
+            == content
+        )
+        assert not (tmp_path / "s.db-lock").exists()
+
+    async def test_never_makes_a_store(self, tmp_path: Path) -> None:
+        with pytest.raises(SessionStoreError, match="no SQLite session store at"):
+            await SQLiteSessionStore(tmp_path / "missing.db", read_only=True).list_sessions()
+        assert snapshot(tmp_path) == {}
+        (tmp_path / "empty.db").write_bytes(b"")
+        with pytest.raises(CorruptSessionStoreError, match="empty database"):
+            await SQLiteSessionStore(tmp_path / "empty.db", read_only=True).list_sessions()
+        assert snapshot(tmp_path) == {"empty.db": b""}
+
+    async def test_foreign_and_newer_files_are_refused_and_left_untouched(
+        self, tmp_path: Path
+    ) -> None:
+        shop = tmp_path / "shop.db"
+        raw(shop, "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        newer = tmp_path / "newer.db"
+        async with SQLiteSessionStore(newer) as store:
+            await store.append("s", [Message.user("kept")])
+        raw(newer, "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'")
+        before = {name: path.read_bytes() for name, path in (("shop", shop), ("newer", newer))}
+        with pytest.raises(CorruptSessionStoreError, match="another application"):
+            await SQLiteSessionStore(shop, read_only=True).load("s")
+        with pytest.raises(SchemaVersionError, match="schema 2"):
+            await SQLiteSessionStore(newer, read_only=True).load("s")
+        assert {"shop": shop.read_bytes(), "newer": newer.read_bytes()} == before
+
+    def test_read_only_needs_a_file(self) -> None:
+        with pytest.raises(ConfigurationError, match="read_only needs a database file"):
+            SQLiteSessionStore(":memory:", read_only=True)
+        with pytest.raises(ConfigurationError, match="read_only must be True or False"):
+            SQLiteSessionStore("s.db", read_only="yes")  # type: ignore[arg-type]
+
 
 class TestBadFiles:
     async def test_a_file_that_is_not_a_database_is_corrupt_and_left_untouched(

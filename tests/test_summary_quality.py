@@ -353,6 +353,20 @@ class TestCheckRetention:
             assert not any("Oslo" in m.text for m in request.messages)
         assert "LOST MISS Where do I live? -> Oslo" in str(report)
 
+    async def test_a_strategy_s_own_summarizer_writes_the_summary(self) -> None:
+        summarizer = ScriptedModel([summary_step("- order A-1234")])
+        agent_model = ScriptedModel([text_response("It is A-1234.")])
+
+        @manage_context(strategy=Summarization(model=summarizer, minimum_preserved=2))
+        class OwnSummarizer(Agent):
+            pass
+
+        facts = [Fact("What is my order?", "A-1234")]
+        report = await check_retention(OwnSummarizer(model=agent_model), self.conversation(), facts)
+        assert report.summary == "- order A-1234"
+        assert [r.purpose for r in summarizer.requests] == ["context_compaction"]
+        assert [r.messages[-1].text for r in agent_model.requests] == ["What is my order?"]
+
     async def test_needs_manage_context_and_facts(self) -> None:
         with pytest.raises(ConfigurationError, match="has no @manage_context"):
             await check_retention(Agent(model=ScriptedModel([])), chat(3), [Fact("?", "x")])

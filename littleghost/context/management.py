@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -48,6 +48,7 @@ from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
     CompactionStrategy,
+    Complete,
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
@@ -78,10 +79,13 @@ __all__ = [
     "AFTER_KEY",
     "REGROWTH",
     "ContextManagement",
+    "RequestPreview",
     "compact_log",
     "context_window",
     "estimate_tokens",
     "manage_context",
+    "managed_records",
+    "preview_request",
 ]
 
 logger = logging.getLogger("littleghost.context")
@@ -331,12 +335,19 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if state.window is None:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
-        for message in reversed(context.messages):  # the last compaction of earlier runs
-            after = message.metadata.get(AFTER_KEY) if message.metadata else None
-            if is_int(after):
-                _quiet(state, after, config, state.window)
-                break
+        after = _last_after(context.messages)  # the last compaction of earlier runs
+        if after is not None:
+            _quiet(state, after, config, state.window)
     return state
+
+
+def _last_after(log: Sequence[Message]) -> int | None:
+    """The size the log's last compaction left the request at (``AFTER_KEY``), if any."""
+    for message in reversed(log):
+        after = message.metadata.get(AFTER_KEY) if message.metadata else None
+        if is_int(after):
+            return after
+    return None
 
 
 def _calibrate(state: _Run, context: RunContext, tokenizer: Tokenizer) -> None:
@@ -654,10 +665,15 @@ async def _recover(
 def _quiet(state: _Run, after: int, config: ContextManagement, window: int) -> None:
     """No new summary call until the request grows by ``REGROWTH`` of the window, when a
     compaction left it over the threshold."""
+    state.quiet_until = _quiet_until(after, config, window)
+
+
+def _quiet_until(after: int, config: ContextManagement, window: int) -> int | None:
+    """The size a request must reach before the next summary call, when a compaction
+    left it at ``after``: ``REGROWTH`` of the window more if that is over the threshold."""
     if _reaches(after, config.compression_threshold, window):
-        state.quiet_until = after + max(1, int(REGROWTH * window))
-    else:
-        state.quiet_until = None
+        return after + max(1, int(REGROWTH * window))
+    return None
 
 
 def _protected(kinds: Sequence[str], members: Sequence[Sequence[Message]], keep: int) -> int:
@@ -827,11 +843,30 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     model = agent.resolve_model()
-    window = context_window(model, config)
-    index = LogIndex.of(messages)
-    state = compaction_state(
-        index, config.tokenizer, complete=prepared(model), settings=agent.settings
+    return await managed_records(
+        messages,
+        config,
+        window=context_window(model, config),
+        complete=prepared(model),
+        settings=agent.settings,
+        share=share,
     )
+
+
+async def managed_records(
+    messages: Sequence[Message],
+    config: ContextManagement,
+    *,
+    window: int,
+    complete: Complete,
+    settings: Mapping[str, Any],
+    share: float = 0.5,
+) -> tuple[Message, ...]:
+    """``compact_log`` for a configuration: the records ``config`` appends to compact
+    ``messages`` now in ``window``, every summary call made through ``complete`` (which
+    takes ``model=`` as ``RunContext.complete`` does) from ``settings``."""
+    index = LogIndex.of(messages)
+    state = compaction_state(index, config.tokenizer, complete=complete, settings=settings)
     kinds, members = index.layout.slots()
     state.protected = _protected(kinds, members, config.preserve_recent_messages)
     state.room = int(window * SUMMARY_FIT_MARGIN)
@@ -840,6 +875,76 @@ async def compact_log(
     else:
         await _default(state, config, window, int(state.tokens * share))
     return state.records()
+
+
+@frozen
+class RequestPreview:
+    """What ``preview_request`` found: the request a run's first model call would send
+    (before the class's own hooks), and the figures ``@manage_context`` decides on.
+
+    Attributes:
+        request: The request.
+        message_tokens: The estimate of each of its messages.
+        estimated_tokens: The estimate the threshold is compared with: the messages,
+            tool schemas and prompt settings, plus the answer's room (``max_tokens``).
+        threshold_tokens: The smallest estimate at which a compaction is due (``None``
+            without ``@manage_context`` or with ``summarize=False``).
+        waits_until: After a compaction that left the request over the threshold, the
+            size the request must reach before the next summary call (``REGROWTH``).
+        compaction_due: The call would compact first (a summary call).
+        budget: The bounded view's figures, with a ``PromptBudget``.
+    """
+
+    request: ModelRequest
+    message_tokens: tuple[int, ...]
+    estimated_tokens: int
+    threshold_tokens: int | None
+    waits_until: int | None
+    compaction_due: bool
+    budget: BudgetReport | None
+
+
+def preview_request(
+    request: ModelRequest,
+    log: Sequence[Message],
+    config: ContextManagement | None,
+    window: int,
+    *,
+    max_tool_result_tokens: int | None = None,
+) -> RequestPreview:
+    """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
+    instructions and the view of ``log``) at the first model call of a run, without a
+    model: tool results clipped to ``max_tool_result_tokens``, the view bounded to the
+    budget (without memories: a memory provider needs a run), the estimate as yet
+    uncalibrated, and whether a compaction is due in ``window``. ``config`` ``None``
+    (no ``@manage_context``) leaves the request as it is.
+
+    Raises:
+        ConfigurationError: The configuration leaves no room to compact in ``window``.
+        PromptBudgetError: The budget's mandatory part does not fit.
+    """
+    if config is not None:
+        config.check_window(window)
+    index = LogIndex.of(request.messages)
+    tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
+    report: BudgetReport | None = None
+    if config is not None and max_tool_result_tokens is not None:
+        request = _clip_results(request, index, max_tool_result_tokens)
+    if config is not None and config.budget is not None:
+        limit = config.budget.limit(window, request.max_tokens)
+        request, report = fit_request(
+            request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
+        )
+    estimates = index.estimates(tokenizer)
+    sizes = tuple(estimates(message) for message in request.messages)
+    estimated = sum(sizes) + _schema_estimate(request, tokenizer) + (request.max_tokens or 0)
+    if config is None or not config.summarize:
+        return RequestPreview(request, sizes, estimated, None, None, False, report)
+    threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
+    after = _last_after(log)
+    waits = None if after is None else _quiet_until(after, config, window)
+    due = estimated >= threshold and (waits is None or estimated >= waits)
+    return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
 
 
 def _estimate_after(

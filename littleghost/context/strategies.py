@@ -729,9 +729,13 @@ def _prompt(value: object) -> None:
 
 
 def prepared(model: Model) -> Complete:
-    """``model.respond``, after the model's optional ``prepare()`` (outside a run)."""
+    """``model.respond``, after the model's optional ``prepare()`` (outside a run).
 
-    async def call(request: ModelRequest) -> ModelResponse:
+    Like ``RunContext.complete``, the call takes ``model=``: a strategy's own
+    ``Summarization(model=...)`` writes with that model instead.
+    """
+
+    async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
         prepare = getattr(model, "prepare", None)
         if prepare is not None:
             await prepare()

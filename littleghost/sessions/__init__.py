@@ -7,13 +7,14 @@ session's log, and appends every new message as it enters the log. Stores:
 ``SQLiteSessionStore`` (one file, one machine; runs wait across its processes) and
 ``PostgresSessionStore`` (many workers on many machines; runs wait across all of them).
 A custom store needs ``load``, ``append``, ``list_sessions`` and ``delete``; without a
-``lock`` method of its own, its runs wait only within the process.
+``lock`` method of its own, its runs wait only within the process. The built-in stores
+also have ``load_stored``: the log with the time each message was stored.
 
 Stored messages round-trip exactly; metadata values must be JSON-like (str, int, float,
 bool, None, list, tuple, dict with str keys) and come back with the same types.
 """
 
-from littleghost.sessions.base import SessionStore
+from littleghost.sessions.base import SessionStore, StoredMessage
 from littleghost.sessions.codec import (
     decode_message,
     encode_message,
@@ -31,6 +32,7 @@ __all__ = [
     "SQLiteSessionStore",
     "SessionLocks",
     "SessionStore",
+    "StoredMessage",
     "decode_message",
     "encode_message",
     "message_from_json",

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from attrs import field, frozen
+
+from littleghost._validators import instance_of
 from littleghost.errors import CorruptSessionStoreError, SchemaVersionError, UnstorableValueError
 from littleghost.messages import Message
 
@@ -13,6 +17,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STORE_FORMAT",
     "SessionStore",
+    "StoredMessage",
     "check_schema",
     "check_session_id",
 ]
@@ -23,6 +28,24 @@ SCHEMA_VERSION = 1
 """The schema this littleghost writes and reads (the meta table's ``schema_version``)."""
 MAX_SESSION_ID_LENGTH = 256
 """The longest session id, in characters."""
+
+
+@frozen
+class StoredMessage:
+    """A message of a session's log as its store keeps it.
+
+    Attributes:
+        message: The message.
+        stored_at: When the store took it (UTC); ``None`` when the store did not record
+            it (its tables were made before stores recorded times).
+    """
+
+    message: Message = field(validator=instance_of("StoredMessage.message", Message, "a Message"))
+    stored_at: datetime | None = field(
+        validator=instance_of(
+            "StoredMessage.stored_at", (datetime, type(None)), "a datetime or None"
+        )
+    )
 
 
 @runtime_checkable
@@ -39,6 +62,11 @@ class SessionStore(Protocol):
     The built-in stores have one. A run on a store without it holds the session with a
     lock kept for that store in this process (``SessionLocks``), so runs in other
     processes are not waited for.
+
+    A store may also have ``async load_stored(session_id)``, returning the session's
+    log as ``StoredMessage`` values (each message with the time the store took it;
+    ``()`` for an unknown session). The built-in stores have it; the ``littleghost``
+    command line reads sessions through it.
     """
 
     async def load(self, session_id: str) -> tuple[Message, ...]:

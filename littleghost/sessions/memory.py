@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timezone
 
 from littleghost.errors import UnknownSessionError
 from littleghost.messages import Message
-from littleghost.sessions.base import check_session_id
+from littleghost.sessions.base import StoredMessage, check_session_id
 from littleghost.sessions.codec import message_from_json, messages_to_json
 from littleghost.sessions.locks import SessionLocks
 
@@ -18,22 +19,32 @@ __all__ = ["InMemorySessionStore"]
 class InMemorySessionStore:
     """Sessions kept in memory, gone when the process ends.
 
-    Messages are stored encoded (as the persistent stores keep them), so a stored
-    message cannot change afterwards and the same values are refused. Runs of one
-    session are serialized by an in-process lock.
+    Messages are stored encoded (as the persistent stores keep them), with the time
+    they were appended, so a stored message cannot change afterwards and the same values
+    are refused. Runs of one session are serialized by an in-process lock.
     """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._sessions: dict[str, list[str]] = {}
+        self._sessions: dict[str, list[tuple[str, datetime]]] = {}
         self._locks = SessionLocks()
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
+        return tuple(message_from_json(text) for text, _ in self._entries(session_id))
+
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's messages in append order, each with the time it was appended;
+        ``()`` for an unknown session."""
+        return tuple(
+            StoredMessage(message_from_json(text), stored_at)
+            for text, stored_at in self._entries(session_id)
+        )
+
+    def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
         check_session_id(session_id)
         with self._guard:
-            stored = tuple(self._sessions.get(session_id, ()))
-        return tuple(message_from_json(text) for text in stored)
+            return tuple(self._sessions.get(session_id, ()))
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session, all or none.
@@ -45,8 +56,9 @@ class InMemorySessionStore:
         encoded = messages_to_json(messages)
         if not encoded:
             return
+        now = datetime.now(timezone.utc)
         with self._guard:
-            self._sessions.setdefault(session_id, []).extend(encoded)
+            self._sessions.setdefault(session_id, []).extend((text, now) for text in encoded)
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

@@ -24,6 +24,7 @@ import threading
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -38,6 +39,7 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    StoredMessage,
     check_schema,
     check_session_id,
 )
@@ -56,8 +58,11 @@ _SCHEMA = (
     "CREATE TABLE littleghost_sessions (id text PRIMARY KEY, length bigint NOT NULL,"
     " created bigint GENERATED ALWAYS AS IDENTITY)",
     "CREATE TABLE littleghost_messages (session_id text NOT NULL, position bigint NOT NULL,"
-    " body text NOT NULL, PRIMARY KEY (session_id, position))",
+    " body text NOT NULL, stored_at timestamptz DEFAULT now(),"
+    " PRIMARY KEY (session_id, position))",
 )
+"""The tables of a new store. ``stored_at`` (the appending transaction's start, filled in
+by PostgreSQL) is optional: tables made before it existed are read without times."""
 _TABLES = ("littleghost_meta", "littleghost_sessions", "littleghost_messages")
 _POLL = 0.05
 """Seconds a worker thread waits for a free connection between checks that it is wanted."""
@@ -86,6 +91,10 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
         except OSError:
             pass
     connection.close()
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    return None if moment is None else moment.astimezone(timezone.utc)
 
 
 def _lock_key(name: str) -> int:
@@ -260,6 +269,10 @@ class PostgresSessionStore:
         statement_timeout: Seconds the server may spend on one statement of a load,
             append or delete (> 0); waiting for a session held by another run is
             bounded by the waiting run's deadline instead.
+        read_only: Read an existing store only: every transaction is read-only on the
+            server (``default_transaction_read_only``), missing tables are an error
+            instead of being made, and ``append``, ``delete`` and ``lock`` raise
+            ``SessionStoreError``.
 
     Raises:
         ConfigurationError: psycopg 3 is not installed, or an argument is invalid.
@@ -272,6 +285,7 @@ class PostgresSessionStore:
         max_connections: int = 10,
         connect_timeout: float = 10.0,
         statement_timeout: float = 30.0,
+        read_only: bool = False,
     ) -> None:
         try:
             import psycopg
@@ -303,16 +317,25 @@ class PostgresSessionStore:
                 raise ConfigurationError(
                     f"PostgresSessionStore: {name} must be finite seconds > 0, not {value!r}"
                 )
+        if not isinstance(read_only, bool):
+            raise ConfigurationError(
+                f"PostgresSessionStore: read_only must be True or False, not {read_only!r}"
+            )
         self._psycopg = psycopg
         self._conninfo = conninfo
         self._connect_timeout = float(connect_timeout)
         self._statement_timeout = float(statement_timeout)
         self._max_connections = max_connections
+        self._read_only = read_only
         self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
+        self._times = False
+        """The messages table has ``stored_at`` (known once the tables are checked)."""
         self._locks = SessionLocks()
 
     def __repr__(self) -> str:
+        if self._read_only:
+            return "PostgresSessionStore(..., read_only=True)"
         return "PostgresSessionStore(...)"
 
     async def __aenter__(self) -> PostgresSessionStore:
@@ -337,6 +360,20 @@ class PostgresSessionStore:
         )
         return tuple(message_from_json(body) for (body,) in rows)
 
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's messages in append order, each with the time it was stored
+        (``None`` in tables made before stores recorded times); ``()`` for an unknown
+        session."""
+        check_session_id(session_id)
+        rows = await self._call(
+            lambda connection, time_left: connection.execute(
+                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                " WHERE session_id = %s ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        )
+        return tuple(StoredMessage(message_from_json(body), _utc(at)) for body, at in rows)
+
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
 
@@ -345,6 +382,7 @@ class PostgresSessionStore:
                 was stored.
         """
         check_session_id(session_id)
+        self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
@@ -385,6 +423,7 @@ class PostgresSessionStore:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
+        self._check_writable()
 
         def remove(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
             with self._transaction(connection, time_left):
@@ -408,7 +447,14 @@ class PostgresSessionStore:
         costs at most one connection per process.
         """
         check_session_id(session_id)
+        self._check_writable()
         return self._hold(session_id)
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise SessionStoreError(
+                "the PostgreSQL session store is open read-only; nothing was changed"
+            )
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
@@ -464,6 +510,8 @@ class PostgresSessionStore:
             connection.execute(
                 "SELECT set_config('statement_timeout', %s, false)", (statement_timeout,)
             )
+            if self._read_only:
+                connection.execute("SET default_transaction_read_only = on")
         except BaseException:
             operation.detach()
             connection.close()
@@ -534,14 +582,21 @@ class PostgresSessionStore:
             return work(connection, operation.time_left)
 
     def _prepare(self, connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
-        """Check the tables are a littleghost store of a known schema; make them if absent."""
+        """Check the tables are a littleghost store of a known schema; make them if absent
+        (unless read-only)."""
         with self._transaction(connection, time_left):
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            if not self._read_only:
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             found = connection.execute(
                 "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", _TABLES
             ).fetchone()
             assert found is not None
             present = [name for name, oid in zip(_TABLES, found, strict=True) if oid is not None]
+            if not present and self._read_only:
+                raise CorruptSessionStoreError(
+                    "the PostgreSQL database holds no littleghost session store (no "
+                    "littleghost tables in its search path)"
+                )
             if not present:
                 for statement in _SCHEMA:
                     connection.execute(statement)
@@ -549,6 +604,7 @@ class PostgresSessionStore:
                     "INSERT INTO littleghost_meta (key, value) VALUES (%s, %s), (%s, %s)",
                     ("format", STORE_FORMAT, "schema_version", str(SCHEMA_VERSION)),
                 )
+                self._times = True
                 return
             if "littleghost_meta" not in present:
                 raise CorruptSessionStoreError(
@@ -560,3 +616,9 @@ class PostgresSessionStore:
                 raise CorruptSessionStoreError(
                     "the PostgreSQL session store is missing littleghost tables"
                 )
+            column = connection.execute(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = 'stored_at' AND NOT attisdropped",
+                ("littleghost_messages",),
+            ).fetchone()
+            self._times = column is not None

@@ -7,8 +7,10 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime, timezone
 from typing import TypeVar
 
 import anyio
@@ -23,6 +25,7 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    StoredMessage,
     check_schema,
     check_session_id,
 )
@@ -36,8 +39,11 @@ _SCHEMA = (
     "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
     "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER NOT NULL,"
-    " body TEXT NOT NULL, PRIMARY KEY (session_id, position)) WITHOUT ROWID",
+    " body TEXT NOT NULL, stored_at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),"
+    " PRIMARY KEY (session_id, position)) WITHOUT ROWID",
 )
+"""The tables of a new store. ``stored_at`` (Unix seconds, filled in by SQLite) is
+optional: tables made before it existed are read without times."""
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
@@ -131,6 +137,10 @@ class SQLiteSessionStore:
             caller stops waiting at once; the call's worker thread then stops within a
             few hundredths of a second and starts no commit (a write not yet committed
             rolls back).
+        read_only: Open an existing store for reading only (SQLite's ``mode=ro``): a
+            missing, empty or foreign file is an error, and ``append``, ``delete`` and
+            ``lock`` raise ``SessionStoreError``. SQLite may still create the ``-wal``
+            and ``-shm`` files a reader of a WAL database needs.
 
     Raises:
         CorruptSessionStoreError: (on use) The file is not an SQLite database, is damaged,
@@ -138,10 +148,20 @@ class SQLiteSessionStore:
         SchemaVersionError: (on use) The file was written by a newer littleghost.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float = 30.0, read_only: bool = False
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must be a str or a path, not {path!r}"
+            )
+        if not isinstance(read_only, bool):
+            raise ConfigurationError(
+                f"SQLiteSessionStore: read_only must be True or False, not {read_only!r}"
+            )
+        if read_only and os.fspath(path) in ("", ":memory:"):
+            raise ConfigurationError(
+                "SQLiteSessionStore: read_only needs a database file, not a private in-memory one"
             )
         if (
             isinstance(timeout, bool)
@@ -153,11 +173,14 @@ class SQLiteSessionStore:
             )
         self._path: str = os.fspath(path)
         self._timeout = float(timeout)
+        self._read_only = read_only
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
+        self._times = False
+        """The messages table has ``stored_at`` (known once the database is open)."""
 
     @property
     def path(self) -> str:
@@ -165,6 +188,8 @@ class SQLiteSessionStore:
         return self._path
 
     def __repr__(self) -> str:
+        if self._read_only:
+            return f"SQLiteSessionStore({self._path!r}, read_only=True)"
         return f"SQLiteSessionStore({self._path!r})"
 
     async def __aenter__(self) -> SQLiteSessionStore:
@@ -189,6 +214,26 @@ class SQLiteSessionStore:
         )
         return tuple(message_from_json(body) for (body,) in rows)
 
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's messages in append order, each with the time it was stored
+        (``None`` in tables made before stores recorded times); ``()`` for an unknown
+        session."""
+        check_session_id(session_id)
+        rows = await self._call(
+            lambda connection: connection.execute(
+                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                " WHERE session_id = ? ORDER BY position",
+                (session_id,),
+            ).fetchall()
+        )
+        return tuple(
+            StoredMessage(
+                message_from_json(body),
+                None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc),
+            )
+            for body, seconds in rows
+        )
+
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
 
@@ -197,6 +242,7 @@ class SQLiteSessionStore:
                 was stored.
         """
         check_session_id(session_id)
+        self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
@@ -241,6 +287,7 @@ class SQLiteSessionStore:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
+        self._check_writable()
 
         def remove(connection: sqlite3.Connection) -> None:
             cursor = connection.execute(
@@ -268,7 +315,14 @@ class SQLiteSessionStore:
             SessionStoreError: The lock file cannot be opened or locked.
         """
         check_session_id(session_id)
+        self._check_writable()
         return self._hold(session_id)
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise SessionStoreError(
+                f"SQLite session store {self._path!r} is open read-only; nothing was changed"
+            )
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
@@ -370,8 +424,14 @@ class SQLiteSessionStore:
                 connection.close()
 
     def _open(self) -> sqlite3.Connection:
+        target, uri = self._path, False
+        if self._read_only:
+            if not os.path.exists(self._path):
+                raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
+            target = f"file:{urllib.parse.quote(os.path.abspath(self._path))}?mode=ro"
+            uri = True
         connection = sqlite3.connect(
-            self._path, timeout=_SLICE, isolation_level=None, check_same_thread=False
+            target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
         )
         try:
             self._slice(connection)
@@ -383,11 +443,16 @@ class SQLiteSessionStore:
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
-        """Check the file is a littleghost store of a known schema; make one if empty.
+        """Check the file is a littleghost store of a known schema; make one if empty
+        (unless read-only).
 
         Nothing is written to a file that holds anything but a littleghost store.
         """
         if not _entries(connection):
+            if self._read_only:
+                raise CorruptSessionStoreError(
+                    f"{self._path!r} is an empty database, not a littleghost session store"
+                )
             connection.execute("PRAGMA journal_mode=WAL")
             self._transaction(connection, lambda: _create(connection))
         tables = {name for name, kind in _entries(connection) if kind == "table"}
@@ -407,6 +472,8 @@ class SQLiteSessionStore:
         check_schema(meta, repr(self._path))
         if not _TABLES.issubset(tables):
             raise CorruptSessionStoreError(f"{self._path!r} is missing littleghost tables")
+        columns = connection.execute("PRAGMA table_info(littleghost_messages)").fetchall()
+        self._times = any(column[1] == "stored_at" for column in columns)
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:

@@ -1,0 +1,42 @@
+"""``--agent module:Class``: the agent class whose context configuration a command uses."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from littleghost.agent import Agent
+
+__all__ = ["agent_class"]
+
+
+def agent_class(spec: str) -> type[Agent]:
+    """The ``Agent`` subclass ``spec`` (``module:Class``) names, imported with the current
+    directory on the import path (as ``python -m`` has it).
+
+    Raises:
+        click.BadParameter: It cannot be imported, or is not an ``Agent`` subclass.
+    """
+    module_name, _, qualname = spec.partition(":")
+    if not module_name or not qualname:
+        raise click.BadParameter(f"{spec!r} is not module:Class (for example myapp.agents:Support)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as error:
+        raise click.BadParameter(f"cannot import {module_name!r}: {error}") from None
+    except Exception as error:  # the module's own code failed
+        raise click.BadParameter(
+            f"importing {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from None
+    for attribute in qualname.split("."):
+        if not hasattr(found, attribute):
+            raise click.BadParameter(f"{module_name!r} has no {qualname!r}")
+        found = getattr(found, attribute)
+    if not (isinstance(found, type) and issubclass(found, Agent)):
+        raise click.BadParameter(f"{spec} is not an Agent subclass")
+    return found

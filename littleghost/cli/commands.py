@@ -1,0 +1,257 @@
+"""The ``littleghost`` commands: click wiring, one-line errors, and the event loop at the
+edge (``anyio.run``); what each command reads and prints lives in its own module."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import attrs
+import click
+
+from littleghost._version import __version__
+from littleghost.agent import Agent
+from littleghost.cli.agents import agent_class
+from littleghost.cli.compact import compact_document, print_compaction
+from littleghost.cli.listing import print_sessions, sessions_document
+from littleghost.cli.log import log_document, print_log
+from littleghost.cli.output import Output
+from littleghost.cli.stores import StoreAddress, store_address, stored_log
+from littleghost.cli.view import print_view, view_document
+from littleghost.cli.window import window_of
+from littleghost.errors import LittleGhostError
+from littleghost.sessions import StoredMessage, message_to_json
+
+__all__ = ["LARGE_LOG", "STORE_VARIABLE", "main"]
+
+STORE_VARIABLE = "LITTLEGHOST_STORE"
+"""The environment variable ``--store`` defaults to."""
+LARGE_LOG = 1_000
+"""From this many messages on, ``export`` shows a progress bar (on a terminal)."""
+
+T = TypeVar("T")
+
+
+def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1."""
+    try:
+        return anyio.run(work, *args)
+    except LittleGhostError as error:
+        lines = str(error).strip().splitlines()
+        raise click.ClickException(lines[0] if lines else type(error).__name__) from None
+
+
+def _instance(cls: type[Agent]) -> Agent:
+    """An instance of the class ``--agent`` names (its model is not made)."""
+    try:
+        return cls()
+    except Exception as error:
+        raise click.ClickException(f"--agent: {cls.__name__}() failed: {error}") from None
+
+
+def _agent_option(
+    text: str, *, required: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--agent module:Class``: the class, imported while the command line is parsed."""
+    return click.option(
+        "--agent",
+        "agent_type",
+        required=required,
+        metavar="module:Class",
+        callback=lambda context, parameter, value: None if value is None else agent_class(value),
+        help=text,
+    )
+
+
+store_option = click.option(
+    "--store",
+    "address",
+    required=True,
+    envvar=STORE_VARIABLE,
+    show_envvar=True,
+    metavar="URL",
+    callback=lambda context, parameter, value: store_address(value),
+    help="sqlite:///path.db, or a PostgreSQL URL (postgresql://...) or conninfo.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Write JSON, for scripts.")
+window_option = click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="The context window in tokens [default: the class's, as a run finds it].",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="littleghost")
+def main() -> None:
+    """littleghost: look into the conversations your agents keep.
+
+    Point --store (or LITTLEGHOST_STORE) at the SQLite file or PostgreSQL database of a
+    SQLiteSessionStore or PostgresSessionStore. Every command opens it read-only, except
+    `sessions compact` without --dry-run. Tables and colours are for terminals; piped
+    output is plain tab-separated text, and --json gives JSON.
+    """
+
+
+@main.group(short_help="Inspect and compact stored sessions.")
+def sessions() -> None:
+    """Inspect stored sessions: what was said, what the model sees next, and why.
+
+    \b
+      littleghost sessions list    --store sqlite:///sessions.db
+      littleghost sessions show    ID --store sqlite:///sessions.db
+      littleghost sessions view    ID --store sqlite:///sessions.db --agent app:Support
+      littleghost sessions compact ID --store sqlite:///sessions.db --agent app:Support --dry-run
+      littleghost sessions export  ID --store sqlite:///sessions.db > ID.jsonl
+    """
+
+
+@sessions.command("list", short_help="List the sessions: messages, summaries, last activity.")
+@store_option
+@json_option
+def list_sessions(address: StoreAddress, as_json: bool) -> None:
+    """List the sessions, oldest first: messages, summaries, last activity (UTC)."""
+
+    async def read() -> list[dict[str, Any]]:
+        async with address.open() as store:
+            return await sessions_document(store)
+
+    document = _run(read)
+    output = Output.detect()
+    if as_json:
+        output.json(document)
+    else:
+        print_sessions(output, document)
+
+
+@sessions.command(short_help="Show the whole log of a session.")
+@click.argument("session_id", metavar="ID")
+@store_option
+@json_option
+def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
+    """Show the whole log of session ID, as stored.
+
+    One row per message: position, time stored, role, id and a one-line excerpt; tool
+    calls with the result that answered each; compaction records (summaries, collapses,
+    exclusions) with the messages they cover, and [in #N] on each message a record hides.
+    """
+
+    async def read() -> dict[str, Any]:
+        async with address.open() as store:
+            return log_document(session_id, await stored_log(store, address, session_id))
+
+    document = _run(read)
+    output = Output.detect()
+    if as_json:
+        output.json(document)
+    else:
+        print_log(output, document)
+
+
+@sessions.command(short_help="Show what the model would see next, with estimates.")
+@click.argument("session_id", metavar="ID")
+@store_option
+@_agent_option(
+    "The agent class whose instructions, tools, settings and @manage_context "
+    "configuration apply [default: a default @manage_context on the log alone]."
+)
+@window_option
+@click.option(
+    "--message",
+    "next_message",
+    metavar="TEXT",
+    help="The next user message: the view is then exactly the next run's first request.",
+)
+@json_option
+def view(
+    session_id: str,
+    address: StoreAddress,
+    agent_type: type[Agent] | None,
+    window: int | None,
+    next_message: str | None,
+    as_json: bool,
+) -> None:
+    """Show what the model would see next in session ID, and its token estimates.
+
+    The messages of the next run's first model call as littleghost builds it (the class's
+    own before_model hooks aside): the instructions, the view of the log with compaction
+    records in place of what they cover, tool results clipped and the view bounded by a
+    PromptBudget. Then the estimate per message and in total, the window, the threshold
+    and whether the next call compacts first, and the budget's figures.
+    """
+    agent = None if agent_type is None else _instance(agent_type)
+    used = window_of(agent, window)
+
+    async def read() -> dict[str, Any]:
+        async with address.open() as store:
+            return await view_document(store, address, session_id, agent, used, next_message)
+
+    document = _run(read)
+    output = Output.detect()
+    if as_json:
+        output.json(document)
+    else:
+        print_view(output, document)
+
+
+@sessions.command(short_help="Compact a session now, or show what would be covered.")
+@click.argument("session_id", metavar="ID")
+@store_option
+@_agent_option(
+    "The agent class whose @manage_context configuration and model compact.", required=True
+)
+@window_option
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Only show what would be covered: nothing is written and no model is called.",
+)
+def compact(
+    session_id: str,
+    address: StoreAddress,
+    agent_type: type[Agent],
+    window: int | None,
+    dry_run: bool,
+) -> None:
+    """Compact session ID now, as the agent class would, whatever its threshold.
+
+    The class's strategy, or its default summarizer aiming at half of the conversation's
+    estimate with the newest messages kept; the summary is written by the class's model.
+    The session is held as a run holds it, and the records are appended: nothing stored
+    is removed. With --dry-run the store is only read and no model is called, so the
+    records say what would be covered but hold no summary text.
+    """
+    agent = _instance(agent_type)
+    output = Output.detect()
+    with output.progress_bar(2 if dry_run else 4, "compacting") as advance:
+        document = _run(
+            lambda: compact_document(
+                address, session_id, agent, window, dry_run=dry_run, advance=advance
+            )
+        )
+    print_compaction(output, document)
+
+
+@sessions.command(short_help="Write a session as JSON Lines, the stored form.")
+@click.argument("session_id", metavar="ID")
+@store_option
+def export(session_id: str, address: StoreAddress) -> None:
+    """Write session ID as JSON Lines: one message a line, in the stored form.
+
+    Each line is the message as the store keeps it (littleghost.sessions.message_from_json
+    reads it back).
+    """
+
+    async def read() -> tuple[StoredMessage, ...]:
+        async with address.open() as store:
+            return await stored_log(store, address, session_id)
+
+    log = _run(read)
+    output = Output.detect()
+    output = attrs.evolve(output, progress=output.progress and len(log) >= LARGE_LOG)
+    with output.progress_bar(len(log), "exporting") as advance:
+        for entry in log:
+            click.echo(message_to_json(entry.message))
+            advance(1, "")

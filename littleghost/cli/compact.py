@@ -1,0 +1,148 @@
+"""``sessions compact``: compact a stored session now with an agent class's context
+configuration, or show what that would cover without writing (``--dry-run``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from attrs import asdict
+
+from littleghost.agent import Agent
+from littleghost.cli.log import describe_record, positions
+from littleghost.cli.output import Output
+from littleghost.cli.stores import StoreAddress, stored_log
+from littleghost.cli.window import Window, context_config, window_of
+from littleghost.context.management import managed_records
+from littleghost.context.strategies import prepared
+from littleghost.context.tokens import Estimates, Tokenizer
+from littleghost.context.view import build_view
+from littleghost.errors import ConfigurationError, UnknownSessionError
+from littleghost.messages import Message
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.sessions.locks import hold_session
+
+__all__ = ["DRY_RUN_SUMMARY", "compact_document", "print_compaction"]
+
+DRY_RUN_SUMMARY = "(dry run: no summary was written)"
+"""What a dry run's summary says: it calls no model."""
+
+Advance = Callable[[int, str], None]
+"""Moves a progress bar on: ``advance(steps_done, what_comes_next)``."""
+
+
+async def _write_nothing(request: ModelRequest, *, model: object = None) -> ModelResponse:
+    """Answers a summary call without a model: a dry run shows what a compaction would
+    cover, not what its summary would say."""
+    return ModelResponse(Message.assistant(DRY_RUN_SUMMARY), StopReason.END_TURN, Usage(0, 0))
+
+
+async def compact_document(
+    address: StoreAddress,
+    session_id: str,
+    agent: Agent,
+    window: int | None,
+    *,
+    dry_run: bool,
+    advance: Advance,
+) -> dict[str, Any]:
+    """Compact the session now, whatever the threshold, as ``agent``'s class would
+    (``compact_log``), holding it as a run does; with ``dry_run``, only read it and call
+    no model. The document says what the records cover and what they do to the view.
+
+    Raises:
+        ConfigurationError: The class has no ``@manage_context``.
+        UnknownSessionError: The store has no such session.
+    """
+    config = context_config(agent)
+    if config is None:
+        raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
+    advance(0, "reading the session")
+    async with address.open() as reader:  # a store of that session, before writing to it
+        log = [entry.message for entry in await stored_log(reader, address, session_id)]
+    if dry_run:
+        advance(1, "choosing what to cover")
+        used = window_of(agent, window)
+        records = await managed_records(
+            log, config, window=used.tokens, complete=_write_nothing, settings=agent.settings
+        )
+        advance(1, "done")
+        return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
+    async with agent:
+        model = agent.resolve_model()
+        advance(1, "starting the model")
+        prepare = getattr(model, "prepare", None)
+        if prepare is not None:
+            await prepare()
+        used = window_of(agent, window, model)
+        advance(1, "summarizing")
+        async with address.open(read_only=False) as store, hold_session(store, session_id):
+            log = list(await store.load(session_id))  # as it is now that the session is held
+            if not log:
+                raise UnknownSessionError(
+                    f"no session {session_id!r} in {address}", session_id=session_id
+                )
+            records = await managed_records(
+                log, config, window=used.tokens, complete=prepared(model), settings=agent.settings
+            )
+            advance(1, "appending")
+            await store.append(session_id, records)
+        advance(1, "done")
+    return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=False)
+
+
+def _document(
+    session_id: str,
+    agent: Agent,
+    window: Window,
+    log: Sequence[Message],
+    records: Sequence[Message],
+    tokenizer: Tokenizer,
+    *,
+    dry_run: bool,
+) -> dict[str, Any]:
+    where = {message.id: position for position, message in enumerate(log)}
+    estimates = Estimates(tokenizer)
+    before, after = build_view(log), build_view([*log, *records])
+    return {
+        "session": session_id,
+        "agent": f"{type(agent).__module__}:{type(agent).__qualname__}",
+        "dry_run": dry_run,
+        "window": asdict(window),
+        "records": [
+            {"id": None if dry_run else record.id, **(describe_record(record, where) or {})}
+            for record in records
+        ],
+        "view": {
+            "messages_before": len(before),
+            "messages_after": len(after),
+            "tokens_before": estimates.total(before),
+            "tokens_after": estimates.total(after),
+        },
+    }
+
+
+def print_compaction(output: Output, document: dict[str, Any]) -> None:
+    """What was (or would be) appended, and what it does to the view."""
+    session, records = document["session"], document["records"]
+    window = document["window"]
+    context = f"window {window['tokens']} tokens, {window['source']}"
+    if not records:
+        output.line(f"nothing to compact in session {session} ({context})")
+        return
+    verb = "would append" if document["dry_run"] else "appended"
+    count = f"{len(records)} record" + ("s" if len(records) > 1 else "")
+    output.line(f"{verb} {count} to session {session} ({context}):")
+    for record in records:
+        name = record["kind"] if record["id"] is None else f"{record['kind']} {record['id']}"
+        covered = positions(record["covers_positions"])
+        output.line(f"  {name} covering {len(record['covers'])} messages: {covered}")
+    view = document["view"]
+    output.line(
+        f"view: {view['messages_before']} -> {view['messages_after']} messages, about "
+        f"{view['tokens_before']} -> {view['tokens_after']} tokens"
+    )
+    if document["dry_run"]:
+        output.line(
+            output.style("dry run: nothing was written and no model was called", fg="yellow")
+        )

@@ -1,0 +1,178 @@
+"""``sessions show``: a session's whole log, message by message, with tool calls paired
+with their results and compaction records with what they cover."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment
+from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
+from littleghost.context.summarize import summary_text
+from littleghost.messages import ImagePart, Message, TextPart, ToolResult
+from littleghost.sessions import StoredMessage
+
+__all__ = ["EXCERPT_CHARS", "describe_record", "log_document", "positions", "print_log"]
+
+EXCERPT_CHARS = 160
+"""The longest excerpt of a message, tool arguments or a tool result."""
+
+
+def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any]:
+    """The log as ``{"session", "messages"}``: per message its ``position``, ``id``,
+    ``role``, ``stored_at``, ``excerpt``, ``tool_calls`` (each with its ``result``),
+    ``results`` (the calls a tool message answers), ``record`` (a compaction record's
+    ``kind`` and what it ``covers``) and ``covered_by`` (the record hiding it)."""
+    where = {entry.message.id: position for position, entry in enumerate(log)}
+    covered_by: dict[str, int] = {}
+    open_calls: dict[str, tuple[int, dict[str, Any]]] = {}  # call id: (position, entry)
+    entries: list[dict[str, Any]] = []
+    for position, stored in enumerate(log):
+        message = stored.message
+        calls = []
+        for call in message.tool_calls:
+            shown = {
+                "id": call.id,
+                "name": call.name,
+                "arguments": excerpt(_arguments(call.arguments), EXCERPT_CHARS),
+                "result": None,
+            }
+            open_calls[call.id] = (position, shown)
+            calls.append(shown)
+        results = []
+        for result in message.tool_results:
+            called, answered = open_calls.pop(result.call_id, (None, None))
+            if answered is not None:
+                answered["result"] = {
+                    "position": position,
+                    "is_error": result.is_error,
+                    "excerpt": excerpt(result.content, EXCERPT_CHARS),
+                }
+            results.append(
+                {
+                    "call_id": result.call_id,
+                    "call_position": called,
+                    "name": None if answered is None else answered["name"],
+                    "is_error": result.is_error,
+                }
+            )
+        covers = record_covers(message)
+        for covered in covers:
+            covered_by[covered] = position
+        entries.append(
+            {
+                "position": position,
+                "id": message.id,
+                "role": message.role.value,
+                "stored_at": moment(stored.stored_at),
+                "excerpt": excerpt(_text(message), EXCERPT_CHARS),
+                "tool_calls": calls,
+                "results": results,
+                "record": describe_record(message, where),
+            }
+        )
+    for entry in entries:
+        entry["covered_by"] = covered_by.get(entry["id"])
+    return {"session": session_id, "messages": entries}
+
+
+def describe_record(message: Message, where: Mapping[str, int]) -> dict[str, Any] | None:
+    """A compaction record's ``kind`` (``summary``, ``collapse``, ``exclusion``), the ids
+    it ``covers`` and their ``covers_positions`` (by ``where``: id to position); ``None``
+    for any other message."""
+    if not is_record(message):
+        return None
+    covers = record_covers(message)
+    kind = "summary" if message.is_summary else str(message.metadata[COMPACTION_KIND_KEY])
+    return {
+        "kind": kind,
+        "covers": covers,
+        "covers_positions": sorted(where[i] for i in covers if i in where),
+    }
+
+
+def _text(message: Message) -> str:
+    if message.is_summary:
+        return summary_text(message)
+    parts = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            parts.append(part.text)
+        elif isinstance(part, ImagePart):
+            parts.append("[image]")
+        elif isinstance(part, ToolResult):
+            parts.append(part.content)
+    return " ".join(parts)
+
+
+def _arguments(arguments: object) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(_plain(arguments), ensure_ascii=False)
+
+
+def _plain(value: object) -> object:
+    """A stored value with its read-only mappings as dicts, for JSON."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def positions(numbers: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``#0–#2, #5``."""
+    spans: list[list[int]] = []
+    for number in sorted(numbers):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(f"#{a}" if a == b else f"#{a}–#{b}" for a, b in spans)
+
+
+def print_log(output: Output, document: dict[str, Any]) -> None:
+    """The log as a table (or plain lines): one row per message, one more per tool call."""
+    rows: list[list[str]] = []
+    styles: list[dict[str, Any]] = []
+    for entry in document["messages"]:
+        labels = []
+        style: dict[str, Any] = {}
+        if entry["covered_by"] is not None:
+            labels.append(f"[in #{entry['covered_by']}]")
+            style = {"dim": True}
+        for result in entry["results"]:
+            if result["call_position"] is None:
+                call = "an unknown call"
+            else:
+                call = f"{result['name']} called in #{result['call_position']}"
+            labels.append(f"[result of {call}{' (error)' if result['is_error'] else ''}]")
+            if result["is_error"] and not style:
+                style = {"fg": "red"}
+        record = entry["record"]
+        if record is not None:
+            covered = positions(record["covers_positions"]) or "messages not in this log"
+            labels.append(f"[{record['kind']} of {len(record['covers'])} messages: {covered}]")
+            style = style or {"fg": "cyan"}
+        content = " ".join([*labels, entry["excerpt"]]).strip()
+        rows.append(
+            [
+                f"#{entry['position']}",
+                clock(entry["stored_at"]),
+                entry["role"],
+                entry["id"],
+                content,
+            ]
+        )
+        styles.append(style)
+        for call in entry["tool_calls"]:
+            result = call["result"]
+            if result is None:
+                answer = "no result"
+            else:
+                error = " (error)" if result["is_error"] else ""
+                answer = f"#{result['position']}{error}: {result['excerpt']}"
+            rows.append(["", "", "", "", f"  call {call['name']}({call['arguments']}) -> {answer}"])
+            styles.append({"dim": True} if entry["covered_by"] is not None else {"fg": "yellow"})
+    output.table(["#", "STORED (UTC)", "ROLE", "ID", "CONTENT"], rows, styles, {3: SHORT_ID})

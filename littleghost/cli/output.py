@@ -1,0 +1,123 @@
+"""How the commands write: tables and colours on a terminal, plain tab-separated lines
+when piped, JSON for scripts, and progress bars on standard error when it is a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import click
+from attrs import frozen
+
+__all__ = ["SHORT_ID", "Output", "clock", "excerpt", "moment"]
+
+_ELLIPSIS = "…"
+SHORT_ID = 13
+"""How much of a message id a terminal's table shows (JSON and piped text show all)."""
+
+
+def excerpt(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs become one space), cut to ``limit``
+    characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: max(limit - 1, 0)] + _ELLIPSIS
+
+
+def moment(value: datetime | None) -> str | None:
+    """A stored time for JSON (ISO 8601, UTC), or ``None``."""
+    return None if value is None else value.isoformat()
+
+
+def clock(stored_at: str | None) -> str:
+    """A time from ``moment`` for a table: ``YYYY-MM-DD HH:MM:SS``; ``-`` when unknown."""
+    return "-" if stored_at is None else stored_at[:19].replace("T", " ")
+
+
+@frozen
+class Output:
+    """Where a command writes and how.
+
+    Attributes:
+        terminal: Standard output is a terminal: aligned tables with a styled header.
+        colour: Colours and styles are used (on a terminal, unless ``NO_COLOR`` is set).
+        progress: Standard error is a terminal: long steps show a progress bar there.
+    """
+
+    terminal: bool
+    colour: bool
+    progress: bool
+
+    @classmethod
+    def detect(cls) -> Output:
+        """The output of this process, from its standard streams and ``NO_COLOR``."""
+        terminal = sys.stdout.isatty()
+        colour = terminal and not os.environ.get("NO_COLOR")
+        return cls(terminal, colour, sys.stderr.isatty())
+
+    def style(self, text: str, **styles: Any) -> str:
+        """``text`` with click ``styles`` (``fg=``, ``bold=``, ...) when colours are on."""
+        return click.style(text, **styles) if self.colour and styles else text
+
+    def line(self, text: str = "") -> None:
+        """Write one line to standard output."""
+        click.echo(text, color=self.colour)
+
+    def json(self, document: object) -> None:
+        """Write ``document`` as indented JSON."""
+        click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+
+    def table(
+        self,
+        headers: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        styles: Sequence[dict[str, Any]] | None = None,
+        narrow: Mapping[int, int] | None = None,
+    ) -> None:
+        """Rows under their headers: on a terminal, aligned columns (the last one cut to
+        the terminal's width, the ``narrow`` ones by index to their given length), each
+        row in its ``styles`` entry (click styles); otherwise one tab-separated line per
+        row, headers first, nothing cut."""
+        if not self.terminal:
+            for row in (headers, *rows):
+                self.line("\t".join(cell.replace("\t", " ") for cell in row))
+            return
+        if narrow:
+            rows = [
+                [excerpt(cell, narrow[i]) if i in narrow else cell for i, cell in enumerate(row)]
+                for row in rows
+            ]
+        widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers) - 1)]
+        room = shutil.get_terminal_size().columns - sum(widths) - 2 * len(widths)
+
+        def joined(row: Sequence[str]) -> str:
+            cells = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            return f"{cells}  {excerpt(row[-1], max(room, 20))}".rstrip()
+
+        self.line(self.style(joined(headers), bold=True, underline=True))
+        for index, row in enumerate(rows):
+            self.line(self.style(joined(row), **(styles[index] if styles else {})))
+
+    @contextmanager
+    def progress_bar(self, length: int, label: str) -> Iterator[Callable[[int, str], None]]:
+        """A progress bar of ``length`` steps on standard error when it is a terminal
+        (nothing otherwise); yields ``advance(steps, doing)``."""
+        with click.progressbar(
+            length=length,
+            label=label,
+            file=sys.stderr,
+            hidden=not self.progress,
+            show_eta=False,
+            item_show_func=lambda doing: doing,
+            update_min_steps=max(1, length // 100),
+        ) as bar:
+
+            def advance(steps: int, doing: str) -> None:
+                bar.update(steps, doing)
+
+            yield advance

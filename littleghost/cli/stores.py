@@ -1,0 +1,87 @@
+"""``--store URL``: the session store a command reads, and the log of one session in it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal, Protocol
+
+import click
+from attrs import field, frozen
+
+from littleghost.errors import UnknownSessionError
+from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore, StoredMessage
+from littleghost.sessions.base import SessionStore
+
+__all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address", "stored_log"]
+
+SQLITE_PREFIX = "sqlite:///"
+"""``sqlite:///sessions.db`` is a relative path, ``sqlite:////var/lib/app.db`` an
+absolute one."""
+_POSTGRES_PREFIXES = ("postgresql://", "postgres://")
+
+
+class Inspectable(SessionStore, Protocol):
+    """A store that can give its logs with the time each message was stored."""
+
+    async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]: ...
+
+
+@frozen
+class StoreAddress:
+    """Where the sessions are: an SQLite file or a PostgreSQL database."""
+
+    kind: Literal["sqlite", "postgres"]
+    target: str = field(repr=False)
+    """The file's path, or the PostgreSQL connection string (never shown: it may hold a
+    password)."""
+
+    def __str__(self) -> str:
+        if self.kind == "sqlite":
+            return self.target
+        return "the PostgreSQL store"
+
+    @asynccontextmanager
+    async def open(self, *, read_only: bool = True) -> AsyncIterator[Inspectable]:
+        """The store, read-only unless ``read_only`` is False; closed afterwards."""
+        store: SQLiteSessionStore | PostgresSessionStore
+        if self.kind == "sqlite":
+            store = SQLiteSessionStore(self.target, read_only=read_only)
+        else:
+            store = PostgresSessionStore(self.target, read_only=read_only)
+        async with store:
+            yield store
+
+
+def store_address(text: str) -> StoreAddress:
+    """``sqlite:///path.db``, or a PostgreSQL URL (``postgresql://...``) or conninfo
+    (``host=... dbname=...``).
+
+    Raises:
+        click.BadParameter: It is none of these.
+    """
+    text = text.strip()
+    if text.startswith(SQLITE_PREFIX):
+        path = text[len(SQLITE_PREFIX) :]
+        if path and path != ":memory:":
+            return StoreAddress("sqlite", path)
+    elif text.startswith(_POSTGRES_PREFIXES) or "=" in text:
+        return StoreAddress("postgres", text)
+    raise click.BadParameter(
+        "expected sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo "
+        "(host=... dbname=...)"
+    )
+
+
+async def stored_log(
+    store: Inspectable, address: StoreAddress, session_id: str
+) -> tuple[StoredMessage, ...]:
+    """The session's log with its stored times.
+
+    Raises:
+        UnknownSessionError: The store has no such session.
+    """
+    log = await store.load_stored(session_id)
+    if not log:
+        raise UnknownSessionError(f"no session {session_id!r} in {address}", session_id=session_id)
+    return log

@@ -1,0 +1,164 @@
+"""``sessions view``: the messages the model would see next, with their token estimates,
+the window, the threshold and the budget's figures."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from attrs import asdict
+
+from littleghost.agent import Agent
+from littleghost.cli.output import SHORT_ID, Output, excerpt
+from littleghost.cli.stores import Inspectable, StoreAddress, stored_log
+from littleghost.cli.window import Window, context_config
+from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
+from littleghost.context.management import ContextManagement, preview_request
+from littleghost.context.view import build_view, interrupted_results
+from littleghost.messages import Message
+from littleghost.models import ModelRequest
+from littleghost.runner import instructions_message
+from littleghost.sessions import encode_message
+
+__all__ = ["print_view", "view_document"]
+
+
+async def view_document(
+    store: Inspectable,
+    address: StoreAddress,
+    session_id: str,
+    agent: Agent | None,
+    window: Window,
+    next_message: str | None,
+) -> dict[str, Any]:
+    """What the next run's first model call would send, as the run builds it (before the
+    class's own hooks): the instructions, the view of the log (with the results a run
+    adds for calls left open, and ``next_message``), clipped and bounded by
+    ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone.
+
+    Raises:
+        UnknownSessionError: The store has no such session.
+    """
+    log = [entry.message for entry in await stored_log(store, address, session_id)]
+    repairs = interrupted_results(log)
+    pending = [*log, *repairs]
+    if next_message is not None:
+        pending.append(Message.user(next_message))
+    notes = []
+    instructions: Any = getattr(agent, "instructions", None)
+    if callable(instructions):
+        notes.append("the instructions are a callable, made for each run: not shown")
+        instructions = None
+    view = build_view(pending)
+    messages = (instructions_message(instructions), *view) if instructions else view
+    request = ModelRequest(
+        messages, () if agent is None else agent.tool_specs, {} if agent is None else agent.settings
+    )
+    config = ContextManagement() if agent is None else context_config(agent)
+    if config is None:
+        notes.append("the class has no @manage_context: nothing is clipped, bounded or compacted")
+    elif config.budget is not None and config.budget.memory is not None:
+        notes.append("the budget's memories are not loaded: a memory provider needs a run")
+    limit = Agent.max_tool_result_tokens if agent is None else agent.max_tool_result_tokens
+    preview = preview_request(request, pending, config, window.tokens, max_tool_result_tokens=limit)
+    stored = {message.id: message for message in pending}
+    origins = {message.id: "repair" for message in repairs}
+    if next_message is not None:
+        origins[pending[-1].id] = "next"
+    if instructions:
+        origins[messages[0].id] = "instructions"
+    shown = []
+    for message, tokens in zip(preview.request.messages, preview.message_tokens, strict=True):
+        made = message.metadata.get(EXCERPTS_KEY) or message.metadata.get(MEMORIES_KEY)
+        origin = "view" if made else origins.get(message.id, "log")
+        cut = origin in ("log", "repair", "next") and message != stored.get(message.id)
+        shown.append(
+            {"origin": origin, "cut": cut, "tokens": tokens, "message": encode_message(message)}
+        )
+    answer = preview.request.max_tokens or 0
+    in_messages = sum(preview.message_tokens)
+    threshold = None
+    if preview.threshold_tokens is not None and config is not None:
+        threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
+    return {
+        "session": session_id,
+        "agent": None if agent is None else f"{type(agent).__module__}:{type(agent).__qualname__}",
+        "window": asdict(window),
+        "messages": shown,
+        "message_tokens": in_messages,
+        "tools_and_settings_tokens": preview.estimated_tokens - in_messages - answer,
+        "answer_tokens": answer,
+        "estimated_tokens": preview.estimated_tokens,
+        "threshold": threshold,
+        "waits_until": preview.waits_until,
+        "compaction_due": preview.compaction_due,
+        "budget": None if preview.budget is None else asdict(preview.budget),
+        "notes": notes,
+    }
+
+
+def print_view(output: Output, document: dict[str, Any]) -> None:
+    """The view as a table (or plain lines), then its figures."""
+    window = document["window"]
+    who = document["agent"] or "an agent with the default @manage_context"
+    output.line(f"session {document['session']}, as {who} would send it next")
+    output.line(f"window: {window['tokens']} tokens ({window['source']})")
+    rows = []
+    for entry in document["messages"]:
+        message = entry["message"]
+        origin = entry["origin"] + (", cut" if entry["cut"] else "")
+        text = " ".join(_part_text(part) for part in message["content"])
+        rows.append(
+            [message["role"], origin, str(entry["tokens"]), message["id"], excerpt(text, 160)]
+        )
+    output.table(["ROLE", "FROM", "TOKENS", "ID", "CONTENT"], rows, narrow={3: SHORT_ID})
+    output.line(
+        f"estimate: {document['message_tokens']} (messages) + "
+        f"{document['tools_and_settings_tokens']} (tools and settings) + "
+        f"{document['answer_tokens']} (answer) = {document['estimated_tokens']} tokens"
+    )
+    output.line(_threshold_line(output, document))
+    budget = document["budget"]
+    if budget is not None:
+        output.line(
+            f"budget: limit {budget['limit_tokens']} tokens; kept {budget['messages_kept']} of "
+            f"{budget['messages_total']} messages; dropped {budget['turns_dropped']} of "
+            f"{budget['turns_total']} turns; {budget['excerpts_included']} excerpts, "
+            f"{budget['memories_included']} memories; fixed overhead "
+            f"{budget['fixed_overhead_tokens']}, prompt {budget['estimated_prompt_tokens']} tokens"
+        )
+    for note in document["notes"]:
+        output.line(output.style(f"note: {note}", dim=True))
+
+
+def _threshold_line(output: Output, document: dict[str, Any]) -> str:
+    threshold = document["threshold"]
+    if threshold is None:
+        return "threshold: none (this configuration never compacts with a model)"
+    share, tokens = threshold["share"], threshold["tokens"]
+    start = f"threshold: {share} of the window = {tokens} tokens: "
+    estimated, waits = document["estimated_tokens"], document["waits_until"]
+    if document["compaction_due"]:
+        return start + output.style(
+            "reached, the next model call compacts first", fg="yellow", bold=True
+        )
+    if estimated >= tokens and waits is not None:
+        return start + (
+            f"reached, but the last compaction left the request over it: no summary until "
+            f"the estimate reaches {waits} tokens"
+        )
+    return start + f"{tokens - estimated} tokens to go"
+
+
+def _part_text(part: dict[str, Any]) -> str:
+    kind = part["type"]
+    if kind == "text":
+        return str(part["text"])
+    if kind == "tool_call":
+        arguments = part["arguments"]
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        return f"call {part['name']}({excerpt(arguments, 80)})"
+    if kind == "tool_result":
+        return f"result: {part['content']}"
+    return "[image]"

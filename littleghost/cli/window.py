@@ -1,0 +1,57 @@
+"""The context window a command works against, found as a run finds it, where possible
+without starting the model."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from littleghost._validators import is_int
+from littleghost.agent import Agent
+from littleghost.context.management import ContextManagement
+from littleghost.models import Model
+from littleghost.models.registry import split_model_string
+from littleghost.models.windows import known_context_window
+
+__all__ = ["Window", "context_config", "window_of"]
+
+
+@frozen
+class Window:
+    """A context window in tokens, and where it comes from."""
+
+    tokens: int
+    source: str
+
+
+def context_config(agent: Agent | None) -> ContextManagement | None:
+    """The ``@manage_context`` configuration of ``agent``'s class, if it has one."""
+    config = None if agent is None else agent.context_management
+    return config if isinstance(config, ContextManagement) else None
+
+
+def window_of(agent: Agent | None, given: int | None, model: Model | None = None) -> Window:
+    """``given`` (``--window``); else the class's ``context_window_override``; else what
+    the model advertises (``model`` once started; unstarted, a ``Model``'s
+    ``context_window`` or the documented window of a model string); else
+    ``context_window_tokens``."""
+    config = context_config(agent) or ContextManagement()
+    if given is not None:
+        return Window(given, "--window")
+    if config.context_window_override is not None:
+        return Window(config.context_window_override, "context_window_override")
+    declared = model if model is not None else None if agent is None else agent.model
+    if isinstance(declared, str):
+        provider, name = split_model_string(declared)
+        documented = known_context_window(provider, name or "")
+        if documented is not None:
+            return Window(documented, f"the documented window of {declared}")
+    elif declared is not None:
+        advertised = declared.context_window
+        if is_int(advertised) and advertised > 0:
+            return Window(advertised, f"advertised by the model {declared.name}")
+    unknown = (
+        "the model advertises none"
+        if model is not None
+        else "no window is known without starting the model"
+    )
+    return Window(config.context_window_tokens, f"context_window_tokens: {unknown}")

@@ -1,0 +1,89 @@
+"""Agent classes the command-line tests name with ``--agent tests.cli_agents:Class``, and
+a conversation to store with them."""
+
+from __future__ import annotations
+
+from littleghost import Agent, Role, manage_context, tool
+from littleghost.context import PromptBudget
+from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions.base import SessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+ORDERS = {"42": "shipped on Monday, arriving Thursday", "7": "waiting for payment"}
+QUESTIONS = [
+    "Where is order 42?",
+    "Can you tell me more about the delivery?",
+    "And what about order 7?",
+    "Which carrier is it?",
+    "Can I change the address?",
+    "Thanks, what else should I know?",
+]
+SUMMARY = "- order 42: shipped on Monday, arriving Thursday\n- order 7: waiting for payment"
+
+
+@manage_context(context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=4)
+class Support(Agent):
+    instructions = "You help customers of ACME with their orders."
+    settings = {"max_tokens": 100}
+    max_tool_result_tokens = 40
+
+    @tool
+    async def lookup_order(self, order_id: str) -> str:
+        """Find an order by its id.
+
+        Args:
+            order_id: The order number the customer gave.
+        """
+        return f"order {order_id}: {ORDERS.get(order_id, 'no such order')}. " + "Tracking. " * 30
+
+
+@manage_context(
+    context_window_tokens=4_000,
+    budget=PromptBudget(
+        prompt_budget_tokens=500, response_reserve_tokens=100, safety_reserve_tokens=50
+    ),
+    summarize=False,
+)
+class Bounded(Support):
+    """``Support`` whose every request is bounded to a small budget, never summarized."""
+
+
+class Unmanaged(Agent):
+    """No ``@manage_context``: nothing to compact with."""
+
+    instructions = "You help."
+
+
+def respond(request: ModelRequest) -> ModelResponse:
+    """Summaries for summary calls; a lookup for a question naming an order; else a long
+    answer."""
+    if request.purpose == "context_compaction":
+        return text_response(SUMMARY)
+    last = request.messages[-1]
+    if last.role is Role.USER and "order" in last.text and request.tools:
+        order = "42" if "42" in last.text else "7"
+        return tool_call_response("lookup_order", {"order_id": order})
+    return text_response("Here is what I know. " + "The details are as follows. " * 25)
+
+
+def scripted() -> ScriptedModel:
+    """A model that answers as ``respond`` says, as often as asked."""
+    return ScriptedModel([respond] * 200)
+
+
+async def store_conversation(
+    store: SessionStore, session_id: str = "customer-42", agent: type[Agent] = Support
+) -> ScriptedModel:
+    """Run ``agent`` through ``QUESTIONS`` in ``session_id`` of ``store`` (the log gets two
+    tool calls and, for ``Support``, a summary); the model it ran with."""
+    model = scripted()
+    runner = agent(model=model, session_store=store)
+    for question in QUESTIONS:
+        await runner.run(question, session_id=session_id)
+    return model
+
+
+class Staffed(Support):
+    """``Support`` with a model of its own, for ``sessions compact`` without ``--dry-run``."""
+
+    model = scripted()

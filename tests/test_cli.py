@@ -1,0 +1,570 @@
+"""The ``littleghost`` command line against SQLite and PostgreSQL stores.
+
+Commands run through click's ``CliRunner`` (standard output is then not a terminal:
+plain text) and, where it matters, as real processes (``python -m littleghost``, and in
+a pseudo-terminal for tables, colours and progress bars). Every store is filled by real
+runs of the agents in ``tests.cli_agents``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from click.testing import CliRunner, Result
+
+from littleghost import Agent, Message, Role, ToolCall
+from littleghost.cli import main
+from littleghost.cli.commands import LARGE_LOG
+from littleghost.cli.compact import DRY_RUN_SUMMARY
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.sessions import (
+    PostgresSessionStore,
+    SQLiteSessionStore,
+    decode_message,
+    message_from_json,
+)
+from littleghost.sessions.base import SessionStore
+from littleghost.testing import ScriptedModel
+
+from . import cli_agents
+from .cli_agents import Bounded, Staffed, Support, store_conversation
+from .stores import postgres_schema_sync
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("sqlite", "postgres")
+
+
+def open_store(url: str) -> SQLiteSessionStore | PostgresSessionStore:
+    """A writable store at a ``--store`` URL (for the tests' own setup and checks)."""
+    if url.startswith("sqlite:///"):
+        return SQLiteSessionStore(url[len("sqlite:///") :])
+    return PostgresSessionStore(url)
+
+
+def in_store(url: str, work: Any, *args: Any) -> Any:
+    """``await work(store, *args)`` on the store at ``url``, in an event loop of its own."""
+
+    async def go() -> Any:
+        async with open_store(url) as store:
+            return await work(store, *args)
+
+    return anyio.run(go)
+
+
+def fill(url: str) -> None:
+    """Two sessions, ``customer-42`` and ``other``, each with tool calls and summaries."""
+
+    async def conversations(store: SessionStore) -> None:
+        await store_conversation(store, "customer-42")
+        await store_conversation(store, "other")
+
+    in_store(url, conversations)
+
+
+@pytest.fixture(params=KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A filled store: an SQLite file, or a schema on the tests' PostgreSQL server."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'sessions.db'}"
+        fill(url)
+        yield url
+    else:
+        with postgres_schema_sync(request.getfixturevalue("postgres_dsn")) as conninfo:
+            fill(conninfo)
+            yield conninfo
+
+
+def invoke(*args: str) -> Result:
+    """Run the command line in this process (stdout and stderr apart)."""
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def ok(*args: str) -> Result:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def fails(code: int, *args: str) -> str:
+    """Run a command that must fail with ``code``: its error is one line, no traceback."""
+    result = invoke(*args)
+    assert result.exit_code == code, result.stdout
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    if code == 1:
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("Error: ")
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
+def load(url: str, session_id: str) -> tuple[Message, ...]:
+    return in_store(url, lambda store: store.load(session_id))  # type: ignore[no-any-return]
+
+
+def contents(url: str) -> list[tuple[Any, ...]]:
+    """Everything the store holds, row by row (and for SQLite the file's bytes too)."""
+    statements = [
+        "SELECT key, value FROM littleghost_meta ORDER BY key",
+        "SELECT id, length FROM littleghost_sessions ORDER BY id",
+        "SELECT session_id, position, body, stored_at FROM littleghost_messages "
+        "ORDER BY session_id, position",
+    ]
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = [tuple(connection.execute(s).fetchall()) for s in statements]
+        finally:
+            connection.close()
+        wal = path.with_name(path.name + "-wal")
+        return [path.read_bytes(), wal.read_bytes() if wal.exists() else b"", *rows]
+    import psycopg
+
+    with psycopg.connect(url) as connection:
+        return [tuple(connection.execute(s).fetchall()) for s in statements]
+
+
+class TestList:
+    def test_sessions_with_their_counts_and_last_activity(self, store_url: str) -> None:
+        document = json.loads(ok("sessions", "list", "--store", store_url, "--json").stdout)
+        assert [session["id"] for session in document] == ["customer-42", "other"]
+
+        async def stored(store: Any) -> list[Any]:
+            return [await store.load_stored(s["id"]) for s in document]
+
+        for session, log in zip(document, in_store(store_url, stored), strict=True):
+            assert session["messages"] == len(log) > 0
+            assert session["summaries"] == sum(entry.message.is_summary for entry in log) > 0
+            assert session["last_activity"] == log[-1].stored_at.isoformat()
+        plain = ok("sessions", "list", "--store", store_url).stdout.splitlines()
+        assert plain[0] == "MESSAGES\tSUMMARIES\tLAST ACTIVITY (UTC)\tSESSION"
+        first = document[0]
+        assert plain[1] == (
+            f"{first['messages']}\t{first['summaries']}\t"
+            f"{first['last_activity'][:19].replace('T', ' ')}\tcustomer-42"
+        )
+
+    def test_an_empty_store_lists_nothing(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+        in_store(url, lambda store: store.list_sessions())
+        assert json.loads(ok("sessions", "list", "--store", url, "--json").stdout) == []
+
+
+class TestShow:
+    def test_the_whole_log_with_calls_results_and_records(self, store_url: str) -> None:
+        log = load(store_url, "customer-42")
+        result = ok("sessions", "show", "customer-42", "--store", store_url, "--json")
+        document = json.loads(result.stdout)
+        entries = document["messages"]
+        assert document["session"] == "customer-42"
+        assert [(e["position"], e["id"], e["role"]) for e in entries] == [
+            (position, message.id, message.role.value) for position, message in enumerate(log)
+        ]
+        assert all(e["stored_at"] is not None for e in entries)
+        position = {message.id: index for index, message in enumerate(log)}
+        calls = [(e, call) for e in entries for call in e["tool_calls"]]
+        assert [call["name"] for _, call in calls] == ["lookup_order", "lookup_order"]
+        for entry, call in calls:
+            answer = log[call["result"]["position"]]
+            assert [r.call_id for r in answer.tool_results] == [call["id"]]
+            assert (
+                entries[call["result"]["position"]]["results"][0]["call_position"]
+                == (entry["position"])
+            )
+            (stored,) = log[entry["position"]].tool_calls
+            assert (call["id"], json.loads(call["arguments"])) == (stored.id, stored.arguments)
+        summaries = [message for message in log if message.is_summary]
+        shown = [e for e in entries if e["record"] is not None]
+        assert [e["id"] for e in shown] == [s.id for s in summaries]
+        for entry, summary in zip(shown, summaries, strict=True):
+            covers = list(summary.metadata[SUMMARY_COVERS_KEY])
+            assert entry["record"] == {
+                "kind": "summary",
+                "covers": covers,
+                "covers_positions": sorted(position[i] for i in covers),
+            }
+            for covered in covers:
+                assert entries[position[covered]]["covered_by"] is not None
+        assert entries[-1]["covered_by"] is None
+        text = ok("sessions", "show", "customer-42", "--store", store_url).stdout
+        assert '  call lookup_order({"order_id": "42"}) -> #2: order 42: shipped' in text
+        assert re.search(r"\[summary of \d+ messages: #0–#\d+\]", text)
+
+    def test_collapse_and_exclusion_records_and_unanswered_calls(self, tmp_path: Path) -> None:
+        from littleghost.context import Truncation, compact_session
+
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        call = ToolCall("c1", "lookup_order", {"order_id": "7"})
+        messages = [
+            *[Message.user(f"question {i}") for i in range(4)],
+            Message.assistant(tool_calls=[call]),
+        ]
+
+        async def prepare(store: SessionStore) -> None:
+            await store.append("s", messages)
+            await compact_session(store, "s", Truncation(minimum_preserved=2))
+
+        in_store(url, prepare)
+        document = json.loads(ok("sessions", "show", "s", "--store", url, "--json").stdout)
+        entries = document["messages"]
+        assert entries[4]["tool_calls"][0]["result"] is None
+        (record,) = [e for e in entries if e["record"] is not None]
+        assert record["record"]["kind"] == "exclusion"
+        assert [entries[p]["covered_by"] for p in record["record"]["covers_positions"]] == [
+            record["position"]
+        ] * len(record["record"]["covers"])
+        text = ok("sessions", "show", "s", "--store", url).stdout
+        assert "-> no result" in text and "[exclusion of" in text
+
+
+class TestView:
+    """``view`` shows what the next model request contains: checked against real runs."""
+
+    @staticmethod
+    def view(url: str, *options: str) -> dict[str, Any]:
+        args = ("sessions", "view", "customer-42", "--store", url, "--json", *options)
+        document: dict[str, Any] = json.loads(ok(*args).stdout)
+        return document
+
+    @staticmethod
+    def next_request(url: str, agent: type[Agent], text: str, window: int | None) -> Any:
+        model = ScriptedModel([cli_agents.respond] * 20, context_window=window)
+
+        async def run(store: SessionStore) -> None:
+            await agent(model=model, session_store=store).run(text, session_id="customer-42")
+
+        in_store(url, run)
+        return model.requests[0]
+
+    def test_the_view_is_the_next_request_without_its_new_message(self, store_url: str) -> None:
+        document = self.view(store_url, "--agent", "tests.cli_agents:Support", "--window", "9000")
+        assert (document["window"], document["compaction_due"]) == (
+            {"tokens": 9000, "source": "--window"},
+            False,
+        )
+        request = self.next_request(store_url, Support, "One more thing.", 9000)
+        assert request.purpose == "chat"
+        shown = [decode_message(entry["message"]) for entry in document["messages"]]
+        assert (*shown, Message.user("One more thing.", id=request.messages[-1].id)) == (
+            request.messages
+        )
+        assert document["answer_tokens"] == request.max_tokens == 100
+        assert [e["origin"] for e in document["messages"]][:2] == ["instructions", "log"]
+        assert any(e["cut"] for e in document["messages"])  # max_tool_result_tokens
+        tokens = [e["tokens"] for e in document["messages"]]
+        assert document["message_tokens"] == sum(tokens) and all(t > 0 for t in tokens)
+        assert document["estimated_tokens"] == (
+            document["message_tokens"]
+            + document["tools_and_settings_tokens"]
+            + document["answer_tokens"]
+        )
+        assert document["threshold"] == {"share": 0.5, "tokens": 4500}
+
+    def test_a_bounded_view_with_the_next_message_is_the_next_request(self, store_url: str) -> None:
+        document = self.view(
+            store_url, "--agent", "tests.cli_agents:Bounded", "--message", "And now?"
+        )
+        assert document["budget"]["turns_dropped"] > 0
+        assert document["threshold"] is None
+        request = self.next_request(store_url, Bounded, "And now?", None)
+        shown = [decode_message(entry["message"]) for entry in document["messages"]]
+        assert shown[:-1] == list(request.messages[:-1])
+        assert (shown[-1].role, shown[-1].text) == (Role.USER, "And now?")
+        assert document["messages"][-1]["origin"] == "next"
+        assert document["budget"]["messages_kept"] == len(request.messages)
+        text = ok(
+            "sessions", "view", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:Bounded", "--message", "And now?",
+        ).stdout  # fmt: skip
+        assert "budget: limit 500 tokens;" in text
+
+    def test_a_compaction_due_is_what_the_next_run_does_first(self, store_url: str) -> None:
+        document = self.view(store_url, "--agent", "tests.cli_agents:Support")
+        assert document["window"]["tokens"] == 2000
+        assert document["compaction_due"] is True
+        assert document["estimated_tokens"] >= document["threshold"]["tokens"] == 1000
+        text = ok(
+            "sessions", "view", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:Support",
+        ).stdout  # fmt: skip
+        assert "threshold: 0.5 of the window = 1000 tokens: reached" in text
+        request = self.next_request(store_url, Support, "Anything else?", None)
+        assert request.purpose == "context_compaction"
+
+    def test_without_an_agent_the_log_alone_and_repairs_of_open_calls(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        call = ToolCall("c9", "lookup_order", {"order_id": "9"})
+        log = [Message.user("Where is order 9?"), Message.assistant(tool_calls=[call])]
+        in_store(url, lambda store: store.append("customer-42", log))
+        document = self.view(url)
+        assert document["agent"] is None
+        assert document["window"]["tokens"] == 200_000
+        assert [e["origin"] for e in document["messages"]] == ["log", "log", "repair"]
+        request = self.next_request(url, Support, "Hello?", 9000)
+        shown = [decode_message(entry["message"]) for entry in document["messages"]]
+        assert shown[:2] == list(request.messages[1:3])
+        assert (shown[2].role, shown[2].tool_results) == (
+            request.messages[3].role,
+            request.messages[3].tool_results,
+        )
+
+
+class TestCompact:
+    def test_a_dry_run_writes_nothing_and_a_compaction_appends_what_it_showed(
+        self, store_url: str
+    ) -> None:
+        before = contents(store_url)
+        asked = len(Staffed.model.requests)  # type: ignore[union-attr]
+        for command in (["list"], ["show", "other"], ["view", "other"], ["export", "other"]):
+            ok("sessions", *command, "--store", store_url)
+        dry = ok(
+            "sessions", "compact", "other", "--store", store_url,
+            "--agent", "tests.cli_agents:Staffed", "--dry-run",
+        ).stdout  # fmt: skip
+        assert contents(store_url) == before
+        assert len(Staffed.model.requests) == asked  # type: ignore[union-attr]
+        assert "dry run: nothing was written and no model was called" in dry
+        would = re.findall(r"^  summary covering (\d+) messages: (.+)$", dry, re.MULTILINE)
+        assert len(would) == 1
+
+        log = load(store_url, "other")
+        done = ok(
+            "sessions", "compact", "other", "--store", store_url,
+            "--agent", "tests.cli_agents:Staffed",
+        ).stdout  # fmt: skip
+        after = load(store_url, "other")
+        (record,) = after[len(log) :]
+        assert after[: len(log)] == log
+        assert record.is_summary and record.text.endswith(cli_agents.SUMMARY)
+        assert DRY_RUN_SUMMARY not in record.text
+        position = {message.id: index for index, message in enumerate(log)}
+        covered = sorted(position[i] for i in record.metadata[SUMMARY_COVERS_KEY])
+        assert would[0][0] == str(len(covered))
+        assert "appended 1 record to session other" in done
+        assert f"  summary {record.id} covering {would[0][0]} messages: {would[0][1]}" in done
+        assert [r.purpose for r in Staffed.model.requests[asked:]] == ["context_compaction"]  # type: ignore[union-attr]
+
+    def test_nothing_to_compact_is_said_and_writes_nothing(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, lambda store: store.append("short", [Message.user("hi")]))
+        before = contents(url)
+        out = ok(
+            "sessions", "compact", "short", "--store", url, "--agent", "tests.cli_agents:Staffed"
+        ).stdout
+        assert out.startswith("nothing to compact in session short")
+        assert contents(url)[2:] == before[2:]
+
+
+class TestExport:
+    def test_json_lines_in_the_stored_form(self, store_url: str) -> None:
+        out = ok("sessions", "export", "customer-42", "--store", store_url).stdout
+        lines = out.splitlines()
+        assert tuple(message_from_json(line) for line in lines) == load(store_url, "customer-42")
+        assert all(json.loads(line)["id"] for line in lines)
+
+
+class TestErrors:
+    @pytest.mark.parametrize("command", ["show", "view", "export", "compact"])
+    def test_an_unknown_session(self, store_url: str, command: str) -> None:
+        agent = ["--agent", "tests.cli_agents:Staffed"] if command == "compact" else []
+        line = fails(1, "sessions", command, "nope", "--store", store_url, *agent)
+        assert line.startswith("Error: no session 'nope' in ")
+
+    def test_an_unreachable_database(self) -> None:
+        url = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
+        line = fails(1, "sessions", "list", "--store", url)
+        assert "PostgreSQL session store failed: OperationalError" in line
+
+    def test_files_that_are_not_littleghost_stores(self, tmp_path: Path) -> None:
+        shop = tmp_path / "shop.db"
+        connection = sqlite3.connect(shop)
+        connection.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+        connection.close()
+        (tmp_path / "empty.db").write_bytes(b"")
+        (tmp_path / "notes.db").write_text("my notes\n" * 200)
+        before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+        for name, error in [
+            ("shop.db", "is an SQLite database of another application"),
+            ("empty.db", "is an empty database, not a littleghost session store"),
+            ("notes.db", "is not a littleghost session store or is damaged"),
+            ("missing.db", "there is no SQLite session store at"),
+        ]:
+            assert error in fails(1, "sessions", "list", "--store", f"sqlite:///{tmp_path / name}")
+        assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+    def test_a_postgresql_database_without_a_store(self, postgres_dsn: str) -> None:
+        with postgres_schema_sync(postgres_dsn) as conninfo:
+            line = fails(1, "sessions", "list", "--store", conninfo)
+            assert "holds no littleghost session store" in line
+            import psycopg
+
+            with psycopg.connect(conninfo) as connection:
+                tables = connection.execute(
+                    "SELECT count(*) FROM information_schema.tables "
+                    "WHERE table_schema = current_schema()"
+                ).fetchone()
+            assert tables == (0,)
+
+    def test_a_newer_schema(self, store_url: str) -> None:
+        statement = "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'"
+        if store_url.startswith("sqlite:///"):
+            connection = sqlite3.connect(store_url[len("sqlite:///") :], isolation_level=None)
+            connection.execute(statement)
+            connection.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url, autocommit=True) as connection:
+                connection.execute(statement)
+        line = fails(1, "sessions", "show", "customer-42", "--store", store_url)
+        assert "written by a newer littleghost" in line
+
+    def test_usage_errors(self) -> None:
+        assert "Invalid value for '--store'" in fails(2, "sessions", "list", "--store", "x.db")
+        assert "Missing option '--store'" in fails(2, "sessions", "list")
+        url = "sqlite:///x.db"
+        for agent, error in [
+            ("nothing", "is not module:Class"),
+            ("no_such_module:Agent", "cannot import 'no_such_module'"),
+            ("tests.cli_agents:Nobody", "has no 'Nobody'"),
+            ("tests.cli_agents:ORDERS", "is not an Agent subclass"),
+        ]:
+            line = fails(2, "sessions", "view", "s", "--store", url, "--agent", agent)
+            assert "Invalid value for '--agent'" in line and error in line
+        assert "Missing option '--agent'" in fails(2, "sessions", "compact", "s", "--store", url)
+
+    def test_compacting_with_a_class_without_manage_context(self, store_url: str) -> None:
+        line = fails(
+            1, "sessions", "compact", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:Unmanaged",
+        )  # fmt: skip
+        assert line == "Error: Unmanaged has no @manage_context: nothing to compact with"
+
+
+def python_m(*args: str, **options: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m littleghost ...`` in a process of its own, from the repository root."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "littleghost", *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **options,
+    )
+
+
+class TestProcess:
+    def test_python_m_littleghost_and_the_console_script(self, store_url: str) -> None:
+        listed = python_m("sessions", "list", "--store", store_url, "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [s["id"] for s in json.loads(listed.stdout)] == ["customer-42", "other"]
+        missing = python_m("sessions", "show", "nope", "--store", store_url)
+        assert missing.returncode == 1
+        assert missing.stderr.strip().splitlines() == [
+            missing.stderr.strip().splitlines()[0]
+        ] and missing.stderr.startswith("Error: no session 'nope'")
+        declared = re.search(
+            r'^\[project\.scripts\]\nlittleghost = "([\w.]+):(\w+)"$',
+            (ROOT / "pyproject.toml").read_text(),
+            re.MULTILINE,
+        )
+        assert declared is not None
+        module, name = declared.groups()
+        assert getattr(__import__(module, fromlist=[name]), name) is main
+
+    def test_help_reads_well(self) -> None:
+        done = python_m("sessions", "--help")
+        assert done.returncode == 0
+        listed = dict(re.findall(r"^  (\w+) +(.+)$", done.stdout.split("Commands:")[1], re.M))
+        assert sorted(listed) == ["compact", "export", "list", "show", "view"]
+        assert all(text.endswith(".") and "..." not in text for text in listed.values())
+        for command in listed:
+            text = ok("sessions", command, "--help").stdout
+            assert f"Usage: main sessions {command} [OPTIONS]" in text
+            assert "--store URL" in text and "LITTLEGHOST_STORE" in text
+        overview = " ".join(python_m("--help").stdout.split())
+        assert "Every command opens it read-only, except `sessions compact` without" in overview
+
+    def terminal(self, *args: str) -> tuple[str, str]:
+        """Run ``python -m littleghost`` with standard output and error each on a
+        pseudo-terminal of its own; what each showed."""
+        out_master, out_slave = pty.openpty()
+        err_master, err_slave = pty.openpty()
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        environment.pop("NO_COLOR", None)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "littleghost", *args],
+            cwd=ROOT,
+            env=environment,
+            stdout=out_slave,
+            stderr=err_slave,
+        )
+        os.close(out_slave)
+        os.close(err_slave)
+        seen = {out_master: b"", err_master: b""}
+        reading = set(seen)
+        while reading:  # both at once: a full pseudo-terminal would stop the process
+            for master in select.select(list(reading), [], [], 120)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the process closed its end
+                    chunk = b""
+                if chunk:
+                    seen[master] += chunk
+                else:
+                    reading.discard(master)
+                    os.close(master)
+        assert process.wait(timeout=120) == 0
+        return seen[out_master].decode(), seen[err_master].decode()
+
+    def test_tables_colours_and_progress_only_on_a_terminal(self, store_url: str) -> None:
+        out, _ = self.terminal("sessions", "list", "--store", store_url)
+        assert "\x1b[1m" in out and "\t" not in out
+        assert re.search(r"MESSAGES  SUMMARIES  LAST ACTIVITY \(UTC\)  SESSION", out)
+        piped = ok("sessions", "list", "--store", store_url).stdout
+        assert "\x1b[" not in piped and "\t" in piped
+        _, progress = self.terminal(
+            "sessions", "compact", "other", "--store", store_url,
+            "--agent", "tests.cli_agents:Staffed", "--dry-run",
+        )  # fmt: skip
+        assert "compacting" in progress and "100%" in progress
+        piped_compact = invoke(
+            "sessions", "compact", "other", "--store", store_url,
+            "--agent", "tests.cli_agents:Staffed", "--dry-run",
+        )  # fmt: skip
+        assert piped_compact.stderr == ""
+
+    def test_a_progress_bar_exports_a_large_log_on_a_terminal(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        many = [Message.user(f"message {index}") for index in range(LARGE_LOG)]
+        in_store(url, lambda store: store.append("long", many))
+        out, progress = self.terminal("sessions", "export", "long", "--store", url)
+        assert len(out.splitlines()) == LARGE_LOG
+        assert "exporting" in progress and "100%" in progress
+        piped = invoke("sessions", "export", "long", "--store", url)
+        assert (len(piped.stdout.splitlines()), piped.stderr) == (LARGE_LOG, "")
+        _, small = self.terminal(
+            "sessions", "export", "customer-42", "--store", self.filled(tmp_path)
+        )
+        assert small == ""
+
+    @staticmethod
+    def filled(directory: Path) -> str:
+        url = f"sqlite:///{directory / 'filled.db'}"
+        fill(url)
+        return url
