@@ -28,6 +28,7 @@ from littleghost import Agent, Message, Role, ToolCall
 from littleghost.cli import main
 from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
+from littleghost.context.summarize import split_quotes, summary_text
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.sessions import (
     PostgresSessionStore,
@@ -348,7 +349,8 @@ class TestCompact:
         after = load(store_url, "other")
         (record,) = after[len(log) :]
         assert after[: len(log)] == log
-        assert record.is_summary and record.text.endswith(cli_agents.SUMMARY)
+        assert record.is_summary
+        assert split_quotes(summary_text(record))[0] == cli_agents.SUMMARY
         assert DRY_RUN_SUMMARY not in record.text
         position = {message.id: index for index, message in enumerate(log)}
         covered = sorted(position[i] for i in record.metadata[SUMMARY_COVERS_KEY])
