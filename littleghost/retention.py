@@ -116,7 +116,8 @@ async def check_retention(
 ) -> RetentionReport:
     """Compact ``conversation`` once with ``agent``'s context management (whatever its
     threshold), then ask each fact's question in a run with the compacted log as
-    history (one run per question, each from the same log).
+    history (one run per question, each from the same log), for a free-text answer
+    whatever the agent's ``output_type``.
 
     Raises:
         ConfigurationError: The agent's class has no ``@manage_context``, or ``facts``
@@ -130,6 +131,6 @@ async def check_retention(
     summaries = [summary_text(record) for record in records if record.is_summary]
     checks = []
     for fact in facts:
-        answer = (await agent.run(fact.question, history=log)).output
+        answer = (await agent.run(fact.question, history=log, output_type=str)).output
         checks.append(FactCheck(fact, fact.found_in(seen), fact.found_in(answer), answer))
     return RetentionReport(tuple(checks), records, summaries[-1] if summaries else None)

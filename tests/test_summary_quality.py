@@ -4,6 +4,7 @@ lines dropped, and observation masking."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
@@ -366,6 +367,23 @@ class TestCheckRetention:
         assert report.summary == "- order A-1234"
         assert [r.purpose for r in summarizer.requests] == ["context_compaction"]
         assert [r.messages[-1].text for r in agent_model.requests] == ["What is my order?"]
+
+    async def test_an_agent_with_an_output_type_is_asked_for_text(self) -> None:
+        """The probe questions want free text, whatever the agent's output_type."""
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Typed(Small):
+            output_type = Ticket
+
+        model = ScriptedModel([summary_step("- order A-1234"), text_response("It is A-1234.")])
+        facts = [Fact("What is my order?", "A-1234")]
+        report = await check_retention(Typed(model=model), self.conversation(), facts)
+        assert [c.answer for c in report.checks] == ["It is A-1234."]
+        assert report.checks[0].answered
+        assert all(r.output_schema is None and r.tools == () for r in model.requests)
 
     async def test_needs_manage_context_and_facts(self) -> None:
         with pytest.raises(ConfigurationError, match="has no @manage_context"):
