@@ -87,3 +87,9 @@ class Staffed(Support):
     """``Support`` with a model of its own, for ``sessions compact`` without ``--dry-run``."""
 
     model = scripted()
+
+
+class Typed(Support):
+    """Support with a typed result."""
+
+    output_type = int

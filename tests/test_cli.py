@@ -24,7 +24,7 @@ import anyio
 import pytest
 from click.testing import CliRunner, Result
 
-from littleghost import Agent, Message, Role, ToolCall
+from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.cli import main
 from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
@@ -321,6 +321,25 @@ class TestView:
             request.messages[3].role,
             request.messages[3].tool_results,
         )
+
+    def test_reasoning_is_shown_as_reasoning(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        thought = ReasoningPart("Order 9 is late.", "sig", "anthropic")
+        hidden = ReasoningPart("", "enc", "anthropic", redacted=True)
+        log = [
+            Message.user("Where is order 9?"),
+            Message(Role.ASSISTANT, [thought, hidden, TextPart("It is late.")]),
+        ]
+        in_store(url, lambda store: store.append("customer-42", log))
+        text = ok("sessions", "view", "customer-42", "--store", url).stdout
+        assert "reasoning: Order 9 is late." in text and "[redacted reasoning]" in text
+        assert "[image]" not in text
+
+    def test_a_typed_agent_s_view_says_what_it_leaves_out(self, store_url: str) -> None:
+        document = self.view(store_url, "--agent", "tests.cli_agents:Typed")
+        assert any("output_type" in note for note in document["notes"])
+        plain = self.view(store_url, "--agent", "tests.cli_agents:Support")
+        assert not any("output_type" in note for note in plain["notes"])
 
 
 class TestCompact:

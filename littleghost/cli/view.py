@@ -59,6 +59,11 @@ async def view_document(
         notes.append("the class has no @manage_context: nothing is clipped, bounded or compacted")
     elif config.budget is not None and config.budget.memory is not None:
         notes.append("the budget's memories are not loaded: a memory provider needs a run")
+    if agent is not None and agent.output is not None:
+        notes.append(
+            "the class declares an output_type: its schema or final_result tool (which one "
+            "depends on the model) is not shown or counted"
+        )
     limit = Agent.max_tool_result_tokens if agent is None else agent.max_tool_result_tokens
     preview = preview_request(request, pending, config, window.tokens, max_tool_result_tokens=limit)
     stored = {message.id: message for message in pending}
@@ -161,4 +166,6 @@ def _part_text(part: dict[str, Any]) -> str:
         return f"call {part['name']}({excerpt(arguments, 80)})"
     if kind == "tool_result":
         return f"result: {part['content']}"
+    if kind == "reasoning":
+        return "[redacted reasoning]" if part["redacted"] else f"reasoning: {part['text']}"
     return "[image]"
