@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import socket
 import threading
 import traceback
@@ -91,6 +92,25 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
         except OSError:
             pass
     connection.close()
+
+
+_QUOTED = re.compile(r'"[^"]*"')
+
+
+def _malformed(error: Exception) -> SessionStoreError:
+    """The error for a connection string libpq cannot parse, without the parts of it
+    libpq quotes in its message (they may be the password)."""
+    text = str(error).strip()
+    reason = _QUOTED.sub(_hidden, text.splitlines()[0]) if text else type(error).__name__
+    return SessionStoreError(
+        f"PostgreSQL session store: the connection string is not a valid PostgreSQL URL or "
+        f"conninfo ({reason})"
+    )
+
+
+def _hidden(quoted: re.Match[str]) -> str:
+    """A quoted part of a libpq message as ``"…"``, but the punctuation it expects."""
+    return quoted[0] if quoted[0] in ('"="', '"]"') else '"…"'
 
 
 def _utc(moment: datetime | None) -> datetime | None:
@@ -500,6 +520,8 @@ class PostgresSessionStore:
                 autocommit=True,
                 connect_timeout=max(_SHORTEST_CONNECT_TIMEOUT, math.ceil(seconds)),
             )
+        except self._psycopg.ProgrammingError as error:  # libpq could not parse it
+            raise _malformed(error) from None  # its message may quote the password
         except self._psycopg.Error as error:
             # psycopg's error keeps the half-open connection (and its socket) in a
             # reference cycle through its traceback until the garbage collector runs.
