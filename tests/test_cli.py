@@ -409,6 +409,19 @@ class TestErrors:
         line = fails(1, "sessions", "list", "--store", url)
         assert "PostgreSQL session store failed: OperationalError" in line
 
+    @pytest.mark.parametrize(
+        "conninfo",
+        [
+            "postgresql://app:s3cr%zzet@127.0.0.1:1/none",  # a password with a bare %
+            "postgresql://app:s3cret@[::1:1/none",  # libpq quotes the whole URL
+            "host=127.0.0.1 port=1 password=s3cret user",  # and the word after a password
+        ],
+    )
+    def test_a_malformed_connection_string_keeps_its_password(self, conninfo: str) -> None:
+        line = fails(1, "sessions", "list", "--store", conninfo)
+        assert "is not a valid PostgreSQL URL or conninfo (" in line
+        assert "s3cr" not in line and "app" not in line
+
     def test_files_that_are_not_littleghost_stores(self, tmp_path: Path) -> None:
         shop = tmp_path / "shop.db"
         connection = sqlite3.connect(shop)
