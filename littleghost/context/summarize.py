@@ -10,7 +10,10 @@ returned, copied exactly, then what the user wants, the decisions and what is st
 open. Notes are anchored: a later summary writes notes on the new conversation only and
 ``merged_notes`` appends them to the earlier ones, so a fact once noted is carried
 forward exactly; only notes that reached their cap are rewritten (with the update
-instruction). ``summary_instructions`` replaces the instruction, for both.
+instruction). ``summary_instructions`` replaces the instruction, for both. After the
+notes, ``quoted_specifics`` keeps what the user and the tools said that holds a number,
+an identifier or a name in its own words (``QUOTES_HEADING``), by code: small models
+copy facts badly.
 """
 
 from __future__ import annotations
