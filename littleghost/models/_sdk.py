@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
+from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProviderError
 from littleghost.messages import ImagePart
 from littleghost.models.base import Usage
@@ -100,7 +101,7 @@ def reported(value: object, *path: str) -> int:
     """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
     for name in path:
         value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if is_int(value) and value > 0 else 0
 
 
 def reported_usage(
