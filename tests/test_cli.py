@@ -479,6 +479,13 @@ class TestErrors:
             line = fails(2, "sessions", "view", "s", "--store", url, "--agent", agent)
             assert "Invalid value for '--agent'" in line and error in line
         assert "Missing option '--agent'" in fails(2, "sessions", "compact", "s", "--store", url)
+        for command in ("show", "view", "export"):
+            line = fails(2, "sessions", command, "", "--store", url)
+            assert (
+                line == "Error: Invalid value for 'ID': session_id must be a non-empty str, not ''"
+            )
+        line = fails(2, "sessions", "show", "x" * 300, "--store", url)
+        assert "Invalid value for 'ID': session_id is 300 characters long" in line
 
     def test_compacting_with_a_class_without_manage_context(self, store_url: str) -> None:
         line = fails(

@@ -22,6 +22,7 @@ from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
 from littleghost.errors import LittleGhostError
 from littleghost.sessions import StoredMessage, message_to_json
+from littleghost.sessions.base import check_session_id
 
 __all__ = ["LARGE_LOG", "STORE_VARIABLE", "main"]
 
@@ -74,6 +75,17 @@ store_option = click.option(
     callback=lambda context, parameter, value: store_address(value),
     help="sqlite:///path.db, or a PostgreSQL URL (postgresql://...) or conninfo.",
 )
+
+
+def _session_id(context: click.Context, parameter: click.Parameter, value: str) -> str:
+    """``ID``, if a store can hold such a session id."""
+    try:
+        return check_session_id(value)
+    except (TypeError, LittleGhostError) as error:
+        raise click.BadParameter(str(error)) from None
+
+
+session_argument = click.argument("session_id", metavar="ID", callback=_session_id)
 json_option = click.option("--json", "as_json", is_flag=True, help="Write JSON, for scripts.")
 window_option = click.option(
     "--window",
@@ -127,7 +139,7 @@ def list_sessions(address: StoreAddress, as_json: bool) -> None:
 
 
 @sessions.command(short_help="Show the whole log of a session.")
-@click.argument("session_id", metavar="ID")
+@session_argument
 @store_option
 @json_option
 def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
@@ -151,7 +163,7 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
 
 
 @sessions.command(short_help="Show what the model would see next, with estimates.")
-@click.argument("session_id", metavar="ID")
+@session_argument
 @store_option
 @_agent_option(
     "The agent class whose instructions, tools, settings and @manage_context "
@@ -197,7 +209,7 @@ def view(
 
 
 @sessions.command(short_help="Compact a session now, or show what would be covered.")
-@click.argument("session_id", metavar="ID")
+@session_argument
 @store_option
 @_agent_option(
     "The agent class whose @manage_context configuration and model compact.", required=True
@@ -235,7 +247,7 @@ def compact(
 
 
 @sessions.command(short_help="Write a session as JSON Lines, the stored form.")
-@click.argument("session_id", metavar="ID")
+@session_argument
 @store_option
 def export(session_id: str, address: StoreAddress) -> None:
     """Write session ID as JSON Lines: one message a line, in the stored form.
