@@ -3,13 +3,12 @@ with their results and compaction records with what they cover."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment
 from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
-from littleghost.context.summarize import summary_text
+from littleghost.context.summarize import call_arguments, summary_text
 from littleghost.messages import ImagePart, Message, TextPart, ToolResult
 from littleghost.sessions import StoredMessage
 
@@ -35,7 +34,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
             shown = {
                 "id": call.id,
                 "name": call.name,
-                "arguments": excerpt(_arguments(call.arguments), EXCERPT_CHARS),
+                "arguments": excerpt(call_arguments(call.arguments), EXCERPT_CHARS),
                 "result": None,
             }
             open_calls[call.id] = (position, shown)
@@ -104,21 +103,6 @@ def _text(message: Message) -> str:
         elif isinstance(part, ToolResult):
             parts.append(part.content)
     return " ".join(parts)
-
-
-def _arguments(arguments: object) -> str:
-    if isinstance(arguments, str):
-        return arguments
-    return json.dumps(_plain(arguments), ensure_ascii=False)
-
-
-def _plain(value: object) -> object:
-    """A stored value with its read-only mappings as dicts, for JSON."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
 
 
 def positions(numbers: Sequence[int]) -> str:
