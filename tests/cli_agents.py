@@ -93,3 +93,10 @@ class Typed(Support):
     """Support with a typed result."""
 
     output_type = int
+
+
+class TypedTool(Support):
+    """``Support`` with a typed result asked for with the final-result tool."""
+
+    output_type = int
+    output_strategy = "tool"

@@ -29,6 +29,8 @@ from littleghost.cli import main
 from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
 from littleghost.context.summarize import split_quotes, summary_text
+from littleghost.context.tokens import estimate_request
+from littleghost.errors import OutputValidationError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.sessions import (
     PostgresSessionStore,
@@ -40,7 +42,7 @@ from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel
 
 from . import cli_agents
-from .cli_agents import Bounded, Staffed, Support, store_conversation
+from .cli_agents import Bounded, Staffed, Support, TypedTool, store_conversation
 from .stores import postgres_schema_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,6 +342,27 @@ class TestView:
         assert any("output_type" in note for note in document["notes"])
         plain = self.view(store_url, "--agent", "tests.cli_agents:Support")
         assert not any("output_type" in note for note in plain["notes"])
+
+    def test_a_typed_agent_s_view_has_its_final_result_tool(self, store_url: str) -> None:
+        document = self.view(store_url, "--agent", "tests.cli_agents:TypedTool", "--window", "9000")
+        assert not any("output_type" in note for note in document["notes"])
+        model = ScriptedModel([cli_agents.respond] * 20, context_window=9000)
+
+        async def run(store: SessionStore) -> None:
+            agent = TypedTool(model=model, session_store=store)
+            with pytest.raises(OutputValidationError):  # the script answers in text
+                await agent.run("One more thing.", session_id="customer-42")
+
+        in_store(store_url, run)
+        request = model.requests[0]
+        assert request.tools[-1].name == "final_result"
+        shown = [decode_message(entry["message"]) for entry in document["messages"]]
+        assert (*shown, Message.user("One more thing.", id=request.messages[-1].id)) == (
+            request.messages
+        )
+        assert document["tools_and_settings_tokens"] == estimate_request(
+            (), request.tools, request.settings, output_schema=request.output_schema
+        )
 
 
 class TestCompact:

@@ -16,11 +16,16 @@ from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.management import ContextManagement, preview_request
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message
-from littleghost.models import ModelRequest
+from littleghost.models import Model, ModelRequest
+from littleghost.models.registry import split_model_string
+from littleghost.output import OutputPlan, OutputType, plan_output
 from littleghost.runner import instructions_message
 from littleghost.sessions import encode_message
 
 __all__ = ["print_view", "view_document"]
+
+_SCHEMA_PROVIDERS = frozenset({"openai", "anthropic", "local"})
+"""The built-in providers: each of their models takes an output schema."""
 
 
 async def view_document(
@@ -60,10 +65,14 @@ async def view_document(
     elif config.budget is not None and config.budget.memory is not None:
         notes.append("the budget's memories are not loaded: a memory provider needs a run")
     if agent is not None and agent.output is not None:
-        notes.append(
-            "the class declares an output_type: its schema or final_result tool (which one "
-            "depends on the model) is not shown or counted"
-        )
+        plan, assumed = _output_plan(agent, agent.output)
+        request = plan.request(request)  # as the run asks for it, before the hooks
+        if assumed:
+            notes.append(
+                "the class's output_type is asked for with the final_result tool, as for a "
+                "model that takes no output schema: which one it takes is not known "
+                "without making the model"
+            )
     limit = Agent.max_tool_result_tokens if agent is None else agent.max_tool_result_tokens
     preview = preview_request(request, pending, config, window.tokens, max_tool_result_tokens=limit)
     stored = {message.id: message for message in pending}
@@ -100,6 +109,23 @@ async def view_document(
         "budget": None if preview.budget is None else asdict(preview.budget),
         "notes": notes,
     }
+
+
+def _output_plan(agent: Agent, output: OutputType) -> tuple[OutputPlan, bool]:
+    """How the next run asks for ``output`` (as ``plan_output`` decides), without making
+    the model: a model string of a built-in provider takes an output schema; for any
+    other string (or none), the final-result tool is assumed (``True``)."""
+    declared, strategy = agent.model, agent.output_strategy
+    if isinstance(declared, Model):
+        plan = plan_output(output, strategy, declared)
+        assert plan is not None  # there is an output
+        return plan, False
+    if strategy != "auto":
+        return OutputPlan(output, strategy == "native"), False
+    provider = None if declared is None else split_model_string(declared)[0]
+    if provider in _SCHEMA_PROVIDERS:
+        return OutputPlan(output, True), False
+    return OutputPlan(output, False), True
 
 
 def print_view(output: Output, document: dict[str, Any]) -> None:
