@@ -409,7 +409,7 @@ class Agent:
             LimitExceededError: ``max_turns`` or ``max_tool_calls`` was reached.
             OutputLimitError: The final answer stopped at the output limit.
             OutputValidationError: The final answer did not fit the output type, even
-                after one repair turn.
+                after one repair turn (or on the last turn ``max_turns`` allows).
             SessionStoreError: The session store failed (see its subclasses).
         """
         plan = runner.plan_run(

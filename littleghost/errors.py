@@ -233,7 +233,7 @@ class CompactionError(LittleGhostError):
 
 class OutputValidationError(LittleGhostError):
     """The model's final answer did not fit the run's ``output_type``, even after the one
-    repair turn that showed it what was wrong.
+    repair turn that showed it what was wrong (or with no turn left for it).
 
     Args:
         raw: The answer as the model gave it: its text, or the final-result tool's

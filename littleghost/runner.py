@@ -281,7 +281,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
                 return RunResult(
                     answer.value, context.messages, context.usage, response.stop_reason
                 )
-            repairs = _repair_or_raise(repairs, answer, response)
+            repairs = _repair_or_raise(agent, turn, repairs, answer, response)
             continue
         if calls:
             if tool_calls + len(calls) > agent.max_tool_calls:
@@ -303,7 +303,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         answer = output.check_text(response.message)
         if answer.ok:
             return RunResult(answer.value, context.messages, context.usage, response.stop_reason)
-        repairs = _repair_or_raise(repairs, answer, response)
+        repairs = _repair_or_raise(agent, turn, repairs, answer, response)
         await context.append(output.repair_message(answer))
     raise LimitExceededError(
         f"{agent.name} reached max_turns={agent.max_turns}",
@@ -312,18 +312,25 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
     )
 
 
-def _repair_or_raise(repairs: int, answer: Answer, response: ModelResponse) -> int:
-    """Count a repair turn for an answer that does not fit; after the one repair turn,
-    ``OutputValidationError``."""
-    if repairs >= MAX_REPAIRS:
-        raise OutputValidationError(
-            f"the model's answer did not fit the output type after {MAX_REPAIRS} repair "
-            f"turn ({len(answer.errors)} problem(s); see .errors)",
-            raw=answer.raw,
-            errors=answer.errors,
-            response=response,
-        )
-    return repairs + 1
+def _repair_or_raise(
+    agent: Agent, turn: int, repairs: int, answer: Answer, response: ModelResponse
+) -> int:
+    """Count a repair turn for an answer that does not fit; ``OutputValidationError``
+    after the one repair turn, or when ``max_turns`` leaves no turn for it."""
+    if repairs < MAX_REPAIRS and turn < agent.max_turns - 1:
+        return repairs + 1
+    why = (
+        f"after {MAX_REPAIRS} repair turn"
+        if repairs >= MAX_REPAIRS
+        else f"and max_turns={agent.max_turns} left no turn to repair it"
+    )
+    raise OutputValidationError(
+        f"the model's answer did not fit the output type {why} "
+        f"({len(answer.errors)} problem(s); see .errors)",
+        raw=answer.raw,
+        errors=answer.errors,
+        response=response,
+    )
 
 
 async def _refuse(

@@ -310,6 +310,29 @@ class TestRepair:
         assert first[1] and "result: expected an integer" in first[0]
         assert second[1] and "not valid JSON" in second[0]
 
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_a_misfit_on_the_last_turn_raises_with_the_raw_reply(self, native: bool) -> None:
+        """With no turn left for the repair, OutputValidationError (not the turn limit)
+        carries the raw reply; the log holds no repair request, and the final-result call
+        is answered."""
+        store = InMemorySessionStore()
+        misfit = (
+            text_response('{"result": "many"}')
+            if native
+            else tool_call_response(OUTPUT_TOOL, {"result": "many"}, call_id="c1")
+        )
+        model = ScriptedModel([misfit], supports_output_schema=native)
+        agent = Plain(model=model, session_store=store, max_turns=1)
+        with pytest.raises(OutputValidationError, match="max_turns=1") as caught:
+            await agent.run("go", output_type=int, session_id="s")
+        assert caught.value.raw == '{"result": "many"}'
+        assert caught.value.errors == ("result: expected an integer, got a string",)
+        stored = await store.load("s")
+        roles = [Role.USER, Role.ASSISTANT] + ([] if native else [Role.TOOL])
+        assert [m.role for m in stored] == roles
+        if not native:
+            assert stored[-1].tool_results[0].call_id == "c1"
+
     async def test_a_text_answer_is_asked_to_call_the_final_result_tool(self) -> None:
         """With the final-result tool, a text answer is repaired by asking for the call."""
         model = ScriptedModel(
