@@ -201,6 +201,9 @@ def _key(name: str, hint: Any, required: bool) -> _Field:
 def coerce(value: Any, annotation: Any, path: str) -> Any:
     """Check a JSON value against ``annotation`` and convert it to the Python value.
 
+    ``null`` for an optional field of a record, whose type takes no ``null``, counts as
+    the field left out.
+
     Raises:
         ToolArgumentError: The value does not fit, with ``path`` naming where.
     """
@@ -267,7 +270,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             raise ToolArgumentError(f"{path}: unexpected field {unknown[0]!r}")
         kwargs = {}
         for name, record_field in by_name.items():
-            if name in value:
+            if name in value and not _left_out(value[name], record_field):
                 kwargs[name] = coerce(value[name], record_field.annotation, f"{path}.{name}")
             elif record_field.required:
                 raise ToolArgumentError(f"{path}: missing field {name!r}")
@@ -310,6 +313,18 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         item = args[1] if args else Any
         return {k: coerce(v, item, f"{path}.{k}") for k, v in value.items()}
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
+
+
+def _left_out(value: Any, record_field: _Field) -> bool:
+    """True for ``null`` in an optional field whose type takes no ``null``: strict
+    decoding, which sends every field, says "left out" so."""
+    if value is not None or record_field.required:
+        return False
+    try:
+        coerce(None, record_field.annotation, "")
+    except ToolArgumentError:
+        return True
+    return False
 
 
 def _json_type(value: Any) -> str:

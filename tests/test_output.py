@@ -504,12 +504,71 @@ class TestCompaction:
         assert result.output == choices[0]
 
 
-def test_an_output_schema_says_whether_it_is_strict() -> None:
-    """Strict decoding needs closed objects with every property required."""
+@attrs.frozen
+class Shipment:
+    carrier: str
+    weight: float | None = 1.0
+    tags: list[Invoice] = attrs.Factory(list)
+
+
+def test_a_strict_schema_requires_every_field_and_makes_the_optional_ones_nullable() -> None:
+    """Strict mode wants every property required: an optional one becomes nullable
+    (a type that takes null already stays as it is), nested objects too."""
+    output = Plain(output_type=Shipment).output
+    assert output is not None and output.schema.closed_problem is None
+    invoice = {
+        **OBJECT,
+        "properties": {
+            "number": {"type": "string"},
+            "total": {"type": "number"},
+            "paid": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+        },
+        "required": ["number", "total", "paid"],
+    }
+    assert output.schema.strict_schema == {
+        **OBJECT,
+        "properties": {
+            "carrier": {"type": "string"},
+            "weight": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+            "tags": {"anyOf": [{"type": "array", "items": invoice}, {"type": "null"}]},
+        },
+        "required": ["carrier", "weight", "tags"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        (dict[str, int], "an open object"),
+        (list[Any], "any type"),
+        (tuple[int, str], "fixed-length tuple"),
+        (Invoice | dict[str, Any], "an open object"),
+    ],
+)
+def test_a_schema_strict_mode_cannot_express_has_no_strict_form(kind: Any, problem: str) -> None:
+    """Open objects, Any values and fixed-length tuples are named as the problem."""
+    output = Plain(output_type=kind).output
+    assert output is not None
+    assert problem in (output.schema.closed_problem or "")
+    assert output.schema.strict_schema is None
+
+
+async def test_null_for_an_optional_field_means_its_default() -> None:
+    """A null for an optional field whose type takes no null is the field left out (strict
+    decoding sends every field); where the type takes null, it is None."""
+    answer = {"carrier": "DHL", "weight": None, "tags": [{"number": "A", "total": 1, "paid": None}]}
+    model = ScriptedModel([text_response(json.dumps(answer))])
+    result = await Plain(model=model).run("go", output_type=Shipment)
+    assert result.output == Shipment("DHL", None, [Invoice("A", 1.0, paid=False)])
+    bad = ScriptedModel([text_response('{"number": null, "total": 1}'), text_response("{}")])
+    with pytest.raises(OutputValidationError) as caught:
+        await Typed(model=bad).run("go")
+    assert caught.value.response is not None
+    assert "expected a string, got null" in bad.requests[1].messages[-1].text
+
+
+def test_an_output_schema_has_an_object_at_its_root_and_a_name() -> None:
     closed = {**OBJECT, "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    assert OutputSchema("x", closed).strict
-    assert not OutputSchema("x", {**closed, "required": []}).strict
-    assert not OutputSchema("x", {"type": "object", "additionalProperties": {}}).strict
     with pytest.raises(TypeError, match=r"OutputSchema\.schema"):
         OutputSchema("x", {"type": "array"})
     with pytest.raises(TypeError, match=r"OutputSchema\.name"):

@@ -813,6 +813,37 @@ async def test_an_output_type_is_asked_with_a_strict_json_schema(
     assert server.bodies[1]["response_format"]["json_schema"]["strict"] is False
 
 
+@attrs.frozen
+class Ticket:
+    title: str
+    priority: Literal["low", "high"] = "low"
+    assignee: str | None = None
+
+
+async def test_optional_fields_are_sent_strict_as_nullable_and_null_means_the_default(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A type with defaults still gets a strict schema: every property required, the
+    optional ones nullable; null for a field whose type takes no null is its default."""
+    server = FakeServer(
+        completion({"content": '{"title": "Fix", "priority": null, "assignee": null}'})
+    )
+    result = await Agent(model=make_model(server)).run("file it", output_type=Ticket)
+    assert result.output == Ticket("Fix", "low", None)
+    json_schema = server.bodies[0]["response_format"]["json_schema"]
+    assert json_schema["strict"] is True
+    assert json_schema["schema"] == {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "priority": {"anyOf": [{"enum": ["low", "high"]}, {"type": "null"}]},
+            "assignee": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+        "required": ["title", "priority", "assignee"],
+        "additionalProperties": False,
+    }
+
+
 async def test_the_tool_strategy_sends_a_required_final_result_tool(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -141,28 +141,74 @@ class OutputSchema:
             raise TypeError(f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {value!r}")
 
     @property
-    def strict(self) -> bool:
-        """True when the schema fits strict decoding (OpenAI's ``strict``): every object
-        closed, with every property required, and no open-ended value."""
+    def closed_problem(self) -> str | None:
+        """What in the schema is not a closed shape, as strict decoders want every value:
+        an open object (``dict[str, X]``), a value of any type (``Any``) or a
+        fixed-length tuple; ``None`` when there is none."""
+        return _closed_problem(self.schema)
+
+    @property
+    def strict_schema(self) -> Mapping[str, Any] | None:
+        """The schema as OpenAI's strict mode takes it: every object closed with every
+        property required, an optional one nullable (``null`` stands for a field left
+        out); ``None`` when the schema has a ``closed_problem``."""
+        if self.closed_problem is not None:
+            return None
         return _strict(self.schema)
 
 
-def _strict(schema: object) -> bool:
-    if not isinstance(schema, Mapping) or not schema or "prefixItems" in schema:
-        return False
+_NULL = {"type": "null"}
+_TYPED = ("type", "enum", "anyOf", "const")
+"""The keys that say what a value is; a schema without any of them takes any value."""
+
+
+def _closed_problem(schema: object) -> str | None:
+    if not isinstance(schema, Mapping) or not any(key in schema for key in _TYPED):
+        return "a value of any type (Any)"
+    if "prefixItems" in schema:
+        return "a fixed-length tuple"
     if "anyOf" in schema:
-        return all(_strict(option) for option in schema["anyOf"])
+        return next(filter(None, map(_closed_problem, schema["anyOf"])), None)
     if schema.get("type") == "object":
         properties = schema.get("properties")
-        return (
-            isinstance(properties, Mapping)
-            and schema.get("additionalProperties") is False
-            and set(schema.get("required", ())) == set(properties)
-            and all(_strict(value) for value in properties.values())
-        )
+        if not isinstance(properties, Mapping) or schema.get("additionalProperties") is not False:
+            return "an open object (dict[str, X]), whose keys are not listed"
+        return next(filter(None, map(_closed_problem, properties.values())), None)
     if schema.get("type") == "array":
-        return _strict(schema.get("items"))
-    return True
+        return _closed_problem(schema.get("items"))
+    return None
+
+
+def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` (closed) with every property required, the optional ones nullable."""
+    if "anyOf" in schema:
+        return {**schema, "anyOf": [_strict(option) for option in schema["anyOf"]]}
+    if schema.get("type") == "object":
+        required = set(schema.get("required", ()))
+        properties = {
+            name: _strict(value) if name in required else _nullable(_strict(value))
+            for name, value in schema["properties"].items()
+        }
+        return {**schema, "properties": properties, "required": list(properties)}
+    if schema.get("type") == "array":
+        return {**schema, "items": _strict(schema["items"])}
+    return dict(schema)
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    if _takes_null(schema):
+        return schema
+    if "anyOf" in schema:
+        return {**schema, "anyOf": [*schema["anyOf"], _NULL]}
+    return {"anyOf": [schema, _NULL]}
+
+
+def _takes_null(schema: Mapping[str, Any]) -> bool:
+    return (
+        schema.get("type") == "null"
+        or None in schema.get("enum", ())
+        or any(_takes_null(option) for option in schema.get("anyOf", ()))
+    )
 
 
 def _messages(value: object) -> tuple[Message, ...]:

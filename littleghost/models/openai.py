@@ -227,7 +227,10 @@ class OpenAIModel:
 
     provider = "openai"
     supports_output_schema = True
-    """A request's ``output_schema`` becomes a JSON-schema ``response_format``."""
+    """A request's ``output_schema`` becomes a JSON-schema ``response_format``, strict:
+    every property required, an optional one nullable (``null`` is read as the field left
+    out). A schema strict mode cannot express (an open ``dict[str, X]`` object, an
+    ``Any`` value, a fixed-length tuple) is sent with ``strict: false``."""
 
     def __init__(
         self,
@@ -367,14 +370,15 @@ class OpenAIModel:
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
-        ``response_format``, strict when the schema allows it."""
+        ``response_format``, strict unless the schema has a ``closed_problem``."""
+        strict = output.strict_schema
         return {
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {
                     "name": output.name,
-                    "schema": dict(output.schema),
-                    "strict": output.strict,
+                    "schema": dict(output.schema if strict is None else strict),
+                    "strict": strict is not None,
                 },
             }
         }
