@@ -10,7 +10,8 @@ providers want an object at the root. ``None`` and ``str`` mean free text.
 A run asks for the answer in one of two ways: ``native``, the provider's structured
 output (``ModelRequest.output_schema``), or ``tool``, a final-result tool the model must
 call (``tool_choice="required"`` unless the settings name a choice). ``auto`` takes
-``native`` when the model says it ``supports_output_schema``.
+``native`` when the model says it ``supports_output_schema`` and, if it has an
+``output_schema_problem(schema)`` method, that names no problem with the schema.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "check_strategy",
     "check_tool_names",
     "compile_output_type",
+    "native_problem",
     "plan_output",
 ]
 
@@ -215,17 +217,28 @@ class OutputPlan:
 
 def plan_output(output: OutputType | None, strategy: Strategy, model: Model) -> OutputPlan | None:
     """How a run with ``model`` asks for ``output``: ``native`` when the strategy says so,
-    or says ``auto`` and the model ``supports_output_schema``.
+    or says ``auto`` and the model takes the schema natively (``native_problem``).
 
     Raises:
-        ConfigurationError: The strategy is ``native`` and the model takes no schema.
+        ConfigurationError: The strategy is ``native`` and the model cannot take the
+            schema (the message says why).
     """
     if output is None:
         return None
-    supported = getattr(model, "supports_output_schema", False) is True
-    if strategy == "native" and not supported:
+    problem = native_problem(model, output.schema)
+    if strategy == "native" and problem is not None:
         raise ConfigurationError(
-            f"output_strategy='native': model {model.name!r} takes no output schema; use "
+            f"output_strategy='native': model {model.name!r} {problem}; use "
             "output_strategy='tool' (or 'auto')"
         )
-    return OutputPlan(output, strategy == "native" or (strategy == "auto" and supported))
+    return OutputPlan(output, strategy == "native" or (strategy == "auto" and problem is None))
+
+
+def native_problem(model: Model, schema: OutputSchema) -> str | None:
+    """Why ``model`` cannot take ``schema`` natively: it ``supports_output_schema`` not at
+    all, or its ``output_schema_problem(schema)`` names a reason; ``None`` when it can."""
+    if getattr(model, "supports_output_schema", False) is not True:
+        return "takes no output schema"
+    check = getattr(model, "output_schema_problem", None)
+    problem = None if check is None else check(schema)
+    return None if problem is None else f"cannot take this output schema natively: {problem}"

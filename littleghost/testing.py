@@ -14,7 +14,7 @@ from attrs import frozen
 
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
-from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
 from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.retention import Fact, FactCheck, RetentionReport, check_retention
 
@@ -64,6 +64,10 @@ class ScriptedModel:
         supports_output_schema: Whether it says it takes a request's ``output_schema``
             (so ``output_strategy="auto"`` asks it natively); False makes such runs use
             the final-result tool.
+        output_schema_problem: Called with each ``OutputSchema`` a run would ask for
+            natively; the reason it returns (``None``: no problem) makes
+            ``output_strategy="auto"`` use the final-result tool for that schema, as a
+            provider whose native mode cannot take it.
     """
 
     provider = "scripted"
@@ -75,6 +79,7 @@ class ScriptedModel:
         context_window: int | None = None,
         name: str = "scripted",
         supports_output_schema: bool = True,
+        output_schema_problem: Callable[[OutputSchema], str | None] | None = None,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
@@ -105,8 +110,14 @@ class ScriptedModel:
                 "ScriptedModel: supports_output_schema must be True or False, "
                 f"not {supports_output_schema!r}"
             )
+        if output_schema_problem is not None and not callable(output_schema_problem):
+            raise TypeError(
+                "ScriptedModel: output_schema_problem must be a callable or None, "
+                f"not {output_schema_problem!r}"
+            )
         self._context_window = context_window
         self._name = name
+        self._schema_problem = output_schema_problem
         self.supports_output_schema = supports_output_schema
         self.requests: list[ModelRequest] = []
 
@@ -119,6 +130,10 @@ class ScriptedModel:
     def context_window(self) -> int | None:
         """The advertised window."""
         return self._context_window
+
+    def output_schema_problem(self, schema: OutputSchema) -> str | None:
+        """Why ``schema`` is not taken natively, as ``output_schema_problem=`` says."""
+        return None if self._schema_problem is None else self._schema_problem(schema)
 
     @property
     def remaining(self) -> int:

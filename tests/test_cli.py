@@ -28,6 +28,7 @@ from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.cli import main
 from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
+from littleghost.cli.view import _output_plan
 from littleghost.context.summarize import split_quotes, summary_text
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import OutputValidationError
@@ -363,6 +364,20 @@ class TestView:
         assert document["tools_and_settings_tokens"] == estimate_request(
             (), request.tools, request.settings, output_schema=request.output_schema
         )
+
+    @pytest.mark.parametrize(
+        ("model", "native"),
+        [("anthropic:claude-sonnet-5", False), ("openai:gpt-4o-mini", True)],
+    )
+    def test_a_view_asks_for_an_open_schema_as_the_provider_takes_it(
+        self, model: str, native: bool
+    ) -> None:
+        """An Anthropic model string with a schema structured outputs cannot take is
+        viewed with the final-result tool, as its run asks; OpenAI takes it natively."""
+        agent = Agent(model=model, output_type=dict[str, int])
+        assert agent.output is not None
+        plan, assumed = _output_plan(agent, agent.output)
+        assert (plan.native, assumed) == (native, False)
 
 
 class TestCompact:

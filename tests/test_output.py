@@ -191,6 +191,28 @@ class TestDeclaring:
             await Typed(model=no_schema, output_strategy="native").run("go")
         assert no_schema.requests == []
 
+    async def test_auto_takes_the_tool_for_a_schema_the_model_cannot_take(self) -> None:
+        """A model's ``output_schema_problem`` decides per schema: ``auto`` asks natively
+        for a schema it takes and uses the final-result tool for one it names a problem
+        with; ``native`` with such a schema fails before any call, naming the problem."""
+        model = ScriptedModel(
+            [
+                text_response('{"number": "A", "total": 1}'),
+                tool_call_response(OUTPUT_TOOL, {"result": {"a": 1}}),
+            ],
+            output_schema_problem=lambda schema: schema.closed_problem,
+        )
+        assert (await Typed(model=model).run("go")).output == Invoice("A", 1.0)
+        counts = await Typed(model=model).run("go", output_type=dict[str, int])
+        assert counts.output == {"a": 1}
+        native, by_tool = model.requests
+        assert native.output_schema is not None and native.tools == ()
+        assert by_tool.output_schema is None and by_tool.tools[0].name == OUTPUT_TOOL
+        strict = Typed(model=model, output_strategy="native")
+        with pytest.raises(ConfigurationError, match="natively: an open object"):
+            await strict.run("go", output_type=dict[str, int])
+        assert len(model.requests) == 2
+
     async def test_a_tool_choice_in_the_settings_wins(self) -> None:
         """The final-result tool is required unless the settings name a tool choice."""
         model = ScriptedModel(

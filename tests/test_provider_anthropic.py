@@ -705,6 +705,27 @@ async def test_the_tool_strategy_forces_the_final_result_tool(
     assert "output_config" not in body
 
 
+async def test_an_open_schema_takes_the_final_result_tool(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Structured outputs want closed objects: with ``auto``, an open ``dict[str, int]``
+    goes through the final-result tool; with ``native`` it fails before any request,
+    naming why."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "final_result"}
+    server = FakeServer(message([{**call, "input": {"result": {"a": 2}}}], stop_reason="tool_use"))
+    model = make_model(server)
+    result = await Agent(model=model).run("count", output_type=dict[str, int])
+    assert result.output == {"a": 2}
+    [body] = server.bodies
+    assert "output_config" not in body
+    assert [tool["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == {"type": "any"}
+    native = Agent(model=model, output_strategy="native")
+    with pytest.raises(ConfigurationError, match=r"typed values, not an open object \(dict"):
+        await native.run("count", output_type=dict[str, Any])
+    assert len(server.requests) == 1
+
+
 THINKING = {"type": "thinking", "thinking": "The user wants order 42.", "signature": "sig-1"}
 REDACTED = {"type": "redacted_thinking", "data": "enc-1"}
 

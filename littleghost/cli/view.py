@@ -4,6 +4,7 @@ the window, the threshold and the budget's figures."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from attrs import asdict
@@ -16,7 +17,7 @@ from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.management import ContextManagement, preview_request
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message
-from littleghost.models import Model, ModelRequest
+from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
 from littleghost.models.registry import split_model_string
 from littleghost.output import OutputPlan, OutputType, plan_output
 from littleghost.runner import instructions_message
@@ -24,8 +25,13 @@ from littleghost.sessions import encode_message
 
 __all__ = ["print_view", "view_document"]
 
-_SCHEMA_PROVIDERS = frozenset({"openai", "anthropic", "local"})
-"""The built-in providers: each of their models takes an output schema."""
+_SCHEMA_PROVIDERS: dict[str, Callable[[OutputSchema], str | None] | None] = {
+    "openai": None,
+    "anthropic": anthropic.schema_problem,
+    "local": None,
+}
+"""The built-in providers, each with the check of what schemas its models cannot take
+natively (``None``: they take every schema)."""
 
 
 async def view_document(
@@ -113,8 +119,9 @@ async def view_document(
 
 def _output_plan(agent: Agent, output: OutputType) -> tuple[OutputPlan, bool]:
     """How the next run asks for ``output`` (as ``plan_output`` decides), without making
-    the model: a model string of a built-in provider takes an output schema; for any
-    other string (or none), the final-result tool is assumed (``True``)."""
+    the model: a model string of a built-in provider takes an output schema its provider
+    takes natively; for any other string (or none), the final-result tool is assumed
+    (``True``)."""
     declared, strategy = agent.model, agent.output_strategy
     if isinstance(declared, Model):
         plan = plan_output(output, strategy, declared)
@@ -124,7 +131,8 @@ def _output_plan(agent: Agent, output: OutputType) -> tuple[OutputPlan, bool]:
         return OutputPlan(output, strategy == "native"), False
     provider = None if declared is None else split_model_string(declared)[0]
     if provider in _SCHEMA_PROVIDERS:
-        return OutputPlan(output, True), False
+        check = _SCHEMA_PROVIDERS[provider]
+        return OutputPlan(output, check is None or check(output.schema) is None), False
     return OutputPlan(output, False), True
 
 

@@ -39,13 +39,20 @@ from littleghost.models._sdk import (
     reported_usage,
     sse_events,
 )
-from littleghost.models.base import ModelRequest, ModelResponse, StopReason, ToolSpec, Usage
+from littleghost.models.base import (
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    StopReason,
+    ToolSpec,
+    Usage,
+)
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
-__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string"]
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string", "schema_problem"]
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
@@ -63,6 +70,15 @@ _STOP_REASONS = {
 _TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
 _TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"})
 """Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
+
+
+def schema_problem(schema: OutputSchema) -> str | None:
+    """Why structured outputs cannot take ``schema``: they want every object closed and
+    every value typed (no ``dict[str, X]``, ``Any`` or fixed-length tuple)."""
+    problem = schema.closed_problem
+    if problem is None:
+        return None
+    return f"{PROVIDER} structured outputs want closed objects and typed values, not {problem}"
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
@@ -230,7 +246,9 @@ class AnthropicModel:
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
     becomes ``metadata.user_id``; other settings go to the API as they are. A request's
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
-    any ``output_config`` setting). A setting the installed SDK does not accept
+    any ``output_config`` setting); a schema they cannot take (``schema_problem``: an open
+    object, an ``Any`` value, a fixed-length tuple) makes ``output_strategy="auto"`` use
+    the final-result tool instead. A setting the installed SDK does not accept
     (``seed``, ...) is a ``ConfigurationError`` raised before the request is sent, naming
     it and the settings accepted.
 
@@ -281,6 +299,10 @@ class AnthropicModel:
     def context_window(self) -> int | None:
         """The constructor's window, else the documented one; ``None`` when unknown."""
         return self._context_window
+
+    def output_schema_problem(self, schema: OutputSchema) -> str | None:
+        """Why structured outputs cannot take ``schema`` (see ``schema_problem``)."""
+        return schema_problem(schema)
 
     async def aclose(self) -> None:
         """Close the HTTP client, when this model made it."""

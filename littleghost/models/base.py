@@ -172,7 +172,7 @@ def _closed_problem(schema: object) -> str | None:
     if schema.get("type") == "object":
         properties = schema.get("properties")
         if not isinstance(properties, Mapping) or schema.get("additionalProperties") is not False:
-            return "an open object (dict[str, X]), whose keys are not listed"
+            return "an open object (dict[str, X])"
         return next(filter(None, map(_closed_problem, properties.values())), None)
     if schema.get("type") == "array":
         return _closed_problem(schema.get("items"))
@@ -309,9 +309,12 @@ class Model(Protocol):
     """A chat model.
 
     Optionally a model also has ``async prepare()`` (awaited before a run's first call),
-    ``async aclose()``, ``stream(request)`` (see :mod:`littleghost.models.streaming`) and
+    ``async aclose()``, ``stream(request)`` (see :mod:`littleghost.models.streaming`),
     ``supports_output_schema`` (True when it holds its answer to a request's
-    ``output_schema``, the provider's native structured output).
+    ``output_schema``, the provider's native structured output) and
+    ``output_schema_problem(schema)``, which names why its native structured output
+    cannot take a given ``OutputSchema`` (``None`` when it can; without the method every
+    schema is taken), so that ``output_strategy="auto"`` uses the final-result tool.
     """
 
     @property
