@@ -730,6 +730,40 @@ THINKING = {"type": "thinking", "thinking": "The user wants order 42.", "signatu
 REDACTED = {"type": "redacted_thinking", "data": "enc-1"}
 
 
+@pytest.mark.parametrize(
+    ("thinking", "choice"),
+    [
+        ({"type": "enabled", "budget_tokens": 1024}, {"type": "auto"}),
+        ({"type": "disabled"}, {"type": "any"}),
+    ],
+    ids=["thinking", "no-thinking"],
+)
+async def test_with_thinking_the_final_result_tool_is_not_forced(
+    make_model: Callable[..., AnthropicModel], thinking: dict[str, Any], choice: dict[str, Any]
+) -> None:
+    """The API forces no tool with extended thinking: the final-result tool is offered
+    with tool_choice "auto" then (the instructions ask for it), "any" otherwise."""
+
+    class Thinker(Agent):
+        output_type = Verdict
+        output_strategy = "tool"
+        settings = {"thinking": thinking, "max_tokens": 2048}
+
+    final = {"type": "tool_use", "id": "toolu_1", "name": "final_result"}
+    server = FakeServer(
+        message(
+            [{**THINKING, "signature": "sig-t"}, {**final, "input": {"label": "ham", "score": 0}}],
+            stop_reason="tool_use",
+        )
+    )
+    result = await Thinker(model=make_model(server)).run("classify: hi")
+    assert result.output == Verdict("ham", 0.0)
+    [body] = server.bodies
+    assert body["thinking"] == thinking
+    assert [tool["name"] for tool in body["tools"]] == ["final_result"]
+    assert body["tool_choice"] == choice
+
+
 async def test_thinking_blocks_round_trip_through_a_tool_loop_and_a_compaction(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

@@ -50,6 +50,7 @@ from littleghost.models.base import (
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
+from littleghost.output import OUTPUT_TOOL
 from littleghost.settings import RESERVED_SETTINGS
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string", "schema_problem"]
@@ -162,6 +163,24 @@ def _tool_choice(value: object) -> object:
     return value
 
 
+def _unforced(
+    choice: dict[str, Any], tools: Sequence[ToolSpec], settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``choice``, made ``auto`` when it forces the final-result tool with thinking on:
+    the API takes no forced tool use with extended thinking, and the run's instructions
+    and repair turn ask for the call."""
+    thinking = settings.get("thinking")
+    forced = choice.get("type") == "any" or choice.get("name") == OUTPUT_TOOL
+    if (
+        not isinstance(thinking, Mapping)
+        or thinking.get("type") == "disabled"
+        or not forced
+        or OUTPUT_TOOL not in {spec.name for spec in tools}
+    ):
+        return choice
+    return {**{key: value for key, value in choice.items() if key != "name"}, "type": "auto"}
+
+
 def stop_reason(reason: str | None, has_tool_calls: bool) -> StopReason:
     """The ``StopReason`` for an Anthropic ``stop_reason``."""
     mapped = _STOP_REASONS.get(reason or "", StopReason.END_TURN)
@@ -243,7 +262,9 @@ class AnthropicModel:
 
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
-    ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's, ``user``
+    ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's (a choice that
+    forces the final-result tool becomes ``auto`` when ``thinking`` is on, as the API
+    forces no tool with extended thinking), ``user``
     becomes ``metadata.user_id``; other settings go to the API as they are. A request's
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
     any ``output_config`` setting); a schema they cannot take (``schema_problem``: an open
@@ -344,7 +365,7 @@ class AnthropicModel:
             choice = dict(choice) if isinstance(choice, Mapping) else {"type": "auto"}
             if parallel is False:
                 choice["disable_parallel_tool_use"] = True
-            settings["tool_choice"] = choice
+            settings["tool_choice"] = _unforced(choice, request.tools, settings)
         if request.output_schema is not None:
             config = dict(settings.pop("output_config", None) or {})
             config["format"] = {"type": "json_schema", "schema": dict(request.output_schema.schema)}
