@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import anthropic
 import anyio
@@ -33,9 +33,17 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
-from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, AnthropicModel, from_model_string
+from littleghost.models import ModelRequest, OutputSchema, StopReason, ToolSpec, Usage, resolve
+from littleghost.models.anthropic import (
+    DEFAULT_MAX_TOKENS,
+    MAX_OPTIONAL_PROPERTIES,
+    MAX_UNIONS,
+    AnthropicModel,
+    from_model_string,
+    schema_problem,
+)
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
+from littleghost.tool_types import json_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -724,6 +732,78 @@ async def test_an_open_schema_takes_the_final_result_tool(
     with pytest.raises(ConfigurationError, match=r"typed values, not an open object \(dict"):
         await native.run("count", output_type=dict[str, Any])
     assert len(server.requests) == 1
+
+
+def _optional_fields(count: int) -> Any:
+    """A record with ``count`` optional fields."""
+    return TypedDict("Optional", {f"f{i}": int for i in range(count)}, total=False)
+
+
+def _nested_optional_fields(count: int) -> Any:
+    """A record with ``count`` optional fields, some of them in records in a list."""
+    inner = _optional_fields(count - 12)
+    fields = {"rows": list[inner], **{f"f{i}": int for i in range(11)}}
+    return TypedDict("Nested", fields, total=False)
+
+
+def _union_fields(count: int) -> Any:
+    """A record with ``count`` required fields of a union type."""
+    return TypedDict("Unions", {f"f{i}": int | str for i in range(count)})
+
+
+_LIMITS = [
+    (_optional_fields, MAX_OPTIONAL_PROPERTIES, "optional properties", {}),
+    (_nested_optional_fields, MAX_OPTIONAL_PROPERTIES, "optional properties", {"rows": [{}]}),
+    (_union_fields, MAX_UNIONS, "union-typed values", {f"f{i}": i for i in range(MAX_UNIONS)}),
+]
+
+
+@pytest.mark.parametrize(
+    ("make_type", "limit", "what", "answer"), _LIMITS, ids=["optional", "nested", "unions"]
+)
+async def test_a_schema_over_a_complexity_limit_takes_the_final_result_tool(
+    make_model: Callable[..., AnthropicModel],
+    make_type: Callable[[int], Any],
+    limit: int,
+    what: str,
+    answer: dict[str, Any],
+) -> None:
+    """Structured outputs take up to 24 optional properties and 16 unions in a schema:
+    one at the limit is asked natively; one over it goes through the final-result tool
+    with ``auto`` and fails before any request with ``native``, naming the limit."""
+    server = FakeServer(message([{"type": "text", "text": json.dumps(answer)}]))
+    model = make_model(server)
+    result = await Agent(model=model).run("fill", output_type=make_type(limit))
+    assert result.output == answer
+    assert server.bodies[0]["output_config"]["format"]["type"] == "json_schema"
+    assert "tools" not in server.bodies[0]
+
+    over = make_type(limit + 1)
+    answer = {**answer, f"f{limit}": limit} if what == "union-typed values" else answer
+    call = {"type": "tool_use", "id": "toolu_1", "name": "final_result", "input": answer}
+    server.answers.append(message([call], stop_reason="tool_use"))
+    result = await Agent(model=model).run("fill", output_type=over)
+    assert result.output == answer
+    assert "output_config" not in server.bodies[1]
+    assert [tool["name"] for tool in server.bodies[1]["tools"]] == ["final_result"]
+    native = Agent(model=model, output_strategy="native")
+    expected = rf"take at most {limit} {what}.*, and this schema has {limit + 1}"
+    with pytest.raises(ConfigurationError, match=expected):
+        await native.run("fill", output_type=over)
+    assert len(server.requests) == 2
+
+
+def test_the_limits_count_inside_unions() -> None:
+    """Optional properties and unions are counted in every branch of a union too."""
+    branch = json_schema(_optional_fields(13), "branch")
+    root = {
+        "type": "object",
+        "properties": {"a": {"anyOf": [branch, branch]}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    problem = schema_problem(OutputSchema("wide", root))
+    assert problem is not None and "optional properties" in problem and "has 26" in problem
 
 
 THINKING = {"type": "thinking", "thinking": "The user wants order 42.", "signature": "sig-1"}

@@ -53,7 +53,14 @@ from littleghost.models.windows import known_context_window
 from littleghost.output import OUTPUT_TOOL
 from littleghost.settings import RESERVED_SETTINGS
 
-__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicModel", "from_model_string", "schema_problem"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "MAX_OPTIONAL_PROPERTIES",
+    "MAX_UNIONS",
+    "AnthropicModel",
+    "from_model_string",
+    "schema_problem",
+]
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
@@ -73,13 +80,47 @@ _TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_
 """Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
 
 
+MAX_OPTIONAL_PROPERTIES = 24
+"""The optional properties structured outputs take in a request's schemas."""
+MAX_UNIONS = 16
+"""The union-typed values (``anyOf``) structured outputs take in a request's schemas."""
+
+
 def schema_problem(schema: OutputSchema) -> str | None:
     """Why structured outputs cannot take ``schema``: they want every object closed and
-    every value typed (no ``dict[str, X]``, ``Any`` or fixed-length tuple)."""
+    every value typed (no ``dict[str, X]``, ``Any`` or fixed-length tuple), at most
+    ``MAX_OPTIONAL_PROPERTIES`` optional properties and at most ``MAX_UNIONS`` unions."""
     problem = schema.closed_problem
-    if problem is None:
-        return None
-    return f"{PROVIDER} structured outputs want closed objects and typed values, not {problem}"
+    if problem is not None:
+        return f"{PROVIDER} structured outputs want closed objects and typed values, not {problem}"
+    nodes = list(_nodes(schema.schema))
+    optional = sum(
+        len(node["properties"].keys() - set(node.get("required", ())))
+        for node in nodes
+        if node.get("type") == "object"
+    )
+    if optional > MAX_OPTIONAL_PROPERTIES:
+        return (
+            f"{PROVIDER} structured outputs take at most {MAX_OPTIONAL_PROPERTIES} optional "
+            f"properties (fields that may be left out), and this schema has {optional}"
+        )
+    unions = sum("anyOf" in node for node in nodes)
+    if unions > MAX_UNIONS:
+        return (
+            f"{PROVIDER} structured outputs take at most {MAX_UNIONS} union-typed values "
+            f"(unions and Optional), and this schema has {unions}"
+        )
+    return None
+
+
+def _nodes(schema: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    """``schema`` (closed) and every schema inside it."""
+    yield schema
+    inner = [*schema.get("anyOf", ()), *schema.get("properties", {}).values()]
+    if schema.get("type") == "array":
+        inner.append(schema["items"])
+    for value in inner:
+        yield from _nodes(value)
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
@@ -268,10 +309,10 @@ class AnthropicModel:
     becomes ``metadata.user_id``; other settings go to the API as they are. A request's
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
     any ``output_config`` setting); a schema they cannot take (``schema_problem``: an open
-    object, an ``Any`` value, a fixed-length tuple) makes ``output_strategy="auto"`` use
-    the final-result tool instead. A setting the installed SDK does not accept
-    (``seed``, ...) is a ``ConfigurationError`` raised before the request is sent, naming
-    it and the settings accepted.
+    object, an ``Any`` value, a fixed-length tuple, over 24 optional properties or over 16
+    unions) makes ``output_strategy="auto"`` use the final-result tool instead. A setting
+    the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
+    before the request is sent, naming it and the settings accepted.
 
     Raises:
         ConfigurationError: The SDK is not installed, or no key is set.
