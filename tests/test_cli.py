@@ -118,6 +118,21 @@ def load(url: str, session_id: str) -> tuple[Message, ...]:
     return in_store(url, lambda store: store.load(session_id))  # type: ignore[no-any-return]
 
 
+def execute(url: str, statement: str) -> None:
+    """Run one SQL statement on the store's database, past the store (autocommit)."""
+    if url.startswith("sqlite:///"):
+        connection = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+        try:
+            connection.execute(statement)
+        finally:
+            connection.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(statement)
+
+
 def contents(url: str) -> list[tuple[Any, ...]]:
     """Everything the store holds, row by row (and for SQLite the file's bytes too)."""
     statements = [
@@ -160,6 +175,19 @@ class TestList:
             f"{first['messages']}\t{first['summaries']}\t"
             f"{first['last_activity'][:19].replace('T', ' ')}\tcustomer-42"
         )
+
+    def test_the_store_counts_and_no_log_is_loaded(self, store_url: str) -> None:
+        many = [Message.user(str(index)) for index in range(2_000)]
+        in_store(store_url, lambda store: store.append("long", many))
+        execute(
+            store_url,
+            "UPDATE littleghost_messages SET body = '{}' WHERE session_id = 'long' AND position = 0",
+        )
+        assert "cannot be read" in fails(1, "sessions", "show", "long", "--store", store_url)
+        document = json.loads(ok("sessions", "list", "--store", store_url, "--json").stdout)
+        assert [(s["id"], s["messages"], s["summaries"]) for s in document][2:] == [
+            ("long", 2_000, 0)
+        ]
 
     def test_an_empty_store_lists_nothing(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 'empty.db'}"
@@ -491,16 +519,7 @@ class TestErrors:
             assert tables == (0,)
 
     def test_a_newer_schema(self, store_url: str) -> None:
-        statement = "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'"
-        if store_url.startswith("sqlite:///"):
-            connection = sqlite3.connect(store_url[len("sqlite:///") :], isolation_level=None)
-            connection.execute(statement)
-            connection.close()
-        else:
-            import psycopg
-
-            with psycopg.connect(store_url, autocommit=True) as connection:
-                connection.execute(statement)
+        execute(store_url, "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'")
         line = fails(1, "sessions", "show", "customer-42", "--store", store_url)
         assert "written by a newer littleghost" in line
 

@@ -415,6 +415,45 @@ class TestRoundTrip:
         assert middle - slack <= times[2] <= after + slack  # type: ignore[operator]
         assert await store.load_stored("unknown") == ()
 
+    async def test_session_stats_agree_with_the_logs(self, store: BuiltinStore) -> None:
+        assert await store.session_stats() == ()
+
+        def summary(metadata: dict[str, Any]) -> Message:
+            return Message.system("so far", metadata={SUMMARY_COVERS_KEY: ["x"], **metadata})
+
+        near_misses = [  # each holds the summary key, none is a summary
+            Message.user(f'{{"{SUMMARY_KEY}":true}}'),
+            Message.assistant("", tool_calls=[ToolCall("c", "f", {SUMMARY_KEY: True})]),
+            Message.user("x", metadata={"nested": {SUMMARY_KEY: True}}),
+            Message.user("x", metadata={SUMMARY_KEY: False}),
+            Message.user("x", metadata={SUMMARY_KEY: 1}),
+            Message.user("x", metadata={SUMMARY_KEY: "true", "$tag": 1}),
+        ]
+        await store.append("plain", [Message.user("hi"), Message.assistant("hello")])
+        await store.append("mixed", [*near_misses, summary({SUMMARY_KEY: True})])
+        await anyio.sleep(0.05)
+        odd_text = "NUL \x00, lone \ud800, caf\u00e9 \U0001f600, \\u0000"
+        await store.append(
+            "mixed",
+            [
+                Message.user(odd_text),
+                summary({SUMMARY_KEY: True, "$tag": odd_text}),  # metadata stored as $dict
+                summary({SUMMARY_KEY: True, odd_text: [odd_text]}),
+            ],
+        )
+        await store.append("plain", [Message.user("again")])
+        stats = await store.session_stats()
+        assert [entry.id for entry in stats] == list(await store.list_sessions())
+        for entry in stats:
+            log = await store.load_stored(entry.id)
+            assert entry.messages == len(log)
+            assert entry.summaries == sum(stored.message.is_summary for stored in log)
+            assert entry.last_activity == log[-1].stored_at
+        assert [(entry.id, entry.messages, entry.summaries) for entry in stats] == [
+            ("plain", 3, 0),
+            ("mixed", 10, 3),
+        ]
+
     async def test_delete_removes_one_session(self, store: BuiltinStore) -> None:
         await store.append("a", [Message.user("1")])
         await store.append("b", [Message.user("2")])

@@ -32,7 +32,7 @@ from littleghost.errors import (
     SchemaVersionError,
     SessionStoreError,
 )
-from littleghost.sessions import PostgresSessionStore
+from littleghost.sessions import PostgresSessionStore, SessionStats
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .stores import postgres_schema
@@ -110,10 +110,12 @@ class TestSchema:
         async with PostgresSessionStore(conninfo) as store:
             await store.append("s", [Message.user("old"), Message.assistant("times")])
             stored = await store.load_stored("s")
+            stats = await store.session_stats()
         assert [(entry.message.text, entry.stored_at) for entry in stored] == [
             ("old", None),
             ("times", None),
         ]
+        assert stats == (SessionStats("s", 2, 0, None),)
 
     async def test_a_newer_schema_is_refused_and_left_untouched(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo) as store:
@@ -193,6 +195,8 @@ class TestReadOnly:
             assert await reader.list_sessions() == ("a",)
             assert await reader.load("a") == tuple(messages)
             assert [entry.message for entry in await reader.load_stored("a")] == messages
+            stats = await reader.session_stats()
+            assert [(entry.id, entry.messages) for entry in stats] == [("a", 2)]
             with pytest.raises(SessionStoreError, match="read-only"):
                 await reader.append("a", [Message.user("more")])
             with pytest.raises(SessionStoreError, match="read-only"):

@@ -27,7 +27,7 @@ from littleghost.errors import (
     SchemaVersionError,
     SessionStoreError,
 )
-from littleghost.sessions import SQLiteSessionStore
+from littleghost.sessions import SessionStats, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .threads import blocking_agent, default_threads_taken
@@ -133,10 +133,12 @@ class TestFile:
         async with SQLiteSessionStore(path) as store:
             await store.append("s", [Message.user("old"), Message.assistant("times")])
             stored = await store.load_stored("s")
+            stats = await store.session_stats()
         assert [(entry.message.text, entry.stored_at) for entry in stored] == [
             ("old", None),
             ("times", None),
         ]
+        assert stats == (SessionStats("s", 2, 0, None),)
 
 
 class TestReadOnly:
@@ -155,6 +157,8 @@ class TestReadOnly:
             assert await reader.list_sessions() == ("a", "b")
             assert await reader.load("a") == tuple(messages)
             assert [entry.message for entry in await reader.load_stored("a")] == messages
+            stats = await reader.session_stats()
+            assert [(entry.id, entry.messages) for entry in stats] == [("a", 2), ("b", 1)]
             with pytest.raises(SessionStoreError, match="read-only"):
                 await reader.append("a", [Message.user("more")])
             with pytest.raises(SessionStoreError, match="read-only"):

@@ -12,20 +12,17 @@ __all__ = ["print_sessions", "sessions_document"]
 
 async def sessions_document(store: Inspectable) -> list[dict[str, Any]]:
     """One entry per session, oldest first: ``id``, ``messages``, ``summaries`` and
-    ``last_activity`` (when its last message was stored; ``None`` if not recorded)."""
-    document = []
-    for session_id in await store.list_sessions():
-        log = await store.load_stored(session_id)
-        times = [entry.stored_at for entry in log if entry.stored_at is not None]
-        document.append(
-            {
-                "id": session_id,
-                "messages": len(log),
-                "summaries": sum(entry.message.is_summary for entry in log),
-                "last_activity": moment(max(times, default=None)),
-            }
-        )
-    return document
+    ``last_activity`` (when its last message was stored; ``None`` if not recorded),
+    counted by the store without loading the logs."""
+    return [
+        {
+            "id": stats.id,
+            "messages": stats.messages,
+            "summaries": stats.summaries,
+            "last_activity": moment(stats.last_activity),
+        }
+        for stats in await store.session_stats()
+    ]
 
 
 def print_sessions(output: Output, document: list[dict[str, Any]]) -> None:

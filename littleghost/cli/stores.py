@@ -10,7 +10,12 @@ import click
 from attrs import field, frozen
 
 from littleghost.errors import UnknownSessionError
-from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore, StoredMessage
+from littleghost.sessions import (
+    PostgresSessionStore,
+    SessionStats,
+    SQLiteSessionStore,
+    StoredMessage,
+)
 from littleghost.sessions.base import SessionStore
 
 __all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address", "stored_log"]
@@ -22,9 +27,12 @@ _POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
 
 class Inspectable(SessionStore, Protocol):
-    """A store that can give its logs with the time each message was stored."""
+    """A store that can give its logs with the time each message was stored, and each
+    session's figures without its log."""
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]: ...
+
+    async def session_stats(self) -> tuple[SessionStats, ...]: ...
 
 
 @frozen

@@ -8,13 +8,14 @@ session's log, and appends every new message as it enters the log. Stores:
 ``PostgresSessionStore`` (many workers on many machines; runs wait across all of them).
 A custom store needs ``load``, ``append``, ``list_sessions`` and ``delete``; without a
 ``lock`` method of its own, its runs wait only within the process. The built-in stores
-also have ``load_stored``: the log with the time each message was stored.
+also have ``load_stored``: the log with the time each message was stored, and
+``session_stats``: each session's message and summary counts and last activity.
 
 Stored messages round-trip exactly; metadata values must be JSON-like (str, int, float,
 bool, None, list, tuple, dict with str keys) and come back with the same types.
 """
 
-from littleghost.sessions.base import SessionStore, StoredMessage
+from littleghost.sessions.base import SessionStats, SessionStore, StoredMessage
 from littleghost.sessions.codec import (
     decode_message,
     encode_message,
@@ -31,6 +32,7 @@ __all__ = [
     "PostgresSessionStore",
     "SQLiteSessionStore",
     "SessionLocks",
+    "SessionStats",
     "SessionStore",
     "StoredMessage",
     "decode_message",

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_SESSION_ID_LENGTH",
     "SCHEMA_VERSION",
     "STORE_FORMAT",
+    "SessionStats",
     "SessionStore",
     "StoredMessage",
     "check_schema",
@@ -48,6 +49,24 @@ class StoredMessage:
     )
 
 
+@frozen
+class SessionStats:
+    """What a store tells of one session without loading its log.
+
+    Attributes:
+        id: The session id.
+        messages: How many messages its log holds.
+        summaries: How many of them are compaction summaries (``Message.is_summary``).
+        last_activity: When its last message was stored (UTC); ``None`` when the store
+            did not record it.
+    """
+
+    id: str
+    messages: int
+    summaries: int
+    last_activity: datetime | None
+
+
 @runtime_checkable
 class SessionStore(Protocol):
     """Where conversations live between runs: one append-only message log per session.
@@ -66,7 +85,9 @@ class SessionStore(Protocol):
     A store may also have ``async load_stored(session_id)``, returning the session's
     log as ``StoredMessage`` values (each message with the time the store took it;
     ``()`` for an unknown session). The built-in stores have it; the ``littleghost``
-    command line reads sessions through it.
+    command line reads sessions through it. The built-in stores also have
+    ``async session_stats()``: a ``SessionStats`` per session, oldest first, which the
+    database computes without sending the logs.
     """
 
     async def load(self, session_id: str) -> tuple[Message, ...]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
 from littleghost.messages import (
+    SUMMARY_KEY,
     ImagePart,
     Message,
     Part,
@@ -37,6 +38,8 @@ from littleghost.messages import (
 
 __all__ = [
     "MAX_DEPTH",
+    "SUMMARY_FLAG",
+    "SUMMARY_PATHS",
     "check_storable",
     "decode_message",
     "encode_message",
@@ -52,6 +55,11 @@ _LONG_INT_BITS = 2000  # ~600 digits: under the smallest int-to-str limit Python
 
 MAX_DEPTH = 100
 """How deeply lists, tuples and dicts may nest in a stored value (metadata, arguments)."""
+SUMMARY_FLAG = f"{json.dumps(SUMMARY_KEY)}:true"
+"""Text in the JSON of every stored summary (other messages may hold it too)."""
+SUMMARY_PATHS = (("metadata", SUMMARY_KEY), ("metadata", _DICT, SUMMARY_KEY))
+"""Where the JSON of a stored summary holds ``true``: in its metadata, or in the metadata
+wrapped as ``$dict`` (then the only key)."""
 
 
 def _encode_value(value: Any, where: str, seen: set[int], depth: int = 0) -> Any:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 from littleghost.errors import UnknownSessionError
 from littleghost.messages import Message
-from littleghost.sessions.base import StoredMessage, check_session_id
+from littleghost.sessions.base import SessionStats, StoredMessage, check_session_id
 from littleghost.sessions.codec import message_from_json, messages_to_json
 from littleghost.sessions.locks import SessionLocks
 
@@ -64,6 +64,20 @@ class InMemorySessionStore:
         """The ids of the stored sessions, oldest first."""
         with self._guard:
             return tuple(self._sessions)
+
+    async def session_stats(self) -> tuple[SessionStats, ...]:
+        """Each session's message and summary counts and last activity, oldest first."""
+        with self._guard:
+            sessions = [(session_id, tuple(log)) for session_id, log in self._sessions.items()]
+        return tuple(
+            SessionStats(
+                session_id,
+                len(log),
+                sum(message_from_json(text).is_summary for text, _ in log),
+                log[-1][1],
+            )
+            for session_id, log in sessions
+        )
 
     async def delete(self, session_id: str) -> None:
         """Remove the session.

@@ -40,11 +40,17 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    SessionStats,
     StoredMessage,
     check_schema,
     check_session_id,
 )
-from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.codec import (
+    SUMMARY_FLAG,
+    SUMMARY_PATHS,
+    message_from_json,
+    messages_to_json,
+)
 from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
 
 if TYPE_CHECKING:
@@ -64,6 +70,11 @@ _SCHEMA = (
 )
 """The tables of a new store. ``stored_at`` (the appending transaction's start, filled in
 by PostgreSQL) is optional: tables made before it existed are read without times."""
+_ESCAPE = r"\\u[0-9a-fA-F]{4}"
+_HARMLESS_ESCAPE = r"\\u0020"
+"""PostgreSQL parses JSON only when it can decode every ``\\u`` escape (not ``\\u0000``,
+a lone surrogate, or a character outside the server's encoding): stored JSON is read
+with each escape made a space (no key that matters has one)."""
 _TABLES = ("littleghost_meta", "littleghost_sessions", "littleghost_messages")
 _POLL = 0.05
 """Seconds a worker thread waits for a free connection between checks that it is wanted."""
@@ -435,6 +446,33 @@ class PostgresSessionStore:
             ).fetchall()
         )
         return tuple(session_id for (session_id,) in rows)
+
+    async def session_stats(self) -> tuple[SessionStats, ...]:
+        """Each session's message and summary counts and last activity, oldest first
+        (one query; the logs stay in the database)."""
+        parsed = "regexp_replace(body, %(escape)s, %(harmless)s, 'g')::json"
+        rows = await self._call(
+            lambda connection, time_left: connection.execute(
+                "SELECT s.id, coalesce(m.messages, 0), coalesce(m.summaries, 0), m.last"
+                " FROM littleghost_sessions AS s LEFT JOIN (SELECT session_id,"
+                " count(*) AS messages, count(CASE WHEN strpos(body, %(flag)s) = 0 THEN NULL"
+                f" WHEN coalesce({parsed} #> %(plain)s, {parsed} #> %(wrapped)s)::text = 'true'"
+                f" THEN 1 END) AS summaries, max({'stored_at' if self._times else 'NULL'})"
+                " AS last FROM littleghost_messages GROUP BY session_id) AS m"
+                " ON m.session_id = s.id ORDER BY s.created",
+                {
+                    "flag": SUMMARY_FLAG,
+                    "escape": _ESCAPE,
+                    "harmless": _HARMLESS_ESCAPE,
+                    "plain": list(SUMMARY_PATHS[0]),
+                    "wrapped": list(SUMMARY_PATHS[1]),
+                },
+            ).fetchall()
+        )
+        return tuple(
+            SessionStats(session_id, messages, summaries, _utc(last))
+            for session_id, messages, summaries, last in rows
+        )
 
     async def delete(self, session_id: str) -> None:
         """Remove the session and its messages in one transaction.

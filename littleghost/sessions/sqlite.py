@@ -25,11 +25,17 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
+    SessionStats,
     StoredMessage,
     check_schema,
     check_session_id,
 )
-from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.codec import (
+    SUMMARY_FLAG,
+    SUMMARY_PATHS,
+    message_from_json,
+    messages_to_json,
+)
 from littleghost.sessions.filelock import LockFile, lock_file
 from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
 
@@ -44,6 +50,8 @@ _SCHEMA = (
 )
 """The tables of a new store. ``stored_at`` (Unix seconds, filled in by SQLite) is
 optional: tables made before it existed are read without times."""
+_SUMMARY_PATHS = tuple("$" + "".join(f'."{key}"' for key in path) for path in SUMMARY_PATHS)
+"""``SUMMARY_PATHS`` as SQLite JSON paths."""
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
@@ -279,6 +287,31 @@ class SQLiteSessionStore:
             ).fetchall()
         )
         return tuple(session_id for (session_id,) in rows)
+
+    async def session_stats(self) -> tuple[SessionStats, ...]:
+        """Each session's message and summary counts and last activity, oldest first
+        (one query; the logs stay in the database)."""
+        rows = await self._call(
+            lambda connection: connection.execute(
+                "SELECT s.id, coalesce(m.messages, 0), coalesce(m.summaries, 0), m.last"
+                " FROM littleghost_sessions AS s LEFT JOIN (SELECT session_id,"
+                " count(*) AS messages, count(CASE WHEN instr(body, ?) = 0 THEN NULL"
+                " WHEN json_type(body, ?) = 'true' OR json_type(body, ?) = 'true' THEN 1 END)"
+                f" AS summaries, max({'stored_at' if self._times else 'NULL'}) AS last"
+                " FROM littleghost_messages GROUP BY session_id) AS m ON m.session_id = s.id"
+                " ORDER BY s.rowid",
+                (SUMMARY_FLAG, *_SUMMARY_PATHS),
+            ).fetchall()
+        )
+        return tuple(
+            SessionStats(
+                session_id,
+                messages,
+                summaries,
+                None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc),
+            )
+            for session_id, messages, summaries, seconds in rows
+        )
 
     async def delete(self, session_id: str) -> None:
         """Remove the session and its messages in one transaction.
