@@ -906,9 +906,9 @@ class Summarization:
             reverse=True,
         )
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
-        cap, added = self._budget(state, taken, notes, quotes)
+        covered = _covered(state, taken)
+        cap, added = self._budget(state, taken, covered, notes, quotes)
         while True:
-            covered = _covered(state, taken)
             for clip in clips:
                 request = summary_request(
                     covered,
@@ -929,17 +929,23 @@ class Summarization:
                     f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
                 )
             state.restore(taken.pop())
-            cap, added = self._budget(state, taken, notes, quotes)
+            covered = _covered(state, taken)
+            cap, added = self._budget(state, taken, covered, notes, quotes)
 
     def _budget(
-        self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
+        self,
+        state: CompactionState,
+        taken: list[int],
+        covered: list[Message],
+        notes: str | None,
+        quotes: str,
     ) -> tuple[int, list[str]]:
-        """The output cap to start from and the specifics to quote: together at most half
-        of what the summary replaces (one as long could not make the request smaller, and
-        a small model writes to its cap). The quotes come first, while the quoted section
-        stays within ``max_tokens``; the notes get the rest, at most ``max_tokens`` (half
-        of that for a rewrite of full notes, so there is room to append again), at least
-        ``SUMMARY_FLOOR_TOKENS``."""
+        """The output cap to start from and the specifics of ``covered`` (the messages of
+        ``taken``) to quote: together at most half of what the summary replaces (one as
+        long could not make the request smaller, and a small model writes to its cap).
+        The quotes come first, while the quoted section stays within ``max_tokens``; the
+        notes get the rest, at most ``max_tokens`` (half of that for a rewrite of full
+        notes, so there is room to append again), at least ``SUMMARY_FLOOR_TOKENS``."""
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
         floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
@@ -947,7 +953,7 @@ class Summarization:
         if self.quote_specifics:
             count = state.tokenizer.count_tokens
             room = min(half - floor, self.max_tokens - math.ceil(state.scale * count(quotes)))
-            for line in quoted_specifics(_covered(state, taken)):
+            for line in quoted_specifics(covered):
                 cost = math.ceil(state.scale * (count(line) + 1))
                 if cost <= room:  # a line too long is skipped, later shorter ones still fit
                     added.append(line)
