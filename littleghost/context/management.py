@@ -943,7 +943,9 @@ def preview_request(
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
     after = _last_after(log)
     waits = None if after is None else _quiet_until(after, config, window)
-    due = estimated >= threshold and (waits is None or estimated >= waits)
+    due = _reaches(estimated, config.compression_threshold, window) and (
+        waits is None or estimated >= waits
+    )
     return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
 
 
