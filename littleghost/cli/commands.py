@@ -43,6 +43,15 @@ def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise click.ClickException(lines[0] if lines else type(error).__name__) from None
 
 
+def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
+    """Write a command's ``document`` as JSON (``--json``), or as ``show`` prints it."""
+    output = Output.detect()
+    if as_json:
+        output.json(document)
+    else:
+        show(output, document)
+
+
 def _instance(cls: type[Agent]) -> Agent:
     """An instance of the class ``--agent`` names (its model is not made)."""
     try:
@@ -130,12 +139,7 @@ def list_sessions(address: StoreAddress, as_json: bool) -> None:
         async with address.open() as store:
             return await sessions_document(store)
 
-    document = _run(read)
-    output = Output.detect()
-    if as_json:
-        output.json(document)
-    else:
-        print_sessions(output, document)
+    _write(_run(read), as_json, print_sessions)
 
 
 @sessions.command(short_help="Show the whole log of a session.")
@@ -154,12 +158,7 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
         async with address.open() as store:
             return log_document(session_id, await stored_log(store, address, session_id))
 
-    document = _run(read)
-    output = Output.detect()
-    if as_json:
-        output.json(document)
-    else:
-        print_log(output, document)
+    _write(_run(read), as_json, print_log)
 
 
 @sessions.command(short_help="Show what the model would see next, with estimates.")
@@ -200,12 +199,7 @@ def view(
         async with address.open() as store:
             return await view_document(store, address, session_id, agent, used, next_message)
 
-    document = _run(read)
-    output = Output.detect()
-    if as_json:
-        output.json(document)
-    else:
-        print_view(output, document)
+    _write(_run(read), as_json, print_view)
 
 
 @sessions.command(short_help="Compact a session now, or show what would be covered.")
