@@ -3,18 +3,19 @@ the window, the threshold and the budget's figures."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from attrs import asdict
 
 from littleghost.agent import Agent
+from littleghost.cli.log import EXCERPT_CHARS
 from littleghost.cli.output import SHORT_ID, Output, excerpt
 from littleghost.cli.stores import Inspectable, StoreAddress, stored_log
 from littleghost.cli.window import Window, context_config
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.management import ContextManagement, preview_request
+from littleghost.context.summarize import call_arguments
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
@@ -148,7 +149,13 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
         origin = entry["origin"] + (", cut" if entry["cut"] else "")
         text = " ".join(_part_text(part) for part in message["content"])
         rows.append(
-            [message["role"], origin, str(entry["tokens"]), message["id"], excerpt(text, 160)]
+            [
+                message["role"],
+                origin,
+                str(entry["tokens"]),
+                message["id"],
+                excerpt(text, EXCERPT_CHARS),
+            ]
         )
     output.table(["ROLE", "FROM", "TOKENS", "ID", "CONTENT"], rows, narrow={3: SHORT_ID})
     output.line(
@@ -194,10 +201,7 @@ def _part_text(part: dict[str, Any]) -> str:
     if kind == "text":
         return str(part["text"])
     if kind == "tool_call":
-        arguments = part["arguments"]
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        return f"call {part['name']}({excerpt(arguments, 80)})"
+        return f"call {part['name']}({excerpt(call_arguments(part['arguments']), 80)})"
     if kind == "tool_result":
         return f"result: {part['content']}"
     if kind == "reasoning":
