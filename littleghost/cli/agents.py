@@ -10,7 +10,7 @@ import click
 
 from littleghost.agent import Agent
 
-__all__ = ["agent_class"]
+__all__ = ["agent_class", "agent_spec"]
 
 
 def agent_class(spec: str) -> type[Agent]:
@@ -40,3 +40,8 @@ def agent_class(spec: str) -> type[Agent]:
     if not (isinstance(found, type) and issubclass(found, Agent)):
         raise click.BadParameter(f"{spec} is not an Agent subclass")
     return found
+
+
+def agent_spec(agent: Agent) -> str:
+    """The ``module:Class`` of ``agent``'s class, as ``--agent`` names it."""
+    return f"{type(agent).__module__}:{type(agent).__qualname__}"

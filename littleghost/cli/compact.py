@@ -9,6 +9,7 @@ from typing import Any
 from attrs import asdict
 
 from littleghost.agent import Agent
+from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output
 from littleghost.cli.stores import StoreAddress, stored_log
@@ -106,7 +107,7 @@ def _document(
     before, after = build_view(log), build_view([*log, *records])
     return {
         "session": session_id,
-        "agent": f"{type(agent).__module__}:{type(agent).__qualname__}",
+        "agent": agent_spec(agent),
         "dry_run": dry_run,
         "window": asdict(window),
         "records": [

@@ -9,6 +9,7 @@ from typing import Any
 from attrs import asdict
 
 from littleghost.agent import Agent
+from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS
 from littleghost.cli.output import SHORT_ID, Output, excerpt
 from littleghost.cli.stores import Inspectable, StoreAddress, stored_log
@@ -103,7 +104,7 @@ async def view_document(
         threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
     return {
         "session": session_id,
-        "agent": None if agent is None else f"{type(agent).__module__}:{type(agent).__qualname__}",
+        "agent": None if agent is None else agent_spec(agent),
         "window": asdict(window),
         "messages": shown,
         "message_tokens": in_messages,
