@@ -16,6 +16,7 @@ call (``tool_choice="required"`` unless the settings name a choice). ``auto`` ta
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -76,9 +77,9 @@ class OutputType:
     schema: OutputSchema
     wrapped: bool
 
-    @property
+    @functools.cached_property
     def tool(self) -> ToolSpec:
-        """The final-result tool of the ``tool`` strategy."""
+        """The final-result tool of the ``tool`` strategy (made once, not every turn)."""
         return ToolSpec(
             OUTPUT_TOOL,
             "Give your final answer. Call this once, when you are done, with the answer as "

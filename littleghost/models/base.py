@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -140,18 +141,19 @@ class OutputSchema:
         if not isinstance(value, str) or not _SCHEMA_NAME.fullmatch(value):
             raise TypeError(f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {value!r}")
 
-    @property
+    @functools.cached_property
     def closed_problem(self) -> str | None:
         """What in the schema is not a closed shape, as strict decoders want every value:
         an open object (``dict[str, X]``), a value of any type (``Any``) or a
-        fixed-length tuple; ``None`` when there is none."""
+        fixed-length tuple; ``None`` when there is none. Worked out once per schema."""
         return _closed_problem(self.schema)
 
-    @property
+    @functools.cached_property
     def strict_schema(self) -> Mapping[str, Any] | None:
         """The schema as OpenAI's strict mode takes it: every object closed with every
         property required, an optional one nullable (``null`` stands for a field left
-        out); ``None`` when the schema has a ``closed_problem``."""
+        out); ``None`` when the schema has a ``closed_problem``. Built once per schema,
+        not on every request."""
         if self.closed_problem is not None:
             return None
         return _strict(self.schema)
