@@ -272,9 +272,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
-        final = output.final_call(response.message) if output is not None else None
-        if final is not None:
-            assert output is not None
+        if output is not None and (final := output.final_call(response.message)) is not None:
             answer = output.output.check(final.arguments)
             await context.append(*output.final_results(calls, final, answer))
             if answer.ok:
