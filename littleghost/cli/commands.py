@@ -17,11 +17,11 @@ from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
 from littleghost.cli.output import Output
-from littleghost.cli.stores import StoreAddress, store_address, stored_log
+from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
 from littleghost.errors import LittleGhostError
-from littleghost.sessions import StoredMessage, message_to_json
+from littleghost.sessions import message_to_json
 from littleghost.sessions.base import check_session_id
 
 __all__ = ["LARGE_LOG", "STORE_VARIABLE", "main"]
@@ -154,11 +154,7 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
     exclusions) with the messages they cover, and [in #N] on each message a record hides.
     """
 
-    async def read() -> dict[str, Any]:
-        async with address.open() as store:
-            return log_document(session_id, await stored_log(store, address, session_id))
-
-    _write(_run(read), as_json, print_log)
+    _write(log_document(session_id, _run(address.log, session_id)), as_json, print_log)
 
 
 @sessions.command(short_help="Show what the model would see next, with estimates.")
@@ -196,8 +192,8 @@ def view(
     used = window_of(agent, window)
 
     async def read() -> dict[str, Any]:
-        async with address.open() as store:
-            return await view_document(store, address, session_id, agent, used, next_message)
+        log = await address.log(session_id)
+        return view_document(session_id, log, agent, used, next_message)
 
     _write(_run(read), as_json, print_view)
 
@@ -250,11 +246,7 @@ def export(session_id: str, address: StoreAddress) -> None:
     reads it back).
     """
 
-    async def read() -> tuple[StoredMessage, ...]:
-        async with address.open() as store:
-            return await stored_log(store, address, session_id)
-
-    log = _run(read)
+    log = _run(address.log, session_id)
     output = Output.detect()
     output = attrs.evolve(output, progress=output.progress and len(log) >= LARGE_LOG)
     with output.progress_bar(len(log), "exporting") as advance:

@@ -12,7 +12,7 @@ from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output
-from littleghost.cli.stores import StoreAddress, stored_log
+from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, context_config, window_of
 from littleghost.context.management import managed_records
 from littleghost.context.strategies import prepared
@@ -59,8 +59,9 @@ async def compact_document(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     advance(0, "reading the session")
-    async with address.open() as reader:  # a store of that session, before writing to it
-        log = [entry.message for entry in await stored_log(reader, address, session_id)]
+    # read-only first: an unknown session fails before the model starts or the store is
+    # opened for writing
+    log = [entry.message for entry in await address.log(session_id)]
     if dry_run:
         advance(1, "choosing what to cover")
         used = window_of(agent, window)

@@ -18,7 +18,7 @@ from littleghost.sessions import (
 )
 from littleghost.sessions.base import SessionStore
 
-__all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address", "stored_log"]
+__all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address"]
 
 SQLITE_PREFIX = "sqlite:///"
 """``sqlite:///sessions.db`` is a relative path, ``sqlite:////var/lib/app.db`` an
@@ -60,6 +60,18 @@ class StoreAddress:
         async with store:
             yield store
 
+    async def log(self, session_id: str) -> tuple[StoredMessage, ...]:
+        """The session's log with its stored times, read from the store opened read-only.
+
+        Raises:
+            UnknownSessionError: The store has no such session.
+        """
+        async with self.open() as store:
+            log = await store.load_stored(session_id)
+        if not log:
+            raise UnknownSessionError(f"no session {session_id!r} in {self}", session_id=session_id)
+        return log
+
 
 def store_address(text: str) -> StoreAddress:
     """``sqlite:///path.db``, or a PostgreSQL URL (``postgresql://...``) or conninfo
@@ -79,17 +91,3 @@ def store_address(text: str) -> StoreAddress:
         "expected sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo "
         "(host=... dbname=...)"
     )
-
-
-async def stored_log(
-    store: Inspectable, address: StoreAddress, session_id: str
-) -> tuple[StoredMessage, ...]:
-    """The session's log with its stored times.
-
-    Raises:
-        UnknownSessionError: The store has no such session.
-    """
-    log = await store.load_stored(session_id)
-    if not log:
-        raise UnknownSessionError(f"no session {session_id!r} in {address}", session_id=session_id)
-    return log

@@ -3,7 +3,7 @@ the window, the threshold and the budget's figures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attrs import asdict
@@ -12,7 +12,6 @@ from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS
 from littleghost.cli.output import SHORT_ID, Output, excerpt
-from littleghost.cli.stores import Inspectable, StoreAddress, stored_log
 from littleghost.cli.window import Window, context_config
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.management import ContextManagement, preview_request
@@ -23,7 +22,7 @@ from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
 from littleghost.models.registry import split_model_string
 from littleghost.output import OutputPlan, OutputType, plan_output
 from littleghost.runner import instructions_message
-from littleghost.sessions import encode_message
+from littleghost.sessions import StoredMessage, encode_message
 
 __all__ = ["print_view", "view_document"]
 
@@ -36,10 +35,9 @@ _SCHEMA_PROVIDERS: dict[str, Callable[[OutputSchema], str | None] | None] = {
 natively (``None``: they take every schema)."""
 
 
-async def view_document(
-    store: Inspectable,
-    address: StoreAddress,
+def view_document(
     session_id: str,
+    log: Sequence[StoredMessage],
     agent: Agent | None,
     window: Window,
     next_message: str | None,
@@ -47,14 +45,10 @@ async def view_document(
     """What the next run's first model call would send, as the run builds it (before the
     class's own hooks): the instructions, the view of the log (with the results a run
     adds for calls left open, and ``next_message``), clipped and bounded by
-    ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone.
-
-    Raises:
-        UnknownSessionError: The store has no such session.
-    """
-    log = [entry.message for entry in await stored_log(store, address, session_id)]
-    repairs = interrupted_results(log)
-    pending = [*log, *repairs]
+    ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone."""
+    logged = [entry.message for entry in log]
+    repairs = interrupted_results(logged)
+    pending = [*logged, *repairs]
     if next_message is not None:
         pending.append(Message.user(next_message))
     notes = []
