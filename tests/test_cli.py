@@ -28,17 +28,13 @@ from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.cli import main
 from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
+from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
 from littleghost.context.summarize import split_quotes, summary_text
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import OutputValidationError
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.sessions import (
-    PostgresSessionStore,
-    SQLiteSessionStore,
-    decode_message,
-    message_from_json,
-)
+from littleghost.sessions import decode_message, message_from_json
 from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel
 
@@ -50,18 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("sqlite", "postgres")
 
 
-def open_store(url: str) -> SQLiteSessionStore | PostgresSessionStore:
-    """A writable store at a ``--store`` URL (for the tests' own setup and checks)."""
-    if url.startswith("sqlite:///"):
-        return SQLiteSessionStore(url[len("sqlite:///") :])
-    return PostgresSessionStore(url)
-
-
 def in_store(url: str, work: Any, *args: Any) -> Any:
-    """``await work(store, *args)`` on the store at ``url``, in an event loop of its own."""
+    """``await work(store, *args)`` on the store at ``url`` opened for writing (for the
+    tests' own setup and checks), in an event loop of its own."""
 
     async def go() -> Any:
-        async with open_store(url) as store:
+        async with store_address(url).open(read_only=False) as store:
             return await work(store, *args)
 
     return anyio.run(go)
@@ -120,8 +110,9 @@ def load(url: str, session_id: str) -> tuple[Message, ...]:
 
 def execute(url: str, statement: str) -> None:
     """Run one SQL statement on the store's database, past the store (autocommit)."""
-    if url.startswith("sqlite:///"):
-        connection = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+    address = store_address(url)
+    if address.kind == "sqlite":
+        connection = sqlite3.connect(address.target, isolation_level=None)
         try:
             connection.execute(statement)
         finally:
@@ -141,8 +132,9 @@ def contents(url: str) -> list[tuple[Any, ...]]:
         "SELECT session_id, position, body, stored_at FROM littleghost_messages "
         "ORDER BY session_id, position",
     ]
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
+    address = store_address(url)
+    if address.kind == "sqlite":
+        path = Path(address.target)
         connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             rows = [tuple(connection.execute(s).fetchall()) for s in statements]
