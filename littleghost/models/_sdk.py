@@ -25,6 +25,7 @@ __all__ = [
     "image_base64",
     "image_media_type",
     "import_sdk",
+    "lookup",
     "parse_arguments",
     "reported",
     "reported_usage",
@@ -97,10 +98,16 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
     return value if isinstance(value, dict) else text
 
 
-def reported(value: object, *path: str) -> int:
-    """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
+def lookup(value: object, *path: str) -> object:
+    """The value at ``path`` in an SDK object or a dict (``None`` when absent)."""
     for name in path:
         value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+    return value
+
+
+def reported(value: object, *path: str) -> int:
+    """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
+    value = lookup(value, *path)
     return value if is_int(value) and value > 0 else 0
 
 

@@ -27,6 +27,7 @@ from littleghost.models._sdk import (
     image_base64,
     image_media_type,
     import_sdk,
+    lookup,
     parse_arguments,
     reported,
     reported_usage,
@@ -178,7 +179,7 @@ def _reasoning(message: object) -> str:
     """The reasoning text a server sent beside the answer (``reasoning_content``, as
     llama.cpp, vLLM and DeepSeek send it, or ``reasoning``), from a message or a delta."""
     for name in ("reasoning_content", "reasoning"):
-        value = message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+        value = lookup(message, name)
         if isinstance(value, str) and value:
             return value
     return ""
