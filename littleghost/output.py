@@ -40,7 +40,6 @@ __all__ = [
     "check_strategy",
     "check_tool_names",
     "compile_output_type",
-    "native_problem",
     "plan_output",
 ]
 
@@ -218,7 +217,9 @@ class OutputPlan:
 
 def plan_output(output: OutputType | None, strategy: Strategy, model: Model) -> OutputPlan | None:
     """How a run with ``model`` asks for ``output``: ``native`` when the strategy says so,
-    or says ``auto`` and the model takes the schema natively (``native_problem``).
+    or says ``auto`` and the model takes the schema natively (it
+    ``supports_output_schema`` and its ``output_schema_problem(schema)``, if any, names
+    no problem).
 
     Raises:
         ConfigurationError: The strategy is ``native`` and the model cannot take the
@@ -226,7 +227,7 @@ def plan_output(output: OutputType | None, strategy: Strategy, model: Model) -> 
     """
     if output is None:
         return None
-    problem = native_problem(model, output.schema)
+    problem = _native_problem(model, output.schema)
     if strategy == "native" and problem is not None:
         raise ConfigurationError(
             f"output_strategy='native': model {model.name!r} {problem}; use "
@@ -235,7 +236,7 @@ def plan_output(output: OutputType | None, strategy: Strategy, model: Model) -> 
     return OutputPlan(output, strategy == "native" or (strategy == "auto" and problem is None))
 
 
-def native_problem(model: Model, schema: OutputSchema) -> str | None:
+def _native_problem(model: Model, schema: OutputSchema) -> str | None:
     """Why ``model`` cannot take ``schema`` natively: it ``supports_output_schema`` not at
     all, or its ``output_schema_problem(schema)`` names a reason; ``None`` when it can."""
     if getattr(model, "supports_output_schema", False) is not True:
