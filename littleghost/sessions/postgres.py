@@ -360,8 +360,9 @@ class PostgresSessionStore:
         self._read_only = read_only
         self._pool = _Pool(self._pooled, max_connections)
         self._ready = False
-        self._times = False
-        """The messages table has ``stored_at`` (known once the tables are checked)."""
+        self._stored_at = "NULL"
+        """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
+        made before it existed (known once the tables are checked)."""
         self._locks = SessionLocks()
 
     def __repr__(self) -> str:
@@ -398,7 +399,7 @@ class PostgresSessionStore:
         check_session_id(session_id)
         rows = await self._call(
             lambda connection, time_left: connection.execute(
-                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                f"SELECT body, {self._stored_at} FROM littleghost_messages"
                 " WHERE session_id = %s ORDER BY position",
                 (session_id,),
             ).fetchall()
@@ -457,7 +458,7 @@ class PostgresSessionStore:
                 " FROM littleghost_sessions AS s LEFT JOIN (SELECT session_id,"
                 " count(*) AS messages, count(CASE WHEN strpos(body, %(flag)s) = 0 THEN NULL"
                 f" WHEN coalesce({parsed} #> %(plain)s, {parsed} #> %(wrapped)s)::text = 'true'"
-                f" THEN 1 END) AS summaries, max({'stored_at' if self._times else 'NULL'})"
+                f" THEN 1 END) AS summaries, max({self._stored_at})"
                 " AS last FROM littleghost_messages GROUP BY session_id) AS m"
                 " ON m.session_id = s.id ORDER BY s.created",
                 {
@@ -664,7 +665,7 @@ class PostgresSessionStore:
                     "INSERT INTO littleghost_meta (key, value) VALUES (%s, %s), (%s, %s)",
                     ("format", STORE_FORMAT, "schema_version", str(SCHEMA_VERSION)),
                 )
-                self._times = True
+                self._stored_at = "stored_at"
                 return
             if "littleghost_meta" not in present:
                 raise CorruptSessionStoreError(
@@ -681,4 +682,4 @@ class PostgresSessionStore:
                 " AND attname = 'stored_at' AND NOT attisdropped",
                 ("littleghost_messages",),
             ).fetchone()
-            self._times = column is not None
+            self._stored_at = "NULL" if column is None else "stored_at"

@@ -187,8 +187,9 @@ class SQLiteSessionStore:
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
-        self._times = False
-        """The messages table has ``stored_at`` (known once the database is open)."""
+        self._stored_at = "NULL"
+        """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
+        made before it existed (known once the database is open)."""
 
     @property
     def path(self) -> str:
@@ -229,7 +230,7 @@ class SQLiteSessionStore:
         check_session_id(session_id)
         rows = await self._call(
             lambda connection: connection.execute(
-                f"SELECT body, {'stored_at' if self._times else 'NULL'} FROM littleghost_messages"
+                f"SELECT body, {self._stored_at} FROM littleghost_messages"
                 " WHERE session_id = ? ORDER BY position",
                 (session_id,),
             ).fetchall()
@@ -297,7 +298,7 @@ class SQLiteSessionStore:
                 " FROM littleghost_sessions AS s LEFT JOIN (SELECT session_id,"
                 " count(*) AS messages, count(CASE WHEN instr(body, ?) = 0 THEN NULL"
                 " WHEN json_type(body, ?) = 'true' OR json_type(body, ?) = 'true' THEN 1 END)"
-                f" AS summaries, max({'stored_at' if self._times else 'NULL'}) AS last"
+                f" AS summaries, max({self._stored_at}) AS last"
                 " FROM littleghost_messages GROUP BY session_id) AS m ON m.session_id = s.id"
                 " ORDER BY s.rowid",
                 (SUMMARY_FLAG, *_SUMMARY_PATHS),
@@ -506,7 +507,8 @@ class SQLiteSessionStore:
         if not _TABLES.issubset(tables):
             raise CorruptSessionStoreError(f"{self._path!r} is missing littleghost tables")
         columns = connection.execute("PRAGMA table_info(littleghost_messages)").fetchall()
-        self._times = any(column[1] == "stored_at" for column in columns)
+        times = any(column[1] == "stored_at" for column in columns)
+        self._stored_at = "stored_at" if times else "NULL"
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
