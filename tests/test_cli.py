@@ -565,9 +565,8 @@ class TestProcess:
         assert [s["id"] for s in json.loads(listed.stdout)] == ["customer-42", "other"]
         missing = python_m("sessions", "show", "nope", "--store", store_url)
         assert missing.returncode == 1
-        assert missing.stderr.strip().splitlines() == [
-            missing.stderr.strip().splitlines()[0]
-        ] and missing.stderr.startswith("Error: no session 'nope'")
+        assert len(missing.stderr.strip().splitlines()) == 1
+        assert missing.stderr.startswith("Error: no session 'nope'")
         declared = re.search(
             r'^\[project\.scripts\]\nlittleghost = "([\w.]+):(\w+)"$',
             (ROOT / "pyproject.toml").read_text(),
