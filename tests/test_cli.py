@@ -354,9 +354,10 @@ class TestView:
             Message(Role.ASSISTANT, [thought, hidden, TextPart("It is late.")]),
         ]
         in_store(url, lambda store: store.append("customer-42", log))
-        text = ok("sessions", "view", "customer-42", "--store", url).stdout
-        assert "reasoning: Order 9 is late." in text and "[redacted reasoning]" in text
-        assert "[image]" not in text
+        for command in ("view", "show"):
+            text = ok("sessions", command, "customer-42", "--store", url).stdout
+            assert "reasoning: Order 9 is late." in text and "[redacted reasoning]" in text
+            assert "[image]" not in text
 
     def test_a_typed_agent_s_view_says_what_it_leaves_out(self, store_url: str) -> None:
         document = self.view(store_url, "--agent", "tests.cli_agents:Typed")

@@ -9,10 +9,17 @@ from typing import Any
 from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment
 from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.summarize import call_arguments, summary_text
-from littleghost.messages import ImagePart, Message, TextPart, ToolResult
+from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolResult
 from littleghost.sessions import StoredMessage
 
-__all__ = ["EXCERPT_CHARS", "describe_record", "log_document", "positions", "print_log"]
+__all__ = [
+    "EXCERPT_CHARS",
+    "describe_record",
+    "log_document",
+    "positions",
+    "print_log",
+    "reasoning_label",
+]
 
 EXCERPT_CHARS = 160
 """The longest excerpt of a message, tool arguments or a tool result."""
@@ -102,7 +109,14 @@ def _text(message: Message) -> str:
             parts.append("[image]")
         elif isinstance(part, ToolResult):
             parts.append(part.content)
+        elif isinstance(part, ReasoningPart):
+            parts.append(reasoning_label(part.text, redacted=part.redacted))
     return " ".join(parts)
+
+
+def reasoning_label(text: str, *, redacted: bool) -> str:
+    """A reasoning part as ``show`` and ``view`` print it."""
+    return "[redacted reasoning]" if redacted else f"reasoning: {text}"
 
 
 def positions(numbers: Sequence[int]) -> str:

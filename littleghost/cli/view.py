@@ -10,7 +10,7 @@ from attrs import asdict
 
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
-from littleghost.cli.log import EXCERPT_CHARS
+from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
 from littleghost.cli.output import SHORT_ID, Output, excerpt
 from littleghost.cli.window import Window, context_config
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
@@ -200,5 +200,5 @@ def _part_text(part: dict[str, Any]) -> str:
     if kind == "tool_result":
         return f"result: {part['content']}"
     if kind == "reasoning":
-        return "[redacted reasoning]" if part["redacted"] else f"reasoning: {part['text']}"
+        return reasoning_label(part["text"], redacted=part["redacted"])
     return "[image]"
