@@ -21,7 +21,7 @@ import attrs
 
 from littleghost.errors import ConfigurationError
 
-__all__ = ["ToolArgumentError", "coerce", "json_schema", "to_json"]
+__all__ = ["ToolArgumentError", "coerce", "json_schema", "left_out", "to_json"]
 
 _NONE_TYPE = type(None)
 
@@ -270,7 +270,9 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             raise ToolArgumentError(f"{path}: unexpected field {unknown[0]!r}")
         kwargs = {}
         for name, record_field in by_name.items():
-            if name in value and not _left_out(value[name], record_field):
+            if name in value and not left_out(
+                value[name], record_field.annotation, required=record_field.required
+            ):
                 kwargs[name] = coerce(value[name], record_field.annotation, f"{path}.{name}")
             elif record_field.required:
                 raise ToolArgumentError(f"{path}: missing field {name!r}")
@@ -315,13 +317,14 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
 
 
-def _left_out(value: Any, record_field: _Field) -> bool:
-    """True for ``null`` in an optional field whose type takes no ``null``: strict
-    decoding, which sends every field, says "left out" so."""
-    if value is not None or record_field.required:
+def left_out(value: Any, annotation: Any, *, required: bool) -> bool:
+    """True for ``null`` given to an optional field or parameter whose type takes no
+    ``null``: strict decoding, which sends every field, says "left out" so (the default
+    then applies)."""
+    if value is not None or required:
         return False
     try:
-        coerce(None, record_field.annotation, "")
+        coerce(None, annotation, "")
     except ToolArgumentError:
         return True
     return False

@@ -24,7 +24,7 @@ from littleghost._validators import is_number
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
-from littleghost.tool_types import ToolArgumentError, coerce, json_schema, to_json
+from littleghost.tool_types import ToolArgumentError, coerce, json_schema, left_out, to_json
 
 __all__ = ["ToolArgumentError", "ToolDefinition", "index_tools", "tool"]
 
@@ -379,7 +379,10 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
         raise ToolArgumentError(f"unexpected argument {unknown[0]!r}")
     bound: dict[str, Any] = {}
     for parameter in definition.signature:
-        if parameter.name in arguments:
+        given = arguments.get(parameter.name)
+        if parameter.name in arguments and not left_out(
+            given, parameter.annotation, required=parameter.required
+        ):
             bound[parameter.name] = coerce(
                 arguments[parameter.name], parameter.annotation, parameter.name
             )

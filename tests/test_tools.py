@@ -267,6 +267,34 @@ async def test_arguments_are_coerced_to_python_values() -> None:
     assert isinstance(received[3], float)
 
 
+def page(query: str, limit: int = 10, owner: str | None = "me") -> str:
+    """Page through results."""
+    received.extend([query, limit, owner])
+    return "paged"
+
+
+async def test_null_for_an_optional_parameter_is_the_parameter_left_out() -> None:
+    """As in a record field: a null for an optional parameter whose type takes no null
+    gives its default (strict tool calling sends every parameter); where the type takes
+    null it is None; a required parameter still refuses null."""
+
+    class Pager(Agent):
+        tools = [page]
+
+    received.clear()
+    model = ScriptedModel(
+        [
+            tool_call_response("page", {"query": "a", "limit": None, "owner": None}),
+            tool_call_response("page", {"query": None}),
+            text_response("ok"),
+        ]
+    )
+    await Pager(model=model).run("go")
+    assert received == ["a", 10, None]
+    (refused,) = tool_results(model.requests[2].messages)[1:]
+    assert refused.is_error and "expected a string, got null" in refused.content
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
     width: int
