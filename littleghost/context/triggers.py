@@ -47,32 +47,26 @@ __all__ = [
 
 
 class Metrics(Protocol):
-    """What a trigger reads: the included size of the conversation, kept current."""
+    """What a trigger reads: the included size of the conversation, kept current.
+
+    Attributes:
+        tokens: Estimated tokens.
+        messages: Messages.
+        groups: Groups.
+        turns: User turns (user groups).
+        tool_call_groups: Tool-call groups.
+    """
 
     @property
-    def tokens(self) -> int:
-        """Estimated tokens."""
-        ...
-
+    def tokens(self) -> int: ...
     @property
-    def messages(self) -> int:
-        """Messages."""
-        ...
-
+    def messages(self) -> int: ...
     @property
-    def groups(self) -> int:
-        """Groups."""
-        ...
-
+    def groups(self) -> int: ...
     @property
-    def turns(self) -> int:
-        """User turns (user groups)."""
-        ...
-
+    def turns(self) -> int: ...
     @property
-    def tool_call_groups(self) -> int:
-        """Tool-call groups."""
-        ...
+    def tool_call_groups(self) -> int: ...
 
 
 class Trigger(Protocol):
@@ -217,31 +211,16 @@ always = Always()
 """Holds every time: the default trigger."""
 never = Never()
 """Never holds."""
-
-
-def tokens_exceed(limit: int) -> TokensExceed:
-    """Holds when the estimated tokens exceed ``limit``."""
-    return TokensExceed(limit)
-
-
-def messages_exceed(limit: int) -> MessagesExceed:
-    """Holds when the messages exceed ``limit``."""
-    return MessagesExceed(limit)
-
-
-def turns_exceed(limit: int) -> TurnsExceed:
-    """Holds when the user turns exceed ``limit``."""
-    return TurnsExceed(limit)
-
-
-def groups_exceed(limit: int) -> GroupsExceed:
-    """Holds when the groups exceed ``limit``."""
-    return GroupsExceed(limit)
-
-
-def has_tool_calls() -> HasToolCalls:
-    """Holds when at least one tool-call group is included."""
-    return HasToolCalls()
+tokens_exceed = TokensExceed
+"""Holds when the estimated tokens exceed ``limit``."""
+messages_exceed = MessagesExceed
+"""Holds when the messages exceed ``limit``."""
+turns_exceed = TurnsExceed
+"""Holds when the user turns exceed ``limit``."""
+groups_exceed = GroupsExceed
+"""Holds when the groups exceed ``limit``."""
+has_tool_calls = HasToolCalls
+"""Holds when at least one tool-call group is included."""
 
 
 def all_of(*triggers: Trigger) -> AllOf:
