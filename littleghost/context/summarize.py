@@ -1,19 +1,12 @@
 """The summary call: notes for an assistant that continues the conversation.
 
-The request is a fixed framing (the system message: who the notes are for, and that the
-transcript is data) and ONE user message: the delimited data first — the current notes
-when they are to be rewritten, then a role-tagged transcript (tool calls as name and
-arguments, results as text; never raw tool-call blocks, which some providers reject
-without tool definitions) — and the instruction last, the only one. The default
-instruction asks for a bulleted list: one bullet per fact the user gave or a tool
-returned, copied exactly, then what the user wants, the decisions and what is still
-open. Notes are anchored: a later summary writes notes on the new conversation only and
-``merged_notes`` appends them to the earlier ones, so a fact once noted is carried
-forward exactly; only notes that reached their cap are rewritten (with the update
-instruction). ``summary_instructions`` replaces the instruction, for both. After the
-notes, ``quoted_specifics`` keeps what the user and the tools said that holds a number,
-an identifier or a name in its own words (``QUOTES_HEADING``), by code: small models
-copy facts badly.
+The request is a fixed framing (the system message) and ONE user message: the delimited
+data first (the current notes when they are to be rewritten, then a role-tagged transcript)
+and the instruction last. Notes are anchored: a later summary notes the new conversation
+only and ``merged_notes`` appends them to the earlier ones, so a fact once noted is carried
+forward exactly; only notes that reached their cap are rewritten. After the notes,
+``quoted_specifics`` keeps, by code, what the user and the tools said that holds a number,
+an identifier or a name (``QUOTES_HEADING``): small models copy facts badly.
 """
 
 from __future__ import annotations
@@ -113,13 +106,7 @@ def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:
     if message.is_summary:
         yield f"Earlier summary: {summary_text(message)}"
         return
-    speaker = {
-        Role.USER: "User",
-        Role.ASSISTANT: "Assistant",
-        Role.SYSTEM: "System",
-        Role.DEVELOPER: "Developer",
-        Role.TOOL: "Tool",
-    }[message.role]
+    speaker = message.role.value.capitalize()
     text = " ".join(part.text for part in message.content if isinstance(part, TextPart)).strip()
     images = sum(1 for part in message.content if isinstance(part, ImagePart))
     if text or images:
@@ -147,15 +134,14 @@ def excerpt(messages: Sequence[Message], chars: int) -> str | None:
 
 
 def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None = None) -> str:
-    """The messages as role-tagged lines; items longer than ``max_item_chars`` are clipped
-    in the middle (head and tail kept, with a marker)."""
+    """The messages as role-tagged lines (tool calls as name and arguments, results as
+    text: never raw tool-call blocks, which some providers reject without tool
+    definitions); items longer than ``max_item_chars`` are clipped in the middle (head and
+    tail kept, with a marker)."""
     tool_names = {call.id: call.name for message in messages for call in message.tool_calls}
-    lines = []
-    for message in messages:
-        for line in _lines(message, tool_names):
-            if max_item_chars is not None:
-                line = cut_middle(line, max_item_chars)
-            lines.append(line)
+    lines = [line for message in messages for line in _lines(message, tool_names)]
+    if max_item_chars is not None:
+        lines = [cut_middle(line, max_item_chars) for line in lines]
     return "\n".join(lines)
 
 
@@ -241,12 +227,10 @@ def _fields(content: str) -> str:
     pairs: list[str] = []
 
     def walk(value: Any, path: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
+        if isinstance(value, (dict, list)):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
                 walk(item, f"{path}.{key}" if path else str(key))
-        elif isinstance(value, list):
-            for position, item in enumerate(value):
-                walk(item, f"{path}.{position}" if path else str(position))
         elif value is not None:
             pairs.append(f"{path}={value}")
 
@@ -303,25 +287,32 @@ async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
         OutputLimitError: The summary stopped at its cap with nothing usable, twice.
         ProtocolError: The summary came back empty.
     """
-    response = await complete(request)
-    text = _cleaned(response.message.text)
-    if response.stop_reason is not StopReason.MAX_TOKENS:
-        return Summary(_nonempty(text), response.usage.output_tokens, SUMMARY_COMPLETE)
-    kept = complete_part(text)
-    if _holds_content(kept):
-        return Summary(kept, _share(response, kept, text), SUMMARY_CUT)
-    response = await complete(_shorter(request))
-    text = _cleaned(response.message.text)
-    if response.stop_reason is StopReason.MAX_TOKENS:
-        kept = complete_part(text)
-        if not _holds_content(kept):
+    summary = _summary(await complete(request), SUMMARY_COMPLETE, SUMMARY_CUT)
+    if summary is None:
+        response = await complete(_shorter(request))
+        summary = _summary(response, SUMMARY_RETRIED, SUMMARY_RETRIED)
+        if summary is None:
             raise OutputLimitError(
                 "the context summary stopped at its output limit with nothing usable, "
                 "twice (the second time asked to be shorter)",
                 response=response,
             )
-        return Summary(kept, _share(response, kept, text), SUMMARY_RETRIED)
-    return Summary(_nonempty(text), response.usage.output_tokens, SUMMARY_RETRIED)
+    return summary
+
+
+def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
+    """The summary in ``response`` (outcome ``whole``); at its cap, its complete part
+    (outcome ``cut``, its reported output tokens pro rata), or ``None`` when that holds
+    nothing besides headings."""
+    text = _cleaned(response.message.text)
+    if response.stop_reason is not StopReason.MAX_TOKENS:
+        if not text:
+            raise ProtocolError("the context summary came back empty")
+        return Summary(text, response.usage.output_tokens, whole)
+    kept = complete_part(text)
+    if not _holds_content(kept):
+        return None
+    return Summary(kept, response.usage.output_tokens * len(kept) // max(1, len(text)), cut)
 
 
 def _cleaned(text: str) -> str:
@@ -336,17 +327,6 @@ def _cleaned(text: str) -> str:
         seen.add(said)
         kept.append(line)
     return "\n".join(kept).strip()
-
-
-def _nonempty(text: str) -> str:
-    if not text:
-        raise ProtocolError("the context summary came back empty")
-    return text
-
-
-def _share(response: ModelResponse, kept: str, text: str) -> int:
-    """The reported output tokens of ``text``, pro rata for the ``kept`` part of it."""
-    return response.usage.output_tokens * len(kept) // max(1, len(text))
 
 
 def _shorter(request: ModelRequest) -> ModelRequest:
