@@ -25,12 +25,8 @@ from littleghost.context import (
     compaction_records,
     messages_exceed,
 )
-from littleghost.context.view import (
-    COMPACTION_COVERS_KEY,
-    COMPACTION_KIND_KEY,
-    orphan_results,
-    unanswered_calls,
-)
+from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
+from littleghost.context.view import orphan_results, unanswered_calls
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response

@@ -204,7 +204,7 @@ class TestProtection:
         for request in model.requests:
             assert any(m.text == "THE QUESTION" for m in request.messages)
         question = next(m for m in result.messages if m.text == "THE QUESTION")
-        from littleghost.context.view import record_covers
+        from littleghost.context.records import record_covers
 
         assert all(question.id not in record_covers(m) for m in result.messages)
 

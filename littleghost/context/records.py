@@ -13,7 +13,6 @@ The log is never rewritten; a compaction appends a record that covers earlier id
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY, Message
@@ -23,7 +22,6 @@ __all__ = [
     "COMPACTION_COVERS_KEY",
     "COMPACTION_KIND_KEY",
     "EXCLUSION",
-    "covered_ids",
     "is_record",
     "record_covers",
 ]
@@ -62,12 +60,3 @@ def record_covers(message: Message) -> list[str]:
     if metadata.get(COMPACTION_KIND_KEY) in (COLLAPSE, EXCLUSION):
         return ids(metadata.get(COMPACTION_COVERS_KEY))
     return []
-
-
-def covered_ids(log: Iterable[Message]) -> set[str]:
-    """The ids that compaction records in ``log`` stand for (summaries, collapses and
-    exclusions, including records covered by later ones)."""
-    covered: set[str] = set()
-    for message in log:
-        covered.update(record_covers(message))
-    return covered

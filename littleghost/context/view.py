@@ -11,29 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from littleghost.context.groups import Layout
-from littleghost.context.records import (
-    COLLAPSE,
-    COMPACTION_COVERS_KEY,
-    COMPACTION_KIND_KEY,
-    EXCLUSION,
-    covered_ids,
-    is_record,
-    record_covers,
-)
 from littleghost.messages import Message
 
 __all__ = [
-    "COLLAPSE",
-    "COMPACTION_COVERS_KEY",
-    "COMPACTION_KIND_KEY",
-    "EXCLUSION",
     "INTERRUPTED_TEXT",
     "build_view",
-    "covered_ids",
     "interrupted_results",
-    "is_record",
     "orphan_results",
-    "record_covers",
     "unanswered_calls",
 ]
 
