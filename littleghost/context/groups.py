@@ -15,37 +15,21 @@ A group is one of:
   them, wherever they are in the log;
 - ``summary``: a compaction summary.
 
-``Layout`` reads a log in two linear passes — compaction records (``records.py``) and
-pairing, then the layout into groups — and ``extend`` grows it for a longer log at the
-cost of what was added. Reading a log, a result whose call is absent or hidden is left
-out; grouping a plain sequence (``group_messages``), records are ordinary messages and
-such a result is a ``tool_call`` group of its own, so nothing is lost.
+``Layout`` reads a log in two linear passes (records and pairing, then groups). Reading a
+log, a result whose call is absent or hidden is left out; grouping a plain sequence
+(``group_messages``), such a result is a ``tool_call`` group of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from attrs import frozen
 
-from littleghost.context.records import (
-    COLLAPSE,
-    COMPACTION_COVERS_KEY,
-    COMPACTION_KIND_KEY,
-    EXCLUSION,
-    ids,
-    is_record,
-)
+from littleghost.context.records import COLLAPSE, COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer, prompt_text
-from littleghost.messages import (
-    SUMMARY_COVERS_KEY,
-    SUMMARY_KEY,
-    Message,
-    Role,
-    ToolCall,
-    ToolResult,
-)
+from littleghost.messages import SUMMARY_KEY, Message, Role, ToolCall, ToolResult
 
 __all__ = [
     "ASSISTANT_TEXT",
@@ -240,22 +224,16 @@ class Layout:
 
     def _record(self, message: Message) -> bool:
         """Read ``message`` if it is a compaction record (True); else False."""
-        metadata = message.metadata
-        if metadata.get(SUMMARY_KEY) is True:
+        if not is_record(message):
+            return False
+        covers = record_covers(message)
+        self.hidden.update(covers)
+        if message.is_summary:
             self.summaries.append(message)
-            self.hidden.update(ids(metadata.get(SUMMARY_COVERS_KEY)))
-            return True
-        kind = metadata.get(COMPACTION_KIND_KEY)
-        if kind == COLLAPSE:
-            covers = ids(metadata.get(COMPACTION_COVERS_KEY))
-            self.hidden.update(covers)
+        elif message.metadata[COMPACTION_KIND_KEY] == COLLAPSE:
             for covered in covers:
                 self.anchors.setdefault(covered, message)
-            return True
-        if kind == EXCLUSION:
-            self.hidden.update(ids(metadata.get(COMPACTION_COVERS_KEY)))
-            return True
-        return False
+        return True
 
     def _lay_out(self, log: Sequence[Message], start: int) -> None:
         """Pass 2: lay out ``log[start:]`` as groups after those laid out so far."""
@@ -363,18 +341,6 @@ class Layout:
         return sorted(missing, key=order)
 
 
-def groups_of(
-    kinds: Sequence[GroupKind],
-    members: Sequence[Sequence[Message]],
-    estimate: Callable[[Message], int],
-) -> tuple[MessageGroup, ...]:
-    """Groups as values, with their estimated tokens."""
-    return tuple(
-        MessageGroup(kind, tuple(group), sum(map(estimate, group)))
-        for kind, group in zip(kinds, members, strict=True)
-    )
-
-
 def group_messages(
     messages: Sequence[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER
 ) -> tuple[MessageGroup, ...]:
@@ -384,6 +350,9 @@ def group_messages(
     messages here (a summary is a ``summary`` group, a collapse an ``assistant_text``
     group); to group what a model would see of a log, group ``build_view(log)``.
     """
-    layout = Layout.build(messages, records=False)
-    kinds, members = layout.slots()
-    return groups_of(kinds, members, Estimates(tokenizer))
+    kinds, members = Layout.build(messages, records=False).slots()
+    estimate = Estimates(tokenizer)
+    return tuple(
+        MessageGroup(kind, tuple(group), sum(map(estimate, group)))
+        for kind, group in zip(kinds, members, strict=True)
+    )

@@ -1,11 +1,9 @@
 """The engine's index of one log: its layout, and per-message figures kept beside it.
 
 A message is a value and holds no state of the engine's. What the engine learns about
-the messages of a log — their layout, their token estimates per tokenizer, the cut-down
-copies views show — lives here, keyed by message (its id, checked by identity), and is
-carried over when the log grows: a run keeps one index for its log; ``LogIndex.of``
-finds the index of a log seen lately (the same log again, or the log it extends), so
-the next turn costs what it added.
+the messages of a log (their layout, token estimates per tokenizer, the cut-down copies
+views show) lives here, keyed by message id (checked by identity), and carries over when
+the log grows (``LogIndex.of``, ``grown``), so the next turn costs what it added.
 """
 
 from __future__ import annotations
