@@ -13,8 +13,6 @@ The log is never rewritten; a compaction appends a record that covers earlier id
 
 from __future__ import annotations
 
-from typing import Any
-
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY, Message
 
 __all__ = [
@@ -34,13 +32,6 @@ COLLAPSE = "collapse"
 EXCLUSION = "exclusion"
 
 
-def ids(value: Any) -> list[str]:
-    """The str items of a ``covers`` list (anything else: none)."""
-    if isinstance(value, (list, tuple)):
-        return [item for item in value if isinstance(item, str)]
-    return []
-
-
 def is_record(message: Message) -> bool:
     """True for a compaction record: a summary, a collapse or an exclusion."""
     metadata = message.metadata
@@ -51,12 +42,10 @@ def is_record(message: Message) -> bool:
 
 
 def record_covers(message: Message) -> list[str]:
-    """The ids a compaction record stands for (``[]`` for any other message)."""
-    metadata = message.metadata
-    if not metadata:
+    """The ids a compaction record stands for (``[]`` for any other message); items of its
+    ``covers`` that are not str are left out."""
+    if not is_record(message):
         return []
-    if metadata.get(SUMMARY_KEY) is True:
-        return ids(metadata.get(SUMMARY_COVERS_KEY))
-    if metadata.get(COMPACTION_KIND_KEY) in (COLLAPSE, EXCLUSION):
-        return ids(metadata.get(COMPACTION_COVERS_KEY))
-    return []
+    key = SUMMARY_COVERS_KEY if message.is_summary else COMPACTION_COVERS_KEY
+    covers = message.metadata.get(key)
+    return [i for i in covers if isinstance(i, str)] if isinstance(covers, (list, tuple)) else []
