@@ -2,14 +2,10 @@
 
 A strategy starts only when its ``trigger`` holds, and stops as soon as its ``target``
 holds (by default: when the trigger no longer does), re-evaluated after each step. A
-trigger is any callable ``(metrics) -> bool``; the built-in ones are values that combine
-with ``all_of``/``any_of`` or the operators ``&``, ``|`` and ``~``::
-
-    trigger = all_of(has_tool_calls(), tokens_exceed(2_000))
-    Truncation(trigger=tokens_exceed(32_000), target=~tokens_exceed(16_000))
-
-Every count is of what is still included (kept or collapsed, not excluded), system
-messages included; ``turns`` counts user groups.
+trigger is any callable ``(metrics) -> bool``; the built-in ones combine with
+``all_of``/``any_of`` or ``&``, ``|`` and ``~`` (``all_of(has_tool_calls(),
+tokens_exceed(2_000))``). Every count is of what is still included (kept or collapsed,
+not excluded), system messages included.
 """
 
 from __future__ import annotations
