@@ -135,10 +135,8 @@ class Layout:
         """The layout of ``log`` (with ``records=False``: of a plain sequence)."""
         layout = cls(records=records)
         layout.scan(log)
-        for candidate in reversed(layout.summaries):
-            if candidate.id not in layout.hidden:
-                layout.pending = candidate
-                break
+        newest_first = reversed(layout.summaries)
+        layout.pending = next((s for s in newest_first if s.id not in layout.hidden), None)
         layout._lay_out(log, 0)
         return layout
 

@@ -48,7 +48,6 @@ class LogIndex:
         """The index of ``messages``, reusing one of the same log or of a log it extends
         with plain messages, if seen lately."""
         log = tuple(messages)
-        found: LogIndex | None = None
         for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
             known = _recent.get(id(log[position]))
             if (
@@ -59,7 +58,7 @@ class LogIndex:
                 found = known.grown(log)
                 _recent.pop(id(log[position]), None)
                 break
-        if found is None:
+        else:
             found = cls(log, Layout.build(log))
         if log:
             _recent[id(log[-1])] = found
