@@ -90,15 +90,12 @@ _ID = attrgetter("id")
 class CompactionState:
     """The groups of a view while strategies work on them, and the metrics triggers read.
 
-    ``tokens``, ``messages``, ``groups``, ``turns`` and ``tool_call_groups`` count what is
-    still included; every step keeps them current, so evaluating a trigger costs constant
-    time. Token estimates are made lazily: a group is estimated when a strategy or the
-    ``tokens`` metric first needs it, so deciding what to keep under a budget from the
-    newest group back estimates only what it walks. Slots keep their order: a group is
-    included, excluded, or absorbed into a summary; a collapse or summary made now
-    replaces the group in its slot. Slots from ``protected`` on (the current turn, in a
-    run) are never removed, nor are the ``pinned`` slots. ``scale`` (real tokens per
-    estimated token, from the provider's counts) and ``room`` (the real tokens a summary
+    The metrics (``tokens``, ``messages``, ``groups``, ``turns``, ``tool_call_groups``)
+    count what is included and are kept current by every step; a group's tokens are
+    estimated when first needed. Each slot's group is included, excluded, or absorbed
+    into a collapse or summary made in the first slot it replaces. Slots from
+    ``protected`` on (the current turn, in a run) and ``pinned`` slots are never removed.
+    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
     request may fill, ``None`` for no limit) fit summary requests to the window.
     """
 
@@ -274,14 +271,13 @@ class CompactionState:
     def exclude_oldest(self, end: int, target: Trigger) -> None:
         """Exclude the included non-system groups before slot ``end``, oldest first,
         checking ``target`` before each; stop as soon as it holds."""
-        limit = _token_limit(target)
-        if limit is None:
-            for slot in self.candidates(end):
-                if target(self):
-                    return
-                self.exclude(slot)
+        if isinstance(target, Not) and isinstance(target.trigger, TokensExceed):
+            self.keep_newest(end, target.trigger.limit)  # what stays can be counted ahead
             return
-        self.keep_newest(end, limit)
+        for slot in self.candidates(end):
+            if target(self):
+                return
+            self.exclude(slot)
 
     def keep_newest(self, end: int, limit: int) -> None:
         """Exclude the oldest non-system groups before slot ``end`` so that what stays
@@ -329,13 +325,6 @@ class CompactionState:
             self._excluded.remove(slot)
             self._count(slot, 1)
 
-    def _replace(self, slot: int, record: Message, kind: GroupKind, stands: list[str]) -> None:
-        self._stands[slot] = stands
-        self._made[slot] = record
-        self._kinds[slot] = kind
-        self._members[slot] = [record]
-        self._sizes[slot] = None
-
     def collapse(self, slot: int, text: str) -> None:
         """Replace the group in ``slot`` by one assistant message saying ``text``."""
         if self._fate[slot] != _INCLUDED or self._kinds[slot] == SYSTEM:
@@ -345,23 +334,27 @@ class CompactionState:
     def merge(self, slots: Sequence[int], text: str) -> None:
         """Replace the groups in ``slots`` (oldest first) by one assistant message saying
         ``text`` (a collapse record), shown in the place of the first of them."""
-        stands = [item for slot in slots for item in self.stands_for(slot)]
-        metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
-        self._absorb(slots, Message.assistant(text, metadata=metadata), ASSISTANT_TEXT, stands)
+
+        def record(stands: list[str]) -> Message:
+            metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
+            return Message.assistant(text, metadata=metadata)
+
+        self._absorb(slots, ASSISTANT_TEXT, record)
 
     def summarize(self, slots: Sequence[int], text: str, *, tokens: int = 0) -> None:
         """Replace the groups in ``slots`` (oldest first, excluded or included) by one
         summary saying ``text``, shown in the place of the first of them; ``tokens`` is
         its size in the model's own tokens when known (``real``)."""
-        stands = [item for slot in slots for item in self.stands_for(slot)]
-        record = summary_message(text, stands)
+        record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
         if tokens > 0:
             self.real[record.id] = tokens + self._estimate(summary_message("", ()))
-        self._absorb(slots, record, SUMMARY, stands)
 
     def _absorb(
-        self, slots: Sequence[int], record: Message, kind: GroupKind, stands: list[str]
-    ) -> None:
+        self, slots: Sequence[int], kind: GroupKind, make: Callable[[list[str]], Message]
+    ) -> Message:
+        """Replace the groups in ``slots`` by ``make(the ids they stand for)``, of ``kind``."""
+        stands = [item for slot in slots for item in self.stands_for(slot)]
+        record = make(stands)
         for slot in slots:
             if self._fate[slot] == _INCLUDED:
                 self._count(slot, -1)
@@ -370,8 +363,13 @@ class CompactionState:
             self._fate[slot] = _ABSORBED
         first = slots[0]
         self._fate[first] = _INCLUDED
-        self._replace(first, record, kind, stands)
+        self._stands[first] = stands
+        self._made[first] = record
+        self._kinds[first] = kind
+        self._members[first] = [record]
+        self._sizes[first] = None
         self._count(first, 1)
+        return record
 
     # --- results ---------------------------------------------------------------------
 
@@ -401,17 +399,10 @@ class CompactionState:
         """The records that give this state's view when appended to the log."""
         fate = self._fate
         records = [record for slot, record in self._made.items() if fate[slot] == _INCLUDED]
-        stands = self._stands
         members = self._members
         slots = sorted(self._excluded)
-        if stands:
-            excluded: list[str] = []
-            for slot in slots:
-                made = stands.get(slot)
-                if made is not None:
-                    excluded.extend(made)
-                else:
-                    excluded.extend([message.id for message in members[slot]])
+        if self._stands:
+            excluded = [item for slot in slots for item in self.stands_for(slot)]
         elif slots and slots[-1] - slots[0] + 1 == len(slots):  # a run of slots, as a cut
             excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
         else:
@@ -438,20 +429,11 @@ class CompactionStrategy(Protocol):
 def _positions(items: list[Any], value: object) -> list[int]:
     """The positions of ``value`` in ``items`` (searched by ``list.index``, in C)."""
     found: list[int] = []
-    position = -1
-    while True:
-        try:
-            position = items.index(value, position + 1)
-        except ValueError:
-            return found
-        found.append(position)
-
-
-def _token_limit(target: Trigger) -> int | None:
-    """``n`` when ``target`` is ``~tokens_exceed(n)`` (then steps can be counted ahead)."""
-    if isinstance(target, Not) and isinstance(target.trigger, TokensExceed):
-        return target.trigger.limit
-    return None
+    try:
+        while True:
+            found.append(items.index(value, found[-1] + 1 if found else 0))
+    except ValueError:
+        return found
 
 
 def _target(trigger: Trigger, target: Trigger | None) -> Trigger:
