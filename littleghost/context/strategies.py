@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from functools import partial
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import field, frozen
 
@@ -696,42 +697,15 @@ class TurnExcerpts:
         return f"[Earlier turn, excerpted: {line}]"
 
 
-def _model(value: object) -> None:
-    if value is not None and not callable(getattr(value, "respond", None)):
-        raise ConfigurationError(
-            f"Summarization.model must be a Model (with respond(request)) or None, not {value!r}"
-        )
-
-
-def _prompt(value: object) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ConfigurationError(
-            f"Summarization.prompt must be a non-empty str or None, not {value!r}"
-        )
-
-
 def prepared(model: Model) -> Complete:
-    """``model.respond``, after the model's optional ``prepare()`` (outside a run).
-
-    Like ``RunContext.complete``, the call takes ``model=``: a strategy's own
-    ``Summarization(model=...)`` writes with that model instead.
-    """
+    """``model.respond``, after the model's optional ``prepare()`` (outside a run); like
+    ``RunContext.complete``, the call takes ``model=`` to write with another model."""
 
     async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
         prepare = getattr(model, "prepare", None)
         if prepare is not None:
             await prepare()
         return await model.respond(request)
-
-    return call
-
-
-def _with_model(complete: Any, model: Model) -> Complete:
-    """``complete`` (``RunContext.complete``, which takes ``model=``) bound to ``model``."""
-
-    async def call(request: ModelRequest) -> ModelResponse:
-        response: ModelResponse = await complete(request, model=model)
-        return response
 
     return call
 
@@ -762,35 +736,21 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 class Summarization:
     """Replace the oldest non-system groups by one summary written by a model.
 
-    With ``mask_tool_results``, tool results older than the newest that many tool-call
-    groups are first masked (``mask_tool_results()``), and no summary is made when that
-    is enough. Then groups are taken oldest first until the target holds as if they were
-    gone, leaving the newest ``minimum_preserved``, and one summary call covers them
-    all. When previous summaries are among them, their notes are anchored: the call
-    writes notes on the rest only, and those are appended to the earlier notes (lines
-    already there dropped), so what was noted is carried forward exactly; only notes
-    that reached ``max_tokens`` are rewritten, given as the current notes with the rest
-    (``DEFAULT_UPDATE_INSTRUCTIONS``), within half of ``max_tokens``. With
-    ``quote_specifics``, the summarized user sentences and tool results that hold a
-    number, an identifier or a name (``quoted_specifics``) follow the notes in their own
-    words under ``QUOTES_HEADING``; they are carried forward by code and never
-    rewritten, and the section holds at most ``max_tokens``. What a summary adds (its
-    quotes first, then the notes' output cap) is at most half of what it replaces, the
-    cap never under ``SUMMARY_FLOOR_TOKENS``. Nothing happens when only a
-    previous summary would be taken. The summary request is fitted to the state's
-    ``room``, in real tokens: long transcript items are clipped (head and
-    tail kept), then the output cap is halved down to ``SUMMARY_FLOOR_TOKENS``, then
-    fewer groups are taken; when not even one group fits, ``CompactionError``. A
-    summary that reaches its cap keeps its complete lines, or is asked for once more,
-    shorter (``state.summary_outcome`` says which). The summary is appended to the log
-    as a marked message (DESIGN §3) and shown before the first non-trusted message. A
-    failed summary call (an error, an empty answer, nothing usable twice) raises.
+    Older tool results are first masked (with ``mask_tool_results``; no summary when that
+    is enough); then groups are taken oldest first until the target holds as if they were
+    gone, and one summary call covers them. Earlier summaries among them are anchored:
+    the new notes are appended to theirs, and only notes that reached ``max_tokens`` are
+    rewritten (within half of it). With ``quote_specifics``, the summarized sentences and
+    tool results that hold specifics follow the notes verbatim (``quoted_specifics``).
+    Quotes and output cap together take at most half of what the summary replaces. The
+    request is fitted to the state's ``room``: items clipped, then the cap halved down
+    to ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not
+    even one fits). Nothing happens when only a previous summary would be taken; a failed
+    summary call raises. The README's "Context management" tells the details.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
-        prompt: Replaces the summarizer's instruction (for new notes and a rewrite
-            alike; default: ``DEFAULT_SUMMARY_INSTRUCTIONS`` and
-            ``DEFAULT_UPDATE_INSTRUCTIONS``).
+        prompt: Replaces the summarizer's instruction, for new notes and a rewrite alike.
         model: The model that writes the summary; default the agent's model (inside a
             run) — ad hoc use needs one.
         trigger: Start only when this holds (default ``always``).
@@ -805,8 +765,22 @@ class Summarization:
     """
 
     minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
-    prompt: str | None = field(default=None, validator=lambda _i, _a, v: _prompt(v))
-    model: Model | None = field(default=None, validator=lambda _i, _a, v: _model(v))
+    prompt: str | None = field(
+        default=None,
+        validator=check(
+            "Summarization.prompt",
+            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+            "a non-empty str or None",
+        ),
+    )
+    model: Model | None = field(
+        default=None,
+        validator=check(
+            "Summarization.model",
+            lambda v: v is None or callable(getattr(v, "respond", None)),
+            "a Model (with respond(request)) or None",
+        ),
+    )
     trigger: Trigger = field(default=always, validator=check_trigger("Summarization.trigger"))
     target: Trigger | None = field(
         default=None, validator=optional(check_trigger("Summarization.target"))
@@ -867,52 +841,53 @@ class Summarization:
 
     def _complete(self, state: CompactionState) -> Complete:
         complete = state.complete
-        if complete is not None and self.model is not None:  # inside a run: traced, counted
-            return _with_model(complete, self.model)
-        if complete is None and self.model is not None:
-            return prepared(self.model)
         if complete is None:
-            raise ConfigurationError(
-                "Summarization needs a model outside a run: Summarization(model=...)"
-            )
-        return complete
+            if self.model is None:
+                raise ConfigurationError(
+                    "Summarization needs a model outside a run: Summarization(model=...)"
+                )
+            return prepared(self.model)
+        if self.model is None:
+            return complete
+        return partial(cast(Any, complete), model=self.model)  # inside a run: traced, counted
 
     def _fitted(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
     ) -> tuple[ModelRequest, list[str]]:
-        """The summary request for ``taken`` (oldest first; ``notes`` to rewrite with
-        them, if any) that fits the state's room, and the specifics it leaves to quote
-        after ``quotes``; the newest taken groups are given back while it cannot fit."""
+        """The summary request for ``taken`` (with ``notes`` to rewrite, if any) that fits
+        the state's room, and the specifics it leaves to quote after ``quotes``; the
+        newest taken groups are given back while it cannot fit."""
         clips = sorted(
             {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
             reverse=True,
         )
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
-        covered = _covered(state, taken)
-        cap, added = self._budget(state, taken, covered, notes, quotes)
         while True:
-            for clip in clips:
-                request = summary_request(
-                    covered,
-                    instructions=instruction,
-                    settings=state.settings,
-                    max_tokens=cap,
-                    max_item_chars=clip,
-                    notes=notes,
-                )
-                if state.fits(request, instruction):
-                    return request, added
-            if cap > SUMMARY_FLOOR_TOKENS:
+            covered = [
+                m for s in taken if state.kind(s) != SUMMARY for m in state.group(s).messages
+            ]
+            cap, added = self._budget(state, taken, covered, notes, quotes)
+            while True:
+                for clip in clips:
+                    request = summary_request(
+                        covered,
+                        instructions=instruction,
+                        settings=state.settings,
+                        max_tokens=cap,
+                        max_item_chars=clip,
+                        notes=notes,
+                    )
+                    if state.fits(request, instruction):
+                        return request, added
+                if cap <= SUMMARY_FLOOR_TOKENS:
+                    break
                 cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
-                continue
             if sum(state.kind(slot) != SUMMARY for slot in taken) <= 1:
                 raise CompactionError(
                     "no summary request fits the context window, even for one group with "
                     f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
                 )
             state.restore(taken.pop())
-            covered = _covered(state, taken)
-            cap, added = self._budget(state, taken, covered, notes, quotes)
 
     def _budget(
         self,
@@ -923,11 +898,9 @@ class Summarization:
         quotes: str,
     ) -> tuple[int, list[str]]:
         """The output cap to start from and the specifics of ``covered`` (the messages of
-        ``taken``) to quote: together at most half of what the summary replaces (one as
-        long could not make the request smaller, and a small model writes to its cap).
-        The quotes come first, while the quoted section stays within ``max_tokens``; the
-        notes get the rest, at most ``max_tokens`` (half of that for a rewrite of full
-        notes, so there is room to append again), at least ``SUMMARY_FLOOR_TOKENS``."""
+        ``taken``) to quote: together at most half of what the summary replaces, the
+        quotes first (their section within ``max_tokens``), the cap at most ``max_tokens``
+        (half of that for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
         floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
@@ -943,16 +916,6 @@ class Summarization:
                     half -= cost
         limit = self.max_tokens if notes is None else self.max_tokens // 2
         return max(floor, min(limit, half)), added
-
-
-def _covered(state: CompactionState, taken: list[int]) -> list[Message]:
-    """The messages of the groups in ``taken`` that are not earlier summaries."""
-    return [
-        message
-        for slot in taken
-        if state.kind(slot) != SUMMARY
-        for message in state.group(slot).messages
-    ]
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
