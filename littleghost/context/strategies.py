@@ -930,10 +930,6 @@ def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
     return strategies
 
 
-def _pipeline_strategies(value: Any) -> tuple[CompactionStrategy, ...]:
-    return _strategies("Pipeline", value)
-
-
 def _budget_strategies(value: Any) -> tuple[CompactionStrategy, ...]:
     return _strategies("TokenBudget.strategies", value)
 
@@ -950,7 +946,7 @@ class Pipeline:
         trigger: Start only when this holds (default ``always``).
     """
 
-    strategies: tuple[CompactionStrategy, ...] = field(converter=_pipeline_strategies)
+    strategies: tuple[CompactionStrategy, ...]
     trigger: Trigger = field(default=always, validator=check_trigger("Pipeline.trigger"))
 
     def __init__(
@@ -964,7 +960,7 @@ class Pipeline:
         given = keywords.pop("strategies", strategies)
         if keywords:
             raise ConfigurationError(f"Pipeline got unexpected keywords: {', '.join(keywords)}")
-        self.__attrs_init__(strategies=given, trigger=trigger)
+        self.__attrs_init__(strategies=_strategies("Pipeline", given), trigger=trigger)
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
