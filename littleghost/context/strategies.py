@@ -1,12 +1,9 @@
 """Compaction strategies: values that decide which groups of a view to keep, collapse,
-exclude or summarize.
+exclude or summarize, working on a ``CompactionState``.
 
-Every strategy keeps system groups and never splits a group. Each has a ``trigger``
-(start only when it holds; default ``always``) and, where it removes step by step, a
-``target`` (stop as soon as it holds; default: the trigger no longer holds), re-evaluated
-after each step, and keeps a minimum of newest non-system groups. Strategies work on a
-``CompactionState``; what they decide becomes records appended to the log (see
-``littleghost.context.compaction``), so the stored originals are never lost.
+Every strategy keeps system groups and never splits a group. It starts only when its
+``trigger`` holds and, stepping, stops as soon as its ``target`` holds (by default, when
+the trigger no longer does).
 """
 
 from __future__ import annotations
@@ -204,9 +201,7 @@ class CompactionState:
         fate = self._fate
         kinds = self._kinds
         for slot in range(len(kinds) - 1, -1, -1):
-            if fate[slot] == _INCLUDED and kinds[slot] != SYSTEM:
-                if kind is not None and kinds[slot] != kind:
-                    continue
+            if fate[slot] == _INCLUDED and kinds[slot] != SYSTEM and kind in (None, kinds[slot]):
                 count -= 1
                 if count == 0:
                     return min(slot, self.protected)
@@ -863,10 +858,7 @@ class Summarization:
         )
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
         while True:
-            covered = [
-                m for s in taken if state.kind(s) != SUMMARY for m in state.group(s).messages
-            ]
-            cap, added = self._budget(state, taken, covered, notes, quotes)
+            covered, cap, added = self._budget(state, taken, notes, quotes)
             while True:
                 for clip in clips:
                     request = summary_request(
@@ -890,17 +882,14 @@ class Summarization:
             state.restore(taken.pop())
 
     def _budget(
-        self,
-        state: CompactionState,
-        taken: list[int],
-        covered: list[Message],
-        notes: str | None,
-        quotes: str,
-    ) -> tuple[int, list[str]]:
-        """The output cap to start from and the specifics of ``covered`` (the messages of
-        ``taken``) to quote: together at most half of what the summary replaces, the
-        quotes first (their section within ``max_tokens``), the cap at most ``max_tokens``
-        (half of that for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
+        self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
+    ) -> tuple[list[Message], int, list[str]]:
+        """The messages of ``taken`` to summarize (not earlier summaries), the output cap
+        to start from and the specifics to quote: cap and quotes together at most half of
+        what the summary replaces, the quotes first (their section within ``max_tokens``),
+        the cap at most ``max_tokens`` (half of that for a rewrite), at least
+        ``SUMMARY_FLOOR_TOKENS``."""
+        covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.group(s).messages]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
         floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
@@ -915,7 +904,7 @@ class Summarization:
                     room -= cost
                     half -= cost
         limit = self.max_tokens if notes is None else self.max_tokens // 2
-        return max(floor, min(limit, half)), added
+        return covered, max(floor, min(limit, half)), added
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
