@@ -563,25 +563,21 @@ async def mask_tool_results(state: CompactionState, keep: int, target: Trigger) 
     """Observation masking: replace each tool-call group older than the newest ``keep``
     by its one-line placeholder (``mask_text``), oldest first, until ``target`` holds.
     The results stay in the log; a later summary sees only the placeholder."""
-    await _tool_groups(
-        state, keep, always, target, lambda slot: state.collapse(slot, mask_text(state.group(slot)))
-    )
+    _tool_groups(state, keep, target, mask_text)
 
 
-async def _tool_groups(
-    state: CompactionState,
-    keep: int,
-    trigger: Trigger,
-    target: Trigger | None,
-    step: Callable[[int], None],
+def _tool_groups(
+    state: CompactionState, keep: int, goal: Trigger, text: Callable[[MessageGroup], str] | None
 ) -> None:
-    if not trigger(state):
-        return
-    goal = _target(trigger, target)
+    """Collapse each tool-call group older than the newest ``keep`` into ``text(group)``
+    (exclude it, without ``text``), oldest first, until ``goal`` holds."""
     for slot in state.candidates(state.newest(keep, TOOL_CALL), TOOL_CALL):
         if goal(state):
             return
-        step(slot)
+        if text is None:
+            state.exclude(slot)
+        else:
+            state.collapse(slot, text(state.group(slot)))
 
 
 @frozen(kw_only=True)
@@ -611,11 +607,10 @@ class ToolResultCompaction:
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
-
-        def step(slot: int) -> None:
-            state.collapse(slot, collapse_text(state.group(slot), self.max_result_chars))
-
-        await _tool_groups(state, self.keep_last_tool_call_groups, self.trigger, self.target, step)
+        if self.trigger(state):
+            goal = _target(self.trigger, self.target)
+            text = partial(collapse_text, max_result_chars=self.max_result_chars)
+            _tool_groups(state, self.keep_last_tool_call_groups, goal, text)
 
 
 @frozen(kw_only=True)
@@ -640,9 +635,9 @@ class SelectiveToolCallCompaction:
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
-        await _tool_groups(
-            state, self.keep_last_tool_call_groups, self.trigger, self.target, state.exclude
-        )
+        if self.trigger(state):
+            goal = _target(self.trigger, self.target)
+            _tool_groups(state, self.keep_last_tool_call_groups, goal, None)
 
 
 @frozen(kw_only=True)
