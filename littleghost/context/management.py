@@ -32,7 +32,7 @@ from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
-from littleghost._validators import Validator, check, is_int, is_number
+from littleghost._validators import Validator, check, int_at_least, is_int, is_number, optional
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.budget import (
     BudgetReport,
@@ -108,12 +108,17 @@ def _env_window() -> int:
     return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
 
 
-def _check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
-    return check(f"manage_context: {name}", ok, allowed)
+def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
+    """``check`` for the field validated, named ``manage_context: <field>``."""
+
+    def validate(instance: object, attribute: Any, value: Any) -> None:
+        check(f"manage_context: {attribute.name}", ok, allowed)(instance, attribute, value)
+
+    return validate
 
 
-def _optional_count(name: str) -> Validator:
-    return _check(name, lambda v: v is None or (is_int(v) and v > 0), "an int > 0 or None")
+_SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
+_OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
 
 
 @frozen(kw_only=True)
@@ -147,74 +152,49 @@ class ContextManagement:
     """
 
     context_window_tokens: int = field(
-        factory=_env_window,
-        validator=_check("context_window_tokens", lambda v: is_int(v) and v > 0, "an int > 0"),
+        factory=_env_window, validator=_check(int_at_least(1), "an int > 0")
     )
-    context_window_override: int | None = field(
-        default=None, validator=_optional_count("context_window_override")
-    )
+    context_window_override: int | None = field(default=None, validator=_OPTIONAL_COUNT)
     compression_threshold: float = field(
-        default=0.85,
-        validator=_check(
-            "compression_threshold", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"
-        ),
+        default=0.85, validator=_check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
     )
     summary_ratio: float = field(
         default=0.3,
-        validator=_check(
-            "summary_ratio", lambda v: is_number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"
-        ),
+        validator=_check(lambda v: is_number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"),
     )
     preserve_recent_messages: int = field(
-        default=10,
-        validator=_check("preserve_recent_messages", lambda v: is_int(v) and v >= 2, "an int >= 2"),
+        default=10, validator=_check(int_at_least(2), "an int >= 2")
     )
     tokenizer: Tokenizer = field(
         default=DEFAULT_TOKENIZER,
         validator=_check(
-            "tokenizer",
             lambda v: callable(getattr(v, "count_tokens", None)),
             "an object with count_tokens(text)",
         ),
     )
     summary_instructions: str | None = field(
         default=None,
-        validator=_check(
-            "summary_instructions",
-            lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
-            "a non-empty str or None",
+        validator=optional(
+            _check(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str or None")
         ),
     )
-    summary_max_tokens: int | None = field(
-        default=None, validator=_optional_count("summary_max_tokens")
-    )
-    quote_specifics: bool = field(
-        default=True,
-        validator=_check("quote_specifics", lambda v: isinstance(v, bool), "True or False"),
-    )
+    summary_max_tokens: int | None = field(default=None, validator=_OPTIONAL_COUNT)
+    quote_specifics: bool = field(default=True, validator=_SWITCH)
     mask_tool_results: int | None = field(
-        default=None,
-        validator=_check(
-            "mask_tool_results",
-            lambda v: v is None or (is_int(v) and v >= 0),
-            "an int >= 0 or None",
-        ),
+        default=None, validator=optional(_check(int_at_least(0), "an int >= 0 or None"))
     )
     budget: PromptBudget | None = field(
         default=None,
-        validator=_check(
-            "budget", lambda v: v is None or isinstance(v, PromptBudget), "a PromptBudget or None"
-        ),
+        validator=optional(_check(lambda v: isinstance(v, PromptBudget), "a PromptBudget or None")),
     )
-    summarize: bool = field(
-        default=True, validator=_check("summarize", lambda v: isinstance(v, bool), "True or False")
-    )
+    summarize: bool = field(default=True, validator=_SWITCH)
     strategy: CompactionStrategy | None = field(
         default=None,
-        validator=_check(
-            "strategy",
-            lambda v: v is None or callable(getattr(v, "compact", None)),
-            "a compaction strategy (Truncation, Pipeline, ...) or None",
+        validator=optional(
+            _check(
+                lambda v: callable(getattr(v, "compact", None)),
+                "a compaction strategy (Truncation, Pipeline, ...) or None",
+            )
         ),
     )
 
