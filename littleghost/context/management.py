@@ -68,7 +68,7 @@ from littleghost.errors import (
 )
 from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.models.base import Model, ModelRequest, Usage
+from littleghost.models.base import Model, ModelRequest
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
@@ -500,7 +500,7 @@ async def _proactive(
             "the last compaction left the request over the threshold; the next waits until "
             f"it has grown to {state.quiet_until} tokens"
         )
-        _event(context, "threshold", "skipped", estimated, window, None, None, None, skipped=why)
+        _event("threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why})
         return request
     target = int(TARGET_SHARE * config.compression_threshold * window)
     compacted, after = request, estimated
@@ -719,7 +719,7 @@ async def _compact(
         CompactionError: Nothing could be compacted, the result is no smaller, or (as
             a fallback) even the current request alone does not fit the window.
     """
-    async with _attempt(context, config, reason, estimated, window, fallback) as outcome:
+    async with _attempt(context, reason, estimated, window, fallback) as outcome:
         state = _state(request, context, config, window)
         goal = _goal(state, target, request.max_tokens or 0)
         try:
@@ -752,7 +752,7 @@ async def _compact(
                 f"the compaction would not make the request smaller ({estimated} -> {after} tokens)"
             )
         await context.append(*_annotated(state.records(), after))
-        outcome.done(after, len(request.messages) - len(compacted.messages))
+        outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
     return compacted
 
 
@@ -956,7 +956,7 @@ async def _shrink(
     state: _Run,
 ) -> ModelRequest:
     """Without summaries, recover from an overflow once with a tighter view."""
-    async with _attempt(context, config, "overflow", estimated, window, False) as outcome:
+    async with _attempt(context, "overflow", estimated, window, False) as outcome:
         full = state.window
         assert full is not None
         if window < full:
@@ -968,7 +968,7 @@ async def _shrink(
         context.annotate_next_call(report.span_attributes())
         estimates = context.log_index.estimates(budget.tokenizer)
         after = estimate_request(shrunk.messages, shrunk.tools, {}, budget.tokenizer, estimates)
-        outcome.done(after, len(request.messages) - len(shrunk.messages))
+        outcome.after, outcome.removed = after, len(request.messages) - len(shrunk.messages)
     return shrunk
 
 
@@ -981,107 +981,65 @@ class _Outcome:
     summary: str | None = None
     """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
 
-    def done(self, after: int, removed: int) -> None:
-        self.after, self.removed = after, removed
-
 
 @asynccontextmanager
 async def _attempt(
-    context: RunContext,
-    config: ContextManagement,
-    reason: str,
-    estimated: int,
-    window: int,
-    fallback: bool,
+    context: RunContext, reason: str, estimated: int, window: int, fallback: bool
 ) -> AsyncIterator[_Outcome]:
     """One compaction attempt: its stream events, span event and log line, and on success
     the compacted mark on the next chat span."""
+
+    async def finish(
+        result: str, removed: int, after: int | None, error: str | None, summary: str | None
+    ) -> None:
+        optional = {
+            telemetry.COMPACTION_REMOVED: removed,
+            telemetry.COMPACTION_ESTIMATED_AFTER: after,
+            telemetry.ERROR_TYPE: error,
+            telemetry.COMPACTION_FALLBACK: True if fallback else None,
+            telemetry.COMPACTION_SUMMARY: summary,
+        }
+        _event(reason, result, estimated, window, optional)
+        usage = context.usage - before
+        await context.emit(
+            CompactionFinished(reason, result, removed, after, error, usage, summary)
+        )
+
     await context.emit(CompactionStarted(reason, estimated, window))
     before = context.usage
     outcome = _Outcome()
     try:
         yield outcome
     except Exception as error:
-        _event(context, reason, "error", estimated, window, 0, None, error, fallback=fallback)
-        await context.emit(
-            CompactionFinished(
-                reason, "error", 0, None, telemetry.error_type(error), _since(before, context)
-            )
-        )
+        await finish("error", 0, None, telemetry.error_type(error), None)
         raise
     assert outcome.after is not None
     context.mark_compacted()
     context.state_for(_Run, _Run).last_after = outcome.after
-    _event(
-        context,
-        reason,
-        "completed",
-        estimated,
-        window,
-        outcome.removed,
-        outcome.after,
-        None,
-        fallback=fallback,
-        summary=outcome.summary,
-    )
-    await context.emit(
-        CompactionFinished(
-            reason,
-            "completed",
-            outcome.removed,
-            outcome.after,
-            None,
-            _since(before, context),
-            outcome.summary,
-        )
-    )
-
-
-def _since(before: Usage, context: RunContext) -> Usage:
-    return context.usage - before
+    await finish("completed", outcome.removed, outcome.after, None, outcome.summary)
 
 
 def _event(
-    context: RunContext,
-    reason: str,
-    outcome: str,
-    estimated: int,
-    window: int,
-    removed: int | None,
-    after: int | None,
-    error: BaseException | None,
-    *,
-    fallback: bool = False,
-    skipped: str | None = None,
-    summary: str | None = None,
+    reason: str, outcome: str, estimated: int, window: int, optional: Mapping[str, Any]
 ) -> None:
-    """The ``littleghost.context.compaction`` span event, and its log line (no content)."""
-    attributes: dict[str, Any] = {
+    """The ``littleghost.context.compaction`` span event, ``optional`` attributes left out
+    when None, and its log line (no content)."""
+    attributes = {
         telemetry.COMPACTION_REASON: reason,
         telemetry.COMPACTION_OUTCOME: outcome,
         telemetry.COMPACTION_ESTIMATED: estimated,
         telemetry.COMPACTION_WINDOW: window,
+        **{key: value for key, value in optional.items() if value is not None},
     }
-    if removed is not None:
-        attributes[telemetry.COMPACTION_REMOVED] = removed
-    if after is not None:
-        attributes[telemetry.COMPACTION_ESTIMATED_AFTER] = after
-    if error is not None:
-        attributes[telemetry.ERROR_TYPE] = telemetry.error_type(error)
-    if fallback:
-        attributes[telemetry.COMPACTION_FALLBACK] = True
-    if skipped is not None:
-        attributes[telemetry.COMPACTION_SKIPPED] = skipped
-    if summary is not None:
-        attributes[telemetry.COMPACTION_SUMMARY] = summary
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
+    error = attributes.get(telemetry.ERROR_TYPE)
     logger.info(
         "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",
         outcome,
         reason,
         estimated,
-        after,
+        attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
         window,
-        f", error={attributes[telemetry.ERROR_TYPE]}" if error is not None else "",
-        ", without a model" if fallback else "",
+        "" if error is None else f", error={error}",
+        ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
     )
