@@ -317,7 +317,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         config.check_window(state.window)
         after = _last_after(context.messages)  # the last compaction of earlier runs
         if after is not None:
-            _quiet(state, after, config, state.window)
+            state.quiet_until = _quiet_until(after, config, state.window)
     return state
 
 
@@ -330,25 +330,13 @@ def _last_after(log: Sequence[Message]) -> int | None:
     return None
 
 
-def _calibrate(state: _Run, context: RunContext, tokenizer: Tokenizer) -> None:
-    """Learn the scale from the input tokens the provider reported for the last call:
-    what it counted beyond the instructions, the tool schemas and sizes already known,
-    over what the conversation's messages were estimated at."""
-    exchange = context.last_exchange
-    if exchange is None or exchange[0] is state.calibrated:
-        return
-    request, response = exchange
-    state.calibrated = request
-    _learn_scale(state, request, response.usage.input_tokens, context, tokenizer)
-
-
 def _learn_scale(
     state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """Set the scale from the prompt tokens the provider ``reported`` for ``request``:
-    what it counted beyond the instructions, the tool schemas and the sizes already
-    known, over what the conversation's messages were estimated at; False when that
-    says nothing."""
+    """Set the scale from the prompt tokens the provider ``reported`` for ``request`` (the
+    last call's, or an overflow's): what it counted beyond the instructions, the tool
+    schemas and the sizes already known, over what the conversation's messages were
+    estimated at; False when that says nothing."""
     fixed, scaled = _parts(request.messages, context, tokenizer)
     fixed += _schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
@@ -392,17 +380,14 @@ def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer
 
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
     """The request's size in the model's tokens as far as known, plus the room its answer
-    needs (``max_tokens``).
-
-    Anchored on the input tokens the provider reported for the previous request of the
-    run when this request extends it; otherwise estimated whole. The conversation's
-    estimates are scaled by what the provider's counts showed them to be worth in this
-    run; a summary counts the size the model reported for it.
+    needs (``max_tokens``): the input tokens the provider reported for the run's previous
+    request when this one extends it, plus what was added; otherwise estimated whole.
+    Conversation estimates are scaled by the run's calibration; a summary counts the size
+    the model reported for it.
     """
-    prompt: int | None = None
-    exchange = context.last_exchange
-    if exchange is not None:
-        previous, response = exchange
+    answer = request.max_tokens or 0
+    if context.last_exchange is not None:
+        previous, response = context.last_exchange
         reported = response.usage.input_tokens
         count = len(previous.messages)
         if (
@@ -414,10 +399,9 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
                 a is b or a == b for a, b in zip(previous.messages, request.messages, strict=False)
             )
         ):
-            prompt = reported + _real(request.messages[count:], context, tokenizer)
-    if prompt is None:
-        prompt = _real(request.messages, context, tokenizer) + _schema_estimate(request, tokenizer)
-    return prompt + (request.max_tokens or 0)
+            return reported + _real(request.messages[count:], context, tokenizer) + answer
+    whole = _real(request.messages, context, tokenizer) + _schema_estimate(request, tokenizer)
+    return whole + answer
 
 
 def _config(agent: object) -> ContextManagement | None:
@@ -467,7 +451,10 @@ async def _compact_before_model(
     state = _run(context, config)
     window = state.window
     assert window is not None
-    _calibrate(state, context, config.tokenizer)
+    exchange = context.last_exchange
+    if exchange is not None and exchange[0] is not state.calibrated:
+        state.calibrated = exchange[0]
+        _learn_scale(state, exchange[0], exchange[1].usage.input_tokens, context, config.tokenizer)
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):
@@ -511,7 +498,7 @@ async def _proactive(
         raise
     except Exception:
         pass  # recorded; the request goes as it was
-    _quiet(state, after, config, window)
+    state.quiet_until = _quiet_until(after, config, window)
     return compacted
 
 
@@ -570,15 +557,19 @@ async def _compact_after_overflow(
     state.overflow = (context.turn, error)
     window = state.window
     assert window is not None
-    estimated = _rescale(state, request, error, context, config.tokenizer)
+    reported = error.prompt_tokens
+    if reported and _learn_scale(state, request, reported, context, config.tokenizer):
+        estimated = reported + (request.max_tokens or 0)
+    else:
+        estimated = estimate_tokens(request, context, config.tokenizer)
     fits = min(window, error.context_window or window)
-    if not error.prompt_tokens:  # the provider did not say by how much: halve at least
+    if not reported:  # the provider did not say by how much: halve at least
         fits = min(fits, max(estimated // 2, 1))
     try:
         if config.summarize:
             target = int(TARGET_SHARE * min(config.compression_threshold * window, fits))
             recovered = await _recover(request, context, config, estimated, fits, target)
-            _quiet(state, state.last_after, config, window)
+            state.quiet_until = _quiet_until(state.last_after, config, window)
             return recovered
         assert config.budget is not None
         return await _shrink(request, context, config, config.budget, estimated, fits, state)
@@ -590,21 +581,6 @@ async def _compact_after_overflow(
         cause = CompactionError(f"overflow recovery failed: {type(failure).__name__}")
         cause.__cause__ = failure
         raise error from cause
-
-
-def _rescale(
-    state: _Run,
-    request: ModelRequest,
-    error: ContextWindowOverflowError,
-    context: RunContext,
-    tokenizer: Tokenizer,
-) -> int:
-    """Learn the scale from the prompt size the overflow reported; the request's size."""
-    if error.prompt_tokens and _learn_scale(
-        state, request, error.prompt_tokens, context, tokenizer
-    ):
-        return error.prompt_tokens + (request.max_tokens or 0)
-    return estimate_tokens(request, context, tokenizer)
 
 
 async def _recover(
@@ -642,15 +618,10 @@ async def _recover(
         raise
 
 
-def _quiet(state: _Run, after: int, config: ContextManagement, window: int) -> None:
-    """No new summary call until the request grows by ``REGROWTH`` of the window, when a
-    compaction left it over the threshold."""
-    state.quiet_until = _quiet_until(after, config, window)
-
-
 def _quiet_until(after: int, config: ContextManagement, window: int) -> int | None:
     """The size a request must reach before the next summary call, when a compaction
-    left it at ``after``: ``REGROWTH`` of the window more if that is over the threshold."""
+    left it at ``after``: ``REGROWTH`` of the window more if that is over the threshold
+    (no thrash)."""
     if _reaches(after, config.compression_threshold, window):
         return after + max(1, int(REGROWTH * window))
     return None
