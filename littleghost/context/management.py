@@ -639,36 +639,33 @@ def _protected(kinds: Sequence[str], members: Sequence[Sequence[Message]], keep:
 
 
 def _state(
-    request: ModelRequest, context: RunContext, config: ContextManagement, window: int
+    index: LogIndex,
+    config: ContextManagement,
+    window: int,
+    complete: Complete,
+    settings: Mapping[str, Any],
 ) -> CompactionState:
-    """A compaction state over the request's view: the current request and view-only
-    messages pinned, the newest ``preserve_recent_messages`` protected."""
-    scale = _run(context, config).scale
-    index = context.log_index.over(request.messages)
-    state = compaction_state(
-        index,
-        config.tokenizer,
-        complete=context.complete,
-        settings=request.settings,
-    )
+    """A compaction state over ``index``'s view: the groups of the newest
+    ``preserve_recent_messages`` protected, a summary request fitted to ``window``."""
     kinds, members = index.layout.slots()
-    current = next(
-        (
-            slot
-            for slot in range(len(kinds) - 1, -1, -1)
-            if kinds[slot] == USER and not view_only(members[slot][0])
-        ),
-        None,
+    protected = _protected(kinds, members, config.preserve_recent_messages)
+    state = compaction_state(
+        index, config.tokenizer, complete=complete, settings=settings, protected=protected
     )
-    state.pinned = frozenset(
-        slot
-        for slot in range(len(kinds))
-        if slot == current or any(view_only(message) for message in members[slot])
-    )
-    state.protected = _protected(kinds, members, config.preserve_recent_messages)
-    state.scale = scale
     state.room = int(window * SUMMARY_FIT_MARGIN)
     return state
+
+
+def _pinned(index: LogIndex) -> frozenset[int]:
+    """The slots of ``index``'s view a compaction in a run keeps: the current request's,
+    and those holding view-only messages."""
+    kinds, members = index.layout.slots()
+    pinned = {slot for slot in range(len(kinds)) if any(map(view_only, members[slot]))}
+    for slot in range(len(kinds) - 1, -1, -1):
+        if kinds[slot] == USER and not view_only(members[slot][0]):
+            pinned.add(slot)  # the current request
+            break
+    return frozenset(pinned)
 
 
 async def _compact(
@@ -691,7 +688,9 @@ async def _compact(
             a fallback) even the current request alone does not fit the window.
     """
     async with _attempt(context, reason, estimated, window, fallback) as outcome:
-        state = _state(request, context, config, window)
+        index = context.log_index.over(request.messages)
+        state = _state(index, config, window, context.complete, request.settings)
+        state.pinned, state.scale = _pinned(index), _run(context, config).scale
         goal = _goal(state, target, request.max_tokens or 0)
         try:
             if fallback:
@@ -816,11 +815,7 @@ async def managed_records(
     """``compact_log`` for a configuration: the records ``config`` appends to compact
     ``messages`` now in ``window``, every summary call made through ``complete`` (which
     takes ``model=`` as ``RunContext.complete`` does) from ``settings``."""
-    index = LogIndex.of(messages)
-    state = compaction_state(index, config.tokenizer, complete=complete, settings=settings)
-    kinds, members = index.layout.slots()
-    state.protected = _protected(kinds, members, config.preserve_recent_messages)
-    state.room = int(window * SUMMARY_FIT_MARGIN)
+    state = _state(LogIndex.of(messages), config, window, complete, settings)
     if config.strategy is not None:
         await config.strategy.compact(state)
     else:
