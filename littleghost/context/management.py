@@ -1,21 +1,9 @@
 """``@manage_context``: keep a conversation inside the model's context window.
 
-This module decides *when* to compact and glues overflow recovery; *how* is a strategy
-run on the engine's index of the run's log — by default ``Summarization`` with a token
-target, fitted to the window in real tokens. Estimates are calibrated by the provider:
-every reported input-token count, and the prompt size an overflow error reports,
-rescale them for the rest of the run.
-
-Before every model call, when the request's estimate reaches ``compression_threshold``
-of the window, older tool results of the preserved tail are collapsed if that tail alone
-is over the threshold, then the oldest part of the conversation is summarized. After a
-compaction that could not bring the request under the threshold, no new summary call
-is made until the request has grown by ``REGROWTH`` of the window (an overflow forces
-one). A provider's overflow error is recovered by exactly one compaction and one retry
-of that call: a summary when one fits, else the oldest turns replaced by one-line
-excerpts (dropped when even those do not fit). A proactive compaction that fails
-leaves the request as it was; cancellation, ``DeadlineExceededError``, ``CleanupError``
-and session store errors always propagate.
+This module decides *when* to compact (``compression_threshold``, ``REGROWTH``) and
+recovers from overflow errors; *how* is a strategy run on the engine's index of the run's
+log, by default ``Summarization``. Estimates are calibrated by the provider's token counts.
+The README's "Context management" states the rules.
 """
 
 from __future__ import annotations
@@ -100,6 +88,7 @@ the request must grow by before the next summary call."""
 TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
+"""Errors a failed compaction always lets through (cancellation is not an Exception)."""
 _assumed_windows: set[tuple[str, str]] = set()
 """The (provider, model name) pairs already warned about an assumed window."""
 
@@ -127,24 +116,17 @@ class ContextManagement:
 
     Args:
         context_window_tokens: The window used when the model advertises none (> 0).
-        context_window_override: The window used whatever the model advertises (> 0), or
-            None.
-        compression_threshold: Compact when the estimate reaches this share of the window,
-            in (0, 1].
+        context_window_override: The window used whatever the model advertises, or None.
+        compression_threshold: Compact when the estimate reaches this share of the window.
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
         preserve_recent_messages: Newest messages always kept verbatim (>= 2).
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap, and the cap of the specifics it
-            quotes; default a quarter of the window, at most 4 096; it must be under the
-            window.
-        quote_specifics: Keep, beside the model's notes, the summarized user sentences
-            and tool results that hold a number, an identifier or a name, in their own
-            words (default True).
-        mask_tool_results: Before summarizing, replace tool results older than the newest
-            this many tool-call groups by a one-line placeholder (their text stays in the
-            log, but a later summary sees only the placeholder); no summary is made when
-            that is enough. ``None`` (default) does not mask.
+            quotes (under the window); default a quarter of the window, at most 4 096.
+        quote_specifics: Keep the summarized specifics in their own words beside the notes.
+        mask_tool_results: Before summarizing, mask tool results older than the newest
+            this many tool-call groups by a one-line placeholder (``None``: never).
         budget: A ``PromptBudget``: every request's view is first bounded to it.
         summarize: False never compacts with a model (needs ``budget``).
         strategy: How to compact, in place of the default summarizer (the threshold
@@ -245,28 +227,18 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
         if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
             raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
         setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
-        add_capability(
-            target,
-            Capability(
-                "manage_context",
-                (
-                    CapabilityHook("before_model", _compact_before_model),
-                    CapabilityHook("after_model_error", _compact_after_overflow),
-                ),
-            ),
-        )
+        before = CapabilityHook("before_model", _compact_before_model)
+        after = CapabilityHook("after_model_error", _compact_after_overflow)
+        add_capability(target, Capability("manage_context", (before, after)))
         return target
 
     return decorate(cls) if cls is not None else decorate
 
 
 def context_window(model: Model, config: ContextManagement) -> int:
-    """The window compaction works against.
-
-    ``context_window_override`` when set; else the model's advertised window when it is a
-    positive int; else ``context_window_tokens``, with one warning per model for the
-    process.
-    """
+    """The window compaction works against: ``context_window_override`` when set, else the
+    model's advertised window when it is a positive int, else ``context_window_tokens``
+    (with one warning per model for the process)."""
     if config.context_window_override is not None:
         return config.context_window_override
     advertised = getattr(model, "context_window", None)
@@ -290,7 +262,8 @@ def context_window(model: Model, config: ContextManagement) -> int:
 class _Run:
     """What manage_context knows during one run."""
 
-    window: int | None = None
+    window: int = 0
+    """0 until the run's first call."""
     scale: float = 1.0
     """Real tokens per estimated token, from the provider's counts."""
     calibrated: ModelRequest | None = None
@@ -312,7 +285,7 @@ run of the conversation knows whether the next summary must wait for growth."""
 
 def _run(context: RunContext, config: ContextManagement) -> _Run:
     state = context.state_for(_Run, _Run)
-    if state.window is None:
+    if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
         after = _last_after(context.messages)  # the last compaction of earlier runs
@@ -449,8 +422,6 @@ async def _compact_before_model(
     if config is None:
         return None
     state = _run(context, config)
-    window = state.window
-    assert window is not None
     exchange = context.last_exchange
     if exchange is not None and exchange[0] is not state.calibrated:
         state.calibrated = exchange[0]
@@ -461,11 +432,11 @@ async def _compact_before_model(
         request = _clip_results(request, context.log_index, limit)
     report: BudgetReport | None = None
     if config.budget is not None:
-        request, report = await _bounded(request, config, config.budget, window, context)
+        request, report = await _bounded(request, context, config, config.budget)
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
-        if _reaches(estimated, config.compression_threshold, window):
-            request = await _proactive(request, context, config, state, estimated, window)
+        if _reaches(estimated, config.compression_threshold, state.window):
+            request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:
         sent = _sent_figures(report, request, config.budget, context)
         context.annotate_next_call(sent.span_attributes())
@@ -473,15 +444,12 @@ async def _compact_before_model(
 
 
 async def _proactive(
-    request: ModelRequest,
-    context: RunContext,
-    config: ContextManagement,
-    state: _Run,
-    estimated: int,
-    window: int,
+    request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int
 ) -> ModelRequest:
     """Compact a request over the threshold, unless the last attempt left it over and it
     has not grown enough since (then the skip is recorded)."""
+    state = _run(context, config)
+    window = state.window
     if state.quiet_until is not None and estimated < state.quiet_until:
         why = (
             "the last compaction left the request over the threshold; the next waits until "
@@ -503,17 +471,15 @@ async def _proactive(
 
 
 async def _bounded(
-    request: ModelRequest,
-    config: ContextManagement,
-    budget: PromptBudget,
-    window: int,
-    context: RunContext,
+    request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The request bounded to the budget (tighter after an overflow in this turn)."""
+    """The request bounded to the budget in the run's window (tighter after an overflow in
+    this turn)."""
+    state = _run(context, config)
+    window = state.window
     limit = budget.limit(window, request.max_tokens)
-    tighter = _run(context, config).tighter
-    if tighter is not None and tighter[0] == context.turn:
-        limit = min(limit, tighter[1])
+    if state.tighter is not None and state.tighter[0] == context.turn:
+        limit = min(limit, state.tighter[1])
     if limit <= 0:
         raise PromptBudgetError(
             f"the model's {window}-token window leaves no room for a prompt after "
@@ -521,13 +487,9 @@ async def _bounded(
             limit=limit,
         )
     memories = await load_memories(budget, context)
+    cap = config.summary_cap(window)
     return fit_request(
-        request,
-        budget,
-        limit,
-        memories,
-        summary_tokens=config.summary_cap(window),
-        index=context.log_index,
+        request, budget, limit, memories, summary_tokens=cap, index=context.log_index
     )
 
 
@@ -536,13 +498,8 @@ def _sent_figures(
 ) -> BudgetReport:
     """The report's figures for the request actually sent (after any summary)."""
     estimates = context.log_index.estimates(budget.tokenizer)
-    return attrs.evolve(
-        report,
-        messages_kept=len(request.messages),
-        estimated_prompt_tokens=estimate_request(
-            request.messages, request.tools, {}, budget.tokenizer, estimates
-        ),
-    )
+    sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
+    return attrs.evolve(report, messages_kept=len(request.messages), estimated_prompt_tokens=sent)
 
 
 async def _compact_after_overflow(
@@ -555,24 +512,20 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    window = state.window
-    assert window is not None
     reported = error.prompt_tokens
     if reported and _learn_scale(state, request, reported, context, config.tokenizer):
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
-    fits = min(window, error.context_window or window)
+    fits = min(state.window, error.context_window or state.window)
     if not reported:  # the provider did not say by how much: halve at least
         fits = min(fits, max(estimated // 2, 1))
     try:
         if config.summarize:
-            target = int(TARGET_SHARE * min(config.compression_threshold * window, fits))
-            recovered = await _recover(request, context, config, estimated, fits, target)
-            state.quiet_until = _quiet_until(state.last_after, config, window)
+            recovered = await _recover(request, context, config, estimated, fits)
+            state.quiet_until = _quiet_until(state.last_after, config, state.window)
             return recovered
-        assert config.budget is not None
-        return await _shrink(request, context, config, config.budget, estimated, fits, state)
+        return await _shrink(request, context, config, estimated, fits)
     except _UNSTOPPABLE:
         raise
     except CompactionError as failure:
@@ -584,33 +537,30 @@ async def _compact_after_overflow(
 
 
 async def _recover(
-    request: ModelRequest,
-    context: RunContext,
-    config: ContextManagement,
-    estimated: int,
-    window: int,
-    target: int,
+    request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
-    """Compact for an overflow: a summary when one can be made; then, if the request is
-    still over the window (or no summary was made), the oldest turns become excerpts.
+    """Compact for an overflow toward ``fits`` tokens: a summary when one can be made; then,
+    if the request is still over (or no summary was made), the oldest turns become excerpts.
 
     Raises:
-        CompactionError: Even the current request alone does not fit the window.
+        CompactionError: Even the current request alone does not fit.
     """
+    state = _run(context, config)
+    target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
     compacted, failure = request, None
     try:
-        compacted = await _compact(request, context, config, "overflow", estimated, window, target)
+        compacted = await _compact(request, context, config, "overflow", estimated, fits, target)
     except _UNSTOPPABLE:
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
     if compacted is not request:
-        estimated = context.state_for(_Run, _Run).last_after
-        if estimated <= window:
+        estimated = state.last_after
+        if estimated <= fits:
             return compacted
     try:
         return await _compact(
-            compacted, context, config, "overflow", estimated, window, target, fallback=True
+            compacted, context, config, "overflow", estimated, fits, target, fallback=True
         )
     except CompactionError as error:
         if failure is not None and error.__cause__ is None:
@@ -688,9 +638,10 @@ async def _compact(
             a fallback) even the current request alone does not fit the window.
     """
     async with _attempt(context, reason, estimated, window, fallback) as outcome:
+        run = _run(context, config)
         index = context.log_index.over(request.messages)
         state = _state(index, config, window, context.complete, request.settings)
-        state.pinned, state.scale = _pinned(index), _run(context, config).scale
+        state.pinned, state.scale = _pinned(index), run.scale
         goal = _goal(state, target, request.max_tokens or 0)
         try:
             if fallback:
@@ -702,14 +653,15 @@ async def _compact(
             else:
                 await _default(state, config, window, goal)
         finally:
-            _run(context, config).scale = state.scale  # a summary call may have taught it
+            run.scale = state.scale  # a summary call may have taught it
         outcome.summary = state.summary_outcome
-        if not state.records():
+        records = state.records()
+        if not records:
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "
                 "that is left, or only the previous summary is old enough"
             )
-        context.state_for(_Run, _Run).real.update(state.real)
+        run.real.update(state.real)
         compacted = attrs.evolve(request, messages=state.view())
         after = _estimate_after(request, compacted, estimated, context, config)
         if fallback and after > window:
@@ -721,14 +673,10 @@ async def _compact(
             raise CompactionError(
                 f"the compaction would not make the request smaller ({estimated} -> {after} tokens)"
             )
-        await context.append(*_annotated(state.records(), after))
+        marked = [attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records]
+        await context.append(*marked)
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
     return compacted
-
-
-def _annotated(records: Sequence[Message], after: int) -> list[Message]:
-    """``records`` marked with the size their compaction left the request at."""
-    return [attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records]
 
 
 def _goal(state: CompactionState, target: int, answer: int) -> int:
@@ -913,27 +861,20 @@ def _estimate_after(
 
 
 async def _shrink(
-    request: ModelRequest,
-    context: RunContext,
-    config: ContextManagement,
-    budget: PromptBudget,
-    estimated: int,
-    window: int,
-    state: _Run,
+    request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
     """Without summaries, recover from an overflow once with a tighter view."""
-    async with _attempt(context, "overflow", estimated, window, False) as outcome:
-        full = state.window
-        assert full is not None
-        if window < full:
-            limit = int(0.9 * budget.limit(window, request.max_tokens))
+    state, budget = _run(context, config), config.budget
+    assert budget is not None
+    async with _attempt(context, "overflow", estimated, fits, False) as outcome:
+        if fits < state.window:
+            limit = int(0.9 * budget.limit(fits, request.max_tokens))
         else:
-            limit = budget.limit(window, request.max_tokens) // 2
+            limit = budget.limit(fits, request.max_tokens) // 2
         state.tighter = (context.turn, limit)
-        shrunk, report = await _bounded(request, config, budget, full, context)
+        shrunk, report = await _bounded(request, context, config, budget)
         context.annotate_next_call(report.span_attributes())
-        estimates = context.log_index.estimates(budget.tokenizer)
-        after = estimate_request(shrunk.messages, shrunk.tools, {}, budget.tokenizer, estimates)
+        after = _sent_figures(report, shrunk, budget, context).estimated_prompt_tokens
         outcome.after, outcome.removed = after, len(request.messages) - len(shrunk.messages)
     return shrunk
 
