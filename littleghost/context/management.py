@@ -106,6 +106,10 @@ def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
     return validate
 
 
+def _has(method: str) -> Callable[[Any], bool]:
+    return lambda value: callable(getattr(value, method, None))
+
+
 _SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
 _OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
 
@@ -149,10 +153,7 @@ class ContextManagement:
     )
     tokenizer: Tokenizer = field(
         default=DEFAULT_TOKENIZER,
-        validator=_check(
-            lambda v: callable(getattr(v, "count_tokens", None)),
-            "an object with count_tokens(text)",
-        ),
+        validator=_check(_has("count_tokens"), "an object with count_tokens(text)"),
     )
     summary_instructions: str | None = field(
         default=None,
@@ -173,10 +174,7 @@ class ContextManagement:
     strategy: CompactionStrategy | None = field(
         default=None,
         validator=optional(
-            _check(
-                lambda v: callable(getattr(v, "compact", None)),
-                "a compaction strategy (Truncation, Pipeline, ...) or None",
-            )
+            _check(_has("compact"), "a compaction strategy (Truncation, Pipeline, ...) or None")
         ),
     )
 
@@ -365,12 +363,9 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
         count = len(previous.messages)
         if (
             reported > 0
-            and count <= len(request.messages)
             and previous.tools == request.tools
             and previous.output_schema == request.output_schema
-            and all(
-                a is b or a == b for a, b in zip(previous.messages, request.messages, strict=False)
-            )
+            and request.messages[:count] == previous.messages  # items compared by identity first
         ):
             return reported + _real(request.messages[count:], context, tokenizer) + answer
     whole = _real(request.messages, context, tokenizer) + _schema_estimate(request, tokenizer)
@@ -597,11 +592,8 @@ def _state(
 ) -> CompactionState:
     """A compaction state over ``index``'s view: the groups of the newest
     ``preserve_recent_messages`` protected, a summary request fitted to ``window``."""
-    kinds, members = index.layout.slots()
-    protected = _protected(kinds, members, config.preserve_recent_messages)
-    state = compaction_state(
-        index, config.tokenizer, complete=complete, settings=settings, protected=protected
-    )
+    state = compaction_state(index, config.tokenizer, complete=complete, settings=settings)
+    state.protected = _protected(*index.layout.slots(), config.preserve_recent_messages)
     state.room = int(window * SUMMARY_FIT_MARGIN)
     return state
 
@@ -634,8 +626,8 @@ async def _compact(
     append the records to the log; return the compacted request.
 
     Raises:
-        CompactionError: Nothing could be compacted, the result is no smaller, or (as
-            a fallback) even the current request alone does not fit the window.
+        CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
+            even the current request alone does not fit the window.
     """
     async with _attempt(context, reason, estimated, window, fallback) as outcome:
         run = _run(context, config)
@@ -663,7 +655,11 @@ async def _compact(
             )
         run.real.update(state.real)
         compacted = attrs.evolve(request, messages=state.view())
-        after = _estimate_after(request, compacted, estimated, context, config)
+        before, kept = {m.id for m in request.messages}, {m.id for m in compacted.messages}
+        added = [m for m in compacted.messages if m.id not in before]
+        removed = [m for m in request.messages if m.id not in kept]
+        change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
+        after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback and after > window:
             raise CompactionError(
                 f"the current request alone does not fit the context window (about {after} of "
@@ -741,13 +737,9 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     model = agent.resolve_model()
+    window, complete = context_window(model, config), prepared(model)
     return await managed_records(
-        messages,
-        config,
-        window=context_window(model, config),
-        complete=prepared(model),
-        settings=agent.settings,
-        share=share,
+        messages, config, window=window, complete=complete, settings=agent.settings, share=share
     )
 
 
@@ -829,8 +821,7 @@ def preview_request(
         request, report = fit_request(
             request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
         )
-    estimates = index.estimates(tokenizer)
-    sizes = tuple(estimates(message) for message in request.messages)
+    sizes = tuple(map(index.estimates(tokenizer), request.messages))
     estimated = sum(sizes) + _schema_estimate(request, tokenizer) + (request.max_tokens or 0)
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, estimated, None, None, False, report)
@@ -841,23 +832,6 @@ def preview_request(
         waits is None or estimated >= waits
     )
     return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
-
-
-def _estimate_after(
-    request: ModelRequest,
-    compacted: ModelRequest,
-    estimated: int,
-    context: RunContext,
-    config: ContextManagement,
-) -> int:
-    """The compacted request's size in the units of ``estimated``: ``estimated`` plus
-    what the messages changed by, in the model's tokens as far as known."""
-    before = {message.id for message in request.messages}
-    after = {message.id for message in compacted.messages}
-    added = [m for m in compacted.messages if m.id not in before]
-    removed = [m for m in request.messages if m.id not in after]
-    change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
-    return max(estimated + change, 0)
 
 
 async def _shrink(
