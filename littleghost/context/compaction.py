@@ -1,12 +1,8 @@
 """Running a compaction strategy: ad hoc, inside a run, or on a stored session.
 
-The strategy works on the groups of the view of a log. What it decides becomes records
-appended to the log — collapses, one exclusion and at most one summary, each listing
-the ids it covers — so the view changes while the stored originals stay. Reading the
-log is linear in its messages; estimates are made only for the groups a strategy
-looks at (a token budget walks from the newest group back and stops when full), and
-the engine keeps the index of a log seen lately (``LogIndex.of``), so the same log
-again, or one turn longer, costs a fraction of the first time.
+What a strategy decides becomes records appended to the log (collapses, one exclusion,
+at most one summary, each listing the ids it covers): the view changes, the stored
+originals stay. The README's "Compaction strategies" tells what it costs.
 """
 
 from __future__ import annotations
@@ -25,31 +21,18 @@ from littleghost.sessions.locks import hold_session
 __all__ = ["apply_compaction", "compact_session", "compaction_records", "compaction_state"]
 
 
-def _check_strategy(strategy: object) -> None:
-    if not callable(getattr(strategy, "compact", None)):
-        raise ConfigurationError(
-            f"strategy must be a compaction strategy (with async compact(state)), not {strategy!r}"
-        )
-
-
 def compaction_state(
     index: LogIndex,
     tokenizer: Tokenizer,
     *,
     complete: Complete | None = None,
     settings: Mapping[str, Any] | None = None,
-    protected: int | None = None,
 ) -> CompactionState:
     """A fresh compaction state over the view of ``index``'s log."""
     kinds, members = index.layout.slots()
+    estimate = index.estimates(tokenizer)
     return CompactionState(
-        kinds,
-        members,
-        tokenizer=tokenizer,
-        estimate=index.estimates(tokenizer),
-        complete=complete,
-        settings=settings,
-        protected=protected,
+        kinds, members, tokenizer=tokenizer, estimate=estimate, complete=complete, settings=settings
     )
 
 
@@ -61,15 +44,16 @@ async def _run(
     settings: Mapping[str, Any] | None,
 ) -> tuple[tuple[Message, ...], list[Message]]:
     """The records ``strategy`` makes for ``messages``, and the view they give."""
-    _check_strategy(strategy)
+    if not callable(getattr(strategy, "compact", None)):
+        raise ConfigurationError(
+            f"strategy must be a compaction strategy (with async compact(state)), not {strategy!r}"
+        )
     tokenizer = DEFAULT_TOKENIZER if tokenizer is None else tokenizer
     index = LogIndex.of(messages)
     state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
     records = state.records()
-    if not records:
-        return (), index.layout.messages()
-    return records, state.view()
+    return records, (state.view() if records else index.layout.messages())
 
 
 async def apply_compaction(
@@ -78,10 +62,8 @@ async def apply_compaction(
     *,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[Message, ...]:
-    """Run ``strategy`` once on ``messages`` (a log or a view) and return the view it
-    gives; ``messages`` are left as they are.
-
-    A summarizing strategy needs its own model here: ``Summarization(model=...)``.
+    """Run ``strategy`` once on ``messages`` (a log or a view, left as they are) and return
+    the view it gives. A summarizing strategy needs its own model: ``Summarization(model=...)``.
 
     Args:
         messages: The conversation.
@@ -100,10 +82,8 @@ async def compaction_records(
     complete: Complete | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
-    """The records to append to the log so its view is ``strategy`` applied to it.
-
-    ``build_view((*messages, *records))`` is then the compacted view; ``()`` means
-    nothing to do.
+    """The records to append to the log so its view is ``strategy`` applied to it
+    (``build_view((*messages, *records))``); ``()`` means nothing to do.
 
     Args:
         messages: The log (or a view of it: records read the same either way).
@@ -126,12 +106,9 @@ async def compact_session(
     tokenizer: Tokenizer | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
-    """Apply ``strategy`` to a stored session after a run: append its records to the
-    session's log, holding the session as a run does (through the store's ``lock`` when
-    it has one, any store otherwise); return them.
-
-    The next run of the session sees the compacted view; nothing stored is removed. A
-    summarizing strategy needs its own model here: ``Summarization(model=...)``.
+    """Append ``strategy``'s records to a stored session's log after a run, holding the
+    session as a run does, and return them: the next run sees the compacted view, nothing
+    stored is removed. A summarizing strategy needs ``Summarization(model=...)`` here.
 
     Raises:
         SessionBusyError: Called from inside a run of the same session.
