@@ -304,10 +304,9 @@ def _last_after(log: Sequence[Message]) -> int | None:
 def _learn_scale(
     state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """Set the scale from the prompt tokens the provider ``reported`` for ``request`` (the
-    last call's, or an overflow's): what it counted beyond the instructions, the tool
-    schemas and the sizes already known, over what the conversation's messages were
-    estimated at; False when that says nothing."""
+    """Set the scale from the prompt tokens the provider ``reported`` for ``request``: what
+    it counted beyond the instructions, the tool schemas and the sizes already known, over
+    the conversation's estimate; False when that says nothing."""
     fixed, scaled = _parts(request.messages, context, tokenizer)
     fixed += _schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
@@ -468,8 +467,7 @@ async def _proactive(
 async def _bounded(
     request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The request bounded to the budget in the run's window (tighter after an overflow in
-    this turn)."""
+    """The request bounded to the budget (tighter after an overflow in this turn)."""
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
@@ -725,10 +723,10 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold: its ``strategy`` when it has one, else the default summarizer
-    aiming at ``share`` of their estimate, the newest ``preserve_recent_messages`` kept.
-    Outside a run: the summary call has no span and no deadline; ``()`` when there was
-    nothing to compact.
+    whatever its threshold (``()`` when nothing is to compact): its ``strategy``, else the
+    default summarizer aiming at ``share`` of their estimate, the newest
+    ``preserve_recent_messages`` kept. Outside a run, the summary call has no span and no
+    deadline.
 
     Raises:
         ConfigurationError: The agent's class has no ``@manage_context``.
@@ -799,11 +797,10 @@ def preview_request(
     max_tool_result_tokens: int | None = None,
 ) -> RequestPreview:
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
-    instructions and the view of ``log``) at the first model call of a run, without a
-    model: tool results clipped to ``max_tool_result_tokens``, the view bounded to the
-    budget (without memories: a memory provider needs a run), the estimate as yet
-    uncalibrated, and whether a compaction is due in ``window``. ``config`` ``None``
-    (no ``@manage_context``) leaves the request as it is.
+    instructions and the view of ``log``) at a run's first model call, without a model:
+    tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
+    (without memories, which need a run), the estimate uncalibrated, and whether a
+    compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
