@@ -1,12 +1,4 @@
-"""Token estimates: the ``Tokenizer`` protocol, two estimators, and per-message counts.
-
-A tokenizer is any object with ``count_tokens(text) -> int``. The default,
-``CharacterEstimator``, counts four characters per token. ``ByteEstimator`` counts UTF-8
-bytes ÷ 3, plus an overhead per message and a fixed allowance per image. ``Estimates``
-remembers the counts of the messages of one log (the engine keeps one per log and
-tokenizer; a message holds none), so estimating a growing conversation costs time
-proportional to what was added.
-"""
+"""Token estimates: the ``Tokenizer`` protocol, two estimators, and per-message counts."""
 
 from __future__ import annotations
 
@@ -37,7 +29,7 @@ __all__ = [
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Counts the tokens of a text."""
+    """Counts the tokens of a text: any object with ``count_tokens(text) -> int``."""
 
     def count_tokens(self, text: str) -> int:
         """How many tokens ``text`` is."""
@@ -67,12 +59,11 @@ class CharacterEstimator:
 class ByteEstimator:
     """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image.
 
-    Measured against SmolLM2's reported input tokens (``benchmarks/estimates.py``): three
-    bytes per token over-counts English prose (about 4.8 bytes per token) and code (3.4),
-    and under-counts JSON (2.3), Polish (2.0) and Japanese (1.7); each message costs about
-    six tokens of chat-template framing. For dense or non-Latin text, lower
-    ``bytes_per_token`` or plug in an exact tokenizer. 765 tokens per image is OpenAI's
-    cost of one high-detail 512×512 tile set; it was not measurable on a text-only model.
+    Measured against SmolLM2 (``benchmarks/estimates.py``; figures in the README): three
+    bytes per token over-counts prose and code and under-counts JSON, Polish and Japanese
+    (lower ``bytes_per_token`` or plug in an exact tokenizer for those); a message costs
+    about six tokens of chat-template framing. 765 tokens per image is OpenAI's cost of one
+    high-detail 512×512 tile set; it was not measurable on a text-only model.
     """
 
     bytes_per_token: float = field(
@@ -94,16 +85,13 @@ _JSON: Callable[[Any], str] = json.JSONEncoder(
 ).encode
 """Compact JSON, non-ASCII kept: one encoder built once (``json.dumps`` builds one per call)."""
 _JSON_STR: Callable[[str], str] = json.encoder.encode_basestring
-
-
-def _arguments_text(arguments: Mapping[str, Any] | str) -> str:
-    if isinstance(arguments, str):
-        return arguments
-    return _JSON(dict(arguments))  # the encoders take a dict, not any mapping
+_CALL_CHARS = len('{"id":"","name":"","arguments":}')  # prompt_text's framing of a tool call
+_RESULT_CHARS = len('{"tool_call_id":"","content":""}')  # and of a tool result
 
 
 def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
-    """``len(_arguments_text(arguments))``, without encoding a flat str-to-str mapping."""
+    """The length of ``arguments`` as a prompt carries them (``prompt_text``), without
+    encoding a flat str-to-str mapping."""
     if isinstance(arguments, str):
         return len(arguments)
     if not arguments:
@@ -116,38 +104,27 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
     return length
 
 
-def _prompt(message: Message) -> tuple[str, int]:
-    """The prompt text of ``message`` and how many images it holds."""
-    pieces = [message.role + ": "]
-    images = 0
-    for part in message.content:
-        kind = type(part)
-        if kind is TextPart or kind is ReasoningPart:
-            pieces.append(part.text)  # type: ignore[union-attr]
-        elif kind is ToolCall:
-            call: ToolCall = part  # type: ignore[assignment]
-            pieces.append(
-                f'{{"id":"{call.id}","name":"{call.name}","arguments":{_arguments_text(call.arguments)}}}'
-            )
-        elif kind is ToolResult:
-            result: ToolResult = part  # type: ignore[assignment]
-            pieces.append(f'{{"tool_call_id":"{result.call_id}","content":"{result.content}"}}')
-        elif kind is ImagePart:
-            images += 1
-    return "".join(pieces), images
-
-
-_CALL_CHARS = len('{"id":"","name":"","arguments":}')
-_RESULT_CHARS = len('{"tool_call_id":"","content":""}')
-
-
 def prompt_text(message: Message) -> str:
     """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls
     and results.
 
     Metadata and image bytes are not part of it (images are counted by allowance).
     """
-    return _prompt(message)[0]
+    pieces = [message.role + ": "]
+    for part in message.content:
+        kind = type(part)
+        if kind is TextPart or kind is ReasoningPart:
+            pieces.append(part.text)  # type: ignore[union-attr]
+        elif kind is ToolCall:
+            call: ToolCall = part  # type: ignore[assignment]
+            arguments = call.arguments
+            if not isinstance(arguments, str):
+                arguments = _JSON(dict(arguments))  # the encoders take a dict, not any mapping
+            pieces.append(f'{{"id":"{call.id}","name":"{call.name}","arguments":{arguments}}}')
+        elif kind is ToolResult:
+            result: ToolResult = part  # type: ignore[assignment]
+            pieces.append(f'{{"tool_call_id":"{result.call_id}","content":"{result.content}"}}')
+    return "".join(pieces)
 
 
 _KEYS: dict[object, str] = {}
@@ -167,13 +144,9 @@ def cache_key(tokenizer: Tokenizer) -> str:
 
 
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
-    """Counts one message with ``tokenizer``: its prompt text, plus the tokenizer's
-    ``image_tokens`` per image and ``message_overhead``.
-
-    The default estimator needs only lengths, so it encodes nothing: a tool result
-    counts its text as it is (the prompt carries it raw, not JSON-escaped), and flat
-    string arguments are measured without encoding them.
-    """
+    """Counts one message with ``tokenizer``: its ``prompt_text`` (tool results raw, not
+    JSON-escaped), plus the tokenizer's ``image_tokens`` per image and ``message_overhead``.
+    The default estimator needs only lengths, so it encodes nothing."""
     count_tokens = tokenizer.count_tokens
     image_tokens = int(getattr(tokenizer, "image_tokens", 85))
     overhead = int(getattr(tokenizer, "message_overhead", 0))
@@ -205,19 +178,16 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
         return count_characters
 
     def count(message: Message) -> int:
-        text, images = _prompt(message)
-        return count_tokens(text) + images * image_tokens + overhead
+        images = sum(type(part) is ImagePart for part in message.content)
+        return count_tokens(prompt_text(message)) + images * image_tokens + overhead
 
     return count
 
 
 class Estimates:
-    """The token estimates of messages by one tokenizer, each counted once.
-
-    Remembered per message object (messages are immutable values), while this lives:
-    the engine keeps one per log and tokenizer, so a later turn counts only what it
-    added.
-    """
+    """The token estimates of messages by ``tokenizer``, each message object counted once
+    (messages are immutable): the engine keeps one per log and tokenizer, so a later turn
+    counts only what it added."""
 
     __slots__ = ("_count", "_known", "tokenizer")
 
@@ -252,15 +222,9 @@ def estimate_messages(messages: Iterable[Message], tokenizer: Tokenizer = DEFAUL
 
 def tools_text(tools: Iterable[Any]) -> str:
     """The tool schemas as the prompt carries them."""
-    return json.dumps(
-        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools],
-        ensure_ascii=False,
-        separators=(",", ":"),
-        default=str,
+    return _JSON(
+        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
     )
-
-
-_PROMPT_SETTINGS = ("stop", "response_format", "tool_choice")
 
 
 def estimate_request(
@@ -276,12 +240,13 @@ def estimate_request(
     schema and the settings that reach the prompt (stop sequences, response format, tool
     choice); ``estimates`` remembers the messages' counts across calls."""
     total = (estimates or Estimates(tokenizer)).total(messages)
-    tool_list = tuple(tools)
-    if tool_list:
+    if tool_list := tuple(tools):
         total += tokenizer.count_tokens(tools_text(tool_list))
     if output_schema is not None:
         total += tokenizer.count_tokens(_JSON(dict(output_schema.schema)))
-    extra = {key: settings[key] for key in _PROMPT_SETTINGS if key in settings}
+    extra = {
+        key: settings[key] for key in ("stop", "response_format", "tool_choice") if key in settings
+    }
     if extra:
         total += tokenizer.count_tokens(json.dumps(extra, ensure_ascii=False, default=str))
     return total
