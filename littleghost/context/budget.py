@@ -311,11 +311,6 @@ def view_only(message: Message) -> bool:
     return message.metadata.get(MEMORIES_KEY) is True or message.metadata.get(EXCERPTS_KEY) is True
 
 
-def _stable_id(kind: str, text: str) -> str:
-    """The same id for the same view-only text, so usage anchors still match."""
-    return f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
-
-
 def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
     """The conversation as turns of complete exchanges: each turn starts at a user
     message (a leading partial turn too); a call left without a result, or a result
@@ -376,9 +371,8 @@ def fit_request(
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
     fixed = cuts.cost(trusted) + tools_tokens
-    memory_message, memories_used = _memories(memories, budget)
-    if memory_message is not None:
-        fixed += cuts.estimate(memory_message)
+    memory, memories_used = _note(MEMORIES_KEY, reversed(memories), budget.memory_tokens, tokenizer)
+    fixed += cuts.cost(memory)
 
     share = max(int(limit * budget.tool_result_share), budget.floor_tokens)
     current = [cuts.cut_results(m, share) for m in current]
@@ -431,16 +425,11 @@ def fit_request(
         room -= cost
     kept_turns.reverse()
 
-    excerpt_message, excerpts = _excerpts(dropped, excerpt_room, budget)
-    messages = [*trusted]
-    if memory_message is not None:
-        messages.append(memory_message)
-    messages.extend(kept_summaries)
-    if excerpt_message is not None:
-        messages.append(excerpt_message)
-    for turn in kept_turns:
-        messages.extend(turn)
-    messages.extend(current)
+    lines = (excerpt(turn, budget.excerpt_item_chars) for turn in reversed(dropped))
+    excerpt_room -= getattr(tokenizer, "message_overhead", 0)
+    excerpts, excerpts_used = _note(EXCERPTS_KEY, filter(None, lines), excerpt_room, tokenizer)
+    kept = [message for turn in kept_turns for message in turn]
+    messages = [*trusted, *memory, *kept_summaries, *excerpts, *kept, *current]
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
     bounded = evolve(request, messages=messages, settings=settings)
@@ -453,7 +442,7 @@ def fit_request(
         messages_kept=len(messages),
         turns_total=len(turns),
         turns_dropped=len(dropped),
-        excerpts_included=excerpts,
+        excerpts_included=excerpts_used,
         memories_included=memories_used,
     )
     _log(report)
@@ -480,51 +469,31 @@ def _shrink_current(
     return shrunk
 
 
-def _memories(memories: Sequence[str], budget: PromptBudget) -> tuple[Message | None, int]:
-    if not memories or budget.memory_tokens <= 0:
-        return None, 0
-    tokenizer = budget.tokenizer
-    room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
+def _note(
+    key: str, lines: Iterable[str], room: int, tokenizer: Tokenizer
+) -> tuple[list[Message], int]:
+    """The view-only message (memories or excerpts, as ``key`` says) of the newest
+    ``lines`` (given newest first) that fit ``room`` with its header, at their tokens + 1
+    each, and how many it holds. A memory that does not fit is passed over; an excerpt
+    that does not fit ends the choice."""
+    memories = key == MEMORIES_KEY
+    header = MEMORIES_HEADER if memories else EXCERPTS_HEADER
+    room -= tokenizer.count_tokens(header)
     chosen: list[str] = []
-    for entry in reversed(memories):
-        cost = tokenizer.count_tokens(entry) + 1
-        if cost > room:
-            continue
-        chosen.append(entry)
-        room -= cost
-    if not chosen:
-        return None, 0
-    chosen.reverse()
-    text = "\n".join([MEMORIES_HEADER, *(f"- {entry}" for entry in chosen)])
-    message = Message.developer(
-        text, id=_stable_id("memories", text), metadata={MEMORIES_KEY: True}
-    )
-    return message, len(chosen)
-
-
-def _excerpts(
-    dropped: Sequence[Sequence[Message]], room: int, budget: PromptBudget
-) -> tuple[Message | None, int]:
-    if not dropped or room <= 0:
-        return None, 0
-    tokenizer = budget.tokenizer
-    room -= tokenizer.count_tokens(EXCERPTS_HEADER) + getattr(tokenizer, "message_overhead", 0)
-    lines: list[str] = []
-    for turn in reversed(dropped):
-        line = excerpt(turn, budget.excerpt_item_chars)
-        if line is None:
-            continue
+    for line in lines if room > 0 else ():
         cost = tokenizer.count_tokens(line) + 1
-        if cost > room:
+        if cost <= room:
+            chosen.append(f"- {line}" if memories else line)
+            room -= cost
+        elif not memories:
             break
-        lines.append(line)
-        room -= cost
-    if not lines:
-        return None, 0
-    lines.reverse()
-    text = "\n".join([EXCERPTS_HEADER, *lines])
-    message = Message.user(text, id=_stable_id("excerpts", text), metadata={EXCERPTS_KEY: True})
-    return message, len(lines)
+    if not chosen:
+        return [], 0
+    text = "\n".join([header, *reversed(chosen)])
+    # memories-<hash> or excerpts-<hash>: the same text keeps its id, so usage anchors match
+    stable_id = f"{key.rpartition('.')[2]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+    make = Message.developer if memories else Message.user
+    return [make(text, id=stable_id, metadata={key: True})], len(chosen)
 
 
 def _log(report: BudgetReport) -> None:
