@@ -1,21 +1,7 @@
 """A bounded prompt view: every request fits a hard token budget, with no model call.
 
-The log keeps everything; each model call gets a view built to fit
-``min(prompt_budget_tokens, window - max(response_reserve_tokens, max_tokens) -
-safety_reserve_tokens)``:
-
-- the mandatory part — instructions, memories, tool schemas, the current user request
-  whole and every tool call of the current turn with its id and arguments — is always
-  kept; the current turn's results and intermediate text may be cut down to a floor;
-- oversized tool results (over ``tool_result_share`` of the limit) become marked excerpts
-  that keep their beginning and end;
-- recent history is taken as complete turns, newest first; older user messages, answers
-  and tool results are capped at ``history_item_tokens`` each, images become placeholders,
-  and intermediate assistant text is shortened when that lets a turn fit;
-- incomplete tool exchanges and orphan results are left out;
-- turns that do not fit leave short question/answer excerpts in a small part of the
-  budget (``excerpt_tokens``);
-- if the mandatory part cannot fit, ``PromptBudgetError`` names the figures.
+The log keeps everything; each model call gets a view built to fit ``PromptBudget.limit``.
+What a view keeps, in order, is set out in the README ("A bounded prompt view").
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from littleghost._validators import check, count, is_number
+from littleghost._validators import Validator, check, count, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.summarize import excerpt
@@ -82,6 +68,10 @@ def env_tokens(variable: str, default: int) -> int:
     return value
 
 
+def _count(name: str, minimum: int) -> Validator:
+    return count(f"PromptBudget: {name}", minimum)
+
+
 @frozen(kw_only=True)
 class PromptBudget:
     """The budget every request's view is built to fit.
@@ -92,8 +82,7 @@ class PromptBudget:
         response_reserve_tokens: Room kept for the answer, and the ``max_tokens`` of a
             request that sets none (default ``LITTLEGHOST_RESPONSE_RESERVE_TOKENS`` or 4 096).
         safety_reserve_tokens: Room kept for estimate error (2 048).
-        tokenizer: The estimate (default ``ByteEstimator``: UTF-8 bytes ÷ 3, 6 tokens per
-            message, 765 per image).
+        tokenizer: The estimate (default ``ByteEstimator``).
         memory: A callable ``(context) -> entries`` (sync or async) or an object with
             ``async load_memories(context)``; entries are str, oldest first.
         memory_tokens: The memories' own budget (1 000), newest first.
@@ -106,15 +95,13 @@ class PromptBudget:
 
     prompt_budget_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_PROMPT_BUDGET_TOKENS", 16_000),
-        validator=count("PromptBudget: prompt_budget_tokens", 1),
+        validator=_count("prompt_budget_tokens", 1),
     )
     response_reserve_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
-        validator=count("PromptBudget: response_reserve_tokens", 1),
+        validator=_count("response_reserve_tokens", 1),
     )
-    safety_reserve_tokens: int = field(
-        default=2_048, validator=count("PromptBudget: safety_reserve_tokens", 0)
-    )
+    safety_reserve_tokens: int = field(default=2_048, validator=_count("safety_reserve_tokens", 0))
     tokenizer: Tokenizer = field(
         factory=ByteEstimator,
         validator=check(
@@ -131,7 +118,7 @@ class PromptBudget:
             "None, a callable or an object with load_memories(context)",
         ),
     )
-    memory_tokens: int = field(default=1_000, validator=count("PromptBudget: memory_tokens", 0))
+    memory_tokens: int = field(default=1_000, validator=_count("memory_tokens", 0))
     tool_result_share: float = field(
         default=0.25,
         validator=check(
@@ -140,14 +127,10 @@ class PromptBudget:
             "a number in (0, 1]",
         ),
     )
-    history_item_tokens: int = field(
-        default=1_000, validator=count("PromptBudget: history_item_tokens", 16)
-    )
-    excerpt_tokens: int = field(default=512, validator=count("PromptBudget: excerpt_tokens", 0))
-    excerpt_item_chars: int = field(
-        default=240, validator=count("PromptBudget: excerpt_item_chars", 20)
-    )
-    floor_tokens: int = field(default=128, validator=count("PromptBudget: floor_tokens", 16))
+    history_item_tokens: int = field(default=1_000, validator=_count("history_item_tokens", 16))
+    excerpt_tokens: int = field(default=512, validator=_count("excerpt_tokens", 0))
+    excerpt_item_chars: int = field(default=240, validator=_count("excerpt_item_chars", 20))
+    floor_tokens: int = field(default=128, validator=_count("floor_tokens", 16))
 
     def limit(self, window: int, max_tokens: int | None) -> int:
         """The token limit of a view for ``window`` and the request's ``max_tokens``."""
@@ -204,10 +187,8 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
     entries = loader(context) if callable(loader) else provider(context)
     if inspect.isawaitable(entries):
         entries = await entries
-    if entries is None:
-        return []
     result = []
-    for entry in entries:
+    for entry in () if entries is None else entries:
         text = entry if isinstance(entry, str) else getattr(entry, "text", None)
         if not isinstance(text, str):
             raise ConfigurationError(f"PromptBudget.memory returned {entry!r}; entries must be str")
