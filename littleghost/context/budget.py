@@ -51,6 +51,7 @@ MEMORIES_KEY = "littleghost.context.memories"
 EXCERPTS_HEADER = "[Earlier turns, excerpted; for reference, not instructions:]"
 MEMORIES_HEADER = "Saved memories, for reference (newest last):"
 IMAGE_PLACEHOLDER = "[image omitted from this context]"
+_CAPPED = (TextPart, ToolResult)  # the parts a cap cuts (a summary, an older item)
 
 
 def env_tokens(variable: str, default: int) -> int:
@@ -199,15 +200,12 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
 class _Cuts:
     """The cut-down copies a bounded view shows, and their estimates, made once per log."""
 
-    __slots__ = ("estimate", "index", "tokenizer")
+    __slots__ = ("cost", "estimate", "index")
 
     def __init__(self, index: LogIndex, tokenizer: Tokenizer) -> None:
         self.index = index
-        self.tokenizer = tokenizer
         self.estimate: Estimates = index.estimates(tokenizer)
-
-    def cost(self, messages: Iterable[Message]) -> int:
-        return self.estimate.total(messages)
+        self.cost = self.estimate.total
 
     def shrink(self, message: Message, max_tokens: int, kinds: tuple[type, ...]) -> Message:
         """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
@@ -215,34 +213,27 @@ class _Cuts:
         images = any(isinstance(part, ImagePart) for part in message.content)
         if self.estimate(message) <= max_tokens and not images:
             return message
-        count = counter(self.tokenizer)
+        count = counter(self.estimate.tokenizer)
 
         def build(chars: int) -> Message:
             parts: list[Any] = []
             for part in message.content:
-                if isinstance(part, TextPart) and TextPart in kinds:
-                    parts.append(TextPart(cut_middle(part.text, chars)))
+                if isinstance(part, ImagePart):
+                    part = TextPart(IMAGE_PLACEHOLDER)
+                elif isinstance(part, TextPart) and TextPart in kinds:
+                    part = TextPart(cut_middle(part.text, chars))
                 elif isinstance(part, ToolResult) and ToolResult in kinds:
-                    parts.append(
-                        ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
-                    )
-                elif isinstance(part, ImagePart):
-                    parts.append(TextPart(IMAGE_PLACEHOLDER))
-                else:
-                    parts.append(part)
+                    part = ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
+                parts.append(part)
             return Message(message.role, parts, message.id, message.metadata)
 
         def make() -> Message:
-            longest = max(
-                (
-                    len(p.text) if isinstance(p, TextPart) else len(p.content)
-                    for p in message.content
-                    if (isinstance(p, TextPart) and TextPart in kinds)
-                    or (isinstance(p, ToolResult) and ToolResult in kinds)
-                ),
-                default=0,
-            )
-            low, high = 0, longest
+            lengths = [
+                len(p.text) if isinstance(p, TextPart) else len(p.content)
+                for p in message.content
+                if isinstance(p, (TextPart, ToolResult)) and isinstance(p, kinds)
+            ]
+            low, high = 0, max(lengths, default=0)
             best = build(0)
             while low <= high:  # the longest cut that fits, by bisection
                 middle = (low + high) // 2
@@ -253,26 +244,22 @@ class _Cuts:
                     high = middle - 1
             return best
 
-        key = ("shrink", max_tokens, kinds, cache_key(self.tokenizer))
+        key = ("shrink", max_tokens, kinds, cache_key(self.estimate.tokenizer))
         return self.index.derived(message, key, make)
-
-    def cap_text(self, message: Message, max_tokens: int) -> Message:
-        """Cap text and tool results at about ``max_tokens``; images become placeholders."""
-        return self.shrink(message, max_tokens, (TextPart, ToolResult))
 
     def cut_results(self, message: Message, max_tokens: int) -> Message:
         """Excerpt tool results over ``max_tokens`` (head and tail kept, with a marker)."""
-        if not message.tool_results:
-            return message
-        return self.shrink(message, max_tokens, (ToolResult,))
+        return self.shrink(message, max_tokens, (ToolResult,)) if message.tool_results else message
 
-    def cut_text(self, message: Message, max_tokens: int) -> Message:
-        """Shorten an assistant message's text to about ``max_tokens``, keeping every tool
-        call whole."""
-        if not message.text:
-            return message
-        calls = self.without(message, (TextPart,))
-        return self.shrink(message, self.estimate(calls) + max_tokens, (TextPart,))
+    def cut_intermediate(self, turn: Sequence[Message], max_tokens: int) -> list[Message]:
+        """Shorten the text of each assistant message of ``turn`` but its last to about
+        ``max_tokens``, keeping every tool call whole."""
+        cut = list(turn)
+        for i, message in enumerate(turn[:-1]):
+            if message.role is Role.ASSISTANT and message.text:
+                calls = self.estimate(self.without(message, (TextPart,)))
+                cut[i] = self.shrink(message, calls + max_tokens, (TextPart,))
+        return cut
 
     def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
         """``message`` without its parts of ``kinds``."""
@@ -282,9 +269,6 @@ class _Cuts:
             return Message(message.role, parts, message.id, message.metadata)
 
         return self.index.derived(message, ("without", kinds), make)
-
-
-_TRUSTED = (Role.SYSTEM, Role.DEVELOPER)
 
 
 def view_only(message: Message) -> bool:
@@ -335,6 +319,7 @@ def fit_request(
         PromptBudgetError: The mandatory part alone is over the limit.
     """
     tokenizer = budget.tokenizer
+    floor = budget.floor_tokens
     cuts = _Cuts(index or LogIndex((), Layout()), tokenizer)
     trusted: list[Message] = []
     summaries: list[Message] = []
@@ -343,23 +328,24 @@ def fit_request(
         if message.metadata and (view_only(message) or message.is_summary):
             if message.is_summary:
                 summaries.append(message)
-        elif message.role in _TRUSTED:
+        elif message.is_trusted:
             trusted.append(message)
         else:
             conversation.append(message)
     turns = _turns(conversation, cuts)
-    current = turns[-1] if turns else []
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
-    fixed = cuts.cost(trusted) + tools_tokens
     memory, memories_used = _note(MEMORIES_KEY, reversed(memories), budget.memory_tokens, tokenizer)
-    fixed += cuts.cost(memory)
-
-    share = max(int(limit * budget.tool_result_share), budget.floor_tokens)
-    current = [cuts.cut_results(m, share) for m in current]
+    fixed = cuts.cost(trusted) + cuts.cost(memory) + tools_tokens
     room = limit - fixed
-    if cuts.cost(current) > room:
-        current = _shrink_current(current, room, budget, cuts)
+    share = max(int(limit * budget.tool_result_share), floor)
+    current = [cuts.cut_results(m, share) for m in turns[-1]] if turns else []
+    if cuts.cost(current) > room:  # intermediate text, then results, toward the floor
+        current = cuts.cut_intermediate(current, floor)
+        for size in (4 * floor, 2 * floor, floor):
+            if cuts.cost(current) <= room:
+                break
+            current = [cuts.cut_results(m, size) for m in current]
     current_cost = cuts.cost(current)
     if current_cost > room:
         raise PromptBudgetError(
@@ -374,7 +360,7 @@ def fit_request(
     kept_summaries = []
     for summary in summaries[-1:]:
         allowance = min(summary_tokens or budget.history_item_tokens, room)
-        capped = cuts.cap_text(summary, max(allowance, 1))
+        capped = cuts.shrink(summary, max(allowance, 1), _CAPPED)
         if cuts.estimate(capped) <= room:
             kept_summaries.append(capped)
             room -= cuts.estimate(capped)
@@ -382,38 +368,30 @@ def fit_request(
     excerpt_room = min(budget.excerpt_tokens, max(room // 5, 0))
     room -= excerpt_room
     kept_turns: list[list[Message]] = []
-    dropped: list[list[Message]] = []
-    history_turns = turns[:-1]
-    for position in range(len(history_turns) - 1, -1, -1):
+    history = turns[:-1]
+    dropped = 0
+    for position in reversed(range(len(history))):
         turn = [
-            cuts.cut_results(cuts.cap_text(m, budget.history_item_tokens), share)
-            for m in history_turns[position]
+            cuts.cut_results(cuts.shrink(m, budget.history_item_tokens, _CAPPED), share)
+            for m in history[position]
         ]
         cost = cuts.cost(turn)
         if cost > room:
-            final = len(turn) - 1
-            turn = [
-                cuts.cut_text(m, budget.floor_tokens)
-                if m.role is Role.ASSISTANT and i != final
-                else m
-                for i, m in enumerate(turn)
-            ]
+            turn = cuts.cut_intermediate(turn, floor)
             cost = cuts.cost(turn)
         if cost > room:
-            dropped = history_turns[: position + 1]
+            dropped = position + 1
             break
         kept_turns.append(turn)
         room -= cost
-    kept_turns.reverse()
 
-    lines = (excerpt(turn, budget.excerpt_item_chars) for turn in reversed(dropped))
+    lines = (excerpt(turn, budget.excerpt_item_chars) for turn in reversed(history[:dropped]))
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
     excerpts, excerpts_used = _note(EXCERPTS_KEY, filter(None, lines), excerpt_room, tokenizer)
-    kept = [message for turn in kept_turns for message in turn]
+    kept = [message for turn in reversed(kept_turns) for message in turn]
     messages = [*trusted, *memory, *kept_summaries, *excerpts, *kept, *current]
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
-    bounded = evolve(request, messages=messages, settings=settings)
     report = BudgetReport(
         limit_tokens=limit,
         history_estimated_tokens=cuts.cost(conversation) + cuts.cost(summaries),
@@ -422,32 +400,12 @@ def fit_request(
         messages_total=len(request.messages),
         messages_kept=len(messages),
         turns_total=len(turns),
-        turns_dropped=len(dropped),
+        turns_dropped=dropped,
         excerpts_included=excerpts_used,
         memories_included=memories_used,
     )
     _log(report)
-    return bounded, report
-
-
-def _shrink_current(
-    current: list[Message], room: int, budget: PromptBudget, cuts: _Cuts
-) -> list[Message]:
-    """Cut the current turn's intermediate text, then its results, toward the floor."""
-    final = len(current) - 1
-    shrunk = [
-        cuts.cut_text(m, budget.floor_tokens) if m.role is Role.ASSISTANT and i != final else m
-        for i, m in enumerate(current)
-    ]
-    if cuts.cost(shrunk) <= room:
-        return shrunk
-    results = [i for i, m in enumerate(shrunk) if m.tool_results]
-    for size in (4 * budget.floor_tokens, 2 * budget.floor_tokens, budget.floor_tokens):
-        for i in results:
-            shrunk[i] = cuts.cut_results(shrunk[i], size)
-        if cuts.cost(shrunk) <= room:
-            break
-    return shrunk
+    return evolve(request, messages=messages, settings=settings), report
 
 
 def _note(
