@@ -10,7 +10,7 @@ import hashlib
 import inspect
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from attrs import evolve, field, frozen
@@ -188,8 +188,10 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
     entries = loader(context) if callable(loader) else provider(context)
     if inspect.isawaitable(entries):
         entries = await entries
+    if entries is None:
+        return []
     result = []
-    for entry in () if entries is None else entries:
+    for entry in entries:
         text = entry if isinstance(entry, str) else getattr(entry, "text", None)
         if not isinstance(text, str):
             raise ConfigurationError(f"PromptBudget.memory returned {entry!r}; entries must be str")
@@ -335,8 +337,13 @@ def fit_request(
     turns = _turns(conversation, cuts)
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
-    memory, memories_used = _note(MEMORIES_KEY, reversed(memories), budget.memory_tokens, tokenizer)
-    fixed = cuts.cost(trusted) + cuts.cost(memory) + tools_tokens
+    memory_room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
+    picked = _pick(reversed(memories), memory_room, tokenizer, skip=True)
+    memory: list[Message] = []
+    if picked:
+        text = "\n".join([MEMORIES_HEADER, *(f"- {entry}" for entry in picked)])
+        memory = _view_only("memories", MEMORIES_KEY, text, Message.developer)
+    fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
     current = [cuts.cut_results(m, share) for m in turns[-1]] if turns else []
@@ -386,8 +393,13 @@ def fit_request(
         room -= cost
 
     lines = (excerpt(turn, budget.excerpt_item_chars) for turn in reversed(history[:dropped]))
+    excerpt_room -= tokenizer.count_tokens(EXCERPTS_HEADER)
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
-    excerpts, excerpts_used = _note(EXCERPTS_KEY, filter(None, lines), excerpt_room, tokenizer)
+    chosen = _pick(filter(None, lines), excerpt_room, tokenizer, skip=False)
+    excerpts: list[Message] = []
+    if chosen:
+        text = "\n".join([EXCERPTS_HEADER, *chosen])
+        excerpts = _view_only("excerpts", EXCERPTS_KEY, text, Message.user)
     kept = [message for turn in reversed(kept_turns) for message in turn]
     messages = [*trusted, *memory, *kept_summaries, *excerpts, *kept, *current]
     settings = dict(request.settings)
@@ -401,38 +413,32 @@ def fit_request(
         messages_kept=len(messages),
         turns_total=len(turns),
         turns_dropped=dropped,
-        excerpts_included=excerpts_used,
-        memories_included=memories_used,
+        excerpts_included=len(chosen),
+        memories_included=len(picked),
     )
     _log(report)
     return evolve(request, messages=messages, settings=settings), report
 
 
-def _note(
-    key: str, lines: Iterable[str], room: int, tokenizer: Tokenizer
-) -> tuple[list[Message], int]:
-    """The view-only message (memories or excerpts, as ``key`` says) of the newest
-    ``lines`` (given newest first) that fit ``room`` with its header, at their tokens + 1
-    each, and how many it holds. A memory that does not fit is passed over; an excerpt
-    that does not fit ends the choice."""
-    memories = key == MEMORIES_KEY
-    header = MEMORIES_HEADER if memories else EXCERPTS_HEADER
-    room -= tokenizer.count_tokens(header)
+def _pick(lines: Iterable[str], room: int, tokenizer: Tokenizer, *, skip: bool) -> list[str]:
+    """The newest ``lines`` (given newest first) that fit ``room`` at their tokens + 1 each,
+    oldest first; a line that does not fit is passed over (``skip``) or ends the choice."""
     chosen: list[str] = []
-    for line in lines if room > 0 else ():
+    for line in lines:
         cost = tokenizer.count_tokens(line) + 1
         if cost <= room:
-            chosen.append(f"- {line}" if memories else line)
+            chosen.append(line)
             room -= cost
-        elif not memories:
+        elif not skip:
             break
-    if not chosen:
-        return [], 0
-    text = "\n".join([header, *reversed(chosen)])
-    # memories-<hash> or excerpts-<hash>: the same text keeps its id, so usage anchors match
-    stable_id = f"{key.rpartition('.')[2]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
-    make = Message.developer if memories else Message.user
-    return [make(text, id=stable_id, metadata={key: True})], len(chosen)
+    return chosen[::-1]
+
+
+def _view_only(kind: str, key: str, text: str, make: Callable[..., Message]) -> list[Message]:
+    """The memories or excerpts message saying ``text``: the same text keeps its id
+    (``<kind>-<hash>``), so usage anchors still match."""
+    stable_id = f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+    return [make(text, id=stable_id, metadata={key: True})]
 
 
 def _log(report: BudgetReport) -> None:
