@@ -207,16 +207,31 @@ always = Always()
 """Holds every time: the default trigger."""
 never = Never()
 """Never holds."""
-tokens_exceed = TokensExceed
-"""Holds when the estimated tokens exceed ``limit``."""
-messages_exceed = MessagesExceed
-"""Holds when the messages exceed ``limit``."""
-turns_exceed = TurnsExceed
-"""Holds when the user turns exceed ``limit``."""
-groups_exceed = GroupsExceed
-"""Holds when the groups exceed ``limit``."""
-has_tool_calls = HasToolCalls
-"""Holds when at least one tool-call group is included."""
+
+
+def tokens_exceed(limit: int) -> TokensExceed:
+    """Holds when the estimated tokens exceed ``limit``."""
+    return TokensExceed(limit)
+
+
+def messages_exceed(limit: int) -> MessagesExceed:
+    """Holds when the messages exceed ``limit``."""
+    return MessagesExceed(limit)
+
+
+def turns_exceed(limit: int) -> TurnsExceed:
+    """Holds when the user turns exceed ``limit``."""
+    return TurnsExceed(limit)
+
+
+def groups_exceed(limit: int) -> GroupsExceed:
+    """Holds when the groups exceed ``limit``."""
+    return GroupsExceed(limit)
+
+
+def has_tool_calls() -> HasToolCalls:
+    """Holds when at least one tool-call group is included."""
+    return HasToolCalls()
 
 
 def all_of(*triggers: Trigger) -> AllOf:
