@@ -107,8 +107,9 @@ async def compact_session(
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
     """Append ``strategy``'s records to a stored session's log after a run, holding the
-    session as a run does, and return them: the next run sees the compacted view, nothing
-    stored is removed. A summarizing strategy needs ``Summarization(model=...)`` here.
+    session as a run does (through the store's ``lock`` when it has one, any store
+    otherwise), and return them: the next run sees the compacted view, nothing stored is
+    removed. A summarizing strategy needs ``Summarization(model=...)`` here.
 
     Raises:
         SessionBusyError: Called from inside a run of the same session.

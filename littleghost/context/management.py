@@ -120,17 +120,21 @@ class ContextManagement:
 
     Args:
         context_window_tokens: The window used when the model advertises none (> 0).
-        context_window_override: The window used whatever the model advertises, or None.
-        compression_threshold: Compact when the estimate reaches this share of the window.
+        context_window_override: The window used whatever the model advertises (> 0), or
+            None.
+        compression_threshold: Compact when the estimate reaches this share of the window,
+            in (0, 1].
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
         preserve_recent_messages: Newest messages always kept verbatim (>= 2).
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap, and the cap of the specifics it
             quotes (under the window); default a quarter of the window, at most 4 096.
-        quote_specifics: Keep the summarized specifics in their own words beside the notes.
+        quote_specifics: Keep, beside the notes, the summarized sentences and tool results
+            that hold a number, an identifier or a name, in their own words (default True).
         mask_tool_results: Before summarizing, mask tool results older than the newest
-            this many tool-call groups by a one-line placeholder (``None``: never).
+            this many tool-call groups by a one-line placeholder, and make no summary when
+            that is enough (``None``, the default: never).
         budget: A ``PromptBudget``: every request's view is first bounded to it.
         summarize: False never compacts with a model (needs ``budget``).
         strategy: How to compact, in place of the default summarizer (the threshold
@@ -631,7 +635,8 @@ async def _compact(
         run = _run(context, config)
         index = context.log_index.over(request.messages)
         state = _state(index, config, window, context.complete, request.settings)
-        state.pinned, state.scale = _pinned(index), run.scale
+        state.pinned = _pinned(index)
+        state.scale = run.scale
         goal = _goal(state, target, request.max_tokens or 0)
         try:
             if fallback:
@@ -735,7 +740,8 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     model = agent.resolve_model()
-    window, complete = context_window(model, config), prepared(model)
+    window = context_window(model, config)
+    complete = prepared(model)
     return await managed_records(
         messages, config, window=window, complete=complete, settings=agent.settings, share=share
     )
@@ -845,8 +851,8 @@ async def _shrink(
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, context, config, budget)
         context.annotate_next_call(report.span_attributes())
-        after = _sent_figures(report, shrunk, budget, context).estimated_prompt_tokens
-        outcome.after, outcome.removed = after, len(request.messages) - len(shrunk.messages)
+        outcome.after = report.estimated_prompt_tokens  # the request sent is the view fitted
+        outcome.removed = len(request.messages) - len(shrunk.messages)
     return shrunk
 
 
@@ -870,14 +876,14 @@ async def _attempt(
     async def finish(
         result: str, removed: int, after: int | None, error: str | None, summary: str | None
     ) -> None:
-        optional = {
+        extra = {
             telemetry.COMPACTION_REMOVED: removed,
             telemetry.COMPACTION_ESTIMATED_AFTER: after,
             telemetry.ERROR_TYPE: error,
             telemetry.COMPACTION_FALLBACK: True if fallback else None,
             telemetry.COMPACTION_SUMMARY: summary,
         }
-        _event(reason, result, estimated, window, optional)
+        _event(reason, result, estimated, window, extra)
         usage = context.usage - before
         await context.emit(
             CompactionFinished(reason, result, removed, after, error, usage, summary)
@@ -898,16 +904,16 @@ async def _attempt(
 
 
 def _event(
-    reason: str, outcome: str, estimated: int, window: int, optional: Mapping[str, Any]
+    reason: str, outcome: str, estimated: int, window: int, extra: Mapping[str, Any]
 ) -> None:
-    """The ``littleghost.context.compaction`` span event, ``optional`` attributes left out
+    """The ``littleghost.context.compaction`` span event, ``extra`` attributes left out
     when None, and its log line (no content)."""
     attributes = {
         telemetry.COMPACTION_REASON: reason,
         telemetry.COMPACTION_OUTCOME: outcome,
         telemetry.COMPACTION_ESTIMATED: estimated,
         telemetry.COMPACTION_WINDOW: window,
-        **{key: value for key, value in optional.items() if value is not None},
+        **{key: value for key, value in extra.items() if value is not None},
     }
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     error = attributes.get(telemetry.ERROR_TYPE)

@@ -90,8 +90,9 @@ class CompactionState:
 
     The metrics (``tokens``, ``messages``, ``groups``, ``turns``, ``tool_call_groups``)
     count what is included and are kept current by every step; a group's tokens are
-    estimated when first needed. Each slot's group is included, excluded, or absorbed
-    into a collapse or summary made in the first slot it replaces. Slots from
+    estimated when first needed, so walking from the newest group back estimates only
+    what is walked. Slots keep their order: each slot's group is included, excluded, or
+    absorbed into a collapse or summary made in the first slot it replaces. Slots from
     ``protected`` on (the current turn, in a run) and ``pinned`` slots are never removed.
     ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
     request may fill, ``None`` for no limit) fit summary requests to the window.
@@ -425,11 +426,13 @@ class CompactionStrategy(Protocol):
 def _positions(items: list[Any], value: object) -> list[int]:
     """The positions of ``value`` in ``items`` (searched by ``list.index``, in C)."""
     found: list[int] = []
-    try:
-        while True:
-            found.append(items.index(value, found[-1] + 1 if found else 0))
-    except ValueError:
-        return found
+    position = -1
+    while True:
+        try:
+            position = items.index(value, position + 1)
+        except ValueError:
+            return found
+        found.append(position)
 
 
 def _target(trigger: Trigger, target: Trigger | None) -> Trigger:
@@ -735,12 +738,15 @@ class Summarization:
     Quotes and output cap together take at most half of what the summary replaces. The
     request is fitted to the state's ``room``: items clipped, then the cap halved down
     to ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not
-    even one fits). Nothing happens when only a previous summary would be taken; a failed
-    summary call raises. The README's "Context management" tells the details.
+    even one fits). A summary that reaches its cap keeps its complete lines, or is asked
+    for once more, shorter (``state.summary_outcome`` says which). Nothing happens when
+    only a previous summary would be taken; a failed summary call (an error, an empty
+    answer, nothing usable twice) raises. The README's "Context management" tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
-        prompt: Replaces the summarizer's instruction, for new notes and a rewrite alike.
+        prompt: Replaces the summarizer's instruction, for new notes and a rewrite alike
+            (default ``DEFAULT_SUMMARY_INSTRUCTIONS``, ``DEFAULT_UPDATE_INSTRUCTIONS``).
         model: The model that writes the summary; default the agent's model (inside a
             run) — ad hoc use needs one.
         trigger: Start only when this holds (default ``always``).
