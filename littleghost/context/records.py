@@ -48,4 +48,6 @@ def record_covers(message: Message) -> list[str]:
         return []
     key = SUMMARY_COVERS_KEY if message.is_summary else COMPACTION_COVERS_KEY
     covers = message.metadata.get(key)
-    return [i for i in covers if isinstance(i, str)] if isinstance(covers, (list, tuple)) else []
+    if not isinstance(covers, (list, tuple)):
+        return []
+    return [item for item in covers if isinstance(item, str)]
