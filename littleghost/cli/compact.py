@@ -13,8 +13,8 @@ from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output
 from littleghost.cli.stores import StoreAddress
-from littleghost.cli.window import Window, context_config, window_of
-from littleghost.context.management import managed_records
+from littleghost.cli.window import Window, window_of
+from littleghost.context.management import context_config, managed_records
 from littleghost.context.strategies import prepared
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view

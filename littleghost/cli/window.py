@@ -7,12 +7,12 @@ from attrs import frozen
 
 from littleghost._validators import is_int
 from littleghost.agent import Agent
-from littleghost.context.management import ContextManagement
+from littleghost.context.management import ContextManagement, context_config
 from littleghost.models import Model
 from littleghost.models.registry import split_model_string
 from littleghost.models.windows import known_context_window
 
-__all__ = ["Window", "context_config", "window_of"]
+__all__ = ["Window", "window_of"]
 
 
 @frozen
@@ -21,12 +21,6 @@ class Window:
 
     tokens: int
     source: str
-
-
-def context_config(agent: Agent | None) -> ContextManagement | None:
-    """The ``@manage_context`` configuration of ``agent``'s class, if it has one."""
-    config = None if agent is None else agent.context_management
-    return config if isinstance(config, ContextManagement) else None
 
 
 def window_of(agent: Agent | None, given: int | None, model: Model | None = None) -> Window:

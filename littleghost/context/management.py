@@ -69,6 +69,7 @@ __all__ = [
     "ContextManagement",
     "RequestPreview",
     "compact_log",
+    "context_config",
     "context_window",
     "estimate_tokens",
     "manage_context",
@@ -375,7 +376,8 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
     return whole + answer
 
 
-def _config(agent: object) -> ContextManagement | None:
+def context_config(agent: object) -> ContextManagement | None:
+    """The ``@manage_context`` configuration of ``agent``'s class, if it has one."""
     config = getattr(agent, "context_management", None)
     return config if isinstance(config, ContextManagement) else None
 
@@ -416,7 +418,7 @@ def _clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mo
 async def _compact_before_model(
     agent: object, request: ModelRequest, *, context: RunContext
 ) -> ModelRequest | None:
-    config = _config(agent)
+    config = context_config(agent)
     if config is None:
         return None
     state = _run(context, config)
@@ -502,7 +504,7 @@ def _sent_figures(
 async def _compact_after_overflow(
     agent: object, request: ModelRequest, error: Exception, *, context: RunContext
 ) -> ModelRequest | None:
-    config = _config(agent)
+    config = context_config(agent)
     if config is None or not isinstance(error, ContextWindowOverflowError):
         return None
     state = _run(context, config)
