@@ -18,6 +18,7 @@ __all__ = [
     "Validator",
     "check",
     "count",
+    "has_method",
     "instance_of",
     "int_at_least",
     "is_int",
@@ -49,6 +50,11 @@ def int_at_least(minimum: int) -> Callable[[object], bool]:
         return is_int(value) and value >= minimum
 
     return ok
+
+
+def has_method(name: str) -> Callable[[object], bool]:
+    """A predicate: an object with a callable attribute ``name`` (a protocol's method)."""
+    return lambda value: callable(getattr(value, name, None))
 
 
 def check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:

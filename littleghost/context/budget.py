@@ -15,7 +15,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from littleghost._validators import Validator, check, count, is_number
+from littleghost._validators import Validator, check, count, has_method, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.summarize import excerpt
@@ -69,6 +69,9 @@ def env_tokens(variable: str, default: int) -> int:
     return value
 
 
+_LOADS_MEMORIES = has_method("load_memories")
+
+
 def _count(name: str, minimum: int) -> Validator:
     return count(f"PromptBudget: {name}", minimum)
 
@@ -107,7 +110,7 @@ class PromptBudget:
         factory=ByteEstimator,
         validator=check(
             "PromptBudget: tokenizer",
-            lambda v: callable(getattr(v, "count_tokens", None)),
+            has_method("count_tokens"),
             "an object with count_tokens(text)",
         ),
     )
@@ -115,7 +118,7 @@ class PromptBudget:
         default=None,
         validator=check(
             "PromptBudget: memory",
-            lambda v: v is None or callable(v) or callable(getattr(v, "load_memories", None)),
+            lambda v: v is None or callable(v) or _LOADS_MEMORIES(v),
             "None, a callable or an object with load_memories(context)",
         ),
     )

@@ -11,7 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from littleghost.context.index import LogIndex
-from littleghost.context.strategies import CompactionState, CompactionStrategy, Complete
+from littleghost.context.strategies import (
+    CompactionState,
+    CompactionStrategy,
+    Complete,
+    is_strategy,
+)
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message
@@ -44,7 +49,7 @@ async def _run(
     settings: Mapping[str, Any] | None,
 ) -> tuple[tuple[Message, ...], list[Message]]:
     """The records ``strategy`` makes for ``messages``, and the view they give."""
-    if not callable(getattr(strategy, "compact", None)):
+    if not is_strategy(strategy):
         raise ConfigurationError(
             f"strategy must be a compaction strategy (with async compact(state)), not {strategy!r}"
         )

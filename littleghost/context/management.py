@@ -20,7 +20,15 @@ from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
-from littleghost._validators import Validator, check, int_at_least, is_int, is_number, optional
+from littleghost._validators import (
+    Validator,
+    check,
+    has_method,
+    int_at_least,
+    is_int,
+    is_number,
+    optional,
+)
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.budget import (
     BudgetReport,
@@ -40,6 +48,7 @@ from littleghost.context.strategies import (
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
+    is_strategy,
     mask_tool_results,
     prepared,
 )
@@ -107,10 +116,6 @@ def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
     return validate
 
 
-def _has(method: str) -> Callable[[Any], bool]:
-    return lambda value: callable(getattr(value, method, None))
-
-
 _SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
 _OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
 
@@ -158,7 +163,7 @@ class ContextManagement:
     )
     tokenizer: Tokenizer = field(
         default=DEFAULT_TOKENIZER,
-        validator=_check(_has("count_tokens"), "an object with count_tokens(text)"),
+        validator=_check(has_method("count_tokens"), "an object with count_tokens(text)"),
     )
     summary_instructions: str | None = field(
         default=None,
@@ -179,7 +184,7 @@ class ContextManagement:
     strategy: CompactionStrategy | None = field(
         default=None,
         validator=optional(
-            _check(_has("compact"), "a compaction strategy (Truncation, Pipeline, ...) or None")
+            _check(is_strategy, "a compaction strategy (Truncation, Pipeline, ...) or None")
         ),
     )
 

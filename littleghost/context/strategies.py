@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import field, frozen
 
-from littleghost._validators import check, count, optional
+from littleghost._validators import check, count, has_method, optional
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -73,6 +73,7 @@ __all__ = [
     "ToolResultCompaction",
     "Truncation",
     "TurnExcerpts",
+    "is_strategy",
     "mask_text",
     "mask_tool_results",
     "prepared",
@@ -423,6 +424,10 @@ class CompactionStrategy(Protocol):
         ...
 
 
+is_strategy = has_method("compact")
+"""True for a compaction strategy: anything with ``compact(state)``."""
+
+
 def _positions(items: list[Any], value: object) -> list[int]:
     """The positions of ``value`` in ``items`` (searched by ``list.index``, in C)."""
     found: list[int] = []
@@ -771,10 +776,12 @@ class Summarization:
     )
     model: Model | None = field(
         default=None,
-        validator=check(
-            "Summarization.model",
-            lambda v: v is None or callable(getattr(v, "respond", None)),
-            "a Model (with respond(request)) or None",
+        validator=optional(
+            check(
+                "Summarization.model",
+                has_method("respond"),
+                "a Model (with respond(request)) or None",
+            )
         ),
     )
     trigger: Trigger = field(default=always, validator=check_trigger("Summarization.trigger"))
@@ -913,7 +920,7 @@ def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
         raise ConfigurationError(f"{name} must be a sequence of strategies, not {value!r}")
     strategies = tuple(value)
     for strategy in strategies:
-        if not callable(getattr(strategy, "compact", None)):
+        if not is_strategy(strategy):
             raise ConfigurationError(
                 f"{name} takes strategies (with async compact(state)), not {strategy!r}"
             )
