@@ -427,10 +427,11 @@ async def _compact_before_model(
     if config is None:
         return None
     state = _run(context, config)
-    exchange = context.last_exchange
-    if exchange is not None and exchange[0] is not state.calibrated:
-        state.calibrated = exchange[0]
-        _learn_scale(state, exchange[0], exchange[1].usage.input_tokens, context, config.tokenizer)
+    if context.last_exchange is not None:
+        previous, response = context.last_exchange
+        if previous is not state.calibrated:
+            state.calibrated = previous
+            _learn_scale(state, previous, response.usage.input_tokens, context, config.tokenizer)
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):
