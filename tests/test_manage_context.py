@@ -608,6 +608,50 @@ class TestTheLog:
         covered = set(next(m for m in result.messages if m.is_summary).metadata[SUMMARY_COVERS_KEY])
         assert not covered & {m.id for m in sent}
 
+    @pytest.mark.parametrize("earlier", [0, 3])
+    async def test_a_compaction_inside_a_tool_loop_sends_the_view_its_records_give(
+        self, earlier: int
+    ) -> None:
+        """The request sent after a compaction is the view of the log with its records,
+        as the next turn and a reload see it: the summary stands before the question even
+        when it covers tool work done after the question."""
+
+        @manage_context(
+            context_window_tokens=40,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Looping(Agent):
+            instructions = "Be brief."
+
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        pings = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal pings
+            if request.purpose == "context_compaction":
+                return text_response("- pinged")
+            pings += 1
+            return tool_call_response("ping", {}) if pings <= 12 else text_response("done")
+
+        model = ScriptedModel([respond] * 40)
+        result = await Looping(model=model).run("go", history=chat(earlier))
+        ends = [n + 1 for n, m in enumerate(result.messages) if m.is_summary]
+        after = [
+            model.requests[n + 1]
+            for n, r in enumerate(model.requests)
+            if r.purpose == "context_compaction"
+        ]
+        assert ends and len(after) == len(ends)
+        for end, request in zip(ends, after, strict=True):
+            assert request.messages[1:] == build_view(result.messages[:end])
+            assert request.messages[1].is_summary
+
     async def test_a_later_compaction_folds_the_previous_summary_in(self) -> None:
         """The second summary covers the first and carries its notes forward; no original
         is summarized twice."""

@@ -680,10 +680,10 @@ async def _compact(
             raise CompactionError(
                 f"the compaction would not make the request smaller ({estimated} -> {after} tokens)"
             )
-        marked = [attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records]
-        await context.append(*marked)
+        marked = {r.id: attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records}
+        await context.append(*marked.values())
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
-    return compacted
+    return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
 def _goal(state: CompactionState, target: int, answer: int) -> int:

@@ -372,25 +372,26 @@ class CompactionState:
     # --- results ---------------------------------------------------------------------
 
     def view(self) -> list[Message]:
-        """The messages now included, as the view of the log with the records shows them."""
+        """The messages now included, as the view of the log with the records shows them:
+        the summaries made here after the earlier ones, before every other non-system
+        group."""
         view: list[Message] = []
         fate = self._fate
         kinds = self._kinds
         members = self._members
         made = self._made
-        pending: Message | None = None
+        pending = [made[s] for s in made if fate[s] == _INCLUDED and kinds[s] == SUMMARY]
         for slot in range(len(kinds)):
             if fate[slot] != _INCLUDED:
                 continue
-            if kinds[slot] == SUMMARY and slot in made:
-                pending = made[slot]
+            kind = kinds[slot]
+            if kind == SUMMARY and slot in made:
                 continue
-            if pending is not None and kinds[slot] != SYSTEM:
-                view.append(pending)
-                pending = None
+            if pending and kind != SYSTEM and kind != SUMMARY:
+                view.extend(pending)
+                pending = []
             view.extend(members[slot])
-        if pending is not None:
-            view.append(pending)
+        view.extend(pending)
         return view
 
     def records(self) -> tuple[Message, ...]:
