@@ -93,6 +93,16 @@ def test_a_summary_shows_before_the_first_visible_non_trusted_message() -> None:
     assert build_view([*log, record]) == (log[0], developer, record, *log[6:])
 
 
+def test_every_summary_no_later_record_covers_is_shown_in_log_order() -> None:
+    """A summary that a later one does not fold in stays in the view, before the later
+    one: what it stands for is never lost."""
+    log = conversation(3)
+    first = summary("first", log[1:5])
+    second = summary("second", log[5:9])
+    assert build_view([*log, first, second]) == (log[0], first, second, *log[9:])
+    assert build_view([*log, first, second, summary("both", [first, second])])[1].text == "both"
+
+
 def test_a_record_covered_by_a_later_record_is_hidden_and_what_it_hid_stays_hidden() -> None:
     log = conversation(3)
     folded = collapse("[Tool results: get_weather: sunny 0]", log[2:4])

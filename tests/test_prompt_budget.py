@@ -50,6 +50,12 @@ def history(turns: int) -> list[Message]:
     return [message for index in range(turns) for message in turn(index)]
 
 
+def summarized(messages: list[Message], text: str) -> Message:
+    """A summary record covering ``messages``."""
+    covers = [m.id for m in messages]
+    return Message.user(text, metadata={"littleghost.summary": True, SUMMARY_COVERS_KEY: covers})
+
+
 def size(request: ModelRequest) -> int:
     """The budget's estimate of a request as sent."""
     return estimate_request(request.messages, request.tools, {}, BYTES)
@@ -250,6 +256,20 @@ class TestRules:
         sent = next(m for m in model.requests[0].messages if m.tool_calls)
         assert sent.reasoning == (thought,) and sent.tool_calls == (call,)
         assert len(sent.text) < len(log[1].text)
+
+    @pytest.mark.parametrize("room", [1_000, 200])
+    async def test_summaries_are_kept_newest_first_while_they_fit(self, room: int) -> None:
+        """Every summary of the view is kept while there is room, in log order; the newest
+        first, so a tight budget keeps only it."""
+        log = history(3)
+        first = summarized(log[:4], "first " * 60)
+        second = summarized(log[4:8], "second " * 50)
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=room)(model=model).run(
+            "now", history=[*log, first, second]
+        )
+        sent = [m.id for m in model.requests[0].messages if m.is_summary]
+        assert sent == ([first.id, second.id] if room == 1_000 else [second.id])
 
     async def test_an_interrupted_call_reaches_the_model_with_its_error_result(self) -> None:
         """A history call without a result is answered in the log (appended) and shown paired."""

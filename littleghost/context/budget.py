@@ -316,8 +316,8 @@ def fit_request(
     """Build the bounded view of ``request`` for ``limit`` tokens.
 
     Memories and excerpts a request already carries (from an earlier pass) are rebuilt,
-    not repeated. The newest summary is kept (cut to ``summary_tokens`` and to the room
-    left, never dropped for older turns). ``index`` (the run's) keeps the cut copies and
+    not repeated. Summaries are kept newest first while they fit (each cut to
+    ``summary_tokens`` and to the room left, never dropped for older turns). ``index`` (the run's) keeps the cut copies and
     estimates for the next turn.
 
     Raises:
@@ -367,13 +367,14 @@ def fit_request(
         )
     room -= current_cost
 
-    kept_summaries = []
-    for summary in summaries[-1:]:
+    kept_summaries: list[Message] = []
+    for summary in reversed(summaries):
         allowance = min(summary_tokens or budget.history_item_tokens, room)
         capped = cuts.shrink(summary, max(allowance, 1), _CAPPED)
-        if cuts.estimate(capped) <= room:
-            kept_summaries.append(capped)
-            room -= cuts.estimate(capped)
+        if cuts.estimate(capped) > room:
+            break
+        kept_summaries.insert(0, capped)
+        room -= cuts.estimate(capped)
 
     excerpt_room = min(budget.excerpt_tokens, max(room // 5, 0))
     room -= excerpt_room

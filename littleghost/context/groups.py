@@ -85,8 +85,8 @@ class Layout:
     """A log read by the engine: its records, its pairing, and its view as groups.
 
     ``kinds[i]`` and ``members[i]`` are the i-th group of the view (the call before its
-    results); ``pending`` is a summary with nothing after it yet to stand before (shown
-    last). ``open_calls``, ``shadowed`` and ``orphans`` say what the pairing left.
+    results); ``pending`` holds the summaries no later record covers, in log order, while
+    nothing is after them yet to stand before (shown last). ``open_calls``, ``shadowed`` and ``orphans`` say what the pairing left.
     """
 
     __slots__ = (
@@ -126,7 +126,7 @@ class Layout:
         self.members: list[list[Message]] = []
         self.slot_of: dict[int, int] = {}
         self.shown: set[str] = set()
-        self.pending: Message | None = None
+        self.pending: list[Message] = []
         self.system_open = False
         self.message_count = 0
 
@@ -135,8 +135,7 @@ class Layout:
         """The layout of ``log`` (with ``records=False``: of a plain sequence)."""
         layout = cls(records=records)
         layout.scan(log)
-        newest_first = reversed(layout.summaries)
-        layout.pending = next((s for s in newest_first if s.id not in layout.hidden), None)
+        layout.pending = [s for s in layout.summaries if s.id not in layout.hidden]
         layout._lay_out(log, 0)
         return layout
 
@@ -297,11 +296,11 @@ class Layout:
                 group = [message]
                 metadata = message.metadata
                 kind = SUMMARY if metadata and metadata.get(SUMMARY_KEY) is True else USER
-            if pending is not None:  # the summary stands before the first non-trusted group
-                kinds.append(SUMMARY)
-                members.append([pending])
-                count += 1
-                pending = None
+            if pending:  # the summaries stand before the first non-trusted group
+                kinds.extend([SUMMARY] * len(pending))
+                members.extend([summary] for summary in pending)
+                count += len(pending)
+                pending = []
             system_open = False
             if role is _ASSISTANT and kind == TOOL_CALL:
                 slot_of[position] = len(kinds)
@@ -313,16 +312,16 @@ class Layout:
         self.message_count = count
 
     def slots(self) -> tuple[list[GroupKind], list[list[Message]]]:
-        """The groups as parallel lists, a pending summary as the last group."""
-        if self.pending is None:
+        """The groups as parallel lists, pending summaries as the last groups."""
+        if not self.pending:
             return self.kinds, self.members
-        return [*self.kinds, SUMMARY], [*self.members, [self.pending]]
+        pending = self.pending
+        return [*self.kinds, *[SUMMARY] * len(pending)], [*self.members, *([s] for s in pending)]
 
     def messages(self) -> list[Message]:
         """The view, flat."""
         flat = [message for group in self.members for message in group]
-        if self.pending is not None:
-            flat.append(self.pending)
+        flat.extend(self.pending)
         return flat
 
     def unanswered(self, log: Sequence[Message]) -> list[tuple[int, str]]:
