@@ -145,18 +145,37 @@ def _default_store() -> InMemorySessionStore:
 
 
 def _method_tools(cls: type) -> dict[str, ToolDefinition]:
+    """The ``@tool`` methods of ``cls`` by attribute name, parents' first.
+
+    Raises:
+        ConfigurationError: A tool method is named like a member of ``Agent``, or a tool
+            cannot be defined.
+    """
     found: dict[str, ToolDefinition] = {}
     for klass in reversed(cls.__mro__):
         for attribute, value in vars(klass).items():
-            if tool_options(value) is not None and callable(value):
-                try:
-                    definition = define_tool(value, is_method=True)
-                except NameError as error:
-                    raise ConfigurationError(
-                        f"{cls.__name__}.{attribute}: a tool annotation cannot be resolved ({error})"
-                    ) from None
-                found[attribute] = definition
+            options = tool_options(value)
+            if options is not None and callable(value):
+                found[attribute] = _method_tool(klass, attribute, value, options)
     return found
+
+
+def _method_tool(
+    klass: type, attribute: str, value: Callable[..., Any], options: Mapping[str, Any]
+) -> ToolDefinition:
+    """The definition of the ``@tool`` method ``klass.attribute``."""
+    if attribute in _AGENT_MEMBERS:
+        raise ConfigurationError(
+            f"{klass.__name__}.{attribute}: the @tool method {attribute!r} would replace "
+            f"Agent.{attribute}; give the method another name and keep the tool's name with "
+            f"@tool(name={options['name'] or attribute!r})"
+        )
+    try:
+        return define_tool(value, is_method=True)
+    except NameError as error:
+        raise ConfigurationError(
+            f"{klass.__name__}.{attribute}: a tool annotation cannot be resolved ({error})"
+        ) from None
 
 
 def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list[ToolDefinition]:
@@ -208,6 +227,11 @@ class Agent:
     __littleghost_agent__: ClassVar[bool] = True
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
+    _tool_index: dict[str, tuple[ToolDefinition, str | None]]
+    _hooks: Mapping[str, tuple[BoundHook, ...]]
+    _resolved: Model | None
+    _resolved_from: str | None
+    _owned: list[Model]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -217,6 +241,7 @@ class Agent:
                 "capabilities (littleghost.capabilities.add_capability)"
             )
         cls.capabilities = in_effect(cls)
+        methods = _method_tools(cls)  # before the knobs: a tool named like one fails as a tool
         for knob, check in _KNOBS.items():
             if knob in cls.__dict__:
                 value = cls.__dict__[knob]
@@ -233,7 +258,7 @@ class Agent:
         if "session_store" not in cls.__dict__ and cls.session_store in _DEFAULT_STORES:
             cls.session_store = _default_store()  # sessions never leak between classes
         cls.__littleghost_tool_index__ = index_tools(
-            cls.__name__, _method_tools(cls), _function_tools(cls.__name__, cls.tools)
+            cls.__name__, methods, _function_tools(cls.__name__, cls.tools)
         )
         if cls.output_type is not None:
             check_tool_names(cls.__name__, cls.__littleghost_tool_index__)
@@ -266,9 +291,9 @@ class Agent:
         if self.output_type is not None:
             check_tool_names(type(self).__name__, self._tool_index)
         self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
-        self._resolved: Model | None = None
-        self._resolved_from: str | None = None
-        self._owned: list[Model] = []
+        self._resolved = None
+        self._resolved_from = None
+        self._owned = []
 
     @property
     def name(self) -> str:
@@ -452,6 +477,11 @@ class Agent:
             output_type=output_type,
         )
         return RunStream(self, plan)
+
+
+_AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
+"""The names a tool method must not take: ``Agent``'s attributes, methods and knobs, and
+the attributes its instances set."""
 
 
 async def _close_models(models: Iterable[Model], grace: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from littleghost import Agent, Message, RunContext, before_model, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, register_provider
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
 
@@ -386,6 +387,81 @@ def test_duplicate_tool_names_fail_at_class_definition() -> None:
             def ping(self) -> str:
                 """Ping again."""
                 return ""
+
+
+AGENT_MEMBERS = (
+    "run",
+    "run_sync",
+    "stream",
+    "instructions",
+    "output",
+    "hooks",
+    "tool_specs",
+    "resolve_model",
+    "__init__",
+    "name",
+    "max_turns",
+    "output_type",
+    "context_management",
+    "aclose",
+    "_hooks",
+)
+
+
+def with_tool_method(attribute: str, **options: Any) -> type[Agent]:
+    """An agent class with a ``@tool`` method stored as ``attribute``."""
+
+    async def method(self: Agent, query: str) -> str:
+        """Answer a query."""
+        return query
+
+    method.__name__ = attribute
+    return type("Shadowing", (Agent,), {attribute: tool(**options)(method)})
+
+
+@pytest.mark.parametrize("member", AGENT_MEMBERS)
+def test_a_tool_method_named_like_an_agent_member_fails(member: str) -> None:
+    """A @tool method would replace the Agent method, property or knob of its name."""
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            f"Shadowing.{member}: the @tool method {member!r} would replace Agent.{member}; "
+            f"give the method another name and keep the tool's name with @tool(name={member!r})"
+        ),
+    ):
+        with_tool_method(member)
+
+
+def test_a_shadowing_tool_method_keeps_its_own_tool_name_in_the_hint() -> None:
+    """With @tool(name=) given, the hint suggests that name; a mixin's tool is caught too."""
+    with pytest.raises(ConfigurationError, match=re.escape("@tool(name='query')")):
+        with_tool_method("run", name="query")
+
+    class Mixin:
+        @tool
+        def stream(self) -> str:
+            """Stream something."""
+            return ""
+
+    with pytest.raises(ConfigurationError, match=r"Mixin\.stream: the @tool method 'stream'"):
+        type("Mixed", (Mixin, Agent), {})
+
+
+async def test_a_tool_can_take_an_agent_members_name_through_tool_name() -> None:
+    """@tool(name="run") on another method: the model sees "run", agent.run still runs."""
+
+    class Support(Agent):
+        @tool(name="run")
+        async def run_query(self, query: str) -> str:
+            """Run a query."""
+            return f"ran {query}"
+
+    model = ScriptedModel([tool_call_response("run", {"query": "q"}), text_response("done")])
+    result = await Support(model=model).run("hi")
+    assert result.output == "done"
+    assert [part.content for message in result.messages for part in message.tool_results] == [
+        "ran q"
+    ]
 
 
 def test_capability_hook_rejects_bad_values() -> None:
