@@ -145,11 +145,12 @@ def _default_store() -> InMemorySessionStore:
 
 
 def _method_tools(cls: type) -> dict[str, ToolDefinition]:
-    """The ``@tool`` methods of ``cls`` by attribute name, parents' first.
+    """The ``@tool`` methods of ``cls`` by attribute name, parents' first; an inherited
+    tool overridden with ``None`` is removed.
 
     Raises:
-        ConfigurationError: A tool method is named like a member of ``Agent``, or a tool
-            cannot be defined.
+        ConfigurationError: A tool method is named like a member of ``Agent``, something
+            other than a tool or ``None`` overrides a tool, or a tool cannot be defined.
     """
     found: dict[str, ToolDefinition] = {}
     for klass in reversed(cls.__mro__):
@@ -157,6 +158,14 @@ def _method_tools(cls: type) -> dict[str, ToolDefinition]:
             options = tool_options(value)
             if options is not None and callable(value):
                 found[attribute] = _method_tool(klass, attribute, value, options)
+            elif attribute in found:
+                if value is not None:
+                    raise ConfigurationError(
+                        f"{klass.__name__}.{attribute} overrides the tool "
+                        f"{found[attribute].name!r} but is not a tool: decorate it with @tool, "
+                        f"or set {attribute} = None to remove the tool"
+                    )
+                del found[attribute]
     return found
 
 
@@ -265,6 +274,12 @@ class Agent:
         for entry in hook_plan(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
+                if tool_options(value) is not None:
+                    raise ConfigurationError(
+                        f"{cls.__name__}.{entry.method} overrides a {entry.kind} hook but is a "
+                        "tool: give the tool method another name (set it to None to turn the "
+                        "hook off)"
+                    )
                 if value is not None and not callable(value):
                     raise ConfigurationError(
                         f"{cls.__name__}.{entry.method} overrides a hook but is not callable "

@@ -464,6 +464,78 @@ async def test_a_tool_can_take_an_agent_members_name_through_tool_name() -> None
     ]
 
 
+class Searcher(Agent):
+    @tool
+    async def search(self, query: str) -> str:
+        """Search."""
+        return f"found {query}"
+
+
+class NoSearch(Searcher):
+    search = None
+
+
+class SearchAgain(NoSearch):
+    @tool
+    async def search(self, query: str, limit: int = 3) -> str:
+        """Search, with a limit."""
+        return f"found {limit} of {query}"
+
+
+async def test_none_removes_an_inherited_tool() -> None:
+    """``search = None`` in a subclass removes the tool, as ``None`` turns a hook off; the
+    parent keeps it and a grandchild may declare it again."""
+    model = ScriptedModel([tool_call_response("search", {"query": "q"}), text_response("done")])
+    result = await NoSearch(model=model).run("hi")
+    assert (model.requests[0].tools, NoSearch().tool_names) == ((), frozenset())
+    (content,) = [part.content for message in result.messages for part in message.tool_results]
+    assert content.startswith("Unknown tool 'search'")
+    assert Searcher().tool_names == SearchAgain().tool_names == {"search"}
+    (spec,) = SearchAgain().tool_specs
+    assert list(spec.parameters["properties"]) == ["query", "limit"]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        lambda: lambda self, query, limit: "",
+        lambda: 42,
+        lambda: before_model(lambda self, request: None),
+    ],
+    ids=["plain method", "value", "hook"],
+)
+def test_overriding_a_tool_with_a_non_tool_fails(override: Callable[[], object]) -> None:
+    """A subclass attribute other than a @tool or None over an inherited tool fails."""
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            "Other.search overrides the tool 'search' but is not a tool: decorate it with "
+            "@tool, or set search = None to remove the tool"
+        ),
+    ):
+        type("Other", (Searcher,), {"search": override()})
+
+
+def test_overriding_a_hook_with_a_tool_fails() -> None:
+    """A @tool method over an inherited hook would be called as that hook: it fails."""
+
+    class Capped(Agent):
+        @before_model
+        def cap(self, request: ModelRequest) -> None:
+            return None
+
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape("Tooled.cap overrides a before_model hook but is a tool"),
+    ):
+
+        class Tooled(Capped):
+            @tool
+            def cap(self, limit: int) -> str:
+                """Cap something."""
+                return ""
+
+
 def test_capability_hook_rejects_bad_values() -> None:
     """CapabilityHook needs a known hook kind and a callable."""
     with pytest.raises(ConfigurationError, match="hook kind"):
