@@ -141,9 +141,9 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     A ``staticmethod`` is defined as the plain function it wraps.
 
     Raises:
-        ConfigurationError: No docstring, a missing or unsupported annotation, two
-            ``RunContext`` parameters, ``*args`` / ``**kwargs`` or a positional-only
-            parameter.
+        ConfigurationError: No docstring, a method whose first parameter is not a
+            positional ``self``, a missing or unsupported annotation, two ``RunContext``
+            parameters, ``*args`` / ``**kwargs`` or a positional-only parameter.
         NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
     """
     if isinstance(function, staticmethod):
@@ -160,10 +160,11 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             f"tool {tool_name!r} has no docstring: the model needs a description (or pass "
             "@tool(description=...))"
         )
-    hints = _type_hints(function)
     parameters = list(inspect.signature(function).parameters.values())
     if is_method:
+        _check_self(tool_name, parameters[0] if parameters else None)
         parameters = parameters[1:]
+    hints = _type_hints(function)
     properties: dict[str, Any] = {}
     required: list[str] = []
     signature: list[_Parameter] = []
@@ -220,6 +221,26 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
         context_parameter,
         tuple(signature),
         options.get("timeout"),
+    )
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:
+    """``ConfigurationError`` unless a tool method's first parameter is a positional ``self``."""
+    if first is not None and first.name == "self" and first.kind in _POSITIONAL:
+        return
+    if first is None:
+        got = "it takes no parameter"
+    elif first.kind in _POSITIONAL:
+        got = f"not {first.name!r}"
+    else:
+        got = f"not the {first.kind.description} {first.name!r}"
+    raise ConfigurationError(
+        f"tool {tool_name!r}: the first parameter of a tool method must be a positional self, "
+        f"{got}; declare a tool that needs no instance with @staticmethod, or as a function "
+        "in tools=[...]"
     )
 
 

@@ -728,6 +728,59 @@ def test_tool_on_a_classmethod_fails_clearly() -> None:
                 return ""
 
 
+def forgot_self(order_id: str) -> str:
+    """Find an order."""
+    return order_id
+
+
+def takes_nothing() -> str:
+    """Find an order."""
+    return ""
+
+
+def keyword_self(*, self: Any, order_id: str) -> str:
+    """Find an order."""
+    return order_id
+
+
+@pytest.mark.parametrize(
+    ("method", "got"),
+    [
+        (forgot_self, "not 'order_id'"),
+        (takes_nothing, "it takes no parameter"),
+        (keyword_self, "not the keyword-only 'self'"),
+    ],
+    ids=lambda value: getattr(value, "__name__", "got"),
+)
+def test_a_tool_method_without_a_positional_self_fails(
+    method: Callable[..., Any], got: str
+) -> None:
+    """A tool method whose first parameter is not self would lose that parameter: it fails,
+    naming the parameter and the declarations that take no instance."""
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            f"tool {method.__name__!r}: the first parameter of a tool method must be a "
+            f"positional self, {got}; declare a tool that needs no instance with "
+            "@staticmethod, or as a function in tools=[...]"
+        ),
+    ):
+        type("Bad", (Agent,), {"lookup": tool(method)})
+
+
+def test_a_positional_only_self_is_the_instance() -> None:
+    """``self`` may be positional-only; the parameters after it are the tool's."""
+
+    class Slashed(Agent):
+        @tool
+        def lookup(self, /, order_id: str) -> str:
+            """Find an order."""
+            return order_id
+
+    (spec,) = Slashed().tool_specs
+    assert spec.parameters["required"] == ["order_id"]
+
+
 # --- the RunContext parameter: by annotation, whatever its name ------------------------
 
 
