@@ -90,6 +90,10 @@ def tool(
             raise ConfigurationError(f"@tool decorates a function or method, not {target!r}")
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
             raise ConfigurationError(f"@tool: name must match {_NAME.pattern}, not {name!r}")
+        if description is not None and not (isinstance(description, str) and description.strip()):
+            raise ConfigurationError(
+                f"@tool: description must be a non-blank str or None, not {description!r}"
+            )
         if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise ConfigurationError(
                 "@tool: timeout must be a positive finite number of seconds or None, "

@@ -667,6 +667,21 @@ def test_invalid_tool_name_fails() -> None:
         tool(name="has spaces")(forecast)
 
 
+@pytest.mark.parametrize("description", [123, "", "  \n", b"bytes"], ids=repr)
+def test_a_bad_description_fails_at_decoration(description: Any) -> None:
+    """@tool(description=) must be a non-blank str: anything else fails naming it."""
+
+    def described() -> str:
+        """Described."""
+        return ""
+
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(f"@tool: description must be a non-blank str or None, not {description!r}"),
+    ):
+        tool(description=description)(described)
+
+
 def test_redeclaring_a_tool_with_other_options_fails() -> None:
     """@tool with new options on a function that is already a tool raises, leaving it as it was."""
 
