@@ -3,8 +3,9 @@ arguments it sends back, and Python values turned into JSON.
 
 Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
 ``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
-``Literal``, ``Enum`` subclasses (with JSON values), records — attrs classes, dataclasses
-and ``TypedDict`` (not recursive) — ``Any`` and ``Annotated[T, "description"]``.
+``Literal``, ``Enum`` subclasses (with members, of JSON values), records — attrs classes,
+dataclasses and ``TypedDict`` (not recursive) — ``Any`` and
+``Annotated[T, "description"]``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
         return schema
     if origin is Literal:
         values = list(args)
+        if not values:
+            raise ConfigurationError(f"{where}: an empty Literal allows no value")
         if not all(_is_json_scalar(value) for value in values):
             raise ConfigurationError(
                 f"{where}: Literal values must be str, int, finite float, bool or None"
@@ -79,6 +82,10 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
         return {"anyOf": [_schema(arg, where, outer) for arg in args]}
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         values = [member.value for member in annotation]
+        if not values:
+            raise ConfigurationError(
+                f"{where}: the enum {annotation.__qualname__} has no members, so it allows no value"
+            )
         if not all(_is_json_scalar(value) for value in values):
             raise ConfigurationError(
                 f"{where}: the values of the enum {annotation.__qualname__} must be str, int, "

@@ -58,6 +58,10 @@ class Priority(enum.Enum):
     HIGH = "high"
 
 
+class Nothing(enum.Enum):
+    pass
+
+
 OBJECT = {"type": "object", "additionalProperties": False}
 
 
@@ -226,6 +230,14 @@ class TestDeclaring:
         [
             (lambda: type("Bad", (Agent,), {"output_type": object}), "Bad.output_type"),
             (lambda: type("Bad", (Agent,), {"output_type": set[bytes]}), "Bad.output_type"),
+            (
+                lambda: type("Bad", (Agent,), {"output_type": Nothing}),
+                "Bad.output_type: the enum Nothing has no members",
+            ),
+            (
+                lambda: type("Bad", (Agent,), {"output_type": Literal[()]}),
+                "Bad.output_type: an empty Literal allows no value",
+            ),
             (lambda: type("Bad", (Agent,), {"output_strategy": "json"}), "Bad.output_strategy"),
             (lambda: Plain(output_type=complex), r"Plain\(…, output_type=\)"),
             (lambda: Plain(output_strategy=None), r"Plain\(…, output_strategy=\)"),

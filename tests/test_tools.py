@@ -1300,6 +1300,31 @@ def test_an_enum_whose_values_are_not_json_fails_naming_it(kind: type[enum.Enum]
         type("Bad", (Agent,), {"tools": [probe]})
 
 
+class Empty(enum.Enum):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("annotation", "message"),
+    [
+        (Empty, "the enum Empty has no members, so it allows no value"),
+        (Literal[()], "an empty Literal allows no value"),
+        (list[Empty | None], "the enum Empty has no members"),
+    ],
+    ids=["enum", "Literal", "nested"],
+)
+def test_an_enum_or_literal_without_values_fails_naming_it(annotation: Any, message: str) -> None:
+    """A type no value fits (schema ``{"enum": []}``) fails when the class is defined."""
+
+    def probe(value: Any) -> str:
+        """Probe a type."""
+        return ""
+
+    probe.__annotations__ = {"value": annotation, "return": str}
+    with pytest.raises(ConfigurationError, match=re.escape(f"parameter 'value': {message}")):
+        type("Bad", (Agent,), {"tools": [probe]})
+
+
 def test_an_enum_of_json_values_is_described() -> None:
     """Str, int, float, bool and None values are all fine."""
     assert property_of(Mixed) == {"enum": ["text", 2, 2.5, True, None]}
