@@ -177,7 +177,7 @@ def _method_tool(
         raise ConfigurationError(
             f"{klass.__name__}.{attribute}: the @tool method {attribute!r} would replace "
             f"Agent.{attribute}; give the method another name and keep the tool's name with "
-            f"@tool(name={options['name'] or attribute!r})"
+            f"@tool(name={options['name'] or getattr(value, '__name__', attribute)!r})"
         )
     try:
         return define_tool(value, is_method=True)
