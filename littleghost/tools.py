@@ -236,7 +236,7 @@ def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:
     if first is not None and first.name == "self" and first.kind in _POSITIONAL:
         return
     if first is None:
-        got = "it takes no parameter"
+        got = "but it takes none"
     elif first.kind in _POSITIONAL:
         got = f"not {first.name!r}"
     else:

@@ -762,7 +762,7 @@ def keyword_self(*, self: Any, order_id: str) -> str:
     ("method", "got"),
     [
         (forgot_self, "not 'order_id'"),
-        (takes_nothing, "it takes no parameter"),
+        (takes_nothing, "but it takes none"),
         (keyword_self, "not the keyword-only 'self'"),
     ],
     ids=lambda value: getattr(value, "__name__", "got"),
