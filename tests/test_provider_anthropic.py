@@ -4,6 +4,7 @@ the real ``anthropic`` SDK over a mock HTTP transport that answers as the API do
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -602,6 +603,48 @@ async def test_an_agent_runs_a_tool_round_trip_through_the_sdk(
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5", "is_error": False}
         ],
     }
+
+
+@pytest.mark.parametrize("opt_in", [None, "info", "debug"])
+async def test_request_bodies_reach_debug_logs_only_with_the_sdks_opt_in(
+    make_model: Callable[..., AnthropicModel],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    opt_in: str | None,
+) -> None:
+    """The SDK logs each request's options at DEBUG: without ANTHROPIC_LOG=debug nothing
+    of the prompt, the tool arguments or the results is in them, only method and URL."""
+    if opt_in is None:
+        monkeypatch.delenv("ANTHROPIC_LOG", raising=False)
+    else:
+        monkeypatch.setenv("ANTHROPIC_LOG", opt_in)
+    caplog.set_level(logging.DEBUG)
+
+    class Adder(Agent):
+        instructions = "Add numbers for SECRET-INSTRUCTIONS."
+
+        @tool
+        async def add(self, a: int, b: int) -> str:
+            """Add two numbers."""
+            return f"SECRET-RESULT {a + b}"
+
+    server = FakeServer(
+        message(
+            [{"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 2, "b": 3}}],
+            stop_reason="tool_use",
+        ),
+        message([{"type": "text", "text": "5"}]),
+    )
+    await Adder(model=make_model(server)).run("SECRET-QUESTION 2+3?")
+    options = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Request")]
+    assert len(options) == 2
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    secrets = ("SECRET-INSTRUCTIONS", "SECRET-QUESTION", "SECRET-RESULT", "'a': 2")
+    if opt_in == "debug":
+        assert all(secret in logged for secret in secrets)
+    else:
+        assert not any(secret in logged for secret in secrets)
+        assert all("/v1/messages" in text and "ANTHROPIC_LOG=debug" in text for text in options)
 
 
 async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tokens(

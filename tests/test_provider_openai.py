@@ -4,6 +4,7 @@ real ``openai`` SDK over a mock HTTP transport that answers as the servers do.""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -865,6 +866,35 @@ async def test_the_tool_strategy_sends_a_required_final_result_tool(
     assert [tool["function"]["name"] for tool in body["tools"]] == ["final_result"]
     assert body["tool_choice"] == "required"
     assert "response_format" not in body
+
+
+@pytest.mark.parametrize("opt_in", [None, "debug"])
+async def test_request_bodies_reach_debug_logs_only_with_the_sdks_opt_in(
+    make_model: Callable[..., OpenAIModel],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    opt_in: str | None,
+) -> None:
+    """openai 1.x logs each request's options at DEBUG on ``openai._base_client`` (the
+    server below logs them so, as such an SDK would): without OPENAI_LOG=debug only the
+    method and URL remain."""
+    if opt_in is None:
+        monkeypatch.delenv("OPENAI_LOG", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_LOG", opt_in)
+    caplog.set_level(logging.DEBUG)
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        options = {"method": "post", "url": "/chat/completions"}
+        options["json_data"] = json.loads(request.content)
+        logging.getLogger("openai._base_client").debug("Request options: %s", options)
+        return completion({"content": "hello"})
+
+    server = FakeServer(answer)
+    await Agent(model=make_model(server), instructions="SECRET-INSTRUCTIONS").run("SECRET-Q")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "/chat/completions" in logged
+    assert ("SECRET-INSTRUCTIONS" in logged and "SECRET-Q" in logged) == (opt_in == "debug")
 
 
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:

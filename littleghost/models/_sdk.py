@@ -8,6 +8,8 @@ import base64
 import importlib
 import inspect
 import json
+import logging
+import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -19,6 +21,7 @@ from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
 
 __all__ = [
+    "RequestLogFilter",
     "accepted_parameters",
     "check_context_window",
     "error_mapper",
@@ -34,17 +37,46 @@ __all__ = [
 
 
 def import_sdk(module: str, extra: str) -> Any:
-    """Import a provider SDK, or say what to install.
+    """Import a provider SDK, with its request logs redacted (``RequestLogFilter``), or
+    say what to install.
 
     Raises:
         ConfigurationError: The SDK is not installed.
     """
     try:
-        return importlib.import_module(module)
+        sdk = importlib.import_module(module)
     except ImportError:
         raise ConfigurationError(
             f"the {module!r} SDK is not installed: pip install 'littleghost[{extra}]'"
         ) from None
+    sdk_logger = logging.getLogger(f"{module}._base_client")
+    if not any(isinstance(known, RequestLogFilter) for known in sdk_logger.filters):
+        sdk_logger.addFilter(RequestLogFilter(f"{module.upper()}_LOG"))
+    return sdk
+
+
+class RequestLogFilter(logging.Filter):
+    """Redacts the request bodies an SDK logs at DEBUG (``"Request options: {...}"``: the
+    prompt, tool arguments and results, summaries) down to the method and URL, unless the
+    SDK's own switch ``opt_in`` (``ANTHROPIC_LOG``, ``OPENAI_LOG``) is ``debug``."""
+
+    _KEPT = frozenset({"method", "url"})
+
+    def __init__(self, opt_in: str) -> None:
+        super().__init__()
+        self.opt_in = opt_in
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            isinstance(record.msg, str)
+            and record.msg.startswith("Request options")
+            and os.environ.get(self.opt_in) != "debug"
+        ):
+            options = record.args if isinstance(record.args, Mapping) else {}
+            kept = {key: value for key, value in options.items() if key in self._KEPT}
+            record.msg = "Request options: %s (the rest redacted by littleghost; %s=debug logs it)"
+            record.args = (kept, self.opt_in)
+        return True
 
 
 def check_context_window(owner: str, value: object) -> int | None:
