@@ -21,10 +21,12 @@ __all__ = [
     "has_method",
     "instance_of",
     "int_at_least",
+    "is_callable",
     "is_int",
     "is_number",
     "optional",
     "type_check",
+    "wrong_value",
 ]
 
 Validator = Callable[[Any, Any, Any], None]
@@ -53,8 +55,22 @@ def int_at_least(minimum: int) -> Callable[[object], bool]:
 
 
 def has_method(name: str) -> Callable[[object], bool]:
-    """A predicate: an object with a callable attribute ``name`` (a protocol's method)."""
-    return lambda value: callable(getattr(value, name, None))
+    """A predicate: an object, not a class, with a callable attribute ``name`` (a
+    protocol's method)."""
+    return lambda value: not isinstance(value, type) and callable(getattr(value, name, None))
+
+
+def is_callable(value: object) -> TypeGuard[Callable[..., Any]]:
+    """True for a callable that is not a class: a function, a method, a callable object."""
+    return not isinstance(value, type) and callable(value)
+
+
+def wrong_value(value: object, plain: Callable[[object], str] = repr) -> str:
+    """A wrong configuration value as an error names it: a class as ``"the class X (did
+    you mean X(...)?)"``, since an instance was wanted; anything else by ``plain``."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (did you mean {value.__name__}(...)?)"
+    return plain(value)
 
 
 def check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -68,7 +84,7 @@ def check(name: str, ok: Callable[[Any], bool], allowed: str) -> Validator:
 
     def validate(instance: object, attribute: object, value: Any) -> None:
         if not ok(value):
-            raise ConfigurationError(f"{name} must be {allowed}, not {value!r}")
+            raise ConfigurationError(f"{name} must be {allowed}, not {wrong_value(value)}")
 
     return validate
 

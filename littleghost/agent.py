@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import anyio
 
 from littleghost import runner
+from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import BoundHook, bind_hooks
@@ -57,21 +58,23 @@ def _positive_int(minimum: int) -> Callable[[str, object], int]:
 
 
 def _model(name: str, value: object) -> str | Model | None:
-    if value is None or isinstance(value, Model):
+    if value is None or (not isinstance(value, type) and isinstance(value, Model)):
         return value
     if isinstance(value, str):
         split_model_string(value)
         return value
     raise ConfigurationError(
-        f"{name} must be a 'provider:model' string or a Model, not {type(value).__name__}"
+        f"{name} must be a 'provider:model' string or a Model instance, "
+        f"not {wrong_value(value, lambda v: type(v).__name__)}"
     )
 
 
 def _instructions(name: str, value: object) -> Instructions:
-    if value is None or isinstance(value, str) or callable(value):
+    if value is None or isinstance(value, str) or is_callable(value):
         return value
     raise ConfigurationError(
-        f"{name} must be a str or a callable that receives the run context, not {type(value).__name__}"
+        f"{name} must be a str or a callable that receives the run context, "
+        f"not {wrong_value(value, lambda v: type(v).__name__)}"
     )
 
 
@@ -108,7 +111,7 @@ def _session_store(name: str, value: object) -> SessionStore:
     ):
         raise ConfigurationError(
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
-            f"and optionally lock), such as SQLiteSessionStore(path), not {value!r}"
+            f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
     return value
 

@@ -14,6 +14,8 @@ from littleghost import Agent, Message, RunContext, before_model, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, register_provider
+from littleghost.models.openai import OpenAIModel
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
@@ -550,3 +552,39 @@ async def test_message_input_is_accepted() -> None:
     message = Message.user("as a message")
     result = await Agent(model=model).run(message)
     assert result.messages[0] is message
+
+
+class Rules:
+    """Callable instructions, as an object."""
+
+    def __call__(self, context: RunContext) -> str:
+        return "Be brief."
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("model", ScriptedModel),
+        ("model", OpenAIModel),
+        ("session_store", InMemorySessionStore),
+        ("instructions", Rules),
+    ],
+)
+def test_a_class_where_an_instance_belongs_fails_naming_the_class(knob: str, value: type) -> None:
+    """A class passes a protocol's method checks; it is refused, with a hint to call it."""
+    name = value.__name__
+    message = rf"{knob}=?\)? must be .*, not the class {name} \(did you mean {name}\(\.\.\.\)\?\)"
+    with pytest.raises(ConfigurationError, match=message):
+        type("Bad", (Agent,), {knob: value})
+    with pytest.raises(ConfigurationError, match=message):
+        Agent(**{knob: value})
+
+
+def test_instances_of_those_classes_are_taken() -> None:
+    """The instances the hint points to are what the knobs take."""
+    agent = Agent(
+        model=ScriptedModel([text_response("hi")]),
+        session_store=InMemorySessionStore(),
+        instructions=Rules(),
+    )
+    assert agent.run_sync("hello").output == "hi"

@@ -20,7 +20,7 @@ from littleghost import (
     manage_context,
     tool,
 )
-from littleghost.context import PromptBudget, build_view
+from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
 from littleghost.context.management import (
     AFTER_KEY,
     ContextManagement,
@@ -1087,3 +1087,20 @@ class TestPreview:
         model = ScriptedModel([text_response("ok")])
         await Small(model=model).run(log[-1], history=log[:-1])
         assert [request.purpose for request in model.requests] == ["chat"]
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"), [("strategy", Truncation), ("tokenizer", ByteEstimator)]
+)
+def test_a_class_where_an_instance_belongs_fails_naming_the_class(
+    keyword: str, value: type
+) -> None:
+    """A strategy or tokenizer class has the protocol's method, but is not one."""
+    name = value.__name__
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"manage_context: {keyword} must be .*, not the class {name} "
+        rf"\(did you mean {name}\(\.\.\.\)\?\)",
+    ):
+        manage_context(**{keyword: value})
+    assert manage_context(**{keyword: value()})

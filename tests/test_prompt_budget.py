@@ -519,3 +519,25 @@ class TestWithSummaries:
         )
         now = ModelRequest([Message.user("q"), call, small, Message.user("next")])
         assert estimate_tokens(now, context, BYTES) < 1_000
+
+
+class Memories:
+    """A memory provider."""
+
+    async def load_memories(self, context: object) -> list[str]:
+        return ["likes tea"]
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("tokenizer", ByteEstimator), ("memory", Memories)])
+def test_a_class_where_an_instance_belongs_fails_naming_the_class(
+    keyword: str, value: type
+) -> None:
+    """A tokenizer or memory class has the protocol's method, but is not one."""
+    name = value.__name__
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"PromptBudget: {keyword} must be .*, not the class {name} "
+        rf"\(did you mean {name}\(\.\.\.\)\?\)",
+    ):
+        PromptBudget(**{keyword: value})
+    assert PromptBudget(**{keyword: value()})

@@ -4,6 +4,7 @@ groups; pipeline order; the token budget and its fallback; groups never split.""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -445,3 +446,32 @@ async def test_a_custom_strategy_works_on_the_state() -> None:
 class SystemDropper:
     async def compact(self, state: CompactionState, /) -> None:
         state.exclude(0)
+
+
+class Busy:
+    """A trigger object."""
+
+    def __call__(self, metrics: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda: Pipeline(Truncation), "Pipeline takes strategies"),
+        (lambda: TokenBudget(token_budget=10, strategies=[Truncation]), "TokenBudget"),
+        (lambda: Summarization(model=ScriptedModel), "Summarization.model must be"),
+        (lambda: Truncation(trigger=Busy), "Truncation.trigger must be"),
+    ],
+)
+def test_a_class_where_an_instance_belongs_fails_naming_the_class(
+    make: Callable[[], object], name: str
+) -> None:
+    """Strategy, model and trigger classes pass method checks but are refused."""
+    with pytest.raises(ConfigurationError, match=rf"{name}.*not the class \w+ \(did you mean"):
+        make()
+
+
+async def test_apply_compaction_refuses_a_strategy_class() -> None:
+    with pytest.raises(ConfigurationError, match=r"not the class Truncation \(did you mean"):
+        await apply_compaction(turn(1), Truncation)  # type: ignore[arg-type]

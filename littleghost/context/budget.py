@@ -15,7 +15,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from littleghost._validators import Validator, check, count, has_method, is_number
+from littleghost._validators import Validator, check, count, has_method, is_callable, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.summarize import excerpt
@@ -118,7 +118,7 @@ class PromptBudget:
         default=None,
         validator=check(
             "PromptBudget: memory",
-            lambda v: v is None or callable(v) or _LOADS_MEMORIES(v),
+            lambda v: v is None or is_callable(v) or _LOADS_MEMORIES(v),
             "None, a callable or an object with load_memories(context)",
         ),
     )

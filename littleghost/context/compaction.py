@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from littleghost._validators import wrong_value
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
@@ -51,7 +52,8 @@ async def _run(
     """The records ``strategy`` makes for ``messages``, and the view they give."""
     if not is_strategy(strategy):
         raise ConfigurationError(
-            f"strategy must be a compaction strategy (with async compact(state)), not {strategy!r}"
+            "strategy must be a compaction strategy (with async compact(state)), "
+            f"not {wrong_value(strategy)}"
         )
     tokenizer = DEFAULT_TOKENIZER if tokenizer is None else tokenizer
     index = LogIndex.of(messages)

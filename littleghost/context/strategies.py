@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import field, frozen
 
-from littleghost._validators import check, count, has_method, optional
+from littleghost._validators import check, count, has_method, optional, wrong_value
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -923,7 +923,7 @@ def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
     for strategy in strategies:
         if not is_strategy(strategy):
             raise ConfigurationError(
-                f"{name} takes strategies (with async compact(state)), not {strategy!r}"
+                f"{name} takes strategies (with async compact(state)), not {wrong_value(strategy)}"
             )
     return strategies
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from attrs import field, frozen
 
-from littleghost._validators import Validator, check, count
+from littleghost._validators import Validator, check, count, is_callable, wrong_value
 from littleghost.errors import ConfigurationError
 
 __all__ = [
@@ -75,7 +75,7 @@ class Trigger(Protocol):
 
 def check_trigger(name: str) -> Validator:
     """An attrs validator: the value is a callable trigger."""
-    return check(name, callable, "a trigger (a callable)")
+    return check(name, is_callable, "a trigger (a callable)")
 
 
 class _Combine:
@@ -160,8 +160,10 @@ class HasToolCalls(_Combine):
 def _triggers(name: str, value: Any) -> tuple[Trigger, ...]:
     triggers = tuple(value)
     for trigger in triggers:
-        if not callable(trigger):
-            raise ConfigurationError(f"{name} takes triggers (callables), not {trigger!r}")
+        if not is_callable(trigger):
+            raise ConfigurationError(
+                f"{name} takes triggers (callables), not {wrong_value(trigger)}"
+            )
     return triggers
 
 

@@ -65,6 +65,6 @@ def resolve(spec: str) -> Model:
             "(add one with littleghost.models.register_provider)"
         )
     resolved = factory(model)
-    if not isinstance(resolved, Model):
+    if isinstance(resolved, type) or not isinstance(resolved, Model):
         raise ConfigurationError(f"model: the factory for {provider!r} did not return a Model")
     return resolved
