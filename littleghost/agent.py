@@ -18,7 +18,13 @@ from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.errors import CleanupError, ConfigurationError
-from littleghost.hooks import BoundHook, bind_hooks
+from littleghost.hooks import (
+    BoundHook,
+    bind_hooks,
+    check_hook,
+    check_method_signature,
+    check_signature,
+)
 from littleghost.messages import Message
 from littleghost.models.base import Model, ToolSpec
 from littleghost.models.registry import resolve, split_model_string
@@ -267,6 +273,8 @@ class Agent:
                 ):
                     value = staticmethod(value)
                 setattr(cls, knob, value)
+        if callable(cls.instructions):
+            check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")
         if "session_store" not in cls.__dict__ and cls.session_store in _DEFAULT_STORES:
             cls.session_store = _default_store()  # sessions never leak between classes
         cls.__littleghost_tool_index__ = index_tools(
@@ -288,6 +296,8 @@ class Agent:
                         f"{cls.__name__}.{entry.method} overrides a hook but is not callable "
                         "(set it to None to turn the hook off)"
                     )
+                if value is not None:
+                    check_hook(cls, entry.method, entry.kind)
 
     def __init__(self, **overrides: Any) -> None:
         unknown = sorted(set(overrides) - set(_KNOBS))
@@ -298,6 +308,10 @@ class Agent:
             )
         for knob, value in overrides.items():
             setattr(self, knob, _KNOBS[knob](f"{type(self).__name__}(…, {knob}=)", value))
+        instructions = overrides.get("instructions")
+        if callable(instructions):
+            owner = f"{type(self).__name__}(…, instructions=)"
+            check_signature(owner, instructions, "(context)", 1, context=False)
         cls = type(self)
         if "tools" in overrides:
             owner = f"{cls.__name__}(…, tools=)"

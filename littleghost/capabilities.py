@@ -39,7 +39,7 @@ from attrs import field, frozen
 
 from littleghost._validators import check
 from littleghost.errors import ConfigurationError
-from littleghost.hooks import HOOK_KINDS, PlanEntry, hook_kind
+from littleghost.hooks import HOOK_KINDS, PlanEntry, check_capability_hook, hook_kind
 
 __all__ = ["Capability", "CapabilityHook", "add_capability", "hook_plan", "in_effect"]
 
@@ -58,6 +58,7 @@ class CapabilityHook:
             )
         if not callable(self.function):
             raise ConfigurationError(f"a {self.kind} hook must be callable, not {self.function!r}")
+        check_capability_hook(self.kind, self.function)
 
 
 def _hooks(value: Iterable[CapabilityHook]) -> tuple[CapabilityHook, ...]:

@@ -31,6 +31,14 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 HOOK_KINDS = ("before_model", "after_model", "after_model_error", "before_tool", "after_tool")
+_ARGUMENTS = {
+    "before_model": "request",
+    "after_model": "response",
+    "after_model_error": "request, error",
+    "before_tool": "call",
+    "after_tool": "result",
+}
+"""What each kind of hook is called with, positionally (``context=`` comes as a keyword)."""
 _MARK = "__littleghost_hook__"
 
 
@@ -79,6 +87,55 @@ def wants_context(function: Callable[..., Any]) -> bool:
     return parameter is not None and parameter.kind in (
         inspect.Parameter.KEYWORD_ONLY,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+
+
+def check_signature(
+    what: str, function: Callable[..., Any], expected: str, positional: int, *, context: bool
+) -> None:
+    """``ConfigurationError`` unless ``function`` takes ``positional`` positional arguments,
+    and the keyword ``context`` when ``context``; ``what`` and ``expected`` (the arguments it
+    gets) word the message."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # nothing to read (a builtin): the call itself will tell
+    try:
+        signature.bind(*[None] * positional, **({"context": None} if context else {}))
+    except TypeError as error:
+        raise ConfigurationError(
+            f"{what} must accept {expected}; its signature {signature} does not ({error})"
+        ) from None
+
+
+def check_method_signature(
+    cls: type, name: str, what: str, arguments: str, *, context: bool = False
+) -> None:
+    """Check that ``cls``'s attribute ``name``, called on an instance, takes ``arguments``
+    (a comma-separated list) and, when ``context``, the keyword ``context``."""
+    function = getattr(cls, name)
+    takes_self = inspect.isfunction(inspect.getattr_static(cls, name))  # bound on access
+    expected = f"({'self, ' if takes_self else ''}{arguments})" + (
+        " and the keyword context=" if context else ""
+    )
+    positional = takes_self + len(arguments.split(", "))
+    check_signature(what, function, expected, positional, context=context)
+
+
+def check_hook(cls: type, name: str, kind: str) -> None:
+    """Check at class definition that hook method ``name`` takes what a ``kind`` hook gets."""
+    what = f"{cls.__name__}.{name}, a @{kind} hook,"
+    context = wants_context(getattr(cls, name))
+    check_method_signature(cls, name, what, _ARGUMENTS[kind], context=context)
+
+
+def check_capability_hook(kind: str, function: Callable[..., Any]) -> None:
+    """Check that a capability's ``kind`` hook takes ``(agent, ..., context=)``."""
+    name = getattr(function, "__qualname__", repr(function))
+    expected = f"(agent, {_ARGUMENTS[kind]}) and the keyword context="
+    positional = 1 + len(_ARGUMENTS[kind].split(", "))
+    check_signature(
+        f"{name}, the {kind} hook of a capability,", function, expected, positional, context=True
     )
 
 

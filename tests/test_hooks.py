@@ -20,6 +20,7 @@ from littleghost import (
     before_tool,
     tool,
 )
+from littleghost.capabilities import CapabilityHook
 from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -314,3 +315,112 @@ async def test_a_subclass_cannot_remark_its_parents_hook() -> None:
             moved = after_model(Ancestor.first)
 
     assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]
+
+
+def cap(self: Agent) -> None:
+    """A before_model hook that takes no request."""
+
+
+def recover(self: Agent, request: ModelRequest) -> None:
+    """An after_model_error hook that takes no error."""
+
+
+def context_first(self: Agent, context: RunContext, request: ModelRequest) -> None:
+    """A hook with ``context`` where the request goes."""
+
+
+def extra_keyword(self: Agent, request: ModelRequest, *, limit: int) -> None:
+    """A hook with a required keyword no one passes."""
+
+
+@pytest.mark.parametrize(
+    ("decorator", "function", "expected"),
+    [
+        (before_model, cap, r"\(self, request\)"),
+        (after_model_error, recover, r"\(self, request, error\)"),
+        (before_model, context_first, r"\(self, request\) and the keyword context="),
+        (before_model, extra_keyword, r"\(self, request\);"),
+    ],
+)
+def test_a_hook_that_cannot_take_its_arguments_fails_at_class_definition(
+    decorator: Any, function: Any, expected: str
+) -> None:
+    """The class names the hook, its kind and the parameters it must accept."""
+    kind = decorator.__name__
+    name = function.__name__
+    with pytest.raises(
+        ConfigurationError, match=rf"Bad\.{name}, a @{kind} hook, must accept {expected}"
+    ):
+        type("Bad", (Agent,), {name: decorator(function)})
+
+
+def test_an_override_that_cannot_take_the_hooks_arguments_fails() -> None:
+    with pytest.raises(ConfigurationError, match=r"Child\.first, a @before_model hook"):
+
+        class Child(Ancestor):
+            def first(self) -> None:  # type: ignore[override]
+                pass
+
+
+class Counter:
+    """A callable object used as a hook."""
+
+    def __call__(self, request: ModelRequest) -> None:
+        pass
+
+
+async def test_every_valid_hook_signature_is_taken() -> None:
+    class Flexible(Agent):
+        @before_model
+        def keyword_context(self, request: ModelRequest, *, context: RunContext) -> None:
+            pass
+
+        @before_model
+        def optional_context(self, request: ModelRequest, context: Any = None) -> None:
+            pass
+
+        @before_model
+        def anything(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        @after_model_error
+        def extra_optional(self, request: ModelRequest, error: Exception, note: str = "") -> None:
+            pass
+
+        @before_model
+        @staticmethod
+        def static(request: ModelRequest) -> None:
+            pass
+
+        @before_model
+        @classmethod
+        def of_the_class(cls, request: ModelRequest) -> None:
+            pass
+
+        counted = before_model(Counter())
+
+    agent = Flexible(model=ScriptedModel([text_response("ok")]))
+    assert (await agent.run("hi")).output == "ok"
+
+
+def test_instructions_that_cannot_take_the_run_context_fail_at_definition() -> None:
+    with pytest.raises(ConfigurationError, match=r"Bad\.instructions must accept \(context\)"):
+        type("Bad", (Agent,), {"instructions": lambda: "Be brief."})
+    with pytest.raises(
+        ConfigurationError, match=r"Bad\.instructions must accept \(self, context\)"
+    ):
+
+        class Bad(Agent):
+            def instructions(self) -> str:  # type: ignore[override]
+                return "Be brief."
+
+    with pytest.raises(ConfigurationError, match=r"Agent\(…, instructions=\) must accept"):
+        Agent(instructions=lambda: "Be brief.")
+
+
+def test_a_capability_hook_that_cannot_take_its_arguments_fails() -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"the after_model_error hook of a capability, must accept \(agent, request, error\)",
+    ):
+        CapabilityHook("after_model_error", lambda agent, request, *, context: None)
