@@ -282,6 +282,8 @@ class Agent:
         )
         if cls.output_type is not None:
             check_tool_names(cls.__name__, cls.__littleghost_tool_index__)
+            output = compile_output_type(cls.output_type, f"{cls.__name__}.output_type")
+            runner.check_response_format(f"{cls.__name__}.settings", cls.settings, output)
         for entry in hook_plan(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
@@ -322,6 +324,9 @@ class Agent:
             self._tool_index = cls.__littleghost_tool_index__
         if self.output_type is not None:
             check_tool_names(type(self).__name__, self._tool_index)
+            runner.check_response_format(
+                f"{type(self).__name__}.settings", self.settings, self.output
+            )
         self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
         self._resolved = None
         self._resolved_from = None

@@ -63,7 +63,7 @@ from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 if TYPE_CHECKING:
     from littleghost.agent import Agent
 
-__all__ = ["RunPlan", "instructions_message", "plan_run", "run"]
+__all__ = ["RunPlan", "check_response_format", "instructions_message", "plan_run", "run"]
 
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
@@ -116,11 +116,7 @@ def plan_run(
         **agent.settings,
         **(check_settings("settings", settings) if settings is not None else {}),
     }
-    if output is not None and "response_format" in merged:
-        raise ConfigurationError(
-            "settings: response_format cannot be set when an output_type applies; the "
-            "output type decides the format of the answer"
-        )
+    check_response_format("settings", merged, output)
     return RunPlan(
         message=message,
         seed=seed,
@@ -130,6 +126,18 @@ def plan_run(
         deadline=deadline,  # type: ignore[arg-type]
         output=output,
     )
+
+
+def check_response_format(
+    name: str, settings: Mapping[str, Any], output: OutputType | None
+) -> None:
+    """``ConfigurationError`` when ``settings`` (named ``name``) set ``response_format``
+    while an output type applies: the output type decides the answer's format."""
+    if output is not None and "response_format" in settings:
+        raise ConfigurationError(
+            f"{name}: response_format cannot be set when an output_type applies; the "
+            "output type decides the format of the answer"
+        )
 
 
 async def run(

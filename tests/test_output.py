@@ -275,6 +275,21 @@ class TestDeclaring:
                     """Finish."""
                     return "done"
 
+    def test_a_response_format_beside_an_output_type_fails_at_definition(self) -> None:
+        """Declared together on a class (or one by the constructor), they clash at once."""
+        clash = r"Formatted\.settings: response_format cannot be set when an output_type"
+        with pytest.raises(ConfigurationError, match=clash):
+
+            class Formatted(Agent):
+                output_type = Invoice
+                settings = {"response_format": {"type": "text"}}
+
+        formatted = type("Formatted", (Typed,), {})
+        with pytest.raises(ConfigurationError, match=clash):
+            formatted(settings={"response_format": {"type": "text"}})
+        text = type("Formatted", (Agent,), {"settings": {"response_format": {"type": "text"}}})
+        assert text(output_type=str).output is None
+
     async def test_bad_run_arguments_fail_before_any_call(self) -> None:
         """A bad ``run(output_type=)``, or a response format set beside an output type,
         fails before the model is called."""
