@@ -143,6 +143,12 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "output_strategy": check_strategy,
 }
 
+_DECORATED = {
+    "capabilities": "class decorators add capabilities (littleghost.capabilities.add_capability)",
+    "context_management": "decorate the class with @manage_context(...) instead",
+}
+"""Class attributes that class decorators set, never a class body."""
+
 _DEFAULT_STORES: weakref.WeakSet[InMemorySessionStore] = weakref.WeakSet()
 """The in-memory stores made for agent classes that declare none (one per class)."""
 
@@ -253,11 +259,9 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "capabilities" in cls.__dict__:
-            raise ConfigurationError(
-                f"{cls.__name__}.capabilities is not declared: class decorators add "
-                "capabilities (littleghost.capabilities.add_capability)"
-            )
+        for name, how in _DECORATED.items():
+            if name in cls.__dict__:
+                raise ConfigurationError(f"{cls.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         methods = _method_tools(cls)  # before the knobs: a tool named like one fails as a tool
         for knob, check in _KNOBS.items():

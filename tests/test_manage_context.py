@@ -1104,3 +1104,24 @@ def test_a_class_where_an_instance_belongs_fails_naming_the_class(
     ):
         manage_context(**{keyword: value})
     assert manage_context(**{keyword: value()})
+
+
+@pytest.mark.parametrize("value", [ContextManagement(compression_threshold=0.5), None])
+def test_declaring_context_management_in_a_class_body_fails(value: object) -> None:
+    """Only @manage_context turns context management on or changes it."""
+    with pytest.raises(
+        ConfigurationError, match=r"Bad\.context_management is not declared: .*@manage_context"
+    ):
+        type("Bad", (Agent,), {"context_management": value})
+
+
+def test_a_subclass_inherits_what_manage_context_set() -> None:
+    @manage_context(compression_threshold=0.5)
+    class Managed(Agent):
+        pass
+
+    class Child(Managed):
+        pass
+
+    assert Child.context_management == ContextManagement(compression_threshold=0.5)
+    assert [capability.name for capability in Child.capabilities] == ["manage_context"]
