@@ -588,3 +588,33 @@ def test_instances_of_those_classes_are_taken() -> None:
         instructions=Rules(),
     )
     assert agent.run_sync("hello").output == "hi"
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("gpt-4o-mini", "it names no provider"),
+        ("openai/gpt-4o-mini", r"it names no provider \(did you mean 'openai:gpt-4o-mini'\?\)"),
+        (" openai:gpt-4o-mini", "it has spaces"),
+        ("openai: gpt-4o-mini", "it has spaces"),
+        (":gpt-4o-mini", "a part is empty"),
+        ("open ai:gpt-4o-mini", "a provider is letters"),
+    ],
+)
+def test_a_malformed_model_string_fails_at_class_definition(spec: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"'provider:model' .*: {problem}"):
+        type("Bad", (Agent,), {"model": spec})
+
+
+def test_a_well_formed_model_string_is_resolved_when_needed() -> None:
+    """An unknown provider may be registered after the class is defined; its prefix, like
+    every provider's, is case-insensitive."""
+
+    class Later(Agent):
+        model = "Later-Provider:tiny"
+
+    with pytest.raises(ConfigurationError, match="unknown provider 'later-provider'"):
+        Later().run_sync("hi")
+    register_provider("later-provider", lambda name: ScriptedModel([text_response(str(name))]))
+    assert Later().run_sync("hi").output == "tiny"
+    assert Agent(model="LATER-PROVIDER").run_sync("hi").output == "None"
