@@ -10,7 +10,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
 
@@ -214,6 +214,37 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
     return definitions
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _named_keywords(method: F) -> F:
+    """``method``, raising a ``TypeError`` that names it, an unexpected keyword and the
+    keywords it takes (Python's own names no alternatives)."""
+    accepted = list(inspect.signature(method).parameters)[1:]  # after self
+
+    def check(agent: object, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise TypeError(
+                f"{type(agent).__name__}.{method.__name__}() got an unexpected keyword "
+                f"argument {unknown[0]!r}; it takes {', '.join(accepted)}"
+            )
+
+    if inspect.iscoroutinefunction(method):
+
+        async def checked_async(self: object, *args: Any, **options: Any) -> Any:
+            check(self, options)
+            return await method(self, *args, **options)
+
+        return cast(F, functools.wraps(method)(checked_async))
+
+    def checked(self: object, *args: Any, **options: Any) -> Any:
+        check(self, options)
+        return method(self, *args, **options)
+
+    return cast(F, functools.wraps(method)(checked))
+
+
 class Agent:
     """An LLM agent declared as a class.
 
@@ -412,17 +443,41 @@ class Agent:
         owned, self._owned, self._resolved = self._owned, [], None
         await _close_models(owned, self.cleanup_grace)
 
-    def run_sync(self, input: str | Message, **options: Any) -> RunResult[Any]:
-        """``run()`` for synchronous callers (not from inside an event loop).
+    @_named_keywords
+    def run_sync(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any = None,
+    ) -> RunResult[Any]:
+        """``run()`` for synchronous callers (not from inside an event loop: there, use
+        ``await agent.run(...)``).
 
         Each call runs its own event loop and owns the model it makes from a model
         string, closed at its end, so calls from several threads on one agent do not
         share one. Takes the keywords of ``run()``.
         """
         declared = self._declared_model()
+        started = False
 
         async def run_and_close() -> RunResult[Any]:
-            plan = runner.plan_run(self, input, **options)
+            nonlocal started
+            started = True
+            plan = runner.plan_run(
+                self,
+                input,
+                history=history,
+                settings=settings,
+                session_id=session_id,
+                timeout=timeout,
+                deadline=deadline,
+                output_type=output_type,
+            )
             if isinstance(declared, Model):
                 return await runner.run(self, plan)
             model = resolve(declared)
@@ -437,8 +492,17 @@ class Agent:
             await _close_models([model], self.cleanup_grace)
             return result
 
-        return anyio.run(run_and_close)
+        try:
+            return anyio.run(run_and_close)
+        except RuntimeError as error:
+            if started:
+                raise
+            raise RuntimeError(
+                f"{type(self).__name__}.run_sync() cannot run inside a running event loop "
+                f"({error}); use `await agent.run(...)` there"
+            ) from None
 
+    @_named_keywords
     async def run(
         self,
         input: str | Message,
@@ -490,6 +554,7 @@ class Agent:
         )
         return await runner.run(self, plan)
 
+    @_named_keywords
     def stream(
         self,
         input: str | Message,

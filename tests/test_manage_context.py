@@ -1125,3 +1125,12 @@ def test_a_subclass_inherits_what_manage_context_set() -> None:
 
     assert Child.context_management == ContextManagement(compression_threshold=0.5)
     assert [capability.name for capability in Child.capabilities] == ["manage_context"]
+
+
+def test_an_unknown_manage_context_keyword_names_it_and_what_it_takes() -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"manage_context got an unexpected keyword argument 'compresion_threshold'; "
+        r"it takes budget, compression_threshold, ",
+    ):
+        manage_context(compresion_threshold=0.7)

@@ -258,3 +258,29 @@ async def test_a_model_returning_junk_raises_protocol_error() -> None:
     """A model that does not return a ModelResponse raises ProtocolError."""
     with pytest.raises(ProtocolError, match="not a ModelResponse"):
         await Counter(model=Junk()).run("hi")
+
+
+TAKES = "input, history, settings, session_id, timeout, deadline, output_type"
+
+
+async def test_an_unknown_run_keyword_names_the_method_and_what_it_takes() -> None:
+    agent = Counter(model=ScriptedModel([]))
+    for name, call in [
+        ("run_sync", lambda: agent.run_sync("hi", max_turns=3)),
+        ("stream", lambda: agent.stream("hi", max_turns=3)),
+    ]:
+        with pytest.raises(
+            TypeError, match=rf"Counter\.{name}\(\) .* 'max_turns'; it takes {TAKES}"
+        ):
+            call()
+    with pytest.raises(TypeError, match=rf"Counter\.run\(\) .* 'max_turns'; it takes {TAKES}"):
+        await agent.run("hi", max_turns=3)  # type: ignore[call-arg]
+
+
+async def test_run_sync_inside_an_event_loop_says_to_await_run() -> None:
+    agent = Counter(model=ScriptedModel([text_response("ok")]))
+    with pytest.raises(
+        RuntimeError, match=r"Counter\.run_sync\(\) cannot run inside .*await agent\.run"
+    ):
+        agent.run_sync("hi")
+    assert (await agent.run("hi")).output == "ok"

@@ -227,8 +227,15 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
     """Keep an agent's conversations inside the model's context window.
 
     Use bare (``@manage_context``) or with the keywords of ``ContextManagement``. Invalid
-    values raise ``ConfigurationError`` when the class is defined.
+    values, and unknown keywords, raise ``ConfigurationError`` when the class is defined.
     """
+    accepted = sorted(field.name for field in attrs.fields(ContextManagement))
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigurationError(
+            f"manage_context got an unexpected keyword argument {unknown[0]!r}; it takes "
+            f"{', '.join(accepted)}"
+        )
     config = ContextManagement(**options)
 
     def decorate(target: C) -> C:
