@@ -290,11 +290,11 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        methods = _method_tools(cls)  # first: a tool named like a knob fails as a tool
         for name, how in _DECORATED.items():
             if name in cls.__dict__:
                 raise ConfigurationError(f"{cls.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
-        methods = _method_tools(cls)  # before the knobs: a tool named like one fails as a tool
         for knob, check in _KNOBS.items():
             if knob in cls.__dict__:
                 value = cls.__dict__[knob]
