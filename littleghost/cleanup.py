@@ -7,9 +7,10 @@ stopped run makes to answer its open tool calls, and releasing its session are
 first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
 the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
 it. A run started inside another run's tool (an agent used as a tool) stops within the
-outer run's stop time when the cancellation comes from outside it, so graces never add
-up. A run therefore ends no later than its deadline plus the grace, and a caller's
-cancel scope is honoured within the grace.
+outer run's stop time when the cancellation comes from outside the outer run too, so
+graces never add up; a deadline inside the outer run (a tool's timeout, say) stops the
+nested run only. A run therefore ends no later than its deadline plus the grace, and a
+caller's cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
 cancelled is recorded (``failures``), logged without content, and the cancellation goes
@@ -53,8 +54,6 @@ class Grace:
     does not, so the run writes nothing more (the next run repairs from the store)."""
     parent: Grace | None = field(factory=_CURRENT.get)
     """The grace of the run this run was started in (from a tool), if any."""
-    scope: anyio.CancelScope | None = None
-    """The run's own deadline scope, to tell its deadline from a cancellation from outside."""
     _stop_by: float | None = None
 
     @property
@@ -65,8 +64,8 @@ class Grace:
     def stop(self) -> float:
         """Mark the run as stopping (once); return the time cleanup must end by.
 
-        When the run is being cancelled from outside (not by its own deadline), the run
-        it was started in is stopping too, and this one ends within its stop time.
+        When the run is being cancelled from outside the run it was started in, that
+        run is stopping too, and this one ends within its stop time.
         """
         if self._stop_by is None:
             end = anyio.current_time() + self.seconds
@@ -78,8 +77,15 @@ class Grace:
         return self._stop_by
 
     def _cancelled_from_outside(self) -> bool:
+        """True when the run is being cancelled by a ``cancel()``, taken to come from
+        outside the run it was started in (its caller's cancel scope).
+
+        Not when a deadline passed: every deadline over the run, the outer run's and a
+        tool's timeout inside it alike, is in ``deadline``, so the run already stops by
+        the outer run's stop time, and a tool's timeout stops the tool, not the outer run.
+        """
         cancelled = anyio.current_effective_deadline() == -math.inf
-        return cancelled and (self.scope is None or not self.scope.cancel_called)
+        return cancelled and (self.deadline is None or anyio.current_time() < self.deadline)
 
     def _limit(self) -> float:
         if self._stop_by is not None:

@@ -197,7 +197,6 @@ async def run(
         result: RunResult[Any] | None = None
         try:
             with anyio.CancelScope(deadline=end) as scope:
-                grace.scope = scope
                 async with grace.running():
                     if session_id is None:
                         result = await _loop(agent, context, message, output)

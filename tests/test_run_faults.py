@@ -494,3 +494,38 @@ class TestOneGraceForAll:
             await Waiter(model=model, session_store=store).run("Go.", session_id="s")
         assert type(caught.value) is kind
         valid(await store.load("s"))
+
+
+async def thinking_past_the_grace(request: Any) -> ModelResponse:
+    await anyio.sleep(GRACE + 0.2)
+    return text_response("final answer")
+
+
+class Delegating(Agent):
+    """Stops a nested run with a deadline of its own, from inside its tool."""
+
+    cleanup_grace = GRACE
+
+    @tool(timeout=0.1)
+    async def timed(self) -> str:
+        """Ask an expert, for at most 0.1 s."""
+        expert = Waiter(model=waiting_model(), session_store=SlowStore(0.001))
+        return (await expert.run("?", session_id="inner")).output
+
+    @tool
+    async def moving_on(self) -> str:
+        """Ask an expert, giving up after 0.1 s."""
+        with anyio.move_on_after(0.1):
+            return (await Waiter(model=waiting_model()).run("?")).output
+        return "gave up"
+
+
+class TestNestedRunsStoppedInsideATool:
+    @pytest.mark.parametrize("name", ["timed", "moving_on"])
+    async def test_the_outer_run_stores_every_later_message(self, name: str) -> None:
+        store = SlowStore(0.001)  # every write is a checkpoint
+        model = ScriptedModel([tool_call_response(name, {}), thinking_past_the_grace])
+        result = await Delegating(model=model, session_store=store).run("Go.", session_id="s")
+        assert result.output == "final answer"
+        assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
+        assert await store.load("s") == result.messages
