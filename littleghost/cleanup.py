@@ -28,7 +28,9 @@ from contextvars import ContextVar
 import anyio
 from attrs import define, field
 
-__all__ = ["Grace"]
+from littleghost.errors import SessionStoreError
+
+__all__ = ["Grace", "fatal"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
@@ -105,66 +107,75 @@ class Grace:
         what: str,
         then: Callable[[], None] | None = None,
     ) -> None:
-        """Await ``work()`` to its end even if the caller is cancelled meanwhile, but not
-        past the run's stop time.
+        """Await a store write ``work()`` to its end even if the caller is cancelled
+        meanwhile, but not past the run's stop time.
 
         Args:
-            work: The cleanup (a store write, say).
+            work: The write.
             what: What it does, for the log (no content).
             then: Called as soon as ``work()`` has succeeded, cancelled caller or not
-                (to put in the log what the store now has, say).
+                (to put in the log what the store now has, say); never when it did not.
 
         Raises:
             Exception: What ``work()`` raised, when the caller was not cancelled.
-            KeyboardInterrupt, SystemExit: From ``work()``, as themselves.
+            SessionStoreError: When the caller was not cancelled, ``work()`` raised a
+                cancellation exception nobody asked for, or was cut off at the run's stop
+                time: its outcome is unknown.
+            KeyboardInterrupt, SystemExit: From ``work()``, as themselves (out of an
+                exception group too).
             The caller's cancellation: when it was cancelled; ``work()``'s own failure
-            is then recorded in ``failures`` and logged, never raised.
+                is then recorded in ``failures`` and logged, never raised.
         """
         shield = anyio.CancelScope(shield=True, deadline=self._limit())
         finished = anyio.Event()
-        outcome: list[bool] = []
-        problem: list[Exception] = []
-        fatal: list[BaseException] = []
+        done = False
+        failure: list[BaseException] = []
 
         async def run() -> None:
+            nonlocal done
             with shield:
                 try:
                     await work()
-                except Exception as error:
-                    problem.append(error)
-                except (KeyboardInterrupt, SystemExit) as error:
-                    fatal.append(error)
+                except BaseException as error:
+                    if shield.cancel_called and isinstance(error, anyio.get_cancelled_exc_class()):
+                        raise  # cut off at the stop time: the shield's own cancellation
+                    failure.append(error)
                 else:
-                    outcome.append(True)
+                    done = True
                     if then is not None:
                         then()
             finished.set()
 
-        cancelled = False
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(run)
                 try:
                     await finished.wait()
                 except anyio.get_cancelled_exc_class():
-                    cancelled = True
                     shield.deadline = min(shield.deadline, self.stop())
                     raise
-        finally:
-            if fatal:
-                raise fatal[0]
-            if cancelled or shield.cancelled_caught:
-                self._settle(what, outcome, problem, shield)
-        if problem:
-            raise problem[0]
+        except anyio.get_cancelled_exc_class():
+            _raise_fatal(failure)
+            self._settle(what, done, failure)
+            raise
+        _raise_fatal(failure)
+        if failure and isinstance(failure[0], Exception):
+            raise failure[0]
+        if failure:
+            raise SessionStoreError(
+                f"{what}: the store raised {type(failure[0]).__name__}, which nobody asked "
+                "for; the outcome of the write is unknown"
+            ) from failure[0]
+        if not done:
+            raise SessionStoreError(
+                f"{what} was cut off at the run's stop time; the outcome of the write is unknown"
+            )
 
-    def _settle(
-        self, what: str, outcome: list[bool], problem: list[Exception], shield: anyio.CancelScope
-    ) -> None:
-        """Record what a cleanup cut short by the run's stop left undone."""
-        if problem:
-            self.fail(what, problem[0])
-        elif not outcome and shield.cancelled_caught:
+    def _settle(self, what: str, done: bool, failure: list[BaseException]) -> None:
+        """Record what a write cut short by the run's stop left undone."""
+        if failure:
+            self.fail(what, failure[0])
+        elif not done:
             self.fail(what, TimeoutError(f"{what} did not finish within the cleanup grace"))
 
     async def finish(self, what: str, work: Awaitable[object]) -> None:
@@ -185,6 +196,25 @@ class Grace:
         logger.warning(
             "cleanup: %s could not be done while the run stopped (%s)", what, type(error).__name__
         )
+
+
+def fatal(error: BaseException | None) -> BaseException | None:
+    """``error`` if it is a ``KeyboardInterrupt`` or ``SystemExit``, else the first one
+    inside it (an exception group, from a tool's or a store's own task group), which
+    must go through as itself."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return error
+    for inner in getattr(error, "exceptions", ()):
+        found = fatal(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _raise_fatal(failure: list[BaseException]) -> None:
+    found = fatal(failure[0]) if failure else None
+    if found is not None:
+        raise found
 
 
 @asynccontextmanager

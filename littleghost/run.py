@@ -140,9 +140,11 @@ class RunContext:
 
         Raises:
             UnstorableValueError: A message holds a value the store cannot keep.
-            SessionStoreError: The store failed; the messages are not in the log (the
-                store may hold them: the run writes nothing more, and the next run of
-                the session repairs what it finds).
+            SessionStoreError: The store failed, raised a cancellation nobody asked for,
+                or the write was cut off at the run's stop time while the run was not
+                cancelled; the messages are not in the log (the store may hold them: the
+                run writes nothing more, and the next run of the session repairs what it
+                finds).
         """
         if not messages:
             return

@@ -25,7 +25,7 @@ import attrs
 from attrs import frozen
 
 from littleghost import telemetry
-from littleghost.cleanup import Grace, holding
+from littleghost.cleanup import Grace, fatal, holding
 from littleghost.context.view import interrupted_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -204,6 +204,11 @@ async def run(
                         async with holding(hold_session(store, session_id), grace):
                             await _open_session(agent, context, log, seed, message)
                             result = await _loop(agent, context, message, output)
+        except BaseException as error:
+            found = fatal(error)
+            if found is None or found is error:
+                raise
+            raise found from None  # out of a store's (or a hook's) own task group
         finally:
             span.set_attributes(telemetry.usage_attributes(context.usage))
         if result is None:
@@ -511,27 +516,15 @@ async def _execute(
                 raise  # the run's own deadline
             return _failed(agent, call, span, error, f"DeadlineExceededError: {error}")
         except BaseException as error:  # the tool's own failure, of any kind
-            fatal = _fatal(error)
-            if fatal is not None:
-                raise fatal from None
+            ending = fatal(error)
+            if ending is not None:
+                raise ending from None
             return _failed(agent, call, span, error, f"{type(error).__name__}: {error}")
         return ToolResult(call.id, _stored_result(agent, text))
     assert timer.cancelled_caught and limit is not None
     return _failed(
         agent, call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
     )
-
-
-def _fatal(error: BaseException) -> BaseException | None:
-    """The first ``KeyboardInterrupt`` or ``SystemExit`` inside an exception group (a
-    tool's own task group), which must go through as itself."""
-    for inner in getattr(error, "exceptions", ()):
-        if isinstance(inner, (KeyboardInterrupt, SystemExit)):
-            return inner
-        found = _fatal(inner)
-        if found is not None:
-            return found
-    return None
 
 
 def _failed(

@@ -436,6 +436,60 @@ class InterruptingStore(InMemorySessionStore):
         await super().append(session_id, messages)
 
 
+async def stray_cancellation() -> BaseException:
+    """A real cancellation exception of the running backend, from a scope that has ended
+    (as a connection pool closing a connection may raise into its waiters)."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.sleep(1)
+        except anyio.get_cancelled_exc_class() as cancellation:
+            return cancellation
+    raise AssertionError("the scope was not cancelled")
+
+
+class LeakingStore(InMemorySessionStore):
+    """A store whose ``leak``-th append raises a cancellation nobody asked for."""
+
+    def __init__(self, leak: int) -> None:
+        super().__init__()
+        self.leak = leak
+        self.appends = 0
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        self.appends += 1
+        if self.appends == self.leak:
+            raise await stray_cancellation()
+        await super().append(session_id, messages)
+
+
+class FanningOutStore(InMemorySessionStore):
+    """A store whose ``method`` raises ``kind`` from a task group of its own."""
+
+    def __init__(self, method: str, kind: type[BaseException]) -> None:
+        super().__init__()
+        self.method = method
+        self.kind = kind
+
+    async def _fan_out(self) -> None:
+        async def leave() -> None:
+            raise self.kind()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(leave)
+            group.start_soon(anyio.sleep, 10)
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        if self.method == "load":
+            await self._fan_out()
+        return await super().load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        if self.method == "append":
+            await self._fan_out()
+        await super().append(session_id, messages)
+
+
 NESTED_GRACE = 1.0
 """Long enough that two graces one after the other would show."""
 
@@ -495,6 +549,36 @@ class TestOneGraceForAll:
         assert type(caught.value) is kind
         valid(await store.load("s"))
 
+    @pytest.mark.parametrize("leak", [1, 2, 3], ids=["user", "call", "result"])
+    async def test_a_store_raising_a_stray_cancellation_fails_the_run(self, leak: int) -> None:
+        store = LeakingStore(leak)
+        model = ScriptedModel([tool_call_response("wait", {"seconds": 0}), text_response("x")])
+        with pytest.raises(SessionStoreError) as caught:
+            await Waiter(model=model, session_store=store).run("Go.", session_id="s")
+        assert isinstance(caught.value.__cause__, anyio.get_cancelled_exc_class())
+        assert len(await store.load("s")) == leak - 1
+        again = ScriptedModel([text_response("again")])
+        result = await Waiter(model=again, session_store=store).run("Go on.", session_id="s")
+        valid(result.messages)
+
+
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("method", ["load", "append"])
+def test_system_exit_inside_a_stores_own_task_group_propagates_as_itself(
+    method: str, kind: type[BaseException]
+) -> None:
+    """Under trio (asyncio itself ends the event loop with it, whatever the run does)."""
+
+    async def main() -> None:
+        store = FanningOutStore(method, kind)
+        await Waiter(model=ScriptedModel([text_response("x")]), session_store=store).run(
+            "Go.", session_id="s"
+        )
+
+    with pytest.raises(kind) as caught:
+        anyio.run(main, backend="trio")
+    assert type(caught.value) is kind
+
 
 async def thinking_past_the_grace(request: Any) -> ModelResponse:
     await anyio.sleep(GRACE + 0.2)
@@ -519,6 +603,15 @@ class Delegating(Agent):
             return (await Waiter(model=waiting_model()).run("?")).output
         return "gave up"
 
+    @tool
+    async def racing(self) -> str:
+        """Ask an expert, cancelling the question after 0.1 s."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(Waiter(model=waiting_model()).run, "?")
+            await anyio.sleep(0.1)
+            group.cancel_scope.cancel()
+        return "cancelled"
+
 
 class TestNestedRunsStoppedInsideATool:
     @pytest.mark.parametrize("name", ["timed", "moving_on"])
@@ -529,3 +622,17 @@ class TestNestedRunsStoppedInsideATool:
         assert result.output == "final answer"
         assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
         assert await store.load("s") == result.messages
+
+    async def test_a_write_that_did_not_happen_never_looks_done(self) -> None:
+        """A cancel() inside the tool is taken for one from outside (anyio cannot tell
+        them apart): the outer run's later writes may then be cut off, but then it fails."""
+        store = SlowStore(0.001)
+        model = ScriptedModel([tool_call_response("racing", {}), thinking_past_the_grace])
+        agent = Delegating(model=model, session_store=store)
+        try:
+            result = await agent.run("Go.", session_id="s")
+        except SessionStoreError:
+            assert [m.role for m in await store.load("s")] == ["user", "assistant", "tool"]
+        else:
+            assert result.messages[-1].text == "final answer"
+            assert await store.load("s") == result.messages
