@@ -481,15 +481,22 @@ class Agent:
             if isinstance(declared, Model):
                 return await runner.run(self, plan)
             model = resolve(declared)
+            runs: list[RunContext] = []
+
+            async def close() -> None:
+                """Closing the model is the run's cleanup: it ends by the run's stop time."""
+                stop = runs[0].grace.stop() if runs else math.inf
+                await _close_models([model], self.cleanup_grace, by=stop)
+
             try:
-                result = await runner.run(self, plan, model=model)
+                result = await runner.run(self, plan, model=model, observe=runs.append)
             except BaseException:
                 try:
-                    await _close_models([model], self.cleanup_grace)
+                    await close()
                 except CleanupError as failure:  # the run's own error is the one to raise
                     logger.warning("closing the run's model failed too (%s)", failure)
                 raise
-            await _close_models([model], self.cleanup_grace)
+            await close()
             return result
 
         try:
@@ -590,11 +597,11 @@ _AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
 the attributes its instances set."""
 
 
-async def _close_models(models: Iterable[Model], grace: float) -> None:
-    """Close ``models``, shielded from cancellation for at most ``grace`` seconds;
-    ``CleanupError`` if any failed or the time ran out."""
+async def _close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:
+    """Close ``models``, shielded from cancellation for at most ``grace`` seconds and not
+    past the time ``by``; ``CleanupError`` if any failed or the time ran out."""
     errors: list[BaseException] = []
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + grace) as scope:
+    with anyio.CancelScope(shield=True, deadline=min(anyio.current_time() + grace, by)) as scope:
         for model in models:
             close = getattr(model, "aclose", None)
             if close is None:
@@ -604,6 +611,6 @@ async def _close_models(models: Iterable[Model], grace: float) -> None:
             except Exception as error:
                 errors.append(error)
     if scope.cancelled_caught:
-        errors.append(TimeoutError(f"closing models did not finish within {grace} s"))
+        errors.append(TimeoutError("closing models did not finish within the cleanup grace"))
     if errors:
         raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]

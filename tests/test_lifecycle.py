@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import pytest
 
-from littleghost import Agent, Message, manage_context
+from littleghost import Agent, Message, manage_context, tool
 from littleghost.context import Summarization
-from littleghost.errors import CleanupError, ConfigurationError
+from littleghost.errors import CleanupError, ConfigurationError, DeadlineExceededError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
-from littleghost.testing import text_response
+from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +165,48 @@ def test_run_sync_ends_within_the_grace_when_its_model_hangs_closing() -> None:
     with pytest.raises(CleanupError):
         Hanging().run_sync("hi")
     assert time.monotonic() - began < 1
+
+
+class HangingCaller(HangingClose):
+    """Calls a tool that never finishes; never finishes closing."""
+
+    provider = "hangingcaller"
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return tool_call_response("wait", {})
+
+
+register_provider("hangingcaller", HangingCaller)
+
+
+class StallingStore(InMemorySessionStore):
+    """Stores the first two messages at once; every later write hangs."""
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        if len(await self.load(session_id)) >= 2:
+            await anyio.sleep(30)
+        await super().append(session_id, messages)
+
+
+class Stalling(Agent):
+    model = "hangingcaller:m"
+    cleanup_grace = 1.0
+
+    @tool
+    async def wait(self) -> str:
+        """Never finish."""
+        await anyio.sleep(30)
+        return "never"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_sync_closes_its_model_within_the_runs_grace(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store write at the stop takes the whole grace: closing the model gets no more."""
+    monkeypatch.setattr(anyio, "run", functools.partial(anyio.run, backend=backend))
+    agent = Stalling(session_store=StallingStore())
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        agent.run_sync("Wait.", session_id="s", timeout=0.2)
+    assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + 0.5
