@@ -410,7 +410,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     the finished results not yet stored are stored all the same (within the
     cleanup grace); the run loop answers the rest.
     """
-    results: list[ToolResult | None] = [None] * len(calls)
+    answers: list[Message | None] = [None] * len(calls)
+    start = len(context.messages)
     stored = 0
     storing = anyio.Lock()
     failures: list[BaseException] = []
@@ -419,17 +420,17 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         nonlocal stored
         async with storing:
             end = stored
-            while end < len(results) and results[end] is not None:
+            while end < len(answers) and answers[end] is not None:
                 end += 1
-            ready = [result for result in results[stored:end] if result is not None]
-            await context.append(*(Message(Role.TOOL, (result,)) for result in ready))
+            ready = [answer for answer in answers[stored:end] if answer is not None]
+            await context.append(*ready)
             stored = end
-            for result in ready:
-                await context.emit(ToolCallFinished(result))
+            for answer in ready:
+                await context.emit(ToolCallFinished(answer.tool_results[0]))
 
     async def run_one(index: int, call: ToolCall) -> None:
         try:
-            results[index] = await _run_tool(agent, call, context)
+            answers[index] = Message(Role.TOOL, (await _run_tool(agent, call, context),))
             await store_ready()
         except (Exception, KeyboardInterrupt, SystemExit) as error:
             failures.append(error)  # re-raised as itself, not in an exception group
@@ -440,13 +441,12 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             for index, call in enumerate(calls):
                 group.start_soon(run_one, index, call)
     finally:
-        answered = _answered(context.messages, calls)
-        unstored = [r for r in results if r is not None and r.call_id not in answered]
+        # Each call's answer is told by its own message, not its call id (ids may repeat);
+        # a write cut off by the stop may have put some in the log all the same.
+        logged = {message.id for message in context.messages[start:]}
+        unstored = [a for a in answers if a is not None and a.id not in logged]
         if unstored and not context.grace.uncertain:
-            await context.grace.finish(
-                "storing finished tool results",
-                context.append(*(Message(Role.TOOL, (result,)) for result in unstored)),
-            )
+            await context.grace.finish("storing finished tool results", context.append(*unstored))
     if failures:
         raise failures[0]
 
@@ -551,17 +551,6 @@ async def _answer_open_calls(context: RunContext) -> None:
     open_calls = interrupted_results(context.messages, STOPPED_TEXT)
     if open_calls:
         await context.grace.finish("answering the open tool calls", context.append(*open_calls))
-
-
-def _answered(log: Sequence[Message], calls: Sequence[ToolCall]) -> set[str]:
-    """The ids of ``calls`` answered in ``log`` since the message that made them."""
-    ids = {call.id for call in calls}
-    found: set[str] = set()
-    for message in reversed(log):
-        found.update(result.call_id for result in message.tool_results if result.call_id in ids)
-        if any(call.id in ids for call in message.tool_calls):
-            break
-    return found
 
 
 def _check_new(message: Message, log: Sequence[Message], where: str) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,19 +41,16 @@ SLACK = 0.4
 
 
 def valid(log: Sequence[Message]) -> None:
-    """Every tool result follows its call; every call is answered at most once."""
-    open_calls: dict[str, int] = {}
-    answered: set[tuple[int, str]] = set()
+    """Every tool result follows its call; every call (repeated ids counted apart) is
+    answered at most once."""
+    open_calls: Counter[str] = Counter()
     ids = [message.id for message in log]
     assert len(ids) == len(set(ids)), "a message is stored twice"
-    for position, message in enumerate(log):
-        for call in message.tool_calls:
-            open_calls[call.id] = position
+    for message in log:
+        open_calls.update(call.id for call in message.tool_calls)
         for result in message.tool_results:
-            assert result.call_id in open_calls, f"result for {result.call_id} before its call"
-            key = (open_calls[result.call_id], result.call_id)
-            assert key not in answered, f"call {result.call_id} answered twice"
-            answered.add(key)
+            assert open_calls[result.call_id], f"result for {result.call_id} without an open call"
+            open_calls[result.call_id] -= 1
 
 
 class SlowStore:
@@ -214,6 +212,66 @@ class TestBoundedCleanup:
         valid(stored)
         [result] = [r for message in stored for r in message.tool_results]
         assert result.is_error and "stopped" in result.content
+
+    @pytest.mark.parametrize("ids", [("a", "b"), ("x", "x")], ids=["distinct", "repeated"])
+    async def test_finished_results_are_stored_when_the_run_stops_whatever_their_call_ids(
+        self, ids: tuple[str, str]
+    ) -> None:
+        """The deadline passes while the first result is being stored, after the second
+        call finished: both results are stored, also when the two calls share an id."""
+
+        class SlowResults(InMemorySessionStore):
+            async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+                if any(message.tool_results for message in messages):
+                    await anyio.sleep(0.15)
+                await super().append(session_id, messages)
+
+        class Pair(Agent):
+            cleanup_grace = 1.0  # room for both writes on a busy machine
+
+            @tool
+            async def fast(self) -> str:
+                """Answer at once."""
+                return "fast"
+
+            @tool
+            async def slower(self) -> str:
+                """Finish while the first result is being stored."""
+                await anyio.sleep(0.05)
+                return "slower"
+
+        calls = [ToolCall(ids[0], "fast", {}), ToolCall(ids[1], "slower", {})]
+        model = ScriptedModel(
+            [ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)]
+        )
+        store = SlowResults()
+        with pytest.raises(DeadlineExceededError):
+            await Pair(model=model, session_store=store).run("Go.", session_id="s", timeout=0.1)
+        stored = await store.load("s")
+        valid(stored)
+        assert [r.content for message in stored for r in message.tool_results] == [
+            "fast",
+            "slower",
+        ]
+
+    @pytest.mark.parametrize("ids", [("a", "b"), ("x", "x")], ids=["distinct", "repeated"])
+    async def test_a_stopped_run_answers_each_open_call_once_whatever_their_call_ids(
+        self, store: SessionStore, ids: tuple[str, str]
+    ) -> None:
+        calls = [
+            ToolCall(ids[0], "wait", {"seconds": 0}),
+            ToolCall(ids[1], "wait", {"seconds": 10}),
+        ]
+        model = ScriptedModel(
+            [ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)]
+        )
+        with pytest.raises(DeadlineExceededError):
+            await Waiter(model=model, session_store=store).run("Go.", session_id="s", timeout=0.2)
+        stored = await store.load("s")
+        valid(stored)
+        [first, second] = [r for message in stored for r in message.tool_results]
+        assert first.content == "waited"
+        assert second.is_error and "stopped" in second.content
 
     async def test_a_locked_database_keeps_the_deadline(self, tmp_path: Path) -> None:
         path = tmp_path / "sessions.db"
