@@ -26,7 +26,7 @@ from attrs import frozen
 
 from littleghost import telemetry
 from littleghost.cleanup import Grace, fatal, holding
-from littleghost.context.view import interrupted_results, orphan_results
+from littleghost.context.view import interrupted_results, misplaced_results, orphan_results
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -227,12 +227,21 @@ async def _open_session(
     """Fill the run's log from its session; a new session is seeded with ``seed``.
 
     System and developer messages of the seed are not stored (instructions come
-    from the class each run), so they are left out of the run too.
+    from the class each run), so they are left out of the run too. A stored log with a
+    result the view would show under another call is rejected; a tool message that
+    answers no call is left out of the view, as ever.
     """
     assert context.session_id is not None
     stored = await agent.session_store.load(context.session_id)
     if stored:
-        _check_new(message, stored, f"session {context.session_id!r}")
+        where = f"session {context.session_id!r}"
+
+        def at(position: int) -> str:
+            return f"message {position} of {where}"
+
+        orphans = orphan_results(stored)
+        _check_results([m for m in misplaced_results(stored) if m[0] not in orphans], at)
+        _check_new(message, stored, where)
         if seed:
             warnings.warn(
                 f"history= is ignored: session {context.session_id!r} already holds "
@@ -585,15 +594,23 @@ def _history(value: object) -> list[Message]:
     for position, message in enumerate(log):
         if not isinstance(message, Message):
             raise TypeError(f"history[{position}] must be a Message, not {type(message).__name__}")
-    orphans = orphan_results(log)
-    if orphans:
-        position = orphans[0]
-        call_id = log[position].tool_results[0].call_id if log[position].tool_results else "?"
-        raise ConfigurationError(
-            f"history[{position}] is a tool result for call {call_id!r}, which no earlier "
-            "assistant message in the history makes"
-        )
+        if message.role is Role.TOOL and not message.tool_results:
+            raise ConfigurationError(f"history[{position}] is a tool message without a result")
+    at = "history[{}]".format
+    _check_results(misplaced_results(log), at)
     return log
+
+
+def _check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) -> None:
+    """Reject a conversation with ``misplaced`` results (``misplaced_results``)."""
+    if misplaced:
+        position, call_id = misplaced[0]
+        raise ConfigurationError(
+            f"{at(position)} holds a result for call {call_id!r}, which answers "
+            "no open call of the assistant message its tool message answers (a result must "
+            "come after its call, answer it once, and share a tool message only with results "
+            "for calls of the same assistant message)"
+        )
 
 
 def _deadline(timeout: object, deadline: object) -> float:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from littleghost import Agent, Message, Role, RunResult, ToolCall, Usage, tool
+from littleghost import Agent, Message, Role, RunResult, ToolCall, ToolResult, Usage, tool
 from littleghost.errors import (
     ConfigurationError,
     LimitExceededError,
@@ -149,6 +151,87 @@ async def test_a_history_with_an_orphan_result_fails_before_any_model_call() -> 
     with pytest.raises(ConfigurationError, match=r"history\[1\].*'ghost'"):
         await Counter(model=model).run("again", history=history)
     assert model.requests == []
+
+
+def calls(*ids: str) -> Message:
+    return Message.assistant(tool_calls=[ToolCall(call_id, "count", {"n": 1}) for call_id in ids])
+
+
+def results(*ids: str) -> Message:
+    return Message(Role.TOOL, tuple(ToolResult(call_id, "1") for call_id in ids))
+
+
+@pytest.mark.parametrize(
+    ("history", "named"),
+    [
+        ([calls("a"), results("a", "b"), calls("b")], r"history\[2\].*'b'"),
+        ([calls("a"), calls("b"), results("b", "a")], r"history\[3\].*'a'"),
+        ([calls("a"), results("a"), calls("b"), results("b", "a")], r"history\[4\].*'a'"),
+        ([calls("a"), results("a"), results("a")], r"history\[3\].*'a'"),
+        ([calls("a"), results("a", "a")], r"history\[2\].*'a'"),
+        ([calls("a", "x"), calls("x"), results("a", "x")], r"history\[3\].*'x'"),
+        ([results("zz", "a"), calls("a")], r"history\[1\].*'zz'"),
+        ([calls("a"), Message(Role.TOOL, ())], r"history\[2\] is a tool message without"),
+    ],
+    ids=[
+        "later-call",
+        "earlier-call",
+        "answered-call",
+        "second-answer",
+        "second-answer-in-one-message",
+        "repeated-id-of-a-later-message",
+        "before-its-call",
+        "no-result",
+    ],
+)
+async def test_a_history_with_a_result_out_of_its_place_fails_before_any_model_call(
+    history: list[Message], named: str
+) -> None:
+    """A tool message answers open calls of one assistant message, each once: any other
+    result raises ConfigurationError naming its position and call id."""
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match=named):
+        await Counter(model=model).run("again", history=[Message.user("count"), *history])
+    assert model.requests == []
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [calls("a", "b"), results("b", "a")],
+        [calls("x", "x"), results("x"), results("x")],
+        [calls("x", "x"), results("x", "x")],
+        [calls("a"), calls("a"), results("a"), results("a")],
+    ],
+    ids=["parallel-in-one-message", "repeated-ids", "repeated-ids-in-one-message", "nested"],
+)
+async def test_a_history_whose_results_answer_their_calls_is_accepted(
+    history: list[Message],
+) -> None:
+    """Results answer the nearest open call with their id; the request shows each call's
+    results right after it, and nothing needs repairing."""
+    seed = [Message.user("count"), *history]
+    model = ScriptedModel([text_response("ok")])
+    result = await Counter(model=model).run("again", history=seed)
+    assert len(result.messages) == len(seed) + 2
+    assert answered_in_place(model.requests[0].messages)
+
+
+def answered_in_place(messages: Sequence[Message]) -> bool:
+    """Each call is answered once by the tool messages right after its assistant message,
+    and no tool message stands anywhere else."""
+    waiting: collections.Counter[str] = collections.Counter()
+    for message in messages:
+        if message.role is Role.TOOL:
+            answered = collections.Counter(r.call_id for r in message.tool_results)
+            if answered - waiting:
+                return False
+            waiting -= answered
+        elif waiting:
+            return False
+        else:
+            waiting.update(call.id for call in message.tool_calls)
+    return not waiting
 
 
 async def test_a_call_without_result_is_repaired_with_an_error_result() -> None:

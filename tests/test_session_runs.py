@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost import Agent, Message, Role, ToolCall, manage_context, tool
+from littleghost import Agent, Message, Role, ToolCall, ToolResult, manage_context, tool
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.errors import (
     ConfigurationError,
@@ -148,6 +148,35 @@ class TestRepair:
         assert "interrupted" in repair.tool_results[0].content
         assert stored[3].text == "well?"
         assert repair in model.requests[0].messages
+
+    async def test_a_stored_result_under_another_call_is_rejected_and_nothing_written(
+        self, store: SessionStore
+    ) -> None:
+        """A stored tool message whose results answer calls of two assistant messages
+        (a seed accepted before history was checked) would make a request no provider
+        accepts: the run fails before any model call, naming the session, position and id."""
+        stored = (
+            Message.user("orders 7 and 8?"),
+            Message.assistant(tool_calls=[ToolCall("a", "lookup", {"order_id": "7"})]),
+            Message(Role.TOOL, (ToolResult("a", "shipped"), ToolResult("b", "lost"))),
+            Message.assistant(tool_calls=[ToolCall("b", "lookup", {"order_id": "8"})]),
+        )
+        await store.append("s", stored)
+        model = ScriptedModel([text_response("never")])
+        with pytest.raises(ConfigurationError, match=r"message 2 of session 's' .* call 'b'"):
+            await Helper(model=model, session_store=store).run("well?", session_id="s")
+        assert model.requests == []
+        assert await store.load("s") == stored
+
+    async def test_a_stored_result_without_its_call_is_left_out_of_the_view(
+        self, store: SessionStore
+    ) -> None:
+        stored = (Message.user("hi"), Message.tool("ghost", "boo"), Message.assistant("hello"))
+        await store.append("s", stored)
+        model = ScriptedModel([text_response("ok")])
+        result = await Helper(model=model, session_store=store).run("again", session_id="s")
+        assert result.messages[:3] == stored
+        assert texts(model.requests[0].messages) == ["Help.", "hi", "hello", "again"]
 
 
 class TestStreaming:

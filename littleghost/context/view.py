@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from littleghost.context.groups import Layout
-from littleghost.messages import Message
+from littleghost.context.records import is_record
+from littleghost.messages import Message, Role
 
 __all__ = [
     "INTERRUPTED_TEXT",
     "build_view",
     "interrupted_results",
+    "misplaced_results",
     "orphan_results",
     "unanswered_calls",
 ]
@@ -43,6 +45,30 @@ def unanswered_calls(log: Sequence[Message]) -> list[tuple[int, str]]:
 def orphan_results(log: Sequence[Message]) -> list[int]:
     """Positions of tool messages whose call is not in ``log``."""
     return _paired(log).orphans
+
+
+def misplaced_results(log: Sequence[Message]) -> list[tuple[int, str]]:
+    """``(position, call_id)`` of every tool result in ``log`` that answers no open call of
+    the assistant message its tool message belongs to, by the pairing rule: a result
+    before its call, a second answer, or one whose nearest open call with its id is
+    another assistant message's. The view cannot show such a result in its place."""
+    waiting: dict[str, list[int]] = {}  # positions of the open calls per id, nearest last
+    misplaced = []
+    for position, message in enumerate(log):
+        if message.metadata and is_record(message):
+            continue
+        if message.role is Role.ASSISTANT:
+            for call in message.tool_calls:
+                waiting.setdefault(call.id, []).append(position)
+        elif message.role is Role.TOOL:
+            owner: int | None = None
+            for result in message.tool_results:
+                calls = waiting.get(result.call_id)
+                if calls and owner in (None, calls[-1]):
+                    owner = calls.pop()
+                else:
+                    misplaced.append((position, result.call_id))
+    return misplaced
 
 
 def interrupted_results(
