@@ -42,7 +42,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.hooks import run_chain
-from littleghost.messages import Message, Role, ToolCall, ToolResult
+from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
 from littleghost.output import (
     Answer,
@@ -228,8 +228,8 @@ async def _open_session(
 
     System and developer messages of the seed are not stored (instructions come
     from the class each run), so they are left out of the run too. A stored log with a
-    result the view would show under another call is rejected; a tool message that
-    answers no call is left out of the view, as ever.
+    repeated id, or with a result the view would show under another call, is rejected;
+    a tool message that answers no call is left out of the view, as ever.
     """
     assert context.session_id is not None
     stored = await agent.session_store.load(context.session_id)
@@ -239,6 +239,7 @@ async def _open_session(
         def at(position: int) -> str:
             return f"message {position} of {where}"
 
+        _check_ids(stored, at)
         orphans = orphan_results(stored)
         _check_results([m for m in misplaced_results(stored) if m[0] not in orphans], at)
         _check_new(message, stored, where)
@@ -290,6 +291,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         response = await run_chain(
             agent.hooks["after_model"], answered, expected=ModelResponse, context=context
         )
+        response = _fresh(response, context.messages)
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
@@ -562,6 +564,15 @@ async def _answer_open_calls(context: RunContext) -> None:
         await context.grace.finish("answering the open tool calls", context.append(*open_calls))
 
 
+def _fresh(response: ModelResponse, log: Sequence[Message]) -> ModelResponse:
+    """``response`` with a new message id when ``log`` holds its message's id already (a
+    model or hook that hands back an earlier response): the log never holds one id twice."""
+    message = response.message
+    if any(earlier.id == message.id for earlier in log):
+        return attrs.evolve(response, message=attrs.evolve(message, id=new_id()))
+    return response
+
+
 def _check_new(message: Message, log: Sequence[Message], where: str) -> None:
     """The input must be a new message, not one of the conversation's."""
     if any(earlier.id == message.id for earlier in log):
@@ -597,8 +608,21 @@ def _history(value: object) -> list[Message]:
         if message.role is Role.TOOL and not message.tool_results:
             raise ConfigurationError(f"history[{position}] is a tool message without a result")
     at = "history[{}]".format
+    _check_ids(log, at)
     _check_results(misplaced_results(log), at)
     return log
+
+
+def _check_ids(log: Sequence[Message], at: Callable[[int], str]) -> None:
+    """Every message of ``log`` must have an id of its own; ``at`` names a position."""
+    seen: dict[str, int] = {}
+    for position, message in enumerate(log):
+        first = seen.setdefault(message.id, position)
+        if first != position:
+            raise ConfigurationError(
+                f"{at(first)} and {at(position)} have the same id {message.id!r}; each "
+                "message of a conversation needs an id of its own"
+            )
 
 
 def _check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) -> None:

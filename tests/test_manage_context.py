@@ -453,6 +453,39 @@ class TestWhatIsSent:
             question = next(m for m in result.messages if m.text == "THE QUESTION")
             assert question.id not in summary.metadata[SUMMARY_COVERS_KEY]
 
+    async def test_a_replayed_response_leaves_the_newest_messages_in_view(self) -> None:
+        """A model handing back one response object each turn: every copy is logged under
+        an id of its own, so a summary hides only what it covers."""
+
+        @manage_context(
+            context_window_tokens=40,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Looping(Agent):
+            @tool
+            def ping(self) -> str:
+                """Ping."""
+                return "pong"
+
+        same = tool_call_response("ping", {}, call_id="c")
+        chats = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal chats
+            if request.purpose == "context_compaction":
+                return text_response("summary")
+            chats += 1
+            return same if chats <= 12 else text_response("done")
+
+        result = await Looping(model=ScriptedModel([respond] * 40)).run("go")
+        ids = [message.id for message in result.messages]
+        assert len(set(ids)) == len(ids)
+        assert any(message.is_summary for message in result.messages)
+        plain = [message for message in result.messages if not message.is_summary]
+        assert build_view(result.messages)[-5:] == tuple(plain[-5:])
+
     async def test_a_tool_call_is_never_separated_from_its_results(self) -> None:
         """Parallel calls at the boundary stay with all their results (non-adjacent too)."""
 

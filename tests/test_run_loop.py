@@ -7,9 +7,21 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 
-from littleghost import Agent, Message, Role, RunResult, ToolCall, ToolResult, Usage, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    RunContext,
+    RunResult,
+    ToolCall,
+    ToolResult,
+    Usage,
+    after_model,
+    tool,
+)
 from littleghost.errors import (
     ConfigurationError,
     LimitExceededError,
@@ -247,6 +259,46 @@ async def test_a_call_without_result_is_repaired_with_an_error_result() -> None:
     seen = model.requests[0].messages
     position = next(i for i, m in enumerate(seen) if m.tool_calls)
     assert seen[position + 1].tool_results[0].call_id == "open"
+
+
+async def test_a_replayed_response_is_logged_under_an_id_of_its_own() -> None:
+    """A model that hands back one response object twice: the second copy enters the log
+    under a fresh id; the model's response is left as it was."""
+    same = tool_call_response("count", {"n": 1}, call_id="c")
+    model = ScriptedModel([same, same, text_response("done")])
+    result = await Counter(model=model).run("count twice")
+    ids = [message.id for message in result.messages]
+    assert len(set(ids)) == len(ids)
+    first, second = (message for message in result.messages if message.tool_calls)
+    assert first == same.message
+    assert second.content == same.message.content and second.id != same.message.id
+
+
+async def test_an_after_model_hook_reusing_a_logged_id_gets_a_fresh_one() -> None:
+    class Reusing(Counter):
+        @after_model
+        def reuse(self, response: ModelResponse, context: RunContext) -> ModelResponse:
+            message = attrs.evolve(response.message, id=context.messages[0].id)
+            return attrs.evolve(response, message=message)
+
+    model = ScriptedModel([tool_call_response("count", {"n": 1}), text_response("2")])
+    result = await Reusing(model=model).run("count")
+    ids = [message.id for message in result.messages]
+    assert len(set(ids)) == len(ids)
+    assert [message.role for message in result.messages] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+    ]
+
+
+async def test_a_history_with_a_repeated_id_fails_naming_both_positions() -> None:
+    history = [Message.user("hi", id="same"), Message.assistant("hello", id="same")]
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match=r"history\[0\] and history\[1\] .* 'same'"):
+        await Counter(model=model).run("again", history=history)
+    assert model.requests == []
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,20 @@ class TestRepair:
         assert result.messages[:3] == stored
         assert texts(model.requests[0].messages) == ["Help.", "hi", "hello", "again"]
 
+    async def test_a_stored_log_with_a_repeated_id_is_rejected_and_nothing_written(
+        self, store: SessionStore
+    ) -> None:
+        stored = (Message.user("hi", id="same"), Message.assistant("hello", id="same"))
+        await store.append("s", stored)
+        model = ScriptedModel([text_response("never")])
+        with pytest.raises(
+            ConfigurationError,
+            match=r"message 0 of session 's' and message 1 of session 's' .* 'same'",
+        ):
+            await Helper(model=model, session_store=store).run("again", session_id="s")
+        assert model.requests == []
+        assert await store.load("s") == stored
+
 
 class TestStreaming:
     async def test_a_streamed_run_continues_the_session(self, store: SessionStore) -> None:
