@@ -1,7 +1,8 @@
 """A fault-injection harness for whole runs: many short runs with faults at random points.
 
 Each run is drawn from a seeded random generator: a script of model turns (tool calls,
-several at once, and a final answer), tools that answer, fail, hang, time out, block a
+several at once, sometimes sharing one call id, and a final answer; sometimes every
+answer reuses one message id, as a replaying model's would), tools that answer, fail, hang, time out, block a
 thread, let a cancellation of their own escape or end the process, a session store (in
 memory or SQLite) that fails, stalls, fails after writing or finds its database locked
 by another connection, model calls that fail or stall, and a stop: a deadline, a
@@ -16,6 +17,7 @@ After each run the harness checks:
 - the run ended within its stop time (deadline or cancellation) plus the cleanup grace;
 - the store first: the run's log is what the store holds, and less only when a write
   failed or was cut off with its outcome unknown;
+- every request the model was shown is valid: each call answered once, right after it;
 - the stored log is valid: unique ids, every tool result after its call, no call
   answered twice; and after a fault-free run of the same session, every call is
   answered exactly once and the model was shown a valid request.
@@ -91,6 +93,12 @@ class Chaos:
     points: int = 0
     appends: int = 0
     calls: int = 0
+    repeat_ids: bool = False
+    """The calls of one turn share one id."""
+    replay: bool = False
+    """Every answer of the model has one message id."""
+    shown: list[str] = field(factory=list)
+    """What was wrong with the requests the model was shown."""
     fired: Counter[str] = field(factory=Counter)
     ending_fault_at: float | None = None
     """When the first fault that can end a run fired (an error, not a stall)."""
@@ -212,14 +220,18 @@ class ChaosModel:
         elif kind == "model invalid request":
             chaos.ending(kind)
             raise InvalidRequestError("injected", provider="chaos", status=400)
-        if self.turn >= len(self.turns):
-            return text_response("done")
-        names = self.turns[self.turn]
+        chaos.shown.extend(request_problems(request.messages))
+        names = self.turns[self.turn] if self.turn < len(self.turns) else []
         self.turn += 1
+        ids = {"id": "replayed"} if chaos.replay else {}
         if not names:
-            return text_response("done")
-        calls = [ToolCall(f"call-{self.turn}-{i}", name, {}) for i, name in enumerate(names)]
-        return ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+            return ModelResponse(Message.assistant("done", **ids), StopReason.END_TURN)
+        calls = [
+            ToolCall(f"call-{self.turn}" if chaos.repeat_ids else f"call-{self.turn}-{i}", name)
+            for i, name in enumerate(names)
+        ]
+        message = Message.assistant(tool_calls=calls, **ids)
+        return ModelResponse(message, StopReason.TOOL_USE)
 
 
 class Inner(Agent):
@@ -386,6 +398,12 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
             chaos.model_faults[index] = ("model stall", rng.uniform(0.01, longest))
     chaos.fail_cleanup = rng.random() < 0.3
     stop["stream"] = rng.choice(("run", "stream", "stream and leave"))
+    chaos.repeat_ids = rng.random() < 0.2
+    chaos.replay = rng.random() < 0.2
+    if chaos.repeat_ids and any(len(names) > 1 for names in turns):
+        chaos.fired["repeated call ids"] += 1
+    if chaos.replay:
+        chaos.fired["replayed message id"] += 1
     return turns, stop
 
 
@@ -429,6 +447,7 @@ async def one_run(
         violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
     if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
         violations.append("SystemExit from nowhere")
+    violations.extend(f"the faulty run: {problem}" for problem in chaos.shown)
     stored = await inner.load(session_id)
     violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
     violations.extend(_store_first(chaos.context, stored))
@@ -494,24 +513,43 @@ def _store_first(context: RunContext | None, stored: Sequence[Message]) -> list[
 
 def log_problems(log: Sequence[Message]) -> list[str]:
     """What is wrong with a stored log: duplicate ids, results before their call, calls
-    answered twice."""
+    answered twice (calls that share an id counted apart)."""
     problems = []
     ids = [message.id for message in log]
     if len(ids) != len(set(ids)):
         problems.append("a message is stored twice")
-    open_calls: dict[str, int] = {}
-    answered: set[tuple[int, str]] = set()
-    for position, message in enumerate(log):
-        for call in message.tool_calls:
-            open_calls[call.id] = position
+    made: set[str] = set()
+    waiting: Counter[str] = Counter()
+    for message in log:
+        made.update(call.id for call in message.tool_calls)
+        waiting.update(call.id for call in message.tool_calls)
         for result in message.tool_results:
-            if result.call_id not in open_calls:
-                problems.append(f"a result for {result.call_id} before its call")
-                continue
-            key = (open_calls[result.call_id], result.call_id)
-            if key in answered:
+            if waiting[result.call_id]:
+                waiting[result.call_id] -= 1
+            elif result.call_id in made:
                 problems.append(f"call {result.call_id} answered twice")
-            answered.add(key)
+            else:
+                problems.append(f"a result for {result.call_id} before its call")
+    return problems
+
+
+def request_problems(messages: Sequence[Message]) -> list[str]:
+    """What a provider would reject in a request: a message id shown twice, a call not
+    answered once by the tool messages right after it, a result anywhere else."""
+    problems = []
+    if len({message.id for message in messages}) != len(messages):
+        problems.append("the model was shown two messages with one id")
+    waiting: Counter[str] = Counter()
+    for message in messages:
+        answered = Counter(result.call_id for result in message.tool_results)
+        if waiting and not answered:
+            problems.append("the model was shown a call without its result")
+        if answered - waiting:
+            problems.append("the model was shown a result without its call")
+        waiting -= answered
+        waiting.update(call.id for call in message.tool_calls)
+    if waiting:
+        problems.append("the model was shown a call without its result")
     return problems
 
 
@@ -538,17 +576,7 @@ class Checking:
         self.problems: list[str] = []
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
-        open_calls: set[str] = set()
-        for message in request.messages:
-            if open_calls and not message.tool_results:
-                self.problems.append("the model was shown a call without its result")
-            for result in message.tool_results:
-                if result.call_id not in open_calls:
-                    self.problems.append("the model was shown a result without its call")
-                open_calls.discard(result.call_id)
-            open_calls.update(call.id for call in message.tool_calls)
-        if open_calls:
-            self.problems.append("the model was shown a call without its result")
+        self.problems.extend(request_problems(request.messages))
         return text_response("repaired")
 
 

@@ -49,6 +49,8 @@ EXPECTED_FAULTS = {
     "model invalid request",
     "memory store",
     "sqlite store",
+    "repeated call ids",
+    "replayed message id",
     *(f"tool {name}" for name in TOOLS),
 }
 
