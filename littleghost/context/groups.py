@@ -86,7 +86,9 @@ class Layout:
 
     ``kinds[i]`` and ``members[i]`` are the i-th group of the view (the call before its
     results); ``pending`` holds the summaries no later record covers, in log order, while
-    nothing is after them yet to stand before (shown last). ``open_calls``, ``shadowed`` and ``orphans`` say what the pairing left.
+    nothing is after them yet to stand before (shown last). ``open_calls``, ``shadowed``,
+    ``orphans`` and ``misplaced`` (the results that answer no open call of their tool
+    message's assistant message, with their call ids) say what the pairing left.
     """
 
     __slots__ = (
@@ -97,6 +99,7 @@ class Layout:
         "late",
         "members",
         "message_count",
+        "misplaced",
         "open_calls",
         "orphans",
         "pending",
@@ -121,6 +124,7 @@ class Layout:
         self.shadowed: dict[str, list[int]] = {}
         self.answers: dict[int, list[int]] = {}
         self.orphans: list[int] = []
+        self.misplaced: list[tuple[int, str]] = []
         self.late: list[tuple[int, int]] = []
         self.kinds: list[GroupKind] = []
         self.members: list[list[Message]] = []
@@ -157,6 +161,7 @@ class Layout:
         layout.shadowed = {call_id: list(stack) for call_id, stack in self.shadowed.items()}
         layout.answers = dict(self.answers)
         layout.orphans = list(self.orphans)
+        layout.misplaced = list(self.misplaced)
         layout.kinds = list(self.kinds)
         layout.members = list(self.members)
         layout.slot_of = dict(self.slot_of)
@@ -198,6 +203,7 @@ class Layout:
                     call_id = part.call_id
                     found = open_calls.get(call_id)
                     if found is None or (owner is not None and found != owner):
+                        self.misplaced.append((position, call_id))
                         continue
                     owner = found
                     stack = shadowed.get(call_id) if shadowed else None

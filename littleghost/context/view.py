@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from littleghost.context.groups import Layout
-from littleghost.context.records import is_record
-from littleghost.messages import Message, Role
+from littleghost.messages import Message
 
 __all__ = [
     "INTERRUPTED_TEXT",
@@ -52,23 +51,7 @@ def misplaced_results(log: Sequence[Message]) -> list[tuple[int, str]]:
     the assistant message its tool message belongs to, by the pairing rule: a result
     before its call, a second answer, or one whose nearest open call with its id is
     another assistant message's. The view cannot show such a result in its place."""
-    waiting: dict[str, list[int]] = {}  # positions of the open calls per id, nearest last
-    misplaced = []
-    for position, message in enumerate(log):
-        if message.metadata and is_record(message):
-            continue
-        if message.role is Role.ASSISTANT:
-            for call in message.tool_calls:
-                waiting.setdefault(call.id, []).append(position)
-        elif message.role is Role.TOOL:
-            owner: int | None = None
-            for result in message.tool_results:
-                calls = waiting.get(result.call_id)
-                if calls and owner in (None, calls[-1]):
-                    owner = calls.pop()
-                else:
-                    misplaced.append((position, result.call_id))
-    return misplaced
+    return _paired(log).misplaced
 
 
 def interrupted_results(
