@@ -443,6 +443,11 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         try:
             answers[index] = Message(Role.TOOL, (await _run_tool(agent, call, context),))
             await store_ready()
+        except anyio.get_cancelled_exc_class() as error:
+            if anyio.current_effective_deadline() == -math.inf:
+                raise  # the run is stopping, or another call failed
+            failures.append(error)  # a stray one (from a hook, say): it ends the run
+            group.cancel_scope.cancel()
         except (Exception, KeyboardInterrupt, SystemExit) as error:
             failures.append(error)  # re-raised as itself, not in an exception group
             group.cancel_scope.cancel()

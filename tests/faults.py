@@ -74,6 +74,21 @@ DOCUMENTED: tuple[type[BaseException], ...] = (
 )
 """What a run may raise (besides the caller's own cancellation and a tool's SystemExit)."""
 
+
+async def stray_cancellation() -> BaseException:
+    """A real cancellation exception of the running backend (asyncio or trio) from a
+    cancel scope that has already ended: raising it cancels nothing of the caller's."""
+    leaked: BaseException | None = None
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await anyio.sleep(1)
+        except anyio.get_cancelled_exc_class() as cancellation:
+            leaked = cancellation
+    assert leaked is not None
+    return leaked
+
+
 TOOLS = ("quick", "fail", "hang", "timed", "blocking", "cancel_self", "nested", "exit")
 
 
@@ -292,17 +307,8 @@ class ChaosAgent(Agent):
 
     @tool
     async def cancel_self(self) -> str:
-        """Let a cancellation of its own escape its cancel scope (a real one, under
-        asyncio and trio alike)."""
-        leaked: BaseException | None = None
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            try:
-                await anyio.sleep(1)
-            except anyio.get_cancelled_exc_class() as cancellation:
-                leaked = cancellation
-        assert leaked is not None
-        raise leaked
+        """Let a cancellation of its own escape its cancel scope."""
+        raise await stray_cancellation()
 
     @tool
     async def nested(self) -> str:

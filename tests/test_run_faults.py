@@ -21,7 +21,16 @@ import anyio
 import attrs
 import pytest
 
-from littleghost import Agent, Message, Role, ToolCall, after_model, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    ToolCall,
+    after_model,
+    after_tool,
+    before_tool,
+    tool,
+)
 from littleghost.errors import (
     DeadlineExceededError,
     SessionStoreError,
@@ -31,6 +40,8 @@ from littleghost.events import ModelCallFinished, ToolCallFinished
 from littleghost.models import ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .faults import stray_cancellation
 
 pytestmark = pytest.mark.anyio
 
@@ -323,6 +334,35 @@ class TestCancellationStaysCancellation:
         [answer] = [r for message in result.messages for r in message.tool_results]
         assert answer.is_error
         valid(result.messages)
+
+    @pytest.mark.parametrize("hook", ["before_tool", "after_tool"])
+    async def test_a_tool_hook_raising_a_cancellation_of_its_own_ends_the_run(
+        self, hook: str
+    ) -> None:
+        """As a stray cancellation from the model does: run() raises it, and the call
+        is answered in the log (the model is never asked again)."""
+
+        mark = {"before_tool": before_tool, "after_tool": after_tool}[hook]
+
+        class Leaky(Agent):
+            @tool
+            async def lookup(self) -> str:
+                """Look something up."""
+                return "found"
+
+            @mark
+            async def leak(self, payload: Any) -> None:
+                raise await stray_cancellation()
+
+        model = ScriptedModel([tool_call_response("lookup", {}, call_id="c1"), text_response("x")])
+        store = InMemorySessionStore()
+        with pytest.raises(anyio.get_cancelled_exc_class()):
+            await Leaky(model=model, session_store=store).run("Go.", session_id="s")
+        assert len(model.requests) == 1
+        stored = await store.load("s")
+        valid(stored)
+        [answer] = [r for message in stored for r in message.tool_results]
+        assert answer.call_id == "c1" and answer.is_error
 
     @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
     async def test_keyboard_interrupt_and_system_exit_propagate_as_themselves(
