@@ -10,6 +10,7 @@ left without a result gets an appended error result).
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +81,12 @@ class RunStream:
         async with send:
             try:
                 result = await run(self._agent, self._plan, sink=send.send, observe=observe)
-            except anyio.get_cancelled_exc_class():
-                raise
-            except BaseException as error:  # handed to the consumer, not to the task group
+            except BaseException as error:
+                stopped = anyio.current_effective_deadline() == -math.inf
+                if stopped and isinstance(error, anyio.get_cancelled_exc_class()):
+                    raise  # the consumer left or was cancelled: the task group's to catch
+                # Handed to the consumer, not to the task group (which would drop a stray
+                # cancellation, and wrap anything else in an exception group).
                 self._error = error
                 return
             self._result = result

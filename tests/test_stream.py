@@ -27,6 +27,7 @@ from littleghost.testing import ScriptedModel, streamed, text_response, tool_cal
 
 from .conftest import Spans
 from .conversations import PerMessage
+from .faults import stray_cancellation
 
 pytestmark = pytest.mark.anyio
 
@@ -205,6 +206,28 @@ class TestStates:
             async with agent.stream("go") as events:
                 async for _ in events:
                     pass
+        with pytest.raises(StreamStateError, match="failed"):
+            events.result  # noqa: B018
+
+    async def test_a_stray_cancellation_from_the_model_is_raised_as_run_raises_it(self) -> None:
+        """A cancellation exception of the model's own (nobody cancelled the run) comes
+        out of the async for, as run() raises it; the stream does not just end."""
+
+        class Leaky:
+            name, provider, context_window = "leaky", "test", None
+
+            async def respond(self, request: ModelRequest) -> ModelResponse:
+                raise await stray_cancellation()
+
+        cancelled = anyio.get_cancelled_exc_class()
+        with pytest.raises(cancelled):
+            await Agent(model=Leaky()).run("go")
+        received: list[Event] = []
+        with pytest.raises(cancelled):
+            async with Agent(model=Leaky()).stream("go") as events:
+                async for event in events:
+                    received.append(event)
+        assert received == []
         with pytest.raises(StreamStateError, match="failed"):
             events.result  # noqa: B018
 
