@@ -9,7 +9,7 @@ import logging
 import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
@@ -17,6 +17,7 @@ import anyio
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
+from littleghost.cleanup import log_unraised
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -430,8 +431,21 @@ class Agent:
     async def __aenter__(self) -> Agent:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """``aclose()``; when the block is leaving by an exception (a cancellation
+        included), a close failure is logged and that exception goes on."""
+        if error is None:
+            await self.aclose()
+            return
+        try:
+            await self.aclose()
+        except CleanupError as failure:  # the block's own exception is the one to raise
+            log_unraised("closing the agent's models", failure, error)
 
     async def aclose(self) -> None:
         """Close the models this agent created from model strings (shielded from

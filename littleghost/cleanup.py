@@ -30,7 +30,7 @@ from attrs import define, field
 
 from littleghost.errors import SessionStoreError
 
-__all__ = ["Grace", "fatal"]
+__all__ = ["Grace", "fatal", "log_unraised"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
@@ -235,3 +235,12 @@ async def holding(hold: AbstractAsyncContextManager[None], grace: Grace) -> Asyn
         yield
     finally:
         await grace.finish("releasing the session", hold.__aexit__(None, None, None))
+
+
+def log_unraised(what: str, failure: BaseException, outcome: BaseException) -> None:
+    """Log ``failure`` (of ``what``), which is not raised over ``outcome``: the exception
+    already going on (a cancellation, the caller's own error) stays what is raised. Types
+    only, no content."""
+    cause = failure.__cause__
+    kind = type(failure).__name__ + ("" if cause is None else f" from {type(cause).__name__}")
+    logger.warning("%s failed too (%s) while %s went on", what, kind, type(outcome).__name__)

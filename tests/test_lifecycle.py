@@ -12,7 +12,12 @@ import pytest
 
 from littleghost import Agent, Message, manage_context, tool
 from littleghost.context import Summarization
-from littleghost.errors import CleanupError, ConfigurationError, DeadlineExceededError
+from littleghost.errors import (
+    CleanupError,
+    ConfigurationError,
+    DeadlineExceededError,
+    OutputValidationError,
+)
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import text_response, tool_call_response
@@ -210,3 +215,61 @@ def test_run_sync_closes_its_model_within_the_runs_grace(
     with pytest.raises(DeadlineExceededError):
         agent.run_sync("Wait.", session_id="s", timeout=0.2)
     assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + 0.5
+
+
+class BadClose(LoopBound):
+    """A model whose client fails to close."""
+
+    provider = "badclose"
+
+    async def aclose(self) -> None:
+        raise OSError("connection reset while closing")
+
+
+register_provider("badclose", BadClose)
+
+
+class Closing(Agent):
+    model = "badclose:m"
+
+
+class TestAFailingClose:
+    async def test_is_raised_when_the_block_ends_normally(self) -> None:
+        """Leaving async with normally raises CleanupError, the model's error its cause."""
+        with pytest.raises(CleanupError) as caught:
+            async with Closing() as agent:
+                await agent.run("hi")
+        assert isinstance(caught.value.__cause__, OSError)
+
+    async def test_never_replaces_the_blocks_cancellation(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The caller's cancel scope still catches its cancellation; the failure is logged."""
+        with anyio.CancelScope() as scope:
+            async with Closing() as agent:
+                await agent.run("hi")
+                scope.cancel()
+                await anyio.sleep(1)
+        assert scope.cancelled_caught
+        assert "closing the agent's models failed too (CleanupError from OSError)" in caplog.text
+
+    async def test_never_replaces_the_blocks_own_error(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The block's own exception propagates as it is; the failure is logged."""
+        with pytest.raises(ValueError, match="mine") as caught:
+            async with Closing() as agent:
+                await agent.run("hi")
+                raise ValueError("mine")
+        assert caught.value.__context__ is None
+        assert "while ValueError went on" in caplog.text
+        assert "connection reset" not in caplog.text
+
+
+def test_run_sync_raises_the_runs_error_when_its_model_fails_to_close_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's own exception is raised; the close failure is logged."""
+    with pytest.raises(OutputValidationError):
+        Closing(max_turns=1).run_sync("hi", output_type=int)  # "hello" is no int
+    assert "closing the run's model failed too" in caplog.text

@@ -534,18 +534,6 @@ class InterruptingStore(InMemorySessionStore):
         await super().append(session_id, messages)
 
 
-async def stray_cancellation() -> BaseException:
-    """A real cancellation exception of the running backend, from a scope that has ended
-    (as a connection pool closing a connection may raise into its waiters)."""
-    with anyio.CancelScope() as scope:
-        scope.cancel()
-        try:
-            await anyio.sleep(1)
-        except anyio.get_cancelled_exc_class() as cancellation:
-            return cancellation
-    raise AssertionError("the scope was not cancelled")
-
-
 class LeakingStore(InMemorySessionStore):
     """A store whose ``leak``-th append raises a cancellation nobody asked for."""
 
