@@ -5,7 +5,10 @@ The run happens in a task of its own; events reach the consumer through an unbuf
 anyio memory stream, so spans open and close in the run's task and never across a
 ``yield``. Leaving the ``async with`` block early cancels that task: the model call in
 flight is cancelled, and the log keeps every completed message (a tool call the stop
-left without a result gets an appended error result).
+left without a result gets an appended error result). What the run raised that is not an
+``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
+dropped: leaving the block raises it, unless the block raises its own exception (it is
+then logged).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from littleghost.cleanup import log_unraised
 from littleghost.errors import LittleGhostError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
@@ -43,6 +47,7 @@ class RunStream:
         self._context: RunContext | None = None
         self._result: RunResult[Any] | None = None
         self._error: BaseException | None = None
+        self._raised = False
         self._group: TaskGroup | None = None
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
@@ -103,6 +108,7 @@ class RunStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             pass
         if self._error is not None:
+            self._raised = True
             raise self._error  # as run() would raise it, causes kept
         raise StopAsyncIteration
 
@@ -118,4 +124,11 @@ class RunStream:
         # The consumer's own exception is not handed to the task group, so it propagates
         # as it is, never wrapped in an exception group.
         await self._group.__aexit__(None, None, None)
+        unraised = None if self._raised else self._error
+        if unraised is None or isinstance(unraised, Exception):
+            return None  # leaving early drops the run's ordinary error
+        # KeyboardInterrupt, SystemExit or a stray cancellation: never dropped
+        if error is None:
+            raise unraised
+        log_unraised("the streamed run", unraised, error)
         return None

@@ -7,7 +7,17 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import Agent, Message, ReasoningPart, TextPart, ToolCall, manage_context, tool
+from littleghost import (
+    Agent,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    after_tool,
+    manage_context,
+    tool,
+)
 from littleghost.errors import DeadlineExceededError, ProtocolError, RateLimitError
 from littleghost.events import (
     CompactionFinished,
@@ -22,7 +32,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.stream import StreamStateError
+from littleghost.stream import RunStream, StreamStateError
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 from .conftest import Spans
@@ -60,6 +70,18 @@ async def collect(agent: Agent, *args: Any, **kwargs: Any) -> tuple[list[Event],
     async with agent.stream(*args, **kwargs) as events:
         received = [event async for event in events]
     return received, events
+
+
+async def until_failed(events: RunStream) -> None:
+    """Wait, doing other work in the block, until the stream's run has failed."""
+    with anyio.fail_after(5):
+        while True:
+            try:
+                events.result  # noqa: B018
+            except StreamStateError as error:
+                if "failed" in str(error):
+                    return
+            await anyio.sleep(0.01)
 
 
 class TestEvents:
@@ -305,6 +327,67 @@ class TestStopping:
                     break
         assert anyio.current_time() - start < 0.35
         assert [m.role.value for m in events.messages] == ["user"]
+
+    @pytest.mark.parametrize(
+        "kind",
+        [KeyboardInterrupt, SystemExit, None],
+        ids=["KeyboardInterrupt", "SystemExit", "stray cancellation"],
+    )
+    async def test_leaving_early_raises_what_the_run_raised_that_is_no_exception(
+        self, kind: type[BaseException] | None, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """KeyboardInterrupt, SystemExit or a stray cancellation that ended the run after
+        the consumer's break is raised as the block is left, as run() raises it; an
+        exception of the block's own goes on instead, and it is logged."""
+        expected = kind or anyio.get_cancelled_exc_class()
+
+        class Ending(Agent):
+            @tool
+            async def lookup(self) -> str:
+                """Look something up."""
+                return "found"
+
+            @after_tool
+            async def end(self, result: ToolResult) -> None:
+                raise kind() if kind is not None else await stray_cancellation()
+
+        def model() -> ScriptedModel:
+            return ScriptedModel([tool_call_response("lookup", {}), text_response("x")])
+
+        with pytest.raises(expected):
+            await Ending(model=model()).run("go")
+        with pytest.raises(expected):
+            async with Ending(model=model()).stream("go") as events:
+                async for event in events:
+                    if isinstance(event, ToolCallStarted):
+                        break
+                await until_failed(events)
+        [answer] = [r for m in events.messages for r in m.tool_results]
+        assert answer.is_error
+        with pytest.raises(KeyError, match="consumer"):
+            async with Ending(model=model()).stream("go") as events:
+                async for event in events:
+                    if isinstance(event, ToolCallStarted):
+                        break
+                await until_failed(events)
+                raise KeyError("consumer")
+        assert f"the streamed run failed too ({expected.__name__}) while KeyError" in caplog.text
+
+    async def test_what_the_run_raised_is_raised_once(self) -> None:
+        """A SystemExit the async for raised, and the consumer handled, is not raised
+        again as the block is left."""
+
+        class Exiting(Agent):
+            @tool
+            async def stop(self) -> str:
+                """Stop everything."""
+                raise SystemExit(3)
+
+        model = ScriptedModel([tool_call_response("stop", {}), text_response("x")])
+        async with Exiting(model=model).stream("go") as events:
+            with pytest.raises(SystemExit):
+                async for _ in events:
+                    pass
 
     async def test_deadline_during_a_stream(self) -> None:
         """The run's deadline applies; DeadlineExceededError comes out of the loop."""
