@@ -17,7 +17,7 @@ import anyio
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import log_unraised
+from littleghost.cleanup import close_leaving
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -439,13 +439,7 @@ class Agent:
     ) -> None:
         """``aclose()``; when the block is leaving by an exception (a cancellation
         included), a close failure is logged and that exception goes on."""
-        if error is None:
-            await self.aclose()
-            return
-        try:
-            await self.aclose()
-        except CleanupError as failure:  # the block's own exception is the one to raise
-            log_unraised("closing the agent's models", failure, error)
+        await close_leaving(self.aclose, "closing the agent's models", error)
 
     async def aclose(self) -> None:
         """Close the models this agent created from model strings (shielded from

@@ -30,7 +30,7 @@ from attrs import define, field
 
 from littleghost.errors import SessionStoreError
 
-__all__ = ["Grace", "fatal", "log_unraised"]
+__all__ = ["Grace", "close_leaving", "fatal", "log_unraised"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
@@ -244,3 +244,18 @@ def log_unraised(what: str, failure: BaseException, outcome: BaseException) -> N
     cause = failure.__cause__
     kind = type(failure).__name__ + ("" if cause is None else f" from {type(cause).__name__}")
     logger.warning("%s failed too (%s) while %s went on", what, kind, type(outcome).__name__)
+
+
+async def close_leaving(
+    close: Callable[[], Awaitable[object]], what: str, leaving: BaseException | None
+) -> None:
+    """Await ``close()`` at the end of an ``async with`` block; when the block is leaving
+    by ``leaving`` (an exception, a cancellation included), a failure to close is logged
+    (``log_unraised``) and ``leaving`` goes on."""
+    if leaving is None:
+        await close()
+        return
+    try:
+        await close()
+    except Exception as failure:
+        log_unraised(what, failure, leaving)

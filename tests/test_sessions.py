@@ -28,6 +28,8 @@ from littleghost.errors import (
 )
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import (
+    PostgresSessionStore,
+    SQLiteSessionStore,
     decode_message,
     encode_message,
     message_from_json,
@@ -641,3 +643,42 @@ class TestLocks:
         with anyio.fail_after(5):
             async with store.lock("s"):
                 pass
+
+
+@pytest.mark.parametrize("kind", [SQLiteSessionStore, PostgresSessionStore])
+class TestAFailingClose:
+    """``async with store``: a failure to close never replaces what the block raises."""
+
+    @staticmethod
+    def failing(kind: type[SQLiteSessionStore | PostgresSessionStore], tmp_path: Path) -> Any:
+        class Failing(kind):  # type: ignore[misc,valid-type]
+            async def aclose(self) -> None:
+                raise OSError("disk gone while closing")
+
+        where = str(tmp_path / "s.db") if kind is SQLiteSessionStore else "postgresql:///none"
+        return Failing(where)
+
+    async def test_is_raised_when_the_block_ends_normally(
+        self, kind: type[SQLiteSessionStore | PostgresSessionStore], tmp_path: Path
+    ) -> None:
+        with pytest.raises(OSError, match="disk gone"):
+            async with self.failing(kind, tmp_path):
+                pass
+
+    async def test_never_replaces_the_blocks_error_or_cancellation(
+        self,
+        kind: type[SQLiteSessionStore | PostgresSessionStore],
+        tmp_path: Path,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        with pytest.raises(ValueError, match="mine") as caught:
+            async with self.failing(kind, tmp_path):
+                raise ValueError("mine")
+        assert caught.value.__context__ is None
+        with anyio.CancelScope() as scope:
+            async with self.failing(kind, tmp_path):
+                scope.cancel()
+                await anyio.sleep(1)
+        assert scope.cancelled_caught
+        assert "store failed too (OSError) while ValueError went on" in caplog.text
+        assert "disk gone" not in caplog.text

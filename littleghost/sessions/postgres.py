@@ -26,10 +26,12 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -373,8 +375,15 @@ class PostgresSessionStore:
     async def __aenter__(self) -> PostgresSessionStore:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        """``aclose()``; when the block is leaving by an exception, a close failure is
+        logged and that exception goes on."""
+        await close_leaving(self.aclose, "closing the PostgreSQL store", error)
 
     async def aclose(self) -> None:
         """Close the idle connections (a later call opens new ones)."""

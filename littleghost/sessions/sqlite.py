@@ -11,10 +11,12 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timezone
+from types import TracebackType
 from typing import TypeVar
 
 import anyio
 
+from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -204,8 +206,15 @@ class SQLiteSessionStore:
     async def __aenter__(self) -> SQLiteSessionStore:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """``aclose()``; when the block is leaving by an exception, a close failure is
+        logged and that exception goes on."""
+        await close_leaving(self.aclose, "closing the SQLite store", error)
 
     async def aclose(self) -> None:
         """Close the database connection (a later call opens it again)."""
