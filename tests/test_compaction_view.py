@@ -9,7 +9,7 @@ import random
 import attrs
 import pytest
 
-from littleghost import Message, ToolCall
+from littleghost import Agent, Message, Role, ToolCall
 from littleghost.context import (
     CompactionStrategy,
     Pipeline,
@@ -290,6 +290,30 @@ async def test_compact_session_summarizes_with_the_strategys_model() -> None:
     (record,) = await compact_session(store, "s2", Summarization(model=model))
     view = build_view(await store.load("s2"))
     assert view[1] == record and record.is_summary and len(view) == 2 + 5
+
+
+async def test_a_record_covering_an_unfinished_call_stands_for_its_later_result() -> None:
+    """A session left with an open call and compacted between runs: the next run answers
+    the call in the log, and that result stays out of the view with its call."""
+    store = InMemorySessionStore()
+    log = conversation(3)
+    log.insert(2, Message.assistant(tool_calls=[ToolCall("open", "get_weather", {})]))
+    await store.append("s3", log)
+    records = await compact_session(store, "s3", ToolResultCompaction(keep_last_tool_call_groups=0))
+    (record,) = [r for r in records if "get_weather: no result" in r.text]
+
+    class Resumed(Agent):
+        session_store = store
+
+    model = ScriptedModel([text_response("ok")])
+    result = await Resumed(model=model).run("next", session_id="s3")
+    (repair,) = [
+        m for m in result.messages if m.role is Role.TOOL and m.tool_results[0].call_id == "open"
+    ]
+    sent = model.requests[0].messages
+    assert repair.tool_results[0].is_error and repair not in sent and record in sent
+    assert not orphan_results(sent) and not unanswered_calls(sent)
+    assert sent == build_view(result.messages[:-1])
 
 
 async def test_sizes_stay_exact_when_the_next_turn_reuses_the_index() -> None:
