@@ -230,7 +230,7 @@ class RunContext:
                     )
                 try:
                     response = await self._respond(model, request, streamed=main and self.streaming)
-                except anyio.get_cancelled_exc_class():
+                except BaseException:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
                     raise
                 if not isinstance(response, ModelResponse):

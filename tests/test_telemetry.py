@@ -182,6 +182,7 @@ async def test_a_failing_provider_call_is_an_error_span(spans: Spans) -> None:
     for span in (spans.one("chat"), spans.one("invoke_agent")):
         assert attributes(span)["error.type"] == "InvalidRequestError"
         assert span.status.status_code is StatusCode.ERROR
+    assert attributes(spans.one("chat"))["gen_ai.response.finish_reasons"] == ("error",)
     assert not [text for text in every_text(spans.all()) if SECRET in text]
 
 
@@ -199,6 +200,7 @@ async def test_each_retry_attempt_is_its_own_chat_span(spans: Spans) -> None:
     await Support(model=model).run("hi")
     failed, succeeded = spans.named("chat")
     assert attributes(failed)["error.type"] == "RateLimitError"
+    assert attributes(failed)["gen_ai.response.finish_reasons"] == ("error",)
     assert failed.status.status_code is StatusCode.ERROR
     assert succeeded.status.status_code is StatusCode.UNSET
     assert spans.one("invoke_agent").status.status_code is StatusCode.UNSET
