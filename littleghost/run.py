@@ -6,7 +6,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-import anyio
 from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
