@@ -1005,6 +1005,37 @@ class TestTelemetry:
             values += [str(v) for e in span.events for v in (e.attributes or {}).values()]
             assert not any("SECRET-SUMMARY" in v for v in values)
 
+    @pytest.mark.parametrize("stop", ["cancel", "deadline"])
+    async def test_a_compaction_cut_by_the_run_stopping_is_recorded(
+        self, spans: Spans, stop: str
+    ) -> None:
+        """A summary call cut by a cancellation or the run's deadline still leaves its
+        compaction event, outcome cancelled; the cancellation goes on."""
+        started = anyio.Event()
+
+        async def hang(request: ModelRequest) -> ModelResponse:
+            started.set()
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        agent = Small(model=ScriptedModel([hang]))
+        if stop == "deadline":
+            with pytest.raises(DeadlineExceededError):
+                await agent.run("go", history=chat(30), timeout=0.2)
+        else:
+            async with anyio.create_task_group() as group:
+
+                async def run() -> None:
+                    await agent.run("go", history=chat(30))
+
+                group.start_soon(run)
+                await started.wait()
+                group.cancel_scope.cancel()
+        (event,) = spans.compactions()
+        assert event["littleghost.compaction.outcome"] == "cancelled"
+        assert event["littleghost.compaction.reason"] == "threshold"
+        assert "error.type" not in event
+
     async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
         """A request that was not compacted carries no compacted attribute."""
         await Small(model=ScriptedModel([text_response("done")])).run("go")

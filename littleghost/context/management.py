@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import attrs
 from attrs import define, field, frozen
 from opentelemetry import trace
@@ -909,6 +910,15 @@ async def _attempt(
     outcome = _Outcome()
     try:
         yield outcome
+    except anyio.get_cancelled_exc_class():  # no stream event: nothing can be awaited now
+        _event(
+            reason,
+            "cancelled",
+            estimated,
+            window,
+            {telemetry.COMPACTION_FALLBACK: fallback or None},
+        )
+        raise
     except Exception as error:
         await finish("error", 0, None, telemetry.error_type(error), None)
         raise
