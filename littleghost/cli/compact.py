@@ -18,7 +18,7 @@ from littleghost.context.management import context_config, managed_records
 from littleghost.context.strategies import prepared
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view
-from littleghost.errors import ConfigurationError, UnknownSessionError
+from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.sessions.locks import hold_session
@@ -54,6 +54,8 @@ async def compact_document(
     Raises:
         ConfigurationError: The class has no ``@manage_context``.
         UnknownSessionError: The store has no such session.
+        CompactionError: The records would not make the view smaller (nothing is
+            appended).
     """
     config = context_config(agent)
     if config is None:
@@ -87,6 +89,13 @@ async def compact_document(
             records = await managed_records(
                 log, config, window=used.tokens, complete=prepared(model), settings=agent.settings
             )
+            figures = _view_figures(log, records, config.tokenizer)
+            if records and figures["tokens_after"] >= figures["tokens_before"]:
+                raise CompactionError(
+                    "the compaction would not make the view smaller (about "
+                    f"{figures['tokens_before']} -> {figures['tokens_after']} tokens); nothing "
+                    "was appended"
+                )
             advance(1, "appending")
             await store.append(session_id, records)
         advance(1, "done")
@@ -104,8 +113,6 @@ def _document(
     dry_run: bool,
 ) -> dict[str, Any]:
     where = {message.id: position for position, message in enumerate(log)}
-    estimates = Estimates(tokenizer)
-    before, after = build_view(log), build_view([*log, *records])
     return {
         "session": session_id,
         "agent": agent_spec(agent),
@@ -115,12 +122,21 @@ def _document(
             {"id": None if dry_run else record.id, **(describe_record(record, where) or {})}
             for record in records
         ],
-        "view": {
-            "messages_before": len(before),
-            "messages_after": len(after),
-            "tokens_before": estimates.total(before),
-            "tokens_after": estimates.total(after),
-        },
+        "view": _view_figures(log, records, tokenizer),
+    }
+
+
+def _view_figures(
+    log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer
+) -> dict[str, int]:
+    """The view's messages and estimated tokens before and after ``records``."""
+    estimates = Estimates(tokenizer)
+    before, after = build_view(log), build_view([*log, *records])
+    return {
+        "messages_before": len(before),
+        "messages_after": len(after),
+        "tokens_before": estimates.total(before),
+        "tokens_after": estimates.total(after),
     }
 
 
