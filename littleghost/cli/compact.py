@@ -11,7 +11,7 @@ from attrs import asdict
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import describe_record, positions
-from littleghost.cli.output import Output
+from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
 from littleghost.context.management import context_config, managed_records
@@ -142,7 +142,7 @@ def _view_figures(
 
 def print_compaction(output: Output, document: dict[str, Any]) -> None:
     """What was (or would be) appended, and what it does to the view."""
-    session, records = document["session"], document["records"]
+    session, records = shown(document["session"]), document["records"]
     window = document["window"]
     context = f"window {window['tokens']} tokens, {window['source']}"
     if not records:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,11 +16,28 @@ from typing import Any
 import click
 from attrs import frozen
 
-__all__ = ["SHORT_ID", "Output", "clock", "excerpt", "moment"]
+__all__ = ["SHORT_ID", "Output", "clock", "excerpt", "moment", "shown"]
 
 _ELLIPSIS = "…"
 SHORT_ID = 13
 """How much of a message id a terminal's table shows (JSON and piped text show all)."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print as one line: control characters (escape sequences, bells,
+    backspaces, line breaks, tabs) and bidirectional marks written as escapes (``\\x1b``,
+    ``\\n``, ``\\u202e``). Stored content and ids are untrusted; ``--json`` is exact."""
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        code = ord(char)
+        return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+    return _CONTROL.sub(escape, text)
 
 
 def excerpt(text: str, limit: int) -> str:
@@ -82,10 +100,12 @@ class Output:
         """Rows under their headers: on a terminal, aligned columns (the last one cut to
         the terminal's width, the ``narrow`` ones by index to their given length), each
         row in its ``styles`` entry (click styles); otherwise one tab-separated line per
-        row, headers first, nothing cut."""
+        row, headers first, nothing cut. Cells are ``shown``: one line each, no control
+        characters."""
+        rows = [[shown(cell) for cell in row] for row in rows]
         if not self.terminal:
             for row in (headers, *rows):
-                self.line("\t".join(cell.replace("\t", " ") for cell in row))
+                self.line("\t".join(row))
             return
         if narrow:
             rows = [

@@ -11,7 +11,7 @@ from attrs import asdict
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
-from littleghost.cli.output import SHORT_ID, Output, excerpt
+from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.management import ContextManagement, context_config, preview_request
@@ -136,7 +136,7 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
     """The view as a table (or plain lines), then its figures."""
     window = document["window"]
     who = document["agent"] or "an agent with the default @manage_context"
-    output.line(f"session {document['session']}, as {who} would send it next")
+    output.line(f"session {shown(document['session'])}, as {who} would send it next")
     output.line(f"window: {window['tokens']} tokens ({window['source']})")
     rows = []
     for entry in document["messages"]:
