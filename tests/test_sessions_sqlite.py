@@ -282,6 +282,20 @@ class TestBadFiles:
                 await store.load("bad")
             assert [message.text for message in await store.load("good")] == ["fine"]
 
+    @pytest.mark.parametrize("stored_at", ["'not a time'", "1e20", "-1e20"])
+    async def test_a_damaged_time_is_corrupt(self, tmp_path: Path, stored_at: str) -> None:
+        """A stored time that is no time fails as a damaged store, never a TypeError."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("bad", [Message.user("soon damaged")])
+            raw(path, f"UPDATE littleghost_messages SET stored_at = {stored_at}")
+            with pytest.raises(CorruptSessionStoreError, match="a stored time cannot be read"):
+                await store.load_stored("bad")
+            if stored_at != "-1e20":  # the newest time is the session's last activity
+                with pytest.raises(CorruptSessionStoreError, match="stored time"):
+                    await store.session_stats()
+            assert [m.text for m in await store.load("bad")] == ["soon damaged"]
+
 
 class Sleeper(Agent):
     instructions = "Wait when asked."

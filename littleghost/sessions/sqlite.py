@@ -123,6 +123,22 @@ class _Call:
         """When (``time.monotonic()``) the call stops waiting for the database."""
 
 
+def _stored_time(seconds: object) -> datetime | None:
+    """A stored ``stored_at`` (seconds since the epoch) as a UTC time.
+
+    Raises:
+        CorruptSessionStoreError: The value is not a time.
+    """
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, OSError):
+        raise CorruptSessionStoreError(
+            f"a stored time cannot be read: {type(seconds).__name__} {str(seconds)[:40]!r}"
+        ) from None
+
+
 class SQLiteSessionStore:
     """Sessions in an SQLite file, for one machine.
 
@@ -247,7 +263,7 @@ class SQLiteSessionStore:
         return tuple(
             StoredMessage(
                 message_from_json(body),
-                None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc),
+                _stored_time(seconds),
             )
             for body, seconds in rows
         )
@@ -318,7 +334,7 @@ class SQLiteSessionStore:
                 session_id,
                 messages,
                 summaries,
-                None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc),
+                _stored_time(seconds),
             )
             for session_id, messages, summaries, seconds in rows
         )
