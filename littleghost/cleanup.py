@@ -6,11 +6,13 @@ stopped run makes to answer its open tool calls, and releasing its session are
 ``Grace`` runs such work shielded from cancellation, but only until its stop time: the
 first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
 the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
-it. A run started inside another run's tool (an agent used as a tool) stops within the
-outer run's stop time when the cancellation comes from outside the outer run too, so
-graces never add up; a deadline inside the outer run (a tool's timeout, say) stops the
-nested run only. A run therefore ends no later than its deadline plus the grace, and a
-caller's cancel scope is honoured within the grace.
+it. A run started inside another run's tool (an agent used as a tool) and cancelled by a
+``cancel()`` tells the outer run when it will have stopped: if the outer run stops too
+before then (the cancellation came from outside it), it ends by that time as well, so
+graces never add up; if not (a ``cancel()`` inside the tool), the outer run goes on
+untouched. A deadline inside the outer run (a tool's timeout, say) stops the nested run
+only. A run therefore ends no later than its deadline plus the grace, and a caller's
+cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
 cancelled is recorded (``failures``), logged without content, and the cancellation goes
@@ -30,7 +32,7 @@ from attrs import define, field
 
 from littleghost.errors import SessionStoreError
 
-__all__ = ["Grace", "close_leaving", "fatal", "log_unraised"]
+__all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
@@ -57,6 +59,8 @@ class Grace:
     parent: Grace | None = field(factory=_CURRENT.get)
     """The grace of the run this run was started in (from a tool), if any."""
     _stop_by: float | None = None
+    _nested_stop_by: float = math.inf
+    """The earliest stop time of a run started in this one and cancelled from outside it."""
 
     @property
     def stopping(self) -> bool:
@@ -66,28 +70,39 @@ class Grace:
     def stop(self) -> float:
         """Mark the run as stopping (once); return the time cleanup must end by.
 
-        When the run is being cancelled from outside the run it was started in, that
-        run is stopping too, and this one ends within its stop time.
+        A run cancelled by a ``cancel()`` ends by the stop time of the run it was started
+        in, if that one is stopping, and tells it its own stop time: should it stop
+        before then, the same cancellation reached it, and it ends by then too.
         """
         if self._stop_by is None:
-            end = anyio.current_time() + self.seconds
+            now = anyio.current_time()
+            end = now + self.seconds
             if self.deadline is not None:
                 end = min(end, self.deadline + self.seconds)
-            if self.parent is not None and self._cancelled_from_outside():
-                end = min(end, self.parent.stop())
+            if self._nested_stop_by + self.seconds > now:  # not a stale one
+                end = min(end, self._nested_stop_by)
+            parent = self.parent
+            if parent is not None and self._cancelled_by_cancel():
+                if parent._stop_by is not None:
+                    end = min(end, parent._stop_by)
+                parent._nested_stop_by = min(parent._nested_stop_by, end)
             self._stop_by = end
         return self._stop_by
 
-    def _cancelled_from_outside(self) -> bool:
-        """True when the run is being cancelled by a ``cancel()``, taken to come from
-        outside the run it was started in (its caller's cancel scope).
+    def forget_nested_stops(self) -> None:
+        """A tool of this run went on after runs it started were cancelled: the
+        cancellations were its own, and this run is not stopping."""
+        self._nested_stop_by = math.inf
+
+    def _cancelled_by_cancel(self) -> bool:
+        """True when the run is being cancelled by a ``cancel()``, from inside the outer
+        run's tool or from outside the outer run (anyio cannot tell which).
 
         Not when a deadline passed: every deadline over the run, the outer run's and a
         tool's timeout inside it alike, is in ``deadline``, so the run already stops by
         the outer run's stop time, and a tool's timeout stops the tool, not the outer run.
         """
-        cancelled = anyio.current_effective_deadline() == -math.inf
-        return cancelled and (self.deadline is None or anyio.current_time() < self.deadline)
+        return cancelled_here() and (self.deadline is None or anyio.current_time() < self.deadline)
 
     def _limit(self) -> float:
         if self._stop_by is not None:
@@ -196,6 +211,12 @@ class Grace:
         logger.warning(
             "cleanup: %s could not be done while the run stopped (%s)", what, type(error).__name__
         )
+
+
+def cancelled_here() -> bool:
+    """True when the current task is being cancelled (a cancel scope around it was
+    cancelled or its deadline passed), so a cancellation exception it sees is no stray."""
+    return anyio.current_effective_deadline() == -math.inf
 
 
 def fatal(error: BaseException | None) -> BaseException | None:

@@ -25,7 +25,7 @@ import attrs
 from attrs import frozen
 
 from littleghost import telemetry
-from littleghost.cleanup import Grace, fatal, holding
+from littleghost.cleanup import Grace, cancelled_here, fatal, holding
 from littleghost.context.view import interrupted_results, misplaced_results, orphan_results
 from littleghost.errors import (
     CleanupError,
@@ -444,7 +444,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             answers[index] = Message(Role.TOOL, (await _run_tool(agent, call, context),))
             await store_ready()
         except anyio.get_cancelled_exc_class() as error:
-            if anyio.current_effective_deadline() == -math.inf:
+            if cancelled_here():
                 raise  # the run is stopping, or another call failed
             failures.append(error)  # a stray one (from a hook, say): it ends the run
             group.cancel_scope.cancel()
@@ -522,7 +522,7 @@ async def _execute(
         try:
             text = await invoke(function, kwargs, definition.name)
         except anyio.get_cancelled_exc_class():
-            if anyio.current_effective_deadline() == -math.inf:
+            if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed
             return _failed(agent, call, span, "cancelled", "it raised a cancellation exception")
         except (KeyboardInterrupt, SystemExit):
@@ -535,7 +535,9 @@ async def _execute(
             ending = fatal(error)
             if ending is not None:
                 raise ending from None
+            context.grace.forget_nested_stops()
             return _failed(agent, call, span, error, f"{type(error).__name__}: {error}")
+        context.grace.forget_nested_stops()  # runs it started and cancelled were its own
         return ToolResult(call.id, _stored_result(agent, text))
     assert timer.cancelled_caught and limit is not None
     return _failed(

@@ -13,7 +13,6 @@ then logged).
 
 from __future__ import annotations
 
-import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from littleghost.cleanup import log_unraised
+from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import LittleGhostError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
@@ -87,7 +86,7 @@ class RunStream:
             try:
                 result = await run(self._agent, self._plan, sink=send.send, observe=observe)
             except BaseException as error:
-                stopped = anyio.current_effective_deadline() == -math.inf
+                stopped = cancelled_here()
                 if stopped and isinstance(error, anyio.get_cancelled_exc_class()):
                     raise  # the consumer left or was cancelled: the task group's to catch
                 # Handed to the consumer, not to the task group (which would drop a stray
