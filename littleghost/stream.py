@@ -7,8 +7,9 @@ anyio memory stream, so spans open and close in the run's task and never across 
 flight is cancelled, and the log keeps every completed message (a tool call the stop
 left without a result gets an appended error result). What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
-dropped: leaving the block raises it, unless the block raises its own exception (it is
-then logged).
+dropped: leaving the block raises it; when the block raises its own exception,
+``KeyboardInterrupt`` and ``SystemExit`` still win (the block's exception is their cause),
+and a stray cancellation is logged.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ class RunStream:
         unraised = None if self._raised else self._error
         if unraised is None or isinstance(unraised, Exception):
             return None  # leaving early drops the run's ordinary error
-        # KeyboardInterrupt, SystemExit or a stray cancellation: never dropped
-        if error is None:
-            raise unraised
+        # KeyboardInterrupt, SystemExit or a stray cancellation: never dropped, and the
+        # first two win over the block's own exception (which becomes their context)
+        if error is None or isinstance(unraised, (KeyboardInterrupt, SystemExit)):
+            raise unraised from error
         log_unraised("the streamed run", unraised, error)
         return None
