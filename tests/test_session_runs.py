@@ -178,19 +178,21 @@ class TestRepair:
         assert result.messages[:3] == stored
         assert texts(model.requests[0].messages) == ["Help.", "hi", "hello", "again"]
 
-    async def test_a_stored_log_with_a_repeated_id_is_rejected_and_nothing_written(
-        self, store: SessionStore
+    async def test_a_stored_repeated_id_is_read_as_a_distinct_one(
+        self, store: SessionStore, caplog: pytest.LogCaptureFixture
     ) -> None:
+        """Earlier versions stored a response a model handed back twice under one id: such
+        a session goes on, the later copy read under an id of its own (the same at every
+        load), so a record covering the first never hides the second."""
         stored = (Message.user("hi", id="same"), Message.assistant("hello", id="same"))
         await store.append("s", stored)
-        model = ScriptedModel([text_response("never")])
-        with pytest.raises(
-            ConfigurationError,
-            match=r"message 0 of session 's' and message 1 of session 's' .* 'same'",
-        ):
-            await Helper(model=model, session_store=store).run("again", session_id="s")
-        assert model.requests == []
-        assert await store.load("s") == stored
+        for answer in ("ok", "again"):
+            model = ScriptedModel([text_response(answer)])
+            result = await Helper(model=model, session_store=store).run("more", session_id="s")
+            assert texts(model.requests[0].messages)[1:3] == ["hi", "hello"]
+            assert [m.id for m in result.messages[:2]] == ["same", "same~1"]
+        assert (await store.load("s"))[:2] == stored
+        assert "session 's' holds 1 message(s) whose id an earlier message has" in caplog.text
 
 
 class TestStreaming:
