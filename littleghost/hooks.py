@@ -111,10 +111,22 @@ def check_signature(
 def check_method_signature(
     cls: type, name: str, what: str, arguments: str, *, context: bool = False
 ) -> None:
-    """Check that ``cls``'s attribute ``name``, called on an instance, takes ``arguments``
-    (a comma-separated list) and, when ``context``, the keyword ``context``."""
+    """Check that ``cls``'s attribute ``name``, as an instance gets it, takes ``arguments``
+    (a comma-separated list) and, when ``context``, the keyword ``context``.
+
+    Only what can be read without running a ``__get__`` is checked: a function (``self``
+    counted), a staticmethod or classmethod, or a callable object without ``__get__``
+    (called as it is). What any other descriptor (a ``partialmethod``, an ``lru_cache``
+    wrapper, a class-based decorator) gives is up to its ``__get__``; its call will tell."""
+    static = inspect.getattr_static(cls, name)
+    takes_self = inspect.isfunction(static)  # bound on access
+    if not (
+        takes_self
+        or isinstance(static, (staticmethod, classmethod))
+        or not hasattr(type(static), "__get__")
+    ):
+        return
     function = getattr(cls, name)
-    takes_self = inspect.isfunction(inspect.getattr_static(cls, name))  # bound on access
     expected = f"({'self, ' if takes_self else ''}{arguments})" + (
         " and the keyword context=" if context else ""
     )

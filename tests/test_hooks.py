@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -401,6 +402,76 @@ async def test_every_valid_hook_signature_is_taken() -> None:
 
     agent = Flexible(model=ScriptedModel([text_response("ok")]))
     assert (await agent.run("hi")).output == "ok"
+
+
+class traced:
+    """A class-based method decorator: binds through ``__get__``, like a function."""
+
+    def __init__(self, function: Any) -> None:
+        functools.update_wrapper(self, function)
+        self.function = function
+
+    def __get__(self, agent: object, owner: type | None = None) -> Any:
+        return self if agent is None else functools.partial(self.function, agent)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+
+def note(agent: Recorder, label: str, request: ModelRequest) -> None:
+    agent.order.append(label)
+
+
+async def test_hooks_bound_by_a_descriptor_are_taken_and_run() -> None:
+    """A class-based decorator, a partialmethod override and an lru_cache wrapper bind to
+    the agent as a method does: each is accepted at class definition and runs."""
+
+    class Wrapped(Ancestor):
+        @before_model
+        @traced
+        def decorated(self, request: ModelRequest) -> None:
+            self.order.append("decorated")
+
+        first = functools.partialmethod(note, "partialmethod")
+
+        @tool
+        def ping(self) -> str:
+            """Answer pong."""
+            return "pong"
+
+        @after_tool
+        @functools.lru_cache  # noqa: B019 - a result is hashable
+        def cached(self, result: ToolResult) -> None:
+            self.order.append(f"cached {result.content}")
+
+    model = ScriptedModel([tool_call_response("ping", {}), text_response("ok")])
+    agent = Wrapped(model=model)
+    await agent.run("hi")
+    assert agent.order == [
+        "partialmethod",
+        "ancestor.second",
+        "decorated",
+        "cached pong",
+        "partialmethod",
+        "ancestor.second",
+        "decorated",
+    ]
+
+
+class Unbound:
+    """A callable object without ``__get__``: an agent calls it as it is, without self."""
+
+    def __call__(self) -> None:
+        pass
+
+
+def test_a_callable_object_hook_is_checked_as_it_is_called() -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"Bad\.counted, a @before_model hook, must "
+        r"accept \(request\); its signature \(\)",
+    ):
+        type("Bad", (Agent,), {"counted": before_model(Unbound())})
 
 
 def test_instructions_that_cannot_take_the_run_context_fail_at_definition() -> None:
