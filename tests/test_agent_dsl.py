@@ -598,7 +598,7 @@ def test_instances_of_those_classes_are_taken() -> None:
         (" openai:gpt-4o-mini", "it has spaces"),
         ("openai: gpt-4o-mini", "it has spaces"),
         (":gpt-4o-mini", "a part is empty"),
-        ("open ai:gpt-4o-mini", "a provider is letters"),
+        ("openai:", "a part is empty"),
     ],
 )
 def test_a_malformed_model_string_fails_at_class_definition(spec: str, problem: str) -> None:
@@ -618,3 +618,19 @@ def test_a_well_formed_model_string_is_resolved_when_needed() -> None:
     register_provider("later-provider", lambda name: ScriptedModel([text_response(str(name))]))
     assert Later().run_sync("hi").output == "tiny"
     assert Agent(model="LATER-PROVIDER").run_sync("hi").output == "None"
+
+
+@pytest.mark.parametrize("name", ["azure/openai", "my provider", "_fake", "Ünï.cödé"])
+def test_a_provider_name_is_any_str_without_a_colon(name: str) -> None:
+    """Registered under any such name, in any case, a provider resolves through strings."""
+    register_provider(name, lambda model: ScriptedModel([text_response(f"{model}")]))
+    assert Agent(model=f"{name.upper()}:tiny").run_sync("hi").output == "tiny"
+    assert Agent(model=name).run_sync("hi").output == "None"
+
+
+@pytest.mark.parametrize("name", ["", "a:b", None])
+def test_a_provider_name_that_no_string_can_carry_is_rejected(name: Any) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"register_provider: name must be a non-empty str without ':'"
+    ):
+        register_provider(name, lambda model: ScriptedModel([]))

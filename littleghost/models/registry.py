@@ -1,12 +1,11 @@
 """Model strings: ``"provider:model"`` resolved through a registry users can extend.
 
-Provider names are letters, digits, ``_``, ``.`` and ``-``, in any case
-(``"OpenAI:gpt-4o"`` is ``"openai:gpt-4o"``)."""
+A provider name is any non-empty str without ``:``, in any case (``"OpenAI:gpt-4o"`` is
+``"openai:gpt-4o"``)."""
 
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
 
 from littleghost.errors import ConfigurationError
@@ -23,21 +22,19 @@ _BUILTIN = {
     "local": "littleghost.models.local:from_model_string",
 }
 _registry: dict[str, ModelFactory] = {}
-_PROVIDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def register_provider(name: str, factory: ModelFactory) -> None:
     """Make ``"name:model"`` strings resolve through ``factory``.
 
     Args:
-        name: The provider prefix (letters, digits, ``_``, ``.``, ``-``; case does not
-            matter); registering an existing name replaces it.
+        name: The provider prefix: a non-empty str without ``:`` (case does not matter);
+            registering an existing name replaces it.
         factory: Called with the model part of the string (``None`` for a bare ``name``).
     """
-    if not isinstance(name, str) or not _PROVIDER.fullmatch(name):
+    if not isinstance(name, str) or not name or ":" in name:
         raise ConfigurationError(
-            "register_provider: name must be a non-empty str of letters, digits, '_', '.' "
-            f"and '-', not {name!r}"
+            f"register_provider: name must be a non-empty str without ':', not {name!r}"
         )
     if not callable(factory):
         raise ConfigurationError(f"register_provider: factory for {name!r} must be callable")
@@ -46,8 +43,8 @@ def register_provider(name: str, factory: ModelFactory) -> None:
 
 def split_model_string(spec: str) -> tuple[str, str | None]:
     """Split ``"provider:model"`` into the provider, in lower case, and the model; a bare
-    provider known now (``"local"``) has no model part. The provider itself may be
-    registered later: ``resolve`` looks it up.
+    provider known now (``"local"``) has no model part. The provider of a string with a
+    model part may be registered later: ``resolve`` looks it up.
 
     Raises:
         ConfigurationError: ``spec`` is not of that form, saying why.
@@ -61,8 +58,6 @@ def split_model_string(spec: str) -> tuple[str, str | None]:
     elif not sep and provider.lower() not in _registry.keys() | _BUILTIN.keys():
         slash = f" (did you mean {spec.replace('/', ':', 1)!r}?)" if "/" in spec else ""
         problem = f"it names no provider{slash}"
-    elif not _PROVIDER.fullmatch(provider):
-        problem = "a provider is letters, digits, '_', '.' and '-'"
     if problem is not None:
         raise ConfigurationError(
             f"model: {spec!r} is not of the form 'provider:model' (for example "
