@@ -215,10 +215,10 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
     return definitions
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _named_keywords(method: F) -> F:
+def _named_keywords(method: _F) -> _F:
     """``method``, raising a ``TypeError`` that names it, an unexpected keyword and the
     keywords it takes (Python's own names no alternatives)."""
     accepted = list(inspect.signature(method).parameters)[1:]  # after self
@@ -237,13 +237,13 @@ def _named_keywords(method: F) -> F:
             check(self, options)
             return await method(self, *args, **options)
 
-        return cast(F, functools.wraps(method)(checked_async))
+        return cast(_F, functools.wraps(method)(checked_async))
 
     def checked(self: object, *args: Any, **options: Any) -> Any:
         check(self, options)
         return method(self, *args, **options)
 
-    return cast(F, functools.wraps(method)(checked))
+    return cast(_F, functools.wraps(method)(checked))
 
 
 class Agent:
