@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -17,7 +16,7 @@ import anyio
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving
+from littleghost.cleanup import close_leaving, log_unraised
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -49,8 +48,6 @@ from littleghost.tools import (
 )
 
 __all__ = ["Agent"]
-
-logger = logging.getLogger("littleghost.cleanup")
 
 Instructions = str | Callable[[RunContext], Any] | None
 
@@ -498,11 +495,11 @@ class Agent:
 
             try:
                 result = await runner.run(self, plan, model=model, observe=runs.append)
-            except BaseException:
+            except BaseException as error:
                 try:
                     await close()
                 except CleanupError as failure:  # the run's own error is the one to raise
-                    logger.warning("closing the run's model failed too (%s)", failure)
+                    log_unraised("closing the run's model", failure, error)
                 raise
             await close()
             return result
