@@ -317,8 +317,8 @@ def fit_request(
 
     Memories and excerpts a request already carries (from an earlier pass) are rebuilt,
     not repeated. Summaries are kept newest first while they fit (each cut to
-    ``summary_tokens`` and to the room left, never dropped for older turns). ``index`` (the run's) keeps the cut copies and
-    estimates for the next turn.
+    ``summary_tokens`` and to the room left, never dropped for older turns). ``index``
+    (the run's) keeps the cut copies and estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
