@@ -530,11 +530,16 @@ class Agent:
 
         Args:
             input: The user's message.
-            history: Earlier messages of the conversation. A tool call in it without a
-                result gets an appended error result saying the run was interrupted; a
-                result whose call is missing is a ``ConfigurationError``. With ``session_id``, they seed
-                a new session; for a session that already has messages they are ignored
-                (the stored log wins) and a ``UserWarning`` says so.
+            history: Earlier messages of the conversation, checked before any model
+                call: a ``ConfigurationError`` names a message id used twice (or by the
+                input), a tool message without a result, and a result that answers no
+                open call of the assistant message its tool message answers (an orphan
+                result, one before its call, a second answer, or one sharing a tool
+                message with results for another assistant message's calls). A tool call
+                without a result gets an appended error result saying the run was
+                interrupted. With ``session_id``, they seed a new session; for a session
+                that already has messages they are ignored (the stored log wins) and a
+                ``UserWarning`` says so.
             settings: Model settings for this run, over the agent's.
             session_id: The conversation to continue from ``session_store``: the run holds
                 the session until it ends (another run of it waits, within its own
