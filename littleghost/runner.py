@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import logging
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,7 +53,7 @@ from littleghost.output import (
     plan_output,
 )
 from littleghost.run import EventSink, RunContext, RunResult
-from littleghost.sessions.base import check_session_id
+from littleghost.sessions.base import check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import truncate_middle
@@ -65,8 +64,6 @@ if TYPE_CHECKING:
     from littleghost.agent import Agent
 
 __all__ = ["RunPlan", "check_response_format", "instructions_message", "plan_run", "run"]
-
-logger = logging.getLogger("littleghost.sessions")
 
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
 MAX_RECOVERIES = 3
@@ -233,11 +230,11 @@ async def _open_session(
     from the class each run), so they are left out of the run too. A stored log with a
     result the view would show under another call is rejected; a tool message that
     answers no call is left out of the view, as ever; a repeated id is read as a
-    distinct one (``_distinct_ids``).
+    distinct one (``distinct_ids``).
     """
     assert context.session_id is not None
     where = f"session {context.session_id!r}"
-    stored = _distinct_ids(await agent.session_store.load(context.session_id), where)
+    stored = distinct_ids(await agent.session_store.load(context.session_id), where)
     if stored:
 
         def at(position: int) -> str:
@@ -621,31 +618,6 @@ def _history(value: object) -> list[Message]:
     _check_ids(log, at)
     _check_results(misplaced_results(log), at)
     return log
-
-
-def _distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
-    """``stored`` with each message whose id an earlier one has read under
-    ``<id>~<position>`` (the same at every load), so a record hides only what it covers.
-    Earlier littleghost versions stored a response a model handed back twice under one
-    id; the store itself is left as it is."""
-    seen: set[str] = set()
-    repeated: list[int] = []
-    for position, message in enumerate(stored):
-        if message.id in seen:
-            repeated.append(position)
-        seen.add(message.id)
-    if not repeated:
-        return stored
-    logger.warning(
-        "%s holds %d message(s) whose id an earlier message has; they are read under "
-        "distinct ids (<id>~<position>)",
-        where,
-        len(repeated),
-    )
-    fixed = list(stored)
-    for position in repeated:
-        fixed[position] = attrs.evolve(fixed[position], id=f"{fixed[position].id}~{position}")
-    return fixed
 
 
 def _check_ids(log: Sequence[Message], at: Callable[[int], str]) -> None:

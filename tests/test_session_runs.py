@@ -16,6 +16,8 @@ import anyio
 import pytest
 
 from littleghost import Agent, Message, Role, ToolCall, ToolResult, manage_context, tool
+from littleghost.context import Truncation, compact_session
+from littleghost.context.records import COMPACTION_COVERS_KEY
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.errors import (
     ConfigurationError,
@@ -193,6 +195,26 @@ class TestRepair:
             assert [m.id for m in result.messages[:2]] == ["same", "same~1"]
         assert (await store.load("s"))[:2] == stored
         assert "session 's' holds 1 message(s) whose id an earlier message has" in caplog.text
+
+    async def test_a_compaction_between_runs_reads_repeated_ids_as_runs_do(
+        self, store: SessionStore
+    ) -> None:
+        """compact_session covers the copies a run sees: a record covering the second of
+        two messages with one id hides it in the next run too."""
+        stored = (
+            Message.user("a"),
+            Message.assistant("b", id="dup"),
+            Message.user("c"),
+            Message.assistant("d", id="dup"),
+            Message.user("e"),
+            Message.assistant("f"),
+        )
+        await store.append("s", stored)
+        (record,) = await compact_session(store, "s", Truncation(minimum_preserved=2))
+        assert record.metadata[COMPACTION_COVERS_KEY][-1] == "dup~3"
+        model = ScriptedModel([text_response("ok")])
+        await Helper(model=model, session_store=store).run("g", session_id="s")
+        assert texts(model.requests[0].messages) == ["Help.", "e", "f", "g"]
 
 
 class TestStreaming:

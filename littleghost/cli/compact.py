@@ -21,6 +21,7 @@ from littleghost.context.view import build_view
 from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.sessions.base import distinct_ids
 from littleghost.sessions.locks import hold_session
 
 __all__ = ["DRY_RUN_SUMMARY", "compact_document", "print_compaction"]
@@ -63,7 +64,8 @@ async def compact_document(
     advance(0, "reading the session")
     # read-only first: an unknown session fails before the model starts or the store is
     # opened for writing
-    log = [entry.message for entry in await address.log(session_id)]
+    where = f"session {session_id!r}"
+    log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
     if dry_run:
         advance(1, "choosing what to cover")
         used = window_of(agent, window)
@@ -81,7 +83,7 @@ async def compact_document(
         used = window_of(agent, window, model)
         advance(1, "summarizing")
         async with address.open(read_only=False) as store, hold_session(store, session_id):
-            log = list(await store.load(session_id))  # as it is now that the session is held
+            log = distinct_ids(await store.load(session_id), where)  # now that it is held
             if not log:
                 raise UnknownSessionError(
                     f"no session {session_id!r} in {address}", session_id=session_id

@@ -23,6 +23,7 @@ from littleghost.models.registry import split_model_string
 from littleghost.output import OutputPlan, OutputType, plan_output
 from littleghost.runner import instructions_message
 from littleghost.sessions import StoredMessage, encode_message
+from littleghost.sessions.base import distinct_ids
 
 __all__ = ["print_view", "view_document"]
 
@@ -46,7 +47,7 @@ def view_document(
     class's own hooks): the instructions, the view of the log (with the results a run
     adds for calls left open, and ``next_message``), clipped and bounded by
     ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone."""
-    logged = [entry.message for entry in log]
+    logged = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
     repairs = interrupted_results(logged)
     pending = [*logged, *repairs]
     if next_message is not None:

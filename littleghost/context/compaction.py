@@ -21,7 +21,7 @@ from littleghost.context.strategies import (
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message
-from littleghost.sessions.base import SessionStore
+from littleghost.sessions.base import SessionStore, distinct_ids
 from littleghost.sessions.locks import hold_session
 
 __all__ = ["apply_compaction", "compact_session", "compaction_records", "compaction_state"]
@@ -122,7 +122,7 @@ async def compact_session(
         SessionBusyError: Called from inside a run of the same session.
     """
     async with hold_session(store, session_id):
-        log = await store.load(session_id)
+        log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
         records, _ = await _run(log, strategy, tokenizer, None, settings)
         if records:
             await store.append(session_id, records)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+import attrs
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
@@ -21,7 +23,10 @@ __all__ = [
     "StoredMessage",
     "check_schema",
     "check_session_id",
+    "distinct_ids",
 ]
+
+logger = logging.getLogger("littleghost.sessions")
 
 STORE_FORMAT = "littleghost.sessions"
 """The ``format`` row of a store's meta table: marks the tables as a littleghost store."""
@@ -161,3 +166,28 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
         )
     if int(version) < 1:
         raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")
+
+
+def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
+    """A stored log (of ``where``) as runs and compactions read it: each message whose id
+    an earlier one has under ``<id>~<position>`` (the same at every load), so a record
+    hides only what it covers. Earlier littleghost versions stored a response a model
+    handed back twice under one id; the store itself is left as it is."""
+    seen: set[str] = set()
+    repeated: list[int] = []
+    for position, message in enumerate(stored):
+        if message.id in seen:
+            repeated.append(position)
+        seen.add(message.id)
+    if not repeated:
+        return stored
+    logger.warning(
+        "%s holds %d message(s) whose id an earlier message has; they are read under "
+        "distinct ids (<id>~<position>)",
+        where,
+        len(repeated),
+    )
+    fixed = list(stored)
+    for position in repeated:
+        fixed[position] = attrs.evolve(fixed[position], id=f"{fixed[position].id}~{position}")
+    return fixed
