@@ -7,11 +7,11 @@ stopped run makes to answer its open tool calls, and releasing its session are
 first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
 the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
 it. A run started inside another run's tool (an agent used as a tool) and cancelled by a
-``cancel()`` tells the outer run when it will have stopped: if the outer run stops too
-before then (the cancellation came from outside it), it ends by that time as well, so
-graces never add up; if not (a ``cancel()`` inside the tool), the outer run goes on
-untouched. A deadline inside the outer run (a tool's timeout, say) stops the nested run
-only. A run therefore ends no later than its deadline plus the grace, and a caller's
+``cancel()`` leaves its stop time for that tool: if the outer run is being cancelled as
+the tool ends (the cancellation came from outside it), the outer run ends by that time as
+well, so graces never add up; if not (a ``cancel()`` inside the tool), the outer run
+goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
+nested run only. A run therefore ends no later than its deadline plus the grace, and a caller's
 cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 
 import anyio
@@ -37,6 +37,8 @@ __all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised"]
 logger = logging.getLogger("littleghost.cleanup")
 
 _CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=None)
+_HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops", default=None)
+"""While a tool runs: the stop times of the runs it started that a ``cancel()`` stopped."""
 
 
 @define(eq=False)
@@ -59,8 +61,12 @@ class Grace:
     parent: Grace | None = field(factory=_CURRENT.get)
     """The grace of the run this run was started in (from a tool), if any."""
     _stop_by: float | None = None
+    _host_stops: list[float] | None = field(factory=_HOSTED.get)
+    """Where this run, started from a tool and stopped by a ``cancel()``, leaves its stop
+    time for the run of that tool (``hosting``)."""
     _nested_stop_by: float = math.inf
-    """The earliest stop time of a run started in this one and cancelled from outside it."""
+    """The earliest stop time of runs started by a tool of this run that a ``cancel()``
+    from outside this run stopped."""
 
     @property
     def stopping(self) -> bool:
@@ -70,33 +76,42 @@ class Grace:
     def stop(self) -> float:
         """Mark the run as stopping (once); return the time cleanup must end by.
 
-        A run cancelled by a ``cancel()`` ends by the stop time of the run it was started
-        in, if that one is stopping, and tells it its own stop time: should it stop
-        before then, the same cancellation reached it, and it ends by then too.
+        Not past the stop time of the runs its tools started that the same cancellation
+        stopped first (``hosting``). A run stopped by a ``cancel()`` ends by the stop
+        time of the run it was started in, if that one is stopping, and leaves its own
+        for that run's tool.
         """
         if self._stop_by is None:
-            now = anyio.current_time()
-            end = now + self.seconds
+            end = min(anyio.current_time() + self.seconds, self._nested_stop_by)
             if self.deadline is not None:
                 end = min(end, self.deadline + self.seconds)
-            if self._nested_stop_by + self.seconds > now:  # not a stale one
-                end = min(end, self._nested_stop_by)
-            parent = self.parent
-            if parent is not None and self._cancelled_by_cancel():
-                if parent._stop_by is not None:
-                    end = min(end, parent._stop_by)
-                parent._nested_stop_by = min(parent._nested_stop_by, end)
+            if self._cancelled_by_cancel():
+                if self.parent is not None and self.parent._stop_by is not None:
+                    end = min(end, self.parent._stop_by)
+                if self._host_stops is not None:
+                    self._host_stops.append(end)
             self._stop_by = end
         return self._stop_by
 
-    def forget_nested_stops(self) -> None:
-        """A tool of this run went on after runs it started were cancelled: the
-        cancellations were its own, and this run is not stopping."""
-        self._nested_stop_by = math.inf
+    @contextmanager
+    def hosting(self) -> Iterator[None]:
+        """Around one of this run's tools: when the tool ends while this run is being
+        cancelled, the runs it started and that the same ``cancel()`` stopped first set
+        this run's stop time (graces never add up); when this run goes on, their stops
+        were the tool's own business."""
+        stops: list[float] = []
+        token = _HOSTED.set(stops)
+        try:
+            yield
+        finally:
+            _HOSTED.reset(token)
+            if stops and cancelled_here():
+                self._nested_stop_by = min(self._nested_stop_by, *stops)
 
     def _cancelled_by_cancel(self) -> bool:
         """True when the run is being cancelled by a ``cancel()``, from inside the outer
-        run's tool or from outside the outer run (anyio cannot tell which).
+        run's tool or from outside the outer run (anyio cannot tell which; ``hosting``
+        tells, once the tool ends).
 
         Not when a deadline passed: every deadline over the run, the outer run's and a
         tool's timeout inside it alike, is in ``deadline``, so the run already stops by

@@ -516,9 +516,12 @@ async def _execute(
     if definition.context_parameter is not None:
         kwargs[definition.context_parameter] = context
     limit = definition.timeout
-    with anyio.CancelScope(
-        deadline=math.inf if limit is None else anyio.current_time() + limit
-    ) as timer:
+    with (
+        context.grace.hosting(),  # outermost: a tool's timeout is over when it looks
+        anyio.CancelScope(
+            deadline=math.inf if limit is None else anyio.current_time() + limit
+        ) as timer,
+    ):
         try:
             text = await invoke(function, kwargs, definition.name)
         except anyio.get_cancelled_exc_class():
@@ -535,9 +538,7 @@ async def _execute(
             ending = fatal(error)
             if ending is not None:
                 raise ending from None
-            context.grace.forget_nested_stops()
             return _failed(agent, call, span, error, f"{type(error).__name__}: {error}")
-        context.grace.forget_nested_stops()  # runs it started and cancelled were its own
         return ToolResult(call.id, _stored_result(agent, text))
     assert timer.cancelled_caught and limit is not None
     return _failed(

@@ -27,6 +27,7 @@ from littleghost import (
     Message,
     Role,
     ToolCall,
+    ToolResult,
     after_model,
     after_tool,
     before_tool,
@@ -609,7 +610,35 @@ class TestOneGraceForAll:
             async with anyio.create_task_group() as group:
                 group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
                 await anyio.sleep(0.3)
+                assert len(model.requests) == 1  # the expert is at work
                 group.cancel_scope.cancel()
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+
+    async def test_a_tool_that_swallows_its_nested_runs_cancellation_keeps_one_grace(
+        self,
+    ) -> None:
+        """The outer run cancelled from outside while its tool catches the nested run's
+        cancellation and returns: the outer run still ends by the nested run's stop."""
+
+        class Swallowing(Agent):
+            cleanup_grace = NESTED_GRACE
+
+            @tool
+            async def ask(self) -> str:
+                """Ask an expert whose store is slow; say so when it fails."""
+                expert = Expert(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+                try:
+                    return (await expert.run("?", session_id="inner")).output
+                except BaseException:  # a tool that should not, but does
+                    return "the expert is unavailable"
+
+        model = ScriptedModel([tool_call_response("ask", {}), text_response("x")])
+        agent = Swallowing(model=model, session_store=SlowStore(5.0, fast=2))
+        began = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
+            await anyio.sleep(0.3)
+            group.cancel_scope.cancel()
         assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
 
     async def test_a_hanging_release_takes_at_most_the_grace_and_is_logged(
@@ -707,7 +736,64 @@ class Delegating(Agent):
         return "cancelled"
 
 
+async def race_an_expert() -> None:
+    """Start an expert's run and cancel it with cancel() after 0.1 s."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(Waiter(model=waiting_model()).run, "?")
+        await anyio.sleep(0.1)
+        group.cancel_scope.cancel()
+
+
+class RacingFirst(Agent):
+    """Cancels an expert's run in a tool (that then times out) or in an after_tool hook,
+    and goes on."""
+
+    cleanup_grace = 1.0
+    where = "tool"
+
+    @tool(timeout=0.3)
+    async def work(self) -> str:
+        """Race an expert, then work until the timeout."""
+        if self.where == "tool":
+            await race_an_expert()
+            await anyio.sleep(10)
+        return "done"
+
+    @after_tool
+    async def race_after(self, result: ToolResult) -> None:
+        if self.where == "hook":
+            await race_an_expert()
+
+
 class TestNestedRunsStoppedInsideATool:
+    @pytest.mark.parametrize("where", ["tool", "hook"])
+    async def test_a_cancel_inside_the_run_never_shortens_its_later_stop(self, where: str) -> None:
+        """The outer run goes on after its own cancel() of an expert; cancelled from
+        outside later, it still gets its whole grace: a slow write in flight is stored."""
+        writing = anyio.Event()
+
+        class Watched(SlowStore):
+            async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+                if self.appends == 3:
+                    writing.set()  # the second answer is being written
+                await super().append(session_id, messages)
+
+        store = Watched(0.5, fast=3)  # the second answer's write takes 0.5 s
+
+        async def later(request: Any) -> ModelResponse:
+            await anyio.sleep(0.5)
+            return tool_call_response("work", {}, call_id="c2")
+
+        model = ScriptedModel([tool_call_response("work", {}), later, text_response("x")])
+        agent = RacingFirst(model=model, session_store=store)
+        agent.where = where
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(agent.run, "Go.", session_id="s"))
+            await writing.wait()
+            group.cancel_scope.cancel()
+        roles = [m.role for m in await store.load("s")]
+        assert roles[:4] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
+
     @pytest.mark.parametrize("name", ["timed", "moving_on", "racing"])
     async def test_the_outer_run_stores_every_later_message(self, name: str) -> None:
         store = SlowStore(0.001)  # every write is a checkpoint
