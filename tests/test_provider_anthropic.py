@@ -34,6 +34,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
+from littleghost.events import ModelCallRetried
 from littleghost.models import ModelRequest, OutputSchema, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import (
     DEFAULT_MAX_TOKENS,
@@ -544,6 +545,50 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel
         async for event in make_model(midway).stream(ModelRequest([Message.user("hi")])):
             seen.append(event)
     assert seen == [TextChunk("par")]
+
+
+CUT = sse(START, *text_block(0, "The answer is ", "forty"))
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(event_stream(CUT), id="no message_stop"),
+        pytest.param(
+            event_stream(sse(START, *text_block(0, "forty"), *finish("end_turn", 2)[:1])),
+            id="message_delta without message_stop",
+        ),
+        pytest.param(
+            event_stream(CUT + b'event: message_delta\ndata: {"type": "mess'), id="partial event"
+        ),
+        pytest.param(
+            message([{"type": "text", "text": "fine"}]),
+            id="JSON, not a stream",
+        ),
+    ],
+)
+async def test_a_stream_that_ends_before_its_end_is_transient(
+    make_model: Callable[..., AnthropicModel], answer: httpx2.Response
+) -> None:
+    model = make_model(FakeServer(answer))
+    with pytest.raises(ProviderUnavailableError) as caught:
+        async for _ in model.stream(ModelRequest([Message.user("hi")])):
+            pass
+    assert caught.value.code == "incomplete_stream"
+
+
+async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    whole = sse(START, *text_block(0, "The answer is 42."), *finish("end_turn", 5))
+    server = FakeServer(event_stream(CUT), event_stream(whole))
+    async with Agent(model=make_model(server)).stream("hi") as events:
+        received = [event async for event in events]
+    assert ModelCallRetried(1, "ProviderUnavailableError") in received
+    assert events.result.output == "The answer is 42."
+    assert [message.text for message in events.messages if message.role == "assistant"] == [
+        "The answer is 42."
+    ]
 
 
 class EndlessBody(httpx2.AsyncByteStream):

@@ -24,6 +24,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
+from littleghost.events import ModelCallRetried
 from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
@@ -622,6 +623,47 @@ async def test_a_connection_lost_mid_stream_is_transient(
     with pytest.raises(ProviderUnavailableError):
         async for _ in make_model(server).stream(ModelRequest([Message.user("hi")])):
             pass
+
+
+CUT = sse(chunk({"content": "The answer is "}), chunk({"content": "forty"}))[
+    : -len(b"data: [DONE]\n\n")
+]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(event_stream(CUT), id="no finish_reason, no [DONE]"),
+        pytest.param(event_stream(CUT + b'data: {"id": "chatcmpl-1", "cho'), id="partial event"),
+        pytest.param(
+            event_stream(CUT + f"data: {json.dumps(chunk({}, 'stop'))}\n".encode()),
+            id="event without its blank line",
+        ),
+        pytest.param(completion({"content": "fine"}), id="JSON, not a stream"),
+    ],
+)
+async def test_a_stream_that_ends_before_its_end_is_transient(
+    make_model: Callable[..., OpenAIModel], answer: httpx2.Response
+) -> None:
+    model = make_model(FakeServer(answer))
+    with pytest.raises(ProviderUnavailableError) as caught:
+        async for _ in model.stream(ModelRequest([Message.user("hi")])):
+            pass
+    assert caught.value.code == "incomplete_stream"
+
+
+async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+    server = FakeServer(event_stream(CUT), event_stream(whole))
+    async with Agent(model=make_model(server)).stream("hi") as events:
+        received = [event async for event in events]
+    assert ModelCallRetried(1, "ProviderUnavailableError") in received
+    assert events.result.output == "The answer is 42."
+    assert [message.text for message in events.messages if message.role == "assistant"] == [
+        "The answer is 42."
+    ]
 
 
 class EndlessBody(httpx2.AsyncByteStream):

@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import Any
 
 from littleghost._validators import is_int
-from littleghost.errors import ConfigurationError, ProviderError
+from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.messages import ImagePart
 from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
@@ -33,6 +33,7 @@ __all__ = [
     "reported",
     "reported_usage",
     "sse_events",
+    "stream_cut_off",
 ]
 
 
@@ -229,11 +230,23 @@ def error_mapper(
     return map_error
 
 
-async def sse_events(response: Any) -> AsyncGenerator[tuple[str | None, str], None]:
+def stream_cut_off(provider: str) -> ProviderUnavailableError:
+    """The exception for a stream that ended before its last event: cut off on the way, or
+    not a stream at all (a proxy that answered with one JSON body)."""
+    return ProviderUnavailableError(
+        f"{provider}: the stream ended before the answer was complete",
+        code="incomplete_stream",
+        provider=provider,
+    )
+
+
+async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body.
 
-    Reads ``response.aiter_bytes()`` and closes it, also when the caller stops early, so
-    no reader is left for the garbage collector (which trio reports).
+    A body that ends inside an event (a partial line, or no blank line after the event) was
+    cut off: ``stream_cut_off(provider)`` is raised. Reads ``response.aiter_bytes()`` and
+    closes it, also when the caller stops early, so no reader is left for the garbage
+    collector (which trio reports).
     """
     buffer = b""
     event: str | None = None
@@ -255,5 +268,5 @@ async def sse_events(response: Any) -> AsyncGenerator[tuple[str | None, str], No
                     event = value
                 elif name == "data":
                     data.append(value)
-    if data:
-        yield event, "\n".join(data)
+    if data or buffer.strip():
+        raise stream_cut_off(provider)

@@ -38,6 +38,7 @@ from littleghost.models._sdk import (
     reported,
     reported_usage,
     sse_events,
+    stream_cut_off,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -432,18 +433,21 @@ class AnthropicModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.
 
-        Closing the iterator early closes the HTTP response, which stops generation.
+        A stream that ends without ``message_stop`` was cut off: a
+        ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
+        which stops generation.
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}
         reason: str | None = None
         usage: dict[str, Any] = {}
+        stopped = False
         try:
             create = self._client.messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response
                 try:
-                    async with aclosing(sse_events(http)) as events:
+                    async with aclosing(sse_events(http, self.provider)) as events:
                         async for _, data in events:
                             event = self._event(data)
                             kind = event.get("type")
@@ -479,6 +483,8 @@ class AnthropicModel:
                                     for key, value in (event.get("usage") or {}).items()
                                     if value is not None
                                 )
+                            elif kind == "message_stop":
+                                stopped = True
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
@@ -487,6 +493,8 @@ class AnthropicModel:
             if mapped is None:
                 raise
             raise mapped from error
+        if not stopped:
+            raise stream_cut_off(self.provider)
         yield StreamDone(_streamed_response(blocks, reason, usage))
 
     def _event(self, data: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from littleghost.models._sdk import (
     reported,
     reported_usage,
     sse_events,
+    stream_cut_off,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -437,22 +438,25 @@ class OpenAIModel:
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one chat completion: ``TextChunk`` values, then one ``StreamDone``.
 
-        Closing the iterator early closes the HTTP response, which stops the server's
-        generation.
+        A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off: a
+        ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
+        which stops the server's generation.
         """
         params = self._params(request)
         text: list[str] = []
         reasoning: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish_reason: str | None = None
+        done = False
         usage: Any = None
         try:
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
-                    async with aclosing(sse_events(http)) as events:
+                    async with aclosing(sse_events(http, self.provider)) as events:
                         async for _, data in events:
                             if data.strip() == "[DONE]":
+                                done = True
                                 continue  # read the body to its end: nothing is left open
                             chunk = self._chunk(data)
                             usage = chunk.get("usage") or usage
@@ -485,6 +489,8 @@ class OpenAIModel:
             if mapped is None:
                 raise
             raise mapped from error
+        if finish_reason is None and not done:
+            raise stream_cut_off(self.provider)
         tool_calls = [
             ToolCall(
                 call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
