@@ -469,6 +469,19 @@ async def test_errors_are_mapped_and_not_retried_by_the_sdk(
     assert len(server.requests) == 1
 
 
+async def test_a_body_that_is_not_json_is_transient(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    garbled = httpx2.Response(
+        200, content=b'{"id": "msg_01", "type": "mess', headers={"content-type": "application/json"}
+    )
+    with pytest.raises(ProviderUnavailableError):
+        await make_model(FakeServer(garbled)).respond(ModelRequest([Message.user("hi")]))
+    server = FakeServer(garbled, message([{"type": "text", "text": "fine"}]))
+    assert (await Agent(model=make_model(server)).run("hi")).output == "fine"
+    assert len(server.requests) == 2
+
+
 async def test_cancellation_propagates_untouched(make_model: Callable[..., AnthropicModel]) -> None:
     async def never(request: httpx2.Request) -> httpx2.Response:
         await anyio.sleep_forever()

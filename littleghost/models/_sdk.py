@@ -199,8 +199,9 @@ def error_mapper(
         provider: The provider name the errors carry.
 
     Returns:
-        A function that gives ``None`` for an exception that is neither the SDK's nor a
-        request error of the HTTP library (it is re-raised as it is).
+        A function that gives ``None`` for an exception that is neither the SDK's, nor a
+        request error of the HTTP library, nor a body that is not JSON (a transient
+        ``ProviderUnavailableError``): it is re-raised as it is.
     """
     http_errors, timeouts = transport_errors()
 
@@ -221,6 +222,12 @@ def error_mapper(
             return classify_error(provider=provider, body=error.body, message=error.message)
         if isinstance(error, http_errors):
             return transport_error(provider, timeout=isinstance(error, timeouts))
+        if isinstance(error, json.JSONDecodeError):
+            return ProviderUnavailableError(
+                f"{provider}: the answer's body is not valid JSON (garbled or cut short)",
+                code="invalid_json",
+                provider=provider,
+            )
         if isinstance(error, base):
             return ProviderError(
                 f"{provider}: the SDK failed ({type(error).__name__})", provider=provider
