@@ -542,6 +542,24 @@ async def test_stream_yields_text_then_the_whole_response(
     assert body["stream_options"] == {"include_usage": True}
 
 
+async def test_a_streamed_refusal_is_the_answer_as_when_not_streamed(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    refusal = "I'm sorry, I cannot help with that."
+    streamed = sse(
+        chunk({"role": "assistant", "content": None, "refusal": ""}),
+        chunk({"refusal": refusal[:10]}),
+        chunk({"refusal": refusal[10:]}, finish_reason="stop"),
+    )
+    server = FakeServer(completion({"refusal": refusal}), event_stream(streamed))
+    model = make_model(server)
+    whole = await model.respond(ModelRequest([Message.user("hi")]))
+    events = [e async for e in model.stream(ModelRequest([Message.user("hi")]))]
+    assert events[:-1] == [TextChunk(refusal[:10]), TextChunk(refusal[10:])]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.content == whole.message.content == (TextPart(refusal),)
+
+
 async def test_stream_accumulates_parallel_tool_calls(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

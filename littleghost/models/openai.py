@@ -436,7 +436,8 @@ class OpenAIModel:
         return await stack.enter_async_context(create(**params, stream=True))
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
-        """Stream one chat completion: ``TextChunk`` values, then one ``StreamDone``.
+        """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal), then
+        one ``StreamDone``.
 
         A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off: a
         ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
@@ -468,9 +469,10 @@ class OpenAIModel:
                                 if piece:
                                     reasoning.append(piece)
                                     yield ReasoningChunk(piece)
-                                if delta.get("content"):
-                                    text.append(delta["content"])
-                                    yield TextChunk(delta["content"])
+                                answer = delta.get("content") or delta.get("refusal")
+                                if answer:
+                                    text.append(answer)
+                                    yield TextChunk(answer)
                                 for piece in delta.get("tool_calls") or ():
                                     call = calls.setdefault(
                                         piece.get("index", 0),
