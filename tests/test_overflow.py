@@ -483,6 +483,27 @@ def test_errors_in_a_stream_are_classified_by_their_type() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (
+            {"error": {"message": "Invalid grammar", "type": "BadRequestError", "code": 400}},
+            InvalidRequestError,
+        ),
+        ({"message": "slow down", "code": 429}, RateLimitError),
+        ({"error": {"message": "upstream failed", "code": 502}}, ProviderUnavailableError),
+        ({"error": "Input validation error: bad", "error_type": "validation"}, InvalidRequestError),
+        ({"error": {"message": "not a status", "code": 12}}, ProviderUnavailableError),
+    ],
+)
+def test_a_numeric_code_in_a_body_without_a_status_is_its_status(
+    body: object, kind: type[ProviderError]
+) -> None:
+    error = classify_error(provider="vllm", body=body)
+    assert type(error) is kind
+    assert error.status is None
+
+
 def test_the_provider_message_is_kept_short() -> None:
     error = classify_error(provider="p", status=400, body={"error": {"message": "x" * 5000}})
     assert len(str(error)) < MAX_DETAIL_CHARS + 100

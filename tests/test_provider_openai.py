@@ -645,6 +645,51 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) 
     assert seen == [TextChunk("par")]
 
 
+@pytest.mark.parametrize(
+    ("event", "kind", "words"),
+    [
+        pytest.param(
+            b'data: {"error": "Input validation error: `inputs` must have less than 4096 tokens",'
+            b' "error_type": "validation"}\n\n',
+            InvalidRequestError,
+            "Input validation error",
+            id="TGI: the error is a string",
+        ),
+        pytest.param(
+            b'data: {"error": {"object": "error", "message": "Invalid grammar", '
+            b'"type": "BadRequestError", "param": null, "code": 400}}\n\n',
+            InvalidRequestError,
+            "Invalid grammar",
+            id="vLLM: a numeric code",
+        ),
+        pytest.param(
+            b'event: error\ndata: {"message": "upstream rate limit exceeded", "code": 429}\n\n',
+            RateLimitError,
+            "upstream rate limit exceeded",
+            id="an error event without an error key",
+        ),
+        pytest.param(
+            b"event: error\ndata: upstream timed out\n\n",
+            ProviderUnavailableError,
+            "upstream timed out",
+            id="an error event that is not JSON",
+        ),
+    ],
+)
+async def test_errors_sent_in_a_stream_are_classified_as_when_not_streamed(
+    make_model: Callable[..., OpenAIModel], event: bytes, kind: type[ProviderError], words: str
+) -> None:
+    body = sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")] + event
+    server = FakeServer(event_stream(body), event_stream(body))
+    with pytest.raises(ProviderError) as caught:
+        async with Agent(model=make_model(server), max_retries=1).stream("hi") as events:
+            async for _ in events:
+                pass
+    assert type(caught.value) is kind
+    assert words in str(caught.value)
+    assert len(server.requests) == (1 if kind is InvalidRequestError else 2)
+
+
 async def test_a_connection_lost_mid_stream_is_transient(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -455,11 +455,11 @@ class OpenAIModel:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
                     async with aclosing(sse_events(http, self.provider)) as events:
-                        async for _, data in events:
+                        async for name, data in events:
                             if data.strip() == "[DONE]":
                                 done = True
                                 continue  # read the body to its end: nothing is left open
-                            chunk = self._chunk(data)
+                            chunk = self._chunk(name, data)
                             usage = chunk.get("usage") or usage
                             for choice in chunk.get("choices") or ():
                                 if choice.get("index", 0) != 0:
@@ -507,18 +507,21 @@ class OpenAIModel:
             )
         )
 
-    def _chunk(self, data: str) -> dict[str, Any]:
-        """One streamed chunk; an error event is raised as the error it reports."""
+    def _chunk(self, event: str | None, data: str) -> dict[str, Any]:
+        """One streamed chunk; an ``error`` event, or a chunk with an ``error`` (an object,
+        or a string as TGI sends), is raised as the error it reports."""
         try:
             chunk = json.loads(data)
         except ValueError:
+            if event == "error":
+                raise classify_error(provider=self.provider, message=data) from None
             raise ProtocolError(
                 f"{self.provider}: the stream sent an event that is not JSON"
             ) from None
         if not isinstance(chunk, dict):
             raise ProtocolError(f"{self.provider}: the stream sent an event that is not an object")
-        if chunk.get("error"):
-            raise classify_error(provider=self.provider, body=chunk["error"])
+        if event == "error" or chunk.get("error"):
+            raise classify_error(provider=self.provider, body=chunk)
         return chunk
 
 

@@ -7,8 +7,9 @@ forms of OpenAI, Anthropic, Bedrock, Gemini, vLLM, OpenRouter, Mistral, xAI and
 llama.cpp → ``ContextWindowOverflowError``; 429 → ``RateLimitError`` with
 ``retry_after`` from the headers (unless waiting cannot help: a single request over the
 per-minute limit, or an exhausted quota); 5xx and 408 → ``ProviderUnavailableError``;
-any other 4xx → ``InvalidRequestError``. A rate-limit message that mentions tokens is
-never an overflow.
+any other 4xx → ``InvalidRequestError``. Without an HTTP error status (an error sent in
+a stream), a numeric ``code`` in the body stands for it. A rate-limit message that
+mentions tokens is never an overflow.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ _UNAVAILABLE_CODES = frozenset(
     }
 )
 _QUOTA_CODES = frozenset({"insufficient_quota", "billing_error"})
+_INVALID_CODES = frozenset({"invalid_request_error", "invalid_argument", "validation"})
 
 _OVERFLOW_MESSAGES = re.compile(
     "|".join(
@@ -147,7 +149,7 @@ def _codes(body: object) -> list[str]:
     """The body's error codes and types, the most specific (innermost) first."""
     codes: list[str] = []
     for mapping in reversed(list(_mappings(body))):
-        for key in ("error_code", "code", "type", "__type", "status"):
+        for key in ("error_code", "code", "type", "__type", "status", "error_type"):
             value = mapping.get(key)
             if isinstance(value, str) and value and value != "error":
                 code = value.rsplit("#", 1)[-1].lower()
@@ -258,16 +260,21 @@ def _detail(message: str | None) -> str:
     return f": {message}"
 
 
-def _effective_status(status: int | None, codes: set[str]) -> int | None:
+def _effective_status(status: int | None, codes: set[str], body: object) -> int | None:
+    """The HTTP status, else one the body reports (a numeric ``code``, as vLLM, Gemini and
+    OpenRouter send in a stream), else one its codes imply."""
     if status is not None and status >= 400:
         return status
+    reported = _body_int(body, "code")
+    if reported is not None and 400 <= reported < 600:
+        return reported
     if codes & _RATE_LIMIT_CODES:
         return 429
     if codes & _UNAVAILABLE_CODES:
         return 503
     if codes & _QUOTA_CODES:
         return 402
-    if "invalid_request_error" in codes or "invalid_argument" in codes:
+    if codes & _INVALID_CODES:
         return 400
     return None
 
@@ -298,7 +305,7 @@ def classify_error(
     text = _body_message(body) or message or ""
     overflow_codes = [code for code in found if code in _OVERFLOW_CODES]
     code = (overflow_codes + found)[0] if found else None
-    effective = _effective_status(status, codes)
+    effective = _effective_status(status, codes, body)
     detail = _detail(text)
     http = f"HTTP {status}" if status is not None and status >= 400 else "an error"
     rate_limited = effective == 429 or bool(codes & _RATE_LIMIT_CODES)
