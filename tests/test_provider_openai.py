@@ -602,6 +602,34 @@ async def test_stream_accumulates_parallel_tool_calls(
     assert done.response.stop_reason is StopReason.TOOL_USE
 
 
+async def test_streamed_tool_calls_without_an_index_are_told_apart_by_their_id(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    def call(**fields: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"type": "function", **fields}]}
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk(call(id="call_a", function={"name": "add", "arguments": '{"a": 1, '})),
+                chunk(call(function={"arguments": '"b": 2}'})),
+                chunk(
+                    call(id="call_b", function={"name": "add", "arguments": '{"a": 5, "b": 6}'}),
+                    finish_reason="tool_calls",
+                ),
+            )
+        )
+    )
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.tool_calls == (
+        ToolCall("call_a", "add", {"a": 1, "b": 2}),
+        ToolCall("call_b", "add", {"a": 5, "b": 6}),
+    )
+
+
 async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

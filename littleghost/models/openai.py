@@ -446,7 +446,8 @@ class OpenAIModel:
         params = self._params(request)
         text: list[str] = []
         reasoning: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
+        calls: dict[object, dict[str, Any]] = {}  # by index, else by id (Gemini sends no index)
+        key: object = 0
         finish_reason: str | None = None
         done = False
         usage: Any = None
@@ -474,9 +475,10 @@ class OpenAIModel:
                                     text.append(answer)
                                     yield TextChunk(answer)
                                 for piece in delta.get("tool_calls") or ():
+                                    index = piece.get("index")
+                                    key = index if index is not None else piece.get("id") or key
                                     call = calls.setdefault(
-                                        piece.get("index", 0),
-                                        {"id": None, "name": "", "arguments": ""},
+                                        key, {"id": None, "name": "", "arguments": ""}
                                     )
                                     call["id"] = piece.get("id") or call["id"]
                                     function = piece.get("function") or {}
@@ -497,7 +499,7 @@ class OpenAIModel:
             ToolCall(
                 call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
             )
-            for index, call in sorted(calls.items())
+            for index, call in enumerate(calls.values())
         ]
         yield StreamDone(
             ModelResponse(
