@@ -45,6 +45,22 @@ OVERFLOWS = [
         400,
         {
             "error": {
+                "message": "Input tokens exceed the configured limit of 272000 tokens. Your "
+                "messages resulted in 302011 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+        302011,
+        272000,
+        id="openai-gpt-5",
+    ),
+    pytest.param(
+        "openai",
+        400,
+        {
+            "error": {
                 "message": "This model's maximum context length is 16385 tokens. However, you "
                 "requested 17000 tokens (15000 in the messages, 2000 in the completion). Please "
                 "reduce the length of the messages or completion.",
@@ -402,6 +418,9 @@ def test_gemini_retry_delay_is_read_from_the_details() -> None:
         ({"retry-after": "soon"}, "", None),
         ({}, "Please try again in 20ms.", 0.02),
         ({}, "Please try again in 3s.", 3.0),
+        ({}, "Please try again in 6m0s.", 360.0),
+        ({}, "Please try again in 1h2m3.5s.", 3723.5),
+        ({}, "Please try again in 2m.", 120.0),
         (None, "", None),
     ],
 )

@@ -80,6 +80,7 @@ _OVERFLOW_MESSAGES = re.compile(
             r"maximum context length",  # OpenAI, vLLM, OpenRouter, Groq, DeepSeek
             r"context[ _]length[ _]exceeded",
             r"exceeds? the context window",  # OpenAI (Responses), generic
+            r"input tokens exceed the configured limit",  # OpenAI (gpt-5)
             r"prompt is too long",  # Anthropic, Bedrock (Claude)
             r"prompt too long",  # Ollama
             r"input length and `?max_tokens`? exceed context limit",  # Anthropic
@@ -126,9 +127,12 @@ _SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
         (rf"messages resulted in {_N} tokens", 1, 0),
         (rf"requested (?:about )?{_N} tokens", 1, 0),
         (rf"maximum context length is {_N}", 0, 1),
+        (rf"configured limit of {_N} tokens", 0, 1),
     )
 )
-_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+_TIME = r"(\d+(?:\.\d+)?)\s*(ms|h|m|s)"
+_TRY_AGAIN = re.compile(rf"try again in ((?:{_TIME})+)\b", re.IGNORECASE)
+_SECONDS = {"ms": 0.001, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
 
@@ -216,7 +220,8 @@ def retry_after_seconds(
     headers: Mapping[str, str] | None, *, body: object = None, message: str = ""
 ) -> float | None:
     """Seconds the provider asked to wait: ``retry-after-ms``, ``retry-after`` (seconds or
-    an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" in the message."""
+    an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" (or ``20ms``,
+    ``6m0s``, ``1h2m3s``) in the message."""
     value = _header(headers, "retry-after-ms")
     if value is not None:
         try:
@@ -246,8 +251,10 @@ def retry_after_seconds(
             return float(found.group(1))
     found = _TRY_AGAIN.search(message)
     if found is not None:
-        amount = float(found.group(1))
-        return amount / 1000 if found.group(2).lower() == "ms" else amount
+        return sum(
+            float(amount) * _SECONDS[unit.lower()]
+            for amount, unit in re.findall(_TIME, found.group(1), re.IGNORECASE)
+        )
     return None
 
 
