@@ -482,6 +482,14 @@ async def test_a_body_that_is_not_json_is_transient(
     assert len(server.requests) == 2
 
 
+async def test_an_error_sent_with_a_200_is_classified(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    server = FakeServer(error(200, "overloaded_error", "Overloaded"))
+    with pytest.raises(ProviderUnavailableError, match="Overloaded"):
+        await make_model(server).respond(ModelRequest([Message.user("hi")]))
+
+
 async def test_cancellation_propagates_untouched(make_model: Callable[..., AnthropicModel]) -> None:
     async def never(request: httpx2.Request) -> httpx2.Response:
         await anyio.sleep_forever()

@@ -504,6 +504,20 @@ async def test_a_body_that_is_not_json_is_transient(
     assert len(server.requests) == 2
 
 
+async def test_an_error_sent_with_a_200_is_classified(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    body = {"error": {"message": "upstream provider error", "type": "server_error"}}
+    server = FakeServer(httpx2.Response(200, json=body), completion({"content": "fine"}))
+    with pytest.raises(ProviderUnavailableError, match="upstream provider error"):
+        await make_model(server).respond(ModelRequest([Message.user("hi")]))
+    invalid = {"error": {"message": "bad model", "type": "invalid_request_error"}}
+    with pytest.raises(InvalidRequestError, match="bad model"):
+        await make_model(FakeServer(httpx2.Response(200, json=invalid))).respond(
+            ModelRequest([Message.user("hi")])
+        )
+
+
 async def test_cancellation_propagates_untouched(make_model: Callable[..., OpenAIModel]) -> None:
     async def never(request: httpx2.Request) -> httpx2.Response:
         await anyio.sleep_forever()

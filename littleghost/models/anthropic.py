@@ -34,6 +34,7 @@ from littleghost.models._sdk import (
     image_base64,
     image_media_type,
     import_sdk,
+    lookup,
     parse_arguments,
     reported,
     reported_usage,
@@ -428,6 +429,8 @@ class AnthropicModel:
             if mapped is None:
                 raise
             raise mapped from error
+        if getattr(message, "type", None) == "error":  # a gateway's error, sent with a 200
+            raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
         return _response(message)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:

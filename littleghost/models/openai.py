@@ -397,6 +397,9 @@ class OpenAIModel:
             raise mapped from error
         choices = getattr(completion, "choices", None)
         if not choices:
+            sent = lookup(completion, "error")  # a gateway's error, sent with a 200
+            if sent:
+                raise classify_error(provider=self.provider, body={"error": sent})
             raise ProtocolError(
                 f"{self.provider}: the completion for {self._name!r} has no choices"
             )
