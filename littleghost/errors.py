@@ -71,8 +71,15 @@ class ConfigurationError(LittleGhostError, ValueError):
 class ProviderError(LittleGhostError):
     """A model provider answered with an error.
 
+    The message holds the provider's own error message, whitespace collapsed and cut to
+    ``MAX_DETAIL_CHARS`` (300) characters (:mod:`littleghost.models.overflow`); a server
+    that quotes the request (vLLM's validation errors do) puts prompt text there.
+    ``__cause__`` is the exception the SDK or the HTTP library raised, when one did; for an
+    error answer its text is the whole response body, which a traceback
+    (``logging.exception``) shows.
+
     Args:
-        message: What went wrong, without message content.
+        message: What went wrong, with the provider's message, shortened.
         status: The HTTP status, when there was one.
         code: The provider's error code or type, when it sent one.
         provider: The provider's name (``openai``, ``anthropic``, ...).

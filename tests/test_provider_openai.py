@@ -27,6 +27,7 @@ from littleghost.errors import (
 from littleghost.events import ModelCallRetried
 from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
+from littleghost.models.overflow import MAX_DETAIL_CHARS
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 
 pytestmark = pytest.mark.anyio
@@ -516,6 +517,21 @@ async def test_an_error_sent_with_a_200_is_classified(
         await make_model(FakeServer(httpx2.Response(200, json=invalid))).respond(
             ModelRequest([Message.user("hi")])
         )
+
+
+async def test_an_error_keeps_the_servers_message_short_and_the_sdk_error_as_its_cause(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """As ProviderError's docstring says: what the server said (here it quotes the
+    prompt) is in the message, cut to 300 characters; the whole body is in the cause."""
+    echoed = "Input should be a valid string: " + "the prompt " * 100
+    server = FakeServer(error(400, {"error": {"message": echoed, "type": "BadRequestError"}}))
+    with pytest.raises(InvalidRequestError) as caught:
+        await make_model(server).respond(ModelRequest([Message.user("the prompt")]))
+    assert "the prompt" in str(caught.value)
+    assert len(str(caught.value)) < MAX_DETAIL_CHARS + 100
+    assert isinstance(caught.value.__cause__, openai.BadRequestError)
+    assert echoed in str(caught.value.__cause__)
 
 
 async def test_cancellation_propagates_untouched(make_model: Callable[..., OpenAIModel]) -> None:
