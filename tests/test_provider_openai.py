@@ -15,7 +15,16 @@ import httpx2
 import openai
 import pytest
 
-from littleghost import Agent, ImagePart, Message, ReasoningPart, TextPart, ToolCall, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    tool,
+)
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -222,6 +231,24 @@ async def test_request_translation_for_openai(make_model: Callable[..., OpenAIMo
     assert body["max_completion_tokens"] == 50
     assert "max_tokens" not in body
     assert (body["temperature"], body["top_k"], body["parallel_tool_calls"]) == (0, 40, True)
+
+
+async def test_an_empty_answer_goes_back_with_empty_content(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """The SDK's assistant param: content is required unless there are tool calls."""
+    server = FakeServer(completion({"content": "ok"}))
+    history = [
+        Message.user("hi"),
+        Message("assistant", []),
+        Message.user("add"),
+        Message("assistant", [ToolCall("call_1", "add", {"a": 1, "b": 2})]),
+        Message("tool", [ToolResult("call_1", "3")]),
+    ]
+    await make_model(server).respond(ModelRequest(history, [ADD]))
+    sent = server.bodies[0]["messages"]
+    assert sent[1] == {"role": "assistant", "content": ""}
+    assert sent[3]["content"] is None and sent[3]["tool_calls"]
 
 
 async def test_other_servers_get_system_role_and_max_tokens(

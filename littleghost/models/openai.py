@@ -129,7 +129,9 @@ def _message(
             yield {"role": "tool", "tool_call_id": result.call_id, "content": result.content}
         return
     if role is Role.ASSISTANT:
-        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        # content is required unless there are tool calls (the SDK's param type says so)
+        text = message.text or (None if message.tool_calls else "")
+        entry: dict[str, Any] = {"role": "assistant", "content": text}
         reasoning = "".join(
             part.text
             for part in message.reasoning
