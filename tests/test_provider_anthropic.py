@@ -289,6 +289,15 @@ async def test_settings_follow_what_the_sdk_takes(
     assert "system" not in body
 
 
+async def test_tool_choice_none_takes_no_parallel_flag(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    settings = {"tool_choice": "none", "parallel_tool_calls": False}
+    await make_model(server).respond(ModelRequest([Message.user("hi")], [ADD], settings))
+    assert server.bodies[0]["tool_choice"] == {"type": "none"}  # ToolChoiceNoneParam: type only
+
+
 @pytest.mark.parametrize("streaming", [False, True], ids=["respond", "stream"])
 async def test_a_setting_the_sdk_does_not_take_fails_before_sending(
     make_model: Callable[..., AnthropicModel], streaming: bool

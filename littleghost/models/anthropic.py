@@ -406,7 +406,7 @@ class AnthropicModel:
         parallel = settings.pop("parallel_tool_calls", None)
         if request.tools and (choice is not None or parallel is False):
             choice = dict(choice) if isinstance(choice, Mapping) else {"type": "auto"}
-            if parallel is False:
+            if parallel is False and choice.get("type") != "none":  # "none" takes no other key
                 choice["disable_parallel_tool_use"] = True
             settings["tool_choice"] = _unforced(choice, request.tools, settings)
         if request.output_schema is not None:
