@@ -798,10 +798,6 @@ CUT = sse(chunk({"content": "The answer is "}), chunk({"content": "forty"}))[
     [
         pytest.param(event_stream(CUT), id="no finish_reason, no [DONE]"),
         pytest.param(event_stream(CUT + b'data: {"id": "chatcmpl-1", "cho'), id="partial event"),
-        pytest.param(
-            event_stream(CUT + f"data: {json.dumps(chunk({}, 'stop'))}\n".encode()),
-            id="event without its blank line",
-        ),
         pytest.param(completion({"content": "fine"}), id="JSON, not a stream"),
     ],
 )
@@ -813,6 +809,17 @@ async def test_a_stream_that_ends_before_its_end_is_transient(
         async for _ in model.stream(ModelRequest([Message.user("hi")])):
             pass
     assert caught.value.code == "incomplete_stream"
+
+
+async def test_a_whole_last_event_without_its_blank_line_ends_the_answer(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Only a partial line is cut off: a last event whose line is whole still says the
+    answer ended (here by its finish_reason)."""
+    body = CUT + f"data: {json.dumps(chunk({}, 'stop'))}\n".encode()
+    model = make_model(FakeServer(event_stream(body)))
+    chunks = [c async for c in model.stream(ModelRequest([Message.user("hi")]))]
+    assert "".join(getattr(c, "text", "") or "" for c in chunks) == "The answer is forty"
 
 
 async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(

@@ -250,8 +250,9 @@ def stream_cut_off(provider: str) -> ProviderUnavailableError:
 async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body.
 
-    A body that ends inside an event (a partial line, or no blank line after the event) was
-    cut off: ``stream_cut_off(provider)`` is raised. Reads ``response.aiter_bytes()`` and
+    A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised (a
+    last event without its blank line is given; the provider tells from it whether the
+    answer ended). Reads ``response.aiter_bytes()`` and
     closes it, also when the caller stops early, so no reader is left for the garbage
     collector (which trio reports).
     """
@@ -275,5 +276,7 @@ async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str |
                     event = value
                 elif name == "data":
                     data.append(value)
-    if data or buffer.strip():
+    if buffer.strip():  # a partial line
         raise stream_cut_off(provider)
+    if data:  # a last event without its blank line: whether the answer ended, it tells
+        yield event, "\n".join(data)
