@@ -27,6 +27,7 @@ from littleghost.context import (
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
 from littleghost.context.view import orphan_results, unanswered_calls
+from littleghost.errors import CompactionError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response
@@ -314,6 +315,18 @@ async def test_a_record_covering_an_unfinished_call_stands_for_its_later_result(
     assert repair.tool_results[0].is_error and repair not in sent and record in sent
     assert not orphan_results(sent) and not unanswered_calls(sent)
     assert sent == build_view(result.messages[:-1])
+
+
+async def test_compact_session_appends_nothing_that_would_grow_the_view() -> None:
+    """A summary longer than the short turns it covers is refused: once appended, a
+    record could never be taken back."""
+    store = InMemorySessionStore()
+    chat = [m for i in range(7) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+    await store.append("s4", chat)
+    wordy = ScriptedModel([text_response("- a long note about nothing " * 20)])
+    with pytest.raises(CompactionError, match="would not make the view smaller"):
+        await compact_session(store, "s4", Summarization(model=wordy))
+    assert await store.load("s4") == tuple(chat)
 
 
 async def test_sizes_stay_exact_when_the_next_turn_reuses_the_index() -> None:

@@ -14,11 +14,12 @@ from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
+from littleghost.context.compaction import check_smaller
 from littleghost.context.management import context_config, managed_records
 from littleghost.context.strategies import prepared
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view
-from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
+from littleghost.errors import ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.sessions.base import distinct_ids
@@ -55,8 +56,8 @@ async def compact_document(
     Raises:
         ConfigurationError: The class has no ``@manage_context``.
         UnknownSessionError: The store has no such session.
-        CompactionError: The records would not make the view smaller (nothing is
-            appended).
+        CompactionError: The records would not make the view smaller
+            (``check_smaller``; nothing is appended).
     """
     config = context_config(agent)
     if config is None:
@@ -91,13 +92,8 @@ async def compact_document(
             records = await managed_records(
                 log, config, window=used.tokens, complete=prepared(model), settings=agent.settings
             )
-            figures = _view_figures(log, records, config.tokenizer)
-            if records and figures["tokens_after"] >= figures["tokens_before"]:
-                raise CompactionError(
-                    "the compaction would not make the view smaller (about "
-                    f"{figures['tokens_before']} -> {figures['tokens_after']} tokens); nothing "
-                    "was appended"
-                )
+            if records:
+                check_smaller(log, records, config.tokenizer)
             advance(1, "appending")
             await store.append(session_id, records)
         advance(1, "done")

@@ -18,13 +18,20 @@ from littleghost.context.strategies import (
     Complete,
     is_strategy,
 )
-from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
-from littleghost.errors import ConfigurationError
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
+from littleghost.context.view import build_view
+from littleghost.errors import CompactionError, ConfigurationError
 from littleghost.messages import Message
 from littleghost.sessions.base import SessionStore, distinct_ids
 from littleghost.sessions.locks import hold_session
 
-__all__ = ["apply_compaction", "compact_session", "compaction_records", "compaction_state"]
+__all__ = [
+    "apply_compaction",
+    "check_smaller",
+    "compact_session",
+    "compaction_records",
+    "compaction_state",
+]
 
 
 def compaction_state(
@@ -120,10 +127,30 @@ async def compact_session(
 
     Raises:
         SessionBusyError: Called from inside a run of the same session.
+        CompactionError: The records would not make the view smaller (``check_smaller``);
+            nothing is appended.
     """
     async with hold_session(store, session_id):
         log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
         records, _ = await _run(log, strategy, tokenizer, None, settings)
         if records:
+            check_smaller(log, records, tokenizer or DEFAULT_TOKENIZER)
             await store.append(session_id, records)
     return records
+
+
+def check_smaller(log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer) -> None:
+    """Refuse ``records`` that would not make the view of ``log`` smaller (in estimated
+    tokens): appended, they could never be taken back.
+
+    Raises:
+        CompactionError: The view would not get smaller; nothing is to be appended.
+    """
+    estimates = Estimates(tokenizer)
+    before = estimates.total(build_view(log))
+    after = estimates.total(build_view([*log, *records]))
+    if after >= before:
+        raise CompactionError(
+            f"the compaction would not make the view smaller (about {before} -> {after} "
+            "tokens); nothing was appended"
+        )
