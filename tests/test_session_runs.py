@@ -196,6 +196,16 @@ class TestRepair:
         assert (await store.load("s"))[:2] == stored
         assert "session 's' holds 1 message(s) whose id an earlier message has" in caplog.text
 
+    async def test_a_distinct_id_never_repeats_a_stored_one(self, store: SessionStore) -> None:
+        stored = tuple(
+            Message.user(text, id=i) for text, i in (("x", "a"), ("y", "a"), ("z", "a~1"))
+        )
+        await store.append("s", stored)
+        model = ScriptedModel([text_response("ok")])
+        result = await Helper(model=model, session_store=store).run("more", session_id="s")
+        ids = [m.id for m in result.messages]
+        assert len(set(ids)) == len(ids) and ids[:3] == ["a", "a~1~", "a~1"]
+
     async def test_a_compaction_between_runs_reads_repeated_ids_as_runs_do(
         self, store: SessionStore
     ) -> None:

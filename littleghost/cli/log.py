@@ -11,6 +11,7 @@ from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_c
 from littleghost.context.summarize import call_arguments, summary_text
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolResult
 from littleghost.sessions import StoredMessage
+from littleghost.sessions.base import distinct_ids
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -29,13 +30,14 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
     """The log as ``{"session", "messages"}``: per message its ``position``, ``id``,
     ``role``, ``stored_at``, ``excerpt``, ``tool_calls`` (each with its ``result``),
     ``results`` (the calls a tool message answers), ``record`` (a compaction record's
-    ``kind`` and what it ``covers``) and ``covered_by`` (the record hiding it)."""
-    where = {entry.message.id: position for position, entry in enumerate(log)}
+    ``kind`` and what it ``covers``) and ``covered_by`` (the record hiding it). A
+    repeated id is read as runs read it (``distinct_ids``)."""
+    messages = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
+    where = {message.id: position for position, message in enumerate(messages)}
     covered_by: dict[str, int] = {}
     open_calls: dict[str, tuple[int, dict[str, Any]]] = {}  # call id: (position, entry)
     entries: list[dict[str, Any]] = []
-    for position, stored in enumerate(log):
-        message = stored.message
+    for position, (stored, message) in enumerate(zip(log, messages, strict=True)):
         calls = []
         for call in message.tool_calls:
             shown = {

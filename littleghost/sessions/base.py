@@ -189,5 +189,9 @@ def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
     )
     fixed = list(stored)
     for position in repeated:
-        fixed[position] = attrs.evolve(fixed[position], id=f"{fixed[position].id}~{position}")
+        distinct = f"{fixed[position].id}~{position}"
+        while distinct in seen:  # a stored id of that form already: never a new repeat
+            distinct += "~"
+        seen.add(distinct)
+        fixed[position] = attrs.evolve(fixed[position], id=distinct)
     return fixed
