@@ -229,13 +229,14 @@ class RunContext:
                     )
                 try:
                     response = await self._respond(model, request, streamed=main and self.streaming)
+                    if not isinstance(response, ModelResponse):
+                        raise ProtocolError(
+                            f"model {model.name!r} returned {type(response).__name__}, "
+                            "not a ModelResponse"
+                        )
                 except BaseException:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
                     raise
-                if not isinstance(response, ModelResponse):
-                    raise ProtocolError(
-                        f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
-                    )
                 self.add_usage(response.usage)
                 span.set_attributes(telemetry.usage_attributes(response.usage))
                 span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (response.stop_reason.value,))

@@ -128,8 +128,10 @@ class RunStream:
         if unraised is None or isinstance(unraised, Exception):
             return None  # leaving early drops the run's ordinary error
         # KeyboardInterrupt, SystemExit or a stray cancellation: never dropped, and the
-        # first two win over the block's own exception (which becomes their context)
-        if error is None or isinstance(unraised, (KeyboardInterrupt, SystemExit)):
+        # first two win over the block's own exception (which becomes their cause)
+        if error is None:
+            raise unraised
+        if isinstance(unraised, (KeyboardInterrupt, SystemExit)):
             raise unraised from error
         log_unraised("the streamed run", unraised, error)
         return None

@@ -192,8 +192,8 @@ class TestUntrustedText:
     are one line each and carry no control characters (escape sequences, bells,
     backspaces); ``--json`` keeps them exact."""
 
-    ODD_ID = "line\nbreak\tid\x07"
-    HOSTILE = "\x1b[31mRED\x1b[0m \x1b]0;pwned-title\x07 \b\b\bXX \u202eevil"
+    ODD_ID = "line\nbreak\tid\x07\u2028"
+    HOSTILE = "\x1b[31mRED\x1b[0m \x1b]0;pwned-title\x07 \b\b\bXX \u202eevil\u2028next"
 
     def test_lists_views_and_compactions_escape_control_characters(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 's.db'}"
@@ -201,16 +201,16 @@ class TestUntrustedText:
         in_store(url, lambda store: store.append(self.ODD_ID, chat))
         listed = ok("sessions", "list", "--store", url).stdout
         assert len(listed.splitlines()) == 2
-        assert listed.splitlines()[1].endswith("\tline\\nbreak\\tid\\x07")
+        assert listed.splitlines()[1].endswith("\tline\\nbreak\\tid\\x07\\u2028")
         outputs = [
             listed,
             ok("sessions", "show", self.ODD_ID, "--store", url).stdout,
             ok("sessions", "view", self.ODD_ID, "--store", url).stdout,
         ]
         for output in outputs:
-            assert not {"\x1b", "\x07", "\b", "\u202e"} & set(output), output
+            assert not {"\x1b", "\x07", "\b", "\u202e", "\u2028"} & set(output), output
         assert "\\x1b]0;pwned-title\\x07" in outputs[1]
-        assert "session line\\nbreak\\tid\\x07, as" in outputs[2]
+        assert "session line\\nbreak\\tid\\x07\\u2028, as" in outputs[2]
         (session,) = json.loads(ok("sessions", "list", "--store", url, "--json").stdout)
         assert session["id"] == self.ODD_ID
 

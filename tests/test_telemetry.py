@@ -17,6 +17,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    ProtocolError,
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse, Usage
@@ -184,6 +185,24 @@ async def test_a_failing_provider_call_is_an_error_span(spans: Spans) -> None:
         assert span.status.status_code is StatusCode.ERROR
     assert attributes(spans.one("chat"))["gen_ai.response.finish_reasons"] == ("error",)
     assert not [text for text in every_text(spans.all()) if SECRET in text]
+
+
+async def test_a_model_answering_no_response_fails_its_chat_span(spans: Spans) -> None:
+    """A model that returns something else than a ModelResponse: ProtocolError, and its
+    chat span says the call gave no answer."""
+
+    class Chatty:
+        provider = name = "chatty"
+        context_window = None
+
+        async def respond(self, request: ModelRequest) -> str:
+            return "hello"
+
+    with pytest.raises(ProtocolError, match="not a ModelResponse"):
+        await Support(model=Chatty()).run("hi")  # type: ignore[arg-type]
+    chat = attributes(spans.one("chat"))
+    assert chat["gen_ai.response.finish_reasons"] == ("error",)
+    assert chat["error.type"] == "ProtocolError"
 
 
 async def test_an_overflow_has_its_own_error_type(spans: Spans) -> None:

@@ -23,14 +23,17 @@ SHORT_ID = 13
 """How much of a message id a terminal's table shows (JSON and piped text show all)."""
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def shown(text: str) -> str:
     """``text`` safe to print as one line: control characters (escape sequences, bells,
-    backspaces, line breaks, tabs) and bidirectional marks written as escapes (``\\x1b``,
-    ``\\n``, ``\\u202e``). Stored content and ids are untrusted; ``--json`` is exact."""
+    backspaces, line and paragraph breaks, tabs) and bidirectional marks written as
+    escapes (``\\x1b``, ``\\n``, ``\\u202e``). Stored content and ids are untrusted;
+    ``--json`` is exact."""
 
     def escape(match: re.Match[str]) -> str:
         char = match.group()

@@ -31,6 +31,7 @@ from littleghost._validators import (
     optional,
 )
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
+from littleghost.cleanup import cancelled_here
 from littleghost.context.budget import (
     BudgetReport,
     PromptBudget,
@@ -910,14 +911,18 @@ async def _attempt(
     outcome = _Outcome()
     try:
         yield outcome
-    except anyio.get_cancelled_exc_class():  # no stream event: nothing can be awaited now
-        _event(
-            reason,
-            "cancelled",
-            estimated,
-            window,
-            {telemetry.COMPACTION_FALLBACK: fallback or None},
-        )
+    except anyio.get_cancelled_exc_class() as error:  # no stream event: nothing can be awaited
+        fallen = {telemetry.COMPACTION_FALLBACK: fallback or None}
+        if cancelled_here():  # the run's cancellation or deadline
+            _event(reason, "cancelled", estimated, window, fallen)
+        else:  # a stray one, from a strategy or the model
+            _event(
+                reason,
+                "error",
+                estimated,
+                window,
+                {**fallen, telemetry.ERROR_TYPE: telemetry.error_type(error)},
+            )
         raise
     except Exception as error:
         await finish("error", 0, None, telemetry.error_type(error), None)
