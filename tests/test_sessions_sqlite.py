@@ -141,6 +141,14 @@ class TestFile:
         assert stats == (SessionStats("s", 2, 0, None),)
 
 
+async def test_the_messages_of_one_append_share_one_time(tmp_path: Path) -> None:
+    """stored_at is the append's time, taken once, however long the insert takes."""
+    async with SQLiteSessionStore(tmp_path / "s.db") as store:
+        await store.append("s", [Message.user("x" * 2_000) for _ in range(5_000)])
+        times = {entry.stored_at for entry in await store.load_stored("s")}
+    assert len(times) == 1
+
+
 class TestReadOnly:
     async def test_reads_a_store_and_refuses_every_write(self, tmp_path: Path) -> None:
         path = tmp_path / "s.db"

@@ -43,15 +43,18 @@ from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
 
 __all__ = ["SQLiteSessionStore"]
 
+_NOW = "(julianday('now') - 2440587.5) * 86400.0"
+"""SQLite's clock as Unix seconds."""
 _SCHEMA = (
     "CREATE TABLE littleghost_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE littleghost_sessions (id TEXT PRIMARY KEY, length INTEGER NOT NULL)",
     "CREATE TABLE littleghost_messages (session_id TEXT NOT NULL, position INTEGER NOT NULL,"
-    " body TEXT NOT NULL, stored_at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),"
+    f" body TEXT NOT NULL, stored_at REAL DEFAULT ({_NOW}),"
     " PRIMARY KEY (session_id, position)) WITHOUT ROWID",
 )
-"""The tables of a new store. ``stored_at`` (Unix seconds, filled in by SQLite) is
-optional: tables made before it existed are read without times."""
+"""The tables of a new store. ``stored_at`` (Unix seconds by SQLite's clock, one time for
+all the messages of an append) is optional: tables made before it existed are read
+without times."""
 _SUMMARY_PATHS = tuple("$" + "".join(f'."{key}"' for key in path) for path in SUMMARY_PATHS)
 """``SUMMARY_PATHS`` as SQLite JSON paths."""
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
@@ -296,9 +299,19 @@ class SQLiteSessionStore:
                     "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
                     (start + len(bodies), session_id),
                 )
+            rows = [(session_id, start + index, body) for index, body in enumerate(bodies)]
+            if self._stored_at == "NULL":  # a table made before messages had times
+                connection.executemany(
+                    "INSERT INTO littleghost_messages (session_id, position, body)"
+                    " VALUES (?, ?, ?)",
+                    rows,
+                )
+                return
+            (now,) = connection.execute(f"SELECT {_NOW}").fetchone()  # one time per append
             connection.executemany(
-                "INSERT INTO littleghost_messages (session_id, position, body) VALUES (?, ?, ?)",
-                [(session_id, start + index, body) for index, body in enumerate(bodies)],
+                "INSERT INTO littleghost_messages (session_id, position, body, stored_at)"
+                " VALUES (?, ?, ?, ?)",
+                [(*row, now) for row in rows],
             )
 
         await self._call(
