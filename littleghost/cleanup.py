@@ -11,8 +11,8 @@ it. A run started inside another run's tool (an agent used as a tool) and cancel
 the tool ends (the cancellation came from outside it), the outer run ends by that time as
 well, so graces never add up; if not (a ``cancel()`` inside the tool), the outer run
 goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
-nested run only. A run therefore ends no later than its deadline plus the grace, and a caller's
-cancel scope is honoured within the grace.
+nested run only. A run therefore ends no later than its deadline plus the grace, and a
+caller's cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
 cancelled is recorded (``failures``), logged without content, and the cancellation goes
