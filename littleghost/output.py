@@ -28,7 +28,7 @@ from attrs import frozen
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, ToolCall
 from littleghost.models.base import Model, ModelRequest, OutputSchema, ToolSpec
-from littleghost.tool_types import ToolArgumentError, coerce, json_schema
+from littleghost.tool_types import ToolArgumentError, coerce, json_schema, parse_json
 
 __all__ = [
     "OUTPUT_TOOL",
@@ -91,9 +91,9 @@ class OutputType:
         if isinstance(reply, str):
             raw = reply
             try:
-                value = json.loads(reply)
-            except (ValueError, RecursionError):
-                return Answer(raw, errors=("the answer is not valid JSON",))
+                value = parse_json(reply)
+            except ToolArgumentError as error:
+                return Answer(raw, errors=(f"the answer is {error}",))
         else:
             value = dict(reply)
             raw = json.dumps(value, ensure_ascii=False, default=str)

@@ -42,7 +42,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.hooks import run_chain
-from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
+from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
 from littleghost.output import (
     Answer,
@@ -58,6 +58,7 @@ from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import truncate_middle
 from littleghost.tool_calls import error_result, invoke
+from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         response = await run_chain(
             agent.hooks["after_model"], answered, expected=ModelResponse, context=context
         )
-        response = _fresh(response, context.messages)
+        response = _json_arguments(_fresh(response, context.messages))
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
@@ -579,6 +580,24 @@ def _fresh(response: ModelResponse, log: Sequence[Message]) -> ModelResponse:
     if any(earlier.id == message.id for earlier in log):
         return attrs.evolve(response, message=attrs.evolve(message, id=new_id()))
     return response
+
+
+def _json_arguments(response: ModelResponse) -> ModelResponse:
+    """``response`` with each tool call's arguments that JSON cannot hold (``NaN``,
+    infinity) kept as their text, as a provider's unparsable arguments are: the call is
+    answered with an error, and the log gets a value it can store."""
+    message = response.message
+    content = tuple(_json_call(part) for part in message.content)
+    if all(new is old for new, old in zip(content, message.content, strict=True)):
+        return response
+    return attrs.evolve(response, message=attrs.evolve(message, content=content))
+
+
+def _json_call(part: Part) -> Part:
+    if not isinstance(part, ToolCall) or isinstance(part.arguments, str):
+        return part
+    arguments = json_arguments(part.arguments)
+    return part if arguments is part.arguments else attrs.evolve(part, arguments=arguments)
 
 
 def _check_new(message: Message, log: Sequence[Message], where: str) -> None:

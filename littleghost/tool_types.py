@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import types
 import typing
@@ -22,13 +23,62 @@ import attrs
 
 from littleghost.errors import ConfigurationError
 
-__all__ = ["ToolArgumentError", "coerce", "json_schema", "left_out", "to_json"]
+__all__ = [
+    "ToolArgumentError",
+    "coerce",
+    "json_arguments",
+    "json_schema",
+    "left_out",
+    "parse_json",
+    "to_json",
+]
 
 _NONE_TYPE = type(None)
 
 
 class ToolArgumentError(ValueError):
     """Arguments from the model do not fit a tool's schema (told to the model, not raised)."""
+
+
+def parse_json(text: str) -> Any:
+    """JSON text from a model as a value, strictly: ``NaN`` and ``Infinity`` are not JSON,
+    and a number too large for a float (``1e400``) is refused, not read as infinity.
+
+    Raises:
+        ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why).
+    """
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    except ToolArgumentError:
+        raise
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        raise ToolArgumentError("not valid JSON") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ToolArgumentError(f"not valid JSON: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ToolArgumentError(f"not valid JSON: the number {text} is too large for a float")
+    return value
+
+
+def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
+    """Tool-call arguments a model sent as a mapping, checked as strict JSON: the mapping,
+    or its JSON text when it holds a value JSON has not (``NaN``, ``inf``), so that the
+    call is answered with an error and the log never holds a non-finite float."""
+    try:
+        text = json.dumps(dict(arguments), ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why
+        return arguments
+    try:
+        parse_json(text)
+    except ToolArgumentError:
+        return text
+    return arguments
 
 
 def json_schema(annotation: Any, where: str) -> dict[str, Any]:
@@ -238,9 +288,12 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ToolArgumentError(f"{path}: expected a number, got {_json_type(value)}")
         try:
-            return float(value)
+            number = float(value)
         except OverflowError:
             raise ToolArgumentError(f"{path}: the number is too large") from None
+        if not math.isfinite(number):
+            raise ToolArgumentError(f"{path}: expected a finite number, got {number!r}")
+        return number
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:

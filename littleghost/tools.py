@@ -24,7 +24,14 @@ from littleghost._validators import is_number
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
-from littleghost.tool_types import ToolArgumentError, coerce, json_schema, left_out, to_json
+from littleghost.tool_types import (
+    ToolArgumentError,
+    coerce,
+    json_schema,
+    left_out,
+    parse_json,
+    to_json,
+)
 
 __all__ = ["ToolArgumentError", "ToolDefinition", "index_tools", "tool"]
 
@@ -393,9 +400,9 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
     arguments = call.arguments
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError):
-            raise ToolArgumentError("the arguments are not valid JSON") from None
+            arguments = parse_json(arguments) if arguments.strip() else {}
+        except ToolArgumentError as error:
+            raise ToolArgumentError(f"the arguments are {error}") from None
     if not isinstance(arguments, Mapping):
         raise ToolArgumentError("the arguments must be a JSON object")
     known = {parameter.name for parameter in definition.signature}

@@ -440,6 +440,53 @@ class TestRepair:
         assert result.output == Invoice("A", 12.0, paid=True)
         assert model.requests[1].output_schema == model.requests[0].output_schema
 
+    @pytest.mark.parametrize(
+        ("number", "problem"),
+        [
+            ("NaN", "NaN is not a JSON number"),
+            ("Infinity", "Infinity is not a JSON number"),
+            ("-Infinity", "-Infinity is not a JSON number"),
+            ("1e400", "the number 1e400 is too large for a float"),
+        ],
+    )
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_a_number_that_is_not_finite_is_repaired_then_raises(
+        self, native: bool, number: str, problem: str
+    ) -> None:
+        """NaN and infinity are not JSON, and 1e400 is no float: each gets the repair turn,
+        then OutputValidationError; the session stores the run, with the final-result
+        call's arguments as their text."""
+        reply = f'{{"result": {number}}}'
+        step = (
+            text_response(reply) if native else tool_call_response(OUTPUT_TOOL, reply, call_id="c")
+        )
+        store = InMemorySessionStore()
+        model = ScriptedModel([step, step], supports_output_schema=native)
+        agent = Plain(model=model, session_store=store)
+        with pytest.raises(OutputValidationError) as caught:
+            await agent.run("go", output_type=float, session_id="s")
+        assert caught.value.raw == reply
+        assert caught.value.errors == (f"the answer is not valid JSON: {problem}",)
+        assert len(model.requests) == 2 and len(await store.load("s")) == 4 + (not native)
+
+    async def test_final_result_arguments_holding_a_non_finite_float_are_kept_as_text(
+        self,
+    ) -> None:
+        """A model that hands over parsed arguments holding infinity gets the repair turn,
+        and the session stores the arguments as their JSON text."""
+        step = tool_call_response(OUTPUT_TOOL, {"result": [1.0, float("inf")]}, call_id="c")
+        store = InMemorySessionStore()
+        model = ScriptedModel([step, step], supports_output_schema=False)
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=model, session_store=store).run(
+                "go", output_type=list[float], session_id="s"
+            )
+        assert caught.value.errors == (
+            "the answer is not valid JSON: Infinity is not a JSON number",
+        )
+        stored = await store.load("s")
+        assert stored[1].tool_calls[0].arguments == '{"result": [1.0, Infinity]}'
+
 
 class TestStreaming:
     async def test_text_deltas_then_the_typed_value(self) -> None:

@@ -367,6 +367,27 @@ async def test_response_translation(make_model: Callable[..., AnthropicModel]) -
     assert response.usage == Usage(420, 40, cache_read_tokens=300, cache_write_tokens=20)
 
 
+async def test_parsed_input_holding_infinity_is_kept_as_its_text(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """An input whose body held Infinity (which the SDK's parser reads) becomes the
+    arguments' JSON text, answered as invalid, never a non-finite float in the log."""
+    body = json.loads(
+        message(
+            [{"type": "tool_use", "id": "toolu_a", "name": "add", "input": {"a": 1, "b": 2}}],
+            stop_reason="tool_use",
+        ).content
+    )
+    body["content"][0]["input"]["a"] = float("inf")
+    server = FakeServer(
+        httpx2.Response(
+            200, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+    )
+    response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert response.message.tool_calls == (ToolCall("toolu_a", "add", '{"a": Infinity, "b": 2}'),)
+
+
 async def test_usage_reports_cache_and_thinking_tokens_apart(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

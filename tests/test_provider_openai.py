@@ -356,6 +356,17 @@ async def test_arguments_nested_too_deep_are_kept_raw(
     assert response.message.tool_calls == (ToolCall("call_a", "add", deep),)
 
 
+async def test_arguments_holding_nan_are_kept_raw(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """NaN is not JSON: such arguments stay the raw text (answered as invalid, storable)."""
+    raw = '{"a": NaN, "b": 1e400}'
+    call = {"id": "call_a", "type": "function", "function": {"name": "add", "arguments": raw}}
+    server = FakeServer(completion({"tool_calls": [call]}, finish_reason="tool_calls"))
+    response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert response.message.tool_calls == (ToolCall("call_a", "add", raw),)
+
+
 @pytest.mark.parametrize(
     ("finish_reason", "stop_reason"),
     [

@@ -226,6 +226,35 @@ class TestRepair:
         await Helper(model=model, session_store=store).run("g", session_id="s")
         assert texts(model.requests[0].messages) == ["Help.", "e", "f", "g"]
 
+    async def test_tool_arguments_holding_infinity_are_answered_and_stored_as_text(
+        self, store: SessionStore
+    ) -> None:
+        """A call whose arguments hold a number JSON has not gets an error result; the
+        session stores the arguments as their text, never the non-finite float."""
+
+        class Scaler(Helper):
+            @tool
+            async def scale(self, factor: float) -> str:
+                """Scale by a factor."""
+                return str(factor)
+
+        model = ScriptedModel(
+            [
+                tool_call_response("scale", '{"factor": Infinity}', call_id="c1"),
+                tool_call_response("scale", {"factor": float("nan")}, call_id="c2"),
+                text_response("done"),
+            ]
+        )
+        result = await Scaler(model=model, session_store=store).run("go", session_id="s")
+        assert result.output == "done"
+        stored = await store.load("s")
+        assert [m.tool_calls[0].arguments for m in stored if m.tool_calls] == [
+            '{"factor": Infinity}',
+            '{"factor": NaN}',
+        ]
+        results = [m.tool_results[0] for m in stored if m.tool_results]
+        assert all(r.is_error and "is not a JSON number" in r.content for r in results)
+
 
 class TestStreaming:
     async def test_a_streamed_run_continues_the_session(self, store: SessionStore) -> None:

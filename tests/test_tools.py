@@ -22,6 +22,7 @@ from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from littleghost.tool_calls import invoke
+from littleghost.tool_types import ToolArgumentError, coerce
 from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
@@ -477,18 +478,40 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
         ({"interval": {"low": 3, "high": 1}}, "measure", "interval: low is above high"),
         ({"factor": 10**400}, "scale", "factor: the number is too large"),
         ("[" * 100_000, "scale", "the arguments are not valid JSON"),
+        ('{"factor": NaN}', "scale", "the arguments are not valid JSON: NaN is not a JSON number"),
+        ('{"factor": -Infinity}', "scale", "valid JSON: -Infinity is not a JSON number"),
+        ('{"factor": 1e400}', "scale", "the number 1e400 is too large for a float"),
+        ({"factor": float("inf")}, "scale", "valid JSON: Infinity is not a JSON number"),
     ],
-    ids=["set", "frozenset", "enum-missing", "attrs", "float", "deep-json"],
+    ids=[
+        "set",
+        "frozenset",
+        "enum-missing",
+        "attrs",
+        "float",
+        "deep-json",
+        "nan",
+        "minus-infinity",
+        "1e400",
+        "inf-mapping",
+    ],
 )
 async def test_arguments_that_break_conversion_become_error_results(
     arguments: dict[str, Any] | str, name: str, fragment: str
 ) -> None:
     """Unhashable set items, an Enum or attrs constructor that raises anything, a number
-    too large for a float and JSON nested too deep are answered, never raised."""
+    too large for a float, JSON nested too deep and numbers JSON has not (NaN, infinity,
+    whether sent as text or parsed) are answered, never raised."""
     seen = await fussy_result(arguments, name)
     assert seen.is_error
     assert f"Invalid arguments for tool {name!r}" in seen.content
     assert fragment in seen.content
+
+
+def test_a_float_parameter_refuses_a_number_that_is_not_finite() -> None:
+    """A non-finite float that reaches the check (from a hook, say) does not fit."""
+    with pytest.raises(ToolArgumentError, match="factor: expected a finite number, got nan"):
+        coerce(float("nan"), float, "factor")
 
 
 async def test_fitting_arguments_still_convert() -> None:

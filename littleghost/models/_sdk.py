@@ -19,6 +19,7 @@ from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavai
 from littleghost.messages import ImagePart
 from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
+from littleghost.tool_types import ToolArgumentError, json_arguments, parse_json
 
 __all__ = [
     "RequestLogFilter",
@@ -118,15 +119,16 @@ def image_base64(part: ImagePart) -> str:
 
 
 def parse_arguments(raw: object) -> Mapping[str, Any] | str:
-    """Tool-call arguments as a mapping; the raw text when it is not a JSON object."""
+    """Tool-call arguments as a mapping; the raw text when it is not a JSON object, read
+    strictly (``parse_json``: no ``NaN`` or infinity)."""
     if isinstance(raw, Mapping):
-        return dict(raw)
+        return json_arguments(raw)
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
     text = raw if isinstance(raw, str) else str(raw)
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # nested deeper than the parser goes
+        value = parse_json(text)
+    except ToolArgumentError:
         return text
     return value if isinstance(value, dict) else text
 
