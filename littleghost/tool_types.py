@@ -299,11 +299,10 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     if origin is typing.Annotated:
         return coerce(value, args[0], path)
     if origin is Literal:
-        if value not in args or (
-            isinstance(value, bool) != any(isinstance(a, bool) and a == value for a in args)
-        ):
-            raise ToolArgumentError(f"{path}: expected one of {list(args)!r}, got {value!r}")
-        return value
+        for member in args:
+            if _same_json(value, member):
+                return member
+        raise ToolArgumentError(f"{path}: expected one of {list(args)!r}, got {value!r}")
     if origin in (Union, types.UnionType):
         problems = []
         for arg in args:
@@ -388,6 +387,12 @@ def left_out(value: Any, annotation: Any, *, required: bool) -> bool:
     except ToolArgumentError:
         return True
     return False
+
+
+def _same_json(value: Any, member: Any) -> bool:
+    """True when the JSON ``value`` equals ``member`` and has its JSON type (a boolean is
+    not the number 1)."""
+    return _json_type(value) == _json_type(member) and value == member
 
 
 def _json_type(value: Any) -> str:

@@ -663,6 +663,19 @@ async def test_null_for_an_optional_field_means_its_default() -> None:
     assert "expected a string, got null" in bad.requests[1].messages[-1].text
 
 
+@pytest.mark.parametrize(
+    ("kind", "answer", "expected"),
+    [(Literal[1, True], "1", 1), (Literal[0, False], "0", 0), (Literal[1], "1.0", 1)],
+)
+async def test_a_literal_answer_is_the_member_of_its_json_type(
+    kind: Any, answer: str, expected: int
+) -> None:
+    """``1`` is the member ``1`` of ``Literal[1, True]``, not ``True``; ``1.0`` is ``1``."""
+    model = ScriptedModel([text_response(f'{{"result": {answer}}}')])
+    result = await Plain(model=model).run("go", output_type=kind)
+    assert result.output == expected and type(result.output) is int
+
+
 def test_an_output_schema_has_an_object_at_its_root_and_a_name() -> None:
     closed = {**OBJECT, "properties": {"a": {"type": "string"}}, "required": ["a"]}
     with pytest.raises(TypeError, match=r"OutputSchema\.schema"):

@@ -522,6 +522,55 @@ async def test_fitting_arguments_still_convert() -> None:
     assert (await fussy_result({"factor": 10**300}, "scale")).content == str(1e300)
 
 
+async def typed_result(annotation: Any, value: Any) -> ToolResult:
+    """Run one call of a tool taking ``annotation``; the result shows what it received."""
+
+    def choose(choice: Any) -> str:
+        """Choose."""
+        return f"{choice!r} {type(choice).__name__}"
+
+    choose.__annotations__["choice"] = annotation
+
+    class Chooser(Agent):
+        tools = [choose]
+
+    model = ScriptedModel([tool_call_response("choose", {"choice": value}), text_response("done")])
+    await Chooser(model=model).run("go")
+    (seen,) = tool_results(model.requests[1].messages)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value", "received"),
+    [
+        (Literal[1, True], 1, "1 int"),
+        (Literal[1, True], True, "True bool"),
+        (Literal[0, False], 0, "0 int"),
+        (Literal[0, False], False, "False bool"),
+        (Literal[1], 1.0, "1 int"),
+        (Literal[1, "1"], "1", "'1' str"),
+    ],
+)
+async def test_a_literal_takes_the_member_of_the_same_json_type_and_value(
+    annotation: Any, value: Any, received: str
+) -> None:
+    """A boolean is not the number it equals, and the tool gets the Literal's own member."""
+    assert (await typed_result(annotation, value)).content == received
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [(Literal[1], True), (Literal[True], 1), (Literal[0], False), (Literal["1"], 1)],
+)
+async def test_a_literal_refuses_an_equal_value_of_another_json_type(
+    annotation: Any, value: Any
+) -> None:
+    seen = await typed_result(annotation, value)
+    assert (
+        seen.is_error and f"choice: expected one of {list(annotation.__args__)!r}" in seen.content
+    )
+
+
 async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
     """A result over max_tool_result_tokens keeps its head and tail around a marker."""
     seen = await single_result({"size": 1000}, "shout")
