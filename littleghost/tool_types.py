@@ -314,11 +314,13 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             f"{path}: matches none of the allowed types ({'; '.join(problems)})"
         )
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        try:
-            return annotation(value)
-        except Exception:  # ValueError, TypeError (unhashable), or a custom _missing_'s
-            allowed = [member.value for member in annotation]
-            raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}") from None
+        for member in annotation:  # 1.0 is not an int member 1, though it is Literal[1]
+            if _same_json(value, member.value) and (
+                isinstance(member.value, float) or not isinstance(value, float)
+            ):
+                return member
+        allowed = [member.value for member in annotation]
+        raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}")
     fields = _record_fields(annotation)
     if fields is not None:
         if not isinstance(value, dict):

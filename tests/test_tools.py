@@ -571,6 +571,42 @@ async def test_a_literal_refuses_an_equal_value_of_another_json_type(
     )
 
 
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+class Ratio(enum.Enum):
+    HALF = 0.5
+    WHOLE = 1.0
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value", "received"),
+    [
+        (Level, 2, "<Level.HIGH: 2> Level"),
+        (Ratio, 1.0, "<Ratio.WHOLE: 1.0> Ratio"),
+        (Ratio, 1, "<Ratio.WHOLE: 1.0> Ratio"),
+    ],
+)
+async def test_an_enum_takes_the_value_of_a_member_with_its_json_type(
+    annotation: Any, value: Any, received: str
+) -> None:
+    assert (await typed_result(annotation, value)).content == received
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [(Level, True), (Level, 1.0), (Level, "1"), (Level, [1]), (Ratio, True), (Ratio, 0)],
+)
+async def test_an_enum_refuses_an_equal_value_of_another_type(annotation: Any, value: Any) -> None:
+    """A boolean is no int member, and a float is no int member it equals (an int may be
+    a float member, as an int fits a float parameter)."""
+    seen = await typed_result(annotation, value)
+    allowed = [member.value for member in annotation]
+    assert seen.is_error and f"choice: expected one of {allowed!r}, got {value!r}" in seen.content
+
+
 async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
     """A result over max_tool_result_tokens keeps its head and tail around a marker."""
     seen = await single_result({"size": 1000}, "shout")
