@@ -269,6 +269,46 @@ def test_threads_waiting_for_a_start_that_fails_get_its_error(
     assert starts.read_text() == "start\n"  # one start, shared
 
 
+async def start_and_aclose(model: LocalModel, delay: float, marker: bytes) -> list[ProviderError]:
+    """Start ``model`` in a task, and ``aclose()`` it ``delay`` seconds later; check that
+    no server whose command holds ``marker`` runs as ``aclose()`` returns. The errors the
+    start raised."""
+    failures: list[ProviderError] = []
+
+    async def start() -> None:
+        try:
+            await model.prepare()
+        except ProviderError as error:
+            failures.append(error)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(start)
+        await anyio.sleep(delay)
+        await model.aclose()
+        assert model.pid is None
+        assert not [pid for pid in running_servers() if marker in _command(pid)]
+    return failures
+
+
+async def test_aclose_during_a_start_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = tmp_path / "pid"
+    model = fake_server(tmp_path, monkeypatch, f"echo $$ > {pid_file}; exec sleep 60")
+    [failure] = await start_and_aclose(model, 0.5, str(tmp_path).encode())
+    assert "stopped by aclose() while it was starting" in str(failure)
+    assert _command(int(pid_file.read_text())) == b""  # started, and gone
+
+
+async def test_aclose_during_a_real_start_leaves_no_server() -> None:
+    model = local_model_or_skip(n_ctx=352)
+    failures = await start_and_aclose(model, 0.05, b"\x00352\x00")
+    assert [str(failure) for failure in failures] == [
+        "local: the llama.cpp server for SmolLM2-135M-Instruct.Q4_1.gguf was stopped by "
+        "aclose() while it was starting"
+    ]
+
+
 EXIT_WITHOUT_CLOSING = """
 import anyio
 from littleghost.models.local import LocalModel

@@ -322,6 +322,8 @@ class _Start:
     """A start in progress, seen by every thread and event loop that waits for it."""
 
     done: threading.Event = field(factory=threading.Event)
+    closed: bool = False
+    """Set by ``aclose()``: the start must fail and leave no server running."""
     failure: str | None = None
     """Why the start failed; ``None`` when it succeeded or its caller was cancelled."""
 
@@ -447,7 +449,8 @@ class LocalModel:
 
         Raises:
             ProviderError: The server exited before it was ready, or did not get ready
-                within ``START_TIMEOUT`` seconds (its last output is in the message).
+                within ``START_TIMEOUT`` seconds (its last output is in the message), or
+                ``aclose()`` stopped it while it was starting.
         """
         while True:
             with self._lock:
@@ -469,9 +472,7 @@ class LocalModel:
             )
             self._forget(server)
         try:
-            started = await self._start()
-            with self._lock:
-                self._server = started
+            await self._start(start)
         except ProviderError as error:
             start.failure = str(error)
             raise
@@ -480,7 +481,7 @@ class LocalModel:
                 self._starting = None
             start.done.set()
 
-    async def _start(self) -> _Server:
+    async def _start(self, start: _Start) -> None:
         port = _free_port()
         output: deque[str] = deque(maxlen=_OUTPUT_LINES)
         command = self._command(port)
@@ -494,7 +495,11 @@ class LocalModel:
         with _running_lock:
             _running[process.pid] = process
         try:
-            window = await self._wait_ready(process, port, output)
+            window = await self._wait_ready(process, port, output, start)
+            with self._lock:
+                if start.closed:
+                    raise self._closed_while_starting()
+                self._server = _Server(process, port, window)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_terminate, process)
@@ -504,7 +509,13 @@ class LocalModel:
         logger.info(
             "local: llama.cpp server pid %d on port %d, n_ctx %d", process.pid, port, window
         )
-        return _Server(process, port, window)
+
+    def _closed_while_starting(self) -> ProviderError:
+        return ProviderError(
+            f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
+            "while it was starting",
+            provider=self.provider,
+        )
 
     def _start_failure(
         self, process: subprocess.Popen[bytes], output: deque[str], what: str
@@ -516,11 +527,13 @@ class LocalModel:
         )
 
     async def _wait_ready(
-        self, process: subprocess.Popen[bytes], port: int, output: deque[str]
+        self, process: subprocess.Popen[bytes], port: int, output: deque[str], start: _Start
     ) -> int:
         base = f"http://{_HOST}:{port}"
         with anyio.move_on_after(START_TIMEOUT):
             while True:
+                if start.closed:
+                    raise self._closed_while_starting()
                 code = process.poll()
                 if code is not None:
                     await anyio.sleep(0.1)  # let the output thread read the last lines
@@ -611,8 +624,18 @@ class LocalModel:
             raise stopped from error
 
     async def aclose(self) -> None:
-        """Stop the server (SIGTERM to its own pid, then SIGKILL after ``STOP_TIMEOUT``)."""
-        server = self._server
+        """Stop the server (SIGTERM to its own pid, then SIGKILL after ``STOP_TIMEOUT``).
+
+        A start in progress, in any task or thread, then fails with a ``ProviderError``;
+        this waits until it has stopped its server.
+        """
+        with self._lock:
+            server = self._server
+            start = self._starting
+            if start is not None:
+                start.closed = True
+        if start is not None:
+            await start.wait()
         if server is None:
             return
         self._forget(server)
