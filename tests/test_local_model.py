@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
@@ -70,8 +71,9 @@ def local() -> Iterator[LocalModel]:
     assert running_servers() == []
 
 
-def get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=5) as answer:
+def get_json(url: str, key: str | None) -> dict[str, object]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
         body: dict[str, object] = json.loads(answer.read())
         return body
 
@@ -84,9 +86,38 @@ class Chat(Agent):
 async def test_the_window_is_the_servers_n_ctx(local: LocalModel) -> None:
     assert local.context_window == WINDOW
     assert local.base_url is not None
-    models = await anyio.to_thread.run_sync(get_json, f"{local.base_url}/models")
+    models = await anyio.to_thread.run_sync(get_json, f"{local.base_url}/models", local.api_key)
     [entry] = models["data"]  # type: ignore[misc]
     assert entry["meta"]["n_ctx"] == WINDOW
+
+
+def status(url: str, key: str | None = None, data: bytes | None = None) -> int:
+    """The HTTP status ``url`` answers, sent with ``key`` (if any) from another origin."""
+    headers = {"Origin": "https://elsewhere.example", "Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=30):
+            return 200
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_server_serves_only_clients_with_its_key(local: LocalModel) -> None:
+    pid, base = local.pid, local.base_url
+    assert pid is not None and base is not None
+    root = base.removesuffix("/v1")
+    chat = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    for path in ("/v1/models", "/props", "/slots"):
+        assert status(root + path) == 401, path
+    assert status(f"{base}/chat/completions", data=chat.encode()) == 401
+    assert status(f"{root}/health") == 200
+    assert b"--api-key" not in _command(pid)  # a command line is readable by anyone
+    key = local.api_key
+    assert key is not None and len(key) >= 32
+    assert f"LLAMA_API_KEY={key}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    assert status(f"{base}/models", key) == 200
+    assert status(f"{base}/chat/completions", key, chat.encode()) == 200
 
 
 async def test_a_multi_turn_chat(local: LocalModel) -> None:

