@@ -63,6 +63,34 @@ class Small(Agent):
     instructions = "Be brief."
 
 
+class Pinging(Agent):
+    """An agent with one tool, for tool loops."""
+
+    @tool
+    def ping(self) -> str:
+        """Ping."""
+        return "pong"
+
+
+def pinging(
+    times: int, summary: str = "summary", call: ModelResponse | None = None
+) -> ScriptedModel:
+    """A model that calls ``ping`` ``times`` times (answering with ``call`` when given),
+    then says "done"; its summary calls answer ``summary``."""
+    chats = 0
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        nonlocal chats
+        if request.purpose == "context_compaction":
+            return text_response(summary)
+        chats += 1
+        if chats > times:
+            return text_response("done")
+        return call or tool_call_response("ping", {})
+
+    return ScriptedModel([respond] * 40)
+
+
 class TestDeclaration:
     def test_bare_and_with_keywords(self) -> None:
         """Bare use gives the defaults; keywords set the fields of a frozen config."""
@@ -289,11 +317,8 @@ class TestWhenItFires:
                 return 1
 
         @manage_context(tokenizer=Counting())
-        class Looping(Agent):
-            @tool
-            def ping(self) -> str:
-                """Ping."""
-                return "pong"
+        class Looping(Pinging):
+            pass
 
         model = ScriptedModel(
             [tool_call_response("ping", {}), tool_call_response("ping", {}), text_response("done")]
@@ -428,22 +453,10 @@ class TestWhatIsSent:
             preserve_recent_messages=2,
             tokenizer=PerMessage(),
         )
-        class Looping(Agent):
-            @tool
-            def ping(self) -> str:
-                """Ping."""
-                return "pong"
+        class Looping(Pinging):
+            pass
 
-        chats = 0
-
-        def respond(request: ModelRequest) -> ModelResponse:
-            nonlocal chats
-            if request.purpose == "context_compaction":
-                return text_response("summary")
-            chats += 1
-            return tool_call_response("ping", {}) if chats <= 6 else text_response("done")
-
-        model = ScriptedModel([respond] * 40)
+        model = pinging(6)
         result = await Looping(model=model).run("THE QUESTION", history=chat(20))
         assert sum(r.purpose == "context_compaction" for r in model.requests) >= 3
         for request in model.requests:
@@ -463,23 +476,11 @@ class TestWhatIsSent:
             preserve_recent_messages=4,
             tokenizer=PerMessage(),
         )
-        class Looping(Agent):
-            @tool
-            def ping(self) -> str:
-                """Ping."""
-                return "pong"
+        class Looping(Pinging):
+            pass
 
         same = tool_call_response("ping", {}, call_id="c")
-        chats = 0
-
-        def respond(request: ModelRequest) -> ModelResponse:
-            nonlocal chats
-            if request.purpose == "context_compaction":
-                return text_response("summary")
-            chats += 1
-            return same if chats <= 12 else text_response("done")
-
-        result = await Looping(model=ScriptedModel([respond] * 40)).run("go")
+        result = await Looping(model=pinging(12, call=same)).run("go")
         ids = [message.id for message in result.messages]
         assert len(set(ids)) == len(ids)
         assert any(message.is_summary for message in result.messages)
@@ -565,11 +566,8 @@ class TestWhatIsSent:
             preserve_recent_messages=4,
             tokenizer=PerMessage(),
         )
-        class Looping(Agent):
-            @tool
-            def ping(self) -> str:
-                """Ping."""
-                return "pong"
+        class Looping(Pinging):
+            pass
 
         model = ScriptedModel(
             [
@@ -655,24 +653,10 @@ class TestTheLog:
             preserve_recent_messages=4,
             tokenizer=PerMessage(),
         )
-        class Looping(Agent):
+        class Looping(Pinging):
             instructions = "Be brief."
 
-            @tool
-            def ping(self) -> str:
-                """Ping."""
-                return "pong"
-
-        pings = 0
-
-        def respond(request: ModelRequest) -> ModelResponse:
-            nonlocal pings
-            if request.purpose == "context_compaction":
-                return text_response("- pinged")
-            pings += 1
-            return tool_call_response("ping", {}) if pings <= 12 else text_response("done")
-
-        model = ScriptedModel([respond] * 40)
+        model = pinging(12, summary="- pinged")
         result = await Looping(model=model).run("go", history=chat(earlier))
         ends = [n + 1 for n, m in enumerate(result.messages) if m.is_summary]
         after = [
