@@ -69,16 +69,25 @@ def _finite_float(text: str) -> float:
 def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
     """Tool-call arguments a model sent as a mapping, checked as strict JSON: the mapping,
     or its JSON text when it holds a value JSON has not (``NaN``, ``inf``), so that the
-    call is answered with an error and the log never holds a non-finite float."""
+    call is answered with an error and the log never holds a non-finite float. Only such
+    arguments are encoded (this runs on every answer with tool calls)."""
     try:
-        text = json.dumps(dict(arguments), ensure_ascii=False, default=str)
+        if not _non_finite(arguments):
+            return arguments
+        return json.dumps(dict(arguments), ensure_ascii=False, default=str)
     except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why
         return arguments
-    try:
-        parse_json(text)
-    except ToolArgumentError:
-        return text
-    return arguments
+
+
+def _non_finite(value: Any) -> bool:
+    """True when ``value`` holds a float JSON cannot write (``NaN``, an infinity)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(_non_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(item) for item in value)
+    return False
 
 
 def json_schema(annotation: Any, where: str) -> dict[str, Any]:
