@@ -16,7 +16,7 @@ import anyio
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving, log_unraised
+from littleghost.cleanup import close_leaving
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -495,11 +495,8 @@ class Agent:
 
             try:
                 result = await runner.run(self, plan, model=model, observe=runs.append)
-            except BaseException as error:
-                try:
-                    await close()
-                except CleanupError as failure:  # the run's own error is the one to raise
-                    log_unraised("closing the run's model", failure, error)
+            except BaseException as error:  # the run's own error is the one to raise
+                await close_leaving(close, "closing the run's model", error)
                 raise
             await close()
             return result
