@@ -26,7 +26,7 @@ from attrs import frozen
 
 from littleghost import telemetry
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding
-from littleghost.context.view import interrupted_results, misplaced_results, orphan_results
+from littleghost.context.view import interrupted_results, misplaced_results
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -241,8 +241,7 @@ async def _open_session(
         def at(position: int) -> str:
             return f"message {position} of {where}"
 
-        orphans = orphan_results(stored)
-        _check_results([m for m in misplaced_results(stored) if m[0] not in orphans], at)
+        _check_results(misplaced_results(stored, orphans=False), at)
         _check_new(message, stored, where)
         if seed:
             warnings.warn(

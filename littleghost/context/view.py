@@ -46,12 +46,18 @@ def orphan_results(log: Sequence[Message]) -> list[int]:
     return _paired(log).orphans
 
 
-def misplaced_results(log: Sequence[Message]) -> list[tuple[int, str]]:
+def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every tool result in ``log`` that answers no open call of
     the assistant message its tool message belongs to, by the pairing rule: a result
     before its call, a second answer, or one whose nearest open call with its id is
-    another assistant message's. The view cannot show such a result in its place."""
-    return _paired(log).misplaced
+    another assistant message's. The view cannot show such a result in its place.
+    ``orphans=False`` leaves out the results of tool messages that answer no call at all
+    (``orphan_results``: the view leaves those out whole)."""
+    layout = _paired(log)
+    if orphans:
+        return layout.misplaced
+    whole = set(layout.orphans)
+    return [item for item in layout.misplaced if item[0] not in whole]
 
 
 def interrupted_results(
