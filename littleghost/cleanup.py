@@ -6,8 +6,9 @@ stopped run makes to answer its open tool calls, and releasing its session are
 ``Grace`` runs such work shielded from cancellation, but only until its stop time: the
 first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
 the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
-it. A run started inside another run's tool (an agent used as a tool) and cancelled by a
-``cancel()`` leaves its stop time for that tool: if the outer run is being cancelled as
+it. A run started inside another run's tool (an agent used as a tool; a hook,
+``instructions`` or a model alike) and cancelled by a ``cancel()`` leaves its stop time for
+that tool: if the outer run is being cancelled as
 the tool ends (the cancellation came from outside it), the outer run ends by that time as
 well, so graces never add up; if not (a ``cancel()`` inside the tool), the outer run
 goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
@@ -38,7 +39,8 @@ logger = logging.getLogger("littleghost.cleanup")
 
 _CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=None)
 _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops", default=None)
-"""While a tool runs: the stop times of the runs it started that a ``cancel()`` stopped."""
+"""While a tool (hook, ...) runs: the stop times of the runs it started that a
+``cancel()`` stopped."""
 
 
 @define(eq=False)
@@ -95,10 +97,10 @@ class Grace:
 
     @contextmanager
     def hosting(self) -> Iterator[None]:
-        """Around one of this run's tools: when the tool ends while this run is being
-        cancelled, the runs it started and that the same ``cancel()`` stopped first set
-        this run's stop time (graces never add up); when this run goes on, their stops
-        were the tool's own business."""
+        """Around user code this run calls (a tool, a hook, ``instructions``, a model):
+        when it ends while this run is being cancelled, the runs it started and that the
+        same ``cancel()`` stopped first set this run's stop time (graces never add up);
+        when this run goes on, their stops were that code's own business."""
         stops: list[float] = []
         token = _HOSTED.set(stops)
         try:

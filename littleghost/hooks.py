@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
 
 from littleghost.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from littleghost.run import RunContext
 
 __all__ = [
     "HOOK_KINDS",
@@ -202,17 +205,21 @@ async def run_chain(
     payload: Any,
     *extra: Any,
     expected: type,
-    context: object,
+    context: RunContext,
 ) -> Any:
-    """Run ``hooks`` in order on ``payload``; return the final (possibly replaced) payload."""
+    """Run ``hooks`` in order on ``payload``; return the final (possibly replaced) payload.
+
+    Each hook is hosted like a tool (``Grace.hosting``): runs it starts share the run's
+    grace when the run is cancelled."""
     for hook in hooks:
-        result = (
-            hook.call(payload, *extra, context=context)
-            if hook.takes_context
-            else hook.call(payload, *extra)
-        )
-        if inspect.isawaitable(result):
-            result = await result
+        with context.grace.hosting():
+            result = (
+                hook.call(payload, *extra, context=context)
+                if hook.takes_context
+                else hook.call(payload, *extra)
+            )
+            if inspect.isawaitable(result):
+                result = await result
         if result is None:
             continue
         if not isinstance(result, expected):

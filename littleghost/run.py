@@ -228,7 +228,10 @@ class RunContext:
                         telemetry.INPUT_MESSAGES, telemetry.messages_json(request.messages)
                     )
                 try:
-                    response = await self._respond(model, request, streamed=main and self.streaming)
+                    with self.grace.hosting():  # runs a custom model starts share the grace
+                        response = await self._respond(
+                            model, request, streamed=main and self.streaming
+                        )
                     if not isinstance(response, ModelResponse):
                         raise ProtocolError(
                             f"model {model.name!r} returned {type(response).__name__}, "

@@ -367,9 +367,10 @@ async def _request(agent: Agent, context: RunContext) -> ModelRequest:
     instructions: Any = getattr(agent, "instructions", None)
     text: object = instructions
     if callable(instructions):
-        text = instructions(context)
-        if inspect.isawaitable(text):
-            text = await text
+        with context.grace.hosting():  # runs it starts share the run's grace
+            text = instructions(context)
+            if inspect.isawaitable(text):
+                text = await text
     if text is not None and not isinstance(text, str):
         raise ConfigurationError(
             f"{agent.name}.instructions returned {type(text).__name__}, not a str"

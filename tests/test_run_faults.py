@@ -26,10 +26,12 @@ from littleghost import (
     Agent,
     Message,
     Role,
+    RunContext,
     ToolCall,
     ToolResult,
     after_model,
     after_tool,
+    before_model,
     before_tool,
     tool,
 )
@@ -39,7 +41,7 @@ from littleghost.errors import (
     UnstorableValueError,
 )
 from littleghost.events import ModelCallFinished, ToolCallFinished
-from littleghost.models import ModelResponse, StopReason
+from littleghost.models import ModelRequest, ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -596,7 +598,98 @@ class Asking(Agent):
         return (await expert.run(question, session_id="inner")).output
 
 
+async def consult() -> None:
+    """Run an expert whose store is slow (so its cleanup takes its whole grace)."""
+    expert = Expert(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+    await expert.run("?", session_id="inner")
+
+
+class Consulting(Agent):
+    """Starts a nested run from the place its subclass names, not from a tool."""
+
+    cleanup_grace = NESTED_GRACE
+
+    @tool
+    async def wait(self) -> str:
+        """Wait for nothing."""
+        return "waited"
+
+
+class ConsultingModel(ScriptedModel):
+    """A model that consults an expert (a nested run) before it answers."""
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        await consult()
+        return await super().respond(request)
+
+
+class ConsultsInInstructions(Consulting):
+    async def instructions(self, context: RunContext) -> str:
+        await consult()
+        return "Consult."
+
+
+class ConsultsBeforeModel(Consulting):
+    @before_model
+    async def consulting(self, request: ModelRequest) -> None:
+        await consult()
+
+
+class ConsultsAfterModel(Consulting):
+    @after_model
+    async def consulting(self, response: ModelResponse) -> None:
+        await consult()
+
+
+class ConsultsBeforeTool(Consulting):
+    @before_tool
+    async def consulting(self, call: ToolCall) -> None:
+        await consult()
+
+
+class ConsultsAfterTool(Consulting):
+    @after_tool
+    async def consulting(self, result: ToolResult) -> None:
+        await consult()
+
+
+class ConsultsInTool(Consulting):
+    @tool
+    async def wait(self) -> str:
+        """Wait for an expert."""
+        await consult()
+        return "waited"
+
+
+CONSULTING = {
+    "tool": ConsultsInTool,
+    "instructions": ConsultsInInstructions,
+    "before_model": ConsultsBeforeModel,
+    "after_model": ConsultsAfterModel,
+    "before_tool": ConsultsBeforeTool,
+    "after_tool": ConsultsAfterTool,
+    "model": Consulting,
+}
+
+
 class TestOneGraceForAll:
+    @pytest.mark.parametrize("place", list(CONSULTING))
+    async def test_nested_runs_from_hooks_instructions_and_models_share_the_outer_grace(
+        self, place: str
+    ) -> None:
+        """Not only from tools: wherever the run calls user code that starts a nested run,
+        a ``cancel()`` from outside stops both within one grace (each run's cleanup
+        alone would take all of it)."""
+        script = [tool_call_response("wait", {}), text_response("x")]
+        model = (ConsultingModel if place == "model" else ScriptedModel)(script)
+        agent = CONSULTING[place](model=model, session_store=HangingRelease())
+        began = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
+            await anyio.sleep(0.3)
+            group.cancel_scope.cancel()
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+
     @pytest.mark.parametrize("how", ["deadline", "cancel"])
     async def test_nested_runs_cancelled_from_outside_share_the_outer_grace(self, how: str) -> None:
         model = ScriptedModel([tool_call_response("ask", {"question": "?"}), text_response("x")])
