@@ -33,11 +33,13 @@ def render_result(value: Any) -> str:
 
 
 _TOOL_THREADS = 64
-"""How many sync tool calls run at once in each event loop; more calls wait for a turn.
+"""How many sync tool calls are waited for at once in each event loop; more calls wait
+for a turn.
 
-Sync tools have worker threads of their own (not anyio's default limiter), so threads
-of calls that outlived their timeout never hold up the session store or other users of
-the default limiter (under trio, an abandoned thread keeps its token until it returns).
+A call's turn ends when the run stops waiting for it (its timeout, a cancellation), not
+when its thread returns: a thread that hangs costs that one thread, never the turns of
+other calls, under asyncio and trio alike. Each call has a worker thread of its own
+(not anyio's default limiter), so such threads never hold up the session store either.
 """
 
 _TOOL_LIMITER: RunVar[anyio.CapacityLimiter] = RunVar("littleghost_tool_threads")
@@ -116,14 +118,15 @@ class _ThreadCall:
 
 async def _in_thread(call: Callable[[], Any], name: str) -> Any:
     thread_call = _ThreadCall(call, name)
-    try:
-        return await anyio.to_thread.run_sync(
-            thread_call.run, abandon_on_cancel=True, limiter=_tool_threads()
-        )
-    except BaseException as error:
-        if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
-            thread_call.abandon()
-        raise
+    async with _tool_threads():  # the turn ends when we stop waiting, whatever the thread does
+        try:
+            return await anyio.to_thread.run_sync(
+                thread_call.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
+            )
+        except BaseException as error:
+            if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
+                thread_call.abandon()
+            raise
 
 
 def error_result(call: ToolCall, text: str) -> ToolResult:

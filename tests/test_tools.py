@@ -1436,3 +1436,38 @@ def test_an_enum_or_literal_without_values_fails_naming_it(annotation: Any, mess
 def test_an_enum_of_json_values_is_described() -> None:
     """Str, int, float, bool and None values are all fine."""
     assert property_of(Mixed) == {"enum": ["text", 2, 2.5, True, None]}
+
+
+async def test_hung_sync_tools_past_their_timeout_never_starve_other_sync_tools() -> None:
+    """A sync call the run stopped waiting for costs its own thread, not a turn: after
+    more hung calls than there are turns, another agent's sync tool still runs, under
+    asyncio and trio alike."""
+    release = threading.Event()
+
+    class Flaky(Agent):
+        @tool(timeout=0.05)
+        def hang(self) -> str:
+            """Wait on a dead socket."""
+            release.wait(10)
+            return "late"
+
+    class Healthy(Agent):
+        @tool(timeout=2)
+        def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    hung = [ToolCall(f"c{n}", "hang", {}) for n in range(70)]
+    flaky = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=tuple(hung)), StopReason.TOOL_USE),
+            text_response("gave up"),
+        ]
+    )
+    try:
+        await Flaky(model=flaky).run("Go.")
+        model = ScriptedModel([tool_call_response("add", {"a": 1, "b": 2}), text_response("3")])
+        result = await Healthy(model=model).run("Add.")
+        assert result.messages[2].tool_results[0].content == "3"
+    finally:
+        release.set()
