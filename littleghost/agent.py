@@ -282,9 +282,8 @@ class Agent:
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
     _tool_index: dict[str, tuple[ToolDefinition, str | None]]
     _hooks: Mapping[str, tuple[BoundHook, ...]]
-    _resolved: Model | None
-    _resolved_from: str | None
-    _owned: list[Model]
+    _resolved: dict[str, Model]
+    """The models made from model strings, by string (this agent closes them)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -361,9 +360,7 @@ class Agent:
                 f"{type(self).__name__}.settings", self.settings, self.output
             )
         self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
-        self._resolved = None
-        self._resolved_from = None
-        self._owned = []
+        self._resolved = {}
 
     @property
     def name(self) -> str:
@@ -419,11 +416,10 @@ class Agent:
         declared = self._declared_model()
         if isinstance(declared, Model):
             return declared
-        if self._resolved is None or self._resolved_from != declared:
-            self._resolved = resolve(declared)
-            self._resolved_from = declared
-            self._owned.append(self._resolved)
-        return self._resolved
+        model = self._resolved.get(declared)
+        if model is None:
+            model = self._resolved[declared] = resolve(declared)
+        return model
 
     async def __aenter__(self) -> Agent:
         return self
@@ -445,7 +441,7 @@ class Agent:
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
-        owned, self._owned, self._resolved = self._owned, [], None
+        owned, self._resolved = list(self._resolved.values()), {}
         await _close_models(owned, self.cleanup_grace)
 
     @_named_keywords

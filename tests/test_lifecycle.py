@@ -83,6 +83,20 @@ async def test_leaving_async_with_closes_models_made_from_strings() -> None:
     assert LoopBound.made[0].closed and LoopBound.made[0].prepared == 2
 
 
+async def test_switching_model_strings_makes_one_model_per_string() -> None:
+    """An agent whose model string changes (a tier per request, say) reuses the model
+    of each string; none is left behind, and ``aclose()`` closes them all."""
+    LoopBound.made.clear()
+    async with Bound() as agent:
+        for _ in range(5):
+            for name in ("loopbound:standard", "loopbound:premium"):
+                agent.model = name
+                await agent.run("hi")
+        assert sorted(model.name for model in LoopBound.made) == ["premium", "standard"]
+        assert not any(model.closed for model in LoopBound.made)
+    assert all(model.closed for model in LoopBound.made)
+
+
 async def test_a_given_model_instance_is_not_closed() -> None:
     """A Model passed in is the caller's to close."""
     model = LoopBound("mine")
