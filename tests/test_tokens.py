@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
+import weakref
 from typing import Any
 
 import pytest
 
 from littleghost import Message, ReasoningPart, Role, TextPart, ToolCall
-from littleghost.context import ByteEstimator, CharacterEstimator
+from littleghost.context import ByteEstimator, CharacterEstimator, TokenBudget, apply_compaction
+from littleghost.context.index import RECENT_LOGS
 from littleghost.context.tokens import estimate_message, prompt_text
 from littleghost.errors import ConfigurationError
 
@@ -85,3 +89,36 @@ def test_reasoning_is_counted_as_prompt_text(tokenizer: Any) -> None:
     assert prompt_text(with_reasoning) == "assistant: " + "x" * 400 + "yes"
     plain = Message.assistant("x" * 400 + "yes")
     assert estimate_message(with_reasoning, tokenizer) == estimate_message(plain, tokenizer)
+
+
+class HashableCounter:
+    """A user tokenizer, hashable by identity."""
+
+    def count_tokens(self, text: str) -> int:
+        return len(text)
+
+
+@dataclasses.dataclass
+class DataclassCounter:
+    """A user tokenizer that is a dataclass, so unhashable."""
+
+    per_char: int = 1
+
+    def count_tokens(self, text: str) -> int:
+        return self.per_char * len(text)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", [HashableCounter, DataclassCounter])
+async def test_tokenizers_made_per_call_are_not_kept_alive(kind: type[Any]) -> None:
+    """A tokenizer made for one ``apply_compaction`` call (or one agent class) is freed
+    once the engine's few recent logs (``RECENT_LOGS``) no longer hold it."""
+    alive: list[weakref.ref[Any]] = []
+    for n in range(30):
+        tokenizer = kind()
+        alive.append(weakref.ref(tokenizer))
+        log = [Message.user(f"question {n} " * 20), Message.assistant("answer " * 20)]
+        await apply_compaction(log, TokenBudget(token_budget=50), tokenizer=tokenizer)
+        del tokenizer
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) <= RECENT_LOGS

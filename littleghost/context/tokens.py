@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -127,19 +128,34 @@ def prompt_text(message: Message) -> str:
     return "".join(pieces)
 
 
-_KEYS: dict[object, str] = {}
+_KEYS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""The keys of tokenizers by value, while one of the equal tokenizers lives."""
+_BY_IDENTITY: dict[int, str] = {}
+"""The keys of tokenizers that cannot be weak keys, by ``id()``, each dropped when its
+tokenizer is collected (so a later object with that id gets a key of its own)."""
+_KEPT: list[object] = []
+"""The tokenizers that cannot even be weakly referenced, kept so their ids stay theirs."""
 _SERIAL = itertools.count()
 
 
 def cache_key(tokenizer: Tokenizer) -> str:
     """A key for ``tokenizer``'s counts: equal tokenizers share it; an unhashable one is
-    keyed by identity."""
+    keyed by identity. No tokenizer is kept alive by its key (but one that cannot be
+    weakly referenced)."""
     try:
         key = _KEYS.get(tokenizer)
-    except TypeError:
-        return f"tokens@{id(tokenizer)}"
+        if key is None:
+            key = _KEYS.setdefault(tokenizer, f"tokens#{next(_SERIAL)}")
+        return key
+    except TypeError:  # unhashable, or not weakly referable
+        pass
+    key = _BY_IDENTITY.get(id(tokenizer))
     if key is None:
-        key = _KEYS.setdefault(tokenizer, f"tokens#{next(_SERIAL)}")
+        key = _BY_IDENTITY[id(tokenizer)] = f"tokens#{next(_SERIAL)}"
+        try:
+            weakref.finalize(tokenizer, _BY_IDENTITY.pop, id(tokenizer), None)
+        except TypeError:
+            _KEPT.append(tokenizer)
     return key
 
 
