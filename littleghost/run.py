@@ -197,7 +197,9 @@ class RunContext:
         """Call the run's model (or ``model``) once, with retries for transient errors only.
 
         Each attempt is a ``chat`` span (child of the run's span); its usage is added
-        to the run's total.
+        to the run's total. The span carries the model's ``server.address`` and
+        ``server.port`` when it has them, ``gen_ai.request.stream`` when the answer is
+        streamed, and the response's id and model when the provider reported them.
         """
         if model is not None and model is not self.model:
             await self._prepare(model)
@@ -206,6 +208,7 @@ class RunContext:
         if main:
             extra, self._call_attributes = self._call_attributes, {}
         model = self.model if model is None else model
+        streamed = main and self.streaming
 
         async def attempt() -> ModelResponse:
             attributes: dict[str, Any] = {
@@ -214,7 +217,10 @@ class RunContext:
                 telemetry.REQUEST_MODEL: model.name,
                 telemetry.PURPOSE: request.purpose,
                 **telemetry.setting_attributes(request.settings),
+                **telemetry.server_attributes(model),
             }
+            if streamed and getattr(model, "stream", None) is not None:
+                attributes[telemetry.REQUEST_STREAM] = True
             if request.output_schema is not None:
                 attributes[telemetry.OUTPUT_TYPE] = "json"
             attributes.update(extra)
@@ -229,9 +235,7 @@ class RunContext:
                     )
                 try:
                     with self.grace.hosting():  # runs a custom model starts share the grace
-                        response = await self._respond(
-                            model, request, streamed=main and self.streaming
-                        )
+                        response = await self._respond(model, request, streamed=streamed)
                     if not isinstance(response, ModelResponse):
                         raise ProtocolError(
                             f"model {model.name!r} returned {type(response).__name__}, "
@@ -241,8 +245,7 @@ class RunContext:
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
                     raise
                 self.add_usage(response.usage)
-                span.set_attributes(telemetry.usage_attributes(response.usage))
-                span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (response.stop_reason.value,))
+                span.set_attributes(telemetry.response_attributes(response))
                 if self.capture_content and span.is_recording():
                     span.set_attribute(
                         telemetry.OUTPUT_MESSAGES, telemetry.messages_json([response.message])

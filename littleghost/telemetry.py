@@ -15,10 +15,11 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from littleghost._validators import is_int
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
-from littleghost.models.base import Usage
+from littleghost.models.base import ModelResponse, Usage
 
 __all__ = [
     "COMPACTION_EVENT",
@@ -38,7 +39,13 @@ REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 REQUEST_TOP_P = "gen_ai.request.top_p"
 REQUEST_SEED = "gen_ai.request.seed"
+REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+REQUEST_STREAM = "gen_ai.request.stream"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+RESPONSE_ID = "gen_ai.response.id"
+RESPONSE_MODEL = "gen_ai.response.model"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ_TOKENS = "gen_ai.usage.cache_read.input_tokens"
@@ -93,12 +100,48 @@ def mark_failed(span: Span, error: BaseException | str) -> None:
 
 
 def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The GenAI request attributes for the settings a request carries."""
+    """The GenAI request attributes for the settings a request carries: the numbers, and
+    the stop sequences of ``stop`` (a string or a list of them) or ``stop_sequences``."""
     attributes: dict[str, Any] = {}
     for key, name in _SETTING_ATTRIBUTES.items():
         value = settings.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[name] = value
+    stop = settings.get("stop")
+    if stop is None:
+        stop = settings.get("stop_sequences")
+    if isinstance(stop, str):
+        stop = [stop]
+    if isinstance(stop, (list, tuple)) and stop and all(isinstance(item, str) for item in stop):
+        attributes[REQUEST_STOP_SEQUENCES] = tuple(stop)
+    return attributes
+
+
+def server_attributes(model: object) -> dict[str, Any]:
+    """``server.address`` and ``server.port`` from a model's optional ``server_address``
+    (a non-empty ``str``) and ``server_port`` (an ``int`` from 1 to 65535, given only
+    with an address); a value of another type is left out."""
+    address = getattr(model, "server_address", None)
+    if not isinstance(address, str) or not address:
+        return {}
+    attributes: dict[str, Any] = {SERVER_ADDRESS: address}
+    port = getattr(model, "server_port", None)
+    if is_int(port) and 0 < port < 65536:
+        attributes[SERVER_PORT] = port
+    return attributes
+
+
+def response_attributes(response: ModelResponse) -> dict[str, Any]:
+    """The GenAI response attributes: finish reason, usage, and the response's id and
+    model when the provider reported them (metadata, never content)."""
+    attributes: dict[str, Any] = {
+        **usage_attributes(response.usage),
+        RESPONSE_FINISH_REASONS: (response.stop_reason.value,),
+    }
+    if response.response_id is not None:
+        attributes[RESPONSE_ID] = response.response_id
+    if response.response_model is not None:
+        attributes[RESPONSE_MODEL] = response.response_model
     return attributes
 
 

@@ -86,6 +86,7 @@ class Chat(Agent):
 async def test_the_window_is_the_servers_n_ctx(local: LocalModel) -> None:
     assert local.context_window == WINDOW
     assert local.base_url is not None
+    assert local.base_url == f"http://{local.server_address}:{local.server_port}/v1"
     models = await anyio.to_thread.run_sync(get_json, f"{local.base_url}/models", local.api_key)
     [entry] = models["data"]  # type: ignore[misc]
     assert entry["meta"]["n_ctx"] == WINDOW
@@ -226,6 +227,7 @@ async def test_a_server_that_fails_to_start_gives_a_clear_error(tmp_path: Path) 
     assert "bogus.gguf" in str(caught.value)
     assert "its last output" in str(caught.value)
     assert (model.pid, model.context_window, model.base_url) == (None, None, None)
+    assert (model.server_address, model.server_port) == (None, None)
     assert not [pid for pid in running_servers() if str(bogus).encode() in _command(pid)]
 
 

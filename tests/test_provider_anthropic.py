@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import anthropic
 import anyio
@@ -46,6 +46,9 @@ from littleghost.models.anthropic import (
 )
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 from littleghost.tool_types import json_schema
+
+if TYPE_CHECKING:
+    from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -167,9 +170,10 @@ async def clients() -> AsyncIterator[list[anthropic.AsyncAnthropic]]:
 
 @pytest.fixture
 def make_model(clients: list[anthropic.AsyncAnthropic]) -> Callable[..., AnthropicModel]:
-    def make(server: FakeServer, **options: Any) -> AnthropicModel:
+    def make(server: FakeServer, base_url: str | None = None, **options: Any) -> AnthropicModel:
         client = anthropic.AsyncAnthropic(
             api_key="sk-ant-test",
+            base_url=base_url,
             http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
         )
         clients.append(client)
@@ -1168,3 +1172,51 @@ def test_bad_arguments_are_configuration_errors() -> None:
         AnthropicModel("", api_key="k")
     with pytest.raises(ConfigurationError, match="context_window"):
         AnthropicModel("m", api_key="k", context_window=-1)
+
+
+class TestChatSpanMetadata:
+    """Chat spans carry the response's id and model and the server's address and port."""
+
+    async def test_a_message(self, make_model: Callable[..., AnthropicModel], spans: Spans) -> None:
+        """From a message: gen_ai.response.id and .model; server.address and .port of the
+        API; the stop sequences the settings carry; no gen_ai.request.stream."""
+        model = make_model(FakeServer(message([{"type": "text", "text": "ok"}])))
+        await Agent(model=model, settings={"stop": ["END"]}).run("hi")
+        chat = dict(spans.one("chat ").attributes or {})
+        assert chat["gen_ai.response.id"] == "msg_01"
+        assert chat["gen_ai.response.model"] == "claude-sonnet-5"
+        assert (chat["server.address"], chat["server.port"]) == ("api.anthropic.com", 443)
+        assert chat["gen_ai.request.stop_sequences"] == ("END",)
+        assert "gen_ai.request.stream" not in chat
+
+    async def test_a_stream(self, make_model: Callable[..., AnthropicModel], spans: Spans) -> None:
+        """From a stream: the id and model of message_start, gen_ai.request.stream = true,
+        and a proxy's host and port without its credentials."""
+        body = sse(START, *text_block(0, "o", "k"), *finish("end_turn", 2))
+        url = "http://user:S3CR3T@127.0.0.1:4000/anthropic?token=S3CR3T"
+        model = make_model(FakeServer(event_stream(body)), base_url=url)
+        async with Agent(model=model).stream("hi") as events:
+            async for _ in events:
+                pass
+        assert events.result.output == "ok"
+        chat = dict(spans.one("chat ").attributes or {})
+        assert chat["gen_ai.request.stream"] is True
+        assert chat["gen_ai.response.id"] == "msg_01"
+        assert chat["gen_ai.response.model"] == "claude-sonnet-5"
+        assert (chat["server.address"], chat["server.port"]) == ("127.0.0.1", 4000)
+        assert not any("S3CR3T" in str(value) for value in chat.values())
+
+    async def test_a_stream_without_an_id(self, make_model: Callable[..., AnthropicModel]) -> None:
+        """A message_start without id or model leaves them None."""
+        start = {**START, "message": {**START["message"], "id": None}}
+        del start["message"]["model"]
+        body = sse(start, *text_block(0, "ok"), *finish("end_turn", 2))
+        events = [
+            e
+            async for e in make_model(FakeServer(event_stream(body))).stream(
+                ModelRequest([Message.user("hi")])
+            )
+        ]
+        done = events[-1]
+        assert isinstance(done, StreamDone)
+        assert (done.response.response_id, done.response.response_model) == (None, None)

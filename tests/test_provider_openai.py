@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import attrs
@@ -38,6 +38,10 @@ from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolv
 from littleghost.models.openai import OpenAIModel, from_model_string
 from littleghost.models.overflow import MAX_DETAIL_CHARS
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
+from littleghost.sessions import InMemorySessionStore
+
+if TYPE_CHECKING:
+    from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +72,10 @@ class FakeServer:
 
 
 def completion(
-    message: dict[str, Any], finish_reason: str | None = "stop", usage: tuple[int, int] = (12, 3)
+    message: dict[str, Any],
+    finish_reason: str | None = "stop",
+    usage: tuple[int, int] = (12, 3),
+    **extra: Any,
 ) -> httpx2.Response:
     return httpx2.Response(
         200,
@@ -90,6 +97,7 @@ def completion(
                 "completion_tokens": usage[1],
                 "total_tokens": sum(usage),
             },
+            **extra,
         },
     )
 
@@ -1169,3 +1177,62 @@ def test_bad_arguments_are_configuration_errors() -> None:
         OpenAIModel("", api_key="k")
     with pytest.raises(ConfigurationError, match="context_window"):
         OpenAIModel("m", api_key="k", context_window=0)
+
+
+class TestChatSpanMetadata:
+    """Chat spans carry the response's id and model and the server's address and port."""
+
+    async def test_a_completion(self, make_model: Callable[..., OpenAIModel], spans: Spans) -> None:
+        """From a completion: gen_ai.response.id and .model, server.address and .port from
+        the base URL without its credentials, path or query; no gen_ai.request.stream."""
+        answer = completion({"content": "ok"}, id="chatcmpl-abc", model="gpt-4o-mini-2024-07-18")
+        url = "https://user:S3CR3T@gateway.example.com:8443/v1?api-key=S3CR3T"
+        model = make_model(FakeServer(answer), base_url=url, context_window=128_000)
+        await Agent(model=model).run("hi")
+        chat = dict(spans.one("chat ").attributes or {})
+        assert chat["gen_ai.response.id"] == "chatcmpl-abc"
+        assert chat["gen_ai.response.model"] == "gpt-4o-mini-2024-07-18"
+        assert (chat["server.address"], chat["server.port"]) == ("gateway.example.com", 8443)
+        assert "gen_ai.request.stream" not in chat
+        assert not any("S3CR3T" in str(value) for value in chat.values())
+
+    async def test_a_stream(self, make_model: Callable[..., OpenAIModel], spans: Spans) -> None:
+        """From a stream: the chunks' id and model, gen_ai.request.stream = true, and the
+        scheme's port when the URL names none."""
+        body = sse(
+            chunk({"content": "o"}, id="chatcmpl-xyz", model="gpt-4o-mini-2024-07-18"),
+            chunk({"content": "k"}, finish_reason="stop", id="chatcmpl-xyz"),
+        )
+        model = make_model(FakeServer(event_stream(body)))
+        async with Agent(model=model).stream("hi") as events:
+            async for _ in events:
+                pass
+        assert events.result.output == "ok"
+        chat = dict(spans.one("chat ").attributes or {})
+        assert chat["gen_ai.request.stream"] is True
+        assert chat["gen_ai.response.id"] == "chatcmpl-xyz"
+        assert chat["gen_ai.response.model"] == "gpt-4o-mini-2024-07-18"
+        assert (chat["server.address"], chat["server.port"]) == ("api.openai.com", 443)
+
+    async def test_a_server_that_reports_no_id_or_model(
+        self, make_model: Callable[..., OpenAIModel], spans: Spans
+    ) -> None:
+        """An id or model that is missing or not a string is left out, not a failure."""
+        answer = completion({"content": "ok"}, id=None, model=7)
+        model = make_model(FakeServer(answer), base_url="http://127.0.0.1:8080/v1")
+        response = await model.respond(ModelRequest([Message.user("hi")]))
+        assert (response.response_id, response.response_model) == (None, None)
+        assert (model.server_address, model.server_port) == ("127.0.0.1", 8080)
+
+    async def test_the_log_keeps_only_the_message(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """The response's id and model stay out of the stored conversation."""
+        store = InMemorySessionStore()
+        answer = completion({"content": "ok"}, id="chatcmpl-abc")
+        agent = Agent(model=make_model(FakeServer(answer)), session_store=store)
+        result = await agent.run("hi", session_id="s")
+        [stored] = [m for m in await store.load("s") if m.role == "assistant"]
+        assert stored == result.messages[-1]
+        assert (stored.text, dict(stored.metadata)) == ("ok", {})
+        assert "chatcmpl-abc" not in repr(await store.load("s"))

@@ -342,3 +342,105 @@ async def test_content_is_captured_when_asked(spans: Spans) -> None:
     sent = json.loads(attributes(spans.named("chat")[1])["gen_ai.input.messages"])
     calls = [part for message in sent for part in message["parts"] if part["type"] == "tool_call"]
     assert calls[0]["arguments"] == {"order_id": SECRET}
+
+
+class ServedModel(ScriptedModel):
+    """A scripted model that says where its server is."""
+
+    def __init__(self, address: object, port: object) -> None:
+        super().__init__([text_response("ok")])
+        self.server_address = address
+        self.server_port = port
+
+
+class Unstreamed:
+    """A model without ``stream``: a streamed run calls ``respond``."""
+
+    provider = "plain"
+    name = "plain"
+    context_window = None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return text_response("ok")
+
+
+class TestChatSpanRequestAndResponse:
+    """The request and response attributes a chat span adds beyond the basics."""
+
+    @pytest.mark.parametrize(
+        ("address", "port", "expected"),
+        [
+            pytest.param(
+                "llm.internal",
+                8443,
+                {"server.address": "llm.internal", "server.port": 8443},
+                id="address and port",
+            ),
+            pytest.param("llm.internal", None, {"server.address": "llm.internal"}, id="no port"),
+            pytest.param("llm.internal", True, {"server.address": "llm.internal"}, id="bool port"),
+            pytest.param("llm.internal", 70000, {"server.address": "llm.internal"}, id="bad port"),
+            pytest.param(None, 8443, {}, id="a port alone"),
+            pytest.param(b"llm.internal", 8443, {}, id="bytes address"),
+        ],
+    )
+    async def test_server_attributes_come_from_the_model(
+        self, spans: Spans, address: object, port: object, expected: dict[str, Any]
+    ) -> None:
+        """server.address and server.port come from a model's optional attributes; a value
+        of another type is left out."""
+        await Agent(model=ServedModel(address, port)).run("hi")
+        chat = attributes(spans.one("chat "))
+        assert {key: value for key, value in chat.items() if key.startswith("server.")} == expected
+
+    async def test_response_id_and_model(self, spans: Spans) -> None:
+        """gen_ai.response.id and gen_ai.response.model come from the response."""
+        response = attrs.evolve(
+            text_response("ok"), response_id="resp-1", response_model="scripted-2026-01-01"
+        )
+        await Agent(model=ScriptedModel([response])).run("hi")
+        chat = attributes(spans.one("chat "))
+        assert chat["gen_ai.response.id"] == "resp-1"
+        assert chat["gen_ai.response.model"] == "scripted-2026-01-01"
+
+    def test_response_id_and_model_are_strings_or_none(self) -> None:
+        """ModelResponse takes a str or None for its id and model, nothing else."""
+        with pytest.raises(TypeError, match=r"ModelResponse.response_id must be a str or None"):
+            attrs.evolve(text_response("ok"), response_id=42)
+        with pytest.raises(TypeError, match=r"ModelResponse.response_model must be a str or None"):
+            attrs.evolve(text_response("ok"), response_model=b"m")
+
+    @pytest.mark.parametrize(
+        ("settings", "expected"),
+        [
+            pytest.param({"stop": "END"}, ("END",), id="stop, a string"),
+            pytest.param({"stop": ["END", "###"]}, ("END", "###"), id="stop, a list"),
+            pytest.param({"stop_sequences": ["END"]}, ("END",), id="stop_sequences"),
+            pytest.param({"stop": []}, None, id="empty"),
+            pytest.param({"stop_sequences": ["END", 3]}, None, id="not all strings"),
+        ],
+    )
+    async def test_stop_sequences(
+        self, spans: Spans, settings: dict[str, Any], expected: tuple[str, ...] | None
+    ) -> None:
+        """gen_ai.request.stop_sequences holds the stop sequences the settings carry."""
+        await Agent(model=ScriptedModel([text_response("ok")]), settings=settings).run("hi")
+        assert attributes(spans.one("chat ")).get("gen_ai.request.stop_sequences") == expected
+
+    async def test_stream_is_set_when_the_model_streams(self, spans: Spans) -> None:
+        """gen_ai.request.stream is true on a streamed call; a run that is not streamed
+        leaves it unset."""
+        async with Agent(model=ScriptedModel([text_response("ok")])).stream("hi") as events:
+            async for _ in events:
+                pass
+        await Agent(model=ScriptedModel([text_response("ok")])).run("hi")
+        streamed, plain = (attributes(span) for span in spans.named("chat "))
+        assert streamed["gen_ai.request.stream"] is True
+        assert "gen_ai.request.stream" not in plain
+
+    async def test_stream_is_unset_when_the_model_cannot_stream(self, spans: Spans) -> None:
+        """A streamed run of a model without ``stream`` makes a plain call: no
+        gen_ai.request.stream."""
+        async with Agent(model=Unstreamed()).stream("hi") as events:
+            async for _ in events:
+                pass
+        assert "gen_ai.request.stream" not in attributes(spans.one("chat "))

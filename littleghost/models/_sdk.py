@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
+from urllib.parse import urlsplit
 
 from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
@@ -32,7 +33,9 @@ __all__ = [
     "lookup",
     "parse_arguments",
     "reported",
+    "reported_name",
     "reported_usage",
+    "server_of",
     "sse_events",
     "stream_cut_off",
 ]
@@ -144,6 +147,31 @@ def reported(value: object, *path: str) -> int:
     """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
     value = lookup(value, *path)
     return value if is_int(value) and value > 0 else 0
+
+
+def reported_name(value: object, *path: str) -> str | None:
+    """The non-empty string at ``path`` in an SDK object or a dict (a response's id or
+    model); ``None`` when absent or not a string, so an odd server cannot fail the call."""
+    value = lookup(value, *path)
+    return value if isinstance(value, str) and value else None
+
+
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
+def server_of(base_url: object) -> tuple[str | None, int | None]:
+    """The host and port of a client's base URL, for ``server.address`` and
+    ``server.port``: the scheme's port when the URL names none; never the credentials,
+    path or query the URL may hold. ``(None, None)`` for a URL without a host."""
+    try:
+        parts = urlsplit(str(base_url))
+        host = parts.hostname
+        port = parts.port
+    except ValueError:  # a port out of range or not a number
+        return None, None
+    if not host:
+        return None, None
+    return host, port if port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
 
 
 def reported_usage(

@@ -37,7 +37,9 @@ from littleghost.models._sdk import (
     lookup,
     parse_arguments,
     reported,
+    reported_name,
     reported_usage,
+    server_of,
     sse_events,
     stream_cut_off,
 )
@@ -265,10 +267,11 @@ def _part(block: Mapping[str, Any]) -> Part | None:
 
 
 def _answer(
-    blocks: Iterable[Mapping[str, Any]], reason: str | None, usage: object
+    blocks: Iterable[Mapping[str, Any]], reason: str | None, usage: object, about: object
 ) -> ModelResponse:
     """The response for the content blocks of an answer, their parts in order (the
-    text of adjacent text blocks joined)."""
+    text of adjacent text blocks joined); its id and model are read from ``about`` (the
+    message, or the stream's ``message_start`` message)."""
     parts: list[Part] = []
     for block in blocks:
         part = _part(block)
@@ -278,18 +281,27 @@ def _answer(
         elif part is not None and part != TextPart(""):
             parts.append(part)
     calls = any(isinstance(part, ToolCall) for part in parts)
-    return ModelResponse(Message(Role.ASSISTANT, parts), stop_reason(reason, calls), _usage(usage))
+    return ModelResponse(
+        Message(Role.ASSISTANT, parts),
+        stop_reason(reason, calls),
+        _usage(usage),
+        response_id=reported_name(about, "id"),
+        response_model=reported_name(about, "model"),
+    )
 
 
 def _streamed_response(
-    blocks: Mapping[int, Mapping[str, Any]], reason: str | None, usage: Mapping[str, Any]
+    blocks: Mapping[int, Mapping[str, Any]],
+    reason: str | None,
+    usage: Mapping[str, Any],
+    started: Mapping[str, Any],
 ) -> ModelResponse:
-    return _answer((block for _, block in sorted(blocks.items())), reason, dict(usage))
+    return _answer((block for _, block in sorted(blocks.items())), reason, dict(usage), started)
 
 
 def _response(message: Any) -> ModelResponse:
     blocks = [block.model_dump() for block in message.content or ()]
-    return _answer(blocks, message.stop_reason, message.usage)
+    return _answer(blocks, message.stop_reason, message.usage, message)
 
 
 class AnthropicModel:
@@ -352,12 +364,23 @@ class AnthropicModel:
             self._owns_client = False
         self._client = client
         self._accepted = accepted_parameters(client.messages.create)
+        self._server = server_of(client.base_url)
         self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
 
     @property
     def name(self) -> str:
         """The model's name."""
         return self._name
+
+    @property
+    def server_address(self) -> str | None:
+        """The host of the client's base URL (for ``server.address``)."""
+        return self._server[0]
+
+    @property
+    def server_port(self) -> int | None:
+        """The port of the client's base URL, or its scheme's (for ``server.port``)."""
+        return self._server[1]
 
     @property
     def context_window(self) -> int | None:
@@ -444,6 +467,7 @@ class AnthropicModel:
         blocks: dict[int, dict[str, Any]] = {}
         reason: str | None = None
         usage: dict[str, Any] = {}
+        started: dict[str, Any] = {}
         stopped = False
         try:
             create = self._client.messages.with_streaming_response.create
@@ -455,7 +479,8 @@ class AnthropicModel:
                             event = self._event(data)
                             kind = event.get("type")
                             if kind == "message_start":
-                                usage.update((event.get("message") or {}).get("usage") or {})
+                                started = dict(event.get("message") or {})
+                                usage.update(started.get("usage") or {})
                             elif kind == "content_block_start":
                                 blocks[event.get("index", 0)] = dict(
                                     event.get("content_block") or {}
@@ -498,7 +523,7 @@ class AnthropicModel:
             raise mapped from error
         if not stopped:
             raise stream_cut_off(self.provider)
-        yield StreamDone(_streamed_response(blocks, reason, usage))
+        yield StreamDone(_streamed_response(blocks, reason, usage, started))
 
     def _event(self, data: str) -> dict[str, Any]:
         """One streamed event; an error event is raised as the error it reports."""

@@ -297,13 +297,37 @@ def _usage(value: object) -> Usage:
     return value
 
 
+def _reported_name(name: str) -> Any:
+    return field(
+        default=None,
+        kw_only=True,
+        validator=instance_of(f"ModelResponse.{name}", (str, type(None)), "a str or None"),
+    )
+
+
 @frozen
 class ModelResponse:
-    """What a model answered."""
+    """What a model answered.
+
+    Args:
+        message: The assistant message.
+        stop_reason: Why the model stopped.
+        usage: The tokens the call consumed.
+        response_id: The id the provider gave this answer (``chatcmpl-...``,
+            ``msg_...``), when it sent one (keyword-only).
+        response_model: The model the provider says answered, which may name a snapshot
+            of the model asked for (keyword-only).
+
+    ``response_id`` and ``response_model`` are metadata for telemetry
+    (``gen_ai.response.id``, ``gen_ai.response.model``); the conversation log keeps only
+    the message.
+    """
 
     message: Message = field(converter=_response_message)
     stop_reason: StopReason = field(default=StopReason.END_TURN, converter=_stop_reason)
     usage: Usage = field(factory=Usage, converter=_usage)
+    response_id: str | None = _reported_name("response_id")
+    response_model: str | None = _reported_name("response_model")
 
 
 @runtime_checkable
@@ -317,6 +341,12 @@ class Model(Protocol):
     ``output_schema_problem(schema)``, which names why its native structured output
     cannot take a given ``OutputSchema`` (``None`` when it can; without the method every
     schema is taken), so that ``output_strategy="auto"`` uses the final-result tool.
+
+    A model that talks to a server over HTTP may also have ``server_address`` (the
+    server's host name or IP address, ``str``) and ``server_port`` (``int``), read when
+    each call starts for the chat span's ``server.address`` and ``server.port``. They
+    come from the base URL only: never credentials, a path or a query string. A value of
+    another type is left out of the span.
     """
 
     @property

@@ -446,6 +446,17 @@ class LocalModel:
         return server.base_url if server is not None else None
 
     @property
+    def server_address(self) -> str | None:
+        """The running server's address (for ``server.address``); ``None`` while none runs."""
+        return _HOST if self._server is not None else None
+
+    @property
+    def server_port(self) -> int | None:
+        """The running server's port (for ``server.port``); ``None`` while none runs."""
+        server = self._server
+        return server.port if server is not None else None
+
+    @property
     def api_key(self) -> str | None:
         """The running server's API key, random per server: ``base_url`` serves only
         requests that send it (``Authorization: Bearer <key>``)."""

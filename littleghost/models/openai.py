@@ -30,7 +30,9 @@ from littleghost.models._sdk import (
     lookup,
     parse_arguments,
     reported,
+    reported_name,
     reported_usage,
+    server_of,
     sse_events,
     stream_cut_off,
 )
@@ -268,6 +270,7 @@ class OpenAIModel:
             self._owns_client = False
         self._client = client
         self._official = _is_official(client.base_url)
+        self._server = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
         self._served_window: int | None = None
         self._probed = self._official or self._context_window is not None
@@ -280,6 +283,16 @@ class OpenAIModel:
     def name(self) -> str:
         """The model's name."""
         return self._name
+
+    @property
+    def server_address(self) -> str | None:
+        """The host of the client's base URL (for ``server.address``)."""
+        return self._server[0]
+
+    @property
+    def server_port(self) -> int | None:
+        """The port of the client's base URL, or its scheme's (for ``server.port``)."""
+        return self._server[1]
 
     @property
     def context_window(self) -> int | None:
@@ -413,6 +426,8 @@ class OpenAIModel:
             self._answer(_reasoning(message), text, calls),
             stop_reason(choice.finish_reason, bool(calls)),
             _usage(completion.usage),
+            response_id=reported_name(completion, "id"),
+            response_model=reported_name(completion, "model"),
         )
 
     def _answer(self, reasoning: str, text: str, calls: list[ToolCall]) -> Message:
@@ -456,6 +471,8 @@ class OpenAIModel:
         finish_reason: str | None = None
         done = False
         usage: Any = None
+        response_id: str | None = None
+        response_model: str | None = None
         try:
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
@@ -467,6 +484,8 @@ class OpenAIModel:
                                 continue  # read the body to its end: nothing is left open
                             chunk = self._chunk(name, data)
                             usage = chunk.get("usage") or usage
+                            response_id = response_id or reported_name(chunk, "id")
+                            response_model = response_model or reported_name(chunk, "model")
                             for choice in chunk.get("choices") or ():
                                 if choice.get("index", 0) != 0:
                                     continue
@@ -511,6 +530,8 @@ class OpenAIModel:
                 self._answer("".join(reasoning), "".join(text), tool_calls),
                 stop_reason(finish_reason, bool(tool_calls)),
                 _usage(usage),
+                response_id=response_id,
+                response_model=response_model,
             )
         )
 
