@@ -1179,6 +1179,114 @@ def test_bad_arguments_are_configuration_errors() -> None:
         OpenAIModel("m", api_key="k", context_window=0)
 
 
+OPENROUTER = "https://openrouter.ai/api/v1"
+"""A server other than OpenAI's: its models are given a window, so no ``GET /models``."""
+
+
+def failed_completion(choice_error: dict[str, Any] | None = None) -> httpx2.Response:
+    """A completion OpenRouter ends with ``finish_reason: "error"`` (an upstream failure)."""
+    body = {
+        "id": "gen-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "openai/gpt-4o-mini",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "The answer is"},
+                "finish_reason": "error",
+                "native_finish_reason": "error",
+                **({} if choice_error is None else {"error": choice_error}),
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+    return httpx2.Response(200, json=body)
+
+
+class TestFinishReasonError:
+    """OpenRouter ends an answer its upstream provider failed with finish_reason "error"."""
+
+    async def test_a_completion_ending_in_error_is_retried_not_stored(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """Without an error object it is a transient ProviderUnavailableError: the run
+        retries, and the failed answer never reaches the log."""
+        server = FakeServer(failed_completion(), completion({"content": "The answer is 42."}))
+        result = await Agent(
+            model=make_model(server, base_url=OPENROUTER, context_window=8192)
+        ).run("hi")
+        assert result.output == "The answer is 42."
+        assistant = [m.text for m in result.messages if m.role == "assistant"]
+        assert assistant == ["The answer is 42."]
+        assert [request.url.path for request in server.requests] == ["/api/v1/chat/completions"] * 2
+
+    async def test_without_retries_the_error_is_raised(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """The error names the finish reason and carries a code of its own."""
+        model = make_model(
+            FakeServer(failed_completion()), base_url=OPENROUTER, context_window=8192
+        )
+        with pytest.raises(ProviderUnavailableError, match="finish_reason 'error'") as caught:
+            await model.respond(ModelRequest([Message.user("hi")]))
+        assert (caught.value.code, caught.value.provider) == ("finish_reason_error", "openai")
+
+    async def test_an_error_object_on_the_choice_is_classified(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """An error the choice carries decides the class, as any error body does."""
+        sent = {"code": 400, "message": "This endpoint's maximum context length is 8192 tokens."}
+        model = make_model(
+            FakeServer(failed_completion(sent)), base_url=OPENROUTER, context_window=8192
+        )
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await model.respond(ModelRequest([Message.user("hi")]))
+        assert caught.value.context_window == 8192
+
+    async def test_a_stream_ending_in_error_is_retried_and_only_the_retry_is_kept(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """A streamed choice that ends with finish_reason "error" (and no error object)
+        fails the attempt as transient; the retry's answer is the one kept."""
+        failed = sse(chunk({"content": "The answer is "}), chunk({}, finish_reason="error"))
+        whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+        server = FakeServer(event_stream(failed), event_stream(whole))
+        async with Agent(model=make_model(server, base_url=OPENROUTER, context_window=8192)).stream(
+            "hi"
+        ) as events:
+            received = [event async for event in events]
+        assert ModelCallRetried(1, "ProviderUnavailableError") in received
+        assert events.result.output == "The answer is 42."
+        assistant = [m.text for m in events.messages if m.role == "assistant"]
+        assert assistant == ["The answer is 42."]
+
+    async def test_a_streamed_choice_error_is_classified(
+        self, make_model: Callable[..., OpenAIModel]
+    ) -> None:
+        """A choice-level error object in a stream is classified like a top-level one."""
+        failed = sse(
+            chunk({"content": "par"}),
+            {
+                **chunk({}, finish_reason="error"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {},
+                        "finish_reason": "error",
+                        "error": {"code": 429, "message": "Provider rate limit reached"},
+                    }
+                ],
+            },
+        )
+        model = make_model(
+            FakeServer(event_stream(failed)), base_url=OPENROUTER, context_window=8192
+        )
+        with pytest.raises(RateLimitError):
+            async for _ in model.stream(ModelRequest([Message.user("hi")])):
+                pass
+
+
 class TestChatSpanMetadata:
     """Chat spans carry the response's id and model and the server's address and port."""
 

@@ -18,7 +18,12 @@ from urllib.parse import urlsplit
 import anyio
 
 from littleghost._validators import is_int
-from littleghost.errors import ConfigurationError, ProtocolError
+from littleghost.errors import (
+    ConfigurationError,
+    ProtocolError,
+    ProviderError,
+    ProviderUnavailableError,
+)
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.models._sdk import (
     accepted_parameters,
@@ -92,6 +97,24 @@ def _reported_window(body: object, model: str) -> int | None:
         entry.get("context_window"),
     )
     return next((figure for figure in figures if is_int(figure) and figure > 0), None)
+
+
+def _ended_in_error(provider: str, sent: object) -> ProviderError:
+    """The exception for a choice that ended with ``finish_reason: "error"``, as OpenRouter
+    ends an answer its upstream provider failed to finish: the error the choice carries,
+    classified; without one, a ``ProviderUnavailableError`` (the failure happened while
+    generating, on the provider's side, so another attempt may well succeed)."""
+    dump = getattr(sent, "model_dump", None)
+    if callable(dump):
+        sent = dump()
+    if sent:
+        return classify_error(provider=provider, body={"error": sent})
+    return ProviderUnavailableError(
+        f"{provider}: the model ended its answer with finish_reason 'error' and no error "
+        "details (the provider failed while generating)",
+        code="finish_reason_error",
+        provider=provider,
+    )
 
 
 def stop_reason(finish_reason: str | None, has_tool_calls: bool) -> StopReason:
@@ -419,6 +442,8 @@ class OpenAIModel:
                 f"{self.provider}: the completion for {self._name!r} has no choices"
             )
         choice = choices[0]
+        if choice.finish_reason == "error":
+            raise _ended_in_error(self.provider, lookup(choice, "error"))
         message = choice.message
         calls = _tool_calls(message.tool_calls)
         text = message.content or getattr(message, "refusal", None) or ""
@@ -459,8 +484,10 @@ class OpenAIModel:
         """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal), then
         one ``StreamDone``.
 
-        A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off: a
-        ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
+        A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off, and
+        one whose choice ends with ``finish_reason: "error"`` (OpenRouter) failed on the
+        provider's side: both a ``ProviderUnavailableError``, unless the choice carries an
+        error, which is classified. Closing the iterator early closes the HTTP response,
         which stops the server's generation.
         """
         params = self._params(request)
@@ -509,6 +536,8 @@ class OpenAIModel:
                                     call["name"] += function.get("name") or ""
                                     call["arguments"] += function.get("arguments") or ""
                                 finish_reason = choice.get("finish_reason") or finish_reason
+                                if finish_reason == "error":
+                                    raise _ended_in_error(self.provider, choice.get("error"))
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
