@@ -217,6 +217,106 @@ OVERFLOWS = [
         id="vllm-decoder-prompt",
     ),
     pytest.param(
+        "vllm",
+        400,
+        {
+            "error": {
+                "message": "You passed 9000 input tokens and requested 512 output tokens. However, "
+                "the model's context length is only 8192 tokens, resulting in a maximum input "
+                "length of 7680 tokens. Please reduce the length of the input prompt.",
+                "type": "BadRequestError",
+                "param": "input_tokens",
+                "code": 400,
+            }
+        },
+        9000,
+        8192,
+        id="vllm-renderer-tokens",
+    ),
+    pytest.param(
+        "vllm",
+        400,
+        {
+            "error": {
+                "message": "You passed 100000 input characters and requested 512 output tokens. "
+                "However, the model's context length is only 8192 tokens, resulting in a maximum "
+                "input length of 7680 tokens (at most 30720 characters). Please reduce the length "
+                "of the input prompt.",
+                "type": "BadRequestError",
+                "param": "input_text",
+                "code": 400,
+            }
+        },
+        None,
+        8192,
+        id="vllm-renderer-characters",
+    ),
+    pytest.param(
+        "vllm",
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, you "
+                "requested 64 output tokens and your prompt contains at least 8129 input tokens, "
+                "for a total of at least 8193 tokens. Please reduce the length of the input "
+                "prompt or the number of requested output tokens.",
+                "type": "BadRequestError",
+                "param": "input_tokens",
+                "code": 400,
+            }
+        },
+        8129,
+        8192,
+        id="vllm-prompt-and-output",
+    ),
+    pytest.param(
+        "tgi",
+        422,
+        {
+            "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+            "Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
+            "error_type": "validation",
+        },
+        4000,
+        4096,
+        id="tgi-total",
+    ),
+    pytest.param(
+        "tgi",
+        422,
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. "
+        "Given: 5000 `inputs` tokens and 0 `max_new_tokens`",
+        5000,
+        4096,
+        id="tgi-total-string-body",
+    ),
+    pytest.param(
+        "tgi",
+        422,
+        {
+            "error": "Input validation error: `inputs` must have less than 4095 tokens. "
+            "Given: 5000",
+            "error_type": "validation",
+        },
+        5000,
+        4095,
+        id="tgi-input",
+    ),
+    pytest.param(
+        "tgi",
+        None,
+        {
+            "error": {
+                "message": "Input validation error: `inputs` must have less than 4095 tokens. "
+                "Given: 5000",
+                "http_status_code": 422,
+            }
+        },
+        5000,
+        4095,
+        id="tgi-openai-error-event",
+    ),
+    pytest.param(
         "openrouter",
         400,
         {
@@ -289,7 +389,7 @@ OVERFLOWS = [
 
 @pytest.mark.parametrize(("provider", "status", "body", "prompt", "window"), OVERFLOWS)
 def test_known_overflow_forms_are_context_window_overflows(
-    provider: str, status: int, body: object, prompt: int | None, window: int | None
+    provider: str, status: int | None, body: object, prompt: int | None, window: int | None
 ) -> None:
     error = classify_error(provider=provider, status=status, body=body)
     assert isinstance(error, ContextWindowOverflowError)
@@ -351,6 +451,24 @@ def test_a_rate_limit_that_mentions_tokens_is_not_an_overflow() -> None:
     )
     assert type(error) is RateLimitError
     assert error.retry_after == 17.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Input validation error: `max_new_tokens` must be <= 2048. Given: 4000",
+        "Input validation error: `temperature` must be strictly positive",
+        "Input validation error: `stop` supports up to 4 stop sequences. Given: 6",
+    ],
+)
+def test_other_tgi_validation_errors_are_not_overflows(text: str) -> None:
+    """Only TGI's prompt-length checks are overflows; its other validation errors are
+    rejected requests."""
+    error = classify_error(
+        provider="tgi", status=422, body={"error": text, "error_type": "validation"}
+    )
+    assert type(error) is InvalidRequestError
+    assert error.code == "validation"
 
 
 def test_a_throttling_message_about_tokens_is_not_an_overflow() -> None:

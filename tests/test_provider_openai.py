@@ -440,6 +440,70 @@ OVERFLOW_BODY = {
             ContextWindowOverflowError,
             {"prompt_tokens": 530, "context_window": 512},
         ),
+        pytest.param(
+            error(
+                422,
+                {
+                    "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be "
+                    "<= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`",
+                    "error_type": "validation",
+                },
+            ),
+            ContextWindowOverflowError,
+            {"status": 422, "prompt_tokens": 4000, "context_window": 4096},
+            id="TGI: prompt and output over the total limit",
+        ),
+        pytest.param(
+            error(
+                422,
+                {
+                    "error": "Input validation error: `inputs` must have less than 4095 tokens. "
+                    "Given: 5000",
+                    "error_type": "validation",
+                },
+            ),
+            ContextWindowOverflowError,
+            {"status": 422, "prompt_tokens": 5000, "context_window": 4095},
+            id="TGI: prompt over the input limit",
+        ),
+        pytest.param(
+            error(
+                400,
+                {
+                    "error": {
+                        "message": "You passed 9000 input tokens and requested 512 output tokens. "
+                        "However, the model's context length is only 8192 tokens, resulting in a "
+                        "maximum input length of 7680 tokens. Please reduce the length of the "
+                        "input prompt.",
+                        "type": "BadRequestError",
+                        "param": "input_tokens",
+                        "code": 400,
+                    }
+                },
+            ),
+            ContextWindowOverflowError,
+            {"status": 400, "prompt_tokens": 9000, "context_window": 8192},
+            id="vLLM: renderer's input-length check",
+        ),
+        pytest.param(
+            error(
+                400,
+                {
+                    "error": {
+                        "message": "This model's maximum context length is 8192 tokens. However, "
+                        "you requested 64 output tokens and your prompt contains at least 8129 "
+                        "input tokens, for a total of at least 8193 tokens. Please reduce the "
+                        "length of the input prompt or the number of requested output tokens.",
+                        "type": "BadRequestError",
+                        "param": "input_tokens",
+                        "code": 400,
+                    }
+                },
+            ),
+            ContextWindowOverflowError,
+            {"status": 400, "prompt_tokens": 8129, "context_window": 8192},
+            id="vLLM: prompt plus output tokens",
+        ),
         (
             error(
                 429,
@@ -753,11 +817,26 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) 
     ("event", "kind", "words"),
     [
         pytest.param(
-            b'data: {"error": "Input validation error: `inputs` must have less than 4096 tokens",'
+            b'data: {"error": "Input validation error: `temperature` must be strictly positive",'
             b' "error_type": "validation"}\n\n',
             InvalidRequestError,
             "Input validation error",
             id="TGI: the error is a string",
+        ),
+        pytest.param(
+            b'data: {"error": "Input validation error: `inputs` must have less than 4095 tokens.'
+            b' Given: 5000", "error_type": "validation"}\n\n',
+            ContextWindowOverflowError,
+            "Given: 5000",
+            id="TGI: a prompt over the input limit",
+        ),
+        pytest.param(
+            b'data: {"error": {"message": "Input validation error: `inputs` tokens + '
+            b"`max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 "
+            b'`max_new_tokens`", "http_status_code": 422}}\n\n',
+            ContextWindowOverflowError,
+            "must be <= 4096",
+            id="TGI: an OpenAI-style error event over the total limit",
         ),
         pytest.param(
             b'data: {"error": {"object": "error", "message": "Invalid grammar", '
@@ -791,7 +870,8 @@ async def test_errors_sent_in_a_stream_are_classified_as_when_not_streamed(
                 pass
     assert type(caught.value) is kind
     assert words in str(caught.value)
-    assert len(server.requests) == (1 if kind is InvalidRequestError else 2)
+    retried = issubclass(kind, (ProviderUnavailableError, RateLimitError))
+    assert len(server.requests) == (2 if retried else 1)
 
 
 async def test_a_connection_lost_mid_stream_is_transient(

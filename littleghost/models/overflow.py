@@ -3,8 +3,8 @@
 A provider hands over what it got (HTTP status, JSON body, headers, message) and gets
 back the littleghost exception to raise: structured codes first
 (``context_length_exceeded``, ``exceed_context_size_error``), then the known message
-forms of OpenAI, Anthropic, Bedrock, Gemini, vLLM, OpenRouter, Mistral, xAI and
-llama.cpp → ``ContextWindowOverflowError``; 429 → ``RateLimitError`` with
+forms of OpenAI, Anthropic, Bedrock, Gemini, vLLM, OpenRouter, Mistral, xAI, Hugging
+Face TGI and llama.cpp → ``ContextWindowOverflowError``; 429 → ``RateLimitError`` with
 ``retry_after`` from the headers (unless waiting cannot help: a single request over the
 per-minute limit, or an exhausted quota); 5xx and 408 → ``ProviderUnavailableError``;
 any other 4xx → ``InvalidRequestError``. Without an HTTP error status (an error sent in
@@ -90,6 +90,9 @@ _OVERFLOW_MESSAGES = re.compile(
             r"exceeds? the available context size",  # llama.cpp
             r"input is too large to process",  # llama.cpp (older)
             r"longer than the maximum model length",  # vLLM
+            r"context length is only \d+ tokens",  # vLLM (renderer length checks)
+            r"`?inputs`? tokens \+ `?max_new_tokens`? must be <=",  # TGI (total tokens)
+            r"`?inputs`? must have less than \d+ tokens",  # TGI (max input tokens)
             r"too large for model with \d+ maximum context length",  # Mistral
             r"maximum prompt length is \d+",  # xAI
         )
@@ -118,6 +121,15 @@ _SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
             2,
         ),
         (rf"prompt \(length {_N}\) is longer than the maximum model length of {_N}", 1, 2),
+        (
+            rf"inputs`? tokens \+ `?max_new_tokens`? must be <= {_N}\. Given: {_N} `?inputs",
+            2,
+            1,
+        ),
+        (rf"inputs`? must have less than {_N} tokens\. Given: {_N}", 2, 1),
+        (rf"you passed {_N} input tokens", 1, 0),
+        (rf"prompt contains (?:at least )?{_N} input tokens", 1, 0),
+        (rf"context length is only {_N} tokens", 0, 1),
         (rf"prompt contains {_N} tokens.*?too large for model with {_N} maximum", 1, 2),
         (rf"maximum prompt length is {_N} but the request contains {_N}", 2, 1),
         (rf"max input tokens: {_N}, request input token count: {_N}", 2, 1),
@@ -169,6 +181,19 @@ def _body_message(body: object) -> str | None:
             if isinstance(value, str) and value:
                 return value
     return None
+
+
+def _error_text(body: object, message: str | None) -> str:
+    """The provider's message: the body's, else the SDK's; a body that is a string (TGI's
+    ``error``, which the ``openai`` SDK hands over alone, or a page that is not JSON) is
+    added to the SDK's message unless that already holds it."""
+    found = _body_message(body)
+    if found:
+        return found
+    sent = body.strip() if isinstance(body, str) else ""
+    if not sent or (message and sent in message):
+        return message or ""
+    return f"{message}: {sent}" if message else sent
 
 
 def _body_int(body: object, key: str) -> int | None:
@@ -300,7 +325,8 @@ def classify_error(
         provider: The provider's name, for the exception's ``provider``.
         status: The HTTP status, when there was one (a mid-stream error event has none,
             or the stream's 200).
-        body: The decoded JSON error body (the whole body or its ``error`` object).
+        body: The decoded JSON error body: the whole body, or its ``error`` value (an
+            object, or a string as TGI sends, which the ``openai`` SDK hands over alone).
         headers: The response headers (for ``retry-after``).
         message: The SDK's message, used when the body holds none.
 
@@ -309,7 +335,7 @@ def classify_error(
     """
     found = _codes(body)
     codes = set(found)
-    text = _body_message(body) or message or ""
+    text = _error_text(body, message)
     overflow_codes = [code for code in found if code in _OVERFLOW_CODES]
     code = (overflow_codes + found)[0] if found else None
     effective = _effective_status(status, codes, body)
