@@ -418,9 +418,10 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     """Run ``calls`` concurrently; store their results in call order.
 
     A result is stored as soon as it and every earlier call's result are done, and
-    its ``ToolCallFinished`` event follows its storing. If the run stops meanwhile,
-    the finished results not yet stored are stored all the same (within the
-    cleanup grace); the run loop answers the rest.
+    its ``ToolCallFinished`` event follows its storing. If the run stops or a call
+    fails meanwhile, no call starts any more, and the calls not stored yet are stored
+    all the same (within the cleanup grace), in call order: the finished ones with
+    their result, the others answered as stopped.
     """
     answers: list[Message | None] = [None] * len(calls)
     start = len(context.messages)
@@ -442,6 +443,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
 
     async def run_one(index: int, call: ToolCall) -> None:
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
             answers[index] = Message(Role.TOOL, (await _run_tool(agent, call, context),))
             await store_ready()
         except anyio.get_cancelled_exc_class() as error:
@@ -459,11 +461,17 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
                 group.start_soon(run_one, index, call)
     finally:
         # Each call's answer is told by its own message, not its call id (ids may repeat);
-        # a write cut off by the stop may have put some in the log all the same.
+        # a write cut off by the stop may have put some in the log all the same. The calls
+        # not stored yet follow the stored ones: finished ones with their result, the
+        # others answered as stopped, in call order.
         logged = {message.id for message in context.messages[start:]}
-        unstored = [a for a in answers if a is not None and a.id not in logged]
+        unstored = [
+            answer or Message.tool(call.id, STOPPED_TEXT, is_error=True)
+            for call, answer in zip(calls, answers, strict=True)
+            if answer is None or answer.id not in logged
+        ]
         if unstored and not context.grace.uncertain:
-            await context.grace.finish("storing finished tool results", context.append(*unstored))
+            await context.grace.finish("storing the batch's results", context.append(*unstored))
     if failures:
         raise failures[0]
 

@@ -895,3 +895,77 @@ class TestNestedRunsStoppedInsideATool:
         assert result.output == "final answer"
         assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
         assert await store.load("s") == result.messages
+
+
+class Shop(Agent):
+    """Charges a card per call; its policy hook refuses call ``c1``."""
+
+    charged: list[int]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.charged = []
+
+    @tool
+    async def charge(self, amount: int) -> str:
+        """Charge the card."""
+        self.charged.append(amount)
+        return "charged"
+
+    @before_tool
+    def policy(self, call: ToolCall) -> None:
+        if call.id == "c1":
+            raise PermissionError("c1 refused by policy")
+
+
+def charging(count: int) -> ScriptedModel:
+    calls = tuple(ToolCall(f"c{n}", "charge", {"amount": n}) for n in range(1, count + 1))
+    return ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+
+
+class TestAFailingCallStopsItsBatch:
+    @pytest.mark.parametrize("entry", ["run", "stream"])
+    async def test_no_later_call_runs_and_the_results_stay_in_call_order(self, entry: str) -> None:
+        """Once one call of a batch has failed the run, no other call starts (in ``run()``
+        as in ``stream()``), and every call is answered in call order."""
+        store = InMemorySessionStore()
+        agent = Shop(model=charging(3), session_store=store)
+        with pytest.raises(PermissionError):
+            if entry == "run":
+                await agent.run("Buy.", session_id="s")
+            else:
+                async with agent.stream("Buy.", session_id="s") as events:
+                    async for _ in events:
+                        pass
+        assert agent.charged == []
+        log = await store.load("s")
+        valid(log)
+        assert [r.call_id for m in log for r in m.tool_results] == ["c1", "c2", "c3"]
+
+    async def test_results_finished_before_a_stop_stay_in_call_order(self) -> None:
+        """A later call that finished before an earlier one is stopped is stored after the
+        earlier call's "stopped" answer, not before it."""
+
+        class Slow(Waiter):
+            pass
+
+        calls = (
+            ToolCall("c1", "wait", {"seconds": 10}),
+            ToolCall("c2", "wait", {"seconds": 0}),
+        )
+        model = ScriptedModel(
+            [ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)]
+        )
+        store = InMemorySessionStore()
+        with anyio.move_on_after(0.3):
+            await Slow(model=model, session_store=store).run("Go.", session_id="s")
+        log = await store.load("s")
+        valid(log)
+        results = [r for m in log for r in m.tool_results]
+        assert [r.call_id for r in results] == ["c1", "c2"]
+        assert results[0].is_error and results[1].content == "waited"
