@@ -42,7 +42,9 @@ class ReasoningDelta:
 
 @frozen
 class ToolCallStarted:
-    """A tool call is about to run."""
+    """A tool call is about to run: the call as ``before_tool`` hooks left it, under the
+    id the log holds (a hook's new id is not kept), so it pairs with its
+    ``ToolCallFinished``."""
 
     call: ToolCall
 

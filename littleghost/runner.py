@@ -479,6 +479,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
 async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolResult:
     original_id = call.id
     call = await run_chain(agent.hooks["before_tool"], call, expected=ToolCall, context=context)
+    if call.id != original_id:  # a hook's new id: the event pairs with the logged call
+        call = attrs.evolve(call, id=original_id)
     await context.emit(ToolCallStarted(call))
     found = agent.find_tool(call.name)
     name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL

@@ -15,6 +15,7 @@ from littleghost import (
     ToolCall,
     ToolResult,
     after_tool,
+    before_tool,
     manage_context,
     tool,
 )
@@ -444,3 +445,31 @@ class TestRunUnchanged:
         _, events = await collect(Weather(model=script()), "go")
         assert (events.result.output, events.result.usage) == (ran.output, ran.usage)
         assert [m.role for m in events.result.messages] == [m.role for m in ran.messages]
+
+
+async def test_tool_events_pair_by_the_logged_call_id_when_a_hook_replaces_the_call() -> None:
+    """``ToolCallStarted`` shows the call as hooks left it, under the id the log holds."""
+
+    class Trimming(Agent):
+        @tool
+        def echo(self, text: str) -> str:
+            """Say it back."""
+            return text
+
+        @before_tool
+        def trim(self, call: ToolCall) -> ToolCall:
+            return ToolCall(f"hook-{call.id}", call.name, {"text": call.arguments["text"].strip()})
+
+    model = ScriptedModel(
+        [tool_call_response("echo", {"text": " hi "}, call_id="c1"), text_response("ok")]
+    )
+    async with Trimming(model=model).stream("Echo.") as events:
+        seen = [
+            e
+            for e in [event async for event in events]
+            if isinstance(e, (ToolCallStarted, ToolCallFinished))
+        ]
+    started, finished = seen
+    assert isinstance(started, ToolCallStarted) and isinstance(finished, ToolCallFinished)
+    assert started.call == ToolCall("c1", "echo", {"text": "hi"})
+    assert finished.result.call_id == "c1" == events.messages[1].tool_calls[0].id
