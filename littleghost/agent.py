@@ -463,22 +463,22 @@ class Agent:
         string, closed at its end, so calls from several threads on one agent do not
         share one. Takes the keywords of ``run()``.
         """
+        plan = runner.plan_run(
+            self,
+            input,
+            history=history,
+            settings=settings,
+            session_id=session_id,
+            timeout=timeout,
+            deadline=deadline,
+            output_type=output_type,
+        )
         declared = self._declared_model()
         started = False
 
         async def run_and_close() -> RunResult[Any]:
             nonlocal started
             started = True
-            plan = runner.plan_run(
-                self,
-                input,
-                history=history,
-                settings=settings,
-                session_id=session_id,
-                timeout=timeout,
-                deadline=deadline,
-                output_type=output_type,
-            )
             if isinstance(declared, Model):
                 return await runner.run(self, plan)
             model = resolve(declared)

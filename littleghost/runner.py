@@ -16,13 +16,15 @@ import functools
 import hashlib
 import inspect
 import math
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
-from attrs import frozen
+from attrs import field, frozen
 
 from littleghost import telemetry
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding
@@ -72,6 +74,8 @@ MAX_RECOVERIES = 3
 MAX_REPAIRS = 1
 """How many turns a run gives the model to fix a final answer that does not fit its
 ``output_type`` before ``OutputValidationError``."""
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""littleghost's own files: frames in them are not where a run was asked for."""
 UNDECLARED_TOOL = "undeclared"
 """The tool name telemetry shows for a call of a tool the agent does not declare (the
 name is the model's text), unless ``capture_content`` is on."""
@@ -88,6 +92,44 @@ class RunPlan:
     timeout: float | None
     deadline: float | None
     output: OutputType | None = None
+    caller: CallSite | None = None
+
+
+@frozen
+class CallSite:
+    """Where user code called ``run()``, ``run_sync()`` or ``stream()``: the place the
+    run's warnings name (the run itself may be in a task or an event loop of its own)."""
+
+    filename: str
+    lineno: int
+    globals: dict[str, Any] = field(repr=False)
+
+    def warn(self, text: str) -> None:
+        """Warn ``text`` (a ``UserWarning``) as if from this place."""
+        warnings.warn_explicit(
+            text,
+            UserWarning,
+            self.filename,
+            self.lineno,
+            module=self.globals.get("__name__"),
+            registry=self.globals.setdefault("__warningregistry__", {}),
+            module_globals=self.globals,
+        )
+
+
+def _call_site() -> CallSite:
+    """The innermost frame outside littleghost, where the run was asked for."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
+def _warn(plan: RunPlan, text: str) -> None:
+    if plan.caller is None:
+        warnings.warn(text, UserWarning, stacklevel=2)
+    else:
+        plan.caller.warn(text)
 
 
 def plan_run(
@@ -104,7 +146,7 @@ def plan_run(
     """Check ``run()``'s arguments, naming the one that is wrong."""
     if session_id is not None:
         check_session_id(session_id)
-    _deadline(timeout, deadline)
+    _check_timing(timeout, deadline)
     message = _user_message(input)
     seed = _history(history)
     _check_new(message, seed, "history")
@@ -126,6 +168,7 @@ def plan_run(
         timeout=timeout,  # type: ignore[arg-type]
         deadline=deadline,  # type: ignore[arg-type]
         output=output,
+        caller=_call_site(),
     )
 
 
@@ -203,7 +246,7 @@ async def run(
                         result = await _loop(agent, context, message, output)
                     else:
                         async with holding(hold_session(store, session_id), grace):
-                            await _open_session(agent, context, log, seed, message)
+                            await _open_session(agent, context, log, seed, plan)
                             result = await _loop(agent, context, message, output)
         except BaseException as error:
             found = fatal(error)
@@ -223,7 +266,7 @@ async def run(
 
 
 async def _open_session(
-    agent: Agent, context: RunContext, log: list[Message], seed: list[Message], message: Message
+    agent: Agent, context: RunContext, log: list[Message], seed: list[Message], plan: RunPlan
 ) -> None:
     """Fill the run's log from its session; a new session is seeded with ``seed``.
 
@@ -242,24 +285,22 @@ async def _open_session(
             return f"message {position} of {where}"
 
         _check_results(misplaced_results(stored, orphans=False), at)
-        _check_new(message, stored, where)
+        _check_new(plan.message, stored, where)
         if seed:
-            warnings.warn(
+            _warn(
+                plan,
                 f"history= is ignored: session {context.session_id!r} already holds "
                 f"{len(stored)} messages, and the stored log wins",
-                UserWarning,
-                stacklevel=4,
             )
         log.extend(stored)
         return
     kept = [message for message in seed if not message.is_trusted]
     if len(kept) < len(seed):
-        warnings.warn(
+        _warn(
+            plan,
             "the system and developer messages of history= are left out of session "
             f"{context.session_id!r}: sessions do not store instructions, which come "
             "from the agent class each run",
-            UserWarning,
-            stacklevel=4,
         )
     await context.append(*kept)
 
@@ -674,18 +715,19 @@ def _check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) -
         )
 
 
-def _deadline(timeout: object, deadline: object) -> float:
-    end = math.inf
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise TypeError(f"timeout must be seconds >= 0, not {timeout!r}")
-        end = anyio.current_time() + timeout
-    if deadline is not None:
-        if (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, (int, float))
-            or math.isnan(deadline)
-        ):
-            raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
-        end = min(end, float(deadline))
-    return end
+def _check_timing(timeout: object, deadline: object) -> None:
+    """Check ``timeout`` and ``deadline`` (no event loop needed)."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+    ):
+        raise TypeError(f"timeout must be seconds >= 0, not {timeout!r}")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline)
+    ):
+        raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
+
+
+def _deadline(timeout: float | None, deadline: float | None) -> float:
+    """The run's absolute deadline, from the checked ``timeout`` and ``deadline``."""
+    end = math.inf if timeout is None else anyio.current_time() + timeout
+    return end if deadline is None else min(end, float(deadline))

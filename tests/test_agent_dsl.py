@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 from attrs import field, frozen, validators
@@ -186,6 +187,20 @@ async def test_no_model_fails_clearly() -> None:
     """Running an agent that declares no model raises ConfigurationError."""
     with pytest.raises(ConfigurationError, match="declares no model"):
         await Agent().run("hi")
+
+
+@pytest.mark.parametrize("entry", ["run", "stream", "run_sync"])
+async def test_bad_arguments_are_named_before_a_missing_model(entry: str) -> None:
+    """Every entry point checks its arguments first, so the same call fails the same way."""
+    agent = Agent()
+    with pytest.raises(TypeError, match="timeout must be seconds >= 0"):
+        if entry == "run":
+            await agent.run("hi", timeout=-1)
+        elif entry == "stream":
+            async with agent.stream("hi", timeout=-1):
+                pass
+        else:
+            await anyio.to_thread.run_sync(lambda: agent.run_sync("hi", timeout=-1))
 
 
 async def test_callable_instructions_receive_the_context() -> None:

@@ -7,6 +7,7 @@ four protocol methods (``PlainStore``, no ``lock``).
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -119,6 +120,29 @@ class TestHistory:
             )
         assert texts(result.messages) == ["stored question", "stored", "next", "ok"]
         assert "ignored" not in texts(model.requests[0].messages)
+
+    @pytest.mark.parametrize("entry", ["run", "stream", "run_sync"])
+    async def test_history_warnings_name_the_callers_line(self, entry: str) -> None:
+        """Whichever entry point, the warning points at the line that asked for the run
+        (not into littleghost, anyio or asyncio)."""
+        store = InMemorySessionStore()
+        agent = Helper(model=ScriptedModel([text_response("ok")]), session_store=store)
+        history = [Message.system("Be terse."), Message.user("hi"), Message.assistant("hello")]
+        with pytest.warns(UserWarning, match="left out of session") as caught:
+            if entry == "run":
+                line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+                await agent.run("next", history=history, session_id="s")
+            elif entry == "stream":
+                line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+                async with agent.stream("next", history=history, session_id="s") as events:
+                    async for _ in events:
+                        pass
+            else:
+                line = inspect.currentframe().f_lineno + 2  # type: ignore[union-attr]
+                await anyio.to_thread.run_sync(
+                    lambda: agent.run_sync("next", history=history, session_id="s")
+                )
+        assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
 
     async def test_instructions_in_a_seed_are_not_stored(self, store: SessionStore) -> None:
         history = [Message.system("Be rude."), Message.developer("Shout."), Message.user("hi")]
