@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -30,6 +30,7 @@ from littleghost.errors import (
     CorruptSessionStoreError,
     DeadlineExceededError,
     SchemaVersionError,
+    SessionBusyError,
     SessionStoreError,
 )
 from littleghost.sessions import PostgresSessionStore, SessionStats
@@ -296,9 +297,9 @@ class TestWorkers:
         await second.aclose()
 
     async def test_a_run_waiting_on_another_worker_keeps_its_deadline(self, conninfo: str) -> None:
-        holder, waiter = PostgresSessionStore(conninfo), PostgresSessionStore(conninfo)
+        waiter = PostgresSessionStore(conninfo)
         model = ScriptedModel([text_response("never")])
-        async with holder.lock("s"):
+        with other_worker_holding(conninfo, "s"):
             started = anyio.current_time()
             with pytest.raises(DeadlineExceededError):
                 await Noter(model=model, session_store=waiter).run(
@@ -310,7 +311,6 @@ class TestWorkers:
         with anyio.fail_after(5):
             async with waiter.lock("s"):
                 pass
-        await holder.aclose()
         await waiter.aclose()
         assert await open_connections(conninfo) == 0
 
@@ -548,6 +548,16 @@ def holding(conninfo: str, *statements: str) -> Iterator[None]:
         holder.rollback()
 
 
+def other_worker_holding(conninfo: str, session_id: str) -> AbstractContextManager[None]:
+    """Another worker process holds ``session_id``: its advisory lock, keyed as the
+    store's docstring says (a plain literal id)."""
+    return holding(
+        conninfo,
+        "SELECT pg_advisory_xact_lock(hashtextextended("
+        f"quote_ident(current_schema()) || '.' || '{session_id}', 0))",
+    )
+
+
 async def waiting_backends(conninfo: str) -> int:
     """Backends of the stores under test waiting for a lock on the server."""
     rows = await sql(
@@ -670,7 +680,7 @@ class TestDeadlines:
         self, conninfo: str
     ) -> None:
         store = PostgresSessionStore(conninfo)
-        async with PostgresSessionStore(conninfo) as holder, holder.lock("s"):
+        with other_worker_holding(conninfo, "s"):
             started = time.monotonic()
             with anyio.move_on_after(0.3) as scope:
                 async with store.lock("s"):
@@ -690,12 +700,11 @@ class TestDeadlines:
         self, conninfo: str
     ) -> None:
         store = PostgresSessionStore(conninfo)
-        async with PostgresSessionStore(conninfo) as holder:
-            async with holder.lock("s"):
-                assert await seconds_after_cancel(lambda: lock_and_leave(store)) < 0.2
-            with anyio.fail_after(5):
-                async with store.lock("s"):
-                    pass
+        with other_worker_holding(conninfo, "s"):
+            assert await seconds_after_cancel(lambda: lock_and_leave(store)) < 0.2
+        with anyio.fail_after(5):
+            async with store.lock("s"):
+                pass
         await store.aclose()
         assert await open_connections(conninfo) == 0
 
@@ -764,3 +773,157 @@ class TestThreads:
                     pass
         await store.aclose()
         assert await open_connections(conninfo) == 0
+
+
+async def backends_holding_advisory_locks(conninfo: str) -> list[int]:
+    rows = await sql(
+        conninfo,
+        "SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted"
+        " AND a.application_name = current_setting('application_name')",
+    )
+    return [int(pid) for (pid,) in rows]  # type: ignore[call-overload]
+
+
+class Nesting(Agent):
+    """Runs ``Nesting`` again, through another store object, on its own session."""
+
+    instructions = "Nest."
+
+    @tool
+    async def nest(self) -> str:
+        """Run again on this session."""
+        inner = type(self)(model=ScriptedModel([text_response("inner")]), session_store=INNER[0])
+        try:
+            await inner.run("inner", session_id="s", timeout=5)
+        except SessionBusyError as error:
+            return f"busy: {error}"
+        return "not busy"
+
+
+INNER: list[PostgresSessionStore] = []
+
+
+class TestLockScope:
+    async def test_a_nested_run_through_another_store_object_is_busy_at_once(
+        self, conninfo: str
+    ) -> None:
+        async with PostgresSessionStore(conninfo) as outer, PostgresSessionStore(conninfo) as inner:
+            INNER[:] = [inner]
+            model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
+            with anyio.fail_after(4):
+                result = await Nesting(model=model, session_store=outer).run("go", session_id="s")
+            assert result.messages[2].tool_results[0].content.startswith("busy: ")
+
+    async def test_stores_in_two_schemas_do_not_hold_each_other_up(
+        self, conninfo: str, postgres_dsn: str
+    ) -> None:
+        async with (
+            postgres_schema(postgres_dsn) as other_conninfo,
+            PostgresSessionStore(conninfo) as first,
+            PostgresSessionStore(other_conninfo) as second,
+        ):
+            async with first.lock("user-1"):
+                with anyio.fail_after(3):
+                    async with second.lock("user-1"):
+                        await second.append("user-1", [Message.user("tenant b")])
+            assert await first.load("user-1") == ()
+
+    async def test_the_session_id_of_the_old_schema_lock_key_is_an_ordinary_session(
+        self, conninfo: str
+    ) -> None:
+        """The tables are checked under a lock no session id can share."""
+        store = PostgresSessionStore(conninfo, statement_timeout=3)
+        model = ScriptedModel([text_response("hello")])
+        with anyio.fail_after(5):
+            result = await Noter(model=model, session_store=store).run(
+                "hi", session_id="littleghost schema"
+            )
+            async with PostgresSessionStore(conninfo) as other:
+                assert await other.load("littleghost schema") == result.messages
+        await store.aclose()
+
+    async def test_a_run_whose_lock_connection_was_ended_writes_nothing_more(
+        self, conninfo: str
+    ) -> None:
+        """The server ends the backend that holds the run's lock; another worker takes the
+        session and writes: the run's next append is refused and the log stays whole."""
+        store = PostgresSessionStore(conninfo)
+        started, done = anyio.Event(), anyio.Event()
+
+        class Looker(Agent):
+            session_store = store
+
+            @tool
+            async def lookup(self) -> str:
+                """Look."""
+                started.set()
+                await done.wait()
+                return "found"
+
+        async def other_worker() -> None:
+            await started.wait()
+            (pid,) = await backends_holding_advisory_locks(conninfo)
+            await sql(conninfo, f"SELECT pg_terminate_backend({pid})")
+            with other_worker_holding(conninfo, "s"):  # free now: the lock went with it
+                async with PostgresSessionStore(conninfo) as other:
+                    await other.append("s", [Message.user("the other worker")])
+            done.set()
+
+        model = ScriptedModel([tool_call_response("lookup", {}), text_response("never")])
+        async with anyio.create_task_group() as group:
+            group.start_soon(other_worker)
+            with pytest.raises(SessionStoreError, match="changed under the run"):
+                await Looker(model=model).run("look", session_id="s", timeout=10)
+        assert [message.text for message in await store.load("s")] == [
+            "look",
+            "",
+            "the other worker",
+        ]
+        await store.aclose()
+
+
+class TestStalePool:
+    async def test_connections_the_server_ended_while_idle_are_replaced(
+        self, conninfo: str
+    ) -> None:
+        store = PostgresSessionStore(conninfo)
+        async with anyio.create_task_group() as group:  # several idle connections
+            for n in range(3):
+                group.start_soon(store.append, f"s{n}", [Message.user("before")])
+        ended = await sql(
+            conninfo,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
+            "pg_backend_pid() AND application_name = current_setting('application_name')",
+        )
+        assert len(ended) >= 1
+        for n in range(3):
+            await store.append(f"s{n}", [Message.user("after")])
+            assert [m.text for m in await store.load(f"s{n}")] == ["before", "after"]
+        await store.aclose()
+
+
+class TestDamage:
+    async def test_a_foreign_meta_table_is_corrupt(self, conninfo: str) -> None:
+        await sql(conninfo, "CREATE TABLE littleghost_meta (name text, setting text)")
+        await sql(conninfo, "CREATE TABLE littleghost_sessions (id text)")
+        async with PostgresSessionStore(conninfo) as store:
+            with pytest.raises(CorruptSessionStoreError, match="foreign littleghost_meta"):
+                await store.load("s")
+
+    async def test_a_length_that_disagrees_with_the_messages_is_damage_naming_the_session(
+        self, conninfo: str
+    ) -> None:
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("s", [Message.user("one"), Message.assistant("two")])
+            await sql(conninfo, "UPDATE littleghost_sessions SET length = 1")
+            with pytest.raises(CorruptSessionStoreError, match=r"session 's'.*length \(1\)"):
+                await store.load("s")
+            with pytest.raises(CorruptSessionStoreError, match=r"session 's'.*length \(1\)"):
+                await store.append("s", [Message.user("three")])
+            await sql(conninfo, "UPDATE littleghost_messages SET body = 'nonsense'")
+            await sql(conninfo, "UPDATE littleghost_sessions SET length = 2")
+            with pytest.raises(
+                CorruptSessionStoreError, match=r"schema .*session 's', message at position 0"
+            ):
+                await store.load("s")

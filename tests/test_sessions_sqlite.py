@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import sqlite3
@@ -835,3 +836,67 @@ class TestThreads:
                 assert await store.list_sessions() == ("s",)
                 await store.delete("s")
                 await store.aclose()
+
+
+class TestDamageIsLocated:
+    async def test_a_damaged_message_names_the_store_session_and_position(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("fine"), Message.assistant("soon damaged")])
+            raw(path, "UPDATE littleghost_messages SET body = 'nonsense' WHERE position = 1")
+            with pytest.raises(CorruptSessionStoreError) as caught:
+                await store.load("s")
+        assert str(caught.value).startswith(
+            f"SQLite session store {str(path)!r}, session 's', message at position 1: "
+        )
+        assert caught.value.session_id == "s"
+
+    async def test_a_length_that_disagrees_with_the_messages_is_damage(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("one"), Message.assistant("two")])
+            raw(path, "UPDATE littleghost_sessions SET length = 1")
+            with pytest.raises(CorruptSessionStoreError, match=r"session 's'.*length \(1\)"):
+                await store.load("s")
+            with pytest.raises(CorruptSessionStoreError, match=r"session 's'.*length \(1\)"):
+                await store.append("s", [Message.user("three")])
+        assert raw(path, "SELECT count(*) FROM littleghost_messages") == [(2,)]
+
+
+class TestPrivateDatabase:
+    async def test_a_closed_private_database_is_not_silently_reopened_empty(self) -> None:
+        async with SQLiteSessionStore(":memory:") as store:
+            await store.append("s", [Message.user("kept only here")])
+        with pytest.raises(SessionStoreError, match="was closed"):
+            await store.load("s")
+        with pytest.raises(SessionStoreError, match="was closed"):
+            await store.list_sessions()
+
+    async def test_a_closed_file_store_opens_again(self, tmp_path: Path) -> None:
+        store = SQLiteSessionStore(tmp_path / "s.db")
+        await store.append("s", [Message.user("kept")])
+        await store.aclose()
+        assert [message.text for message in await store.load("s")] == ["kept"]
+        await store.aclose()
+
+
+class TestPerFileTables:
+    async def test_the_lock_tables_of_a_file_go_when_no_store_uses_it(self, tmp_path: Path) -> None:
+        """A bot with one database per tenant does not keep a table per file forever."""
+        from littleghost.sessions import filelock, locks
+
+        before = (len(locks._SHARED), len(filelock._FILES))
+        for tenant in range(20):
+            async with (
+                SQLiteSessionStore(tmp_path / f"tenant-{tenant}.db") as store,
+                store.lock("s"),
+            ):
+                await store.append("s", [Message.user("hi")])
+            assert len(filelock._FILES) == before[1] + 1
+        del store
+        gc.collect()
+        assert (len(locks._SHARED), len(filelock._FILES)) == before

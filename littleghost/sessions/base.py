@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -11,8 +11,14 @@ import attrs
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
-from littleghost.errors import CorruptSessionStoreError, SchemaVersionError, UnstorableValueError
+from littleghost.errors import (
+    CorruptSessionStoreError,
+    SchemaVersionError,
+    SessionStoreError,
+    UnstorableValueError,
+)
 from littleghost.messages import Message
+from littleghost.sessions.codec import message_from_json
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
@@ -21,9 +27,12 @@ __all__ = [
     "SessionStats",
     "SessionStore",
     "StoredMessage",
+    "changed_under_holder",
     "check_schema",
     "check_session_id",
     "distinct_ids",
+    "length_error",
+    "read_log",
 ]
 
 logger = logging.getLogger("littleghost.sessions")
@@ -166,6 +175,63 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
         )
     if int(version) < 1:
         raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")
+
+
+def read_log(
+    rows: Sequence[Sequence[object]],
+    session_id: str,
+    where: str,
+    when: Callable[[object], datetime | None],
+) -> list[StoredMessage]:
+    """A session's log from the rows ``(length, position, body, stored_at)`` a store
+    read in one statement (one row without a body when it holds no messages).
+
+    Raises:
+        CorruptSessionStoreError: A message or its time cannot be read, or the session's
+            ``length`` disagrees with its messages; the error names ``where``, the
+            session and the message's position.
+    """
+    length = rows[0][0] if rows else None
+    log: list[StoredMessage] = []
+    for _, position, body, stored_at in rows:
+        if body is None:
+            continue
+        try:
+            log.append(StoredMessage(message_from_json(str(body)), when(stored_at)))
+        except CorruptSessionStoreError as error:
+            raise CorruptSessionStoreError(
+                f"{where}, session {session_id!r}, message at position {position}: {error}",
+                session_id=session_id,
+            ) from None
+    if (length or 0) != len(log):
+        raise CorruptSessionStoreError(
+            f"{where}, session {session_id!r}: its recorded length ({length}) disagrees with "
+            f"the {len(log)} messages it holds",
+            session_id=session_id,
+        )
+    return log
+
+
+def changed_under_holder(where: str, session_id: str, seen: int, found: int) -> SessionStoreError:
+    """The error for an append of a session's holder refused because the session no
+    longer holds the ``seen`` messages the holder last saw (nothing was written)."""
+    now = "no longer exists" if found == 0 else f"holds {found} messages"
+    return SessionStoreError(
+        f"{where}: session {session_id!r} changed under the run that holds it: it {now}, "
+        f"not the {seen} the run last saw (the run lost its lock, the session was deleted, "
+        "or something else wrote to it); nothing was written",
+        session_id=session_id,
+    )
+
+
+def length_error(where: str, session_id: str, length: int) -> CorruptSessionStoreError:
+    """The error for an append that found messages stored past the session's recorded
+    ``length`` (nothing was written)."""
+    return CorruptSessionStoreError(
+        f"{where}, session {session_id!r}: its recorded length ({length}) disagrees with its "
+        "messages (some are stored past it); nothing was written",
+        session_id=session_id,
+    )
 
 
 def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:

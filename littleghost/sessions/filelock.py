@@ -15,6 +15,7 @@ import hashlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -125,10 +126,11 @@ class LockFile:
 
 
 _FILES_GUARD = threading.Lock()
-_FILES: dict[str, LockFile] = {}
+_FILES: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()
 
 
 def lock_file(path: str) -> LockFile:
-    """This process's one ``LockFile`` for ``path`` (give a resolved, absolute path)."""
+    """This process's one ``LockFile`` for ``path`` (give a resolved, absolute path),
+    kept while anything uses it."""
     with _FILES_GUARD:
         return _FILES.setdefault(path, LockFile(path))

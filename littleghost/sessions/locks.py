@@ -9,6 +9,10 @@ is cancellable by anyio cancel scopes.
 ``hold_session`` holds a session of any store: through the store's own ``lock`` when it
 has one, else through a ``SessionLocks`` kept for that store in this process.
 
+A ``Hold`` also fences the holder's writes: a built-in store notes in it how many
+messages the holder last saw the session hold (at its load, then at each of its
+appends), and refuses an append of the holder once the session has another length.
+
 ``TimeLeft`` carries the caller's deadline into the worker threads of the stores, and
 ``thread_limiter`` gives each store worker threads of its own, so threads that others
 left running (sync tools past their timeout, say) never hold up a store's calls.
@@ -32,7 +36,7 @@ from attrs import define, field, frozen
 from littleghost.errors import SessionBusyError
 from littleghost.sessions.base import SessionStore
 
-__all__ = ["SessionLocks", "TimeLeft", "hold_session", "thread_limiter"]
+__all__ = ["Hold", "SessionLocks", "TimeLeft", "hold_session", "shared_locks", "thread_limiter"]
 
 _POLL = 0.05
 """Seconds a worker thread waits for a session between checks that it is still wanted."""
@@ -109,10 +113,18 @@ def thread_limiter(owner: object, tokens: int) -> anyio.CapacityLimiter:
 
 
 @define(eq=False)
-class _Hold:
+class Hold:
+    """A task's hold of a session (its child tasks share it).
+
+    Attributes:
+        seen: How many messages the holder last saw the session hold (its last load or
+            append through a built-in store); ``None`` before it looked.
+    """
+
     owner: int
     session_id: str
     active: bool = True
+    seen: int | None = None
 
 
 @define(eq=False)
@@ -174,7 +186,7 @@ async def _acquire(mutex: threading.Lock) -> None:
         raise
 
 
-_HELD: ContextVar[tuple[_Hold, ...]] = ContextVar("littleghost_held_sessions", default=())
+_HELD: ContextVar[tuple[Hold, ...]] = ContextVar("littleghost_held_sessions", default=())
 
 
 class SessionLocks:
@@ -193,10 +205,7 @@ class SessionLocks:
                 the session, so waiting would never end.
         """
         held = _HELD.get()
-        if any(
-            hold.active and hold.owner == id(self) and hold.session_id == session_id
-            for hold in held
-        ):
+        if self.held(session_id) is not None:
             raise SessionBusyError(
                 "a run of this session is already in progress in this task; a run started "
                 "from inside it would wait for itself",
@@ -214,7 +223,7 @@ class SessionLocks:
             async with queue.lock:
                 await _acquire(entry.mutex)
                 try:
-                    hold = _Hold(id(self), session_id)
+                    hold = Hold(id(self), session_id)
                     token = _HELD.set((*held, hold))
                     try:
                         yield
@@ -232,6 +241,31 @@ class SessionLocks:
                 if entry.users == 0:
                     del self._entries[session_id]
 
+    def held(self, session_id: str) -> Hold | None:
+        """The current task's hold of ``session_id`` in this table, if it holds it."""
+        for hold in _HELD.get():
+            if hold.active and hold.owner == id(self) and hold.session_id == session_id:
+                return hold
+        return None
+
+    def saw(self, session_id: str, length: int) -> None:
+        """Note that the current task, if it holds ``session_id``, saw it hold ``length``
+        messages (so that its next append expects that many)."""
+        hold = self.held(session_id)
+        if hold is not None:
+            hold.seen = length
+
+
+_SHARED_GUARD = threading.Lock()
+_SHARED: weakref.WeakValueDictionary[tuple[str, ...], SessionLocks] = weakref.WeakValueDictionary()
+
+
+def shared_locks(key: tuple[str, ...]) -> SessionLocks:
+    """The one ``SessionLocks`` of the sessions ``key`` names (a database file, a
+    PostgreSQL schema), shared by every store of them in this process while any uses it."""
+    with _SHARED_GUARD:
+        return _SHARED.setdefault(key, SessionLocks())
+
 
 _STORE_LOCKS_GUARD = threading.RLock()
 """Reentrant: a collection inside ``_locks_of`` may run ``_forget`` in the same thread."""
@@ -247,11 +281,18 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
 
     Raises:
         SessionBusyError: The current task already holds the session.
+        TypeError: The store's ``lock`` does not return an async context manager.
     """
     lock = getattr(store, "lock", None)
-    if lock is not None:
-        return cast(AbstractAsyncContextManager[None], lock(session_id))
-    return _locks_of(store).hold(session_id)
+    if lock is None:
+        return _locks_of(store).hold(session_id)
+    hold = lock(session_id)
+    if not (hasattr(hold, "__aenter__") and hasattr(hold, "__aexit__")):
+        raise TypeError(
+            f"session_store.lock({session_id!r}) returned {type(hold).__name__}, not an async "
+            "context manager: define it with @asynccontextmanager (async def) or drop it"
+        )
+    return cast(AbstractAsyncContextManager[None], hold)
 
 
 def _locks_of(store: SessionStore) -> SessionLocks:

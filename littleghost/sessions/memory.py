@@ -9,7 +9,12 @@ from datetime import datetime, timezone
 
 from littleghost.errors import UnknownSessionError
 from littleghost.messages import Message
-from littleghost.sessions.base import SessionStats, StoredMessage, check_session_id
+from littleghost.sessions.base import (
+    SessionStats,
+    StoredMessage,
+    changed_under_holder,
+    check_session_id,
+)
 from littleghost.sessions.codec import message_from_json, messages_to_json
 from littleghost.sessions.locks import SessionLocks
 
@@ -21,7 +26,9 @@ class InMemorySessionStore:
 
     Messages are stored encoded (as the persistent stores keep them), with the time
     they were appended, so a stored message cannot change afterwards and the same values
-    are refused. Runs of one session are serialized by an in-process lock.
+    are refused. Runs of one session are serialized by an in-process lock, and an append
+    of a session's holder is refused once the session is no longer as the holder last
+    saw it (deleted meanwhile, say).
     """
 
     def __init__(self) -> None:
@@ -44,21 +51,34 @@ class InMemorySessionStore:
     def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
         check_session_id(session_id)
         with self._guard:
-            return tuple(self._sessions.get(session_id, ()))
+            entries = tuple(self._sessions.get(session_id, ()))
+        self._locks.saw(session_id, len(entries))
+        return entries
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session, all or none.
 
         Raises:
             UnstorableValueError: A message holds a value that is not JSON-like.
+            SessionStoreError: The current task holds the session, which no longer holds
+                the messages it last saw; nothing was stored.
         """
         check_session_id(session_id)
         encoded = messages_to_json(messages)
         if not encoded:
             return
         now = datetime.now(timezone.utc)
+        hold = self._locks.held(session_id)
         with self._guard:
-            self._sessions.setdefault(session_id, []).extend((text, now) for text in encoded)
+            log = self._sessions.get(session_id, [])
+            if hold is not None and hold.seen is not None and hold.seen != len(log):
+                raise changed_under_holder(
+                    "in-memory session store", session_id, hold.seen, len(log)
+                )
+            self._sessions[session_id] = log
+            log.extend((text, now) for text in encoded)
+            length = len(log)
+        self._locks.saw(session_id, length)
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

@@ -16,10 +16,10 @@ anyio's default limiter's), and a session's connection is closed without waiting
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
+import select
 import socket
 import threading
 import traceback
@@ -44,16 +44,18 @@ from littleghost.sessions.base import (
     STORE_FORMAT,
     SessionStats,
     StoredMessage,
+    changed_under_holder,
     check_schema,
     check_session_id,
+    length_error,
+    read_log,
 )
 from littleghost.sessions.codec import (
     SUMMARY_FLAG,
     SUMMARY_PATHS,
-    message_from_json,
     messages_to_json,
 )
-from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
+from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks, thread_limiter
 
 if TYPE_CHECKING:
     import psycopg
@@ -130,13 +132,49 @@ def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(timezone.utc)
 
 
-def _lock_key(name: str) -> int:
-    """A 64-bit advisory lock key for ``name`` (a collision only serializes more)."""
-    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8, person=b"littleghost").digest()
-    return int.from_bytes(digest, "big", signed=True)
+_SESSION_LOCK = "SELECT pg_advisory_lock(hashtextextended(quote_ident(%s) || '.' || %s, 0))"
+"""Takes the advisory lock of a session (the key made on the server from the schema that
+holds the tables and the session id: one key space per schema)."""
+_SCHEMA_LOCK = (0x6C67686F, 1)
+"""The two-key advisory lock held while checking or making the tables: PostgreSQL keeps
+two-key locks apart from the one-key locks of sessions, so no session id can meet it."""
 
 
-_SCHEMA_LOCK = _lock_key("littleghost schema")
+def _append_statement(seen: int | None) -> str:
+    """The statement that adds ``%(added)s`` to a session's length and returns the new
+    length: only while the session holds the ``seen`` messages its holder last saw (no
+    row otherwise); any length when ``seen`` is ``None`` (not held, or not yet loaded)."""
+    if seen:
+        return (
+            "UPDATE littleghost_sessions SET length = length + %(added)s"
+            " WHERE id = %(id)s AND length = %(seen)s RETURNING length"
+        )
+    return (
+        "INSERT INTO littleghost_sessions (id, length) VALUES (%(id)s, %(added)s)"
+        " ON CONFLICT (id) DO UPDATE SET length = littleghost_sessions.length + EXCLUDED.length"
+        + ("" if seen is None else " WHERE littleghost_sessions.length = 0")
+        + " RETURNING length"
+    )
+
+
+def _no_time(moment: object) -> None:
+    """For loads that need no times."""
+    return None
+
+
+def _stale(connection: psycopg.Connection[Any]) -> bool:
+    """An idle connection the server ended (or wrote to, which it never does unasked):
+    its socket has something to read, or psycopg already knows it is gone."""
+    if connection.closed or connection.broken:
+        return True
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(connection.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([connection.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 class _Operation:
@@ -155,6 +193,8 @@ class _Operation:
         self._socket: socket.socket | None = None
         self._abandoned = False
         self._delivered: psycopg.Connection[Any] | None = None
+        self.committing = False
+        """A commit was sent: the work may have landed, so it is never tried again."""
 
     @property
     def abandoned(self) -> bool:
@@ -231,20 +271,29 @@ class _Pool:
         self._idle: list[psycopg.Connection[Any]] = []
 
     @contextmanager
-    def connection(self, operation: _Operation) -> Iterator[psycopg.Connection[Any]]:
-        """A connection attached to ``operation``; back to the pool afterwards only when
-        it is sound, idle, and its caller still waits."""
+    def connection(
+        self, operation: _Operation, *, fresh: bool = False
+    ) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
+        """A connection attached to ``operation``, and whether it was kept from an earlier
+        operation (never when ``fresh``); back to the pool afterwards only when it is
+        sound, idle, and its caller still waits. Kept connections the server ended are
+        closed, not handed out."""
         from psycopg.pq import TransactionStatus
 
         while not self._slots.acquire(timeout=_POLL):
             if operation.abandoned:
                 raise _gone()
         try:
-            with self._guard:
-                connection = self._idle.pop() if self._idle else None
-            if connection is not None and (connection.closed or connection.broken):
-                connection.close()
-                connection = None
+            connection = None
+            while connection is None and not fresh:
+                with self._guard:
+                    if not self._idle:
+                        break
+                    connection = self._idle.pop()
+                if _stale(connection):
+                    connection.close()
+                    connection = None
+            reused = connection is not None
             if connection is None:
                 connection = self._connect(operation)
             else:
@@ -254,7 +303,7 @@ class _Pool:
                     connection.close()
                     raise
             try:
-                yield connection
+                yield connection, reused
             finally:
                 wanted = operation.detach()
                 reusable = (
@@ -283,9 +332,19 @@ class PostgresSessionStore:
     The tables (``littleghost_meta``, ``littleghost_sessions``, ``littleghost_messages``)
     are created on first use in the connection's current schema (choose one with
     ``options=-csearch_path=...`` in the connection string). Each ``append`` is one
-    transaction. A run holds its session with a PostgreSQL advisory lock, so runs of one
-    session are serialized across every process that uses the database; the wait is
-    cancellable and counts against the waiting run's deadline.
+    transaction. A run holds its session with a PostgreSQL advisory lock, keyed
+    ``hashtextextended(quote_ident(schema) || '.' || session_id, 0)``, so runs of one session are serialized across
+    every process that uses the schema; the wait is cancellable and counts against the
+    waiting run's deadline. Every store object of the schema in a process shares one
+    in-process lock table, so a run started inside a run of its own session raises
+    ``SessionBusyError`` whichever store object it goes through. An append of a
+    session's holder is refused, with nothing written, once the session no longer holds
+    the messages the holder last saw (its lock connection was lost and another worker
+    ran the session, or it was deleted meanwhile).
+
+    A kept connection the server ended while idle (a restart, failover or idle timeout)
+    is replaced when next taken; one that fails on first use is replaced and the call
+    tried once more, unless a commit had been sent (a write is never made twice).
 
     No call waits past the caller's deadline (``anyio.current_effective_deadline()``):
     a write still waiting on the server then is rolled back, and a caller cancelled
@@ -365,7 +424,13 @@ class PostgresSessionStore:
         self._stored_at = "NULL"
         """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
         made before it existed (known once the tables are checked)."""
-        self._locks = SessionLocks()
+        self._schema = ""
+        """The schema that holds the tables (known once they are checked)."""
+        self._where = "PostgreSQL session store"
+        """The store in error messages (its database and schema, once known)."""
+        self._locks: SessionLocks | None = None
+        """The lock table shared by the store objects of the schema (known once the
+        tables are checked)."""
 
     def __repr__(self) -> str:
         if self._read_only:
@@ -392,28 +457,31 @@ class PostgresSessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        check_session_id(session_id)
-        rows = await self._call(
-            lambda connection, time_left: connection.execute(
-                "SELECT body FROM littleghost_messages WHERE session_id = %s ORDER BY position",
-                (session_id,),
-            ).fetchall()
-        )
-        return tuple(message_from_json(body) for (body,) in rows)
+        return tuple(stored.message for stored in await self._read(session_id, _no_time))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was stored
         (``None`` in tables made before stores recorded times); ``()`` for an unknown
         session."""
+        return tuple(await self._read(session_id, _utc))
+
+    async def _read(
+        self, session_id: str, when: Callable[[Any], datetime | None]
+    ) -> list[StoredMessage]:
+        """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
         rows = await self._call(
-            lambda connection, time_left: connection.execute(
-                f"SELECT body, {self._stored_at} FROM littleghost_messages"
-                " WHERE session_id = %s ORDER BY position",
+            lambda connection, operation: connection.execute(
+                f"SELECT s.length, position, body, {self._stored_at}"
+                " FROM (SELECT %s::text AS id) AS k"
+                " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
                 (session_id,),
             ).fetchall()
         )
-        return tuple(StoredMessage(message_from_json(body), _utc(at)) for body, at in rows)
+        log = read_log(rows, session_id, self._where, when)
+        (await self._prepared()).saw(session_id, len(log))
+        return log
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
@@ -421,37 +489,53 @@ class PostgresSessionStore:
         Raises:
             UnstorableValueError: A message holds a value that is not JSON-like; nothing
                 was stored.
+            SessionStoreError: The current task holds the session, which no longer holds
+                the messages it last saw; nothing was stored.
         """
         check_session_id(session_id)
         self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
+        locks = await self._prepared()
+        hold = locks.held(session_id)
+        seen = None if hold is None else hold.seen
 
-        def write(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
-            with self._transaction(connection, time_left):
+        def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
+            with self._transaction(connection, operation):
                 row = connection.execute(
-                    "INSERT INTO littleghost_sessions (id, length) VALUES (%s, %s) "
-                    "ON CONFLICT (id) DO UPDATE "
-                    "SET length = littleghost_sessions.length + EXCLUDED.length "
-                    "RETURNING length",
-                    (session_id, len(bodies)),
+                    _append_statement(seen),
+                    {"id": session_id, "added": len(bodies), "seen": seen},
                 ).fetchone()
-                assert row is not None
-                start = int(row[0]) - len(bodies)
-                with connection.cursor() as cursor:
-                    cursor.executemany(
-                        "INSERT INTO littleghost_messages (session_id, position, body) "
-                        "VALUES (%s, %s, %s)",
-                        [(session_id, start + index, body) for index, body in enumerate(bodies)],
+                if row is None:
+                    assert seen is not None
+                    found = connection.execute(
+                        "SELECT length FROM littleghost_sessions WHERE id = %s", (session_id,)
+                    ).fetchone()
+                    raise changed_under_holder(
+                        self._where, session_id, seen, 0 if found is None else int(found[0])
                     )
+                start = int(row[0]) - len(bodies)
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.executemany(
+                            "INSERT INTO littleghost_messages (session_id, position, body) "
+                            "VALUES (%s, %s, %s)",
+                            [
+                                (session_id, start + index, body)
+                                for index, body in enumerate(bodies)
+                            ],
+                        )
+                except self._psycopg.errors.UniqueViolation as error:
+                    raise length_error(self._where, session_id, start) from error
+                return start + len(bodies)
 
-        await self._call(write)
+        locks.saw(session_id, await self._call(write))
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
         rows = await self._call(
-            lambda connection, time_left: connection.execute(
+            lambda connection, operation: connection.execute(
                 "SELECT id FROM littleghost_sessions ORDER BY created"
             ).fetchall()
         )
@@ -462,7 +546,7 @@ class PostgresSessionStore:
         (one query; the logs stay in the database)."""
         parsed = "regexp_replace(body, %(escape)s, %(harmless)s, 'g')::json"
         rows = await self._call(
-            lambda connection, time_left: connection.execute(
+            lambda connection, operation: connection.execute(
                 "SELECT s.id, coalesce(m.messages, 0), coalesce(m.summaries, 0), m.last"
                 " FROM littleghost_sessions AS s LEFT JOIN (SELECT session_id,"
                 " count(*) AS messages, count(CASE WHEN strpos(body, %(flag)s) = 0 THEN NULL"
@@ -493,8 +577,8 @@ class PostgresSessionStore:
         check_session_id(session_id)
         self._check_writable()
 
-        def remove(connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
-            with self._transaction(connection, time_left):
+        def remove(connection: psycopg.Connection[Any], operation: _Operation) -> None:
+            with self._transaction(connection, operation):
                 cursor = connection.execute(
                     "DELETE FROM littleghost_sessions WHERE id = %s", (session_id,)
                 )
@@ -526,7 +610,8 @@ class PostgresSessionStore:
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
-        async with self._locks.hold(session_id):
+        locks = await self._prepared()
+        async with locks.hold(session_id):
             # A thread of its own: long waits for sessions do not starve other calls.
             connection = await self._dispatch(
                 lambda operation: self._take_lock(operation, session_id),
@@ -544,7 +629,7 @@ class PostgresSessionStore:
         limit = "0" if math.isinf(seconds) else _milliseconds(seconds)
         connection = self._connect(operation, limit)
         try:
-            connection.execute("SELECT pg_advisory_lock(%s)", (_lock_key(session_id),))
+            connection.execute(_SESSION_LOCK, (self._schema, session_id))
         except BaseException:
             operation.detach()
             connection.close()
@@ -590,17 +675,18 @@ class PostgresSessionStore:
 
     @contextmanager
     def _transaction(
-        self, connection: psycopg.Connection[Any], time_left: TimeLeft
+        self, connection: psycopg.Connection[Any], operation: _Operation
     ) -> Iterator[None]:
         """A transaction whose statements the server ends at the caller's deadline (so
         that it rolls back) when that comes before ``statement_timeout``."""
         with connection.transaction():
-            seconds = time_left.seconds()
+            seconds = operation.time_left.seconds()
             if seconds < self._statement_timeout:
                 connection.execute(
                     "SELECT set_config('statement_timeout', %s, true)", (_milliseconds(seconds),)
                 )
             yield
+            operation.committing = True  # leaving the block sends the commit
 
     def _guarded(self, work: Callable[[], T]) -> T:
         try:
@@ -611,7 +697,14 @@ class PostgresSessionStore:
                 f"PostgreSQL session store failed: {type(error).__name__}: {first_line}"
             ) from error
 
-    async def _call(self, work: Callable[[psycopg.Connection[Any], TimeLeft], T]) -> T:
+    async def _prepared(self) -> SessionLocks:
+        """The lock table of the store's schema, once its tables are checked."""
+        if self._locks is None:
+            await self._call(lambda connection, operation: None)
+        assert self._locks is not None
+        return self._locks
+
+    async def _call(self, work: Callable[[psycopg.Connection[Any], _Operation], T]) -> T:
         return await self._dispatch(
             lambda operation: self._run(operation, work), limiter=self._threads()
         )
@@ -643,52 +736,84 @@ class PostgresSessionStore:
     def _run(
         self,
         operation: _Operation,
-        work: Callable[[psycopg.Connection[Any], TimeLeft], T],
+        work: Callable[[psycopg.Connection[Any], _Operation], T],
     ) -> T:
-        with self._pool.connection(operation) as connection:
-            if not self._ready:
-                self._prepare(connection, operation.time_left)
-                self._ready = True
-            return work(connection, operation.time_left)
+        """``work`` on a pooled connection; once more on a new one when a kept connection
+        turns out broken before ``work`` sent a commit (nothing of it can have landed)."""
+        for fresh in (False, True):
+            with self._pool.connection(operation, fresh=fresh) as (connection, reused):
+                try:
+                    if not self._ready:
+                        self._prepare(connection, operation)
+                        self._ready = True
+                    operation.committing = False
+                    return work(connection, operation)
+                except self._psycopg.OperationalError:
+                    retry = reused and connection.broken and not operation.committing
+                    if operation.abandoned or not retry:
+                        raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _prepare(self, connection: psycopg.Connection[Any], time_left: TimeLeft) -> None:
+    def _prepare(self, connection: psycopg.Connection[Any], operation: _Operation) -> None:
         """Check the tables are a littleghost store of a known schema; make them if absent
-        (unless read-only)."""
-        with self._transaction(connection, time_left):
-            if not self._read_only:
-                connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+        (unless read-only). Then learn where they are."""
+        with self._transaction(connection, operation):
+            self._check_tables(connection)
             found = connection.execute(
-                "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", _TABLES
+                "SELECT n.nspname, current_database(), pg_postmaster_start_time()::text"
+                " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+                " WHERE c.oid = to_regclass(%s)",
+                ("littleghost_sessions",),
             ).fetchone()
             assert found is not None
-            present = [name for name, oid in zip(_TABLES, found, strict=True) if oid is not None]
-            if not present and self._read_only:
-                raise CorruptSessionStoreError(
-                    "the PostgreSQL database holds no littleghost session store (no "
-                    "littleghost tables in its search path)"
-                )
-            if not present:
-                for statement in _SCHEMA:
-                    connection.execute(statement)
-                connection.execute(
-                    "INSERT INTO littleghost_meta (key, value) VALUES (%s, %s), (%s, %s)",
-                    ("format", STORE_FORMAT, "schema_version", str(SCHEMA_VERSION)),
-                )
-                self._stored_at = "stored_at"
-                return
-            if "littleghost_meta" not in present:
-                raise CorruptSessionStoreError(
-                    "the PostgreSQL schema has littleghost tables but no littleghost_meta table"
-                )
+            self._schema, database, started = found
+            self._where = (
+                f"PostgreSQL session store (database {database!r}, schema {self._schema!r})"
+            )
+            self._locks = shared_locks(("postgres", started, database, self._schema))
+
+    def _check_tables(self, connection: psycopg.Connection[Any]) -> None:
+        """Check the tables are a littleghost store of a known schema; make them if absent
+        (unless read-only)."""
+        if not self._read_only:
+            connection.execute("SELECT pg_advisory_xact_lock(%s, %s)", _SCHEMA_LOCK)
+        found = connection.execute(
+            "SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", _TABLES
+        ).fetchone()
+        assert found is not None
+        present = [name for name, oid in zip(_TABLES, found, strict=True) if oid is not None]
+        if not present and self._read_only:
+            raise CorruptSessionStoreError(
+                "the PostgreSQL database holds no littleghost session store (no "
+                "littleghost tables in its search path)"
+            )
+        if not present:
+            for statement in _SCHEMA:
+                connection.execute(statement)
+            connection.execute(
+                "INSERT INTO littleghost_meta (key, value) VALUES (%s, %s), (%s, %s)",
+                ("format", STORE_FORMAT, "schema_version", str(SCHEMA_VERSION)),
+            )
+            self._stored_at = "stored_at"
+            return
+        if "littleghost_meta" not in present:
+            raise CorruptSessionStoreError(
+                "the PostgreSQL schema has littleghost tables but no littleghost_meta table"
+            )
+        try:
             meta = dict(connection.execute("SELECT key, value FROM littleghost_meta").fetchall())
-            check_schema(meta, "the PostgreSQL session store")
-            if len(present) < len(_TABLES):
-                raise CorruptSessionStoreError(
-                    "the PostgreSQL session store is missing littleghost tables"
-                )
-            column = connection.execute(
-                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-                " AND attname = 'stored_at' AND NOT attisdropped",
-                ("littleghost_messages",),
-            ).fetchone()
-            self._stored_at = "NULL" if column is None else "stored_at"
+        except self._psycopg.errors.UndefinedColumn as error:
+            raise CorruptSessionStoreError(
+                f"the PostgreSQL schema has a foreign littleghost_meta table ({error})"
+            ) from error
+        check_schema(meta, "the PostgreSQL session store")
+        if len(present) < len(_TABLES):
+            raise CorruptSessionStoreError(
+                "the PostgreSQL session store is missing littleghost tables"
+            )
+        column = connection.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = 'stored_at' AND NOT attisdropped",
+            ("littleghost_messages",),
+        ).fetchone()
+        self._stored_at = "NULL" if column is None else "stored_at"

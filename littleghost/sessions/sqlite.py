@@ -29,17 +29,19 @@ from littleghost.sessions.base import (
     STORE_FORMAT,
     SessionStats,
     StoredMessage,
+    changed_under_holder,
     check_schema,
     check_session_id,
+    length_error,
+    read_log,
 )
 from littleghost.sessions.codec import (
     SUMMARY_FLAG,
     SUMMARY_PATHS,
-    message_from_json,
     messages_to_json,
 )
 from littleghost.sessions.filelock import LockFile, lock_file
-from littleghost.sessions.locks import SessionLocks, TimeLeft, thread_limiter
+from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks, thread_limiter
 
 __all__ = ["SQLiteSessionStore"]
 
@@ -72,22 +74,23 @@ _PAUSE = 0.005
 
 T = TypeVar("T")
 
-_LOCKS_GUARD = threading.Lock()
-_LOCKS_BY_FILE: dict[str, SessionLocks] = {}
 _LOCK_FILE_SUFFIX = "-lock"
 """The lock file of a database is its path with this suffix (``sessions.db-lock``)."""
 
 
 def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
-    """The locks of a database file, shared by every store of the file in this process:
-    a FIFO lock table for this process, and the file lock for other processes (none for
-    a private database)."""
-    if path in ("", ":memory:"):
+    """The locks of a database file, shared by every store of the file in this process
+    (while any uses it): a FIFO lock table for this process, and the file lock for other
+    processes (none for a private database)."""
+    if _private(path):
         return SessionLocks(), None
     key = os.path.realpath(path)
-    with _LOCKS_GUARD:
-        locks = _LOCKS_BY_FILE.setdefault(key, SessionLocks())
-    return locks, lock_file(key + _LOCK_FILE_SUFFIX)
+    return shared_locks(("sqlite", key)), lock_file(key + _LOCK_FILE_SUFFIX)
+
+
+def _private(path: str) -> bool:
+    """``path`` names a private in-memory database, gone with its connection."""
+    return path in ("", ":memory:")
 
 
 def _is_busy(error: sqlite3.Error) -> bool:
@@ -126,6 +129,11 @@ class _Call:
         """When (``time.monotonic()``) the call stops waiting for the database."""
 
 
+def _no_time(seconds: object) -> None:
+    """For loads that need no times (a damaged time does not stop them)."""
+    return None
+
+
 def _stored_time(seconds: object) -> datetime | None:
     """A stored ``stored_at`` (seconds since the epoch) as a UTC time.
 
@@ -156,7 +164,9 @@ class SQLiteSessionStore:
     created on first use), waiting while another process holds the session. The kernel
     frees the lock when its process ends, even by SIGKILL. Across processes the order
     is not FIFO. The lock needs POSIX file locks (not on Windows), which network file
-    systems may not provide.
+    systems may not provide. An append of a session's holder is refused, with nothing
+    written, once the session no longer holds the messages the holder last saw (its lock
+    file was removed and another process ran the session, or it was deleted meanwhile).
 
     Args:
         path: The database file (``":memory:"`` for a private in-memory database).
@@ -188,7 +198,7 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 f"SQLiteSessionStore: read_only must be True or False, not {read_only!r}"
             )
-        if read_only and os.fspath(path) in ("", ":memory:"):
+        if read_only and _private(os.fspath(path)):
             raise ConfigurationError(
                 "SQLiteSessionStore: read_only needs a database file, not a private in-memory one"
             )
@@ -205,6 +215,7 @@ class SQLiteSessionStore:
         self._read_only = read_only
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._closed = False
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._path)
@@ -236,40 +247,38 @@ class SQLiteSessionStore:
         await close_leaving(self.aclose, "closing the SQLite store", error)
 
     async def aclose(self) -> None:
-        """Close the database connection (a later call opens it again)."""
+        """Close the database connection (a later call opens it again; not for a private
+        in-memory database, which is gone with it: its later calls raise
+        ``SessionStoreError``)."""
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._close, limiter=thread_limiter(self, 1))
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        check_session_id(session_id)
-        rows = await self._call(
-            lambda connection: connection.execute(
-                "SELECT body FROM littleghost_messages WHERE session_id = ? ORDER BY position",
-                (session_id,),
-            ).fetchall()
-        )
-        return tuple(message_from_json(body) for (body,) in rows)
+        return tuple(stored.message for stored in await self._read(session_id, _no_time))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was stored
         (``None`` in tables made before stores recorded times); ``()`` for an unknown
         session."""
+        return tuple(await self._read(session_id, _stored_time))
+
+    async def _read(
+        self, session_id: str, when: Callable[[object], datetime | None]
+    ) -> list[StoredMessage]:
+        """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
         rows = await self._call(
             lambda connection: connection.execute(
-                f"SELECT body, {self._stored_at} FROM littleghost_messages"
-                " WHERE session_id = ? ORDER BY position",
+                f"SELECT s.length, position, body, {self._stored_at}"
+                " FROM (SELECT ? AS id) AS k LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
                 (session_id,),
             ).fetchall()
         )
-        return tuple(
-            StoredMessage(
-                message_from_json(body),
-                _stored_time(seconds),
-            )
-            for body, seconds in rows
-        )
+        log = read_log(rows, session_id, self._where, when)
+        self._locks.saw(session_id, len(log))
+        return log
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
@@ -277,18 +286,24 @@ class SQLiteSessionStore:
         Raises:
             UnstorableValueError: A message holds a value that is not JSON-like; nothing
                 was stored.
+            SessionStoreError: The current task holds the session, which no longer holds
+                the messages it last saw; nothing was stored.
         """
         check_session_id(session_id)
         self._check_writable()
         bodies = messages_to_json(messages)
         if not bodies:
             return
+        hold = self._locks.held(session_id)
+        seen = None if hold is None else hold.seen
 
-        def write(connection: sqlite3.Connection) -> None:
+        def write(connection: sqlite3.Connection) -> int:
             row = connection.execute(
                 "SELECT length FROM littleghost_sessions WHERE id = ?", (session_id,)
             ).fetchone()
             start = 0 if row is None else int(row[0])
+            if seen is not None and start != seen:
+                raise changed_under_holder(self._where, session_id, seen, start)
             if row is None:
                 connection.execute(
                     "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
@@ -300,23 +315,28 @@ class SQLiteSessionStore:
                     (start + len(bodies), session_id),
                 )
             rows = [(session_id, start + index, body) for index, body in enumerate(bodies)]
-            if self._stored_at == "NULL":  # a table made before messages had times
-                connection.executemany(
-                    "INSERT INTO littleghost_messages (session_id, position, body)"
-                    " VALUES (?, ?, ?)",
-                    rows,
-                )
-                return
-            (now,) = connection.execute(f"SELECT {_NOW}").fetchone()  # one time per append
-            connection.executemany(
-                "INSERT INTO littleghost_messages (session_id, position, body, stored_at)"
-                " VALUES (?, ?, ?, ?)",
-                [(*row, now) for row in rows],
-            )
+            try:
+                if self._stored_at == "NULL":  # a table made before messages had times
+                    connection.executemany(
+                        "INSERT INTO littleghost_messages (session_id, position, body)"
+                        " VALUES (?, ?, ?)",
+                        rows,
+                    )
+                else:
+                    (now,) = connection.execute(f"SELECT {_NOW}").fetchone()  # one per append
+                    connection.executemany(
+                        "INSERT INTO littleghost_messages (session_id, position, body,"
+                        " stored_at) VALUES (?, ?, ?, ?)",
+                        [(*row, now) for row in rows],
+                    )
+            except sqlite3.IntegrityError as error:
+                raise length_error(self._where, session_id, start) from error
+            return start + len(bodies)
 
-        await self._call(
+        length = await self._call(
             lambda connection: self._transaction(connection, lambda: write(connection))
         )
+        self._locks.saw(session_id, length)
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
@@ -390,6 +410,10 @@ class SQLiteSessionStore:
         self._check_writable()
         return self._hold(session_id)
 
+    @property
+    def _where(self) -> str:
+        return f"SQLite session store {self._path!r}"
+
     def _check_writable(self) -> None:
         if self._read_only:
             raise SessionStoreError(
@@ -426,6 +450,11 @@ class SQLiteSessionStore:
         try:
             self._current = call
             call.give_up = self._give_up(call.time_left)
+            if self._closed:
+                raise SessionStoreError(
+                    f"SQLite session store {self._path!r} was closed, and its private "
+                    "in-memory database with it; use a new store"
+                )
             while True:
                 try:
                     connection = self._connection or self._open()
@@ -492,6 +521,7 @@ class SQLiteSessionStore:
     def _close(self) -> None:
         with self._guard:
             connection, self._connection = self._connection, None
+            self._closed = _private(self._path)
             if connection is not None:
                 connection.close()
 

@@ -1,0 +1,118 @@
+"""A run writes only to the log it loaded: a built-in store refuses an append of the
+session's holder once the session changed under it (deleted, or written by a run that
+took the session when the holder's lock was lost), and writes nothing.
+
+Checked against each built-in store (in memory, SQLite, PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from littleghost import Agent, Message, Role, tool
+from littleghost.errors import SessionStoreError
+from littleghost.sessions import SessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+from .stores import KINDS, open_store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    async with open_store(request.param, tmp_path, request) as opened:
+        yield opened
+
+
+def roles(messages: tuple[Message, ...]) -> list[Role]:
+    return [message.role for message in messages]
+
+
+async def run_meanwhile(
+    store: SessionStore, meanwhile: Callable[[], Awaitable[object]]
+) -> SessionStoreError | None:
+    """Run a turn whose tool waits while ``meanwhile()`` runs in a task that does not hold
+    the session (another worker, a retention job); what the run raised, if it did."""
+    started, done = anyio.Event(), anyio.Event()
+
+    class Looker(Agent):
+        session_store = store
+
+        @tool
+        async def lookup(self, order_id: str) -> str:
+            """Find an order."""
+            started.set()
+            await done.wait()
+            return f"order {order_id}: shipped"
+
+    async def elsewhere() -> None:
+        await started.wait()
+        await meanwhile()
+        done.set()
+
+    model = ScriptedModel(
+        [tool_call_response("lookup", {"order_id": "42"}, call_id="call-1"), text_response("ok")]
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(elsewhere)  # started before the run: it does not hold the session
+        try:
+            await Looker(model=model).run("where is 42?", session_id="s")
+        except SessionStoreError as error:
+            return error
+    return None
+
+
+class TestDelete:
+    async def test_a_session_deleted_during_its_run_stays_deleted(
+        self, store: SessionStore
+    ) -> None:
+        failure = await run_meanwhile(store, lambda: store.delete("s"))
+        assert isinstance(failure, SessionStoreError)
+        assert "changed under the run" in str(failure)
+        assert "no longer exists" in str(failure)
+        assert await store.load("s") == ()
+        assert "s" not in await store.list_sessions()
+
+
+class TestAnotherWriter:
+    async def test_a_write_by_another_run_stops_the_holder_and_the_log_stays_whole(
+        self, store: SessionStore
+    ) -> None:
+        """Another worker that took the session (the holder's lock was lost) wrote to it:
+        the holder's next append is refused, nothing of it is stored, and the next run
+        answers the holder's call as interrupted."""
+        failure = await run_meanwhile(
+            store, lambda: store.append("s", [Message.user("another worker's question")])
+        )
+        assert isinstance(failure, SessionStoreError)
+        assert "holds 3 messages, not the 2 the run last saw" in str(failure)
+        stored = await store.load("s")
+        assert roles(stored) == [Role.USER, Role.ASSISTANT, Role.USER]
+        assert stored[2].text == "another worker's question"
+
+        class Next(Agent):
+            session_store = store
+
+        result = await Next(model=ScriptedModel([text_response("again")])).run(
+            "and now?", session_id="s"
+        )
+        assert await store.load("s") == result.messages
+        repair = result.messages[3]
+        assert repair.tool_results[0].call_id == "call-1"
+        assert repair.tool_results[0].is_error
+
+    async def test_a_holder_that_wrote_last_goes_on(self, store: SessionStore) -> None:
+        """Its own appends move what the holder expects: a whole run is never refused."""
+        failure = await run_meanwhile(store, anyio.lowlevel.checkpoint)
+        assert failure is None
+        assert roles(await store.load("s")) == [
+            Role.USER,
+            Role.ASSISTANT,
+            Role.TOOL,
+            Role.ASSISTANT,
+        ]
