@@ -117,6 +117,14 @@ def _session_store(name: str, value: object) -> SessionStore:
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
             f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
+    function = inspect.unwrap(lock) if lock is not None else None
+    if inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function):
+        kind = "a generator" if inspect.isgeneratorfunction(function) else "a coroutine"
+        raise ConfigurationError(
+            f"{name}.lock must return an async context manager, but it is {kind} function "
+            "(a sync @contextmanager, say): make it an @asynccontextmanager async generator, "
+            "or leave it out to have runs wait within the process"
+        )
     return value
 
 

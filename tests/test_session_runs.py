@@ -6,11 +6,12 @@ four protocol methods (``PlainStore``, no ``lock``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -620,3 +621,41 @@ class TestCompactionAcrossRuns:
         second_covers = set(second_summary.metadata[SUMMARY_COVERS_KEY])
         assert first_summary.id in second_covers
         assert not covered & second_covers
+
+
+class SyncLockStore(PlainStore):
+    """A custom store whose ``lock`` is a sync context manager (a threading.Lock's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mutex = threading.Lock()
+
+    @contextlib.contextmanager
+    def lock(self, session_id: str) -> Iterator[None]:
+        with self.mutex:
+            yield
+
+
+class LockReturningStore(PlainStore):
+    """A custom store whose ``lock`` returns a sync lock."""
+
+    def lock(self, session_id: str) -> threading.Lock:
+        return threading.Lock()
+
+
+class TestCustomLocks:
+    def test_a_sync_context_manager_lock_fails_at_class_definition(self) -> None:
+        with pytest.raises(ConfigurationError, match=r"Synced\.session_store\.lock .*async"):
+
+            class Synced(Agent):
+                session_store = SyncLockStore()
+
+    async def test_a_lock_returning_no_async_context_manager_fails_before_anything_runs(
+        self,
+    ) -> None:
+        store = LockReturningStore()
+        model = ScriptedModel([text_response("never")])
+        with pytest.raises(TypeError, match=r"session_store\.lock\('s'\) returned lock"):
+            await Helper(model=model, session_store=store).run("hi", session_id="s")
+        assert model.requests == []
+        assert store.sessions == {}
