@@ -14,6 +14,7 @@ and a stray cancellation is logged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
 from littleghost.run import RunContext, RunResult
 from littleghost.runner import RunPlan, run
+from littleghost.sessions.locks import consuming
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -51,6 +53,7 @@ class RunStream:
         self._group: TaskGroup | None = None
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
+        self._end_consuming: Callable[[], None] | None = None
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -76,6 +79,7 @@ class RunStream:
         send, self._receive = anyio.create_memory_object_stream[Event](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
+        self._end_consuming = consuming()  # the block waits on the run: its session is busy
         self._group.start_soon(self._drive, send)
         return self
 
@@ -123,7 +127,11 @@ class RunStream:
         self._receive.close()
         # The consumer's own exception is not handed to the task group, so it propagates
         # as it is, never wrapped in an exception group.
-        await self._group.__aexit__(None, None, None)
+        try:
+            await self._group.__aexit__(None, None, None)
+        finally:
+            assert self._end_consuming is not None
+            self._end_consuming()
         unraised = None if self._raised else self._error
         if unraised is None or isinstance(unraised, Exception):
             return None  # leaving early drops the run's ordinary error

@@ -25,6 +25,7 @@ from littleghost.errors import (
     ConfigurationError,
     DeadlineExceededError,
     ProviderUnavailableError,
+    SessionBusyError,
     UnstorableValueError,
 )
 from littleghost.events import ToolCallStarted
@@ -445,6 +446,32 @@ class TestConcurrentRuns:
         assert "SessionBusyError" in failure.content
         assert "wait for itself" in failure.content
         assert await store.load("s") == result.messages
+
+    @pytest.mark.parametrize("nested", ["run", "stream"])
+    async def test_a_run_started_inside_a_stream_of_its_session_fails_clearly(
+        self, store: SessionStore, nested: str
+    ) -> None:
+        """The block of ``stream()`` waits on its run, so a run of the same session it
+        starts would wait for itself: it raises ``SessionBusyError`` instead of hanging."""
+        model = ScriptedModel(
+            [tool_call_response("lookup", {"order_id": "42"}), text_response("done")]
+        )
+        agent = Helper(model=model, session_store=store)
+        again = Helper(model=ScriptedModel([text_response("inner")]), session_store=store)
+        with anyio.fail_after(10):
+            async with agent.stream("outer", session_id="s") as events:
+                async for event in events:
+                    if isinstance(event, ToolCallStarted):
+                        with pytest.raises(SessionBusyError, match="wait for itself"):
+                            if nested == "run":
+                                await again.run("inner", session_id="s")
+                            else:
+                                async with again.stream("inner", session_id="s") as inner:
+                                    async for _ in inner:
+                                        pass
+        assert texts(events.result.messages)[-1] == "done"
+        assert await store.load("s") == events.result.messages
+        assert (await again.run("after", session_id="s")).output == "inner"
 
 
 class TestStoreKnob:

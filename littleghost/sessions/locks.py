@@ -24,7 +24,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from typing import cast
@@ -36,7 +36,15 @@ from attrs import define, field, frozen
 from littleghost.errors import SessionBusyError
 from littleghost.sessions.base import SessionStore
 
-__all__ = ["Hold", "SessionLocks", "TimeLeft", "hold_session", "shared_locks", "thread_limiter"]
+__all__ = [
+    "Hold",
+    "SessionLocks",
+    "TimeLeft",
+    "consuming",
+    "hold_session",
+    "shared_locks",
+    "thread_limiter",
+]
 
 _POLL = 0.05
 """Seconds a worker thread waits for a session between checks that it is still wanted."""
@@ -187,6 +195,19 @@ async def _acquire(mutex: threading.Lock) -> None:
 
 
 _HELD: ContextVar[tuple[Hold, ...]] = ContextVar("littleghost_held_sessions", default=())
+_WAITED_ON: ContextVar[tuple[list[Hold], ...]] = ContextVar(
+    "littleghost_waited_on_holds", default=()
+)
+"""In a task consuming a stream (and in its run): the holds that run takes. The consumer
+waits on that run, so a run it starts of one of those sessions would wait for itself."""
+
+
+def consuming() -> Callable[[], None]:
+    """Mark the current task as the consumer of a run started next from it (a stream's):
+    the sessions that run holds are busy for this task too. Returns the function that
+    ends the mark (call it in the same task)."""
+    token = _WAITED_ON.set((*_WAITED_ON.get(), []))
+    return lambda: _WAITED_ON.reset(token)
 
 
 class SessionLocks:
@@ -205,10 +226,13 @@ class SessionLocks:
                 the session, so waiting would never end.
         """
         held = _HELD.get()
-        if self.held(session_id) is not None:
+        waited_on = (hold for holds in _WAITED_ON.get() for hold in holds)
+        if self.held(session_id) is not None or any(
+            self._is(hold, session_id) for hold in waited_on
+        ):
             raise SessionBusyError(
-                "a run of this session is already in progress in this task; a run started "
-                "from inside it would wait for itself",
+                "a run of this session is already in progress in this task (or in a stream "
+                "it is reading); a run started from inside it would wait for itself",
                 session_id=session_id,
             )
         thread = threading.get_ident()
@@ -225,6 +249,8 @@ class SessionLocks:
                 try:
                     hold = Hold(id(self), session_id)
                     token = _HELD.set((*held, hold))
+                    for holds in _WAITED_ON.get():
+                        holds.append(hold)
                     try:
                         yield
                     finally:
@@ -244,9 +270,12 @@ class SessionLocks:
     def held(self, session_id: str) -> Hold | None:
         """The current task's hold of ``session_id`` in this table, if it holds it."""
         for hold in _HELD.get():
-            if hold.active and hold.owner == id(self) and hold.session_id == session_id:
+            if self._is(hold, session_id):
                 return hold
         return None
+
+    def _is(self, hold: Hold, session_id: str) -> bool:
+        return hold.active and hold.owner == id(self) and hold.session_id == session_id
 
     def saw(self, session_id: str, length: int) -> None:
         """Note that the current task, if it holds ``session_id``, saw it hold ``length``
