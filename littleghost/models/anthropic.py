@@ -8,6 +8,7 @@ as the API requires. The SDK's own retries are off; errors are mapped by
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ from littleghost.messages import (
     ToolCall,
     ToolResult,
 )
+from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
@@ -309,8 +311,10 @@ class AnthropicModel:
 
     Args:
         model: The model's name (``claude-sonnet-4-6``, ...).
-        client: An ``anthropic.AsyncAnthropic`` to use (its own retries are turned off);
-            by default one is made with ``api_key``.
+        client: An ``anthropic.AsyncAnthropic`` to use (its own retries are turned off),
+            in one event loop only; by default one is made from ``base_url`` and
+            ``api_key`` for each event loop the model is used in.
+        base_url: The API's URL (default: ``ANTHROPIC_BASE_URL``, else Anthropic's).
         api_key: The key (default: ``ANTHROPIC_API_KEY``).
         context_window: The model's window in tokens; by default the window documented
             for the model's name (:mod:`littleghost.models.windows`).
@@ -341,6 +345,7 @@ class AnthropicModel:
         model: str,
         *,
         client: Any = None,
+        base_url: str | None = None,
         api_key: str | None = None,
         context_window: int | None = None,
     ) -> None:
@@ -357,12 +362,14 @@ class AnthropicModel:
                 raise ConfigurationError(
                     f"{owner}: no Anthropic API key: set ANTHROPIC_API_KEY (or pass api_key=)"
                 )
-            client = self._sdk.AsyncAnthropic(api_key=api_key, max_retries=0)
-            self._owns_client = True
+            make = functools.partial(
+                self._sdk.AsyncAnthropic, api_key=api_key, base_url=base_url, max_retries=0
+            )
+            client = make()
         else:
             client = client.with_options(max_retries=0)
-            self._owns_client = False
-        self._client = client
+            make = None
+        self._clients = LoopClients(client, make, owner)
         self._accepted = accepted_parameters(client.messages.create)
         self._server = server_of(client.base_url)
         self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
@@ -392,10 +399,9 @@ class AnthropicModel:
         return schema_problem(schema)
 
     async def aclose(self) -> None:
-        """Close the HTTP client, when this model made it."""
-        if self._owns_client:
-            with anyio.CancelScope(shield=True):
-                await self._client.close()
+        """Close the running event loop's HTTP client, when this model made it (a loop
+        that ended closed its own)."""
+        await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = convert_messages(request.messages)
@@ -446,7 +452,8 @@ class AnthropicModel:
         """Answer one request with one Messages call."""
         params = self._params(request)
         try:
-            message = await self._client.messages.create(**params)
+            client = await self._clients.get()
+            message = await client.messages.create(**params)
         except Exception as error:
             mapped = self._error(error)
             if mapped is None:
@@ -470,7 +477,7 @@ class AnthropicModel:
         started: dict[str, Any] = {}
         stopped = False
         try:
-            create = self._client.messages.with_streaming_response.create
+            create = (await self._clients.get()).messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response
                 try:

@@ -7,6 +7,7 @@ Ollama, ...). The SDK's own retries are off; errors are mapped by
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
+from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
@@ -232,8 +234,9 @@ class OpenAIModel:
 
     Args:
         model: The model's name, as the server knows it.
-        client: An ``openai.AsyncOpenAI`` to use (its own retries are turned off);
-            by default one is made from ``base_url`` and ``api_key``.
+        client: An ``openai.AsyncOpenAI`` to use (its own retries are turned off), in
+            one event loop only; by default one is made from ``base_url`` and ``api_key``
+            for each event loop the model is used in.
         base_url: The server's URL (default: ``OPENAI_BASE_URL``, else OpenAI's).
         api_key: The key (default: ``OPENAI_API_KEY``; optional with a custom ``base_url``).
         context_window: The model's window in tokens; it wins over any other figure.
@@ -286,12 +289,12 @@ class OpenAIModel:
                         "OPENAI_BASE_URL points it at another server)"
                     )
                 api_key = "unused"
-            client = self._sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
-            self._owns_client = True
+            make = functools.partial(type(self)._new_client, self._sdk, base_url, api_key)
+            client = make()
         else:
             client = client.with_options(max_retries=0)
-            self._owns_client = False
-        self._client = client
+            make = None
+        self._clients = LoopClients(client, make, owner)
         self._official = _is_official(client.base_url)
         self._server = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
@@ -301,6 +304,11 @@ class OpenAIModel:
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
+
+    @staticmethod
+    def _new_client(sdk: Any, base_url: str | None, api_key: str) -> Any:
+        """A client of the server, made for each event loop the model is used in."""
+        return sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
 
     @property
     def name(self) -> str:
@@ -339,9 +347,10 @@ class OpenAIModel:
     async def _read_served_window(self) -> int | None:
         """The server's ``GET /models`` figure; ``None`` (logged) when it gives none in time."""
         body: object = None
+        client = await self._clients.get()
         with anyio.move_on_after(MODELS_TIMEOUT) as scope:
             try:
-                body = await self._client.get("models", cast_to=object)
+                body = await client.get("models", cast_to=object)
             except Exception as error:  # cancellation is not an Exception: it propagates
                 logger.debug(
                     "%s: GET /models for %r failed (%s); its window is not read from the server",
@@ -365,10 +374,9 @@ class OpenAIModel:
         return window
 
     async def aclose(self) -> None:
-        """Close the HTTP client, when this model made it."""
-        if self._owns_client:
-            with anyio.CancelScope(shield=True):
-                await self._client.close()
+        """Close the running event loop's HTTP client, when this model made it (a loop
+        that ended closed its own)."""
+        await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         developer_role = "developer" if self._official else "system"
@@ -427,7 +435,8 @@ class OpenAIModel:
         """Answer one request with one chat completion."""
         params = self._params(request)
         try:
-            completion = await self._client.chat.completions.create(**params)
+            client = await self._clients.get()
+            completion = await client.chat.completions.create(**params)
         except Exception as error:
             mapped = self._error(error)
             if mapped is None:
@@ -466,7 +475,7 @@ class OpenAIModel:
 
     async def _open_stream(self, stack: AsyncExitStack, params: dict[str, Any]) -> Any:
         """Send the streaming request; without ``stream_options`` if the server rejects it."""
-        create = self._client.chat.completions.with_streaming_response.create
+        create = (await self._clients.get()).chat.completions.with_streaming_response.create
         if self._stream_usage:
             try:
                 return await stack.enter_async_context(
