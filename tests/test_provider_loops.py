@@ -191,6 +191,18 @@ def test_run_sync_in_two_threads_at_once(
         assert outcomes == ["hi", "hi"]
 
 
+def test_threads_wait_for_one_models_listing_and_read_its_window() -> None:
+    slow = KeepAliveServer(models_delay=0.3)
+    try:
+        model = openai_model(slow.url, context_window=None)
+        agent = support(model)
+        outcomes = in_threads(lambda: agent().run_sync("hello", timeout=10).output, 3)
+        assert outcomes == ["hi"] * 3
+        assert (slow.paths.count("/v1/models"), model.context_window) == (1, 4096)
+    finally:
+        slow.close()
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_a_given_client_serves_one_event_loop_and_says_so_in_another(
     server: KeepAliveServer, provider: str

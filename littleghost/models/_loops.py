@@ -1,5 +1,5 @@
 """Model state used from several event loops and threads (each ``run_sync`` call runs an
-event loop of its own): an SDK client per event loop.
+event loop of its own): an SDK client per event loop, and a signal any loop can wait for.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from anyio.lowlevel import RunVar
 
 from littleghost.errors import ConfigurationError
 
-__all__ = ["LoopClients"]
+__all__ = ["LoopClients", "Signal"]
+
+_POLL = 0.05
+"""Seconds between looks at a ``Signal`` set in another event loop or thread."""
 
 logger = logging.getLogger(__name__)
 
@@ -127,3 +130,20 @@ async def _closed_at_loop_end(held: _Held) -> AsyncGenerator[None, None]:
                     await client.close()
                 except Exception as error:  # the loop is ending: nobody is left to tell
                     logger.debug("closing an SDK client as its event loop ended failed: %r", error)
+
+
+class Signal:
+    """A one-time signal that tasks of any event loop or thread can wait for (an
+    ``anyio.Event`` belongs to one loop)."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+
+    def set(self) -> None:
+        """Wake every waiter, now and later."""
+        self._set.set()
+
+    async def wait(self) -> None:
+        """Wait until ``set()`` is called, without touching any event loop's primitives."""
+        while not self._set.is_set():  # noqa: ASYNC110 - an anyio.Event cannot cross loops
+            await anyio.sleep(_POLL)

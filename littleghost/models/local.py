@@ -40,6 +40,7 @@ import anyio.to_thread
 from attrs import define, field
 
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
+from littleghost.models._loops import Signal
 from littleghost.models._sdk import import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
@@ -82,8 +83,6 @@ _KEY_ENV = "LLAMA_API_KEY"
 process's environment is not readable by other users."""
 _KILL_TIME = 0.1
 """Seconds kept before the caller's deadline for SIGKILL and the exit."""
-_POLL = 0.05
-"""Seconds between looks at another thread's start in progress."""
 
 logger = logging.getLogger(__name__)
 
@@ -347,16 +346,11 @@ class _Server:
 class _Start:
     """A start in progress, seen by every thread and event loop that waits for it."""
 
-    done: threading.Event = field(factory=threading.Event)
+    done: Signal = field(factory=Signal)
     closed: bool = False
     """Set by ``aclose()``: the start must fail and leave no server running."""
     failure: str | None = None
     """Why the start failed; ``None`` when it succeeded or its caller was cancelled."""
-
-    async def wait(self) -> None:
-        """Wait until the start ends, without touching its event loop's primitives."""
-        while not self.done.is_set():  # noqa: ASYNC110 - an anyio.Event cannot cross loops
-            await anyio.sleep(_POLL)
 
 
 _clients: anyio.lowlevel.RunVar[dict[int, tuple[_Server, OpenAIModel, Any]]] = (
@@ -505,7 +499,7 @@ class LocalModel:
                 if start is None:
                     start = self._starting = _Start()
                     break
-            await start.wait()  # another task, event loop or thread is starting it
+            await start.done.wait()  # another task, event loop or thread is starting it
             if start.failure is not None:
                 raise ProviderError(start.failure, provider=self.provider)
         if server is not None:
@@ -683,7 +677,7 @@ class LocalModel:
             if start is not None:
                 start.closed = True
         if start is not None:
-            await start.wait()
+            await start.done.wait()
         if server is None:
             return
         self._forget(server)

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import threading
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
@@ -26,7 +27,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
-from littleghost.models._loops import LoopClients
+from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     accepted_parameters,
     check_context_window,
@@ -300,7 +301,8 @@ class OpenAIModel:
         self._known_window = known_context_window(self.provider, model)
         self._served_window: int | None = None
         self._probed = self._official or self._context_window is not None
-        self._probing: anyio.Event | None = None
+        self._probing: Signal | None = None
+        self._probing_lock = threading.Lock()
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
@@ -331,17 +333,23 @@ class OpenAIModel:
         return self._context_window or self._served_window or self._known_window
 
     async def prepare(self) -> None:
-        """Read the window another server reports, once; concurrent callers wait for it."""
+        """Read the window another server reports, once; concurrent callers, in any
+        event loop or thread, wait for it."""
         while not self._probed:
-            if self._probing is not None:
-                await self._probing.wait()
+            with self._probing_lock:
+                probing = self._probing
+                mine = probing is None
+                if probing is None:
+                    probing = self._probing = Signal()
+            if not mine:
+                await probing.wait()
                 continue
-            probing = self._probing = anyio.Event()
             try:
                 self._served_window = await self._read_served_window()
                 self._probed = True
             finally:
-                self._probing = None
+                with self._probing_lock:
+                    self._probing = None
                 probing.set()
 
     async def _read_served_window(self) -> int | None:
