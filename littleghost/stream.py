@@ -14,7 +14,7 @@ and a stray cancellation is logged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from contextlib import nullcontext
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
 from littleghost.run import RunContext, RunResult
 from littleghost.runner import RunPlan, run
-from littleghost.sessions.locks import consuming
+from littleghost.sessions.locks import Waiter
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -53,7 +53,7 @@ class RunStream:
         self._group: TaskGroup | None = None
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
-        self._end_consuming: Callable[[], None] | None = None
+        self._waiter: Waiter | None = None
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -79,7 +79,8 @@ class RunStream:
         send, self._receive = anyio.create_memory_object_stream[Event](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
-        self._end_consuming = consuming()  # the block waits on the run: its session is busy
+        if self._plan.session_id is not None:  # the block waits on the run: its session is busy
+            self._waiter = Waiter(self._plan.session_id)
         self._group.start_soon(self._drive, send)
         return self
 
@@ -89,7 +90,8 @@ class RunStream:
 
         async with send:
             try:
-                result = await run(self._agent, self._plan, sink=send.send, observe=observe)
+                with self._waiter.running() if self._waiter else nullcontext():
+                    result = await run(self._agent, self._plan, sink=send.send, observe=observe)
             except BaseException as error:
                 stopped = cancelled_here()
                 if stopped and isinstance(error, anyio.get_cancelled_exc_class()):
@@ -130,8 +132,8 @@ class RunStream:
         try:
             await self._group.__aexit__(None, None, None)
         finally:
-            assert self._end_consuming is not None
-            self._end_consuming()
+            if self._waiter is not None:
+                self._waiter.end()
         unraised = None if self._raised else self._error
         if unraised is None or isinstance(unraised, Exception):
             return None  # leaving early drops the run's ordinary error

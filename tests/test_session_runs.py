@@ -28,7 +28,7 @@ from littleghost.errors import (
     SessionBusyError,
     UnstorableValueError,
 )
-from littleghost.events import ToolCallStarted
+from littleghost.events import RunFinished, ToolCallStarted
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
@@ -472,6 +472,59 @@ class TestConcurrentRuns:
         assert texts(events.result.messages)[-1] == "done"
         assert await store.load("s") == events.result.messages
         assert (await again.run("after", session_id="s")).output == "inner"
+
+    async def test_a_stream_makes_busy_only_the_session_its_own_run_holds(
+        self, store: SessionStore
+    ) -> None:
+        """Runs of other sessions, from the stream's tools (in parallel) or from its block
+        (concurrently), take turns as they do under ``run()``: none is refused. Each
+        second run starts while the first holds the session."""
+
+        class Napping(Agent):
+            @tool
+            async def nap(self) -> str:
+                """Hold the session a while."""
+                await anyio.sleep(0.1)
+                return "rested"
+
+        def helper() -> Napping:
+            script = [tool_call_response("nap", {}), text_response("a")] * 2
+            return Napping(model=ScriptedModel(script), session_store=store)
+
+        shared, others = helper(), helper()
+
+        class Asking(Agent):
+            @tool
+            async def ask(self, question: str, after: float) -> str:
+                """Ask the helper, on the one shared session, after a while."""
+                await anyio.sleep(after)
+                return (await shared.run(question, session_id="shared")).output
+
+        calls = (
+            ToolCall("c1", "ask", {"question": "x", "after": 0}),
+            ToolCall("c2", "ask", {"question": "y", "after": 0.03}),
+        )
+        model = ScriptedModel(
+            [ModelResponse(Message.assistant(tool_calls=calls)), text_response("done")]
+        )
+        outputs: list[str] = []
+
+        async def other() -> None:
+            outputs.append((await others.run("z", session_id="other")).output)
+
+        with anyio.fail_after(10):
+            async with Asking(model=model, session_store=store).stream(
+                "Go.", session_id="s"
+            ) as events:
+                async for event in events:
+                    if isinstance(event, RunFinished):
+                        async with anyio.create_task_group() as group:
+                            group.start_soon(other)
+                            await anyio.sleep(0.03)
+                            group.start_soon(other)
+        results = [r for m in events.result.messages for r in m.tool_results]
+        assert [(r.is_error, r.content) for r in results] == [(False, "a"), (False, "a")]
+        assert outputs == ["a", "a"]
 
 
 class TestStoreKnob:

@@ -24,8 +24,8 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import cast
 
@@ -40,7 +40,7 @@ __all__ = [
     "Hold",
     "SessionLocks",
     "TimeLeft",
-    "consuming",
+    "Waiter",
     "hold_session",
     "shared_locks",
     "thread_limiter",
@@ -198,16 +198,38 @@ _HELD: ContextVar[tuple[Hold, ...]] = ContextVar("littleghost_held_sessions", de
 _WAITED_ON: ContextVar[tuple[list[Hold], ...]] = ContextVar(
     "littleghost_waited_on_holds", default=()
 )
-"""In a task consuming a stream (and in its run): the holds that run takes. The consumer
-waits on that run, so a run it starts of one of those sessions would wait for itself."""
+"""In a task that waits on a run (a stream's block on the stream's run): that run's hold
+of its session. A run the task starts of that session would wait for itself."""
+_WAITED_BY: ContextVar[Waiter | None] = ContextVar("littleghost_waited_by", default=None)
+"""In the run a task waits on, until it holds its session: the waiting task's record."""
 
 
-def consuming() -> Callable[[], None]:
-    """Mark the current task as the consumer of a run started next from it (a stream's):
-    the sessions that run holds are busy for this task too. Returns the function that
-    ends the mark (call it in the same task)."""
-    token = _WAITED_ON.set((*_WAITED_ON.get(), []))
-    return lambda: _WAITED_ON.reset(token)
+class Waiter:
+    """A task that waits on a run of ``session_id`` it started in another task (a
+    stream's block): that session, held by that run, is busy for the waiting task; no
+    other session is.
+
+    Made in the waiting task (``end()`` there too); the run is wrapped in ``running()``.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.holds: list[Hold] = []
+        self._token = _WAITED_ON.set((*_WAITED_ON.get(), self.holds))
+
+    def end(self) -> None:
+        """Stop marking the waiting task."""
+        _WAITED_ON.reset(self._token)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around the run waited on: its hold of the session is recorded (not the holds
+        of runs it starts, nor of other tasks)."""
+        token = _WAITED_BY.set(self)
+        try:
+            yield
+        finally:
+            _WAITED_BY.reset(token)
 
 
 class SessionLocks:
@@ -249,12 +271,16 @@ class SessionLocks:
                 try:
                     hold = Hold(id(self), session_id)
                     token = _HELD.set((*held, hold))
-                    for holds in _WAITED_ON.get():
-                        holds.append(hold)
+                    waiter = _WAITED_BY.get()
+                    if waiter is not None and waiter.session_id == session_id:
+                        waiter.holds.append(hold)
+                        waiter = None  # recorded: the runs started inside record nothing
+                    waited = _WAITED_BY.set(waiter)
                     try:
                         yield
                     finally:
                         hold.active = False
+                        _WAITED_BY.reset(waited)
                         _HELD.reset(token)
                 finally:
                     entry.mutex.release()
