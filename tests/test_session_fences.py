@@ -116,3 +116,15 @@ class TestAnotherWriter:
             Role.TOOL,
             Role.ASSISTANT,
         ]
+
+
+async def test_a_holder_that_deletes_its_session_may_write_it_anew(store: SessionStore) -> None:
+    """Its own delete is what the holder last saw: trimming a conversation (load, delete,
+    append the part to keep) while holding it is not refused."""
+    await store.append("s", [Message.user("a"), Message.assistant("b")])
+    async with store.lock("s"):  # type: ignore[attr-defined]
+        log = await store.load("s")
+        await store.delete("s")
+        await store.append("s", log[-1:])
+        await store.append("s", [Message.user("c")])
+    assert [m.text for m in await store.load("s")] == ["b", "c"]
