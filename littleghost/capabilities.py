@@ -31,7 +31,6 @@ share it by accident, and each run starts without it.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -90,10 +89,13 @@ class Capability:
     hooks: tuple[CapabilityHook, ...] = field(converter=_hooks)
 
 
-_DECLARED: weakref.WeakKeyDictionary[type, dict[str, Capability]] = weakref.WeakKeyDictionary()
-"""The capabilities added to each class itself, in the order they were first added."""
-_PLANS: weakref.WeakKeyDictionary[type, tuple[PlanEntry, ...]] = weakref.WeakKeyDictionary()
-"""Each agent class's hook plan, made when first asked for."""
+_ADDED = "__littleghost_capabilities__"
+"""The class attribute holding the capabilities added to a class itself, by name, in the
+order they were first added. Per-class data lives in the class's own ``__dict__``: a hook
+that refers to its class makes a cycle the GC collects (in a weak-keyed table, it would
+keep the class alive)."""
+_PLAN = "__littleghost_hook_plan__"
+"""The class attribute caching a class's hook plan, made when first asked for."""
 
 
 def _is_agent_class(value: object) -> bool:
@@ -115,9 +117,10 @@ def add_capability(cls: type[Any], capability: Capability) -> None:
         raise ConfigurationError(f"a capability is added to an Agent subclass, not {cls!r}")
     if not isinstance(capability, Capability):
         raise ConfigurationError(f"add_capability takes a Capability, not {capability!r}")
-    _DECLARED.setdefault(cls, {})[capability.name] = capability
+    setattr(cls, _ADDED, {**vars(cls).get(_ADDED, {}), capability.name: capability})
     for klass in _with_subclasses(cls):
-        _PLANS.pop(klass, None)
+        if _PLAN in vars(klass):
+            delattr(klass, _PLAN)
         klass.capabilities = in_effect(klass)
 
 
@@ -131,7 +134,7 @@ def _declarations(cls: type) -> Iterator[tuple[type, Iterable[Capability]]]:
     """Each agent class of ``cls``'s hierarchy, parent first, with the capabilities added to it."""
     for klass in reversed(cls.__mro__):
         if _is_agent_class(klass):
-            yield klass, _DECLARED.get(klass, {}).values()
+            yield klass, vars(klass).get(_ADDED, {}).values()
 
 
 def in_effect(cls: type) -> tuple[Capability, ...]:
@@ -146,9 +149,10 @@ def in_effect(cls: type) -> tuple[Capability, ...]:
 
 def hook_plan(cls: type) -> tuple[PlanEntry, ...]:
     """The hooks of the agent class ``cls`` in running order (see the module docstring)."""
-    plan = _PLANS.get(cls)
+    plan: tuple[PlanEntry, ...] | None = vars(cls).get(_PLAN)
     if plan is None:
-        plan = _PLANS[cls] = _plan(cls)
+        plan = _plan(cls)
+        setattr(cls, _PLAN, plan)
     return plan
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -203,6 +205,32 @@ async def test_state_for_is_keyed_by_identity() -> None:
     add_capability(checked, Capability("check", [CapabilityHook("before_model", check)]))
     await checked(model=ScriptedModel([text_response("ok")])).run("hi")
     assert seen == [False, True]
+
+
+def audited(cls: type[Agent]) -> type[Agent]:
+    """A class decorator whose hook refers to the class it decorates."""
+
+    def hook(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        agent.order.append(cls.__name__)
+
+    add_capability(cls, Capability("audited", [CapabilityHook("before_model", hook)]))
+    return cls
+
+
+async def test_a_class_whose_capability_refers_to_it_is_collected() -> None:
+    """Classes made at run time, each with a capability hook that refers to it, and their
+    session stores are collected once dropped, whether or not they ran."""
+    classes = [audited(type(f"Tenant{i}", (Base,), {})) for i in range(3)]
+    for cls in classes[:2]:
+        agent = cls(model=script())
+        await agent.run("hi", session_id="s")
+        assert agent.order[:2] == ["parent", cls.__name__]
+    audited(classes[0])  # adding again replaces the capability and the cached plan
+    refs = [weakref.ref(cls) for cls in classes]
+    stores = [weakref.ref(cls.session_store) for cls in classes]
+    del classes, cls, agent
+    gc.collect()
+    assert [ref() for ref in refs + stores] == [None] * 6
 
 
 def test_bad_capabilities_fail() -> None:
