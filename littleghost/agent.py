@@ -24,6 +24,7 @@ from littleghost.hooks import (
     check_hook,
     check_method_signature,
     check_signature,
+    hook_kind,
 )
 from littleghost.messages import Message
 from littleghost.models.base import Model, ToolSpec
@@ -165,20 +166,42 @@ def _default_store() -> InMemorySessionStore:
     return store
 
 
+def _check_member_names(classes: Iterable[type]) -> None:
+    """``ConfigurationError`` if a ``@tool`` or hook method of ``classes`` is named like a
+    member of ``Agent``, which it would replace."""
+    for klass in classes:
+        for attribute, value in vars(klass).items():
+            if attribute not in _AGENT_MEMBERS:
+                continue
+            options = tool_options(value)
+            if options is not None and callable(value):
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute}: the @tool method {attribute!r} would "
+                    f"replace Agent.{attribute}; give the method another name and keep the "
+                    f"tool's name with @tool(name="
+                    f"{options['name'] or getattr(value, '__name__', attribute)!r})"
+                )
+            kind = hook_kind(value)
+            if kind is not None:
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute}: the @{kind} hook {attribute!r} would "
+                    f"replace Agent.{attribute}; give the method another name"
+                )
+
+
 def _method_tools(cls: type) -> dict[str, ToolDefinition]:
     """The ``@tool`` methods of ``cls`` by attribute name, parents' first; an inherited
     tool overridden with ``None`` is removed.
 
     Raises:
-        ConfigurationError: A tool method is named like a member of ``Agent``, something
-            other than a tool or ``None`` overrides a tool, or a tool cannot be defined.
+        ConfigurationError: Something other than a tool or ``None`` overrides a tool, or a
+            tool cannot be defined.
     """
     found: dict[str, ToolDefinition] = {}
     for klass in reversed(cls.__mro__):
         for attribute, value in vars(klass).items():
-            options = tool_options(value)
-            if options is not None and callable(value):
-                found[attribute] = _method_tool(klass, attribute, value, options)
+            if tool_options(value) is not None and callable(value):
+                found[attribute] = _method_tool(klass, attribute, value)
             elif attribute in found:
                 if value is not None:
                     raise ConfigurationError(
@@ -190,16 +213,8 @@ def _method_tools(cls: type) -> dict[str, ToolDefinition]:
     return found
 
 
-def _method_tool(
-    klass: type, attribute: str, value: Callable[..., Any], options: Mapping[str, Any]
-) -> ToolDefinition:
+def _method_tool(klass: type, attribute: str, value: Callable[..., Any]) -> ToolDefinition:
     """The definition of the ``@tool`` method ``klass.attribute``."""
-    if attribute in _AGENT_MEMBERS:
-        raise ConfigurationError(
-            f"{klass.__name__}.{attribute}: the @tool method {attribute!r} would replace "
-            f"Agent.{attribute}; give the method another name and keep the tool's name with "
-            f"@tool(name={options['name'] or getattr(value, '__name__', attribute)!r})"
-        )
     try:
         return define_tool(value, is_method=True)
     except NameError as error:
@@ -295,7 +310,9 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        methods = _method_tools(cls)  # first: a tool named like a knob fails as a tool
+        # first: a tool or hook named like a knob fails as such
+        _check_member_names(klass for klass in cls.__mro__ if klass not in (Agent, object))
+        methods = _method_tools(cls)
         for name, how in _DECORATED.items():
             if name in cls.__dict__:
                 raise ConfigurationError(f"{cls.__name__}.{name} is not declared: {how}")
@@ -604,8 +621,8 @@ class Agent:
 
 
 _AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
-"""The names a tool method must not take: ``Agent``'s attributes, methods and knobs, and
-the attributes its instances set."""
+"""The names a tool or hook method must not take: ``Agent``'s attributes, methods and
+knobs, and the attributes its instances set."""
 
 
 async def _close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:

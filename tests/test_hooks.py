@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -316,6 +317,44 @@ async def test_a_subclass_cannot_remark_its_parents_hook() -> None:
             moved = after_model(Ancestor.first)
 
     assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]
+
+
+@pytest.mark.parametrize(
+    ("member", "decorator"),
+    [
+        ("output", after_model),
+        ("hooks", before_model),
+        ("name", after_model),
+        ("run", after_model),
+        ("instructions", before_model),
+        ("tool_names", after_tool),
+        ("model", before_tool),
+        ("__init__", after_model_error),
+    ],
+)
+def test_a_hook_method_named_like_an_agent_member_fails(member: str, decorator: Any) -> None:
+    """A hook method would replace the Agent method, property or knob of its name."""
+
+    def hook(self: Agent, payload: Any, error: Any = None) -> None:
+        pass
+
+    kind = decorator.__name__
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            f"Shadowing.{member}: the @{kind} hook {member!r} would replace Agent.{member}; "
+            "give the method another name"
+        ),
+    ):
+        type("Shadowing", (Agent,), {member: decorator(hook)})
+
+    class Mixin:
+        @before_model
+        def stream(self, request: ModelRequest) -> None:
+            pass
+
+    with pytest.raises(ConfigurationError, match=r"Mixin\.stream: the @before_model hook"):
+        type("Mixed", (Mixin, Agent), {})
 
 
 def cap(self: Agent) -> None:
