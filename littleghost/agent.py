@@ -166,6 +166,48 @@ def _default_store() -> InMemorySessionStore:
     return store
 
 
+def _declaring(cls: type) -> list[type]:
+    """``cls`` and the plain classes (mixins) of its MRO: the classes whose declarations the
+    definition of ``cls`` checks (an agent class's were checked when it was defined)."""
+    return [
+        klass
+        for klass in cls.__mro__
+        if klass is cls or not (issubclass(klass, Agent) or klass is object)
+    ]
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO whose own attribute ``name`` ``cls`` gets."""
+    return next(klass for klass in cls.__mro__ if name in vars(klass))
+
+
+def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
+    """Check the knobs ``cls`` gets from ``declaring`` and set them on ``cls``, as checked.
+
+    Raises:
+        ConfigurationError: A knob is invalid, or a mixin's knob is hidden by ``Agent``'s
+            default (the mixin comes after ``Agent`` in the MRO).
+    """
+    for knob, check in _KNOBS.items():
+        owner = _owner(cls, knob)
+        if owner not in declaring:
+            hidden = next((klass for klass in declaring if knob in vars(klass)), None)
+            if owner is Agent and hidden is not None:
+                raise ConfigurationError(
+                    f"{cls.__name__}: {hidden.__name__}.{knob} is hidden by the default of "
+                    f"Agent, which comes first in the MRO: list {hidden.__name__} before Agent "
+                    "in the bases"
+                )
+            continue
+        value = vars(owner)[knob]
+        if knob == "instructions" and isinstance(value, staticmethod):
+            value = value.__func__
+        value = check(f"{owner.__name__}.{knob}", value)
+        if knob == "instructions" and inspect.isfunction(value) and not looks_like_method(value):
+            value = staticmethod(value)
+        setattr(cls, knob, value)
+
+
 def _check_member_names(classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a ``@tool`` or hook method of ``classes`` is named like a
     member of ``Agent``, which it would replace."""
@@ -310,26 +352,15 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # first: a tool or hook named like a knob fails as such
-        _check_member_names(klass for klass in cls.__mro__ if klass not in (Agent, object))
+        declaring = _declaring(cls)
+        _check_member_names(declaring)  # first: a tool or hook named like a knob fails as such
         methods = _method_tools(cls)
-        for name, how in _DECORATED.items():
-            if name in cls.__dict__:
-                raise ConfigurationError(f"{cls.__name__}.{name} is not declared: {how}")
+        for klass in declaring:
+            for name, how in _DECORATED.items():
+                if name in vars(klass):
+                    raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
-        for knob, check in _KNOBS.items():
-            if knob in cls.__dict__:
-                value = cls.__dict__[knob]
-                if knob == "instructions" and isinstance(value, staticmethod):
-                    value = value.__func__
-                value = check(f"{cls.__name__}.{knob}", value)
-                if (
-                    knob == "instructions"
-                    and inspect.isfunction(value)
-                    and not looks_like_method(value)
-                ):
-                    value = staticmethod(value)
-                setattr(cls, knob, value)
+        _check_knobs(cls, declaring)
         if callable(cls.instructions):
             check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")
         if "session_store" not in cls.__dict__ and cls.session_store in _DEFAULT_STORES:

@@ -14,8 +14,9 @@ sets ``context_management``)::
 ``cls.capabilities`` is the tuple of capabilities in effect for an agent class, in the
 order their hooks run (``Agent.capabilities`` is ``()``).
 
-Order: hooks collect along the class hierarchy, parent first; for each class, the hooks
-of the capabilities added to it, then its own hook methods in definition order. So a
+Order: hooks collect along the reversed MRO (mixins included), parent first; for each
+class, the hooks of the capabilities added to it, then its own hook methods in definition
+order. So a
 capability's hooks run after the parent classes' hooks and before the decorated class's
 own, which see what it did. A hook method overridden in a subclass keeps its place.
 
@@ -131,10 +132,10 @@ def _with_subclasses(cls: type[Any]) -> Iterator[type[Any]]:
 
 
 def _declarations(cls: type) -> Iterator[tuple[type, Iterable[Capability]]]:
-    """Each agent class of ``cls``'s hierarchy, parent first, with the capabilities added to it."""
+    """Each class of ``cls``'s MRO, mixins included, parent first, with the capabilities
+    added to it."""
     for klass in reversed(cls.__mro__):
-        if _is_agent_class(klass):
-            yield klass, vars(klass).get(_ADDED, {}).values()
+        yield klass, vars(klass).get(_ADDED, {}).values()
 
 
 def in_effect(cls: type) -> tuple[Capability, ...]:

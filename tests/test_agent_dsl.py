@@ -360,6 +360,60 @@ def test_invalid_declarations_fail_at_class_definition(knob: str, value: object)
 
 @pytest.mark.parametrize(
     ("knob", "value"),
+    [
+        ("max_turns", -5),
+        ("settings", {"messages": [], "temperature": 0.1}),
+        ("settings", {"temperature": "hot"}),
+        ("model", "not a model string"),
+        ("instructions", 42),
+        ("output_strategy", "json"),
+        ("context_management", object()),
+        ("capabilities", ()),
+    ],
+)
+def test_a_mixins_invalid_declarations_fail_at_class_definition(knob: str, value: object) -> None:
+    """A plain mixin's declarations are checked like a class body's, naming the mixin."""
+    mixin = type("Mixin", (), {knob: value})
+    with pytest.raises(ConfigurationError, match=rf"Mixin\.{knob}|{knob}: "):
+        type("Mixed", (mixin, Agent), {})
+
+
+async def test_a_mixins_declarations_are_taken() -> None:
+    """A callable instructions on a mixin is called with the context, as in a class body;
+    its knobs reach the class."""
+
+    def greet(context: RunContext) -> str:
+        return "Be brief."
+
+    class Style:
+        instructions = greet
+        settings = {"temperature": 0.2}
+        max_turns = 2
+
+    class Styled(Style, Agent):
+        pass
+
+    model = ScriptedModel([text_response("ok")])
+    await Styled(model=model).run("hi")
+    request = model.requests[0]
+    assert [m.text for m in request.messages if m.role.value == "system"] == ["Be brief."]
+    assert dict(request.settings) == {"temperature": 0.2}
+    assert Styled.max_turns == 2
+
+
+def test_a_mixin_after_agent_in_the_bases_fails_when_agent_hides_its_declaration() -> None:
+    """Agent's defaults come first in the MRO of class X(Agent, Mixin): the mixin's knob
+    would be ignored, so the class fails naming the fix."""
+    mixin = type("Mixin", (), {"max_turns": 5})
+    with pytest.raises(
+        ConfigurationError,
+        match=r"Mixed: Mixin\.max_turns is hidden by the default of Agent.*list Mixin before",
+    ):
+        type("Mixed", (Agent, mixin), {})
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
     [("max_turns", 0), ("max_retries", "3"), ("capture_content", 1), ("model", 3.5)],
 )
 def test_invalid_constructor_values_fail(knob: str, value: object) -> None:

@@ -103,6 +103,62 @@ async def test_parent_hooks_are_unchanged_by_a_subclass() -> None:
     assert await run_order(Ancestor) == ["ancestor.first", "ancestor.second"]
 
 
+class Guard:
+    """A plain mixin (not an Agent subclass) with hooks and a tool."""
+
+    order: list[str]
+
+    @before_model
+    def guard_model(self, request: ModelRequest) -> None:
+        self.order.append("guard.model")
+
+    @before_tool
+    def refuse_refunds(self, call: ToolCall) -> None:
+        self.order.append(f"guard.{call.name}")
+        if call.name == "refund":
+            raise PermissionError("refunds need a human")
+
+    @tool
+    def ping(self) -> str:
+        """Answer pong."""
+        return "pong"
+
+
+class Guarded(Guard, Descendant):
+    @tool
+    def refund(self, order_id: str) -> str:
+        """Refund an order."""
+        self.order.append("refunded")
+        return "refunded"
+
+
+async def test_a_mixins_hooks_run_in_their_mro_place() -> None:
+    """Hooks of a plain mixin are bound and run after those of the classes after it in
+    the MRO, as its tools are offered: its guard holds."""
+    model = ScriptedModel([tool_call_response("refund", {"order_id": "42"})])
+    agent = Guarded(model=model)
+    assert sorted(agent.tool_names) == ["ping", "refund"]
+    with pytest.raises(PermissionError, match="refunds need a human"):
+        await agent.run("refund 42")
+    assert agent.order == [
+        "descendant.first",
+        "ancestor.second",
+        "descendant.third",
+        "guard.model",
+        "guard.refund",
+    ]
+
+
+def test_a_mixins_hook_signature_is_checked_at_class_definition() -> None:
+    class Mixin:
+        @after_tool
+        def check(self) -> None:
+            pass
+
+    with pytest.raises(ConfigurationError, match=r"Mixed\.check, a @after_tool hook"):
+        type("Mixed", (Mixin, Agent), {})
+
+
 class Replacing(Recorder):
     @before_model
     def add_seed(self, request: ModelRequest) -> ModelRequest:
