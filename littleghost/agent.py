@@ -20,6 +20,7 @@ from littleghost.cleanup import close_leaving
 from littleghost.errors import CleanupError, ConfigurationError
 from littleghost.hooks import (
     BoundHook,
+    PlanEntry,
     bind_hooks,
     check_hook,
     check_method_signature,
@@ -208,6 +209,23 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         setattr(cls, knob, value)
 
 
+def _declared(cls: type) -> dict[str, object]:
+    """The knobs' values as ``cls`` gets them from its MRO, descriptors unbound."""
+    return {knob: vars(_owner(cls, knob))[knob] for knob in _KNOBS}
+
+
+def _check_unchanged(cls: type[Agent]) -> None:
+    """``ConfigurationError`` if a knob of ``cls`` was set on it (or a parent) after it was
+    defined, which would skip the checks and the work done at definition."""
+    for knob, value in _declared(cls).items():
+        if value is not cls.__littleghost_declared__[knob]:
+            raise ConfigurationError(
+                f"{cls.__name__}.{knob} was changed after the class was defined; declarations "
+                f"are read and checked when the class is defined: declare {knob} on a "
+                f"subclass, or pass {knob}= to the constructor"
+            )
+
+
 def _check_member_names(classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a ``@tool`` or hook method of ``classes`` is named like a
     member of ``Agent``, which it would replace."""
@@ -322,7 +340,8 @@ class Agent:
     ``result.output``; ``None``: the answer's text) and ``output_strategy`` (``"auto"``,
     ``"native"`` or ``"tool"``: how the model is asked for it, see
     :mod:`littleghost.output`). Constructor keywords of the same names override them for
-    one instance. ``capabilities`` shows what class decorators added (see
+    one instance. Declarations, a plain mixin's included, are read and checked when the
+    class is defined; a knob set on the class later fails its next instance or run. ``capabilities`` shows what class decorators added (see
     :mod:`littleghost.capabilities`).
     """
 
@@ -346,6 +365,10 @@ class Agent:
 
     __littleghost_tool_index__: ClassVar[dict[str, tuple[ToolDefinition, str | None]]] = {}
     _tool_index: dict[str, tuple[ToolDefinition, str | None]]
+    __littleghost_declared__: ClassVar[dict[str, object]]
+    """The knobs' values when the class was defined (see ``_check_unchanged``)."""
+    _bound_plan: tuple[PlanEntry, ...]
+    """The hook plan ``_hooks`` was bound from."""
     _hooks: Mapping[str, tuple[BoundHook, ...]]
     _resolved: dict[str, Model]
     """The models made from model strings, by string (this agent closes them)."""
@@ -388,8 +411,10 @@ class Agent:
                     )
                 if value is not None:
                     check_hook(cls, entry.method, entry.kind)
+        cls.__littleghost_declared__ = _declared(cls)
 
     def __init__(self, **overrides: Any) -> None:
+        _check_unchanged(type(self))
         unknown = sorted(set(overrides) - set(_KNOBS))
         if unknown:
             raise TypeError(
@@ -415,7 +440,8 @@ class Agent:
             runner.check_response_format(
                 f"{type(self).__name__}.settings", self.settings, self.output
             )
-        self._hooks = MappingProxyType(bind_hooks(self, hook_plan(cls)))
+        self._bound_plan = hook_plan(cls)
+        self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._resolved = {}
 
     @property
@@ -440,7 +466,11 @@ class Agent:
 
     @property
     def hooks(self) -> Mapping[str, tuple[BoundHook, ...]]:
-        """This agent's hooks by kind (``"before_model"``, ...), bound to it, in running order."""
+        """This agent's hooks by kind (``"before_model"``, ...), bound to it, in running
+        order; a capability added to its class since is bound when next asked for."""
+        plan = hook_plan(type(self))
+        if plan is not self._bound_plan:
+            self._bound_plan, self._hooks = plan, MappingProxyType(bind_hooks(self, plan))
         return self._hooks
 
     def find_tool(self, name: str) -> tuple[ToolDefinition, Callable[..., Any]] | None:
@@ -519,6 +549,7 @@ class Agent:
         string, closed at its end, so calls from several threads on one agent do not
         share one. Takes the keywords of ``run()``.
         """
+        _check_unchanged(type(self))
         plan = runner.plan_run(
             self,
             input,
@@ -608,6 +639,7 @@ class Agent:
                 after one repair turn (or on the last turn ``max_turns`` allows).
             SessionStoreError: The session store failed (see its subclasses).
         """
+        _check_unchanged(type(self))
         plan = runner.plan_run(
             self,
             input,
@@ -638,6 +670,7 @@ class Agent:
         Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
         ``timeout``) starts when the block is entered. See ``littleghost.events``.
         """
+        _check_unchanged(type(self))
         plan = runner.plan_run(
             self,
             input,
@@ -650,6 +683,8 @@ class Agent:
         )
         return RunStream(self, plan)
 
+
+Agent.__littleghost_declared__ = _declared(Agent)
 
 _AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
 """The names a tool or hook method must not take: ``Agent``'s attributes, methods and

@@ -422,6 +422,55 @@ def test_invalid_constructor_values_fail(knob: str, value: object) -> None:
         Agent(**{knob: value})
 
 
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("model", ScriptedModel([text_response("ok")])),
+        ("tools", [echo]),
+        ("settings", {"messages": []}),
+        ("output_type", None),
+        ("instructions", "new"),
+        ("max_turns", 2),
+    ],
+)
+@pytest.mark.parametrize("entry", ["constructor", "run", "run_sync", "stream"])
+async def test_a_knob_changed_after_the_class_was_defined_fails_at_the_next_use(
+    knob: str, value: object, entry: str
+) -> None:
+    """Declarations are read and checked at definition: changing one on the class (or a
+    parent) later fails naming it, for new instances and at the next run of existing ones."""
+    parent = type("Declared", (Agent,), {"output_type": int, "settings": {"seed": 1}})
+    child = type("Inheriting", (parent,), {})
+    agent = child(model=ScriptedModel([text_response("1")]))
+    setattr(parent, knob, value)
+    message = rf"Inheriting\.{knob} was changed after the class was defined;.* {knob}="
+    with pytest.raises(ConfigurationError, match=message):
+        if entry == "constructor":
+            child()
+        elif entry == "run":
+            await agent.run("hi")
+        elif entry == "run_sync":
+            await anyio.to_thread.run_sync(agent.run_sync, "hi")
+        else:
+            agent.stream("hi")
+
+
+async def test_a_capability_added_later_reaches_existing_instances() -> None:
+    """An instance made before add_capability runs the capability's hooks too, as its
+    class's capabilities show it."""
+    seen: list[str] = []
+
+    def hook(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        seen.append("late")
+
+    cls = type("Late", (Agent,), {})
+    agent = cls(model=ScriptedModel([text_response("ok")] * 2))
+    await agent.run("hi")
+    add_capability(cls, Capability("late", [CapabilityHook("before_model", hook)]))
+    await agent.run("hi")
+    assert (seen, [c.name for c in cls.capabilities]) == (["late"], ["late"])
+
+
 def test_unknown_constructor_keyword_is_a_type_error() -> None:
     """An unknown constructor keyword raises TypeError naming it."""
     with pytest.raises(TypeError, match="max_turn"):
