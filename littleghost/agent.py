@@ -341,8 +341,8 @@ class Agent:
     ``"native"`` or ``"tool"``: how the model is asked for it, see
     :mod:`littleghost.output`). Constructor keywords of the same names override them for
     one instance. Declarations, a plain mixin's included, are read and checked when the
-    class is defined; a knob set on the class later fails its next instance or run. ``capabilities`` shows what class decorators added (see
-    :mod:`littleghost.capabilities`).
+    class is defined; a knob set on the class later fails its next instance or run.
+    ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
     """
 
     model: ClassVar[str | Model | None] = None
