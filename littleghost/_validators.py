@@ -9,7 +9,7 @@ A configuration value rejects a wrong field with ``ConfigurationError``, a value
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 from littleghost.errors import ConfigurationError
@@ -19,6 +19,7 @@ __all__ = [
     "check",
     "count",
     "has_method",
+    "holds_non_finite",
     "instance_of",
     "int_at_least",
     "is_callable",
@@ -43,6 +44,18 @@ def is_number(value: object) -> TypeGuard[float]:
     if isinstance(value, float):
         return math.isfinite(value)
     return is_int(value)
+
+
+def holds_non_finite(value: object) -> bool:
+    """True when ``value`` is or holds (in mappings, lists and tuples) a float JSON cannot
+    write: ``NaN`` or an infinity."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(holds_non_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_non_finite(item) for item in value)
+    return False
 
 
 def int_at_least(minimum: int) -> Callable[[object], bool]:

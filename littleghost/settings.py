@@ -1,8 +1,9 @@
 """Model settings: checked where they are declared, before anything is sent or stored.
 
 Settings reach the provider as request parameters (``max_tokens``, ``temperature``, ...).
-The keys littleghost fills in itself are reserved, and the settings every provider
-shares must have the right type and range; a wrong one is a ``ConfigurationError``
+The keys littleghost fills in itself are reserved, the settings every provider shares
+must have the right type and range, and no value may hold NaN or an infinity (a
+request's JSON cannot carry them); a wrong one is a ``ConfigurationError``
 naming it — at class definition for ``Agent.settings``, at the call for ``run(settings=)``.
 """
 
@@ -12,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from littleghost._validators import is_int, is_number
+from littleghost._validators import holds_non_finite, is_int, is_number
 from littleghost.errors import ConfigurationError
 
 __all__ = ["RESERVED_SETTINGS", "check_settings"]
@@ -75,8 +76,9 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         value: The settings.
 
     Raises:
-        ConfigurationError: Not a mapping with str keys, a reserved key, or a shared
-            setting of the wrong type or range (the message names it).
+        ConfigurationError: Not a mapping with str keys, a reserved key, a shared
+            setting of the wrong type or range, or a value holding NaN or an infinity
+            (the message names it).
     """
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise ConfigurationError(f"{owner} must be a mapping with str keys, not {_shown(value)}")
@@ -88,4 +90,8 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         rule = _TYPED.get(key)
         if rule is not None and not rule[0](item):
             raise ConfigurationError(f"{owner}[{key!r}] must be {rule[1]}, not {_shown(item)}")
+        if holds_non_finite(item):
+            raise ConfigurationError(
+                f"{owner}[{key!r}] holds NaN or an infinity, which a request's JSON cannot carry"
+            )
     return dict(value)

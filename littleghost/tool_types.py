@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
 
+from littleghost._validators import holds_non_finite
 from littleghost.errors import ConfigurationError
 
 __all__ = [
@@ -72,22 +73,11 @@ def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
     call is answered with an error and the log never holds a non-finite float. Only such
     arguments are encoded (this runs on every answer with tool calls)."""
     try:
-        if not _non_finite(arguments):
+        if not holds_non_finite(arguments):
             return arguments
         return json.dumps(dict(arguments), ensure_ascii=False, default=str)
     except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why
         return arguments
-
-
-def _non_finite(value: Any) -> bool:
-    """True when ``value`` holds a float JSON cannot write (``NaN``, an infinity)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(_non_finite(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_non_finite(item) for item in value)
-    return False
 
 
 def json_schema(annotation: Any, where: str) -> dict[str, Any]:

@@ -209,10 +209,12 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             schema["description"] = arg_docs[parameter.name]
         has_default = parameter.default is not inspect.Parameter.empty
         if has_default:
-            try:
-                schema["default"] = json.loads(json.dumps(parameter.default, default=to_json))
-            except (TypeError, ValueError):
+            try:  # a default JSON cannot carry (an object, NaN, infinity) is left out
+                text = json.dumps(parameter.default, default=to_json, allow_nan=False)
+            except (TypeError, ValueError, RecursionError):
                 pass
+            else:
+                schema["default"] = json.loads(text)
         else:
             required.append(parameter.name)
         properties[parameter.name] = schema

@@ -171,6 +171,9 @@ class TestBadInputStoresNothing:
             ({"max_tokens": 2.5}, "max_tokens"),
             ({"temperature": math.nan}, "temperature"),
             ({"top_p": 3}, "top_p"),
+            ({"repeat_penalty": math.inf}, "repeat_penalty.*NaN or an infinity"),
+            ({"logit_bias": {"50256": -math.inf}}, "logit_bias.*NaN or an infinity"),
+            ({"mirostat": [1, (2, math.nan)]}, "mirostat.*NaN or an infinity"),
         ],
     )
     async def test_reserved_or_mistyped_settings(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import logging
 import math
 import re
@@ -155,6 +156,38 @@ def test_schema_object_shape_and_docstring() -> None:
         "required": ["city"],
         "additionalProperties": False,
     }
+
+
+@frozen
+class Span:
+    low: float
+    high: float = math.inf
+
+
+class Stretcher(Agent):
+    @tool
+    def stretch(
+        self,
+        factor: float = math.inf,
+        jitter: float = math.nan,
+        steps: tuple[float, ...] = (1.0, -math.inf),
+        span: Span = Span(0.0),
+        times: int = 2,
+    ) -> str:
+        """Stretch something."""
+        return f"{factor} {jitter} {steps} {span} {times}"
+
+
+async def test_a_default_json_cannot_carry_is_left_out_of_the_schema() -> None:
+    """NaN and infinity are not JSON: a default that is or holds one is left out of the
+    schema, which stays strict JSON, and a call without the argument still gets it."""
+    model = ScriptedModel([tool_call_response("stretch", {}), text_response("ok")])
+    await Stretcher(model=model).run("go")
+    [spec] = model.requests[0].tools
+    properties = json.loads(json.dumps(spec.parameters, allow_nan=False))["properties"]
+    assert [name for name, schema in properties.items() if "default" in schema] == ["times"]
+    [result] = tool_results(model.requests[1].messages)
+    assert result.content == "inf nan (1.0, -inf) Span(low=0.0, high=inf) 2"
 
 
 def test_tool_description_is_the_docstring_before_its_sections() -> None:
