@@ -391,9 +391,9 @@ class Agent:
         cls.__littleghost_tool_index__ = index_tools(
             cls.__name__, methods, _function_tools(cls.__name__, cls.tools)
         )
-        if cls.output_type is not None:
+        output = compile_output_type(cls.output_type, f"{cls.__name__}.output_type")
+        if output is not None:  # str is free text, as None is
             check_tool_names(cls.__name__, cls.__littleghost_tool_index__)
-            output = compile_output_type(cls.output_type, f"{cls.__name__}.output_type")
             runner.check_response_format(f"{cls.__name__}.settings", cls.settings, output)
         for entry in hook_plan(cls):
             if entry.method is not None:
@@ -435,7 +435,7 @@ class Agent:
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
-        if self.output_type is not None:
+        if self.output is not None:
             check_tool_names(type(self).__name__, self._tool_index)
             runner.check_response_format(
                 f"{type(self).__name__}.settings", self.settings, self.output

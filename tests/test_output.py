@@ -275,6 +275,30 @@ class TestDeclaring:
                     """Finish."""
                     return "done"
 
+    async def test_free_text_leaves_the_final_result_name_to_a_tool(self) -> None:
+        """``str`` is free text, as ``None`` is: no final-result tool is offered, so a tool
+        of that name is the agent's own, on the class and in the constructor alike."""
+
+        class Finisher(Agent):
+            output_type = str
+
+            @tool(name=OUTPUT_TOOL)
+            def finish(self) -> str:
+                """Finish."""
+                return "done"
+
+        model = ScriptedModel([tool_call_response(OUTPUT_TOOL, {}), text_response("free")])
+        result = await Finisher(model=model).run("go")
+        assert result.output == "free"
+        assert tool_result_texts(model.requests[1].messages) == [("done", False)]
+
+        def final_result() -> str:
+            """Finish."""
+            return "done"
+
+        untyped = type("Untyped", (Agent,), {"tools": [final_result]})
+        assert untyped(output_type=str).output is None
+
     def test_a_response_format_beside_an_output_type_fails_at_definition(self) -> None:
         """Declared together on a class (or one by the constructor), they clash at once."""
         clash = r"Formatted\.settings: response_format cannot be set when an output_type"
