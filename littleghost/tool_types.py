@@ -246,11 +246,15 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
 
 
 def _key(name: str, hint: Any, required: bool) -> _Field:
-    """A ``TypedDict`` key; ``Required`` / ``NotRequired`` decide over the class's
-    ``total`` (the class cannot read them from string annotations)."""
-    while get_origin(hint) in _KEY_QUALIFIERS:
-        required = get_origin(hint) is getattr(typing, "Required", None)
-        hint = get_args(hint)[0]
+    """A ``TypedDict`` key; ``Required`` / ``NotRequired``, outside ``Annotated`` or in
+    it, decide over the class's ``total`` (the class cannot read them from string
+    annotations)."""
+    origin = get_origin(hint)
+    if origin in _KEY_QUALIFIERS:
+        return _key(name, get_args(hint)[0], origin is getattr(typing, "Required", None))
+    if origin is typing.Annotated:
+        key = _key(name, hint.__origin__, required)
+        return key._replace(annotation=typing.Annotated[(key.annotation, *hint.__metadata__)])
     return _Field(name, hint, required)
 
 

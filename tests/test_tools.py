@@ -29,9 +29,9 @@ from littleghost.tools import ToolDefinition, define_tool, index_tools
 from . import _hidden_context
 
 if sys.version_info >= (3, 11):
-    from typing import Required
+    from typing import NotRequired, Required
 else:  # pragma: no cover - Python 3.10
-    from typing_extensions import Required
+    from typing_extensions import NotRequired, Required
 
 pytestmark = pytest.mark.anyio
 
@@ -370,6 +370,44 @@ async def test_dataclass_and_typeddict_parameters() -> None:
     assert label["properties"]["size"] == {"type": "integer"}
     [wrong] = tool_results(model.requests[2].messages)[1:]
     assert wrong.is_error and "window.width: expected an integer" in wrong.content
+
+
+class Note(TypedDict):
+    text: Annotated[str, "the text"]
+    tag: Annotated[NotRequired[str], "a tag"]
+    mood: NotRequired[Annotated[str, "a mood"]]
+
+
+class Draft(TypedDict, total=False):
+    title: Annotated[Required[str], "the title"]
+    body: Required[Annotated[str, "the body"]]
+    footer: Annotated[str, "a footer"]
+
+
+async def test_typeddict_qualifiers_inside_or_outside_annotated() -> None:
+    """``Required`` / ``NotRequired`` count in either order with ``Annotated`` (PEP 655),
+    and the description is kept, in a tool parameter and an output type alike."""
+
+    def write(note: Note, draft: Draft) -> str:
+        """Write a note and a draft."""
+        received.extend([note, draft])
+        return "written"
+
+    class Writer(Agent):
+        tools = [write]
+
+    received.clear()
+    arguments = {"note": {"text": "n"}, "draft": {"title": "t", "body": "b"}}
+    model = ScriptedModel([tool_call_response("write", arguments), text_response("ok")])
+    await Writer(model=model).run("go")
+    assert received == [{"text": "n"}, {"title": "t", "body": "b"}]
+    [spec] = model.requests[0].tools
+    note, draft = spec.parameters["properties"]["note"], spec.parameters["properties"]["draft"]
+    assert (note["required"], draft["required"]) == (["text"], ["title", "body"])
+    assert note["properties"]["tag"] == {"type": "string", "description": "a tag"}
+    assert draft["properties"]["title"] == {"type": "string", "description": "the title"}
+    typed = type("Noted", (Agent,), {"output_type": Note})()
+    assert typed.output is not None and typed.output.schema.schema == note
 
 
 def tool_results(messages: Sequence[Message]) -> list[ToolResult]:
