@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import json
 import math
 import types
@@ -148,6 +149,7 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
                 f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
                 "be described as JSON schema"
             )
+        _check_constructor(annotation, fields, where)
         inner = (*outer, annotation)
         properties = {}
         required = []
@@ -191,6 +193,51 @@ def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, A
     )
 
 
+_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _check_constructor(record: type, fields: tuple[_Field, ...], where: str) -> None:
+    """``ConfigurationError`` unless ``record`` can be built from what its schema
+    describes: every field a keyword argument of its constructor, and every argument
+    without a default a required field (a custom ``__init__`` may disagree)."""
+    if _is_typeddict(record):
+        return
+    try:
+        parameters = inspect.signature(record).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the call decides
+        return
+    by_name = {record_field.name: record_field for record_field in fields}
+    keywords = {parameter.name for parameter in parameters if parameter.kind in _KEYWORD}
+    for parameter in parameters:
+        if parameter.default is not inspect.Parameter.empty or parameter.kind in _VARIADIC:
+            continue
+        record_field = by_name.get(parameter.name)
+        if parameter.kind not in _KEYWORD:
+            raise ConfigurationError(
+                f"{where}: {record.__qualname__}() takes {parameter.name!r} by position only; "
+                "a value is built with keyword arguments"
+            )
+        if record_field is None:
+            raise ConfigurationError(
+                f"{where}: {record.__qualname__}() needs the argument {parameter.name!r}, "
+                "which is not a field the schema describes, so no value could be built"
+            )
+        if not record_field.required:
+            raise ConfigurationError(
+                f"{where}: {record.__qualname__}() needs the argument {parameter.name!r}, "
+                "which the schema leaves optional (its field has a default)"
+            )
+    unknown = sorted(by_name.keys() - keywords)
+    if unknown and not any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters
+    ):
+        raise ConfigurationError(
+            f"{where}: field {unknown[0]!r} of {record.__qualname__} is not a keyword argument "
+            f"of {record.__qualname__}(), so no value could be built"
+        )
+
+
 class _Field(NamedTuple):
     """A field of a record type: its JSON name, its annotation (``None`` when it has
     none) and whether a value must give it."""
@@ -227,22 +274,33 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
             if attribute.init
         )
     if dataclasses.is_dataclass(annotation):
-        hints = typing.get_type_hints(annotation, include_extras=True)
-        return tuple(
-            _Field(
-                field.name,
-                hints.get(field.name),
-                field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING,
-            )
-            for field in dataclasses.fields(annotation)
-            if field.init
-        )
+        return _dataclass_fields(annotation)
     if _is_typeddict(annotation):
         hints = typing.get_type_hints(annotation, include_extras=True)
         required = annotation.__required_keys__  # type: ignore[attr-defined]
         return tuple(_key(name, hint, name in required) for name, hint in hints.items())
     return None
+
+
+def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
+    """The arguments of a dataclass's ``__init__``: its init fields and its ``InitVar``
+    fields (which ``dataclasses.fields`` leaves out), in order."""
+    hints = typing.get_type_hints(annotation, include_extras=True)
+    fields = {field.name for field in dataclasses.fields(annotation)}
+    found = []
+    for field in annotation.__dataclass_fields__.values():
+        hint = hints.get(field.name)
+        if isinstance(hint, dataclasses.InitVar):
+            hint = hint.type
+        elif field.name not in fields:  # a ClassVar
+            continue
+        if field.init:
+            required = (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
+            found.append(_Field(field.name, hint, required))
+    return tuple(found)
 
 
 def _key(name: str, hint: Any, required: bool) -> _Field:

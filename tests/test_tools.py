@@ -840,6 +840,104 @@ def test_unsupported_attrs_field_fails_naming_it() -> None:
         type("Bad", (Agent,), {"tools": [store]})
 
 
+@dataclasses.dataclass
+class Order:
+    order_id: str
+    region: dataclasses.InitVar[str]
+    channel: dataclasses.InitVar[str] = "web"
+
+    def __post_init__(self, region: str, channel: str) -> None:
+        self.order_id = f"{region}-{channel}-{self.order_id}"
+
+
+def lookup(order: Order) -> str:
+    """Look an order up."""
+    return order.order_id
+
+
+async def test_initvars_of_a_dataclass_are_in_its_schema() -> None:
+    """An ``InitVar`` is an argument of the constructor, so the schema asks for it
+    (required unless it has a default) and the value is built with it."""
+
+    class Orders(Agent):
+        tools = [lookup]
+
+    model = ScriptedModel(
+        [
+            tool_call_response("lookup", {"order": {"order_id": "1", "region": "eu"}}),
+            text_response("ok"),
+        ]
+    )
+    await Orders(model=model).run("go")
+    [spec] = model.requests[0].tools
+    schema = spec.parameters["properties"]["order"]
+    assert list(schema["properties"]) == ["order_id", "region", "channel"]
+    assert schema["required"] == ["order_id", "region"]
+    [result] = tool_results(model.requests[1].messages)
+    assert (result.content, result.is_error) == ("eu-web-1", False)
+
+
+@dataclasses.dataclass
+class Stamped:  # its __init__ needs an argument no field describes
+    text: str
+    stamp: str = dataclasses.field(init=False)
+
+    def __init__(self, text: str, zone: str) -> None:
+        self.text, self.stamp = text, zone
+
+
+@dataclasses.dataclass
+class Counted:  # its __init__ needs the field the schema leaves optional
+    count: int = 0
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+@frozen(init=False)
+class Renamed:  # its __init__ does not take the field
+    value: int
+
+    def __init__(self, number: int = 0) -> None:
+        self.__attrs_init__(number)  # type: ignore[attr-defined]
+
+
+@frozen(init=False)
+class Positional:  # its __init__ takes the field by position only
+    value: int
+
+    def __init__(self, value: int, /) -> None:
+        self.__attrs_init__(value)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (Stamped, r"Stamped\(\) needs the argument 'zone', which is not a field"),
+        (Counted, r"Counted\(\) needs the argument 'count', which the schema leaves optional"),
+        (Renamed, r"field 'value' of Renamed is not a keyword argument of Renamed\(\)"),
+        (Positional, r"Positional\(\) takes 'value' by position only"),
+    ],
+    ids=["extra argument", "optional field needed", "field not taken", "positional only"],
+)
+def test_a_record_its_schema_cannot_build_fails_naming_the_argument(
+    record: type, message: str
+) -> None:
+    """A record whose constructor disagrees with its fields could never be built from
+    what the model is shown: the class definition fails, for a tool parameter and an
+    output type alike."""
+
+    def keep(value: Any) -> str:
+        """Keep a value."""
+        return ""
+
+    keep.__annotations__ = {"value": record, "return": str}
+    with pytest.raises(ConfigurationError, match=f"tool 'keep', parameter 'value': {message}"):
+        type("Keeper", (Agent,), {"tools": [keep]})
+    with pytest.raises(ConfigurationError, match=f"Typed.output_type: {message}"):
+        type("Typed", (Agent,), {"output_type": record})
+
+
 def test_invalid_tool_name_fails() -> None:
     """@tool(name=) must be a name providers accept."""
     with pytest.raises(ConfigurationError, match="name must match"):
