@@ -216,9 +216,10 @@ def _declared(cls: type) -> dict[str, object]:
 
 def _check_unchanged(cls: type[Agent]) -> None:
     """``ConfigurationError`` if a knob of ``cls`` was set on it (or a parent) after it was
-    defined, which would skip the checks and the work done at definition."""
+    defined, which would skip the checks and the work done at definition. Not ``model``:
+    it is read and checked as each run starts (a test swaps in a ``ScriptedModel``)."""
     for knob, value in _declared(cls).items():
-        if value is not cls.__littleghost_declared__[knob]:
+        if knob != "model" and value is not cls.__littleghost_declared__[knob]:
             raise ConfigurationError(
                 f"{cls.__name__}.{knob} was changed after the class was defined; declarations "
                 f"are read and checked when the class is defined: declare {knob} on a "

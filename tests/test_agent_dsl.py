@@ -425,7 +425,6 @@ def test_invalid_constructor_values_fail(knob: str, value: object) -> None:
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
-        ("model", ScriptedModel([text_response("ok")])),
         ("tools", [echo]),
         ("settings", {"messages": []}),
         ("output_type", None),
@@ -453,6 +452,17 @@ async def test_a_knob_changed_after_the_class_was_defined_fails_at_the_next_use(
             await anyio.to_thread.run_sync(agent.run_sync, "hi")
         else:
             agent.stream("hi")
+
+
+async def test_a_model_swapped_on_the_class_is_used_by_the_next_run() -> None:
+    """The model is read and checked as each run starts, so changing it on the class (a
+    test patching ``Support.model`` with a ``ScriptedModel``, say) is not refused."""
+    cls = type("Swapped", (Agent,), {"model": ScriptedModel([text_response("first")])})
+    agent = cls()
+    assert (await agent.run("hi")).output == "first"
+    cls.model = ScriptedModel([text_response("second")] * 2)  # type: ignore[attr-defined]
+    assert (await agent.run("hi")).output == "second"
+    assert (await cls().run("hi")).output == "second"
 
 
 async def test_a_capability_added_later_reaches_existing_instances() -> None:
