@@ -118,13 +118,19 @@ class TestAnotherWriter:
         ]
 
 
-async def test_a_holder_that_deletes_its_session_may_write_it_anew(store: SessionStore) -> None:
-    """Its own delete is what the holder last saw: trimming a conversation (load, delete,
-    append the part to keep) while holding it is not refused."""
+async def test_a_holder_that_deletes_its_session_writes_it_anew_only_after_a_load(
+    store: SessionStore,
+) -> None:
+    """A delete under the holder's feet (its own tool's, say) refuses the holder's next
+    append, so no log starts with a result whose call is gone; trimming a conversation
+    under the lock loads the emptied session before writing it anew."""
     await store.append("s", [Message.user("a"), Message.assistant("b")])
     async with store.lock("s"):  # type: ignore[attr-defined]
         log = await store.load("s")
         await store.delete("s")
+        with pytest.raises(SessionStoreError, match="no longer exists"):
+            await store.append("s", log[-1:])
+        assert await store.load("s") == ()
         await store.append("s", log[-1:])
         await store.append("s", [Message.user("c")])
     assert [m.text for m in await store.load("s")] == ["b", "c"]

@@ -111,7 +111,6 @@ class InMemorySessionStore:
                 raise UnknownSessionError(
                     f"no session {session_id!r} to delete", session_id=session_id
                 )
-        self._locks.saw(session_id, 0)  # its holder may go on, from an empty session
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively (in this process) while the context is open."""

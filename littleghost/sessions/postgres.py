@@ -591,7 +591,6 @@ class PostgresSessionStore:
                 )
 
         await self._call(remove)
-        (await self._prepared()).saw(session_id, 0)  # its holder may go on, from empty
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.

@@ -396,7 +396,6 @@ class SQLiteSessionStore:
         await self._call(
             lambda connection: self._transaction(connection, lambda: remove(connection))
         )
-        self._locks.saw(session_id, 0)  # its holder may go on, from an empty session
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.
