@@ -14,7 +14,6 @@ and a stray cancellation is logged.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +78,7 @@ class RunStream:
         send, self._receive = anyio.create_memory_object_stream[Event](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
-        if self._plan.session_id is not None:  # the block waits on the run: its session is busy
-            self._waiter = Waiter(self._plan.session_id)
+        self._waiter = Waiter(self._plan.session_id)  # the block waits on the run
         self._group.start_soon(self._drive, send)
         return self
 
@@ -89,8 +87,9 @@ class RunStream:
             self._context = context
 
         async with send:
+            assert self._waiter is not None
             try:
-                with self._waiter.running() if self._waiter else nullcontext():
+                with self._waiter.running():
                     result = await run(self._agent, self._plan, sink=send.send, observe=observe)
             except BaseException as error:
                 stopped = cancelled_here()
@@ -132,8 +131,8 @@ class RunStream:
         try:
             await self._group.__aexit__(None, None, None)
         finally:
-            if self._waiter is not None:
-                self._waiter.end()
+            assert self._waiter is not None
+            self._waiter.end()
         unraised = None if self._raised else self._error
         if unraised is None or isinstance(unraised, Exception):
             return None  # leaving early drops the run's ordinary error

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost import Agent, Message, Role, ToolCall, ToolResult, manage_context, tool
+from littleghost import Agent, Message, Role, RunContext, ToolCall, ToolResult, manage_context, tool
 from littleghost.context import Truncation, compact_session
 from littleghost.context.records import COMPACTION_COVERS_KEY
 from littleghost.context.summarize import SUMMARY_PREFIX
@@ -28,7 +28,7 @@ from littleghost.errors import (
     SessionBusyError,
     UnstorableValueError,
 )
-from littleghost.events import RunFinished, ToolCallStarted
+from littleghost.events import RunFinished, TextDelta, ToolCallStarted
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
@@ -525,6 +525,35 @@ class TestConcurrentRuns:
         results = [r for m in events.result.messages for r in m.tool_results]
         assert [(r.is_error, r.content) for r in results] == [(False, "a"), (False, "a")]
         assert outputs == ["a", "a"]
+
+    async def test_a_stream_read_by_a_tool_of_a_stream_is_busy_for_the_outer_block(
+        self, store: SessionStore
+    ) -> None:
+        """A tool that passes a nested stream's events on (``context.emit``) makes the
+        outer block wait on the nested run too: a run of its session from the block
+        raises ``SessionBusyError`` instead of waiting for itself forever."""
+        helper = Helper(model=ScriptedModel([text_response("h")] * 2), session_store=store)
+
+        class Delegating(Agent):
+            @tool
+            async def delegate(self, context: RunContext) -> str:
+                """Ask the helper, passing its events on."""
+                async with helper.stream("sub", session_id="T") as events:
+                    async for event in events:
+                        await context.emit(event)
+                return events.result.output
+
+        model = ScriptedModel([tool_call_response("delegate", {}), text_response("done")])
+        refused: list[str] = []
+        with anyio.fail_after(10):
+            async with Delegating(model=model).stream("Go.") as events:
+                async for event in events:
+                    if isinstance(event, TextDelta) and event.text == "h" and not refused:
+                        with pytest.raises(SessionBusyError) as caught:
+                            await helper.run("again", session_id="T")
+                        refused.append(str(caught.value))
+        assert "wait for itself" in refused[0]
+        assert events.result.output == "done"
 
 
 class TestStoreKnob:

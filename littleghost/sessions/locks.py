@@ -199,23 +199,29 @@ _WAITED_ON: ContextVar[tuple[list[Hold], ...]] = ContextVar(
     "littleghost_waited_on_holds", default=()
 )
 """In a task that waits on a run (a stream's block on the stream's run): that run's hold
-of its session. A run the task starts of that session would wait for itself."""
+of its session, and those of the streams it reads in turn. A run the task starts of one
+of those sessions would wait for itself."""
 _WAITED_BY: ContextVar[Waiter | None] = ContextVar("littleghost_waited_by", default=None)
 """In the run a task waits on, until it holds its session: the waiting task's record."""
+_UNDER: ContextVar[tuple[Waiter, ...]] = ContextVar("littleghost_under_waiters", default=())
+"""In a run a task waits on, and in what it starts: the waiters of that run and of the
+runs around it (a tool's stream inside a stream's run)."""
 
 
 class Waiter:
-    """A task that waits on a run of ``session_id`` it started in another task (a
-    stream's block): that session, held by that run, is busy for the waiting task; no
+    """A task that waits on a run of ``session_id`` (or of no session) it started in another task (a
+    stream's block): that session, held by that run, is busy for the waiting task, and so
+    are the sessions of streams that run reads in turn (whose events it may pass on); no
     other session is.
 
     Made in the waiting task (``end()`` there too); the run is wrapped in ``running()``.
     """
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str | None) -> None:
         self.session_id = session_id
         self.holds: list[Hold] = []
-        self._token = _WAITED_ON.set((*_WAITED_ON.get(), self.holds))
+        self._outside = _WAITED_ON.get()
+        self._token = _WAITED_ON.set((*self._outside, self.holds))
 
     def end(self) -> None:
         """Stop marking the waiting task."""
@@ -223,13 +229,18 @@ class Waiter:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Around the run waited on: its hold of the session is recorded (not the holds
-        of runs it starts, nor of other tasks)."""
-        token = _WAITED_BY.set(self)
+        """Around the run waited on: its hold of the session is recorded, for this waiter
+        and the waiters around it (not the holds of other runs it starts, nor of other
+        tasks); the run itself does not wait on itself."""
+        by = _WAITED_BY.set(self)
+        under = _UNDER.set((*_UNDER.get(), self))
+        outside = _WAITED_ON.set(self._outside)
         try:
             yield
         finally:
-            _WAITED_BY.reset(token)
+            _WAITED_ON.reset(outside)
+            _UNDER.reset(under)
+            _WAITED_BY.reset(by)
 
 
 class SessionLocks:
@@ -273,7 +284,8 @@ class SessionLocks:
                     token = _HELD.set((*held, hold))
                     waiter = _WAITED_BY.get()
                     if waiter is not None and waiter.session_id == session_id:
-                        waiter.holds.append(hold)
+                        for around in _UNDER.get():  # this waiter's and those around it
+                            around.holds.append(hold)
                         waiter = None  # recorded: the runs started inside record nothing
                     waited = _WAITED_BY.set(waiter)
                     try:
@@ -347,7 +359,19 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
             f"session_store.lock({session_id!r}) returned {type(hold).__name__}, not an async "
             "context manager: define it with @asynccontextmanager (async def) or drop it"
         )
-    return cast(AbstractAsyncContextManager[None], hold)
+    return _recording_nothing(cast(AbstractAsyncContextManager[None], hold))
+
+
+@asynccontextmanager
+async def _recording_nothing(hold: AbstractAsyncContextManager[None]) -> AsyncIterator[None]:
+    """A store's own ``lock``, inside which nested runs record no hold for a waiter (a
+    lock that is not a ``SessionLocks`` records none itself)."""
+    async with hold:
+        token = _WAITED_BY.set(None)
+        try:
+            yield
+        finally:
+            _WAITED_BY.reset(token)
 
 
 def _locks_of(store: SessionStore) -> SessionLocks:
