@@ -196,8 +196,8 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
             if owner is Agent and hidden is not None:
                 raise ConfigurationError(
                     f"{cls.__name__}: {hidden.__name__}.{knob} is hidden by the default of "
-                    f"Agent, which comes first in the MRO: list {hidden.__name__} before Agent "
-                    "in the bases"
+                    f"Agent, which comes first in the MRO: list {hidden.__name__} before the "
+                    "agent class in the bases"
                 )
             continue
         value = vars(owner)[knob]
@@ -220,8 +220,9 @@ def _check_unchanged(cls: type[Agent]) -> None:
     it is read and checked as each run starts (a test swaps in a ``ScriptedModel``)."""
     for knob, value in _declared(cls).items():
         if knob != "model" and value is not cls.__littleghost_declared__[knob]:
+            owner = _owner(cls, knob).__name__
             raise ConfigurationError(
-                f"{cls.__name__}.{knob} was changed after the class was defined; declarations "
+                f"{owner}.{knob} was changed after {cls.__name__} was defined; declarations "
                 f"are read and checked when the class is defined: declare {knob} on a "
                 f"subclass, or pass {knob}= to the constructor"
             )
@@ -342,7 +343,8 @@ class Agent:
     ``"native"`` or ``"tool"``: how the model is asked for it, see
     :mod:`littleghost.output`). Constructor keywords of the same names override them for
     one instance. Declarations, a plain mixin's included, are read and checked when the
-    class is defined; a knob set on the class later fails its next instance or run.
+    class is defined; a knob set on the class later fails its next instance or run (but
+    ``model``, read and checked as each run starts).
     ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
     """
 
@@ -484,7 +486,7 @@ class Agent:
         return definition, definition.function if attribute is None else getattr(self, attribute)
 
     def _declared_model(self) -> str | Model:
-        declared = self.model
+        declared = _model(f"{type(self).__name__}.model", self.model)  # it may have changed
         if declared is None:
             raise ConfigurationError(
                 f'{type(self).__name__} declares no model: set `model = "provider:name"` '

@@ -442,7 +442,7 @@ async def test_a_knob_changed_after_the_class_was_defined_fails_at_the_next_use(
     child = type("Inheriting", (parent,), {})
     agent = child(model=ScriptedModel([text_response("1")]))
     setattr(parent, knob, value)
-    message = rf"Inheriting\.{knob} was changed after the class was defined;.* {knob}="
+    message = rf"Declared\.{knob} was changed after Inheriting was defined;.* {knob}="
     with pytest.raises(ConfigurationError, match=message):
         if entry == "constructor":
             child()
@@ -463,6 +463,17 @@ async def test_a_model_swapped_on_the_class_is_used_by_the_next_run() -> None:
     cls.model = ScriptedModel([text_response("second")] * 2)  # type: ignore[attr-defined]
     assert (await agent.run("hi")).output == "second"
     assert (await cls().run("hi")).output == "second"
+
+
+@pytest.mark.parametrize("value", [42, ScriptedModel, "no colon here"])
+async def test_a_bad_model_swapped_on_the_class_fails_clearly_at_the_next_run(
+    value: object,
+) -> None:
+    cls = type("Swapped", (Agent,), {"model": ScriptedModel([text_response("first")])})
+    agent = cls()
+    cls.model = value  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match="model"):
+        await agent.run("hi")
 
 
 async def test_a_capability_added_later_reaches_existing_instances() -> None:
