@@ -43,7 +43,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from littleghost.hooks import run_chain
+from littleghost.hooks import BoundHook, run_chain
 from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
 from littleghost.output import (
@@ -330,7 +330,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
             request = output.request(request)
         answered = await _call_model(agent, request, context)
         response = await run_chain(
-            agent.hooks["after_model"], answered, expected=ModelResponse, context=context
+            _hooks(agent, context, "after_model"), answered, expected=ModelResponse, context=context
         )
         response = _json_arguments(_fresh(response, context.messages))
         await context.append(response.message)
@@ -429,7 +429,7 @@ def instructions_message(text: str) -> Message:
 
 
 async def _call_model(agent: Agent, request: ModelRequest, context: RunContext) -> ModelResponse:
-    before = agent.hooks["before_model"]
+    before = _hooks(agent, context, "before_model")
     request = await run_chain(before, request, expected=ModelRequest, context=context)
     recoveries = 0
     while True:
@@ -441,7 +441,7 @@ async def _call_model(agent: Agent, request: ModelRequest, context: RunContext) 
             if recoveries >= MAX_RECOVERIES:
                 raise
             replacement = await run_chain(
-                agent.hooks["after_model_error"],
+                _hooks(agent, context, "after_model_error"),
                 request,
                 error,
                 expected=ModelRequest,
@@ -519,7 +519,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
 
 async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolResult:
     original_id = call.id
-    call = await run_chain(agent.hooks["before_tool"], call, expected=ToolCall, context=context)
+    before = _hooks(agent, context, "before_tool")
+    call = await run_chain(before, call, expected=ToolCall, context=context)
     if call.id != original_id:  # a hook's new id: the event pairs with the logged call
         call = attrs.evolve(call, id=original_id)
     await context.emit(ToolCallStarted(call))
@@ -540,7 +541,7 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         if agent.capture_content and span.is_recording():
             span.set_attribute(telemetry.TOOL_CALL_RESULT, result.content)
     replaced: ToolResult = await run_chain(
-        agent.hooks["after_tool"], result, expected=ToolResult, context=context
+        _hooks(agent, context, "after_tool"), result, expected=ToolResult, context=context
     )
     if replaced.call_id != original_id:
         replaced = attrs.evolve(replaced, call_id=original_id)
@@ -622,6 +623,12 @@ async def _answer_open_calls(context: RunContext) -> None:
     open_calls = interrupted_results(context.messages, STOPPED_TEXT)
     if open_calls:
         await context.grace.finish("answering the open tool calls", context.append(*open_calls))
+
+
+def _hooks(agent: Agent, context: RunContext, kind: str) -> tuple[BoundHook, ...]:
+    """The run's hooks of ``kind``: the agent's when the run first asked for them (a
+    capability added during the run takes effect from the next run)."""
+    return context.state_for(_hooks, lambda: agent.hooks)[kind]
 
 
 def _fresh(response: ModelResponse, log: Sequence[Message]) -> ModelResponse:

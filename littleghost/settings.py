@@ -90,7 +90,13 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         rule = _TYPED.get(key)
         if rule is not None and not rule[0](item):
             raise ConfigurationError(f"{owner}[{key!r}] must be {rule[1]}, not {_shown(item)}")
-        if holds_non_finite(item):
+        try:
+            non_finite = holds_non_finite(item)
+        except RecursionError:
+            raise ConfigurationError(
+                f"{owner}[{key!r}] is nested too deep (or holds itself) for a request's JSON"
+            ) from None
+        if non_finite:
             raise ConfigurationError(
                 f"{owner}[{key!r}] holds NaN or an infinity, which a request's JSON cannot carry"
             )

@@ -11,7 +11,7 @@ import attrs
 import pytest
 from attrs import field, frozen, validators
 
-from littleghost import Agent, Message, RunContext, before_model, tool
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, register_provider
@@ -490,6 +490,43 @@ async def test_a_capability_added_later_reaches_existing_instances() -> None:
     add_capability(cls, Capability("late", [CapabilityHook("before_model", hook)]))
     await agent.run("hi")
     assert (seen, [c.name for c in cls.capabilities]) == (["late"], ["late"])
+
+
+async def test_a_capability_added_during_a_run_takes_effect_from_the_next_run() -> None:
+    """A run keeps the hooks it started with, so no call gets an ``after_tool`` without
+    its ``before_tool``."""
+    seen: list[str] = []
+
+    def before(agent: Any, call: ToolCall, *, context: RunContext) -> None:
+        seen.append(f"before {call.id}")
+
+    def after(agent: Any, result: Any, *, context: RunContext) -> None:
+        seen.append(f"after {result.call_id}")
+
+    late = Capability(
+        "late", [CapabilityHook("before_tool", before), CapabilityHook("after_tool", after)]
+    )
+
+    class Adding(Agent):
+        @tool
+        def add_hooks(self) -> str:
+            """Add a capability to this very class."""
+            add_capability(type(self), late)
+            return "added"
+
+    model = ScriptedModel(
+        [
+            tool_call_response("add_hooks", {}, call_id="c1"),
+            tool_call_response("add_hooks", {}, call_id="c2"),
+            text_response("done"),
+        ]
+        * 2
+    )
+    agent = Adding(model=model)
+    await agent.run("Go.")
+    assert seen == []
+    await agent.run("Again.")
+    assert seen == ["before c1", "after c1", "before c2", "after c2"]
 
 
 def test_unknown_constructor_keyword_is_a_type_error() -> None:

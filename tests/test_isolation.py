@@ -21,6 +21,9 @@ from tests.conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
+SELF_HOLDING: list[Any] = []
+SELF_HOLDING.append(SELF_HOLDING)
+
 
 def echo(request: ModelRequest) -> ModelResponse:
     """Answer with every user text the model was shown, joined."""
@@ -174,6 +177,7 @@ class TestBadInputStoresNothing:
             ({"repeat_penalty": math.inf}, "repeat_penalty.*NaN or an infinity"),
             ({"logit_bias": {"50256": -math.inf}}, "logit_bias.*NaN or an infinity"),
             ({"mirostat": [1, (2, math.nan)]}, "mirostat.*NaN or an infinity"),
+            ({"extra": SELF_HOLDING}, "extra.*nested too deep"),
         ],
     )
     async def test_reserved_or_mistyped_settings(
