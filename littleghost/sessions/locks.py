@@ -209,10 +209,10 @@ runs around it (a tool's stream inside a stream's run)."""
 
 
 class Waiter:
-    """A task that waits on a run of ``session_id`` (or of no session) it started in another task (a
-    stream's block): that session, held by that run, is busy for the waiting task, and so
-    are the sessions of streams that run reads in turn (whose events it may pass on); no
-    other session is.
+    """A task that waits on a run of ``session_id`` (or of no session) it started in
+    another task (a stream's block): that session, held by that run, is busy for the
+    waiting task, and so are the sessions of streams that run reads in turn (whose events
+    it may pass on); no other session is.
 
     Made in the waiting task (``end()`` there too); the run is wrapped in ``running()``.
     """
