@@ -17,7 +17,8 @@ order their hooks run (``Agent.capabilities`` is ``()``).
 Order: hooks collect along the reversed MRO (mixins included), parent first; for each
 class, the hooks of the capabilities added to it, then its own hook methods in definition
 order. So a capability's hooks run after the parent classes' hooks and before the
-decorated class's own, which see what it did. A hook method overridden in a subclass keeps its place.
+decorated class's own, which see what it did. A hook method overridden in a subclass
+keeps its place.
 
 Redeclaring: adding a capability whose name is already in effect replaces it for that
 class and its subclasses only, and moves its hooks to that class's place; the parent

@@ -333,9 +333,9 @@ class PostgresSessionStore:
     are created on first use in the connection's current schema (choose one with
     ``options=-csearch_path=...`` in the connection string). Each ``append`` is one
     transaction. A run holds its session with a PostgreSQL advisory lock, keyed
-    ``hashtextextended(quote_ident(schema) || '.' || session_id, 0)``, so runs of one session are serialized across
-    every process that uses the schema; the wait is cancellable and counts against the
-    waiting run's deadline. Every store object of the schema in a process shares one
+    ``hashtextextended(quote_ident(schema) || '.' || session_id, 0)``, so runs of one
+    session are serialized across every process that uses the schema; the wait is
+    cancellable and counts against the waiting run's deadline. Every store object of the schema in a process shares one
     in-process lock table, so a run started inside a run of its own session raises
     ``SessionBusyError`` whichever store object it goes through. An append of a
     session's holder is refused, with nothing written, once the session no longer holds
