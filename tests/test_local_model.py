@@ -16,10 +16,9 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Literal
@@ -46,6 +45,7 @@ from tests._local_server import (
     skip_if_this_cpu_cannot_run_the_server,
 )
 from tests.conftest import Spans
+from tests.threads import in_threads
 
 pytestmark = pytest.mark.anyio
 
@@ -238,26 +238,6 @@ async def test_a_cancelled_start_leaves_no_server() -> None:
     assert scope.cancelled_caught
     assert model.pid is None
     assert not [pid for pid in running_servers() if b"\x00384\x00" in _command(pid)]
-
-
-def in_threads(work: Callable[[int], object], count: int) -> list[object]:
-    """``work(0)``, ``work(1)``, ... each in its own thread at once; what each returned or
-    raised."""
-    outcomes: list[object] = [None] * count
-
-    def call(index: int) -> None:
-        try:
-            outcomes[index] = work(index)
-        except BaseException as error:
-            outcomes[index] = error
-
-    threads = [threading.Thread(target=call, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not any(thread.is_alive() for thread in threads)
-    return outcomes
 
 
 def test_threads_with_their_own_event_loops_share_one_start() -> None:

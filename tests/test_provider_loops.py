@@ -25,6 +25,8 @@ from littleghost.models import Model
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 
+from .threads import in_threads
+
 COMPLETION = {
     "id": "chatcmpl-1",
     "object": "chat.completion",
@@ -141,27 +143,6 @@ async def run_once(agent: type[Agent]) -> str:
     return (await agent().run("hello", timeout=10)).output
 
 
-def in_threads(work: Callable[[], object], count: int) -> list[object]:
-    """``work()`` in ``count`` threads released at once; what each returned or raised."""
-    outcomes: list[object] = [None] * count
-    start = threading.Barrier(count)
-
-    def call(index: int) -> None:
-        start.wait()
-        try:
-            outcomes[index] = work()
-        except BaseException as error:
-            outcomes[index] = error
-
-    threads = [threading.Thread(target=call, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(thread.is_alive() for thread in threads)
-    return outcomes
-
-
 @MODEL_KINDS
 def test_run_sync_runs_again_and_again_with_one_model_instance(
     server: KeepAliveServer, make: Callable[[str], Model]
@@ -187,7 +168,7 @@ def test_run_sync_in_two_threads_at_once(
 ) -> None:
     agent = support(make(server.url))
     for _ in range(3):
-        outcomes = in_threads(lambda: agent().run_sync("hello", timeout=10).output, 2)
+        outcomes = in_threads(lambda _: agent().run_sync("hello", timeout=10).output, 2)
         assert outcomes == ["hi", "hi"]
 
 
@@ -196,7 +177,7 @@ def test_threads_wait_for_one_models_listing_and_read_its_window() -> None:
     try:
         model = openai_model(slow.url, context_window=None)
         agent = support(model)
-        outcomes = in_threads(lambda: agent().run_sync("hello", timeout=10).output, 3)
+        outcomes = in_threads(lambda _: agent().run_sync("hello", timeout=10).output, 3)
         assert outcomes == ["hi"] * 3
         assert (slow.paths.count("/v1/models"), model.context_window) == (1, 4096)
     finally:

@@ -1,4 +1,5 @@
-"""Worker threads for tests: anyio's default limiter used up, and sync tools that block.
+"""Worker threads for tests: anyio's default limiter used up, sync tools that block, and
+work started in several threads at once.
 
 Under trio, a worker thread its caller stopped waiting for keeps its token of the limiter
 until it returns; ``default_threads_taken`` stands for many such threads.
@@ -7,7 +8,7 @@ until it returns; ``default_threads_taken`` stands for many such threads.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
@@ -70,3 +71,25 @@ def blocking_agent(store: SessionStore, release: threading.Event) -> Agent:
         ]
     )
     return Blocker(model=model, session_store=store)
+
+
+def in_threads(work: Callable[[int], object], count: int) -> list[object]:
+    """``work(0)``, ``work(1)``, ... each in its own thread, released at once; what each
+    returned or raised."""
+    outcomes: list[object] = [None] * count
+    start = threading.Barrier(count)
+
+    def call(index: int) -> None:
+        start.wait()
+        try:
+            outcomes[index] = work(index)
+        except BaseException as error:
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    return outcomes
