@@ -371,23 +371,14 @@ class AnthropicModel:
             make = None
         self._clients = LoopClients(client, make, owner)
         self._accepted = accepted_parameters(client.messages.create)
-        self._server = server_of(client.base_url)
+        # The base URL's host and port, for the chat span's server.address and server.port.
+        self.server_address, self.server_port = server_of(client.base_url)
         self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
 
     @property
     def name(self) -> str:
         """The model's name."""
         return self._name
-
-    @property
-    def server_address(self) -> str | None:
-        """The host of the client's base URL (for ``server.address``)."""
-        return self._server[0]
-
-    @property
-    def server_port(self) -> int | None:
-        """The port of the client's base URL, or its scheme's (for ``server.port``)."""
-        return self._server[1]
 
     @property
     def context_window(self) -> int | None:

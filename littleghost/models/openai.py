@@ -297,7 +297,8 @@ class OpenAIModel:
             make = None
         self._clients = LoopClients(client, make, owner)
         self._official = _is_official(client.base_url)
-        self._server = server_of(client.base_url)
+        # The base URL's host and port, for the chat span's server.address and server.port.
+        self.server_address, self.server_port = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
         self._served_window: int | None = None
         self._probed = self._official or self._context_window is not None
@@ -316,16 +317,6 @@ class OpenAIModel:
     def name(self) -> str:
         """The model's name."""
         return self._name
-
-    @property
-    def server_address(self) -> str | None:
-        """The host of the client's base URL (for ``server.address``)."""
-        return self._server[0]
-
-    @property
-    def server_port(self) -> int | None:
-        """The port of the client's base URL, or its scheme's (for ``server.port``)."""
-        return self._server[1]
 
     @property
     def context_window(self) -> int | None:
