@@ -7,11 +7,10 @@ stopped run makes to answer its open tool calls, and releasing its session are
 first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
 the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
 it. A run started inside another run's tool (an agent used as a tool; a hook,
-``instructions`` or a model alike) and cancelled by a ``cancel()`` leaves its stop time for
-that tool: if the outer run is being cancelled as
-the tool ends (the cancellation came from outside it), the outer run ends by that time as
-well, so graces never add up; if not (a ``cancel()`` inside the tool), the outer run
-goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
+``instructions`` or a model alike) and cancelled by a ``cancel()`` leaves its stop time
+for that tool: if the outer run is being cancelled as the tool ends (the cancellation
+came from outside it), the outer run ends by that time as well, so graces never add up;
+if not (a ``cancel()`` inside the tool), the outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
 nested run only. A run therefore ends no later than its deadline plus the grace, and a
 caller's cancel scope is honoured within the grace.
 

@@ -181,10 +181,11 @@ def read_log(
     rows: Sequence[Sequence[object]],
     session_id: str,
     where: str,
-    when: Callable[[object], datetime | None],
+    when: Callable[[object], datetime | None] | None,
 ) -> list[StoredMessage]:
     """A session's log from the rows ``(length, position, body, stored_at)`` a store
-    read in one statement (one row without a body when it holds no messages).
+    read in one statement (one row without a body when it holds no messages), each
+    ``stored_at`` read by ``when`` (``None``: no times, so a damaged one stops nothing).
 
     Raises:
         CorruptSessionStoreError: A message or its time cannot be read, or the session's
@@ -197,7 +198,8 @@ def read_log(
         if body is None:
             continue
         try:
-            log.append(StoredMessage(message_from_json(str(body)), when(stored_at)))
+            at = None if when is None else when(stored_at)
+            log.append(StoredMessage(message_from_json(str(body)), at))
         except CorruptSessionStoreError as error:
             raise CorruptSessionStoreError(
                 f"{where}, session {session_id!r}, message at position {position}: {error}",

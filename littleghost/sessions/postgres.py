@@ -157,11 +157,6 @@ def _append_statement(seen: int | None) -> str:
     )
 
 
-def _no_time(moment: object) -> None:
-    """For loads that need no times."""
-    return None
-
-
 def _stale(connection: psycopg.Connection[Any]) -> bool:
     """An idle connection the server ended (or wrote to, which it never does unasked):
     its socket has something to read, or psycopg already knows it is gone."""
@@ -457,7 +452,7 @@ class PostgresSessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        return tuple(stored.message for stored in await self._read(session_id, _no_time))
+        return tuple(stored.message for stored in await self._read(session_id, None))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was stored
@@ -466,7 +461,7 @@ class PostgresSessionStore:
         return tuple(await self._read(session_id, _utc))
 
     async def _read(
-        self, session_id: str, when: Callable[[Any], datetime | None]
+        self, session_id: str, when: Callable[[Any], datetime | None] | None
     ) -> list[StoredMessage]:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)

@@ -129,11 +129,6 @@ class _Call:
         """When (``time.monotonic()``) the call stops waiting for the database."""
 
 
-def _no_time(seconds: object) -> None:
-    """For loads that need no times (a damaged time does not stop them)."""
-    return None
-
-
 def _stored_time(seconds: object) -> datetime | None:
     """A stored ``stored_at`` (seconds since the epoch) as a UTC time.
 
@@ -255,7 +250,7 @@ class SQLiteSessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        return tuple(stored.message for stored in await self._read(session_id, _no_time))
+        return tuple(stored.message for stored in await self._read(session_id, None))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was stored
@@ -264,7 +259,7 @@ class SQLiteSessionStore:
         return tuple(await self._read(session_id, _stored_time))
 
     async def _read(
-        self, session_id: str, when: Callable[[object], datetime | None]
+        self, session_id: str, when: Callable[[object], datetime | None] | None
     ) -> list[StoredMessage]:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
