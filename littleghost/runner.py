@@ -92,7 +92,8 @@ class RunPlan:
     timeout: float | None
     deadline: float | None
     output: OutputType | None = None
-    caller: CallSite | None = None
+    caller: CallSite
+    """Where the run was asked for: the place its warnings name."""
 
 
 @frozen
@@ -123,13 +124,6 @@ def _call_site() -> CallSite:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
     return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
-
-
-def _warn(plan: RunPlan, text: str) -> None:
-    if plan.caller is None:
-        warnings.warn(text, UserWarning, stacklevel=2)
-    else:
-        plan.caller.warn(text)
 
 
 def plan_run(
@@ -287,8 +281,7 @@ async def _open_session(
         _check_results(misplaced_results(stored, orphans=False), at)
         _check_new(plan.message, stored, where)
         if seed:
-            _warn(
-                plan,
+            plan.caller.warn(
                 f"history= is ignored: session {context.session_id!r} already holds "
                 f"{len(stored)} messages, and the stored log wins",
             )
@@ -296,8 +289,7 @@ async def _open_session(
         return
     kept = [message for message in seed if not message.is_trusted]
     if len(kept) < len(seed):
-        _warn(
-            plan,
+        plan.caller.warn(
             "the system and developer messages of history= are left out of session "
             f"{context.session_id!r}: sessions do not store instructions, which come "
             "from the agent class each run",
