@@ -959,10 +959,6 @@ class TestAFailingCallStopsItsBatch:
     async def test_results_finished_before_a_stop_stay_in_call_order(self) -> None:
         """A later call that finished before an earlier one is stopped is stored after the
         earlier call's "stopped" answer, not before it."""
-
-        class Slow(Waiter):
-            pass
-
         calls = (
             ToolCall("c1", "wait", {"seconds": 10}),
             ToolCall("c2", "wait", {"seconds": 0}),
@@ -972,7 +968,7 @@ class TestAFailingCallStopsItsBatch:
         )
         store = InMemorySessionStore()
         with anyio.move_on_after(0.3):
-            await Slow(model=model, session_store=store).run("Go.", session_id="s")
+            await Waiter(model=model, session_store=store).run("Go.", session_id="s")
         log = await store.load("s")
         valid(log)
         results = [r for m in log for r in m.tool_results]
