@@ -214,17 +214,34 @@ def _declared(cls: type) -> dict[str, object]:
     return {knob: vars(_owner(cls, knob))[knob] for knob in _KNOBS}
 
 
-def _check_unchanged(cls: type[Agent]) -> None:
+_LIVE = frozenset({"model", "settings"})
+"""The knobs read and checked as each run starts, which may change on the class."""
+
+
+def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
     """``ConfigurationError`` if a knob of ``cls`` was set on it (or a parent) after it was
-    defined, which would skip the checks and the work done at definition. Not ``model``:
-    it is read and checked as each run starts (a test swaps in a ``ScriptedModel``)."""
+    defined, which would skip the checks and the work done at definition. Not ``model`` or
+    ``settings``, read and checked as each run starts (a test swaps in a ``ScriptedModel``),
+    nor the knobs an instance ``overridden`` with constructor keywords."""
+    skipped = _LIVE.union(overridden)
     for knob, value in _declared(cls).items():
-        if knob != "model" and value is not cls.__littleghost_declared__[knob]:
-            owner = _owner(cls, knob).__name__
+        if knob not in skipped and value is not cls.__littleghost_declared__[knob]:
+            owner = _owner(cls, knob)
+            hooked = any(
+                "__init_subclass__" in vars(klass)
+                for klass in owner.__mro__[1:]
+                if klass not in (Agent, object)
+            )
             raise ConfigurationError(
-                f"{owner}.{knob} was changed after {cls.__name__} was defined; declarations "
-                f"are read and checked when the class is defined: declare {knob} on a "
-                f"subclass, or pass {knob}= to the constructor"
+                f"{owner.__name__}.{knob} was changed after {cls.__name__} was defined; "
+                "declarations are read and checked when the class is defined: declare "
+                f"{knob} on a subclass, or pass {knob}= to the constructor"
+                + (
+                    " (an __init_subclass__ that sets it must do so before it calls "
+                    "super().__init_subclass__())"
+                    if hooked
+                    else ""
+                )
             )
 
 
@@ -344,7 +361,7 @@ class Agent:
     :mod:`littleghost.output`). Constructor keywords of the same names override them for
     one instance. Declarations, a plain mixin's included, are read and checked when the
     class is defined; a knob set on the class later fails its next instance or run (but
-    ``model``, read and checked as each run starts).
+    ``model`` and ``settings``, read and checked as each run starts).
     ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
     """
 
@@ -417,7 +434,7 @@ class Agent:
         cls.__littleghost_declared__ = _declared(cls)
 
     def __init__(self, **overrides: Any) -> None:
-        _check_unchanged(type(self))
+        _check_unchanged(type(self), overrides)
         unknown = sorted(set(overrides) - set(_KNOBS))
         if unknown:
             raise TypeError(
@@ -552,7 +569,7 @@ class Agent:
         string, closed at its end, so calls from several threads on one agent do not
         share one. Takes the keywords of ``run()``.
         """
-        _check_unchanged(type(self))
+        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,
@@ -642,7 +659,7 @@ class Agent:
                 after one repair turn (or on the last turn ``max_turns`` allows).
             SessionStoreError: The session store failed (see its subclasses).
         """
-        _check_unchanged(type(self))
+        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,
@@ -673,7 +690,7 @@ class Agent:
         Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
         ``timeout``) starts when the block is entered. See ``littleghost.events``.
         """
-        _check_unchanged(type(self))
+        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,

@@ -149,8 +149,10 @@ def plan_run(
         output = compile_output_type(output_type, "run(output_type=)")
         if output is not None:
             check_tool_names("run(output_type=)", agent.tool_names)
+    name = type(agent).__name__
+    declared = f"{name}(…, settings=)" if "settings" in vars(agent) else f"{name}.settings"
     merged = {
-        **agent.settings,
+        **check_settings(declared, agent.settings),  # changed in place since, maybe
         **(check_settings("settings", settings) if settings is not None else {}),
     }
     check_response_format("settings", merged, output)

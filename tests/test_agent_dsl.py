@@ -426,7 +426,6 @@ def test_invalid_constructor_values_fail(knob: str, value: object) -> None:
     ("knob", "value"),
     [
         ("tools", [echo]),
-        ("settings", {"messages": []}),
         ("output_type", None),
         ("instructions", "new"),
         ("max_turns", 2),
@@ -474,6 +473,90 @@ async def test_a_bad_model_swapped_on_the_class_fails_clearly_at_the_next_run(
     cls.model = value  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError, match="model"):
         await agent.run("hi")
+
+
+async def test_settings_changed_on_the_class_are_used_and_checked_at_the_next_run() -> None:
+    """Settings are read and checked as each run starts: replaced or changed in place on the
+    class, they reach the next request, and a bad value fails naming the class's settings
+    before anything is sent."""
+    model = ScriptedModel([text_response("ok")] * 3)
+    cls = type("Tuned", (Agent,), {"model": model, "settings": {"seed": 1}})
+    agent = cls()
+    cls.settings = {"seed": 2}  # type: ignore[attr-defined]
+    await agent.run("hi")
+    cls.settings["temperature"] = 0.5  # type: ignore[index]
+    await cls().run("hi")
+    assert [dict(r.settings) for r in model.requests] == [
+        {"seed": 2},
+        {"seed": 2, "temperature": 0.5},
+    ]
+    cls.settings["temperature"] = float("nan")  # type: ignore[index]
+    with pytest.raises(ConfigurationError, match=r"Tuned\.settings\['temperature'\]"):
+        await agent.run("hi")
+    tuned = cls(settings={"seed": 3})
+    tuned.settings["messages"] = []  # type: ignore[index]
+    with pytest.raises(ConfigurationError, match=r"Tuned\(…, settings=\): 'messages'"):
+        tuned.run_sync("hi")
+    assert len(model.requests) == 2
+
+
+@pytest.mark.parametrize("entry", ["constructor", "run", "stream"])
+async def test_an_instance_overriding_a_knob_changed_on_its_class_is_not_refused(
+    entry: str,
+) -> None:
+    """A constructor keyword replaces the class's value, so the class's later change of
+    that knob does not concern the instance; another changed knob still fails."""
+    cls = type("Declared", (Agent,), {"instructions": "old", "max_turns": 5})
+    agent = cls(model=ScriptedModel([text_response("ok")]), instructions="mine")
+    cls.instructions = "changed"  # type: ignore[attr-defined]
+    if entry == "constructor":
+        assert cls(instructions="other").instructions == "other"
+    elif entry == "run":
+        assert (await agent.run("hi")).output == "ok"
+    else:
+        async with agent.stream("hi") as events:
+            assert [e async for e in events]
+    cls.max_turns = 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"Declared\.max_turns was changed"):
+        cls(instructions="other")
+    with pytest.raises(ConfigurationError, match=r"Declared\.max_turns was changed"):
+        await agent.run("hi")
+
+
+def test_a_knob_an_init_subclass_sets_after_super_fails_naming_the_order() -> None:
+    """A base's ``__init_subclass__`` that sets a knob after ``super().__init_subclass__()``
+    sets it after the definition's checks: the error says to set it before; set before,
+    the knob is checked and used."""
+
+    class Late(Agent):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            cls.instructions = f"You are {cls.__name__}."
+
+    class Early(Agent):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            cls.instructions = f"You are {cls.__name__}."
+            super().__init_subclass__(**kwargs)
+
+    class Bot(Late):
+        pass
+
+    class Helper(Early):
+        pass
+
+    with pytest.raises(
+        ConfigurationError, match=r"Bot\.instructions was changed.*before it calls super"
+    ):
+        Bot()
+    assert Helper().instructions == "You are Helper."
+
+    class Unchecked(Agent):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            cls.max_turns = 0
+            super().__init_subclass__(**kwargs)
+
+    with pytest.raises(ConfigurationError, match=r"Worse\.max_turns must be an int >= 1"):
+        type("Worse", (Unchecked,), {})
 
 
 async def test_a_capability_added_later_reaches_existing_instances() -> None:
