@@ -10,6 +10,7 @@ kill).
 from __future__ import annotations
 
 import enum
+import gc
 import json
 import os
 import random
@@ -238,6 +239,31 @@ async def test_a_cancelled_start_leaves_no_server() -> None:
     assert scope.cancelled_caught
     assert model.pid is None
     assert not [pid for pid in running_servers() if b"\x00384\x00" in _command(pid)]
+
+
+def _sdk_clients_alive() -> int:
+    import openai
+
+    return sum(isinstance(thing, openai.AsyncOpenAI) for thing in gc.get_objects())
+
+
+async def test_a_model_closed_from_another_event_loop_leaves_no_client_behind() -> None:
+    """The chat clients go with their server: a model used in this event loop and closed
+    from another (a ``run_sync`` thread, say) keeps no client alive in this one."""
+    model = local_model_or_skip(n_ctx=288)
+    request = ModelRequest([Message.user("Say hi.")], settings={**SETTINGS, "max_tokens": 4})
+    gc.collect()
+    before = _sdk_clients_alive()
+    try:
+        await model.respond(request)
+    except ProviderError as error:
+        skip_if_this_cpu_cannot_run_the_server(error)
+        raise
+    assert _sdk_clients_alive() > before
+    await anyio.to_thread.run_sync(anyio.run, model.aclose)
+    assert model.pid is None
+    gc.collect()
+    assert _sdk_clients_alive() == before
 
 
 def test_threads_with_their_own_event_loops_share_one_start() -> None:

@@ -324,6 +324,14 @@ class _ServerChat(OpenAIModel):
 
     provider = "local"
 
+    @staticmethod
+    def _new_client(sdk: Any, base_url: str | None, api_key: str) -> Any:
+        """A client of the server for one event loop: no proxy from the environment, and no
+        connection kept alive (the server serves one request per slot)."""
+        limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
+        http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
+        return sdk.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http)
+
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """llama.cpp's own ``json_schema``: the schema becomes a grammar the sampler
         follows."""
@@ -336,10 +344,9 @@ class _Server:
     port: int
     key: str
     context_window: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{_HOST}:{self.port}/v1"
+    base_url: str
+    chat: _ServerChat
+    """Its chat client, one per event loop (each closed as its loop ends, or by ``aclose``)."""
 
 
 @define(eq=False)
@@ -351,11 +358,6 @@ class _Start:
     """Set by ``aclose()``: the start must fail and leave no server running."""
     failure: str | None = None
     """Why the start failed; ``None`` when it succeeded or its caller was cancelled."""
-
-
-_clients: anyio.lowlevel.RunVar[dict[int, tuple[_Server, OpenAIModel, Any]]] = (
-    anyio.lowlevel.RunVar("littleghost.local.clients")
-)
 
 
 class LocalModel:
@@ -406,7 +408,7 @@ class LocalModel:
         self._n_ctx = n_ctx
         self._threads = threads
         self._executable = server_executable()
-        self._sdk = import_sdk("openai", "local")
+        import_sdk("openai", "local")  # says what to install before a server starts
         self._lock = threading.Lock()
         """Guards ``_server`` and ``_starting`` (callers may run in several threads)."""
         self._server: _Server | None = None
@@ -538,7 +540,9 @@ class LocalModel:
             with self._lock:
                 if start.closed:
                     raise self._closed_while_starting()
-                self._server = _Server(process, port, key, window)
+                url = f"http://{_HOST}:{port}/v1"
+                chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
+                self._server = _Server(process, port, key, window, url, chat)
         except BaseException:
             await _stop(process)
             raise
@@ -601,26 +605,6 @@ class LocalModel:
         with _running_lock:
             _running.pop(server.process.pid, None)
 
-    def _chat(self, server: _Server) -> OpenAIModel:
-        """The client for ``server`` in the current event loop (clients do not cross loops)."""
-        try:
-            clients = _clients.get()
-        except LookupError:
-            clients = {}
-            _clients.set(clients)
-        entry = clients.get(id(self))
-        if entry is not None and entry[0] is server:
-            return entry[1]
-        sdk = self._sdk
-        limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
-        http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
-        client = sdk.AsyncOpenAI(
-            base_url=server.base_url, api_key=server.key, max_retries=0, http_client=http
-        )
-        chat = _ServerChat(self.name, client=client, context_window=server.context_window)
-        clients[id(self)] = (server, chat, client)
-        return chat
-
     async def _running_server(self) -> _Server:
         await self.prepare()
         server = self._server
@@ -644,7 +628,7 @@ class LocalModel:
         """Answer one request (starting the server first if needed)."""
         server = await self._running_server()
         try:
-            return await self._chat(server).respond(request)
+            return await server.chat.respond(request)
         except ProviderUnavailableError as error:
             stopped = await self._stopped_error(server)
             if stopped is None:
@@ -655,7 +639,7 @@ class LocalModel:
         """Stream one answer; closing the iterator early stops the server's generation."""
         server = await self._running_server()
         try:
-            async with aclosing(self._chat(server).stream(request)) as events:
+            async with aclosing(server.chat.stream(request)) as events:
                 async for event in events:
                     yield event
         except ProviderUnavailableError as error:
@@ -681,13 +665,7 @@ class LocalModel:
         if server is None:
             return
         self._forget(server)
-        try:
-            entry = _clients.get().pop(id(self), None)
-        except LookupError:
-            entry = None
-        if entry is not None:
-            with anyio.CancelScope(shield=True):
-                await entry[2].close()
+        await server.chat.aclose()
         await _stop(server.process)
 
 
