@@ -58,7 +58,7 @@ from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
-from littleghost.text import truncate_middle
+from littleghost.text import error_text, truncate_middle
 from littleghost.tool_calls import error_result, invoke
 from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
@@ -580,12 +580,12 @@ async def _execute(
         except DeadlineExceededError as error:
             if context.deadline is not None and anyio.current_time() >= context.deadline:
                 raise  # the run's own deadline
-            return _failed(agent, call, span, error, f"DeadlineExceededError: {error}")
+            return _failed(agent, call, span, error, error_text(error))
         except BaseException as error:  # the tool's own failure, of any kind
             ending = fatal(error)
             if ending is not None:
                 raise ending from None
-            return _failed(agent, call, span, error, f"{type(error).__name__}: {error}")
+            return _failed(agent, call, span, error, error_text(error))
         return ToolResult(call.id, _stored_result(agent, text))
     assert timer.cancelled_caught and limit is not None
     return _failed(

@@ -1,10 +1,10 @@
-"""Text helpers shared by tool results, views and transcripts."""
+"""Text helpers shared by tool results, views, transcripts and error messages."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["CHARS_PER_TOKEN", "cut_middle", "truncate_middle"]
+__all__ = ["CHARS_PER_TOKEN", "cut_middle", "error_text", "truncate_middle"]
 
 CHARS_PER_TOKEN = 4
 """The default estimate: four characters per token."""
@@ -31,3 +31,17 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
 def truncate_middle(text: str, max_tokens: int) -> str:
     """Cut ``text`` in the middle to about ``max_tokens`` tokens (four characters each)."""
     return cut_middle(text, max_tokens * CHARS_PER_TOKEN, unit="tokens")
+
+
+def error_text(error: BaseException, *, with_type: bool = True) -> str:
+    """A user's exception as the model is told it: ``Type: message`` (only the message
+    without ``with_type``); the type name alone when the message is empty, or when
+    ``str(error)`` fails (a ``__str__`` that raises or returns a non-str), with a note."""
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except Exception:
+        return f"{name} (its message could not be shown)"
+    if not message:
+        return name
+    return f"{name}: {message}" if with_type else message

@@ -24,6 +24,7 @@ import attrs
 
 from littleghost._validators import holds_non_finite
 from littleghost.errors import ConfigurationError
+from littleghost.text import error_text
 
 __all__ = [
     "ToolArgumentError",
@@ -403,7 +404,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         try:
             return annotation(**kwargs)
         except Exception as error:  # the class's validators and converters decide
-            raise ToolArgumentError(f"{path}: {error or type(error).__name__}") from None
+            raise ToolArgumentError(f"{path}: {error_text(error, with_type=False)}") from None
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
@@ -418,8 +419,10 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         )
         try:
             return container(items)
-        except TypeError as error:
-            raise ToolArgumentError(f"{path}: a set cannot hold these items ({error})") from None
+        except Exception as error:  # unhashable items, or a record's own __hash__ or __eq__
+            raise ToolArgumentError(
+                f"{path}: a set cannot hold these items ({error_text(error, with_type=False)})"
+            ) from None
     if annotation is tuple or origin is tuple:
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")

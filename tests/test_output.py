@@ -406,6 +406,43 @@ class TestRepair:
         if not native:
             assert stored[-1].tool_results[0].call_id == "c1"
 
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_a_validator_error_that_cannot_be_shown_is_told_by_its_type(
+        self, native: bool
+    ) -> None:
+        """A validator whose exception has no message it can show (its ``__str__`` fails,
+        or the message is empty) is told by the exception's type; the run goes on to its
+        repair turn, then raises OutputValidationError."""
+
+        class APIError(Exception):
+            def __str__(self) -> str:
+                raise AttributeError("status")
+
+        @attrs.frozen
+        class Checked:
+            code: str
+
+            def __attrs_post_init__(self) -> None:
+                raise APIError() if self.code == "bad" else LookupError()
+
+        answers = [{"code": "bad"}, {"code": "worse"}]
+        model = ScriptedModel(
+            [
+                text_response(json.dumps(answer))
+                if native
+                else tool_call_response(OUTPUT_TOOL, answer, call_id=f"c{n}")
+                for n, answer in enumerate(answers)
+            ],
+            supports_output_schema=native,
+        )
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=model).run("go", output_type=Checked)
+        assert caught.value.errors == ("answer: LookupError",)
+        told = model.requests[1].messages[-1]
+        assert "answer: APIError (its message could not be shown)" in (
+            told.text if native else told.tool_results[0].content
+        )
+
     async def test_a_text_answer_is_asked_to_call_the_final_result_tool(self) -> None:
         """With the final-result tool, a text answer is repaired by asking for the call."""
         model = ScriptedModel(

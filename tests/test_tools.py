@@ -488,6 +488,18 @@ async def test_unknown_tool_result_lists_the_available_tools() -> None:
     assert "add, explode, paint, shout" in seen.content
 
 
+class APIError(Exception):
+    """An exception whose message needs attributes its raise site forgot to set."""
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.detail}"  # type: ignore[attr-defined]
+
+
+class CodedError(Exception):
+    def __str__(self) -> str:
+        return 404  # type: ignore[return-value]
+
+
 class Shade(enum.Enum):
     LIGHT = "light"
     DARK = "dark"
@@ -507,7 +519,36 @@ class Interval:
             raise ArithmeticError("low is above high")
 
 
+@frozen
+class Parcel:
+    weight: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.weight < 0:
+            raise APIError()
+        if self.weight == 0:
+            raise ValueError()
+
+
+@dataclasses.dataclass(frozen=True)
+class Badge:
+    name: str
+
+    def __hash__(self) -> int:
+        raise APIError()
+
+
 class Fussy(Agent):
+    @tool
+    async def ship(self, parcel: Parcel) -> str:
+        """Ship a parcel."""
+        return "shipped"
+
+    @tool
+    async def pin(self, badges: set[Badge]) -> str:
+        """Pin badges."""
+        return "pinned"
+
     @tool
     async def tag(self, tags: set, groups: frozenset[Any] = frozenset()) -> str:  # type: ignore[type-arg]
         """Tag things."""
@@ -553,6 +594,13 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
         ('{"factor": -Infinity}', "scale", "valid JSON: -Infinity is not a JSON number"),
         ('{"factor": 1e400}', "scale", "the number 1e400 is too large for a float"),
         ({"factor": float("inf")}, "scale", "valid JSON: Infinity is not a JSON number"),
+        ({"parcel": {"weight": -1}}, "ship", "parcel: APIError (its message could not be shown)"),
+        ({"parcel": {"weight": 0}}, "ship", "parcel: ValueError"),
+        (
+            {"badges": [{"name": "a"}]},
+            "pin",
+            "badges: a set cannot hold these items (APIError (its message could not be shown))",
+        ),
     ],
     ids=[
         "set",
@@ -565,14 +613,18 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
         "minus-infinity",
         "1e400",
         "inf-mapping",
+        "unprintable",
+        "empty-message",
+        "set-hash",
     ],
 )
 async def test_arguments_that_break_conversion_become_error_results(
     arguments: dict[str, Any] | str, name: str, fragment: str
 ) -> None:
-    """Unhashable set items, an Enum or attrs constructor that raises anything, a number
-    too large for a float, JSON nested too deep and numbers JSON has not (NaN, infinity,
-    whether sent as text or parsed) are answered, never raised."""
+    """Unhashable set items, an Enum or attrs constructor that raises anything (told by
+    its type when its message is empty or cannot be shown), a number too large for a
+    float, JSON nested too deep and numbers JSON has not (NaN, infinity, whether sent as
+    text or parsed) are answered, never raised."""
     seen = await fussy_result(arguments, name)
     assert seen.is_error
     assert f"Invalid arguments for tool {name!r}" in seen.content
@@ -1376,6 +1428,48 @@ async def test_finished_calls_log_nothing(discards: Discards) -> None:
         await invoke(fails, {}, "fails")
     await anyio.sleep(0.05)
     assert not discards.records
+
+
+# --- what a tool raised or returned, as the model is told it ----------------------------
+
+
+def charge() -> str:
+    """Charge the card."""
+    raise APIError()
+
+
+async def charge_async() -> str:
+    """Charge the card."""
+    raise CodedError()
+
+
+def silent() -> str:
+    """Fail with no message."""
+    raise ValueError()
+
+
+@pytest.mark.parametrize(
+    ("function", "content"),
+    [
+        (charge, "Tool 'charge' failed: APIError (its message could not be shown)"),
+        (charge_async, "Tool 'charge_async' failed: CodedError (its message could not be shown)"),
+        (silent, "Tool 'silent' failed: ValueError"),
+    ],
+    ids=["unprintable", "non-str", "empty"],
+)
+async def test_what_a_tool_raises_or_returns_reaches_the_model_the_same_on_every_backend(
+    function: Callable[..., Any], content: str
+) -> None:
+    """A tool's own exception is told by its type (and message, when there is one it can
+    show), never a crash."""
+    model = ScriptedModel(
+        [tool_call_response(function.__name__, {}, call_id="c1"), text_response("done")]
+    )
+    agent = type("Holder", (Agent,), {"tools": [function]})(model=model)
+    result = await agent.run("go")
+    assert result.output == "done"
+    (seen,) = tool_results(result.messages)
+    assert (seen.content, seen.is_error) == (content, True)
 
 
 async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
