@@ -570,7 +570,7 @@ async def _execute(
         ) as timer,
     ):
         try:
-            text = await invoke(function, kwargs, definition.name)
+            text = (await invoke(function, kwargs, definition.name)).text()
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed

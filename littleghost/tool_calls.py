@@ -13,11 +13,12 @@ from typing import Any
 
 import anyio.to_thread
 from anyio.lowlevel import RunVar
+from attrs import frozen
 
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.tool_types import to_json
 
-__all__ = ["error_result", "invoke", "render_result"]
+__all__ = ["Outcome", "error_result", "invoke", "render_result"]
 
 logger = logging.getLogger("littleghost.tools")
 
@@ -54,21 +55,41 @@ def _tool_threads() -> anyio.CapacityLimiter:
     return limiter
 
 
-async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> str:
-    """Call a tool and render what it returned.
+@frozen
+class Outcome:
+    """What a tool call returned, or raised."""
+
+    value: Any = None
+    raised: BaseException | None = None
+
+    def text(self) -> str:
+        """The returned value as the text the model sees, or raise what the tool raised.
+
+        Raised here, in the caller's own frame: passed up through a coroutine, a
+        ``StopIteration`` would turn into a ``RuntimeError``.
+        """
+        if self.raised is not None:
+            raise self.raised
+        return render_result(self.value)
+
+
+async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Outcome:
+    """Call a tool: what it returned, or what a sync tool raised (an async tool's
+    exception is raised).
 
     A sync tool runs in a worker thread (at most ``_TOOL_THREADS`` at once) that cannot
     be stopped: when the caller stops waiting (cancellation, a timeout), the thread runs
     on, and whatever it finally returns or raises is discarded with one log line naming
-    the tool ``name``.
+    the tool ``name``. Its outcome comes back boxed, as the backends would not pass it
+    whole (a ``StopIteration``, a ``GeneratorExit``, or a coroutine under trio); an
+    awaitable it returns (a sync decorator around an async function, say) is awaited.
     """
     if inspect.iscoroutinefunction(function):
-        value = await function(**kwargs)
-    else:
-        value = await _in_thread(functools.partial(function, **kwargs), name)
-        if inspect.isawaitable(value):
-            value = await value
-    return render_result(value)
+        return Outcome(await function(**kwargs))
+    outcome = await _in_thread(functools.partial(function, **kwargs), name)
+    if inspect.isawaitable(outcome.value):
+        return Outcome(await outcome.value)
+    return outcome
 
 
 class _ThreadCall:
@@ -80,18 +101,16 @@ class _ThreadCall:
         self.lock = threading.Lock()
         self.abandoned = False
         self.outcome: str | None = None  # "returned" or "raised ...", once finished
-        self.raised: BaseException | None = None
 
-    def run(self) -> Any:
+    def run(self) -> Outcome:
         """Run in the worker thread."""
         try:
             value = self.call()
         except BaseException as error:
-            self.raised = error
             self.finish(f"raised {type(error).__name__}")
-            raise
+            return Outcome(raised=error)
         self.finish("returned")
-        return value
+        return Outcome(value)
 
     def finish(self, outcome: str) -> None:
         with self.lock:
@@ -116,17 +135,17 @@ class _ThreadCall:
         )
 
 
-async def _in_thread(call: Callable[[], Any], name: str) -> Any:
+async def _in_thread(call: Callable[[], Any], name: str) -> Outcome:
     thread_call = _ThreadCall(call, name)
     async with _tool_threads():  # the turn ends when we stop waiting, whatever the thread does
         try:
-            return await anyio.to_thread.run_sync(
+            outcome: Outcome = await anyio.to_thread.run_sync(
                 thread_call.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
             )
-        except BaseException as error:
-            if error is not thread_call.raised:  # not the tool's own exception: we stopped waiting
-                thread_call.abandon()
+        except BaseException:  # the thread never raises: we stopped waiting for it
+            thread_call.abandon()
             raise
+        return outcome
 
 
 def error_result(call: ToolCall, text: str) -> ToolResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import math
@@ -1414,23 +1415,18 @@ async def test_a_call_finishing_as_its_caller_stops_waiting_logs_exactly_once(
     assert "'racing_tool'" in (await discards.one_line()).getMessage()
 
 
-async def test_finished_calls_log_nothing(discards: Discards) -> None:
-    """A sync call that returns or raises while its caller waits is not logged."""
-
-    def ok(value: int) -> dict[str, int]:
-        return {"value": value}
-
-    def fails() -> str:
-        raise KeyError("missing")
-
-    assert await invoke(ok, {"value": 3}, "ok") == '{"value": 3}'
-    with pytest.raises(KeyError):
-        await invoke(fails, {}, "fails")
-    await anyio.sleep(0.05)
-    assert not discards.records
-
-
 # --- what a tool raised or returned, as the model is told it ----------------------------
+
+
+def logged(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A sync decorator, as logging and retry decorators are often written: it hands back
+    what the function returns (a coroutine, for an async function)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper
 
 
 def charge() -> str:
@@ -1443,9 +1439,26 @@ async def charge_async() -> str:
     raise CodedError()
 
 
+def first_match() -> str:
+    """The first match of an empty search."""
+    return str(next(iter([])))
+
+
+def closes() -> str:
+    """Raise what closing a generator raises."""
+    raise GeneratorExit
+
+
 def silent() -> str:
     """Fail with no message."""
     raise ValueError()
+
+
+@logged
+async def lookup_order(order: str) -> str:
+    """Look an order up."""
+    await anyio.lowlevel.checkpoint()
+    return f"order {order}: shipped"
 
 
 @pytest.mark.parametrize(
@@ -1453,23 +1466,29 @@ def silent() -> str:
     [
         (charge, "Tool 'charge' failed: APIError (its message could not be shown)"),
         (charge_async, "Tool 'charge_async' failed: CodedError (its message could not be shown)"),
+        (first_match, "Tool 'first_match' failed: StopIteration"),
+        (closes, "Tool 'closes' failed: GeneratorExit"),
         (silent, "Tool 'silent' failed: ValueError"),
+        (lookup_order, "order 42: shipped"),
     ],
-    ids=["unprintable", "non-str", "empty"],
+    ids=["unprintable", "non-str", "StopIteration", "GeneratorExit", "empty", "wrapped-async"],
 )
 async def test_what_a_tool_raises_or_returns_reaches_the_model_the_same_on_every_backend(
-    function: Callable[..., Any], content: str
+    discards: Discards, function: Callable[..., Any], content: str
 ) -> None:
     """A tool's own exception is told by its type (and message, when there is one it can
-    show), never a crash."""
+    show), never a crash or a backend's stand-in; a sync decorator's coroutine is awaited;
+    a call the run waited for logs no discarded late result."""
+    arguments = {"order": "42"} if function is lookup_order else {}
     model = ScriptedModel(
-        [tool_call_response(function.__name__, {}, call_id="c1"), text_response("done")]
+        [tool_call_response(function.__name__, arguments, call_id="c1"), text_response("done")]
     )
     agent = type("Holder", (Agent,), {"tools": [function]})(model=model)
     result = await agent.run("go")
     assert result.output == "done"
     (seen,) = tool_results(result.messages)
-    assert (seen.content, seen.is_error) == (content, True)
+    assert (seen.content, seen.is_error) == (content, function is not lookup_order)
+    assert not discards.records  # a false one was logged as the run took the outcome
 
 
 async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
