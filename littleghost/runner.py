@@ -486,8 +486,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
                 raise  # the run is stopping, or another call failed
             failures.append(error)  # a stray one (from a hook, say): it ends the run
             group.cancel_scope.cancel()
-        except (Exception, KeyboardInterrupt, SystemExit) as error:
-            failures.append(error)  # re-raised as itself, not in an exception group
+        except BaseException as error:  # a hook's, say, of any kind
+            failures.append(error)  # re-raised as itself, never in an exception group
             group.cancel_scope.cancel()
 
     try:

@@ -49,6 +49,11 @@ from .faults import stray_cancellation
 
 pytestmark = pytest.mark.anyio
 
+
+class Unusual(BaseException):
+    """A BaseException that is neither KeyboardInterrupt, SystemExit nor a cancellation."""
+
+
 GRACE = 0.3
 """The cleanup grace of the agents here (short, so the tests are quick)."""
 SLACK = 0.4
@@ -395,6 +400,34 @@ class TestCancellationStaysCancellation:
         stored = await store.load("s")
         valid(stored)
         assert len([r for message in stored for r in message.tool_results]) == 2
+
+    @pytest.mark.parametrize("kind", [GeneratorExit, Unusual])
+    @pytest.mark.parametrize("hook", ["before_tool", "after_tool"])
+    async def test_a_tool_hook_raising_another_base_exception_ends_the_run_with_it(
+        self, hook: str, kind: type[BaseException]
+    ) -> None:
+        """As any other exception of a hook: itself, never in an exception group; the
+        log stays whole."""
+        mark = {"before_tool": before_tool, "after_tool": after_tool}[hook]
+
+        class Odd(Agent):
+            @tool
+            def lookup(self) -> str:
+                """Look something up."""
+                return "found"
+
+            @mark
+            def odd(self, payload: Any) -> None:
+                raise kind()
+
+        model = ScriptedModel([tool_call_response("lookup", {}, call_id="c1"), text_response("x")])
+        store = InMemorySessionStore()
+        with pytest.raises(kind) as caught:
+            await Odd(model=model, session_store=store).run("Go.", session_id="s")
+        assert type(caught.value) is kind
+        stored = await store.load("s")
+        valid(stored)
+        assert len([r for message in stored for r in message.tool_results]) == 1
 
 
 def test_system_exit_inside_a_tools_own_task_group_propagates_as_itself() -> None:
