@@ -39,6 +39,7 @@ from littleghost.output import (
 )
 from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
+from littleghost.sessions.base import check_store
 from littleghost.settings import check_settings
 from littleghost.stream import RunStream
 from littleghost.tools import (
@@ -108,28 +109,6 @@ def _seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def _session_store(name: str, value: object) -> SessionStore:
-    lock = getattr(value, "lock", None)
-    if (
-        isinstance(value, type)
-        or not isinstance(value, SessionStore)
-        or not (lock is None or callable(lock))
-    ):
-        raise ConfigurationError(
-            f"{name} must be a session store instance (load, append, list_sessions, delete, "
-            f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
-        )
-    function = inspect.unwrap(lock) if lock is not None else None
-    if inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function):
-        kind = "a generator" if inspect.isgeneratorfunction(function) else "a coroutine"
-        raise ConfigurationError(
-            f"{name}.lock must return an async context manager, but it is {kind} function "
-            "(a sync @contextmanager, say): make it an @asynccontextmanager async generator, "
-            "or leave it out to have runs wait within the process"
-        )
-    return value
-
-
 def _output_type(name: str, value: object) -> object:
     compile_output_type(value, name)
     return value
@@ -145,7 +124,7 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "max_tool_result_tokens": _positive_int(1),
     "max_retries": _positive_int(0),
     "capture_content": _bool,
-    "session_store": _session_store,
+    "session_store": check_store,
     "cleanup_grace": _seconds,
     "output_type": _output_type,
     "output_strategy": check_strategy,

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,6 +43,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
+from littleghost.history import check_history, check_results
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
@@ -280,7 +281,7 @@ async def _open_session(
         def at(position: int) -> str:
             return f"message {position} of {where}"
 
-        _check_results(misplaced_results(stored, orphans=False), at)
+        check_results(misplaced_results(stored, orphans=False), at)
         _check_new(plan.message, stored, where)
         if seed:
             plan.caller.warn(
@@ -676,44 +677,7 @@ def _user_message(value: object) -> Message:
 
 
 def _history(value: object) -> list[Message]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise TypeError(f"history must be a sequence of Message, not {type(value).__name__}")
-    log = list(value)
-    for position, message in enumerate(log):
-        if not isinstance(message, Message):
-            raise TypeError(f"history[{position}] must be a Message, not {type(message).__name__}")
-        if message.role is Role.TOOL and not message.tool_results:
-            raise ConfigurationError(f"history[{position}] is a tool message without a result")
-    at = "history[{}]".format
-    _check_ids(log, at)
-    _check_results(misplaced_results(log), at)
-    return log
-
-
-def _check_ids(log: Sequence[Message], at: Callable[[int], str]) -> None:
-    """Every message of ``log`` must have an id of its own; ``at`` names a position."""
-    seen: dict[str, int] = {}
-    for position, message in enumerate(log):
-        first = seen.setdefault(message.id, position)
-        if first != position:
-            raise ConfigurationError(
-                f"{at(first)} and {at(position)} have the same id {message.id!r}; each "
-                "message of a conversation needs an id of its own"
-            )
-
-
-def _check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) -> None:
-    """Reject a conversation with ``misplaced`` results (``misplaced_results``)."""
-    if misplaced:
-        position, call_id = misplaced[0]
-        raise ConfigurationError(
-            f"{at(position)} holds a result for call {call_id!r}, which answers "
-            "no open call of the assistant message its tool message answers (a result must "
-            "come after its call, answer it once, and share a tool message only with results "
-            "for calls of the same assistant message)"
-        )
+    return [] if value is None else check_history(value, "history")
 
 
 def _check_timing(timeout: object, deadline: object) -> None:

@@ -4,7 +4,9 @@ stored originals are never changed; reuse of the previous turn's work."""
 
 from __future__ import annotations
 
+import math
 import random
+from typing import Any
 
 import attrs
 import pytest
@@ -27,7 +29,7 @@ from littleghost.context import (
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
 from littleghost.context.view import orphan_results, unanswered_calls
-from littleghost.errors import CompactionError
+from littleghost.errors import CompactionError, ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response
@@ -327,6 +329,32 @@ async def test_compact_session_appends_nothing_that_would_grow_the_view() -> Non
     with pytest.raises(CompactionError, match="would not make the view smaller"):
         await compact_session(store, "s4", Summarization(model=wordy))
     assert await store.load("s4") == tuple(chat)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "match"),
+    [
+        ({"tokenizer": 3}, r"compact_session: tokenizer must be an object with count_tokens"),
+        ({"settings": {"temperature": math.nan}}, r"compact_session: settings\['temperature'\]"),
+        ({"settings": {"model": "x"}}, r"compact_session: settings: 'model' is set by"),
+    ],
+)
+async def test_compact_session_checks_its_keywords_before_the_summary_call(
+    keywords: dict[str, Any], match: str
+) -> None:
+    store = InMemorySessionStore()
+    await store.append("s5", conversation(5))
+    model = ScriptedModel([])
+    with pytest.raises(ConfigurationError, match=match):
+        await compact_session(store, "s5", Summarization(model=model), **keywords)
+    assert model.requests == [] and len(await store.load("s5")) == len(conversation(5))
+
+
+async def test_compact_session_needs_a_store_instance() -> None:
+    with pytest.raises(ConfigurationError, match="compact_session: store must be a session store"):
+        await compact_session(None, "s", Truncation())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"not the class InMemorySessionStore \(did"):
+        await compact_session(InMemorySessionStore, "s", Truncation())  # type: ignore[arg-type]
 
 
 async def test_sizes_stay_exact_when_the_next_turn_reuses_the_index() -> None:

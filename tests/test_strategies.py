@@ -3,13 +3,15 @@ groups; pipeline order; the token budget and its fallback; groups never split.""
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from littleghost import Message, ToolCall
 from littleghost.context import (
+    ByteEstimator,
     CompactionState,
     CompactionStrategy,
     Pipeline,
@@ -475,3 +477,66 @@ def test_a_class_where_an_instance_belongs_fails_naming_the_class(
 async def test_apply_compaction_refuses_a_strategy_class() -> None:
     with pytest.raises(ConfigurationError, match=r"not the class Truncation \(did you mean"):
         await apply_compaction(turn(1), Truncation)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda log: apply_compaction(log, Truncation(), tokenizer=3),
+            ConfigurationError,
+            r"apply_compaction: tokenizer must be an object with count_tokens\(text\)",
+        ),
+        (
+            lambda log: apply_compaction(log, Truncation(), tokenizer=ByteEstimator),
+            ConfigurationError,
+            r"tokenizer must be .* not the class ByteEstimator \(did you mean",
+        ),
+        (
+            lambda log: compaction_records(log, Truncation(), tokenizer="chars"),  # type: ignore[arg-type]
+            ConfigurationError,
+            r"compaction_records: tokenizer must be",
+        ),
+        (
+            lambda log: compaction_records(
+                log, Truncation(), tokenizer=None, settings={"temperature": math.nan}
+            ),
+            ConfigurationError,
+            r"compaction_records: settings\['temperature'\]",
+        ),
+        (
+            lambda log: compaction_records(
+                log, Truncation(), tokenizer=None, settings={"model": "x"}
+            ),
+            ConfigurationError,
+            r"compaction_records: settings: 'model' is set by littleghost",
+        ),
+        (lambda log: apply_compaction("hello", Truncation()), TypeError, r"messages must be a"),
+        (
+            lambda log: apply_compaction([*log, {"role": "user"}], Truncation()),
+            TypeError,
+            rf"messages\[{len(turn(1))}\] must be a Message, not dict",
+        ),
+    ],
+)
+async def test_ad_hoc_arguments_are_checked_as_a_run_checks_them(
+    call: Callable[[list[Message]], Awaitable[object]], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        await call(turn(1))
+
+
+async def test_a_message_reused_in_the_conversation_is_refused() -> None:
+    """Records name ids: a reused one would hide every copy, the newest too."""
+    ack = Message.assistant("Noted.")
+    log = [Message.user("Order 42."), ack, Message.user("Gift-wrap it."), ack]
+    with pytest.raises(ConfigurationError, match=r"messages\[1\] and messages\[3\] have the same"):
+        await compaction_records(log, Truncation(minimum_preserved=2), tokenizer=None)
+    with pytest.raises(ConfigurationError, match="an id of its own"):
+        await apply_compaction(log, Truncation(minimum_preserved=2))
+
+
+async def test_a_misplaced_tool_result_is_refused() -> None:
+    log = [Message.user("Go."), Message.tool("c9", "42"), Message.assistant("Done.")]
+    with pytest.raises(ConfigurationError, match=r"messages\[1\] holds a result for call 'c9'"):
+        await apply_compaction(log, Truncation())

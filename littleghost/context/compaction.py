@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from littleghost._validators import wrong_value
+from littleghost._validators import has_method, wrong_value
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
@@ -21,9 +21,11 @@ from littleghost.context.strategies import (
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import CompactionError, ConfigurationError
+from littleghost.history import check_history
 from littleghost.messages import Message
-from littleghost.sessions.base import SessionStore, distinct_ids
+from littleghost.sessions.base import SessionStore, check_store, distinct_ids
 from littleghost.sessions.locks import hold_session
+from littleghost.settings import check_settings
 
 __all__ = [
     "apply_compaction",
@@ -49,20 +51,37 @@ def compaction_state(
     )
 
 
+def _checked(
+    name: str,
+    strategy: CompactionStrategy,
+    tokenizer: Tokenizer | None,
+    settings: Mapping[str, Any] | None,
+) -> tuple[Tokenizer, Mapping[str, Any] | None]:
+    """``name``'s strategy, tokenizer (default characters ÷ 4) and settings, checked as
+    ``manage_context`` and ``run()`` check them."""
+    if not is_strategy(strategy):
+        raise ConfigurationError(
+            f"{name}: strategy must be a compaction strategy (with async compact(state)), "
+            f"not {wrong_value(strategy)}"
+        )
+    if tokenizer is not None and not has_method("count_tokens")(tokenizer):
+        raise ConfigurationError(
+            f"{name}: tokenizer must be an object with count_tokens(text) or None, not "
+            f"{wrong_value(tokenizer)}"
+        )
+    if settings is not None:
+        settings = check_settings(f"{name}: settings", settings)
+    return DEFAULT_TOKENIZER if tokenizer is None else tokenizer, settings
+
+
 async def _run(
     messages: Sequence[Message],
     strategy: CompactionStrategy,
-    tokenizer: Tokenizer | None,
+    tokenizer: Tokenizer,
     complete: Complete | None,
     settings: Mapping[str, Any] | None,
 ) -> tuple[tuple[Message, ...], list[Message]]:
     """The records ``strategy`` makes for ``messages``, and the view they give."""
-    if not is_strategy(strategy):
-        raise ConfigurationError(
-            "strategy must be a compaction strategy (with async compact(state)), "
-            f"not {wrong_value(strategy)}"
-        )
-    tokenizer = DEFAULT_TOKENIZER if tokenizer is None else tokenizer
     index = LogIndex.of(messages)
     state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
@@ -83,8 +102,14 @@ async def apply_compaction(
         messages: The conversation.
         strategy: What to do (``Truncation()``, ``Pipeline(...)``, ...).
         tokenizer: Counts tokens; default characters ÷ 4.
+
+    Raises:
+        ConfigurationError: A bad ``strategy`` or ``tokenizer``, or ``messages`` that
+            ``run(history=)`` would refuse (a reused id, a misplaced tool result).
     """
-    _, view = await _run(messages, strategy, tokenizer, None, None)
+    counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
+    log = check_history(messages, "messages")
+    _, view = await _run(log, strategy, counter, None, None)
     return tuple(view)
 
 
@@ -106,9 +131,14 @@ async def compaction_records(
         complete: Makes a summary call when the ``Summarization`` has no model of its
             own (inside a run, ``RunContext.complete``: its span, usage and deadline).
         settings: Provider settings the summary call starts from (its output cap and
-            tool settings are replaced).
+            tool settings are replaced), checked as ``run(settings=)`` checks them.
+
+    Raises:
+        ConfigurationError: As ``apply_compaction``, or bad ``settings``.
     """
-    records, _ = await _run(messages, strategy, tokenizer, complete, settings)
+    counter, settings = _checked("compaction_records", strategy, tokenizer, settings)
+    log = check_history(messages, "messages")
+    records, _ = await _run(log, strategy, counter, complete, settings)
     return records
 
 
@@ -126,15 +156,18 @@ async def compact_session(
     removed. A summarizing strategy needs ``Summarization(model=...)`` here.
 
     Raises:
+        ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
         SessionBusyError: Called from inside a run of the same session.
         CompactionError: The records would not make the view smaller (``check_smaller``);
             nothing is appended.
     """
+    check_store("compact_session: store", store)
+    counter, settings = _checked("compact_session", strategy, tokenizer, settings)
     async with hold_session(store, session_id):
         log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
-        records, _ = await _run(log, strategy, tokenizer, None, settings)
+        records, _ = await _run(log, strategy, counter, None, settings)
         if records:
-            check_smaller(log, records, tokenizer or DEFAULT_TOKENIZER)
+            check_smaller(log, records, counter)
             await store.append(session_id, records)
     return records
 

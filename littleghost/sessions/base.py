@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -10,8 +11,9 @@ from typing import Protocol, runtime_checkable
 import attrs
 from attrs import field, frozen
 
-from littleghost._validators import instance_of
+from littleghost._validators import instance_of, wrong_value
 from littleghost.errors import (
+    ConfigurationError,
     CorruptSessionStoreError,
     SchemaVersionError,
     SessionStoreError,
@@ -30,6 +32,7 @@ __all__ = [
     "changed_under_holder",
     "check_schema",
     "check_session_id",
+    "check_store",
     "distinct_ids",
     "length_error",
     "read_log",
@@ -234,6 +237,29 @@ def length_error(where: str, session_id: str, length: int) -> CorruptSessionStor
         "messages (some are stored past it); nothing was written",
         session_id=session_id,
     )
+
+
+def check_store(name: str, value: object) -> SessionStore:
+    """``value`` (named ``name`` in errors) if it is a session store instance."""
+    lock = getattr(value, "lock", None)
+    if (
+        isinstance(value, type)
+        or not isinstance(value, SessionStore)
+        or not (lock is None or callable(lock))
+    ):
+        raise ConfigurationError(
+            f"{name} must be a session store instance (load, append, list_sessions, delete, "
+            f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
+        )
+    function = inspect.unwrap(lock) if lock is not None else None
+    if inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function):
+        kind = "a generator" if inspect.isgeneratorfunction(function) else "a coroutine"
+        raise ConfigurationError(
+            f"{name}.lock must return an async context manager, but it is {kind} function "
+            "(a sync @contextmanager, say): make it an @asynccontextmanager async generator, "
+            "or leave it out to have runs wait within the process"
+        )
+    return value
 
 
 def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
