@@ -89,6 +89,12 @@ class Staffed(Support):
     model = scripted()
 
 
+class BoundedStaffed(Bounded):
+    """``Bounded`` with a model of its own: ``sessions compact`` must not call it."""
+
+    model = scripted()
+
+
 class Typed(Support):
     """Support with a typed result."""
 

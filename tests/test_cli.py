@@ -475,6 +475,25 @@ class TestCompact:
         assert out.startswith("nothing to compact in session short")
         assert contents(url)[2:] == before[2:]
 
+    def test_a_class_that_never_summarizes_compacts_nothing(self, tmp_path: Path) -> None:
+        """``summarize=False``: the class never compacts a log, so neither does the command."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [
+            m
+            for i in range(12)
+            for m in (Message.user(f"My code {i} is K-{i}00."), Message.assistant(f"Noted {i}."))
+        ]
+        in_store(url, lambda store: store.append("long", chat))
+        before = contents(url)
+        for dry in ([], ["--dry-run"]):
+            out = ok(
+                "sessions", "compact", "long", "--store", url,
+                "--agent", "tests.cli_agents:BoundedStaffed", *dry,
+            ).stdout  # fmt: skip
+            assert out.startswith("nothing to compact in session long")
+        assert contents(url)[2:] == before[2:]
+        assert cli_agents.BoundedStaffed.model.requests == []  # type: ignore[union-attr]
+
     def test_a_compaction_that_would_not_shrink_the_view_writes_nothing(
         self, tmp_path: Path
     ) -> None:

@@ -71,7 +71,12 @@ async def compact_document(
         advance(1, "choosing what to cover")
         used = window_of(agent, window)
         records = await managed_records(
-            log, config, window=used.tokens, complete=_write_nothing, settings=agent.settings
+            log,
+            config,
+            window=used.tokens,
+            complete=_write_nothing,
+            settings=agent.settings,
+            max_tool_result_tokens=agent.max_tool_result_tokens,
         )
         advance(1, "done")
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
@@ -90,7 +95,12 @@ async def compact_document(
                     f"no session {session_id!r} in {address}", session_id=session_id
                 )
             records = await managed_records(
-                log, config, window=used.tokens, complete=prepared(model), settings=agent.settings
+                log,
+                config,
+                window=used.tokens,
+                complete=prepared(model),
+                settings=agent.settings,
+                max_tool_result_tokens=agent.max_tool_result_tokens,
             )
             if records:
                 check_smaller(log, records, config.tokenizer)

@@ -66,6 +66,7 @@ from littleghost.errors import (
     SessionStoreError,
 )
 from littleghost.events import CompactionFinished, CompactionStarted
+from littleghost.history import check_history
 from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import Model, ModelRequest
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
@@ -617,11 +618,13 @@ def _state(
     return state
 
 
-def _pinned(index: LogIndex) -> frozenset[int]:
-    """The slots of ``index``'s view a compaction in a run keeps: the current request's,
-    and those holding view-only messages."""
+def _pinned(index: LogIndex, *, current: bool = True) -> frozenset[int]:
+    """The slots of ``index``'s view a compaction in a run keeps: those holding view-only
+    messages, and (``current``) the current request's."""
     kinds, members = index.layout.slots()
     pinned = {slot for slot in range(len(kinds)) if any(map(view_only, members[slot]))}
+    if not current:
+        return frozenset(pinned)
     for slot in range(len(kinds) - 1, -1, -1):
         if kinds[slot] == USER and not view_only(members[slot][0]):
             pinned.add(slot)  # the current request
@@ -745,22 +748,28 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (``()`` when nothing is to compact): its ``strategy``, else the
-    default summarizer aiming at ``share`` of their estimate, the newest
-    ``preserve_recent_messages`` kept. Outside a run, the summary call has no span and no
-    deadline.
+    whatever its threshold (``()`` when nothing is to compact, and always with
+    ``summarize=False``, which never compacts): see ``managed_records``. Outside a run,
+    the summary call has no span and no deadline.
 
     Raises:
-        ConfigurationError: The agent's class has no ``@manage_context``.
+        ConfigurationError: The agent's class has no ``@manage_context``, or ``messages``
+            are not a conversation ``run(history=)`` takes.
     """
     config = agent.context_management
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
+    log = check_history(messages, "messages")
     model = agent.resolve_model()
     window = context_window(model, config)
-    complete = prepared(model)
     return await managed_records(
-        messages, config, window=window, complete=complete, settings=agent.settings, share=share
+        log,
+        config,
+        window=window,
+        complete=prepared(model),
+        settings=agent.settings,
+        share=share,
+        max_tool_result_tokens=agent.max_tool_result_tokens,
     )
 
 
@@ -772,11 +781,26 @@ async def managed_records(
     complete: Complete,
     settings: Mapping[str, Any],
     share: float = 0.5,
+    max_tool_result_tokens: int | None = None,
 ) -> tuple[Message, ...]:
-    """``compact_log`` for a configuration: the records ``config`` appends to compact
-    ``messages`` now in ``window``, every summary call made through ``complete`` (which
-    takes ``model=`` as ``RunContext.complete`` does) from ``settings``."""
-    state = _state(LogIndex.of(messages), config, window, complete, settings)
+    """The records ``config`` appends to compact ``messages`` now in ``window``, every
+    summary call made through ``complete`` (which takes ``model=`` as
+    ``RunContext.complete`` does) from ``settings``: its ``strategy``, else the default
+    summarizer aiming at ``share`` of their estimate, the newest
+    ``preserve_recent_messages`` kept. The view is first shaped as a run's request is
+    (``preview_request``: tool results clipped, bounded to the budget); ``()`` with
+    ``summarize=False``, before any model call."""
+    if not config.summarize:
+        return ()
+    index = LogIndex.of(messages)
+    view = ModelRequest(index.layout.messages(), (), settings)
+    shaped = preview_request(
+        view, messages, config, window, max_tool_result_tokens=max_tool_result_tokens
+    ).request
+    if shaped is not view:
+        index = index.over(shaped.messages)
+    state = _state(index, config, window, complete, settings)
+    state.pinned = _pinned(index, current=False)
     if config.strategy is not None:
         await config.strategy.compact(state)
     else:

@@ -1,0 +1,110 @@
+"""``compact_log``, ``check_retention`` and ``sessions compact`` compact as the agent class
+would: not at all with ``summarize=False``, the view shaped as a run's request is, and
+nothing for a conversation with nothing to compact."""
+
+from __future__ import annotations
+
+import pytest
+
+from littleghost import Agent, Message, ToolCall, manage_context
+from littleghost.context import PromptBudget
+from littleghost.context.management import compact_log
+from littleghost.errors import ConfigurationError
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.models import ModelRequest
+from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
+
+from .conversations import chat, summary_step
+
+pytestmark = pytest.mark.anyio
+
+
+@manage_context(budget=PromptBudget(prompt_budget_tokens=16_000), summarize=False)
+class NeverSummarizes(Agent):
+    instructions = "Be brief."
+
+
+def wordy(pairs: int) -> list[Message]:
+    """``pairs`` exchanges of about 40 estimated tokens a message."""
+    return [
+        message
+        for index in range(pairs)
+        for message in (
+            Message.user(f"question {index}: " + "please check the delivery again " * 5),
+            Message.assistant(f"answer {index}: " + "it is still on its way to you " * 5),
+        )
+    ]
+
+
+def sent(request: ModelRequest) -> str:
+    return "\n".join(message.text for message in request.messages)
+
+
+async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
+    model = ScriptedModel([text_response("K-000")])
+    agent = NeverSummarizes(model=model)
+    assert await compact_log(agent, chat(12)) == ()
+    assert model.requests == []
+    report = await check_retention(agent, chat(12), [Fact("The first answer?", "m answer 0")])
+    assert (report.records, report.summary) == ((), None)
+    assert [r.purpose for r in model.requests] == ["chat"]
+
+
+async def test_the_summary_covers_the_budget_bounded_view_a_run_would_compact() -> None:
+    """A run bounds the view to the budget first, then compacts what is left: turns the
+    budget drops are never summarized."""
+
+    @manage_context(
+        context_window_tokens=10_000,
+        preserve_recent_messages=2,
+        budget=PromptBudget(
+            prompt_budget_tokens=400,
+            response_reserve_tokens=50,
+            safety_reserve_tokens=0,
+            excerpt_tokens=0,
+        ),
+    )
+    class Bounded(Agent):
+        pass
+
+    model = ScriptedModel([summary_step("- the delivery is late")])
+    conversation = wordy(10)
+    (record,) = await compact_log(Bounded(model=model), conversation)
+    covered = set(record.metadata[SUMMARY_COVERS_KEY])
+    assert covered and conversation[0].id not in covered
+    (request,) = model.requests
+    assert "question 0:" not in sent(request) and "question 7:" in sent(request)
+
+
+async def test_the_summary_sees_tool_results_clipped_as_a_run_clips_them() -> None:
+    @manage_context(preserve_recent_messages=2)
+    class Clipped(Agent):
+        max_tool_result_tokens = 20
+
+    model = ScriptedModel([summary_step("- a ticket was read")])
+    conversation = [
+        Message.user("Read ticket T-1."),
+        Message.assistant(tool_calls=[ToolCall("c1", "get_ticket", {"id": "T-1"})]),
+        Message.tool("c1", "x" * 300 + " code ZX-9931 " + "y" * 300),
+        Message.assistant("Read."),
+        *chat(4),
+    ]
+    (record,) = await compact_log(Clipped(model=model), conversation)
+    assert conversation[2].id in record.metadata[SUMMARY_COVERS_KEY]
+    (request,) = model.requests
+    assert "ZX-9931" not in sent(request) and "x" * 20 in sent(request)
+
+
+async def test_messages_are_checked_before_any_model_call() -> None:
+    model = ScriptedModel([])
+
+    @manage_context
+    class Assistant(Agent):
+        pass
+
+    ack = Message.assistant("Noted.")
+    with pytest.raises(ConfigurationError, match="an id of its own"):
+        await compact_log(Assistant(model=model), [Message.user("a"), ack, Message.user("b"), ack])
+    with pytest.raises(TypeError, match="messages must be a sequence of Message"):
+        await compact_log(Assistant(model=model), "hello")  # type: ignore[arg-type]
+    assert model.requests == []
