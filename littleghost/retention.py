@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from attrs import field, frozen
 
+from littleghost._validators import check
 from littleghost.context.management import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
 from littleghost.context.view import build_view
 from littleghost.errors import ConfigurationError
+from littleghost.history import check_history
 from littleghost.messages import Message
 
 if TYPE_CHECKING:
@@ -50,7 +52,11 @@ class Fact:
             several accepted spellings of it.
     """
 
-    question: str
+    question: str = field(
+        validator=check(
+            "Fact.question", lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str"
+        )
+    )
     expected: tuple[str, ...] = field(converter=_spellings)
 
     def found_in(self, text: str) -> bool:
@@ -105,9 +111,9 @@ class RetentionReport:
             f"facts kept in view: {self.kept}/{len(self.checks)}; "
             f"answered: {self.answered}/{len(self.checks)}"
         ]
-        for check in self.checks:
-            marks = f"{'kept' if check.in_view else 'LOST'} {'ok' if check.answered else 'MISS'}"
-            lines.append(f"  {marks:9} {check.fact.question} -> {check.fact.expected[0]}")
+        for item in self.checks:
+            marks = f"{'kept' if item.in_view else 'LOST'} {'ok' if item.answered else 'MISS'}"
+            lines.append(f"  {marks:9} {item.fact.question} -> {item.fact.expected[0]}")
         return "\n".join(lines)
 
 
@@ -120,11 +126,22 @@ async def check_retention(
     whatever the agent's ``output_type``.
 
     Raises:
-        ConfigurationError: The agent's class has no ``@manage_context``, or ``facts``
-            is empty.
+        ConfigurationError: The agent's class has no ``@manage_context``, ``facts`` is
+            not a non-empty list of ``Fact``, or ``conversation`` holds what
+            ``run(history=)`` refuses (a reused id, a misplaced result); before any model
+            call.
+        TypeError: ``conversation`` is not a sequence of ``Message``.
     """
+    if isinstance(facts, (str, Fact)) or not isinstance(facts, Sequence):
+        raise ConfigurationError(f"check_retention: facts must be a list of Fact, not {facts!r}")
     if not facts:
         raise ConfigurationError("check_retention needs at least one Fact")
+    for position, fact in enumerate(facts):
+        if not isinstance(fact, Fact):
+            raise ConfigurationError(
+                f"check_retention: facts[{position}] must be a Fact, not {fact!r}"
+            )
+    conversation = check_history(conversation, "conversation")
     records = await compact_log(agent, conversation)
     log = (*conversation, *records)
     seen = render_transcript(build_view(log))

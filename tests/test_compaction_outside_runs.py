@@ -50,6 +50,18 @@ async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
     assert [r.purpose for r in model.requests] == ["chat"]
 
 
+async def test_an_empty_conversation_gives_no_records() -> None:
+    model = ScriptedModel([text_response("I do not know.")])
+
+    @manage_context
+    class Assistant(Agent):
+        pass
+
+    assert await compact_log(Assistant(model=model), []) == ()
+    report = await check_retention(Assistant(model=model), [], [Fact("Code?", "K-1")])
+    assert report.records == () and [r.purpose for r in model.requests] == ["chat"]
+
+
 async def test_the_summary_covers_the_budget_bounded_view_a_run_would_compact() -> None:
     """A run bounds the view to the budget first, then compacts what is left: turns the
     budget drops are never summarized."""

@@ -392,6 +392,21 @@ class TestCheckRetention:
             await check_retention(Small(model=ScriptedModel([])), chat(3), [])
         with pytest.raises(ConfigurationError, match=r"Fact\.expected"):
             Fact("?", "")
+        with pytest.raises(ConfigurationError, match=r"Fact\.question must be a non-empty str"):
+            Fact(3, "x")  # type: ignore[arg-type]
+
+    async def test_facts_and_the_conversation_are_checked_before_the_summary_call(self) -> None:
+        model = ScriptedModel([])
+        fact = Fact("What is my order?", "A-1234")
+        with pytest.raises(ConfigurationError, match="facts must be a list of Fact, not Fact"):
+            await check_retention(Small(model=model), self.conversation(), fact)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=r"facts\[0\] must be a Fact, not 'code\?'"):
+            await check_retention(Small(model=model), self.conversation(), ["code?"])  # type: ignore[list-item]
+        conversation = self.conversation()
+        conversation.append(conversation[0])
+        with pytest.raises(ConfigurationError, match=r"conversation\[0\] and conversation\[24\]"):
+            await check_retention(Small(model=model), conversation, [fact])
+        assert model.requests == []
 
 
 async def test_echoed_delimiters_and_repeated_lines_are_not_kept_in_the_summary() -> None:

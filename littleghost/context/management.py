@@ -733,7 +733,7 @@ async def _default(
         for slot in range(state.slots)
         if state.included(slot) and state.kind(slot) != SYSTEM
     )
-    keep = state.messages - max(1, math.floor(conversation * config.summary_ratio))
+    keep = max(state.messages - max(1, math.floor(conversation * config.summary_ratio)), 0)
     summarizer = Summarization(
         minimum_preserved=0,
         prompt=config.summary_instructions,
