@@ -3,28 +3,27 @@
 ``check_retention`` forces one compaction of a conversation with the agent's own
 ``@manage_context`` (its strategy, or the default summarizer with its instructions, cap
 and masking), then asks each probe question with the compacted log as history and
-reports, per fact, whether its expected value is still in what the model sees and
-whether the answer gives it. Teams use it to test their summarizer instructions and
+reports, per fact, whether its expected value is still in what the model sees (the
+request that asked, as the run shaped it) and whether the answer gives it. Teams use it to test their summarizer instructions and
 strategies on their own conversations (``littleghost.testing`` exports it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from attrs import field, frozen
 
+from littleghost import runner
 from littleghost._validators import check
+from littleghost.agent import Agent, _check_unchanged
 from littleghost.context.management import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
-from littleghost.context.view import build_view
 from littleghost.errors import ConfigurationError
 from littleghost.history import check_history
 from littleghost.messages import Message
-
-if TYPE_CHECKING:
-    from littleghost.agent import Agent
+from littleghost.models.base import Model, ModelRequest, ModelResponse
 
 __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
@@ -71,7 +70,9 @@ class FactCheck:
 
     Attributes:
         fact: The fact.
-        in_view: Its value is in what the model sees after the compaction.
+        in_view: Its value is in the request that asked its question, the question
+            aside: what the model saw, after the run clipped tool results, bounded the
+            view to a ``PromptBudget`` or compacted again.
         answered: The answer to its question contains its value.
         answer: That answer.
     """
@@ -144,10 +145,51 @@ async def check_retention(
     conversation = check_history(conversation, "conversation")
     records = await compact_log(agent, conversation)
     log = (*conversation, *records)
-    seen = render_transcript(build_view(log))
     summaries = [summary_text(record) for record in records if record.is_summary]
     checks = []
     for fact in facts:
-        answer = (await agent.run(fact.question, history=log, output_type=str)).output
+        answer, seen = await _ask(agent, fact.question, log)
         checks.append(FactCheck(fact, fact.found_in(seen), fact.found_in(answer), answer))
     return RetentionReport(tuple(checks), records, summaries[-1] if summaries else None)
+
+
+class _Asking:
+    """The agent's model, keeping the first chat request it answers (the one that asked
+    the question, as the run shaped it); anything else is the model's own."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.asked: ModelRequest | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def provider(self) -> str:
+        return self.model.provider
+
+    @property
+    def context_window(self) -> int | None:
+        return self.model.context_window
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)  # prepare, stream, ...: the model's, if it has them
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        response = await self.model.respond(request)
+        if self.asked is None and request.purpose == "chat":
+            self.asked = request
+        return response
+
+
+async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str, str]:
+    """The free-text answer to ``question`` from a run with ``log`` as history, and the
+    transcript of the request that asked it, without the question."""
+    _check_unchanged(type(agent), vars(agent))  # as run() does
+    plan = runner.plan_run(agent, question, history=log, output_type=str)
+    model = _Asking(agent.resolve_model())
+    result = await runner.run(agent, plan, model=model)
+    assert model.asked is not None  # a run that ended has had an answer
+    sent = [message for message in model.asked.messages if message.id != plan.message.id]
+    return result.output, render_transcript(sent)

@@ -8,13 +8,22 @@ import attrs
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
-from littleghost.context import Summarization, apply_compaction, tokens_exceed
+from littleghost.context import (
+    PromptBudget,
+    SlidingWindow,
+    Summarization,
+    Truncation,
+    apply_compaction,
+    build_view,
+    tokens_exceed,
+)
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     DEFAULT_UPDATE_INSTRUCTIONS,
     QUOTES_HEADING,
     SUMMARY_FRAMING,
     SUMMARY_PREFIX,
+    render_transcript,
     summary_message,
 )
 from littleghost.errors import ConfigurationError
@@ -324,6 +333,43 @@ class TestMasking:
         assert any(m.is_summary for m in view)
 
 
+@manage_context(strategy=Truncation(minimum_preserved=100))
+class Clipping(Agent):
+    max_tool_result_tokens = 20
+
+
+@manage_context(
+    strategy=Truncation(minimum_preserved=100),
+    context_window_tokens=100_000,
+    budget=PromptBudget(
+        prompt_budget_tokens=400, response_reserve_tokens=50, safety_reserve_tokens=0
+    ),
+)
+class Bounded(Agent):
+    pass
+
+
+@manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    tokenizer=PerMessage(),
+    strategy=SlidingWindow(keep_last_turns=25),
+)
+class Windowed(Agent):
+    """Its question run compacts again: 25 turns and the question are over the threshold."""
+
+
+LOOKUP = [
+    Message.user("Fetch my account."),
+    Message.assistant(tool_calls=[ToolCall("c1", "get_account", {})]),
+    Message.tool("c1", "x" * 300 + " access code ZX-9931 " + "y" * 300),
+    Message.assistant("Here it is."),
+]
+LONG_TURNS = [Message.user("My order is A-1234."), Message.assistant("Noted.")] + [
+    Message.user(f"Follow-up {i}: " + "where is it now? " * 10) for i in range(12)
+]
+
+
 class TestCheckRetention:
     def conversation(self) -> list[Message]:
         return [
@@ -384,6 +430,26 @@ class TestCheckRetention:
         assert [c.answer for c in report.checks] == ["It is A-1234."]
         assert report.checks[0].answered
         assert all(r.output_schema is None and r.tools == () for r in model.requests)
+
+    @pytest.mark.parametrize(
+        ("agent", "conversation", "fact"),
+        [
+            (Clipping, LOOKUP, Fact("My access code?", "ZX-9931")),
+            (Bounded, LONG_TURNS, Fact("My order?", "A-1234")),
+            (Windowed, chat(30), Fact("The sixth answer?", "m answer 5")),
+        ],
+        ids=["max_tool_result_tokens", "PromptBudget", "compacted again"],
+    )
+    async def test_in_view_is_judged_on_the_request_that_asked(
+        self, agent: type[Agent], conversation: list[Message], fact: Fact
+    ) -> None:
+        """Not on the log's view: the run clips tool results, bounds the view to the
+        budget, and may compact again before it asks."""
+        model = ScriptedModel([text_response("I do not know.")] * 2)
+        report = await check_retention(agent(model=model), conversation, [fact])
+        in_log_view = render_transcript(build_view((*conversation, *report.records)))
+        assert fact.found_in(in_log_view) and not report.checks[0].in_view
+        assert "LOST MISS" in str(report)
 
     async def test_needs_manage_context_and_facts(self) -> None:
         with pytest.raises(ConfigurationError, match="has no @manage_context"):
