@@ -1,17 +1,17 @@
 """Work a run must finish even while it stops — for at most a short grace.
 
 A write to the session store that is in flight when the run is cancelled, the writes a
-stopped run makes to answer its open tool calls, and releasing its session are
-*cleanup*: cancelling them half-way would leave the run's log and the store apart.
-``Grace`` runs such work shielded from cancellation, but only until its stop time: the
-first cancellation (or stop) of the run fixes that time to ``grace`` seconds later (after
-the run's deadline, or its caller's, at the latest), and every cleanup of the run shares
-it. A run started inside another run's tool (an agent used as a tool; a hook,
-``instructions`` or a model alike) and cancelled by a ``cancel()`` leaves its stop time
-for that tool: if the outer run is being cancelled as the tool ends (the cancellation
-came from outside it), the outer run ends by that time as well, so graces never add up;
-if not (a ``cancel()`` inside the tool), the outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops the
-nested run only. A run therefore ends no later than its deadline plus the grace, and a
+stopped run makes to answer its open tool calls, and releasing its session are *cleanup*:
+cancelling them half-way would leave the run's log and the store apart. ``Grace`` runs such
+work shielded from cancellation, but only until its stop time: the first cancellation (or
+stop) of the run fixes that time to ``grace`` seconds later (after the run's deadline, or
+its caller's, at the latest), and every cleanup of the run shares it. A run started inside
+another run's tool (an agent used as a tool; a hook, ``instructions`` or a model alike) and
+cancelled by a ``cancel()`` leaves its stop time for that tool: if the outer run is being
+cancelled as the tool ends (the cancellation came from outside it), the outer run ends by
+that time as well, so graces never add up; if not (a ``cancel()`` inside the tool), the
+outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops
+the nested run only. A run therefore ends no later than its deadline plus the grace, and a
 caller's cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being

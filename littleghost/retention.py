@@ -4,8 +4,9 @@
 ``@manage_context`` (its strategy, or the default summarizer with its instructions, cap
 and masking), then asks each probe question with the compacted log as history and
 reports, per fact, whether its expected value is still in what the model sees (the
-request that asked, as the run shaped it) and whether the answer gives it. Teams use it to test their summarizer instructions and
-strategies on their own conversations (``littleghost.testing`` exports it).
+request that asked, as the run shaped it) and whether the answer gives it. Teams use it
+to test their summarizer instructions and strategies on their own conversations
+(``littleghost.testing`` exports it).
 """
 
 from __future__ import annotations

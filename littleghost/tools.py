@@ -1,11 +1,11 @@
 """``@tool``: tool definitions from signatures and docstrings, the tools of a class, and
 the arguments of a call bound to a tool's parameters.
 
-The parameter types a tool may take are those of ``littleghost.tool_types``. A parameter annotated ``RunContext``, whatever its
-name, receives the run's context and is not shown to the model (an annotation that cannot
-be resolved, as when ``RunContext`` is imported under ``TYPE_CHECKING``, counts when its
-text is ``RunContext`` or ends with ``.RunContext``); a parameter named ``context`` with
-another annotation is an ordinary argument.
+The parameter types a tool may take are those of ``littleghost.tool_types``. A parameter
+annotated ``RunContext``, whatever its name, receives the run's context and is not shown to
+the model (an annotation that cannot be resolved, as when ``RunContext`` is imported under
+``TYPE_CHECKING``, counts when its text is ``RunContext`` or ends with ``.RunContext``); a
+parameter named ``context`` with another annotation is an ordinary argument.
 """
 
 from __future__ import annotations

@@ -330,12 +330,12 @@ class PostgresSessionStore:
     transaction. A run holds its session with a PostgreSQL advisory lock, keyed
     ``hashtextextended(quote_ident(schema) || '.' || session_id, 0)``, so runs of one
     session are serialized across every process that uses the schema; the wait is
-    cancellable and counts against the waiting run's deadline. Every store object of the schema in a process shares one
-    in-process lock table, so a run started inside a run of its own session raises
-    ``SessionBusyError`` whichever store object it goes through. An append of a
-    session's holder is refused, with nothing written, once the session no longer holds
-    the messages the holder last saw (its lock connection was lost and another worker
-    ran the session, or it was deleted meanwhile).
+    cancellable and counts against the waiting run's deadline. Every store object of the
+    schema in a process shares one in-process lock table, so a run started inside a run of
+    its own session raises ``SessionBusyError`` whichever store object it goes through. An
+    append of a session's holder is refused, with nothing written, once the session no
+    longer holds the messages the holder last saw (its lock connection was lost and another
+    worker ran the session, or it was deleted meanwhile).
 
     A kept connection the server ended while idle (a restart, failover or idle timeout)
     is replaced when next taken; one that fails on first use is replaced and the call
