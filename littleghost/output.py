@@ -28,6 +28,7 @@ from attrs import frozen
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, ToolCall
 from littleghost.models.base import Model, ModelRequest, OutputSchema, ToolSpec
+from littleghost.text import truncate_middle
 from littleghost.tool_types import ToolArgumentError, coerce, json_schema, parse_json
 
 __all__ = [
@@ -204,9 +205,10 @@ class OutputPlan:
             errors=(f"the answer must be given by calling the {OUTPUT_TOOL} tool, not as text",),
         )
 
-    def repair_message(self, answer: Answer) -> Message:
-        """The user message that shows the model why its text answer did not fit."""
-        problems = "; ".join(answer.errors)
+    def repair_message(self, answer: Answer, max_tokens: int) -> Message:
+        """The user message that shows the model why its text answer did not fit (what
+        it says of the problems cut in the middle to about ``max_tokens``)."""
+        problems = truncate_middle("; ".join(answer.errors), max_tokens)
         if self.native:
             return Message.user(
                 f"Your answer does not fit the required JSON schema: {problems}. Answer "

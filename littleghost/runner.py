@@ -59,7 +59,7 @@ from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
-from littleghost.text import error_text, truncate_middle
+from littleghost.text import brief, error_text, truncate_middle
 from littleghost.tool_calls import error_result, invoke
 from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
@@ -333,7 +333,8 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         calls = response.message.tool_calls
         if output is not None and (final := output.final_call(response.message)) is not None:
             answer = output.output.check(final.arguments)
-            await context.append(*output.final_results(calls, final, answer))
+            results = output.final_results(calls, final, answer)
+            await context.append(*(_stored_message(agent, result) for result in results))
             if answer.ok:
                 return RunResult(
                     answer.value, context.messages, context.usage, response.stop_reason
@@ -361,7 +362,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         if answer.ok:
             return RunResult(answer.value, context.messages, context.usage, response.stop_reason)
         repairs = _repair_or_raise(agent, turn, repairs, answer, response)
-        await context.append(output.repair_message(answer))
+        await context.append(output.repair_message(answer, agent.max_tool_result_tokens))
     raise LimitExceededError(
         f"{agent.name} reached max_turns={agent.max_turns}",
         limit="max_turns",
@@ -480,7 +481,9 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     async def run_one(index: int, call: ToolCall) -> None:
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
-            answers[index] = Message(Role.TOOL, (await _run_tool(agent, call, context),))
+            result = await _run_tool(agent, call, context)
+            result = await _after_tool(agent, result, context)
+            answers[index] = Message(Role.TOOL, (result,))
             await store_ready()
         except anyio.get_cancelled_exc_class() as error:
             if cancelled_here():
@@ -513,6 +516,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
 
 
 async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolResult:
+    """Run ``call`` (its ``before_tool`` hooks first): the tool's result, whole."""
     original_id = call.id
     before = _hooks(agent, context, "before_tool")
     call = await run_chain(before, call, expected=ToolCall, context=context)
@@ -534,13 +538,17 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
             )
         result = await _execute(agent, call, found, context, span)
         if agent.capture_content and span.is_recording():
-            span.set_attribute(telemetry.TOOL_CALL_RESULT, result.content)
+            span.set_attribute(telemetry.TOOL_CALL_RESULT, _stored_result(agent, result.content))
+    return result
+
+
+async def _after_tool(agent: Agent, result: ToolResult, context: RunContext) -> ToolResult:
+    """``result`` through the ``after_tool`` hooks, as the log keeps it (cut to
+    ``max_tool_result_tokens``)."""
     replaced: ToolResult = await run_chain(
         _hooks(agent, context, "after_tool"), result, expected=ToolResult, context=context
     )
-    if replaced.call_id != original_id:
-        replaced = attrs.evolve(replaced, call_id=original_id)
-    return replaced
+    return _stored(agent, attrs.evolve(replaced, call_id=result.call_id))
 
 
 async def _execute(
@@ -554,7 +562,7 @@ async def _execute(
     if found is None:
         available = ", ".join(sorted(spec.name for spec in agent.tool_specs)) or "none"
         telemetry.mark_failed(span, "unknown_tool")
-        return error_result(call, f"Unknown tool {call.name!r}. Available tools: {available}.")
+        return error_result(call, f"Unknown tool {brief(call.name)}. Available tools: {available}.")
     definition, function = found
     try:
         kwargs = bind_arguments(definition, call)
@@ -587,7 +595,7 @@ async def _execute(
             if ending is not None:
                 raise ending from None
             return _failed(agent, call, span, error, error_text(error))
-        return ToolResult(call.id, _stored_result(agent, text))
+        return ToolResult(call.id, text)
     assert timer.cancelled_caught and limit is not None
     return _failed(
         agent, call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
@@ -598,7 +606,19 @@ def _failed(
     agent: Agent, call: ToolCall, span: Any, error: BaseException | str, what: str
 ) -> ToolResult:
     telemetry.mark_failed(span, error)
-    return error_result(call, _stored_result(agent, f"Tool {call.name!r} failed: {what}"))
+    return error_result(call, f"Tool {call.name!r} failed: {what}")
+
+
+def _stored(agent: Agent, result: ToolResult) -> ToolResult:
+    """``result`` as the log keeps it (``_stored_result``)."""
+    content = _stored_result(agent, result.content)
+    return result if content is result.content else attrs.evolve(result, content=content)
+
+
+def _stored_message(agent: Agent, message: Message) -> Message:
+    """A tool message the library wrote, its result as the log keeps it."""
+    (result,) = message.tool_results
+    return attrs.evolve(message, content=(_stored(agent, result),))
 
 
 def _stored_result(agent: Agent, text: str) -> str:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import reprlib
 
-__all__ = ["CHARS_PER_TOKEN", "cut_middle", "error_text", "truncate_middle"]
+__all__ = ["CHARS_PER_TOKEN", "brief", "cut_middle", "error_text", "truncate_middle"]
 
 CHARS_PER_TOKEN = 4
 """The default estimate: four characters per token."""
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxlong = _BRIEF.maxother = 100
+
+
+def brief(value: object) -> str:
+    """``repr(value)``, abbreviated with ``...`` where it is long or deep: for messages
+    that echo a value a model sent, which may be of any size."""
+    return _BRIEF.repr(value)
 
 
 def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:

@@ -24,7 +24,7 @@ import attrs
 
 from littleghost._validators import holds_non_finite
 from littleghost.errors import ConfigurationError
-from littleghost.text import error_text
+from littleghost.text import brief, error_text
 
 __all__ = [
     "ToolArgumentError",
@@ -65,7 +65,9 @@ def _no_constant(name: str) -> float:
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ToolArgumentError(f"not valid JSON: the number {text} is too large for a float")
+        raise ToolArgumentError(
+            f"not valid JSON: the number {brief(text)[1:-1]} is too large for a float"
+        )
     return value
 
 
@@ -364,7 +366,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         for member in args:
             if _same_json(value, member):
                 return member
-        raise ToolArgumentError(f"{path}: expected one of {list(args)!r}, got {value!r}")
+        raise ToolArgumentError(f"{path}: expected one of {list(args)!r}, got {brief(value)}")
     if origin in (Union, types.UnionType):
         problems = []
         for arg in args:
@@ -382,7 +384,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             ):
                 return member
         allowed = [member.value for member in annotation]
-        raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {value!r}")
+        raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {brief(value)}")
     fields = _record_fields(annotation)
     if fields is not None:
         if not isinstance(value, dict):
@@ -390,7 +392,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         by_name = {record_field.name: record_field for record_field in fields}
         unknown = sorted(set(value) - set(by_name))
         if unknown:
-            raise ToolArgumentError(f"{path}: unexpected field {unknown[0]!r}")
+            raise ToolArgumentError(f"{path}: unexpected field {brief(unknown[0])}")
         kwargs = {}
         for name, record_field in by_name.items():
             if name in value and not left_out(
@@ -438,7 +440,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
         item = args[1] if args else Any
-        return {k: coerce(v, item, f"{path}.{k}") for k, v in value.items()}
+        return {k: coerce(v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items()}
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
 
 

@@ -24,6 +24,7 @@ from littleghost._validators import is_number
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
+from littleghost.text import brief
 from littleghost.tool_types import (
     ToolArgumentError,
     coerce,
@@ -410,7 +411,7 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
     known = {parameter.name for parameter in definition.signature}
     unknown = sorted(set(arguments) - known)
     if unknown:
-        raise ToolArgumentError(f"unexpected argument {unknown[0]!r}")
+        raise ToolArgumentError(f"unexpected argument {brief(unknown[0])}")
     bound: dict[str, Any] = {}
     for parameter in definition.signature:
         given = arguments.get(parameter.name)

@@ -62,6 +62,11 @@ class Nothing(enum.Enum):
     pass
 
 
+@attrs.frozen
+class Level:
+    result: str = attrs.field(validator=attrs.validators.in_(["low", "high"]))  # echoes the value
+
+
 OBJECT = {"type": "object", "additionalProperties": False}
 
 
@@ -547,6 +552,30 @@ class TestRepair:
         )
         stored = await store.load("s")
         assert stored[1].tool_calls[0].arguments == '{"result": [1.0, Infinity]}'
+
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    @pytest.mark.parametrize(
+        "output_type", [Literal["low", "high"], Level], ids=["Literal", "validator"]
+    )
+    async def test_what_a_misfit_is_told_is_short_whatever_the_answer(
+        self, native: bool, output_type: Any
+    ) -> None:
+        """A huge answer is not echoed whole in the repair message or the final-result
+        call's error result: the value is abbreviated, and what a validator says is cut
+        to max_tool_result_tokens."""
+        huge = "z" * 100_000
+        if native:
+            misfit, good = text_response(json.dumps({"result": huge})), text_response("{}")
+        else:
+            misfit = tool_call_response(OUTPUT_TOOL, {"result": huge}, call_id="c1")
+            good = tool_call_response(OUTPUT_TOOL, {}, call_id="c2")
+        model = ScriptedModel([misfit, good], supports_output_schema=native)
+        agent = Plain(model=model, max_tool_result_tokens=100)
+        with pytest.raises(OutputValidationError):  # "{}" does not fit either
+            await agent.run("go", output_type=output_type)
+        told = model.requests[1].messages[-1]
+        text = told.text if native else told.tool_results[0].content
+        assert "result" in text and len(text) < 1_000
 
 
 class TestStreaming:

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 import anyio
+import attrs
 import pytest
 from attrs import frozen
 
-from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, tool
+from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, after_tool, tool
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -417,7 +418,7 @@ def tool_results(messages: Sequence[Message]) -> list[ToolResult]:
 
 
 class Checked(Agent):
-    max_tool_result_tokens = 10
+    max_tool_result_tokens = 100
 
     @tool
     async def add(self, a: int, b: int) -> int:
@@ -733,19 +734,131 @@ async def test_an_enum_refuses_an_equal_value_of_another_type(annotation: Any, v
 
 async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
     """A result over max_tool_result_tokens keeps its head and tail around a marker."""
-    seen = await single_result({"size": 1000}, "shout")
+    seen = await single_result({"size": 4000}, "shout")
     head, marker, tail = re.fullmatch(
         r"(A+)\n(\[… \d+ tokens truncated …\])\n(B+)", seen.content
     ).groups()  # type: ignore[union-attr]
-    assert (len(head), len(tail)) == (20, 20)
-    assert marker == "[… 240 tokens truncated …]"
+    assert (len(head), len(tail)) == (200, 200)
+    assert marker == "[… 900 tokens truncated …]"
     assert not seen.is_error
 
 
 async def test_a_short_result_is_not_cut() -> None:
     """A result within max_tool_result_tokens is passed as it is."""
-    seen = await single_result({"size": 40}, "shout")
-    assert seen.content == "A" * 20 + "B" * 20
+    seen = await single_result({"size": 400}, "shout")
+    assert seen.content == "A" * 200 + "B" * 200
+
+
+HUGE = "z" * 100_000
+"""A value far longer than any message should echo (25 000 tokens)."""
+
+
+@frozen
+class Ticket:
+    priority: str
+
+    def __attrs_post_init__(self) -> None:
+        if self.priority not in ("low", "high"):
+            raise ValueError(f"no priority {self.priority}")  # echoes the whole value
+
+
+class Echoes(Agent):
+    """Default cap (10 000 tokens): what the library echoes must be short on its own."""
+
+    @tool
+    async def mode(self, mode: Literal["fast", "slow"], shade: Shade = Shade.DARK) -> str:
+        """Set the mode."""
+        return "ok"
+
+    @tool
+    async def count(self, counts: dict[str, int], point: Point | None = None) -> str:
+        """Count things."""
+        return "ok"
+
+    @tool
+    async def scale(self, factor: float) -> str:
+        """Scale by a factor."""
+        return "ok"
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "fragment"),
+    [
+        ("mode", {"mode": HUGE}, "mode: expected one of ['fast', 'slow'], got 'zzz"),
+        ("mode", {"mode": "fast", "shade": HUGE}, "shade: expected one of ['light', 'dark']"),
+        ("mode", {"mode": "fast", HUGE: 1}, "unexpected argument 'zzz"),
+        ("count", {"counts": {}, "point": {"x": 1, HUGE: 2}}, "point: unexpected field 'zzz"),
+        ("count", {"counts": {HUGE: "x"}}, "counts.zzz"),
+        ("scale", '{"factor": 1' + "0" * 100_000 + ".0}", "the number 1000"),
+        (HUGE, {}, "Unknown tool 'zzz"),
+    ],
+    ids=["literal", "enum", "argument", "field", "key", "number", "tool"],
+)
+async def test_an_argument_error_shortens_the_value_it_echoes(
+    name: str, arguments: dict[str, Any] | str, fragment: str
+) -> None:
+    """A model's long value (or key, or tool name) is echoed abbreviated, not whole."""
+    model = ScriptedModel(
+        [tool_call_response(name, arguments, call_id="c1"), text_response("done")]
+    )
+    await Echoes(model=model).run("go")
+    (seen,) = tool_results(model.requests[1].messages)
+    assert seen.is_error and fragment in seen.content
+    assert len(seen.content) < 500 and "..." in seen.content
+
+
+class CutEverywhere(Agent):
+    max_tool_result_tokens = 25
+
+    @tool
+    async def file(self, ticket: Ticket) -> str:
+        """File a ticket."""
+        return "filed"
+
+    @after_tool
+    def expand(self, result: ToolResult) -> ToolResult | None:
+        if result.content == "filed":
+            return attrs.evolve(result, content=HUGE)
+        return None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "start"),
+    [({"ticket": {"priority": "low"}}, "zzz"), ({"ticket": {"priority": HUGE}}, "Invalid")],
+    ids=["after_tool-replacement", "validator-echo"],
+)
+async def test_every_result_is_cut_to_the_cap_as_it_enters_the_log(
+    arguments: dict[str, Any], start: str
+) -> None:
+    """An after_tool hook's replacement and an error text the library writes are cut to
+    max_tool_result_tokens, as a tool's own result is: in the log and in what the model
+    is sent."""
+    model = ScriptedModel(
+        [tool_call_response("file", arguments, call_id="c1"), text_response("done")]
+    )
+    result = await CutEverywhere(model=model).run("go")
+    (stored,) = tool_results(result.messages)
+    assert tool_results(model.requests[1].messages) == [stored]
+    assert stored.content.startswith(start) and "tokens truncated" in stored.content
+    assert len(stored.content) < 200
+
+
+async def test_after_tool_hooks_get_the_whole_result() -> None:
+    """The cut is made as the result enters the log, after the hooks."""
+    seen: list[int] = []
+
+    class Measured(Checked):
+        @after_tool
+        def measure(self, result: ToolResult) -> None:
+            seen.append(len(result.content))
+
+    model = ScriptedModel(
+        [tool_call_response("shout", {"size": 4000}, call_id="c1"), text_response("done")]
+    )
+    result = await Measured(model=model).run("go")
+    assert seen == [4000]
+    (stored,) = tool_results(result.messages)
+    assert "tokens truncated" in stored.content
 
 
 class Concurrent(Agent):
