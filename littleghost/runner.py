@@ -559,8 +559,11 @@ async def _execute(
     span: Any,
 ) -> ToolResult:
     """Run the tool ``found`` for ``call`` (an error result when the agent has none)."""
-    if found is None:
-        available = ", ".join(sorted(spec.name for spec in agent.tool_specs)) or "none"
+    if found is None:  # the tools the model was offered (the final-result tool too)
+        offered = (
+            agent.tool_specs if context.last_exchange is None else context.last_exchange[0].tools
+        )
+        available = ", ".join(sorted({spec.name for spec in offered})) or "none"
         telemetry.mark_failed(span, "unknown_tool")
         return error_result(call, f"Unknown tool {brief(call.name)}. Available tools: {available}.")
     definition, function = found

@@ -577,6 +577,31 @@ class TestRepair:
         text = told.text if native else told.tool_results[0].content
         assert "result" in text and len(text) < 1_000
 
+    async def test_an_unknown_tool_is_told_the_final_result_tool_is_there(self) -> None:
+        """The tools an unknown tool's error lists are those the model was offered, the
+        final-result tool too."""
+
+        class Lookup(Plain):
+            @tool
+            def lookup(self, number: str) -> str:
+                """Look an invoice up."""
+                return "paid"
+
+        model = ScriptedModel(
+            [
+                tool_call_response("final_answer", {"result": 4}, call_id="c1"),
+                tool_call_response(OUTPUT_TOOL, {"result": 4}, call_id="c2"),
+            ],
+            supports_output_schema=False,
+        )
+        result = await Lookup(model=model).run("go", output_type=int)
+        assert result.output == 4
+        (unknown, _) = tool_result_texts(result.messages)
+        assert unknown == (
+            f"Unknown tool 'final_answer'. Available tools: {OUTPUT_TOOL}, lookup.",
+            True,
+        )
+
 
 class TestStreaming:
     async def test_text_deltas_then_the_typed_value(self) -> None:
