@@ -70,6 +70,10 @@ if TYPE_CHECKING:
 __all__ = ["RunPlan", "check_response_format", "instructions_message", "plan_run", "run"]
 
 STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
+WITHHELD_TEXT = (
+    "This tool call finished, but the run stopped in an after_tool hook, so its result was "
+    "withheld; whatever the call did is done."
+)
 MAX_RECOVERIES = 3
 """How many replacement requests ``after_model_error`` hooks may hand back per model call."""
 MAX_REPAIRS = 1
@@ -458,9 +462,11 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     its ``ToolCallFinished`` event follows its storing. If the run stops or a call
     fails meanwhile, no call starts any more, and the calls not stored yet are stored
     all the same (within the cleanup grace), in call order: the finished ones with
-    their result, the others answered as stopped.
+    their result (or, stopped in their ``after_tool`` hooks, as withheld), the others
+    answered as stopped.
     """
     answers: list[Message | None] = [None] * len(calls)
+    finished = [False] * len(calls)
     start = len(context.messages)
     stored = 0
     storing = anyio.Lock()
@@ -482,6 +488,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
             result = await _run_tool(agent, call, context)
+            finished[index] = True
             result = await _after_tool(agent, result, context)
             answers[index] = Message(Role.TOOL, (result,))
             await store_ready()
@@ -501,12 +508,12 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     finally:
         # Each call's answer is told by its own message, not its call id (ids may repeat);
         # a write cut off by the stop may have put some in the log all the same. The calls
-        # not stored yet follow the stored ones: finished ones with their result, the
-        # others answered as stopped, in call order.
+        # not stored yet follow the stored ones: finished ones with their result (or as
+        # withheld), the others answered as stopped, in call order.
         logged = {message.id for message in context.messages[start:]}
         unstored = [
-            answer or Message.tool(call.id, STOPPED_TEXT, is_error=True)
-            for call, answer in zip(calls, answers, strict=True)
+            answer or Message.tool(call.id, WITHHELD_TEXT if done else STOPPED_TEXT, is_error=True)
+            for call, answer, done in zip(calls, answers, finished, strict=True)
             if answer is None or answer.id not in logged
         ]
         if unstored and not context.grace.uncertain:

@@ -1007,3 +1007,33 @@ class TestAFailingCallStopsItsBatch:
         results = [r for m in log for r in m.tool_results]
         assert [r.call_id for r in results] == ["c1", "c2"]
         assert results[0].is_error and results[1].content == "waited"
+
+    @pytest.mark.parametrize("how", ["raises", "cancelled"])
+    async def test_a_call_stopped_in_its_after_tool_hook_is_stored_as_finished(
+        self, how: str
+    ) -> None:
+        """The tool ran to the end: the log says so (its result withheld), never that the
+        call did not finish, which would invite the model to charge the card again."""
+        outer = anyio.CancelScope()
+
+        class Audited(Shop):
+            policy = None  # type: ignore[assignment]
+
+            @after_tool
+            async def audit(self, result: ToolResult) -> None:
+                if how == "cancelled":
+                    outer.cancel()
+                    await anyio.sleep_forever()
+                raise PermissionError("the audit store is down")
+
+        store = InMemorySessionStore()
+        agent = Audited(model=charging(1), session_store=store)
+        with outer, pytest.raises(PermissionError):  # raised, or cancelled in the hook
+            await agent.run("Buy.", session_id="s")
+        assert outer.cancelled_caught == (how == "cancelled")
+        assert agent.charged == [1]
+        stored = await store.load("s")
+        valid(stored)
+        [result] = [r for m in stored for r in m.tool_results]
+        assert result.is_error and result.content.startswith("This tool call finished")
+        assert "after_tool hook" in result.content and "charged" not in result.content
