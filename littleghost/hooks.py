@@ -98,7 +98,12 @@ def check_signature(
 ) -> None:
     """``ConfigurationError`` unless ``function`` takes ``positional`` positional arguments,
     and the keyword ``context`` when ``context``; ``what`` and ``expected`` (the arguments it
-    gets) word the message."""
+    gets) word the message; a generator function is refused too (what it returns is no
+    result)."""
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise ConfigurationError(
+            f"{what} is a generator function (it uses yield): it must return its result"
+        )
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):

@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +25,18 @@ logger = logging.getLogger("littleghost.tools")
 
 
 def render_result(value: Any) -> str:
-    """A tool's return value as the text the model sees."""
+    """A tool's return value as the text the model sees.
+
+    Raises:
+        TypeError: ``value`` is a generator (its items were never made).
+    """
     if isinstance(value, str):
         return value
+    if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
+        raise TypeError(
+            f"it returned a {type(value).__name__}, whose items were never made; a tool "
+            "returns its whole result (a list, say)"
+        )
     try:
         return json.dumps(value, ensure_ascii=False, default=to_json)
     except (TypeError, ValueError):

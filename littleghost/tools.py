@@ -153,9 +153,10 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     A ``staticmethod`` is defined as the plain function it wraps.
 
     Raises:
-        ConfigurationError: No docstring, a method whose first parameter is not a
-            positional ``self``, a missing or unsupported annotation, two ``RunContext``
-            parameters, ``*args`` / ``**kwargs`` or a positional-only parameter.
+        ConfigurationError: A generator function, no docstring, a method whose first
+            parameter is not a positional ``self``, a missing or unsupported annotation,
+            two ``RunContext`` parameters, ``*args`` / ``**kwargs`` or a positional-only
+            parameter.
         NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
     """
     if isinstance(function, staticmethod):
@@ -164,6 +165,11 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     tool_name = options.get("name") or getattr(function, "__name__", None)
     if not isinstance(tool_name, str) or not _NAME.fullmatch(tool_name):
         raise ConfigurationError(f"tool name {tool_name!r} must match {_NAME.pattern}")
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise ConfigurationError(
+            f"tool {tool_name!r} is a generator function (it uses yield), and a tool returns "
+            "its whole result: collect the items and return them (a list, say)"
+        )
     doc = inspect.getdoc(function) or ""
     summary, arg_docs = _parse_docstring(doc)
     tool_description = options.get("description") or summary

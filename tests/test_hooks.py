@@ -590,3 +590,32 @@ def test_a_capability_hook_that_cannot_take_its_arguments_fails() -> None:
         match=r"the after_model_error hook of a capability, must accept \(agent, request, error\)",
     ):
         CapabilityHook("after_model_error", lambda agent, request, *, context: None)
+
+
+def test_a_generator_hook_or_instructions_fails_at_class_definition() -> None:
+    """A hook or instructions that yield would hand back a generator, never a result."""
+    with pytest.raises(ConfigurationError, match=r"Yielding\.note, a @before_tool hook, is a gen"):
+
+        class Yielding(Agent):
+            @before_tool
+            def note(self, call: ToolCall) -> Any:
+                yield call
+
+    with pytest.raises(ConfigurationError, match=r"Streaming\.note, a @after_tool hook, is a gen"):
+
+        class Streaming(Agent):
+            @after_tool
+            async def note(self, result: ToolResult) -> Any:
+                yield result
+
+    with pytest.raises(ConfigurationError, match=r"Told\.instructions is a generator function"):
+
+        class Told(Agent):
+            def instructions(self, context: RunContext) -> Any:  # type: ignore[override]
+                yield "Be brief."
+
+    def parts(context: RunContext) -> Any:
+        yield "Be brief."
+
+    with pytest.raises(ConfigurationError, match=r"instructions=\) is a generator function"):
+        Agent(instructions=parts)

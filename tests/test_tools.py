@@ -12,7 +12,7 @@ import math
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 import anyio
@@ -859,6 +859,75 @@ async def test_after_tool_hooks_get_the_whole_result() -> None:
     assert seen == [4000]
     (stored,) = tool_results(result.messages)
     assert "tokens truncated" in stored.content
+
+
+class Reports(Agent):
+    @tool
+    async def summary(self, table: str) -> str:
+        """Summarize a table."""
+        return f"{table}: 2 rows"
+
+
+def rows(table: str) -> Iterator[str]:
+    """Rows of a table."""
+    yield f"{table}: row 1"
+
+
+async def events(topic: str) -> AsyncIterator[str]:
+    """Recent events of a topic."""
+    yield f"{topic}: event 1"
+
+
+def test_a_generator_method_tool_fails_at_decoration() -> None:
+    """A tool returns its result: a generator (sync or async) fails naming the fix."""
+    with pytest.raises(ConfigurationError, match="tool 'rows' is a generator function"):
+
+        class Rows(Agent):
+            @tool
+            def rows(self, table: str) -> Iterator[str]:
+                """Rows of a table."""
+                yield table
+
+    with pytest.raises(ConfigurationError, match=r"'events' is a generator .* \(a list, say\)"):
+
+        class Events(Agent):
+            @tool
+            async def events(self, topic: str) -> AsyncIterator[str]:
+                """Recent events of a topic."""
+                yield topic
+
+
+@pytest.mark.parametrize("function", [rows, events], ids=["generator", "async-generator"])
+def test_a_generator_function_tool_fails_at_class_definition_or_construction(
+    function: Callable[..., Any],
+) -> None:
+    where = f"tool {function.__name__!r} is a generator function"
+    with pytest.raises(ConfigurationError, match=where):
+        type("Bad", (Agent,), {"tools": [function]})
+    with pytest.raises(ConfigurationError, match=where):
+        Reports(tools=[function])
+
+
+def listed(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A sync decorator that hands on what ``function`` returns."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+async def test_a_tool_that_returns_a_generator_gets_an_error_result() -> None:
+    """A generator behind a decorator is not the tool's result: the model is told so,
+    not shown the generator's repr as a success."""
+    model = ScriptedModel(
+        [tool_call_response("rows", {"table": "orders"}, call_id="c1"), text_response("done")]
+    )
+    result = await Reports(model=model, tools=[listed(rows)]).run("go")
+    (seen,) = tool_results(result.messages)
+    assert seen.is_error and "it returned a generator" in seen.content
+    assert "object at 0x" not in seen.content
 
 
 class Concurrent(Agent):
