@@ -33,9 +33,12 @@ def render_result(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
+        kind = (
+            "an async generator" if isinstance(value, types.AsyncGeneratorType) else "a generator"
+        )
         raise TypeError(
-            f"it returned a {type(value).__name__}, whose items were never made; a tool "
-            "returns its whole result (a list, say)"
+            f"it returned {kind}, whose items were never made; a tool returns its whole "
+            "result (a list, say)"
         )
     try:
         return json.dumps(value, ensure_ascii=False, default=to_json)

@@ -918,15 +918,24 @@ def listed(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-async def test_a_tool_that_returns_a_generator_gets_an_error_result() -> None:
+@pytest.mark.parametrize(
+    ("function", "kind"), [(rows, "a generator"), (events, "an async generator")]
+)
+async def test_a_tool_that_returns_a_generator_gets_an_error_result(
+    function: Callable[..., Any], kind: str
+) -> None:
     """A generator behind a decorator is not the tool's result: the model is told so,
     not shown the generator's repr as a success."""
+    name = function.__name__
     model = ScriptedModel(
-        [tool_call_response("rows", {"table": "orders"}, call_id="c1"), text_response("done")]
+        [
+            tool_call_response(name, {"table": "t"} if name == "rows" else {"topic": "t"}),
+            text_response("done"),
+        ]
     )
-    result = await Reports(model=model, tools=[listed(rows)]).run("go")
+    result = await Reports(model=model, tools=[listed(function)]).run("go")
     (seen,) = tool_results(result.messages)
-    assert seen.is_error and "it returned a generator" in seen.content
+    assert seen.is_error and f"it returned {kind}, whose items" in seen.content
     assert "object at 0x" not in seen.content
 
 
