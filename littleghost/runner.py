@@ -593,28 +593,24 @@ async def _execute(
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed
-            return _failed(agent, call, span, "cancelled", "it raised a cancellation exception")
+            return _failed(call, span, "cancelled", "it raised a cancellation exception")
         except (KeyboardInterrupt, SystemExit):
             raise
         except DeadlineExceededError as error:
             if context.deadline is not None and anyio.current_time() >= context.deadline:
                 raise  # the run's own deadline
-            return _failed(agent, call, span, error, error_text(error))
+            return _failed(call, span, error, error_text(error))
         except BaseException as error:  # the tool's own failure, of any kind
             ending = fatal(error)
             if ending is not None:
                 raise ending from None
-            return _failed(agent, call, span, error, error_text(error))
+            return _failed(call, span, error, error_text(error))
         return ToolResult(call.id, text)
     assert timer.cancelled_caught and limit is not None
-    return _failed(
-        agent, call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
-    )
+    return _failed(call, span, "timeout", f"it did not finish within {limit:g} s and was stopped")
 
 
-def _failed(
-    agent: Agent, call: ToolCall, span: Any, error: BaseException | str, what: str
-) -> ToolResult:
+def _failed(call: ToolCall, span: Any, error: BaseException | str, what: str) -> ToolResult:
     telemetry.mark_failed(span, error)
     return error_result(call, f"Tool {call.name!r} failed: {what}")
 
