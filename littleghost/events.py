@@ -20,6 +20,7 @@ __all__ = [
     "ModelCallRetried",
     "ReasoningDelta",
     "RunFinished",
+    "SideCallFinished",
     "TextDelta",
     "ToolCallFinished",
     "ToolCallStarted",
@@ -85,7 +86,8 @@ class CompactionFinished:
 
 @frozen
 class ModelCallRetried:
-    """A transient error interrupted a model call; drop the text it streamed, it is retried."""
+    """A transient error interrupted the turn's model call; drop the text it streamed, it is
+    retried."""
 
     attempt: int
     error_type: str
@@ -93,10 +95,19 @@ class ModelCallRetried:
 
 @frozen
 class ModelCallFinished:
-    """A model call of the run completed."""
+    """The turn's model call completed (a side call ends with ``SideCallFinished``)."""
 
     usage: Usage
     stop_reason: StopReason
+
+
+@frozen
+class SideCallFinished:
+    """A side call (``RunContext.complete``: a guardrail's check, a tool's digest)
+    completed; it is never streamed, and ``usage`` is its own part of the run's usage."""
+
+    usage: Usage
+    purpose: str
 
 
 @frozen
@@ -115,5 +126,6 @@ Event = (
     | CompactionFinished
     | ModelCallRetried
     | ModelCallFinished
+    | SideCallFinished
     | RunFinished
 )

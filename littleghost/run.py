@@ -14,7 +14,13 @@ from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import ProtocolError, SessionStoreError
-from littleghost.events import Event, ModelCallRetried, ReasoningDelta, TextDelta
+from littleghost.events import (
+    Event,
+    ModelCallRetried,
+    ReasoningDelta,
+    SideCallFinished,
+    TextDelta,
+)
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
@@ -97,7 +103,8 @@ class RunContext:
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )
-    """The last main (``chat``) request and its response, for usage-anchored estimates."""
+    """The last request of a turn's own model call and its response, for usage-anchored
+    estimates (side and summary calls never set it)."""
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -186,29 +193,43 @@ class RunContext:
         self.usage = self.usage + usage
 
     def mark_compacted(self) -> None:
-        """Note that the next main model call's request was compacted."""
+        """Note that the next turn's model call's request was compacted."""
         self._call_attributes[telemetry.CONVERSATION_COMPACTED] = True
 
     def annotate_next_call(self, attributes: Mapping[str, Any]) -> None:
-        """Attributes for the next main model call's span (figures, never content)."""
+        """Attributes for the span of the next turn's model call, never a side call's
+        (figures, never content)."""
         self._call_attributes.update(attributes)
 
     async def complete(self, request: ModelRequest, *, model: Model | None = None) -> ModelResponse:
-        """Call the run's model (or ``model``) once, with retries for transient errors only.
+        """Make a side call (a guardrail's check, a tool's digest): call the run's model
+        (or ``model``) once, with retries for transient errors only.
 
-        Each attempt is a ``chat`` span (child of the run's span); its usage is added
-        to the run's total. The span carries the model's ``server.address`` and
-        ``server.port`` when it has them, ``gen_ai.request.stream`` when the answer is
-        streamed, and the response's id and model when the provider reported them.
+        A side call is never the turn's own call, whatever its ``purpose``: nothing of it
+        is streamed or reported as retried, and it takes none of the attributes meant for
+        the turn's call. Each attempt is a ``chat`` span (child of the run's span, with
+        the model's ``server.address`` and ``server.port`` when it has them, and the
+        response's id and model when the provider reported them); its usage is added to
+        the run's total and reported by a ``SideCallFinished`` event.
         """
+        response = await self._call(request, model=model)
+        await self.emit(SideCallFinished(response.usage, request.purpose))
+        return response
+
+    async def _call(
+        self, request: ModelRequest, *, model: Model | None = None, turn: bool = False
+    ) -> ModelResponse:
+        """A model call as ``complete`` makes it, without its event: a summary call (whose
+        usage ``CompactionFinished`` reports), or the runner's ``turn`` call, which
+        streams (its span then has ``gen_ai.request.stream``), takes the attributes
+        meant for it, reports its retries and sets ``last_exchange``."""
         if model is not None and model is not self.model:
             await self._prepare(model)
-        main = request.purpose == "chat"
         extra: dict[str, Any] = {}
-        if main:
+        if turn:
             extra, self._call_attributes = self._call_attributes, {}
         model = self.model if model is None else model
-        streamed = main and self.streaming
+        streamed = turn and self.streaming
 
         async def attempt() -> ModelResponse:
             attributes: dict[str, Any] = {
@@ -253,13 +274,13 @@ class RunContext:
                 return response
 
         async def on_retry(number: int, error: BaseException) -> None:
-            if main:
+            if turn:
                 await self.emit(ModelCallRetried(number, telemetry.error_type(error)))
 
         response = await call_with_retries(
             attempt, max_retries=self.max_retries, deadline=self.deadline, on_retry=on_retry
         )
-        if main:
+        if turn:
             self.last_exchange = (request, response)
         return response
 

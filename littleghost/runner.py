@@ -434,7 +434,7 @@ async def _call_model(agent: Agent, request: ModelRequest, context: RunContext) 
     recoveries = 0
     while True:
         try:
-            return await context.complete(request)
+            return await context._call(request, turn=True)
         except (CleanupError, DeadlineExceededError):
             raise
         except Exception as error:

@@ -654,7 +654,7 @@ async def _compact(
     async with _attempt(context, reason, estimated, window, fallback) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
-        state = _state(index, config, window, context.complete, request.settings)
+        state = _state(index, config, window, context._call, request.settings)
         state.pinned = _pinned(index)
         state.scale = run.scale
         goal = _goal(state, target, request.max_tokens or 0)

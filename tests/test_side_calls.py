@@ -1,0 +1,184 @@
+"""Side calls (``context.complete`` from a hook or a tool) are never the turn's own call:
+they stream nothing, take none of its annotations, leave ``last_exchange`` alone, and
+their usage reaches the stream in ``SideCallFinished``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
+from littleghost.errors import RateLimitError
+from littleghost.events import (
+    CompactionFinished,
+    Event,
+    ModelCallFinished,
+    ModelCallRetried,
+    SideCallFinished,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from littleghost.models import ModelRequest, StopReason, Usage
+from littleghost.run import RunResult
+from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
+
+from .conftest import Spans
+from .conversations import PerMessage, chat, summary_step
+
+pytestmark = pytest.mark.anyio
+
+ANSWER = ("Order 42 ", "ships Monday.")
+
+
+def guard(purpose: str) -> Capability:
+    """A guardrail: annotates the turn's call, then checks the request with a side call."""
+
+    async def check(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        context.annotate_next_call({"guard.checked": True})
+        question = Message.user(f"Is this safe? {request.messages[-1].text}")
+        verdict = await context.complete(ModelRequest([question], purpose=purpose))
+        assert verdict.message.text == "SAFE"
+
+    return Capability("guard", [CapabilityHook("before_model", check)])
+
+
+def guarded(cls: type[Agent], purpose: str = "chat") -> None:
+    add_capability(cls, guard(purpose))
+
+
+class Digesting(Agent):
+    """A tool summarizes a document with a side call; a hook notes the last exchange."""
+
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.anchors: list[StopReason | None] = []
+
+    @tool
+    async def digest(self, context: RunContext) -> str:
+        """Digest the document."""
+        response = await context.complete(ModelRequest([Message.user("Digest: ...")]))
+        return response.message.text
+
+    @before_model
+    def note_anchor(self, request: ModelRequest, *, context: RunContext) -> None:
+        exchange = context.last_exchange
+        self.anchors.append(None if exchange is None else exchange[1].stop_reason)
+
+
+async def go(
+    agent: Agent, via: str, *args: Any, **kwargs: Any
+) -> tuple[RunResult[Any], list[Event]]:
+    """Run ``agent`` through ``run()`` (no events) or ``stream()``."""
+    if via == "run":
+        return await agent.run(*args, **kwargs), []
+    async with agent.stream(*args, **kwargs) as events:
+        received = [event async for event in events]
+    return events.result, received
+
+
+def reported(events: list[Event]) -> Usage:
+    """The usage the stream's events report."""
+    total = Usage()
+    for event in events:
+        if isinstance(event, (ModelCallFinished, SideCallFinished, CompactionFinished)):
+            total = total + event.usage
+    return total
+
+
+def answer_text(events: list[Event]) -> str:
+    return "".join(event.text for event in events if isinstance(event, TextDelta))
+
+
+@pytest.mark.parametrize("purpose", ["chat", "guardrail"])
+async def test_a_hooks_side_call_is_not_streamed_and_its_usage_is_reported(
+    purpose: str, spans: Spans
+) -> None:
+    """A guardrail's side call (retried once) streams nothing, announces no retry, and
+    its usage reaches the stream, so the events add up to result.usage."""
+    model = ScriptedModel(
+        [
+            RateLimitError("slow down", retry_after=0.01),
+            text_response("SAFE", input_tokens=11, output_tokens=1),
+            streamed(*ANSWER, input_tokens=20, output_tokens=6),
+        ]
+    )
+
+    class Guarded(Agent):
+        pass
+
+    guarded(Guarded, purpose)
+    result, events = await go(Guarded(model=model), "stream", "Where is order 42?")
+    assert answer_text(events) == result.output == "".join(ANSWER)
+    assert not [event for event in events if isinstance(event, ModelCallRetried)]
+    assert SideCallFinished(Usage(11, 1), purpose) in events
+    assert reported(events) == result.usage == Usage(31, 7)
+    side, turn = spans.named("chat")[-2:]
+    assert "gen_ai.request.stream" not in (side.attributes or {})
+    assert (turn.attributes or {}).get("gen_ai.request.stream") is True
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_the_turns_annotations_and_compacted_mark_stay_on_its_call(
+    via: str, spans: Spans
+) -> None:
+    """After a compaction, a guard's side call takes neither the hook's annotation nor
+    gen_ai.conversation.compacted: both land on the turn's chat span."""
+
+    @manage_context(
+        context_window_tokens=100,
+        compression_threshold=0.5,
+        preserve_recent_messages=4,
+        tokenizer=PerMessage(),
+    )
+    class Compacting(Agent):
+        pass
+
+    guarded(Compacting)  # its hook runs after @manage_context's
+    model = ScriptedModel(
+        [
+            summary_step(input_tokens=40, output_tokens=5),
+            text_response("SAFE", input_tokens=7, output_tokens=1),
+            text_response("done", input_tokens=9, output_tokens=2),
+        ]
+    )
+    result, events = await go(Compacting(model=model), via, "go", history=chat(30))
+    summary, side, turn = (span.attributes or {} for span in spans.named("chat"))
+    assert [summary["littleghost.purpose"], side["littleghost.purpose"]] == [
+        "context_compaction",
+        "chat",
+    ]
+    assert "gen_ai.conversation.compacted" not in side
+    assert "guard.checked" not in side
+    assert turn.get("gen_ai.conversation.compacted") is True
+    assert turn.get("guard.checked") is True
+    if via == "stream":
+        assert answer_text(events) == "done"
+        assert reported(events) == result.usage == Usage(56, 8)
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_tools_side_call_is_not_the_turns_call(via: str) -> None:
+    """A tool's digest call is not streamed into the answer, is reported by its own
+    event while the tool runs, and does not become the run's last exchange."""
+    model = ScriptedModel(
+        [
+            tool_call_response("digest", {}, input_tokens=5, output_tokens=1),
+            text_response("INTERNAL DIGEST", input_tokens=7, output_tokens=2),
+            text_response("Here you go.", input_tokens=9, output_tokens=3),
+        ]
+    )
+    agent = Digesting(model=model)
+    result, events = await go(agent, via, "Digest it.")
+    assert result.output == "Here you go."
+    assert agent.anchors == [None, StopReason.TOOL_USE]  # the turn's answer, not the digest
+    assert result.usage == Usage(21, 6)
+    if via == "stream":
+        assert answer_text(events) == "Here you go."
+        kinds = [type(event) for event in events]
+        started, side = kinds.index(ToolCallStarted), kinds.index(SideCallFinished)
+        assert started < side < kinds.index(ToolCallFinished)
+        assert events[side] == SideCallFinished(Usage(7, 2), "chat")
+        assert reported(events) == result.usage
