@@ -109,16 +109,19 @@ class _ThreadCall:
     """One sync tool call in a worker thread, and whether its caller stopped waiting."""
 
     def __init__(self, call: Callable[[], Any], name: str) -> None:
-        self.call = call
+        self.call: Callable[[], Any] | None = call
         self.name = name
         self.lock = threading.Lock()
         self.abandoned = False
         self.outcome: str | None = None  # "returned" or "raised ...", once finished
 
     def run(self) -> Outcome:
-        """Run in the worker thread."""
+        """Run in the worker thread, which keeps nothing of the call once it is done (the
+        tool's bound method would keep its agent alive while the thread winds down)."""
+        call, self.call = self.call, None
+        assert call is not None
         try:
-            value = self.call()
+            value = call()
         except BaseException as error:
             self.finish(f"raised {type(error).__name__}")
             return Outcome(raised=error)
