@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+import anyio
 from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
@@ -100,6 +101,8 @@ class RunContext:
     _index: LogIndex = field(factory=lambda: LogIndex((), Layout()), repr=False, init=False)
     _owned: dict[int, tuple[object, object]] = field(factory=dict, repr=False, init=False)
     _prepared_models: set[int] = field(factory=set, repr=False, init=False)
+    _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
+    """Held by each write to the store: a run's appends happen one at a time, in order."""
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )
@@ -140,9 +143,10 @@ class RunContext:
         """Append messages to the log — with a session, once its store has them.
 
         The messages are first checked storable, so a value the store cannot keep fails
-        with ``UnstorableValueError`` before anything is written. A write in flight when
-        the run is cancelled may finish within the run's cleanup grace; whatever the
-        store accepted enters the log, and nothing else does.
+        with ``UnstorableValueError`` before anything is written. The run's appends (its
+        own, its hooks', its tools', at once or not) are written one at a time, in order.
+        A write in flight when the run is cancelled may finish within the run's cleanup
+        grace; whatever the store accepted enters the log, and nothing else does.
 
         Raises:
             UnstorableValueError: A message holds a value the store cannot keep.
@@ -158,25 +162,26 @@ class RunContext:
         if writer is None:
             self._log.extend(messages)
             return
-        if self.grace.uncertain:
-            raise SessionStoreError(
-                "an earlier write to the session store failed or was cut off, so the store "
-                "may hold more than the run knows: the run writes nothing more"
+        async with self._writing:
+            if self.grace.uncertain:
+                raise SessionStoreError(
+                    "an earlier write to the session store failed or was cut off, so the "
+                    "store may hold more than the run knows: the run writes nothing more"
+                )
+            check_storable(messages)
+
+            async def write() -> None:
+                try:
+                    await writer(messages)
+                except BaseException:
+                    self.grace.uncertain = True  # it may have landed all the same
+                    raise
+
+            await self.grace.protect(
+                write,
+                f"storing {len(messages)} message(s)",
+                then=lambda: self._log.extend(messages),
             )
-        check_storable(messages)
-
-        async def write() -> None:
-            try:
-                await writer(messages)
-            except BaseException:
-                self.grace.uncertain = True  # it may have landed all the same
-                raise
-
-        await self.grace.protect(
-            write,
-            f"storing {len(messages)} message(s)",
-            then=lambda: self._log.extend(messages),
-        )
 
     @property
     def streaming(self) -> bool:

@@ -134,3 +134,19 @@ async def test_a_holder_that_deletes_its_session_writes_it_anew_only_after_a_loa
         await store.append("s", log[-1:])
         await store.append("s", [Message.user("c")])
     assert [m.text for m in await store.load("s")] == ["b", "c"]
+
+
+async def test_a_holders_concurrent_appends_are_not_taken_for_another_writer(
+    store: SessionStore,
+) -> None:
+    """Appends of one holder (its child tasks) take their turns: each expects the length
+    the one before it left, so none is refused as if the session changed under it."""
+    async with store.lock("s"):  # type: ignore[attr-defined]
+        await store.load("s")
+        async with anyio.create_task_group() as group:
+            for number in range(3):
+                group.start_soon(store.append, "s", [Message.user(f"m{number}")])
+        await store.append("s", [Message.user("last")])
+    texts = [m.text for m in await store.load("s")]
+    assert sorted(texts[:3]) == ["m0", "m1", "m2"]
+    assert texts[3] == "last"

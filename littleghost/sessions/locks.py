@@ -11,7 +11,9 @@ has one, else through a ``SessionLocks`` kept for that store in this process.
 
 A ``Hold`` also fences the holder's writes: a built-in store notes in it how many
 messages the holder last saw the session hold (at its load, then at each of its
-appends), and refuses an append of the holder once the session has another length.
+appends), and refuses an append of the holder once the session has another length. The
+holder's appends take their turns (``SessionLocks.writing``), so concurrent ones never
+read the same length.
 
 ``TimeLeft`` carries the caller's deadline into the worker threads of the stores, and
 ``thread_limiter`` gives each store worker threads of its own, so threads that others
@@ -127,12 +129,15 @@ class Hold:
     Attributes:
         seen: How many messages the holder last saw the session hold (its last load or
             append through a built-in store); ``None`` before it looked.
+        writing: Held by each append of the holder (``SessionLocks.writing``), so the
+            next one reads ``seen`` once the last one has set it.
     """
 
     owner: int
     session_id: str
     active: bool = True
     seen: int | None = None
+    writing: anyio.Lock = field(factory=anyio.Lock, repr=False)
 
 
 @define(eq=False)
@@ -311,6 +316,17 @@ class SessionLocks:
             if self._is(hold, session_id):
                 return hold
         return None
+
+    @asynccontextmanager
+    async def writing(self, session_id: str) -> AsyncIterator[Hold | None]:
+        """Around an append: the current task's hold of ``session_id``, if it holds it,
+        with the holder's other appends (of its child tasks, say) waiting meanwhile."""
+        hold = self.held(session_id)
+        if hold is None:
+            yield None
+            return
+        async with hold.writing:
+            yield hold
 
     def _is(self, hold: Hold, session_id: str) -> bool:
         return hold.active and hold.owner == id(self) and hold.session_id == session_id

@@ -493,39 +493,39 @@ class PostgresSessionStore:
         if not bodies:
             return
         locks = await self._prepared()
-        hold = locks.held(session_id)
-        seen = None if hold is None else hold.seen
+        async with locks.writing(session_id) as hold:
+            seen = None if hold is None else hold.seen
 
-        def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
-            with self._transaction(connection, operation):
-                row = connection.execute(
-                    _append_statement(seen),
-                    {"id": session_id, "added": len(bodies), "seen": seen},
-                ).fetchone()
-                if row is None:
-                    assert seen is not None
-                    found = connection.execute(
-                        "SELECT length FROM littleghost_sessions WHERE id = %s", (session_id,)
+            def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
+                with self._transaction(connection, operation):
+                    row = connection.execute(
+                        _append_statement(seen),
+                        {"id": session_id, "added": len(bodies), "seen": seen},
                     ).fetchone()
-                    raise changed_under_holder(
-                        self._where, session_id, seen, 0 if found is None else int(found[0])
-                    )
-                start = int(row[0]) - len(bodies)
-                try:
-                    with connection.cursor() as cursor:
-                        cursor.executemany(
-                            "INSERT INTO littleghost_messages (session_id, position, body) "
-                            "VALUES (%s, %s, %s)",
-                            [
-                                (session_id, start + index, body)
-                                for index, body in enumerate(bodies)
-                            ],
+                    if row is None:
+                        assert seen is not None
+                        found = connection.execute(
+                            "SELECT length FROM littleghost_sessions WHERE id = %s", (session_id,)
+                        ).fetchone()
+                        raise changed_under_holder(
+                            self._where, session_id, seen, 0 if found is None else int(found[0])
                         )
-                except self._psycopg.errors.UniqueViolation as error:
-                    raise length_error(self._where, session_id, start) from error
-                return start + len(bodies)
+                    start = int(row[0]) - len(bodies)
+                    try:
+                        with connection.cursor() as cursor:
+                            cursor.executemany(
+                                "INSERT INTO littleghost_messages (session_id, position, body) "
+                                "VALUES (%s, %s, %s)",
+                                [
+                                    (session_id, start + index, body)
+                                    for index, body in enumerate(bodies)
+                                ],
+                            )
+                    except self._psycopg.errors.UniqueViolation as error:
+                        raise length_error(self._where, session_id, start) from error
+                    return start + len(bodies)
 
-        locks.saw(session_id, await self._call(write))
+            locks.saw(session_id, await self._call(write))
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

@@ -289,49 +289,49 @@ class SQLiteSessionStore:
         bodies = messages_to_json(messages)
         if not bodies:
             return
-        hold = self._locks.held(session_id)
-        seen = None if hold is None else hold.seen
+        async with self._locks.writing(session_id) as hold:
+            seen = None if hold is None else hold.seen
 
-        def write(connection: sqlite3.Connection) -> int:
-            row = connection.execute(
-                "SELECT length FROM littleghost_sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-            start = 0 if row is None else int(row[0])
-            if seen is not None and start != seen:
-                raise changed_under_holder(self._where, session_id, seen, start)
-            if row is None:
-                connection.execute(
-                    "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
-                    (session_id, len(bodies)),
-                )
-            else:
-                connection.execute(
-                    "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
-                    (start + len(bodies), session_id),
-                )
-            rows = [(session_id, start + index, body) for index, body in enumerate(bodies)]
-            try:
-                if self._stored_at == "NULL":  # a table made before messages had times
-                    connection.executemany(
-                        "INSERT INTO littleghost_messages (session_id, position, body)"
-                        " VALUES (?, ?, ?)",
-                        rows,
+            def write(connection: sqlite3.Connection) -> int:
+                row = connection.execute(
+                    "SELECT length FROM littleghost_sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+                start = 0 if row is None else int(row[0])
+                if seen is not None and start != seen:
+                    raise changed_under_holder(self._where, session_id, seen, start)
+                if row is None:
+                    connection.execute(
+                        "INSERT INTO littleghost_sessions (id, length) VALUES (?, ?)",
+                        (session_id, len(bodies)),
                     )
                 else:
-                    (now,) = connection.execute(f"SELECT {_NOW}").fetchone()  # one per append
-                    connection.executemany(
-                        "INSERT INTO littleghost_messages (session_id, position, body,"
-                        " stored_at) VALUES (?, ?, ?, ?)",
-                        [(*row, now) for row in rows],
+                    connection.execute(
+                        "UPDATE littleghost_sessions SET length = ? WHERE id = ?",
+                        (start + len(bodies), session_id),
                     )
-            except sqlite3.IntegrityError as error:
-                raise length_error(self._where, session_id, start) from error
-            return start + len(bodies)
+                rows = [(session_id, start + index, body) for index, body in enumerate(bodies)]
+                try:
+                    if self._stored_at == "NULL":  # a table made before messages had times
+                        connection.executemany(
+                            "INSERT INTO littleghost_messages (session_id, position, body)"
+                            " VALUES (?, ?, ?)",
+                            rows,
+                        )
+                    else:
+                        (now,) = connection.execute(f"SELECT {_NOW}").fetchone()  # one per append
+                        connection.executemany(
+                            "INSERT INTO littleghost_messages (session_id, position, body,"
+                            " stored_at) VALUES (?, ?, ?, ?)",
+                            [(*row, now) for row in rows],
+                        )
+                except sqlite3.IntegrityError as error:
+                    raise length_error(self._where, session_id, start) from error
+                return start + len(bodies)
 
-        length = await self._call(
-            lambda connection: self._transaction(connection, lambda: write(connection))
-        )
-        self._locks.saw(session_id, length)
+            length = await self._call(
+                lambda connection: self._transaction(connection, lambda: write(connection))
+            )
+            self._locks.saw(session_id, length)
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

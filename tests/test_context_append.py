@@ -1,0 +1,172 @@
+"""``context.append()`` from hooks and tools: a run's appends are written one at a time, in
+order, with every store, however many hooks and tools append at once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from littleghost import (
+    Agent,
+    Message,
+    RunContext,
+    ToolCall,
+    ToolResult,
+    after_tool,
+    before_tool,
+    tool,
+)
+from littleghost.context.view import misplaced_results, unanswered_calls
+from littleghost.models import ModelResponse, StopReason
+from littleghost.sessions import SessionStore
+from littleghost.testing import ScriptedModel, text_response
+
+from .stores import RUN_KINDS, PlainStore, open_store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=RUN_KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    async with open_store(request.param, tmp_path, request) as opened:
+        yield opened
+
+
+def batch(count: int) -> ModelResponse:
+    calls = [ToolCall(f"c{number}", "work", {"n": number}) for number in range(count)]
+    return ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+
+
+def texts(messages: Sequence[Message]) -> list[str]:
+    """The text of each message with some, a tool message's its results'."""
+    said = [
+        message.text or "".join(r.content for r in message.tool_results) for message in messages
+    ]
+    return [text for text in said if text]
+
+
+def assert_whole(messages: Sequence[Message]) -> None:
+    assert misplaced_results(messages) == []
+    assert unanswered_calls(messages) == []
+    assert len({message.id for message in messages}) == len(messages)
+
+
+class Meeting:
+    """Lets tasks go on only once ``size`` of them arrived."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.arrived = 0
+        self.everyone = anyio.Event()
+
+    async def arrive(self) -> None:
+        self.arrived += 1
+        if self.arrived == self.size:
+            self.everyone.set()
+        await self.everyone.wait()
+
+
+class Noting(Agent):
+    """Notes from both tool hooks and from the tools themselves, all during one batch."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.meeting = Meeting(3)
+
+    @tool
+    async def work(self, n: int, context: RunContext) -> str:
+        """Work, leaving a note."""
+        await self.meeting.arrive()  # every tool appends at once
+        await context.append(Message.developer(f"tool {n}"))
+        return f"done {n}"
+
+    @before_tool
+    async def before(self, call: ToolCall, *, context: RunContext) -> None:
+        await context.append(Message.developer(f"before {call.id}"))
+
+    @after_tool
+    async def after(self, result: ToolResult, *, context: RunContext) -> None:
+        # c0 finishes first: its result is stored while the others' notes are written
+        await context.append(Message.developer(f"after {result.call_id}"))
+
+
+async def test_hooks_and_tools_appending_during_a_batch_leave_the_run_whole(
+    store: SessionStore,
+) -> None:
+    agent = Noting(model=ScriptedModel([batch(3), text_response("done")]), session_store=store)
+    result = await agent.run("go", session_id="s")
+    assert result.output == "done"
+    assert await store.load("s") == result.messages
+    notes = {f"{kind} c{n}" for kind in ("before", "after") for n in range(3)}
+    assert notes | {f"tool {n}" for n in range(3)} <= set(texts(result.messages))
+    assert_whole(result.messages)
+
+
+class OverlapStore(PlainStore):
+    """A custom store whose appends take a moment, noting whether two ever overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = 0
+        self.most = 0
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        self.writing += 1
+        self.most = max(self.most, self.writing)
+        try:
+            await anyio.lowlevel.checkpoint()
+            await super().append(session_id, messages)
+        finally:
+            self.writing -= 1
+
+
+async def test_a_runs_appends_are_written_one_at_a_time_in_log_order() -> None:
+    store = OverlapStore()
+    agent = Noting(model=ScriptedModel([batch(3), text_response("done")]), session_store=store)
+    result = await agent.run("go", session_id="s")
+    assert store.most == 1
+    assert await store.load("s") == result.messages
+
+
+async def test_an_append_waiting_its_turn_when_the_run_is_cancelled_writes_nothing() -> None:
+    """The write in flight finishes within the grace; the one waiting behind it is
+    cancelled unwritten; the batch's calls are answered after both."""
+    gate, slow_started, second_appending = anyio.Event(), anyio.Event(), anyio.Event()
+
+    class GatedStore(PlainStore):
+        async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+            if any(message.text == "slow" for message in messages):
+                slow_started.set()
+                await gate.wait()
+            await super().append(session_id, messages)
+
+    class Stopped(Agent):
+        @tool
+        async def work(self, n: int, context: RunContext) -> str:
+            """Work, leaving a note."""
+            if n == 1:
+                await slow_started.wait()
+                second_appending.set()
+            await context.append(Message.developer("slow" if n == 0 else "second"))
+            return f"done {n}"
+
+    store = GatedStore()
+    agent = Stopped(model=ScriptedModel([batch(2), text_response("done")]), session_store=store)
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(agent.run, "go", session_id="s"))
+            await second_appending.wait()
+            scope.cancel()
+            gate.set()
+    stored = await store.load("s")
+    assert (
+        texts(stored)
+        == ["go", "slow"]
+        + ["The run was stopped before this tool call finished; it has no result."] * 2
+    )
+    assert_whole(stored)
