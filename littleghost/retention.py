@@ -22,7 +22,7 @@ from littleghost.agent import Agent, _check_unchanged
 from littleghost.context.management import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
 from littleghost.errors import ConfigurationError
-from littleghost.history import check_history
+from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 

@@ -22,6 +22,7 @@ from littleghost.events import (
     SideCallFinished,
     TextDelta,
 )
+from littleghost.log_rules import Ledger
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
@@ -101,6 +102,7 @@ class RunContext:
     _index: LogIndex = field(factory=lambda: LogIndex((), Layout()), repr=False, init=False)
     _owned: dict[int, tuple[object, object]] = field(factory=dict, repr=False, init=False)
     _prepared_models: set[int] = field(factory=set, repr=False, init=False)
+    _ledger: Ledger = field(factory=Ledger, repr=False, init=False)
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
@@ -139,16 +141,28 @@ class RunContext:
             entry = self._owned[id(owner)] = (owner, factory())  # owner kept: its id stays its own
         return cast(T, entry[1])
 
+    def has_message(self, message_id: str) -> bool:
+        """True when the log holds a message with the id ``message_id`` (for a note of a
+        fixed id appended once, say)."""
+        self._ledger.catch_up(self._log)
+        return message_id in self._ledger.ids
+
     async def append(self, *messages: Message) -> None:
         """Append messages to the log — with a session, once its store has them.
 
-        The messages are first checked storable, so a value the store cannot keep fails
-        with ``UnstorableValueError`` before anything is written. The run's appends (its
-        own, its hooks', its tools', at once or not) are written one at a time, in order.
-        A write in flight when the run is cancelled may finish within the run's cleanup
-        grace; whatever the store accepted enters the log, and nothing else does.
+        Nothing is written unless every message may enter the log: an id the log does
+        not hold (nor another of them), a tool message with results that each answer a
+        call the log leaves open (``run(history=)``'s checks), and with a session values
+        the store can keep. Answer a call you append by a later append before the next
+        model call: one left open is answered with an error result only once the run
+        fails or by the next run. The run's appends (its own, its hooks', its tools', at
+        once or not) are written one at a time, in order. A write in flight when the run
+        is cancelled may finish within the run's cleanup grace; whatever the store
+        accepted enters the log, and nothing else does.
 
         Raises:
+            ConfigurationError: A message repeats an id, is a tool message without a
+                result, or holds a result that answers no open call; nothing is appended.
             UnstorableValueError: A message holds a value the store cannot keep.
             SessionStoreError: The store failed, raised a cancellation nobody asked for,
                 or the write was cut off at the run's stop time while the run was not
@@ -158,9 +172,14 @@ class RunContext:
         """
         if not messages:
             return
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(
+                    f"context.append() takes Message values, not {type(message).__name__}"
+                )
         writer = self._writer
         if writer is None:
-            self._log.extend(messages)
+            self._extend(messages, self._checked(messages))
             return
         async with self._writing:
             if self.grace.uncertain:
@@ -168,6 +187,7 @@ class RunContext:
                     "an earlier write to the session store failed or was cut off, so the "
                     "store may hold more than the run knows: the run writes nothing more"
                 )
+            still_open = self._checked(messages)
             check_storable(messages)
 
             async def write() -> None:
@@ -180,8 +200,18 @@ class RunContext:
             await self.grace.protect(
                 write,
                 f"storing {len(messages)} message(s)",
-                then=lambda: self._log.extend(messages),
+                then=lambda: self._extend(messages, still_open),
             )
+
+    def _checked(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        """Check ``messages`` against the log (``Ledger.check``)."""
+        self._ledger.catch_up(self._log)
+        return self._ledger.check(messages, "context.append()")
+
+    def _extend(self, messages: tuple[Message, ...], still_open: tuple[Message, ...]) -> None:
+        """Put checked ``messages`` in the log."""
+        self._log.extend(messages)
+        self._ledger.add(messages, still_open)
 
     @property
     def streaming(self) -> bool:

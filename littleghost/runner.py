@@ -43,8 +43,8 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from littleghost.history import check_history, check_results
 from littleghost.hooks import BoundHook, run_chain
+from littleghost.log_rules import check_history, check_results
 from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
 from littleghost.output import (
@@ -331,7 +331,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         response = await run_chain(
             _hooks(agent, context, "after_model"), answered, expected=ModelResponse, context=context
         )
-        response = _json_arguments(_fresh(response, context.messages))
+        response = _json_arguments(_fresh(response, context))
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
@@ -652,11 +652,11 @@ def _hooks(agent: Agent, context: RunContext, kind: str) -> tuple[BoundHook, ...
     return context.state_for(_hooks, lambda: agent.hooks)[kind]
 
 
-def _fresh(response: ModelResponse, log: Sequence[Message]) -> ModelResponse:
-    """``response`` with a new message id when ``log`` holds its message's id already (a
+def _fresh(response: ModelResponse, context: RunContext) -> ModelResponse:
+    """``response`` with a new message id when the log holds its message's id already (a
     model or hook that hands back an earlier response): the log never holds one id twice."""
     message = response.message
-    if any(earlier.id == message.id for earlier in log):
+    if context.has_message(message.id):
         return attrs.evolve(response, message=attrs.evolve(message, id=new_id()))
     return response
 

@@ -1,11 +1,13 @@
 """``context.append()`` from hooks and tools: a run's appends are written one at a time, in
-order, with every store, however many hooks and tools append at once.
+order, with every store, however many hooks and tools append at once; and what the log
+never holds (a repeated id, a result that answers no open call) is refused with a
+``ConfigurationError`` before anything is written.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -14,14 +16,17 @@ import pytest
 from littleghost import (
     Agent,
     Message,
+    Role,
     RunContext,
     ToolCall,
     ToolResult,
+    after_model,
     after_tool,
     before_tool,
     tool,
 )
 from littleghost.context.view import misplaced_results, unanswered_calls
+from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.sessions import SessionStore
 from littleghost.testing import ScriptedModel, text_response
@@ -170,3 +175,135 @@ async def test_an_append_waiting_its_turn_when_the_run_is_cancelled_writes_nothi
         + ["The run was stopped before this tool call finished; it has no result."] * 2
     )
     assert_whole(stored)
+
+
+@pytest.fixture(params=["none", "memory", "sqlite"])
+async def maybe_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[SessionStore | None]:
+    if request.param == "none":
+        yield None
+        return
+    async with open_store(request.param, tmp_path, request) as opened:
+        yield opened
+
+
+Appending = Callable[[RunContext], Sequence[Message]]
+
+
+async def noting(
+    store: SessionStore | None, *appends: Appending
+) -> tuple[list[str], tuple[Message, ...]]:
+    """Run a turn whose ``after_model`` hook makes ``appends`` in turn; what
+    ``ConfigurationError`` said of each one refused, and the run's log."""
+    said: list[str] = []
+
+    class Noter(Agent):
+        @after_model
+        async def note(self, response: ModelResponse, *, context: RunContext) -> None:
+            for messages in appends:
+                try:
+                    await context.append(*messages(context))
+                except ConfigurationError as error:
+                    said.append(str(error))
+
+    model = ScriptedModel([text_response("ok")])
+    agent = Noter(model=model) if store is None else Noter(model=model, session_store=store)
+    result = await agent.run("hi", session_id=None if store is None else "s")
+    if store is not None:
+        assert await store.load("s") == result.messages
+    assert_whole(result.messages)
+    return said, result.messages
+
+
+async def test_an_id_the_log_holds_is_refused_and_nothing_is_written(
+    maybe_store: SessionStore | None,
+) -> None:
+    said, log = await noting(maybe_store, lambda context: [context.messages[0]])
+    assert said == [
+        f"context.append() message 0 has the id {log[0].id!r} of a message already in the "
+        "log; each message of a conversation needs an id of its own"
+    ]
+    assert texts(log) == ["hi", "ok"]
+
+
+async def test_two_appended_messages_with_one_id_are_refused(
+    maybe_store: SessionStore | None,
+) -> None:
+    twins = [Message.developer("note", id="n"), Message.developer("again", id="n")]
+    said, log = await noting(maybe_store, lambda context: twins)
+    assert said == [
+        "context.append() message 0 and context.append() message 1 have the same id 'n'; "
+        "each message of a conversation needs an id of its own"
+    ]
+    assert texts(log) == ["hi", "ok"]
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        [Message.tool("nope", "stray")],  # answers no call
+        [  # answers a call twice
+            Message.assistant(tool_calls=[ToolCall("x", "lookup", {})]),
+            Message.tool("x", "first"),
+            Message.tool("x", "second"),
+        ],
+    ],
+    ids=["orphan", "second answer"],
+)
+async def test_a_result_that_answers_no_open_call_is_refused_and_nothing_is_written(
+    maybe_store: SessionStore | None, stray: list[Message]
+) -> None:
+    said, log = await noting(maybe_store, lambda context: stray)
+    call_id = stray[-1].tool_results[0].call_id
+    assert len(said) == 1
+    assert said[0].startswith(
+        f"context.append() message {len(stray) - 1} holds a result for call {call_id!r}, "
+        "which answers no open call"
+    )
+    assert texts(log) == ["hi", "ok"]
+
+
+async def test_a_tool_message_without_a_result_is_refused(
+    maybe_store: SessionStore | None,
+) -> None:
+    said, _ = await noting(maybe_store, lambda context: [Message(Role.TOOL, "x")])
+    assert said == ["context.append() message 0 is a tool message without a result"]
+
+
+async def test_a_call_may_be_answered_by_a_later_append(maybe_store: SessionStore | None) -> None:
+    calls = [ToolCall("x", "lookup", {}), ToolCall("y", "lookup", {})]
+    said, log = await noting(
+        maybe_store,
+        lambda context: [Message.assistant(tool_calls=calls), Message.tool("x", "found")],
+        lambda context: [Message.tool("y", "found too")],
+    )
+    assert said == []
+    assert texts(log) == ["hi", "found", "found too", "ok"]
+
+
+async def test_has_message_tells_the_log_s_ids() -> None:
+    seen: list[bool] = []
+
+    class Pinning(Agent):
+        @after_model
+        async def pin(self, response: ModelResponse, *, context: RunContext) -> None:
+            for _ in range(2):
+                if not context.has_message("policy"):
+                    await context.append(Message.developer("policy", id="policy"))
+                seen.append(context.has_message("policy"))
+
+    agent = Pinning(model=ScriptedModel([text_response("ok")]))
+    result = await agent.run("hi")
+    assert seen == [True, True]
+    assert [message.id for message in result.messages].count("policy") == 1
+
+
+async def test_what_is_not_a_message_is_refused() -> None:
+    class Careless(Agent):
+        @after_model
+        async def note(self, response: ModelResponse, *, context: RunContext) -> None:
+            await context.append("a note")  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match=r"context.append\(\) takes Message values, not str"):
+        await Careless(model=ScriptedModel([text_response("ok")])).run("hi")

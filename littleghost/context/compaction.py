@@ -21,7 +21,7 @@ from littleghost.context.strategies import (
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import CompactionError, ConfigurationError
-from littleghost.history import check_history
+from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.sessions.base import SessionStore, check_store, distinct_ids
 from littleghost.sessions.locks import hold_session

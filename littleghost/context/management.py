@@ -66,7 +66,7 @@ from littleghost.errors import (
     SessionStoreError,
 )
 from littleghost.events import CompactionFinished, CompactionStarted
-from littleghost.history import check_history
+from littleghost.log_rules import check_history
 from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import Model, ModelRequest
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle

@@ -1,0 +1,142 @@
+"""What a conversation log may hold, checked where messages enter it.
+
+A log never holds one id twice, and each tool result answers an open call of the
+assistant message its tool message answers (the pairing rule of
+``littleghost.context.groups``). A conversation handed to littleghost (a run's
+``history=``, the conversations the ad hoc compactions and ``check_retention`` take) is
+checked whole (``check_history``); a run's ``Ledger`` checks what is appended to its log
+at the cost of what is appended.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import attrs
+
+from littleghost.context.groups import Layout
+from littleghost.context.view import misplaced_results
+from littleghost.errors import ConfigurationError
+from littleghost.messages import Message, Role
+
+__all__ = ["Ledger", "check_history", "check_ids", "check_results"]
+
+
+def check_history(value: object, name: str) -> list[Message]:
+    """``value`` (named ``name`` in errors) as a list of messages, checked.
+
+    Raises:
+        TypeError: Not a sequence of ``Message``.
+        ConfigurationError: A tool message without a result, a message id used twice, or
+            a result that answers no open call of the assistant message its tool message
+            answers.
+    """
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of Message, not {type(value).__name__}")
+    log = list(value)
+    for position, message in enumerate(log):
+        if not isinstance(message, Message):
+            raise TypeError(f"{name}[{position}] must be a Message, not {type(message).__name__}")
+        if message.role is Role.TOOL and not message.tool_results:
+            raise ConfigurationError(f"{name}[{position}] is a tool message without a result")
+    at = f"{name}[{{}}]".format
+    check_ids(log, at)
+    check_results(misplaced_results(log), at)
+    return log
+
+
+def check_ids(log: Sequence[Message], at: Callable[[int], str]) -> None:
+    """Every message of ``log`` must have an id of its own; ``at`` names a position."""
+    seen: dict[str, int] = {}
+    for position, message in enumerate(log):
+        first = seen.setdefault(message.id, position)
+        if first != position:
+            raise ConfigurationError(
+                f"{at(first)} and {at(position)} have the same id {message.id!r}; each "
+                "message of a conversation needs an id of its own"
+            )
+
+
+def check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) -> None:
+    """Reject a conversation with ``misplaced`` results (``misplaced_results``)."""
+    if misplaced:
+        position, call_id = misplaced[0]
+        raise ConfigurationError(
+            f"{at(position)} holds a result for call {call_id!r}, which answers "
+            "no open call of the assistant message its tool message answers (a result must "
+            "come after its call, answer it once, and share a tool message only with results "
+            "for calls of the same assistant message)"
+        )
+
+
+class Ledger:
+    """What a growing log holds, kept beside it: its ids, and its calls still without a
+    result (each assistant message that has some, cut down to them), so that checking
+    what is appended costs what is appended and what is open, not the whole log."""
+
+    __slots__ = ("ids", "open", "size")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.open: tuple[Message, ...] = ()
+        self.size = 0
+        """How many messages of the log are taken in."""
+
+    def catch_up(self, log: Sequence[Message]) -> None:
+        """Take in, unchecked, what ``log`` holds beyond what was taken in (a loaded log)."""
+        if self.size < len(log):
+            added = log[self.size :]
+            self.add(added, _still_open(self.open, added)[1])
+
+    def check(self, messages: Sequence[Message], where: str) -> tuple[Message, ...]:
+        """``ConfigurationError`` unless ``messages`` may follow the log taken in: no
+        tool message without a result, no id the log (or another of them) holds, no
+        result that answers no open call. Returns what ``add`` takes as the calls left
+        open after them."""
+        at = f"{where} message {{}}".format
+        for position, message in enumerate(messages):
+            if message.role is Role.TOOL and not message.tool_results:
+                raise ConfigurationError(f"{at(position)} is a tool message without a result")
+        check_ids(messages, at)
+        for position, message in enumerate(messages):
+            if message.id in self.ids:
+                raise ConfigurationError(
+                    f"{at(position)} has the id {message.id!r} of a message already in the "
+                    "log; each message of a conversation needs an id of its own"
+                )
+        misplaced, still_open = _still_open(self.open, messages)
+        check_results(misplaced, at)
+        return still_open
+
+    def add(self, messages: Sequence[Message], still_open: tuple[Message, ...]) -> None:
+        """Take in ``messages``, appended to the log, and the calls ``check`` left open."""
+        self.ids.update(message.id for message in messages)
+        self.open = still_open
+        self.size += len(messages)
+
+
+def _still_open(
+    open_calls: tuple[Message, ...], messages: Sequence[Message]
+) -> tuple[list[tuple[int, str]], tuple[Message, ...]]:
+    """Pair ``messages`` after the calls ``open_calls`` leaves open: the misplaced results
+    of ``messages`` (positions among them, with their call ids), and the calls left open."""
+    trial = [*open_calls, *messages]
+    layout = Layout()
+    layout.scan(trial)
+    left: dict[int, Counter[str]] = {}
+    for position, call_id in layout.unanswered(trial):
+        left.setdefault(position, Counter())[call_id] += 1
+    kept = []
+    for position, ids in left.items():
+        message = trial[position]
+        if ids.total() < len(message.tool_calls):
+            calls = []
+            for call in message.tool_calls:
+                if ids[call.id] > 0:
+                    ids[call.id] -= 1
+                    calls.append(call)
+            message = attrs.evolve(message, content=calls)
+        kept.append(message)
+    offset = len(open_calls)
+    return [(position - offset, call_id) for position, call_id in layout.misplaced], tuple(kept)
