@@ -450,6 +450,39 @@ class SystemDropper:
         state.exclude(0)
 
 
+class Guarded:
+    """Protects the newest group and pins the first question, then removes ``slot``."""
+
+    def __init__(self, step: str, slot: int) -> None:
+        self.step, self.slot = step, slot
+
+    async def compact(self, state: CompactionState, /) -> None:
+        state.protected, state.pinned = state.slots - 1, frozenset({1})
+        slot = self.slot % state.slots
+        if self.step == "exclude":
+            state.exclude(slot)
+        elif self.step == "collapse":
+            state.collapse(slot, "gone")
+        elif self.step == "merge":
+            state.merge([slot], "gone")
+        else:
+            state.summarize([slot], "gone")
+
+
+@pytest.mark.parametrize("step", ["exclude", "collapse", "merge", "summarize"])
+@pytest.mark.parametrize(
+    ("slot", "why"),
+    [(0, "slot 0 holds a system group"), (1, "slot 1 is pinned"), (-1, "slot 6 is protected")],
+)
+async def test_no_step_removes_a_system_pinned_or_protected_group(
+    step: str, slot: int, why: str
+) -> None:
+    with pytest.raises(ValueError, match=why):
+        await apply_compaction(conversation(2), Guarded(step, slot))
+    log = conversation(2)
+    assert log[2] not in await apply_compaction(log, Guarded(step, 2))  # an old group
+
+
 class Busy:
     """A trigger object."""
 

@@ -8,6 +8,7 @@ import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context, tool
 from littleghost.context import (
+    CompactionState,
     PromptBudget,
     Summarization,
     ToolResultCompaction,
@@ -207,6 +208,41 @@ class TestProtection:
         from littleghost.context.records import record_covers
 
         assert all(question.id not in record_covers(m) for m in result.messages)
+
+
+class Reckless:
+    """Removes a group a run keeps (``back`` from the newest) with one of the state's steps."""
+
+    def __init__(self, step: str, back: int) -> None:
+        self.step, self.back = step, back
+
+    async def compact(self, state: CompactionState, /) -> None:
+        slot = state.slots - self.back
+        state.exclude(1)  # an old group (after the instructions): allowed
+        if self.step == "exclude":
+            state.exclude(slot)
+        elif self.step == "collapse":
+            state.collapse(slot, "gone")
+        elif self.step == "merge":
+            state.merge([2, slot], "gone")
+        else:
+            state.summarize([2, slot], "gone")
+
+
+@pytest.mark.parametrize("step", ["exclude", "collapse", "merge", "summarize"])
+@pytest.mark.parametrize("back", [1, 2], ids=["the question", "the tail"])
+async def test_a_custom_strategy_cannot_remove_what_a_run_keeps(
+    spans: Spans, step: str, back: int
+) -> None:
+    """The current question (pinned) and the preserved tail (protected) are refused by
+    every step of the state: the compaction fails, the request goes out unchanged."""
+    model = ScriptedModel([text_response("done")])
+    await managed(Reckless(step, back))(model=model).run("go", history=chat(40))
+    sent = model.requests[0].messages
+    assert len(sent) == 82 and sent[-1].text == "go"
+    (event,) = spans.compactions()
+    assert event["littleghost.compaction.outcome"] == "error"
+    assert event["error.type"] == "ValueError"
 
 
 class TestViewReuse:

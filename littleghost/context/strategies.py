@@ -94,9 +94,11 @@ class CompactionState:
     estimated when first needed, so walking from the newest group back estimates only
     what is walked. Slots keep their order: each slot's group is included, excluded, or
     absorbed into a collapse or summary made in the first slot it replaces. Slots from
-    ``protected`` on (the current turn, in a run) and ``pinned`` slots are never removed.
-    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
-    request may fill, ``None`` for no limit) fit summary requests to the window.
+    ``protected`` on and ``pinned`` slots (in a run, the preserved newest messages and the
+    current request) are never removed: excluding, collapsing, merging or summarizing one
+    raises ``ValueError``, as for a system group. ``scale`` (real tokens per estimated
+    token) and ``room`` (the real tokens a summary request may fill, ``None`` for no
+    limit) fit summary requests to the window.
     """
 
     __slots__ = (
@@ -256,12 +258,23 @@ class CompactionState:
         elif kind == TOOL_CALL:
             self.tool_call_groups += sign
 
+    def _removable(self, slot: int) -> None:
+        """``ValueError`` unless the group in ``slot`` may leave the view (not a system
+        group, nor pinned, nor from ``protected`` on)."""
+        if self._kinds[slot] == SYSTEM:
+            raise ValueError(f"slot {slot} holds a system group: system groups are always kept")
+        if slot >= self.protected or slot in self.pinned:
+            raise ValueError(
+                f"slot {slot} is {'pinned' if slot in self.pinned else 'protected'}: slots "
+                f"from protected ({self.protected}) on and pinned slots are never removed"
+            )
+
     def exclude(self, slot: int) -> None:
-        """Leave the group in ``slot`` out of the view."""
+        """Leave the group in ``slot`` out of the view (``ValueError`` for a system,
+        protected or pinned group)."""
         if self._fate[slot] != _INCLUDED:
             return
-        if self._kinds[slot] == SYSTEM:
-            raise ValueError("system groups are always kept")
+        self._removable(slot)
         self._count(slot, -1)
         self._fate[slot] = _EXCLUDED
         self._excluded.append(slot)
@@ -325,8 +338,10 @@ class CompactionState:
 
     def collapse(self, slot: int, text: str) -> None:
         """Replace the group in ``slot`` by one assistant message saying ``text``."""
-        if self._fate[slot] != _INCLUDED or self._kinds[slot] == SYSTEM:
-            raise ValueError("only an included non-system group can be collapsed")
+        if self._fate[slot] != _INCLUDED:
+            raise ValueError(
+                f"slot {slot} is not included: only an included group can be collapsed"
+            )
         self.merge([slot], text)
 
     def merge(self, slots: Sequence[int], text: str) -> None:
@@ -351,6 +366,8 @@ class CompactionState:
         self, slots: Sequence[int], kind: GroupKind, make: Callable[[list[str]], Message]
     ) -> Message:
         """Replace the groups in ``slots`` by ``make(the ids they stand for)``, of ``kind``."""
+        for slot in slots:
+            self._removable(slot)
         stands = [item for slot in slots for item in self.stands_for(slot)]
         record = make(stands)
         for slot in slots:
