@@ -21,6 +21,7 @@ from littleghost.context import (
     TokenBudget,
     ToolResultCompaction,
     Truncation,
+    TurnExcerpts,
     apply_compaction,
     group_messages,
     has_tool_calls,
@@ -282,6 +283,28 @@ async def test_a_failed_summary_raises() -> None:
         await apply_compaction(conversation(4), Summarization(model=ScriptedModel([cut, cut])))
     with pytest.raises(ConfigurationError, match=r"Summarization\(model=\.\.\.\)"):
         await apply_compaction(conversation(4), Summarization())
+
+
+# --- TurnExcerpts ----------------------------------------------------------------------
+
+
+async def test_turn_excerpts_keep_the_newest_turn_by_default() -> None:
+    log = conversation(4)  # each turn: a question, a tool-call group, an answer
+    assert await apply_compaction(log, TurnExcerpts()) == (log[0], *log[-4:])
+    assert await apply_compaction(log, TurnExcerpts(minimum_preserved=0)) == (log[0],)
+
+
+async def test_turn_excerpts_keep_the_preserved_groups_with_their_whole_turn() -> None:
+    log = conversation(4)
+    view = await apply_compaction(log, TurnExcerpts(minimum_preserved=4))
+    assert view == (log[0], *log[-8:])  # turn 3, and turn 2 for its answer
+    stop = ~tokens_exceed(estimate_messages(log) - 1)  # after the first step
+    view = await apply_compaction(log, TurnExcerpts(target=stop))
+    assert texts(view)[:2] == [
+        "You are terse.",
+        "[Earlier turn, excerpted: Q: question 0 | A: answer 0 | 1 tool call]",
+    ]
+    assert view[2:] == tuple(log[5:])
 
 
 # --- Pipeline and TokenBudget ----------------------------------------------------------

@@ -662,7 +662,7 @@ async def _compact(
             if fallback:
                 state.protected = max(state.pinned, default=state.slots)  # the current turn
                 state.pinned |= {s for s in range(state.slots) if state.kind(s) == SUMMARY}
-                await TurnExcerpts(target=~tokens_exceed(goal)).compact(state)
+                await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:

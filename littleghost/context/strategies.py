@@ -676,6 +676,8 @@ class TurnExcerpts:
         trigger: Start only when this holds (default ``always``).
         target: Stop as soon as this holds (default: the trigger no longer holds).
         excerpt_chars: The length of the question and of the answer in a line (>= 16).
+        minimum_preserved: Newest non-system groups kept verbatim, with the rest of their
+            turn (>= 0, default 1: the newest turn stays).
     """
 
     trigger: Trigger = field(default=always, validator=check_trigger("TurnExcerpts.trigger"))
@@ -683,14 +685,18 @@ class TurnExcerpts:
         default=None, validator=optional(check_trigger("TurnExcerpts.target"))
     )
     excerpt_chars: int = field(default=160, validator=count("TurnExcerpts.excerpt_chars", 16))
+    minimum_preserved: int = field(default=1, validator=count("TurnExcerpts.minimum_preserved"))
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         if not self.trigger(state):
             return
         goal = _target(self.trigger, self.target)
+        end = state.newest(self.minimum_preserved)
+        while 0 < end < state.slots and state.kind(end) != USER:
+            end -= 1  # the preserved groups keep their whole turn
         turns: list[list[int]] = []
-        for slot in state.candidates(state.slots):
+        for slot in state.candidates(end):
             if state.kind(slot) == USER or not turns:
                 turns.append([slot])
             else:
