@@ -285,6 +285,17 @@ async def test_a_failed_summary_raises() -> None:
         await apply_compaction(conversation(4), Summarization())
 
 
+async def test_summarization_masks_no_tool_result_it_keeps_verbatim() -> None:
+    log = [*conversation(1), Message.user("and the others?")]
+    for call in (ToolCall(f"c{i}", "get_weather", {"city": f"c{i}"}) for i in range(3)):
+        log += [Message.assistant(tool_calls=[call]), Message.tool(call.id, "sunny " * 40)]
+    log.append(Message.assistant("all sunny"))
+    model = ScriptedModel([text_response("They asked about the weather.")])
+    strategy = Summarization(model=model, minimum_preserved=4, mask_tool_results=1)
+    view = await apply_compaction(log, strategy)
+    assert view[1].is_summary and view[2:] == tuple(log[-7:])  # the newest 4 groups
+
+
 # --- TurnExcerpts ----------------------------------------------------------------------
 
 

@@ -320,15 +320,13 @@ class TestMasking:
         over = tokens_exceed(350)
         history = tool_history(4, 400)
         quiet = ScriptedModel([])
-        view = await apply_compaction(
-            history, Summarization(model=quiet, mask_tool_results=2, trigger=over)
-        )
+        masked = Summarization(model=quiet, mask_tool_results=2, trigger=over, minimum_preserved=2)
+        view = await apply_compaction(history, masked)
         assert len([m for m in view if m.text.startswith("[Tool results omitted")]) == 2
         assert quiet.requests == []
         busy = ScriptedModel([summary_step("Goal: orders")])
-        view = await apply_compaction(
-            history, Summarization(model=busy, mask_tool_results=2, trigger=tokens_exceed(100))
-        )
+        strategy = attrs.evolve(masked, model=busy, trigger=tokens_exceed(100))
+        view = await apply_compaction(history, strategy)
         assert "[Tool results omitted" in busy.requests[0].messages[1].text
         assert any(m.is_summary for m in view)
 

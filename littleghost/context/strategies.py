@@ -585,19 +585,28 @@ def mask_text(group: MessageGroup) -> str:
     return f"{text}\n{line}" if text else line
 
 
-async def mask_tool_results(state: CompactionState, keep: int, target: Trigger) -> None:
+async def mask_tool_results(
+    state: CompactionState, keep: int, target: Trigger, end: int | None = None
+) -> None:
     """Observation masking: replace each tool-call group older than the newest ``keep``
-    by its one-line placeholder (``mask_text``), oldest first, until ``target`` holds.
-    The results stay in the log; a later summary sees only the placeholder."""
-    _tool_groups(state, keep, target, mask_text)
+    (and before slot ``end``, when given) by its one-line placeholder (``mask_text``),
+    oldest first, until ``target`` holds. The results stay in the log; a later summary
+    sees only the placeholder."""
+    _tool_groups(state, keep, target, mask_text, end)
 
 
 def _tool_groups(
-    state: CompactionState, keep: int, goal: Trigger, text: Callable[[MessageGroup], str] | None
+    state: CompactionState,
+    keep: int,
+    goal: Trigger,
+    text: Callable[[MessageGroup], str] | None,
+    end: int | None = None,
 ) -> None:
-    """Collapse each tool-call group older than the newest ``keep`` into ``text(group)``
-    (exclude it, without ``text``), oldest first, until ``goal`` holds."""
-    for slot in state.candidates(state.newest(keep, TOOL_CALL), TOOL_CALL):
+    """Collapse each tool-call group older than the newest ``keep`` (and before ``end``)
+    into ``text(group)`` (exclude it, without ``text``), oldest first, until ``goal``
+    holds."""
+    start = state.newest(keep, TOOL_CALL)
+    for slot in state.candidates(start if end is None else min(start, end), TOOL_CALL):
         if goal(state):
             return
         if text is None:
@@ -784,7 +793,8 @@ class Summarization:
         max_tokens: The summary's output cap (>= 1, default 1 024).
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
         mask_tool_results: Mask tool results beyond the newest this many tool-call groups
-            before summarizing (>= 0), or ``None`` (default) not to mask.
+            (and the ``minimum_preserved`` newest groups) before summarizing (>= 0), or
+            ``None`` (default) not to mask.
         quote_specifics: Quote the specifics of what is summarized after the notes
             (default True).
     """
@@ -831,7 +841,8 @@ class Summarization:
         complete = self._complete(state)
         target = _target(self.trigger, self.target)
         if self.mask_tool_results is not None:
-            await mask_tool_results(state, self.mask_tool_results, target)
+            end = state.newest(self.minimum_preserved)
+            await mask_tool_results(state, self.mask_tool_results, target, end)
             if target(state):
                 return
         taken: list[int] = []
