@@ -3,13 +3,15 @@ groups; pipeline order; the token budget and its fallback; groups never split.""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from littleghost import Message, ToolCall
+from littleghost import Message, ToolCall, manage_context
 from littleghost.context import (
     ByteEstimator,
     CompactionState,
@@ -515,6 +517,73 @@ async def test_no_step_removes_a_system_pinned_or_protected_group(
         await apply_compaction(conversation(2), Guarded(step, slot))
     log = conversation(2)
     assert log[2] not in await apply_compaction(log, Guarded(step, 2))  # an old group
+
+
+class SyncCompact:
+    def compact(self, state: CompactionState, /) -> None:
+        state.exclude(1)
+
+
+class NoState:
+    async def compact(self) -> None:
+        pass
+
+
+class TwoStates:
+    async def compact(self, state: CompactionState, other: CompactionState) -> None:
+        pass
+
+
+BAD_STRATEGIES = [
+    (SyncCompact(), r"SyncCompact\.compact must be a coroutine function"),
+    (NoState(), r"NoState\.compact must accept \(state\)"),
+    (TwoStates(), r"TwoStates\.compact must accept \(state\)"),
+]
+PLACES: list[Callable[[Any], object]] = [
+    lambda strategy: manage_context(strategy=strategy),
+    lambda strategy: Pipeline(strategy),
+    lambda strategy: Pipeline(strategies=[Truncation(), strategy]),
+    lambda strategy: TokenBudget(token_budget=10, strategies=[strategy]),
+]
+
+
+@pytest.mark.parametrize(("strategy", "problem"), BAD_STRATEGIES)
+@pytest.mark.parametrize("place", PLACES)
+def test_a_strategy_that_cannot_be_called_as_the_protocol_says_is_refused(
+    strategy: object, problem: str, place: Callable[[object], object]
+) -> None:
+    """Where it is given, not with a TypeError at every compaction."""
+    with pytest.raises(ConfigurationError, match=problem):
+        place(strategy)
+
+
+@pytest.mark.parametrize(("strategy", "problem"), BAD_STRATEGIES)
+async def test_apply_compaction_refuses_a_strategy_it_cannot_call(
+    strategy: Any, problem: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=rf"strategy: {problem}"):
+        await apply_compaction(conversation(2), strategy)
+
+
+def traced(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: object, state: CompactionState) -> Any:
+        return method(self, state)
+
+    return wrapper
+
+
+class Traced:
+    """A strategy whose async compact is wrapped by a plain decorator."""
+
+    @traced
+    async def compact(self, state: CompactionState, /) -> None:
+        state.exclude(1)
+
+
+async def test_a_decorated_async_compact_is_a_strategy() -> None:
+    log = conversation(2)
+    assert await apply_compaction(log, Pipeline(Traced())) == (log[0], *log[2:])
 
 
 class Busy:

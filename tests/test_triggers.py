@@ -3,12 +3,18 @@ the trigger, stop on the target, re-evaluated after each step)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from littleghost import Message, ToolCall
 from littleghost.context import (
+    Pipeline,
     SelectiveToolCallCompaction,
+    SlidingWindow,
+    Summarization,
     Truncation,
+    TurnExcerpts,
     all_of,
     always,
     any_of,
@@ -22,10 +28,18 @@ from littleghost.context import (
     turns_exceed,
 )
 from littleghost.context.tokens import estimate_message
+from littleghost.context.triggers import Not
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 
 pytestmark = pytest.mark.anyio
+
+
+class Busy:
+    """A trigger object."""
+
+    def __call__(self, metrics: object) -> bool:
+        return True
 
 
 class Size:
@@ -94,6 +108,41 @@ def test_combinations_take_only_triggers() -> None:
         all_of("tokens")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"Truncation\.trigger"):
         Truncation(trigger=5)  # type: ignore[arg-type]
+
+
+def no_metrics() -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda t: Truncation(trigger=t), r"Truncation\.trigger"),
+        (lambda t: Summarization(target=t), r"Summarization\.target"),
+        (lambda t: SlidingWindow(keep_last_turns=1, target=t), r"SlidingWindow\.target"),
+        (lambda t: TurnExcerpts(trigger=t), r"TurnExcerpts\.trigger"),
+        (lambda t: Pipeline(trigger=t), r"Pipeline\.trigger"),
+        (lambda t: all_of(t), "all_of"),
+        (lambda t: any_of(always, t), "any_of"),
+        (lambda t: tokens_exceed(1) & t, "all_of"),
+        (lambda t: tokens_exceed(1) | t, "any_of"),
+        (Not, "~trigger"),
+    ],
+)
+@pytest.mark.parametrize("trigger", [no_metrics, lambda metrics, limit: True])
+def test_a_trigger_that_cannot_take_the_metrics_is_refused(
+    make: Any, name: str, trigger: Any
+) -> None:
+    """Refused where it is given, not with a TypeError at every compaction."""
+    with pytest.raises(ConfigurationError, match=rf"{name}.*must accept \(metrics\)"):
+        make(trigger)
+
+
+@pytest.mark.parametrize(
+    "trigger", [lambda metrics: True, lambda metrics, limit=3: True, lambda *metrics: True, Busy()]
+)
+def test_any_callable_taking_the_metrics_is_a_trigger(trigger: Any) -> None:
+    assert all_of(Truncation(trigger=trigger).trigger).triggers == (trigger,)
 
 
 async def test_a_trigger_that_does_not_hold_leaves_the_conversation_alone() -> None:

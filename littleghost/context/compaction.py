@@ -16,7 +16,7 @@ from littleghost.context.strategies import (
     CompactionState,
     CompactionStrategy,
     Complete,
-    is_strategy,
+    check_strategy,
 )
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
 from littleghost.context.view import build_view
@@ -59,11 +59,7 @@ def _checked(
 ) -> tuple[Tokenizer, Mapping[str, Any] | None]:
     """``name``'s strategy, tokenizer (default characters ÷ 4) and settings, checked as
     ``manage_context`` and ``run()`` check them."""
-    if not is_strategy(strategy):
-        raise ConfigurationError(
-            f"{name}: strategy must be a compaction strategy (with async compact(state)), "
-            f"not {wrong_value(strategy)}"
-        )
+    check_strategy(f"{name}: strategy", strategy)
     if tokenizer is not None and not has_method("count_tokens")(tokenizer):
         raise ConfigurationError(
             f"{name}: tokenizer must be an object with count_tokens(text) or None, not "

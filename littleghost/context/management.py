@@ -50,7 +50,7 @@ from littleghost.context.strategies import (
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
-    is_strategy,
+    check_strategy,
     mask_tool_results,
     prepared,
 )
@@ -186,9 +186,7 @@ class ContextManagement:
     summarize: bool = field(default=True, validator=_SWITCH)
     strategy: CompactionStrategy | None = field(
         default=None,
-        validator=optional(
-            _check(is_strategy, "a compaction strategy (Truncation, Pipeline, ...) or None")
-        ),
+        validator=optional(lambda _, __, value: check_strategy("manage_context: strategy", value)),
     )
 
     def __attrs_post_init__(self) -> None:

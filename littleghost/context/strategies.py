@@ -8,6 +8,7 @@ the trigger no longer does).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -56,6 +57,7 @@ from littleghost.context.triggers import (
     negate,
 )
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
+from littleghost.hooks import check_signature
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 from littleghost.text import cut_middle
@@ -73,7 +75,7 @@ __all__ = [
     "ToolResultCompaction",
     "Truncation",
     "TurnExcerpts",
-    "is_strategy",
+    "check_strategy",
     "mask_text",
     "mask_tool_results",
     "prepared",
@@ -442,8 +444,19 @@ class CompactionStrategy(Protocol):
         ...
 
 
-is_strategy = has_method("compact")
-"""True for a compaction strategy: anything with ``compact(state)``."""
+def check_strategy(name: str, value: object) -> None:
+    """``ConfigurationError`` naming ``name`` unless ``value`` is a compaction strategy: an
+    object (not a class) whose ``compact`` is a coroutine function taking the state."""
+    if not has_method("compact")(value):
+        raise ConfigurationError(
+            f"{name} must be a compaction strategy (with async compact(state)), "
+            f"not {wrong_value(value)}"
+        )
+    compact = cast(Any, value).compact
+    what = f"{name}: {type(value).__name__}.compact"
+    if not any(map(inspect.iscoroutinefunction, (compact, inspect.unwrap(compact)))):
+        raise ConfigurationError(f"{what} must be a coroutine function (async def compact)")
+    check_signature(what, compact, "(state)", 1, context=False)
 
 
 def _positions(items: list[Any], value: object) -> list[int]:
@@ -955,10 +968,11 @@ def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
         raise ConfigurationError(f"{name} must be a sequence of strategies, not {value!r}")
     strategies = tuple(value)
     for strategy in strategies:
-        if not is_strategy(strategy):
+        if not has_method("compact")(strategy):
             raise ConfigurationError(
                 f"{name} takes strategies (with async compact(state)), not {wrong_value(strategy)}"
             )
+        check_strategy(name, strategy)
     return strategies
 
 

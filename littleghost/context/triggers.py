@@ -16,6 +16,7 @@ from attrs import field, frozen
 
 from littleghost._validators import Validator, check, count, is_callable, wrong_value
 from littleghost.errors import ConfigurationError
+from littleghost.hooks import check_signature
 
 __all__ = [
     "AllOf",
@@ -74,8 +75,18 @@ class Trigger(Protocol):
 
 
 def check_trigger(name: str) -> Validator:
-    """An attrs validator: the value is a callable trigger."""
-    return check(name, is_callable, "a trigger (a callable)")
+    """An attrs validator: the value is a trigger, a callable taking the metrics."""
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        check(name, is_callable, "a trigger (a callable)")(instance, attribute, value)
+        _takes_metrics(name, value)
+
+    return validate
+
+
+def _takes_metrics(name: str, trigger: Trigger) -> None:
+    """``ConfigurationError`` unless ``trigger`` can be called with the metrics."""
+    check_signature(f"{name}, a trigger,", trigger, "(metrics)", 1, context=False)
 
 
 class _Combine:
@@ -164,6 +175,7 @@ def _triggers(name: str, value: Any) -> tuple[Trigger, ...]:
             raise ConfigurationError(
                 f"{name} takes triggers (callables), not {wrong_value(trigger)}"
             )
+        _takes_metrics(f"{name}'s {getattr(trigger, '__qualname__', repr(trigger))}", trigger)
     return triggers
 
 
