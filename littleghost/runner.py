@@ -428,9 +428,13 @@ def instructions_message(text: str) -> Message:
     return Message.system(text, id=f"instructions-{digest}")
 
 
-async def _call_model(agent: Agent, request: ModelRequest, context: RunContext) -> ModelResponse:
+async def _call_model(agent: Agent, base: ModelRequest, context: RunContext) -> ModelResponse:
+    """Send ``base`` through the ``before_model`` hooks to the model; on an error, retry
+    with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
+    which passes through the ``before_model`` hooks again without the messages they added
+    (so what a hook injects is not doubled)."""
     before = _hooks(agent, context, "before_model")
-    request = await run_chain(before, request, expected=ModelRequest, context=context)
+    request = await run_chain(before, base, expected=ModelRequest, context=context)
     recoveries = 0
     while True:
         try:
@@ -452,7 +456,22 @@ async def _call_model(agent: Agent, request: ModelRequest, context: RunContext) 
             recoveries += 1
             if context.streaming:
                 await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
+            added = _added(base, request, context)
+            if added:
+                kept = tuple(m for m in replacement.messages if m.id not in added)
+                replacement = attrs.evolve(replacement, messages=kept)
             request = await run_chain(before, replacement, expected=ModelRequest, context=context)
+
+
+def _added(base: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:
+    """The ids of the messages the ``before_model`` hooks added to ``base`` to make ``sent``:
+    in neither ``base`` nor the log (a summary a hook appended to the log stays)."""
+    known = {message.id for message in base.messages}
+    return {
+        message.id
+        for message in sent.messages
+        if message.id not in known and not context.has_message(message.id)
+    }
 
 
 async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContext) -> None:
@@ -524,13 +543,15 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
 
 async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolResult:
     """Run ``call`` (its ``before_tool`` hooks first): the tool's result, whole."""
-    original_id = call.id
+    original_id, asked = call.id, call.name
     before = _hooks(agent, context, "before_tool")
     call = await run_chain(before, call, expected=ToolCall, context=context)
     if call.id != original_id:  # a hook's new id: the event pairs with the logged call
         call = attrs.evolve(call, id=original_id)
     await context.emit(ToolCallStarted(call))
     found = agent.find_tool(call.name)
+    if found is not None and call.name == asked and asked not in _offered(agent, context):
+        found = None  # the request did not offer it (a hook took it out): it does not run
     name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL
     attributes = {
         telemetry.OPERATION_NAME: "execute_tool",
@@ -547,6 +568,13 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         if agent.capture_content and span.is_recording():
             span.set_attribute(telemetry.TOOL_CALL_RESULT, _stored_result(agent, result.content))
     return result
+
+
+def _offered(agent: Agent, context: RunContext) -> set[str]:
+    """The names of the tools the model was offered: those of the turn's request, as the
+    hooks left it (the final-result tool too)."""
+    offered = agent.tool_specs if context.last_exchange is None else context.last_exchange[0].tools
+    return {spec.name for spec in offered}
 
 
 async def _after_tool(agent: Agent, result: ToolResult, context: RunContext) -> ToolResult:
@@ -566,11 +594,8 @@ async def _execute(
     span: Any,
 ) -> ToolResult:
     """Run the tool ``found`` for ``call`` (an error result when the agent has none)."""
-    if found is None:  # the tools the model was offered (the final-result tool too)
-        offered = (
-            agent.tool_specs if context.last_exchange is None else context.last_exchange[0].tools
-        )
-        available = ", ".join(sorted({spec.name for spec in offered})) or "none"
+    if found is None:
+        available = ", ".join(sorted(_offered(agent, context))) or "none"
         telemetry.mark_failed(span, "unknown_tool")
         return error_result(call, f"Unknown tool {brief(call.name)}. Available tools: {available}.")
     definition, function = found

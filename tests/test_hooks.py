@@ -619,3 +619,58 @@ def test_a_generator_hook_or_instructions_fails_at_class_definition() -> None:
 
     with pytest.raises(ConfigurationError, match=r"instructions=\) is a generator function"):
         Agent(instructions=parts)
+
+
+class Permissioned(Agent):
+    """A permission hook: ``refund`` is taken out of the tools offered to the model."""
+
+    def __init__(self, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.refunds: list[str] = []
+
+    @tool
+    def lookup(self, order: str) -> str:
+        """Look an order up."""
+        return f"{order}: shipped"
+
+    @tool
+    def refund(self, order: str) -> str:
+        """Refund an order."""
+        self.refunds.append(order)
+        return "refunded"
+
+    @before_model
+    def without_refunds(self, request: ModelRequest) -> ModelRequest:
+        tools = tuple(spec for spec in request.tools if spec.name != "refund")
+        return attrs.evolve(request, tools=tools)
+
+
+async def test_a_tool_a_hook_took_out_of_the_request_does_not_run() -> None:
+    """A call to a tool the request did not offer is answered as an unknown tool, so a hook
+    that narrows ``request.tools`` guards what runs."""
+    model = ScriptedModel(
+        [tool_call_response("refund", {"order": "42"}, call_id="c1"), text_response("ok")]
+    )
+    agent = Permissioned(model=model)
+    result = await agent.run("Refund order 42.")
+    assert agent.refunds == []
+    (answer,) = [m for m in result.messages if m.tool_results]
+    assert answer.tool_results[0].is_error
+    assert answer.tool_results[0].content == "Unknown tool 'refund'. Available tools: lookup."
+    assert [spec.name for spec in model.requests[0].tools] == ["lookup"]
+
+
+async def test_a_before_tool_hook_may_route_a_call_to_a_tool_not_offered() -> None:
+    """The check is on what the model asked for: a hook's own routing is trusted."""
+
+    class Routing(Permissioned):
+        @before_tool
+        def escalate(self, call: ToolCall) -> ToolCall:
+            return attrs.evolve(call, name="refund") if call.name == "lookup" else call
+
+    model = ScriptedModel(
+        [tool_call_response("lookup", {"order": "7"}, call_id="c1"), text_response("ok")]
+    )
+    agent = Routing(model=model)
+    await agent.run("Order 7?")
+    assert agent.refunds == ["7"]

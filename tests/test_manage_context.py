@@ -1182,3 +1182,89 @@ def test_an_unknown_manage_context_keyword_names_it_and_what_it_takes() -> None:
         r"it takes budget, compression_threshold, ",
     ):
         manage_context(compresion_threshold=0.7)
+
+
+REFERENCE = "Reference material: account 7731-2209, credit limit 5000 EUR."
+
+
+def _inject(request: ModelRequest) -> ModelRequest:
+    """A retrieval hook's work: its reference material, a user message of a fresh id, at
+    the top of the conversation (it is never in the log)."""
+    return attrs.evolve(request, messages=(Message.user(REFERENCE), *request.messages))
+
+
+def _copies(request: ModelRequest) -> int:
+    return sum(REFERENCE in message.text for message in request.messages)
+
+
+class TestInjectedMaterial:
+    """What a hook adds to a request is not the conversation: compaction keeps it as it is
+    and never summarizes or covers it, and a retry does not add it twice."""
+
+    async def test_proactive_compaction_keeps_material_injected_before_it(self) -> None:
+        class Retrieving(Agent):
+            @before_model
+            def retrieve(self, request: ModelRequest) -> ModelRequest:
+                return _inject(request)
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Injected(Retrieving):
+            pass
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Injected(model=model).run("go", history=chat(30))
+        summary_request, chat_request = model.requests
+        assert summary_request.purpose == "context_compaction"
+        assert _copies(summary_request) == 0
+        assert _copies(chat_request) == 1
+        assert any(m.is_summary for m in chat_request.messages)
+        assert not any(REFERENCE in m.text for m in result.messages)
+        logged = {m.id for m in result.messages}
+        (summary,) = [m for m in result.messages if m.is_summary]
+        assert set(summary.metadata[SUMMARY_COVERS_KEY]) <= logged
+
+    @pytest.mark.parametrize("fix", ["overflow", "settings"])
+    async def test_a_retry_carries_injected_material_once(self, fix: str) -> None:
+        """The replacement from an ``after_model_error`` hook (overflow recovery, or a hook
+        that drops a setting the provider refused) passes through the ``before_model``
+        hooks again without what they added to the request it replaces."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Retrieving(Agent):
+            max_retries = 0
+            settings = {"temperature": 0.5}
+
+            @before_model
+            def retrieve(self, request: ModelRequest) -> ModelRequest:
+                return _inject(request)
+
+            @after_model_error
+            def drop_temperature(
+                self, request: ModelRequest, error: Exception
+            ) -> ModelRequest | None:
+                if not isinstance(error, InvalidRequestError):
+                    return None
+                settings = {k: v for k, v in request.settings.items() if k != "temperature"}
+                return attrs.evolve(request, settings=settings)
+
+        if fix == "overflow":
+            steps: list[Any] = [ContextWindowOverflowError("too long"), summary_step()]
+        else:
+            steps = [InvalidRequestError("temperature is not supported")]
+        model = ScriptedModel([*steps, text_response("done")])
+        result = await Retrieving(model=model).run("go", history=chat(10))
+        chats = [r for r in model.requests if r.purpose == "chat"]
+        assert [_copies(r) for r in chats] == [1, 1]
+        assert all(_copies(r) == 0 for r in model.requests if r.purpose != "chat")
+        assert not any(REFERENCE in m.text for m in result.messages)
+        assert result.output == "done"

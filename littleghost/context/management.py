@@ -616,15 +616,20 @@ def _state(
     return state
 
 
-def _pinned(index: LogIndex, *, current: bool = True) -> frozenset[int]:
-    """The slots of ``index``'s view a compaction in a run keeps: those holding view-only
-    messages, and (``current``) the current request's."""
+def _pinned(index: LogIndex, logged: Callable[[str], bool] | None = None) -> frozenset[int]:
+    """The slots of ``index``'s view a compaction keeps: those holding view-only messages
+    and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
+    (a hook's injected material), and the current request."""
+
+    def kept(message: Message) -> bool:
+        return view_only(message) or (logged is not None and not logged(message.id))
+
     kinds, members = index.layout.slots()
-    pinned = {slot for slot in range(len(kinds)) if any(map(view_only, members[slot]))}
-    if not current:
+    pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
+    if logged is None:
         return frozenset(pinned)
     for slot in range(len(kinds) - 1, -1, -1):
-        if kinds[slot] == USER and not view_only(members[slot][0]):
+        if kinds[slot] == USER and not kept(members[slot][0]):
             pinned.add(slot)  # the current request
             break
     return frozenset(pinned)
@@ -653,7 +658,7 @@ async def _compact(
         run = _run(context, config)
         index = context.log_index.over(request.messages)
         state = _state(index, config, window, context._call, request.settings)
-        state.pinned = _pinned(index)
+        state.pinned = _pinned(index, context.has_message)
         state.scale = run.scale
         goal = _goal(state, target, request.max_tokens or 0)
         try:
@@ -798,7 +803,7 @@ async def managed_records(
     if shaped is not view:
         index = index.over(shaped.messages)
     state = _state(index, config, window, complete, settings)
-    state.pinned = _pinned(index, current=False)
+    state.pinned = _pinned(index)
     if config.strategy is not None:
         await config.strategy.compact(state)
     else:
