@@ -481,6 +481,19 @@ class Agent:
         definition, attribute = entry
         return definition, definition.function if attribute is None else getattr(self, attribute)
 
+    def _run_settings(self) -> dict[str, Any]:
+        """The settings a run starts from, as each run checks them: no knob of the class
+        changed since its definition (``_check_unchanged``), and the settings themselves
+        (they may have changed in place since).
+
+        Raises:
+            ConfigurationError: A knob changed, or a setting is invalid.
+        """
+        _check_unchanged(type(self), vars(self))
+        name = type(self).__name__
+        owner = f"{name}(…, settings=)" if "settings" in vars(self) else f"{name}.settings"
+        return check_settings(owner, self.settings)
+
     def _declared_model(self) -> str | Model:
         declared = _model(f"{type(self).__name__}.model", self.model)  # it may have changed
         if declared is None:
@@ -548,7 +561,6 @@ class Agent:
         string, closed at its end, so calls from several threads on one agent do not
         share one. Takes the keywords of ``run()``.
         """
-        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,
@@ -638,7 +650,6 @@ class Agent:
                 after one repair turn (or on the last turn ``max_turns`` allows).
             SessionStoreError: The session store failed (see its subclasses).
         """
-        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,
@@ -669,7 +680,6 @@ class Agent:
         Takes the keywords of ``run()``; bad arguments fail here, and the run (and its
         ``timeout``) starts when the block is entered. See ``littleghost.events``.
         """
-        _check_unchanged(type(self), vars(self))
         plan = runner.plan_run(
             self,
             input,

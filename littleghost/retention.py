@@ -18,7 +18,7 @@ from attrs import field, frozen
 
 from littleghost import runner
 from littleghost._validators import check
-from littleghost.agent import Agent, _check_unchanged
+from littleghost.agent import Agent
 from littleghost.context.management import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
 from littleghost.errors import ConfigurationError
@@ -155,11 +155,14 @@ async def check_retention(
 
 
 class _Asking:
-    """The agent's model, keeping the first chat request it answers (the one that asked
-    the question, as the run shaped it); anything else is the model's own."""
+    """The agent's model, keeping the first chat request it answers that holds the
+    question (the one that asked it, as the run shaped it, not a hook's side call);
+    anything else is the model's own."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, question: str) -> None:
         self.model = model
+        self.question = question
+        """The question's message id."""
         self.asked: ModelRequest | None = None
 
     @property
@@ -179,7 +182,7 @@ class _Asking:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         response = await self.model.respond(request)
-        if self.asked is None and request.purpose == "chat":
+        if self.asked is None and any(m.id == self.question for m in request.messages):
             self.asked = request
         return response
 
@@ -187,9 +190,8 @@ class _Asking:
 async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str, str]:
     """The free-text answer to ``question`` from a run with ``log`` as history, and the
     transcript of the request that asked it, without the question."""
-    _check_unchanged(type(agent), vars(agent))  # as run() does
     plan = runner.plan_run(agent, question, history=log, output_type=str)
-    model = _Asking(agent.resolve_model())
+    model = _Asking(agent.resolve_model(), plan.message.id)
     result = await runner.run(agent, plan, model=model)
     assert model.asked is not None  # a run that ended has had an answer
     sent = [message for message in model.asked.messages if message.id != plan.message.id]

@@ -14,7 +14,7 @@ from littleghost import telemetry
 from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
-from littleghost.errors import ProtocolError, SessionStoreError
+from littleghost.errors import ConfigurationError, ProtocolError, SessionStoreError
 from littleghost.events import (
     Event,
     ModelCallRetried,
@@ -104,6 +104,8 @@ class RunContext:
     _prepared_models: set[int] = field(factory=set, repr=False, init=False)
     _ledger: Ledger = field(factory=Ledger, repr=False, init=False)
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
+    _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
+    """The ids of the tool batch the runner is running: only it answers them."""
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
@@ -162,7 +164,9 @@ class RunContext:
 
         Raises:
             ConfigurationError: A message repeats an id, is a tool message without a
-                result, or holds a result that answers no open call; nothing is appended.
+                result, or holds a result that answers no open call, or a call of the tool
+                batch the run is running (its result is what its tool returns); nothing is
+                appended.
             UnstorableValueError: A message holds a value the store cannot keep.
             SessionStoreError: The store failed, raised a cancellation nobody asked for,
                 or the write was cut off at the run's stop time while the run was not
@@ -170,6 +174,10 @@ class RunContext:
                 run writes nothing more, and the next run of the session repairs what it
                 finds).
         """
+        await self._append(messages, batch=False)
+
+    async def _append(self, messages: tuple[Message, ...], *, batch: bool) -> None:
+        """``append``; the runner stores a tool batch's results with ``batch``."""
         if not messages:
             return
         for message in messages:
@@ -179,7 +187,7 @@ class RunContext:
                 )
         writer = self._writer
         if writer is None:
-            self._extend(messages, self._checked(messages))
+            self._extend(messages, self._checked(messages, batch))
             return
         async with self._writing:
             if self.grace.uncertain:
@@ -187,7 +195,7 @@ class RunContext:
                     "an earlier write to the session store failed or was cut off, so the "
                     "store may hold more than the run knows: the run writes nothing more"
                 )
-            still_open = self._checked(messages)
+            still_open = self._checked(messages, batch)
             check_storable(messages)
 
             async def write() -> None:
@@ -203,8 +211,17 @@ class RunContext:
                 then=lambda: self._extend(messages, still_open),
             )
 
-    def _checked(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
-        """Check ``messages`` against the log (``Ledger.check``)."""
+    def _checked(self, messages: tuple[Message, ...], batch: bool) -> tuple[Message, ...]:
+        """Check ``messages`` against the log (``Ledger.check``) and, unless the runner
+        stores its ``batch``, against the calls it is running."""
+        for position, message in enumerate(() if batch else messages):
+            for result in message.tool_results:
+                if result.call_id in self._running:
+                    raise ConfigurationError(
+                        f"context.append() message {position} answers call "
+                        f"{result.call_id!r}, which the run is running: its result is what "
+                        "its tool returns"
+                    )
         self._ledger.catch_up(self._log)
         return self._ledger.check(messages, "context.append()")
 

@@ -142,7 +142,9 @@ def plan_run(
     deadline: object = None,
     output_type: object = None,
 ) -> RunPlan:
-    """Check ``run()``'s arguments, naming the one that is wrong."""
+    """Check ``run()``'s arguments, naming the one that is wrong, after the agent's
+    declarations (``Agent._run_settings``)."""
+    declared = agent._run_settings()
     if session_id is not None:
         check_session_id(session_id)
     _check_timing(timeout, deadline)
@@ -154,13 +156,10 @@ def plan_run(
         output = compile_output_type(output_type, "run(output_type=)")
         if output is not None:
             check_tool_names("run(output_type=)", agent.tool_names)
-    name = type(agent).__name__
-    declared = f"{name}(…, settings=)" if "settings" in vars(agent) else f"{name}.settings"
-    merged = {
-        **check_settings(declared, agent.settings),  # changed in place since, maybe
-        **(check_settings("settings", settings) if settings is not None else {}),
-    }
-    check_response_format("settings", merged, output)
+    given = {} if settings is None else check_settings("settings", settings)
+    merged = {**declared, **given}
+    where = "settings" if "response_format" in given else f"{type(agent).__name__}.settings"
+    check_response_format(where, merged, output)
     return RunPlan(
         message=message,
         seed=seed,
@@ -434,7 +433,8 @@ async def _call_model(agent: Agent, base: ModelRequest, context: RunContext) -> 
     which passes through the ``before_model`` hooks again without the messages they added
     (so what a hook injects is not doubled)."""
     before = _hooks(agent, context, "before_model")
-    request = await run_chain(before, base, expected=ModelRequest, context=context)
+    given = base  # what the before_model hooks were given
+    request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = 0
     while True:
         try:
@@ -456,17 +456,18 @@ async def _call_model(agent: Agent, base: ModelRequest, context: RunContext) -> 
             recoveries += 1
             if context.streaming:
                 await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
-            added = _added(base, request, context)
+            added = _added(given, request, context)
             if added:
                 kept = tuple(m for m in replacement.messages if m.id not in added)
                 replacement = attrs.evolve(replacement, messages=kept)
-            request = await run_chain(before, replacement, expected=ModelRequest, context=context)
+            given = replacement
+            request = await run_chain(before, given, expected=ModelRequest, context=context)
 
 
-def _added(base: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:
-    """The ids of the messages the ``before_model`` hooks added to ``base`` to make ``sent``:
-    in neither ``base`` nor the log (a summary a hook appended to the log stays)."""
-    known = {message.id for message in base.messages}
+def _added(given: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:
+    """The ids of the messages the ``before_model`` hooks added to ``given`` to make
+    ``sent``: in neither ``given`` nor the log (a summary a hook appended to the log stays)."""
+    known = {message.id for message in given.messages}
     return {
         message.id
         for message in sent.messages
@@ -498,7 +499,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             while end < len(answers) and answers[end] is not None:
                 end += 1
             ready = [answer for answer in answers[stored:end] if answer is not None]
-            await context.append(*ready)
+            await context._append(tuple(ready), batch=True)
             stored = end
             for answer in ready:
                 await context.emit(ToolCallFinished(answer.tool_results[0]))
@@ -520,11 +521,13 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             failures.append(error)  # re-raised as itself, never in an exception group
             group.cancel_scope.cancel()
 
+    context._running = frozenset(call.id for call in calls)
     try:
         async with anyio.create_task_group() as group:
             for index, call in enumerate(calls):
                 group.start_soon(run_one, index, call)
     finally:
+        context._running = frozenset()  # the batch's tools are done (none appends any more)
         # Each call's answer is told by its own message, not its call id (ids may repeat);
         # a write cut off by the stop may have put some in the log all the same. The calls
         # not stored yet follow the stored ones: finished ones with their result (or as
@@ -536,7 +539,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             if answer is None or answer.id not in logged
         ]
         if unstored and not context.grace.uncertain:
-            await context.grace.finish("storing the batch's results", context.append(*unstored))
+            store = context._append(tuple(unstored), batch=True)
+            await context.grace.finish("storing the batch's results", store)
     if failures:
         raise failures[0]
 
@@ -550,8 +554,8 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         call = attrs.evolve(call, id=original_id)
     await context.emit(ToolCallStarted(call))
     found = agent.find_tool(call.name)
-    if found is not None and call.name == asked and asked not in _offered(agent, context):
-        found = None  # the request did not offer it (a hook took it out): it does not run
+    if found is not None and call.name == asked and _hidden(agent, context, original_id, asked):
+        found = None  # the model called a tool the request did not offer: it does not run
     name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL
     attributes = {
         telemetry.OPERATION_NAME: "execute_tool",
@@ -568,6 +572,15 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         if agent.capture_content and span.is_recording():
             span.set_attribute(telemetry.TOOL_CALL_RESULT, _stored_result(agent, result.content))
     return result
+
+
+def _hidden(agent: Agent, context: RunContext, call_id: str, name: str) -> bool:
+    """True when the model itself called ``name`` (not a hook's routing) and the turn's
+    request did not offer it (a ``before_model`` hook took it out)."""
+    if context.last_exchange is None or name in _offered(agent, context):
+        return False
+    calls = context.last_exchange[1].message.tool_calls
+    return any(call.id == call_id and call.name == name for call in calls)
 
 
 def _offered(agent: Agent, context: RunContext) -> set[str]:

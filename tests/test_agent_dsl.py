@@ -500,6 +500,19 @@ async def test_settings_changed_on_the_class_are_used_and_checked_at_the_next_ru
     assert len(model.requests) == 2
 
 
+async def test_a_response_format_set_on_the_class_later_is_named_as_the_classes() -> None:
+    """With an output type, ``response_format`` in the class's settings fails naming the
+    class's settings, not the run's."""
+    cls = type("Typed", (Agent,), {"model": ScriptedModel([]), "output_type": int})
+    agent = cls()
+    cls.settings = {"response_format": {"type": "json_object"}}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"^Typed\.settings: response_format"):
+        await agent.run("hi")
+    cls.settings = {}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"^settings: response_format"):
+        await agent.run("hi", settings={"response_format": {"type": "json_object"}})
+
+
 @pytest.mark.parametrize("entry", ["constructor", "run", "stream"])
 async def test_an_instance_overriding_a_knob_changed_on_its_class_is_not_refused(
     entry: str,

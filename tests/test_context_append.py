@@ -307,3 +307,25 @@ async def test_what_is_not_a_message_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"context.append\(\) takes Message values, not str"):
         await Careless(model=ScriptedModel([text_response("ok")])).run("hi")
+
+
+async def test_a_tool_cannot_answer_a_call_of_the_batch_being_run() -> None:
+    """A result for a call the run is running is the tool's return value: a tool that
+    appends one for its own call fails, with the reason, and the run goes on whole."""
+
+    class Progress(Agent):
+        @tool
+        async def work(self, n: int, context: RunContext) -> str:
+            """Work on n."""
+            await context.append(Message.tool("c0", "progress: 50%"))
+            return "done"
+
+    model = ScriptedModel([batch(1), text_response("ok")])
+    result = await Progress(model=model).run("go")
+    assert result.output == "ok"
+    (answer,) = [m for m in result.messages if m.role is Role.TOOL]
+    (outcome,) = answer.tool_results
+    assert outcome.is_error
+    assert "ConfigurationError" in outcome.content
+    assert "answers call 'c0', which the run is running" in outcome.content
+    assert_whole(result.messages)

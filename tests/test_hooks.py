@@ -12,6 +12,7 @@ import pytest
 
 from littleghost import (
     Agent,
+    Message,
     RunContext,
     ToolCall,
     ToolResult,
@@ -674,3 +675,56 @@ async def test_a_before_tool_hook_may_route_a_call_to_a_tool_not_offered() -> No
     agent = Routing(model=model)
     await agent.run("Order 7?")
     assert agent.refunds == ["7"]
+
+
+async def test_an_after_model_hook_may_route_a_call_to_a_tool_not_offered() -> None:
+    """Only the model's own calls are held to what the request offered."""
+
+    class Routing(Permissioned):
+        @after_model
+        def escalate(self, response: ModelResponse) -> ModelResponse:
+            calls = [
+                attrs.evolve(call, name="refund") if call.name == "lookup" else call
+                for call in response.message.tool_calls
+            ]
+            if not calls:
+                return response
+            return attrs.evolve(response, message=attrs.evolve(response.message, content=calls))
+
+    model = ScriptedModel(
+        [tool_call_response("lookup", {"order": "9"}, call_id="c1"), text_response("ok")]
+    )
+    agent = Routing(model=model)
+    await agent.run("Order 9?")
+    assert agent.refunds == ["9"]
+
+
+async def test_every_retry_keeps_what_the_recovery_hook_added() -> None:
+    """Each replacement passes through the before_model hooks without what they added to
+    the request it replaces, never without what the after_model_error hook added."""
+
+    class Noted(Agent):
+        max_retries = 0
+
+        @before_model
+        def retrieve(self, request: ModelRequest) -> ModelRequest:
+            return attrs.evolve(request, messages=(*request.messages, Message.user("retrieved")))
+
+        @after_model_error
+        def ask_briefly(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            if not isinstance(error, InvalidRequestError):
+                return None
+            if any(m.id == "note" for m in request.messages):
+                return attrs.evolve(request)
+            note = Message.user("please answer briefly", id="note")
+            return attrs.evolve(request, messages=(*request.messages, note))
+
+    model = ScriptedModel(
+        [InvalidRequestError("bad"), InvalidRequestError("bad"), text_response("ok")]
+    )
+    await Noted(model=model).run("hi")
+    assert [[m.text for m in r.messages] for r in model.requests] == [
+        ["hi", "retrieved"],
+        ["hi", "please answer briefly", "retrieved"],
+        ["hi", "please answer briefly", "retrieved"],
+    ]

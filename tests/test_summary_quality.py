@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.context import (
     PromptBudget,
     SlidingWindow,
@@ -28,7 +28,7 @@ from littleghost.context.summarize import (
 )
 from littleghost.errors import ConfigurationError
 from littleghost.events import CompactionFinished
-from littleghost.models import StopReason
+from littleghost.models import ModelRequest, StopReason
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
 from .conversations import PerMessage, chat, compacted_twice, summary_step
@@ -448,6 +448,38 @@ class TestCheckRetention:
         in_log_view = render_transcript(build_view((*conversation, *report.records)))
         assert fact.found_in(in_log_view) and not report.checks[0].in_view
         assert "LOST MISS" in str(report)
+
+    async def test_a_hook_s_side_call_is_not_taken_for_the_question(self) -> None:
+        """A ``before_model`` hook's side call (a guard that quotes a fact, say) comes
+        first; ``in_view`` is judged on the request that asked the question."""
+
+        class Guarded(Small):
+            @before_model
+            async def guard(self, request: ModelRequest, *, context: RunContext) -> None:
+                await context.complete(ModelRequest([Message.user("Is A-1234 a safe order?")]))
+
+        steps = [summary_step("- notes"), text_response("safe"), text_response("I do not know.")]
+        model = ScriptedModel(steps)
+        fact = Fact("What is my order?", "A-1234")  # never said: only the guard quotes it
+        report = await check_retention(Guarded(model=model), chat(3), [fact])
+        assert [(c.in_view, c.answered) for c in report.checks] == [(False, False)]
+
+    async def test_settings_and_knobs_changed_since_definition_fail_before_the_summary(
+        self,
+    ) -> None:
+        """As a run would: checked before any model call."""
+        model = ScriptedModel([])
+        cls = type("Drifting", (Small,), {"settings": {"seed": 1}})
+        agent = cls(model=model)
+        fact = Fact("What is my order?", "A-1234")
+        cls.settings["temperature"] = float("nan")  # type: ignore[index]
+        with pytest.raises(ConfigurationError, match=r"Drifting\.settings\['temperature'\]"):
+            await check_retention(agent, self.conversation(), [fact])
+        cls.settings.pop("temperature")  # type: ignore[attr-defined]
+        cls.max_turns = 2  # type: ignore[attr-defined]
+        with pytest.raises(ConfigurationError, match=r"Drifting\.max_turns was changed"):
+            await check_retention(agent, self.conversation(), [fact])
+        assert model.requests == []
 
     async def test_needs_manage_context_and_facts(self) -> None:
         with pytest.raises(ConfigurationError, match="has no @manage_context"):

@@ -75,7 +75,7 @@ async def compact_document(
             config,
             window=used.tokens,
             complete=_write_nothing,
-            settings=agent.settings,
+            settings=agent._run_settings(),
             max_tool_result_tokens=agent.max_tool_result_tokens,
         )
         advance(1, "done")
@@ -99,7 +99,7 @@ async def compact_document(
                 config,
                 window=used.tokens,
                 complete=prepared(model),
-                settings=agent.settings,
+                settings=agent._run_settings(),
                 max_tool_result_tokens=agent.max_tool_result_tokens,
             )
             if records:

@@ -770,7 +770,7 @@ async def compact_log(
         config,
         window=window,
         complete=prepared(model),
-        settings=agent.settings,
+        settings=agent._run_settings(),
         share=share,
         max_tool_result_tokens=agent.max_tool_result_tokens,
     )

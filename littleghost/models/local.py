@@ -665,8 +665,10 @@ class LocalModel:
         if server is None:
             return
         self._forget(server)
-        await server.chat.aclose()
-        await _stop(server.process)
+        try:
+            await server.chat.aclose()
+        finally:
+            await _stop(server.process)
 
 
 def from_model_string(path: str | None) -> LocalModel:
