@@ -490,9 +490,14 @@ class Agent:
             ConfigurationError: A knob changed, or a setting is invalid.
         """
         _check_unchanged(type(self), vars(self))
+        return check_settings(self._settings_owner, self.settings)
+
+    @property
+    def _settings_owner(self) -> str:
+        """Where this agent's settings come from, for messages: ``Support(…, settings=)``
+        when the constructor gave them, else ``Support.settings``."""
         name = type(self).__name__
-        owner = f"{name}(…, settings=)" if "settings" in vars(self) else f"{name}.settings"
-        return check_settings(owner, self.settings)
+        return f"{name}(…, settings=)" if "settings" in vars(self) else f"{name}.settings"
 
     def _declared_model(self) -> str | Model:
         declared = _model(f"{type(self).__name__}.model", self.model)  # it may have changed

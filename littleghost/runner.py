@@ -158,7 +158,7 @@ def plan_run(
             check_tool_names("run(output_type=)", agent.tool_names)
     given = {} if settings is None else check_settings("settings", settings)
     merged = {**declared, **given}
-    where = "settings" if "response_format" in given else f"{type(agent).__name__}.settings"
+    where = "settings" if "response_format" in given else agent._settings_owner
     check_response_format(where, merged, output)
     return RunPlan(
         message=message,

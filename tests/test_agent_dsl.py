@@ -511,6 +511,10 @@ async def test_a_response_format_set_on_the_class_later_is_named_as_the_classes(
     cls.settings = {}  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError, match=r"^settings: response_format"):
         await agent.run("hi", settings={"response_format": {"type": "json_object"}})
+    own = cls(settings={"seed": 1})
+    own.settings["response_format"] = {"type": "json_object"}  # type: ignore[index]
+    with pytest.raises(ConfigurationError, match=r"^Typed\(…, settings=\): response_format"):
+        await own.run("hi")
 
 
 @pytest.mark.parametrize("entry", ["constructor", "run", "stream"])
