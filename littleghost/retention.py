@@ -19,7 +19,7 @@ from attrs import field, frozen
 from littleghost import runner
 from littleghost._validators import check
 from littleghost.agent import Agent
-from littleghost.context.management import compact_log
+from littleghost.context.outside import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
 from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history

@@ -8,7 +8,7 @@ import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context
 from littleghost.context import PromptBudget
-from littleghost.context.management import compact_log
+from littleghost.context.outside import compact_log
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest

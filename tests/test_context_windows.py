@@ -22,7 +22,7 @@ import pytest
 import littleghost.models.openai as openai_provider
 from littleghost import Agent, manage_context
 from littleghost.context.budget import PromptBudget
-from littleghost.context.management import ContextManagement, context_window
+from littleghost.context.config import ContextManagement, context_window
 from littleghost.errors import ConfigurationError, DeadlineExceededError
 from littleghost.messages import Message
 from littleghost.models.anthropic import AnthropicModel

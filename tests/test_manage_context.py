@@ -21,12 +21,9 @@ from littleghost import (
     tool,
 )
 from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
-from littleghost.context.management import (
-    AFTER_KEY,
-    ContextManagement,
-    RequestPreview,
-    preview_request,
-)
+from littleghost.context.config import ContextManagement
+from littleghost.context.management import AFTER_KEY
+from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     SUMMARY_FRAMING,

@@ -15,7 +15,8 @@ from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
 from littleghost.context.compaction import check_smaller
-from littleghost.context.management import context_config, managed_records
+from littleghost.context.config import context_config
+from littleghost.context.outside import managed_records
 from littleghost.context.strategies import prepared
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view

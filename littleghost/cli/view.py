@@ -14,7 +14,8 @@ from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
 from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
-from littleghost.context.management import ContextManagement, context_config, preview_request
+from littleghost.context.config import ContextManagement, context_config
+from littleghost.context.outside import preview_request
 from littleghost.context.summarize import call_arguments
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message

@@ -7,7 +7,7 @@ from attrs import frozen
 
 from littleghost._validators import is_int
 from littleghost.agent import Agent
-from littleghost.context.management import ContextManagement, context_config
+from littleghost.context.config import ContextManagement, context_config
 from littleghost.models import Model
 from littleghost.models.registry import split_model_string
 from littleghost.models.windows import known_context_window

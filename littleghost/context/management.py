@@ -8,53 +8,38 @@ The README's "Context management" states the rules.
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
 import attrs
-from attrs import define, field, frozen
-from opentelemetry import trace
+from attrs import define, field
 
 from littleghost import telemetry
-from littleghost._validators import (
-    Validator,
-    check,
-    has_method,
-    int_at_least,
-    is_int,
-    is_number,
-    optional,
-)
+from littleghost._validators import is_int
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
-from littleghost.cleanup import cancelled_here
+from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
     BudgetReport,
     PromptBudget,
-    env_tokens,
     fit_request,
     load_memories,
     view_only,
 )
 from littleghost.context.compaction import compaction_state
+from littleghost.context.config import ContextManagement, context_config, context_window
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
-    CompactionStrategy,
     Complete,
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
-    check_strategy,
     mask_tool_results,
-    prepared,
 )
-from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer, estimate_request
+from littleghost.context.tokens import Tokenizer, estimate_request
 from littleghost.context.triggers import messages_exceed, tokens_exceed
 from littleghost.errors import (
     CleanupError,
@@ -65,31 +50,27 @@ from littleghost.errors import (
     PromptBudgetError,
     SessionStoreError,
 )
-from littleghost.events import CompactionFinished, CompactionStarted
-from littleghost.log_rules import check_history
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.models.base import Model, ModelRequest
+from littleghost.models.base import ModelRequest
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
-    from littleghost.agent import Agent
     from littleghost.run import RunContext
 
 __all__ = [
     "AFTER_KEY",
     "REGROWTH",
-    "ContextManagement",
-    "RequestPreview",
-    "compact_log",
-    "context_config",
-    "context_window",
+    "clip_results",
+    "compacted_size",
+    "default_compaction",
     "estimate_tokens",
     "manage_context",
-    "managed_records",
-    "preview_request",
+    "managed_state",
+    "next_summary_at",
+    "pinned_slots",
+    "reaches",
+    "schema_estimate",
 ]
-
-logger = logging.getLogger("littleghost.context")
 
 C = TypeVar("C", bound=type)
 
@@ -102,126 +83,6 @@ TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 """Errors a failed compaction always lets through (cancellation is not an Exception)."""
-_assumed_windows: set[tuple[str, str]] = set()
-"""The (provider, model name) pairs already warned about an assumed window."""
-
-
-def _env_window() -> int:
-    return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
-
-
-def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
-    """``check`` for the field validated, named ``manage_context: <field>``."""
-
-    def validate(instance: object, attribute: Any, value: Any) -> None:
-        check(f"manage_context: {attribute.name}", ok, allowed)(instance, attribute, value)
-
-    return validate
-
-
-_SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
-_OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
-
-
-@frozen(kw_only=True)
-class ContextManagement:
-    """The ``manage_context`` configuration of an agent class (``Agent.context_management``).
-
-    Args:
-        context_window_tokens: The window used when the model advertises none (> 0).
-        context_window_override: The window used whatever the model advertises (> 0), or
-            None.
-        compression_threshold: Compact when the estimate reaches this share of the window,
-            in (0, 1].
-        summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
-        preserve_recent_messages: Newest messages always kept verbatim (>= 2).
-        tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
-        summary_instructions: Replaces the summarizer's instructions.
-        summary_max_tokens: The summary's output cap, and the cap of the specifics it
-            quotes (under the window); default a quarter of the window, at most 4 096.
-        quote_specifics: Keep, beside the notes, the summarized sentences and tool results
-            that hold a number, an identifier or a name, in their own words (default True).
-        mask_tool_results: Before summarizing, mask tool results older than the newest
-            this many tool-call groups by a one-line placeholder, and make no summary when
-            that is enough (``None``, the default: never).
-        budget: A ``PromptBudget``: every request's view is first bounded to it.
-        summarize: False never compacts with a model (needs ``budget``).
-        strategy: How to compact, in place of the default summarizer (the threshold
-            still decides when; overflow recovery uses it too).
-    """
-
-    context_window_tokens: int = field(
-        factory=_env_window, validator=_check(int_at_least(1), "an int > 0")
-    )
-    context_window_override: int | None = field(default=None, validator=_OPTIONAL_COUNT)
-    compression_threshold: float = field(
-        default=0.85, validator=_check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
-    )
-    summary_ratio: float = field(
-        default=0.3,
-        validator=_check(lambda v: is_number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"),
-    )
-    preserve_recent_messages: int = field(
-        default=10, validator=_check(int_at_least(2), "an int >= 2")
-    )
-    tokenizer: Tokenizer = field(
-        default=DEFAULT_TOKENIZER,
-        validator=_check(has_method("count_tokens"), "an object with count_tokens(text)"),
-    )
-    summary_instructions: str | None = field(
-        default=None,
-        validator=optional(
-            _check(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str or None")
-        ),
-    )
-    summary_max_tokens: int | None = field(default=None, validator=_OPTIONAL_COUNT)
-    quote_specifics: bool = field(default=True, validator=_SWITCH)
-    mask_tool_results: int | None = field(
-        default=None, validator=optional(_check(int_at_least(0), "an int >= 0 or None"))
-    )
-    budget: PromptBudget | None = field(
-        default=None,
-        validator=optional(_check(lambda v: isinstance(v, PromptBudget), "a PromptBudget or None")),
-    )
-    summarize: bool = field(default=True, validator=_SWITCH)
-    strategy: CompactionStrategy | None = field(
-        default=None,
-        validator=optional(lambda _, __, value: check_strategy("manage_context: strategy", value)),
-    )
-
-    def __attrs_post_init__(self) -> None:
-        if self.strategy is not None and not self.summarize:
-            raise ConfigurationError(
-                "manage_context: strategy= decides how to compact; summarize=False turns "
-                "compaction off, so the two cannot be combined"
-            )
-        if self.budget is None and not self.summarize:
-            raise ConfigurationError(
-                "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
-                "the window without a model"
-            )
-        self.check_window(self.context_window_override or self.context_window_tokens)
-
-    def check_window(self, window: int) -> None:
-        """Reject a configuration that leaves no room to compact in ``window``.
-
-        Raises:
-            ConfigurationError: ``summary_max_tokens`` is not under the window, or the
-                budget's reserves leave no room in it.
-        """
-        if self.summary_max_tokens is not None and self.summary_max_tokens >= window:
-            raise ConfigurationError(
-                f"manage_context: summary_max_tokens ({self.summary_max_tokens}) must be under "
-                f"the {window}-token context window"
-            )
-        if self.budget is not None:
-            self.budget.check_window(window)
-
-    def summary_cap(self, window: int) -> int:
-        """The summary's output cap for ``window``."""
-        if self.summary_max_tokens is not None:
-            return self.summary_max_tokens
-        return max(1, min(window // 4, 4_096))
 
 
 def manage_context(cls: C | None = None, /, **options: Any) -> Any:
@@ -249,29 +110,6 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
         return target
 
     return decorate(cls) if cls is not None else decorate
-
-
-def context_window(model: Model, config: ContextManagement) -> int:
-    """The window compaction works against: ``context_window_override`` when set, else the
-    model's advertised window when it is a positive int, else ``context_window_tokens``
-    (with one warning per model for the process)."""
-    if config.context_window_override is not None:
-        return config.context_window_override
-    advertised = getattr(model, "context_window", None)
-    if is_int(advertised) and advertised > 0:
-        return advertised
-    provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
-    if (provider, name) not in _assumed_windows:
-        _assumed_windows.add((provider, name))
-        logger.warning(
-            "manage_context: model %r (provider %r) advertises no context window; assuming "
-            "%d tokens. Set context_window= on the model, or context_window_override= or "
-            "context_window_tokens= on manage_context",
-            name,
-            provider,
-            config.context_window_tokens,
-        )
-    return config.context_window_tokens
 
 
 @define(eq=False)
@@ -304,13 +142,13 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
-        after = _last_after(context.messages)  # the last compaction of earlier runs
+        after = compacted_size(context.messages)  # the last compaction of earlier runs
         if after is not None:
-            state.quiet_until = _quiet_until(after, config, state.window)
+            state.quiet_until = next_summary_at(after, config, state.window)
     return state
 
 
-def _last_after(log: Sequence[Message]) -> int | None:
+def compacted_size(log: Sequence[Message]) -> int | None:
     """The size the log's last compaction left the request at (``AFTER_KEY``), if any."""
     for message in reversed(log):
         after = message.metadata.get(AFTER_KEY) if message.metadata else None
@@ -326,7 +164,7 @@ def _learn_scale(
     it counted beyond the instructions, the tool schemas and the sizes already known, over
     the conversation's estimate; False when that says nothing."""
     fixed, scaled = _parts(request.messages, context, tokenizer)
-    fixed += _schema_estimate(request, tokenizer)
+    fixed += schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
         return False
     state.scale = min(max((reported - fixed) / scaled, 0.25), 8.0)
@@ -352,7 +190,7 @@ def _parts(
     return fixed, scaled
 
 
-def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
+def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
     """The estimated tokens of the tool schemas, the output schema and the settings that
     reach the prompt."""
     return estimate_request(
@@ -385,22 +223,16 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
             and request.messages[:count] == previous.messages  # items compared by identity first
         ):
             return reported + _real(request.messages[count:], context, tokenizer) + answer
-    whole = _real(request.messages, context, tokenizer) + _schema_estimate(request, tokenizer)
+    whole = _real(request.messages, context, tokenizer) + schema_estimate(request, tokenizer)
     return whole + answer
 
 
-def context_config(agent: object) -> ContextManagement | None:
-    """The ``@manage_context`` configuration of ``agent``'s class, if it has one."""
-    config = getattr(agent, "context_management", None)
-    return config if isinstance(config, ContextManagement) else None
-
-
-def _reaches(estimated: int, threshold: float, window: int) -> bool:
+def reaches(estimated: int, threshold: float, window: int) -> bool:
     """``estimated >= threshold × window``, exactly (0.55 × 200 000 is 110 000)."""
     return Decimal(estimated) >= Decimal(repr(threshold)) * window
 
 
-def _clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
+def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
     """The request with every tool result over ``max_tokens`` cut in the middle (the log
     keeps it whole; the copy is made once per log)."""
     limit = max_tokens * CHARS_PER_TOKEN
@@ -443,13 +275,13 @@ async def _compact_before_model(
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):
-        request = _clip_results(request, context.log_index, limit)
+        request = clip_results(request, context.log_index, limit)
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, context, config, config.budget)
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
-        if _reaches(estimated, config.compression_threshold, state.window):
+        if reaches(estimated, config.compression_threshold, state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:
         sent = _sent_figures(report, request, config.budget, context)
@@ -469,7 +301,9 @@ async def _proactive(
             "the last compaction left the request over the threshold; the next waits until "
             f"it has grown to {state.quiet_until} tokens"
         )
-        _event("threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why})
+        compaction_event(
+            "threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why}
+        )
         return request
     target = int(TARGET_SHARE * config.compression_threshold * window)
     compacted, after = request, estimated
@@ -480,7 +314,7 @@ async def _proactive(
         raise
     except Exception:
         pass  # recorded; the request goes as it was
-    state.quiet_until = _quiet_until(after, config, window)
+    state.quiet_until = next_summary_at(after, config, window)
     return compacted
 
 
@@ -536,7 +370,7 @@ async def _compact_after_overflow(
     try:
         if config.summarize:
             recovered = await _recover(request, context, config, estimated, fits)
-            state.quiet_until = _quiet_until(state.last_after, config, state.window)
+            state.quiet_until = next_summary_at(state.last_after, config, state.window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
     except _UNSTOPPABLE:
@@ -581,11 +415,11 @@ async def _recover(
         raise
 
 
-def _quiet_until(after: int, config: ContextManagement, window: int) -> int | None:
+def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
     """The size a request must reach before the next summary call, when a compaction
     left it at ``after``: ``REGROWTH`` of the window more if that is over the threshold
     (no thrash)."""
-    if _reaches(after, config.compression_threshold, window):
+    if reaches(after, config.compression_threshold, window):
         return after + max(1, int(REGROWTH * window))
     return None
 
@@ -601,7 +435,7 @@ def _protected(kinds: Sequence[str], members: Sequence[Sequence[Message]], keep:
     return 0
 
 
-def _state(
+def managed_state(
     index: LogIndex,
     config: ContextManagement,
     window: int,
@@ -616,7 +450,7 @@ def _state(
     return state
 
 
-def _pinned(index: LogIndex, logged: Callable[[str], bool] | None = None) -> frozenset[int]:
+def pinned_slots(index: LogIndex, logged: Callable[[str], bool] | None = None) -> frozenset[int]:
     """The slots of ``index``'s view a compaction keeps: those holding view-only messages
     and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
     (a hook's injected material), and the current request."""
@@ -654,11 +488,11 @@ async def _compact(
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
             even the current request alone does not fit the window.
     """
-    async with _attempt(context, reason, estimated, window, fallback) as outcome:
+    async with attempt(context, reason, estimated, window, fallback) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
-        state = _state(index, config, window, context._call, request.settings)
-        state.pinned = _pinned(index, context.has_message)
+        state = managed_state(index, config, window, context._call, request.settings)
+        state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
         goal = _goal(state, target, request.max_tokens or 0)
         try:
@@ -669,7 +503,7 @@ async def _compact(
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
-                await _default(state, config, window, goal)
+                await default_compaction(state, config, window, goal)
         finally:
             run.scale = state.scale  # a summary call may have taught it
         outcome.summary = state.summary_outcome
@@ -698,6 +532,7 @@ async def _compact(
         marked = {r.id: attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records}
         await context.append(*marked.values())
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
+        run.last_after = after
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
@@ -712,7 +547,7 @@ def _goal(state: CompactionState, target: int, answer: int) -> int:
     return max(fixed + int((target - answer - fixed) / state.scale), 0)
 
 
-async def _default(
+async def default_compaction(
     state: CompactionState, config: ContextManagement, window: int, goal: int
 ) -> None:
     """The default compaction: with ``mask_tool_results``, mask older tool results first
@@ -747,147 +582,13 @@ async def _default(
     await summarizer.compact(state)
 
 
-async def compact_log(
-    agent: Agent, messages: Sequence[Message], *, share: float = 0.5
-) -> tuple[Message, ...]:
-    """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (``()`` when nothing is to compact, and always with
-    ``summarize=False``, which never compacts): see ``managed_records``. Outside a run,
-    the summary call has no span and no deadline.
-
-    Raises:
-        ConfigurationError: The agent's class has no ``@manage_context``, or ``messages``
-            are not a conversation ``run(history=)`` takes.
-    """
-    config = agent.context_management
-    if config is None:
-        raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
-    log = check_history(messages, "messages")
-    model = agent.resolve_model()
-    window = context_window(model, config)
-    return await managed_records(
-        log,
-        config,
-        window=window,
-        complete=prepared(model),
-        settings=agent._run_settings(),
-        share=share,
-        max_tool_result_tokens=agent.max_tool_result_tokens,
-    )
-
-
-async def managed_records(
-    messages: Sequence[Message],
-    config: ContextManagement,
-    *,
-    window: int,
-    complete: Complete,
-    settings: Mapping[str, Any],
-    share: float = 0.5,
-    max_tool_result_tokens: int | None = None,
-) -> tuple[Message, ...]:
-    """The records ``config`` appends to compact ``messages`` now in ``window``, every
-    summary call made through ``complete`` (which takes ``model=`` as
-    ``RunContext.complete`` does) from ``settings``: its ``strategy``, else the default
-    summarizer aiming at ``share`` of their estimate, the newest
-    ``preserve_recent_messages`` kept. The view is first shaped as a run's request is
-    (``preview_request``: tool results clipped, bounded to the budget); ``()`` with
-    ``summarize=False``, before any model call."""
-    if not config.summarize:
-        return ()
-    index = LogIndex.of(messages)
-    view = ModelRequest(index.layout.messages(), (), settings)
-    shaped = preview_request(
-        view, messages, config, window, max_tool_result_tokens=max_tool_result_tokens
-    ).request
-    if shaped is not view:
-        index = index.over(shaped.messages)
-    state = _state(index, config, window, complete, settings)
-    state.pinned = _pinned(index)
-    if config.strategy is not None:
-        await config.strategy.compact(state)
-    else:
-        await _default(state, config, window, int(state.tokens * share))
-    return state.records()
-
-
-@frozen
-class RequestPreview:
-    """What ``preview_request`` found: the request a run's first model call would send
-    (before the class's own hooks), and the figures ``@manage_context`` decides on.
-
-    Attributes:
-        request: The request.
-        message_tokens: The estimate of each of its messages.
-        estimated_tokens: The estimate the threshold is compared with: the messages,
-            tool schemas and prompt settings, plus the answer's room (``max_tokens``).
-        threshold_tokens: The smallest estimate at which a compaction is due (``None``
-            without ``@manage_context`` or with ``summarize=False``).
-        waits_until: After a compaction that left the request over the threshold, the
-            size the request must reach before the next summary call (``REGROWTH``).
-        compaction_due: The call would compact first (a summary call).
-        budget: The bounded view's figures, with a ``PromptBudget``.
-    """
-
-    request: ModelRequest
-    message_tokens: tuple[int, ...]
-    estimated_tokens: int
-    threshold_tokens: int | None
-    waits_until: int | None
-    compaction_due: bool
-    budget: BudgetReport | None
-
-
-def preview_request(
-    request: ModelRequest,
-    log: Sequence[Message],
-    config: ContextManagement | None,
-    window: int,
-    *,
-    max_tool_result_tokens: int | None = None,
-) -> RequestPreview:
-    """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
-    instructions and the view of ``log``) at a run's first model call, without a model:
-    tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
-    (without memories, which need a run), the estimate uncalibrated, and whether a
-    compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
-
-    Raises:
-        ConfigurationError: The configuration leaves no room to compact in ``window``.
-        PromptBudgetError: The budget's mandatory part does not fit.
-    """
-    if config is not None:
-        config.check_window(window)
-    index = LogIndex.of(request.messages)
-    tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
-    report: BudgetReport | None = None
-    if config is not None and max_tool_result_tokens is not None:
-        request = _clip_results(request, index, max_tool_result_tokens)
-    if config is not None and config.budget is not None:
-        limit = config.budget.limit(window, request.max_tokens)
-        request, report = fit_request(
-            request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
-        )
-    sizes = tuple(map(index.estimates(tokenizer), request.messages))
-    estimated = sum(sizes) + _schema_estimate(request, tokenizer) + (request.max_tokens or 0)
-    if config is None or not config.summarize:
-        return RequestPreview(request, sizes, estimated, None, None, False, report)
-    threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
-    after = _last_after(log)
-    waits = None if after is None else _quiet_until(after, config, window)
-    due = _reaches(estimated, config.compression_threshold, window) and (
-        waits is None or estimated >= waits
-    )
-    return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
-
-
 async def _shrink(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
     """Without summaries, recover from an overflow once with a tighter view."""
     state, budget = _run(context, config), config.budget
     assert budget is not None
-    async with _attempt(context, "overflow", estimated, fits, False) as outcome:
+    async with attempt(context, "overflow", estimated, fits, False) as outcome:
         if fits < state.window:
             limit = int(0.9 * budget.limit(fits, request.max_tokens))
         else:
@@ -895,92 +596,6 @@ async def _shrink(
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, context, config, budget)
         context.annotate_next_call(report.span_attributes())
-        outcome.after = report.estimated_prompt_tokens  # the request sent is the view fitted
+        outcome.after = state.last_after = report.estimated_prompt_tokens  # the view fitted
         outcome.removed = len(request.messages) - len(shrunk.messages)
     return shrunk
-
-
-@define(eq=False)
-class _Outcome:
-    """What a compaction attempt achieved, set by its body."""
-
-    after: int | None = None
-    removed: int = 0
-    summary: str | None = None
-    """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
-
-
-@asynccontextmanager
-async def _attempt(
-    context: RunContext, reason: str, estimated: int, window: int, fallback: bool
-) -> AsyncIterator[_Outcome]:
-    """One compaction attempt: its stream events, span event and log line, and on success
-    the compacted mark on the next chat span."""
-
-    async def finish(
-        result: str, removed: int, after: int | None, error: str | None, summary: str | None
-    ) -> None:
-        extra = {
-            telemetry.COMPACTION_REMOVED: removed,
-            telemetry.COMPACTION_ESTIMATED_AFTER: after,
-            telemetry.ERROR_TYPE: error,
-            telemetry.COMPACTION_FALLBACK: True if fallback else None,
-            telemetry.COMPACTION_SUMMARY: summary,
-        }
-        _event(reason, result, estimated, window, extra)
-        usage = context.usage - before
-        await context.emit(
-            CompactionFinished(reason, result, removed, after, error, usage, summary)
-        )
-
-    await context.emit(CompactionStarted(reason, estimated, window))
-    before = context.usage
-    outcome = _Outcome()
-    try:
-        yield outcome
-    except anyio.get_cancelled_exc_class() as error:  # no stream event: nothing can be awaited
-        fallen = {telemetry.COMPACTION_FALLBACK: fallback or None}
-        if cancelled_here():  # the run's cancellation or deadline
-            _event(reason, "cancelled", estimated, window, fallen)
-        else:  # a stray one, from a strategy or the model
-            _event(
-                reason,
-                "error",
-                estimated,
-                window,
-                {**fallen, telemetry.ERROR_TYPE: telemetry.error_type(error)},
-            )
-        raise
-    except Exception as error:
-        await finish("error", 0, None, telemetry.error_type(error), None)
-        raise
-    assert outcome.after is not None
-    context.mark_compacted()
-    context.state_for(_Run, _Run).last_after = outcome.after
-    await finish("completed", outcome.removed, outcome.after, None, outcome.summary)
-
-
-def _event(
-    reason: str, outcome: str, estimated: int, window: int, extra: Mapping[str, Any]
-) -> None:
-    """The ``littleghost.context.compaction`` span event, ``extra`` attributes left out
-    when None, and its log line (no content)."""
-    attributes = {
-        telemetry.COMPACTION_REASON: reason,
-        telemetry.COMPACTION_OUTCOME: outcome,
-        telemetry.COMPACTION_ESTIMATED: estimated,
-        telemetry.COMPACTION_WINDOW: window,
-        **{key: value for key, value in extra.items() if value is not None},
-    }
-    trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
-    error = attributes.get(telemetry.ERROR_TYPE)
-    logger.info(
-        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",
-        outcome,
-        reason,
-        estimated,
-        attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
-        window,
-        "" if error is None else f", error={error}",
-        ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
-    )

@@ -1,0 +1,109 @@
+"""What a compaction attempt reports: its stream events, its span event and its log line
+(no content)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from attrs import define
+from opentelemetry import trace
+
+from littleghost import telemetry
+from littleghost.cleanup import cancelled_here
+from littleghost.events import CompactionFinished, CompactionStarted
+
+if TYPE_CHECKING:
+    from littleghost.run import RunContext
+
+__all__ = ["Outcome", "attempt", "compaction_event"]
+
+logger = logging.getLogger("littleghost.context")
+
+
+@define(eq=False)
+class Outcome:
+    """What a compaction attempt achieved, set by its body."""
+
+    after: int | None = None
+    removed: int = 0
+    summary: str | None = None
+    """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
+
+
+@asynccontextmanager
+async def attempt(
+    context: RunContext, reason: str, estimated: int, window: int, fallback: bool
+) -> AsyncIterator[Outcome]:
+    """One compaction attempt: its stream events, span event and log line, and on success
+    the compacted mark on the next chat span."""
+
+    async def finish(
+        result: str, removed: int, after: int | None, error: str | None, summary: str | None
+    ) -> None:
+        extra = {
+            telemetry.COMPACTION_REMOVED: removed,
+            telemetry.COMPACTION_ESTIMATED_AFTER: after,
+            telemetry.ERROR_TYPE: error,
+            telemetry.COMPACTION_FALLBACK: True if fallback else None,
+            telemetry.COMPACTION_SUMMARY: summary,
+        }
+        compaction_event(reason, result, estimated, window, extra)
+        usage = context.usage - before
+        await context.emit(
+            CompactionFinished(reason, result, removed, after, error, usage, summary)
+        )
+
+    await context.emit(CompactionStarted(reason, estimated, window))
+    before = context.usage
+    outcome = Outcome()
+    try:
+        yield outcome
+    except anyio.get_cancelled_exc_class() as error:  # no stream event: nothing can be awaited
+        fallen = {telemetry.COMPACTION_FALLBACK: fallback or None}
+        if cancelled_here():  # the run's cancellation or deadline
+            compaction_event(reason, "cancelled", estimated, window, fallen)
+        else:  # a stray one, from a strategy or the model
+            compaction_event(
+                reason,
+                "error",
+                estimated,
+                window,
+                {**fallen, telemetry.ERROR_TYPE: telemetry.error_type(error)},
+            )
+        raise
+    except Exception as error:
+        await finish("error", 0, None, telemetry.error_type(error), None)
+        raise
+    assert outcome.after is not None
+    context.mark_compacted()
+    await finish("completed", outcome.removed, outcome.after, None, outcome.summary)
+
+
+def compaction_event(
+    reason: str, outcome: str, estimated: int, window: int, extra: Mapping[str, Any]
+) -> None:
+    """The ``littleghost.context.compaction`` span event, ``extra`` attributes left out
+    when None, and its log line (no content)."""
+    attributes = {
+        telemetry.COMPACTION_REASON: reason,
+        telemetry.COMPACTION_OUTCOME: outcome,
+        telemetry.COMPACTION_ESTIMATED: estimated,
+        telemetry.COMPACTION_WINDOW: window,
+        **{key: value for key, value in extra.items() if value is not None},
+    }
+    trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
+    error = attributes.get(telemetry.ERROR_TYPE)
+    logger.info(
+        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",
+        outcome,
+        reason,
+        estimated,
+        attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
+        window,
+        "" if error is None else f", error={error}",
+        ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
+    )

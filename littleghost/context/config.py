@@ -1,0 +1,179 @@
+"""The ``@manage_context`` configuration (``ContextManagement``) and the window it works
+against."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from attrs import field, frozen
+
+from littleghost._validators import (
+    Validator,
+    check,
+    has_method,
+    int_at_least,
+    is_int,
+    is_number,
+    optional,
+)
+from littleghost.context.budget import PromptBudget, env_tokens
+from littleghost.context.strategies import CompactionStrategy, check_strategy
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
+from littleghost.errors import ConfigurationError
+from littleghost.models.base import Model
+
+__all__ = ["ContextManagement", "context_config", "context_window"]
+
+logger = logging.getLogger("littleghost.context")
+
+_assumed_windows: set[tuple[str, str]] = set()
+"""The (provider, model name) pairs already warned about an assumed window."""
+
+
+def _env_window() -> int:
+    return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
+
+
+def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
+    """``check`` for the field validated, named ``manage_context: <field>``."""
+
+    def validate(instance: object, attribute: Any, value: Any) -> None:
+        check(f"manage_context: {attribute.name}", ok, allowed)(instance, attribute, value)
+
+    return validate
+
+
+_SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
+_OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
+
+
+@frozen(kw_only=True)
+class ContextManagement:
+    """The ``manage_context`` configuration of an agent class (``Agent.context_management``).
+
+    Args:
+        context_window_tokens: The window used when the model advertises none (> 0).
+        context_window_override: The window used whatever the model advertises (> 0), or
+            None.
+        compression_threshold: Compact when the estimate reaches this share of the window,
+            in (0, 1].
+        summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
+        preserve_recent_messages: Newest messages always kept verbatim (>= 2).
+        tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
+        summary_instructions: Replaces the summarizer's instructions.
+        summary_max_tokens: The summary's output cap, and the cap of the specifics it
+            quotes (under the window); default a quarter of the window, at most 4 096.
+        quote_specifics: Keep, beside the notes, the summarized sentences and tool results
+            that hold a number, an identifier or a name, in their own words (default True).
+        mask_tool_results: Before summarizing, mask tool results older than the newest
+            this many tool-call groups by a one-line placeholder, and make no summary when
+            that is enough (``None``, the default: never).
+        budget: A ``PromptBudget``: every request's view is first bounded to it.
+        summarize: False never compacts with a model (needs ``budget``).
+        strategy: How to compact, in place of the default summarizer (the threshold
+            still decides when; overflow recovery uses it too).
+    """
+
+    context_window_tokens: int = field(
+        factory=_env_window, validator=_check(int_at_least(1), "an int > 0")
+    )
+    context_window_override: int | None = field(default=None, validator=_OPTIONAL_COUNT)
+    compression_threshold: float = field(
+        default=0.85, validator=_check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
+    )
+    summary_ratio: float = field(
+        default=0.3,
+        validator=_check(lambda v: is_number(v) and 0.1 <= v <= 0.8, "a number in [0.1, 0.8]"),
+    )
+    preserve_recent_messages: int = field(
+        default=10, validator=_check(int_at_least(2), "an int >= 2")
+    )
+    tokenizer: Tokenizer = field(
+        default=DEFAULT_TOKENIZER,
+        validator=_check(has_method("count_tokens"), "an object with count_tokens(text)"),
+    )
+    summary_instructions: str | None = field(
+        default=None,
+        validator=optional(
+            _check(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str or None")
+        ),
+    )
+    summary_max_tokens: int | None = field(default=None, validator=_OPTIONAL_COUNT)
+    quote_specifics: bool = field(default=True, validator=_SWITCH)
+    mask_tool_results: int | None = field(
+        default=None, validator=optional(_check(int_at_least(0), "an int >= 0 or None"))
+    )
+    budget: PromptBudget | None = field(
+        default=None,
+        validator=optional(_check(lambda v: isinstance(v, PromptBudget), "a PromptBudget or None")),
+    )
+    summarize: bool = field(default=True, validator=_SWITCH)
+    strategy: CompactionStrategy | None = field(
+        default=None,
+        validator=optional(lambda _, __, value: check_strategy("manage_context: strategy", value)),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.strategy is not None and not self.summarize:
+            raise ConfigurationError(
+                "manage_context: strategy= decides how to compact; summarize=False turns "
+                "compaction off, so the two cannot be combined"
+            )
+        if self.budget is None and not self.summarize:
+            raise ConfigurationError(
+                "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
+                "the window without a model"
+            )
+        self.check_window(self.context_window_override or self.context_window_tokens)
+
+    def check_window(self, window: int) -> None:
+        """Reject a configuration that leaves no room to compact in ``window``.
+
+        Raises:
+            ConfigurationError: ``summary_max_tokens`` is not under the window, or the
+                budget's reserves leave no room in it.
+        """
+        if self.summary_max_tokens is not None and self.summary_max_tokens >= window:
+            raise ConfigurationError(
+                f"manage_context: summary_max_tokens ({self.summary_max_tokens}) must be under "
+                f"the {window}-token context window"
+            )
+        if self.budget is not None:
+            self.budget.check_window(window)
+
+    def summary_cap(self, window: int) -> int:
+        """The summary's output cap for ``window``."""
+        if self.summary_max_tokens is not None:
+            return self.summary_max_tokens
+        return max(1, min(window // 4, 4_096))
+
+
+def context_window(model: Model, config: ContextManagement) -> int:
+    """The window compaction works against: ``context_window_override`` when set, else the
+    model's advertised window when it is a positive int, else ``context_window_tokens``
+    (with one warning per model for the process)."""
+    if config.context_window_override is not None:
+        return config.context_window_override
+    advertised = getattr(model, "context_window", None)
+    if is_int(advertised) and advertised > 0:
+        return advertised
+    provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
+    if (provider, name) not in _assumed_windows:
+        _assumed_windows.add((provider, name))
+        logger.warning(
+            "manage_context: model %r (provider %r) advertises no context window; assuming "
+            "%d tokens. Set context_window= on the model, or context_window_override= or "
+            "context_window_tokens= on manage_context",
+            name,
+            provider,
+            config.context_window_tokens,
+        )
+    return config.context_window_tokens
+
+
+def context_config(agent: object) -> ContextManagement | None:
+    """The ``@manage_context`` configuration of ``agent``'s class, if it has one."""
+    config = getattr(agent, "context_management", None)
+    return config if isinstance(config, ContextManagement) else None

@@ -1,0 +1,171 @@
+"""``@manage_context`` outside a run: what a run's first request would be
+(``preview_request``) and the records a compaction would append now (``managed_records``,
+``compact_log``), as a run decides them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from attrs import frozen
+
+from littleghost.context.budget import BudgetReport, fit_request
+from littleghost.context.config import ContextManagement, context_window
+from littleghost.context.index import LogIndex
+from littleghost.context.management import (
+    clip_results,
+    compacted_size,
+    default_compaction,
+    managed_state,
+    next_summary_at,
+    pinned_slots,
+    reaches,
+    schema_estimate,
+)
+from littleghost.context.strategies import Complete, prepared
+from littleghost.context.tokens import DEFAULT_TOKENIZER
+from littleghost.errors import ConfigurationError
+from littleghost.log_rules import check_history
+from littleghost.messages import Message
+from littleghost.models.base import ModelRequest
+
+if TYPE_CHECKING:
+    from littleghost.agent import Agent
+
+__all__ = ["RequestPreview", "compact_log", "managed_records", "preview_request"]
+
+
+async def compact_log(
+    agent: Agent, messages: Sequence[Message], *, share: float = 0.5
+) -> tuple[Message, ...]:
+    """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
+    whatever its threshold (``()`` when nothing is to compact, and always with
+    ``summarize=False``, which never compacts): see ``managed_records``. Outside a run,
+    the summary call has no span and no deadline.
+
+    Raises:
+        ConfigurationError: The agent's class has no ``@manage_context``, or ``messages``
+            are not a conversation ``run(history=)`` takes.
+    """
+    config = agent.context_management
+    if config is None:
+        raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
+    log = check_history(messages, "messages")
+    model = agent.resolve_model()
+    window = context_window(model, config)
+    return await managed_records(
+        log,
+        config,
+        window=window,
+        complete=prepared(model),
+        settings=agent._run_settings(),
+        share=share,
+        max_tool_result_tokens=agent.max_tool_result_tokens,
+    )
+
+
+async def managed_records(
+    messages: Sequence[Message],
+    config: ContextManagement,
+    *,
+    window: int,
+    complete: Complete,
+    settings: Mapping[str, Any],
+    share: float = 0.5,
+    max_tool_result_tokens: int | None = None,
+) -> tuple[Message, ...]:
+    """The records ``config`` appends to compact ``messages`` now in ``window``, every
+    summary call made through ``complete`` (which takes ``model=`` as
+    ``RunContext.complete`` does) from ``settings``: its ``strategy``, else the default
+    summarizer aiming at ``share`` of their estimate, the newest
+    ``preserve_recent_messages`` kept. The view is first shaped as a run's request is
+    (``preview_request``: tool results clipped, bounded to the budget); ``()`` with
+    ``summarize=False``, before any model call."""
+    if not config.summarize:
+        return ()
+    index = LogIndex.of(messages)
+    view = ModelRequest(index.layout.messages(), (), settings)
+    shaped = preview_request(
+        view, messages, config, window, max_tool_result_tokens=max_tool_result_tokens
+    ).request
+    if shaped is not view:
+        index = index.over(shaped.messages)
+    state = managed_state(index, config, window, complete, settings)
+    state.pinned = pinned_slots(index)
+    if config.strategy is not None:
+        await config.strategy.compact(state)
+    else:
+        await default_compaction(state, config, window, int(state.tokens * share))
+    return state.records()
+
+
+@frozen
+class RequestPreview:
+    """What ``preview_request`` found: the request a run's first model call would send
+    (before the class's own hooks), and the figures ``@manage_context`` decides on.
+
+    Attributes:
+        request: The request.
+        message_tokens: The estimate of each of its messages.
+        estimated_tokens: The estimate the threshold is compared with: the messages,
+            tool schemas and prompt settings, plus the answer's room (``max_tokens``).
+        threshold_tokens: The smallest estimate at which a compaction is due (``None``
+            without ``@manage_context`` or with ``summarize=False``).
+        waits_until: After a compaction that left the request over the threshold, the
+            size the request must reach before the next summary call (``REGROWTH``).
+        compaction_due: The call would compact first (a summary call).
+        budget: The bounded view's figures, with a ``PromptBudget``.
+    """
+
+    request: ModelRequest
+    message_tokens: tuple[int, ...]
+    estimated_tokens: int
+    threshold_tokens: int | None
+    waits_until: int | None
+    compaction_due: bool
+    budget: BudgetReport | None
+
+
+def preview_request(
+    request: ModelRequest,
+    log: Sequence[Message],
+    config: ContextManagement | None,
+    window: int,
+    *,
+    max_tool_result_tokens: int | None = None,
+) -> RequestPreview:
+    """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
+    instructions and the view of ``log``) at a run's first model call, without a model:
+    tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
+    (without memories, which need a run), the estimate uncalibrated, and whether a
+    compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
+
+    Raises:
+        ConfigurationError: The configuration leaves no room to compact in ``window``.
+        PromptBudgetError: The budget's mandatory part does not fit.
+    """
+    if config is not None:
+        config.check_window(window)
+    index = LogIndex.of(request.messages)
+    tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
+    report: BudgetReport | None = None
+    if config is not None and max_tool_result_tokens is not None:
+        request = clip_results(request, index, max_tool_result_tokens)
+    if config is not None and config.budget is not None:
+        limit = config.budget.limit(window, request.max_tokens)
+        request, report = fit_request(
+            request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
+        )
+    sizes = tuple(map(index.estimates(tokenizer), request.messages))
+    estimated = sum(sizes) + schema_estimate(request, tokenizer) + (request.max_tokens or 0)
+    if config is None or not config.summarize:
+        return RequestPreview(request, sizes, estimated, None, None, False, report)
+    threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
+    after = compacted_size(log)
+    waits = None if after is None else next_summary_at(after, config, window)
+    due = reaches(estimated, config.compression_threshold, window) and (
+        waits is None or estimated >= waits
+    )
+    return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
