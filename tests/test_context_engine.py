@@ -11,10 +11,11 @@ import pytest
 
 from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation, compact_session
-from littleghost.context.management import REGROWTH, estimate_tokens
+from littleghost.context.management import REGROWTH, SCALE_KEY, estimate_tokens
 from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
-from littleghost.errors import ConfigurationError
+from littleghost.errors import ConfigurationError, ContextWindowOverflowError
 from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from tests.conftest import Spans
 from tests.stores import PlainStore
@@ -146,6 +147,38 @@ class TestCalibration:
         result = await Counted(model=ScriptedModel([answer, answer])).run("Look it up.")
         added = [m for m in result.messages if m.role.value in ("assistant", "tool")][:2]
         assert measured[1] - reported >= 2 * estimate_messages(added)  # scaled, not raw
+
+    async def test_each_run_of_a_session_starts_from_the_calibration_the_last_one_learned(
+        self, spans: Spans
+    ) -> None:
+        """One question per run, as a support bot runs: a provider that counts four times
+        the estimate is compacted for before it overflows, not after."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.75, preserve_recent_messages=4
+        )
+        class Support(Agent):
+            pass
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            real = 4 * estimate_messages(request.messages)
+            if real > 1_000:
+                raise ContextWindowOverflowError(
+                    "prompt too long", prompt_tokens=real, context_window=1_000
+                )
+            text = "Earlier: digits." if request.purpose == "context_compaction" else "Noted."
+            return text_response(text, input_tokens=real)
+
+        model = ScriptedModel([answer] * 40)
+        store = InMemorySessionStore()
+        for turn in range(16):
+            digits = " ".join(str(turn * 1_000 + n) for n in range(12))
+            await Support(model=model, session_store=store).run(f"Keep {digits}.", session_id="s")
+        reasons = [e["littleghost.compaction.reason"] for e in spans.compactions()]
+        assert "threshold" in reasons
+        assert "overflow" not in reasons
+        answers = [m for m in await store.load("s") if m.role.value == "assistant"]
+        assert answers[-1].metadata[SCALE_KEY] == pytest.approx(4, rel=0.1)
 
 
 class TestErrors:

@@ -22,7 +22,7 @@ from littleghost import (
 )
 from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
 from littleghost.context.config import ContextManagement
-from littleghost.context.management import AFTER_KEY
+from littleghost.context.management import AFTER_KEY, SCALE_KEY
 from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
@@ -1132,6 +1132,20 @@ class TestPreview:
         model = ScriptedModel([text_response("ok")])
         await Small(model=model).run(log[-1], history=log[:-1])
         assert [request.purpose for request in model.requests] == ["chat"]
+
+    async def test_the_calibration_an_earlier_run_kept_counts_as_the_next_run_counts_it(
+        self,
+    ) -> None:
+        log = [*chat(8), Message.user("go")]
+        plain = self.preview(Small(), log, 100)
+        assert not plain.compaction_due
+        log[-2] = attrs.evolve(log[-2], metadata={SCALE_KEY: 4.0})  # the last run's answer
+        preview = self.preview(Small(), log, 100)
+        assert preview.estimated_tokens > 2 * plain.estimated_tokens
+        assert preview.compaction_due
+        model = ScriptedModel([summary_step(), text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert model.requests[0].purpose == "context_compaction"
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import attrs
 from attrs import define, field
 
 from littleghost import telemetry
-from littleghost._validators import is_int
+from littleghost._validators import is_int, is_number
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
@@ -51,7 +51,7 @@ from littleghost.errors import (
     SessionStoreError,
 )
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.models.base import ModelRequest
+from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ __all__ = [
     "AFTER_KEY",
     "REGROWTH",
     "clip_results",
-    "compacted_size",
     "default_compaction",
     "estimate_tokens",
     "manage_context",
@@ -69,7 +68,9 @@ __all__ = [
     "next_summary_at",
     "pinned_slots",
     "reaches",
+    "remembered",
     "schema_estimate",
+    "split_estimate",
 ]
 
 C = TypeVar("C", bound=type)
@@ -104,9 +105,12 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
         if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
             raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
         setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
-        before = CapabilityHook("before_model", _compact_before_model)
-        after = CapabilityHook("after_model_error", _compact_after_overflow)
-        add_capability(target, Capability("manage_context", (before, after)))
+        hooks = (
+            CapabilityHook("before_model", _compact_before_model),
+            CapabilityHook("after_model", _calibrate_after_model),
+            CapabilityHook("after_model_error", _compact_after_overflow),
+        )
+        add_capability(target, Capability("manage_context", hooks))
         return target
 
     return decorate(cls) if cls is not None else decorate
@@ -120,7 +124,6 @@ class _Run:
     """0 until the run's first call."""
     scale: float = 1.0
     """Real tokens per estimated token, from the provider's counts."""
-    calibrated: ModelRequest | None = None
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None
     """(turn, limit): a tighter bounded view after an overflow without summaries."""
@@ -135,6 +138,11 @@ class _Run:
 AFTER_KEY = "littleghost.compaction.tokens_after"
 """Metadata of the records of a compaction: the size it left the request at, so a later
 run of the conversation knows whether the next summary must wait for growth."""
+SCALE_KEY = "littleghost.context.scale"
+"""Metadata of a model's answer: the calibration (real tokens per estimated token) the run
+had learned by then, which the next run of the conversation starts from."""
+MIN_SCALE, MAX_SCALE = 0.25, 8.0
+"""The bounds of a calibration."""
 
 
 def _run(context: RunContext, config: ContextManagement) -> _Run:
@@ -142,19 +150,29 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
-        after = compacted_size(context.messages)  # the last compaction of earlier runs
+        after, state.scale = remembered(context.messages)  # what earlier runs learned
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
 
 
-def compacted_size(log: Sequence[Message]) -> int | None:
-    """The size the log's last compaction left the request at (``AFTER_KEY``), if any."""
+def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
+    """What earlier runs of the conversation left in ``log``: the size its last compaction
+    left the request at (``AFTER_KEY``), if any, and the newest calibration (``SCALE_KEY``;
+    1.0 without one)."""
+    after: int | None = None
+    scale: float | None = None
     for message in reversed(log):
-        after = message.metadata.get(AFTER_KEY) if message.metadata else None
-        if is_int(after):
-            return after
-    return None
+        metadata = message.metadata
+        if not metadata:
+            continue
+        if after is None and is_int(metadata.get(AFTER_KEY)):
+            after = metadata[AFTER_KEY]
+        if scale is None and is_number(value := metadata.get(SCALE_KEY)):
+            scale = min(max(float(value), MIN_SCALE), MAX_SCALE)
+        if after is not None and scale is not None:
+            break
+    return after, 1.0 if scale is None else scale
 
 
 def _learn_scale(
@@ -163,21 +181,22 @@ def _learn_scale(
     """Set the scale from the prompt tokens the provider ``reported`` for ``request``: what
     it counted beyond the instructions, the tool schemas and the sizes already known, over
     the conversation's estimate; False when that says nothing."""
-    fixed, scaled = _parts(request.messages, context, tokenizer)
+    fixed, scaled = split_estimate(
+        request.messages, context.log_index.estimates(tokenizer), state.real
+    )
     fixed += schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
         return False
-    state.scale = min(max((reported - fixed) / scaled, 0.25), 8.0)
+    state.scale = min(max((reported - fixed) / scaled, MIN_SCALE), MAX_SCALE)
     return True
 
 
-def _parts(
-    messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer
+def split_estimate(
+    messages: Sequence[Message], estimates: Callable[[Message], int], known: Mapping[str, int]
 ) -> tuple[int, int]:
     """``messages`` as (tokens known or taken as estimated — records whose size the model
-    reported, instructions — and estimated tokens of the conversation, to be scaled)."""
-    known = context.state_for(_Run, _Run).real
-    estimates = context.log_index.estimates(tokenizer)
+    reported (``known``), instructions — and estimated tokens of the conversation, to be
+    scaled)."""
     fixed = scaled = 0
     for message in messages:
         size = known.get(message.id)
@@ -200,8 +219,9 @@ def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
 
 def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
     """The size of ``messages`` in the model's tokens as far as known."""
-    fixed, scaled = _parts(messages, context, tokenizer)
-    return fixed + math.ceil(context.state_for(_Run, _Run).scale * scaled)
+    state = context.state_for(_Run, _Run)
+    fixed, scaled = split_estimate(messages, context.log_index.estimates(tokenizer), state.real)
+    return fixed + math.ceil(state.scale * scaled)
 
 
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
@@ -260,6 +280,23 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
     return attrs.evolve(request, messages=clipped)
 
 
+async def _calibrate_after_model(
+    agent: object, response: ModelResponse, *, context: RunContext
+) -> ModelResponse | None:
+    """Learn the calibration from the prompt tokens the provider reported for the turn's
+    request, and keep it in the answer's metadata (``SCALE_KEY``) for the next run."""
+    config = context_config(agent)
+    if config is None or context.last_exchange is None:
+        return None
+    state = _run(context, config)
+    request, answered = context.last_exchange
+    _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer)
+    if state.scale == 1.0 or response.message.metadata.get(SCALE_KEY) == state.scale:
+        return None
+    metadata = {**response.message.metadata, SCALE_KEY: state.scale}
+    return attrs.evolve(response, message=attrs.evolve(response.message, metadata=metadata))
+
+
 async def _compact_before_model(
     agent: object, request: ModelRequest, *, context: RunContext
 ) -> ModelRequest | None:
@@ -267,11 +304,6 @@ async def _compact_before_model(
     if config is None:
         return None
     state = _run(context, config)
-    if context.last_exchange is not None:
-        previous, response = context.last_exchange
-        if previous is not state.calibrated:
-            state.calibrated = previous
-            _learn_scale(state, previous, response.usage.input_tokens, context, config.tokenizer)
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
     if isinstance(limit, int):

@@ -16,13 +16,14 @@ from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
     clip_results,
-    compacted_size,
     default_compaction,
     managed_state,
     next_summary_at,
     pinned_slots,
     reaches,
+    remembered,
     schema_estimate,
+    split_estimate,
 )
 from littleghost.context.strategies import Complete, prepared
 from littleghost.context.tokens import DEFAULT_TOKENIZER
@@ -109,8 +110,9 @@ class RequestPreview:
     Attributes:
         request: The request.
         message_tokens: The estimate of each of its messages.
-        estimated_tokens: The estimate the threshold is compared with: the messages,
-            tool schemas and prompt settings, plus the answer's room (``max_tokens``).
+        estimated_tokens: The estimate the threshold is compared with: the messages (the
+            conversation's scaled by the calibration earlier runs kept in the log), tool
+            schemas and prompt settings, plus the answer's room (``max_tokens``).
         threshold_tokens: The smallest estimate at which a compaction is due (``None``
             without ``@manage_context`` or with ``summarize=False``).
         waits_until: After a compaction that left the request over the threshold, the
@@ -139,8 +141,8 @@ def preview_request(
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model:
     tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
-    (without memories, which need a run), the estimate uncalibrated, and whether a
-    compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
+    (without memories, which need a run), the estimate calibrated as the log's earlier
+    runs left it (``remembered``), and whether a compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
@@ -158,12 +160,15 @@ def preview_request(
         request, report = fit_request(
             request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
         )
-    sizes = tuple(map(index.estimates(tokenizer), request.messages))
-    estimated = sum(sizes) + schema_estimate(request, tokenizer) + (request.max_tokens or 0)
+    estimates = index.estimates(tokenizer)
+    sizes = tuple(map(estimates, request.messages))
+    after, scale = remembered(log) if config is not None else (None, 1.0)
+    fixed, scaled = split_estimate(request.messages, estimates, {})
+    estimated = fixed + math.ceil(scale * scaled) + schema_estimate(request, tokenizer)
+    estimated += request.max_tokens or 0
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, estimated, None, None, False, report)
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
-    after = compacted_size(log)
     waits = None if after is None else next_summary_at(after, config, window)
     due = reaches(estimated, config.compression_threshold, window) and (
         waits is None or estimated >= waits
