@@ -86,8 +86,9 @@ class CompactionFinished:
 
 @frozen
 class ModelCallRetried:
-    """A transient error interrupted the turn's model call; drop the text it streamed, it is
-    retried."""
+    """A transient error, or one an ``after_model_error`` hook recovered from (an overflow
+    ``@manage_context`` compacted for), interrupted the turn's model call; drop the text
+    it streamed, it is retried."""
 
     attempt: int
     error_type: str

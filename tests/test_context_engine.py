@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
-from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation, compact_session
 from littleghost.context.management import REGROWTH, SCALE_KEY, estimate_tokens
 from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
@@ -196,6 +196,31 @@ class TestErrors:
         (event,) = [
             e for e in spans.compactions() if e["littleghost.compaction.outcome"] == "error"
         ]
+        assert event["error.type"] == "CompactionError"
+
+    async def test_no_summary_is_asked_for_what_is_shorter_than_a_summary_s_framing(
+        self, spans: Spans
+    ) -> None:
+        """Only a short greeting is old enough to summarize: a summary of it could not make
+        the request smaller, so no summary call is paid for and thrown away."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=3
+        )
+        class Support(Agent):
+            pass
+
+        call = ToolCall("c1", "lookup_order", {"id": "1"})
+        history = [
+            Message.user("Hi."),
+            Message.assistant(tool_calls=[call]),
+            Message.tool(call.id, "scan HUB-0042 " * 200),
+            Message.assistant("It is on its way."),
+        ]
+        model = ScriptedModel([summarizing(text_response("Tomorrow."))] * 2)
+        await Support(model=model).run("When?", history=history)
+        assert [r.purpose for r in model.requests] == ["chat"]
+        (event,) = spans.compactions()
         assert event["error.type"] == "CompactionError"
 
     async def test_compact_session_works_on_a_store_without_a_lock(self) -> None:

@@ -543,7 +543,8 @@ async def _compact(
         if not records:
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "
-                "that is left, or only the previous summary is old enough"
+                "that is left, or what is older is only earlier summaries or shorter than a "
+                "summary's framing"
             )
         run.real.update(state.real)
         compacted = attrs.evolve(request, messages=state.view())

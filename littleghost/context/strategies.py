@@ -35,6 +35,7 @@ from littleghost.context.records import (
     EXCLUSION,
 )
 from littleghost.context.summarize import (
+    SUMMARY_PREFIX,
     call_arguments,
     excerpt,
     merged_notes,
@@ -782,7 +783,7 @@ class Summarization:
 
     Older tool results are first masked (with ``mask_tool_results``; no summary when that
     is enough); then groups are taken oldest first until the target holds as if they were
-    gone, and one summary call covers them. Earlier summaries among them are anchored:
+    gone and they are more than a summary's framing, and one summary call covers them. Earlier summaries among them are anchored:
     the new notes are appended to theirs, and only notes that reached ``max_tokens`` are
     rewritten (within half of it). With ``quote_specifics``, the summarized sentences and
     tool results that hold specifics follow the notes verbatim (``quoted_specifics``).
@@ -791,8 +792,8 @@ class Summarization:
     to ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not
     even one fits). A summary that reaches its cap keeps its complete lines, or is asked
     for once more, shorter (``state.summary_outcome`` says which). Nothing happens when
-    only a previous summary would be taken; a failed summary call (an error, an empty
-    answer, nothing usable twice) raises. The README's "Context management" tells more.
+    only earlier summaries, or no more than a summary's framing, would be taken; a failed
+    summary call (an error, an empty answer, nothing usable twice) raises. The README's "Context management" tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
@@ -860,11 +861,11 @@ class Summarization:
                 return
         taken: list[int] = []
         for slot in state.candidates(state.newest(self.minimum_preserved)):
-            if target(state):
+            if target(state) and self._worth(state, taken):
                 break
             state.exclude(slot)
             taken.append(slot)
-        if all(state.kind(slot) == SUMMARY for slot in taken):
+        if not self._worth(state, taken):  # only earlier summaries, or too little to gain
             for slot in taken:
                 state.restore(slot)
             return
@@ -889,6 +890,12 @@ class Summarization:
             tokens = 0 if quotes else summary.tokens  # the model's size, when it wrote all
             state.summarize(taken, with_quotes(summary.text, quotes), tokens=tokens)
         state.summary_outcome = summary.outcome
+
+    def _worth(self, state: CompactionState, taken: list[int]) -> bool:
+        """True when a summary of ``taken`` can be smaller than the groups it replaces
+        (earlier summaries among them are kept in it): they are more than its framing."""
+        new = sum(state.size(slot) for slot in taken if state.kind(slot) != SUMMARY)
+        return math.ceil(state.scale * new) > state.tokenizer.count_tokens(SUMMARY_PREFIX)
 
     def _complete(self, state: CompactionState) -> Complete:
         complete = state.complete
