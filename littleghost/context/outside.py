@@ -142,7 +142,8 @@ def preview_request(
     instructions and the view of ``log``) at a run's first model call, without a model:
     tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
     (without memories, which need a run), the estimate calibrated as the log's earlier
-    runs left it (``remembered``), and whether a compaction is due in ``window``. ``config`` ``None`` leaves the request as it is.
+    runs left it (``remembered``), and whether a compaction is due in ``window``.
+    ``config`` ``None`` leaves the request as it is.
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.

@@ -781,19 +781,21 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 class Summarization:
     """Replace the oldest non-system groups by one summary written by a model.
 
-    Older tool results are first masked (with ``mask_tool_results``; no summary when that
-    is enough); then groups are taken oldest first until the target holds as if they were
-    gone and they are more than a summary's framing, and one summary call covers them. Earlier summaries among them are anchored:
-    the new notes are appended to theirs, and only notes that reached ``max_tokens`` are
-    rewritten (within half of it). With ``quote_specifics``, the summarized sentences and
-    tool results that hold specifics follow the notes verbatim (``quoted_specifics``).
-    Quotes and output cap together take at most half of what the summary replaces. The
-    request is fitted to the state's ``room``: items clipped, then the cap halved down
-    to ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not
-    even one fits). A summary that reaches its cap keeps its complete lines, or is asked
-    for once more, shorter (``state.summary_outcome`` says which). Nothing happens when
-    only earlier summaries, or no more than a summary's framing, would be taken; a failed
-    summary call (an error, an empty answer, nothing usable twice) raises. The README's "Context management" tells more.
+    Older tool results are first masked (with ``mask_tool_results``; no summary when
+    that is enough); then groups are taken oldest first until the target holds as if
+    they were gone and they are more than a summary's framing, and one summary call
+    covers them. Earlier summaries among them are anchored: the new notes are appended
+    to theirs, and only notes that reached ``max_tokens`` are rewritten (within half of
+    it). With ``quote_specifics``, the summarized sentences and tool results that hold
+    specifics follow the notes verbatim (``quoted_specifics``). Quotes and output cap
+    together take at most half of what the summary replaces. The request is fitted to
+    the state's ``room``: items clipped, then the cap halved down to
+    ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not even
+    one fits). A summary that reaches its cap keeps its complete lines, or is asked for
+    once more, shorter (``state.summary_outcome`` says which). Nothing happens when only
+    earlier summaries, or no more than a summary's framing, would be taken; a failed
+    summary call (an error, an empty answer, nothing usable twice) raises. The README's
+    "Context management" tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
