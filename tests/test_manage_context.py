@@ -453,7 +453,7 @@ class TestWhatIsSent:
         class Looping(Pinging):
             pass
 
-        model = pinging(6)
+        model = pinging(10)
         result = await Looping(model=model).run("THE QUESTION", history=chat(20))
         assert sum(r.purpose == "context_compaction" for r in model.requests) >= 3
         for request in model.requests:

@@ -287,7 +287,12 @@ class Orders(Agent):
 
 class TestMasking:
     async def test_masking_alone_can_bring_the_request_under_the_threshold(self) -> None:
-        @manage_context(context_window_tokens=2_000, compression_threshold=0.5, mask_tool_results=1)
+        @manage_context(
+            context_window_tokens=2_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            mask_tool_results=1,
+        )
         class Masked(Orders):
             pass
 
@@ -304,6 +309,31 @@ class TestMasking:
         assert whole == [f"c{i}" for i in range(len(placeholders), 6)]  # oldest masked first
         assert 1 <= len(placeholders) <= 5  # only as many as the threshold needs
         assert list(result.messages[: len(history)]) == history  # the log keeps every result
+
+    async def test_the_tool_schemas_count_toward_what_masking_must_reach(self) -> None:
+        """The messages alone are under the goal, the request with its schemas is over the
+        threshold: masking must still mask (it used to mask nothing, and fail)."""
+
+        def audit(self: Agent, order: str) -> str:
+            return order
+
+        audit.__doc__ = "Audit an order. " * 100  # about 400 tokens of schema
+
+        @manage_context(
+            context_window_tokens=2_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=2,
+            mask_tool_results=1,
+        )
+        class Audited(Orders):
+            audit_order = tool(audit)
+
+        model = ScriptedModel([text_response("done")])
+        async with Audited(model=model).stream("And now?", history=tool_history(4, 600)) as events:
+            finished = [e async for e in events if isinstance(e, CompactionFinished)]
+        assert [e.outcome for e in finished] == ["completed"]
+        sent = model.requests[0].messages
+        assert any(m.text.startswith("[Tool results omitted") for m in sent)
 
     async def test_when_masking_is_not_enough_the_summary_sees_the_placeholders(self) -> None:
         @manage_context(context_window_tokens=2_000, compression_threshold=0.5, mask_tool_results=1)

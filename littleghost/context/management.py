@@ -526,7 +526,8 @@ async def _compact(
         state = managed_state(index, config, window, context._call, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
-        goal = _goal(state, target, request.max_tokens or 0)
+        outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
+        goal = _goal(state, target, outside)
         try:
             if fallback:
                 state.protected = max(state.pinned, default=state.slots)  # the current turn
@@ -569,15 +570,16 @@ async def _compact(
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
-def _goal(state: CompactionState, target: int, answer: int) -> int:
-    """``target`` (in the model's tokens, with the answer's room) in the state's estimated
-    tokens: instructions count as estimated, the conversation scaled."""
+def _goal(state: CompactionState, target: int, outside: int) -> int:
+    """``target`` (in the model's tokens) in the state's estimated tokens, less what the
+    state does not hold (``outside``: the answer's room, the tool schemas): instructions
+    count as estimated, the conversation scaled."""
     fixed = sum(
         state.size(slot)
         for slot in range(state.slots)
         if state.included(slot) and state.kind(slot) == SYSTEM
     )
-    return max(fixed + int((target - answer - fixed) / state.scale), 0)
+    return max(fixed + int((target - outside - fixed) / state.scale), 0)
 
 
 async def default_compaction(
