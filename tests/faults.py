@@ -9,6 +9,13 @@ by another connection, model calls that fail or stall, and a stop: a deadline, a
 caller's cancel scope, or a cancellation at the k-th instrumented await (each store call, model call and tool start and end is one). Runs go
 through ``run()`` or ``stream()`` (whose consumer may leave early).
 
+A share of the runs use an agent with ``@manage_context`` (``VARIANTS``: the default
+summarizer, a pipeline, turn excerpts, observation masking, a bounded view without
+summaries) at a small window, with a stored history, so that compaction happens within a
+few turns. Their summary calls fail, stall, come back empty or cut at their cap, or
+overflow (with and without figures), their chat calls may overflow (twice in a turn too), store faults hit compaction
+records, and summary calls and the bounded view's memories are instrumented awaits.
+
 After each run the harness checks:
 
 - the exception that escaped, if any, is a documented one (``DOCUMENTED``), never an
@@ -19,8 +26,15 @@ After each run the harness checks:
   failed or was cut off with its outcome unknown;
 - every request the model was shown is valid: each call answered once, right after it;
 - the stored log is valid: unique ids, every tool result after its call, no call
-  answered twice; and after a fault-free run of the same session, every call is
-  answered exactly once and the model was shown a valid request.
+  answered twice, every compaction record covering only messages stored before it; and
+  after a fault-free run of the same session, every call is answered exactly once and
+  the model was shown a valid request;
+- with ``@manage_context``: every request shown holds the current question and (but
+  for a bounded view, which leaves turns out by design) every logged message not covered
+  by a record; a summary request carries no tools and no tool-call blocks; a turn
+  recovers from overflow at most once (a second overflow ends the run, caused by the
+  first; a failed recovery's overflow is caused by a ``CompactionError``); a
+  ``CompactionError`` never escapes.
 
 ``campaign()`` runs a number of them concurrently and returns a ``Report``.
 """
@@ -41,12 +55,33 @@ from typing import Any
 import anyio
 from attrs import define, field
 
-from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    RunContext,
+    ToolCall,
+    before_model,
+    manage_context,
+    tool,
+)
+from littleghost.context import (
+    Pipeline,
+    PromptBudget,
+    Summarization,
+    ToolResultCompaction,
+    TurnExcerpts,
+)
+from littleghost.context.records import COMPACTION_KIND_KEY, EXCLUSION, is_record, record_covers
+from littleghost.context.tokens import estimate_request
 from littleghost.errors import (
+    CompactionError,
+    ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
     LimitExceededError,
     OutputLimitError,
+    PromptBudgetError,
     ProtocolError,
     ProviderError,
     ProviderUnavailableError,
@@ -100,6 +135,10 @@ class Chaos:
     store_faults: dict[int, tuple[str, float]] = field(factory=dict)
     model_faults: dict[int, tuple[str, float]] = field(factory=dict)
     cancel_at_point: int | None = None
+    cancel_at_labelled: tuple[str, int] | None = None
+    """Cancel at the n-th instrumented await with this label (a summary call, say)."""
+    labelled: Counter[str] = field(factory=Counter)
+    cancelled_at_point: bool = False
     fail_cleanup: bool = False
     """Fail every store write made once the run's stop has come (its cleanup)."""
     scope: anyio.CancelScope | None = None
@@ -118,13 +157,32 @@ class Chaos:
     ending_fault_at: float | None = None
     """When the first fault that can end a run fired (an error, not a stall)."""
     cancelled_at: float | None = None
+    variant: str = "plain"
+    """The agent class of the run (``VARIANTS``)."""
+    summary_faults: dict[int, tuple[str, float]] = field(factory=dict)
+    summaries: int = 0
+    memory_stalls: dict[int, float] = field(factory=dict)
+    memories: int = 0
+    chat_calls: list[tuple[int, str]] = field(factory=list)
+    """(turn, what happened) of each chat call that reached its faults, in order."""
+    sizes: list[tuple[int, int, bool]] = field(factory=list)
+    """(turn, estimated tokens, whether it overflowed without figures) of each chat call."""
+    overflows: list[tuple[int, ContextWindowOverflowError]] = field(factory=list)
+    """(turn, error) of each overflow the chat calls raised."""
 
-    async def point(self) -> None:
+    async def point(self, where: str = "") -> None:
         """An instrumented await: the caller's scope may be cancelled here."""
         index = self.points
         self.points += 1
-        if index == self.cancel_at_point and self.scope is not None:
+        labelled = self.labelled[where]
+        self.labelled[where] += 1
+        if self.scope is not None and (
+            index == self.cancel_at_point or (where, labelled) == self.cancel_at_labelled
+        ):
             self.fired["cancel at an await"] += 1
+            if where:
+                self.fired[f"cancel at {where}"] += 1
+            self.cancelled_at_point = True
             self.cancelled_at = time.monotonic()
             self.scope.cancel()
         await anyio.lowlevel.checkpoint()
@@ -154,8 +212,13 @@ class ChaosStore:
         chaos = self.chaos
         index = chaos.appends
         chaos.appends += 1
-        await chaos.point()
+        records = any(is_record(message) for message in messages)
+        await chaos.point("a compaction record's append" if records else "")
         kind, seconds = chaos.store_faults.get(index, ("", 0.0))
+        if records:
+            chaos.fired["compaction stored"] += 1
+            if kind:
+                chaos.fired[f"{kind} on a compaction record"] += 1
         if chaos.fail_cleanup and chaos.stopping():
             chaos.fired["store error while stopping"] += 1
             raise SessionStoreError("injected: the store is down while the run stops")
@@ -205,8 +268,16 @@ def _lock_database(path: str, seconds: float) -> bool:
     return True
 
 
+SUMMARY_PURPOSE = "context_compaction"
+"""The purpose of a summary call (``littleghost.context.summarize.summary_request``)."""
+FILLER = " ".join(["note"] * 40)
+"""What the model says beside its calls in a run with context management (the
+conversation grows toward a compaction)."""
+
+
 class ChaosModel:
-    """Plays ``turns`` (lists of tool names, the last one an answer), with faults."""
+    """Plays ``turns`` (lists of tool names, the last one an answer), with faults; answers
+    summary calls (with faults of their own) and checks every request it is shown."""
 
     provider = "chaos"
     name = "chaos"
@@ -216,13 +287,20 @@ class ChaosModel:
         self.turns = turns
         self.chaos = chaos
         self.turn = 0
+        self.question = "Go."
+        self.context: RunContext | None = None
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         chaos = self.chaos
+        if request.purpose == SUMMARY_PURPOSE:
+            return await self._summary(request)
         index = chaos.calls
         chaos.calls += 1
         await chaos.point()
         kind, seconds = chaos.model_faults.get(index, ("", 0.0))
+        turn = self.context.turn if self.context is not None else -1
+        size = estimate_request(request.messages, request.tools, request.settings)
+        chaos.sizes.append((turn, size, kind == "model overflow"))
         if kind == "model stall":
             chaos.fired[kind] += 1
             await anyio.sleep(seconds)
@@ -235,18 +313,69 @@ class ChaosModel:
         elif kind == "model invalid request":
             chaos.ending(kind)
             raise InvalidRequestError("injected", provider="chaos", status=400)
-        chaos.shown.extend(request_problems(request.messages))
+        elif kind.startswith("model overflow"):
+            chaos.ending(kind)
+            if any(earlier == turn for earlier, _ in chaos.overflows):
+                chaos.fired["second overflow in a turn"] += 1
+            figures = kind == "model overflow with figures"
+            error = ContextWindowOverflowError(
+                "injected",
+                provider="chaos",
+                prompt_tokens=int(seconds) if figures else None,
+                context_window=WINDOW if figures else None,
+            )
+            chaos.overflows.append((turn, error))
+            chaos.chat_calls.append((turn, "overflow"))
+            raise error
+        chaos.chat_calls.append((turn, "answered"))
+        chaos.shown.extend(view_problems(request.messages, self.context, self.question))
         names = self.turns[self.turn] if self.turn < len(self.turns) else []
         self.turn += 1
         ids = {"id": "replayed"} if chaos.replay else {}
+        text = f"Step {self.turn}: {FILLER}" if chaos.variant != "plain" else ""
         if not names:
-            return ModelResponse(Message.assistant("done", **ids), StopReason.END_TURN)
+            return ModelResponse(Message.assistant(text or "done", **ids), StopReason.END_TURN)
         calls = [
             ToolCall(f"call-{self.turn}" if chaos.repeat_ids else f"call-{self.turn}-{i}", name)
             for i, name in enumerate(names)
         ]
-        message = Message.assistant(tool_calls=calls, **ids)
+        message = Message.assistant(text, tool_calls=calls, **ids)
         return ModelResponse(message, StopReason.TOOL_USE)
+
+    async def _summary(self, request: ModelRequest) -> ModelResponse:
+        """A summary call: notes, or a fault (an error, a stall, an empty text, an
+        overflow with or without figures); a stop that lands in it is counted."""
+        chaos = self.chaos
+        index = chaos.summaries
+        chaos.summaries += 1
+        chaos.fired["summary call"] += 1
+        chaos.shown.extend(summary_request_problems(request))
+        try:
+            await chaos.point("a summary call")
+            kind, seconds = chaos.summary_faults.get(index, ("", 0.0))
+            if kind:
+                chaos.fired[kind] += 1
+            if kind == "summary stall":
+                await anyio.sleep(seconds)
+            elif kind == "summary error":
+                raise ProviderUnavailableError("injected summary failure", provider="chaos")
+            elif kind == "summary overflow":
+                raise ContextWindowOverflowError("injected summary overflow", provider="chaos")
+            elif kind == "summary overflow with figures":
+                raise ContextWindowOverflowError(
+                    "injected summary overflow",
+                    provider="chaos",
+                    prompt_tokens=int(seconds),
+                    context_window=WINDOW,
+                )
+            elif kind == "summary empty":
+                return text_response("")
+            elif kind == "summary at its cap":  # no complete line: asked again, shorter
+                return text_response("- The user", stop_reason=StopReason.MAX_TOKENS)
+            return text_response("- The user asked to go.\n- Tools ran.", output_tokens=12)
+        except anyio.get_cancelled_exc_class():
+            chaos.fired["stopped in a summary call"] += 1
+            raise
 
 
 class Inner(Agent):
@@ -273,9 +402,11 @@ class ChaosAgent(Agent):
 
     @before_model
     def watch(self, request: ModelRequest, context: RunContext) -> None:
-        """Let the faults see whether the run is stopping."""
+        """Let the faults see whether the run is stopping, and the models the run's log."""
         if isinstance(context.model, ChaosModel):
             context.model.chaos.context = context
+        if isinstance(context.model, (ChaosModel, Checking)):
+            context.model.context = context
 
     @tool
     async def quick(self) -> str:
@@ -321,6 +452,106 @@ class ChaosAgent(Agent):
         raise SystemExit(3)
 
 
+WINDOW = 1_000
+"""The window of the agents with context management: the instructions and tool schemas
+take about a third of it, so a stored history and a few turns reach the threshold."""
+_KEEP = {"context_window_override": WINDOW, "preserve_recent_messages": 2}
+
+
+async def remember(context: RunContext) -> list[str]:
+    """The bounded view's memories: an instrumented await that may stall."""
+    model = context.model
+    if not isinstance(model, ChaosModel):
+        return ["The user likes short answers."]
+    chaos = model.chaos
+    index = chaos.memories
+    chaos.memories += 1
+    await chaos.point("the memories")
+    seconds = chaos.memory_stalls.get(index)
+    if seconds is not None:
+        chaos.fired["memory stall"] += 1
+        await anyio.sleep(seconds)
+    return ["The user likes short answers."]
+
+
+@manage_context(**_KEEP)
+class SummarizingAgent(ChaosAgent):
+    """The default summarizer."""
+
+
+@manage_context(
+    **_KEEP,
+    strategy=Pipeline(
+        ToolResultCompaction(keep_last_tool_call_groups=1),
+        Summarization(minimum_preserved=2, max_tokens=128),
+    ),
+)
+class PipelineAgent(ChaosAgent):
+    """Collapsed tool results, then a summary."""
+
+
+@manage_context(**_KEEP, strategy=TurnExcerpts())
+class ExcerptingAgent(ChaosAgent):
+    """Turn excerpts: no summary call but in overflow recovery's first try."""
+
+
+@manage_context(**_KEEP, mask_tool_results=1)
+class MaskingAgent(ChaosAgent):
+    """Observation masking before the summary."""
+
+
+@manage_context(
+    context_window_override=2 * WINDOW,
+    budget=PromptBudget(
+        prompt_budget_tokens=WINDOW,
+        response_reserve_tokens=200,
+        safety_reserve_tokens=100,
+        memory=remember,
+        memory_tokens=50,
+        excerpt_tokens=64,
+        floor_tokens=32,
+    ),
+    summarize=False,
+)
+class BoundedAgent(ChaosAgent):
+    """A bounded view, never a model call for context."""
+
+
+@manage_context(
+    context_window_override=2 * WINDOW,
+    compression_threshold=0.4,
+    preserve_recent_messages=2,
+    budget=PromptBudget(
+        prompt_budget_tokens=WINDOW + WINDOW // 5,
+        response_reserve_tokens=200,
+        safety_reserve_tokens=100,
+        memory=remember,
+        memory_tokens=50,
+        floor_tokens=32,
+    ),
+)
+class BoundedSummarizingAgent(ChaosAgent):
+    """A bounded view, then a summary when the view is still over the threshold."""
+
+
+VARIANTS: dict[str, type[ChaosAgent]] = {
+    "plain": ChaosAgent,
+    "summary": SummarizingAgent,
+    "pipeline": PipelineAgent,
+    "turn excerpts": ExcerptingAgent,
+    "masking": MaskingAgent,
+    "bounded view": BoundedAgent,
+    "bounded view and summaries": BoundedSummarizingAgent,
+}
+"""The agent classes of the runs: ``plain`` has no context management."""
+BOUNDED = {"bounded view", "bounded view and summaries"}
+"""The variants whose view leaves turns out without a record, by design (and whose runs
+may end in a ``PromptBudgetError`` when a long turn outgrows the budget)."""
+CONTEXT_SHARE = 0.4
+"""The share of the runs with context management."""
+"""The variants whose view leaves turns out without a record, by design."""
+
+
 @define
 class Outcome:
     """What one run did."""
@@ -361,6 +592,9 @@ class Report:
 def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, Any]]:
     """A script of turns, the faults, and the run's stop. Stalls are long (up to 1.5 s)
     when the run has a timed stop, which must cut them to its grace; short otherwise."""
+    if rng.random() < CONTEXT_SHARE:
+        chaos.variant = rng.choice([name for name in VARIANTS if name != "plain"])
+    chaos.fired[f"variant {chaos.variant}"] += 1
     turns = [
         [rng.choice(TOOLS) for _ in range(rng.choice((1, 1, 2, 3)))]
         for _ in range(rng.randint(0, 3))
@@ -376,7 +610,7 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
         stop["cancel_after"] = rng.uniform(0.0, 0.3)
         chaos.fired["caller cancel scope"] += 1
     elif roll < 0.75:
-        chaos.cancel_at_point = rng.randint(0, 14)
+        chaos.cancel_at_point = rng.randint(0, 14 if chaos.variant == "plain" else 24)
     if "cancel_after" not in stop and any("hang" in names for names in turns):
         stop.setdefault("timeout", rng.uniform(0.0, 0.3))  # a hanging tool waits for a stop
     if "timeout" in stop:
@@ -402,6 +636,8 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
             chaos.model_faults[index] = ("model invalid request", 0.0)
         elif roll < 0.18:
             chaos.model_faults[index] = ("model stall", rng.uniform(0.01, longest))
+    if chaos.variant != "plain":
+        _plan_context_faults(rng, chaos, longest)
     chaos.fail_cleanup = rng.random() < 0.3
     stop["stream"] = rng.choice(("run", "stream", "stream and leave"))
     chaos.repeat_ids = rng.random() < 0.2
@@ -413,6 +649,52 @@ def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, 
     return turns, stop
 
 
+def _plan_context_faults(rng: random.Random, chaos: Chaos, longest: float) -> None:
+    """Overflowing chat calls (sometimes the retried call too), faulty summary calls and
+    stalling memories, for a run with context management."""
+    for index in range(8):
+        if index in chaos.model_faults or rng.random() >= 0.14:
+            continue
+        kind = rng.choice(("model overflow", "model overflow with figures"))
+        chaos.model_faults[index] = (kind, rng.choice((WINDOW // 2, WINDOW, 3 * WINDOW)))
+        if rng.random() < 0.35:  # the retried call overflows too
+            chaos.model_faults[index + 1] = ("model overflow", 0.0)
+    for index in range(6):
+        roll = rng.random()
+        if roll < 0.1:
+            chaos.summary_faults[index] = ("summary error", 0.0)
+        elif roll < 0.2:
+            chaos.summary_faults[index] = ("summary stall", rng.uniform(0.01, longest))
+        elif roll < 0.27:
+            chaos.summary_faults[index] = ("summary empty", 0.0)
+        elif roll < 0.32:
+            chaos.summary_faults[index] = ("summary overflow", 0.0)
+        elif roll < 0.37:
+            chaos.summary_faults[index] = ("summary overflow with figures", float(2 * WINDOW))
+        elif roll < 0.42:
+            chaos.summary_faults[index] = ("summary at its cap", 0.0)
+    for index in range(6):
+        if rng.random() < 0.1:
+            chaos.memory_stalls[index] = rng.uniform(0.01, longest)
+    if chaos.cancel_at_point is None and rng.random() < 0.15:
+        where = rng.choice(("a summary call", "a compaction record's append", "the memories"))
+        chaos.cancel_at_labelled = (where, rng.randint(0, 1))
+
+
+def history(rng: random.Random) -> list[Message]:
+    """A stored conversation for a run with context management: a few turns, with tool
+    calls, so that the run's first compaction comes soon."""
+    log: list[Message] = []
+    for turn in range(rng.randint(2, 7)):
+        log.append(Message.user(f"Earlier question {turn}: order A-{turn}, {FILLER}"))
+        if rng.random() < 0.5:
+            call = ToolCall(f"old-{turn}", "quick")
+            log.append(Message.assistant(tool_calls=[call]))
+            log.append(Message.tool(call.id, f"quick {FILLER}"))
+        log.append(Message.assistant(f"Earlier answer {turn}: {FILLER}"))
+    return log
+
+
 async def one_run(
     rng: random.Random, inner: SessionStore, session_id: str, tolerance: float = TOLERANCE
 ) -> tuple[Outcome, Chaos]:
@@ -420,7 +702,11 @@ async def one_run(
     chaos = Chaos(rng)
     turns, stop = _plan(rng, chaos)
     store = ChaosStore(inner, chaos)
-    agent = ChaosAgent(model=ChaosModel(turns, chaos), session_store=store)
+    kind = VARIANTS[chaos.variant]
+    earlier = history(rng) if chaos.variant != "plain" else []
+    if earlier:
+        await inner.append(session_id, earlier)
+    agent = kind(model=ChaosModel(turns, chaos), session_store=store)
     violations: list[str] = []
     error: BaseException | None = None
     began = time.monotonic()
@@ -449,6 +735,7 @@ async def one_run(
     else:
         cancel_at = None
     violations.extend(_check_outcome(error, cancelled, chaos, cancel_at, timeout, began))
+    violations.extend(_overflow_problems(error, chaos))
     if stop_at is not None and elapsed > stop_at + GRACE + tolerance:
         violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
     if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
@@ -457,7 +744,7 @@ async def one_run(
     stored = await inner.load(session_id)
     violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
     violations.extend(_store_first(chaos.context, stored))
-    violations.extend(await _repair(inner, session_id))
+    violations.extend(await _repair(inner, session_id, kind))
     described = [f"{session_id} ({turns}, {stop}, {chaos.fired}): {v}" for v in violations]
     return Outcome(elapsed, stop_at, error, cancelled, described), chaos
 
@@ -489,17 +776,49 @@ def _check_outcome(
     escapes, and a cancellation at an await before the deadline is what ended the run
     (a cancellation by a timer may race the run's last step, fairly)."""
     problems = []
-    if error is not None and not isinstance(error, (*DOCUMENTED, SystemExit)):
+    documented = (*DOCUMENTED, *((PromptBudgetError,) if chaos.variant in BOUNDED else ()))
+    if error is not None and not isinstance(error, (*documented, SystemExit)):
         problems.append(f"undocumented {type(error).__name__}: {error!r}")
     if chaos.ending_fault_at is not None:
         return problems  # a fault may end the run first; the race is fair either way
     if isinstance(error, SessionStoreError):
         problems.append("a failed cleanup write escaped in place of the run's stop")
-    by_point = chaos.cancel_at_point is not None and chaos.points > chaos.cancel_at_point
+    by_point = chaos.cancelled_at_point
     first = cancel_at is not None and (timeout is None or cancel_at < timeout)
     if by_point and first and not cancelled and not isinstance(error, SystemExit):
         replaced = type(error).__name__ if error is not None else "a result"
         problems.append(f"the caller's cancellation was replaced by {replaced}")
+    return problems
+
+
+def _overflow_problems(error: BaseException | None, chaos: Chaos) -> list[str]:
+    """A turn recovers from overflow at most once: a second overflow ends the run, caused
+    by the first; a first overflow escapes only when its recovery failed, caused by a
+    ``CompactionError``; a recovery from an overflow without figures at least halves the
+    request; a ``CompactionError`` never escapes."""
+    problems = []
+    if isinstance(error, CompactionError):
+        problems.append(f"a CompactionError escaped: {error}")
+    turns = Counter(turn for turn, _ in chaos.overflows)
+    for turn, count in turns.items():
+        calls = [what for when, what in chaos.chat_calls if when == turn]
+        if count > 2 or (count == 2 and calls[-1] != "overflow"):
+            problems.append(f"turn {turn} was recovered from overflow more than once: {calls}")
+    for (turn, size, blind), (then, retried, _) in zip(chaos.sizes, chaos.sizes[1:], strict=False):
+        if blind and then == turn and retried > size // 2:
+            problems.append(f"an overflow without figures was retried at {retried} of {size}")
+    if not isinstance(error, ContextWindowOverflowError):
+        return problems
+    raised = [(turn, overflow) for turn, overflow in chaos.overflows if overflow is error]
+    if not raised:
+        return [*problems, f"an overflow no chat call raised escaped: {error!r}"]
+    turn = raised[0][0]
+    first = next(overflow for when, overflow in chaos.overflows if when == turn)
+    cause = error.__cause__
+    if first is error and not isinstance(cause, CompactionError):
+        problems.append(f"a failed recovery's overflow is caused by {cause!r}")
+    elif first is not error and cause is not first:
+        problems.append(f"a second overflow in a turn is caused by {cause!r}, not the first")
     return problems
 
 
@@ -519,14 +838,21 @@ def _store_first(context: RunContext | None, stored: Sequence[Message]) -> list[
 
 def log_problems(log: Sequence[Message]) -> list[str]:
     """What is wrong with a stored log: duplicate ids, results before their call, calls
-    answered twice (calls that share an id counted apart)."""
+    answered twice (calls that share an id counted apart), a compaction record that
+    covers nothing or a message not stored before it."""
     problems = []
     ids = [message.id for message in log]
     if len(ids) != len(set(ids)):
         problems.append("a message is stored twice")
     made: set[str] = set()
     waiting: Counter[str] = Counter()
+    before: set[str] = set()
     for message in log:
+        if is_record(message):
+            covers = record_covers(message)
+            if not covers or not before.issuperset(covers):
+                problems.append(f"a compaction record covers {covers}, not messages before it")
+        before.add(message.id)
         made.update(call.id for call in message.tool_calls)
         waiting.update(call.id for call in message.tool_calls)
         for result in message.tool_results:
@@ -559,6 +885,41 @@ def request_problems(messages: Sequence[Message]) -> list[str]:
     return problems
 
 
+def view_problems(
+    messages: Sequence[Message], context: RunContext | None, question: str
+) -> list[str]:
+    """``request_problems``, and with context management: the current ``question`` is
+    shown, and (but for a bounded view) every message of the run's log that no record
+    hides is shown."""
+    problems = request_problems(messages)
+    agent = context.agent if context is not None else None
+    if context is None or getattr(agent, "context_management", None) is None:
+        return problems
+    if not any(m.role is Role.USER and m.text == question for m in messages):
+        problems.append("the model was not shown the current question")
+    if agent.context_management.budget is None:  # a bounded view leaves turns out by design
+        log = context.messages
+        hidden = {covered for message in log for covered in record_covers(message)}
+        hidden.update(m.id for m in log if m.metadata.get(COMPACTION_KIND_KEY) == EXCLUSION)
+        shown = {message.id for message in messages}
+        lost = [m.id for m in log if m.id not in hidden and m.id not in shown]
+        if lost:
+            problems.append(
+                f"the model was not shown {len(lost)} logged message(s) no record hides"
+            )
+    return problems
+
+
+def summary_request_problems(request: ModelRequest) -> list[str]:
+    """What a summary request must not carry: tools, tool-call blocks."""
+    problems = []
+    if request.tools:
+        problems.append("a summary request offered tools")
+    if any(m.tool_calls or m.tool_results for m in request.messages):
+        problems.append("a summary request carried tool-call blocks")
+    return problems
+
+
 def unanswered(log: Sequence[Message]) -> list[str]:
     """Calls of ``log`` without a result."""
     pending: dict[str, int] = {}
@@ -572,25 +933,32 @@ def unanswered(log: Sequence[Message]) -> list[str]:
 
 
 class Checking:
-    """A fault-free model that checks the request it is shown is one a provider accepts."""
+    """A fault-free model that checks the request it is shown is one a provider accepts
+    (and, with context management, holds the question and every message not compacted);
+    it answers summary calls too."""
 
     provider = "checking"
     name = "checking"
     context_window = None
 
-    def __init__(self) -> None:
+    def __init__(self, question: str = "And now?") -> None:
         self.problems: list[str] = []
+        self.question = question
+        self.context: RunContext | None = None
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
-        self.problems.extend(request_problems(request.messages))
+        if request.purpose == SUMMARY_PURPOSE:
+            self.problems.extend(summary_request_problems(request))
+            return text_response("- The user asked to go.")
+        self.problems.extend(view_problems(request.messages, self.context, self.question))
         return text_response("repaired")
 
 
-async def _repair(inner: SessionStore, session_id: str) -> list[str]:
+async def _repair(inner: SessionStore, session_id: str, kind: type[ChaosAgent]) -> list[str]:
     model = Checking()
-    agent = ChaosAgent(model=model, session_store=inner)
+    agent = kind(model=model, session_store=inner)
     try:
-        await agent.run("And now?", session_id=session_id, timeout=10)
+        await agent.run(model.question, session_id=session_id, timeout=10)
     except Exception as error:
         return [f"the repair run failed: {type(error).__name__}: {error}"]
     log = await inner.load(session_id)

@@ -21,6 +21,7 @@ import pytest
 from littleghost.sessions import SQLiteSessionStore
 from tests.faults import (
     TOOLS,
+    VARIANTS,
     ChaosAgent,
     Checking,
     campaign,
@@ -52,6 +53,26 @@ EXPECTED_FAULTS = {
     "repeated call ids",
     "replayed message id",
     *(f"tool {name}" for name in TOOLS),
+    *(f"variant {name}" for name in VARIANTS),
+    "compaction stored",
+    "model overflow",
+    "model overflow with figures",
+    "second overflow in a turn",
+    "summary call",
+    "summary error",
+    "summary stall",
+    "summary empty",
+    "summary at its cap",
+    "summary overflow",
+    "summary overflow with figures",
+    "store error on a compaction record",
+    "store error after writing on a compaction record",
+    "store stall on a compaction record",
+    "cancel at a summary call",
+    "cancel at a compaction record's append",
+    "cancel at the memories",
+    "stopped in a summary call",
+    "memory stall",
 }
 
 
@@ -64,7 +85,7 @@ async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Pat
     assert set(report.faults) >= EXPECTED_FAULTS, set(report.faults)
     outcomes = set(report.by_outcome)
     assert {"completed", "cancelled by the caller", "DeadlineExceededError"} <= outcomes
-    assert {"SessionStoreError", "SystemExit"} <= outcomes
+    assert {"SessionStoreError", "SystemExit", "ContextWindowOverflowError"} <= outcomes
 
 
 TIGHT_RUNS = 200
