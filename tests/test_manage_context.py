@@ -421,6 +421,30 @@ class TestWhatIsSent:
         summary = next(m for m in result.messages if m.is_summary)
         assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 22
 
+    async def test_the_tool_schemas_count_toward_where_the_summary_must_land(self) -> None:
+        """With about 440 tokens of tool schemas, the summary takes enough of the
+        conversation to leave the whole request at 80 % of the threshold (800 tokens),
+        not only its messages (it used to leave about 980: due again next turn)."""
+
+        def audit(self: Agent, order: str) -> str:
+            return order
+
+        audit.__doc__ = "Audit an order. " * 100
+
+        @manage_context(
+            context_window_tokens=2_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=2,
+            quote_specifics=False,
+        )
+        class Audited(Agent):
+            audit_order = tool(audit)
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        result = await Audited(model=model).run("go", history=chat(12, "long " * 20))
+        summary = next(m for m in result.messages if m.is_summary)
+        assert summary.metadata[AFTER_KEY] <= 800
+
     async def test_a_summary_that_saves_nothing_is_a_failure(self, spans: Spans) -> None:
         """A compaction that would not make the request smaller is not kept."""
         long_summary = "word " * 400
