@@ -9,12 +9,14 @@ by another connection, model calls that fail or stall, and a stop: a deadline, a
 caller's cancel scope, or a cancellation at the k-th instrumented await (each store call, model call and tool start and end is one). Runs go
 through ``run()`` or ``stream()`` (whose consumer may leave early).
 
-A share of the runs use an agent with ``@manage_context`` (``VARIANTS``: the default
-summarizer, a pipeline, turn excerpts, observation masking, a bounded view without
-summaries) at a small window, with a stored history, so that compaction happens within a
-few turns. Their summary calls fail, stall, come back empty or cut at their cap, or
-overflow (with and without figures), their chat calls may overflow (twice in a turn too), store faults hit compaction
-records, and summary calls and the bounded view's memories are instrumented awaits.
+A share of the runs (``CONTEXT_SHARE``) use an agent with ``@manage_context``
+(``VARIANTS``: the default summarizer, a pipeline, turn excerpts, observation masking, a
+bounded view with and without summaries) at a small window, with a stored history, so
+that compaction happens within a few turns. Their summary calls fail, stall, come back
+empty or cut at their cap, or overflow (with and without figures); their chat calls may
+overflow (the retried call too); store faults hit compaction records; summary calls,
+records' appends and the bounded view's memories are instrumented awaits, and a stop
+may be aimed at one of them.
 
 After each run the harness checks:
 
@@ -33,8 +35,9 @@ After each run the harness checks:
   for a bounded view, which leaves turns out by design) every logged message not covered
   by a record; a summary request carries no tools and no tool-call blocks; a turn
   recovers from overflow at most once (a second overflow ends the run, caused by the
-  first; a failed recovery's overflow is caused by a ``CompactionError``); a
-  ``CompactionError`` never escapes.
+  first; a failed recovery's overflow is caused by a ``CompactionError``; a recovery
+  from an overflow without figures at least halves the request); a ``CompactionError``
+  never escapes; the fault-free run of the session uses the same agent class.
 
 ``campaign()`` runs a number of them concurrently and returns a ``Report``.
 """
@@ -299,8 +302,10 @@ class ChaosModel:
         await chaos.point()
         kind, seconds = chaos.model_faults.get(index, ("", 0.0))
         turn = self.context.turn if self.context is not None else -1
-        size = estimate_request(request.messages, request.tools, request.settings)
-        chaos.sizes.append((turn, size, kind == "model overflow"))
+        chaos.shown.extend(view_problems(request.messages, self.context, self.question))
+        if chaos.variant != "plain":
+            size = estimate_request(request.messages, request.tools, request.settings)
+            chaos.sizes.append((turn, size, kind == "model overflow"))
         if kind == "model stall":
             chaos.fired[kind] += 1
             await anyio.sleep(seconds)
@@ -328,7 +333,6 @@ class ChaosModel:
             chaos.chat_calls.append((turn, "overflow"))
             raise error
         chaos.chat_calls.append((turn, "answered"))
-        chaos.shown.extend(view_problems(request.messages, self.context, self.question))
         names = self.turns[self.turn] if self.turn < len(self.turns) else []
         self.turn += 1
         ids = {"id": "replayed"} if chaos.replay else {}
@@ -954,11 +958,16 @@ class Checking:
         return text_response("repaired")
 
 
+REPAIR_TIMEOUT = 30
+"""A safety net, not a figure checked: with 20 runs at a time sharing one SQLite store
+(one thread of its own) on a busy machine, a repair run has been seen to wait 10 s."""
+
+
 async def _repair(inner: SessionStore, session_id: str, kind: type[ChaosAgent]) -> list[str]:
     model = Checking()
     agent = kind(model=model, session_store=inner)
     try:
-        await agent.run(model.question, session_id=session_id, timeout=10)
+        await agent.run(model.question, session_id=session_id, timeout=REPAIR_TIMEOUT)
     except Exception as error:
         return [f"the repair run failed: {type(error).__name__}: {error}"]
     log = await inner.load(session_id)
