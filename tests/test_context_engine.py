@@ -14,6 +14,7 @@ from littleghost.context import PromptBudget, Truncation, compact_session
 from littleghost.context.management import REGROWTH, SCALE_KEY, estimate_tokens
 from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError
+from littleghost.events import CompactionFinished
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -179,6 +180,33 @@ class TestCalibration:
         assert "overflow" not in reasons
         answers = [m for m in await store.load("s") if m.role.value == "assistant"]
         assert answers[-1].metadata[SCALE_KEY] == pytest.approx(4, rel=0.1)
+
+    async def test_a_summary_calls_overflow_rescales_what_the_compaction_left(self) -> None:
+        """The summary call overflows, reporting three times its estimate: the size the
+        compaction left the request at is in those units too, never below the estimate
+        of what is sent (it used to mix the old units with the new, and say 0)."""
+
+        @manage_context(context_window_tokens=2_000, preserve_recent_messages=2)
+        class Scaled(Agent):
+            pass
+
+        overflowed = False
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal overflowed
+            if request.purpose == "context_compaction" and not overflowed:
+                overflowed = True
+                prompt = estimate_messages(request.messages)
+                raise ContextWindowOverflowError("too long", prompt_tokens=3 * prompt)
+            return summarizing(text_response("done"))(request)
+
+        model = ScriptedModel([respond] * 3)
+        history = [Message.user(f"Question {i}: " + "words " * 60) for i in range(24)]
+        async with Scaled(model=model).stream("go", history=history) as events:
+            (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
+        sent = model.requests[-1]
+        assert finished.outcome == "completed"
+        assert finished.estimated_tokens_after >= estimate_messages(sent.messages)
 
 
 class TestErrors:

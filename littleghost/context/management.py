@@ -538,7 +538,7 @@ async def _compact(
             else:
                 await default_compaction(state, config, window, goal)
         finally:
-            run.scale = state.scale  # a summary call may have taught it
+            scale, run.scale = run.scale, state.scale  # a summary call may have taught it
         outcome.summary = state.summary_outcome
         records = state.records()
         if not records:
@@ -553,6 +553,8 @@ async def _compact(
         added = [m for m in compacted.messages if m.id not in before]
         removed = [m for m in request.messages if m.id not in kept]
         change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
+        if run.scale != scale:  # ``estimated`` is in the old units: estimate it in the new
+            estimated = _real(request.messages, context, config.tokenizer) + outside
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback and after > window:
             raise CompactionError(
