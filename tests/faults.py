@@ -168,8 +168,11 @@ class Chaos:
     memories: int = 0
     chat_calls: list[tuple[int, str]] = field(factory=list)
     """(turn, what happened) of each chat call that reached its faults, in order."""
-    sizes: list[tuple[int, int, bool]] = field(factory=list)
-    """(turn, estimated tokens, whether it overflowed without figures) of each chat call."""
+    sizes: list[tuple[int, int, bool, bool]] = field(factory=list)
+    """(turn, estimated tokens, whether it overflowed without figures, whether an overflow
+    with figures had taught the run its scale) of each chat call."""
+    calibrated: bool = False
+    """An overflow with figures (of a chat or a summary call) taught the run its scale."""
     overflows: list[tuple[int, ContextWindowOverflowError]] = field(factory=list)
     """(turn, error) of each overflow the chat calls raised."""
 
@@ -305,7 +308,7 @@ class ChaosModel:
         chaos.shown.extend(view_problems(request.messages, self.context, self.question))
         if chaos.variant != "plain":
             size = estimate_request(request.messages, request.tools, request.settings)
-            chaos.sizes.append((turn, size, kind == "model overflow"))
+            chaos.sizes.append((turn, size, kind == "model overflow", chaos.calibrated))
         if kind == "model stall":
             chaos.fired[kind] += 1
             await anyio.sleep(seconds)
@@ -323,6 +326,7 @@ class ChaosModel:
             if any(earlier == turn for earlier, _ in chaos.overflows):
                 chaos.fired["second overflow in a turn"] += 1
             figures = kind == "model overflow with figures"
+            chaos.calibrated |= figures
             error = ContextWindowOverflowError(
                 "injected",
                 provider="chaos",
@@ -366,6 +370,7 @@ class ChaosModel:
             elif kind == "summary overflow":
                 raise ContextWindowOverflowError("injected summary overflow", provider="chaos")
             elif kind == "summary overflow with figures":
+                chaos.calibrated = True
                 raise ContextWindowOverflowError(
                     "injected summary overflow",
                     provider="chaos",
@@ -808,8 +813,9 @@ def _overflow_problems(error: BaseException | None, chaos: Chaos) -> list[str]:
         calls = [what for when, what in chaos.chat_calls if when == turn]
         if count > 2 or (count == 2 and calls[-1] != "overflow"):
             problems.append(f"turn {turn} was recovered from overflow more than once: {calls}")
-    for (turn, size, blind), (then, retried, _) in zip(chaos.sizes, chaos.sizes[1:], strict=False):
-        if blind and then == turn and retried > size // 2:
+    pairs = zip(chaos.sizes, chaos.sizes[1:], strict=False)
+    for (turn, size, blind, _), (then, retried, _, scaled) in pairs:
+        if blind and not scaled and then == turn and retried > size // 2:  # in the same units
             problems.append(f"an overflow without figures was retried at {retried} of {size}")
     if not isinstance(error, ContextWindowOverflowError):
         return problems
@@ -843,7 +849,7 @@ def _store_first(context: RunContext | None, stored: Sequence[Message]) -> list[
 def log_problems(log: Sequence[Message]) -> list[str]:
     """What is wrong with a stored log: duplicate ids, results before their call, calls
     answered twice (calls that share an id counted apart), a compaction record that
-    covers nothing or a message not stored before it."""
+    covers nothing or a message not stored before it, a message two summaries cover."""
     problems = []
     ids = [message.id for message in log]
     if len(ids) != len(set(ids)):
@@ -851,11 +857,15 @@ def log_problems(log: Sequence[Message]) -> list[str]:
     made: set[str] = set()
     waiting: Counter[str] = Counter()
     before: set[str] = set()
+    summarized: set[str] = set()
     for message in log:
         if is_record(message):
             covers = record_covers(message)
             if not covers or not before.issuperset(covers):
                 problems.append(f"a compaction record covers {covers}, not messages before it")
+            if message.is_summary and summarized.intersection(covers):
+                problems.append("a message is summarized twice")
+            summarized.update(covers if message.is_summary else ())
         before.add(message.id)
         made.update(call.id for call in message.tool_calls)
         waiting.update(call.id for call in message.tool_calls)
@@ -893,24 +903,33 @@ def view_problems(
     messages: Sequence[Message], context: RunContext | None, question: str
 ) -> list[str]:
     """``request_problems``, and with context management: the current ``question`` is
-    shown, and (but for a bounded view) every message of the run's log that no record
-    hides is shown."""
+    shown; every message of the run's log that no record hides is shown (with a bounded
+    view, which leaves older turns out by design, those of the current turn); logged
+    messages keep their order, and summaries come before them."""
     problems = request_problems(messages)
     agent = context.agent if context is not None else None
     if context is None or getattr(agent, "context_management", None) is None:
         return problems
     if not any(m.role is Role.USER and m.text == question for m in messages):
         problems.append("the model was not shown the current question")
-    if agent.context_management.budget is None:  # a bounded view leaves turns out by design
-        log = context.messages
-        hidden = {covered for message in log for covered in record_covers(message)}
-        hidden.update(m.id for m in log if m.metadata.get(COMPACTION_KIND_KEY) == EXCLUSION)
-        shown = {message.id for message in messages}
-        lost = [m.id for m in log if m.id not in hidden and m.id not in shown]
-        if lost:
-            problems.append(
-                f"the model was not shown {len(lost)} logged message(s) no record hides"
-            )
+    log = context.messages
+    hidden = {covered for message in log for covered in record_covers(message)}
+    hidden.update(m.id for m in log if m.metadata.get(COMPACTION_KIND_KEY) == EXCLUSION)
+    shown = {message.id for message in messages}
+    due = log
+    if agent.context_management.budget is not None:
+        asked = [i for i, m in enumerate(log) if m.role is Role.USER and m.text == question]
+        due = log[asked[-1] :] if asked else []
+    lost = [m.id for m in due if m.id not in hidden and m.id not in shown]
+    if lost:
+        problems.append(f"the model was not shown {len(lost)} logged message(s) no record hides")
+    position = {m.id: i for i, m in enumerate(log) if not is_record(m)}
+    order = [position[m.id] for m in messages if m.id in position]
+    if order != sorted(order):
+        problems.append("the model was shown logged messages out of their order")
+    kinds = [m.is_summary for m in messages if m.id in position or m.is_summary]
+    if True in kinds and False in kinds[: len(kinds) - kinds[::-1].index(True)]:
+        problems.append("the model was shown a summary after a logged message")
     return problems
 
 
