@@ -4,8 +4,9 @@ under asyncio and trio, and the figures the README quotes.
 Each run draws its script, its faults (store errors, stalls, failures after a write and a
 SQLite database locked by another connection; model errors and stalls; tools that fail,
 hang, time out, block a thread, let a cancellation of their own escape or end the process) and its stop (a deadline, a caller's cancel scope, a
-cancellation at the k-th await) from a seeded generator; ``tests/faults.py`` says what is
-checked after each. ``tests/test_faults.py`` runs a smaller campaign in CI.
+cancellation at the k-th await) from a seeded generator; two runs in five use
+``@manage_context``, with summary calls and chat calls that overflow, fail or stall;
+``tests/faults.py`` says what is checked after each. ``tests/test_faults.py`` runs a smaller campaign in CI.
 
     python benchmarks/faults.py                 # 5 000 runs per backend
     python benchmarks/faults.py --runs 500 --seed 7
