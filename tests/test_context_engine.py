@@ -118,6 +118,25 @@ class TestNoThrash:
         assert 1 <= summaries <= 6  # before: a summary call before every chat call
         assert any(e["littleghost.compaction.outcome"] == "skipped" for e in spans.compactions())
 
+    async def test_the_next_run_remembers_a_compaction_that_failed(self, spans: Spans) -> None:
+        """Nothing is old enough to compact: the run's attempt fails, and the next runs of
+        the session wait for growth instead of failing again at every question."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
+        )
+        class Patient(Agent):
+            pass
+
+        model = ScriptedModel([text_response("Noted.")] * 4)
+        store = InMemorySessionStore()
+        await store.append("s", [Message.user("Context: " + "detail " * 400)])
+        for turn in range(4):
+            await Patient(model=model, session_store=store).run(f"Q{turn}?", session_id="s")
+        outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
+        assert outcomes == ["error", "skipped", "skipped", "skipped"]
+        assert all(r.purpose == "chat" for r in model.requests)
+
 
 class TestCalibration:
     async def test_reported_input_tokens_rescale_the_estimate_of_new_messages(self) -> None:

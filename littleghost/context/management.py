@@ -131,13 +131,16 @@ class _Run:
     """No new summary call until the estimate reaches this (no thrash)."""
     last_after: int = 0
     """The size the last completed compaction left the request at."""
+    failed_at: int | None = None
+    """The size a compaction failed at, for the next answer's metadata (``AFTER_KEY``)."""
     real: dict[str, int] = field(factory=dict)
     """The sizes the model reported for records made in this run (summaries)."""
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
-"""Metadata of the records of a compaction: the size it left the request at, so a later
-run of the conversation knows whether the next summary must wait for growth."""
+"""Metadata of the records of a compaction, the size it left the request at, and of the
+model's answer after a compaction that failed, the size it failed at: so a later run of
+the conversation knows whether the next summary must wait for growth."""
 SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
 had learned by then, which the next run of the conversation starts from."""
@@ -284,16 +287,22 @@ async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
     """Learn the calibration from the prompt tokens the provider reported for the turn's
-    request, and keep it in the answer's metadata (``SCALE_KEY``) for the next run."""
+    request; keep it (``SCALE_KEY``), and the size a compaction failed at (``AFTER_KEY``),
+    in the answer's metadata for the next run."""
     config = context_config(agent)
     if config is None or context.last_exchange is None:
         return None
     state = _run(context, config)
     request, answered = context.last_exchange
     _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer)
-    if state.scale == 1.0 or response.message.metadata.get(SCALE_KEY) == state.scale:
+    kept: dict[str, float] = {}
+    if state.scale != 1.0 and response.message.metadata.get(SCALE_KEY) != state.scale:
+        kept[SCALE_KEY] = state.scale
+    if state.failed_at is not None:
+        kept[AFTER_KEY], state.failed_at = state.failed_at, None
+    if not kept:
         return None
-    metadata = {**response.message.metadata, SCALE_KEY: state.scale}
+    metadata = {**response.message.metadata, **kept}
     return attrs.evolve(response, message=attrs.evolve(response.message, metadata=metadata))
 
 
@@ -345,7 +354,7 @@ async def _proactive(
     except _UNSTOPPABLE:
         raise
     except Exception:
-        pass  # recorded; the request goes as it was
+        state.failed_at = estimated  # recorded; the request goes as it was
     state.quiet_until = next_summary_at(after, config, window)
     return compacted
 
