@@ -11,7 +11,8 @@ import pytest
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation, compact_session
-from littleghost.context.management import REGROWTH, SCALE_KEY, estimate_tokens
+from littleghost.context.management import AFTER_KEY, REGROWTH, SCALE_KEY, estimate_tokens
+from littleghost.context.records import is_record
 from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError
 from littleghost.events import CompactionFinished
@@ -136,6 +137,29 @@ class TestNoThrash:
         outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
         assert outcomes == ["error", "skipped", "skipped", "skipped"]
         assert all(r.purpose == "chat" for r in model.requests)
+
+    async def test_a_recovery_after_a_failed_attempt_is_what_the_next_run_remembers(
+        self,
+    ) -> None:
+        """The turn's attempt failed, then overflow recovery compacted: the size the next
+        run waits from is the recovery's, not the failed attempt's."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
+        )
+        class Patient(Agent):
+            pass
+
+        overflow = ContextWindowOverflowError("prompt too long")
+        model = ScriptedModel([overflow, text_response("Noted.")])
+        history = [
+            m
+            for i in range(6)
+            for m in (Message.user(f"Q{i} " + "detail " * 80), Message.assistant("A"))
+        ]
+        result = await Patient(model=model).run("Q?", history=history)
+        marked = [m for m in result.messages if AFTER_KEY in m.metadata]
+        assert marked and all(is_record(m) for m in marked)
 
 
 class TestCalibration:

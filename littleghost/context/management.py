@@ -577,7 +577,7 @@ async def _compact(
         marked = {r.id: attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records}
         await context.append(*marked.values())
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
-        run.last_after = after
+        run.last_after, run.failed_at = after, None  # the records say where it is now
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
