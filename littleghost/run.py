@@ -104,9 +104,9 @@ class RunContext:
     _prepared_models: set[int] = field(factory=set, repr=False, init=False)
     _ledger: Ledger = field(factory=Ledger, repr=False, init=False)
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
+    """Held by each write to the store: a run's appends happen one at a time, in order."""
     _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
     """The ids of the tool batch the runner is running: only it answers them."""
-    """Held by each write to the store: a run's appends happen one at a time, in order."""
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )

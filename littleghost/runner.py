@@ -427,13 +427,12 @@ def instructions_message(text: str) -> Message:
     return Message.system(text, id=f"instructions-{digest}")
 
 
-async def _call_model(agent: Agent, base: ModelRequest, context: RunContext) -> ModelResponse:
-    """Send ``base`` through the ``before_model`` hooks to the model; on an error, retry
+async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) -> ModelResponse:
+    """Send ``given`` through the ``before_model`` hooks to the model; on an error, retry
     with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
     which passes through the ``before_model`` hooks again without the messages they added
-    (so what a hook injects is not doubled)."""
+    (so what a hook injects is not doubled). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
-    given = base  # what the before_model hooks were given
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = 0
     while True:

@@ -338,15 +338,22 @@ class _ServerChat(OpenAIModel):
         return {"json_schema": dict(output.schema)}
 
 
+def _base_url(port: int) -> str:
+    return f"http://{_HOST}:{port}/v1"
+
+
 @define(eq=False)
 class _Server:
     process: subprocess.Popen[bytes]
     port: int
     key: str
     context_window: int
-    base_url: str
     chat: _ServerChat
     """Its chat client, one per event loop (each closed as its loop ends, or by ``aclose``)."""
+
+    @property
+    def base_url(self) -> str:
+        return _base_url(self.port)
 
 
 @define(eq=False)
@@ -540,9 +547,9 @@ class LocalModel:
             with self._lock:
                 if start.closed:
                     raise self._closed_while_starting()
-                url = f"http://{_HOST}:{port}/v1"
+                url = _base_url(port)
                 chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
-                self._server = _Server(process, port, key, window, url, chat)
+                self._server = _Server(process, port, key, window, chat)
         except BaseException:
             await _stop(process)
             raise
