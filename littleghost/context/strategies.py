@@ -472,12 +472,25 @@ def _positions(items: list[Any], value: object) -> list[int]:
         found.append(position)
 
 
-def _target(trigger: Trigger, target: Trigger | None) -> Trigger:
-    return negate(trigger) if target is None else target
+def _named_trigger(instance: object, attribute: Any, value: Any) -> None:
+    check_trigger(f"{type(instance).__name__}.{attribute.name}")(instance, attribute, value)
 
 
 @frozen(kw_only=True)
-class Truncation:
+class _Stepwise:
+    """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``."""
+
+    trigger: Trigger = field(default=always, validator=_named_trigger)
+    target: Trigger | None = field(default=None, validator=optional(_named_trigger))
+
+    @property
+    def goal(self) -> Trigger:
+        """``target``, by default: the trigger no longer holds."""
+        return negate(self.trigger) if self.target is None else self.target
+
+
+@frozen(kw_only=True)
+class Truncation(_Stepwise):
     """Exclude the oldest non-system groups until the target holds.
 
     Args:
@@ -487,10 +500,6 @@ class Truncation:
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 32).
     """
 
-    trigger: Trigger = field(default=always, validator=check_trigger("Truncation.trigger"))
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("Truncation.target"))
-    )
     minimum_preserved: int = field(default=32, validator=count("Truncation.minimum_preserved"))
 
     async def compact(self, state: CompactionState, /) -> None:
@@ -498,11 +507,11 @@ class Truncation:
         if not self.trigger(state):
             return
         end = state.newest(self.minimum_preserved)
-        state.exclude_oldest(end, _target(self.trigger, self.target))
+        state.exclude_oldest(end, self.goal)
 
 
 @frozen(kw_only=True)
-class SlidingWindow:
+class SlidingWindow(_Stepwise):
     """Keep only the newest user turns, or the newest groups (give exactly one).
 
     A turn is a user group and every group after it up to the next user group; groups
@@ -523,10 +532,6 @@ class SlidingWindow:
     keep_last_groups: int | None = field(
         default=None, validator=optional(count("SlidingWindow.keep_last_groups", 1))
     )
-    trigger: Trigger = field(default=always, validator=check_trigger("SlidingWindow.trigger"))
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("SlidingWindow.target"))
-    )
     minimum_preserved: int = field(default=1, validator=count("SlidingWindow.minimum_preserved"))
 
     def __attrs_post_init__(self) -> None:
@@ -539,18 +544,18 @@ class SlidingWindow:
         """Apply the strategy to ``state``."""
         if not self.trigger(state):
             return
-        target = _target(self.trigger, self.target)
+        goal = self.goal
         protected = state.newest(self.minimum_preserved)
         if self.keep_last_groups is not None:
             end = min(state.newest(self.keep_last_groups), protected)
-            state.exclude_oldest(end, target)
+            state.exclude_oldest(end, goal)
             return
         assert self.keep_last_turns is not None
         end = min(state.newest(self.keep_last_turns, USER), protected)
         first = True
         for slot in state.candidates(end):
             if first or state.kind(slot) == USER:
-                if target(state):
+                if goal(state):
                     return
                 first = False
             state.exclude(slot)
@@ -630,7 +635,7 @@ def _tool_groups(
 
 
 @frozen(kw_only=True)
-class ToolResultCompaction:
+class ToolResultCompaction(_Stepwise):
     """Collapse each older tool-call group into one short assistant message, such as
     ``[Tool results: get_weather: sunny, 18°C]``; the newest groups stay whole.
 
@@ -644,12 +649,6 @@ class ToolResultCompaction:
     keep_last_tool_call_groups: int = field(
         default=2, validator=count("ToolResultCompaction.keep_last_tool_call_groups")
     )
-    trigger: Trigger = field(
-        default=always, validator=check_trigger("ToolResultCompaction.trigger")
-    )
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("ToolResultCompaction.target"))
-    )
     max_result_chars: int = field(
         default=400, validator=count("ToolResultCompaction.max_result_chars", 16)
     )
@@ -657,13 +656,12 @@ class ToolResultCompaction:
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         if self.trigger(state):
-            goal = _target(self.trigger, self.target)
             text = partial(collapse_text, max_result_chars=self.max_result_chars)
-            _tool_groups(state, self.keep_last_tool_call_groups, goal, text)
+            _tool_groups(state, self.keep_last_tool_call_groups, self.goal, text)
 
 
 @frozen(kw_only=True)
-class SelectiveToolCallCompaction:
+class SelectiveToolCallCompaction(_Stepwise):
     """Exclude older tool-call groups entirely; the newest stay whole.
 
     Args:
@@ -675,22 +673,15 @@ class SelectiveToolCallCompaction:
     keep_last_tool_call_groups: int = field(
         default=2, validator=count("SelectiveToolCallCompaction.keep_last_tool_call_groups")
     )
-    trigger: Trigger = field(
-        default=always, validator=check_trigger("SelectiveToolCallCompaction.trigger")
-    )
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("SelectiveToolCallCompaction.target"))
-    )
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         if self.trigger(state):
-            goal = _target(self.trigger, self.target)
-            _tool_groups(state, self.keep_last_tool_call_groups, goal, None)
+            _tool_groups(state, self.keep_last_tool_call_groups, self.goal, None)
 
 
 @frozen(kw_only=True)
-class TurnExcerpts:
+class TurnExcerpts(_Stepwise):
     """Without a model: replace the oldest user turns, oldest first, by one line each
     (``[Earlier turn, excerpted: Q: … | A: … | 2 tool calls]``), then leave those lines
     out too, until the target holds. A turn is a user group and the groups after it.
@@ -703,10 +694,6 @@ class TurnExcerpts:
             turn (>= 0, default 1: the newest turn stays).
     """
 
-    trigger: Trigger = field(default=always, validator=check_trigger("TurnExcerpts.trigger"))
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("TurnExcerpts.target"))
-    )
     excerpt_chars: int = field(default=160, validator=count("TurnExcerpts.excerpt_chars", 16))
     minimum_preserved: int = field(default=1, validator=count("TurnExcerpts.minimum_preserved"))
 
@@ -714,7 +701,7 @@ class TurnExcerpts:
         """Apply the strategy to ``state``."""
         if not self.trigger(state):
             return
-        goal = _target(self.trigger, self.target)
+        goal = self.goal
         end = state.newest(self.minimum_preserved)
         while 0 < end < state.slots and state.kind(end) != USER:
             end -= 1  # the preserved groups keep their whole turn
@@ -778,7 +765,7 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 
 
 @frozen(kw_only=True)
-class Summarization:
+class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
 
     Older tool results are first masked (with ``mask_tool_results``; no summary when
@@ -834,10 +821,6 @@ class Summarization:
             )
         ),
     )
-    trigger: Trigger = field(default=always, validator=check_trigger("Summarization.trigger"))
-    target: Trigger | None = field(
-        default=None, validator=optional(check_trigger("Summarization.target"))
-    )
     max_tokens: int = field(default=1_024, validator=count("Summarization.max_tokens", 1))
     max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
     mask_tool_results: int | None = field(
@@ -855,7 +838,7 @@ class Summarization:
         if not self.trigger(state):
             return
         complete = self._complete(state)
-        target = _target(self.trigger, self.target)
+        target = self.goal
         if self.mask_tool_results is not None:
             end = state.newest(self.minimum_preserved)
             await mask_tool_results(state, self.mask_tool_results, target, end)

@@ -122,7 +122,7 @@ class Never(_Combine):
 
 @frozen
 class TokensExceed(_Combine):
-    """More than ``limit`` estimated tokens."""
+    """Holds when the estimated tokens exceed ``limit`` (``tokens_exceed(limit)``)."""
 
     limit: int = field(validator=count("tokens_exceed(limit)"))
 
@@ -132,7 +132,7 @@ class TokensExceed(_Combine):
 
 @frozen
 class MessagesExceed(_Combine):
-    """More than ``limit`` messages."""
+    """Holds when the messages exceed ``limit`` (``messages_exceed(limit)``)."""
 
     limit: int = field(validator=count("messages_exceed(limit)"))
 
@@ -142,7 +142,7 @@ class MessagesExceed(_Combine):
 
 @frozen
 class TurnsExceed(_Combine):
-    """More than ``limit`` user turns."""
+    """Holds when the user turns exceed ``limit`` (``turns_exceed(limit)``)."""
 
     limit: int = field(validator=count("turns_exceed(limit)"))
 
@@ -152,7 +152,7 @@ class TurnsExceed(_Combine):
 
 @frozen
 class GroupsExceed(_Combine):
-    """More than ``limit`` groups."""
+    """Holds when the groups exceed ``limit`` (``groups_exceed(limit)``)."""
 
     limit: int = field(validator=count("groups_exceed(limit)"))
 
@@ -162,7 +162,7 @@ class GroupsExceed(_Combine):
 
 @frozen
 class HasToolCalls(_Combine):
-    """At least one tool-call group."""
+    """Holds when a tool-call group is included (``has_tool_calls()``)."""
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return metrics.tool_call_groups > 0
@@ -223,29 +223,11 @@ never = Never()
 """Never holds."""
 
 
-def tokens_exceed(limit: int) -> TokensExceed:
-    """Holds when the estimated tokens exceed ``limit``."""
-    return TokensExceed(limit)
-
-
-def messages_exceed(limit: int) -> MessagesExceed:
-    """Holds when the messages exceed ``limit``."""
-    return MessagesExceed(limit)
-
-
-def turns_exceed(limit: int) -> TurnsExceed:
-    """Holds when the user turns exceed ``limit``."""
-    return TurnsExceed(limit)
-
-
-def groups_exceed(limit: int) -> GroupsExceed:
-    """Holds when the groups exceed ``limit``."""
-    return GroupsExceed(limit)
-
-
-def has_tool_calls() -> HasToolCalls:
-    """Holds when at least one tool-call group is included."""
-    return HasToolCalls()
+tokens_exceed = TokensExceed
+messages_exceed = MessagesExceed
+turns_exceed = TurnsExceed
+groups_exceed = GroupsExceed
+has_tool_calls = HasToolCalls
 
 
 def all_of(*triggers: Trigger) -> AllOf:
