@@ -151,7 +151,7 @@ class TestNoThrash:
             pass
 
         overflow = ContextWindowOverflowError("prompt too long")
-        model = ScriptedModel([overflow, text_response("Noted.")])
+        model = ScriptedModel([overflow, text_response("- notes"), text_response("Noted.")])
         history = [
             m
             for i in range(6)

@@ -867,6 +867,37 @@ class TestOverflow:
         assert event["littleghost.compaction.reason"] == "overflow"
         assert event["littleghost.compaction.outcome"] == "completed"
 
+    async def test_recovery_summarizes_preserved_messages_rather_than_excerpt_them(
+        self, spans: Spans
+    ) -> None:
+        """When all that is older than the current turn is preserved, recovery summarizes
+        it, oldest first and only as far as needed, never the current turn; no turn is
+        excerpted without a model."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=30,
+            tokenizer=PerMessage(),
+        )
+        class Lenient(Agent):
+            pass
+
+        model = ScriptedModel(
+            [ContextWindowOverflowError("too long"), summary_step(), text_response("done")]
+        )
+        history = chat(10)
+        result = await Lenient(model=model).run("go", history=history)
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        (summary,) = [m for m in result.messages if m.is_summary]
+        covered = summary.metadata[SUMMARY_COVERS_KEY]
+        assert covered == [m.id for m in history[: len(covered)]]  # the oldest
+        assert 10 <= len(covered) < len(history)  # halved at least, not all of it
+        assert model.requests[2].messages[-1].text == "go"
+        assert not any(m.text.startswith("[Earlier turn, excerpted:") for m in result.messages)
+        (event,) = spans.compactions()
+        assert "littleghost.compaction.fallback" not in event
+
     async def test_proactive_compaction_runs_again_before_the_retry(self) -> None:
         """A replacement request from after_model_error is checked against the threshold."""
 

@@ -60,7 +60,8 @@ class ContextManagement:
         compression_threshold: Compact when the estimate reaches this share of the window,
             in (0, 1].
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
-        preserve_recent_messages: Newest messages always kept verbatim (>= 2).
+        preserve_recent_messages: Newest messages kept verbatim (>= 2); overflow recovery
+            may summarize them, never the current turn.
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The summary's output cap, and the cap of the specifics it

@@ -537,9 +537,10 @@ async def _compact(
         state.scale = run.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
         goal = _goal(state, target, outside)
+        if fallback or (reason == "overflow" and config.strategy is None):
+            state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
             if fallback:
-                state.protected = max(state.pinned, default=state.slots)  # the current turn
                 state.pinned |= {s for s in range(state.slots) if state.kind(s) == SUMMARY}
                 await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
             elif config.strategy is not None:
