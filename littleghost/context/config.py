@@ -32,10 +32,6 @@ _assumed_windows: set[tuple[str, str]] = set()
 """The (provider, model name) pairs already warned about an assumed window."""
 
 
-def _env_window() -> int:
-    return env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000)
-
-
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
     """``check`` for the field validated, named ``manage_context: <field>``."""
 
@@ -78,7 +74,8 @@ class ContextManagement:
     """
 
     context_window_tokens: int = field(
-        factory=_env_window, validator=_check(int_at_least(1), "an int > 0")
+        factory=lambda: env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000),
+        validator=_check(int_at_least(1), "an int > 0"),
     )
     context_window_override: int | None = field(default=None, validator=_OPTIONAL_COUNT)
     compression_threshold: float = field(
