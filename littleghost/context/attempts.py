@@ -63,17 +63,12 @@ async def attempt(
     try:
         yield outcome
     except anyio.get_cancelled_exc_class() as error:  # no stream event: nothing can be awaited
-        fallen = {telemetry.COMPACTION_FALLBACK: fallback or None}
-        if cancelled_here():  # the run's cancellation or deadline
-            compaction_event(reason, "cancelled", estimated, window, fallen)
-        else:  # a stray one, from a strategy or the model
-            compaction_event(
-                reason,
-                "error",
-                estimated,
-                window,
-                {**fallen, telemetry.ERROR_TYPE: telemetry.error_type(error)},
-            )
+        # the run's cancellation or deadline, else a stray one (from a strategy or the model)
+        stray = None if cancelled_here() else telemetry.error_type(error)
+        extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}
+        compaction_event(
+            reason, "cancelled" if stray is None else "error", estimated, window, extra
+        )
         raise
     except Exception as error:
         await finish("error", 0, None, telemetry.error_type(error), None)
