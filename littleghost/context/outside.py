@@ -20,7 +20,6 @@ from littleghost.context.management import (
     managed_state,
     next_summary_at,
     pinned_slots,
-    reaches,
     remembered,
     schema_estimate,
     split_estimate,
@@ -171,7 +170,5 @@ def preview_request(
         return RequestPreview(request, sizes, estimated, None, None, False, report)
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
     waits = None if after is None else next_summary_at(after, config, window)
-    due = reaches(estimated, config.compression_threshold, window) and (
-        waits is None or estimated >= waits
-    )
+    due = estimated >= threshold and (waits is None or estimated >= waits)
     return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
