@@ -148,7 +148,7 @@ def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None
 def summary_request(
     messages: Sequence[Message],
     *,
-    instructions: str | None,
+    instructions: str,
     settings: Mapping[str, Any],
     max_tokens: int,
     max_item_chars: int | None = None,
@@ -159,7 +159,7 @@ def summary_request(
 
     Args:
         messages: What the summary is to cover (besides ``notes``).
-        instructions: Replace the default instruction (for new notes and a rewrite alike).
+        instructions: The instruction the request ends with (``summary_instruction``).
         settings: The provider settings to start from (output cap and tool settings
             replaced).
         max_tokens: The summary's output cap.
@@ -171,10 +171,9 @@ def summary_request(
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
     else:
         data = f"Current notes:\n<<<\n{notes}\n>>>\n\nConversation since:\n<<<\n{transcript}\n>>>"
-    instruction = summary_instruction(instructions, rewrite=notes is not None)
     kept = {key: value for key, value in settings.items() if key not in _DROPPED_SETTINGS}
     return ModelRequest(
-        (Message.system(SUMMARY_FRAMING), Message.user(f"{data}\n\n{instruction}")),
+        (Message.system(SUMMARY_FRAMING), Message.user(f"{data}\n\n{instructions}")),
         (),
         {**kept, "max_tokens": max_tokens},
         purpose="context_compaction",
