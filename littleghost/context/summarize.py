@@ -91,8 +91,7 @@ Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 
 def summary_text(message: Message) -> str:
     """The text of a summary message without its framing."""
-    text = message.text
-    return text[len(SUMMARY_PREFIX) :] if text.startswith(SUMMARY_PREFIX) else text
+    return message.text.removeprefix(SUMMARY_PREFIX)
 
 
 def call_arguments(arguments: Mapping[str, Any] | str) -> str:
