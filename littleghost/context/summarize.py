@@ -30,6 +30,7 @@ from littleghost.messages import (
     ToolResult,
 )
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason
+from littleghost.telemetry import arguments_json as call_arguments
 from littleghost.text import cut_middle
 
 __all__ = [
@@ -92,13 +93,6 @@ Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 def summary_text(message: Message) -> str:
     """The text of a summary message without its framing."""
     return message.text.removeprefix(SUMMARY_PREFIX)
-
-
-def call_arguments(arguments: Mapping[str, Any] | str) -> str:
-    """A tool call's arguments as one line of JSON (as given when a str)."""
-    if isinstance(arguments, str):
-        return arguments
-    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
 
 
 def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:
