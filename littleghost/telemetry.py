@@ -193,7 +193,7 @@ def _part_json(part: object) -> dict[str, Any]:
 
 
 def arguments_json(arguments: Mapping[str, Any] | str) -> str:
-    """Tool-call arguments as JSON; only for agents that capture content."""
+    """Tool-call arguments as one line of JSON (as given when a str)."""
     if isinstance(arguments, str):
         return arguments
     return json.dumps(dict(arguments), ensure_ascii=False, default=str)

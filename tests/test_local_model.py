@@ -188,7 +188,8 @@ async def test_closing_a_stream_early_stops_the_generation(local: LocalModel) ->
             if seen == 9:
                 per_token = (anyio.current_time() - started) / 8
                 break
-    # The server had about 440 tokens left to write; served at once means it stopped.
+    # The server had about 440 tokens left to write; served well before they could have
+    # been written means it stopped (half, not less: "Say hi." is read under the same load).
     remaining = (LONG["max_tokens"] - seen) * per_token
     began = anyio.current_time()
     answer = await local.respond(
@@ -196,7 +197,7 @@ async def test_closing_a_stream_early_stops_the_generation(local: LocalModel) ->
     )
     waited = anyio.current_time() - began
     assert answer.message.text
-    assert waited < max(1.0, remaining * 0.2), (waited, remaining)
+    assert waited < max(1.0, remaining * 0.5), (waited, remaining)
 
 
 @UNCLOSED_BODY

@@ -28,6 +28,7 @@ from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     SUMMARY_FRAMING,
     SUMMARY_PREFIX,
+    summary_message,
 )
 from littleghost.errors import (
     CleanupError,
@@ -1000,6 +1001,37 @@ class TestOverflow:
             ("error", None),
             ("completed", True),
         ]
+
+    async def test_earlier_summaries_go_last_when_only_the_current_turn_fits(
+        self, spans: Spans
+    ) -> None:
+        """A current turn that fits the window alone is answered even when the earlier
+        summaries do not fit beside it: they are left out last, after every older turn
+        (the log keeps them)."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            if any(m.is_summary for m in request.messages):
+                raise ContextWindowOverflowError("too long", prompt_tokens=1_300)
+            return text_response("done")
+
+        old = chat(3)
+        earlier = summary_message("fact " * 500, [m.id for m in old])  # about 630 tokens
+        history = [*old, earlier, *chat(2, "n")]
+        model = ScriptedModel([respond] * 5)
+        result = await Lenient(model=model).run("word " * 300, history=history)
+        assert result.output == "done"
+        assert earlier in result.messages  # the log keeps it
+        sent = model.requests[-1].messages
+        assert earlier.id not in {m.id for m in sent}
+        assert sent[-1].text == "word " * 300
+        fallback = [e for e in spans.compactions() if e.get("littleghost.compaction.fallback")]
+        assert [e["littleghost.compaction.outcome"] for e in fallback] == ["completed"]
 
     async def test_overflow_is_never_retried_without_the_capability(self) -> None:
         """Without manage_context an overflow propagates after one call."""

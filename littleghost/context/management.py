@@ -541,8 +541,7 @@ async def _compact(
             state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
             if fallback:
-                state.pinned |= {s for s in range(state.slots) if state.kind(s) == SUMMARY}
-                await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
+                await _excerpt_turns(state, goal, _goal(state, window, outside))
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
@@ -580,6 +579,18 @@ async def _compact(
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
         run.last_after, run.failed_at = after, None  # the records say where it is now
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
+
+
+async def _excerpt_turns(state: CompactionState, goal: int, limit: int) -> None:
+    """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
+    are left out; the earlier summaries are left out last, oldest first, and only while
+    the request is over ``limit`` (the window), so that a current turn that fits alone
+    always fits."""
+    summaries = {s for s in range(state.slots) if state.kind(s) == SUMMARY} - state.pinned
+    state.pinned |= summaries
+    await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
+    state.pinned -= summaries
+    state.exclude_oldest(state.protected, ~tokens_exceed(limit))
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import chain
 from operator import attrgetter
@@ -36,6 +36,7 @@ from littleghost.context.records import (
 )
 from littleghost.context.summarize import (
     SUMMARY_PREFIX,
+    Complete,
     call_arguments,
     excerpt,
     merged_notes,
@@ -81,9 +82,6 @@ __all__ = [
     "mask_tool_results",
     "prepared",
 ]
-
-Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
-"""Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
 
 _INCLUDED, _EXCLUDED, _ABSORBED = 0, 1, 2
 _ID = attrgetter("id")

@@ -88,6 +88,7 @@ _DROPPED_SETTINGS = ("max_tokens", "tool_choice", "response_format", "parallel_t
 _SHORTER = " Keep the notes short: at most about {words} words."
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
+"""Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
 
 
 def summary_text(message: Message) -> str:
