@@ -1033,6 +1033,42 @@ class TestOverflow:
         fallback = [e for e in spans.compactions() if e.get("littleghost.compaction.fallback")]
         assert [e["littleghost.compaction.outcome"] for e in fallback] == ["completed"]
 
+    async def test_the_fallback_collapses_the_current_turns_older_tool_results(self) -> None:
+        """A tool loop whose results alone are over the window: when no summary can be
+        made, the turn's older results become one line each (the newest two stay whole)
+        and the run answers."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            def look(self) -> str:
+                """Look."""
+                return "result " * 150  # about 260 tokens
+
+        calls = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal calls
+            if request.purpose == "context_compaction":
+                raise ProviderUnavailableError("down")
+            calls += 1
+            if calls <= 3:
+                return tool_call_response("look", {})
+            if calls == 4:
+                raise ContextWindowOverflowError("too long", prompt_tokens=1_250)
+            return text_response("done")
+
+        model = ScriptedModel([respond] * 8)
+        result = await Looking(model=model).run("Look three times.", history=chat(3))
+        assert result.output == "done"
+        sent = model.requests[-1].messages
+        results = [m for m in sent if m.tool_results]
+        assert len(results) == 2  # the newest two, whole
+        assert any(m.text.startswith("[Tool results: look: result") for m in sent)
+        assert sent[-1].tool_results  # the turn goes on where it was
+
     async def test_overflow_is_never_retried_without_the_capability(self) -> None:
         """Without manage_context an overflow propagates after one call."""
         model = ScriptedModel([ContextWindowOverflowError("too long"), text_response("x")])

@@ -583,14 +583,17 @@ async def _compact(
 
 async def _excerpt_turns(state: CompactionState, goal: int, limit: int) -> None:
     """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
-    are left out; the earlier summaries are left out last, oldest first, and only while
-    the request is over ``limit`` (the window), so that a current turn that fits alone
-    always fits."""
+    are left out. Only while the request is over ``limit`` (the window): the earlier
+    summaries are left out, oldest first, so that a current turn that fits alone always
+    fits; then the current turn's older tool results become one line each."""
     summaries = {s for s in range(state.slots) if state.kind(s) == SUMMARY} - state.pinned
     state.pinned |= summaries
     await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
     state.pinned -= summaries
-    state.exclude_oldest(state.protected, ~tokens_exceed(limit))
+    fits = ~tokens_exceed(limit)
+    state.exclude_oldest(state.protected, fits)
+    state.protected = state.slots
+    await ToolResultCompaction(target=fits).compact(state)
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:
