@@ -30,6 +30,7 @@ from littleghost.context.summarize import (
     SUMMARY_PREFIX,
     summary_message,
 )
+from littleghost.context.tokens import estimate_messages
 from littleghost.errors import (
     CleanupError,
     CompactionError,
@@ -1016,8 +1017,9 @@ class TestOverflow:
         def respond(request: ModelRequest) -> ModelResponse:
             if request.purpose == "context_compaction":
                 return text_response("- noted")
-            if any(m.is_summary for m in request.messages):
-                raise ContextWindowOverflowError("too long", prompt_tokens=1_300)
+            real = estimate_messages(request.messages)
+            if real > 1_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
             return text_response("done")
 
         old = chat(3)
@@ -1053,12 +1055,11 @@ class TestOverflow:
             nonlocal calls
             if request.purpose == "context_compaction":
                 raise ProviderUnavailableError("down")
+            real = int(1.35 * estimate_messages(request.messages))  # it counts a third more
+            if real > 1_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
             calls += 1
-            if calls <= 3:
-                return tool_call_response("look", {})
-            if calls == 4:
-                raise ContextWindowOverflowError("too long", prompt_tokens=1_250)
-            return text_response("done")
+            return tool_call_response("look", {}) if calls <= 3 else text_response("done")
 
         model = ScriptedModel([respond] * 8)
         result = await Looking(model=model).run("Look three times.", history=chat(3))
