@@ -39,7 +39,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import Tokenizer, estimate_request
+from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
 from littleghost.context.triggers import messages_exceed, tokens_exceed
 from littleghost.errors import (
     CleanupError,
@@ -69,8 +69,7 @@ __all__ = [
     "pinned_slots",
     "reaches",
     "remembered",
-    "schema_estimate",
-    "split_estimate",
+    "request_size",
 ]
 
 C = TypeVar("C", bound=type)
@@ -184,17 +183,17 @@ def _learn_scale(
     """Set the scale from the prompt tokens the provider ``reported`` for ``request``: what
     it counted beyond the instructions, the tool schemas and the sizes already known, over
     the conversation's estimate; False when that says nothing."""
-    fixed, scaled = split_estimate(
+    fixed, scaled = _split_estimate(
         request.messages, context.log_index.estimates(tokenizer), state.real
     )
-    fixed += schema_estimate(request, tokenizer)
+    fixed += _schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
         return False
     state.scale = min(max((reported - fixed) / scaled, MIN_SCALE), MAX_SCALE)
     return True
 
 
-def split_estimate(
+def _split_estimate(
     messages: Sequence[Message], estimates: Callable[[Message], int], known: Mapping[str, int]
 ) -> tuple[int, int]:
     """``messages`` as (tokens known or taken as estimated — records whose size the model
@@ -212,7 +211,7 @@ def split_estimate(
     return fixed, scaled
 
 
-def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
+def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
     """The estimated tokens of the tool schemas, the output schema and the settings that
     reach the prompt."""
     return estimate_request(
@@ -220,10 +219,21 @@ def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
     )
 
 
+def request_size(
+    request: ModelRequest, estimates: Estimates, known: Mapping[str, int], scale: float
+) -> int:
+    """``request``'s size in the model's tokens as far as known, the room its answer needs
+    (``max_tokens``) included: its messages (``_split_estimate``, the conversation times
+    ``scale``), tool schemas, output schema and prompt settings."""
+    fixed, scaled = _split_estimate(request.messages, estimates, known)
+    outside = _schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
+    return fixed + math.ceil(scale * scaled) + outside
+
+
 def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
     """The size of ``messages`` in the model's tokens as far as known."""
     state = context.state_for(_Run, _Run)
-    fixed, scaled = split_estimate(messages, context.log_index.estimates(tokenizer), state.real)
+    fixed, scaled = _split_estimate(messages, context.log_index.estimates(tokenizer), state.real)
     return fixed + math.ceil(state.scale * scaled)
 
 
@@ -234,7 +244,6 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
     Conversation estimates are scaled by the run's calibration; a summary counts the size
     the model reported for it.
     """
-    answer = request.max_tokens or 0
     if context.last_exchange is not None:
         previous, response = context.last_exchange
         reported = response.usage.input_tokens
@@ -245,9 +254,10 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
             and previous.output_schema == request.output_schema
             and request.messages[:count] == previous.messages  # items compared by identity first
         ):
-            return reported + _real(request.messages[count:], context, tokenizer) + answer
-    whole = _real(request.messages, context, tokenizer) + schema_estimate(request, tokenizer)
-    return whole + answer
+            added = _real(request.messages[count:], context, tokenizer)
+            return reported + added + (request.max_tokens or 0)
+    state = context.state_for(_Run, _Run)
+    return request_size(request, context.log_index.estimates(tokenizer), state.real, state.scale)
 
 
 def reaches(estimated: int, threshold: float, window: int) -> bool:
@@ -535,7 +545,7 @@ async def _compact(
         state = managed_state(index, config, window, context._call, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
-        outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
+        outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
         goal = _goal(state, target, outside)
         if fallback or (reason == "overflow" and config.strategy is None):
             state.protected = max(state.pinned, default=state.slots)  # the current turn
@@ -563,7 +573,9 @@ async def _compact(
         removed = [m for m in request.messages if m.id not in kept]
         change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
         if run.scale != scale:  # ``estimated`` is in the old units: estimate it in the new
-            estimated = _real(request.messages, context, config.tokenizer) + outside
+            estimated = request_size(
+                request, index.estimates(config.tokenizer), run.real, run.scale
+            )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback and after > window:
             raise CompactionError(

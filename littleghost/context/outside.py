@@ -21,8 +21,7 @@ from littleghost.context.management import (
     next_summary_at,
     pinned_slots,
     remembered,
-    schema_estimate,
-    split_estimate,
+    request_size,
 )
 from littleghost.context.strategies import Complete, prepared
 from littleghost.context.tokens import DEFAULT_TOKENIZER
@@ -163,9 +162,7 @@ def preview_request(
     estimates = index.estimates(tokenizer)
     sizes = tuple(map(estimates, request.messages))
     after, scale = remembered(log) if config is not None else (None, 1.0)
-    fixed, scaled = split_estimate(request.messages, estimates, {})
-    estimated = fixed + math.ceil(scale * scaled) + schema_estimate(request, tokenizer)
-    estimated += request.max_tokens or 0
+    estimated = request_size(request, estimates, {}, scale)
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, estimated, None, None, False, report)
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
