@@ -40,7 +40,7 @@ from littleghost.context.strategies import (
     mask_tool_results,
 )
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
-from littleghost.context.triggers import messages_exceed, tokens_exceed
+from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     CleanupError,
     CompactionError,
@@ -604,8 +604,15 @@ async def _excerpt_turns(state: CompactionState, goal: int, limit: int) -> None:
     state.pinned -= summaries
     fits = ~tokens_exceed(limit)
     state.exclude_oldest(state.protected, fits)
-    state.protected = state.slots
-    await ToolResultCompaction(target=fits).compact(state)
+    await _collapse_results(state, fits)
+
+
+async def _collapse_results(state: CompactionState, target: Trigger) -> None:
+    """Collapse older tool results to one line each, the protected groups' too (the newest
+    two tool calls and pinned groups stay whole), until ``target`` holds."""
+    protected, state.protected = state.protected, state.slots
+    await ToolResultCompaction(target=target).compact(state)
+    state.protected = protected
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:
@@ -636,9 +643,7 @@ async def default_compaction(
         state.size(slot) for slot in range(state.protected, state.slots) if state.included(slot)
     )
     if tail > goal:
-        protected, state.protected = state.protected, state.slots
-        await ToolResultCompaction(target=fits).compact(state)
-        state.protected = protected
+        await _collapse_results(state, fits)
     conversation = sum(
         state.group(slot).count
         for slot in range(state.slots)
