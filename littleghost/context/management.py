@@ -551,7 +551,7 @@ async def _compact(
             state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
             if fallback:
-                await _excerpt_turns(state, goal, _goal(state, window, outside))
+                await _model_free_compaction(state, goal, _goal(state, window, outside))
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
@@ -593,7 +593,7 @@ async def _compact(
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
-async def _excerpt_turns(state: CompactionState, goal: int, limit: int) -> None:
+async def _model_free_compaction(state: CompactionState, goal: int, limit: int) -> None:
     """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
     are left out. Only while the request is over ``limit`` (the window): the earlier
     summaries are left out, oldest first, so that a current turn that fits alone always
