@@ -75,6 +75,7 @@ COMPACTION_WINDOW = "littleghost.compaction.context_window_tokens"
 COMPACTION_SKIPPED = "littleghost.compaction.skipped_because"
 COMPACTION_FALLBACK = "littleghost.compaction.fallback"
 COMPACTION_SUMMARY = "littleghost.compaction.summary_outcome"
+COMPACTION_CUT_TO = "littleghost.compaction.tool_results_cut_to_tokens"
 
 _SETTING_ATTRIBUTES = {
     "max_tokens": REQUEST_MAX_TOKENS,

@@ -1070,6 +1070,84 @@ class TestOverflow:
         assert any(m.text.startswith("[Tool results: look: result") for m in sent)
         assert sent[-1].tool_results  # the turn goes on where it was
 
+    async def test_tool_results_over_the_window_are_cut_for_the_rest_of_the_run(
+        self, spans: Spans
+    ) -> None:
+        """A tool result larger than the window: recovery cuts the turn's results in the
+        middle until the request takes about half the window; later results of the run
+        are cut as short without another overflow, and the log keeps them whole."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Reading(Agent):
+            max_retries = 0
+
+            @tool
+            def read(self, path: str) -> str:
+                """Read a file."""
+                return f"{path}: a line of the file\n" * 250  # about 1 500 tokens
+
+        overflows = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal overflows
+            real = estimate_messages(request.messages)
+            if real > 1_000:
+                overflows += 1
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            reads = sum(len(m.tool_results) for m in request.messages)
+            if reads < 2:
+                return tool_call_response("read", {"path": f"file{reads}.txt"})
+            return text_response("done")
+
+        model = ScriptedModel([respond] * 6)
+        result = await Reading(model=model).run("Read two files.", history=chat(2))
+        assert result.output == "done"
+        assert overflows == 1
+        sent = [r for m in model.requests[-1].messages for r in m.tool_results]
+        assert len(sent) == 2 and all("tokens truncated" in r.content for r in sent)
+        assert estimate_messages(model.requests[2].messages) <= 500  # the retried request
+        assert [r.content.startswith(f"file{i}.txt") for i, r in enumerate(sent)] == [True] * 2
+        logged = [r for m in result.messages for r in m.tool_results]
+        assert [len(r.content) for r in logged] == [
+            len(Reading().read(f"file{i}.txt")) for i in range(2)
+        ]
+        (event,) = [
+            e
+            for e in spans.compactions()
+            if "littleghost.compaction.tool_results_cut_to_tokens" in e
+        ]
+        assert event["littleghost.compaction.outcome"] == "completed"
+        assert event["littleghost.compaction.fallback"] is True
+        assert 64 <= event["littleghost.compaction.tool_results_cut_to_tokens"] < 1_500
+
+    async def test_a_question_over_the_window_is_not_cut(self) -> None:
+        """Only tool results are cut: a current request whose question alone is over the
+        window still fails, saying so."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Reading(Agent):
+            max_retries = 0
+
+            @tool
+            def read(self) -> str:
+                """Read."""
+                return "a line of the file\n" * 250
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            real = estimate_messages(request.messages)
+            if real > 1_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            if not any(m.tool_results for m in request.messages):
+                return tool_call_response("read", {})
+            return text_response("done")
+
+        model = ScriptedModel([respond] * 4)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Reading(model=model).run("word " * 760)
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert "tool results cut to 64 tokens each" in str(caught.value.__cause__)
+
     async def test_overflow_is_never_retried_without_the_capability(self) -> None:
         """Without manage_context an overflow propagates after one call."""
         model = ScriptedModel([ContextWindowOverflowError("too long"), text_response("x")])

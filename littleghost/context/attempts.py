@@ -32,6 +32,8 @@ class Outcome:
     removed: int = 0
     summary: str | None = None
     """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
+    cut_to: int | None = None
+    """The tokens the request's tool results were cut to, if they were."""
 
 
 @asynccontextmanager
@@ -41,20 +43,19 @@ async def attempt(
     """One compaction attempt: its stream events, span event and log line, and on success
     the compacted mark on the next chat span."""
 
-    async def finish(
-        result: str, removed: int, after: int | None, error: str | None, summary: str | None
-    ) -> None:
+    async def finish(result: str, done: Outcome, error: str | None) -> None:
         extra = {
-            telemetry.COMPACTION_REMOVED: removed,
-            telemetry.COMPACTION_ESTIMATED_AFTER: after,
+            telemetry.COMPACTION_REMOVED: done.removed,
+            telemetry.COMPACTION_ESTIMATED_AFTER: done.after,
             telemetry.ERROR_TYPE: error,
             telemetry.COMPACTION_FALLBACK: True if fallback else None,
-            telemetry.COMPACTION_SUMMARY: summary,
+            telemetry.COMPACTION_SUMMARY: done.summary,
+            telemetry.COMPACTION_CUT_TO: done.cut_to,
         }
         compaction_event(reason, result, estimated, window, extra)
         usage = context.usage - before
         await context.emit(
-            CompactionFinished(reason, result, removed, after, error, usage, summary)
+            CompactionFinished(reason, result, done.removed, done.after, error, usage, done.summary)
         )
 
     await context.emit(CompactionStarted(reason, estimated, window))
@@ -71,11 +72,11 @@ async def attempt(
         )
         raise
     except Exception as error:
-        await finish("error", 0, None, telemetry.error_type(error), None)
+        await finish("error", Outcome(), telemetry.error_type(error))
         raise
     assert outcome.after is not None
     context.mark_compacted()
-    await finish("completed", outcome.removed, outcome.after, None, outcome.summary)
+    await finish("completed", outcome, None)
 
 
 def compaction_event(
@@ -93,7 +94,7 @@ def compaction_event(
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     error = attributes.get(telemetry.ERROR_TYPE)
     logger.info(
-        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s)",
+        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s%s)",
         outcome,
         reason,
         estimated,
@@ -101,4 +102,7 @@ def compaction_event(
         window,
         "" if error is None else f", error={error}",
         ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
+        ""
+        if (cut := attributes.get(telemetry.COMPACTION_CUT_TO)) is None
+        else f", tool results cut to {cut} tokens",
     )

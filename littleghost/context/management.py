@@ -81,6 +81,11 @@ REGROWTH = 0.1
 the request must grow by before the next summary call."""
 TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
+CUT_SHARE = 0.5
+"""When even the current request alone is over the window, overflow recovery cuts its tool
+results until it takes about this share of the window."""
+CUT_FLOOR_TOKENS = 64
+"""The shortest such a cut leaves a tool result."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 """Errors a failed compaction always lets through (cancellation is not an Exception)."""
 
@@ -132,6 +137,9 @@ class _Run:
     """The size the last completed compaction left the request at."""
     failed_at: int | None = None
     """The size a compaction failed at, for the next answer's metadata (``AFTER_KEY``)."""
+    cut_to: int | None = None
+    """The tokens every tool result is cut to for the rest of the run, after an overflow
+    that only cutting them could recover."""
     real: dict[str, int] = field(factory=dict)
     """The sizes the model reported for records made in this run (summaries)."""
 
@@ -325,6 +333,8 @@ async def _compact_before_model(
     state = _run(context, config)
     original = request
     limit = getattr(agent, "max_tool_result_tokens", None)
+    if state.cut_to is not None:
+        limit = min(limit, state.cut_to) if isinstance(limit, int) else state.cut_to
     if isinstance(limit, int):
         request = clip_results(request, context.log_index, limit)
     report: BudgetReport | None = None
@@ -560,12 +570,6 @@ async def _compact(
             scale, run.scale = run.scale, state.scale  # a summary call may have taught it
         outcome.summary = state.summary_outcome
         records = state.records()
-        if not records:
-            raise CompactionError(
-                "nothing to compact: the preserved messages and the current request are all "
-                "that is left, or what is older is only earlier summaries or shorter than a "
-                "summary's framing"
-            )
         run.real.update(state.real)
         compacted = attrs.evolve(request, messages=state.view())
         before, kept = {m.id for m in request.messages}, {m.id for m in compacted.messages}
@@ -578,9 +582,14 @@ async def _compact(
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback and after > window:
+            compacted, after, outcome.cut_to = _cut_results(
+                compacted, after, window, context, config
+            )
+        if not records and outcome.cut_to is None:
             raise CompactionError(
-                f"the current request alone does not fit the context window (about {after} of "
-                f"{window} tokens)"
+                "nothing to compact: the preserved messages and the current request are all "
+                "that is left, or what is older is only earlier summaries or shorter than a "
+                "summary's framing"
             )
         if after >= estimated:
             raise CompactionError(
@@ -590,6 +599,7 @@ async def _compact(
         await context.append(*marked.values())
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
         run.last_after, run.failed_at = after, None  # the records say where it is now
+        run.cut_to = outcome.cut_to or run.cut_to
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
@@ -605,6 +615,34 @@ async def _model_free_compaction(state: CompactionState, goal: int, limit: int) 
     fits = ~tokens_exceed(limit)
     state.exclude_oldest(state.protected, fits)
     await _collapse_results(state, fits)
+
+
+def _cut_results(
+    request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
+) -> tuple[ModelRequest, int, int]:
+    """``request`` (``size`` tokens, over ``window``) with every tool result cut in the middle,
+    shorter and shorter, until it takes ``CUT_SHARE`` of the window (or the cut is down to
+    ``CUT_FLOOR_TOKENS``); the request, its size and the tokens the results were cut to.
+
+    Raises:
+        CompactionError: The request still does not fit the window.
+    """
+    tokenizer, index = config.tokenizer, context.log_index
+    whole = _real(request.messages, context, tokenizer)
+    results = [len(r.content) for message in request.messages for r in message.tool_results]
+    limit = max(results, default=0) // CHARS_PER_TOKEN
+    cut, after = request, size
+    while limit > CUT_FLOOR_TOKENS and after > CUT_SHARE * window:
+        limit = max(limit * 3 // 4, CUT_FLOOR_TOKENS)
+        cut = clip_results(request, index, limit)
+        after = size - whole + _real(cut.messages, context, tokenizer)
+    if after > window:
+        cut_note = f", its tool results cut to {limit} tokens each" if cut is not request else ""
+        raise CompactionError(
+            f"the current request alone does not fit the context window (about {after} of "
+            f"{window} tokens{cut_note})"
+        )
+    return cut, after, limit
 
 
 async def _collapse_results(state: CompactionState, target: Trigger) -> None:
