@@ -94,6 +94,74 @@ class TestNoThrash:
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
         assert summaries <= len(attempts) < chats
 
+    async def test_no_summary_call_when_collapsing_tool_results_is_enough(
+        self, spans: Spans
+    ) -> None:
+        """A proactive compaction whose collapse of older tool results brings the request
+        under the threshold makes no summary call."""
+
+        @manage_context(context_window_tokens=2_000)
+        class Reading(Agent):
+            pass
+
+        history: list[Message] = [Message.user("Read the six parts.")]
+        for part in range(6):
+            call = ToolCall(f"c{part}", "read", {"part": part})
+            history += [
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, f"part {part}: " + "words " * 230),  # ~350 tokens
+            ]
+        history.append(Message.assistant("Read."))
+        model = ScriptedModel([text_response("done")])
+        result = await Reading(model=model).run("What did they say?", history=history)
+        assert result.output == "done"
+        (request,) = model.requests
+        assert request.purpose == "chat"
+        assert any(m.text.startswith("[Tool results: read: part 0") for m in request.messages)
+        assert estimate_messages(request.messages) < 1_700
+        (event,) = spans.compactions()
+        assert event["littleghost.compaction.outcome"] == "completed"
+        assert "littleghost.compaction.summary_outcome" not in event
+
+    async def test_a_tool_loop_with_large_results_makes_a_summary_call_every_other_call_at_most(
+        self,
+    ) -> None:
+        """Results of about a seventh of the window each, in a long tool loop under the
+        default settings: collapsing comes first, so at most every other chat call is
+        preceded by a summary call."""
+
+        @manage_context(context_window_tokens=2_000)
+        class Looping(Agent):
+            @tool
+            def note(self, number: int) -> str:
+                """Take a note."""
+                return f"note {number}: " + "remark " * 160  # about 280 tokens
+
+        chats = 0
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            nonlocal chats
+            chats += 1
+            return (
+                tool_call_response("note", {"number": chats})
+                if chats <= 24
+                else text_response("done")
+            )
+
+        model = ScriptedModel([summarizing(answer)] * 80)
+        history = [
+            m
+            for i in range(12)
+            for m in (
+                Message.user(f"Question {i}: " + "detail " * 40),
+                Message.assistant("fact " * 40),
+            )
+        ]
+        await Looping(model=model).run("Take notes.", history=history)
+        summaries = sum(r.purpose == "context_compaction" for r in model.requests)
+        assert chats == 25
+        assert 0 < summaries <= (chats + 1) // 2
+
     async def test_runs_of_one_conversation_remember_a_compaction_that_left_it_over(
         self, spans: Spans
     ) -> None:

@@ -565,7 +565,9 @@ async def _compact(
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
-                await default_compaction(state, config, window, goal)
+                threshold = int(config.compression_threshold * window)
+                enough = None if reason == "overflow" else _goal(state, threshold, outside)
+                await default_compaction(state, config, window, goal, enough)
         finally:
             scale, run.scale = run.scale, state.scale  # a summary call may have taught it
         outcome.summary = state.summary_outcome
@@ -666,12 +668,17 @@ def _goal(state: CompactionState, target: int, outside: int) -> int:
 
 
 async def default_compaction(
-    state: CompactionState, config: ContextManagement, window: int, goal: int
+    state: CompactionState,
+    config: ContextManagement,
+    window: int,
+    goal: int,
+    enough: int | None = None,
 ) -> None:
     """The default compaction: with ``mask_tool_results``, mask older tool results first
     (and stop when that reaches ``goal``); when the preserved tail alone is over the goal,
-    collapse its older tool results; then summarize about ``summary_ratio`` of the older
-    conversation, more when needed to reach ``goal`` (estimated tokens)."""
+    collapse its older tool results (and stop when that brings the request under
+    ``enough``, the threshold: no summary call); then summarize about ``summary_ratio`` of
+    the older conversation, more when needed to reach ``goal`` (estimated tokens)."""
     fits = ~tokens_exceed(goal)
     if config.mask_tool_results is not None:
         await mask_tool_results(state, config.mask_tool_results, fits)
@@ -682,6 +689,8 @@ async def default_compaction(
     )
     if tail > goal:
         await _collapse_results(state, fits)
+        if enough is not None and state.tokens < enough:
+            return
     conversation = sum(
         state.group(slot).count
         for slot in range(state.slots)
