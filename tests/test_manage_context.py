@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 import anyio
@@ -1069,6 +1070,44 @@ class TestOverflow:
         assert len(results) == 2  # the newest two, whole
         assert any(m.text.startswith("[Tool results: look: result") for m in sent)
         assert sent[-1].tool_results  # the turn goes on where it was
+
+    async def test_dense_tool_results_shrink_when_collapsed_at_a_small_window(self) -> None:
+        """At a small window a collapsed result keeps a 25th of the window in characters,
+        not 400: dense JSON results (a token for every 1.6 characters) really shrink, and
+        a tool loop whose results fill the window recovers without a summary."""
+
+        @manage_context(context_window_tokens=512, compression_threshold=1.0)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            def lookup(self, n: int) -> str:
+                """Look a record up."""
+                rows = [{"sku": 4898 + i, "qty": 17 * i, "bin": f"B{n}{i}"} for i in range(4)]
+                return json.dumps({"record": n, "rows": rows})  # about 180 characters
+
+        calls = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal calls
+            if request.purpose == "context_compaction":
+                raise ProviderUnavailableError("down")
+            chars = sum(
+                len(m.text) + sum(len(r.content) for r in m.tool_results) for m in request.messages
+            )
+            real = int(chars / 1.6) + 8 * len(request.messages)
+            if real > 512:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real, context_window=512)
+            calls += 1
+            return (
+                tool_call_response("lookup", {"n": calls}) if calls <= 6 else text_response("done")
+            )
+
+        model = ScriptedModel([respond] * 16)
+        result = await Looking(model=model).run("Check the records.")
+        assert result.output == "done"
+        lines = [m.text for m in model.requests[-1].messages if m.text.startswith("[Tool results:")]
+        assert lines and all(len(line) < 100 for line in lines)  # the result was 180
 
     async def test_tool_results_over_the_window_are_cut_for_the_rest_of_the_run(
         self, spans: Spans

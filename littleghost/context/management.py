@@ -561,7 +561,7 @@ async def _compact(
             state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
             if fallback:
-                await _model_free_compaction(state, goal, _goal(state, window, outside))
+                await _model_free_compaction(state, goal, _goal(state, window, outside), window)
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
@@ -605,7 +605,9 @@ async def _compact(
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
-async def _model_free_compaction(state: CompactionState, goal: int, limit: int) -> None:
+async def _model_free_compaction(
+    state: CompactionState, goal: int, limit: int, window: int
+) -> None:
     """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
     are left out. Only while the request is over ``limit`` (the window): the earlier
     summaries are left out, oldest first, so that a current turn that fits alone always
@@ -616,7 +618,7 @@ async def _model_free_compaction(state: CompactionState, goal: int, limit: int) 
     state.pinned -= summaries
     fits = ~tokens_exceed(limit)
     state.exclude_oldest(state.protected, fits)
-    await _collapse_results(state, fits)
+    await _collapse_results(state, fits, window)
 
 
 def _cut_results(
@@ -647,11 +649,14 @@ def _cut_results(
     return cut, after, limit
 
 
-async def _collapse_results(state: CompactionState, target: Trigger) -> None:
+async def _collapse_results(state: CompactionState, target: Trigger, window: int) -> None:
     """Collapse older tool results to one line each, the protected groups' too (the newest
-    two tool calls and pinned groups stay whole), until ``target`` holds."""
+    two tool calls and pinned groups stay whole), until ``target`` holds. A line keeps as
+    many characters of each result as a 25th of the window's tokens (16 to 400), so a
+    dense result at a small window shrinks too."""
     protected, state.protected = state.protected, state.slots
-    await ToolResultCompaction(target=target).compact(state)
+    chars = min(max(window // 25, 16), 400)
+    await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
     state.protected = protected
 
 
@@ -688,7 +693,7 @@ async def default_compaction(
         state.size(slot) for slot in range(state.protected, state.slots) if state.included(slot)
     )
     if tail > goal:
-        await _collapse_results(state, fits)
+        await _collapse_results(state, fits, window)
         if enough is not None and state.tokens < enough:
             return
     conversation = sum(
