@@ -292,10 +292,13 @@ class TestCalibration:
         answers = [m for m in await store.load("s") if m.role.value == "assistant"]
         assert answers[-1].metadata[SCALE_KEY] == pytest.approx(4, rel=0.1)
 
-    async def test_a_summary_calls_overflow_rescales_what_the_compaction_left(self) -> None:
+    async def test_a_summary_calls_overflow_rescales_what_the_compaction_left(
+        self, spans: Spans
+    ) -> None:
         """The summary call overflows, reporting three times its estimate: the size the
         compaction left the request at is in those units too, never below the estimate
-        of what is sent (it used to mix the old units with the new, and say 0)."""
+        of what is sent (it used to mix the old units with the new, and say 0), and so is
+        the size the event says it started from."""
 
         @manage_context(context_window_tokens=2_000, preserve_recent_messages=2)
         class Scaled(Agent):
@@ -318,6 +321,44 @@ class TestCalibration:
         sent = model.requests[-1]
         assert finished.outcome == "completed"
         assert finished.estimated_tokens_after >= estimate_messages(sent.messages)
+        (event,) = spans.compactions()
+        before = event["littleghost.compaction.estimated_tokens"]
+        assert before > event["littleghost.compaction.estimated_tokens_after"]
+
+    async def test_an_overflow_without_figures_is_recovered_by_a_summary_that_fits(
+        self, spans: Spans
+    ) -> None:
+        """The provider says only "too long": the request must at least halve, but the
+        summary request is sized to the window, not to that half, so a summary is made
+        where one fits (the fallback may then take the rest); the events report the
+        window."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=1.0, preserve_recent_messages=4
+        )
+        class Lenient(Agent):
+            max_retries = 0
+
+        history = [
+            m
+            for i in range(10)
+            for m in (Message.user(f"q{i} " * 20), Message.assistant(f"a{i} " * 20))
+        ]
+        model = ScriptedModel(
+            [ContextWindowOverflowError("too long"), *[summarizing(text_response("ok"))] * 3]
+        )
+        result = await Lenient(model=model).run("go", history=history)
+        assert result.output == "ok"
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        assert (
+            estimate_messages(model.requests[-1].messages)
+            <= estimate_messages(model.requests[0].messages) // 2
+        )
+        events = spans.compactions()
+        first = events[0]
+        assert first["littleghost.compaction.summary_outcome"] == "complete"
+        assert "littleghost.compaction.fallback" not in first
+        assert all(e["littleghost.compaction.context_window_tokens"] == 1_000 for e in events)
 
 
 class TestErrors:

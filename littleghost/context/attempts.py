@@ -34,6 +34,9 @@ class Outcome:
     """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
     cut_to: int | None = None
     """The tokens the request's tool results were cut to, if they were."""
+    before: int | None = None
+    """The request's size before, when estimated again in the units of ``after`` (a
+    summary call taught a new calibration)."""
 
 
 @asynccontextmanager
@@ -52,7 +55,8 @@ async def attempt(
             telemetry.COMPACTION_SUMMARY: done.summary,
             telemetry.COMPACTION_CUT_TO: done.cut_to,
         }
-        compaction_event(reason, result, estimated, window, extra)
+        size = estimated if done.before is None else done.before
+        compaction_event(reason, result, size, window, extra)
         usage = context.usage - before
         await context.emit(
             CompactionFinished(reason, result, done.removed, done.after, error, usage, done.summary)
@@ -72,7 +76,7 @@ async def attempt(
         )
         raise
     except Exception as error:
-        await finish("error", Outcome(), telemetry.error_type(error))
+        await finish("error", Outcome(before=outcome.before), telemetry.error_type(error))
         raise
     assert outcome.after is not None
     context.mark_compacted()

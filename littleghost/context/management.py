@@ -425,12 +425,11 @@ async def _compact_after_overflow(
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
-    fits = min(state.window, error.context_window or state.window)
-    if not reported:  # the provider did not say by how much: halve at least
-        fits = min(fits, max(estimated // 2, 1))
+    window = min(state.window, error.context_window or state.window)
+    fits = window if reported else min(window, max(estimated // 2, 1))  # else halve at least
     try:
         if config.summarize:
-            recovered = await _recover(request, context, config, estimated, fits)
+            recovered = await _recover(request, context, config, estimated, window, fits)
             state.quiet_until = next_summary_at(state.last_after, config, state.window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
@@ -445,10 +444,16 @@ async def _compact_after_overflow(
 
 
 async def _recover(
-    request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    estimated: int,
+    window: int,
+    fits: int,
 ) -> ModelRequest:
-    """Compact for an overflow toward ``fits`` tokens: a summary when one can be made; then,
-    if the request is still over (or no summary was made), the oldest turns become excerpts.
+    """Compact for an overflow in ``window`` until the request is under ``fits`` tokens: a
+    summary when one can be made; then, if the request is still over (or no summary was
+    made), the oldest turns become excerpts.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -457,7 +462,9 @@ async def _recover(
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
     compacted, failure = request, None
     try:
-        compacted = await _compact(request, context, config, "overflow", estimated, fits, target)
+        compacted = await _compact(
+            request, context, config, "overflow", estimated, window, target, limit=fits
+        )
     except _UNSTOPPABLE:
         raise
     except Exception as error:
@@ -468,7 +475,15 @@ async def _recover(
             return compacted
     try:
         return await _compact(
-            compacted, context, config, "overflow", estimated, fits, target, fallback=True
+            compacted,
+            context,
+            config,
+            "overflow",
+            estimated,
+            window,
+            target,
+            limit=fits,
+            fallback=True,
         )
     except CompactionError as error:
         if failure is not None and error.__cause__ is None:
@@ -539,16 +554,19 @@ async def _compact(
     window: int,
     target: int,
     *,
+    limit: int | None = None,
     fallback: bool = False,
 ) -> ModelRequest:
     """Compact ``request`` toward ``target`` (the model's tokens) with the configured
     strategy, the default summarizer, or (``fallback``) turn excerpts without a model;
-    append the records to the log; return the compacted request.
+    append the records to the log; return the compacted request. ``window`` sizes the
+    summary request; the fallback gets the request under ``limit`` (default: ``window``).
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
-            even the current request alone does not fit the window.
+            even the current request alone is over ``limit``.
     """
+    limit = window if limit is None else limit
     async with attempt(context, reason, estimated, window, fallback) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
@@ -561,7 +579,7 @@ async def _compact(
             state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
             if fallback:
-                await _model_free_compaction(state, goal, _goal(state, window, outside), window)
+                await _model_free_compaction(state, goal, _goal(state, limit, outside), window)
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
@@ -579,13 +597,13 @@ async def _compact(
         removed = [m for m in request.messages if m.id not in kept]
         change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
         if run.scale != scale:  # ``estimated`` is in the old units: estimate it in the new
-            estimated = request_size(
+            estimated = outcome.before = request_size(
                 request, index.estimates(config.tokenizer), run.real, run.scale
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
-        if fallback and after > window:
+        if fallback and after > limit:
             compacted, after, outcome.cut_to = _cut_results(
-                compacted, after, window, context, config
+                compacted, after, limit, context, config
             )
         if not records and outcome.cut_to is None:
             raise CompactionError(
