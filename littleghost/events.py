@@ -73,6 +73,8 @@ class CompactionFinished:
     ``summary_outcome`` says how a summary it made came back: ``complete``,
     ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or
     ``retried_shorter`` (asked once more, shorter); ``None`` when it made none.
+    ``fallback`` is true for overflow recovery's compaction without a model, and
+    ``tool_results_cut_to`` the tokens it cut the tool results to, if it did.
     """
 
     reason: str
@@ -82,6 +84,8 @@ class CompactionFinished:
     error_type: str | None
     usage: Usage
     summary_outcome: str | None = None
+    fallback: bool = False
+    tool_results_cut_to: int | None = None
 
 
 @frozen

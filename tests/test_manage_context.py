@@ -42,6 +42,7 @@ from littleghost.errors import (
     ProtocolError,
     ProviderUnavailableError,
 )
+from littleghost.events import CompactionFinished
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.runner import instructions_message
@@ -1139,9 +1140,15 @@ class TestOverflow:
             return text_response("done")
 
         model = ScriptedModel([respond] * 6)
-        result = await Reading(model=model).run("Read two files.", history=chat(2))
+        async with Reading(model=model).stream("Read two files.", history=chat(2)) as events:
+            finished = [e async for e in events if isinstance(e, CompactionFinished)]
+        result = events.result
         assert result.output == "done"
         assert overflows == 1
+        assert [(e.fallback, e.tool_results_cut_to is not None) for e in finished][-1] == (
+            True,
+            True,
+        )
         sent = [r for m in model.requests[-1].messages for r in m.tool_results]
         assert len(sent) == 2 and all("tokens truncated" in r.content for r in sent)
         assert estimate_messages(model.requests[2].messages) <= 500  # the retried request

@@ -114,6 +114,7 @@ class TestEvents:
         assert started.context_window_tokens == 100
         assert isinstance(finished, CompactionFinished) and finished.outcome == "completed"
         assert finished.removed_messages > 0 and finished.usage == Usage(40, 4)
+        assert not finished.fallback and finished.tool_results_cut_to is None
         assert isinstance(received[3], ToolCallStarted) and received[3].call.name == "weather"
         assert (
             isinstance(received[4], ToolCallFinished)

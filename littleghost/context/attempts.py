@@ -59,7 +59,17 @@ async def attempt(
         compaction_event(reason, result, size, window, extra)
         usage = context.usage - before
         await context.emit(
-            CompactionFinished(reason, result, done.removed, done.after, error, usage, done.summary)
+            CompactionFinished(
+                reason,
+                result,
+                done.removed,
+                done.after,
+                error,
+                usage,
+                done.summary,
+                fallback,
+                done.cut_to,
+            )
         )
 
     await context.emit(CompactionStarted(reason, estimated, window))
