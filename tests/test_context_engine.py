@@ -37,7 +37,13 @@ def summarizing(answer: Any) -> Any:
 
 
 def test_a_message_holds_no_state_of_the_engine() -> None:
+    """A message has no ``__dict__`` to attach a cache to, and its slots are its fields
+    and the views derived from its content: nothing of the engine's."""
     assert [field.name for field in attrs.fields(Message)] == ["role", "content", "id", "metadata"]
+    message = Message.user("hi")
+    assert not hasattr(message, "__dict__")
+    derived = {"text", "tool_calls", "tool_results", "reasoning", "__weakref__"}
+    assert set(Message.__slots__) == {"role", "content", "id", "metadata", *derived}
 
 
 class TestNoThrash:

@@ -658,11 +658,14 @@ async def test_an_underestimated_history_is_recovered_once_by_a_summary(
         if span.attributes.get("error.type") and span.attributes["littleghost.purpose"] == "chat"
     ]
     assert len(overflows) == 1  # recovered once: the retried call fitted
-    events = [
-        (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"])
+    recovered = [
+        e
         for e in spans.compactions()
+        if (e["littleghost.compaction.reason"], e["littleghost.compaction.outcome"])
+        == ("overflow", "completed")
     ]
-    assert ("overflow", "completed") in events
+    assert recovered and "littleghost.compaction.fallback" not in recovered[0]  # a summary
+    assert recovered[0]["littleghost.compaction.summary_outcome"]
     assert any(message.is_summary for message in result.messages)
 
 
