@@ -129,6 +129,41 @@ class TestNoThrash:
         assert event["littleghost.compaction.outcome"] == "completed"
         assert "littleghost.compaction.summary_outcome" not in event
 
+    async def test_when_the_summary_leaves_the_request_over_its_target_the_tail_collapses(
+        self,
+    ) -> None:
+        """The summary took everything older than the preserved tail, and the tail's tool
+        results still keep the request over 80 % of the threshold: its older results
+        are collapsed too, oldest first (the newest two stay whole), so the next compaction is not due
+        at the next call."""
+
+        @manage_context(
+            context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=10
+        )
+        class Reading(Agent):
+            pass
+
+        history = [
+            m
+            for i in range(8)
+            for m in (Message.user(f"Question {i}: " + "detail " * 30), Message.assistant("Ok."))
+        ]
+        history.append(Message.user("Read the five parts."))
+        for part in range(5):
+            call = ToolCall(f"c{part}", "read", {"part": part})
+            history += [
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, f"part {part}: " + "words " * 100),  # ~150 tokens
+            ]
+        history.append(Message.assistant("Read."))
+        model = ScriptedModel([summarizing(text_response("done"))] * 2)
+        await Reading(model=model).run("What did they say?", history=history)
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        sent = model.requests[-1].messages
+        assert any(m.text.startswith("[Tool results: read: part") for m in sent)
+        assert sum(len(m.tool_results) for m in sent) == 2
+        assert estimate_messages(sent) <= 800
+
     async def test_a_tool_loop_with_large_results_makes_a_summary_call_every_other_call_at_most(
         self,
     ) -> None:

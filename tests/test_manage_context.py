@@ -25,6 +25,7 @@ from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_v
 from littleghost.context.config import ContextManagement
 from littleghost.context.management import AFTER_KEY, SCALE_KEY
 from littleghost.context.outside import RequestPreview, preview_request
+from littleghost.context.records import is_record
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     SUMMARY_FRAMING,
@@ -683,7 +684,12 @@ class TestTheLog:
 
         model = pinging(12, summary="- pinged")
         result = await Looping(model=model).run("go", history=chat(earlier))
-        ends = [n + 1 for n, m in enumerate(result.messages) if m.is_summary]
+        log = result.messages
+        ends = [n + 1 for n, m in enumerate(log) if m.is_summary]
+        for index, end in enumerate(ends):  # a compaction's records are appended together
+            while end < len(log) and is_record(log[end]) and not log[end].is_summary:
+                end += 1
+            ends[index] = end
         after = [
             model.requests[n + 1]
             for n, r in enumerate(model.requests)

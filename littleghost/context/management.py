@@ -701,7 +701,8 @@ async def default_compaction(
     (and stop when that reaches ``goal``); when the preserved tail alone is over the goal,
     collapse its older tool results (and stop when that brings the request under
     ``enough``, the threshold: no summary call); then summarize about ``summary_ratio`` of
-    the older conversation, more when needed to reach ``goal`` (estimated tokens)."""
+    the older conversation, more when needed to reach ``goal`` (estimated tokens), and
+    collapse the tail's older tool results if the summary was not enough."""
     fits = ~tokens_exceed(goal)
     if config.mask_tool_results is not None:
         await mask_tool_results(state, config.mask_tool_results, fits)
@@ -728,6 +729,8 @@ async def default_compaction(
         target=fits & ~messages_exceed(keep),
     )
     await summarizer.compact(state)
+    if not fits(state):
+        await _collapse_results(state, fits, window)
 
 
 async def _shrink(
