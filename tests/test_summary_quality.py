@@ -250,6 +250,42 @@ class TestQuotedSpecifics:
         assert added > 0
         assert added + small.requests[0].settings["max_tokens"] <= replaced // 2 + 12
 
+    async def test_results_are_named_after_the_call_they_answer_when_ids_repeat(self) -> None:
+        """``call_0`` in two turns (as some local servers number calls), and two parallel
+        calls sharing it: each result is named after its own call, in the transcript and in
+        the quotes."""
+        turn = [ToolCall("call_0", "lookup_order", {}), ToolCall("call_0", "track_parcel", {})]
+        history = [
+            Message.user("Weather?"),
+            Message.assistant(tool_calls=[ToolCall("call_0", "get_weather", {})]),
+            Message.tool("call_0", '{"temp_c": 18}'),
+            Message.user("Orders?"),
+            Message.assistant(tool_calls=turn),
+            Message.tool("call_0", '{"status": "shipped"}'),
+            Message.tool("call_0", '{"eta": "2026-12-03"}'),
+            *chat(20, "long " * 40),
+        ]
+
+        @manage_context(context_window_tokens=2_000, compression_threshold=0.5)
+        class Quoting(Agent):
+            pass
+
+        model = ScriptedModel([summary_step("- noted"), text_response("done")])
+        await Quoting(model=model).run("go", history=history)
+        lines = model.requests[0].messages[1].text.splitlines()
+        assert [line for line in lines if line.startswith("Tool result")] == [
+            'Tool result (get_weather): {"temp_c": 18}',
+            'Tool result (lookup_order): {"status": "shipped"}',
+            'Tool result (track_parcel): {"eta": "2026-12-03"}',
+        ]
+        (summary,) = [m.text for m in model.requests[1].messages if m.is_summary]
+        quotes = summary.partition(f"\n{QUOTES_HEADING}\n")[2].splitlines()
+        assert [line for line in quotes if not line.startswith("User: ")] == [
+            "get_weather: temp_c=18",
+            "lookup_order: status=shipped",
+            "track_parcel: eta=2026-12-03",
+        ]
+
     async def test_quote_specifics_false_keeps_the_notes_alone(self) -> None:
         @manage_context(context_window_tokens=400, compression_threshold=0.5, quote_specifics=False)
         class Plain(Agent):

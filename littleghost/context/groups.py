@@ -4,7 +4,8 @@ log, and the atomic groups compaction keeps, collapses or drops as a whole.
 Pairing (the one rule): a result answers the nearest earlier call with its id that is
 still unanswered, so a repeated id pairs each result with the latest open call; a tool
 message belongs to the call its first result answers, and its other results answer
-calls of that same assistant message only.
+calls of that same assistant message only; results for calls of one assistant message
+that share an id answer them in call order (``result_calls``).
 
 A group is one of:
 
@@ -22,6 +23,7 @@ log, a result whose call is absent or hidden is left out; grouping a plain seque
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
@@ -41,6 +43,7 @@ __all__ = [
     "Layout",
     "MessageGroup",
     "group_messages",
+    "result_calls",
 ]
 
 GroupKind = Literal["system", "user", "assistant_text", "tool_call", "summary"]
@@ -359,3 +362,27 @@ def group_messages(
         MessageGroup(kind, tuple(group), sum(map(estimate, group)))
         for kind, group in zip(kinds, members, strict=True)
     )
+
+
+def result_calls(log: Sequence[Message]) -> dict[tuple[int, int], tuple[int, int]]:
+    """The call each tool result of ``log`` answers, by the pairing rule: ``(position,
+    index)`` of a result (its tool message's position, its index among that message's
+    results) to ``(position, index)`` of its call; a result that answers none is absent."""
+    layout = Layout(records=False)
+    layout.scan(log)
+    skip: dict[int, Counter[str]] = {}  # a message's misplaced results follow its paired ones
+    for position, call_id in layout.misplaced:
+        skip.setdefault(position, Counter())[call_id] += 1
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for owner, answered in layout.answers.items():
+        waiting: dict[str, list[int]] = {}
+        for index, call in enumerate(log[owner].tool_calls):
+            waiting.setdefault(call.id, []).append(index)
+        for position in answered:
+            results = log[position].tool_results
+            paired = Counter(result.call_id for result in results) - skip.get(position, Counter())
+            for index, result in enumerate(results):
+                if paired[result.call_id] > 0:
+                    paired[result.call_id] -= 1
+                    pairs[position, index] = owner, waiting[result.call_id].pop(0)
+    return pairs

@@ -18,6 +18,7 @@ from typing import Any
 
 from attrs import evolve, frozen
 
+from littleghost.context.groups import result_calls
 from littleghost.errors import OutputLimitError, ProtocolError
 from littleghost.messages import (
     SUMMARY_COVERS_KEY,
@@ -96,7 +97,18 @@ def summary_text(message: Message) -> str:
     return message.text.removeprefix(SUMMARY_PREFIX)
 
 
-def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:
+def _result_names(messages: Sequence[Message]) -> list[list[str]]:
+    """Per message, the name of the call each of its results answers (``tool``: none)."""
+    calls = result_calls(messages)
+
+    def name(at: tuple[int, int]) -> str:
+        found = calls.get(at)
+        return "tool" if found is None else messages[found[0]].tool_calls[found[1]].name
+
+    return [[name((p, i)) for i in range(len(m.tool_results))] for p, m in enumerate(messages)]
+
+
+def _lines(message: Message, names: Sequence[str]) -> Iterable[str]:
     if message.is_summary:
         yield f"Earlier summary: {summary_text(message)}"
         return
@@ -105,13 +117,13 @@ def _lines(message: Message, tool_names: Mapping[str, str]) -> Iterable[str]:
     images = sum(1 for part in message.content if isinstance(part, ImagePart))
     if text or images:
         yield f"{speaker}: {text}{' [image]' * images}".rstrip()
+    results = iter(names)
     for part in message.content:
         if isinstance(part, ToolCall):
             yield f"Assistant called {part.name}({call_arguments(part.arguments)})"
         elif isinstance(part, ToolResult):
             label = "error" if part.is_error else "result"
-            name = tool_names.get(part.call_id, "tool")
-            yield f"Tool {label} ({name}): {part.content}"
+            yield f"Tool {label} ({next(results)}): {part.content}"
 
 
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
@@ -132,8 +144,10 @@ def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None
     text: never raw tool-call blocks, which some providers reject without tool
     definitions); items longer than ``max_item_chars`` are clipped in the middle (head and
     tail kept, with a marker)."""
-    tool_names = {call.id: call.name for message in messages for call in message.tool_calls}
-    lines = [line for message in messages for line in _lines(message, tool_names)]
+    names = _result_names(messages)
+    lines = [
+        line for message, its in zip(messages, names, strict=True) for line in _lines(message, its)
+    ]
     if max_item_chars is not None:
         lines = [cut_middle(line, max_item_chars) for line in lines]
     return "\n".join(lines)
@@ -190,13 +204,11 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
     """The specifics of ``messages`` in their own words: each user sentence that holds a
     number, an identifier or a name, and each tool result's fields (JSON objects
     flattened to ``key=value``) or its sentences that hold one; cut to ``max_chars``."""
-    names = {call.id: call.name for message in messages for call in message.tool_calls}
     lines: list[str] = []
-    for message in messages:
+    for message, names in zip(messages, _result_names(messages), strict=True):
         if message.role is Role.USER and not message.is_summary:
             lines.extend(f"User: {s}" for s in _specific_sentences(message.text))
-        for result in message.tool_results:
-            name = names.get(result.call_id, "tool")
+        for result, name in zip(message.tool_results, names, strict=True):
             fields = _fields(result.content)
             if fields:
                 lines.append(f"{name}: {fields}")
