@@ -207,6 +207,37 @@ async def test_a_collapse_keeps_assistant_text_errors_and_unanswered_calls() -> 
     assert "truncated" in view[3].text and len(view[3].text) < 200
 
 
+def shared_id_log() -> list[Message]:
+    """Three parallel calls sharing one id, two of them answered (in call order), then a
+    later turn reusing the id."""
+    calls = [ToolCall("c", "search", {}), ToolCall("c", "fetch", {}), ToolCall("c", "x", {})]
+    return [
+        Message.user("go"),
+        Message.assistant(tool_calls=calls),
+        Message.tool("c", "found it"),
+        Message.tool("c", "timeout", is_error=True),
+        Message.user("again"),
+        Message.assistant(tool_calls=[ToolCall("c", "search", {})]),
+        Message.tool("c", "done"),
+    ]
+
+
+async def test_calls_sharing_an_id_are_collapsed_and_masked_each_with_its_own_result() -> None:
+    view = await apply_compaction(
+        shared_id_log(), ToolResultCompaction(keep_last_tool_call_groups=1)
+    )
+    assert view[1].text == "[Tool results: search: found it; fetch: error: timeout; x: no result]"
+    quiet = ScriptedModel([])  # masking alone reaches the goal: no summary call
+    masking = Summarization(
+        model=quiet, mask_tool_results=1, trigger=tokens_exceed(60), minimum_preserved=1
+    )
+    view = await apply_compaction(shared_id_log(), masking)
+    assert view[1].text == (
+        "[Tool results omitted to save context: search({}) (8 characters); "
+        "fetch({}) (7 characters); x({}) (0 characters)]"
+    )
+
+
 async def test_tool_result_compaction_leaves_user_and_text_messages_alone() -> None:
     log = conversation(5)
     view = await apply_compaction(log, ToolResultCompaction(keep_last_tool_call_groups=1))

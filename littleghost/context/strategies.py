@@ -27,6 +27,7 @@ from littleghost.context.groups import (
     USER,
     GroupKind,
     MessageGroup,
+    result_calls,
 )
 from littleghost.context.records import (
     COLLAPSE,
@@ -562,17 +563,18 @@ class SlidingWindow(_Stepwise):
 def collapse_text(group: MessageGroup, max_result_chars: int) -> str:
     """The one-line stand-in for a tool-call group:
     ``[Tool results: get_weather: sunny, 18°C; search: error: timeout]``."""
-    head = group.messages[0]
-    names = {call.id: call.name for call in head.tool_calls}
-    answered: set[str] = set()
+    head, *results = group.messages
+    calls = result_calls(group.messages)
     items: list[str] = []
-    for message in group.messages[1:]:
-        for result in message.tool_results:
-            answered.add(result.call_id)
+    for position, message in enumerate(results, 1):
+        for index, result in enumerate(message.tool_results):
+            found = calls.get((position, index))
+            name = "tool" if found is None else head.tool_calls[found[1]].name
             content = cut_middle(" ".join(result.content.split()), max_result_chars)
-            label = "error: " if result.is_error else ""
-            items.append(f"{names.get(result.call_id, 'tool')}: {label}{content}")
-    items.extend(f"{call.name}: no result" for call in head.tool_calls if call.id not in answered)
+            items.append(f"{name}: {'error: ' if result.is_error else ''}{content}")
+    answered = {index for _, index in calls.values()}
+    unanswered = (call for index, call in enumerate(head.tool_calls) if index not in answered)
+    items.extend(f"{call.name}: no result" for call in unanswered)
     line = f"[Tool results: {'; '.join(items)}]" if items else "[Tool results: none]"
     text = head.text.strip()
     return f"{text}\n{line}" if text else line
@@ -588,14 +590,13 @@ def mask_text(group: MessageGroup) -> str:
     ``[Tool results omitted to save context: lookup_order({"id": "A-12"}) (412 characters)]``."""
     head = group.messages[0]
     sizes = {
-        result.call_id: len(result.content)
-        for message in group.messages[1:]
-        for result in message.tool_results
+        index: len(group.messages[position].tool_results[at].content)
+        for (position, at), (_, index) in result_calls(group.messages).items()
     }
     items = [
         f"{cut_middle(f'{call.name}({call_arguments(call.arguments)})', MASKED_CALL_CHARS)} "
-        f"({sizes.get(call.id, 0)} characters)"
-        for call in head.tool_calls
+        f"({sizes.get(index, 0)} characters)"
+        for index, call in enumerate(head.tool_calls)
     ]
     line = f"[Tool results omitted to save context: {'; '.join(items)}]"
     text = head.text.strip()
