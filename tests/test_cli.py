@@ -281,6 +281,27 @@ class TestShow:
         text = ok("sessions", "show", "s", "--store", url).stdout
         assert "-> no result" in text and "[exclusion of" in text
 
+    def test_calls_sharing_an_id_are_paired_as_the_engine_pairs_them(self, tmp_path: Path) -> None:
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        messages = [
+            Message.user("go"),
+            Message.assistant(tool_calls=[ToolCall("c", "first", {}), ToolCall("c", "second", {})]),
+            Message.tool("c", "result one"),
+            Message.tool("c", "result two"),
+            Message.user("again"),
+            Message.assistant(tool_calls=[ToolCall("c", "third", {})]),
+            Message.tool("c", "result three"),
+        ]
+        in_store(url, lambda store: store.append("s", messages))
+        document = json.loads(ok("sessions", "show", "s", "--store", url, "--json").stdout)
+        entries = document["messages"]
+        calls = [(c["name"], c["result"]["position"]) for e in entries for c in e["tool_calls"]]
+        assert calls == [("first", 2), ("second", 3), ("third", 6)]
+        results = [(r["call_position"], r["name"]) for e in entries for r in e["results"]]
+        assert results == [(1, "first"), (1, "second"), (5, "third")]
+        text = ok("sessions", "show", "s", "--store", url).stdout
+        assert "[result of second called in #1]" in text and "no result" not in text
+
 
 class TestView:
     """``view`` shows what the next model request contains: checked against real runs."""

@@ -1,5 +1,5 @@
 """``sessions show``: a session's whole log, message by message, with tool calls paired
-with their results and compaction records with what they cover."""
+with their results (the engine's pairing) and compaction records with what they cover."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment
+from littleghost.context.groups import result_calls
 from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.summarize import call_arguments, summary_text
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolResult
@@ -35,22 +36,22 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
     messages = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
     where = {message.id: position for position, message in enumerate(messages)}
     covered_by: dict[str, int] = {}
-    open_calls: dict[str, tuple[int, dict[str, Any]]] = {}  # call id: (position, entry)
+    pairs = result_calls(messages)
     entries: list[dict[str, Any]] = []
     for position, (stored, message) in enumerate(zip(log, messages, strict=True)):
-        calls = []
-        for call in message.tool_calls:
-            shown = {
+        calls = [
+            {
                 "id": call.id,
                 "name": call.name,
                 "arguments": excerpt(call_arguments(call.arguments), EXCERPT_CHARS),
                 "result": None,
             }
-            open_calls[call.id] = (position, shown)
-            calls.append(shown)
+            for call in message.tool_calls
+        ]
         results = []
-        for result in message.tool_results:
-            called, answered = open_calls.pop(result.call_id, (None, None))
+        for index, result in enumerate(message.tool_results):
+            paired = pairs.get((position, index))
+            answered = None if paired is None else entries[paired[0]]["tool_calls"][paired[1]]
             if answered is not None:
                 answered["result"] = {
                     "position": position,
@@ -60,7 +61,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
             results.append(
                 {
                     "call_id": result.call_id,
-                    "call_position": called,
+                    "call_position": None if paired is None else paired[0],
                     "name": None if answered is None else answered["name"],
                     "is_error": result.is_error,
                 }
