@@ -253,28 +253,39 @@ class RunContext:
         (figures, never content)."""
         self._call_attributes.update(attributes)
 
-    async def complete(self, request: ModelRequest, *, model: Model | None = None) -> ModelResponse:
-        """Make a side call (a guardrail's check, a tool's digest): call the run's model
-        (or ``model``) once, with retries for transient errors only.
+    async def complete(
+        self, request: ModelRequest, *, model: Model | None = None, report: bool = True
+    ) -> ModelResponse:
+        """Make a side call (a guardrail's check, a tool's digest, a summary): call the
+        run's model (or ``model``) once, with retries for transient errors only.
 
         A side call is never the turn's own call, whatever its ``purpose``: nothing of it
         is streamed or reported as retried, and it takes none of the attributes meant for
         the turn's call. Each attempt is a ``chat`` span (child of the run's span, with
         the model's ``server.address`` and ``server.port`` when it has them, and the
         response's id and model when the provider reported them); its usage is added to
-        the run's total and reported by a ``SideCallFinished`` event.
+        the run's total and reported by a ``SideCallFinished`` event — unless
+        ``report=False``, for a call whose usage an event of the caller's own reports
+        (``@manage_context``'s summary call: ``CompactionFinished``).
+
+        Raises:
+            TypeError: ``report`` is not a bool.
         """
+        if not isinstance(report, bool):
+            raise TypeError(
+                f"context.complete(report=) must be a bool, not {type(report).__name__}"
+            )
         response = await self._call(request, model=model)
-        await self.emit(SideCallFinished(response.usage, request.purpose))
+        if report:
+            await self.emit(SideCallFinished(response.usage, request.purpose))
         return response
 
     async def _call(
         self, request: ModelRequest, *, model: Model | None = None, turn: bool = False
     ) -> ModelResponse:
-        """A model call as ``complete`` makes it, without its event: a summary call (whose
-        usage ``CompactionFinished`` reports), or the runner's ``turn`` call, which
-        streams (its span then has ``gen_ai.request.stream``), takes the attributes
-        meant for it, reports its retries and sets ``last_exchange``."""
+        """A model call as ``complete(report=False)`` makes it, or the runner's ``turn``
+        call, which streams (its span then has ``gen_ai.request.stream``), takes the
+        attributes meant for it, reports its retries and sets ``last_exchange``."""
         if model is not None and model is not self.model:
             await self._prepare(model)
         extra: dict[str, Any] = {}

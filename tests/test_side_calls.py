@@ -1,6 +1,7 @@
 """Side calls (``context.complete`` from a hook or a tool) are never the turn's own call:
 they stream nothing, take none of its annotations, leave ``last_exchange`` alone, and
-their usage reaches the stream in ``SideCallFinished``."""
+their usage reaches the stream in ``SideCallFinished`` (or, with ``report=False``, in the
+caller's own event, as ``@manage_context``'s summary call does)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import RateLimitError
 from littleghost.events import (
     CompactionFinished,
+    CompactionStarted,
     Event,
     ModelCallFinished,
     ModelCallRetried,
@@ -182,3 +184,83 @@ async def test_a_tools_side_call_is_not_the_turns_call(via: str) -> None:
         assert started < side < kinds.index(ToolCallFinished)
         assert events[side] == SideCallFinished(Usage(7, 2), "chat")
         assert reported(events) == result.usage
+
+
+def own_summarizer() -> Capability:
+    """A third party's compaction-like capability: before the turn's call, a summary call
+    through ``context.complete(report=False)``, reported by compaction events of its own."""
+
+    async def summarize(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        await context.emit(CompactionStarted("threshold", 60, 100))
+        notes = ModelRequest(
+            [Message.user("Summarize: ...")],
+            settings={"max_tokens": 25, "seed": 1},
+            purpose="context_compaction",
+        )
+        response = await context.complete(notes, report=False)
+        context.mark_compacted()
+        await context.emit(
+            CompactionFinished("threshold", "completed", 0, 5, None, response.usage, None)
+        )
+
+    return Capability("own_summarizer", [CapabilityHook("before_model", summarize)])
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_capability_makes_a_summary_call_as_manage_context_does(
+    via: str, spans: Spans
+) -> None:
+    """``context.complete(report=False)`` gives a capability of one's own the summary call
+    ``@manage_context`` makes: the same chat span, the usage in the run's total, no
+    ``SideCallFinished`` beside the capability's own events, the turn's call marked."""
+
+    @manage_context(
+        context_window_tokens=100,
+        compression_threshold=0.5,
+        preserve_recent_messages=4,
+        tokenizer=PerMessage(),
+    )
+    class Compacting(Agent):
+        settings = {"seed": 1}
+
+    class Summarizing(Agent):
+        settings = {"seed": 1}
+
+    add_capability(Summarizing, own_summarizer())
+    runs = []
+    for cls in (Compacting, Summarizing):
+        model = ScriptedModel(
+            [
+                summary_step(input_tokens=40, output_tokens=5),
+                text_response("done", input_tokens=9, output_tokens=2),
+            ]
+        )
+        result, events = await go(cls(model=model), via, "go", history=chat(30))
+        summary, turn = spans.named("chat")[-2:]
+        assert (turn.attributes or {}).get("gen_ai.conversation.compacted") is True
+        runs.append((result, events, summary.attributes or {}))
+    (builtin, builtin_events, builtin_summary), (own, own_events, own_summary) = runs
+    assert own.usage == builtin.usage == Usage(49, 7)
+    assert own_summary == builtin_summary
+    assert own_summary["littleghost.purpose"] == "context_compaction"
+    if via == "stream":
+        assert [type(event) for event in own_events] == [type(e) for e in builtin_events]
+        assert not [event for event in own_events if isinstance(event, SideCallFinished)]
+        assert reported(own_events) == reported(builtin_events) == own.usage
+
+
+@pytest.mark.parametrize("report", [None, 0, "no"])
+async def test_complete_refuses_a_report_that_is_not_a_bool(report: object) -> None:
+    """``context.complete(report=)`` names a value that is not a bool before any call."""
+
+    async def ask(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        await context.complete(ModelRequest([Message.user("?")]), report=report)  # type: ignore[arg-type]
+
+    class Asking(Agent):
+        pass
+
+    add_capability(Asking, Capability("ask", [CapabilityHook("before_model", ask)]))
+    model = ScriptedModel([text_response("unused")])
+    with pytest.raises(TypeError, match=r"complete\(report=\) must be a bool, not"):
+        await Asking(model=model).run("go")
+    assert model.requests == []

@@ -570,7 +570,13 @@ async def _compact(
     async with attempt(context, reason, estimated, window, fallback) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
-        state = managed_state(index, config, window, context._call, request.settings)
+        state = managed_state(
+            index,
+            config,
+            window,
+            lambda sent, **options: context.complete(sent, report=False, **options),
+            request.settings,
+        )
         state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
         outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
