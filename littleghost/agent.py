@@ -481,10 +481,11 @@ class Agent:
         definition, attribute = entry
         return definition, definition.function if attribute is None else getattr(self, attribute)
 
-    def _run_settings(self) -> dict[str, Any]:
-        """The settings a run starts from, as each run checks them: no knob of the class
-        changed since its definition (``_check_unchanged``), and the settings themselves
-        (they may have changed in place since).
+    def run_settings(self) -> dict[str, Any]:
+        """A copy of the model settings a run starts from (before ``run(settings=)``),
+        checked as each run checks them: no knob of the class changed since its definition,
+        and the settings themselves (they may have changed in place since). For a summary or
+        preview made outside a run with the settings a run would send.
 
         Raises:
             ConfigurationError: A knob changed, or a setting is invalid.

@@ -143,8 +143,8 @@ def plan_run(
     output_type: object = None,
 ) -> RunPlan:
     """Check ``run()``'s arguments, naming the one that is wrong, after the agent's
-    declarations (``Agent._run_settings``)."""
-    declared = agent._run_settings()
+    declarations (``Agent.run_settings``)."""
+    declared = agent.run_settings()
     if session_id is not None:
         check_session_id(session_id)
     _check_timing(timeout, deadline)

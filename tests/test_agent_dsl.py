@@ -500,6 +500,24 @@ async def test_settings_changed_on_the_class_are_used_and_checked_at_the_next_ru
     assert len(model.requests) == 2
 
 
+def test_run_settings_are_the_settings_a_run_starts_from_checked_as_it_checks_them() -> None:
+    """``run_settings()`` (for work outside a run, such as ``compact_log``) is a copy of
+    the settings a run starts from, checked as each run starts: a setting changed in place
+    or a knob changed on the class fails naming it."""
+    cls = type("Tuned", (Agent,), {"model": ScriptedModel([]), "settings": {"seed": 1}})
+    agent = cls(settings={"seed": 2})
+    settings = agent.run_settings()
+    assert settings == {"seed": 2}
+    settings["seed"] = 3
+    assert agent.run_settings() == {"seed": 2}
+    agent.settings["temperature"] = float("nan")  # type: ignore[index]
+    with pytest.raises(ConfigurationError, match=r"Tuned\(…, settings=\)\['temperature'\]"):
+        agent.run_settings()
+    cls.max_turns = 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match="max_turns"):
+        agent.run_settings()
+
+
 async def test_a_response_format_set_on_the_class_later_is_named_as_the_classes() -> None:
     """With an output type, ``response_format`` in the class's settings fails naming the
     class's settings, not the run's."""

@@ -76,7 +76,7 @@ async def compact_document(
             config,
             window=used.tokens,
             complete=_write_nothing,
-            settings=agent._run_settings(),
+            settings=agent.run_settings(),
             max_tool_result_tokens=agent.max_tool_result_tokens,
         )
         advance(1, "done")
@@ -100,7 +100,7 @@ async def compact_document(
                 config,
                 window=used.tokens,
                 complete=prepared(model),
-                settings=agent._run_settings(),
+                settings=agent.run_settings(),
                 max_tool_result_tokens=agent.max_tool_result_tokens,
             )
             if records:

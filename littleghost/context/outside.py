@@ -59,7 +59,7 @@ async def compact_log(
         config,
         window=window,
         complete=prepared(model),
-        settings=agent._run_settings(),
+        settings=agent.run_settings(),
         share=share,
         max_tool_result_tokens=agent.max_tool_result_tokens,
     )
