@@ -252,20 +252,28 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
     Conversation estimates are scaled by the run's calibration; a summary counts the size
     the model reported for it.
     """
+    reported, count = _extended(request, context)
+    if reported:
+        added = _real(request.messages[count:], context, tokenizer)
+        return reported + added + (request.max_tokens or 0)
+    state = context.state_for(_Run, _Run)
+    return request_size(request, context.log_index.estimates(tokenizer), state.real, state.scale)
+
+
+def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
+    """(the input tokens the provider reported for the run's previous request, how many
+    messages it had) when ``request`` extends it; (0, 0) otherwise."""
     if context.last_exchange is not None:
         previous, response = context.last_exchange
-        reported = response.usage.input_tokens
         count = len(previous.messages)
         if (
-            reported > 0
+            response.usage.input_tokens > 0
             and previous.tools == request.tools
             and previous.output_schema == request.output_schema
             and request.messages[:count] == previous.messages  # items compared by identity first
         ):
-            added = _real(request.messages[count:], context, tokenizer)
-            return reported + added + (request.max_tokens or 0)
-    state = context.state_for(_Run, _Run)
-    return request_size(request, context.log_index.estimates(tokenizer), state.real, state.scale)
+            return response.usage.input_tokens, count
+    return 0, 0
 
 
 def reaches(estimated: int, threshold: float, window: int) -> bool:
