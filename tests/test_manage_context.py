@@ -1043,6 +1043,75 @@ class TestOverflow:
         fallback = [e for e in spans.compactions() if e.get("littleghost.compaction.fallback")]
         assert [e["littleghost.compaction.outcome"] for e in fallback] == ["completed"]
 
+    async def test_a_current_request_denser_than_the_history_is_measured_on_its_own(
+        self, spans: Spans
+    ) -> None:
+        """After an overflow, a history calibrated by an earlier run keeps its scale, and
+        the current question, digits about 2.5 times denser, is sized from what the
+        overflow reported beyond it: one recovery, and the retried call fits."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        counting = Densities()
+        model, sizes = ScriptedModel([counting] * 6), counting.sizes
+        history = _prose(4)
+        one = await Lenient(model=model).run("And the coast?", history=history)
+        assert SCALE_KEY in one.messages[-1].metadata  # the history's calibration
+        digits = " ".join(str(10_000 + 7 * i) for i in range(200))  # about 900 tokens
+        two = await Lenient(model=model).run(digits, history=one.messages)
+        assert two.output == "ok"
+        assert sizes[1] > 1_000 >= sizes[2] and len(sizes) == 3  # one overflow, one retry
+        assert [e["littleghost.compaction.reason"] for e in spans.compactions()] == ["overflow"]
+
+    async def test_a_calibration_the_overflow_belies_is_corrected(self) -> None:
+        """When the history's remembered calibration is off by more than the current
+        question can account for (its density bounded), the rest corrects the history's
+        scale: the retried call fits."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        counting = Densities(prose=1.5)
+        model = ScriptedModel([counting] * 4)
+        history = _prose(9)
+        history[-1] = attrs.evolve(history[-1], metadata={SCALE_KEY: 1.0})  # another model's
+        result = await Lenient(model=model).run("And the coast?", history=history)
+        assert result.output == "ok"
+        assert counting.sizes[0] > 1_000 >= counting.sizes[1] and len(counting.sizes) == 2
+
+    async def test_a_tool_result_denser_than_the_history_is_measured_on_its_own(self) -> None:
+        """The same in a tool loop: the run's previous call calibrated the history, and
+        the dense tool result added since is sized from what the overflow reported beyond
+        it; the retried call fits with the result whole."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            def numbers(self) -> str:
+                """Numbers."""
+                return " ".join(str(10_000 + 7 * i) for i in range(180))  # about 810 tokens
+
+        counting = Densities()
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            answer = counting(request)
+            if request.purpose == "chat" and not any(m.tool_results for m in request.messages):
+                return tool_call_response("numbers", {}, input_tokens=answer.usage.input_tokens)
+            return answer
+
+        model, sizes = ScriptedModel([respond] * 5), counting.sizes
+        result = await Looking(model=model).run("List the numbers.", history=_prose(4))
+        assert result.output == "ok"
+        assert sizes[1] > 1_000 >= sizes[2] and len(sizes) == 3
+        (sent,) = [r for m in model.requests[-1].messages for r in m.tool_results]
+        assert sent.content == Looking().numbers()
+
     async def test_the_fallback_collapses_the_current_turns_older_tool_results(self) -> None:
         """A tool loop whose results alone are over the window: when no summary can be
         made, the turn's older results become one line each (the newest two stay whole)
@@ -1210,6 +1279,42 @@ class TestOverflow:
         with pytest.raises(ContextWindowOverflowError):
             await Bare(model=model).run("go")
         assert len(model.requests) == 1
+
+
+class Densities:
+    """A model's script step whose prompt tokens are ``prose`` times the estimate for
+    prose and 3 times for digits (instructions as estimated); it overflows over 1 000 of
+    them, otherwise answers "ok" reporting the count. ``sizes``: each chat call's count."""
+
+    def __init__(self, prose: float = 1.2) -> None:
+        self.prose = prose
+        self.sizes: list[int] = []
+
+    def __call__(self, request: ModelRequest) -> ModelResponse:
+        if request.purpose == "context_compaction":
+            return text_response("- noted")
+        real = sum(int(self.density(m) * estimate_messages([m])) for m in request.messages)
+        self.sizes.append(real)
+        if real > 1_000:
+            raise ContextWindowOverflowError("too long", prompt_tokens=real)
+        return text_response("ok", input_tokens=real)
+
+    def density(self, message: Message) -> float:
+        text = message.text + "".join(r.content for r in message.tool_results)
+        if message.role.is_trusted:
+            return 1.0
+        return 3.0 if sum(c.isdigit() for c in text) > len(text) / 2 else self.prose
+
+
+def _prose(pairs: int) -> list[Message]:
+    return [
+        message
+        for _ in range(pairs)
+        for message in (
+            Message.user("Tell me about the weather in the hills. " * 4),
+            Message.assistant("The hills are cloudy and the valleys are warm. " * 4),
+        )
+    ]
 
 
 class TestTelemetry:

@@ -142,6 +142,9 @@ class _Run:
     that only cutting them could recover."""
     real: dict[str, int] = field(factory=dict)
     """The sizes the model reported for records made in this run (summaries)."""
+    dense: dict[str, float] = field(factory=dict)
+    """Real tokens per estimated token of what an overflow added to a calibrated request
+    (a density, not a size: a tool result cut later keeps it)."""
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -192,7 +195,7 @@ def _learn_scale(
     it counted beyond the instructions, the tool schemas and the sizes already known, over
     the conversation's estimate; False when that says nothing."""
     fixed, scaled = _split_estimate(
-        request.messages, context.log_index.estimates(tokenizer), state.real
+        request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
     )
     fixed += _schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
@@ -202,16 +205,22 @@ def _learn_scale(
 
 
 def _split_estimate(
-    messages: Sequence[Message], estimates: Callable[[Message], int], known: Mapping[str, int]
+    messages: Sequence[Message],
+    estimates: Callable[[Message], int],
+    known: Mapping[str, int],
+    dense: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
     """``messages`` as (tokens known or taken as estimated — records whose size the model
-    reported (``known``), instructions — and estimated tokens of the conversation, to be
-    scaled)."""
+    reported (``known``), messages of a known density (``dense``), instructions — and
+    estimated tokens of the conversation, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
         size = known.get(message.id)
+        density = dense.get(message.id) if dense else None
         if size is not None:
             fixed += size
+        elif density is not None:
+            fixed += math.ceil(density * estimates(message))
         elif message.role.is_trusted:
             fixed += estimates(message)
         else:
@@ -228,12 +237,16 @@ def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
 
 
 def request_size(
-    request: ModelRequest, estimates: Estimates, known: Mapping[str, int], scale: float
+    request: ModelRequest,
+    estimates: Estimates,
+    known: Mapping[str, int],
+    scale: float,
+    dense: Mapping[str, float] | None = None,
 ) -> int:
     """``request``'s size in the model's tokens as far as known, the room its answer needs
     (``max_tokens``) included: its messages (``_split_estimate``, the conversation times
     ``scale``), tool schemas, output schema and prompt settings."""
-    fixed, scaled = _split_estimate(request.messages, estimates, known)
+    fixed, scaled = _split_estimate(request.messages, estimates, known, dense)
     outside = _schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
     return fixed + math.ceil(scale * scaled) + outside
 
@@ -241,7 +254,8 @@ def request_size(
 def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
     """The size of ``messages`` in the model's tokens as far as known."""
     state = context.state_for(_Run, _Run)
-    fixed, scaled = _split_estimate(messages, context.log_index.estimates(tokenizer), state.real)
+    estimates = context.log_index.estimates(tokenizer)
+    fixed, scaled = _split_estimate(messages, estimates, state.real, state.dense)
     return fixed + math.ceil(state.scale * scaled)
 
 
@@ -257,7 +271,8 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
         added = _real(request.messages[count:], context, tokenizer)
         return reported + added + (request.max_tokens or 0)
     state = context.state_for(_Run, _Run)
-    return request_size(request, context.log_index.estimates(tokenizer), state.real, state.scale)
+    estimates = context.log_index.estimates(tokenizer)
+    return request_size(request, estimates, state.real, state.scale, state.dense)
 
 
 def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
@@ -274,6 +289,33 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
         ):
             return response.usage.input_tokens, count
     return 0, 0
+
+
+def _learn_added(
+    state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
+) -> bool:
+    """After an overflow of a request that extends one the run has a calibration for (its
+    previous request, or the messages up to the newest answer carrying ``SCALE_KEY``), keep
+    the density of what was added since: the ``reported`` total less the rest at that
+    calibration, over the added messages' estimate (``dense``); False without such a
+    calibration."""
+    estimates = context.log_index.estimates(tokenizer)
+    rest, count = _extended(request, context)
+    if not rest:
+        marks = [i for i, m in enumerate(request.messages) if is_number(m.metadata.get(SCALE_KEY))]
+        count = marks[-1] + 1 if marks else len(request.messages)
+        calibrated = attrs.evolve(request, messages=request.messages[:count])
+        rest = request_size(calibrated, estimates, state.real, state.scale, state.dense)
+        rest -= request.max_tokens or 0
+    added = request.messages[count:]
+    fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
+    if reported - rest <= fixed or scaled <= 0:
+        return False
+    density = min(max((reported - rest - fixed) / scaled, MIN_SCALE), MAX_SCALE)
+    for message in added:
+        if message.id not in state.real and not message.role.is_trusted:
+            state.dense.setdefault(message.id, density)
+    return True
 
 
 def reaches(estimated: int, threshold: float, window: int) -> bool:
@@ -428,8 +470,10 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    reported = error.prompt_tokens
-    if reported and _learn_scale(state, request, reported, context, config.tokenizer):
+    reported = error.prompt_tokens or 0
+    # the added part's density, then the history's scale (with what a clamp left over)
+    added = reported > 0 and _learn_added(state, request, reported, context, config.tokenizer)
+    if reported and (_learn_scale(state, request, reported, context, config.tokenizer) or added):
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
@@ -588,6 +632,7 @@ async def _compact(
         state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
         outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
+        outside += _excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
         if fallback or (reason == "overflow" and config.strategy is None):
             state.protected = max(state.pinned, default=state.slots)  # the current turn
@@ -612,7 +657,7 @@ async def _compact(
         change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
         if run.scale != scale:  # ``estimated`` is in the old units: estimate it in the new
             estimated = outcome.before = request_size(
-                request, index.estimates(config.tokenizer), run.real, run.scale
+                request, index.estimates(config.tokenizer), run.real, run.scale, run.dense
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback and after > limit:
@@ -690,6 +735,14 @@ async def _collapse_results(state: CompactionState, target: Trigger, window: int
     chars = min(max(window // 25, 16), 400)
     await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
     state.protected = protected
+
+
+def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
+    """How far the known sizes of ``messages`` exceed their scaled estimates, which is
+    all a compaction state counts."""
+    run, estimates = context.state_for(_Run, _Run), context.log_index.estimates(tokenizer)
+    known = [m for m in messages if m.id in run.real or m.id in run.dense]
+    return _real(known, context, tokenizer) - math.ceil(run.scale * sum(map(estimates, known)))
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:
