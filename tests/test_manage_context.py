@@ -1066,6 +1066,26 @@ class TestOverflow:
         assert sizes[1] > 1_000 >= sizes[2] and len(sizes) == 3  # one overflow, one retry
         assert [e["littleghost.compaction.reason"] for e in spans.compactions()] == ["overflow"]
 
+    async def test_a_dense_question_after_an_uncalibrated_history_is_answered(self) -> None:
+        """No earlier calibration: one overflow's figure cannot tell a dense question
+        from a dense history, so the summary call's reported size says how dense the
+        history is, and recovery leaves room for what that leaves to the question: the
+        question (digits, 2.5 times as dense as the prose before it, nine tenths of the
+        window), which fits alone, is answered after one recovery."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6)
+        digits = " ".join(str(10_000 + 7 * i) for i in range(200))  # about 900 tokens
+        result = await Lenient(model=model).run(digits, history=_prose(6))
+        assert result.output == "ok"
+        sizes = counting.sizes
+        assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
+
     async def test_a_calibration_the_overflow_belies_is_corrected(self) -> None:
         """When the history's remembered calibration is off by more than the current
         question can account for (its density bounded), the rest corrects the history's
@@ -1283,17 +1303,18 @@ class TestOverflow:
 
 class Densities:
     """A model's script step whose prompt tokens are ``prose`` times the estimate for
-    prose and 3 times for digits (instructions as estimated); it overflows over 1 000 of
-    them, otherwise answers "ok" reporting the count. ``sizes``: each chat call's count."""
+    prose and 3 times for digits (instructions as estimated); a chat call overflows over
+    1 000 of them, otherwise answers "ok", and a summary call answers "- noted", each
+    reporting the count. ``sizes``: each chat call's count."""
 
     def __init__(self, prose: float = 1.2) -> None:
         self.prose = prose
         self.sizes: list[int] = []
 
     def __call__(self, request: ModelRequest) -> ModelResponse:
-        if request.purpose == "context_compaction":
-            return text_response("- noted")
         real = sum(int(self.density(m) * estimate_messages([m])) for m in request.messages)
+        if request.purpose == "context_compaction":
+            return text_response("- noted", input_tokens=real)
         self.sizes.append(real)
         if real > 1_000:
             raise ContextWindowOverflowError("too long", prompt_tokens=real)

@@ -142,6 +142,9 @@ class _Run:
     that only cutting them could recover."""
     real: dict[str, int] = field(factory=dict)
     """The sizes the model reported for records made in this run (summaries)."""
+    measured: float | None = None
+    """What the last compaction's summary call measured of the conversation it was shown
+    (``CompactionState.measured``)."""
     dense: dict[str, float] = field(factory=dict)
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
@@ -479,9 +482,10 @@ async def _compact_after_overflow(
         estimated = estimate_tokens(request, context, config.tokenizer)
     window = min(state.window, error.context_window or state.window)
     fits = window if reported else min(window, max(estimated // 2, 1))  # else halve at least
+    safe = None if reported and not added else fits  # None: to be measured (``_recover``)
     try:
         if config.summarize:
-            recovered = await _recover(request, context, config, estimated, window, fits)
+            recovered = await _recover(request, context, config, estimated, window, fits, safe)
             state.quiet_until = next_summary_at(state.last_after, config, state.window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
@@ -502,10 +506,16 @@ async def _recover(
     estimated: int,
     window: int,
     fits: int,
+    safe: int | None,
 ) -> ModelRequest:
-    """Compact for an overflow in ``window`` until the request is under ``fits`` tokens: a
-    summary when one can be made; then, if the request is still over (or no summary was
-    made), the oldest turns become excerpts.
+    """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
+    aiming under ``safe``: a summary when one can be made; then, if the request is still
+    over ``safe`` (or no summary was made), the oldest turns become excerpts.
+
+    ``safe`` is ``None`` when the overflow's size is the run's only calibration: one
+    figure cannot tell a dense current request from a dense history, so the summary call's
+    own size then says how much denser the current request may be (``_margin``), and
+    without it recovery aims 20 % under ``fits``.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -521,9 +531,16 @@ async def _recover(
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
+    if safe is None:
+        measured = state.measured if compacted is not request else None
+        safe = (
+            int(TARGET_SHARE * fits)
+            if measured is None
+            else fits - _margin(request, context, config.tokenizer, measured)
+        )
     if compacted is not request:
         estimated = state.last_after
-        if estimated <= fits:
+        if estimated <= safe:
             return compacted
     try:
         return await _compact(
@@ -535,7 +552,7 @@ async def _recover(
             window,
             target,
             limit=fits,
-            fallback=True,
+            fallback=safe,
         )
     except CompactionError as error:
         if failure is not None and error.__cause__ is None:
@@ -607,19 +624,20 @@ async def _compact(
     target: int,
     *,
     limit: int | None = None,
-    fallback: bool = False,
+    fallback: int | None = None,
 ) -> ModelRequest:
     """Compact ``request`` toward ``target`` (the model's tokens) with the configured
     strategy, the default summarizer, or (``fallback``) turn excerpts without a model;
     append the records to the log; return the compacted request. ``window`` sizes the
-    summary request; the fallback gets the request under ``limit`` (default: ``window``).
+    summary request; the fallback gets the request under ``limit`` (default: ``window``),
+    leaving out earlier summaries and collapsing results while it is over ``fallback``.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
             even the current request alone is over ``limit``.
     """
     limit = window if limit is None else limit
-    async with attempt(context, reason, estimated, window, fallback) as outcome:
+    async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
         state = managed_state(
@@ -634,11 +652,11 @@ async def _compact(
         outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
         outside += _excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
-        if fallback or (reason == "overflow" and config.strategy is None):
+        if fallback is not None or (reason == "overflow" and config.strategy is None):
             state.protected = max(state.pinned, default=state.slots)  # the current turn
         try:
-            if fallback:
-                await _model_free_compaction(state, goal, _goal(state, limit, outside), window)
+            if fallback is not None:
+                await _model_free_compaction(state, goal, _goal(state, fallback, outside), window)
             elif config.strategy is not None:
                 await config.strategy.compact(state)
             else:
@@ -647,6 +665,7 @@ async def _compact(
                 await default_compaction(state, config, window, goal, enough)
         finally:
             scale, run.scale = run.scale, state.scale  # a summary call may have taught it
+        run.measured = state.measured
         outcome.summary = state.summary_outcome
         records = state.records()
         run.real.update(state.real)
@@ -660,7 +679,7 @@ async def _compact(
                 request, index.estimates(config.tokenizer), run.real, run.scale, run.dense
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
-        if fallback and after > limit:
+        if fallback is not None and after > limit:
             compacted, after, outcome.cut_to = _cut_results(
                 compacted, after, limit, context, config
             )
@@ -686,7 +705,7 @@ async def _model_free_compaction(
     state: CompactionState, goal: int, limit: int, window: int
 ) -> None:
     """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
-    are left out. Only while the request is over ``limit`` (the window): the earlier
+    are left out. Only while the request is over ``limit`` (about the window): the earlier
     summaries are left out, oldest first, so that a current turn that fits alone always
     fits; then the current turn's older tool results become one line each."""
     summaries = {s for s in range(state.slots) if state.kind(s) == SUMMARY} - state.pinned
@@ -735,6 +754,22 @@ async def _collapse_results(state: CompactionState, target: Trigger, window: int
     chars = min(max(window // 25, 16), 400)
     await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
     state.protected = protected
+
+
+def _margin(
+    request: ModelRequest, context: RunContext, tokenizer: Tokenizer, measured: float
+) -> int:
+    """How much the run's scale, learned from one overflow of ``request``, may undercount
+    its current request: what it gives the history beyond the ``measured`` scale of it."""
+    run = context.state_for(_Run, _Run)
+    logged = [
+        i
+        for i, m in enumerate(request.messages)
+        if m.role is Role.USER and context.has_message(m.id) and not m.is_summary
+    ]
+    earlier = request.messages[: logged[-1] if logged else len(request.messages)]
+    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
+    return max(0, math.ceil((run.scale - measured) * history))
 
 
 def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:

@@ -115,6 +115,7 @@ class CompactionState:
         "_tokens",
         "complete",
         "groups",
+        "measured",
         "messages",
         "pinned",
         "protected",
@@ -159,6 +160,9 @@ class CompactionState:
         """The size in the model's own tokens of records whose size the model reported."""
         self.summary_outcome: str | None = None
         """How the summary made here came back (``SUMMARY_COMPLETE``, ...), if one was."""
+        self.measured: float | None = None
+        """Real tokens per estimated token of the conversation a summary call here was
+        shown, from the prompt tokens the model reported for it."""
         self.messages = sum(map(len, self._members))
         self.groups = len(self._kinds)
         self.turns = self._kinds.count(USER)
@@ -235,12 +239,22 @@ class CompactionState:
         to the data, the conversation's own text, not to the framing and instruction."""
         if self.room is None:
             return True
-        estimate = self._estimate
+        fixed, data = self._summary_split(request, instruction)
+        prompt = fixed + math.ceil(self.scale * data)
+        return prompt + (request.max_tokens or 0) <= self.room
+
+    def measure(self, request: ModelRequest, instruction: str, reported: int) -> None:
+        """Learn ``measured`` from a summary call's ``reported`` prompt tokens."""
+        fixed, data = self._summary_split(request, instruction)
+        if reported > fixed and data > 0:
+            self.measured = (reported - fixed) / data
+
+    def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
+        """A summary request's (framing and instruction, data) estimated tokens."""
         framing, *rest = request.messages
         fixed = self.tokenizer.count_tokens(instruction) if instruction else 0
-        data = max(0, sum(map(estimate, rest)) - fixed)
-        prompt = estimate(framing) + fixed + math.ceil(self.scale * data)
-        return prompt + (request.max_tokens or 0) <= self.room
+        data = max(0, sum(map(self._estimate, rest)) - fixed)
+        return self._estimate(framing) + fixed, data
 
     def stands_for(self, slot: int) -> list[str]:
         """The ids of the log messages the group in ``slot`` stands for."""
@@ -867,6 +881,8 @@ class Summarization(_Stepwise):
                 raise
             request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
+        instruction = summary_instruction(self.prompt, rewrite=rewrite is not None)
+        state.measure(request, instruction, summary.input_tokens)
         quotes = merged_notes(quotes, "\n".join(added))
         if earlier and rewrite is None:
             state.summarize(taken, with_quotes(merged_notes(notes, summary.text), quotes))

@@ -276,11 +276,14 @@ class Summary:
         tokens: Its size in the model's tokens, from the reported output tokens (``0``
             when not reported).
         outcome: ``SUMMARY_COMPLETE``, ``SUMMARY_CUT`` or ``SUMMARY_RETRIED``.
+        input_tokens: The prompt tokens the model reported for the call (``0`` when not
+            reported).
     """
 
     text: str
     tokens: int
     outcome: str
+    input_tokens: int = 0
 
 
 async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
@@ -313,11 +316,12 @@ def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
     if response.stop_reason is not StopReason.MAX_TOKENS:
         if not text:
             raise ProtocolError("the context summary came back empty")
-        return Summary(text, response.usage.output_tokens, whole)
+        return Summary(text, response.usage.output_tokens, whole, response.usage.input_tokens)
     kept = complete_part(text)
     if not _holds_content(kept):
         return None
-    return Summary(kept, response.usage.output_tokens * len(kept) // max(1, len(text)), cut)
+    tokens = response.usage.output_tokens * len(kept) // max(1, len(text))
+    return Summary(kept, tokens, cut, response.usage.input_tokens)
 
 
 def _cleaned(text: str) -> str:
