@@ -420,6 +420,131 @@ async def test_token_budget_falls_back_to_dropping_the_oldest_groups() -> None:
     assert tiny == (log[0], *log[-3:])  # over budget: the system group and the newest two stay
 
 
+class CountingTokenizer:
+    """Characters ÷ 4, counting the texts it is asked about."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count_tokens(self, text: str) -> int:
+        self.calls += 1
+        return len(text) // 4
+
+
+@pytest.mark.parametrize(
+    "strategies",
+    [
+        [ToolResultCompaction()],
+        [ToolResultCompaction(keep_last_tool_call_groups=0), ToolResultCompaction()],
+        [Truncation()],
+        [SelectiveToolCallCompaction()],
+    ],
+    ids=repr,
+)
+async def test_token_budget_works_only_on_the_groups_that_could_still_fit(
+    strategies: list[CompactionStrategy],
+) -> None:
+    log = [Message.system("s")]
+    for number in range(500):
+        log += turn(number)
+        log[-2] = Message.tool(f"t{number}c0", f"sunny, {number}°C. " * 40)
+    tokenizer = CountingTokenizer()
+    budget = TokenBudget(token_budget=250, strategies=strategies)
+    view = await apply_compaction(log, budget, tokenizer=tokenizer)
+    assert view[0] is log[0] and view[-1] is log[-1]
+    assert tokenizer.calls < len(log) // 10  # not every message estimated, nor collapsed
+
+
+def budget_state(groups: tuple[Any, ...], protected: int | None, pinned: set[int]) -> Any:
+    state = CompactionState(
+        [g.kind for g in groups],
+        [g.messages for g in groups],
+        tokenizer=ByteEstimator(),
+        protected=protected,
+    )
+    state.pinned = frozenset(pinned)
+    return state
+
+
+class NaiveTokenBudget:
+    """``TokenBudget`` as first written: every strategy on the whole view while it is
+    over, then the oldest groups dropped."""
+
+    def __init__(self, budget: TokenBudget) -> None:
+        self.budget = budget
+
+    async def compact(self, state: CompactionState, /) -> None:
+        for strategy in self.budget.strategies:
+            if state.tokens <= self.budget.token_budget:
+                return
+            await strategy.compact(state)
+        state.keep_newest(state.newest(self.budget.minimum_preserved), self.budget.token_budget)
+
+
+def shown(messages: tuple[Message, ...]) -> list[tuple[Any, ...]]:
+    """What a view or records say, without the fresh ids of the records."""
+    return [
+        (m.role, m.text, m.tool_calls, m.tool_results, sorted(m.metadata.items())) for m in messages
+    ]
+
+
+def sized_log(rng: random.Random) -> list[Message]:
+    """Turns with texts of random sizes, results mostly larger, some errors."""
+
+    def words(*counts: int) -> str:
+        return " word" * rng.choice(counts or (0, 5, 40, 40))
+
+    log = [Message.system("s")]
+    for number in range(rng.randint(1, 40)):
+        log.append(Message.user(f"question {number}{words()}"))
+        if rng.random() < 0.7:
+            ids = [f"t{number}c{k}" for k in range(rng.randint(1, 3))]
+            calls = [ToolCall(i, "get_weather", {"city": i}) for i in ids]
+            log.append(Message.assistant(words().strip(), tool_calls=calls))
+            log += [Message.tool(i, f"result{words(1, 40, 400)}", rng.random() < 0.2) for i in ids]
+        if rng.random() < 0.8:
+            log.append(Message.assistant(f"answer {number}{words()}"))
+        if rng.random() < 0.1:
+            log.append(Message.developer(f"note {number}"))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_token_budget_gives_what_the_whole_view_would(seed: int) -> None:
+    """Budgets from the whole log to a tiny share of it, on a random log: the same view
+    and records as when every strategy works on the whole view."""
+    rng = random.Random(seed)
+    log = sized_log(rng)
+    groups = group_messages(log)
+    total = estimate_messages(log)
+    turns = sum(m.role == "user" for m in log)
+    collapse = functools.partial(ToolResultCompaction, max_result_chars=rng.randint(16, 200))
+    strategy_sets: list[list[CompactionStrategy]] = [
+        [collapse(keep_last_tool_call_groups=rng.randint(0, 3))],
+        [collapse(keep_last_tool_call_groups=0), ToolResultCompaction(max_result_chars=16)],
+        [collapse(trigger=turns_exceed(rng.randint(0, turns)))],
+        [collapse(target=~tokens_exceed(rng.randint(1, total)))],
+        [collapse(), Truncation(minimum_preserved=rng.randint(0, 4))],
+        [SelectiveToolCallCompaction(keep_last_tool_call_groups=rng.randint(0, 2))],
+    ]
+    for strategies in strategy_sets:
+        for share in (1, 2, 3, 5, 8, 13, 21, 34):
+            budget = TokenBudget(
+                token_budget=max(1, total // share),
+                strategies=strategies,
+                minimum_preserved=rng.randint(0, 6),
+            )
+            protected = rng.choice([None, rng.randint(0, len(groups))])
+            pinned = {rng.randrange(len(groups)) for _ in range(rng.randint(0, 2))}
+            fast = budget_state(groups, protected, pinned)
+            await budget.compact(fast)
+            naive = budget_state(groups, protected, pinned)
+            await NaiveTokenBudget(budget).compact(naive)
+            assert shown(tuple(fast.view())) == shown(tuple(naive.view())), budget
+            assert shown(fast.records()) == shown(naive.records())
+            assert (fast.messages, fast.turns) == (naive.messages, naive.turns)
+
+
 def test_configuration_is_validated_with_the_parameter_named() -> None:
     with pytest.raises(
         ConfigurationError, match=r"Truncation.minimum_preserved must be an int >= 0"

@@ -178,6 +178,21 @@ class CompactionState:
             self._tokens = sum(self.size(s) for s in range(len(fate)) if fate[s] == _INCLUDED)
         return self._tokens
 
+    def within(self, limit: int) -> bool:
+        """True when what is included is at most ``limit`` tokens (as ``tokens <= limit``,
+        estimating from the newest group back only until it is over)."""
+        if self._tokens is not None:
+            return self._tokens <= limit
+        fate = self._fate
+        used = 0
+        for slot in range(len(fate) - 1, -1, -1):
+            if fate[slot] == _INCLUDED:
+                used += self.size(slot)
+                if used > limit:
+                    return False
+        self._tokens = used
+        return True
+
     def size(self, slot: int) -> int:
         """The estimated tokens of the group in ``slot``."""
         size = self._sizes[slot]
@@ -306,22 +321,25 @@ class CompactionState:
                 return
             self.exclude(slot)
 
-    def keep_newest(self, end: int, limit: int) -> None:
+    def keep_newest(self, end: int, limit: int, free: GroupKind | None = None) -> None:
         """Exclude the oldest non-system groups before slot ``end`` so that what stays
         is at most ``limit`` tokens (as close as whole groups allow): walk from the
-        newest group back, estimating only what is walked, and exclude the rest."""
+        newest group back, estimating only what is walked, and exclude the rest. Groups
+        of kind ``free`` count as nothing: what is excluded then would not fit even
+        with them gone."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
+        size = self.size if free is None else lambda s: 0 if kinds[s] == free else self.size(s)
         end = min(end, self.protected)
         kept = sorted({*_positions(kinds, SYSTEM), *pinned})
-        used = sum(self.size(s) for s in range(end, len(kinds)) if fate[s] == _INCLUDED)
-        used += sum(self.size(s) for s in kept if s < end and fate[s] == _INCLUDED)
+        used = sum(size(s) for s in range(end, len(kinds)) if fate[s] == _INCLUDED)
+        used += sum(size(s) for s in kept if s < end and fate[s] == _INCLUDED)
         cut = 0
         for slot in range(end - 1, -1, -1):
             if fate[slot] != _INCLUDED or kinds[slot] == SYSTEM or slot in pinned:
                 continue
-            used += self.size(slot)
+            used += size(slot)
             if used > limit:
                 cut = slot + 1
                 break
@@ -433,8 +451,9 @@ class CompactionState:
         records = [record for slot, record in self._made.items() if fate[slot] == _INCLUDED]
         members = self._members
         slots = sorted(self._excluded)
-        if self._stands:
-            excluded = [item for slot in slots for item in self.stands_for(slot)]
+        if stands := self._stands:
+            parts = (stands[s] if s in stands else map(_ID, members[s]) for s in slots)
+            excluded = list(chain.from_iterable(parts))
         elif slots and slots[-1] - slots[0] + 1 == len(slots):  # a run of slots, as a cut
             excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
         else:
@@ -1042,8 +1061,25 @@ class TokenBudget:
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
         budget = self.token_budget
+        groups = state.groups
+        if self.strategies and all(map(_collapses_tool_groups, self.strategies)):
+            # They only replace tool-call groups, reading no metric. Counting those as
+            # nothing, the groups that still do not fit are left out at the end whatever
+            # they do, and change nothing they do to newer groups: left out first.
+            state.keep_newest(state.newest(self.minimum_preserved), budget, TOOL_CALL)
+        over = state.groups < groups  # then the whole view is over before every strategy
         for strategy in self.strategies:
-            if state.tokens <= budget:
+            if not over and state.within(budget):
                 return
             await strategy.compact(state)
         state.keep_newest(state.newest(self.minimum_preserved), budget)
+
+
+def _collapses_tool_groups(strategy: CompactionStrategy) -> bool:
+    """True for a ``ToolResultCompaction`` that collapses every older tool-call group:
+    groups before the newest ones change nothing it does to those."""
+    return (
+        type(strategy) is ToolResultCompaction
+        and strategy.trigger == always
+        and strategy.goal == negate(always)
+    )
