@@ -1,8 +1,12 @@
 #!/bin/sh
-# Create benchmarks/.env with littleghost (editable) and the peers the benchmark compares.
+# Create benchmarks/.env afresh (a copied or moved one points at its old place) with
+# littleghost from this checkout (editable) and the peers the benchmarks compare.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-python3 -m venv "$here/.env"
-"$here/.env/bin/pip" install --quiet --upgrade pip
-"$here/.env/bin/pip" install --quiet -e "$here/..[local]" agent-framework-core langchain-core \
+python3 -m venv --clear "$here/.env"
+python="$here/.env/bin/python"
+"$python" -m pip install --quiet --upgrade pip
+"$python" -m pip install --quiet -e "$here/..[local]" agent-framework-core langchain-core \
     langchain langchain-openai
+cd "$here"  # not the checkout, so littleghost is found only through the environment
+"$python" -c 'import littleghost; print("benchmarks/.env: littleghost from", littleghost.__file__)'
