@@ -6,13 +6,18 @@ budget of 16 000 tokens (the common case: only the newest few hundred messages f
 to a quarter of its estimated tokens (characters ÷ 4), by:
 
 - littleghost: ``await apply_compaction(log, TokenBudget(token_budget=...))``;
+- lg+collapse: the same with ``strategies=[ToolResultCompaction()]`` (older tool results
+  collapsed to one line each before the oldest groups are dropped);
 - agent-framework-core: ``await apply_compaction(messages, strategy=TruncationStrategy(...))``;
 - langchain-core: ``trim_messages(..., strategy="last", token_counter="approximate")``;
 - the floor: one pass over the littleghost messages summing the UTF-8 bytes of their text.
 
 *Cold* runs get fresh message objects; *warm* runs the same objects again, as on the next
-turn. Times are the best of a few runs, with the garbage collector paused while timing.
-A peer that needs over 60 s at one size is reported as such and not run at larger sizes.
+turn. The contenders take turns: each round runs every one of them once, cold then warm,
+on the same conversation (in a rotating order), so load on a shared machine hits them
+alike; times are the median of the rounds, with the garbage collector paused while
+timing. agent-framework runs in the first round only. A peer that needs over 60 s at
+one size is reported as such and not run at larger sizes.
 
 Set up once with ``benchmarks/setup.sh``, then run ``benchmarks/.env/bin/python
 benchmarks/compaction.py`` (``--sizes 1000,10000`` for a quicker run).
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import signal
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,7 +36,7 @@ from typing import Any
 import anyio
 
 from littleghost import Message, ToolCall
-from littleghost.context import TokenBudget, apply_compaction
+from littleghost.context import TokenBudget, ToolResultCompaction, apply_compaction
 
 LIMIT_SECONDS = 60
 
@@ -115,6 +121,11 @@ async def run_littleghost(log: Any, budget: int) -> object:
     return await apply_compaction(log, TokenBudget(token_budget=budget))
 
 
+async def run_collapsing(log: Any, budget: int) -> object:
+    strategy = TokenBudget(token_budget=budget, strategies=[ToolResultCompaction()])
+    return await apply_compaction(log, strategy)
+
+
 async def run_agent_framework(log: Any, budget: int) -> object:
     from agent_framework._compaction import (
         CharacterEstimatorTokenizer,
@@ -146,6 +157,7 @@ async def run_floor(log: Any, budget: int) -> object:
 
 CONTENDERS: dict[str, tuple[Callable[[int], list[Any]], Run]] = {
     "littleghost": (littleghost_log, run_littleghost),
+    "lg+collapse": (littleghost_log, run_collapsing),
     "floor": (littleghost_log, run_floor),
     "agent-framework": (agent_framework_log, run_agent_framework),
     "langchain": (langchain_log, run_langchain),
@@ -165,16 +177,32 @@ async def timed(run: Run, log: Any, budget: int) -> float:
         gc.enable()
 
 
-async def measure(name: str, size: int, budget: int, repeats: int) -> tuple[float, float]:
-    """Best cold and best warm seconds of ``name`` at ``size`` messages."""
-    build, run = CONTENDERS[name]
-    cold: list[float] = []
-    warm: list[float] = []
-    for _ in range(repeats):
-        log = build(size)
-        cold.append(await timed(run, log, budget))
-        warm.append(await timed(run, log, budget))
-    return min(cold), min(warm)
+async def measure(
+    names: list[str], size: int, budget: int, rounds: int
+) -> dict[str, tuple[float, float] | None]:
+    """The median cold and warm seconds of each of ``names`` at ``size`` messages, over
+    ``rounds`` rounds that each run every contender once (``None``: over the limit)."""
+    cold: dict[str, list[float]] = {name: [] for name in names}
+    warm: dict[str, list[float]] = {name: [] for name in names}
+    slow: set[str] = set()
+    for round_ in range(rounds):
+        turn = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in turn:
+            if name in slow or (name == "agent-framework" and round_ > 0):
+                continue
+            build, run = CONTENDERS[name]
+            log = build(size)
+            try:
+                cold[name].append(await timed(run, log, budget))
+                warm[name].append(await timed(run, log, budget))
+            except TooSlow:
+                slow.add(name)
+    return {
+        name: None
+        if name in slow
+        else (statistics.median(cold[name]), statistics.median(warm[name]))
+        for name in names
+    }
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -187,40 +215,32 @@ async def main(sizes: list[int]) -> None:
     signal.signal(signal.SIGALRM, _alarm)
     names = list(CONTENDERS)
     too_slow: set[tuple[str, str]] = set()
-    print("milliseconds, best of several runs; cold = fresh messages, warm = same log again\n")
+    print(
+        "milliseconds, median of interleaved rounds; cold = fresh messages, warm = same log again\n"
+    )
     header = f"{'messages':>9} {'budget':>8} {'run':>5} " + " ".join(
         f"{name:>16}" for name in names
     )
     print(header + f" {'lg/floor':>9} {'peer/lg':>8}")
     for size, budget_name in ((size, kind) for size in sizes for kind in ("16k", "quarter")):
         budget = FIXED_BUDGET if budget_name == "16k" else quarter_budget(size)
-        repeats = 5 if size <= 1_000 else 3
-        results: dict[str, tuple[float, float] | None] = {}
-        for name in names:
-            if (name, budget_name) in too_slow:
-                results[name] = None
-                continue
-            try:
-                results[name] = await measure(
-                    name, size, budget, 1 if name == "agent-framework" else repeats
-                )
-            except TooSlow:
-                too_slow.add((name, budget_name))
-                results[name] = None
+        running = [name for name in names if (name, budget_name) not in too_slow]
+        results = await measure(running, size, budget, 7 if size <= 1_000 else 5)
+        too_slow.update((name, budget_name) for name, value in results.items() if value is None)
         for column, label in ((0, "cold"), (1, "warm")):
             cells = []
             for name in names:
-                value = results[name]
-                if value is None and (name, budget_name) in too_slow:
+                value = results.get(name)
+                if value is None:
                     cells.append(f"{'> 60 s' if column == 0 else '-':>16}")
                 else:
-                    cells.append(f"{milliseconds(value[column] if value else None):>16}")
+                    cells.append(f"{milliseconds(value[column]):>16}")
             mine = results["littleghost"]
             floor = results["floor"]
             peers = [
                 value[column]
                 for name, value in results.items()
-                if name not in ("littleghost", "floor") and value is not None
+                if name in ("agent-framework", "langchain") and value is not None
             ]
             ratio = f"{mine[column] / floor[column]:9.2f}" if mine and floor else f"{'':>9}"
             lead = f"{min(peers) / mine[column]:8.1f}" if mine and peers else f"{'':>8}"
