@@ -86,6 +86,10 @@ CUT_SHARE = 0.5
 results until it takes about this share of the window."""
 CUT_FLOOR_TOKENS = 64
 """The shortest such a cut leaves a tool result."""
+DENSE_GAP = 1.25
+"""An overflow's scale this many times what its summary call measured of the history
+says the current request is denser than the history (a smaller gap is the per-message
+overhead the estimate leaves out, which the summary request has less of)."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 """Errors a failed compaction always lets through (cancellation is not an Exception)."""
 
@@ -769,7 +773,9 @@ def _margin(
     ]
     earlier = request.messages[: logged[-1] if logged else len(request.messages)]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
-    return max(0, math.ceil((run.scale - measured) * history))
+    if run.scale <= DENSE_GAP * measured:
+        return 0
+    return math.ceil((run.scale - measured) * history)
 
 
 def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
