@@ -36,6 +36,20 @@ def summarizing(answer: Any) -> Any:
     return respond
 
 
+class NoteTaking:
+    """A chat call's script step: a ``note`` tool call for each of the first 24 calls,
+    then "done"; ``chats`` counts the calls."""
+
+    def __init__(self) -> None:
+        self.chats = 0
+
+    def __call__(self, request: ModelRequest) -> ModelResponse:
+        self.chats += 1
+        if self.chats <= 24:
+            return tool_call_response("note", {"number": self.chats})
+        return text_response("done")
+
+
 def test_a_message_holds_no_state_of_the_engine() -> None:
     """A message has no ``__dict__`` to attach a cache to, and its slots are its fields
     and the views derived from its content: nothing of the engine's."""
@@ -62,18 +76,8 @@ class TestNoThrash:
                 """Take a note."""
                 return f"note {number}: " + "short remark " * 6
 
-        chats = 0
-
-        def answer(request: ModelRequest) -> ModelResponse:
-            nonlocal chats
-            chats += 1
-            return (
-                tool_call_response("note", {"number": chats})
-                if chats <= 24
-                else text_response("done")
-            )
-
-        model = ScriptedModel([summarizing(answer)] * 80)
+        notes = NoteTaking()
+        model = ScriptedModel([summarizing(notes)] * 80)
         history = [Message.user("Start: " + "context " * 200), Message.assistant("Ready.")]
         await Looping(model=model).run("Take notes.", history=history)
         attempts = [
@@ -98,7 +102,7 @@ class TestNoThrash:
                 checked += 1
         assert checked
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
-        assert summaries <= len(attempts) < chats
+        assert summaries <= len(attempts) < notes.chats
 
     async def test_no_summary_call_when_collapsing_tool_results_is_enough(
         self, spans: Spans
@@ -178,18 +182,8 @@ class TestNoThrash:
                 """Take a note."""
                 return f"note {number}: " + "remark " * 160  # about 280 tokens
 
-        chats = 0
-
-        def answer(request: ModelRequest) -> ModelResponse:
-            nonlocal chats
-            chats += 1
-            return (
-                tool_call_response("note", {"number": chats})
-                if chats <= 24
-                else text_response("done")
-            )
-
-        model = ScriptedModel([summarizing(answer)] * 80)
+        notes = NoteTaking()
+        model = ScriptedModel([summarizing(notes)] * 80)
         history = [
             m
             for i in range(12)
@@ -200,8 +194,8 @@ class TestNoThrash:
         ]
         await Looping(model=model).run("Take notes.", history=history)
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
-        assert chats == 25
-        assert 0 < summaries <= (chats + 1) // 2
+        assert notes.chats == 25
+        assert 0 < summaries <= (notes.chats + 1) // 2
 
     async def test_runs_of_one_conversation_remember_a_compaction_that_left_it_over(
         self, spans: Spans
