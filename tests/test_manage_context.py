@@ -1086,6 +1086,35 @@ class TestOverflow:
         sizes = counting.sizes
         assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
 
+    async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
+        """Uncalibrated, recovery aims 20 % under the window; when its compaction lands
+        between that aim and the window and the fallback finds nothing more to do, the
+        compacted request is sent: the margin never fails a run."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            def look(self, i: int) -> str:
+                """Look."""
+                return f"item {i} " + "result " * 160
+
+        counting, looks = Densities(), 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal looks
+            answer = counting(request)  # overflows over 1 000
+            if request.purpose == "chat" and looks < 3:
+                looks += 1
+                return tool_call_response("look", {"i": looks})  # no usage reported
+            return answer
+
+        result = await Looking(model=ScriptedModel([respond] * 12)).run("Look three times.")
+        assert result.output == "ok"
+        sizes = counting.sizes
+        assert sizes[-2] > 1_000 >= sizes[-1]  # one overflow, and the retry fits
+
     async def test_a_calibration_the_overflow_belies_is_corrected(self) -> None:
         """When the history's remembered calibration is off by more than the current
         question can account for (its density bounded), the rest corrects the history's

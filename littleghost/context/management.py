@@ -559,6 +559,8 @@ async def _recover(
             fallback=safe,
         )
     except CompactionError as error:
+        if compacted is not request and estimated <= fits:
+            return compacted  # it fits: the margin under ``fits`` was only an aim
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
         raise
@@ -709,7 +711,8 @@ async def _model_free_compaction(
     state: CompactionState, goal: int, limit: int, window: int
 ) -> None:
     """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
-    are left out. Only while the request is over ``limit`` (about the window): the earlier
+    are left out. Only while the request is over ``limit`` (the window, or a margin under
+    it when the run has no earlier calibration): the earlier
     summaries are left out, oldest first, so that a current turn that fits alone always
     fits; then the current turn's older tool results become one line each."""
     summaries = {s for s in range(state.slots) if state.kind(s) == SUMMARY} - state.pinned
