@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -646,13 +647,8 @@ async def _compact(
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
         run = _run(context, config)
         index = context.log_index.over(request.messages)
-        state = managed_state(
-            index,
-            config,
-            window,
-            lambda sent, **options: context.complete(sent, report=False, **options),
-            request.settings,
-        )
+        complete = partial(context.complete, report=False)
+        state = managed_state(index, config, window, complete, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
         state.scale = run.scale
         outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
@@ -769,6 +765,8 @@ def _margin(
     """How much the run's scale, learned from one overflow of ``request``, may undercount
     its current request: what it gives the history beyond the ``measured`` scale of it."""
     run = context.state_for(_Run, _Run)
+    if run.scale <= DENSE_GAP * measured:
+        return 0
     logged = [
         i
         for i, m in enumerate(request.messages)
@@ -776,8 +774,6 @@ def _margin(
     ]
     earlier = request.messages[: logged[-1] if logged else len(request.messages)]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
-    if run.scale <= DENSE_GAP * measured:
-        return 0
     return math.ceil((run.scale - measured) * history)
 
 
