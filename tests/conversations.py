@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from littleghost import Agent, Message, RunResult
+from littleghost import Agent, Message, RunResult, manage_context
 from littleghost.models import ModelRequest, ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response
 
@@ -14,6 +14,16 @@ class PerMessage:
 
     def count_tokens(self, text: str) -> int:
         return 1
+
+
+compacting = manage_context(
+    context_window_tokens=100,
+    compression_threshold=0.5,
+    preserve_recent_messages=4,
+    tokenizer=PerMessage(),
+)
+"""A ``@manage_context`` under which ``chat(30)`` is compacted at the first model call:
+a 100-token window, half of it the threshold, one token per message."""
 
 
 def chat(pairs: int, prefix: str = "m") -> list[Message]:

@@ -25,7 +25,7 @@ from littleghost.output import OUTPUT_TOOL
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
-from .conversations import PerMessage, chat, summary_step
+from .conversations import chat, compacting, summary_step
 
 pytestmark = pytest.mark.anyio
 
@@ -616,12 +616,7 @@ class TestStreaming:
         assert events.result.output == Invoice("S-1", 5.0)
 
 
-@manage_context(
-    context_window_tokens=100,
-    compression_threshold=0.5,
-    preserve_recent_messages=4,
-    tokenizer=PerMessage(),
-)
+@compacting
 class Compacting(Agent):
     output_type = Invoice
 

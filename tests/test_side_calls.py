@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
+from littleghost import Agent, Message, RunContext, before_model, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import RateLimitError
 from littleghost.events import (
@@ -28,7 +28,7 @@ from littleghost.run import RunResult
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 from .conftest import Spans
-from .conversations import PerMessage, chat, summary_step
+from .conversations import chat, compacting, summary_step
 
 pytestmark = pytest.mark.anyio
 
@@ -129,12 +129,7 @@ async def test_the_turns_annotations_and_compacted_mark_stay_on_its_call(
     """After a compaction, a guard's side call takes neither the hook's annotation nor
     gen_ai.conversation.compacted: both land on the turn's chat span."""
 
-    @manage_context(
-        context_window_tokens=100,
-        compression_threshold=0.5,
-        preserve_recent_messages=4,
-        tokenizer=PerMessage(),
-    )
+    @compacting
     class Compacting(Agent):
         pass
 
@@ -214,12 +209,7 @@ async def test_a_capability_makes_a_summary_call_as_manage_context_does(
     ``@manage_context`` makes: the same chat span, the usage in the run's total, no
     ``SideCallFinished`` beside the capability's own events, the turn's call marked."""
 
-    @manage_context(
-        context_window_tokens=100,
-        compression_threshold=0.5,
-        preserve_recent_messages=4,
-        tokenizer=PerMessage(),
-    )
+    @compacting
     class Compacting(Agent):
         settings = {"seed": 1}
 
