@@ -50,6 +50,18 @@ class NoteTaking:
         return text_response("done")
 
 
+def reading(parts: int, words: int) -> list[Message]:
+    """A turn that reads ``parts`` parts with a ``read`` tool, ``words`` words each."""
+    turn = [Message.user(f"Read the {parts} parts.")]
+    for part in range(parts):
+        call = ToolCall(f"c{part}", "read", {"part": part})
+        turn += [
+            Message.assistant(tool_calls=[call]),
+            Message.tool(call.id, f"part {part}: " + "words " * words),
+        ]
+    return [*turn, Message.assistant("Read.")]
+
+
 def test_a_message_holds_no_state_of_the_engine() -> None:
     """A message has no ``__dict__`` to attach a cache to, and its slots are its fields
     and the views derived from its content: nothing of the engine's."""
@@ -114,14 +126,7 @@ class TestNoThrash:
         class Reading(Agent):
             pass
 
-        history: list[Message] = [Message.user("Read the six parts.")]
-        for part in range(6):
-            call = ToolCall(f"c{part}", "read", {"part": part})
-            history += [
-                Message.assistant(tool_calls=[call]),
-                Message.tool(call.id, f"part {part}: " + "words " * 230),  # ~350 tokens
-            ]
-        history.append(Message.assistant("Read."))
+        history = reading(6, words=230)  # ~350 tokens a part
         model = ScriptedModel([text_response("done")])
         result = await Reading(model=model).run("What did they say?", history=history)
         assert result.output == "done"
@@ -138,8 +143,8 @@ class TestNoThrash:
     ) -> None:
         """The summary took everything older than the preserved tail, and the tail's tool
         results still keep the request over 80 % of the threshold: its older results
-        are collapsed too, oldest first (the newest two stay whole), so the next compaction is not due
-        at the next call."""
+        are collapsed too, oldest first (the newest two stay whole), so the next
+        compaction is not due at the next call."""
 
         @manage_context(
             context_window_tokens=2_000, compression_threshold=0.5, preserve_recent_messages=10
@@ -152,14 +157,7 @@ class TestNoThrash:
             for i in range(8)
             for m in (Message.user(f"Question {i}: " + "detail " * 30), Message.assistant("Ok."))
         ]
-        history.append(Message.user("Read the five parts."))
-        for part in range(5):
-            call = ToolCall(f"c{part}", "read", {"part": part})
-            history += [
-                Message.assistant(tool_calls=[call]),
-                Message.tool(call.id, f"part {part}: " + "words " * 100),  # ~150 tokens
-            ]
-        history.append(Message.assistant("Read."))
+        history += reading(5, words=100)  # ~150 tokens a part
         model = ScriptedModel([summarizing(text_response("done"))] * 2)
         await Reading(model=model).run("What did they say?", history=history)
         assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
