@@ -68,6 +68,9 @@ class ScriptedModel:
             natively; the reason it returns (``None``: no problem) makes
             ``output_strategy="auto"`` use the final-result tool for that schema, as a
             provider whose native mode cannot take it.
+        count_prompt_tokens: Called with each request ``count_prompt_tokens`` is asked
+            about (``@manage_context``'s overflow recovery); the figure it returns
+            (``None``: the model cannot tell) plays a provider's token count.
     """
 
     provider = "scripted"
@@ -80,6 +83,7 @@ class ScriptedModel:
         name: str = "scripted",
         supports_output_schema: bool = True,
         output_schema_problem: Callable[[OutputSchema], str | None] | None = None,
+        count_prompt_tokens: Callable[[ModelRequest], int | None] | None = None,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
@@ -115,9 +119,15 @@ class ScriptedModel:
                 "ScriptedModel: output_schema_problem must be a callable or None, "
                 f"not {output_schema_problem!r}"
             )
+        if count_prompt_tokens is not None and not callable(count_prompt_tokens):
+            raise TypeError(
+                "ScriptedModel: count_prompt_tokens must be a callable or None, "
+                f"not {count_prompt_tokens!r}"
+            )
         self._context_window = context_window
         self._name = name
         self._schema_problem = output_schema_problem
+        self._count = count_prompt_tokens
         self.supports_output_schema = supports_output_schema
         self.requests: list[ModelRequest] = []
 
@@ -134,6 +144,12 @@ class ScriptedModel:
     def output_schema_problem(self, schema: OutputSchema) -> str | None:
         """Why ``schema`` is not taken natively, as ``output_schema_problem=`` says."""
         return None if self._schema_problem is None else self._schema_problem(schema)
+
+    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
+        """The prompt tokens of ``request``, as ``count_prompt_tokens=`` says (``None``
+        without it); a checkpoint, as a provider's count is."""
+        await anyio.lowlevel.checkpoint()
+        return None if self._count is None else self._count(request)
 
     @property
     def remaining(self) -> int:

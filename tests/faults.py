@@ -164,6 +164,10 @@ class Chaos:
     """The agent class of the run (``VARIANTS``)."""
     summary_faults: dict[int, tuple[str, float]] = field(factory=dict)
     summaries: int = 0
+    counting: bool = False
+    """The model counts prompt tokens (``count_prompt_tokens``)."""
+    count_faults: dict[int, tuple[str, float]] = field(factory=dict)
+    counts: int = 0
     memory_stalls: dict[int, float] = field(factory=dict)
     memories: int = 0
     chat_calls: list[tuple[int, str]] = field(factory=list)
@@ -172,7 +176,8 @@ class Chaos:
     """(turn, estimated tokens, whether it overflowed without figures, whether an overflow
     with figures had taught the run its scale) of each chat call."""
     calibrated: bool = False
-    """An overflow with figures (of a chat or a summary call) taught the run its scale."""
+    """An overflow with figures (of a chat or a summary call), or the model's count, taught
+    the run its scale."""
     overflows: list[tuple[int, ContextWindowOverflowError]] = field(factory=list)
     """(turn, error) of each overflow the chat calls raised."""
 
@@ -349,6 +354,33 @@ class ChaosModel:
         ]
         message = Message.assistant(text, tool_calls=calls, **ids)
         return ModelResponse(message, StopReason.TOOL_USE)
+
+    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
+        """The request's estimate as the provider's count (``None`` when this run's model
+        does not count), or a fault (an error, a stall, a figure over the window); a stop
+        that lands in it is counted."""
+        chaos = self.chaos
+        if not chaos.counting:
+            return None
+        index = chaos.counts
+        chaos.counts += 1
+        chaos.fired["prompt count"] += 1
+        try:
+            await chaos.point("a prompt count")
+            kind, seconds = chaos.count_faults.get(index, ("", 0.0))
+            if kind:
+                chaos.fired[kind] += 1
+            if kind == "count stall":
+                await anyio.sleep(seconds)
+            elif kind == "count error":
+                raise ProviderUnavailableError("injected count failure", provider="chaos")
+            chaos.calibrated = True  # a figure, as an overflow's
+            if kind == "count over the window":
+                return 10 * WINDOW
+            return estimate_request(request.messages, request.tools, request.settings)
+        except anyio.get_cancelled_exc_class():
+            chaos.fired["stopped in a prompt count"] += 1
+            raise
 
     async def _summary(self, request: ModelRequest) -> ModelResponse:
         """A summary call: notes, or a fault (an error, a stall, an empty text, an
@@ -682,11 +714,22 @@ def _plan_context_faults(rng: random.Random, chaos: Chaos, longest: float) -> No
             chaos.summary_faults[index] = ("summary overflow with figures", float(2 * WINDOW))
         elif roll < 0.42:
             chaos.summary_faults[index] = ("summary at its cap", 0.0)
+    chaos.counting = rng.random() < 0.5
+    for index in range(4):
+        roll = rng.random()
+        if roll < 0.1:
+            chaos.count_faults[index] = ("count error", 0.0)
+        elif roll < 0.2:
+            chaos.count_faults[index] = ("count stall", rng.uniform(0.01, longest))
+        elif roll < 0.25:
+            chaos.count_faults[index] = ("count over the window", 0.0)
     for index in range(6):
         if rng.random() < 0.1:
             chaos.memory_stalls[index] = rng.uniform(0.01, longest)
     if chaos.cancel_at_point is None and rng.random() < 0.15:
-        where = rng.choice(("a summary call", "a compaction record's append", "the memories"))
+        where = rng.choice(
+            ("a summary call", "a compaction record's append", "the memories", "a prompt count")
+        )
         chaos.cancel_at_labelled = (where, rng.randint(0, 1))
 
 

@@ -72,6 +72,12 @@ EXPECTED_FAULTS = {
     "cancel at a compaction record's append",
     "cancel at the memories",
     "stopped in a summary call",
+    "prompt count",
+    "count error",
+    "count stall",
+    "count over the window",
+    "cancel at a prompt count",
+    "stopped in a prompt count",
     "memory stall",
 }
 

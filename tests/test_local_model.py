@@ -696,3 +696,70 @@ async def test_when_no_summary_fits_recovery_falls_back_to_excerpts(
         m for m in result.messages if m.metadata.get("littleghost.compaction.kind") == "collapse"
     ]
     assert excerpts and all(m.text.startswith("[Earlier turn, excerpted:") for m in excerpts)
+
+
+async def test_a_request_is_counted_as_the_server_counts_its_prompt(local: LocalModel) -> None:
+    """count_prompt_tokens gives the prompt size the server itself reports: an overflow's
+    figure, with tools, a tool call, its result and non-Latin text; a usage's input."""
+    call = ToolCall("call_0", "lookup", {"id": 7})
+    messages = [
+        Message.system("You are terse."),
+        Message.user("Look up order 7. Commande n° 7, 注文7番."),
+        Message.assistant(tool_calls=[call]),
+        Message.tool(call.id, json.dumps({"id": 7, "items": list(range(300))})),
+        Message.user("How many items?"),
+    ]
+    tools = Dense(model=local).tool_specs
+    over = ModelRequest(messages, tools, {**SETTINGS, "max_tokens": 8})
+    with pytest.raises(ContextWindowOverflowError) as caught:
+        await local.respond(over)
+    assert await local.count_prompt_tokens(over) == caught.value.prompt_tokens
+    fits = ModelRequest(messages[:2] + messages[-1:], tools, {**SETTINGS, "max_tokens": 8})
+    answered = await local.respond(fits)
+    assert await local.count_prompt_tokens(fits) == answered.usage.input_tokens
+
+
+@manage_context(compression_threshold=1.0, preserve_recent_messages=2)
+class Lenient(Dense):
+    """Compacts only when the server says the prompt is too long."""
+
+
+async def test_a_dense_question_close_to_the_window_is_answered_after_an_uncalibrated_history(
+    local: LocalModel, spans: Spans
+) -> None:
+    """A question of digits that fits the window alone with little to spare, after a
+    prose history that has never been calibrated: the server's count of the compacted
+    request, not the estimate, says when it fits. One overflow, and the retry answers."""
+    history = [
+        message
+        for index in range(6)
+        for message in (
+            Message.user(f"Tell me about the weather in the hills, day {index}. " * 2),
+            Message.assistant("The hills are cloudy and the valleys are warm. " * 2),
+        )
+    ]
+    agent = Lenient(model=local)
+    room = WINDOW - Dense.settings["max_tokens"]
+    system = Message.system(Dense.instructions)
+
+    def question(count: int) -> str:
+        numbers = " ".join(str(10_000 + 7 * i) for i in range(count))
+        return f"{numbers}\nHow many numbers? Answer with one."
+
+    async def alone(count: int) -> int:
+        request = ModelRequest([system, Message.user(question(count))], agent.tool_specs)
+        counted = await local.count_prompt_tokens(request)
+        assert counted is not None
+        return counted
+
+    low, high = 0, 200  # the most numbers that leave 12 tokens of the room, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if await alone(middle) <= room - 12 else (low, middle - 1)
+    assert await alone(low) > room - 30  # close to the window
+    result = await agent.run(question(low), history=history)
+    assert result.output.strip()
+    chats = [s for s in spans.named("chat") if s.attributes["littleghost.purpose"] == "chat"]
+    assert [bool(s.attributes.get("error.type")) for s in chats] == [True, False]
+    counted = chats[-1].attributes["littleghost.compaction.counted_prompt_tokens"]
+    assert counted == chats[-1].attributes["gen_ai.usage.input_tokens"] <= room  # exact

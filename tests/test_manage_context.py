@@ -1115,6 +1115,102 @@ class TestOverflow:
         sizes = counting.sizes
         assert sizes[-2] > 1_000 >= sizes[-1]  # one overflow, and the retry fits
 
+    async def test_a_dense_question_close_to_the_window_is_answered_by_the_models_count(
+        self, spans: Spans
+    ) -> None:
+        """No earlier calibration, and a question too little denser than the history for
+        the estimate to tell (digits, 977 of 1 000 tokens alone): the model counts the
+        compacted request over the window, so recovery compacts further without a model
+        before it retries. One overflow, one retry, and it fits."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6, count_prompt_tokens=counting.count)
+        digits = " ".join(str(10_000 + 7 * i) for i in range(215))
+        result = await Lenient(model=model).run(digits, history=_prose(6))
+        assert result.output == "ok"
+        sizes = counting.sizes
+        assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
+        summary, *further = spans.compactions()  # the summary, then without a model
+        assert "littleghost.compaction.fallback" not in summary
+        assert further and all(e["littleghost.compaction.fallback"] for e in further)
+        retried = spans.named("chat")[-1].attributes or {}
+        assert retried["littleghost.compaction.counted_prompt_tokens"] == sizes[-1]
+
+    async def test_an_overflow_without_a_figure_is_sized_by_the_models_count(
+        self, spans: Spans
+    ) -> None:
+        """A provider's overflow error that says no size: the model's count of the
+        request sizes it, so the recovery is sized to the whole window, not to half."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        counting = Densities(prose=1.5)
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            try:
+                return counting(request)
+            except ContextWindowOverflowError:
+                raise ContextWindowOverflowError("too long") from None  # no figure
+
+        model = ScriptedModel([respond] * 4, count_prompt_tokens=counting.count)
+        result = await Lenient(model=model).run("And the coast?", history=_prose(9))
+        assert result.output == "ok"
+        overflow = spans.compactions()[0]
+        assert overflow["littleghost.compaction.estimated_tokens"] == counting.sizes[0]
+        assert overflow["littleghost.compaction.context_window_tokens"] == 1_000
+
+    async def test_a_count_that_fails_leaves_recovery_to_the_estimate(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A count that raises is logged (its error type only) and recovery goes on by
+        the estimate, as for a model that cannot count."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        def count(request: ModelRequest) -> int:
+            raise ProviderUnavailableError("no count endpoint")
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6, count_prompt_tokens=count)
+        digits = " ".join(str(10_000 + 7 * i) for i in range(200))
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result = await Lenient(model=model).run(digits, history=_prose(6))
+        assert result.output == "ok"
+        assert counting.sizes[0] > 1_000 >= counting.sizes[-1] and len(counting.sizes) == 2
+        warned = [r.getMessage() for r in caplog.records if "counting" in r.getMessage()]
+        assert warned and all("ProviderUnavailableError" in line for line in warned)
+        assert not any("no count endpoint" in r.getMessage() for r in caplog.records)
+
+    async def test_a_request_the_model_counts_over_the_window_is_never_retried(
+        self, spans: Spans
+    ) -> None:
+        """When the model still counts the recovered request over the window, recovery
+        fails with the provider's error (a CompactionError saying the counted size as its
+        cause) instead of a retry that would overflow again."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        counting = Densities(prose=1.5)
+        model = ScriptedModel([counting] * 6, count_prompt_tokens=lambda request: 5_000)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("And the coast?", history=_prose(9))
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert "5000" in str(caught.value.__cause__)
+        assert len(counting.sizes) == 1  # the overflowing call only: no doomed retry
+        assert all(e["littleghost.compaction.reason"] == "overflow" for e in spans.compactions())
+
     async def test_a_calibration_the_overflow_belies_is_corrected(self) -> None:
         """When the history's remembered calibration is off by more than the current
         question can account for (its density bounded), the rest corrects the history's
@@ -1146,7 +1242,7 @@ class TestOverflow:
                 """Numbers."""
                 return " ".join(str(10_000 + 7 * i) for i in range(180))  # about 810 tokens
 
-        counting = Densities()
+        counting = Densities(prose=1.5)
 
         def respond(request: ModelRequest) -> ModelResponse:
             answer = counting(request)
@@ -1341,7 +1437,7 @@ class Densities:
         self.sizes: list[int] = []
 
     def __call__(self, request: ModelRequest) -> ModelResponse:
-        real = sum(int(self.density(m) * estimate_messages([m])) for m in request.messages)
+        real = self.count(request)
         if request.purpose == "context_compaction":
             return text_response("- noted", input_tokens=real)
         self.sizes.append(real)
@@ -1354,6 +1450,10 @@ class Densities:
         if message.role.is_trusted:
             return 1.0
         return 3.0 if sum(c.isdigit() for c in text) > len(text) / 2 else self.prose
+
+    def count(self, request: ModelRequest) -> int:
+        """The prompt tokens of ``request`` (as a model's ``count_prompt_tokens``)."""
+        return sum(int(self.density(m) * estimate_messages([m])) for m in request.messages)
 
 
 def _prose(pairs: int) -> list[Message]:

@@ -502,6 +502,32 @@ class TestWithSummaries:
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
 
+    async def test_a_view_the_model_counts_over_the_window_is_tightened_until_it_fits(
+        self, spans: Spans
+    ) -> None:
+        """summarize=False, and a model that counts three times the estimate: the tighter
+        view is counted over the window, so it is tightened again before the retry."""
+
+        def count(request: ModelRequest) -> int:
+            return 3 * size(request)
+
+        model = ScriptedModel(
+            [
+                ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800),
+                text_response("done"),
+            ],
+            count_prompt_tokens=count,
+        )
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+            "now", history=history(40)
+        )
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests] == ["chat", "chat"]
+        retried = model.requests[1]
+        assert count(retried) + (retried.max_tokens or 0) <= 800
+        chat = spans.named("chat")[-1].attributes or {}
+        assert chat["littleghost.compaction.counted_prompt_tokens"] == count(retried)
+
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
         from littleghost.context.management import estimate_tokens

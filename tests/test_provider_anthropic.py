@@ -344,6 +344,35 @@ async def test_a_setting_the_sdk_does_not_take_fails_an_agent_run(
     assert server.requests == []
 
 
+async def test_the_prompt_is_counted_by_the_count_tokens_endpoint(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """count_prompt_tokens sends what reaches the prompt (system, messages, tools, tool
+    choice) to /v1/messages/count_tokens, never the answer's settings, and reads its
+    figure; an error there is mapped as a call's is."""
+    server = FakeServer(
+        httpx2.Response(200, json={"input_tokens": 1234}),
+        error(529, "overloaded_error", "Overloaded"),
+    )
+    request = ModelRequest(
+        [Message.system("You are terse."), Message.user("hello")],
+        [ADD],
+        {"max_tokens": 50, "stop": "END", "tool_choice": "required"},
+    )
+    model = make_model(server)
+    assert await model.count_prompt_tokens(request) == 1234
+    [sent] = server.requests
+    assert sent.url.path == "/v1/messages/count_tokens"
+    body = server.bodies[0]
+    assert body["system"] == "You are terse."
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    assert [tool["name"] for tool in body["tools"]] == ["add"]
+    assert body["tool_choice"] == {"type": "any"}
+    assert "max_tokens" not in body and "stop_sequences" not in body
+    with pytest.raises(ProviderUnavailableError):
+        await model.count_prompt_tokens(request)
+
+
 async def test_response_translation(make_model: Callable[..., AnthropicModel]) -> None:
     server = FakeServer(
         message(

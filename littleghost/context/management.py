@@ -8,6 +8,7 @@ The README's "Context management" states the rules.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -91,8 +92,13 @@ DENSE_GAP = 1.25
 """An overflow's scale this many times what its summary call measured of the history
 says the current request is denser than the history (a smaller gap is the per-message
 overhead the estimate leaves out, which the summary request has less of)."""
+RECOUNTS = 3
+"""How many more times overflow recovery compacts, without a model, a request the model
+counts over the window (``count_prompt_tokens``) before it gives up."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 """Errors a failed compaction always lets through (cancellation is not an Exception)."""
+
+logger = logging.getLogger("littleghost.context")
 
 
 def manage_context(cls: C | None = None, /, **options: Any) -> Any:
@@ -478,7 +484,7 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    reported = error.prompt_tokens or 0
+    reported = error.prompt_tokens or await _count(request, context) or 0
     # the added part's density, then the history's scale (with what a clamp left over)
     added = reported > 0 and _learn_added(state, request, reported, context, config.tokenizer)
     if reported and (_learn_scale(state, request, reported, context, config.tokenizer) or added):
@@ -522,6 +528,9 @@ async def _recover(
     own size then says how much denser the current request may be (``_margin``), and
     without it recovery aims 20 % under ``fits``.
 
+    When the model counts prompt tokens (``count_prompt_tokens``), that count, not the
+    estimate, says whether the compacted request fits (``_fit_by_count``).
+
     Raises:
         CompactionError: Even the current request alone does not fit.
     """
@@ -536,6 +545,8 @@ async def _recover(
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
+    if compacted is not request and (counted := await _count(compacted, context)) is not None:
+        return await _fit_by_count(compacted, counted, context, config, window, target, fits)
     if safe is None:
         measured = state.measured if compacted is not request else None
         safe = (
@@ -548,7 +559,7 @@ async def _recover(
         if estimated <= safe:
             return compacted
     try:
-        return await _compact(
+        recovered = await _compact(
             compacted,
             context,
             config,
@@ -565,6 +576,71 @@ async def _recover(
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
         raise
+    if compacted is request and (counted := await _count(recovered, context)) is not None:
+        return await _fit_by_count(recovered, counted, context, config, window, target, fits)
+    return recovered
+
+
+async def _count(request: ModelRequest, context: RunContext) -> int | None:
+    """The prompt tokens the run's model counts for ``request`` (its optional
+    ``count_prompt_tokens``); ``None`` when it cannot tell or the count failed (logged)."""
+    count = getattr(context.model, "count_prompt_tokens", None)
+    if count is None:
+        return None
+    try:
+        counted = await count(request)
+    except _UNSTOPPABLE:
+        raise
+    except Exception as error:  # cancellation is not an Exception: it propagates
+        logger.warning(
+            "manage_context: counting the prompt tokens failed (%s)", telemetry.error_type(error)
+        )
+        return None
+    if counted is None or (is_int(counted) and counted > 0):
+        return counted
+    logger.warning(
+        "manage_context: count_prompt_tokens returned a %s, not an int > 0", type(counted).__name__
+    )
+    return None
+
+
+async def _fit_by_count(
+    request: ModelRequest,
+    counted: int,
+    context: RunContext,
+    config: ContextManagement,
+    window: int,
+    target: int,
+    fits: int,
+) -> ModelRequest:
+    """``request``, which the model counted at ``counted`` prompt tokens, once the count
+    and the answer's room are under ``fits``: while they are not, calibrate by the count
+    and compact further without a model (at most ``RECOUNTS`` times), counting again.
+
+    Raises:
+        CompactionError: The model still counts it over ``fits``, or nothing is left to
+            compact.
+    """
+    state = _run(context, config)
+    for recount in range(RECOUNTS + 1):
+        size = counted + (request.max_tokens or 0)
+        if size <= fits:
+            context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
+            return request
+        if recount == RECOUNTS:
+            break
+        _learn_scale(state, request, counted, context, config.tokenizer)
+        request = await _compact(
+            request, context, config, "overflow", size, window, target, limit=fits, fallback=fits
+        )
+        recounted = await _count(request, context)
+        if recounted is None:
+            return request  # the model no longer counts: the estimate says it fits
+        counted = recounted
+    raise CompactionError(
+        f"the model counts {counted} prompt tokens for the compacted request; with its "
+        f"answer's room that is over the {fits}-token window"
+    )
 
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
@@ -843,7 +919,12 @@ async def default_compaction(
 async def _shrink(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
-    """Without summaries, recover from an overflow once with a tighter view."""
+    """Without summaries, recover from an overflow once with a tighter view; when the
+    model counts prompt tokens, tighter still while it counts the view over ``fits``.
+
+    Raises:
+        CompactionError: The model still counts the view over ``fits``.
+    """
     state, budget = _run(context, config), config.budget
     assert budget is not None
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
@@ -853,6 +934,21 @@ async def _shrink(
             limit = budget.limit(fits, request.max_tokens) // 2
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, context, config, budget)
+        counted = await _count(shrunk, context)
+        for _ in range(RECOUNTS):
+            size = 0 if counted is None else counted + (shrunk.max_tokens or 0)
+            if size <= fits:
+                break
+            state.tighter = (context.turn, limit := int(0.9 * limit * fits / size))
+            shrunk, report = await _bounded(request, context, config, budget)
+            counted = await _count(shrunk, context)
+        if counted is not None:
+            if counted + (shrunk.max_tokens or 0) > fits:
+                raise CompactionError(
+                    f"the model counts {counted} prompt tokens for the tightest view; with "
+                    f"its answer's room that is over the {fits}-token window"
+                )
+            context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
         context.annotate_next_call(report.span_attributes())
         outcome.after = state.last_after = report.estimated_prompt_tokens  # the view fitted
         outcome.removed = len(request.messages) - len(shrunk.messages)

@@ -454,6 +454,23 @@ class AnthropicModel:
             raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
         return _response(message)
 
+    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
+        """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
+        its messages, system prompt, tools and the settings that reach the prompt)."""
+        params = self._params(request)
+        try:
+            client = await self._clients.get()
+            count = client.messages.count_tokens
+            accepted = accepted_parameters(count)
+            counted = await count(**{key: v for key, v in params.items() if key in accepted})
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            raise mapped from error
+        tokens = lookup(counted, "input_tokens")
+        return tokens if isinstance(tokens, int) and tokens > 0 else None
+
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.
 

@@ -340,7 +340,10 @@ class Model(Protocol):
     ``output_schema``, the provider's native structured output) and
     ``output_schema_problem(schema)``, which names why its native structured output
     cannot take a given ``OutputSchema`` (``None`` when it can; without the method every
-    schema is taken), so that ``output_strategy="auto"`` uses the final-result tool.
+    schema is taken), so that ``output_strategy="auto"`` uses the final-result tool, and
+    ``async count_prompt_tokens(request)``, the prompt tokens the provider counts for a
+    request (``None`` when it cannot tell), by which ``@manage_context``'s overflow
+    recovery checks the request it retries.
 
     A model that talks to a server over HTTP may also have ``server_address`` (the
     server's host name or IP address, ``str``) and ``server_port`` (``int``), read when
