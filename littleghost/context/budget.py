@@ -23,7 +23,6 @@ from littleghost.context.tokens import (
     ByteEstimator,
     Estimates,
     Tokenizer,
-    cache_key,
     counter,
     tools_text,
 )
@@ -249,7 +248,7 @@ class _Cuts:
                     high = middle - 1
             return best
 
-        key = ("shrink", max_tokens, kinds, cache_key(self.estimate.tokenizer))
+        key = ("shrink", max_tokens, kinds, self.estimate)  # per tokenizer, as the estimates
         return self.index.derived(message, key, make)
 
     def cut_results(self, message: Message, max_tokens: int) -> Message:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from littleghost.context.groups import Layout
-from littleghost.context.tokens import Estimates, Tokenizer, cache_key
+from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.messages import Message
 
 __all__ = ["RECENT_LOGS", "LogIndex"]
@@ -35,7 +35,7 @@ class LogIndex:
         self,
         log: tuple[Message, ...],
         layout: Layout,
-        estimates: dict[str, Estimates] | None = None,
+        estimates: dict[Any, Estimates] | None = None,
         derived: dict[tuple[Any, ...], tuple[Message, Message]] | None = None,
     ) -> None:
         self.log = log
@@ -83,8 +83,14 @@ class LogIndex:
         return LogIndex(log, Layout.build(log), self._estimates, self._derived)
 
     def estimates(self, tokenizer: Tokenizer) -> Estimates:
-        """The token estimates of this log's messages by ``tokenizer``."""
-        key = cache_key(tokenizer)
+        """The token estimates of this log's messages by ``tokenizer``: equal hashable
+        tokenizers share them, an unhashable one has its own (they keep it, so its id
+        stays its own while the index lives)."""
+        key: Any = tokenizer
+        try:
+            hash(tokenizer)
+        except TypeError:
+            key = id(tokenizer)
         estimates = self._estimates.get(key)
         if estimates is None:
             estimates = self._estimates[key] = Estimates(tokenizer)

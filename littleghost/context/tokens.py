@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import weakref
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import field, frozen
@@ -20,7 +18,6 @@ __all__ = [
     "CharacterEstimator",
     "Estimates",
     "Tokenizer",
-    "cache_key",
     "estimate_message",
     "estimate_messages",
     "estimate_request",
@@ -126,49 +123,6 @@ def prompt_text(message: Message) -> str:
             result: ToolResult = part  # type: ignore[assignment]
             pieces.append(f'{{"tool_call_id":"{result.call_id}","content":"{result.content}"}}')
     return "".join(pieces)
-
-
-_KEYS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-"""The keys of hashable tokenizers by value, while one of the equal tokenizers lives."""
-_STRONG_KEYS: dict[Any, str] = {}
-"""The keys of hashable tokenizers that cannot be weakly referenced, by value (kept)."""
-_BY_IDENTITY: dict[int, str] = {}
-"""The keys of unhashable tokenizers by ``id()``, each dropped when its tokenizer is
-collected (so a later object with that id gets a key of its own)."""
-_KEPT: list[object] = []
-"""Unhashable tokenizers that cannot be weakly referenced either, kept so their ids stay
-theirs."""
-_SERIAL = itertools.count()
-
-
-def cache_key(tokenizer: Tokenizer) -> str:
-    """A key for ``tokenizer``'s counts: equal hashable tokenizers share it, an unhashable
-    one is keyed by identity. Only a tokenizer that cannot be weakly referenced is kept
-    alive by its key (one per value if hashable, else one per object)."""
-    try:
-        hash(tokenizer)
-    except TypeError:
-        return _identity_key(tokenizer)
-    try:
-        key = _KEYS.get(tokenizer)
-        table: MutableMapping[Any, str] = _KEYS
-    except TypeError:  # not weakly referable
-        key = _STRONG_KEYS.get(tokenizer)
-        table = _STRONG_KEYS
-    if key is None:
-        key = table.setdefault(tokenizer, f"tokens#{next(_SERIAL)}")
-    return key
-
-
-def _identity_key(tokenizer: Tokenizer) -> str:
-    key = _BY_IDENTITY.get(id(tokenizer))
-    if key is None:
-        key = _BY_IDENTITY[id(tokenizer)] = f"tokens#{next(_SERIAL)}"
-        try:
-            weakref.finalize(tokenizer, _BY_IDENTITY.pop, id(tokenizer), None)
-        except TypeError:
-            _KEPT.append(tokenizer)
-    return key
 
 
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
