@@ -520,6 +520,15 @@ class _Stepwise:
         """``target``, by default: the trigger no longer holds."""
         return negate(self.trigger) if self.target is None else self.target
 
+    async def compact(self, state: CompactionState, /) -> None:
+        """Apply the strategy to ``state``."""
+        if self.trigger(state):
+            await self._steps(state)
+
+    async def _steps(self, state: CompactionState) -> None:
+        """Step toward the goal (the trigger held)."""
+        raise NotImplementedError
+
 
 @frozen(kw_only=True)
 class Truncation(_Stepwise):
@@ -534,10 +543,7 @@ class Truncation(_Stepwise):
 
     minimum_preserved: int = field(default=32, validator=count("Truncation.minimum_preserved"))
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if not self.trigger(state):
-            return
+    async def _steps(self, state: CompactionState) -> None:
         end = state.newest(self.minimum_preserved)
         state.exclude_oldest(end, self.goal)
 
@@ -572,10 +578,7 @@ class SlidingWindow(_Stepwise):
                 "SlidingWindow takes exactly one of keep_last_turns= and keep_last_groups="
             )
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if not self.trigger(state):
-            return
+    async def _steps(self, state: CompactionState) -> None:
         goal = self.goal
         protected = state.newest(self.minimum_preserved)
         if self.keep_last_groups is not None:
@@ -685,11 +688,9 @@ class ToolResultCompaction(_Stepwise):
         default=400, validator=count("ToolResultCompaction.max_result_chars", 16)
     )
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if self.trigger(state):
-            text = partial(collapse_text, max_result_chars=self.max_result_chars)
-            _tool_groups(state, self.keep_last_tool_call_groups, self.goal, text)
+    async def _steps(self, state: CompactionState) -> None:
+        text = partial(collapse_text, max_result_chars=self.max_result_chars)
+        _tool_groups(state, self.keep_last_tool_call_groups, self.goal, text)
 
 
 @frozen(kw_only=True)
@@ -706,10 +707,8 @@ class SelectiveToolCallCompaction(_Stepwise):
         default=2, validator=count("SelectiveToolCallCompaction.keep_last_tool_call_groups")
     )
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if self.trigger(state):
-            _tool_groups(state, self.keep_last_tool_call_groups, self.goal, None)
+    async def _steps(self, state: CompactionState) -> None:
+        _tool_groups(state, self.keep_last_tool_call_groups, self.goal, None)
 
 
 @frozen(kw_only=True)
@@ -729,10 +728,7 @@ class TurnExcerpts(_Stepwise):
     excerpt_chars: int = field(default=160, validator=count("TurnExcerpts.excerpt_chars", 16))
     minimum_preserved: int = field(default=1, validator=count("TurnExcerpts.minimum_preserved"))
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if not self.trigger(state):
-            return
+    async def _steps(self, state: CompactionState) -> None:
         goal = self.goal
         end = state.newest(self.minimum_preserved)
         while 0 < end < state.slots and state.kind(end) != USER:
@@ -865,10 +861,7 @@ class Summarization(_Stepwise):
         ),
     )
 
-    async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
-        if not self.trigger(state):
-            return
+    async def _steps(self, state: CompactionState) -> None:
         complete = self._complete(state)
         target = self.goal
         if self.mask_tool_results is not None:
