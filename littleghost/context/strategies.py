@@ -477,13 +477,13 @@ class CompactionStrategy(Protocol):
         ...
 
 
-def check_strategy(name: str, value: object) -> None:
+def check_strategy(name: str, value: object, wanted: str = "must be a compaction strategy") -> None:
     """``ConfigurationError`` naming ``name`` unless ``value`` is a compaction strategy: an
-    object (not a class) whose ``compact`` is a coroutine function taking the state."""
+    object (not a class) whose ``compact`` is a coroutine function taking the state;
+    ``wanted`` says what ``name`` wants when ``value`` has no ``compact``."""
     if not has_method("compact")(value):
         raise ConfigurationError(
-            f"{name} must be a compaction strategy (with async compact(state)), "
-            f"not {wrong_value(value)}"
+            f"{name} {wanted} (with async compact(state)), not {wrong_value(value)}"
         )
     compact = cast(Any, value).compact
     what = f"{name}: {type(value).__name__}.compact"
@@ -987,11 +987,7 @@ def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
         raise ConfigurationError(f"{name} must be a sequence of strategies, not {value!r}")
     strategies = tuple(value)
     for strategy in strategies:
-        if not has_method("compact")(strategy):
-            raise ConfigurationError(
-                f"{name} takes strategies (with async compact(state)), not {wrong_value(strategy)}"
-            )
-        check_strategy(name, strategy)
+        check_strategy(name, strategy, "takes strategies")
     return strategies
 
 
