@@ -101,7 +101,6 @@ class Layout:
         "kinds",
         "late",
         "members",
-        "message_count",
         "misplaced",
         "open_calls",
         "orphans",
@@ -135,7 +134,6 @@ class Layout:
         self.shown: set[str] = set()
         self.pending: list[Message] = []
         self.system_open = False
-        self.message_count = 0
 
     @classmethod
     def build(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
@@ -169,13 +167,11 @@ class Layout:
         layout.members = list(self.members)
         layout.slot_of = dict(self.slot_of)
         layout.pending, layout.system_open = self.pending, self.system_open
-        layout.message_count = self.message_count
         layout.scan(log, start)
         for owner, position in layout.late:
             slot = layout.slot_of.get(owner)
             if slot is not None:
                 layout.members[slot] = [*layout.members[slot], log[position]]
-                layout.message_count += 1
         layout._lay_out(log, start)
         return layout
 
@@ -253,7 +249,6 @@ class Layout:
         slot_of = self.slot_of
         pending = self.pending
         system_open = self.system_open
-        count = self.message_count
         orphans = set() if records else set(self.orphans)
         for position in range(start, len(log)):
             message = log[position]
@@ -278,7 +273,6 @@ class Layout:
                 group = [message]
                 kind = TOOL_CALL
             elif role is _SYSTEM or role is _DEVELOPER:
-                count += 1
                 if system_open:
                     members[-1] = [*members[-1], message]
                 else:
@@ -308,17 +302,19 @@ class Layout:
             if pending:  # the summaries stand before the first non-trusted group
                 kinds.extend([SUMMARY] * len(pending))
                 members.extend([summary] for summary in pending)
-                count += len(pending)
                 pending = []
             system_open = False
             if role is _ASSISTANT and kind == TOOL_CALL:
                 slot_of[position] = len(kinds)
             kinds.append(kind)
             members.append(group)
-            count += len(group)
         self.pending = pending
         self.system_open = system_open
-        self.message_count = count
+
+    @property
+    def message_count(self) -> int:
+        """How many messages the groups hold (pending summaries aside)."""
+        return sum(map(len, self.members))
 
     def slots(self) -> tuple[list[GroupKind], list[list[Message]]]:
         """The groups as parallel lists, pending summaries as the last groups."""
