@@ -138,10 +138,16 @@ class Layout:
     @classmethod
     def build(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
         """The layout of ``log`` (with ``records=False``: of a plain sequence)."""
-        layout = cls(records=records)
-        layout.scan(log)
+        layout = cls.scanned(log, records=records)
         layout.pending = [s for s in layout.summaries if s.id not in layout.hidden]
         layout._lay_out(log, 0)
+        return layout
+
+    @classmethod
+    def scanned(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
+        """``log``'s records and pairing read (pass 1), its groups not laid out."""
+        layout = cls(records=records)
+        layout.scan(log)
         return layout
 
     def extend(self, log: Sequence[Message]) -> Layout | None:
@@ -364,8 +370,7 @@ def result_calls(log: Sequence[Message]) -> dict[tuple[int, int], tuple[int, int
     """The call each tool result of ``log`` answers, by the pairing rule: ``(position,
     index)`` of a result (its tool message's position, its index among that message's
     results) to ``(position, index)`` of its call; a result that answers none is absent."""
-    layout = Layout(records=False)
-    layout.scan(log)
+    layout = Layout.scanned(log, records=False)
     skip: dict[int, Counter[str]] = {}  # a message's misplaced results follow its paired ones
     for position, call_id in layout.misplaced:
         skip.setdefault(position, Counter())[call_id] += 1

@@ -30,20 +30,14 @@ def build_view(log: Sequence[Message]) -> tuple[Message, ...]:
     return tuple(Layout.build(log).messages())
 
 
-def _paired(log: Sequence[Message]) -> Layout:
-    layout = Layout()
-    layout.scan(log)
-    return layout
-
-
 def unanswered_calls(log: Sequence[Message]) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every tool call in ``log`` that has no result."""
-    return _paired(log).unanswered(log)
+    return Layout.scanned(log).unanswered(log)
 
 
 def orphan_results(log: Sequence[Message]) -> list[int]:
     """Positions of tool messages whose call is not in ``log``."""
-    return _paired(log).orphans
+    return Layout.scanned(log).orphans
 
 
 def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
@@ -53,7 +47,7 @@ def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[t
     another assistant message's. The view cannot show such a result in its place.
     ``orphans=False`` leaves out the results of tool messages that answer no call at all
     (``orphan_results``: the view leaves those out whole)."""
-    layout = _paired(log)
+    layout = Layout.scanned(log)
     if orphans:
         return layout.misplaced
     whole = set(layout.orphans)
