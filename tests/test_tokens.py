@@ -121,8 +121,7 @@ class SlottedCounter:
 @pytest.mark.parametrize("kind", [HashableCounter, DataclassCounter, SlottedCounter])
 async def test_tokenizers_made_per_call_are_not_kept_alive(kind: type[Any]) -> None:
     """A tokenizer made for one ``apply_compaction`` call (or one agent class) is freed
-    once the engine's few recent logs (``RECENT_LOGS``) no longer hold it; of equal ones
-    that cannot be weakly referenced, one is kept."""
+    once the engine's few recent logs (``RECENT_LOGS``) no longer hold it."""
     for n in range(30):
         log = [Message.user(f"question {n} " * 20), Message.assistant("answer " * 20)]
         await apply_compaction(log, TokenBudget(token_budget=50), tokenizer=kind())
