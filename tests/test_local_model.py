@@ -39,6 +39,7 @@ from littleghost.errors import (
 from littleghost.events import TextDelta
 from littleghost.models import ModelRequest, StopReason, resolve
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
+from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import StreamDone, TextChunk
 from tests._local_server import (
     local_model_or_skip,
@@ -700,7 +701,8 @@ async def test_when_no_summary_fits_recovery_falls_back_to_excerpts(
 
 async def test_a_request_is_counted_as_the_server_counts_its_prompt(local: LocalModel) -> None:
     """count_prompt_tokens gives the prompt size the server itself reports: an overflow's
-    figure, with tools, a tool call, its result and non-Latin text; a usage's input."""
+    figure, with tools, a tool call, its result and non-Latin text; a usage's input. An
+    OpenAIModel pointed at the server counts the same."""
     call = ToolCall("call_0", "lookup", {"id": 7})
     messages = [
         Message.system("You are terse."),
@@ -717,6 +719,11 @@ async def test_a_request_is_counted_as_the_server_counts_its_prompt(local: Local
     fits = ModelRequest(messages[:2] + messages[-1:], tools, {**SETTINGS, "max_tokens": 8})
     answered = await local.respond(fits)
     assert await local.count_prompt_tokens(fits) == answered.usage.input_tokens
+    compatible = OpenAIModel("smollm2", base_url=local.base_url, api_key=local.api_key)
+    try:
+        assert await compatible.count_prompt_tokens(over) == caught.value.prompt_tokens
+    finally:
+        await compatible.aclose()
 
 
 @manage_context(compression_threshold=1.0, preserve_recent_messages=2)

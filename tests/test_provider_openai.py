@@ -165,6 +165,35 @@ ADD = ToolSpec(
 )
 
 
+async def test_a_llama_cpp_server_counts_the_prompt(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """count_prompt_tokens asks a compatible server for the chat template applied to the
+    messages and tools (/apply-template), then for its tokens (/tokenize); a server
+    without those endpoints is asked once, OpenAI's own API never."""
+    server = FakeServer(
+        httpx2.Response(200, json={"prompt": "<|user|>hello<|end|>"}),
+        httpx2.Response(200, json={"tokens": [1, 2, 3, 4, 5]}),
+        error(404, {"error": {"message": "File Not Found", "code": 404}}),
+    )
+    request = ModelRequest([Message.user("hello")], [ADD], {"max_tokens": 50})
+    model = make_model(server, base_url="http://127.0.0.1:8080/v1")
+    assert await model.count_prompt_tokens(request) == 5
+    applied, tokenized = server.requests
+    assert (applied.url.path, tokenized.url.path) == ("/apply-template", "/tokenize")
+    template, tokens = server.bodies
+    assert template["messages"] == [{"role": "user", "content": "hello"}]
+    assert [tool["function"]["name"] for tool in template["tools"]] == ["add"]
+    assert "max_tokens" not in template
+    assert tokens == {"content": "<|user|>hello<|end|>", "add_special": True, "parse_special": True}
+    other = make_model(server, base_url="http://127.0.0.1:8000/v1")
+    assert await other.count_prompt_tokens(request) is None
+    assert await other.count_prompt_tokens(request) is None
+    assert len(server.requests) == 3  # asked once
+    official = make_model(FakeServer())
+    assert await official.count_prompt_tokens(request) is None
+
+
 async def test_request_translation_for_openai(make_model: Callable[..., OpenAIModel]) -> None:
     server = FakeServer(completion({"content": "ok"}))
     model = make_model(server)

@@ -41,7 +41,7 @@ from attrs import define, field
 
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
-from littleghost.models._sdk import import_sdk, lookup
+from littleghost.models._sdk import import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
@@ -336,32 +336,6 @@ class _ServerChat(OpenAIModel):
         """llama.cpp's own ``json_schema``: the schema becomes a grammar the sampler
         follows."""
         return {"json_schema": dict(output.schema)}
-
-    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
-        """The prompt tokens the server counts for ``request``: its messages and tools
-        through the model's chat template (``POST /apply-template``), then tokenized as a
-        chat completion's prompt is (``POST /tokenize``)."""
-        params = self._params(request)
-        body = {key: params[key] for key in ("messages", "tools") if key in params}
-        try:
-            client = await self._clients.get()
-            root = str(client.base_url).rstrip("/").removesuffix("/v1")
-            applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
-            prompt = lookup(applied, "prompt")
-            if not isinstance(prompt, str):
-                return None
-            tokenized = await client.post(
-                f"{root}/tokenize",
-                body={"content": prompt, "add_special": True, "parse_special": True},
-                cast_to=object,
-            )
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
-        tokens = lookup(tokenized, "tokens")
-        return len(tokens) if isinstance(tokens, list) else None
 
 
 def _base_url(port: int) -> str:

@@ -306,6 +306,8 @@ class OpenAIModel:
         self._probing_lock = threading.Lock()
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
+        self._counts = True
+        """False once the server showed it has no llama.cpp token-counting endpoints."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @staticmethod
@@ -414,6 +416,38 @@ class OpenAIModel:
         if extra:
             params["extra_body"] = extra
         return params
+
+    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
+        """The prompt tokens a llama.cpp server counts for ``request``: its messages and
+        tools through the model's chat template (``POST /apply-template``), then tokenized
+        as a chat completion's prompt is (``POST /tokenize``). ``None`` for OpenAI's own
+        API, and from then on for a server without those endpoints (404, 405 or 501)."""
+        if self._official or not self._counts:
+            return None
+        params = self._params(request)
+        body = {key: params[key] for key in ("messages", "tools") if key in params}
+        try:
+            client = await self._clients.get()
+            root = str(client.base_url).rstrip("/").removesuffix("/v1")
+            applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
+            prompt = lookup(applied, "prompt")
+            if not isinstance(prompt, str):
+                return None
+            tokenized = await client.post(
+                f"{root}/tokenize",
+                body={"content": prompt, "add_special": True, "parse_special": True},
+                cast_to=object,
+            )
+        except Exception as error:
+            mapped = self._error(error)
+            if mapped is None:
+                raise
+            if mapped.status in (404, 405, 501):
+                self._counts = False
+                return None
+            raise mapped from error
+        tokens = lookup(tokenized, "tokens")
+        return len(tokens) if isinstance(tokens, list) else None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
