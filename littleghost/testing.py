@@ -48,6 +48,8 @@ Step = (
     | Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
 )
 """A response to return, an exception to raise, or a callable that answers the request."""
+Count = Callable[[ModelRequest], int | Awaitable[int | None] | None]
+"""Plays a provider's prompt-token count (``ScriptedModel(count_prompt_tokens=...)``)."""
 
 
 class ScriptedModel:
@@ -68,9 +70,10 @@ class ScriptedModel:
             natively; the reason it returns (``None``: no problem) makes
             ``output_strategy="auto"`` use the final-result tool for that schema, as a
             provider whose native mode cannot take it.
-        count_prompt_tokens: Called with each request ``count_prompt_tokens`` is asked
-            about (``@manage_context``'s overflow recovery); the figure it returns
-            (``None``: the model cannot tell) plays a provider's token count.
+        count_prompt_tokens: Called (sync or async) with each request
+            ``count_prompt_tokens`` is asked about (``@manage_context``'s overflow
+            recovery); the figure it returns (``None``: the model cannot tell) plays a
+            provider's token count.
     """
 
     provider = "scripted"
@@ -83,7 +86,7 @@ class ScriptedModel:
         name: str = "scripted",
         supports_output_schema: bool = True,
         output_schema_problem: Callable[[OutputSchema], str | None] | None = None,
-        count_prompt_tokens: Callable[[ModelRequest], int | None] | None = None,
+        count_prompt_tokens: Count | None = None,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
@@ -149,7 +152,8 @@ class ScriptedModel:
         """The prompt tokens of ``request``, as ``count_prompt_tokens=`` says (``None``
         without it); a checkpoint, as a provider's count is."""
         await anyio.lowlevel.checkpoint()
-        return None if self._count is None else self._count(request)
+        counted = None if self._count is None else self._count(request)
+        return await counted if inspect.isawaitable(counted) else counted
 
     @property
     def remaining(self) -> int:

@@ -1141,6 +1141,41 @@ class TestOverflow:
         retried = spans.named("chat")[-1].attributes or {}
         assert retried["littleghost.compaction.counted_prompt_tokens"] == sizes[-1]
 
+    @pytest.mark.parametrize("summary", ["fails", "is digits"])
+    async def test_a_question_lighter_than_the_history_is_answered_by_the_models_count(
+        self, summary: str
+    ) -> None:
+        """The reverse: a history of digits (three times the estimate) and a prose
+        question that fits alone by the model's count (nine tenths of the window). The
+        overflow's scale would size the question as dense as the history and give up;
+        the model's count of the question alone sizes it, so the model-free steps leave
+        room for it, whether the summary call fails or comes back as dense digits."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        counting = Densities()
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose != "context_compaction":
+                return counting(request)
+            if summary == "fails":
+                raise ProviderUnavailableError("summarizer down")
+            return text_response(" ".join(str(20_000 + i) for i in range(60)))
+
+        digits = [" ".join(str(10_000 + 7 * i + turn) for i in range(30)) for turn in range(8)]
+        history = [
+            Message.user(digits[i]) if i % 2 == 0 else Message.assistant(digits[i])
+            for i in range(8)
+        ]
+        question = "Please describe the coast and the hills in some detail. " * 54
+        model = ScriptedModel([respond] * 6, count_prompt_tokens=counting.count)
+        result = await Lenient(model=model).run(question, history=history)
+        assert result.output == "ok"
+        assert counting.sizes[0] > 1_000 >= counting.sizes[-1] >= 900  # the question, whole
+        assert len(counting.sizes) == 2  # one overflow, one retry
+
     async def test_an_overflow_without_a_figure_is_sized_by_the_models_count(
         self, spans: Spans
     ) -> None:
@@ -1194,9 +1229,9 @@ class TestOverflow:
     async def test_a_request_the_model_counts_over_the_window_is_never_retried(
         self, spans: Spans
     ) -> None:
-        """When the model still counts the recovered request over the window, recovery
-        fails with the provider's error (a CompactionError saying the counted size as its
-        cause) instead of a retry that would overflow again."""
+        """When the model counts even the current request alone over the window, recovery
+        fails with the provider's error (a CompactionError saying so as its cause) instead
+        of a retry that would overflow again."""
 
         @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
         class Lenient(Agent):
@@ -1207,9 +1242,37 @@ class TestOverflow:
         with pytest.raises(ContextWindowOverflowError) as caught:
             await Lenient(model=model).run("And the coast?", history=_prose(9))
         assert isinstance(caught.value.__cause__, CompactionError)
-        assert "5000" in str(caught.value.__cause__)
+        assert "current request alone does not fit" in str(caught.value.__cause__)
         assert len(counting.sizes) == 1  # the overflowing call only: no doomed retry
         assert all(e["littleghost.compaction.reason"] == "overflow" for e in spans.compactions())
+
+    async def test_a_request_counted_at_the_whole_window_is_not_retried(self) -> None:
+        """A request counted at exactly the window leaves its answer no room (llama.cpp
+        refuses such a prompt even without max_tokens): it is never retried."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+
+        counting = Densities(prose=1.5)
+
+        def count(request: ModelRequest) -> int:
+            summarized = any(message.is_summary for message in request.messages)
+            return 1_000 if summarized else counting.count(request)
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            counting.sizes.append(size := count(request))
+            if size >= 1_000:  # as llama.cpp: no room to answer
+                raise ContextWindowOverflowError("too long", prompt_tokens=size)
+            return text_response("ok")
+
+        model = ScriptedModel([respond] * 4, count_prompt_tokens=count)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("And the coast?", history=_prose(9))
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert len(counting.sizes) == 1  # the overflowing call only
 
     async def test_a_calibration_the_overflow_belies_is_corrected(self) -> None:
         """When the history's remembered calibration is off by more than the current

@@ -168,15 +168,17 @@ ADD = ToolSpec(
 async def test_a_llama_cpp_server_counts_the_prompt(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
-    """count_prompt_tokens asks a compatible server for the chat template applied to the
-    messages and tools (/apply-template), then for its tokens (/tokenize); a server
-    without those endpoints is asked once, OpenAI's own API never."""
+    """count_prompt_tokens asks a compatible server for the chat request through its
+    template (/apply-template: messages, tools and what the template reads, such as
+    chat_template_kwargs), then for its tokens (/tokenize). A server that turns the
+    endpoints down is asked once; a transient failure raises; OpenAI's own API is never
+    asked."""
     server = FakeServer(
         httpx2.Response(200, json={"prompt": "<|user|>hello<|end|>"}),
         httpx2.Response(200, json={"tokens": [1, 2, 3, 4, 5]}),
-        error(404, {"error": {"message": "File Not Found", "code": 404}}),
     )
-    request = ModelRequest([Message.user("hello")], [ADD], {"max_tokens": 50})
+    settings = {"max_tokens": 50, "chat_template_kwargs": {"enable_thinking": False}}
+    request = ModelRequest([Message.user("hello")], [ADD], settings)
     model = make_model(server, base_url="http://127.0.0.1:8080/v1")
     assert await model.count_prompt_tokens(request) == 5
     applied, tokenized = server.requests
@@ -184,12 +186,24 @@ async def test_a_llama_cpp_server_counts_the_prompt(
     template, tokens = server.bodies
     assert template["messages"] == [{"role": "user", "content": "hello"}]
     assert [tool["function"]["name"] for tool in template["tools"]] == ["add"]
-    assert "max_tokens" not in template
+    assert template["chat_template_kwargs"] == {"enable_thinking": False}
     assert tokens == {"content": "<|user|>hello<|end|>", "add_special": True, "parse_special": True}
-    other = make_model(server, base_url="http://127.0.0.1:8000/v1")
-    assert await other.count_prompt_tokens(request) is None
-    assert await other.count_prompt_tokens(request) is None
-    assert len(server.requests) == 3  # asked once
+    for refusal in (
+        error(404, {"error": {"message": "File Not Found", "code": 404}}),
+        error(400, {"error": {"message": "unknown route"}}),
+        error(401, {"error": {"message": "no such key"}}),
+        httpx2.Response(200, json={"object": "error"}),
+    ):
+        other = FakeServer(refusal)
+        refused = make_model(other, base_url="http://127.0.0.1:8000/v1")
+        assert await refused.count_prompt_tokens(request) is None
+        assert await refused.count_prompt_tokens(request) is None
+        assert len(other.requests) == 1  # asked once
+    busy = make_model(
+        FakeServer(error(503, {"error": {"message": "loading"}})), base_url="http://h:1/v1"
+    )
+    with pytest.raises(ProviderUnavailableError):
+        await busy.count_prompt_tokens(request)
     official = make_model(FakeServer())
     assert await official.count_prompt_tokens(request) is None
 

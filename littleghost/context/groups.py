@@ -317,11 +317,6 @@ class Layout:
         self.pending = pending
         self.system_open = system_open
 
-    @property
-    def message_count(self) -> int:
-        """How many messages the groups hold (pending summaries aside)."""
-        return sum(map(len, self.members))
-
     def slots(self) -> tuple[list[GroupKind], list[list[Message]]]:
         """The groups as parallel lists, pending summaries as the last groups."""
         if not self.pending:

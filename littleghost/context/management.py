@@ -332,6 +332,28 @@ def _learn_added(
     return True
 
 
+async def _learn_turn(
+    state: _Run, request: ModelRequest, context: RunContext, tokenizer: Tokenizer
+) -> bool:
+    """With a model that counts prompt tokens: the current turn's density, from its count
+    of the turn alone with the instructions and tool schemas (``dense``, replacing what an
+    estimate said); False when the model cannot tell."""
+    start = _turn_start(request, context)
+    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
+    if start == len(request.messages):
+        return False
+    counted = await _count(attrs.evolve(request, messages=alone), context)
+    fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
+    fixed += _schema_estimate(request, tokenizer)
+    if counted is None or counted <= fixed or scaled <= 0:
+        return False
+    density = min(max((counted - fixed) / scaled, MIN_SCALE), MAX_SCALE)
+    for message in request.messages[start:]:
+        if message.id not in state.real and not message.role.is_trusted:
+            state.dense[message.id] = density
+    return True
+
+
 def reaches(estimated: int, threshold: float, window: int) -> bool:
     """``estimated >= threshold × window``, exactly (0.55 × 200 000 is 110 000)."""
     return Decimal(estimated) >= Decimal(repr(threshold)) * window
@@ -485,8 +507,12 @@ async def _compact_after_overflow(
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
     reported = error.prompt_tokens or await _count(request, context) or 0
-    # the added part's density, then the history's scale (with what a clamp left over)
-    added = reported > 0 and _learn_added(state, request, reported, context, config.tokenizer)
+    # the current turn's or the added part's density, then the history's scale (with what
+    # a clamp left over)
+    added = reported > 0 and (
+        await _learn_turn(state, request, context, config.tokenizer)
+        or _learn_added(state, request, reported, context, config.tokenizer)
+    )
     if reported and (_learn_scale(state, request, reported, context, config.tokenizer) or added):
         estimated = reported + (request.max_tokens or 0)
     else:
@@ -623,7 +649,7 @@ async def _fit_by_count(
     """
     state = _run(context, config)
     for recount in range(RECOUNTS + 1):
-        size = counted + (request.max_tokens or 0)
+        size = counted + _answer_room(request)
         if size <= fits:
             context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
             return request
@@ -641,6 +667,12 @@ async def _fit_by_count(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
         f"answer's room that is over the {fits}-token window"
     )
+
+
+def _answer_room(request: ModelRequest) -> int:
+    """The room a counted request's answer needs: its ``max_tokens``, and at least one
+    token (a server needs one to answer: llama.cpp refuses a prompt of its whole window)."""
+    return max(request.max_tokens or 0, 1)
 
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
@@ -843,14 +875,20 @@ def _margin(
     run = context.state_for(_Run, _Run)
     if run.scale <= DENSE_GAP * measured:
         return 0
+    earlier = request.messages[: _turn_start(request, context)]
+    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
+    return math.ceil((run.scale - measured) * history)
+
+
+def _turn_start(request: ModelRequest, context: RunContext) -> int:
+    """Where the current turn starts in ``request``: its last user message that the run's
+    log holds and that is no summary (the end of the request when there is none)."""
     logged = [
         i
         for i, m in enumerate(request.messages)
         if m.role is Role.USER and context.has_message(m.id) and not m.is_summary
     ]
-    earlier = request.messages[: logged[-1] if logged else len(request.messages)]
-    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
-    return math.ceil((run.scale - measured) * history)
+    return logged[-1] if logged else len(request.messages)
 
 
 def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
@@ -936,14 +974,14 @@ async def _shrink(
         shrunk, report = await _bounded(request, context, config, budget)
         counted = await _count(shrunk, context)
         for _ in range(RECOUNTS):
-            size = 0 if counted is None else counted + (shrunk.max_tokens or 0)
+            size = 0 if counted is None else counted + _answer_room(shrunk)
             if size <= fits:
                 break
             state.tighter = (context.turn, limit := int(0.9 * limit * fits / size))
             shrunk, report = await _bounded(request, context, config, budget)
             counted = await _count(shrunk, context)
         if counted is not None:
-            if counted + (shrunk.max_tokens or 0) > fits:
+            if counted + _answer_room(shrunk) > fits:
                 raise CompactionError(
                     f"the model counts {counted} prompt tokens for the tightest view; with "
                     f"its answer's room that is over the {fits}-token window"

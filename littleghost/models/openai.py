@@ -418,36 +418,49 @@ class OpenAIModel:
         return params
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
-        """The prompt tokens a llama.cpp server counts for ``request``: its messages and
-        tools through the model's chat template (``POST /apply-template``), then tokenized
-        as a chat completion's prompt is (``POST /tokenize``). ``None`` for OpenAI's own
-        API, and from then on for a server without those endpoints (404, 405 or 501)."""
+        """The prompt tokens a llama.cpp server counts for ``request``: the chat request
+        through the model's chat template (``POST /apply-template``, which reads what the
+        template reads, such as ``chat_template_kwargs``), then tokenized as a completion's
+        prompt is (``POST /tokenize``). ``None`` for OpenAI's own API, and from then on
+        for a server that turns the endpoints down (a client error other than 408 or 429,
+        or an answer without a prompt); a transient failure raises."""
         if self._official or not self._counts:
             return None
         params = self._params(request)
-        body = {key: params[key] for key in ("messages", "tools") if key in params}
+        body = {key: value for key, value in params.items() if key != "extra_body"}
+        body.update(params.get("extra_body", {}))
         try:
             client = await self._clients.get()
             root = str(client.base_url).rstrip("/").removesuffix("/v1")
             applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
             prompt = lookup(applied, "prompt")
-            if not isinstance(prompt, str):
-                return None
-            tokenized = await client.post(
-                f"{root}/tokenize",
-                body={"content": prompt, "add_special": True, "parse_special": True},
-                cast_to=object,
-            )
+            if isinstance(prompt, str):
+                tokenized = await client.post(
+                    f"{root}/tokenize",
+                    body={"content": prompt, "add_special": True, "parse_special": True},
+                    cast_to=object,
+                )
+                tokens = lookup(tokenized, "tokens")
+                if isinstance(tokens, list):
+                    return len(tokens)
         except Exception as error:
             mapped = self._error(error)
             if mapped is None:
                 raise
-            if mapped.status in (404, 405, 501):
-                self._counts = False
-                return None
-            raise mapped from error
-        tokens = lookup(tokenized, "tokens")
-        return len(tokens) if isinstance(tokens, list) else None
+            if (
+                mapped.status is None
+                or not 400 <= mapped.status < 500
+                or mapped.status in (408, 429)
+            ):
+                raise mapped from error
+        self._counts = False
+        logger.debug(
+            "%s: the server of %r has no llama.cpp /apply-template and /tokenize; its prompts "
+            "are not counted",
+            self.provider,
+            self._name,
+        )
+        return None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
