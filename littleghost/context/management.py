@@ -339,9 +339,9 @@ async def _learn_turn(
     of the turn alone with the instructions and tool schemas (``dense``, replacing what an
     estimate said); False when the model cannot tell."""
     start = _turn_start(request, context)
-    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
     if start == len(request.messages):
         return False
+    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
     counted = await _count(attrs.evolve(request, messages=alone), context)
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
     fixed += _schema_estimate(request, tokenizer)
