@@ -329,6 +329,20 @@ async def test_scripted_model_plays_steps_in_order() -> None:
     assert model.requests == [request] * 4
 
 
+async def test_scripted_model_counts_as_its_count_says() -> None:
+    """count_prompt_tokens plays count_prompt_tokens= (sync or async); None without it."""
+
+    async def later(request: ModelRequest) -> int:
+        return 7 * len(request.messages)
+
+    request = ModelRequest([Message.user("hi"), Message.user("there")])
+    assert (
+        await ScriptedModel([], count_prompt_tokens=lambda r: 5).count_prompt_tokens(request) == 5
+    )
+    assert await ScriptedModel([], count_prompt_tokens=later).count_prompt_tokens(request) == 14
+    assert await ScriptedModel([]).count_prompt_tokens(request) is None
+
+
 async def test_scripted_model_raises_protocol_error_when_out_of_steps() -> None:
     """A call past the end of the script raises ProtocolError."""
     model = ScriptedModel([text_response("only")])
@@ -354,6 +368,7 @@ async def test_scripted_model_rejects_a_step_that_returns_junk() -> None:
         ({"steps": [], "context_window": "big"}, "context_window"),
         ({"steps": [], "context_window": True}, "context_window"),
         ({"steps": [], "name": 5}, "name"),
+        ({"steps": [], "count_prompt_tokens": 12}, "count_prompt_tokens"),
     ],
 )
 def test_scripted_model_rejects_wrong_types(kwargs: dict[str, Any], names: str) -> None:
