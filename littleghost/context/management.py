@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -555,7 +555,7 @@ async def _recover(
     without it recovery aims 20 % under ``fits``.
 
     When the model counts prompt tokens (``count_prompt_tokens``), that count, not the
-    estimate, says whether the compacted request fits (``_fit_by_count``).
+    estimate, says whether the compacted request fits (``_counted_fit``).
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -571,8 +571,11 @@ async def _recover(
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
-    if compacted is not request and (counted := await _count(compacted, context)) is not None:
-        return await _fit_by_count(compacted, counted, context, config, window, target, fits)
+    tighten = _without_model(context, config, window, target, fits)
+    if compacted is not request and (
+        fitted := await _counted_fit(compacted, context, fits, tighten)
+    ):
+        return fitted
     if safe is None:
         measured = state.measured if compacted is not request else None
         safe = (
@@ -602,8 +605,8 @@ async def _recover(
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
         raise
-    if compacted is request and (counted := await _count(recovered, context)) is not None:
-        return await _fit_by_count(recovered, counted, context, config, window, target, fits)
+    if compacted is request and (fitted := await _counted_fit(recovered, context, fits, tighten)):
+        return fitted
     return recovered
 
 
@@ -630,35 +633,29 @@ async def _count(request: ModelRequest, context: RunContext) -> int | None:
     return None
 
 
-async def _fit_by_count(
+async def _counted_fit(
     request: ModelRequest,
-    counted: int,
     context: RunContext,
-    config: ContextManagement,
-    window: int,
-    target: int,
     fits: int,
-) -> ModelRequest:
-    """``request``, which the model counted at ``counted`` prompt tokens, once the count
-    and the answer's room are under ``fits``: while they are not, calibrate by the count
-    and compact further without a model (at most ``RECOUNTS`` times), counting again.
+    tighten: Callable[[ModelRequest, int], Awaitable[ModelRequest]],
+) -> ModelRequest | None:
+    """``request`` once the model's count of it and its answer's room are under ``fits``:
+    while they are not, ``tighten(request, count)`` (at most ``RECOUNTS`` times), counting
+    again; ``None`` when the model cannot count it.
 
     Raises:
-        CompactionError: The model still counts it over ``fits``, or nothing is left to
-            compact.
+        CompactionError: The model still counts it over ``fits``.
     """
-    state = _run(context, config)
+    counted = await _count(request, context)
+    if counted is None:
+        return None
     for recount in range(RECOUNTS + 1):
-        size = counted + _answer_room(request)
-        if size <= fits:
+        if counted + _answer_room(request) <= fits:
             context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
             return request
         if recount == RECOUNTS:
             break
-        _learn_scale(state, request, counted, context, config.tokenizer)
-        request = await _compact(
-            request, context, config, "overflow", size, window, target, limit=fits, fallback=fits
-        )
+        request = await tighten(request, counted)
         recounted = await _count(request, context)
         if recounted is None:
             return request  # the model no longer counts: the estimate says it fits
@@ -667,6 +664,23 @@ async def _fit_by_count(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
         f"answer's room that is over the {fits}-token window"
     )
+
+
+def _without_model(
+    context: RunContext, config: ContextManagement, window: int, target: int, fits: int
+) -> Callable[[ModelRequest, int], Awaitable[ModelRequest]]:
+    """Tightens a request the model counted over ``fits``: calibrated by the count, the
+    model-free steps of overflow recovery."""
+    state = _run(context, config)
+
+    async def tighten(request: ModelRequest, counted: int) -> ModelRequest:
+        _learn_scale(state, request, counted, context, config.tokenizer)
+        size = counted + _answer_room(request)
+        return await _compact(
+            request, context, config, "overflow", size, window, target, limit=fits, fallback=fits
+        )
+
+    return tighten
 
 
 def _answer_room(request: ModelRequest) -> int:
@@ -958,7 +972,8 @@ async def _shrink(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
     """Without summaries, recover from an overflow once with a tighter view; when the
-    model counts prompt tokens, tighter still while it counts the view over ``fits``.
+    model counts prompt tokens, tighter still while it counts the view over ``fits``
+    (``_counted_fit``).
 
     Raises:
         CompactionError: The model still counts the view over ``fits``.
@@ -972,21 +987,15 @@ async def _shrink(
             limit = budget.limit(fits, request.max_tokens) // 2
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, context, config, budget)
-        counted = await _count(shrunk, context)
-        for _ in range(RECOUNTS):
-            size = 0 if counted is None else counted + _answer_room(shrunk)
-            if size <= fits:
-                break
-            state.tighter = (context.turn, limit := int(0.9 * limit * fits / size))
-            shrunk, report = await _bounded(request, context, config, budget)
-            counted = await _count(shrunk, context)
-        if counted is not None:
-            if counted + _answer_room(shrunk) > fits:
-                raise CompactionError(
-                    f"the model counts {counted} prompt tokens for the tightest view; with "
-                    f"its answer's room that is over the {fits}-token window"
-                )
-            context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
+
+        async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
+            nonlocal limit, report
+            limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
+            state.tighter = (context.turn, limit)
+            view, report = await _bounded(request, context, config, budget)
+            return view
+
+        shrunk = await _counted_fit(shrunk, context, fits, tighter) or shrunk
         context.annotate_next_call(report.span_attributes())
         outcome.after = state.last_after = report.estimated_prompt_tokens  # the view fitted
         outcome.removed = len(request.messages) - len(shrunk.messages)
