@@ -323,13 +323,7 @@ def _learn_added(
         rest -= request.max_tokens or 0
     added = request.messages[count:]
     fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
-    if reported - rest <= fixed or scaled <= 0:
-        return False
-    density = min(max((reported - rest - fixed) / scaled, MIN_SCALE), MAX_SCALE)
-    for message in added:
-        if message.id not in state.real and not message.role.is_trusted:
-            state.dense.setdefault(message.id, density)
-    return True
+    return _keep_density(state, added, reported - rest - fixed, scaled, replace=False)
 
 
 async def _learn_turn(
@@ -343,13 +337,25 @@ async def _learn_turn(
         return False
     alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
     counted = await _count(attrs.evolve(request, messages=alone), context)
+    if counted is None:
+        return False
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
     fixed += _schema_estimate(request, tokenizer)
-    if counted is None or counted <= fixed or scaled <= 0:
+    return _keep_density(state, request.messages[start:], counted - fixed, scaled, replace=True)
+
+
+def _keep_density(
+    state: _Run, messages: Sequence[Message], real: int, scaled: int, *, replace: bool
+) -> bool:
+    """Keep ``real`` tokens over ``scaled`` estimated (bounded as a scale is) as the density
+    of the conversation's ``messages`` (``dense``; only where none is known without
+    ``replace``); False when the figures say nothing."""
+    if real <= 0 or scaled <= 0:
         return False
-    density = min(max((counted - fixed) / scaled, MIN_SCALE), MAX_SCALE)
-    for message in request.messages[start:]:
-        if message.id not in state.real and not message.role.is_trusted:
+    density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
+    for message in messages:
+        known = message.id in state.real or (not replace and message.id in state.dense)
+        if not known and not message.role.is_trusted:
             state.dense[message.id] = density
     return True
 
