@@ -23,6 +23,7 @@ from littleghost import (
     TextPart,
     ToolCall,
     ToolResult,
+    manage_context,
     tool,
 )
 from littleghost.errors import (
@@ -34,7 +35,7 @@ from littleghost.errors import (
     RateLimitError,
 )
 from littleghost.events import ModelCallRetried
-from littleghost.models import ModelRequest, StopReason, ToolSpec, Usage, resolve
+from littleghost.models import ModelRequest, OutputSchema, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.openai import OpenAIModel, from_model_string
 from littleghost.models.overflow import MAX_DETAIL_CHARS
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
@@ -204,8 +205,138 @@ async def test_a_llama_cpp_server_counts_the_prompt(
     )
     with pytest.raises(ProviderUnavailableError):
         await busy.count_prompt_tokens(request)
-    official = make_model(FakeServer())
-    assert await official.count_prompt_tokens(request) is None
+
+
+async def test_openai_counts_the_prompt_of_the_same_request(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """On OpenAI's own API, count_prompt_tokens asks the input-token count endpoint for
+    what the chat request puts in the prompt, in the Responses API's shapes: the messages
+    as input items (text, images, tool calls and results), the tools (not strict, as in
+    chat), the tool choice, the answer's schema and the reasoning effort; nothing else."""
+    server = FakeServer(
+        httpx2.Response(200, json={"object": "response.input_tokens", "input_tokens": 97})
+    )
+    messages = [
+        Message.developer("Be brief."),
+        Message("user", [TextPart("What is this?"), ImagePart(url="https://x.test/a.png")]),
+        Message.assistant("Adding.", [ToolCall("c1", "add", {"a": 2, "b": 3})]),
+        Message.tool("c1", "5"),
+    ]
+    settings = {
+        "max_tokens": 50,
+        "temperature": 0.2,
+        "reasoning_effort": "low",
+        "tool_choice": {"type": "function", "function": {"name": "add"}},
+    }
+    request = ModelRequest(messages, [ADD], settings)
+    assert await make_model(server).count_prompt_tokens(request) == 97
+    (asked,) = server.requests
+    assert asked.url.path == "/v1/responses/input_tokens"
+    assert server.bodies[0] == {
+        "model": "gpt-4o-mini",
+        "input": [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "What is this?"},
+                    {"type": "input_image", "image_url": "https://x.test/a.png", "detail": "auto"},
+                ],
+            },
+            {"role": "assistant", "content": "Adding."},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "add",
+                "arguments": '{"a": 2, "b": 3}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "5"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "strict": False,
+                "name": "add",
+                "description": "Add two numbers.",
+                "parameters": dict(ADD.parameters),
+            }
+        ],
+        "tool_choice": {"type": "function", "name": "add"},
+        "reasoning": {"effort": "low"},
+    }
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    answered = FakeServer(httpx2.Response(200, json={"input_tokens": 12}))
+    structured = ModelRequest([Message.user("n?")], output_schema=OutputSchema("Number", schema))
+    assert await make_model(answered).count_prompt_tokens(structured) == 12
+    chat = FakeServer(completion({"content": '{"n": 1}'}))
+    await make_model(chat).respond(structured)
+    sent = chat.bodies[0]["response_format"]
+    (form,) = [body["text"]["format"] for body in answered.bodies]
+    assert form == {"type": "json_schema", **sent["json_schema"]}
+    assert (form["name"], form["schema"]["properties"]) == ("Number", schema["properties"])
+    for refusal in (
+        error(404, {"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)"}}),
+        error(400, {"error": {"message": "model not supported", "type": "invalid_request_error"}}),
+        httpx2.Response(200, json={"object": "response.input_tokens"}),
+    ):
+        other = FakeServer(refusal)
+        refused = make_model(other)
+        assert await refused.count_prompt_tokens(request) is None
+        assert await refused.count_prompt_tokens(request) is None
+        assert len(other.requests) == 1  # asked once
+    limited = make_model(FakeServer(error(429, {"error": {"message": "slow down"}})))
+    with pytest.raises(RateLimitError):
+        await limited.count_prompt_tokens(request)
+
+
+async def test_an_overflow_on_openai_is_recovered_by_its_count(
+    make_model: Callable[..., OpenAIModel], spans: Spans
+) -> None:
+    """Through OpenAI's own API: a turn that overflows is counted alone, summarized, the
+    compacted request counted, and retried once, with the count on the retried span."""
+    overflow = {
+        "error": {
+            "message": "This model's maximum context length is 1000 tokens. However, your "
+            "messages resulted in 1400 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    server = FakeServer(
+        error(400, overflow),
+        httpx2.Response(200, json={"input_tokens": 300}),  # the current turn alone
+        completion({"content": "- the user asked about the hills"}, usage=(700, 9)),
+        httpx2.Response(200, json={"input_tokens": 420}),  # the compacted request
+        completion({"content": "ok"}, usage=(420, 1)),
+    )
+
+    @manage_context(compression_threshold=1.0)
+    class Counted(Agent):
+        max_retries = 0
+        instructions = "Be brief."
+
+    history = [
+        message
+        for _ in range(8)
+        for message in (
+            Message.user("Tell me about the weather in the hills. " * 4),
+            Message.assistant("The hills are cloudy and the valleys are warm. " * 4),
+        )
+    ]
+    model = make_model(server, context_window=1_000)
+    result = await Counted(model=model).run("And tomorrow?", history=history)
+    assert result.output == "ok"
+    paths = [asked.url.path for asked in server.requests]
+    assert paths == [
+        "/v1/chat/completions",
+        "/v1/responses/input_tokens",
+        "/v1/chat/completions",
+        "/v1/responses/input_tokens",
+        "/v1/chat/completions",
+    ]
+    retried = spans.named("chat")[-1].attributes or {}
+    assert retried["littleghost.compaction.counted_prompt_tokens"] == 420
 
 
 async def test_request_translation_for_openai(make_model: Callable[..., OpenAIModel]) -> None:

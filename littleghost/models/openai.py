@@ -52,6 +52,7 @@ from littleghost.models.base import (
     ToolSpec,
     Usage,
 )
+from littleghost.models.openai_count import count_request
 from littleghost.models.overflow import classify_error
 from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
 from littleghost.models.windows import known_context_window
@@ -307,7 +308,7 @@ class OpenAIModel:
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         self._counts = True
-        """False once the server showed it has no llama.cpp token-counting endpoints."""
+        """False once the server showed it does not count prompt tokens."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @staticmethod
@@ -418,31 +419,24 @@ class OpenAIModel:
         return params
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
-        """The prompt tokens a llama.cpp server counts for ``request``: the chat request
-        through the model's chat template (``POST /apply-template``, which reads what the
-        template reads, such as ``chat_template_kwargs``), then tokenized as a completion's
-        prompt is (``POST /tokenize``). ``None`` for OpenAI's own API, and from then on
-        for a server that turns the endpoints down (a client error other than 408 or 429,
-        or an answer without a prompt); a transient failure raises."""
-        if self._official or not self._counts:
+        """The prompt tokens the server counts for ``request``. OpenAI's own API: the
+        input-token count of the same request (``POST /v1/responses/input_tokens``). A
+        llama.cpp server: the chat request through the model's chat template (``POST
+        /apply-template``, which reads what the template reads, such as
+        ``chat_template_kwargs``), then tokenized as a completion's prompt is (``POST
+        /tokenize``). ``None`` from then on for a server that turns the endpoints down (a
+        client error other than 408 or 429, or an answer without a count); a transient
+        failure raises."""
+        if not self._counts:
             return None
         params = self._params(request)
-        body = {key: value for key, value in params.items() if key != "extra_body"}
-        body.update(params.get("extra_body", {}))
         try:
             client = await self._clients.get()
-            root = str(client.base_url).rstrip("/").removesuffix("/v1")
-            applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
-            prompt = lookup(applied, "prompt")
-            if isinstance(prompt, str):
-                tokenized = await client.post(
-                    f"{root}/tokenize",
-                    body={"content": prompt, "add_special": True, "parse_special": True},
-                    cast_to=object,
-                )
-                tokens = lookup(tokenized, "tokens")
-                if isinstance(tokens, list):
-                    return len(tokens)
+            counted = await (self._official_count if self._official else self._llama_count)(
+                client, params
+            )
+            if counted is not None:
+                return counted
         except Exception as error:
             mapped = self._error(error)
             if mapped is None:
@@ -455,12 +449,37 @@ class OpenAIModel:
                 raise mapped from error
         self._counts = False
         logger.debug(
-            "%s: the server of %r has no llama.cpp /apply-template and /tokenize; its prompts "
-            "are not counted",
+            "%s: the server of %r does not count prompt tokens; its prompts are not counted",
             self.provider,
             self._name,
         )
         return None
+
+    @staticmethod
+    async def _official_count(client: Any, params: dict[str, Any]) -> int | None:
+        """OpenAI's input-token count of the request."""
+        body = count_request(params)
+        counted = await client.post("responses/input_tokens", body=body, cast_to=object)
+        tokens = lookup(counted, "input_tokens")
+        return tokens if is_int(tokens) and tokens > 0 else None
+
+    @staticmethod
+    async def _llama_count(client: Any, params: dict[str, Any]) -> int | None:
+        """A llama.cpp server's count of the request's prompt."""
+        body = {key: value for key, value in params.items() if key != "extra_body"}
+        body.update(params.get("extra_body", {}))
+        root = str(client.base_url).rstrip("/").removesuffix("/v1")
+        applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
+        prompt = lookup(applied, "prompt")
+        if not isinstance(prompt, str):
+            return None
+        tokenized = await client.post(
+            f"{root}/tokenize",
+            body={"content": prompt, "add_special": True, "parse_special": True},
+            cast_to=object,
+        )
+        tokens = lookup(tokenized, "tokens")
+        return len(tokens) if isinstance(tokens, list) else None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema

@@ -1,0 +1,72 @@
+"""A chat-completions request as OpenAI's input-token count request (``POST
+/v1/responses/input_tokens``, which takes the Responses API's shapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["count_request"]
+
+_PASSED = ("model", "tools", "tool_choice", "parallel_tool_calls")
+"""Parameters that reach the prompt, under the same name in both APIs."""
+
+
+def count_request(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The count request for the chat-completions ``params``: the messages as input items,
+    the tools, tool choice, answer format and reasoning effort (what reaches the prompt)."""
+    settings = {**params, **params.get("extra_body", {})}
+    body: dict[str, Any] = {key: settings[key] for key in _PASSED if settings.get(key) is not None}
+    body["input"] = [item for entry in params["messages"] for item in _items(entry)]
+    if "tools" in body:
+        body["tools"] = [_tool(tool) for tool in body["tools"]]
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+        body["tool_choice"] = {"type": "function", "name": choice["function"].get("name")}
+    answer = settings.get("response_format")
+    if isinstance(answer, Mapping):
+        body["text"] = {"format": {"type": answer.get("type"), **answer.get("json_schema", {})}}
+    if settings.get("reasoning_effort") is not None:
+        body["reasoning"] = {"effort": settings["reasoning_effort"]}
+    return body
+
+
+def _items(entry: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The input items for one chat message."""
+    role = entry["role"]
+    if role == "tool":
+        yield {
+            "type": "function_call_output",
+            "call_id": entry["tool_call_id"],
+            "output": entry["content"],
+        }
+        return
+    content = entry.get("content")
+    if isinstance(content, list):
+        yield {"role": role, "content": [_part(part) for part in content]}
+    elif content:
+        yield {"role": role, "content": content}
+    for call in entry.get("tool_calls") or ():
+        function = call["function"]
+        yield {
+            "type": "function_call",
+            "call_id": call["id"],
+            "name": function["name"],
+            "arguments": function["arguments"],
+        }
+
+
+def _part(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A user message's content part: text, or an image by URL or data URL."""
+    if part.get("type") == "image_url":
+        return {"type": "input_image", "image_url": part["image_url"]["url"], "detail": "auto"}
+    return {"type": "input_text", "text": part.get("text", "")}
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A function tool: the chat API nests it, the Responses API does not (and is strict
+    unless told, where chat completions are not)."""
+    function = tool.get("function")
+    if not isinstance(function, Mapping):
+        return dict(tool)
+    return {"type": "function", "strict": False, **function}
