@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -11,10 +12,17 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
+from littleghost._validators import is_int
 from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
-from littleghost.errors import ConfigurationError, ProtocolError, SessionStoreError
+from littleghost.errors import (
+    CleanupError,
+    ConfigurationError,
+    DeadlineExceededError,
+    ProtocolError,
+    SessionStoreError,
+)
 from littleghost.events import (
     Event,
     ModelCallRetried,
@@ -38,6 +46,11 @@ LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
 OutputT = TypeVar("OutputT")
+
+_UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
+"""Errors a failed prompt count lets through (cancellation is not an Exception)."""
+
+logger = logging.getLogger("littleghost.models")
 
 
 def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
@@ -279,6 +292,59 @@ class RunContext:
         if report:
             await self.emit(SideCallFinished(response.usage, request.purpose))
         return response
+
+    async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
+        """The prompt tokens the run's model counts for ``request`` (its optional
+        ``count_prompt_tokens``); ``None`` when it cannot tell or the count failed.
+
+        ``None`` at once for a model without the method. Otherwise one attempt, never
+        retried, in a ``count_tokens {model}`` span (a child of the run's span, with the
+        model's provider, name and server, and the figure as
+        ``littleghost.counted_prompt_tokens``; never content), cut off by the run's
+        deadline as a model call is. A count that raises, or answers anything but an int
+        > 0 or ``None``, makes an ERROR span with ``error.type``, is logged (its error
+        type only) on the ``littleghost.models`` logger and gives ``None``; the run's
+        cancellation, and a ``DeadlineExceededError``, ``CleanupError`` or
+        ``SessionStoreError`` the count raised, propagate.
+        """
+        model = self.model
+        count = getattr(model, "count_prompt_tokens", None)
+        if count is None:
+            return None
+        attributes: dict[str, Any] = {
+            telemetry.OPERATION_NAME: "count_tokens",
+            telemetry.PROVIDER_NAME: model.provider,
+            telemetry.REQUEST_MODEL: model.name,
+            **telemetry.server_attributes(model),
+        }
+        if self.session_id is not None:
+            attributes[telemetry.CONVERSATION_ID] = self.session_id
+        try:  # outside the span, which records the failure before it is swallowed
+            with telemetry.open_span(
+                f"count_tokens {model.name}", kind=SpanKind.CLIENT, attributes=attributes
+            ) as span:
+                with self.grace.hosting():  # runs a custom model starts share the grace
+                    counted = await count(request)
+                if counted is None or (is_int(counted) and counted > 0):
+                    if counted is not None:
+                        span.set_attribute(telemetry.COUNTED_PROMPT_TOKENS, counted)
+                    return counted
+                telemetry.mark_failed(span, ProtocolError.__name__)
+                logger.warning(
+                    "count_prompt_tokens of model %r returned a %s, not an int > 0",
+                    model.name,
+                    type(counted).__name__,
+                )
+                return None
+        except _UNSTOPPABLE:
+            raise
+        except Exception as error:  # cancellation is not an Exception: it propagates
+            logger.warning(
+                "counting the prompt tokens of model %r failed (%s)",
+                model.name,
+                telemetry.error_type(error),
+            )
+            return None
 
     async def _call(
         self, request: ModelRequest, *, model: Model | None = None, turn: bool = False

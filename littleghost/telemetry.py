@@ -64,6 +64,9 @@ OUTPUT_MESSAGES = "gen_ai.output.messages"
 OUTPUT_TYPE = "gen_ai.output.type"
 ERROR_TYPE = "error.type"
 PURPOSE = "littleghost.purpose"
+COUNTED_PROMPT_TOKENS = "littleghost.counted_prompt_tokens"
+"""On a ``count_tokens`` span: the prompt tokens the model counted for the request it was
+asked about (``count_prompt_tokens``), when it could tell."""
 
 COMPACTION_EVENT = "littleghost.context.compaction"
 COMPACTION_REASON = "littleghost.compaction.reason"

@@ -8,7 +8,6 @@ The README's "Context management" states the rules.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
@@ -97,8 +96,6 @@ RECOUNTS = 3
 counts over the window (``count_prompt_tokens``) before it gives up."""
 _UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
 """Errors a failed compaction always lets through (cancellation is not an Exception)."""
-
-logger = logging.getLogger("littleghost.context")
 
 
 def manage_context(cls: C | None = None, /, **options: Any) -> Any:
@@ -336,7 +333,7 @@ async def _learn_turn(
     if start == len(request.messages):
         return False
     alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
-    counted = await _count(attrs.evolve(request, messages=alone), context)
+    counted = await context.count_prompt_tokens(attrs.evolve(request, messages=alone))
     if counted is None:
         return False
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
@@ -512,7 +509,7 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    reported = error.prompt_tokens or await _count(request, context) or 0
+    reported = error.prompt_tokens or await context.count_prompt_tokens(request) or 0
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
     added = reported > 0 and (
@@ -616,29 +613,6 @@ async def _recover(
     return recovered
 
 
-async def _count(request: ModelRequest, context: RunContext) -> int | None:
-    """The prompt tokens the run's model counts for ``request`` (its optional
-    ``count_prompt_tokens``); ``None`` when it cannot tell or the count failed (logged)."""
-    count = getattr(context.model, "count_prompt_tokens", None)
-    if count is None:
-        return None
-    try:
-        counted = await count(request)
-    except _UNSTOPPABLE:
-        raise
-    except Exception as error:  # cancellation is not an Exception: it propagates
-        logger.warning(
-            "manage_context: counting the prompt tokens failed (%s)", telemetry.error_type(error)
-        )
-        return None
-    if counted is None or (is_int(counted) and counted > 0):
-        return counted
-    logger.warning(
-        "manage_context: count_prompt_tokens returned a %s, not an int > 0", type(counted).__name__
-    )
-    return None
-
-
 async def _counted_fit(
     request: ModelRequest,
     context: RunContext,
@@ -652,7 +626,7 @@ async def _counted_fit(
     Raises:
         CompactionError: The model still counts it over ``fits``.
     """
-    counted = await _count(request, context)
+    counted = await context.count_prompt_tokens(request)
     if counted is None:
         return None
     for recount in range(RECOUNTS + 1):
@@ -662,7 +636,7 @@ async def _counted_fit(
         if recount == RECOUNTS:
             break
         request = await tighten(request, counted)
-        recounted = await _count(request, context)
+        recounted = await context.count_prompt_tokens(request)
         if recounted is None:
             return request  # the model no longer counts: the estimate says it fits
         counted = recounted

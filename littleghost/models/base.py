@@ -343,7 +343,8 @@ class Model(Protocol):
     schema is taken), so that ``output_strategy="auto"`` uses the final-result tool, and
     ``async count_prompt_tokens(request)``, the prompt tokens the provider counts for a
     request (``None`` when it cannot tell), by which ``@manage_context``'s overflow
-    recovery checks the request it retries.
+    recovery checks the request it retries (through ``RunContext.count_prompt_tokens``,
+    a ``count_tokens`` span).
 
     A model that talks to a server over HTTP may also have ``server_address`` (the
     server's host name or IP address, ``str``) and ``server_port`` (``int``), read when
