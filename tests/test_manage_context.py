@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import attrs
 import pytest
+from opentelemetry.trace import SpanKind, StatusCode
 
 from littleghost import (
     Agent,
@@ -1202,10 +1203,11 @@ class TestOverflow:
         assert overflow["littleghost.compaction.context_window_tokens"] == 1_000
 
     async def test_a_count_that_fails_leaves_recovery_to_the_estimate(
-        self, caplog: pytest.LogCaptureFixture
+        self, caplog: pytest.LogCaptureFixture, spans: Spans
     ) -> None:
-        """A count that raises is logged (its error type only) and recovery goes on by
-        the estimate, as for a model that cannot count."""
+        """A count that raises is an ERROR count span with its error type, is logged (its
+        error type only) and recovery goes on by the estimate, as for a model that cannot
+        count."""
 
         @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
         class Lenient(Agent):
@@ -1218,13 +1220,53 @@ class TestOverflow:
         counting = Densities()
         model = ScriptedModel([counting] * 6, count_prompt_tokens=count)
         digits = " ".join(str(10_000 + 7 * i) for i in range(200))
-        with caplog.at_level("WARNING", logger="littleghost.context"):
+        with caplog.at_level("WARNING", logger="littleghost.models"):
             result = await Lenient(model=model).run(digits, history=_prose(6))
         assert result.output == "ok"
         assert counting.sizes[0] > 1_000 >= counting.sizes[-1] and len(counting.sizes) == 2
-        warned = [r.getMessage() for r in caplog.records if "counting" in r.getMessage()]
-        assert warned and all("ProviderUnavailableError" in line for line in warned)
+        counts = spans.named("count_tokens")
+        assert counts
+        for span in counts:
+            assert span.status.status_code is StatusCode.ERROR
+            assert (span.attributes or {})["error.type"] == "ProviderUnavailableError"
+            assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
+            assert "no count endpoint" not in (span.status.description or "")
+        warned = [r for r in caplog.records if "counting" in r.getMessage()]
+        assert len(warned) == len(counts)
+        assert all(r.name == "littleghost.models" for r in warned)
+        assert all("ProviderUnavailableError" in r.getMessage() for r in warned)
         assert not any("no count endpoint" in r.getMessage() for r in caplog.records)
+
+    @pytest.mark.parametrize("figure", ["12", 0, True])
+    async def test_a_count_that_is_no_figure_is_an_error_span(
+        self, caplog: pytest.LogCaptureFixture, spans: Spans, figure: object
+    ) -> None:
+        """A count that answers anything but an int > 0 or None is logged, an ERROR
+        count span (a ProtocolError) and taken as no count: recovery goes on by the
+        estimate."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6, count_prompt_tokens=lambda request: figure)
+        digits = " ".join(str(10_000 + 7 * i) for i in range(200))
+        with caplog.at_level("WARNING", logger="littleghost.models"):
+            result = await Lenient(model=model).run(digits, history=_prose(6))
+        assert result.output == "ok"
+        counts = spans.named("count_tokens")
+        assert counts
+        for span in counts:
+            assert span.status.status_code is StatusCode.ERROR
+            assert (span.attributes or {})["error.type"] == "ProtocolError"
+            assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
+        warned = [r.getMessage() for r in caplog.records if "count_prompt_tokens" in r.getMessage()]
+        assert warned == [
+            f"count_prompt_tokens of model 'scripted' returned a {type(figure).__name__}, "
+            "not an int > 0"
+        ] * len(counts)
 
     async def test_a_request_the_model_counts_over_the_window_is_never_retried(
         self, spans: Spans
@@ -1593,6 +1635,137 @@ class TestTelemetry:
         """A request that was not compacted carries no compacted attribute."""
         await Small(model=ScriptedModel([text_response("done")])).run("go")
         assert "gen_ai.conversation.compacted" not in spans.one("chat").attributes
+
+
+class Served(ScriptedModel):
+    """A scripted model that says where its server is."""
+
+    server_address = "llm.internal"
+    server_port = 8443
+
+
+class Uncounting:
+    """A model without ``count_prompt_tokens`` that plays a script."""
+
+    provider = "plain"
+    name = "plain"
+    context_window = None
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.scripted = ScriptedModel(steps)
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return await self.scripted.respond(request)
+
+
+@manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+class Lenient(Agent):
+    max_retries = 0
+    instructions = "Be brief."
+
+
+DIGITS = " ".join(str(10_000 + 7 * i) for i in range(200))
+"""A question of digits, nine tenths of the window: the history must give way to it."""
+
+
+class TestCountSpans:
+    """Each prompt count is a ``count_tokens {model}`` CLIENT span of the run."""
+
+    async def test_an_overflow_recovered_by_counts_has_a_count_span_for_each(
+        self, spans: Spans
+    ) -> None:
+        """Each count overflow recovery makes is a child of the run's span with the
+        model's provider, name and server, the session and the figure: never content,
+        even for an agent that captures it."""
+
+        class Capturing(Lenient):
+            capture_content = True
+
+        counting, counted = Densities(), []
+
+        def count(request: ModelRequest) -> int:
+            counted.append(figure := counting.count(request))
+            return figure
+
+        model = Served([counting] * 6, count_prompt_tokens=count, name="counter")
+        result = await Capturing(model=model).run(DIGITS, history=_prose(6), session_id="s-1")
+        assert result.output == "ok"
+        assert counting.sizes[0] > 1_000 >= counting.sizes[-1]  # recovered
+        run = spans.one("invoke_agent")
+        counts = spans.named("count_tokens")
+        assert len(counted) >= 2 and [s.name for s in counts] == ["count_tokens counter"] * len(
+            counted
+        )
+        for span, figure in zip(counts, counted, strict=True):
+            assert span.kind is SpanKind.CLIENT
+            assert span.parent is not None and span.parent.span_id == run.context.span_id
+            assert span.status.status_code is StatusCode.UNSET
+            assert dict(span.attributes or {}) == {
+                "gen_ai.operation.name": "count_tokens",
+                "gen_ai.provider.name": "scripted",
+                "gen_ai.request.model": "counter",
+                "server.address": "llm.internal",
+                "server.port": 8443,
+                "gen_ai.conversation.id": "s-1",
+                "littleghost.counted_prompt_tokens": figure,
+            }
+            assert not span.events
+        retried = spans.named("chat")[-1].attributes or {}
+        assert retried["littleghost.compaction.counted_prompt_tokens"] == counted[-1]
+
+    @pytest.mark.parametrize("stop", ["cancel", "deadline"])
+    async def test_a_count_cut_by_the_run_stopping_is_no_error_span(
+        self, spans: Spans, stop: str
+    ) -> None:
+        """A slow count is cut by the run's deadline as a model call is (the run raises
+        DeadlineExceededError at its deadline, never later) or by a cancellation; its span
+        ends without ERROR, error.type or figure."""
+        started = anyio.Event()
+
+        async def slow(request: ModelRequest) -> int:
+            started.set()
+            await anyio.sleep(5)
+            return 500
+
+        agent = Lenient(model=ScriptedModel([Densities()] * 4, count_prompt_tokens=slow))
+        begin = anyio.current_time()
+        if stop == "deadline":
+            with pytest.raises(DeadlineExceededError):
+                await agent.run(DIGITS, history=_prose(6), timeout=0.3)
+            assert 0.3 <= anyio.current_time() - begin < 0.3 + 0.5
+        else:
+            async with anyio.create_task_group() as group:
+
+                async def run() -> None:
+                    await agent.run(DIGITS, history=_prose(6))
+
+                group.start_soon(run)
+                await started.wait()
+                group.cancel_scope.cancel()
+            assert anyio.current_time() - begin < 0.5
+        assert started.is_set()
+        (span,) = spans.named("count_tokens")
+        assert span.status.status_code is StatusCode.UNSET
+        assert "error.type" not in (span.attributes or {})
+        assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
+        assert not spans.still_open
+
+    async def test_a_model_without_the_method_makes_no_count_span(self, spans: Spans) -> None:
+        """A model whose count cannot tell (a ScriptedModel without
+        ``count_prompt_tokens=``) makes count spans without a figure; a model without
+        ``count_prompt_tokens`` makes none, and both recover from the overflow."""
+        counting = Densities()
+        one = await Lenient(model=ScriptedModel([counting] * 6)).run(DIGITS, history=_prose(6))
+        asked = spans.named("count_tokens")
+        assert asked and all(
+            "littleghost.counted_prompt_tokens" not in (span.attributes or {}) for span in asked
+        )
+        plain = Uncounting([counting] * 6)
+        two = await Lenient(model=plain).run(DIGITS, history=_prose(6))
+        assert (one.output, two.output) == ("ok", "ok")
+        assert counting.sizes[-2] > 1_000 >= counting.sizes[-1]  # the second run recovered
+        assert spans.named("count_tokens") == asked
+        assert spans.named("chat plain")
 
 
 class TestEstimateUnits:
