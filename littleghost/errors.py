@@ -261,3 +261,8 @@ class OutputValidationError(LittleGhostError):
         self.raw = raw
         self.errors = errors
         self.response = response
+
+
+UNSWALLOWED = (DeadlineExceededError, CleanupError, SessionStoreError)
+"""Errors an optional step that may fail quietly (a compaction, a prompt count) always lets
+through, as it does cancellation (not an ``Exception``)."""

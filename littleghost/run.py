@@ -16,13 +16,7 @@ from littleghost._validators import is_int
 from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
-from littleghost.errors import (
-    CleanupError,
-    ConfigurationError,
-    DeadlineExceededError,
-    ProtocolError,
-    SessionStoreError,
-)
+from littleghost.errors import UNSWALLOWED, ConfigurationError, ProtocolError, SessionStoreError
 from littleghost.events import (
     Event,
     ModelCallRetried,
@@ -46,9 +40,6 @@ LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
 OutputT = TypeVar("OutputT")
-
-_UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
-"""Errors a failed prompt count lets through (cancellation is not an Exception)."""
 
 logger = logging.getLogger("littleghost.models")
 
@@ -336,7 +327,7 @@ class RunContext:
                     type(counted).__name__,
                 )
                 return None
-        except _UNSTOPPABLE:
+        except UNSWALLOWED:
             raise
         except Exception as error:  # cancellation is not an Exception: it propagates
             logger.warning(

@@ -43,13 +43,11 @@ from littleghost.context.strategies import (
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
-    CleanupError,
+    UNSWALLOWED,
     CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
-    DeadlineExceededError,
     PromptBudgetError,
-    SessionStoreError,
 )
 from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
@@ -94,8 +92,6 @@ overhead the estimate leaves out, which the summary request has less of)."""
 RECOUNTS = 3
 """How many more times overflow recovery compacts, without a model, a request the model
 counts over the window (``count_prompt_tokens``) before it gives up."""
-_UNSTOPPABLE = (DeadlineExceededError, CleanupError, SessionStoreError)
-"""Errors a failed compaction always lets through (cancellation is not an Exception)."""
 
 
 def manage_context(cls: C | None = None, /, **options: Any) -> Any:
@@ -460,7 +456,7 @@ async def _proactive(
     try:
         compacted = await _compact(request, context, config, "threshold", estimated, window, target)
         after = state.last_after
-    except _UNSTOPPABLE:
+    except UNSWALLOWED:
         raise
     except Exception:
         state.failed_at = estimated  # recorded; the request goes as it was
@@ -529,7 +525,7 @@ async def _compact_after_overflow(
             state.quiet_until = next_summary_at(state.last_after, config, state.window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
-    except _UNSTOPPABLE:
+    except UNSWALLOWED:
         raise
     except CompactionError as failure:
         raise error from failure
@@ -570,7 +566,7 @@ async def _recover(
         compacted = await _compact(
             request, context, config, "overflow", estimated, window, target, limit=fits
         )
-    except _UNSTOPPABLE:
+    except UNSWALLOWED:
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
