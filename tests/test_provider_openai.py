@@ -195,16 +195,43 @@ async def test_a_llama_cpp_server_counts_the_prompt(
         error(401, {"error": {"message": "no such key"}}),
         httpx2.Response(200, json={"object": "error"}),
     ):
-        other = FakeServer(refusal)
+        other = FakeServer(refusal, refusal)
         refused = make_model(other, base_url="http://127.0.0.1:8000/v1")
         assert await refused.count_prompt_tokens(request) is None
         assert await refused.count_prompt_tokens(request) is None
-        assert len(other.requests) == 1  # asked once
+        paths = [asked.url.path for asked in other.requests]
+        assert paths == ["/apply-template", "/tokenize"]  # each way asked once
     busy = make_model(
         FakeServer(error(503, {"error": {"message": "loading"}})), base_url="http://h:1/v1"
     )
     with pytest.raises(ProviderUnavailableError):
         await busy.count_prompt_tokens(request)
+
+
+async def test_a_vllm_server_counts_the_prompt(make_model: Callable[..., OpenAIModel]) -> None:
+    """A server without llama.cpp's /apply-template is asked vLLM's way: /tokenize with the
+    chat request's messages, tools and chat_template_kwargs (the template's own inputs),
+    read as its "count"; from then on only that way."""
+    server = FakeServer(
+        error(404, {"detail": "Not Found"}),
+        httpx2.Response(200, json={"count": 42, "max_model_len": 4096, "tokens": [1] * 42}),
+        httpx2.Response(200, json={"count": 43, "max_model_len": 4096, "tokens": [1] * 43}),
+    )
+    settings = {"max_tokens": 50, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}
+    request = ModelRequest([Message.user("hello")], [ADD], settings)
+    model = make_model(server, base_url="http://10.0.0.5:8000/v1")
+    assert await model.count_prompt_tokens(request) == 42
+    assert await model.count_prompt_tokens(request) == 43
+    paths = [asked.url.path for asked in server.requests]
+    assert paths == ["/apply-template", "/tokenize", "/tokenize"]
+    counted = server.bodies[1]
+    assert counted == {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hello"}],
+        "tools": counted["tools"],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    assert [tool["function"]["name"] for tool in counted["tools"]] == ["add"]
 
 
 async def test_openai_counts_the_prompt_of_the_same_request(

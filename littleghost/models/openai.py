@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,6 +73,10 @@ _STOP_REASONS = {
     "function_call": StopReason.TOOL_USE,
     "content_filter": StopReason.CONTENT_FILTER,
 }
+
+
+_Counter = Callable[[Any, dict[str, Any]], Awaitable["int | None"]]
+"""A way to count a request's prompt tokens: ``(client, chat params) -> count or None``."""
 
 
 def _is_official(base_url: object) -> bool:
@@ -307,8 +311,10 @@ class OpenAIModel:
         self._probing_lock = threading.Lock()
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
-        self._counts = True
-        """False once the server showed it does not count prompt tokens."""
+        self._counters: tuple[_Counter, ...] = (
+            (self._official_count,) if self._official else (self._llama_count, self._vllm_count)
+        )
+        """The ways the server may count prompt tokens, less those it turned down."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @staticmethod
@@ -420,39 +426,39 @@ class OpenAIModel:
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The prompt tokens the server counts for ``request``. OpenAI's own API: the
-        input-token count of the same request (``POST /v1/responses/input_tokens``). A
-        llama.cpp server: the chat request through the model's chat template (``POST
+        input-token count of the same request (``POST /v1/responses/input_tokens``). Another
+        server: a llama.cpp server's chat template applied to the chat request (``POST
         /apply-template``, which reads what the template reads, such as
-        ``chat_template_kwargs``), then tokenized as a completion's prompt is (``POST
-        /tokenize``). ``None`` from then on for a server that turns the endpoints down (a
-        client error other than 408 or 429, or an answer without a count); a transient
+        ``chat_template_kwargs``) and tokenized as a completion's prompt is (``POST
+        /tokenize``); else vLLM's count of the chat request (``POST /tokenize`` with the
+        messages). A way the server turns down (a client error other than 408 or 429, or an
+        answer without a count) is not tried again; ``None`` when none is left. A transient
         failure raises."""
-        if not self._counts:
-            return None
         params = self._params(request)
-        try:
-            client = await self._clients.get()
-            counted = await (self._official_count if self._official else self._llama_count)(
-                client, params
+        while self._counters:
+            counter = self._counters[0]
+            try:
+                client = await self._clients.get()
+                counted = await counter(client, params)
+                if counted is not None:
+                    return counted
+            except Exception as error:
+                mapped = self._error(error)
+                if mapped is None:
+                    raise
+                if (
+                    mapped.status is None
+                    or not 400 <= mapped.status < 500
+                    or mapped.status in (408, 429)
+                ):
+                    raise mapped from error
+            self._counters = tuple(other for other in self._counters if other != counter)
+            logger.debug(
+                "%s: the server of %r does not count prompt tokens by %s",
+                self.provider,
+                self._name,
+                counter.__name__,
             )
-            if counted is not None:
-                return counted
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            if (
-                mapped.status is None
-                or not 400 <= mapped.status < 500
-                or mapped.status in (408, 429)
-            ):
-                raise mapped from error
-        self._counts = False
-        logger.debug(
-            "%s: the server of %r does not count prompt tokens; its prompts are not counted",
-            self.provider,
-            self._name,
-        )
         return None
 
     @staticmethod
@@ -480,6 +486,20 @@ class OpenAIModel:
         )
         tokens = lookup(tokenized, "tokens")
         return len(tokens) if isinstance(tokens, list) else None
+
+    @staticmethod
+    async def _vllm_count(client: Any, params: dict[str, Any]) -> int | None:
+        """A vLLM server's count of the chat request's prompt (its chat template applied
+        with the generation prompt, as a chat completion's)."""
+        settings = {**params, **params.get("extra_body", {})}
+        body = {
+            key: settings[key]
+            for key in ("model", "messages", "tools", "chat_template_kwargs")
+            if key in settings
+        }
+        root = str(client.base_url).rstrip("/").removesuffix("/v1")
+        counted = lookup(await client.post(f"{root}/tokenize", body=body, cast_to=object), "count")
+        return counted if is_int(counted) and counted > 0 else None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
