@@ -189,13 +189,12 @@ async def test_a_llama_cpp_server_counts_the_prompt(
     assert [tool["function"]["name"] for tool in template["tools"]] == ["add"]
     assert template["chat_template_kwargs"] == {"enable_thinking": False}
     assert tokens == {"content": "<|user|>hello<|end|>", "add_special": True, "parse_special": True}
-    for refusal in (
+    for absent in (
         error(404, {"error": {"message": "File Not Found", "code": 404}}),
-        error(400, {"error": {"message": "unknown route"}}),
-        error(401, {"error": {"message": "no such key"}}),
+        error(405, {"error": {"message": "Method Not Allowed"}}),
         httpx2.Response(200, json={"object": "error"}),
     ):
-        other = FakeServer(refusal, refusal)
+        other = FakeServer(absent, absent)
         refused = make_model(other, base_url="http://127.0.0.1:8000/v1")
         assert await refused.count_prompt_tokens(request) is None
         assert await refused.count_prompt_tokens(request) is None
@@ -206,6 +205,30 @@ async def test_a_llama_cpp_server_counts_the_prompt(
     )
     with pytest.raises(ProviderUnavailableError):
         await busy.count_prompt_tokens(request)
+
+
+async def test_a_count_turned_down_is_an_error_and_three_in_a_row_turn_that_way_off(
+    make_model: Callable[..., OpenAIModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client error judges the one request counted (an image the server cannot fetch, a
+    shape it refuses): the count raises, and the next request is counted again; only
+    ``COUNT_REFUSALS`` in a row turn that way of counting off (with a warning), and a
+    count in between starts the tally again."""
+    refusal = error(400, {"error": {"message": "image download failed"}})
+    counted = httpx2.Response(200, json={"input_tokens": 9})
+    server = FakeServer(refusal, refusal, counted, refusal, refusal, refusal)
+    model = make_model(server)
+    request = ModelRequest([Message.user("hello")])
+    for expected in ("refused", "refused", 9, "refused", "refused", "refused", None, None):
+        if expected == "refused":
+            with pytest.raises(InvalidRequestError):
+                await model.count_prompt_tokens(request)
+        else:
+            assert await model.count_prompt_tokens(request) == expected
+    assert len(server.requests) == 6  # not asked after the third refusal in a row
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "turned down 3 prompt counts in a row (HTTP 400)" in warning.getMessage()
+    assert "hello" not in caplog.text
 
 
 async def test_a_vllm_server_counts_the_prompt(make_model: Callable[..., OpenAIModel]) -> None:
@@ -302,19 +325,81 @@ async def test_openai_counts_the_prompt_of_the_same_request(
     (form,) = [body["text"]["format"] for body in answered.bodies]
     assert form == {"type": "json_schema", **sent["json_schema"]}
     assert (form["name"], form["schema"]["properties"]) == ("Number", schema["properties"])
-    for refusal in (
-        error(404, {"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)"}}),
-        error(400, {"error": {"message": "model not supported", "type": "invalid_request_error"}}),
-        httpx2.Response(200, json={"object": "response.input_tokens"}),
-    ):
-        other = FakeServer(refusal)
-        refused = make_model(other)
-        assert await refused.count_prompt_tokens(request) is None
-        assert await refused.count_prompt_tokens(request) is None
-        assert len(other.requests) == 1  # asked once
+    absent = FakeServer(
+        error(404, {"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)"}})
+    )
+    unknown = make_model(absent)
+    assert await unknown.count_prompt_tokens(request) is None
+    assert await unknown.count_prompt_tokens(request) is None
+    assert len(absent.requests) == 1  # asked once
     limited = make_model(FakeServer(error(429, {"error": {"message": "slow down"}})))
     with pytest.raises(RateLimitError):
         await limited.count_prompt_tokens(request)
+
+
+@pytest.mark.parametrize(
+    ("settings", "messages", "expected"),
+    [
+        pytest.param(
+            {
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {
+                        "mode": "auto",
+                        "tools": [{"type": "function", "function": {"name": "add"}}],
+                    },
+                }
+            },
+            [Message.user("x")],
+            {
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "mode": "auto",
+                    "tools": [{"type": "function", "name": "add"}],
+                }
+            },
+            id="allowed tools",
+        ),
+        pytest.param(
+            {"tool_choice": {"type": "custom", "custom": {"name": "grammar"}}},
+            [Message.user("x")],
+            {"tool_choice": {"type": "custom", "name": "grammar"}},
+            id="a custom tool",
+        ),
+        pytest.param(
+            {"verbosity": "low", "reasoning_effort": "minimal"},
+            [Message.user("x")],
+            {"text": {"verbosity": "low"}, "reasoning": {"effort": "minimal"}},
+            id="verbosity",
+        ),
+        pytest.param(
+            {},
+            [Message.user(""), Message.assistant(""), Message.user("x")],
+            {
+                "input": [
+                    {"role": "user", "content": ""},
+                    {"role": "assistant", "content": ""},
+                    {"role": "user", "content": "x"},
+                ]
+            },
+            id="empty messages count too",
+        ),
+    ],
+)
+async def test_the_count_request_has_the_responses_api_shapes(
+    make_model: Callable[..., OpenAIModel],
+    settings: dict[str, Any],
+    messages: list[Message],
+    expected: dict[str, Any],
+) -> None:
+    """What chat completions nest under an object's type (a tool choice, the tools it
+    allows) the count endpoint takes beside it; verbosity goes with the answer's format,
+    and an empty message still counts (its role's tokens)."""
+    server = FakeServer(httpx2.Response(200, json={"input_tokens": 5}))
+    request = ModelRequest(messages, [ADD], settings)
+    assert await make_model(server).count_prompt_tokens(request) == 5
+    body = server.bodies[0]
+    assert {key: body[key] for key in expected} == expected
 
 
 async def test_an_overflow_on_openai_is_recovered_by_its_count(

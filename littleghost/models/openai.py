@@ -58,10 +58,15 @@ from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, Strea
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
-__all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
+__all__ = ["COUNT_REFUSALS", "MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
 
 MODELS_TIMEOUT = 3.0
 """Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
+COUNT_REFUSALS = 3
+"""Prompt counts a server turns down with a client error, in a row, before that way of
+counting is not tried again."""
+_ABSENT = (404, 405, 501)
+"""HTTP statuses that say a server has no such endpoint."""
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +319,9 @@ class OpenAIModel:
         self._counters: tuple[_Counter, ...] = (
             (self._official_count,) if self._official else (self._llama_count, self._vllm_count)
         )
-        """The ways the server may count prompt tokens, less those it turned down."""
+        """The ways the server may count prompt tokens, less those it does not have."""
+        self._refusals = 0
+        """Counts turned down with a client error in a row."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @staticmethod
@@ -431,35 +438,57 @@ class OpenAIModel:
         /apply-template``, which reads what the template reads, such as
         ``chat_template_kwargs``) and tokenized as a completion's prompt is (``POST
         /tokenize``); else vLLM's count of the chat request (``POST /tokenize`` with the
-        messages). A way the server turns down (a client error other than 408 or 429, or an
-        answer without a count) is not tried again; ``None`` when none is left. A transient
-        failure raises."""
+        messages).
+
+        A way the server does not have (HTTP 404, 405 or 501, or an answer without a
+        count) is not tried again; ``None`` when none is left. Any other failure raises:
+        a client error judges that one request, but ``COUNT_REFUSALS`` of them in a row
+        turn the way off too."""
         params = self._params(request)
-        while self._counters:
-            counter = self._counters[0]
+        for counter in self._counters:
             try:
                 client = await self._clients.get()
                 counted = await counter(client, params)
-                if counted is not None:
-                    return counted
             except Exception as error:
                 mapped = self._error(error)
                 if mapped is None:
                     raise
-                if (
-                    mapped.status is None
-                    or not 400 <= mapped.status < 500
-                    or mapped.status in (408, 429)
-                ):
+                if mapped.status not in _ABSENT:
+                    if mapped.status not in (None, 408, 429) and 400 <= mapped.status < 500:
+                        self._refused(counter, mapped.status)
                     raise mapped from error
-            self._counters = tuple(other for other in self._counters if other != counter)
-            logger.debug(
-                "%s: the server of %r does not count prompt tokens by %s",
+                counted = None
+            if counted is not None:
+                self._refusals = 0
+                return counted
+            self._give_up(counter)
+        return None
+
+    def _refused(self, counter: _Counter, status: int) -> None:
+        """One more count in a row turned down with a client error ``status``."""
+        self._refusals += 1
+        if self._refusals >= COUNT_REFUSALS:
+            logger.warning(
+                "%s: the server of %r turned down %d prompt counts in a row (HTTP %d); "
+                "that way of counting is not tried again",
                 self.provider,
                 self._name,
-                counter.__name__,
+                self._refusals,
+                status,
             )
-        return None
+            self._give_up(counter)
+
+    def _give_up(self, counter: _Counter) -> None:
+        """Try ``counter`` no more."""
+        self._counters = tuple(other for other in self._counters if other != counter)
+        self._refusals = 0
+        if not self._counters:
+            logger.info(
+                "%s: the server of %r does not count prompt tokens; overflow recovery "
+                "estimates them",
+                self.provider,
+                self._name,
+            )
 
     @staticmethod
     async def _official_count(client: Any, params: dict[str, Any]) -> int | None:

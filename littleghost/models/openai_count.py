@@ -14,25 +14,43 @@ _PASSED = ("model", "tools", "tool_choice", "parallel_tool_calls")
 
 def count_request(params: Mapping[str, Any]) -> dict[str, Any]:
     """The count request for the chat-completions ``params``: the messages as input items,
-    the tools, tool choice, answer format and reasoning effort (what reaches the prompt)."""
+    the tools, tool choice, answer format, verbosity and reasoning effort (what reaches the
+    prompt)."""
     settings = {**params, **params.get("extra_body", {})}
     body: dict[str, Any] = {key: settings[key] for key in _PASSED if settings.get(key) is not None}
     body["input"] = [item for entry in params["messages"] for item in _items(entry)]
     if "tools" in body:
         body["tools"] = [_tool(tool) for tool in body["tools"]]
-    choice = body.get("tool_choice")
-    if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
-        body["tool_choice"] = {"type": "function", "name": choice["function"].get("name")}
-    answer = settings.get("response_format")
-    if isinstance(answer, Mapping):
-        body["text"] = {"format": {"type": answer.get("type"), **answer.get("json_schema", {})}}
+    if isinstance(choice := body.get("tool_choice"), Mapping):
+        choice = _flat(choice)
+        if isinstance(choice.get("tools"), list):
+            choice["tools"] = [_flat(tool) for tool in choice["tools"]]
+        body["tool_choice"] = choice
+    text: dict[str, Any] = {}
+    if isinstance(answer := settings.get("response_format"), Mapping):
+        text["format"] = _flat(answer)
+    if settings.get("verbosity") is not None:
+        text["verbosity"] = settings["verbosity"]
+    if text:
+        body["text"] = text
     if settings.get("reasoning_effort") is not None:
         body["reasoning"] = {"effort": settings["reasoning_effort"]}
     return body
 
 
+def _flat(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat-completions object whose details are nested under its type (``{"type":
+    "function", "function": {...}}``) as the Responses API has it, with the details beside
+    the type."""
+    key = value.get("type")
+    inner = value.get(key) if isinstance(key, str) else None
+    if not isinstance(inner, Mapping):
+        return dict(value)
+    return {**{k: v for k, v in value.items() if k != key}, **inner}
+
+
 def _items(entry: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """The input items for one chat message."""
+    """The input items for one chat message (an empty one too: its role's tokens count)."""
     role = entry["role"]
     if role == "tool":
         yield {
@@ -44,7 +62,7 @@ def _items(entry: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     content = entry.get("content")
     if isinstance(content, list):
         yield {"role": role, "content": [_part(part) for part in content]}
-    elif content:
+    elif content is not None:
         yield {"role": role, "content": content}
     for call in entry.get("tool_calls") or ():
         function = call["function"]
@@ -64,9 +82,7 @@ def _part(part: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """A function tool: the chat API nests it, the Responses API does not (and is strict
-    unless told, where chat completions are not)."""
-    function = tool.get("function")
-    if not isinstance(function, Mapping):
-        return dict(tool)
-    return {"type": "function", "strict": False, **function}
+    """A tool, its details beside its type; a function tool is not strict, as in chat
+    completions (the Responses API's default is strict)."""
+    flat = _flat(tool)
+    return {"strict": False, **flat} if flat.get("type") == "function" else flat
