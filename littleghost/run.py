@@ -34,7 +34,7 @@ from littleghost.sessions.codec import check_storable
 if TYPE_CHECKING:
     from littleghost.agent import Agent
 
-__all__ = ["RunContext", "RunResult"]
+__all__ = ["COUNT_TIMEOUT", "RunContext", "RunResult"]
 
 LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
@@ -42,6 +42,9 @@ T = TypeVar("T")
 OutputT = TypeVar("OutputT")
 
 logger = logging.getLogger("littleghost.models")
+
+COUNT_TIMEOUT = 10.0
+"""Seconds a prompt count may take before the run goes on without it."""
 
 
 def _instance(kind: type, name: str) -> Callable[[Any, Any, Any], None]:
@@ -289,11 +292,12 @@ class RunContext:
         ``count_prompt_tokens``); ``None`` when it cannot tell or the count failed.
 
         ``None`` at once for a model without the method. Otherwise one attempt, never
-        retried, in a ``count_tokens {model}`` span (a child of the run's span, with the
+        retried, in a ``count_tokens {model}`` span (a child of the current span, with the
         model's provider, name and server, and the figure as
         ``littleghost.counted_prompt_tokens``; never content), cut off by the run's
-        deadline as a model call is. A count that raises, or answers anything but an int
-        > 0 or ``None``, makes an ERROR span with ``error.type``, is logged (its error
+        deadline as a model call is, and after ``COUNT_TIMEOUT`` seconds (a
+        ``TimeoutError``). A count that raises, or answers anything but an int > 0 or
+        ``None``, makes an ERROR span with ``error.type``, is logged (its error
         type only) on the ``littleghost.models`` logger and gives ``None``; the run's
         cancellation, and a ``DeadlineExceededError``, ``CleanupError`` or
         ``SessionStoreError`` the count raised, propagate.
@@ -314,8 +318,8 @@ class RunContext:
             with telemetry.open_span(
                 f"count_tokens {model.name}", kind=SpanKind.CLIENT, attributes=attributes
             ) as span:
-                with self.grace.hosting():  # runs a custom model starts share the grace
-                    counted = await count(request)
+                with anyio.fail_after(COUNT_TIMEOUT), self.grace.hosting():
+                    counted = await count(request)  # a run a custom model starts shares the grace
                 if counted is None or (is_int(counted) and counted > 0):
                     if counted is not None:
                         span.set_attribute(telemetry.COUNTED_PROMPT_TOKENS, counted)

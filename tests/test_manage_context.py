@@ -11,6 +11,7 @@ import attrs
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
+import littleghost.run
 from littleghost import (
     Agent,
     Message,
@@ -1749,6 +1750,29 @@ class TestCountSpans:
         assert "error.type" not in (span.attributes or {})
         assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
         assert not spans.still_open
+
+    async def test_a_count_past_its_timeout_is_an_error_span_and_recovery_goes_on(
+        self, spans: Spans, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A count that takes longer than ``COUNT_TIMEOUT`` (a hung count endpoint, with no
+        run deadline to cut it) is given up: an ERROR span with ``TimeoutError``, and
+        recovery goes on by the estimate and answers."""
+        monkeypatch.setattr(littleghost.run, "COUNT_TIMEOUT", 0.2)
+
+        async def hung(request: ModelRequest) -> int:
+            await anyio.sleep(30)
+            return 500
+
+        counting = Densities()
+        agent = Lenient(model=ScriptedModel([counting] * 6, count_prompt_tokens=hung))
+        begin = anyio.current_time()
+        result = await agent.run(DIGITS, history=_prose(6))
+        assert result.output == "ok" and counting.sizes[-2] > 1_000 >= counting.sizes[-1]
+        asked = spans.named("count_tokens")
+        assert asked and anyio.current_time() - begin < 0.2 * len(asked) + 1
+        for span in asked:
+            assert span.status.status_code is StatusCode.ERROR
+            assert (span.attributes or {})["error.type"] == "TimeoutError"
 
     async def test_a_model_without_the_method_makes_no_count_span(self, spans: Spans) -> None:
         """A model whose count cannot tell (a ScriptedModel without
