@@ -44,6 +44,7 @@ from littleghost.errors import (
     InvalidRequestError,
     ProtocolError,
     ProviderUnavailableError,
+    SessionStoreError,
 )
 from littleghost.events import CompactionFinished
 from littleghost.messages import SUMMARY_COVERS_KEY
@@ -1773,6 +1774,31 @@ class TestCountSpans:
         for span in asked:
             assert span.status.status_code is StatusCode.ERROR
             assert (span.attributes or {})["error.type"] == "TimeoutError"
+
+    @pytest.mark.parametrize(
+        "raised",
+        [
+            DeadlineExceededError("the model's own deadline"),
+            CleanupError("a stream was not closed"),
+            SessionStoreError("the store is gone"),
+        ],
+        ids=type,
+    )
+    async def test_a_count_never_swallows_what_a_run_must_not(
+        self, spans: Spans, raised: Exception
+    ) -> None:
+        """A count that raises an error no optional step swallows ends the run with it,
+        as a failed summary call would."""
+
+        def count(request: ModelRequest) -> int:
+            raise raised
+
+        agent = Lenient(model=ScriptedModel([Densities()] * 4, count_prompt_tokens=count))
+        with pytest.raises(type(raised)) as caught:
+            await agent.run(DIGITS, history=_prose(6))
+        assert caught.value is raised
+        (span,) = spans.named("count_tokens")
+        assert (span.attributes or {})["error.type"] == type(raised).__name__
 
     async def test_a_model_without_the_method_makes_no_count_span(self, spans: Spans) -> None:
         """A model whose count cannot tell (a ScriptedModel without
