@@ -373,6 +373,34 @@ async def test_the_prompt_is_counted_by_the_count_tokens_endpoint(
         await model.count_prompt_tokens(request)
 
 
+async def test_a_server_without_the_count_endpoint_is_asked_once(
+    make_model: Callable[..., AnthropicModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server without /v1/messages/count_tokens (a gateway, a cloud's own endpoint) is
+    asked once; a client error fails only that count, and three in a row end the asking
+    with a warning, as ``OpenAIModel``'s do."""
+    absent = FakeServer(error(404, "not_found_error", "Not Found"))
+    model = make_model(absent)
+    request = ModelRequest([Message.user("hello")])
+    assert await model.count_prompt_tokens(request) is None
+    assert await model.count_prompt_tokens(request) is None
+    assert len(absent.requests) == 1
+    refusal = error(400, "invalid_request_error", "Unable to download the image")
+    counted = httpx2.Response(200, json={"input_tokens": 7})
+    server = FakeServer(refusal, refusal, counted, refusal, refusal, refusal)
+    model = make_model(server)
+    for expected in ("refused", "refused", 7, "refused", "refused", "refused", None):
+        if expected == "refused":
+            with pytest.raises(InvalidRequestError):
+                await model.count_prompt_tokens(request)
+        else:
+            assert await model.count_prompt_tokens(request) == expected
+    assert len(server.requests) == 6
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "turned down 3 prompt counts" in warning.getMessage()
+    assert "hello" not in caplog.text
+
+
 async def test_response_translation(make_model: Callable[..., AnthropicModel]) -> None:
     server = FakeServer(
         message(

@@ -227,7 +227,9 @@ async def test_a_count_turned_down_is_an_error_and_three_in_a_row_turn_that_way_
             assert await model.count_prompt_tokens(request) == expected
     assert len(server.requests) == 6  # not asked after the third refusal in a row
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "turned down 3 prompt counts in a row (HTTP 400)" in warning.getMessage()
+    assert "turned down 3 prompt counts through /v1/responses/input_tokens in a row (HTTP 400)" in (
+        warning.getMessage()
+    )
     assert "hello" not in caplog.text
 
 

@@ -23,6 +23,8 @@ from littleghost.models.overflow import classify_error, transport_error
 from littleghost.tool_types import ToolArgumentError, json_arguments, parse_json
 
 __all__ = [
+    "COUNT_REFUSALS",
+    "CountAsking",
     "RequestLogFilter",
     "accepted_parameters",
     "check_context_window",
@@ -39,6 +41,60 @@ __all__ = [
     "sse_events",
     "stream_cut_off",
 ]
+
+
+COUNT_REFUSALS = 3
+"""Prompt counts a server turns down with a client error, in a row, before that way of
+counting is not asked again."""
+_ABSENT = (404, 405, 501)
+"""HTTP statuses that say a server has no such endpoint."""
+
+logger = logging.getLogger("littleghost.models")
+
+
+class CountAsking:
+    """Whether a server is still asked for prompt counts one way (``where``, an endpoint):
+    not once it showed it has no such endpoint (HTTP 404, 405 or 501, or an answer without
+    a count: ``absent()``), nor after ``COUNT_REFUSALS`` client errors in a row (each
+    judges one request: an image the endpoint cannot fetch, a key without access)."""
+
+    __slots__ = ("on", "owner", "refusals", "where")
+
+    def __init__(self, owner: str, where: str) -> None:
+        self.owner = owner
+        self.where = where
+        self.on = True
+        self.refusals = 0
+
+    def counted(self) -> None:
+        """A count came back: the tally of refusals starts again."""
+        self.refusals = 0
+
+    def absent(self) -> None:
+        """The server has no such endpoint: it is not asked again."""
+        self.on = False
+        logger.info("%s does not count prompt tokens through %s", self.owner, self.where)
+
+    def failed(self, error: ProviderError) -> bool:
+        """Note a failed count; True when ``error`` says the endpoint is absent (the count is
+        then ``None``; otherwise ``error`` is the count's to raise)."""
+        status = error.status
+        if status in _ABSENT:
+            self.absent()
+            return True
+        if status is not None and 400 <= status < 500 and status not in (408, 429):
+            self.refusals += 1
+            if self.refusals >= COUNT_REFUSALS:
+                self.on = False
+                logger.warning(
+                    "%s turned down %d prompt counts through %s in a row (HTTP %d); it is "
+                    "not asked again",
+                    self.owner,
+                    self.refusals,
+                    self.where,
+                    status,
+                )
+        return False
 
 
 def import_sdk(module: str, extra: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -30,6 +31,7 @@ from littleghost.messages import (
 )
 from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
+    CountAsking,
     accepted_parameters,
     check_context_window,
     error_mapper,
@@ -374,6 +376,9 @@ class AnthropicModel:
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
         self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
+        self._counting = CountAsking(
+            f"{self.provider}: the server of {model!r}", "/v1/messages/count_tokens"
+        )
 
     @property
     def name(self) -> str:
@@ -456,7 +461,10 @@ class AnthropicModel:
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
-        its messages, system prompt, tools and the settings that reach the prompt)."""
+        its messages, system prompt, tools and the settings that reach the prompt); ``None``
+        from a server without that endpoint (``CountAsking`` says when it is given up)."""
+        if not self._counting.on:
+            return None
         params = self._params(request)
         try:
             client = await self._clients.get()
@@ -467,9 +475,15 @@ class AnthropicModel:
             mapped = self._error(error)
             if mapped is None:
                 raise
+            if self._counting.failed(mapped):
+                return None
             raise mapped from error
         tokens = lookup(counted, "input_tokens")
-        return tokens if isinstance(tokens, int) and tokens > 0 else None
+        if not (is_int(tokens) and tokens > 0):
+            self._counting.absent()
+            return None
+        self._counting.counted()
+        return tokens
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.

@@ -29,6 +29,7 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
+    CountAsking,
     accepted_parameters,
     check_context_window,
     error_mapper,
@@ -58,15 +59,10 @@ from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, Strea
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
-__all__ = ["COUNT_REFUSALS", "MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
+__all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
 
 MODELS_TIMEOUT = 3.0
 """Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
-COUNT_REFUSALS = 3
-"""Prompt counts a server turns down with a client error, in a row, before that way of
-counting is not tried again."""
-_ABSENT = (404, 405, 501)
-"""HTTP statuses that say a server has no such endpoint."""
 
 logger = logging.getLogger(__name__)
 
@@ -316,12 +312,16 @@ class OpenAIModel:
         self._probing_lock = threading.Lock()
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
-        self._counters: tuple[_Counter, ...] = (
-            (self._official_count,) if self._official else (self._llama_count, self._vllm_count)
+        owner = f"{self.provider}: the server of {model!r}"
+        ways = (
+            ((self._official_count, "/v1/responses/input_tokens"),)
+            if self._official
+            else ((self._llama_count, "/apply-template"), (self._vllm_count, "vLLM's /tokenize"))
         )
-        """The ways the server may count prompt tokens, less those it does not have."""
-        self._refusals = 0
-        """Counts turned down with a client error in a row."""
+        self._counters: tuple[tuple[_Counter, CountAsking], ...] = tuple(
+            (counter, CountAsking(owner, where)) for counter, where in ways
+        )
+        """The ways the server may count prompt tokens, each with whether it is still asked."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
 
     @staticmethod
@@ -438,14 +438,12 @@ class OpenAIModel:
         /apply-template``, which reads what the template reads, such as
         ``chat_template_kwargs``) and tokenized as a completion's prompt is (``POST
         /tokenize``); else vLLM's count of the chat request (``POST /tokenize`` with the
-        messages).
-
-        A way the server does not have (HTTP 404, 405 or 501, or an answer without a
-        count) is not tried again; ``None`` when none is left. Any other failure raises:
-        a client error judges that one request, but ``COUNT_REFUSALS`` of them in a row
-        turn the way off too."""
+        messages). ``None`` when the server has none of these (``CountAsking`` says when a
+        way is given up); any other failure raises."""
         params = self._params(request)
-        for counter in self._counters:
+        for counter, asking in self._counters:
+            if not asking.on:
+                continue
             try:
                 client = await self._clients.get()
                 counted = await counter(client, params)
@@ -453,42 +451,15 @@ class OpenAIModel:
                 mapped = self._error(error)
                 if mapped is None:
                     raise
-                if mapped.status not in _ABSENT:
-                    if mapped.status not in (None, 408, 429) and 400 <= mapped.status < 500:
-                        self._refused(counter, mapped.status)
+                if not asking.failed(mapped):
                     raise mapped from error
-                counted = None
-            if counted is not None:
-                self._refusals = 0
-                return counted
-            self._give_up(counter)
+                continue
+            if counted is None:
+                asking.absent()
+                continue
+            asking.counted()
+            return counted
         return None
-
-    def _refused(self, counter: _Counter, status: int) -> None:
-        """One more count in a row turned down with a client error ``status``."""
-        self._refusals += 1
-        if self._refusals >= COUNT_REFUSALS:
-            logger.warning(
-                "%s: the server of %r turned down %d prompt counts in a row (HTTP %d); "
-                "that way of counting is not tried again",
-                self.provider,
-                self._name,
-                self._refusals,
-                status,
-            )
-            self._give_up(counter)
-
-    def _give_up(self, counter: _Counter) -> None:
-        """Try ``counter`` no more."""
-        self._counters = tuple(other for other in self._counters if other != counter)
-        self._refusals = 0
-        if not self._counters:
-            logger.info(
-                "%s: the server of %r does not count prompt tokens; overflow recovery "
-                "estimates them",
-                self.provider,
-                self._name,
-            )
 
     @staticmethod
     async def _official_count(client: Any, params: dict[str, Any]) -> int | None:
