@@ -10,7 +10,7 @@ import inspect
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,10 +53,10 @@ logger = logging.getLogger("littleghost.models")
 
 
 class CountAsking:
-    """Whether a server is still asked for prompt counts one way (``where``, an endpoint):
-    not once it showed it has no such endpoint (HTTP 404, 405 or 501, or an answer without
-    a count: ``absent()``), nor after ``COUNT_REFUSALS`` client errors in a row (each
-    judges one request: an image the endpoint cannot fetch, a key without access)."""
+    """Asks a server for prompt counts one way (``where``, an endpoint), until it showed
+    it has no such endpoint (HTTP 404, 405 or 501, or an answer without a count), or after
+    ``COUNT_REFUSALS`` client errors in a row (each judges one request: an image the
+    endpoint cannot fetch, a key without access)."""
 
     __slots__ = ("on", "owner", "refusals", "where")
 
@@ -66,35 +66,48 @@ class CountAsking:
         self.on = True
         self.refusals = 0
 
-    def counted(self) -> None:
-        """A count came back: the tally of refusals starts again."""
+    async def ask(
+        self,
+        count: Callable[[], Awaitable[int | None]],
+        mapped: Callable[[Exception], ProviderError | None],
+    ) -> int | None:
+        """``count()``'s figure; ``None`` when the server is no longer asked or has no such
+        endpoint. Another failure raises, as ``mapped`` gives littleghost's error for it."""
+        if not self.on:
+            return None
+        try:
+            counted = await count()
+        except Exception as error:
+            provider_error = mapped(error)
+            if provider_error is None:
+                raise
+            if provider_error.status in _ABSENT:
+                counted = None
+            else:
+                self._refused(provider_error.status)
+                raise provider_error from error
+        if counted is None:
+            self.on = False
+            logger.info("%s does not count prompt tokens through %s", self.owner, self.where)
+            return None
         self.refusals = 0
+        return counted
 
-    def absent(self) -> None:
-        """The server has no such endpoint: it is not asked again."""
-        self.on = False
-        logger.info("%s does not count prompt tokens through %s", self.owner, self.where)
-
-    def failed(self, error: ProviderError) -> bool:
-        """Note a failed count; True when ``error`` says the endpoint is absent (the count is
-        then ``None``; otherwise ``error`` is the count's to raise)."""
-        status = error.status
-        if status in _ABSENT:
-            self.absent()
-            return True
-        if status is not None and 400 <= status < 500 and status not in (408, 429):
-            self.refusals += 1
-            if self.refusals >= COUNT_REFUSALS:
-                self.on = False
-                logger.warning(
-                    "%s turned down %d prompt counts through %s in a row (HTTP %d); it is "
-                    "not asked again",
-                    self.owner,
-                    self.refusals,
-                    self.where,
-                    status,
-                )
-        return False
+    def _refused(self, status: int | None) -> None:
+        """One more count in a row turned down, if ``status`` is a client error."""
+        if status is None or not 400 <= status < 500 or status in (408, 429):
+            return
+        self.refusals += 1
+        if self.refusals >= COUNT_REFUSALS:
+            self.on = False
+            logger.warning(
+                "%s turned down %d prompt counts through %s in a row (HTTP %d); it is not "
+                "asked again",
+                self.owner,
+                self.refusals,
+                self.where,
+                status,
+            )
 
 
 def import_sdk(module: str, extra: str) -> Any:

@@ -463,27 +463,17 @@ class AnthropicModel:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
         its messages, system prompt, tools and the settings that reach the prompt); ``None``
         from a server without that endpoint (``CountAsking`` says when it is given up)."""
-        if not self._counting.on:
-            return None
         params = self._params(request)
-        try:
+
+        async def count() -> int | None:
             client = await self._clients.get()
             count = client.messages.count_tokens
             accepted = accepted_parameters(count)
             counted = await count(**{key: v for key, v in params.items() if key in accepted})
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            if self._counting.failed(mapped):
-                return None
-            raise mapped from error
-        tokens = lookup(counted, "input_tokens")
-        if not (is_int(tokens) and tokens > 0):
-            self._counting.absent()
-            return None
-        self._counting.counted()
-        return tokens
+            tokens = lookup(counted, "input_tokens")
+            return tokens if is_int(tokens) and tokens > 0 else None
+
+        return await self._counting.ask(count, self._error)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.

@@ -77,7 +77,13 @@ _STOP_REASONS = {
 
 
 _Counter = Callable[[Any, dict[str, Any]], Awaitable["int | None"]]
-"""A way to count a request's prompt tokens: ``(client, chat params) -> count or None``."""
+"""A way to count a request's prompt tokens: ``(client, chat body) -> count or None``
+(the body with ``extra_body``'s keys beside the others, as the server reads it)."""
+
+
+def _server_root(client: Any) -> str:
+    """The client's base URL without its ``/v1``: where a server's own endpoints are."""
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
 
 
 def _is_official(base_url: object) -> bool:
@@ -441,24 +447,17 @@ class OpenAIModel:
         messages). ``None`` when the server has none of these (``CountAsking`` says when a
         way is given up); any other failure raises."""
         params = self._params(request)
+        sent = {key: value for key, value in params.items() if key != "extra_body"}
+        sent.update(params.get("extra_body", {}))  # the body as the server reads it
+
         for counter, asking in self._counters:
-            if not asking.on:
-                continue
-            try:
-                client = await self._clients.get()
-                counted = await counter(client, params)
-            except Exception as error:
-                mapped = self._error(error)
-                if mapped is None:
-                    raise
-                if not asking.failed(mapped):
-                    raise mapped from error
-                continue
-            if counted is None:
-                asking.absent()
-                continue
-            asking.counted()
-            return counted
+
+            async def count(counter: _Counter = counter) -> int | None:
+                return await counter(await self._clients.get(), sent)
+
+            counted = await asking.ask(count, self._error)
+            if counted is not None:
+                return counted
         return None
 
     @staticmethod
@@ -472,10 +471,8 @@ class OpenAIModel:
     @staticmethod
     async def _llama_count(client: Any, params: dict[str, Any]) -> int | None:
         """A llama.cpp server's count of the request's prompt."""
-        body = {key: value for key, value in params.items() if key != "extra_body"}
-        body.update(params.get("extra_body", {}))
-        root = str(client.base_url).rstrip("/").removesuffix("/v1")
-        applied = await client.post(f"{root}/apply-template", body=body, cast_to=object)
+        root = _server_root(client)
+        applied = await client.post(f"{root}/apply-template", body=params, cast_to=object)
         prompt = lookup(applied, "prompt")
         if not isinstance(prompt, str):
             return None
@@ -491,14 +488,12 @@ class OpenAIModel:
     async def _vllm_count(client: Any, params: dict[str, Any]) -> int | None:
         """A vLLM server's count of the chat request's prompt (its chat template applied
         with the generation prompt, as a chat completion's)."""
-        settings = {**params, **params.get("extra_body", {})}
-        body = {
-            key: settings[key]
-            for key in ("model", "messages", "tools", "chat_template_kwargs")
-            if key in settings
-        }
-        root = str(client.base_url).rstrip("/").removesuffix("/v1")
-        counted = lookup(await client.post(f"{root}/tokenize", body=body, cast_to=object), "count")
+        keys = ("model", "messages", "tools", "chat_template_kwargs")
+        body = {key: params[key] for key in keys if key in params}
+        counted = lookup(
+            await client.post(f"{_server_root(client)}/tokenize", body=body, cast_to=object),
+            "count",
+        )
         return counted if is_int(counted) and counted > 0 else None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:

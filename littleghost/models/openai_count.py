@@ -12,13 +12,12 @@ _PASSED = ("model", "tools", "tool_choice", "parallel_tool_calls")
 """Parameters that reach the prompt, under the same name in both APIs."""
 
 
-def count_request(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The count request for the chat-completions ``params``: the messages as input items,
-    the tools, tool choice, answer format, verbosity and reasoning effort (what reaches the
-    prompt)."""
-    settings = {**params, **params.get("extra_body", {})}
+def count_request(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The count request for a chat-completions body (``extra_body``'s keys beside the
+    others): the messages as input items, the tools, tool choice, answer format, verbosity
+    and reasoning effort (what reaches the prompt)."""
     body: dict[str, Any] = {key: settings[key] for key in _PASSED if settings.get(key) is not None}
-    body["input"] = [item for entry in params["messages"] for item in _items(entry)]
+    body["input"] = [item for entry in settings["messages"] for item in _items(entry)]
     if "tools" in body:
         body["tools"] = [_tool(tool) for tool in body["tools"]]
     if isinstance(choice := body.get("tool_choice"), Mapping):
