@@ -1211,19 +1211,13 @@ class TestOverflow:
         error type only) and recovery goes on by the estimate, as for a model that cannot
         count."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
-
         def count(request: ModelRequest) -> int:
             raise ProviderUnavailableError("no count endpoint")
 
         counting = Densities()
         model = ScriptedModel([counting] * 6, count_prompt_tokens=count)
-        digits = " ".join(str(10_000 + 7 * i) for i in range(200))
         with caplog.at_level("WARNING", logger="littleghost.models"):
-            result = await Lenient(model=model).run(digits, history=_prose(6))
+            result = await Lenient(model=model).run(DIGITS, history=_prose(6))
         assert result.output == "ok"
         assert counting.sizes[0] > 1_000 >= counting.sizes[-1] and len(counting.sizes) == 2
         counts = spans.named("count_tokens")
@@ -1247,16 +1241,10 @@ class TestOverflow:
         count span (a ProtocolError) and taken as no count: recovery goes on by the
         estimate."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
-
         counting = Densities()
         model = ScriptedModel([counting] * 6, count_prompt_tokens=lambda request: figure)
-        digits = " ".join(str(10_000 + 7 * i) for i in range(200))
         with caplog.at_level("WARNING", logger="littleghost.models"):
-            result = await Lenient(model=model).run(digits, history=_prose(6))
+            result = await Lenient(model=model).run(DIGITS, history=_prose(6))
         assert result.output == "ok"
         counts = spans.named("count_tokens")
         assert counts
