@@ -194,12 +194,12 @@ async def test_a_llama_cpp_server_counts_the_prompt(
         error(405, {"error": {"message": "Method Not Allowed"}}),
         httpx2.Response(200, json={"object": "error"}),
     ):
-        other = FakeServer(absent, absent)
+        other = FakeServer(absent, absent, absent)
         refused = make_model(other, base_url="http://127.0.0.1:8000/v1")
         assert await refused.count_prompt_tokens(request) is None
         assert await refused.count_prompt_tokens(request) is None
         paths = [asked.url.path for asked in other.requests]
-        assert paths == ["/apply-template", "/tokenize"]  # each way asked once
+        assert paths == ["/apply-template", "/tokenize", "/v1/responses/input_tokens"]  # once
     busy = make_model(
         FakeServer(error(503, {"error": {"message": "loading"}})), base_url="http://h:1/v1"
     )
@@ -337,6 +337,57 @@ async def test_openai_counts_the_prompt_of_the_same_request(
     limited = make_model(FakeServer(error(429, {"error": {"message": "slow down"}})))
     with pytest.raises(RateLimitError):
         await limited.count_prompt_tokens(request)
+
+
+@pytest.mark.parametrize("host", ["eu.api.openai.com", "us.api.openai.com", "API.OpenAI.com"])
+async def test_openai_s_regional_hosts_are_openai_s_own_api(
+    make_model: Callable[..., OpenAIModel], host: str
+) -> None:
+    """A data-residency host of OpenAI's API is OpenAI's API: counted through the
+    input-token count endpoint alone (never asked for llama.cpp's or vLLM's endpoints),
+    with the developer role and max_completion_tokens, and its window taken from the
+    table, not asked for."""
+    server = FakeServer(
+        httpx2.Response(200, json={"input_tokens": 7}), completion({"content": "hi"})
+    )
+    model = make_model(server, base_url=f"https://{host}/v1")
+    messages = [Message.developer("Be brief."), Message.user("hello")]
+    request = ModelRequest(messages, settings={"max_tokens": 5})
+    assert await model.count_prompt_tokens(request) == 7
+    await model.respond(request)
+    paths = [asked.url.path for asked in server.requests]
+    assert paths == ["/v1/responses/input_tokens", "/v1/chat/completions"]
+    sent = server.bodies[1]
+    assert (sent["messages"][0]["role"], sent["max_completion_tokens"]) == ("developer", 5)
+    assert model.context_window == 128_000
+
+
+async def test_a_proxy_in_front_of_openai_counts_through_the_input_token_endpoint(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A server at another host that has neither llama.cpp's nor vLLM's endpoints but
+    answers OpenAI's input-token count (a gateway in front of OpenAI's API) is counted
+    that way, and from then on asked only that way."""
+    server = FakeServer(
+        error(404, {"error": {"message": "not found"}}),
+        error(404, {"error": {"message": "not found"}}),
+        httpx2.Response(200, json={"input_tokens": 21}),
+        httpx2.Response(200, json={"input_tokens": 22}),
+    )
+    model = make_model(server, base_url="https://gateway.example.test/openai/v1")
+    request = ModelRequest([Message.user("hello")])
+    assert await model.count_prompt_tokens(request) == 21
+    assert await model.count_prompt_tokens(request) == 22
+    assert [asked.url.path for asked in server.requests] == [
+        "/openai/apply-template",
+        "/openai/tokenize",
+        "/openai/v1/responses/input_tokens",
+        "/openai/v1/responses/input_tokens",
+    ]
+    assert server.bodies[2] == {
+        "model": "gpt-4o-mini",
+        "input": [{"role": "user", "content": "hello"}],
+    }
 
 
 @pytest.mark.parametrize(

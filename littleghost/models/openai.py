@@ -87,7 +87,10 @@ def _server_root(client: Any) -> str:
 
 
 def _is_official(base_url: object) -> bool:
-    return (urlsplit(str(base_url)).hostname or "") == "api.openai.com"
+    """True for OpenAI's own API: ``api.openai.com`` or a data-residency region of it
+    (``eu.api.openai.com``, ``us.api.openai.com``, ...)."""
+    host = (urlsplit(str(base_url)).hostname or "").lower()
+    return host == "api.openai.com" or host.endswith(".api.openai.com")
 
 
 def _reported_window(body: object, model: str) -> int | None:
@@ -319,11 +322,12 @@ class OpenAIModel:
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         owner = f"{self.provider}: the server of {model!r}"
-        ways = (
-            ((self._official_count, "/v1/responses/input_tokens"),)
-            if self._official
-            else ((self._llama_count, "/apply-template"), (self._vllm_count, "vLLM's /tokenize"))
-        )
+        ways: list[tuple[_Counter, str]] = [(self._official_count, "/v1/responses/input_tokens")]
+        if not self._official:  # a proxy in front of OpenAI's API answers the last way
+            ways[:0] = [
+                (self._llama_count, "/apply-template"),
+                (self._vllm_count, "vLLM's /tokenize"),
+            ]
         self._counters: tuple[tuple[_Counter, CountAsking], ...] = tuple(
             (counter, CountAsking(owner, where)) for counter, where in ways
         )
@@ -438,14 +442,15 @@ class OpenAIModel:
         return params
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
-        """The prompt tokens the server counts for ``request``. OpenAI's own API: the
-        input-token count of the same request (``POST /v1/responses/input_tokens``). Another
-        server: a llama.cpp server's chat template applied to the chat request (``POST
-        /apply-template``, which reads what the template reads, such as
-        ``chat_template_kwargs``) and tokenized as a completion's prompt is (``POST
-        /tokenize``); else vLLM's count of the chat request (``POST /tokenize`` with the
-        messages). ``None`` when the server has none of these (``CountAsking`` says when a
-        way is given up); any other failure raises."""
+        """The prompt tokens the server counts for ``request``. OpenAI's own API (and its
+        regional hosts): the input-token count of the same request (``POST
+        /v1/responses/input_tokens``). Another server: a llama.cpp server's chat template
+        applied to the chat request (``POST /apply-template``, which reads what the
+        template reads, such as ``chat_template_kwargs``) and tokenized as a completion's
+        prompt is (``POST /tokenize``); else vLLM's count of the chat request (``POST
+        /tokenize`` with the messages); else the input-token count (a proxy in front of
+        OpenAI's API). ``None`` when the server has none of these (``CountAsking`` says
+        when a way is given up); any other failure raises."""
         params = self._params(request)
         sent = {key: value for key, value in params.items() if key != "extra_body"}
         sent.update(params.get("extra_body", {}))  # the body as the server reads it
