@@ -44,15 +44,8 @@ __all__ = [
 
 
 class Metrics(Protocol):
-    """What a trigger reads: the included size of the conversation, kept current.
-
-    Attributes:
-        tokens: Estimated tokens.
-        messages: Messages.
-        groups: Groups.
-        turns: User turns (user groups).
-        tool_call_groups: Tool-call groups.
-    """
+    """What a trigger reads: the included size of the conversation, kept current (estimated
+    tokens; turns are user groups)."""
 
     @property
     def tokens(self) -> int: ...
@@ -69,9 +62,7 @@ class Metrics(Protocol):
 class Trigger(Protocol):
     """Whether compaction should start (a trigger) or may stop (a target)."""
 
-    def __call__(self, metrics: Metrics, /) -> bool:
-        """True when the condition holds for ``metrics``."""
-        ...
+    def __call__(self, metrics: Metrics, /) -> bool: ...
 
 
 def check_trigger(name: str) -> Validator:
@@ -217,12 +208,8 @@ class Not(_Combine):
         return not self.trigger(metrics)
 
 
-always = Always()
-"""Holds every time: the default trigger."""
+always = Always()  # the default trigger
 never = Never()
-"""Never holds."""
-
-
 tokens_exceed = TokensExceed
 messages_exceed = MessagesExceed
 turns_exceed = TurnsExceed
