@@ -1,19 +1,12 @@
-"""The summary call: notes for an assistant that continues the conversation.
-
-The request is a fixed framing (the system message) and ONE user message: the delimited
-data first (the current notes when they are to be rewritten, then a role-tagged transcript)
-and the instruction last. Notes are anchored: a later summary notes the new conversation
-only and ``merged_notes`` appends them to the earlier ones, so a fact once noted is carried
-forward exactly; only notes that reached their cap are rewritten. After the notes,
-``quoted_specifics`` keeps, by code, what the user and the tools said that holds a number,
-an identifier or a name (``QUOTES_HEADING``): small models copy facts badly.
-"""
+"""The summary call: notes for an assistant that continues the conversation, anchored
+(``merged_notes``), with the specifics quoted by code after them (``quoted_specifics``).
+The README's "Context management" tells more (the summary call, anchored notes, quotes)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attrs import evolve, frozen
@@ -78,15 +71,12 @@ SUMMARY_PREFIX = (
     "[Summary of the earlier conversation, for reference only; it is not an instruction.]\n"
 )
 QUOTES_HEADING = "Quoted from the conversation:"
-"""Heads the specifics a summary quotes exactly (``quoted_specifics``), after the notes."""
+# A summary's outcome: whole; cut at its output cap, its complete lines kept; or cut with
+# no complete line, so a shorter one was asked for once.
 SUMMARY_COMPLETE = "complete"
-"""The summary came back whole."""
 SUMMARY_CUT = "cut_at_cap"
-"""The summary reached its output cap; its complete lines were kept."""
 SUMMARY_RETRIED = "retried_shorter"
-"""The summary reached its cap with no complete line; a shorter one was asked for once."""
 _DROPPED_SETTINGS = ("max_tokens", "tool_choice", "response_format", "parallel_tool_calls", "stop")
-_SHORTER = " Keep the notes short: at most about {words} words."
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 """Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
@@ -112,11 +102,10 @@ def _lines(message: Message, names: Sequence[str]) -> Iterable[str]:
     if message.is_summary:
         yield f"Earlier summary: {summary_text(message)}"
         return
-    speaker = message.role.value.capitalize()
     text = " ".join(part.text for part in message.content if isinstance(part, TextPart)).strip()
     images = sum(1 for part in message.content if isinstance(part, ImagePart))
     if text or images:
-        yield f"{speaker}: {text}{' [image]' * images}".rstrip()
+        yield f"{message.role.value.capitalize()}: {text}{' [image]' * images}".rstrip()
     results = iter(names)
     for part in message.content:
         if isinstance(part, ToolCall):
@@ -140,14 +129,11 @@ def excerpt(messages: Sequence[Message], chars: int) -> str | None:
 
 
 def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None = None) -> str:
-    """The messages as role-tagged lines (tool calls as name and arguments, results as
-    text: never raw tool-call blocks, which some providers reject without tool
-    definitions); items longer than ``max_item_chars`` are clipped in the middle (head and
-    tail kept, with a marker)."""
-    names = _result_names(messages)
-    lines = [
-        line for message, its in zip(messages, names, strict=True) for line in _lines(message, its)
-    ]
+    """The messages as role-tagged lines (tool calls as name and arguments, results as text:
+    never raw tool-call blocks, which some providers reject without tool definitions), each
+    cut in the middle to ``max_item_chars``."""
+    pairs = zip(messages, _result_names(messages), strict=True)
+    lines = [line for message, names in pairs for line in _lines(message, names)]
     if max_item_chars is not None:
         lines = [cut_middle(line, max_item_chars) for line in lines]
     return "\n".join(lines)
@@ -162,18 +148,9 @@ def summary_request(
     max_item_chars: int | None = None,
     notes: str | None = None,
 ) -> ModelRequest:
-    """The summary call for ``messages``: the framing, one user message (the data, then
-    the instruction), no tools.
-
-    Args:
-        messages: What the summary is to cover (besides ``notes``).
-        instructions: The instruction the request ends with (``summary_instruction``).
-        settings: The provider settings to start from (output cap and tool settings
-            replaced).
-        max_tokens: The summary's output cap.
-        max_item_chars: Transcript lines are cut in the middle to this length.
-        notes: Earlier notes to rewrite together with ``messages``, if any.
-    """
+    """The summary call for ``messages`` (and the earlier ``notes`` to rewrite with them):
+    the framing, one user message (the data, then ``instructions``), no tools, ``settings``
+    without their output cap and tool settings, output capped at ``max_tokens``."""
     transcript = render_transcript(messages, max_item_chars=max_item_chars)
     if notes is None:
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
@@ -223,24 +200,21 @@ def _specific_sentences(text: str) -> list[str]:
 
 
 def _fields(content: str) -> str:
+    """A JSON object or array flattened to ``key=value; ...`` (``""`` for anything else)."""
     try:
         data = json.loads(content)
     except ValueError:
         return ""
-    if not isinstance(data, (dict, list)):
-        return ""
-    pairs: list[str] = []
+    return "; ".join(_pairs(data, "")) if isinstance(data, (dict, list)) else ""
 
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, (dict, list)):
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                walk(item, f"{path}.{key}" if path else str(key))
-        elif value is not None:
-            pairs.append(f"{path}={value}")
 
-    walk(data, "")
-    return "; ".join(pairs)
+def _pairs(value: Any, path: str) -> Iterator[str]:
+    if isinstance(value, (dict, list)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            yield from _pairs(item, f"{path}.{key}" if path else str(key))
+    elif value is not None:
+        yield f"{path}={value}"
 
 
 def merged_notes(notes: str, new: str) -> str:
@@ -269,16 +243,9 @@ def summary_message(text: str, covers: Iterable[str]) -> Message:
 
 @frozen
 class Summary:
-    """A summary the model wrote.
-
-    Attributes:
-        text: The summary (its complete lines, when it reached its cap).
-        tokens: Its size in the model's tokens, from the reported output tokens (``0``
-            when not reported).
-        outcome: ``SUMMARY_COMPLETE``, ``SUMMARY_CUT`` or ``SUMMARY_RETRIED``.
-        input_tokens: The prompt tokens the model reported for the call (``0`` when not
-            reported).
-    """
+    """A summary the model wrote: its ``text`` (its complete lines, when it reached its
+    cap), ``tokens`` and ``input_tokens`` as the model reported them (``0`` when not),
+    ``outcome`` one of ``SUMMARY_COMPLETE``, ``SUMMARY_CUT`` and ``SUMMARY_RETRIED``."""
 
     text: str
     tokens: int
@@ -287,9 +254,8 @@ class Summary:
 
 
 async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
-    """Make the summary call. A summary that reached its output cap keeps its complete
-    lines (or sentences) when they hold something besides headings; otherwise a shorter
-    summary is asked for, once.
+    """Make the summary call; one cut at its cap keeps its complete lines (or sentences)
+    when they hold more than headings, else a shorter one is asked for, once.
 
     Raises:
         OutputLimitError: The summary stopped at its cap with nothing usable, twice.
@@ -342,7 +308,7 @@ def _shorter(request: ModelRequest) -> ModelRequest:
     """``request`` asking for notes well within its output cap (after its instruction)."""
     *framing, asked = request.messages
     words = max(8, (request.max_tokens or 64) // 2)
-    shorter = Message.user(asked.text + _SHORTER.format(words=words))
+    shorter = Message.user(f"{asked.text} Keep the notes short: at most about {words} words.")
     return evolve(request, messages=(*framing, shorter))
 
 
