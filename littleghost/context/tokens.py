@@ -55,14 +55,9 @@ class CharacterEstimator:
 
 @frozen(kw_only=True, cache_hash=True)
 class ByteEstimator:
-    """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image.
-
-    Measured against SmolLM2 (``benchmarks/estimates.py``; figures in the README): three
-    bytes per token over-counts prose and code and under-counts JSON, Polish and Japanese
-    (lower ``bytes_per_token`` or plug in an exact tokenizer for those); a message costs
-    about six tokens of chat-template framing. 765 tokens per image is OpenAI's cost of one
-    high-detail 512×512 tile set; it was not measurable on a text-only model.
-    """
+    """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image
+    (measured against SmolLM2: the README's "A bounded prompt view"; 765 per image is
+    OpenAI's cost of one high-detail 512×512 tile set, not measurable on a text-only model)."""
 
     bytes_per_token: float = field(
         default=3.0,
@@ -103,11 +98,8 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
 
 
 def prompt_text(message: Message) -> str:
-    """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls
-    and results.
-
-    Metadata and image bytes are not part of it (images are counted by allowance).
-    """
+    """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls and
+    results (not metadata, nor image bytes: images are counted by allowance)."""
     pieces = [message.role + ": "]
     for part in message.content:
         kind = type(part)
@@ -147,12 +139,8 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
                     length += _RESULT_CHARS + len(result.call_id) + len(result.content)
                 elif kind is ToolCall:
                     call: ToolCall = part  # type: ignore[assignment]
-                    length += (
-                        _CALL_CHARS
-                        + len(call.id)
-                        + len(call.name)
-                        + _arguments_length(call.arguments)
-                    )
+                    length += _CALL_CHARS + len(call.id) + len(call.name)
+                    length += _arguments_length(call.arguments)
                 elif kind is ImagePart:
                     images += 1
             return math.ceil(length / per_token) + images * image_tokens + overhead
