@@ -28,8 +28,7 @@ __all__ = ["ContextManagement", "context_config", "context_window"]
 
 logger = logging.getLogger("littleghost.context")
 
-_assumed_windows: set[tuple[str, str]] = set()
-"""The (provider, model name) pairs already warned about an assumed window."""
+_assumed_windows: set[tuple[str, str]] = set()  # (provider, model name) pairs warned about
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -51,26 +50,21 @@ class ContextManagement:
 
     Args:
         context_window_tokens: The window used when the model advertises none (> 0).
-        context_window_override: The window used whatever the model advertises (> 0), or
-            None.
-        compression_threshold: Compact when the estimate reaches this share of the window,
-            in (0, 1].
+        context_window_override: The window used whatever the model advertises, or None.
+        compression_threshold: Compact at this share of the window, in (0, 1].
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
-        preserve_recent_messages: Newest messages kept verbatim (>= 2); overflow recovery
-            may summarize them, never the current turn.
+        preserve_recent_messages: Newest messages kept verbatim (>= 2; see the README).
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
-        summary_max_tokens: The summary's output cap, and the cap of the specifics it
-            quotes (under the window); default a quarter of the window, at most 4 096.
-        quote_specifics: Keep, beside the notes, the summarized sentences and tool results
-            that hold a number, an identifier or a name, in their own words (default True).
-        mask_tool_results: Before summarizing, mask tool results older than the newest
-            this many tool-call groups by a one-line placeholder, and make no summary when
-            that is enough (``None``, the default: never).
+        summary_max_tokens: The cap of the summary and of what it quotes (under the window);
+            default a quarter of the window, at most 4 096.
+        quote_specifics: Keep the summarized specifics in their own words beside the notes.
+        mask_tool_results: Before summarizing, mask tool results older than the newest this
+            many tool-call groups (``None``, the default: never).
         budget: A ``PromptBudget``: every request's view is first bounded to it.
         summarize: False never compacts with a model (needs ``budget``).
-        strategy: How to compact, in place of the default summarizer (the threshold
-            still decides when; overflow recovery uses it too).
+        strategy: How to compact, in place of the default summarizer (the threshold still
+            decides when; overflow recovery uses it too).
     """
 
     context_window_tokens: int = field(
