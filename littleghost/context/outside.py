@@ -40,9 +40,8 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (``()`` when nothing is to compact, and always with
-    ``summarize=False``, which never compacts): see ``managed_records``. Outside a run,
-    the summary call has no span and no deadline.
+    whatever its threshold (``managed_records``); the summary call has no span and no
+    deadline.
 
     Raises:
         ConfigurationError: The agent's class has no ``@manage_context``, or ``messages``
@@ -53,11 +52,10 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     model = agent.resolve_model()
-    window = context_window(model, config)
     return await managed_records(
         log,
         config,
-        window=window,
+        window=context_window(model, config),
         complete=prepared(model),
         settings=agent.run_settings(),
         share=share,
@@ -75,13 +73,10 @@ async def managed_records(
     share: float = 0.5,
     max_tool_result_tokens: int | None = None,
 ) -> tuple[Message, ...]:
-    """The records ``config`` appends to compact ``messages`` now in ``window``, every
-    summary call made through ``complete`` (which takes ``model=`` as
-    ``RunContext.complete`` does) from ``settings``: its ``strategy``, else the default
-    summarizer aiming at ``share`` of their estimate, the newest
-    ``preserve_recent_messages`` kept. The view is first shaped as a run's request is
-    (``preview_request``: tool results clipped, bounded to the budget); ``()`` with
-    ``summarize=False``, before any model call."""
+    """The records ``config`` appends to compact ``messages`` now in ``window``: its
+    ``strategy``, else the default summarizer aiming at ``share`` of their estimate, on the
+    view shaped as ``preview_request`` shapes it; ``()`` when nothing is to compact or with
+    ``summarize=False``. ``complete`` takes ``model=`` as ``RunContext.complete`` does."""
     if not config.summarize:
         return ()
     index = LogIndex.of(messages)
@@ -106,8 +101,7 @@ class RequestPreview:
     (before the class's own hooks), and the figures ``@manage_context`` decides on.
 
     Attributes:
-        request: The request.
-        message_tokens: The estimate of each of its messages.
+        message_tokens: The estimate of each of the request's messages.
         estimated_tokens: The estimate the threshold is compared with: the messages (the
             conversation's scaled by the calibration earlier runs kept in the log), tool
             schemas and prompt settings, plus the answer's room (``max_tokens``).
@@ -139,9 +133,8 @@ def preview_request(
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model:
     tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
-    (without memories, which need a run), the estimate calibrated as the log's earlier
-    runs left it (``remembered``), and whether a compaction is due in ``window``.
-    ``config`` ``None`` leaves the request as it is.
+    (without memories, which need a run), the estimate calibrated as the log's earlier runs
+    left it, and whether a compaction is due in ``window`` (``config`` ``None``: no change).
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
