@@ -187,10 +187,8 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
             lines.extend(f"User: {s}" for s in _specific_sentences(message.text))
         for result, name in zip(message.tool_results, names, strict=True):
             fields = _fields(result.content)
-            if fields:
-                lines.append(f"{name}: {fields}")
-            else:
-                lines.extend(f"{name}: {s}" for s in _specific_sentences(result.content))
+            quotes = [fields] if fields else _specific_sentences(result.content)
+            lines.extend(f"{name}: {quote}" for quote in quotes)
     return [cut_middle(line, max_chars) for line in lines]
 
 
