@@ -29,9 +29,7 @@ __all__ = [
 class Tokenizer(Protocol):
     """Counts the tokens of a text: any object with ``count_tokens(text) -> int``."""
 
-    def count_tokens(self, text: str) -> int:
-        """How many tokens ``text`` is."""
-        ...
+    def count_tokens(self, text: str) -> int: ...
 
 
 def _positive(value: object) -> bool:
