@@ -1,12 +1,6 @@
-"""Triggers: predicates over the size of a conversation under compaction.
-
-A strategy starts only when its ``trigger`` holds, and stops as soon as its ``target``
-holds (by default: when the trigger no longer does), re-evaluated after each step. A
-trigger is any callable ``(metrics) -> bool``; the built-in ones combine with
-``all_of``/``any_of`` or ``&``, ``|`` and ``~`` (``all_of(has_tool_calls(),
-tokens_exceed(2_000))``). Every count is of what is still included (kept or collapsed,
-not excluded), system messages included.
-"""
+"""Triggers: predicates over the size of a conversation under compaction, re-evaluated
+after each step (the README's "Compaction strategies" tells more). Every count is of what
+is still included (kept or collapsed, not excluded), system messages included."""
 
 from __future__ import annotations
 
