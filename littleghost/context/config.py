@@ -53,7 +53,8 @@ class ContextManagement:
         context_window_override: The window used whatever the model advertises, or None.
         compression_threshold: Compact at this share of the window, in (0, 1].
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
-        preserve_recent_messages: Newest messages kept verbatim (>= 2; see the README).
+        preserve_recent_messages: Newest messages kept verbatim (>= 2); overflow recovery
+            may summarize them, never the current turn.
         tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The cap of the summary and of what it quotes (under the window);
