@@ -2,8 +2,9 @@
 exclude or summarize, working on a ``CompactionState``.
 
 Every strategy keeps system groups and never splits a group. It starts only when its
-``trigger`` holds and, stepping, stops as soon as its ``target`` holds (by default, when
-the trigger no longer does).
+``trigger`` holds (default ``always``) and, stepping, stops as soon as its ``target``
+holds (default: when the trigger no longer does). The README's "Compaction strategies"
+tells more.
 """
 
 from __future__ import annotations
@@ -91,16 +92,14 @@ _ID = attrgetter("id")
 class CompactionState:
     """The groups of a view while strategies work on them, and the metrics triggers read.
 
-    The metrics (``tokens``, ``messages``, ``groups``, ``turns``, ``tool_call_groups``)
-    count what is included and are kept current by every step; a group's tokens are
-    estimated when first needed, so walking from the newest group back estimates only
-    what is walked. Slots keep their order: each slot's group is included, excluded, or
-    absorbed into a collapse or summary made in the first slot it replaces. Slots from
-    ``protected`` on and ``pinned`` slots (in a run, the preserved newest messages and the
-    current request) are never removed: excluding, collapsing, merging or summarizing one
-    raises ``ValueError``, as for a system group. ``scale`` (real tokens per estimated
-    token) and ``room`` (the real tokens a summary request may fill, ``None`` for no
-    limit) fit summary requests to the window.
+    The metrics count what is included, kept current by every step; a group's tokens are
+    estimated when first needed. Each slot's group is included, excluded, or absorbed
+    into a collapse or summary made in the first slot it replaces. Removing a system
+    group, a slot from ``protected`` on or a ``pinned`` one raises ``ValueError``.
+    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
+    request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
+    holds the model's own size of records it reported, ``summary_outcome`` how a summary
+    made here came back, ``measured`` the scale a summary call's reported prompt showed.
     """
 
     __slots__ = (
@@ -157,30 +156,22 @@ class CompactionState:
         self.scale = 1.0
         self.room: int | None = None
         self.real: dict[str, int] = {}
-        """The size in the model's own tokens of records whose size the model reported."""
         self.summary_outcome: str | None = None
-        """How the summary made here came back (``SUMMARY_COMPLETE``, ...), if one was."""
         self.measured: float | None = None
-        """Real tokens per estimated token of the conversation a summary call here was
-        shown, from the prompt tokens the model reported for it."""
         self.messages = sum(map(len, self._members))
         self.groups = len(self._kinds)
         self.turns = self._kinds.count(USER)
         self.tool_call_groups = self._kinds.count(TOOL_CALL)
 
-    # --- reading ---------------------------------------------------------------------
-
     @property
     def tokens(self) -> int:
         """The estimated tokens of what is included (estimating every group once)."""
         if self._tokens is None:
-            fate = self._fate
-            self._tokens = sum(self.size(s) for s in range(len(fate)) if fate[s] == _INCLUDED)
+            self._tokens = sum(self.size(s) for s, f in enumerate(self._fate) if f == _INCLUDED)
         return self._tokens
 
     def within(self, limit: int) -> bool:
-        """True when what is included is at most ``limit`` tokens (as ``tokens <= limit``,
-        estimating from the newest group back only until it is over)."""
+        """``tokens <= limit``, estimating from the newest group back only until it is over."""
         if self._tokens is not None:
             return self._tokens <= limit
         fate = self._fate
@@ -206,21 +197,17 @@ class CompactionState:
         return len(self._kinds)
 
     def kind(self, slot: int) -> GroupKind:
-        """The kind of the group in ``slot``."""
         return self._kinds[slot]
 
     def included(self, slot: int) -> bool:
-        """True while the group in ``slot`` is part of the view."""
         return self._fate[slot] == _INCLUDED
 
     def group(self, slot: int) -> MessageGroup:
-        """The group in ``slot`` as a value."""
         return MessageGroup(self._kinds[slot], tuple(self._members[slot]), self.size(slot))
 
     def newest(self, count: int, kind: GroupKind | None = None) -> int:
         """The first slot of the newest ``count`` included non-system groups (of ``kind``
-        when given), and never past ``protected``: the groups from that slot on are
-        kept. ``0`` when there are no more than ``count`` such groups."""
+        when given), at most ``protected``; ``0`` when there are no more such groups."""
         if count <= 0:
             return self.protected
         fate = self._fate
@@ -233,15 +220,13 @@ class CompactionState:
         return 0
 
     def candidates(self, end: int, kind: GroupKind | None = None) -> list[int]:
-        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given),
-        oldest first."""
+        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given)."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
-        end = min(end, self.protected)
         return [
             s
-            for s in range(end)
+            for s in range(min(end, self.protected))
             if fate[s] == _INCLUDED
             and kinds[s] != SYSTEM
             and (kind is None or kinds[s] == kind)
@@ -249,9 +234,8 @@ class CompactionState:
         ]
 
     def fits(self, request: ModelRequest, instruction: str = "") -> bool:
-        """True when ``request`` (a summary call: a framing, then the data and the
-        ``instruction`` after it) fits ``room``, its answer included; ``scale`` applies
-        to the data, the conversation's own text, not to the framing and instruction."""
+        """True when summary ``request`` (a framing, then the data, then ``instruction``)
+        fits ``room``, its answer included; ``scale`` applies to the data only."""
         if self.room is None:
             return True
         fixed, data = self._summary_split(request, instruction)
@@ -276,8 +260,6 @@ class CompactionState:
         stands = self._stands.get(slot)
         return list(stands) if stands is not None else [m.id for m in self._members[slot]]
 
-    # --- steps -----------------------------------------------------------------------
-
     def _count(self, slot: int, sign: int) -> None:
         kind = self._kinds[slot]
         if self._tokens is not None:
@@ -290,8 +272,7 @@ class CompactionState:
             self.tool_call_groups += sign
 
     def _removable(self, slot: int) -> None:
-        """``ValueError`` unless the group in ``slot`` may leave the view (not a system
-        group, nor pinned, nor from ``protected`` on)."""
+        """``ValueError`` unless the group in ``slot`` may leave the view."""
         if self._kinds[slot] == SYSTEM:
             raise ValueError(f"slot {slot} holds a system group: system groups are always kept")
         if slot >= self.protected or slot in self.pinned:
@@ -301,8 +282,7 @@ class CompactionState:
             )
 
     def exclude(self, slot: int) -> None:
-        """Leave the group in ``slot`` out of the view (``ValueError`` for a system,
-        protected or pinned group)."""
+        """Leave the group in ``slot`` out of the view."""
         if self._fate[slot] != _INCLUDED:
             return
         self._removable(slot)
@@ -311,8 +291,7 @@ class CompactionState:
         self._excluded.append(slot)
 
     def exclude_oldest(self, end: int, target: Trigger) -> None:
-        """Exclude the included non-system groups before slot ``end``, oldest first,
-        checking ``target`` before each; stop as soon as it holds."""
+        """Exclude the slots ``candidates(end)`` gives, oldest first, until ``target`` holds."""
         if isinstance(target, Not) and isinstance(target.trigger, TokensExceed):
             self.keep_newest(end, target.trigger.limit)  # what stays can be counted ahead
             return
@@ -322,11 +301,9 @@ class CompactionState:
             self.exclude(slot)
 
     def keep_newest(self, end: int, limit: int, free: GroupKind | None = None) -> None:
-        """Exclude the oldest non-system groups before slot ``end`` so that what stays
-        is at most ``limit`` tokens (as close as whole groups allow): walk from the
-        newest group back, estimating only what is walked, and exclude the rest. Groups
-        of kind ``free`` count as nothing: what is excluded then would not fit even
-        with them gone."""
+        """Exclude the oldest groups before slot ``end`` so that what stays is at most
+        ``limit`` tokens, estimating from the newest back only what is walked; groups of
+        kind ``free`` count as nothing."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
@@ -343,25 +320,24 @@ class CompactionState:
             if used > limit:
                 cut = slot + 1
                 break
-        spared = [s for s in kept if s < cut]
         if self._tokens is not None or fate[:cut].count(_INCLUDED) != cut:
             for slot in self.candidates(cut):
                 self.exclude(slot)
             return
-        # Everything before the cut is included: exclude it in bulk, then spare the
-        # system and pinned groups among it.
-        members = self._members
+        # Everything before the cut is included (and tokens not yet counted): exclude it
+        # in bulk, then spare the system and pinned groups among it.
         fate[:cut] = [_EXCLUDED] * cut
+        self._excluded.extend(range(cut))
+        self.messages -= sum(map(len, self._members[:cut]))
+        self.groups -= cut
+        self.turns -= kinds[:cut].count(USER)
+        self.tool_call_groups -= kinds[:cut].count(TOOL_CALL)
+        spared = [s for s in kept if s < cut]
         for slot in spared:
             fate[slot] = _INCLUDED
-        self._excluded.extend(range(cut))
+            self._count(slot, 1)
         if spared:
             self._excluded = [s for s in self._excluded if fate[s] == _EXCLUDED]
-        spared_kinds = [kinds[s] for s in spared]
-        self.messages -= sum(map(len, members[:cut])) - sum(len(members[s]) for s in spared)
-        self.groups -= cut - len(spared)
-        self.turns -= kinds[:cut].count(USER) - spared_kinds.count(USER)
-        self.tool_call_groups -= kinds[:cut].count(TOOL_CALL) - spared_kinds.count(TOOL_CALL)
 
     def restore(self, slot: int) -> None:
         """Put an excluded group back (a strategy undoing a tentative step)."""
@@ -379,8 +355,8 @@ class CompactionState:
         self.merge([slot], text)
 
     def merge(self, slots: Sequence[int], text: str) -> None:
-        """Replace the groups in ``slots`` (oldest first) by one assistant message saying
-        ``text`` (a collapse record), shown in the place of the first of them."""
+        """Replace the groups in ``slots`` (oldest first) by one collapse record saying
+        ``text``, shown in the place of the first of them."""
 
         def record(stands: list[str]) -> Message:
             metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
@@ -389,9 +365,8 @@ class CompactionState:
         self._absorb(slots, ASSISTANT_TEXT, record)
 
     def summarize(self, slots: Sequence[int], text: str, *, tokens: int = 0) -> None:
-        """Replace the groups in ``slots`` (oldest first, excluded or included) by one
-        summary saying ``text``, shown in the place of the first of them; ``tokens`` is
-        its size in the model's own tokens when known (``real``)."""
+        """As ``merge`` (``slots`` excluded or included) for a summary; ``tokens`` is its
+        size in the model's own tokens when known (``real``)."""
         record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
         if tokens > 0:
             self.real[record.id] = tokens + self._estimate(summary_message("", ()))
@@ -420,12 +395,9 @@ class CompactionState:
         self._count(first, 1)
         return record
 
-    # --- results ---------------------------------------------------------------------
-
     def view(self) -> list[Message]:
-        """The messages now included, as the view of the log with the records shows them:
-        the summaries made here after the earlier ones, before every other non-system
-        group."""
+        """The messages now included, as the log with the records shows them: summaries
+        made here after the earlier ones, before every other non-system group."""
         view: list[Message] = []
         fate = self._fate
         kinds = self._kinds
@@ -474,13 +446,11 @@ class CompactionStrategy(Protocol):
 
     async def compact(self, state: CompactionState, /) -> None:
         """Apply the strategy to ``state``."""
-        ...
 
 
 def check_strategy(name: str, value: object, wanted: str = "must be a compaction strategy") -> None:
-    """``ConfigurationError`` naming ``name`` unless ``value`` is a compaction strategy: an
-    object (not a class) whose ``compact`` is a coroutine function taking the state;
-    ``wanted`` says what ``name`` wants when ``value`` has no ``compact``."""
+    """``ConfigurationError`` naming ``name`` unless ``value`` is an object (not a class)
+    with ``async def compact(state)``; ``wanted`` words the error when it has no ``compact``."""
     if not has_method("compact")(value):
         raise ConfigurationError(
             f"{name} {wanted} (with async compact(state)), not {wrong_value(value)}"
@@ -521,7 +491,6 @@ class _Stepwise:
         return negate(self.trigger) if self.target is None else self.target
 
     async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
         if self.trigger(state):
             await self._steps(state)
 
@@ -535,32 +504,29 @@ class Truncation(_Stepwise):
     """Exclude the oldest non-system groups until the target holds.
 
     Args:
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds; with
-            ``always`` as trigger, stop at ``minimum_preserved``).
+        trigger, target: When to start and when to stop (module docstring; with
+            ``always`` as trigger and no target, stop at ``minimum_preserved``).
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 32).
     """
 
     minimum_preserved: int = field(default=32, validator=count("Truncation.minimum_preserved"))
 
     async def _steps(self, state: CompactionState) -> None:
-        end = state.newest(self.minimum_preserved)
-        state.exclude_oldest(end, self.goal)
+        state.exclude_oldest(state.newest(self.minimum_preserved), self.goal)
 
 
 @frozen(kw_only=True)
 class SlidingWindow(_Stepwise):
     """Keep only the newest user turns, or the newest groups (give exactly one).
 
-    A turn is a user group and every group after it up to the next user group; groups
-    before the first user turn count as one more, oldest turn. Older turns (or groups)
-    are excluded oldest first, the target checked before each.
+    A turn is a user group and the groups after it up to the next; groups before the
+    first user turn are one more, oldest turn. Older turns (or groups) are excluded
+    oldest first, the target checked before each.
 
     Args:
         keep_last_turns: User turns to keep (>= 1).
         keep_last_groups: Non-system groups to keep (>= 1).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and when to stop (module docstring).
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 1).
     """
 
@@ -582,8 +548,7 @@ class SlidingWindow(_Stepwise):
         goal = self.goal
         protected = state.newest(self.minimum_preserved)
         if self.keep_last_groups is not None:
-            end = min(state.newest(self.keep_last_groups), protected)
-            state.exclude_oldest(end, goal)
+            state.exclude_oldest(min(state.newest(self.keep_last_groups), protected), goal)
             return
         assert self.keep_last_turns is not None
         end = min(state.newest(self.keep_last_turns, USER), protected)
@@ -621,9 +586,8 @@ MASKED_CALL_CHARS = 120
 
 
 def mask_text(group: MessageGroup) -> str:
-    """The one-line placeholder of a masked tool-call group: the calls, cut to
-    ``MASKED_CALL_CHARS``, and the size of what was left out:
-    ``[Tool results omitted to save context: lookup_order({"id": "A-12"}) (412 characters)]``."""
+    """The one-line placeholder of a masked tool-call group: its calls, cut to
+    ``MASKED_CALL_CHARS``, and the size of what was left out."""
     head = group.messages[0]
     sizes = {
         index: len(group.messages[position].tool_results[at].content)
@@ -643,9 +607,7 @@ async def mask_tool_results(
     state: CompactionState, keep: int, target: Trigger, end: int | None = None
 ) -> None:
     """Observation masking: replace each tool-call group older than the newest ``keep``
-    (and before slot ``end``, when given) by its one-line placeholder (``mask_text``),
-    oldest first, until ``target`` holds. The results stay in the log; a later summary
-    sees only the placeholder."""
+    (and before slot ``end``) by its ``mask_text``, oldest first, until ``target`` holds."""
     _tool_groups(state, keep, target, mask_text, end)
 
 
@@ -656,9 +618,7 @@ def _tool_groups(
     text: Callable[[MessageGroup], str] | None,
     end: int | None = None,
 ) -> None:
-    """Collapse each tool-call group older than the newest ``keep`` (and before ``end``)
-    into ``text(group)`` (exclude it, without ``text``), oldest first, until ``goal``
-    holds."""
+    """As ``mask_tool_results``, with ``text(group)`` (excluding the group, without one)."""
     start = state.newest(keep, TOOL_CALL)
     for slot in state.candidates(start if end is None else min(start, end), TOOL_CALL):
         if goal(state):
@@ -676,8 +636,7 @@ class ToolResultCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept whole (>= 0, default 2).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and when to stop (module docstring).
         max_result_chars: Each result is cut in the middle to this length (>= 16).
     """
 
@@ -699,8 +658,7 @@ class SelectiveToolCallCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept (>= 0, default 2).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and when to stop (module docstring).
     """
 
     keep_last_tool_call_groups: int = field(
@@ -718,8 +676,7 @@ class TurnExcerpts(_Stepwise):
     out too, until the target holds. A turn is a user group and the groups after it.
 
     Args:
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and when to stop (module docstring).
         excerpt_chars: The length of the question and of the answer in a line (>= 16).
         minimum_preserved: Newest non-system groups kept verbatim, with the rest of their
             turn (>= 0, default 1: the newest turn stays).
@@ -773,8 +730,7 @@ def prepared(model: Model) -> Complete:
 def _recalibrate(
     state: CompactionState, request: ModelRequest, error: ContextWindowOverflowError
 ) -> bool:
-    """Learn from a summary call's overflow what estimated tokens are worth; False when
-    the provider did not say (or the scale would not change)."""
+    """Learn ``state.scale`` from a summary call's overflow; False when it would not change."""
     prompt = estimate_request(request.messages, request.tools, request.settings, state.tokenizer)
     if not error.prompt_tokens or prompt <= 0:
         return False
@@ -796,38 +752,27 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
 
-    Older tool results are first masked (with ``mask_tool_results``; no summary when
-    that is enough); then groups are taken oldest first until the target holds as if
-    they were gone and they are more than a summary's framing, and one summary call
-    covers them. Earlier summaries among them are anchored: the new notes are appended
-    to theirs, and only notes that reached ``max_tokens`` are rewritten (within half of
-    it). With ``quote_specifics``, the summarized sentences and tool results that hold
-    specifics follow the notes verbatim (``quoted_specifics``). Quotes and output cap
-    together take at most half of what the summary replaces. The request is fitted to
-    the state's ``room``: items clipped, then the cap halved down to
-    ``SUMMARY_FLOOR_TOKENS``, then fewer groups taken (``CompactionError`` when not even
-    one fits). A summary that reaches its cap keeps its complete lines, or is asked for
-    once more, shorter (``state.summary_outcome`` says which). Nothing happens when only
-    earlier summaries, or no more than a summary's framing, would be taken; a failed
-    summary call (an error, an empty answer, nothing usable twice) raises. The README's
-    "Context management" tells more.
+    Older tool results are masked first (no summary when that is enough); then groups
+    are taken oldest first until the target holds as if they were gone and they are more
+    than a summary's framing (else nothing happens), and one call summarizes them.
+    Earlier summaries among them are anchored: new notes are appended to theirs, and
+    only notes that reached ``max_tokens`` are rewritten. The request is fitted to the
+    state's ``room`` (``CompactionError`` when not even one group fits);
+    ``state.summary_outcome`` says how the summary came back; a failed summary call
+    raises. The README's "Context management" tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
         prompt: Replaces the summarizer's instruction, for new notes and a rewrite alike
             (default ``DEFAULT_SUMMARY_INSTRUCTIONS``, ``DEFAULT_UPDATE_INSTRUCTIONS``).
-        model: The model that writes the summary; default the agent's model (inside a
-            run) — ad hoc use needs one.
-        trigger: Start only when this holds (default ``always``).
-        target: Stop taking groups as soon as this holds (default: the trigger no longer
-            holds; with ``always``, take all but ``minimum_preserved``).
+        model: Writes the summary; default the agent's model (ad hoc use needs one).
+        trigger, target: When to start and to stop taking groups (module docstring; with
+            ``always`` and no target, take all but ``minimum_preserved``).
         max_tokens: The summary's output cap (>= 1, default 1 024).
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
         mask_tool_results: Mask tool results beyond the newest this many tool-call groups
-            (and the ``minimum_preserved`` newest groups) before summarizing (>= 0), or
-            ``None`` (default) not to mask.
-        quote_specifics: Quote the specifics of what is summarized after the notes
-            (default True).
+            (and the ``minimum_preserved`` newest groups) first (>= 0), or ``None``.
+        quote_specifics: Quote the summarized specifics after the notes (default True).
     """
 
     minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
@@ -959,11 +904,10 @@ class Summarization(_Stepwise):
     def _budget(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
     ) -> tuple[list[Message], int, list[str]]:
-        """The messages of ``taken`` to summarize (not earlier summaries), the output cap
-        to start from and the specifics to quote: cap and quotes together at most half of
-        what the summary replaces, the quotes first (their section within ``max_tokens``),
-        the cap at most ``max_tokens`` (half of that for a rewrite), at least
-        ``SUMMARY_FLOOR_TOKENS``."""
+        """The messages of ``taken`` to summarize (not earlier summaries), the output cap to
+        start from and the specifics to quote: both within half of what the summary
+        replaces, quotes first (within ``max_tokens``), the cap within ``max_tokens`` (half
+        for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
         covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.group(s).messages]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
@@ -1024,7 +968,6 @@ class Pipeline:
         self.__attrs_init__(strategies=_strategies("Pipeline", given), trigger=trigger)
 
     async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
         if not self.trigger(state):
             return
         for strategy in self.strategies:
@@ -1048,7 +991,6 @@ class TokenBudget:
     minimum_preserved: int = field(default=1, validator=count("TokenBudget.minimum_preserved"))
 
     async def compact(self, state: CompactionState, /) -> None:
-        """Apply the strategy to ``state``."""
         budget = self.token_budget
         groups = state.groups
         if self.strategies and all(map(_collapses_tool_groups, self.strategies)):
