@@ -52,14 +52,7 @@ from littleghost.context.summarize import (
     with_quotes,
 )
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
-from littleghost.context.triggers import (
-    Not,
-    TokensExceed,
-    Trigger,
-    always,
-    check_trigger,
-    negate,
-)
+from littleghost.context.triggers import Not, TokensExceed, Trigger, always, check_trigger, negate
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
 from littleghost.messages import Message
@@ -423,13 +416,12 @@ class CompactionState:
         records = [record for slot, record in self._made.items() if fate[slot] == _INCLUDED]
         members = self._members
         slots = sorted(self._excluded)
-        if stands := self._stands:
-            parts = (stands[s] if s in stands else map(_ID, members[s]) for s in slots)
-            excluded = list(chain.from_iterable(parts))
-        elif slots and slots[-1] - slots[0] + 1 == len(slots):  # a run of slots, as a cut
+        stands = self._stands
+        if not stands and slots and slots[-1] - slots[0] + 1 == len(slots):  # a run, as a cut
             excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
         else:
-            excluded = list(map(_ID, chain.from_iterable(members[slot] for slot in slots)))
+            parts = (stands[s] if s in stands else map(_ID, members[s]) for s in slots)
+            excluded = list(chain.from_iterable(parts))
         if excluded:
             records.append(
                 Message.assistant(
@@ -941,10 +933,8 @@ def _budget_strategies(value: Any) -> tuple[CompactionStrategy, ...]:
 
 @frozen(kw_only=True, init=False)
 class Pipeline:
-    """Run strategies in order, gentlest first; each checks its own trigger.
-
-    ``Pipeline(ToolResultCompaction(), Truncation(trigger=tokens_exceed(32_000)))``, or
-    ``Pipeline(strategies=(...))``.
+    """Run strategies in order, gentlest first; each checks its own trigger. Give them
+    positionally, ``Pipeline(ToolResultCompaction(), Truncation())``, or as ``strategies=``.
 
     Args:
         strategies: The strategies, in order.
@@ -993,9 +983,12 @@ class TokenBudget:
     async def compact(self, state: CompactionState, /) -> None:
         budget = self.token_budget
         groups = state.groups
-        if self.strategies and all(map(_collapses_tool_groups, self.strategies)):
-            # They only replace tool-call groups, reading no metric. Counting those as
-            # nothing, the groups that still do not fit are left out at the end whatever
+        if self.strategies and all(
+            type(s) is ToolResultCompaction and s.trigger == always and s.goal == negate(always)
+            for s in self.strategies
+        ):
+            # They collapse every older tool-call group, reading no metric. Counting those
+            # as nothing, the groups that still do not fit are left out at the end whatever
             # they do, and change nothing they do to newer groups: left out first.
             state.keep_newest(state.newest(self.minimum_preserved), budget, TOOL_CALL)
         over = state.groups < groups  # then the whole view is over before every strategy
@@ -1004,13 +997,3 @@ class TokenBudget:
                 return
             await strategy.compact(state)
         state.keep_newest(state.newest(self.minimum_preserved), budget)
-
-
-def _collapses_tool_groups(strategy: CompactionStrategy) -> bool:
-    """True for a ``ToolResultCompaction`` that collapses every older tool-call group:
-    groups before the newest ones change nothing it does to those."""
-    return (
-        type(strategy) is ToolResultCompaction
-        and strategy.trigger == always
-        and strategy.goal == negate(always)
-    )
