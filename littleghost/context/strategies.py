@@ -232,8 +232,7 @@ class CompactionState:
         if self.room is None:
             return True
         fixed, data = self._summary_split(request, instruction)
-        prompt = fixed + math.ceil(self.scale * data)
-        return prompt + (request.max_tokens or 0) <= self.room
+        return fixed + math.ceil(self.scale * data) + (request.max_tokens or 0) <= self.room
 
     def measure(self, request: ModelRequest, instruction: str, reported: int) -> None:
         """Learn ``measured`` from a summary call's ``reported`` prompt tokens."""
@@ -544,12 +543,9 @@ class SlidingWindow(_Stepwise):
             return
         assert self.keep_last_turns is not None
         end = min(state.newest(self.keep_last_turns, USER), protected)
-        first = True
-        for slot in state.candidates(end):
-            if first or state.kind(slot) == USER:
-                if goal(state):
-                    return
-                first = False
+        for position, slot in enumerate(state.candidates(end)):
+            if (position == 0 or state.kind(slot) == USER) and goal(state):
+                return
             state.exclude(slot)
 
 
