@@ -843,16 +843,15 @@ class Summarization(_Stepwise):
         return math.ceil(state.scale * new) > state.tokenizer.count_tokens(SUMMARY_PREFIX)
 
     def _complete(self, state: CompactionState) -> Complete:
-        complete = state.complete
-        if complete is None:
+        if state.complete is None:
             if self.model is None:
                 raise ConfigurationError(
                     "Summarization needs a model outside a run: Summarization(model=...)"
                 )
             return prepared(self.model)
         if self.model is None:
-            return complete
-        return partial(cast(Any, complete), model=self.model)  # inside a run: traced, counted
+            return state.complete
+        return partial(cast(Any, state.complete), model=self.model)  # inside a run: traced, counted
 
     def _fitted(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
