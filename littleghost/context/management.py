@@ -222,11 +222,9 @@ def _split_estimate(
     estimated tokens of the conversation, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
-        size = known.get(message.id)
-        density = dense.get(message.id) if dense else None
-        if size is not None:
+        if (size := known.get(message.id)) is not None:
             fixed += size
-        elif density is not None:
+        elif dense and (density := dense.get(message.id)) is not None:
             fixed += math.ceil(density * estimates(message))
         elif message.role.is_trusted:
             fixed += estimates(message)
@@ -273,13 +271,9 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
     Conversation estimates are scaled by the run's calibration; a summary counts the size
     the model reported for it.
     """
-    reported, count = _extended(request, context)
-    if reported:
-        added = _real(request.messages[count:], context, tokenizer)
-        return reported + added + (request.max_tokens or 0)
-    state = context.state_for(_Run, _Run)
-    estimates = context.log_index.estimates(tokenizer)
-    return request_size(request, estimates, state.real, state.scale, state.dense)
+    prefix, count = _extended(request, context)
+    prefix = prefix or _schema_estimate(request, tokenizer)  # else estimated whole
+    return prefix + _real(request.messages[count:], context, tokenizer) + (request.max_tokens or 0)
 
 
 def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
@@ -311,9 +305,8 @@ def _learn_added(
     if not rest:
         marks = [i for i, m in enumerate(request.messages) if is_number(m.metadata.get(SCALE_KEY))]
         count = marks[-1] + 1 if marks else len(request.messages)
-        calibrated = attrs.evolve(request, messages=request.messages[:count])
-        rest = request_size(calibrated, estimates, state.real, state.scale, state.dense)
-        rest -= request.max_tokens or 0
+        rest = _real(request.messages[:count], context, tokenizer)
+        rest += _schema_estimate(request, tokenizer)
     added = request.messages[count:]
     fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
     return _keep_density(state, added, reported - rest - fixed, scaled, replace=False)
