@@ -410,11 +410,9 @@ async def _compact_before_model(
         return None
     state = _run(context, config)
     original = request
-    limit = getattr(agent, "max_tool_result_tokens", None)
-    if state.cut_to is not None:
-        limit = min(limit, state.cut_to) if isinstance(limit, int) else state.cut_to
-    if isinstance(limit, int):
-        request = clip_results(request, context.log_index, limit)
+    cuts = (getattr(agent, "max_tool_result_tokens", None), state.cut_to)
+    if limits := [cut for cut in cuts if isinstance(cut, int)]:
+        request = clip_results(request, context.log_index, min(limits))
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, context, config, config.budget)
@@ -422,9 +420,14 @@ async def _compact_before_model(
         estimated = estimate_tokens(request, context, config.tokenizer)
         if reaches(estimated, config.compression_threshold, state.window):
             request = await _proactive(request, context, config, estimated)
-    if report is not None and config.budget is not None:
-        sent = _sent_figures(report, request, config.budget, context)
-        context.annotate_next_call(sent.span_attributes())
+    if report is not None and config.budget is not None:  # the figures of the request sent
+        tokenizer = config.budget.tokenizer
+        estimates = context.log_index.estimates(tokenizer)
+        sent = estimate_request(request.messages, request.tools, {}, tokenizer, estimates)
+        report = attrs.evolve(
+            report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
+        )
+        context.annotate_next_call(report.span_attributes())
     return None if request is original else request
 
 
@@ -477,15 +480,6 @@ async def _bounded(
     return fit_request(
         request, budget, limit, memories, summary_tokens=cap, index=context.log_index
     )
-
-
-def _sent_figures(
-    report: BudgetReport, request: ModelRequest, budget: PromptBudget, context: RunContext
-) -> BudgetReport:
-    """The report's figures for the request actually sent (after any summary)."""
-    estimates = context.log_index.estimates(budget.tokenizer)
-    sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
-    return attrs.evolve(report, messages_kept=len(request.messages), estimated_prompt_tokens=sent)
 
 
 async def _compact_after_overflow(
@@ -554,16 +548,22 @@ async def _recover(
     """
     state = _run(context, config)
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
+
+    async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
+        """Calibrated by the model's count of ``view``, the model-free steps."""
+        _learn_scale(state, view, counted, context, config.tokenizer)
+        size = counted + _answer_room(view)
+        return await _compact(
+            view, context, config, "overflow", size, window, target, limit=fits, fallback=fits
+        )
+
     compacted, failure = request, None
     try:
-        compacted = await _compact(
-            request, context, config, "overflow", estimated, window, target, limit=fits
-        )
+        compacted = await _compact(request, context, config, "overflow", estimated, window, target)
     except UNSWALLOWED:
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
-    tighten = _without_model(context, config, window, target, fits)
     if compacted is not request and (
         fitted := await _counted_fit(compacted, context, fits, tighten)
     ):
@@ -635,23 +635,6 @@ async def _counted_fit(
     )
 
 
-def _without_model(
-    context: RunContext, config: ContextManagement, window: int, target: int, fits: int
-) -> Callable[[ModelRequest, int], Awaitable[ModelRequest]]:
-    """Tightens a request the model counted over ``fits``: calibrated by the count, the
-    model-free steps of overflow recovery."""
-    state = _run(context, config)
-
-    async def tighten(request: ModelRequest, counted: int) -> ModelRequest:
-        _learn_scale(state, request, counted, context, config.tokenizer)
-        size = counted + _answer_room(request)
-        return await _compact(
-            request, context, config, "overflow", size, window, target, limit=fits, fallback=fits
-        )
-
-    return tighten
-
-
 def _answer_room(request: ModelRequest) -> int:
     """The room a counted request's answer needs: its ``max_tokens``, and at least one
     token (a server needs one to answer: llama.cpp refuses a prompt of its whole window)."""
@@ -667,17 +650,6 @@ def next_summary_at(after: int, config: ContextManagement, window: int) -> int |
     return None
 
 
-def _protected(kinds: Sequence[str], members: Sequence[Sequence[Message]], keep: int) -> int:
-    """The first slot of the groups that hold the newest ``keep`` messages."""
-    count = 0
-    for slot in range(len(kinds) - 1, -1, -1):
-        if kinds[slot] != SYSTEM:
-            count += len(members[slot])
-            if count >= keep:
-                return slot
-    return 0
-
-
 def managed_state(
     index: LogIndex,
     config: ContextManagement,
@@ -688,8 +660,15 @@ def managed_state(
     """A compaction state over ``index``'s view: the groups of the newest
     ``preserve_recent_messages`` protected, a summary request fitted to ``window``."""
     state = compaction_state(index, config.tokenizer, complete=complete, settings=settings)
-    state.protected = _protected(*index.layout.slots(), config.preserve_recent_messages)
     state.room = int(window * SUMMARY_FIT_MARGIN)
+    kinds, members = index.layout.slots()
+    count, state.protected = 0, 0
+    for slot in range(len(kinds) - 1, -1, -1):
+        if kinds[slot] != SYSTEM:
+            count += len(members[slot])
+            if count >= config.preserve_recent_messages:
+                state.protected = slot
+                break
     return state
 
 
@@ -950,10 +929,8 @@ async def _shrink(
     state, budget = _run(context, config), config.budget
     assert budget is not None
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
-        if fits < state.window:
-            limit = int(0.9 * budget.limit(fits, request.max_tokens))
-        else:
-            limit = budget.limit(fits, request.max_tokens) // 2
+        limit = budget.limit(fits, request.max_tokens)
+        limit = int(0.9 * limit) if fits < state.window else limit // 2
         state.tighter = (context.turn, limit)
         shrunk, report = await _bounded(request, context, config, budget)
 
