@@ -81,14 +81,12 @@ the request must grow by before the next summary call."""
 TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
 CUT_SHARE = 0.5
-"""When even the current request alone is over the window, overflow recovery cuts its tool
-results until it takes about this share of the window."""
+"""Overflow recovery cuts tool results until the request takes about this share of the window."""
 CUT_FLOOR_TOKENS = 64
 """The shortest such a cut leaves a tool result."""
 DENSE_GAP = 1.25
-"""An overflow's scale this many times what its summary call measured of the history
-says the current request is denser than the history (a smaller gap is the per-message
-overhead the estimate leaves out, which the summary request has less of)."""
+"""An overflow's scale this many times what its summary call measured of the history says
+the current request is denser (a smaller gap is per-message overhead the estimate omits)."""
 RECOUNTS = 3
 """How many more times overflow recovery compacts, without a model, a request the model
 counts over the window (``count_prompt_tokens``) before it gives up."""
@@ -128,41 +126,28 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
 class _Run:
     """What manage_context knows during one run."""
 
-    window: int = 0
-    """0 until the run's first call."""
-    scale: float = 1.0
-    """Real tokens per estimated token, from the provider's counts."""
+    window: int = 0  # 0 until the run's first call
+    scale: float = 1.0  # real tokens per estimated token, from the provider's counts
     overflow: tuple[int, ContextWindowOverflowError] | None = None
-    tighter: tuple[int, int] | None = None
-    """(turn, limit): a tighter bounded view after an overflow without summaries."""
-    quiet_until: int | None = None
-    """No new summary call until the estimate reaches this (no thrash)."""
-    last_after: int = 0
-    """The size the last completed compaction left the request at."""
-    failed_at: int | None = None
-    """The size a compaction failed at, for the next answer's metadata (``AFTER_KEY``)."""
-    cut_to: int | None = None
-    """The tokens every tool result is cut to for the rest of the run, after an overflow
-    that only cutting them could recover."""
-    real: dict[str, int] = field(factory=dict)
-    """The sizes the model reported for records made in this run (summaries)."""
-    measured: float | None = None
-    """What the last compaction's summary call measured of the conversation it was shown
-    (``CompactionState.measured``)."""
+    tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
+    quiet_until: int | None = None  # no summary call until the estimate reaches this
+    last_after: int = 0  # the size the last completed compaction left the request at
+    failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
+    cut_to: int | None = None  # what tool results are cut to for the rest of the run
+    real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
+    measured: float | None = None  # the last summary call's ``CompactionState.measured``
     dense: dict[str, float] = field(factory=dict)
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
-"""Metadata of the records of a compaction, the size it left the request at, and of the
-model's answer after a compaction that failed, the size it failed at: so a later run of
-the conversation knows whether the next summary must wait for growth."""
+"""Metadata: the size a compaction left the request at (on its records) or failed at (on
+the next answer), so a later run of the conversation knows if the next summary must wait."""
 SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
 had learned by then, which the next run of the conversation starts from."""
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
-"""The bounds of a calibration."""
 
 
 def _run(context: RunContext, config: ContextManagement) -> _Run:
@@ -177,9 +162,8 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
 
 
 def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
-    """What earlier runs of the conversation left in ``log``: the size its last compaction
-    left the request at (``AFTER_KEY``), if any, and the newest calibration (``SCALE_KEY``;
-    1.0 without one)."""
+    """What earlier runs left in ``log``: the newest size a compaction left the request at
+    (``AFTER_KEY``), if any, and the newest calibration (``SCALE_KEY``; 1.0 without one)."""
     after: int | None = None
     scale: float | None = None
     for message in reversed(log):
@@ -198,9 +182,8 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
 def _learn_scale(
     state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """Set the scale from the prompt tokens the provider ``reported`` for ``request``: what
-    it counted beyond the instructions, the tool schemas and the sizes already known, over
-    the conversation's estimate; False when that says nothing."""
+    """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
+    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing."""
     fixed, scaled = _split_estimate(
         request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
     )
@@ -217,9 +200,8 @@ def _split_estimate(
     known: Mapping[str, int],
     dense: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
-    """``messages`` as (tokens known or taken as estimated — records whose size the model
-    reported (``known``), messages of a known density (``dense``), instructions — and
-    estimated tokens of the conversation, to be scaled)."""
+    """``messages`` as (tokens taken as they are: reported sizes (``known``), known densities
+    (``dense``), instructions' estimates; the conversation's estimated tokens, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
         if (size := known.get(message.id)) is not None:
@@ -234,8 +216,7 @@ def _split_estimate(
 
 
 def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
-    """The estimated tokens of the tool schemas, the output schema and the settings that
-    reach the prompt."""
+    """The estimated tokens of the tool schemas, output schema and prompt settings."""
     return estimate_request(
         (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
     )
@@ -248,9 +229,8 @@ def request_size(
     scale: float,
     dense: Mapping[str, float] | None = None,
 ) -> int:
-    """``request``'s size in the model's tokens as far as known, the room its answer needs
-    (``max_tokens``) included: its messages (``_split_estimate``, the conversation times
-    ``scale``), tool schemas, output schema and prompt settings."""
+    """``request``'s size in the model's tokens as far as known: its messages (the conversation
+    times ``scale``, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
     fixed, scaled = _split_estimate(request.messages, estimates, known, dense)
     outside = _schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
     return fixed + math.ceil(scale * scaled) + outside
@@ -265,12 +245,9 @@ def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer
 
 
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
-    """The request's size in the model's tokens as far as known, plus the room its answer
-    needs (``max_tokens``): the input tokens the provider reported for the run's previous
-    request when this one extends it, plus what was added; otherwise estimated whole.
-    Conversation estimates are scaled by the run's calibration; a summary counts the size
-    the model reported for it.
-    """
+    """The request's size in the model's tokens as far as known, ``max_tokens`` included:
+    the input tokens reported for the run's previous request when this one extends it, plus
+    the rest estimated (the conversation scaled, a summary at the size the model reported)."""
     prefix, count = _extended(request, context)
     prefix = prefix or _schema_estimate(request, tokenizer)  # else estimated whole
     return prefix + _real(request.messages[count:], context, tokenizer) + (request.max_tokens or 0)
@@ -295,11 +272,9 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
 def _learn_added(
     state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """After an overflow of a request that extends one the run has a calibration for (its
-    previous request, or the messages up to the newest answer carrying ``SCALE_KEY``), keep
-    the density of what was added since: the ``reported`` total less the rest at that
-    calibration, over the added messages' estimate (``dense``); False without such a
-    calibration."""
+    """After an overflow of a request extending a calibrated one (the previous request, or up
+    to the newest answer with ``SCALE_KEY``), keep the density of what was added since: the
+    rest of ``reported``, over its estimate (``dense``); False without such a calibration."""
     estimates = context.log_index.estimates(tokenizer)
     rest, count = _extended(request, context)
     if not rest:
@@ -315,9 +290,8 @@ def _learn_added(
 async def _learn_turn(
     state: _Run, request: ModelRequest, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """With a model that counts prompt tokens: the current turn's density, from its count
-    of the turn alone with the instructions and tool schemas (``dense``, replacing what an
-    estimate said); False when the model cannot tell."""
+    """With a model that counts: the current turn's density (``dense``, replaced) from its
+    count of the turn alone with the instructions and schemas; False when it cannot tell."""
     start = _turn_start(request, context)
     if start == len(request.messages):
         return False
@@ -333,9 +307,9 @@ async def _learn_turn(
 def _keep_density(
     state: _Run, messages: Sequence[Message], real: int, scaled: int, *, replace: bool
 ) -> bool:
-    """Keep ``real`` tokens over ``scaled`` estimated (bounded as a scale is) as the density
-    of the conversation's ``messages`` (``dense``; only where none is known without
-    ``replace``); False when the figures say nothing."""
+    """Keep ``real`` over ``scaled`` tokens (bounded as a scale is) as the density of the
+    conversation's ``messages`` of no known size (nor density, without ``replace``); False
+    when the figures say nothing."""
     if real <= 0 or scaled <= 0:
         return False
     density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
@@ -382,9 +356,8 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
 async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
-    """Learn the calibration from the prompt tokens the provider reported for the turn's
-    request; keep it (``SCALE_KEY``), and the size a compaction failed at (``AFTER_KEY``),
-    in the answer's metadata for the next run."""
+    """Learn the scale from the input tokens reported for the turn's request; keep it
+    (``SCALE_KEY``) and a failed compaction's size (``AFTER_KEY``) in the answer's metadata."""
     config = context_config(agent)
     if config is None or context.last_exchange is None:
         return None
@@ -532,16 +505,10 @@ async def _recover(
     safe: int | None,
 ) -> ModelRequest:
     """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
-    aiming under ``safe``: a summary when one can be made; then, if the request is still
-    over ``safe`` (or no summary was made), the oldest turns become excerpts.
-
-    ``safe`` is ``None`` when the overflow's size is the run's only calibration: one
-    figure cannot tell a dense current request from a dense history, so the summary call's
-    own size then says how much denser the current request may be (``_margin``), and
-    without it recovery aims 20 % under ``fits``.
-
-    When the model counts prompt tokens (``count_prompt_tokens``), that count, not the
-    estimate, says whether the compacted request fits (``_counted_fit``).
+    aiming under ``safe``: a summary when one can be made, then the model-free steps while
+    over ``safe``. ``safe`` is ``None`` when the overflow's figure is the run's only
+    calibration: the summary call's measure then gives the margin (``_margin``), else it is
+    20 % under ``fits``. A model that counts decides the fit by its count (``_counted_fit``).
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -608,9 +575,8 @@ async def _counted_fit(
     fits: int,
     tighten: Callable[[ModelRequest, int], Awaitable[ModelRequest]],
 ) -> ModelRequest | None:
-    """``request`` once the model's count of it and its answer's room are under ``fits``:
-    while they are not, ``tighten(request, count)`` (at most ``RECOUNTS`` times), counting
-    again; ``None`` when the model cannot count it.
+    """``request`` once the model counts it, with its answer's room, within ``fits``, after
+    ``tighten(request, count)`` at most ``RECOUNTS`` times; ``None`` if the model cannot count.
 
     Raises:
         CompactionError: The model still counts it over ``fits``.
@@ -642,9 +608,8 @@ def _answer_room(request: ModelRequest) -> int:
 
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
-    """The size a request must reach before the next summary call, when a compaction
-    left it at ``after``: ``REGROWTH`` of the window more if that is over the threshold
-    (no thrash)."""
+    """The size a request a compaction left at ``after`` must reach before the next summary
+    call: ``REGROWTH`` of the window more when ``after`` reaches the threshold, else None."""
     if reaches(after, config.compression_threshold, window):
         return after + max(1, int(REGROWTH * window))
     return None
@@ -704,10 +669,8 @@ async def _compact(
     fallback: int | None = None,
 ) -> ModelRequest:
     """Compact ``request`` toward ``target`` (the model's tokens) with the configured
-    strategy, the default summarizer, or (``fallback``) turn excerpts without a model;
-    append the records to the log; return the compacted request. ``window`` sizes the
-    summary request; the fallback gets the request under ``limit`` (default: ``window``),
-    leaving out earlier summaries and collapsing results while it is over ``fallback``.
+    strategy, the default compaction, or (``fallback``) without a model, to under ``limit``
+    (default ``window``), aiming under ``fallback``; append the records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
@@ -776,11 +739,8 @@ async def _compact(
 async def _model_free_compaction(
     state: CompactionState, goal: int, limit: int, window: int
 ) -> None:
-    """Without a model, toward ``goal``: the oldest turns become one-line excerpts, then
-    are left out. Only while the request is over ``limit`` (the window, or a margin under
-    it when the run has no earlier calibration): the earlier
-    summaries are left out, oldest first, so that a current turn that fits alone always
-    fits; then the current turn's older tool results become one line each."""
+    """Toward ``goal``: the oldest turns become excerpts, then are left out; while over
+    ``limit``, earlier summaries are left out, then the current turn's older results collapsed."""
     summaries = {s for s in range(state.slots) if state.kind(s) == SUMMARY} - state.pinned
     state.pinned |= summaries
     await TurnExcerpts(target=~tokens_exceed(goal), minimum_preserved=0).compact(state)
@@ -793,9 +753,8 @@ async def _model_free_compaction(
 def _cut_results(
     request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
 ) -> tuple[ModelRequest, int, int]:
-    """``request`` (``size`` tokens, over ``window``) with every tool result cut in the middle,
-    shorter and shorter, until it takes ``CUT_SHARE`` of the window (or the cut is down to
-    ``CUT_FLOOR_TOKENS``); the request, its size and the tokens the results were cut to.
+    """``request`` (``size`` tokens) with every tool result cut shorter until it takes
+    ``CUT_SHARE`` of ``window`` (or ``CUT_FLOOR_TOKENS``); the request, its size and the cut.
 
     Raises:
         CompactionError: The request still does not fit the window.
@@ -819,10 +778,8 @@ def _cut_results(
 
 
 async def _collapse_results(state: CompactionState, target: Trigger, window: int) -> None:
-    """Collapse older tool results to one line each, the protected groups' too (the newest
-    two tool calls and pinned groups stay whole), until ``target`` holds. A line keeps as
-    many characters of each result as a 25th of the window's tokens (16 to 400), so a
-    dense result at a small window shrinks too."""
+    """Collapse older tool results, the protected groups' too, to one line each (of a 25th
+    of the window's tokens in characters, 16 to 400) until ``target`` holds."""
     protected, state.protected = state.protected, state.slots
     chars = min(max(window // 25, 16), 400)
     await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
@@ -854,17 +811,15 @@ def _turn_start(request: ModelRequest, context: RunContext) -> int:
 
 
 def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """How far the known sizes of ``messages`` exceed their scaled estimates, which is
-    all a compaction state counts."""
+    """How far the known sizes of ``messages`` exceed the scaled estimates a state counts."""
     run, estimates = context.state_for(_Run, _Run), context.log_index.estimates(tokenizer)
     known = [m for m in messages if m.id in run.real or m.id in run.dense]
     return _real(known, context, tokenizer) - math.ceil(run.scale * sum(map(estimates, known)))
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:
-    """``target`` (in the model's tokens) in the state's estimated tokens, less what the
-    state does not hold (``outside``: the answer's room, the tool schemas): instructions
-    count as estimated, the conversation scaled."""
+    """``target`` (the model's tokens) less what the state does not hold (``outside``), in the
+    state's estimated tokens: instructions as estimated, the conversation scaled."""
     fixed = sum(
         state.size(slot)
         for slot in range(state.slots)
@@ -880,12 +835,9 @@ async def default_compaction(
     goal: int,
     enough: int | None = None,
 ) -> None:
-    """The default compaction: with ``mask_tool_results``, mask older tool results first
-    (and stop when that reaches ``goal``); when the preserved tail alone is over the goal,
-    collapse its older tool results (and stop when that brings the request under
-    ``enough``, the threshold: no summary call); then summarize about ``summary_ratio`` of
-    the older conversation, more when needed to reach ``goal`` (estimated tokens), and
-    collapse the tail's older tool results if the summary was not enough."""
+    """Toward ``goal`` (estimated tokens): mask older tool results (``mask_tool_results``);
+    collapse the tail's when it alone is over (no summary once under ``enough``); summarize
+    about ``summary_ratio`` of the rest, more when needed; collapse again if still over."""
     fits = ~tokens_exceed(goal)
     if config.mask_tool_results is not None:
         await mask_tool_results(state, config.mask_tool_results, fits)
@@ -919,9 +871,8 @@ async def default_compaction(
 async def _shrink(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
-    """Without summaries, recover from an overflow once with a tighter view; when the
-    model counts prompt tokens, tighter still while it counts the view over ``fits``
-    (``_counted_fit``).
+    """Without summaries, recover from an overflow with a tighter view, tighter still while
+    the model counts it over ``fits`` (``_counted_fit``).
 
     Raises:
         CompactionError: The model still counts the view over ``fits``.
