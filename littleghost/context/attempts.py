@@ -30,10 +30,8 @@ class Outcome:
 
     after: int | None = None
     removed: int = 0
-    summary: str | None = None
-    """How the summary came back (``SUMMARY_COMPLETE``, ...), if one was made."""
-    cut_to: int | None = None
-    """The tokens the request's tool results were cut to, if they were."""
+    summary: str | None = None  # how a summary made came back (``SUMMARY_COMPLETE``, ...)
+    cut_to: int | None = None  # the tokens the request's tool results were cut to, if they were
     before: int | None = None
     """The request's size before, when estimated again in the units of ``after`` (a
     summary call taught a new calibration)."""

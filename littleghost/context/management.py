@@ -167,12 +167,9 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
     after: int | None = None
     scale: float | None = None
     for message in reversed(log):
-        metadata = message.metadata
-        if not metadata:
-            continue
-        if after is None and is_int(metadata.get(AFTER_KEY)):
-            after = metadata[AFTER_KEY]
-        if scale is None and is_number(value := metadata.get(SCALE_KEY)):
+        if after is None and is_int(message.metadata.get(AFTER_KEY)):
+            after = message.metadata[AFTER_KEY]
+        if scale is None and is_number(value := message.metadata.get(SCALE_KEY)):
             scale = min(max(float(value), MIN_SCALE), MAX_SCALE)
         if after is not None and scale is not None:
             break
@@ -394,9 +391,8 @@ async def _compact_before_model(
         if reaches(estimated, config.compression_threshold, state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:  # the figures of the request sent
-        tokenizer = config.budget.tokenizer
-        estimates = context.log_index.estimates(tokenizer)
-        sent = estimate_request(request.messages, request.tools, {}, tokenizer, estimates)
+        estimates = context.log_index.estimates(config.budget.tokenizer)
+        sent = estimate_request(request.messages, request.tools, {}, estimates.tokenizer, estimates)
         report = attrs.evolve(
             report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
         )
@@ -531,18 +527,14 @@ async def _recover(
         raise
     except Exception as error:
         failure = error  # recorded; fall back to a compaction without a model
-    if compacted is not request and (
-        fitted := await _counted_fit(compacted, context, fits, tighten)
-    ):
+    summarized = compacted is not request
+    if summarized and (fitted := await _counted_fit(compacted, context, fits, tighten)):
         return fitted
-    if safe is None:
-        measured = state.measured if compacted is not request else None
-        safe = (
-            int(TARGET_SHARE * fits)
-            if measured is None
-            else fits - _margin(request, context, config.tokenizer, measured)
-        )
-    if compacted is not request:
+    if safe is None and summarized and state.measured is not None:
+        safe = fits - _margin(request, context, config.tokenizer, state.measured)
+    elif safe is None:
+        safe = int(TARGET_SHARE * fits)
+    if summarized:
         estimated = state.last_after
         if estimated <= safe:
             return compacted
@@ -559,12 +551,12 @@ async def _recover(
             fallback=safe,
         )
     except CompactionError as error:
-        if compacted is not request and estimated <= fits:
+        if summarized and estimated <= fits:
             return compacted  # it fits: the margin under ``fits`` was only an aim
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
         raise
-    if compacted is request and (fitted := await _counted_fit(recovered, context, fits, tighten)):
+    if not summarized and (fitted := await _counted_fit(recovered, context, fits, tighten)):
         return fitted
     return recovered
 
