@@ -1,24 +1,13 @@
-"""The context engine's core: which result answers which call, what the model sees of a
-log, and the atomic groups compaction keeps, collapses or drops as a whole.
+"""The context engine's core: the pairing rule, the atomic groups, and ``Layout``.
 
-Pairing (the one rule): a result answers the nearest earlier call with its id that is
-still unanswered, so a repeated id pairs each result with the latest open call; a tool
-message belongs to the call its first result answers, and its other results answer
-calls of that same assistant message only; results for calls of one assistant message
-that share an id answer them in call order (``result_calls``).
-
-A group is one of:
-
-- ``system``: one or more consecutive system or developer messages (always kept);
-- ``user``: one user message;
-- ``assistant_text``: one assistant message without tool calls (a collapse record is one);
-- ``tool_call``: an assistant message with tool calls plus every result that answers
-  them, wherever they are in the log;
-- ``summary``: a compaction summary.
-
-``Layout`` reads a log in two linear passes (records and pairing, then groups). Reading a
-log, a result whose call is absent or hidden is left out; grouping a plain sequence
-(``group_messages``), such a result is a ``tool_call`` group of its own.
+A result answers the nearest earlier unanswered call with its id; a tool message belongs
+to the call its first result answers, and its other results answer calls of that same
+assistant message only, in call order when they share an id (``result_calls``). A group
+(the README's "Compaction strategies" tells more) is kept, collapsed or dropped whole:
+``system`` (consecutive system or developer messages), ``user``, ``assistant_text`` (a
+collapse record too), ``tool_call`` (a call and every result that answers it) or
+``summary``. Reading a log, a result whose call is absent or hidden is left out; grouping
+a plain sequence (``group_messages``), it is a ``tool_call`` group of its own.
 """
 
 from __future__ import annotations
@@ -61,13 +50,7 @@ _TOOL = Role.TOOL
 
 @frozen
 class MessageGroup:
-    """Messages that are kept or removed together.
-
-    Args:
-        kind: ``system``, ``user``, ``assistant_text``, ``tool_call`` or ``summary``.
-        messages: The messages, the call before its results.
-        tokens: Their estimated tokens.
-    """
+    """Messages kept or removed together (the call before its results), and their tokens."""
 
     kind: GroupKind
     messages: tuple[Message, ...]
@@ -75,7 +58,6 @@ class MessageGroup:
 
     @property
     def count(self) -> int:
-        """How many messages the group holds."""
         return len(self.messages)
 
     @property
@@ -87,32 +69,11 @@ class MessageGroup:
 class Layout:
     """A log read by the engine: its records, its pairing, and its view as groups.
 
-    ``kinds[i]`` and ``members[i]`` are the i-th group of the view (the call before its
-    results); ``pending`` holds the summaries no later record covers, in log order, while
-    nothing is after them yet to stand before (shown last). ``open_calls``, ``shadowed``,
-    ``orphans`` and ``misplaced`` (the results that answer no open call of their tool
-    message's assistant message, with their call ids) say what the pairing left.
+    ``kinds[i]`` and ``members[i]`` are the i-th group of the view; ``pending`` holds the
+    summaries no later record covers while nothing is after them yet to stand before
+    (shown last). ``open_calls``, ``shadowed``, ``orphans`` and ``misplaced`` (results that
+    answer no open call of their tool message's assistant message) say what pairing left.
     """
-
-    __slots__ = (
-        "anchors",
-        "answers",
-        "hidden",
-        "kinds",
-        "late",
-        "members",
-        "misplaced",
-        "open_calls",
-        "orphans",
-        "pending",
-        "records",
-        "shadowed",
-        "shown",
-        "size",
-        "slot_of",
-        "summaries",
-        "system_open",
-    )
 
     def __init__(self, *, records: bool = True) -> None:
         self.records = records
@@ -223,11 +184,7 @@ class Layout:
                 elif owner < start:
                     self.late.append((owner, position))
                 else:
-                    answered = answers.get(owner)
-                    if answered is None:
-                        answers[owner] = [position]
-                    else:
-                        answered.append(position)
+                    answers.setdefault(owner, []).append(position)
         self.size = len(log)
 
     def _record(self, message: Message) -> bool:
@@ -347,12 +304,8 @@ class Layout:
 def group_messages(
     messages: Sequence[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER
 ) -> tuple[MessageGroup, ...]:
-    """Split ``messages`` into atomic groups, in order of each group's first message.
-
-    Pure and linear in the number of messages. Compaction records are read as plain
-    messages here (a summary is a ``summary`` group, a collapse an ``assistant_text``
-    group); to group what a model would see of a log, group ``build_view(log)``.
-    """
+    """``messages`` as atomic groups, in order of each group's first message; records are
+    plain messages here (to group what a model sees of a log, group ``build_view(log)``)."""
     kinds, members = Layout.build(messages, records=False).slots()
     estimate = Estimates(tokenizer)
     return tuple(
@@ -362,9 +315,8 @@ def group_messages(
 
 
 def result_calls(log: Sequence[Message]) -> dict[tuple[int, int], tuple[int, int]]:
-    """The call each tool result of ``log`` answers, by the pairing rule: ``(position,
-    index)`` of a result (its tool message's position, its index among that message's
-    results) to ``(position, index)`` of its call; a result that answers none is absent."""
+    """``(position, index)`` of each result (among its message's results) that answers a
+    call of ``log``, to ``(position, index)`` of that call."""
     layout = Layout.scanned(log, records=False)
     skip: dict[int, Counter[str]] = {}  # a message's misplaced results follow its paired ones
     for position, call_id in layout.misplaced:
