@@ -1,10 +1,5 @@
-"""The engine's index of one log: its layout, and per-message figures kept beside it.
-
-A message is a value and holds no state of the engine's. What the engine learns about
-the messages of a log (their layout, token estimates per tokenizer, the cut-down copies
-views show) lives here, keyed by message id (checked by identity), and carries over when
-the log grows (``LogIndex.of``, ``grown``), so the next turn costs what it added.
-"""
+"""``LogIndex``: a log's layout and what the engine learns about its messages (estimates,
+cut-down copies), keyed by id (checked by identity) and carried over as the log grows."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ __all__ = ["RECENT_LOGS", "LogIndex"]
 
 RECENT_LOGS = 8
 """How many indexes of logs seen lately ``LogIndex.of`` keeps (it holds their messages)."""
-_LOOKBACK = 64
-"""How many messages back from the end ``LogIndex.of`` looks for a log this one extends."""
+_LOOKBACK = 64  # how far back from the end ``LogIndex.of`` looks for a log this one extends
 
 _recent: OrderedDict[int, LogIndex] = OrderedDict()
 
@@ -45,8 +39,8 @@ class LogIndex:
 
     @classmethod
     def of(cls, messages: Sequence[Message]) -> LogIndex:
-        """The index of ``messages``, reusing one of the same log or of a log it extends
-        with plain messages, if seen lately."""
+        """The index of ``messages``, reusing one of the same log, or of a log it extends, seen
+        lately."""
         log = tuple(messages)
         for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
             known = _recent.get(id(log[position]))
@@ -68,8 +62,7 @@ class LogIndex:
         return found
 
     def grown(self, log: Sequence[Message]) -> LogIndex:
-        """The index of ``log``, which starts with this index's log (an append-only log
-        one turn later); figures carry over."""
+        """The index of ``log``, which starts with this index's log; figures carry over."""
         if len(log) == len(self.log):
             return self
         log = tuple(log)
@@ -77,15 +70,13 @@ class LogIndex:
         return LogIndex(log, layout, self._estimates, self._derived)
 
     def over(self, messages: Sequence[Message]) -> LogIndex:
-        """An index of ``messages`` (a request made from this log, say) that shares this
-        index's figures."""
+        """An index of ``messages`` (a request made from this log) sharing this one's figures."""
         log = tuple(messages)
         return LogIndex(log, Layout.build(log), self._estimates, self._derived)
 
     def estimates(self, tokenizer: Tokenizer) -> Estimates:
-        """The token estimates of this log's messages by ``tokenizer``: equal hashable
-        tokenizers share them, an unhashable one has its own (they keep it, so its id
-        stays its own while the index lives)."""
+        """The estimates by ``tokenizer``; equal hashable tokenizers share them, an unhashable
+        one has its own (kept by id: they hold it, so the id stays its own)."""
         key: Any = tokenizer
         try:
             hash(tokenizer)
