@@ -1,10 +1,5 @@
-"""The view: what the model sees of an append-only conversation log.
-
-Compaction records (``littleghost.context.records``) stand for the messages they cover;
-tool results are shown right after the call they answer (the pairing rule of
-``littleghost.context.groups``); a result that answers no call is left out. The engine
-reads a log in linear time (``Layout``); these are its everyday questions.
-"""
+"""The view: what the model sees of an append-only log (records stand for what they cover,
+results follow their call, a result that answers no call is left out), and its questions."""
 
 from __future__ import annotations
 
@@ -41,16 +36,12 @@ def orphan_results(log: Sequence[Message]) -> list[int]:
 
 
 def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
-    """``(position, call_id)`` of every tool result in ``log`` that answers no open call of
-    the assistant message its tool message belongs to, by the pairing rule: a result
-    before its call, a second answer, or one whose nearest open call with its id is
-    another assistant message's. The view cannot show such a result in its place.
-    ``orphans=False`` leaves out the results of tool messages that answer no call at all
-    (``orphan_results``: the view leaves those out whole)."""
+    """``(position, call_id)`` of every result in ``log`` that answers no open call of its
+    tool message's assistant message (before its call, a second answer, or one whose nearest
+    open call is another message's); ``orphans=False`` leaves out tool messages that answer
+    no call at all."""
     layout = Layout.scanned(log)
-    if orphans:
-        return layout.misplaced
-    whole = set(layout.orphans)
+    whole = set() if orphans else set(layout.orphans)
     return [item for item in layout.misplaced if item[0] not in whole]
 
 
