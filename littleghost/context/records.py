@@ -1,14 +1,9 @@
-"""Compaction records: appended messages that stand for earlier ones in what the model sees.
+"""Compaction records: appended messages that stand for the earlier ids they cover.
 
-The log is never rewritten; a compaction appends a record that covers earlier ids:
-
-- a **summary** (metadata ``littleghost.summary`` = True, ``littleghost.summary.covers`` =
-  ids) hides what it covers and is shown before the first visible non-trusted message;
-- a **collapse** (``littleghost.compaction.kind`` = ``"collapse"``,
-  ``littleghost.compaction.covers`` = ids) hides what it covers and is shown where the
-  first of them was;
-- an **exclusion** (``littleghost.compaction.kind`` = ``"exclusion"``) hides what it
-  covers and is never shown.
+A summary (``is_summary``, ids in ``littleghost.summary.covers``) is shown before the
+first visible non-trusted message; a collapse (``littleghost.compaction.kind`` =
+``"collapse"``, ids in ``littleghost.compaction.covers``) where the first it covers was;
+an exclusion (kind ``"exclusion"``) is never shown. The log is never rewritten.
 """
 
 from __future__ import annotations
@@ -25,9 +20,7 @@ __all__ = [
 ]
 
 COMPACTION_KIND_KEY = "littleghost.compaction.kind"
-"""Metadata key marking a compaction record: ``"collapse"`` or ``"exclusion"``."""
 COMPACTION_COVERS_KEY = "littleghost.compaction.covers"
-"""Metadata key holding the ids of the messages a collapse or exclusion stands for."""
 COLLAPSE = "collapse"
 EXCLUSION = "exclusion"
 
