@@ -1,9 +1,5 @@
-"""Running a compaction strategy: ad hoc, inside a run, or on a stored session.
-
-What a strategy decides becomes records appended to the log (collapses, one exclusion,
-at most one summary, each listing the ids it covers): the view changes, the stored
-originals stay. The README's "Compaction strategies" tells what it costs.
-"""
+"""Running a compaction strategy ad hoc, inside a run, or on a stored session: what it
+decides becomes records appended to the log (README: "Compaction strategies")."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ def _checked(
     tokenizer: Tokenizer | None,
     settings: Mapping[str, Any] | None,
 ) -> tuple[Tokenizer, Mapping[str, Any] | None]:
-    """``name``'s strategy, tokenizer (default characters ÷ 4) and settings, checked as
-    ``manage_context`` and ``run()`` check them."""
+    """``name``'s strategy, tokenizer (default characters ÷ 4) and settings, checked."""
     check_strategy(f"{name}: strategy", strategy)
     if tokenizer is not None and not has_method("count_tokens")(tokenizer):
         raise ConfigurationError(
@@ -91,17 +86,16 @@ async def apply_compaction(
     *,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[Message, ...]:
-    """Run ``strategy`` once on ``messages`` (a log or a view, left as they are) and return
-    the view it gives. A summarizing strategy needs its own model: ``Summarization(model=...)``.
+    """The view ``strategy`` run once gives of ``messages`` (a log or a view, untouched).
 
     Args:
         messages: The conversation.
-        strategy: What to do (``Truncation()``, ``Pipeline(...)``, ...).
+        strategy: What to do; a summarizing one needs ``Summarization(model=...)``.
         tokenizer: Counts tokens; default characters ÷ 4.
 
     Raises:
         ConfigurationError: A bad ``strategy`` or ``tokenizer``, or ``messages`` that
-            ``run(history=)`` would refuse (a reused id, a misplaced tool result).
+            ``run(history=)`` would refuse.
     """
     counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
     log = check_history(messages, "messages")
@@ -117,17 +111,15 @@ async def compaction_records(
     complete: Complete | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
-    """The records to append to the log so its view is ``strategy`` applied to it
-    (``build_view((*messages, *records))``); ``()`` means nothing to do.
+    """The records to append so that the view of ``messages`` (a log or a view) is
+    ``strategy``'s; ``()`` means nothing to do.
 
     Args:
-        messages: The log (or a view of it: records read the same either way).
-        strategy: What to do.
         tokenizer: Counts tokens; ``None`` for characters ÷ 4.
-        complete: Makes a summary call when the ``Summarization`` has no model of its
-            own (inside a run, ``RunContext.complete``: its span, usage and deadline).
+        complete: Makes a summary call for a ``Summarization`` without a model of its own
+            (in a run, ``RunContext.complete``).
         settings: Provider settings the summary call starts from (its output cap and
-            tool settings are replaced), checked as ``run(settings=)`` checks them.
+            tool settings replaced).
 
     Raises:
         ConfigurationError: As ``apply_compaction``, or bad ``settings``.
@@ -146,10 +138,8 @@ async def compact_session(
     tokenizer: Tokenizer | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
-    """Append ``strategy``'s records to a stored session's log after a run, holding the
-    session as a run does (through the store's ``lock`` when it has one, any store
-    otherwise), and return them: the next run sees the compacted view, nothing stored is
-    removed. A summarizing strategy needs ``Summarization(model=...)`` here.
+    """Append ``strategy``'s records to a stored session's log, holding the session as a run
+    does, and return them; a summarizing strategy needs ``Summarization(model=...)``.
 
     Raises:
         ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
@@ -170,11 +160,7 @@ async def compact_session(
 
 def check_smaller(log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer) -> None:
     """Refuse ``records`` that would not make the view of ``log`` smaller (in estimated
-    tokens): appended, they could never be taken back.
-
-    Raises:
-        CompactionError: The view would not get smaller; nothing is to be appended.
-    """
+    tokens): appended, they could never be taken back (``CompactionError``)."""
     estimates = Estimates(tokenizer)
     before = estimates.total(build_view(log))
     after = estimates.total(build_view([*log, *records]))
