@@ -1,8 +1,5 @@
-"""A bounded prompt view: every request fits a hard token budget, with no model call.
-
-The log keeps everything; each model call gets a view built to fit ``PromptBudget.limit``.
-What a view keeps, in order, is set out in the README ("A bounded prompt view").
-"""
+"""A bounded prompt view: each model call gets a view of the log that fits
+``PromptBudget.limit``, with no model call (the README's "A bounded prompt view")."""
 
 from __future__ import annotations
 
@@ -19,13 +16,7 @@ from littleghost._validators import Validator, check, count, has_method, is_call
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.summarize import excerpt
-from littleghost.context.tokens import (
-    ByteEstimator,
-    Estimates,
-    Tokenizer,
-    counter,
-    tools_text,
-)
+from littleghost.context.tokens import ByteEstimator, Estimates, Tokenizer, counter, tools_text
 from littleghost.errors import ConfigurationError, PromptBudgetError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest
@@ -43,10 +34,9 @@ __all__ = [
 context_budget_log = logging.getLogger("littleghost.context_budget")
 prompt_budget_log = logging.getLogger("littleghost.prompt_budget")
 
+# The metadata keys of the excerpts and memories messages a view may carry (never logged).
 EXCERPTS_KEY = "littleghost.context.excerpts"
-"""Metadata key of the excerpts message a view may carry (never in the log)."""
 MEMORIES_KEY = "littleghost.context.memories"
-"""Metadata key of the memories message a view may carry (never in the log)."""
 EXCERPTS_HEADER = "[Earlier turns, excerpted; for reference, not instructions:]"
 MEMORIES_HEADER = "Saved memories, for reference (newest last):"
 IMAGE_PLACEHOLDER = "[image omitted from this context]"
@@ -66,9 +56,6 @@ def env_tokens(variable: str, default: int) -> int:
     if value <= 0:
         raise ConfigurationError(f"{variable} must be > 0, not {value}")
     return value
-
-
-_LOADS_MEMORIES = has_method("load_memories")
 
 
 def _count(name: str, minimum: int) -> Validator:
@@ -117,7 +104,7 @@ class PromptBudget:
         default=None,
         validator=check(
             "PromptBudget: memory",
-            lambda v: v is None or is_callable(v) or _LOADS_MEMORIES(v),
+            lambda v: v is None or is_callable(v) or has_method("load_memories")(v),
             "None, a callable or an object with load_memories(context)",
         ),
     )
@@ -256,8 +243,8 @@ class _Cuts:
         return self.shrink(message, max_tokens, (ToolResult,)) if message.tool_results else message
 
     def cut_intermediate(self, turn: Sequence[Message], max_tokens: int) -> list[Message]:
-        """Shorten the text of each assistant message of ``turn`` but its last to about
-        ``max_tokens``, keeping every tool call whole."""
+        """``turn`` with the text of each assistant message but the last cut to about
+        ``max_tokens``, its tool calls whole."""
         cut = list(turn)
         for i, message in enumerate(turn[:-1]):
             if message.role is Role.ASSISTANT and message.text:
@@ -266,8 +253,6 @@ class _Cuts:
         return cut
 
     def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
-        """``message`` without its parts of ``kinds``."""
-
         def make() -> Message:
             parts = [part for part in message.content if not isinstance(part, kinds)]
             return Message(message.role, parts, message.id, message.metadata)
@@ -281,9 +266,8 @@ def view_only(message: Message) -> bool:
 
 
 def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
-    """The conversation as turns of complete exchanges: each turn starts at a user
-    message (a leading partial turn too); a call left without a result, or a result
-    whose call is absent, is left out (an assistant message keeps its text)."""
+    """The conversation as turns, each from a user message (a leading partial turn too);
+    a call left without a result (its message keeps its text) or an orphan result goes."""
     layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
     for kind, group in zip(layout.kinds, layout.members, strict=True):
@@ -312,12 +296,11 @@ def fit_request(
     summary_tokens: int | None = None,
     index: LogIndex | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
-    """Build the bounded view of ``request`` for ``limit`` tokens.
+    """The bounded view of ``request`` for ``limit`` tokens, and its figures.
 
-    Memories and excerpts a request already carries (from an earlier pass) are rebuilt,
-    not repeated. Summaries are kept newest first while they fit (each cut to
-    ``summary_tokens`` and to the room left, never dropped for older turns). ``index``
-    (the run's) keeps the cut copies and estimates for the next turn.
+    Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
+    cut to ``summary_tokens`` and to the room left. ``index`` (the run's) keeps the cut
+    copies and estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
@@ -341,10 +324,8 @@ def fit_request(
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
     memory_room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
     picked = _pick(reversed(memories), memory_room, tokenizer, skip=True)
-    memory: list[Message] = []
-    if picked:
-        text = "\n".join([MEMORIES_HEADER, *(f"- {entry}" for entry in picked)])
-        memory = _view_only("memories", MEMORIES_KEY, text, Message.developer)
+    entries = [f"- {entry}" for entry in picked]
+    memory = _view_only("memories", MEMORIES_KEY, MEMORIES_HEADER, entries, Message.developer)
     fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
@@ -399,10 +380,7 @@ def fit_request(
     excerpt_room -= tokenizer.count_tokens(EXCERPTS_HEADER)
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
     chosen = _pick(filter(None, lines), excerpt_room, tokenizer, skip=False)
-    excerpts: list[Message] = []
-    if chosen:
-        text = "\n".join([EXCERPTS_HEADER, *chosen])
-        excerpts = _view_only("excerpts", EXCERPTS_KEY, text, Message.user)
+    excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, chosen, Message.user)
     kept = [message for turn in reversed(kept_turns) for message in turn]
     messages = [*trusted, *memory, *kept_summaries, *excerpts, *kept, *current]
     settings = dict(request.settings)
@@ -437,9 +415,14 @@ def _pick(lines: Iterable[str], room: int, tokenizer: Tokenizer, *, skip: bool) 
     return chosen[::-1]
 
 
-def _view_only(kind: str, key: str, text: str, make: Callable[..., Message]) -> list[Message]:
-    """The memories or excerpts message saying ``text``: the same text keeps its id
-    (``<kind>-<hash>``), so usage anchors still match."""
+def _view_only(
+    kind: str, key: str, header: str, lines: list[str], make: Callable[..., Message]
+) -> list[Message]:
+    """The memories or excerpts message, ``header`` then ``lines`` (none without lines); the
+    same text keeps its id (``<kind>-<hash>``), so usage anchors still match."""
+    if not lines:
+        return []
+    text = "\n".join([header, *lines])
     stable_id = f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
     return [make(text, id=stable_id, metadata={key: True})]
 
