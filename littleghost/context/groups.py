@@ -20,7 +20,7 @@ from attrs import frozen
 
 from littleghost.context.records import COLLAPSE, COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer, prompt_text
-from littleghost.messages import SUMMARY_KEY, Message, Role, ToolCall, ToolResult
+from littleghost.messages import Message, Role, ToolCall, ToolResult
 
 __all__ = [
     "ASSISTANT_TEXT",
@@ -150,8 +150,14 @@ class Layout:
         answers = self.answers
         for position in range(start, len(log)):
             message = log[position]
-            metadata = message.metadata
-            if records and metadata and self._record(message):
+            if records and message.metadata and is_record(message):
+                covers = record_covers(message)
+                self.hidden.update(covers)
+                if message.is_summary:
+                    self.summaries.append(message)
+                elif message.metadata[COMPACTION_KIND_KEY] == COLLAPSE:
+                    for covered in covers:
+                        self.anchors.setdefault(covered, message)
                 continue
             role = message.role
             if role is _ASSISTANT:
@@ -186,19 +192,6 @@ class Layout:
                 else:
                     answers.setdefault(owner, []).append(position)
         self.size = len(log)
-
-    def _record(self, message: Message) -> bool:
-        """Read ``message`` if it is a compaction record (True); else False."""
-        if not is_record(message):
-            return False
-        covers = record_covers(message)
-        self.hidden.update(covers)
-        if message.is_summary:
-            self.summaries.append(message)
-        elif message.metadata[COMPACTION_KIND_KEY] == COLLAPSE:
-            for covered in covers:
-                self.anchors.setdefault(covered, message)
-        return True
 
     def _lay_out(self, log: Sequence[Message], start: int) -> None:
         """Pass 2: lay out ``log[start:]`` as groups after those laid out so far."""
@@ -260,8 +253,7 @@ class Layout:
                             break
             else:
                 group = [message]
-                metadata = message.metadata
-                kind = SUMMARY if metadata and metadata.get(SUMMARY_KEY) is True else USER
+                kind = SUMMARY if message.metadata and message.is_summary else USER
             if pending:  # the summaries stand before the first non-trusted group
                 kinds.extend([SUMMARY] * len(pending))
                 members.extend([summary] for summary in pending)
