@@ -112,11 +112,8 @@ class Layout:
         return layout
 
     def extend(self, log: Sequence[Message]) -> Layout | None:
-        """The layout of ``log``, which starts with the log this one was built from.
-
-        Returns ``None`` (build it afresh) when the added messages hold a record or a
-        message an earlier record hides. This layout is left as it is.
-        """
+        """The layout of ``log``, which starts with this one's log (left as it is); ``None``
+        (build it afresh) when the added messages hold a record or a message one hides."""
         start = self.size
         hidden = self.hidden
         for message in log[start:]:
