@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from attrs import define, field
+
 from littleghost.context.groups import Layout
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.messages import Message
@@ -20,22 +22,14 @@ _LOOKBACK = 64  # how far back from the end ``LogIndex.of`` looks for a log this
 _recent: OrderedDict[int, LogIndex] = OrderedDict()
 
 
+@define(eq=False, repr=False)
 class LogIndex:
     """The layout of one log and the figures the engine keeps about its messages."""
 
-    __slots__ = ("_derived", "_estimates", "layout", "log")
-
-    def __init__(
-        self,
-        log: tuple[Message, ...],
-        layout: Layout,
-        estimates: dict[Any, Estimates] | None = None,
-        derived: dict[tuple[Any, ...], tuple[Message, Message]] | None = None,
-    ) -> None:
-        self.log = log
-        self.layout = layout
-        self._estimates = {} if estimates is None else estimates
-        self._derived = {} if derived is None else derived
+    log: tuple[Message, ...]
+    layout: Layout
+    _estimates: dict[Any, Estimates] = field(factory=dict)
+    _derived: dict[tuple[Any, ...], tuple[Message, Message]] = field(factory=dict)
 
     @classmethod
     def of(cls, messages: Sequence[Message]) -> LogIndex:
