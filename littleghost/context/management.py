@@ -33,6 +33,7 @@ from littleghost.context.config import ContextManagement, context_config, contex
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
+    SUMMARY_FIT_MARGIN,
     CompactionState,
     Complete,
     Summarization,
@@ -73,8 +74,6 @@ __all__ = [
 
 C = TypeVar("C", bound=type)
 
-SUMMARY_FIT_MARGIN = 0.9
-"""The share of the window a summary request may fill (estimates are not exact)."""
 REGROWTH = 0.1
 """After a compaction that left the request over the threshold, the share of the window
 the request must grow by before the next summary call."""

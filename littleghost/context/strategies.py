@@ -60,6 +60,7 @@ from littleghost.models.base import Model, ModelRequest, ModelResponse
 from littleghost.text import cut_middle
 
 __all__ = [
+    "SUMMARY_FIT_MARGIN",
     "SUMMARY_FLOOR_TOKENS",
     "CompactionState",
     "CompactionStrategy",
@@ -727,10 +728,13 @@ def _recalibrate(
         return False
     state.scale = scale
     if error.context_window:
-        state.room = min(state.room or error.context_window, int(0.9 * error.context_window))
+        room = int(SUMMARY_FIT_MARGIN * error.context_window)
+        state.room = min(state.room or error.context_window, room)
     return True
 
 
+SUMMARY_FIT_MARGIN = 0.9
+"""The share of the window a summary request may fill (estimates are not exact)."""
 SUMMARY_FLOOR_TOKENS = 64
 """The smallest output cap a summary call is given when its request must shrink to fit."""
 _CLIP_LEVELS = (2_000, 500, 200, 80)
