@@ -1836,6 +1836,46 @@ class TestEstimateUnits:
         assert outcomes and all(outcome == "completed" for outcome in outcomes)
 
 
+    async def test_a_prompt_the_server_cut_silently_is_not_learned_from(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A server whose window is smaller than the one littleghost compacts for may cut
+        the prompt without an error and report the tokens it kept (Ollama does). A count
+        under a quarter of the estimate is such a cut: it neither calibrates the run
+        (which would make every later estimate four times too small, and stop compaction
+        for good) nor sizes the next request of the tool loop; the run warns once, with
+        figures only, and compacts by the estimate."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=0.75)
+        class Cut(Agent):
+            max_retries = 0
+
+            @tool
+            def fetch(self) -> str:
+                """Fetch the record."""
+                return "record field " * 60
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            if len(request.messages) < 4:  # the question, then the record
+                return tool_call_response("fetch", {}, input_tokens=100)  # cut to 100
+            return text_response("done", input_tokens=100)
+
+        history = [Message.user("Tell me about the weather in the hills. " * 30)]
+        history.append(Message.assistant("The hills are cloudy. " * 40))
+        model = ScriptedModel([respond] * 6, name="cutting")
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result = await Cut(model=model).run("Fetch it.", history=history)
+        assert result.output == "done"
+        assert SCALE_KEY not in result.messages[-1].metadata  # nothing learned to keep
+        (compaction,) = spans.compactions()  # the record took the request over 750
+        assert compaction["littleghost.compaction.reason"] == "threshold"
+        (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert "'cutting' reported 100 prompt tokens" in warning.getMessage()
+        assert "hills" not in caplog.text and "record field" not in caplog.text
+
+
 class TestPreview:
     """``preview_request``: the first request of a run, as the hook makes it, without a run."""
 

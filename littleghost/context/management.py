@@ -8,6 +8,7 @@ The README's "Context management" states the rules.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
@@ -56,6 +57,8 @@ from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
+
+logger = logging.getLogger("littleghost.context")
 
 __all__ = [
     "AFTER_KEY",
@@ -136,6 +139,7 @@ class _Run:
     real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
     dense: dict[str, float] = field(factory=dict)
+    distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
 
@@ -176,17 +180,41 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
 
 
 def _learn_scale(
-    state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
+    state: _Run,
+    request: ModelRequest,
+    reported: int,
+    context: RunContext,
+    tokenizer: Tokenizer,
+    served: ModelResponse | None = None,
 ) -> bool:
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
-    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing."""
+    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
+    For a request the model answered (``served``), under ``MIN_SCALE`` of it says the server
+    cut the prompt: nothing is learned, the answer's count is not used again, and the run
+    warns once."""
     fixed, scaled = _split_estimate(
         request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
     )
     fixed += _schema_estimate(request, tokenizer)
     if reported <= fixed or scaled <= 0:
         return False
-    state.scale = min(max((reported - fixed) / scaled, MIN_SCALE), MAX_SCALE)
+    scale = (reported - fixed) / scaled
+    if served is not None and scale < MIN_SCALE:
+        if state.distrusted is None:
+            logger.warning(
+                "manage_context: model %r reported %d prompt tokens for a request estimated "
+                "at %d: the server most likely cut the prompt to a context window smaller "
+                "than the %d tokens compacted for (Ollama does so without an error). Give "
+                "the model its window (context_window=, or context_window_override= on "
+                "manage_context)",
+                context.model.name,
+                reported,
+                fixed + scaled,
+                state.window,
+            )
+        state.distrusted = served
+        return False
+    state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
 
 
@@ -257,6 +285,7 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
         count = len(previous.messages)
         if (
             response.usage.input_tokens > 0
+            and response is not context.state_for(_Run, _Run).distrusted
             and previous.tools == request.tools
             and previous.output_schema == request.output_schema
             and request.messages[:count] == previous.messages  # items compared by identity first
@@ -359,7 +388,7 @@ async def _calibrate_after_model(
         return None
     state = _run(context, config)
     request, answered = context.last_exchange
-    _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer)
+    _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer, answered)
     kept: dict[str, float] = {}
     if state.scale != 1.0 and response.message.metadata.get(SCALE_KEY) != state.scale:
         kept[SCALE_KEY] = state.scale
