@@ -30,7 +30,7 @@ class Outcome:
 
     after: int | None = None
     removed: int = 0
-    summary: str | None = None  # how a summary made came back (``SUMMARY_COMPLETE``, ...)
+    summary: str | None = None  # how the summary made came back (``SUMMARY_COMPLETE``, ...)
     cut_to: int | None = None  # the tokens the request's tool results were cut to, if they were
     before: int | None = None
     """The request's size before, when estimated again in the units of ``after`` (a

@@ -267,7 +267,8 @@ def view_only(message: Message) -> bool:
 
 def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
     """The conversation as turns, each from a user message (a leading partial turn too);
-    a call left without a result (its message keeps its text) or an orphan result goes."""
+    a call left without a result (its message keeps its text) or an orphan result is
+    left out."""
     layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
     for kind, group in zip(layout.kinds, layout.members, strict=True):

@@ -33,8 +33,8 @@ class LogIndex:
 
     @classmethod
     def of(cls, messages: Sequence[Message]) -> LogIndex:
-        """The index of ``messages``, reusing one of the same log, or of a log it extends, seen
-        lately."""
+        """The index of ``messages``, reusing one seen lately of the same log or of a log it
+        extends."""
         log = tuple(messages)
         for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
             known = _recent.get(id(log[position]))

@@ -170,6 +170,8 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
     after: int | None = None
     scale: float | None = None
     for message in reversed(log):
+        if not message.metadata:  # most messages: a long log is walked whole without a record
+            continue
         if after is None and is_int(message.metadata.get(AFTER_KEY)):
             after = message.metadata[AFTER_KEY]
         if scale is None and is_number(value := message.metadata.get(SCALE_KEY)):
@@ -419,8 +421,9 @@ async def _compact_before_model(
         if reaches(estimated, config.compression_threshold, state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:  # the figures of the request sent
-        estimates = context.log_index.estimates(config.budget.tokenizer)
-        sent = estimate_request(request.messages, request.tools, {}, estimates.tokenizer, estimates)
+        tokenizer = config.budget.tokenizer
+        estimates = context.log_index.estimates(tokenizer)
+        sent = estimate_request(request.messages, request.tools, {}, tokenizer, estimates)
         report = attrs.evolve(
             report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
         )
@@ -530,7 +533,7 @@ async def _recover(
 ) -> ModelRequest:
     """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
     aiming under ``safe``: a summary when one can be made, then the model-free steps while
-    over ``safe``. ``safe`` is ``None`` when the overflow's figure is the run's only
+    over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's figure is the run's only
     calibration: the summary call's measure then gives the margin (``_margin``), else it is
     20 % under ``fits``. A model that counts decides the fit by its count (``_counted_fit``).
 
@@ -689,8 +692,9 @@ async def _compact(
     fallback: int | None = None,
 ) -> ModelRequest:
     """Compact ``request`` toward ``target`` (the model's tokens) with the configured
-    strategy, the default compaction, or (``fallback``) without a model, to under ``limit``
-    (default ``window``), aiming under ``fallback``; append the records to the log.
+    strategy, the default compaction, or (``fallback``) without a model, aiming under
+    ``fallback`` and cutting tool results while over ``limit`` (default ``window``; read
+    only with ``fallback``); append the records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)

@@ -87,9 +87,10 @@ class CompactionState:
     """The groups of a view while strategies work on them, and the metrics triggers read.
 
     The metrics count what is included, kept current by every step; a group's tokens are
-    estimated when first needed. Each slot's group is included, excluded, or absorbed
-    into a collapse or summary made in the first slot it replaces. Removing a system
-    group, a slot from ``protected`` on or a ``pinned`` one raises ``ValueError``.
+    estimated when first needed. Slots keep their order: each slot's group is included,
+    excluded, or absorbed into a collapse or summary made in the first slot it replaces.
+    Removing a system group, a slot from ``protected`` on or a ``pinned`` one (in a run,
+    the preserved newest messages and the current request) raises ``ValueError``.
     ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
     request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
     holds the model's own size of records it reported, ``summary_outcome`` how a summary
@@ -201,7 +202,7 @@ class CompactionState:
 
     def newest(self, count: int, kind: GroupKind | None = None) -> int:
         """The first slot of the newest ``count`` included non-system groups (of ``kind``
-        when given), at most ``protected``; ``0`` when there are no more such groups."""
+        when given), at most ``protected``; ``0`` when there are fewer than ``count``."""
         if count <= 0:
             return self.protected
         fate = self._fate
@@ -214,7 +215,8 @@ class CompactionState:
         return 0
 
     def candidates(self, end: int, kind: GroupKind | None = None) -> list[int]:
-        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given)."""
+        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given),
+        oldest first."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
@@ -496,8 +498,9 @@ class Truncation(_Stepwise):
     """Exclude the oldest non-system groups until the target holds.
 
     Args:
-        trigger, target: When to start and when to stop (module docstring; with
-            ``always`` as trigger and no target, stop at ``minimum_preserved``).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds; with
+            ``always`` as trigger, stop at ``minimum_preserved``).
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 32).
     """
 
@@ -518,7 +521,8 @@ class SlidingWindow(_Stepwise):
     Args:
         keep_last_turns: User turns to keep (>= 1).
         keep_last_groups: Non-system groups to keep (>= 1).
-        trigger, target: When to start and when to stop (module docstring).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds).
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 1).
     """
 
@@ -625,7 +629,8 @@ class ToolResultCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept whole (>= 0, default 2).
-        trigger, target: When to start and when to stop (module docstring).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds).
         max_result_chars: Each result is cut in the middle to this length (>= 16).
     """
 
@@ -647,7 +652,8 @@ class SelectiveToolCallCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept (>= 0, default 2).
-        trigger, target: When to start and when to stop (module docstring).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds).
     """
 
     keep_last_tool_call_groups: int = field(
@@ -665,7 +671,8 @@ class TurnExcerpts(_Stepwise):
     out too, until the target holds. A turn is a user group and the groups after it.
 
     Args:
-        trigger, target: When to start and when to stop (module docstring).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop as soon as this holds (default: the trigger no longer holds).
         excerpt_chars: The length of the question and of the answer in a line (>= 16).
         minimum_preserved: Newest non-system groups kept verbatim, with the rest of their
             turn (>= 0, default 1: the newest turn stays).
@@ -744,7 +751,8 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)
 class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
 
-    Older tool results are masked first (no summary when that is enough); then groups
+    With ``mask_tool_results``, older tool results are masked first (no summary when that
+    is enough); then groups
     are taken oldest first until the target holds as if they were gone and they are more
     than a summary's framing (else nothing happens), and one call summarizes them.
     Earlier summaries among them are anchored: new notes are appended to theirs, and
@@ -758,8 +766,9 @@ class Summarization(_Stepwise):
         prompt: Replaces the summarizer's instruction, for new notes and a rewrite alike
             (default ``DEFAULT_SUMMARY_INSTRUCTIONS``, ``DEFAULT_UPDATE_INSTRUCTIONS``).
         model: Writes the summary; default the agent's model (ad hoc use needs one).
-        trigger, target: When to start and to stop taking groups (module docstring; with
-            ``always`` and no target, take all but ``minimum_preserved``).
+        trigger: Start only when this holds (default ``always``).
+        target: Stop taking groups as soon as this holds (default: the trigger no longer
+            holds; with ``always``, take all but ``minimum_preserved``).
         max_tokens: The summary's output cap (>= 1, default 1 024).
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
         mask_tool_results: Mask tool results beyond the newest this many tool-call groups
