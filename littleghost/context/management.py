@@ -206,7 +206,7 @@ def _learn_scale(
             logger.warning(
                 "manage_context: model %r reported %d prompt tokens for a request estimated "
                 "at %d: the server most likely cut the prompt to a context window smaller "
-                "than the %d tokens compacted for (Ollama does so without an error). Give "
+                "than the %d tokens compacted for (Ollama can, without an error). Give "
                 "the model its window (context_window=, or context_window_override= on "
                 "manage_context)",
                 context.model.name,
