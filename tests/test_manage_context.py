@@ -1835,7 +1835,6 @@ class TestEstimateUnits:
         outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
         assert outcomes and all(outcome == "completed" for outcome in outcomes)
 
-
     async def test_a_prompt_the_server_cut_silently_is_not_learned_from(
         self, spans: Spans, caplog: pytest.LogCaptureFixture
     ) -> None:
