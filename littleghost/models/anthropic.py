@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 
-from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -470,8 +469,7 @@ class AnthropicModel:
             count = client.messages.count_tokens
             accepted = accepted_parameters(count)
             counted = await count(**{key: v for key, v in params.items() if key in accepted})
-            tokens = lookup(counted, "input_tokens")
-            return tokens if is_int(tokens) and tokens > 0 else None
+            return reported(counted, "input_tokens") or None
 
         return await self._counting.ask(count, self._error)
 

@@ -89,7 +89,7 @@ def _server_root(client: Any) -> str:
 def _is_official(base_url: object) -> bool:
     """True for OpenAI's own API: ``api.openai.com`` or a data-residency region of it
     (``eu.api.openai.com``, ``us.api.openai.com``, ...)."""
-    host = (urlsplit(str(base_url)).hostname or "").lower()
+    host = urlsplit(str(base_url)).hostname or ""  # lower case
     return host == "api.openai.com" or host.endswith(".api.openai.com")
 
 
@@ -470,8 +470,7 @@ class OpenAIModel:
         """OpenAI's input-token count of the request."""
         body = count_request(params)
         counted = await client.post("responses/input_tokens", body=body, cast_to=object)
-        tokens = lookup(counted, "input_tokens")
-        return tokens if is_int(tokens) and tokens > 0 else None
+        return reported(counted, "input_tokens") or None
 
     @staticmethod
     async def _llama_count(client: Any, params: dict[str, Any]) -> int | None:
@@ -495,11 +494,8 @@ class OpenAIModel:
         with the generation prompt, as a chat completion's)."""
         keys = ("model", "messages", "tools", "chat_template_kwargs")
         body = {key: params[key] for key in keys if key in params}
-        counted = lookup(
-            await client.post(f"{_server_root(client)}/tokenize", body=body, cast_to=object),
-            "count",
-        )
-        return counted if is_int(counted) and counted > 0 else None
+        counted = await client.post(f"{_server_root(client)}/tokenize", body=body, cast_to=object)
+        return reported(counted, "count") or None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
