@@ -533,9 +533,10 @@ async def _recover(
 ) -> ModelRequest:
     """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
     aiming under ``safe``: a summary when one can be made, then the model-free steps while
-    over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's figure is the run's only
-    calibration: the summary call's measure then gives the margin (``_margin``), else it is
-    20 % under ``fits``. A model that counts decides the fit by its count (``_counted_fit``).
+    over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's
+    figure is the run's only calibration: the summary call's measure then gives the margin
+    (``_margin``), else it is 20 % under ``fits``. A model that counts decides the fit by
+    its count (``_counted_fit``).
 
     Raises:
         CompactionError: Even the current request alone does not fit.
