@@ -25,7 +25,7 @@ from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, PromptBudgetError
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.models import ModelRequest, ModelResponse
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
@@ -107,6 +107,17 @@ class TestDeclaration:
         assert FromEnvironment.context_management.context_window_tokens == 32_768
         monkeypatch.setenv("LITTLEGHOST_PROMPT_BUDGET_TOKENS", "many")
         with pytest.raises(ConfigurationError, match="LITTLEGHOST_PROMPT_BUDGET_TOKENS"):
+            PromptBudget()
+
+    @pytest.mark.parametrize("raw", ["0", "-5"])
+    def test_an_environment_figure_must_be_positive(
+        self, monkeypatch: pytest.MonkeyPatch, raw: str
+    ) -> None:
+        """A variable of zero or less fails naming the variable and its value."""
+        monkeypatch.setenv("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", raw)
+        with pytest.raises(
+            ConfigurationError, match=rf"LITTLEGHOST_RESPONSE_RESERVE_TOKENS must be > 0, not {raw}"
+        ):
             PromptBudget()
 
     def test_reserves_that_leave_no_room_fail_at_class_definition(self) -> None:
@@ -288,7 +299,9 @@ class TestRules:
         assert list(result.messages[:2]) == log
 
     async def test_incomplete_exchanges_and_orphans_are_left_out(self) -> None:
-        """A call without its result, or a result without its call, never reaches the model."""
+        """A call without its result, or a result without its call, never reaches the model;
+        a call's message keeps its text, one without text is left out."""
+        silent = Message.assistant(tool_calls=[ToolCall("gone", "weather", {})])
 
         class Upstream(Agent):
             @before_model
@@ -297,6 +310,7 @@ class TestRules:
                     Message.user("older"),
                     Message.assistant("checking", tool_calls=[ToolCall("lost", "weather", {})]),
                     Message.tool("stray", "orphan result"),
+                    silent,
                 ]
                 return ModelRequest(
                     [request.messages[0], *broken, *request.messages[1:]],
@@ -318,6 +332,34 @@ class TestRules:
         assert not any(m.tool_calls for m in sent)
         assert not any(m.tool_results for m in sent)
         assert any(m.text == "checking" for m in sent)
+        assert all(m.content for m in sent) and silent.id not in {m.id for m in sent}
+
+    async def test_current_intermediate_text_is_cut_before_any_result(self) -> None:
+        """A current turn over the room loses its intermediate text first; when that is
+        enough, its results stay whole."""
+        musing = "Let me think. " + "musing " * 200
+        result = "report: " + "fair " * 40  # 89 tokens: under the share (100), over 4 × 16
+        calling = Message.assistant(musing, tool_calls=[ToolCall("now", "weather", {})])
+        model = ScriptedModel(
+            [
+                ModelResponse(calling, StopReason.TOOL_USE, Usage(0, 0)),
+                text_response("done"),
+            ]
+        )
+
+        class Reporting(bounded_agent(floor_tokens=16)):  # type: ignore[misc]
+            @tool
+            def weather(self) -> str:
+                """The weather."""
+                return result
+
+        await Reporting(model=model).run("now")
+        sent = model.requests[1].messages
+        thinking = next(m for m in sent if m.tool_calls)
+        assert thinking.text.startswith("Let me") and "truncated" in thinking.text
+        assert len(thinking.text) < len(musing) // 4
+        assert next(m for m in sent if m.tool_results).tool_results[0].content == result
+        assert size(model.requests[1]) <= 400
 
     async def test_dropped_turns_leave_excerpts(self) -> None:
         """Turns that do not fit appear as short question/answer excerpts; no model call."""
@@ -359,6 +401,22 @@ class TestRules:
         assert "memory 19" in memory.text and "memory 0:" not in memory.text
         assert estimate_message(memory, BYTES) <= 120 + 10
         assert not any(m.role is Role.DEVELOPER for m in result.messages)
+
+    async def test_a_provider_may_return_none_for_no_memories(self) -> None:
+        """None from the provider is no memories: no memories message is sent."""
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(memory=lambda context: None)(model=model).run("now")
+        assert not any(m.role is Role.DEVELOPER for m in model.requests[0].messages)
+
+    async def test_a_memory_that_is_not_text_fails_naming_it(self) -> None:
+        """Each entry is a str (or has a str ``text``); anything else fails before a call."""
+        model = ScriptedModel([text_response("never")])
+        agent = bounded_agent(memory=lambda context: ["fine", 42])(model=model)
+        with pytest.raises(
+            ConfigurationError, match=r"PromptBudget\.memory returned 42; entries must be str"
+        ):
+            await agent.run("now")
+        assert model.requests == []
 
 
 class TestTheLog:
@@ -531,7 +589,6 @@ class TestWithSummaries:
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
         from littleghost.context.management import estimate_tokens
-        from littleghost.models import StopReason, Usage
         from littleghost.run import RunContext
 
         big = Message.tool("c", "x" * 40_000)
