@@ -88,6 +88,17 @@ def test_an_exclusion_hides_and_is_never_shown() -> None:
     assert build_view([*log, exclusion(log[1:5])]) == (log[0], *log[5:])
 
 
+def test_a_record_whose_covers_is_not_a_list_hides_nothing() -> None:
+    """Only a list (or tuple) of ids is read: a mapping's keys are not ids it covers."""
+    log = conversation(2)
+    for covers in (None, 7, {log[1].id: True}):
+        metadata = {COMPACTION_KIND_KEY: "exclusion", COMPACTION_COVERS_KEY: covers}
+        assert build_view([*log, Message.assistant("excluded", metadata=metadata)]) == tuple(log)
+        metadata = {SUMMARY_KEY: True, SUMMARY_COVERS_KEY: covers}
+        record = Message.user("earlier", metadata=metadata)
+        assert build_view([*log, record]) == (log[0], record, *log[1:])
+
+
 def test_a_summary_shows_before_the_first_visible_non_trusted_message() -> None:
     log = conversation(2)
     developer = Message.developer("metric units")

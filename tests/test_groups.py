@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from littleghost import Message, ToolCall
+from littleghost import Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.context import ByteEstimator, CharacterEstimator, MessageGroup, group_messages
-from littleghost.context.groups import Layout
+from littleghost.context.groups import Layout, result_calls
 from littleghost.context.records import (
     COLLAPSE,
     COMPACTION_COVERS_KEY,
@@ -53,6 +53,15 @@ def test_parallel_calls_and_their_results_are_one_group() -> None:
     assert groups[1].messages == (ask, first, second)
 
 
+def test_a_tool_message_pairs_by_its_results_alone() -> None:
+    """Other parts of a tool message (a text part) take no part in the pairing."""
+    ask = Message.assistant(tool_calls=[call("a")])
+    result = Message(Role.TOOL, [TextPart("note"), ToolResult("a", "sunny")])
+    groups = group_messages([Message.user("weather?"), ask, result])
+    assert kinds(groups) == ["user", "tool_call"]
+    assert groups[1].messages == (ask, result)
+
+
 def test_a_result_joins_its_call_even_when_not_adjacent() -> None:
     ask = Message.assistant(tool_calls=[call("a")])
     interjection = Message.user("also, hurry")
@@ -83,6 +92,20 @@ def test_a_result_that_answers_no_call_is_a_group_of_its_own() -> None:
     groups = group_messages([Message.user("hi"), stray])
     assert kinds(groups) == ["user", "tool_call"]
     assert groups[1].messages == (stray,)
+
+
+def test_result_calls_pairs_only_the_results_that_answer_an_open_call() -> None:
+    """A tool message's results that answer another assistant message's call, or a call
+    already answered, pair with nothing; the others pair with their call, in call order."""
+    first = Message.assistant(tool_calls=[call("a"), call("a")])
+    second = Message.assistant(tool_calls=[call("b")])
+    mixed = Message(
+        Role.TOOL,
+        [ToolResult("a", "1"), ToolResult("b", "2"), ToolResult("a", "3"), ToolResult("a", "4")],
+    )
+    log = [first, second, mixed]
+    assert result_calls(log) == {(2, 0): (0, 0), (2, 2): (0, 1)}
+    assert Layout.scanned(log, records=False).misplaced == [(2, "b"), (2, "a")]
 
 
 def test_an_unanswered_call_is_a_tool_call_group() -> None:
