@@ -34,7 +34,7 @@ from littleghost.context import (
 from littleghost.context.compaction import compaction_records
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import estimate_messages
-from littleghost.errors import ConfigurationError, OutputLimitError
+from littleghost.errors import ConfigurationError, ContextWindowOverflowError, OutputLimitError
 from littleghost.models import StopReason
 from littleghost.testing import ScriptedModel, text_response
 
@@ -318,6 +318,20 @@ async def test_a_failed_summary_raises() -> None:
         await apply_compaction(conversation(4), Summarization())
 
 
+async def test_a_summary_overflow_that_shows_no_higher_scale_is_raised() -> None:
+    """An overflow reporting fewer tokens than estimated teaches nothing: it is raised,
+    not retried; one reporting more is retried with the request refitted in its units."""
+    overflow = ContextWindowOverflowError("too long", prompt_tokens=1)
+    model = ScriptedModel([overflow, text_response("never")])
+    with pytest.raises(ContextWindowOverflowError) as caught:
+        await apply_compaction(conversation(4), Summarization(model=model))
+    assert caught.value is overflow and len(model.requests) == 1
+    overflow = ContextWindowOverflowError("too long", prompt_tokens=10**4, context_window=10**4)
+    model = ScriptedModel([overflow, text_response("They asked about the weather.")])
+    view = await apply_compaction(conversation(4), Summarization(model=model))
+    assert view[1].is_summary and len(model.requests) == 2
+
+
 async def test_summarization_masks_no_tool_result_it_keeps_verbatim() -> None:
     log = [*conversation(1), Message.user("and the others?")]
     for call in (ToolCall(f"c{i}", "get_weather", {"city": f"c{i}"}) for i in range(3)):
@@ -349,6 +363,23 @@ async def test_turn_excerpts_keep_the_preserved_groups_with_their_whole_turn() -
         "[Earlier turn, excerpted: Q: question 0 | A: answer 0 | 1 tool call]",
     ]
     assert view[2:] == tuple(log[5:])
+
+
+async def test_a_turn_with_neither_question_nor_answer_is_excerpted_by_its_calls() -> None:
+    call = ToolCall("early", "get_weather", {"city": "Oslo"})
+    log = [
+        Message.system("You are terse."),
+        Message.assistant(tool_calls=[call]),
+        Message.tool(call.id, "sunny"),
+        *turn(1),
+    ]
+    stop = ~tokens_exceed(estimate_messages(log) - 1)  # after the first step
+    view = await apply_compaction(log, TurnExcerpts(target=stop))
+    assert texts(view)[:2] == [
+        "You are terse.",
+        "[Earlier turn, excerpted: Q: (none) | 1 tool call]",
+    ]
+    assert view[2:] == tuple(log[3:])
 
 
 # --- Pipeline and TokenBudget ----------------------------------------------------------
@@ -384,6 +415,18 @@ def test_pipeline_takes_strategies_positionally_or_by_keyword() -> None:
         Pipeline(Truncation(), strategies=[Truncation()])
     with pytest.raises(ConfigurationError, match="Pipeline takes strategies"):
         Pipeline("truncate")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Pipeline must be a sequence of strategies"):
+        Pipeline(strategies=Truncation())
+    with pytest.raises(ConfigurationError, match=r"Pipeline got unexpected keywords: target$"):
+        Pipeline(Truncation(), target=never)
+
+
+@pytest.mark.parametrize("strategies", [Truncation(), "truncate", None])
+def test_token_budget_takes_a_sequence_of_strategies(strategies: Any) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"TokenBudget\.strategies must be a sequence of strategies, not"
+    ):
+        TokenBudget(token_budget=10, strategies=strategies)
 
 
 async def test_token_budget_does_nothing_under_budget() -> None:
@@ -635,6 +678,32 @@ async def test_a_custom_strategy_works_on_the_state() -> None:
     ]
     with pytest.raises(ValueError, match="system groups"):
         await apply_compaction(log, SystemDropper())
+
+
+async def test_state_steps_keep_the_metrics_current() -> None:
+    """``within`` reads the counted tokens; excluding a group twice counts it once;
+    collapsing a group that is not included is refused, naming the slot."""
+    seen: dict[str, Any] = {}
+
+    class Stepping:
+        async def compact(self, state: CompactionState, /) -> None:
+            tokens, size = state.tokens, state.size(1)
+            seen["within"] = (state.within(tokens), state.within(tokens - 1))
+            state.exclude(1)
+            state.exclude(1)
+            seen["after"] = (state.groups, state.messages, state.tokens)
+            seen["within after"] = (state.within(tokens - size), state.within(tokens - size - 1))
+            with pytest.raises(ValueError, match=r"slot 1 is not included"):
+                state.collapse(1, "gone")
+            seen["groups"], seen["size"] = state.slots, size
+
+    log = conversation(2)
+    (record,) = await compaction_records(log, Stepping(), tokenizer=None)
+    assert seen["within"] == (True, False)
+    assert seen["within after"] == (True, False)
+    groups = seen["groups"]
+    assert seen["after"] == (groups - 1, len(log) - 1, estimate_messages(log) - seen["size"])
+    assert record.metadata["littleghost.compaction.covers"] == [log[1].id]
 
 
 class SystemDropper:
