@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import chain
@@ -473,8 +474,9 @@ def _named_trigger(instance: object, attribute: Any, value: Any) -> None:
 
 
 @frozen(kw_only=True)
-class _Stepwise:
-    """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``."""
+class _Stepwise(ABC):
+    """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``
+    (each subclass's ``_steps``)."""
 
     trigger: Trigger = field(default=always, validator=_named_trigger)
     target: Trigger | None = field(default=None, validator=optional(_named_trigger))
@@ -488,9 +490,9 @@ class _Stepwise:
         if self.trigger(state):
             await self._steps(state)
 
+    @abstractmethod
     async def _steps(self, state: CompactionState) -> None:
         """Step toward the goal (the trigger held)."""
-        raise NotImplementedError
 
 
 @frozen(kw_only=True)
