@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from littleghost import Message, ReasoningPart, Role, TextPart, ToolCall
+from littleghost import ImagePart, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator, TokenBudget, apply_compaction
 from littleghost.context.index import RECENT_LOGS
 from littleghost.context.tokens import estimate_message, prompt_text
@@ -88,6 +88,18 @@ def test_reasoning_is_counted_as_prompt_text(tokenizer: Any) -> None:
     assert prompt_text(with_reasoning) == "assistant: " + "x" * 400 + "yes"
     plain = Message.assistant("x" * 400 + "yes")
     assert estimate_message(with_reasoning, tokenizer) == estimate_message(plain, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "tokenizer", [CharacterEstimator(), CharacterEstimator(image_tokens=10), ByteEstimator()]
+)
+def test_each_image_counts_its_tokenizers_image_tokens(tokenizer: Any) -> None:
+    """An image adds ``image_tokens`` to the estimate, and nothing for its bytes."""
+    images = [ImagePart(data=b"\x89PNG" * 1_000), ImagePart(url="https://example.com/a.png")]
+    message = Message(Role.USER, [TextPart("look at these"), *images])
+    plain = Message.user("look at these")
+    expected = estimate_message(plain, tokenizer) + 2 * tokenizer.image_tokens
+    assert estimate_message(message, tokenizer) == expected
 
 
 class HashableCounter:

@@ -89,6 +89,16 @@ def test_combinations() -> None:
     assert all_of(lambda size: size.turns == 2)(Size(turns=2))  # any callable is a trigger
 
 
+def test_a_default_target_is_the_plain_opposite_of_the_trigger() -> None:
+    """Without a target a strategy stops when its trigger no longer holds: ``never`` and
+    ``always`` swap, and a negated trigger's opposite is the trigger itself."""
+    limit = tokens_exceed(10)
+    assert Truncation(trigger=never).goal is always
+    assert Truncation(trigger=always).goal is never
+    assert Truncation(trigger=~limit).goal is limit
+    assert Truncation(trigger=limit).goal == Not(limit)
+
+
 @pytest.mark.parametrize(
     ("make", "value"),
     [
