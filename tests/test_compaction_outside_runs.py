@@ -4,6 +4,8 @@ nothing for a conversation with nothing to compact."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context
@@ -11,7 +13,7 @@ from littleghost.context import PromptBudget
 from littleghost.context.outside import compact_log
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.models import ModelRequest
+from littleghost.models import ModelRequest, ModelResponse
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
 from .conversations import chat, summary_step
@@ -105,6 +107,34 @@ async def test_the_summary_sees_tool_results_clipped_as_a_run_clips_them() -> No
     assert conversation[2].id in record.metadata[SUMMARY_COVERS_KEY]
     (request,) = model.requests
     assert "ZX-9931" not in sent(request) and "x" * 20 in sent(request)
+
+
+class Preparing(ScriptedModel):
+    """A model with ``prepare()`` (as a local server is started), recording its calls."""
+
+    def __init__(self, steps: list[Any]) -> None:
+        super().__init__(steps)
+        self.calls: list[str] = []
+
+    async def prepare(self) -> None:
+        self.calls.append("prepare")
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        self.calls.append(f"respond {request.purpose}")
+        return await super().respond(request)
+
+
+async def test_the_model_is_prepared_before_the_summary_call() -> None:
+    """Outside a run nothing else prepares the model: the summary call does, first."""
+
+    @manage_context(preserve_recent_messages=2)
+    class Assistant(Agent):
+        pass
+
+    model = Preparing([summary_step("- they talked")])
+    (record,) = await compact_log(Assistant(model=model), chat(6))
+    assert record.is_summary
+    assert model.calls == ["prepare", "respond context_compaction"]
 
 
 async def test_messages_are_checked_before_any_model_call() -> None:
