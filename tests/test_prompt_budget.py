@@ -23,7 +23,12 @@ from littleghost import (
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
-from littleghost.errors import ConfigurationError, ContextWindowOverflowError, PromptBudgetError
+from littleghost.errors import (
+    CompactionError,
+    ConfigurationError,
+    ContextWindowOverflowError,
+    PromptBudgetError,
+)
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -154,6 +159,20 @@ class TestLimit:
         model = ScriptedModel([text_response("ok")])
         await bounded_agent()(model=model).run("hi", settings={"max_tokens": 30})
         assert model.requests[0].settings["max_tokens"] == 30
+
+    async def test_a_max_tokens_that_leaves_no_room_fails_naming_the_window(self) -> None:
+        """A run's max_tokens that takes the whole window but the safety reserve leaves no
+        prompt: PromptBudgetError naming the window and the reserves; nothing is sent."""
+        model = ScriptedModel([text_response("never")])
+        agent = bounded_agent()(model=model)
+        with pytest.raises(PromptBudgetError) as caught:
+            await agent.run("now", settings={"max_tokens": 3_950})
+        assert str(caught.value) == (
+            "the model's 4000-token window leaves no room for a prompt after "
+            "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
+        )
+        assert caught.value.limit == 0
+        assert model.requests == []
 
     async def test_the_models_window_wins(self) -> None:
         """An advertised window smaller than the budget bounds the view."""
@@ -585,6 +604,49 @@ class TestWithSummaries:
         assert count(retried) + (retried.max_tokens or 0) <= 800
         chat = spans.named("chat")[-1].attributes or {}
         assert chat["littleghost.compaction.counted_prompt_tokens"] == count(retried)
+
+    async def test_an_overflow_window_with_no_room_for_a_prompt_fails_with_the_overflow(
+        self,
+    ) -> None:
+        """summarize=False, and an overflow whose error reports a window the reserves fill:
+        no view can fit, so the provider's error reaches the caller, caused by a
+        CompactionError naming the reserves and that window; no retry."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=100)
+        model = ScriptedModel([overflow, text_response("never")])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+                "now", history=history(40)
+            )
+        assert caught.value is overflow
+        cause = caught.value.__cause__
+        assert isinstance(cause, CompactionError)
+        assert str(cause) == (
+            "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens leave no "
+            "room for a prompt: no view fits the 100-token window"
+        )
+        assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_a_view_the_model_counts_far_over_the_window_fails_with_the_overflow(
+        self,
+    ) -> None:
+        """summarize=False, and a model that counts so much more than the estimate that
+        tightening by its count leaves no room: the provider's error, caused by a
+        CompactionError with the count and the window; no retry."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel(
+            [overflow, text_response("never")], count_prompt_tokens=lambda request: 10**7
+        )
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+                "now", history=history(40)
+            )
+        cause = caught.value.__cause__
+        assert isinstance(cause, CompactionError)
+        assert str(cause) == (
+            "the model counts 10000000 prompt tokens for the bounded view: no view fits "
+            "the 800-token window"
+        )
+        assert [r.purpose for r in model.requests] == ["chat"]
 
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""

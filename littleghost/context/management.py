@@ -467,14 +467,14 @@ async def _bounded(
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
-    if state.tighter is not None and state.tighter[0] == context.turn:
-        limit = min(limit, state.tighter[1])
     if limit <= 0:
         raise PromptBudgetError(
             f"the model's {window}-token window leaves no room for a prompt after "
             f"max(response_reserve_tokens, max_tokens) and safety_reserve_tokens",
             limit=limit,
         )
+    if state.tighter is not None and state.tighter[0] == context.turn:
+        limit = min(limit, state.tighter[1])  # > 0: ``_shrink`` sets no other
     memories = await load_memories(budget, context)
     cap = config.summary_cap(window)
     return fit_request(
@@ -900,20 +900,28 @@ async def _shrink(
     the model counts it over ``fits`` (``_counted_fit``).
 
     Raises:
-        CompactionError: The model still counts the view over ``fits``.
+        CompactionError: The reserves leave no room for a prompt in ``fits``, or the
+            model still counts the view over it.
     """
     state, budget = _run(context, config), config.budget
     assert budget is not None
+
+    def tighten(to: int, why: str) -> None:
+        if to <= 0:
+            raise CompactionError(f"{why}: no view fits the {fits}-token window")
+        state.tighter = (context.turn, to)
+
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
         limit = budget.limit(fits, request.max_tokens)
         limit = int(0.9 * limit) if fits < state.window else limit // 2
-        state.tighter = (context.turn, limit)
+        reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
+        tighten(limit, f"{reserves} leave no room for a prompt")
         shrunk, report = await _bounded(request, context, config, budget)
 
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
-            state.tighter = (context.turn, limit)
+            tighten(limit, f"the model counts {counted} prompt tokens for the bounded view")
             view, report = await _bounded(request, context, config, budget)
             return view
 
