@@ -21,6 +21,7 @@ from littleghost import (
     tool,
 )
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
+from littleghost.context.management import RECOUNTS
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
 from littleghost.errors import (
@@ -647,6 +648,57 @@ class TestWithSummaries:
             "the 800-token window"
         )
         assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_a_view_the_model_keeps_counting_over_the_window_is_not_retried(
+        self,
+    ) -> None:
+        """summarize=False, and a model that counts every tighter view over the window:
+        after RECOUNTS tighter views recovery gives up, the provider's error caused by a
+        CompactionError with the last count and the window; no retry."""
+        counted: list[int] = []
+
+        def count(request: ModelRequest) -> int:
+            counted.append(size(request))
+            return 1_100
+
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel([overflow, text_response("never")], count_prompt_tokens=count)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+                "now", history=history(40)
+            )
+        cause = caught.value.__cause__
+        assert isinstance(cause, CompactionError)
+        assert str(cause) == (
+            "the model counts 1100 prompt tokens for the compacted request; with its "
+            "answer's room that is over the 800-token window"
+        )
+        _, *views = counted  # the turn alone (its density), the view, each tighter one
+        assert len(views) == 1 + RECOUNTS
+        assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
+        assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_a_model_that_stops_counting_leaves_the_fit_to_the_estimate(
+        self, spans: Spans
+    ) -> None:
+        """summarize=False: the model counts the tighter view over the window, then no
+        longer counts: the view tightened by its one count is sent as it is."""
+        counts: list[ModelRequest] = []
+
+        def count(request: ModelRequest) -> int | None:
+            counts.append(request)
+            return 1_100 if len(counts) <= 2 else None  # the turn alone, the view
+
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel([overflow, text_response("done")], count_prompt_tokens=count)
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+            "now", history=history(40)
+        )
+        assert result.output == "done"
+        _, first, tightened = counts  # the turn alone, the view, the tighter view
+        assert size(model.requests[1]) <= size(tightened) < size(first)
+        chat = spans.named("chat")[-1].attributes or {}
+        assert "littleghost.compaction.counted_prompt_tokens" not in chat
 
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
