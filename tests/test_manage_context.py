@@ -1671,7 +1671,7 @@ class TestCountSpans:
         class Capturing(Lenient):
             capture_content = True
 
-        counting, counted = Densities(), []
+        counting, counted = Densities(), list[ModelRequest]()
 
         def count(request: ModelRequest) -> int:
             counted.append(figure := counting.count(request))
@@ -2101,3 +2101,35 @@ class TestInjectedMaterial:
         assert all(_copies(r) == 0 for r in model.requests if r.purpose != "chat")
         assert not any(REFERENCE in m.text for m in result.messages)
         assert result.output == "done"
+
+    async def test_a_question_a_hook_sends_anew_is_no_turn_to_count(self) -> None:
+        """A hook that sends the question as a new message (the reference material and the
+        question in one; the log holds the question alone) leaves the request no turn of
+        the run's: overflow recovery asks the model for no count of the turn alone (it
+        would be the instructions alone), and a question over the window alone fails as
+        any does: the provider's error, caused by a CompactionError saying so."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Rewriting(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+            @before_model
+            def rewrite(self, request: ModelRequest) -> ModelRequest:
+                *earlier, question = request.messages
+                asked = Message.user(f"{REFERENCE}\n\n{question.text}")
+                return attrs.evolve(request, messages=(*earlier, asked))
+
+        counting, counted = Densities(), list[ModelRequest]()
+
+        def count(request: ModelRequest) -> int:
+            counted.append(request)
+            return counting.count(request)
+
+        model = ScriptedModel([counting] * 4, count_prompt_tokens=count)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Rewriting(model=model).run(f"{DIGITS} {DIGITS}")
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert len(counting.sizes) == 1  # the overflowing call only
+        assert counted == []
