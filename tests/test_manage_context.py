@@ -1089,6 +1089,37 @@ class TestOverflow:
         sizes = counting.sizes
         assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
 
+    async def test_an_overflow_about_as_dense_as_the_summarized_history_keeps_no_margin(
+        self, spans: Spans
+    ) -> None:
+        """No earlier calibration, and a question of digits a fifth of the window after a
+        prose history: the overflow's scale is within DENSE_GAP of the one the summary
+        call measured of the history (1.55 to 1.25), which says per-message overhead, not
+        a denser question. No margin is left for one: the summary lands under the window
+        but over where such a margin would aim (about 830 and 780 tokens), and is sent
+        as it is, without model-free steps."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Lenient(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6)
+        digits = " ".join(str(10_000 + 7 * i) for i in range(120))
+        result = await Lenient(model=model).run(digits, history=_prose(8))
+        assert result.output == "ok"
+        sizes = counting.sizes
+        assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
+        made = [
+            (e["littleghost.compaction.reason"], e.get("littleghost.compaction.fallback"))
+            for e in spans.compactions()
+        ]
+        assert made == [("overflow", None)]  # the summary only
+        retried = model.requests[-1].messages
+        assert any(message.is_summary for message in retried)
+        assert retried[-1].text == digits
+
     async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
         """Uncalibrated, recovery aims 20 % under the window; when its compaction lands
         between that aim and the window and the fallback finds nothing more to do, the
