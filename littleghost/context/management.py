@@ -912,7 +912,7 @@ async def _shrink(
     state, budget = _run(context, config), config.budget
     assert budget is not None
 
-    def tighten(to: int, why: str) -> None:
+    def set_limit(to: int, why: str) -> None:
         if to <= 0:
             raise CompactionError(f"{why}: no view fits the {fits}-token window")
         state.tighter = (context.turn, to)
@@ -921,13 +921,13 @@ async def _shrink(
         limit = budget.limit(fits, request.max_tokens)
         limit = int(0.9 * limit) if fits < state.window else limit // 2
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
-        tighten(limit, f"{reserves} leave no room for a prompt")
+        set_limit(limit, f"{reserves} leave no room for a prompt")
         shrunk, report = await _bounded(request, context, config, budget)
 
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
-            tighten(limit, f"the model counts {counted} prompt tokens for the bounded view")
+            set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             view, report = await _bounded(request, context, config, budget)
             return view
 
