@@ -22,11 +22,14 @@ from littleghost.context import (
     Summarization,
     TokenBudget,
     ToolResultCompaction,
+    Trigger,
     Truncation,
     TurnExcerpts,
+    any_of,
     apply_compaction,
     group_messages,
     has_tool_calls,
+    messages_exceed,
     never,
     tokens_exceed,
     turns_exceed,
@@ -586,6 +589,68 @@ async def test_token_budget_gives_what_the_whole_view_would(seed: int) -> None:
             assert shown(tuple(fast.view())) == shown(tuple(naive.view())), budget
             assert shown(fast.records()) == shown(naive.records())
             assert (fast.messages, fast.turns) == (naive.messages, naive.turns)
+
+
+def whole_count(limit: int, *, over: bool = True) -> Trigger:
+    """``tokens_exceed(limit)`` (``over=False``: its negation) as a plain trigger, which
+    reads the whole count."""
+
+    def holds(metrics: Any) -> bool:
+        return bool(metrics.tokens > limit) is over
+
+    return holds
+
+
+def token_strategies(trigger: Trigger, target: Trigger, fits: Trigger) -> list[CompactionStrategy]:
+    return [
+        Truncation(trigger=trigger, target=target, minimum_preserved=1),
+        Pipeline(
+            Truncation(target=fits, minimum_preserved=1),
+            ToolResultCompaction(trigger=trigger, keep_last_tool_call_groups=0),
+            trigger=trigger,
+        ),
+        SlidingWindow(keep_last_groups=3, trigger=trigger, target=target),
+        ToolResultCompaction(trigger=trigger, target=target, keep_last_tool_call_groups=0),
+        SelectiveToolCallCompaction(trigger=trigger, target=target),
+        TurnExcerpts(trigger=trigger, target=target),
+        Pipeline(ToolResultCompaction(target=target), Truncation(target=target), trigger=trigger),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_token_triggers_decide_as_the_whole_count_would(seed: int) -> None:
+    """``tokens_exceed`` as a trigger or in a target estimates from the newest group back
+    only as far as it must, and remembers that walk across steps: on a random log, every
+    strategy gives the same view as with triggers that read the whole count."""
+    rng = random.Random(seed)
+    log = sized_log(rng)
+    total = estimate_messages(log)
+    for _ in range(6):
+        limit, goal, keep = rng.randint(1, total), rng.randint(1, total), rng.randint(1, len(log))
+        fits, plain_fits = ~tokens_exceed(goal), whole_count(goal, over=False)
+        fast = token_strategies(tokens_exceed(limit), fits | ~messages_exceed(keep), fits)
+        slow = token_strategies(
+            whole_count(limit), any_of(plain_fits, ~messages_exceed(keep)), plain_fits
+        )
+        for quick, plain in zip(fast, slow, strict=True):
+            expected = shown(await apply_compaction(log, plain))
+            assert shown(await apply_compaction(log, quick)) == expected, (quick, limit, goal)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [None, any_of(~tokens_exceed(200), ~messages_exceed(4))],
+    ids=["default target", "any_of"],
+)
+async def test_a_token_trigger_estimates_only_the_newest_groups(target: Trigger | None) -> None:
+    log = [Message.system("s")]
+    for number in range(500):
+        log += turn(number)
+    tokenizer = CountingTokenizer()
+    strategy = Truncation(trigger=tokens_exceed(250), target=target)
+    view = await apply_compaction(log, strategy, tokenizer=tokenizer)
+    assert view[0] is log[0] and view[-1] is log[-1] and len(view) < len(log) // 10
+    assert tokenizer.calls < len(log) // 10
 
 
 def test_configuration_is_validated_with_the_parameter_named() -> None:

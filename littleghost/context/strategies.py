@@ -108,6 +108,7 @@ class CompactionState:
         "_sizes",
         "_stands",
         "_tokens",
+        "_walked",
         "complete",
         "groups",
         "measured",
@@ -144,6 +145,7 @@ class CompactionState:
         self._made: dict[int, Message] = {}
         self._estimate = estimate or Estimates(tokenizer)
         self._tokens: int | None = None
+        self._walked = (len(self._kinds), 0)  # ``within``'s walk: (its oldest slot, its tokens)
         self.tokenizer = tokenizer
         self.complete = complete
         self.settings: Mapping[str, Any] = settings or {}
@@ -167,15 +169,19 @@ class CompactionState:
         return self._tokens
 
     def within(self, limit: int) -> bool:
-        """``tokens <= limit``, estimating from the newest group back only until it is over."""
+        """``tokens <= limit``, estimating from the newest group back only until it is over;
+        the next call goes on from there (the walk is kept current by every step)."""
         if self._tokens is not None:
             return self._tokens <= limit
         fate = self._fate
-        used = 0
-        for slot in range(len(fate) - 1, -1, -1):
+        start, used = self._walked
+        if used > limit:
+            return False
+        for slot in range(start - 1, -1, -1):
             if fate[slot] == _INCLUDED:
                 used += self.size(slot)
                 if used > limit:
+                    self._walked = (slot, used)
                     return False
         self._tokens = used
         return True
@@ -260,6 +266,8 @@ class CompactionState:
         kind = self._kinds[slot]
         if self._tokens is not None:
             self._tokens += sign * self.size(slot)
+        elif slot >= self._walked[0]:
+            self._walked = (self._walked[0], self._walked[1] + sign * self.size(slot))
         self.messages += sign * len(self._members[slot])
         self.groups += sign
         if kind == USER:
@@ -324,6 +332,7 @@ class CompactionState:
         # in bulk, then spare the system and pinned groups among it.
         fate[:cut] = [_EXCLUDED] * cut
         self._excluded.extend(range(cut))
+        self._walked = (len(kinds), 0)
         self.messages -= sum(map(len, self._members[:cut]))
         self.groups -= cut
         self.turns -= kinds[:cut].count(USER)

@@ -112,7 +112,8 @@ class TokensExceed(_Combine):
     limit: int = field(validator=count("tokens_exceed(limit)"))
 
     def __call__(self, metrics: Metrics, /) -> bool:
-        return metrics.tokens > self.limit
+        within = getattr(metrics, "within", None)  # a strategy's state estimates only the newest
+        return metrics.tokens > self.limit if within is None else not within(self.limit)
 
 
 @frozen
