@@ -68,6 +68,21 @@ class Small(Agent):
     instructions = "Be brief."
 
 
+@manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+class Lenient(Agent):
+    """A 1 000-token window, compacted only when the model says it overflowed."""
+
+    max_retries = 0
+    instructions = "Be brief."
+
+
+@manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+class Uninstructed(Agent):
+    """``Lenient`` without instructions."""
+
+    max_retries = 0
+
+
 class Pinging(Agent):
     """An agent with one tool, for tool loops."""
 
@@ -1021,10 +1036,6 @@ class TestOverflow:
         summaries do not fit beside it: they are left out last, after every older turn
         (the log keeps them)."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-
         def respond(request: ModelRequest) -> ModelResponse:
             if request.purpose == "context_compaction":
                 return text_response("- noted")
@@ -1037,7 +1048,7 @@ class TestOverflow:
         earlier = summary_message("fact " * 500, [m.id for m in old])  # about 630 tokens
         history = [*old, earlier, *chat(2, "n")]
         model = ScriptedModel([respond] * 5)
-        result = await Lenient(model=model).run("word " * 300, history=history)
+        result = await Uninstructed(model=model).run("word " * 300, history=history)
         assert result.output == "done"
         assert earlier in result.messages  # the log keeps it
         sent = model.requests[-1].messages
@@ -1052,11 +1063,6 @@ class TestOverflow:
         """After an overflow, a history calibrated by an earlier run keeps its scale, and
         the current question, digits about 2.5 times denser, is sized from what the
         overflow reported beyond it: one recovery, and the retried call fits."""
-
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
 
         counting = Densities()
         model, sizes = ScriptedModel([counting] * 6), counting.sizes
@@ -1076,11 +1082,6 @@ class TestOverflow:
         question (digits, 2.5 times as dense as the prose before it, nine tenths of the
         window), which fits alone, is answered after one recovery."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
-
         counting = Densities()
         model = ScriptedModel([counting] * 6)
         digits = " ".join(str(10_000 + 7 * i) for i in range(200))  # about 900 tokens
@@ -1098,11 +1099,6 @@ class TestOverflow:
         a denser question. No margin is left for one: the summary lands under the window
         but over where such a margin would aim (about 830 and 780 tokens), and is sent
         as it is, without model-free steps."""
-
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
 
         counting = Densities()
         model = ScriptedModel([counting] * 6)
@@ -1157,11 +1153,6 @@ class TestOverflow:
         compacted request over the window, so recovery compacts further without a model
         before it retries. One overflow, one retry, and it fits."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-            instructions = "Be brief."
-
         counting = Densities()
         model = ScriptedModel([counting] * 6, count_prompt_tokens=counting.count)
         digits = " ".join(str(10_000 + 7 * i) for i in range(215))
@@ -1185,10 +1176,6 @@ class TestOverflow:
         the model's count of the question alone sizes it, so the model-free steps leave
         room for it, whether the summary call fails or comes back as dense digits."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-
         counting = Densities()
 
         def respond(request: ModelRequest) -> ModelResponse:
@@ -1205,7 +1192,7 @@ class TestOverflow:
         ]
         question = "Please describe the coast and the hills in some detail. " * 54
         model = ScriptedModel([respond] * 6, count_prompt_tokens=counting.count)
-        result = await Lenient(model=model).run(question, history=history)
+        result = await Uninstructed(model=model).run(question, history=history)
         assert result.output == "ok"
         assert counting.sizes[0] > 1_000 >= counting.sizes[-1] >= 900  # the question, whole
         assert len(counting.sizes) == 2  # one overflow, one retry
@@ -1216,10 +1203,6 @@ class TestOverflow:
         """A provider's overflow error that says no size: the model's count of the
         request sizes it, so the recovery is sized to the whole window, not to half."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-
         counting = Densities(prose=1.5)
 
         def respond(request: ModelRequest) -> ModelResponse:
@@ -1229,7 +1212,7 @@ class TestOverflow:
                 raise ContextWindowOverflowError("too long") from None  # no figure
 
         model = ScriptedModel([respond] * 4, count_prompt_tokens=counting.count)
-        result = await Lenient(model=model).run("And the coast?", history=_prose(9))
+        result = await Uninstructed(model=model).run("And the coast?", history=_prose(9))
         assert result.output == "ok"
         overflow = spans.compactions()[0]
         assert overflow["littleghost.compaction.estimated_tokens"] == counting.sizes[0]
@@ -1296,14 +1279,10 @@ class TestOverflow:
         fails with the provider's error (a CompactionError saying so as its cause) instead
         of a retry that would overflow again."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-
         counting = Densities(prose=1.5)
         model = ScriptedModel([counting] * 6, count_prompt_tokens=lambda request: 5_000)
         with pytest.raises(ContextWindowOverflowError) as caught:
-            await Lenient(model=model).run("And the coast?", history=_prose(9))
+            await Uninstructed(model=model).run("And the coast?", history=_prose(9))
         assert isinstance(caught.value.__cause__, CompactionError)
         assert "current request alone does not fit" in str(caught.value.__cause__)
         assert len(counting.sizes) == 1  # the overflowing call only: no doomed retry
@@ -1312,10 +1291,6 @@ class TestOverflow:
     async def test_a_request_counted_at_the_whole_window_is_not_retried(self) -> None:
         """A request counted at exactly the window leaves its answer no room (llama.cpp
         refuses such a prompt even without max_tokens): it is never retried."""
-
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
 
         counting = Densities(prose=1.5)
 
@@ -1333,7 +1308,7 @@ class TestOverflow:
 
         model = ScriptedModel([respond] * 4, count_prompt_tokens=count)
         with pytest.raises(ContextWindowOverflowError) as caught:
-            await Lenient(model=model).run("And the coast?", history=_prose(9))
+            await Uninstructed(model=model).run("And the coast?", history=_prose(9))
         assert isinstance(caught.value.__cause__, CompactionError)
         assert len(counting.sizes) == 1  # the overflowing call only
 
@@ -1342,15 +1317,11 @@ class TestOverflow:
         question can account for (its density bounded), the rest corrects the history's
         scale: the retried call fits."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Lenient(Agent):
-            max_retries = 0
-
         counting = Densities(prose=1.5)
         model = ScriptedModel([counting] * 4)
         history = _prose(9)
         history[-1] = attrs.evolve(history[-1], metadata={SCALE_KEY: 1.0})  # another model's
-        result = await Lenient(model=model).run("And the coast?", history=history)
+        result = await Uninstructed(model=model).run("And the coast?", history=history)
         assert result.output == "ok"
         assert counting.sizes[0] > 1_000 >= counting.sizes[1] and len(counting.sizes) == 2
 
@@ -1677,12 +1648,6 @@ class Uncounting:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         return await self.scripted.respond(request)
-
-
-@manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-class Lenient(Agent):
-    max_retries = 0
-    instructions = "Be brief."
 
 
 DIGITS = " ".join(str(10_000 + 7 * i) for i in range(200))

@@ -509,6 +509,20 @@ class TestTelemetryAndLogs:
         assert not any("SECRET" in record.getMessage() for record in caplog.records)
 
 
+async def failed_recovery(
+    model: ScriptedModel, overflow: ContextWindowOverflowError
+) -> CompactionError:
+    """Why overflow recovery of a bounded agent without summaries failed: ``overflow``
+    reaches the caller, caused by a ``CompactionError``, and nothing is retried."""
+    with pytest.raises(ContextWindowOverflowError) as caught:
+        await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+    assert caught.value is overflow
+    assert [r.purpose for r in model.requests] == ["chat"]
+    cause = caught.value.__cause__
+    assert isinstance(cause, CompactionError)
+    return cause
+
+
 class TestWithSummaries:
     async def test_the_view_is_built_first_then_summarization_if_still_over(
         self, spans: Spans
@@ -613,19 +627,11 @@ class TestWithSummaries:
         no view can fit, so the provider's error reaches the caller, caused by a
         CompactionError naming the reserves and that window; no retry."""
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=100)
-        model = ScriptedModel([overflow, text_response("never")])
-        with pytest.raises(ContextWindowOverflowError) as caught:
-            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
-                "now", history=history(40)
-            )
-        assert caught.value is overflow
-        cause = caught.value.__cause__
-        assert isinstance(cause, CompactionError)
+        cause = await failed_recovery(ScriptedModel([overflow, text_response("never")]), overflow)
         assert str(cause) == (
             "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens leave no "
             "room for a prompt: no view fits the 100-token window"
         )
-        assert [r.purpose for r in model.requests] == ["chat"]
 
     async def test_a_view_the_model_counts_far_over_the_window_fails_with_the_overflow(
         self,
@@ -637,17 +643,11 @@ class TestWithSummaries:
         model = ScriptedModel(
             [overflow, text_response("never")], count_prompt_tokens=lambda request: 10**7
         )
-        with pytest.raises(ContextWindowOverflowError) as caught:
-            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
-                "now", history=history(40)
-            )
-        cause = caught.value.__cause__
-        assert isinstance(cause, CompactionError)
+        cause = await failed_recovery(model, overflow)
         assert str(cause) == (
             "the model counts 10000000 prompt tokens for the bounded view: no view fits "
             "the 800-token window"
         )
-        assert [r.purpose for r in model.requests] == ["chat"]
 
     async def test_a_view_the_model_keeps_counting_over_the_window_is_not_retried(
         self,
@@ -663,12 +663,7 @@ class TestWithSummaries:
 
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
         model = ScriptedModel([overflow, text_response("never")], count_prompt_tokens=count)
-        with pytest.raises(ContextWindowOverflowError) as caught:
-            await bounded_agent(prompt_budget_tokens=800)(model=model).run(
-                "now", history=history(40)
-            )
-        cause = caught.value.__cause__
-        assert isinstance(cause, CompactionError)
+        cause = await failed_recovery(model, overflow)
         assert str(cause) == (
             "the model counts 1100 prompt tokens for the compacted request; with its "
             "answer's room that is over the 800-token window"
@@ -676,7 +671,6 @@ class TestWithSummaries:
         _, *views = counted  # the turn alone (its density), the view, each tighter one
         assert len(views) == 1 + RECOUNTS
         assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
-        assert [r.purpose for r in model.requests] == ["chat"]
 
     async def test_a_model_that_stops_counting_leaves_the_fit_to_the_estimate(
         self, spans: Spans
