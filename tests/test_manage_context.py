@@ -112,6 +112,32 @@ def pinging(
 
 
 class TestDeclaration:
+    async def test_context_management_set_to_none_turns_it_off(self) -> None:
+        """``context_management = None`` on an agent, or on a subclass after its
+        definition, turns the class's @manage_context off for it: no compaction before a
+        call, no recovery after an overflow (the class itself still compacts)."""
+        managed = ScriptedModel([text_response("summary"), text_response("ok")])
+        await Small(model=managed).run("go", history=chat(30))
+        assert [r.purpose for r in managed.requests] == ["context_compaction", "chat"]
+
+        class Unmanaged(Small):
+            pass
+
+        Unmanaged.context_management = None
+        instance = Small(model=ScriptedModel([]))
+        instance.context_management = None
+        for agent in (Unmanaged(model=ScriptedModel([])), instance):
+            overflow = ContextWindowOverflowError("too long", prompt_tokens=500)
+            model = ScriptedModel([text_response("ok"), overflow])
+            agent.model = model
+            result = await agent.run("go", history=chat(30))
+            assert [r.purpose for r in model.requests] == ["chat"]
+            assert len(model.requests[0].messages) == len(result.messages)  # + instructions
+            with pytest.raises(ContextWindowOverflowError) as caught:
+                await agent.run("again", history=result.messages)
+            assert caught.value is overflow and caught.value.__cause__ is None
+            assert [r.purpose for r in model.requests] == ["chat", "chat"]
+
     def test_bare_and_with_keywords(self) -> None:
         """Bare use gives the defaults; keywords set the fields of a frozen config."""
 

@@ -380,21 +380,14 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
     return attrs.evolve(request, messages=clipped)
 
 
-def _config(agent: object) -> ContextManagement:
-    """The configuration of ``agent``'s class, which the hooks below need: ``@manage_context``
-    sets it on the class it adds them to, and no class body (a subclass's, a mixin's) may
-    declare ``context_management``, so every class with the hooks has one."""
-    config = context_config(agent)
-    assert config is not None
-    return config
-
-
 async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
     """Learn the scale from the input tokens reported for the turn's request; keep it
     (``SCALE_KEY``) and a failed compaction's size (``AFTER_KEY``) in the answer's metadata."""
-    config = _config(agent)
+    config = context_config(agent)
+    if config is None:  # ``context_management`` set to None on the agent: not managed
+        return None
     assert context.last_exchange is not None  # set by the turn's call these hooks follow
     state = _run(context, config)
     request, answered = context.last_exchange
@@ -413,7 +406,9 @@ async def _calibrate_after_model(
 async def _compact_before_model(
     agent: object, request: ModelRequest, *, context: RunContext
 ) -> ModelRequest | None:
-    config = _config(agent)
+    config = context_config(agent)
+    if config is None:
+        return None
     state = _run(context, config)
     original = request
     cuts = (getattr(agent, "max_tool_result_tokens", None), state.cut_to)
@@ -491,9 +486,9 @@ async def _bounded(
 async def _compact_after_overflow(
     agent: object, request: ModelRequest, error: Exception, *, context: RunContext
 ) -> ModelRequest | None:
-    if not isinstance(error, ContextWindowOverflowError):
+    config = context_config(agent)
+    if config is None or not isinstance(error, ContextWindowOverflowError):
         return None
-    config = _config(agent)
     state = _run(context, config)
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
