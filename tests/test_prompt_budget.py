@@ -630,7 +630,7 @@ class TestWithSummaries:
         cause = await failed_recovery(ScriptedModel([overflow, text_response("never")]), overflow)
         assert str(cause) == (
             "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens leave no "
-            "room for a prompt: no view fits the 100-token window"
+            "room for a prompt: no view fits in 100 tokens"
         )
 
     async def test_a_view_the_model_counts_far_over_the_window_fails_with_the_overflow(
@@ -645,9 +645,25 @@ class TestWithSummaries:
         )
         cause = await failed_recovery(model, overflow)
         assert str(cause) == (
-            "the model counts 10000000 prompt tokens for the bounded view: no view fits "
-            "the 800-token window"
+            "the model counts 10000000 prompt tokens for the bounded view: no view fits in "
+            "800 tokens"
         )
+
+    async def test_a_current_turn_over_a_view_tightened_by_a_count_fails_with_the_overflow(
+        self,
+    ) -> None:
+        """summarize=False, and a model that counts the view well over the window: the
+        view tightened by its count has no room for the current turn, so the provider's
+        error reaches the caller, caused by a CompactionError with the budget's figures."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel(
+            [overflow, text_response("never")], count_prompt_tokens=lambda request: 20_000
+        )
+        cause = await failed_recovery(model, overflow)
+        assert str(cause).startswith(
+            "the request cannot fit its prompt budget: instructions, memories and tools take"
+        )
+        assert isinstance(cause.__cause__, PromptBudgetError)
 
     async def test_a_view_the_model_keeps_counting_over_the_window_is_not_retried(
         self,

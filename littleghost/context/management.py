@@ -901,29 +901,35 @@ async def _shrink(
     the model counts it over ``fits`` (``_counted_fit``).
 
     Raises:
-        CompactionError: The reserves leave no room for a prompt in ``fits``, or the
-            model still counts the view over it.
+        CompactionError: No view fits in ``fits`` tokens (the reserves or the current turn
+            take them), or the model still counts the view over them.
     """
     state, budget = _run(context, config), config.budget
     assert budget is not None
 
     def set_limit(to: int, why: str) -> None:
         if to <= 0:
-            raise CompactionError(f"{why}: no view fits the {fits}-token window")
+            raise CompactionError(f"{why}: no view fits in {fits} tokens")
         state.tighter = (context.turn, to)
+
+    async def bounded() -> tuple[ModelRequest, BudgetReport]:
+        try:
+            return await _bounded(request, context, config, budget)
+        except PromptBudgetError as error:  # the current turn alone is over (figures only)
+            raise CompactionError(str(error)) from error
 
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
         limit = budget.limit(fits, request.max_tokens)
         limit = int(0.9 * limit) if fits < state.window else limit // 2
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
         set_limit(limit, f"{reserves} leave no room for a prompt")
-        shrunk, report = await _bounded(request, context, config, budget)
+        shrunk, report = await bounded()
 
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
             set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
-            view, report = await _bounded(request, context, config, budget)
+            view, report = await bounded()
             return view
 
         shrunk = await _counted_fit(shrunk, context, fits, tighter) or shrunk
