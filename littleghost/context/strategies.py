@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import chain
@@ -483,7 +482,7 @@ def _named_trigger(instance: object, attribute: Any, value: Any) -> None:
 
 
 @frozen(kw_only=True)
-class _Stepwise(ABC):
+class _Stepwise:
     """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``
     (each subclass's ``_steps``)."""
 
@@ -499,9 +498,9 @@ class _Stepwise(ABC):
         if self.trigger(state):
             await self._steps(state)
 
-    @abstractmethod
     async def _steps(self, state: CompactionState) -> None:
         """Step toward the goal (the trigger held)."""
+        raise NotImplementedError
 
 
 @frozen(kw_only=True)
