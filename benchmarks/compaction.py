@@ -6,8 +6,10 @@ budget of 16 000 tokens (the common case: only the newest few hundred messages f
 to a quarter of its estimated tokens (characters ÷ 4), by:
 
 - littleghost: ``await apply_compaction(log, TokenBudget(token_budget=...))``;
-- lg+collapse: the same with ``strategies=[ToolResultCompaction()]`` (older tool results
-  collapsed to one line each before the oldest groups are dropped);
+- lg+trigger: ``Truncation(trigger=tokens_exceed(budget), minimum_preserved=1)``, the
+  same view by a strategy that starts at a token trigger;
+- lg+collapse: littleghost's ``TokenBudget`` with ``strategies=[ToolResultCompaction()]``
+  (older tool results collapsed to one line each before the oldest groups are dropped);
 - agent-framework-core: ``await apply_compaction(messages, strategy=TruncationStrategy(...))``;
 - langchain-core: ``trim_messages(..., strategy="last", token_counter="approximate")``;
 - the floor: one pass over the littleghost messages summing the UTF-8 bytes of their text.
@@ -36,7 +38,13 @@ from typing import Any
 import anyio
 
 from littleghost import Message, ToolCall
-from littleghost.context import TokenBudget, ToolResultCompaction, apply_compaction
+from littleghost.context import (
+    TokenBudget,
+    ToolResultCompaction,
+    Truncation,
+    apply_compaction,
+    tokens_exceed,
+)
 
 LIMIT_SECONDS = 60
 
@@ -121,6 +129,11 @@ async def run_littleghost(log: Any, budget: int) -> object:
     return await apply_compaction(log, TokenBudget(token_budget=budget))
 
 
+async def run_triggered(log: Any, budget: int) -> object:
+    strategy = Truncation(trigger=tokens_exceed(budget), minimum_preserved=1)
+    return await apply_compaction(log, strategy)
+
+
 async def run_collapsing(log: Any, budget: int) -> object:
     strategy = TokenBudget(token_budget=budget, strategies=[ToolResultCompaction()])
     return await apply_compaction(log, strategy)
@@ -157,6 +170,7 @@ async def run_floor(log: Any, budget: int) -> object:
 
 CONTENDERS: dict[str, tuple[Callable[[int], list[Any]], Run]] = {
     "littleghost": (littleghost_log, run_littleghost),
+    "lg+trigger": (littleghost_log, run_triggered),
     "lg+collapse": (littleghost_log, run_collapsing),
     "floor": (littleghost_log, run_floor),
     "agent-framework": (agent_framework_log, run_agent_framework),
