@@ -688,6 +688,37 @@ class TestWithSummaries:
         assert len(views) == 1 + RECOUNTS
         assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
 
+    async def test_a_memory_provider_failing_in_recovery_fails_with_the_overflow(
+        self, caplog: pytest.LogCaptureFixture, spans: Spans
+    ) -> None:
+        """summarize=False, and a memory provider that fails while the view is rebuilt for
+        an overflow: the provider's error reaches the caller, caused by a CompactionError
+        that names the failure's type only (its message may hold content), caused by it;
+        logs and spans name the type only too."""
+        loads = 0
+
+        def memory(context: object) -> list[str]:
+            nonlocal loads
+            loads += 1
+            if loads > 1:
+                raise RuntimeError("the memory store is down: secret@example.com")
+            return ["likes rain"]
+
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel([overflow, text_response("never")])
+        agent = bounded_agent(prompt_budget_tokens=800, memory=memory)(model=model)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await agent.run("now", history=history(40))
+        assert caught.value is overflow
+        cause = caught.value.__cause__
+        assert isinstance(cause, CompactionError)
+        assert str(cause) == "overflow recovery failed: RuntimeError"
+        assert isinstance(cause.__cause__, RuntimeError)
+        assert [r.purpose for r in model.requests] == ["chat"]
+        assert "secret" not in caplog.text
+        assert "secret" not in "".join(span.to_json() for span in spans.all())
+        assert spans.compactions()[-1]["error.type"] == "RuntimeError"
+
     async def test_a_model_that_stops_counting_leaves_the_fit_to_the_estimate(
         self, spans: Spans
     ) -> None:
