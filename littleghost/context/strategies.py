@@ -483,8 +483,7 @@ def _named_trigger(instance: object, attribute: Any, value: Any) -> None:
 
 @frozen(kw_only=True)
 class _Stepwise:
-    """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``
-    (each subclass's ``_steps``)."""
+    """A strategy that starts when its ``trigger`` holds and steps toward its ``goal``."""
 
     trigger: Trigger = field(default=always, validator=_named_trigger)
     target: Trigger | None = field(default=None, validator=optional(_named_trigger))
