@@ -139,9 +139,9 @@ class _Run:
     real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
     dense: dict[str, float] = field(factory=dict)
-    distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
+    distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
