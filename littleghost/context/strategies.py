@@ -761,12 +761,11 @@ class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
 
     With ``mask_tool_results``, older tool results are masked first (no summary when that
-    is enough); then groups
-    are taken oldest first until the target holds as if they were gone and they are more
-    than a summary's framing (else nothing happens), and one call summarizes them.
-    Earlier summaries among them are anchored: new notes are appended to theirs, and
-    only notes that reached ``max_tokens`` are rewritten. The request is fitted to the
-    state's ``room`` (``CompactionError`` when not even one group fits);
+    is enough); then groups are taken oldest first until the target holds as if they were
+    gone and they are more than a summary's framing (else nothing happens), and one call
+    summarizes them. Earlier summaries among them are anchored: new notes are appended to
+    theirs, and only notes that reached ``max_tokens`` are rewritten. The request is
+    fitted to the state's ``room`` (``CompactionError`` when not even one group fits);
     ``state.summary_outcome`` says how the summary came back; a failed summary call
     raises. The README's "Context management" tells more.
 
