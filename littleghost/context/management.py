@@ -142,6 +142,7 @@ class _Run:
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
+    uncounted: bool = False  # the model's last count of a request gave no figure
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -191,9 +192,9 @@ def _learn_scale(
 ) -> bool:
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
-    For a request the model answered (``served``), under ``MIN_SCALE`` of it says the server
-    cut the prompt: nothing is learned, the answer's count is not used again, and the run
-    warns once."""
+    For a request the model answered (``served``), a scale under ``MIN_SCALE`` learns
+    nothing; when ``reported`` is also under ``MIN_SCALE`` of the whole estimate, the server
+    cut the prompt: the answer's count is not used again, and the run warns once."""
     fixed, scaled = _split_estimate(
         request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
     )
@@ -202,6 +203,8 @@ def _learn_scale(
         return False
     scale = (reported - fixed) / scaled
     if served is not None and scale < MIN_SCALE:
+        if reported >= MIN_SCALE * (fixed + scaled):  # not a cut: the known sizes are off
+            return False
         if state.distrusted is None:
             logger.warning(
                 "manage_context: model %r reported %d prompt tokens for a request estimated "
@@ -323,7 +326,7 @@ async def _learn_turn(
     if start == len(request.messages):
         return False
     alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
-    counted = await context.count_prompt_tokens(attrs.evolve(request, messages=alone))
+    counted = await _count(attrs.evolve(request, messages=alone), context)
     if counted is None:
         return False
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
@@ -493,7 +496,7 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    reported = error.prompt_tokens or await context.count_prompt_tokens(request) or 0
+    reported = error.prompt_tokens or await _count(request, context) or 0
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
     added = reported > 0 and (
@@ -509,7 +512,10 @@ async def _compact_after_overflow(
     safe = None if reported and not added else fits  # None: to be measured (``_recover``)
     try:
         if config.summarize:
-            recovered = await _recover(request, context, config, estimated, window, fits, safe)
+            uncounted = bool(reported) and state.uncounted  # the model gave a figure, not a count
+            recovered = await _recover(
+                request, context, config, estimated, window, fits, safe, uncounted
+            )
             state.quiet_until = next_summary_at(state.last_after, config, state.window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
@@ -531,13 +537,15 @@ async def _recover(
     window: int,
     fits: int,
     safe: int | None,
+    uncounted: bool,
 ) -> ModelRequest:
     """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
     aiming under ``safe``: a summary when one can be made, then the model-free steps while
     over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's
     figure is the run's only calibration: the summary call's measure then gives the margin
     (``_margin``), else it is 20 % under ``fits``. A model that counts decides the fit by
-    its count (``_counted_fit``).
+    its count (``_counted_fit``); one that gave the overflow's figure but cannot count
+    (``uncounted``) has ``safe`` 20 % under ``fits`` at most.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -546,11 +554,15 @@ async def _recover(
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
 
     async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
-        """Calibrated by the model's count of ``view``, the model-free steps."""
+        """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
+        under what the estimate makes of ``view`` as the count was over ``fits``."""
         _learn_scale(state, view, counted, context, config.tokenizer)
         size = counted + _answer_room(view)
+        estimates = context.log_index.estimates(config.tokenizer)
+        believed = request_size(view, estimates, state.real, state.scale, state.dense)
+        aim = max(min(believed, fits) - (size - fits), 1)
         return await _compact(
-            view, context, config, "overflow", size, window, target, limit=fits, fallback=fits
+            view, context, config, "overflow", size, window, target, limit=fits, fallback=aim
         )
 
     compacted, failure = request, None
@@ -567,6 +579,8 @@ async def _recover(
         safe = fits - _margin(request, context, config.tokenizer, state.measured)
     elif safe is None:
         safe = int(TARGET_SHARE * fits)
+    if uncounted:
+        safe = min(safe, int(TARGET_SHARE * fits))  # what it removes and adds is estimated
     if summarized:
         estimated = state.last_after
         if estimated <= safe:
@@ -586,6 +600,10 @@ async def _recover(
     except CompactionError as error:
         if summarized and estimated <= fits:
             return compacted  # it fits: the margin under ``fits`` was only an aim
+        if not state.uncounted:  # the estimate said it fits, the count did not: aim by it
+            fitted = await _counted_fit(compacted, context, fits, tighten)
+            if fitted is not None and fitted is not request:  # ``request`` overflowed
+                return fitted
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
         raise
@@ -606,7 +624,7 @@ async def _counted_fit(
     Raises:
         CompactionError: The model still counts it over ``fits``.
     """
-    counted = await context.count_prompt_tokens(request)
+    counted = await _count(request, context)
     if counted is None:
         return None
     for recount in range(RECOUNTS + 1):
@@ -616,7 +634,7 @@ async def _counted_fit(
         if recount == RECOUNTS:
             break
         request = await tighten(request, counted)
-        recounted = await context.count_prompt_tokens(request)
+        recounted = await _count(request, context)
         if recounted is None:
             return request  # the model no longer counts: the estimate says it fits
         counted = recounted
@@ -624,6 +642,14 @@ async def _counted_fit(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
         f"answer's room that is over the {fits}-token window"
     )
+
+
+async def _count(request: ModelRequest, context: RunContext) -> int | None:
+    """The model's count of ``request`` (``None`` when it cannot tell), remembered as
+    ``uncounted`` when there is none."""
+    counted = await context.count_prompt_tokens(request)
+    context.state_for(_Run, _Run).uncounted = counted is None
+    return counted
 
 
 def _answer_room(request: ModelRequest) -> int:
@@ -741,7 +767,7 @@ async def _compact(
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback is not None and after > limit:
-            compacted, after, outcome.cut_to = _cut_results(
+            compacted, after, outcome.cut_to = await _cut_results(
                 compacted, after, limit, context, config
             )
         if not records and outcome.cut_to is None:
@@ -776,11 +802,12 @@ async def _model_free_compaction(
     await _collapse_results(state, fits, window)
 
 
-def _cut_results(
+async def _cut_results(
     request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
 ) -> tuple[ModelRequest, int, int]:
     """``request`` (``size`` tokens) with every tool result cut shorter until it takes
     ``CUT_SHARE`` of ``window`` (or ``CUT_FLOOR_TOKENS``); the request, its size and the cut.
+    When the estimate is still over the window, the model's count decides.
 
     Raises:
         CompactionError: The request still does not fit the window.
@@ -794,6 +821,8 @@ def _cut_results(
         limit = max(limit * 3 // 4, CUT_FLOOR_TOKENS)
         cut = clip_results(request, index, limit)
         after = size - whole + _real(cut.messages, context, tokenizer)
+    if after > window and (counted := await _count(cut, context)) is not None:
+        after = counted + _answer_room(cut)
     if after > window:
         cut_note = f", its tool results cut to {limit} tokens each" if cut is not request else ""
         raise CompactionError(
