@@ -510,12 +510,13 @@ class TestTelemetryAndLogs:
 
 
 async def failed_recovery(
-    model: ScriptedModel, overflow: ContextWindowOverflowError
+    model: ScriptedModel, overflow: ContextWindowOverflowError, question: str = "now"
 ) -> CompactionError:
     """Why overflow recovery of a bounded agent without summaries failed: ``overflow``
     reaches the caller, caused by a ``CompactionError``, and nothing is retried."""
+    agent = bounded_agent(prompt_budget_tokens=800)(model=model)
     with pytest.raises(ContextWindowOverflowError) as caught:
-        await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+        await agent.run(question, history=history(40))
     assert caught.value is overflow
     assert [r.purpose for r in model.requests] == ["chat"]
     cause = caught.value.__cause__
@@ -649,28 +650,58 @@ class TestWithSummaries:
             "800 tokens"
         )
 
-    async def test_a_current_turn_over_a_view_tightened_by_a_count_fails_with_the_overflow(
+    async def test_a_current_turn_over_the_budget_of_the_overflows_window_fails(
         self,
     ) -> None:
-        """summarize=False, and a model that counts the view well over the window: the
-        view tightened by its count has no room for the current turn, so the provider's
-        error reaches the caller, caused by a CompactionError with the budget's figures."""
+        """summarize=False, and an overflow whose error reports a window whose budget the
+        current turn alone is over: no view can hold it, so the provider's error reaches
+        the caller, caused by a CompactionError with the budget's figures."""
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
-        model = ScriptedModel(
-            [overflow, text_response("never")], count_prompt_tokens=lambda request: 20_000
-        )
-        cause = await failed_recovery(model, overflow)
+        model = ScriptedModel([overflow, text_response("never")])
+        cause = await failed_recovery(model, overflow, "word " * 420)
         assert str(cause).startswith(
             "the request cannot fit its prompt budget: instructions, memories and tools take"
         )
         assert isinstance(cause.__cause__, PromptBudgetError)
 
+    async def test_a_view_tightened_by_a_count_past_the_current_turn_is_the_turn_alone(
+        self,
+    ) -> None:
+        """summarize=False, and a model that counts every view with history well over the
+        window: the view its count tightens has no room for the current turn, so the turn
+        alone (with the instructions) is sent, as the model counts it within the window."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+
+        def count(request: ModelRequest) -> int:
+            return 300 if [m.text for m in request.messages][1:] == ["now"] else 20_000
+
+        model = ScriptedModel([overflow, text_response("ok")], count_prompt_tokens=count)
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+            "now", history=history(40)
+        )
+        assert result.output == "ok"
+        assert [m.text for m in model.requests[-1].messages][1:] == ["now"]
+
+    async def test_a_current_turn_the_model_counts_over_the_window_alone_fails(
+        self,
+    ) -> None:
+        """summarize=False, and a model that counts every view, the current turn alone
+        too, well over the window: the provider's error reaches the caller, caused by a
+        CompactionError with the count; no retry."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel(
+            [overflow, text_response("never")], count_prompt_tokens=lambda request: 20_000
+        )
+        cause = await failed_recovery(model, overflow)
+        assert str(cause).startswith("the model counts 20000 prompt tokens for the ")
+
     async def test_a_view_the_model_keeps_counting_over_the_window_is_not_retried(
         self,
     ) -> None:
         """summarize=False, and a model that counts every tighter view over the window:
-        after RECOUNTS tighter views recovery gives up, the provider's error caused by a
-        CompactionError with the last count and the window; no retry."""
+        once the view is the current request alone (after at most RECOUNTS tighter views)
+        recovery gives up, the provider's error caused by a CompactionError with the last
+        count and the window; no retry."""
         counted: list[int] = []
 
         def count(request: ModelRequest) -> int:
@@ -681,11 +712,11 @@ class TestWithSummaries:
         model = ScriptedModel([overflow, text_response("never")], count_prompt_tokens=count)
         cause = await failed_recovery(model, overflow)
         assert str(cause) == (
-            "the model counts 1100 prompt tokens for the compacted request; with its "
-            "answer's room that is over the 800-token window"
+            "the model counts 1100 prompt tokens for the current request alone: no view fits "
+            "in 800 tokens"
         )
         _, *views = counted  # the turn alone (its density), the view, each tighter one
-        assert len(views) == 1 + RECOUNTS
+        assert 2 <= len(views) <= 1 + RECOUNTS
         assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
 
     async def test_a_memory_provider_failing_in_recovery_fails_with_the_overflow(

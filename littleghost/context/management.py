@@ -722,16 +722,20 @@ async def _compact(
     """Compact ``request`` toward ``target`` (the model's tokens) with the configured
     strategy, the default compaction, or (``fallback``) without a model, aiming under
     ``fallback`` and cutting tool results while over ``limit`` (default ``window``; read
-    only with ``fallback``); append the records to the log.
+    only with ``fallback``, which leaves a bounded view's memories and excerpts out
+    first); append the records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
             even the current request alone is over ``limit``.
     """
     limit = window if limit is None else limit
+    shown = list(request.messages)
+    if fallback is not None:  # never logged: left out without a record
+        shown = [message for message in shown if not view_only(message)]
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
         run = _run(context, config)
-        index = context.log_index.over(request.messages)
+        index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
@@ -770,7 +774,7 @@ async def _compact(
             compacted, after, outcome.cut_to = await _cut_results(
                 compacted, after, limit, context, config
             )
-        if not records and outcome.cut_to is None:
+        if not records and outcome.cut_to is None and len(shown) == len(request.messages):
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "
                 "that is left, or what is older is only earlier summaries or shorter than a "
@@ -945,11 +949,17 @@ async def _shrink(
         try:
             return await _bounded(request, context, config, budget)
         except PromptBudgetError as error:  # the current turn alone is over (figures only)
-            raise CompactionError(str(error)) from error
+            alone = error.required or 0  # the model's count, if it counts, has the last word
+            within = not state.uncounted or alone <= budget.limit(fits, request.max_tokens)
+            if not limit < alone or not within:
+                raise CompactionError(str(error)) from error
+        set_limit(alone, "the current request alone")  # tightened past it: the turn alone
+        return await _bounded(request, context, config, budget)
 
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
-        limit = budget.limit(fits, request.max_tokens)
-        limit = int(0.9 * limit) if fits < state.window else limit // 2
+        estimates = context.log_index.estimates(budget.tokenizer)
+        sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
+        limit = int(0.9 * min(budget.limit(fits, request.max_tokens), sent * fits / estimated))
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
         set_limit(limit, f"{reserves} leave no room for a prompt")
         shrunk, report = await bounded()
@@ -957,9 +967,13 @@ async def _shrink(
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
-            set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
-            view, report = await bounded()
-            return view
+            why = f"the model counts {counted} prompt tokens for the bounded view"
+            set_limit(limit, why)
+            tighter_view, report = await bounded()
+            if tuple(tighter_view.messages) == tuple(view.messages):  # nothing more to leave out
+                alone = f"the model counts {counted} prompt tokens for the current request alone"
+                raise CompactionError(f"{alone}: no view fits in {fits} tokens")
+            return tighter_view
 
         shrunk = await _counted_fit(shrunk, context, fits, tighter) or shrunk
         context.annotate_next_call(report.span_attributes())
