@@ -959,7 +959,8 @@ async def _shrink(
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
         estimates = context.log_index.estimates(budget.tokenizer)
         sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
-        limit = int(0.9 * min(budget.limit(fits, request.max_tokens), sent * fits / estimated))
+        scaled = sent * fits / max(estimated, 1)  # the view as the overflow sized it
+        limit = int(0.9 * min(budget.limit(fits, request.max_tokens), scaled))
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
         set_limit(limit, f"{reserves} leave no room for a prompt")
         shrunk, report = await bounded()
@@ -967,12 +968,13 @@ async def _shrink(
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
-            why = f"the model counts {counted} prompt tokens for the bounded view"
-            set_limit(limit, why)
+            set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             tighter_view, report = await bounded()
             if tuple(tighter_view.messages) == tuple(view.messages):  # nothing more to leave out
-                alone = f"the model counts {counted} prompt tokens for the current request alone"
-                raise CompactionError(f"{alone}: no view fits in {fits} tokens")
+                raise CompactionError(
+                    f"the model counts {counted} prompt tokens for the current request alone: "
+                    f"no view fits in {fits} tokens"
+                )
             return tighter_view
 
         shrunk = await _counted_fit(shrunk, context, fits, tighter) or shrunk
