@@ -104,10 +104,10 @@ def class_of(character: str) -> str:
 class Dense:
     """A provider whose tokenizer makes each character's tokens ``factors[class]`` times
     the estimate's (instructions' at ``factors["trusted"]``, four tokens a message): a
-    request whose tokens and answer room are over ``window`` is refused with a ``ContextWindowOverflowError`` carrying its
-    prompt size and window (``figures``), or not; it counts prompts (``counts``) and
-    reports every answered request's tokens. Chat calls call the tool ``look`` ``loop``
-    times, then answer."""
+    request whose tokens and answer room are over ``window`` is refused with a
+    ``ContextWindowOverflowError`` carrying its prompt size and window (``figures``), or
+    not; it counts prompts (``counts``) and reports every answered request's tokens. Chat
+    calls call the tool ``look`` ``loop`` times, then answer."""
 
     provider = "dense"
     name = "dense"
