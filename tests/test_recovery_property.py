@@ -12,6 +12,8 @@ alone does not fit. With a provider that counts, always: the count decides. With
 that only gives the overflow's figure, the request recovery makes is estimated, aimed
 20 % under the window: about 3 cases in 1 000, whose new records (summary quotes,
 excerpts) or current turn are denser than that margin allows, overflow again.
+
+Long tool loops against the same provider hold compaction to its no-thrash rule.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import pytest
 from littleghost import Agent, Message, ToolCall, manage_context, tool
 from littleghost.context import Pipeline, PromptBudget, ToolResultCompaction, Truncation
 from littleghost.context.budget import EXCERPTS_KEY
+from littleghost.context.management import REGROWTH
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import CompactionError, ContextWindowOverflowError, PromptBudgetError
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import text_response, tool_call_response
 
+from .conftest import Spans
 from .faults import log_problems, request_problems, summary_request_problems
 
 pytestmark = pytest.mark.anyio
@@ -375,3 +379,61 @@ async def test_a_bounded_views_excerpts_give_way_to_the_current_turn() -> None:
     retried = model.chats[model.chats.index(next(c for c in model.chats if c[3])) + 1]
     assert not retried[3]  # answered
     assert not any(m.metadata.get(EXCERPTS_KEY) for m in retried[1].messages)
+
+
+THRASH_CASES = 150
+
+
+def tool_loop(case: Case) -> Case:
+    """``case`` as a long tool loop of dense results (6 to 15, each 5 to 30 % of the
+    window) under summaries, the window declared right and refusals with figures."""
+    rng = random.Random(case.seed)
+    results = [
+        text_of(rng, rng.choice(("json", "digits")), int(rng.uniform(0.05, 0.3) * case.window))
+        for _ in range(rng.randrange(6, 16))
+    ]
+    options = {
+        key: case.options[key]
+        for key in ("compression_threshold", "preserve_recent_messages", "mask_tool_results")
+    }
+    return attrs.evolve(
+        case,
+        declared=case.window,
+        figures=True,
+        options=options,
+        question=case.question[:200],
+        results=results,
+    )
+
+
+async def test_no_summary_until_a_request_left_over_the_threshold_has_grown(
+    spans: Spans,
+) -> None:
+    """No thrash, over random tool loops whose results pile up: after a threshold
+    compaction that left the request over the threshold, the next threshold compaction
+    comes only once the request has grown by ``REGROWTH`` of the window (attempts before
+    are skipped; an overflow may force one)."""
+    found: dict[int, list[str]] = {}
+    seen: Counter[tuple[str, str]] = Counter()
+    for seed in range(SEED, SEED + THRASH_CASES):
+        case = tool_loop(Case.draw(seed))
+        threshold = case.options["compression_threshold"] * case.window
+        earlier = len(spans.compactions())
+        problems, _ = await problems_of(case)
+        left_over: int | None = None  # the size the last threshold compaction left, if over
+        for event in spans.compactions()[earlier:]:
+            reason = event["littleghost.compaction.reason"]
+            outcome = event["littleghost.compaction.outcome"]
+            seen[reason, outcome] += 1
+            if reason == "overflow":
+                left_over = None
+            elif outcome == "completed":
+                size = event["littleghost.compaction.estimated_tokens"]
+                if left_over is not None and size < left_over + REGROWTH * case.window - 1:
+                    problems.append(f"a summary at {size} tokens after one left {left_over}")
+                after = event["littleghost.compaction.estimated_tokens_after"]
+                left_over = after if after >= threshold else None
+        if problems:
+            found[seed] = problems
+    assert found == {}, "\n".join(f"seed {seed}: {p}" for seed, p in found.items())
+    assert seen["threshold", "skipped"] > 0 and seen["threshold", "completed"] > 0, seen
