@@ -1142,9 +1142,28 @@ class TestOverflow:
             for e in spans.compactions()
         ]
         assert made == [("overflow", None), ("overflow", True)]
+        summary, fallback = spans.compactions()
+        assert summary["littleghost.compaction.estimated_tokens_after"] > 0.8 * 1_000
+        assert fallback["littleghost.compaction.estimated_tokens_after"] <= 0.8 * 1_000
         retried = model.requests[-1].messages
         assert any(message.is_summary for message in retried)
         assert retried[-1].text == digits
+
+    async def test_a_request_the_model_counts_within_the_window_is_not_retried_unchanged(
+        self,
+    ) -> None:
+        """A model whose count says the request that overflowed fits (the count and the
+        overflow's figure disagree): recovery never sends that request again unchanged;
+        nothing to compact, the provider's error reaches the caller."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel(
+            [overflow, text_response("never")], count_prompt_tokens=lambda request: 500
+        )
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("word " * 300)
+        assert caught.value is overflow
+        assert isinstance(caught.value.__cause__, CompactionError)
+        assert [r.purpose for r in model.requests] == ["chat"]
 
     async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
         """Uncalibrated, recovery aims 20 % under the window; when its compaction lands

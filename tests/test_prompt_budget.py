@@ -682,6 +682,25 @@ class TestWithSummaries:
         assert result.output == "ok"
         assert [m.text for m in model.requests[-1].messages][1:] == ["now"]
 
+    async def test_a_view_with_room_to_spare_the_model_counts_over_gives_way_to_the_turn(
+        self,
+    ) -> None:
+        """summarize=False, and a view with slack (a tighter limit builds the same view)
+        that the model counts over the window: the current turn alone, which it counts
+        within, is sent."""
+        old = [Message.user("o " * 200), Message.assistant("long answer " * 20)]
+        recent = [Message.user("recent question?"), Message.assistant("recent answer.")]
+
+        def count(request: ModelRequest) -> int:
+            return 900 if any("recent" in m.text for m in request.messages) else 300
+
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=880, context_window=800)
+        model = ScriptedModel([overflow, text_response("ok")], count_prompt_tokens=count)
+        agent = bounded_agent(prompt_budget_tokens=800)(model=model)
+        result = await agent.run("now", history=[*old, *recent])
+        assert result.output == "ok"
+        assert [m.text for m in model.requests[-1].messages][1:] == ["now"]
+
     async def test_a_current_turn_the_model_counts_over_the_window_alone_fails(
         self,
     ) -> None:

@@ -10,7 +10,7 @@ message. When the provider says the prompt's size (in its error or by counting) 
 window (in its error, or declared right), the run fails only when the current request
 alone does not fit. With a provider that counts, always: the count decides. With one
 that only gives the overflow's figure, the request recovery makes is estimated, aimed
-20 % under the window: about 3 cases in 1 000, whose new records (summary quotes,
+20 % under the window: about 5 recoveries in 1 000, whose new records (summary quotes,
 excerpts) or current turn are denser than that margin allows, overflow again.
 
 Long tool loops against the same provider hold compaction to its no-thrash rule.
@@ -45,9 +45,9 @@ pytestmark = pytest.mark.anyio
 
 SEED = 20261202
 CASES = 400
-UNCOUNTED_MISSES = 0.02
+UNCOUNTED_MISSES = 0.01
 """The share of cases of a provider that cannot count that may still overflow twice (in
-7 000 cases: 6 of some 2 100)."""
+7 000 cases: 6 of 2 101, in 1 234 recoveries; the engine before this test, 71)."""
 KINDS = ("prose", "digits", "json", "cjk")
 STRATEGIES = (
     Truncation(minimum_preserved=2),
@@ -303,10 +303,10 @@ async def problems_of(case: Case, agent: Agent | None = None) -> tuple[list[str]
         await agent.run(case.question, history=case.history, session_id="s", settings=settings)
     except ContextWindowOverflowError as raised:
         error = raised
-    except PromptBudgetError:  # the current turn alone is over the budget the user declared
+    except PromptBudgetError as refused:  # the current turn alone is over the user's budget
         if "budget" not in case.options:
             raise
-        return [], False
+        error = refused
     problems: list[str] = []
     missed = False
     refused = Counter(step for step, _, _, was_refused in model.chats if was_refused)
@@ -314,7 +314,7 @@ async def problems_of(case: Case, agent: Agent | None = None) -> tuple[list[str]
         problems.append(f"a model call was refused more than twice: {refused}")
     if error is None and any(count > 1 for count in refused.values()):
         problems.append("a model call was recovered from twice")
-    if error is not None:
+    if isinstance(error, ContextWindowOverflowError):
         last = model.chats[-1][0]  # the model call the run ended at: its first refusal
         first = next(request for step, request, _, was in model.chats if was and step == last)
         cause = error.__cause__
@@ -323,6 +323,8 @@ async def problems_of(case: Case, agent: Agent | None = None) -> tuple[list[str]
             problems.append(f"the overflow is caused by {cause!r}")
     for _, request, _, _ in model.chats:
         problems.extend(request_problems(request.messages))
+        if not any(message.text == case.question for message in request.messages):
+            problems.append("a model call was not shown the question")
     for request in model.summaries:
         problems.extend(summary_request_problems(request))
     log = await agent.session_store.load("s")
@@ -356,10 +358,11 @@ async def test_recovery_succeeds_whenever_the_current_request_alone_fits(
 
 
 async def test_a_count_that_known_sizes_explain_is_no_cut(caplog: pytest.LogCaptureFixture) -> None:
-    """A case whose answered count gives the conversation a scale under a quarter because
-    the current turn's results, measured before, take most of it: the provider cut
-    nothing, so the run warns of no cut, and answers."""
-    problems, _ = await problems_of(Case.draw(4496))
+    """A case the property test found: an answered count gives the conversation a scale
+    under a quarter only because sizes known before take most of the request, and is not
+    under a quarter of the whole estimate: the provider cut nothing, so the run warns of
+    no cut (the earlier rule warned), and answers."""
+    problems, _ = await problems_of(Case.draw(20261260))
     assert problems == []
     assert not [r for r in caplog.records if "cut the prompt" in r.getMessage()]
 

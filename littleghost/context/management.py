@@ -142,7 +142,8 @@ class _Run:
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
-    uncounted: bool = False  # the model's last count of a request gave no figure
+    cut_warned: bool = False  # the run warned that the server cut a prompt
+    uncounted: bool | None = None  # the model's last count this overflow gave no figure
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -193,8 +194,8 @@ def _learn_scale(
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
     For a request the model answered (``served``), a scale under ``MIN_SCALE`` learns
-    nothing; when ``reported`` is also under ``MIN_SCALE`` of the whole estimate, the server
-    cut the prompt: the answer's count is not used again, and the run warns once."""
+    nothing and the answer's count is not used again; when ``reported`` is also under
+    ``MIN_SCALE`` of the whole estimate, the server cut the prompt: the run warns once."""
     fixed, scaled = _split_estimate(
         request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
     )
@@ -203,9 +204,9 @@ def _learn_scale(
         return False
     scale = (reported - fixed) / scaled
     if served is not None and scale < MIN_SCALE:
-        if reported >= MIN_SCALE * (fixed + scaled):  # not a cut: the known sizes are off
-            return False
-        if state.distrusted is None:
+        state.distrusted = served  # its count is not a prefix of the next request
+        if reported < MIN_SCALE * (fixed + scaled) and not state.cut_warned:
+            state.cut_warned = True
             logger.warning(
                 "manage_context: model %r reported %d prompt tokens for a request estimated "
                 "at %d: the server most likely cut the prompt to a context window smaller "
@@ -217,7 +218,6 @@ def _learn_scale(
                 fixed + scaled,
                 state.window,
             )
-        state.distrusted = served
         return False
     state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
@@ -496,6 +496,7 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
+    state.uncounted = None  # asked again for this overflow
     reported = error.prompt_tokens or await _count(request, context) or 0
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
@@ -512,7 +513,9 @@ async def _compact_after_overflow(
     safe = None if reported and not added else fits  # None: to be measured (``_recover``)
     try:
         if config.summarize:
-            uncounted = bool(reported) and state.uncounted  # the model gave a figure, not a count
+            if reported and state.uncounted is None:  # whether the model counts at all
+                await _count(request, context)
+            uncounted = bool(reported) and bool(state.uncounted)  # a figure, not a count
             recovered = await _recover(
                 request, context, config, estimated, window, fits, safe, uncounted
             )
@@ -600,13 +603,18 @@ async def _recover(
     except CompactionError as error:
         if summarized and estimated <= fits:
             return compacted  # it fits: the margin under ``fits`` was only an aim
+        reason = error
         if not state.uncounted:  # the estimate said it fits, the count did not: aim by it
-            fitted = await _counted_fit(compacted, context, fits, tighten)
-            if fitted is not None and fitted is not request:  # ``request`` overflowed
-                return fitted
-        if failure is not None and error.__cause__ is None:
-            error.__cause__ = failure  # why no summary was made either
-        raise
+            try:
+                fitted = await _counted_fit(compacted, context, fits, tighten)
+            except CompactionError as counted:
+                reason = counted
+            else:
+                if fitted is not None and fitted.messages != request.messages:  # it overflowed
+                    return fitted
+        if failure is not None and reason.__cause__ is None:
+            reason.__cause__ = failure  # why no summary was made either
+        raise reason from reason.__cause__
     if not summarized and (fitted := await _counted_fit(recovered, context, fits, tighten)):
         return fitted
     return recovered
@@ -645,8 +653,8 @@ async def _counted_fit(
 
 
 async def _count(request: ModelRequest, context: RunContext) -> int | None:
-    """The model's count of ``request`` (``None`` when it cannot tell), remembered as
-    ``uncounted`` when there is none."""
+    """The model's count of ``request`` (``None`` when it cannot tell), remembered in
+    ``uncounted``."""
     counted = await context.count_prompt_tokens(request)
     context.state_for(_Run, _Run).uncounted = counted is None
     return counted
@@ -808,10 +816,11 @@ async def _model_free_compaction(
 
 async def _cut_results(
     request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
-) -> tuple[ModelRequest, int, int]:
+) -> tuple[ModelRequest, int, int | None]:
     """``request`` (``size`` tokens) with every tool result cut shorter until it takes
-    ``CUT_SHARE`` of ``window`` (or ``CUT_FLOOR_TOKENS``); the request, its size and the cut.
-    When the estimate is still over the window, the model's count decides.
+    ``CUT_SHARE`` of ``window`` (or ``CUT_FLOOR_TOKENS``); the request, its size and the cut
+    (``None`` when nothing was cut). When the estimate is still over the window, the
+    model's count decides.
 
     Raises:
         CompactionError: The request still does not fit the window.
@@ -833,7 +842,7 @@ async def _cut_results(
             f"the current request alone does not fit the context window (about {after} of "
             f"{window} tokens{cut_note})"
         )
-    return cut, after, limit
+    return cut, after, limit if cut is not request else None
 
 
 async def _collapse_results(state: CompactionState, target: Trigger, window: int) -> None:
@@ -950,7 +959,7 @@ async def _shrink(
             return await _bounded(request, context, config, budget)
         except PromptBudgetError as error:  # the current turn alone is over (figures only)
             alone = error.required or 0  # the model's count, if it counts, has the last word
-            within = not state.uncounted or alone <= budget.limit(fits, request.max_tokens)
+            within = state.uncounted is False or alone <= budget.limit(fits, request.max_tokens)
             if not limit < alone or not within:
                 raise CompactionError(str(error)) from error
         set_limit(alone, "the current request alone")  # tightened past it: the turn alone
@@ -962,6 +971,8 @@ async def _shrink(
         scaled = sent * fits / max(estimated, 1)  # the view as the overflow sized it
         limit = int(0.9 * min(budget.limit(fits, request.max_tokens), scaled))
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
+        if budget.limit(fits, request.max_tokens) > 0:
+            reserves = f"the overflow's {estimated} tokens for a view of {sent}"
         set_limit(limit, f"{reserves} leave no room for a prompt")
         shrunk, report = await bounded()
 
@@ -970,7 +981,11 @@ async def _shrink(
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
             set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             tighter_view, report = await bounded()
-            if tuple(tighter_view.messages) == tuple(view.messages):  # nothing more to leave out
+            if tighter_view.messages == view.messages:  # the limit left nothing more out
+                limit = 1  # under the current turn: the turn alone (``bounded``)
+                set_limit(limit, "the current request alone")
+                tighter_view, report = await bounded()
+            if tighter_view.messages == view.messages:
                 raise CompactionError(
                     f"the model counts {counted} prompt tokens for the current request alone: "
                     f"no view fits in {fits} tokens"
