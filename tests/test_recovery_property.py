@@ -233,17 +233,15 @@ class Case:
         figures, counts = rng.random() < 0.6, rng.random() < 0.5
         max_tokens = rng.choice((None, 32, 64))
         earlier = history(rng, rng.randrange(0, 14))
-        mode = rng.random()
-        if mode >= 0.6:  # a bounded view, with summaries or without; or a strategy
-            reserves = {"response_reserve_tokens": 64, "safety_reserve_tokens": declared // 16}
-            budget = PromptBudget(prompt_budget_tokens=declared, **reserves)
-            options.update(
-                {"budget": budget}
-                if mode < 0.75
-                else {"budget": budget, "summarize": False, "mask_tool_results": None}
-                if mode < 0.9
-                else {"strategy": rng.choice(STRATEGIES)}
-            )
+        mode = rng.random()  # summaries; a bounded view, with them or without; a strategy
+        reserves = {"response_reserve_tokens": 64, "safety_reserve_tokens": declared // 16}
+        budget = PromptBudget(prompt_budget_tokens=declared, **reserves)
+        if 0.6 <= mode < 0.75:
+            options["budget"] = budget
+        elif 0.75 <= mode < 0.9:
+            options.update(budget=budget, summarize=False, mask_tool_results=None)
+        elif mode >= 0.9:
+            options["strategy"] = rng.choice(STRATEGIES)
         return cls(
             seed=seed,
             window=window,
@@ -377,11 +375,12 @@ async def test_a_bounded_views_excerpts_give_way_to_the_current_turn() -> None:
     assert problems == [] and not missed
     model = agent.model
     assert isinstance(model, Dense)
-    overflowed = [request for _, request, _, refused in model.chats if refused]
-    assert any(m.metadata.get(EXCERPTS_KEY) for m in overflowed[0].messages)
-    retried = model.chats[model.chats.index(next(c for c in model.chats if c[3])) + 1]
-    assert not retried[3]  # answered
-    assert not any(m.metadata.get(EXCERPTS_KEY) for m in retried[1].messages)
+    refusal = next(i for i, (_, _, _, refused) in enumerate(model.chats) if refused)
+    _, overflowed, _, _ = model.chats[refusal]
+    _, retried, _, refused_again = model.chats[refusal + 1]
+    assert any(m.metadata.get(EXCERPTS_KEY) for m in overflowed.messages)
+    assert not refused_again
+    assert not any(m.metadata.get(EXCERPTS_KEY) for m in retried.messages)
 
 
 THRASH_CASES = 150
