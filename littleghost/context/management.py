@@ -603,18 +603,15 @@ async def _recover(
     except CompactionError as error:
         if summarized and estimated <= fits:
             return compacted  # it fits: the margin under ``fits`` was only an aim
-        reason = error
-        if not state.uncounted:  # the estimate said it fits, the count did not: aim by it
-            try:
-                fitted = await _counted_fit(compacted, context, fits, tighten)
-            except CompactionError as counted:
-                reason = counted
-            else:
-                if fitted is not None and fitted.messages != request.messages:  # it overflowed
-                    return fitted
-        if failure is not None and reason.__cause__ is None:
-            reason.__cause__ = failure  # why no summary was made either
-        raise reason from reason.__cause__
+        if failure is not None and error.__cause__ is None:
+            error.__cause__ = failure  # why no summary was made either
+        if state.uncounted:
+            raise
+        # the estimate said it fits, the count did not: aimed by the count
+        fitted = await _counted_fit(compacted, context, fits, tighten)
+        if fitted is None or fitted.messages == request.messages:  # ``request`` overflowed
+            raise
+        return fitted
     if not summarized and (fitted := await _counted_fit(recovered, context, fits, tighten)):
         return fitted
     return recovered
@@ -738,9 +735,9 @@ async def _compact(
             even the current request alone is over ``limit``.
     """
     limit = window if limit is None else limit
-    shown = list(request.messages)
+    shown = request.messages
     if fallback is not None:  # never logged: left out without a record
-        shown = [message for message in shown if not view_only(message)]
+        shown = tuple(message for message in shown if not view_only(message))
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
         run = _run(context, config)
         index = context.log_index.over(shown)
@@ -954,12 +951,14 @@ async def _shrink(
             raise CompactionError(f"{why}: no view fits in {fits} tokens")
         state.tighter = (context.turn, to)
 
+    room = budget.limit(fits, request.max_tokens)
+
     async def bounded() -> tuple[ModelRequest, BudgetReport]:
         try:
             return await _bounded(request, context, config, budget)
         except PromptBudgetError as error:  # the current turn alone is over (figures only)
             alone = error.required or 0  # the model's count, if it counts, has the last word
-            within = state.uncounted is False or alone <= budget.limit(fits, request.max_tokens)
+            within = state.uncounted is False or alone <= room
             if not limit < alone or not within:
                 raise CompactionError(str(error)) from error
         set_limit(alone, "the current request alone")  # tightened past it: the turn alone
@@ -968,24 +967,19 @@ async def _shrink(
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
         estimates = context.log_index.estimates(budget.tokenizer)
         sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
-        scaled = sent * fits / max(estimated, 1)  # the view as the overflow sized it
-        limit = int(0.9 * min(budget.limit(fits, request.max_tokens), scaled))
+        limit = int(0.9 * min(room, sent * fits / max(estimated, 1)))  # as the overflow sized it
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
-        if budget.limit(fits, request.max_tokens) > 0:
-            reserves = f"the overflow's {estimated} tokens for a view of {sent}"
-        set_limit(limit, f"{reserves} leave no room for a prompt")
+        why = reserves if room <= 0 else f"the overflow's {estimated} tokens for a view of {sent}"
+        set_limit(limit, f"{why} leave no room for a prompt")
         shrunk, report = await bounded()
 
         async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
             nonlocal limit, report
             limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
+            limit = min(limit, report.estimated_prompt_tokens - 1)  # under the view it tightens
             set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             tighter_view, report = await bounded()
-            if tighter_view.messages == view.messages:  # the limit left nothing more out
-                limit = 1  # under the current turn: the turn alone (``bounded``)
-                set_limit(limit, "the current request alone")
-                tighter_view, report = await bounded()
-            if tighter_view.messages == view.messages:
+            if tighter_view.messages == view.messages:  # the current request alone, again
                 raise CompactionError(
                     f"the model counts {counted} prompt tokens for the current request alone: "
                     f"no view fits in {fits} tokens"
