@@ -1870,7 +1870,11 @@ class TestEstimateUnits:
         def respond(request: ModelRequest) -> ModelResponse:
             if request.purpose == "context_compaction":
                 return text_response("summary")
-            reported = int(0.6 * sum(len(m.text) + 40 for m in request.messages) / 4)
+            chars = sum(
+                len(m.text) + sum(len(r.content) for r in m.tool_results) + 40
+                for m in request.messages
+            )
+            reported = int(0.6 * chars / 4)
             return tool_call_response("ping", {}, input_tokens=reported)
 
         model = ScriptedModel([respond] * 25)
@@ -1919,6 +1923,93 @@ class TestEstimateUnits:
         (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert "'cutting' reported 100 prompt tokens" in warning.getMessage()
         assert "hills" not in caplog.text and "record field" not in caplog.text
+
+    @staticmethod
+    def _fetching(window: int) -> type[Agent]:
+        @manage_context(context_window_tokens=window, compression_threshold=0.75)
+        class Fetching(Agent):
+            max_retries = 0
+
+            @tool
+            def fetch(self) -> str:
+                """Fetch the next record."""
+                return "record field " * 40
+
+        return Fetching
+
+    async def test_a_count_that_stops_growing_is_a_cut_and_compaction_goes_on(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A server whose window is smaller than the one compacted for may cut every prompt
+        over it to what fits and report that. The first cut count looks like a low scale;
+        the next, for a request that only added to it, does not grow: the run warns once,
+        takes the low scale back, and compacts by the estimate (it never would by those
+        counts). A server that keeps less (Ollama keeps half its window) is caught at its
+        first cut, whose count is lower than the last one."""
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            real = estimate_messages(request.messages)
+            reported = min(real, 800)  # over 800: cut to fit, silently
+            sizes.append(real)
+            if len(sizes) < 12:
+                return tool_call_response("fetch", {}, input_tokens=reported)
+            return text_response("done", input_tokens=reported)
+
+        sizes: list[int] = []
+        model = ScriptedModel([respond] * 16, name="cutting")
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result = await self._fetching(2_000)(model=model).run("Fetch the records.")
+        assert result.output == "done"
+        (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert (
+            "'cutting' reported 800 prompt tokens for a request that adds to one it reported "
+            "800 for" in warning.getMessage()
+        )
+        assert "record field" not in caplog.text
+        assert [c["littleghost.compaction.reason"] for c in spans.compactions()] == ["threshold"]
+        assert max(sizes) > 1_400  # the estimate went over the threshold; the count never
+        # the compacted request's cut count (about 0.66) taken back by the next
+        assert result.messages[-1].metadata[SCALE_KEY] > 0.9
+
+    async def test_a_count_of_only_what_was_not_cached_is_not_learned_from(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A server that reports only the prompt tokens it did not have cached (some
+        releases of Ollama did) reports each request of a tool loop at about the size of
+        its newest result. Those counts teach nothing (the run warns once), so every
+        compaction comes at the threshold, before the server refuses a prompt; learned
+        from, they made the estimate too small and the server refused three."""
+        cached: list[Message] = []
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            real = estimate_messages(request.messages)
+            if real > 1_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            shared = 0
+            while shared < min(len(cached), len(request.messages)) and (
+                cached[shared] == request.messages[shared]
+            ):
+                shared += 1
+            reported = real - estimate_messages(cached[:shared])  # the cached prefix left out
+            cached[:] = request.messages
+            sizes.append(real)
+            if len(sizes) < 12:
+                return tool_call_response("fetch", {}, input_tokens=reported)
+            return text_response("done", input_tokens=reported)
+
+        sizes: list[int] = []
+        model = ScriptedModel([respond] * 16, name="caching")
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result = await self._fetching(1_000)(model=model).run("Fetch the records.")
+        assert result.output == "done"
+        reasons = [c["littleghost.compaction.reason"] for c in spans.compactions()]
+        assert reasons and set(reasons) == {"threshold"}
+        (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert "or counts only what it had not cached" in warning.getMessage()
 
 
 class TestPreview:

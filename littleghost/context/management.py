@@ -143,6 +143,8 @@ class _Run:
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
+    whole: tuple[ModelRequest, int, float] | None = None
+    """The newest answered request learned from, its count and the scale before it."""
     uncounted: bool | None = None  # the model's last count this overflow gave no figure
 
 
@@ -193,34 +195,71 @@ def _learn_scale(
 ) -> bool:
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
-    For a request the model answered (``served``), a scale under ``MIN_SCALE`` learns
-    nothing and the answer's count is not used again; when ``reported`` is also under
-    ``MIN_SCALE`` of the whole estimate, the server cut the prompt: the run warns once."""
-    fixed, scaled = _split_estimate(
-        request.messages, context.log_index.estimates(tokenizer), state.real, state.dense
-    )
+    For a request the model answered (``served``), a count that is not the whole prompt
+    learns nothing and is not used again, and the run warns once: one that grew less than
+    ``MIN_SCALE`` of what the request added to the last one learned from (whose scale is
+    then taken back if lower), or under ``MIN_SCALE`` of the whole estimate. A scale under
+    ``MIN_SCALE`` that sizes known before explain learns nothing either, without a warning."""
+    estimates = context.log_index.estimates(tokenizer)
+    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     fixed += _schema_estimate(request, tokenizer)
+    if served is not None and state.whole is not None and reported > 0:
+        previous, counted, scale_before = state.whole
+        grown = _growth(request, previous, estimates)
+        if grown is not None and reported - counted < MIN_SCALE * grown:  # less than any scale
+            state.distrusted = served
+            state.scale = max(state.scale, scale_before)  # the last count may be cut too
+            _warn_cut(state, context, reported, f"that adds to one it reported {counted} for")
+            return False
     if reported <= fixed or scaled <= 0:
         return False
     scale = (reported - fixed) / scaled
     if served is not None and scale < MIN_SCALE:
         state.distrusted = served  # its count is not a prefix of the next request
-        if reported < MIN_SCALE * (fixed + scaled) and not state.cut_warned:
-            state.cut_warned = True
-            logger.warning(
-                "manage_context: model %r reported %d prompt tokens for a request estimated "
-                "at %d: the server most likely cut the prompt to a context window smaller "
-                "than the %d tokens compacted for (Ollama can, without an error). Give "
-                "the model its window (context_window=, or context_window_override= on "
-                "manage_context)",
-                context.model.name,
-                reported,
-                fixed + scaled,
-                state.window,
-            )
+        if reported < MIN_SCALE * (fixed + scaled):
+            _warn_cut(state, context, reported, f"estimated at {fixed + scaled}")
         return False
+    if served is not None:
+        state.whole = (request, reported, state.scale)
     state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
+
+
+def _warn_cut(state: _Run, context: RunContext, reported: int, against: str) -> None:
+    """Warn once in the run that the server's count of a prompt is not the whole of it."""
+    if state.cut_warned:
+        return
+    state.cut_warned = True
+    logger.warning(
+        "manage_context: model %r reported %d prompt tokens for a request %s: the "
+        "server most likely cut the prompt to a context window smaller than the %d tokens "
+        "compacted for (Ollama can, without an error), or counts only what it had not "
+        "cached; such counts are not learned from. Give the model its window "
+        "(context_window=, or context_window_override= on manage_context)",
+        context.model.name,
+        reported,
+        against,
+        state.window,
+    )
+
+
+def _growth(request: ModelRequest, previous: ModelRequest, estimates: Estimates) -> int | None:
+    """The estimated tokens of the messages other than answers that ``request`` adds to
+    ``previous`` (a server may leave their reasoning out); ``None`` unless it extends it."""
+    if not _extends(request, previous):
+        return None
+    added = request.messages[len(previous.messages) :]
+    return sum(estimates(m) for m in added if m.role is not Role.ASSISTANT)
+
+
+def _extends(request: ModelRequest, previous: ModelRequest) -> bool:
+    """True when ``request`` is ``previous`` with messages added (same tools and schema)."""
+    count = len(previous.messages)
+    return (
+        previous.tools == request.tools
+        and previous.output_schema == request.output_schema
+        and request.messages[:count] == previous.messages  # items compared by identity first
+    )
 
 
 def _split_estimate(
@@ -287,15 +326,12 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
     messages it had) when ``request`` extends it; (0, 0) otherwise."""
     if context.last_exchange is not None:
         previous, response = context.last_exchange
-        count = len(previous.messages)
         if (
             response.usage.input_tokens > 0
             and response is not context.state_for(_Run, _Run).distrusted
-            and previous.tools == request.tools
-            and previous.output_schema == request.output_schema
-            and request.messages[:count] == previous.messages  # items compared by identity first
+            and _extends(request, previous)
         ):
-            return response.usage.input_tokens, count
+            return response.usage.input_tokens, len(previous.messages)
     return 0, 0
 
 
