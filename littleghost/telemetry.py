@@ -83,6 +83,14 @@ COMPACTION_COUNTED = "littleghost.compaction.counted_prompt_tokens"
 """On the chat span of a call overflow recovery retried: the prompt tokens the model
 counted for it (``count_prompt_tokens``)."""
 
+PARTIAL_COUNT_EVENT = "littleghost.context.partial_count"
+"""A span event of the run: a model reported fewer prompt tokens than a whole prompt has
+(the server cut it, or counted only what it had not cached); ``@manage_context`` does not
+learn from that count."""
+REPORTED_PROMPT_TOKENS = "littleghost.context.reported_prompt_tokens"
+LEAST_PROMPT_TOKENS = "littleghost.context.least_prompt_tokens"
+"""The fewest prompt tokens the run takes a whole count of that request to have."""
+
 _SETTING_ATTRIBUTES = {
     "max_tokens": REQUEST_MAX_TOKENS,
     "temperature": REQUEST_TEMPERATURE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Any
 
 import anyio
@@ -1923,6 +1924,12 @@ class TestEstimateUnits:
         (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert "'cutting' reported 100 prompt tokens" in warning.getMessage()
         assert "hills" not in caplog.text and "record field" not in caplog.text
+        reported = [
+            (event.attributes or {}).get("littleghost.context.reported_prompt_tokens")
+            for event in spans.one("invoke_agent").events
+            if event.name == "littleghost.context.partial_count"
+        ]
+        assert reported == [100, 100]  # a span event for each, one warning
 
     @staticmethod
     def _fetching(window: int) -> type[Agent]:
@@ -1970,6 +1977,16 @@ class TestEstimateUnits:
         assert "record field" not in caplog.text
         assert [c["littleghost.compaction.reason"] for c in spans.compactions()] == ["threshold"]
         assert max(sizes) > 1_400  # the estimate went over the threshold; the count never
+        partial = [
+            dict(event.attributes or {})
+            for event in spans.one("invoke_agent").events
+            if event.name == "littleghost.context.partial_count"
+        ]
+        result_tokens = estimate_messages([next(m for m in result.messages if m.tool_results)])
+        assert partial[0] == {  # each such count, with figures only
+            "littleghost.context.reported_prompt_tokens": 800,
+            "littleghost.context.least_prompt_tokens": 800 + math.ceil(0.25 * result_tokens),
+        }
         # the compacted request's cut count (about 0.66) taken back by the next
         assert result.messages[-1].metadata[SCALE_KEY] > 0.9
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from attrs import define, field
+from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost._validators import is_int, is_number
@@ -206,18 +207,20 @@ def _learn_scale(
     if served is not None and state.whole is not None and reported > 0:
         previous, counted, scale_before = state.whole
         grown = _growth(request, previous, estimates)
-        if grown is not None and reported - counted < MIN_SCALE * grown:  # less than any scale
+        least = counted + math.ceil(MIN_SCALE * grown) if grown is not None else 0
+        if reported < least:  # it grew less than any scale allows
             state.distrusted = served
             state.scale = max(state.scale, scale_before)  # the last count may be cut too
-            _warn_cut(state, context, reported, f"that adds to one it reported {counted} for")
+            request_was = f"that adds to one it reported {counted} for"
+            _partial_count(state, context, reported, least, request_was)
             return False
     if reported <= fixed or scaled <= 0:
         return False
     scale = (reported - fixed) / scaled
     if served is not None and scale < MIN_SCALE:
         state.distrusted = served  # its count is not a prefix of the next request
-        if reported < MIN_SCALE * (fixed + scaled):
-            _warn_cut(state, context, reported, f"estimated at {fixed + scaled}")
+        if reported < (least := math.ceil(MIN_SCALE * (fixed + scaled))):
+            _partial_count(state, context, reported, least, f"estimated at {fixed + scaled}")
         return False
     if served is not None:
         state.whole = (request, reported, state.scale)
@@ -225,8 +228,16 @@ def _learn_scale(
     return True
 
 
-def _warn_cut(state: _Run, context: RunContext, reported: int, against: str) -> None:
-    """Warn once in the run that the server's count of a prompt is not the whole of it."""
+def _partial_count(
+    state: _Run, context: RunContext, reported: int, least: int, request: str
+) -> None:
+    """Report a count under the ``least`` a whole prompt has: a span event each time, one
+    warning a run (``request`` describes it)."""
+    attributes = {
+        telemetry.REPORTED_PROMPT_TOKENS: reported,
+        telemetry.LEAST_PROMPT_TOKENS: least,
+    }
+    trace.get_current_span().add_event(telemetry.PARTIAL_COUNT_EVENT, attributes)
     if state.cut_warned:
         return
     state.cut_warned = True
@@ -238,7 +249,7 @@ def _warn_cut(state: _Run, context: RunContext, reported: int, against: str) -> 
         "(context_window=, or context_window_override= on manage_context)",
         context.model.name,
         reported,
-        against,
+        request,
         state.window,
     )
 
