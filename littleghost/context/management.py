@@ -43,7 +43,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
+from littleghost.context.tokens import Estimates, Tokenizer, counter, estimate_request
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     UNSWALLOWED,
@@ -52,7 +52,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     PromptBudgetError,
 )
-from littleghost.messages import Message, Role, ToolResult
+from littleghost.messages import Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
@@ -144,8 +144,10 @@ class _Run:
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
-    whole: tuple[ModelRequest, int, float] | None = None
-    """The newest answered request learned from, its count and the scale before it."""
+    last: tuple[ModelRequest, int] | None = None  # the newest answered request, its count
+    shrank: bool = False  # that count grew less than its request (``_learn_scale``)
+    before: float = 1.0  # the scale before the last answered count that taught one
+    kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
     uncounted: bool | None = None  # the model's last count this overflow gave no figure
 
 
@@ -164,6 +166,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
         after, state.scale = remembered(context.messages)  # what earlier runs learned
+        state.kept = state.before = state.scale
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
@@ -197,23 +200,28 @@ def _learn_scale(
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
     For a request the model answered (``served``), a count that is not the whole prompt
-    learns nothing and is not used again, and the run warns once: one that grew less than
-    ``MIN_SCALE`` of what the request added to the last one learned from (whose scale is
-    then taken back if lower), or under ``MIN_SCALE`` of the whole estimate. A scale under
-    ``MIN_SCALE`` that sizes known before explain learns nothing either, without a warning."""
+    learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
+    request added to the previous one (``_growth``), or under ``MIN_SCALE`` of the whole
+    estimate. Each of the second kind is reported (``_partial_count``); of the first, the
+    second in a row or one after a reported cut (one alone can be a template's: some drop
+    the tool schemas or earlier reasoning), which also takes the scale back to at least
+    what it was before the last count taught one, and at least 1.0. A scale under
+    ``MIN_SCALE`` that sizes known before explain learns nothing either, unreported."""
     estimates = context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     fixed += _schema_estimate(request, tokenizer)
-    if served is not None and state.whole is not None and reported > 0:
-        previous, counted, scale_before = state.whole
-        grown = _growth(request, previous, estimates)
-        least = counted + math.ceil(MIN_SCALE * grown) if grown is not None else 0
-        if reported < least:  # it grew less than any scale allows
-            state.distrusted = served
-            state.scale = max(state.scale, scale_before)  # the last count may be cut too
-            request_was = f"that adds to one it reported {counted} for"
-            _partial_count(state, context, reported, least, request_was)
-            return False
+    if served is not None and reported > 0:
+        last, state.last = state.last, (request, reported)
+        shrank, state.shrank = state.shrank, False
+        if last is not None and (grown := _growth(request, last[0], tokenizer)) is not None:
+            least = last[1] + math.ceil(MIN_SCALE * grown)
+            if reported < least:  # it grew less than any scale allows
+                state.distrusted, state.shrank = served, True
+                if shrank or state.cut_warned:  # twice in a row, or known: the server
+                    state.scale = max(state.scale, state.before, 1.0)
+                    request_was = f"that adds to one it reported {last[1]} for"
+                    _partial_count(state, context, reported, least, request_was)
+                return False
     if reported <= fixed or scaled <= 0:
         return False
     scale = (reported - fixed) / scaled
@@ -223,7 +231,7 @@ def _learn_scale(
             _partial_count(state, context, reported, least, f"estimated at {fixed + scaled}")
         return False
     if served is not None:
-        state.whole = (request, reported, state.scale)
+        state.before = state.scale
     state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
 
@@ -246,7 +254,8 @@ def _partial_count(
         "server most likely cut the prompt to a context window smaller than the %d tokens "
         "compacted for (Ollama can, without an error), or counts only what it had not "
         "cached; such counts are not learned from. Give the model its window "
-        "(context_window=, or context_window_override= on manage_context)",
+        "(context_window=, or context_window_override= on manage_context), or update a "
+        "server that counts only uncached tokens",
         context.model.name,
         reported,
         request,
@@ -254,13 +263,17 @@ def _partial_count(
     )
 
 
-def _growth(request: ModelRequest, previous: ModelRequest, estimates: Estimates) -> int | None:
-    """The estimated tokens of the messages other than answers that ``request`` adds to
-    ``previous`` (a server may leave their reasoning out); ``None`` unless it extends it."""
+def _growth(request: ModelRequest, previous: ModelRequest, tokenizer: Tokenizer) -> int | None:
+    """The estimated tokens ``request`` adds to ``previous`` (``None`` unless it extends
+    it), reasoning and images aside: a server may leave earlier reasoning out, and counts
+    an image as it sees fit."""
     if not _extends(request, previous):
         return None
+    count, shown = counter(tokenizer), (TextPart, ToolCall, ToolResult)
     added = request.messages[len(previous.messages) :]
-    return sum(estimates(m) for m in added if m.role is not Role.ASSISTANT)
+    return sum(
+        count(Message(m.role, [p for p in m.content if isinstance(p, shown)], m.id)) for m in added
+    )
 
 
 def _extends(request: ModelRequest, previous: ModelRequest) -> bool:
@@ -443,8 +456,9 @@ async def _calibrate_after_model(
     request, answered = context.last_exchange
     _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer, answered)
     kept: dict[str, float] = {}
-    if state.scale != 1.0 and response.message.metadata.get(SCALE_KEY) != state.scale:
-        kept[SCALE_KEY] = state.scale
+    moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
+    if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
+        kept[SCALE_KEY] = state.kept = state.scale
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
     if not kept:
