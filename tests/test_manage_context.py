@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -50,7 +51,7 @@ from littleghost.errors import (
 from littleghost.events import CompactionFinished
 from littleghost.messages import SUMMARY_COVERS_KEY, ImagePart, TextPart
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.run import RunContext
+from littleghost.run import RunContext, RunResult
 from littleghost.runner import instructions_message
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -1933,7 +1934,13 @@ class TestEstimateUnits:
         assert reported == [100, 100]  # a span event for each, one warning
 
     @staticmethod
-    def _fetching(window: int) -> type[Agent]:
+    async def _fetch(
+        window: int, name: str, reported: Callable[[ModelRequest, int], int]
+    ) -> tuple[RunResult[str], list[int]]:
+        """A run of twelve calls, eleven fetching a record, and the real size of each
+        request; ``reported`` gives the count the server reports for a request and its
+        real size (the estimate)."""
+
         @manage_context(context_window_tokens=window, compression_threshold=0.75)
         class Fetching(Agent):
             max_retries = 0
@@ -1943,7 +1950,19 @@ class TestEstimateUnits:
                 """Fetch the next record."""
                 return "record field " * 40
 
-        return Fetching
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- noted")
+            real = estimate_messages(request.messages)
+            counted = reported(request, real)
+            sizes.append(real)
+            if len(sizes) < 12:
+                return tool_call_response("fetch", {}, input_tokens=counted)
+            return text_response("done", input_tokens=counted)
+
+        sizes: list[int] = []
+        model = ScriptedModel([respond] * 16, name=name)
+        return await Fetching(model=model).run("Fetch the records."), sizes
 
     async def test_a_count_that_stops_growing_is_a_cut_and_compaction_goes_on(
         self, spans: Spans, caplog: pytest.LogCaptureFixture
@@ -1958,20 +1977,8 @@ class TestEstimateUnits:
         server that keeps less (Ollama keeps half its window) is caught a call sooner:
         its first cut count is already lower than the last one."""
 
-        def respond(request: ModelRequest) -> ModelResponse:
-            if request.purpose == "context_compaction":
-                return text_response("- noted")
-            real = estimate_messages(request.messages)
-            reported = min(real, 800)  # over 800: cut to fit, silently
-            sizes.append(real)
-            if len(sizes) < 12:
-                return tool_call_response("fetch", {}, input_tokens=reported)
-            return text_response("done", input_tokens=reported)
-
-        sizes: list[int] = []
-        model = ScriptedModel([respond] * 16, name="cutting")
-        with caplog.at_level("WARNING", logger="littleghost.context"):
-            result = await self._fetching(2_000)(model=model).run("Fetch the records.")
+        with caplog.at_level("WARNING", logger="littleghost.context"):  # over 800: cut to fit
+            result, sizes = await self._fetch(2_000, "cutting", lambda _, real: min(real, 800))
         assert result.output == "done"
         (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert (
@@ -2061,10 +2068,7 @@ class TestEstimateUnits:
         from, they made the estimate too small and the server refused three."""
         cached: list[Message] = []
 
-        def respond(request: ModelRequest) -> ModelResponse:
-            if request.purpose == "context_compaction":
-                return text_response("- noted")
-            real = estimate_messages(request.messages)
+        def uncached(request: ModelRequest, real: int) -> int:
             if real > 1_000:
                 raise ContextWindowOverflowError("too long", prompt_tokens=real)
             shared = 0
@@ -2072,17 +2076,11 @@ class TestEstimateUnits:
                 cached[shared] == request.messages[shared]
             ):
                 shared += 1
-            reported = real - estimate_messages(cached[:shared])  # the cached prefix left out
             cached[:] = request.messages
-            sizes.append(real)
-            if len(sizes) < 12:
-                return tool_call_response("fetch", {}, input_tokens=reported)
-            return text_response("done", input_tokens=reported)
+            return real - estimate_messages(request.messages[:shared])  # the prefix left out
 
-        sizes: list[int] = []
-        model = ScriptedModel([respond] * 16, name="caching")
         with caplog.at_level("WARNING", logger="littleghost.context"):
-            result = await self._fetching(1_000)(model=model).run("Fetch the records.")
+            result, _ = await self._fetch(1_000, "caching", uncached)
         assert result.output == "done"
         reasons = [c["littleghost.compaction.reason"] for c in spans.compactions()]
         assert reasons and set(reasons) == {"threshold"}
