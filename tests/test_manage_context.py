@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -1935,7 +1935,11 @@ class TestEstimateUnits:
 
     @staticmethod
     async def _fetch(
-        window: int, name: str, reported: Callable[[ModelRequest, int], int]
+        window: int,
+        name: str,
+        reported: Callable[[ModelRequest, int], int],
+        history: Sequence[Message] = (),
+        instructions: Callable[[RunContext], str] | None = None,
     ) -> tuple[RunResult[str], list[int]]:
         """A run of twelve calls, eleven fetching a record, and the real size of each
         request; ``reported`` gives the count the server reports for a request and its
@@ -1962,23 +1966,35 @@ class TestEstimateUnits:
 
         sizes: list[int] = []
         model = ScriptedModel([respond] * 16, name=name)
-        return await Fetching(model=model).run("Fetch the records."), sizes
+        agent = Fetching(model=model, instructions=instructions)
+        return await agent.run("Fetch the records.", history=history), sizes
 
+    @pytest.mark.parametrize("case", ["plain", "dense", "instructions that change"])
     async def test_a_count_that_stops_growing_is_a_cut_and_compaction_goes_on(
-        self, spans: Spans, caplog: pytest.LogCaptureFixture
+        self, case: str, spans: Spans, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A server whose window is smaller than the one compacted for may cut every prompt
         over it to what fits and report that. The first cut count looks like a low scale;
         the next ones, for requests that only added to it, do not grow. One such count
         alone can be a chat template's doing (some render the tool schemas or earlier
         reasoning only near the end); two in a row are the server's: the run warns once,
-        takes the scale back to at least 1.0 (kept in the answer, where a lower one was
-        kept before) and compacts by the estimate (it never would by those counts). A
-        server that keeps less (Ollama keeps half its window) is caught a call sooner:
-        its first cut count is already lower than the last one."""
+        takes the scale back to what it was before the first cut count, at least 1.0,
+        where later counts cannot lower it (kept in the answers, 1.0 too where a lower one
+        was kept before), and compacts by the estimate (it never would by those counts).
+        A server that keeps less (Ollama keeps half its window) is caught a call sooner:
+        its first cut count is already lower than the last one. Instructions that change
+        at every call do not hide it (the conversation after them is compared)."""
+        density = 2 if case == "dense" else 1
 
-        with caplog.at_level("WARNING", logger="littleghost.context"):  # over 800: cut to fit
-            result, sizes = await self._fetch(2_000, "cutting", lambda _, real: min(real, 800))
+        def cut(request: ModelRequest, estimate: int) -> int:
+            return min(density * estimate, 800)  # over 800: cut to fit, silently
+
+        def steps(context: RunContext) -> str:
+            return f"Fetch records. Fetched so far: {sum(1 for m in context.messages if m.tool_results)}."
+
+        dynamic = steps if case == "instructions that change" else None
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result, sizes = await self._fetch(2_000, "cutting", cut, instructions=dynamic)
         assert result.output == "done"
         (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert (
@@ -1986,22 +2002,24 @@ class TestEstimateUnits:
             "800 for" in warning.getMessage()
         )
         assert "record field" not in caplog.text
-        assert [c["littleghost.compaction.reason"] for c in spans.compactions()] == ["threshold"]
-        assert max(sizes) > 1_400  # the estimate went over the threshold; the count never
+        reasons = [c["littleghost.compaction.reason"] for c in spans.compactions()]
+        assert reasons and set(reasons) == {"threshold"}
+        assert density * max(sizes) > 1_200  # near the threshold, the count stuck at 800
         partial = [
             dict(event.attributes or {})
             for event in spans.one("invoke_agent").events
             if event.name == "littleghost.context.partial_count"
         ]
-        step = [next(m for m in result.messages if m.tool_calls)]  # what each call adds
-        step.append(next(m for m in result.messages if m.tool_results))
+        record = estimate_messages([next(m for m in result.messages if m.tool_results)])
         assert partial[0] == {  # each such count, with figures only
             "littleghost.context.reported_prompt_tokens": 800,
-            "littleghost.context.least_prompt_tokens": 800
-            + math.ceil(0.25 * estimate_messages(step)),
+            "littleghost.context.least_prompt_tokens": 800 + math.ceil(0.25 * record),
         }
         kept = [m.metadata[SCALE_KEY] for m in result.messages if SCALE_KEY in m.metadata]
-        assert min(kept) < 0.95 and kept[-1] == 1.0
+        cut = next(i for i in range(1, len(kept)) if kept[i] < kept[i - 1])  # a cut count's
+        back = kept.index(kept[-1], cut)  # taken back, and never lower again
+        assert set(kept[back:]) == {kept[-1]}
+        assert kept[-1] == max(*kept[:cut], 1.0)  # what whole counts taught (2: about 1.9)
 
     @pytest.mark.parametrize("server", ["template", "reasoning", "images"])
     async def test_whole_counts_that_grow_less_than_the_estimate_are_no_cut(
@@ -2080,12 +2098,16 @@ class TestEstimateUnits:
             return real - estimate_messages(request.messages[:shared])  # the prefix left out
 
         with caplog.at_level("WARNING", logger="littleghost.context"):
-            result, _ = await self._fetch(1_000, "caching", uncached)
+            result, _ = await self._fetch(1_000, "caching", uncached, history=chat(45))
         assert result.output == "done"
         reasons = [c["littleghost.compaction.reason"] for c in spans.compactions()]
         assert reasons and set(reasons) == {"threshold"}
         (warning,) = [r for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert "or counts only what it had not cached" in warning.getMessage()
+        # the second count, under a quarter of the estimate, is reported at once
+        assert "'caching' reported 161 prompt tokens for a request estimated at" in (
+            warning.getMessage()
+        )
 
 
 class TestPreview:

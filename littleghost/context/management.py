@@ -43,7 +43,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import Estimates, Tokenizer, counter, estimate_request
+from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     UNSWALLOWED,
@@ -52,7 +52,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     PromptBudgetError,
 )
-from littleghost.messages import Message, Role, TextPart, ToolCall, ToolResult
+from littleghost.messages import ImagePart, Message, Role, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
@@ -201,37 +201,40 @@ def _learn_scale(
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
     For a request the model answered (``served``), a count that is not the whole prompt
     learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
-    request added to the previous one (``_growth``), or under ``MIN_SCALE`` of the whole
+    request added to the previous one (``_least``), or under ``MIN_SCALE`` of the whole
     estimate. Each of the second kind is reported (``_partial_count``); of the first, the
     second in a row or one after a reported cut (one alone can be a template's: some drop
     the tool schemas or earlier reasoning), which also takes the scale back to at least
-    what it was before the last count taught one, and at least 1.0. A scale under
-    ``MIN_SCALE`` that sizes known before explain learns nothing either, unreported."""
+    what it was before the last count taught one, and at least 1.0; later counts of the
+    run may raise the scale, never lower it. A scale under ``MIN_SCALE`` that sizes known
+    before explain learns nothing either, unreported."""
     estimates = context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     fixed += _schema_estimate(request, tokenizer)
+    suspect = False  # a count that grew too little, once: a template's, or the server's
     if served is not None and reported > 0:
         last, state.last = state.last, (request, reported)
         shrank, state.shrank = state.shrank, False
-        if last is not None and (grown := _growth(request, last[0], tokenizer)) is not None:
-            least = last[1] + math.ceil(MIN_SCALE * grown)
-            if reported < least:  # it grew less than any scale allows
-                state.distrusted, state.shrank = served, True
-                if shrank or state.cut_warned:  # twice in a row, or known: the server
-                    state.scale = max(state.scale, state.before, 1.0)
-                    request_was = f"that adds to one it reported {last[1]} for"
-                    _partial_count(state, context, reported, least, request_was)
+        if last is not None and (least := _least(request, last, estimates)) is not None:
+            state.shrank = suspect = reported < least  # it grew less than any scale allows
+            if suspect and (shrank or state.cut_warned):  # twice in a row, or known
+                state.distrusted = served
+                state.scale = max(state.scale, state.before, 1.0)
+                request_was = f"that adds to one it reported {last[1]} for"
+                _partial_count(state, context, reported, least, request_was)
                 return False
     if reported <= fixed or scaled <= 0:
         return False
     scale = (reported - fixed) / scaled
-    if served is not None and scale < MIN_SCALE:
+    if served is not None and (scale < MIN_SCALE or suspect):
         state.distrusted = served  # its count is not a prefix of the next request
         if reported < (least := math.ceil(MIN_SCALE * (fixed + scaled))):
             _partial_count(state, context, reported, least, f"estimated at {fixed + scaled}")
         return False
     if served is not None:
         state.before = state.scale
+        if state.cut_warned:  # the server cuts: its counts may raise the scale, never lower it
+            scale = max(scale, state.scale)
     state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
 
@@ -263,27 +266,40 @@ def _partial_count(
     )
 
 
-def _growth(request: ModelRequest, previous: ModelRequest, tokenizer: Tokenizer) -> int | None:
-    """The estimated tokens ``request`` adds to ``previous`` (``None`` unless it extends
-    it), reasoning and images aside: a server may leave earlier reasoning out, and counts
-    an image as it sees fit."""
-    if not _extends(request, previous):
+def _least(
+    request: ModelRequest, last: tuple[ModelRequest, int], estimates: Estimates
+) -> int | None:
+    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` request
+    and its count, when its conversation extends that one's (``None`` otherwise): that
+    count, less what the instructions lost, plus ``MIN_SCALE`` of what was added other
+    than answers and images (a template may render an answer's reasoning, calls or text
+    only near the end, and a server counts an image as it sees fit)."""
+    previous, counted = last
+    old, new = _instructions(previous.messages), _instructions(request.messages)
+    conversation = previous.messages[old:]
+    if (
+        previous.tools != request.tools
+        or previous.output_schema != request.output_schema
+        or request.messages[new : new + len(conversation)] != conversation
+    ):
         return None
-    count, shown = counter(tokenizer), (TextPart, ToolCall, ToolResult)
-    added = request.messages[len(previous.messages) :]
-    return sum(
-        count(Message(m.role, [p for p in m.content if isinstance(p, shown)], m.id)) for m in added
-    )
+    lost = estimates.total(previous.messages[:old]) - estimates.total(request.messages[:new])
+    added = request.messages[new + len(conversation) :]
+    grown = 0
+    for message in added:
+        if message.role is Role.ASSISTANT:
+            continue
+        parts = [part for part in message.content if not isinstance(part, ImagePart)]
+        if len(parts) == len(message.content):
+            grown += estimates(message)
+        else:  # an image left out (a copy, not kept by ``estimates``)
+            grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
+    return counted - max(lost, 0) + math.ceil(MIN_SCALE * grown)
 
 
-def _extends(request: ModelRequest, previous: ModelRequest) -> bool:
-    """True when ``request`` is ``previous`` with messages added (same tools and schema)."""
-    count = len(previous.messages)
-    return (
-        previous.tools == request.tools
-        and previous.output_schema == request.output_schema
-        and request.messages[:count] == previous.messages  # items compared by identity first
-    )
+def _instructions(messages: Sequence[Message]) -> int:
+    """How many instruction messages ``messages`` starts with."""
+    return next((i for i, m in enumerate(messages) if not m.role.is_trusted), len(messages))
 
 
 def _split_estimate(
@@ -350,12 +366,15 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
     messages it had) when ``request`` extends it; (0, 0) otherwise."""
     if context.last_exchange is not None:
         previous, response = context.last_exchange
+        count = len(previous.messages)
         if (
             response.usage.input_tokens > 0
             and response is not context.state_for(_Run, _Run).distrusted
-            and _extends(request, previous)
+            and previous.tools == request.tools
+            and previous.output_schema == request.output_schema
+            and request.messages[:count] == previous.messages  # items compared by identity first
         ):
-            return response.usage.input_tokens, len(previous.messages)
+            return response.usage.input_tokens, count
     return 0, 0
 
 
