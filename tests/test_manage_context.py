@@ -27,7 +27,7 @@ from littleghost import (
 )
 from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
 from littleghost.context.config import ContextManagement
-from littleghost.context.management import AFTER_KEY, SCALE_KEY
+from littleghost.context.management import AFTER_KEY, SCALE_KEY, remembered
 from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.records import is_record
 from littleghost.context.summarize import (
@@ -2020,6 +2020,40 @@ class TestEstimateUnits:
         back = kept.index(kept[-1], cut)  # taken back, and never lower again
         assert set(kept[back:]) == {kept[-1]}
         assert kept[-1] == max(*kept[:cut], 1.0)  # what whole counts taught (2: about 1.9)
+
+    async def test_a_chat_whose_runs_are_one_call_each_is_compared_across_runs(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A chat session's question is one model call: each run's count is compared with
+        the one the conversation's last answer kept (``littleghost.context.prompt_tokens``,
+        and whether it grew too little), so a server that cuts every prompt is caught in
+        a chat too; a count that cannot be compared (a compaction came between) after
+        one that grew too little does not lower the scale either."""
+
+        @manage_context(context_window_tokens=2_000, compression_threshold=0.75)
+        class Chatting(Agent):
+            max_retries = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                compacted.append(turn)
+                return text_response("- noted")
+            real = estimate_messages(request.messages)  # over 800: cut to fit, silently
+            return text_response("Answer: " + "some prose words " * 25, input_tokens=min(real, 800))
+
+        compacted: list[int] = []
+        starts: list[float] = []  # the scale each next run starts from
+        agent = Chatting(model=ScriptedModel([respond] * 40, name="cutting"))
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            for turn in range(12):
+                question = f"Question {turn}: " + "tell me more about it " * 25
+                result = await agent.run(question, session_id="chat")
+                starts.append(remembered(result.messages)[1])
+        warned = [r.getMessage() for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert warned and all("adds to one it reported 800 for" in w for w in warned)
+        assert min(starts) < 0.9  # the first cut count looked like a scale
+        assert compacted and all(start >= 1.0 for start in starts[compacted[0] :])
+        assert {c["littleghost.compaction.reason"] for c in spans.compactions()} == {"threshold"}
 
     @pytest.mark.parametrize("server", ["template", "reasoning", "images"])
     async def test_whole_counts_that_grow_less_than_the_estimate_are_no_cut(

@@ -34,6 +34,7 @@ from littleghost.context.compaction import compaction_state
 from littleghost.context.config import ContextManagement, context_config, context_window
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
+from littleghost.context.records import is_record
 from littleghost.context.strategies import (
     SUMMARY_FIT_MARGIN,
     CompactionState,
@@ -145,7 +146,7 @@ class _Run:
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
     last: tuple[ModelRequest, int] | None = None  # the newest answered request, its count
-    shrank: bool = False  # that count grew less than its request (``_learn_scale``)
+    shrank: bool = False  # the newest count compared grew less than its request
     before: float = 1.0  # the scale before the last answered count that taught one
     kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
     uncounted: bool | None = None  # the model's last count this overflow gave no figure
@@ -157,6 +158,11 @@ the next answer), so a later run of the conversation knows if the next summary m
 SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
 had learned by then, which the next run of the conversation starts from."""
+COUNT_KEY = "littleghost.context.prompt_tokens"
+"""Metadata of a model's answer: the prompt tokens the provider reported for the request it
+answered, which the next run's first count is compared with (``_learn_scale``)."""
+SHRANK_KEY = "littleghost.context.count_shrank"
+"""Metadata of a model's answer: true when that count grew less than its request."""
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 
@@ -201,20 +207,24 @@ def _learn_scale(
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
     For a request the model answered (``served``), a count that is not the whole prompt
     learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
-    request added to the previous one (``_least``), or under ``MIN_SCALE`` of the whole
+    request added to the previous one (``_least``; a run's first is compared with the
+    count the log's last answer kept, ``_kept_count``), or under ``MIN_SCALE`` of the whole
     estimate. Each of the second kind is reported (``_partial_count``); of the first, the
     second in a row or one after a reported cut (one alone can be a template's: some drop
     the tool schemas or earlier reasoning), which also takes the scale back to at least
     what it was before the last count taught one, and at least 1.0; later counts of the
-    run may raise the scale, never lower it. A scale under ``MIN_SCALE`` that sizes known
-    before explain learns nothing either, unreported."""
+    run may raise the scale, never lower it, nor may one that cannot be compared after
+    one that grew too little. A scale under ``MIN_SCALE`` that sizes known before explain
+    learns nothing either, unreported."""
     estimates = context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     fixed += _schema_estimate(request, tokenizer)
-    suspect = False  # a count that grew too little, once: a template's, or the server's
+    shrank = suspect = False  # the last count compared grew too little; this one
+    least: int | None = None
     if served is not None and reported > 0:
-        last, state.last = state.last, (request, reported)
-        shrank, state.shrank = state.shrank, False
+        if state.last is None:  # the run's first count: an earlier run's last one, if any
+            state.last, state.shrank = _kept_count(request, context)
+        last, state.last, shrank = state.last, (request, reported), state.shrank
         if last is not None and (least := _least(request, last, estimates)) is not None:
             state.shrank = suspect = reported < least  # it grew less than any scale allows
             if suspect and (shrank or state.cut_warned):  # twice in a row, or known
@@ -228,13 +238,13 @@ def _learn_scale(
     scale = (reported - fixed) / scaled
     if served is not None and (scale < MIN_SCALE or suspect):
         state.distrusted = served  # its count is not a prefix of the next request
-        if reported < (least := math.ceil(MIN_SCALE * (fixed + scaled))):
-            _partial_count(state, context, reported, least, f"estimated at {fixed + scaled}")
+        if reported < (quarter := math.ceil(MIN_SCALE * (fixed + scaled))):
+            _partial_count(state, context, reported, quarter, f"estimated at {fixed + scaled}")
         return False
     if served is not None:
         state.before = state.scale
-        if state.cut_warned:  # the server cuts: its counts may raise the scale, never lower it
-            scale = max(scale, state.scale)
+        if state.cut_warned or (shrank and least is None):  # the server may cut: its
+            scale = max(scale, state.scale)  # counts may raise the scale, never lower it
     state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
     return True
 
@@ -295,6 +305,28 @@ def _least(
         else:  # an image left out (a copy, not kept by ``estimates``)
             grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
     return counted - max(lost, 0) + math.ceil(MIN_SCALE * grown)
+
+
+def _kept_count(
+    request: ModelRequest, context: RunContext
+) -> tuple[tuple[ModelRequest, int] | None, bool]:
+    """The count the log's newest answer kept (``COUNT_KEY``), with the part of ``request``
+    before that answer as the request it counted (``None`` when ``request`` does not hold
+    it or a compaction record was logged after it), and whether it shrank
+    (``SHRANK_KEY``)."""
+    compacted = False
+    for answer in reversed(context.messages):
+        compacted = compacted or is_record(answer)
+        if answer.metadata and is_int(counted := answer.metadata.get(COUNT_KEY)):
+            break
+    else:
+        return None, False
+    shrank = answer.metadata.get(SHRANK_KEY) is True
+    ids = [message.id for message in request.messages]
+    if compacted or answer.id not in ids:
+        return None, shrank
+    earlier = attrs.evolve(request, messages=request.messages[: ids.index(answer.id)])
+    return (earlier, counted), shrank
 
 
 def _instructions(messages: Sequence[Message]) -> int:
@@ -466,7 +498,8 @@ async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
     """Learn the scale from the input tokens reported for the turn's request; keep it
-    (``SCALE_KEY``) and a failed compaction's size (``AFTER_KEY``) in the answer's metadata."""
+    (``SCALE_KEY``), that count (``COUNT_KEY``, ``SHRANK_KEY``) and a failed compaction's
+    size (``AFTER_KEY``) in the answer's metadata."""
     config = context_config(agent)
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
@@ -478,6 +511,10 @@ async def _calibrate_after_model(
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
         kept[SCALE_KEY] = state.kept = state.scale
+    if answered.usage.input_tokens > 0:
+        kept[COUNT_KEY] = answered.usage.input_tokens
+        if state.shrank:
+            kept[SHRANK_KEY] = True
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
     if not kept:
