@@ -2025,8 +2025,8 @@ class TestEstimateUnits:
         self, spans: Spans, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A chat session's question is one model call: each run's count is compared with
-        the one the conversation's last answer kept (``littleghost.context.prompt_tokens``,
-        and whether it grew too little), so a server that cuts every prompt is caught in
+        the one the conversation's last answer kept (``littleghost.context.prompt_count``,
+        with whether it grew too little), so a server that cuts every prompt is caught in
         a chat too; a count that cannot be compared (a compaction came between) after
         one that grew too little does not lower the scale either."""
 

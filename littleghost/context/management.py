@@ -145,7 +145,8 @@ class _Run:
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
-    last: tuple[ModelRequest, int] | None = None  # the newest answered request, its count
+    last: tuple[ModelRequest, int, int] | None = None
+    """The newest answered request, its count and its instructions' estimated tokens."""
     shrank: bool = False  # the newest count compared grew less than its request
     before: float = 1.0  # the scale before the last answered count that taught one
     kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
@@ -158,11 +159,11 @@ the next answer), so a later run of the conversation knows if the next summary m
 SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
 had learned by then, which the next run of the conversation starts from."""
-COUNT_KEY = "littleghost.context.prompt_tokens"
-"""Metadata of a model's answer: the prompt tokens the provider reported for the request it
-answered, which the next run's first count is compared with (``_learn_scale``)."""
-SHRANK_KEY = "littleghost.context.count_shrank"
-"""Metadata of a model's answer: true when that count grew less than its request."""
+COUNT_KEY = "littleghost.context.prompt_count"
+"""Metadata of a model's answer: the prompt ``tokens`` the provider reported for the request
+it answered, that request's ``messages`` and its instructions' estimated tokens
+(``instructions``), and whether the count grew too little (``shrank``): the next run's
+first count is compared with it (``_learn_scale``)."""
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 
@@ -224,7 +225,9 @@ def _learn_scale(
     if served is not None and reported > 0:
         if state.last is None:  # the run's first count: an earlier run's last one, if any
             state.last, state.shrank = _kept_count(request, context)
-        last, state.last, shrank = state.last, (request, reported), state.shrank
+        instructions = estimates.total(request.messages[: _instructions(request.messages)])
+        last, state.last = state.last, (request, reported, instructions)
+        shrank = state.shrank
         if last is not None and (least := _least(request, last, estimates)) is not None:
             state.shrank = suspect = reported < least  # it grew less than any scale allows
             if suspect and (shrank or state.cut_warned):  # twice in a row, or known
@@ -277,14 +280,15 @@ def _partial_count(
 
 
 def _least(
-    request: ModelRequest, last: tuple[ModelRequest, int], estimates: Estimates
+    request: ModelRequest, last: tuple[ModelRequest, int, int], estimates: Estimates
 ) -> int | None:
-    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` request
-    and its count, when its conversation extends that one's (``None`` otherwise): that
-    count, less what the instructions lost, plus ``MIN_SCALE`` of what was added other
-    than answers and images (a template may render an answer's reasoning, calls or text
-    only near the end, and a server counts an image as it sees fit)."""
-    previous, counted = last
+    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` request,
+    its count and its instructions' estimate, when its conversation extends that one's
+    (``None`` otherwise): that count, less what the instructions lost, plus ``MIN_SCALE``
+    of what was added other than answers and images (a template may render an answer's
+    reasoning, calls or text only near the end, and a server counts an image as it sees
+    fit)."""
+    previous, counted, instructions = last
     old, new = _instructions(previous.messages), _instructions(request.messages)
     conversation = previous.messages[old:]
     if (
@@ -293,7 +297,7 @@ def _least(
         or request.messages[new : new + len(conversation)] != conversation
     ):
         return None
-    lost = estimates.total(previous.messages[:old]) - estimates.total(request.messages[:new])
+    lost = instructions - estimates.total(request.messages[:new])
     added = request.messages[new + len(conversation) :]
     grown = 0
     for message in added:
@@ -309,24 +313,27 @@ def _least(
 
 def _kept_count(
     request: ModelRequest, context: RunContext
-) -> tuple[tuple[ModelRequest, int] | None, bool]:
-    """The count the log's newest answer kept (``COUNT_KEY``), with the part of ``request``
-    before that answer as the request it counted (``None`` when ``request`` does not hold
-    it or a compaction record was logged after it), and whether it shrank
-    (``SHRANK_KEY``)."""
+) -> tuple[tuple[ModelRequest, int, int] | None, bool]:
+    """The count the log's newest answer kept (``COUNT_KEY``) as ``_Run.last``, the part of
+    ``request`` before that answer standing for the request it counted (``None`` unless
+    that part has as many messages, and no compaction record was logged after it), and
+    whether it shrank."""
     compacted = False
     for answer in reversed(context.messages):
         compacted = compacted or is_record(answer)
-        if answer.metadata and is_int(counted := answer.metadata.get(COUNT_KEY)):
+        kept = answer.metadata.get(COUNT_KEY) if answer.metadata else None
+        if isinstance(kept, Mapping) and all(
+            is_int(kept.get(key)) for key in ("tokens", "messages", "instructions")
+        ):
             break
     else:
         return None, False
-    shrank = answer.metadata.get(SHRANK_KEY) is True
+    shrank = kept.get("shrank") is True
     ids = [message.id for message in request.messages]
-    if compacted or answer.id not in ids:
+    if compacted or answer.id not in ids or ids.index(answer.id) != kept["messages"]:
         return None, shrank
-    earlier = attrs.evolve(request, messages=request.messages[: ids.index(answer.id)])
-    return (earlier, counted), shrank
+    earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
+    return (earlier, kept["tokens"], kept["instructions"]), shrank
 
 
 def _instructions(messages: Sequence[Message]) -> int:
@@ -498,8 +505,8 @@ async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
     """Learn the scale from the input tokens reported for the turn's request; keep it
-    (``SCALE_KEY``), that count (``COUNT_KEY``, ``SHRANK_KEY``) and a failed compaction's
-    size (``AFTER_KEY``) in the answer's metadata."""
+    (``SCALE_KEY``), that count (``COUNT_KEY``) and a failed compaction's size
+    (``AFTER_KEY``) in the answer's metadata."""
     config = context_config(agent)
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
@@ -507,14 +514,19 @@ async def _calibrate_after_model(
     state = _run(context, config)
     request, answered = context.last_exchange
     _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer, answered)
-    kept: dict[str, float] = {}
+    kept: dict[str, Any] = {}
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
         kept[SCALE_KEY] = state.kept = state.scale
-    if answered.usage.input_tokens > 0:
-        kept[COUNT_KEY] = answered.usage.input_tokens
-        if state.shrank:
-            kept[SHRANK_KEY] = True
+    if state.last is not None and state.last[0] is request:  # this call's count
+        _, tokens, instructions = state.last
+        messages, shrank = len(request.messages), state.shrank
+        kept[COUNT_KEY] = {
+            "tokens": tokens,
+            "messages": messages,
+            "instructions": instructions,
+            "shrank": shrank,
+        }
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
     if not kept:
