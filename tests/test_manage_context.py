@@ -2055,6 +2055,33 @@ class TestEstimateUnits:
         assert compacted and all(start >= 1.0 for start in starts[compacted[0] :])
         assert {c["littleghost.compaction.reason"] for c in spans.compactions()} == {"threshold"}
 
+    async def test_a_chat_in_a_bounded_view_is_no_cut(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A ``PromptBudget`` view leaves out the older turns a chat's next question has no
+        room for, so the part of the next request before the last answer is not the
+        request that answer's count was for: the counts are not compared (they were, and
+        whole counts that shrank with the view were taken for a cut)."""
+        budget = PromptBudget(
+            prompt_budget_tokens=600, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
+
+        @manage_context(context_window_tokens=4_000, budget=budget)
+        class Bounded(Agent):
+            max_retries = 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            real = estimate_messages(request.messages)  # whole
+            return text_response("Answer: " + "some prose words " * 10, input_tokens=real)
+
+        agent = Bounded(model=ScriptedModel([respond] * 8))
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            for turn in range(8):
+                question = f"Question {turn}: " + "tell me more about it " * (10 + 8 * (turn % 3))
+                await agent.run(question, session_id="chat")
+        assert not [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert not [e for s in spans.all() for e in s.events if e.name.endswith("partial_count")]
+
     @pytest.mark.parametrize("server", ["template", "reasoning", "images"])
     async def test_whole_counts_that_grow_less_than_the_estimate_are_no_cut(
         self, server: str, spans: Spans, caplog: pytest.LogCaptureFixture
