@@ -36,7 +36,7 @@ from littleghost.context.summarize import (
     SUMMARY_PREFIX,
     summary_message,
 )
-from littleghost.context.tokens import estimate_messages
+from littleghost.context.tokens import estimate_messages, estimate_request
 from littleghost.errors import (
     CleanupError,
     CompactionError,
@@ -53,6 +53,7 @@ from littleghost.messages import SUMMARY_COVERS_KEY, ImagePart, TextPart
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.run import RunContext, RunResult
 from littleghost.runner import instructions_message
+from littleghost.sessions.memory import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
@@ -2055,13 +2056,72 @@ class TestEstimateUnits:
         assert compacted and all(start >= 1.0 for start in starts[compacted[0] :])
         assert {c["littleghost.compaction.reason"] for c in spans.compactions()} == {"threshold"}
 
-    async def test_a_chat_in_a_bounded_view_is_no_cut(
-        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    @pytest.mark.parametrize(
+        "change",
+        ["view drops turns", "view shortens turns", "tools", "instructions", "model"],
+    )
+    async def test_a_chat_whose_requests_change_between_runs_is_no_cut(
+        self, change: str, spans: Spans, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """A ``PromptBudget`` view leaves out the older turns a chat's next question has no
-        room for, so the part of the next request before the last answer is not the
-        request that answer's count was for: the counts are not compared (they were, and
-        whole counts that shrank with the view were taken for a cut)."""
+        """Between a chat's runs, the part of the next request before the last answer may
+        not be the request that answer's count was for: a ``PromptBudget`` view leaves
+        out older turns or shortens long ones, another agent on the session offers fewer
+        tools or shorter instructions, another model (with its own tokenizer) answers.
+        Whole counts that shrank with the request are not taken for a cut."""
+        room = 600 if change == "view drops turns" else 20_000
+        budget = PromptBudget(
+            prompt_budget_tokens=room, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
+        bounded = {"budget": budget} if change.startswith("view") else {}
+
+        @manage_context(context_window_tokens=32_000, **bounded)
+        class Chatting(Agent):
+            max_retries = 0
+            session_store = InMemorySessionStore()  # shared with the subclasses
+
+        described = "Say what is there, in as much detail as is known. " * 20
+
+        class Glancing(Chatting):
+            @tool(description=described)
+            def look(self, where: str) -> str:
+                return where
+
+        class Looking(Glancing):
+            @tool(description=described)
+            def fetch(self, record: str) -> str:
+                return record
+
+        def server(density: float) -> Callable[[ModelRequest], ModelResponse]:
+            def respond(request: ModelRequest) -> ModelResponse:
+                real = estimate_request(request.messages, request.tools, {})  # whole
+                answer = "Answer: " + "some prose words " * 10
+                return text_response(answer, input_tokens=math.ceil(density * real))
+
+            return respond
+
+        document = "The report shows revenue grew in all regions while costs fell. " * 400
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            for turn in range(6):
+                density = (1.3, 1.0, 0.8)[turn % 3] if change == "model" else 1.0
+                model = ScriptedModel([server(density)], name=f"model-{density}")
+                kind = (
+                    (Looking, Glancing, Chatting)[min(turn, 2)] if change == "tools" else Chatting
+                )
+                words = "tell me more about it " * (10 + 8 * (turn % 3))
+                if change == "view shortens turns":
+                    words = document if turn < 3 else "What differs?"
+                shorter = change == "instructions"
+                instructions = "Answer with care. " * (400 // (turn + 1) if shorter else 10)
+                agent = kind(model=model, instructions=instructions)
+                result = await agent.run(f"Question {turn}: {words}", session_id="chat")
+        assert len(result.messages) == 12  # one conversation
+        assert not [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        assert not [e for s in spans.all() for e in s.events if e.name.endswith("partial_count")]
+
+    async def test_one_count_that_grew_too_little_does_not_hold_the_scale(self) -> None:
+        """A count that grew too little is carried past a compaction only: in a chat whose
+        bounded view drops a turn at every question (no count is compared with the last),
+        one such count leaves later counts free to lower the scale."""
         budget = PromptBudget(
             prompt_budget_tokens=600, response_reserve_tokens=100, safety_reserve_tokens=50
         )
@@ -2071,16 +2131,18 @@ class TestEstimateUnits:
             max_retries = 0
 
         def respond(request: ModelRequest) -> ModelResponse:
-            real = estimate_messages(request.messages)  # whole
-            return text_response("Answer: " + "some prose words " * 10, input_tokens=real)
+            density = 1.6 if len(counts) < 2 else 1.0  # long code answers first
+            real = math.ceil(density * estimate_messages(request.messages))
+            counts.append(counts[-1] + 10 if len(counts) == 1 else real)  # one grew too little
+            return text_response("Answer: " + "some prose words " * 10, input_tokens=counts[-1])
 
+        counts: list[int] = []
         agent = Bounded(model=ScriptedModel([respond] * 8))
-        with caplog.at_level("WARNING", logger="littleghost.context"):
-            for turn in range(8):
-                question = f"Question {turn}: " + "tell me more about it " * (10 + 8 * (turn % 3))
-                await agent.run(question, session_id="chat")
-        assert not [r for r in caplog.records if "cut the prompt" in r.getMessage()]
-        assert not [e for s in spans.all() for e in s.events if e.name.endswith("partial_count")]
+        for turn in range(8):
+            question = f"Question {turn}: " + "tell me more about it " * (10 + 8 * (turn % 3))
+            result = await agent.run(question, session_id="chat")
+        kept = [m.metadata[SCALE_KEY] for m in result.messages if SCALE_KEY in m.metadata]
+        assert kept[0] > 1.5 and kept[-1] < 1.1
 
     @pytest.mark.parametrize("server", ["template", "reasoning", "images"])
     async def test_whole_counts_that_grow_less_than_the_estimate_are_no_cut(

@@ -160,10 +160,10 @@ SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
 had learned by then, which the next run of the conversation starts from."""
 COUNT_KEY = "littleghost.context.prompt_count"
-"""Metadata of a model's answer: the prompt ``tokens`` the provider reported for the request
-it answered, that request's ``messages`` and its instructions' estimated tokens
-(``instructions``), and whether the count grew too little (``shrank``): the next run's
-first count is compared with it (``_learn_scale``)."""
+"""Metadata of a model's answer: the prompt ``tokens`` the ``model`` reported for the request
+it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
+of the rest (``estimate``: conversation, schemas and settings), and whether the count grew
+too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 
@@ -224,11 +224,13 @@ def _learn_scale(
     least: int | None = None
     if served is not None and reported > 0:
         if state.last is None:  # the run's first count: an earlier run's last one, if any
-            state.last, state.shrank = _kept_count(request, context)
+            state.last, state.shrank = _kept_count(request, context, estimates)
         instructions = estimates.total(request.messages[: _instructions(request.messages)])
         last, state.last = state.last, (request, reported, instructions)
         shrank = state.shrank
-        if last is not None and (least := _least(request, last, estimates)) is not None:
+        if last is None or (least := _least(request, last, estimates)) is None:
+            state.shrank = shrank and _newest_count(context.messages)[2]  # past compactions
+        else:
             state.shrank = suspect = reported < least  # it grew less than any scale allows
             if suspect and (shrank or state.cut_warned):  # twice in a row, or known
                 state.distrusted = served
@@ -312,28 +314,48 @@ def _least(
 
 
 def _kept_count(
-    request: ModelRequest, context: RunContext
+    request: ModelRequest, context: RunContext, estimates: Estimates
 ) -> tuple[tuple[ModelRequest, int, int] | None, bool]:
-    """The count the log's newest answer kept (``COUNT_KEY``) as ``_Run.last``, the part of
-    ``request`` before that answer standing for the request it counted (``None`` unless
-    that part has as many messages, and no compaction record was logged after it), and
-    whether it shrank."""
+    """The count the log's newest answer kept (``COUNT_KEY``) as ``_Run.last``: the part of
+    ``request`` before that answer stands for the request it counted when the same model
+    answered, no compaction record was logged since, and that part has as many messages
+    and the same estimate (``None`` otherwise); and whether it shrank (carried past a
+    compaction only)."""
+    answer, kept, compacted = _newest_count(context.messages)
+    shrank = kept.get("shrank") is True
+    if answer is None or compacted or kept["model"] != context.model.name:
+        return None, compacted and shrank
+    ids = [message.id for message in request.messages]
+    if answer.id not in ids or ids.index(answer.id) != kept["messages"]:
+        return None, False
+    earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
+    if _rest_estimate(earlier, estimates) != kept["estimate"]:
+        return None, False
+    return (earlier, kept["tokens"], kept["instructions"]), shrank
+
+
+def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, Any], bool]:
+    """The log's newest answer that kept a count (``COUNT_KEY``), that count, and whether a
+    compaction record was logged after it; ``(None, {}, False)`` when none did."""
     compacted = False
-    for answer in reversed(context.messages):
+    for answer in reversed(log):
         compacted = compacted or is_record(answer)
         kept = answer.metadata.get(COUNT_KEY) if answer.metadata else None
-        if isinstance(kept, Mapping) and all(
-            is_int(kept.get(key)) for key in ("tokens", "messages", "instructions")
+        if (
+            isinstance(kept, Mapping)
+            and all(is_int(kept.get(key)) for key in ("tokens", "messages", "instructions"))
+            and is_int(kept.get("estimate"))
+            and isinstance(kept.get("model"), str)
         ):
-            break
-    else:
-        return None, False
-    shrank = kept.get("shrank") is True
-    ids = [message.id for message in request.messages]
-    if compacted or answer.id not in ids or ids.index(answer.id) != kept["messages"]:
-        return None, shrank
-    earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
-    return (earlier, kept["tokens"], kept["instructions"]), shrank
+            return answer, kept, compacted
+    return None, {}, False
+
+
+def _rest_estimate(request: ModelRequest, estimates: Estimates) -> int:
+    """The estimated tokens of ``request`` after its instructions: its conversation,
+    schemas and settings."""
+    conversation = request.messages[_instructions(request.messages) :]
+    return estimates.total(conversation) + _schema_estimate(request, estimates.tokenizer)
 
 
 def _instructions(messages: Sequence[Message]) -> int:
@@ -520,12 +542,14 @@ async def _calibrate_after_model(
         kept[SCALE_KEY] = state.kept = state.scale
     if state.last is not None and state.last[0] is request:  # this call's count
         _, tokens, instructions = state.last
-        messages, shrank = len(request.messages), state.shrank
+        estimates = context.log_index.estimates(config.tokenizer)
         kept[COUNT_KEY] = {
             "tokens": tokens,
-            "messages": messages,
+            "model": context.model.name,
+            "messages": len(request.messages),
             "instructions": instructions,
-            "shrank": shrank,
+            "estimate": _rest_estimate(request, estimates),
+            "shrank": state.shrank,
         }
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
