@@ -16,7 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
-from attrs import define, field
+from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import telemetry
@@ -126,6 +126,18 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
     return decorate(cls) if cls is not None else decorate
 
 
+@frozen
+class _Counted:
+    """A request the model answered, the prompt ``tokens`` it reported for it, and the
+    estimated tokens of its ``instructions`` and of the ``rest`` (conversation, schemas and
+    settings)."""
+
+    request: ModelRequest
+    tokens: int
+    instructions: int
+    rest: int
+
+
 @define(eq=False)
 class _Run:
     """What manage_context knows during one run."""
@@ -145,8 +157,7 @@ class _Run:
     (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
-    last: tuple[ModelRequest, int, int] | None = None
-    """The newest answered request, its count and its instructions' estimated tokens."""
+    last: _Counted | None = None  # the newest answered request's count
     shrank: bool = False  # the newest count compared grew less than its request
     before: float = 1.0  # the scale before the last answered count that taught one
     kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
@@ -164,6 +175,7 @@ COUNT_KEY = "littleghost.context.prompt_count"
 it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
 of the rest (``estimate``: conversation, schemas and settings), and whether the count grew
 too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
+_COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 
@@ -219,14 +231,14 @@ def _learn_scale(
     learns nothing either, unreported."""
     estimates = context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
-    fixed += _schema_estimate(request, tokenizer)
+    schemas = _schema_estimate(request, tokenizer)
+    fixed += schemas
     shrank = suspect = False  # the last count compared grew too little; this one
     least: int | None = None
     if served is not None and reported > 0:
         if state.last is None:  # the run's first count: an earlier run's last one, if any
             state.last, state.shrank = _kept_count(request, context, estimates)
-        instructions = estimates.total(request.messages[: _instructions(request.messages)])
-        last, state.last = state.last, (request, reported, instructions)
+        last, state.last = state.last, _counted(request, reported, estimates, schemas)
         shrank = state.shrank
         if last is None or (least := _least(request, last, estimates)) is None:
             state.shrank = shrank and _newest_count(context.messages)[2]  # past compactions
@@ -235,7 +247,7 @@ def _learn_scale(
             if suspect and (shrank or state.cut_warned):  # twice in a row, or known
                 state.distrusted = served
                 state.scale = max(state.scale, state.before, 1.0)
-                request_was = f"that adds to one it reported {last[1]} for"
+                request_was = f"that adds to one it reported {last.tokens} for"
                 _partial_count(state, context, reported, least, request_was)
                 return False
     if reported <= fixed or scaled <= 0:
@@ -281,16 +293,22 @@ def _partial_count(
     )
 
 
-def _least(
-    request: ModelRequest, last: tuple[ModelRequest, int, int], estimates: Estimates
-) -> int | None:
-    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` request,
-    its count and its instructions' estimate, when its conversation extends that one's
-    (``None`` otherwise): that count, less what the instructions lost, plus ``MIN_SCALE``
-    of what was added other than answers and images (a template may render an answer's
-    reasoning, calls or text only near the end, and a server counts an image as it sees
-    fit)."""
-    previous, counted, instructions = last
+def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: int) -> _Counted:
+    """``request`` and the ``tokens`` reported for it, with its estimates (``schemas``:
+    those of its schemas and settings)."""
+    leading = _instructions(request.messages)
+    instructions = estimates.total(request.messages[:leading])
+    rest = estimates.total(request.messages[leading:]) + schemas
+    return _Counted(request, tokens, instructions, rest)
+
+
+def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int | None:
+    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` count,
+    when its conversation extends that one's (``None`` otherwise): that count, less what
+    the instructions lost, plus ``MIN_SCALE`` of what was added other than answers and
+    images (a template may render an answer's reasoning, calls or text only near the end,
+    and a server counts an image as it sees fit)."""
+    previous = last.request
     old, new = _instructions(previous.messages), _instructions(request.messages)
     conversation = previous.messages[old:]
     if (
@@ -299,7 +317,7 @@ def _least(
         or request.messages[new : new + len(conversation)] != conversation
     ):
         return None
-    lost = instructions - estimates.total(request.messages[:new])
+    lost = last.instructions - estimates.total(request.messages[:new])
     added = request.messages[new + len(conversation) :]
     grown = 0
     for message in added:
@@ -310,12 +328,12 @@ def _least(
             grown += estimates(message)
         else:  # an image left out (a copy, not kept by ``estimates``)
             grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
-    return counted - max(lost, 0) + math.ceil(MIN_SCALE * grown)
+    return last.tokens - max(lost, 0) + math.ceil(MIN_SCALE * grown)
 
 
 def _kept_count(
     request: ModelRequest, context: RunContext, estimates: Estimates
-) -> tuple[tuple[ModelRequest, int, int] | None, bool]:
+) -> tuple[_Counted | None, bool]:
     """The count the log's newest answer kept (``COUNT_KEY``) as ``_Run.last``: the part of
     ``request`` before that answer stands for the request it counted when the same model
     answered, no compaction record was logged since, and that part has as many messages
@@ -329,9 +347,11 @@ def _kept_count(
     if answer.id not in ids or ids.index(answer.id) != kept["messages"]:
         return None, False
     earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
-    if _rest_estimate(earlier, estimates) != kept["estimate"]:
+    schemas = _schema_estimate(earlier, estimates.tokenizer)
+    counted = _counted(earlier, kept["tokens"], estimates, schemas)
+    if counted.rest != kept["estimate"]:
         return None, False
-    return (earlier, kept["tokens"], kept["instructions"]), shrank
+    return attrs.evolve(counted, instructions=kept["instructions"]), shrank
 
 
 def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, Any], bool]:
@@ -343,19 +363,11 @@ def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, 
         kept = answer.metadata.get(COUNT_KEY) if answer.metadata else None
         if (
             isinstance(kept, Mapping)
-            and all(is_int(kept.get(key)) for key in ("tokens", "messages", "instructions"))
-            and is_int(kept.get("estimate"))
+            and all(is_int(kept.get(key)) for key in _COUNT_FIGURES)
             and isinstance(kept.get("model"), str)
         ):
             return answer, kept, compacted
     return None, {}, False
-
-
-def _rest_estimate(request: ModelRequest, estimates: Estimates) -> int:
-    """The estimated tokens of ``request`` after its instructions: its conversation,
-    schemas and settings."""
-    conversation = request.messages[_instructions(request.messages) :]
-    return estimates.total(conversation) + _schema_estimate(request, estimates.tokenizer)
 
 
 def _instructions(messages: Sequence[Message]) -> int:
@@ -540,15 +552,13 @@ async def _calibrate_after_model(
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
         kept[SCALE_KEY] = state.kept = state.scale
-    if state.last is not None and state.last[0] is request:  # this call's count
-        _, tokens, instructions = state.last
-        estimates = context.log_index.estimates(config.tokenizer)
+    if state.last is not None and state.last.request is request:  # this call's count
         kept[COUNT_KEY] = {
-            "tokens": tokens,
+            "tokens": state.last.tokens,
             "model": context.model.name,
             "messages": len(request.messages),
-            "instructions": instructions,
-            "estimate": _rest_estimate(request, estimates),
+            "instructions": state.last.instructions,
+            "estimate": state.last.rest,
             "shrank": state.shrank,
         }
     if state.failed_at is not None:
