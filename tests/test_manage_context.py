@@ -2144,6 +2144,46 @@ class TestEstimateUnits:
         kept = [m.metadata[SCALE_KEY] for m in result.messages if SCALE_KEY in m.metadata]
         assert kept[0] > 1.5 and kept[-1] < 1.1
 
+    async def test_counts_that_grew_too_little_either_side_of_a_rewrite_are_no_cut(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Two counts that grew too little are a cut only in a row: a whole count between
+        them that cannot be compared (a hook rewrote an older message of the request) breaks
+        the row, as one that can would; only a compaction carries it."""
+
+        @manage_context(context_window_tokens=32_000)
+        class Rewriting(Agent):
+            max_retries = 0
+
+            @tool
+            def fetch(self) -> str:
+                """Fetch the next record."""
+                return "record field " * 40
+
+            @before_model
+            def restate(self, request: ModelRequest) -> ModelRequest:
+                if len(request.messages) < 5:
+                    return request
+                question, *rest = request.messages
+                restated = attrs.evolve(question, content=(TextPart("Fetch three records."),))
+                return attrs.evolve(request, messages=(restated, *rest))
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            whole = estimate_request(request.messages, request.tools, {})
+            counts.append(counts[-1] + 10 if len(counts) in (1, 3) else whole)  # a template's
+            if len(counts) == 4:
+                return text_response("done", input_tokens=counts[-1])
+            return tool_call_response("fetch", {}, input_tokens=counts[-1])
+
+        counts: list[int] = []
+        with caplog.at_level("WARNING", logger="littleghost.context"):
+            result = await Rewriting(model=ScriptedModel([respond] * 4)).run("Fetch records.")
+        assert result.output == "done"
+        assert counts[2] > counts[1] + 10  # whole again, then too little once more
+        assert not [r for r in caplog.records if "cut the prompt" in r.getMessage()]
+        events = spans.one("invoke_agent").events
+        assert not [e for e in events if e.name == "littleghost.context.partial_count"]
+
     @pytest.mark.parametrize("server", ["template", "reasoning", "images"])
     async def test_whole_counts_that_grow_less_than_the_estimate_are_no_cut(
         self, server: str, spans: Spans, caplog: pytest.LogCaptureFixture
