@@ -55,7 +55,6 @@ async def attempt(
         }
         size = estimated if done.before is None else done.before
         compaction_event(reason, result, size, window, extra)
-        usage = context.usage - before
         await context.emit(
             CompactionFinished(
                 reason,
@@ -63,7 +62,7 @@ async def attempt(
                 done.removed,
                 done.after,
                 error,
-                usage,
+                context.usage - before,
                 done.summary,
                 fallback,
                 done.cut_to,

@@ -138,9 +138,7 @@ class ContextManagement:
 
     def summary_cap(self, window: int) -> int:
         """The summary's output cap for ``window``."""
-        if self.summary_max_tokens is not None:
-            return self.summary_max_tokens
-        return max(1, min(window // 4, 4_096))
+        return self.summary_max_tokens or max(1, min(window // 4, 4_096))
 
 
 def context_window(model: Model, config: ContextManagement) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain
 from typing import Literal
 
 from attrs import frozen
@@ -272,9 +273,7 @@ class Layout:
 
     def messages(self) -> list[Message]:
         """The view, flat."""
-        flat = [message for group in self.members for message in group]
-        flat.extend(self.pending)
-        return flat
+        return [*chain.from_iterable(self.members), *self.pending]
 
     def unanswered(self, log: Sequence[Message]) -> list[tuple[int, str]]:
         """``(position, call_id)`` of every call left without a result, in log order."""

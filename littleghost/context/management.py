@@ -718,6 +718,9 @@ async def _recover(
     """
     state = _run(context, config)
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
+    compact = partial(
+        _compact, context=context, config=config, reason="overflow", window=window, target=target
+    )
 
     async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
         """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
@@ -727,13 +730,11 @@ async def _recover(
         estimates = context.log_index.estimates(config.tokenizer)
         believed = request_size(view, estimates, state.real, state.scale, state.dense)
         aim = max(min(believed, fits) - (size - fits), 1)
-        return await _compact(
-            view, context, config, "overflow", size, window, target, limit=fits, fallback=aim
-        )
+        return await compact(view, estimated=size, limit=fits, fallback=aim)
 
     compacted, failure = request, None
     try:
-        compacted = await _compact(request, context, config, "overflow", estimated, window, target)
+        compacted = await compact(request, estimated=estimated)
     except UNSWALLOWED:
         raise
     except Exception as error:
@@ -752,17 +753,7 @@ async def _recover(
         if estimated <= safe:
             return compacted
     try:
-        recovered = await _compact(
-            compacted,
-            context,
-            config,
-            "overflow",
-            estimated,
-            window,
-            target,
-            limit=fits,
-            fallback=safe,
-        )
+        recovered = await compact(compacted, estimated=estimated, limit=fits, fallback=safe)
     except CompactionError as error:
         if summarized and estimated <= fits:
             return compacted  # it fits: the margin under ``fits`` was only an aim
@@ -866,12 +857,11 @@ def pinned_slots(index: LogIndex, logged: Callable[[str], bool] | None = None) -
 
     kinds, members = index.layout.slots()
     pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
-    if logged is None:
-        return frozenset(pinned)
-    for slot in range(len(kinds) - 1, -1, -1):
-        if kinds[slot] == USER and not kept(members[slot][0]):
-            pinned.add(slot)  # the current request
-            break
+    if logged is not None:
+        for slot in range(len(kinds) - 1, -1, -1):
+            if kinds[slot] == USER and not kept(members[slot][0]):
+                pinned.add(slot)  # the current request
+                break
     return frozenset(pinned)
 
 

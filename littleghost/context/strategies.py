@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import chain
 from operator import attrgetter
@@ -409,11 +409,9 @@ class CompactionState:
         made = self._made
         pending = [made[s] for s in made if fate[s] == _INCLUDED and kinds[s] == SUMMARY]
         for slot in range(len(kinds)):
-            if fate[slot] != _INCLUDED:
-                continue
+            if fate[slot] != _INCLUDED or (kinds[slot] == SUMMARY and slot in made):
+                continue  # a summary made here is pending
             kind = kinds[slot]
-            if kind == SUMMARY and slot in made:
-                continue
             if pending and kind != SYSTEM and kind != SUMMARY:
                 view.extend(pending)
                 pending = []
@@ -610,25 +608,20 @@ async def mask_tool_results(
 ) -> None:
     """Observation masking: replace each tool-call group older than the newest ``keep``
     (and before slot ``end``) by its ``mask_text``, oldest first, until ``target`` holds."""
-    _tool_groups(state, keep, target, mask_text, end)
+    for slot in _older_tool_groups(state, keep, target, end):
+        state.collapse(slot, mask_text(state.group(slot)))
 
 
-def _tool_groups(
-    state: CompactionState,
-    keep: int,
-    goal: Trigger,
-    text: Callable[[MessageGroup], str] | None,
-    end: int | None = None,
-) -> None:
-    """As ``mask_tool_results``, with ``text(group)`` (excluding the group, without one)."""
+def _older_tool_groups(
+    state: CompactionState, keep: int, goal: Trigger, end: int | None = None
+) -> Iterator[int]:
+    """The tool-call slots older than the newest ``keep`` (and before slot ``end``), oldest
+    first, while ``goal`` does not hold (checked again after each step)."""
     start = state.newest(keep, TOOL_CALL)
     for slot in state.candidates(start if end is None else min(start, end), TOOL_CALL):
         if goal(state):
             return
-        if text is None:
-            state.exclude(slot)
-        else:
-            state.collapse(slot, text(state.group(slot)))
+        yield slot
 
 
 @frozen(kw_only=True)
@@ -651,8 +644,8 @@ class ToolResultCompaction(_Stepwise):
     )
 
     async def _steps(self, state: CompactionState) -> None:
-        text = partial(collapse_text, max_result_chars=self.max_result_chars)
-        _tool_groups(state, self.keep_last_tool_call_groups, self.goal, text)
+        for slot in _older_tool_groups(state, self.keep_last_tool_call_groups, self.goal):
+            state.collapse(slot, collapse_text(state.group(slot), self.max_result_chars))
 
 
 @frozen(kw_only=True)
@@ -670,7 +663,8 @@ class SelectiveToolCallCompaction(_Stepwise):
     )
 
     async def _steps(self, state: CompactionState) -> None:
-        _tool_groups(state, self.keep_last_tool_call_groups, self.goal, None)
+        for slot in _older_tool_groups(state, self.keep_last_tool_call_groups, self.goal):
+            state.exclude(slot)
 
 
 @frozen(kw_only=True)
@@ -737,12 +731,9 @@ def _recalibrate(
 ) -> bool:
     """Learn ``state.scale`` from a summary call's overflow; False when it would not change."""
     prompt = estimate_request(request.messages, request.tools, request.settings, state.tokenizer)
-    if not error.prompt_tokens or prompt <= 0:
+    if not error.prompt_tokens or prompt <= 0 or error.prompt_tokens / prompt <= state.scale:
         return False
-    scale = error.prompt_tokens / prompt
-    if scale <= state.scale:
-        return False
-    state.scale = scale
+    state.scale = error.prompt_tokens / prompt
     if error.context_window:
         room = int(SUMMARY_FIT_MARGIN * error.context_window)
         state.room = min(state.room or error.context_window, room)
@@ -753,7 +744,7 @@ SUMMARY_FIT_MARGIN = 0.9
 """The share of the window a summary request may fill (estimates are not exact)."""
 SUMMARY_FLOOR_TOKENS = 64
 """The smallest output cap a summary call is given when its request must shrink to fit."""
-_CLIP_LEVELS = (2_000, 500, 200, 80)
+_CLIP_LEVELS = (2_000, 500, 200, 80)  # longest first
 
 
 @frozen(kw_only=True)
@@ -880,10 +871,7 @@ class Summarization(_Stepwise):
         """The summary request for ``taken`` (with ``notes`` to rewrite, if any) that fits
         the state's room, and the specifics it leaves to quote after ``quotes``; the
         newest taken groups are given back while it cannot fit."""
-        clips = sorted(
-            {self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)},
-            reverse=True,
-        )
+        clips = [self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)]
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
         while True:
             covered, cap, added = self._budget(state, taken, notes, quotes)
