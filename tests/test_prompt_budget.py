@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import pytest
@@ -663,6 +664,24 @@ class TestWithSummaries:
             "the request cannot fit its prompt budget: instructions, memories and tools take"
         )
         assert isinstance(cause.__cause__, PromptBudgetError)
+
+    async def test_a_turn_the_overflows_figure_fits_is_sent_alone_on_the_safety_reserve(
+        self,
+    ) -> None:
+        """summarize=False, and a model that cannot count: a current turn whose estimate is
+        over the window less both reserves, but that fits the window less the answer's
+        reserve once scaled as the overflow's figure scaled the view, is sent alone (the
+        safety reserve, room for estimate error, is what the figure measured)."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=720, context_window=800)
+        model = ScriptedModel([overflow, text_response("ok")])
+        question = "word " * 350
+        agent = bounded_agent(prompt_budget_tokens=800)(model=model)
+        result = await agent.run(question, history=history(40))
+        assert result.output == "ok"
+        first, retried = model.requests
+        assert [m.text for m in retried.messages][1:] == [question]
+        alone = size(retried)  # over 800 - 100 - 50 by the estimate, 700 at most by the figure
+        assert alone > 650 and math.ceil(alone * 720 / size(first)) <= 700
 
     async def test_a_view_tightened_by_a_count_past_the_current_turn_is_the_turn_alone(
         self,
