@@ -1106,13 +1106,13 @@ async def _shrink(
 
     room = budget.limit(fits, request.max_tokens)
     answer = max(budget.response_reserve_tokens, request.max_tokens or 0)
+    prompt = estimated - (request.max_tokens or 0)  # the overflow's size, without the answer
 
     async def bounded() -> tuple[ModelRequest, BudgetReport]:
         try:
             return await _bounded(request, context, config, budget)
         except PromptBudgetError as error:  # the current turn alone is over (figures only)
             alone = error.required or 0  # the model's count, if it counts, has the last word
-            prompt = estimated - (request.max_tokens or 0)  # the overflow's, without the answer
             sized = math.ceil(alone * prompt / max(sent, 1))  # scaled as the view it sized
             within = state.uncounted is False or alone <= room or sized <= fits - answer
             if not limit < alone or not within:
