@@ -11,7 +11,8 @@ import pytest
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation, compact_session
-from littleghost.context.management import AFTER_KEY, REGROWTH, SCALE_KEY, estimate_tokens
+from littleghost.context.calibration import SCALE_KEY, estimate_tokens
+from littleghost.context.management import AFTER_KEY, REGROWTH
 from littleghost.context.records import is_record
 from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError

@@ -26,8 +26,9 @@ from littleghost import (
     tool,
 )
 from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
+from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.config import ContextManagement
-from littleghost.context.management import AFTER_KEY, SCALE_KEY, remembered
+from littleghost.context.management import AFTER_KEY, remembered
 from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.records import is_record
 from littleghost.context.summarize import (

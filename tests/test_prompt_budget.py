@@ -812,7 +812,7 @@ class TestWithSummaries:
 
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
-        from littleghost.context.management import estimate_tokens
+        from littleghost.context.calibration import estimate_tokens
         from littleghost.run import RunContext
 
         big = Message.tool("c", "x" * 40_000)

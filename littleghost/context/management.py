@@ -2,13 +2,12 @@
 
 This module decides *when* to compact (``compression_threshold``, ``REGROWTH``) and
 recovers from overflow errors; *how* is a strategy run on the engine's index of the run's
-log, by default ``Summarization``. Estimates are calibrated by the provider's token counts.
-The README's "Context management" states the rules.
+log, by default ``Summarization``; the estimates are ``calibration``'s. The README's
+"Context management" states the rules.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
@@ -16,8 +15,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
-from attrs import define, field, frozen
-from opentelemetry import trace
+from attrs import define
 
 from littleghost import telemetry
 from littleghost._validators import is_int, is_number
@@ -30,11 +28,27 @@ from littleghost.context.budget import (
     load_memories,
     view_only,
 )
+from littleghost.context.calibration import (
+    MAX_SCALE,
+    MIN_SCALE,
+    SCALE_KEY,
+    calibration,
+    estimate_tokens,
+    excess,
+    learn_added,
+    learn_answer,
+    learn_scale,
+    learn_turn,
+    margin,
+    model_count,
+    real_size,
+    request_size,
+    schema_estimate,
+)
 from littleghost.context.compaction import compaction_state
 from littleghost.context.config import ContextManagement, context_config, context_window
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
-from littleghost.context.records import is_record
 from littleghost.context.strategies import (
     SUMMARY_FIT_MARGIN,
     CompactionState,
@@ -44,7 +58,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
+from littleghost.context.tokens import estimate_request
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     UNSWALLOWED,
@@ -53,28 +67,24 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     PromptBudgetError,
 )
-from littleghost.messages import ImagePart, Message, Role, ToolResult
+from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
 
-logger = logging.getLogger("littleghost.context")
-
 __all__ = [
     "AFTER_KEY",
     "REGROWTH",
     "clip_results",
     "default_compaction",
-    "estimate_tokens",
     "manage_context",
     "managed_state",
     "next_summary_at",
     "pinned_slots",
     "reaches",
     "remembered",
-    "request_size",
 ]
 
 C = TypeVar("C", bound=type)
@@ -88,9 +98,6 @@ CUT_SHARE = 0.5
 """Overflow recovery cuts tool results until the request takes about this share of the window."""
 CUT_FLOOR_TOKENS = 64
 """The shortest such a cut leaves a tool result."""
-DENSE_GAP = 1.25
-"""An overflow's scale this many times what its summary call measured of the history says
-the current request is denser (a smaller gap is per-message overhead the estimate omits)."""
 RECOUNTS = 3
 """How many more times overflow recovery compacts, without a model, a request the model
 counts over the window (``count_prompt_tokens``) before it gives up."""
@@ -126,57 +133,22 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
     return decorate(cls) if cls is not None else decorate
 
 
-@frozen
-class _Counted:
-    """A request the model answered, the prompt ``tokens`` it reported for it, and the
-    estimated tokens of its ``instructions`` and of the ``rest`` (conversation, schemas and
-    settings)."""
-
-    request: ModelRequest
-    tokens: int
-    instructions: int
-    rest: int
-
-
 @define(eq=False)
 class _Run:
     """What manage_context knows during one run."""
 
     window: int = 0  # 0 until the run's first call
-    scale: float = 1.0  # real tokens per estimated token, from the provider's counts
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
     cut_to: int | None = None  # what tool results are cut to for the rest of the run
-    real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
-    measured: float | None = None  # the last summary call's ``CompactionState.measured``
-    dense: dict[str, float] = field(factory=dict)
-    """Real tokens per estimated token of what an overflow added to a calibrated request
-    (a density, not a size: a tool result cut later keeps it)."""
-    distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
-    cut_warned: bool = False  # the run warned that the server cut a prompt
-    last: _Counted | None = None  # the newest answered request's count
-    shrank: bool = False  # the newest count compared grew less than its request
-    before: float = 1.0  # the scale before the last answered count that taught one
-    kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
-    uncounted: bool | None = None  # the model's last count this overflow gave no figure
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
 """Metadata: the size a compaction left the request at (on its records) or failed at (on
 the next answer), so a later run of the conversation knows if the next summary must wait."""
-SCALE_KEY = "littleghost.context.scale"
-"""Metadata of a model's answer: the calibration (real tokens per estimated token) the run
-had learned by then, which the next run of the conversation starts from."""
-COUNT_KEY = "littleghost.context.prompt_count"
-"""Metadata of a model's answer: the prompt ``tokens`` the ``model`` reported for the request
-it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
-of the rest (``estimate``: conversation, schemas and settings), and whether the count grew
-too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
-_COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
-MIN_SCALE, MAX_SCALE = 0.25, 8.0
 
 
 def _run(context: RunContext, config: ContextManagement) -> _Run:
@@ -184,8 +156,9 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
-        after, state.scale = remembered(context.messages)  # what earlier runs learned
-        state.kept = state.before = state.scale
+        after, scale = remembered(context.messages)  # what earlier runs learned
+        calibrated = calibration(context)
+        calibrated.scale = calibrated.kept = calibrated.before = scale
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
@@ -206,300 +179,6 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
         if after is not None and scale is not None:
             break
     return after, 1.0 if scale is None else scale
-
-
-def _learn_scale(
-    state: _Run,
-    request: ModelRequest,
-    reported: int,
-    context: RunContext,
-    tokenizer: Tokenizer,
-    served: ModelResponse | None = None,
-) -> bool:
-    """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
-    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
-    For a request the model answered (``served``), a count that is not the whole prompt
-    learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
-    request added to the previous one (``_least``; a run's first is compared with the
-    count the log's last answer kept, ``_kept_count``), or under ``MIN_SCALE`` of the whole
-    estimate. Each of the second kind is reported (``_partial_count``); of the first, the
-    second in a row or one after a reported cut (one alone can be a template's: some drop
-    the tool schemas or earlier reasoning), which also takes the scale back to at least
-    what it was before the last count taught one, and at least 1.0; later counts of the
-    run may raise the scale, never lower it, nor may one that cannot be compared after
-    one that grew too little. A scale under ``MIN_SCALE`` that sizes known before explain
-    learns nothing either, unreported."""
-    estimates = context.log_index.estimates(tokenizer)
-    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
-    schemas = _schema_estimate(request, tokenizer)
-    fixed += schemas
-    shrank = suspect = False  # the last count compared grew too little; this one
-    least: int | None = None
-    if served is not None and reported > 0:
-        if state.last is None:  # the run's first count: an earlier run's last one, if any
-            state.last, state.shrank = _kept_count(request, context, estimates)
-        last, state.last = state.last, _counted(request, reported, estimates, schemas)
-        shrank = state.shrank
-        if last is None or (least := _least(request, last, estimates)) is None:
-            state.shrank = shrank and _newest_count(context.messages)[2]  # past compactions
-        else:
-            state.shrank = suspect = reported < least  # it grew less than any scale allows
-            if suspect and (shrank or state.cut_warned):  # twice in a row, or known
-                state.distrusted = served
-                state.scale = max(state.scale, state.before, 1.0)
-                request_was = f"that adds to one it reported {last.tokens} for"
-                _partial_count(state, context, reported, least, request_was)
-                return False
-    if reported <= fixed or scaled <= 0:
-        return False
-    scale = (reported - fixed) / scaled
-    if served is not None and (scale < MIN_SCALE or suspect):
-        state.distrusted = served  # its count is not a prefix of the next request
-        if reported < (quarter := math.ceil(MIN_SCALE * (fixed + scaled))):
-            _partial_count(state, context, reported, quarter, f"estimated at {fixed + scaled}")
-        return False
-    if served is not None:
-        state.before = state.scale
-        if state.cut_warned or (shrank and least is None):  # the server may cut: its
-            scale = max(scale, state.scale)  # counts may raise the scale, never lower it
-    state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
-    return True
-
-
-def _partial_count(
-    state: _Run, context: RunContext, reported: int, least: int, request: str
-) -> None:
-    """Report a count under the ``least`` a whole prompt has: a span event each time, one
-    warning a run (``request`` describes it)."""
-    attributes = {
-        telemetry.REPORTED_PROMPT_TOKENS: reported,
-        telemetry.LEAST_PROMPT_TOKENS: least,
-    }
-    trace.get_current_span().add_event(telemetry.PARTIAL_COUNT_EVENT, attributes)
-    if state.cut_warned:
-        return
-    state.cut_warned = True
-    logger.warning(
-        "manage_context: model %r reported %d prompt tokens for a request %s: the "
-        "server most likely cut the prompt to a context window smaller than the %d tokens "
-        "compacted for (Ollama can, without an error), or counts only what it had not "
-        "cached; such counts are not learned from. Give the model its window "
-        "(context_window=, or context_window_override= on manage_context), or update a "
-        "server that counts only uncached tokens",
-        context.model.name,
-        reported,
-        request,
-        state.window,
-    )
-
-
-def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: int) -> _Counted:
-    """``request`` and the ``tokens`` reported for it, with its estimates (``schemas``:
-    those of its schemas and settings)."""
-    leading = _instructions(request.messages)
-    instructions = estimates.total(request.messages[:leading])
-    rest = estimates.total(request.messages[leading:]) + schemas
-    return _Counted(request, tokens, instructions, rest)
-
-
-def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int | None:
-    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` count,
-    when its conversation extends that one's (``None`` otherwise): that count, less what
-    the instructions lost, plus ``MIN_SCALE`` of what was added other than answers and
-    images (a template may render an answer's reasoning, calls or text only near the end,
-    and a server counts an image as it sees fit)."""
-    previous = last.request
-    old, new = _instructions(previous.messages), _instructions(request.messages)
-    conversation = previous.messages[old:]
-    if (
-        previous.tools != request.tools
-        or previous.output_schema != request.output_schema
-        or request.messages[new : new + len(conversation)] != conversation
-    ):
-        return None
-    lost = last.instructions - estimates.total(request.messages[:new])
-    added = request.messages[new + len(conversation) :]
-    grown = 0
-    for message in added:
-        if message.role is Role.ASSISTANT:
-            continue
-        parts = [part for part in message.content if not isinstance(part, ImagePart)]
-        if len(parts) == len(message.content):
-            grown += estimates(message)
-        else:  # an image left out (a copy, not kept by ``estimates``)
-            grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
-    return last.tokens - max(lost, 0) + math.ceil(MIN_SCALE * grown)
-
-
-def _kept_count(
-    request: ModelRequest, context: RunContext, estimates: Estimates
-) -> tuple[_Counted | None, bool]:
-    """The count the log's newest answer kept (``COUNT_KEY``) as ``_Run.last``: the part of
-    ``request`` before that answer stands for the request it counted when the same model
-    answered, no compaction record was logged since, and that part has as many messages
-    and the same estimate (``None`` otherwise); and whether it shrank (carried past a
-    compaction only)."""
-    answer, kept, compacted = _newest_count(context.messages)
-    shrank = kept.get("shrank") is True
-    if answer is None or compacted or kept["model"] != context.model.name:
-        return None, compacted and shrank
-    ids = [message.id for message in request.messages]
-    if answer.id not in ids or ids.index(answer.id) != kept["messages"]:
-        return None, False
-    earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
-    schemas = _schema_estimate(earlier, estimates.tokenizer)
-    counted = _counted(earlier, kept["tokens"], estimates, schemas)
-    if counted.rest != kept["estimate"]:
-        return None, False
-    return attrs.evolve(counted, instructions=kept["instructions"]), shrank
-
-
-def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, Any], bool]:
-    """The log's newest answer that kept a count (``COUNT_KEY``), that count, and whether a
-    compaction record was logged after it; ``(None, {}, False)`` when none did."""
-    compacted = False
-    for answer in reversed(log):
-        compacted = compacted or is_record(answer)
-        kept = answer.metadata.get(COUNT_KEY) if answer.metadata else None
-        if (
-            isinstance(kept, Mapping)
-            and all(is_int(kept.get(key)) for key in _COUNT_FIGURES)
-            and isinstance(kept.get("model"), str)
-        ):
-            return answer, kept, compacted
-    return None, {}, False
-
-
-def _instructions(messages: Sequence[Message]) -> int:
-    """How many instruction messages ``messages`` starts with."""
-    return next((i for i, m in enumerate(messages) if not m.role.is_trusted), len(messages))
-
-
-def _split_estimate(
-    messages: Sequence[Message],
-    estimates: Callable[[Message], int],
-    known: Mapping[str, int],
-    dense: Mapping[str, float] | None = None,
-) -> tuple[int, int]:
-    """``messages`` as (tokens taken as they are: reported sizes (``known``), known densities
-    (``dense``), instructions' estimates; the conversation's estimated tokens, to be scaled)."""
-    fixed = scaled = 0
-    for message in messages:
-        if (size := known.get(message.id)) is not None:
-            fixed += size
-        elif dense and (density := dense.get(message.id)) is not None:
-            fixed += math.ceil(density * estimates(message))
-        elif message.role.is_trusted:
-            fixed += estimates(message)
-        else:
-            scaled += estimates(message)
-    return fixed, scaled
-
-
-def _schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
-    """The estimated tokens of the tool schemas, output schema and prompt settings."""
-    return estimate_request(
-        (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
-    )
-
-
-def request_size(
-    request: ModelRequest,
-    estimates: Estimates,
-    known: Mapping[str, int],
-    scale: float,
-    dense: Mapping[str, float] | None = None,
-) -> int:
-    """``request``'s size in the model's tokens as far as known: its messages (the conversation
-    times ``scale``, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
-    fixed, scaled = _split_estimate(request.messages, estimates, known, dense)
-    outside = _schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
-    return fixed + math.ceil(scale * scaled) + outside
-
-
-def _real(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """The size of ``messages`` in the model's tokens as far as known."""
-    state = context.state_for(_Run, _Run)
-    estimates = context.log_index.estimates(tokenizer)
-    fixed, scaled = _split_estimate(messages, estimates, state.real, state.dense)
-    return fixed + math.ceil(state.scale * scaled)
-
-
-def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
-    """The request's size in the model's tokens as far as known, ``max_tokens`` included:
-    the input tokens reported for the run's previous request when this one extends it, plus
-    the rest estimated (the conversation scaled, a summary at the size the model reported)."""
-    prefix, count = _extended(request, context)
-    prefix = prefix or _schema_estimate(request, tokenizer)  # else estimated whole
-    return prefix + _real(request.messages[count:], context, tokenizer) + (request.max_tokens or 0)
-
-
-def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
-    """(the input tokens the provider reported for the run's previous request, how many
-    messages it had) when ``request`` extends it; (0, 0) otherwise."""
-    if context.last_exchange is not None:
-        previous, response = context.last_exchange
-        count = len(previous.messages)
-        if (
-            response.usage.input_tokens > 0
-            and response is not context.state_for(_Run, _Run).distrusted
-            and previous.tools == request.tools
-            and previous.output_schema == request.output_schema
-            and request.messages[:count] == previous.messages  # items compared by identity first
-        ):
-            return response.usage.input_tokens, count
-    return 0, 0
-
-
-def _learn_added(
-    state: _Run, request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
-) -> bool:
-    """After an overflow of a request extending a calibrated one (the previous request, or up
-    to the newest answer with ``SCALE_KEY``), keep the density of what was added since: the
-    rest of ``reported``, over its estimate (``dense``); False without such a calibration."""
-    estimates = context.log_index.estimates(tokenizer)
-    rest, count = _extended(request, context)
-    if not rest:
-        marks = [i for i, m in enumerate(request.messages) if is_number(m.metadata.get(SCALE_KEY))]
-        count = marks[-1] + 1 if marks else len(request.messages)
-        rest = _real(request.messages[:count], context, tokenizer)
-        rest += _schema_estimate(request, tokenizer)
-    added = request.messages[count:]
-    fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
-    return _keep_density(state, added, reported - rest - fixed, scaled, replace=False)
-
-
-async def _learn_turn(
-    state: _Run, request: ModelRequest, context: RunContext, tokenizer: Tokenizer
-) -> bool:
-    """With a model that counts: the current turn's density (``dense``, replaced) from its
-    count of the turn alone with the instructions and schemas; False when it cannot tell."""
-    start = _turn_start(request, context)
-    if start == len(request.messages):
-        return False
-    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
-    counted = await _count(attrs.evolve(request, messages=alone), context)
-    if counted is None:
-        return False
-    fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
-    fixed += _schema_estimate(request, tokenizer)
-    return _keep_density(state, request.messages[start:], counted - fixed, scaled, replace=True)
-
-
-def _keep_density(
-    state: _Run, messages: Sequence[Message], real: int, scaled: int, *, replace: bool
-) -> bool:
-    """Keep ``real`` over ``scaled`` tokens (bounded as a scale is) as the density of the
-    conversation's ``messages`` of no known size (nor density, without ``replace``); False
-    when the figures say nothing."""
-    if real <= 0 or scaled <= 0:
-        return False
-    density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
-    for message in messages:
-        known = message.id in state.real or (not replace and message.id in state.dense)
-        if not known and not message.role.is_trusted:
-            state.dense[message.id] = density
-    return True
 
 
 def reaches(estimated: int, threshold: float, window: int) -> bool:
@@ -538,29 +217,13 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
 async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
-    """Learn the scale from the input tokens reported for the turn's request; keep it
-    (``SCALE_KEY``), that count (``COUNT_KEY``) and a failed compaction's size
-    (``AFTER_KEY``) in the answer's metadata."""
+    """Calibrate by the turn's count (``learn_answer``); keep what it learned and a failed
+    compaction's size (``AFTER_KEY``) in the answer's metadata."""
     config = context_config(agent)
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
-    assert context.last_exchange is not None  # set by the turn's call these hooks follow
     state = _run(context, config)
-    request, answered = context.last_exchange
-    _learn_scale(state, request, answered.usage.input_tokens, context, config.tokenizer, answered)
-    kept: dict[str, Any] = {}
-    moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
-    if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
-        kept[SCALE_KEY] = state.kept = state.scale
-    if state.last is not None and state.last.request is request:  # this call's count
-        kept[COUNT_KEY] = {
-            "tokens": state.last.tokens,
-            "model": context.model.name,
-            "messages": len(request.messages),
-            "instructions": state.last.instructions,
-            "estimate": state.last.rest,
-            "shrank": state.shrank,
-        }
+    kept = learn_answer(response, context, config.tokenizer, state.window)
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
     if not kept:
@@ -659,15 +322,16 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
-    state.uncounted = None  # asked again for this overflow
-    reported = error.prompt_tokens or await _count(request, context) or 0
+    calibrated = calibration(context)
+    calibrated.uncounted = None  # asked again for this overflow
+    reported = error.prompt_tokens or await model_count(request, context) or 0
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
     added = reported > 0 and (
-        await _learn_turn(state, request, context, config.tokenizer)
-        or _learn_added(state, request, reported, context, config.tokenizer)
+        await learn_turn(request, context, config.tokenizer)
+        or learn_added(request, reported, context, config.tokenizer)
     )
-    if reported and (_learn_scale(state, request, reported, context, config.tokenizer) or added):
+    if reported and (learn_scale(request, reported, context, config.tokenizer) or added):
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
@@ -676,9 +340,9 @@ async def _compact_after_overflow(
     safe = None if reported and not added else fits  # None: to be measured (``_recover``)
     try:
         if config.summarize:
-            if reported and state.uncounted is None:  # whether the model counts at all
-                await _count(request, context)
-            uncounted = bool(reported) and bool(state.uncounted)  # a figure, not a count
+            if reported and calibrated.uncounted is None:  # whether the model counts at all
+                await model_count(request, context)
+            uncounted = bool(reported) and bool(calibrated.uncounted)  # a figure, not a count
             recovered = await _recover(
                 request, context, config, estimated, window, fits, safe, uncounted
             )
@@ -709,14 +373,14 @@ async def _recover(
     aiming under ``safe``: a summary when one can be made, then the model-free steps while
     over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's
     figure is the run's only calibration: the summary call's measure then gives the margin
-    (``_margin``), else it is 20 % under ``fits``. A model that counts decides the fit by
+    (``margin``), else it is 20 % under ``fits``. A model that counts decides the fit by
     its count (``_counted_fit``); one that gave the overflow's figure but cannot count
     (``uncounted``) has ``safe`` 20 % under ``fits`` at most.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
     """
-    state = _run(context, config)
+    state, calibrated = _run(context, config), calibration(context)
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
     compact = partial(
         _compact, context=context, config=config, reason="overflow", window=window, target=target
@@ -725,10 +389,12 @@ async def _recover(
     async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
         """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
         under what the estimate makes of ``view`` as the count was over ``fits``."""
-        _learn_scale(state, view, counted, context, config.tokenizer)
+        learn_scale(view, counted, context, config.tokenizer)
         size = counted + _answer_room(view)
         estimates = context.log_index.estimates(config.tokenizer)
-        believed = request_size(view, estimates, state.real, state.scale, state.dense)
+        believed = request_size(
+            view, estimates, calibrated.real, calibrated.scale, calibrated.dense
+        )
         aim = max(min(believed, fits) - (size - fits), 1)
         return await compact(view, estimated=size, limit=fits, fallback=aim)
 
@@ -742,8 +408,8 @@ async def _recover(
     summarized = compacted is not request
     if summarized and (fitted := await _counted_fit(compacted, context, fits, tighten)):
         return fitted
-    if safe is None and summarized and state.measured is not None:
-        safe = fits - _margin(request, context, config.tokenizer, state.measured)
+    if safe is None and summarized and calibrated.measured is not None:
+        safe = fits - margin(request, context, config.tokenizer, calibrated.measured)
     elif safe is None:
         safe = int(TARGET_SHARE * fits)
     if uncounted:
@@ -759,7 +425,7 @@ async def _recover(
             return compacted  # it fits: the margin under ``fits`` was only an aim
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
-        if state.uncounted:
+        if calibrated.uncounted:
             raise
         # the estimate said it fits, the count did not: aimed by the count
         fitted = await _counted_fit(compacted, context, fits, tighten)
@@ -783,7 +449,7 @@ async def _counted_fit(
     Raises:
         CompactionError: The model still counts it over ``fits``.
     """
-    counted = await _count(request, context)
+    counted = await model_count(request, context)
     if counted is None:
         return None
     for recount in range(RECOUNTS + 1):
@@ -793,7 +459,7 @@ async def _counted_fit(
         if recount == RECOUNTS:
             break
         request = await tighten(request, counted)
-        recounted = await _count(request, context)
+        recounted = await model_count(request, context)
         if recounted is None:
             return request  # the model no longer counts: the estimate says it fits
         counted = recounted
@@ -801,14 +467,6 @@ async def _counted_fit(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
         f"answer's room that is over the {fits}-token window"
     )
-
-
-async def _count(request: ModelRequest, context: RunContext) -> int | None:
-    """The model's count of ``request`` (``None`` when it cannot tell), remembered in
-    ``uncounted``."""
-    counted = await context.count_prompt_tokens(request)
-    context.state_for(_Run, _Run).uncounted = counted is None
-    return counted
 
 
 def _answer_room(request: ModelRequest) -> int:
@@ -892,14 +550,14 @@ async def _compact(
     if fallback is not None:  # never logged: left out without a record
         shown = tuple(message for message in shown if not view_only(message))
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
-        run = _run(context, config)
+        run, calibrated = _run(context, config), calibration(context)
         index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
-        state.scale = run.scale
-        outside = (request.max_tokens or 0) + _schema_estimate(request, config.tokenizer)
-        outside += _excess(request.messages, context, config.tokenizer)  # known sizes
+        state.scale = calibrated.scale
+        outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
+        outside += excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
         if fallback is not None or (reason == "overflow" and config.strategy is None):
             state.protected = max(state.pinned, default=state.slots)  # the current turn
@@ -913,19 +571,21 @@ async def _compact(
                 enough = None if reason == "overflow" else _goal(state, threshold, outside)
                 await default_compaction(state, config, window, goal, enough)
         finally:
-            scale, run.scale = run.scale, state.scale  # a summary call may have taught it
-        run.measured = state.measured
+            scale, calibrated.scale = calibrated.scale, state.scale  # a summary call may teach it
+        calibrated.measured = state.measured
         outcome.summary = state.summary_outcome
         records = state.records()
-        run.real.update(state.real)
+        calibrated.real.update(state.real)
         compacted = attrs.evolve(request, messages=state.view())
         before, kept = {m.id for m in request.messages}, {m.id for m in compacted.messages}
         added = [m for m in compacted.messages if m.id not in before]
         removed = [m for m in request.messages if m.id not in kept]
-        change = _real(added, context, config.tokenizer) - _real(removed, context, config.tokenizer)
-        if run.scale != scale:  # ``estimated`` is in the old units: estimate it in the new
+        change = real_size(added, context, config.tokenizer)
+        change -= real_size(removed, context, config.tokenizer)
+        if calibrated.scale != scale:  # ``estimated`` is in the old units: in the new
+            estimates = index.estimates(config.tokenizer)
             estimated = outcome.before = request_size(
-                request, index.estimates(config.tokenizer), run.real, run.scale, run.dense
+                request, estimates, calibrated.real, calibrated.scale, calibrated.dense
             )
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback is not None and after > limit:
@@ -976,15 +636,15 @@ async def _cut_results(
         CompactionError: The request still does not fit the window.
     """
     tokenizer, index = config.tokenizer, context.log_index
-    whole = _real(request.messages, context, tokenizer)
+    whole = real_size(request.messages, context, tokenizer)
     results = [len(r.content) for message in request.messages for r in message.tool_results]
     limit = max(results, default=0) // CHARS_PER_TOKEN
     cut, after = request, size
     while limit > CUT_FLOOR_TOKENS and after > CUT_SHARE * window:
         limit = max(limit * 3 // 4, CUT_FLOOR_TOKENS)
         cut = clip_results(request, index, limit)
-        after = size - whole + _real(cut.messages, context, tokenizer)
-    if after > window and (counted := await _count(cut, context)) is not None:
+        after = size - whole + real_size(cut.messages, context, tokenizer)
+    if after > window and (counted := await model_count(cut, context)) is not None:
         after = counted + _answer_room(cut)
     if after > window:
         cut_note = f", its tool results cut to {limit} tokens each" if cut is not request else ""
@@ -1002,37 +662,6 @@ async def _collapse_results(state: CompactionState, target: Trigger, window: int
     chars = min(max(window // 25, 16), 400)
     await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
     state.protected = protected
-
-
-def _margin(
-    request: ModelRequest, context: RunContext, tokenizer: Tokenizer, measured: float
-) -> int:
-    """How much the run's scale, learned from one overflow of ``request``, may undercount
-    its current request: what it gives the history beyond the ``measured`` scale of it."""
-    run = context.state_for(_Run, _Run)
-    if run.scale <= DENSE_GAP * measured:
-        return 0
-    earlier = request.messages[: _turn_start(request, context)]
-    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
-    return math.ceil((run.scale - measured) * history)
-
-
-def _turn_start(request: ModelRequest, context: RunContext) -> int:
-    """Where the current turn starts in ``request``: its last user message that the run's
-    log holds and that is no summary (the end of the request when there is none)."""
-    logged = [
-        i
-        for i, m in enumerate(request.messages)
-        if m.role is Role.USER and context.has_message(m.id) and not m.is_summary
-    ]
-    return logged[-1] if logged else len(request.messages)
-
-
-def _excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """How far the known sizes of ``messages`` exceed the scaled estimates a state counts."""
-    run, estimates = context.state_for(_Run, _Run), context.log_index.estimates(tokenizer)
-    known = [m for m in messages if m.id in run.real or m.id in run.dense]
-    return _real(known, context, tokenizer) - math.ceil(run.scale * sum(map(estimates, known)))
 
 
 def _goal(state: CompactionState, target: int, outside: int) -> int:
@@ -1114,7 +743,9 @@ async def _shrink(
         except PromptBudgetError as error:  # the current turn alone is over (figures only)
             alone = error.required or 0  # the model's count, if it counts, has the last word
             sized = math.ceil(alone * prompt / max(sent, 1))  # scaled as the view it sized
-            within = state.uncounted is False or alone <= room or sized <= fits - answer
+            within = (
+                calibration(context).uncounted is False or alone <= room or sized <= fits - answer
+            )
             if not limit < alone or not within:
                 raise CompactionError(str(error)) from error
         set_limit(alone, "the current request alone")  # tightened past it: the turn alone

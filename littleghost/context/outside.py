@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from littleghost.context.budget import BudgetReport, fit_request
+from littleghost.context.calibration import request_size
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
@@ -21,7 +22,6 @@ from littleghost.context.management import (
     next_summary_at,
     pinned_slots,
     remembered,
-    request_size,
 )
 from littleghost.context.strategies import Complete, prepared
 from littleghost.context.tokens import DEFAULT_TOKENIZER

@@ -1,0 +1,457 @@
+"""What the provider's token counts teach a run: the scale (real tokens per estimated
+token) of the conversation, the densities of what an overflow added, the model's sizes of
+summaries; and the request sizes they give. The README's "Calibrated by the provider"
+states the rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from attrs import define, field, frozen
+from opentelemetry import trace
+
+from littleghost import telemetry
+from littleghost._validators import is_int, is_number
+from littleghost.context.records import is_record
+from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
+from littleghost.messages import ImagePart, Message, Role
+from littleghost.models.base import ModelRequest, ModelResponse
+
+if TYPE_CHECKING:
+    from littleghost.run import RunContext
+
+logger = logging.getLogger("littleghost.context")
+
+__all__ = [
+    "MAX_SCALE",
+    "MIN_SCALE",
+    "SCALE_KEY",
+    "Calibration",
+    "calibration",
+    "estimate_tokens",
+    "excess",
+    "learn_added",
+    "learn_answer",
+    "learn_scale",
+    "learn_turn",
+    "margin",
+    "model_count",
+    "real_size",
+    "request_size",
+    "schema_estimate",
+]
+
+SCALE_KEY = "littleghost.context.scale"
+"""Metadata of a model's answer: the calibration (real tokens per estimated token) the run
+had learned by then, which the next run of the conversation starts from."""
+COUNT_KEY = "littleghost.context.prompt_count"
+"""Metadata of a model's answer: the prompt ``tokens`` the ``model`` reported for the request
+it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
+of the rest (``estimate``: conversation, schemas and settings), and whether the count grew
+too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
+_COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
+MIN_SCALE, MAX_SCALE = 0.25, 8.0
+DENSE_GAP = 1.25
+"""An overflow's scale this many times what its summary call measured of the history says
+the current request is denser (a smaller gap is per-message overhead the estimate omits)."""
+
+
+@frozen
+class _Counted:
+    """A request the model answered, the prompt ``tokens`` it reported for it, and the
+    estimated tokens of its ``instructions`` and of the ``rest`` (conversation, schemas and
+    settings)."""
+
+    request: ModelRequest
+    tokens: int
+    instructions: int
+    rest: int
+
+
+@define(eq=False)
+class Calibration:
+    """What the provider's counts taught one run."""
+
+    scale: float = 1.0  # real tokens per estimated token, from the provider's counts
+    real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
+    measured: float | None = None  # the last summary call's ``CompactionState.measured``
+    dense: dict[str, float] = field(factory=dict)
+    """Real tokens per estimated token of what an overflow added to a calibrated request
+    (a density, not a size: a tool result cut later keeps it)."""
+    distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
+    cut_warned: bool = False  # the run warned that the server cut a prompt
+    last: _Counted | None = None  # the newest answered request's count
+    shrank: bool = False  # the newest count compared grew less than its request
+    before: float = 1.0  # the scale before the last answered count that taught one
+    kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
+    uncounted: bool | None = None  # the model's last count this overflow gave no figure
+
+
+def calibration(context: RunContext) -> Calibration:
+    """The run's calibration."""
+    return context.state_for(Calibration, Calibration)
+
+
+def learn_answer(
+    response: ModelResponse, context: RunContext, tokenizer: Tokenizer, window: int
+) -> dict[str, Any]:
+    """Learn the scale from the input tokens reported for the turn's request (the run
+    compacts for ``window``); what ``response``'s metadata keeps of it: the scale
+    (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
+    assert context.last_exchange is not None  # set by the turn's call the hook follows
+    state = calibration(context)
+    request, answered = context.last_exchange
+    learn_scale(request, answered.usage.input_tokens, context, tokenizer, answered, window)
+    kept: dict[str, Any] = {}
+    moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
+    if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
+        kept[SCALE_KEY] = state.kept = state.scale
+    if state.last is not None and state.last.request is request:  # this call's count
+        kept[COUNT_KEY] = {
+            "tokens": state.last.tokens,
+            "model": context.model.name,
+            "messages": len(request.messages),
+            "instructions": state.last.instructions,
+            "estimate": state.last.rest,
+            "shrank": state.shrank,
+        }
+    return kept
+
+
+def learn_scale(
+    request: ModelRequest,
+    reported: int,
+    context: RunContext,
+    tokenizer: Tokenizer,
+    served: ModelResponse | None = None,
+    window: int = 0,
+) -> bool:
+    """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
+    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
+    For a request the model answered (``served``; the run compacts for ``window``), a count that is not the whole prompt
+    learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
+    request added to the previous one (``_least``; a run's first is compared with the
+    count the log's last answer kept, ``_kept_count``), or under ``MIN_SCALE`` of the whole
+    estimate. Each of the second kind is reported (``_partial_count``); of the first, the
+    second in a row or one after a reported cut (one alone can be a template's: some drop
+    the tool schemas or earlier reasoning), which also takes the scale back to at least
+    what it was before the last count taught one, and at least 1.0; later counts of the
+    run may raise the scale, never lower it, nor may one that cannot be compared after
+    one that grew too little. A scale under ``MIN_SCALE`` that sizes known before explain
+    learns nothing either, unreported."""
+    state, estimates = calibration(context), context.log_index.estimates(tokenizer)
+    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
+    schemas = schema_estimate(request, tokenizer)
+    fixed += schemas
+    shrank = suspect = False  # the last count compared grew too little; this one
+    least: int | None = None
+    if served is not None and reported > 0:
+        if state.last is None:  # the run's first count: an earlier run's last one, if any
+            state.last, state.shrank = _kept_count(request, context, estimates)
+        last, state.last = state.last, _counted(request, reported, estimates, schemas)
+        shrank = state.shrank
+        if last is None or (least := _least(request, last, estimates)) is None:
+            state.shrank = shrank and _newest_count(context.messages)[2]  # past compactions
+        else:
+            state.shrank = suspect = reported < least  # it grew less than any scale allows
+            if suspect and (shrank or state.cut_warned):  # twice in a row, or known
+                state.distrusted = served
+                state.scale = max(state.scale, state.before, 1.0)
+                request_was = f"that adds to one it reported {last.tokens} for"
+                _partial_count(state, context, reported, least, request_was, window)
+                return False
+    if reported <= fixed or scaled <= 0:
+        return False
+    scale = (reported - fixed) / scaled
+    if served is not None and (scale < MIN_SCALE or suspect):
+        state.distrusted = served  # its count is not a prefix of the next request
+        if reported < (quarter := math.ceil(MIN_SCALE * (fixed + scaled))):
+            estimated = f"estimated at {fixed + scaled}"
+            _partial_count(state, context, reported, quarter, estimated, window)
+        return False
+    if served is not None:
+        state.before = state.scale
+        if state.cut_warned or (shrank and least is None):  # the server may cut: its
+            scale = max(scale, state.scale)  # counts may raise the scale, never lower it
+    state.scale = min(max(scale, MIN_SCALE), MAX_SCALE)
+    return True
+
+
+def _partial_count(
+    state: Calibration, context: RunContext, reported: int, least: int, request: str, window: int
+) -> None:
+    """Report a count under the ``least`` a whole prompt has: a span event each time, one
+    warning a run (``request`` describes it; ``window`` is the one compacted for)."""
+    attributes = {
+        telemetry.REPORTED_PROMPT_TOKENS: reported,
+        telemetry.LEAST_PROMPT_TOKENS: least,
+    }
+    trace.get_current_span().add_event(telemetry.PARTIAL_COUNT_EVENT, attributes)
+    if state.cut_warned:
+        return
+    state.cut_warned = True
+    logger.warning(
+        "manage_context: model %r reported %d prompt tokens for a request %s: the "
+        "server most likely cut the prompt to a context window smaller than the %d tokens "
+        "compacted for (Ollama can, without an error), or counts only what it had not "
+        "cached; such counts are not learned from. Give the model its window "
+        "(context_window=, or context_window_override= on manage_context), or update a "
+        "server that counts only uncached tokens",
+        context.model.name,
+        reported,
+        request,
+        window,
+    )
+
+
+def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: int) -> _Counted:
+    """``request`` and the ``tokens`` reported for it, with its estimates (``schemas``:
+    those of its schemas and settings)."""
+    leading = _instructions(request.messages)
+    instructions = estimates.total(request.messages[:leading])
+    rest = estimates.total(request.messages[leading:]) + schemas
+    return _Counted(request, tokens, instructions, rest)
+
+
+def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int | None:
+    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` count,
+    when its conversation extends that one's (``None`` otherwise): that count, less what
+    the instructions lost, plus ``MIN_SCALE`` of what was added other than answers and
+    images (a template may render an answer's reasoning, calls or text only near the end,
+    and a server counts an image as it sees fit)."""
+    previous = last.request
+    old, new = _instructions(previous.messages), _instructions(request.messages)
+    conversation = previous.messages[old:]
+    if (
+        previous.tools != request.tools
+        or previous.output_schema != request.output_schema
+        or request.messages[new : new + len(conversation)] != conversation
+    ):
+        return None
+    lost = last.instructions - estimates.total(request.messages[:new])
+    added = request.messages[new + len(conversation) :]
+    grown = 0
+    for message in added:
+        if message.role is Role.ASSISTANT:
+            continue
+        parts = [part for part in message.content if not isinstance(part, ImagePart)]
+        if len(parts) == len(message.content):
+            grown += estimates(message)
+        else:  # an image left out (a copy, not kept by ``estimates``)
+            grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
+    return last.tokens - max(lost, 0) + math.ceil(MIN_SCALE * grown)
+
+
+def _kept_count(
+    request: ModelRequest, context: RunContext, estimates: Estimates
+) -> tuple[_Counted | None, bool]:
+    """The count the log's newest answer kept (``COUNT_KEY``) as ``Calibration.last``: the part of
+    ``request`` before that answer stands for the request it counted when the same model
+    answered, no compaction record was logged since, and that part has as many messages
+    and the same estimate (``None`` otherwise); and whether it shrank (carried past a
+    compaction only)."""
+    answer, kept, compacted = _newest_count(context.messages)
+    shrank = kept.get("shrank") is True
+    if answer is None or compacted or kept["model"] != context.model.name:
+        return None, compacted and shrank
+    ids = [message.id for message in request.messages]
+    if answer.id not in ids or ids.index(answer.id) != kept["messages"]:
+        return None, False
+    earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
+    schemas = schema_estimate(earlier, estimates.tokenizer)
+    counted = _counted(earlier, kept["tokens"], estimates, schemas)
+    if counted.rest != kept["estimate"]:
+        return None, False
+    return attrs.evolve(counted, instructions=kept["instructions"]), shrank
+
+
+def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, Any], bool]:
+    """The log's newest answer that kept a count (``COUNT_KEY``), that count, and whether a
+    compaction record was logged after it; ``(None, {}, False)`` when none did."""
+    compacted = False
+    for answer in reversed(log):
+        compacted = compacted or is_record(answer)
+        kept = answer.metadata.get(COUNT_KEY) if answer.metadata else None
+        if (
+            isinstance(kept, Mapping)
+            and all(is_int(kept.get(key)) for key in _COUNT_FIGURES)
+            and isinstance(kept.get("model"), str)
+        ):
+            return answer, kept, compacted
+    return None, {}, False
+
+
+def _instructions(messages: Sequence[Message]) -> int:
+    """How many instruction messages ``messages`` starts with."""
+    return next((i for i, m in enumerate(messages) if not m.role.is_trusted), len(messages))
+
+
+def _split_estimate(
+    messages: Sequence[Message],
+    estimates: Callable[[Message], int],
+    known: Mapping[str, int],
+    dense: Mapping[str, float] | None = None,
+) -> tuple[int, int]:
+    """``messages`` as (tokens taken as they are: reported sizes (``known``), known densities
+    (``dense``), instructions' estimates; the conversation's estimated tokens, to be scaled)."""
+    fixed = scaled = 0
+    for message in messages:
+        if (size := known.get(message.id)) is not None:
+            fixed += size
+        elif dense and (density := dense.get(message.id)) is not None:
+            fixed += math.ceil(density * estimates(message))
+        elif message.role.is_trusted:
+            fixed += estimates(message)
+        else:
+            scaled += estimates(message)
+    return fixed, scaled
+
+
+def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
+    """The estimated tokens of the tool schemas, output schema and prompt settings."""
+    return estimate_request(
+        (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
+    )
+
+
+def request_size(
+    request: ModelRequest,
+    estimates: Estimates,
+    known: Mapping[str, int],
+    scale: float,
+    dense: Mapping[str, float] | None = None,
+) -> int:
+    """``request``'s size in the model's tokens as far as known: its messages (the conversation
+    times ``scale``, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
+    fixed, scaled = _split_estimate(request.messages, estimates, known, dense)
+    outside = schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
+    return fixed + math.ceil(scale * scaled) + outside
+
+
+def real_size(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
+    """The size of ``messages`` in the model's tokens as far as known."""
+    state = calibration(context)
+    estimates = context.log_index.estimates(tokenizer)
+    fixed, scaled = _split_estimate(messages, estimates, state.real, state.dense)
+    return fixed + math.ceil(state.scale * scaled)
+
+
+def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
+    """The request's size in the model's tokens as far as known, ``max_tokens`` included:
+    the input tokens reported for the run's previous request when this one extends it, plus
+    the rest estimated (the conversation scaled, a summary at the size the model reported)."""
+    prefix, count = _extended(request, context)
+    prefix = prefix or schema_estimate(request, tokenizer)  # else estimated whole
+    return (
+        prefix + real_size(request.messages[count:], context, tokenizer) + (request.max_tokens or 0)
+    )
+
+
+def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
+    """(the input tokens the provider reported for the run's previous request, how many
+    messages it had) when ``request`` extends it; (0, 0) otherwise."""
+    if context.last_exchange is not None:
+        previous, response = context.last_exchange
+        count = len(previous.messages)
+        if (
+            response.usage.input_tokens > 0
+            and response is not calibration(context).distrusted
+            and previous.tools == request.tools
+            and previous.output_schema == request.output_schema
+            and request.messages[:count] == previous.messages  # items compared by identity first
+        ):
+            return response.usage.input_tokens, count
+    return 0, 0
+
+
+def learn_added(
+    request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
+) -> bool:
+    """After an overflow of a request extending a calibrated one (the previous request, or up
+    to the newest answer with ``SCALE_KEY``), keep the density of what was added since: the
+    rest of ``reported``, over its estimate (``dense``); False without such a calibration."""
+    state, estimates = calibration(context), context.log_index.estimates(tokenizer)
+    rest, count = _extended(request, context)
+    if not rest:
+        marks = [i for i, m in enumerate(request.messages) if is_number(m.metadata.get(SCALE_KEY))]
+        count = marks[-1] + 1 if marks else len(request.messages)
+        rest = real_size(request.messages[:count], context, tokenizer)
+        rest += schema_estimate(request, tokenizer)
+    added = request.messages[count:]
+    fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
+    return _keep_density(state, added, reported - rest - fixed, scaled, replace=False)
+
+
+async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
+    """With a model that counts: the current turn's density (``dense``, replaced) from its
+    count of the turn alone with the instructions and schemas; False when it cannot tell."""
+    state, start = calibration(context), _turn_start(request, context)
+    if start == len(request.messages):
+        return False
+    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
+    counted = await model_count(attrs.evolve(request, messages=alone), context)
+    if counted is None:
+        return False
+    fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
+    fixed += schema_estimate(request, tokenizer)
+    return _keep_density(state, request.messages[start:], counted - fixed, scaled, replace=True)
+
+
+def _keep_density(
+    state: Calibration, messages: Sequence[Message], real: int, scaled: int, *, replace: bool
+) -> bool:
+    """Keep ``real`` over ``scaled`` tokens (bounded as a scale is) as the density of the
+    conversation's ``messages`` of no known size (nor density, without ``replace``); False
+    when the figures say nothing."""
+    if real <= 0 or scaled <= 0:
+        return False
+    density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
+    for message in messages:
+        known = message.id in state.real or (not replace and message.id in state.dense)
+        if not known and not message.role.is_trusted:
+            state.dense[message.id] = density
+    return True
+
+
+async def model_count(request: ModelRequest, context: RunContext) -> int | None:
+    """The model's count of ``request`` (``None`` when it cannot tell), remembered in
+    ``uncounted``."""
+    counted = await context.count_prompt_tokens(request)
+    calibration(context).uncounted = counted is None
+    return counted
+
+
+def margin(
+    request: ModelRequest, context: RunContext, tokenizer: Tokenizer, measured: float
+) -> int:
+    """How much the run's scale, learned from one overflow of ``request``, may undercount
+    its current request: what it gives the history beyond the ``measured`` scale of it."""
+    run = calibration(context)
+    if run.scale <= DENSE_GAP * measured:
+        return 0
+    earlier = request.messages[: _turn_start(request, context)]
+    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
+    return math.ceil((run.scale - measured) * history)
+
+
+def _turn_start(request: ModelRequest, context: RunContext) -> int:
+    """Where the current turn starts in ``request``: its last user message that the run's
+    log holds and that is no summary (the end of the request when there is none)."""
+    logged = [
+        i
+        for i, m in enumerate(request.messages)
+        if m.role is Role.USER and context.has_message(m.id) and not m.is_summary
+    ]
+    return logged[-1] if logged else len(request.messages)
+
+
+def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
+    """How far the known sizes of ``messages`` exceed the scaled estimates a state counts."""
+    run, estimates = calibration(context), context.log_index.estimates(tokenizer)
+    known = [m for m in messages if m.id in run.real or m.id in run.dense]
+    return real_size(known, context, tokenizer) - math.ceil(run.scale * sum(map(estimates, known)))
