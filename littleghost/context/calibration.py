@@ -28,13 +28,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("littleghost.context")
 
 __all__ = [
-    "MAX_SCALE",
-    "MIN_SCALE",
     "SCALE_KEY",
     "Calibration",
+    "calibrated_size",
     "calibration",
     "estimate_tokens",
     "excess",
+    "kept_scale",
     "learn_added",
     "learn_answer",
     "learn_scale",
@@ -43,6 +43,7 @@ __all__ = [
     "model_count",
     "real_size",
     "request_size",
+    "resume",
     "schema_estimate",
 ]
 
@@ -97,6 +98,18 @@ def calibration(context: RunContext) -> Calibration:
     return context.state_for(Calibration, Calibration)
 
 
+def resume(context: RunContext, scale: float) -> None:
+    """Start the run's calibration from the ``scale`` an earlier run kept (``kept_scale``)."""
+    state = calibration(context)
+    state.scale = state.kept = state.before = scale
+
+
+def kept_scale(metadata: Mapping[str, Any]) -> float | None:
+    """The scale an answer's ``metadata`` kept (``SCALE_KEY``), bounded; ``None`` without one."""
+    value = metadata.get(SCALE_KEY)
+    return min(max(float(value), MIN_SCALE), MAX_SCALE) if is_number(value) else None
+
+
 def learn_answer(
     response: ModelResponse, context: RunContext, tokenizer: Tokenizer, window: int
 ) -> dict[str, Any]:
@@ -106,7 +119,7 @@ def learn_answer(
     assert context.last_exchange is not None  # set by the turn's call the hook follows
     state = calibration(context)
     request, answered = context.last_exchange
-    learn_scale(request, answered.usage.input_tokens, context, tokenizer, answered, window)
+    learn_scale(request, answered.usage.input_tokens, context, tokenizer, window, answered)
     kept: dict[str, Any] = {}
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
@@ -128,22 +141,22 @@ def learn_scale(
     reported: int,
     context: RunContext,
     tokenizer: Tokenizer,
+    window: int,
     served: ModelResponse | None = None,
-    window: int = 0,
 ) -> bool:
     """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
     (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
-    For a request the model answered (``served``; the run compacts for ``window``), a count that is not the whole prompt
+    For a request the model answered (``served``), a count that is not the whole prompt
     learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
     request added to the previous one (``_least``; a run's first is compared with the
     count the log's last answer kept, ``_kept_count``), or under ``MIN_SCALE`` of the whole
-    estimate. Each of the second kind is reported (``_partial_count``); of the first, the
-    second in a row or one after a reported cut (one alone can be a template's: some drop
-    the tool schemas or earlier reasoning), which also takes the scale back to at least
-    what it was before the last count taught one, and at least 1.0; later counts of the
-    run may raise the scale, never lower it, nor may one that cannot be compared after
-    one that grew too little. A scale under ``MIN_SCALE`` that sizes known before explain
-    learns nothing either, unreported."""
+    estimate. Each of the second kind is reported (``_partial_count``, naming the ``window``
+    the run compacts for); of the first, the second in a row or one after a reported cut
+    (one alone can be a template's: some drop the tool schemas or earlier reasoning),
+    which also takes the scale back to at least what it was before the last count taught
+    one, and at least 1.0; later counts of the run may raise the scale, never lower it,
+    nor may one that cannot be compared after one that grew too little. A scale under
+    ``MIN_SCALE`` that sizes known before explain learns nothing either, unreported."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     schemas = schema_estimate(request, tokenizer)
@@ -333,6 +346,14 @@ def request_size(
     return fixed + math.ceil(scale * scaled) + outside
 
 
+def calibrated_size(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
+    """``request``'s size in the model's tokens as the run's calibration knows it
+    (``request_size``)."""
+    state = calibration(context)
+    estimates = context.log_index.estimates(tokenizer)
+    return request_size(request, estimates, state.real, state.scale, state.dense)
+
+
 def real_size(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
     """The size of ``messages`` in the model's tokens as far as known."""
     state = calibration(context)
@@ -431,12 +452,12 @@ def margin(
 ) -> int:
     """How much the run's scale, learned from one overflow of ``request``, may undercount
     its current request: what it gives the history beyond the ``measured`` scale of it."""
-    run = calibration(context)
-    if run.scale <= DENSE_GAP * measured:
+    state = calibration(context)
+    if state.scale <= DENSE_GAP * measured:
         return 0
     earlier = request.messages[: _turn_start(request, context)]
-    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), run.real)
-    return math.ceil((run.scale - measured) * history)
+    _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), state.real)
+    return math.ceil((state.scale - measured) * history)
 
 
 def _turn_start(request: ModelRequest, context: RunContext) -> int:
@@ -451,7 +472,10 @@ def _turn_start(request: ModelRequest, context: RunContext) -> int:
 
 
 def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """How far the known sizes of ``messages`` exceed the scaled estimates a state counts."""
-    run, estimates = calibration(context), context.log_index.estimates(tokenizer)
-    known = [m for m in messages if m.id in run.real or m.id in run.dense]
-    return real_size(known, context, tokenizer) - math.ceil(run.scale * sum(map(estimates, known)))
+    """How far the known sizes of ``messages`` exceed the scaled estimates a
+    ``CompactionState`` counts."""
+    state, estimates = calibration(context), context.log_index.estimates(tokenizer)
+    known = [m for m in messages if m.id in state.real or m.id in state.dense]
+    return real_size(known, context, tokenizer) - math.ceil(
+        state.scale * sum(map(estimates, known))
+    )

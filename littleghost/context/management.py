@@ -18,7 +18,7 @@ import attrs
 from attrs import define
 
 from littleghost import telemetry
-from littleghost._validators import is_int, is_number
+from littleghost._validators import is_int
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
@@ -29,12 +29,11 @@ from littleghost.context.budget import (
     view_only,
 )
 from littleghost.context.calibration import (
-    MAX_SCALE,
-    MIN_SCALE,
-    SCALE_KEY,
+    calibrated_size,
     calibration,
     estimate_tokens,
     excess,
+    kept_scale,
     learn_added,
     learn_answer,
     learn_scale,
@@ -42,7 +41,7 @@ from littleghost.context.calibration import (
     margin,
     model_count,
     real_size,
-    request_size,
+    resume,
     schema_estimate,
 )
 from littleghost.context.compaction import compaction_state
@@ -135,7 +134,8 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
 
 @define(eq=False)
 class _Run:
-    """What manage_context knows during one run."""
+    """What manage_context knows during one run, besides what the provider's counts taught
+    it (``calibration.Calibration``)."""
 
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
@@ -157,8 +157,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
         after, scale = remembered(context.messages)  # what earlier runs learned
-        calibrated = calibration(context)
-        calibrated.scale = calibrated.kept = calibrated.before = scale
+        resume(context, scale)
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
@@ -174,8 +173,8 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
             continue
         if after is None and is_int(message.metadata.get(AFTER_KEY)):
             after = message.metadata[AFTER_KEY]
-        if scale is None and is_number(value := message.metadata.get(SCALE_KEY)):
-            scale = min(max(float(value), MIN_SCALE), MAX_SCALE)
+        if scale is None:
+            scale = kept_scale(message.metadata)
         if after is not None and scale is not None:
             break
     return after, 1.0 if scale is None else scale
@@ -331,7 +330,9 @@ async def _compact_after_overflow(
         await learn_turn(request, context, config.tokenizer)
         or learn_added(request, reported, context, config.tokenizer)
     )
-    if reported and (learn_scale(request, reported, context, config.tokenizer) or added):
+    if reported and (
+        learn_scale(request, reported, context, config.tokenizer, state.window) or added
+    ):
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
@@ -389,12 +390,9 @@ async def _recover(
     async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
         """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
         under what the estimate makes of ``view`` as the count was over ``fits``."""
-        learn_scale(view, counted, context, config.tokenizer)
+        learn_scale(view, counted, context, config.tokenizer, state.window)
         size = counted + _answer_room(view)
-        estimates = context.log_index.estimates(config.tokenizer)
-        believed = request_size(
-            view, estimates, calibrated.real, calibrated.scale, calibrated.dense
-        )
+        believed = calibrated_size(view, context, config.tokenizer)
         aim = max(min(believed, fits) - (size - fits), 1)
         return await compact(view, estimated=size, limit=fits, fallback=aim)
 
@@ -583,10 +581,7 @@ async def _compact(
         change = real_size(added, context, config.tokenizer)
         change -= real_size(removed, context, config.tokenizer)
         if calibrated.scale != scale:  # ``estimated`` is in the old units: in the new
-            estimates = index.estimates(config.tokenizer)
-            estimated = outcome.before = request_size(
-                request, estimates, calibrated.real, calibrated.scale, calibrated.dense
-            )
+            estimated = outcome.before = calibrated_size(request, context, config.tokenizer)
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if fallback is not None and after > limit:
             compacted, after, outcome.cut_to = await _cut_results(
