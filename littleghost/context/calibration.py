@@ -57,6 +57,9 @@ of the rest (``estimate``: conversation, schemas and settings), and whether the 
 too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
 _COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
+DENSE_GAP = 1.25
+"""An overflow's scale this many times what its summary call measured of the history says
+the current request is denser (a smaller gap is per-message overhead the estimate omits)."""
 
 
 @frozen
@@ -450,9 +453,11 @@ def margin(
     """How much the run's scale, learned from one overflow of ``request``, may undercount
     its current request: what it gives the history beyond the ``measured`` scale of it."""
     state = calibration(context)
+    if state.scale <= DENSE_GAP * measured:
+        return 0
     earlier = request.messages[: _turn_start(request, context)]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), state.real)
-    return max(0, math.ceil((state.scale - measured) * history))
+    return math.ceil((state.scale - measured) * history)
 
 
 def _turn_start(request: ModelRequest, context: RunContext) -> int:
