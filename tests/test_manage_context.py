@@ -1130,8 +1130,8 @@ class TestOverflow:
     ) -> None:
         """No earlier calibration, and a question of digits a fifth of the window after a
         prose history: the overflow's scale is within DENSE_GAP of the one the summary
-        call measured of the history (1.55 to 1.25), which says per-message overhead, not
-        a denser question: no margin for one. But the model cannot count what recovery
+        call measured of the history (1.55 to 1.25), a gap the rule does not take for a
+        denser question: no margin for one. But the model cannot count what recovery
         makes: the summary, under the window (about 830 tokens), is taken 20 % under it
         by the model-free steps, and the retried call keeps the summary and the question."""
 

@@ -59,7 +59,9 @@ _COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 DENSE_GAP = 1.25
 """An overflow's scale this many times what its summary call measured of the history says
-the current request is denser (a smaller gap is per-message overhead the estimate omits)."""
+the current request is denser. A smaller gap is as often the estimate's units (the chat
+form's per-message framing against the summary's one transcript, a preserved tail denser
+than what was summarized), and leaving room for it would drop summaries that fit."""
 
 
 @frozen
