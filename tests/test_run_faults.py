@@ -239,12 +239,19 @@ class TestBoundedCleanup:
     ) -> None:
         """The deadline passes while the first result is being stored, after the second
         call finished: both results are stored, also when the two calls share an id."""
+        finished = anyio.Event()
 
         class SlowResults(InMemorySessionStore):
             async def append(self, session_id: str, messages: Sequence[Message]) -> None:
                 if any(message.tool_results for message in messages):
+                    if not self.stalled:  # the first result's write outlasts the deadline
+                        self.stalled = True
+                        await finished.wait()
+                        await anyio.sleep(0.5)
                     await anyio.sleep(0.15)
                 await super().append(session_id, messages)
+
+            stalled = False
 
         class Pair(Agent):
             cleanup_grace = 1.0  # room for both writes on a busy machine
@@ -258,6 +265,7 @@ class TestBoundedCleanup:
             async def slower(self) -> str:
                 """Finish while the first result is being stored."""
                 await anyio.sleep(0.05)
+                finished.set()
                 return "slower"
 
         calls = [ToolCall(ids[0], "fast", {}), ToolCall(ids[1], "slower", {})]
@@ -266,7 +274,7 @@ class TestBoundedCleanup:
         )
         store = SlowResults()
         with pytest.raises(DeadlineExceededError):
-            await Pair(model=model, session_store=store).run("Go.", session_id="s", timeout=0.1)
+            await Pair(model=model, session_store=store).run("Go.", session_id="s", timeout=0.5)
         stored = await store.load("s")
         valid(stored)
         assert [r.content for message in stored for r in message.tool_results] == [
