@@ -242,6 +242,8 @@ class TestBoundedCleanup:
         finished = anyio.Event()
 
         class SlowResults(InMemorySessionStore):
+            stalled = False
+
             async def append(self, session_id: str, messages: Sequence[Message]) -> None:
                 if any(message.tool_results for message in messages):
                     if not self.stalled:  # the first result's write outlasts the deadline
@@ -250,8 +252,6 @@ class TestBoundedCleanup:
                         await anyio.sleep(0.5)
                     await anyio.sleep(0.15)
                 await super().append(session_id, messages)
-
-            stalled = False
 
         class Pair(Agent):
             cleanup_grace = 1.0  # room for both writes on a busy machine
