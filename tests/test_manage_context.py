@@ -28,7 +28,7 @@ from littleghost import (
 from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
 from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.config import ContextManagement
-from littleghost.context.management import AFTER_KEY, remembered
+from littleghost.context.management import AFTER_KEY, RECOUNTS, remembered
 from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.records import is_record
 from littleghost.context.summarize import (
@@ -1169,6 +1169,76 @@ class TestOverflow:
         assert caught.value is overflow
         assert isinstance(caught.value.__cause__, CompactionError)
         assert [r.purpose for r in model.requests] == ["chat"]
+
+    async def test_an_overflow_figure_under_the_models_count_is_overruled_by_the_count(
+        self, spans: Spans
+    ) -> None:
+        """A provider whose overflow error reports half the prompt its count gives (a
+        figure under the window), and a summary call that fails: scaled by the figure, the
+        estimate finds nothing to compact; the model's count decides, so recovery compacts
+        without a model until the count fits. One overflow, one retry, and it fits."""
+        counting = Densities()
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                raise ProviderUnavailableError("summarizer down")
+            try:
+                return counting(request)
+            except ContextWindowOverflowError as error:
+                half = (error.prompt_tokens or 0) // 2
+                raise ContextWindowOverflowError("too long", prompt_tokens=half) from None
+
+        model = ScriptedModel([respond] * 4, count_prompt_tokens=counting.count)
+        result = await Lenient(model=model).run("And the coast?", history=_prose(9))
+        assert result.output == "ok"
+        sizes = counting.sizes
+        assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+        made = [e.get("littleghost.compaction.fallback") for e in spans.compactions()]
+        assert made[0] is None and made[1:] and all(made[1:])  # the summary failed
+        retried = spans.named("chat")[-1].attributes or {}
+        assert retried["littleghost.compaction.counted_prompt_tokens"] == sizes[-1]
+        assert model.requests[-1].messages[-1].text == "And the coast?"
+
+    @pytest.mark.parametrize("alone", [300, 1_100])
+    async def test_views_the_model_keeps_counting_over_the_window_end_at_the_turn_alone(
+        self, alone: int
+    ) -> None:
+        """A model whose count does not follow what recovery leaves out: any history
+        costs 1 100 tokens (the window is 1 000). After the summary, each tighter view
+        without a model is counted over; after at most ``RECOUNTS`` of them, the last is
+        the current request alone. When the model counts it within the window it is sent,
+        and the run answers; else the provider's error reaches the caller, caused by a
+        CompactionError with the count and the window, and nothing is retried."""
+        counted: list[int] = []
+
+        def count(request: ModelRequest) -> int:
+            counted.append(len(request.messages))
+            return alone if len(request.messages) == 2 else 1_100  # instructions and turn
+
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_100)
+        model = ScriptedModel(
+            [overflow, summary_step("- noted"), text_response("ok")], count_prompt_tokens=count
+        )
+        agent = Lenient(model=model)
+        if alone < 1_000:
+            result = await agent.run("And the coast?", history=_prose(9))
+            assert result.output == "ok"
+            assert [m.text for m in model.requests[-1].messages] == ["Be brief.", "And the coast?"]
+        else:
+            with pytest.raises(ContextWindowOverflowError) as caught:
+                await agent.run("And the coast?", history=_prose(9))
+            assert caught.value is overflow
+            cause = caught.value.__cause__
+            assert isinstance(cause, CompactionError)
+            assert str(cause) == (
+                "the model counts 1100 prompt tokens for the compacted request; with its "
+                "answer's room that is over the 1000-token window"
+            )
+            assert [r.purpose for r in model.requests] == ["chat", "context_compaction"]
+        _, _, *views = counted  # the turn alone, the request; the compacted view, each tighter
+        assert 2 <= len(views) <= 2 + RECOUNTS
+        assert views == sorted(views, reverse=True) and views[-1] == 2
 
     async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
         """Uncalibrated, recovery aims 20 % under the window; when its compaction lands

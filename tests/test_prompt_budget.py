@@ -737,9 +737,9 @@ class TestWithSummaries:
         self,
     ) -> None:
         """summarize=False, and a model that counts every tighter view over the window:
-        once the view is the current request alone (after at most RECOUNTS tighter views)
-        recovery gives up, the provider's error caused by a CompactionError with the last
-        count and the window; no retry."""
+        once the view is the current request alone (after at most RECOUNTS tighter views
+        and a last one) recovery gives up, the provider's error caused by a CompactionError
+        with the last count and the window; no retry."""
         counted: list[int] = []
 
         def count(request: ModelRequest) -> int:
@@ -754,8 +754,30 @@ class TestWithSummaries:
             "in 800 tokens"
         )
         _, *views = counted  # the turn alone (its density), the view, each tighter one
-        assert 2 <= len(views) <= 1 + RECOUNTS
+        assert 2 <= len(views) <= 2 + RECOUNTS
         assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
+
+    async def test_the_last_tighter_view_is_the_turn_alone(self) -> None:
+        """summarize=False, a history of many short turns, and a model whose count does
+        not follow what the view leaves out (any history costs 3 300 tokens of a 3 000
+        window, the turn alone 300): each tighter view is counted over, and after at most
+        ``RECOUNTS`` of them the last is the current turn alone, which is sent; the run
+        answers."""
+        counted: list[int] = []
+
+        def count(request: ModelRequest) -> int:
+            counted.append(len(request.messages))
+            return 300 if len(request.messages) == 2 else 3_300  # instructions and turn
+
+        turns = [(Message.user(f"hi {i}"), Message.assistant("fine")) for i in range(300)]
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=3_500, context_window=3_000)
+        model = ScriptedModel([overflow, text_response("ok")], count_prompt_tokens=count)
+        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)
+        result = await agent.run("now", history=[m for pair in turns for m in pair])
+        assert result.output == "ok"
+        assert [m.text for m in model.requests[-1].messages][1:] == ["now"]
+        _, *views = counted  # the turn alone (its density), the view, each tighter one
+        assert 2 < len(views) <= 2 + RECOUNTS and views[-1] == 2
 
     async def test_a_memory_provider_failing_in_recovery_fails_with_the_overflow(
         self, caplog: pytest.LogCaptureFixture, spans: Spans

@@ -8,7 +8,8 @@ against it. Whatever the case: a run that fails ends in the provider's
 overflow); every request shown pairs calls with results; the stored log keeps every
 message. When the provider says the prompt's size (in its error or by counting) and the
 window (in its error, or declared right), the run fails only when the current request
-alone does not fit. With a provider that counts, always: the count decides. With one
+alone does not fit. With a provider that counts, always: the count decides, even when its
+error's figure says another size (half to twice the count). With one
 that only gives the overflow's figure, the request recovery makes is estimated, aimed
 20 % under the window: about 6 recoveries in 1 000, whose new records (summary quotes,
 excerpts) or current turn are denser than that margin allows, overflow again.
@@ -111,8 +112,8 @@ class Dense:
     """A provider whose tokenizer makes each character's tokens ``factors[class]`` times
     the estimate's (instructions' at ``factors["trusted"]``, four tokens a message): a
     request whose tokens and answer room are over ``window`` is refused with a
-    ``ContextWindowOverflowError`` carrying its prompt size and window (``figures``), or
-    not; it counts prompts (``counts``) and reports every answered request's tokens. Chat
+    ``ContextWindowOverflowError`` carrying its prompt size (times ``misreport``) and
+    window (``figures``), or not; it counts prompts (``counts``) and reports every answered request's tokens. Chat
     calls call the tool ``look`` ``loop`` times, then answer."""
 
     provider = "dense"
@@ -120,7 +121,13 @@ class Dense:
     context_window = None
 
     def __init__(
-        self, window: int, factors: dict[str, float], figures: bool, counts: bool, loop: int
+        self,
+        window: int,
+        factors: dict[str, float],
+        figures: bool,
+        counts: bool,
+        loop: int,
+        misreport: float = 1.0,
     ) -> None:
         self.window = window
         self.factors = factors
@@ -128,6 +135,7 @@ class Dense:
         self.figures = figures
         self.counts = counts
         self.loop = loop
+        self.misreport = misreport
         self.answered = 0
         self.chats: list[tuple[int, ModelRequest, int, bool]] = []  # (step, request, real, refused)
         self.summaries: list[ModelRequest] = []
@@ -167,7 +175,7 @@ class Dense:
             raise ContextWindowOverflowError(
                 "prompt is too long",
                 provider="dense",
-                prompt_tokens=real if self.figures else None,
+                prompt_tokens=math.ceil(real * self.misreport) if self.figures else None,
                 context_window=self.window if self.figures else None,
             )
         if summary:
@@ -202,6 +210,7 @@ class Case:
     declared: int
     figures: bool
     counts: bool
+    misreport: float
     factors: dict[str, float]
     options: dict[str, Any]
     max_tokens: int | None
@@ -244,12 +253,14 @@ class Case:
             options.update(budget=budget, summarize=False, mask_tool_results=None)
         elif mode >= 0.9:
             options["strategy"] = rng.choice(STRATEGIES)
+        misreport = rng.choice((1.0, 1.0, 0.5, 0.8, 1.25, 2.0)) if counts else 1.0
         return cls(
             seed=seed,
             window=window,
             declared=declared,
             figures=figures,
             counts=counts,
+            misreport=misreport,
             factors=factors,
             options=options,
             max_tokens=max_tokens,
@@ -277,7 +288,9 @@ class Case:
                 return results[n - 1]
 
         managed = manage_context(context_window_override=self.declared, **self.options)(Probe)
-        model = Dense(self.window, self.factors, self.figures, self.counts, len(results))
+        model = Dense(
+            self.window, self.factors, self.figures, self.counts, len(results), self.misreport
+        )
         return managed(model=model, session_store=InMemorySessionStore())
 
 

@@ -99,7 +99,8 @@ CUT_FLOOR_TOKENS = 64
 """The shortest such a cut leaves a tool result."""
 RECOUNTS = 3
 """How many more times overflow recovery compacts, without a model, a request the model
-counts over the window (``count_prompt_tokens``) before it gives up."""
+counts over the window (``count_prompt_tokens``), before a last time aimed at the current
+request alone."""
 
 
 def manage_context(cls: C | None = None, /, **options: Any) -> Any:
@@ -387,13 +388,14 @@ async def _recover(
         _compact, context=context, config=config, reason="overflow", window=window, target=target
     )
 
-    async def tighten(view: ModelRequest, counted: int) -> ModelRequest:
+    async def tighten(view: ModelRequest, counted: int, last: bool) -> ModelRequest:
         """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
-        under what the estimate makes of ``view`` as the count was over ``fits``."""
+        under what the estimate makes of ``view`` as the count was over ``fits`` (the
+        ``last`` time, at the current request alone)."""
         learn_scale(view, counted, context, config.tokenizer, state.window)
         size = counted + _answer_room(view)
         believed = calibrated_size(view, context, config.tokenizer)
-        aim = max(min(believed, fits) - (size - fits), 1)
+        aim = 1 if last else max(min(believed, fits) - (size - fits), 1)
         return await compact(view, estimated=size, limit=fits, fallback=aim)
 
     compacted, failure = request, None
@@ -439,10 +441,11 @@ async def _counted_fit(
     request: ModelRequest,
     context: RunContext,
     fits: int,
-    tighten: Callable[[ModelRequest, int], Awaitable[ModelRequest]],
+    tighten: Callable[[ModelRequest, int, bool], Awaitable[ModelRequest]],
 ) -> ModelRequest | None:
     """``request`` once the model counts it, with its answer's room, within ``fits``, after
-    ``tighten(request, count)`` at most ``RECOUNTS`` times; ``None`` if the model cannot count.
+    ``tighten(request, count, last)`` at most ``RECOUNTS`` times and a ``last`` one;
+    ``None`` if the model cannot count.
 
     Raises:
         CompactionError: The model still counts it over ``fits``.
@@ -450,13 +453,13 @@ async def _counted_fit(
     counted = await model_count(request, context)
     if counted is None:
         return None
-    for recount in range(RECOUNTS + 1):
+    for recount in range(RECOUNTS + 2):
         if counted + _answer_room(request) <= fits:
             context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
             return request
-        if recount == RECOUNTS:
+        if recount > RECOUNTS:
             break
-        request = await tighten(request, counted)
+        request = await tighten(request, counted, recount == RECOUNTS)
         recounted = await model_count(request, context)
         if recounted is None:
             return request  # the model no longer counts: the estimate says it fits
@@ -755,9 +758,9 @@ async def _shrink(
         set_limit(limit, f"{why} leave no room for a prompt")
         shrunk, report = await bounded()
 
-        async def tighter(view: ModelRequest, counted: int) -> ModelRequest:
+        async def tighter(view: ModelRequest, counted: int, last: bool) -> ModelRequest:
             nonlocal limit, report
-            limit = int(0.9 * limit * fits / (counted + _answer_room(view)))
+            limit = 1 if last else int(0.9 * limit * fits / (counted + _answer_room(view)))
             limit = min(limit, report.estimated_prompt_tokens - 1)  # under the view it tightens
             set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             tighter_view, report = await bounded()
