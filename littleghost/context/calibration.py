@@ -116,12 +116,20 @@ def learn_answer(
     response: ModelResponse, context: RunContext, tokenizer: Tokenizer, window: int
 ) -> dict[str, Any]:
     """Learn the scale from the input tokens reported for the turn's request (the run
-    compacts for ``window``); what ``response``'s metadata keeps of it: the scale
-    (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
+    compacts for ``window``), or, for a request that was the current turn alone while the
+    log holds more, that turn's density only; what ``response``'s metadata keeps of it: the
+    scale (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
     assert context.last_exchange is not None  # set by the turn's call the hook follows
     state = calibration(context)
     request, answered = context.last_exchange
-    learn_scale(request, answered.usage.input_tokens, context, tokenizer, window, answered)
+    reported = answered.usage.input_tokens
+    if learn_scale(request, reported, context, tokenizer, window, answered):
+        start = _turn_start(request, context)
+        alone = all(m.role.is_trusted for m in request.messages[:start])
+        if alone and _learn_alone(request, start, reported, context, tokenizer):
+            sent = {m.id for m in request.messages}
+            if any(not m.role.is_trusted and m.id not in sent for m in context.view()):
+                state.scale = state.before  # the turn alone says nothing of what it left out
     kept: dict[str, Any] = {}
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
@@ -413,16 +421,31 @@ def learn_added(
 async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
     """With a model that counts: the current turn's density (``dense``, replaced) from its
     count of the turn alone with the instructions and schemas; False when it cannot tell."""
-    state, start = calibration(context), _turn_start(request, context)
+    start = _turn_start(request, context)
     if start == len(request.messages):
         return False
-    alone = [*(m for m in request.messages[:start] if m.role.is_trusted), *request.messages[start:]]
-    counted = await model_count(attrs.evolve(request, messages=alone), context)
+    alone = attrs.evolve(request, messages=_alone(request.messages, start))
+    counted = await model_count(alone, context)
     if counted is None:
         return False
+    return _learn_alone(request, start, counted, context, tokenizer)
+
+
+def _learn_alone(
+    request: ModelRequest, start: int, counted: int, context: RunContext, tokenizer: Tokenizer
+) -> bool:
+    """Keep the density of ``request``'s current turn (from ``start``, ``dense``, replaced)
+    from ``counted``, the model's tokens of that turn alone with the instructions and
+    schemas; False when the figures say nothing."""
+    state, alone = calibration(context), _alone(request.messages, start)
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
     fixed += schema_estimate(request, tokenizer)
     return _keep_density(state, request.messages[start:], counted - fixed, scaled, replace=True)
+
+
+def _alone(messages: Sequence[Message], start: int) -> list[Message]:
+    """The instructions before ``start`` and the current turn from it."""
+    return [*(m for m in messages[:start] if m.role.is_trusted), *messages[start:]]
 
 
 def _keep_density(
