@@ -1194,8 +1194,19 @@ class TestOverflow:
         sizes = counting.sizes
         assert sizes[0] > 1_000 >= sizes[-1] and len(sizes) == 2  # one overflow, one retry
         assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
-        made = [e.get("littleghost.compaction.fallback") for e in spans.compactions()]
-        assert made[0] is None and made[1:] and all(made[1:])  # the summary failed
+        made = [
+            (
+                e.get("littleghost.compaction.fallback"),
+                e.get("error.type"),
+                e["littleghost.compaction.estimated_tokens"],
+            )
+            for e in spans.compactions()
+        ]
+        assert made == [
+            (None, "ProviderUnavailableError", sizes[0] // 2),  # the summary, by the figure
+            (True, "CompactionError", sizes[0] // 2),  # the figure: nothing to compact
+            (True, None, sizes[0] + 1),  # aimed by the count, with the answer's room
+        ]
         retried = spans.named("chat")[-1].attributes or {}
         assert retried["littleghost.compaction.counted_prompt_tokens"] == sizes[-1]
         assert model.requests[-1].messages[-1].text == "And the coast?"
@@ -1205,12 +1216,15 @@ class TestOverflow:
         self, alone: int
     ) -> None:
         """A model whose count does not follow what recovery leaves out: any history
-        costs 1 100 tokens (the window is 1 000). After the summary, each tighter view
-        without a model is counted over; after at most ``RECOUNTS`` of them, the last is
-        the current request alone. When the model counts it within the window it is sent,
-        and the run answers; else the provider's error reaches the caller, caused by a
-        CompactionError with the count and the window, and nothing is retried."""
+        costs 1 100 tokens (the window is 1 000), and the history is many short turns, so
+        views aimed by the count leave out little each time. Each view without a model is
+        counted over; after at most ``RECOUNTS`` tighter ones, the last is the current
+        request alone. When the model counts it within the window it is sent, and the run
+        answers; else the provider's error reaches the caller, caused by a CompactionError
+        that says so, and nothing is retried."""
         counted: list[int] = []
+        turns = [(Message.user(f"q {i}"), Message.assistant(f"a {i}")) for i in range(9)]
+        history = [message for turn in turns for message in turn]
 
         def count(request: ModelRequest) -> int:
             counted.append(len(request.messages))
@@ -1222,12 +1236,12 @@ class TestOverflow:
         )
         agent = Lenient(model=model)
         if alone < 1_000:
-            result = await agent.run("And the coast?", history=_prose(9))
+            result = await agent.run("And the coast?", history=history)
             assert result.output == "ok"
             assert [m.text for m in model.requests[-1].messages] == ["Be brief.", "And the coast?"]
         else:
             with pytest.raises(ContextWindowOverflowError) as caught:
-                await agent.run("And the coast?", history=_prose(9))
+                await agent.run("And the coast?", history=history)
             assert caught.value is overflow
             cause = caught.value.__cause__
             assert isinstance(cause, CompactionError)
@@ -1236,9 +1250,9 @@ class TestOverflow:
                 "answer's room that is over the 1000-token window"
             )
             assert [r.purpose for r in model.requests] == ["chat", "context_compaction"]
-        _, _, *views = counted  # the turn alone, the request; the compacted view, each tighter
-        assert 2 <= len(views) <= 2 + RECOUNTS
+        _, *views = counted  # the turn alone (its density); the request, each tighter view
         assert views == sorted(views, reverse=True) and views[-1] == 2
+        assert len(set(views)) <= 2 + RECOUNTS  # the request, RECOUNTS views, the last
 
     async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
         """Uncalibrated, recovery aims 20 % under the window; when its compaction lands
@@ -1928,6 +1942,39 @@ class TestCountSpans:
 
 
 class TestEstimateUnits:
+    async def test_a_run_without_history_keeps_the_scale_of_its_whole_request(self) -> None:
+        """A first run (no history) whose tool loop adds digits, then prose: each answered
+        request is the current turn alone, and the conversation holds nothing else, so
+        each count scales the whole conversation; the scale the last answer keeps for the
+        next run is its whole request's, not that of what its turn added last."""
+        counting, answered = Densities(prose=1.0), 0
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal answered
+            answered += 1
+            real = counting.count(request)
+            if answered <= 2:
+                return tool_call_response("look", {"i": answered}, input_tokens=real)
+            return text_response("ok", input_tokens=real)
+
+        @manage_context(context_window_tokens=100_000)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            def look(self, i: int) -> str:
+                """Look."""
+                if i == 1:
+                    return " ".join(str(10_000 + 7 * k) for k in range(500))
+                return "The hills are green. " * 150
+
+        model = ScriptedModel([respond] * 3)
+        result = await Looking(model=model).run("Tell me about the hills and the coast.")
+        kept = [m.metadata[SCALE_KEY] for m in result.messages if SCALE_KEY in m.metadata]
+        last = model.requests[-1]
+        whole = counting.count(last) / estimate_request(last.messages, last.tools, {})
+        assert len(kept) == 2 and kept[-1] == pytest.approx(whole, rel=0.05)
+
     async def test_a_compaction_is_judged_in_the_units_it_was_triggered_in(
         self, spans: Spans
     ) -> None:

@@ -49,8 +49,8 @@ SEED = 20261202
 CASES = 400
 UNCOUNTED_MISSES = 0.01
 """The share of cases of a provider that cannot count that may still overflow twice (in
-7 000 cases from ``SEED``: 6 of 2 119, in 1 228 recoveries; the engine before this test,
-71; in 6 000 others, from 30 000 000: 3 of 1 753, in 1 024)."""
+7 000 cases from ``SEED``: 6 of 2 119, of which 1 228 overflowed; the engine before this
+test, 71; in 6 000 others, from 30 000 000: 3 of 1 753, of which 1 024 overflowed)."""
 KINDS = ("prose", "digits", "json", "cjk")
 STRATEGIES = (
     Truncation(minimum_preserved=2),
@@ -113,8 +113,9 @@ class Dense:
     the estimate's (instructions' at ``factors["trusted"]``, four tokens a message): a
     request whose tokens and answer room are over ``window`` is refused with a
     ``ContextWindowOverflowError`` carrying its prompt size (times ``misreport``) and
-    window (``figures``), or not; it counts prompts (``counts``) and reports every answered request's tokens. Chat
-    calls call the tool ``look`` ``loop`` times, then answer."""
+    window (``figures``), or not; it counts prompts (``counts``) and reports every
+    answered request's tokens. Chat calls call the tool ``look`` ``loop`` times, then
+    answer."""
 
     provider = "dense"
     name = "dense"

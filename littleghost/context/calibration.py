@@ -116,20 +116,18 @@ def learn_answer(
     response: ModelResponse, context: RunContext, tokenizer: Tokenizer, window: int
 ) -> dict[str, Any]:
     """Learn the scale from the input tokens reported for the turn's request (the run
-    compacts for ``window``), or, for a request that was the current turn alone while the
-    log holds more, that turn's density only; what ``response``'s metadata keeps of it: the
-    scale (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
+    compacts for ``window``), or, for the current turn alone while the conversation holds
+    more, that turn's density only; what ``response``'s metadata keeps of it: the scale
+    (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
     assert context.last_exchange is not None  # set by the turn's call the hook follows
     state = calibration(context)
     request, answered = context.last_exchange
     reported = answered.usage.input_tokens
     if learn_scale(request, reported, context, tokenizer, window, answered):
         start = _turn_start(request, context)
-        alone = all(m.role.is_trusted for m in request.messages[:start])
-        if alone and _learn_alone(request, start, reported, context, tokenizer):
-            sent = {m.id for m in request.messages}
-            if any(not m.role.is_trusted and m.id not in sent for m in context.view()):
-                state.scale = state.before  # the turn alone says nothing of what it left out
+        if _left_out(request, start, context):  # the count says nothing of what was left out
+            _learn_alone(request, start, reported, context, tokenizer)
+            state.scale = state.before
     kept: dict[str, Any] = {}
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
@@ -441,6 +439,15 @@ def _learn_alone(
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
     fixed += schema_estimate(request, tokenizer)
     return _keep_density(state, request.messages[start:], counted - fixed, scaled, replace=True)
+
+
+def _left_out(request: ModelRequest, start: int, context: RunContext) -> bool:
+    """Whether ``request`` is the current turn alone (from ``start``, with instructions)
+    while the conversation holds more."""
+    if not all(m.role.is_trusted for m in request.messages[:start]):
+        return False
+    sent = {m.id for m in request.messages}
+    return any(not m.role.is_trusted and m.id not in sent for m in context.view())
 
 
 def _alone(messages: Sequence[Message], start: int) -> list[Message]:
