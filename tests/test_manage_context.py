@@ -1219,15 +1219,16 @@ class TestOverflow:
         costs 1 100 tokens (the window is 1 000), and the history is many short turns, so
         views aimed by the count leave out little each time. Each view without a model is
         counted over; after at most ``RECOUNTS`` tighter ones, the last is the current
-        request alone. When the model counts it within the window it is sent, and the run
-        answers; else the provider's error reaches the caller, caused by a CompactionError
-        that says so, and nothing is retried."""
-        counted: list[int] = []
+        request alone (counted once, first, for its density: no request is counted twice).
+        When the model counts it within the window it is sent, and the run answers; else the
+        provider's error reaches the caller, caused by a CompactionError that says so, and
+        nothing is retried."""
+        counted: list[ModelRequest] = []
         turns = [(Message.user(f"q {i}"), Message.assistant(f"a {i}")) for i in range(9)]
         history = [message for turn in turns for message in turn]
 
         def count(request: ModelRequest) -> int:
-            counted.append(len(request.messages))
+            counted.append(request)
             return alone if len(request.messages) == 2 else 1_100  # instructions and turn
 
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_100)
@@ -1250,9 +1251,11 @@ class TestOverflow:
                 "answer's room that is over the 1000-token window"
             )
             assert [r.purpose for r in model.requests] == ["chat", "context_compaction"]
-        _, *views = counted  # the turn alone (its density); the request, each tighter view
-        assert views == sorted(views, reverse=True) and views[-1] == 2
-        assert len(set(views)) <= 2 + RECOUNTS  # the request, RECOUNTS views, the last
+        turn, *views = [len(request.messages) for request in counted]
+        assert turn == 2  # the turn alone, for its density; then the request, each tighter view
+        assert views == sorted(views, reverse=True) and len(set(views)) == len(views)
+        assert 2 <= len(views) <= 1 + RECOUNTS  # the last, the turn alone, was counted first
+        assert all(a != b for i, a in enumerate(counted) for b in counted[:i])
 
     async def test_a_recovery_under_the_window_but_over_its_margin_is_kept(self) -> None:
         """Uncalibrated, recovery aims 20 % under the window; when its compaction lands

@@ -761,8 +761,8 @@ class TestWithSummaries:
         """summarize=False, a history of many short turns, and a model whose count does
         not follow what the view leaves out (any history costs 3 300 tokens of a 3 000
         window, the turn alone 300): each tighter view is counted over, and after at most
-        ``RECOUNTS`` of them the last is the current turn alone, which is sent; the run
-        answers."""
+        ``RECOUNTS`` of them the last is the current turn alone (counted once, first, for
+        its density), which is sent; the run answers."""
         counted: list[int] = []
 
         def count(request: ModelRequest) -> int:
@@ -776,8 +776,9 @@ class TestWithSummaries:
         result = await agent.run("now", history=[m for pair in turns for m in pair])
         assert result.output == "ok"
         assert [m.text for m in model.requests[-1].messages][1:] == ["now"]
-        _, *views = counted  # the turn alone (its density), the view, each tighter one
-        assert 2 < len(views) <= 2 + RECOUNTS and views[-1] == 2
+        turn, *views = counted  # the turn alone (its density); the view, each tighter one
+        assert turn == 2 and 2 < len(views) <= 1 + RECOUNTS
+        assert views == sorted(views, reverse=True) and len(set(views)) == len(views) > 2
 
     async def test_a_memory_provider_failing_in_recovery_fails_with_the_overflow(
         self, caplog: pytest.LogCaptureFixture, spans: Spans

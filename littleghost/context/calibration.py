@@ -62,6 +62,9 @@ DENSE_GAP = 1.25
 the current request is denser. A smaller gap is as often the estimate's units (the chat
 form's per-message framing against the summary's one transcript, a preserved tail denser
 than what was summarized), and leaving room for it would drop summaries that fit."""
+RECALLED = 8
+"""How many of the model's newest counts a run remembers, so a request it counted again
+(the turn alone, a view recovery built before) costs the provider no second call."""
 
 
 @frozen
@@ -93,6 +96,7 @@ class Calibration:
     before: float = 1.0  # the scale before the last answered count that taught one
     kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
     uncounted: bool | None = None  # the model's last count this overflow gave no figure
+    counts: list[tuple[ModelRequest, int]] = field(factory=list)  # the newest, ``RECALLED``
 
 
 def calibration(context: RunContext) -> Calibration:
@@ -473,9 +477,16 @@ def _keep_density(
 
 async def model_count(request: ModelRequest, context: RunContext) -> int | None:
     """The model's count of ``request`` (``None`` when it cannot tell), remembered in
-    ``uncounted``."""
+    ``uncounted``; a request among the run's ``RECALLED`` newest counts is not counted again."""
+    state = calibration(context)
+    for known, tokens in state.counts:
+        if known == request:
+            state.uncounted = False
+            return tokens
     counted = await context.count_prompt_tokens(request)
-    calibration(context).uncounted = counted is None
+    state.uncounted = counted is None
+    if counted is not None:
+        state.counts = [*state.counts[1 - RECALLED :], (request, counted)]
     return counted
 
 
