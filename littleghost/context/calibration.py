@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost._validators import is_int, is_number
+from littleghost.context.groups import SYSTEM
 from littleghost.context.records import is_record
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
 from littleghost.messages import ImagePart, Message, Role
@@ -447,11 +448,16 @@ def _learn_alone(
 
 def _left_out(request: ModelRequest, start: int, context: RunContext) -> bool:
     """Whether ``request`` is the current turn alone (from ``start``, with instructions)
-    while the conversation holds more."""
-    if not all(m.role.is_trusted for m in request.messages[:start]):
+    while the conversation holds more: the view's first group past the instructions is
+    not the turn's (read from the engine's index, not a copy of the view)."""
+    if start == len(request.messages) or not all(
+        m.role.is_trusted for m in request.messages[:start]
+    ):
         return False
-    sent = {m.id for m in request.messages}
-    return any(not m.role.is_trusted and m.id not in sent for m in context.view())
+    kinds, members = context.log_index.layout.slots()
+    groups = zip(kinds, members, strict=True)
+    first = next((group[0] for kind, group in groups if kind != SYSTEM), None)
+    return first is not None and first.id != request.messages[start].id
 
 
 def _alone(messages: Sequence[Message], start: int) -> list[Message]:
