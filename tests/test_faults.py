@@ -24,9 +24,11 @@ from tests.faults import (
     VARIANTS,
     ChaosAgent,
     Checking,
+    _store,
     campaign,
     figures,
     log_problems,
+    one_run,
     unanswered,
 )
 
@@ -92,6 +94,21 @@ async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Pat
     outcomes = set(report.by_outcome)
     assert {"completed", "cancelled by the caller", "DeadlineExceededError"} <= outcomes
     assert {"SessionStoreError", "SystemExit", "ContextWindowOverflowError"} <= outcomes
+
+
+async def test_a_summary_of_the_current_turn_stays_in_a_tight_bounded_view(
+    tmp_path: Path,
+) -> None:
+    """A run the harness found (a bounded view with summaries): summaries made in the
+    current turn stand for its older steps; an overflow error then says the window is half
+    the one declared, and the next view, bounded in that window, had no room for them at
+    the summary's cap and left them out. They are part of the turn now, cut toward the
+    floor as its results are: the model is shown every message of the turn."""
+    async with _store("sqlite", tmp_path) as store:
+        outcome, chaos = await one_run(random.Random(f"{SEED}-43"), store, "run-43")
+    assert chaos.variant == "bounded view and summaries"
+    assert chaos.fired["summary call"] > 0 and chaos.fired["model overflow with figures"] > 0
+    assert outcome.violations == []
 
 
 TIGHT_RUNS = 200

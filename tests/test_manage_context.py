@@ -2488,6 +2488,33 @@ class TestPreview:
         await Small(model=model).run(log[-1], history=log[:-1])
         assert model.requests[0].purpose == "context_compaction"
 
+    async def test_a_bounded_view_is_sized_by_the_calibration_an_earlier_run_kept(
+        self,
+    ) -> None:
+        """A bounded view the kept scale puts over the window less the reserves is
+        tightened, in the preview as in the run's first call."""
+
+        @manage_context(
+            context_window_tokens=2_000,
+            budget=PromptBudget(
+                prompt_budget_tokens=1_500, response_reserve_tokens=100, safety_reserve_tokens=50
+            ),
+            summarize=False,
+        )
+        class Bounded(Agent):
+            instructions = "Answer."
+
+        log = [*chat(60), Message.user("go")]
+        plain = self.preview(Bounded(), log, 2_000)
+        log[-2] = attrs.evolve(log[-2], metadata={SCALE_KEY: 4.0})  # the last run's answer
+        preview = self.preview(Bounded(), log, 2_000)
+        assert plain.estimated_tokens * 4 > 2_000  # at that scale, the plain view is over
+        assert len(preview.request.messages) < len(plain.request.messages)
+        assert preview.estimated_tokens - 100 <= 2_000 - 100 - 50  # its max_tokens: 100
+        model = ScriptedModel([text_response("ok")])
+        await Bounded(model=model).run(log[-1], history=log[:-1])
+        assert model.requests[0] == preview.request
+
 
 @pytest.mark.parametrize(
     ("keyword", "value"), [("strategy", Truncation), ("tokenizer", ByteEstimator)]

@@ -851,6 +851,71 @@ class TestWithSummaries:
         assert estimate_tokens(now, context, BYTES) < 1_000
 
 
+class Dense:
+    """A provider that counts three tokens for every estimated one (dense text) and refuses
+    a request over its ``context_window`` with the figures; its tool loop calls ``weather``
+    ``loop`` times, then answers."""
+
+    provider = "dense"
+    name = "dense"
+
+    def __init__(self, context_window: int, loop: int) -> None:
+        self.context_window = context_window
+        self.loop = loop
+        self.calls: list[tuple[ModelRequest, bool]] = []  # (request, refused)
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        real = 3 * estimate_request(request.messages, request.tools, {})
+        refused = real + (request.max_tokens or 0) > self.context_window
+        self.calls.append((request, refused))
+        if refused:
+            raise ContextWindowOverflowError(
+                "too long", prompt_tokens=real, context_window=self.context_window
+            )
+        answered = sum(not was for _, was in self.calls)
+        if answered <= self.loop:
+            return tool_call_response("weather", {"city": f"city {answered}"}, input_tokens=real)
+        return text_response("ok", input_tokens=real)
+
+
+class TestCalibratedViews:
+    async def test_a_view_is_sized_by_the_scale_the_providers_counts_teach(self) -> None:
+        """summarize=False, a provider that counts three tokens for every estimated one:
+        its first call overflows (nothing calibrated yet) and is recovered; from then on,
+        each view of the tool loop is bounded so that, at the scale the counts taught, it
+        fits the window less the reserves, and not much less: no later call overflows."""
+        model = Dense(4_000, loop=3)
+        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)
+        result = await agent.run("now", history=history(60))
+        assert result.output == "ok"
+        assert [refused for _, refused in model.calls] == [True, False, False, False, False]
+        room = 4_000 - 100 - 50
+        recovered, *later = [
+            3 * estimate_request(r.messages, r.tools, {}) for r, _ in model.calls[1:]
+        ]
+        assert recovered <= room and all(0.85 * room < tokens <= room for tokens in later)
+
+    async def test_a_window_an_overflow_reports_bounds_the_rest_of_the_run(
+        self, caplog: pytest.LogCaptureFixture, anyio_backend: str
+    ) -> None:
+        """summarize=False, 4 000 tokens declared: an overflow error says the window is 800,
+        so the recovered call and every later call of the tool loop are bounded in 800,
+        and one warning names both figures."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_500, context_window=800)
+        steps = [tool_call_response("weather", {"city": f"city {n}"}) for n in range(3)]
+        model = ScriptedModel([overflow, *steps, text_response("ok")], name=anyio_backend)
+        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)  # warned once a model
+        result = await agent.run("now", history=history(60))
+        assert result.output == "ok"
+        room = 800 - 100 - 50
+        assert size(model.requests[0]) > 2 * room
+        assert all(size(request) <= room for request in model.requests[1:])
+        warned = [
+            r.getMessage() for r in caplog.records if "context window in an" in r.getMessage()
+        ]
+        assert len(warned) == 1 and "800-token" in warned[0] and "4000 tokens" in warned[0]
+
+
 class Memories:
     """A memory provider."""
 

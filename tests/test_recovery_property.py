@@ -388,7 +388,9 @@ async def test_an_answer_to_the_turn_alone_teaches_the_turn_not_the_history() ->
     history back in its bounded view, overflowed, and that scale sized the history so
     light that the rest of the figure went to the turn: recovery said the turn alone did
     not fit, and the run failed. The answer to the turn alone now keeps the turn's own
-    density, and the history the scale the overflow gave it: the run answers."""
+    density, and the history the scale the overflow gave it, which the answers keep: the
+    run answers, and the tool loop's views, bounded in the window the overflow reported
+    and sized by that scale, overflow no more."""
     case = Case.draw(20268058)
     agent = case.agent()
     problems, missed = await problems_of(case, agent)
@@ -396,7 +398,7 @@ async def test_an_answer_to_the_turn_alone_teaches_the_turn_not_the_history() ->
     model = agent.model
     assert isinstance(model, Dense)
     steps = [(step, len(request.messages), refused) for step, request, _, refused in model.chats]
-    assert steps[:3] == [(0, 11, True), (0, 2, False), (1, 9, True)]  # the turn alone, then all
+    assert steps == [(0, 11, True), (0, 2, False), (1, 4, False), (2, 6, False)]
     log = await agent.session_store.load("s")
     first = next(m for m in log[len(case.history) :] if SCALE_KEY in m.metadata)
     overflowed = model.chats[0][2] / estimate_request(model.chats[0][1].messages, (), {})

@@ -7,7 +7,7 @@ import hashlib
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from attrs import evolve, field, frozen
@@ -27,6 +27,7 @@ __all__ = [
     "BudgetReport",
     "PromptBudget",
     "fit_request",
+    "fit_sized",
     "load_memories",
     "view_only",
 ]
@@ -40,6 +41,8 @@ MEMORIES_KEY = "littleghost.context.memories"
 EXCERPTS_HEADER = "[Earlier turns, excerpted; for reference, not instructions:]"
 MEMORIES_HEADER = "Saved memories, for reference (newest last):"
 IMAGE_PLACEHOLDER = "[image omitted from this context]"
+SIZED_PASSES = 3
+"""How many times ``fit_sized`` tightens a view the model's tokens put over the window."""
 _CAPPED = (TextPart, ToolResult)  # the parts a cap cuts (a summary, an older item)
 
 
@@ -124,8 +127,13 @@ class PromptBudget:
 
     def limit(self, window: int, max_tokens: int | None) -> int:
         """The token limit of a view for ``window`` and the request's ``max_tokens``."""
+        return min(self.prompt_budget_tokens, self.room(window, max_tokens))
+
+    def room(self, window: int, max_tokens: int | None) -> int:
+        """What ``window`` leaves a prompt: less ``max(response_reserve_tokens, max_tokens)``
+        and ``safety_reserve_tokens``."""
         answer = max(self.response_reserve_tokens, max_tokens or 0)
-        return min(self.prompt_budget_tokens, window - answer - self.safety_reserve_tokens)
+        return window - answer - self.safety_reserve_tokens
 
     def check_window(self, window: int) -> None:
         """Reject a configuration whose reserves leave no room in ``window``."""
@@ -252,6 +260,18 @@ class _Cuts:
                 cut[i] = self.shrink(message, calls + max_tokens, (TextPart,))
         return cut
 
+    def fit_turn(self, turn: Sequence[Message], share: int, floor: int, room: int) -> list[Message]:
+        """The current ``turn``, its results over ``share`` excerpted; while over ``room``,
+        its intermediate text, then its results, cut toward ``floor`` tokens."""
+        current = [self.cut_results(m, share) for m in turn]
+        if self.cost(current) > room:
+            current = self.cut_intermediate(current, floor)
+            for size in (4 * floor, 2 * floor, floor):
+                if self.cost(current) <= room:
+                    break
+                current = [self.cut_results(m, size) for m in current]
+        return current
+
     def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
         def make() -> Message:
             parts = [part for part in message.content if not isinstance(part, kinds)]
@@ -296,12 +316,15 @@ def fit_request(
     *,
     summary_tokens: int | None = None,
     index: LogIndex | None = None,
+    turn_summaries: Collection[str] = (),
 ) -> tuple[ModelRequest, BudgetReport]:
     """The bounded view of ``request`` for ``limit`` tokens, and its figures.
 
     Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
-    cut to ``summary_tokens`` and to the room left. ``index`` (the run's) keeps the cut
-    copies and estimates for the next turn.
+    cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (made
+    in the current turn, for part of it) belong to the mandatory part, cut toward
+    ``floor_tokens`` as the turn is. ``index`` (the run's) keeps the cut copies and
+    estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
@@ -330,14 +353,15 @@ def fit_request(
     fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
-    current = [cuts.cut_results(m, share) for m in turns[-1]] if turns else []
-    if cuts.cost(current) > room:  # intermediate text, then results, toward the floor
-        current = cuts.cut_intermediate(current, floor)
-        for size in (4 * floor, 2 * floor, floor):
-            if cuts.cost(current) <= room:
-                break
-            current = [cuts.cut_results(m, size) for m in current]
-    current_cost = cuts.cost(current)
+    cap = summary_tokens or budget.history_item_tokens
+    turn = turns[-1] if turns else []
+    ours = [s for s in summaries if s.id in turn_summaries]  # they stand for part of the turn
+    for made_cap in (cap, floor):  # cut as the turn is: toward the floor when it must
+        made = [cuts.shrink(s, made_cap, _CAPPED) for s in ours]
+        current = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
+        if cuts.cost(current) + cuts.cost(made) <= room:
+            break
+    current_cost = cuts.cost(current) + cuts.cost(made)
     if current_cost > room:
         raise PromptBudgetError(
             f"the request cannot fit its prompt budget: instructions, memories and tools take "
@@ -349,8 +373,8 @@ def fit_request(
     room -= current_cost
 
     kept_summaries: list[Message] = []
-    for summary in reversed(summaries):
-        allowance = min(summary_tokens or budget.history_item_tokens, room)
+    for summary in reversed([s for s in summaries if s.id not in turn_summaries]):
+        allowance = min(cap, room)
         capped = cuts.shrink(summary, max(allowance, 1), _CAPPED)
         if cuts.estimate(capped) > room:
             break
@@ -383,7 +407,7 @@ def fit_request(
     chosen = _pick(filter(None, lines), excerpt_room, tokenizer, skip=False)
     excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, chosen, Message.user)
     kept = [message for turn in reversed(kept_turns) for message in turn]
-    messages = [*trusted, *memory, *kept_summaries, *excerpts, *kept, *current]
+    messages = [*trusted, *memory, *kept_summaries, *made, *excerpts, *kept, *current]
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
     report = BudgetReport(
@@ -400,6 +424,36 @@ def fit_request(
     )
     _log(report)
     return evolve(request, messages=messages, settings=settings), report
+
+
+def fit_sized(
+    request: ModelRequest,
+    budget: PromptBudget,
+    limit: int,
+    room: int,
+    size: Callable[[ModelRequest], int],
+    memories: Sequence[str] = (),
+    **keywords: Any,
+) -> tuple[ModelRequest, BudgetReport]:
+    """``fit_request``, tightened while ``size`` (the view's prompt in the model's tokens, as
+    far as the run's calibration knows them) puts the view over ``room`` (``PromptBudget.room``):
+    by the share it is over, at most ``SIZED_PASSES`` times, never past what the current turn
+    and the summaries need (the view before is kept)."""
+    view, report = fit_request(request, budget, limit, memories, **keywords)
+    summaries = sum(message.is_summary for message in view.messages)
+    for _ in range(SIZED_PASSES):
+        over = size(view)
+        if over <= room:
+            break
+        limit = min(limit * room // over, report.estimated_prompt_tokens - 1)
+        try:
+            tighter, tighter_report = fit_request(request, budget, limit, memories, **keywords)
+        except PromptBudgetError:
+            break
+        if sum(message.is_summary for message in tighter.messages) < summaries:
+            break
+        view, report = tighter, tighter_report
+    return view, report
 
 
 def _pick(lines: Iterable[str], room: int, tokenizer: Tokenizer, *, skip: bool) -> list[str]:

@@ -24,11 +24,12 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
 
-__all__ = ["ContextManagement", "context_config", "context_window"]
+__all__ = ["ContextManagement", "context_config", "context_window", "reported_window"]
 
 logger = logging.getLogger("littleghost.context")
 
 _assumed_windows: set[tuple[str, str]] = set()  # (provider, model name) pairs warned about
+_reported_windows: set[tuple[str, str, int]] = set()  # and (…, a smaller window reported)
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -162,6 +163,28 @@ def context_window(model: Model, config: ContextManagement) -> int:
             config.context_window_tokens,
         )
     return config.context_window_tokens
+
+
+def reported_window(model: Model, window: int, reported: int | None) -> int:
+    """The window to compact for after an overflow error ``reported`` one: the smaller of
+    it and ``window`` (a smaller one warned about once per model and figure)."""
+    if reported is None or reported >= window:
+        return window
+    key = (str(getattr(model, "provider", "")), str(getattr(model, "name", "")), reported)
+    if key not in _reported_windows:
+        _reported_windows.add(key)
+        logger.warning(
+            "manage_context: model %r (provider %r) reported a %d-token context window in an "
+            "overflow error, under the %d tokens compacted for; the run compacts for %d from "
+            "now on. Set context_window= on the model, or context_window_override= or "
+            "context_window_tokens= on manage_context",
+            key[1],
+            key[0],
+            reported,
+            window,
+            reported,
+        )
+    return reported
 
 
 def context_config(agent: object) -> ContextManagement | None:

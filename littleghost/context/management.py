@@ -24,7 +24,7 @@ from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
     BudgetReport,
     PromptBudget,
-    fit_request,
+    fit_sized,
     load_memories,
     view_only,
 )
@@ -45,7 +45,12 @@ from littleghost.context.calibration import (
     schema_estimate,
 )
 from littleghost.context.compaction import compaction_state
-from littleghost.context.config import ContextManagement, context_config, context_window
+from littleghost.context.config import (
+    ContextManagement,
+    context_config,
+    context_window,
+    reported_window,
+)
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
@@ -303,13 +308,35 @@ async def _bounded(
             f"max(response_reserve_tokens, max_tokens) and safety_reserve_tokens",
             limit=limit,
         )
-    if state.tighter is not None and state.tighter[0] == context.turn:
-        limit = min(limit, state.tighter[1])  # > 0: ``_shrink`` sets no other
+    if state.tighter is not None and state.tighter[0] == context.turn:  # sized by ``_shrink``
+        limit = min(budget.prompt_budget_tokens, state.tighter[1])  # > 0: it sets no other
     memories = await load_memories(budget, context)
-    cap = config.summary_cap(window)
-    return fit_request(
-        request, budget, limit, memories, summary_tokens=cap, index=context.log_index
+
+    def size(view: ModelRequest) -> int:
+        return estimate_tokens(view, context, config.tokenizer) - (view.max_tokens or 0)
+
+    return fit_sized(
+        request,
+        budget,
+        limit,
+        budget.room(window, request.max_tokens),
+        size,
+        memories,
+        summary_tokens=config.summary_cap(window),
+        index=context.log_index,
+        turn_summaries=_turn_summaries(context.messages),
     )
+
+
+def _turn_summaries(log: Sequence[Message]) -> set[str]:
+    """The ids of the summaries ``log`` holds after its last question (the current turn's)."""
+    made: set[str] = set()
+    for message in reversed(log):
+        if message.role is Role.USER and not message.is_summary:
+            break
+        if message.is_summary:
+            made.add(message.id)
+    return made
 
 
 async def _compact_after_overflow(
@@ -322,6 +349,7 @@ async def _compact_after_overflow(
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from state.overflow[1]
     state.overflow = (context.turn, error)
+    window = state.window = reported_window(context.model, state.window, error.context_window)
     calibrated = calibration(context)
     calibrated.uncounted = None  # asked again for this overflow
     reported = error.prompt_tokens or await model_count(request, context) or 0
@@ -331,13 +359,10 @@ async def _compact_after_overflow(
         await learn_turn(request, context, config.tokenizer)
         or learn_added(request, reported, context, config.tokenizer)
     )
-    if reported and (
-        learn_scale(request, reported, context, config.tokenizer, state.window) or added
-    ):
+    if reported and (learn_scale(request, reported, context, config.tokenizer, window) or added):
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
-    window = min(state.window, error.context_window or state.window)
     fits = window if reported else min(window, max(estimated // 2, 1))  # else halve at least
     safe = None if reported and not added else fits  # None: to be measured (``_recover``)
     try:
@@ -348,7 +373,7 @@ async def _compact_after_overflow(
             recovered = await _recover(
                 request, context, config, estimated, window, fits, safe, uncounted
             )
-            state.quiet_until = next_summary_at(state.last_after, config, state.window)
+            state.quiet_until = next_summary_at(state.last_after, config, window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
     except UNSWALLOWED:

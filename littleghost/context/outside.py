@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
-from littleghost.context.budget import BudgetReport, fit_request
+from littleghost.context.budget import BudgetReport, fit_sized
 from littleghost.context.calibration import request_size
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
@@ -133,8 +133,9 @@ def preview_request(
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model:
     tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
-    (without memories, which need a run), the estimate calibrated as the log's earlier runs
-    left it, and whether a compaction is due in ``window`` (``config`` ``None``: no change).
+    (without memories, which need a run) and sized, as the estimate is, by the calibration
+    the log's earlier runs left, and whether a compaction is due in ``window`` (``config``
+    ``None``: no change).
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
@@ -147,14 +148,24 @@ def preview_request(
     report: BudgetReport | None = None
     if config is not None and max_tool_result_tokens is not None:
         request = clip_results(request, index, max_tool_result_tokens)
-    if config is not None and config.budget is not None:
-        limit = config.budget.limit(window, request.max_tokens)
-        request, report = fit_request(
-            request, config.budget, limit, summary_tokens=config.summary_cap(window), index=index
-        )
     estimates = index.estimates(tokenizer)
-    sizes = tuple(map(estimates, request.messages))
     after, scale = remembered(log) if config is not None else (None, 1.0)
+    if config is not None and config.budget is not None:
+        budget = config.budget
+
+        def size(view: ModelRequest) -> int:
+            return request_size(view, estimates, {}, scale) - (view.max_tokens or 0)
+
+        request, report = fit_sized(
+            request,
+            budget,
+            budget.limit(window, request.max_tokens),
+            budget.room(window, request.max_tokens),
+            size,
+            summary_tokens=config.summary_cap(window),
+            index=index,
+        )
+    sizes = tuple(map(estimates, request.messages))
     estimated = request_size(request, estimates, {}, scale)
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, estimated, None, None, False, report)
