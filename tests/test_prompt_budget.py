@@ -21,6 +21,7 @@ from littleghost import (
     manage_context,
     tool,
 )
+from littleghost.context import config as config_module
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
 from littleghost.context.management import RECOUNTS
 from littleghost.context.summarize import SUMMARY_PREFIX
@@ -852,25 +853,29 @@ class TestWithSummaries:
 
 
 class Dense:
-    """A provider that counts three tokens for every estimated one (dense text) and refuses
-    a request over its ``context_window`` with the figures; its tool loop calls ``weather``
-    ``loop`` times, then answers."""
+    """A provider that counts ``density`` tokens for every estimated one and refuses a
+    request over its ``window`` with the figures; it advertises the window, or not; its
+    tool loop calls ``weather`` ``loop`` times, then answers."""
 
     provider = "dense"
     name = "dense"
 
-    def __init__(self, context_window: int, loop: int) -> None:
-        self.context_window = context_window
+    def __init__(
+        self, window: int, loop: int, *, density: float = 3.0, advertised: bool = True
+    ) -> None:
+        self.window = window
+        self.context_window = window if advertised else None
         self.loop = loop
+        self.density = density
         self.calls: list[tuple[ModelRequest, bool]] = []  # (request, refused)
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
-        real = 3 * estimate_request(request.messages, request.tools, {})
-        refused = real + (request.max_tokens or 0) > self.context_window
+        real = math.ceil(self.density * estimate_request(request.messages, request.tools, {}))
+        refused = real + (request.max_tokens or 0) > self.window
         self.calls.append((request, refused))
         if refused:
             raise ContextWindowOverflowError(
-                "too long", prompt_tokens=real, context_window=self.context_window
+                "too long", prompt_tokens=real, context_window=self.window
             )
         answered = sum(not was for _, was in self.calls)
         if answered <= self.loop:
@@ -895,16 +900,36 @@ class TestCalibratedViews:
         ]
         assert recovered <= room and all(0.85 * room < tokens <= room for tokens in later)
 
+    async def test_after_an_overflow_a_turn_grown_onto_the_safety_reserve_is_still_sent(
+        self,
+    ) -> None:
+        """summarize=False, 4 000 tokens declared, 1 000 the provider's window, a long
+        question: recovery sends the turn alone on the safety reserve (it fits the window
+        less the answer's reserve), and so does each later step of the tool loop, whose
+        turn has grown past the limit the reported window leaves."""
+        model = Dense(1_000, loop=2, density=1.0, advertised=False)
+        agent = bounded_agent(prompt_budget_tokens=3_000, safety_reserve_tokens=200)
+        question = "words " * 370
+        result = await agent(model=model).run(question, history=history(20))
+        assert result.output == "ok"
+        sent = [request for request, refused in model.calls if not refused]
+        assert len(sent) == 3
+        assert all([m.text for m in r.messages][1] == question for r in sent)  # the turn alone
+        for request in sent[1:]:  # over the limit by the budget's estimate; not over the window
+            assert size(request) > 1_000 - 100 - 200
+            assert estimate_request(request.messages, request.tools, {}) <= 1_000 - 100
+
     async def test_a_window_an_overflow_reports_bounds_the_rest_of_the_run(
-        self, caplog: pytest.LogCaptureFixture, anyio_backend: str
+        self, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """summarize=False, 4 000 tokens declared: an overflow error says the window is 800,
         so the recovered call and every later call of the tool loop are bounded in 800,
-        and one warning names both figures."""
+        and one warning (once a process) names both figures."""
+        monkeypatch.setattr(config_module, "_reported_windows", set())
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_500, context_window=800)
         steps = [tool_call_response("weather", {"city": f"city {n}"}) for n in range(3)]
-        model = ScriptedModel([overflow, *steps, text_response("ok")], name=anyio_backend)
-        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)  # warned once a model
+        model = ScriptedModel([overflow, *steps, text_response("ok")])
+        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)
         result = await agent.run("now", history=history(60))
         assert result.output == "ok"
         room = 800 - 100 - 50
@@ -914,6 +939,22 @@ class TestCalibratedViews:
             r.getMessage() for r in caplog.records if "context window in an" in r.getMessage()
         ]
         assert len(warned) == 1 and "800-token" in warned[0] and "4000 tokens" in warned[0]
+
+    @pytest.mark.parametrize("reported", [None, 0, 4_000, 9_000])
+    async def test_a_window_an_overflow_does_not_report_smaller_changes_nothing(
+        self, caplog: pytest.LogCaptureFixture, reported: int | None
+    ) -> None:
+        """An overflow error with no window, a window of 0 (no figure) or one not under the
+        4 000 tokens declared: later calls are bounded in 4 000, with no warning."""
+        overflow = ContextWindowOverflowError(
+            "too long", prompt_tokens=5_000, context_window=reported
+        )
+        steps = [tool_call_response("weather", {"city": f"city {n}"}) for n in range(2)]
+        model = ScriptedModel([overflow, *steps, text_response("ok")])
+        agent = bounded_agent(prompt_budget_tokens=3_000)(model=model)
+        assert (await agent.run("now", history=history(60))).output == "ok"
+        assert size(model.requests[-1]) > 2_000  # the 3 000-token budget, not a smaller window
+        assert not [r for r in caplog.records if "context window in an" in r.getMessage()]
 
 
 class Memories:

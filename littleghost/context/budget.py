@@ -321,10 +321,10 @@ def fit_request(
     """The bounded view of ``request`` for ``limit`` tokens, and its figures.
 
     Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
-    cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (made
-    in the current turn, for part of it) belong to the mandatory part, cut toward
-    ``floor_tokens`` as the turn is. ``index`` (the run's) keeps the cut copies and
-    estimates for the next turn.
+    cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
+    cover part of the current turn) come right after the turn, cut toward ``floor_tokens``
+    as its results are, and give way only to the turn itself. ``index`` (the run's) keeps
+    the cut copies and estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
@@ -355,12 +355,14 @@ def fit_request(
     share = max(int(limit * budget.tool_result_share), floor)
     cap = summary_tokens or budget.history_item_tokens
     turn = turns[-1] if turns else []
-    ours = [s for s in summaries if s.id in turn_summaries]  # they stand for part of the turn
-    for made_cap in (cap, floor):  # cut as the turn is: toward the floor when it must
-        made = [cuts.shrink(s, made_cap, _CAPPED) for s in ours]
+    current = cuts.fit_turn(turn, share, floor, room)
+    ours = [s for s in summaries if s.id in turn_summaries]  # for part of the turn
+    left = (room - cuts.cost(current)) // max(len(ours), 1)
+    made = [cuts.shrink(s, min(cap, max(left, floor)), _CAPPED) for s in ours]
+    if made and cuts.cost(current) + cuts.cost(made) > room:  # the turn gives them room
         current = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
-        if cuts.cost(current) + cuts.cost(made) <= room:
-            break
+        if cuts.cost(current) + cuts.cost(made) > room:  # or they give way to it, last
+            made, current = [], cuts.fit_turn(turn, share, floor, room)
     current_cost = cuts.cost(current) + cuts.cost(made)
     if current_cost > room:
         raise PromptBudgetError(
@@ -373,7 +375,7 @@ def fit_request(
     room -= current_cost
 
     kept_summaries: list[Message] = []
-    for summary in reversed([s for s in summaries if s.id not in turn_summaries]):
+    for summary in reversed([s for s in summaries if not made or s.id not in turn_summaries]):
         allowance = min(cap, room)
         capped = cuts.shrink(summary, max(allowance, 1), _CAPPED)
         if cuts.estimate(capped) > room:
@@ -407,7 +409,9 @@ def fit_request(
     chosen = _pick(filter(None, lines), excerpt_room, tokenizer, skip=False)
     excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, chosen, Message.user)
     kept = [message for turn in reversed(kept_turns) for message in turn]
-    messages = [*trusted, *memory, *kept_summaries, *made, *excerpts, *kept, *current]
+    by_id = {summary.id: summary for summary in [*kept_summaries, *made]}
+    shown = [by_id[summary.id] for summary in summaries if summary.id in by_id]  # in order
+    messages = [*trusted, *memory, *shown, *excerpts, *kept, *current]
     settings = dict(request.settings)
     settings.setdefault("max_tokens", budget.response_reserve_tokens)
     report = BudgetReport(
@@ -438,11 +442,11 @@ def fit_sized(
     """``fit_request``, tightened while ``size`` (the view's prompt in the model's tokens, as
     far as the run's calibration knows them) puts the view over ``room`` (``PromptBudget.room``):
     by the share it is over, at most ``SIZED_PASSES`` times, never past what the current turn
-    and the summaries need (the view before is kept)."""
+    needs, nor past a summary of the view (the view before is kept)."""
     view, report = fit_request(request, budget, limit, memories, **keywords)
-    summaries = sum(message.is_summary for message in view.messages)
+    summaries = [message for message in view.messages if message.is_summary]
+    over = size(view)
     for _ in range(SIZED_PASSES):
-        over = size(view)
         if over <= room:
             break
         limit = min(limit * room // over, report.estimated_prompt_tokens - 1)
@@ -450,9 +454,10 @@ def fit_sized(
             tighter, tighter_report = fit_request(request, budget, limit, memories, **keywords)
         except PromptBudgetError:
             break
-        if sum(message.is_summary for message in tighter.messages) < summaries:
-            break
-        view, report = tighter, tighter_report
+        tighter_size = size(tighter)
+        if tighter_size >= over or [m for m in tighter.messages if m.is_summary] != summaries:
+            break  # no smaller, or a summary cut further or left out: not this way
+        view, report, over = tighter, tighter_report, tighter_size
     return view, report
 
 

@@ -85,7 +85,7 @@ class Calibration:
     """What the provider's counts taught one run."""
 
     scale: float = 1.0  # real tokens per estimated token, from the provider's counts
-    real: dict[str, int] = field(factory=dict)  # the model's sizes of this run's summaries
+    real: dict[str, float] = field(factory=dict)  # this run's summaries' reported densities
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
     dense: dict[str, float] = field(factory=dict)
     """Real tokens per estimated token of what an overflow added to a calibrated request
@@ -320,16 +320,18 @@ def _instructions(messages: Sequence[Message]) -> int:
 def _split_estimate(
     messages: Sequence[Message],
     estimates: Callable[[Message], int],
-    known: Mapping[str, int],
+    known: Mapping[str, float],
     dense: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
-    """``messages`` as (tokens taken as they are: reported sizes (``known``), known densities
-    (``dense``), instructions' estimates; the conversation's estimated tokens, to be scaled)."""
+    """``messages`` as (tokens taken as they are: at reported densities (``known``, then
+    ``dense``; a copy cut shorter by its own estimate), instructions' estimates; the
+    conversation's estimated tokens, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
-        if (size := known.get(message.id)) is not None:
-            fixed += size
-        elif dense and (density := dense.get(message.id)) is not None:
+        density = known.get(message.id)
+        if density is None and dense:
+            density = dense.get(message.id)
+        if density is not None:
             fixed += math.ceil(density * estimates(message))
         elif message.role.is_trusted:
             fixed += estimates(message)
@@ -348,7 +350,7 @@ def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
 def request_size(
     request: ModelRequest,
     estimates: Estimates,
-    known: Mapping[str, int],
+    known: Mapping[str, float],
     scale: float,
     dense: Mapping[str, float] | None = None,
 ) -> int:

@@ -168,7 +168,7 @@ def context_window(model: Model, config: ContextManagement) -> int:
 def reported_window(model: Model, window: int, reported: int | None) -> int:
     """The window to compact for after an overflow error ``reported`` one: the smaller of
     it and ``window`` (a smaller one warned about once per model and figure)."""
-    if reported is None or reported >= window:
+    if not reported or reported >= window:  # none, or no smaller
         return window
     key = (str(getattr(model, "provider", "")), str(getattr(model, "name", "")), reported)
     if key not in _reported_windows:

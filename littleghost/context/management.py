@@ -53,6 +53,7 @@ from littleghost.context.config import (
 )
 from littleghost.context.groups import SUMMARY, SYSTEM, USER
 from littleghost.context.index import LogIndex
+from littleghost.context.records import record_covers
 from littleghost.context.strategies import (
     SUMMARY_FIT_MARGIN,
     CompactionState,
@@ -298,7 +299,9 @@ async def _proactive(
 async def _bounded(
     request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The request bounded to the budget (tighter after an overflow in this turn)."""
+    """The request bounded to the budget (tighter after an overflow in this turn); after an
+    overflow in an earlier turn, a current turn over the limit is sent alone when, by the
+    calibration, it fits the window less the answer's reserve (as recovery sends it)."""
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
@@ -315,28 +318,44 @@ async def _bounded(
     def size(view: ModelRequest) -> int:
         return estimate_tokens(view, context, config.tokenizer) - (view.max_tokens or 0)
 
-    return fit_sized(
+    fit = partial(
+        fit_sized,
         request,
         budget,
-        limit,
-        budget.room(window, request.max_tokens),
-        size,
-        memories,
+        room=budget.room(window, request.max_tokens),
+        size=size,
+        memories=memories,
         summary_tokens=config.summary_cap(window),
         index=context.log_index,
-        turn_summaries=_turn_summaries(context.messages),
+        turn_summaries=_turn_summaries(context.log_index.log),
     )
+    try:
+        return fit(limit=limit)
+    except PromptBudgetError as error:  # the current turn alone is over the limit
+        alone = error.required or 0
+        if state.overflow is None or state.overflow[0] == context.turn:
+            raise  # no overflow measured the estimate yet, or ``_shrink`` decides
+        if not limit < alone <= budget.prompt_budget_tokens:
+            raise
+        view, report = fit(limit=alone)  # as recovery sends it: on the safety reserve
+        answer = max(budget.response_reserve_tokens, request.max_tokens or 0)
+        if size(view) > window - answer:
+            raise
+        return view, report
 
 
 def _turn_summaries(log: Sequence[Message]) -> set[str]:
-    """The ids of the summaries ``log`` holds after its last question (the current turn's)."""
-    made: set[str] = set()
+    """The ids of the summaries ``log`` holds that cover part of its current turn (after its
+    last question)."""
+    turn: set[str] = set()
+    summaries: list[Message] = []
     for message in reversed(log):
         if message.role is Role.USER and not message.is_summary:
             break
+        turn.add(message.id)
         if message.is_summary:
-            made.add(message.id)
-    return made
+            summaries.append(message)
+    return {s.id for s in summaries if not turn.isdisjoint(record_covers(s))}
 
 
 async def _compact_after_overflow(

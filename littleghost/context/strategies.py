@@ -93,8 +93,9 @@ class CompactionState:
     the preserved newest messages and the current request) raises ``ValueError``.
     ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
     request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
-    holds the model's own size of records it reported, ``summary_outcome`` how a summary
-    made here came back, ``measured`` the scale a summary call's reported prompt showed.
+    holds the model's tokens per estimated token of records it sized, ``summary_outcome``
+    how a summary made here came back, ``measured`` the scale a summary call's reported
+    prompt showed.
     """
 
     __slots__ = (
@@ -152,7 +153,7 @@ class CompactionState:
         self.pinned: frozenset[int] = frozenset()
         self.scale = 1.0
         self.room: int | None = None
-        self.real: dict[str, int] = {}
+        self.real: dict[str, float] = {}
         self.summary_outcome: str | None = None
         self.measured: float | None = None
         self.messages = sum(map(len, self._members))
@@ -372,8 +373,9 @@ class CompactionState:
         """As ``merge`` (``slots`` excluded or included) for a summary; ``tokens`` is its
         size in the model's own tokens when known (``real``)."""
         record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
-        if tokens > 0:
-            self.real[record.id] = tokens + self._estimate(summary_message("", ()))
+        if tokens > 0:  # as a density: a copy cut shorter is sized by its own estimate
+            size = tokens + self._estimate(summary_message("", ()))
+            self.real[record.id] = size / self._estimate(record)
 
     def _absorb(
         self, slots: Sequence[int], kind: GroupKind, make: Callable[[list[str]], Message]
