@@ -286,7 +286,7 @@ async def _proactive(
     target = int(TARGET_SHARE * config.compression_threshold * window)
     compacted, after = request, estimated
     try:
-        compacted = await _compact(request, context, config, "threshold", estimated, window, target)
+        compacted = await _compact(request, context, config, "threshold", estimated, target)
         after = state.last_after
     except UNSWALLOWED:
         raise
@@ -389,9 +389,7 @@ async def _compact_after_overflow(
             if reported and calibrated.uncounted is None:  # whether the model counts at all
                 await model_count(request, context)
             uncounted = bool(reported) and bool(calibrated.uncounted)  # a figure, not a count
-            recovered = await _recover(
-                request, context, config, estimated, window, fits, safe, uncounted
-            )
+            recovered = await _recover(request, context, config, estimated, fits, safe, uncounted)
             state.quiet_until = next_summary_at(state.last_after, config, window)
             return recovered
         return await _shrink(request, context, config, estimated, fits)
@@ -410,12 +408,11 @@ async def _recover(
     context: RunContext,
     config: ContextManagement,
     estimated: int,
-    window: int,
     fits: int,
     safe: int | None,
     uncounted: bool,
 ) -> ModelRequest:
-    """Compact for an overflow in ``window`` until the request is under ``fits`` tokens,
+    """Compact for an overflow until the request is under ``fits`` tokens,
     aiming under ``safe``: a summary when one can be made, then the model-free steps while
     over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's
     figure is the run's only calibration: the summary call's measure then gives the margin
@@ -428,9 +425,7 @@ async def _recover(
     """
     state, calibrated = _run(context, config), calibration(context)
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
-    compact = partial(
-        _compact, context=context, config=config, reason="overflow", window=window, target=target
-    )
+    compact = partial(_compact, context=context, config=config, reason="overflow", target=target)
 
     async def tighten(view: ModelRequest, counted: int, last: bool) -> ModelRequest:
         """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
@@ -574,28 +569,27 @@ async def _compact(
     config: ContextManagement,
     reason: str,
     estimated: int,
-    window: int,
     target: int,
     *,
     limit: int | None = None,
     fallback: int | None = None,
 ) -> ModelRequest:
-    """Compact ``request`` toward ``target`` (the model's tokens) with the configured
-    strategy, the default compaction, or (``fallback``) without a model, aiming under
-    ``fallback`` and cutting tool results while over ``limit`` (default ``window``; read
-    only with ``fallback``, which leaves a bounded view's memories and excerpts out
-    first); append the records to the log.
+    """Compact ``request`` toward ``target`` (the model's tokens) in the run's window with
+    the configured strategy, the default compaction, or (``fallback``) without a model,
+    aiming under ``fallback`` and cutting tool results while over ``limit`` (given with
+    ``fallback``, which leaves a bounded view's memories and excerpts out first); append
+    the records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
             even the current request alone is over ``limit``.
     """
-    limit = window if limit is None else limit
+    run, calibrated = _run(context, config), calibration(context)
+    window = run.window
     shown = request.messages
     if fallback is not None:  # never logged: left out without a record
         shown = tuple(message for message in shown if not view_only(message))
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
-        run, calibrated = _run(context, config), calibration(context)
         index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
@@ -630,7 +624,7 @@ async def _compact(
         if calibrated.scale != scale:  # ``estimated`` is in the old units: in the new
             estimated = outcome.before = calibrated_size(request, context, config.tokenizer)
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
-        if fallback is not None and after > limit:
+        if limit is not None and after > limit:
             compacted, after, outcome.cut_to = await _cut_results(
                 compacted, after, limit, context, config
             )
