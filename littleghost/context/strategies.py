@@ -100,7 +100,6 @@ class CompactionState:
 
     __slots__ = (
         "_estimate",
-        "_excluded",
         "_fate",
         "_kinds",
         "_made",
@@ -140,7 +139,6 @@ class CompactionState:
         self._members = list(members)  # a group's list is replaced, never changed
         self._sizes: list[int | None] = [None] * len(self._kinds)
         self._fate = [_INCLUDED] * len(self._kinds)
-        self._excluded: list[int] = []
         self._stands: dict[int, list[str]] = {}
         self._made: dict[int, Message] = {}
         self._estimate = estimate or Estimates(tokenizer)
@@ -292,7 +290,6 @@ class CompactionState:
         self._removable(slot)
         self._count(slot, -1)
         self._fate[slot] = _EXCLUDED
-        self._excluded.append(slot)
 
     def exclude_oldest(self, end: int, target: Trigger) -> None:
         """Exclude the slots ``candidates(end)`` gives, oldest first, until ``target`` holds."""
@@ -331,24 +328,20 @@ class CompactionState:
         # Everything before the cut is included (and tokens not yet counted): exclude it
         # in bulk, then spare the system and pinned groups among it.
         fate[:cut] = [_EXCLUDED] * cut
-        self._excluded.extend(range(cut))
         self._walked = (len(kinds), 0)
         self.messages -= sum(map(len, self._members[:cut]))
         self.groups -= cut
         self.turns -= kinds[:cut].count(USER)
         self.tool_call_groups -= kinds[:cut].count(TOOL_CALL)
-        spared = [s for s in kept if s < cut]
-        for slot in spared:
-            fate[slot] = _INCLUDED
-            self._count(slot, 1)
-        if spared:
-            self._excluded = [s for s in self._excluded if fate[s] == _EXCLUDED]
+        for slot in kept:
+            if slot < cut:
+                fate[slot] = _INCLUDED
+                self._count(slot, 1)
 
     def restore(self, slot: int) -> None:
         """Put an excluded group back (a strategy undoing a tentative step)."""
         if self._fate[slot] == _EXCLUDED:
             self._fate[slot] = _INCLUDED
-            self._excluded.remove(slot)
             self._count(slot, 1)
 
     def collapse(self, slot: int, text: str) -> None:
@@ -388,8 +381,6 @@ class CompactionState:
         for slot in slots:
             if self._fate[slot] == _INCLUDED:
                 self._count(slot, -1)
-            elif self._fate[slot] == _EXCLUDED:
-                self._excluded.remove(slot)
             self._fate[slot] = _ABSORBED
         first = slots[0]
         self._fate[first] = _INCLUDED
@@ -426,7 +417,7 @@ class CompactionState:
         fate = self._fate
         records = [record for slot, record in self._made.items() if fate[slot] == _INCLUDED]
         members = self._members
-        slots = sorted(self._excluded)
+        slots = _positions(fate, _EXCLUDED)
         stands = self._stands
         if not stands and slots and slots[-1] - slots[0] + 1 == len(slots):  # a run, as a cut
             excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
