@@ -102,7 +102,6 @@ class CompactionState:
         "_estimate",
         "_fate",
         "_kinds",
-        "_made",
         "_members",
         "_sizes",
         "_stands",
@@ -140,7 +139,6 @@ class CompactionState:
         self._sizes: list[int | None] = [None] * len(self._kinds)
         self._fate = [_INCLUDED] * len(self._kinds)
         self._stands: dict[int, list[str]] = {}
-        self._made: dict[int, Message] = {}
         self._estimate = estimate or Estimates(tokenizer)
         self._tokens: int | None = None
         self._walked = (len(self._kinds), 0)  # ``within``'s walk: (its oldest slot, its tokens)
@@ -385,7 +383,6 @@ class CompactionState:
         first = slots[0]
         self._fate[first] = _INCLUDED
         self._stands[first] = stands
-        self._made[first] = record
         self._kinds[first] = kind
         self._members[first] = [record]
         self._sizes[first] = None
@@ -399,8 +396,8 @@ class CompactionState:
         fate = self._fate
         kinds = self._kinds
         members = self._members
-        made = self._made
-        pending = [made[s] for s in made if fate[s] == _INCLUDED and kinds[s] == SUMMARY]
+        made = self._stands  # the slots of the records made here
+        pending = [members[s][0] for s in made if fate[s] == _INCLUDED and kinds[s] == SUMMARY]
         for slot in range(len(kinds)):
             if fate[slot] != _INCLUDED or (kinds[slot] == SUMMARY and slot in made):
                 continue  # a summary made here is pending
@@ -415,10 +412,10 @@ class CompactionState:
     def records(self) -> tuple[Message, ...]:
         """The records that give this state's view when appended to the log."""
         fate = self._fate
-        records = [record for slot, record in self._made.items() if fate[slot] == _INCLUDED]
         members = self._members
+        stands = self._stands  # keyed by the slots of the records made here
+        records = [members[slot][0] for slot in stands if fate[slot] == _INCLUDED]
         slots = _positions(fate, _EXCLUDED)
-        stands = self._stands
         if not stands and slots and slots[-1] - slots[0] + 1 == len(slots):  # a run, as a cut
             excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
         else:
