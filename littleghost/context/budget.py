@@ -314,8 +314,8 @@ def fit_request(
     limit: int,
     memories: Sequence[str] = (),
     *,
-    summary_tokens: int | None = None,
-    index: LogIndex | None = None,
+    summary_tokens: int,
+    index: LogIndex,
     turn_summaries: Collection[str] = (),
 ) -> tuple[ModelRequest, BudgetReport]:
     """The bounded view of ``request`` for ``limit`` tokens, and its figures.
@@ -331,7 +331,7 @@ def fit_request(
     """
     tokenizer = budget.tokenizer
     floor = budget.floor_tokens
-    cuts = _Cuts(index or LogIndex((), Layout()), tokenizer)
+    cuts = _Cuts(index, tokenizer)
     trusted: list[Message] = []
     summaries: list[Message] = []
     conversation: list[Message] = []
@@ -353,12 +353,11 @@ def fit_request(
     fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
-    cap = summary_tokens or budget.history_item_tokens
     turn = turns[-1] if turns else []
     current = cuts.fit_turn(turn, share, floor, room)
     ours = [s for s in summaries if s.id in turn_summaries]  # for part of the turn
     left = (room - cuts.cost(current)) // max(len(ours), 1)
-    made = [cuts.shrink(s, min(cap, max(left, floor)), _CAPPED) for s in ours]
+    made = [cuts.shrink(s, min(summary_tokens, max(left, floor)), _CAPPED) for s in ours]
     if made and cuts.cost(current) + cuts.cost(made) > room:  # the turn gives them room
         current = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
         if cuts.cost(current) + cuts.cost(made) > room:  # or they give way to it, last
@@ -376,8 +375,7 @@ def fit_request(
 
     kept_summaries: list[Message] = []
     for summary in reversed([s for s in summaries if not made or s.id not in turn_summaries]):
-        allowance = min(cap, room)
-        capped = cuts.shrink(summary, max(allowance, 1), _CAPPED)
+        capped = cuts.shrink(summary, max(min(summary_tokens, room), 1), _CAPPED)
         if cuts.estimate(capped) > room:
             break
         kept_summaries.insert(0, capped)

@@ -347,26 +347,17 @@ def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
     )
 
 
-def request_size(
-    request: ModelRequest,
-    estimates: Estimates,
-    known: Mapping[str, float],
-    scale: float,
-    dense: Mapping[str, float] | None = None,
-) -> int:
-    """``request``'s size in the model's tokens as far as known: its messages (the conversation
-    times ``scale``, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
-    fixed, scaled = _split_estimate(request.messages, estimates, known, dense)
+def request_size(request: ModelRequest, estimates: Estimates, state: Calibration) -> int:
+    """``request``'s size in the model's tokens as ``state`` knows it: its messages (the
+    conversation scaled, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
+    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     outside = schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
-    return fixed + math.ceil(scale * scaled) + outside
+    return fixed + math.ceil(state.scale * scaled) + outside
 
 
 def calibrated_size(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
-    """``request``'s size in the model's tokens as the run's calibration knows it
-    (``request_size``)."""
-    state = calibration(context)
-    estimates = context.log_index.estimates(tokenizer)
-    return request_size(request, estimates, state.real, state.scale, state.dense)
+    """``request``'s size in the model's tokens as the run's calibration knows it."""
+    return request_size(request, context.log_index.estimates(tokenizer), calibration(context))
 
 
 def real_size(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from littleghost.context.budget import BudgetReport, fit_sized
-from littleghost.context.calibration import request_size
+from littleghost.context.calibration import Calibration, request_size
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
@@ -150,11 +150,12 @@ def preview_request(
         request = clip_results(request, index, max_tool_result_tokens)
     estimates = index.estimates(tokenizer)
     after, scale = remembered(log) if config is not None else (None, 1.0)
+    calibrated = Calibration(scale=scale)  # as the next run starts
     if config is not None and config.budget is not None:
         budget = config.budget
 
         def size(view: ModelRequest) -> int:
-            return request_size(view, estimates, {}, scale) - (view.max_tokens or 0)
+            return request_size(view, estimates, calibrated) - (view.max_tokens or 0)
 
         request, report = fit_sized(
             request,
@@ -166,7 +167,7 @@ def preview_request(
             index=index,
         )
     sizes = tuple(map(estimates, request.messages))
-    estimated = request_size(request, estimates, {}, scale)
+    estimated = request_size(request, estimates, calibrated)
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, estimated, None, None, False, report)
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
