@@ -102,9 +102,10 @@ async def test_a_summary_of_the_current_turn_stays_in_a_tight_bounded_view(
 ) -> None:
     """A run the harness found (a bounded view with summaries): summaries made in the
     current turn stand for its older steps; an overflow error then says the window is half
-    the one declared, and the next view, bounded in that window, had no room for them at
-    the summary's cap and left them out. They are part of the turn now, cut toward the
-    floor as its results are: the model is shown every message of the turn."""
+    the one declared, and the next view, bounded in that window, took them with the older
+    summaries, from what the history left, and left them out. They come right after the
+    turn now, cut toward the floor if they must: the model is shown every message of the
+    turn."""
     async with _store("sqlite", tmp_path) as store:
         outcome, chaos = await one_run(random.Random(f"{SEED}-43"), store, "run-43")
     assert chaos.variant == "bounded view and summaries"
@@ -135,7 +136,6 @@ async def test_few_runs_at_a_time_end_within_one_grace(anyio_backend: str, tmp_p
 CHILD = """
 import sys
 import anyio
-from littleghost.context.records import record_covers
 from littleghost.sessions import SQLiteSessionStore
 from tests.faults import ChaosAgent
 from littleghost import Message, ToolCall

@@ -14,6 +14,7 @@ from littleghost import (
     Message,
     ReasoningPart,
     Role,
+    RunContext,
     TextPart,
     ToolCall,
     ToolResult,
@@ -837,7 +838,6 @@ class TestWithSummaries:
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
         from littleghost.context.calibration import estimate_tokens
-        from littleghost.run import RunContext
 
         big = Message.tool("c", "x" * 40_000)
         small = Message(big.role, [ToolResult("c", "x" * 400)], big.id)
@@ -877,7 +877,9 @@ class Dense:
             raise ContextWindowOverflowError(
                 "too long", prompt_tokens=real, context_window=self.window
             )
-        answered = sum(not was for _, was in self.calls)
+        if request.purpose == "context_compaction":
+            return text_response("- The user asked about the weather.", input_tokens=real)
+        answered = sum(not was and r.purpose == "chat" for r, was in self.calls)
         if answered <= self.loop:
             return tool_call_response("weather", {"city": f"city {answered}"}, input_tokens=real)
         return text_response("ok", input_tokens=real)
@@ -900,19 +902,56 @@ class TestCalibratedViews:
         ]
         assert recovered <= room and all(0.85 * room < tokens <= room for tokens in later)
 
+    @pytest.mark.parametrize("limit", [400, 500])
+    async def test_summaries_of_the_current_turn_come_before_the_rest(self, limit: int) -> None:
+        """At the tool loop's third call a hook logs, after the question, a summary of the
+        turn's first step, then one of an older turn. In the next view the turn's own is
+        kept whole before any other (at 400 tokens the older one gives way with the
+        history), and both are shown in log order (at 500 the older one is cut to fit)."""
+        log = history(20)
+        older = summarized(log[:4], "older turn noted " * 30)
+        made: list[Message] = []
+
+        class Hooked(bounded_agent(prompt_budget_tokens=limit)):  # type: ignore[misc]
+            @before_model
+            async def note(self, request: ModelRequest, context: RunContext) -> None:
+                if context.turn == 2:
+                    turn = context.messages[len(log) :]
+                    steps = [m for m in turn if m.tool_calls or m.tool_results][:2]
+                    made.append(summarized(steps, "first step: city 0 was sunny " * 11))
+                    await context.append(made[0], older)
+
+        steps = [tool_call_response("weather", {"city": f"city {n}"}) for n in range(4)]
+        model = ScriptedModel([*steps, text_response("ok")])
+        await Hooked(model=model).run("now " * 60, history=log)
+        shown = [m for m in model.requests[3].messages if m.is_summary]
+        assert shown[0] == made[0]  # whole, first
+        if limit == 400:
+            assert shown == made
+        else:
+            assert [m.id for m in shown] == [made[0].id, older.id]
+            assert len(shown[1].text) < len(older.text)
+
+    @pytest.mark.parametrize("summarize", [False, True])
     async def test_after_an_overflow_a_turn_grown_onto_the_safety_reserve_is_still_sent(
-        self,
+        self, summarize: bool
     ) -> None:
-        """summarize=False, 4 000 tokens declared, 1 000 the provider's window, a long
-        question: recovery sends the turn alone on the safety reserve (it fits the window
-        less the answer's reserve), and so does each later step of the tool loop, whose
-        turn has grown past the limit the reported window leaves."""
+        """4 000 tokens declared, 1 000 the provider's window, a long question: recovery
+        (without summaries, or with them, the view built again) sends the turn alone on the
+        safety reserve (it fits the window less the answer's reserve), and so does each
+        later step of the tool loop, whose turn has grown past the limit the reported
+        window leaves."""
         model = Dense(1_000, loop=2, density=1.0, advertised=False)
         agent = bounded_agent(prompt_budget_tokens=3_000, safety_reserve_tokens=200)
+        if summarize:
+            budget = agent.context_management.budget
+            agent = manage_context(context_window_tokens=4_000, budget=budget)(
+                type("Summarizing", (agent,), {})
+            )
         question = "words " * 370
         result = await agent(model=model).run(question, history=history(20))
         assert result.output == "ok"
-        sent = [request for request, refused in model.calls if not refused]
+        sent = [r for r, refused in model.calls if not refused and r.purpose == "chat"]
         assert len(sent) == 3
         assert all([m.text for m in r.messages][1] == question for r in sent)  # the turn alone
         for request in sent[1:]:  # over the limit by the budget's estimate; not over the window

@@ -322,8 +322,8 @@ def fit_request(
 
     Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
     cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
-    cover part of the current turn) come right after the turn, cut toward ``floor_tokens``
-    as its results are, and give way only to the turn itself. ``index`` (the run's) keeps
+    cover part of the current turn) come right after the turn: they share the room it
+    leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it. ``index`` (the run's) keeps
     the cut copies and estimates for the next turn.
 
     Raises:
@@ -355,9 +355,13 @@ def fit_request(
     share = max(int(limit * budget.tool_result_share), floor)
     turn = turns[-1] if turns else []
     current = cuts.fit_turn(turn, share, floor, room)
-    ours = [s for s in summaries if s.id in turn_summaries]  # for part of the turn
-    left = (room - cuts.cost(current)) // max(len(ours), 1)
-    made = [cuts.shrink(s, min(summary_tokens, max(left, floor)), _CAPPED) for s in ours]
+    ours = sorted((s for s in summaries if s.id in turn_summaries), key=cuts.estimate)
+    made: list[Message] = []
+    left = room - cuts.cost(current)
+    for position, summary in enumerate(ours):  # the smallest first, each its share of the rest
+        share_left = max(left // (len(ours) - position), floor)
+        made.append(cuts.shrink(summary, min(summary_tokens, share_left), _CAPPED))
+        left -= cuts.estimate(made[-1])
     if made and cuts.cost(current) + cuts.cost(made) > room:  # the turn gives them room
         current = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
         if cuts.cost(current) + cuts.cost(made) > room:  # or they give way to it, last

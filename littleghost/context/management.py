@@ -300,8 +300,9 @@ async def _bounded(
     request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
 ) -> tuple[ModelRequest, BudgetReport]:
     """The request bounded to the budget (tighter after an overflow in this turn); after an
-    overflow in an earlier turn, a current turn over the limit is sent alone when, by the
-    calibration, it fits the window less the answer's reserve (as recovery sends it)."""
+    overflow the run measured (its figure, or a count), a current turn over the limit is
+    sent on the safety reserve when the count, or else the calibration, fits it in the
+    window less the answer's reserve (as recovery sends it)."""
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
@@ -332,14 +333,17 @@ async def _bounded(
     try:
         return fit(limit=limit)
     except PromptBudgetError as error:  # the current turn alone is over the limit
+        measured = state.overflow is not None and (
+            state.overflow[1].prompt_tokens or calibration(context).uncounted is False
+        )
+        tightened = state.tighter is not None and state.tighter[0] == context.turn
         alone = error.required or 0
-        if state.overflow is None or state.overflow[0] == context.turn:
-            raise  # no overflow measured the estimate yet, or ``_shrink`` decides
-        if not limit < alone <= budget.prompt_budget_tokens:
-            raise
-        view, report = fit(limit=alone)  # as recovery sends it: on the safety reserve
+        if not measured or tightened or alone > budget.prompt_budget_tokens:
+            raise  # nothing measured the estimate, ``_shrink`` decides, or over the budget
         answer = max(budget.response_reserve_tokens, request.max_tokens or 0)
-        if size(view) > window - answer:
+        view, report = fit(limit=max(alone, min(budget.prompt_budget_tokens, window - answer)))
+        counted = await model_count(view, context)  # on the safety reserve, as recovery
+        if (size(view) if counted is None else counted) > window - answer:
             raise
         return view, report
 

@@ -366,7 +366,7 @@ class CompactionState:
         record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
         if tokens > 0:  # as a density: a copy cut shorter is sized by its own estimate
             size = tokens + self._estimate(summary_message("", ()))
-            self.real[record.id] = size / self._estimate(record)
+            self.real[record.id] = size / max(self._estimate(record), 1)
 
     def _absorb(
         self, slots: Sequence[int], kind: GroupKind, make: Callable[[list[str]], Message]
