@@ -323,8 +323,8 @@ def fit_request(
     Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
     cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
     cover part of the current turn) come right after the turn: they share the room it
-    leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it. ``index`` (the run's) keeps
-    the cut copies and estimates for the next turn.
+    leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it.
+    ``index`` (the run's) keeps the cut copies and estimates for the next turn.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
