@@ -130,10 +130,12 @@ class PromptBudget:
         return min(self.prompt_budget_tokens, self.room(window, max_tokens))
 
     def room(self, window: int, max_tokens: int | None) -> int:
-        """What ``window`` leaves a prompt: less ``max(response_reserve_tokens, max_tokens)``
-        and ``safety_reserve_tokens``."""
-        answer = max(self.response_reserve_tokens, max_tokens or 0)
-        return window - answer - self.safety_reserve_tokens
+        """What ``window`` leaves a prompt: less the ``answer`` and ``safety_reserve_tokens``."""
+        return window - self.answer(max_tokens) - self.safety_reserve_tokens
+
+    def answer(self, max_tokens: int | None) -> int:
+        """The room kept for the answer of a request with ``max_tokens``."""
+        return max(self.response_reserve_tokens, max_tokens or 0)
 
     def check_window(self, window: int) -> None:
         """Reject a configuration whose reserves leave no room in ``window``."""

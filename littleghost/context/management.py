@@ -312,8 +312,11 @@ async def _bounded(
             f"max(response_reserve_tokens, max_tokens) and safety_reserve_tokens",
             limit=limit,
         )
-    if state.tighter is not None and state.tighter[0] == context.turn:  # sized by ``_shrink``
-        limit = min(budget.prompt_budget_tokens, state.tighter[1])  # > 0: it sets no other
+    turn, tighter = state.tighter or (None, None)
+    if turn != context.turn:
+        tighter = None
+    if tighter is not None:  # sized by ``_shrink``
+        limit = min(budget.prompt_budget_tokens, tighter)  # > 0: it sets no other
     memories = await load_memories(budget, context)
 
     def size(view: ModelRequest) -> int:
@@ -336,11 +339,10 @@ async def _bounded(
         measured = state.overflow is not None and (
             state.overflow[1].prompt_tokens or calibration(context).uncounted is False
         )
-        tightened = state.tighter is not None and state.tighter[0] == context.turn
         alone = error.required or 0
-        if not measured or tightened or alone > budget.prompt_budget_tokens:
+        if not measured or tighter is not None or alone > budget.prompt_budget_tokens:
             raise  # nothing measured the estimate, ``_shrink`` decides, or over the budget
-        answer = max(budget.response_reserve_tokens, request.max_tokens or 0)
+        answer = budget.answer(request.max_tokens)
         view, report = fit(limit=max(alone, min(budget.prompt_budget_tokens, window - answer)))
         counted = await model_count(view, context)  # on the safety reserve, as recovery
         if (size(view) if counted is None else counted) > window - answer:
@@ -774,7 +776,7 @@ async def _shrink(
         state.tighter = (context.turn, to)
 
     room = budget.limit(fits, request.max_tokens)
-    answer = max(budget.response_reserve_tokens, request.max_tokens or 0)
+    answer = budget.answer(request.max_tokens)
     prompt = estimated - (request.max_tokens or 0)  # the overflow's size, without the answer
 
     async def bounded() -> tuple[ModelRequest, BudgetReport]:
