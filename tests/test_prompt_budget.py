@@ -851,6 +851,26 @@ class TestWithSummaries:
         now = ModelRequest([Message.user("q"), call, small, Message.user("next")])
         assert estimate_tokens(now, context, BYTES) < 1_000
 
+    @pytest.mark.parametrize("share", [1, 3])
+    def test_a_summary_a_view_cut_shorter_counts_at_its_own_size(self, share: int) -> None:
+        """A summary the model sized at 2 tokens per estimated one, shown whole or cut to
+        a third: the copy counts at that density times its own estimate, so the count of
+        a view that also holds a turn of about 1 000 estimated tokens, counted 3 to 1,
+        teaches the conversation's scale exactly (at the whole summary's size, cut to a
+        third it would teach about 1.8)."""
+        from littleghost.context.calibration import calibration, learn_scale, real_size
+
+        whole = summarized([], "- a fact the user gave, kept word for word.\n" * 60)
+        copy = Message(whole.role, [TextPart(whole.text[: len(whole.text) // share])], whole.id)
+        context = RunContext(Agent(), ScriptedModel([]), {}, None, 0, False)
+        calibration(context).real[whole.id] = 2.0
+        assert real_size([copy], context, BYTES) == 2 * estimate_message(copy, BYTES)
+        turn = [Message.user("w" * 2_990)]
+        view = ModelRequest([copy, *turn])
+        reported = 2 * estimate_message(copy, BYTES) + 3 * estimate_message(turn[0], BYTES)
+        assert learn_scale(view, reported, context, BYTES, window=100_000)
+        assert calibration(context).scale == 3.0
+
 
 class Dense:
     """A provider that counts ``density`` tokens for every estimated one and refuses a
