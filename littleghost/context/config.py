@@ -28,8 +28,8 @@ __all__ = ["ContextManagement", "context_config", "context_window", "reported_wi
 
 logger = logging.getLogger("littleghost.context")
 
-_assumed_windows: set[tuple[str, str]] = set()  # (provider, model name) pairs warned about
-_reported_windows: set[tuple[str, str, int]] = set()  # and (…, a smaller window reported)
+_assumed_windows: set[tuple[Any, ...]] = set()  # (provider, model name) pairs warned about
+_reported_windows: set[tuple[Any, ...]] = set()  # and (…, a smaller window reported)
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -151,18 +151,11 @@ def context_window(model: Model, config: ContextManagement) -> int:
     advertised = getattr(model, "context_window", None)
     if is_int(advertised) and advertised > 0:
         return advertised
-    provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
-    if (provider, name) not in _assumed_windows:
-        _assumed_windows.add((provider, name))
-        logger.warning(
-            "manage_context: model %r (provider %r) advertises no context window; assuming "
-            "%d tokens. Set context_window= on the model, or context_window_override= or "
-            "context_window_tokens= on manage_context",
-            name,
-            provider,
-            config.context_window_tokens,
-        )
-    return config.context_window_tokens
+    assuming = config.context_window_tokens
+    _warn_once(
+        _assumed_windows, model, (), "advertises no context window; assuming %d tokens", assuming
+    )
+    return assuming
 
 
 def reported_window(model: Model, window: int, reported: int | None) -> int:
@@ -170,21 +163,28 @@ def reported_window(model: Model, window: int, reported: int | None) -> int:
     it and ``window`` (a smaller one warned about once per model and figure)."""
     if not reported or reported >= window:  # none, or no smaller
         return window
-    key = (str(getattr(model, "provider", "")), str(getattr(model, "name", "")), reported)
-    if key not in _reported_windows:
-        _reported_windows.add(key)
-        logger.warning(
-            "manage_context: model %r (provider %r) reported a %d-token context window in an "
-            "overflow error, under the %d tokens compacted for; the run compacts for %d from "
-            "now on. Set context_window= on the model, or context_window_override= or "
-            "context_window_tokens= on manage_context",
-            key[1],
-            key[0],
-            reported,
-            window,
-            reported,
-        )
+    said = "reported a %d-token context window in an overflow error, under the %d tokens "
+    said += "compacted for; the run compacts for %d from now on"
+    _warn_once(_reported_windows, model, (reported,), said, reported, window, reported)
     return reported
+
+
+def _warn_once(
+    warned: set[tuple[Any, ...]], model: Model, key: tuple[int, ...], said: str, *figures: int
+) -> None:
+    """Warn that ``model`` ``said`` (with ``figures``), naming the settings that declare
+    its window: once per model and ``key`` for the process (``warned`` holds those warned)."""
+    provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
+    if (provider, name, *key) in warned:
+        return
+    warned.add((provider, name, *key))
+    logger.warning(
+        f"manage_context: model %r (provider %r) {said}. Set context_window= on the model, "
+        "or context_window_override= or context_window_tokens= on manage_context",
+        name,
+        provider,
+        *figures,
+    )
 
 
 def context_config(agent: object) -> ContextManagement | None:
