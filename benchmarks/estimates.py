@@ -9,8 +9,10 @@ side). A summary gives the mean, min and max ratio per estimator and the per-mes
 overhead that would make each unbiased (mean ratio 1) and that would make each safe on
 every request (no ratio below 1). Images are not measured: SmolLM2 reads no images.
 
-Run ``python benchmarks/estimates.py``; set ``LITTLEGHOST_LLAMA_SERVER`` to use another
-llama.cpp ``llama-server`` build. If the server cannot start (for instance SIGILL on a
+Run ``python benchmarks/estimates.py``, or ``python benchmarks/estimates.py MODEL.gguf``
+for another model (the Qwen2.5 of ``../shared/bin/benchmark-model.sh``, whose tokenizer
+knows CJK well); set ``LITTLEGHOST_LLAMA_SERVER`` to use another llama.cpp
+``llama-server`` build. If the server cannot start (for instance SIGILL on a
 CPU the build does not support), the script says so and exits 0.
 """
 
@@ -291,7 +293,7 @@ def _template_capabilities(base_url: str) -> dict[str, Any]:
 async def main() -> int:
     """Measure every request against the local server; 0 also when it cannot start."""
     try:
-        model = LocalModel(n_ctx=4096)
+        model = LocalModel(*sys.argv[1:2], n_ctx=4096)
     except ConfigurationError as error:
         print(f"cannot run the local model: {error}")
         return 0
