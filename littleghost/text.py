@@ -5,10 +5,31 @@ from __future__ import annotations
 import math
 import reprlib
 
-__all__ = ["CHARS_PER_TOKEN", "brief", "cut_middle", "error_text", "truncate_middle"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "beyond_ascii",
+    "brief",
+    "cut_middle",
+    "error_text",
+    "truncate_middle",
+    "weighed_length",
+]
 
 CHARS_PER_TOKEN = 4
-"""The default estimate: four characters per token."""
+"""The default estimate: four characters per token, of the ``weighed_length``."""
+
+
+def beyond_ascii(text: str) -> float:
+    """What ``weighed_length`` adds to the length of ``text`` (0 for ASCII)."""
+    return 1.5 * (len(text.encode("utf-8", "surrogatepass")) - len(text))
+
+
+def weighed_length(text: str) -> float:
+    """The length of ``text`` with each UTF-8 byte of a character past its first weighing
+    1.5 characters more: ASCII counts as its length, a CJK character as 4 (one token at
+    four characters per token), a Polish or Cyrillic letter as 2.5."""
+    return len(text) if text.isascii() else len(text) + beyond_ascii(text)
+
 
 _BRIEF = reprlib.Repr()
 _BRIEF.maxstring = _BRIEF.maxlong = _BRIEF.maxother = 100

@@ -3,6 +3,7 @@ sizes, and that grouping never loses a message or separates a call from its resu
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -130,13 +131,16 @@ def test_sizes_count_bytes_and_tokens() -> None:
     "arguments",
     [{}, {"note": 'say "hi"\n', "city": "Zürich"}, {"n": 1, "tags": ["a", None]}, "not json {"],
 )
-def test_a_character_estimate_is_a_quarter_of_the_prompt_text(arguments: object) -> None:
+def test_a_character_estimate_is_a_quarter_of_the_weighed_prompt_text(arguments: object) -> None:
+    """Each é and ü (2 UTF-8 bytes) weighs 2.5 characters."""
     message = Message.assistant("héllo", tool_calls=[ToolCall("a", "f", arguments)])
     result = Message.tool("a", 'line\n"quoted" ü')
     for chars_per_token in (4, 2, 1):
         tokenizer = CharacterEstimator(chars_per_token=chars_per_token)
         for item in (message, result):
-            expected = -(-len(prompt_text(item)) // chars_per_token)
+            text = prompt_text(item)
+            weighed = len(text) + 1.5 * sum(character in "éü" for character in text)
+            expected = math.ceil(weighed / chars_per_token)
             assert group_messages([item], tokenizer)[0].tokens == expected
 
 

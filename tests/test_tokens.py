@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import random
 from typing import Any
 
 import pytest
@@ -139,3 +140,42 @@ async def test_tokenizers_made_per_call_are_not_kept_alive(kind: type[Any]) -> N
         await apply_compaction(log, TokenBudget(token_budget=50), tokenizer=kind())
     gc.collect()
     assert sum(type(o) is kind for o in gc.get_objects()) <= RECENT_LOGS + 1
+
+
+def test_the_default_estimate_weighs_characters_beyond_ascii() -> None:
+    """ASCII counts four characters a token; each UTF-8 byte of a character past its first
+    weighs 1.5 characters more: a CJK character is a token, a Cyrillic letter 0.625."""
+    estimator = CharacterEstimator()
+    assert estimator.count_tokens("abcd" * 10) == 10
+    assert estimator.count_tokens("東京" * 10) == 20
+    assert estimator.count_tokens("дом" * 8) == 15
+    assert estimator.count_tokens("🎉" * 4) == 6
+    assert estimator.count_tokens("\ud800" * 4) == 4  # a lone surrogate counts, as 3 bytes
+    assert CharacterEstimator(chars_per_token=2).count_tokens("東京") == 4
+
+
+def test_a_message_is_estimated_as_its_prompt_text_whatever_its_script() -> None:
+    """The default estimator counts a message's parts as it counts its prompt text
+    (``count_tokens(prompt_text(message))``), for random mixes of scripts in every part."""
+    rng = random.Random(20261203)
+    alphabet = 'ab c{}":,1é€дあ東🎉\\\n'
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+
+    for chars_per_token in (1, 3.5, 4):
+        estimator = CharacterEstimator(chars_per_token=chars_per_token)
+        for _ in range(300):
+            flat = {text(): text() for _ in range(rng.randrange(0, 3))}
+            nested = {text(): [text(), rng.randrange(99), None]}
+            call = ToolCall(text(), text(), rng.choice((flat, nested, text())))
+            message = rng.choice(
+                (
+                    Message.user(text()),
+                    Message(Role.ASSISTANT, [ReasoningPart(text()), TextPart(text())]),
+                    Message.assistant(text(), tool_calls=[call]),
+                    Message.tool(text(), text()),
+                )
+            )
+            expected = estimator.count_tokens(prompt_text(message))
+            assert estimate_message(message, estimator) == expected, message

@@ -53,7 +53,7 @@ def _checked(
     tokenizer: Tokenizer | None,
     settings: Mapping[str, Any] | None,
 ) -> tuple[Tokenizer, Mapping[str, Any] | None]:
-    """``name``'s strategy, tokenizer (default characters ÷ 4) and settings, checked."""
+    """``name``'s strategy, tokenizer (default ``CharacterEstimator()``) and settings, checked."""
     check_strategy(f"{name}: strategy", strategy)
     if tokenizer is not None and not has_method("count_tokens")(tokenizer):
         raise ConfigurationError(
@@ -91,7 +91,7 @@ async def apply_compaction(
     Args:
         messages: The conversation.
         strategy: What to do; a summarizing one needs ``Summarization(model=...)``.
-        tokenizer: Counts tokens; default characters ÷ 4.
+        tokenizer: Counts tokens; default ``CharacterEstimator()``.
 
     Raises:
         ConfigurationError: A bad ``strategy`` or ``tokenizer``, or ``messages`` that
@@ -115,7 +115,7 @@ async def compaction_records(
     ``strategy``'s; ``()`` means nothing to do.
 
     Args:
-        tokenizer: Counts tokens; ``None`` for characters ÷ 4.
+        tokenizer: Counts tokens; ``None`` for ``CharacterEstimator()``.
         complete: Makes a summary call for a ``Summarization`` without a model of its own
             (in a run, ``RunContext.complete``).
         settings: Provider settings the summary call starts from (its output cap and

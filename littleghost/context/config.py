@@ -56,7 +56,7 @@ class ContextManagement:
         summary_ratio: The share of the conversation summarized, in [0.1, 0.8].
         preserve_recent_messages: Newest messages kept verbatim (>= 2); overflow recovery
             may summarize them, never the current turn.
-        tokenizer: Counts tokens (``count_tokens(text)``); default characters ÷ 4.
+        tokenizer: Counts tokens (``count_tokens(text)``); default ``CharacterEstimator()``.
         summary_instructions: Replaces the summarizer's instructions.
         summary_max_tokens: The cap of the summary and of what it quotes (under the window);
             default a quarter of the window, at most 4 096.

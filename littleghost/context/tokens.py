@@ -12,6 +12,7 @@ from attrs import field, frozen
 from littleghost._validators import check, count, is_number
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models.base import OutputSchema
+from littleghost.text import beyond_ascii, weighed_length
 
 __all__ = [
     "ByteEstimator",
@@ -38,7 +39,8 @@ def _positive(value: object) -> bool:
 
 @frozen(kw_only=True, cache_hash=True)
 class CharacterEstimator:
-    """Four characters per token (rounded up), the default estimate."""
+    """Four characters per token (rounded up), the default estimate; a character beyond
+    ASCII weighs more (``weighed_length``)."""
 
     chars_per_token: float = field(
         default=4.0,
@@ -47,8 +49,8 @@ class CharacterEstimator:
     image_tokens: int = field(default=85, validator=count("CharacterEstimator.image_tokens"))
 
     def count_tokens(self, text: str) -> int:
-        """Characters ÷ ``chars_per_token``, rounded up."""
-        return math.ceil(len(text) / self.chars_per_token)
+        """Weighed characters ÷ ``chars_per_token``, rounded up."""
+        return math.ceil(weighed_length(text) / self.chars_per_token)
 
 
 @frozen(kw_only=True, cache_hash=True)
@@ -80,18 +82,19 @@ _CALL_CHARS = len('{"id":"","name":"","arguments":}')  # prompt_text's framing o
 _RESULT_CHARS = len('{"tool_call_id":"","content":""}')  # and of a tool result
 
 
-def _arguments_length(arguments: Mapping[str, Any] | str) -> int:
-    """The length of ``arguments`` as a prompt carries them (``prompt_text``), without
-    encoding a flat str-to-str mapping."""
+def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
+    """The weighed length of ``arguments`` as a prompt carries them (``prompt_text``),
+    without encoding a flat str-to-str mapping."""
     if isinstance(arguments, str):
-        return len(arguments)
+        return weighed_length(arguments)
     if not arguments:
         return 2
-    length = 1 + 2 * len(arguments)  # braces, colons and commas
+    length: float = 1 + 2 * len(arguments)  # braces, colons and commas
     for key, value in arguments.items():
         if type(key) is not str or type(value) is not str:
-            return len(_JSON(dict(arguments)))
-        length += len(_JSON_STR(key)) + len(_JSON_STR(value))
+            return weighed_length(_JSON(dict(arguments)))
+        measure = len if key.isascii() and value.isascii() else weighed_length
+        length += measure(_JSON_STR(key)) + measure(_JSON_STR(value))
     return length
 
 
@@ -118,7 +121,7 @@ def prompt_text(message: Message) -> str:
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
     """Counts one message with ``tokenizer``: its ``prompt_text`` (tool results raw, not
     JSON-escaped), plus the tokenizer's ``image_tokens`` per image and ``message_overhead``.
-    The default estimator needs only lengths, so it encodes nothing."""
+    The default estimator needs only (weighed) lengths, so it encodes no JSON."""
     count_tokens = tokenizer.count_tokens
     image_tokens = int(getattr(tokenizer, "image_tokens", 85))
     overhead = int(getattr(tokenizer, "message_overhead", 0))
@@ -126,19 +129,24 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
         per_token = tokenizer.chars_per_token
 
         def count_characters(message: Message) -> int:
-            length = len(message.role) + 2
+            length: float = len(message.role) + 2
             images = 0
             for part in message.content:
                 kind = type(part)
                 if kind is TextPart or kind is ReasoningPart:
-                    length += len(part.text)  # type: ignore[union-attr]
+                    text: str = part.text  # type: ignore[union-attr]
+                    length += len(text) if text.isascii() else weighed_length(text)
                 elif kind is ToolResult:
                     result: ToolResult = part  # type: ignore[assignment]
                     length += _RESULT_CHARS + len(result.call_id) + len(result.content)
+                    if not (result.call_id.isascii() and result.content.isascii()):
+                        length += beyond_ascii(result.call_id) + beyond_ascii(result.content)
                 elif kind is ToolCall:
                     call: ToolCall = part  # type: ignore[assignment]
                     length += _CALL_CHARS + len(call.id) + len(call.name)
                     length += _arguments_length(call.arguments)
+                    if not (call.id.isascii() and call.name.isascii()):
+                        length += beyond_ascii(call.id) + beyond_ascii(call.name)
                 elif kind is ImagePart:
                     images += 1
             return math.ceil(length / per_token) + images * image_tokens + overhead
