@@ -45,23 +45,30 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
     """Keep the first and last ``keep_chars // 2`` characters with a marker between them.
 
     The marker says how much was cut, in ``unit`` (``characters`` or ``tokens``, the
-    latter estimated at four characters per token).
+    latter estimated at four weighed characters per token).
     """
     if len(text) <= keep_chars:
         return text
     keep_chars = max(keep_chars, 0)
     head = keep_chars - keep_chars // 2
     tail = keep_chars // 2
-    removed = len(text) - head - tail
-    amount = math.ceil(removed / CHARS_PER_TOKEN) if unit == "tokens" else removed
+    amount: float = len(text) - head - tail
+    if unit == "tokens":
+        if not text.isascii():
+            amount = weighed_length(text[head : len(text) - tail])
+        amount = math.ceil(amount / CHARS_PER_TOKEN)
     marker = f"\n[… {amount} {unit} truncated …]\n"
     cut = text[:head] + marker + (text[len(text) - tail :] if tail else "")
     return cut if len(cut) < len(text) else text
 
 
 def truncate_middle(text: str, max_tokens: int) -> str:
-    """Cut ``text`` in the middle to about ``max_tokens`` tokens (four characters each)."""
-    return cut_middle(text, max_tokens * CHARS_PER_TOKEN, unit="tokens")
+    """Cut ``text`` in the middle to about ``max_tokens`` tokens of the default estimate
+    (four weighed characters each: as many characters as that weight at the text's mean)."""
+    keep = max_tokens * CHARS_PER_TOKEN
+    if not text.isascii():
+        keep = int(keep * len(text) / weighed_length(text))
+    return cut_middle(text, keep, unit="tokens")
 
 
 def error_text(error: BaseException, *, with_type: bool = True) -> str:

@@ -25,7 +25,13 @@ from littleghost import (
     manage_context,
     tool,
 )
-from littleghost.context import ByteEstimator, PromptBudget, Truncation, build_view
+from littleghost.context import (
+    ByteEstimator,
+    CharacterEstimator,
+    PromptBudget,
+    Truncation,
+    build_view,
+)
 from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.config import ContextManagement
 from littleghost.context.management import AFTER_KEY, RECOUNTS, remembered
@@ -1624,6 +1630,44 @@ class TestOverflow:
         assert event["littleghost.compaction.outcome"] == "completed"
         assert event["littleghost.compaction.fallback"] is True
         assert 64 <= event["littleghost.compaction.tool_results_cut_to_tokens"] < 1_500
+
+    async def test_a_result_beyond_ascii_is_cut_by_its_estimated_tokens(self, spans: Spans) -> None:
+        """Results are cut by the default estimate's tokens: after an English result over
+        the window set the cut, a later Japanese one of few characters but more tokens
+        than the cut is cut to it too."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Reading(Agent):
+            max_retries = 0
+
+            @tool
+            def read(self, path: str) -> str:
+                """Read a file."""
+                if path == "file0.txt":
+                    return "a line of the file\n" * 250  # about 1 200 tokens
+                return "ファイルの一行です\n" * 80  # 800 characters, about 740 tokens
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            real = estimate_messages(request.messages)
+            if real > 1_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            reads = sum(len(m.tool_results) for m in request.messages)
+            if reads < 2:
+                return tool_call_response("read", {"path": f"file{reads}.txt"})
+            return text_response("done")
+
+        model = ScriptedModel([respond] * 6)
+        result = await Reading(model=model).run("Read two files.")
+        assert result.output == "done"
+        (event,) = [
+            e
+            for e in spans.compactions()
+            if "littleghost.compaction.tool_results_cut_to_tokens" in e
+        ]
+        cut_to = event["littleghost.compaction.tool_results_cut_to_tokens"]
+        sent = [r.content for m in model.requests[-1].messages for r in m.tool_results]
+        marker = CharacterEstimator().count_tokens("\n[… 9999 tokens truncated …]\n")
+        assert all(CharacterEstimator().count_tokens(r) <= cut_to + marker for r in sent)
 
     async def test_a_question_over_the_window_is_not_cut(self) -> None:
         """Only tool results are cut: a current request whose question alone is over the

@@ -743,6 +743,29 @@ async def test_a_long_result_is_cut_in_the_middle_with_a_marker() -> None:
     assert not seen.is_error
 
 
+async def test_a_long_result_beyond_ascii_is_cut_to_its_estimated_tokens() -> None:
+    """A character beyond ASCII weighs more in the default estimate (a CJK one a token), so
+    a Japanese result is cut to about ``max_tool_result_tokens`` of it, and the marker
+    counts what was cut the same way."""
+
+    class Wide(Agent):
+        max_tool_result_tokens = 100
+
+        @tool
+        def read(self) -> str:
+            """Read a page."""
+            return "東" * 2_000 + "京" * 2_000
+
+    model = ScriptedModel([tool_call_response("read", {}, call_id="c1"), text_response("done")])
+    await Wide(model=model).run("go")
+    (seen,) = tool_results(model.requests[1].messages)
+    head, marker, tail = re.fullmatch(
+        r"(東+)\n(\[… \d+ tokens truncated …\])\n(京+)", seen.content
+    ).groups()  # type: ignore[union-attr]
+    assert (len(head), len(tail)) == (50, 50)
+    assert marker == "[… 3900 tokens truncated …]"
+
+
 async def test_a_short_result_is_not_cut() -> None:
     """A result within max_tool_result_tokens is passed as it is."""
     seen = await single_result({"size": 400}, "shout")

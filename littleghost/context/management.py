@@ -74,7 +74,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
-from littleghost.text import CHARS_PER_TOKEN, truncate_middle
+from littleghost.text import CHARS_PER_TOKEN, truncate_middle, weighed_length
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
@@ -199,7 +199,7 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
 
     def clip(message: Message) -> Message:
         if message.role is not Role.TOOL or not any(
-            len(result.content) > limit for result in message.tool_results
+            weighed_length(result.content) > limit for result in message.tool_results
         ):
             return message
 
@@ -679,8 +679,8 @@ async def _cut_results(
     """
     tokenizer, index = config.tokenizer, context.log_index
     whole = real_size(request.messages, context, tokenizer)
-    results = [len(r.content) for message in request.messages for r in message.tool_results]
-    limit = max(results, default=0) // CHARS_PER_TOKEN
+    results = [r.content for message in request.messages for r in message.tool_results]
+    limit = int(max(map(weighed_length, results), default=0)) // CHARS_PER_TOKEN
     cut, after = request, size
     while limit > CUT_FLOOR_TOKENS and after > CUT_SHARE * window:
         limit = max(limit * 3 // 4, CUT_FLOOR_TOKENS)
