@@ -612,8 +612,9 @@ def test_bad_arguments_are_configuration_errors(
         LocalModel()
 
 
-# Histories whose estimate (characters ÷ 4) is off by 2 to 7 times on SmolLM2: digit lists,
-# JSON tool results, Japanese. Each overflows the 512-token window on its first call.
+# Histories whose estimate is off by about 2 to 3 times on SmolLM2: digit lists, JSON tool
+# results, Japanese (×1.9; ×7 before characters beyond ASCII were weighed) and Korean (×2.5).
+# Each overflows the 512-token window on its first call.
 def dense_history(kind: str, pairs: int) -> list[Message]:
     rng = random.Random(kind)
     messages: list[Message] = []
@@ -641,10 +642,15 @@ def dense_history(kind: str, pairs: int) -> list[Message]:
                 Message.tool(call.id, payload),
                 Message.assistant(f"Order {index} has 12 items."),
             ]
-        else:
+        elif kind == "japanese":
             messages += [
                 Message.user(f"メモ{index}: 東京の天気は晴れです。明日は雨が降るでしょう。" * 3),
                 Message.assistant(f"了解しました {index}。"),
+            ]
+        else:
+            messages += [
+                Message.user(f"메모{index}: 서울의 날씨는 맑습니다. 내일은 비가 올 것입니다. " * 3),
+                Message.assistant(f"알겠습니다 {index}."),
             ]
     return messages
 
@@ -660,7 +666,7 @@ class Dense(Agent):
         return f"order {id}"
 
 
-@pytest.mark.parametrize("kind", ["digits", "json", "japanese"])
+@pytest.mark.parametrize("kind", ["digits", "json", "japanese", "korean"])
 async def test_an_underestimated_history_is_recovered_once_by_a_summary(
     local: LocalModel, spans: Spans, kind: str
 ) -> None:
