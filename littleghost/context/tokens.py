@@ -128,7 +128,7 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
     if type(tokenizer) is CharacterEstimator:  # a length is all it needs
         per_token = tokenizer.chars_per_token
 
-        def count_characters(message: Message) -> int:
+        def count_characters(message: Message) -> int:  # ``weighed_length``, inlined
             length: float = len(message.role) + 2
             images = 0
             for part in message.content:
