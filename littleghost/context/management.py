@@ -194,16 +194,16 @@ def reaches(estimated: int, threshold: float, window: int) -> bool:
 
 def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
     """The request with every tool result over ``max_tokens`` cut in the middle (the log
-    keeps it whole; the copy is made once per log)."""
+    keeps it whole; each tool message is measured, and its copy made, once per log)."""
     limit = max_tokens * CHARS_PER_TOKEN
 
     def clip(message: Message) -> Message:
-        if message.role is not Role.TOOL or not any(
-            weighed_length(result.content) > limit for result in message.tool_results
-        ):
+        if message.role is not Role.TOOL:
             return message
 
         def make() -> Message:
+            if all(weighed_length(result.content) <= limit for result in message.tool_results):
+                return message
             parts = [
                 ToolResult(p.call_id, truncate_middle(p.content, max_tokens), p.is_error)
                 if isinstance(p, ToolResult)
