@@ -16,7 +16,7 @@ __all__ = [
 ]
 
 CHARS_PER_TOKEN = 4
-"""The default estimate: four characters per token, of the ``weighed_length``."""
+"""The default estimate: four weighed characters (``weighed_length``) per token."""
 
 
 def beyond_ascii(text: str) -> float:
