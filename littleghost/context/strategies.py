@@ -415,10 +415,12 @@ class CompactionState:
         members = self._members
         stands = self._stands  # keyed by the slots of the records made here
         records = [members[slot][0] for slot in stands if fate[slot] == _INCLUDED]
-        slots = _positions(fate, _EXCLUDED)
-        if not stands and slots and slots[-1] - slots[0] + 1 == len(slots):  # a run, as a cut
-            excluded = list(map(_ID, chain.from_iterable(members[slots[0] : slots[-1] + 1])))
+        count = fate.count(_EXCLUDED)
+        first = fate.index(_EXCLUDED) if count else 0
+        if not stands and fate[first : first + count].count(_EXCLUDED) == count:  # one cut
+            excluded = list(map(_ID, chain.from_iterable(members[first : first + count])))
         else:
+            slots = _positions(fate, _EXCLUDED)
             parts = (stands[s] if s in stands else map(_ID, members[s]) for s in slots)
             excluded = list(chain.from_iterable(parts))
         if excluded:
