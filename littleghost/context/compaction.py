@@ -71,13 +71,12 @@ async def _run(
     tokenizer: Tokenizer,
     complete: Complete | None,
     settings: Mapping[str, Any] | None,
-) -> tuple[tuple[Message, ...], list[Message]]:
-    """The records ``strategy`` makes for ``messages``, and the view they give."""
-    index = LogIndex.of(messages)
-    state = compaction_state(index, tokenizer, complete=complete, settings=settings)
+) -> CompactionState:
+    """The state ``strategy`` leaves over ``messages``: its ``view()``, and the
+    ``records()`` that give that view when appended (each built only when asked for)."""
+    state = compaction_state(LogIndex.of(messages), tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
-    records = state.records()
-    return records, (state.view() if records else index.layout.messages())
+    return state
 
 
 async def apply_compaction(
@@ -99,8 +98,8 @@ async def apply_compaction(
     """
     counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
     log = check_history(messages, "messages")
-    _, view = await _run(log, strategy, counter, None, None)
-    return tuple(view)
+    state = await _run(log, strategy, counter, None, None)
+    return tuple(state.view())
 
 
 async def compaction_records(
@@ -126,8 +125,8 @@ async def compaction_records(
     """
     counter, settings = _checked("compaction_records", strategy, tokenizer, settings)
     log = check_history(messages, "messages")
-    records, _ = await _run(log, strategy, counter, complete, settings)
-    return records
+    state = await _run(log, strategy, counter, complete, settings)
+    return state.records()
 
 
 async def compact_session(
@@ -151,7 +150,7 @@ async def compact_session(
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
     async with hold_session(store, session_id):
         log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
-        records, _ = await _run(log, strategy, counter, None, settings)
+        records = (await _run(log, strategy, counter, None, settings)).records()
         if records:
             check_smaller(log, records, counter)
             await store.append(session_id, records)
