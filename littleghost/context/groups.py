@@ -204,6 +204,8 @@ class Layout:
         pending = self.pending
         system_open = self.system_open
         orphans = set() if records else set(self.orphans)
+        # The positions of calls left open: their messages are tool_call groups without results.
+        unanswered = {*self.open_calls.values(), *chain.from_iterable(self.shadowed.values())}
         for position in range(start, len(log)):
             message = log[position]
             role = message.role
@@ -236,7 +238,6 @@ class Layout:
                 continue
             elif role is _ASSISTANT:
                 answered = answers.get(position)
-                kind = ASSISTANT_TEXT
                 group = [message]
                 if answered is not None:
                     kind = TOOL_CALL
@@ -245,10 +246,7 @@ class Layout:
                         if not hidden or result.id not in hidden:
                             group.append(result)
                 else:
-                    for part in message.content:
-                        if type(part) is ToolCall:
-                            kind = TOOL_CALL
-                            break
+                    kind = TOOL_CALL if position in unanswered else ASSISTANT_TEXT
             else:
                 group = [message]
                 kind = SUMMARY if message.metadata and message.is_summary else USER
