@@ -312,10 +312,8 @@ async def _bounded(
             f"max(response_reserve_tokens, max_tokens) and safety_reserve_tokens",
             limit=limit,
         )
-    turn, tighter = state.tighter or (None, None)
-    if turn != context.turn:
-        tighter = None
-    if tighter is not None:  # sized by ``_shrink``
+    tighter = state.tighter[1] if state.tighter and state.tighter[0] == context.turn else None
+    if tighter is not None:  # sized by ``_shrink`` in this turn
         limit = min(budget.prompt_budget_tokens, tighter)  # > 0: it sets no other
     memories = await load_memories(budget, context)
 
