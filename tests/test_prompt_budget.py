@@ -24,6 +24,7 @@ from littleghost import (
 )
 from littleghost.context import config as config_module
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
+from littleghost.context.calibration import calibration, estimate_tokens, learn_scale, real_size
 from littleghost.context.management import RECOUNTS
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
@@ -837,8 +838,6 @@ class TestWithSummaries:
 
     async def test_the_usage_anchor_ignores_a_message_sent_at_another_size(self) -> None:
         """A result cut down on a later call does not inherit the provider's old count."""
-        from littleghost.context.calibration import estimate_tokens
-
         big = Message.tool("c", "x" * 40_000)
         small = Message(big.role, [ToolResult("c", "x" * 400)], big.id)
         call = Message.assistant(tool_calls=[ToolCall("c", "weather", {})])
@@ -858,8 +857,6 @@ class TestWithSummaries:
         a view that also holds a turn of about 1 000 estimated tokens, counted 3 to 1,
         teaches the conversation's scale exactly (at the whole summary's size, cut to a
         third it would teach about 1.8)."""
-        from littleghost.context.calibration import calibration, learn_scale, real_size
-
         whole = summarized([], "- a fact the user gave, kept word for word.\n" * 60)
         copy = Message(whole.role, [TextPart(whole.text[: len(whole.text) // share])], whole.id)
         context = RunContext(Agent(), ScriptedModel([]), {}, None, 0, False)
