@@ -13,6 +13,7 @@ import pytest
 
 from littleghost import Agent, Message, Role, ToolCall
 from littleghost.context import (
+    CompactionState,
     CompactionStrategy,
     Pipeline,
     SelectiveToolCallCompaction,
@@ -21,11 +22,13 @@ from littleghost.context import (
     TokenBudget,
     ToolResultCompaction,
     Truncation,
+    TurnExcerpts,
     apply_compaction,
     build_view,
     compact_session,
     compaction_records,
     messages_exceed,
+    tokens_exceed,
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
 from littleghost.context.view import orphan_results, unanswered_calls
@@ -128,6 +131,25 @@ def test_a_record_covered_by_a_later_record_is_hidden_and_what_it_hid_stays_hidd
     assert view == (log[0], newer, *log[9:13])
 
 
+def test_a_collapse_of_a_collapse_shows_where_the_first_hidden_message_was() -> None:
+    log = conversation(3)
+    first = collapse("[c0]", log[2:4])
+    second = collapse("[c1]", log[6:8])
+    both = collapse("[c0 and c1]", [first, second])
+    assert build_view([*log, first, second, both]) == (*log[:2], both, log[4], log[5], *log[8:])
+
+
+def test_records_that_cover_each_other_are_not_shown() -> None:
+    """A foreign log whose collapses cover each other: the view ends, and shows neither."""
+    log = conversation(1)
+    metadata = {COMPACTION_KIND_KEY: "collapse"}
+    first = Message.assistant("a", id="a", metadata={**metadata, COMPACTION_COVERS_KEY: ["b"]})
+    second = Message.assistant(
+        "b", id="b", metadata={**metadata, COMPACTION_COVERS_KEY: [log[1].id, "a"]}
+    )
+    assert build_view([*log, first, second]) == (log[0], *log[2:])
+
+
 def test_records_are_read_in_one_view_with_results_after_their_calls() -> None:
     ask = Message.assistant(tool_calls=[ToolCall("a", "f", {}), ToolCall("b", "g", {})])
     late = [Message.user("wait"), Message.tool("b", "B"), Message.tool("a", "A")]
@@ -199,6 +221,68 @@ async def test_records_in_the_log_give_the_view_apply_compaction_returns(seed: i
         more = await compaction_records([*log, *records], strategy, tokenizer=None)
         twice = await apply_compaction(compacted, strategy)
         assert [m.text for m in build_view([*log, *records, *more])] == [m.text for m in twice]
+
+
+@attrs.frozen
+class RandomSteps:
+    """A custom strategy: random excludes, collapses, merges and summaries of random
+    slots, the same ones on every call with the same seed."""
+
+    seed: int
+
+    async def compact(self, state: CompactionState, /) -> None:
+        rng = random.Random(self.seed)
+        for step in range(rng.randint(1, 4)):
+            slots = state.candidates(state.slots)
+            if not slots:
+                return
+            picked = sorted(rng.sample(slots, rng.randint(1, min(3, len(slots)))))
+            action = rng.choice(("exclude", "collapse", "merge", "summarize"))
+            if action == "exclude":
+                state.exclude(picked[0])
+            elif action == "collapse":
+                state.collapse(picked[0], f"collapsed {self.seed}.{step}")
+            elif action == "merge":
+                state.merge(picked, f"merged {self.seed}.{step}")
+            else:
+                state.summarize(picked, f"summarized {self.seed}.{step}")
+
+
+def chained_strategy(rng: random.Random, model: ScriptedModel) -> CompactionStrategy:
+    return rng.choice(
+        [
+            *strategies(model),
+            TurnExcerpts(trigger=tokens_exceed(rng.randint(20, 200))),
+            TurnExcerpts(minimum_preserved=rng.randint(0, 3)),
+            RandomSteps(rng.randrange(10**6)),
+            RandomSteps(rng.randrange(10**6)),
+        ]
+    )
+
+
+def shown(view: tuple[Message, ...] | list[Message]) -> list[tuple[Role, str, str]]:
+    """A view compared across compactions: a record by its text (each makes new ids)."""
+    return [(m.role, m.text, m.text if m.metadata else m.id) for m in view]
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_chained_compactions_give_the_view_their_records_give(seed: int) -> None:
+    """Compacting a log that holds earlier records (summaries, collapses of collapses,
+    excerpts of summaries), with system messages mid-log: the view a strategy returns is
+    the view its records give in the log, and every earlier compaction's too."""
+    rng = random.Random(seed)
+    log = random_log(rng)
+    model = ScriptedModel([text_response("summary")] * 400)
+    for _ in range(rng.randint(2, 5)):
+        strategy = chained_strategy(rng, model)
+        returned = await apply_compaction(log, strategy)
+        records = await compaction_records(log, strategy, tokenizer=None, complete=None)
+        log += records
+        assert shown(returned) == shown(build_view(log)), (seed, strategy)
+        for number in range(rng.randint(0, 2)):
+            log += turn(100 + number, rng.randint(0, 2))
+            if rng.random() < 0.3:
+                log.append(Message.system(f"mid {number}"))
 
 
 async def test_record_kinds_and_what_they_cover() -> None:

@@ -211,8 +211,8 @@ class Layout:
             role = message.role
             kind: GroupKind
             if hidden and message.id in hidden:
-                record = anchors.get(message.id) if anchors else None
-                if record is None or record.id in shown or record.id in hidden:
+                record = _shown_for(message.id, anchors, hidden) if anchors else None
+                if record is None or record.id in shown:
                     continue
                 shown.add(record.id)
                 group = [record]
@@ -285,6 +285,17 @@ class Layout:
             return position, calls.index(call_id)
 
         return sorted(missing, key=order)
+
+
+def _shown_for(message_id: str, anchors: dict[str, Message], hidden: set[str]) -> Message | None:
+    """The visible collapse that stands for a hidden message: its collapse, or the collapse
+    of that collapse, on up; ``None`` when a summary or an exclusion hides the chain."""
+    record = anchors.get(message_id)
+    seen: set[str] = set()
+    while record is not None and record.id in hidden and record.id not in seen:
+        seen.add(record.id)  # records that cover each other (a foreign log) end the chain
+        record = anchors.get(record.id)
+    return None if record is None or record.id in hidden else record
 
 
 def group_messages(

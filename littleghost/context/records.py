@@ -2,8 +2,9 @@
 
 A summary (``is_summary``, ids in ``littleghost.summary.covers``) is shown before the
 first visible non-trusted message; a collapse (``littleghost.compaction.kind`` =
-``"collapse"``, ids in ``littleghost.compaction.covers``) where the first it covers was;
-an exclusion (kind ``"exclusion"``) is never shown. The log is never rewritten.
+``"collapse"``, ids in ``littleghost.compaction.covers``) where the first it covers was
+(where that one's collapse was shown, for a collapse of collapses); an exclusion (kind
+``"exclusion"``) is never shown. The log is never rewritten.
 """
 
 from __future__ import annotations

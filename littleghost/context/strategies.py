@@ -343,7 +343,8 @@ class CompactionState:
             self._count(slot, 1)
 
     def collapse(self, slot: int, text: str) -> None:
-        """Replace the group in ``slot`` by one assistant message saying ``text``."""
+        """Replace the group in ``slot`` by one assistant message saying ``text`` (as
+        ``merge`` does: a summary by a summary)."""
         if self._fate[slot] != _INCLUDED:
             raise ValueError(
                 f"slot {slot} is not included: only an included group can be collapsed"
@@ -352,7 +353,11 @@ class CompactionState:
 
     def merge(self, slots: Sequence[int], text: str) -> None:
         """Replace the groups in ``slots`` (oldest first) by one collapse record saying
-        ``text``, shown in the place of the first of them."""
+        ``text``, shown in the place of the first of them; when that is a summary, by a
+        summary saying ``text`` (a summary's place is before the first non-system group)."""
+        if self._kinds[slots[0]] == SUMMARY:
+            self.summarize(slots, text)
+            return
 
         def record(stands: list[str]) -> Message:
             metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
@@ -390,19 +395,24 @@ class CompactionState:
         return record
 
     def view(self) -> list[Message]:
-        """The messages now included, as the log with the records shows them: summaries
-        made here after the earlier ones, before every other non-system group."""
+        """The messages now included, as the log with the records shows them: the summaries,
+        those made here after the earlier ones, before the first other non-system group."""
         view: list[Message] = []
         fate = self._fate
         kinds = self._kinds
         members = self._members
         made = self._stands  # the slots of the records made here
-        pending = [members[s][0] for s in made if fate[s] == _INCLUDED and kinds[s] == SUMMARY]
+        earlier = (s for s in _positions(kinds, SUMMARY) if s not in made)
+        pending = [
+            members[s][0]
+            for s in chain(earlier, made)
+            if fate[s] == _INCLUDED and kinds[s] == SUMMARY
+        ]
         for slot in range(len(kinds)):
-            if fate[slot] != _INCLUDED or (kinds[slot] == SUMMARY and slot in made):
-                continue  # a summary made here is pending
             kind = kinds[slot]
-            if pending and kind != SYSTEM and kind != SUMMARY:
+            if fate[slot] != _INCLUDED or kind == SUMMARY:
+                continue  # pending
+            if pending and kind != SYSTEM:
                 view.extend(pending)
                 pending = []
             view.extend(members[slot])
