@@ -37,8 +37,13 @@ from littleghost.context import (
 from littleghost.context.compaction import compaction_records
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import estimate_messages
-from littleghost.errors import ConfigurationError, ContextWindowOverflowError, OutputLimitError
-from littleghost.models import StopReason
+from littleghost.errors import (
+    CompactionError,
+    ConfigurationError,
+    ContextWindowOverflowError,
+    OutputLimitError,
+)
+from littleghost.models import ModelRequest, ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response
 
 pytestmark = pytest.mark.anyio
@@ -333,6 +338,36 @@ async def test_a_summary_overflow_that_shows_no_higher_scale_is_raised() -> None
     model = ScriptedModel([overflow, text_response("They asked about the weather.")])
     view = await apply_compaction(conversation(4), Summarization(model=model))
     assert view[1].is_summary and len(model.requests) == 2
+
+
+def dense_provider(window: int) -> Callable[[ModelRequest], ModelResponse]:
+    """A provider that counts every token 1.7 times the estimate, framing and instruction
+    included, and overflows as llama.cpp does, with the prompt's size and the window."""
+
+    def respond(request: ModelRequest) -> ModelResponse:
+        prompt = math.ceil(1.7 * estimate_messages(request.messages))
+        if prompt + (request.max_tokens or 0) > window:
+            raise ContextWindowOverflowError(
+                "too long", prompt_tokens=prompt, context_window=window
+            )
+        return text_response("They asked about the weather.")
+
+    return respond
+
+
+async def test_a_summary_call_that_overflows_is_refitted_in_the_tokens_it_reported() -> None:
+    """The request fitted again after the overflow fits the window in the provider's
+    tokens (the same request used to be sent again); where not even one group's request
+    can fit, no second call is made."""
+    model = ScriptedModel([dense_provider(500)] * 2)
+    view = await apply_compaction(conversation(6), Summarization(model=model, max_tokens=64))
+    first, second = model.requests
+    assert view[1].is_summary and len(second.messages[-1].text) < len(first.messages[-1].text)
+    assert math.ceil(1.7 * estimate_messages(second.messages)) + 64 <= 500
+    model = ScriptedModel([dense_provider(300)] * 2)
+    with pytest.raises(CompactionError, match="no summary request fits"):
+        await apply_compaction(conversation(6), Summarization(model=model, max_tokens=64))
+    assert len(model.requests) == 1
 
 
 async def test_summarization_masks_no_tool_result_it_keeps_verbatim() -> None:

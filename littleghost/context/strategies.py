@@ -51,7 +51,7 @@ from littleghost.context.summarize import (
     summary_text,
     with_quotes,
 )
-from littleghost.context.tokens import Estimates, Tokenizer, estimate_request
+from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.triggers import Not, TokensExceed, Trigger, always, check_trigger, negate
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
@@ -91,11 +91,12 @@ class CompactionState:
     excluded, or absorbed into a collapse or summary made in the first slot it replaces.
     Removing a system group, a slot from ``protected`` on or a ``pinned`` one (in a run,
     the preserved newest messages and the current request) raises ``ValueError``.
-    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
-    request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
-    holds the model's tokens per estimated token of records it sized, ``summary_outcome``
-    how a summary made here came back, ``measured`` the scale a summary call's reported
-    prompt showed.
+    ``scale`` (real tokens per estimated token), ``framing`` (the same for a summary
+    request's framing and instruction, 1.0 until a summary call overflows) and ``room``
+    (the real tokens a summary request may fill, ``None`` for no limit) fit summary
+    requests to the window; ``real`` holds the model's tokens per estimated token of
+    records it sized, ``summary_outcome`` how a summary made here came back, ``measured``
+    the scale a summary call's reported prompt showed.
     """
 
     __slots__ = (
@@ -108,6 +109,7 @@ class CompactionState:
         "_tokens",
         "_walked",
         "complete",
+        "framing",
         "groups",
         "measured",
         "messages",
@@ -148,6 +150,7 @@ class CompactionState:
         self.protected = len(self._kinds) if protected is None else protected
         self.pinned: frozenset[int] = frozenset()
         self.scale = 1.0
+        self.framing = 1.0
         self.room: int | None = None
         self.real: dict[str, float] = {}
         self.summary_outcome: str | None = None
@@ -234,17 +237,22 @@ class CompactionState:
 
     def fits(self, request: ModelRequest, instruction: str = "") -> bool:
         """True when summary ``request`` (a framing, then the data, then ``instruction``)
-        fits ``room``, its answer included; ``scale`` applies to the data only."""
+        fits ``room``, its answer included, in ``framing`` and ``scale`` units."""
         if self.room is None:
             return True
-        fixed, data = self._summary_split(request, instruction)
-        return fixed + math.ceil(self.scale * data) + (request.max_tokens or 0) <= self.room
+        return self._summary_size(request, instruction) + (request.max_tokens or 0) <= self.room
 
     def measure(self, request: ModelRequest, instruction: str, reported: int) -> None:
         """Learn ``measured`` from a summary call's ``reported`` prompt tokens."""
         fixed, data = self._summary_split(request, instruction)
+        fixed = math.ceil(self.framing * fixed)
         if reported > fixed and data > 0:
             self.measured = (reported - fixed) / data
+
+    def _summary_size(self, request: ModelRequest, instruction: str) -> int:
+        """A summary request's prompt tokens as this state sizes them."""
+        fixed, data = self._summary_split(request, instruction)
+        return math.ceil(self.framing * fixed) + math.ceil(self.scale * data)
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
         """A summary request's (framing and instruction, data) estimated tokens."""
@@ -729,13 +737,19 @@ def prepared(model: Model) -> Complete:
 
 
 def _recalibrate(
-    state: CompactionState, request: ModelRequest, error: ContextWindowOverflowError
+    state: CompactionState,
+    request: ModelRequest,
+    instruction: str,
+    error: ContextWindowOverflowError,
 ) -> bool:
-    """Learn ``state.scale`` from a summary call's overflow; False when it would not change."""
-    prompt = estimate_request(request.messages, request.tools, request.settings, state.tokenizer)
-    if not error.prompt_tokens or prompt <= 0 or error.prompt_tokens / prompt <= state.scale:
+    """Learn from a summary call's overflow: ``state.framing`` and ``state.scale`` both grow
+    by what it reported over what ``fits`` sized, so the request that overflowed no longer
+    fits; False when it reported no more."""
+    size = state._summary_size(request, instruction)
+    if not error.prompt_tokens or size <= 0 or error.prompt_tokens <= size:
         return False
-    state.scale = error.prompt_tokens / prompt
+    state.framing *= error.prompt_tokens / size
+    state.scale *= error.prompt_tokens / size
     if error.context_window:
         room = int(SUMMARY_FIT_MARGIN * error.context_window)
         state.room = min(state.room or error.context_window, room)
@@ -833,14 +847,14 @@ class Summarization(_Stepwise):
         full = math.ceil(state.scale * state.tokenizer.count_tokens(notes)) >= self.max_tokens
         rewrite = notes if earlier and full else None
         request, added = self._fitted(state, taken, rewrite, quotes)
+        instruction = summary_instruction(self.prompt, rewrite=rewrite is not None)
         try:
             summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
-            if not _recalibrate(state, request, error):
+            if not _recalibrate(state, request, instruction, error):
                 raise
             request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
-        instruction = summary_instruction(self.prompt, rewrite=rewrite is not None)
         state.measure(request, instruction, summary.input_tokens)
         quotes = merged_notes(quotes, "\n".join(added))
         if earlier and rewrite is None:
