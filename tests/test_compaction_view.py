@@ -150,6 +150,20 @@ def test_records_that_cover_each_other_are_not_shown() -> None:
     assert build_view([*log, first, second]) == (log[0], *log[2:])
 
 
+def test_a_record_that_hides_part_of_an_exchange_hides_all_of_it() -> None:
+    """A foreign record covering a result but not its call: the call is never sent
+    without its results (the view has no unanswered call)."""
+    ask = Message.assistant(tool_calls=[ToolCall("a", "f", {}), ToolCall("b", "g", {})])
+    results = [Message.tool("a", "A"), Message.tool("b", "B")]
+    log = [Message.user("go"), ask, *results, Message.assistant("done")]
+    dropped = exclusion(results[:1])
+    assert build_view([*log, dropped]) == (log[0], log[-1])
+    folded = collapse("[Tool results: g: B]", results[1:])
+    assert build_view([*log, folded]) == (log[0], folded, log[-1])
+    noted = summary("the results", results)
+    assert build_view([*log, noted]) == (noted, log[0], log[-1])
+
+
 def test_records_are_read_in_one_view_with_results_after_their_calls() -> None:
     ask = Message.assistant(tool_calls=[ToolCall("a", "f", {}), ToolCall("b", "g", {})])
     late = [Message.user("wait"), Message.tool("b", "B"), Message.tool("a", "A")]

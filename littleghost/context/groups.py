@@ -6,8 +6,9 @@ assistant message only, in call order when they share an id (``result_calls``). 
 (the README's "Compaction strategies" tells more) is kept, collapsed or dropped whole:
 ``system`` (consecutive system or developer messages), ``user``, ``assistant_text`` (a
 collapse record too), ``tool_call`` (a call and every result that answers it) or
-``summary``. Reading a log, a result whose call is absent or hidden is left out; grouping
-a plain sequence (``group_messages``), it is a ``tool_call`` group of its own.
+``summary``. Reading a log, a result whose call is absent or hidden is left out, and so is
+a call with its results when a record hides one of them; grouping a plain sequence
+(``group_messages``), a result without its call is a ``tool_call`` group of its own.
 """
 
 from __future__ import annotations
@@ -241,10 +242,9 @@ class Layout:
                 group = [message]
                 if answered is not None:
                     kind = TOOL_CALL
-                    for answer in answered:
-                        result = log[answer]
-                        if not hidden or result.id not in hidden:
-                            group.append(result)
+                    group.extend(log[answer] for answer in answered)
+                    if hidden and any(result.id in hidden for result in group[1:]):
+                        continue  # a record covers part of the exchange: it hides it all
                 else:
                     kind = TOOL_CALL if position in unanswered else ASSISTANT_TEXT
             else:
