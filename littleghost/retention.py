@@ -128,12 +128,14 @@ async def check_retention(
     whatever the agent's ``output_type``.
 
     Raises:
-        ConfigurationError: The agent's class has no ``@manage_context``, ``facts`` is
+        ConfigurationError: ``agent`` is not an agent, its class has no
+            ``@manage_context``, ``facts`` is
             not a non-empty list of ``Fact``, or ``conversation`` holds what
             ``run(history=)`` refuses (a reused id, a misplaced result); before any model
             call.
         TypeError: ``conversation`` is not a sequence of ``Message``.
     """
+    check("check_retention: agent", lambda v: isinstance(v, Agent), "an Agent")(None, None, agent)
     if isinstance(facts, (str, Fact)) or not isinstance(facts, Sequence):
         raise ConfigurationError(f"check_retention: facts must be a list of Fact, not {facts!r}")
     if not facts:

@@ -4,6 +4,7 @@ nothing for a conversation with nothing to compact."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -50,6 +51,16 @@ async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
     report = await check_retention(agent, chat(12), [Fact("The first answer?", "m answer 0")])
     assert (report.records, report.summary) == ((), None)
     assert [r.purpose for r in model.requests] == ["chat"]
+
+
+@pytest.mark.parametrize("share", [0, 1, -1, 1.5, math.nan, "0.5", None])
+async def test_compact_log_takes_a_share_in_0_to_1(share: Any) -> None:
+    model = ScriptedModel([])
+    with pytest.raises(
+        ConfigurationError, match=r"compact_log: share must be a number in \(0, 1\)"
+    ):
+        await compact_log(NeverSummarizes(model=model), chat(12), share=share)
+    assert model.requests == []
 
 
 async def test_an_empty_conversation_gives_no_records() -> None:

@@ -553,6 +553,8 @@ class TestCheckRetention:
             await check_retention(Agent(model=ScriptedModel([])), chat(3), [Fact("?", "x")])
         with pytest.raises(ConfigurationError, match="at least one Fact"):
             await check_retention(Small(model=ScriptedModel([])), chat(3), [])
+        with pytest.raises(ConfigurationError, match=r"agent must be an Agent, not the class"):
+            await check_retention(Small, chat(3), [Fact("?", "x")])  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match=r"Fact\.expected"):
             Fact("?", "")
         with pytest.raises(ConfigurationError, match=r"Fact\.question must be a non-empty str"):

@@ -39,7 +39,8 @@ __all__ = [
 
 class Metrics(Protocol):
     """What a trigger reads: the included size of the conversation, kept current (estimated
-    tokens; turns are user groups)."""
+    tokens; turns are user groups; groups as the log was read, so two system groups stay
+    two when what stood between them is left out)."""
 
     @property
     def tokens(self) -> int: ...
