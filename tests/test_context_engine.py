@@ -434,6 +434,39 @@ class TestCalibration:
         assert "littleghost.compaction.fallback" not in first
         assert all(e["littleghost.compaction.context_window_tokens"] == 1_000 for e in events)
 
+    @pytest.mark.parametrize("summarize", [True, False])
+    async def test_an_overflow_within_the_window_compacted_for_belies_it(
+        self, summarize: bool, caplog: pytest.LogCaptureFixture, anyio_backend: str
+    ) -> None:
+        """The provider reports the prompt's size, not its window, and that size is within
+        the window the run compacts for (the model advertises none): the run compacts for
+        less than the figure from then on, with one warning, and recovery at least halves
+        the request, so the run answers (the request used to come back over the window)."""
+
+        @manage_context(summarize=summarize, budget=None if summarize else PromptBudget())
+        class Assumed(Agent):
+            pass
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            prompt = estimate_messages(request.messages)
+            if prompt + (request.max_tokens or 0) > 12_000:
+                raise ContextWindowOverflowError("prompt too long", prompt_tokens=prompt)
+            return summarizing(text_response("ok"))(request)
+
+        history = [
+            Message.user(f"question {i} " + "word " * 60)
+            if i % 2 == 0
+            else Message.assistant(f"answer {i} " + "text " * 60)
+            for i in range(160)
+        ]
+        model = ScriptedModel([respond] * 3, name=f"belied-{summarize}-{anyio_backend}")
+        result = await Assumed(model=model).run("What did I ask first?", history=history)
+        first, *_, retried = model.requests
+        assert result.output == "ok" and retried.purpose == "chat"
+        assert estimate_messages(retried.messages) <= estimate_messages(first.messages) // 2
+        (warning,) = [r.getMessage() for r in caplog.records if "overflowed at" in r.getMessage()]
+        assert "within the 200000 tokens compacted for" in warning
+
 
 class TestErrors:
     async def test_nothing_to_compact_is_a_compaction_error(self, spans: Spans) -> None:

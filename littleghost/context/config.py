@@ -169,6 +169,19 @@ def reported_window(model: Model, window: int, reported: int | None) -> int:
     return reported
 
 
+def belied_window(model: Model, window: int, overflowed: int) -> int:
+    """The window to compact for after an overflow at ``overflowed`` tokens (the prompt
+    and its answer's room) whose error reported no window: under ``overflowed`` when it
+    is within ``window``, which it belies (warned about once per model and figure)."""
+    if overflowed > window:
+        return window
+    said = "overflowed at %d tokens (the prompt and its answer's room) without reporting "
+    said += "its window, within the %d tokens compacted for; the run compacts for %d from now on"
+    key = (overflowed, 0)  # not a reported window's key
+    _warn_once(_reported_windows, model, key, said, overflowed, window, overflowed - 1)
+    return overflowed - 1
+
+
 def _warn_once(
     warned: set[tuple[Any, ...]], model: Model, key: tuple[int, ...], said: str, *figures: int
 ) -> None:

@@ -47,6 +47,7 @@ from littleghost.context.calibration import (
 from littleghost.context.compaction import compaction_state
 from littleghost.context.config import (
     ContextManagement,
+    belied_window,
     context_config,
     context_window,
     reported_window,
@@ -376,6 +377,15 @@ async def _compact_after_overflow(
     calibrated = calibration(context)
     calibrated.uncounted = None  # asked again for this overflow
     reported = error.prompt_tokens or await model_count(request, context) or 0
+    # A figure within the window belies the window (smaller, by how much unsaid), unless the
+    # model's count is over the window: then the figure is what is wrong.
+    overflowed = (error.prompt_tokens or 0) + _answer_room(request)
+    belied = bool(error.prompt_tokens) and not error.context_window and overflowed <= window
+    if belied:
+        counted = await model_count(request, context)
+        belied = counted is None or counted + _answer_room(request) <= window
+    if belied:
+        window = state.window = belied_window(context.model, window, overflowed)
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
     added = reported > 0 and (
@@ -386,8 +396,9 @@ async def _compact_after_overflow(
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
-    fits = window if reported else min(window, max(estimated // 2, 1))  # else halve at least
-    safe = None if reported and not added else fits  # None: to be measured (``_recover``)
+    known = reported and not belied  # how far over the window it was
+    fits = window if known else min(window, max(estimated // 2, 1))  # else halve at least
+    safe = None if known and not added else fits  # None: to be measured (``_recover``)
     try:
         if config.summarize:
             if reported and calibrated.uncounted is None:  # whether the model counts at all
