@@ -326,46 +326,6 @@ class TestCalibration:
         answers = [m for m in await store.load("s") if m.role.value == "assistant"]
         assert answers[-1].metadata[SCALE_KEY] == pytest.approx(4, rel=0.1)
 
-    async def test_a_summary_calls_overflow_sizes_the_runs_later_summary_requests(self) -> None:
-        """A provider counting 1.7 tokens per estimated one, the summary's framing and
-        instruction too: once a summary call overflows, no later summary request of the
-        run overflows (each compaction used to start again from the framing's estimate)."""
-        window, sent = 600, []
-
-        def real(request: ModelRequest) -> int:
-            return -(-17 * estimate_messages(request.messages) // 10)
-
-        def respond(request: ModelRequest) -> ModelResponse:
-            over = real(request) + (request.max_tokens or 0) > window
-            sent.append((request.purpose, over))
-            if over:
-                prompt = real(request)
-                raise ContextWindowOverflowError(
-                    "long", prompt_tokens=prompt, context_window=window
-                )
-            if request.purpose == "context_compaction":
-                return text_response("- lamps")
-            calls = sum(purpose == "chat" and not over for purpose, over in sent)
-            return tool_call_response("look", {}) if calls <= 2 else text_response("done")
-
-        @manage_context(preserve_recent_messages=2)
-        class Lamps(Agent):
-            @tool
-            async def look(self) -> str:
-                """Look at the lamps."""
-                return "lamp " * 30
-
-        model = ScriptedModel([respond] * 30, context_window=window, count_prompt_tokens=real)
-        history = [
-            Message.user(f"q{i} " + "lamps " * 20)
-            if i % 2 == 0
-            else Message.assistant("fine " * 20)
-            for i in range(32)
-        ]
-        result = await Lamps(model=model).run("go", history=history)
-        summaries = [over for purpose, over in sent if purpose == "context_compaction"]
-        assert result.output == "done" and len(summaries) > 2 and summaries.count(True) == 1
-
     async def test_a_summary_calls_overflow_rescales_what_the_compaction_left(
         self, spans: Spans
     ) -> None:

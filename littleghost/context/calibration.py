@@ -87,7 +87,6 @@ class Calibration:
     scale: float = 1.0  # real tokens per estimated token, from the provider's counts
     real: dict[str, float] = field(factory=dict)  # this run's summaries' reported densities
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
-    framing: float = 1.0  # ``CompactionState.framing``, once a summary call overflowed
     dense: dict[str, float] = field(factory=dict)
     """Real tokens per estimated token of what an overflow added to a calibrated request
     (a density, not a size: a tool result cut later keeps it)."""

@@ -609,7 +609,7 @@ async def _compact(
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
         state.pinned = pinned_slots(index, context.has_message)
-        state.scale, state.framing = calibrated.scale, calibrated.framing
+        state.scale = calibrated.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
@@ -626,7 +626,6 @@ async def _compact(
                 await default_compaction(state, config, window, goal, enough)
         finally:
             scale, calibrated.scale = calibrated.scale, state.scale  # a summary call may teach it
-            calibrated.framing = state.framing
         calibrated.measured = state.measured
         outcome.summary = state.summary_outcome
         records = state.records()

@@ -91,12 +91,11 @@ class CompactionState:
     excluded, or absorbed into a collapse or summary made in the first slot it replaces.
     Removing a system group, a slot from ``protected`` on or a ``pinned`` one (in a run,
     the preserved newest messages and the current request) raises ``ValueError``.
-    ``scale`` (real tokens per estimated token), ``framing`` (the same for a summary
-    request's framing and instruction, 1.0 until a summary call overflows) and ``room``
-    (the real tokens a summary request may fill, ``None`` for no limit) fit summary
-    requests to the window; ``real`` holds the model's tokens per estimated token of
-    records it sized, ``summary_outcome`` how a summary made here came back, ``measured``
-    the scale a summary call's reported prompt showed.
+    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
+    request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
+    holds the model's tokens per estimated token of records it sized, ``summary_outcome``
+    how a summary made here came back, ``measured`` the scale a summary call's reported
+    prompt showed.
     """
 
     __slots__ = (
@@ -109,7 +108,6 @@ class CompactionState:
         "_tokens",
         "_walked",
         "complete",
-        "framing",
         "groups",
         "measured",
         "messages",
@@ -150,7 +148,6 @@ class CompactionState:
         self.protected = len(self._kinds) if protected is None else protected
         self.pinned: frozenset[int] = frozenset()
         self.scale = 1.0
-        self.framing = 1.0
         self.room: int | None = None
         self.real: dict[str, float] = {}
         self.summary_outcome: str | None = None
@@ -237,22 +234,33 @@ class CompactionState:
 
     def fits(self, request: ModelRequest, instruction: str = "") -> bool:
         """True when summary ``request`` (a framing, then the data, then ``instruction``)
-        fits ``room``, its answer included, in ``framing`` and ``scale`` units."""
+        fits ``room``, its answer included; ``scale`` applies to the data only."""
         if self.room is None:
             return True
-        return self._summary_size(request, instruction) + (request.max_tokens or 0) <= self.room
+        fixed, data = self._summary_split(request, instruction)
+        return fixed + math.ceil(self.scale * data) + (request.max_tokens or 0) <= self.room
 
     def measure(self, request: ModelRequest, instruction: str, reported: int) -> None:
         """Learn ``measured`` from a summary call's ``reported`` prompt tokens."""
         fixed, data = self._summary_split(request, instruction)
-        fixed = math.ceil(self.framing * fixed)
         if reported > fixed and data > 0:
             self.measured = (reported - fixed) / data
 
-    def _summary_size(self, request: ModelRequest, instruction: str) -> int:
-        """A summary request's prompt tokens as this state sizes them."""
+    def learn_overflow(
+        self, request: ModelRequest, instruction: str, error: ContextWindowOverflowError
+    ) -> bool:
+        """Learn ``scale`` (and ``room``) from summary ``request``'s overflow as ``fits``
+        reads them, the framing and ``instruction`` as estimated and all the excess in the
+        data, so that the request no longer fits; False when it reported no more."""
         fixed, data = self._summary_split(request, instruction)
-        return math.ceil(self.framing * fixed) + math.ceil(self.scale * data)
+        reported = error.prompt_tokens or 0
+        if data <= 0 or reported <= fixed + math.ceil(self.scale * data):
+            return False
+        self.scale = (reported - fixed) / data
+        if error.context_window:
+            room = int(SUMMARY_FIT_MARGIN * error.context_window)
+            self.room = min(self.room or error.context_window, room)
+        return True
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
         """A summary request's (framing and instruction, data) estimated tokens."""
@@ -351,8 +359,7 @@ class CompactionState:
             self._count(slot, 1)
 
     def collapse(self, slot: int, text: str) -> None:
-        """Replace the group in ``slot`` by one assistant message saying ``text`` (as
-        ``merge`` does: a summary by a summary)."""
+        """Replace the group in ``slot`` by one record saying ``text``, as ``merge`` does."""
         if self._fate[slot] != _INCLUDED:
             raise ValueError(
                 f"slot {slot} is not included: only an included group can be collapsed"
@@ -736,26 +743,6 @@ def prepared(model: Model) -> Complete:
     return call
 
 
-def _recalibrate(
-    state: CompactionState,
-    request: ModelRequest,
-    instruction: str,
-    error: ContextWindowOverflowError,
-) -> bool:
-    """Learn from a summary call's overflow: ``state.framing`` and ``state.scale`` both grow
-    by what it reported over what ``fits`` sized, so the request that overflowed no longer
-    fits; False when it reported no more."""
-    size = state._summary_size(request, instruction)
-    if not error.prompt_tokens or size <= 0 or error.prompt_tokens <= size:
-        return False
-    state.framing *= error.prompt_tokens / size
-    state.scale *= error.prompt_tokens / size
-    if error.context_window:
-        room = int(SUMMARY_FIT_MARGIN * error.context_window)
-        state.room = min(state.room or error.context_window, room)
-    return True
-
-
 SUMMARY_FIT_MARGIN = 0.9
 """The share of the window a summary request may fill (estimates are not exact)."""
 SUMMARY_FLOOR_TOKENS = 64
@@ -851,7 +838,7 @@ class Summarization(_Stepwise):
         try:
             summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
-            if not _recalibrate(state, request, instruction, error):
+            if not state.learn_overflow(request, instruction, error):
                 raise
             request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
