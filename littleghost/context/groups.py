@@ -212,7 +212,9 @@ class Layout:
             role = message.role
             kind: GroupKind
             if hidden and message.id in hidden:
-                record = _shown_for(message.id, anchors, hidden) if anchors else None
+                record = anchors.get(message.id) if anchors else None
+                if record is not None and record.id in hidden:
+                    record = _covering(record, anchors, hidden)
                 if record is None or record.id in shown:
                     continue
                 shown.add(record.id)
@@ -242,8 +244,12 @@ class Layout:
                 group = [message]
                 if answered is not None:
                     kind = TOOL_CALL
-                    group.extend(log[answer] for answer in answered)
-                    if hidden and any(result.id in hidden for result in group[1:]):
+                    for answer in answered:
+                        result = log[answer]
+                        if hidden and result.id in hidden:
+                            break
+                        group.append(result)
+                    if len(group) <= len(answered):
                         continue  # a record covers part of the exchange: it hides it all
                 else:
                     kind = TOOL_CALL if position in unanswered else ASSISTANT_TEXT
@@ -287,15 +293,15 @@ class Layout:
         return sorted(missing, key=order)
 
 
-def _shown_for(message_id: str, anchors: dict[str, Message], hidden: set[str]) -> Message | None:
-    """The visible collapse that stands for a hidden message: its collapse, or the collapse
-    of that collapse, on up; ``None`` when a summary or an exclusion hides the chain."""
-    record = anchors.get(message_id)
+def _covering(record: Message, anchors: dict[str, Message], hidden: set[str]) -> Message | None:
+    """The visible collapse that stands for a hidden collapse ``record``: the collapse of
+    it, or of that one, on up; ``None`` when a summary or an exclusion hides the chain."""
     seen: set[str] = set()
-    while record is not None and record.id in hidden and record.id not in seen:
-        seen.add(record.id)  # records that cover each other (a foreign log) end the chain
-        record = anchors.get(record.id)
-    return None if record is None or record.id in hidden else record
+    found: Message | None = record
+    while found is not None and found.id in hidden and found.id not in seen:
+        seen.add(found.id)  # records that cover each other (a foreign log) end the chain
+        found = anchors.get(found.id)
+    return None if found is None or found.id in hidden else found
 
 
 def group_messages(
