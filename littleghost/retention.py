@@ -17,7 +17,7 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost import runner
-from littleghost._validators import check
+from littleghost._validators import check, wrong_value
 from littleghost.agent import Agent
 from littleghost.context.outside import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
@@ -129,13 +129,15 @@ async def check_retention(
 
     Raises:
         ConfigurationError: ``agent`` is not an agent, its class has no
-            ``@manage_context``, ``facts`` is
-            not a non-empty list of ``Fact``, or ``conversation`` holds what
-            ``run(history=)`` refuses (a reused id, a misplaced result); before any model
-            call.
+            ``@manage_context``, ``facts`` is not a non-empty list of ``Fact``, or
+            ``conversation`` holds what ``run(history=)`` refuses (a reused id, a
+            misplaced result); before any model call.
         TypeError: ``conversation`` is not a sequence of ``Message``.
     """
-    check("check_retention: agent", lambda v: isinstance(v, Agent), "an Agent")(None, None, agent)
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(
+            f"check_retention: agent must be an Agent, not {wrong_value(agent)}"
+        )
     if isinstance(facts, (str, Fact)) or not isinstance(facts, Sequence):
         raise ConfigurationError(f"check_retention: facts must be a list of Fact, not {facts!r}")
     if not facts:

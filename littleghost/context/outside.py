@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
-from littleghost._validators import check, is_number
+from littleghost._validators import is_number
 from littleghost.context.budget import BudgetReport, fit_sized
 from littleghost.context.calibration import Calibration, request_size
 from littleghost.context.config import ContextManagement, context_window
@@ -49,9 +49,8 @@ async def compact_log(
             ``@manage_context``, or ``messages`` are not a conversation ``run(history=)``
             takes.
     """
-    check("compact_log: share", lambda v: is_number(v) and 0 < v < 1, "a number in (0, 1)")(
-        None, None, share
-    )
+    if not (is_number(share) and 0 < share < 1):
+        raise ConfigurationError(f"compact_log: share must be a number in (0, 1), not {share!r}")
     config = agent.context_management
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
