@@ -84,10 +84,11 @@ class RunResult(Generic[OutputT]):
 class RunContext:
     """What hooks, tools and callable instructions may read during a run.
 
-    ``messages`` is the log so far (read-only); ``state`` is a dict for your own per-run
-    data (a capability keeps its own with ``state_for``); ``deadline`` is the absolute
-    anyio deadline, or ``None``; ``grace`` bounds the cleanup of a run that stops (see
-    :mod:`littleghost.cleanup`).
+    ``messages`` is the log so far (read-only); ``question`` the run's input message, once
+    logged (the current turn starts there, whatever user messages a tool or hook adds
+    after it); ``state`` is a dict for your own per-run data (a capability keeps its own
+    with ``state_for``); ``deadline`` is the absolute anyio deadline, or ``None``;
+    ``grace`` bounds the cleanup of a run that stops (see :mod:`littleghost.cleanup`).
     """
 
     agent: Agent
@@ -114,6 +115,7 @@ class RunContext:
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
     """The ids of the tool batch the runner is running: only it answers them."""
+    question: Message | None = field(default=None, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False
     )

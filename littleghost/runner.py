@@ -308,6 +308,7 @@ async def _loop(
 ) -> RunResult[Any]:
     repaired = interrupted_results(context.messages)
     await context.append(*repaired, message)
+    context.question = message
     try:
         return await _turns(agent, context, output)
     except BaseException:

@@ -755,6 +755,35 @@ class TestTheLog:
             assert request.messages[1:] == build_view(result.messages[:end])
             assert request.messages[1].is_summary
 
+    async def test_a_user_message_a_tool_appends_leaves_the_question_unsummarized(
+        self,
+    ) -> None:
+        """A tool appends a user message after the run's question: the question is still
+        the current request, kept whole in every request and never summarized (the note
+        was taken for the current request, and the question summarized away)."""
+
+        @manage_context(context_window_override=1_100, preserve_recent_messages=2)
+        class Noting(Agent):
+            @tool
+            async def fetch(self, context: RunContext) -> str:
+                """Fetch a document and attach a note."""
+                await context.append(Message.user("Attached note."))
+                return "result " * 300
+
+        def step(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- notes")
+            return text_response("done")
+
+        question = "Summarize order 42: " + "detail " * 200
+        model = ScriptedModel([tool_call_response("fetch", {}), *[step] * 3])
+        result = await Noting(model=model).run(question, history=chat(6))
+        asked = result.messages[12]
+        chats = [r for r in model.requests if r.purpose == "chat"]
+        assert asked.text == question and len(chats) == 2
+        assert all(asked in r.messages for r in chats)
+        assert not any(asked.id in m.metadata.get(SUMMARY_COVERS_KEY, ()) for m in result.messages)
+
     async def test_a_later_compaction_folds_the_previous_summary_in(self) -> None:
         """The second summary covers the first and carries its notes forward; no original
         is summarized twice."""

@@ -209,6 +209,27 @@ class TestRules:
         )
         assert size(sent) <= 300
 
+    async def test_a_user_message_a_tool_appends_is_of_the_current_turn(self) -> None:
+        """A tool appends a user message after the run's question: the current turn still
+        starts at the question, which stays whole (it used to be taken as history and
+        left out, the note taken for the current request)."""
+
+        class Noting(bounded_agent(prompt_budget_tokens=300)):  # type: ignore[misc]
+            @tool
+            async def attach(self, context: RunContext) -> str:
+                """Attach a note."""
+                await context.append(Message.user("Attached note."))
+                return "attached"
+
+        question = "current question " + "detail " * 40
+        model = ScriptedModel([tool_call_response("attach", {}), text_response("done")])
+        result = await Noting(model=model).run(question, history=history(30))
+        sent = model.requests[1].messages
+        roles = [Role.USER, Role.ASSISTANT, Role.TOOL, Role.USER]
+        assert [m.role for m in sent[-4:]] == roles and sent[-4] is result.messages[-5]
+        assert (sent[-4].text, sent[-1].text) == (question, "Attached note.")
+        assert size(model.requests[1]) <= 300
+
     async def test_recent_history_is_taken_as_complete_turns(self) -> None:
         """Kept history is whole turns, the newest ones, in order."""
         log = history(30)

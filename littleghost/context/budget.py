@@ -287,12 +287,15 @@ def view_only(message: Message) -> bool:
     return message.metadata.get(MEMORIES_KEY) is True or message.metadata.get(EXCERPTS_KEY) is True
 
 
-def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
-    """The conversation as turns, each from a user message (a leading partial turn too);
-    a call left without a result (its message keeps its text) or an orphan result is
-    left out."""
+def _turns(
+    conversation: Sequence[Message], cuts: _Cuts, question: Message | None
+) -> list[list[Message]]:
+    """The conversation as turns, each from a user message (a leading partial turn too),
+    the last from ``question`` when given (user messages after it are of its turn); a call
+    left without a result (its message keeps its text) or an orphan result is left out."""
     layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
+    asked = False  # the current turn, from ``question``, has started
     for kind, group in zip(layout.kinds, layout.members, strict=True):
         if kind == TOOL_CALL:
             head = group[0]
@@ -303,8 +306,9 @@ def _turns(conversation: Sequence[Message], cuts: _Cuts) -> list[list[Message]]:
                 if not head.text:
                     continue
                 group = [cuts.without(head, (ToolCall,))]
-        if kind == USER or not turns:
+        if (kind == USER and not asked) or not turns:
             turns.append(list(group))
+            asked = question is not None and group[0].id == question.id
         else:
             turns[-1].extend(group)
     return turns
@@ -319,8 +323,10 @@ def fit_request(
     summary_tokens: int,
     index: LogIndex,
     turn_summaries: Collection[str] = (),
+    question: Message | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The bounded view of ``request`` for ``limit`` tokens, and its figures.
+    """The bounded view of ``request`` for ``limit`` tokens, and its figures; the current
+    turn starts at ``question`` (the run's), else at the last user message.
 
     Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
     cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
@@ -345,7 +351,7 @@ def fit_request(
             trusted.append(message)
         else:
             conversation.append(message)
-    turns = _turns(conversation, cuts)
+    turns = _turns(conversation, cuts, question)
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
     memory_room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)

@@ -503,8 +503,14 @@ def margin(
 
 
 def _turn_start(request: ModelRequest, context: RunContext) -> int:
-    """Where the current turn starts in ``request``: its last user message that the run's
-    log holds and that is no summary (the end of the request when there is none)."""
+    """Where the current turn starts in ``request``: the run's question, else its last user
+    message that the run's log holds and that is no summary (the end of the request when
+    there is none)."""
+    question = context.question
+    if question is not None:
+        ids = [m.id for m in request.messages]
+        if question.id in ids:
+            return ids.index(question.id)
     logged = [
         i
         for i, m in enumerate(request.messages)

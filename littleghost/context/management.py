@@ -330,7 +330,8 @@ async def _bounded(
         memories=memories,
         summary_tokens=config.summary_cap(window),
         index=context.log_index,
-        turn_summaries=_turn_summaries(context.log_index.log),
+        turn_summaries=_turn_summaries(context.log_index.log, context.question),
+        question=context.question,
     )
     try:
         return fit(limit=limit)
@@ -349,13 +350,15 @@ async def _bounded(
         return view, report
 
 
-def _turn_summaries(log: Sequence[Message]) -> set[str]:
-    """The ids of the summaries ``log`` holds that cover part of its current turn (after its
-    last question)."""
+def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
+    """The ids of the summaries ``log`` holds that cover part of its current turn (after
+    ``question``, or else its last user message)."""
     turn: set[str] = set()
     summaries: list[Message] = []
     for message in reversed(log):
-        if message.role is Role.USER and not message.is_summary:
+        if question is None and message.role is Role.USER and not message.is_summary:
+            break
+        if question is not None and message.id == question.id:
             break
         turn.add(message.id)
         if message.is_summary:
@@ -560,10 +563,15 @@ def managed_state(
     return state
 
 
-def pinned_slots(index: LogIndex, logged: Callable[[str], bool] | None = None) -> frozenset[int]:
+def pinned_slots(
+    index: LogIndex,
+    logged: Callable[[str], bool] | None = None,
+    question: Message | None = None,
+) -> frozenset[int]:
     """The slots of ``index``'s view a compaction keeps: those holding view-only messages
     and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
-    (a hook's injected material), and the current request."""
+    (a hook's injected material), and the current request: the run's ``question``, else
+    the last logged user message."""
 
     def kept(message: Message) -> bool:
         return view_only(message) or (logged is not None and not logged(message.id))
@@ -572,8 +580,13 @@ def pinned_slots(index: LogIndex, logged: Callable[[str], bool] | None = None) -
     pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
     if logged is not None:
         for slot in range(len(kinds) - 1, -1, -1):
-            if kinds[slot] == USER and not kept(members[slot][0]):
-                pinned.add(slot)  # the current request
+            first = members[slot][0]
+            if question is None:
+                current = kinds[slot] == USER and not kept(first)
+            else:
+                current = first.id == question.id
+            if current:
+                pinned.add(slot)
                 break
     return frozenset(pinned)
 
@@ -608,7 +621,7 @@ async def _compact(
         index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
-        state.pinned = pinned_slots(index, context.has_message)
+        state.pinned = pinned_slots(index, context.has_message, context.question)
         state.scale = calibrated.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
