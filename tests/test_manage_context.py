@@ -2625,6 +2625,56 @@ class TestInjectedMaterial:
     """What a hook adds to a request is not the conversation: compaction keeps it as it is
     and never summarizes or covers it, and a retry does not add it twice."""
 
+    @pytest.mark.parametrize("summary_fails", [False, True])
+    async def test_material_after_the_current_turn_leaves_the_turn_to_the_overflow(
+        self, summary_fails: bool
+    ) -> None:
+        """A hook appends a reminder after the current turn's tool calls: an overflow's
+        compaction still never takes the current turn (its calls were summarized, or left
+        out without a model, because the turn was taken to start at the reminder)."""
+
+        class Reminding(Agent):
+            @before_model
+            def remind(self, request: ModelRequest) -> ModelRequest:
+                reminder = Message.developer("Be precise.")
+                return attrs.evolve(request, messages=(*request.messages, reminder))
+
+        @manage_context(
+            context_window_tokens=4_000, compression_threshold=0.99, preserve_recent_messages=2
+        )
+        class Looping(Reminding):
+            max_retries = 0
+
+            @tool
+            def fetch(self, n: int) -> str:
+                """Fetch one thing."""
+                return f"result {n} " + "data " * 300
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                if summary_fails:
+                    raise RuntimeError("summarizer down")
+                return text_response("They talked.")
+            calls = sum(r.purpose == "chat" for r in model.requests)
+            if calls <= 5:
+                return tool_call_response("fetch", {"n": calls}, call_id=f"c{calls}")
+            if calls == 6:
+                raise ContextWindowOverflowError("long", prompt_tokens=4_100, context_window=4_000)
+            return text_response("done")
+
+        model = ScriptedModel([answer] * 12, context_window=4_000)
+        history = [Message.user("hi"), Message.assistant("hello")]
+        result = await Looping(model=model).run("fetch five things", history=history)
+        turn = {m.id for m in result.messages[2:]}
+        covered = {
+            i for m in result.messages if m.is_summary for i in m.metadata[SUMMARY_COVERS_KEY]
+        }
+        retried = model.requests[-1].messages
+        assert result.output == "done" and not covered & turn
+        assert "c1" in [call.id for m in retried for call in m.tool_calls] or any(
+            "fetch: result 1" in m.text for m in retried
+        )
+
     async def test_proactive_compaction_keeps_material_injected_before_it(self) -> None:
         class Retrieving(Agent):
             @before_model

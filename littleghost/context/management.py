@@ -579,16 +579,23 @@ def pinned_slots(
     kinds, members = index.layout.slots()
     pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
     if logged is not None:
-        for slot in range(len(kinds) - 1, -1, -1):
-            first = members[slot][0]
-            if question is None:
-                current = kinds[slot] == USER and not kept(first)
-            else:
-                current = first.id == question.id
-            if current:
-                pinned.add(slot)
-                break
+        current = current_slot(index, question, lambda slot: not kept(members[slot][0]))
+        pinned.update(() if current is None else (current,))
     return frozenset(pinned)
+
+
+def current_slot(
+    index: LogIndex, question: Message | None, logged: Callable[[int], bool]
+) -> int | None:
+    """The slot of ``index``'s view where the current turn starts: the run's ``question``,
+    else (a context made without a run) the last user group whose slot is ``logged``."""
+    kinds, members = index.layout.slots()
+    for slot in range(len(kinds) - 1, -1, -1):
+        if question is not None and members[slot][0].id == question.id:
+            return slot
+        if question is None and kinds[slot] == USER and logged(slot):
+            return slot
+    return None
 
 
 async def _compact(
@@ -627,7 +634,8 @@ async def _compact(
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
         if fallback is not None or (reason == "overflow" and config.strategy is None):
-            state.protected = max(state.pinned, default=state.slots)  # the current turn
+            turn = current_slot(index, context.question, lambda slot: slot in state.pinned)
+            state.protected = state.slots if turn is None else turn
         try:
             if fallback is not None:
                 await _model_free_compaction(state, goal, _goal(state, fallback, outside), window)
