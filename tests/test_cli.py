@@ -30,6 +30,7 @@ from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
 from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
+from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.summarize import split_quotes, summary_text
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import OutputValidationError
@@ -343,8 +344,28 @@ class TestView:
             document["message_tokens"]
             + document["tools_and_settings_tokens"]
             + document["answer_tokens"]
+            + document["calibration_tokens"]
+        )
+        assert document["tools_and_settings_tokens"] == estimate_request(
+            (), request.tools, request.settings
         )
         assert document["threshold"] == {"share": 0.5, "tokens": 4500}
+
+    def test_the_estimate_says_what_the_calibration_adds(self, store_url: str) -> None:
+        """A session whose last answer kept a scale of a half: the messages' estimates, the
+        schemas and the answer as they are, then the calibration's share (it was taken
+        out of the schemas' figure, which went negative)."""
+        answer = Message.assistant("Half as many.", metadata={SCALE_KEY: 0.5})
+        history = [Message.user("How many tokens? " + "word " * 200), answer]
+        in_store(store_url, lambda store: store.append("scaled", history))
+        args = ("sessions", "view", "scaled", "--store", store_url, "--agent")
+        document = json.loads(ok(*args, "tests.cli_agents:Support", "--json").stdout)
+        parts = ("message_tokens", "tools_and_settings_tokens", "answer_tokens")
+        assert document["tools_and_settings_tokens"] > 0 > document["calibration_tokens"]
+        total = sum(document[part] for part in parts) + document["calibration_tokens"]
+        assert total == document["estimated_tokens"]
+        text = ok(*args, "tests.cli_agents:Support").stdout
+        assert f" - {-document['calibration_tokens']} (calibration) = " in text
 
     def test_a_bounded_view_with_the_next_message_is_the_next_request(self, store_url: str) -> None:
         document = self.view(

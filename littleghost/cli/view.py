@@ -14,9 +14,11 @@ from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
 from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
+from littleghost.context.calibration import schema_estimate
 from littleghost.context.config import ContextManagement, context_config
 from littleghost.context.outside import preview_request
 from littleghost.context.summarize import call_arguments
+from littleghost.context.tokens import DEFAULT_TOKENIZER
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
@@ -95,6 +97,8 @@ def view_document(
         )
     answer = preview.request.max_tokens or 0
     in_messages = sum(preview.message_tokens)
+    tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
+    outside = schema_estimate(preview.request, tokenizer)
     threshold = None
     if preview.threshold_tokens is not None and config is not None:
         threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
@@ -104,8 +108,9 @@ def view_document(
         "window": asdict(window),
         "messages": shown,
         "message_tokens": in_messages,
-        "tools_and_settings_tokens": preview.estimated_tokens - in_messages - answer,
+        "tools_and_settings_tokens": outside,
         "answer_tokens": answer,
+        "calibration_tokens": preview.estimated_tokens - in_messages - outside - answer,
         "estimated_tokens": preview.estimated_tokens,
         "threshold": threshold,
         "waits_until": preview.waits_until,
@@ -155,10 +160,13 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
             ]
         )
     output.table(["ROLE", "FROM", "TOKENS", "ID", "CONTENT"], rows, narrow={3: SHORT_ID})
+    calibration = document["calibration_tokens"]
+    scaled = f" {'-' if calibration < 0 else '+'} {abs(calibration)} (calibration)"
     output.line(
         f"estimate: {document['message_tokens']} (messages) + "
         f"{document['tools_and_settings_tokens']} (tools and settings) + "
-        f"{document['answer_tokens']} (answer) = {document['estimated_tokens']} tokens"
+        f"{document['answer_tokens']} (answer){scaled if calibration else ''} = "
+        f"{document['estimated_tokens']} tokens"
     )
     output.line(_threshold_line(output, document))
     budget = document["budget"]
