@@ -2626,23 +2626,31 @@ class TestInjectedMaterial:
     and never summarizes or covers it, and a retry does not add it twice."""
 
     @pytest.mark.parametrize("summary_fails", [False, True])
-    async def test_material_after_the_current_turn_leaves_the_turn_to_the_overflow(
-        self, summary_fails: bool
+    @pytest.mark.parametrize("hook", ["reminder", "redaction"])
+    async def test_what_a_hook_does_to_the_request_leaves_the_turn_to_the_overflow(
+        self, summary_fails: bool, hook: str
     ) -> None:
-        """A hook appends a reminder after the current turn's tool calls: an overflow's
-        compaction still never takes the current turn (its calls were summarized, or left
-        out without a model, because the turn was taken to start at the reminder)."""
+        """A hook appends a reminder after the current turn's tool calls, or replaces the
+        question with a redacted copy: an overflow's compaction still never takes the
+        current turn (its calls were summarized, or left out without a model, because the
+        turn was taken to start at the reminder, or nowhere)."""
 
-        class Reminding(Agent):
+        def changed(messages: list[Message]) -> list[Message]:
+            if hook == "reminder":
+                return [*messages, Message.developer("Be precise.")]
+            asked = max(i for i, m in enumerate(messages) if m.role is Role.USER)
+            messages[asked] = Message.user(messages[asked].text.replace("five", "[n]"))
+            return messages
+
+        class Hooked(Agent):
             @before_model
-            def remind(self, request: ModelRequest) -> ModelRequest:
-                reminder = Message.developer("Be precise.")
-                return attrs.evolve(request, messages=(*request.messages, reminder))
+            def change(self, request: ModelRequest) -> ModelRequest:
+                return attrs.evolve(request, messages=changed(list(request.messages)))
 
         @manage_context(
             context_window_tokens=4_000, compression_threshold=0.99, preserve_recent_messages=2
         )
-        class Looping(Reminding):
+        class Looping(Hooked):
             max_retries = 0
 
             @tool

@@ -571,29 +571,29 @@ def pinned_slots(
     """The slots of ``index``'s view a compaction keeps: those holding view-only messages
     and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
     (a hook's injected material), and the current request: the run's ``question``, else
-    the last logged user message."""
+    the last user message."""
 
     def kept(message: Message) -> bool:
         return view_only(message) or (logged is not None and not logged(message.id))
 
     kinds, members = index.layout.slots()
     pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
-    if logged is not None:
-        current = current_slot(index, question, lambda slot: not kept(members[slot][0]))
-        pinned.update(() if current is None else (current,))
+    current = _current_slot(index, question) if logged is not None else None
+    if current is not None:
+        pinned.add(current)
     return frozenset(pinned)
 
 
-def current_slot(
-    index: LogIndex, question: Message | None, logged: Callable[[int], bool]
-) -> int | None:
+def _current_slot(index: LogIndex, question: Message | None) -> int | None:
     """The slot of ``index``'s view where the current turn starts: the run's ``question``,
-    else (a context made without a run) the last user group whose slot is ``logged``."""
+    else (a hook replaced it, or no run asked it) the last user group."""
     kinds, members = index.layout.slots()
+    if question is not None:
+        for slot in range(len(kinds) - 1, -1, -1):
+            if members[slot][0].id == question.id:
+                return slot
     for slot in range(len(kinds) - 1, -1, -1):
-        if question is not None and members[slot][0].id == question.id:
-            return slot
-        if question is None and kinds[slot] == USER and logged(slot):
+        if kinds[slot] == USER:
             return slot
     return None
 
@@ -634,7 +634,7 @@ async def _compact(
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
         if fallback is not None or (reason == "overflow" and config.strategy is None):
-            turn = current_slot(index, context.question, lambda slot: slot in state.pinned)
+            turn = _current_slot(index, context.question)
             state.protected = state.slots if turn is None else turn
         try:
             if fallback is not None:
