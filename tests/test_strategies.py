@@ -38,6 +38,7 @@ from littleghost.context.compaction import compaction_records
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import estimate_messages
 from littleghost.errors import (
+    CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
     OutputLimitError,
@@ -339,30 +340,37 @@ async def test_a_summary_overflow_that_shows_no_higher_scale_is_raised() -> None
     assert view[1].is_summary and len(model.requests) == 2
 
 
-def dense_provider(window: int) -> Callable[[ModelRequest], ModelResponse]:
+def dense_provider(window: int, *, says_window: bool) -> Callable[[ModelRequest], ModelResponse]:
     """A provider that counts every token 1.7 times the estimate, framing and instruction
-    included, and overflows as llama.cpp does, with the prompt's size and the window."""
+    included, and overflows with the prompt's size (and its window, ``says_window``)."""
 
     def respond(request: ModelRequest) -> ModelResponse:
         prompt = math.ceil(1.7 * estimate_messages(request.messages))
         if prompt + (request.max_tokens or 0) > window:
-            raise ContextWindowOverflowError(
-                "too long", prompt_tokens=prompt, context_window=window
-            )
+            said = window if says_window else None
+            raise ContextWindowOverflowError("too long", prompt_tokens=prompt, context_window=said)
         return text_response("They asked about the weather.")
 
     return respond
 
 
-async def test_a_summary_call_that_overflows_is_refitted_in_the_tokens_it_reported() -> None:
+@pytest.mark.parametrize("says_window", [True, False])
+async def test_a_summary_call_that_overflows_is_refitted_in_the_tokens_it_reported(
+    says_window: bool,
+) -> None:
     """The request fitted again after the overflow is sized with the excess the overflow
-    showed, so it fits the window in the provider's tokens (the request that overflowed
-    used to be sent again as it was)."""
-    model = ScriptedModel([dense_provider(500)] * 2)
+    showed, and under the window it said (else under what overflowed), so it fits the
+    window in the provider's tokens (the request that overflowed used to be sent again as
+    it was); where not even one group's request can fit, no second call is made."""
+    model = ScriptedModel([dense_provider(500, says_window=says_window)] * 2)
     view = await apply_compaction(conversation(6), Summarization(model=model, max_tokens=64))
     first, second = model.requests
     assert view[1].is_summary and len(second.messages[-1].text) < len(first.messages[-1].text)
     assert math.ceil(1.7 * estimate_messages(second.messages)) + 64 <= 500
+    model = ScriptedModel([dense_provider(200, says_window=True)] * 2)
+    with pytest.raises(CompactionError, match="no summary request fits"):
+        await apply_compaction(conversation(6), Summarization(model=model, max_tokens=64))
+    assert len(model.requests) == 1
 
 
 async def test_summarization_masks_no_tool_result_it_keeps_verbatim() -> None:

@@ -249,17 +249,17 @@ class CompactionState:
     def learn_overflow(
         self, request: ModelRequest, instruction: str, error: ContextWindowOverflowError
     ) -> bool:
-        """Learn ``scale`` (and ``room``) from summary ``request``'s overflow as ``fits``
-        reads them, the framing and ``instruction`` as estimated and all the excess in the
-        data, so that the request no longer fits; False when it reported no more."""
+        """Learn ``scale`` and ``room`` from summary ``request``'s overflow as ``fits`` reads
+        them, the framing and ``instruction`` as estimated and all the excess in the data,
+        and the window the one it reported (else under what overflowed), so that the
+        request no longer fits; False when it reported no more than ``fits`` sized."""
         fixed, data = self._summary_split(request, instruction)
         reported = error.prompt_tokens or 0
         if data <= 0 or reported <= fixed + math.ceil(self.scale * data):
             return False
         self.scale = (reported - fixed) / data
-        if error.context_window:
-            room = int(SUMMARY_FIT_MARGIN * error.context_window)
-            self.room = min(self.room or error.context_window, room)
+        window = error.context_window or reported + (request.max_tokens or 0) - 1
+        self.room = min(self.room or window, int(SUMMARY_FIT_MARGIN * window))
         return True
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
