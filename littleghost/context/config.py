@@ -171,10 +171,8 @@ def reported_window(model: Model, window: int, reported: int | None) -> int:
 
 def belied_window(model: Model, window: int, overflowed: int) -> int:
     """The window to compact for after an overflow at ``overflowed`` tokens (the prompt
-    and its answer's room) whose error reported no window: under ``overflowed`` when it
-    is within ``window``, which it belies (warned about once per model and figure)."""
-    if overflowed > window:
-        return window
+    and its answer's room, within ``window``, which it belies) whose error reported no
+    window: one token under it (warned about once per model and figure)."""
     said = "overflowed at %d tokens (the prompt and its answer's room) without reporting "
     said += "its window, within the %d tokens compacted for; the run compacts for %d from now on"
     key = (overflowed, 0)  # not a reported window's key
