@@ -161,11 +161,12 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
         )
     output.table(["ROLE", "FROM", "TOKENS", "ID", "CONTENT"], rows, narrow={3: SHORT_ID})
     calibration = document["calibration_tokens"]
-    scaled = f" {'-' if calibration < 0 else '+'} {abs(calibration)} (calibration)"
+    sign = "-" if calibration < 0 else "+"
+    calibrated = f" {sign} {abs(calibration)} (calibration)" if calibration else ""
     output.line(
         f"estimate: {document['message_tokens']} (messages) + "
         f"{document['tools_and_settings_tokens']} (tools and settings) + "
-        f"{document['answer_tokens']} (answer){scaled if calibration else ''} = "
+        f"{document['answer_tokens']} (answer){calibrated} = "
         f"{document['estimated_tokens']} tokens"
     )
     output.line(_threshold_line(output, document))

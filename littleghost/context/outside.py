@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
-from littleghost._validators import is_number
+from littleghost._validators import is_number, wrong_value
 from littleghost.context.budget import BudgetReport, fit_sized
 from littleghost.context.calibration import Calibration, request_size
 from littleghost.context.config import ContextManagement, context_window
@@ -50,7 +50,9 @@ async def compact_log(
             takes.
     """
     if not (is_number(share) and 0 < share < 1):
-        raise ConfigurationError(f"compact_log: share must be a number in (0, 1), not {share!r}")
+        raise ConfigurationError(
+            f"compact_log: share must be a number in (0, 1), not {wrong_value(share)}"
+        )
     config = agent.context_management
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
