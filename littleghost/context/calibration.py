@@ -46,6 +46,7 @@ __all__ = [
     "request_size",
     "resume",
     "schema_estimate",
+    "turn_start",
 ]
 
 SCALE_KEY = "littleghost.context.scale"
@@ -129,7 +130,7 @@ def learn_answer(
     request, answered = context.last_exchange
     reported = answered.usage.input_tokens
     if learn_scale(request, reported, context, tokenizer, window, answered):
-        start = _turn_start(request, context)
+        start = turn_start(request.messages, context.question, context.has_message)
         if _left_out(request, start, context):  # the count says nothing of what was left out
             _learn_alone(request, start, reported, context, tokenizer)
             state.scale = state.before
@@ -417,7 +418,7 @@ def learn_added(
 async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
     """With a model that counts: the current turn's density (``dense``, replaced) from its
     count of the turn alone with the instructions and schemas; False when it cannot tell."""
-    start = _turn_start(request, context)
+    start = turn_start(request.messages, context.question, context.has_message)
     if start == len(request.messages):
         return False
     alone = attrs.evolve(request, messages=_alone(request.messages, start))
@@ -497,26 +498,31 @@ def margin(
     state = calibration(context)
     if state.scale <= DENSE_GAP * measured:
         return 0
-    earlier = request.messages[: _turn_start(request, context)]
+    earlier = request.messages[
+        : turn_start(request.messages, context.question, context.has_message)
+    ]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), state.real)
     return math.ceil((state.scale - measured) * history)
 
 
-def _turn_start(request: ModelRequest, context: RunContext) -> int:
-    """Where the current turn starts in ``request``: the run's question, else its last user
-    message that the run's log holds and that is no summary (the end of the request when
-    there is none)."""
-    question = context.question
+def turn_start(
+    messages: Sequence[Message],
+    question: Message | None,
+    logged: Callable[[str], bool] | None = None,
+) -> int:
+    """Where the current turn starts in ``messages``: at ``question`` (the run's), else at
+    the last user message that is no summary (and that ``logged`` holds, when given);
+    ``len(messages)`` when there is none."""
     if question is not None:
-        ids = [m.id for m in request.messages]
-        if question.id in ids:
-            return ids.index(question.id)
-    logged = [
-        i
-        for i, m in enumerate(request.messages)
-        if m.role is Role.USER and context.has_message(m.id) and not m.is_summary
-    ]
-    return logged[-1] if logged else len(request.messages)
+        for position in range(len(messages) - 1, -1, -1):
+            if messages[position].id == question.id:
+                return position
+    for position in range(len(messages) - 1, -1, -1):
+        message = messages[position]
+        asked = message.role is Role.USER and not message.is_summary
+        if asked and (logged is None or logged(message.id)):
+            return position
+    return len(messages)
 
 
 def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:

@@ -43,6 +43,7 @@ from littleghost.context.calibration import (
     real_size,
     resume,
     schema_estimate,
+    turn_start,
 )
 from littleghost.context.compaction import compaction_state
 from littleghost.context.config import (
@@ -52,7 +53,7 @@ from littleghost.context.config import (
     context_window,
     reported_window,
 )
-from littleghost.context.groups import SUMMARY, SYSTEM, USER
+from littleghost.context.groups import SUMMARY, SYSTEM
 from littleghost.context.index import LogIndex
 from littleghost.context.records import record_covers
 from littleghost.context.strategies import (
@@ -352,18 +353,10 @@ async def _bounded(
 
 def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
     """The ids of the summaries ``log`` holds that cover part of its current turn (after
-    ``question``, or else its last user message)."""
-    turn: set[str] = set()
-    summaries: list[Message] = []
-    for message in reversed(log):
-        if question is None and message.role is Role.USER and not message.is_summary:
-            break
-        if question is not None and message.id == question.id:
-            break
-        turn.add(message.id)
-        if message.is_summary:
-            summaries.append(message)
-    return {s.id for s in summaries if not turn.isdisjoint(record_covers(s))}
+    ``question``, or else its last user message: ``turn_start``)."""
+    turn = log[turn_start(log, question) + 1 :]
+    ids = {message.id for message in turn}
+    return {m.id for m in turn if m.is_summary and not ids.isdisjoint(record_covers(m))}
 
 
 async def _compact_after_overflow(
@@ -564,38 +557,26 @@ def managed_state(
 
 
 def pinned_slots(
-    index: LogIndex,
-    logged: Callable[[str], bool] | None = None,
-    question: Message | None = None,
+    index: LogIndex, logged: Callable[[str], bool] | None = None, current: int | None = None
 ) -> frozenset[int]:
     """The slots of ``index``'s view a compaction keeps: those holding view-only messages
     and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
-    (a hook's injected material), and the current request: the run's ``question``, else
-    the last user message."""
+    (a hook's injected material), and the ``current`` request's (``_current_slot``)."""
 
     def kept(message: Message) -> bool:
         return view_only(message) or (logged is not None and not logged(message.id))
 
     kinds, members = index.layout.slots()
     pinned = {slot for slot in range(len(kinds)) if any(map(kept, members[slot]))}
-    current = _current_slot(index, question) if logged is not None else None
-    if current is not None:
-        pinned.add(current)
-    return frozenset(pinned)
+    return frozenset(pinned if current is None else {*pinned, current})
 
 
 def _current_slot(index: LogIndex, question: Message | None) -> int | None:
-    """The slot of ``index``'s view where the current turn starts: the run's ``question``,
-    else (a hook replaced it, or no run asked it) the last user group."""
-    kinds, members = index.layout.slots()
-    if question is not None:
-        for slot in range(len(kinds) - 1, -1, -1):
-            if members[slot][0].id == question.id:
-                return slot
-    for slot in range(len(kinds) - 1, -1, -1):
-        if kinds[slot] == USER:
-            return slot
-    return None
+    """The slot of ``index``'s view where the current turn starts (``turn_start`` over the
+    groups): the run's ``question``, else (a hook replaced it) the last user group."""
+    members = index.layout.slots()[1]
+    start = turn_start([group[0] for group in members], question)
+    return start if start < len(members) else None
 
 
 async def _compact(
@@ -628,13 +609,13 @@ async def _compact(
         index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
-        state.pinned = pinned_slots(index, context.has_message, context.question)
+        turn = _current_slot(index, context.question)
+        state.pinned = pinned_slots(index, context.has_message, turn)
         state.scale = calibrated.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
         goal = _goal(state, target, outside)
         if fallback is not None or (reason == "overflow" and config.strategy is None):
-            turn = _current_slot(index, context.question)
             state.protected = state.slots if turn is None else turn
         try:
             if fallback is not None:
