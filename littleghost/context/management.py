@@ -375,11 +375,12 @@ async def _compact_after_overflow(
     reported = error.prompt_tokens or await model_count(request, context) or 0
     # A figure within the window belies the window (smaller, by how much unsaid), unless the
     # model's count is over the window: then the figure is what is wrong.
-    overflowed = (error.prompt_tokens or 0) + _answer_room(request)
+    answer = _answer_room(request)
+    overflowed = (error.prompt_tokens or 0) + answer
     belied = bool(error.prompt_tokens) and not error.context_window and overflowed <= window
     if belied:
         counted = await model_count(request, context)
-        belied = counted is None or counted + _answer_room(request) <= window
+        belied = counted is None or counted + answer <= window
     if belied:
         window = state.window = belied_window(context.model, window, overflowed)
     # the current turn's or the added part's density, then the history's scale (with what
