@@ -14,11 +14,9 @@ from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
 from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
-from littleghost.context.calibration import schema_estimate
 from littleghost.context.config import ContextManagement, context_config
 from littleghost.context.outside import preview_request
 from littleghost.context.summarize import call_arguments
-from littleghost.context.tokens import DEFAULT_TOKENIZER
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
@@ -97,8 +95,7 @@ def view_document(
         )
     answer = preview.request.max_tokens or 0
     in_messages = sum(preview.message_tokens)
-    tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
-    outside = schema_estimate(preview.request, tokenizer)
+    calibration = preview.estimated_tokens - in_messages - preview.schema_tokens - answer
     threshold = None
     if preview.threshold_tokens is not None and config is not None:
         threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
@@ -108,9 +105,9 @@ def view_document(
         "window": asdict(window),
         "messages": shown,
         "message_tokens": in_messages,
-        "tools_and_settings_tokens": outside,
+        "tools_and_settings_tokens": preview.schema_tokens,
         "answer_tokens": answer,
-        "calibration_tokens": preview.estimated_tokens - in_messages - outside - answer,
+        "calibration_tokens": calibration,
         "estimated_tokens": preview.estimated_tokens,
         "threshold": threshold,
         "waits_until": preview.waits_until,

@@ -13,7 +13,7 @@ from attrs import frozen
 
 from littleghost._validators import is_number, wrong_value
 from littleghost.context.budget import BudgetReport, fit_sized
-from littleghost.context.calibration import Calibration, request_size
+from littleghost.context.calibration import Calibration, request_size, schema_estimate
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
@@ -108,6 +108,7 @@ class RequestPreview:
 
     Attributes:
         message_tokens: The estimate of each of the request's messages.
+        schema_tokens: The estimate of its tool schemas and prompt settings.
         estimated_tokens: The estimate the threshold is compared with: the messages (the
             conversation's scaled by the calibration earlier runs kept in the log), tool
             schemas and prompt settings, plus the answer's room (``max_tokens``).
@@ -121,6 +122,7 @@ class RequestPreview:
 
     request: ModelRequest
     message_tokens: tuple[int, ...]
+    schema_tokens: int
     estimated_tokens: int
     threshold_tokens: int | None
     waits_until: int | None
@@ -173,10 +175,11 @@ def preview_request(
             index=index,
         )
     sizes = tuple(map(estimates, request.messages))
+    schemas = schema_estimate(request, tokenizer)
     estimated = request_size(request, estimates, calibrated)
     if config is None or not config.summarize:
-        return RequestPreview(request, sizes, estimated, None, None, False, report)
+        return RequestPreview(request, sizes, schemas, estimated, None, None, False, report)
     threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
     waits = None if after is None else next_summary_at(after, config, window)
     due = estimated >= threshold and (waits is None or estimated >= waits)
-    return RequestPreview(request, sizes, estimated, threshold, waits, due, report)
+    return RequestPreview(request, sizes, schemas, estimated, threshold, waits, due, report)
