@@ -423,6 +423,23 @@ async def test_a_turn_with_neither_question_nor_answer_is_excerpted_by_its_calls
     assert view[2:] == tuple(log[3:])
 
 
+async def test_lines_of_an_earlier_run_are_kept_as_they_are() -> None:
+    log = conversation(3)
+    first = TurnExcerpts(target=~turns_exceed(1))
+    log += await compaction_records(log, first, tokenizer=None)  # turns 0 and 1 as lines
+    earlier = (await apply_compaction(log, TurnExcerpts(trigger=never)))[1:3]
+    assert texts(earlier) == [
+        "[Earlier turn, excerpted: Q: question 0 | A: answer 0 | 1 tool call]",
+        "[Earlier turn, excerpted: Q: question 1 | A: answer 1 | 1 tool call]",
+    ]
+    log += turn(3)
+    line = Message.assistant("[Earlier turn, excerpted: Q: question 2 | A: answer 2 | 1 tool call]")
+    expected = (log[0], *earlier, line, *log[-4:])
+    stop = ~tokens_exceed(estimate_messages(expected))
+    view = await apply_compaction(log, TurnExcerpts(target=stop))
+    assert texts(view) == texts(expected)  # neither merged again nor nested in the new one
+
+
 # --- Pipeline and TokenBudget ----------------------------------------------------------
 
 

@@ -688,7 +688,8 @@ class SelectiveToolCallCompaction(_Stepwise):
 class TurnExcerpts(_Stepwise):
     """Without a model: replace the oldest user turns, oldest first, by one line each
     (``[Earlier turn, excerpted: Q: … | A: … | 2 tool calls]``), then leave those lines
-    out too, until the target holds. A turn is a user group and the groups after it.
+    out too, until the target holds. A turn is a user group and the groups after it; a
+    line of an earlier run is kept as it is until it is left out.
 
     Args:
         trigger: Start only when this holds (default ``always``).
@@ -706,16 +707,19 @@ class TurnExcerpts(_Stepwise):
         end = state.newest(self.minimum_preserved)
         while 0 < end < state.slots and state.kind(end) != USER:
             end -= 1  # the preserved groups keep their whole turn
+        slots = state.candidates(end)
+        lines = {slot for slot in slots if _is_line(state.group(slot))}  # of earlier runs
         turns: list[list[int]] = []
-        for slot in state.candidates(end):
-            if state.kind(slot) == USER or not turns:
+        for slot in slots:
+            if state.kind(slot) == USER or not turns or slot in lines or turns[-1][0] in lines:
                 turns.append([slot])
             else:
                 turns[-1].append(slot)
         for turn in turns:
             if goal(state):
                 return
-            state.merge(turn, self._line(state, turn))
+            if turn[0] not in lines:
+                state.merge(turn, self._line(state, turn))
         for turn in turns:
             if goal(state):
                 return
@@ -727,7 +731,20 @@ class TurnExcerpts(_Stepwise):
         calls = sum(len(m.tool_calls) for m in messages)
         if calls:
             line += f" | {calls} tool call{'s' if calls != 1 else ''}"
-        return f"[Earlier turn, excerpted: {line}]"
+        return f"{_LINE_PREFIX}{line}]"
+
+
+_LINE_PREFIX = "[Earlier turn, excerpted: "
+
+
+def _is_line(group: MessageGroup) -> bool:
+    """True for a line ``TurnExcerpts`` made: one collapse record in its words."""
+    first = group.messages[0]
+    return (
+        len(group.messages) == 1
+        and first.metadata.get(COMPACTION_KIND_KEY) == COLLAPSE
+        and first.text.startswith(_LINE_PREFIX)
+    )
 
 
 def prepared(model: Model) -> Complete:
