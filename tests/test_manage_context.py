@@ -2023,6 +2023,67 @@ class TestEstimateUnits:
         whole = counting.count(last) / estimate_request(last.messages, last.tools, {})
         assert len(kept) == 2 and kept[-1] == pytest.approx(whole, rel=0.05)
 
+    async def test_the_count_of_a_turn_a_tool_appended_a_user_message_to_is_the_turns(
+        self,
+    ) -> None:
+        """A bounded view leaves out the conversation's one earlier exchange, too long
+        for it; a tool fetches the order's figures (digits, which the model counts three
+        times as heavy as estimated) and appends a user note after the run's question.
+        Each answered request is the current turn alone, from the question, so its count
+        teaches the turn's density, not the conversation's scale: the answers keep none,
+        and the next run, its view under the threshold at the estimate, is not compacted
+        (the turn was taken to start at the note and the count to scale the whole
+        conversation: the answers kept the figures' density, about 2.75, and the next run
+        summarized the earlier question away)."""
+
+        @manage_context(
+            context_window_tokens=3_000,
+            compression_threshold=0.5,
+            preserve_recent_messages=2,
+            budget=PromptBudget(
+                prompt_budget_tokens=1_300,
+                response_reserve_tokens=100,
+                safety_reserve_tokens=50,
+                excerpt_tokens=0,
+            ),
+        )
+        class Noting(Agent):
+            max_retries = 0
+            instructions = "You answer about orders."
+
+            @tool
+            async def figures(self, context: RunContext) -> str:
+                """Fetch the order's figures and attach a note."""
+                await context.append(Message.user("Attached note."))
+                return " ".join(str(10_000 + 7 * k) for k in range(100))
+
+        chats: list[ModelRequest] = []
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            results = [m for m in request.messages if m.tool_results]
+            real = estimate_request(request.messages, request.tools, {})
+            real += 2 * estimate_messages(results)  # the figures: three times the estimate
+            if request.purpose == "context_compaction":
+                return text_response("- noted", input_tokens=real)
+            chats.append(request)
+            if len(chats) == 1:
+                return tool_call_response("figures", {}, input_tokens=real)
+            return text_response("done", input_tokens=real)
+
+        model = ScriptedModel([respond] * 4)
+        agent = Noting(model=model)
+        earlier = [
+            Message.user("What did the audit find?"),
+            Message.assistant("The audit found the books in order. " * 200),
+        ]
+        one = await agent.run("Summarize order 42: " + "detail " * 300, history=earlier)
+        assert [len(r.messages) for r in chats] == [2, 5]  # the instructions and the turn
+        assert chats[1].messages[-1].text == "Attached note."
+        assert not [m for m in one.messages if SCALE_KEY in m.metadata]
+        two = await agent.run("And its total?", history=one.messages)
+        assert len(model.requests) == 3  # one more call: no summary call
+        assert not [m for m in two.messages if m.is_summary]
+
     async def test_a_compaction_is_judged_in_the_units_it_was_triggered_in(
         self, spans: Spans
     ) -> None:

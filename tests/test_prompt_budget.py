@@ -970,6 +970,63 @@ class TestCalibratedViews:
             assert [m.id for m in shown] == [made[0].id, older.id]
             assert len(shown[1].text) < len(older.text)
 
+    async def test_a_summary_of_the_turn_before_a_note_a_tool_appends_is_the_turns(
+        self,
+    ) -> None:
+        """A tool appends a user note after the run's question; at the next call a
+        compaction summarizes the turn's first step, logged before the note. That summary
+        covers part of the current turn: the next view, with no room for it beside the
+        turn as it is, shows it whole and cuts the turn's newest result for it (it used to
+        be taken as history, the turn starting at the note, and left out)."""
+        reports = {"Oslo": "sunny " * 25, "Rome": "sunny " * 200}
+
+        @manage_context(
+            context_window_tokens=4_000,
+            compression_threshold=0.25,
+            preserve_recent_messages=3,
+            tokenizer=BYTES,
+            budget=PromptBudget(
+                prompt_budget_tokens=1_250, response_reserve_tokens=100, safety_reserve_tokens=50
+            ),
+        )
+        class Noting(Agent):
+            instructions = "You report the weather."
+
+            @tool
+            def weather(self, city: str) -> str:
+                """The weather in a city."""
+                return f"{city}: {reports[city]}"
+
+            @tool
+            async def attach(self, context: RunContext) -> str:
+                """Attach a note."""
+                await context.append(Message.user("Attached note: " + "memo " * 55))
+                return "attached " * 10
+
+        def summarize(request: ModelRequest) -> ModelResponse:
+            assert request.purpose == "context_compaction"
+            return text_response("- Oslo was sunny. " * 3)
+
+        steps = [
+            tool_call_response("weather", {"city": "Oslo"}),
+            tool_call_response("attach", {}),
+            summarize,  # the third call's request is over the threshold
+            tool_call_response("weather", {"city": "Rome"}),
+            text_response("ok"),
+        ]
+        model = ScriptedModel(steps)
+        result = await Noting(model=model).run("current question " + "detail " * 240)
+        log = result.messages
+        (summary,) = [m for m in log if m.is_summary]
+        assert log[4].text.startswith("Attached note")  # after the attach call, before its result
+        assert summary.metadata[SUMMARY_COVERS_KEY] == [m.id for m in log[1:3]]  # the Oslo step
+        last = model.requests[-1]
+        assert summary in last.messages  # whole
+        rome = log[-2]
+        (sent,) = [m for m in last.messages if m.id == rome.id]
+        assert len(sent.tool_results[0].content) < len(rome.tool_results[0].content)
+        assert size(last) <= 1_250
+
     @pytest.mark.parametrize("summarize", [False, True])
     async def test_after_an_overflow_a_turn_grown_onto_the_safety_reserve_is_still_sent(
         self, summarize: bool
