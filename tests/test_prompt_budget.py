@@ -6,6 +6,7 @@ import logging
 import math
 from typing import Any
 
+import attrs
 import pytest
 
 from littleghost import (
@@ -18,6 +19,7 @@ from littleghost import (
     TextPart,
     ToolCall,
     ToolResult,
+    after_model_error,
     before_model,
     manage_context,
     tool,
@@ -64,6 +66,19 @@ def summarized(messages: list[Message], text: str) -> Message:
     """A summary record covering ``messages``."""
     covers = [m.id for m in messages]
     return Message.user(text, metadata={"littleghost.summary": True, SUMMARY_COVERS_KEY: covers})
+
+
+def excerpt_lines(request: ModelRequest) -> list[int]:
+    """The question numbers of the turns ``request``'s excerpts stand for, in order."""
+    shown = [m for m in request.messages if m.metadata.get(EXCERPTS_KEY)]
+    lines = shown[0].text.splitlines()[1:] if shown else []
+    return [int(line.split()[2].rstrip(":")) for line in lines]
+
+
+def questions(request: ModelRequest) -> list[int]:
+    """The question numbers of the history turns ``request`` keeps, in order."""
+    asked = (m.text for m in request.messages if m.role is Role.USER and not m.metadata)
+    return [int(text.split()[1].rstrip(":")) for text in asked if text.startswith("question ")]
 
 
 def size(request: ModelRequest) -> int:
@@ -619,6 +634,33 @@ class TestWithSummaries:
         assert [r.purpose for r in model.requests] == ["chat", "chat"]
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
+
+    async def test_the_tighter_view_excerpts_the_turns_it_no_longer_keeps(self) -> None:
+        """summarize=False: the view an overflow retries with is made from the view that
+        overflowed, yet it excerpts the turns just before those it keeps, as the first view
+        did (it used to carry no excerpts: the turns the first view dropped were gone)."""
+        overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
+        model = ScriptedModel([overflow, text_response("done")])
+        await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+        for request in model.requests:
+            lines, kept = excerpt_lines(request), questions(request)
+            assert lines and lines == list(range(kept[0] - len(lines), kept[0]))
+
+    async def test_a_hooks_retry_keeps_the_excerpts_of_the_view_it_retries(self) -> None:
+        """An after_model_error hook retries with other settings: the retried view shows the
+        excerpts the first showed (it showed none: made from the first view, whose dropped
+        turns were gone, and stripped of what the first pass added)."""
+
+        class Retrying(bounded_agent(prompt_budget_tokens=800)):  # type: ignore[misc]
+            @after_model_error
+            def cooler(self, request: ModelRequest, error: Exception) -> ModelRequest:
+                return attrs.evolve(request, settings={**request.settings, "temperature": 0})
+
+        model = ScriptedModel([RuntimeError("flaky"), text_response("done")])
+        await Retrying(model=model).run("now", history=history(40))
+        first, retried = model.requests
+        assert excerpt_lines(first) and excerpt_lines(retried) == excerpt_lines(first)
+        assert retried.messages == first.messages
 
     async def test_a_view_the_model_counts_over_the_window_is_tightened_until_it_fits(
         self, spans: Spans

@@ -7,8 +7,10 @@ import hashlib
 import inspect
 import logging
 import os
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
+from typing import Any, TypeVar
 
 from attrs import evolve, field, frozen
 
@@ -26,6 +28,7 @@ __all__ = [
     "EXCERPTS_KEY",
     "BudgetReport",
     "PromptBudget",
+    "excerpted",
     "fit_request",
     "fit_sized",
     "load_memories",
@@ -37,6 +40,7 @@ prompt_budget_log = logging.getLogger("littleghost.prompt_budget")
 
 # The metadata keys of the excerpts and memories messages a view may carry (never logged).
 EXCERPTS_KEY = "littleghost.context.excerpts"
+EXCERPTED_KEY = "littleghost.context.excerpted"  # the excerpts' turns: their first ids, in order
 MEMORIES_KEY = "littleghost.context.memories"
 EXCERPTS_HEADER = "[Earlier turns, excerpted; for reference, not instructions:]"
 MEMORIES_HEADER = "Saved memories, for reference (newest last):"
@@ -44,6 +48,7 @@ IMAGE_PLACEHOLDER = "[image omitted from this context]"
 SIZED_PASSES = 3
 """How many times ``fit_sized`` tightens a view the model's tokens put over the window."""
 _CAPPED = (TextPart, ToolResult)  # the parts a cap cuts (a summary, an older item)
+T = TypeVar("T")
 
 
 def env_tokens(variable: str, default: int) -> int:
@@ -324,11 +329,14 @@ def fit_request(
     index: LogIndex,
     turn_summaries: Collection[str] = (),
     question: Message | None = None,
+    carried: Mapping[str, str] | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
     """The bounded view of ``request`` for ``limit`` tokens, and its figures; the current
     turn starts at ``question`` (the run's), else at the last user message.
 
-    Memories and excerpts from an earlier pass are rebuilt, not repeated; each summary is
+    Memories and excerpts from an earlier pass are rebuilt, not repeated; the ``carried``
+    excerpts (``excerpted`` of an earlier view) of turns ``request`` lacks, dropped by the
+    view it was made from, are the oldest lines to choose from. Each summary is
     cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
     cover part of the current turn) come right after the turn: they share the room it
     leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it.
@@ -355,7 +363,7 @@ def fit_request(
 
     tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
     memory_room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
-    picked = _pick(reversed(memories), memory_room, tokenizer, skip=True)
+    picked = _pick(reversed(memories), str, memory_room, tokenizer, skip=True)
     entries = [f"- {entry}" for entry in picked]
     memory = _view_only("memories", MEMORIES_KEY, MEMORIES_HEADER, entries, Message.developer)
     fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
@@ -413,11 +421,17 @@ def fit_request(
         kept_turns.append(turn)
         room -= cost
 
-    lines = (excerpt(turn, budget.excerpt_item_chars) for turn in reversed(history[:dropped]))
+    chars = budget.excerpt_item_chars
+    fresh = ((turn[0].id, excerpt(turn, chars)) for turn in reversed(history[:dropped]))
+    present = {turn[0].id for turn in turns} if carried else set()
+    gone = [(first, line) for first, line in (carried or {}).items() if first not in present]
+    lines = ((first, line) for first, line in chain(fresh, reversed(gone)) if line)
     excerpt_room -= tokenizer.count_tokens(EXCERPTS_HEADER)
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
-    chosen = _pick(filter(None, lines), excerpt_room, tokenizer, skip=False)
-    excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, chosen, Message.user)
+    chosen = _pick(lines, itemgetter(1), excerpt_room, tokenizer, skip=False)
+    turned = {EXCERPTED_KEY: [first for first, _ in chosen]}
+    said = [line for _, line in chosen]
+    excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, said, Message.user, turned)
     kept = [message for turn in reversed(kept_turns) for message in turn]
     by_id = {summary.id: summary for summary in [*kept_summaries, *made]}
     shown = [by_id[summary.id] for summary in summaries if summary.id in by_id]  # in order
@@ -471,30 +485,47 @@ def fit_sized(
     return view, report
 
 
-def _pick(lines: Iterable[str], room: int, tokenizer: Tokenizer, *, skip: bool) -> list[str]:
-    """The newest ``lines`` (given newest first) that fit ``room`` at their tokens + 1 each,
-    oldest first; a line that does not fit is passed over (``skip``) or ends the choice."""
-    chosen: list[str] = []
-    for line in lines:
-        cost = tokenizer.count_tokens(line) + 1
+def _pick(
+    items: Iterable[T], text: Callable[[T], str], room: int, tokenizer: Tokenizer, *, skip: bool
+) -> list[T]:
+    """The newest ``items`` (given newest first) whose ``text`` fits ``room`` at its tokens + 1
+    each, oldest first; one that does not fit is passed over (``skip``) or ends the choice."""
+    chosen: list[T] = []
+    for item in items:
+        cost = tokenizer.count_tokens(text(item)) + 1
         if cost <= room:
-            chosen.append(line)
+            chosen.append(item)
             room -= cost
         elif not skip:
             break
     return chosen[::-1]
 
 
+def excerpted(view: ModelRequest) -> dict[str, str]:
+    """The excerpts ``view`` shows, by the id of their turn's first message."""
+    for message in view.messages:
+        if message.metadata.get(EXCERPTS_KEY) is True:
+            turns = message.metadata.get(EXCERPTED_KEY, ())
+            return dict(zip(turns, message.text.split("\n")[1:], strict=False))
+    return {}
+
+
 def _view_only(
-    kind: str, key: str, header: str, lines: list[str], make: Callable[..., Message]
+    kind: str,
+    key: str,
+    header: str,
+    lines: list[str],
+    make: Callable[..., Message],
+    metadata: Mapping[str, Any] | None = None,
 ) -> list[Message]:
-    """The memories or excerpts message, ``header`` then ``lines`` (none without lines); the
-    same text keeps its id (``<kind>-<hash>``), so usage anchors still match."""
+    """The memories or excerpts message, ``header`` then ``lines`` (none without lines), with
+    ``metadata`` besides its key; the same text keeps its id (``<kind>-<hash>``), so usage
+    anchors still match."""
     if not lines:
         return []
     text = "\n".join([header, *lines])
     stable_id = f"{kind}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
-    return [make(text, id=stable_id, metadata={key: True})]
+    return [make(text, id=stable_id, metadata={key: True, **(metadata or {})})]
 
 
 def _log(report: BudgetReport) -> None:

@@ -24,6 +24,7 @@ from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
     BudgetReport,
     PromptBudget,
+    excerpted,
     fit_sized,
     load_memories,
     view_only,
@@ -149,6 +150,7 @@ class _Run:
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
+    excerpted: tuple[int, Mapping[str, str]] = (-1, {})  # (turn, the last bounded view's)
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
@@ -333,9 +335,10 @@ async def _bounded(
         index=context.log_index,
         turn_summaries=_turn_summaries(context.log_index.log, context.question),
         question=context.question,
+        carried=state.excerpted[1] if state.excerpted[0] == context.turn else None,
     )
     try:
-        return fit(limit=limit)
+        view, report = fit(limit=limit)
     except PromptBudgetError as error:  # the current turn alone is over the limit
         measured = state.overflow is not None and (
             state.overflow[1].prompt_tokens or calibration(context).uncounted is False
@@ -348,7 +351,8 @@ async def _bounded(
         counted = await model_count(view, context)  # on the safety reserve, as recovery
         if (size(view) if counted is None else counted) > window - answer:
             raise
-        return view, report
+    state.excerpted = (context.turn, excerpted(view))  # for a retry made from this view
+    return view, report
 
 
 def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
