@@ -24,9 +24,11 @@ from littleghost import (
     manage_context,
     tool,
 )
+from littleghost.context import TurnExcerpts, turns_exceed
 from littleghost.context import config as config_module
 from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
 from littleghost.context.calibration import calibration, estimate_tokens, learn_scale, real_size
+from littleghost.context.compaction import compaction_records
 from littleghost.context.management import RECOUNTS
 from littleghost.context.summarize import SUMMARY_PREFIX
 from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
@@ -244,6 +246,25 @@ class TestRules:
         assert [m.role for m in sent[-4:]] == roles and sent[-4] is result.messages[-5]
         assert (sent[-4].text, sent[-1].text) == (question, "Attached note.")
         assert size(model.requests[1]) <= 300
+
+    async def test_lines_turn_excerpts_made_are_turns_of_their_own(self) -> None:
+        """A log whose older turns ``TurnExcerpts`` made lines of (overflow recovery's
+        fallback does): each line is a turn of the history, kept as it is or excerpted as
+        what it holds (the lines were one leading turn, excerpted as ``Q:  | A: [Earlier
+        turn, excerpted: …]`` of the last of them, the others lost)."""
+        log = history(14)
+        log += await compaction_records(log, TurnExcerpts(target=~turns_exceed(4)), tokenizer=None)
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=600)(model=model).run("now", history=log)
+        (request,) = model.requests
+        (excerpts,) = [m for m in request.messages if m.metadata.get(EXCERPTS_KEY)]
+        assert "[Earlier turn," not in excerpts.text
+        prefix = "[Earlier turn, excerpted: Q: question "
+        lines = [m.text for m in request.messages if m.text.startswith(prefix)]
+        shown = [*excerpt_lines(request), *(int(line.split()[5][:-1]) for line in lines)]
+        numbers = [*shown, *questions(request)]
+        assert len(excerpt_lines(request)) > 1 and lines
+        assert numbers == list(range(numbers[0], 14))  # the newest turns, one line each
 
     async def test_recent_history_is_taken_as_complete_turns(self) -> None:
         """Kept history is whole turns, the newest ones, in order."""

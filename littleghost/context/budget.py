@@ -17,7 +17,7 @@ from attrs import evolve, field, frozen
 from littleghost._validators import Validator, check, count, has_method, is_callable, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
-from littleghost.context.summarize import excerpt
+from littleghost.context.summarize import excerpt, turn_line
 from littleghost.context.tokens import ByteEstimator, Estimates, Tokenizer, counter, tools_text
 from littleghost.errors import ConfigurationError, PromptBudgetError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
@@ -295,12 +295,14 @@ def view_only(message: Message) -> bool:
 def _turns(
     conversation: Sequence[Message], cuts: _Cuts, question: Message | None
 ) -> list[list[Message]]:
-    """The conversation as turns, each from a user message (a leading partial turn too),
-    the last from ``question`` when given (user messages after it are of its turn); a call
-    left without a result (its message keeps its text) or an orphan result is left out."""
+    """The conversation as turns, each from a user message (a leading partial turn too; a
+    line ``TurnExcerpts`` made is a turn of its own), the last from ``question`` when given
+    (user messages after it are of its turn); a call left without a result (its message
+    keeps its text) or an orphan result is left out."""
     layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
     asked = False  # the current turn, from ``question``, has started
+    after_line = False  # the group before is a turn ``TurnExcerpts`` made a line of
     for kind, group in zip(layout.kinds, layout.members, strict=True):
         if kind == TOOL_CALL:
             head = group[0]
@@ -311,11 +313,13 @@ def _turns(
                 if not head.text:
                     continue
                 group = [cuts.without(head, (ToolCall,))]
-        if (kind == USER and not asked) or not turns:
+        line = bool(group[0].metadata) and turn_line(group[0]) is not None
+        if not turns or (not asked and (kind == USER or line or after_line)):
             turns.append(list(group))
             asked = question is not None and group[0].id == question.id
         else:
             turns[-1].extend(group)
+        after_line = line
     return turns
 
 

@@ -38,6 +38,7 @@ from littleghost.context.records import (
 )
 from littleghost.context.summarize import (
     SUMMARY_PREFIX,
+    TURN_LINE_PREFIX,
     Complete,
     call_arguments,
     excerpt,
@@ -49,6 +50,7 @@ from littleghost.context.summarize import (
     summary_message,
     summary_request,
     summary_text,
+    turn_line,
     with_quotes,
 )
 from littleghost.context.tokens import Estimates, Tokenizer
@@ -731,20 +733,12 @@ class TurnExcerpts(_Stepwise):
         calls = sum(len(m.tool_calls) for m in messages)
         if calls:
             line += f" | {calls} tool call{'s' if calls != 1 else ''}"
-        return f"{_LINE_PREFIX}{line}]"
-
-
-_LINE_PREFIX = "[Earlier turn, excerpted: "
+        return f"{TURN_LINE_PREFIX}{line}]"
 
 
 def _is_line(group: MessageGroup) -> bool:
-    """True for a line ``TurnExcerpts`` made: one collapse record in its words."""
-    first = group.messages[0]
-    return (
-        len(group.messages) == 1
-        and first.metadata.get(COMPACTION_KIND_KEY) == COLLAPSE
-        and first.text.startswith(_LINE_PREFIX)
-    )
+    """True for a line ``TurnExcerpts`` made."""
+    return len(group.messages) == 1 and turn_line(group.messages[0]) is not None
 
 
 def prepared(model: Model) -> Complete:

@@ -12,6 +12,7 @@ from typing import Any
 from attrs import evolve, frozen
 
 from littleghost.context.groups import result_calls
+from littleghost.context.records import COLLAPSE, COMPACTION_KIND_KEY
 from littleghost.errors import OutputLimitError, ProtocolError
 from littleghost.messages import (
     SUMMARY_COVERS_KEY,
@@ -36,6 +37,7 @@ __all__ = [
     "SUMMARY_FRAMING",
     "SUMMARY_PREFIX",
     "SUMMARY_RETRIED",
+    "TURN_LINE_PREFIX",
     "Summary",
     "call_arguments",
     "excerpt",
@@ -48,6 +50,7 @@ __all__ = [
     "summary_message",
     "summary_request",
     "summary_text",
+    "turn_line",
     "with_quotes",
 ]
 
@@ -115,9 +118,27 @@ def _lines(message: Message, names: Sequence[str]) -> Iterable[str]:
             yield f"Tool {label} ({next(results)}): {part.content}"
 
 
+TURN_LINE_PREFIX = "[Earlier turn, excerpted: "
+"""How a line ``TurnExcerpts`` makes for a turn starts; ``]`` ends it."""
+
+
+def turn_line(message: Message) -> str | None:
+    """The excerpt a line ``TurnExcerpts`` made holds (``Q: … | A: …``); ``None`` for any
+    other message."""
+    if not message.metadata or message.metadata.get(COMPACTION_KIND_KEY) != COLLAPSE:
+        return None
+    text = message.text
+    if not (text.startswith(TURN_LINE_PREFIX) and text.endswith("]")):
+        return None
+    return text[len(TURN_LINE_PREFIX) : -1]
+
+
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
     """One line for a turn: ``Q: <its question> | A: <its last answer>``, each cut in the
-    middle to ``chars``; ``None`` when the turn has neither."""
+    middle to ``chars`` (a turn ``TurnExcerpts`` already made a line of: what it holds);
+    ``None`` when the turn has neither."""
+    if len(messages) == 1 and (line := turn_line(messages[0])) is not None:
+        return line
     question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
     answer = next((m.text for m in reversed(messages) if m.role is Role.ASSISTANT and m.text), "")
     if not question and not answer:
