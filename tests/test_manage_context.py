@@ -2084,6 +2084,62 @@ class TestEstimateUnits:
         assert len(model.requests) == 3  # one more call: no summary call
         assert not [m for m in two.messages if m.is_summary]
 
+    @pytest.mark.parametrize("model", ["counts", "cannot count"])
+    async def test_overflow_recovery_takes_a_turn_a_tool_appended_a_user_message_to_whole(
+        self, model: str, spans: Spans
+    ) -> None:
+        """A tool appends a user note after the question and returns figures the model
+        counts at three times the estimate; the next request overflows. Recovery takes the
+        turn from the question, note and all: a model that counts is asked for that turn's
+        density, so the summary is fitted at what the model counts (with the note alone
+        counted, the figures went into the history's scale and the retry was counted at 925
+        tokens, estimated at 776); for one that cannot, the margin is the turn's, and the
+        summary fits without a model-free step (the figures were taken for history, and a
+        model-free step left the summary and the last exchange out)."""
+
+        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
+        class Noting(Agent):
+            max_retries = 0
+            instructions = "Be brief."
+
+            @tool
+            async def figures(self, context: RunContext) -> str:
+                """Fetch the figures and attach a note."""
+                await context.append(Message.user("Attached note."))
+                return " ".join(str(10_000 + 7 * k) for k in range(150))
+
+        counting, counted = Densities(), list[ModelRequest]()
+
+        def count(request: ModelRequest) -> int:
+            counted.append(request)
+            return counting.count(request)
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "chat" and not any(m.tool_results for m in request.messages):
+                return tool_call_response("figures", {})  # no usage reported
+            return counting(request)  # overflows over 1 000
+
+        counts = model == "counts"
+        scripted = ScriptedModel([respond] * 4, count_prompt_tokens=count if counts else None)
+        history = _prose(4)
+        question = "Please describe the coast and the hills in some detail. " * 2
+        result = await Noting(model=scripted).run(question, history=history)
+        assert result.output == "ok"
+        purposes = [r.purpose for r in scripted.requests]
+        assert purposes == ["chat", "chat", "context_compaction", "chat"]
+        overflowed, retried = scripted.requests[1].messages, scripted.requests[-1].messages
+        turn = overflowed[-4:]  # the question, the call, the figures, the note
+        assert turn[0].text == question and turn[-1].text == "Attached note."
+        (summary,) = [m for m in result.messages if m.is_summary]
+        kept = [] if counts else history[-2:]  # the last exchange
+        assert [m.id for m in retried[1:]] == [m.id for m in [summary, *kept, *turn]]
+        (made,) = spans.compactions()  # the summary: no model-free step
+        assert "littleghost.compaction.fallback" not in made
+        if counts:
+            assert [m.id for m in counted[0].messages[1:]] == [m.id for m in turn]
+            after = made["littleghost.compaction.estimated_tokens_after"]
+            assert after == pytest.approx(counting.sizes[-1], abs=5)
+
     async def test_a_compaction_is_judged_in_the_units_it_was_triggered_in(
         self, spans: Spans
     ) -> None:
