@@ -28,6 +28,7 @@ from attrs import field, frozen
 
 from littleghost import telemetry
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding
+from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
 from littleghost.errors import (
     CleanupError,
@@ -432,7 +433,9 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     """Send ``given`` through the ``before_model`` hooks to the model; on an error, retry
     with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
     which passes through the ``before_model`` hooks again without the messages they added
-    (so what a hook injects is not doubled). ``given`` is what the hooks were last given."""
+    (so what a hook injects is not doubled; a bounded view's memories and excerpts stay as
+    the replacement has them, for the view rebuilds them). ``given`` is what the hooks were
+    last given."""
     before = _hooks(agent, context, "before_model")
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = 0
@@ -466,12 +469,15 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
 
 def _added(given: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:
     """The ids of the messages the ``before_model`` hooks added to ``given`` to make
-    ``sent``: in neither ``given`` nor the log (a summary a hook appended to the log stays)."""
+    ``sent``: in neither ``given`` nor the log (a summary a hook appended to the log stays),
+    and not a bounded view's own (``view_only``)."""
     known = {message.id for message in given.messages}
     return {
         message.id
         for message in sent.messages
-        if message.id not in known and not context.has_message(message.id)
+        if message.id not in known
+        and not context.has_message(message.id)
+        and not view_only(message)
     }
 
 

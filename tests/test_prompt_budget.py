@@ -683,6 +683,45 @@ class TestWithSummaries:
         assert excerpt_lines(first) and excerpt_lines(retried) == excerpt_lines(first)
         assert retried.messages == first.messages
 
+    async def test_a_hooks_retry_has_the_excerpts_as_the_hook_left_them(self) -> None:
+        """The hook's replacement decides: excerpts it scrubbed stay scrubbed, excerpts it
+        left out stay out, and a turn it puts back is not excerpted twice."""
+
+        def scrubbed(message: Message) -> Message:
+            if message.metadata.get(EXCERPTS_KEY):
+                return attrs.evolve(message, content=[TextPart(message.text.replace("sunny", "-"))])
+            return message
+
+        log = history(40)
+        hooks = {
+            "scrub": lambda r: attrs.evolve(r, messages=[scrubbed(m) for m in r.messages]),
+            "drop": lambda r: attrs.evolve(
+                r, messages=[m for m in r.messages if not m.metadata.get(EXCERPTS_KEY)]
+            ),
+            "put back": lambda r: attrs.evolve(  # turns 32 and 33 after the excerpts
+                r, messages=[*r.messages[:2], *log[32 * 4 : 34 * 4], *r.messages[2:]]
+            ),
+        }
+        retried: dict[str, ModelRequest] = {}
+        for name, change in hooks.items():
+
+            class Retrying(bounded_agent(prompt_budget_tokens=800)):  # type: ignore[misc]
+                @after_model_error
+                def changed(self, request: ModelRequest, error: Exception) -> ModelRequest:
+                    return change(request)  # noqa: B023 - called in this loop's run
+
+            model = ScriptedModel([RuntimeError("flaky"), text_response("done")])
+            await Retrying(model=model).run("now", history=log)
+            first, retried[name] = model.requests
+        assert excerpt_lines(first) == [29, 30, 31, 32, 33]
+        (scrubbed_excerpts,) = [
+            m for m in retried["scrub"].messages if m.metadata.get(EXCERPTS_KEY)
+        ]
+        assert "sunny" not in scrubbed_excerpts.text
+        assert excerpt_lines(retried["scrub"]) == excerpt_lines(first)
+        assert excerpt_lines(retried["drop"]) == []
+        assert excerpt_lines(retried["put back"]) == excerpt_lines(first)
+
     async def test_a_view_the_model_counts_over_the_window_is_tightened_until_it_fits(
         self, spans: Spans
     ) -> None:

@@ -28,7 +28,6 @@ __all__ = [
     "EXCERPTS_KEY",
     "BudgetReport",
     "PromptBudget",
-    "excerpted",
     "fit_request",
     "fit_sized",
     "load_memories",
@@ -333,14 +332,13 @@ def fit_request(
     index: LogIndex,
     turn_summaries: Collection[str] = (),
     question: Message | None = None,
-    carried: Mapping[str, str] | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
     """The bounded view of ``request`` for ``limit`` tokens, and its figures; the current
     turn starts at ``question`` (the run's), else at the last user message.
 
-    Memories and excerpts from an earlier pass are rebuilt, not repeated; the ``carried``
-    excerpts (``excerpted`` of an earlier view) of turns ``request`` lacks, dropped by the
-    view it was made from, are the oldest lines to choose from. Each summary is
+    Memories and excerpts from an earlier pass are rebuilt, not repeated: the lines of an
+    earlier pass's excerpts (``request`` is a view retried) whose turns ``request`` no
+    longer holds are the oldest to choose from. Each summary is
     cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
     cover part of the current turn) come right after the turn: they share the room it
     leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it.
@@ -355,10 +353,13 @@ def fit_request(
     trusted: list[Message] = []
     summaries: list[Message] = []
     conversation: list[Message] = []
+    carried: dict[str, str] = {}  # an earlier pass's excerpts, by their turns' first ids
     for message in request.messages:  # one pass; most messages have no metadata
         if message.metadata and (view_only(message) or message.is_summary):
             if message.is_summary:
                 summaries.append(message)
+            elif message.metadata.get(EXCERPTS_KEY) is True:
+                carried = _excerpted(message)
         elif message.is_trusted:
             trusted.append(message)
         else:
@@ -428,14 +429,15 @@ def fit_request(
     chars = budget.excerpt_item_chars
     fresh = ((turn[0].id, excerpt(turn, chars)) for turn in reversed(history[:dropped]))
     present = {turn[0].id for turn in turns} if carried else set()
-    gone = [(first, line) for first, line in (carried or {}).items() if first not in present]
+    gone = [(first, line) for first, line in carried.items() if first not in present]
     lines = ((first, line) for first, line in chain(fresh, reversed(gone)) if line)
     excerpt_room -= tokenizer.count_tokens(EXCERPTS_HEADER)
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
     chosen = _pick(lines, itemgetter(1), excerpt_room, tokenizer, skip=False)
-    turned = {EXCERPTED_KEY: [first for first, _ in chosen]}
-    said = [line for _, line in chosen]
-    excerpts = _view_only("excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, said, Message.user, turned)
+    texts, first_ids = [line for _, line in chosen], [first for first, _ in chosen]
+    excerpts = _view_only(
+        "excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, texts, Message.user, {EXCERPTED_KEY: first_ids}
+    )
     kept = [message for turn in reversed(kept_turns) for message in turn]
     by_id = {summary.id: summary for summary in [*kept_summaries, *made]}
     shown = [by_id[summary.id] for summary in summaries if summary.id in by_id]  # in order
@@ -505,13 +507,14 @@ def _pick(
     return chosen[::-1]
 
 
-def excerpted(view: ModelRequest) -> dict[str, str]:
-    """The excerpts ``view`` shows, by the id of their turn's first message."""
-    for message in view.messages:
-        if message.metadata.get(EXCERPTS_KEY) is True:
-            turns = message.metadata.get(EXCERPTED_KEY, ())
-            return dict(zip(turns, message.text.split("\n")[1:], strict=False))
-    return {}
+def _excerpted(excerpts: Message) -> dict[str, str]:
+    """The lines of an excerpts message as it now reads, by the first ids of their turns;
+    none when a hook made them disagree with the ids it was made with."""
+    turns = excerpts.metadata.get(EXCERPTED_KEY)
+    lines = excerpts.text.split("\n")[1:]
+    if not isinstance(turns, list) or len(turns) != len(lines):
+        return {}
+    return dict(zip(turns, lines, strict=True))
 
 
 def _view_only(

@@ -24,7 +24,6 @@ from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
     BudgetReport,
     PromptBudget,
-    excerpted,
     fit_sized,
     load_memories,
     view_only,
@@ -150,7 +149,6 @@ class _Run:
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
-    excerpted: tuple[int, Mapping[str, str]] = (-1, {})  # (turn, the last bounded view's)
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
@@ -335,10 +333,9 @@ async def _bounded(
         index=context.log_index,
         turn_summaries=_turn_summaries(context.log_index.log, context.question),
         question=context.question,
-        carried=state.excerpted[1] if state.excerpted[0] == context.turn else None,
     )
     try:
-        view, report = fit(limit=limit)
+        return fit(limit=limit)
     except PromptBudgetError as error:  # the current turn alone is over the limit
         measured = state.overflow is not None and (
             state.overflow[1].prompt_tokens or calibration(context).uncounted is False
@@ -351,8 +348,7 @@ async def _bounded(
         counted = await model_count(view, context)  # on the safety reserve, as recovery
         if (size(view) if counted is None else counted) > window - answer:
             raise
-    state.excerpted = (context.turn, excerpted(view))  # for a retry made from this view
-    return view, report
+        return view, report
 
 
 def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
