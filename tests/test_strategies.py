@@ -440,6 +440,30 @@ async def test_lines_of_an_earlier_run_are_kept_as_they_are() -> None:
     assert texts(view) == texts(expected)  # neither merged again nor nested in the new one
 
 
+async def test_a_collapse_that_quotes_a_line_is_not_taken_for_one() -> None:
+    """An answer that starts as a line does (a model copying what it saw), its tool call
+    collapsed: the collapse is of its turn, which becomes one line."""
+    call = ToolCall("c", "get_weather", {"city": "Oslo"})
+    quoting = "[Earlier turn, excerpted: Q: question 0 | A: answer 0] Checking again."
+    log = [
+        Message.system("You are terse."),
+        Message.user("question 1"),
+        Message.assistant(quoting, tool_calls=[call]),
+        Message.tool(call.id, "sunny"),
+        Message.assistant("answer 1"),
+        *turn(2),
+    ]
+    log += await compaction_records(
+        log, ToolResultCompaction(keep_last_tool_call_groups=1), tokenizer=None
+    )
+    view = await apply_compaction(log, TurnExcerpts(target=~turns_exceed(1)))
+    assert texts(view)[:2] == [
+        "You are terse.",
+        "[Earlier turn, excerpted: Q: question 1 | A: answer 1]",
+    ]
+    assert view[2:] == tuple(log[5:9])  # turn 2
+
+
 # --- Pipeline and TokenBudget ----------------------------------------------------------
 
 

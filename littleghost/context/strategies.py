@@ -709,10 +709,11 @@ class TurnExcerpts(_Stepwise):
         end = state.newest(self.minimum_preserved)
         while 0 < end < state.slots and state.kind(end) != USER:
             end -= 1  # the preserved groups keep their whole turn
-        slots = state.candidates(end)
-        lines = {slot for slot in slots if _is_line(state.group(slot))}  # of earlier runs
         turns: list[list[int]] = []
-        for slot in slots:
+        lines: set[int] = set()  # of earlier runs
+        for slot in state.candidates(end):
+            if _is_line(state, slot):
+                lines.add(slot)
             if state.kind(slot) == USER or not turns or slot in lines or turns[-1][0] in lines:
                 turns.append([slot])
             else:
@@ -736,9 +737,11 @@ class TurnExcerpts(_Stepwise):
         return f"{TURN_LINE_PREFIX}{line}]"
 
 
-def _is_line(group: MessageGroup) -> bool:
-    """True for a line ``TurnExcerpts`` made."""
-    return len(group.messages) == 1 and turn_line(group.messages[0]) is not None
+def _is_line(state: CompactionState, slot: int) -> bool:
+    """True when the group in ``slot`` is a line ``TurnExcerpts`` made (read from its
+    messages: ``group`` would estimate it)."""
+    members = state._members[slot]
+    return len(members) == 1 and turn_line(members[0]) is not None
 
 
 def prepared(model: Model) -> Complete:

@@ -127,8 +127,8 @@ def turn_line(message: Message) -> str | None:
     other message."""
     if not message.metadata or message.metadata.get(COMPACTION_KIND_KEY) != COLLAPSE:
         return None
-    text = message.text
-    if not (text.startswith(TURN_LINE_PREFIX) and text.endswith("]")):
+    text = message.text  # a line is one line; a collapse of a message with text is not
+    if not (text.startswith(TURN_LINE_PREFIX) and text.endswith("]")) or "\n" in text:
         return None
     return text[len(TURN_LINE_PREFIX) : -1]
 
