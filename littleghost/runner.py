@@ -433,9 +433,9 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     """Send ``given`` through the ``before_model`` hooks to the model; on an error, retry
     with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
     which passes through the ``before_model`` hooks again without the messages they added
-    (so what a hook injects is not doubled; a bounded view's memories and excerpts stay as
-    the replacement has them, for the view rebuilds them). ``given`` is what the hooks were
-    last given."""
+    (so what a hook injects is not doubled; a bounded view's memories and excerpts stay, for
+    the view rebuilds them: its excerpts from the replacement's, its memories from their
+    provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = 0

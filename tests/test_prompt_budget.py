@@ -26,7 +26,7 @@ from littleghost import (
 )
 from littleghost.context import TurnExcerpts, turns_exceed
 from littleghost.context import config as config_module
-from littleghost.context.budget import EXCERPTS_KEY, PromptBudget
+from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY, PromptBudget
 from littleghost.context.calibration import calibration, estimate_tokens, learn_scale, real_size
 from littleghost.context.compaction import compaction_records
 from littleghost.context.management import RECOUNTS
@@ -81,6 +81,11 @@ def questions(request: ModelRequest) -> list[int]:
     """The question numbers of the history turns ``request`` keeps, in order."""
     asked = (m.text for m in request.messages if m.role is Role.USER and not m.metadata)
     return [int(text.split()[1].rstrip(":")) for text in asked if text.startswith("question ")]
+
+
+def memories(request: ModelRequest) -> list[Message]:
+    """The memories message ``request`` carries, if any."""
+    return [m for m in request.messages if m.metadata.get(MEMORIES_KEY)]
 
 
 def size(request: ModelRequest) -> int:
@@ -586,6 +591,50 @@ async def failed_recovery(
 
 
 class TestWithSummaries:
+    async def test_memories_the_fallback_left_out_stay_out_of_the_retry(self) -> None:
+        """The summary call fails and recovery falls back, leaving the view's memories out
+        to fit: the retry's view goes without them too (it loaded them again, over the
+        window recovery had fitted, and the run failed with a second overflow)."""
+        window = 2_200
+
+        def counted(request: ModelRequest) -> int:  # twice the estimate
+            return 2 * size(request)
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                raise RuntimeError("the summary model is down")
+            if counted(request) + (request.max_tokens or 0) > window:
+                raise ContextWindowOverflowError(
+                    "too long", prompt_tokens=counted(request), context_window=window
+                )
+            return text_response("done", input_tokens=counted(request))
+
+        @manage_context(
+            context_window_tokens=window,
+            tokenizer=BYTES,
+            budget=PromptBudget(
+                prompt_budget_tokens=1_800,
+                response_reserve_tokens=100,
+                safety_reserve_tokens=50,
+                memory=lambda context: [f"memory {i}: " + "fact " * 20 for i in range(12)],
+                memory_tokens=600,
+            ),
+        )
+        class Remembering(Agent):
+            instructions = "You report the weather."
+
+            @tool
+            def weather(self, city: str) -> str:
+                """The weather in a city."""
+                return "sunny"
+
+        model = ScriptedModel([respond] * 6, count_prompt_tokens=counted)
+        result = await Remembering(model=model).run("now", history=history(40))
+        assert result.output == "done"
+        first, *_, retried = [r for r in model.requests if r.purpose == "chat"]
+        assert [bool(memories(first)), bool(memories(retried))] == [True, False]
+        assert counted(retried) + (retried.max_tokens or 0) <= window
+
     async def test_the_view_is_built_first_then_summarization_if_still_over(
         self, spans: Spans
     ) -> None:

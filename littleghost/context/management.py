@@ -149,6 +149,7 @@ class _Run:
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
+    bare: int | None = None  # the turn whose retry goes without memories (the fallback's)
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
@@ -317,7 +318,7 @@ async def _bounded(
     tighter = state.tighter[1] if state.tighter and state.tighter[0] == context.turn else None
     if tighter is not None:  # sized by ``_shrink`` in this turn
         limit = min(budget.prompt_budget_tokens, tighter)  # > 0: it sets no other
-    memories = await load_memories(budget, context)
+    memories = [] if state.bare == context.turn else await load_memories(budget, context)
 
     def size(view: ModelRequest) -> int:
         return estimate_tokens(view, context, config.tokenizer) - (view.max_tokens or 0)
@@ -594,8 +595,8 @@ async def _compact(
     """Compact ``request`` toward ``target`` (the model's tokens) in the run's window with
     the configured strategy, the default compaction, or (``fallback``) without a model,
     aiming under ``fallback`` and cutting tool results while over ``limit`` (given with
-    ``fallback``, which leaves a bounded view's memories and excerpts out first); append
-    the records to the log.
+    ``fallback``, which leaves a bounded view's memories and excerpts out first, and the
+    memories out of the retry's view too); append the records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
@@ -661,6 +662,8 @@ async def _compact(
         outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
         run.last_after, run.failed_at = after, None  # the records say where it is now
         run.cut_to = outcome.cut_to or run.cut_to
+        if len(shown) < len(request.messages):  # the view's own, left out: not for the retry
+            run.bare = context.turn
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
 
 
