@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Any
 
 import attrs
@@ -734,7 +735,15 @@ class TestWithSummaries:
 
     async def test_a_hooks_retry_has_the_excerpts_as_the_hook_left_them(self) -> None:
         """The hook's replacement decides: excerpts it scrubbed stay scrubbed, excerpts it
-        left out stay out, and a turn it puts back is not excerpted twice."""
+        left out stay out, and a turn it puts back is not excerpted twice, nor out of the
+        log's order."""
+
+        def put_back(request: ModelRequest, turns: tuple[int, ...]) -> ModelRequest:
+            """``turns`` of the log after the excerpts, as they were."""
+            back = [m for t in turns for m in log[t * 4 : t * 4 + 4]]
+            return attrs.evolve(
+                request, messages=[*request.messages[:2], *back, *request.messages[2:]]
+            )
 
         def scrubbed(message: Message) -> Message:
             if message.metadata.get(EXCERPTS_KEY):
@@ -747,9 +756,10 @@ class TestWithSummaries:
             "drop": lambda r: attrs.evolve(
                 r, messages=[m for m in r.messages if not m.metadata.get(EXCERPTS_KEY)]
             ),
-            "put back": lambda r: attrs.evolve(  # turns 32 and 33 after the excerpts
-                r, messages=[*r.messages[:2], *log[32 * 4 : 34 * 4], *r.messages[2:]]
-            ),
+            **{
+                f"put back {turns}": partial(put_back, turns=turns)
+                for turns in [(32, 33), (31,), (30, 31), (20,)]
+            },
         }
         retried: dict[str, ModelRequest] = {}
         for name, change in hooks.items():
@@ -769,7 +779,8 @@ class TestWithSummaries:
         assert "sunny" not in scrubbed_excerpts.text
         assert excerpt_lines(retried["scrub"]) == excerpt_lines(first)
         assert excerpt_lines(retried["drop"]) == []
-        assert excerpt_lines(retried["put back"]) == excerpt_lines(first)
+        for turns in [(32, 33), (31,), (30, 31), (20,)]:  # in the log's order, once each
+            assert excerpt_lines(retried[f"put back {turns}"]) == excerpt_lines(first), turns
 
     async def test_a_view_the_model_counts_over_the_window_is_tightened_until_it_fits(
         self, spans: Spans

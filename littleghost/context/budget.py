@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
 import inspect
 import logging
+import math
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from itertools import chain
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -427,10 +428,16 @@ def fit_request(
         room -= cost
 
     chars = budget.excerpt_item_chars
-    fresh = ((turn[0].id, excerpt(turn, chars)) for turn in reversed(history[:dropped]))
-    present = {turn[0].id for turn in turns} if carried else set()
-    gone = [(first, line) for first, line in carried.items() if first not in present]
-    lines = ((first, line) for first, line in chain(fresh, reversed(gone)) if line)
+    candidates: Iterable[tuple[str, str | None]]
+    candidates = ((turn[0].id, excerpt(turn, chars)) for turn in reversed(history[:dropped]))
+    if carried:  # with the earlier pass's lines of turns gone, newest first in the log
+        present = {turn[0].id for turn in turns}
+        gone = [(first, line) for first, line in reversed(carried.items()) if first not in present]
+        at = _positions(index.log, {*carried, *(turn[0].id for turn in history[:dropped])})
+        candidates = heapq.merge(
+            candidates, gone, key=lambda item: at.get(item[0], math.inf), reverse=True
+        )
+    lines = ((first, line) for first, line in candidates if line)
     excerpt_room -= tokenizer.count_tokens(EXCERPTS_HEADER)
     excerpt_room -= getattr(tokenizer, "message_overhead", 0)
     chosen = _pick(lines, itemgetter(1), excerpt_room, tokenizer, skip=False)
@@ -505,6 +512,11 @@ def _pick(
         elif not skip:
             break
     return chosen[::-1]
+
+
+def _positions(log: Sequence[Message], ids: Collection[str]) -> dict[str, int]:
+    """Where in ``log`` the messages of ``ids`` are."""
+    return {message.id: position for position, message in enumerate(log) if message.id in ids}
 
 
 def _excerpted(excerpts: Message) -> dict[str, str]:
