@@ -313,7 +313,7 @@ def _turns(
                 if not head.text:
                     continue
                 group = [cuts.without(head, (ToolCall,))]
-        line = bool(group[0].metadata) and turn_line(group[0]) is not None
+        line = turn_line(group[0]) is not None
         if not turns or (not asked and (kind == USER or line or after_line)):
             turns.append(list(group))
             asked = question is not None and group[0].id == question.id
