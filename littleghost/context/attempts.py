@@ -49,7 +49,7 @@ async def attempt(
             telemetry.COMPACTION_REMOVED: done.removed,
             telemetry.COMPACTION_ESTIMATED_AFTER: done.after,
             telemetry.ERROR_TYPE: error,
-            telemetry.COMPACTION_FALLBACK: True if fallback else None,
+            telemetry.COMPACTION_FALLBACK: fallback or None,
             telemetry.COMPACTION_SUMMARY: done.summary,
             telemetry.COMPACTION_CUT_TO: done.cut_to,
         }

@@ -4,7 +4,9 @@ against."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 from attrs import field, frozen
@@ -136,6 +138,11 @@ class ContextManagement:
             )
         if self.budget is not None:
             self.budget.check_window(window)
+
+    def threshold(self, window: int) -> int:
+        """The smallest estimate at which a compaction is due in ``window``, exactly
+        (0.55 × 200 000 is 110 000)."""
+        return math.ceil(Decimal(repr(self.compression_threshold)) * window)
 
     def summary_cap(self, window: int) -> int:
         """The summary's output cap for ``window``."""

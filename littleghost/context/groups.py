@@ -96,7 +96,6 @@ class Layout:
         self.slot_of: dict[int, int] = {}
         self.shown: set[str] = set()
         self.pending: list[Message] = []
-        self.system_open = False
 
     @classmethod
     def build(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
@@ -132,7 +131,7 @@ class Layout:
         layout.kinds = list(self.kinds)
         layout.members = list(self.members)
         layout.slot_of = dict(self.slot_of)
-        layout.pending, layout.system_open = self.pending, self.system_open
+        layout.pending = self.pending
         layout.scan(log, start)
         for owner, position in layout.late:
             slot = layout.slot_of.get(owner)
@@ -203,7 +202,6 @@ class Layout:
         members = self.members
         slot_of = self.slot_of
         pending = self.pending
-        system_open = self.system_open
         orphans = set() if records else set(self.orphans)
         # The positions of calls left open: their messages are tool_call groups without results.
         unanswered = {*self.open_calls.values(), *chain.from_iterable(self.shadowed.values())}
@@ -232,10 +230,9 @@ class Layout:
                 group = [message]
                 kind = TOOL_CALL
             elif role is _SYSTEM or role is _DEVELOPER:
-                if system_open:
+                if kinds and kinds[-1] == SYSTEM:  # after a system group: of it
                     members[-1] = [*members[-1], message]
                 else:
-                    system_open = True
                     kinds.append(SYSTEM)
                     members.append([message])
                 continue
@@ -260,13 +257,11 @@ class Layout:
                 kinds.extend([SUMMARY] * len(pending))
                 members.extend([summary] for summary in pending)
                 pending = []
-            system_open = False
             if role is _ASSISTANT and kind == TOOL_CALL:
                 slot_of[position] = len(kinds)
             kinds.append(kind)
             members.append(group)
         self.pending = pending
-        self.system_open = system_open
 
     def slots(self) -> tuple[list[GroupKind], list[list[Message]]]:
         """The groups as parallel lists, pending summaries as the last groups."""

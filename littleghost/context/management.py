@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from decimal import Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -90,7 +89,6 @@ __all__ = [
     "managed_state",
     "next_summary_at",
     "pinned_slots",
-    "reaches",
     "remembered",
 ]
 
@@ -190,11 +188,6 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
     return after, 1.0 if scale is None else scale
 
 
-def reaches(estimated: int, threshold: float, window: int) -> bool:
-    """``estimated >= threshold × window``, exactly (0.55 × 200 000 is 110 000)."""
-    return Decimal(estimated) >= Decimal(repr(threshold)) * window
-
-
 def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
     """The request with every tool result over ``max_tokens`` cut in the middle (the log
     keeps it whole; each tool message is measured, and its copy made, once per log)."""
@@ -257,7 +250,7 @@ async def _compact_before_model(
         request, report = await _bounded(request, context, config, config.budget)
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
-        if reaches(estimated, config.compression_threshold, state.window):
+        if estimated >= config.threshold(state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:  # the figures of the request sent
         tokenizer = config.budget.tokenizer
@@ -531,7 +524,7 @@ def _answer_room(request: ModelRequest) -> int:
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
     """The size a request a compaction left at ``after`` must reach before the next summary
     call: ``REGROWTH`` of the window more when ``after`` reaches the threshold, else None."""
-    if reaches(after, config.compression_threshold, window):
+    if after >= config.threshold(window):
         return after + max(1, int(REGROWTH * window))
     return None
 

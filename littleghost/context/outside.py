@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
@@ -179,7 +177,7 @@ def preview_request(
     estimated = request_size(request, estimates, calibrated)
     if config is None or not config.summarize:
         return RequestPreview(request, sizes, schemas, estimated, None, None, False, report)
-    threshold = math.ceil(Decimal(repr(config.compression_threshold)) * window)
+    threshold = config.threshold(window)
     waits = None if after is None else next_summary_at(after, config, window)
     due = estimated >= threshold and (waits is None or estimated >= waits)
     return RequestPreview(request, sizes, schemas, estimated, threshold, waits, due, report)
