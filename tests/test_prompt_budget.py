@@ -706,13 +706,23 @@ class TestWithSummaries:
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
 
-    async def test_the_tighter_view_excerpts_the_turns_it_no_longer_keeps(self) -> None:
+    @pytest.mark.parametrize("lined", [False, True])
+    async def test_the_tighter_view_excerpts_the_turns_it_no_longer_keeps(
+        self, lined: bool
+    ) -> None:
         """summarize=False: the view an overflow retries with is made from the view that
-        overflowed, yet it excerpts the turns just before those it keeps, as the first view
-        did (it used to carry no excerpts: the turns the first view dropped were gone)."""
+        overflowed, yet it excerpts the turns just before those it keeps, in order, as the
+        first view did (it used to carry no excerpts: the turns the first view dropped were
+        gone); also when older turns are lines ``TurnExcerpts`` made, records at the end of
+        the log (they were taken for the newest)."""
+        log = history(40)
+        if lined:  # turns 0 to 33 as lines
+            log += await compaction_records(
+                log, TurnExcerpts(target=~turns_exceed(6)), tokenizer=None
+            )
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800)
         model = ScriptedModel([overflow, text_response("done")])
-        await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=history(40))
+        await bounded_agent(prompt_budget_tokens=800)(model=model).run("now", history=log)
         for request in model.requests:
             lines, kept = excerpt_lines(request), questions(request)
             assert lines and lines == list(range(kept[0] - len(lines), kept[0]))

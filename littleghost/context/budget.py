@@ -18,6 +18,7 @@ from attrs import evolve, field, frozen
 from littleghost._validators import Validator, check, count, has_method, is_callable, is_number
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
+from littleghost.context.records import record_covers
 from littleghost.context.summarize import excerpt, turn_line
 from littleghost.context.tokens import ByteEstimator, Estimates, Tokenizer, counter, tools_text
 from littleghost.errors import ConfigurationError, PromptBudgetError
@@ -433,7 +434,7 @@ def fit_request(
     if carried:  # with the earlier pass's lines of turns gone, newest first in the log
         present = {turn[0].id for turn in turns}
         gone = [(first, line) for first, line in reversed(carried.items()) if first not in present]
-        at = _positions(index.log, {*carried, *(turn[0].id for turn in history[:dropped])})
+        at = _positions(index.log)
         candidates = heapq.merge(
             candidates, gone, key=lambda item: at.get(item[0], math.inf), reverse=True
         )
@@ -514,9 +515,13 @@ def _pick(
     return chosen[::-1]
 
 
-def _positions(log: Sequence[Message], ids: Collection[str]) -> dict[str, int]:
-    """Where in ``log`` the messages of ``ids`` are."""
-    return {message.id: position for position, message in enumerate(log) if message.id in ids}
+def _positions(log: Sequence[Message]) -> dict[str, int]:
+    """Where each message of ``log`` is shown: a record where the first it covers is."""
+    positions: dict[str, int] = {}
+    for position, message in enumerate(log):
+        covers = record_covers(message) if message.metadata else []
+        positions[message.id] = positions.get(covers[0], position) if covers else position
+    return positions
 
 
 def _excerpted(excerpts: Message) -> dict[str, str]:
