@@ -831,6 +831,51 @@ class TestWithSummaries:
             "room for a prompt: no view fits in 100 tokens"
         )
 
+    async def test_the_memories_go_before_the_turn_alone_fails(self) -> None:
+        """summarize=False, a model that counts digits three times the estimate, and a
+        question of serial numbers: with the memories the current request alone is over
+        the window, without them it fits; the retry goes without them (recovery failed,
+        though the turn alone with the instructions fitted)."""
+        window = 768
+
+        def counted(request: ModelRequest) -> int:
+            def density(message: Message) -> int:
+                return 3 if sum(c.isdigit() for c in message.text) > len(message.text) / 2 else 1
+
+            return sum(density(m) * estimate_message(m) for m in request.messages)
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if counted(request) + (request.max_tokens or 1) > window:
+                raise ContextWindowOverflowError(
+                    "too long", prompt_tokens=counted(request), context_window=window
+                )
+            return text_response("ok", input_tokens=counted(request))
+
+        @manage_context(
+            context_window_override=window,
+            summarize=False,
+            budget=PromptBudget(
+                prompt_budget_tokens=window,
+                response_reserve_tokens=64,
+                safety_reserve_tokens=48,
+                memory=lambda context: [
+                    f"Likes brass lamps, weekday mornings ({i})." for i in range(12)
+                ],
+            ),
+        )
+        class Bot(Agent):
+            instructions = "Help."
+
+        model = ScriptedModel([respond] * 3, count_prompt_tokens=counted)
+        serials = "Check these serials: " + " ".join(str(100_000 + i) for i in range(105))
+        history = [Message.user("Where is my order?"), Message.assistant("It ships tomorrow.")]
+        result = await Bot(model=model).run(serials, history=history)
+        assert result.output == "ok"
+        first, retried = model.requests
+        assert [bool(memories(first)), bool(memories(retried))] == [True, False]
+        assert retried.messages[-1].text == serials
+        assert counted(retried) + (retried.max_tokens or 0) <= window
+
     async def test_a_view_the_model_counts_far_over_the_window_fails_with_the_overflow(
         self,
     ) -> None:

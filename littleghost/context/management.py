@@ -147,7 +147,7 @@ class _Run:
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
     tighter: tuple[int, int] | None = None  # (turn, limit): after an overflow without summaries
-    bare: int | None = None  # the turn whose retry goes without memories (the fallback's)
+    bare: int | None = None  # the turn whose retry goes without memories (as a last resort)
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
@@ -816,6 +816,9 @@ async def _shrink(
             limit = min(limit, report.estimated_prompt_tokens - 1)  # under the view it tightens
             set_limit(limit, f"the model counts {counted} prompt tokens for the bounded view")
             tighter_view, report = await bounded()
+            if tighter_view.messages == view.messages and state.bare != context.turn:
+                state.bare = context.turn  # the memories go before the request alone fails
+                tighter_view, report = await bounded()
             if tighter_view.messages == view.messages:  # the current request alone, again
                 raise CompactionError(
                     f"the model counts {counted} prompt tokens for the current request alone: "
