@@ -831,6 +831,40 @@ class TestWithSummaries:
             "room for a prompt: no view fits in 100 tokens"
         )
 
+    async def test_a_count_within_a_window_too_large_belies_it(self) -> None:
+        """summarize=False, a window declared twice the real one, a provider whose overflow
+        error says nothing, and a model that counts: the count, within the declared window,
+        proves it too large, so recovery at least halves the view, and every run of the
+        growing session answers (the tighter view was sized for the declared window, no
+        smaller than the one that overflowed, and every run failed from the first overflow
+        on)."""
+        real = 1_000
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            if size(request) + (request.max_tokens or 1) > real:
+                raise ContextWindowOverflowError("context length exceeded")
+            return text_response("Fine. " * 20, input_tokens=size(request))
+
+        @manage_context(
+            context_window_override=2 * real,
+            summarize=False,
+            tokenizer=BYTES,
+            budget=PromptBudget(
+                prompt_budget_tokens=1_800, response_reserve_tokens=100, safety_reserve_tokens=50
+            ),
+        )
+        class Bot(Agent):
+            instructions = "Help."
+
+        model = ScriptedModel([respond] * 40, count_prompt_tokens=size)
+        agent, history = Bot(model=model), []
+        for number in range(12):
+            result = await agent.run(f"Question {number}: " + "lamps? " * 50, history=history)
+            assert result.output.startswith("Fine.")
+            history = result.messages
+        overflowed = [r for r in model.requests if size(r) + (r.max_tokens or 1) > real]
+        assert overflowed and len(model.requests) <= 12 + len(overflowed)
+
     async def test_the_memories_go_before_the_turn_alone_fails(self) -> None:
         """summarize=False, a model that counts digits three times the estimate, and a
         question of serial numbers: with the memories the current request alone is over

@@ -367,12 +367,12 @@ async def _compact_after_overflow(
     calibrated = calibration(context)
     calibrated.uncounted = None  # asked again for this overflow
     reported = error.prompt_tokens or await model_count(request, context) or 0
-    # A figure within the window belies the window (smaller, by how much unsaid), unless the
-    # model's count is over the window: then the figure is what is wrong.
+    # A figure or count within the window belies the window (smaller, by how much unsaid),
+    # unless the model's count of a figure is over the window: then the figure is wrong.
     answer = _answer_room(request)
-    overflowed = (error.prompt_tokens or 0) + answer
-    belied = bool(error.prompt_tokens) and not error.context_window and overflowed <= window
-    if belied:
+    overflowed = reported + answer
+    belied = bool(reported) and not error.context_window and overflowed <= window
+    if belied and error.prompt_tokens:
         counted = await model_count(request, context)
         belied = counted is None or counted + answer <= window
     if belied:
