@@ -406,6 +406,14 @@ async def test_turn_excerpts_keep_the_preserved_groups_with_their_whole_turn() -
     assert view[2:] == tuple(log[5:])
 
 
+async def test_a_turn_without_its_question_says_so() -> None:
+    """A leading turn whose question an earlier compaction left out: ``Q: (none)``."""
+    log = conversation(2)[:1] + conversation(2)[2:]  # turn 0 without its question
+    stop = ~tokens_exceed(estimate_messages(log) - 1)  # after the first step
+    view = await apply_compaction(log, TurnExcerpts(target=stop))
+    assert texts(view)[1] == "[Earlier turn, excerpted: Q: (none) | A: answer 0 | 1 tool call]"
+
+
 async def test_a_turn_with_neither_question_nor_answer_is_excerpted_by_its_calls() -> None:
     call = ToolCall("early", "get_weather", {"city": "Oslo"})
     log = [

@@ -135,15 +135,15 @@ def turn_line(message: Message) -> str | None:
 
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
     """One line for a turn: ``Q: <its question> | A: <its last answer>``, each cut in the
-    middle to ``chars`` (a turn ``TurnExcerpts`` already made a line of: what it holds);
-    ``None`` when the turn has neither."""
+    middle to ``chars`` (``Q: (none)`` without a question; a turn ``TurnExcerpts`` already
+    made a line of: what it holds); ``None`` when the turn has neither."""
     if len(messages) == 1 and (line := turn_line(messages[0])) is not None:
         return line
     question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
     answer = next((m.text for m in reversed(messages) if m.role is Role.ASSISTANT and m.text), "")
     if not question and not answer:
         return None
-    line = f"Q: {cut_middle(question, chars)}"
+    line = f"Q: {cut_middle(question, chars) if question else '(none)'}"
     if answer:
         line += f" | A: {cut_middle(answer, chars)}"
     return line.replace("\n", " ")
