@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -82,6 +83,18 @@ def questions(request: ModelRequest) -> list[int]:
     """The question numbers of the history turns ``request`` keeps, in order."""
     asked = (m.text for m in request.messages if m.role is Role.USER and not m.metadata)
     return [int(text.split()[1].rstrip(":")) for text in asked if text.startswith("question ")]
+
+
+def refusing(
+    request: ModelRequest, window: int, counted: Callable[[ModelRequest], int], answer: str
+) -> ModelResponse:
+    """``answer``, unless ``counted`` puts ``request`` and its answer's room over ``window``:
+    then an overflow that reports both."""
+    if counted(request) + (request.max_tokens or 1) > window:
+        raise ContextWindowOverflowError(
+            "too long", prompt_tokens=counted(request), context_window=window
+        )
+    return text_response(answer, input_tokens=counted(request))
 
 
 def memories(request: ModelRequest) -> list[Message]:
@@ -604,11 +617,7 @@ class TestWithSummaries:
         def respond(request: ModelRequest) -> ModelResponse:
             if request.purpose == "context_compaction":
                 raise RuntimeError("the summary model is down")
-            if counted(request) + (request.max_tokens or 0) > window:
-                raise ContextWindowOverflowError(
-                    "too long", prompt_tokens=counted(request), context_window=window
-                )
-            return text_response("done", input_tokens=counted(request))
+            return refusing(request, window, counted, "done")
 
         @manage_context(
             context_window_tokens=window,
@@ -878,12 +887,7 @@ class TestWithSummaries:
 
             return sum(density(m) * estimate_message(m) for m in request.messages)
 
-        def respond(request: ModelRequest) -> ModelResponse:
-            if counted(request) + (request.max_tokens or 1) > window:
-                raise ContextWindowOverflowError(
-                    "too long", prompt_tokens=counted(request), context_window=window
-                )
-            return text_response("ok", input_tokens=counted(request))
+        respond = partial(refusing, window=window, counted=counted, answer="ok")
 
         @manage_context(
             context_window_override=window,
