@@ -130,7 +130,7 @@ def learn_answer(
     request, answered = context.last_exchange
     reported = answered.usage.input_tokens
     if learn_scale(request, reported, context, tokenizer, window, answered):
-        start = turn_start(request.messages, context.question, context.has_message)
+        start = _turn_start(request, context)
         if _left_out(request, start, context):  # the count says nothing of what was left out
             _learn_alone(request, start, reported, context, tokenizer)
             state.scale = state.before
@@ -418,7 +418,7 @@ def learn_added(
 async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
     """With a model that counts: the current turn's density (``dense``, replaced) from its
     count of the turn alone with the instructions and schemas; False when it cannot tell."""
-    start = turn_start(request.messages, context.question, context.has_message)
+    start = _turn_start(request, context)
     if start == len(request.messages):
         return False
     alone = attrs.evolve(request, messages=_alone(request.messages, start))
@@ -498,11 +498,15 @@ def margin(
     state = calibration(context)
     if state.scale <= DENSE_GAP * measured:
         return 0
-    earlier = request.messages[
-        : turn_start(request.messages, context.question, context.has_message)
-    ]
+    earlier = request.messages[: _turn_start(request, context)]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), state.real)
     return math.ceil((state.scale - measured) * history)
+
+
+def _turn_start(request: ModelRequest, context: RunContext) -> int:
+    """Where the run's current turn starts in ``request`` (``turn_start`` by its question
+    and log)."""
+    return turn_start(request.messages, context.question, context.has_message)
 
 
 def turn_start(
