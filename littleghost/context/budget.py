@@ -434,7 +434,7 @@ def fit_request(
     if carried:  # with the earlier pass's lines of turns gone, newest first in the log
         present = {turn[0].id for turn in turns}
         gone = [(first, line) for first, line in reversed(carried.items()) if first not in present]
-        at = _positions(index.log)
+        at = _view_positions(index.log)
         candidates = heapq.merge(
             candidates, gone, key=lambda item: at.get(item[0], math.inf), reverse=True
         )
@@ -515,7 +515,7 @@ def _pick(
     return chosen[::-1]
 
 
-def _positions(log: Sequence[Message]) -> dict[str, int]:
+def _view_positions(log: Sequence[Message]) -> dict[str, int]:
     """Where each message of ``log`` is shown: a record where the first it covers is."""
     positions: dict[str, int] = {}
     for position, message in enumerate(log):
