@@ -1989,6 +1989,23 @@ class TestCountSpans:
         assert spans.named("chat plain")
 
 
+def noting(numbers: int) -> type[Agent]:
+    """An agent whose tool returns ``numbers`` figures (digits a model may count heavier
+    than estimated) and appends a user note after the run's question."""
+
+    class Noting(Agent):
+        max_retries = 0
+        instructions = "Be brief."
+
+        @tool
+        async def figures(self, context: RunContext) -> str:
+            """Fetch the figures and attach a note."""
+            await context.append(Message.user("Attached note."))
+            return " ".join(str(10_000 + 7 * k) for k in range(numbers))
+
+    return Noting
+
+
 class TestEstimateUnits:
     async def test_a_run_without_history_keeps_the_scale_of_its_whole_request(self) -> None:
         """A first run (no history) whose tool loop adds digits, then prose: each answered
@@ -2036,7 +2053,7 @@ class TestEstimateUnits:
         conversation: the answers kept the figures' density, about 2.75, and the next run
         summarized the earlier question away)."""
 
-        @manage_context(
+        Noting = manage_context(
             context_window_tokens=3_000,
             compression_threshold=0.5,
             preserve_recent_messages=2,
@@ -2046,16 +2063,7 @@ class TestEstimateUnits:
                 safety_reserve_tokens=50,
                 excerpt_tokens=0,
             ),
-        )
-        class Noting(Agent):
-            max_retries = 0
-            instructions = "You answer about orders."
-
-            @tool
-            async def figures(self, context: RunContext) -> str:
-                """Fetch the order's figures and attach a note."""
-                await context.append(Message.user("Attached note."))
-                return " ".join(str(10_000 + 7 * k) for k in range(100))
+        )(noting(100))
 
         chats: list[ModelRequest] = []
 
@@ -2097,16 +2105,7 @@ class TestEstimateUnits:
         summary fits without a model-free step (the figures were taken for history, and a
         model-free step left the summary and the last exchange out)."""
 
-        @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
-        class Noting(Agent):
-            max_retries = 0
-            instructions = "Be brief."
-
-            @tool
-            async def figures(self, context: RunContext) -> str:
-                """Fetch the figures and attach a note."""
-                await context.append(Message.user("Attached note."))
-                return " ".join(str(10_000 + 7 * k) for k in range(150))
+        Noting = manage_context(context_window_tokens=1_000, compression_threshold=1.0)(noting(150))
 
         counting, counted = Densities(), list[ModelRequest]()
 
