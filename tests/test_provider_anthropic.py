@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -447,6 +448,35 @@ async def test_parsed_input_holding_infinity_is_kept_as_its_text(
     )
     response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
     assert response.message.tool_calls == (ToolCall("toolu_a", "add", '{"a": Infinity, "b": 2}'),)
+
+
+@pytest.mark.parametrize(
+    ("block", "part"),
+    [
+        (
+            {"type": "tool_use", "id": "toolu_a", "name": "add", "input": '{"a": "SECRET'},
+            ToolCall("toolu_a", "add", '{"a": "SECRET'),
+        ),
+        ({"type": "text", "text": "SECRET", "citations": "SECRET"}, None),
+    ],
+    ids=["arguments-as-text", "odd-citations"],
+)
+async def test_blocks_of_unexpected_types_are_read_without_a_warning_that_quotes_them(
+    make_model: Callable[..., AnthropicModel], block: dict[str, Any], part: ToolCall | None
+) -> None:
+    """A gateway's block with a field the SDK does not type so (arguments as their text,
+    say) is read as it is; no serializer warning carries its content to the logs (pytest
+    turns any warning into an error here)."""
+    stop = "end_turn" if part is None else "tool_use"
+    server = FakeServer(message([block], stop_reason=stop))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        response = await make_model(server).respond(ModelRequest([Message.user("add")], [ADD]))
+    assert [str(w.message) for w in caught] == []
+    if part is None:
+        assert response.message.text == "SECRET"
+    else:
+        assert response.message.tool_calls == (part,)
 
 
 async def test_usage_reports_cache_and_thinking_tokens_apart(

@@ -303,7 +303,9 @@ def _streamed_response(
 
 
 def _response(message: Any) -> ModelResponse:
-    blocks = [block.model_dump() for block in message.content or ()]
+    # without serializer warnings: one would quote a block's content (arguments the SDK
+    # did not parse, say) into the logs
+    blocks = [block.model_dump(warnings=False) for block in message.content or ()]
     return _answer(blocks, message.stop_reason, message.usage, message)
 
 
