@@ -947,8 +947,9 @@ def view_problems(
 ) -> list[str]:
     """``request_problems``, and with context management: the current ``question`` is
     shown; every message of the run's log that no record hides is shown (with a bounded
-    view, which leaves older turns out by design, those of the current turn); logged
-    messages keep their order, and summaries come before them."""
+    view, which leaves older turns out by design, those of the current turn, but for a
+    record of older turns only that an overflow's recovery logged in it); logged messages
+    keep their order, and summaries come before them."""
     problems = request_problems(messages)
     agent = context.agent if context is not None else None
     if context is None or getattr(agent, "context_management", None) is None:
@@ -963,6 +964,8 @@ def view_problems(
     if agent.context_management.budget is not None:
         asked = [i for i, m in enumerate(log) if m.role is Role.USER and m.text == question]
         due = log[asked[-1] :] if asked else []
+        older = {m.id for m in log[: asked[-1]]} if asked else set()
+        due = [m for m in due if not (is_record(m) and older.issuperset(record_covers(m)))]
     lost = [m.id for m in due if m.id not in hidden and m.id not in shown]
     if lost:
         problems.append(f"the model was not shown {len(lost)} logged message(s) no record hides")
