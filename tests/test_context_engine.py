@@ -110,12 +110,56 @@ class TestNoThrash:
                 "littleghost.compaction.estimated_tokens_after",
                 earlier["littleghost.compaction.estimated_tokens"],
             )
-            if left >= 1_000:  # it left the request over the threshold: growth came first
+            if left + growth > 1_000:  # left near or over the threshold: growth came first
                 assert later["littleghost.compaction.estimated_tokens"] >= left + growth
                 checked += 1
         assert checked
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
         assert summaries <= len(attempts) < notes.chats
+
+    async def test_a_summary_that_takes_all_its_room_does_not_make_the_next_turn_compact(
+        self, spans: Spans
+    ) -> None:
+        """A summarizer that writes to its cap (as small models do) takes back half of
+        what it replaces and leaves the request just under the threshold: the next turns
+        wait until the request has grown by ``REGROWTH`` of the window, then compact once."""
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                cap = request.settings["max_tokens"]
+                notes = "\n".join(f"- fact {i} about the order" for i in range(cap))
+                return text_response(notes[: notes.rfind("\n", 0, cap * 4)])
+            return text_response("Here is the answer, in a sentence or two of plain words.")
+
+        @manage_context(context_window_tokens=2_000, preserve_recent_messages=2)
+        class Chatting(Agent):
+            pass
+
+        model = ScriptedModel([answer] * 40)
+        agent = Chatting(model=model, session_store=InMemorySessionStore())
+        history = [
+            m
+            for i in range(30)
+            for m in (
+                Message.user(f"Question {i}: " + "blah " * 20),
+                Message.assistant(f"Answer {i}: " + "words " * 20),
+            )
+        ]
+        await agent.run("And now?", session_id="s", history=history)
+        for turn in range(8):
+            await agent.run(f"One more question, number {turn}, about it.", session_id="s")
+        threshold, growth = 0.85 * 2_000, REGROWTH * 2_000
+        events = spans.compactions()
+        completed = [e for e in events if e["littleghost.compaction.outcome"] == "completed"]
+        first = completed[0]["littleghost.compaction.estimated_tokens_after"]
+        assert threshold - growth < first < threshold  # just under: the summary took room
+        assert events[1]["littleghost.compaction.outcome"] == "skipped"  # the next turn
+        for earlier, later in itertools.pairwise(completed):
+            left = earlier["littleghost.compaction.estimated_tokens_after"]
+            if left + growth > threshold:
+                assert later["littleghost.compaction.estimated_tokens"] >= left + growth
+        summaries = sum(r.purpose == "context_compaction" for r in model.requests)
+        assert summaries == len(completed) < 9
 
     async def test_no_summary_call_when_collapsing_tool_results_is_enough(
         self, spans: Spans

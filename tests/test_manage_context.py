@@ -51,7 +51,6 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
-    ProtocolError,
     ProviderUnavailableError,
     SessionStoreError,
 )
@@ -2153,23 +2152,28 @@ class TestEstimateUnits:
                 """Ping."""
                 return "pong " * 50
 
+        chats = 0
+
         def respond(request: ModelRequest) -> ModelResponse:
+            nonlocal chats
             if request.purpose == "context_compaction":
                 return text_response("summary")
+            chats += 1
             chars = sum(
                 len(m.text) + sum(len(r.content) for r in m.tool_results) + 40
                 for m in request.messages
             )
             reported = int(0.6 * chars / 4)
+            if chats > 18:
+                return text_response("done", input_tokens=reported)
             return tool_call_response("ping", {}, input_tokens=reported)
 
-        model = ScriptedModel([respond] * 25)
-        with pytest.raises(
-            ProtocolError
-        ):  # the script ends in a tool call; only compactions matter
-            await Dense(model=model).run("go", history=chat(70))
+        model = ScriptedModel([respond] * 40)
+        result = await Dense(model=model).run("go", history=chat(70))
+        assert result.output == "done"
         outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
-        assert outcomes and all(outcome == "completed" for outcome in outcomes)
+        assert outcomes.count("completed") >= 3  # each the first at its size
+        assert set(outcomes) <= {"completed", "skipped"}
 
     async def test_a_prompt_the_server_cut_silently_is_not_learned_from(
         self, spans: Spans, caplog: pytest.LogCaptureFixture

@@ -193,8 +193,8 @@ def _threshold_line(output: Output, document: dict[str, Any]) -> str:
         )
     if estimated >= tokens and waits is not None:
         return start + (
-            f"reached, but the last compaction left the request over it: no summary until "
-            f"the estimate reaches {waits} tokens"
+            "reached, but the last compaction left the request near or over it: no summary "
+            f"until the estimate reaches {waits} tokens"
         )
     return start + f"{tokens - estimated} tokens to go"
 

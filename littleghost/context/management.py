@@ -95,8 +95,8 @@ __all__ = [
 C = TypeVar("C", bound=type)
 
 REGROWTH = 0.1
-"""After a compaction that left the request over the threshold, the share of the window
-the request must grow by before the next summary call."""
+"""After a compaction, the share of the window the request must grow by before the next
+summary call (it matters when the compaction left the request near the threshold)."""
 TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
 CUT_SHARE = 0.5
@@ -266,14 +266,15 @@ async def _compact_before_model(
 async def _proactive(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int
 ) -> ModelRequest:
-    """Compact a request over the threshold, unless the last attempt left it over and it
-    has not grown enough since (then the skip is recorded)."""
+    """Compact a request over the threshold, unless the last attempt left it near or over
+    the threshold and it has not grown enough since (then the skip is recorded)."""
     state = _run(context, config)
     window = state.window
     if state.quiet_until is not None and estimated < state.quiet_until:
         why = (
-            "the last compaction left the request over the threshold; the next waits until "
-            f"it has grown to {state.quiet_until} tokens"
+            "the last compaction left the request less than 10 % of the window under the "
+            f"threshold, or over it; the next waits until it has grown to {state.quiet_until} "
+            "tokens"
         )
         compaction_event(
             "threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why}
@@ -523,10 +524,11 @@ def _answer_room(request: ModelRequest) -> int:
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
     """The size a request a compaction left at ``after`` must reach before the next summary
-    call: ``REGROWTH`` of the window more when ``after`` reaches the threshold, else None."""
-    if after >= config.threshold(window):
-        return after + max(1, int(REGROWTH * window))
-    return None
+    call: ``REGROWTH`` of the window more, when that is past the threshold (else None: the
+    threshold decides). A summary can take back much of what it replaces: one that leaves
+    the request just under the threshold must not make the next turn compact again."""
+    waits = after + max(1, int(REGROWTH * window))
+    return waits if waits > config.threshold(window) else None
 
 
 def managed_state(

@@ -112,8 +112,9 @@ class RequestPreview:
             schemas and prompt settings, plus the answer's room (``max_tokens``).
         threshold_tokens: The smallest estimate at which a compaction is due (``None``
             without ``@manage_context`` or with ``summarize=False``).
-        waits_until: After a compaction that left the request over the threshold, the
-            size the request must reach before the next summary call (``REGROWTH``).
+        waits_until: After a compaction that left the request less than ``REGROWTH`` of
+            the window under the threshold (or over it), the size the request must reach
+            before the next summary call.
         compaction_due: The call would compact first (a summary call).
         budget: The bounded view's figures, with a ``PromptBudget``.
     """
