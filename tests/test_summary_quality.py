@@ -148,20 +148,32 @@ class TestTheOutputCap:
         model = ScriptedModel([summary_step("Goal: x\nFacts:\n- a"), text_response("done")])
         assert await outcomes(Small(model=model), "go", chat(30)) == ["complete"]
 
-    async def test_a_cut_summary_keeps_its_complete_lines(self) -> None:
-        cut = summary_step(
-            "Goal: router\nFacts:\n- order A-1234\n- paid 89.", StopReason.MAX_TOKENS
-        )
+    @pytest.mark.parametrize(
+        "kept",
+        [
+            "Goal: router\nFacts:\n- order A-1234",
+            "## Facts\n- **Order:** A-1234",
+            "**Facts**\nThe order is A-1234.",
+        ],
+    )
+    async def test_a_cut_summary_keeps_its_complete_lines(self, kept: str) -> None:
+        cut = summary_step(f"{kept}\n- paid 89.", StopReason.MAX_TOKENS)
         model = ScriptedModel([cut, text_response("done")])
         agent = Small(model=model)
         assert await outcomes(agent, "go", chat(30)) == ["cut_at_cap"]
         sent = [m.text for m in model.requests[1].messages if m.is_summary]
-        assert sent == [SUMMARY_PREFIX + "Goal: router\nFacts:\n- order A-1234"]
+        assert sent == [SUMMARY_PREFIX + kept]
 
-    async def test_a_cut_summary_with_only_headings_is_asked_for_once_more_shorter(self) -> None:
+    @pytest.mark.parametrize(
+        "headings",
+        ["Goal:\nFacts:", "## Notes", "# Summary\n---\n### Facts", "**Summary**", "- __Facts__:"],
+    )
+    async def test_a_cut_summary_with_only_headings_is_asked_for_once_more_shorter(
+        self, headings: str
+    ) -> None:
         model = ScriptedModel(
             [
-                summary_step("Goal:\nFacts:\n- ord", StopReason.MAX_TOKENS),
+                summary_step(f"{headings}\n- ord", StopReason.MAX_TOKENS),
                 summary_step("Goal: router"),
                 text_response("done"),
             ]

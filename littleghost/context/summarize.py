@@ -331,12 +331,19 @@ def _shorter(request: ModelRequest) -> ModelRequest:
     return evolve(request, messages=(*framing, shorter))
 
 
+_BULLET = re.compile(r"^\s*[-*•]\s+")
+_HEADING = re.compile(r"#{1,6}(?:\s.*)?|(\*\*|__)[^*_]*\1:?|.*:|[-*_=•\s]+")
+"""A line that is only a heading (after its bullet): ``## Facts``, ``**Facts**``,
+``Facts:``, or a rule (``---``)."""
+
+
 def _holds_content(text: str) -> bool:
-    """True when ``text`` has a line that is more than a heading (``Facts:``)."""
-    return any(
-        line.strip().strip("-*• ").rstrip(":").strip() and not line.rstrip().endswith(":")
-        for line in text.splitlines()
-    )
+    """True when ``text`` has a line that is more than a heading."""
+    for line in text.splitlines():
+        bare = _BULLET.sub("", line, count=1).strip()
+        if bare and not _HEADING.fullmatch(bare):
+            return True
+    return False
 
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
