@@ -4,6 +4,8 @@ lines dropped, and observation masking."""
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 
@@ -261,6 +263,46 @@ class TestQuotedSpecifics:
         added = len(view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2]) // 4
         assert added > 0
         assert added + small.requests[0].settings["max_tokens"] <= replaced // 2 + 12
+
+    async def test_each_quote_is_one_line_kept_whole_when_it_resembles_another(self) -> None:
+        """Two long results alike but for their id and their end, and a value with a line
+        break: each quote is one line (a long one cut in its middle), so dropping a line
+        said before never drops part of a quote."""
+
+        def order(index: int, order_id: str, status: str) -> list[Message]:
+            call = ToolCall(f"c{index}", "get_order", {"id": order_id})
+            fields = {"id": order_id, "items": "desk lamp, chair, " * 15, "status": status}
+            return [
+                Message.user(f"Where is order {order_id}?"),
+                Message.assistant(tool_calls=[call]),
+                Message.tool(call.id, json.dumps(fields)),
+                Message.assistant("Checked."),
+            ]
+
+        call = ToolCall("c3", "get_address", {})
+        history = [
+            *order(1, "A-1", "lost"),
+            *order(2, "B-2", "lost"),
+            Message.assistant(tool_calls=[call]),
+            Message.tool("c3", json.dumps({"street": "1 Main St\nPorto", "city": "Porto"})),
+            *chat(4, "ok " * 60),
+        ]
+        model = ScriptedModel([summary_step("- notes")])
+        view = await apply_compaction(history, Summarization(model=model, minimum_preserved=2))
+        quotes = view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2].splitlines()
+        assert [line.split(":")[0] for line in quotes[:5]] == [
+            "User",
+            "get_order",
+            "User",
+            "get_order",
+            "get_address",
+        ]
+        first, second = quotes[1], quotes[3]
+        assert first.startswith("get_order: id=A-1;") and second.startswith("get_order: id=B-2;")
+        assert all(
+            q.endswith("status=lost") and "characters truncated" in q for q in (first, second)
+        )
+        assert quotes[4] == "get_address: street=1 Main St Porto; city=Porto"
 
     async def test_results_are_named_after_the_call_they_answer_when_ids_repeat(self) -> None:
         """``call_0`` in two turns (as some local servers number calls), and two parallel

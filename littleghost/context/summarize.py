@@ -201,7 +201,9 @@ _SPECIFIC = re.compile(r"\d|\w[-_./]\w|\b[A-Z]{2,}[a-z]*\b|\s[A-Z][a-z]")
 def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[str]:
     """The specifics of ``messages`` in their own words: each user sentence that holds a
     number, an identifier or a name, and each tool result's fields (JSON objects
-    flattened to ``key=value``) or its sentences that hold one; cut to ``max_chars``."""
+    flattened to ``key=value``) or its sentences that hold one; each on one line (so that
+    dropping a line said before drops whole quotes only), cut in its middle to
+    ``max_chars``."""
     lines: list[str] = []
     for message, names in zip(messages, _result_names(messages), strict=True):
         if message.role is Role.USER and not message.is_summary:
@@ -210,7 +212,7 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
             fields = _fields(result.content)
             quotes = [fields] if fields else _specific_sentences(result.content)
             lines.extend(f"{name}: {quote}" for quote in quotes)
-    return [cut_middle(line, max_chars) for line in lines]
+    return [cut_middle(" ".join(line.split()), max_chars).replace("\n", " ") for line in lines]
 
 
 def _specific_sentences(text: str) -> list[str]:
