@@ -499,6 +499,20 @@ async def test_pipeline_children_check_their_own_triggers() -> None:
     assert await apply_compaction(log, Pipeline(Truncation(), trigger=never)) == tuple(log)
 
 
+async def test_a_later_step_works_on_the_summary_an_earlier_one_made() -> None:
+    """A ``SlidingWindow`` after a ``Summarization`` leaves the new summary out with the
+    older turns (as the README warns); one whose trigger the summary brings under keeps it."""
+    log = [m for i in range(8) for m in (Message.user(f"q{i} " * 40), Message.assistant("a"))]
+    summarize = Summarization(model=ScriptedModel([text_response("- notes")] * 2))
+    window = SlidingWindow(keep_last_turns=2)
+    dropped = await apply_compaction(log, Pipeline(summarize, window))
+    assert not any(m.is_summary for m in dropped) and len(dropped) == 4
+    kept = await apply_compaction(
+        log, Pipeline(summarize, SlidingWindow(keep_last_turns=2, trigger=turns_exceed(4)))
+    )
+    assert kept[0].is_summary and kept[1:] == tuple(log[-4:])
+
+
 def test_pipeline_takes_strategies_positionally_or_by_keyword() -> None:
     assert Pipeline(Truncation()) == Pipeline(strategies=[Truncation()])
     with pytest.raises(ConfigurationError, match="positionally or strategies="):
