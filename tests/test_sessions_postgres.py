@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost import Agent, Message, tool
+from littleghost import Agent, Message, Role, tool
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -33,7 +33,7 @@ from littleghost.errors import (
     SessionBusyError,
     SessionStoreError,
 )
-from littleghost.sessions import PostgresSessionStore, SessionStats
+from littleghost.sessions import PostgresSessionStore, SessionStats, message_to_json
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .stores import postgres_schema
@@ -251,6 +251,47 @@ class TestWorkers:
         for opened in stores:
             await opened.aclose()
         assert await open_connections(conninfo) == 0
+
+    async def test_a_new_holder_waits_for_a_write_still_committing(self, conninfo: str) -> None:
+        """Another worker's write whose caller stopped waiting may still commit after that
+        worker let the session go: it holds the session's write lock (keyed as the store's
+        docstring says) until it ends, and the next holder waits for it before it loads."""
+        import psycopg
+
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before"), Message.assistant("ok")])
+        late = message_to_json(Message.assistant("written late"))
+        model = ScriptedModel([text_response("done")])
+        with psycopg.connect(conninfo) as writer:
+            writer.execute(WRITE_LOCK.format(session_id="s"))
+            writer.execute("UPDATE littleghost_sessions SET length = 3 WHERE id = 's'")
+            writer.execute(
+                "INSERT INTO littleghost_messages (session_id, position, body) VALUES ('s', 2, %s)",
+                (late,),
+            )
+            async with anyio.create_task_group() as group:
+                run = functools.partial(Noter(model=model, session_store=store).run, "hello")
+                group.start_soon(functools.partial(run, session_id="s"))
+                await anyio.sleep(0.3)
+                writer.commit()
+        asked = [m.text for m in model.requests[0].messages if m.role is not Role.SYSTEM]
+        assert asked == ["before", "ok", "written late", "hello"]
+        assert await texts(store) == ["before", "ok", "written late", "hello", "done"]
+        await store.aclose()
+
+    @pytest.mark.parametrize("call", ["append", "delete"])
+    async def test_each_write_holds_the_sessions_write_lock(self, conninfo: str, call: str) -> None:
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        with holding(conninfo, WRITE_LOCK.format(session_id="s")):
+            with anyio.move_on_after(0.5) as scope:
+                if call == "append":
+                    await store.append("s", [Message.user("after")])
+                else:
+                    await store.delete("s")
+            assert scope.cancelled_caught
+        assert await texts(store) == ["before"]
+        await store.aclose()
 
     async def test_runs_of_one_session_on_two_workers_serialize(self, conninfo: str) -> None:
         first, second = PostgresSessionStore(conninfo), PostgresSessionStore(conninfo)
@@ -546,6 +587,13 @@ def holding(conninfo: str, *statements: str) -> Iterator[None]:
             holder.execute(statement)
         yield
         holder.rollback()
+
+
+WRITE_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "quote_ident(current_schema()) || '.' || '{session_id}', 1))"
+)
+"""A session's write lock, keyed as the store's docstring says (a plain literal id)."""
 
 
 def other_worker_holding(conninfo: str, session_id: str) -> AbstractContextManager[None]:

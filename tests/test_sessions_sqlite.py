@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -20,7 +21,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from littleghost import Agent, Message, tool
+from littleghost import Agent, Message, Role, tool
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -28,7 +29,7 @@ from littleghost.errors import (
     SchemaVersionError,
     SessionStoreError,
 )
-from littleghost.sessions import SessionStats, SQLiteSessionStore
+from littleghost.sessions import SessionStats, SQLiteSessionStore, message_to_json
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .threads import blocking_agent, default_threads_taken
@@ -385,6 +386,34 @@ class TestKilledProcess:
 
 
 class TestConcurrency:
+    async def test_a_new_holder_waits_for_a_write_still_committing(self, tmp_path: Path) -> None:
+        """A write whose caller stopped waiting (an earlier holder's, in another process)
+        may still commit after its session was let go: the next holder waits for it
+        before it loads, and its run goes on from what it wrote."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("before"), Message.assistant("ok")])
+            connection = sqlite3.connect(path, isolation_level=None)
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.execute("UPDATE littleghost_sessions SET length = 3 WHERE id = 's'")
+                connection.execute(
+                    "INSERT INTO littleghost_messages (session_id, position, body)"
+                    " VALUES ('s', 2, ?)",
+                    (message_to_json(Message.assistant("written late")),),
+                )
+                model = ScriptedModel([text_response("done")])
+                agent = Sleeper(model=model, session_store=store)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(partial(agent.run, "hello", session_id="s"))
+                    await anyio.sleep(0.3)
+                    connection.execute("COMMIT")
+            finally:
+                connection.close()
+            asked = [m.text for m in model.requests[0].messages if m.role is not Role.SYSTEM]
+            assert asked == ["before", "ok", "written late", "hello"]
+            assert await texts(store) == ["before", "ok", "written late", "hello", "done"]
+
     @pytest.mark.parametrize("connections", [1, 5])
     async def test_fifty_runs_on_fifty_sessions_keep_their_own_messages(
         self, tmp_path: Path, connections: int

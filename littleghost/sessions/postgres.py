@@ -135,6 +135,11 @@ def _utc(moment: datetime | None) -> datetime | None:
 _SESSION_LOCK = "SELECT pg_advisory_lock(hashtextextended(quote_ident(%s) || '.' || %s, 0))"
 """Takes the advisory lock of a session (the key made on the server from the schema that
 holds the tables and the session id: one key space per schema)."""
+_WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
+"""Takes the write lock of a session (its key made as the session lock's, with seed 1)
+until the transaction ends: each write of a session holds it, and a new holder takes it
+once before it loads, so a write whose caller stopped waiting, which may still commit
+after its holder let the session go, has landed or gone by then."""
 _SCHEMA_LOCK = (0x6C67686F, 1)
 """The two-key advisory lock held while checking or making the tables: PostgreSQL keeps
 two-key locks apart from the one-key locks of sessions, so no session id can meet it."""
@@ -330,9 +335,12 @@ class PostgresSessionStore:
     transaction. A run holds its session with a PostgreSQL advisory lock, keyed
     ``hashtextextended(quote_ident(schema) || '.' || session_id, 0)``, so runs of one
     session are serialized across every process that uses the schema; the wait is
-    cancellable and counts against the waiting run's deadline. Every store object of the
-    schema in a process shares one in-process lock table, so a run started inside a run of
-    its own session raises ``SessionBusyError`` whichever store object it goes through. An
+    cancellable and counts against the waiting run's deadline. Each write of a session (an
+    append, a delete) holds the advisory lock of the same text with seed ``1`` until it
+    ends, and a run that takes the session waits for that lock before it loads (a write
+    its caller stopped waiting for may still commit). Every store object of the schema in
+    a process shares one in-process lock table, so a run started inside a run of its own
+    session raises ``SessionBusyError`` whichever store object it goes through. An
     append of a session's holder is refused, with nothing written, once the session no
     longer holds the messages the holder last saw (its lock connection was lost and another
     worker ran the session, or it was deleted meanwhile).
@@ -498,6 +506,7 @@ class PostgresSessionStore:
 
             def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
                 with self._transaction(connection, operation):
+                    connection.execute(_WRITE_LOCK, (self._schema, session_id))
                     row = connection.execute(
                         _append_statement(seen),
                         {"id": session_id, "added": len(bodies), "seen": seen},
@@ -574,6 +583,7 @@ class PostgresSessionStore:
 
         def remove(connection: psycopg.Connection[Any], operation: _Operation) -> None:
             with self._transaction(connection, operation):
+                connection.execute(_WRITE_LOCK, (self._schema, session_id))
                 cursor = connection.execute(
                     "DELETE FROM littleghost_sessions WHERE id = %s", (session_id,)
                 )
@@ -625,6 +635,7 @@ class PostgresSessionStore:
         connection = self._connect(operation, limit)
         try:
             connection.execute(_SESSION_LOCK, (self._schema, session_id))
+            connection.execute(_WRITE_LOCK, (self._schema, session_id))  # held and let go
         except BaseException:
             operation.detach()
             connection.close()

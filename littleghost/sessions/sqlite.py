@@ -422,7 +422,14 @@ class SQLiteSessionStore:
                 yield
             else:
                 async with self._lock_file.hold(session_id):
+                    await self._settled()
                     yield
+
+    async def _settled(self) -> None:
+        """Wait for a write under way to end: a holder that stopped waiting for its write
+        let the session go, but a COMMIT already sent may still land (every write holds
+        the database's write lock from its start, so taking it once is enough)."""
+        await self._call(lambda connection: self._transaction(connection, lambda: None))
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         # The caller may stop waiting at any time: ``stop`` then ends the thread's waits,
