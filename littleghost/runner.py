@@ -192,6 +192,7 @@ async def run(
     model: Model | None = None,
     sink: EventSink | None = None,
     observe: Callable[[RunContext], None] | None = None,
+    held: Callable[[], None] | None = None,
 ) -> RunResult[Any]:
     """Run ``agent`` once, as ``plan`` says.
 
@@ -201,6 +202,7 @@ async def run(
         model: The model to call; by default ``agent.resolve_model()``.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
+        held: Called once the run holds its session (at its start without one).
 
     Raises:
         The errors ``Agent.run`` documents.
@@ -244,9 +246,13 @@ async def run(
             with anyio.CancelScope(deadline=end) as scope:
                 async with grace.running():
                     if session_id is None:
+                        if held is not None:
+                            held()
                         result = await _loop(agent, context, message, output)
                     else:
                         async with holding(hold_session(store, session_id), grace):
+                            if held is not None:
+                                held()
                             await _open_session(agent, context, log, seed, plan)
                             result = await _loop(agent, context, message, output)
         except BaseException as error:

@@ -3,7 +3,9 @@ consumed as an async iterator.
 
 The run happens in a task of its own; events reach the consumer through an unbuffered
 anyio memory stream, so spans open and close in the run's task and never across a
-``yield``. Leaving the ``async with`` block early cancels that task: the model call in
+``yield``. Entering the block waits until the run holds its session (or has ended), so
+that a run of the same session started from the block is refused, never run first.
+Leaving the ``async with`` block early cancels that task: the model call in
 flight is cancelled, and the log keeps every completed message (a tool call the stop
 left without a result gets an appended error result). What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
@@ -53,6 +55,7 @@ class RunStream:
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
         self._waiter: Waiter | None = None
+        self._held = anyio.Event()
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -80,6 +83,11 @@ class RunStream:
         await self._group.__aenter__()
         self._waiter = Waiter(self._plan.session_id)  # the block waits on the run
         self._group.start_soon(self._drive, send)
+        try:
+            await self._held.wait()
+        except BaseException as error:
+            await self.__aexit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     async def _drive(self, send: MemoryObjectSendStream[Event]) -> None:
@@ -90,7 +98,13 @@ class RunStream:
             assert self._waiter is not None
             try:
                 with self._waiter.running():
-                    result = await run(self._agent, self._plan, sink=send.send, observe=observe)
+                    result = await run(
+                        self._agent,
+                        self._plan,
+                        sink=send.send,
+                        observe=observe,
+                        held=self._held.set,
+                    )
             except BaseException as error:
                 stopped = cancelled_here()
                 if stopped and isinstance(error, anyio.get_cancelled_exc_class()):
@@ -99,6 +113,8 @@ class RunStream:
                 # cancellation, and wrap anything else in an exception group).
                 self._error = error
                 return
+            finally:
+                self._held.set()  # ended before it held its session: the block goes on
             self._result = result
             await send.send(RunFinished(result))
 

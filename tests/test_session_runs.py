@@ -447,28 +447,72 @@ class TestConcurrentRuns:
         assert "wait for itself" in failure.content
         assert await store.load("s") == result.messages
 
+    async def test_entering_a_stream_waits_for_its_session_and_can_be_cancelled(
+        self, store: SessionStore
+    ) -> None:
+        """While another run holds the session, entering the block waits (cancellably);
+        once that run ends, a new stream's run goes on from its log."""
+        in_tool, release = anyio.Event(), anyio.Event()
+
+        class Slow(Agent):
+            @tool
+            async def work(self) -> str:
+                """Work until released."""
+                in_tool.set()
+                await release.wait()
+                return "worked"
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        waiting = Helper(model=ScriptedModel([text_response("second")]), session_store=store)
+        entered = False
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(
+                    Slow(model=first, session_store=store).run, "first", session_id="s"
+                )
+            )
+            await in_tool.wait()
+            with anyio.move_on_after(0.2) as scope:
+                async with waiting.stream("never", session_id="s"):
+                    entered = True
+            release.set()
+        assert scope.cancelled_caught and not entered
+        async with waiting.stream("second", session_id="s") as events:
+            async for _ in events:
+                pass
+        assert texts(events.result.messages) == ["first", "first done", "second", "second"]
+
+    @pytest.mark.parametrize("when", ["on entering", "at a tool call"])
     @pytest.mark.parametrize("nested", ["run", "stream"])
     async def test_a_run_started_inside_a_stream_of_its_session_fails_clearly(
-        self, store: SessionStore, nested: str
+        self, store: SessionStore, nested: str, when: str
     ) -> None:
-        """The block of ``stream()`` waits on its run, so a run of the same session it
-        starts would wait for itself: it raises ``SessionBusyError`` instead of hanging."""
+        """The block of ``stream()`` waits on its run, from the moment it is entered, so a
+        run of the same session it starts would wait for itself: it raises
+        ``SessionBusyError`` instead of hanging (or of running first)."""
         model = ScriptedModel(
             [tool_call_response("lookup", {"order_id": "42"}), text_response("done")]
         )
         agent = Helper(model=model, session_store=store)
         again = Helper(model=ScriptedModel([text_response("inner")]), session_store=store)
+
+        async def refused() -> None:
+            with pytest.raises(SessionBusyError, match="wait for itself"):
+                if nested == "run":
+                    await again.run("inner", session_id="s")
+                else:
+                    async with again.stream("inner", session_id="s") as inner:
+                        async for _ in inner:
+                            pass
+
         with anyio.fail_after(10):
             async with agent.stream("outer", session_id="s") as events:
+                if when == "on entering":
+                    await refused()
                 async for event in events:
-                    if isinstance(event, ToolCallStarted):
-                        with pytest.raises(SessionBusyError, match="wait for itself"):
-                            if nested == "run":
-                                await again.run("inner", session_id="s")
-                            else:
-                                async with again.stream("inner", session_id="s") as inner:
-                                    async for _ in inner:
-                                        pass
+                    if when == "at a tool call" and isinstance(event, ToolCallStarted):
+                        await refused()
+        assert texts(events.result.messages)[0] == "outer"
         assert texts(events.result.messages)[-1] == "done"
         assert await store.load("s") == events.result.messages
         assert (await again.run("after", session_id="s")).output == "inner"

@@ -216,10 +216,11 @@ class TestStates:
     async def test_result_before_completion_raises(self) -> None:
         """events.result is there only once the run has completed."""
         agent = Agent(model=ScriptedModel([streamed("a", "b")]))
-        async with agent.stream("go") as events:
+        stream = agent.stream("go")
+        assert stream.messages == ()  # the history, before the run starts
+        async with stream as events:
             with pytest.raises(StreamStateError, match="not completed"):
                 events.result  # noqa: B018
-            assert events.messages == ()
             await events.__anext__()
             assert [m.text for m in events.messages] == ["go"]
 
