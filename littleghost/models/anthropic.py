@@ -303,9 +303,9 @@ def _streamed_response(
 
 
 def _response(message: Any) -> ModelResponse:
-    # without serializer warnings: one would quote a block's content (arguments the SDK
-    # did not parse, say) into the logs
-    blocks = [block.model_dump(warnings=False) for block in message.content or ()]
+    # the blocks' fields as they are, not through the SDK's serializer: it warns about a
+    # field of an unexpected type (arguments it did not parse, say), quoting its content
+    blocks = [vars(block) for block in message.content or ()]
     return _answer(blocks, message.stop_reason, message.usage, message)
 
 
