@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from click.testing import CliRunner, Result
 
@@ -31,7 +32,8 @@ from littleghost.cli.compact import DRY_RUN_SUMMARY
 from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
 from littleghost.context.calibration import SCALE_KEY
-from littleghost.context.summarize import split_quotes, summary_text
+from littleghost.context.management import AFTER_KEY
+from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import OutputValidationError
 from littleghost.messages import SUMMARY_COVERS_KEY
@@ -397,6 +399,25 @@ class TestView:
         assert "threshold: 0.5 of the window = 1000 tokens: reached" in text
         request = self.next_request(store_url, Support, "Anything else?", None)
         assert request.purpose == "context_compaction"
+
+    def test_after_a_compaction_that_left_the_request_near_the_threshold_it_waits(
+        self, tmp_path: Path
+    ) -> None:
+        """A summary that left the request at 950 tokens, 50 under the threshold: the next
+        waits for 200 more (a fifth of the threshold), and the text counts down to that."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        earlier = [Message.user("Where is order 9?"), Message.assistant("On its way.")]
+        summary = summary_message("- order 9 is on its way", [m.id for m in earlier])
+        summary = attrs.evolve(summary, metadata={**summary.metadata, AFTER_KEY: 950})
+        in_store(url, lambda store: store.append("customer-42", [*earlier, summary]))
+        document = self.view(url, "--agent", "tests.cli_agents:Support")
+        assert (document["waits_until"], document["compaction_due"]) == (1150, False)
+        text = ok(
+            "sessions", "view", "customer-42", "--store", url, "--agent", "tests.cli_agents:Support"
+        ).stdout
+        to_go = 1150 - document["estimated_tokens"]
+        assert f"= 1000 tokens: {to_go} tokens to go (the last compaction left" in text
+        assert "no summary until the estimate reaches 1150 tokens" in text
 
     def test_without_an_agent_the_log_alone_and_repairs_of_open_calls(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 's.db'}"

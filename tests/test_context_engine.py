@@ -161,6 +161,38 @@ class TestNoThrash:
         summaries = sum(r.purpose == "context_compaction" for r in model.requests)
         assert summaries == len(completed) < 9
 
+    async def test_at_a_low_threshold_the_wait_for_growth_is_a_fifth_of_it(
+        self, spans: Spans
+    ) -> None:
+        """At a tenth of the window, 10 % of the window would let the request grow to twice
+        the threshold before the next summary: a compaction that left it just under the
+        threshold waits for a fifth of the threshold instead."""
+
+        @manage_context(
+            context_window_override=4_000,
+            compression_threshold=0.1,
+            preserve_recent_messages=2,
+            quote_specifics=False,
+        )
+        class Chatting(Agent):
+            pass
+
+        model = ScriptedModel([summarizing(text_response("Noted, thank you for telling me."))] * 60)
+        agent = Chatting(model=model, session_store=InMemorySessionStore())
+        for _ in range(14):
+            await agent.run(
+                "It rained all day, and the wind was cold and grey. " * 2, session_id="s"
+            )
+        events = spans.compactions()
+        completed = [e for e in events if e["littleghost.compaction.outcome"] == "completed"]
+        assert len(completed) >= 2
+        asked = [e["littleghost.compaction.estimated_tokens"] for e in events]
+        assert max(asked) <= 1.2 * 400  # the threshold and a fifth of it, at most
+        for earlier, later in itertools.pairwise(completed):
+            left = earlier["littleghost.compaction.estimated_tokens_after"]
+            if left + 80 > 400:
+                assert later["littleghost.compaction.estimated_tokens"] >= left + 80
+
     async def test_no_summary_call_when_collapsing_tool_results_is_enough(
         self, spans: Spans
     ) -> None:

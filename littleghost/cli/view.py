@@ -191,12 +191,17 @@ def _threshold_line(output: Output, document: dict[str, Any]) -> str:
         return start + output.style(
             "reached, the next model call compacts first", fg="yellow", bold=True
         )
-    if estimated >= tokens and waits is not None:
-        return start + (
-            "reached, but the last compaction left the request near or over it: no summary "
-            f"until the estimate reaches {waits} tokens"
+    if waits is None:
+        return start + f"{tokens - estimated} tokens to go"
+    waiting = f"no summary until the estimate reaches {waits} tokens"
+    if estimated >= tokens:
+        return (
+            start + f"reached, but the last compaction left the request near or over it: {waiting}"
         )
-    return start + f"{tokens - estimated} tokens to go"
+    return start + (
+        f"{waits - estimated} tokens to go (the last compaction left the request near it: "
+        f"{waiting})"
+    )
 
 
 def _part_text(part: dict[str, Any]) -> str:

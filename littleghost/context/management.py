@@ -95,8 +95,8 @@ __all__ = [
 C = TypeVar("C", bound=type)
 
 REGROWTH = 0.1
-"""After a compaction, the share of the window the request must grow by before the next
-summary call (it matters when the compaction left the request near the threshold)."""
+"""After a compaction that left the request over the threshold, the share of the window
+it must grow by before the next summary call (``next_summary_at``)."""
 TARGET_SHARE = 0.8
 """A compaction aims at this share of the threshold, so it is not due again next turn."""
 CUT_SHARE = 0.5
@@ -272,9 +272,8 @@ async def _proactive(
     window = state.window
     if state.quiet_until is not None and estimated < state.quiet_until:
         why = (
-            "the last compaction left the request less than 10 % of the window under the "
-            f"threshold, or over it; the next waits until it has grown to {state.quiet_until} "
-            "tokens"
+            "the last compaction left the request near the threshold, or over it; the next "
+            f"waits until it has grown to {state.quiet_until} tokens"
         )
         compaction_event(
             "threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why}
@@ -524,11 +523,16 @@ def _answer_room(request: ModelRequest) -> int:
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
     """The size a request a compaction left at ``after`` must reach before the next summary
-    call: ``REGROWTH`` of the window more, when that is past the threshold (else None: the
-    threshold decides). A summary can take back much of what it replaces: one that leaves
-    the request just under the threshold must not make the next turn compact again."""
-    waits = after + max(1, int(REGROWTH * window))
-    return waits if waits > config.threshold(window) else None
+    call: ``REGROWTH`` of the window more when ``after`` reaches the threshold. Under it,
+    the room a compaction aims to leave (a fifth of the threshold, ``REGROWTH`` of the
+    window at most) more, when that is past the threshold: a summary can take back much
+    of what it replaces, and one that leaves the request just under the threshold must not
+    make the next turn compact again. Else None: the threshold decides."""
+    threshold = config.threshold(window)
+    if after >= threshold:
+        return after + max(1, int(REGROWTH * window))
+    room = max(1, min(int(REGROWTH * window), threshold - int(TARGET_SHARE * threshold)))
+    return after + room if after + room > threshold else None
 
 
 def managed_state(

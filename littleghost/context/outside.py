@@ -112,9 +112,9 @@ class RequestPreview:
             schemas and prompt settings, plus the answer's room (``max_tokens``).
         threshold_tokens: The smallest estimate at which a compaction is due (``None``
             without ``@manage_context`` or with ``summarize=False``).
-        waits_until: After a compaction that left the request less than ``REGROWTH`` of
-            the window under the threshold (or over it), the size the request must reach
-            before the next summary call.
+        waits_until: After a compaction that left the request near the threshold or over
+            it, the size the request must reach before the next summary call
+            (``next_summary_at``).
         compaction_due: The call would compact first (a summary call).
         budget: The bounded view's figures, with a ``PromptBudget``.
     """
