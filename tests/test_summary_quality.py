@@ -156,6 +156,8 @@ class TestTheOutputCap:
             "Goal: router\nFacts:\n- order A-1234",
             "## Facts\n- **Order:** A-1234",
             "**Facts**\nThe order is A-1234.",
+            "## Order 1234: lost by DHL",
+            "- **Customer Bob Smith, Gold tier, store credit 82.15 EUR**",
         ],
     )
     async def test_a_cut_summary_keeps_its_complete_lines(self, kept: str) -> None:
