@@ -55,6 +55,19 @@ class PlainStore:
             raise UnknownSessionError(f"no session {session_id!r}", session_id=session_id)
 
 
+class LockingStore(PlainStore):
+    """``PlainStore`` with a ``lock`` of its own: an anyio lock per session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.locks: dict[str, anyio.Lock] = {}
+
+    @asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        async with self.locks.setdefault(session_id, anyio.Lock()):
+            yield
+
+
 def _run_sql(dsn: str, statement: str) -> None:
     import psycopg
 

@@ -34,7 +34,7 @@ from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import RUN_KINDS, PlainStore, open_store
+from .stores import RUN_KINDS, LockingStore, PlainStore, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -802,6 +802,40 @@ class TestCustomLocks:
 
             class Synced(Agent):
                 session_store = SyncLockStore()
+
+    @pytest.mark.parametrize("where", ["a tool", "a stream's block"])
+    async def test_a_run_that_would_wait_for_the_stores_own_lock_it_holds_fails_clearly(
+        self, where: str
+    ) -> None:
+        """A store's own lock cannot tell a run that would wait for itself: the run of the
+        same session through the same store, from a tool of a run of it or from the block
+        of a stream of it, raises ``SessionBusyError`` instead of waiting forever."""
+        store = LockingStore()
+        again = Helper(model=ScriptedModel([text_response("inner")]), session_store=store)
+
+        class Asking(Agent):
+            @tool
+            async def ask(self) -> str:
+                """Ask again."""
+                return (await again.run("inner", session_id="s")).output
+
+        with anyio.fail_after(10):
+            if where == "a tool":
+                model = ScriptedModel([tool_call_response("ask", {}), text_response("done")])
+                result = await Asking(model=model, session_store=store).run("outer", session_id="s")
+                failure = result.messages[2].tool_results[0]
+                assert failure.is_error and "wait for itself" in failure.content
+            else:
+                agent = Helper(model=ScriptedModel([text_response("done")]), session_store=store)
+                async with agent.stream("outer", session_id="s") as events:
+                    with pytest.raises(SessionBusyError, match="wait for itself"):
+                        await again.run("inner", session_id="s")
+                    async for _ in events:
+                        pass
+                result = events.result
+        assert texts(await store.load("s"))[0] == "outer"
+        assert texts(result.messages)[-1] == "done"
+        assert (await again.run("after", session_id="s")).output == "inner"
 
     async def test_a_lock_returning_no_async_context_manager_fails_before_anything_runs(
         self,

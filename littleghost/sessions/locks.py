@@ -264,15 +264,7 @@ class SessionLocks:
                 the session, so waiting would never end.
         """
         held = _HELD.get()
-        waited_on = (hold for holds in _WAITED_ON.get() for hold in holds)
-        if self.held(session_id) is not None or any(
-            self._is(hold, session_id) for hold in waited_on
-        ):
-            raise SessionBusyError(
-                "a run of this session is already in progress in this task (or in a stream "
-                "it is reading); a run started from inside it would wait for itself",
-                session_id=session_id,
-            )
+        _check_not_held(id(self), session_id)
         thread = threading.get_ident()
         with self._guard:
             entry = self._entries.setdefault(session_id, _Entry())
@@ -329,7 +321,7 @@ class SessionLocks:
             yield hold
 
     def _is(self, hold: Hold, session_id: str) -> bool:
-        return hold.active and hold.owner == id(self) and hold.session_id == session_id
+        return _holds(hold, id(self), session_id)
 
     def saw(self, session_id: str, length: int) -> None:
         """Note that the current task, if it holds ``session_id``, saw it hold ``length``
@@ -355,10 +347,29 @@ _STORE_LOCKS_GUARD = threading.RLock()
 _STORE_LOCKS: dict[int, SessionLocks] = {}
 
 
+def _holds(hold: Hold, owner: int, session_id: str) -> bool:
+    return hold.active and hold.owner == owner and hold.session_id == session_id
+
+
+def _check_not_held(owner: int, session_id: str) -> None:
+    """``SessionBusyError`` when the current task (or the run it belongs to, or a stream
+    it is reading) holds ``session_id`` of ``owner``: waiting would never end."""
+    waited_on = (hold for holds in _WAITED_ON.get() for hold in holds)
+    if any(_holds(hold, owner, session_id) for hold in (*_HELD.get(), *waited_on)):
+        raise SessionBusyError(
+            "a run of this session is already in progress in this task (or in a stream "
+            "it is reading); a run started from inside it would wait for itself",
+            session_id=session_id,
+        )
+
+
 def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextManager[None]:
     """Hold ``session_id`` of ``store`` while the context is open (one run at a time).
 
-    A store with a ``lock`` method holds its sessions itself. For a store without one,
+    A store with a ``lock`` method holds its sessions itself; a run of the same session
+    through the same store object started inside the hold (or from a stream's block
+    waiting on it) raises ``SessionBusyError``, as it would wait for itself. For a store
+    without one,
     runs of this process are serialized by a lock table kept for that store (one per
     store object, dropped with it); runs in other processes are not waited for.
 
@@ -375,19 +386,32 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
             f"session_store.lock({session_id!r}) returned {type(hold).__name__}, not an async "
             "context manager: define it with @asynccontextmanager (async def) or drop it"
         )
-    return _recording_nothing(cast(AbstractAsyncContextManager[None], hold))
+    return _store_hold(cast(AbstractAsyncContextManager[None], hold), id(store), session_id)
 
 
 @asynccontextmanager
-async def _recording_nothing(hold: AbstractAsyncContextManager[None]) -> AsyncIterator[None]:
-    """A store's own ``lock``, inside which nested runs record no hold for a waiter (a
-    lock that is not a ``SessionLocks`` records none itself)."""
-    async with hold:
-        token = _WAITED_BY.set(None)
+async def _store_hold(
+    lock: AbstractAsyncContextManager[None], owner: int, session_id: str
+) -> AsyncIterator[None]:
+    """A store's own ``lock``, recorded as a hold of ``owner`` (the store object) for
+    the task and its waiter, as ``SessionLocks.hold`` records one (a lock of the store's
+    own cannot tell a run that would wait for itself); inside it, nested runs record no
+    hold for a waiter."""
+    _check_not_held(owner, session_id)
+    async with lock:
+        hold = Hold(owner, session_id)
+        token = _HELD.set((*_HELD.get(), hold))
+        waiter = _WAITED_BY.get()
+        if waiter is not None and waiter.session_id == session_id:
+            for around in _UNDER.get():
+                around.holds.append(hold)
+        waited = _WAITED_BY.set(None)
         try:
             yield
         finally:
-            _WAITED_BY.reset(token)
+            hold.active = False
+            _WAITED_BY.reset(waited)
+            _HELD.reset(token)
 
 
 def _locks_of(store: SessionStore) -> SessionLocks:
