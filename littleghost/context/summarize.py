@@ -334,30 +334,20 @@ def _shorter(request: ModelRequest) -> ModelRequest:
 
 
 _BULLET = re.compile(r"^\s*[-*•]\s+")
-_HEADING = re.compile(r"#{1,6}(?:\s+(?P<title>.*))?|\*\*(?P<bold>[^*]*)\*\*:?|.*:|[-*_=•\s]+")
-"""A line (after its bullet) that may be only a heading: ``Facts:``, a rule (``---``),
-or a Markdown heading or bold line (``## Facts``, ``**Facts**``) when its title is short
-and holds no digit (``## Order 1234: lost`` holds a fact)."""
-_TITLE_WORDS = 6
+_HEADING = re.compile(r"#{1,6}(?:\s.*)?|(\*\*|__)[^*_]*\1:?|.*:|[-*_=•\s]+")
+"""A line that is only a heading (after its bullet): ``## Facts``, ``**Facts**``,
+``Facts:``, or a rule (``---``). A Markdown or bold line holding facts counts too: a
+summary of such lines alone costs a shorter second call, while a heading kept as the
+summary would stand for the whole conversation it replaces."""
 
 
 def _holds_content(text: str) -> bool:
     """True when ``text`` has a line that is more than a heading."""
     for line in text.splitlines():
         bare = _BULLET.sub("", line, count=1).strip()
-        if bare and not _is_heading(bare):
+        if bare and not _HEADING.fullmatch(bare):
             return True
     return False
-
-
-def _is_heading(line: str) -> bool:
-    match = _HEADING.fullmatch(line)
-    if match is None:
-        return False
-    title = match["title"] if match["title"] is not None else match["bold"]
-    if title is None:
-        return True
-    return len(title.split()) <= _TITLE_WORDS and not any(c.isdigit() for c in title)
 
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
