@@ -320,18 +320,26 @@ class TestStreaming:
         assert model.requests[1].messages[:3] == stored
 
 
+def working_until(in_tool: anyio.Event, release: anyio.Event) -> type[Agent]:
+    """An agent whose ``work`` tool sets ``in_tool``, then works until ``release``."""
+
+    class Slow(Agent):
+        @tool
+        async def work(self) -> str:
+            """Work until released."""
+            in_tool.set()
+            await release.wait()
+            return "worked"
+
+    return Slow
+
+
 class TestConcurrentRuns:
     async def test_a_second_run_of_a_session_waits_for_the_first(self, store: SessionStore) -> None:
         in_tool = anyio.Event()
         release = anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def work(self) -> str:
-                """Work until released."""
-                in_tool.set()
-                await release.wait()
-                return "worked"
+        Slow = working_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         second = ScriptedModel([text_response("second done")])
@@ -454,13 +462,7 @@ class TestConcurrentRuns:
         once that run ends, a new stream's run goes on from its log."""
         in_tool, release = anyio.Event(), anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def work(self) -> str:
-                """Work until released."""
-                in_tool.set()
-                await release.wait()
-                return "worked"
+        Slow = working_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         waiting = Helper(model=ScriptedModel([text_response("second")]), session_store=store)
