@@ -5,9 +5,9 @@ The run happens in a task of its own; events reach the consumer through an unbuf
 anyio memory stream, so spans open and close in the run's task and never across a
 ``yield``. Entering the block waits until the run holds its session (or has ended), so
 that a run of the same session started from the block is refused, never run first.
-Leaving the ``async with`` block early cancels that task: the model call in
-flight is cancelled, and the log keeps every completed message (a tool call the stop
-left without a result gets an appended error result). What the run raised that is not an
+Leaving the ``async with`` block early cancels that task: the model call in flight is
+cancelled, and the log keeps every completed message (a tool call the stop left without
+a result gets an appended error result). What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
 dropped: leaving the block raises it; when the block raises its own exception,
 ``KeyboardInterrupt`` and ``SystemExit`` still win (the block's exception is their cause),
@@ -55,7 +55,7 @@ class RunStream:
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
         self._waiter: Waiter | None = None
-        self._held = anyio.Event()
+        self._held: anyio.Event | None = None
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -82,9 +82,10 @@ class RunStream:
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._waiter = Waiter(self._plan.session_id)  # the block waits on the run
+        self._held = held = anyio.Event()
         self._group.start_soon(self._drive, send)
         try:
-            await self._held.wait()
+            await held.wait()
         except BaseException as error:
             await self.__aexit__(type(error), error, error.__traceback__)
             raise
@@ -95,7 +96,7 @@ class RunStream:
             self._context = context
 
         async with send:
-            assert self._waiter is not None
+            assert self._waiter is not None and self._held is not None
             try:
                 with self._waiter.running():
                     result = await run(

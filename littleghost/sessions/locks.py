@@ -369,9 +369,8 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
     A store with a ``lock`` method holds its sessions itself; a run of the same session
     through the same store object started inside the hold (or from a stream's block
     waiting on it) raises ``SessionBusyError``, as it would wait for itself. For a store
-    without one,
-    runs of this process are serialized by a lock table kept for that store (one per
-    store object, dropped with it); runs in other processes are not waited for.
+    without one, runs of this process are serialized by a lock table kept for that store
+    (one per store object, dropped with it); runs in other processes are not waited for.
 
     Raises:
         SessionBusyError: The current task already holds the session.
