@@ -205,6 +205,10 @@ class CompactionState:
     def group(self, slot: int) -> MessageGroup:
         return MessageGroup(self._kinds[slot], tuple(self._members[slot]), self.size(slot))
 
+    def messages_of(self, slot: int) -> Sequence[Message]:
+        """The messages of the group in ``slot``, without estimating it (``group`` does)."""
+        return self._members[slot]
+
     def newest(self, count: int, kind: GroupKind | None = None) -> int:
         """The first slot of the newest ``count`` included non-system groups (of ``kind``
         when given), at most ``protected``; ``0`` when there are fewer than ``count``."""
@@ -729,7 +733,7 @@ class TurnExcerpts(_Stepwise):
             state.exclude(turn[0])
 
     def _line(self, state: CompactionState, turn: list[int]) -> str:
-        messages = [m for slot in turn for m in state.group(slot).messages]
+        messages = [m for slot in turn for m in state.messages_of(slot)]
         line = excerpt(messages, self.excerpt_chars) or "Q: (none)"
         calls = sum(len(m.tool_calls) for m in messages)
         if calls:
@@ -738,9 +742,8 @@ class TurnExcerpts(_Stepwise):
 
 
 def _is_line(state: CompactionState, slot: int) -> bool:
-    """True when the group in ``slot`` is a line ``TurnExcerpts`` made (read from its
-    messages: ``group`` would estimate it)."""
-    members = state._members[slot]
+    """True when the group in ``slot`` is a line ``TurnExcerpts`` made."""
+    members = state.messages_of(slot)
     return len(members) == 1 and turn_line(members[0]) is not None
 
 
@@ -842,7 +845,7 @@ class Summarization(_Stepwise):
                 state.restore(slot)
             return
         earlier = [slot for slot in taken if state.kind(slot) == SUMMARY]
-        parts = [split_quotes(summary_text(state.group(slot).messages[0])) for slot in earlier]
+        parts = [split_quotes(summary_text(state.messages_of(slot)[0])) for slot in earlier]
         notes = "\n".join(part[0] for part in parts)
         quotes = "\n".join(part[1] for part in parts if part[1])
         full = math.ceil(state.scale * state.tokenizer.count_tokens(notes)) >= self.max_tokens
@@ -921,7 +924,7 @@ class Summarization(_Stepwise):
         start from and the specifics to quote: both within half of what the summary
         replaces, quotes first (within ``max_tokens``), the cap within ``max_tokens`` (half
         for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
-        covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.group(s).messages]
+        covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.messages_of(s)]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
         floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
