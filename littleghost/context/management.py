@@ -279,7 +279,7 @@ async def _proactive(
             "threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why}
         )
         return request
-    target = int(TARGET_SHARE * config.compression_threshold * window)
+    target = _target(config, window)
     compacted, after = request, estimated
     try:
         compacted = await _compact(request, context, config, "threshold", estimated, target)
@@ -528,11 +528,17 @@ def next_summary_at(after: int, config: ContextManagement, window: int) -> int |
     window at most) more, when that is past the threshold: a summary can take back much
     of what it replaces, and one that leaves the request just under the threshold must not
     make the next turn compact again. Else None: the threshold decides."""
-    threshold = config.threshold(window)
+    threshold, growth = config.threshold(window), max(1, int(REGROWTH * window))
     if after >= threshold:
-        return after + max(1, int(REGROWTH * window))
-    room = max(1, min(int(REGROWTH * window), threshold - int(TARGET_SHARE * threshold)))
+        return after + growth
+    room = max(1, min(growth, threshold - _target(config, window)))
     return after + room if after + room > threshold else None
+
+
+def _target(config: ContextManagement, window: int) -> int:
+    """What a threshold compaction aims the request under: ``TARGET_SHARE`` of the
+    threshold."""
+    return int(TARGET_SHARE * config.compression_threshold * window)
 
 
 def managed_state(
