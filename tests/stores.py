@@ -2,6 +2,7 @@
 
 ``PlainStore`` is a custom store with exactly the four methods of the protocol (no
 ``lock``); run tests use it as the kind ``"plain"`` besides the built-in ``KINDS``.
+``working_until`` makes an agent that holds its session in a tool until released.
 
 PostgreSQL comes from the session fixture ``postgres_dsn`` (``tests/conftest.py``): the
 server ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, or else a throwaway one the tests start.
@@ -17,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost import Message
+from littleghost import Agent, Message, tool
 from littleghost.errors import UnknownSessionError
 from littleghost.sessions import (
     InMemorySessionStore,
@@ -66,6 +67,20 @@ class LockingStore(PlainStore):
     async def lock(self, session_id: str) -> AsyncIterator[None]:
         async with self.locks.setdefault(session_id, anyio.Lock()):
             yield
+
+
+def working_until(in_tool: anyio.Event, release: anyio.Event) -> type[Agent]:
+    """An agent whose ``work`` tool sets ``in_tool``, then works until ``release``."""
+
+    class Slow(Agent):
+        @tool
+        async def work(self) -> str:
+            """Work until released."""
+            in_tool.set()
+            await release.wait()
+            return "worked"
+
+    return Slow
 
 
 def _run_sql(dsn: str, statement: str) -> None:

@@ -34,7 +34,7 @@ from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import RUN_KINDS, LockingStore, PlainStore, open_store
+from .stores import RUN_KINDS, LockingStore, PlainStore, open_store, working_until
 
 pytestmark = pytest.mark.anyio
 
@@ -320,20 +320,6 @@ class TestStreaming:
         assert model.requests[1].messages[:3] == stored
 
 
-def working_until(in_tool: anyio.Event, release: anyio.Event) -> type[Agent]:
-    """An agent whose ``work`` tool sets ``in_tool``, then works until ``release``."""
-
-    class Slow(Agent):
-        @tool
-        async def work(self) -> str:
-            """Work until released."""
-            in_tool.set()
-            await release.wait()
-            return "worked"
-
-    return Slow
-
-
 class TestConcurrentRuns:
     async def test_a_second_run_of_a_session_waits_for_the_first(self, store: SessionStore) -> None:
         in_tool = anyio.Event()
@@ -409,13 +395,7 @@ class TestConcurrentRuns:
         in_tool = anyio.Event()
         release = anyio.Event()
 
-        class Holding(Agent):
-            @tool
-            async def work(self) -> str:
-                """Work until released."""
-                in_tool.set()
-                await release.wait()
-                return "worked"
+        Holding = working_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         model = ScriptedModel([text_response("never")])
@@ -666,13 +646,7 @@ class TestStoreKnob:
         in_tool = anyio.Event()
         release = anyio.Event()
 
-        class Holding(Agent):
-            @tool
-            async def work(self) -> str:
-                """Work until released."""
-                in_tool.set()
-                await release.wait()
-                return "worked"
+        Holding = working_until(in_tool, release)
 
         first, second = PlainStore(), PlainStore()
         model = ScriptedModel([tool_call_response("work", {}), text_response("first done")])

@@ -36,7 +36,7 @@ from littleghost.errors import (
 from littleghost.sessions import PostgresSessionStore, SessionStats, message_to_json
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import postgres_schema
+from .stores import postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
 
 pytestmark = pytest.mark.anyio
@@ -298,13 +298,7 @@ class TestWorkers:
         in_tool = anyio.Event()
         release = anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def work(self) -> str:
-                """Work until released."""
-                in_tool.set()
-                await release.wait()
-                return "worked"
+        Slow = working_until(in_tool, release)
 
         one = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         two = ScriptedModel([text_response("second done")])
