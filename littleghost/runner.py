@@ -66,6 +66,8 @@ from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from littleghost.agent import Agent
 
 __all__ = ["RunPlan", "check_response_format", "instructions_message", "plan_run", "run"]
@@ -207,9 +209,30 @@ async def run(
     Raises:
         The errors ``Agent.run`` documents.
     """
+    attributes = {telemetry.OPERATION_NAME: "invoke_agent", telemetry.AGENT_NAME: agent.name}
+    if plan.session_id is not None:
+        attributes[telemetry.CONVERSATION_ID] = plan.session_id
+    # opened first, so that a model that cannot be resolved fails a span too
+    with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
+        model = agent.resolve_model() if model is None else model
+        span.set_attributes(
+            {telemetry.PROVIDER_NAME: model.provider, telemetry.REQUEST_MODEL: model.name}
+        )
+        return await _run_in(span, agent, plan, model, sink, observe, held)
+
+
+async def _run_in(
+    span: Span,
+    agent: Agent,
+    plan: RunPlan,
+    model: Model,
+    sink: EventSink | None,
+    observe: Callable[[RunContext], None] | None,
+    held: Callable[[], None] | None,
+) -> RunResult[Any]:
+    """The run of ``run``, inside its ``invoke_agent`` span."""
     message, seed, session_id = plan.message, list(plan.seed), plan.session_id
     end = _deadline(plan.timeout, plan.deadline)
-    model = agent.resolve_model() if model is None else model
     output = plan_output(plan.output, agent.output_strategy, model)
     store = agent.session_store
     stop = min(end, anyio.current_effective_deadline())  # the caller's deadline counts too
@@ -232,44 +255,35 @@ async def run(
     )
     if observe is not None:
         observe(context)
-    attributes = {
-        telemetry.OPERATION_NAME: "invoke_agent",
-        telemetry.AGENT_NAME: agent.name,
-        telemetry.PROVIDER_NAME: model.provider,
-        telemetry.REQUEST_MODEL: model.name,
-    }
-    if session_id is not None:
-        attributes[telemetry.CONVERSATION_ID] = session_id
-    with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
-        result: RunResult[Any] | None = None
-        try:
-            with anyio.CancelScope(deadline=end) as scope:
-                async with grace.running():
-                    if session_id is None:
+    result: RunResult[Any] | None = None
+    try:
+        with anyio.CancelScope(deadline=end) as scope:
+            async with grace.running():
+                if session_id is None:
+                    if held is not None:
+                        held()
+                    result = await _loop(agent, context, message, output)
+                else:
+                    async with holding(hold_session(store, session_id), grace):
                         if held is not None:
                             held()
+                        await _open_session(agent, context, log, seed, plan)
                         result = await _loop(agent, context, message, output)
-                    else:
-                        async with holding(hold_session(store, session_id), grace):
-                            if held is not None:
-                                held()
-                            await _open_session(agent, context, log, seed, plan)
-                            result = await _loop(agent, context, message, output)
-        except BaseException as error:
-            found = fatal(error)
-            if found is None or found is error:
-                raise
-            raise found from None  # out of a store's (or a hook's) own task group
-        finally:
-            span.set_attributes(telemetry.usage_attributes(context.usage))
-        if result is None:
-            assert scope.cancelled_caught
-            late = DeadlineExceededError(f"{agent.name} did not finish before its deadline")
-            if grace.failures:
-                raise late from grace.failures[0]
-            raise late
-        span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
-        return result
+    except BaseException as error:
+        found = fatal(error)
+        if found is None or found is error:
+            raise
+        raise found from None  # out of a store's (or a hook's) own task group
+    finally:
+        span.set_attributes(telemetry.usage_attributes(context.usage))
+    if result is None:
+        assert scope.cancelled_caught
+        late = DeadlineExceededError(f"{agent.name} did not finish before its deadline")
+        if grace.failures:
+            raise late from grace.failures[0]
+        raise late
+    span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
+    return result
 
 
 async def _open_session(

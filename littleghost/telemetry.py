@@ -177,7 +177,8 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
 def open_span(
     name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
 ) -> Iterator[Span]:
-    """Open a current span that records a failure as ERROR and a cancellation as UNSET."""
+    """Open a current span that records a failure as ERROR (``KeyboardInterrupt`` and
+    ``SystemExit`` included) and a cancellation as UNSET."""
     with tracer.start_as_current_span(
         name,
         kind=kind,
@@ -187,7 +188,7 @@ def open_span(
     ) as span:
         try:
             yield span
-        except Exception as error:
+        except (Exception, KeyboardInterrupt, SystemExit) as error:
             mark_failed(span, error)
             raise
 

@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from littleghost import Agent, Message, ReasoningPart, TextPart, tool
 from littleghost.errors import (
+    ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
@@ -233,6 +234,38 @@ async def test_a_failing_tool_is_an_error_span(spans: Spans) -> None:
     assert attributes(span)["error.type"] == "RuntimeError"
     assert span.status.status_code is StatusCode.ERROR
     assert spans.one("invoke_agent").status.status_code is StatusCode.UNSET
+
+
+async def test_a_tool_ending_the_process_fails_its_spans(spans: Spans) -> None:
+    """A tool raising SystemExit ends the run as itself; its span and the run's are ERROR."""
+
+    class Exiting(Agent):
+        @tool
+        async def leave(self) -> str:
+            """Ends the process."""
+            raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        await Exiting(model=ScriptedModel([tool_call_response("leave", {})])).run("hi")
+    for name in ("execute_tool", "invoke_agent"):
+        span = spans.one(name)
+        assert attributes(span)["error.type"] == "SystemExit"
+        assert span.status.status_code is StatusCode.ERROR
+
+
+async def test_a_model_that_cannot_be_resolved_fails_the_run_span(spans: Spans) -> None:
+    """A model string no provider resolves (or a provider missing its key) is a failed
+    run in the traces too, not a run without a span."""
+
+    class Unresolved(Agent):
+        model = "no-such-provider:tiny"
+
+    with pytest.raises(ConfigurationError, match="unknown provider 'no-such-provider'"):
+        await Unresolved().run("hi")
+    span = spans.one("invoke_agent Unresolved")
+    assert attributes(span)["error.type"] == "ConfigurationError"
+    assert attributes(span)["gen_ai.agent.name"] == "Unresolved"
+    assert span.status.status_code is StatusCode.ERROR
 
 
 async def hang(request: ModelRequest) -> ModelResponse:
