@@ -70,6 +70,9 @@ class CompactionStarted:
 class CompactionFinished:
     """A compaction attempt ended (``outcome``: ``completed`` or ``error``).
 
+    ``removed_messages`` counts the messages of the request it left out (summarized,
+    collapsed or dropped), not how much shorter the request got.
+
     ``summary_outcome`` says how a summary it made came back: ``complete``,
     ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or
     ``retried_shorter`` (asked once more, shorter); ``None`` when it made none.

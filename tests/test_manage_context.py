@@ -52,6 +52,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     ProviderUnavailableError,
+    RateLimitError,
     SessionStoreError,
 )
 from littleghost.events import CompactionFinished
@@ -1754,11 +1755,14 @@ class TestTelemetry:
     async def test_event_attributes_and_compacted_flag(self, spans: Spans) -> None:
         """The compaction event carries its figures; the chat span is marked compacted."""
         model = ScriptedModel([summary_step("SECRET-SUMMARY"), text_response("done")])
-        await Small(model=model).run("go", history=chat(30))
+        result = await Small(model=model).run("go", history=chat(30))
         (event,) = spans.compactions()
         assert event["littleghost.compaction.reason"] == "threshold"
         assert event["littleghost.compaction.outcome"] == "completed"
-        assert event["littleghost.compaction.removed_messages"] == 21
+        (summary,) = [m for m in result.messages if m.is_summary]
+        # the messages the summary stands for, not how much shorter the request got (21)
+        assert len(summary.metadata[SUMMARY_COVERS_KEY]) == 22
+        assert event["littleghost.compaction.removed_messages"] == 22
         assert event["littleghost.compaction.estimated_tokens"] == 62
         assert event["littleghost.compaction.estimated_tokens_after"] == 41
         assert event["littleghost.compaction.context_window_tokens"] == 100
@@ -1778,12 +1782,13 @@ class TestTelemetry:
             values += [str(v) for e in span.events for v in (e.attributes or {}).values()]
             assert not any("SECRET-SUMMARY" in v for v in values)
 
-    @pytest.mark.parametrize("stop", ["cancel", "deadline"])
+    @pytest.mark.parametrize("stop", ["cancel", "deadline", "no time to retry"])
     async def test_a_compaction_cut_by_the_run_stopping_is_recorded(
         self, spans: Spans, stop: str
     ) -> None:
-        """A summary call cut by a cancellation or the run's deadline still leaves its
-        compaction event, outcome cancelled; the cancellation goes on."""
+        """A summary call cut by a cancellation or the run's deadline (a retry the
+        deadline leaves no time for included) still leaves its compaction event, outcome
+        cancelled; the cancellation goes on."""
         started = anyio.Event()
 
         async def hang(request: ModelRequest) -> ModelResponse:
@@ -1792,7 +1797,11 @@ class TestTelemetry:
             raise AssertionError("unreachable")
 
         agent = Small(model=ScriptedModel([hang]))
-        if stop == "deadline":
+        if stop == "no time to retry":
+            agent = Small(model=ScriptedModel([RateLimitError("slow down", retry_after=5)]))
+            with pytest.raises(DeadlineExceededError):
+                await agent.run("go", history=chat(30), timeout=1)
+        elif stop == "deadline":
             with pytest.raises(DeadlineExceededError):
                 await agent.run("go", history=chat(30), timeout=0.2)
         else:

@@ -699,8 +699,11 @@ class TestWithSummaries:
         await Both(model=model).run("now", history=history(100))
         assert [r.purpose for r in model.requests] == ["chat"]
 
-    async def test_overflow_without_summaries_retries_once_with_a_tighter_view(self) -> None:
-        """summarize=False: an overflow shrinks the view once; no model call for context."""
+    async def test_overflow_without_summaries_retries_once_with_a_tighter_view(
+        self, spans: Spans
+    ) -> None:
+        """summarize=False: an overflow shrinks the view once; no model call for context.
+        Its event counts the messages the retry left out, not how much shorter it is."""
         model = ScriptedModel(
             [
                 ContextWindowOverflowError("too long", prompt_tokens=1_000, context_window=800),
@@ -714,6 +717,10 @@ class TestWithSummaries:
         assert [r.purpose for r in model.requests] == ["chat", "chat"]
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
+        retried = {message.id for message in model.requests[1].messages}
+        left_out = [m for m in model.requests[0].messages if m.id not in retried]
+        (event,) = spans.compactions()
+        assert event["littleghost.compaction.removed_messages"] == len(left_out) > 0
 
     @pytest.mark.parametrize("lined", [False, True])
     async def test_the_tighter_view_excerpts_the_turns_it_no_longer_keeps(

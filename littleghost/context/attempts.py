@@ -14,6 +14,7 @@ from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost.cleanup import cancelled_here
+from littleghost.errors import DeadlineExceededError
 from littleghost.events import CompactionFinished, CompactionStarted
 
 if TYPE_CHECKING:
@@ -74,9 +75,12 @@ async def attempt(
     outcome = Outcome()
     try:
         yield outcome
-    except anyio.get_cancelled_exc_class() as error:  # no stream event: nothing can be awaited
-        # the run's cancellation or deadline, else a stray one (from a strategy or the model)
-        stray = None if cancelled_here() else telemetry.error_type(error)
+    except (anyio.get_cancelled_exc_class(), DeadlineExceededError) as error:
+        # no stream event, as nothing can be awaited once the run is cancelled. The run's
+        # cancellation or deadline (a retry it leaves no time for included), else a stray
+        # cancellation (from a strategy or the model)
+        cut = isinstance(error, DeadlineExceededError) or cancelled_here()
+        stray = None if cut else telemetry.error_type(error)
         extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}
         compaction_event(
             reason, "cancelled" if stray is None else "error", estimated, window, extra

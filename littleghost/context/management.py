@@ -664,12 +664,19 @@ async def _compact(
             )
         marked = {r.id: attrs.evolve(r, metadata={**r.metadata, AFTER_KEY: after}) for r in records}
         await context.append(*marked.values())
-        outcome.after, outcome.removed = after, len(request.messages) - len(compacted.messages)
+        outcome.after, outcome.removed = after, _left_out(request, compacted)
         run.last_after, run.failed_at = after, None  # the records say where it is now
         run.cut_to = outcome.cut_to or run.cut_to
         if len(shown) < len(request.messages):  # the view's own, left out: not for the retry
             run.bare = context.turn
     return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
+
+
+def _left_out(request: ModelRequest, compacted: ModelRequest) -> int:
+    """How many of ``request``'s messages ``compacted`` left out (summarized, collapsed or
+    dropped): ``removed_messages``, not how much shorter it is."""
+    kept = {message.id for message in compacted.messages}
+    return sum(message.id not in kept for message in request.messages)
 
 
 async def _model_free_compaction(
@@ -841,5 +848,5 @@ async def _shrink(
         shrunk = await _counted_fit(shrunk, context, fits, tighter) or shrunk
         context.annotate_next_call(report.span_attributes())
         outcome.after = state.last_after = report.estimated_prompt_tokens  # the view fitted
-        outcome.removed = len(request.messages) - len(shrunk.messages)
+        outcome.removed = _left_out(request, shrunk)
     return shrunk
