@@ -121,6 +121,9 @@ class RunContext:
     )
     """The last request of a turn's own model call and its response, for usage-anchored
     estimates (side and summary calls never set it)."""
+    last_sent: ModelRequest | None = field(default=None, repr=False, init=False)
+    """The request of a turn's own latest model call, answered or not: what its error's
+    figures are about, whatever ``after_model_error`` hooks made of it since."""
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -354,6 +357,7 @@ class RunContext:
         extra: dict[str, Any] = {}
         if turn:
             extra, self._call_attributes = self._call_attributes, {}
+            self.last_sent = request
         model = self.model if model is None else model
         streamed = turn and self.streaming
 

@@ -453,7 +453,8 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     """Send ``given`` through the ``before_model`` hooks to the model; on an error, retry
     with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
     which passes through the ``before_model`` hooks again without the messages they added
-    (so what a hook injects is not doubled; a bounded view's memories and excerpts stay, for
+    and with those they rebuilt as they were (``_unhooked``: what a hook injects is not
+    doubled, what it rewrites not lost; a bounded view's memories and excerpts stay, for
     the view rebuilds them: its excerpts from the replacement's, its memories from their
     provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
@@ -479,12 +480,58 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             recoveries += 1
             if context.streaming:
                 await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
-            added = _added(given, request, context)
-            if added:
-                kept = tuple(m for m in replacement.messages if m.id not in added)
-                replacement = attrs.evolve(replacement, messages=kept)
-            given = replacement
+            given = _unhooked(given, request, replacement, context)
             request = await run_chain(before, given, expected=ModelRequest, context=context)
+
+
+def _unhooked(
+    given: ModelRequest, sent: ModelRequest, replacement: ModelRequest, context: RunContext
+) -> ModelRequest:
+    """``replacement`` (made from ``sent``) without what the ``before_model`` hooks did to
+    ``given`` to make ``sent``, for them to do it again: the messages they added left out,
+    and those they rewrote (under a new id, as ``Message.user`` makes one) back as they
+    were given, in the place of the first they put there, so that a question a scrubber
+    rebuilt is not lost."""
+    added = _added(given, sent, context)
+    if not added:
+        return replacement
+    stood_for = _stood_for(given, sent, added)
+    shown = {message.id for message in replacement.messages}
+    messages: list[Message] = []
+    for message in replacement.messages:
+        if message.id not in added:
+            messages.append(message)
+            continue
+        originals = stood_for.get(message.id, [])
+        messages += (m for m in originals if m.id not in shown)
+        shown.update(m.id for m in originals)
+    return attrs.evolve(replacement, messages=tuple(messages))
+
+
+def _stood_for(
+    given: ModelRequest, sent: ModelRequest, added: set[str]
+) -> dict[str, list[Message]]:
+    """The messages of ``given`` the hooks replaced to make ``sent``, by the ids of the
+    added messages in their place: between two messages both hold (or an end), ``sent``
+    has only added ones where ``given`` has others (a bounded view's excerpts or a summary
+    there mean context management left them out). Empty when ``sent`` holds ``given``'s
+    messages in another order."""
+    at = {message.id: position for position, message in enumerate(given.messages)}
+    stood_for: dict[str, list[Message]] = {}
+    gap: list[Message] = []  # ``sent``'s messages since the last one ``given`` holds
+    start = 0  # where that gap began in ``given``
+    for message in (*sent.messages, None):
+        if message is not None and message.id not in at:
+            gap.append(message)
+            continue
+        end = len(given.messages) if message is None else at[message.id]
+        if end < start:
+            return {}
+        if gap and all(m.id in added for m in gap):
+            originals = list(given.messages[start:end])
+            stood_for.update((m.id, originals) for m in gap)
+        start, gap = end + 1, []
+    return stood_for
 
 
 def _added(given: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:

@@ -728,3 +728,58 @@ async def test_every_retry_keeps_what_the_recovery_hook_added() -> None:
         ["hi", "please answer briefly", "retrieved"],
         ["hi", "please answer briefly", "retrieved"],
     ]
+
+
+class Scrubbed(Agent):
+    """Rebuilds every user message, card numbers masked, under a new id (as
+    ``Message.user`` makes one), and retrieves a note before the question."""
+
+    max_retries = 0
+
+    @before_model
+    def scrub(self, request: ModelRequest) -> ModelRequest:
+        def clean(message: Message) -> Message:
+            if message.role != "user":
+                return message
+            return Message.user(re.sub(r"\d{4}", "####", message.text))
+
+        messages = [clean(m) for m in request.messages]
+        return attrs.evolve(request, messages=(*messages[:-1], Message.user("note"), messages[-1]))
+
+    @after_model_error
+    def again(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+        return attrs.evolve(request) if isinstance(error, InvalidRequestError) else None
+
+
+@pytest.mark.parametrize("turns", [0, 2])
+async def test_a_retry_keeps_the_messages_a_hook_rewrote_under_a_new_id(turns: int) -> None:
+    """The retry passes what the hooks were given through them again: a message they
+    rewrote under a new id goes back as it was, not out with what they added (the
+    question was lost: the retry had no question, or the previous turn's)."""
+    history = [
+        message
+        for turn in range(turns)
+        for message in (Message.user(f"card 1234-{turn}"), Message.assistant(f"ok {turn}"))
+    ]
+    model = ScriptedModel([InvalidRequestError("bad"), text_response("done")])
+    result = await Scrubbed(model=model).run("is 5678 blocked?", history=history)
+    assert result.output == "done"
+    first, retried = ([m.text for m in r.messages] for r in model.requests)
+    assert retried == first
+    assert first[-2:] == ["note", "is #### blocked?"]
+    assert [m.text for m in result.messages if m.role == "user"][-1] == "is 5678 blocked?"
+
+
+async def test_a_retry_leaves_out_what_a_hook_took_out_without_a_replacement() -> None:
+    """A message a hook dropped, with nothing added in its place, stays out of the retry."""
+
+    class Forgetful(Scrubbed):
+        @before_model
+        def forget(self, request: ModelRequest) -> ModelRequest:
+            return attrs.evolve(request, messages=request.messages[2:])
+
+    model = ScriptedModel([InvalidRequestError("bad"), text_response("done")])
+    history = [Message.user("old 1111"), Message.assistant("old answer")]
+    await Forgetful(model=model).run("new 2222", history=history)
+    first, retried = ([m.text for m in r.messages] for r in model.requests)
+    assert first == retried == ["note", "new ####"]

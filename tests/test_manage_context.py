@@ -961,6 +961,48 @@ class TestOverflow:
         assert event["littleghost.compaction.reason"] == "overflow"
         assert event["littleghost.compaction.outcome"] == "completed"
 
+    async def test_an_earlier_hooks_replacement_is_not_measured_by_the_overflows_figure(
+        self,
+    ) -> None:
+        """A parent's ``after_model_error`` hook that trims the request on an overflow runs
+        first: the provider's figure is about the request that overflowed, so the run
+        learns the same calibration as without the hook (it measured the trimmed request
+        by it: 2.9 against 1.4, kept for the session's later runs)."""
+
+        class Trimming(Agent):
+            @after_model_error
+            def trim(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+                if not isinstance(error, ContextWindowOverflowError):
+                    return None
+                *earlier, question = request.messages
+                return attrs.evolve(request, messages=(*earlier[len(earlier) // 2 :], question))
+
+        @manage_context(context_window_tokens=8_000, compression_threshold=1.0)
+        class Trimmed(Trimming):
+            pass
+
+        @manage_context(context_window_tokens=8_000, compression_threshold=1.0)
+        class Plain(Agent):
+            pass
+
+        history = [
+            message
+            for index in range(20)
+            for message in (
+                Message.user(f"question {index} " + "lorem ipsum " * 50),
+                Message.assistant(f"answer {index} " + "dolor sit " * 60),
+            )
+        ]
+        scales = []
+        for agent in (Plain, Trimmed):
+            overflow = ContextWindowOverflowError("too long", prompt_tokens=9_000)
+            model = ScriptedModel([overflow, summary_step(), text_response("done")])
+            result = await agent(model=model).run("Where is order 42?", history=history)
+            assert result.output == "done"
+            assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
+            scales.append(result.messages[-1].metadata[SCALE_KEY])
+        assert scales[0] == pytest.approx(scales[1])
+
     async def test_recovery_summarizes_preserved_messages_rather_than_excerpt_them(
         self, spans: Spans
     ) -> None:
@@ -2811,6 +2853,8 @@ class TestInjectedMaterial:
         assert "c1" in [call.id for m in retried for call in m.tool_calls] or any(
             "fetch: result 1" in m.text for m in retried
         )
+        asked = [m.text for m in retried if m.role is Role.USER and "things" in m.text]
+        assert asked == ["fetch five things" if hook == "reminder" else "fetch [n] things"]
 
     async def test_proactive_compaction_keeps_material_injected_before_it(self) -> None:
         class Retrieving(Agent):
@@ -2880,12 +2924,12 @@ class TestInjectedMaterial:
         assert not any(REFERENCE in m.text for m in result.messages)
         assert result.output == "done"
 
-    async def test_a_question_a_hook_sends_anew_is_no_turn_to_count(self) -> None:
+    async def test_a_question_a_hook_sends_anew_is_the_turn_recovery_counts(self) -> None:
         """A hook that sends the question as a new message (the reference material and the
-        question in one; the log holds the question alone) leaves the request no turn of
-        the run's: overflow recovery asks the model for no count of the turn alone (it
-        would be the instructions alone), and a question over the window alone fails as
-        any does: the provider's error, caused by a CompactionError saying so."""
+        question in one; the log holds the question alone): that message is the current
+        turn (it was none, and before that the instructions were counted as the turn
+        alone), and a question over the window alone fails as any does: the provider's
+        error, caused by a CompactionError saying so."""
 
         @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
         class Rewriting(Agent):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -1373,3 +1374,58 @@ def test_a_class_where_an_instance_belongs_fails_naming_the_class(
     ):
         PromptBudget(**{keyword: value})
     assert PromptBudget(**{keyword: value()})
+
+
+class Masking(Agent):
+    """Rebuilds messages with card numbers masked, under new ids (as ``Message.user`` makes
+    them), and puts a retrieved note after the question."""
+
+    instructions = "You answer about payments."
+
+    @before_model
+    def mask(self, request: ModelRequest) -> ModelRequest:
+        messages = [
+            Message.user(re.sub(r"\d{4}", "####", m.text)) if re.search(r"\d{4}", m.text) else m
+            for m in request.messages
+        ]
+        return attrs.evolve(request, messages=(*messages, Message.user("note: card policy")))
+
+
+@manage_context(
+    context_window_tokens=4_000,
+    budget=PromptBudget(
+        prompt_budget_tokens=400, response_reserve_tokens=100, safety_reserve_tokens=50
+    ),
+    summarize=False,
+)
+class MaskedBounded(Masking):
+    pass
+
+
+@pytest.mark.parametrize("repeats", [40, 400])
+async def test_a_question_a_hook_rebuilt_under_a_new_id_stays_the_current_turn(
+    repeats: int,
+) -> None:
+    """The bounded view keeps the question a parent hook rebuilt (under a new id) whole, as
+    the current turn with the note after it; one over the budget fails the call, as the
+    question does. It took the note for the question, so the question was history: a
+    question over the budget was left out, leaving the note and an excerpt of it."""
+    model = ScriptedModel([text_response("done")])
+    question = "card 4111 2222 3333 4444 was charged twice: " + "why? " * repeats
+    run = MaskedBounded(model=model).run(question, history=history(30))
+    if repeats == 400:
+        with pytest.raises(PromptBudgetError, match="the current turn at least"):
+            await run
+        assert not model.requests
+        return
+    await run
+    (sent,) = model.requests
+    asked = "card #### #### #### #### was charged twice: " + "why? " * repeats
+    assert [m.text for m in sent.messages[-2:]] == [asked, "note: card policy"]
+    assert "charged twice" not in "".join(excerpt_text(sent))
+    assert questions(sent) and max(questions(sent)) == 29
+
+
+def excerpt_text(request: ModelRequest) -> list[str]:
+    """The text of ``request``'s excerpts message, if it has one."""
+    return [m.text for m in request.messages if m.metadata.get(EXCERPTS_KEY)]

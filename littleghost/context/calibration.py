@@ -31,6 +31,7 @@ logger = logging.getLogger("littleghost.context")
 __all__ = [
     "SCALE_KEY",
     "Calibration",
+    "asked",
     "calibrated_size",
     "calibration",
     "estimate_tokens",
@@ -514,19 +515,32 @@ def turn_start(
     question: Message | None,
     logged: Callable[[str], bool] | None = None,
 ) -> int:
-    """Where the current turn starts in ``messages``: at ``question`` (the run's), else at
-    the last user message that is no summary (and that ``logged`` holds, when given);
-    ``len(messages)`` when there is none."""
+    """Where the current turn starts in ``messages``: at ``question`` (the run's); else at
+    the last user message that is no summary, but with ``logged``, at the first one after
+    the last that ``logged`` holds (a question a hook rebuilt under a new id, not a note it
+    put after it), or at that one; ``len(messages)`` when there is none."""
     if question is not None:
         for position in range(len(messages) - 1, -1, -1):
             if messages[position].id == question.id:
                 return position
+    start = len(messages)  # the first user message the log does not hold, after the last it does
     for position in range(len(messages) - 1, -1, -1):
         message = messages[position]
-        asked = message.role is Role.USER and not message.is_summary
-        if asked and (logged is None or logged(message.id)):
+        if message.role is not Role.USER or message.is_summary:
+            continue
+        if logged is None:
             return position
-    return len(messages)
+        if logged(message.id):
+            return position if start == len(messages) else start
+        start = position
+    return start
+
+
+def asked(messages: Sequence[Message], context: RunContext) -> Message | None:
+    """The message the run's current turn starts at in ``messages`` (``turn_start``): its
+    question, or the message a hook rebuilt it as."""
+    start = turn_start(messages, context.question, context.has_message)
+    return messages[start] if start < len(messages) else None
 
 
 def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:

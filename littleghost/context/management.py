@@ -28,6 +28,7 @@ from littleghost.context.budget import (
     view_only,
 )
 from littleghost.context.calibration import (
+    asked,
     calibrated_size,
     calibration,
     estimate_tokens,
@@ -326,7 +327,7 @@ async def _bounded(
         summary_tokens=config.summary_cap(window),
         index=context.log_index,
         turn_summaries=_turn_summaries(context.log_index.log, context.question),
-        question=context.question,
+        question=asked(request.messages, context),
     )
     try:
         return fit(limit=limit)
@@ -366,24 +367,27 @@ async def _compact_after_overflow(
     window = state.window = reported_window(context.model, state.window, error.context_window)
     calibrated = calibration(context)
     calibrated.uncounted = None  # asked again for this overflow
-    reported = error.prompt_tokens or await model_count(request, context) or 0
+    # what overflowed: the request an earlier ``after_model_error`` hook replaced, if one did
+    sent = context.last_sent or request
+    reported = error.prompt_tokens or await model_count(sent, context) or 0
     # A figure or count within the window belies the window (smaller, by how much unsaid),
     # unless the model's count of a figure is over the window: then the figure is wrong.
-    answer = _answer_room(request)
+    answer = _answer_room(sent)
     overflowed = reported + answer
     belied = bool(reported) and not error.context_window and overflowed <= window
     if belied and error.prompt_tokens:
-        counted = await model_count(request, context)
+        counted = await model_count(sent, context)
         belied = counted is None or counted + answer <= window
     if belied:
         window = state.window = belied_window(context.model, window, overflowed)
     # the current turn's or the added part's density, then the history's scale (with what
     # a clamp left over)
     added = reported > 0 and (
-        await learn_turn(request, context, config.tokenizer)
-        or learn_added(request, reported, context, config.tokenizer)
+        await learn_turn(sent, context, config.tokenizer)
+        or learn_added(sent, reported, context, config.tokenizer)
     )
-    if reported and (learn_scale(request, reported, context, config.tokenizer, window) or added):
+    learned = reported and (learn_scale(sent, reported, context, config.tokenizer, window) or added)
+    if learned and sent is request:
         estimated = reported + (request.max_tokens or 0)
     else:
         estimated = estimate_tokens(request, context, config.tokenizer)
@@ -580,7 +584,7 @@ def pinned_slots(
 
 def _current_slot(index: LogIndex, question: Message | None) -> int | None:
     """The slot of ``index``'s view where the current turn starts (``turn_start`` over the
-    groups): the run's ``question``, else (a hook replaced it) the last user group."""
+    groups): ``question``'s, else the last user group's."""
     members = index.layout.slots()[1]
     start = turn_start([group[0] for group in members], question)
     return start if start < len(members) else None
@@ -616,7 +620,7 @@ async def _compact(
         index = context.log_index.over(shown)
         complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
-        turn = _current_slot(index, context.question)
+        turn = _current_slot(index, asked(shown, context))
         state.pinned = pinned_slots(index, context.has_message, turn)
         state.scale = calibrated.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
