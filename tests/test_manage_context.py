@@ -2856,6 +2856,45 @@ class TestInjectedMaterial:
         asked = [m.text for m in retried if m.role is Role.USER and "things" in m.text]
         assert asked == ["fetch five things" if hook == "reminder" else "fetch [n] things"]
 
+    @pytest.mark.parametrize("where", ["parent", "own"])
+    async def test_a_summary_call_sees_what_the_hooks_before_it_scrubbed(self, where: str) -> None:
+        """A threshold compaction summarizes the request as the parent classes' hooks made
+        it: a scrubber there keeps a card number from the summary call (and the summary);
+        one in the decorated class runs after the compaction, as the README says."""
+
+        def scrub(self: Agent, request: ModelRequest) -> ModelRequest:
+            def clean(message: Message) -> Message:
+                if "4111" not in message.text:
+                    return message
+                return attrs.evolve(
+                    message, content=[TextPart(message.text.replace("4111", "####"))]
+                )
+
+            return attrs.evolve(request, messages=tuple(map(clean, request.messages)))
+
+        class Scrubbing(Agent):
+            if where == "parent":
+                masked = before_model(scrub)
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Summarized(Scrubbing):
+            if where == "own":
+                masked = before_model(scrub)
+
+        history = chat(30)
+        history[2] = Message.user("card 4111 was charged twice")
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Summarized(model=model).run("go", history=history)
+        summary_request, chat_request = model.requests
+        assert summary_request.purpose == "context_compaction"
+        assert ("4111" in summary_request.messages[-1].text) is (where == "own")
+        assert not any("4111" in m.text for m in chat_request.messages if not m.is_summary)
+
     async def test_proactive_compaction_keeps_material_injected_before_it(self) -> None:
         class Retrieving(Agent):
             @before_model
