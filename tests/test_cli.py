@@ -416,8 +416,26 @@ class TestView:
             "sessions", "view", "customer-42", "--store", url, "--agent", "tests.cli_agents:Support"
         ).stdout
         to_go = 1150 - document["estimated_tokens"]
-        assert f"= 1000 tokens: {to_go} tokens to go (the last compaction left" in text
+        assert f"= 1000 tokens: {to_go} tokens to go, the next message not counted " in text
+        assert "(the last compaction left" in text
         assert "no summary until the estimate reaches 1150 tokens" in text
+
+    def test_the_threshold_line_says_whether_the_next_message_is_counted(
+        self, tmp_path: Path
+    ) -> None:
+        """Without ``--message`` the next message is not in the estimate, and the line says
+        so: a long one would have made the call compact first."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        earlier = [Message.user("Where is order 9?"), Message.assistant("On its way.")]
+        in_store(url, lambda store: store.append("customer-42", earlier))
+        command = ["sessions", "view", "customer-42", "--store", url]
+        command += ["--agent", "tests.cli_agents:Support"]
+        alone = ok(*command).stdout
+        assert "tokens to go, the next message not counted (--message counts it)" in alone
+        short = ok(*command, "--message", "And now?").stdout
+        assert "tokens to go" in short and "not counted" not in short
+        long = ok(*command, "--message", "why? " * 1_000).stdout
+        assert "reached, the next model call tries to compact first" in long
 
     def test_without_an_agent_the_log_alone_and_repairs_of_open_calls(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 's.db'}"

@@ -186,7 +186,7 @@ def view(
     own before_model hooks aside): the instructions, the view of the log with compaction
     records in place of what they cover, tool results clipped and the view bounded by a
     PromptBudget. Then the estimate per message and in total, the window, the threshold
-    and whether the next call compacts first, and the budget's figures.
+    and whether the next call tries to compact first, and the budget's figures.
     """
     agent = None if agent_type is None else _instance(agent_type)
     used = window_of(agent, window)

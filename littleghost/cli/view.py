@@ -189,18 +189,20 @@ def _threshold_line(output: Output, document: dict[str, Any]) -> str:
     estimated, waits = document["estimated_tokens"], document["waits_until"]
     if document["compaction_due"]:
         return start + output.style(
-            "reached, the next model call compacts first", fg="yellow", bold=True
+            "reached, the next model call tries to compact first", fg="yellow", bold=True
         )
+    counted = any(message["origin"] == "next" for message in document["messages"])
+    unsaid = "" if counted else ", the next message not counted (--message counts it)"
     if waits is None:
-        return start + f"{tokens - estimated} tokens to go"
+        return start + f"{tokens - estimated} tokens to go{unsaid}"
     waiting = f"no summary until the estimate reaches {waits} tokens"
     if estimated >= tokens:
         return (
             start + f"reached, but the last compaction left the request near or over it: {waiting}"
         )
     return start + (
-        f"{waits - estimated} tokens to go (the last compaction left the request near it: "
-        f"{waiting})"
+        f"{waits - estimated} tokens to go{unsaid} (the last compaction left the request "
+        f"near it: {waiting})"
     )
 
 

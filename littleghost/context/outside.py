@@ -115,7 +115,9 @@ class RequestPreview:
         waits_until: After a compaction that left the request near the threshold or over
             it, the size the request must reach before the next summary call
             (``next_summary_at``).
-        compaction_due: The call would compact first (a summary call).
+        compaction_due: The call would try to compact first: with a summary call, or
+            without a model when collapsing older tool results is enough. The attempt may
+            still find nothing to compact (all of it preserved), and records that it failed.
         budget: The bounded view's figures, with a ``PromptBudget``.
     """
 
