@@ -16,8 +16,8 @@ import anyio
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving
-from littleghost.errors import CleanupError, ConfigurationError
+from littleghost.cleanup import close_leaving, shared_stop
+from littleghost.errors import CleanupError, ConfigurationError, DeadlineExceededError
 from littleghost.hooks import (
     BoundHook,
     PlanEntry,
@@ -540,13 +540,14 @@ class Agent:
 
     async def aclose(self) -> None:
         """Close the models this agent created from model strings (shielded from
-        cancellation for at most ``cleanup_grace`` seconds).
+        cancellation for at most ``cleanup_grace`` seconds; inside a run, a tool of it say,
+        not past the time that run would stop by, so graces never add up).
 
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
         owned, self._resolved = list(self._resolved.values()), {}
-        await _close_models(owned, self.cleanup_grace)
+        await _close_models(owned, self.cleanup_grace, by=shared_stop())
 
     @_named_keywords
     def run_sync(
@@ -596,7 +597,9 @@ class Agent:
             try:
                 result = await runner.run(self, plan, model=model, observe=runs.append)
             except BaseException as error:  # the run's own error is the one to raise
-                await close_leaving(close, "closing the run's model", error)
+                failure = await close_leaving(close, "closing the run's model", error)
+                if isinstance(error, DeadlineExceededError) and error.__cause__ is None:
+                    error.__cause__ = failure  # what its cleanup could not do
                 raise
             await close()
             return result

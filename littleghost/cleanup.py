@@ -6,8 +6,9 @@ cancelling them half-way would leave the run's log and the store apart. ``Grace`
 work shielded from cancellation, but only until its stop time: the first cancellation (or
 stop) of the run fixes that time to ``grace`` seconds later (after the run's deadline, or
 its caller's, at the latest), and every cleanup of the run shares it. A run started inside
-another run's tool (an agent used as a tool; a hook, ``instructions`` or a model alike) and
-cancelled by a ``cancel()`` leaves its stop time for that tool: if the outer run is being
+another run's tool (an agent used as a tool; a hook, ``instructions`` or a model alike)
+stops by the time the outer run would stop by, whatever its own grace; cancelled by a
+``cancel()``, it leaves its stop time for that tool: if the outer run is being
 cancelled as the tool ends (the cancellation came from outside it), the outer run ends by
 that time as well, so graces never add up; if not (a ``cancel()`` inside the tool), the
 outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops
@@ -32,7 +33,7 @@ from attrs import define, field
 
 from littleghost.errors import SessionStoreError
 
-__all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised"]
+__all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised", "shared_stop"]
 
 logger = logging.getLogger("littleghost.cleanup")
 
@@ -78,21 +79,31 @@ class Grace:
         """Mark the run as stopping (once); return the time cleanup must end by.
 
         Not past the stop time of the runs its tools started that the same cancellation
-        stopped first (``hosting``). A run stopped by a ``cancel()`` ends by the stop
-        time of the run it was started in, if that one is stopping, and leaves its own
-        for that run's tool.
+        stopped first (``hosting``), nor past the time the run it was started in would
+        stop by if it stopped now (``bound``: its grace is shared, whatever this run's
+        own). A run stopped by a ``cancel()`` leaves its stop time for that run's tool.
         """
         if self._stop_by is None:
             end = min(anyio.current_time() + self.seconds, self._nested_stop_by)
             if self.deadline is not None:
                 end = min(end, self.deadline + self.seconds)
-            if self._cancelled_by_cancel():
-                if self.parent is not None and self.parent._stop_by is not None:
-                    end = min(end, self.parent._stop_by)
-                if self._host_stops is not None:
-                    self._host_stops.append(end)
+            if self.parent is not None:
+                end = min(end, self.parent.bound())
+            if self._cancelled_by_cancel() and self._host_stops is not None:
+                self._host_stops.append(end)
             self._stop_by = end
         return self._stop_by
+
+    def bound(self) -> float:
+        """The time this run would stop by if it began to stop now: its stop time once
+        stopping, else its grace from now (and from its deadline), within the bound of
+        the run it was started in."""
+        if self._stop_by is not None:
+            return self._stop_by
+        end = anyio.current_time() + self.seconds
+        if self.deadline is not None:
+            end = min(end, self.deadline + self.seconds)
+        return end if self.parent is None else min(end, self.parent.bound())
 
     @contextmanager
     def hosting(self) -> Iterator[None]:
@@ -229,6 +240,21 @@ class Grace:
         )
 
 
+def shared_stop() -> float:
+    """For cleanup that is no run's own (closing an agent's models) in code a run calls,
+    a tool say: the time that run would stop by if it began to stop now (``Grace.bound``).
+    While a cancellation goes on, that time is left for the run too, as a nested run's
+    stop (``hosting``), so graces never add up. ``math.inf`` outside runs."""
+    grace = _CURRENT.get()
+    if grace is None:
+        return math.inf
+    end = grace.bound()
+    hosted = _HOSTED.get()
+    if hosted is not None and cancelled_here():
+        hosted.append(end)
+    return end
+
+
 def cancelled_here() -> bool:
     """True when the current task is being cancelled (a cancel scope around it was
     cancelled or its deadline passed), so a cancellation exception it sees is no stray."""
@@ -285,14 +311,16 @@ def log_unraised(what: str, failure: BaseException, outcome: BaseException) -> N
 
 async def close_leaving(
     close: Callable[[], Awaitable[object]], what: str, leaving: BaseException | None
-) -> None:
+) -> Exception | None:
     """Await ``close()`` at the end of an ``async with`` block; when the block is leaving
     by ``leaving`` (an exception, a cancellation included), a failure to close is logged
-    (``log_unraised``) and ``leaving`` goes on."""
+    (``log_unraised``) and returned, and ``leaving`` goes on."""
     if leaving is None:
         await close()
-        return
+        return None
     try:
         await close()
     except Exception as failure:
         log_unraised(what, failure, leaving)
+        return failure
+    return None

@@ -291,3 +291,29 @@ def test_run_sync_raises_the_runs_error_when_its_model_fails_to_close_too(
         "while OutputValidationError went on"
     ) in caplog.text
     assert "connection reset" not in caplog.text
+
+
+class BadCloseCaller(BadClose):
+    """Calls a tool that never finishes; fails to close."""
+
+    provider = "badclosecaller"
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return tool_call_response("wait", {})
+
+
+register_provider("badclosecaller", BadCloseCaller)
+
+
+class StallingBadClose(Stalling):
+    model = "badclosecaller:m"
+
+
+def test_run_sync_past_its_deadline_has_the_failed_close_as_its_cause() -> None:
+    """Closing ``run_sync``'s model is the run's cleanup: when it fails, the failure is
+    the ``__cause__`` of the ``DeadlineExceededError``, as for a failed store write (it
+    was only logged)."""
+    with pytest.raises(DeadlineExceededError) as caught:
+        StallingBadClose().run_sync("Wait.", timeout=0.2)
+    assert isinstance(caught.value.__cause__, CleanupError)
+    assert isinstance(caught.value.__cause__.__cause__, OSError)

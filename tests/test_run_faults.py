@@ -41,7 +41,7 @@ from littleghost.errors import (
     UnstorableValueError,
 )
 from littleghost.events import ModelCallFinished, ToolCallFinished
-from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.models import ModelRequest, ModelResponse, StopReason, register_provider
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -746,6 +746,73 @@ class TestOneGraceForAll:
                 await anyio.sleep(0.3)
                 assert len(model.requests) == 1  # the expert is at work
                 group.cancel_scope.cancel()
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+
+    @pytest.mark.parametrize("how", ["deadline", "cancel"])
+    async def test_a_nested_run_with_a_longer_grace_keeps_to_the_outer_one(self, how: str) -> None:
+        """The outer run's grace is shared whatever the nested run's own: an expert with
+        three times the grace, whose store is slow, stops within the outer one (it took
+        its own, and the outer run ended two graces late)."""
+
+        class Patient(Expert):
+            cleanup_grace = 3 * NESTED_GRACE
+
+        class AskingPatiently(Agent):
+            cleanup_grace = NESTED_GRACE
+
+            @tool
+            async def ask(self, question: str) -> str:
+                """Ask an expert whose store is slow."""
+                expert = Patient(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+                return (await expert.run(question, session_id="inner")).output
+
+        model = ScriptedModel([tool_call_response("ask", {"question": "?"}), text_response("x")])
+        agent = AskingPatiently(model=model, session_store=SlowStore(5.0, fast=2))
+        began = time.monotonic()
+        if how == "deadline":
+            with pytest.raises(DeadlineExceededError):
+                await agent.run("Go.", session_id="outer", timeout=0.3)
+        else:
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
+                await anyio.sleep(0.3)
+                group.cancel_scope.cancel()
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+
+    async def test_closing_a_nested_agents_models_in_a_tool_keeps_to_the_outer_grace(
+        self,
+    ) -> None:
+        """An agent closed at the end of an ``async with`` block in a tool, as the outer
+        run is cancelled: closing its models shares the outer run's grace (it took the
+        agent's own from then, and the outer run its whole grace after it)."""
+
+        class SlowToClose(ScriptedModel):
+            async def aclose(self) -> None:
+                await anyio.sleep(10)
+
+        waiting = tool_call_response("wait", {"seconds": 10}, call_id="c1")
+        register_provider("slow-to-close", lambda name: SlowToClose([waiting]))
+
+        class Helper(Waiter):
+            model = "slow-to-close:helper"
+            cleanup_grace = 3 * NESTED_GRACE
+
+        class Delegating(Agent):
+            cleanup_grace = NESTED_GRACE
+
+            @tool
+            async def delegate(self) -> str:
+                """Hand the work to a helper."""
+                async with Helper() as helper:
+                    return (await helper.run("?")).output
+
+        model = ScriptedModel([tool_call_response("delegate", {}), text_response("x")])
+        agent = Delegating(model=model, session_store=SlowStore(5.0, fast=2))
+        began = time.monotonic()
+        async with anyio.create_task_group() as group:
+            group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
+            await anyio.sleep(0.3)
+            group.cancel_scope.cancel()
         assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
 
     async def test_a_tool_that_swallows_its_nested_runs_cancellation_keeps_one_grace(
