@@ -204,7 +204,8 @@ async def run(
         model: The model to call; by default ``agent.resolve_model()``.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
-        held: Called once the run holds its session (at its start without one).
+        held: Called once the run holds its session and has its log from it (at its
+            start without one).
 
     Raises:
         The errors ``Agent.run`` documents.
@@ -265,9 +266,9 @@ async def _run_in(
                     result = await _loop(agent, context, message, output)
                 else:
                     async with holding(hold_session(store, session_id), grace):
+                        await _open_session(agent, context, log, seed, plan)
                         if held is not None:
                             held()
-                        await _open_session(agent, context, log, seed, plan)
                         result = await _loop(agent, context, message, output)
     except BaseException as error:
         found = fatal(error)

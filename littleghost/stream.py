@@ -54,6 +54,7 @@ class RunStream:
         self._group: TaskGroup | None = None
         self._receive: MemoryObjectReceiveStream[Event] | None = None
         self._entered = False
+        self._exited = False
         self._waiter: Waiter | None = None
         self._held: anyio.Event | None = None
 
@@ -123,7 +124,7 @@ class RunStream:
         return self
 
     async def __anext__(self) -> Event:
-        if self._receive is None:
+        if self._receive is None or self._exited:
             raise StreamStateError("iterate inside `async with agent.stream(...) as events`")
         try:
             return await self._receive.receive()
@@ -131,6 +132,8 @@ class RunStream:
             pass
         if self._error is not None:
             self._raised = True
+            if isinstance(self._error, StopAsyncIteration):  # it would end the loop quietly
+                raise RuntimeError("the run raised StopAsyncIteration") from self._error
             raise self._error  # as run() would raise it, causes kept
         raise StopAsyncIteration
 
@@ -141,6 +144,7 @@ class RunStream:
         traceback: TracebackType | None,
     ) -> bool | None:
         assert self._group is not None and self._receive is not None
+        self._exited = True
         self._group.cancel_scope.cancel()
         self._receive.close()
         # The consumer's own exception is not handed to the task group, so it propagates

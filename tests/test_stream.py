@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,6 +17,7 @@ from littleghost import (
     ToolCall,
     ToolResult,
     after_tool,
+    before_model,
     before_tool,
     manage_context,
     tool,
@@ -33,6 +36,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.sessions import SQLiteSessionStore
 from littleghost.stream import RunStream, StreamStateError
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
@@ -255,6 +259,55 @@ class TestStates:
         assert received == []
         with pytest.raises(StreamStateError, match="failed"):
             events.result  # noqa: B018
+
+    async def test_a_run_that_raises_stop_async_iteration_does_not_end_the_loop_quietly(
+        self,
+    ) -> None:
+        """``StopAsyncIteration`` from the run would end the ``async for`` as if the run
+        had completed: it comes out as a ``RuntimeError`` caused by it."""
+
+        async def no_hints() -> AsyncIterator[str]:
+            return
+            yield
+
+        class Exhausted(Agent):
+            @before_model
+            async def next_hint(self, request: ModelRequest) -> None:
+                await anext(no_hints())  # the hints ran out
+
+        with pytest.raises(StopAsyncIteration):
+            await Exhausted(model=ScriptedModel([text_response("hi")])).run("go")
+        with pytest.raises(RuntimeError, match="StopAsyncIteration") as caught:
+            async with Exhausted(model=ScriptedModel([text_response("hi")])).stream("go") as ev:
+                async for _ in ev:
+                    pass
+        assert isinstance(caught.value.__cause__, StopAsyncIteration)
+
+    async def test_the_log_is_the_sessions_once_entered(self, tmp_path: Path) -> None:
+        """Entering waits until the run holds its session and has its log: a store whose
+        load suspends showed an empty log."""
+        async with SQLiteSessionStore(tmp_path / "s.db") as store:
+            earlier = [Message.user("first question"), Message.assistant("first answer")]
+            await store.append("s", earlier)
+            agent = Agent(model=ScriptedModel([text_response("hi")]), session_store=store)
+            async with agent.stream("go", session_id="s") as events:
+                assert [m.text for m in events.messages][:2] == ["first question", "first answer"]
+                async for _ in events:
+                    pass
+
+    @pytest.mark.parametrize("leave", [False, True])
+    async def test_iterating_after_the_block_is_a_state_error(self, leave: bool) -> None:
+        """After the block, iterating raises ``StreamStateError``, whether the consumer
+        left early or the run failed while the block did other work (it ended quietly,
+        or raised the error the block's end had dropped)."""
+        model = ScriptedModel([streamed("a", "b")] if leave else [])
+        async with Agent(model=model).stream("go") as events:
+            if leave:
+                await events.__anext__()
+            else:
+                await until_failed(events)
+        with pytest.raises(StreamStateError, match="iterate inside"):
+            await events.__anext__()
 
 
 class TestStopping:
