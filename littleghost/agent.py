@@ -540,8 +540,8 @@ class Agent:
 
     async def aclose(self) -> None:
         """Close the models this agent created from model strings (shielded from
-        cancellation for at most ``cleanup_grace`` seconds; inside a run, a tool of it say,
-        not past the time that run would stop by, so graces never add up).
+        cancellation for at most ``cleanup_grace`` seconds; cancelled inside a run, a tool
+        of it say, not past the time that run would stop by, so graces never add up).
 
         Raises:
             CleanupError: A model failed to close, or closing took longer.
@@ -586,19 +586,23 @@ class Agent:
             started = True
             if isinstance(declared, Model):
                 return await runner.run(self, plan)
-            model = resolve(declared)
+            made: list[Model] = []
             runs: list[RunContext] = []
+
+            def make() -> Model:
+                made.append(resolve(declared))
+                return made[0]
 
             async def close() -> None:
                 """Closing the model is the run's cleanup: it ends by the run's stop time."""
                 stop = runs[0].grace.stop() if runs else math.inf
-                await _close_models([model], self.cleanup_grace, by=stop)
+                await _close_models(made, self.cleanup_grace, by=stop)
 
             try:
-                result = await runner.run(self, plan, model=model, observe=runs.append)
+                result = await runner.run(self, plan, make_model=make, observe=runs.append)
             except BaseException as error:  # the run's own error is the one to raise
                 failure = await close_leaving(close, "closing the run's model", error)
-                if isinstance(error, DeadlineExceededError) and error.__cause__ is None:
+                if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
                     error.__cause__ = failure  # what its cleanup could not do
                 raise
             await close()

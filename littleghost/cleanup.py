@@ -242,15 +242,15 @@ class Grace:
 
 def shared_stop() -> float:
     """For cleanup that is no run's own (closing an agent's models) in code a run calls,
-    a tool say: the time that run would stop by if it began to stop now (``Grace.bound``).
-    While a cancellation goes on, that time is left for the run too, as a nested run's
-    stop (``hosting``), so graces never add up. ``math.inf`` outside runs."""
+    a tool say, while a cancellation goes on: the time that run would stop by if it began
+    to stop now (``Grace.bound``), left for the run too, as a nested run's stop
+    (``hosting``), so graces never add up. ``math.inf`` outside runs or cancellations."""
     grace = _CURRENT.get()
-    if grace is None:
+    if grace is None or not cancelled_here():
         return math.inf
     end = grace.bound()
     hosted = _HOSTED.get()
-    if hosted is not None and cancelled_here():
+    if hosted is not None:
         hosted.append(end)
     return end
 

@@ -192,6 +192,7 @@ async def run(
     plan: RunPlan,
     *,
     model: Model | None = None,
+    make_model: Callable[[], Model] | None = None,
     sink: EventSink | None = None,
     observe: Callable[[RunContext], None] | None = None,
     held: Callable[[], None] | None = None,
@@ -201,7 +202,8 @@ async def run(
     Args:
         agent: The agent to run.
         plan: The run's checked arguments (``plan_run``).
-        model: The model to call; by default ``agent.resolve_model()``.
+        model: The model to call; by default the one ``make_model()`` makes in the run's
+            span, else ``agent.resolve_model()``.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
         held: Called once the run holds its session and has its log from it (at its
@@ -215,7 +217,8 @@ async def run(
         attributes[telemetry.CONVERSATION_ID] = plan.session_id
     # opened first, so that a model that cannot be resolved fails a span too
     with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
-        model = agent.resolve_model() if model is None else model
+        if model is None:
+            model = (make_model or agent.resolve_model)()
         span.set_attributes(
             {telemetry.PROVIDER_NAME: model.provider, telemetry.REQUEST_MODEL: model.name}
         )
@@ -490,33 +493,38 @@ def _unhooked(
 ) -> ModelRequest:
     """``replacement`` (made from ``sent``) without what the ``before_model`` hooks did to
     ``given`` to make ``sent``, for them to do it again: the messages they added left out,
-    and those they rewrote (under a new id, as ``Message.user`` makes one) back as they
-    were given, in the place of the first they put there, so that a question a scrubber
-    rebuilt is not lost."""
+    and those they rebuilt under a new id (as ``Message.user`` makes one) back as they were
+    given, unless the replacement changed or dropped the rebuilt copy. The run's question
+    is never lost so: missing, it goes back after what comes before it in ``given``."""
     added = _added(given, sent, context)
     if not added:
         return replacement
     stood_for = _stood_for(given, sent, added)
+    as_sent = {message.id: message for message in sent.messages}
     shown = {message.id for message in replacement.messages}
     messages: list[Message] = []
     for message in replacement.messages:
+        originals = stood_for.get(message.id, [])
         if message.id not in added:
             messages.append(message)
-            continue
-        originals = stood_for.get(message.id, [])
-        messages += (m for m in originals if m.id not in shown)
+        elif message is not as_sent[message.id]:
+            messages.append(message)  # changed by the replacement: kept as it is
+        else:
+            messages += (m for m in originals if m.id not in shown)
         shown.update(m.id for m in originals)
-    return attrs.evolve(replacement, messages=tuple(messages))
+    return attrs.evolve(replacement, messages=_with_question(messages, given, shown, context))
 
 
 def _stood_for(
     given: ModelRequest, sent: ModelRequest, added: set[str]
 ) -> dict[str, list[Message]]:
     """The messages of ``given`` the hooks replaced to make ``sent``, by the ids of the
-    added messages in their place: between two messages both hold (or an end), ``sent``
-    has only added ones where ``given`` has others (a bounded view's excerpts or a summary
-    there mean context management left them out). Empty when ``sent`` holds ``given``'s
-    messages in another order."""
+    added messages in their place. Between two messages both hold (or an end), where
+    ``sent`` has added ones and ``given`` others: one for one when they match by role, a
+    view's own messages aside; all for each, when ``sent`` has only added ones there (a
+    note beside a rebuilt question); none otherwise (a summary or a bounded view's
+    excerpts there: context management left them out). Empty when ``sent`` holds
+    ``given``'s messages in another order."""
     at = {message.id: position for position, message in enumerate(given.messages)}
     stood_for: dict[str, list[Message]] = {}
     gap: list[Message] = []  # ``sent``'s messages since the last one ``given`` holds
@@ -528,11 +536,30 @@ def _stood_for(
         end = len(given.messages) if message is None else at[message.id]
         if end < start:
             return {}
-        if gap and all(m.id in added for m in gap):
-            originals = list(given.messages[start:end])
-            stood_for.update((m.id, originals) for m in gap)
+        originals = list(given.messages[start:end])
+        new = [m for m in gap if not view_only(m)]
+        if originals and new and all(m.id in added for m in new):
+            if [m.role for m in new] == [m.role for m in originals]:
+                stood_for.update((m.id, [o]) for m, o in zip(new, originals, strict=True))
+            elif len(new) == len(gap):
+                stood_for.update((m.id, originals) for m in new)
         start, gap = end + 1, []
     return stood_for
+
+
+def _with_question(
+    messages: list[Message], given: ModelRequest, shown: set[str], context: RunContext
+) -> tuple[Message, ...]:
+    """``messages`` with the run's question, if ``given`` had it and it is not ``shown``
+    (there, or a message standing for it): after the last message of ``messages`` that
+    comes before it in ``given``."""
+    question = context.question
+    ids = [message.id for message in given.messages]
+    if question is None or question.id not in ids or question.id in shown:
+        return tuple(messages)
+    before = set(ids[: ids.index(question.id)])
+    place = max((p + 1 for p, m in enumerate(messages) if m.id in before), default=0)
+    return (*messages[:place], given.messages[ids.index(question.id)], *messages[place:])
 
 
 def _added(given: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:

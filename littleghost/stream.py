@@ -3,8 +3,9 @@ consumed as an async iterator.
 
 The run happens in a task of its own; events reach the consumer through an unbuffered
 anyio memory stream, so spans open and close in the run's task and never across a
-``yield``. Entering the block waits until the run holds its session (or has ended), so
-that a run of the same session started from the block is refused, never run first.
+``yield``. Entering the block waits until the run holds its session and has its log (or
+has ended), so that a run of the same session started from the block is refused, never
+run first.
 Leaving the ``async with`` block early cancels that task: the model call in flight is
 cancelled, and the log keeps every completed message (a tool call the stop left without
 a result gets an appended error result). What the run raised that is not an

@@ -783,3 +783,75 @@ async def test_a_retry_leaves_out_what_a_hook_took_out_without_a_replacement() -
     await Forgetful(model=model).run("new 2222", history=history)
     first, retried = ([m.text for m in r.messages] for r in model.requests)
     assert first == retried == ["note", "new ####"]
+
+
+class Rebuilding(Agent):
+    """Rebuilds every user message, card numbers masked, under a new id."""
+
+    instructions = "Be brief."
+    max_retries = 0
+
+    @before_model
+    def scrub(self, request: ModelRequest) -> ModelRequest:
+        def clean(message: Message) -> Message:
+            if message.role != "user":
+                return message
+            return Message.user(re.sub(r"\d{4}", "####", message.text))
+
+        return attrs.evolve(request, messages=tuple(map(clean, request.messages)))
+
+
+async def test_a_rebuilt_message_the_recovery_changed_is_retried_as_changed() -> None:
+    """A recovery hook that shortens the rebuilt question (keeping its id): the retry
+    sends it shortened, not the original rebuilt again."""
+
+    class Shortening(Rebuilding):
+        @after_model_error
+        def shorten(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            *earlier, asked = request.messages
+            return attrs.evolve(request, messages=(*earlier, attrs.evolve(asked, content=[])))
+
+    model = ScriptedModel([InvalidRequestError("too long"), text_response("done")])
+    await Shortening(model=model).run("card 4111 was charged twice: " + "why? " * 50)
+    assert [m.text for m in model.requests[1].messages] == ["Be brief.", ""]
+
+
+async def test_a_rebuilt_message_the_recovery_dropped_stays_out() -> None:
+    """A recovery hook that keeps the last three messages: the rebuilt ones it dropped
+    do not come back with those it kept."""
+
+    class Trimming(Rebuilding):
+        @after_model_error
+        def trim(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            return attrs.evolve(request, messages=(request.messages[0], *request.messages[-3:]))
+
+    history = [
+        Message.user("u1 1111"),
+        Message.assistant("a1"),
+        Message.user("u2 2222"),
+        Message.user("u3 3333"),
+        Message.assistant("a3"),
+    ]
+    model = ScriptedModel([InvalidRequestError("too long"), text_response("done")])
+    await Trimming(model=model).run("q 4444", history=history)
+    assert [m.text for m in model.requests[1].messages] == ["Be brief.", "u3 ####", "a3", "q ####"]
+
+
+async def test_the_question_is_never_lost_on_a_retry_whatever_the_hooks_do() -> None:
+    """A hook that rebuilds the question and moves the instructions after it: the
+    messages cannot be matched, and the question still goes back for the hooks."""
+
+    class Moving(Rebuilding):
+        @before_model
+        def instructions_last(self, request: ModelRequest) -> ModelRequest:
+            system, *rest = request.messages
+            return attrs.evolve(request, messages=(*rest, system))
+
+        @after_model_error
+        def again(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            return attrs.evolve(request)
+
+    model = ScriptedModel([InvalidRequestError("bad"), text_response("done")])
+    await Moving(model=model).run("is 5678 blocked?")
+    first, retried = ([m.text for m in r.messages] for r in model.requests)
+    assert first == retried == ["is #### blocked?", "Be brief."]

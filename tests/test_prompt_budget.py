@@ -23,6 +23,7 @@ from littleghost import (
     ToolCall,
     ToolResult,
     after_model_error,
+    after_tool,
     before_model,
     manage_context,
     tool,
@@ -719,7 +720,8 @@ class TestWithSummaries:
         # The provider's window is 80 % of what it counted: the view shrinks at least as much.
         assert size(model.requests[1]) <= 0.8 * size(model.requests[0])
         retried = {message.id for message in model.requests[1].messages}
-        left_out = [m for m in model.requests[0].messages if m.id not in retried]
+        first = [m for m in model.requests[0].messages if not m.metadata.get(EXCERPTS_KEY)]
+        left_out = [m for m in first if m.id not in retried]  # the view's excerpts are rebuilt
         (event,) = spans.compactions()
         assert event["littleghost.compaction.removed_messages"] == len(left_out) > 0
 
@@ -1424,6 +1426,55 @@ async def test_a_question_a_hook_rebuilt_under_a_new_id_stays_the_current_turn(
     assert [m.text for m in sent.messages[-2:]] == [asked, "note: card policy"]
     assert "charged twice" not in "".join(excerpt_text(sent))
     assert questions(sent) and max(questions(sent)) == 29
+
+
+class MaskingAll(Masking):
+    """Rebuilds every user message under a new id, the history's too."""
+
+    @before_model
+    def mask(self, request: ModelRequest) -> ModelRequest:
+        messages = [
+            Message.user(re.sub(r"\d{4}", "####", m.text)) if m.role is Role.USER else m
+            for m in request.messages
+        ]
+        return attrs.evolve(request, messages=tuple(messages))
+
+
+@manage_context(
+    context_window_tokens=4_000,
+    budget=PromptBudget(
+        prompt_budget_tokens=400, response_reserve_tokens=100, safety_reserve_tokens=50
+    ),
+    summarize=False,
+)
+class MaskedAllBounded(MaskingAll):
+    @tool
+    def attach(self, context: RunContext) -> str:
+        """Attach a note to the conversation."""
+        return "attached"
+
+    @after_tool
+    async def note(self, result: ToolResult, context: RunContext) -> None:
+        await context.append(Message.user("Attached note."))
+
+
+async def test_a_history_a_hook_rebuilt_too_is_still_history() -> None:
+    """With every user message rebuilt under a new id, the current turn is still the
+    question's (it starts after the last message the log held before the question), even
+    after a tool's note is logged: the view keeps the newest turns that fit, the question
+    and its tool exchange whole."""
+    model = ScriptedModel([tool_call_response("attach", {}), text_response("done")])
+    question = "is card 4111 blocked? " + "why? " * 100
+    await MaskedAllBounded(model=model).run(question, history=history(30))
+    assert questions(model.requests[0]) == [29]  # the newest turn that fits
+    for request in model.requests:
+        assert "is card #### blocked? " + "why? " * 100 in [m.text for m in request.messages]
+    assert [m.role for m in model.requests[1].messages[-4:]] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.USER,
+    ]
 
 
 def excerpt_text(request: ModelRequest) -> list[str]:

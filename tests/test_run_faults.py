@@ -815,6 +815,36 @@ class TestOneGraceForAll:
             group.cancel_scope.cancel()
         assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
 
+    async def test_closing_a_nested_agents_models_in_a_tool_that_goes_on_takes_its_own_grace(
+        self,
+    ) -> None:
+        """Nothing is stopping: closing the helper's models takes the helper's grace, not
+        the outer run's, and the tool's answer is the helper's."""
+
+        class SlowishToClose(ScriptedModel):
+            async def aclose(self) -> None:
+                await anyio.sleep(0.3)
+
+        register_provider("slowish-to-close", lambda n: SlowishToClose([text_response("ok")]))
+
+        class Helper(Agent):
+            model = "slowish-to-close:helper"
+            cleanup_grace = 2.0
+
+        class Delegating(Agent):
+            cleanup_grace = 0.1
+
+            @tool
+            async def delegate(self) -> str:
+                """Hand the work to a helper."""
+                async with Helper() as helper:
+                    return (await helper.run("?")).output
+
+        model = ScriptedModel([tool_call_response("delegate", {}), text_response("x")])
+        result = await Delegating(model=model).run("Go.")
+        (answer,) = [r for m in result.messages for r in m.tool_results]
+        assert (answer.content, answer.is_error) == ("ok", False)
+
     async def test_a_tool_that_swallows_its_nested_runs_cancellation_keeps_one_grace(
         self,
     ) -> None:

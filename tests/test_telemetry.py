@@ -253,15 +253,25 @@ async def test_a_tool_ending_the_process_fails_its_spans(spans: Spans) -> None:
         assert span.status.status_code is StatusCode.ERROR
 
 
+class Unresolved(Agent):
+    model = "no-such-provider:tiny"
+
+
 async def test_a_model_that_cannot_be_resolved_fails_the_run_span(spans: Spans) -> None:
     """A model string no provider resolves (or a provider missing its key) is a failed
     run in the traces too, not a run without a span."""
-
-    class Unresolved(Agent):
-        model = "no-such-provider:tiny"
-
     with pytest.raises(ConfigurationError, match="unknown provider 'no-such-provider'"):
         await Unresolved().run("hi")
+    span = spans.one("invoke_agent Unresolved")
+    assert attributes(span)["error.type"] == "ConfigurationError"
+    assert attributes(span)["gen_ai.agent.name"] == "Unresolved"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_run_sync_with_a_model_that_cannot_be_resolved_fails_the_run_span(spans: Spans) -> None:
+    """``run_sync()``, which makes its own model, alike."""
+    with pytest.raises(ConfigurationError, match="unknown provider 'no-such-provider'"):
+        Unresolved().run_sync("hi")
     span = spans.one("invoke_agent Unresolved")
     assert attributes(span)["error.type"] == "ConfigurationError"
     assert attributes(span)["gen_ai.agent.name"] == "Unresolved"

@@ -76,9 +76,9 @@ async def attempt(
     try:
         yield outcome
     except (anyio.get_cancelled_exc_class(), DeadlineExceededError) as error:
-        # no stream event, as nothing can be awaited once the run is cancelled. The run's
-        # cancellation or deadline (a retry it leaves no time for included), else a stray
-        # cancellation (from a strategy or the model)
+        # the run's cancellation or deadline (a retry it leaves no time for included), else a
+        # stray cancellation (from a strategy or the model); no stream event, as a cancelled
+        # run can await nothing (nor one its deadline stops, alike)
         cut = isinstance(error, DeadlineExceededError) or cancelled_here()
         stray = None if cut else telemetry.error_type(error)
         extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}

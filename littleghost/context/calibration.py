@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost._validators import is_int, is_number
+from littleghost.context.budget import view_only
 from littleghost.context.groups import SYSTEM
 from littleghost.context.records import is_record
 from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
@@ -507,39 +508,60 @@ def margin(
 def _turn_start(request: ModelRequest, context: RunContext) -> int:
     """Where the run's current turn starts in ``request`` (``turn_start`` by its question
     and log)."""
-    return turn_start(request.messages, context.question, context.has_message)
+    return turn_start(request.messages, context.question, _before_question(context))
 
 
 def turn_start(
     messages: Sequence[Message],
     question: Message | None,
-    logged: Callable[[str], bool] | None = None,
+    earlier: Callable[[str], bool] | None = None,
 ) -> int:
-    """Where the current turn starts in ``messages``: at ``question`` (the run's); else at
-    the last user message that is no summary, but with ``logged``, at the first one after
-    the last that ``logged`` holds (a question a hook rebuilt under a new id, not a note it
-    put after it), or at that one; ``len(messages)`` when there is none."""
+    """Where the current turn starts in ``messages``: at ``question`` (the run's). Else (a
+    hook rebuilt it under a new id), with ``earlier`` (whether the log held a message
+    before the question), at the first user message after the last such one; at the last
+    user message otherwise. Summaries and a view's own messages ask nothing;
+    ``len(messages)`` when there is none."""
     if question is not None:
         for position in range(len(messages) - 1, -1, -1):
             if messages[position].id == question.id:
                 return position
-    start = len(messages)  # the first user message the log does not hold, after the last it does
-    for position in range(len(messages) - 1, -1, -1):
-        message = messages[position]
-        if message.role is not Role.USER or message.is_summary:
-            continue
-        if logged is None:
-            return position
-        if logged(message.id):
-            return position if start == len(messages) else start
-        start = position
-    return start
+    asking = [p for p, m in enumerate(messages) if m.role is Role.USER and not _made(m)]
+    if earlier is not None:
+        held = [p for p, m in enumerate(messages) if earlier(m.id)]
+        later = [p for p in asking if not held or p > held[-1]]
+        if later:
+            return later[0]
+    return asking[-1] if asking else len(messages)
+
+
+def _made(message: Message) -> bool:
+    """A summary, or a message a view made for itself (memories, excerpts)."""
+    return message.is_summary or view_only(message)
+
+
+def _before_question(context: RunContext) -> Callable[[str], bool]:
+    """Whether the log held a message before the run's question (read from the log once,
+    when first asked)."""
+    asked_id = None if context.question is None else context.question.id
+    later: set[str] | None = None  # the ids logged since the question
+
+    def earlier(message_id: str) -> bool:
+        nonlocal later
+        if later is None:
+            later = set()
+            for message in reversed(context.log_index.log if asked_id else ()):
+                if message.id == asked_id:  # what is after it is this run's
+                    break
+                later.add(message.id)
+        return message_id not in later and context.has_message(message_id)
+
+    return earlier
 
 
 def asked(messages: Sequence[Message], context: RunContext) -> Message | None:
     """The message the run's current turn starts at in ``messages`` (``turn_start``): its
     question, or the message a hook rebuilt it as."""
-    start = turn_start(messages, context.question, context.has_message)
+    start = turn_start(messages, context.question, _before_question(context))
     return messages[start] if start < len(messages) else None
 
 

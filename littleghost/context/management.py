@@ -386,7 +386,9 @@ async def _compact_after_overflow(
         await learn_turn(sent, context, config.tokenizer)
         or learn_added(sent, reported, context, config.tokenizer)
     )
-    learned = reported and (learn_scale(sent, reported, context, config.tokenizer, window) or added)
+    learned = bool(reported) and (
+        learn_scale(sent, reported, context, config.tokenizer, window) or added
+    )
     if learned and sent is request:
         estimated = reported + (request.max_tokens or 0)
     else:
@@ -678,9 +680,10 @@ async def _compact(
 
 def _left_out(request: ModelRequest, compacted: ModelRequest) -> int:
     """How many of ``request``'s messages ``compacted`` left out (summarized, collapsed or
-    dropped): ``removed_messages``, not how much shorter it is."""
+    dropped; a view's own, rebuilt, not counted): ``removed_messages``, not how much
+    shorter it is."""
     kept = {message.id for message in compacted.messages}
-    return sum(message.id not in kept for message in request.messages)
+    return sum(m.id not in kept and not view_only(m) for m in request.messages)
 
 
 async def _model_free_compaction(
