@@ -360,6 +360,11 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
+        if response.stop_reason is StopReason.MAX_TOKENS:  # a tool call in it may be cut too
+            raise OutputLimitError(
+                "the model stopped at its output limit before completing its answer",
+                response=response,
+            )
         if output is not None and (final := output.final_call(response.message)) is not None:
             answer = output.output.check(final.arguments)
             results = output.final_results(calls, final, answer)
@@ -378,11 +383,6 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
             tool_calls += len(calls)
             await _run_tools(agent, calls, context)
             continue
-        if response.stop_reason is StopReason.MAX_TOKENS:
-            raise OutputLimitError(
-                "the model stopped at its output limit before completing its answer",
-                response=response,
-            )
         if output is None:
             return RunResult(
                 response.message.text, context.messages, context.usage, response.stop_reason

@@ -20,6 +20,7 @@ from littleghost import (
     ToolResult,
     Usage,
     after_model,
+    before_tool,
     tool,
 )
 from littleghost.errors import (
@@ -29,6 +30,7 @@ from littleghost.errors import (
     ProtocolError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
@@ -149,11 +151,28 @@ async def test_final_answer_cut_at_max_tokens_raises_output_limit() -> None:
     assert caught.value.response is cut
 
 
-async def test_tool_calls_cut_at_max_tokens_still_run() -> None:
-    """A max_tokens response that carries tool calls is not an output-limit failure."""
-    call = Message.assistant(tool_calls=[ToolCall("c1", "count", {"n": 1})])
-    model = ScriptedModel([ModelResponse(call, StopReason.MAX_TOKENS), text_response("2")])
-    assert (await Counter(model=model).run("count")).output == "2"
+@pytest.mark.parametrize("arguments", [{"n": 1}, {}, '{"n": 1'])
+async def test_tool_calls_cut_at_max_tokens_never_run(arguments: Any) -> None:
+    """A response cut at max_tokens may carry a call cut short (arguments half written, or
+    none: Anthropic gives ``{}``): it raises OutputLimitError, no call runs, and each is
+    answered with an error result, so the log stays whole (they ran, on what was cut)."""
+    ran: list[int] = []
+
+    class Counting(Counter):
+        @before_tool
+        def record(self, call: ToolCall) -> None:
+            ran.append(1)
+
+    cut = ModelResponse(
+        Message.assistant(tool_calls=[ToolCall("c1", "count", arguments)]), StopReason.MAX_TOKENS
+    )
+    store = InMemorySessionStore()
+    agent = Counting(model=ScriptedModel([cut, text_response("2")]), session_store=store)
+    with pytest.raises(OutputLimitError) as caught:
+        await agent.run("count", session_id="s")
+    assert caught.value.response.message.tool_calls[0].id == "c1" and ran == []
+    *_, answered = await store.load("s")
+    assert [(r.call_id, r.is_error) for r in answered.tool_results] == [("c1", True)]
 
 
 async def test_a_history_with_an_orphan_result_fails_before_any_model_call() -> None:
