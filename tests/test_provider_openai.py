@@ -1081,6 +1081,36 @@ async def test_stream_accumulates_parallel_tool_calls(
     assert done.response.stop_reason is StopReason.TOOL_USE
 
 
+async def test_streamed_tool_calls_at_one_index_are_told_apart_by_their_id(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Ollama gives every parallel call index 0, each with its own id: two calls, not one
+    named ``addadd``; a later chunk without an id, or an id sent late, is of the call
+    being written."""
+
+    def call(**fields: Any) -> dict[str, Any]:
+        return {"tool_calls": [{"index": 0, "type": "function", **fields}]}
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk(call(id="call_a", function={"name": "add", "arguments": '{"a": 1, '})),
+                chunk(call(function={"arguments": '"b": 2}'})),
+                chunk(call(id="call_b", function={"name": "add", "arguments": '{"a": 5, "b": 6}'})),
+                chunk(call(id="call_b", function={"arguments": ""}), finish_reason="tool_calls"),
+            )
+        )
+    )
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.tool_calls == (
+        ToolCall("call_a", "add", {"a": 1, "b": 2}),
+        ToolCall("call_b", "add", {"a": 5, "b": 6}),
+    )
+
+
 async def test_streamed_tool_calls_without_an_index_are_told_apart_by_their_id(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

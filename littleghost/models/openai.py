@@ -583,8 +583,9 @@ class OpenAIModel:
         params = self._params(request)
         text: list[str] = []
         reasoning: list[str] = []
-        calls: dict[object, dict[str, Any]] = {}  # by index, else by id (Gemini sends no index)
-        key: object = 0
+        calls: list[dict[str, Any]] = []
+        at: dict[object, dict[str, Any]] = {}  # the call being written, by index, else by id
+        key: object = 0  # (Gemini sends no index)
         finish_reason: str | None = None
         done = False
         usage: Any = None
@@ -616,12 +617,16 @@ class OpenAIModel:
                                     text.append(answer)
                                     yield TextChunk(answer)
                                 for piece in delta.get("tool_calls") or ():
-                                    index = piece.get("index")
-                                    key = index if index is not None else piece.get("id") or key
-                                    call = calls.setdefault(
-                                        key, {"id": None, "name": "", "arguments": ""}
-                                    )
-                                    call["id"] = piece.get("id") or call["id"]
+                                    index, named = piece.get("index"), piece.get("id")
+                                    key = index if index is not None else named or key
+                                    call = at.get(key)
+                                    # another id at an index starts another call (Ollama
+                                    # gives every parallel call index 0)
+                                    if call is None or named not in (None, call["id"] or named):
+                                        call = {"id": named, "name": "", "arguments": ""}
+                                        calls.append(call)
+                                        at[key] = call
+                                    call["id"] = call["id"] or named
                                     function = piece.get("function") or {}
                                     call["name"] += function.get("name") or ""
                                     call["arguments"] += function.get("arguments") or ""
@@ -642,7 +647,7 @@ class OpenAIModel:
             ToolCall(
                 call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
             )
-            for index, call in enumerate(calls.values())
+            for index, call in enumerate(calls)
         ]
         yield StreamDone(
             ModelResponse(
