@@ -1221,6 +1221,15 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) 
             id="an error event without an error key",
         ),
         pytest.param(
+            b'error: {"code": 400, "message": "request (5000 tokens) exceeds the available '
+            b'context size (4096 tokens), try increasing it", "type": '
+            b'"exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}\n\n'
+            b"data: [DONE]\n\n",
+            ContextWindowOverflowError,
+            "exceeds the available context size",
+            id="llama.cpp: an error: line (it was dropped, and the answer ended empty)",
+        ),
+        pytest.param(
             b"event: error\ndata: upstream timed out\n\n",
             ProviderUnavailableError,
             "upstream timed out",

@@ -347,7 +347,8 @@ def stream_cut_off(provider: str) -> ProviderUnavailableError:
 
 
 async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str | None, str], None]:
-    """The ``(event, data)`` pairs of a server-sent-events HTTP response body.
+    """The ``(event, data)`` pairs of a server-sent-events HTTP response body; an
+    ``error:`` line is an ``error`` event.
 
     A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised (a
     last event without its blank line is given; the provider tells from it whether the
@@ -374,6 +375,9 @@ async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str |
                 if name == "event":
                     event = value
                 elif name == "data":
+                    data.append(value)
+                elif name == "error":  # llama.cpp's server sent errors so before 2025
+                    event = "error"
                     data.append(value)
     if buffer.strip():  # a partial line
         raise stream_cut_off(provider)
