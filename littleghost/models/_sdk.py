@@ -376,7 +376,7 @@ async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str |
                     event = value
                 elif name == "data":
                     data.append(value)
-                elif name == "error":  # llama.cpp's server sent errors so before 2025
+                elif name == "error":  # as older llama.cpp servers send errors
                     event = "error"
                     data.append(value)
     if buffer.strip():  # a partial line
