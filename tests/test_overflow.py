@@ -334,6 +334,68 @@ OVERFLOWS = [
         id="openrouter",
     ),
     pytest.param(
+        "openrouter",
+        400,
+        {
+            "error": {
+                "message": "This endpoint's maximum context length is 128000 tokens. However, "
+                "you requested about 151000 tokens (120000 of text input, 30000 of tool input, "
+                "1000 in the output). Please reduce the length of either one.",
+                "code": 400,
+            }
+        },
+        150000,
+        128000,
+        id="openrouter-tool-input",
+    ),
+    pytest.param(
+        "openai",
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, you "
+                "requested 8300 tokens (7000 in the messages, 1200 in the functions, and 100 "
+                "in the completion). Please reduce the length of the messages, functions, or "
+                "completion.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            }
+        },
+        8200,
+        8192,
+        id="openai-functions",
+    ),
+    pytest.param(
+        "together",
+        400,
+        {
+            "error": {
+                "message": "The input (9000 tokens) is longer than the model's context length "
+                "(8192 tokens).",
+                "type": "invalid_request_error",
+            }
+        },
+        9000,
+        8192,
+        id="together",
+    ),
+    pytest.param(
+        "sglang",
+        400,
+        {
+            "object": "error",
+            "message": "Requested token count exceeds the model's maximum context length of "
+            "131072 tokens. You requested a total of 139000 tokens: 139000 tokens from the "
+            "input messages and 0 tokens for the completion. Please reduce the number of "
+            "tokens in the input messages or the completion to fit within the limit.",
+            "type": "BadRequestError",
+            "code": 400,
+        },
+        139000,
+        131072,
+        id="sglang",
+    ),
+    pytest.param(
         "mistral",
         400,
         {

@@ -95,6 +95,7 @@ _OVERFLOW_MESSAGES = re.compile(
             r"`?inputs`? must have less than \d+ tokens",  # TGI (max input tokens)
             r"too large for model with \d+ maximum context length",  # Mistral
             r"maximum prompt length is \d+",  # xAI
+            r"is longer than the model'?s context length",  # Together
         )
     ),
     re.IGNORECASE,
@@ -133,6 +134,9 @@ _SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
         (rf"prompt contains {_N} tokens.*?too large for model with {_N} maximum", 1, 2),
         (rf"maximum prompt length is {_N} but the request contains {_N}", 2, 1),
         (rf"max input tokens: {_N}, request input token count: {_N}", 2, 1),
+        (rf"input \({_N} tokens\) is longer than the model'?s context length \({_N}", 1, 2),
+        (rf"{_N} tokens from the input messages", 1, 0),  # SGLang
+        (rf"maximum context length of {_N} tokens", 0, 1),  # SGLang
         (rf"\({_N} in the messages", 1, 0),
         (rf"{_N} of text input", 1, 0),
         (rf"request has {_N} input tokens", 1, 0),
@@ -142,6 +146,14 @@ _SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
         (rf"configured limit of {_N} tokens", 0, 1),
     )
 )
+_SUMMED = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        rf"\({_N} in the messages, {_N} in the functions",  # OpenAI, with tool schemas
+        rf"{_N} of text input, {_N} of tool input",  # OpenRouter
+    )
+)
+"""Prompt sizes an error gives in parts: the prompt is their sum."""
 _TIME = r"(\d+(?:\.\d+)?)\s*(ms|h|m|s)"
 _TRY_AGAIN = re.compile(rf"try again in ((?:{_TIME})+)\b", re.IGNORECASE)
 _SECONDS = {"ms": 0.001, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -211,6 +223,11 @@ def _number(text: str) -> int:
 def _sizes(message: str) -> tuple[int | None, int | None]:
     prompt: int | None = None
     window: int | None = None
+    for parts in _SUMMED:
+        found = parts.search(message)
+        if found is not None:
+            prompt = sum(_number(part) for part in found.groups())
+            break
     for pattern, prompt_group, window_group in _SIZES:
         found = pattern.search(message)
         if found is None:
