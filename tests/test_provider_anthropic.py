@@ -603,6 +603,20 @@ async def test_a_body_that_is_not_json_is_transient(
     assert len(server.requests) == 2
 
 
+async def test_an_html_page_sent_with_a_200_is_transient(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A proxy's error page with a 200: the SDK hands back its text, which raised an
+    AttributeError; it is a body that is not JSON, and the run retries."""
+    page = httpx2.Response(
+        200, text="<html>Bad gateway</html>", headers={"content-type": "text/html"}
+    )
+    with pytest.raises(ProviderUnavailableError, match="not valid JSON"):
+        await make_model(FakeServer(page)).respond(ModelRequest([Message.user("hi")]))
+    server = FakeServer(page, message([{"type": "text", "text": "fine"}]))
+    assert (await Agent(model=make_model(server)).run("hi")).output == "fine"
+
+
 async def test_an_error_sent_with_a_200_is_classified(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

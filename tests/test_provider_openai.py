@@ -30,6 +30,7 @@ from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
     InvalidRequestError,
+    ProtocolError,
     ProviderError,
     ProviderUnavailableError,
     RateLimitError,
@@ -1641,8 +1642,11 @@ OPENROUTER = "https://openrouter.ai/api/v1"
 """A server other than OpenAI's: its models are given a window, so no ``GET /models``."""
 
 
-def failed_completion(choice_error: dict[str, Any] | None = None) -> httpx2.Response:
-    """A completion OpenRouter ends with ``finish_reason: "error"`` (an upstream failure)."""
+def failed_completion(
+    choice_error: dict[str, Any] | None = None, reason: str = "error"
+) -> httpx2.Response:
+    """A completion OpenRouter ends with ``finish_reason: "error"`` (an upstream failure),
+    or another server with its own ``reason`` for one."""
     body = {
         "id": "gen-1",
         "object": "chat.completion",
@@ -1652,14 +1656,35 @@ def failed_completion(choice_error: dict[str, Any] | None = None) -> httpx2.Resp
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "The answer is"},
-                "finish_reason": "error",
-                "native_finish_reason": "error",
+                "finish_reason": reason,
+                "native_finish_reason": reason,
                 **({} if choice_error is None else {"error": choice_error}),
             }
         ],
         "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
     }
     return httpx2.Response(200, json=body)
+
+
+async def test_an_html_page_sent_with_a_200_is_transient(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A proxy's error page with a 200 is a body that is not JSON (it was a ProtocolError,
+    never retried): the run retries."""
+    page = httpx2.Response(
+        200, text="<html>Bad gateway</html>", headers={"content-type": "text/html"}
+    )
+    server = FakeServer(page, completion({"content": "ok"}))
+    assert (await Agent(model=make_model(server)).run("hi")).output == "ok"
+
+
+async def test_a_choice_without_a_message_is_a_protocol_error(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m"}
+    answer = httpx2.Response(200, json={**body, "choices": [{"index": 0, "finish_reason": "stop"}]})
+    with pytest.raises(ProtocolError, match="has no message"):
+        await make_model(FakeServer(answer)).respond(ModelRequest([Message.user("hi")]))
 
 
 class TestFinishReasonError:
@@ -1678,6 +1703,24 @@ class TestFinishReasonError:
         assistant = [m.text for m in result.messages if m.role == "assistant"]
         assert assistant == ["The answer is 42."]
         assert [request.url.path for request in server.requests] == ["/api/v1/chat/completions"] * 2
+
+    @pytest.mark.parametrize("reason", ["abort", "insufficient_system_resource"])
+    async def test_other_servers_failures_to_finish_are_retried_too(
+        self, make_model: Callable[..., OpenAIModel], reason: str
+    ) -> None:
+        """vLLM's ``abort`` and DeepSeek's ``insufficient_system_resource``, streamed or
+        not: the cut answer was taken as complete; the run retries."""
+        failed = sse(chunk({"content": "The answer is "}), chunk({}, finish_reason=reason))
+        whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+        server = FakeServer(event_stream(failed), event_stream(whole))
+        async with Agent(model=make_model(server)).stream("hi") as events:
+            async for _ in events:
+                pass
+        assert events.result.output == "The answer is 42."
+        server = FakeServer(
+            failed_completion(reason=reason), completion({"content": "The answer is 42."})
+        )
+        assert (await Agent(model=make_model(server)).run("hi")).output == "The answer is 42."
 
     async def test_without_retries_the_error_is_raised(
         self, make_model: Callable[..., OpenAIModel]

@@ -33,6 +33,7 @@ __all__ = [
     "image_media_type",
     "import_sdk",
     "lookup",
+    "not_json",
     "parse_arguments",
     "reported",
     "reported_name",
@@ -322,11 +323,7 @@ def error_mapper(
         if isinstance(error, http_errors):
             return transport_error(provider, timeout=isinstance(error, timeouts))
         if isinstance(error, json.JSONDecodeError):
-            return ProviderUnavailableError(
-                f"{provider}: the answer's body is not valid JSON (garbled or cut short)",
-                code="invalid_json",
-                provider=provider,
-            )
+            return not_json(provider)
         if isinstance(error, base):
             return ProviderError(
                 f"{provider}: the SDK failed ({type(error).__name__})", provider=provider
@@ -334,6 +331,16 @@ def error_mapper(
         return None
 
     return map_error
+
+
+def not_json(provider: str) -> ProviderUnavailableError:
+    """The exception for an answer whose body is not JSON: garbled, cut short, or a page
+    (a proxy's HTML error page, sent with a 200, which the SDK hands back as text)."""
+    return ProviderUnavailableError(
+        f"{provider}: the answer's body is not valid JSON (garbled or cut short)",
+        code="invalid_json",
+        provider=provider,
+    )
 
 
 def stream_cut_off(provider: str) -> ProviderUnavailableError:

@@ -38,6 +38,7 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     lookup,
+    not_json,
     parse_arguments,
     reported,
     reported_name,
@@ -456,6 +457,8 @@ class AnthropicModel:
             if mapped is None:
                 raise
             raise mapped from error
+        if isinstance(message, str):
+            raise not_json(self.provider)
         if getattr(message, "type", None) == "error":  # a gateway's error, sent with a 200
             raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
         return _response(message)

@@ -37,6 +37,7 @@ from littleghost.models._sdk import (
     image_media_type,
     import_sdk,
     lookup,
+    not_json,
     parse_arguments,
     reported,
     reported_name,
@@ -75,6 +76,10 @@ _STOP_REASONS = {
     "content_filter": StopReason.CONTENT_FILTER,
 }
 
+
+_FAILED = frozenset({"error", "abort", "insufficient_system_resource"})
+"""The ``finish_reason`` values of an answer the provider failed to finish: OpenRouter's
+``error``, vLLM's ``abort``, DeepSeek's ``insufficient_system_resource``."""
 
 _Counter = Callable[[Any, dict[str, Any]], Awaitable["int | None"]]
 """A way to count a request's prompt tokens: ``(client, chat body) -> count or None``
@@ -117,18 +122,18 @@ def _reported_window(body: object, model: str) -> int | None:
     return next((figure for figure in figures if is_int(figure) and figure > 0), None)
 
 
-def _ended_in_error(provider: str, sent: object) -> ProviderError:
-    """The exception for a choice that ended with ``finish_reason: "error"``, as OpenRouter
-    ends an answer its upstream provider failed to finish: the error the choice carries,
-    classified; without one, a ``ProviderUnavailableError`` (the failure happened while
-    generating, on the provider's side, so another attempt may well succeed)."""
+def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
+    """The exception for a choice that ended with a ``finish_reason`` of ``_FAILED``, as
+    OpenRouter ends an answer its upstream provider failed to finish: the error the choice
+    carries, classified; without one, a ``ProviderUnavailableError`` (the failure happened
+    while generating, on the provider's side, so another attempt may well succeed)."""
     dump = getattr(sent, "model_dump", None)
     if callable(dump):
         sent = dump()
     if sent:
         return classify_error(provider=provider, body={"error": sent})
     return ProviderUnavailableError(
-        f"{provider}: the model ended its answer with finish_reason 'error' and no error "
+        f"{provider}: the model ended its answer with finish_reason {reason!r} and no error "
         "details (the provider failed while generating)",
         code="finish_reason_error",
         provider=provider,
@@ -523,6 +528,8 @@ class OpenAIModel:
             if mapped is None:
                 raise
             raise mapped from error
+        if isinstance(completion, str):
+            raise not_json(self.provider)
         choices = getattr(completion, "choices", None)
         if not choices:
             sent = lookup(completion, "error")  # a gateway's error, sent with a 200
@@ -532,9 +539,11 @@ class OpenAIModel:
                 f"{self.provider}: the completion for {self._name!r} has no choices"
             )
         choice = choices[0]
-        if choice.finish_reason == "error":
-            raise _ended_in_error(self.provider, lookup(choice, "error"))
+        if choice.finish_reason in _FAILED:
+            raise _ended_in_error(self.provider, choice.finish_reason, lookup(choice, "error"))
         message = choice.message
+        if message is None:
+            raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
         calls = _tool_calls(message.tool_calls)
         text = message.content or getattr(message, "refusal", None) or ""
         return ModelResponse(
@@ -575,8 +584,8 @@ class OpenAIModel:
         one ``StreamDone``.
 
         A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off, and
-        one whose choice ends with ``finish_reason: "error"`` (OpenRouter) failed on the
-        provider's side: both a ``ProviderUnavailableError``, unless the choice carries an
+        one whose choice ends with a ``finish_reason`` of ``_FAILED`` failed on the provider's
+        side: both a ``ProviderUnavailableError``, unless the choice carries an
         error, which is classified. Closing the iterator early closes the HTTP response,
         which stops the server's generation.
         """
@@ -631,8 +640,10 @@ class OpenAIModel:
                                     call["name"] += function.get("name") or ""
                                     call["arguments"] += function.get("arguments") or ""
                                 finish_reason = choice.get("finish_reason") or finish_reason
-                                if finish_reason == "error":
-                                    raise _ended_in_error(self.provider, choice.get("error"))
+                                if finish_reason in _FAILED:
+                                    raise _ended_in_error(
+                                        self.provider, finish_reason, choice.get("error")
+                                    )
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
