@@ -1165,6 +1165,33 @@ async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
     assert [("stream_options" in body) for body in server.bodies] == [True, False, False]
 
 
+async def test_an_error_that_quotes_stream_options_leaves_them_on(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A validation error that quotes the request names stream_options too: the request
+    without them fails alike, so the next stream still asks for usage (they were off
+    for good, and every later answer reported no usage)."""
+    quoting = error(
+        400,
+        {
+            "error": {
+                "message": "1 validation error: temperature must be <= 2; input: "
+                "{'stream_options': {'include_usage': True}, 'temperature': 5}",
+                "type": "BadRequestError",
+            }
+        },
+    )
+    text = sse(chunk({"content": "hi"}, finish_reason="stop"))
+    server = FakeServer(quoting, quoting, event_stream(text))
+    model = make_model(server, base_url="http://127.0.0.1:8000/v1")
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        async for _ in model.stream(ModelRequest([Message.user("hi")])):
+            pass
+    async for _ in model.stream(ModelRequest([Message.user("hi")])):
+        pass
+    assert [("stream_options" in body) for body in server.bodies] == [True, False, True]
+
+
 async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) -> None:
     overflow = FakeServer(error(400, OVERFLOW_BODY))
     with pytest.raises(ContextWindowOverflowError):

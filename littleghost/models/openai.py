@@ -576,7 +576,11 @@ class OpenAIModel:
                     f"{error.message} {error.body}"
                 ):
                     raise
+                # off for good only once the server takes the request without them (an
+                # error that quotes the request names them too)
+                opened = await stack.enter_async_context(create(**params, stream=True))
                 self._stream_usage = False
+                return opened
         return await stack.enter_async_context(create(**params, stream=True))
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
