@@ -730,20 +730,22 @@ async def test_every_retry_keeps_what_the_recovery_hook_added() -> None:
     ]
 
 
+def masked(message: Message) -> Message:
+    """A user message rebuilt with its card numbers masked, under a new id (as
+    ``Message.user`` makes one); any other as it is."""
+    if message.role != "user":
+        return message
+    return Message.user(re.sub(r"\d{4}", "####", message.text))
+
+
 class Scrubbed(Agent):
-    """Rebuilds every user message, card numbers masked, under a new id (as
-    ``Message.user`` makes one), and retrieves a note before the question."""
+    """Rebuilds every user message (``masked``) and retrieves a note before the question."""
 
     max_retries = 0
 
     @before_model
     def scrub(self, request: ModelRequest) -> ModelRequest:
-        def clean(message: Message) -> Message:
-            if message.role != "user":
-                return message
-            return Message.user(re.sub(r"\d{4}", "####", message.text))
-
-        messages = [clean(m) for m in request.messages]
+        messages = [masked(m) for m in request.messages]
         return attrs.evolve(request, messages=(*messages[:-1], Message.user("note"), messages[-1]))
 
     @after_model_error
@@ -786,19 +788,14 @@ async def test_a_retry_leaves_out_what_a_hook_took_out_without_a_replacement() -
 
 
 class Rebuilding(Agent):
-    """Rebuilds every user message, card numbers masked, under a new id."""
+    """Rebuilds every user message (``masked``)."""
 
     instructions = "Be brief."
     max_retries = 0
 
     @before_model
     def scrub(self, request: ModelRequest) -> ModelRequest:
-        def clean(message: Message) -> Message:
-            if message.role != "user":
-                return message
-            return Message.user(re.sub(r"\d{4}", "####", message.text))
-
-        return attrs.evolve(request, messages=tuple(map(clean, request.messages)))
+        return attrs.evolve(request, messages=tuple(map(masked, request.messages)))
 
 
 async def test_a_rebuilt_message_the_recovery_changed_is_retried_as_changed() -> None:

@@ -713,6 +713,22 @@ CONSULTING = {
 }
 
 
+def delegating(helper: type[Agent], grace: float) -> type[Agent]:
+    """An agent of ``grace`` whose tool ``delegate`` runs a ``helper`` made for the call,
+    closed at the end of an ``async with`` block."""
+
+    class Delegating(Agent):
+        cleanup_grace = grace
+
+        @tool
+        async def delegate(self) -> str:
+            """Hand the work to a helper."""
+            async with helper() as made:
+                return (await made.run("?")).output
+
+    return Delegating
+
+
 class TestOneGraceForAll:
     @pytest.mark.parametrize("place", list(CONSULTING))
     async def test_nested_runs_from_hooks_instructions_and_models_share_the_outer_grace(
@@ -797,17 +813,8 @@ class TestOneGraceForAll:
             model = "slow-to-close:helper"
             cleanup_grace = 3 * NESTED_GRACE
 
-        class Delegating(Agent):
-            cleanup_grace = NESTED_GRACE
-
-            @tool
-            async def delegate(self) -> str:
-                """Hand the work to a helper."""
-                async with Helper() as helper:
-                    return (await helper.run("?")).output
-
         model = ScriptedModel([tool_call_response("delegate", {}), text_response("x")])
-        agent = Delegating(model=model, session_store=SlowStore(5.0, fast=2))
+        agent = delegating(Helper, NESTED_GRACE)(model=model, session_store=SlowStore(5.0, fast=2))
         began = time.monotonic()
         async with anyio.create_task_group() as group:
             group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
@@ -831,17 +838,8 @@ class TestOneGraceForAll:
             model = "slowish-to-close:helper"
             cleanup_grace = 2.0
 
-        class Delegating(Agent):
-            cleanup_grace = 0.1
-
-            @tool
-            async def delegate(self) -> str:
-                """Hand the work to a helper."""
-                async with Helper() as helper:
-                    return (await helper.run("?")).output
-
         model = ScriptedModel([tool_call_response("delegate", {}), text_response("x")])
-        result = await Delegating(model=model).run("Go.")
+        result = await delegating(Helper, 0.1)(model=model).run("Go.")
         (answer,) = [r for m in result.messages for r in m.tool_results]
         assert (answer.content, answer.is_error) == ("ok", False)
 
