@@ -601,6 +601,8 @@ def test_gemini_retry_delay_is_read_from_the_details() -> None:
         ({}, "Please try again in 6m0s.", 360.0),
         ({}, "Please try again in 1h2m3.5s.", 3723.5),
         ({}, "Please try again in 2m.", 120.0),
+        ({}, "Rate limit is exceeded. Please retry after 6 seconds.", 6.0),  # Azure
+        ({}, "Try again later.", None),
         (None, "", None),
     ],
 )

@@ -158,6 +158,7 @@ _TIME = r"(\d+(?:\.\d+)?)\s*(ms|h|m|s)"
 _TRY_AGAIN = re.compile(rf"try again in ((?:{_TIME})+)\b", re.IGNORECASE)
 _SECONDS = {"ms": 0.001, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
+_RETRY_AFTER = re.compile(r"retry after (\d+(?:\.\d+)?) seconds?\b", re.IGNORECASE)  # Azure
 
 
 def _mappings(body: object) -> Iterator[Mapping[str, Any]]:
@@ -297,7 +298,8 @@ def retry_after_seconds(
             float(amount) * _SECONDS[unit.lower()]
             for amount, unit in re.findall(_TIME, found.group(1), re.IGNORECASE)
         )
-    return None
+    found = _RETRY_AFTER.search(message)
+    return None if found is None else float(found.group(1))
 
 
 def _detail(message: str | None) -> str:
