@@ -263,7 +263,6 @@ class SessionLocks:
             SessionBusyError: The current task (or the run it belongs to) already holds
                 the session, so waiting would never end.
         """
-        held = _HELD.get()
         _check_not_held(id(self), session_id)
         thread = threading.get_ident()
         with self._guard:
@@ -277,20 +276,8 @@ class SessionLocks:
             async with queue.lock:
                 await _acquire(entry.mutex)
                 try:
-                    hold = Hold(id(self), session_id)
-                    token = _HELD.set((*held, hold))
-                    waiter = _WAITED_BY.get()
-                    if waiter is not None and waiter.session_id == session_id:
-                        for around in _UNDER.get():  # this waiter's and those around it
-                            around.holds.append(hold)
-                        waiter = None  # recorded: the runs started inside record nothing
-                    waited = _WAITED_BY.set(waiter)
-                    try:
+                    with _recorded(id(self), session_id):
                         yield
-                    finally:
-                        hold.active = False
-                        _WAITED_BY.reset(waited)
-                        _HELD.reset(token)
                 finally:
                     entry.mutex.release()
         finally:
@@ -305,7 +292,7 @@ class SessionLocks:
     def held(self, session_id: str) -> Hold | None:
         """The current task's hold of ``session_id`` in this table, if it holds it."""
         for hold in _HELD.get():
-            if self._is(hold, session_id):
+            if _holds(hold, id(self), session_id):
                 return hold
         return None
 
@@ -319,9 +306,6 @@ class SessionLocks:
             return
         async with hold.writing:
             yield hold
-
-    def _is(self, hold: Hold, session_id: str) -> bool:
-        return _holds(hold, id(self), session_id)
 
     def saw(self, session_id: str, length: int) -> None:
         """Note that the current task, if it holds ``session_id``, saw it hold ``length``
@@ -349,6 +333,27 @@ _STORE_LOCKS: dict[int, SessionLocks] = {}
 
 def _holds(hold: Hold, owner: int, session_id: str) -> bool:
     return hold.active and hold.owner == owner and hold.session_id == session_id
+
+
+@contextmanager
+def _recorded(owner: int, session_id: str) -> Iterator[None]:
+    """Record a hold of ``session_id`` of ``owner`` for the current task while the context
+    is open, and for the stream's block waiting on its run when that run is of this
+    session (then the runs started inside record nothing for that waiter)."""
+    hold = Hold(owner, session_id)
+    token = _HELD.set((*_HELD.get(), hold))
+    waiter = _WAITED_BY.get()
+    if waiter is not None and waiter.session_id == session_id:
+        for around in _UNDER.get():  # this waiter's and those around it
+            around.holds.append(hold)
+        waiter = None
+    waited = _WAITED_BY.set(waiter)
+    try:
+        yield
+    finally:
+        hold.active = False
+        _WAITED_BY.reset(waited)
+        _HELD.reset(token)
 
 
 def _check_not_held(owner: int, session_id: str) -> None:
@@ -392,25 +397,13 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
 async def _store_hold(
     lock: AbstractAsyncContextManager[None], owner: int, session_id: str
 ) -> AsyncIterator[None]:
-    """A store's own ``lock``, recorded as a hold of ``owner`` (the store object) for
-    the task and its waiter, as ``SessionLocks.hold`` records one (a lock of the store's
-    own cannot tell a run that would wait for itself); inside it, nested runs record no
-    hold for a waiter."""
+    """A store's own ``lock``, recorded as a hold of ``owner`` (the store object), as
+    ``SessionLocks.hold`` records one (a lock of the store's own cannot tell a run that
+    would wait for itself)."""
     _check_not_held(owner, session_id)
     async with lock:
-        hold = Hold(owner, session_id)
-        token = _HELD.set((*_HELD.get(), hold))
-        waiter = _WAITED_BY.get()
-        if waiter is not None and waiter.session_id == session_id:
-            for around in _UNDER.get():
-                around.holds.append(hold)
-        waited = _WAITED_BY.set(None)
-        try:
+        with _recorded(owner, session_id):
             yield
-        finally:
-            hold.active = False
-            _WAITED_BY.reset(waited)
-            _HELD.reset(token)
 
 
 def _locks_of(store: SessionStore) -> SessionLocks:
