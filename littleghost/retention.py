@@ -196,7 +196,7 @@ async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str
     transcript of the request that asked it, without the question."""
     plan = runner.plan_run(agent, question, history=log, output_type=str)
     model = _Asking(agent.resolve_model(), plan.message.id)
-    result = await runner.run(agent, plan, model=model)
+    result = await runner.run(agent, plan, make_model=lambda: model)
     assert model.asked is not None  # a run that ended has had an answer
     sent = [message for message in model.asked.messages if message.id != plan.message.id]
     return result.output, render_transcript(sent)

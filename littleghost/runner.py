@@ -191,7 +191,6 @@ async def run(
     agent: Agent,
     plan: RunPlan,
     *,
-    model: Model | None = None,
     make_model: Callable[[], Model] | None = None,
     sink: EventSink | None = None,
     observe: Callable[[RunContext], None] | None = None,
@@ -202,8 +201,8 @@ async def run(
     Args:
         agent: The agent to run.
         plan: The run's checked arguments (``plan_run``).
-        model: The model to call; by default the one ``make_model()`` makes in the run's
-            span, else ``agent.resolve_model()``.
+        make_model: Makes the model to call, in the run's span (so that a failure to
+            make it fails the span); by default ``agent.resolve_model``.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
         held: Called once the run holds its session and has its log from it (at its
@@ -217,8 +216,7 @@ async def run(
         attributes[telemetry.CONVERSATION_ID] = plan.session_id
     # opened first, so that a model that cannot be resolved fails a span too
     with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
-        if model is None:
-            model = (make_model or agent.resolve_model)()
+        model = (make_model or agent.resolve_model)()
         span.set_attributes(
             {telemetry.PROVIDER_NAME: model.provider, telemetry.REQUEST_MODEL: model.name}
         )
