@@ -555,9 +555,10 @@ def _with_question(
     ids = [message.id for message in given.messages]
     if question is None or question.id not in ids or question.id in shown:
         return tuple(messages)
-    before = set(ids[: ids.index(question.id)])
+    asked = ids.index(question.id)
+    before = set(ids[:asked])
     place = max((p + 1 for p, m in enumerate(messages) if m.id in before), default=0)
-    return (*messages[:place], given.messages[ids.index(question.id)], *messages[place:])
+    return (*messages[:place], given.messages[asked], *messages[place:])
 
 
 def _added(given: ModelRequest, sent: ModelRequest, context: RunContext) -> set[str]:

@@ -635,7 +635,7 @@ class OpenAIModel:
                                     call = at.get(key)
                                     # another id at an index starts another call (Ollama
                                     # gives every parallel call index 0)
-                                    if call is None or named not in (None, call["id"] or named):
+                                    if call is None or (named and call["id"] not in (None, named)):
                                         call = {"id": named, "name": "", "arguments": ""}
                                         calls.append(call)
                                         at[key] = call
