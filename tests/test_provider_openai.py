@@ -1082,15 +1082,17 @@ async def test_stream_accumulates_parallel_tool_calls(
     assert done.response.stop_reason is StopReason.TOOL_USE
 
 
-async def test_streamed_tool_calls_at_one_index_are_told_apart_by_their_id(
-    make_model: Callable[..., OpenAIModel],
+@pytest.mark.parametrize("index", [None, 0], ids=["no index", "one index"])
+async def test_streamed_tool_calls_are_told_apart_by_their_id(
+    make_model: Callable[..., OpenAIModel], index: int | None
 ) -> None:
-    """Ollama gives every parallel call index 0, each with its own id: two calls, not one
-    named ``addadd``; a later chunk without an id, or an id sent late, is of the call
-    being written."""
+    """Gemini sends no index; Ollama gives every parallel call index 0, each with its own
+    id (they were merged into one call named ``addadd``): two calls either way, and a
+    chunk without an id, or the id sent again, is of the call being written."""
 
     def call(**fields: Any) -> dict[str, Any]:
-        return {"tool_calls": [{"index": 0, "type": "function", **fields}]}
+        placed = {} if index is None else {"index": index}
+        return {"tool_calls": [{**placed, "type": "function", **fields}]}
 
     server = FakeServer(
         event_stream(
@@ -1099,34 +1101,6 @@ async def test_streamed_tool_calls_at_one_index_are_told_apart_by_their_id(
                 chunk(call(function={"arguments": '"b": 2}'})),
                 chunk(call(id="call_b", function={"name": "add", "arguments": '{"a": 5, "b": 6}'})),
                 chunk(call(id="call_b", function={"arguments": ""}), finish_reason="tool_calls"),
-            )
-        )
-    )
-    events = [
-        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
-    ]
-    assert isinstance(events[-1], StreamDone)
-    assert events[-1].response.message.tool_calls == (
-        ToolCall("call_a", "add", {"a": 1, "b": 2}),
-        ToolCall("call_b", "add", {"a": 5, "b": 6}),
-    )
-
-
-async def test_streamed_tool_calls_without_an_index_are_told_apart_by_their_id(
-    make_model: Callable[..., OpenAIModel],
-) -> None:
-    def call(**fields: Any) -> dict[str, Any]:
-        return {"tool_calls": [{"type": "function", **fields}]}
-
-    server = FakeServer(
-        event_stream(
-            sse(
-                chunk(call(id="call_a", function={"name": "add", "arguments": '{"a": 1, '})),
-                chunk(call(function={"arguments": '"b": 2}'})),
-                chunk(
-                    call(id="call_b", function={"name": "add", "arguments": '{"a": 5, "b": 6}'}),
-                    finish_reason="tool_calls",
-                ),
             )
         )
     )
