@@ -772,8 +772,10 @@ async def test_a_retry_keeps_the_messages_a_hook_rewrote_under_a_new_id(turns: i
     assert [m.text for m in result.messages if m.role == "user"][-1] == "is 5678 blocked?"
 
 
-async def test_a_retry_leaves_out_what_a_hook_took_out_without_a_replacement() -> None:
-    """A message a hook dropped, with nothing added in its place, stays out of the retry."""
+async def test_a_retry_after_hooks_dropped_older_messages_is_what_the_first_call_was() -> None:
+    """One hook drops the older messages, another rebuilds the question and adds a note:
+    the retry puts back what they were given, and they do it again (the question was
+    lost, and the retry went without it)."""
 
     class Forgetful(Scrubbed):
         @before_model

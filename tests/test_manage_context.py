@@ -2963,12 +2963,11 @@ class TestInjectedMaterial:
         assert not any(REFERENCE in m.text for m in result.messages)
         assert result.output == "done"
 
-    async def test_a_question_a_hook_sends_anew_is_the_turn_recovery_counts(self) -> None:
+    async def test_a_question_a_hook_sends_anew_fails_alone_as_any_does(self) -> None:
         """A hook that sends the question as a new message (the reference material and the
-        question in one; the log holds the question alone): that message is the current
-        turn (it was none, and before that the instructions were counted as the turn
-        alone), and a question over the window alone fails as any does: the provider's
-        error, caused by a CompactionError saying so."""
+        question in one; the log holds the question alone): over the window alone, it fails
+        as any question does, with the provider's error caused by a CompactionError saying
+        so, and every count recovery asks for is of a request that ends with it."""
 
         @manage_context(context_window_tokens=1_000, compression_threshold=1.0)
         class Rewriting(Agent):
