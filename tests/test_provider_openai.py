@@ -1022,9 +1022,11 @@ async def test_stream_yields_text_then_the_whole_response(
     assert body["stream_options"] == {"include_usage": True}
 
 
-async def test_a_streamed_refusal_is_the_answer_as_when_not_streamed(
+async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed_or_not(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
+    """As Anthropic's ``refusal`` stop reason is, so ``RunResult.stop_reason`` tells a
+    refusal apart from an answer on either provider."""
     refusal = "I'm sorry, I cannot help with that."
     streamed = sse(
         chunk({"role": "assistant", "content": None, "refusal": ""}),
@@ -1038,6 +1040,7 @@ async def test_a_streamed_refusal_is_the_answer_as_when_not_streamed(
     assert events[:-1] == [TextChunk(refusal[:10]), TextChunk(refusal[10:])]
     assert isinstance(events[-1], StreamDone)
     assert events[-1].response.message.content == whole.message.content == (TextPart(refusal),)
+    assert events[-1].response.stop_reason is whole.stop_reason is StopReason.CONTENT_FILTER
 
 
 async def test_stream_accumulates_parallel_tool_calls(

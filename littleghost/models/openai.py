@@ -140,8 +140,13 @@ def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
     )
 
 
-def stop_reason(finish_reason: str | None, has_tool_calls: bool) -> StopReason:
-    """The ``StopReason`` for a chat-completions ``finish_reason``."""
+def stop_reason(
+    finish_reason: str | None, has_tool_calls: bool, refused: bool = False
+) -> StopReason:
+    """The ``StopReason`` for a chat-completions ``finish_reason``; an answer that is a
+    refusal (sent as ``refusal``, not ``content``) is ``CONTENT_FILTER``, as on Anthropic."""
+    if refused:
+        return StopReason.CONTENT_FILTER
     reason = _STOP_REASONS.get(finish_reason or "", StopReason.END_TURN)
     if has_tool_calls and reason is StopReason.END_TURN:
         return StopReason.TOOL_USE
@@ -545,10 +550,10 @@ class OpenAIModel:
         if message is None:
             raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
         calls = _tool_calls(message.tool_calls)
-        text = message.content or getattr(message, "refusal", None) or ""
+        refusal = "" if message.content else getattr(message, "refusal", None) or ""
         return ModelResponse(
-            self._answer(_reasoning(message), text, calls),
-            stop_reason(choice.finish_reason, bool(calls)),
+            self._answer(_reasoning(message), message.content or refusal, calls),
+            stop_reason(choice.finish_reason, bool(calls), bool(refusal)),
             _usage(completion.usage),
             response_id=reported_name(completion, "id"),
             response_model=reported_name(completion, "model"),
@@ -595,6 +600,7 @@ class OpenAIModel:
         """
         params = self._params(request)
         text: list[str] = []
+        refused = False
         reasoning: list[str] = []
         calls: list[dict[str, Any]] = []
         at: dict[object, dict[str, Any]] = {}  # the call being written, by index, else by id
@@ -625,7 +631,9 @@ class OpenAIModel:
                                 if piece:
                                     reasoning.append(piece)
                                     yield ReasoningChunk(piece)
-                                answer = delta.get("content") or delta.get("refusal")
+                                answer = delta.get("content")
+                                if not answer and delta.get("refusal"):
+                                    answer, refused = delta["refusal"], True
                                 if answer:
                                     text.append(answer)
                                     yield TextChunk(answer)
@@ -667,7 +675,7 @@ class OpenAIModel:
         yield StreamDone(
             ModelResponse(
                 self._answer("".join(reasoning), "".join(text), tool_calls),
-                stop_reason(finish_reason, bool(tool_calls)),
+                stop_reason(finish_reason, bool(tool_calls), refused),
                 _usage(usage),
                 response_id=response_id,
                 response_model=response_model,
