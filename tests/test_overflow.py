@@ -604,6 +604,13 @@ def test_gemini_retry_delay_is_read_from_the_details() -> None:
         ({}, "Rate limit is exceeded. Please retry after 6 seconds.", 6.0),  # Azure
         ({}, "Try again later.", None),
         (None, "", None),
+        # OpenAI's limit headers: the longest, once nothing above gives a time
+        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}, "", 360.0),
+        ({"X-RateLimit-Reset-Tokens": "20ms"}, "", 0.02),
+        ({"x-ratelimit-reset-tokens": "6m0s"}, "Please try again in 3s.", 3.0),
+        ({"x-ratelimit-reset-tokens": "6m0s", "retry-after": "2"}, "", 2.0),
+        ({"x-ratelimit-reset-requests": "soon", "x-ratelimit-reset-tokens": "1.5s"}, "", 1.5),
+        ({"x-ratelimit-reset-requests": "1 hour"}, "", None),
     ],
 )
 def test_retry_after_forms(

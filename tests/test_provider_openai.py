@@ -865,6 +865,22 @@ OVERFLOW_BODY = {
                 429,
                 {
                     "error": {
+                        "message": "Rate limit reached for requests",
+                        "type": "requests",
+                        "param": None,
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+                {"x-ratelimit-reset-requests": "1.2s", "x-ratelimit-reset-tokens": "80ms"},
+            ),
+            RateLimitError,
+            {"status": 429, "retry_after": 1.2},
+        ),
+        (
+            error(
+                429,
+                {
+                    "error": {
                         "message": "Request too large for gpt-4o-mini in organization org-x on tokens per min (TPM): Limit 200000, Requested 250000. The input or output tokens must be reduced in order to run successfully.",
                         "type": "tokens",
                         "param": None,

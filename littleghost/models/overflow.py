@@ -159,6 +159,8 @@ _TRY_AGAIN = re.compile(rf"try again in ((?:{_TIME})+)\b", re.IGNORECASE)
 _SECONDS = {"ms": 0.001, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 _RETRY_AFTER = re.compile(r"retry after (\d+(?:\.\d+)?) seconds?\b", re.IGNORECASE)  # Azure
+_DURATIONS = re.compile(rf"(?:{_TIME})+", re.IGNORECASE)
+_LIMITS = ("requests", "tokens")  # OpenAI's x-ratelimit-reset-* headers
 
 
 def _mappings(body: object) -> Iterator[Mapping[str, Any]]:
@@ -264,7 +266,8 @@ def retry_after_seconds(
 ) -> float | None:
     """Seconds the provider asked to wait: ``retry-after-ms``, ``retry-after`` (seconds or
     an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" (or ``20ms``,
-    ``6m0s``, ``1h2m3s``) in the message."""
+    ``6m0s``, ``1h2m3s``) in the message, else the longest of OpenAI's
+    ``x-ratelimit-reset-requests`` and ``-tokens`` (when every limit has reset)."""
     value = _header(headers, "retry-after-ms")
     if value is not None:
         try:
@@ -294,12 +297,22 @@ def retry_after_seconds(
             return float(found.group(1))
     found = _TRY_AGAIN.search(message)
     if found is not None:
-        return sum(
-            float(amount) * _SECONDS[unit.lower()]
-            for amount, unit in re.findall(_TIME, found.group(1), re.IGNORECASE)
-        )
+        return _seconds(found.group(1))
     found = _RETRY_AFTER.search(message)
-    return None if found is None else float(found.group(1))
+    if found is not None:
+        return float(found.group(1))
+    resets = [_seconds(_header(headers, f"x-ratelimit-reset-{kind}")) for kind in _LIMITS]
+    return max((reset for reset in resets if reset is not None), default=None)
+
+
+def _seconds(duration: str | None) -> float | None:
+    """Seconds in a duration such as ``20ms``, ``6m0s`` or ``1h2m3.5s``; else ``None``."""
+    if not duration or not _DURATIONS.fullmatch(duration.strip()):
+        return None
+    return sum(
+        float(amount) * _SECONDS[unit.lower()]
+        for amount, unit in re.findall(_TIME, duration, re.IGNORECASE)
+    )
 
 
 def _detail(message: str | None) -> str:
