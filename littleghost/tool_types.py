@@ -329,7 +329,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         ToolArgumentError: The value does not fit, with ``path`` naming where.
     """
     if annotation is Any:
-        return value
+        return _own(value)
     if annotation is None or annotation is _NONE_TYPE:
         if value is not None:
             raise ToolArgumentError(f"{path}: expected null, got {_json_type(value)}")
@@ -442,6 +442,16 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         item = args[1] if args else Any
         return {k: coerce(v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items()}
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
+
+
+def _own(value: Any) -> Any:
+    """``value`` with arrays and objects of its own: what a tool or the caller does to
+    them leaves the logged call as the model sent it."""
+    if isinstance(value, dict):
+        return {key: _own(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_own(item) for item in value]
+    return value
 
 
 def left_out(value: Any, annotation: Any, *, required: bool) -> bool:

@@ -773,6 +773,31 @@ async def test_null_for_an_optional_field_means_its_default() -> None:
     assert "expected a string, got null" in bad.requests[1].messages[-1].text
 
 
+@dataclasses.dataclass
+class Loose:
+    meta: dict[str, Any]
+    items: list[Any]
+
+
+async def test_changing_a_typed_answer_leaves_its_logged_call_and_session_as_sent() -> None:
+    """The answer's arrays and objects are its own, not those of the logged
+    ``final_result`` call the caller may pass back as history."""
+    sent = {"meta": {"k": {"deep": 1}}, "items": [{"x": 1}]}
+    store = InMemorySessionStore()
+    model = ScriptedModel(
+        [tool_call_response(OUTPUT_TOOL, json.loads(json.dumps(sent)))],
+        supports_output_schema=False,
+    )
+    result = await Plain(model=model, session_store=store).run(
+        "go", output_type=Loose, session_id="s"
+    )
+    result.output.meta["k"]["deep"] = "changed"
+    result.output.items[0]["x"] = "changed"
+    logged = [message for message in result.messages if message.tool_calls]
+    stored = [message for message in await store.load("s") if message.tool_calls]
+    assert logged[0].tool_calls[0].arguments == stored[0].tool_calls[0].arguments == sent
+
+
 @pytest.mark.parametrize(
     ("kind", "answer", "expected"),
     [(Literal[1, True], "1", 1), (Literal[0, False], "0", 0), (Literal[1], "1.0", 1)],

@@ -303,6 +303,27 @@ async def test_arguments_are_coerced_to_python_values() -> None:
     assert isinstance(received[3], float)
 
 
+class Filing(Agent):
+    @tool
+    async def file(self, record: dict[str, Any], notes: list[Any]) -> str:
+        """File a record, marking what was given."""
+        record["inner"]["filed"] = True
+        notes.append("seen")
+        return "filed"
+
+
+async def test_what_a_tool_does_to_its_arguments_leaves_the_logged_call_as_sent() -> None:
+    """The arrays and objects a tool is given are its own: the log, and the request that
+    shows the call to the model again, keep what the model sent."""
+    sent = {"record": {"inner": {"v": 1}}, "notes": [{"n": 1}]}
+    model = ScriptedModel(
+        [tool_call_response("file", json.loads(json.dumps(sent))), text_response("ok")]
+    )
+    result = await Filing(model=model).run("go")
+    assert result.messages[1].tool_calls[0].arguments == sent
+    assert model.requests[1].messages[1].tool_calls[0].arguments == sent
+
+
 def page(query: str, limit: int = 10, owner: str | None = "me") -> str:
     """Page through results."""
     received.extend([query, limit, owner])
