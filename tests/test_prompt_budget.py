@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pytest
@@ -44,6 +45,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.output import OUTPUT_TOOL
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
@@ -106,7 +108,13 @@ def memories(request: ModelRequest) -> list[Message]:
 
 def size(request: ModelRequest) -> int:
     """The budget's estimate of a request as sent."""
-    return estimate_request(request.messages, request.tools, {}, BYTES)
+    return estimate_request(
+        request.messages,
+        request.tools,
+        request.settings,
+        BYTES,
+        output_schema=request.output_schema,
+    )
 
 
 def bounded_agent(**budget: Any) -> type[Agent]:
@@ -246,6 +254,26 @@ class TestRules:
             for c in m.tool_calls
         )
         assert size(sent) <= 300
+
+    @pytest.mark.parametrize("native", [True, False])
+    async def test_an_output_schema_counts_as_its_final_result_tool_does(
+        self, native: bool
+    ) -> None:
+        """Sent natively or as the final-result tool, the answer's schema is part of the
+        prompt the budget bounds."""
+        choices = tuple(f"choice {index} of a long list of options" for index in range(40))
+        answer = {"result": choices[3]}
+        step = (
+            text_response(json.dumps(answer)) if native else tool_call_response(OUTPUT_TOOL, answer)
+        )
+        model = ScriptedModel([step], supports_output_schema=native)
+        result = await bounded_agent(prompt_budget_tokens=800)(model=model).run(
+            "pick one", history=history(30), output_type=Literal[choices]
+        )
+        assert result.output == choices[3]
+        sent = model.requests[0]
+        assert (sent.output_schema is not None) is native
+        assert 700 < size(sent) <= 800
 
     async def test_a_user_message_a_tool_appends_is_of_the_current_turn(self) -> None:
         """A tool appends a user message after the run's question: the current turn still

@@ -20,7 +20,13 @@ from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.records import record_covers
 from littleghost.context.summarize import excerpt, turn_line
-from littleghost.context.tokens import ByteEstimator, Estimates, Tokenizer, counter, tools_text
+from littleghost.context.tokens import (
+    ByteEstimator,
+    Estimates,
+    Tokenizer,
+    counter,
+    schema_estimate,
+)
 from littleghost.errors import ConfigurationError, PromptBudgetError
 from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest
@@ -368,12 +374,12 @@ def fit_request(
             conversation.append(message)
     turns = _turns(conversation, cuts, question)
 
-    tools_tokens = tokenizer.count_tokens(tools_text(request.tools)) if request.tools else 0
+    schemas = schema_estimate(request, tokenizer)  # tools, an output schema, tool choice
     memory_room = budget.memory_tokens - tokenizer.count_tokens(MEMORIES_HEADER)
     picked = _pick(reversed(memories), str, memory_room, tokenizer, skip=True)
     entries = [f"- {entry}" for entry in picked]
     memory = _view_only("memories", MEMORIES_KEY, MEMORIES_HEADER, entries, Message.developer)
-    fixed = cuts.cost(trusted) + tools_tokens + cuts.cost(memory)
+    fixed = cuts.cost(trusted) + schemas + cuts.cost(memory)
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
     turn = turns[-1] if turns else []
@@ -456,7 +462,7 @@ def fit_request(
         limit_tokens=limit,
         history_estimated_tokens=cuts.cost(conversation) + cuts.cost(summaries),
         fixed_overhead_tokens=fixed,
-        estimated_prompt_tokens=cuts.cost(messages) + tools_tokens,
+        estimated_prompt_tokens=cuts.cost(messages) + schemas,
         messages_total=len(request.messages),
         messages_kept=len(messages),
         turns_total=len(turns),

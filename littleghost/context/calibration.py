@@ -20,7 +20,12 @@ from littleghost._validators import is_int, is_number
 from littleghost.context.budget import view_only
 from littleghost.context.groups import SYSTEM
 from littleghost.context.records import is_record
-from littleghost.context.tokens import Estimates, Tokenizer, estimate_message, estimate_request
+from littleghost.context.tokens import (
+    Estimates,
+    Tokenizer,
+    estimate_message,
+    schema_estimate,
+)
 from littleghost.messages import ImagePart, Message, Role
 from littleghost.models.base import ModelRequest, ModelResponse
 
@@ -47,7 +52,6 @@ __all__ = [
     "real_size",
     "request_size",
     "resume",
-    "schema_estimate",
     "turn_start",
 ]
 
@@ -341,13 +345,6 @@ def _split_estimate(
         else:
             scaled += estimates(message)
     return fixed, scaled
-
-
-def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
-    """The estimated tokens of the tool schemas, output schema and prompt settings."""
-    return estimate_request(
-        (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
-    )
 
 
 def request_size(request: ModelRequest, estimates: Estimates, state: Calibration) -> int:

@@ -42,7 +42,6 @@ from littleghost.context.calibration import (
     model_count,
     real_size,
     resume,
-    schema_estimate,
     turn_start,
 )
 from littleghost.context.compaction import compaction_state
@@ -65,7 +64,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import estimate_request
+from littleghost.context.tokens import schema_estimate
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     UNSWALLOWED,
@@ -256,7 +255,7 @@ async def _compact_before_model(
     if report is not None and config.budget is not None:  # the figures of the request sent
         tokenizer = config.budget.tokenizer
         estimates = context.log_index.estimates(tokenizer)
-        sent = estimate_request(request.messages, request.tools, {}, tokenizer, estimates)
+        sent = estimates.total(request.messages) + schema_estimate(request, tokenizer)
         report = attrs.evolve(
             report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
         )
@@ -829,7 +828,7 @@ async def _shrink(
 
     async with attempt(context, "overflow", estimated, fits, False) as outcome:
         estimates = context.log_index.estimates(budget.tokenizer)
-        sent = estimate_request(request.messages, request.tools, {}, budget.tokenizer, estimates)
+        sent = estimates.total(request.messages) + schema_estimate(request, budget.tokenizer)
         limit = int(0.9 * min(room, sent * fits / max(estimated, 1)))  # as the overflow sized it
         reserves = "max(response_reserve_tokens, max_tokens) and safety_reserve_tokens"
         why = reserves if room <= 0 else f"the overflow's {estimated} tokens for a view of {sent}"

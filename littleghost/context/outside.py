@@ -11,7 +11,7 @@ from attrs import frozen
 
 from littleghost._validators import is_number, wrong_value
 from littleghost.context.budget import BudgetReport, fit_sized
-from littleghost.context.calibration import Calibration, request_size, schema_estimate
+from littleghost.context.calibration import Calibration, request_size
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
@@ -23,7 +23,7 @@ from littleghost.context.management import (
     remembered,
 )
 from littleghost.context.strategies import Complete, prepared
-from littleghost.context.tokens import DEFAULT_TOKENIZER
+from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
 from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message

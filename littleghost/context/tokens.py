@@ -11,7 +11,7 @@ from attrs import field, frozen
 
 from littleghost._validators import check, count, is_number
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
-from littleghost.models.base import OutputSchema
+from littleghost.models.base import ModelRequest, OutputSchema
 from littleghost.text import beyond_ascii, weighed_length
 
 __all__ = [
@@ -226,3 +226,10 @@ def estimate_request(
     if extra:
         total += tokenizer.count_tokens(json.dumps(extra, ensure_ascii=False, default=str))
     return total
+
+
+def schema_estimate(request: ModelRequest, tokenizer: Tokenizer) -> int:
+    """The estimated tokens of the tool schemas, output schema and prompt settings."""
+    return estimate_request(
+        (), request.tools, request.settings, tokenizer, output_schema=request.output_schema
+    )
