@@ -1607,6 +1607,21 @@ async def test_request_bodies_reach_debug_logs_only_with_the_sdks_opt_in(
     assert ("SECRET-INSTRUCTIONS" in logged and "SECRET-Q" in logged) == (opt_in == "debug")
 
 
+async def test_a_base_urls_credentials_stay_out_of_the_http_logs(
+    make_model: Callable[..., OpenAIModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The HTTP client logs each request's URL at INFO: a proxy's user and password, or
+    a key in the query, are taken out of it."""
+    caplog.set_level(logging.DEBUG)
+    server = FakeServer(completion({"content": "hello"}))
+    base_url = "https://proxyuser:SECRET-PW@proxy.example:8443/v1?key=SECRET-KEY"
+    await Agent(model=make_model(server, base_url, context_window=8_000)).run("hi")
+    assert str(server.requests[0].url).startswith("https://proxyuser:SECRET-PW@proxy.example")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "POST https://proxy.example:8443/v1/" in logged
+    assert "SECRET" not in logged and "proxyuser" not in logged
+
+
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

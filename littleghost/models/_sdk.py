@@ -26,6 +26,7 @@ __all__ = [
     "COUNT_REFUSALS",
     "CountAsking",
     "RequestLogFilter",
+    "UrlLogFilter",
     "accepted_parameters",
     "check_context_window",
     "error_mapper",
@@ -127,7 +128,41 @@ def import_sdk(module: str, extra: str) -> Any:
     sdk_logger = logging.getLogger(f"{module}._base_client")
     if not any(isinstance(known, RequestLogFilter) for known in sdk_logger.filters):
         sdk_logger.addFilter(RequestLogFilter(f"{module.upper()}_LOG"))
+    for http_logger in map(logging.getLogger, (sdk_logger.name, *_HTTP_LOGGERS)):
+        if not any(isinstance(known, UrlLogFilter) for known in http_logger.filters):
+            http_logger.addFilter(UrlLogFilter())
     return sdk
+
+
+_HTTP_LOGGERS = ("httpx", "httpx2")
+"""The HTTP clients' loggers, which log every request's URL at INFO."""
+
+
+class UrlLogFilter(logging.Filter):
+    """Takes the user, password and query out of the URLs a record logs: a base URL may
+    carry a proxy's credentials or a key (``https://user:secret@host/v1?key=...``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(map(_without_credentials, record.args))
+        return True
+
+
+def _without_credentials(value: object) -> object:
+    """``value``; a URL with a user, password or query as one without them."""
+    if not isinstance(value, str) and type(value).__name__ != "URL":
+        return value
+    try:
+        parts = urlsplit(str(value))
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return value
+    if not parts.scheme or not host or not (parts.username or parts.password or parts.query):
+        return value
+    where = f"[{host}]" if ":" in host else host
+    where = where if port is None else f"{where}:{port}"
+    query = "?…" if parts.query else ""
+    return f"{parts.scheme}://{where}{parts.path}{query}"
 
 
 class RequestLogFilter(logging.Filter):
