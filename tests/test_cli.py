@@ -624,6 +624,12 @@ class TestErrors:
         assert "is not a valid PostgreSQL URL or conninfo (" in line
         assert "s3cr" not in line and "app" not in line
 
+    def test_a_password_holding_a_bare_at_stays_out_of_the_error(self) -> None:
+        """libpq ends the password at its first ``@`` and quotes the rest as the host."""
+        line = fails(1, "sessions", "list", "--store", "postgresql://app:s3cret@tail@127.0.0.1:1/x")
+        assert "PostgreSQL session store failed: OperationalError" in line
+        assert "s3cret" not in line and "tail" not in line
+
     def test_files_that_are_not_littleghost_stores(self, tmp_path: Path) -> None:
         shop = tmp_path / "shop.db"
         connection = sqlite3.connect(shop)

@@ -123,6 +123,14 @@ def _malformed(error: Exception) -> SessionStoreError:
     )
 
 
+def _password_parts(conninfo: str) -> list[str]:
+    """The pieces of a URL's password that holds a bare ``@``: libpq ends the password at
+    the first one and takes the rest for the host, which its errors quote."""
+    _, scheme, rest = conninfo.partition("://")
+    password = rest.split("/", 1)[0].rpartition("@")[0].partition(":")[2]
+    return [part for part in password.split("@") if part] if scheme and "@" in password else []
+
+
 def _hidden(quoted: re.Match[str]) -> str:
     """A quoted part of a libpq message as ``"…"``, but the punctuation it expects."""
     return quoted[0] if quoted[0] in ('"="', '"]"') else '"…"'
@@ -699,6 +707,8 @@ class PostgresSessionStore:
             return work()
         except self._psycopg.Error as error:
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            for part in _password_parts(self._conninfo):
+                first_line = first_line.replace(part, "…")
             raise SessionStoreError(
                 f"PostgreSQL session store failed: {type(error).__name__}: {first_line}"
             ) from error
