@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 from littleghost.errors import ConfigurationError
 
 __all__ = [
+    "MAX_DEPTH",
     "Validator",
     "check",
     "count",
@@ -25,6 +26,7 @@ __all__ = [
     "is_callable",
     "is_int",
     "is_number",
+    "nests_deeper",
     "optional",
     "type_check",
     "wrong_value",
@@ -44,6 +46,21 @@ def is_number(value: object) -> TypeGuard[float]:
     if isinstance(value, float):
         return math.isfinite(value)
     return is_int(value)
+
+
+MAX_DEPTH = 100
+"""How deeply lists, tuples and dicts may nest in a value the log holds (tool-call
+arguments, metadata): the session stores' limit."""
+
+
+def nests_deeper(value: object, levels: int = MAX_DEPTH) -> bool:
+    """True when lists, tuples and mappings nest in ``value`` more than ``levels`` deep."""
+    if not isinstance(value, (Mapping, list, tuple)):
+        return False
+    if levels == 0:
+        return True
+    items = value.values() if isinstance(value, Mapping) else value
+    return any(nests_deeper(item, levels - 1) for item in items)
 
 
 def holds_non_finite(value: object) -> bool:

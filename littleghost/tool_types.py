@@ -22,7 +22,7 @@ from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
 
-from littleghost._validators import holds_non_finite
+from littleghost._validators import MAX_DEPTH, holds_non_finite, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.text import brief, error_text
 
@@ -51,11 +51,14 @@ def parse_json(text: str) -> Any:
         ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why).
     """
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except ToolArgumentError:
         raise
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise ToolArgumentError("not valid JSON") from None
+    if nests_deeper(value):
+        raise ToolArgumentError(f"nested more than {MAX_DEPTH} levels deep")
+    return value
 
 
 def _no_constant(name: str) -> float:
@@ -73,11 +76,12 @@ def _finite_float(text: str) -> float:
 
 def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
     """Tool-call arguments a model sent as a mapping, checked as strict JSON: the mapping,
-    or its JSON text when it holds a value JSON has not (``NaN``, ``inf``), so that the
-    call is answered with an error and the log never holds a non-finite float. Only such
-    arguments are encoded (this runs on every answer with tool calls)."""
+    or its JSON text when it holds a value JSON has not (``NaN``, ``inf``) or nests more
+    than ``MAX_DEPTH`` levels deep, so that the call is answered with an error and the log
+    holds what a store can keep. Only such arguments are encoded (this runs on every
+    answer with tool calls)."""
     try:
-        if not holds_non_finite(arguments):
+        if not holds_non_finite(arguments) and not nests_deeper(arguments):
             return arguments
         return json.dumps(dict(arguments), ensure_ascii=False, default=str)
     except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -280,6 +282,44 @@ class TestRepair:
         ]
         results = [m.tool_results[0] for m in stored if m.tool_results]
         assert all(r.is_error and "is not a JSON number" in r.content for r in results)
+
+    async def test_tool_arguments_nested_past_what_a_store_keeps_are_answered_as_text(
+        self, store: SessionStore
+    ) -> None:
+        """Arguments nested 100 levels deep, as far as a store keeps, run the tool; one
+        level more gets an error result, sent as text or parsed, and the run goes on."""
+
+        class Nester(Helper):
+            @tool
+            async def nest(self, value: list[Any]) -> str:
+                """Take a nested list."""
+                return "taken"
+
+        def nested(levels: int) -> dict[str, Any]:
+            value: Any = []
+            for _ in range(levels - 2):
+                value = [value]
+            return {"value": value}
+
+        too_deep = json.dumps(nested(101))
+        model = ScriptedModel(
+            [
+                tool_call_response("nest", nested(100), call_id="c1"),
+                tool_call_response("nest", too_deep, call_id="c2"),
+                tool_call_response("nest", nested(101), call_id="c3"),
+                text_response("done"),
+            ]
+        )
+        result = await Nester(model=model, session_store=store).run("go", session_id="s")
+        assert result.output == "done"
+        stored = await store.load("s")
+        calls = [m.tool_calls[0].arguments for m in stored if m.tool_calls]
+        assert calls == [nested(100), too_deep, too_deep]
+        results = [m.tool_results[0] for m in stored if m.tool_results]
+        assert results[0].content == "taken"
+        assert all(
+            r.is_error and "nested more than 100 levels deep" in r.content for r in results[1:]
+        )
 
 
 class TestStreaming:

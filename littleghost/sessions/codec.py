@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from littleghost._validators import MAX_DEPTH
 from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
 from littleghost.messages import (
     SUMMARY_KEY,
@@ -53,8 +54,6 @@ _DICT = "$dict"
 _ALLOWED = "str, int, float, bool, None, list, tuple or dict with str keys"
 _LONG_INT_BITS = 2000  # ~600 digits: under the smallest int-to-str limit Python allows (640)
 
-MAX_DEPTH = 100
-"""How deeply lists, tuples and dicts may nest in a stored value (metadata, arguments)."""
 SUMMARY_FLAG = f"{json.dumps(SUMMARY_KEY)}:true"
 """Text in the JSON of every stored summary (other messages may hold it too)."""
 SUMMARY_PATHS = (("metadata", SUMMARY_KEY), ("metadata", _DICT, SUMMARY_KEY))
