@@ -106,3 +106,9 @@ class TypedTool(Support):
 
     output_type = int
     output_strategy = "tool"
+
+
+class TypedBounded(Bounded):
+    """``Bounded`` with a typed result and no model: which way it is asked is assumed."""
+
+    output_type = int

@@ -474,6 +474,23 @@ class TestView:
         plain = self.view(store_url, "--agent", "tests.cli_agents:Support")
         assert not any("output_type" in note for note in plain["notes"])
 
+    def test_a_view_over_the_budget_says_what_it_assumed(self, store_url: str) -> None:
+        """The final-result tool assumed for a class without a model may be what does not
+        fit: the error says it was assumed."""
+        agent = ("--agent", "tests.cli_agents:TypedBounded")
+        line = fails(
+            1,
+            "sessions",
+            "view",
+            "customer-42",
+            "--store",
+            store_url,
+            *agent,
+            "--message",
+            "word " * 600,
+        )
+        assert "prompt budget" in line.lower() and "final_result tool" in line
+
     def test_a_typed_agent_s_view_has_its_final_result_tool(self, store_url: str) -> None:
         document = self.view(store_url, "--agent", "tests.cli_agents:TypedTool", "--window", "9000")
         assert not any("output_type" in note for note in document["notes"])

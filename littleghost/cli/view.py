@@ -18,6 +18,7 @@ from littleghost.context.config import ContextManagement, context_config
 from littleghost.context.outside import preview_request
 from littleghost.context.summarize import call_arguments
 from littleghost.context.view import build_view, interrupted_results
+from littleghost.errors import PromptBudgetError
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, OutputSchema, anthropic
 from littleghost.models.registry import split_model_string
@@ -78,7 +79,16 @@ def view_document(
                 "without making the model"
             )
     limit = Agent.max_tool_result_tokens if agent is None else agent.max_tool_result_tokens
-    preview = preview_request(request, pending, config, window.tokens, max_tool_result_tokens=limit)
+    try:
+        preview = preview_request(
+            request, pending, config, window.tokens, max_tool_result_tokens=limit
+        )
+    except PromptBudgetError as error:  # what the view assumed may be why
+        if not notes:
+            raise
+        raise PromptBudgetError(
+            f"{error} ({'; '.join(notes)})", limit=error.limit, required=error.required
+        ) from error
     stored = {message.id: message for message in pending}
     origins = {message.id: "repair" for message in repairs}
     if next_message is not None:
