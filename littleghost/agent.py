@@ -136,14 +136,9 @@ _DECORATED = {
 }
 """Class attributes that class decorators set, never a class body."""
 
-_DEFAULT_STORES: weakref.WeakSet[InMemorySessionStore] = weakref.WeakSet()
-"""The in-memory stores made for agent classes that declare none (one per class)."""
-
-
-def _default_store() -> InMemorySessionStore:
-    store = InMemorySessionStore()
-    _DEFAULT_STORES.add(store)
-    return store
+_OWN_STORES: weakref.WeakKeyDictionary[type, SessionStore] = weakref.WeakKeyDictionary()
+"""The in-memory store made for each agent class that declares none and inherits none
+but ``Agent``'s (sessions never leak between classes)."""
 
 
 def _declaring(cls: type) -> list[type]:
@@ -157,8 +152,14 @@ def _declaring(cls: type) -> list[type]:
 
 
 def _owner(cls: type, name: str) -> type:
-    """The class of ``cls``'s MRO whose own attribute ``name`` ``cls`` gets."""
-    return next(klass for klass in cls.__mro__ if name in vars(klass))
+    """The class of ``cls``'s MRO whose own attribute ``name`` ``cls`` gets; the store made
+    for a class that declared none is passed over, as if not there."""
+    return next(
+        klass
+        for klass in cls.__mro__
+        if name in vars(klass)
+        and not (name == "session_store" and vars(klass)[name] is _OWN_STORES.get(klass))
+    )
 
 
 def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
@@ -353,7 +354,7 @@ class Agent:
     max_tool_result_tokens: ClassVar[int] = 10_000
     max_retries: ClassVar[int] = 3
     capture_content: ClassVar[bool] = False
-    session_store: ClassVar[SessionStore] = _default_store()
+    session_store: ClassVar[SessionStore] = InMemorySessionStore()
     cleanup_grace: ClassVar[float] = 1.0
     output_type: ClassVar[Any] = None
     output_strategy: ClassVar[Strategy] = "auto"
@@ -385,8 +386,11 @@ class Agent:
         _check_knobs(cls, declaring)
         if callable(cls.instructions):
             check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")
-        if "session_store" not in cls.__dict__ and cls.session_store in _DEFAULT_STORES:
-            cls.session_store = _default_store()  # sessions never leak between classes
+        store = vars(_owner(cls, "session_store"))["session_store"]
+        if store is Agent.session_store:
+            store = _OWN_STORES[cls] = InMemorySessionStore()
+        if cls.session_store is not store:  # one made for a class before its owner's
+            cls.session_store = store
         cls.__littleghost_tool_index__ = index_tools(
             cls.__name__, methods, _function_tools(cls.__name__, cls.tools)
         )

@@ -73,6 +73,48 @@ class TestSessionsStayWithTheirClass:
         assert FrontChild.session_store is shared
 
 
+    async def test_a_declared_store_wins_over_the_ones_made_for_classes_before_it(
+        self,
+    ) -> None:
+        """The store made for a class that declared none is no declaration: a class
+        combining it with one that declares a store gets the declared one, and one that
+        declares another class's store passes it on to its subclasses."""
+        durable = InMemorySessionStore()
+
+        class Audited(Agent):
+            pass
+
+        class Persistent(Agent):
+            session_store = durable
+
+        class App(Audited, Persistent):
+            pass
+
+        class Shared(Agent):
+            session_store = Support.session_store
+
+        class SharedChild(Shared):
+            pass
+
+        await App(model=ScriptedModel([echo])).run("remember 42", session_id="x")
+        assert [m.text for m in await durable.load("x")] == ["remember 42", "remember 42"]
+        assert App.session_store is durable
+        assert SharedChild.session_store is Support.session_store
+        assert Audited.session_store not in (durable, Agent.session_store)
+
+    def test_a_store_listed_after_agent_by_a_base_is_refused_as_hidden(self) -> None:
+        class Plain(Agent):
+            pass
+
+        class StoreMixin:
+            session_store = InMemorySessionStore()
+
+        with pytest.raises(ConfigurationError, match=r"StoreMixin\.session_store is hidden"):
+
+            class Both(Plain, StoreMixin):  # MRO: Both, Plain, Agent, StoreMixin
+                pass
+
+
 class Closeable:
     """A model that fails if used after it was closed (a client tied to one loop)."""
 
