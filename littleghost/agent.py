@@ -348,7 +348,7 @@ class Agent:
     model: ClassVar[str | Model | None] = None
     instructions: ClassVar[Instructions] = None
     tools: ClassVar[Sequence[Callable[..., Any]]] = ()
-    settings: ClassVar[Mapping[str, Any]] = {}
+    settings: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # shared: declare your own
     max_turns: ClassVar[int] = 100
     max_tool_calls: ClassVar[int] = 1000
     max_tool_result_tokens: ClassVar[int] = 10_000

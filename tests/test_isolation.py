@@ -72,7 +72,6 @@ class TestSessionsStayWithTheirClass:
         assert result.output == "first | second"
         assert FrontChild.session_store is shared
 
-
     async def test_a_declared_store_wins_over_the_ones_made_for_classes_before_it(
         self,
     ) -> None:
@@ -113,6 +112,27 @@ class TestSessionsStayWithTheirClass:
 
             class Both(Plain, StoreMixin):  # MRO: Both, Plain, Agent, StoreMixin
                 pass
+
+
+def test_settings_of_a_class_that_declares_none_cannot_change_every_class() -> None:
+    """``Agent``'s empty settings are every such class's: changing them in place is
+    refused, not sent by every agent; a class's own settings change for it alone."""
+
+    class Quiet(Agent):
+        pass
+
+    class Tuned(Agent):
+        settings = {"temperature": 0.2}
+
+    with pytest.raises(TypeError):
+        Quiet.settings["temperature"] = 0.0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        Quiet(model=ScriptedModel([])).settings["seed"] = 7  # type: ignore[index]
+    Tuned.settings["seed"] = 7  # type: ignore[index]
+    model = ScriptedModel([text_response("ok")])
+    Support(model=model).run_sync("hi")
+    assert dict(model.requests[0].settings) == {}
+    assert Tuned.settings == {"temperature": 0.2, "seed": 7}
 
 
 class Closeable:
