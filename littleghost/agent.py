@@ -163,7 +163,7 @@ def _owner(cls: type, name: str) -> type:
 
 
 def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
-    """Check the knobs ``cls`` gets from ``declaring`` and set them on ``cls``, as checked.
+    """Check the knobs ``cls`` gets from ``declaring``; set its own on it, as checked.
 
     Raises:
         ConfigurationError: A knob is invalid, or a mixin's knob is hidden by ``Agent``'s
@@ -185,8 +185,10 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
             value = value.__func__
         value = check(f"{owner.__name__}.{knob}", value)
         if knob == "instructions" and inspect.isfunction(value) and not looks_like_method(value):
-            value = staticmethod(value)
-        setattr(cls, knob, value)
+            setattr(cls, knob, staticmethod(value))  # a function, not a method of the agent
+        elif owner is cls:
+            setattr(cls, knob, value)
+        # a mixin's other knobs stay in their place in the MRO (and may change there)
 
 
 def _declared(cls: type) -> dict[str, object]:

@@ -401,6 +401,36 @@ async def test_a_mixins_declarations_are_taken() -> None:
     assert Styled.max_turns == 2
 
 
+async def test_a_mixins_declarations_keep_their_mro_place_and_live_knobs_change_there() -> None:
+    """A mixin's knob is where Python finds it: a class listed before the mixin in a
+    subclass's MRO wins; its model and settings, changed later, apply at the next run,
+    and its other knobs, changed later, fail the next run as a parent's do."""
+
+    class Guard:
+        instructions = "guard"
+        settings = {"temperature": 0.2}
+        model: Any = "openai:gpt-4o-mini"
+
+    class Guarded(Guard, Agent):
+        pass
+
+    class Own(Guard, Agent):
+        instructions = "own"
+
+    class Mix(Guarded, Own):  # MRO: Mix, Guarded, Own, Guard, Agent
+        pass
+
+    Guard.model = ScriptedModel([text_response("ok")] * 2)
+    Guard.settings["temperature"] = 0.9
+    await Mix().run("hi")
+    request = Guard.model.requests[0]
+    assert request.messages[0].text == "own"
+    assert dict(request.settings) == {"temperature": 0.9}
+    Guard.instructions = "changed"
+    with pytest.raises(ConfigurationError, match=r"Guard\.instructions was changed after Guarded"):
+        await Guarded().run("hi")
+
+
 def test_a_mixin_after_agent_in_the_bases_fails_when_agent_hides_its_declaration() -> None:
     """Agent's defaults come first in the MRO of class X(Agent, Mixin): the mixin's knob
     would be ignored, so the class fails naming the fix."""
