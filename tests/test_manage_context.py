@@ -32,7 +32,7 @@ from littleghost.context import (
     Truncation,
     build_view,
 )
-from littleghost.context.calibration import SCALE_KEY
+from littleghost.context.calibration import SCALE_FOR_KEY, SCALE_KEY, scale_for
 from littleghost.context.config import ContextManagement
 from littleghost.context.management import AFTER_KEY, RECOUNTS, remembered
 from littleghost.context.outside import RequestPreview, preview_request
@@ -57,7 +57,7 @@ from littleghost.errors import (
 )
 from littleghost.events import CompactionFinished
 from littleghost.messages import SUMMARY_COVERS_KEY, ImagePart, TextPart
-from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.run import RunContext, RunResult
 from littleghost.runner import instructions_message
 from littleghost.sessions.memory import InMemorySessionStore
@@ -2386,7 +2386,7 @@ class TestEstimateUnits:
             for turn in range(12):
                 question = f"Question {turn}: " + "tell me more about it " * 25
                 result = await agent.run(question, session_id="chat")
-                starts.append(remembered(result.messages)[1])
+                starts.append(remembered(result.messages, None)[1])
         warned = [r.getMessage() for r in caplog.records if "cut the prompt" in r.getMessage()]
         assert warned and all("adds to one it reported 800 for" in w for w in warned)
         assert min(starts) < 0.9  # the first cut count looked like a scale
@@ -2610,11 +2610,20 @@ class TestEstimateUnits:
         )
 
 
+def kept(scale: float, agent: type[Agent]) -> dict[str, Any]:
+    """The metadata of an answer of ``agent``'s run on a ``ScriptedModel`` that learned
+    ``scale``."""
+    config = agent.context_management
+    return {SCALE_KEY: scale, SCALE_FOR_KEY: scale_for(ScriptedModel([]), config.tokenizer)}
+
+
 class TestPreview:
     """``preview_request``: the first request of a run, as the hook makes it, without a run."""
 
     @staticmethod
-    def preview(agent: Agent, log: list[Message], window: int) -> RequestPreview:
+    def preview(
+        agent: Agent, log: list[Message], window: int, model: Model | None = None
+    ) -> RequestPreview:
         assert isinstance(agent.instructions, str)
         request = ModelRequest(
             (instructions_message(agent.instructions), *build_view(log)),
@@ -2627,6 +2636,7 @@ class TestPreview:
             agent.context_management,
             window,
             max_tool_result_tokens=agent.max_tool_result_tokens,
+            model=model,
         )
 
     async def test_the_preview_is_what_the_first_call_sends_bounded_and_clipped(self) -> None:
@@ -2696,13 +2706,30 @@ class TestPreview:
         log = [*chat(8), Message.user("go")]
         plain = self.preview(Small(), log, 100)
         assert not plain.compaction_due
-        log[-2] = attrs.evolve(log[-2], metadata={SCALE_KEY: 4.0})  # the last run's answer
+        log[-2] = attrs.evolve(log[-2], metadata=kept(4.0, Small))  # the last run's answer
         preview = self.preview(Small(), log, 100)
         assert preview.estimated_tokens > 2 * plain.estimated_tokens
         assert preview.compaction_due
         model = ScriptedModel([summary_step(), text_response("ok")])
         await Small(model=model).run(log[-1], history=log[:-1])
         assert model.requests[0].purpose == "context_compaction"
+
+    @pytest.mark.parametrize(
+        "learned_for", ["openai:gpt-4o-mini by CharacterEstimator", "scripted:scripted by Exact"]
+    )
+    async def test_a_calibration_kept_for_another_model_or_estimate_is_not_resumed(
+        self, learned_for: str
+    ) -> None:
+        """A session shared with a class on another model, or one that estimates
+        otherwise, keeps scales that do not measure this run's tokens."""
+        log = [*chat(8), Message.user("go")]
+        log[-2] = attrs.evolve(log[-2], metadata={SCALE_KEY: 4.0, SCALE_FOR_KEY: learned_for})
+        assert self.preview(Small(), log, 100).compaction_due  # for whatever model
+        model = ScriptedModel([text_response("ok")])
+        assert scale_for(model, CharacterEstimator()) == "scripted:scripted by CharacterEstimator"
+        assert not self.preview(Small(), log, 100, model).compaction_due
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert [request.purpose for request in model.requests] == ["chat"]
 
     async def test_a_bounded_view_is_sized_by_the_calibration_an_earlier_run_kept(
         self,
@@ -2722,7 +2749,7 @@ class TestPreview:
 
         log = [*chat(60), Message.user("go")]
         plain = self.preview(Bounded(), log, 2_000)
-        log[-2] = attrs.evolve(log[-2], metadata={SCALE_KEY: 4.0})  # the last run's answer
+        log[-2] = attrs.evolve(log[-2], metadata=kept(4.0, Bounded))  # the last run's answer
         preview = self.preview(Bounded(), log, 2_000)
         assert plain.estimated_tokens * 4 > 2_000  # at that scale, the plain view is over
         assert len(preview.request.messages) < len(plain.request.messages)

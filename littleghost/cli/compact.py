@@ -78,6 +78,7 @@ async def compact_document(
             complete=_write_nothing,
             settings=agent.run_settings(),
             max_tool_result_tokens=agent.max_tool_result_tokens,
+            model=agent.model,
         )
         advance(1, "done")
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
@@ -102,6 +103,7 @@ async def compact_document(
                 complete=prepared(model),
                 settings=agent.run_settings(),
                 max_tool_result_tokens=agent.max_tool_result_tokens,
+                model=model,
             )
             if records:
                 check_smaller(log, records, config.tokenizer)

@@ -81,7 +81,12 @@ def view_document(
     limit = Agent.max_tool_result_tokens if agent is None else agent.max_tool_result_tokens
     try:
         preview = preview_request(
-            request, pending, config, window.tokens, max_tool_result_tokens=limit
+            request,
+            pending,
+            config,
+            window.tokens,
+            max_tool_result_tokens=limit,
+            model=None if agent is None else agent.model,
         )
     except PromptBudgetError as error:  # what the view assumed may be why
         if not notes:

@@ -27,7 +27,8 @@ from littleghost.context.tokens import (
     schema_estimate,
 )
 from littleghost.messages import ImagePart, Message, Role
-from littleghost.models.base import ModelRequest, ModelResponse
+from littleghost.models.base import Model, ModelRequest, ModelResponse
+from littleghost.models.registry import split_model_string
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("littleghost.context")
 
 __all__ = [
+    "SCALE_FOR_KEY",
     "SCALE_KEY",
     "Calibration",
     "asked",
@@ -52,12 +54,16 @@ __all__ = [
     "real_size",
     "request_size",
     "resume",
+    "scale_for",
     "turn_start",
 ]
 
 SCALE_KEY = "littleghost.context.scale"
 """Metadata of a model's answer: the calibration (real tokens per estimated token) the run
-had learned by then, which the next run of the conversation starts from."""
+had learned by then, which the next run of the conversation starts from when it is for
+the same model and estimate (``SCALE_FOR_KEY``)."""
+SCALE_FOR_KEY = "littleghost.context.scale_for"
+"""Metadata beside ``SCALE_KEY``: what the scale was learned for (``scale_for``)."""
 COUNT_KEY = "littleghost.context.prompt_count"
 """Metadata of a model's answer: the prompt ``tokens`` the ``model`` reported for the request
 it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
@@ -112,16 +118,30 @@ def calibration(context: RunContext) -> Calibration:
     return context.state_for(Calibration, Calibration)
 
 
+def scale_for(model: Model | str, tokenizer: Tokenizer) -> str:
+    """What a scale is learned for: the model (``"provider:name"``, as a model string
+    names it too) and the estimate it corrects (``"openai:gpt-4o-mini by CharacterEstimator"``)."""
+    if isinstance(model, str):
+        provider, name = split_model_string(model)
+        model = f"{provider}:{name}"
+    else:
+        model = f"{model.provider}:{model.name}"
+    return f"{model} by {type(tokenizer).__name__}"
+
+
 def resume(context: RunContext, scale: float) -> None:
     """Start the run's calibration from the ``scale`` an earlier run kept (``kept_scale``)."""
     state = calibration(context)
     state.scale = state.kept = state.before = scale
 
 
-def kept_scale(metadata: Mapping[str, Any]) -> float | None:
-    """The scale an answer's ``metadata`` kept (``SCALE_KEY``), bounded; ``None`` without one."""
+def kept_scale(metadata: Mapping[str, Any], learned_for: str | None) -> float | None:
+    """The scale an answer's ``metadata`` kept (``SCALE_KEY``) for ``learned_for``
+    (``scale_for``; ``None``: for any), bounded; ``None`` without one."""
     value = metadata.get(SCALE_KEY)
-    return min(max(float(value), MIN_SCALE), MAX_SCALE) if is_number(value) else None
+    if not is_number(value) or learned_for not in (None, metadata.get(SCALE_FOR_KEY)):
+        return None
+    return min(max(float(value), MIN_SCALE), MAX_SCALE)
 
 
 def learn_answer(
@@ -144,6 +164,7 @@ def learn_answer(
     moved = state.scale != 1.0 or state.kept != 1.0  # 1.0 is kept too once another was
     if moved and response.message.metadata.get(SCALE_KEY) != state.scale:
         kept[SCALE_KEY] = state.kept = state.scale
+        kept[SCALE_FOR_KEY] = scale_for(context.model, tokenizer)
     if state.last is not None and state.last.request is request:  # this call's count
         kept[COUNT_KEY] = {
             "tokens": state.last.tokens,
@@ -405,7 +426,12 @@ def learn_added(
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
     rest, count = _extended(request, context)
     if not rest:
-        marks = [i for i, m in enumerate(request.messages) if is_number(m.metadata.get(SCALE_KEY))]
+        learned_for = scale_for(context.model, tokenizer)
+        marks = [
+            i
+            for i, m in enumerate(request.messages)
+            if kept_scale(m.metadata, learned_for) is not None
+        ]
         count = marks[-1] + 1 if marks else len(request.messages)
         rest = real_size(request.messages[:count], context, tokenizer)
         rest += schema_estimate(request, tokenizer)

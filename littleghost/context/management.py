@@ -42,6 +42,7 @@ from littleghost.context.calibration import (
     model_count,
     real_size,
     resume,
+    scale_for,
     turn_start,
 )
 from littleghost.context.compaction import compaction_state
@@ -164,16 +165,18 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
-        after, scale = remembered(context.messages)  # what earlier runs learned
+        learned_for = scale_for(context.model, config.tokenizer)
+        after, scale = remembered(context.messages, learned_for)  # what earlier runs learned
         resume(context, scale)
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
 
 
-def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
+def remembered(log: Sequence[Message], learned_for: str | None) -> tuple[int | None, float]:
     """What earlier runs left in ``log``: the newest size a compaction left the request at
-    (``AFTER_KEY``), if any, and the newest calibration (``SCALE_KEY``; 1.0 without one)."""
+    (``AFTER_KEY``), if any, and the newest calibration learned for ``learned_for``
+    (``kept_scale``; 1.0 without one)."""
     after: int | None = None
     scale: float | None = None
     for message in reversed(log):
@@ -182,7 +185,7 @@ def remembered(log: Sequence[Message]) -> tuple[int | None, float]:
         if after is None and is_int(message.metadata.get(AFTER_KEY)):
             after = message.metadata[AFTER_KEY]
         if scale is None:
-            scale = kept_scale(message.metadata)
+            scale = kept_scale(message.metadata, learned_for)
         if after is not None and scale is not None:
             break
     return after, 1.0 if scale is None else scale

@@ -11,7 +11,7 @@ from attrs import frozen
 
 from littleghost._validators import is_number, wrong_value
 from littleghost.context.budget import BudgetReport, fit_sized
-from littleghost.context.calibration import Calibration, request_size
+from littleghost.context.calibration import Calibration, request_size, scale_for
 from littleghost.context.config import ContextManagement, context_window
 from littleghost.context.index import LogIndex
 from littleghost.context.management import (
@@ -27,7 +27,7 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
 from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
-from littleghost.models.base import ModelRequest
+from littleghost.models.base import Model, ModelRequest
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -64,6 +64,7 @@ async def compact_log(
         settings=agent.run_settings(),
         share=share,
         max_tool_result_tokens=agent.max_tool_result_tokens,
+        model=model,
     )
 
 
@@ -76,17 +77,19 @@ async def managed_records(
     settings: Mapping[str, Any],
     share: float = 0.5,
     max_tool_result_tokens: int | None = None,
+    model: Model | str | None = None,
 ) -> tuple[Message, ...]:
     """The records ``config`` appends to compact ``messages`` now in ``window``: its
     ``strategy``, else the default summarizer aiming at ``share`` of their estimate, on the
-    view shaped as ``preview_request`` shapes it; ``()`` when nothing is to compact or with
-    ``summarize=False``. ``complete`` takes ``model=`` as ``RunContext.complete`` does."""
+    view shaped as ``preview_request`` shapes it for ``model``; ``()`` when nothing is to
+    compact or with ``summarize=False``. ``complete`` takes ``model=`` as
+    ``RunContext.complete`` does."""
     if not config.summarize:
         return ()
     index = LogIndex.of(messages)
     view = ModelRequest(index.layout.messages(), (), settings)
     shaped = preview_request(
-        view, messages, config, window, max_tool_result_tokens=max_tool_result_tokens
+        view, messages, config, window, max_tool_result_tokens=max_tool_result_tokens, model=model
     ).request
     if shaped is not view:
         index = index.over(shaped.messages)
@@ -138,13 +141,15 @@ def preview_request(
     window: int,
     *,
     max_tool_result_tokens: int | None = None,
+    model: Model | str | None = None,
 ) -> RequestPreview:
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
-    instructions and the view of ``log``) at a run's first model call, without a model:
-    tool results clipped to ``max_tool_result_tokens``, the view bounded to the budget
-    (without memories, which need a run) and sized, as the estimate is, by the calibration
-    the log's earlier runs left, and whether a compaction is due in ``window`` (``config``
-    ``None``: no change).
+    instructions and the view of ``log``) at a run's first model call, without a model
+    call: tool results clipped to ``max_tool_result_tokens``, the view bounded to the
+    budget (without memories, which need a run) and sized, as the estimate is, by the
+    calibration the log's earlier runs left for ``model`` (a ``Model`` or a model string;
+    ``None``: the newest, for whatever model), and whether a compaction is due in
+    ``window`` (``config`` ``None``: no change).
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
@@ -158,7 +163,8 @@ def preview_request(
     if config is not None and max_tool_result_tokens is not None:
         request = clip_results(request, index, max_tool_result_tokens)
     estimates = index.estimates(tokenizer)
-    after, scale = remembered(log) if config is not None else (None, 1.0)
+    learned_for = None if model is None else scale_for(model, tokenizer)
+    after, scale = remembered(log, learned_for) if config is not None else (None, 1.0)
     calibrated = Calibration(scale=scale)  # as the next run starts
     if config is not None and config.budget is not None:
         budget = config.budget
