@@ -316,6 +316,53 @@ def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> L
     return LocalModel(model_file)
 
 
+DROPPING_SERVER = """
+import http.server, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = self.path == "/health"
+        body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # drops every call unanswered, and runs on
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call the server drops may be a dying server: the model waits a while for it to
+    end, but the run's deadline ends that wait at once; a server that runs on is kept."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+
+    class Patient(Agent):
+        cleanup_grace = 0.1
+        max_retries = 5
+
+    try:
+        await model.prepare()
+        began = anyio.current_time()
+        with pytest.raises(DeadlineExceededError):
+            await Patient(model=model).run("hi", timeout=0.4)
+        assert anyio.current_time() - began < 0.4 + 0.1 + 0.2
+        assert model.pid is not None
+    finally:
+        await model.aclose()
+
+
 def test_threads_waiting_for_a_start_that_fails_get_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -618,10 +618,16 @@ class LocalModel:
         assert server is not None
         return server
 
-    async def _stopped_error(self, server: _Server) -> ProviderError | None:
-        """A clear error when the server died during a call; ``None`` when it still runs."""
+    async def _stopped_error(
+        self, server: _Server, error: ProviderUnavailableError
+    ) -> ProviderError | None:
+        """A clear error when the server died during a call (it lost the connection: a
+        server that answered a status still runs), seen within a second; ``None`` when it
+        still runs. A deadline or cancellation ends the wait at once."""
+        if error.status is not None:
+            return None
         try:
-            code = await anyio.to_thread.run_sync(server.process.wait, 1.0)
+            code = await anyio.to_thread.run_sync(server.process.wait, 1.0, abandon_on_cancel=True)
         except subprocess.TimeoutExpired:
             return None
         self._forget(server)
@@ -637,7 +643,7 @@ class LocalModel:
         try:
             return await server.chat.respond(request)
         except ProviderUnavailableError as error:
-            stopped = await self._stopped_error(server)
+            stopped = await self._stopped_error(server, error)
             if stopped is None:
                 raise
             raise stopped from error
@@ -656,7 +662,7 @@ class LocalModel:
                 async for event in events:
                     yield event
         except ProviderUnavailableError as error:
-            stopped = await self._stopped_error(server)
+            stopped = await self._stopped_error(server, error)
             if stopped is None:
                 raise
             raise stopped from error
