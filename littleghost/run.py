@@ -26,7 +26,14 @@ from littleghost.events import (
 )
 from littleghost.log_rules import Ledger
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    Usage,
+    prepare,
+)
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
@@ -418,9 +425,7 @@ class RunContext:
         """Await another model's ``prepare()`` once in this run (a summarizer's, say)."""
         if id(model) in self._prepared_models:
             return
-        prepare = getattr(model, "prepare", None)
-        if prepare is not None:
-            await prepare()
+        await prepare(model)
         self._prepared_models.add(id(model))
 
     async def _respond(

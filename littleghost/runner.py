@@ -47,7 +47,7 @@ from littleghost.events import (
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_results
 from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
-from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason
+from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, prepare
 from littleghost.output import (
     Answer,
     OutputPlan,
@@ -340,9 +340,7 @@ async def _loop(
 
 
 async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -> RunResult[Any]:
-    prepare = getattr(context.model, "prepare", None)
-    if prepare is not None:
-        await prepare()
+    await prepare(context.model)
     tool_calls = 0
     repairs = 0
     for turn in range(agent.max_turns):

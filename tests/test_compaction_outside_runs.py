@@ -53,6 +53,31 @@ async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
     assert [r.purpose for r in model.requests] == ["chat"]
 
 
+class Starting(ScriptedModel):
+    """A model that learns its window in ``prepare()``, as a local server's model does."""
+
+    async def prepare(self) -> None:
+        self._context_window = 2_000
+
+
+@manage_context(preserve_recent_messages=4)
+class Plain(Agent):
+    instructions = "Be brief."
+
+
+async def test_compact_log_compacts_for_the_window_the_model_learns_as_it_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As a run does: prepared first, not sized for the 200 000 tokens assumed of a
+    model that tells no window."""
+    model = Starting([summary_step()], context_window=None)
+    records = await compact_log(Plain(model=model), wordy(40))
+    assert records
+    (summary,) = model.requests
+    assert summary.max_tokens is not None and summary.max_tokens <= 2_000 // 4
+    assert "advertises no context window" not in caplog.text
+
+
 @pytest.mark.parametrize("share", [0, 1, -1, 1.5, math.nan, "0.5", None])
 async def test_compact_log_takes_a_share_in_0_to_1(share: Any) -> None:
     model = ScriptedModel([])

@@ -23,6 +23,7 @@ from littleghost.context.view import build_view
 from littleghost.errors import ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.base import prepare
 from littleghost.sessions.base import distinct_ids
 from littleghost.sessions.locks import hold_session
 
@@ -85,9 +86,7 @@ async def compact_document(
     async with agent:
         model = agent.resolve_model()
         advance(1, "starting the model")
-        prepare = getattr(model, "prepare", None)
-        if prepare is not None:
-            await prepare()
+        await prepare(model)
         used = window_of(agent, window, model)
         advance(1, "summarizing")
         async with address.open(read_only=False) as store, hold_session(store, session_id):

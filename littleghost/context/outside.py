@@ -27,7 +27,7 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
 from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest
+from littleghost.models.base import Model, ModelRequest, prepare
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -56,6 +56,7 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     model = agent.resolve_model()
+    await prepare(model)  # a local model learns its window there
     return await managed_records(
         log,
         config,

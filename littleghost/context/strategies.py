@@ -58,7 +58,7 @@ from littleghost.context.triggers import Not, TokensExceed, Trigger, always, che
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest, ModelResponse
+from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare
 from littleghost.text import cut_middle
 
 __all__ = [
@@ -752,9 +752,7 @@ def prepared(model: Model) -> Complete:
     ``RunContext.complete``, the call takes ``model=`` to write with another model."""
 
     async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
-        prepare = getattr(model, "prepare", None)
-        if prepare is not None:
-            await prepare()
+        await prepare(model)
         return await model.respond(request)
 
     return call

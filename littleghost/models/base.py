@@ -21,6 +21,7 @@ __all__ = [
     "StopReason",
     "ToolSpec",
     "Usage",
+    "prepare",
 ]
 
 
@@ -371,3 +372,11 @@ class Model(Protocol):
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request."""
         ...
+
+
+async def prepare(model: object) -> None:
+    """Await ``model``'s optional ``prepare()`` (a local model starts its server there,
+    and learns its window)."""
+    prepare = getattr(model, "prepare", None)
+    if prepare is not None:
+        await prepare()
