@@ -12,6 +12,7 @@ import pytest
 from littleghost import Agent, Message, ToolCall, manage_context
 from littleghost.context import PromptBudget
 from littleghost.context.outside import compact_log
+from littleghost.context.tokens import estimate_request
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
@@ -51,31 +52,6 @@ async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
     report = await check_retention(agent, chat(12), [Fact("The first answer?", "m answer 0")])
     assert (report.records, report.summary) == ((), None)
     assert [r.purpose for r in model.requests] == ["chat"]
-
-
-class Starting(ScriptedModel):
-    """A model that learns its window in ``prepare()``, as a local server's model does."""
-
-    async def prepare(self) -> None:
-        self._context_window = 2_000
-
-
-@manage_context(preserve_recent_messages=4)
-class Plain(Agent):
-    instructions = "Be brief."
-
-
-async def test_compact_log_compacts_for_the_window_the_model_learns_as_it_starts(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """As a run does: prepared first, not sized for the 200 000 tokens assumed of a
-    model that tells no window."""
-    model = Starting([summary_step()], context_window=None)
-    records = await compact_log(Plain(model=model), wordy(40))
-    assert records
-    (summary,) = model.requests
-    assert summary.max_tokens is not None and summary.max_tokens <= 2_000 // 4
-    assert "advertises no context window" not in caplog.text
 
 
 @pytest.mark.parametrize("share", [0, 1, -1, 1.5, math.nan, "0.5", None])
@@ -146,31 +122,40 @@ async def test_the_summary_sees_tool_results_clipped_as_a_run_clips_them() -> No
 
 
 class Preparing(ScriptedModel):
-    """A model with ``prepare()`` (as a local server is started), recording its calls."""
+    """A model with ``prepare()``, where it learns its window (as a local server's model
+    does), recording its calls."""
 
     def __init__(self, steps: list[Any]) -> None:
-        super().__init__(steps)
+        super().__init__(steps, context_window=None)
         self.calls: list[str] = []
 
     async def prepare(self) -> None:
         self.calls.append("prepare")
+        self._context_window = 2_000
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         self.calls.append(f"respond {request.purpose}")
         return await super().respond(request)
 
 
-async def test_the_model_is_prepared_before_the_summary_call() -> None:
-    """Outside a run nothing else prepares the model: the summary call does, first."""
+@manage_context(preserve_recent_messages=4)
+class Plain(Agent):
+    instructions = "Be brief."
 
-    @manage_context(preserve_recent_messages=2)
-    class Assistant(Agent):
-        pass
 
+async def test_the_model_is_prepared_before_its_window_is_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Outside a run nothing else prepares the model: compacting does, first, and fits
+    the summary call in the window the model learns there, not in the 200 000 tokens
+    assumed of a model that tells none."""
     model = Preparing([summary_step("- they talked")])
-    (record,) = await compact_log(Assistant(model=model), chat(6))
+    (record,) = await compact_log(Plain(model=model), wordy(80))
     assert record.is_summary
-    assert model.calls == ["prepare", "respond context_compaction"]
+    assert model.calls[0] == "prepare" and model.calls[-1] == "respond context_compaction"
+    (summary,) = model.requests
+    assert estimate_request(summary.messages, (), {}) + (summary.max_tokens or 0) <= 2_000
+    assert "advertises no context window" not in caplog.text
 
 
 async def test_messages_are_checked_before_any_model_call() -> None:
