@@ -42,6 +42,7 @@ QUESTIONS = [
     "What payment methods can I use for it?",
     "How long do you keep an order before sending it back?",
     "Can I change the delivery day for the lamp?",
+    "Do you deliver on Saturdays?",
     "Remind me: what did I say about my neighbour?",
 ]
 
