@@ -229,7 +229,8 @@ def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
 
 def _check_member_names(classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a ``@tool`` or hook method of ``classes`` is named like a
-    member of ``Agent``, which it would replace."""
+    member of ``Agent``, which it would replace, or a value (not a method or property of
+    its own) takes the place of one of ``Agent``'s methods, properties or attributes."""
     for klass in classes:
         for attribute, value in vars(klass).items():
             if attribute not in _AGENT_MEMBERS:
@@ -248,6 +249,20 @@ def _check_member_names(classes: Iterable[type]) -> None:
                     f"{klass.__name__}.{attribute}: the @{kind} hook {attribute!r} would "
                     f"replace Agent.{attribute}; give the method another name"
                 )
+            declarable = attribute in _KNOBS or attribute in _DECORATED or _is_dunder(attribute)
+            if not (declarable or callable(value) or isinstance(value, _DESCRIPTORS)):
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute} would replace Agent.{attribute}, which "
+                    "every agent needs: give the attribute another name"
+                )
+
+
+_DESCRIPTORS = (property, functools.cached_property, staticmethod, classmethod)
+"""What may take the place of one of ``Agent``'s members, besides a function."""
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
 
 
 def _method_tools(cls: type) -> dict[str, ToolDefinition]:

@@ -758,6 +758,26 @@ def test_a_tool_method_named_like_an_agent_member_fails(member: str) -> None:
         with_tool_method(member)
 
 
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [("hooks", ["log_request"]), ("output", "text"), ("run_settings", {}), ("name", "bot")],
+)
+def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: object) -> None:
+    """A plain attribute named like one of Agent's properties or methods (``hooks``, as
+    other frameworks take hooks) would break every run: it fails at class definition;
+    a method of the same name overrides as Python's do."""
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"Mixin.{member} would replace Agent.{member}")
+    ):
+        type("Mixed", (type("Mixin", (), {member: value}), Agent), {})
+
+    class Overriding(Agent):
+        def run_settings(self) -> dict[str, Any]:
+            return {**super().run_settings(), "temperature": 0}
+
+    assert Overriding().run_settings() == {"temperature": 0}
+
+
 def test_a_shadowing_tool_method_keeps_its_own_tool_name_in_the_hint() -> None:
     """With @tool(name=) given, the hint suggests that name; a mixin's tool is caught too."""
     with pytest.raises(ConfigurationError, match=re.escape("@tool(name='query')")):
