@@ -157,7 +157,15 @@ class ProtocolError(LittleGhostError):
 
 
 class DeadlineExceededError(LittleGhostError, TimeoutError):
-    """The run's deadline passed."""
+    """The run's deadline passed, or a wait would pass it.
+
+    Args:
+        deadline: That deadline (``anyio.current_time()`` units), when known.
+    """
+
+    def __init__(self, message: str, *, deadline: float | None = None) -> None:
+        super().__init__(message)
+        self.deadline = deadline
 
 
 class CleanupError(LittleGhostError):

@@ -102,6 +102,7 @@ async def call_with_retries(
     except RETRYABLE_ERRORS as error:
         if deadline_stop.hit:
             raise DeadlineExceededError(
-                f"the run's deadline leaves no time to retry after {type(error).__name__}"
+                f"the run's deadline leaves no time to retry after {type(error).__name__}",
+                deadline=deadline,
             ) from error
         raise

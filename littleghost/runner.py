@@ -280,7 +280,9 @@ async def _run_in(
         span.set_attributes(telemetry.usage_attributes(context.usage))
     if result is None:
         assert scope.cancelled_caught
-        late = DeadlineExceededError(f"{agent.name} did not finish before its deadline")
+        late = DeadlineExceededError(
+            f"{agent.name} did not finish before its deadline", deadline=context.deadline
+        )
         if grace.failures:
             raise late from grace.failures[0]
         raise late
@@ -733,8 +735,10 @@ async def _execute(
         except (KeyboardInterrupt, SystemExit):
             raise
         except DeadlineExceededError as error:
-            if context.deadline is not None and anyio.current_time() >= context.deadline:
-                raise  # the run's own deadline
+            if context.deadline is not None and (
+                error.deadline == context.deadline or anyio.current_time() >= context.deadline
+            ):
+                raise  # the run's own deadline (a side call's retry would pass it, say)
             return _failed(call, span, error, error_text(error))
         except BaseException as error:  # the tool's own failure, of any kind
             ending = fatal(error)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from littleghost import Agent, tool
+from littleghost import Agent, Message, RunContext, tool
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -17,6 +17,7 @@ from littleghost.errors import (
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, Step, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
@@ -123,6 +124,30 @@ async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
     assert anyio.current_time() - start < 0.3
     assert caught.value.__cause__ is error
     assert len(model.requests) == 1
+
+
+class Digesting(Agent):
+    @tool
+    async def digest(self, context: RunContext) -> str:
+        """Digest the question with the model."""
+        answer = await context.complete(ModelRequest([Message.user("digest this")]))
+        return answer.message.text
+
+
+async def test_a_side_calls_retry_past_the_deadline_from_a_tool_ends_the_run() -> None:
+    """The run's deadline, not the tool's failure: the run raises at once, as for the
+    same side call from a hook, and the tool's call is answered in the log."""
+    error = RateLimitError("slow down", status=429, retry_after=30)
+    model = ScriptedModel([tool_call_response("digest", {}), error, text_response("never")])
+    store = InMemorySessionStore()
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError) as caught:
+        await Digesting(model=model, session_store=store).run("hi", session_id="s", timeout=5)
+    assert anyio.current_time() - start < 0.3
+    assert caught.value.__cause__ is error and caught.value.deadline is not None
+    assert [request.purpose for request in model.requests] == ["chat", "chat"]
+    (answered,) = [m.tool_results[0] for m in await store.load("s") if m.tool_results]
+    assert answered.is_error
 
 
 async def test_an_outer_cancel_scope_cancels_the_run_natively() -> None:
