@@ -2,7 +2,8 @@
 
 Only ``RateLimitError`` and ``ProviderUnavailableError`` are retried (an allow-list, so
 cancellation never is), with full-jitter exponential backoff; a ``retry_after`` the
-provider sent is a floor for the wait. A wait that would pass the run's deadline is not
+provider sent is a floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited
+for: the error is raised as it is. A wait that would pass the run's deadline is not
 taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause.
 """
 
@@ -16,7 +17,7 @@ import anyio
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     wait_random_exponential,
 )
@@ -30,18 +31,24 @@ T = TypeVar("T")
 
 RETRYABLE_ERRORS = (RateLimitError, ProviderUnavailableError)
 MAX_RETRY_AFTER = 300.0
-"""The longest ``retry_after`` honoured, in seconds."""
+"""The longest ``retry_after`` waited for, in seconds."""
 
 _backoff = wait_random_exponential(multiplier=0.5, max=30)
 
 
-def _wait(state: RetryCallState) -> float:
-    backoff = _backoff(state)
-    error = state.outcome.exception() if state.outcome else None
+def _retry_after(error: BaseException | None) -> float:
+    """The wait ``error`` asks for, in seconds (0 for none)."""
     retry_after = getattr(error, "retry_after", None)
-    if isinstance(retry_after, (int, float)) and retry_after > 0:
-        return max(backoff, min(float(retry_after), MAX_RETRY_AFTER))
-    return backoff
+    return float(retry_after) if isinstance(retry_after, (int, float)) and retry_after > 0 else 0.0
+
+
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, RETRYABLE_ERRORS) and _retry_after(error) <= MAX_RETRY_AFTER
+
+
+def _wait(state: RetryCallState) -> float:
+    error = state.outcome.exception() if state.outcome else None
+    return max(_backoff(state), _retry_after(error))
 
 
 class _StopAtDeadline(stop_base):
@@ -90,7 +97,7 @@ async def call_with_retries(
                 await on_retry(state.attempt_number, error)
 
     retrying = AsyncRetrying(
-        retry=retry_if_exception_type(RETRYABLE_ERRORS),
+        retry=retry_if_exception(_retryable),
         wait=_wait,
         stop=stop_after_attempt(max_retries + 1) | deadline_stop,
         before_sleep=before_sleep,

@@ -126,6 +126,19 @@ async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
     assert len(model.requests) == 1
 
 
+async def test_a_retry_after_longer_than_any_wait_taken_is_raised_at_once() -> None:
+    """A provider that asks for more than 300 s would refuse a retry made sooner: with a
+    deadline further off, or none, its error is raised at once, as it is."""
+    error = RateLimitError("slow down", status=429, retry_after=3_600)
+    for timeout in (None, 7_200):
+        model = ScriptedModel([error, text_response("never")])
+        start = anyio.current_time()
+        with pytest.raises(RateLimitError) as caught:
+            await Slow(model=model).run("hi", timeout=timeout)
+        assert anyio.current_time() - start < 0.3
+        assert caught.value is error and len(model.requests) == 1
+
+
 class Digesting(Agent):
     @tool
     async def digest(self, context: RunContext) -> str:
