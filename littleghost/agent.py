@@ -37,6 +37,7 @@ from littleghost.output import (
     check_tool_names,
     compile_output_type,
 )
+from littleghost.retry import MAX_RETRIES
 from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.sessions.base import check_store
@@ -369,7 +370,7 @@ class Agent:
     max_turns: ClassVar[int] = 100
     max_tool_calls: ClassVar[int] = 1000
     max_tool_result_tokens: ClassVar[int] = 10_000
-    max_retries: ClassVar[int] = 3
+    max_retries: ClassVar[int] = MAX_RETRIES
     capture_content: ClassVar[bool] = False
     session_store: ClassVar[SessionStore] = InMemorySessionStore()
     cleanup_grace: ClassVar[float] = 1.0

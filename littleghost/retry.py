@@ -25,11 +25,13 @@ from tenacity.stop import stop_base
 
 from littleghost.errors import DeadlineExceededError, ProviderUnavailableError, RateLimitError
 
-__all__ = ["RETRYABLE_ERRORS", "call_with_retries"]
+__all__ = ["MAX_RETRIES", "RETRYABLE_ERRORS", "call_with_retries"]
 
 T = TypeVar("T")
 
 RETRYABLE_ERRORS = (RateLimitError, ProviderUnavailableError)
+MAX_RETRIES = 3
+"""Retries after a call's first attempt, unless an agent's ``max_retries`` says otherwise."""
 MAX_RETRY_AFTER = 300.0
 """The longest ``retry_after`` waited for, in seconds."""
 

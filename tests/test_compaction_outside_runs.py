@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context
-from littleghost.context import PromptBudget
+from littleghost.context import PromptBudget, Summarization, compact_session
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
-from littleghost.errors import ConfigurationError
+from littleghost.errors import ConfigurationError, ProviderUnavailableError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
 from .conversations import chat, summary_step
@@ -156,6 +157,30 @@ async def test_the_model_is_prepared_before_its_window_is_read(
     (summary,) = model.requests
     assert estimate_request(summary.messages, (), {}) + (summary.max_tokens or 0) <= 2_000
     assert "advertises no context window" not in caplog.text
+
+
+@pytest.mark.parametrize("max_retries", [1, 0])
+async def test_a_transient_error_of_the_summary_call_is_retried_as_in_a_run(
+    max_retries: int,
+) -> None:
+    """Outside a run too, a 503 is retried, as many times as the agent's ``max_retries``
+    say (the SDKs' own retries are off); compacting a stored session as well."""
+    busy = ProviderUnavailableError("busy", status=503)
+    model = ScriptedModel([busy, summary_step("- they talked")])
+    agent = Plain(model=model, max_retries=max_retries)
+    if max_retries:
+        (record,) = await compact_log(agent, wordy(20))
+        assert record.is_summary
+    else:
+        with pytest.raises(ProviderUnavailableError):
+            await compact_log(agent, wordy(20))
+    assert len(model.requests) == 1 + max_retries
+    store = InMemorySessionStore()
+    await store.append("s", wordy(20))
+    model = ScriptedModel([busy, summary_step("- they talked")])
+    strategy = Summarization(model=model, minimum_preserved=4)
+    (record,) = await compact_session(store, "s", strategy)
+    assert record.is_summary and len(model.requests) == 2
 
 
 async def test_messages_are_checked_before_any_model_call() -> None:

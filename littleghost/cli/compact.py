@@ -99,7 +99,7 @@ async def compact_document(
                 log,
                 config,
                 window=used.tokens,
-                complete=prepared(model),
+                complete=prepared(model, max_retries=agent.max_retries),
                 settings=agent.run_settings(),
                 max_tool_result_tokens=agent.max_tool_result_tokens,
                 model=model,

@@ -61,7 +61,7 @@ async def compact_log(
         log,
         config,
         window=context_window(model, config),
-        complete=prepared(model),
+        complete=prepared(model, max_retries=agent.max_retries),
         settings=agent.run_settings(),
         share=share,
         max_tool_result_tokens=agent.max_tool_result_tokens,

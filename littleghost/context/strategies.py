@@ -59,6 +59,7 @@ from littleghost.errors import CompactionError, ConfigurationError, ContextWindo
 from littleghost.hooks import check_signature
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare
+from littleghost.retry import MAX_RETRIES, call_with_retries
 from littleghost.text import cut_middle
 
 __all__ = [
@@ -747,13 +748,14 @@ def _is_line(state: CompactionState, slot: int) -> bool:
     return len(members) == 1 and turn_line(members[0]) is not None
 
 
-def prepared(model: Model) -> Complete:
-    """``model.respond``, after the model's optional ``prepare()`` (outside a run); like
+def prepared(model: Model, *, max_retries: int = MAX_RETRIES) -> Complete:
+    """``model.respond``, after the model's optional ``prepare()``, its transient errors
+    retried as a run's are (outside a run: ``max_retries`` is an agent's, if any); like
     ``RunContext.complete``, the call takes ``model=`` to write with another model."""
 
     async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
         await prepare(model)
-        return await model.respond(request)
+        return await call_with_retries(partial(model.respond, request), max_retries=max_retries)
 
     return call
 
