@@ -638,7 +638,7 @@ class TestCheckRetention:
 
 
 async def test_echoed_delimiters_and_repeated_lines_are_not_kept_in_the_summary() -> None:
-    written = "<<<\n- Open: none\n- router A-1\n-  open:   NONE\n- Open: none\n>>>"
+    written = "<<<\n- Open: none\n<<<<<<\n- router A-1\n-  open:   NONE\n- Open: none\n<< >>\n>>>"
     model = ScriptedModel([summary_step(written), text_response("done")])
     result = await Small(model=model).run("go", history=chat(30))
     kept = SUMMARY_PREFIX + "- Open: none\n- router A-1"

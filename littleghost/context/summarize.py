@@ -312,13 +312,14 @@ def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
 
 
 def _cleaned(text: str) -> str:
-    """``text`` without lines that only echo the request's delimiters and without a line
-    said before (small models repeat lines; the same words, case and spacing aside)."""
+    """``text`` without lines that only echo the request's delimiters (``<<<``, ``>>>``, or
+    them run together) and without a line said before (small models repeat lines; the
+    same words, case and spacing aside)."""
     seen: set[str] = set()
     kept = []
     for line in text.splitlines():
         said = " ".join(line.split()).casefold()
-        if said in ("<<<", ">>>") or (said and said in seen):
+        if said and (not said.strip("<> ") or said in seen):
             continue
         seen.add(said)
         kept.append(line)
