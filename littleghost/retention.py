@@ -29,13 +29,17 @@ from littleghost.models.base import Model, ModelRequest, ModelResponse
 __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
 
-def _spellings(value: str | Sequence[str]) -> tuple[str, ...]:
-    spellings = (value,) if isinstance(value, str) else tuple(value)
-    if not spellings or not all(isinstance(s, str) and s.strip() for s in spellings):
+def _spellings(value: object) -> tuple[str, ...]:
+    spellings = (value,) if isinstance(value, str) else value
+    if (
+        not isinstance(spellings, Sequence)
+        or not spellings
+        or not all(isinstance(s, str) and s.strip() for s in spellings)
+    ):
         raise ConfigurationError(
             f"Fact.expected must be a non-empty str or a sequence of them, not {value!r}"
         )
-    return spellings
+    return tuple(spellings)
 
 
 def _normal(text: str) -> str:

@@ -618,8 +618,9 @@ class TestCheckRetention:
             await check_retention(Small(model=ScriptedModel([])), chat(3), [])
         with pytest.raises(ConfigurationError, match=r"agent must be an Agent, not the class"):
             await check_retention(Small, chat(3), [Fact("?", "x")])  # type: ignore[arg-type]
-        with pytest.raises(ConfigurationError, match=r"Fact\.expected"):
-            Fact("?", "")
+        for expected in ("", 1234, None, ["A-1", 2]):
+            with pytest.raises(ConfigurationError, match=r"Fact\.expected must be a non-empty"):
+                Fact("?", expected)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match=r"Fact\.question must be a non-empty str"):
             Fact(3, "x")  # type: ignore[arg-type]
 
