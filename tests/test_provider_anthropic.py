@@ -1262,6 +1262,15 @@ def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_a_base_url_without_an_http_scheme_fails_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = r"base_url \(or ANTHROPIC_BASE_URL\) must be an http:// or https:// URL"
+    with pytest.raises(ConfigurationError, match=message):
+        AnthropicModel("claude-x", base_url="localhost:8080", api_key="sk-test")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "localhost:8080")
+    with pytest.raises(ConfigurationError, match=message):
+        AnthropicModel("claude-x", api_key="sk-test")
+
+
 def test_a_missing_sdk_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(ConfigurationError, match=r"pip install 'littleghost\[anthropic\]'"):

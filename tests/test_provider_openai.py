@@ -1622,6 +1622,21 @@ async def test_a_base_urls_credentials_stay_out_of_the_http_logs(
     assert "SECRET" not in logged and "proxyuser" not in logged
 
 
+@pytest.mark.parametrize("url", ["localhost:9999/api", "ftp://host/v1", "http:///v1"])
+def test_a_base_url_without_an_http_scheme_and_host_fails_when_made(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Not a transient error retried at each call: the URL is named wrong, once, without
+    showing it (it may hold a key)."""
+    message = r"base_url \(or OPENAI_BASE_URL\) must be an http:// or https:// URL with a host"
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        OpenAIModel("m", base_url=url, api_key="sk-test")
+    assert url not in str(caught.value)
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    with pytest.raises(ConfigurationError, match=message):
+        OpenAIModel("m", api_key="sk-test")
+
+
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

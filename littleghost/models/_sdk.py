@@ -28,6 +28,7 @@ __all__ = [
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
+    "check_base_url",
     "check_context_window",
     "error_mapper",
     "image_base64",
@@ -187,6 +188,29 @@ class RequestLogFilter(logging.Filter):
             record.msg = "Request options: %s (the rest redacted by littleghost; %s=debug logs it)"
             record.args = (kept, self.opt_in)
         return True
+
+
+def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
+    """``value`` (a ``base_url=``, else the environment's ``variable``): ``None``, or an
+    ``http://`` or ``https://`` URL with a host. The message never shows it: it may hold a
+    key or a password.
+
+    Raises:
+        ConfigurationError: Anything else (``localhost:8080/v1``, without its scheme).
+    """
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigurationError(
+            f"{owner}: base_url (or {variable}) must be an http:// or https:// URL with a "
+            "host, as in http://localhost:8080/v1"
+        )
+    return value
 
 
 def check_context_window(owner: str, value: object) -> int | None:

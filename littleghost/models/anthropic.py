@@ -32,6 +32,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    check_base_url,
     check_context_window,
     error_mapper,
     image_base64,
@@ -361,6 +362,9 @@ class AnthropicModel:
         self._context_window = context_window or known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
         if client is None:
+            check_base_url(
+                owner, base_url or os.environ.get("ANTHROPIC_BASE_URL") or None, "ANTHROPIC_BASE_URL"
+            )
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
             if api_key is None:
                 raise ConfigurationError(

@@ -31,6 +31,7 @@ from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    check_base_url,
     check_context_window,
     error_mapper,
     image_base64,
@@ -307,6 +308,7 @@ class OpenAIModel:
         self._sdk = import_sdk("openai", "openai")
         if client is None:
             base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+            base_url = check_base_url(owner, base_url, "OPENAI_BASE_URL")
             api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
             if api_key is None:
                 if base_url is None:
