@@ -183,6 +183,39 @@ async def test_a_transient_error_of_the_summary_call_is_retried_as_in_a_run(
     assert record.is_summary and len(model.requests) == 2
 
 
+class Counting:
+    """A tokenizer counting the texts it is asked to measure."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count_tokens(self, text: str) -> int:
+        self.calls += 1
+        return max(1, len(text) // 4)
+
+
+async def test_a_log_many_windows_long_is_fitted_to_a_summary_call_in_near_linear_work() -> None:
+    """The groups no summary request can take are given back by bisection, not one at a
+    time: four times the log costs about four times the measuring, not sixteen (it took
+    minutes and gigabytes for 10 000 messages), and the summary covers the same."""
+    measured, covered = [], []
+    for pairs in (100, 400):
+        tokenizer = Counting()
+
+        @manage_context(
+            context_window_tokens=2_000, preserve_recent_messages=4, tokenizer=tokenizer
+        )
+        class Small(Agent):
+            pass
+
+        model = ScriptedModel([summary_step("- they talked")])
+        (record,) = await compact_log(Small(model=model), wordy(pairs))
+        measured.append(tokenizer.calls)
+        covered.append(len(record.metadata[SUMMARY_COVERS_KEY]))
+    assert covered[0] == covered[1] < 100
+    assert measured[1] < 6 * measured[0]
+
+
 async def test_messages_are_checked_before_any_model_call() -> None:
     model = ScriptedModel([])
 

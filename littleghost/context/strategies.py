@@ -53,7 +53,7 @@ from littleghost.context.summarize import (
     turn_line,
     with_quotes,
 )
-from littleghost.context.tokens import Estimates, Tokenizer
+from littleghost.context.tokens import Estimates, Tokenizer, counter
 from littleghost.context.triggers import Not, TokensExceed, Trigger, always, check_trigger, negate
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
@@ -270,11 +270,13 @@ class CompactionState:
         return True
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
-        """A summary request's (framing and instruction, data) estimated tokens."""
+        """A summary request's (framing and instruction, data) estimated tokens (counted
+        afresh: a request tried and dropped leaves nothing in the log's estimates)."""
+        count = counter(self.tokenizer)
         framing, *rest = request.messages
         fixed = self.tokenizer.count_tokens(instruction) if instruction else 0
-        data = max(0, sum(map(self._estimate, rest)) - fixed)
-        return self._estimate(framing) + fixed, data
+        data = max(0, sum(map(count, rest)) - fixed)
+        return count(framing) + fixed, data
 
     def stands_for(self, slot: int) -> list[str]:
         """The ids of the log messages the group in ``slot`` stands for."""
@@ -893,6 +895,34 @@ class Summarization(_Stepwise):
         newest taken groups are given back while it cannot fit."""
         clips = [self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)]
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
+
+        def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
+            covered, cap, _ = self._budget(state, taken[:count], notes, quotes)
+            shortest = summary_request(
+                covered,
+                instructions=instruction,
+                settings=state.settings,
+                max_tokens=min(cap, SUMMARY_FLOOR_TOKENS),
+                max_item_chars=clips[-1],
+                notes=notes,
+            )
+            return state.fits(shortest, instruction)
+
+        # The groups no request can take are given back at once: the most that could fit
+        # is found by bisection, not one group at a time (a long log would take N² work),
+        # down to the one group the loop below fails at.
+        if not could_fit(len(taken)):
+            low, high, groups = len(taken), len(taken) - 1, 0
+            for index, slot in enumerate(taken):
+                groups += state.kind(slot) != SUMMARY
+                if groups > 1:
+                    low = index
+                    break
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if could_fit(middle) else (low, middle - 1)
+            while len(taken) > low:
+                state.restore(taken.pop())
         while True:
             covered, cap, added = self._budget(state, taken, notes, quotes)
             while True:
