@@ -312,18 +312,16 @@ async def _open_session(
         check_results(misplaced_results(stored, orphans=False), at)
         _check_new(plan.message, stored, where)
         if seed:
-            plan.caller.warn(
-                f"history= is ignored: session {context.session_id!r} already holds "
-                f"{len(stored)} messages, and the stored log wins",
+            plan.caller.warn(  # one text: shown once per line, as Python's warnings are
+                "history= is ignored: the session already holds messages, and the stored log wins"
             )
         log.extend(stored)
         return
     kept = [message for message in seed if not message.is_trusted]
     if len(kept) < len(seed):
         plan.caller.warn(
-            "the system and developer messages of history= are left out of session "
-            f"{context.session_id!r}: sessions do not store instructions, which come "
-            "from the agent class each run",
+            "the system and developer messages of history= are left out of the session: "
+            "sessions do not store instructions, which come from the agent class each run"
         )
     await context.append(*kept)
 

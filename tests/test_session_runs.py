@@ -12,6 +12,7 @@ import inspect
 import json
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,12 +119,27 @@ class TestHistory:
     async def test_history_is_ignored_for_an_existing_session(self, store: SessionStore) -> None:
         await store.append("s", [Message.user("stored question"), Message.assistant("stored")])
         model = ScriptedModel([text_response("ok")])
-        with pytest.warns(UserWarning, match="history= is ignored: session 's' already holds 2"):
+        with pytest.warns(UserWarning, match="history= is ignored: the session already holds"):
             result = await Helper(model=model, session_store=store).run(
                 "next", history=[Message.user("ignored")], session_id="s"
             )
         assert texts(result.messages) == ["stored question", "stored", "next", "ok"]
         assert "ignored" not in texts(model.requests[0].messages)
+
+    async def test_a_history_warning_is_shown_once_per_line_whatever_the_session(
+        self, store: SessionStore
+    ) -> None:
+        """As Python's warnings are: a stateless client passing history= on every run
+        is told once, and the caller's warning registry does not grow with each run."""
+        history = [Message.system("Be terse."), Message.user("hi")]
+        model = ScriptedModel([text_response("ok")] * 5)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for index in range(5):
+                await Helper(model=model, session_store=store).run(
+                    "next", history=history, session_id=f"s{index}"
+                )
+        assert len(caught) == 1 and "left out of the session" in str(caught[0].message)
 
     @pytest.mark.parametrize("entry", ["run", "stream", "run_sync"])
     async def test_history_warnings_name_the_callers_line(self, entry: str) -> None:
@@ -132,7 +148,7 @@ class TestHistory:
         store = InMemorySessionStore()
         agent = Helper(model=ScriptedModel([text_response("ok")]), session_store=store)
         history = [Message.system("Be terse."), Message.user("hi"), Message.assistant("hello")]
-        with pytest.warns(UserWarning, match="left out of session") as caught:
+        with pytest.warns(UserWarning, match="left out of the session") as caught:
             if entry == "run":
                 line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
                 await agent.run("next", history=history, session_id="s")

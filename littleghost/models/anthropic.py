@@ -363,7 +363,9 @@ class AnthropicModel:
         self._sdk = import_sdk("anthropic", "anthropic")
         if client is None:
             check_base_url(
-                owner, base_url or os.environ.get("ANTHROPIC_BASE_URL") or None, "ANTHROPIC_BASE_URL"
+                owner,
+                base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
+                "ANTHROPIC_BASE_URL",
             )
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
             if api_key is None:
