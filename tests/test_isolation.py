@@ -5,6 +5,7 @@ fails before anything is stored."""
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from littleghost import Agent, Message, ReasoningPart, RunContext, ToolCall, tool
+from littleghost.context.outside import preview_request
 from littleghost.errors import ConfigurationError, UnstorableValueError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
@@ -133,6 +135,36 @@ def test_settings_of_a_class_that_declares_none_cannot_change_every_class() -> N
     Support(model=model).run_sync("hi")
     assert dict(model.requests[0].settings) == {}
     assert Tuned.settings == {"temperature": 0.2, "seed": 7}
+
+
+def test_views_built_in_many_threads_at_once_never_trip_over_each_other() -> None:
+    """Runs in a thread pool (``run_sync``) build their views at once; the index of the
+    logs seen lately they share is kept whole (an unguarded one raised ``KeyError`` a few
+    times in 10 000 calls when threads switched at the wrong moment, made frequent here)."""
+    errors: list[BaseException] = []
+
+    def build(thread: int) -> None:
+        try:
+            log = [Message.user(f"hi {thread}")]
+            for index in range(700):
+                log.append(Message.assistant(f"a{index}") if index % 2 else Message.user("q"))
+                preview_request(ModelRequest(tuple(log)), log, None, 4_000)
+                if index % 50 == 0:
+                    log = [Message.user(f"hi {thread} {index}")]
+        except BaseException as error:
+            errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=build, args=(thread,)) for thread in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
 
 
 class Closeable:

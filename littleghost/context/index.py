@@ -3,6 +3,7 @@ cut-down copies), keyed by id (checked by identity) and carried over as the log 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ RECENT_LOGS = 8
 _LOOKBACK = 64  # how far back from the end ``LogIndex.of`` looks for a log this one extends
 
 _recent: OrderedDict[int, LogIndex] = OrderedDict()
+_recent_lock = threading.Lock()  # runs in several threads (run_sync) share it
 
 
 @define(eq=False, repr=False)
@@ -36,23 +38,24 @@ class LogIndex:
         """The index of ``messages``, reusing one seen lately of the same log or of a log it
         extends."""
         log = tuple(messages)
-        for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
-            known = _recent.get(id(log[position]))
-            if (
-                known is not None
-                and len(known.log) == position + 1
-                and known.log == log[: position + 1]  # by identity first, in C
-            ):
-                found = known.grown(log)
-                _recent.pop(id(log[position]), None)
-                break
-        else:
-            found = cls(log, Layout.build(log))
+        earlier = None
+        with _recent_lock:
+            for position in range(len(log) - 1, max(-1, len(log) - 1 - _LOOKBACK), -1):
+                known = _recent.get(id(log[position]))
+                if (
+                    known is not None
+                    and len(known.log) == position + 1
+                    and known.log == log[: position + 1]  # by identity first, in C
+                ):
+                    earlier = _recent.pop(id(log[position]))
+                    break
+        found = cls(log, Layout.build(log)) if earlier is None else earlier.grown(log)
         if log:
-            _recent[id(log[-1])] = found
-            _recent.move_to_end(id(log[-1]))
-            while len(_recent) > RECENT_LOGS:
-                _recent.popitem(last=False)
+            with _recent_lock:
+                _recent[id(log[-1])] = found
+                _recent.move_to_end(id(log[-1]))
+                while len(_recent) > RECENT_LOGS:
+                    _recent.popitem(last=False)
         return found
 
     def grown(self, log: Sequence[Message]) -> LogIndex:
