@@ -217,6 +217,23 @@ class TestUntrustedText:
         (session,) = json.loads(ok("sessions", "list", "--store", url, "--json").stdout)
         assert session["id"] == self.ODD_ID
 
+    def test_a_lone_surrogate_is_escaped_and_kept_exact_in_json(self, tmp_path: Path) -> None:
+        """Half a UTF-16 pair (a file name's undecodable byte a tool returned): no UTF-8
+        can write it, so tables show its escape and JSON its ``\\u`` escape, which
+        reads back as it is; every output is valid UTF-8."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        name = os.fsdecode(b"caf\xe9.txt")
+        in_store(url, lambda store: store.append("s", [Message.user(name)]))
+        shown = CliRunner().invoke(main, ["sessions", "show", "s", "--store", url])
+        assert shown.exit_code == 0 and "caf\\udce9.txt" in shown.stdout_bytes.decode()
+        documents = []
+        for command in ("show", "view"):
+            result = CliRunner().invoke(main, ["sessions", command, "s", "--store", url, "--json"])
+            assert result.exit_code == 0, result.output
+            documents.append(json.loads(result.stdout_bytes.decode()))
+        assert documents[0]["messages"][0]["excerpt"] == name
+        assert documents[1]["messages"][-1]["message"]["content"][0]["text"] == name
+
 
 class TestShow:
     def test_the_whole_log_with_calls_results_and_records(self, store_url: str) -> None:

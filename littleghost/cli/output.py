@@ -24,16 +24,18 @@ SHORT_ID = 13
 
 
 _CONTROL = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+"""Half a UTF-16 pair alone (a file name's undecodable byte, say): no UTF-8 can write it."""
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def shown(text: str) -> str:
     """``text`` safe to print as one line: control characters (escape sequences, bells,
-    backspaces, line and paragraph breaks, tabs) and bidirectional marks written as
-    escapes (``\\x1b``, ``\\n``, ``\\u202e``). Stored content and ids are untrusted;
-    ``--json`` is exact."""
+    backspaces, line and paragraph breaks, tabs), bidirectional marks and lone surrogates
+    written as escapes (``\\x1b``, ``\\n``, ``\\u202e``, ``\\udce9``). Stored content and
+    ids are untrusted; ``--json`` is exact."""
 
     def escape(match: re.Match[str]) -> str:
         char = match.group()
@@ -90,8 +92,10 @@ class Output:
         click.echo(text, color=self.colour)
 
     def json(self, document: object) -> None:
-        """Write ``document`` as indented JSON."""
-        click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        """Write ``document`` as indented JSON (a lone surrogate as its ``\\u`` escape,
+        which reads back as it is: no UTF-8 can write it)."""
+        text = json.dumps(document, indent=2, ensure_ascii=False)
+        click.echo(_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
     def table(
         self,
