@@ -612,16 +612,19 @@ class TestCompact:
     def test_a_compaction_that_would_not_shrink_the_view_writes_nothing(
         self, tmp_path: Path
     ) -> None:
-        """A summary longer than the short turns it covers is refused, as a run refuses it."""
+        """A summary longer than the short turns it covers is refused, as a run refuses it;
+        a dry run says so too, as its placeholder summary alone would not shrink them."""
         url = f"sqlite:///{tmp_path / 's.db'}"
         chat = [m for i in range(7) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
         in_store(url, lambda store: store.append("short", chat))
         before = contents(url)
-        line = fails(
-            1, "sessions", "compact", "short", "--store", url, "--agent", "tests.cli_agents:Staffed"
-        )
-        assert "the compaction would not make the view smaller" in line
-        assert "nothing was appended" in line
+        for dry in (["--dry-run"], []):
+            line = fails(
+                1, "sessions", "compact", "short", "--store", url,
+                "--agent", "tests.cli_agents:Staffed", *dry,
+            )  # fmt: skip
+            assert "the compaction would not make the view smaller" in line
+            assert "nothing was appended" in line
         assert contents(url)[2:] == before[2:]
 
 

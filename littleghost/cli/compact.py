@@ -81,6 +81,8 @@ async def compact_document(
             max_tool_result_tokens=agent.max_tool_result_tokens,
             model=agent.model,
         )
+        if records:  # even its short placeholder summary would not make the view smaller
+            check_smaller(log, records, config.tokenizer)
         advance(1, "done")
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
     async with agent:
