@@ -112,3 +112,14 @@ class TypedBounded(Bounded):
     """``Bounded`` with a typed result and no model: which way it is asked is assumed."""
 
     output_type = int
+
+
+def interrupt(request: ModelRequest) -> ModelResponse:
+    """Ctrl-C, as the model answers."""
+    raise KeyboardInterrupt
+
+
+class Interrupted(Support):
+    """``Support`` whose model is stopped with Ctrl-C as it summarizes."""
+
+    model = ScriptedModel([interrupt] * 10)

@@ -627,6 +627,16 @@ class TestCompact:
             assert "nothing was appended" in line
         assert contents(url)[2:] == before[2:]
 
+    def test_ctrl_c_exits_130_and_writes_nothing(self, store_url: str) -> None:
+        before = contents(store_url)
+        result = invoke(
+            "sessions", "compact", "other", "--store", store_url,
+            "--agent", "tests.cli_agents:Interrupted",
+        )  # fmt: skip
+        assert result.exit_code == 130
+        assert result.stderr.strip() == "Interrupted"
+        assert contents(store_url) == before
+
 
 class TestExport:
     def test_json_lines_in_the_stored_form(self, store_url: str) -> None:

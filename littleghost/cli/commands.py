@@ -34,13 +34,21 @@ LARGE_LOG = 1_000
 T = TypeVar("T")
 
 
+INTERRUPTED = 130
+"""The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1."""
+    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1,
+    Ctrl-C exit 130."""
     try:
         return anyio.run(work, *args)
     except LittleGhostError as error:
         lines = str(error).strip().splitlines()
         raise click.ClickException(lines[0] if lines else type(error).__name__) from None
+    except KeyboardInterrupt:
+        click.echo("Interrupted", err=True)
+        raise SystemExit(INTERRUPTED) from None
 
 
 def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
