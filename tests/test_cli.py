@@ -684,15 +684,17 @@ class TestErrors:
         connection.close()
         (tmp_path / "empty.db").write_bytes(b"")
         (tmp_path / "notes.db").write_text("my notes\n" * 200)
-        before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+        (tmp_path / "folder").mkdir()
+        before = {path.name: path.is_dir() or path.read_bytes() for path in tmp_path.iterdir()}
         for name, error in [
             ("shop.db", "is an SQLite database of another application"),
             ("empty.db", "is an empty database, not a littleghost session store"),
             ("notes.db", "is not a littleghost session store or is damaged"),
             ("missing.db", "there is no SQLite session store at"),
+            ("folder", "is a directory, not an SQLite session store"),
         ]:
             assert error in fails(1, "sessions", "list", "--store", f"sqlite:///{tmp_path / name}")
-        assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+        assert {p.name: p.is_dir() or p.read_bytes() for p in tmp_path.iterdir()} == before
 
     def test_a_postgresql_database_without_a_store(self, postgres_dsn: str) -> None:
         with postgres_schema_sync(postgres_dsn) as conninfo:

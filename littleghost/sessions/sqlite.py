@@ -529,6 +529,10 @@ class SQLiteSessionStore:
 
     def _open(self) -> sqlite3.Connection:
         target, uri = self._path, False
+        if os.path.isdir(self._path):  # SQLite says "disk I/O error", or "unable to open"
+            raise SessionStoreError(
+                f"{self._path!r} is a directory, not an SQLite session store: name a file"
+            )
         if self._read_only:
             if not os.path.exists(self._path):
                 raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
