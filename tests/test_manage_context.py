@@ -2759,6 +2759,30 @@ class TestPreview:
         assert model.requests[0] == preview.request
 
 
+def test_two_manage_context_on_one_class_fail_and_a_subclass_may_declare_its_own() -> None:
+    """Stacked, one would silently undo the other's options; on a subclass, its own
+    declaration wins for it."""
+    with pytest.raises(ConfigurationError, match="Twice is decorated with @manage_context twice"):
+
+        @manage_context(compression_threshold=0.5)
+        @manage_context(preserve_recent_messages=20)
+        class Twice(Agent):
+            pass
+
+    @manage_context(compression_threshold=0.5)
+    class Parent(Agent):
+        pass
+
+    @manage_context(compression_threshold=0.9)
+    class Child(Parent):
+        pass
+
+    assert Child.context_management.compression_threshold == 0.9
+    assert Parent.context_management.compression_threshold == 0.5
+    with pytest.raises(ConfigurationError, match="twice"):
+        manage_context(Child)
+
+
 @pytest.mark.parametrize(
     ("keyword", "value"), [("strategy", Truncation), ("tokenizer", ByteEstimator)]
 )

@@ -128,6 +128,11 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
     def decorate(target: C) -> C:
         if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
             raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
+        if "context_management" in vars(target):  # one would silently undo the other
+            raise ConfigurationError(
+                f"{target.__name__} is decorated with @manage_context twice: give all the "
+                "options to one (a subclass may declare its own)"
+            )
         setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
         hooks = (
             CapabilityHook("before_model", _compact_before_model),
