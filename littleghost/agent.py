@@ -419,6 +419,11 @@ class Agent:
         for entry in hook_plan(cls):
             if entry.method is not None:
                 value = getattr(cls, entry.method)
+                if tool_options(value) is not None and hook_kind(value) is not None:
+                    raise ConfigurationError(
+                        f"{cls.__name__}.{entry.method} is both a @tool and a @{entry.kind} "
+                        "hook: a method is one or the other"
+                    )
                 if tool_options(value) is not None:
                     raise ConfigurationError(
                         f"{cls.__name__}.{entry.method} overrides a {entry.kind} hook but is a "

@@ -46,7 +46,11 @@ _MARK = "__littleghost_hook__"
 
 
 def _decorator(kind: str) -> Callable[[F], F]:
-    def mark(function: F) -> F:
+    def mark(function: F | None = None) -> F:
+        if function is None:
+            raise ConfigurationError(
+                f"@{kind} takes no arguments: write @{kind}, without parentheses"
+            )
         target = (
             function.__func__ if isinstance(function, (staticmethod, classmethod)) else function
         )
@@ -61,7 +65,7 @@ def _decorator(kind: str) -> Callable[[F], F]:
         setattr(target, _MARK, kind)
         return function
 
-    mark.__name__ = kind
+    mark.__name__ = mark.__qualname__ = kind
     mark.__doc__ = f"Mark a method as a ``{kind}`` hook."
     return mark
 

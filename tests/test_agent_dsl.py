@@ -862,6 +862,20 @@ def test_overriding_a_tool_with_a_non_tool_fails(override: Callable[[], object])
         type("Other", (Searcher,), {"search": override()})
 
 
+def test_a_method_both_tool_and_hook_fails_saying_so() -> None:
+    """Nothing is overridden: the message says what is wrong, not that it overrides."""
+    with pytest.raises(
+        ConfigurationError, match=re.escape("Both.lookup is both a @tool and a @before_model hook")
+    ):
+
+        class Both(Agent):
+            @before_model
+            @tool
+            def lookup(self, query: str) -> str:
+                """Look it up."""
+                return query
+
+
 def test_overriding_a_hook_with_a_tool_fails() -> None:
     """A @tool method over an inherited hook would be called as that hook: it fails."""
 

@@ -175,6 +175,15 @@ class Replacing(Recorder):
         self.order.append(f"saw {sorted(request.settings)}")
 
 
+@pytest.mark.parametrize(
+    "decorator", [before_model, after_model, after_model_error, before_tool, after_tool]
+)
+def test_a_hook_decorator_with_parentheses_says_to_leave_them_out(decorator: Any) -> None:
+    """``@tool()`` takes options; a hook decorator takes none, and says so."""
+    with pytest.raises(ConfigurationError, match=rf"@{decorator.__name__} takes no arguments"):
+        decorator()
+
+
 async def test_before_model_replacement_reaches_later_hooks_and_the_call() -> None:
     """A returned request is what later hooks (sync or async) and the model receive."""
     model = ScriptedModel([text_response("ok")])
