@@ -821,6 +821,13 @@ class SyncLockStore(PlainStore):
             yield
 
 
+class GeneratorLockStore(PlainStore):
+    """A custom store whose ``lock`` is an async generator missing @asynccontextmanager."""
+
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        yield
+
+
 class LockReturningStore(PlainStore):
     """A custom store whose ``lock`` returns a sync lock."""
 
@@ -829,11 +836,20 @@ class LockReturningStore(PlainStore):
 
 
 class TestCustomLocks:
-    def test_a_sync_context_manager_lock_fails_at_class_definition(self) -> None:
-        with pytest.raises(ConfigurationError, match=r"Synced\.session_store\.lock .*async"):
+    @pytest.mark.parametrize(
+        ("store", "kind"),
+        [
+            (SyncLockStore, "a generator function"),
+            (GeneratorLockStore, "an async generator function without @asynccontextmanager"),
+        ],
+    )
+    def test_a_lock_that_is_no_async_context_manager_fails_at_class_definition(
+        self, store: type[PlainStore], kind: str
+    ) -> None:
+        with pytest.raises(ConfigurationError, match=rf"Synced\.session_store\.lock .* {kind}"):
 
             class Synced(Agent):
-                session_store = SyncLockStore()
+                session_store = store()
 
     @pytest.mark.parametrize("where", ["a tool", "a stream's block"])
     async def test_a_run_that_would_wait_for_the_stores_own_lock_it_holds_fails_clearly(

@@ -252,12 +252,17 @@ def check_store(name: str, value: object) -> SessionStore:
             f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
     function = inspect.unwrap(lock) if lock is not None else None
-    if inspect.isgeneratorfunction(function) or inspect.iscoroutinefunction(function):
-        kind = "a generator" if inspect.isgeneratorfunction(function) else "a coroutine"
+    kinds = (
+        (inspect.isgeneratorfunction, "a generator function (a sync @contextmanager, say)"),
+        (inspect.iscoroutinefunction, "a coroutine function"),
+        (inspect.isasyncgenfunction, "an async generator function without @asynccontextmanager"),
+    )
+    kind = next((kind for test, kind in kinds if test(function)), None)
+    if kind is not None:
         raise ConfigurationError(
-            f"{name}.lock must return an async context manager, but it is {kind} function "
-            "(a sync @contextmanager, say): make it an @asynccontextmanager async generator, "
-            "or leave it out to have runs wait within the process"
+            f"{name}.lock must return an async context manager, but it is {kind}: make it "
+            "an @asynccontextmanager async generator, or leave it out to have runs wait "
+            "within the process"
         )
     return value
 
