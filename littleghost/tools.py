@@ -179,10 +179,11 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             "@tool(description=...))"
         )
     parameters = list(inspect.signature(function).parameters.values())
+    unshown = None
     if is_method:
         _check_self(tool_name, parameters[0] if parameters else None)
-        parameters = parameters[1:]
-    hints = _type_hints(function)
+        unshown, *parameters = parameters
+    hints = _type_hints(function, None if unshown is None else unshown.name)
     properties: dict[str, Any] = {}
     required: list[str] = []
     signature: list[_Parameter] = []
@@ -321,11 +322,13 @@ def _names_run_context(text: str) -> bool:
     return text == "RunContext" or text.endswith(".RunContext")
 
 
-def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
+def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
     """Resolved parameter annotations.
 
     An annotation naming ``RunContext`` that cannot be resolved (imported only under
-    ``TYPE_CHECKING``) becomes ``_CONTEXT``; the return annotation may be unresolvable.
+    ``TYPE_CHECKING``) becomes ``_CONTEXT``; the return annotation, and that of the
+    ``unshown`` parameter (a method's ``self: Support``, its class not yet bound), may be
+    unresolvable.
 
     Raises:
         NameError: Another parameter annotation cannot be resolved.
@@ -336,6 +339,7 @@ def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
         pass
     annotations = dict(getattr(function, "__annotations__", {}))
     annotations.pop("return", None)
+    annotations.pop(unshown, None)
     hints: dict[str, Any] = {}
     for name, annotation in annotations.items():
         probe = types.FunctionType(_probe.__code__, getattr(function, "__globals__", {}))

@@ -1427,6 +1427,21 @@ def test_an_unresolvable_annotation_other_than_run_context_is_reported() -> None
         type("Bad", (Agent,), {"tools": [_hidden_context.with_unknown_type]})
 
 
+async def test_self_annotated_with_the_class_being_defined_is_not_resolved() -> None:
+    """``self`` is never shown to the model: its annotation, naming a class not yet bound
+    (``from __future__ import annotations`` makes it a string), is left alone."""
+
+    class SelfTyped(Agent):
+        @tool
+        async def lookup(self: SelfTyped, order_id: str) -> str:
+            """Find an order."""
+            return f"order {order_id}"
+
+    model = ScriptedModel([tool_call_response("lookup", {"order_id": "42"}), text_response("ok")])
+    result = await SelfTyped(model=model).run("where?")
+    assert result.messages[2].tool_results[0].content == "order 42"
+
+
 def two_contexts(first: RunContext, query: str, second: RunContext) -> str:
     """Takes the context twice."""
     return query
