@@ -108,7 +108,12 @@ window_option = click.option(
     "--window",
     type=click.IntRange(min=1),
     metavar="N",
-    help="The context window in tokens [default: the class's, as a run finds it].",
+    help=(
+        "The context window in tokens [default: the class's context_window_override, else "
+        "the window its model is known to have without starting it, else "
+        "context_window_tokens; compact without --dry-run starts the model and takes the "
+        "window it reports]."
+    ),
 )
 
 
