@@ -72,6 +72,21 @@ def test_the_environment_variable_wins(
     assert server_executable(cpuinfo=cpuinfo(tmp_path, AVX512)) == chosen
 
 
+def test_a_relative_path_is_made_absolute_as_it_is_chosen(
+    tmp_path: Path, path_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chosen relative to the directory then, it still names the same file after the
+    process changes directory (the server starts at the first call)."""
+    chosen = executable(tmp_path / "own", "my-llama-server")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(SERVER_ENV, "own/my-llama-server")
+    assert server_executable(cpuinfo=cpuinfo(tmp_path, AVX512)) == chosen
+    monkeypatch.delenv(SERVER_ENV)
+    monkeypatch.setenv("PATH", "own")  # a relative directory on PATH
+    executable(tmp_path / "own", "llama-server")
+    assert server_executable(cpuinfo=cpuinfo(tmp_path, set())) == tmp_path / "own" / "llama-server"
+
+
 def test_an_environment_variable_that_names_no_executable_is_an_error(
     tmp_path: Path, path_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -161,7 +161,7 @@ def _prebuilt_server() -> Path | None:
     """``llama-server-vulkan`` on ``PATH``, next to the running Python, or in its package."""
     found = shutil.which(_PREBUILT)
     if found:
-        return Path(found)
+        return Path(found).absolute()
     beside = Path(sys.executable).parent / _PREBUILT
     if _is_executable(beside):
         return beside
@@ -199,14 +199,14 @@ def server_executable(*, cpuinfo: Path = CPUINFO) -> Path:
             raise ConfigurationError(
                 f"LocalModel: {SERVER_ENV}={override!r} is not an executable file"
             )
-        return path
+        return path.absolute()  # a later change of directory must not lose it
     prebuilt = _prebuilt_server()
     flags = cpu_flags(cpuinfo)
     if prebuilt is not None and flags is not None and flags >= PREBUILT_CPU_FLAGS:
         return prebuilt
     found = shutil.which(_PATH_EXECUTABLE)
     if found:
-        return Path(found)
+        return Path(found).absolute()  # PATH may hold a relative directory
     if prebuilt is None:
         skipped = f"the prebuilt {_PREBUILT!r} is not installed (extra 'local')"
     elif flags is None:
