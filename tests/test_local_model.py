@@ -363,6 +363,29 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
         await model.aclose()
 
 
+async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LITTLEGHOST_LLAMA_SERVER`` may name a script that runs the server without
+    ``exec`` (to set a library path, say): stopping the model stops the server too."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'{sys.executable} {server} "$@"')
+
+    def served() -> list[int]:
+        pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+        return [pid for pid in pids if str(server).encode() in _command(pid)]
+
+    try:
+        await model.prepare()
+        assert len(served()) == 1 and served()[0] != model.pid
+        await model.aclose()
+        assert served() == []
+    finally:
+        for pid in served():  # left by a failure: never outlive the test
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_threads_waiting_for_a_start_that_fails_get_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

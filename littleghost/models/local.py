@@ -96,12 +96,11 @@ def _stop_all() -> None:
         processes = list(_running.values())
         _running.clear()
     for process in processes:
-        if process.poll() is None:
-            process.kill()
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                pass
+        _signal(process, signal.SIGKILL)
+        try:
+            process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 atexit.register(_stop_all)
@@ -248,6 +247,7 @@ def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[
             stdout=write,
             stderr=subprocess.STDOUT,
             env={**os.environ, _KEY_ENV: key},
+            start_new_session=True,  # a group of its own: what a wrapper script starts stops with it
         )
     except BaseException:
         os.close(read)
@@ -260,15 +260,26 @@ def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[
     return process
 
 
+def _signal(process: subprocess.Popen[bytes], number: int) -> None:
+    """Send signal ``number`` to ``process``'s group (the server, and anything a wrapper
+    script around it started); nothing when the group is gone."""
+    try:
+        os.killpg(process.pid, number)
+    except ProcessLookupError:
+        pass
+
+
 def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
-    """SIGTERM, then SIGKILL when ``process`` has not exited within ``wait`` seconds."""
+    """SIGTERM to the server's group, then SIGKILL to what is left of it once ``process``
+    has exited or ``wait`` seconds have passed."""
     if process.poll() is None:
-        process.terminate()
+        _signal(process, signal.SIGTERM)
         try:
             process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            pass
+    _signal(process, signal.SIGKILL)
+    process.wait()
 
 
 async def _stop(process: subprocess.Popen[bytes]) -> None:
