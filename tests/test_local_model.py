@@ -317,7 +317,7 @@ def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> L
 
 
 DROPPING_SERVER = """
-import http.server, sys
+import http.server, os, sys
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -328,7 +328,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_POST(self):  # drops every call unanswered, and runs on
+    def do_POST(self):  # drops every call unanswered, and runs on (or fails, as told)
+        if os.environ.get("FAKE_SERVER_ABORTS"):
+            print("GGML_ASSERT(n_tokens > 0) failed", flush=True)
+            os.abort()
         self.close_connection = True
 
     def log_message(self, *args):
@@ -384,6 +387,23 @@ async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
     finally:
         for pid in served():  # left by a failure: never outlive the test
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_server_that_fails_during_a_call_says_why_in_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a start that fails does: its last output (an assertion of llama.cpp's, say)."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    monkeypatch.setenv("FAKE_SERVER_ABORTS", "1")
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    try:
+        with pytest.raises(ProviderError, match="stopped during the call") as caught:
+            await model.respond(ModelRequest([Message.user("hi")]))
+        assert "SIGABRT" in str(caught.value)
+        assert "GGML_ASSERT(n_tokens > 0) failed" in str(caught.value)
+    finally:
+        await model.aclose()
 
 
 def test_threads_waiting_for_a_start_that_fails_get_its_error(

@@ -238,6 +238,11 @@ def _drain(fd: int, lines: deque[str]) -> None:
             lines.append(line.decode("utf-8", "replace").rstrip())
 
 
+def _last_output(output: deque[str]) -> str:
+    tail = "\n".join(list(output)[-12:])
+    return f"its last output:\n{tail}"
+
+
 def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[bytes]:
     read, write = os.pipe()
     try:
@@ -361,6 +366,8 @@ class _Server:
     context_window: int
     chat: _ServerChat
     """Its chat client, one per event loop (each closed as its loop ends, or by ``aclose``)."""
+    output: deque[str]
+    """Its latest output lines (what it says as it fails)."""
 
     @property
     def base_url(self) -> str:
@@ -560,7 +567,7 @@ class LocalModel:
                     raise self._closed_while_starting()
                 url = _base_url(port)
                 chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
-                self._server = _Server(process, port, key, window, chat)
+                self._server = _Server(process, port, key, window, chat, output)
         except BaseException:
             await _stop(process)
             raise
@@ -578,9 +585,8 @@ class LocalModel:
     def _start_failure(
         self, process: subprocess.Popen[bytes], output: deque[str], what: str
     ) -> ProviderError:
-        tail = "\n".join(list(output)[-12:])
         return ProviderError(
-            f"local: the llama.cpp server for {self._path.name} {what}; its last output:\n{tail}",
+            f"local: the llama.cpp server for {self._path.name} {what}; {_last_output(output)}",
             provider=self.provider,
         )
 
@@ -642,9 +648,11 @@ class LocalModel:
         except subprocess.TimeoutExpired:
             return None
         self._forget(server)
+        await anyio.sleep(0.1)  # let the output thread read the last lines
         return ProviderError(
             f"local: the llama.cpp server (pid {server.process.pid}) stopped during the call "
-            f"({_exit_description(code)}); the next call starts it again",
+            f"({_exit_description(code)}); the next call starts it again; "
+            f"{_last_output(server.output)}",
             provider=self.provider,
         )
 
