@@ -543,6 +543,22 @@ def test_a_server_left_running_is_stopped_when_the_process_exits() -> None:
     assert b"llama-server" not in _command(int(detail))
 
 
+async def test_a_model_dropped_without_closing_stops_its_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service that makes a model per request and forgets ``aclose()`` does not keep a
+    server per request until it exits."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    await model.prepare()
+    pid = model.pid
+    assert pid is not None and str(server).encode() in _command(pid)
+    del model
+    gc.collect()
+    assert _command(pid) == b""
+
+
 def _command(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

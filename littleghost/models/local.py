@@ -27,6 +27,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -96,6 +97,15 @@ def _stop_all() -> None:
         processes = list(_running.values())
         _running.clear()
     for process in processes:
+        _kill(process)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the server's group, at once, then reap it."""
+    with _running_lock:
+        if _running.get(process.pid) is process:
+            del _running[process.pid]
+    if process.poll() is None:
         _signal(process, signal.SIGKILL)
         try:
             process.wait(timeout=STOP_TIMEOUT)
@@ -568,6 +578,7 @@ class LocalModel:
                 url = _base_url(port)
                 chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
                 self._server = _Server(process, port, key, window, chat, output)
+                weakref.finalize(self, _kill, process)  # a model dropped unclosed
         except BaseException:
             await _stop(process)
             raise
