@@ -470,6 +470,19 @@ class Agent:
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._resolved = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy or a pickle of the agent keeps: not its hooks, bound to it, nor the
+        models it made from strings (the copy makes and closes its own)."""
+        state = dict(vars(self))
+        for made in ("_hooks", "_resolved", "tool_specs", "output"):
+            state.pop(made, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
+        self._resolved = {}
+
     @property
     def name(self) -> str:
         """The agent's name (its class name), as telemetry reports it."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import functools
+import pickle
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import Agent, Message, manage_context, tool
+from littleghost import Agent, Message, before_model, manage_context, tool
 from littleghost.context import Summarization
 from littleghost.errors import (
     CleanupError,
@@ -95,6 +97,40 @@ async def test_switching_model_strings_makes_one_model_per_string() -> None:
         assert sorted(model.name for model in LoopBound.made) == ["premium", "standard"]
         assert not any(model.closed for model in LoopBound.made)
     assert all(model.closed for model in LoopBound.made)
+
+
+class Labelled(Bound):
+    """An agent with a constructor of its own, and a hook that reads what it set."""
+
+    def __init__(self, label: str, **overrides: Any) -> None:
+        super().__init__(**overrides)
+        self.label = label
+        self.seen: list[str] = []
+
+    @before_model
+    def note(self, request: ModelRequest) -> None:
+        self.seen.append(self.label)
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+async def test_a_copied_agent_runs_its_own_hooks_and_closes_its_own_models(how: str) -> None:
+    """A copy's hooks are bound to the copy, not the original, and it makes and closes
+    models of its own (the original's stay open); a pickle comes back the same."""
+    LoopBound.made.clear()
+    original = Labelled("original")
+    await original.run("hi")
+    copied = {
+        "copy": copy.copy,
+        "deepcopy": copy.deepcopy,
+        "pickle": lambda agent: pickle.loads(pickle.dumps(agent)),
+    }[how](original)
+    copied.label = "copy"
+    async with copied:
+        await copied.run("hi")
+    assert copied.seen[-1] == "copy"  # (a shallow copy shares the list, as Python's do)
+    first, second = LoopBound.made
+    assert second.closed and not first.closed
+    await original.aclose()
 
 
 async def test_a_given_model_instance_is_not_closed() -> None:
