@@ -528,8 +528,14 @@ class Agent:
         preview made outside a run with the settings a run would send.
 
         Raises:
-            ConfigurationError: A knob changed, or a setting is invalid.
+            ConfigurationError: A knob changed, a setting is invalid, or a subclass's
+                ``__init__`` did not call ``Agent.__init__``.
         """
+        if "_resolved" not in vars(self):
+            raise ConfigurationError(
+                f"{type(self).__name__}.__init__ must call super().__init__() (with the "
+                "constructor keywords it takes): the agent was not set up"
+            )
         _check_unchanged(type(self), vars(self))
         return check_settings(self._settings_owner, self.settings)
 

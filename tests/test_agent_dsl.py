@@ -862,6 +862,21 @@ def test_overriding_a_tool_with_a_non_tool_fails(override: Callable[[], object])
         type("Other", (Searcher,), {"search": override()})
 
 
+async def test_an_init_that_forgets_agents_own_fails_the_run_saying_so() -> None:
+    class Forgetful(Agent):
+        def __init__(self, database: object) -> None:
+            self.database = database  # no super().__init__()
+
+    agent = Forgetful(database=None)
+    message = r"Forgetful\.__init__ must call super\(\)\.__init__\(\)"
+    with pytest.raises(ConfigurationError, match=message):
+        await agent.run("hi")
+    with pytest.raises(ConfigurationError, match=message):
+        await anyio.to_thread.run_sync(agent.run_sync, "hi")
+    with pytest.raises(ConfigurationError, match=message):
+        agent.stream("hi")
+
+
 def test_a_method_both_tool_and_hook_fails_saying_so() -> None:
     """Nothing is overridden: the message says what is wrong, not that it overrides."""
     with pytest.raises(
