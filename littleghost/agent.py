@@ -470,6 +470,21 @@ class Agent:
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._resolved = {}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A knob set on a made agent is checked as a constructor keyword is; ``tools``
+        and ``output_type``, worked out as the agent is made, fail (pass them to it)."""
+        if name in _KNOBS and "_resolved" in vars(self):
+            owner = f"{type(self).__name__}.{name}"
+            if name in ("tools", "output_type"):
+                raise ConfigurationError(
+                    f"{owner} cannot change once the agent is made: pass {name}= to the "
+                    f"constructor (super().__init__(..., {name}=...) in a subclass)"
+                )
+            value = _KNOBS[name](owner, value)
+            if name == "instructions" and callable(value):
+                check_signature(owner, value, "(context)", 1, context=False)
+        super().__setattr__(name, value)
+
     def __getstate__(self) -> dict[str, Any]:
         """What a copy or a pickle of the agent keeps: not its hooks, bound to it, nor the
         models it made from strings (the copy makes and closes its own)."""

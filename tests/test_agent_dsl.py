@@ -862,6 +862,26 @@ def test_overriding_a_tool_with_a_non_tool_fails(override: Callable[[], object])
         type("Other", (Searcher,), {"search": override()})
 
 
+def test_a_knob_set_on_a_made_agent_is_checked_or_refused() -> None:
+    """As a constructor keyword is: a bad value fails naming it; ``tools`` and
+    ``output_type``, worked out as the agent is made, cannot change after (a tool added
+    so was never offered to the model)."""
+    agent = Agent(model=ScriptedModel([]))
+    agent.max_turns = 3
+    agent.model = "openai:gpt-4o-mini"
+    for knob, value, message in [
+        ("max_turns", "3", r"Agent\.max_turns must be an int >= 1"),
+        ("max_turns", 0, r"Agent\.max_turns must be an int >= 1"),
+        ("model", "no colon", r"is not of the form 'provider:model'"),
+        ("instructions", lambda: "x", r"Agent\.instructions"),
+        ("tools", [], r"Agent\.tools cannot change once the agent is made: pass tools="),
+        ("output_type", int, r"Agent\.output_type cannot change once the agent is made"),
+    ]:
+        with pytest.raises(ConfigurationError, match=message):
+            setattr(agent, knob, value)
+    assert agent.max_turns == 3
+
+
 async def test_an_init_that_forgets_agents_own_fails_the_run_saying_so() -> None:
     class Forgetful(Agent):
         def __init__(self, database: object) -> None:
