@@ -851,6 +851,11 @@ class TestCustomLocks:
             class Synced(Agent):
                 session_store = store()
 
+        class Locked(Agent):  # an @asynccontextmanager lock is one
+            session_store = LockingStore()
+
+        assert Locked(session_store=LockingStore()).session_store is not Locked.session_store
+
     @pytest.mark.parametrize("where", ["a tool", "a stream's block"])
     async def test_a_run_that_would_wait_for_the_stores_own_lock_it_holds_fails_clearly(
         self, where: str

@@ -251,13 +251,16 @@ def check_store(name: str, value: object) -> SessionStore:
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
             f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
-    function = inspect.unwrap(lock) if lock is not None else None
+    function = inspect.unwrap(lock) if lock is not None else None  # past @contextmanager
     kinds = (
-        (inspect.isgeneratorfunction, "a generator function (a sync @contextmanager, say)"),
-        (inspect.iscoroutinefunction, "a coroutine function"),
-        (inspect.isasyncgenfunction, "an async generator function without @asynccontextmanager"),
+        (inspect.isgeneratorfunction(function), "a generator function (a sync @contextmanager)"),
+        (inspect.iscoroutinefunction(function), "a coroutine function"),
+        (
+            inspect.isasyncgenfunction(lock),
+            "an async generator function without @asynccontextmanager",
+        ),
     )
-    kind = next((kind for test, kind in kinds if test(function)), None)
+    kind = next((kind for found, kind in kinds if found), None)
     if kind is not None:
         raise ConfigurationError(
             f"{name}.lock must return an async context manager, but it is {kind}: make it "
