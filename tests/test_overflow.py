@@ -589,6 +589,9 @@ def test_gemini_retry_delay_is_read_from_the_details() -> None:
     assert error.retry_after == 31.0
 
 
+RESETS = {"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}
+
+
 @pytest.mark.parametrize(
     ("headers", "message", "expected"),
     [
@@ -604,13 +607,20 @@ def test_gemini_retry_delay_is_read_from_the_details() -> None:
         ({}, "Rate limit is exceeded. Please retry after 6 seconds.", 6.0),  # Azure
         ({}, "Try again later.", None),
         (None, "", None),
-        # OpenAI's limit headers: the longest, once nothing above gives a time
-        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"}, "", 360.0),
-        ({"X-RateLimit-Reset-Tokens": "20ms"}, "", 0.02),
-        ({"x-ratelimit-reset-tokens": "6m0s"}, "Please try again in 3s.", 3.0),
-        ({"x-ratelimit-reset-tokens": "6m0s", "retry-after": "2"}, "", 2.0),
-        ({"x-ratelimit-reset-requests": "soon", "x-ratelimit-reset-tokens": "1.5s"}, "", 1.5),
-        ({"x-ratelimit-reset-requests": "1 hour"}, "", None),
+        # OpenAI's limit headers, once nothing above gives a time: the reset of the limit
+        # used up (a tokens bucket's full refill is not waited for when requests ran out)
+        ({**RESETS, "x-ratelimit-remaining-requests": "0"}, "", 1.0),
+        ({**RESETS, "x-ratelimit-remaining-tokens": "0"}, "", 360.0),
+        (
+            {**RESETS, "x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "0"},
+            "",
+            360.0,
+        ),
+        (RESETS, "", None),
+        ({"X-RateLimit-Reset-Tokens": "20ms", "X-RateLimit-Remaining-Tokens": "0"}, "", 0.02),
+        ({**RESETS, "x-ratelimit-remaining-tokens": "0"}, "Please try again in 3s.", 3.0),
+        ({**RESETS, "x-ratelimit-remaining-tokens": "0", "retry-after": "2"}, "", 2.0),
+        ({"x-ratelimit-reset-requests": "1 hour", "x-ratelimit-remaining-requests": "0"}, "", None),
     ],
 )
 def test_retry_after_forms(

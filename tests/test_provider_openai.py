@@ -871,7 +871,12 @@ OVERFLOW_BODY = {
                         "code": "rate_limit_exceeded",
                     }
                 },
-                {"x-ratelimit-reset-requests": "1.2s", "x-ratelimit-reset-tokens": "80ms"},
+                {
+                    "x-ratelimit-reset-requests": "1.2s",
+                    "x-ratelimit-remaining-requests": "0",
+                    "x-ratelimit-reset-tokens": "6m0s",
+                    "x-ratelimit-remaining-tokens": "180000",
+                },
             ),
             RateLimitError,
             {"status": 429, "retry_after": 1.2},

@@ -266,8 +266,9 @@ def retry_after_seconds(
 ) -> float | None:
     """Seconds the provider asked to wait: ``retry-after-ms``, ``retry-after`` (seconds or
     an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" (or ``20ms``,
-    ``6m0s``, ``1h2m3s``) in the message, else the longest of OpenAI's
-    ``x-ratelimit-reset-requests`` and ``-tokens`` (when every limit has reset)."""
+    ``6m0s``, ``1h2m3s``) in the message, else OpenAI's ``x-ratelimit-reset-requests``
+    or ``-tokens`` of a limit used up (its ``x-ratelimit-remaining-*`` at 0; the longer
+    when both are)."""
     value = _header(headers, "retry-after-ms")
     if value is not None:
         try:
@@ -301,7 +302,11 @@ def retry_after_seconds(
     found = _RETRY_AFTER.search(message)
     if found is not None:
         return float(found.group(1))
-    resets = [_seconds(_header(headers, f"x-ratelimit-reset-{kind}")) for kind in _LIMITS]
+    resets = [
+        _seconds(_header(headers, f"x-ratelimit-reset-{kind}"))
+        for kind in _LIMITS
+        if _header(headers, f"x-ratelimit-remaining-{kind}") == "0"  # the limit hit
+    ]
     return max((reset for reset in resets if reset is not None), default=None)
 
 
