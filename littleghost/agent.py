@@ -250,7 +250,12 @@ def _check_member_names(classes: Iterable[type]) -> None:
                     f"{klass.__name__}.{attribute}: the @{kind} hook {attribute!r} would "
                     f"replace Agent.{attribute}; give the method another name"
                 )
-            declarable = attribute in _KNOBS or attribute in _DECORATED or _is_dunder(attribute)
+            declarable = (
+                attribute in _KNOBS
+                or attribute in _DECORATED
+                or _is_dunder(attribute)
+                or (attribute == "name" and isinstance(value, str))  # telemetry's name for it
+            )
             if not (declarable or callable(value) or isinstance(value, _DESCRIPTORS)):
                 raise ConfigurationError(
                     f"{klass.__name__}.{attribute} would replace Agent.{attribute}, which "

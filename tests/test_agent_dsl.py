@@ -760,7 +760,7 @@ def test_a_tool_method_named_like_an_agent_member_fails(member: str) -> None:
 
 @pytest.mark.parametrize(
     ("member", "value"),
-    [("hooks", ["log_request"]), ("output", "text"), ("run_settings", {}), ("name", "bot")],
+    [("hooks", ["log_request"]), ("output", "text"), ("run_settings", {}), ("name", 42)],
 )
 def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: object) -> None:
     """A plain attribute named like one of Agent's properties or methods (``hooks``, as
@@ -772,10 +772,13 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
         type("Mixed", (type("Mixin", (), {member: value}), Agent), {})
 
     class Overriding(Agent):
+        name = "support-bot"  # the name telemetry reports
+
         def run_settings(self) -> dict[str, Any]:
             return {**super().run_settings(), "temperature": 0}
 
     assert Overriding().run_settings() == {"temperature": 0}
+    assert Overriding().name == "support-bot"
 
 
 def test_a_shadowing_tool_method_keeps_its_own_tool_name_in_the_hint() -> None:
