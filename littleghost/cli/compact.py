@@ -22,7 +22,7 @@ from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
-from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.base import prepare
 from littleghost.sessions.base import distinct_ids
 from littleghost.sessions.locks import hold_session
@@ -79,7 +79,7 @@ async def compact_document(
             complete=_write_nothing,
             settings=agent.run_settings(),
             max_tool_result_tokens=agent.max_tool_result_tokens,
-            model=agent.model,
+            model=agent.model if isinstance(agent.model, Model) else None,  # not made here
         )
         if records:  # even its short placeholder summary would not make the view smaller
             check_smaller(log, records, config.tokenizer)

@@ -86,7 +86,7 @@ def view_document(
             config,
             window.tokens,
             max_tool_result_tokens=limit,
-            model=None if agent is None else agent.model,
+            model=agent.model if agent is not None and isinstance(agent.model, Model) else None,
         )
     except PromptBudgetError as error:  # what the view assumed may be why
         if not notes:

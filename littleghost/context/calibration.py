@@ -28,7 +28,6 @@ from littleghost.context.tokens import (
 )
 from littleghost.messages import ImagePart, Message, Role
 from littleghost.models.base import Model, ModelRequest, ModelResponse
-from littleghost.models.registry import split_model_string
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
@@ -118,15 +117,10 @@ def calibration(context: RunContext) -> Calibration:
     return context.state_for(Calibration, Calibration)
 
 
-def scale_for(model: Model | str, tokenizer: Tokenizer) -> str:
-    """What a scale is learned for: the model (``"provider:name"``, as a model string
-    names it too) and the estimate it corrects (``"openai:gpt-4o-mini by CharacterEstimator"``)."""
-    if isinstance(model, str):
-        provider, name = split_model_string(model)
-        model = f"{provider}:{name}"
-    else:
-        model = f"{model.provider}:{model.name}"
-    return f"{model} by {type(tokenizer).__name__}"
+def scale_for(model: Model, tokenizer: Tokenizer) -> str:
+    """What a scale is learned for: the model (``"provider:name"``) and the estimate it
+    corrects (``"openai:gpt-4o-mini by CharacterEstimator"``)."""
+    return f"{model.provider}:{model.name} by {type(tokenizer).__name__}"
 
 
 def resume(context: RunContext, scale: float) -> None:

@@ -78,7 +78,7 @@ async def managed_records(
     settings: Mapping[str, Any],
     share: float = 0.5,
     max_tool_result_tokens: int | None = None,
-    model: Model | str | None = None,
+    model: Model | None = None,
 ) -> tuple[Message, ...]:
     """The records ``config`` appends to compact ``messages`` now in ``window``: its
     ``strategy``, else the default summarizer aiming at ``share`` of their estimate, on the
@@ -142,15 +142,15 @@ def preview_request(
     window: int,
     *,
     max_tool_result_tokens: int | None = None,
-    model: Model | str | None = None,
+    model: Model | None = None,
 ) -> RequestPreview:
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model
     call: tool results clipped to ``max_tool_result_tokens``, the view bounded to the
     budget (without memories, which need a run) and sized, as the estimate is, by the
-    calibration the log's earlier runs left for ``model`` (a ``Model`` or a model string;
-    ``None``: the newest, for whatever model), and whether a compaction is due in
-    ``window`` (``config`` ``None``: no change).
+    calibration the log's earlier runs left for ``model`` (``None``: the newest, for
+    whatever model), and whether a compaction is due in ``window`` (``config`` ``None``:
+    no change).
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
