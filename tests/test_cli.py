@@ -16,6 +16,7 @@ import select
 import sqlite3
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,9 @@ from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.management import AFTER_KEY
 from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
-from littleghost.errors import OutputValidationError
+from littleghost.errors import OutputValidationError, SessionStoreError
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.sessions import decode_message, message_from_json
+from littleghost.sessions import PostgresSessionStore, decode_message, message_from_json
 from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel
 
@@ -672,10 +673,20 @@ class TestErrors:
         assert "s3cr" not in line and "app" not in line
 
     def test_a_password_holding_a_bare_at_stays_out_of_the_error(self) -> None:
-        """libpq ends the password at its first ``@`` and quotes the rest as the host."""
-        line = fails(1, "sessions", "list", "--store", "postgresql://app:s3cret@tail@127.0.0.1:1/x")
+        """libpq ends the password at its first ``@`` and quotes the rest as the host:
+        neither the message nor the error it is chained to (a traceback) shows it."""
+        url = "postgresql://app:s3cret@tail@127.0.0.1:1/x"
+        line = fails(1, "sessions", "list", "--store", url)
         assert "PostgreSQL session store failed: OperationalError" in line
-        assert "s3cret" not in line and "tail" not in line
+        assert "s3cret" not in line and "tail" not in line and "write it as %40" in line
+
+        async def listed() -> None:
+            await PostgresSessionStore(url).list_sessions()
+
+        with pytest.raises(SessionStoreError) as caught:
+            anyio.run(listed)
+        shown = "".join(traceback.format_exception(caught.value))
+        assert "tail" not in shown and "s3cret" not in shown
 
     def test_files_that_are_not_littleghost_stores(self, tmp_path: Path) -> None:
         shop = tmp_path / "shop.db"

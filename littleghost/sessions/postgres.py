@@ -123,12 +123,12 @@ def _malformed(error: Exception) -> SessionStoreError:
     )
 
 
-def _password_parts(conninfo: str) -> list[str]:
-    """The pieces of a URL's password that holds a bare ``@``: libpq ends the password at
-    the first one and takes the rest for the host, which its errors quote."""
+def _bare_at(conninfo: str) -> bool:
+    """Whether a URL's password holds a bare ``@``: libpq ends the password at the first
+    one and takes the rest for the host, which its errors quote."""
     _, scheme, rest = conninfo.partition("://")
     password = rest.split("/", 1)[0].rpartition("@")[0].partition(":")[2]
-    return [part for part in password.split("@") if part] if scheme and "@" in password else []
+    return bool(scheme) and "@" in password
 
 
 def _hidden(quoted: re.Match[str]) -> str:
@@ -706,12 +706,14 @@ class PostgresSessionStore:
         try:
             return work()
         except self._psycopg.Error as error:
+            failed = f"PostgreSQL session store failed: {type(error).__name__}"
+            if _bare_at(self._conninfo):  # libpq quotes the password's tail as the host
+                raise SessionStoreError(
+                    f"{failed} (the connection URL's password holds a bare '@': write it "
+                    "as %40)"
+                ) from None
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            for part in _password_parts(self._conninfo):
-                first_line = first_line.replace(part, "…")
-            raise SessionStoreError(
-                f"PostgreSQL session store failed: {type(error).__name__}: {first_line}"
-            ) from error
+            raise SessionStoreError(f"{failed}: {first_line}") from error
 
     async def _prepared(self) -> SessionLocks:
         """The lock table of the store's schema, once its tables are checked."""
