@@ -101,16 +101,15 @@ def _stop_all() -> None:
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the server's group, at once, then reap it."""
+    """SIGKILL the server's group (what a wrapper started outlives it), then reap it."""
     with _running_lock:
         if _running.get(process.pid) is process:
             del _running[process.pid]
-    if process.poll() is None:
-        _signal(process, signal.SIGKILL)
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pass
+    _signal(process, signal.SIGKILL)
+    try:
+        process.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 atexit.register(_stop_all)
@@ -249,6 +248,7 @@ def _drain(fd: int, lines: deque[str]) -> None:
 
 
 def _last_output(output: deque[str]) -> str:
+    """The server's last output lines, for an error saying why it failed."""
     tail = "\n".join(list(output)[-12:])
     return f"its last output:\n{tail}"
 

@@ -709,8 +709,7 @@ class PostgresSessionStore:
             failed = f"PostgreSQL session store failed: {type(error).__name__}"
             if _bare_at(self._conninfo):  # libpq quotes the password's tail as the host
                 raise SessionStoreError(
-                    f"{failed} (the connection URL's password holds a bare '@': write it "
-                    "as %40)"
+                    f"{failed} (the connection URL's password holds a bare '@': write it as %40)"
                 ) from None
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise SessionStoreError(f"{failed}: {first_line}") from error
