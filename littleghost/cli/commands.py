@@ -38,17 +38,24 @@ INTERRUPTED = 130
 """The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
 
 
+class _Commands(click.Group):
+    """The command group: a command stopped with Ctrl-C, working or writing, exits 130."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("Interrupted", err=True)
+            raise SystemExit(INTERRUPTED) from None
+
+
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1,
-    Ctrl-C exit 130."""
+    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1."""
     try:
         return anyio.run(work, *args)
     except LittleGhostError as error:
         lines = str(error).strip().splitlines()
         raise click.ClickException(lines[0] if lines else type(error).__name__) from None
-    except KeyboardInterrupt:
-        click.echo("Interrupted", err=True)
-        raise SystemExit(INTERRUPTED) from None
 
 
 def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
@@ -117,7 +124,10 @@ window_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="littleghost")
 def main() -> None:
     """littleghost: look into the conversations your agents keep.
