@@ -11,8 +11,8 @@ to test their summarizer instructions and strategies on their own conversations
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from attrs import field, frozen
 
@@ -30,16 +30,17 @@ __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
 
 def _spellings(value: object) -> tuple[str, ...]:
-    spellings = (value,) if isinstance(value, str) else value
-    if (
-        not isinstance(spellings, Sequence)
-        or not spellings
-        or not all(isinstance(s, str) and s.strip() for s in spellings)
-    ):
+    if isinstance(value, str):
+        spellings: tuple[object, ...] = (value,)
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        spellings = tuple(value)
+    else:
+        spellings = ()
+    if not spellings or not all(isinstance(s, str) and s.strip() for s in spellings):
         raise ConfigurationError(
             f"Fact.expected must be a non-empty str or a sequence of them, not {value!r}"
         )
-    return tuple(spellings)
+    return cast("tuple[str, ...]", spellings)
 
 
 def _normal(text: str) -> str:

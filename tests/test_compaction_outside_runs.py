@@ -50,6 +50,9 @@ async def test_summarize_false_compacts_nothing_and_calls_no_model() -> None:
     agent = NeverSummarizes(model=model)
     assert await compact_log(agent, chat(12)) == ()
     assert model.requests == []
+    preparing = Preparing([])  # nor starts one (a local server)
+    assert await compact_log(NeverSummarizes(model=preparing), chat(12)) == ()
+    assert preparing.calls == []
     report = await check_retention(agent, chat(12), [Fact("The first answer?", "m answer 0")])
     assert (report.records, report.summary) == ((), None)
     assert [r.purpose for r in model.requests] == ["chat"]

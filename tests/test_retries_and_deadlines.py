@@ -132,10 +132,8 @@ async def test_a_retry_after_longer_than_any_wait_taken_is_raised_at_once() -> N
     error = RateLimitError("slow down", status=429, retry_after=3_600)
     for timeout in (None, 7_200):
         model = ScriptedModel([error, text_response("never")])
-        start = anyio.current_time()
-        with pytest.raises(RateLimitError) as caught:
+        with anyio.fail_after(1), pytest.raises(RateLimitError) as caught:
             await Slow(model=model).run("hi", timeout=timeout)
-        assert anyio.current_time() - start < 0.3
         assert caught.value is error and len(model.requests) == 1
 
 

@@ -621,6 +621,7 @@ class TestCheckRetention:
         for expected in ("", 1234, None, ["A-1", 2]):
             with pytest.raises(ConfigurationError, match=r"Fact\.expected must be a non-empty"):
                 Fact("?", expected)  # type: ignore[arg-type]
+        assert sorted(Fact("?", {"A-1", "A1"}).expected) == ["A-1", "A1"]  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match=r"Fact\.question must be a non-empty str"):
             Fact(3, "x")  # type: ignore[arg-type]
 

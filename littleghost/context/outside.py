@@ -56,7 +56,8 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     model = agent.resolve_model()
-    await prepare(model)  # a local model learns its window there
+    if config.summarize:  # else nothing is compacted: no server to start
+        await prepare(model)  # a local model learns its window there
     return await managed_records(
         log,
         config,
