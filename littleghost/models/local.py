@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import weakref
@@ -277,22 +278,34 @@ def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[
 
 def _signal(process: subprocess.Popen[bytes], number: int) -> None:
     """Send signal ``number`` to ``process``'s group (the server, and anything a wrapper
-    script around it started); nothing when the group is gone."""
+    script around it started); nothing once ``process`` was reaped (its id may be
+    another's by then) or when the group is gone."""
+    if process.returncode is not None:
+        return
     try:
         os.killpg(process.pid, number)
     except ProcessLookupError:
         pass
 
 
-def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
-    """SIGTERM to the server's group, then SIGKILL to what is left of it once ``process``
-    has exited or ``wait`` seconds have passed."""
-    if process.poll() is None:
-        _signal(process, signal.SIGTERM)
+def _ended(process: subprocess.Popen[bytes], wait: float) -> None:
+    """Wait up to ``wait`` seconds for ``process`` to exit, leaving it unreaped (so its
+    group id stays its own for a last signal)."""
+    end = time.monotonic() + wait
+    while process.returncode is None and time.monotonic() < end:
         try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
+            if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
+    """SIGTERM to the server's group, then, once ``process`` has exited or ``wait``
+    seconds have passed, SIGKILL to what is left of it; then reap it."""
+    _signal(process, signal.SIGTERM)
+    _ended(process, wait)
     _signal(process, signal.SIGKILL)
     process.wait()
 
