@@ -155,15 +155,12 @@ def _without_credentials(value: object) -> object:
         return value
     try:
         parts = urlsplit(str(value))
-        host, port = parts.hostname, parts.port
     except ValueError:
         return value
-    if not parts.scheme or not host or not (parts.username or parts.password or parts.query):
+    _, at, where = parts.netloc.rpartition("@")  # the host and port, as written
+    if not parts.scheme or not where or not (at or parts.query):
         return value
-    where = f"[{host}]" if ":" in host else host
-    where = where if port is None else f"{where}:{port}"
-    query = "?…" if parts.query else ""
-    return f"{parts.scheme}://{where}{parts.path}{query}"
+    return f"{parts.scheme}://{where}{parts.path}{'?…' if parts.query else ''}"
 
 
 class RequestLogFilter(logging.Filter):
