@@ -544,8 +544,8 @@ def turn_start(
                 return position
     asking = [p for p, m in enumerate(messages) if m.role is Role.USER and not _made(m)]
     if earlier is not None:
-        held = [p for p, m in enumerate(messages) if earlier(m.id)]
-        later = [p for p in asking if not held or p > held[-1]]
+        held = next((p for p in reversed(range(len(messages))) if earlier(messages[p].id)), -1)
+        later = [p for p in asking if p > held]
         if later:
             return later[0]
     return asking[-1] if asking else len(messages)
