@@ -12,7 +12,7 @@ to test their summarizer instructions and strategies on their own conversations
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from attrs import field, frozen
 
@@ -30,17 +30,17 @@ __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
 
 def _spellings(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        spellings: tuple[object, ...] = (value,)
-    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
-        spellings = tuple(value)
-    else:
-        spellings = ()
+    texts = (value,) if isinstance(value, str) else value
+    spellings = (
+        tuple(texts)
+        if isinstance(texts, Iterable) and not isinstance(texts, (bytes, Mapping))
+        else ()
+    )
     if not spellings or not all(isinstance(s, str) and s.strip() for s in spellings):
         raise ConfigurationError(
             f"Fact.expected must be a non-empty str or a sequence of them, not {value!r}"
         )
-    return cast("tuple[str, ...]", spellings)
+    return spellings
 
 
 def _normal(text: str) -> str:
