@@ -1421,13 +1421,17 @@ class Masking(Agent):
         return attrs.evolve(request, messages=(*messages, Message.user("note: card policy")))
 
 
-@manage_context(
+BOUNDED_400 = manage_context(
     context_window_tokens=4_000,
     budget=PromptBudget(
         prompt_budget_tokens=400, response_reserve_tokens=100, safety_reserve_tokens=50
     ),
     summarize=False,
 )
+"""A 400-token bounded view, never summarized, for the masking agents below."""
+
+
+@BOUNDED_400
 class MaskedBounded(Masking):
     pass
 
@@ -1468,13 +1472,7 @@ class MaskingAll(Masking):
         return attrs.evolve(request, messages=tuple(messages))
 
 
-@manage_context(
-    context_window_tokens=4_000,
-    budget=PromptBudget(
-        prompt_budget_tokens=400, response_reserve_tokens=100, safety_reserve_tokens=50
-    ),
-    summarize=False,
-)
+@BOUNDED_400
 class MaskedAllBounded(MaskingAll):
     @tool
     def attach(self, context: RunContext) -> str:
