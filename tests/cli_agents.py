@@ -4,7 +4,8 @@ a conversation to store with them."""
 from __future__ import annotations
 
 from littleghost import Agent, Role, manage_context, tool
-from littleghost.context import PromptBudget
+from littleghost.context import PromptBudget, Truncation
+from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -123,3 +124,21 @@ class Interrupted(Support):
     """``Support`` whose model is stopped with Ctrl-C as it summarizes."""
 
     model = ScriptedModel([interrupt] * 10)
+
+
+class Unstartable(ScriptedModel):
+    """A model that cannot start here (as a local model without its server binary)."""
+
+    async def prepare(self) -> None:
+        raise ConfigurationError("no server on this machine")
+
+
+@manage_context(
+    context_window_tokens=2_000,
+    preserve_recent_messages=4,
+    strategy=Truncation(minimum_preserved=4),
+)
+class Truncating(Support):
+    """``Support`` compacted without a model, whose model cannot start."""
+
+    model = Unstartable([])

@@ -34,6 +34,7 @@ from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
 from littleghost.context.calibration import SCALE_KEY
 from littleghost.context.management import AFTER_KEY
+from littleghost.context.records import is_record, record_covers
 from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import OutputValidationError, SessionStoreError
@@ -609,6 +610,21 @@ class TestCompact:
             assert out.startswith("nothing to compact in session long")
         assert contents(url)[2:] == before[2:]
         assert cli_agents.BoundedStaffed.model.requests == []  # type: ignore[union-attr]
+
+    def test_a_strategy_without_model_calls_compacts_without_starting_the_model(
+        self, tmp_path: Path
+    ) -> None:
+        """The model is started to learn its window only: given ``--window``, a class
+        whose strategy calls no model compacts where its model cannot start."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [m for i in range(8) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+        in_store(url, lambda store: store.append("long", chat))
+        command = ("sessions", "compact", "long", "--store", url)
+        agent = ("--agent", "tests.cli_agents:Truncating")
+        assert "no server on this machine" in fails(1, *command, *agent)
+        ok(*command, *agent, "--window", "2000")
+        (record,) = in_store(url, lambda store: store.load("long"))[len(chat) :]
+        assert is_record(record) and len(record_covers(record)) == 12
 
     def test_a_compaction_that_would_not_shrink_the_view_writes_nothing(
         self, tmp_path: Path

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context
-from littleghost.context import PromptBudget, Summarization, compact_session
+from littleghost.context import PromptBudget, Summarization, Truncation, compact_session
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import ConfigurationError, ProviderUnavailableError
@@ -160,6 +160,23 @@ async def test_the_model_is_prepared_before_its_window_is_read(
     (summary,) = model.requests
     assert estimate_request(summary.messages, (), {}) + (summary.max_tokens or 0) <= 2_000
     assert "advertises no context window" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("strategy", "started"), [(Truncation(minimum_preserved=4), False), (None, True)]
+)
+async def test_the_model_starts_only_for_a_summary_when_the_window_is_declared(
+    strategy: Truncation | None, started: bool
+) -> None:
+    """With ``context_window_override`` the window needs no started model: a strategy
+    calling no model leaves it unstarted, a summary starts it before its call."""
+    model = Preparing([summary_step("- they talked")])
+    managed = manage_context(
+        context_window_override=2_000, preserve_recent_messages=4, strategy=strategy
+    )
+    (record,) = await compact_log(managed(type("Windowed", (Agent,), {}))(model=model), wordy(20))
+    assert record.is_summary is started
+    assert model.calls == (["prepare", "respond context_compaction"] if started else [])
 
 
 @pytest.mark.parametrize("max_retries", [1, 0])

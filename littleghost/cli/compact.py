@@ -87,8 +87,12 @@ async def compact_document(
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
     async with agent:
         model = agent.resolve_model()
-        advance(1, "starting the model")
-        await prepare(model)
+        # started here only to learn its window; else by the first summary call, if any
+        if config.summarize and window is None and config.context_window_override is None:
+            advance(1, "starting the model")
+            await prepare(model)
+        else:
+            advance(1, "")
         used = window_of(agent, window, model)
         advance(1, "summarizing")
         async with address.open(read_only=False) as store, hold_session(store, session_id):

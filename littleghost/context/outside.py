@@ -56,8 +56,8 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     model = agent.resolve_model()
-    if config.summarize:  # else nothing is compacted: no server to start
-        await prepare(model)  # a local model learns its window there
+    if config.summarize and config.context_window_override is None:
+        await prepare(model)  # a local model learns its window there; else at its first call
     return await managed_records(
         log,
         config,
