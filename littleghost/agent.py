@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import math
@@ -263,6 +264,24 @@ def _check_member_names(classes: Iterable[type]) -> None:
                 )
 
 
+def _check_spelling(classes: Iterable[type]) -> None:
+    """``ConfigurationError`` if a plain value of ``classes`` is named almost like a knob
+    (``instruction = ...``), which the class would otherwise ignore without a word."""
+    for klass in classes:
+        for attribute, value in vars(klass).items():
+            if attribute in _AGENT_MEMBERS or attribute.startswith("_") or callable(value):
+                continue
+            if isinstance(value, _DESCRIPTORS):
+                continue
+            near = difflib.get_close_matches(attribute.lower(), _KNOBS, n=1, cutoff=0.8)
+            if near:
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute} is not a knob of Agent: did you mean "
+                    f"{near[0]}? (an attribute of your own needs a name less like a knob's, "
+                    "or a leading underscore)"
+                )
+
+
 _DESCRIPTORS = (property, functools.cached_property, staticmethod, classmethod)
 """What may take the place of one of ``Agent``'s members, besides a function."""
 
@@ -400,6 +419,7 @@ class Agent:
         super().__init_subclass__(**kwargs)
         declaring = _declaring(cls)
         _check_member_names(declaring)  # first: a tool or hook named like a knob fails as such
+        _check_spelling(declaring)
         methods = _method_tools(cls)
         for klass in declaring:
             for name, how in _DECORATED.items():

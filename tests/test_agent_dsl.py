@@ -781,6 +781,42 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
     assert Overriding().name == "support-bot"
 
 
+@pytest.mark.parametrize(
+    ("attribute", "knob"),
+    [
+        ("instruction", "instructions"),
+        ("tool", "tools"),
+        ("Model", "model"),
+        ("max_turn", "max_turns"),
+        ("setting", "settings"),
+        ("output_types", "output_type"),
+    ],
+)
+def test_a_value_named_almost_like_a_knob_fails(attribute: str, knob: str) -> None:
+    """A misspelled knob would leave the agent without what it declares, without a word:
+    it fails at class definition, naming the knob meant; in a mixin too."""
+    hint = f"{attribute} is not a knob of Agent: did you mean {knob}?"
+    with pytest.raises(ConfigurationError, match=re.escape(f"Typo.{hint}")):
+        type("Typo", (Agent,), {attribute: "Answer in French."})
+    with pytest.raises(ConfigurationError, match=re.escape(f"Mixin.{hint}")):
+        type("Mixed", (type("Mixin", (), {attribute: "Answer in French."}), Agent), {})
+
+
+def test_attributes_of_ones_own_are_taken() -> None:
+    """Names unlike a knob, private ones and methods are the class's own business."""
+
+    class Own(Agent):
+        instructions = "Answer in French."
+        greeting = "Bonjour"
+        max_length = 80
+        _instruction = "kept for later"
+
+        def setting(self) -> str:
+            return "formal"
+
+    assert (Own.greeting, Own.max_length, Own().setting()) == ("Bonjour", 80, "formal")
+
+
 def test_a_shadowing_tool_method_keeps_its_own_tool_name_in_the_hint() -> None:
     """With @tool(name=) given, the hint suggests that name; a mixin's tool is caught too."""
     with pytest.raises(ConfigurationError, match=re.escape("@tool(name='query')")):
