@@ -12,7 +12,8 @@ stops by the time the outer run would stop by, whatever its own grace; cancelled
 cancelled as the tool ends (the cancellation came from outside it), the outer run ends by
 that time as well, so graces never add up; if not (a ``cancel()`` inside the tool), the
 outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops
-the nested run only. A run therefore ends no later than its deadline plus the grace, and a
+the nested run only; a tool's own write (``context.append``) it cuts short finishes within
+the grace, and the run goes on as if nothing stopped. A run therefore ends no later than its deadline plus the grace, and a
 caller's cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
@@ -41,6 +42,8 @@ _CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=Non
 _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops", default=None)
 """While a tool (hook, ...) runs: the stop times of the runs it started that a
 ``cancel()`` stopped."""
+_HOST: ContextVar[Grace | None] = ContextVar("littleghost_host", default=None)
+"""While a tool (hook, ...) runs: the grace of the run hosting it."""
 
 
 @define(eq=False)
@@ -112,10 +115,11 @@ class Grace:
         same ``cancel()`` stopped first set this run's stop time (graces never add up);
         when this run goes on, their stops were that code's own business."""
         stops: list[float] = []
-        token = _HOSTED.set(stops)
+        token, host = _HOSTED.set(stops), _HOST.set(self)
         try:
             yield
         finally:
+            _HOST.reset(host)
             _HOSTED.reset(token)
             if stops and cancelled_here():
                 self._nested_stop_by = min(self._nested_stop_by, *stops)
@@ -194,7 +198,7 @@ class Grace:
                 try:
                     await finished.wait()
                 except anyio.get_cancelled_exc_class():
-                    shield.deadline = min(shield.deadline, self.stop())
+                    shield.deadline = min(shield.deadline, self._stop_for_write())
                     raise
         except anyio.get_cancelled_exc_class():
             _raise_fatal(failure)
@@ -212,6 +216,20 @@ class Grace:
             raise SessionStoreError(
                 f"{what} was cut off at the run's stop time; the outcome of the write is unknown"
             )
+
+    def _stop_for_write(self) -> float:
+        """The time a write whose caller is being cancelled must end by: the run's stop
+        time, unless the caller is code the run hosts (a tool's ``append``), which a
+        scope of its own (the tool's timeout) may have cancelled while the run goes on;
+        then the time the run would stop by, which becomes its stop time only if the run
+        is stopping when that code ends (``hosting``)."""
+        if _HOST.get() is not self:
+            return self.stop()
+        end = self.bound()
+        hosted = _HOSTED.get()
+        if hosted is not None:
+            hosted.append(end)
+        return end
 
     def _settle(self, what: str, done: bool, failure: list[BaseException]) -> None:
         """Record what a write cut short by the run's stop left undone."""

@@ -949,6 +949,35 @@ class Delegating(Agent):
         return "cancelled"
 
 
+class Noting(Agent):
+    """Writes a note to the session from a tool that stops the write after 0.1 s: by its
+    timeout, or by a scope of its own."""
+
+    cleanup_grace = GRACE
+
+    @tool(timeout=0.1)
+    async def timed_note(self, context: RunContext) -> str:
+        """Note something, within 0.1 s."""
+        await context.append(Message.user("a slow note"))
+        return "noted"
+
+    @tool
+    async def moving_on_note(self, context: RunContext) -> str:
+        """Note something, giving up waiting after 0.1 s."""
+        with anyio.move_on_after(0.1):
+            await context.append(Message.user("a slow note"))
+        return "noted"
+
+
+class SlowNotes(InMemorySessionStore):
+    """Writes a note in 0.2 s (within the grace), everything else in a moment."""
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        slow = any(message.text == "a slow note" for message in messages)
+        await anyio.sleep(0.2 if slow else 0.001)  # every write is a checkpoint
+        await super().append(session_id, messages)
+
+
 async def race_an_expert() -> None:
     """Start an expert's run and cancel it with cancel() after 0.1 s."""
     async with anyio.create_task_group() as group:
@@ -1014,6 +1043,21 @@ class TestNestedRunsStoppedInsideATool:
         result = await Delegating(model=model, session_store=store).run("Go.", session_id="s")
         assert result.output == "final answer"
         assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
+        assert await store.load("s") == result.messages
+
+
+class TestAToolsOwnStop:
+    @pytest.mark.parametrize("name", ["timed_note", "moving_on_note"])
+    async def test_a_write_a_tool_stops_finishes_and_the_run_goes_on(self, name: str) -> None:
+        """A tool's timeout (or scope) passing while its ``append`` writes stops the
+        tool, not the run: the write finishes within the grace, and the run stores what
+        comes later, however long after."""
+        store = SlowNotes()
+        model = ScriptedModel([tool_call_response(name, {}), thinking_past_the_grace])
+        result = await Noting(model=model, session_store=store).run("Go.", session_id="s")
+        assert result.output == "final answer"
+        roles = ["user", "assistant", "user", "tool", "assistant"]
+        assert [m.role for m in result.messages] == roles
         assert await store.load("s") == result.messages
 
 
