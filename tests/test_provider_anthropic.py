@@ -39,6 +39,7 @@ from littleghost.events import ModelCallRetried
 from littleghost.models import ModelRequest, OutputSchema, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import (
     DEFAULT_MAX_TOKENS,
+    LONGEST_UNSTREAMED,
     MAX_OPTIONAL_PROPERTIES,
     MAX_UNIONS,
     AnthropicModel,
@@ -681,6 +682,26 @@ async def test_stream_yields_text_tool_calls_and_usage(
     assert done.response.usage == Usage(100, 17, cache_read_tokens=60)
     [body] = server.bodies
     assert body["stream"] is True
+
+
+@pytest.mark.parametrize("max_tokens", [LONGEST_UNSTREAMED + 1, 64_000])
+async def test_an_answer_longer_than_an_unstreamed_call_takes_is_streamed(
+    make_model: Callable[..., AnthropicModel], max_tokens: int
+) -> None:
+    """The SDK refuses an unstreamed call that may take over ten minutes (``ValueError``,
+    nothing sent): a run asking for a long answer gets it through a stream."""
+    server = FakeServer(
+        event_stream(sse(START, *text_block(0, "A long ", "essay."), *finish("end_turn", 9)))
+    )
+
+    class Writer(Agent):
+        settings = {"max_tokens": max_tokens}
+
+    result = await Writer(model=make_model(server)).run("Write at length.")
+    assert result.output == "A long essay."
+    assert result.usage.output_tokens == 9
+    [body] = server.bodies
+    assert (body["stream"], body["max_tokens"]) == (True, max_tokens)
 
 
 async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel]) -> None:

@@ -74,6 +74,10 @@ __all__ = [
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
 """The output cap sent when the request sets none (the API requires one)."""
+LONGEST_UNSTREAMED = 8_192
+"""The largest output cap ``respond`` asks for in one unstreamed call; a larger one is
+streamed (the SDK refuses an unstreamed call that may take over ten minutes, and a long
+silent connection may be dropped on the way)."""
 
 _STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -453,8 +457,15 @@ class AnthropicModel:
         return params
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
-        """Answer one request with one Messages call."""
+        """Answer one request with one Messages call, streamed (``stream``) when its output
+        cap is over ``LONGEST_UNSTREAMED``."""
         params = self._params(request)
+        if params["max_tokens"] > LONGEST_UNSTREAMED:
+            async with aclosing(self.stream(request)) as events:
+                async for event in events:
+                    if isinstance(event, StreamDone):
+                        return event.response
+            raise stream_cut_off(self.provider)  # stream() raises that itself first
         try:
             client = await self._clients.get()
             message = await client.messages.create(**params)
