@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import aclosing, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import anyio
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from littleghost.agent import Agent
 
 __all__ = ["COUNT_TIMEOUT", "RunContext", "RunResult"]
+
+_CALLING: ContextVar[_ToolCall | None] = ContextVar("littleghost_tool_call", default=None)
+"""While a tool runs (in its threads and the tasks it starts too): its call."""
 
 LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
@@ -121,6 +125,7 @@ class RunContext:
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
+    _ended: bool = field(default=False, repr=False, init=False)
     """The ids of the tool batch the runner is running: only it answers them."""
     question: Message | None = field(default=None, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
@@ -204,6 +209,18 @@ class RunContext:
                 raise TypeError(
                     f"context.append() takes Message values, not {type(message).__name__}"
                 )
+        if self._ended:
+            raise ConfigurationError(
+                "context.append(): the run of this context has ended; a context kept past "
+                "its run appends nothing"
+            )
+        calling = _CALLING.get()
+        if calling is not None and calling.context is self and calling.over:
+            raise ConfigurationError(
+                f"context.append(): the call of tool {calling.name!r} it comes from is over "
+                "(returned, or stopped at its timeout): what it appends now is discarded, as "
+                "a late result is"
+            )
         writer = self._writer
         if writer is None:
             self._extend(messages, self._checked(messages, batch))
@@ -229,6 +246,18 @@ class RunContext:
                 f"storing {len(messages)} message(s)",
                 then=lambda: self._extend(messages, still_open),
             )
+
+    @contextmanager
+    def _calling(self, name: str) -> Iterator[None]:
+        """Around one call of tool ``name``: once it is over, what it appends (from a
+        thread left running at its timeout, a task it started) is refused."""
+        call = _ToolCall(self, name)
+        token = _CALLING.set(call)
+        try:
+            yield
+        finally:
+            call.over = True
+            _CALLING.reset(token)
 
     def _checked(self, messages: tuple[Message, ...], batch: bool) -> tuple[Message, ...]:
         """Check ``messages`` against the log (``Ledger.check``) and, unless the runner
@@ -455,3 +484,12 @@ class RunContext:
         if done is None:
             raise ProtocolError(f"model {model.name!r} ended its stream without a response")
         return done
+
+
+@define(eq=False)
+class _ToolCall:
+    """One call of a tool, and whether it is over."""
+
+    context: RunContext
+    name: str
+    over: bool = False

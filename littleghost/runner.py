@@ -267,16 +267,20 @@ async def _run_in(
                     result = await _loop(agent, context, message, output)
                 else:
                     async with holding(hold_session(store, session_id), grace):
-                        await _open_session(agent, context, log, seed, plan)
-                        if held is not None:
-                            held()
-                        result = await _loop(agent, context, message, output)
+                        try:
+                            await _open_session(agent, context, log, seed, plan)
+                            if held is not None:
+                                held()
+                            result = await _loop(agent, context, message, output)
+                        finally:
+                            context._ended = True  # before the session is released
     except BaseException as error:
         found = fatal(error)
         if found is None or found is error:
             raise
         raise found from None  # out of a store's (or a hook's) own task group
     finally:
+        context._ended = True
         span.set_attributes(telemetry.usage_attributes(context.usage))
     if result is None:
         assert scope.cancelled_caught
@@ -725,7 +729,8 @@ async def _execute(
         ) as timer,
     ):
         try:
-            text = (await invoke(function, kwargs, definition.name)).text()
+            with context._calling(definition.name):
+                text = (await invoke(function, kwargs, definition.name)).text()
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed

@@ -7,10 +7,14 @@ never holds (a repeated id, a result that answers no open call) is refused with 
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.from_thread
 import pytest
 
 from littleghost import (
@@ -28,8 +32,8 @@ from littleghost import (
 from littleghost.context.view import misplaced_results, unanswered_calls
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
-from littleghost.sessions import SessionStore
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.sessions import InMemorySessionStore, SessionStore
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .stores import RUN_KINDS, PlainStore, open_store
 
@@ -329,3 +333,78 @@ async def test_a_tool_cannot_answer_a_call_of_the_batch_being_run() -> None:
     assert "ConfigurationError" in outcome.content
     assert "answers call 'c0', which the run is running" in outcome.content
     assert_whole(result.messages)
+
+
+class Keeping(Agent):
+    """Keeps the context its tool is given past the tool's call."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kept: list[RunContext] = []
+
+    @tool
+    async def keep(self, context: RunContext) -> str:
+        """Keep the context."""
+        self.kept.append(context)
+        return "kept"
+
+
+async def test_a_context_kept_past_its_run_appends_nothing(store: SessionStore) -> None:
+    """Its run no longer holds the session: an append would land outside any run, or in
+    another run's log, which it would then fail as a change under its hold."""
+    agent = Keeping(
+        model=ScriptedModel([tool_call_response("keep", {}), text_response("ok")] * 2),
+        session_store=store,
+    )
+    ran = await agent.run("go", session_id="s")
+    context = agent.kept[0]
+    with pytest.raises(ConfigurationError, match="the run of this context has ended"):
+        await context.append(Message.user("a stale note"))
+    assert await store.load("s") == ran.messages
+
+    async def stale() -> None:
+        await anyio.sleep(0.01)  # while the next run holds the session
+        with pytest.raises(ConfigurationError, match="the run of this context has ended"):
+            await context.append(Message.user("a stale note"))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(stale)
+        again = await agent.run("again", session_id="s")
+    assert again.output == "ok" and await store.load("s") == again.messages
+
+
+class Lingering(Agent):
+    """A sync tool that goes on in its thread past its timeout, then appends a note."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.late: list[str] = []
+        self.tried = threading.Event()
+
+    @tool(timeout=0.05)
+    def linger(self, context: RunContext) -> str:
+        """Note something, too late."""
+        time.sleep(0.2)
+        try:
+            anyio.from_thread.run(context.append, Message.user("a late note"))
+            self.late.append("appended")
+        except ConfigurationError as error:
+            self.late.append(str(error))
+        self.tried.set()
+        return "too late"
+
+
+async def test_a_tool_call_stopped_at_its_timeout_appends_nothing_later() -> None:
+    """Its late result is discarded, and so is what it appends: the log and the store
+    keep only what the run wrote, in order."""
+
+    async def after_the_late_append(request: Any) -> ModelResponse:
+        assert await anyio.to_thread.run_sync(agent.tried.wait, 5)
+        return text_response("ok")
+
+    script = [tool_call_response("linger", {}), after_the_late_append]
+    agent = Lingering(model=ScriptedModel(script), session_store=InMemorySessionStore())
+    result = await agent.run("go", session_id="s")
+    assert [m.role for m in result.messages] == ["user", "assistant", "tool", "assistant"]
+    assert "the call of tool 'linger' it comes from is over" in agent.late[0]
+    assert await agent.session_store.load("s") == result.messages
