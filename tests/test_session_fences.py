@@ -7,6 +7,7 @@ Checked against each built-in store (in memory, SQLite, PostgreSQL).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from littleghost import Agent, Message, Role, tool
 from littleghost.errors import SessionStoreError
-from littleghost.sessions import SessionStore
+from littleghost.sessions import SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .stores import KINDS, open_store
@@ -150,3 +151,33 @@ async def test_a_holders_concurrent_appends_are_not_taken_for_another_writer(
     texts = [m.text for m in await store.load("s")]
     assert sorted(texts[:3]) == ["m0", "m1", "m2"]
     assert texts[3] == "last"
+
+
+async def test_a_holders_read_is_not_older_than_its_write_in_flight(tmp_path: Path) -> None:
+    """A read the holder starts while one of its appends waits for the database sees that
+    append once made: a read's older snapshot would set back the length the holder's next
+    append expects, and that append would be refused as if another writer had been."""
+    path = tmp_path / "s.db"
+    store, reader = SQLiteSessionStore(path), SQLiteSessionStore(path)  # a connection each
+    await store.append("s", [Message.user("first")])
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        async with store.lock("s"):
+            await store.load("s")
+            blocker.execute("BEGIN IMMEDIATE")  # the holder's append waits for it
+            async with anyio.create_task_group() as group:
+                group.start_soon(store.append, "s", [Message.user("second")])
+                await anyio.sleep(0.1)  # the append is waiting
+                group.start_soon(release, blocker)  # in a moment
+                seen = [m.text for m in await reader.load("s")]
+            await store.append("s", [Message.user("third")])
+    finally:
+        blocker.close()
+        await store.aclose()
+        await reader.aclose()
+    assert seen == ["first", "second"]
+
+
+async def release(blocker: sqlite3.Connection) -> None:
+    await anyio.sleep(0.1)
+    blocker.commit()

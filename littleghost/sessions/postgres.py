@@ -481,17 +481,19 @@ class PostgresSessionStore:
     ) -> list[StoredMessage]:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
-        rows = await self._call(
-            lambda connection, operation: connection.execute(
-                f"SELECT s.length, position, body, {self._stored_at}"
-                " FROM (SELECT %s::text AS id) AS k"
-                " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                (session_id,),
-            ).fetchall()
-        )
-        log = read_log(rows, session_id, self._where, when)
-        (await self._prepared()).saw(session_id, len(log))
+        locks = await self._prepared()
+        async with locks.writing(session_id):  # a holder's read is not older than its writes
+            rows = await self._call(
+                lambda connection, operation: connection.execute(
+                    f"SELECT s.length, position, body, {self._stored_at}"
+                    " FROM (SELECT %s::text AS id) AS k"
+                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                    (session_id,),
+                ).fetchall()
+            )
+            log = read_log(rows, session_id, self._where, when)
+            locks.saw(session_id, len(log))
         return log
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:

@@ -263,16 +263,18 @@ class SQLiteSessionStore:
     ) -> list[StoredMessage]:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
-        rows = await self._call(
-            lambda connection: connection.execute(
-                f"SELECT s.length, position, body, {self._stored_at}"
-                " FROM (SELECT ? AS id) AS k LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                (session_id,),
-            ).fetchall()
-        )
-        log = read_log(rows, session_id, self._where, when)
-        self._locks.saw(session_id, len(log))
+        async with self._locks.writing(session_id):  # a holder's read is not older than its writes
+            rows = await self._call(
+                lambda connection: connection.execute(
+                    f"SELECT s.length, position, body, {self._stored_at}"
+                    " FROM (SELECT ? AS id) AS k"
+                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                    (session_id,),
+                ).fetchall()
+            )
+            log = read_log(rows, session_id, self._where, when)
+            self._locks.saw(session_id, len(log))
         return log
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
