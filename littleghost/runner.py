@@ -365,7 +365,11 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
                 "the model stopped at its output limit before completing its answer",
                 response=response,
             )
-        if output is not None and (final := output.final_call(response.message)) is not None:
+        if calls and response.stop_reason is StopReason.CONTENT_FILTER:
+            text = "Not run: the provider filtered (or the model refused) the answer asking for it."
+            await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+            calls = ()  # the run ends with the answer, as one without calls would
+        if output is not None and calls and (final := output.final_call(response.message)):
             answer = output.output.check(final.arguments)
             results = output.final_results(calls, final, answer)
             await context.append(*(_stored_message(agent, result) for result in results))

@@ -27,6 +27,7 @@ from littleghost.errors import (
     ConfigurationError,
     LimitExceededError,
     OutputLimitError,
+    OutputValidationError,
     ProtocolError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
@@ -173,6 +174,45 @@ async def test_tool_calls_cut_at_max_tokens_never_run(arguments: Any) -> None:
     assert caught.value.response.message.tool_calls[0].id == "c1" and ran == []
     *_, answered = await store.load("s")
     assert [(r.call_id, r.is_error) for r in answered.tool_results] == [("c1", True)]
+
+
+@pytest.mark.parametrize("output_type", [None, int])
+async def test_tool_calls_of_a_filtered_answer_never_run(output_type: type | None) -> None:
+    """A refused or filtered answer (``content_filter``) may still carry calls: none runs,
+    each is answered with an error result, and the run ends with the answer; a typed
+    run's final-result call in it is not taken either (the answer's text must fit)."""
+    ran: list[int] = []
+
+    class Counting(Counter):
+        @before_tool
+        def record(self, call: ToolCall) -> None:
+            ran.append(1)
+
+    asked = [ToolCall("c1", "count", {"n": 1}), ToolCall("c2", "final_result", {"result": 1})]
+    refused = ModelResponse(
+        Message.assistant("I cannot help with that.", tool_calls=asked),
+        StopReason.CONTENT_FILTER,
+    )
+    store = InMemorySessionStore()
+    model = ScriptedModel([refused, text_response("2")])
+    agent = Counting(
+        model=model,
+        session_store=store,
+        output_type=output_type,
+        output_strategy="tool",
+        max_turns=1,  # no repair turn
+    )
+    if output_type is None:
+        result = await agent.run("count", session_id="s")
+        assert result.output == "I cannot help with that."
+        assert result.stop_reason is StopReason.CONTENT_FILTER
+    else:
+        with pytest.raises(OutputValidationError):
+            await agent.run("count", session_id="s")
+    assert ran == [] and len(model.requests) == 1
+    log = await store.load("s")
+    answered = [(r.call_id, r.is_error) for m in log for r in m.tool_results]
+    assert answered == [("c1", True), ("c2", True)]
 
 
 async def test_a_history_with_an_orphan_result_fails_before_any_model_call() -> None:
