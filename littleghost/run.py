@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import aclosing, contextmanager
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -471,7 +471,8 @@ class RunContext:
                     await self.emit(TextDelta(response.message.text))
             return response
         done: ModelResponse | None = None
-        async with aclosing(stream(request)) as chunks:
+        chunks = stream(request)
+        try:
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
@@ -481,6 +482,10 @@ class RunContext:
                         await self.emit(ReasoningDelta(chunk.text))
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
+        finally:
+            close = getattr(chunks, "aclose", None)  # an async generator's; any iterator will do
+            if close is not None:
+                await close()
         if done is None:
             raise ProtocolError(f"model {model.name!r} ended its stream without a response")
         return done

@@ -36,6 +36,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.streaming import StreamDone, TextChunk
 from littleghost.sessions import SQLiteSessionStore
 from littleghost.stream import RunStream, StreamStateError
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
@@ -500,6 +501,34 @@ class TestRunUnchanged:
         _, events = await collect(Weather(model=script()), "go")
         assert (events.result.output, events.result.usage) == (ran.output, ran.usage)
         assert [m.role for m in events.result.messages] == [m.role for m in ran.messages]
+
+    async def test_a_models_stream_may_be_any_async_iterator(self) -> None:
+        """``stream()`` returns an async iterator, not necessarily a generator: one without
+        ``aclose`` streams as a generator does."""
+
+        class Chunks:
+            def __init__(self) -> None:
+                self.left: list[Any] = [
+                    TextChunk("hello "),
+                    TextChunk("world"),
+                    StreamDone(text_response("hello world")),
+                ]
+
+            def __aiter__(self) -> Chunks:
+                return self
+
+            async def __anext__(self) -> Any:
+                if not self.left:
+                    raise StopAsyncIteration
+                return self.left.pop(0)
+
+        class Iterating(ScriptedModel):
+            def stream(self, request: ModelRequest) -> Chunks:
+                return Chunks()
+
+        received, events = await collect(Agent(model=Iterating([])), "hi")
+        deltas = [event.text for event in received if isinstance(event, TextDelta)]
+        assert deltas == ["hello ", "world"] and events.result.output == "hello world"
 
 
 async def test_tool_events_pair_by_the_logged_call_id_when_a_hook_replaces_the_call() -> None:

@@ -3,9 +3,9 @@
 A model that streams has ``stream(request)`` returning an async iterator (usually an
 async generator) that yields ``TextChunk`` values as text arrives (``ReasoningChunk``
 values as reasoning does) and ends with exactly one ``StreamDone`` holding the whole
-``ModelResponse`` (usage included). The caller closes the iterator (``aclose``) when it
-stops early; the model then cancels the provider's generation. Errors are raised as
-from ``respond``.
+``ModelResponse`` (usage included). The caller closes the iterator when it has one
+(``aclose``, as an async generator has), at its end or when it stops early; the model then
+cancels the provider's generation. Errors are raised as from ``respond``.
 """
 
 from __future__ import annotations
