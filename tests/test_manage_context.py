@@ -389,7 +389,7 @@ class TestWhenItFires:
 class TestWhatIsSent:
     async def test_summary_request_is_a_transcript_in_one_user_message(self) -> None:
         """Instructions plus one user message with a role-tagged transcript (reasoning left
-        out); no tools."""
+        out); no tools, and no extended thinking."""
 
         @manage_context(
             context_window_tokens=100,
@@ -417,7 +417,9 @@ class TestWhatIsSent:
             *chat(25),
         ]
         model = ScriptedModel([summary_step(), text_response("done")])
-        await Tooled(model=model).run("go", history=history, settings={"temperature": 0, "seed": 3})
+        thinking = {"type": "enabled", "budget_tokens": 8_000}
+        settings = {"temperature": 0, "seed": 3, "thinking": thinking}
+        await Tooled(model=model).run("go", history=history, settings=settings)
         summary_call = model.requests[0]
         assert summary_call.tools == ()
         assert [m.role for m in summary_call.messages] == [Role.SYSTEM, Role.USER]
@@ -432,6 +434,8 @@ class TestWhatIsSent:
         assert not any(m.tool_calls or m.tool_results for m in summary_call.messages)
         assert summary_call.settings["temperature"] == 0 and summary_call.settings["seed"] == 3
         assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
+        assert "thinking" not in summary_call.settings  # its budget would pass the cap
+        assert model.requests[1].settings["thinking"] == thinking
 
     async def test_summary_max_tokens_and_instructions_are_used(self) -> None:
         """summary_max_tokens caps the summary; summary_instructions replace the prompt."""

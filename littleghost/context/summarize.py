@@ -79,7 +79,14 @@ QUOTES_HEADING = "Quoted from the conversation:"
 SUMMARY_COMPLETE = "complete"
 SUMMARY_CUT = "cut_at_cap"
 SUMMARY_RETRIED = "retried_shorter"
-_DROPPED_SETTINGS = ("max_tokens", "tool_choice", "response_format", "parallel_tool_calls", "stop")
+_DROPPED_SETTINGS = (
+    "max_tokens",
+    "tool_choice",
+    "response_format",
+    "parallel_tool_calls",
+    "stop",
+    "thinking",  # Anthropic's: its budget must be under the summary's far smaller cap
+)
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 """Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
@@ -171,7 +178,8 @@ def summary_request(
 ) -> ModelRequest:
     """The summary call for ``messages`` (and the earlier ``notes`` to rewrite with them):
     the framing, one user message (the data, then ``instructions``), no tools, ``settings``
-    without their output cap and tool settings, output capped at ``max_tokens``."""
+    without their output cap, tool settings and extended thinking, output capped at
+    ``max_tokens``."""
     transcript = render_transcript(messages, max_item_chars=max_item_chars)
     if notes is None:
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
