@@ -47,6 +47,7 @@ from littleghost.models.anthropic import (
     schema_problem,
 )
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
+from littleghost.sessions import InMemorySessionStore
 from littleghost.tool_types import json_schema
 
 if TYPE_CHECKING:
@@ -702,6 +703,53 @@ async def test_an_answer_longer_than_an_unstreamed_call_takes_is_streamed(
     assert result.usage.output_tokens == 9
     [body] = server.bodies
     assert (body["stream"], body["max_tokens"]) == (True, max_tokens)
+
+
+async def test_a_request_without_tools_carries_earlier_calls_as_text(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The API takes no ``tool_use`` or ``tool_result`` block in a request without tools
+    (a session that ran a typed turn, or a tool the class no longer has): they travel as
+    text, with what the model needs of them."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [
+        Message.user("where is order 42?"),
+        Message.assistant(tool_calls=[ToolCall("toolu_1", "lookup", {"order": 42})]),
+        Message.tool("toolu_1", "shipped"),
+        Message.assistant("It shipped."),
+    ]
+    await Agent(model=make_model(server)).run("thanks", history=history)
+    [body] = server.bodies
+    assert "tools" not in body
+    blocks = [block for turn in body["messages"] for block in turn["content"]]
+    assert {block["type"] for block in blocks} == {"text"}
+    texts = [block["text"] for block in blocks]
+    assert '[called lookup({"order": 42}), call toolu_1]' in texts
+    assert "[tool result for call toolu_1: shipped]" in texts
+
+
+async def test_whitespace_only_text_is_never_sent(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The API takes no text block of whitespace only: an answer of blank lines is kept
+    in the log but not sent back; a question of nothing but whitespace is refused before
+    anything is sent."""
+    server = FakeServer(
+        message([{"type": "text", "text": "\n\n"}]), message([{"type": "text", "text": "ok"}])
+    )
+    agent = Agent(model=make_model(server), session_store=InMemorySessionStore())
+    assert (await agent.run("hi", session_id="s")).output == "\n\n"
+    await agent.run("again", session_id="s")
+    second = server.bodies[1]["messages"]
+    assert second == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}],
+        }
+    ]
+    with pytest.raises(ConfigurationError, match="its text is empty or whitespace only"):
+        await agent.run(" \n", session_id="s")
+    assert len(server.requests) == 2
 
 
 async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel]) -> None:

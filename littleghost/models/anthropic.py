@@ -61,6 +61,7 @@ from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, Strea
 from littleghost.models.windows import known_context_window
 from littleghost.output import OUTPUT_TOOL
 from littleghost.settings import RESERVED_SETTINGS
+from littleghost.telemetry import arguments_json
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -149,15 +150,17 @@ def _image(part: ImagePart) -> dict[str, Any]:
     }
 
 
-def _block(part: object) -> dict[str, Any] | None:
+def _block(part: object, tools: bool) -> dict[str, Any] | None:
+    if not tools and isinstance(part, (ToolCall, ToolResult)):
+        return {"type": "text", "text": _as_text(part)}
     if isinstance(part, ReasoningPart):
         if part.provider != PROVIDER or not part.signature:
             return None  # another provider's, or unsigned: the API takes neither
         if part.redacted:
             return {"type": "redacted_thinking", "data": part.signature}
         return {"type": "thinking", "thinking": part.text, "signature": part.signature}
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text} if part.text else None
+    if isinstance(part, TextPart):  # the API takes no text block of whitespace only
+        return {"type": "text", "text": part.text} if part.text.strip() else None
     if isinstance(part, ImagePart):
         return _image(part)
     if isinstance(part, ToolCall):
@@ -173,13 +176,25 @@ def _block(part: object) -> dict[str, Any] | None:
     return None
 
 
-def convert_messages(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+def _as_text(part: ToolCall | ToolResult) -> str:
+    """A tool call or result as text, for a request offering no tools (the API takes
+    no ``tool_use`` or ``tool_result`` block without them)."""
+    if isinstance(part, ToolCall):
+        return f"[called {part.name}({arguments_json(part.arguments)}), call {part.id}]"
+    outcome = "error" if part.is_error else "result"
+    return f"[tool {outcome} for call {part.call_id}: {part.content}]"
+
+
+def convert_messages(
+    messages: Sequence[Message], *, tools: bool = True
+) -> tuple[str | None, list[dict[str, Any]]]:
     """The ``system`` text and the ``messages`` list for a conversation.
 
     System and developer text is joined into ``system``; tool results travel in user
-    turns; consecutive turns of one role are merged; empty text is left out. Thinking
-    blocks go back verbatim with their signatures; reasoning from another provider, or
-    that lost its signature, is left out.
+    turns; consecutive turns of one role are merged; empty or whitespace-only text is
+    left out. Thinking blocks go back verbatim with their signatures; reasoning from
+    another provider, or that lost its signature, is left out. Without ``tools`` (the
+    request offers none), tool calls and results travel as text.
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
@@ -189,7 +204,7 @@ def convert_messages(messages: Sequence[Message]) -> tuple[str | None, list[dict
                 system.append(message.text)
             continue
         role = "assistant" if message.role is Role.ASSISTANT else "user"
-        blocks = [block for part in message.content if (block := _block(part)) is not None]
+        blocks = [block for part in message.content if (block := _block(part, tools)) is not None]
         if not blocks:
             continue
         if turns and turns[-1]["role"] == role:
@@ -412,7 +427,13 @@ class AnthropicModel:
         await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
-        system, messages = convert_messages(request.messages)
+        system, messages = convert_messages(request.messages, tools=bool(request.tools))
+        asked = request.messages[-1].role if request.messages else None
+        if asked in (Role.USER, Role.TOOL) and (not messages or messages[-1]["role"] != "user"):
+            raise ConfigurationError(
+                f"{self.provider}: the request's last message has nothing the API takes "
+                "(its text is empty or whitespace only)"
+            )
         params: dict[str, Any] = {"model": self._name, "messages": messages}
         if system is not None:
             params["system"] = system
