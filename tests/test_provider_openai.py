@@ -1484,6 +1484,57 @@ async def test_streamed_reasoning_arrives_as_reasoning_chunks(
     assert done.response.message.text == "Hello"
 
 
+MISTRAL_CONTENT = [
+    {"type": "thinking", "thinking": [{"type": "text", "text": "The capital. "}]},
+    {"type": "text", "text": "Paris."},
+]
+"""An answer's content as Mistral's reasoning models send it: a list of chunks."""
+
+
+async def test_content_sent_as_a_list_of_chunks_is_read_as_text_and_reasoning(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Mistral's reasoning models send ``content`` as chunks, whole or streamed: text
+    chunks are the answer, thinking chunks its reasoning."""
+    server = FakeServer(
+        completion({"content": MISTRAL_CONTENT}),
+        event_stream(
+            sse(
+                chunk({"role": "assistant", "content": MISTRAL_CONTENT[:1]}),
+                chunk({"content": [{"type": "text", "text": "Par"}]}),
+                chunk({"content": "is."}, finish_reason="stop"),
+            )
+        ),
+    )
+    model = make_model(server)
+    request = ModelRequest([Message.user("Capital of France?")])
+    answered = await model.respond(request)
+    events = [event async for event in model.stream(request)]
+    assert events[:-1] == [ReasoningChunk("The capital. "), TextChunk("Par"), TextChunk("is.")]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    expected = (ReasoningPart("The capital. ", None, "openai"), TextPart("Paris."))
+    assert answered.message.content == expected == done.response.message.content
+
+
+async def test_streamed_arguments_sent_whole_as_an_object_are_read(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Some servers send a call's arguments as an object rather than JSON text, streamed
+    or not: both read them alike."""
+    call = {"index": 0, "id": "c1", "type": "function"}
+    function = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    server = FakeServer(
+        event_stream(sse(chunk({"tool_calls": [{**call, "function": function}]}, "tool_calls")))
+    )
+    events = [
+        event async for event in make_model(server).stream(ModelRequest([Message.user("add")]))
+    ]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.tool_calls == (ToolCall("c1", "add", {"a": 2, "b": 3}),)
+
+
 @attrs.frozen
 class Verdict:
     label: Literal["spam", "ham"]

@@ -242,6 +242,27 @@ def _reasoning(message: object) -> str:
     return ""
 
 
+def _pieces(content: object) -> tuple[str, str]:
+    """The answer's text and reasoning in ``content``: a str, or a list of chunks (as
+    Mistral sends them: ``text`` chunks, ``thinking`` chunks holding text chunks)."""
+    if isinstance(content, str) or not isinstance(content, list):
+        return (content if isinstance(content, str) else ""), ""
+    text: list[str] = []
+    thought: list[str] = []
+    for chunk in content:
+        kind = lookup(chunk, "type")
+        if kind == "text":
+            text.append(_str(lookup(chunk, "text")))
+        elif kind == "thinking":
+            inner = lookup(chunk, "thinking")
+            thought.append(inner if isinstance(inner, str) else "".join(_pieces(inner)))
+    return "".join(text), "".join(thought)
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def _tool_calls(raw: Any) -> list[ToolCall]:
     calls = []
     for index, call in enumerate(raw or ()):
@@ -552,9 +573,10 @@ class OpenAIModel:
         if message is None:
             raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
         calls = _tool_calls(message.tool_calls)
-        refusal = "" if message.content else getattr(message, "refusal", None) or ""
+        content, thought = _pieces(message.content)
+        refusal = "" if content else getattr(message, "refusal", None) or ""
         return ModelResponse(
-            self._answer(_reasoning(message), message.content or refusal, calls),
+            self._answer(_reasoning(message) or thought, content or refusal, calls),
             stop_reason(choice.finish_reason, bool(calls), bool(refusal)),
             _usage(completion.usage),
             response_id=reported_name(completion, "id"),
@@ -629,11 +651,11 @@ class OpenAIModel:
                                 if choice.get("index", 0) != 0:
                                     continue
                                 delta = choice.get("delta") or {}
-                                piece = _reasoning(delta)
+                                answer, thought = _pieces(delta.get("content"))
+                                piece = _reasoning(delta) or thought
                                 if piece:
                                     reasoning.append(piece)
                                     yield ReasoningChunk(piece)
-                                answer = delta.get("content")
                                 if not answer and delta.get("refusal"):
                                     answer, refused = delta["refusal"], True
                                 if answer:
@@ -652,7 +674,10 @@ class OpenAIModel:
                                     call["id"] = call["id"] or named
                                     function = piece.get("function") or {}
                                     call["name"] += function.get("name") or ""
-                                    call["arguments"] += function.get("arguments") or ""
+                                    given = function.get("arguments") or ""
+                                    if not isinstance(given, str):  # sent whole, as an object
+                                        given = json.dumps(given)
+                                    call["arguments"] += given
                                 finish_reason = choice.get("finish_reason") or finish_reason
                                 if finish_reason in _FAILED:
                                     raise _ended_in_error(
