@@ -174,6 +174,37 @@ class TestSchema:
         PostgresSessionStore("dbname=x", connect_timeout=0.5, statement_timeout=2)
 
 
+class TestEncodings:
+    @pytest.mark.parametrize("encoding", ["SQL_ASCII", "LATIN1"])
+    async def test_a_database_of_another_encoding_keeps_sessions_as_a_utf8_one(
+        self, postgres_dsn: str, encoding: str
+    ) -> None:
+        """``SQL_ASCII`` is initdb's encoding under the C locale: text came back as bytes
+        there (no write worked, and littleghost's own tables looked foreign). Text the
+        database cannot hold is a store error, not a ``UnicodeEncodeError``."""
+        from psycopg.conninfo import make_conninfo
+
+        name = f"lg_test_{uuid.uuid4().hex[:12]}"
+        await sql(
+            postgres_dsn,
+            f"CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0",
+        )
+        try:
+            conninfo = make_conninfo(postgres_dsn, dbname=name)
+            async with PostgresSessionStore(conninfo) as store:
+                agent = Agent(model=ScriptedModel([text_response("hi")]), session_store=store)
+                ran = await agent.run("hello", session_id="s")
+            async with PostgresSessionStore(conninfo) as again:  # its tables are its own
+                assert await again.load("s") == ran.messages
+                assert await again.list_sessions() == ("s",)
+                if encoding == "LATIN1":
+                    with pytest.raises(SessionStoreError):
+                        await again.append("日本", [Message.user("x")])
+        finally:
+            await sql(postgres_dsn, f"DROP DATABASE {name} WITH (FORCE)")
+
+
 class TestReadOnly:
     async def test_never_makes_tables(self, conninfo: str) -> None:
         async with PostgresSessionStore(conninfo, read_only=True) as reader:
@@ -717,6 +748,18 @@ class TestDeadlines:
         assert "secret" not in str(caught.value)
         assert await texts(store) == ["before"]
         await store.aclose()
+
+    async def test_times_longer_than_the_servers_longest_timeout_are_no_limit(
+        self, conninfo: str
+    ) -> None:
+        """PostgreSQL's ``statement_timeout`` stops at about 24.8 days: a longer run
+        deadline or ``statement_timeout`` failed every call; it means no limit there."""
+        month = 30 * 24 * 3600.0
+        async with PostgresSessionStore(conninfo, statement_timeout=month) as store:
+            agent = Agent(model=ScriptedModel([text_response("hi")] * 2), session_store=store)
+            await agent.run("hello", session_id="s", timeout=month)
+            await agent.run("again", session_id="s")
+            assert len(await store.load("s")) == 4
 
     async def test_waiting_for_a_held_session_ends_at_the_deadline_on_the_server_too(
         self, conninfo: str

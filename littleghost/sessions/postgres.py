@@ -86,8 +86,15 @@ _SHORTEST_CONNECT_TIMEOUT = 2
 """libpq's: a shorter ``connect_timeout`` counts as 2 seconds."""
 
 
+_LONGEST_TIMEOUT_MS = 2_147_483_647
+"""PostgreSQL's longest ``statement_timeout`` (about 24.8 days)."""
+
+
 def _milliseconds(seconds: float) -> str:
-    """A ``statement_timeout`` value: at least 1 ms (0 would mean none)."""
+    """A ``statement_timeout`` value: at least 1 ms (0 would mean none); none ("0") for
+    a time longer than PostgreSQL's longest, or an endless one."""
+    if seconds * 1000 > _LONGEST_TIMEOUT_MS:
+        return "0"
     return str(max(1, math.ceil(seconds * 1000)))
 
 
@@ -640,9 +647,7 @@ class PostgresSessionStore:
     def _take_lock(self, operation: _Operation, session_id: str) -> psycopg.Connection[Any]:
         """A new connection holding the session's advisory lock; the server-side wait
         ends at the caller's deadline (none without one)."""
-        seconds = operation.time_left.seconds()
-        limit = "0" if math.isinf(seconds) else _milliseconds(seconds)
-        connection = self._connect(operation, limit)
+        connection = self._connect(operation, _milliseconds(operation.time_left.seconds()))
         try:
             connection.execute(_SESSION_LOCK, (self._schema, session_id))
             connection.execute(_WRITE_LOCK, (self._schema, session_id))  # held and let go
@@ -668,6 +673,7 @@ class PostgresSessionStore:
                 self._conninfo,
                 autocommit=True,
                 connect_timeout=max(_SHORTEST_CONNECT_TIMEOUT, math.ceil(seconds)),
+                client_encoding="utf8",  # text as str whatever the database's encoding
             )
         except self._psycopg.ProgrammingError as error:  # libpq could not parse it
             raise _malformed(error) from None  # its message may quote the password
