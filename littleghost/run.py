@@ -434,8 +434,10 @@ class RunContext:
                 self.add_usage(response.usage)
                 span.set_attributes(telemetry.response_attributes(response))
                 if self.capture_content and span.is_recording():
+                    output = [response.message]
                     span.set_attribute(
-                        telemetry.OUTPUT_MESSAGES, telemetry.messages_json([response.message])
+                        telemetry.OUTPUT_MESSAGES,
+                        telemetry.messages_json(output, response.stop_reason.value),
                     )
                 return response
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
@@ -114,14 +115,19 @@ def mark_failed(span: Span, error: BaseException | str) -> None:
     span.set_status(Status(StatusCode.ERROR, kind))
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The GenAI request attributes for the settings a request carries: the numbers, and
     the stop sequences of ``stop`` (a string or a list of them) or ``stop_sequences``."""
     attributes: dict[str, Any] = {}
     for key, name in _SETTING_ATTRIBUTES.items():
         value = settings.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            attributes[name] = value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) or _INT64_MIN <= value <= _INT64_MAX:
+            attributes[name] = value  # an int OpenTelemetry cannot export is left out
     stop = settings.get("stop")
     if stop is None:
         stop = settings.get("stop_sequences")
@@ -177,8 +183,9 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
 def open_span(
     name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
 ) -> Iterator[Span]:
-    """Open a current span that records a failure as ERROR (``KeyboardInterrupt`` and
-    ``SystemExit`` included) and a cancellation as UNSET."""
+    """Open a current span that records a failure as ERROR (any exception, a
+    ``BaseException`` of the caller's own too) and a cancellation (or a generator's
+    close) as UNSET."""
     with tracer.start_as_current_span(
         name,
         kind=kind,
@@ -188,9 +195,19 @@ def open_span(
     ) as span:
         try:
             yield span
-        except (Exception, KeyboardInterrupt, SystemExit) as error:
-            mark_failed(span, error)
+        except BaseException as error:
+            if not _stops(error):
+                mark_failed(span, error)
             raise
+
+
+def _stops(error: BaseException) -> bool:
+    """True for a cancellation or a generator's close (a group of only those too): the
+    work stopped, it did not fail."""
+    group = getattr(error, "exceptions", None)  # a BaseExceptionGroup's
+    if group is not None and not isinstance(error, Exception):
+        return all(_stops(inner) for inner in group)
+    return isinstance(error, (GeneratorExit, anyio.get_cancelled_exc_class()))
 
 
 def _part_json(part: object) -> dict[str, Any]:
@@ -215,10 +232,15 @@ def arguments_json(arguments: Mapping[str, Any] | str) -> str:
     return json.dumps(dict(arguments), ensure_ascii=False, default=str)
 
 
-def messages_json(messages: Sequence[Message]) -> str:
-    """Messages in the GenAI "parts" shape, as JSON; only for agents that capture content."""
+def messages_json(messages: Sequence[Message], finish_reason: str | None = None) -> str:
+    """Messages in the GenAI "parts" shape, as JSON, with the ``finish_reason`` an output
+    message has; only for agents that capture content."""
+    ended = {} if finish_reason is None else {"finish_reason": finish_reason}
     return json.dumps(
-        [{"role": m.role.value, "parts": [_part_json(p) for p in m.content]} for m in messages],
+        [
+            {"role": m.role.value, "parts": [_part_json(p) for p in m.content], **ended}
+            for m in messages
+        ],
         ensure_ascii=False,
         default=str,
     )

@@ -134,6 +134,13 @@ async def test_a_multi_turn_chat(local: LocalModel) -> None:
     assert second.stop_reason is StopReason.END_TURN
 
 
+async def test_answers_name_the_model_not_the_path_of_its_file(local: LocalModel) -> None:
+    """The server reports the model's name in answers (``gen_ai.response.model``), not
+    where its file lives."""
+    request = ModelRequest([Message.user("hi")], settings={"max_tokens": 2})
+    assert (await local.respond(request)).response_model == local.name
+
+
 async def test_a_prompt_over_the_window_is_an_overflow(local: LocalModel) -> None:
     request = ModelRequest([Message.user("word " * 600)], settings={**SETTINGS, "max_tokens": 8})
     with pytest.raises(ContextWindowOverflowError) as caught:

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, ReasoningPart, TextPart, tool
+from littleghost import Agent, Message, ReasoningPart, TextPart, before_model, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -253,6 +253,41 @@ async def test_a_tool_ending_the_process_fails_its_spans(spans: Spans) -> None:
         assert span.status.status_code is StatusCode.ERROR
 
 
+class Abort(BaseException):
+    """An application's own way of ending a run: no ``Exception``, no cancellation."""
+
+
+@pytest.mark.parametrize("where", ["model", "hook"])
+async def test_a_base_exception_of_the_callers_own_fails_the_spans(
+    spans: Spans, where: str
+) -> None:
+    """Any exception but a cancellation is a failure: ERROR with its ``error.type``."""
+
+    class Aborting(Agent):
+        @before_model
+        def maybe_abort(self, request: ModelRequest) -> None:
+            if where == "hook":
+                raise Abort
+
+    script = [Abort()] if where == "model" else [text_response("never")]
+    with pytest.raises(Abort):
+        await Aborting(model=ScriptedModel(script)).run("hi")
+    failed = [span for span in spans.all() if span.status.status_code is StatusCode.ERROR]
+    assert {attributes(span)["error.type"] for span in failed} == {"Abort"}
+    assert {span.name.split()[0] for span in failed} == (
+        {"chat", "invoke_agent"} if where == "model" else {"invoke_agent"}
+    )
+
+
+async def test_settings_out_of_an_int64_stay_off_the_span(spans: Spans) -> None:
+    """OpenTelemetry exports 64-bit ints only: a larger seed is left off, not dropped
+    later by the exporter with an error."""
+    settings = {"seed": 2**64, "max_tokens": 50}
+    await Agent(model=ScriptedModel([text_response("ok")])).run("hi", settings=settings)
+    chat = attributes(spans.one("chat"))
+    assert "gen_ai.request.seed" not in chat and chat["gen_ai.request.max_tokens"] == 50
+
+
 class Unresolved(Agent):
     model = "no-such-provider:tiny"
 
@@ -362,6 +397,7 @@ async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Span
     await Support(model=ScriptedModel([thought]), capture_content=True).run("hello")
     output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
     assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
+    assert output[0]["finish_reason"] == "end_turn"  # required of an output message
 
 
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:

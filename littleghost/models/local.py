@@ -518,6 +518,8 @@ class LocalModel:
             str(self._executable),
             "--model",
             str(self._path),
+            "--alias",  # the name answers report: not the file's path, which telemetry shows
+            self.name,
             "--host",
             _HOST,
             "--port",
