@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -28,14 +28,15 @@ def render_result(value: Any) -> str:
     """A tool's return value as the text the model sees.
 
     Raises:
-        TypeError: ``value`` is a generator (its items were never made).
+        TypeError: ``value`` is an iterator, a generator say (its items were never made).
     """
     if isinstance(value, str):
         return value
-    if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
-        kind = (
-            "an async generator" if isinstance(value, types.AsyncGeneratorType) else "a generator"
-        )
+    if isinstance(value, (Iterator, AsyncIterator)):
+        if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
+            kind = "an async generator" if isinstance(value, AsyncIterator) else "a generator"
+        else:
+            kind = f"an iterator ({type(value).__name__})"
         raise TypeError(
             f"it returned {kind}, whose items were never made; a tool returns its whole "
             "result (a list, say)"
@@ -95,10 +96,14 @@ async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str
     on, and whatever it finally returns or raises is discarded with one log line naming
     the tool ``name``. Its outcome comes back boxed, as the backends would not pass it
     whole (a ``StopIteration``, a ``GeneratorExit``, or a coroutine under trio); an
-    awaitable it returns (a sync decorator around an async function, say) is awaited.
+    awaitable it returns (a sync decorator around an async function, say) is awaited, as
+    a coroutine an async tool returns is.
     """
     if inspect.iscoroutinefunction(function):
-        return Outcome(await function(**kwargs))
+        value = await function(**kwargs)
+        if inspect.iscoroutine(value):  # an ``await`` left out of its return statement
+            value = await value
+        return Outcome(value)
     outcome = await _in_thread(functools.partial(function, **kwargs), name)
     if inspect.isawaitable(outcome.value):
         return Outcome(await outcome.value)

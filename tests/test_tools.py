@@ -983,6 +983,78 @@ async def test_a_tool_that_returns_a_generator_gets_an_error_result(
     assert "object at 0x" not in seen.content
 
 
+class Lazy(Agent):
+    @tool
+    async def unawaited(self) -> str:
+        """Fetch the data (its await left out)."""
+        return self.fetch()  # type: ignore[return-value]
+
+    async def fetch(self) -> str:
+        return "the data"
+
+    @tool
+    def mapped(self) -> list[int]:
+        """Double some numbers (their list never made)."""
+        return map(lambda n: 2 * n, [1, 2])  # type: ignore[return-value]
+
+
+async def test_a_coroutine_an_async_tool_returns_is_awaited() -> None:
+    """An ``await`` left out of a return statement: the model gets the result, as from
+    a sync tool returning an awaitable, not a coroutine's repr."""
+    model = ScriptedModel([tool_call_response("unawaited", {}), text_response("done")])
+    (seen,) = tool_results((await Lazy(model=model).run("go")).messages)
+    assert (seen.is_error, seen.content) == (False, "the data")
+
+
+async def test_a_tool_that_returns_an_iterator_gets_an_error_result() -> None:
+    """An iterator's items were never made, as a generator's: the model is told so."""
+    model = ScriptedModel([tool_call_response("mapped", {}), text_response("done")])
+    (seen,) = tool_results((await Lazy(model=model).run("go")).messages)
+    assert seen.is_error and "it returned an iterator (map), whose items" in seen.content
+
+
+class Catalog:
+    """An object whose methods and parts would be tools."""
+
+    def find(self, query: str) -> str:
+        """Find an item."""
+        return query
+
+    def __call__(self, query: str) -> str:
+        """Find an item."""
+        return query
+
+
+def find(query: str, limit: int) -> str:
+    """Find an item."""
+    return query
+
+
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [
+        (Catalog().find, "method"),
+        (functools.partial(find, limit=3), "partial"),
+        (Catalog(), "Catalog"),
+    ],
+)
+def test_tool_takes_functions_only_and_says_how_to_wrap_anything_else(
+    target: Any, kind: str
+) -> None:
+    """A bound method, a partial or a callable object is no function ``@tool`` can mark
+    (nor, but for the bound method, one whose parameters and docstring are its own):
+    ``ConfigurationError`` naming what it got, not an ``AttributeError`` or ``TypeError``."""
+    with pytest.raises(ConfigurationError, match=f"@tool decorates a function .*, not {kind} "):
+        tool(timeout=5)(target)
+    if kind != "method":
+        with pytest.raises(
+            ConfigurationError, match=f"a tool is a function or a method, not {kind} "
+        ):
+            type("Listing", (Agent,), {"tools": [target]})
+    else:
+        assert type("Listing", (Agent,), {"tools": [target]})().tool_specs[0].name == "find"
+
+
 class Concurrent(Agent):
     def __init__(self, **overrides: Any) -> None:
         super().__init__(**overrides)
