@@ -508,7 +508,6 @@ async def test_usage_reports_cache_and_thinking_tokens_apart(
         ("stop_sequence", StopReason.STOP_SEQUENCE),
         ("refusal", StopReason.CONTENT_FILTER),
         ("pause_turn", StopReason.END_TURN),
-        ("model_context_window_exceeded", StopReason.MAX_TOKENS),
     ],
 )
 async def test_stop_reasons(
@@ -517,6 +516,49 @@ async def test_stop_reasons(
     server = FakeServer(message([{"type": "text", "text": "x"}], stop_reason=reason))
     response = await make_model(server).respond(ModelRequest([Message.user("hi")]))
     assert response.stop_reason is expected
+
+
+async def test_text_a_block_starts_with_is_streamed(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Anthropic starts a text block empty; a compatible server may start it with text:
+    the deltas still add up to the answer."""
+    start = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": "Hello "},
+    }
+    delta = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "world"},
+    }
+    server = FakeServer(event_stream(sse(START, start, delta, *finish("end_turn", 2))))
+    events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hi")]))]
+    assert events[:-1] == [TextChunk("Hello "), TextChunk("world")]
+    done = events[-1]
+    assert isinstance(done, StreamDone) and done.response.message.text == "Hello world"
+
+
+async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """``model_context_window_exceeded``: the prompt left the answer no room, as the
+    overflow error of older models says (so ``@manage_context`` compacts and retries),
+    not the answer's own ``max_tokens``; streamed or not."""
+    stopped = "model_context_window_exceeded"
+    server = FakeServer(
+        message([{"type": "text", "text": "x"}], stop_reason=stopped),
+        event_stream(sse(START, *text_block(0, "x"), *finish(stopped, 1))),
+    )
+    model = make_model(server)
+    request = ModelRequest([Message.user("hi")])
+    with pytest.raises(ContextWindowOverflowError) as unstreamed:
+        await model.respond(request)
+    with pytest.raises(ContextWindowOverflowError) as streamed:
+        async for _ in model.stream(request):
+            pass
+    assert unstreamed.value.code == streamed.value.code == stopped
 
 
 @pytest.mark.parametrize(

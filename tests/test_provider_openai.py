@@ -1325,6 +1325,20 @@ async def test_a_whole_last_event_without_its_blank_line_ends_the_answer(
     assert "".join(getattr(c, "text", "") or "" for c in chunks) == "The answer is forty"
 
 
+@pytest.mark.parametrize(
+    "tail", [b"data: [DONE]", f"data: {json.dumps(chunk({}, 'stop'))}".encode()]
+)
+async def test_a_whole_last_line_without_its_line_ending_ends_the_answer(
+    make_model: Callable[..., OpenAIModel], tail: bytes
+) -> None:
+    """A body whose last line is whole but lacks its line ending (``[DONE]``, or an
+    event of JSON) is not cut off."""
+    body = CUT + f"data: {json.dumps(chunk({}, 'stop'))}\n\n".encode() + tail
+    model = make_model(FakeServer(event_stream(body)))
+    chunks = [c async for c in model.stream(ModelRequest([Message.user("hi")]))]
+    assert "".join(getattr(c, "text", "") or "" for c in chunks) == "The answer is forty"
+
+
 async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
@@ -1515,6 +1529,26 @@ async def test_content_sent_as_a_list_of_chunks_is_read_as_text_and_reasoning(
     assert isinstance(done, StreamDone)
     expected = (ReasoningPart("The capital. ", None, "openai"), TextPart("Paris."))
     assert answered.message.content == expected == done.response.message.content
+
+
+async def test_a_legacy_function_call_is_a_protocol_error(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A ``function_call`` (the API's form before tool calls) cannot be answered: an
+    error saying so, streamed or not, not an empty answer that says it stopped to use a
+    tool."""
+    legacy = {"name": "add", "arguments": '{"a": 2}'}
+    server = FakeServer(
+        completion({"function_call": legacy}, finish_reason="function_call"),
+        event_stream(sse(chunk({"function_call": legacy}, "function_call"))),
+    )
+    model = make_model(server)
+    request = ModelRequest([Message.user("add")])
+    with pytest.raises(ProtocolError, match="legacy function_call"):
+        await model.respond(request)
+    with pytest.raises(ProtocolError, match="legacy function_call"):
+        async for _ in model.stream(request):
+            pass
 
 
 async def test_streamed_arguments_sent_whole_as_an_object_are_read(

@@ -399,6 +399,17 @@ def not_json(provider: str) -> ProviderUnavailableError:
     )
 
 
+def _whole(data: str) -> bool:
+    """True when an event's ``data`` is whole: ``[DONE]``, or JSON."""
+    if data.strip() == "[DONE]":
+        return True
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
 def stream_cut_off(provider: str) -> ProviderUnavailableError:
     """The exception for a stream that ended before its last event: cut off on the way, or
     not a stream at all (a proxy that answered with one JSON body)."""
@@ -413,9 +424,10 @@ async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str |
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body; an
     ``error:`` line is an ``error`` event.
 
-    A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised (a
-    last event without its blank line is given; the provider tells from it whether the
-    answer ended). Reads ``response.aiter_bytes()`` and
+    A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised,
+    unless that last line is whole but for its line ending (its data is JSON, or
+    ``[DONE]``). A last event without its blank line is given; the provider tells from it
+    whether the answer ended. Reads ``response.aiter_bytes()`` and
     closes it, also when the caller stops early, so no reader is left for the garbage
     collector (which trio reports).
     """
@@ -442,7 +454,11 @@ async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str |
                 elif name == "error":  # as older llama.cpp servers send errors
                     event = "error"
                     data.append(value)
-    if buffer.strip():  # a partial line
-        raise stream_cut_off(provider)
+    if buffer.strip():  # a partial line, or a whole one without its line ending
+        name, _, value = buffer.rstrip(b"\r").decode("utf-8", "replace").partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name != "data" or not _whole(value):
+            raise stream_cut_off(provider)
+        data.append(value)
     if data:  # a last event without its blank line: whether the answer ended, it tells
         yield event, "\n".join(data)

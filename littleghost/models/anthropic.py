@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from littleghost.errors import ConfigurationError, ProtocolError
+from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
     Message,
@@ -84,7 +84,6 @@ _STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
     "pause_turn": StopReason.END_TURN,
     "max_tokens": StopReason.MAX_TOKENS,
-    "model_context_window_exceeded": StopReason.MAX_TOKENS,
     "stop_sequence": StopReason.STOP_SEQUENCE,
     "tool_use": StopReason.TOOL_USE,
     "refusal": StopReason.CONTENT_FILTER,
@@ -295,7 +294,19 @@ def _answer(
 ) -> ModelResponse:
     """The response for the content blocks of an answer, their parts in order (the
     text of adjacent text blocks joined); its id and model are read from ``about`` (the
-    message, or the stream's ``message_start`` message)."""
+    message, or the stream's ``message_start`` message).
+
+    Raises:
+        ContextWindowOverflowError: The answer stopped where the context window was full
+            (``model_context_window_exceeded``): the prompt left no room for it, as the
+            API's overflow error says for the models that send that instead.
+    """
+    if reason == "model_context_window_exceeded":
+        raise ContextWindowOverflowError(
+            f"{PROVIDER}: the answer stopped at the model's context window",
+            code=reason,
+            provider=PROVIDER,
+        )
     parts: list[Part] = []
     for block in blocks:
         part = _part(block)
@@ -542,9 +553,10 @@ class AnthropicModel:
                                 started = dict(event.get("message") or {})
                                 usage.update(started.get("usage") or {})
                             elif kind == "content_block_start":
-                                blocks[event.get("index", 0)] = dict(
-                                    event.get("content_block") or {}
-                                )
+                                block = dict(event.get("content_block") or {})
+                                blocks[event.get("index", 0)] = block
+                                if block.get("type") == "text" and block.get("text"):
+                                    yield TextChunk(block["text"])  # a server that starts so
                             elif kind == "content_block_delta":
                                 block = blocks.setdefault(event.get("index", 0), {})
                                 delta = event.get("delta") or {}

@@ -263,6 +263,15 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _legacy_call(provider: str) -> ProtocolError:
+    """The error for an answer holding a ``function_call`` (the API's form before tool
+    calls), which littleghost never asks for and cannot answer."""
+    return ProtocolError(
+        f"{provider}: the server answered with a legacy function_call, not tool_calls; "
+        "littleghost takes tool calls only"
+    )
+
+
 def _tool_calls(raw: Any) -> list[ToolCall]:
     calls = []
     for index, call in enumerate(raw or ()):
@@ -573,6 +582,8 @@ class OpenAIModel:
         if message is None:
             raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
         calls = _tool_calls(message.tool_calls)
+        if not calls and lookup(message, "function_call"):
+            raise _legacy_call(self.provider)
         content, thought = _pieces(message.content)
         refusal = "" if content else getattr(message, "refusal", None) or ""
         return ModelResponse(
@@ -651,6 +662,8 @@ class OpenAIModel:
                                 if choice.get("index", 0) != 0:
                                     continue
                                 delta = choice.get("delta") or {}
+                                if delta.get("function_call"):
+                                    raise _legacy_call(self.provider)
                                 answer, thought = _pieces(delta.get("content"))
                                 piece = _reasoning(delta) or thought
                                 if piece:
