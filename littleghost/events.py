@@ -95,7 +95,8 @@ class CompactionFinished:
 class ModelCallRetried:
     """A transient error, or one an ``after_model_error`` hook recovered from (an overflow
     ``@manage_context`` compacted for), interrupted the turn's model call; drop the text
-    it streamed, it is retried."""
+    it streamed, it is retried. ``attempt`` numbers the turn's retries, both kinds
+    together, from 1."""
 
     attempt: int
     error_type: str

@@ -126,6 +126,7 @@ class RunContext:
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
     _ended: bool = field(default=False, repr=False, init=False)
+    _turn_retries: int = field(default=0, repr=False, init=False)
     """The ids of the tool batch the runner is running: only it answers them."""
     question: Message | None = field(default=None, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
@@ -288,6 +289,12 @@ class RunContext:
         if self._sink is not None:
             await self._sink(event)
 
+    async def _retried(self, error: BaseException) -> None:
+        """Tell the consumer the turn's model call is retried after ``error`` (the
+        turn's retries numbered together, transient errors and recoveries alike)."""
+        self._turn_retries += 1
+        await self.emit(ModelCallRetried(self._turn_retries, telemetry.error_type(error)))
+
     def add_usage(self, usage: Usage) -> None:
         """Add a model call's usage to the run's total."""
         self.usage = self.usage + usage
@@ -443,7 +450,7 @@ class RunContext:
 
         async def on_retry(number: int, error: BaseException) -> None:
             if turn:
-                await self.emit(ModelCallRetried(number, telemetry.error_type(error)))
+                await self._retried(error)
 
         response = await call_with_retries(
             attempt, max_retries=self.max_retries, deadline=self.deadline, on_retry=on_retry

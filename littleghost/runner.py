@@ -40,7 +40,6 @@ from littleghost.errors import (
 )
 from littleghost.events import (
     ModelCallFinished,
-    ModelCallRetried,
     ToolCallFinished,
     ToolCallStarted,
 )
@@ -467,7 +466,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
     request = await run_chain(before, given, expected=ModelRequest, context=context)
-    recoveries = 0
+    recoveries = context._turn_retries = 0
     while True:
         try:
             return await context._call(request, turn=True)
@@ -486,8 +485,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             if replacement is request:
                 raise
             recoveries += 1
-            if context.streaming:
-                await context.emit(ModelCallRetried(recoveries, telemetry.error_type(error)))
+            await context._retried(error)
             given = _unhooked(given, request, replacement, context)
             request = await run_chain(before, given, expected=ModelRequest, context=context)
 

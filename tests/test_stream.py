@@ -22,7 +22,12 @@ from littleghost import (
     manage_context,
     tool,
 )
-from littleghost.errors import DeadlineExceededError, ProtocolError, RateLimitError
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    ProtocolError,
+    RateLimitError,
+)
 from littleghost.events import (
     CompactionFinished,
     CompactionStarted,
@@ -188,6 +193,29 @@ class TestEvents:
         retried = [e for e in received if isinstance(e, ModelCallRetried)]
         assert retried == [ModelCallRetried(1, "RateLimitError")]
         assert received.index(retried[0]) < received.index(TextDelta("ok"))
+
+    async def test_a_turns_retries_are_numbered_together(self) -> None:
+        """Transient errors and an overflow recovered by a compaction retry one turn's
+        call: ``attempt`` counts them all, and starts again with the next turn."""
+        model = ScriptedModel(
+            [
+                RateLimitError("slow down", retry_after=0.01),
+                ContextWindowOverflowError("too long"),
+                summary,
+                RateLimitError("slow down", retry_after=0.01),
+                tool_call_response("weather", {"city": "x"}),
+                RateLimitError("slow down", retry_after=0.01),
+                text_response("ok"),
+            ]
+        )
+        received, _ = await collect(Weather(model=model), "go", history=chat(3))
+        retried = [(e.attempt, e.error_type) for e in received if isinstance(e, ModelCallRetried)]
+        assert retried == [
+            (1, "RateLimitError"),
+            (2, "context_length_exceeded"),
+            (3, "RateLimitError"),
+            (1, "RateLimitError"),
+        ]
 
     async def test_after_model_hooks_may_change_the_output(self) -> None:
         """Deltas are what the model wrote; result.output is what hooks made of it."""
