@@ -28,7 +28,7 @@ binary, same model), so a request that does not fit W fails as it would in a dep
 with that window. Prints a markdown table (facts answered, % of the ceiling, facts in
 view — the expected value somewhere in the request that asked the probe question —,
 summary calls and their output tokens, seconds), the per-turn compactions, the answers
-missed and the final summaries of the ``default`` condition.
+judged and the final summaries of the ``default`` condition.
 
 Set up once with ``sh benchmarks/setup.sh``, then run::
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -187,6 +188,11 @@ class Servers:
     def url(self, model: LocalModel) -> str:
         assert model.base_url is not None
         return model.base_url
+
+    def key(self, model: LocalModel) -> str:
+        """The API key the server takes requests with (random per server)."""
+        assert model.api_key is not None
+        return model.api_key
 
 
 def model_path() -> Path:
@@ -435,7 +441,12 @@ def turn_mark(outcome: Outcome) -> str:
 
 
 def is_correct(answer: str, fact: Fact) -> bool:
-    return any(expected.lower() in answer.lower() for expected in fact.expected)
+    """An accepted spelling stands in the answer as a whole word or number (``45 seconds``
+    is not in ``145 seconds``)."""
+    return any(
+        re.search(rf"(?<![\w.]){re.escape(expected)}(?![\w]|\.\d)", answer, re.IGNORECASE)
+        for expected in fact.expected
+    )
 
 
 @frozen
@@ -649,7 +660,7 @@ class Tally:
             return []
         return [
             f"{what} summary calls: {self.calls}, {self.errors} failed, {self.cut} stopped "
-            "at the window (finish_reason length)"
+            "at their output cap (finish_reason length)"
         ]
 
 
@@ -693,11 +704,11 @@ class SummaryCalls(BaseCallbackHandler):
         )
 
 
-def chat_model(url: str, max_tokens: int, **options: Any) -> ChatOpenAI:
+def chat_model(url: str, key: str, max_tokens: int, **options: Any) -> ChatOpenAI:
     return ChatOpenAI(
         model="qwen2.5-0.5b-instruct",
         base_url=url,
-        api_key="none",
+        api_key=key,
         temperature=0,
         seed=SEED,
         max_tokens=max_tokens,
@@ -729,11 +740,11 @@ async def run_langchain(
     condition: Condition, conversation: Conversation, servers: Servers, sizing: Sizing
 ) -> ConversationRun:
     started = time.monotonic()
-    url = servers.url(servers.windowed)
+    url, key = servers.url(servers.windowed), servers.key(servers.windowed)
     summary_calls = SummaryCalls()
     profile = {"max_input_tokens": WINDOW}
-    summarizer = chat_model(url, SUMMARY_CAP, profile=profile, callbacks=[summary_calls])
-    chat = chat_model(url, MAX_TOKENS, profile=profile)
+    summarizer = chat_model(url, key, SUMMARY_CAP, profile=profile, callbacks=[summary_calls])
+    chat = chat_model(url, key, MAX_TOKENS, profile=profile)
     replay = ReplayChatModel(counter=servers.counter, server=chat, window=WINDOW)
     agent = create_agent(
         replay,
@@ -758,7 +769,7 @@ async def run_langchain(
     log = list(state.values["messages"])
     replayed = summary_calls.tally
     requests = ChatRequests()
-    prober = chat_model(url, MAX_TOKENS, profile=profile, callbacks=[requests])
+    prober = chat_model(url, key, MAX_TOKENS, profile=profile, callbacks=[requests])
     probes = await probe_langchain(conversation, prober, summarizer, log, requests)
     probed = summary_calls.tally - replayed
     return ConversationRun(
@@ -917,17 +928,17 @@ def print_table(
 
 def print_details(results: dict[str, list[ConversationRun]]) -> None:
     print("\nPer-turn compactions of the replay (. none, s summary, c without a model,")
-    print("! failed compaction, x failed turn), notes, and the facts missed:")
+    print("! failed compaction, x failed turn), notes, and every answer, judged:")
     for condition, runs in results.items():
         for run in runs:
             print(f"\n{condition} / {run.conversation}: {run.marks}")
             for note in run.notes:
                 print(f"  note: {note}")
             for probe in run.probes:
-                if not probe.correct:
-                    answer = " ".join(probe.outcome.answer.split())[:160] or "(no answer)"
-                    where = "in view" if probe.in_view else "not in view"
-                    print(f"  missed {probe.fact.expected[0]!r} ({where}): {answer}")
+                answer = " ".join(probe.outcome.answer.split())[:160] or "(no answer)"
+                where = "in view" if probe.in_view else "not in view"
+                judged = "answered" if probe.correct else "missed"
+                print(f"  {judged} {probe.fact.expected[0]!r} ({where}): {answer}")
 
 
 def print_summaries(condition: str, runs: Sequence[ConversationRun]) -> None:
@@ -958,7 +969,11 @@ async def run_all(
         await windowed.prepare()
         base = ceiling.base_url
         assert base is not None
-        async with httpx.AsyncClient(base_url=base.removesuffix("/v1"), trust_env=False) as http:
+        async with httpx.AsyncClient(
+            base_url=base.removesuffix("/v1"),
+            headers={"Authorization": f"Bearer {ceiling.api_key}"},
+            trust_env=False,
+        ) as http:
             servers = Servers(ceiling, windowed, TokenCounter(http))
             sizings = {c.name: await measure(c, servers.counter) for c in conversations}
             for conversation in conversations:
