@@ -291,18 +291,19 @@ def _template_capabilities(base_url: str) -> dict[str, Any]:
 
 
 async def main() -> int:
-    """Measure every request against the local server; 0 also when it cannot start."""
+    """Measure every request against the local server; 1 when it cannot start (nothing
+    was measured)."""
     try:
         model = LocalModel(*sys.argv[1:2], n_ctx=4096)
     except ConfigurationError as error:
         print(f"cannot run the local model: {error}")
-        return 0
+        return 1
     try:
         try:
             await model.prepare()
         except ProviderError as error:
             print(f"the llama.cpp server could not start; nothing measured. {error}")
-            return 0
+            return 1
         print(f"model {model.name}, n_ctx {model.context_window}, server pid {model.pid}")
         assert model.base_url is not None
         capabilities = await anyio.to_thread.run_sync(_template_capabilities, model.base_url)
