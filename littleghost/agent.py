@@ -497,8 +497,20 @@ class Agent:
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
-        and ``output_type``, worked out as the agent is made, fail (pass them to it)."""
-        if name in _KNOBS and "_resolved" in vars(self):
+        and ``output_type``, worked out as the agent is made, fail (pass them to it), and
+        so does a hook or ``@tool`` method's name (bound as the agent is made)."""
+        made = "_resolved" in vars(self)
+        if made and any(entry.method == name for entry in hook_plan(type(self))):
+            raise ConfigurationError(
+                f"{type(self).__name__}.{name} is a hook, bound as the agent is made: set it "
+                "before super().__init__(), or override it in a subclass (None turns it off)"
+            )
+        if made and any(method == name for _, method in self._tool_index.values()):
+            raise ConfigurationError(
+                f"{type(self).__name__}.{name} is a tool, bound as the agent is made: "
+                "override it in a subclass, or pass tools= to the constructor"
+            )
+        if name in _KNOBS and made:
             owner = f"{type(self).__name__}.{name}"
             if name in ("tools", "output_type"):
                 raise ConfigurationError(
@@ -511,15 +523,17 @@ class Agent:
         super().__setattr__(name, value)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a copy or a pickle of the agent keeps: not its hooks, bound to it, nor the
-        models it made from strings (the copy makes and closes its own)."""
+        """What a copy or a pickle of the agent keeps: not its hooks, bound to it (their
+        plan is its class's), nor the models it made from strings (the copy makes and
+        closes its own)."""
         state = dict(vars(self))
-        for made in ("_hooks", "_resolved", "tool_specs", "output"):
+        for made in ("_hooks", "_bound_plan", "_resolved", "tool_specs", "output"):
             state.pop(made, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
+        self._bound_plan = hook_plan(type(self))
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._resolved = {}
 

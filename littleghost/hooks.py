@@ -62,7 +62,13 @@ def _decorator(kind: str) -> Callable[[F], F]:
                 f"@{kind}: {getattr(target, '__name__', target)!r} is already a {earlier} hook; "
                 "a function is a hook of one kind"
             )
-        setattr(target, _MARK, kind)
+        try:
+            setattr(target, _MARK, kind)
+        except (AttributeError, TypeError):  # a bound method, a builtin: nothing to mark
+            raise ConfigurationError(
+                f"@{kind} decorates a function (a def, in a class body for a method), not "
+                f"{type(target).__name__} {target!r:.60}: wrap it in one"
+            ) from None
         return function
 
     mark.__name__ = mark.__qualname__ = kind
@@ -228,6 +234,8 @@ async def run_chain(
                 else hook.call(payload, *extra)
             )
             if inspect.isawaitable(result):
+                result = await result
+            if inspect.iscoroutine(result):  # an ``await`` left out of its return statement
                 result = await result
         if result is None:
             continue

@@ -184,6 +184,65 @@ def test_a_hook_decorator_with_parentheses_says_to_leave_them_out(decorator: Any
         decorator()
 
 
+class Logger:
+    def log(self, request: ModelRequest) -> None:
+        """Log a request."""
+
+
+@pytest.mark.parametrize("target", [Logger().log, print], ids=["bound method", "builtin"])
+def test_a_hook_decorator_on_what_it_cannot_mark_says_to_wrap_it(target: Any) -> None:
+    """A bound method or a builtin takes no mark: ``ConfigurationError`` naming it, not
+    an ``AttributeError`` about littleghost's own attribute."""
+    with pytest.raises(ConfigurationError, match=r"@before_model decorates a function .*wrap it"):
+        before_model(target)
+
+
+async def test_a_coroutine_an_async_hook_returns_is_awaited() -> None:
+    """An ``await`` left out of a hook's return statement: the request it would give is
+    used, as a sync hook's awaitable is."""
+
+    class Forgetful(Agent):
+        @before_model
+        async def cap(self, request: ModelRequest) -> ModelRequest:
+            return self.capped(request)  # type: ignore[return-value]
+
+        async def capped(self, request: ModelRequest) -> ModelRequest:
+            return attrs.evolve(request, settings={**request.settings, "max_tokens": 5})
+
+    model = ScriptedModel([text_response("ok")])
+    await Forgetful(model=model).run("hi")
+    assert model.requests[0].settings["max_tokens"] == 5
+
+
+def test_a_hook_or_tool_set_on_a_made_agent_is_refused() -> None:
+    """Hooks and tools are bound as the agent is made: one set on it afterwards would
+    take effect only at some later rebinding, so it fails where it is set; before
+    ``super().__init__()`` it is taken."""
+
+    class Audited(Agent):
+        @before_model
+        def audit(self, request: ModelRequest) -> None:
+            raise AssertionError("turned off")
+
+        @tool
+        def lookup(self, query: str) -> str:
+            """Look something up."""
+            return query
+
+    agent = Audited(model=ScriptedModel([text_response("ok")]))
+    with pytest.raises(ConfigurationError, match=r"Audited\.audit is a hook, bound as the agent"):
+        agent.audit = None  # type: ignore[assignment]
+    with pytest.raises(ConfigurationError, match=r"Audited\.lookup is a tool, bound as the agent"):
+        agent.lookup = len  # type: ignore[assignment]
+
+    class Quiet(Audited):
+        def __init__(self, **overrides: Any) -> None:
+            self.audit = None  # type: ignore[assignment]
+            super().__init__(**overrides)
+
+    assert Quiet(model=ScriptedModel([text_response("ok")])).run_sync("hi").output == "ok"
+
+
 async def test_before_model_replacement_reaches_later_hooks_and_the_call() -> None:
     """A returned request is what later hooks (sync or async) and the model receive."""
     model = ScriptedModel([text_response("ok")])

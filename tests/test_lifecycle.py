@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from littleghost import Agent, Message, before_model, manage_context, tool
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import Summarization
 from littleghost.errors import (
     CleanupError,
@@ -131,6 +132,34 @@ async def test_a_copied_agent_runs_its_own_hooks_and_closes_its_own_models(how: 
     first, second = LoopBound.made
     assert second.closed and not first.closed
     await original.aclose()
+
+
+def noting(label: str) -> Any:
+    """A capability made per label: its hook is a closure, which no pickle can hold."""
+
+    def note(agent: Any, request: ModelRequest, *, context: Any) -> None:
+        agent.seen.append(label)
+
+    def decorate(cls: type[Agent]) -> type[Agent]:
+        add_capability(cls, Capability("noting", [CapabilityHook("before_model", note)]))
+        return cls
+
+    return decorate
+
+
+@noting("capability")
+class Noted(Labelled):
+    pass
+
+
+async def test_an_agent_with_a_capability_of_closures_pickles() -> None:
+    """Its hooks come from its class, not the pickle: a capability's closures need not
+    be picklable."""
+    copied = pickle.loads(pickle.dumps(Noted("original")))
+    copied.label = "copy"
+    await copied.run("hi")
+    assert copied.seen == ["copy", "capability"]  # the parent's hook, then the capability
+    await copied.aclose()
 
 
 async def test_a_given_model_instance_is_not_closed() -> None:
