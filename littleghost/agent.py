@@ -266,20 +266,34 @@ def _check_member_names(classes: Iterable[type]) -> None:
 
 def _check_spelling(classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a plain value of ``classes`` is named almost like a knob
-    (``instruction = ...``), which the class would otherwise ignore without a word."""
+    and would do for it (``instruction = "..."``), which the class would otherwise ignore
+    without a word. Constants (``MODEL``), ``None`` (a tool removed) and values the knob
+    would not take (``models = [...]``) are the class's own."""
     for klass in classes:
         for attribute, value in vars(klass).items():
-            if attribute in _AGENT_MEMBERS or attribute.startswith("_") or callable(value):
+            if attribute in _AGENT_MEMBERS or attribute.startswith("_") or attribute.isupper():
                 continue
-            if isinstance(value, _DESCRIPTORS):
+            if value is None or isinstance(value, _DESCRIPTORS):
                 continue
-            near = difflib.get_close_matches(attribute.lower(), _KNOBS, n=1, cutoff=0.8)
-            if near:
+            # a method is the class's own; a type may be meant for output_type
+            if callable(value) and not isinstance(value, type):
+                continue
+            near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
+            if near and _would_do(near[0], value):
                 raise ConfigurationError(
                     f"{klass.__name__}.{attribute} is not a knob of Agent: did you mean "
                     f"{near[0]}? (an attribute of your own needs a name less like a knob's, "
                     "or a leading underscore)"
                 )
+
+
+def _would_do(knob: str, value: object) -> bool:
+    """True when ``value`` passes ``knob``'s check."""
+    try:
+        _KNOBS[knob](knob, value)
+    except (ConfigurationError, TypeError):
+        return False
+    return True
 
 
 _DESCRIPTORS = (property, functools.cached_property, staticmethod, classmethod)

@@ -782,39 +782,53 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
 
 
 @pytest.mark.parametrize(
-    ("attribute", "knob"),
+    ("attribute", "value", "knob"),
     [
-        ("instruction", "instructions"),
-        ("tool", "tools"),
-        ("Model", "model"),
-        ("max_turn", "max_turns"),
-        ("setting", "settings"),
-        ("output_types", "output_type"),
+        ("instruction", "Answer in French.", "instructions"),
+        ("tool", [len], "tools"),
+        ("modle", "openai:gpt-4o-mini", "model"),
+        ("max_turn", 5, "max_turns"),
+        ("setting", {"temperature": 0}, "settings"),
+        ("output_types", int, "output_type"),
     ],
 )
-def test_a_value_named_almost_like_a_knob_fails(attribute: str, knob: str) -> None:
+def test_a_value_named_almost_like_a_knob_fails(attribute: str, value: Any, knob: str) -> None:
     """A misspelled knob would leave the agent without what it declares, without a word:
     it fails at class definition, naming the knob meant; in a mixin too."""
     hint = f"{attribute} is not a knob of Agent: did you mean {knob}?"
     with pytest.raises(ConfigurationError, match=re.escape(f"Typo.{hint}")):
-        type("Typo", (Agent,), {attribute: "Answer in French."})
+        type("Typo", (Agent,), {attribute: value})
     with pytest.raises(ConfigurationError, match=re.escape(f"Mixin.{hint}")):
-        type("Mixed", (type("Mixin", (), {attribute: "Answer in French."}), Agent), {})
+        type("Mixed", (type("Mixin", (), {attribute: value}), Agent), {})
 
 
 def test_attributes_of_ones_own_are_taken() -> None:
-    """Names unlike a knob, private ones and methods are the class's own business."""
+    """Names unlike a knob, private ones, constants, methods, values the knob would not
+    take and ``None`` (an inherited tool removed) are the class's own business."""
 
     class Own(Agent):
         instructions = "Answer in French."
         greeting = "Bonjour"
         max_length = 80
         _instruction = "kept for later"
+        MODEL = "openai:gpt-4o-mini"
+        INSTRUCTIONS = "Answer in German."
+        models = ["openai:gpt-4o-mini", "openai:gpt-4o"]  # no model string: a list
 
         def setting(self) -> str:
             return "formal"
 
+    class Tooled(Agent):
+        @tool
+        def tool(self, name: str) -> str:
+            """Describe a tool of the workshop."""
+            return name
+
+    class Fewer(Tooled):
+        tool = None  # type: ignore[assignment]  # the tool removed
+
     assert (Own.greeting, Own.max_length, Own().setting()) == ("Bonjour", 80, "formal")
+    assert Tooled().tool_names == {"tool"} and Fewer().tool_names == frozenset()
 
 
 def test_a_shadowing_tool_method_keeps_its_own_tool_name_in_the_hint() -> None:
