@@ -20,7 +20,7 @@ from typing import Any
 
 from attrs import frozen
 
-from littleghost._validators import is_number
+from littleghost._validators import is_number, wrong_value
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
@@ -94,10 +94,11 @@ def tool(
         if isinstance(target, classmethod):
             raise ConfigurationError("@tool decorates a function, a method or a staticmethod")
         function = target.__func__ if isinstance(target, staticmethod) else target
-        if not inspect.isfunction(function):
+        if not inspect.isfunction(inspect.unwrap(function)):  # functools.cache's too
             raise ConfigurationError(
                 "@tool decorates a function (a def, in a class body for a method), not "
-                f"{_what(target)}: wrap it in one (a bound method goes in tools= as it is)"
+                f"{type(target).__name__} {wrong_value(target)[:60]}: wrap it in one (a "
+                "bound method goes in tools= as it is)"
             )
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
             raise ConfigurationError(f"@tool: name must match {_NAME.pattern}, not {name!r}")
@@ -164,10 +165,11 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     """
     if isinstance(function, staticmethod):
         function, is_method = function.__func__, False
-    if not (inspect.isfunction(function) or inspect.ismethod(function)):
+    if not (inspect.ismethod(function) or inspect.isfunction(inspect.unwrap(function))):
         raise ConfigurationError(
-            f"a tool is a function or a method, not {_what(function)}: wrap it in a def "
-            "(its parameters, types and docstring are the tool's)"
+            f"a tool is a function or a method, not {type(function).__name__} "
+            f"{wrong_value(function)[:60]}: wrap it in a def (its parameters, types and "
+            "docstring are the tool's)"
         )
     options = tool_options(function) or {}
     tool_name = options.get("name") or getattr(function, "__name__", None)
@@ -328,12 +330,6 @@ def _names_run_context(text: str) -> bool:
     """True for the text of a ``RunContext`` annotation: ``RunContext``, ``x.RunContext``."""
     text = text.strip().strip("'\"").strip()
     return text == "RunContext" or text.endswith(".RunContext")
-
-
-def _what(value: object) -> str:
-    """What ``value`` is, for an error: its type and a short repr."""
-    shown = repr(value)
-    return f"{type(value).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}"
 
 
 def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:

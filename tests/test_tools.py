@@ -1055,6 +1055,21 @@ def test_tool_takes_functions_only_and_says_how_to_wrap_anything_else(
         assert type("Listing", (Agent,), {"tools": [target]})().tool_specs[0].name == "find"
 
 
+@functools.cache
+def square(n: int) -> str:
+    """Square a number."""
+    return str(n * n)
+
+
+async def test_a_function_behind_a_wrapping_decorator_is_a_tool() -> None:
+    """``functools.cache`` (any wrapper that keeps ``__wrapped__``) leaves a function a
+    tool, in ``tools=`` and under ``@tool``."""
+    for function in (square, tool(timeout=5)(square)):
+        model = ScriptedModel([tool_call_response("square", {"n": 3}), text_response("done")])
+        (seen,) = tool_results((await Agent(model=model, tools=[function]).run("go")).messages)
+        assert (seen.is_error, seen.content) == (False, "9")
+
+
 class Concurrent(Agent):
     def __init__(self, **overrides: Any) -> None:
         super().__init__(**overrides)
