@@ -521,8 +521,8 @@ async def test_stop_reasons(
 async def test_text_a_block_starts_with_is_streamed(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
-    """Anthropic starts a text block empty; a compatible server may start it with text:
-    the deltas still add up to the answer."""
+    """Anthropic starts a text (or thinking) block empty; a compatible server may start
+    it with text: the chunks still add up to the answer and its reasoning."""
     start = {
         "type": "content_block_start",
         "index": 0,
@@ -533,11 +533,28 @@ async def test_text_a_block_starts_with_is_streamed(
         "index": 0,
         "delta": {"type": "text_delta", "text": "world"},
     }
-    server = FakeServer(event_stream(sse(START, start, delta, *finish("end_turn", 2))))
+    thinking = {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "thinking", "thinking": "Hmm, ", "signature": "sig"},
+    }
+    more = {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "thinking_delta", "thinking": "let me see."},
+    }
+    events_sent = sse(START, start, delta, thinking, more, *finish("end_turn", 2))
+    server = FakeServer(event_stream(events_sent))
     events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hi")]))]
-    assert events[:-1] == [TextChunk("Hello "), TextChunk("world")]
+    assert events[:-1] == [
+        TextChunk("Hello "),
+        TextChunk("world"),
+        ReasoningChunk("Hmm, "),
+        ReasoningChunk("let me see."),
+    ]
     done = events[-1]
     assert isinstance(done, StreamDone) and done.response.message.text == "Hello world"
+    assert done.response.message.reasoning[0].text == "Hmm, let me see."
 
 
 async def test_an_answer_stopped_by_the_full_window_is_an_overflow(

@@ -1551,6 +1551,32 @@ async def test_a_legacy_function_call_is_a_protocol_error(
             pass
 
 
+async def test_a_legacy_function_call_beside_tool_calls_is_left_alike(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """With tool calls beside it, a ``function_call`` is left, streamed or not: the tool
+    calls are the answer."""
+    legacy = {"name": "add", "arguments": '{"a": 2}'}
+    call = {
+        "index": 0,
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 1}'},
+    }
+    server = FakeServer(
+        completion({"function_call": legacy, "tool_calls": [call]}, finish_reason="tool_calls"),
+        event_stream(sse(chunk({"function_call": legacy, "tool_calls": [call]}, "tool_calls"))),
+    )
+    model = make_model(server)
+    request = ModelRequest([Message.user("add")])
+    answered = await model.respond(request)
+    events = [event async for event in model.stream(request)]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    expected = (ToolCall("c1", "add", {"a": 1}),)
+    assert answered.message.tool_calls == expected == done.response.message.tool_calls
+
+
 async def test_streamed_arguments_sent_whole_as_an_object_are_read(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -557,6 +557,8 @@ class AnthropicModel:
                                 blocks[event.get("index", 0)] = block
                                 if block.get("type") == "text" and block.get("text"):
                                     yield TextChunk(block["text"])  # a server that starts so
+                                elif block.get("type") == "thinking" and block.get("thinking"):
+                                    yield ReasoningChunk(block["thinking"])
                             elif kind == "content_block_delta":
                                 block = blocks.setdefault(event.get("index", 0), {})
                                 delta = event.get("delta") or {}

@@ -260,6 +260,7 @@ def _pieces(content: object) -> tuple[str, str]:
 
 
 def _str(value: object) -> str:
+    """``value`` if it is a str, else ``""`` (a chunk's field of another type)."""
     return value if isinstance(value, str) else ""
 
 
@@ -635,7 +636,7 @@ class OpenAIModel:
         """
         params = self._params(request)
         text: list[str] = []
-        refused = False
+        refused = legacy = False  # legacy: a function_call was sent (no tool call to run)
         reasoning: list[str] = []
         calls: list[dict[str, Any]] = []
         at: dict[object, dict[str, Any]] = {}  # the call being written, by index, else by id
@@ -662,8 +663,7 @@ class OpenAIModel:
                                 if choice.get("index", 0) != 0:
                                     continue
                                 delta = choice.get("delta") or {}
-                                if delta.get("function_call"):
-                                    raise _legacy_call(self.provider)
+                                legacy = legacy or bool(delta.get("function_call"))
                                 answer, thought = _pieces(delta.get("content"))
                                 piece = _reasoning(delta) or thought
                                 if piece:
@@ -706,6 +706,8 @@ class OpenAIModel:
             raise mapped from error
         if finish_reason is None and not done:
             raise stream_cut_off(self.provider)
+        if legacy and not calls:
+            raise _legacy_call(self.provider)
         tool_calls = [
             ToolCall(
                 call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
