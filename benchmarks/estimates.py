@@ -279,11 +279,14 @@ def report(rows: list[Row], write: Callable[[str], None] = print) -> None:
     write("ratio of 1; safe: the smallest giving no ratio below 1 (negative: none needed).")
 
 
-def _template_capabilities(base_url: str) -> dict[str, Any]:
+def _template_capabilities(base_url: str, key: str | None) -> dict[str, Any]:
     """What llama.cpp says the model's chat template renders (``/props``)."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    asked = urllib.request.Request(base_url.removesuffix("/v1") + "/props")
+    if key is not None:
+        asked.add_header("Authorization", f"Bearer {key}")
     try:
-        with opener.open(base_url.removesuffix("/v1") + "/props", timeout=5) as answer:
+        with opener.open(asked, timeout=5) as answer:
             capabilities: dict[str, Any] = json.load(answer).get("chat_template_caps") or {}
     except (OSError, ValueError, AttributeError):
         return {}
@@ -306,7 +309,9 @@ async def main() -> int:
             return 1
         print(f"model {model.name}, n_ctx {model.context_window}, server pid {model.pid}")
         assert model.base_url is not None
-        capabilities = await anyio.to_thread.run_sync(_template_capabilities, model.base_url)
+        capabilities = await anyio.to_thread.run_sync(
+            _template_capabilities, model.base_url, model.api_key
+        )
         if capabilities.get("supports_tools") is False:
             print(
                 "its chat template renders no tool schemas and no tool calls "

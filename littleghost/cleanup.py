@@ -13,8 +13,8 @@ cancelled as the tool ends (the cancellation came from outside it), the outer ru
 that time as well, so graces never add up; if not (a ``cancel()`` inside the tool), the
 outer run goes on untouched. A deadline inside the outer run (a tool's timeout, say) stops
 the nested run only; a tool's own write (``context.append``) it cuts short finishes within
-the grace, and the run goes on as if nothing stopped. A run therefore ends no later than its deadline plus the grace, and a
-caller's cancel scope is honoured within the grace.
+the grace, and the run goes on as if nothing stopped. A run therefore ends no later than
+its deadline plus the grace, and a caller's cancel scope is honoured within the grace.
 
 The cancellation itself is never replaced: what cleanup raised while the run was being
 cancelled is recorded (``failures``), logged without content, and the cancellation goes

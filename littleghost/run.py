@@ -125,9 +125,11 @@ class RunContext:
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
     """Held by each write to the store: a run's appends happen one at a time, in order."""
     _running: frozenset[str] = field(default=frozenset(), repr=False, init=False)
-    _ended: bool = field(default=False, repr=False, init=False)
-    _turn_retries: int = field(default=0, repr=False, init=False)
     """The ids of the tool batch the runner is running: only it answers them."""
+    _ended: bool = field(default=False, repr=False, init=False)
+    """True once the run has ended: its context appends nothing more."""
+    _turn_retries: int = field(default=0, repr=False, init=False)
+    """How many times the turn's model call was retried (``ModelCallRetried.attempt``)."""
     question: Message | None = field(default=None, repr=False, init=False)
     last_exchange: tuple[ModelRequest, ModelResponse] | None = field(
         default=None, repr=False, init=False

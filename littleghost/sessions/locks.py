@@ -298,8 +298,9 @@ class SessionLocks:
 
     @asynccontextmanager
     async def writing(self, session_id: str) -> AsyncIterator[Hold | None]:
-        """Around an append: the current task's hold of ``session_id``, if it holds it,
-        with the holder's other appends (of its child tasks, say) waiting meanwhile."""
+        """Around an append or a read: the current task's hold of ``session_id``, if it
+        holds it, with the holder's other appends and reads (of its child tasks, say)
+        waiting meanwhile."""
         hold = self.held(session_id)
         if hold is None:
             yield None
