@@ -12,7 +12,8 @@ to a quarter of its estimated tokens (characters ÷ 4), by:
   (older tool results collapsed to one line each before the oldest groups are dropped);
 - agent-framework-core: ``await apply_compaction(messages, strategy=TruncationStrategy(...))``;
 - langchain-core: ``trim_messages(..., strategy="last", token_counter="approximate")``;
-- the floor: one pass over the littleghost messages summing the UTF-8 bytes of their text.
+- the floor: one pass over the littleghost messages summing the UTF-8 bytes of their text
+  and their tool results.
 
 *Cold* runs get fresh message objects; *warm* runs the same objects again, as on the next
 turn. The contenders take turns: each round runs every one of them once, cold then warm,
@@ -165,7 +166,11 @@ async def run_langchain(log: Any, budget: int) -> object:
 
 
 async def run_floor(log: Any, budget: int) -> object:
-    return sum(len(message.text.encode("utf-8")) for message in log)
+    return sum(
+        len(message.text.encode("utf-8"))
+        + sum(len(result.content.encode("utf-8")) for result in message.tool_results)
+        for message in log
+    )
 
 
 CONTENDERS: dict[str, tuple[Callable[[int], list[Any]], Run]] = {
