@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -75,6 +74,7 @@ from littleghost.events import CompactionFinished
 from littleghost.models import ModelRequest, ModelResponse, ToolSpec, Usage
 from littleghost.models.local import SERVER_ENV, LocalModel
 from littleghost.sessions import InMemorySessionStore
+from littleghost.testing import Fact as JudgedFact
 from littleghost.testing import text_response, tool_call_response
 
 SERVER = Path("/work/shared/bin/llama-server")
@@ -441,12 +441,9 @@ def turn_mark(outcome: Outcome) -> str:
 
 
 def is_correct(answer: str, fact: Fact) -> bool:
-    """An accepted spelling stands in the answer as a whole word or number (``45 seconds``
-    is not in ``145 seconds``)."""
-    return any(
-        re.search(rf"(?<![\w.]){re.escape(expected)}(?![\w]|\.\d)", answer, re.IGNORECASE)
-        for expected in fact.expected
-    )
+    """An accepted spelling stands in the answer as a whole word or number, as
+    ``littleghost.testing.Fact`` judges (``45 seconds`` is not in ``145 seconds``)."""
+    return JudgedFact(fact.question, fact.expected).found_in(answer)
 
 
 @frozen

@@ -11,6 +11,7 @@ to test their summarizer instructions and strategies on their own conversations
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,10 +22,11 @@ from littleghost._validators import check, wrong_value
 from littleghost.agent import Agent
 from littleghost.context.outside import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
-from littleghost.errors import ConfigurationError
+from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse
+from littleghost.run import RunContext
 
 __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
@@ -53,8 +55,9 @@ class Fact:
 
     Args:
         question: The probe question, asked after the compaction.
-        expected: The value an answer must contain (case and spacing ignored), or
-            several accepted spellings of it.
+        expected: The value an answer must contain as a whole word or number (case and
+            spacing ignored: ``45 seconds`` is not in ``145 seconds``), or several
+            accepted spellings of it.
     """
 
     question: str = field(
@@ -65,9 +68,13 @@ class Fact:
     expected: tuple[str, ...] = field(converter=_spellings)
 
     def found_in(self, text: str) -> bool:
-        """True when ``text`` contains one of the expected spellings."""
+        """True when ``text`` holds one of the expected spellings, not as part of a
+        longer word or number."""
         haystack = _normal(text)
-        return any(_normal(spelling) in haystack for spelling in self.expected)
+        return any(
+            re.search(rf"(?<![\w.]){re.escape(_normal(spelling))}(?!\w|\.\d)", haystack)
+            for spelling in self.expected
+        )
 
 
 @frozen
@@ -164,14 +171,14 @@ async def check_retention(
 
 
 class _Asking:
-    """The agent's model, keeping the first chat request it answers that holds the
-    question (the one that asked it, as the run shaped it, not a hook's side call);
-    anything else is the model's own."""
+    """The agent's model, keeping the first request of the run's own turn it answers
+    (the one that asked the question, as the run shaped it: not a summary or a hook's
+    side call, whatever they hold); anything else is the model's own."""
 
-    def __init__(self, model: Model, question: str) -> None:
+    def __init__(self, model: Model) -> None:
         self.model = model
-        self.question = question
-        """The question's message id."""
+        self.context: RunContext | None = None
+        """The run's context (``runner.run``'s ``observe``), which knows its turn's call."""
         self.asked: ModelRequest | None = None
 
     @property
@@ -191,17 +198,26 @@ class _Asking:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         response = await self.model.respond(request)
-        if self.asked is None and any(m.id == self.question for m in request.messages):
+        if self.asked is None and self.context is not None and self.context.last_sent is request:
             self.asked = request
         return response
+
+    def observe(self, context: RunContext) -> None:
+        self.context = context
 
 
 async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str, str]:
     """The free-text answer to ``question`` from a run with ``log`` as history, and the
-    transcript of the request that asked it, without the question."""
+    transcript of the request that asked it, without the question (as the run logged it
+    or a hook rebuilt it: what the user asked is not what the model was shown)."""
     plan = runner.plan_run(agent, question, history=log, output_type=str)
-    model = _Asking(agent.resolve_model(), plan.message.id)
-    result = await runner.run(agent, plan, make_model=lambda: model)
-    assert model.asked is not None  # a run that ended has had an answer
-    sent = [message for message in model.asked.messages if message.id != plan.message.id]
+    model = _Asking(agent.resolve_model())
+    result = await runner.run(agent, plan, make_model=lambda: model, observe=model.observe)
+    if model.asked is None:  # a model of the agent's own that never answered a turn
+        raise ProtocolError(f"check_retention: {agent.name}'s run answered without a model call")
+    sent = [
+        message
+        for message in model.asked.messages
+        if message.id != plan.message.id and message.text != question
+    ]
     return result.output, render_transcript(sent)

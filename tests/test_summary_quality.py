@@ -9,7 +9,16 @@ import json
 import attrs
 import pytest
 
-from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    RunContext,
+    ToolCall,
+    before_model,
+    manage_context,
+    tool,
+)
 from littleghost.context import (
     PromptBudget,
     SlidingWindow,
@@ -528,6 +537,25 @@ class TestCheckRetention:
             assert not any("Oslo" in m.text for m in request.messages)
         assert "LOST MISS Where do I live? -> Oslo" in str(report)
 
+    @pytest.mark.parametrize(
+        ("expected", "text", "found"),
+        [
+            ("45 seconds", "It is 45  Seconds.", True),
+            ("45 seconds", "I only know of 145 seconds.", False),
+            ("349.80", "The total was $349.80.", True),
+            ("349.80", "The total was $349.85.", False),
+            ("349.8", "The total was 349.80.", False),
+            ("A-1234", "order a-1234, shipped", True),
+            ("A-1234", "order A-12345", False),
+        ],
+    )
+    def test_a_fact_is_found_as_a_whole_word_or_number(
+        self, expected: str, text: str, found: bool
+    ) -> None:
+        """Case and spacing aside, a value must stand whole: a lost ``45 seconds`` is not
+        "kept" by a ``145 seconds`` left in view."""
+        assert Fact("?", expected).found_in(text) is found
+
     async def test_a_strategy_s_own_summarizer_writes_the_summary(self) -> None:
         summarizer = ScriptedModel([summary_step("- order A-1234")])
         agent_model = ScriptedModel([text_response("It is A-1234.")])
@@ -593,6 +621,42 @@ class TestCheckRetention:
         fact = Fact("What is my order?", "A-1234")  # never said: only the guard quotes it
         report = await check_retention(Guarded(model=model), chat(3), [fact])
         assert [(c.in_view, c.answered) for c in report.checks] == [(False, False)]
+
+    async def test_a_side_call_holding_the_question_is_not_taken_for_it(self) -> None:
+        """A guard that passes the question itself on to a side call: still the turn's
+        own request is judged, which holds the fact."""
+
+        class Moderated(Small):
+            @before_model
+            async def moderate(self, request: ModelRequest, *, context: RunContext) -> None:
+                await context.complete(ModelRequest([request.messages[-1]], purpose="moderation"))
+
+        steps = [summary_step("- order A-1234"), text_response("fine"), text_response("A-1234")]
+        fact = Fact("What is my order?", "A-1234")
+        report = await check_retention(Moderated(model=ScriptedModel(steps)), chat(3), [fact])
+        assert [(c.in_view, c.answered) for c in report.checks] == [(True, True)]
+
+    async def test_a_hook_that_rebuilds_the_question_is_checked(self) -> None:
+        """A hook that redacts the user's messages (new ids): the request that asked is
+        still found, and the question it was shown is not taken for the view."""
+
+        class Redacting(Small):
+            @before_model
+            def redact(self, request: ModelRequest) -> ModelRequest:
+                return attrs.evolve(
+                    request,
+                    messages=[
+                        Message.user(m.text.replace("ana@example.com", "[email]"))
+                        if m.role is Role.USER and "ana@" in m.text
+                        else m
+                        for m in request.messages
+                    ],
+                )
+
+        steps = [summary_step("- order A-1234"), text_response("A-1234")]
+        fact = Fact("What is my order? Mail me at ana@example.com", "A-1234")
+        report = await check_retention(Redacting(model=ScriptedModel(steps)), chat(3), [fact])
+        assert [(c.in_view, c.answered) for c in report.checks] == [(True, True)]
 
     async def test_settings_and_knobs_changed_since_definition_fail_before_the_summary(
         self,
