@@ -10,8 +10,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from attrs import frozen
+from attrs import field, frozen
 
+from littleghost._validators import check, is_number
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
@@ -38,7 +39,10 @@ class Streamed:
 
     chunks: tuple[str, ...]
     response: ModelResponse
-    delay: float = 0.0
+    delay: float = field(
+        default=0.0,
+        validator=check("streamed(delay=)", lambda v: is_number(v) and v >= 0, "a number >= 0"),
+    )
 
 
 Step = (
@@ -162,13 +166,20 @@ class ScriptedModel:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Play the next step for ``request``."""
+        return await self._play(await self._next(request), request)
+
+    async def _next(self, request: ModelRequest) -> Any:
+        """Take the next step for ``request`` (a checkpoint first, as a provider's call)."""
         self.requests.append(request)
         await anyio.lowlevel.checkpoint()
         if not self._steps:
             raise ProtocolError(
                 f"ScriptedModel {self._name!r} ran out of steps after {len(self.requests) - 1} calls"
             )
-        step = self._steps.pop(0)
+        return self._steps.pop(0)
+
+    async def _play(self, step: Any, request: ModelRequest) -> ModelResponse:
+        """The answer ``step`` gives to ``request``."""
         if isinstance(step, BaseException):
             raise step
         if isinstance(step, ModelResponse):
@@ -187,15 +198,14 @@ class ScriptedModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
         delay before each), any other answer's reasoning, then its text word by word."""
-        step = self._steps[0] if self._steps else None
+        step = await self._next(request)  # taken once: another call cannot take it first
+        response = await self._play(step, request)
         if isinstance(step, Streamed):
-            response = await self.respond(request)
             for chunk in step.chunks:
                 if step.delay:
                     await anyio.sleep(step.delay)
                 yield TextChunk(chunk)
         else:
-            response = await self.respond(request)
             for part in response.message.reasoning:
                 await anyio.lowlevel.checkpoint()
                 yield ReasoningChunk(part.text)

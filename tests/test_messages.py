@@ -6,6 +6,7 @@ import copy
 import pickle
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 
@@ -19,10 +20,11 @@ from littleghost import (
     ToolResult,
     Usage,
 )
-from littleghost.errors import ProtocolError
+from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
 
@@ -356,6 +358,35 @@ async def test_scripted_model_rejects_a_step_that_returns_junk() -> None:
     model = ScriptedModel([lambda request: "text"])
     with pytest.raises(ProtocolError, match="not a ModelResponse"):
         await model.respond(ModelRequest([]))
+
+
+async def test_scripted_model_streams_the_step_it_answers_with_when_shared() -> None:
+    """Two calls at once on one model: each streams the chunks of the step it answers
+    with, never another call's."""
+    model = ScriptedModel([streamed("AAA ", "aaa"), streamed("BBB ", "bbb")])
+    joined: dict[str, tuple[str, str]] = {}
+
+    async def call(name: str) -> None:
+        chunks, done = [], None
+        async for event in model.stream(ModelRequest([Message.user(name)])):
+            if isinstance(event, TextChunk):
+                chunks.append(event.text)
+            elif isinstance(event, StreamDone):
+                done = event.response.message.text
+        assert done is not None
+        joined[name] = ("".join(chunks), done)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, "x")
+        group.start_soon(call, "y")
+    assert all(text == done for text, done in joined.values())
+    assert sorted(done for _, done in joined.values()) == ["AAA aaa", "BBB bbb"]
+
+
+@pytest.mark.parametrize("delay", [-1, float("nan"), "0.1", True])
+def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
+    with pytest.raises(ConfigurationError, match=r"streamed\(delay=\) must be a number >= 0"):
+        streamed("a", delay=delay)
 
 
 @pytest.mark.parametrize(
