@@ -7,6 +7,7 @@ import difflib
 import functools
 import inspect
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
@@ -137,6 +138,9 @@ _DECORATED = {
     "context_management": "decorate the class with @manage_context(...) instead",
 }
 """Class attributes that class decorators set, never a class body."""
+
+_RESOLVING = threading.Lock()
+"""Held while an agent looks up or makes the model of its model string."""
 
 _OWN_STORES: weakref.WeakKeyDictionary[type, SessionStore] = weakref.WeakKeyDictionary()
 """The in-memory store made for each agent class that declares none and inherits none
@@ -634,9 +638,10 @@ class Agent:
         declared = self._declared_model()
         if isinstance(declared, Model):
             return declared
-        model = self._resolved.get(declared)
-        if model is None:
-            model = self._resolved[declared] = resolve(declared)
+        with _RESOLVING:  # threads starting runs at once share one model, which aclose() closes
+            model = self._resolved.get(declared)
+            if model is None:
+                model = self._resolved[declared] = resolve(declared)
         return model
 
     async def __aenter__(self) -> Agent:

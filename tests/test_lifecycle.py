@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -98,6 +99,39 @@ async def test_switching_model_strings_makes_one_model_per_string() -> None:
         assert sorted(model.name for model in LoopBound.made) == ["premium", "standard"]
         assert not any(model.closed for model in LoopBound.made)
     assert all(model.closed for model in LoopBound.made)
+
+
+class SlowToMake(LoopBound):
+    """A model whose making takes a while (reading a configuration, say)."""
+
+    def __init__(self, name: str | None) -> None:
+        time.sleep(0.05)
+        super().__init__(name)
+
+
+register_provider("slowtomake", SlowToMake)
+
+
+def test_threads_starting_runs_at_once_share_one_model() -> None:
+    """The model of a model string is made once per agent, whatever threads ask for it at
+    the same moment; ``aclose()`` closes that one."""
+    LoopBound.made.clear()
+    agent = Agent(model="slowtomake:x")
+    start = threading.Barrier(6)
+    got: list[Any] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(agent.resolve_model())
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(LoopBound.made) == 1 and all(model is LoopBound.made[0] for model in got)
+    anyio.run(agent.aclose)
+    assert LoopBound.made[0].closed
 
 
 class Labelled(Bound):
