@@ -391,6 +391,8 @@ class _Server:
     """Its chat client, one per event loop (each closed as its loop ends, or by ``aclose``)."""
     output: deque[str]
     """Its latest output lines (what it says as it fails)."""
+    dropped: weakref.finalize[Any, Any]
+    """Kills it if its model is dropped unclosed; detached once it is stopped and reaped."""
 
     @property
     def base_url(self) -> str:
@@ -592,8 +594,8 @@ class LocalModel:
                     raise self._closed_while_starting()
                 url = _base_url(port)
                 chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
-                self._server = _Server(process, port, key, window, chat, output)
-                weakref.finalize(self, _kill, process)  # a model dropped unclosed
+                dropped = weakref.finalize(self, _kill, process)  # a model dropped unclosed
+                self._server = _Server(process, port, key, window, chat, output, dropped)
         except BaseException:
             await _stop(process)
             raise
@@ -649,6 +651,8 @@ class LocalModel:
         raise self._start_failure(process, output, f"was not ready within {START_TIMEOUT:g} s")
 
     def _forget(self, server: _Server) -> None:
+        if server.process.returncode is not None:  # reaped: nothing to kill when the model goes
+            server.dropped.detach()
         with self._lock:
             if self._server is server:
                 self._server = None
@@ -733,6 +737,7 @@ class LocalModel:
             await server.chat.aclose()
         finally:
             await _stop(server.process)
+            server.dropped.detach()
 
 
 def from_model_string(path: str | None) -> LocalModel:
