@@ -223,8 +223,11 @@ class Grace:
         scope of its own (the tool's timeout) may have cancelled while the run goes on;
         then the time the run would stop by, which becomes its stop time only if the run
         is stopping when that code ends (``hosting``)."""
-        if _HOST.get() is not self:
-            return self.stop()
+        return self.stop() if _HOST.get() is not self else self._left_for_host()
+
+    def _left_for_host(self) -> float:
+        """The time this run would stop by if it began to stop now (``bound``), left for
+        it as the hosted code's stop (``hosting``), so graces never add up."""
         end = self.bound()
         hosted = _HOSTED.get()
         if hosted is not None:
@@ -266,11 +269,7 @@ def shared_stop() -> float:
     grace = _CURRENT.get()
     if grace is None or not cancelled_here():
         return math.inf
-    end = grace.bound()
-    hosted = _HOSTED.get()
-    if hosted is not None:
-        hosted.append(end)
-    return end
+    return grace._left_for_host()
 
 
 def cancelled_here() -> bool:
