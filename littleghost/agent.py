@@ -7,7 +7,6 @@ import difflib
 import functools
 import inspect
 import math
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
@@ -19,7 +18,7 @@ from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import close_leaving, shared_stop
-from littleghost.errors import CleanupError, ConfigurationError, DeadlineExceededError
+from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     BoundHook,
     PlanEntry,
@@ -39,6 +38,7 @@ from littleghost.output import (
     check_tool_names,
     compile_output_type,
 )
+from littleghost.owned_models import OwnedModels, close_models
 from littleghost.retry import MAX_RETRIES
 from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
@@ -138,9 +138,6 @@ _DECORATED = {
     "context_management": "decorate the class with @manage_context(...) instead",
 }
 """Class attributes that class decorators set, never a class body."""
-
-_RESOLVING = threading.Lock()
-"""Held while an agent looks up or makes the model of its model string."""
 
 _OWN_STORES: weakref.WeakKeyDictionary[type, SessionStore] = weakref.WeakKeyDictionary()
 """The in-memory store made for each agent class that declares none and inherits none
@@ -430,8 +427,8 @@ class Agent:
     _bound_plan: tuple[PlanEntry, ...]
     """The hook plan ``_hooks`` was bound from."""
     _hooks: Mapping[str, tuple[BoundHook, ...]]
-    _resolved: dict[str, Model]
-    """The models made from model strings, by string (this agent closes them)."""
+    _models: OwnedModels
+    """The models made from model strings (this agent closes them)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -511,13 +508,13 @@ class Agent:
             )
         self._bound_plan = hook_plan(cls)
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
-        self._resolved = {}
+        self._models = OwnedModels()
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
         so does a hook or ``@tool`` method's name (bound as the agent is made)."""
-        made = "_resolved" in vars(self)
+        made = "_models" in vars(self)
         if made and any(entry.method == name for entry in hook_plan(type(self))):
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} is a hook, bound as the agent is made: set it "
@@ -545,7 +542,7 @@ class Agent:
         plan is its class's), nor the models it made from strings (the copy makes and
         closes its own)."""
         state = dict(vars(self))
-        for made in ("_hooks", "_bound_plan", "_resolved", "tool_specs", "output"):
+        for made in ("_hooks", "_bound_plan", "_models", "tool_specs", "output"):
             state.pop(made, None)
         return state
 
@@ -553,7 +550,7 @@ class Agent:
         vars(self).update(state)
         self._bound_plan = hook_plan(type(self))
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
-        self._resolved = {}
+        self._models = OwnedModels()
 
     @property
     def name(self) -> str:
@@ -603,7 +600,7 @@ class Agent:
             ConfigurationError: A knob changed, a setting is invalid, or a subclass's
                 ``__init__`` did not call ``Agent.__init__``.
         """
-        if "_resolved" not in vars(self):
+        if "_models" not in vars(self):
             raise ConfigurationError(
                 f"{type(self).__name__}.__init__ must call super().__init__() (with the "
                 "constructor keywords it takes): the agent was not set up"
@@ -638,11 +635,7 @@ class Agent:
         declared = self._declared_model()
         if isinstance(declared, Model):
             return declared
-        with _RESOLVING:  # threads starting runs at once share one model, which aclose() closes
-            model = self._resolved.get(declared)
-            if model is None:
-                model = self._resolved[declared] = resolve(declared)
-        return model
+        return self._models.get(declared)
 
     async def __aenter__(self) -> Agent:
         return self
@@ -661,12 +654,13 @@ class Agent:
         """Close the models this agent created from model strings (shielded from
         cancellation for at most ``cleanup_grace`` seconds; cancelled inside a run, a tool
         of it say, not past the time that run would stop by, so graces never add up).
+        A model that runs of the agent still use is closed as the last of them ends, as
+        its cleanup; runs started afterwards make a new one.
 
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
-        owned, self._resolved = list(self._resolved.values()), {}
-        await _close_models(owned, self.cleanup_grace, by=shared_stop())
+        await close_models(self._models.give_up(), self.cleanup_grace, by=shared_stop())
 
     @_named_keywords
     def run_sync(
@@ -700,32 +694,16 @@ class Agent:
         declared = self._declared_model()
         started = False
 
+        def make() -> Model:
+            """The run's own model: closing it is the run's cleanup (by its stop time)."""
+            assert isinstance(declared, str)
+            return self._models.close_after_use(resolve(declared))
+
         async def run_and_close() -> RunResult[Any]:
             nonlocal started
             started = True
-            if isinstance(declared, Model):
-                return await runner.run(self, plan)
-            made: list[Model] = []
-            runs: list[RunContext] = []
-
-            def make() -> Model:
-                made.append(resolve(declared))
-                return made[0]
-
-            async def close() -> None:
-                """Closing the model is the run's cleanup: it ends by the run's stop time."""
-                stop = runs[0].grace.stop() if runs else math.inf
-                await _close_models(made, self.cleanup_grace, by=stop)
-
-            try:
-                result = await runner.run(self, plan, make_model=make, observe=runs.append)
-            except BaseException as error:  # the run's own error is the one to raise
-                failure = await close_leaving(close, "closing the run's model", error)
-                if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
-                    error.__cause__ = failure  # what its cleanup could not do
-                raise
-            await close()
-            return result
+            own = not isinstance(declared, Model)
+            return await runner.run(self, plan, make_model=make if own else None)
 
         try:
             return anyio.run(run_and_close)
@@ -830,22 +808,3 @@ Agent.__littleghost_declared__ = _declared(Agent)
 _AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
 """The names a tool or hook method must not take: ``Agent``'s attributes, methods and
 knobs, and the attributes its instances set."""
-
-
-async def _close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:
-    """Close ``models``, shielded from cancellation for at most ``grace`` seconds and not
-    past the time ``by``; ``CleanupError`` if any failed or the time ran out."""
-    errors: list[BaseException] = []
-    with anyio.CancelScope(shield=True, deadline=min(anyio.current_time() + grace, by)) as scope:
-        for model in models:
-            close = getattr(model, "aclose", None)
-            if close is None:
-                continue
-            try:
-                await close()
-            except Exception as error:
-                errors.append(error)
-    if scope.cancelled_caught:
-        errors.append(TimeoutError("closing models did not finish within the cleanup grace"))
-    if errors:
-        raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]

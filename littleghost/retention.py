@@ -212,7 +212,8 @@ async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str
     or a hook rebuilt it: what the user asked is not what the model was shown)."""
     plan = runner.plan_run(agent, question, history=log, output_type=str)
     model = _Asking(agent.resolve_model())
-    result = await runner.run(agent, plan, make_model=lambda: model, observe=model.observe)
+    async with agent._models.use(model.model, agent.cleanup_grace):  # closed here if given up
+        result = await runner.run(agent, plan, make_model=lambda: model, observe=model.observe)
     if model.asked is None:  # a model of the agent's own that never answered a turn
         raise ProtocolError(f"check_retention: {agent.name}'s run answered without a model call")
     sent = [

@@ -219,7 +219,19 @@ async def run(
         span.set_attributes(
             {telemetry.PROVIDER_NAME: model.provider, telemetry.REQUEST_MODEL: model.name}
         )
-        return await _run_in(span, agent, plan, model, sink, observe, held)
+        runs: list[RunContext] = []
+
+        def seen(context: RunContext) -> None:
+            runs.append(context)
+            if observe is not None:
+                observe(context)
+
+        def stop() -> float:
+            return runs[0].grace.stop() if runs else math.inf
+
+        # a model the agent gave up meanwhile (aclose()) is closed as the run's cleanup
+        async with agent._models.use(model, agent.cleanup_grace, by=stop):
+            return await _run_in(span, agent, plan, model, sink, seen, held)
 
 
 async def _run_in(

@@ -416,3 +416,117 @@ def test_run_sync_past_its_deadline_has_the_failed_close_as_its_cause() -> None:
         StallingBadClose().run_sync("Wait.", timeout=0.2)
     assert isinstance(caught.value.__cause__, CleanupError)
     assert isinstance(caught.value.__cause__.__cause__, OSError)
+
+
+class AsksToWait(LoopBound):
+    """Has the run call its ``wait`` tool, then answers; fails once closed."""
+
+    provider = "askstowait"
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        await super().respond(request)
+        if request.messages[-1].role == "tool":
+            return text_response("done")
+        return tool_call_response("wait", {})
+
+
+register_provider("askstowait", AsksToWait)
+
+
+class Gated(Agent):
+    """Its runs wait in a tool until the gate opens."""
+
+    model = "askstowait:m"
+
+    def __init__(self, runs: int = 1) -> None:
+        super().__init__()
+        self.runs = runs
+        self.gate = anyio.Event()
+        self.all_waiting = anyio.Event()
+        self.waiting = 0
+
+    @tool
+    async def wait(self) -> str:
+        """Wait for the gate."""
+        self.waiting += 1
+        if self.waiting == self.runs:
+            self.all_waiting.set()
+        await self.gate.wait()
+        return "open"
+
+
+class TestClosingDuringRuns:
+    """``aclose()`` while runs of the agent are in flight: they keep their model, closed
+    as the last of them ends (it was closed under them, and reopened by their next call;
+    a ``LocalModel`` started a server nobody closed)."""
+
+    async def until_waiting(self, agent: Gated) -> None:
+        with anyio.fail_after(5):
+            await agent.all_waiting.wait()
+
+    async def test_the_model_closes_as_the_last_run_ends(self) -> None:
+        LoopBound.made.clear()
+        agent = Gated(runs=2)
+        outputs: list[str] = []
+
+        async def run() -> None:
+            outputs.append((await agent.run("Wait.")).output)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            group.start_soon(run)
+            await self.until_waiting(agent)
+            with anyio.fail_after(1):
+                await agent.aclose()  # returns at once: the runs still use the model
+            assert not LoopBound.made[0].closed
+            agent.gate.set()
+        assert outputs == ["done", "done"]
+        assert len(LoopBound.made) == 1 and LoopBound.made[0].closed
+
+    async def test_a_run_started_afterwards_makes_a_new_model(self) -> None:
+        LoopBound.made.clear()
+        agent = Gated()
+        async with anyio.create_task_group() as group:
+            group.start_soon(agent.run, "Wait.")
+            await self.until_waiting(agent)
+            await agent.aclose()
+            agent.gate.set()
+            assert (await agent.run("Wait.")).output == "done"
+        first, second = LoopBound.made
+        assert first.closed and not second.closed
+        await agent.aclose()
+        assert second.closed
+
+    async def test_leaving_async_with_during_a_run(self) -> None:
+        LoopBound.made.clear()
+        async with anyio.create_task_group() as group:
+            async with Gated() as agent:
+                group.start_soon(agent.run, "Wait.")
+                await self.until_waiting(agent)
+            assert not LoopBound.made[0].closed
+            agent.gate.set()
+        assert LoopBound.made[0].closed
+
+    async def test_a_failed_close_is_the_last_runs_cleanup_error(self) -> None:
+        class BadlyClosing(Gated):
+            model = "badcloseasking:m"
+
+        agent = BadlyClosing()
+
+        async def close_while_waiting() -> None:
+            await self.until_waiting(agent)
+            await agent.aclose()  # nothing it can close yet: no error here
+            agent.gate.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(close_while_waiting)
+            with pytest.raises(CleanupError) as caught:
+                await agent.run("Wait.")
+        assert isinstance(caught.value.__cause__, OSError)
+
+
+class BadCloseAsking(AsksToWait, BadClose):
+    provider = "badcloseasking"
+
+
+register_provider("badcloseasking", BadCloseAsking)

@@ -56,18 +56,19 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     model = agent.resolve_model()
-    if config.summarize and config.context_window_override is None:
-        await prepare(model)  # a local model learns its window there; else at its first call
-    return await managed_records(
-        log,
-        config,
-        window=context_window(model, config),
-        complete=prepared(model, max_retries=agent.max_retries),
-        settings=agent.run_settings(),
-        share=share,
-        max_tool_result_tokens=agent.max_tool_result_tokens,
-        model=model,
-    )
+    async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
+        if config.summarize and config.context_window_override is None:
+            await prepare(model)  # a local model learns its window there; else at its call
+        return await managed_records(
+            log,
+            config,
+            window=context_window(model, config),
+            complete=prepared(model, max_retries=agent.max_retries),
+            settings=agent.run_settings(),
+            share=share,
+            max_tool_result_tokens=agent.max_tool_result_tokens,
+            model=model,
+        )
 
 
 async def managed_records(

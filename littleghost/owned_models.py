@@ -1,0 +1,106 @@
+"""The models an agent makes from model strings: one per string, shared by its runs, and
+closed by ``aclose()`` once no run uses them."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+
+import anyio
+
+from littleghost.cleanup import close_leaving
+from littleghost.errors import CleanupError, DeadlineExceededError
+from littleghost.models.base import Model
+from littleghost.models.registry import resolve
+
+_LOCK = threading.Lock()
+"""Held while an agent looks up, makes, uses or gives up a model (threads share agents)."""
+
+
+class OwnedModels:
+    """An agent's models made from model strings, and the uses of each in flight."""
+
+    def __init__(self) -> None:
+        self._by_string: dict[str, Model] = {}
+        self._uses: dict[int, int] = {}
+        """Uses in flight, by ``id`` of the model."""
+        self._closing: dict[int, Model] = {}
+        """Models to close when their last use ends, by ``id``."""
+
+    def get(self, declared: str) -> Model:
+        """The model of ``declared``, made the first time (threads asking at once share
+        it)."""
+        with _LOCK:
+            model = self._by_string.get(declared)
+            if model is None:
+                model = self._by_string[declared] = resolve(declared)
+            return model
+
+    def give_up(self) -> list[Model]:
+        """Forget every model (the next use makes a new one); those no use holds are
+        returned to be closed now, the others are closed as their last use ends."""
+        with _LOCK:
+            models, self._by_string = list(self._by_string.values()), {}
+            for model in models:
+                if self._uses.get(id(model)):
+                    self._closing[id(model)] = model
+            return [model for model in models if id(model) not in self._closing]
+
+    def close_after_use(self, model: Model) -> Model:
+        """Have ``model``, made for one use, closed as that use ends."""
+        with _LOCK:
+            self._closing[id(model)] = model
+        return model
+
+    @contextlib.asynccontextmanager
+    async def use(
+        self, model: Model, grace: float, *, by: Callable[[], float] = lambda: math.inf
+    ) -> AsyncIterator[None]:
+        """Use ``model`` for the block; when it is the last use of a model given up
+        meanwhile, the model is closed as the block ends (``close_models`` with ``grace``,
+        not past the time ``by()``), failing with ``CleanupError``; leaving by an
+        exception, that exception goes on (a deadline's with the failure as its cause)."""
+        with _LOCK:
+            self._uses[id(model)] = self._uses.get(id(model), 0) + 1
+        try:
+            yield
+        except BaseException as error:
+            if self._last_use(model):
+                close = functools.partial(close_models, [model], grace, by=by())
+                failure = await close_leaving(close, "closing the run's model", error)
+                if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
+                    error.__cause__ = failure  # what its cleanup could not do
+            raise
+        if self._last_use(model):
+            await close_models([model], grace, by=by())
+
+    def _last_use(self, model: Model) -> bool:
+        """End one use of ``model``: true when it was the last of a model to close."""
+        with _LOCK:
+            left = self._uses.pop(id(model)) - 1
+            if left:
+                self._uses[id(model)] = left
+                return False
+            return self._closing.pop(id(model), None) is not None
+
+
+async def close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:
+    """Close ``models``, shielded from cancellation for at most ``grace`` seconds and not
+    past the time ``by``; ``CleanupError`` if any failed or the time ran out."""
+    errors: list[BaseException] = []
+    with anyio.CancelScope(shield=True, deadline=min(anyio.current_time() + grace, by)) as scope:
+        for model in models:
+            close = getattr(model, "aclose", None)
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as error:
+                errors.append(error)
+    if scope.cancelled_caught:
+        errors.append(TimeoutError("closing models did not finish within the cleanup grace"))
+    if errors:
+        raise CleanupError(f"closing {len(errors)} model(s) failed") from errors[0]
