@@ -16,6 +16,7 @@ import pytest
 from littleghost import Agent, Message, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import Summarization
+from littleghost.context.outside import compact_log
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -25,6 +26,8 @@ from littleghost.errors import (
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import text_response, tool_call_response
+
+from .conversations import chat
 
 pytestmark = pytest.mark.anyio
 
@@ -530,3 +533,42 @@ class BadCloseAsking(AsksToWait, BadClose):
 
 
 register_provider("badcloseasking", BadCloseAsking)
+
+
+class SlowSummary(LoopBound):
+    """Answers once its gate opens; fails once closed."""
+
+    provider = "slowsummary"
+
+    def __init__(self, name: str | None) -> None:
+        super().__init__(name)
+        self.asked = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        self.asked.set()
+        await self.gate.wait()
+        return await super().respond(request)
+
+
+register_provider("slowsummary", SlowSummary)
+
+
+async def test_compact_log_keeps_its_model_through_aclose() -> None:
+    """``compact_log`` holds the model as a run does: closed as it ends."""
+
+    @manage_context(context_window_override=4_000)
+    class Compacting(Agent):
+        model = "slowsummary:m"
+
+    agent = Compacting()
+    model = agent.resolve_model()
+    assert isinstance(model, SlowSummary)
+    async with anyio.create_task_group() as group:
+        group.start_soon(compact_log, agent, chat(12))
+        with anyio.fail_after(5):
+            await model.asked.wait()
+        await agent.aclose()
+        assert not model.closed
+        model.gate.set()
+    assert model.closed
