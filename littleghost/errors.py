@@ -248,7 +248,8 @@ class CompactionError(LittleGhostError):
 
 class OutputValidationError(LittleGhostError):
     """The model's final answer did not fit the run's ``output_type``, even after the one
-    repair turn that showed it what was wrong (or with no turn left for it).
+    repair turn that showed it what was wrong (or with no turn left for it, or at once
+    when the provider filtered the answer or the model refused).
 
     Args:
         raw: The answer as the model gave it: its text, or the final-result tool's

@@ -418,14 +418,17 @@ def _repair_or_raise(
     agent: Agent, turn: int, repairs: int, answer: Answer, response: ModelResponse
 ) -> int:
     """Count a repair turn for an answer that does not fit; ``OutputValidationError``
-    after the one repair turn, or when ``max_turns`` leaves no turn for it."""
-    if repairs < MAX_REPAIRS and turn < agent.max_turns - 1:
+    after the one repair turn, when ``max_turns`` leaves no turn for it, or for a filtered
+    (or refused) answer, which ends the run."""
+    filtered = response.stop_reason is StopReason.CONTENT_FILTER
+    if not filtered and repairs < MAX_REPAIRS and turn < agent.max_turns - 1:
         return repairs + 1
-    why = (
-        f"after {MAX_REPAIRS} repair turn"
-        if repairs >= MAX_REPAIRS
-        else f"and max_turns={agent.max_turns} left no turn to repair it"
-    )
+    if filtered:
+        why = "and was filtered by the provider (or refused by the model)"
+    elif repairs >= MAX_REPAIRS:
+        why = f"after {MAX_REPAIRS} repair turn"
+    else:
+        why = f"and max_turns={agent.max_turns} left no turn to repair it"
     raise OutputValidationError(
         f"the model's answer did not fit the output type {why} "
         f"({len(answer.errors)} problem(s); see .errors)",

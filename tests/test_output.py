@@ -368,6 +368,36 @@ class TestRepair:
         assert "not valid JSON" in stored[2].text
         assert len(model.requests) == 2
 
+    @pytest.mark.parametrize("strategy", ["native", "tool"])
+    async def test_a_filtered_answer_ends_the_run_without_a_repair_turn(
+        self, strategy: str
+    ) -> None:
+        """A refused or filtered answer ends the run, as without an output type: it does
+        not fit, so ``OutputValidationError`` at once (it was asked again, as if the
+        refusal were malformed JSON, and reported as such)."""
+        refused = text_response("I can't help with that.", stop_reason=StopReason.CONTENT_FILTER)
+        fitting = text_response('{"number": "A-1", "total": 9}')
+        model = ScriptedModel([refused, fitting], supports_output_schema=strategy == "native")
+        with pytest.raises(OutputValidationError, match="filtered") as caught:
+            await Typed(model=model, output_strategy=strategy).run("go")
+        assert len(model.requests) == 1
+        assert caught.value.response is not None
+        assert caught.value.response.stop_reason is StopReason.CONTENT_FILTER
+
+    async def test_a_filtered_final_result_call_is_answered_and_ends_the_run(self) -> None:
+        store = InMemorySessionStore()
+        call = ToolCall("c1", OUTPUT_TOOL, {"result": {"number": "A-1", "total": 9}})
+        filtered = ModelResponse(Message.assistant(tool_calls=(call,)), StopReason.CONTENT_FILTER)
+        model = ScriptedModel([filtered, filtered])
+        agent = Typed(model=model, output_strategy="tool", session_store=store)
+        with pytest.raises(OutputValidationError, match="filtered"):
+            await agent.run("go", session_id="s")
+        assert len(model.requests) == 1
+        stored = await store.load("s")
+        assert [m.role for m in stored] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+        (answered,) = stored[-1].tool_results
+        assert answered.call_id == "c1" and answered.is_error
+
     async def test_a_final_result_call_that_does_not_fit_is_answered_with_the_errors(
         self,
     ) -> None:
