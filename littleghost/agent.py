@@ -258,7 +258,8 @@ def _check_member_names(classes: Iterable[type]) -> None:
                 or _is_dunder(attribute)
                 or (attribute == "name" and isinstance(value, str))  # telemetry's name for it
             )
-            if not (declarable or callable(value) or isinstance(value, _DESCRIPTORS)):
+            method = callable(value) and not isinstance(value, type)  # a class is a value
+            if not (declarable or method or isinstance(value, _DESCRIPTORS)):
                 raise ConfigurationError(
                     f"{klass.__name__}.{attribute} would replace Agent.{attribute}, which "
                     "every agent needs: give the attribute another name"

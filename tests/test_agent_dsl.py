@@ -760,7 +760,13 @@ def test_a_tool_method_named_like_an_agent_member_fails(member: str) -> None:
 
 @pytest.mark.parametrize(
     ("member", "value"),
-    [("hooks", ["log_request"]), ("output", "text"), ("run_settings", {}), ("name", 42)],
+    [
+        ("hooks", ["log_request"]),
+        ("output", "text"),
+        ("output", dict),  # a class, callable: meant for output_type
+        ("run_settings", {}),
+        ("name", 42),
+    ],
 )
 def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: object) -> None:
     """A plain attribute named like one of Agent's properties or methods (``hooks``, as
