@@ -170,22 +170,28 @@ class OutputPlan:
         settings.setdefault("tool_choice", "required")
         return attrs.evolve(request, tools=(*request.tools, self.output.tool), settings=settings)
 
-    def final_call(self, message: Message) -> ToolCall | None:
-        """The first final-result call of an answer (``tool`` strategy)."""
+    def final_answer(self, message: Message) -> tuple[ToolCall, Answer] | None:
+        """The first final-result call of an answer that fits, else its first one, with
+        what was checked (``tool`` strategy)."""
         if self.native:
             return None
-        return next((call for call in message.tool_calls if call.name == OUTPUT_TOOL), None)
+        calls = [call for call in message.tool_calls if call.name == OUTPUT_TOOL]
+        finals = [(call, self.output.check(call.arguments)) for call in calls]
+        return next((final for final in finals if final[1].ok), finals[0] if finals else None)
 
     def final_results(
         self, calls: Sequence[ToolCall], final: ToolCall, answer: Answer
     ) -> list[Message]:
         """The results of an answer with a final-result call: the call's (what did not
         fit, if anything), and the other calls', which are not run."""
+        if answer.ok:
+            others = f"Not run: the final answer was given with {OUTPUT_TOOL} in the same turn."
+        else:
+            others = "Not run: the final answer given in the same turn did not fit its schema."
         results = []
         for call in calls:
             if call is not final:
-                text = f"Not run: the final answer was given with {OUTPUT_TOOL} in the same turn."
-                results.append(Message.tool(call.id, text, is_error=True))
+                results.append(Message.tool(call.id, others, is_error=True))
             elif answer.ok:
                 results.append(Message.tool(call.id, "The final answer was received."))
             else:

@@ -380,9 +380,9 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
             text = "Not run: the provider filtered (or the model refused) the answer asking for it."
             await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
             calls = ()  # the run ends with the answer, as one without calls would
-        if output is not None and calls and (final := output.final_call(response.message)):
-            answer = output.output.check(final.arguments)
-            results = output.final_results(calls, final, answer)
+        if output is not None and calls and (final := output.final_answer(response.message)):
+            call, answer = final
+            results = output.final_results(calls, call, answer)
             await context.append(*(_stored_message(agent, result) for result in results))
             if answer.ok:
                 return RunResult(

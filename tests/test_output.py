@@ -517,6 +517,50 @@ class TestRepair:
         assert look[1] and look[0].startswith("Not run")
         assert final == ("The final answer was received.", False)
 
+    @pytest.mark.parametrize("max_turns", [1, 5])
+    async def test_the_first_fitting_final_result_of_a_turn_is_the_answer(
+        self, max_turns: int
+    ) -> None:
+        """Of several final-result calls in one turn, the first that fits is taken (one
+        not fitting before it threw the answer away, or failed with no turn left)."""
+        calls = [
+            ToolCall("c1", OUTPUT_TOOL, {"result": "many"}),
+            ToolCall("c2", OUTPUT_TOOL, {"result": 4}),
+        ]
+        response = ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+        model = ScriptedModel([response], supports_output_schema=False)
+        result = await Plain(model=model, max_turns=max_turns).run("go", output_type=int)
+        assert result.output == 4 and len(model.requests) == 1
+        (first, second) = tool_result_texts(result.messages)
+        assert first == (
+            f"Not run: the final answer was given with {OUTPUT_TOOL} in the same turn.",
+            True,
+        )
+        assert second == ("The final answer was received.", False)
+
+    async def test_calls_beside_a_final_result_that_does_not_fit_are_told_so(self) -> None:
+        """When no final-result call of a turn fits, the turn's other calls are not run and
+        their results say the answer did not fit (not that it was given)."""
+        calls = [ToolCall("c1", "look", {}), ToolCall("c2", OUTPUT_TOOL, {"result": "many"})]
+        response = ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+        fitting = tool_call_response(OUTPUT_TOOL, {"result": 4}, call_id="c3")
+        model = ScriptedModel([response, fitting], supports_output_schema=False)
+
+        class WithTool(Plain):
+            @tool
+            def look(self) -> str:
+                """Look."""
+                return "seen"
+
+        result = await WithTool(model=model).run("go", output_type=int)
+        assert result.output == 4
+        look, final, _ = tool_result_texts(result.messages)
+        assert look == (
+            "Not run: the final answer given in the same turn did not fit its schema.",
+            True,
+        )
+        assert final[1] and "does not fit its schema" in final[0]
+
     async def test_tools_run_before_the_typed_answer(self) -> None:
         """The agent's own tools run as usual until the final answer."""
 
