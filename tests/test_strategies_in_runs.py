@@ -148,6 +148,37 @@ class TestStrategies:
         with pytest.raises(ConfigurationError, match="strategy"):
             manage_context(strategy=Truncation(), summarize=False, budget=PromptBudget())
 
+    @pytest.mark.parametrize(
+        "given",
+        [
+            {"summary_instructions": "Keep the order numbers."},
+            {"summary_max_tokens": 100},
+            {"quote_specifics": False},
+            {"summary_ratio": 0.5},
+            {"mask_tool_results": 2},
+        ],
+        ids=lambda given: next(iter(given)),
+    )
+    def test_default_summarizer_keywords_beside_a_strategy_are_rejected(
+        self, given: dict[str, Any]
+    ) -> None:
+        """Keywords only the default summarizer reads would be ignored beside strategy=
+        (the summary was sent with the strategy's own cap and prompt): refused, naming
+        the keyword."""
+        (name,) = given
+        with pytest.raises(ConfigurationError, match=f"{name} shapes the default summarizer"):
+            manage_context(strategy=Summarization(), **given)
+
+    def test_a_summary_cap_beside_a_strategy_caps_the_budgets_summaries(self) -> None:
+        """With a budget, summary_max_tokens also caps the summaries it shows: accepted."""
+
+        @manage_context(strategy=Summarization(), summary_max_tokens=100, budget=PromptBudget())
+        class Capped(Agent):
+            pass
+
+        assert Capped.context_management is not None
+        assert Capped.context_management.summary_max_tokens == 100
+
     def test_a_non_strategy_is_rejected(self) -> None:
         """strategy= must be a strategy."""
         with pytest.raises(ConfigurationError, match="strategy"):
