@@ -18,6 +18,7 @@ keyword-only with defaults. The tree::
     ├── PromptBudgetError                      a request's mandatory part is over its budget
     ├── CompactionError                        a conversation could not be compacted
     ├── OutputValidationError                  the answer did not fit ``output_type``
+    ├── StreamStateError (also RuntimeError)   a stream was used out of order
     └── SessionStoreError                      a session store failed
         ├── CorruptSessionStoreError           not a littleghost store, or damaged
         ├── SchemaVersionError                 written by a newer littleghost
@@ -55,6 +56,7 @@ __all__ = [
     "SchemaVersionError",
     "SessionBusyError",
     "SessionStoreError",
+    "StreamStateError",
     "UnknownSessionError",
     "UnstorableValueError",
 ]
@@ -270,6 +272,10 @@ class OutputValidationError(LittleGhostError):
         self.raw = raw
         self.errors = errors
         self.response = response
+
+
+class StreamStateError(LittleGhostError, RuntimeError):
+    """A stream was used out of order (its result read before the run completed, ...)."""
 
 
 UNSWALLOWED = (DeadlineExceededError, CleanupError, SessionStoreError)

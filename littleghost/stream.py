@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from littleghost.cleanup import cancelled_here, log_unraised
-from littleghost.errors import LittleGhostError
+from littleghost.errors import StreamStateError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
 from littleghost.run import RunContext, RunResult
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     from littleghost.agent import Agent
 
 __all__ = ["RunStream", "StreamStateError"]
-
-
-class StreamStateError(LittleGhostError, RuntimeError):
-    """A stream was used out of order (its result read before the run completed, ...)."""
 
 
 class RunStream:

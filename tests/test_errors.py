@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import pytest
 
+import littleghost
 import littleghost.errors as errors_module
 from littleghost.errors import (
     CleanupError,
@@ -127,3 +131,21 @@ def test_limit_exceeded_error_names_the_limit() -> None:
 def test_docstring_draws_every_error(error: type[Exception]) -> None:
     """The module docstring's tree names every public exception."""
     assert error.__name__ in (errors_module.__doc__ or "")
+
+
+def test_every_littleghost_error_is_in_the_errors_module() -> None:
+    """Every exception the library defines is importable from ``littleghost.errors`` and
+    drawn in its tree (``StreamStateError`` lived in ``littleghost.stream`` only)."""
+    for module in pkgutil.walk_packages(littleghost.__path__, "littleghost."):
+        importlib.import_module(module.name)
+    found: set[type[LittleGhostError]] = set()
+    pending: list[type[LittleGhostError]] = [LittleGhostError]
+    while pending:
+        error = pending.pop()
+        found.add(error)
+        pending.extend(error.__subclasses__())
+    for error in found:
+        if error.__module__.startswith("littleghost."):
+            assert getattr(errors_module, error.__name__, None) is error, error
+            assert error.__name__ in errors_module.__all__
+            assert error.__name__ in (errors_module.__doc__ or "")
