@@ -6,7 +6,7 @@ from __future__ import annotations
 from littleghost import Agent, Role, manage_context, tool
 from littleghost.context import PromptBudget, Truncation
 from littleghost.errors import ConfigurationError
-from littleghost.models import ModelRequest, ModelResponse
+from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -124,6 +124,23 @@ class Interrupted(Support):
     """``Support`` whose model is stopped with Ctrl-C as it summarizes."""
 
     model = ScriptedModel([interrupt] * 10)
+
+
+class InterruptedClosing(ScriptedModel):
+    """A model stopped with Ctrl-C as it closes (a local server's stop, say)."""
+
+    async def aclose(self) -> None:
+        raise KeyboardInterrupt
+
+
+register_provider("interruptedclosing", lambda name: InterruptedClosing([respond] * 10))
+
+
+class InterruptedWhileClosing(Support):
+    """``Support`` whose model, made from its model string, is stopped with Ctrl-C as the
+    command closes it, its summary written."""
+
+    model = "interruptedclosing:m"
 
 
 class Unstartable(ScriptedModel):

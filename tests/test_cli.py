@@ -654,6 +654,17 @@ class TestCompact:
         assert result.stderr.strip() == "Interrupted"
         assert contents(store_url) == before
 
+    def test_ctrl_c_as_the_model_closes_writes_nothing(self, store_url: str) -> None:
+        """The model is closed before the records are appended: a Ctrl-C then writes
+        nothing, as the exit code says (the summary was stored, yet 130 "Interrupted")."""
+        before = contents(store_url)
+        result = invoke(
+            "sessions", "compact", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:InterruptedWhileClosing",
+        )  # fmt: skip
+        assert result.exit_code == 130
+        assert contents(store_url) == before
+
 
 class TestExport:
     def test_json_lines_in_the_stored_form(self, store_url: str) -> None:

@@ -94,8 +94,9 @@ async def compact_document(
         else:
             advance(1, "")
         used = window_of(agent, window, model)
-        advance(1, "summarizing")
+        advance(1, "waiting for the session")  # a run may hold it
         async with address.open(read_only=False) as store, hold_session(store, session_id):
+            advance(0, "summarizing")
             log = distinct_ids(await store.load(session_id), where)  # now that it is held
             if not log:
                 raise UnknownSessionError(
@@ -112,6 +113,7 @@ async def compact_document(
             )
             if records:
                 check_smaller(log, records, config.tokenizer)
+            await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
             advance(1, "appending")
             await store.append(session_id, records)
         advance(1, "done")
