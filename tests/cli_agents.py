@@ -3,7 +3,9 @@ a conversation to store with them."""
 
 from __future__ import annotations
 
-from littleghost import Agent, Role, manage_context, tool
+import attrs
+
+from littleghost import Agent, Role, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
@@ -113,6 +115,20 @@ class TypedBounded(Bounded):
     """``Bounded`` with a typed result and no model: which way it is asked is assumed."""
 
     output_type = int
+
+
+class Hooked(Support):
+    """``Support`` with a hook of its own that shapes every request."""
+
+    @before_model
+    def shorten(self, request: ModelRequest) -> ModelRequest:
+        return attrs.evolve(request, messages=request.messages[-2:])
+
+
+class Unhooked(Hooked):
+    """``Hooked`` with its hook turned off."""
+
+    shorten = None  # type: ignore[assignment]
 
 
 def interrupt(request: ModelRequest) -> ModelResponse:

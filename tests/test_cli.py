@@ -493,6 +493,13 @@ class TestView:
         plain = self.view(store_url, "--agent", "tests.cli_agents:Support")
         assert not any("output_type" in note for note in plain["notes"])
 
+    def test_a_view_says_the_class_s_own_hooks_are_left_out(self, store_url: str) -> None:
+        document = self.view(store_url, "--agent", "tests.cli_agents:Hooked")
+        assert any("before_model hooks (shorten)" in note for note in document["notes"])
+        for quiet in ("Support", "Unhooked"):  # manage_context's own hooks are shown
+            document = self.view(store_url, "--agent", f"tests.cli_agents:{quiet}")
+            assert not any("hooks" in note for note in document["notes"])
+
     def test_a_view_over_the_budget_says_what_it_assumed(self, store_url: str) -> None:
         """The final-result tool assumed for a class without a model may be what does not
         fit: the error says it was assumed."""

@@ -9,6 +9,7 @@ from typing import Any
 from attrs import asdict
 
 from littleghost.agent import Agent
+from littleghost.capabilities import hook_plan
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
 from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
@@ -36,6 +37,18 @@ _SCHEMA_PROVIDERS: dict[str, Callable[[OutputSchema], str | None] | None] = {
 }
 """The built-in providers, each with the check of what schemas its models cannot take
 natively (``None``: they take every schema)."""
+
+
+def _own_before_model_hooks(agent: Agent) -> list[str]:
+    """The names of ``agent``'s ``before_model`` hooks besides ``@manage_context``'s
+    (hook methods not turned off, and other capabilities')."""
+    return [
+        entry.method or entry.key[1]
+        for entry in hook_plan(type(agent))
+        if entry.kind == "before_model"
+        and entry.key != ("capability", "manage_context")
+        and (entry.method is None or getattr(agent, entry.method) is not None)
+    ]
 
 
 def view_document(
@@ -69,6 +82,11 @@ def view_document(
         notes.append("the class has no @manage_context: nothing is clipped, bounded or compacted")
     elif config.budget is not None and config.budget.memory is not None:
         notes.append("the budget's memories are not loaded: a memory provider needs a run")
+    if agent is not None and (hooks := _own_before_model_hooks(agent)):
+        notes.append(
+            f"the class's before_model hooks ({', '.join(hooks)}) change the request in a "
+            "run only: what they do is not shown"
+        )
     if agent is not None and agent.output is not None:
         plan, assumed = _output_plan(agent, agent.output)
         request = plan.request(request)  # as the run asks for it, before the hooks
