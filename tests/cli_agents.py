@@ -131,6 +131,20 @@ class Unhooked(Hooked):
     shorten = None  # type: ignore[assignment]
 
 
+class NeedsConfiguration(Support):
+    """Fails as it is made: a setting it reads is missing."""
+
+    def __init__(self) -> None:
+        raise KeyError("SUPPORT_DB_URL")
+
+
+class BadlyConfigured(Support):
+    """Fails as it is made, with a message of several lines."""
+
+    def __init__(self) -> None:
+        raise ValueError("settings are invalid:\n  database: missing\n  api key: missing")
+
+
 def interrupt(request: ModelRequest) -> ModelResponse:
     """Ctrl-C, as the model answers."""
     raise KeyboardInterrupt

@@ -236,6 +236,38 @@ class TestUntrustedText:
         assert documents[0]["messages"][0]["excerpt"] == name
         assert documents[1]["messages"][-1]["message"]["content"][0]["text"] == name
 
+    def test_json_escapes_what_a_terminal_would_act_on(self, tmp_path: Path) -> None:
+        """C1 controls (a terminal may act on their UTF-8 form as on ESC) and bidirectional
+        marks are ``\\u`` escapes in JSON, which read back exact (``json.dumps`` wrote
+        them raw)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        hostile = "\x9b2J \x9d0;owned\x9c \x7f \u202eevil \u2066x\u2069"
+        in_store(url, lambda store: store.append(hostile, [Message.user(hostile)]))
+        for command in (["list"], ["show", hostile], ["view", hostile]):
+            out = ok("sessions", *command, "--store", url, "--json").stdout
+            assert not {"\x9b", "\x9c", "\x9d", "\x7f", "\u202e", "\u2066"} & set(out), command
+            assert hostile in json.dumps(json.loads(out), ensure_ascii=False), command
+
+    @pytest.mark.parametrize("encoding", ["cp1252", "latin-1"])  # click writes UTF-8 for ascii
+    def test_an_output_encoding_without_the_text_s_characters(
+        self, tmp_path: Path, encoding: str
+    ) -> None:
+        """Standard output in an encoding that lacks the stored text's characters (a
+        Latin-1 terminal, a Windows redirect): tables write them as escapes, JSON as
+        ``\\u`` escapes that read back exact (a ``UnicodeEncodeError`` traceback)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        text = "Где мой заказ? 我的订单 😀 café"
+        in_store(url, lambda store: store.append("s", [Message.user(text)]))
+        for command in ("show", "view"):
+            table = python_m("sessions", command, "s", "--store", url, io_encoding=encoding)
+            assert table.returncode == 0, table.stderr
+            assert "\\u0413\\u0434\\u0435" in table.stdout  # Где
+            done = python_m(
+                "sessions", command, "s", "--store", url, "--json", io_encoding=encoding
+            )
+            assert done.returncode == 0, done.stderr
+            assert text in json.dumps(json.loads(done.stdout), ensure_ascii=False)
+
 
 class TestShow:
     def test_the_whole_log_with_calls_results_and_records(self, store_url: str) -> None:
@@ -780,6 +812,27 @@ class TestErrors:
         line = fails(2, "sessions", "show", "x" * 300, "--store", url)
         assert "Invalid value for 'ID': session_id is 300 characters long" in line
 
+    def test_an_agent_class_that_fails_is_named_in_one_line(self, store_url: str) -> None:
+        """The user's own code failing, as the class is imported or made: one line,
+        naming the exception's type (``'SUPPORT_DB_URL'`` alone said little)."""
+        for agent, code, error in [
+            ("NeedsConfiguration", 1, "NeedsConfiguration() failed: KeyError: 'SUPPORT_DB_URL'"),
+            ("BadlyConfigured", 1, "BadlyConfigured() failed: ValueError: settings are invalid:"),
+        ]:
+            line = fails(
+                code, "sessions", "view", "customer-42", "--store", store_url,
+                "--agent", f"tests.cli_agents:{agent}",
+            )  # fmt: skip
+            assert line == f"Error: --agent: {error}"
+        result = invoke(
+            "sessions", "view", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_broken:Agent",
+        )  # fmt: skip
+        assert result.exit_code == 2
+        assert result.stderr.rstrip().endswith(
+            "importing 'tests.cli_broken' failed: ValueError: settings are invalid:"
+        )
+
     def test_compacting_with_a_class_without_manage_context(self, store_url: str) -> None:
         line = fails(
             1, "sessions", "compact", "customer-42", "--store", store_url,
@@ -788,9 +841,14 @@ class TestErrors:
         assert line == "Error: Unmanaged has no @manage_context: nothing to compact with"
 
 
-def python_m(*args: str, **options: Any) -> subprocess.CompletedProcess[str]:
-    """``python -m littleghost ...`` in a process of its own, from the repository root."""
+def python_m(
+    *args: str, io_encoding: str | None = None, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """``python -m littleghost ...`` in a process of its own, from the repository root
+    (its standard streams in ``io_encoding``, when given)."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""}
+    if io_encoding is not None:
+        environment["PYTHONIOENCODING"] = options["encoding"] = io_encoding
     return subprocess.run(
         [sys.executable, "-m", "littleghost", *args],
         cwd=ROOT,

@@ -9,6 +9,7 @@ import sys
 import click
 
 from littleghost.agent import Agent
+from littleghost.cli.output import one_line
 
 __all__ = ["agent_class", "agent_spec"]
 
@@ -28,10 +29,10 @@ def agent_class(spec: str) -> type[Agent]:
     try:
         found: object = importlib.import_module(module_name)
     except ImportError as error:
-        raise click.BadParameter(f"cannot import {module_name!r}: {error}") from None
+        raise click.BadParameter(f"cannot import {module_name!r}: {one_line(error)}") from None
     except Exception as error:  # the module's own code failed
         raise click.BadParameter(
-            f"importing {module_name!r} failed: {type(error).__name__}: {error}"
+            f"importing {module_name!r} failed: {one_line(error, named=True)}"
         ) from None
     for attribute in qualname.split("."):
         if not hasattr(found, attribute):

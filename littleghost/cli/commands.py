@@ -3,6 +3,7 @@ edge (``anyio.run``); what each command reads and prints lives in its own module
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ from littleghost.cli.agents import agent_class
 from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output
+from littleghost.cli.output import Output, escape_unwritable, one_line
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -42,6 +43,7 @@ class _Commands(click.Group):
     """The command group: a command stopped with Ctrl-C, working or writing, exits 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        escape_unwritable(sys.stdout)
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
@@ -54,8 +56,7 @@ def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
     try:
         return anyio.run(work, *args)
     except LittleGhostError as error:
-        lines = str(error).strip().splitlines()
-        raise click.ClickException(lines[0] if lines else type(error).__name__) from None
+        raise click.ClickException(one_line(error)) from None
 
 
 def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
@@ -72,7 +73,8 @@ def _instance(cls: type[Agent]) -> Agent:
     try:
         return cls()
     except Exception as error:
-        raise click.ClickException(f"--agent: {cls.__name__}() failed: {error}") from None
+        failure = one_line(error, named=True)
+        raise click.ClickException(f"--agent: {cls.__name__}() failed: {failure}") from None
 
 
 def _agent_option(

@@ -3,6 +3,7 @@ when piped, JSON for scripts, and progress bars on standard error when it is a t
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -16,7 +17,16 @@ from typing import Any
 import click
 from attrs import frozen
 
-__all__ = ["SHORT_ID", "Output", "clock", "excerpt", "moment", "shown"]
+__all__ = [
+    "SHORT_ID",
+    "Output",
+    "clock",
+    "escape_unwritable",
+    "excerpt",
+    "moment",
+    "one_line",
+    "shown",
+]
 
 _ELLIPSIS = "…"
 SHORT_ID = 13
@@ -26,8 +36,12 @@ SHORT_ID = 13
 _CONTROL = re.compile(
     r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-"""Half a UTF-16 pair alone (a file name's undecodable byte, say): no UTF-8 can write it."""
+_JSON_ESCAPED = re.compile(
+    r"[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+"""What JSON may hold raw but a terminal must not get (what ``json.dumps`` does not
+escape of ``_CONTROL``): DEL and C1 controls, bidirectional marks, line and paragraph
+separators, and lone surrogates (no UTF-8 can write them)."""
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -43,6 +57,25 @@ def shown(text: str) -> str:
         return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
     return _CONTROL.sub(escape, text)
+
+
+def one_line(error: BaseException, *, named: bool = False) -> str:
+    """``error`` for a one-line message: its first line, after its type's name when
+    ``named`` (the user's own code failed: ``KeyError: 'DB_URL'`` says more than
+    ``'DB_URL'``), the name alone when it has no text."""
+    lines = str(error).strip().splitlines()
+    name = type(error).__name__
+    if not lines:
+        return name
+    return f"{name}: {lines[0]}" if named else lines[0]
+
+
+def escape_unwritable(stream: object) -> None:
+    """Have ``stream`` write a character its encoding lacks (a Latin-1 terminal's, a
+    cp1252 redirect's) as a backslash escape instead of failing on it."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if callable(reconfigure):
+        reconfigure(errors="backslashreplace")
 
 
 def excerpt(text: str, limit: int) -> str:
@@ -92,10 +125,13 @@ class Output:
         click.echo(text, color=self.colour)
 
     def json(self, document: object) -> None:
-        """Write ``document`` as indented JSON (a lone surrogate as its ``\\u`` escape,
-        which reads back as it is: no UTF-8 can write it)."""
-        text = json.dumps(document, indent=2, ensure_ascii=False)
-        click.echo(_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
+        """Write ``document`` as indented JSON, which reads back as it is: control
+        characters, bidirectional marks and lone surrogates as ``\\u`` escapes, and any
+        character but ASCII too when standard output's encoding is not a UTF."""
+        encoding = getattr(sys.stdout, "encoding", None)
+        ascii_only = encoding is not None and not codecs.lookup(encoding).name.startswith("utf")
+        text = json.dumps(document, indent=2, ensure_ascii=ascii_only)
+        click.echo(_JSON_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
     def table(
         self,
