@@ -793,6 +793,22 @@ class TestDeadlines:
         await store.aclose()
         assert await open_connections(conninfo) == 0
 
+    async def test_a_cancelled_session_wait_leaves_no_connection_on_the_server(
+        self, conninfo: str
+    ) -> None:
+        """A waiter that stops waiting leaves no backend queued on the lock until the
+        holder ends: each took a connection slot, and cancelled retries used them all."""
+        store = PostgresSessionStore(conninfo)
+        with other_worker_holding(conninfo, "s"):
+            for _ in range(3):
+                await seconds_after_cancel(lambda: lock_and_leave(store))
+            for _ in range(60):  # the holder still holds
+                if await waiting_backends(conninfo) == 0:
+                    break
+                await anyio.sleep(0.05)
+            assert await waiting_backends(conninfo) == 0
+        await store.aclose()
+
     async def test_a_run_against_a_server_that_never_answers_ends_near_its_deadline(
         self,
     ) -> None:

@@ -150,6 +150,12 @@ def _utc(moment: datetime | None) -> datetime | None:
 _SESSION_LOCK = "SELECT pg_advisory_lock(hashtextextended(quote_ident(%s) || '.' || %s, 0))"
 """Takes the advisory lock of a session (the key made on the server from the schema that
 holds the tables and the session id: one key space per schema)."""
+_CHECK_CLIENT = "SET client_connection_check_interval = 500"
+"""Has the server look for a closed client connection every 0.5 s while a session's lock
+is awaited: a waiter that stops waiting (cancelled, or its process killed) leaves no
+backend queued for the lock, holding a connection slot, until the holder lets go."""
+_CHECKS_CLIENT = 140_000
+"""The first server version with ``client_connection_check_interval`` (PostgreSQL 14)."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -649,6 +655,8 @@ class PostgresSessionStore:
         ends at the caller's deadline (none without one)."""
         connection = self._connect(operation, _milliseconds(operation.time_left.seconds()))
         try:
+            if connection.info.server_version >= _CHECKS_CLIENT:
+                connection.execute(_CHECK_CLIENT)
             connection.execute(_SESSION_LOCK, (self._schema, session_id))
             connection.execute(_WRITE_LOCK, (self._schema, session_id))  # held and let go
         except BaseException:
