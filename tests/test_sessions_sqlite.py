@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import sqlite3
+import stat
 import sys
 import textwrap
 import threading
@@ -87,6 +89,48 @@ class TestFile:
         async with SQLiteSessionStore(str(tmp_path / "s.db")) as store:
             assert await store.load("s") == tuple(messages)
             assert (await store.load("s"))[0].metadata["t"] == (1, 2)
+
+    async def test_a_relative_path_names_the_file_of_the_directory_it_was_made_in(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A change of directory after the store is made (a daemon, a tool) moves
+        neither its database nor its lock file: the database went to the new directory
+        and the lock stayed, so another process of that directory ran the same session
+        at once."""
+        made_in, moved_to = tmp_path / "made", tmp_path / "moved"
+        made_in.mkdir()
+        moved_to.mkdir()
+        monkeypatch.chdir(made_in)
+        store = SQLiteSessionStore("s.db")
+        monkeypatch.chdir(moved_to)
+        async with store, store.lock("s"):
+            await store.append("s", [Message.user("hi")])
+        assert sorted(
+            p.name for p in made_in.iterdir() if not p.name.endswith(("-wal", "-shm"))
+        ) == [
+            "s.db",
+            "s.db-lock",
+        ]
+        assert not list(moved_to.iterdir())
+        assert store.path == "s.db"
+
+    async def test_the_lock_file_is_made_with_the_database_file_s_permissions(
+        self, tmp_path: Path
+    ) -> None:
+        """As SQLite's ``-wal`` and ``-shm`` files: a group-writable database shared by
+        two services (a web user and a worker user) gets a group-writable lock file,
+        whatever the umask of the process that makes it (the other service could not run)."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("hi")])
+        path.chmod(0o660)
+        umask = os.umask(0o077)
+        try:
+            async with SQLiteSessionStore(path) as store, store.lock("s"):
+                pass
+        finally:
+            os.umask(umask)
+        assert stat.S_IMODE(os.stat(f"{path}-lock").st_mode) == 0o660
 
     async def test_a_store_can_be_used_again_after_closing(self, tmp_path: Path) -> None:
         store = SQLiteSessionStore(tmp_path / "s.db")

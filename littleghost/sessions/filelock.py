@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 import threading
 import weakref
@@ -45,8 +46,9 @@ def _offset(session_id: str) -> int:
 class LockFile:
     """The sessions of one database, held across processes through the file ``path``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, database: str) -> None:
         self._path = path
+        self._database = database
         self._guard = threading.Lock()
         self._fd: int | None = None
         self._users = 0
@@ -87,9 +89,30 @@ class LockFile:
             if self._fd is not None:
                 return
             try:
-                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+                self._fd = self._open_file()
             except OSError as error:
                 raise self._error("open", error) from error
+
+    def _open_file(self) -> int:
+        """The lock file, opened; made with the database file's permissions (and owner,
+        for root), as SQLite makes its ``-wal`` and ``-shm`` files: whoever may write the
+        database may hold its sessions (the umask made it writable by its maker alone)."""
+        while True:
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                try:
+                    return os.open(self._path, os.O_RDWR)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: make it
+            try:
+                found = os.stat(self._database)
+            except FileNotFoundError:  # not made yet: the umask decides for both
+                return fd
+            os.fchmod(fd, stat.S_IMODE(found.st_mode) & 0o666)
+            if os.geteuid() == 0:
+                os.fchown(fd, found.st_uid, found.st_gid)
+            return fd
 
     def _attempt(self, offset: int) -> bool:
         """Take the byte at ``offset`` if no holder in this or another process has it."""
@@ -129,8 +152,8 @@ _FILES_GUARD = threading.Lock()
 _FILES: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()
 
 
-def lock_file(path: str) -> LockFile:
-    """This process's one ``LockFile`` for ``path`` (give a resolved, absolute path),
-    kept while anything uses it."""
+def lock_file(path: str, database: str) -> LockFile:
+    """This process's one ``LockFile`` for ``path`` (give a resolved, absolute path), the
+    lock file of the file ``database``, kept while anything uses it."""
     with _FILES_GUARD:
-        return _FILES.setdefault(path, LockFile(path))
+        return _FILES.setdefault(path, LockFile(path, database))

@@ -85,7 +85,7 @@ def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
     if _private(path):
         return SessionLocks(), None
     key = os.path.realpath(path)
-    return shared_locks(("sqlite", key)), lock_file(key + _LOCK_FILE_SUFFIX)
+    return shared_locks(("sqlite", key)), lock_file(key + _LOCK_FILE_SUFFIX, key)
 
 
 def _private(path: str) -> bool:
@@ -206,6 +206,9 @@ class SQLiteSessionStore:
                 f"SQLiteSessionStore: timeout must be finite seconds > 0, not {timeout!r}"
             )
         self._path: str = os.fspath(path)
+        self._file = self._path if _private(self._path) else os.path.abspath(self._path)
+        """The database file as opened: made absolute now, as its lock file is, so that a
+        later change of directory moves neither."""
         self._timeout = float(timeout)
         self._read_only = read_only
         self._guard = threading.Lock()
@@ -213,7 +216,7 @@ class SQLiteSessionStore:
         self._closed = False
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
-        self._locks, self._lock_file = _locks_for(self._path)
+        self._locks, self._lock_file = _locks_for(self._file)
         self._stored_at = "NULL"
         """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
         made before it existed (known once the database is open)."""
@@ -530,15 +533,15 @@ class SQLiteSessionStore:
                 connection.close()
 
     def _open(self) -> sqlite3.Connection:
-        target, uri = self._path, False
-        if os.path.isdir(self._path):  # SQLite says "disk I/O error", or "unable to open"
+        target, uri = self._file, False
+        if os.path.isdir(self._file):  # SQLite says "disk I/O error", or "unable to open"
             raise SessionStoreError(
                 f"{self._path!r} is a directory, not an SQLite session store: name a file"
             )
         if self._read_only:
-            if not os.path.exists(self._path):
+            if not os.path.exists(self._file):
                 raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
-            target = f"file:{urllib.parse.quote(os.path.abspath(self._path))}?mode=ro"
+            target = f"file:{urllib.parse.quote(self._file)}?mode=ro"
             uri = True
         connection = sqlite3.connect(
             target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
