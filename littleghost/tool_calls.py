@@ -31,7 +31,7 @@ def render_result(value: Any) -> str:
         TypeError: ``value`` is an iterator, a generator say (its items were never made).
     """
     if isinstance(value, str):
-        return value
+        return str.__str__(value)  # a str enum member's text, not its name (Python 3.11+)
     if isinstance(value, (Iterator, AsyncIterator)):
         if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
             kind = "an async generator" if isinstance(value, AsyncIterator) else "a generator"

@@ -15,6 +15,7 @@ import enum
 import inspect
 import json
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -104,8 +105,15 @@ def _is_json_scalar(value: object) -> bool:
     return value is None or isinstance(value, (str, int, bool))
 
 
-def _schema(annotation: Any, where: str, outer: tuple[type, ...]) -> dict[str, Any]:
-    """``json_schema``, with ``outer`` the attrs classes being described around it."""
+def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, Any]:
+    """``json_schema``, with ``outer`` the records and aliases being described around it."""
+    if isinstance(annotation, _TYPE_ALIAS):
+        if annotation in outer:
+            raise ConfigurationError(
+                f"{where}: the alias {annotation.__name__} contains itself; recursive types "
+                "cannot be described as JSON schema"
+            )
+        return _schema(annotation.__value__, where, (*outer, annotation))
     if annotation is Any:
         return {}
     if annotation is None or annotation is _NONE_TYPE:
@@ -254,15 +262,32 @@ class _Field(NamedTuple):
     required: bool
 
 
-_KEY_QUALIFIERS = tuple(
-    qualifier
-    for qualifier in (getattr(typing, "Required", None), getattr(typing, "NotRequired", None))
-    if qualifier is not None
-)
+try:  # what Python 3.10 spells only there, and what later ones may spell there too
+    import typing_extensions as _extensions
+except ImportError:  # pragma: no cover - anyio and opentelemetry-api depend on it
+    _extensions = None  # type: ignore[assignment]
+_TYPINGS = (typing, _extensions) if _extensions is not None else (typing,)
+
+
+def _spellings(name: str) -> tuple[Any, ...]:
+    """The objects named ``name`` in ``typing`` and ``typing_extensions``, as they have."""
+    return tuple(
+        {id(found): found for module in _TYPINGS if (found := getattr(module, name, None))}.values()
+    )
+
+
+_REQUIRED = _spellings("Required")
+_KEY_QUALIFIERS = (*_REQUIRED, *_spellings("NotRequired"))
+_READ_ONLY = _spellings("ReadOnly")
+"""``ReadOnly`` on a ``TypedDict`` key (Python 3.13): says nothing a JSON value can show."""
+_TYPE_ALIAS = _spellings("TypeAliasType")
+"""The type of a ``type X = ...`` alias (Python 3.12)."""
 
 
 def _is_typeddict(annotation: Any) -> bool:
-    return isinstance(annotation, type) and typing.is_typeddict(annotation)
+    return isinstance(annotation, type) and any(
+        module.is_typeddict(annotation) for module in _TYPINGS
+    )
 
 
 def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
@@ -292,7 +317,7 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
 def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
     """The arguments of a dataclass's ``__init__``: its init fields and its ``InitVar``
     fields (which ``dataclasses.fields`` leaves out), in order."""
-    hints = typing.get_type_hints(annotation, include_extras=True)
+    hints = _dataclass_hints(annotation)
     fields = {field.name for field in dataclasses.fields(annotation)}
     found = []
     for field in annotation.__dataclass_fields__.values():
@@ -310,13 +335,35 @@ def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
     return tuple(found)
 
 
+def _dataclass_hints(annotation: type) -> dict[str, Any]:
+    """A dataclass's resolved annotations. Python 3.10 refuses an ``InitVar`` written as a
+    string (``from __future__ import annotations``): each string is then evaluated where
+    the class was defined, as later versions do.
+
+    Raises:
+        NameError: An annotation cannot be resolved.
+    """
+    try:
+        return typing.get_type_hints(annotation, include_extras=True)
+    except TypeError:
+        hints = {}
+        for base in reversed(annotation.__mro__):  # a subclass's annotation wins
+            module = sys.modules.get(base.__module__)
+            names = dict(vars(module)) if module is not None else {}
+            for name, hint in inspect.get_annotations(base).items():
+                hints[name] = eval(hint, names, dict(vars(base))) if isinstance(hint, str) else hint
+        return hints
+
+
 def _key(name: str, hint: Any, required: bool) -> _Field:
     """A ``TypedDict`` key; ``Required`` / ``NotRequired``, outside ``Annotated`` or in
     it, decide over the class's ``total`` (the class cannot read them from string
     annotations)."""
     origin = get_origin(hint)
     if origin in _KEY_QUALIFIERS:
-        return _key(name, get_args(hint)[0], origin is getattr(typing, "Required", None))
+        return _key(name, get_args(hint)[0], origin in _REQUIRED)
+    if origin in _READ_ONLY:
+        return _key(name, get_args(hint)[0], required)
     if origin is typing.Annotated:
         key = _key(name, hint.__origin__, required)
         return key._replace(annotation=typing.Annotated[(key.annotation, *hint.__metadata__)])
@@ -332,6 +379,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     Raises:
         ToolArgumentError: The value does not fit, with ``path`` naming where.
     """
+    if isinstance(annotation, _TYPE_ALIAS):
+        return coerce(value, annotation.__value__, path)
     if annotation is Any:
         return _own(value)
     if annotation is None or annotation is _NONE_TYPE:

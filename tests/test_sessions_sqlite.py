@@ -515,7 +515,7 @@ class TestConcurrency:
             async with second.lock("s"):
                 order.append("second")
 
-        async with anyio.create_task_group() as group:
+        async with first, second, anyio.create_task_group() as group:
             group.start_soon(hold)
             group.start_soon(wait)
         assert order == ["first", "second"]

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 import anyio
 import attrs
 import pytest
+import typing_extensions
 from attrs import frozen
 
 from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, after_tool, tool
@@ -433,6 +434,51 @@ async def test_typeddict_qualifiers_inside_or_outside_annotated() -> None:
     assert typed.output is not None and typed.output.schema.schema == note
 
 
+class ExtendedNote(typing_extensions.TypedDict, total=False):
+    """A ``TypedDict`` and its key qualifiers from ``typing_extensions``: on Python 3.10,
+    where ``typing`` has no ``Required``, the only spelling."""
+
+    text: typing_extensions.Required[str]
+    tag: typing_extensions.ReadOnly[str]
+    stamp: typing_extensions.ReadOnly[typing_extensions.Required[int]]
+
+
+Size = typing_extensions.TypeAliasType("Size", int)
+Sizes = typing_extensions.TypeAliasType("Sizes", list[Size])  # type: ignore[valid-type]
+
+
+async def test_typing_extensions_spellings_and_type_aliases_are_described() -> None:
+    """``typing_extensions``' ``TypedDict``, ``Required`` and ``ReadOnly`` (refused as
+    types that "cannot be described", on 3.10 with no other spelling), and ``type``
+    aliases (Python 3.12's ``type Size = int``), in a tool parameter and an output type."""
+    received: list[Any] = []
+
+    def measure(note: ExtendedNote, sizes: Sizes) -> str:  # type: ignore[valid-type]
+        """Measure."""
+        received.extend([note, sizes])
+        return "measured"
+
+    class Measurer(Agent):
+        tools = [measure]
+
+    arguments = {"note": {"text": "n", "stamp": 3}, "sizes": [1, 2]}
+    model = ScriptedModel([tool_call_response("measure", arguments), text_response("ok")])
+    await Measurer(model=model).run("go")
+    assert received == [{"text": "n", "stamp": 3}, [1, 2]]
+    [spec] = model.requests[0].tools
+    note = spec.parameters["properties"]["note"]
+    assert note["required"] == ["text", "stamp"]
+    assert note["properties"]["tag"] == {"type": "string"}
+    assert spec.parameters["properties"]["sizes"] == {"type": "array", "items": {"type": "integer"}}
+    typed = type("Sized", (Agent,), {"output_type": Sizes})()
+    assert typed.output is not None
+    if sys.version_info >= (3, 12):  # a recursive alias needs the lazy ``type`` statement
+        names: dict[str, Any] = {}
+        exec("type Nested = list[Nested] | int", names)
+        with pytest.raises(ConfigurationError, match="alias Nested contains itself"):
+            type("Recursive", (Agent,), {"output_type": names["Nested"]})
+
+
 def tool_results(messages: Sequence[Message]) -> list[ToolResult]:
     """Every tool result in ``messages``, in order."""
     return [result for message in messages for result in message.tool_results]
@@ -478,6 +524,28 @@ async def test_a_good_call_returns_the_rendered_value() -> None:
     """A valid call's result is the tool's return value rendered as text."""
     seen = await single_result({"a": 2, "b": 3})
     assert (seen.content, seen.is_error) == ("5", False)
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+
+
+async def test_a_str_enum_member_a_tool_returns_is_its_text() -> None:
+    """A ``(str, Enum)`` member is a str: its text is the result, a plain ``str`` (it was
+    kept as the member, which summaries and the Anthropic adapter showed as
+    ``Colour.RED`` on Python 3.11+ and as ``red`` on 3.10 and once stored)."""
+
+    def pick() -> Colour:
+        """Pick a colour."""
+        return Colour.RED
+
+    class Picker(Agent):
+        tools = [pick]
+
+    model = ScriptedModel([tool_call_response("pick", {}), text_response("ok")])
+    result = await Picker(model=model).run("go")
+    (seen,) = tool_results(result.messages)
+    assert type(seen.content) is str and f"{seen.content}" == "red"
 
 
 @pytest.mark.parametrize(
