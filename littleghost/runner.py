@@ -269,8 +269,9 @@ async def _run_in(
     if observe is not None:
         observe(context)
     result: RunResult[Any] | None = None
+    scope = anyio.CancelScope(deadline=end)
     try:
-        with anyio.CancelScope(deadline=end) as scope:
+        with scope:
             async with grace.running():
                 if session_id is None:
                     if held is not None:
@@ -287,6 +288,10 @@ async def _run_in(
                             context._ended = True  # before the session is released
     except BaseException as error:
         found = fatal(error)
+        if found is None and _deadline_turned_into(error, scope):
+            raise DeadlineExceededError(
+                f"{agent.name} did not finish before its deadline", deadline=context.deadline
+            ) from error
         if found is None or found is error:
             raise
         raise found from None  # out of a store's (or a hook's) own task group
@@ -303,6 +308,27 @@ async def _run_in(
         raise late
     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
     return result
+
+
+def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> bool:
+    """Whether ``error`` is what the cancellation at the run's deadline became in code
+    that turned it into an error of its own (a store's or model's client saying
+    "connection closed"): the run is past its deadline all the same."""
+    if not (
+        isinstance(error, Exception)
+        and not isinstance(error, DeadlineExceededError)
+        and scope.cancel_called
+        and anyio.current_time() >= scope.deadline
+    ):
+        return False
+    cancelled, seen = anyio.get_cancelled_exc_class(), set()
+    chained: BaseException | None = error
+    while chained is not None and id(chained) not in seen:  # raised while it was cancelled
+        if isinstance(chained, cancelled):
+            return True
+        seen.add(id(chained))
+        chained = chained.__cause__ or chained.__context__
+    return False
 
 
 async def _open_session(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -159,6 +160,70 @@ async def test_a_side_calls_retry_past_the_deadline_from_a_tool_ends_the_run() -
     assert [request.purpose for request in model.requests] == ["chat", "chat"]
     (answered,) = [m.tool_results[0] for m in await store.load("s") if m.tool_results]
     assert answered.is_error
+
+
+class ConnectionClosed(Exception):
+    """What some database and HTTP clients raise when a cancellation reaches them."""
+
+
+async def closed_when_cancelled() -> None:
+    """Wait long; a cancellation becomes the client's own error."""
+    try:
+        await anyio.sleep(30)
+    except anyio.get_cancelled_exc_class():
+        raise ConnectionClosed("connection closed") from None
+
+
+class ClosingStore(InMemorySessionStore):
+    """A store whose client turns a cancellation into its own error, where ``at`` says."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        if self.at == "load":
+            await closed_when_cancelled()
+        return await super().load(session_id)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        if self.at == "lock":
+            await closed_when_cancelled()
+        yield
+
+
+async def closing_model(request: ModelRequest) -> ModelResponse:
+    await closed_when_cancelled()
+    raise AssertionError("not reached")
+
+
+@pytest.mark.parametrize("at", ["model", "load", "lock"])
+async def test_a_cancellation_turned_into_a_client_error_at_the_deadline_is_the_deadline(
+    at: str,
+) -> None:
+    """A client that turns the cancellation at the run's deadline into its own error
+    ("connection closed", as some database and HTTP clients do) does not hide that the
+    run is past its deadline: ``DeadlineExceededError``, that error its cause (the error
+    was raised as it was, though appends already gave the deadline error)."""
+    model = ScriptedModel([closing_model if at == "model" else text_response("hi")])
+    agent = Slow(model=model, session_store=ClosingStore(at))
+    with anyio.fail_after(5), pytest.raises(DeadlineExceededError) as caught:
+        await agent.run("hi", session_id="s", timeout=0.2)
+    assert isinstance(caught.value.__cause__, ConnectionClosed)
+
+
+async def test_a_client_error_not_caused_by_the_deadline_goes_through() -> None:
+    """An error of a store's own, raised before the deadline, is raised as it is."""
+
+    class Broken(InMemorySessionStore):
+        async def load(self, session_id: str) -> tuple[Message, ...]:
+            raise ConnectionClosed("refused")
+
+    with pytest.raises(ConnectionClosed):
+        await Slow(model=ScriptedModel([]), session_store=Broken()).run(
+            "hi", session_id="s", timeout=5
+        )
 
 
 async def test_an_outer_cancel_scope_cancels_the_run_natively() -> None:
