@@ -56,6 +56,28 @@ class PlainStore:
             raise UnknownSessionError(f"no session {session_id!r}", session_id=session_id)
 
 
+class SlottedStore:
+    """``PlainStore`` with ``__slots__`` (as thin client wrappers often are): no weak
+    reference can be made to it."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self) -> None:
+        self.plain = PlainStore()
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        return await self.plain.load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        await self.plain.append(session_id, messages)
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        return await self.plain.list_sessions()
+
+    async def delete(self, session_id: str) -> None:
+        await self.plain.delete(session_id)
+
+
 class LockingStore(PlainStore):
     """``PlainStore`` with a ``lock`` of its own: an anyio lock per session."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import json
 import threading
@@ -35,9 +36,10 @@ from littleghost.events import RunFinished, TextDelta, ToolCallStarted
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
+from littleghost.sessions.locks import SessionLocks
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import RUN_KINDS, LockingStore, PlainStore, open_store, working_until
+from .stores import RUN_KINDS, LockingStore, PlainStore, SlottedStore, open_store, working_until
 
 pytestmark = pytest.mark.anyio
 
@@ -720,6 +722,41 @@ class TestStoreKnob:
             release.set()
         assert texts(await first.load("s")) == ["one", "first done"]
         assert texts(await second.load("s")) == ["two", "other store"]
+
+    async def test_a_store_that_cannot_be_weakly_referenced_serializes_and_is_let_go(
+        self,
+    ) -> None:
+        """A store with ``__slots__`` and no ``lock``, made per request: its runs of one
+        session take turns, and nothing of it stays once its runs end (a lock table
+        stayed for each such store, for good)."""
+        in_tool, release = anyio.Event(), anyio.Event()
+        store = SlottedStore()
+        model = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        second = Helper(model=ScriptedModel([text_response("second done")]), session_store=store)
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(
+                    working_until(in_tool, release)(model=model, session_store=store).run,
+                    "one",
+                    session_id="s",
+                )
+            )
+            await in_tool.wait()
+            group.start_soon(functools.partial(second.run, "two", session_id="s"))
+            await anyio.sleep(0.1)
+            assert texts(await store.load("s")) == ["one"]  # the second waits
+            release.set()
+        assert texts(await store.load("s")) == ["one", "first done", "two", "second done"]
+
+        def tables() -> int:
+            gc.collect()
+            return sum(isinstance(found, SessionLocks) for found in gc.get_objects())
+
+        before = tables()
+        for _ in range(50):
+            reply = ScriptedModel([text_response("ok")])
+            await Helper(model=reply, session_store=SlottedStore()).run("hi", session_id="s")
+        assert tables() <= before
 
     def test_a_lock_that_is_not_a_method_is_refused(self) -> None:
         store = PlainStore()

@@ -328,8 +328,11 @@ def shared_locks(key: tuple[str, ...]) -> SessionLocks:
 
 
 _STORE_LOCKS_GUARD = threading.RLock()
-"""Reentrant: a collection inside ``_locks_of`` may run ``_forget`` in the same thread."""
+"""Reentrant: a collection inside ``_table_hold`` may run ``_forget`` in the same thread."""
 _STORE_LOCKS: dict[int, SessionLocks] = {}
+_COUNTED: dict[int, int] = {}
+"""The holds wanted of each table in ``_STORE_LOCKS`` kept for a store that cannot be
+weakly referenced, by key."""
 
 
 def _holds(hold: Hold, owner: int, session_id: str) -> bool:
@@ -384,7 +387,7 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
     """
     lock = getattr(store, "lock", None)
     if lock is None:
-        return _locks_of(store).hold(session_id)
+        return _table_hold(store, session_id)
     hold = lock(session_id)
     if not (hasattr(hold, "__aenter__") and hasattr(hold, "__aexit__")):
         raise TypeError(
@@ -407,7 +410,12 @@ async def _store_hold(
             yield
 
 
-def _locks_of(store: SessionStore) -> SessionLocks:
+@asynccontextmanager
+async def _table_hold(store: SessionStore, session_id: str) -> AsyncIterator[None]:
+    """Hold ``session_id`` in the lock table kept for ``store`` (a store without a
+    ``lock``): dropped with the store, or, for one that cannot be weakly referenced
+    (``__slots__``), once no hold of it is wanted (one table per such store, made for
+    each request, stayed for good)."""
     key = id(store)
     with _STORE_LOCKS_GUARD:
         locks = _STORE_LOCKS.get(key)
@@ -416,10 +424,18 @@ def _locks_of(store: SessionStore) -> SessionLocks:
             try:
                 weakref.finalize(store, _forget, key)
             except TypeError:
-                # Not weakly referable: the table stays. If a later store reuses the
-                # id, the two share it, which only serializes more.
-                pass
-        return locks
+                _COUNTED[key] = 0
+        if key in _COUNTED:
+            _COUNTED[key] += 1
+    try:
+        async with locks.hold(session_id):
+            yield
+    finally:
+        with _STORE_LOCKS_GUARD:
+            if key in _COUNTED:
+                _COUNTED[key] -= 1
+                if not _COUNTED[key]:  # nobody holds or waits: a new table is the same
+                    del _COUNTED[key], _STORE_LOCKS[key]
 
 
 def _forget(key: int) -> None:
