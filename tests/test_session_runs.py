@@ -758,6 +758,15 @@ class TestStoreKnob:
             await Helper(model=reply, session_store=SlottedStore()).run("hi", session_id="s")
         assert tables() <= before
 
+    @pytest.mark.parametrize("method", ["load", "append", "list_sessions", "delete"])
+    def test_a_store_method_that_is_not_async_is_refused(self, method: str) -> None:
+        """A sync method fails at class definition, naming it (the run failed with
+        "object tuple can't be used in 'await' expression", the question already stored
+        by a sync ``append``)."""
+        synchronous = type("Sync", (PlainStore,), {method: lambda self, *args: ()})
+        with pytest.raises(ConfigurationError, match=f"session_store.{method} must be a corou"):
+            type("Synced", (Agent,), {"session_store": synchronous()})
+
     def test_a_lock_that_is_not_a_method_is_refused(self) -> None:
         store = PlainStore()
         store.lock = "exclusive"  # type: ignore[attr-defined]

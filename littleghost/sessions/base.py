@@ -239,6 +239,10 @@ def length_error(where: str, session_id: str, length: int) -> CorruptSessionStor
     )
 
 
+_REQUIRED_METHODS = ("load", "append", "list_sessions", "delete")
+"""What every session store has, each an ``async def``."""
+
+
 def check_store(name: str, value: object) -> SessionStore:
     """``value`` (named ``name`` in errors) if it is a session store instance."""
     lock = getattr(value, "lock", None)
@@ -251,6 +255,15 @@ def check_store(name: str, value: object) -> SessionStore:
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
             f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
+    for method in _REQUIRED_METHODS:
+        found = inspect.unwrap(getattr(value, method))
+        if inspect.isfunction(getattr(found, "__func__", found)) and not (
+            inspect.iscoroutinefunction(found)
+        ):
+            raise ConfigurationError(
+                f"{name}.{method} must be a coroutine function (async def): a session "
+                "store's methods are awaited"
+            )
     function = inspect.unwrap(lock) if lock is not None else None  # past @contextmanager
     kinds = (
         (inspect.isgeneratorfunction(function), "a generator function (a sync @contextmanager)"),
