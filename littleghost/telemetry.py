@@ -94,6 +94,7 @@ LEAST_PROMPT_TOKENS = "littleghost.context.least_prompt_tokens"
 
 _SETTING_ATTRIBUTES = {
     "max_tokens": REQUEST_MAX_TOKENS,
+    "max_completion_tokens": REQUEST_MAX_TOKENS,
     "temperature": REQUEST_TEMPERATURE,
     "top_p": REQUEST_TOP_P,
     "seed": REQUEST_SEED,

@@ -418,7 +418,7 @@ class TestWhatIsSent:
         ]
         model = ScriptedModel([summary_step(), text_response("done")])
         thinking = {"type": "enabled", "budget_tokens": 8_000}
-        settings = {"temperature": 0, "seed": 3, "thinking": thinking}
+        settings = {"temperature": 0, "seed": 3, "thinking": thinking, "max_completion_tokens": 9}
         await Tooled(model=model).run("go", history=history, settings=settings)
         summary_call = model.requests[0]
         assert summary_call.tools == ()
@@ -435,6 +435,7 @@ class TestWhatIsSent:
         assert summary_call.settings["temperature"] == 0 and summary_call.settings["seed"] == 3
         assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
         assert "thinking" not in summary_call.settings  # its budget would pass the cap
+        assert "max_completion_tokens" not in summary_call.settings  # the answer's cap
         assert model.requests[1].settings["thinking"] == thinking
 
     async def test_summary_max_tokens_and_instructions_are_used(self) -> None:

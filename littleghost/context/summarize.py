@@ -24,7 +24,7 @@ from littleghost.messages import (
     ToolCall,
     ToolResult,
 )
-from littleghost.models.base import ModelRequest, ModelResponse, StopReason
+from littleghost.models.base import ANSWER_CAPS, ModelRequest, ModelResponse, StopReason
 from littleghost.telemetry import arguments_json as call_arguments
 from littleghost.text import cut_middle
 
@@ -80,7 +80,7 @@ SUMMARY_COMPLETE = "complete"
 SUMMARY_CUT = "cut_at_cap"
 SUMMARY_RETRIED = "retried_shorter"
 _DROPPED_SETTINGS = (
-    "max_tokens",
+    *ANSWER_CAPS,
     "tool_choice",
     "response_format",
     "parallel_tool_calls",

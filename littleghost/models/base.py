@@ -14,6 +14,7 @@ from littleghost._validators import instance_of, int_at_least, type_check
 from littleghost.messages import Message, Role
 
 __all__ = [
+    "ANSWER_CAPS",
     "Model",
     "ModelRequest",
     "ModelResponse",
@@ -23,6 +24,10 @@ __all__ = [
     "Usage",
     "prepare",
 ]
+
+
+ANSWER_CAPS = ("max_tokens", "max_completion_tokens")
+"""The settings that cap an answer's tokens (OpenAI's newer name second)."""
 
 
 class StopReason(str, enum.Enum):
@@ -272,9 +277,13 @@ class ModelRequest:
 
     @property
     def max_tokens(self) -> int | None:
-        """The output cap the request sets, if any."""
-        value = self.settings.get("max_tokens")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        """The output cap the request sets, if any: ``max_tokens``, else OpenAI's
+        ``max_completion_tokens``."""
+        for key in ANSWER_CAPS:
+            value = self.settings.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
 
 
 def _response_message(value: object) -> Message:
