@@ -132,6 +132,22 @@ class TestFile:
             os.umask(umask)
         assert stat.S_IMODE(os.stat(f"{path}-lock").st_mode) == 0o660
 
+    async def test_a_lock_file_that_is_a_symlink_to_nothing_is_made_or_named(
+        self, tmp_path: Path
+    ) -> None:
+        """A symlink at ``<database>-lock`` whose target is missing: the target is made
+        when its directory exists, else the error names the lock file (never a loop)."""
+        path = tmp_path / "s.db"
+        os.symlink(tmp_path / "target-lock", f"{path}-lock")
+        with anyio.fail_after(5):
+            async with SQLiteSessionStore(path) as store, store.lock("s"):
+                pass
+        elsewhere = tmp_path / "other.db"
+        os.symlink(tmp_path / "missing" / "target-lock", f"{elsewhere}-lock")
+        with anyio.fail_after(5), pytest.raises(SessionStoreError, match="session lock file"):
+            async with SQLiteSessionStore(elsewhere) as store, store.lock("s"):
+                pass
+
     async def test_a_store_can_be_used_again_after_closing(self, tmp_path: Path) -> None:
         store = SQLiteSessionStore(tmp_path / "s.db")
         await store.append("s", [Message.user("one")])

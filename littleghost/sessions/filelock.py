@@ -97,22 +97,24 @@ class LockFile:
         """The lock file, opened; made with the database file's permissions (and owner,
         for root), as SQLite makes its ``-wal`` and ``-shm`` files: whoever may write the
         database may hold its sessions (the umask made it writable by its maker alone)."""
-        while True:
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
             try:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-            except FileExistsError:
-                try:
-                    return os.open(self._path, os.O_RDWR)
-                except FileNotFoundError:
-                    continue  # removed meanwhile: make it
-            try:
-                found = os.stat(self._database)
-            except FileNotFoundError:  # not made yet: the umask decides for both
-                return fd
+                return os.open(self._path, os.O_RDWR)
+            except FileNotFoundError:  # removed meanwhile, or a symlink to nothing
+                return os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            found = os.stat(self._database)
             os.fchmod(fd, stat.S_IMODE(found.st_mode) & 0o666)
             if os.geteuid() == 0:
                 os.fchown(fd, found.st_uid, found.st_gid)
-            return fd
+        except FileNotFoundError:  # not made yet: the umask decides for both
+            pass
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def _attempt(self, offset: int) -> bool:
         """Take the byte at ``offset`` if no holder in this or another process has it."""
