@@ -254,8 +254,8 @@ class Case:
             options["budget"] = budget
         elif 0.75 <= mode < 0.9:
             options.update(budget=budget, summarize=False, mask_tool_results=None)
-        elif mode >= 0.9:
-            options["strategy"] = rng.choice(STRATEGIES)
+        elif mode >= 0.9:  # the strategy decides how: masking is the default summarizer's
+            options.update(strategy=rng.choice(STRATEGIES), mask_tool_results=None)
         misreport = rng.choice((1.0, 1.0, 0.5, 0.8, 1.25, 2.0)) if counts else 1.0
         return cls(
             seed=seed,
