@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -56,7 +56,7 @@ from littleghost.output import (
     plan_output,
 )
 from littleghost.run import EventSink, RunContext, RunResult
-from littleghost.sessions.base import check_session_id, distinct_ids
+from littleghost.sessions.base import SessionStore, awaitable, check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import brief, error_text, truncate_middle
@@ -263,7 +263,7 @@ async def _run_in(
         session_id,
         grace=grace,
         log=log,
-        writer=None if session_id is None else functools.partial(store.append, session_id),
+        writer=None if session_id is None else functools.partial(_append, store, session_id),
         sink=sink,
     )
     if observe is not None:
@@ -310,6 +310,10 @@ async def _run_in(
     return result
 
 
+def _append(store: SessionStore, session_id: str, messages: Sequence[Message]) -> Awaitable[None]:
+    return awaitable(store.append(session_id, messages), "append")
+
+
 def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> bool:
     """Whether ``error`` is what the cancellation at the run's deadline became in code
     that turned it into an error of its own (a store's or model's client saying
@@ -344,7 +348,8 @@ async def _open_session(
     """
     assert context.session_id is not None
     where = f"session {context.session_id!r}"
-    stored = distinct_ids(await agent.session_store.load(context.session_id), where)
+    loaded = awaitable(agent.session_store.load(context.session_id), "load")
+    stored = distinct_ids(await loaded, where)
     if stored:
 
         def at(position: int) -> str:

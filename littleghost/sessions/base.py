@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 from attrs import field, frozen
@@ -239,8 +239,18 @@ def length_error(where: str, session_id: str, length: int) -> CorruptSessionStor
     )
 
 
-_REQUIRED_METHODS = ("load", "append", "list_sessions", "delete")
-"""What every session store has, each an ``async def``."""
+def awaitable(result: object, method: str) -> Awaitable[Any]:
+    """``result``, what ``session_store.<method>(...)`` returned, which a run awaits.
+
+    Raises:
+        ConfigurationError: It is no awaitable (a plain ``def`` store method).
+    """
+    if not inspect.isawaitable(result):
+        raise ConfigurationError(
+            f"session_store.{method}() returned {type(result).__name__}, not an awaitable: "
+            "a session store's methods are async def (or return an awaitable)"
+        )
+    return result
 
 
 def check_store(name: str, value: object) -> SessionStore:
@@ -255,15 +265,6 @@ def check_store(name: str, value: object) -> SessionStore:
             f"{name} must be a session store instance (load, append, list_sessions, delete, "
             f"and optionally lock), such as SQLiteSessionStore(path), not {wrong_value(value)}"
         )
-    for method in _REQUIRED_METHODS:
-        found = inspect.unwrap(getattr(value, method))
-        if inspect.isfunction(getattr(found, "__func__", found)) and not (
-            inspect.iscoroutinefunction(found)
-        ):
-            raise ConfigurationError(
-                f"{name}.{method} must be a coroutine function (async def): a session "
-                "store's methods are awaited"
-            )
     function = inspect.unwrap(lock) if lock is not None else None  # past @contextmanager
     kinds = (
         (inspect.isgeneratorfunction(function), "a generator function (a sync @contextmanager)"),
