@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -808,6 +809,27 @@ class TestDeadlines:
                 await anyio.sleep(0.05)
             assert await waiting_backends(conninfo) == 0
         await store.aclose()
+
+    async def test_a_server_that_cannot_check_its_clients_still_holds_sessions(
+        self, conninfo: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """PostgreSQL on Windows (and 14 on macOS) refuses any client connection check
+        interval but 0: the session is held all the same (every run failed)."""
+        import psycopg
+
+        execute = psycopg.Connection.execute
+
+        def refusing(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(query, str) and "client_connection_check_interval" in query:
+                raise psycopg.errors.InvalidParameterValue(
+                    'invalid value for parameter "client_connection_check_interval": 500'
+                )
+            return execute(connection, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", refusing)
+        async with PostgresSessionStore(conninfo) as store:
+            agent = Agent(model=ScriptedModel([text_response("hi")]), session_store=store)
+            assert (await agent.run("hello", session_id="s")).output == "hi"
 
     async def test_a_run_against_a_server_that_never_answers_ends_near_its_deadline(
         self,

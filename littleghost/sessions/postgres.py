@@ -656,7 +656,10 @@ class PostgresSessionStore:
         connection = self._connect(operation, _milliseconds(operation.time_left.seconds()))
         try:
             if connection.info.server_version >= _CHECKS_CLIENT:
-                connection.execute(_CHECK_CLIENT)
+                try:
+                    connection.execute(_CHECK_CLIENT)
+                except self._psycopg.errors.InvalidParameterValue:
+                    pass  # a server that cannot check sockets (on Windows, say) refuses it
             connection.execute(_SESSION_LOCK, (self._schema, session_id))
             connection.execute(_WRITE_LOCK, (self._schema, session_id))  # held and let go
         except BaseException:
