@@ -107,13 +107,13 @@ def _is_json_scalar(value: object) -> bool:
 
 def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, Any]:
     """``json_schema``, with ``outer`` the records and aliases being described around it."""
-    if isinstance(annotation, _TYPE_ALIAS):
+    if isinstance(annotation, _TYPE_ALIAS) or isinstance(get_origin(annotation), _TYPE_ALIAS):
         if annotation in outer:
             raise ConfigurationError(
                 f"{where}: the alias {annotation.__name__} contains itself; recursive types "
                 "cannot be described as JSON schema"
             )
-        return _schema(annotation.__value__, where, (*outer, annotation))
+        return _schema(_aliased(annotation), where, (*outer, annotation))
     if annotation is Any:
         return {}
     if annotation is None or annotation is _NONE_TYPE:
@@ -284,6 +284,15 @@ _TYPE_ALIAS = _spellings("TypeAliasType")
 """The type of a ``type X = ...`` alias (Python 3.12)."""
 
 
+def _aliased(alias: Any) -> Any:
+    """What a ``type`` alias stands for; a generic one's with its arguments
+    (``Pair[int]`` of ``type Pair[T] = tuple[T, T]`` is ``tuple[int, int]``)."""
+    origin = get_origin(alias)
+    if origin is None:
+        return alias.__value__
+    return origin.__value__[get_args(alias)]
+
+
 def _is_typeddict(annotation: Any) -> bool:
     return isinstance(annotation, type) and any(
         module.is_typeddict(annotation) for module in _TYPINGS
@@ -336,23 +345,30 @@ def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
 
 
 def _dataclass_hints(annotation: type) -> dict[str, Any]:
-    """A dataclass's resolved annotations. Python 3.10 refuses an ``InitVar`` written as a
-    string (``from __future__ import annotations``): each string is then evaluated where
-    the class was defined, as later versions do.
+    """A dataclass's resolved annotations, each where its class was defined, an
+    ``InitVar``'s type within it (``typing.get_type_hints`` leaves a quoted name inside
+    an ``InitVar``, and Python 3.10's refuses an ``InitVar`` written as a string).
 
     Raises:
         NameError: An annotation cannot be resolved.
     """
-    try:
-        return typing.get_type_hints(annotation, include_extras=True)
-    except TypeError:
-        hints = {}
-        for base in reversed(annotation.__mro__):  # a subclass's annotation wins
-            module = sys.modules.get(base.__module__)
-            names = dict(vars(module)) if module is not None else {}
-            for name, hint in inspect.get_annotations(base).items():
-                hints[name] = eval(hint, names, dict(vars(base))) if isinstance(hint, str) else hint
-        return hints
+    hints = {}
+    for base in reversed(annotation.__mro__):  # a subclass's annotation wins
+        module = sys.modules.get(base.__module__)
+        names = (dict(vars(module)) if module is not None else {}, dict(vars(base)))
+        for name, hint in inspect.get_annotations(base).items():
+            hints[name] = _resolved(hint, *names)
+    return hints
+
+
+def _resolved(hint: Any, globalns: dict[str, Any], localns: dict[str, Any]) -> Any:
+    """One annotation resolved as ``typing.get_type_hints`` would, an ``InitVar`` too."""
+    if isinstance(hint, str):
+        hint = eval(hint, globalns, localns)
+    if isinstance(hint, dataclasses.InitVar):
+        return dataclasses.InitVar(_resolved(hint.type, globalns, localns))
+    holder = type("Holder", (), {"__annotations__": {"hint": hint}})  # a ClassVar may be
+    return typing.get_type_hints(holder, globalns, localns, include_extras=True)["hint"]
 
 
 def _key(name: str, hint: Any, required: bool) -> _Field:
@@ -379,8 +395,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     Raises:
         ToolArgumentError: The value does not fit, with ``path`` naming where.
     """
-    if isinstance(annotation, _TYPE_ALIAS):
-        return coerce(value, annotation.__value__, path)
+    if isinstance(annotation, _TYPE_ALIAS) or isinstance(get_origin(annotation), _TYPE_ALIAS):
+        return coerce(value, _aliased(annotation), path)
     if annotation is Any:
         return _own(value)
     if annotation is None or annotation is _NONE_TYPE:

@@ -13,7 +13,7 @@ import re
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict, TypeVar, Union
 
 import anyio
 import attrs
@@ -26,7 +26,7 @@ from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from littleghost.tool_calls import invoke
-from littleghost.tool_types import ToolArgumentError, coerce
+from littleghost.tool_types import ToolArgumentError, coerce, json_schema
 from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
@@ -444,6 +444,8 @@ class ExtendedNote(typing_extensions.TypedDict, total=False):
 
 
 Size = typing_extensions.TypeAliasType("Size", int)
+Kind = TypeVar("Kind")
+Pair = typing_extensions.TypeAliasType("Pair", tuple[Kind, Kind], type_params=(Kind,))
 Sizes = typing_extensions.TypeAliasType("Sizes", list[Size])  # type: ignore[valid-type]
 
 
@@ -472,6 +474,13 @@ async def test_typing_extensions_spellings_and_type_aliases_are_described() -> N
     assert spec.parameters["properties"]["sizes"] == {"type": "array", "items": {"type": "integer"}}
     typed = type("Sized", (Agent,), {"output_type": Sizes})()
     assert typed.output is not None
+    paired = type("Paired", (Agent,), {"output_type": Pair[int]})()  # a generic alias
+    assert paired.output is not None
+    assert paired.output.schema.schema["properties"]["result"]["prefixItems"] == [
+        {"type": "integer"},
+        {"type": "integer"},
+    ]
+    assert coerce([1, 2], Pair[int], "pair") == (1, 2)
     if sys.version_info >= (3, 12):  # a recursive alias needs the lazy ``type`` statement
         names: dict[str, Any] = {}
         exec("type Nested = list[Nested] | int", names)
@@ -1318,6 +1327,29 @@ async def test_initvars_of_a_dataclass_are_in_its_schema() -> None:
     assert schema["required"] == ["order_id", "region"]
     [result] = tool_results(model.requests[1].messages)
     assert (result.content, result.is_error) == ("eu-web-1", False)
+
+
+@dataclasses.dataclass
+class Routed:
+    """An ``InitVar`` holding a quoted name, beside a ``ClassVar``."""
+
+    kind: ClassVar[str] = "routed"
+    route: str = ""
+    via: dataclasses.InitVar[Optional["Order"]] = None  # noqa: UP037, UP045 - as written
+
+    def __post_init__(self, via: Order | None) -> None:
+        self.route = via.order_id if via is not None else "direct"
+
+
+def test_an_initvar_holding_a_quoted_name_is_resolved() -> None:
+    """``typing.get_type_hints`` leaves ``"Order"`` unresolved inside an ``InitVar`` (and
+    on Python 3.10 refuses a string ``InitVar``): the schema described it as a
+    ``ForwardRef``, which failed."""
+    schema = json_schema(Routed, "routed")
+    assert list(schema["properties"]) == ["route", "via"]
+    assert schema["properties"]["via"]["anyOf"][0]["required"] == ["order_id", "region"]
+    routed = coerce({"via": {"order_id": "2", "region": "us"}}, Routed, "routed")
+    assert (routed.route, Routed.kind) == ("us-web-2", "routed")
 
 
 @dataclasses.dataclass
