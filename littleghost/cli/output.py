@@ -17,6 +17,8 @@ from typing import Any
 import click
 from attrs import frozen
 
+from littleghost.text import error_text
+
 __all__ = [
     "SHORT_ID",
     "Output",
@@ -60,14 +62,11 @@ def shown(text: str) -> str:
 
 
 def one_line(error: BaseException, *, named: bool = False) -> str:
-    """``error`` for a one-line message: its first line, after its type's name when
-    ``named`` (the user's own code failed: ``KeyError: 'DB_URL'`` says more than
-    ``'DB_URL'``), the name alone when it has no text."""
-    lines = str(error).strip().splitlines()
-    name = type(error).__name__
-    if not lines:
-        return name
-    return f"{name}: {lines[0]}" if named else lines[0]
+    """``error`` for a one-line message: the first line of ``error_text``, after its
+    type's name when ``named`` (the user's own code failed: ``KeyError: 'DB_URL'`` says
+    more than ``'DB_URL'``)."""
+    lines = error_text(error, with_type=named).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def escape_unwritable(stream: object) -> None:
