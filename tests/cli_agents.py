@@ -173,6 +173,23 @@ class InterruptedWhileClosing(Support):
     model = "interruptedclosing:m"
 
 
+class FailingToClose(ScriptedModel):
+    """A model whose close fails (a local server that would not stop, say)."""
+
+    async def aclose(self) -> None:
+        raise OSError("the server would not stop")
+
+
+register_provider("failingtoclose", lambda name: FailingToClose([respond] * 10))
+
+
+class FailedWhileClosing(Support):
+    """``Support`` whose model, made from its model string, fails to close once the
+    command has its summary."""
+
+    model = "failingtoclose:m"
+
+
 class Unstartable(ScriptedModel):
     """A model that cannot start here (as a local model without its server binary)."""
 

@@ -704,6 +704,19 @@ class TestCompact:
         assert result.exit_code == 130
         assert contents(store_url) == before
 
+    def test_a_model_failing_to_close_keeps_the_summary(self, store_url: str) -> None:
+        """The summary is paid for: a model that fails to close (not a Ctrl-C) leaves it
+        stored, and the error says so."""
+        before = load(store_url, "customer-42")
+        line = fails(
+            1, "sessions", "compact", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:FailedWhileClosing",
+        )  # fmt: skip
+        assert "the compaction was appended, but closing 1 model(s) failed" in line
+        after = load(store_url, "customer-42")
+        assert after[: len(before)] == before
+        assert [is_record(message) for message in after[len(before) :]] == [True]
+
 
 class TestExport:
     def test_json_lines_in_the_stored_form(self, store_url: str) -> None:

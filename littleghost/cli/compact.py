@@ -20,7 +20,7 @@ from littleghost.context.outside import managed_records
 from littleghost.context.strategies import prepared
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view
-from littleghost.errors import ConfigurationError, UnknownSessionError
+from littleghost.errors import CleanupError, ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.base import prepare
@@ -113,7 +113,11 @@ async def compact_document(
             )
             if records:
                 check_smaller(log, records, config.tokenizer)
-            await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
+            try:
+                await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
+            except CleanupError as failure:  # the summary is paid for: stored all the same
+                await store.append(session_id, records)
+                raise CleanupError(f"the compaction was appended, but {failure}") from failure
             advance(1, "appending")
             await store.append(session_id, records)
         advance(1, "done")
