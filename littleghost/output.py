@@ -183,23 +183,25 @@ class OutputPlan:
         self, calls: Sequence[ToolCall], final: ToolCall, answer: Answer
     ) -> list[Message]:
         """The results of an answer with a final-result call: the call's (what did not
-        fit, if anything), and the other calls', which are not run."""
+        fit, if anything; each final-result call's own when none fits), and the other
+        calls', which are not run."""
         if answer.ok:
             others = f"Not run: the final answer was given with {OUTPUT_TOOL} in the same turn."
         else:
             others = "Not run: the final answer given in the same turn did not fit its schema."
         results = []
         for call in calls:
-            if call is not final:
-                results.append(Message.tool(call.id, others, is_error=True))
-            elif answer.ok:
+            if call is final and answer.ok:
                 results.append(Message.tool(call.id, "The final answer was received."))
-            else:
+            elif call.name == OUTPUT_TOOL and not answer.ok:
+                errors = (answer if call is final else self.output.check(call.arguments)).errors
                 text = (
-                    f"The final answer does not fit its schema: {'; '.join(answer.errors)}. "
+                    f"The final answer does not fit its schema: {'; '.join(errors)}. "
                     f"Call {OUTPUT_TOOL} again with arguments that fit it."
                 )
                 results.append(Message.tool(call.id, text, is_error=True))
+            else:
+                results.append(Message.tool(call.id, others, is_error=True))
         return results
 
     def check_text(self, message: Message) -> Answer:

@@ -538,6 +538,24 @@ class TestRepair:
         )
         assert second == ("The final answer was received.", False)
 
+    async def test_each_final_result_that_does_not_fit_is_told_its_own_errors(self) -> None:
+        """When no final-result call of a turn fits, each is told what is wrong with its
+        own arguments (the second was told only that the answer did not fit)."""
+        calls = [
+            ToolCall("c1", OUTPUT_TOOL, {"result": "many"}),
+            ToolCall("c2", OUTPUT_TOOL, {"answer": 4}),
+        ]
+        response = ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)
+        fitting = tool_call_response(OUTPUT_TOOL, {"result": 4}, call_id="c3")
+        model = ScriptedModel([response, fitting], supports_output_schema=False)
+        result = await Plain(model=model).run("go", output_type=int)
+        assert result.output == 4
+        (first, second, _) = tool_result_texts(result.messages)
+        assert first[1] and second[1]
+        assert "does not fit its schema" in first[0] and "expected an integer" in first[0]
+        assert "does not fit its schema" in second[0] and "result" in second[0]
+        assert first[0] != second[0]
+
     async def test_calls_beside_a_final_result_that_does_not_fit_are_told_so(self) -> None:
         """When no final-result call of a turn fits, the turn's other calls are not run and
         their results say the answer did not fit (not that it was given)."""
