@@ -39,6 +39,7 @@ from littleghost.events import ModelCallRetried
 from littleghost.models import ModelRequest, OutputSchema, StopReason, ToolSpec, Usage, resolve
 from littleghost.models.anthropic import (
     DEFAULT_MAX_TOKENS,
+    EMPTY_ERROR_TEXT,
     LONGEST_UNSTREAMED,
     MAX_OPTIONAL_PROPERTIES,
     MAX_UNIONS,
@@ -785,6 +786,35 @@ async def test_a_request_without_tools_carries_earlier_calls_as_text(
     texts = [block["text"] for block in blocks]
     assert '[called lookup({"order": 42}), call toolu_1]' in texts
     assert "[tool result for call toolu_1: shipped]" in texts
+
+
+async def test_an_error_result_without_content_is_sent_with_some(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The API refuses a ``tool_result`` with ``is_error`` and empty content (an
+    ``after_tool`` hook's, say): it goes with a short text; an empty result that is no
+    error goes as it is."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [
+        Message.user("look both up"),
+        Message.assistant(
+            tool_calls=[ToolCall("toolu_1", "lookup", {}), ToolCall("toolu_2", "lookup", {})]
+        ),
+        Message.tool("toolu_1", " \n", is_error=True),
+        Message.tool("toolu_2", ""),
+    ]
+    lookup = ToolSpec("lookup", "Find an order.", {"type": "object", "properties": {}})
+    await make_model(server).respond(ModelRequest(history, (lookup,)))
+    [body] = server.bodies
+    assert body["messages"][-1]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_1",
+            "content": EMPTY_ERROR_TEXT,
+            "is_error": True,
+        },
+        {"type": "tool_result", "tool_use_id": "toolu_2", "content": "", "is_error": False},
+    ]
 
 
 async def test_whitespace_only_text_is_never_sent(

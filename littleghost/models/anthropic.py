@@ -65,6 +65,7 @@ from littleghost.telemetry import arguments_json
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "EMPTY_ERROR_TEXT",
     "MAX_OPTIONAL_PROPERTIES",
     "MAX_UNIONS",
     "AnthropicModel",
@@ -88,6 +89,8 @@ _STOP_REASONS = {
     "tool_use": StopReason.TOOL_USE,
     "refusal": StopReason.CONTENT_FILTER,
 }
+EMPTY_ERROR_TEXT = "(the tool failed without a message)"
+"""What an error result without content is sent as: the API refuses an empty one."""
 _TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
 _TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"})
 """Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
@@ -166,10 +169,11 @@ def _block(part: object, tools: bool) -> dict[str, Any] | None:
         arguments = part.arguments if isinstance(part.arguments, Mapping) else {}
         return {"type": "tool_use", "id": part.id, "name": part.name, "input": dict(arguments)}
     if isinstance(part, ToolResult):
+        empty = part.is_error and not part.content.strip()  # the API takes no empty error
         return {
             "type": "tool_result",
             "tool_use_id": part.call_id,
-            "content": part.content,
+            "content": EMPTY_ERROR_TEXT if empty else part.content,
             "is_error": part.is_error,
         }
     return None
