@@ -45,6 +45,12 @@ def _spellings(value: object) -> tuple[str, ...]:
     return spellings
 
 
+_BEFORE = r"(?<![\w.])(?<!\d,(?=\d))"
+_AFTER = r"(?!\w|[.,]\d)"
+"""What may not touch a value found: a letter, digit or ``_``, a point before it, nor a
+point or comma between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
+
+
 def _normal(text: str) -> str:
     return " ".join(text.casefold().split())
 
@@ -56,8 +62,8 @@ class Fact:
     Args:
         question: The probe question, asked after the compaction.
         expected: The value an answer must contain as a whole word or number (case and
-            spacing ignored: ``45 seconds`` is not in ``145 seconds``), or several
-            accepted spellings of it.
+            spacing ignored: ``45 seconds`` is not in ``145 seconds``, nor ``349.80`` in
+            ``1,349.80``), or several accepted spellings of it.
     """
 
     question: str = field(
@@ -72,7 +78,7 @@ class Fact:
         longer word or number."""
         haystack = _normal(text)
         return any(
-            re.search(rf"(?<![\w.]){re.escape(_normal(spelling))}(?!\w|\.\d)", haystack)
+            re.search(rf"{_BEFORE}{re.escape(_normal(spelling))}{_AFTER}", haystack)
             for spelling in self.expected
         )
 
