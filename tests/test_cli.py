@@ -44,6 +44,7 @@ from littleghost.sessions.base import SessionStore
 from littleghost.testing import ScriptedModel
 
 from . import cli_agents
+from .ci import missing
 from .cli_agents import Bounded, Staffed, Support, TypedTool, store_conversation
 from .stores import postgres_schema_sync
 
@@ -858,7 +859,8 @@ def python_m(
     *args: str, io_encoding: str | None = None, **options: Any
 ) -> subprocess.CompletedProcess[str]:
     """``python -m littleghost ...`` in a process of its own, from the repository root
-    (its standard streams in ``io_encoding``, when given)."""
+    (its standard streams in ``io_encoding``, when given; its output captured unless
+    ``stdout=`` says where it goes)."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""}
     if io_encoding is not None:
         environment["PYTHONIOENCODING"] = options["encoding"] = io_encoding
@@ -866,7 +868,8 @@ def python_m(
         [sys.executable, "-m", "littleghost", *args],
         cwd=ROOT,
         env=environment,
-        capture_output=True,
+        stdout=options.pop("stdout", subprocess.PIPE),
+        stderr=subprocess.PIPE,
         text=True,
         timeout=120,
         **options,
@@ -966,6 +969,36 @@ class TestProcess:
             "sessions", "export", "customer-42", "--store", self.filled(tmp_path)
         )
         assert small == ""
+
+    @pytest.mark.parametrize(
+        "command", [("list",), ("show", "customer-42"), ("export", "customer-42")]
+    )
+    def test_output_that_cannot_be_written_is_one_line(
+        self, tmp_path: Path, command: tuple[str, ...]
+    ) -> None:
+        """Standard output on a full disk: one line, exit 1, no traceback."""
+        if not os.path.exists("/dev/full"):
+            missing("this system has no /dev/full")
+        with open("/dev/full", "w") as full:
+            done = python_m("sessions", *command, "--store", self.filled(tmp_path), stdout=full)
+        assert done.returncode == 1
+        assert done.stderr == "Error: OSError: [Errno 28] No space left on device\n"
+
+    @pytest.mark.parametrize("closed", [1, 2])
+    def test_a_closed_standard_stream_is_no_error(self, tmp_path: Path, closed: int) -> None:
+        """A command run with standard output or error closed (``>&-``, as some job
+        runners start it) does its work and writes the other stream as usual."""
+        command = [sys.executable, "-m", "littleghost", "sessions", "list"]
+        done = subprocess.run(
+            ["sh", "-c", f'"$@" {closed}>&-', "sh", *command, "--store", self.filled(tmp_path)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode, done.stderr) == (0, "")
+        assert ("customer-42" in done.stdout) is (closed == 2)
 
     @staticmethod
     def filled(directory: Path) -> str:

@@ -3,6 +3,7 @@ edge (``anyio.run``); what each command reads and prints lives in its own module
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -40,7 +41,9 @@ INTERRUPTED = 130
 
 
 class _Commands(click.Group):
-    """The command group: a command stopped with Ctrl-C, working or writing, exits 130."""
+    """The command group: a command stopped with Ctrl-C, working or writing, exits 130;
+    one whose output cannot be written (a full disk) fails in one line, and one whose
+    reader is gone (``| head``) exits quietly, as click has it."""
 
     def invoke(self, ctx: click.Context) -> Any:
         escape_unwritable(sys.stdout)
@@ -49,6 +52,10 @@ class _Commands(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted", err=True)
             raise SystemExit(INTERRUPTED) from None
+        except OSError as error:
+            if error.errno == errno.EPIPE:
+                raise
+            raise click.ClickException(one_line(error, named=True)) from None
 
 
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:

@@ -110,10 +110,11 @@ class Output:
 
     @classmethod
     def detect(cls) -> Output:
-        """The output of this process, from its standard streams and ``NO_COLOR``."""
-        terminal = sys.stdout.isatty()
+        """The output of this process, from its standard streams and ``NO_COLOR`` (a
+        closed stream, ``None``, is no terminal; click writes nothing to it)."""
+        terminal = sys.stdout is not None and sys.stdout.isatty()
         colour = terminal and not os.environ.get("NO_COLOR")
-        return cls(terminal, colour, sys.stderr.isatty())
+        return cls(terminal, colour, sys.stderr is not None and sys.stderr.isatty())
 
     def style(self, text: str, **styles: Any) -> str:
         """``text`` with click ``styles`` (``fg=``, ``bold=``, ...) when colours are on."""
