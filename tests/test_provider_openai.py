@@ -1473,6 +1473,102 @@ async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
     assert "reasoning_content" not in server.bodies[2]["messages"][1]
 
 
+GEMINI = "https://generativelanguage.googleapis.com/v1beta/openai/"
+
+
+def signed_call(call_id: str, a: int, signature: str | None) -> dict[str, Any]:
+    """A tool call as Gemini's OpenAI-compatible endpoint sends it: with its thought
+    signature in ``extra_content`` (on the first of parallel calls only)."""
+    call: dict[str, Any] = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "add", "arguments": json.dumps({"a": a, "b": 1})},
+    }
+    if signature:
+        call["extra_content"] = {"google": {"thought_signature": signature}}
+    return call
+
+
+class Adder(Agent):
+    @tool
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+
+async def test_gemini_thought_signatures_go_back_with_their_tool_calls(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Gemini refuses a request whose tool calls lost the thought signatures it sent with
+    them: each is kept before its call and goes back on it, in later turns too."""
+    server = FakeServer(
+        completion(
+            {"tool_calls": [signed_call("c1", 1, "sig-A"), signed_call("c2", 2, None)]},
+            finish_reason="tool_calls",
+        ),
+        completion({"tool_calls": [signed_call("c3", 3, "sig-B")]}, finish_reason="tool_calls"),
+        completion({"content": "done"}),
+        completion({"content": "again"}),
+    )
+    agent = Adder(model=make_model(server, base_url=GEMINI, context_window=1_000_000))
+    result = await agent.run("add")
+    assert result.messages[1].content == (
+        ReasoningPart("", "sig-A", "google"),
+        ToolCall("c1", "add", {"a": 1, "b": 1}),
+        ToolCall("c2", "add", {"a": 2, "b": 1}),
+    )
+    sent = server.bodies[2]["messages"]
+    assert [call.get("extra_content") for call in sent[1]["tool_calls"]] == [
+        {"google": {"thought_signature": "sig-A"}},
+        None,
+    ]
+    assert sent[4]["tool_calls"][0]["extra_content"] == {"google": {"thought_signature": "sig-B"}}
+    assert "reasoning_content" not in sent[1]
+    await agent.run("more", history=result.messages)
+    later = server.bodies[3]["messages"]
+    assert later[1]["tool_calls"][0]["extra_content"] == {"google": {"thought_signature": "sig-A"}}
+
+
+async def test_streamed_gemini_thought_signatures_are_kept(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    first = signed_call("c1", 1, "sig-A")
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk({"tool_calls": [{"index": 0, **first}]}),
+                chunk({"tool_calls": [signed_call("c2", 2, None)]}, finish_reason="tool_calls"),
+            )
+        )
+    )
+    model = make_model(server, base_url=GEMINI, context_window=1_000_000)
+    events = [e async for e in model.stream(ModelRequest([Message.user("add")], [ADD]))]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.content == (
+        ReasoningPart("", "sig-A", "google"),
+        ToolCall("c1", "add", {"a": 1, "b": 1}),
+        ToolCall("c2", "add", {"a": 2, "b": 1}),
+    )
+
+
+async def test_thought_signatures_never_go_to_openai_s_own_api(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A history written through Gemini, sent to OpenAI's API: no ``extra_content``."""
+    server = FakeServer(completion({"content": "ok"}))
+    history = [
+        Message.user("add"),
+        Message(
+            "assistant",
+            [ReasoningPart("", "sig-A", "google"), ToolCall("c1", "add", {"a": 1, "b": 1})],
+        ),
+        Message.tool("c1", "2"),
+    ]
+    await make_model(server).respond(ModelRequest(history, [ADD]))
+    assert "extra_content" not in server.bodies[0]["messages"][1]["tool_calls"][0]
+
+
 async def test_streamed_reasoning_arrives_as_reasoning_chunks(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

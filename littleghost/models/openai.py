@@ -69,6 +69,9 @@ MODELS_TIMEOUT = 3.0
 logger = logging.getLogger(__name__)
 
 _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
+_GOOGLE = "google"
+"""The provider of the thought signatures Gemini's OpenAI-compatible endpoint puts on
+tool calls, kept as ``ReasoningPart("", signature, "google")`` before each call."""
 _STOP_REASONS = {
     "stop": StopReason.END_TURN,
     "length": StopReason.MAX_TOKENS,
@@ -172,11 +175,36 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
+def _thought_signature(call: object) -> str | None:
+    """Google's thought signature on a tool call, which Gemini's OpenAI-compatible
+    endpoint sends and wants back with the call (it refuses the next request without)."""
+    signature = lookup(call, "extra_content", _GOOGLE, "thought_signature")
+    return signature if isinstance(signature, str) and signature else None
+
+
+def _sent_calls(message: Message, signed: bool) -> list[dict[str, Any]]:
+    """The tool calls of ``message``, each with the Google thought signature that stands
+    just before it, when ``signed``."""
+    calls: list[dict[str, Any]] = []
+    signature: str | None = None
+    for part in message.content:
+        if isinstance(part, ReasoningPart) and part.provider == _GOOGLE:
+            signature = part.signature or None
+        elif isinstance(part, ToolCall):
+            entry = _tool_call(part)
+            if signed and signature:
+                entry["extra_content"] = {_GOOGLE: {"thought_signature": signature}}
+            calls.append(entry)
+            signature = None
+    return calls
+
+
 def _message(
-    message: Message, developer_role: str, reasoning_of: str | None
+    message: Message, developer_role: str, reasoning_of: str | None, *, signed: bool
 ) -> Iterator[dict[str, Any]]:
     """The chat-completions messages for ``message``; an assistant message carries the
-    reasoning of provider ``reasoning_of`` as ``reasoning_content``."""
+    reasoning of provider ``reasoning_of`` as ``reasoning_content``, and with ``signed``
+    its tool calls' Google thought signatures."""
     role = message.role
     if role is Role.TOOL:
         for result in message.tool_results:
@@ -194,7 +222,7 @@ def _message(
         if reasoning:
             entry["reasoning_content"] = reasoning
         if message.tool_calls:
-            entry["tool_calls"] = [_tool_call(call) for call in message.tool_calls]
+            entry["tool_calls"] = _sent_calls(message, signed)
         yield entry
         return
     name = developer_role if role is Role.DEVELOPER else role.value
@@ -273,17 +301,17 @@ def _legacy_call(provider: str) -> ProtocolError:
     )
 
 
-def _tool_calls(raw: Any) -> list[ToolCall]:
+def _tool_calls(raw: Any) -> list[tuple[ToolCall, str | None]]:
+    """The tool calls of an answer, each with its Google thought signature, if any."""
     calls = []
     for index, call in enumerate(raw or ()):
         function = getattr(call, "function", None)
         if function is None:
             continue
-        calls.append(
-            ToolCall(
-                call.id or f"call_{index}", function.name or "", parse_arguments(function.arguments)
-            )
+        made = ToolCall(
+            call.id or f"call_{index}", function.name or "", parse_arguments(function.arguments)
         )
+        calls.append((made, _thought_signature(call)))
     return calls
 
 
@@ -460,7 +488,10 @@ class OpenAIModel:
                 entry
                 for position, message in enumerate(request.messages)
                 for entry in _message(
-                    message, developer_role, self.provider if position > turn else None
+                    message,
+                    developer_role,
+                    self.provider if position > turn else None,
+                    signed=not self._official,
                 )
             ],
         }
@@ -595,13 +626,18 @@ class OpenAIModel:
             response_model=reported_name(completion, "model"),
         )
 
-    def _answer(self, reasoning: str, text: str, calls: list[ToolCall]) -> Message:
+    def _answer(
+        self, reasoning: str, text: str, calls: list[tuple[ToolCall, str | None]]
+    ) -> Message:
         """The assistant message: its reasoning (a server's ``reasoning_content``), text
-        and tool calls."""
+        and tool calls, each after the Google thought signature it came with."""
         parts: list[Part] = [ReasoningPart(reasoning, None, self.provider)] if reasoning else []
         if text:
             parts.append(TextPart(text))
-        parts.extend(calls)
+        for call, signature in calls:
+            if signature:
+                parts.append(ReasoningPart("", signature, _GOOGLE))
+            parts.append(call)
         return Message(Role.ASSISTANT, parts)
 
     async def _open_stream(self, stack: AsyncExitStack, params: dict[str, Any]) -> Any:
@@ -685,6 +721,9 @@ class OpenAIModel:
                                         calls.append(call)
                                         at[key] = call
                                     call["id"] = call["id"] or named
+                                    call["signature"] = _thought_signature(piece) or call.get(
+                                        "signature"
+                                    )
                                     function = piece.get("function") or {}
                                     call["name"] += function.get("name") or ""
                                     given = function.get("arguments") or ""
@@ -709,8 +748,11 @@ class OpenAIModel:
         if legacy and not calls:
             raise _legacy_call(self.provider)
         tool_calls = [
-            ToolCall(
-                call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
+            (
+                ToolCall(
+                    call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
+                ),
+                call["signature"],
             )
             for index, call in enumerate(calls)
         ]
