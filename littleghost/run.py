@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -251,10 +252,11 @@ class RunContext:
             )
 
     @contextmanager
-    def _calling(self, name: str) -> Iterator[None]:
-        """Around one call of tool ``name``: once it is over, what it appends (from a
-        thread left running at its timeout, a task it started) is refused."""
-        call = _ToolCall(self, name)
+    def _calling(self, name: str, timer: anyio.CancelScope) -> Iterator[None]:
+        """Around one call of tool ``name`` (``timer``: its timeout's scope): once it is
+        over, what it appends (from a thread left running at its timeout, a task it
+        started) is refused."""
+        call = _ToolCall(self, name, timer)
         token = _CALLING.set(call)
         try:
             yield
@@ -287,8 +289,15 @@ class RunContext:
         return self._sink is not None
 
     async def emit(self, event: Event) -> None:
-        """Hand an event to the stream's consumer, if there is one."""
-        if self._sink is not None:
+        """Hand an event to the stream's consumer, if there is one. The time a tool's
+        call waits for the consumer does not count against the tool's timeout."""
+        if self._sink is None:
+            return
+        calling = _CALLING.get()
+        if calling is None or calling.context is not self or calling.over:
+            await self._sink(event)
+            return
+        with calling.paused():
             await self._sink(event)
 
     async def _retried(self, error: BaseException) -> None:
@@ -504,8 +513,26 @@ class RunContext:
 
 @define(eq=False)
 class _ToolCall:
-    """One call of a tool, and whether it is over."""
+    """One call of a tool, whether it is over, and its timeout's scope (``timer``)."""
 
     context: RunContext
     name: str
+    timer: anyio.CancelScope
     over: bool = False
+    _waits: int = 0
+    _left: float = 0.0
+    """While ``_waits``: the seconds the timeout had left when the first wait began."""
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The timeout stands still while the context is open (waits may overlap)."""
+        if not self._waits:
+            self._left = self.timer.deadline - anyio.current_time()
+            self.timer.deadline = math.inf
+        self._waits += 1
+        try:
+            yield
+        finally:
+            self._waits -= 1
+            if not self._waits:
+                self.timer.deadline = anyio.current_time() + self._left

@@ -777,7 +777,7 @@ async def _execute(
         ) as timer,
     ):
         try:
-            with context._calling(definition.name):
+            with context._calling(definition.name, timer):
                 text = (await invoke(function, kwargs, definition.name)).text()
         except anyio.get_cancelled_exc_class():
             if cancelled_here():

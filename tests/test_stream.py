@@ -13,6 +13,7 @@ from littleghost import (
     Agent,
     Message,
     ReasoningPart,
+    RunContext,
     TextPart,
     ToolCall,
     ToolResult,
@@ -36,6 +37,7 @@ from littleghost.events import (
     ModelCallRetried,
     ReasoningDelta,
     RunFinished,
+    SideCallFinished,
     TextDelta,
     ToolCallFinished,
     ToolCallStarted,
@@ -585,3 +587,52 @@ async def test_tool_events_pair_by_the_logged_call_id_when_a_hook_replaces_the_c
     assert isinstance(started, ToolCallStarted) and isinstance(finished, ToolCallFinished)
     assert started.call == ToolCall("c1", "echo", {"text": "hi"})
     assert finished.result.call_id == "c1" == events.messages[1].tool_calls[0].id
+
+
+class TestToolTimeouts:
+    @staticmethod
+    def guarded(wait_after: float) -> type[Agent]:
+        class Guarded(Agent):
+            @tool(timeout=0.25)
+            async def check(self, context: RunContext) -> str:
+                """Check with a side call."""
+                request = ModelRequest((Message.user("ok?"),), (), {}, purpose="guard")
+                answer = await context.complete(request)
+                await anyio.sleep(wait_after)
+                return "checked: " + answer.message.text
+
+        return Guarded
+
+    @staticmethod
+    def script() -> ScriptedModel:
+        return ScriptedModel(
+            [
+                tool_call_response("check", {}, call_id="k"),
+                text_response("yes", input_tokens=5, output_tokens=1),
+                text_response("done", input_tokens=1, output_tokens=1),
+            ]
+        )
+
+    async def test_waiting_for_a_slow_consumer_is_not_the_tools_time(self) -> None:
+        """A side call's event waits for a slow consumer (busy with the event before it)
+        without using up the tool's timeout: the tool's result is run()'s, and the events
+        add up to the usage."""
+        received: list[Event] = []
+        async with self.guarded(0)(model=self.script()).stream("go") as events:
+            async for event in events:
+                received.append(event)
+                if isinstance(event, ToolCallStarted):
+                    await anyio.sleep(0.5)
+        results = [r for m in events.messages for r in m.tool_results]
+        assert [(r.content, r.is_error) for r in results] == [("checked: yes", False)]
+        usages = [e.usage for e in received if isinstance(e, (ModelCallFinished, SideCallFinished))]
+        assert sum(usages, Usage()) == events.result.usage == Usage(6, 2)
+
+    async def test_the_tools_own_time_still_counts(self) -> None:
+        """After the wait, the rest of the timeout applies to the tool's own work."""
+        async with self.guarded(10)(model=self.script()).stream("go") as events:
+            async for event in events:
+                if isinstance(event, ToolCallStarted):
+                    await anyio.sleep(0.5)
+        (result,) = [r for m in events.messages for r in m.tool_results]
+        assert result.is_error and "within 0.25 s" in result.content
