@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from littleghost import Agent, Message, RunContext, before_model, tool
+from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
-from littleghost.errors import RateLimitError
+from littleghost.context import PromptBudget
+from littleghost.errors import ContextWindowOverflowError, RateLimitError
 from littleghost.events import (
     CompactionFinished,
     CompactionStarted,
@@ -237,6 +238,37 @@ async def test_a_capability_makes_a_summary_call_as_manage_context_does(
         assert [type(event) for event in own_events] == [type(e) for e in builtin_events]
         assert not [event for event in own_events if isinstance(event, SideCallFinished)]
         assert reported(own_events) == reported(builtin_events) == own.usage
+
+
+async def test_a_memory_providers_side_call_during_recovery_is_reported_once() -> None:
+    """A memory provider's side call while overflow recovery bounds the view again is its
+    own ``SideCallFinished``, not part of the ``CompactionFinished`` usage: the events
+    still add up to result.usage."""
+
+    async def memories(context: RunContext) -> list[str]:
+        answer = await context.complete(ModelRequest([Message.user("Remember?")]))
+        return [answer.message.text]
+
+    budget = PromptBudget(
+        prompt_budget_tokens=4_000,
+        response_reserve_tokens=256,
+        safety_reserve_tokens=0,
+        memory=memories,
+    )
+
+    @manage_context(context_window_tokens=8_000, budget=budget, summarize=False)
+    class Bounded(Agent):
+        max_retries = 0
+
+    remembered = text_response("Likes tea.", input_tokens=10, output_tokens=3)
+    overflow = ContextWindowOverflowError("too long", prompt_tokens=9_000, context_window=8_000)
+    done = text_response("done", input_tokens=700, output_tokens=5)
+    model = ScriptedModel([remembered, overflow, remembered, remembered, done])
+    history = chat(20, "long " * 50)
+    result, events = await go(Bounded(model=model), "stream", "go", history=history)
+    (finished,) = [event for event in events if isinstance(event, CompactionFinished)]
+    assert finished.outcome == "completed" and finished.usage == Usage()
+    assert reported(events) == result.usage == Usage(730, 14)
 
 
 @pytest.mark.parametrize("report", [None, 0, "no"])

@@ -9,13 +9,14 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from attrs import define
+from attrs import define, field
 from opentelemetry import trace
 
 from littleghost import telemetry
 from littleghost.cleanup import cancelled_here
 from littleghost.errors import DeadlineExceededError
 from littleghost.events import CompactionFinished, CompactionStarted
+from littleghost.models.base import Usage
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
@@ -36,6 +37,9 @@ class Outcome:
     before: int | None = None
     """The request's size before, when estimated again in the units of ``after`` (a
     summary call taught a new calibration)."""
+    usage: Usage = field(factory=Usage)
+    """What the attempt's own model calls used (not a side call a memory provider makes
+    meanwhile, which its ``SideCallFinished`` reports)."""
 
 
 @asynccontextmanager
@@ -63,7 +67,7 @@ async def attempt(
                 done.removed,
                 done.after,
                 error,
-                context.usage - before,
+                done.usage,
                 done.summary,
                 fallback,
                 done.cut_to,
@@ -71,7 +75,6 @@ async def attempt(
         )
 
     await context.emit(CompactionStarted(reason, estimated, window))
-    before = context.usage
     outcome = Outcome()
     try:
         yield outcome
@@ -87,7 +90,8 @@ async def attempt(
         )
         raise
     except Exception as error:
-        await finish("error", Outcome(before=outcome.before), telemetry.error_type(error))
+        failed = Outcome(before=outcome.before, usage=outcome.usage)
+        await finish("error", failed, telemetry.error_type(error))
         raise
     assert outcome.after is not None
     context.mark_compacted()

@@ -626,8 +626,13 @@ async def _compact(
     if fallback is not None:  # never logged: left out without a record
         shown = tuple(message for message in shown if not view_only(message))
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
+
+        async def complete(summary: ModelRequest, **options: Any) -> ModelResponse:
+            response = await context.complete(summary, report=False, **options)
+            outcome.usage += response.usage  # the attempt's own: its event reports it
+            return response
+
         index = context.log_index.over(shown)
-        complete = partial(context.complete, report=False)
         state = managed_state(index, config, window, complete, request.settings)
         turn = _current_slot(index, asked(shown, context))
         state.pinned = pinned_slots(index, context.has_message, turn)
