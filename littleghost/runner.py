@@ -200,8 +200,8 @@ async def run(
     Args:
         agent: The agent to run.
         plan: The run's checked arguments (``plan_run``).
-        make_model: Makes the model to call, in the run's span (so that a failure to
-            make it fails the span); by default ``agent.resolve_model``.
+        make_model: Makes the model to call (a failure to make it fails a run span
+            too); by default ``agent.resolve_model``.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
         held: Called once the run holds its session and has its log from it (at its
@@ -210,15 +210,18 @@ async def run(
     Raises:
         The errors ``Agent.run`` documents.
     """
+    name = f"invoke_agent {agent.name}"
     attributes = {telemetry.OPERATION_NAME: "invoke_agent", telemetry.AGENT_NAME: agent.name}
     if plan.session_id is not None:
         attributes[telemetry.CONVERSATION_ID] = plan.session_id
-    # opened first, so that a model that cannot be resolved fails a span too
-    with telemetry.open_span(f"invoke_agent {agent.name}", attributes=attributes) as span:
+    try:  # the provider and model are there when the span starts, for samplers
         model = (make_model or agent.resolve_model)()
-        span.set_attributes(
-            {telemetry.PROVIDER_NAME: model.provider, telemetry.REQUEST_MODEL: model.name}
-        )
+        attributes[telemetry.PROVIDER_NAME] = model.provider
+        attributes[telemetry.REQUEST_MODEL] = model.name
+    except BaseException:
+        with telemetry.open_span(name, attributes=attributes):
+            raise  # a model that cannot be resolved fails a span too
+    with telemetry.open_span(name, attributes=attributes) as span:
         runs: list[RunContext] = []
 
         def seen(context: RunContext) -> None:

@@ -28,9 +28,11 @@ class SpanLedger(SpanProcessor):
     def __init__(self) -> None:
         self.started: set[int] = set()
         self.ended: set[int] = set()
+        self.at_start: dict[int, dict[str, Any]] = {}
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         self.started.add(span.context.span_id)
+        self.at_start[span.context.span_id] = dict(span.attributes or {})
 
     def on_end(self, span: ReadableSpan) -> None:
         self.ended.add(span.context.span_id)
@@ -71,6 +73,11 @@ class Spans:
         """Spans started during the test that have not ended."""
         return set(_ledger.open)
 
+    def at_start(self, span: ReadableSpan) -> dict[str, Any]:
+        """The attributes ``span`` had when it started (what a sampler sees)."""
+        assert span.context is not None
+        return _ledger.at_start[span.context.span_id]
+
     def one(self, prefix: str) -> ReadableSpan:
         found = self.named(prefix)
         assert len(found) == 1, [span.name for span in self.all()]
@@ -92,6 +99,7 @@ def spans() -> Iterator[Spans]:
     _exporter.clear()
     _ledger.started.clear()
     _ledger.ended.clear()
+    _ledger.at_start.clear()
     yield Spans(_exporter)
     _exporter.clear()
 

@@ -108,6 +108,27 @@ async def test_invoke_agent_attributes(spans: Spans) -> None:
     }
 
 
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_invoke_agent_has_its_provider_and_model_from_its_start(
+    spans: Spans, via: str
+) -> None:
+    """A sampler sees the provider and model of invoke_agent, as of chat: the GenAI
+    conventions ask for them when the span is created."""
+    agent = Support(model=two_turns())
+    if via == "run":
+        await agent.run("Where is my order?")
+    else:
+        async with agent.stream("Where is my order?") as events:
+            async for _ in events:
+                pass
+    for span in (spans.one("invoke_agent"), spans.named("chat ")[0]):
+        assert {
+            key: value
+            for key, value in spans.at_start(span).items()
+            if key in ("gen_ai.provider.name", "gen_ai.request.model")
+        } == {"gen_ai.provider.name": "scripted", "gen_ai.request.model": "scripted"}
+
+
 async def test_chat_attributes(spans: Spans) -> None:
     """Each chat span carries its request settings, usage and finish reason."""
     await Support(model=two_turns()).run("Where is my order?")
