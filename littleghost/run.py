@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -120,7 +121,7 @@ class RunContext:
     _sink: EventSink | None = field(default=None, repr=False, alias="sink")
     _call_attributes: dict[str, Any] = field(factory=dict, repr=False, init=False)
     _index: LogIndex = field(factory=lambda: LogIndex((), Layout()), repr=False, init=False)
-    _owned: dict[int, tuple[object, object]] = field(factory=dict, repr=False, init=False)
+    _owned: dict[object, tuple[object, object]] = field(factory=dict, repr=False, init=False)
     _prepared_models: set[int] = field(factory=set, repr=False, init=False)
     _ledger: Ledger = field(factory=Ledger, repr=False, init=False)
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
@@ -164,11 +165,16 @@ class RunContext:
         ``owner`` asked in this run.
 
         Keyed by ``owner``'s identity (a capability's hook function, a class of its own,
-        ...), so no name can clash; each run starts without it.
+        ...), so no name can clash; each run starts without it. A bound method
+        (``self.before_model``, a new object at each access) is known by its instance and
+        function.
         """
-        entry = self._owned.get(id(owner))
+        key: object = id(owner)
+        if isinstance(owner, types.MethodType):
+            key = (id(owner.__self__), id(owner.__func__))
+        entry = self._owned.get(key)
         if entry is None:
-            entry = self._owned[id(owner)] = (owner, factory())  # owner kept: its id stays its own
+            entry = self._owned[key] = (owner, factory())  # owner kept: its ids stay its own
         return cast(T, entry[1])
 
     def has_message(self, message_id: str) -> bool:

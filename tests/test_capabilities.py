@@ -207,6 +207,39 @@ async def test_state_for_is_keyed_by_identity() -> None:
     assert seen == [False, True]
 
 
+class Counter:
+    """A class-based capability: its hook is a bound method, also its per-run state's owner."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def before(self, agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        calls = context.state_for(self.before, Calls)
+        calls.count += 1
+        self.seen.append(calls.count)
+
+
+async def test_state_for_knows_a_bound_method_by_its_instance_and_function() -> None:
+    """A bound method, a new object at each access, owns one object per run; another
+    instance's method owns another."""
+    first, second = Counter(), Counter()
+    counting = type("Counting", (Base,), {})
+    add_capability(
+        counting,
+        Capability(
+            "counter",
+            [
+                CapabilityHook("before_model", first.before),
+                CapabilityHook("before_model", second.before),
+            ],
+        ),
+    )
+    agent = counting(model=ScriptedModel(steps() * 2))
+    await agent.run("first")
+    await agent.run("second")
+    assert first.seen == second.seen == [1, 2, 1, 2]
+
+
 def audited(cls: type[Agent]) -> type[Agent]:
     """A class decorator whose hook refers to the class it decorates."""
 
