@@ -37,6 +37,7 @@ from littleghost.errors import (
 from littleghost.sessions import PostgresSessionStore, SessionStats, message_to_json
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
+from .ci import missing
 from .stores import postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
 
@@ -1050,3 +1051,36 @@ class TestDamage:
                 CorruptSessionStoreError, match=r"schema .*session 's', message at position 0"
             ):
                 await store.load("s")
+
+
+def with_settings(conninfo: str, **settings: str) -> str:
+    """``conninfo`` whose sessions start with ``settings``, as a role's or a database's
+    settings on the server would have them."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    options = [str(conninfo_to_dict(conninfo).get("options") or "")]
+    options += [f"-c{name}={value}" for name, value in settings.items()]
+    return make_conninfo(conninfo, options=" ".join(options).strip())
+
+
+async def server_version(conninfo: str) -> int:
+    rows = await sql(conninfo, "SHOW server_version_num")
+    return int(str(rows[0][0]))
+
+
+class TestServerSettings:
+    async def test_a_servers_idle_session_timeout_leaves_a_held_session_held(
+        self, conninfo: str
+    ) -> None:
+        """A run's lock connection is idle while the run works: the server ending it
+        would let another worker take the session mid-run."""
+        if await server_version(conninfo) < 140000:
+            missing("idle_session_timeout came with PostgreSQL 14")
+        async with PostgresSessionStore(
+            with_settings(conninfo, idle_session_timeout="100")
+        ) as store:
+            async with store.lock("s"):
+                await anyio.sleep(0.5)
+                assert len(await backends_holding_advisory_locks(conninfo)) == 1
+                await store.append("s", [Message.user("still held")])
+            assert await texts(store) == ["still held"]

@@ -155,7 +155,11 @@ _CHECK_CLIENT = "SET client_connection_check_interval = 500"
 is awaited: a waiter that stops waiting (cancelled, or its process killed) leaves no
 backend queued for the lock, holding a connection slot, until the holder lets go."""
 _CHECKS_CLIENT = 140_000
-"""The first server version with ``client_connection_check_interval`` (PostgreSQL 14)."""
+"""The first server version with ``client_connection_check_interval`` and
+``idle_session_timeout`` (PostgreSQL 14)."""
+_NEVER_IDLE_OUT = "SET idle_session_timeout = 0"
+"""Keeps a server's ``idle_session_timeout`` from ending a session's connection, idle
+while its run works: that would free the session for another worker mid-run."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -656,6 +660,7 @@ class PostgresSessionStore:
         connection = self._connect(operation, _milliseconds(operation.time_left.seconds()))
         try:
             if connection.info.server_version >= _CHECKS_CLIENT:
+                connection.execute(_NEVER_IDLE_OUT)
                 try:
                     connection.execute(_CHECK_CLIENT)
                 except self._psycopg.errors.InvalidParameterValue:
