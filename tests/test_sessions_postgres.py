@@ -1084,3 +1084,20 @@ class TestServerSettings:
                 assert len(await backends_holding_advisory_locks(conninfo)) == 1
                 await store.append("s", [Message.user("still held")])
             assert await texts(store) == ["still held"]
+
+    async def test_a_servers_lock_timeout_does_not_cut_a_wait_for_a_session_short(
+        self, conninfo: str
+    ) -> None:
+        """A run waits for a session held by another worker until that run ends or its
+        own deadline comes, whatever ``lock_timeout`` a role or database sets."""
+        store = PostgresSessionStore(with_settings(conninfo, lock_timeout="100"))
+        with other_worker_holding(conninfo, "s"):
+            with anyio.move_on_after(0.6) as scope:
+                async with store.lock("s"):
+                    pytest.fail("the session was held")
+            assert scope.cancelled_caught
+        with anyio.fail_after(5):
+            async with store.lock("s"):
+                await store.append("s", [Message.user("mine now")])
+        assert await texts(store) == ["mine now"]
+        await store.aclose()

@@ -677,7 +677,8 @@ class PostgresSessionStore:
         return self._connect(operation, _milliseconds(self._statement_timeout))
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
-        """A new connection attached to ``operation``, with its ``statement_timeout``.
+        """A new connection attached to ``operation``, with its ``statement_timeout`` and
+        no ``lock_timeout`` (a server's would cut a wait for a session short).
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -701,7 +702,9 @@ class PostgresSessionStore:
         try:
             operation.attach(connection)
             connection.execute(
-                "SELECT set_config('statement_timeout', %s, false)", (statement_timeout,)
+                "SELECT set_config('statement_timeout', %s, false),"
+                " set_config('lock_timeout', '0', false)",
+                (statement_timeout,),
             )
             if self._read_only:
                 connection.execute("SET default_transaction_read_only = on")
