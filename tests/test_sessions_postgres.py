@@ -1090,14 +1090,52 @@ class TestServerSettings:
     ) -> None:
         """A run waits for a session held by another worker until that run ends or its
         own deadline comes, whatever ``lock_timeout`` a role or database sets."""
-        store = PostgresSessionStore(with_settings(conninfo, lock_timeout="100"))
-        with other_worker_holding(conninfo, "s"):
-            with anyio.move_on_after(0.6) as scope:
+        async with PostgresSessionStore(with_settings(conninfo, lock_timeout="100")) as store:
+            with other_worker_holding(conninfo, "s"):
+                with anyio.move_on_after(0.6) as scope:
+                    async with store.lock("s"):
+                        pytest.fail("the session was held")
+                assert scope.cancelled_caught
+            with anyio.fail_after(5):
                 async with store.lock("s"):
-                    pytest.fail("the session was held")
-            assert scope.cancelled_caught
-        with anyio.fail_after(5):
-            async with store.lock("s"):
-                await store.append("s", [Message.user("mine now")])
-        assert await texts(store) == ["mine now"]
+                    await store.append("s", [Message.user("mine now")])
+            assert await texts(store) == ["mine now"]
+
+    @pytest.mark.parametrize("isolation", ["repeatable\\ read", "serializable"])
+    async def test_an_append_waiting_for_another_writer_follows_it_at_any_default_isolation(
+        self, conninfo: str, isolation: str
+    ) -> None:
+        """Another worker appends to the session while this append waits for the
+        session's write lock: it appends after it (it failed with a serialization failure
+        when the server's default isolation was stricter than read committed)."""
+        import psycopg
+
+        store = PostgresSessionStore(
+            with_settings(conninfo, default_transaction_isolation=isolation)
+        )
+        await store.append("s", [Message.user("one")])
+        other: psycopg.Connection[Any] = await anyio.to_thread.run_sync(
+            lambda: psycopg.connect(conninfo)
+        )
+        try:
+            await anyio.to_thread.run_sync(other.execute, WRITE_LOCK.format(session_id="s"))
+            async with anyio.create_task_group() as group:
+                group.start_soon(store.append, "s", [Message.user("three")])
+                for _ in range(250):  # the append waits for the write lock
+                    if await waiting_backends(conninfo):
+                        break
+                    await anyio.sleep(0.02)
+                for statement, parameters in (
+                    ("UPDATE littleghost_sessions SET length = 2 WHERE id = 's'", ()),
+                    (
+                        "INSERT INTO littleghost_messages (session_id, position, body)"
+                        " VALUES ('s', 1, %s)",
+                        (message_to_json(Message.user("two")),),
+                    ),
+                ):
+                    await anyio.to_thread.run_sync(other.execute, statement, parameters)
+                await anyio.to_thread.run_sync(other.commit)
+        finally:
+            await anyio.to_thread.run_sync(other.close)
+        assert await texts(store) == ["one", "two", "three"]
         await store.aclose()

@@ -677,8 +677,10 @@ class PostgresSessionStore:
         return self._connect(operation, _milliseconds(self._statement_timeout))
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
-        """A new connection attached to ``operation``, with its ``statement_timeout`` and
-        no ``lock_timeout`` (a server's would cut a wait for a session short).
+        """A new connection attached to ``operation``, with its ``statement_timeout``,
+        no ``lock_timeout`` (a server's would cut a wait for a session short), and its
+        transactions read committed whatever the server's default (a write reads the
+        session after taking its write lock, so it sees the writes committed before).
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -703,7 +705,8 @@ class PostgresSessionStore:
             operation.attach(connection)
             connection.execute(
                 "SELECT set_config('statement_timeout', %s, false),"
-                " set_config('lock_timeout', '0', false)",
+                " set_config('lock_timeout', '0', false),"
+                " set_config('default_transaction_isolation', 'read committed', false)",
                 (statement_timeout,),
             )
             if self._read_only:
