@@ -205,7 +205,8 @@ class PromptBudgetError(LittleGhostError):
 
 
 class SessionStoreError(LittleGhostError):
-    """A session store could not do what was asked; nothing stored was changed.
+    """A session store could not do what was asked; nothing stored was changed, unless
+    the message says a write may have been stored (its connection lost while committing).
 
     Args:
         session_id: The session concerned, when there is one.

@@ -475,9 +475,15 @@ def silent_server() -> Iterator[SilentServer]:
         server.close()
 
 
+COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+"""A client's COMMIT (a simple query), as psycopg sends it."""
+
+
 class Proxy:
     """TCP on 127.0.0.1 to a real server; while ``frozen`` it forwards nothing either
-    way, so the server seems to hang. It notes which connections the client closed."""
+    way, so the server seems to hang; while ``cutting_commits`` it ends a connection
+    once it forwarded a COMMIT (which lands; its answer is lost). It notes which
+    connections the client closed."""
 
     def __init__(self, conninfo: str) -> None:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -495,6 +501,7 @@ class Proxy:
             conninfo, host="127.0.0.1", hostaddr="", port=self.listener.getsockname()[1]
         )
         self.frozen = threading.Event()
+        self.cutting_commits = threading.Event()
         self.accepted = 0
         self.closed = 0
         self._guard = threading.Lock()
@@ -524,11 +531,16 @@ class Proxy:
                 data = b""
             if not data:
                 break
+            cut = from_client and self.cutting_commits.is_set() and COMMIT in data
+            if cut:
+                source.shutdown(socket.SHUT_RDWR)  # the client never hears back
             if not self.frozen.is_set():
                 try:
                     target.sendall(data)
                 except OSError:
                     break
+            if cut:
+                break
         if from_client:
             with self._guard:
                 self.closed += 1
@@ -1024,6 +1036,22 @@ class TestStalePool:
         for n in range(3):
             await store.append(f"s{n}", [Message.user("after")])
             assert [m.text for m in await store.load(f"s{n}")] == ["before", "after"]
+        await store.aclose()
+
+
+class TestLostCommit:
+    async def test_a_connection_lost_while_committing_says_the_write_may_have_landed(
+        self, proxy: Proxy
+    ) -> None:
+        """The append's commit reaches the server, its answer never comes back: the error
+        says so (it said nothing of it, and a caller retrying stored the messages twice)."""
+        store = PostgresSessionStore(proxy.conninfo)
+        await store.load("s")  # the tables are checked: the append's is the next commit
+        proxy.cutting_commits.set()
+        with pytest.raises(SessionStoreError, match="lost while committing, so the write may"):
+            await store.append("s", [Message.user("one")])
+        proxy.cutting_commits.clear()
+        assert await texts(store) == ["one"]
         await store.aclose()
 
 

@@ -143,6 +143,15 @@ def _hidden(quoted: re.Match[str]) -> str:
     return quoted[0] if quoted[0] in ('"="', '"]"') else '"…"'
 
 
+def _in_doubt(where: str, error: Exception) -> SessionStoreError:
+    """The error for a connection lost once a commit was sent: the write may have landed."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return SessionStoreError(
+        f"{where}: the connection was lost while committing, so the write may have been "
+        f"stored or not ({type(error).__name__}: {reason})"
+    )
+
+
 def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(timezone.utc)
 
@@ -795,7 +804,9 @@ class PostgresSessionStore:
                         self._ready = True
                     operation.committing = False
                     return work(connection, operation)
-                except self._psycopg.OperationalError:
+                except self._psycopg.OperationalError as error:
+                    if operation.committing and connection.broken:
+                        raise _in_doubt(self._where, error) from error
                     retry = reused and connection.broken and not operation.committing
                     if operation.abandoned or not retry:
                         raise
