@@ -26,9 +26,10 @@ __all__ = ["Ledger", "check_history", "check_ids", "check_results"]
 _ID = attrgetter("id")
 
 
-def check_history(value: object, name: str) -> list[Message]:
+def check_history(value: object, name: str, *, keep: bool = True) -> list[Message]:
     """``value`` (named ``name`` in errors) as a list of messages, checked; at the cost of
-    a few passes in C and the engine's index of the log, which the engine reuses.
+    a few passes in C and the engine's index of the log, which the engine reuses (kept
+    among its recent ones unless not ``keep``: a run's history).
 
     Raises:
         TypeError: Not a sequence of ``Message``.
@@ -46,7 +47,7 @@ def check_history(value: object, name: str) -> list[Message]:
                     f"{name}[{position}] must be a Message, not {type(message).__name__}"
                 )
     at = f"{name}[{{}}]".format
-    layout = LogIndex.of(log).layout
+    layout = LogIndex.of(log, keep=keep).layout
     for position in layout.orphans:  # a tool message without a result answers nothing
         if not log[position].tool_results:
             raise ConfigurationError(f"{at(position)} is a tool message without a result")

@@ -897,7 +897,7 @@ def _user_message(value: object) -> Message:
 
 
 def _history(value: object) -> list[Message]:
-    return [] if value is None else check_history(value, "history")
+    return [] if value is None else check_history(value, "history", keep=False)
 
 
 def _check_timing(timeout: object, deadline: object) -> None:

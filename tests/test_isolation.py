@@ -311,3 +311,33 @@ class TestUndeclaredToolNames:
         model = ScriptedModel([tool_call_response("call_me_maybe_4111", {}), text_response("x")])
         await Support(model=model, capture_content=True).run("Go.")
         assert spans.one("execute_tool").name == "execute_tool call_me_maybe_4111"
+
+
+@pytest.mark.parametrize("managed", [False, True])
+async def test_a_run_keeps_nothing_of_its_callers_history(managed: bool) -> None:
+    """A service passing each request's conversation as ``history=`` keeps none of them
+    once the runs, their results and the agent are dropped (the engine kept the last
+    few)."""
+    import gc
+    import weakref
+
+    from littleghost import manage_context
+
+    agent_class: type[Agent] = (
+        manage_context(context_window_tokens=100_000)(type("Managed", (Support,), {}))
+        if managed
+        else Support
+    )
+    agent = agent_class(model=ScriptedModel([echo] * 20))
+    seen: list[weakref.ref[Message]] = []
+    for request in range(12):
+        history = [
+            m for i in range(5) for m in (Message.user(f"{request}.{i}"), Message.assistant("ok"))
+        ]
+        seen += map(weakref.ref, history)
+        result = await agent.run("next", history=history)
+        assert result.output.startswith(f"{request}.0")
+        del history, result
+    del agent  # its ScriptedModel keeps the requests it was sent
+    gc.collect()
+    assert [ref() for ref in seen if ref() is not None] == []

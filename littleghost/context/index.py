@@ -34,9 +34,9 @@ class LogIndex:
     _derived: dict[tuple[Any, ...], tuple[Message, Message]] = field(factory=dict)
 
     @classmethod
-    def of(cls, messages: Sequence[Message]) -> LogIndex:
+    def of(cls, messages: Sequence[Message], *, keep: bool = True) -> LogIndex:
         """The index of ``messages``, reusing one seen lately of the same log or of a log it
-        extends."""
+        extends; kept among the recent ones unless not ``keep``."""
         log = tuple(messages)
         earlier = None
         with _recent_lock:
@@ -47,10 +47,10 @@ class LogIndex:
                     and len(known.log) == position + 1
                     and known.log == log[: position + 1]  # by identity first, in C
                 ):
-                    earlier = _recent.pop(id(log[position]))
+                    earlier = _recent.pop(id(log[position])) if keep else known
                     break
         found = cls(log, Layout.build(log)) if earlier is None else earlier.grown(log)
-        if log:
+        if log and keep:
             with _recent_lock:
                 _recent[id(log[-1])] = found
                 _recent.move_to_end(id(log[-1]))
