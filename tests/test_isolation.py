@@ -341,3 +341,23 @@ async def test_a_run_keeps_nothing_of_its_callers_history(managed: bool) -> None
     del agent  # its ScriptedModel keeps the requests it was sent
     gc.collect()
     assert [ref() for ref in seen if ref() is not None] == []
+
+
+async def test_compacting_a_stored_session_keeps_nothing_of_it() -> None:
+    """``compact_session`` run as a maintenance job over many sessions keeps none of
+    their logs once the store is dropped (the engine kept the last few)."""
+    import gc
+
+    from littleghost.context import Truncation, compact_session
+
+    store = InMemorySessionStore()
+    for session in range(12):
+        chat = [(Message.user(f"kept? {session}.{i}"), Message.assistant("a")) for i in range(6)]
+        await store.append(str(session), [m for pair in chat for m in pair])
+    for session in range(12):
+        records = await compact_session(store, str(session), Truncation(minimum_preserved=2))
+        assert records
+    del store, records, chat
+    gc.collect()
+    alive = [o for o in gc.get_objects() if isinstance(o, Message) and "kept?" in o.text]
+    assert alive == []

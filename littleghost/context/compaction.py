@@ -71,10 +71,14 @@ async def _run(
     tokenizer: Tokenizer,
     complete: Complete | None,
     settings: Mapping[str, Any] | None,
+    *,
+    keep: bool = True,
 ) -> CompactionState:
     """The state ``strategy`` leaves over ``messages``: its ``view()``, and the
-    ``records()`` that give that view when appended (each built only when asked for)."""
-    state = compaction_state(LogIndex.of(messages), tokenizer, complete=complete, settings=settings)
+    ``records()`` that give that view when appended (each built only when asked for);
+    their index kept among the engine's recent ones unless not ``keep``."""
+    index = LogIndex.of(messages, keep=keep)
+    state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
     return state
 
@@ -150,7 +154,8 @@ async def compact_session(
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
     async with hold_session(store, session_id):
         log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
-        records = (await _run(log, strategy, counter, None, settings)).records()
+        # loaded for this call alone: its index is not kept
+        records = (await _run(log, strategy, counter, None, settings, keep=False)).records()
         if records:
             check_smaller(log, records, counter)
             await store.append(session_id, records)
