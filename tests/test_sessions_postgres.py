@@ -1129,6 +1129,20 @@ class TestServerSettings:
                     await store.append("s", [Message.user("mine now")])
             assert await texts(store) == ["mine now"]
 
+    @pytest.mark.parametrize("style", ["SQL,\\ DMY", "German", "Postgres"])
+    async def test_stored_times_are_read_whatever_the_servers_date_style(
+        self, conninfo: str, style: str
+    ) -> None:
+        """A role's or database's ``DateStyle`` other than ISO made every load of a
+        session with messages fail (psycopg reads a time zone only in ISO times)."""
+        async with PostgresSessionStore(with_settings(conninfo, DateStyle=style)) as store:
+            await store.append("s", [Message.user("one")])
+            assert await texts(store) == ["one"]
+            (stored,) = await store.load_stored("s")
+            assert stored.stored_at is not None and stored.stored_at.tzinfo is not None
+            (stats,) = await store.session_stats()
+            assert stats.last_activity == stored.stored_at
+
     @pytest.mark.parametrize("isolation", ["repeatable\\ read", "serializable"])
     async def test_an_append_waiting_for_another_writer_follows_it_at_any_default_isolation(
         self, conninfo: str, isolation: str

@@ -687,9 +687,10 @@ class PostgresSessionStore:
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
         """A new connection attached to ``operation``, with its ``statement_timeout``,
-        no ``lock_timeout`` (a server's would cut a wait for a session short), and its
+        no ``lock_timeout`` (a server's would cut a wait for a session short), its
         transactions read committed whatever the server's default (a write reads the
-        session after taking its write lock, so it sees the writes committed before).
+        session after taking its write lock, so it sees the writes committed before), and
+        times written in ISO 8601 (the only ``DateStyle`` psycopg reads a time zone in).
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -715,7 +716,8 @@ class PostgresSessionStore:
             connection.execute(
                 "SELECT set_config('statement_timeout', %s, false),"
                 " set_config('lock_timeout', '0', false),"
-                " set_config('default_transaction_isolation', 'read committed', false)",
+                " set_config('default_transaction_isolation', 'read committed', false),"
+                " set_config('datestyle', 'ISO', false)",
                 (statement_timeout,),
             )
             if self._read_only:
