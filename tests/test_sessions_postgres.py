@@ -1143,6 +1143,27 @@ class TestServerSettings:
             (stats,) = await store.session_stats()
             assert stats.last_activity == stored.stored_at
 
+    async def test_a_servers_transaction_timeout_does_not_cut_a_wait_for_a_session_short(
+        self, conninfo: str
+    ) -> None:
+        """``transaction_timeout`` (PostgreSQL 17+) also bounds a single statement, such as
+        the wait for a session's lock: a role's or database's must not end that wait (nor
+        the connection) before the caller's deadline."""
+        if await server_version(conninfo) < 170000:
+            missing("transaction_timeout came with PostgreSQL 17")
+        async with PostgresSessionStore(
+            with_settings(conninfo, transaction_timeout="100")
+        ) as store:
+            with other_worker_holding(conninfo, "s"):
+                with anyio.move_on_after(0.6) as scope:
+                    async with store.lock("s"):
+                        pytest.fail("the session was held")
+                assert scope.cancelled_caught
+            with anyio.fail_after(5):
+                async with store.lock("s"):
+                    await store.append("s", [Message.user("mine now")])
+            assert await texts(store) == ["mine now"]
+
     @pytest.mark.parametrize("isolation", ["repeatable\\ read", "serializable"])
     async def test_an_append_waiting_for_another_writer_follows_it_at_any_default_isolation(
         self, conninfo: str, isolation: str

@@ -166,6 +166,9 @@ backend queued for the lock, holding a connection slot, until the holder lets go
 _CHECKS_CLIENT = 140_000
 """The first server version with ``client_connection_check_interval`` and
 ``idle_session_timeout`` (PostgreSQL 14)."""
+_TRANSACTION_TIMEOUTS = 170_000
+"""The first server version with ``transaction_timeout`` (PostgreSQL 17), which bounds a
+single statement too, a wait for a session's lock among them."""
 _NEVER_IDLE_OUT = "SET idle_session_timeout = 0"
 """Keeps a server's ``idle_session_timeout`` from ending a session's connection, idle
 while its run works: that would free the session for another worker mid-run."""
@@ -687,10 +690,11 @@ class PostgresSessionStore:
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
         """A new connection attached to ``operation``, with its ``statement_timeout``,
-        no ``lock_timeout`` (a server's would cut a wait for a session short), its
-        transactions read committed whatever the server's default (a write reads the
-        session after taking its write lock, so it sees the writes committed before), and
-        times written in ISO 8601 (the only ``DateStyle`` psycopg reads a time zone in).
+        no ``lock_timeout`` nor ``transaction_timeout`` (a server's would cut a wait for a
+        session short), its transactions read committed whatever the server's default (a
+        write reads the session after taking its write lock, so it sees the writes
+        committed before), and times written in ISO 8601 (the only ``DateStyle`` psycopg
+        reads a time zone in).
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -713,13 +717,15 @@ class PostgresSessionStore:
             raise
         try:
             operation.attach(connection)
-            connection.execute(
+            settings = (
                 "SELECT set_config('statement_timeout', %s, false),"
                 " set_config('lock_timeout', '0', false),"
                 " set_config('default_transaction_isolation', 'read committed', false),"
-                " set_config('datestyle', 'ISO', false)",
-                (statement_timeout,),
+                " set_config('datestyle', 'ISO', false)"
             )
+            if connection.info.server_version >= _TRANSACTION_TIMEOUTS:
+                settings += ", set_config('transaction_timeout', '0', false)"
+            connection.execute(settings, (statement_timeout,))
             if self._read_only:
                 connection.execute("SET default_transaction_read_only = on")
         except BaseException:
