@@ -718,6 +718,20 @@ class TestCompact:
         assert after[: len(before)] == before
         assert [is_record(message) for message in after[len(before) :]] == [True]
 
+    def test_a_model_failing_to_close_with_nothing_to_compact_says_only_that(
+        self, tmp_path: Path
+    ) -> None:
+        """Nothing was compacted: the error does not say a compaction was appended."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, lambda store: store.append("short", [Message.user("hi")]))
+        before = contents(url)
+        line = fails(
+            1, "sessions", "compact", "short", "--store", url,
+            "--agent", "tests.cli_agents:FailedWhileClosing",
+        )  # fmt: skip
+        assert "closing 1 model(s) failed" in line and "appended" not in line
+        assert contents(url)[2:] == before[2:]
+
 
 class TestExport:
     def test_json_lines_in_the_stored_form(self, store_url: str) -> None:

@@ -214,6 +214,7 @@ async def models() -> AsyncIterator[Callable[..., OpenAIModel]]:
         ("openai", "gpt-4-0125-preview", 128_000),
         ("openai", "gpt-4-1106-preview", 128_000),
         ("openai", "gpt-4-1106-vision-preview", 128_000),
+        ("openai", "gpt-4-vision-preview", 128_000),
         ("openai", "gpt-4-32k-0613", 32_768),
         ("openai", "gpt-4-0613", 8_192),
         ("openai", "gpt-3.5-turbo-0125", 16_385),

@@ -1040,6 +1040,20 @@ class TestStalePool:
 
 
 class TestLostCommit:
+    async def test_a_lost_commit_of_the_tables_check_is_no_write_in_doubt(
+        self, proxy: Proxy
+    ) -> None:
+        """A store's first call checks its tables in a transaction of its own: losing the
+        connection at that commit says nothing of a write (a load made none)."""
+        store = PostgresSessionStore(proxy.conninfo)
+        proxy.cutting_commits.set()
+        with pytest.raises(SessionStoreError) as raised:
+            await store.load("s")
+        assert "may have been stored" not in str(raised.value)
+        proxy.cutting_commits.clear()
+        assert await store.load("s") == ()
+        await store.aclose()
+
     async def test_a_connection_lost_while_committing_says_the_write_may_have_landed(
         self, proxy: Proxy
     ) -> None:

@@ -116,6 +116,8 @@ async def compact_document(
             try:
                 await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
             except CleanupError as failure:  # the summary is paid for: stored all the same
+                if not records:
+                    raise
                 await store.append(session_id, records)
                 raise CleanupError(f"the compaction was appended, but {failure}") from failure
             advance(1, "appending")

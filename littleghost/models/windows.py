@@ -31,6 +31,7 @@ CONTEXT_WINDOWS: Final[Mapping[str, Mapping[str, int]]] = MappingProxyType(
                 "gpt-4-turbo": 128_000,
                 "gpt-4-0125-preview": 128_000,
                 "gpt-4-1106": 128_000,
+                "gpt-4-vision-preview": 128_000,
                 "gpt-4o": 128_000,
                 "chatgpt-4o": 128_000,
                 "gpt-4.1": 1_047_576,

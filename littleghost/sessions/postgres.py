@@ -806,14 +806,15 @@ class PostgresSessionStore:
         turns out broken before ``work`` sent a commit (nothing of it can have landed)."""
         for fresh in (False, True):
             with self._pool.connection(operation, fresh=fresh) as (connection, reused):
+                working = False  # the commit of the tables' check is no write of the caller's
                 try:
                     if not self._ready:
                         self._prepare(connection, operation)
                         self._ready = True
-                    operation.committing = False
+                    operation.committing, working = False, True
                     return work(connection, operation)
                 except self._psycopg.OperationalError as error:
-                    if operation.committing and connection.broken:
+                    if working and operation.committing and connection.broken:
                         raise _in_doubt(self._where, error) from error
                     retry = reused and connection.broken and not operation.committing
                     if operation.abandoned or not retry:
