@@ -152,7 +152,8 @@ class ReasoningPart:
             when a signed block lost its signature (an interrupted stream), which is
             never sent back.
         provider: The provider that wrote it (``"anthropic"``, ``"openai"``, ...): only
-            that provider is sent it back.
+            that provider is sent it back (``"google"``: a Gemini thought signature of the
+            tool call after it, which ``OpenAIModel`` sends to any server but OpenAI's).
         redacted: True for a block whose text the provider withheld.
     """
 

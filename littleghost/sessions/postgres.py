@@ -143,12 +143,17 @@ def _hidden(quoted: re.Match[str]) -> str:
     return quoted[0] if quoted[0] in ('"="', '"]"') else '"…"'
 
 
+def _first_line(error: Exception) -> str:
+    """The first line of a driver's message (``""`` when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _in_doubt(where: str, error: Exception) -> SessionStoreError:
     """The error for a connection lost once a commit was sent: the write may have landed."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return SessionStoreError(
         f"{where}: the connection was lost while committing, so the write may have been "
-        f"stored or not ({type(error).__name__}: {reason})"
+        f"stored or not ({type(error).__name__}: {_first_line(error)})"
     )
 
 
@@ -758,8 +763,7 @@ class PostgresSessionStore:
                 raise SessionStoreError(
                     f"{failed} (the connection URL's password holds a bare '@': write it as %40)"
                 ) from None
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise SessionStoreError(f"{failed}: {first_line}") from error
+            raise SessionStoreError(f"{failed}: {_first_line(error)}") from error
 
     async def _prepared(self) -> SessionLocks:
         """The lock table of the store's schema, once its tables are checked."""
