@@ -398,6 +398,38 @@ async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
             os.kill(pid, signal.SIGKILL)
 
 
+async def test_a_server_whose_wrapper_script_died_is_stopped_before_another_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pid`` is the script's: killed, it leaves the server it started running, which the
+    model stops as it finds the script gone, not leaving it beside the next one."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'{sys.executable} {server} "$@"')
+
+    def served() -> list[int]:
+        pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+        return [pid for pid in pids if str(server).encode() in _command(pid)]
+
+    try:
+        await model.prepare()
+        [first] = served()
+        assert model.pid is not None
+        os.kill(model.pid, signal.SIGKILL)
+        with anyio.fail_after(5):
+            while model.pid is not None:  # noqa: ASYNC110 - nothing signals an exit
+                await anyio.sleep(0.01)
+        await model.prepare()
+        with anyio.fail_after(5):
+            while first in served():  # noqa: ASYNC110 - /proc is polled: nothing signals an end
+                await anyio.sleep(0.01)
+        assert len(served()) == 1
+        await model.aclose()
+    finally:
+        for pid in served():  # left by a failure: never outlive the test
+            os.kill(pid, signal.SIGKILL)
+
+
 async def test_a_server_that_fails_during_a_call_says_why_in_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

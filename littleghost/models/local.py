@@ -291,17 +291,36 @@ def _signal(process: subprocess.Popen[bytes], number: int) -> None:
         pass
 
 
+def _exited(process: subprocess.Popen[bytes]) -> bool:
+    """Whether ``process`` has exited, leaving it unreaped (so its group id stays its own
+    for a last signal)."""
+    if process.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _ended(process: subprocess.Popen[bytes], wait: float) -> None:
-    """Wait up to ``wait`` seconds for ``process`` to exit, leaving it unreaped (so its
-    group id stays its own for a last signal)."""
+    """Wait up to ``wait`` seconds for ``process`` to exit, leaving it unreaped."""
     end = time.monotonic() + wait
-    while process.returncode is None and time.monotonic() < end:
-        try:
-            if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                return
-        except ChildProcessError:
-            return
+    while not _exited(process) and time.monotonic() < end:
         time.sleep(0.01)
+
+
+def _poll(process: subprocess.Popen[bytes]) -> int | None:
+    """``process``'s exit code, ``None`` while it runs. Once it has exited, what is left
+    of its group (a server a wrapper script started) is killed before it is reaped."""
+    if _exited(process):
+        _signal(process, signal.SIGKILL)
+    return process.poll()
+
+
+def _exit_code(process: subprocess.Popen[bytes], wait: float) -> int | None:
+    """``process``'s exit code once it exits within ``wait`` seconds (see :func:`_poll`)."""
+    _ended(process, wait)
+    return _poll(process)
 
 
 def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
@@ -516,7 +535,7 @@ class LocalModel:
     def pid(self) -> int | None:
         """The running server's process id, if one runs."""
         server = self._server
-        return server.process.pid if server is not None and server.process.poll() is None else None
+        return server.process.pid if server is not None and _poll(server.process) is None else None
 
     def _command(self, port: int) -> list[str]:
         command = [
@@ -550,7 +569,7 @@ class LocalModel:
         while True:
             with self._lock:
                 server = self._server
-                if server is not None and server.process.poll() is None:
+                if server is not None and _poll(server.process) is None:
                     return
                 start = self._starting
                 if start is None:
@@ -634,7 +653,7 @@ class LocalModel:
             while True:
                 if start.closed:
                     raise self._closed_while_starting()
-                code = process.poll()
+                code = _poll(process)
                 if code is not None:
                     await anyio.sleep(0.1)  # let the output thread read the last lines
                     raise self._start_failure(
@@ -676,9 +695,10 @@ class LocalModel:
         still runs. A deadline or cancellation ends the wait at once."""
         if error.status is not None:
             return None
-        try:
-            code = await anyio.to_thread.run_sync(server.process.wait, 1.0, abandon_on_cancel=True)
-        except subprocess.TimeoutExpired:
+        code = await anyio.to_thread.run_sync(
+            _exit_code, server.process, 1.0, abandon_on_cancel=True
+        )
+        if code is None:
             return None
         self._forget(server)
         await anyio.sleep(0.1)  # let the output thread read the last lines
