@@ -550,7 +550,7 @@ def _unhooked(
     added = _added(given, sent, context)
     if not added:
         return replacement
-    stood_for = _stood_for(given, sent, added)
+    stood_for = _stood_for(given, sent, added, context.log_index.layout.hidden)
     as_sent = {message.id: message for message in sent.messages}
     shown = {message.id for message in replacement.messages}
     messages: list[Message] = []
@@ -567,15 +567,16 @@ def _unhooked(
 
 
 def _stood_for(
-    given: ModelRequest, sent: ModelRequest, added: set[str]
+    given: ModelRequest, sent: ModelRequest, added: set[str], hidden: set[str]
 ) -> dict[str, list[Message]]:
     """The messages of ``given`` the hooks replaced to make ``sent``, by the ids of the
     added messages in their place. Between two messages both hold (or an end), where
     ``sent`` has added ones and ``given`` others: one for one when they match by role, a
     view's own messages aside; all for each, when ``sent`` has only added ones there (a
     note beside a rebuilt question); none otherwise (a summary or a bounded view's
-    excerpts there: context management left them out). Empty when ``sent`` holds
-    ``given``'s messages in another order."""
+    excerpts there: context management left them out). Messages a compaction record of
+    the log hides (``hidden``) were left out, not replaced (an exclusion shows nothing in
+    their place). Empty when ``sent`` holds ``given``'s messages in another order."""
     at = {message.id: position for position, message in enumerate(given.messages)}
     stood_for: dict[str, list[Message]] = {}
     gap: list[Message] = []  # ``sent``'s messages since the last one ``given`` holds
@@ -587,7 +588,7 @@ def _stood_for(
         end = len(given.messages) if message is None else at[message.id]
         if end < start:
             return {}
-        originals = list(given.messages[start:end])
+        originals = [m for m in given.messages[start:end] if m.id not in hidden]
         new = [m for m in gap if not view_only(m)]
         if originals and new and all(m.id in added for m in new):
             if [m.role for m in new] == [m.role for m in originals]:

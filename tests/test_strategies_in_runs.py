@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
-from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost import Agent, Message, ToolCall, before_model, manage_context, tool
 from littleghost.context import (
     CompactionState,
     PromptBudget,
@@ -16,6 +17,7 @@ from littleghost.context import (
     always,
     build_view,
 )
+from littleghost.context.records import record_covers
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError
 from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.testing import ScriptedModel, text_response
@@ -239,6 +241,57 @@ class TestProtection:
         from littleghost.context.records import record_covers
 
         assert all(question.id not in record_covers(m) for m in result.messages)
+
+
+class TestRetry:
+    async def test_an_overflow_retry_never_brings_back_what_a_compaction_left_out(self) -> None:
+        """A hook adds a note where a threshold compaction cut the history: the retry of an
+        overflow goes without the messages the exclusion hides (they came back, and the
+        retry overflowed again)."""
+
+        class Noting(Agent):
+            @before_model
+            def note(self, request: ModelRequest) -> ModelRequest:
+                system, *rest = request.messages
+                note = Message.developer("Note: be kind.")
+                return attrs.evolve(request, messages=[system, note, *rest])
+
+        @manage_context(
+            context_window_tokens=600,
+            compression_threshold=0.3,
+            preserve_recent_messages=3,
+            strategy=Truncation(minimum_preserved=0),
+        )
+        class Managed(Noting):
+            instructions = "Be brief."
+
+        sizes: list[int] = []
+
+        def provider(request: ModelRequest) -> ModelResponse:
+            """Its window takes the first request less a turn: over it, an overflow."""
+            sizes.append(len(request.messages))
+            if sizes[-1] >= sizes[0]:
+                raise ContextWindowOverflowError("too long")
+            return text_response("done")
+
+        model = ScriptedModel([provider, provider])
+        history = [
+            message
+            for index in range(6)
+            for message in (
+                Message.user(f"question {index} " + "word " * 15),
+                Message.assistant(f"answer {index} " + "word " * 15),
+            )
+        ]
+        result = await Managed(model=model).run("go", history=history)
+        assert result.output == "done"
+        hidden = {covered for m in result.messages for covered in record_covers(m)}
+        first, retried = model.requests
+        assert not hidden.intersection(m.id for m in retried.messages)
+        assert len(retried.messages) < len(first.messages)
+        assert all(len(record_covers(m)) == len(set(record_covers(m))) for m in result.messages)
+        covered = [c for m in result.messages for c in record_covers(m)]
+        assert len(covered) == len(set(covered))  # nothing left out twice
 
 
 class Reckless:
