@@ -27,6 +27,7 @@ from littleghost import (
     manage_context,
     tool,
 )
+from littleghost.context import Truncation
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -43,6 +44,7 @@ from littleghost.models.anthropic import (
     LONGEST_UNSTREAMED,
     MAX_OPTIONAL_PROPERTIES,
     MAX_UNIONS,
+    OPENING_TURN,
     AnthropicModel,
     from_model_string,
     schema_problem,
@@ -50,6 +52,8 @@ from littleghost.models.anthropic import (
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
 from littleghost.sessions import InMemorySessionStore
 from littleghost.tool_types import json_schema
+
+from .conversations import PerMessage
 
 if TYPE_CHECKING:
     from conftest import Spans
@@ -839,6 +843,33 @@ async def test_whitespace_only_text_is_never_sent(
     with pytest.raises(ConfigurationError, match="its text is empty or whitespace only"):
         await agent.run(" \n", session_id="s")
     assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["a greeting", "a truncated history"])
+async def test_a_conversation_that_starts_with_the_assistant_is_sent_after_a_user_turn(
+    make_model: Callable[..., AnthropicModel], compacted: bool
+) -> None:
+    """The API takes only a user turn first (it refused the request): a history that
+    opens with a greeting, or that a compaction cut after a question, is sent after a
+    short user turn of its own."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [Message.assistant("Hello! How can I help?")]
+    cls = Agent
+    if compacted:
+        history = [
+            m for i in range(40) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))
+        ]
+        cls = manage_context(
+            context_window_override=100,
+            compression_threshold=0.5,
+            tokenizer=PerMessage(),
+            strategy=Truncation(minimum_preserved=3),
+        )(type("Truncating", (Agent,), {}))
+    await cls(model=make_model(server)).run("Where is order 42?", history=history)
+    first, second, *rest = server.bodies[0]["messages"]
+    assert first == {"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]}
+    assert second["role"] == "assistant"
+    assert rest[-1]["content"][-1]["text"] == "Where is order 42?"
 
 
 async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel]) -> None:

@@ -68,6 +68,7 @@ __all__ = [
     "EMPTY_ERROR_TEXT",
     "MAX_OPTIONAL_PROPERTIES",
     "MAX_UNIONS",
+    "OPENING_TURN",
     "AnthropicModel",
     "from_model_string",
     "schema_problem",
@@ -188,6 +189,10 @@ def _as_text(part: ToolCall | ToolResult) -> str:
     return f"[tool {outcome} for call {part.call_id}: {part.content}]"
 
 
+OPENING_TURN = "(The conversation continues.)"
+"""The user turn sent before a conversation that starts with the assistant's."""
+
+
 def convert_messages(
     messages: Sequence[Message], *, tools: bool = True
 ) -> tuple[str | None, list[dict[str, Any]]]:
@@ -195,7 +200,9 @@ def convert_messages(
 
     System and developer text is joined into ``system``; tool results travel in user
     turns; consecutive turns of one role are merged; empty or whitespace-only text is
-    left out. Thinking blocks go back verbatim with their signatures; reasoning from
+    left out; a conversation that starts with the assistant (a greeting, or a history a
+    compaction cut) gets ``OPENING_TURN`` before it, as the API takes only a user turn
+    first. Thinking blocks go back verbatim with their signatures; reasoning from
     another provider, or that lost its signature, is left out. Without ``tools`` (the
     request offers none), tool calls and results travel as text.
     """
@@ -214,6 +221,8 @@ def convert_messages(
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": blocks})
+    if turns and turns[0]["role"] == "assistant":
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]})
     return ("\n\n".join(system) or None), turns
 
 
