@@ -156,6 +156,29 @@ class TestFile:
         assert [message.text for message in await store.load("s")] == ["one", "two"]
         await store.aclose()
 
+    @pytest.mark.parametrize("files", [("",), ("", "-wal", "-shm")])
+    async def test_a_file_removed_or_replaced_while_open_is_not_written_in_vain(
+        self, tmp_path: Path, files: tuple[str, ...]
+    ) -> None:
+        """Calls after the file was removed reach the file now at the path, as a new store's
+        would: nothing is written where no later reader finds it."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("old", [Message.user("gone with the file")])
+            for suffix in files:
+                (tmp_path / f"s.db{suffix}").unlink()
+            result = await Sleeper(
+                model=ScriptedModel([text_response("a")]), session_store=store
+            ).run("q", session_id="s")
+            assert [message.text for message in result.messages] == ["q", "a"]
+            async with SQLiteSessionStore(path) as other:
+                assert await other.list_sessions() == ("s",)
+                await other.append("t", [Message.user("by another store")])
+            (tmp_path / "s.db").rename(tmp_path / "moved.db")
+            async with SQLiteSessionStore(path) as other:
+                await other.append("u", [Message.user("in the replacement")])
+            assert await store.list_sessions() == ("u",)
+
     async def test_a_private_in_memory_database(self) -> None:
         async with SQLiteSessionStore(":memory:") as store:
             await store.append("s", [Message.user("x")])

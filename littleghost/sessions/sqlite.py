@@ -150,7 +150,8 @@ class SQLiteSessionStore:
 
     The file is created with its schema on first use and opened in WAL mode; each
     ``append`` is one transaction, so a process killed mid-run leaves every message
-    appended before the kill.
+    appended before the kill. A file removed or replaced while the store is open is
+    noticed at the next call, which opens the file then at the path.
 
     Runs of one session are serialized across every process on the machine: runs of
     this process queue for the session in FIFO order (every store of the same file in
@@ -213,6 +214,8 @@ class SQLiteSessionStore:
         self._read_only = read_only
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._opened: tuple[int, int] | None = None
+        """The device and inode of the file the connection opened (``None``: private)."""
         self._closed = False
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
@@ -464,7 +467,7 @@ class SQLiteSessionStore:
                 )
             while True:
                 try:
-                    connection = self._connection or self._open()
+                    connection = self._kept() or self._open()
                     self._slice(connection)
                     return work(connection)
                 except sqlite3.Error as error:
@@ -525,6 +528,20 @@ class SQLiteSessionStore:
             raise
         return result
 
+    def _kept(self) -> sqlite3.Connection | None:
+        """The open connection, while its file is still the one at the path; closed once
+        the file was removed or replaced (its writes would reach no later reader)."""
+        connection = self._connection
+        if (
+            connection is not None
+            and self._opened is not None
+            and _identity(self._file) != self._opened
+        ):
+            self._connection = None
+            connection.close()  # SQLite leaves the -wal at the path alone: its file moved
+            return None
+        return connection
+
     def _close(self) -> None:
         with self._guard:
             connection, self._connection = self._connection, None
@@ -553,6 +570,7 @@ class SQLiteSessionStore:
             connection.close()
             raise
         self._connection = connection
+        self._opened = None if _private(self._path) else _identity(self._file)
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
@@ -588,6 +606,15 @@ class SQLiteSessionStore:
         columns = connection.execute("PRAGMA table_info(littleghost_messages)").fetchall()
         times = any(column[1] == "stored_at" for column in columns)
         self._stored_at = "stored_at" if times else "NULL"
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path`` (``None`` when there is none)."""
+    try:
+        found = os.stat(path)
+    except OSError:  # gone, or out of reach: opening it again tells which
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
