@@ -663,6 +663,24 @@ class TestProcesses:
             "answer B to question A, question B",
         ]
 
+    async def test_a_lock_file_removed_while_open_still_keeps_processes_apart(
+        self, tmp_path: Path
+    ) -> None:
+        """A process that keeps its lock file open (it holds another session) takes its
+        next sessions on the file made in the removed one's place, as other processes do."""
+        with anyio.fail_after(60):
+            async with SQLiteSessionStore(tmp_path / "s.db") as store, store.lock("other"):
+                (tmp_path / "s.db-lock").unlink()
+                async with runner(tmp_path, "A", "hold") as first:
+                    await first.said(b"starting")
+                    await first.said(b"holding")
+                    with anyio.move_on_after(0.3) as scope:
+                        async with store.lock("shared"):
+                            pytest.fail("the other process held the session")
+                    assert scope.cancelled_caught
+                    await first.release()
+                    assert await first.process.wait() == 0
+
     async def test_waiting_for_another_process_is_cancellable_and_counts_against_the_deadline(
         self, tmp_path: Path
     ) -> None:

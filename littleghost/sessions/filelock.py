@@ -4,8 +4,9 @@ A session is held by an exclusive POSIX record lock (``fcntl``) on one byte of t
 file, at an offset derived from the session id. The kernel drops a process's locks when
 the process ends, even by SIGKILL, so a dead process never blocks a session. Record
 locks belong to the whole process, and closing any descriptor of the file drops them
-all, so the process opens each lock file once (while any of its sessions is wanted)
-and keeps its own holders apart itself. A wait repeats non-blocking attempts between
+all, so the process opens each lock file once (while any of its sessions is wanted;
+again when it was removed or replaced, as other processes then lock the new one) and
+keeps its own holders apart itself. A wait repeats non-blocking attempts between
 short sleeps, so a cancel scope or deadline ends it at once, under asyncio and trio.
 """
 
@@ -51,8 +52,10 @@ class LockFile:
         self._database = database
         self._guard = threading.Lock()
         self._fd: int | None = None
+        """The lock file at the path, as this process last opened it."""
         self._users = 0
-        self._held: set[int] = set()
+        self._held: dict[int, int] = {}
+        """The offsets this process holds, each with the descriptor its lock is on."""
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -117,25 +120,54 @@ class LockFile:
         return fd
 
     def _attempt(self, offset: int) -> bool:
-        """Take the byte at ``offset`` if no holder in this or another process has it."""
+        """Take the byte at ``offset`` of the file now at the path if no holder in this or
+        another process has it."""
         with self._guard:
-            assert self._fd is not None
             if offset in self._held:
                 return False
+            while True:
+                fd = self._follow()
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+                except (BlockingIOError, PermissionError):
+                    return False
+                except OSError as error:
+                    raise self._error("lock", error) from error
+                if self._at_path(fd):
+                    self._held[offset] = fd
+                    return True
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)  # removed meanwhile: lock the new one
+
+    def _follow(self) -> int:
+        """The descriptor of the file now at the path: once the one opened was removed or
+        replaced, the new one, opened (the old one stays open while this process holds a
+        lock on it: closing it would drop them)."""
+        assert self._fd is not None
+        if not self._at_path(self._fd):
             try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
-            except (BlockingIOError, PermissionError):
-                return False
+                fd = self._open_file()
             except OSError as error:
-                raise self._error("lock", error) from error
-            self._held.add(offset)
-            return True
+                raise self._error("open", error) from error
+            old, self._fd = self._fd, fd
+            if old not in self._held.values():
+                os.close(old)
+        return self._fd
+
+    def _at_path(self, fd: int) -> bool:
+        """``fd`` is the file at the path (not one removed or replaced since it was opened)."""
+        try:
+            found = os.stat(self._path)
+        except OSError:
+            return False
+        opened = os.fstat(fd)
+        return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
 
     def _release(self, offset: int) -> None:
         with self._guard:
-            assert self._fd is not None
-            self._held.discard(offset)
-            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, offset)
+            fd = self._held.pop(offset)
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+            if fd != self._fd and fd not in self._held.values():
+                os.close(fd)  # the last lock on a file removed meanwhile
 
     def _leave(self) -> None:
         with self._guard:
