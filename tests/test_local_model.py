@@ -19,7 +19,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Literal
@@ -373,11 +373,10 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
         await model.aclose()
 
 
-async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
+def wrapped_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``LITTLEGHOST_LLAMA_SERVER`` may name a script that runs the server without
-    ``exec`` (to set a library path, say): stopping the model stops the server too."""
+) -> tuple[LocalModel, Callable[[], list[int]]]:
+    """A model whose server a script runs without ``exec``, and the pids of its servers."""
     server = tmp_path / "server.py"
     server.write_text(DROPPING_SERVER)
     model = fake_server(tmp_path, monkeypatch, f'{sys.executable} {server} "$@"')
@@ -386,6 +385,15 @@ async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
         pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
         return [pid for pid in pids if str(server).encode() in _command(pid)]
 
+    return model, served
+
+
+async def test_a_server_a_wrapper_script_started_is_stopped_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LITTLEGHOST_LLAMA_SERVER`` may name a script that runs the server without
+    ``exec`` (to set a library path, say): stopping the model stops the server too."""
+    model, served = wrapped_server(tmp_path, monkeypatch)
     try:
         await model.prepare()
         assert len(served()) == 1 and served()[0] != model.pid
@@ -403,14 +411,7 @@ async def test_a_server_whose_wrapper_script_died_is_stopped_before_another_star
 ) -> None:
     """``pid`` is the script's: killed, it leaves the server it started running, which the
     model stops as it finds the script gone, not leaving it beside the next one."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'{sys.executable} {server} "$@"')
-
-    def served() -> list[int]:
-        pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
-        return [pid for pid in pids if str(server).encode() in _command(pid)]
-
+    model, served = wrapped_server(tmp_path, monkeypatch)
     try:
         await model.prepare()
         [first] = served()

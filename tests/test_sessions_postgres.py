@@ -1127,12 +1127,18 @@ class TestServerSettings:
                 await store.append("s", [Message.user("still held")])
             assert await texts(store) == ["still held"]
 
-    async def test_a_servers_lock_timeout_does_not_cut_a_wait_for_a_session_short(
-        self, conninfo: str
+    @pytest.mark.parametrize(
+        ("setting", "since"), [("lock_timeout", 0), ("transaction_timeout", 170_000)]
+    )
+    async def test_a_servers_timeouts_do_not_cut_a_wait_for_a_session_short(
+        self, conninfo: str, setting: str, since: int
     ) -> None:
         """A run waits for a session held by another worker until that run ends or its
-        own deadline comes, whatever ``lock_timeout`` a role or database sets."""
-        async with PostgresSessionStore(with_settings(conninfo, lock_timeout="100")) as store:
+        own deadline comes, whatever ``lock_timeout`` or ``transaction_timeout``
+        (PostgreSQL 17+, which bounds a single statement too) a role or database sets."""
+        if await server_version(conninfo) < since:
+            missing(f"{setting} came with PostgreSQL {since // 10_000}")
+        async with PostgresSessionStore(with_settings(conninfo, **{setting: "100"})) as store:
             with other_worker_holding(conninfo, "s"):
                 with anyio.move_on_after(0.6) as scope:
                     async with store.lock("s"):
@@ -1156,27 +1162,6 @@ class TestServerSettings:
             assert stored.stored_at is not None and stored.stored_at.tzinfo is not None
             (stats,) = await store.session_stats()
             assert stats.last_activity == stored.stored_at
-
-    async def test_a_servers_transaction_timeout_does_not_cut_a_wait_for_a_session_short(
-        self, conninfo: str
-    ) -> None:
-        """``transaction_timeout`` (PostgreSQL 17+) also bounds a single statement, such as
-        the wait for a session's lock: a role's or database's must not end that wait (nor
-        the connection) before the caller's deadline."""
-        if await server_version(conninfo) < 170000:
-            missing("transaction_timeout came with PostgreSQL 17")
-        async with PostgresSessionStore(
-            with_settings(conninfo, transaction_timeout="100")
-        ) as store:
-            with other_worker_holding(conninfo, "s"):
-                with anyio.move_on_after(0.6) as scope:
-                    async with store.lock("s"):
-                        pytest.fail("the session was held")
-                assert scope.cancelled_caught
-            with anyio.fail_after(5):
-                async with store.lock("s"):
-                    await store.append("s", [Message.user("mine now")])
-            assert await texts(store) == ["mine now"]
 
     @pytest.mark.parametrize("isolation", ["repeatable\\ read", "serializable"])
     async def test_an_append_waiting_for_another_writer_follows_it_at_any_default_isolation(
