@@ -169,14 +169,21 @@ _CHECK_CLIENT = "SET client_connection_check_interval = 500"
 is awaited: a waiter that stops waiting (cancelled, or its process killed) leaves no
 backend queued for the lock, holding a connection slot, until the holder lets go."""
 _CHECKS_CLIENT = 140_000
-"""The first server version with ``client_connection_check_interval`` and
-``idle_session_timeout`` (PostgreSQL 14)."""
-_TRANSACTION_TIMEOUTS = 170_000
-"""The first server version with ``transaction_timeout`` (PostgreSQL 17), which bounds a
-single statement too, a wait for a session's lock among them."""
-_NEVER_IDLE_OUT = "SET idle_session_timeout = 0"
-"""Keeps a server's ``idle_session_timeout`` from ending a session's connection, idle
-while its run works: that would free the session for another worker mid-run."""
+"""The first server version with ``client_connection_check_interval`` (PostgreSQL 14)."""
+_OWN_SETTINGS = (
+    # a server's would cut a wait for a session short
+    ("lock_timeout", "0", 0),
+    # a write reads the session after taking its write lock: it sees the writes before
+    ("default_transaction_isolation", "read committed", 0),
+    # the only DateStyle psycopg reads a time zone in
+    ("datestyle", "ISO", 0),
+    # would end a held session's connection, idle while its run works (PostgreSQL 14+)
+    ("idle_session_timeout", "0", 140_000),
+    # bounds a single statement too, a wait for a session among them (PostgreSQL 17+)
+    ("transaction_timeout", "0", 170_000),
+)
+"""What the store's connections set for themselves, whatever a role or database sets:
+each setting's name, value, and the first server version that has it."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -677,7 +684,6 @@ class PostgresSessionStore:
         connection = self._connect(operation, _milliseconds(operation.time_left.seconds()))
         try:
             if connection.info.server_version >= _CHECKS_CLIENT:
-                connection.execute(_NEVER_IDLE_OUT)
                 try:
                     connection.execute(_CHECK_CLIENT)
                 except self._psycopg.errors.InvalidParameterValue:
@@ -694,12 +700,8 @@ class PostgresSessionStore:
         return self._connect(operation, _milliseconds(self._statement_timeout))
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
-        """A new connection attached to ``operation``, with its ``statement_timeout``,
-        no ``lock_timeout`` nor ``transaction_timeout`` (a server's would cut a wait for a
-        session short), its transactions read committed whatever the server's default (a
-        write reads the session after taking its write lock, so it sees the writes
-        committed before), and times written in ISO 8601 (the only ``DateStyle`` psycopg
-        reads a time zone in).
+        """A new connection attached to ``operation``, with its ``statement_timeout``, the
+        ``_OWN_SETTINGS`` its server has, and read-only transactions for a read-only store.
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -722,17 +724,15 @@ class PostgresSessionStore:
             raise
         try:
             operation.attach(connection)
-            settings = (
-                "SELECT set_config('statement_timeout', %s, false),"
-                " set_config('lock_timeout', '0', false),"
-                " set_config('default_transaction_isolation', 'read committed', false),"
-                " set_config('datestyle', 'ISO', false)"
-            )
-            if connection.info.server_version >= _TRANSACTION_TIMEOUTS:
-                settings += ", set_config('transaction_timeout', '0', false)"
-            connection.execute(settings, (statement_timeout,))
+            version = connection.info.server_version
+            settings = [("statement_timeout", statement_timeout)]
+            settings += [(name, value) for name, value, since in _OWN_SETTINGS if version >= since]
             if self._read_only:
-                connection.execute("SET default_transaction_read_only = on")
+                settings.append(("default_transaction_read_only", "on"))
+            connection.execute(
+                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+                [word for setting in settings for word in setting],
+            )
         except BaseException:
             operation.detach()
             connection.close()
