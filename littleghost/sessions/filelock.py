@@ -28,7 +28,7 @@ from littleghost.errors import SessionStoreError
 if sys.platform != "win32":
     import fcntl
 
-__all__ = ["LockFile", "lock_file"]
+__all__ = ["LockFile", "file_at", "lock_file"]
 
 _FIRST_POLL = 0.002
 """Seconds before the second attempt; the pause doubles up to ``_LAST_POLL``."""
@@ -42,6 +42,16 @@ def _offset(session_id: str) -> int:
         session_id.encode("utf-8"), digest_size=8, person=b"littleghost"
     ).digest()
     return int.from_bytes(digest, "big") % _OFFSETS
+
+
+def file_at(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path`` (``None`` when there is none): a
+    file removed or replaced since it was opened is another."""
+    try:
+        found = os.stat(path)
+    except OSError:  # gone, or out of reach: opening it again tells which
+        return None
+    return found.st_dev, found.st_ino
 
 
 class LockFile:
@@ -155,12 +165,8 @@ class LockFile:
 
     def _at_path(self, fd: int) -> bool:
         """``fd`` is the file at the path (not one removed or replaced since it was opened)."""
-        try:
-            found = os.stat(self._path)
-        except OSError:
-            return False
         opened = os.fstat(fd)
-        return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+        return file_at(self._path) == (opened.st_dev, opened.st_ino)
 
     def _release(self, offset: int) -> None:
         with self._guard:

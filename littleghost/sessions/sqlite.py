@@ -40,7 +40,7 @@ from littleghost.sessions.codec import (
     SUMMARY_PATHS,
     messages_to_json,
 )
-from littleghost.sessions.filelock import LockFile, lock_file
+from littleghost.sessions.filelock import LockFile, file_at, lock_file
 from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks, thread_limiter
 
 __all__ = ["SQLiteSessionStore"]
@@ -535,7 +535,7 @@ class SQLiteSessionStore:
         if (
             connection is not None
             and self._opened is not None
-            and _identity(self._file) != self._opened
+            and file_at(self._file) != self._opened
         ):
             self._connection = None
             connection.close()  # SQLite leaves the -wal at the path alone: its file moved
@@ -570,7 +570,7 @@ class SQLiteSessionStore:
             connection.close()
             raise
         self._connection = connection
-        self._opened = None if _private(self._path) else _identity(self._file)
+        self._opened = None if _private(self._path) else file_at(self._file)
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
@@ -606,15 +606,6 @@ class SQLiteSessionStore:
         columns = connection.execute("PRAGMA table_info(littleghost_messages)").fetchall()
         times = any(column[1] == "stored_at" for column in columns)
         self._stored_at = "stored_at" if times else "NULL"
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """The device and inode of the file at ``path`` (``None`` when there is none)."""
-    try:
-        found = os.stat(path)
-    except OSError:  # gone, or out of reach: opening it again tells which
-        return None
-    return found.st_dev, found.st_ino
 
 
 def _entries(connection: sqlite3.Connection) -> list[tuple[str, str]]:
