@@ -6,7 +6,7 @@ import logging
 import math
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -300,10 +300,9 @@ class RunContext:
         if self._sink is None:
             return
         calling = _CALLING.get()
-        if calling is None or calling.context is not self or calling.over:
-            await self._sink(event)
-            return
-        with calling.paused():
+        if calling is not None and (calling.context is not self or calling.over):
+            calling = None  # another run's call, or one that is over
+        with nullcontext() if calling is None else calling.paused():
             await self._sink(event)
 
     async def _retried(self, error: BaseException) -> None:

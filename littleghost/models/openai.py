@@ -717,12 +717,17 @@ class OpenAIModel:
                                     # another id at an index starts another call (Ollama
                                     # gives every parallel call index 0)
                                     if call is None or (named and call["id"] not in (None, named)):
-                                        call = {"id": named, "name": "", "arguments": ""}
+                                        call = {
+                                            "id": named,
+                                            "name": "",
+                                            "arguments": "",
+                                            "signature": None,
+                                        }
                                         calls.append(call)
                                         at[key] = call
                                     call["id"] = call["id"] or named
-                                    call["signature"] = _thought_signature(piece) or call.get(
-                                        "signature"
+                                    call["signature"] = (
+                                        _thought_signature(piece) or call["signature"]
                                     )
                                     function = piece.get("function") or {}
                                     call["name"] += function.get("name") or ""
