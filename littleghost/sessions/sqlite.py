@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timezone
+from functools import partial
 from types import TracebackType
 from typing import TypeVar
 
@@ -127,6 +128,9 @@ class _Call:
         self.stop = threading.Event()
         self.give_up = math.inf
         """When (``time.monotonic()``) the call stops waiting for the database."""
+        self.waiting: Callable[[], SessionStoreError] | None = None
+        """The error of the call's last wait for a lock, for a caller whose deadline comes
+        before the thread reports it (the thread's last slice ran over)."""
 
 
 def _stored_time(seconds: object) -> datetime | None:
@@ -452,6 +456,10 @@ class SQLiteSessionStore:
         except SessionStoreError:
             await call.time_left.yield_to_deadline()
             raise
+        except anyio.get_cancelled_exc_class() as stopped:
+            if call.waiting and call.time_left.is_due() and stopped.__context__ is None:
+                stopped.__context__ = call.waiting()
+            raise
         finally:
             call.stop.set()
 
@@ -471,9 +479,9 @@ class SQLiteSessionStore:
                     self._slice(connection)
                     return work(connection)
                 except sqlite3.Error as error:
+                    call.waiting = partial(self._failed, error, call) if _is_busy(error) else None
                     if not (_is_busy(error) and self._again()):
-                        waited = self._waited(call.time_left)
-                        raise _store_error(error, self._path, waited) from error
+                        raise self._failed(error, call) from error
         finally:
             self._guard.release()
 
@@ -482,11 +490,19 @@ class SQLiteSessionStore:
         most, a slice at a time."""
         give_up = self._give_up(call.time_left)
         while not self._guard.acquire(timeout=min(_SLICE, max(give_up - time.monotonic(), 0))):
+            call.waiting = partial(self._guard_busy, call)
             if call.stop.is_set() or time.monotonic() >= give_up:
-                raise SessionStoreError(
-                    f"SQLite session store {self._path!r} is busy: another call of this "
-                    f"store did not finish {self._waited(call.time_left)}; nothing was changed"
-                )
+                raise self._guard_busy(call)
+        call.waiting = None
+
+    def _guard_busy(self, call: _Call) -> SessionStoreError:
+        return SessionStoreError(
+            f"SQLite session store {self._path!r} is busy: another call of this "
+            f"store did not finish {self._waited(call.time_left)}; nothing was changed"
+        )
+
+    def _failed(self, error: sqlite3.Error, call: _Call) -> SessionStoreError:
+        return _store_error(error, self._path, self._waited(call.time_left))
 
     def _give_up(self, time_left: TimeLeft) -> float:
         """When (``time.monotonic()``) a wait starting now ends: after the store's timeout,
