@@ -555,7 +555,7 @@ async def test_request_translation_for_openai(make_model: Callable[..., OpenAIMo
                 {
                     "id": "call_2",
                     "type": "function",
-                    "function": {"name": "add", "arguments": "{oops"},
+                    "function": {"name": "add", "arguments": "{}"},
                 },
             ],
         },
@@ -1494,6 +1494,36 @@ class Adder(Agent):
     def add(self, a: int, b: int) -> int:
         """Add two numbers."""
         return a + b
+
+
+async def test_a_call_whose_arguments_are_not_json_goes_back_with_an_empty_object(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """llama.cpp (for a template that takes object arguments: Qwen, GLM, ...) and vLLM
+    parse the arguments of the calls a request holds, and refuse the request when they are
+    not JSON: a malformed call, or one cut at max_tokens, would fail every later call."""
+
+    def as_llama_cpp(request: httpx2.Request) -> httpx2.Response:
+        for message in json.loads(request.content)["messages"]:
+            for call in message.get("tool_calls", ()):
+                try:
+                    json.loads(call["function"]["arguments"])
+                except ValueError:
+                    message = "Failed to parse tool call arguments as JSON"
+                    return error(500, {"error": {"code": 500, "message": message}})
+        return completion({"content": "5"})
+
+    malformed = {"id": "call_1", "type": "function", "function": {"name": "add"}}
+    malformed["function"]["arguments"] = '{"a": 2, b: 3}'
+    server = FakeServer(
+        completion({"tool_calls": [malformed]}, finish_reason="tool_calls"), as_llama_cpp
+    )
+    result = await Adder(model=make_model(server), max_retries=0).run("2+3?")
+    assert result.output == "5"
+    assert result.messages[1].tool_calls[0].arguments == '{"a": 2, b: 3}'  # as written
+    assert result.messages[2].tool_results[0].is_error
+    sent = server.bodies[1]["messages"][-2]["tool_calls"][0]["function"]
+    assert sent == {"name": "add", "arguments": "{}"}
 
 
 async def test_gemini_thought_signatures_go_back_with_their_tool_calls(

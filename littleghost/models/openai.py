@@ -163,8 +163,11 @@ def _image(part: ImagePart) -> dict[str, Any]:
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
+    """A tool call as sent back; arguments that are not a JSON object (malformed, or cut
+    at ``max_tokens``) go as ``{}``, as on Anthropic: llama.cpp and vLLM parse the calls
+    of a request for its chat template and refuse the whole request over them."""
     arguments = (
-        call.arguments
+        "{}"
         if isinstance(call.arguments, str)
         else json.dumps(dict(call.arguments), ensure_ascii=False, default=str)
     )
