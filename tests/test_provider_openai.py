@@ -1043,6 +1043,27 @@ async def test_stream_yields_text_then_the_whole_response(
     assert body["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
+    make_model: Callable[..., OpenAIModel], streamed: bool
+) -> None:
+    """Mistral's ``model_length``: the answer was cut where the window was full, as
+    Anthropic's ``model_context_window_exceeded`` says; never a complete answer."""
+    answer = (
+        event_stream(sse(chunk({"content": "Once upon"}), chunk({}, finish_reason="model_length")))
+        if streamed
+        else completion({"content": "Once upon"}, finish_reason="model_length")
+    )
+    model = make_model(FakeServer(answer), base_url="https://api.mistral.ai/v1")
+    request = ModelRequest([Message.user("Tell me a story.")])
+    with pytest.raises(ContextWindowOverflowError) as caught:
+        if streamed:
+            [event async for event in model.stream(request)]
+        else:
+            await model.respond(request)
+    assert caught.value.code == "model_length"
+
+
 async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed_or_not(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -22,6 +22,7 @@ import anyio
 from littleghost._validators import is_int
 from littleghost.errors import (
     ConfigurationError,
+    ContextWindowOverflowError,
     ProtocolError,
     ProviderError,
     ProviderUnavailableError,
@@ -84,6 +85,9 @@ _STOP_REASONS = {
 _FAILED = frozenset({"error", "abort", "insufficient_system_resource"})
 """The ``finish_reason`` values of an answer the provider failed to finish: OpenRouter's
 ``error``, vLLM's ``abort``, DeepSeek's ``insufficient_system_resource``."""
+_FULL_WINDOW = "model_length"
+"""Mistral's ``finish_reason`` for an answer stopped where the model's context window was
+full (Anthropic's ``model_context_window_exceeded``)."""
 
 _Counter = Callable[[Any, dict[str, Any]], Awaitable["int | None"]]
 """A way to count a request's prompt tokens: ``(client, chat body) -> count or None``
@@ -140,6 +144,16 @@ def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
         f"{provider}: the model ended its answer with finish_reason {reason!r} and no error "
         "details (the provider failed while generating)",
         code="finish_reason_error",
+        provider=provider,
+    )
+
+
+def _window_full(provider: str) -> ContextWindowOverflowError:
+    """The exception for an answer that ended with ``_FULL_WINDOW``: the prompt left no
+    room for it, as for Anthropic's ``model_context_window_exceeded``."""
+    return ContextWindowOverflowError(
+        f"{provider}: the answer stopped at the model's context window",
+        code=_FULL_WINDOW,
         provider=provider,
     )
 
@@ -613,6 +627,8 @@ class OpenAIModel:
         choice = choices[0]
         if choice.finish_reason in _FAILED:
             raise _ended_in_error(self.provider, choice.finish_reason, lookup(choice, "error"))
+        if choice.finish_reason == _FULL_WINDOW:
+            raise _window_full(self.provider)
         message = choice.message
         if message is None:
             raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
@@ -753,6 +769,8 @@ class OpenAIModel:
             raise mapped from error
         if finish_reason is None and not done:
             raise stream_cut_off(self.provider)
+        if finish_reason == _FULL_WINDOW:
+            raise _window_full(self.provider)
         if legacy and not calls:
             raise _legacy_call(self.provider)
         tool_calls = [
