@@ -676,6 +676,32 @@ async def test_usage_reports_cached_and_reasoning_tokens_apart(
     assert isinstance(done, StreamDone) and done.response.usage == expected
 
 
+async def test_reasoning_tokens_left_out_of_the_completion_tokens_are_output_tokens(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """xAI (Grok) counts reasoning tokens apart from completion tokens, as its total
+    shows: the answer's output tokens are both."""
+    usage = {
+        "prompt_tokens": 663,
+        "completion_tokens": 50,
+        "total_tokens": 837,
+        "prompt_tokens_details": {"cached_tokens": 654},
+        "completion_tokens_details": {"reasoning_tokens": 124},
+    }
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = usage
+    server = FakeServer(
+        httpx2.Response(200, json=body),
+        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
+    )
+    model = make_model(server, base_url="https://api.x.ai/v1")
+    expected = Usage(663, 174, cache_read_tokens=654, reasoning_tokens=124)
+    assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
+
+
 async def test_a_breakdown_over_its_total_is_cut_to_it(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

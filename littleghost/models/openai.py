@@ -266,14 +266,21 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
 
 
 def _usage(usage: Any) -> Usage:
-    """Prompt tokens include the cached ones; completion tokens the reasoning ones."""
+    """Prompt tokens include the cached ones; completion tokens the reasoning ones, but
+    for a server whose total says they do not (xAI's: prompt, completion and reasoning
+    tokens), where the reasoning tokens are added to them."""
     if usage is None:
         return Usage()
+    prompt = reported(usage, "prompt_tokens")
+    completion = reported(usage, "completion_tokens")
+    reasoning = reported(usage, "completion_tokens_details", "reasoning_tokens")
+    if reasoning and reported(usage, "total_tokens") == prompt + completion + reasoning:
+        completion += reasoning
     return reported_usage(
-        reported(usage, "prompt_tokens"),
-        reported(usage, "completion_tokens"),
+        prompt,
+        completion,
         cache_read=reported(usage, "prompt_tokens_details", "cached_tokens"),
-        reasoning=reported(usage, "completion_tokens_details", "reasoning_tokens"),
+        reasoning=reasoning,
     )
 
 
