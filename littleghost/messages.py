@@ -12,6 +12,7 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
+from littleghost.text import well_formed
 
 __all__ = [
     "SUMMARY_COVERS_KEY",
@@ -56,11 +57,16 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _well_formed(value: object) -> object:
+    """Text as ``well_formed`` makes it (the validator then refuses what is not a str)."""
+    return well_formed(value) if isinstance(value, str) else value
+
+
 @frozen
 class TextPart:
-    """Plain text."""
+    """Plain text, well formed (``littleghost.text.well_formed``)."""
 
-    text: str = field(validator=instance_of("TextPart.text", str, "a str"))
+    text: str = field(converter=_well_formed, validator=instance_of("TextPart.text", str, "a str"))
 
 
 @frozen
@@ -131,10 +137,13 @@ class ToolCall:
 
 @frozen
 class ToolResult:
-    """What a tool returned, as text, for the call with ``call_id``."""
+    """What a tool returned, as text (well formed, as ``TextPart``'s), for the call with
+    ``call_id``."""
 
     call_id: str = field(validator=instance_of("ToolResult.call_id", str, "a str"))
-    content: str = field(validator=instance_of("ToolResult.content", str, "a str"))
+    content: str = field(
+        converter=_well_formed, validator=instance_of("ToolResult.content", str, "a str")
+    )
     is_error: bool = field(
         default=False, validator=instance_of("ToolResult.is_error", bool, "True or False")
     )

@@ -13,6 +13,7 @@ __all__ = [
     "error_text",
     "truncate_middle",
     "weighed_length",
+    "well_formed",
 ]
 
 CHARS_PER_TOKEN = 4
@@ -69,6 +70,20 @@ def truncate_middle(text: str, max_tokens: int) -> str:
     if not text.isascii():
         keep = int(keep * len(text) / weighed_length(text))
     return cut_middle(text, keep, unit="tokens")
+
+
+def well_formed(text: str) -> str:
+    """``text`` with each lone surrogate (a byte that was not UTF-8, as ``os.listdir``
+    reads a file name) made U+FFFD, and a pair written as two surrogates joined: no
+    UTF-8 can carry a lone one, so no provider request, store or exporter could, and a
+    stored pair reads back joined."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def error_text(error: BaseException, *, with_type: bool = True) -> str:

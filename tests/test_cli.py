@@ -220,22 +220,22 @@ class TestUntrustedText:
         (session,) = json.loads(ok("sessions", "list", "--store", url, "--json").stdout)
         assert session["id"] == self.ODD_ID
 
-    def test_a_lone_surrogate_is_escaped_and_kept_exact_in_json(self, tmp_path: Path) -> None:
+    def test_a_lone_surrogate_is_shown_as_the_log_holds_it(self, tmp_path: Path) -> None:
         """Half a UTF-16 pair (a file name's undecodable byte a tool returned): no UTF-8
-        can write it, so tables show its escape and JSON its ``\\u`` escape, which
-        reads back as it is; every output is valid UTF-8."""
+        can write it, so the log holds U+FFFD in its place, and tables and JSON show that;
+        every output is valid UTF-8."""
         url = f"sqlite:///{tmp_path / 's.db'}"
         name = os.fsdecode(b"caf\xe9.txt")
         in_store(url, lambda store: store.append("s", [Message.user(name)]))
         shown = CliRunner().invoke(main, ["sessions", "show", "s", "--store", url])
-        assert shown.exit_code == 0 and "caf\\udce9.txt" in shown.stdout_bytes.decode()
+        assert shown.exit_code == 0 and "caf\ufffd.txt" in shown.stdout_bytes.decode()
         documents = []
         for command in ("show", "view"):
             result = CliRunner().invoke(main, ["sessions", command, "s", "--store", url, "--json"])
             assert result.exit_code == 0, result.output
             documents.append(json.loads(result.stdout_bytes.decode()))
-        assert documents[0]["messages"][0]["excerpt"] == name
-        assert documents[1]["messages"][-1]["message"]["content"][0]["text"] == name
+        assert documents[0]["messages"][0]["excerpt"] == "caf\ufffd.txt"
+        assert documents[1]["messages"][-1]["message"]["content"][0]["text"] == "caf\ufffd.txt"
 
     def test_json_escapes_what_a_terminal_would_act_on(self, tmp_path: Path) -> None:
         """C1 controls (a terminal may act on their UTF-8 form as on ESC) and bidirectional

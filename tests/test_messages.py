@@ -91,6 +91,20 @@ def test_a_str_content_becomes_one_text_part() -> None:
     assert Message(Role.USER, "hello").content == (TextPart("hello"),)
 
 
+def test_text_is_well_formed_as_utf8_can_carry_it() -> None:
+    """A lone surrogate (a file name's byte that is not UTF-8, as ``os.listdir`` reads
+    it) in a prompt, an instruction or a tool's result becomes U+FFFD: no provider
+    request could carry it, and every later run of a session holding it failed. A pair
+    written as two surrogates is joined, so a message reads back from JSON equal."""
+    name = "caf\udce9.txt \ud83d\ude00"
+    fixed = "caf\ufffd.txt \U0001f600"
+    assert Message.user(name).text == fixed
+    assert Message.system(name).text == fixed
+    assert TextPart(name) == TextPart(fixed)
+    assert ToolResult("c1", name).content == fixed
+    assert TextPart("plain") == TextPart("plain") and TextPart("東京").text == "東京"
+
+
 def test_ids_are_generated_and_unique() -> None:
     """Each message gets its own id unless one is given."""
     assert Message.user("a").id != Message.user("a").id

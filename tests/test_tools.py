@@ -557,6 +557,37 @@ async def test_a_str_enum_member_a_tool_returns_is_its_text() -> None:
     assert type(seen.content) is str and f"{seen.content}" == "red"
 
 
+async def test_a_result_with_a_lone_surrogate_enters_the_log_as_utf8_can_carry_it() -> None:
+    """A file name that is not UTF-8, as ``os.listdir`` reads it (``caf\\udce9``), in
+    what a tool returns or raises: no UTF-8 can carry a lone surrogate, so the SDKs failed
+    the next model call with ``UnicodeEncodeError``, and every later run of the session.
+    It enters the log as U+FFFD; a pair written as two surrogates is joined."""
+
+    def listing() -> list[str]:
+        """List the files."""
+        return ["caf\udce9.txt", "\ud83d\ude00.txt"]
+
+    def opening() -> str:
+        """Open the file."""
+        raise FileNotFoundError("no file caf\udce9.txt")
+
+    class Files(Agent):
+        tools = [listing, opening]
+
+    calls = (ToolCall("c1", "listing", {}), ToolCall("c2", "opening", {}))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    result = await Files(model=model).run("go")
+    assert [seen.content for seen in tool_results(result.messages)] == [
+        '["caf\ufffd.txt", "\U0001f600.txt"]',
+        "Tool 'opening' failed: FileNotFoundError: no file caf\ufffd.txt",
+    ]
+
+
 @pytest.mark.parametrize(
     ("arguments", "name", "fragment"),
     [
