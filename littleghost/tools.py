@@ -149,6 +149,9 @@ def looks_like_method(function: Callable[..., Any]) -> bool:
 
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PARAMETER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""What a parameter's name must match: Anthropic's API refuses a request whose tool
+has another property name at the top of its schema (OpenAI's takes it)."""
 
 
 def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinition:
@@ -158,7 +161,8 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
 
     Raises:
         ConfigurationError: A generator function, no docstring, a method whose first
-            parameter is not a positional ``self``, a missing or unsupported annotation,
+            parameter is not a positional ``self``, a parameter name a provider refuses
+            (not ASCII, or longer than 64 characters), a missing or unsupported annotation,
             two ``RunContext`` parameters, ``*args`` / ``**kwargs`` or a positional-only
             parameter.
         NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
@@ -221,6 +225,12 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
                 )
             context_parameter = parameter.name
             continue
+        if not _PARAMETER_NAME.fullmatch(parameter.name):
+            raise ConfigurationError(
+                f"tool {tool_name!r}: parameter {parameter.name!r} must match "
+                f"{_PARAMETER_NAME.pattern} (ASCII, at most 64 characters): Anthropic's API "
+                "refuses every request of an agent with a tool that has another name"
+            )
         where = f"tool {tool_name!r}, parameter {parameter.name!r}"
         schema = dict(json_schema(annotation, where))
         if parameter.name in arg_docs and "description" not in schema:

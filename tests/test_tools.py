@@ -1278,6 +1278,16 @@ def star_args(*values: int) -> int:
     return 0
 
 
+def non_ascii(größe: int) -> int:
+    """Takes a size named in German."""
+    return größe
+
+
+def long_name(number_of_items_the_customer_may_order_in_one_single_basket_at_most: int) -> int:
+    """Takes a parameter with a name of 67 characters."""
+    return 0
+
+
 @pytest.mark.parametrize(
     ("function", "fragment"),
     [
@@ -1286,6 +1296,8 @@ def star_args(*values: int) -> int:
         (bad_annotation, "parameter 'x': the type <class 'bytes'> cannot be described"),
         (bad_keys, "parameter 'x': dict keys must be str"),
         (star_args, "*args and **kwargs"),
+        (non_ascii, "parameter 'größe' must match [A-Za-z0-9_.-]{1,64}"),
+        (long_name, "_at_most' must match [A-Za-z0-9_.-]{1,64}"),
     ],
     ids=lambda value: getattr(value, "__name__", "fragment"),
 )
