@@ -163,8 +163,8 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
         ConfigurationError: A generator function, no docstring, a method whose first
             parameter is not a positional ``self``, a parameter name a provider refuses
             (not ASCII, or longer than 64 characters), a missing or unsupported annotation,
-            two ``RunContext`` parameters, ``*args`` / ``**kwargs`` or a positional-only
-            parameter.
+            two ``RunContext`` parameters, ``RunContext`` inside another annotation
+            (``RunContext | None``), ``*args`` / ``**kwargs`` or a positional-only parameter.
         NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
     """
     if isinstance(function, staticmethod):
@@ -230,6 +230,12 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
                 f"tool {tool_name!r}: parameter {parameter.name!r} must match "
                 f"{_PARAMETER_NAME.pattern} (ASCII, at most 64 characters): Anthropic's API "
                 "refuses every request of an agent with a tool that has another name"
+            )
+        if _holds_run_context(annotation):
+            raise ConfigurationError(
+                f"tool {tool_name!r}: parameter {parameter.name!r} has RunContext inside "
+                f"{annotation!r}; a parameter receives the run's context when it is "
+                "annotated RunContext alone (never None in a run)"
             )
         where = f"tool {tool_name!r}, parameter {parameter.name!r}"
         schema = dict(json_schema(annotation, where))
@@ -334,6 +340,13 @@ def _run_context_class() -> type:
 
 def _is_run_context(annotation: Any) -> bool:
     return annotation is _CONTEXT or annotation is _run_context_class()
+
+
+def _holds_run_context(annotation: Any) -> bool:
+    """True when ``RunContext`` is inside ``annotation`` (``RunContext | None``)."""
+    return any(
+        _is_run_context(arg) or _holds_run_context(arg) for arg in typing.get_args(annotation)
+    )
 
 
 def _names_run_context(text: str) -> bool:

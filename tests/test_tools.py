@@ -1687,20 +1687,34 @@ def positional_only(query: str, /) -> str:
     return query
 
 
+def optional_context(query: str, context: RunContext | None = None) -> str:
+    """Takes the context or None."""
+    return query
+
+
+def annotated_context(query: str, context: Annotated[RunContext, "the run"]) -> str:
+    """Takes the context with a description."""
+    return query
+
+
 @pytest.mark.parametrize(
     ("function", "fragment"),
     [
         (two_contexts, "parameters 'first' and 'second' are both annotated RunContext"),
         (untyped_context, "parameter 'context' needs a type annotation"),
         (positional_only, "parameter 'query' is positional-only"),
+        (optional_context, "tool 'optional_context': parameter 'context' has RunContext inside"),
+        (annotated_context, "tool 'annotated_context': parameter 'context' has RunContext inside"),
     ],
-    ids=["two-contexts", "untyped-context", "positional-only"],
+    ids=["two-contexts", "untyped-context", "positional-only", "optional", "annotated"],
 )
 def test_context_and_parameter_declaration_errors(
     function: Callable[..., Any], fragment: str
 ) -> None:
-    """Two RunContext parameters, an untyped ``context`` and a positional-only parameter
-    fail when the tool is declared and when the class is defined."""
+    """Two RunContext parameters, an untyped ``context``, a positional-only parameter and
+    RunContext inside another annotation (it failed with "name 'Agent' is not defined",
+    naming neither the tool nor the parameter) fail when the tool is declared and when
+    the class is defined."""
     with pytest.raises(ConfigurationError, match=re.escape(fragment)):
         tool(function)
     with pytest.raises(ConfigurationError, match=re.escape(fragment)):
