@@ -3,6 +3,7 @@ model sees."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import json
@@ -41,10 +42,26 @@ def render_result(value: Any) -> str:
             f"it returned {kind}, whose items were never made; a tool returns its whole "
             "result (a list, say)"
         )
+    if not isinstance(value, (dict, list, tuple, int, float, type(None))):
+        value = _result_json(value)  # an object's fields, or a value's text as it is
+        if isinstance(value, str):
+            return value
     try:
-        return json.dumps(value, ensure_ascii=False, default=to_json)
+        return json.dumps(value, ensure_ascii=False, default=_result_json)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _result_json(value: Any) -> Any:
+    """What ``to_json`` makes of ``value``, else a date or time in ISO 8601, else its
+    ``str()`` (a ``Decimal``, a ``UUID``, a path): one such value no longer turns the
+    whole result into Python's repr."""
+    converted = to_json(value)
+    if converted is not value:
+        return converted
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return str(value)
 
 
 _TOOL_THREADS = 64

@@ -4,6 +4,8 @@ calls, the RunContext parameter, timeouts, sync calls left running, and declarat
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 import functools
 import json
@@ -12,6 +14,7 @@ import math
 import re
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict, TypeVar, Union
 
@@ -555,6 +558,50 @@ async def test_a_str_enum_member_a_tool_returns_is_its_text() -> None:
     result = await Picker(model=model).run("go")
     (seen,) = tool_results(result.messages)
     assert type(seen.content) is str and f"{seen.content}" == "red"
+
+
+@dataclasses.dataclass
+class DueOrder:
+    colour: Colour
+    due: datetime.date
+
+
+async def test_a_result_holding_dates_or_decimals_is_json_with_their_text() -> None:
+    """A date (ISO 8601), a ``Decimal``, a ``UUID`` inside a result are their text: one
+    such value turned the whole result into Python's repr (``datetime.date(2026, 1,
+    31)``, ``Colour.RED`` inside a dataclass); one alone is its text, as a str is."""
+
+    def orders() -> dict[str, Any]:
+        """List the orders."""
+        return {
+            "orders": [DueOrder(Colour.RED, datetime.date(2026, 1, 31))],
+            "total": decimal.Decimal("12.10"),
+            "id": uuid.UUID(int=1),
+            "at": datetime.datetime(2026, 1, 2, 9, 30),
+        }
+
+    def due() -> datetime.date:
+        """When it is due."""
+        return datetime.date(2026, 1, 31)
+
+    class Shop(Agent):
+        tools = [orders, due]
+
+    calls = (ToolCall("c1", "orders", {}), ToolCall("c2", "due", {}))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    listed, when = tool_results((await Shop(model=model).run("go")).messages)
+    assert json.loads(listed.content) == {
+        "orders": [{"colour": "red", "due": "2026-01-31"}],
+        "total": "12.10",
+        "id": "00000000-0000-0000-0000-000000000001",
+        "at": "2026-01-02T09:30:00",
+    }
+    assert when.content == "2026-01-31"
 
 
 async def test_a_result_with_a_lone_surrogate_enters_the_log_as_utf8_can_carry_it() -> None:
