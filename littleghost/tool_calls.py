@@ -17,7 +17,7 @@ import anyio.to_thread
 from anyio.lowlevel import RunVar
 from attrs import frozen
 
-from littleghost.messages import ToolCall, ToolResult
+from littleghost.messages import ImagePart, ToolCall, ToolResult
 from littleghost.tool_types import to_json
 
 __all__ = ["Outcome", "error_result", "invoke", "render_result"]
@@ -29,7 +29,8 @@ def render_result(value: Any) -> str:
     """A tool's return value as the text the model sees.
 
     Raises:
-        TypeError: ``value`` is an iterator, a generator say (its items were never made).
+        TypeError: ``value`` is an iterator, a generator say (its items were never made),
+            or holds an ``ImagePart`` (a result is text).
     """
     if isinstance(value, str):
         return str.__str__(value)  # a str enum member's text, not its name (Python 3.11+)
@@ -42,20 +43,31 @@ def render_result(value: Any) -> str:
             f"it returned {kind}, whose items were never made; a tool returns its whole "
             "result (a list, say)"
         )
-    if not isinstance(value, (dict, list, tuple, int, float, type(None))):
-        value = _result_json(value)  # an object's fields, or a value's text as it is
-        if isinstance(value, str):
-            return value
     try:
+        if not isinstance(value, (dict, list, tuple, int, float, type(None))):
+            value = _result_json(value)  # an object's fields, or a value's text as it is
+            if isinstance(value, str):
+                return value
         return json.dumps(value, ensure_ascii=False, default=_result_json)
+    except _ImageInResult:
+        raise TypeError(
+            "it returned an image, which a tool result cannot carry (a result is text); "
+            "return what the model needs to know of it"
+        ) from None
     except (TypeError, ValueError):
         return str(value)
+
+
+class _ImageInResult(Exception):
+    """A result holds an ``ImagePart``: sent as text, its bytes would be garbage."""
 
 
 def _result_json(value: Any) -> Any:
     """What ``to_json`` makes of ``value``, else a date or time in ISO 8601, else its
     ``str()`` (a ``Decimal``, a ``UUID``, a path): one such value no longer turns the
     whole result into Python's repr."""
+    if isinstance(value, ImagePart):
+        raise _ImageInResult
     converted = to_json(value)
     if converted is not value:
         return converted

@@ -24,7 +24,16 @@ import pytest
 import typing_extensions
 from attrs import frozen
 
-from littleghost import Agent, Message, RunContext, ToolCall, ToolResult, after_tool, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    RunContext,
+    ToolCall,
+    ToolResult,
+    after_tool,
+    tool,
+)
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -1136,6 +1145,37 @@ async def test_a_tool_that_returns_a_generator_gets_an_error_result(
     (seen,) = tool_results(result.messages)
     assert seen.is_error and f"it returned {kind}, whose items" in seen.content
     assert "object at 0x" not in seen.content
+
+
+async def test_a_tool_that_returns_an_image_gets_an_error_result() -> None:
+    """A result is text: an image's bytes reached the model as some 20 000 replacement
+    characters, as a success, on every later call of the run."""
+
+    def screenshot() -> ImagePart:
+        """Take a screenshot."""
+        return ImagePart(data=b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 64, media_type="image/png")
+
+    def shots() -> dict[str, list[ImagePart]]:
+        """Take screenshots."""
+        return {"shots": [ImagePart(url="https://example.com/shot.png")]}
+
+    class Screens(Agent):
+        tools = [screenshot, shots]
+
+    calls = (ToolCall("c1", "screenshot", {}), ToolCall("c2", "shots", {}))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    seen = tool_results((await Screens(model=model).run("go")).messages)
+    for name, result in zip(("screenshot", "shots"), seen, strict=True):
+        assert result.is_error
+        assert result.content == (
+            f"Tool '{name}' failed: TypeError: it returned an image, which a tool result "
+            "cannot carry (a result is text); return what the model needs to know of it"
+        )
 
 
 class Lazy(Agent):
