@@ -633,7 +633,8 @@ class TestCompact:
         assert contents(url)[2:] == before[2:]
 
     def test_a_class_that_never_summarizes_compacts_nothing(self, tmp_path: Path) -> None:
-        """``summarize=False``: the class never compacts a log, so neither does the command."""
+        """``summarize=False``: the class never compacts a log, so neither does the command,
+        which needs no model for it (``Bounded`` declares none)."""
         url = f"sqlite:///{tmp_path / 's.db'}"
         chat = [
             m
@@ -642,12 +643,13 @@ class TestCompact:
         ]
         in_store(url, lambda store: store.append("long", chat))
         before = contents(url)
-        for dry in ([], ["--dry-run"]):
-            out = ok(
-                "sessions", "compact", "long", "--store", url,
-                "--agent", "tests.cli_agents:BoundedStaffed", *dry,
-            ).stdout  # fmt: skip
-            assert out.startswith("nothing to compact in session long")
+        for agent in ("BoundedStaffed", "Bounded"):
+            for dry in ([], ["--dry-run"]):
+                out = ok(
+                    "sessions", "compact", "long", "--store", url,
+                    "--agent", f"tests.cli_agents:{agent}", *dry,
+                ).stdout  # fmt: skip
+                assert out.startswith("nothing to compact in session long")
         assert contents(url)[2:] == before[2:]
         assert cli_agents.BoundedStaffed.model.requests == []  # type: ignore[union-attr]
 

@@ -69,7 +69,7 @@ async def compact_document(
     # opened for writing
     where = f"session {session_id!r}"
     log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
-    if dry_run:
+    if dry_run or not config.summarize:  # summarize=False compacts nothing: no model needed
         advance(1, "choosing what to cover")
         used = window_of(agent, window)
         records = await managed_records(
@@ -84,7 +84,7 @@ async def compact_document(
         if records:  # even its short placeholder summary would not make the view smaller
             check_smaller(log, records, config.tokenizer)
         advance(1, "done")
-        return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=True)
+        return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run)
     async with agent:
         model = agent.resolve_model()
         # started here only to learn its window; else by the first summary call, if any
