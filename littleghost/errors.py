@@ -22,9 +22,9 @@ keyword-only with defaults. The tree::
     └── SessionStoreError                      a session store failed
         ├── CorruptSessionStoreError           not a littleghost store, or damaged
         ├── SchemaVersionError                 written by a newer littleghost
-        ├── UnknownSessionError                no session with that id
+        ├── UnknownSessionError (also KeyError)  no session with that id
         ├── SessionBusyError                   another run holds the session
-        └── UnstorableValueError               a value the store cannot keep
+        └── UnstorableValueError (also TypeError)  a value the store cannot keep
 
 Cancellation is never wrapped: anyio's native cancellation exception propagates as is.
 """
