@@ -469,11 +469,23 @@ class RunContext:
                 await self._retried(error)
 
         response = await call_with_retries(
-            attempt, max_retries=self.max_retries, deadline=self.deadline, on_retry=on_retry
+            attempt,
+            max_retries=self.max_retries,
+            deadline=self._retry_deadline(),
+            on_retry=on_retry,
         )
         if turn:
             self.last_exchange = (request, response)
         return response
+
+    def _retry_deadline(self) -> float | None:
+        """The run's deadline, which a retry's wait may not pass; ``None`` where a scope
+        inside the run ends sooner (a tool's timeout, a hook's own ``move_on_after``):
+        that scope cuts the wait, and stops only what it bounds."""
+        stop = self.grace.deadline  # the run's deadline, or its caller's if earlier
+        if stop is not None and anyio.current_effective_deadline() < stop:
+            return None
+        return self.deadline
 
     async def _prepare(self, model: Model) -> None:
         """Await another model's ``prepare()`` once in this run (a summarizer's, say)."""

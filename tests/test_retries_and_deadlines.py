@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import pytest
 
-from littleghost import Agent, Message, RunContext, tool
+from littleghost import Agent, Message, RunContext, before_model, tool
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -160,6 +160,57 @@ async def test_a_side_calls_retry_past_the_deadline_from_a_tool_ends_the_run() -
     assert [request.purpose for request in model.requests] == ["chat", "chat"]
     (answered,) = [m.tool_results[0] for m in await store.load("s") if m.tool_results]
     assert answered.is_error
+
+
+class TimedDigesting(Agent):
+    @tool(timeout=0.3)
+    async def digest(self, context: RunContext) -> str:
+        """Digest the question with the model, within 0.3 s."""
+        answer = await context.complete(ModelRequest([Message.user("digest this")]))
+        return answer.message.text
+
+
+async def test_a_retry_wait_a_tools_timeout_cuts_first_stops_only_the_tool() -> None:
+    """Past the run's deadline or not, a side call's retry wait that the tool's timeout
+    ends sooner fails the tool at its timeout; the run goes on."""
+    for retry_after in (1, 5):  # within the run's 2 s, and past them
+        error = RateLimitError("slow down", status=429, retry_after=retry_after)
+        model = ScriptedModel([tool_call_response("digest", {}), error, text_response("done")])
+        start = anyio.current_time()
+        result = await TimedDigesting(model=model).run("hi", timeout=2)
+        assert result.output == "done"
+        assert 0.3 <= anyio.current_time() - start < 0.3 + MARGIN
+        (answered,) = [m.tool_results[0] for m in result.messages if m.tool_results]
+        assert answered.is_error and "did not finish within 0.3 s" in answered.content
+
+
+async def test_a_retry_wait_a_hooks_own_scope_cuts_first_ends_only_that_scope() -> None:
+    """A hook that bounds its side call with a scope of its own goes on when the scope
+    ends the retry's wait, also when the wait would pass the run's deadline."""
+
+    class Guarded(Agent):
+        @before_model
+        async def check(self, request: ModelRequest, context: RunContext) -> None:
+            with anyio.move_on_after(0.3):  # optional: skipped when it takes longer
+                await context.complete(ModelRequest([Message.user("allowed?")]))
+
+    for retry_after in (1, 5):
+        error = RateLimitError("slow down", status=429, retry_after=retry_after)
+        model = ScriptedModel([error, text_response("done")])
+        result = await Guarded(model=model).run("hi", timeout=2)
+        assert result.output == "done"
+
+
+async def test_a_callers_earlier_scope_does_not_delay_the_deadline_error() -> None:
+    """A caller's scope that ends before the run's deadline does not delay the
+    ``DeadlineExceededError`` of a wait past that deadline."""
+    error = RateLimitError("slow down", status=429, retry_after=5)
+    model = ScriptedModel([error, text_response("never")])
+    start = anyio.current_time()
+    with anyio.move_on_after(1), pytest.raises(DeadlineExceededError) as caught:
+        await Slow(model=model).run("hi", timeout=2)
+    assert anyio.current_time() - start < 0.3
+    assert caught.value.__cause__ is error
 
 
 class ConnectionClosed(Exception):
