@@ -1911,6 +1911,34 @@ async def test_a_base_urls_credentials_stay_out_of_the_http_logs(
     assert "SECRET" not in logged and "proxyuser" not in logged
 
 
+async def test_a_base_urls_credentials_stay_out_of_a_logged_status_errors_traceback(
+    make_model: Callable[..., OpenAIModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """openai 1.x and 2.x log each error answer at DEBUG on ``openai._base_client`` with
+    the ``HTTPStatusError`` as ``exc_info`` (the server below logs it so, as such an SDK
+    would): its message names the whole URL, which the traceback must not show."""
+    caplog.set_level(logging.DEBUG)
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        response = httpx2.Response(500, request=request, json={"error": {"message": "down"}})
+        try:
+            response.raise_for_status()
+        except httpx2.HTTPStatusError:
+            logging.getLogger("openai._base_client").debug(
+                "Encountered httpx.HTTPStatusError", exc_info=True
+            )
+        return response
+
+    server = FakeServer(answer)
+    base_url = "https://proxyuser:SECRET-PW@proxy.example:8443/v1?key=SECRET-KEY"
+    agent = Agent(model=make_model(server, base_url, context_window=8_000), max_retries=0)
+    with pytest.raises(ProviderUnavailableError):
+        await agent.run("hi")
+    assert "HTTPStatusError: Server error '500 Internal Server Error'" in caplog.text
+    assert "https://proxy.example:8443/v1" in caplog.text
+    assert "SECRET" not in caplog.text and "proxyuser" not in caplog.text
+
+
 @pytest.mark.parametrize("url", ["localhost:9999/api", "ftp://host/v1", "http:///v1"])
 def test_a_base_url_without_an_http_scheme_and_host_fails_when_made(
     monkeypatch: pytest.MonkeyPatch, url: str

@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -141,12 +142,23 @@ _HTTP_LOGGERS = ("httpx", "httpx2")
 
 class UrlLogFilter(logging.Filter):
     """Takes the user, password and query out of the URLs a record logs: a base URL may
-    carry a proxy's credentials or a key (``https://user:secret@host/v1?key=...``)."""
+    carry a proxy's credentials or a key (``https://user:secret@host/v1?key=...``). A
+    traceback that names one (the ``HTTPStatusError`` the SDKs log at DEBUG for every
+    error answer) is kept as text without them, in place of the exception."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(map(_without_credentials, record.args))
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            kept = _URL.sub(lambda url: str(_without_credentials(url[0])), text)
+            if kept != text:
+                record.exc_info, record.exc_text = None, kept
         return True
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+"""A URL in an error's text (``... for url 'https://...'``)."""
 
 
 def _without_credentials(value: object) -> object:
