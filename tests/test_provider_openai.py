@@ -1939,7 +1939,17 @@ async def test_a_base_urls_credentials_stay_out_of_a_logged_status_errors_traceb
     assert "SECRET" not in caplog.text and "proxyuser" not in caplog.text
 
 
-@pytest.mark.parametrize("url", ["localhost:9999/api", "ftp://host/v1", "http:///v1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "localhost:9999/api",
+        "ftp://host/v1",
+        "http:///v1",
+        "http://127.0.0.1:99999/v1",
+        "http://127.0.0.1:0/v1",
+        "http://host:port/v1",
+    ],
+)
 def test_a_base_url_without_an_http_scheme_and_host_fails_when_made(
     monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:

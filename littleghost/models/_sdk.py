@@ -201,8 +201,8 @@ class RequestLogFilter(logging.Filter):
 
 def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
     """``value`` (a ``base_url=``, else the environment's ``variable``): ``None``, or an
-    ``http://`` or ``https://`` URL with a host. The message never shows it: it may hold a
-    key or a password.
+    ``http://`` or ``https://`` URL with a host (and a port from 1 to 65535, if any). The
+    message never shows it: it may hold a key or a password.
 
     Raises:
         ConfigurationError: Anything else (``localhost:8080/v1``, without its scheme).
@@ -211,13 +211,17 @@ def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
         return None
     try:
         parts = urlsplit(value)
-        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        ok = (
+            parts.scheme.lower() in ("http", "https")
+            and bool(parts.hostname)
+            and parts.port != 0  # reading it refuses one out of range or not a number
+        )
     except (TypeError, ValueError):
         ok = False
     if not ok:
         raise ConfigurationError(
             f"{owner}: base_url (or {variable}) must be an http:// or https:// URL with a "
-            "host, as in http://localhost:8080/v1"
+            "host (and a port from 1 to 65535, if any), as in http://localhost:8080/v1"
         )
     return value
 
