@@ -8,7 +8,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import attrs
 import pytest
@@ -831,6 +831,33 @@ def test_a_strict_schema_requires_every_field_and_makes_the_optional_ones_nullab
             "tags": {"anyOf": [{"type": "array", "items": invoice}, {"type": "null"}]},
         },
         "required": ["carrier", "weight", "tags"],
+    }
+
+
+@attrs.frozen
+class Labelled:
+    label: Annotated[Literal["spam", "ham"], "the verdict"]
+    priority: Priority
+    rank: Literal["top", 1, 2.5, True, None] = None
+
+
+def test_a_strict_schema_gives_every_enum_its_type() -> None:
+    """Strict mode refuses a schema without a ``type`` ("schema must have a 'type' key"):
+    an ``enum`` takes its values' JSON type, or one typed ``enum`` per type."""
+    output = Plain(output_type=Labelled).output
+    assert output is not None and output.schema.strict_schema is not None
+    assert output.schema.strict_schema["properties"] == {
+        "label": {"description": "the verdict", "type": "string", "enum": ["spam", "ham"]},
+        "priority": {"type": "string", "enum": ["low", "high"]},
+        "rank": {
+            "anyOf": [
+                {"type": "string", "enum": ["top"]},
+                {"type": "integer", "enum": [1]},
+                {"type": "number", "enum": [2.5]},
+                {"type": "boolean", "enum": [True]},
+                {"type": "null"},
+            ]
+        },
     }
 
 

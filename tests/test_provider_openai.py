@@ -1798,7 +1798,7 @@ async def test_an_output_type_is_asked_with_a_strict_json_schema(
             "schema": {
                 "type": "object",
                 "properties": {
-                    "label": {"enum": ["spam", "ham"]},
+                    "label": {"type": "string", "enum": ["spam", "ham"]},
                     "score": {"type": "number"},
                 },
                 "required": ["label", "score"],
@@ -1836,7 +1836,7 @@ async def test_optional_fields_are_sent_strict_as_nullable_and_null_means_the_de
         "type": "object",
         "properties": {
             "title": {"type": "string"},
-            "priority": {"anyOf": [{"enum": ["low", "high"]}, {"type": "null"}]},
+            "priority": {"anyOf": [{"type": "string", "enum": ["low", "high"]}, {"type": "null"}]},
             "assignee": {"anyOf": [{"type": "string"}, {"type": "null"}]},
         },
         "required": ["title", "priority", "assignee"],

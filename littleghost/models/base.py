@@ -158,8 +158,8 @@ class OutputSchema:
     def strict_schema(self) -> Mapping[str, Any] | None:
         """The schema as OpenAI's strict mode takes it: every object closed with every
         property required, an optional one nullable (``null`` stands for a field left
-        out); ``None`` when the schema has a ``closed_problem``. Built once per schema,
-        not on every request."""
+        out), every ``enum`` typed; ``None`` when the schema has a ``closed_problem``.
+        Built once per schema, not on every request."""
         if self.closed_problem is not None:
             return None
         return _strict(self.schema)
@@ -188,7 +188,10 @@ def _closed_problem(schema: object) -> str | None:
 
 
 def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` (closed) with every property required, the optional ones nullable."""
+    """``schema`` (closed) with every property required, the optional ones nullable, and
+    every ``enum`` typed (strict mode refuses a schema without a ``type``)."""
+    if "enum" in schema and "type" not in schema:
+        return _typed_enum(schema)
     if "anyOf" in schema:
         return {**schema, "anyOf": [_strict(option) for option in schema["anyOf"]]}
     if schema.get("type") == "object":
@@ -201,6 +204,34 @@ def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
     if schema.get("type") == "array":
         return {**schema, "items": _strict(schema["items"])}
     return dict(schema)
+
+
+def _typed_enum(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``enum`` with the JSON type of its values, or one typed ``enum`` per type in an
+    ``anyOf`` when they have several (``Literal["a", 1, None]``)."""
+    rest = {key: value for key, value in schema.items() if key != "enum"}
+    by_type: dict[str, list[Any]] = {}
+    for value in schema["enum"]:
+        by_type.setdefault(_json_type(value), []).append(value)
+    typed = [
+        {"type": "null"} if kind == "null" else {"type": kind, "enum": members}
+        for kind, members in by_type.items()
+    ]
+    return {**rest, **typed[0]} if len(typed) == 1 else {**rest, "anyOf": typed}
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, Mapping):
+        return "object"
+    return "array" if isinstance(value, list) else "string"
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
