@@ -178,14 +178,19 @@ async def clients() -> AsyncIterator[list[anthropic.AsyncAnthropic]]:
 
 @pytest.fixture
 def make_model(clients: list[anthropic.AsyncAnthropic]) -> Callable[..., AnthropicModel]:
-    def make(server: FakeServer, base_url: str | None = None, **options: Any) -> AnthropicModel:
+    def make(
+        server: FakeServer,
+        base_url: str | None = None,
+        name: str = "claude-sonnet-5",
+        **options: Any,
+    ) -> AnthropicModel:
         client = anthropic.AsyncAnthropic(
             api_key="sk-ant-test",
             base_url=base_url,
             http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
         )
         clients.append(client)
-        return AnthropicModel("claude-sonnet-5", client=client, **options)
+        return AnthropicModel(name, client=client, **options)
 
     return make
 
@@ -1165,6 +1170,40 @@ async def test_an_open_schema_takes_the_final_result_tool(
     with pytest.raises(ConfigurationError, match=r"typed values, not an open object \(dict"):
         await native.run("count", output_type=dict[str, Any])
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "native"),
+    [
+        ("claude-3-5-haiku-20241022", False),
+        ("claude-3-7-sonnet-latest", False),
+        ("claude-sonnet-4-20250514", False),
+        ("claude-opus-4-0", False),
+        ("claude-opus-4-1-20250805", True),
+        ("claude-sonnet-4-5", True),
+        ("claude-haiku-4-5-20251001", True),
+    ],
+)
+async def test_a_model_without_structured_outputs_takes_the_final_result_tool(
+    make_model: Callable[..., AnthropicModel], name: str, native: bool
+) -> None:
+    """Structured outputs came with Claude Opus 4.1 and Sonnet 4.5: an older model refuses
+    output_config.format, so ``auto`` asks it through the final-result tool and
+    ``native`` fails before any request."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "final_result"}
+    server = FakeServer(
+        message([{"type": "text", "text": '{"label": "ham", "score": 0.5}'}])
+        if native
+        else message([{**call, "input": {"label": "ham", "score": 0.5}}], stop_reason="tool_use")
+    )
+    model = make_model(server, name=name)
+    result = await Agent(model=model).run("classify: hello", output_type=Verdict)
+    assert result.output == Verdict("ham", 0.5)
+    assert ("output_config" in server.bodies[0]) is native
+    if not native:
+        with pytest.raises(ConfigurationError, match="not available on this model"):
+            await Agent(model=model, output_strategy="native").run("go", output_type=Verdict)
+        assert len(server.requests) == 1
 
 
 def _optional_fields(count: int) -> Any:

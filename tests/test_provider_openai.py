@@ -146,7 +146,10 @@ async def clients() -> AsyncIterator[list[openai.AsyncOpenAI]]:
 @pytest.fixture
 def make_model(clients: list[openai.AsyncOpenAI]) -> Callable[..., OpenAIModel]:
     def make(
-        server: FakeServer, base_url: str = "https://api.openai.com/v1", **options: Any
+        server: FakeServer,
+        base_url: str = "https://api.openai.com/v1",
+        name: str = "gpt-4o-mini",
+        **options: Any,
     ) -> OpenAIModel:
         client = openai.AsyncOpenAI(
             api_key="sk-test",
@@ -154,7 +157,7 @@ def make_model(clients: list[openai.AsyncOpenAI]) -> Callable[..., OpenAIModel]:
             http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
         )
         clients.append(client)
-        return OpenAIModel("gpt-4o-mini", client=client, **options)
+        return OpenAIModel(name, client=client, **options)
 
     return make
 
@@ -1811,6 +1814,46 @@ async def test_an_output_type_is_asked_with_a_strict_json_schema(
     counts = await Classifier(model=model).run("count", output_type=dict[str, int])
     assert counts.output == {"a": 1}
     assert server.bodies[1]["response_format"]["json_schema"]["strict"] is False
+
+
+@pytest.mark.parametrize(
+    ("name", "base_url", "native"),
+    [
+        ("gpt-3.5-turbo", "https://api.openai.com/v1", False),
+        ("gpt-4", "https://api.openai.com/v1", False),
+        ("gpt-4-turbo-2024-04-09", "https://api.openai.com/v1", False),
+        ("gpt-4o-2024-05-13", "https://api.openai.com/v1", False),
+        ("ft:gpt-3.5-turbo-0125:org::abc", "https://api.openai.com/v1", False),
+        ("gpt-4o", "https://api.openai.com/v1", True),
+        ("gpt-4.1-mini", "https://api.openai.com/v1", True),
+        ("o1", "https://api.openai.com/v1", True),
+        ("gpt-3.5-turbo", "http://127.0.0.1:8080/v1", True),
+    ],
+)
+async def test_a_model_without_structured_outputs_takes_the_final_result_tool(
+    make_model: Callable[..., OpenAIModel], name: str, base_url: str, native: bool
+) -> None:
+    """OpenAI refuses a json_schema response format on a model without structured
+    outputs: ``auto`` asks such a model through the final-result tool and ``native`` fails
+    before any request. Another server may serve any model under such a name."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "final_result", "arguments": '{"label": "ham", "score": 0.5}'},
+    }
+    server = FakeServer(
+        completion({"content": '{"label": "ham", "score": 0.5}'})
+        if native
+        else completion({"tool_calls": [call]}, finish_reason="tool_calls")
+    )
+    model = make_model(server, base_url, name, context_window=128_000)  # no probe
+    result = await Agent(model=model).run("classify: hello", output_type=Verdict)
+    assert result.output == Verdict("ham", 0.5)
+    assert ("response_format" in server.bodies[0]) is native
+    if not native:
+        with pytest.raises(ConfigurationError, match="not available on this model"):
+            await Agent(model=model, output_strategy="native").run("go", output_type=Verdict)
+        assert len(server.requests) == 1
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -101,6 +102,9 @@ MAX_OPTIONAL_PROPERTIES = 24
 """The optional properties structured outputs take in a request's schemas."""
 MAX_UNIONS = 16
 """The union-typed values (``anyOf``) structured outputs take in a request's schemas."""
+_NO_STRUCTURED_OUTPUTS = re.compile(r"claude-(instant|2|3|sonnet-4-(0|2025)|opus-4-(0|2025))")
+"""The models without structured outputs, which came with Claude Opus 4.1 and Sonnet 4.5:
+Claude 3.x and older, Sonnet 4 and Opus 4 (``claude-sonnet-4-20250514``, ...)."""
 
 
 def schema_problem(schema: OutputSchema) -> str | None:
@@ -376,7 +380,8 @@ class AnthropicModel:
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
     any ``output_config`` setting); a schema they cannot take (``schema_problem``: an open
     object, an ``Any`` value, a fixed-length tuple, over 24 optional properties or over 16
-    unions) makes ``output_strategy="auto"`` use the final-result tool instead. A setting
+    unions) makes ``output_strategy="auto"`` use the final-result tool instead, as does a
+    model without structured outputs (Claude 3.x, Sonnet 4, Opus 4). A setting
     the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
     before the request is sent, naming it and the settings accepted.
 
@@ -442,7 +447,10 @@ class AnthropicModel:
         return self._context_window
 
     def output_schema_problem(self, schema: OutputSchema) -> str | None:
-        """Why structured outputs cannot take ``schema`` (see ``schema_problem``)."""
+        """Why structured outputs cannot take ``schema``: the model has none (Claude 3.x,
+        Sonnet 4, Opus 4), or ``schema_problem`` names why."""
+        if _NO_STRUCTURED_OUTPUTS.match(self._name.strip().lower()):
+            return f"{PROVIDER} structured outputs are not available on this model"
         return schema_problem(schema)
 
     async def aclose(self) -> None:

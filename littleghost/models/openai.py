@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, aclosing
@@ -88,6 +89,11 @@ _FAILED = frozenset({"error", "abort", "insufficient_system_resource"})
 _FULL_WINDOW = "model_length"
 """Mistral's ``finish_reason`` for an answer stopped where the model's context window was
 full (Anthropic's ``model_context_window_exceeded``)."""
+
+_NO_STRUCTURED_OUTPUTS = re.compile(r"(ft:)?(gpt-3\.5|gpt-4(-|$)|gpt-4o-2024-05-13)")
+"""OpenAI's models without structured outputs (a ``json_schema`` response format, which
+came with ``gpt-4o-2024-08-06``): GPT-3.5, GPT-4 and GPT-4 Turbo, the first GPT-4o
+snapshot, and fine-tunes of them."""
 
 _Counter = Callable[[Any, dict[str, Any]], Awaitable["int | None"]]
 """A way to count a request's prompt tokens: ``(client, chat body) -> count or None``
@@ -372,7 +378,9 @@ class OpenAIModel:
     """A request's ``output_schema`` becomes a JSON-schema ``response_format``, strict:
     every property required, an optional one nullable (``null`` is read as the field left
     out). A schema strict mode cannot express (an open ``dict[str, X]`` object, an
-    ``Any`` value, a fixed-length tuple) is sent with ``strict: false``."""
+    ``Any`` value, a fixed-length tuple) is sent with ``strict: false``. On OpenAI's own
+    API, a model without structured outputs (GPT-3.5, GPT-4, GPT-4 Turbo, ...) makes
+    ``output_strategy="auto"`` use the final-result tool."""
 
     def __init__(
         self,
@@ -594,6 +602,14 @@ class OpenAIModel:
         body = {key: params[key] for key in keys if key in params}
         counted = await client.post(f"{_server_root(client)}/tokenize", body=body, cast_to=object)
         return reported(counted, "count") or None
+
+    def output_schema_problem(self, schema: OutputSchema) -> str | None:
+        """Why the model cannot take ``schema`` natively, whatever it is: it is one of
+        OpenAI's models without structured outputs, on OpenAI's own API (another server
+        may serve any model under such a name)."""
+        if self._official and _NO_STRUCTURED_OUTPUTS.match(self._name.strip().lower()):
+            return "OpenAI's structured outputs are not available on this model"
+        return None
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """The parameters that hold the answer to ``output``: a JSON-schema
