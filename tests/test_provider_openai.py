@@ -1523,6 +1523,44 @@ async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
     assert "reasoning_content" not in server.bodies[2]["messages"][1]
 
 
+async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """DeepSeek's and Kimi's thinking modes refuse a request whose assistant message with
+    tool calls lacks its reasoning_content, in any later turn: a session's next question
+    sends it back; an earlier answer without calls still goes without."""
+
+    class Adder(Agent):
+        @tool
+        def add(self, a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    server = FakeServer(
+        completion(
+            {"reasoning_content": "Two plus three.", "tool_calls": [call]},
+            finish_reason="tool_calls",
+        ),
+        completion({"content": "5", "reasoning_content": "It is 5."}),
+        completion({"content": "10"}),
+    )
+    agent = Adder(
+        model=make_model(server, base_url="https://api.deepseek.com/v1", context_window=128_000)
+    )
+    first = await agent.run("2+3?")
+    await agent.run("and doubled?", history=first.messages)
+    sent = server.bodies[2]["messages"]
+    assert [m.get("reasoning_content") for m in sent if m["role"] == "assistant"] == [
+        "Two plus three.",
+        None,
+    ]
+
+
 GEMINI = "https://generativelanguage.googleapis.com/v1beta/openai/"
 
 

@@ -509,7 +509,8 @@ class OpenAIModel:
     def _params(self, request: ModelRequest) -> dict[str, Any]:
         developer_role = "developer" if self._official else "system"
         # Reasoning goes back within the current turn's tool loop (after the last user
-        # message), where servers that think between tool calls expect it.
+        # message), where servers that think between tool calls expect it, and on every
+        # message with tool calls: DeepSeek's and Kimi's thinking modes refuse one without.
         turn = max(
             (i for i, message in enumerate(request.messages) if message.role is Role.USER),
             default=-1,
@@ -522,7 +523,7 @@ class OpenAIModel:
                 for entry in _message(
                     message,
                     developer_role,
-                    self.provider if position > turn else None,
+                    self.provider if position > turn or message.tool_calls else None,
                     signed=not self._official,
                 )
             ],
