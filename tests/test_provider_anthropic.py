@@ -32,6 +32,7 @@ from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
     InvalidRequestError,
+    OutputLimitError,
     ProviderError,
     ProviderUnavailableError,
     RateLimitError,
@@ -848,6 +849,34 @@ async def test_whitespace_only_text_is_never_sent(
     with pytest.raises(ConfigurationError, match="its text is empty or whitespace only"):
         await agent.run(" \n", session_id="s")
     assert len(server.requests) == 2
+
+
+async def test_an_answer_of_thinking_alone_is_not_sent_back(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The API takes no assistant message that ends with a thinking block: an answer cut
+    at max_tokens while thinking (kept in the session) is left out of the next run's
+    request, as is one whose only text is blank."""
+    server = FakeServer(
+        message([THINKING], stop_reason="max_tokens"),
+        message([{**THINKING, "signature": "sig-2"}, {"type": "text", "text": "\n"}]),
+        message([{"type": "text", "text": "ok"}]),
+    )
+    agent = Agent(model=make_model(server), session_store=InMemorySessionStore())
+    with pytest.raises(OutputLimitError):
+        await agent.run("think hard", session_id="s")
+    await agent.run("again", session_id="s")
+    assert (await agent.run("once more", session_id="s")).output == "ok"
+    assert server.bodies[2]["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "think hard"},
+                {"type": "text", "text": "again"},
+                {"type": "text", "text": "once more"},
+            ],
+        }
+    ]
 
 
 @pytest.mark.parametrize("compacted", [False, True], ids=["a greeting", "a truncated history"])

@@ -94,6 +94,7 @@ _STOP_REASONS = {
 EMPTY_ERROR_TEXT = "(the tool failed without a message)"
 """What an error result without content is sent as: the API refuses an empty one."""
 _TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
+_THINKING = frozenset({"thinking", "redacted_thinking"})
 _TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"})
 """Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
 
@@ -207,7 +208,9 @@ def convert_messages(
     left out; a conversation that starts with the assistant (a greeting, or a history a
     compaction cut) gets ``OPENING_TURN`` before it, as the API takes only a user turn
     first. Thinking blocks go back verbatim with their signatures; reasoning from
-    another provider, or that lost its signature, is left out. Without ``tools`` (the
+    another provider, or that lost its signature, is left out, and so is an answer of
+    thinking alone (cut at ``max_tokens``, or its text blank), as the API takes no
+    assistant message that ends with thinking. Without ``tools`` (the
     request offers none), tool calls and results travel as text.
     """
     system: list[str] = []
@@ -219,7 +222,7 @@ def convert_messages(
             continue
         role = "assistant" if message.role is Role.ASSISTANT else "user"
         blocks = [block for part in message.content if (block := _block(part, tools)) is not None]
-        if not blocks:
+        if all(block["type"] in _THINKING for block in blocks):
             continue
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
