@@ -1444,6 +1444,29 @@ async def test_reasoning_that_cannot_go_back_is_dropped_before_the_request(
     ]
 
 
+async def test_a_merged_assistant_turn_starts_with_its_thinking(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A collapse line (assistant text) before an answer with thinking is merged into its
+    turn after that thinking: the API refuses a turn holding thinking that does not start
+    with it, which failed overflow recovery mid tool loop with thinking on."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    call = ToolCall("toolu_2", "lookup", {"order_id": "2"})
+    history = [
+        Message.user("check orders 1 and 2"),
+        Message.assistant("[Tool results: lookup: order 1 shipped]"),
+        Message("assistant", [ReasoningPart("step 2", "sig-2", "anthropic"), call]),
+        Message.tool("toolu_2", "order 2 shipped"),
+    ]
+    lookup = ToolSpec("lookup", "Find an order.", {"type": "object", "properties": {}})
+    await make_model(server).respond(ModelRequest(history, (lookup,)))
+    assert [block["type"] for block in server.bodies[0]["messages"][1]["content"]] == [
+        "thinking",
+        "text",
+        "tool_use",
+    ]
+
+
 async def test_a_stream_yields_thinking_and_keeps_its_signature(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

@@ -194,6 +194,16 @@ def _as_text(part: ToolCall | ToolResult) -> str:
     return f"[tool {outcome} for call {part.call_id}: {part.content}]"
 
 
+def _merged(earlier: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks of one turn made of two messages; the thinking that leads ``later`` goes
+    first when ``earlier`` (a collapse record, say) does not start with thinking: the API
+    takes a turn holding thinking only when its first block is thinking."""
+    lead = next((i for i, block in enumerate(later) if block["type"] not in _THINKING), 0)
+    if earlier[0]["type"] in _THINKING:
+        return [*earlier, *later]
+    return [*later[:lead], *earlier, *later[lead:]]
+
+
 OPENING_TURN = "(The conversation continues.)"
 """The user turn sent before a conversation that starts with the assistant's."""
 
@@ -204,8 +214,9 @@ def convert_messages(
     """The ``system`` text and the ``messages`` list for a conversation.
 
     System and developer text is joined into ``system``; tool results travel in user
-    turns; consecutive turns of one role are merged; empty or whitespace-only text is
-    left out; a conversation that starts with the assistant (a greeting, or a history a
+    turns; consecutive turns of one role are merged (an assistant turn then starts with
+    the thinking that leads its messages); empty or whitespace-only text is left out; a
+    conversation that starts with the assistant (a greeting, or a history a
     compaction cut) gets ``OPENING_TURN`` before it, as the API takes only a user turn
     first. Thinking blocks go back verbatim with their signatures; reasoning from
     another provider, or that lost its signature, is left out, and so is an answer of
@@ -225,7 +236,7 @@ def convert_messages(
         if all(block["type"] in _THINKING for block in blocks):
             continue
         if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
+            turns[-1]["content"] = _merged(turns[-1]["content"], blocks)
         else:
             turns.append({"role": role, "content": blocks})
     if turns and turns[0]["role"] == "assistant":
