@@ -17,8 +17,8 @@ import anyio.to_thread
 from anyio.lowlevel import RunVar
 from attrs import frozen
 
-from littleghost.messages import ImagePart, ToolCall, ToolResult
-from littleghost.tool_types import to_json
+from littleghost.messages import ToolCall, ToolResult
+from littleghost.tool_types import ImageNotJson, to_json
 
 __all__ = ["Outcome", "error_result", "invoke", "render_result"]
 
@@ -49,7 +49,7 @@ def render_result(value: Any) -> str:
             if isinstance(value, str):
                 return value
         return json.dumps(value, ensure_ascii=False, default=_result_json)
-    except _ImageInResult:
+    except ImageNotJson:
         raise TypeError(
             "it returned an image, which a tool result cannot carry (a result is text); "
             "return what the model needs to know of it"
@@ -58,16 +58,10 @@ def render_result(value: Any) -> str:
         return str(value)
 
 
-class _ImageInResult(Exception):
-    """A result holds an ``ImagePart``: sent as text, its bytes would be garbage."""
-
-
 def _result_json(value: Any) -> Any:
     """What ``to_json`` makes of ``value``, else a date or time in ISO 8601, else its
     ``str()`` (a ``Decimal``, a ``UUID``, a path): one such value no longer turns the
     whole result into Python's repr."""
-    if isinstance(value, ImagePart):
-        raise _ImageInResult
     converted = to_json(value)
     if converted is not value:
         return converted

@@ -25,9 +25,11 @@ import attrs
 
 from littleghost._validators import MAX_DEPTH, holds_non_finite, nests_deeper
 from littleghost.errors import ConfigurationError
+from littleghost.messages import ImagePart
 from littleghost.text import brief, error_text
 
 __all__ = [
+    "ImageNotJson",
     "ToolArgumentError",
     "coerce",
     "json_arguments",
@@ -558,8 +560,13 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
+class ImageNotJson(TypeError):
+    """``to_json`` met an ``ImagePart``, alone or inside a value: as JSON text, its bytes
+    would be garbage."""
+
+
 def to_json(value: Any) -> Any:
-    if attrs.has(type(value)):
+    if attrs.has(type(value)) and not isinstance(value, ImagePart):
         return attrs.asdict(
             value, recurse=True, value_serializer=lambda _i, _a, v: _to_json_value(v)
         )
@@ -569,6 +576,8 @@ def to_json(value: Any) -> Any:
 
 
 def _to_json_value(value: Any) -> Any:
+    if isinstance(value, ImagePart):
+        raise ImageNotJson("an image is not JSON")
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (set, frozenset, tuple)):

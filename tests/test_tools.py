@@ -1178,6 +1178,28 @@ async def test_a_tool_that_returns_an_image_gets_an_error_result() -> None:
         )
 
 
+async def test_a_tool_that_returns_an_image_inside_a_record_gets_an_error_result() -> None:
+    """An attrs record's fields were made JSON before an image among them was seen: its
+    bytes still reached the model as replacement characters, as a success."""
+
+    @frozen
+    class Shot:
+        title: str
+        image: ImagePart
+
+    def shot() -> Shot:
+        """Take a screenshot with its title."""
+        return Shot("home", ImagePart(data=b"\x89PNG\r\n\x1a\n" + bytes(range(256))))
+
+    class Screens(Agent):
+        tools = [shot]
+
+    model = ScriptedModel([tool_call_response("shot", {}, call_id="c1"), text_response("ok")])
+    (result,) = tool_results((await Screens(model=model).run("go")).messages)
+    assert result.is_error
+    assert "it returned an image" in result.content
+
+
 class Lazy(Agent):
     @tool
     async def unawaited(self) -> str:
