@@ -48,13 +48,16 @@ def render_result(value: Any) -> str:
             value = _result_json(value)  # an object's fields, or a value's text as it is
             if isinstance(value, str):
                 return value
-        return json.dumps(value, ensure_ascii=False, default=_result_json)
+        try:
+            return json.dumps(value, ensure_ascii=False, default=_result_json)
+        except TypeError:  # a key JSON cannot carry (a date, a UUID, an enum): its text
+            return json.dumps(_keyed(value), ensure_ascii=False, default=_result_json)
     except ImageNotJson:
         raise TypeError(
             "it returned an image, which a tool result cannot carry (a result is text); "
             "return what the model needs to know of it"
         ) from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return str(value)
 
 
@@ -68,6 +71,25 @@ def _result_json(value: Any) -> Any:
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     return str(value)
+
+
+def _keyed(value: Any) -> Any:
+    """``value`` as ``_result_json`` makes it, all through, each key JSON cannot carry
+    made its text (``_result_json``'s when that is one, else its ``str()``)."""
+    if isinstance(value, dict):
+        return {_key(key): _keyed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_keyed(item) for item in value]
+    if isinstance(value, (str, int, float, type(None))):
+        return value
+    return _keyed(_result_json(value))
+
+
+def _key(key: Any) -> Any:
+    if isinstance(key, (str, int, float, type(None))):
+        return key
+    converted = _result_json(key)
+    return converted if isinstance(converted, (str, int, float, type(None))) else str(key)
 
 
 _TOOL_THREADS = 64

@@ -613,6 +613,30 @@ async def test_a_result_holding_dates_or_decimals_is_json_with_their_text() -> N
     assert when.content == "2026-01-31"
 
 
+async def test_a_result_keyed_by_dates_or_ids_is_json_with_their_text() -> None:
+    """A key JSON cannot carry (a date, a ``UUID``, an enum member) is its text, as such a
+    value is: one turned the whole result into Python's repr."""
+
+    def sales() -> dict[str, Any]:
+        """Sales per day, and owners by id."""
+        return {
+            "per_day": {datetime.date(2026, 1, 31): 5},
+            "owners": {uuid.UUID(int=1): "ada"},
+            "by_colour": {Colour.RED: 2},
+        }
+
+    class Shop(Agent):
+        tools = [sales]
+
+    model = ScriptedModel([tool_call_response("sales", {}, call_id="c1"), text_response("ok")])
+    (result,) = tool_results((await Shop(model=model).run("go")).messages)
+    assert json.loads(result.content) == {
+        "per_day": {"2026-01-31": 5},
+        "owners": {"00000000-0000-0000-0000-000000000001": "ada"},
+        "by_colour": {"red": 2},
+    }
+
+
 async def test_a_result_with_a_lone_surrogate_enters_the_log_as_utf8_can_carry_it() -> None:
     """A file name that is not UTF-8, as ``os.listdir`` reads it (``caf\\udce9``), in
     what a tool returns or raises: no UTF-8 can carry a lone surrogate, so the SDKs failed
