@@ -88,7 +88,7 @@ async def compact_document(
     async with agent:
         model = agent.resolve_model()
         # started here only to learn its window; else by the first summary call, if any
-        if config.summarize and window is None and config.context_window_override is None:
+        if window is None and config.context_window_override is None:
             advance(1, "starting the model")
             await prepare(model)
         else:

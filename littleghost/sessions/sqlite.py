@@ -530,6 +530,7 @@ class SQLiteSessionStore:
 
     def _transaction(self, connection: sqlite3.Connection, work: Callable[[], T]) -> T:
         connection.execute("BEGIN IMMEDIATE")
+        self._current.waiting = None  # the lock is held: a later failure is not "busy"
         try:
             result = work()
             if self._current.stop.is_set():
