@@ -481,22 +481,28 @@ class Agent:
         cls.__littleghost_declared__ = _declared(cls)
 
     def __init__(self, **overrides: Any) -> None:
-        _check_unchanged(type(self), overrides)
+        cls = type(self)
+        # knobs a subclass's __init__ set before calling this one count as keywords
+        given = {knob: value for knob, value in vars(self).items() if knob in _KNOBS}
+        given.update(overrides)
+        _check_unchanged(cls, given)
         unknown = sorted(set(overrides) - set(_KNOBS))
         if unknown:
             raise TypeError(
                 f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}; "
                 f"it takes {', '.join(sorted(_KNOBS))}"
             )
-        for knob, value in overrides.items():
-            setattr(self, knob, _KNOBS[knob](f"{type(self).__name__}(…, {knob}=)", value))
-        instructions = overrides.get("instructions")
+        owners = {
+            knob: f"{cls.__name__}(…, {knob}=)" if knob in overrides else f"{cls.__name__}.{knob}"
+            for knob in given
+        }
+        for knob, value in given.items():
+            setattr(self, knob, _KNOBS[knob](owners[knob], value))
+        instructions = given.get("instructions")
         if callable(instructions):
-            owner = f"{type(self).__name__}(…, instructions=)"
-            check_signature(owner, instructions, "(context)", 1, context=False)
-        cls = type(self)
-        if "tools" in overrides:
-            owner = f"{cls.__name__}(…, tools=)"
+            check_signature(owners["instructions"], instructions, "(context)", 1, context=False)
+        if "tools" in given:
+            owner = owners["tools"]
             self._tool_index = index_tools(
                 owner, _method_tools(cls), _function_tools(owner, self.tools)
             )

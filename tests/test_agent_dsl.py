@@ -156,6 +156,21 @@ def test_constructor_tools_override_function_tools() -> None:
     assert {spec.name for spec in Parent().tool_specs} == {"ping", "lookup"}
 
 
+def test_knobs_an_init_sets_before_agents_own_count_as_keywords() -> None:
+    """A knob a subclass's ``__init__`` sets before ``super().__init__()`` is checked then,
+    and ``tools`` set so are offered, as the same constructor keywords would be."""
+
+    class Setting(Parent):
+        def __init__(self, tools: list[Callable[..., Any]], max_turns: object) -> None:
+            self.tools = tools
+            self.max_turns = max_turns
+            super().__init__()
+
+    assert {spec.name for spec in Setting([echo], 3).tool_specs} == {"echo", "lookup"}
+    with pytest.raises(ConfigurationError, match=r"Setting\.max_turns must be an int >= 1"):
+        Setting([echo], 0)
+
+
 async def test_constructor_model_overrides_class_model() -> None:
     """model= given to the constructor is used instead of the class's model."""
 
