@@ -520,7 +520,13 @@ class Agent:
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
-        so does a hook or ``@tool`` method's name (bound as the agent is made)."""
+        so does a hook or ``@tool`` method's name (bound as the agent is made), and the
+        name of what the agent works out from its knobs (``output``, ``tool_specs``)."""
+        if name in _WORKED_OUT and inspect.getattr_static(type(self), name) is _WORKED_OUT[name]:
+            raise ConfigurationError(
+                f"{type(self).__name__}.{name} would replace Agent.{name}, which every run "
+                "reads: give the attribute another name"
+            )
         made = "_models" in vars(self)
         if made and any(entry.method == name for entry in hook_plan(type(self))):
             raise ConfigurationError(
@@ -815,3 +821,10 @@ Agent.__littleghost_declared__ = _declared(Agent)
 _AGENT_MEMBERS = frozenset(dir(Agent)) | frozenset(Agent.__annotations__)
 """The names a tool or hook method must not take: ``Agent``'s attributes, methods and
 knobs, and the attributes its instances set."""
+
+_WORKED_OUT = {
+    name: value
+    for name, value in vars(Agent).items()
+    if isinstance(value, functools.cached_property)
+}
+"""What an agent works out from its knobs, which an attribute of its own must not replace."""

@@ -802,6 +802,28 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
     assert Overriding().name == "support-bot"
 
 
+@pytest.mark.parametrize("member", ["output", "tool_specs"])
+def test_an_instance_attribute_in_the_place_of_what_the_agent_works_out_fails(
+    member: str,
+) -> None:
+    """``self.output = None`` in an ``__init__`` would replace the compiled output type
+    (the declared one silently ignored): it fails, before or after Agent's own."""
+
+    class Kept(Agent):
+        output_type = int
+
+        def __init__(self, *, early: bool) -> None:
+            if early:
+                setattr(self, member, None)
+            super().__init__()
+            setattr(self, member, None)
+
+    message = re.escape(f"Kept.{member} would replace Agent.{member}")
+    for early in (True, False):
+        with pytest.raises(ConfigurationError, match=message):
+            Kept(early=early)
+
+
 @pytest.mark.parametrize(
     ("attribute", "value", "knob"),
     [
