@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import inspect
@@ -564,6 +565,17 @@ class Agent:
         self._bound_plan = hook_plan(type(self))
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Agent:
+        """A deep copy shares the model and session store given to the constructor, as
+        copies share the class's: they are resources (a copied in-memory store would fork
+        its conversations; a client or a lock cannot be copied)."""
+        for knob in ("model", "session_store"):
+            if knob in vars(self):
+                memo[id(vars(self)[knob])] = vars(self)[knob]
+        copied = memo[id(self)] = type(self).__new__(type(self))
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return copied
 
     @property
     def name(self) -> str:

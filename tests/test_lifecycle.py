@@ -171,6 +171,18 @@ async def test_a_copied_agent_runs_its_own_hooks_and_closes_its_own_models(how: 
     await original.aclose()
 
 
+async def test_a_deep_copy_shares_the_model_and_store_given_to_the_constructor() -> None:
+    """As a copy shares the class's: a client or a lock cannot be copied, and a copied
+    in-memory store would fork its conversations."""
+    model, store = LoopBound("mine"), InMemorySessionStore()
+    original = Labelled("original", model=model, session_store=store)
+    copied = copy.deepcopy(original)
+    assert copied.model is model and copied.session_store is store
+    await copied.run("hi", session_id="s")
+    assert [message.text for message in await store.load("s")] == ["hi", "hello"]
+    assert copied.seen == ["original"] and original.seen == []
+
+
 def noting(label: str) -> Any:
     """A capability made per label: its hook is a closure, which no pickle can hold."""
 
