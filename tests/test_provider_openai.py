@@ -1487,12 +1487,6 @@ async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
     back on the assistant messages of the current turn's tool loop only, and reasoning of
     another provider never does."""
 
-    class Adder(Agent):
-        @tool
-        def add(self, a: int, b: int) -> int:
-            """Add two numbers."""
-            return a + b
-
     call = {
         "id": "call_1",
         "type": "function",
@@ -1529,12 +1523,6 @@ async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
     """DeepSeek's and Kimi's thinking modes refuse a request whose assistant message with
     tool calls lacks its reasoning_content, in any later turn: a session's next question
     sends it back; an earlier answer without calls still goes without."""
-
-    class Adder(Agent):
-        @tool
-        def add(self, a: int, b: int) -> int:
-            """Add two numbers."""
-            return a + b
 
     call = {
         "id": "call_1",
