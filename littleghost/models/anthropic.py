@@ -95,6 +95,7 @@ EMPTY_ERROR_TEXT = "(the tool failed without a message)"
 """What an error result without content is sent as: the API refuses an empty one."""
 _TOOL_CHOICES = {"auto": "auto", "required": "any", "any": "any", "none": "none"}
 _THINKING = frozenset({"thinking", "redacted_thinking"})
+"""The types of the blocks that hold a model's reasoning."""
 _TRANSLATED = frozenset({"max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"})
 """Settings translated for the API (see ``AnthropicModel``), whatever the SDK takes."""
 
