@@ -231,7 +231,8 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
                 f"{_PARAMETER_NAME.pattern} (ASCII, at most 64 characters): Anthropic's API "
                 "refuses every request of an agent with a tool that has another name"
             )
-        if _holds_run_context(annotation):
+        # a str: one that could not be resolved (``_type_hints``), RunContext inside it
+        if isinstance(annotation, str) or _holds_run_context(annotation):
             raise ConfigurationError(
                 f"tool {tool_name!r}: parameter {parameter.name!r} has RunContext inside "
                 f"{annotation!r}; a parameter receives the run's context when it is "
@@ -349,6 +350,10 @@ def _holds_run_context(annotation: Any) -> bool:
     )
 
 
+_RUN_CONTEXT_WORD = re.compile(r"\bRunContext\b")
+"""``RunContext`` inside the text of an annotation (``RunContext | None``)."""
+
+
 def _names_run_context(text: str) -> bool:
     """True for the text of a ``RunContext`` annotation: ``RunContext``, ``x.RunContext``."""
     text = text.strip().strip("'\"").strip()
@@ -359,7 +364,8 @@ def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dic
     """Resolved parameter annotations.
 
     An annotation naming ``RunContext`` that cannot be resolved (imported only under
-    ``TYPE_CHECKING``) becomes ``_CONTEXT``; the return annotation, and that of the
+    ``TYPE_CHECKING``) becomes ``_CONTEXT``, and one holding it inside another stays its
+    text (which ``define_tool`` refuses); the return annotation, and that of the
     ``unshown`` parameter (a method's ``self: Support``, its class not yet bound), may be
     unresolvable.
 
@@ -382,6 +388,8 @@ def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dic
         except NameError:
             if isinstance(annotation, str) and _names_run_context(annotation):
                 hints[name] = _CONTEXT
+            elif isinstance(annotation, str) and _RUN_CONTEXT_WORD.search(annotation):
+                hints[name] = annotation  # RunContext inside another: ``define_tool`` says so
             else:
                 raise
     return hints

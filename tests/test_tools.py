@@ -1838,16 +1838,28 @@ def annotated_context(query: str, context: Annotated[RunContext, "the run"]) -> 
         (positional_only, "parameter 'query' is positional-only"),
         (optional_context, "tool 'optional_context': parameter 'context' has RunContext inside"),
         (annotated_context, "tool 'annotated_context': parameter 'context' has RunContext inside"),
+        (
+            _hidden_context.maybe_in_a_run,
+            "tool 'maybe_in_a_run': parameter 'ctx' has RunContext inside 'RunContext | None'",
+        ),
     ],
-    ids=["two-contexts", "untyped-context", "positional-only", "optional", "annotated"],
+    ids=[
+        "two-contexts",
+        "untyped-context",
+        "positional-only",
+        "optional",
+        "annotated",
+        "optional-for-type-checkers",
+    ],
 )
 def test_context_and_parameter_declaration_errors(
     function: Callable[..., Any], fragment: str
 ) -> None:
     """Two RunContext parameters, an untyped ``context``, a positional-only parameter and
     RunContext inside another annotation (it failed with "name 'Agent' is not defined",
-    naming neither the tool nor the parameter) fail when the tool is declared and when
-    the class is defined."""
+    or "name 'RunContext' is not defined" with ``RunContext`` imported for type checkers
+    only, naming neither the tool nor the parameter) fail when the tool is declared and
+    when the class is defined."""
     with pytest.raises(ConfigurationError, match=re.escape(fragment)):
         tool(function)
     with pytest.raises(ConfigurationError, match=re.escape(fragment)):
