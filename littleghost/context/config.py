@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from attrs import field, frozen
+from attrs import field, fields_dict, frozen
 
 from littleghost._validators import (
     Validator,
@@ -117,6 +117,12 @@ class ContextManagement:
                 "manage_context: strategy= decides how to compact; summarize=False turns "
                 "compaction off, so the two cannot be combined"
             )
+        if self.strategy is not None and (ignored := self._default_summarizer_only()):
+            raise ConfigurationError(
+                f"manage_context: {ignored} shapes the default summarizer, which strategy= "
+                "replaces: give the strategy its own (Summarization(prompt=, max_tokens=, "
+                "quote_specifics=), ToolResultCompaction, ...) and leave it out"
+            )
         if self.budget is None and not self.summarize:
             raise ConfigurationError(
                 "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
@@ -124,25 +130,13 @@ class ContextManagement:
             )
         self.check_window(self.context_window_override or self.context_window_tokens)
 
-    def check_given(self, given: Collection[str]) -> None:
-        """Refuse a keyword ``given`` (whatever its value) that only the default summarizer
-        reads when ``strategy`` replaces it.
-
-        Raises:
-            ConfigurationError: Naming the first such keyword.
-        """
-        if self.strategy is None:
-            return
+    def _default_summarizer_only(self) -> str | None:
+        """The first keyword given that only the default summarizer reads."""
         names = ["summary_ratio", "summary_instructions", "quote_specifics", "mask_tool_results"]
         if self.budget is None:  # else it caps the summaries the budget shows too
             names.append("summary_max_tokens")
-        ignored = next((name for name in names if name in given), None)
-        if ignored is not None:
-            raise ConfigurationError(
-                f"manage_context: {ignored} shapes the default summarizer, which strategy= "
-                "replaces: give the strategy its own (Summarization(prompt=, max_tokens=, "
-                "quote_specifics=), ToolResultCompaction, ...) and leave it out"
-            )
+        fields = fields_dict(ContextManagement)
+        return next((name for name in names if getattr(self, name) != fields[name].default), None)
 
     def check_window(self, window: int) -> None:
         """Reject a configuration that leaves no room to compact in ``window``.

@@ -124,7 +124,6 @@ def manage_context(cls: C | None = None, /, **options: Any) -> Any:
             f"{', '.join(accepted)}"
         )
     config = ContextManagement(**options)
-    config.check_given(options)
 
     def decorate(target: C) -> C:
         if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
