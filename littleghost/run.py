@@ -460,7 +460,9 @@ class RunContext:
                     output = [response.message]
                     span.set_attribute(
                         telemetry.OUTPUT_MESSAGES,
-                        telemetry.messages_json(output, response.stop_reason.value),
+                        telemetry.messages_json(
+                            output, telemetry.finish_reason(response.stop_reason)
+                        ),
                     )
                 return response
 

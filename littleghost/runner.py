@@ -309,7 +309,9 @@ async def _run_in(
         if grace.failures:
             raise late from grace.failures[0]
         raise late
-    span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, (result.stop_reason.value,))
+    span.set_attribute(
+        telemetry.RESPONSE_FINISH_REASONS, (telemetry.finish_reason(result.stop_reason),)
+    )
     return result
 
 

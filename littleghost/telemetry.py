@@ -20,11 +20,12 @@ from littleghost._validators import is_int
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
-from littleghost.models.base import ModelResponse, Usage
+from littleghost.models.base import ModelResponse, StopReason, Usage
 
 __all__ = [
     "COMPACTION_EVENT",
     "error_type",
+    "finish_reason",
     "messages_json",
     "open_span",
     "tracer",
@@ -116,6 +117,21 @@ def mark_failed(span: Span, error: BaseException | str) -> None:
     span.set_status(Status(StatusCode.ERROR, kind))
 
 
+_FINISH_REASONS = {
+    StopReason.END_TURN: "stop",
+    StopReason.STOP_SEQUENCE: "stop",
+    StopReason.MAX_TOKENS: "length",
+    StopReason.TOOL_USE: "tool_call",
+    StopReason.CONTENT_FILTER: "content_filter",
+}
+
+
+def finish_reason(reason: StopReason) -> str:
+    """Why a model stopped, in the GenAI conventions' words (their ``FinishReason``:
+    ``stop``, ``length``, ``tool_call``, ``content_filter``), whatever the provider."""
+    return _FINISH_REASONS[reason]
+
+
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -158,7 +174,7 @@ def response_attributes(response: ModelResponse) -> dict[str, Any]:
     model when the provider reported them (metadata, never content)."""
     attributes: dict[str, Any] = {
         **usage_attributes(response.usage),
-        RESPONSE_FINISH_REASONS: (response.stop_reason.value,),
+        RESPONSE_FINISH_REASONS: (finish_reason(response.stop_reason),),
     }
     if response.response_id is not None:
         attributes[RESPONSE_ID] = response.response_id

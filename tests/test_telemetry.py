@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,11 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    OutputLimitError,
     ProtocolError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, ModelResponse, Usage
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ async def test_invoke_agent_attributes(spans: Spans) -> None:
         "gen_ai.conversation.id": session_id,
         "gen_ai.usage.input_tokens": 30,
         "gen_ai.usage.output_tokens": 12,
-        "gen_ai.response.finish_reasons": ("end_turn",),
+        "gen_ai.response.finish_reasons": ("stop",),
     }
 
 
@@ -143,9 +145,9 @@ async def test_chat_attributes(spans: Spans) -> None:
         "littleghost.purpose": "chat",
         "gen_ai.usage.input_tokens": 10,
         "gen_ai.usage.output_tokens": 5,
-        "gen_ai.response.finish_reasons": ("tool_use",),
+        "gen_ai.response.finish_reasons": ("tool_call",),
     }
-    assert attributes(second)["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert attributes(second)["gen_ai.response.finish_reasons"] == ("stop",)
     assert attributes(second)["gen_ai.usage.output_tokens"] == 7
 
 
@@ -182,6 +184,33 @@ async def test_cache_and_reasoning_tokens_use_the_genai_names(spans: Spans) -> N
         "gen_ai.usage.cache_write.input_tokens": 40,
         "gen_ai.usage.reasoning.output_tokens": 20,
     }
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "expected"),
+    [
+        (StopReason.END_TURN, "stop"),
+        (StopReason.STOP_SEQUENCE, "stop"),
+        (StopReason.MAX_TOKENS, "length"),
+        (StopReason.CONTENT_FILTER, "content_filter"),
+    ],
+)
+async def test_finish_reasons_use_the_genai_names(
+    spans: Spans, stop_reason: StopReason, expected: str
+) -> None:
+    """Finish reasons on spans and in output messages are the conventions' own values
+    (as OpenAI's ``length``, not Anthropic's ``max_tokens``), whatever the provider."""
+    answer = text_response("Hi.", stop_reason=stop_reason)
+    agent = Support(model=ScriptedModel([answer]), capture_content=True)
+    with contextlib.suppress(OutputLimitError):
+        await agent.run("hello")
+    chat = attributes(spans.one("chat"))
+    assert chat["gen_ai.response.finish_reasons"] == (expected,)
+    assert json.loads(chat["gen_ai.output.messages"])[0]["finish_reason"] == expected
+    if stop_reason is not StopReason.MAX_TOKENS:  # that one fails the run
+        assert attributes(spans.one("invoke_agent"))["gen_ai.response.finish_reasons"] == (
+            expected,
+        )
 
 
 async def test_execute_tool_attributes(spans: Spans) -> None:
@@ -418,7 +447,7 @@ async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Span
     await Support(model=ScriptedModel([thought]), capture_content=True).run("hello")
     output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
     assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
-    assert output[0]["finish_reason"] == "end_turn"  # required of an output message
+    assert output[0]["finish_reason"] == "stop"  # required of an output message
 
 
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:
