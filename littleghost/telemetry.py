@@ -236,6 +236,9 @@ def _part_json(part: object) -> dict[str, Any]:
     if isinstance(part, ToolResult):
         return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
     if isinstance(part, ImagePart):
+        if part.url is not None and not part.url.startswith("data:"):
+            kind = {} if part.media_type is None else {"mime_type": part.media_type}
+            return {"type": "uri", "modality": "image", "uri": part.url, **kind}
         return {"type": "image", "url": part.url} if part.url else {"type": "image"}
     if isinstance(part, ReasoningPart):
         return {"type": "reasoning", "content": part.text}

@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, ReasoningPart, TextPart, before_model, tool
+from littleghost import Agent, ImagePart, Message, ReasoningPart, TextPart, before_model, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -448,6 +448,24 @@ async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Span
     output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
     assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
     assert output[0]["finish_reason"] == "stop"  # required of an output message
+
+
+async def test_an_image_url_is_a_uri_part_in_captured_messages(spans: Spans) -> None:
+    """An image given by URL is the conventions' ``uri`` part (modality and MIME type),
+    which consumers of the GenAI message schema show as an image."""
+    url = "https://example.com/cat.png"
+    question = Message(
+        "user", [TextPart("What is this?"), ImagePart(url=url, media_type="image/png")]
+    )
+    agent = Support(model=ScriptedModel([text_response("A cat.")]), capture_content=True)
+    await agent.run(question)
+    sent = json.loads(attributes(spans.one("chat"))["gen_ai.input.messages"])
+    assert sent[-1]["parts"][1] == {
+        "type": "uri",
+        "modality": "image",
+        "uri": url,
+        "mime_type": "image/png",
+    }
 
 
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:
