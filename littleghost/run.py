@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -443,6 +444,7 @@ class RunContext:
                     span.set_attribute(
                         telemetry.INPUT_MESSAGES, telemetry.messages_json(request.messages)
                     )
+                started = time.perf_counter()
                 try:
                     with self.grace.hosting():  # runs a custom model starts share the grace
                         response = await self._respond(model, request, streamed=streamed)
@@ -451,9 +453,11 @@ class RunContext:
                             f"model {model.name!r} returned {type(response).__name__}, "
                             "not a ModelResponse"
                         )
-                except BaseException:  # failed, cancelled or cut off: no answer
+                except BaseException as error:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
+                    telemetry.record_call(attributes, started, error=error)
                     raise
+                telemetry.record_call(attributes, started, response)
                 self.add_usage(response.usage)
                 span.set_attributes(telemetry.response_attributes(response))
                 if self.capture_content and span.is_recording():

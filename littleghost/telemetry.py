@@ -1,19 +1,21 @@
-"""Tracing: the tracer, GenAI attribute names, littleghost event names, content policy.
+"""Telemetry: the tracer and the GenAI client metrics, GenAI attribute names, littleghost
+event names, content policy.
 
-Only ``opentelemetry-api`` is used. Spans follow the OpenTelemetry GenAI conventions.
-No message content, tool argument, summary or credential reaches a span unless the
-agent opts in with ``capture_content = True``.
+Only ``opentelemetry-api`` is used. Spans and metrics follow the OpenTelemetry GenAI
+conventions. No message content, tool argument, summary or credential reaches a span
+unless the agent opts in with ``capture_content = True``, nor ever a metric.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._validators import is_int
@@ -28,11 +30,25 @@ __all__ = [
     "finish_reason",
     "messages_json",
     "open_span",
+    "record_call",
     "tracer",
     "usage_attributes",
 ]
 
 tracer = trace.get_tracer("littleghost", __version__)
+_meter = metrics.get_meter("littleghost", __version__)
+_CALL_DURATION = _meter.create_histogram(
+    "gen_ai.client.operation.duration",
+    unit="s",
+    description="GenAI operation duration",
+    explicit_bucket_boundaries_advisory=[0.01 * 2**power for power in range(14)],
+)
+_TOKEN_USAGE = _meter.create_histogram(
+    "gen_ai.client.token.usage",
+    unit="{token}",
+    description="Number of input and output tokens used",
+    explicit_bucket_boundaries_advisory=[4**power for power in range(14)],
+)
 
 OPERATION_NAME = "gen_ai.operation.name"
 PROVIDER_NAME = "gen_ai.provider.name"
@@ -216,6 +232,35 @@ def open_span(
             if not _stops(error):
                 mark_failed(span, error)
             raise
+
+
+_METRIC_ATTRIBUTES = frozenset(
+    {OPERATION_NAME, PROVIDER_NAME, REQUEST_MODEL, SERVER_ADDRESS, SERVER_PORT}
+)
+TOKEN_TYPE = "gen_ai.token.type"
+
+
+def record_call(
+    attributes: Mapping[str, Any],
+    started: float,
+    response: ModelResponse | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
+    client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
+    not recorded: it stopped, it did not fail), and the input and output tokens of its
+    ``response``. ``attributes`` are its span's; the metrics keep the conventions' few."""
+    if error is not None and _stops(error):
+        return
+    kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
+    if response is not None and response.response_model is not None:
+        kept[RESPONSE_MODEL] = response.response_model
+    if error is not None:
+        kept[ERROR_TYPE] = error_type(error)
+    _CALL_DURATION.record(time.perf_counter() - started, kept)
+    if response is not None:
+        _TOKEN_USAGE.record(response.usage.input_tokens, {**kept, TOKEN_TYPE: "input"})
+        _TOKEN_USAGE.record(response.usage.output_tokens, {**kept, TOKEN_TYPE: "output"})
 
 
 def _stops(error: BaseException) -> bool:

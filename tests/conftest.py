@@ -1,4 +1,5 @@
-"""Shared fixtures: both anyio backends, spans captured in memory, and a PostgreSQL server."""
+"""Shared fixtures: both anyio backends, spans and metrics captured in memory, and a
+PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    HistogramDataPoint,
+    InMemoryMetricReader,
+)
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -48,6 +55,10 @@ _provider = TracerProvider()
 _provider.add_span_processor(SimpleSpanProcessor(_exporter))
 _provider.add_span_processor(_ledger)
 trace.set_tracer_provider(_provider)
+_metric_reader = InMemoryMetricReader(
+    preferred_temporality={Histogram: AggregationTemporality.DELTA}
+)
+metrics.set_meter_provider(MeterProvider(metric_readers=[_metric_reader]))
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -102,6 +113,32 @@ def spans() -> Iterator[Spans]:
     _ledger.at_start.clear()
     yield Spans(_exporter)
     _exporter.clear()
+
+
+class Histograms:
+    """The histogram points recorded during one test."""
+
+    def read(self) -> dict[str, list[HistogramDataPoint]]:
+        """The points recorded since the last read, by metric name (one point per set of
+        attributes)."""
+        data = _metric_reader.get_metrics_data()
+        points: dict[str, list[HistogramDataPoint]] = {}
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    points.setdefault(metric.name, []).extend(
+                        point
+                        for point in metric.data.data_points
+                        if isinstance(point, HistogramDataPoint)
+                    )
+        return points
+
+
+@pytest.fixture
+def histograms() -> Histograms:
+    """Histogram points recorded during the test (what came before is read and dropped)."""
+    _metric_reader.get_metrics_data()
+    return Histograms()
 
 
 @pytest.fixture(scope="session")

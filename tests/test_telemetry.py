@@ -21,13 +21,14 @@ from littleghost.errors import (
     InvalidRequestError,
     OutputLimitError,
     ProtocolError,
+    ProviderUnavailableError,
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 if TYPE_CHECKING:
-    from conftest import Spans
+    from conftest import Histograms, Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -92,6 +93,39 @@ async def test_span_names_and_nesting(spans: Spans) -> None:
         assert child.parent.span_id == root.context.span_id
         assert child.context is not None
         assert child.context.trace_id == root.context.trace_id
+
+
+async def test_each_model_call_is_in_the_genai_client_metrics(histograms: Histograms) -> None:
+    """gen_ai.client.operation.duration (seconds) and gen_ai.client.token.usage (input and
+    output tokens) per model call, with the conventions' attributes and no content; a
+    failed call has its error.type and no token usage."""
+    result = await Support(model=two_turns()).run("Where is my order?")
+    base = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+    }
+    recorded = histograms.read()
+    (duration,) = recorded["gen_ai.client.operation.duration"]
+    assert dict(duration.attributes or {}) == base
+    assert duration.count == 2 and 0 <= duration.sum < 5
+    tokens = {
+        dict(point.attributes or {})["gen_ai.token.type"]: point
+        for point in recorded["gen_ai.client.token.usage"]
+    }
+    assert tokens["input"].sum == result.usage.input_tokens == 30
+    assert tokens["output"].sum == result.usage.output_tokens == 12
+    assert tokens["input"].count == tokens["output"].count == 2
+    assert dict(tokens["input"].attributes or {}) == {**base, "gen_ai.token.type": "input"}
+    assert SECRET not in repr(duration) + repr(tokens)
+
+    failing = ScriptedModel([ProviderUnavailableError("down", provider="scripted")])
+    with pytest.raises(ProviderUnavailableError):
+        await Support(model=failing, max_retries=0).run("Where is my order?")
+    recorded = histograms.read()
+    (failed,) = recorded["gen_ai.client.operation.duration"]
+    assert dict(failed.attributes or {}) == {**base, "error.type": "ProviderUnavailableError"}
+    assert recorded.get("gen_ai.client.token.usage", []) == []
 
 
 async def test_invoke_agent_attributes(spans: Spans) -> None:
