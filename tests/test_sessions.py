@@ -456,6 +456,31 @@ class TestRoundTrip:
             ("mixed", 10, 3),
         ]
 
+    @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+    async def test_a_database_store_decodes_a_log_off_the_event_loop(
+        self,
+        kind: str,
+        tmp_path: Path,
+        request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        import littleghost.sessions.base as base
+
+        decoded_in: list[int] = []
+
+        def recording(text: str) -> Message:
+            decoded_in.append(threading.get_ident())
+            return message_from_json(text)
+
+        monkeypatch.setattr(base, "message_from_json", recording)
+        async with open_store(kind, tmp_path, request) as opened:
+            assert not isinstance(opened, PlainStore)
+            await opened.append("long", [Message.user(f"question {i}") for i in range(50)])
+            assert len(await opened.load("long")) == 50
+            assert len(await opened.load_stored("long")) == 50
+        assert len(decoded_in) == 100
+        assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
+
     async def test_delete_removes_one_session(self, store: BuiltinStore) -> None:
         await store.append("a", [Message.user("1")])
         await store.append("b", [Message.user("2")])

@@ -26,6 +26,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -533,7 +534,11 @@ class PostgresSessionStore:
                     (session_id,),
                 ).fetchall()
             )
-            log = read_log(rows, session_id, self._where, when)
+            log = await anyio.to_thread.run_sync(  # a long log: not on the event loop
+                partial(read_log, rows, session_id, self._where, when),
+                abandon_on_cancel=True,
+                limiter=self._threads(),
+            )
             locks.saw(session_id, len(log))
         return log
 

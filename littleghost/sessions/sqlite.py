@@ -283,7 +283,11 @@ class SQLiteSessionStore:
                     (session_id,),
                 ).fetchall()
             )
-            log = read_log(rows, session_id, self._where, when)
+            log = await anyio.to_thread.run_sync(  # a long log: not on the event loop
+                partial(read_log, rows, session_id, self._where, when),
+                abandon_on_cancel=True,
+                limiter=thread_limiter(self, 1),
+            )
             self._locks.saw(session_id, len(log))
         return log
 
