@@ -28,6 +28,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import (
+    InMemorySessionStore,
     PostgresSessionStore,
     SQLiteSessionStore,
     decode_message,
@@ -480,6 +481,26 @@ class TestRoundTrip:
             assert len(await opened.load_stored("long")) == 50
         assert len(decoded_in) == 100
         assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
+
+    async def test_in_memory_session_stats_decode_only_summary_candidates(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import littleghost.sessions.memory as memory
+
+        decoded: list[str] = []
+
+        def counting(text: str) -> Message:
+            decoded.append(text)
+            return message_from_json(text)
+
+        monkeypatch.setattr(memory, "message_from_json", counting)
+        store = InMemorySessionStore()
+        summary = Message.user("so far", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: ["x"]})
+        await store.append("long", [Message.user(f"question {i}") for i in range(500)])
+        await store.append("long", [summary])
+        (stats,) = await store.session_stats()
+        assert (stats.messages, stats.summaries) == (501, 1)
+        assert len(decoded) == 1  # the summary alone, not the 500 plain messages
 
     async def test_delete_removes_one_session(self, store: BuiltinStore) -> None:
         await store.append("a", [Message.user("1")])

@@ -15,7 +15,7 @@ from littleghost.sessions.base import (
     changed_under_holder,
     check_session_id,
 )
-from littleghost.sessions.codec import message_from_json, messages_to_json
+from littleghost.sessions.codec import SUMMARY_FLAG, message_from_json, messages_to_json
 from littleghost.sessions.locks import SessionLocks
 
 __all__ = ["InMemorySessionStore"]
@@ -86,14 +86,15 @@ class InMemorySessionStore:
             return tuple(self._sessions)
 
     async def session_stats(self) -> tuple[SessionStats, ...]:
-        """Each session's message and summary counts and last activity, oldest first."""
+        """Each session's message and summary counts and last activity, oldest first
+        (only a message whose text holds ``SUMMARY_FLAG`` is decoded)."""
         with self._guard:
             sessions = [(session_id, tuple(log)) for session_id, log in self._sessions.items()]
         return tuple(
             SessionStats(
                 session_id,
                 len(log),
-                sum(message_from_json(text).is_summary for text, _ in log),
+                sum(SUMMARY_FLAG in text and message_from_json(text).is_summary for text, _ in log),
                 log[-1][1],
             )
             for session_id, log in sessions
