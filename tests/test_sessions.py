@@ -512,6 +512,26 @@ class TestRoundTrip:
         await store.append("a", [Message.user("new")])
         assert [message.text for message in await store.load("a")] == ["new"]
 
+    async def test_a_call_in_a_cancelled_scope_raises_and_changes_nothing(
+        self, store: BuiltinStore
+    ) -> None:
+        await store.append("kept", [Message.user("1")])
+        calls = (
+            lambda: store.append("new", [Message.user("2")]),
+            lambda: store.delete("kept"),
+            lambda: store.load("kept"),
+            lambda: store.load_stored("kept"),
+            store.list_sessions,
+            store.session_stats,
+        )
+        for call in calls:
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await call()
+            assert scope.cancelled_caught
+        assert await store.list_sessions() == ("kept",)
+        assert len(await store.load("kept")) == 1
+
 
 class TestBadInput:
     @pytest.mark.parametrize(

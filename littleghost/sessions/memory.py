@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timezone
 
+from anyio.lowlevel import checkpoint
+
 from littleghost.errors import UnknownSessionError
 from littleghost.messages import Message
 from littleghost.sessions.base import (
@@ -26,9 +28,10 @@ class InMemorySessionStore:
 
     Messages are stored encoded (as the persistent stores keep them), with the time
     they were appended, so a stored message cannot change afterwards and the same values
-    are refused. Runs of one session are serialized by an in-process lock, and an append
-    of a session's holder is refused once the session is no longer as the holder last
-    saw it (deleted meanwhile, say).
+    are refused. Each call is a checkpoint, as the persistent stores' calls are: a call in
+    a cancelled scope raises the cancellation and changes nothing. Runs of one session are
+    serialized by an in-process lock, and an append of a session's holder is refused once
+    the session is no longer as the holder last saw it (deleted meanwhile, say).
     """
 
     def __init__(self) -> None:
@@ -38,18 +41,19 @@ class InMemorySessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        return tuple(message_from_json(text) for text, _ in self._entries(session_id))
+        return tuple(message_from_json(text) for text, _ in await self._entries(session_id))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was appended;
         ``()`` for an unknown session."""
         return tuple(
             StoredMessage(message_from_json(text), stored_at)
-            for text, stored_at in self._entries(session_id)
+            for text, stored_at in await self._entries(session_id)
         )
 
-    def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
+    async def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
         check_session_id(session_id)
+        await checkpoint()
         with self._guard:
             entries = tuple(self._sessions.get(session_id, ()))
         self._locks.saw(session_id, len(entries))
@@ -67,6 +71,7 @@ class InMemorySessionStore:
         encoded = messages_to_json(messages)
         if not encoded:
             return
+        await checkpoint()
         now = datetime.now(timezone.utc)
         hold = self._locks.held(session_id)
         with self._guard:
@@ -82,12 +87,14 @@ class InMemorySessionStore:
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
+        await checkpoint()
         with self._guard:
             return tuple(self._sessions)
 
     async def session_stats(self) -> tuple[SessionStats, ...]:
         """Each session's message and summary counts and last activity, oldest first
         (only a message whose text holds ``SUMMARY_FLAG`` is decoded)."""
+        await checkpoint()
         with self._guard:
             sessions = [(session_id, tuple(log)) for session_id, log in self._sessions.items()]
         return tuple(
@@ -107,6 +114,7 @@ class InMemorySessionStore:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
+        await checkpoint()
         with self._guard:
             if self._sessions.pop(session_id, None) is None:
                 raise UnknownSessionError(
