@@ -6,6 +6,7 @@ server is configured).
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import threading
@@ -397,6 +398,18 @@ class TestRoundTrip:
         await store.append("b", [Message.user("3")])
         await store.append("c", [])
         assert await store.list_sessions() == ("b", "a")
+
+    async def test_a_str_subclass_session_id_is_listed_as_its_plain_value(
+        self, store: BuiltinStore
+    ) -> None:
+        class Tenant(str, enum.Enum):
+            ACME = "acme-42"
+
+        await store.append(Tenant.ACME, [Message.user("1")])
+        (listed,) = await store.list_sessions()
+        (stats,) = await store.session_stats()
+        assert type(listed) is str and listed == "acme-42"
+        assert type(stats.id) is str and stats.id == "acme-42"
 
     async def test_load_stored_gives_each_message_with_when_it_was_stored(
         self, store: BuiltinStore

@@ -134,7 +134,8 @@ class SessionStore(Protocol):
 
 
 def check_session_id(session_id: object) -> str:
-    """Return ``session_id`` if a store can keep it.
+    """Return ``session_id`` as a plain ``str`` (a subclass's value, as a database keeps
+    it) if a store can keep it.
 
     Raises:
         TypeError: It is not a non-empty str.
@@ -154,7 +155,7 @@ def check_session_id(session_id: object) -> str:
         session_id.encode("utf-8")
     except UnicodeEncodeError:
         raise UnstorableValueError("session_id must be encodable as UTF-8") from None
-    return session_id
+    return str.__str__(session_id)
 
 
 def check_schema(meta: Mapping[str, object], where: str) -> None:

@@ -67,7 +67,7 @@ class InMemorySessionStore:
             SessionStoreError: The current task holds the session, which no longer holds
                 the messages it last saw; nothing was stored.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         encoded = messages_to_json(messages)
         if not encoded:
             return
