@@ -651,17 +651,27 @@ async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> N
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
 
 
+@pytest.mark.parametrize(
+    ("figures", "expected"),
+    [
+        ((900, 120, 1020, 768, 100), Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100)),
+        ((663, 50, 837, 654, 124), Usage(663, 174, cache_read_tokens=654, reasoning_tokens=124)),
+    ],
+    ids=["reasoning-in-completion", "reasoning-apart"],
+)
 async def test_usage_reports_cached_and_reasoning_tokens_apart(
-    make_model: Callable[..., OpenAIModel],
+    make_model: Callable[..., OpenAIModel], figures: tuple[int, ...], expected: Usage
 ) -> None:
     """Prompt tokens include the cached ones and completion tokens the reasoning ones;
-    both parts are reported, answered whole or streamed."""
+    both parts are reported, answered whole or streamed. xAI (Grok) counts reasoning
+    tokens apart from completion tokens, as its total shows: output tokens are both."""
+    prompt, completion_tokens, total, cached, reasoning = figures
     usage = {
-        "prompt_tokens": 900,
-        "completion_tokens": 120,
-        "total_tokens": 1020,
-        "prompt_tokens_details": {"cached_tokens": 768},
-        "completion_tokens_details": {"reasoning_tokens": 100},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": total,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
     answer = completion({"content": "ok"})
     body = json.loads(answer.content)
@@ -671,35 +681,6 @@ async def test_usage_reports_cached_and_reasoning_tokens_apart(
         event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
     )
     model = make_model(server)
-    expected = Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100)
-    response = await model.respond(ModelRequest([Message.user("hi")]))
-    assert response.usage == expected
-    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
-    done = events[-1]
-    assert isinstance(done, StreamDone) and done.response.usage == expected
-
-
-async def test_reasoning_tokens_left_out_of_the_completion_tokens_are_output_tokens(
-    make_model: Callable[..., OpenAIModel],
-) -> None:
-    """xAI (Grok) counts reasoning tokens apart from completion tokens, as its total
-    shows: the answer's output tokens are both."""
-    usage = {
-        "prompt_tokens": 663,
-        "completion_tokens": 50,
-        "total_tokens": 837,
-        "prompt_tokens_details": {"cached_tokens": 654},
-        "completion_tokens_details": {"reasoning_tokens": 124},
-    }
-    answer = completion({"content": "ok"})
-    body = json.loads(answer.content)
-    body["usage"] = usage
-    server = FakeServer(
-        httpx2.Response(200, json=body),
-        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
-    )
-    model = make_model(server, base_url="https://api.x.ai/v1")
-    expected = Usage(663, 174, cache_read_tokens=654, reasoning_tokens=124)
     assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
     events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
     assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
