@@ -26,7 +26,6 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
-from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -525,19 +524,19 @@ class PostgresSessionStore:
         check_session_id(session_id)
         locks = await self._prepared()
         async with locks.writing(session_id):  # a holder's read is not older than its writes
-            rows = await self._call(
-                lambda connection, operation: connection.execute(
-                    f"SELECT s.length, position, body, {self._stored_at}"
-                    " FROM (SELECT %s::text AS id) AS k"
-                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                    (session_id,),
-                ).fetchall()
-            )
-            log = await anyio.to_thread.run_sync(  # a long log: not on the event loop
-                partial(read_log, rows, session_id, self._where, when),
-                abandon_on_cancel=True,
-                limiter=self._threads(),
+            log = await self._call(  # decoded in the worker thread, not on the event loop
+                lambda connection, operation: read_log(
+                    connection.execute(
+                        f"SELECT s.length, position, body, {self._stored_at}"
+                        " FROM (SELECT %s::text AS id) AS k"
+                        " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                        " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                        (session_id,),
+                    ).fetchall(),
+                    session_id,
+                    self._where,
+                    when,
+                )
             )
             locks.saw(session_id, len(log))
         return log

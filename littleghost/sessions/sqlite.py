@@ -274,19 +274,19 @@ class SQLiteSessionStore:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
         async with self._locks.writing(session_id):  # a holder's read is not older than its writes
-            rows = await self._call(
-                lambda connection: connection.execute(
-                    f"SELECT s.length, position, body, {self._stored_at}"
-                    " FROM (SELECT ? AS id) AS k"
-                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                    (session_id,),
-                ).fetchall()
-            )
-            log = await anyio.to_thread.run_sync(  # a long log: not on the event loop
-                partial(read_log, rows, session_id, self._where, when),
-                abandon_on_cancel=True,
-                limiter=thread_limiter(self, 1),
+            log = await self._call(  # decoded in the worker thread, not on the event loop
+                lambda connection: read_log(
+                    connection.execute(
+                        f"SELECT s.length, position, body, {self._stored_at}"
+                        " FROM (SELECT ? AS id) AS k"
+                        " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                        " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                        (session_id,),
+                    ).fetchall(),
+                    session_id,
+                    self._where,
+                    when,
+                )
             )
             self._locks.saw(session_id, len(log))
         return log
