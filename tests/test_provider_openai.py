@@ -1461,21 +1461,23 @@ async def test_closing_the_model_leaves_a_given_client_open(
     assert response.message.text == "b"
 
 
+ADD_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+}
+"""A call of ``Adder``'s tool as a server sends it."""
+
+
 async def test_reasoning_content_is_captured_and_sent_back_in_the_tool_loop(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
     """A server's reasoning_content becomes a reasoning part before the answer; it goes
     back on the assistant messages of the current turn's tool loop only, and reasoning of
     another provider never does."""
-
-    call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
-    }
     server = FakeServer(
         completion(
-            {"reasoning_content": "Two plus three.", "tool_calls": [call]},
+            {"reasoning_content": "Two plus three.", "tool_calls": [ADD_CALL]},
             finish_reason="tool_calls",
         ),
         completion({"content": "5"}),
@@ -1504,15 +1506,9 @@ async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
     """DeepSeek's and Kimi's thinking modes refuse a request whose assistant message with
     tool calls lacks its reasoning_content, in any later turn: a session's next question
     sends it back; an earlier answer without calls still goes without."""
-
-    call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
-    }
     server = FakeServer(
         completion(
-            {"reasoning_content": "Two plus three.", "tool_calls": [call]},
+            {"reasoning_content": "Two plus three.", "tool_calls": [ADD_CALL]},
             finish_reason="tool_calls",
         ),
         completion({"content": "5", "reasoning_content": "It is 5."}),
