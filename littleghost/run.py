@@ -441,13 +441,12 @@ class RunContext:
                 f"chat {model.name}", kind=SpanKind.CLIENT, attributes=attributes
             ) as span:
                 if self.capture_content and span.is_recording():
-                    span.set_attribute(
-                        telemetry.INPUT_MESSAGES, telemetry.messages_json(request.messages)
-                    )
+                    span.set_attributes(telemetry.input_attributes(model.provider, request))
                 started = time.perf_counter()
+                first_chunk = _FirstChunk()
                 try:
                     with self.grace.hosting():  # runs a custom model starts share the grace
-                        response = await self._respond(model, request, streamed=streamed)
+                        response = await self._respond(model, request, first_chunk, streamed)
                     if not isinstance(response, ModelResponse):
                         raise ProtocolError(
                             f"model {model.name!r} returned {type(response).__name__}, "
@@ -457,9 +456,11 @@ class RunContext:
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
                     telemetry.record_call(attributes, started, error=error)
                     raise
-                telemetry.record_call(attributes, started, response)
+                telemetry.record_call(attributes, started, response, first_chunk=first_chunk.at)
                 self.add_usage(response.usage)
                 span.set_attributes(telemetry.response_attributes(response))
+                if first_chunk.at is not None:
+                    span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, first_chunk.at - started)
                 if self.capture_content and span.is_recording():
                     output = [response.message]
                     span.set_attribute(
@@ -501,8 +502,10 @@ class RunContext:
         self._prepared_models.add(id(model))
 
     async def _respond(
-        self, model: Model, request: ModelRequest, *, streamed: bool
+        self, model: Model, request: ModelRequest, first_chunk: _FirstChunk, streamed: bool
     ) -> ModelResponse:
+        """``model``'s answer to ``request``, streamed when ``streamed`` and the model
+        streams (its deltas emitted as they come, the first one's time in ``first_chunk``)."""
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
             response = await model.respond(request)
@@ -519,9 +522,11 @@ class RunContext:
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
+                        first_chunk.came()
                         await self.emit(TextDelta(chunk.text))
                 elif isinstance(chunk, ReasoningChunk):
                     if chunk.text:
+                        first_chunk.came()
                         await self.emit(ReasoningDelta(chunk.text))
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
@@ -532,6 +537,17 @@ class RunContext:
         if done is None:
             raise ProtocolError(f"model {model.name!r} ended its stream without a response")
         return done
+
+
+@define
+class _FirstChunk:
+    """When a streamed answer's first text or reasoning came (``time.perf_counter()``)."""
+
+    at: float | None = None
+
+    def came(self) -> None:
+        if self.at is None:
+            self.at = time.perf_counter()
 
 
 @define(eq=False)

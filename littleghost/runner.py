@@ -719,6 +719,8 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         telemetry.TOOL_CALL_ID: original_id,
         telemetry.TOOL_TYPE: "function",
     }
+    if found is not None and found[0].description:
+        attributes[telemetry.TOOL_DESCRIPTION] = found[0].description
     with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:
         if agent.capture_content and span.is_recording():
             span.set_attribute(

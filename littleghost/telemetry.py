@@ -22,12 +22,13 @@ from littleghost._validators import is_int
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
-from littleghost.models.base import ModelResponse, StopReason, Usage
+from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
 
 __all__ = [
     "COMPACTION_EVENT",
     "error_type",
     "finish_reason",
+    "input_attributes",
     "messages_json",
     "open_span",
     "record_call",
@@ -41,6 +42,12 @@ _CALL_DURATION = _meter.create_histogram(
     "gen_ai.client.operation.duration",
     unit="s",
     description="GenAI operation duration",
+    explicit_bucket_boundaries_advisory=[0.01 * 2**power for power in range(14)],
+)
+_FIRST_CHUNK = _meter.create_histogram(
+    "gen_ai.client.operation.time_to_first_chunk",
+    unit="s",
+    description="Time to receive the first chunk of a streamed answer",
     explicit_bucket_boundaries_advisory=[0.01 * 2**power for power in range(14)],
 )
 _TOKEN_USAGE = _meter.create_histogram(
@@ -62,6 +69,7 @@ REQUEST_STREAM = "gen_ai.request.stream"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 RESPONSE_ID = "gen_ai.response.id"
 RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
@@ -75,9 +83,12 @@ CONVERSATION_COMPACTED = "gen_ai.conversation.compacted"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
+TOOL_DESCRIPTION = "gen_ai.tool.description"
+TOOL_DEFINITIONS = "gen_ai.tool.definitions"
 TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 INPUT_MESSAGES = "gen_ai.input.messages"
+SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
 OUTPUT_TYPE = "gen_ai.output.type"
 ERROR_TYPE = "error.type"
@@ -245,11 +256,13 @@ def record_call(
     started: float,
     response: ModelResponse | None = None,
     error: BaseException | None = None,
+    first_chunk: float | None = None,
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
-    not recorded: it stopped, it did not fail), and the input and output tokens of its
-    ``response``. ``attributes`` are its span's; the metrics keep the conventions' few."""
+    not recorded: it stopped, it did not fail), the input and output tokens of its
+    ``response``, and for a streamed answer the time its ``first_chunk`` of text or
+    reasoning came. ``attributes`` are its span's; the metrics keep the conventions' few."""
     if error is not None and _stops(error):
         return
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
@@ -258,6 +271,8 @@ def record_call(
     if error is not None:
         kept[ERROR_TYPE] = error_type(error)
     _CALL_DURATION.record(time.perf_counter() - started, kept)
+    if first_chunk is not None:
+        _FIRST_CHUNK.record(first_chunk - started, kept)
     if response is not None:
         _TOKEN_USAGE.record(response.usage.input_tokens, {**kept, TOKEN_TYPE: "input"})
         _TOKEN_USAGE.record(response.usage.output_tokens, {**kept, TOKEN_TYPE: "output"})
@@ -295,6 +310,42 @@ def arguments_json(arguments: Mapping[str, Any] | str) -> str:
     if isinstance(arguments, str):
         return arguments
     return json.dumps(dict(arguments), ensure_ascii=False, default=str)
+
+
+_INSTRUCTIONS_APART = frozenset({"anthropic", "aws.bedrock", "gcp.gemini", "gcp.vertex_ai"})
+"""Providers whose APIs take system text apart from the conversation: on their spans it
+is ``gen_ai.system_instructions``; elsewhere it is a message in ``gen_ai.input.messages``."""
+
+
+def input_attributes(provider: str, request: ModelRequest) -> dict[str, str]:
+    """The content attributes of ``request`` for a model of ``provider``: its messages,
+    its system text apart where the provider takes it apart, and its tools' definitions;
+    only for agents that capture content."""
+    messages: Sequence[Message] = request.messages
+    attributes: dict[str, str] = {}
+    if provider in _INSTRUCTIONS_APART:
+        system = [part for m in messages if m.role.is_trusted for part in m.content]
+        messages = [m for m in messages if not m.role.is_trusted]
+        if system:
+            attributes[SYSTEM_INSTRUCTIONS] = json.dumps(
+                [_part_json(part) for part in system], ensure_ascii=False
+            )
+    attributes[INPUT_MESSAGES] = messages_json(messages)
+    if request.tools:
+        attributes[TOOL_DEFINITIONS] = json.dumps(
+            [
+                {
+                    "type": "function",
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": dict(tool.parameters),
+                }
+                for tool in request.tools
+            ],
+            ensure_ascii=False,
+            default=str,
+        )
+    return attributes
 
 
 def messages_json(messages: Sequence[Message], finish_reason: str | None = None) -> str:

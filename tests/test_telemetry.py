@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,12 +20,14 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    LimitExceededError,
     OutputLimitError,
     ProtocolError,
     ProviderUnavailableError,
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models.streaming import StreamDone, TextChunk
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 if TYPE_CHECKING:
@@ -248,7 +251,8 @@ async def test_finish_reasons_use_the_genai_names(
 
 
 async def test_execute_tool_attributes(spans: Spans) -> None:
-    """execute_tool carries the operation, tool name, call id and tool type."""
+    """execute_tool carries the operation, tool name, call id, tool type and the tool's
+    declared description (not content: recorded without capture_content)."""
     await Support(model=two_turns()).run("Where is my order?")
     span = spans.one("execute_tool")
     assert attributes(span) == {
@@ -256,6 +260,7 @@ async def test_execute_tool_attributes(spans: Spans) -> None:
         "gen_ai.tool.name": "lookup",
         "gen_ai.tool.call.id": "c1",
         "gen_ai.tool.type": "function",
+        "gen_ai.tool.description": "Find an order.",
     }
     assert span.status.status_code is StatusCode.UNSET
 
@@ -525,6 +530,53 @@ async def test_content_is_captured_when_asked(spans: Spans) -> None:
     assert calls[0]["arguments"] == {"order_id": SECRET}
 
 
+class ScriptedAnthropic(ScriptedModel):
+    """A scripted model that speaks for Anthropic, whose API takes system text apart."""
+
+    provider = "anthropic"
+
+
+@pytest.mark.parametrize("model_type", [ScriptedModel, ScriptedAnthropic])
+async def test_captured_requests_hold_instructions_and_tool_definitions(
+    spans: Spans, model_type: type[ScriptedModel]
+) -> None:
+    """A captured request's instructions are in gen_ai.system_instructions for a provider
+    that takes them apart (Anthropic), a system message of gen_ai.input.messages for one
+    that takes them in the conversation (OpenAI's chat API); its tools are in
+    gen_ai.tool.definitions."""
+    model = model_type([text_response("ok")])
+    await Support(model=model, capture_content=True).run("hello")
+    chat = attributes(spans.one("chat "))
+    sent = json.loads(chat["gen_ai.input.messages"])
+    system = {"type": "text", "content": Support.instructions}
+    if model_type is ScriptedAnthropic:
+        assert json.loads(chat["gen_ai.system_instructions"]) == [system]
+        assert [message["role"] for message in sent] == ["user"]
+    else:
+        assert "gen_ai.system_instructions" not in chat
+        assert sent[0] == {"role": "system", "parts": [system]}
+    tools = {tool["name"]: tool for tool in json.loads(chat["gen_ai.tool.definitions"])}
+    assert sorted(tools) == ["explode", "lookup", "stall"]
+    assert tools["lookup"] == {
+        "type": "function",
+        "name": "lookup",
+        "description": "Find an order.",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+            "additionalProperties": False,
+        },
+    }
+
+
+async def test_an_undeclared_tools_span_has_no_description(spans: Spans) -> None:
+    """A call of a tool the agent does not have records no gen_ai.tool.description."""
+    model = ScriptedModel([tool_call_response("missing", {}), text_response("done")])
+    await Support(model=model).run("hi")
+    assert "gen_ai.tool.description" not in attributes(spans.one("execute_tool"))
+
+
 class ServedModel(ScriptedModel):
     """A scripted model that says where its server is."""
 
@@ -543,6 +595,63 @@ class Unstreamed:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         return text_response("ok")
+
+
+class Paced:
+    """A streaming model whose first chunk comes ``wait`` seconds after the call, its
+    end as long again: a text answer, or one tool call and nothing to show."""
+
+    provider = "paced"
+    name = "paced"
+    context_window = None
+
+    def __init__(self, wait: float, *, text: bool = True) -> None:
+        self.wait, self.text = wait, text
+
+    def _answer(self) -> ModelResponse:
+        return text_response("ok") if self.text else tool_call_response("lookup", {"order_id": "1"})
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return self._answer()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        await anyio.sleep(self.wait)
+        if self.text:
+            yield TextChunk("ok")
+        await anyio.sleep(self.wait)
+        yield StreamDone(self._answer())
+
+
+async def test_a_streamed_answer_has_its_time_to_first_chunk(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A streamed call's span and client metrics hold the seconds until its first text
+    came (gen_ai.response.time_to_first_chunk, gen_ai.client.operation.time_to_first_chunk);
+    an answer not streamed, or streamed with nothing to show before its end, has none."""
+    async with Agent(model=Paced(0.05)).stream("hi") as events:
+        async for _ in events:
+            pass
+    span = spans.one("chat ")
+    first = attributes(span)["gen_ai.response.time_to_first_chunk"]
+    assert span.start_time is not None and span.end_time is not None
+    assert 0.05 <= first < (span.end_time - span.start_time) / 1e9
+    (point,) = histograms.read()["gen_ai.client.operation.time_to_first_chunk"]
+    assert point.count == 1 and point.sum == pytest.approx(first)
+    assert dict(point.attributes or {}) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "paced",
+        "gen_ai.request.model": "paced",
+    }
+
+    await Agent(model=Paced(0.01)).run("hi")
+    with pytest.raises(LimitExceededError):
+        async with Support(model=Paced(0.01, text=False), max_turns=1).stream("hi") as events:
+            async for _ in events:
+                pass
+    later = spans.named("chat ")[1:]
+    assert len(later) == 2
+    assert not [span for span in later if "gen_ai.response.time_to_first_chunk" in span.attributes]  # type: ignore[operator]
+    assert "gen_ai.client.operation.time_to_first_chunk" not in histograms.read()
 
 
 class TestChatSpanRequestAndResponse:
