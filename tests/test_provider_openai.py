@@ -1526,6 +1526,28 @@ async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
     ]
 
 
+@pytest.mark.parametrize(
+    "base_url", ["https://api.groq.com/openai/v1", "https://api.cerebras.ai/v1"]
+)
+async def test_reasoning_goes_back_as_reasoning_to_servers_that_send_it_so(
+    make_model: Callable[..., OpenAIModel], base_url: str
+) -> None:
+    """Groq and Cerebras send reasoning as ``reasoning`` and refuse an assistant message
+    with ``reasoning_content``: a tool loop's next call sends it back as ``reasoning``."""
+    server = FakeServer(
+        completion(
+            {"reasoning": "Two plus three.", "tool_calls": [ADD_CALL]},
+            finish_reason="tool_calls",
+        ),
+        completion({"content": "5"}),
+    )
+    agent = Adder(model=make_model(server, base_url=base_url, context_window=128_000))
+    assert (await agent.run("2+3?")).output == "5"
+    (answer,) = [m for m in server.bodies[1]["messages"] if m["role"] == "assistant"]
+    assert answer["reasoning"] == "Two plus three."
+    assert "reasoning_content" not in answer
+
+
 GEMINI = "https://generativelanguage.googleapis.com/v1beta/openai/"
 
 

@@ -112,6 +112,19 @@ def _is_official(base_url: object) -> bool:
     return host == "api.openai.com" or host.endswith(".api.openai.com")
 
 
+_REASONING_HOSTS = frozenset({"api.groq.com", "api.cerebras.ai"})
+"""Servers that send reasoning as ``reasoning`` and take it back only so: they refuse an
+assistant message with ``reasoning_content`` ("property ... is unsupported")."""
+
+
+def _reasoning_field(base_url: object) -> str:
+    """The field an assistant message's reasoning goes back in to the server at
+    ``base_url``: ``reasoning`` for those of ``_REASONING_HOSTS``, else
+    ``reasoning_content`` (llama.cpp, vLLM, DeepSeek, Kimi)."""
+    host = urlsplit(str(base_url)).hostname or ""  # lower case
+    return "reasoning" if host in _REASONING_HOSTS else "reasoning_content"
+
+
 def _reported_window(body: object, model: str) -> int | None:
     """The window a ``GET /models`` body reports for ``model``, if any.
 
@@ -223,10 +236,15 @@ def _sent_calls(message: Message, signed: bool) -> list[dict[str, Any]]:
 
 
 def _message(
-    message: Message, developer_role: str, reasoning_of: str | None, *, signed: bool
+    message: Message,
+    developer_role: str,
+    reasoning_of: str | None,
+    *,
+    reasoning_field: str,
+    signed: bool,
 ) -> Iterator[dict[str, Any]]:
     """The chat-completions messages for ``message``; an assistant message carries the
-    reasoning of provider ``reasoning_of`` as ``reasoning_content``, and with ``signed``
+    reasoning of provider ``reasoning_of`` in ``reasoning_field``, and with ``signed``
     its tool calls' Google thought signatures."""
     role = message.role
     if role is Role.TOOL:
@@ -243,7 +261,7 @@ def _message(
             if reasoning_of is not None and part.sendable_to(reasoning_of)
         )
         if reasoning:
-            entry["reasoning_content"] = reasoning
+            entry[reasoning_field] = reasoning
         if message.tool_calls:
             entry["tool_calls"] = _sent_calls(message, signed)
         yield entry
@@ -415,6 +433,7 @@ class OpenAIModel:
             make = None
         self._clients = LoopClients(client, make, owner)
         self._official = _is_official(client.base_url)
+        self._reasoning_field = _reasoning_field(client.base_url)
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
@@ -524,6 +543,7 @@ class OpenAIModel:
                     message,
                     developer_role,
                     self.provider if position > turn or message.tool_calls else None,
+                    reasoning_field=self._reasoning_field,
                     signed=not self._official,
                 )
             ],
