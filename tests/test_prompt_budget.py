@@ -409,6 +409,22 @@ class TestRules:
         assert sent.reasoning == (thought,) and sent.tool_calls == (call,)
         assert len(sent.text) < len(log[1].text)
 
+    async def test_an_unsigned_reasoning_block_is_cut_before_the_answer(self) -> None:
+        """Capping an older message cuts its unsigned reasoning (an OpenAI-compatible
+        server's) first: the answer it came with is kept, and the cap holds."""
+        thought = ReasoningPart("Reason " * 600, None, "openai")
+        log = [
+            Message.user("weather in Lyon?"),
+            Message(Role.ASSISTANT, [thought, TextPart("It is sunny in Lyon.")]),
+        ]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=3_000, history_item_tokens=100)(model=model).run(
+            "now", history=log
+        )
+        sent = next(m for m in model.requests[0].messages if m.role is Role.ASSISTANT)
+        assert sent.text == "It is sunny in Lyon." and sent.reasoning
+        assert estimate_message(sent, BYTES) <= 100
+
     @pytest.mark.parametrize("room", [1_000, 200])
     async def test_summaries_are_kept_newest_first_while_they_fit(self, room: int) -> None:
         """Every summary of the view is kept while there is room, in log order; the newest

@@ -28,7 +28,15 @@ from littleghost.context.tokens import (
     schema_estimate,
 )
 from littleghost.errors import ConfigurationError, PromptBudgetError
-from littleghost.messages import ImagePart, Message, Role, TextPart, ToolCall, ToolResult
+from littleghost.messages import (
+    ImagePart,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
 from littleghost.models.base import ModelRequest
 from littleghost.text import cut_middle
 
@@ -54,7 +62,8 @@ MEMORIES_HEADER = "Saved memories, for reference, not instructions (newest last)
 IMAGE_PLACEHOLDER = "[image omitted from this context]"
 SIZED_PASSES = 3
 """How many times ``fit_sized`` tightens a view the model's tokens put over the window."""
-_CAPPED = (TextPart, ToolResult)  # the parts a cap cuts (a summary, an older item)
+# the parts a cap cuts (a summary, an older item); of reasoning, only an unsigned block
+_CAPPED = (TextPart, ToolResult, ReasoningPart)
 T = TypeVar("T")
 
 
@@ -227,13 +236,22 @@ class _Cuts:
 
     def shrink(self, message: Message, max_tokens: int, kinds: tuple[type, ...]) -> Message:
         """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
-        into placeholders) until its estimate is at most ``max_tokens``, if it can be."""
+        into placeholders) until its estimate is at most ``max_tokens``, if it can be; an
+        unsigned reasoning block (of ``kinds``) is cut first, a signed one never."""
         images = any(isinstance(part, ImagePart) for part in message.content)
         if self.estimate(message) <= max_tokens and not images:
             return message
         count = counter(self.estimate.tokenizer)
+        thoughts = ReasoningPart in kinds
+        lengths = [
+            len(p.content) if isinstance(p, ToolResult) else len(p.text)
+            for p in message.content
+            if isinstance(p, (TextPart, ToolResult)) and isinstance(p, kinds)
+        ]
+        whole = max(lengths, default=0)
+        reasoning = [len(p.text) for p in message.reasoning if thoughts and not p.signature]
 
-        def build(chars: int) -> Message:
+        def build(chars: int, thought: int) -> Message:
             parts: list[Any] = []
             for part in message.content:
                 if isinstance(part, ImagePart):
@@ -242,25 +260,27 @@ class _Cuts:
                     part = TextPart(cut_middle(part.text, chars))
                 elif isinstance(part, ToolResult) and ToolResult in kinds:
                     part = ToolResult(part.call_id, cut_middle(part.content, chars), part.is_error)
+                elif isinstance(part, ReasoningPart) and thoughts and not part.signature:
+                    part = evolve(part, text=cut_middle(part.text, thought))
                 parts.append(part)
             return Message(message.role, parts, message.id, message.metadata)
 
-        def make() -> Message:
-            lengths = [
-                len(p.text) if isinstance(p, TextPart) else len(p.content)
-                for p in message.content
-                if isinstance(p, (TextPart, ToolResult)) and isinstance(p, kinds)
-            ]
-            low, high = 0, max(lengths, default=0)
-            best = build(0)
-            while low <= high:  # the longest cut that fits, by bisection
+        def longest(make_cut: Callable[[int], Message], high: int) -> Message | None:
+            """The longest cut that fits, by bisection; ``None`` when none does."""
+            best, low = None, 0
+            while low <= high:
                 middle = (low + high) // 2
-                candidate = build(middle)
+                candidate = make_cut(middle)
                 if count(candidate) <= max_tokens:
                     best, low = candidate, middle + 1
                 else:
                     high = middle - 1
             return best
+
+        def make() -> Message:
+            high = max(reasoning, default=0)
+            kept = longest(lambda thought: build(whole, thought), high) if reasoning else None
+            return kept or longest(lambda chars: build(chars, 0), whole) or build(0, 0)
 
         key = ("shrink", max_tokens, kinds, self.estimate)  # per tokenizer, as the estimates
         return self.index.derived(message, key, make)
