@@ -8,6 +8,7 @@ A configuration value rejects a wrong field with ``ConfigurationError``, a value
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
@@ -16,9 +17,11 @@ from littleghost.errors import ConfigurationError
 
 __all__ = [
     "MAX_DEPTH",
+    "TOKENIZER",
     "Validator",
     "check",
     "count",
+    "counts_tokens",
     "has_method",
     "holds_non_finite",
     "instance_of",
@@ -88,6 +91,18 @@ def has_method(name: str) -> Callable[[object], bool]:
     """A predicate: an object, not a class, with a callable attribute ``name`` (a
     protocol's method)."""
     return lambda value: not isinstance(value, type) and callable(getattr(value, name, None))
+
+
+TOKENIZER = "an object with count_tokens(text), a plain (not async) method"
+"""What ``counts_tokens`` accepts, as an error says it."""
+
+
+def counts_tokens(value: object) -> bool:
+    """True for a tokenizer: an object with a ``count_tokens`` method that answers at once
+    (not a coroutine function, whose count the estimates could not add)."""
+    return has_method("count_tokens")(value) and not inspect.iscoroutinefunction(
+        value.count_tokens  # type: ignore[attr-defined]
+    )
 
 
 def is_callable(value: object) -> TypeGuard[Callable[..., Any]]:

@@ -1465,6 +1465,31 @@ def test_a_class_where_an_instance_belongs_fails_naming_the_class(
     assert PromptBudget(**{keyword: value()})
 
 
+class RemoteTokenizer:
+    """A tokenizer whose count is a coroutine (a tokenizing server's, say)."""
+
+    async def count_tokens(self, text: str) -> int:
+        return len(text)
+
+
+@pytest.mark.parametrize(
+    ("declare", "name"),
+    [
+        (lambda tokenizer: PromptBudget(tokenizer=tokenizer), "PromptBudget"),
+        (lambda tokenizer: manage_context(tokenizer=tokenizer), "manage_context"),
+    ],
+)
+def test_an_async_tokenizer_fails_when_declared(
+    declare: Callable[[object], object], name: str
+) -> None:
+    """Estimates add counts at once: an async count_tokens is refused at the declaration,
+    not met at the first model call as a coroutine added to an int."""
+    with pytest.raises(
+        ConfigurationError, match=rf"{name}: tokenizer must be .*a plain \(not async\) method"
+    ):
+        declare(RemoteTokenizer())
+
+
 class Masking(Agent):
     """Rebuilds messages with card numbers masked, under new ids (as ``Message.user`` makes
     them), and puts a retrieved note after the question."""

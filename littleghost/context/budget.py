@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 
 from attrs import evolve, field, frozen
 
-from littleghost._validators import Validator, check, count, has_method, is_callable, is_number
+from littleghost._validators import (
+    TOKENIZER,
+    Validator,
+    check,
+    count,
+    counts_tokens,
+    has_method,
+    is_callable,
+    is_number,
+)
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.records import record_covers
@@ -120,8 +129,8 @@ class PromptBudget:
         factory=ByteEstimator,
         validator=check(
             "PromptBudget: tokenizer",
-            has_method("count_tokens"),
-            "an object with count_tokens(text)",
+            counts_tokens,
+            TOKENIZER,
         ),
     )
     memory: Any = field(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from littleghost._validators import has_method, wrong_value
+from littleghost._validators import TOKENIZER, counts_tokens, wrong_value
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
@@ -55,10 +55,9 @@ def _checked(
 ) -> tuple[Tokenizer, Mapping[str, Any] | None]:
     """``name``'s strategy, tokenizer (default ``CharacterEstimator()``) and settings, checked."""
     check_strategy(f"{name}: strategy", strategy)
-    if tokenizer is not None and not has_method("count_tokens")(tokenizer):
+    if tokenizer is not None and not counts_tokens(tokenizer):
         raise ConfigurationError(
-            f"{name}: tokenizer must be an object with count_tokens(text) or None, not "
-            f"{wrong_value(tokenizer)}"
+            f"{name}: tokenizer must be {TOKENIZER} or None, not {wrong_value(tokenizer)}"
         )
     if settings is not None:
         settings = check_settings(f"{name}: settings", settings)

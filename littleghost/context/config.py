@@ -12,9 +12,10 @@ from typing import Any
 from attrs import field, fields_dict, frozen
 
 from littleghost._validators import (
+    TOKENIZER,
     Validator,
     check,
-    has_method,
+    counts_tokens,
     int_at_least,
     is_int,
     is_number,
@@ -88,7 +89,7 @@ class ContextManagement:
     )
     tokenizer: Tokenizer = field(
         default=DEFAULT_TOKENIZER,
-        validator=_check(has_method("count_tokens"), "an object with count_tokens(text)"),
+        validator=_check(counts_tokens, TOKENIZER),
     )
     summary_instructions: str | None = field(
         default=None,
