@@ -565,6 +565,15 @@ class TestRules:
         await bounded_agent(memory=lambda context: None)(model=model).run("now")
         assert not any(m.role is Role.DEVELOPER for m in model.requests[0].messages)
 
+    async def test_blank_memories_are_left_out(self) -> None:
+        """An empty or blank entry is no memory: no bullet of its own, and only blank
+        entries send no memories message."""
+        model = ScriptedModel([text_response("one"), text_response("two")])
+        await bounded_agent(memory=lambda context: ["", "likes tea", " \n"])(model=model).run("a")
+        await bounded_agent(memory=lambda context: ["", "\t"])(model=model).run("b")
+        first, second = (memories(request) for request in model.requests)
+        assert first[0].text.splitlines()[1:] == ["- likes tea"] and second == []
+
     async def test_a_memory_that_is_not_text_fails_naming_it(self) -> None:
         """Each entry is a str (or has a str ``text``); anything else fails before a call."""
         model = ScriptedModel([text_response("never")])

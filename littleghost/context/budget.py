@@ -209,7 +209,7 @@ class BudgetReport:
 
 
 async def load_memories(budget: PromptBudget, context: object) -> list[str]:
-    """The memory provider's entries (oldest first), or none."""
+    """The memory provider's entries (oldest first), blank ones left out, or none."""
     provider = budget.memory
     if provider is None:
         return []
@@ -229,7 +229,9 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
         text = entry if isinstance(entry, str) else getattr(entry, "text", None)
         if not isinstance(text, str):
             raise ConfigurationError(f"PromptBudget.memory returned {entry!r}; entries must be str")
-        result.append(" ".join(text.split()))  # one line: an entry cannot pose as several
+        line = " ".join(text.split())  # one line: an entry cannot pose as several
+        if line:  # an empty or blank entry is no memory
+            result.append(line)
     return result
 
 
