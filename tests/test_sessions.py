@@ -470,8 +470,8 @@ class TestRoundTrip:
             ("mixed", 10, 3),
         ]
 
-    @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-    async def test_a_database_store_decodes_a_log_off_the_event_loop(
+    @pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+    async def test_a_store_decodes_a_log_off_the_event_loop(
         self,
         kind: str,
         tmp_path: Path,
@@ -479,6 +479,7 @@ class TestRoundTrip:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         import littleghost.sessions.base as base
+        import littleghost.sessions.memory as memory
 
         decoded_in: list[int] = []
 
@@ -486,7 +487,7 @@ class TestRoundTrip:
             decoded_in.append(threading.get_ident())
             return message_from_json(text)
 
-        monkeypatch.setattr(base, "message_from_json", recording)
+        monkeypatch.setattr(memory if kind == "memory" else base, "message_from_json", recording)
         async with open_store(kind, tmp_path, request) as opened:
             assert not isinstance(opened, PlainStore)
             await opened.append("long", [Message.user(f"question {i}") for i in range(50)])

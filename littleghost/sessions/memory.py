@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timezone
 
+import anyio
 from anyio.lowlevel import checkpoint
 
 from littleghost.errors import UnknownSessionError
@@ -41,14 +42,15 @@ class InMemorySessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        return tuple(message_from_json(text) for text, _ in await self._entries(session_id))
+        return tuple(stored.message for stored in await self.load_stored(session_id))
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was appended;
-        ``()`` for an unknown session."""
-        return tuple(
-            StoredMessage(message_from_json(text), stored_at)
-            for text, stored_at in await self._entries(session_id)
+        ``()`` for an unknown session (decoded in a worker thread, not on the event loop)."""
+        entries = await self._entries(session_id)
+        return await anyio.to_thread.run_sync(
+            lambda: tuple(StoredMessage(message_from_json(text), at) for text, at in entries),
+            abandon_on_cancel=True,
         )
 
     async def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
