@@ -454,7 +454,7 @@ class RunContext:
                         )
                 except BaseException as error:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
-                    telemetry.record_call(attributes, started, error=error)
+                    telemetry.record_call(attributes, started, error=error, deadline=self.deadline)
                     raise
                 telemetry.record_call(attributes, started, response, first_chunk=first_chunk.at)
                 self.add_usage(response.usage)

@@ -20,7 +20,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._validators import is_int
 from littleghost._version import __version__
-from littleghost.errors import ContextWindowOverflowError
+from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
 
@@ -257,19 +257,25 @@ def record_call(
     response: ModelResponse | None = None,
     error: BaseException | None = None,
     first_chunk: float | None = None,
+    deadline: float | None = None,
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
-    not recorded: it stopped, it did not fail), the input and output tokens of its
-    ``response``, and for a streamed answer the time its ``first_chunk`` of text or
-    reasoning came. ``attributes`` are its span's; the metrics keep the conventions' few."""
+    not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
+    ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
+    output tokens of its ``response``, and for a streamed answer the time its
+    ``first_chunk`` of text or reasoning came. ``attributes`` are its span's; the metrics
+    keep the conventions' few."""
+    kind = None if error is None else error_type(error)
     if error is not None and _stops(error):
-        return
+        if deadline is None or anyio.current_time() < deadline:
+            return
+        kind = DeadlineExceededError.__name__
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
         kept[RESPONSE_MODEL] = response.response_model
-    if error is not None:
-        kept[ERROR_TYPE] = error_type(error)
+    if kind is not None:
+        kept[ERROR_TYPE] = kind
     _CALL_DURATION.record(time.perf_counter() - started, kept)
     if first_chunk is not None:
         _FIRST_CHUNK.record(first_chunk - started, kept)

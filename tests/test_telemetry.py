@@ -131,6 +131,28 @@ async def test_each_model_call_is_in_the_genai_client_metrics(histograms: Histog
     assert recorded.get("gen_ai.client.token.usage", []) == []
 
 
+async def test_a_call_cut_by_the_run_deadline_is_in_the_duration_metric(
+    histograms: Histograms,
+) -> None:
+    """A call the run's deadline cuts timed out: it is in gen_ai.client.operation.duration
+    with error.type DeadlineExceededError (the slowest calls are not left out); a call a
+    caller's cancellation stops is not recorded."""
+
+    async def slow(request: ModelRequest) -> ModelResponse:
+        await anyio.sleep(5)
+        return text_response("late")
+
+    with pytest.raises(DeadlineExceededError):
+        await Support(model=ScriptedModel([slow])).run("hello", timeout=0.2)
+    (cut,) = histograms.read()["gen_ai.client.operation.duration"]
+    assert dict(cut.attributes or {})["error.type"] == "DeadlineExceededError"
+    assert cut.count == 1 and cut.sum >= 0.2
+
+    with anyio.move_on_after(0.2):
+        await Support(model=ScriptedModel([slow])).run("hello", timeout=30)
+    assert "gen_ai.client.operation.duration" not in histograms.read()
+
+
 async def test_invoke_agent_attributes(spans: Spans) -> None:
     """invoke_agent carries the operation, agent, provider, model, usage and finish reason."""
     session_id = f"conv-{uuid.uuid4().hex}"
