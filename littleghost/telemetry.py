@@ -263,9 +263,10 @@ def record_call(
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
     not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
     ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
-    output tokens of its ``response``, and for a streamed answer the time its
-    ``first_chunk`` of text or reasoning came. ``attributes`` are its span's; the metrics
-    keep the conventions' few."""
+    output tokens of its ``response`` (a count of 0 is one the model did not report: the
+    conventions record none then), and for a streamed answer the time its ``first_chunk``
+    of text or reasoning came. ``attributes`` are its span's; the metrics keep the
+    conventions' few."""
     kind = None if error is None else error_type(error)
     if error is not None and _stops(error):
         if deadline is None or anyio.current_time() < deadline:
@@ -280,8 +281,10 @@ def record_call(
     if first_chunk is not None:
         _FIRST_CHUNK.record(first_chunk - started, kept)
     if response is not None:
-        _TOKEN_USAGE.record(response.usage.input_tokens, {**kept, TOKEN_TYPE: "input"})
-        _TOKEN_USAGE.record(response.usage.output_tokens, {**kept, TOKEN_TYPE: "output"})
+        counts = {"input": response.usage.input_tokens, "output": response.usage.output_tokens}
+        for token_type, count in counts.items():
+            if count:
+                _TOKEN_USAGE.record(count, {**kept, TOKEN_TYPE: token_type})
 
 
 def _stops(error: BaseException) -> bool:

@@ -153,6 +153,19 @@ async def test_a_call_cut_by_the_run_deadline_is_in_the_duration_metric(
     assert "gen_ai.client.operation.duration" not in histograms.read()
 
 
+async def test_token_usage_a_model_did_not_report_is_not_recorded(
+    histograms: Histograms,
+) -> None:
+    """A call whose model reported no usage (a custom model, a server that streams without
+    it) is in gen_ai.client.operation.duration but not in gen_ai.client.token.usage: the
+    conventions record no usage that is not available, rather than 0 tokens."""
+    unreported = ModelResponse(Message.assistant("Hi."))
+    await Support(model=ScriptedModel([unreported])).run("hello")
+    recorded = histograms.read()
+    assert len(recorded["gen_ai.client.operation.duration"]) == 1
+    assert recorded.get("gen_ai.client.token.usage", []) == []
+
+
 async def test_invoke_agent_attributes(spans: Spans) -> None:
     """invoke_agent carries the operation, agent, provider, model, usage and finish reason."""
     session_id = f"conv-{uuid.uuid4().hex}"
