@@ -8,11 +8,13 @@ unless the agent opts in with ``capture_content = True``, nor ever a metric.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio
 from opentelemetry import metrics, trace
@@ -305,13 +307,29 @@ def _part_json(part: object) -> dict[str, Any]:
     if isinstance(part, ToolResult):
         return {"type": "tool_call_response", "id": part.call_id, "response": part.content}
     if isinstance(part, ImagePart):
-        if part.url is not None and not part.url.startswith("data:"):
-            kind = {} if part.media_type is None else {"mime_type": part.media_type}
-            return {"type": "uri", "modality": "image", "uri": part.url, **kind}
-        return {"type": "image", "url": part.url} if part.url else {"type": "image"}
+        return _image_json(part)
     if isinstance(part, ReasoningPart):
         return {"type": "reasoning", "content": part.text}
     return {"type": "unknown"}
+
+
+def _image_json(part: ImagePart) -> dict[str, Any]:
+    """An image as the conventions' ``uri`` part, or their ``blob`` part (base64 content)
+    for its bytes or a ``data:`` URL."""
+    url = part.url
+    media_type = part.media_type
+    if url is None:
+        content = base64.b64encode(part.data or b"").decode("ascii")
+    elif url[:5].lower() != "data:":
+        kind = {} if media_type is None else {"mime_type": media_type}
+        return {"type": "uri", "modality": "image", "uri": url, **kind}
+    else:
+        header, _, payload = url[5:].partition(",")
+        media_type = header.split(";")[0] or media_type
+        encoded = header.lower().endswith(";base64")
+        content = payload if encoded else base64.b64encode(unquote_to_bytes(payload)).decode()
+    kind = {} if media_type is None else {"mime_type": media_type}
+    return {"type": "blob", "modality": "image", "content": content, **kind}
 
 
 def arguments_json(arguments: Mapping[str, Any] | str) -> str:

@@ -542,6 +542,31 @@ async def test_an_image_url_is_a_uri_part_in_captured_messages(spans: Spans) -> 
     }
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        ImagePart(data=b"\x89PNG-bytes", media_type="image/png"),
+        ImagePart(url="data:image/png;base64,iVBORy1ieXRlcw=="),
+    ],
+    ids=["bytes", "data-url"],
+)
+async def test_an_inline_image_is_a_blob_part_in_captured_messages(
+    spans: Spans, image: ImagePart
+) -> None:
+    """An image given inline (bytes or a ``data:`` URL) is the conventions' ``blob`` part
+    (modality, MIME type, base64 content), not a part of littleghost's own type."""
+    question = Message("user", [TextPart("What is this?"), image])
+    agent = Support(model=ScriptedModel([text_response("A cat.")]), capture_content=True)
+    await agent.run(question)
+    sent = json.loads(attributes(spans.one("chat"))["gen_ai.input.messages"])
+    assert sent[-1]["parts"][1] == {
+        "type": "blob",
+        "modality": "image",
+        "mime_type": "image/png",
+        "content": "iVBORy1ieXRlcw==",
+    }
+
+
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:
     """By default no span name, attribute, event or status holds message or tool content."""
     await run_with_secrets(Support())
