@@ -8,13 +8,11 @@ unless the agent opts in with ``capture_content = True``, nor ever a metric.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import anyio
 from opentelemetry import metrics, trace
@@ -24,6 +22,7 @@ from littleghost._validators import is_int
 from littleghost._version import __version__
 from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
+from littleghost.models._sdk import inline_image
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
 
 __all__ = [
@@ -315,21 +314,13 @@ def _part_json(part: object) -> dict[str, Any]:
 
 def _image_json(part: ImagePart) -> dict[str, Any]:
     """An image as the conventions' ``uri`` part, or their ``blob`` part (base64 content)
-    for its bytes or a ``data:`` URL."""
-    url = part.url
-    media_type = part.media_type
-    if url is None:
-        content = base64.b64encode(part.data or b"").decode("ascii")
-    elif url[:5].lower() != "data:":
-        kind = {} if media_type is None else {"mime_type": media_type}
-        return {"type": "uri", "modality": "image", "uri": url, **kind}
-    else:
-        header, _, payload = url[5:].partition(",")
-        media_type = header.split(";")[0] or media_type
-        encoded = header.lower().endswith(";base64")
-        content = payload if encoded else base64.b64encode(unquote_to_bytes(payload)).decode()
-    kind = {} if media_type is None else {"mime_type": media_type}
-    return {"type": "blob", "modality": "image", "content": content, **kind}
+    for one given inline (its bytes or a ``data:`` URL)."""
+    inline = inline_image(part)
+    if inline is None:
+        kind = {} if part.media_type is None else {"mime_type": part.media_type}
+        return {"type": "uri", "modality": "image", "uri": part.url, **kind}
+    media_type, content = inline
+    return {"type": "blob", "modality": "image", "mime_type": media_type, "content": content}
 
 
 def arguments_json(arguments: Mapping[str, Any] | str) -> str:

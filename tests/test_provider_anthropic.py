@@ -222,6 +222,8 @@ async def test_request_translation(make_model: Callable[..., AnthropicModel]) ->
             Message.user("thanks"),
             Message.assistant(""),
             Message("user", [ImagePart(url="https://example.com/cat.png")]),
+            Message.assistant("A cat."),
+            Message("user", [ImagePart(url="data:image/gif;base64,R0lGODlh")]),
         ],
         [ADD],
         {"stop": "END", "tool_choice": "required", "parallel_tool_calls": False},
@@ -274,6 +276,16 @@ async def test_request_translation(make_model: Callable[..., AnthropicModel]) ->
                 },
                 {"type": "text", "text": "thanks"},
                 {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
+        {  # a data: URL goes as its data: the API fetches only http(s) URLs
+            "role": "user",
+            "content": [
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/gif", "data": "R0lGODlh"},
+                }
             ],
         },
     ]

@@ -14,7 +14,7 @@ import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
@@ -261,6 +261,21 @@ def image_media_type(part: ImagePart) -> str:
 def image_base64(part: ImagePart) -> str:
     """The part's bytes as base64 text."""
     return base64.b64encode(part.data or b"").decode("ascii")
+
+
+def inline_image(part: ImagePart) -> tuple[str, str] | None:
+    """An image given inline, by its bytes or a ``data:`` URL, as its media type and its
+    data in base64; ``None`` for one at a URL to fetch."""
+    url = part.url
+    if url is None:
+        return image_media_type(part), image_base64(part)
+    if url[:5].lower() != "data:":
+        return None
+    header, _, payload = url[5:].partition(",")
+    media_type = header.split(";")[0] or image_media_type(part)
+    if header.lower().endswith(";base64"):
+        return media_type, payload
+    return media_type, base64.b64encode(unquote_to_bytes(payload)).decode("ascii")
 
 
 def parse_arguments(raw: object) -> Mapping[str, Any] | str:

@@ -36,9 +36,8 @@ from littleghost.models._sdk import (
     check_base_url,
     check_context_window,
     error_mapper,
-    image_base64,
-    image_media_type,
     import_sdk,
+    inline_image,
     lookup,
     not_json,
     parse_arguments,
@@ -147,16 +146,13 @@ def _nodes(schema: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
-    if part.url is not None:
+    """An image block: its data in base64 when given inline (the API fetches only
+    ``http(s)`` URLs: a ``data:`` URL goes as its data), else its URL."""
+    inline = inline_image(part)
+    if inline is None:
         return {"type": "image", "source": {"type": "url", "url": part.url}}
-    return {
-        "type": "image",
-        "source": {
-            "type": "base64",
-            "media_type": image_media_type(part),
-            "data": image_base64(part),
-        },
-    }
+    media_type, data = inline
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
 
 
 def _block(part: object, tools: bool) -> dict[str, Any] | None:
