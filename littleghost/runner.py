@@ -663,7 +663,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     async def run_one(index: int, call: ToolCall) -> None:
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
-            result = await _run_tool(agent, call, context)
+            result = await _run_tool(agent, call, calls, context)
             finished[index] = True
             result = await _after_tool(agent, result, context)
             answers[index] = Message(Role.TOOL, (result,))
@@ -701,8 +701,11 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         raise failures[0]
 
 
-async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolResult:
-    """Run ``call`` (its ``before_tool`` hooks first): the tool's result, whole."""
+async def _run_tool(
+    agent: Agent, call: ToolCall, batch: Sequence[ToolCall], context: RunContext
+) -> ToolResult:
+    """Run ``call`` of the logged ``batch`` (its ``before_tool`` hooks first): the tool's
+    result, whole."""
     original_id, asked = call.id, call.name
     before = _hooks(agent, context, "before_tool")
     call = await run_chain(before, call, expected=ToolCall, context=context)
@@ -710,7 +713,11 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
         call = attrs.evolve(call, id=original_id)
     await context.emit(ToolCallStarted(call))
     found = agent.find_tool(call.name)
-    if found is not None and call.name == asked and _hidden(agent, context, original_id, asked):
+    if (
+        found is not None
+        and call.name == asked
+        and _hidden(agent, context, original_id, asked, batch)
+    ):
         found = None  # the model called a tool the request did not offer: it does not run
     name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL
     attributes = {
@@ -732,13 +739,20 @@ async def _run_tool(agent: Agent, call: ToolCall, context: RunContext) -> ToolRe
     return result
 
 
-def _hidden(agent: Agent, context: RunContext, call_id: str, name: str) -> bool:
+def _hidden(
+    agent: Agent, context: RunContext, call_id: str, name: str, batch: Sequence[ToolCall]
+) -> bool:
     """True when the model itself called ``name`` (not a hook's routing) and the turn's
-    request did not offer it (a ``before_model`` hook took it out)."""
+    request did not offer it (a ``before_model`` hook took it out). A logged call is the
+    model's by its id or, under an id an ``after_model`` hook gave it, by its name among
+    the model's calls whose ids the logged ``batch`` no longer holds."""
     if context.last_exchange is None or name in _offered(agent, context):
         return False
     calls = context.last_exchange[1].message.tool_calls
-    return any(call.id == call_id and call.name == name for call in calls)
+    if any(call.id == call_id for call in calls):
+        return any(call.id == call_id and call.name == name for call in calls)
+    logged = {call.id for call in batch}
+    return any(call.name == name and call.id not in logged for call in calls)
 
 
 def _offered(agent: Agent, context: RunContext) -> set[str]:

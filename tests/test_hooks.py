@@ -767,6 +767,29 @@ async def test_an_after_model_hook_may_route_a_call_to_a_tool_not_offered() -> N
     assert agent.refunds == ["9"]
 
 
+async def test_a_hook_that_only_renames_call_ids_does_not_unhide_a_tool() -> None:
+    """The model's call keeps being its own under an id an ``after_model`` hook gave it."""
+
+    class Renaming(Permissioned):
+        @after_model
+        def unique_ids(self, response: ModelResponse) -> ModelResponse | None:
+            calls = [
+                attrs.evolve(call, id=f"turn-{call.id}") for call in response.message.tool_calls
+            ]
+            if not calls:
+                return None
+            return attrs.evolve(response, message=attrs.evolve(response.message, content=calls))
+
+    model = ScriptedModel(
+        [tool_call_response("refund", {"order": "42"}, call_id="c1"), text_response("ok")]
+    )
+    agent = Renaming(model=model)
+    result = await agent.run("Refund order 42.")
+    assert agent.refunds == []
+    (answer,) = [m for m in result.messages if m.tool_results]
+    assert answer.tool_results[0].content == "Unknown tool 'refund'. Available tools: lookup."
+
+
 async def test_every_retry_keeps_what_the_recovery_hook_added() -> None:
     """Each replacement passes through the before_model hooks without what they added to
     the request it replaces, never without what the after_model_error hook added."""
