@@ -159,6 +159,20 @@ def check_hook(cls: type, name: str, kind: str) -> None:
     check_method_signature(cls, name, what, _ARGUMENTS[kind], context=context)
 
 
+def _check_instance_hook(agent: object, name: str, kind: str, function: Callable[..., Any]) -> None:
+    """Check hook ``name`` set on ``agent`` itself (before ``super().__init__()``) as
+    ``check_hook`` checks a class's."""
+    context = wants_context(function)
+    expected = f"({_ARGUMENTS[kind]})" + (" and the keyword context=" if context else "")
+    check_signature(
+        f"{type(agent).__name__}.{name}, a @{kind} hook set on the instance,",
+        function,
+        expected,
+        len(_ARGUMENTS[kind].split(", ")),
+        context=context,
+    )
+
+
 def check_capability_hook(kind: str, function: Callable[..., Any]) -> None:
     """Check that a capability's ``kind`` hook takes ``(agent, ..., context=)``."""
     name = getattr(function, "__qualname__", repr(function))
@@ -201,6 +215,8 @@ def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[Boun
                 raise ConfigurationError(
                     f"hook {entry.method!r} of {type(agent).__name__} is not callable"
                 )
+            if entry.method in vars(agent):
+                _check_instance_hook(agent, entry.method, entry.kind, method)
             bound[entry.kind].append(BoundHook(entry.method, method, wants_context(method)))
         else:
             assert entry.function is not None

@@ -243,6 +243,37 @@ def test_a_hook_or_tool_set_on_a_made_agent_is_refused() -> None:
     assert Quiet(model=ScriptedModel([text_response("ok")])).run_sync("hi").output == "ok"
 
 
+def test_a_hook_set_on_the_instance_is_checked_as_the_agent_is_made() -> None:
+    """A hook set before ``super().__init__()`` that cannot take what its kind gets fails
+    in the constructor, naming it, as one declared on the class fails at definition."""
+
+    class Audited(Agent):
+        @after_model
+        def audit(self, response: ModelResponse) -> None:
+            return None
+
+    def audit(response: ModelResponse, extra: object) -> None:
+        return None
+
+    def audit_in_context(response: ModelResponse, *, context: RunContext) -> None:
+        return None
+
+    class PerInstance(Audited):
+        def __init__(self, hook: Any, **overrides: Any) -> None:
+            self.audit = hook  # type: ignore[method-assign]
+            super().__init__(**overrides)
+
+    model = ScriptedModel([text_response("ok")])
+    with pytest.raises(
+        ConfigurationError,
+        match=r"PerInstance\.audit, a @after_model hook set on the instance, must accept "
+        r"\(response\)",
+    ):
+        PerInstance(audit, model=model)
+    assert model.requests == []
+    assert PerInstance(audit_in_context, model=model).run_sync("hi").output == "ok"
+
+
 async def test_before_model_replacement_reaches_later_hooks_and_the_call() -> None:
     """A returned request is what later hooks (sync or async) and the model receive."""
     model = ScriptedModel([text_response("ok")])
