@@ -389,7 +389,7 @@ class TestWhenItFires:
 class TestWhatIsSent:
     async def test_summary_request_is_a_transcript_in_one_user_message(self) -> None:
         """Instructions plus one user message with a role-tagged transcript (reasoning left
-        out); no tools, and no extended thinking."""
+        out); no tools, no extended thinking and no prompt caching."""
 
         @manage_context(
             context_window_tokens=100,
@@ -418,7 +418,13 @@ class TestWhatIsSent:
         ]
         model = ScriptedModel([summary_step(), text_response("done")])
         thinking = {"type": "enabled", "budget_tokens": 8_000}
-        settings = {"temperature": 0, "seed": 3, "thinking": thinking, "max_completion_tokens": 9}
+        settings = {
+            "temperature": 0,
+            "seed": 3,
+            "thinking": thinking,
+            "max_completion_tokens": 9,
+            "cache_control": {"type": "ephemeral"},
+        }
         await Tooled(model=model).run("go", history=history, settings=settings)
         summary_call = model.requests[0]
         assert summary_call.tools == ()
@@ -436,7 +442,9 @@ class TestWhatIsSent:
         assert summary_call.settings["max_tokens"] == 25  # a quarter of the 100-token window
         assert "thinking" not in summary_call.settings  # its budget would pass the cap
         assert "max_completion_tokens" not in summary_call.settings  # the answer's cap
+        assert "cache_control" not in summary_call.settings  # a summary's prompt is read once
         assert model.requests[1].settings["thinking"] == thinking
+        assert model.requests[1].settings["cache_control"] == {"type": "ephemeral"}
 
     async def test_summary_max_tokens_and_instructions_are_used(self) -> None:
         """summary_max_tokens caps the summary; summary_instructions replace the prompt."""

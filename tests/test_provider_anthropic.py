@@ -308,10 +308,12 @@ async def test_settings_follow_what_the_sdk_takes(
             "user": "customer-42",
             "tool_choice": {"type": "function", "function": {"name": "add"}},
             "service_tier": "auto",
+            "cache_control": {"type": "ephemeral"},  # automatic prompt caching
         },
     )
     await make_model(server).respond(request)
     [body] = server.bodies
+    assert body["cache_control"] == {"type": "ephemeral"}
     assert body["max_tokens"] == 300
     assert body["metadata"] == {"user_id": "customer-42"}
     assert body["service_tier"] == "auto"  # a setting the SDK takes goes as it is

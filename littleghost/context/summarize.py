@@ -86,6 +86,7 @@ _DROPPED_SETTINGS = (
     "parallel_tool_calls",
     "stop",
     "thinking",  # Anthropic's: its budget must be under the summary's far smaller cap
+    "cache_control",  # Anthropic's: a summary's prompt is read once, a cache write costs more
 )
 
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
@@ -178,8 +179,8 @@ def summary_request(
 ) -> ModelRequest:
     """The summary call for ``messages`` (and the earlier ``notes`` to rewrite with them):
     the framing, one user message (the data, then ``instructions``), no tools, ``settings``
-    without their output cap, tool settings and extended thinking, output capped at
-    ``max_tokens``."""
+    without their output cap, tool settings, extended thinking and prompt caching, output
+    capped at ``max_tokens``."""
     transcript = render_transcript(messages, max_item_chars=max_item_chars)
     if notes is None:
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
