@@ -278,17 +278,22 @@ def cancelled_here() -> bool:
     return anyio.current_effective_deadline() == -math.inf
 
 
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions ``error`` holds, out of nested exception groups (itself if none)."""
+    inner = getattr(error, "exceptions", None)  # a BaseExceptionGroup's
+    if not isinstance(inner, tuple) or not inner:
+        return [error]
+    return [leaf for failure in inner for leaf in leaves(failure)]
+
+
 def fatal(error: BaseException | None) -> BaseException | None:
     """``error`` if it is a ``KeyboardInterrupt`` or ``SystemExit``, else the first one
     inside it (an exception group, from a tool's or a store's own task group), which
     must go through as itself."""
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        return error
-    for inner in getattr(error, "exceptions", ()):
-        found = fatal(inner)
-        if found is not None:
-            return found
-    return None
+    if error is None:
+        return None
+    ending = (KeyboardInterrupt, SystemExit)
+    return next((leaf for leaf in leaves(error) if isinstance(leaf, ending)), None)
 
 
 def _raise_fatal(failure: list[BaseException]) -> None:

@@ -27,7 +27,7 @@ import attrs
 from attrs import field, frozen
 
 from littleghost import telemetry
-from littleghost.cleanup import Grace, cancelled_here, fatal, holding
+from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
 from littleghost.errors import (
@@ -807,20 +807,38 @@ async def _execute(
             return _failed(call, span, "cancelled", "it raised a cancellation exception")
         except (KeyboardInterrupt, SystemExit):
             raise
-        except DeadlineExceededError as error:
-            if context.deadline is not None and (
-                error.deadline == context.deadline or anyio.current_time() >= context.deadline
-            ):
-                raise  # the run's own deadline (a side call's retry would pass it, say)
-            return _failed(call, span, error, error_text(error))
         except BaseException as error:  # the tool's own failure, of any kind
             ending = fatal(error)
             if ending is not None:
                 raise ending from None
-            return _failed(call, span, error, error_text(error))
+            deadline = _runs_deadline(error, context)
+            if deadline is error:
+                raise
+            if deadline is not None:
+                raise deadline from deadline.__cause__  # out of the tool's own task group
+            failures = leaves(error)
+            if len(failures) == 1:
+                return _failed(call, span, failures[0], error_text(failures[0]))
+            told = "; ".join(error_text(failure) for failure in failures)
+            return _failed(call, span, error, f"{error_text(error)}: {told}")
         return ToolResult(call.id, text)
     assert timer.cancelled_caught and limit is not None
     return _failed(call, span, "timeout", f"it did not finish within {limit:g} s and was stopped")
+
+
+def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceededError | None:
+    """The ``DeadlineExceededError`` of the run's own deadline (a side call's retry would
+    pass it, say) that ``error`` is or holds (the exception group of a tool's own task
+    group): it ends the run, where a nested run's own deadline is the tool's failure."""
+    own = context.deadline
+    if own is None:
+        return None
+    for failure in leaves(error):
+        if isinstance(failure, DeadlineExceededError) and (
+            failure.deadline == own or anyio.current_time() >= own
+        ):
+            return failure
+    return None
 
 
 def _failed(call: ToolCall, span: Any, error: BaseException | str, what: str) -> ToolResult:

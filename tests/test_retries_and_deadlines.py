@@ -277,6 +277,37 @@ async def test_a_client_error_not_caused_by_the_deadline_goes_through() -> None:
         )
 
 
+class DigestingTwice(Agent):
+    @tool
+    async def digest(self, context: RunContext) -> str:
+        """Digest the question twice at once with the model."""
+
+        async def digest_once() -> None:
+            await context.complete(ModelRequest([Message.user("digest this")]))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(digest_once)
+            group.start_soon(digest_once)
+        return "digested"
+
+
+async def test_a_side_calls_retry_past_the_deadline_from_a_task_group_ends_the_run() -> None:
+    """Out of the exception group of the tool's own task group too."""
+    error = RateLimitError("slow down", status=429, retry_after=30)
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1].text == "digest this":
+            raise error
+        return text_response("never")
+
+    model = ScriptedModel([tool_call_response("digest", {}), answer, answer, answer])
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError) as caught:
+        await DigestingTwice(model=model).run("hi", timeout=5)
+    assert anyio.current_time() - start < 0.3
+    assert caught.value.__cause__ is error and caught.value.deadline is not None
+
+
 async def test_an_outer_cancel_scope_cancels_the_run_natively() -> None:
     """Cancelling the caller's scope propagates native cancellation; nothing is retried."""
     model = ScriptedModel([hang, text_response("never")])

@@ -479,6 +479,14 @@ class Outer(Agent):
         result = await Nested(model=ScriptedModel([slow])).run(question, timeout=0.05)
         return result.output
 
+    @tool
+    async def ask_two_experts(self, question: str) -> str:
+        """Ask two slower agents at once."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(self.ask_the_expert, question)
+            group.start_soon(anyio.sleep, 10)
+        return "never"
+
     @tool(timeout=0.1)
     async def hang(self) -> str:
         """Hang."""
@@ -501,6 +509,18 @@ class TestWhoseDeadline:
         assert result.output == "ok"
         [answer] = [r for message in result.messages for r in message.tool_results]
         assert answer.is_error and "DeadlineExceededError" in answer.content
+
+    async def test_a_failure_in_a_tools_task_group_is_told_as_itself(self) -> None:
+        """The model (and the span) learn what failed, not "unhandled errors in a
+        TaskGroup"; a nested run's deadline there is still the tool's error."""
+        model = ScriptedModel(
+            [tool_call_response("ask_two_experts", {"question": "?"}), text_response("ok")]
+        )
+        result = await Outer(model=model).run("Go.", timeout=5)
+        assert result.output == "ok"
+        [answer] = [r for message in result.messages for r in message.tool_results]
+        assert answer.is_error
+        assert answer.content.startswith("Tool 'ask_two_experts' failed: DeadlineExceededError:")
 
     async def test_a_tool_timeout_is_an_error_result_and_the_run_goes_on(self) -> None:
         model = ScriptedModel([tool_call_response("hang", {}), text_response("ok")])
