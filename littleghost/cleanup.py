@@ -72,6 +72,19 @@ class Grace:
     _nested_stop_by: float = math.inf
     """The earliest stop time of runs started by a tool of this run that a ``cancel()``
     from outside this run stopped."""
+    run_deadline: float | None = field(default=None, kw_only=True)
+    """The run's own deadline (``timeout``/``deadline``), if any."""
+
+    def enclosing_deadline(self) -> float | None:
+        """The earliest own deadline of the runs this run was started in, if any."""
+        found = [g.run_deadline for g in self._enclosing() if g.run_deadline is not None]
+        return min(found, default=None)
+
+    def _enclosing(self) -> Iterator[Grace]:
+        parent = self.parent
+        while parent is not None:
+            yield parent
+            parent = parent.parent
 
     @property
     def stopping(self) -> bool:

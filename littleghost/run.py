@@ -486,12 +486,21 @@ class RunContext:
         return response
 
     def _retry_deadline(self) -> float | None:
-        """The run's deadline, which a retry's wait may not pass; ``None`` where a scope
-        inside the run ends sooner (a tool's timeout, a hook's own ``move_on_after``):
-        that scope cuts the wait, and stops only what it bounds."""
+        """The run's deadline, which a retry's wait may not pass, or the earlier one of a
+        run it was started in (from a tool) when no scope ends sooner; ``None`` where a
+        scope inside the run ends sooner (a tool's timeout, a hook's own
+        ``move_on_after``): that scope cuts the wait, and stops only what it bounds."""
         stop = self.grace.deadline  # the run's deadline, or its caller's if earlier
-        if stop is not None and anyio.current_effective_deadline() < stop:
+        current = anyio.current_effective_deadline()
+        if stop is not None and current < stop:
             return None
+        outer = self.grace.enclosing_deadline()
+        if (
+            outer is not None
+            and current >= outer
+            and (self.deadline is None or outer < self.deadline)
+        ):
+            return outer
         return self.deadline
 
     async def _prepare(self, model: Model) -> None:

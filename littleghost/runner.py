@@ -252,7 +252,11 @@ async def _run_in(
     output = plan_output(plan.output, agent.output_strategy, model)
     store = agent.session_store
     stop = min(end, anyio.current_effective_deadline())  # the caller's deadline counts too
-    grace = Grace(agent.cleanup_grace, None if math.isinf(stop) else stop)
+    grace = Grace(
+        agent.cleanup_grace,
+        None if math.isinf(stop) else stop,
+        run_deadline=None if math.isinf(end) else end,
+    )
     # With a session, the log starts empty and is filled from the store once the
     # session is held; the context keeps this very list.
     log = seed if session_id is None else []

@@ -184,6 +184,43 @@ async def test_a_retry_wait_a_tools_timeout_cuts_first_stops_only_the_tool() -> 
         assert answered.is_error and "did not finish within 0.3 s" in answered.content
 
 
+class Delegating(Agent):
+    sub_model: ScriptedModel
+
+    @tool
+    async def ask(self) -> str:
+        """Ask a sub-agent."""
+        return (await Slow(model=self.sub_model).run("?")).output
+
+    @tool(timeout=0.3)
+    async def ask_briefly(self) -> str:
+        """Ask a sub-agent, within 0.3 s."""
+        return (await Slow(model=self.sub_model).run("?")).output
+
+
+@pytest.mark.parametrize("tool_name", ["ask", "ask_briefly"])
+async def test_a_sub_agents_retry_wait_past_the_deadline_of_the_run_it_serves(
+    tool_name: str,
+) -> None:
+    """A wait that would pass the outer run's deadline is not taken: the outer run ends at
+    once, as for its own call, with the provider error as the cause; a tool's timeout
+    that ends the wait sooner stops only the tool."""
+    error = RateLimitError("slow down", status=429, retry_after=5)
+    agent = Delegating(
+        model=ScriptedModel([tool_call_response(tool_name, {}), text_response("ok")])
+    )
+    agent.sub_model = ScriptedModel([error, text_response("late")])
+    start = anyio.current_time()
+    if tool_name == "ask":
+        with pytest.raises(DeadlineExceededError) as caught:
+            await agent.run("hi", timeout=2)
+        assert anyio.current_time() - start < 0.3
+        assert caught.value.__cause__ is error
+    else:
+        assert (await agent.run("hi", timeout=2)).output == "ok"
+        assert 0.3 <= anyio.current_time() - start < 0.3 + MARGIN
+
+
 async def test_a_retry_wait_a_hooks_own_scope_cuts_first_ends_only_that_scope() -> None:
     """A hook that bounds its side call with a scope of its own goes on when the scope
     ends the retry's wait, also when the wait would pass the run's deadline."""
