@@ -567,11 +567,17 @@ class ImageNotJson(TypeError):
 
 def to_json(value: Any) -> Any:
     if attrs.has(type(value)) and not isinstance(value, ImagePart):
-        return attrs.asdict(
-            value, recurse=True, value_serializer=lambda _i, _a, v: _to_json_value(v)
-        )
+        return attrs.asdict(value, recurse=True, value_serializer=_field_json)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
+    return _to_json_value(value)
+
+
+def _field_json(record: Any, _field: Any, value: Any) -> Any:
+    """A field of ``record`` as JSON. ``attrs.asdict`` takes an ``ImagePart`` in a list or
+    dict field apart as a record of its own, so its fields come here."""
+    if isinstance(record, ImagePart):
+        raise ImageNotJson("an image is not JSON")
     return _to_json_value(value)
 
 

@@ -1224,6 +1224,28 @@ async def test_a_tool_that_returns_an_image_inside_a_record_gets_an_error_result
     assert "it returned an image" in result.content
 
 
+async def test_a_tool_that_returns_images_in_a_records_list_gets_an_error_result() -> None:
+    """``attrs.asdict`` takes an image in a record's list or dict apart as a record of
+    its own: its bytes reached the model as replacement characters, as a success."""
+
+    @frozen
+    class Album:
+        title: str
+        pictures: list[ImagePart]
+
+    def album() -> Album:
+        """Show the holiday pictures."""
+        return Album("trip", [ImagePart(data=b"\x89PNG\r\n\x1a\n" + bytes(range(256)))])
+
+    class Screens(Agent):
+        tools = [album]
+
+    model = ScriptedModel([tool_call_response("album", {}, call_id="c1"), text_response("ok")])
+    (result,) = tool_results((await Screens(model=model).run("go")).messages)
+    assert result.is_error
+    assert "it returned an image" in result.content
+
+
 class Lazy(Agent):
     @tool
     async def unawaited(self) -> str:
