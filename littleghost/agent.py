@@ -567,12 +567,15 @@ class Agent:
         self._models = OwnedModels()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Agent:
-        """A deep copy shares the model and session store given to the constructor, as
-        copies share the class's: they are resources (a copied in-memory store would fork
-        its conversations; a client or a lock cannot be copied)."""
-        for knob in ("model", "session_store"):
-            if knob in vars(self):
-                memo[id(vars(self)[knob])] = vars(self)[knob]
+        """A deep copy shares the model, session store, tools and instructions the agent
+        was given, as copies share the class's: they are resources, or callables bound to
+        some (a copied in-memory store would fork its conversations; a client or a lock
+        cannot be copied, nor the client behind a tool that is its bound method)."""
+        own = vars(self)
+        tools = own.get("tools") or ()
+        shared = ("model", "session_store", "instructions", "_tool_index")
+        for value in [*(own[knob] for knob in shared if knob in own), *tools]:
+            memo[id(value)] = value
         copied = memo[id(self)] = type(self).__new__(type(self))
         copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         return copied

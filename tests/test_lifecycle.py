@@ -25,7 +25,7 @@ from littleghost.errors import (
 )
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
-from littleghost.testing import text_response, tool_call_response
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conversations import chat
 
@@ -181,6 +181,39 @@ async def test_a_deep_copy_shares_the_model_and_store_given_to_the_constructor()
     await copied.run("hi", session_id="s")
     assert [message.text for message in await store.load("s")] == ["hi", "hello"]
     assert copied.seen == ["original"] and original.seen == []
+
+
+class Stock:
+    """A client behind a tool: it holds a lock, which no copy can hold."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0
+
+    def count(self, item: str) -> int:
+        """How many of an item are in stock."""
+        with self.lock:
+            self.calls += 1
+            return 3
+
+
+STOCK = Stock()
+
+
+class Stocked(Agent):
+    tools = [STOCK.count]
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_deep_copy_shares_the_clients_behind_its_tools(declared: bool) -> None:
+    """A tool that is a client's bound method (declared, or given to the constructor)
+    keeps its client in a deep copy: it was copied, and a client with a lock failed."""
+    stock = STOCK if declared else Stock()
+    model = ScriptedModel([tool_call_response("count", {"item": "apples"}), text_response("3")])
+    agent = Stocked(model=model) if declared else Agent(model=model, tools=[stock.count])
+    calls = stock.calls
+    await copy.deepcopy(agent).run("apples?")
+    assert stock.calls == calls + 1
 
 
 def noting(label: str) -> Any:
