@@ -3,6 +3,9 @@ a conversation to store with them."""
 
 from __future__ import annotations
 
+import os
+
+import anyio
 import attrs
 
 from littleghost import Agent, Role, before_model, manage_context, tool
@@ -188,6 +191,33 @@ class FailedWhileClosing(Support):
     command has its summary."""
 
     model = "failingtoclose:m"
+
+
+MARKS = "LITTLEGHOST_TEST_MARKS"
+"""The directory ``Stoppable`` marks what it did in (``summarizing``, ``closed``)."""
+
+
+async def summarize_until_stopped(request: ModelRequest) -> ModelResponse:
+    """A summary call that takes until the command is stopped."""
+    await anyio.Path(os.environ[MARKS], "summarizing").touch()
+    await anyio.sleep_forever()
+    raise AssertionError("not reached")
+
+
+class Stoppable(ScriptedModel):
+    """A model that says it was closed (a local model's server stopped, say)."""
+
+    async def aclose(self) -> None:
+        await anyio.Path(os.environ[MARKS], "closed").touch()
+
+
+register_provider("stoppable", lambda name: Stoppable([summarize_until_stopped]))
+
+
+class StoppedWhileSummarizing(Support):
+    """``Support`` whose model, made from its model string, summarizes until stopped."""
+
+    model = "stoppable:m"
 
 
 class Unstartable(ScriptedModel):

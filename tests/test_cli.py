@@ -13,9 +13,11 @@ import os
 import pty
 import re
 import select
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -706,6 +708,34 @@ class TestCompact:
         )  # fmt: skip
         assert result.exit_code == 130
         assert contents(store_url) == before
+
+    @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+    def test_sigterm_and_sighup_stop_as_ctrl_c_does(self, tmp_path: Path, name: str) -> None:
+        """``timeout``, a service manager or a closed terminal stops a command as Ctrl-C
+        does: its model is closed (a local model's server stopped, not left running),
+        nothing is written, and the exit code is 128 + the signal's number."""
+        number = getattr(signal, name, None)
+        if number is None:
+            missing(f"this system has no {name}")
+        url = TestProcess.filled(tmp_path)
+        before = contents(url)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "littleghost", "sessions", "compact", "customer-42",
+             "--store", url, "--agent", "tests.cli_agents:StoppedWhileSummarizing"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), cli_agents.MARKS: str(tmp_path)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(number, signal.SIG_DFL),  # as a shell starts it
+        )  # fmt: skip
+        while not (tmp_path / "summarizing").exists() and process.poll() is None:
+            time.sleep(0.05)
+        process.send_signal(number)
+        out, err = process.communicate(timeout=60)
+        assert (process.returncode, out, err) == (128 + number, "", "Interrupted\n")
+        assert (tmp_path / "closed").exists()
+        assert contents(url) == before
 
     def test_a_model_failing_to_close_keeps_the_summary(self, store_url: str) -> None:
         """The summary is paid for: a model that fails to close (not a Ctrl-C) leaves it

@@ -4,8 +4,12 @@ edge (``anyio.run``); what each command reads and prints lives in its own module
 from __future__ import annotations
 
 import errno
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any, TypeVar
 
 import anyio
@@ -36,26 +40,57 @@ LARGE_LOG = 1_000
 T = TypeVar("T")
 
 
-INTERRUPTED = 130
-"""The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+STOPPING = ("SIGTERM", "SIGHUP")
+"""The signals a command stops on as on Ctrl-C (``timeout``, a service manager, a closed
+terminal) rather than dying at once, which would leave a local model's server running;
+one the command was started ignoring (``nohup``) stays ignored."""
+
+
+@contextmanager
+def _stopped_as_interrupted() -> Iterator[list[int]]:
+    """While open, a ``STOPPING`` signal stops the command as Ctrl-C does (the SIGINT
+    handler of the moment runs: an event loop's cancels its work); yields ``[number]``,
+    the signal that stopped it (SIGINT unless one of these did)."""
+    stopped_by = [int(signal.SIGINT)]
+
+    def interrupt(number: int, frame: FrameType | None) -> None:
+        stopped_by[0] = number
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # Ctrl-C ignored (a background job): stop all the same
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in STOPPING:
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+                previous[number] = signal.signal(number, interrupt)
+    try:
+        yield stopped_by
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 class _Commands(click.Group):
-    """The command group: a command stopped with Ctrl-C, working or writing, exits 130;
-    one whose output cannot be written (a full disk) fails in one line, and one whose
-    reader is gone (``| head``) exits quietly, as click has it."""
+    """The command group: a command stopped with Ctrl-C, working or writing, exits 130
+    (stopped by a ``STOPPING`` signal, 128 + its number); one whose output cannot be
+    written (a full disk) fails in one line, and one whose reader is gone (``| head``)
+    exits quietly, as click has it."""
 
     def invoke(self, ctx: click.Context) -> Any:
         escape_unwritable(sys.stdout)
-        try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("Interrupted", err=True)
-            raise SystemExit(INTERRUPTED) from None
-        except OSError as error:
-            if error.errno == errno.EPIPE:
-                raise
-            raise click.ClickException(one_line(error, named=True)) from None
+        with _stopped_as_interrupted() as stopped_by:
+            try:
+                return super().invoke(ctx)
+            except KeyboardInterrupt:
+                click.echo("Interrupted", err=True)
+                raise SystemExit(128 + stopped_by[0]) from None
+            except OSError as error:
+                if error.errno == errno.EPIPE:
+                    raise
+                raise click.ClickException(one_line(error, named=True)) from None
 
 
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
