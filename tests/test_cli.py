@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import re
+import resource
 import select
 import signal
 import sqlite3
@@ -1029,6 +1030,33 @@ class TestProcess:
             done = python_m("sessions", *command, "--store", self.filled(tmp_path), stdout=full)
         assert done.returncode == 1
         assert done.stderr == "Error: OSError: [Errno 28] No space left on device\n"
+
+    @pytest.mark.parametrize("command", ["show", "view"])
+    def test_json_cut_short_by_a_filling_disk_is_an_error(
+        self, tmp_path: Path, command: str
+    ) -> None:
+        """A disk filling up as a long ``--json`` document is written (here a file-size
+        limit: the same short write, then an error) fails in one line, exit 1: the
+        document cut short is not a success."""
+        if not hasattr(signal, "SIGXFSZ"):
+            missing("this system has no file-size limit")
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [Message.user(f"q{index}") for index in range(2_000)]
+        in_store(url, lambda store: store.append("long", chat))
+        limit = int(os.path.getsize(tmp_path / "s.db") * 1.3)  # the store, not the document
+
+        def limited() -> None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails: EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        with open(tmp_path / "out.json", "w") as out:
+            done = python_m(
+                "sessions", command, "long", "--store", url, "--json",
+                stdout=out, preexec_fn=limited,
+            )  # fmt: skip
+        assert os.path.getsize(tmp_path / "out.json") == limit
+        assert done.returncode == 1
+        assert done.stderr == "Error: OSError: [Errno 27] File too large\n"
 
     @pytest.mark.parametrize("closed", [1, 2])
     def test_a_closed_standard_stream_is_no_error(self, tmp_path: Path, closed: int) -> None:

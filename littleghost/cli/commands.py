@@ -22,7 +22,7 @@ from littleghost.cli.agents import agent_class
 from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, escape_unwritable, one_line
+from littleghost.cli.output import Output, echo, escape_unwritable, one_line
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -318,5 +318,5 @@ def export(session_id: str, address: StoreAddress) -> None:
     output = attrs.evolve(output, progress=output.progress and len(log) >= LARGE_LOG)
     with output.progress_bar(len(log), "exporting") as advance:
         for entry in log:
-            click.echo(message_to_json(entry.message))
+            echo(message_to_json(entry.message))
             advance(1, "")

@@ -23,6 +23,7 @@ __all__ = [
     "SHORT_ID",
     "Output",
     "clock",
+    "echo",
     "escape_unwritable",
     "excerpt",
     "moment",
@@ -67,6 +68,15 @@ def one_line(error: BaseException, *, named: bool = False) -> str:
     more than ``'DB_URL'``)."""
     lines = error_text(error, with_type=named).strip().splitlines()
     return lines[0] if lines else type(error).__name__
+
+
+def echo(text: str, *, color: bool = False) -> None:
+    """Write ``text`` and a line break to standard output, the break on its own: Python's
+    buffered writer takes only the first part of a long text when the disk fills up, and
+    says nothing (a ``--json`` document is cut short, exit 0); the break written next
+    then fails with the disk's error."""
+    click.echo(text, nl=False, color=color)
+    click.echo()
 
 
 def escape_unwritable(stream: object) -> None:
@@ -122,7 +132,7 @@ class Output:
 
     def line(self, text: str = "") -> None:
         """Write one line to standard output."""
-        click.echo(text, color=self.colour)
+        echo(text, color=self.colour)
 
     def json(self, document: object) -> None:
         """Write ``document`` as indented JSON, which reads back as it is: control
@@ -131,7 +141,7 @@ class Output:
         encoding = getattr(sys.stdout, "encoding", None)
         ascii_only = encoding is not None and not codecs.lookup(encoding).name.startswith("utf")
         text = json.dumps(document, indent=2, ensure_ascii=ascii_only)
-        click.echo(_JSON_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
+        echo(_JSON_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
     def table(
         self,
