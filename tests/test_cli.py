@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import traceback
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -954,12 +955,12 @@ class TestProcess:
         overview = " ".join(python_m("--help").stdout.split())
         assert "Every command opens it read-only, except `sessions compact` without" in overview
 
-    def terminal(self, *args: str) -> tuple[str, str]:
+    def terminal(self, *args: str, columns: int = 200) -> tuple[str, str]:
         """Run ``python -m littleghost`` with standard output and error each on a
-        pseudo-terminal of its own; what each showed."""
+        pseudo-terminal of its own, ``columns`` wide; what each showed."""
         out_master, out_slave = pty.openpty()
         err_master, err_slave = pty.openpty()
-        environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)}
         environment.pop("NO_COLOR", None)
         process = subprocess.Popen(
             [sys.executable, "-m", "littleghost", *args],
@@ -1002,6 +1003,29 @@ class TestProcess:
             "--agent", "tests.cli_agents:Staffed", "--dry-run",
         )  # fmt: skip
         assert piped_compact.stderr == ""
+
+    def test_wide_characters_take_two_columns_of_a_terminal(self, tmp_path: Path) -> None:
+        """Chinese text and emoji take two columns each: a table's rows are cut to the
+        terminal's width and its columns stay aligned (rows half as wide again wrapped)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [
+            Message.user("我的订单在哪里？请帮我查一下物流信息。" * 4),
+            Message.assistant("😀 " * 60),
+        ]
+        in_store(url, lambda store: store.append("客户-42", chat))
+
+        def width(text: str) -> int:
+            return sum(2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+
+        for command in ("show", "view"):
+            out, _ = self.terminal("sessions", command, "客户-42", "--store", url, columns=80)
+            lines = re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines()
+            header = next(index for index, line in enumerate(lines) if "CONTENT" in line)
+            table = lines[header : header + 3]
+            assert all(79 <= width(row) <= 80 for row in table[1:]), table  # 79: 😀 not fitting
+            marks = ("CONTENT", "我", "😀")
+            starts = {width(row[: row.index(mark)]) for row, mark in zip(table, marks, strict=True)}
+            assert len(starts) == 1, table
 
     def test_a_progress_bar_exports_a_large_log_on_a_terminal(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 's.db'}"

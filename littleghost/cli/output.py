@@ -4,11 +4,13 @@ when piped, JSON for scripts, and progress bars on standard error when it is a t
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
 import shutil
 import sys
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -94,6 +96,36 @@ def excerpt(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: max(limit - 1, 0)] + _ELLIPSIS
 
 
+@functools.cache
+def _char_columns(char: str) -> int:
+    if unicodedata.category(char) in ("Mn", "Me", "Cf"):  # combining marks, joiners
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: wide characters (Chinese, Japanese,
+    Korean, emoji) two, combining marks and joiners none."""
+    return len(text) if text.isascii() else sum(map(_char_columns, text))
+
+
+def fitted(text: str, limit: int) -> str:
+    """``excerpt`` by terminal columns: ``text`` on one line, cut to ``limit`` columns
+    with an ellipsis."""
+    line = " ".join(text.split())
+    if line.isascii():
+        return excerpt(line, limit)
+    if columns(line) <= limit:
+        return line
+    kept, room = [], limit - columns(_ELLIPSIS)
+    for char in line:
+        room -= _char_columns(char)
+        if room < 0:
+            break
+        kept.append(char)
+    return "".join(kept) + _ELLIPSIS
+
+
 def moment(value: datetime | None) -> str | None:
     """A stored time for JSON (ISO 8601, UTC), or ``None``."""
     return None if value is None else value.isoformat()
@@ -151,10 +183,10 @@ class Output:
         narrow: Mapping[int, int] | None = None,
     ) -> None:
         """Rows under their headers: on a terminal, aligned columns (the last one cut to
-        the terminal's width, the ``narrow`` ones by index to their given length), each
-        row in its ``styles`` entry (click styles); otherwise one tab-separated line per
-        row, headers first, nothing cut. Cells are ``shown``: one line each, no control
-        characters."""
+        the terminal's width, the ``narrow`` ones by index to their given width; a wide
+        character takes two columns), each row in its ``styles`` entry (click styles);
+        otherwise one tab-separated line per row, headers first, nothing cut. Cells are
+        ``shown``: one line each, no control characters."""
         rows = [[shown(cell) for cell in row] for row in rows]
         if not self.terminal:
             for row in (headers, *rows):
@@ -162,15 +194,18 @@ class Output:
             return
         if narrow:
             rows = [
-                [excerpt(cell, narrow[i]) if i in narrow else cell for i, cell in enumerate(row)]
+                [fitted(cell, narrow[i]) if i in narrow else cell for i, cell in enumerate(row)]
                 for row in rows
             ]
-        widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers) - 1)]
+        widths = [max(columns(row[i]) for row in (headers, *rows)) for i in range(len(headers) - 1)]
         room = shutil.get_terminal_size().columns - sum(widths) - 2 * len(widths)
 
         def joined(row: Sequence[str]) -> str:
-            cells = "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
-            return f"{cells}  {excerpt(row[-1], max(room, 20))}".rstrip()
+            cells = "  ".join(
+                cell + " " * (width - columns(cell))
+                for cell, width in zip(row, widths, strict=False)
+            )
+            return f"{cells}  {fitted(row[-1], max(room, 20))}".rstrip()
 
         self.line(self.style(joined(headers), bold=True, underline=True))
         for index, row in enumerate(rows):
