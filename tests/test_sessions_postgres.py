@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
+import signal
 import socket
 import sys
 import textwrap
@@ -422,6 +424,54 @@ class TestKilledWorker:
                 async with store.lock("held"):
                     pass
         await store.aclose()
+
+
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import multiprocessing
+    import sys
+    import time
+
+    import anyio
+
+    from littleghost.sessions import PostgresSessionStore
+
+
+    async def main() -> None:
+        async with PostgresSessionStore(sys.argv[1]).lock("held"):
+            helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+            helper.start()  # a process pool's worker, say: it outlives a killed parent
+            print("held", helper.pid, flush=True)
+            await anyio.sleep(60)
+
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_a_killed_worker_frees_its_session_while_a_process_it_forked_lives(
+    conninfo: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "holder.py"
+    script.write_text(FORKING_HOLDER)
+    store = PostgresSessionStore(conninfo)
+    with anyio.fail_after(60):
+        async with await anyio.open_process([sys.executable, str(script), conninfo]) as child:
+            assert child.stdout is not None
+            said = b""
+            while not said.endswith(b"\n"):
+                said += await child.stdout.receive()
+            helper = int(said.split()[1])
+            child.kill()
+            await child.wait()
+        try:
+            with anyio.fail_after(10):
+                async with store.lock("held"):
+                    pass
+        finally:
+            os.kill(helper, signal.SIGKILL)
+    await store.aclose()
 
 
 class SilentServer:

@@ -23,6 +23,7 @@ import select
 import socket
 import threading
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
@@ -115,6 +116,29 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
             pass
     connection.close()
 
+
+_CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+"""The connections the stores of this process opened, for ``_leave_in_child``."""
+
+
+def _leave_in_child() -> None:
+    """In a process ``fork()`` made (a process pool's worker, say), put ``/dev/null`` in
+    place of the sockets of the parent's connections: the child keeps none of the
+    parent's server sessions, nor the session locks they hold, alive once the parent
+    dies, and never talks on them (a kept one reads as ended and is replaced)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for connection in list(_CONNECTIONS):
+            try:
+                os.dup2(null, connection.fileno(), inheritable=False)
+            except Exception:  # closed already: no socket to leave
+                pass
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_leave_in_child)
 
 _QUOTED = re.compile(r'"[^"]*"')
 
@@ -726,6 +750,7 @@ class PostgresSessionStore:
             # reference cycle through its traceback until the garbage collector runs.
             traceback.clear_frames(error.__traceback__)
             raise
+        _CONNECTIONS.add(connection)
         try:
             operation.attach(connection)
             version = connection.info.server_version
