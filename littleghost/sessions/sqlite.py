@@ -72,6 +72,9 @@ _SLICE = 0.05
 still waits."""
 _PAUSE = 0.005
 """Seconds between attempts that found the database busy."""
+_DECODERS = 4
+"""Worker threads (per event loop) that may decode loaded logs at once, besides the
+stores' turns on their connections."""
 
 T = TypeVar("T")
 
@@ -274,19 +277,25 @@ class SQLiteSessionStore:
         """The session's log, its times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
         async with self._locks.writing(session_id):  # a holder's read is not older than its writes
-            log = await self._call(  # decoded in the worker thread, not on the event loop
-                lambda connection: read_log(
-                    connection.execute(
-                        f"SELECT s.length, position, body, {self._stored_at}"
-                        " FROM (SELECT ? AS id) AS k"
-                        " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                        " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                        (session_id,),
-                    ).fetchall(),
-                    session_id,
-                    self._where,
-                    when,
-                )
+            rows = await self._call(
+                lambda connection: connection.execute(
+                    f"SELECT s.length, position, body, {self._stored_at}"
+                    " FROM (SELECT ? AS id) AS k"
+                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                    (session_id,),
+                ).fetchall()
+            )
+            # decoded in a worker thread (not on the event loop), and not in the store's
+            # turn on its connection, which other sessions' calls would wait for meanwhile
+            log = await anyio.to_thread.run_sync(
+                read_log,
+                rows,
+                session_id,
+                self._where,
+                when,
+                abandon_on_cancel=True,
+                limiter=thread_limiter(read_log, _DECODERS),
             )
             self._locks.saw(session_id, len(log))
         return log
