@@ -496,6 +496,32 @@ class TestRoundTrip:
         assert len(decoded_in) == 100
         assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
 
+    async def test_a_load_whose_caller_gave_up_stops_decoding(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A caller that stops waiting for a load of a long session (a client that gave
+        up) leaves no thread decoding the rest: those piled up, each taking the GIL from
+        the event loop, when callers kept giving up."""
+        import littleghost.sessions.memory as memory
+
+        decoded = 0
+
+        def slow(text: str) -> Message:
+            nonlocal decoded
+            decoded += 1
+            threading.Event().wait(0.005)
+            return message_from_json(text)
+
+        store = InMemorySessionStore()
+        await store.append("long", [Message.user(f"question {i}") for i in range(200)])
+        monkeypatch.setattr(memory, "message_from_json", slow)
+        with anyio.move_on_after(0.1):
+            await store.load("long")
+        given_up = decoded
+        await anyio.sleep(0.3)
+        assert decoded <= given_up + 1  # the message being decoded as the caller left
+        assert decoded < 200
+
     async def test_in_memory_session_stats_decode_only_summary_candidates(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import anyio
 import attrs
 from attrs import field, frozen
 
@@ -33,6 +35,7 @@ __all__ = [
     "check_schema",
     "check_session_id",
     "check_store",
+    "decoded_off_loop",
     "distinct_ids",
     "length_error",
     "read_log",
@@ -181,15 +184,35 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
         raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")
 
 
+T = TypeVar("T")
+
+
+async def decoded_off_loop(
+    decode: Callable[[threading.Event], T], limiter: anyio.CapacityLimiter | None = None
+) -> T:
+    """``decode(stopped)`` in a worker thread, not on the event loop; ``stopped`` is set
+    once the caller stops waiting, so that a long decode nobody will read ends early
+    (callers giving up again and again would pile such threads up)."""
+    stopped = threading.Event()
+    try:
+        return await anyio.to_thread.run_sync(
+            decode, stopped, abandon_on_cancel=True, limiter=limiter
+        )
+    finally:
+        stopped.set()
+
+
 def read_log(
     rows: Sequence[Sequence[object]],
     session_id: str,
     where: str,
     when: Callable[[object], datetime | None] | None,
+    stopped: threading.Event | None = None,
 ) -> list[StoredMessage]:
     """A session's log from the rows ``(length, position, body, stored_at)`` a store
     read in one statement (one row without a body when it holds no messages), each
-    ``stored_at`` read by ``when`` (``None``: no times, so a damaged one stops nothing).
+    ``stored_at`` read by ``when`` (``None``: no times, so a damaged one stops nothing);
+    cut short once ``stopped`` is set (``decoded_off_loop``: nobody reads it).
 
     Raises:
         CorruptSessionStoreError: A message or its time cannot be read, or the session's
@@ -199,6 +222,8 @@ def read_log(
     length = rows[0][0] if rows else None
     log: list[StoredMessage] = []
     for _, position, body, stored_at in rows:
+        if stopped is not None and stopped.is_set():
+            return log
         if body is None:
             continue
         try:

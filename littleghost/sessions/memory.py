@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timezone
 
-import anyio
 from anyio.lowlevel import checkpoint
 
 from littleghost.errors import UnknownSessionError
@@ -17,6 +16,7 @@ from littleghost.sessions.base import (
     StoredMessage,
     changed_under_holder,
     check_session_id,
+    decoded_off_loop,
 )
 from littleghost.sessions.codec import SUMMARY_FLAG, message_from_json, messages_to_json
 from littleghost.sessions.locks import SessionLocks
@@ -48,10 +48,16 @@ class InMemorySessionStore:
         """The session's messages in append order, each with the time it was appended;
         ``()`` for an unknown session (decoded in a worker thread, not on the event loop)."""
         entries = await self._entries(session_id)
-        return await anyio.to_thread.run_sync(
-            lambda: tuple(StoredMessage(message_from_json(text), at) for text, at in entries),
-            abandon_on_cancel=True,
-        )
+
+        def decode(stopped: threading.Event) -> tuple[StoredMessage, ...]:
+            decoded = []
+            for text, at in entries:
+                if stopped.is_set():  # the caller stopped waiting: nobody reads the rest
+                    break
+                decoded.append(StoredMessage(message_from_json(text), at))
+            return tuple(decoded)
+
+        return await decoded_off_loop(decode)
 
     async def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
         check_session_id(session_id)

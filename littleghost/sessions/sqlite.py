@@ -33,6 +33,7 @@ from littleghost.sessions.base import (
     changed_under_holder,
     check_schema,
     check_session_id,
+    decoded_off_loop,
     length_error,
     read_log,
 )
@@ -288,14 +289,9 @@ class SQLiteSessionStore:
             )
             # decoded in a worker thread (not on the event loop), and not in the store's
             # turn on its connection, which other sessions' calls would wait for meanwhile
-            log = await anyio.to_thread.run_sync(
-                read_log,
-                rows,
-                session_id,
-                self._where,
-                when,
-                abandon_on_cancel=True,
-                limiter=thread_limiter(read_log, _DECODERS),
+            log = await decoded_off_loop(
+                lambda stopped: read_log(rows, session_id, self._where, when, stopped),
+                thread_limiter(read_log, _DECODERS),
             )
             self._locks.saw(session_id, len(log))
         return log
