@@ -51,7 +51,7 @@ def default_model() -> str:
     return "local"
 
 
-def report(question: str, result: RunResult, before: int) -> int:
+def report(question: str, result: RunResult[str], before: int) -> int:
     """Print the turn: the question, every tool call with its result, the answer.
 
     Returns the number of tool calls the turn made.

@@ -11,7 +11,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast, overload
 
 import anyio
 
@@ -354,6 +354,8 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_A = TypeVar("_A", bound="Agent")
+_T = TypeVar("_T")
 
 
 def _named_keywords(method: _F) -> _F:
@@ -404,19 +406,21 @@ class Agent:
     ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
     """
 
-    model: ClassVar[str | Model | None] = None
-    instructions: ClassVar[Instructions] = None
-    tools: ClassVar[Sequence[Callable[..., Any]]] = ()
-    settings: ClassVar[Mapping[str, Any]] = MappingProxyType({})  # shared: declare your own
-    max_turns: ClassVar[int] = 100
-    max_tool_calls: ClassVar[int] = 1000
-    max_tool_result_tokens: ClassVar[int] = 10_000
-    max_retries: ClassVar[int] = MAX_RETRIES
-    capture_content: ClassVar[bool] = False
-    session_store: ClassVar[SessionStore] = InMemorySessionStore()
-    cleanup_grace: ClassVar[float] = 1.0
-    output_type: ClassVar[Any] = None
-    output_strategy: ClassVar[Strategy] = "auto"
+    model: str | Model | None = None
+    instructions: str | Callable[..., Any] | None = None
+    """A str, or a callable of the ``RunContext``: typed loosely so that a method
+    ``instructions(self, context)`` may declare it."""
+    tools: Sequence[Callable[..., Any]] = ()
+    settings: Mapping[str, Any] = MappingProxyType({})  # shared: declare your own
+    max_turns: int = 100
+    max_tool_calls: int = 1000
+    max_tool_result_tokens: int = 10_000
+    max_retries: int = MAX_RETRIES
+    capture_content: bool = False
+    session_store: SessionStore = InMemorySessionStore()
+    cleanup_grace: float = 1.0
+    output_type: Any = None
+    output_strategy: Strategy = "auto"
     context_management: ClassVar[Any] = None
     capabilities: ClassVar[tuple[Capability, ...]] = ()
     """The capabilities in effect for the class, in the order their hooks run."""
@@ -665,7 +669,7 @@ class Agent:
             return declared
         return self._models.get(declared)
 
-    async def __aenter__(self) -> Agent:
+    async def __aenter__(self: _A) -> _A:
         return self
 
     async def __aexit__(
@@ -689,6 +693,32 @@ class Agent:
             CleanupError: A model failed to close, or closing took longer.
         """
         await close_models(self._models.give_up(), self.cleanup_grace, by=shared_stop())
+
+    @overload
+    def run_sync(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: type[_T],
+    ) -> RunResult[_T]: ...
+
+    @overload
+    def run_sync(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any = None,
+    ) -> RunResult[Any]: ...
 
     @_named_keywords
     def run_sync(
@@ -742,6 +772,32 @@ class Agent:
                 f"{type(self).__name__}.run_sync() cannot run inside a running event loop "
                 f"({error}); use `await agent.run(...)` there"
             ) from None
+
+    @overload
+    async def run(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: type[_T],
+    ) -> RunResult[_T]: ...
+
+    @overload
+    async def run(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any = None,
+    ) -> RunResult[Any]: ...
 
     @_named_keywords
     async def run(

@@ -16,7 +16,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from attrs import frozen
 
@@ -72,6 +72,23 @@ class ToolDefinition:
     def spec(self) -> ToolSpec:
         """The ``ToolSpec`` sent to the model."""
         return ToolSpec(self.name, self.description, self.parameters)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def tool(function: F) -> F: ...
+
+
+@overload
+def tool(
+    function: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+) -> Callable[[F], F]: ...
 
 
 def tool(

@@ -240,7 +240,7 @@ async def test_instructions_method_and_async_callable() -> None:
     class AsMethod(Agent):
         greeting = "method says hi"
 
-        def instructions(self, context: RunContext) -> str:  # type: ignore[override]
+        def instructions(self, context: RunContext) -> str:
             return self.greeting
 
     async def later(context: RunContext) -> str:
@@ -914,12 +914,12 @@ class Searcher(Agent):
 
 
 class NoSearch(Searcher):
-    search = None
+    search = None  # type: ignore[assignment]
 
 
 class SearchAgain(NoSearch):
     @tool
-    async def search(self, query: str, limit: int = 3) -> str:
+    async def search(self, query: str, limit: int = 3) -> str:  # type: ignore[override]
         """Search, with a limit."""
         return f"found {limit} of {query}"
 
@@ -1022,7 +1022,7 @@ def test_overriding_a_hook_with_a_tool_fails() -> None:
 
         class Tooled(Capped):
             @tool
-            def cap(self, limit: int) -> str:
+            def cap(self, limit: int) -> str:  # type: ignore[override]
                 """Cap something."""
                 return ""
 

@@ -97,7 +97,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python examples/one.py",
         "python examples/two.py",
         "ruff check littleghost tests examples benchmarks",
-        "mypy --strict littleghost",
+        "mypy --strict littleghost examples",
     ]
     assert os.listdir(scratch) == []  # the virtual environment is removed
 

@@ -711,7 +711,7 @@ def test_a_generator_hook_or_instructions_fails_at_class_definition() -> None:
     with pytest.raises(ConfigurationError, match=r"Told\.instructions is a generator function"):
 
         class Told(Agent):
-            def instructions(self, context: RunContext) -> Any:  # type: ignore[override]
+            def instructions(self, context: RunContext) -> Any:
                 yield "Be brief."
 
     def parts(context: RunContext) -> Any:

@@ -1,4 +1,4 @@
-"""Every Python block of the README runs as pasted.
+"""Every Python block of the README runs as pasted, and type-checks.
 
 A block is a complete program unless its first line is a comment starting with
 ``# fragment``. Each complete block runs in a fresh interpreter, in an empty directory,
@@ -8,6 +8,7 @@ with the providers ``openai``, ``anthropic`` and ``local`` registered to a
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -82,3 +83,18 @@ def test_a_complete_block_runs_as_pasted(line: int, code: str, tmp_path: Path) -
         timeout=120,
     )
     assert done.returncode == 0, textwrap.indent(done.stderr[-3000:], "    ")
+
+
+def test_the_complete_blocks_type_check(tmp_path: Path) -> None:
+    """``mypy --strict``, but for the functions a block leaves unannotated for brevity."""
+    for line, code in COMPLETE:
+        (tmp_path / f"block_{line}.py").write_text(code)
+    command = ["mypy", "--strict", "--allow-untyped-defs", "--no-incremental"]
+    done = subprocess.run(
+        [sys.executable, "-m", *command, "--cache-dir", os.devnull, str(tmp_path)],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 from attrs import define
@@ -79,6 +79,7 @@ from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle, weighed_length
 
 if TYPE_CHECKING:
+    from littleghost.agent import Agent
     from littleghost.run import RunContext
 
 __all__ = [
@@ -93,7 +94,7 @@ __all__ = [
     "remembered",
 ]
 
-C = TypeVar("C", bound=type)
+C = TypeVar("C", bound="type[Agent]")
 
 REGROWTH = 0.1
 """After a compaction that left the request over the threshold, the share of the window
@@ -110,7 +111,15 @@ counts over the window (``count_prompt_tokens``), before a last time aimed at th
 request alone."""
 
 
-def manage_context(cls: C | None = None, /, **options: Any) -> Any:
+@overload
+def manage_context(cls: C, /) -> C: ...
+
+
+@overload
+def manage_context(cls: None = None, /, **options: Any) -> Callable[[C], C]: ...
+
+
+def manage_context(cls: C | None = None, /, **options: Any) -> C | Callable[[C], C]:
     """Keep an agent's conversations inside the model's context window.
 
     Use bare (``@manage_context``) or with the keywords of ``ContextManagement``. Invalid

@@ -1,0 +1,140 @@
+"""Users' code type-checks as written: littleghost's public typing under ``mypy --strict``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mypy(code: str) -> str:
+    """What ``mypy --strict`` reports on ``code``, against this checkout of littleghost."""
+    command = ["mypy", "--strict", "--no-incremental", "--cache-dir", os.devnull]
+    done = subprocess.run(
+        [sys.executable, "-m", *command, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.stdout
+
+
+def test_a_tool_keeps_its_signature() -> None:
+    report = mypy(
+        """
+        from littleghost import Agent, tool
+
+        class Support(Agent):
+            @tool
+            async def lookup_order(self, order_id: str) -> str:
+                return "shipped"
+
+            @tool(name="cancel", timeout=5)
+            def cancel_order(self, order_id: str) -> bool:
+                return True
+
+        async def main(agent: Support) -> None:
+            found: str = await agent.lookup_order("42")
+            done: bool = agent.cancel_order("42")
+            await agent.lookup_order(42)
+        """
+    )
+    assert 'Argument 1 to "lookup_order" of "Support" has incompatible type "int"' in report
+    assert "Found 1 error" in report
+
+
+def test_async_with_gives_the_agent_of_its_class() -> None:
+    report = mypy(
+        """
+        from littleghost import Agent
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+            def greeting(self) -> str:
+                return "hi"
+
+        async def main() -> None:
+            async with Support() as agent:
+                reveal_type(agent)
+                agent.greeting()
+        """
+    )
+    assert 'Revealed type is "__main__.Support"' in report
+    assert "Success: no issues found" in report
+
+
+def test_a_run_output_type_types_the_output() -> None:
+    report = mypy(
+        """
+        import attrs
+
+        from littleghost import Agent
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Triage(Agent):
+            model = "openai:gpt-4o-mini"
+
+        async def main() -> None:
+            ticket: Ticket = (await Triage().run("Order 42?", output_type=Ticket)).output
+            tickets = Triage().run_sync("Order 42?", output_type=list[Ticket]).output
+            first: Ticket = tickets[0]
+            text: str = Triage().run_sync("Order 42?").output  # the class's output_type: Any
+            wrong: str = (await Triage().run("Order 42?", output_type=Ticket)).output
+        """
+    )
+    assert 'expression has type "Ticket", variable has type "str"' in report
+    assert "Found 1 error" in report
+
+
+def test_knobs_declare_as_documented() -> None:
+    report = mypy(
+        """
+        from littleghost import Agent, RunContext
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+            def instructions(self, context: RunContext) -> str:
+                return f"Turn {context.turn}."
+
+        class Staffed(Support):
+            def __init__(self) -> None:
+                self.tools = []  # before super().__init__(): a constructor keyword
+                super().__init__()
+
+        agent = Support()
+        agent.max_turns = 5
+        agent.settings = {"temperature": 0.2}
+        """
+    )
+    assert "Success: no issues found" in report
+
+
+def test_manage_context_keeps_the_class_it_decorates() -> None:
+    report = mypy(
+        """
+        from littleghost import Agent, manage_context
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+        class NotAnAgent:
+            pass
+
+        reveal_type(manage_context(Support))
+        reveal_type(manage_context(compression_threshold=0.75)(Support))
+        manage_context(NotAnAgent)
+        """
+    )
+    assert report.count('Revealed type is "def (**overrides: Any) -> __main__.Support"') == 2
+    assert 'error: Value of type variable "C" of "manage_context" cannot be' in report
+    assert "Found 1 error" in report
