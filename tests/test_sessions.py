@@ -496,12 +496,18 @@ class TestRoundTrip:
         assert len(decoded_in) == 100
         assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
 
+    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
     async def test_a_load_whose_caller_gave_up_stops_decoding(
-        self, monkeypatch: pytest.MonkeyPatch
+        self,
+        kind: str,
+        tmp_path: Path,
+        request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """A caller that stops waiting for a load of a long session (a client that gave
         up) leaves no thread decoding the rest: those piled up, each taking the GIL from
         the event loop, when callers kept giving up."""
+        import littleghost.sessions.base as base
         import littleghost.sessions.memory as memory
 
         decoded = 0
@@ -512,13 +518,13 @@ class TestRoundTrip:
             threading.Event().wait(0.005)
             return message_from_json(text)
 
-        store = InMemorySessionStore()
-        await store.append("long", [Message.user(f"question {i}") for i in range(200)])
-        monkeypatch.setattr(memory, "message_from_json", slow)
-        with anyio.move_on_after(0.1):
-            await store.load("long")
-        given_up = decoded
-        await anyio.sleep(0.3)
+        async with open_store(kind, tmp_path, request) as opened:
+            await opened.append("long", [Message.user(f"question {i}") for i in range(200)])
+            monkeypatch.setattr(memory if kind == "memory" else base, "message_from_json", slow)
+            with anyio.move_on_after(0.1):
+                await opened.load("long")
+            given_up = decoded
+            await anyio.sleep(0.3)
         assert decoded <= given_up + 1  # the message being decoded as the caller left
         assert decoded < 200
 
