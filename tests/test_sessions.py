@@ -496,7 +496,7 @@ class TestRoundTrip:
         assert len(decoded_in) == 100
         assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
 
-    @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+    @pytest.mark.parametrize("kind", KINDS)
     async def test_a_load_whose_caller_gave_up_stops_decoding(
         self,
         kind: str,

@@ -25,6 +25,7 @@ from littleghost.messages import Message
 from littleghost.sessions.codec import message_from_json
 
 __all__ = [
+    "DECODERS",
     "MAX_SESSION_ID_LENGTH",
     "SCHEMA_VERSION",
     "STORE_FORMAT",
@@ -185,6 +186,9 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
 
 
 T = TypeVar("T")
+DECODERS = 4
+"""Worker threads (per event loop) that may decode loaded logs at once, besides the
+stores' turns on their connections (``thread_limiter(read_log, DECODERS)``)."""
 
 
 async def decoded_off_loop(

@@ -41,6 +41,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message
 from littleghost.sessions.base import (
+    DECODERS,
     SCHEMA_VERSION,
     STORE_FORMAT,
     SessionStats,
@@ -48,6 +49,7 @@ from littleghost.sessions.base import (
     changed_under_holder,
     check_schema,
     check_session_id,
+    decoded_off_loop,
     length_error,
     read_log,
 )
@@ -548,19 +550,20 @@ class PostgresSessionStore:
         check_session_id(session_id)
         locks = await self._prepared()
         async with locks.writing(session_id):  # a holder's read is not older than its writes
-            log = await self._call(  # decoded in the worker thread, not on the event loop
-                lambda connection, operation: read_log(
-                    connection.execute(
-                        f"SELECT s.length, position, body, {self._stored_at}"
-                        " FROM (SELECT %s::text AS id) AS k"
-                        " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                        " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                        (session_id,),
-                    ).fetchall(),
-                    session_id,
-                    self._where,
-                    when,
-                )
+            rows = await self._call(
+                lambda connection, operation: connection.execute(
+                    f"SELECT s.length, position, body, {self._stored_at}"
+                    " FROM (SELECT %s::text AS id) AS k"
+                    " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
+                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
+                    (session_id,),
+                ).fetchall()
+            )
+            # decoded in a worker thread (not on the event loop), once the pooled
+            # connection is back for other calls
+            log = await decoded_off_loop(
+                lambda stopped: read_log(rows, session_id, self._where, when, stopped),
+                thread_limiter(read_log, DECODERS),
             )
             locks.saw(session_id, len(log))
         return log

@@ -26,6 +26,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message
 from littleghost.sessions.base import (
+    DECODERS,
     SCHEMA_VERSION,
     STORE_FORMAT,
     SessionStats,
@@ -73,9 +74,6 @@ _SLICE = 0.05
 still waits."""
 _PAUSE = 0.005
 """Seconds between attempts that found the database busy."""
-_DECODERS = 4
-"""Worker threads (per event loop) that may decode loaded logs at once, besides the
-stores' turns on their connections."""
 
 T = TypeVar("T")
 
@@ -291,7 +289,7 @@ class SQLiteSessionStore:
             # turn on its connection, which other sessions' calls would wait for meanwhile
             log = await decoded_off_loop(
                 lambda stopped: read_log(rows, session_id, self._where, when, stopped),
-                thread_limiter(read_log, _DECODERS),
+                thread_limiter(read_log, DECODERS),
             )
             self._locks.saw(session_id, len(log))
         return log
