@@ -254,13 +254,6 @@ class _Cuts:
             return message
         count = counter(self.estimate.tokenizer)
         thoughts = ReasoningPart in kinds
-        lengths = [
-            len(p.content) if isinstance(p, ToolResult) else len(p.text)
-            for p in message.content
-            if isinstance(p, (TextPart, ToolResult)) and isinstance(p, kinds)
-        ]
-        whole = max(lengths, default=0)
-        reasoning = [len(p.text) for p in message.reasoning if thoughts and not p.signature]
 
         def build(chars: int, thought: int) -> Message:
             parts: list[Any] = []
@@ -288,7 +281,16 @@ class _Cuts:
                     high = middle - 1
             return best
 
-        def make() -> Message:
+        def make() -> Message:  # only when the index has no cut of it yet
+            whole = max(
+                (
+                    len(p.content) if isinstance(p, ToolResult) else len(p.text)
+                    for p in message.content
+                    if isinstance(p, (TextPart, ToolResult)) and isinstance(p, kinds)
+                ),
+                default=0,
+            )
+            reasoning = [len(p.text) for p in message.reasoning if thoughts and not p.signature]
             high = max(reasoning, default=0)
             kept = longest(lambda thought: build(whole, thought), high) if reasoning else None
             return kept or longest(lambda chars: build(chars, 0), whole) or build(0, 0)
