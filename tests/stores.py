@@ -147,10 +147,11 @@ BuiltinStore = InMemorySessionStore | SQLiteSessionStore | PostgresSessionStore
 
 @asynccontextmanager
 async def open_store(
-    kind: str, directory: Path, request: pytest.FixtureRequest
+    kind: str, directory: Path, request: pytest.FixtureRequest, *, max_connections: int = 10
 ) -> AsyncIterator[BuiltinStore | PlainStore]:
     """A store of ``kind`` on fresh storage, closed afterwards (PostgreSQL's from the
-    test's ``postgres_dsn`` fixture, started only when a test needs it)."""
+    test's ``postgres_dsn`` fixture, started only when a test needs it, with
+    ``max_connections``)."""
     if kind == "memory":
         yield InMemorySessionStore()
     elif kind == "plain":
@@ -160,5 +161,8 @@ async def open_store(
             yield sqlite_store
     else:
         dsn = request.getfixturevalue("postgres_dsn")
-        async with postgres_schema(dsn) as conninfo, PostgresSessionStore(conninfo) as postgres:
+        async with (
+            postgres_schema(dsn) as conninfo,
+            PostgresSessionStore(conninfo, max_connections=max_connections) as postgres,
+        ):
             yield postgres

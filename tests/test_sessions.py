@@ -528,6 +528,41 @@ class TestRoundTrip:
         assert decoded <= given_up + 1  # the message being decoded as the caller left
         assert decoded < 200
 
+    @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+    async def test_a_log_being_decoded_holds_up_no_other_session(
+        self,
+        kind: str,
+        tmp_path: Path,
+        request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A long session's load decodes its log after its turn on the connection (SQLite's
+        one, PostgreSQL's pooled one, here the only one): other sessions' calls go on
+        meanwhile (they waited for the whole decode)."""
+        import littleghost.sessions.base as base
+
+        decoding, release = threading.Event(), threading.Event()
+
+        def slow(text: str) -> Message:
+            if "long question" in text:
+                decoding.set()
+                release.wait(5)
+            return message_from_json(text)
+
+        async with open_store(kind, tmp_path, request, max_connections=1) as opened:
+            await opened.append("long", [Message.user("long question")])
+            monkeypatch.setattr(base, "message_from_json", slow)
+            try:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(opened.load, "long")
+                    await anyio.to_thread.run_sync(decoding.wait, 5)
+                    with anyio.fail_after(1):
+                        await opened.append("other", [Message.user("hello")])
+                        assert [m.text for m in await opened.load("other")] == ["hello"]
+                    release.set()
+            finally:
+                release.set()
+
     async def test_in_memory_session_stats_decode_only_summary_candidates(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -39,7 +39,6 @@ from littleghost.errors import (
 from littleghost.sessions import (
     PostgresSessionStore,
     SessionStats,
-    message_from_json,
     message_to_json,
 )
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -1256,34 +1255,3 @@ class TestServerSettings:
             await anyio.to_thread.run_sync(other.close)
         assert await texts(store) == ["one", "two", "three"]
         await store.aclose()
-
-
-async def test_a_log_being_decoded_holds_no_pooled_connection(
-    conninfo: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A long session's load decodes its log after its connection is back in the pool:
-    with one connection, another session's calls go on meanwhile (they waited for the
-    whole decode)."""
-    import littleghost.sessions.base as base
-
-    decoding, release = threading.Event(), threading.Event()
-
-    def slow(text: str) -> Message:
-        if "long question" in text:
-            decoding.set()
-            release.wait(5)
-        return message_from_json(text)
-
-    async with PostgresSessionStore(conninfo, max_connections=1) as store:
-        await store.append("long", [Message.user("long question")])
-        monkeypatch.setattr(base, "message_from_json", slow)
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(store.load, "long")
-                await anyio.to_thread.run_sync(decoding.wait, 5)
-                with anyio.fail_after(1):
-                    await store.append("other", [Message.user("hello")])
-                    assert [m.text for m in await store.load("other")] == ["hello"]
-                release.set()
-        finally:
-            release.set()

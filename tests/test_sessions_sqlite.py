@@ -34,7 +34,6 @@ from littleghost.errors import (
 from littleghost.sessions import (
     SessionStats,
     SQLiteSessionStore,
-    message_from_json,
     message_to_json,
 )
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -960,35 +959,6 @@ class TestThreads:
             release.set()
         assert result.output == "done"
         assert await store.load("s") == result.messages
-
-    async def test_a_log_being_decoded_does_not_hold_up_other_sessions(
-        self, store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """A long session's load decodes its log outside the store's turn on its
-        connection: other sessions' calls go on meanwhile (they waited for the whole
-        decode, a fraction of a second a run on a long session)."""
-        import littleghost.sessions.base as base
-
-        decoding, release = threading.Event(), threading.Event()
-
-        def slow(text: str) -> Message:
-            if "long question" in text:
-                decoding.set()
-                release.wait(5)
-            return message_from_json(text)
-
-        await store.append("long", [Message.user("long question")])
-        monkeypatch.setattr(base, "message_from_json", slow)
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(store.load, "long")
-                await anyio.to_thread.run_sync(decoding.wait, 5)
-                with anyio.fail_after(1):
-                    await store.append("other", [Message.user("hello")])
-                    assert [m.text for m in await store.load("other")] == ["hello"]
-                release.set()
-        finally:
-            release.set()
 
     async def test_calls_do_not_need_the_default_thread_limiter(
         self, store: SQLiteSessionStore
