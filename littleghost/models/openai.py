@@ -105,10 +105,14 @@ def _server_root(client: Any) -> str:
     return str(client.base_url).rstrip("/").removesuffix("/v1")
 
 
-def _is_official(base_url: object) -> bool:
+def _host(base_url: object) -> str:
+    """The host of ``base_url``, in lower case (``""`` when it names none)."""
+    return urlsplit(str(base_url)).hostname or ""
+
+
+def _is_official(host: str) -> bool:
     """True for OpenAI's own API: ``api.openai.com`` or a data-residency region of it
     (``eu.api.openai.com``, ``us.api.openai.com``, ...)."""
-    host = urlsplit(str(base_url)).hostname or ""  # lower case
     return host == "api.openai.com" or host.endswith(".api.openai.com")
 
 
@@ -117,11 +121,10 @@ _REASONING_HOSTS = frozenset({"api.groq.com", "api.cerebras.ai"})
 assistant message with ``reasoning_content`` ("property ... is unsupported")."""
 
 
-def _reasoning_field(base_url: object) -> str:
-    """The field an assistant message's reasoning goes back in to the server at
-    ``base_url``: ``reasoning`` for those of ``_REASONING_HOSTS``, else
-    ``reasoning_content`` (llama.cpp, vLLM, DeepSeek, Kimi)."""
-    host = urlsplit(str(base_url)).hostname or ""  # lower case
+def _reasoning_field(host: str) -> str:
+    """The field an assistant message's reasoning goes back in to the server at ``host``:
+    ``reasoning`` for those of ``_REASONING_HOSTS``, else ``reasoning_content`` (llama.cpp,
+    vLLM, DeepSeek, Kimi)."""
     return "reasoning" if host in _REASONING_HOSTS else "reasoning_content"
 
 
@@ -432,8 +435,9 @@ class OpenAIModel:
             client = client.with_options(max_retries=0)
             make = None
         self._clients = LoopClients(client, make, owner)
-        self._official = _is_official(client.base_url)
-        self._reasoning_field = _reasoning_field(client.base_url)
+        host = _host(client.base_url)
+        self._official = _is_official(host)
+        self._reasoning_field = _reasoning_field(host)
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
