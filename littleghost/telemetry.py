@@ -39,17 +39,19 @@ __all__ = [
 
 tracer = trace.get_tracer("littleghost", __version__)
 _meter = metrics.get_meter("littleghost", __version__)
+_SECONDS = [0.01 * 2**power for power in range(14)]
+"""The conventions' advised bucket boundaries for durations, 0.01 s to 81.92 s."""
 _CALL_DURATION = _meter.create_histogram(
     "gen_ai.client.operation.duration",
     unit="s",
     description="GenAI operation duration",
-    explicit_bucket_boundaries_advisory=[0.01 * 2**power for power in range(14)],
+    explicit_bucket_boundaries_advisory=_SECONDS,
 )
 _FIRST_CHUNK = _meter.create_histogram(
     "gen_ai.client.operation.time_to_first_chunk",
     unit="s",
     description="Time to receive the first chunk of a streamed answer",
-    explicit_bucket_boundaries_advisory=[0.01 * 2**power for power in range(14)],
+    explicit_bucket_boundaries_advisory=_SECONDS,
 )
 _TOKEN_USAGE = _meter.create_histogram(
     "gen_ai.client.token.usage",
