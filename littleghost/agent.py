@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, TypeVar, cast, overload
 
-import anyio
-
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
+from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import close_leaving, shared_stop
 from littleghost.errors import ConfigurationError
@@ -764,7 +763,7 @@ class Agent:
             return await runner.run(self, plan, make_model=make if own else None)
 
         try:
-            return anyio.run(run_and_close)
+            return run_blocking(run_and_close)
         except RuntimeError as error:
             if started:
                 raise

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import collections
 import math
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -77,6 +82,41 @@ def test_run_sync_works() -> None:
     result = Counter(model=model).run_sync("hi", history=history, timeout=10)
     assert result.output == "sync answer"
     assert result.messages[:2] == tuple(history)
+
+
+def test_ctrl_c_stops_run_sync_with_keyboard_interrupt(tmp_path: Path) -> None:
+    """Ctrl-C in ``run_sync`` raises ``KeyboardInterrupt`` on every Python; on 3.10 the
+    event loop raised it as a bare ``CancelledError``, which ``except KeyboardInterrupt``
+    misses."""
+    script = f"""
+import anyio
+from littleghost import Agent
+from littleghost.testing import ScriptedModel
+
+async def answer_until_stopped(request):
+    await anyio.Path({str(tmp_path / "asked")!r}).touch()
+    await anyio.sleep_forever()
+
+class Waiting(Agent):
+    model = ScriptedModel([answer_until_stopped])
+
+try:
+    Waiting().run_sync("hi")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell starts it
+    )
+    while not (tmp_path / "asked").exists() and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out, err) == (0, "KeyboardInterrupt\n", "")
 
 
 async def test_messages_hold_history_and_new_messages() -> None:

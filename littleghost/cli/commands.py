@@ -1,5 +1,5 @@
 """The ``littleghost`` commands: click wiring, one-line errors, and the event loop at the
-edge (``anyio.run``); what each command reads and prints lives in its own module."""
+edge (``run_blocking``); what each command reads and prints lives in its own module."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, TypeVar
 
-import anyio
 import attrs
 import click
 
 from littleghost._version import __version__
 from littleghost.agent import Agent
+from littleghost.blocking import run_blocking
 from littleghost.cli.agents import agent_class
 from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.listing import print_sessions, sessions_document
@@ -96,7 +96,7 @@ class _Commands(click.Group):
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1."""
     try:
-        return anyio.run(work, *args)
+        return run_blocking(work, *args)
     except LittleGhostError as error:
         raise click.ClickException(one_line(error)) from None
 
