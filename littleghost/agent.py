@@ -855,6 +855,32 @@ class Agent:
         )
         return await runner.run(self, plan)
 
+    @overload
+    def stream(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: type[_T],
+    ) -> RunStream[_T]: ...
+
+    @overload
+    def stream(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any = None,
+    ) -> RunStream[Any]: ...
+
     @_named_keywords
     def stream(
         self,
@@ -866,7 +892,7 @@ class Agent:
         timeout: float | None = None,
         deadline: float | None = None,
         output_type: Any = None,
-    ) -> RunStream:
+    ) -> RunStream[Any]:
         """Run the agent while yielding events; use as ``async with agent.stream(...) as
         events: async for event in events: ...``.
 

@@ -18,7 +18,7 @@ and a stray cancellation is logged.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic
 
 import anyio
 from anyio.abc import TaskGroup
@@ -28,7 +28,7 @@ from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import StreamStateError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
-from littleghost.run import RunContext, RunResult
+from littleghost.run import OutputT, RunContext, RunResult
 from littleghost.runner import RunPlan, run
 from littleghost.sessions.locks import Waiter
 
@@ -38,14 +38,15 @@ if TYPE_CHECKING:
 __all__ = ["RunStream", "StreamStateError"]
 
 
-class RunStream:
-    """The events of one run. Use ``async with agent.stream(...) as events``."""
+class RunStream(Generic[OutputT]):
+    """The events of one run. Use ``async with agent.stream(...) as events``; its
+    ``result`` is typed as ``run()``'s (``RunResult[T]`` with ``output_type=T``)."""
 
     def __init__(self, agent: Agent, plan: RunPlan) -> None:
         self._agent = agent
         self._plan = plan
         self._context: RunContext | None = None
-        self._result: RunResult[Any] | None = None
+        self._result: RunResult[OutputT] | None = None
         self._error: BaseException | None = None
         self._raised = False
         self._group: TaskGroup | None = None
@@ -63,7 +64,7 @@ class RunStream:
         return tuple(self._plan.seed)
 
     @property
-    def result(self) -> RunResult[Any]:
+    def result(self) -> RunResult[OutputT]:
         """The run's result, once it has completed."""
         if self._result is None:
             state = "failed" if self._error is not None else "not completed"
@@ -72,7 +73,7 @@ class RunStream:
             )
         return self._result
 
-    async def __aenter__(self) -> RunStream:
+    async def __aenter__(self) -> RunStream[OutputT]:
         if self._entered:
             raise StreamStateError("a stream can be entered once; call agent.stream() again")
         self._entered = True
@@ -117,7 +118,7 @@ class RunStream:
             self._result = result
             await send.send(RunFinished(result))
 
-    def __aiter__(self) -> RunStream:
+    def __aiter__(self) -> RunStream[OutputT]:
         return self
 
     async def __anext__(self) -> Event:

@@ -95,6 +95,34 @@ def test_a_run_output_type_types_the_output() -> None:
     assert "Found 1 error" in report
 
 
+def test_a_stream_output_type_types_its_result() -> None:
+    report = mypy(
+        """
+        import attrs
+
+        from littleghost import Agent
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Triage(Agent):
+            model = "openai:gpt-4o-mini"
+
+        async def main() -> None:
+            async with Triage().stream("Order 42?", output_type=Ticket) as events:
+                async for event in events:
+                    pass
+                ticket: Ticket = events.result.output
+                wrong: str = events.result.output
+            async with Triage().stream("Order 42?") as free:
+                text: str = free.result.output  # the class's output_type: Any
+        """
+    )
+    assert 'expression has type "Ticket", variable has type "str"' in report
+    assert "Found 1 error" in report
+
+
 def test_knobs_declare_as_documented() -> None:
     report = mypy(
         """
