@@ -38,7 +38,7 @@ from littleghost.models.base import (
     Usage,
     prepare,
 )
-from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
 
@@ -514,7 +514,7 @@ class RunContext:
         self, model: Model, request: ModelRequest, first_chunk: _FirstChunk, streamed: bool
     ) -> ModelResponse:
         """``model``'s answer to ``request``, streamed when ``streamed`` and the model
-        streams (its deltas emitted as they come, the first one's time in ``first_chunk``)."""
+        streams (its deltas emitted as they come, the first chunk's time in ``first_chunk``)."""
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
             response = await model.respond(request)
@@ -537,6 +537,8 @@ class RunContext:
                     if chunk.text:
                         first_chunk.came()
                         await self.emit(ReasoningDelta(chunk.text))
+                elif isinstance(chunk, ToolCallChunk):
+                    first_chunk.came()
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
         finally:
@@ -550,7 +552,8 @@ class RunContext:
 
 @define
 class _FirstChunk:
-    """When a streamed answer's first text or reasoning came (``time.perf_counter()``)."""
+    """When a streamed answer's first text, reasoning or tool call came
+    (``time.perf_counter()``)."""
 
     at: float | None = None
 

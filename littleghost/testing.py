@@ -16,7 +16,13 @@ from littleghost._validators import check, is_number
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
-from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
+from littleghost.models.streaming import (
+    ModelStreamEvent,
+    ReasoningChunk,
+    StreamDone,
+    TextChunk,
+    ToolCallChunk,
+)
 from littleghost.retention import Fact, FactCheck, RetentionReport, check_retention
 
 __all__ = [
@@ -197,7 +203,8 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelStreamEvent]:
         """Play the next step as a stream: a ``streamed()`` step in its chunks (with its
-        delay before each), any other answer's reasoning, then its text word by word."""
+        delay before each), any other answer's reasoning, its text word by word, then a
+        ``ToolCallChunk`` per tool call."""
         step = await self._next(request)  # taken once: another call cannot take it first
         response = await self._play(step, request)
         if isinstance(step, Streamed):
@@ -212,6 +219,9 @@ class ScriptedModel:
             for chunk in re.findall(r"\S+\s*|\s+", response.message.text):
                 await anyio.lowlevel.checkpoint()
                 yield TextChunk(chunk)
+            for _ in response.message.tool_calls:
+                await anyio.lowlevel.checkpoint()
+                yield ToolCallChunk()
         yield StreamDone(response)
 
 

@@ -50,7 +50,7 @@ from littleghost.models.anthropic import (
     from_model_string,
     schema_problem,
 )
-from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk
+from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
 from littleghost.sessions import InMemorySessionStore
 from littleghost.tool_types import json_schema
 
@@ -758,7 +758,7 @@ async def test_stream_yields_text_tool_calls_and_usage(
     events = [
         e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
     ]
-    assert events[:-1] == [TextChunk("Let me "), TextChunk("add.")]
+    assert events[:-1] == [TextChunk("Let me "), TextChunk("add."), ToolCallChunk()]
     done = events[-1]
     assert isinstance(done, StreamDone)
     assert done.response.message.text == "Let me add."

@@ -27,7 +27,7 @@ from littleghost.errors import (
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 if TYPE_CHECKING:
@@ -659,14 +659,15 @@ class Unstreamed:
 
 class Paced:
     """A streaming model whose first chunk comes ``wait`` seconds after the call, its
-    end as long again: a text answer, or one tool call and nothing to show."""
+    end as long again: a text answer, or one tool call, ``announced`` by a
+    ``ToolCallChunk`` or with nothing to show (a custom model need not yield one)."""
 
     provider = "paced"
     name = "paced"
     context_window = None
 
-    def __init__(self, wait: float, *, text: bool = True) -> None:
-        self.wait, self.text = wait, text
+    def __init__(self, wait: float, *, text: bool = True, announced: bool = False) -> None:
+        self.wait, self.text, self.announced = wait, text, announced
 
     def _answer(self) -> ModelResponse:
         return text_response("ok") if self.text else tool_call_response("lookup", {"order_id": "1"})
@@ -678,6 +679,8 @@ class Paced:
         await anyio.sleep(self.wait)
         if self.text:
             yield TextChunk("ok")
+        elif self.announced:
+            yield ToolCallChunk()
         await anyio.sleep(self.wait)
         yield StreamDone(self._answer())
 
@@ -712,6 +715,24 @@ async def test_a_streamed_answer_has_its_time_to_first_chunk(
     assert len(later) == 2
     assert not [span for span in later if "gen_ai.response.time_to_first_chunk" in span.attributes]  # type: ignore[operator]
     assert "gen_ai.client.operation.time_to_first_chunk" not in histograms.read()
+
+
+async def test_a_streamed_answer_of_tool_calls_alone_has_its_time_to_first_chunk(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A tool call's start is a chunk too: an answer of tool calls alone (most turns of a
+    tool-heavy agent) has its time to first chunk, not only answers with text."""
+    with pytest.raises(LimitExceededError):
+        model = Paced(0.05, text=False, announced=True)
+        async with Support(model=model, max_turns=1).stream("hi") as events:
+            async for _ in events:
+                pass
+    span = spans.one("chat ")
+    first = attributes(span)["gen_ai.response.time_to_first_chunk"]
+    assert span.start_time is not None and span.end_time is not None
+    assert 0.05 <= first < (span.end_time - span.start_time) / 1e9
+    (point,) = histograms.read()["gen_ai.client.operation.time_to_first_chunk"]
+    assert point.count == 1 and point.sum == pytest.approx(first)
 
 
 class TestChatSpanRequestAndResponse:

@@ -57,7 +57,13 @@ from littleghost.models.base import (
     Usage,
 )
 from littleghost.models.overflow import classify_error
-from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
+from littleghost.models.streaming import (
+    ModelStreamEvent,
+    ReasoningChunk,
+    StreamDone,
+    TextChunk,
+    ToolCallChunk,
+)
 from littleghost.models.windows import known_context_window
 from littleghost.output import OUTPUT_TOOL
 from littleghost.settings import RESERVED_SETTINGS
@@ -560,7 +566,8 @@ class AnthropicModel:
         return await self._counting.ask(count, self._error)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
-        """Stream one Messages call: ``TextChunk`` values, then one ``StreamDone``.
+        """Stream one Messages call: ``TextChunk``, ``ReasoningChunk`` and
+        ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         A stream that ends without ``message_stop`` was cut off: a
         ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
@@ -591,6 +598,8 @@ class AnthropicModel:
                                     yield TextChunk(block["text"])  # a server that starts so
                                 elif block.get("type") == "thinking" and block.get("thinking"):
                                     yield ReasoningChunk(block["thinking"])
+                                elif block.get("type") == "tool_use":
+                                    yield ToolCallChunk()
                             elif kind == "content_block_delta":
                                 block = blocks.setdefault(event.get("index", 0), {})
                                 delta = event.get("delta") or {}

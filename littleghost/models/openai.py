@@ -59,7 +59,13 @@ from littleghost.models.base import (
 )
 from littleghost.models.openai_count import count_request
 from littleghost.models.overflow import classify_error
-from littleghost.models.streaming import ModelStreamEvent, ReasoningChunk, StreamDone, TextChunk
+from littleghost.models.streaming import (
+    ModelStreamEvent,
+    ReasoningChunk,
+    StreamDone,
+    TextChunk,
+    ToolCallChunk,
+)
 from littleghost.models.windows import known_context_window
 from littleghost.settings import RESERVED_SETTINGS
 
@@ -728,8 +734,8 @@ class OpenAIModel:
         return await stack.enter_async_context(create(**params, stream=True))
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
-        """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal), then
-        one ``StreamDone``.
+        """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal),
+        ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off, and
         one whose choice ends with a ``finish_reason`` of ``_FAILED`` failed on the provider's
@@ -792,6 +798,7 @@ class OpenAIModel:
                                         }
                                         calls.append(call)
                                         at[key] = call
+                                        yield ToolCallChunk()
                                     call["id"] = call["id"] or named
                                     call["signature"] = (
                                         _thought_signature(piece) or call["signature"]

@@ -2,8 +2,9 @@
 
 A model that streams has ``stream(request)`` returning an async iterator (usually an
 async generator) that yields ``TextChunk`` values as text arrives (``ReasoningChunk``
-values as reasoning does) and ends with exactly one ``StreamDone`` holding the whole
-``ModelResponse`` (usage included). The caller closes the iterator when it has one
+values as reasoning does, a ``ToolCallChunk`` as each tool call starts) and ends with
+exactly one ``StreamDone`` holding the whole ``ModelResponse`` (usage included); the
+first chunk's time is the call's time to first chunk in telemetry. The caller closes the iterator when it has one
 (``aclose``, as an async generator has), at its end or when it stops early; the model then
 cancels the provider's generation. Errors are raised as from ``respond``.
 """
@@ -17,7 +18,14 @@ from attrs import frozen
 
 from littleghost.models.base import ModelRequest, ModelResponse
 
-__all__ = ["ModelStreamEvent", "ReasoningChunk", "StreamDone", "StreamingModel", "TextChunk"]
+__all__ = [
+    "ModelStreamEvent",
+    "ReasoningChunk",
+    "StreamDone",
+    "StreamingModel",
+    "TextChunk",
+    "ToolCallChunk",
+]
 
 
 @frozen
@@ -35,13 +43,18 @@ class ReasoningChunk:
 
 
 @frozen
+class ToolCallChunk:
+    """A tool call started to arrive; the whole call is in ``StreamDone``'s response."""
+
+
+@frozen
 class StreamDone:
     """The end of a stream: the complete response."""
 
     response: ModelResponse
 
 
-ModelStreamEvent = TextChunk | ReasoningChunk | StreamDone
+ModelStreamEvent = TextChunk | ReasoningChunk | ToolCallChunk | StreamDone
 
 
 @runtime_checkable
