@@ -11,7 +11,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, ClassVar, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
@@ -53,7 +53,10 @@ from littleghost.tools import (
     tool_options,
 )
 
-__all__ = ["Agent"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Agent", "AgentOptions"]
 
 Instructions = str | Callable[[RunContext], Any] | None
 
@@ -132,6 +135,26 @@ _KNOBS: dict[str, Callable[[str, object], Any]] = {
     "output_type": _output_type,
     "output_strategy": check_strategy,
 }
+
+
+class AgentOptions(TypedDict, total=False):
+    """The keywords of ``Agent(...)``: knobs for one instance, as ``Agent`` describes
+    them (a type checker then catches a misspelled or mistyped one)."""
+
+    model: str | Model | None
+    instructions: str | Callable[..., Any] | None
+    tools: Sequence[Callable[..., Any]]
+    settings: Mapping[str, Any]
+    max_turns: int
+    max_tool_calls: int
+    max_tool_result_tokens: int
+    max_retries: int
+    capture_content: bool
+    session_store: SessionStore
+    cleanup_grace: float
+    output_type: Any
+    output_strategy: Strategy
+
 
 _DECORATED = {
     "capabilities": "class decorators add capabilities (littleghost.capabilities.add_capability)",
@@ -484,7 +507,7 @@ class Agent:
                     check_hook(cls, entry.method, entry.kind)
         cls.__littleghost_declared__ = _declared(cls)
 
-    def __init__(self, **overrides: Any) -> None:
+    def __init__(self, **overrides: Unpack[AgentOptions]) -> None:
         cls = type(self)
         # knobs a subclass's __init__ set before calling this one count as keywords
         given = {knob: value for knob, value in vars(self).items() if knob in _KNOBS}

@@ -12,6 +12,7 @@ import pytest
 from attrs import field, frozen, validators
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
+from littleghost.agent import AgentOptions
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, register_provider
@@ -148,6 +149,18 @@ def test_constructor_keywords_override_one_instance() -> None:
         7,
         "parent instructions",
     )
+
+
+def test_agent_options_name_every_constructor_keyword() -> None:
+    """``AgentOptions``, the constructor's keywords for a type checker, names exactly
+    the knobs ``Agent(...)`` takes, each with the type of its declaration."""
+    with pytest.raises(TypeError, match=r"it takes (.*)$") as raised:
+        Agent(nonsense=1)  # type: ignore[call-arg]
+    taken = str(raised.value).split("it takes ")[1].split(", ")
+    assert sorted(AgentOptions.__optional_keys__) == taken
+    for knob in taken:  # spelled alike (annotations are strings, a TypedDict's ForwardRefs)
+        option = AgentOptions.__annotations__[knob]
+        assert getattr(option, "__forward_arg__", option) == Agent.__annotations__[knob]
 
 
 def test_constructor_tools_override_function_tools() -> None:

@@ -123,6 +123,33 @@ def test_a_stream_output_type_types_its_result() -> None:
     assert "Found 1 error" in report
 
 
+def test_constructor_keywords_are_the_knobs() -> None:
+    report = mypy(
+        """
+        from typing import Any
+
+        from littleghost import Agent
+        from littleghost.testing import ScriptedModel, text_response
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+        class Staffed(Support):
+            def __init__(self, desk: str, **options: Any) -> None:
+                self.desk = desk
+                super().__init__(**options)
+
+        Support(model=ScriptedModel([text_response("hi")]), max_turns=5, settings={})
+        Staffed("billing", max_turns=5)
+        Support(max_turn=5)
+        Support(max_turns="5")
+        """
+    )
+    assert 'Unexpected keyword argument "max_turn" for "Support"' in report
+    assert 'Argument "max_turns" to "Support" has incompatible type "str"' in report
+    assert "Found 2 errors" in report
+
+
 def test_knobs_declare_as_documented() -> None:
     report = mypy(
         """
@@ -163,6 +190,12 @@ def test_manage_context_keeps_the_class_it_decorates() -> None:
         manage_context(NotAnAgent)
         """
     )
-    assert report.count('Revealed type is "def (**overrides: Any) -> __main__.Support"') == 2
+    assert (
+        report.count(
+            'Revealed type is "def (**overrides: **TypedDict(littleghost.agent.AgentOptions'
+        )
+        == 2
+    )
+    assert report.count('-> __main__.Support"') == 2
     assert 'error: Value of type variable "C" of "manage_context" cannot be' in report
     assert "Found 1 error" in report
