@@ -1565,6 +1565,19 @@ def test_a_base_url_without_an_http_scheme_fails_when_made(monkeypatch: pytest.M
         AnthropicModel("claude-x", api_key="sk-test")
 
 
+@pytest.mark.parametrize("key", ["sk-ant-SECRET\n", "sk-ant-SECRET\t", " sk-ant-SECRET"])
+def test_an_api_key_no_header_can_carry_fails_when_made(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    message = r"api_key \(or ANTHROPIC_API_KEY\) must be printable ASCII"
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        AnthropicModel("claude-x", api_key=key)
+    assert "SECRET" not in str(caught.value)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    with pytest.raises(ConfigurationError, match=message):
+        AnthropicModel("claude-x")
+
+
 def test_a_missing_sdk_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(ConfigurationError, match=r"pip install 'littleghost\[anthropic\]'"):

@@ -2032,6 +2032,22 @@ def test_a_base_url_without_an_http_scheme_and_host_fails_when_made(
         OpenAIModel("m", api_key="sk-test")
 
 
+@pytest.mark.parametrize("key", ["sk-SECRET\n", "sk-SECRET\r", "sk-SECRET ", "sk-SECRET\u2019"])
+def test_an_api_key_no_header_can_carry_fails_when_made(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """A key read from a file with its line break failed every call as if the server could
+    not be reached, and the HTTP library's error, logged at DEBUG, quoted the key: it is
+    named wrong once, without showing it."""
+    message = r"api_key \(or OPENAI_API_KEY\) must be printable ASCII"
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        OpenAIModel("m", base_url="http://127.0.0.1:8080/v1", api_key=key)
+    assert "SECRET" not in str(caught.value)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ConfigurationError, match=message):
+        OpenAIModel("m")
+
+
 def test_model_strings_need_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

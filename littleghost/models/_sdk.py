@@ -29,6 +29,7 @@ __all__ = [
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
+    "check_api_key",
     "check_base_url",
     "check_context_window",
     "error_mapper",
@@ -222,6 +223,26 @@ def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
         raise ConfigurationError(
             f"{owner}: base_url (or {variable}) must be an http:// or https:// URL with a "
             "host (and a port from 1 to 65535, if any), as in http://localhost:8080/v1"
+        )
+    return value
+
+
+def check_api_key(owner: str, value: str | None, variable: str) -> str | None:
+    """``value`` (an ``api_key=``, else the environment's ``variable``): ``None``, or a key
+    an HTTP header carries as it is: printable ASCII, no whitespace at either end. The
+    message never shows it.
+
+    Raises:
+        ConfigurationError: Anything else (a key read from a file with its line break):
+            every call would fail as if the server could not be reached, and the HTTP
+            library's error, which the SDK and ``httpcore`` log at DEBUG, quotes the key.
+    """
+    if value is None or not isinstance(value, str):  # an SDK's own kind of key: its business
+        return value
+    if not (value.isascii() and value.isprintable()) or value != value.strip():
+        raise ConfigurationError(
+            f"{owner}: api_key (or {variable}) must be printable ASCII without whitespace at "
+            "either end (a key read from a file keeps its line break: strip it)"
         )
     return value
 

@@ -33,6 +33,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    check_api_key,
     check_base_url,
     check_context_window,
     error_mapper,
@@ -433,6 +434,7 @@ class AnthropicModel:
                 "ANTHROPIC_BASE_URL",
             )
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+            api_key = check_api_key(owner, api_key, "ANTHROPIC_API_KEY")
             if api_key is None:
                 raise ConfigurationError(
                     f"{owner}: no Anthropic API key: set ANTHROPIC_API_KEY (or pass api_key=)"

@@ -33,6 +33,7 @@ from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    check_api_key,
     check_base_url,
     check_context_window,
     error_mapper,
@@ -428,6 +429,7 @@ class OpenAIModel:
             base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
             base_url = check_base_url(owner, base_url, "OPENAI_BASE_URL")
             api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+            api_key = check_api_key(owner, api_key, "OPENAI_API_KEY")
             if api_key is None:
                 if base_url is None:
                     raise ConfigurationError(
