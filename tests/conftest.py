@@ -94,6 +94,26 @@ class Spans:
         assert len(found) == 1, [span.name for span in self.all()]
         return found[0]
 
+    def every_text(self) -> list[str]:
+        """Every string a span exporter would ship: names, attributes, events, statuses."""
+        texts: list[str] = []
+
+        def add(values: Any) -> None:
+            for value in dict(values or {}).values():
+                items = value if isinstance(value, tuple) else (value,)
+                texts.extend(str(item) for item in items)
+
+        for span in self.all():
+            texts.append(span.name)
+            texts.append(span.status.description or "")
+            add(span.attributes)
+            for event in span.events:
+                texts.append(event.name)
+                add(event.attributes)
+            for link in span.links:
+                add(link.attributes)
+        return texts
+
     def compactions(self) -> list[dict[str, Any]]:
         """The attributes of every compaction span event, in order."""
         return [

@@ -309,7 +309,7 @@ async def test_a_failing_provider_call_is_an_error_span(spans: Spans) -> None:
         assert attributes(span)["error.type"] == "InvalidRequestError"
         assert span.status.status_code is StatusCode.ERROR
     assert attributes(spans.one("chat"))["gen_ai.response.finish_reasons"] == ("error",)
-    assert not [text for text in every_text(spans.all()) if SECRET in text]
+    assert not [text for text in spans.every_text() if SECRET in text]
 
 
 async def test_a_model_answering_no_response_fails_its_chat_span(spans: Spans) -> None:
@@ -474,27 +474,6 @@ async def test_a_run_past_its_deadline_is_an_error_span(spans: Spans) -> None:
     assert spans.one("chat").status.status_code is StatusCode.UNSET
 
 
-def every_text(all_spans: tuple[ReadableSpan, ...]) -> list[str]:
-    """Every string a span exporter would ship: names, attributes, events, statuses."""
-    texts: list[str] = []
-
-    def add(values: Any) -> None:
-        for value in dict(values or {}).values():
-            items = value if isinstance(value, tuple) else (value,)
-            texts.extend(str(item) for item in items)
-
-    for span in all_spans:
-        texts.append(span.name)
-        texts.append(span.status.description or "")
-        add(span.attributes)
-        for event in span.events:
-            texts.append(event.name)
-            add(event.attributes)
-        for link in span.links:
-            add(link.attributes)
-    return texts
-
-
 async def run_with_secrets(agent: Support) -> None:
     """A run whose instructions, input, history, tool arguments, results and answer hold SECRET."""
     model = ScriptedModel(
@@ -517,7 +496,7 @@ async def test_reasoning_reaches_spans_only_when_content_is_captured(spans: Span
         Message("assistant", [ReasoningPart(f"thinking {SECRET}", "sig", "x"), TextPart("Hi.")])
     )
     await Support(model=ScriptedModel([thought])).run("hello")
-    assert not [text for text in every_text(spans.all()) if SECRET in text]
+    assert not [text for text in spans.every_text() if SECRET in text]
     await Support(model=ScriptedModel([thought]), capture_content=True).run("hello")
     output = json.loads(attributes(spans.named("chat")[-1])["gen_ai.output.messages"])
     assert output[0]["parts"][0] == {"type": "reasoning", "content": f"thinking {SECRET}"}
@@ -570,7 +549,7 @@ async def test_an_inline_image_is_a_blob_part_in_captured_messages(
 async def test_no_content_in_spans_by_default(spans: Spans) -> None:
     """By default no span name, attribute, event or status holds message or tool content."""
     await run_with_secrets(Support())
-    texts = every_text(spans.all())
+    texts = spans.every_text()
     assert len(spans.all()) == 6
     assert not [text for text in texts if SECRET in text]
 
