@@ -40,6 +40,7 @@ from littleghost.sessions import (
 from littleghost.sessions.codec import MAX_DEPTH, check_storable
 
 from .stores import KINDS, BuiltinStore, PlainStore, open_store
+from .threads import default_threads_taken
 
 pytestmark = pytest.mark.anyio
 
@@ -495,6 +496,19 @@ class TestRoundTrip:
             assert len(await opened.load_stored("long")) == 50
         assert len(decoded_in) == 100
         assert threading.get_ident() not in decoded_in  # the event loop's thread decoded none
+
+    @pytest.mark.parametrize("kind", KINDS)
+    async def test_a_load_waits_for_none_of_the_applications_worker_threads(
+        self, kind: str, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
+        """A load decodes under the stores' own limiter: anyio's default one is the
+        application's (a web framework's sync endpoints), and while its threads were busy
+        every run on the in-memory store waited."""
+        async with open_store(kind, tmp_path, request) as opened:
+            await opened.append("s", [Message.user("hello")])
+            async with default_threads_taken():
+                with anyio.fail_after(1):
+                    assert len(await opened.load("s")) == 1
 
     @pytest.mark.parametrize("kind", KINDS)
     async def test_a_load_whose_caller_gave_up_stops_decoding(

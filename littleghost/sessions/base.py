@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import attrs
+from anyio.lowlevel import RunVar
 from attrs import field, frozen
 
 from littleghost._validators import instance_of, wrong_value
@@ -25,7 +27,6 @@ from littleghost.messages import Message
 from littleghost.sessions.codec import message_from_json
 
 __all__ = [
-    "DECODERS",
     "MAX_SESSION_ID_LENGTH",
     "SCHEMA_VERSION",
     "STORE_FORMAT",
@@ -40,6 +41,7 @@ __all__ = [
     "distinct_ids",
     "length_error",
     "read_log",
+    "thread_limiter",
 ]
 
 logger = logging.getLogger("littleghost.sessions")
@@ -186,21 +188,38 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
 
 
 T = TypeVar("T")
-DECODERS = 4
+_DECODERS = 4
 """Worker threads (per event loop) that may decode loaded logs at once, besides the
-stores' turns on their connections (``thread_limiter(read_log, DECODERS)``)."""
+stores' turns on their connections."""
+
+_LIMITERS: RunVar[weakref.WeakKeyDictionary[object, anyio.CapacityLimiter]] = RunVar(
+    "littleghost_thread_limiters"
+)
 
 
-async def decoded_off_loop(
-    decode: Callable[[threading.Event], T], limiter: anyio.CapacityLimiter | None = None
-) -> T:
-    """``decode(stopped)`` in a worker thread, not on the event loop; ``stopped`` is set
-    once the caller stops waiting, so that a long decode nobody will read ends early
-    (callers giving up again and again would pile such threads up)."""
+def thread_limiter(owner: object, tokens: int) -> anyio.CapacityLimiter:
+    """``owner``'s own limiter of worker threads in the running event loop (a limiter
+    belongs to one event loop), made with ``tokens`` on first use, dropped with ``owner``."""
+    limiters = _LIMITERS.get(None)
+    if limiters is None:
+        limiters = weakref.WeakKeyDictionary()
+        _LIMITERS.set(limiters)
+    limiter = limiters.get(owner)
+    if limiter is None:
+        limiter = limiters[owner] = anyio.CapacityLimiter(tokens)
+    return limiter
+
+
+async def decoded_off_loop(decode: Callable[[threading.Event], T]) -> T:
+    """``decode(stopped)`` in a worker thread, not on the event loop, under the stores'
+    own limiter (anyio's default one is the application's: a web framework's sync
+    endpoints); ``stopped`` is set once the caller stops waiting, so that a long decode
+    nobody will read ends early (callers giving up again and again would pile such
+    threads up)."""
     stopped = threading.Event()
     try:
         return await anyio.to_thread.run_sync(
-            decode, stopped, abandon_on_cancel=True, limiter=limiter
+            decode, stopped, abandon_on_cancel=True, limiter=thread_limiter(read_log, _DECODERS)
         )
     finally:
         stopped.set()

@@ -15,9 +15,7 @@ appends), and refuses an append of the holder once the session has another lengt
 holder's appends take their turns (``SessionLocks.writing``), so concurrent ones never
 read the same length.
 
-``TimeLeft`` carries the caller's deadline into the worker threads of the stores, and
-``thread_limiter`` gives each store worker threads of its own, so threads that others
-left running (sync tools past their timeout, say) never hold up a store's calls.
+``TimeLeft`` carries the caller's deadline into the worker threads of the stores.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from contextvars import ContextVar
 from typing import cast
 
 import anyio
-from anyio.lowlevel import RunVar
 from attrs import define, field, frozen
 
 from littleghost.errors import SessionBusyError
@@ -45,7 +42,6 @@ __all__ = [
     "Waiter",
     "hold_session",
     "shared_locks",
-    "thread_limiter",
 ]
 
 _POLL = 0.05
@@ -102,24 +98,6 @@ class TimeLeft:
         if math.isfinite(self.deadline) and self.is_due():
             await anyio.sleep_until(self.deadline)
             await anyio.lowlevel.checkpoint()
-
-
-_LIMITERS: RunVar[weakref.WeakKeyDictionary[object, anyio.CapacityLimiter]] = RunVar(
-    "littleghost_thread_limiters"
-)
-
-
-def thread_limiter(owner: object, tokens: int) -> anyio.CapacityLimiter:
-    """``owner``'s own limiter of worker threads in the running event loop (a limiter
-    belongs to one event loop), made with ``tokens`` on first use, dropped with ``owner``."""
-    limiters = _LIMITERS.get(None)
-    if limiters is None:
-        limiters = weakref.WeakKeyDictionary()
-        _LIMITERS.set(limiters)
-    limiter = limiters.get(owner)
-    if limiter is None:
-        limiter = limiters[owner] = anyio.CapacityLimiter(tokens)
-    return limiter
 
 
 @define(eq=False)

@@ -41,7 +41,6 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message
 from littleghost.sessions.base import (
-    DECODERS,
     SCHEMA_VERSION,
     STORE_FORMAT,
     SessionStats,
@@ -52,13 +51,14 @@ from littleghost.sessions.base import (
     decoded_off_loop,
     length_error,
     read_log,
+    thread_limiter,
 )
 from littleghost.sessions.codec import (
     SUMMARY_FLAG,
     SUMMARY_PATHS,
     messages_to_json,
 )
-from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks, thread_limiter
+from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
 
 if TYPE_CHECKING:
     import psycopg
@@ -562,8 +562,7 @@ class PostgresSessionStore:
             # decoded in a worker thread (not on the event loop), once the pooled
             # connection is back for other calls
             log = await decoded_off_loop(
-                lambda stopped: read_log(rows, session_id, self._where, when, stopped),
-                thread_limiter(read_log, DECODERS),
+                lambda stopped: read_log(rows, session_id, self._where, when, stopped)
             )
             locks.saw(session_id, len(log))
         return log

@@ -26,7 +26,6 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message
 from littleghost.sessions.base import (
-    DECODERS,
     SCHEMA_VERSION,
     STORE_FORMAT,
     SessionStats,
@@ -37,6 +36,7 @@ from littleghost.sessions.base import (
     decoded_off_loop,
     length_error,
     read_log,
+    thread_limiter,
 )
 from littleghost.sessions.codec import (
     SUMMARY_FLAG,
@@ -44,7 +44,7 @@ from littleghost.sessions.codec import (
     messages_to_json,
 )
 from littleghost.sessions.filelock import LockFile, file_at, lock_file
-from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks, thread_limiter
+from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
 
 __all__ = ["SQLiteSessionStore"]
 
@@ -288,8 +288,7 @@ class SQLiteSessionStore:
             # decoded in a worker thread (not on the event loop), and not in the store's
             # turn on its connection, which other sessions' calls would wait for meanwhile
             log = await decoded_off_loop(
-                lambda stopped: read_log(rows, session_id, self._where, when, stopped),
-                thread_limiter(read_log, DECODERS),
+                lambda stopped: read_log(rows, session_id, self._where, when, stopped)
             )
             self._locks.saw(session_id, len(log))
         return log
