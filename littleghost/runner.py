@@ -831,15 +831,17 @@ async def _execute(
 
 
 def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceededError | None:
-    """The ``DeadlineExceededError`` of the run's own deadline (a side call's retry would
-    pass it, say) that ``error`` is or holds (the exception group of a tool's own task
-    group): it ends the run, where a nested run's own deadline is the tool's failure."""
-    own = context.deadline
-    if own is None:
+    """The ``DeadlineExceededError`` of the run's own deadline, or of a run it serves (a
+    side call's retry would pass it, say), that ``error`` is or holds (the exception group
+    of a tool's own task group): it ends the run, where a nested run's own deadline is the
+    tool's failure."""
+    own, served = context.deadline, context.grace.enclosing_deadline()
+    ends = [end for end in (own, served) if end is not None]
+    if not ends:
         return None
     for failure in leaves(error):
         if isinstance(failure, DeadlineExceededError) and (
-            failure.deadline == own or anyio.current_time() >= own
+            failure.deadline in ends or anyio.current_time() >= min(ends)
         ):
             return failure
     return None

@@ -221,6 +221,33 @@ async def test_a_sub_agents_retry_wait_past_the_deadline_of_the_run_it_serves(
         assert 0.3 <= anyio.current_time() - start < 0.3 + MARGIN
 
 
+class Relaying(Agent):
+    sub_model: ScriptedModel
+
+    @tool
+    async def relay(self) -> str:
+        """Ask an agent that asks a sub-agent."""
+        relay = Delegating(
+            model=ScriptedModel([tool_call_response("ask", {}), text_response("ok")])
+        )
+        relay.sub_model = self.sub_model
+        return (await relay.run("?")).output
+
+
+async def test_a_retry_wait_past_the_deadline_of_a_run_two_levels_up() -> None:
+    """A run between the two (with no deadline of its own) does not take the error of the
+    outer run's deadline for its tool's failure (its model was called again, and the
+    outer run went on): the outer run ends at once, the provider error as the cause."""
+    error = RateLimitError("slow down", status=429, retry_after=5)
+    agent = Relaying(model=ScriptedModel([tool_call_response("relay", {}), text_response("ok")]))
+    agent.sub_model = ScriptedModel([error, text_response("late")])
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError) as caught:
+        await agent.run("hi", timeout=2)
+    assert anyio.current_time() - start < 0.3
+    assert caught.value.__cause__ is error
+
+
 async def test_a_retry_wait_a_hooks_own_scope_cuts_first_ends_only_that_scope() -> None:
     """A hook that bounds its side call with a scope of its own goes on when the scope
     ends the retry's wait, also when the wait would pass the run's deadline."""
