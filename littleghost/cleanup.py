@@ -75,6 +75,12 @@ class Grace:
     run_deadline: float | None = field(default=None, kw_only=True)
     """The run's own deadline (``timeout``/``deadline``), if any."""
 
+    def deadlines(self) -> list[float]:
+        """The own deadlines of this run and of the runs it was started in: any of them
+        ends it."""
+        runs = (self, *self._enclosing())
+        return [grace.run_deadline for grace in runs if grace.run_deadline is not None]
+
     def enclosing_deadline(self) -> float | None:
         """The earliest own deadline of the runs this run was started in, if any."""
         found = [g.run_deadline for g in self._enclosing() if g.run_deadline is not None]

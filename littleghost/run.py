@@ -454,7 +454,8 @@ class RunContext:
                         )
                 except BaseException as error:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
-                    telemetry.record_call(attributes, started, error=error, deadline=self.deadline)
+                    deadline = min(self.grace.deadlines(), default=None)  # a served run's too
+                    telemetry.record_call(attributes, started, error=error, deadline=deadline)
                     raise
                 telemetry.record_call(attributes, started, response, first_chunk=first_chunk.at)
                 self.add_usage(response.usage)

@@ -835,8 +835,7 @@ def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceede
     side call's retry would pass it, say), that ``error`` is or holds (the exception group
     of a tool's own task group): it ends the run, where a nested run's own deadline is the
     tool's failure."""
-    own, served = context.deadline, context.grace.enclosing_deadline()
-    ends = [end for end in (own, served) if end is not None]
+    ends = context.grace.deadlines()
     if not ends:
         return None
     for failure in leaves(error):

@@ -166,6 +166,32 @@ async def test_token_usage_a_model_did_not_report_is_not_recorded(
     assert recorded.get("gen_ai.client.token.usage", []) == []
 
 
+async def test_a_sub_agents_call_cut_by_the_outer_runs_deadline_is_in_the_duration_metric(
+    histograms: Histograms,
+) -> None:
+    """A sub-agent's call that the deadline of the run it serves cuts timed out too: it
+    is in gen_ai.client.operation.duration with error.type DeadlineExceededError."""
+
+    async def slow(request: ModelRequest) -> ModelResponse:
+        await anyio.sleep(5)
+        return text_response("late")
+
+    class Outer(Agent):
+        @tool
+        async def ask(self) -> str:
+            """Ask a sub-agent."""
+            return (await Support(model=ScriptedModel([slow])).run("?")).output
+
+    model = ScriptedModel([tool_call_response("ask", {}), text_response("done")])
+    with pytest.raises(DeadlineExceededError):
+        await Outer(model=model).run("hello", timeout=0.2)
+    kinds = [
+        dict(point.attributes or {}).get("error.type")
+        for point in histograms.read()["gen_ai.client.operation.duration"]
+    ]
+    assert sorted(kinds, key=str) == ["DeadlineExceededError", None]
+
+
 async def test_invoke_agent_attributes(spans: Spans) -> None:
     """invoke_agent carries the operation, agent, provider, model, usage and finish reason."""
     session_id = f"conv-{uuid.uuid4().hex}"
