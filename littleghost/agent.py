@@ -593,13 +593,14 @@ class Agent:
         self._models = OwnedModels()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Agent:
-        """A deep copy shares the model, session store, tools and instructions the agent
-        was given, as copies share the class's: they are resources, or callables bound to
-        some (a copied in-memory store would fork its conversations; a client or a lock
-        cannot be copied, nor the client behind a tool that is its bound method)."""
+        """A deep copy shares the model, session store, tools, instructions and hooks the
+        agent was given, as copies share the class's: they are resources, or callables
+        bound to some (a copied in-memory store would fork its conversations; a client or a
+        lock cannot be copied, nor the client behind a tool that is its bound method)."""
         own = vars(self)
         tools = own.get("tools") or ()
-        shared = ("model", "session_store", "instructions", "_tool_index")
+        hooks = [entry.method for entry in hook_plan(type(self)) if entry.method is not None]
+        shared = ("model", "session_store", "instructions", "_tool_index", *hooks)
         for value in [*(own[knob] for knob in shared if knob in own), *tools]:
             memo[id(value)] = value
         copied = memo[id(self)] = type(self).__new__(type(self))

@@ -196,6 +196,12 @@ class Stock:
             self.calls += 1
             return 3
 
+    def seen(self, request: ModelRequest) -> ModelRequest:
+        """Count a model call."""
+        with self.lock:
+            self.calls += 1
+        return request
+
 
 STOCK = Stock()
 
@@ -214,6 +220,25 @@ async def test_a_deep_copy_shares_the_clients_behind_its_tools(declared: bool) -
     calls = stock.calls
     await copy.deepcopy(agent).run("apples?")
     assert stock.calls == calls + 1
+
+
+class Watched(Agent):
+    @before_model
+    def check(self, request: ModelRequest) -> ModelRequest:
+        return request
+
+    def __init__(self, stock: Stock, **overrides: Any) -> None:
+        self.check = stock.seen  # a hook set before super().__init__()
+        super().__init__(**overrides)
+
+
+async def test_a_deep_copy_shares_the_client_behind_a_hook_set_on_the_instance() -> None:
+    """A hook set on the instance that is a client's bound method keeps its client in a
+    deep copy, as a tool does: it was copied, and a client with a lock failed."""
+    stock = Stock()
+    agent = Watched(stock, model=ScriptedModel([text_response("ok")]))
+    await copy.deepcopy(agent).run("hi")
+    assert stock.calls == 1
 
 
 def noting(label: str) -> Any:
