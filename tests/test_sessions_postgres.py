@@ -478,6 +478,73 @@ async def test_a_killed_worker_frees_its_session_while_a_process_it_forked_lives
     await store.aclose()
 
 
+FORKING_WAITER = textwrap.dedent(
+    """
+    import multiprocessing
+    import sys
+    import time
+
+    import anyio
+
+    from littleghost.sessions import PostgresSessionStore
+
+
+    async def fork_soon() -> None:
+        await anyio.sleep(0.5)  # while the lock below is waited for on the server
+        helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        helper.start()
+        print("forked", helper.pid, flush=True)
+
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(fork_soon)
+            async with PostgresSessionStore(sys.argv[1]).lock("held"):
+                print("held", flush=True)
+                await anyio.sleep(60)
+
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_a_process_forked_while_a_session_is_waited_for_keeps_no_lock(
+    conninfo: str, tmp_path: Path
+) -> None:
+    """A process forked while a worker waits for a session (its lock connection's socket
+    duplicated, so that a caller giving up can cut the wait) keeps neither: once the
+    worker, then holding the session, is killed, the session is free."""
+    script = tmp_path / "waiter.py"
+    script.write_text(FORKING_WAITER)
+    store = PostgresSessionStore(conninfo)
+
+    async def line(stream: Any) -> bytes:
+        said = b""
+        while not said.endswith(b"\n"):
+            said += await stream.receive()
+        return said
+
+    helper = None
+    with anyio.fail_after(60):
+        try:
+            async with store.lock("held"):
+                child = await anyio.open_process([sys.executable, str(script), conninfo])
+                assert child.stdout is not None
+                helper = int((await line(child.stdout)).split()[1])
+            assert (await line(child.stdout)).startswith(b"held")
+            child.kill()
+            await child.wait()
+            await child.aclose()
+            with anyio.fail_after(10):
+                async with store.lock("held"):
+                    pass
+        finally:
+            if helper is not None:
+                os.kill(helper, signal.SIGKILL)
+    await store.aclose()
+
+
 class SilentServer:
     """A TCP server on 127.0.0.1 that accepts connections and never answers; it notes
     which of them the client closed."""

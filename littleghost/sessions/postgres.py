@@ -121,18 +121,22 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
 
 _CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 """The connections the stores of this process opened, for ``_leave_in_child``."""
+_DUPLICATES: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+"""The duplicates of their sockets ``_Operation.attach`` made, for ``_leave_in_child``."""
 
 
 def _leave_in_child() -> None:
     """In a process ``fork()`` made (a process pool's worker, say), put ``/dev/null`` in
-    place of the sockets of the parent's connections: the child keeps none of the
-    parent's server sessions, nor the session locks they hold, alive once the parent
-    dies, and never talks on them (a kept one reads as ended and is replaced)."""
+    place of the sockets of the parent's connections (and of their duplicates, a call's
+    in flight): the child keeps none of the parent's server sessions, nor the session
+    locks they hold, alive once the parent dies, and never talks on them (a kept one
+    reads as ended and is replaced)."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
-        for connection in list(_CONNECTIONS):
+        opened: list[psycopg.Connection[Any] | socket.socket] = [*_CONNECTIONS, *_DUPLICATES]
+        for each in opened:
             try:
-                os.dup2(null, connection.fileno(), inheritable=False)
+                os.dup2(null, each.fileno(), inheritable=False)
             except Exception:  # closed already: no socket to leave
                 pass
     finally:
@@ -284,6 +288,7 @@ class _Operation:
                 ``attach`` still owns (and closes) the connection.
         """
         duplicate = socket.socket(fileno=os.dup(connection.fileno()))
+        _DUPLICATES.add(duplicate)
         with self._guard:
             if not self._abandoned:
                 self._socket = duplicate
