@@ -713,6 +713,108 @@ class TestProcesses:
         assert await stored_texts(path) == ["question A", "answer A to question A"]
 
 
+FORKED = textwrap.dedent(
+    """
+    import os
+    import sqlite3
+    import sys
+    import threading
+    import time
+
+    import anyio
+
+    from littleghost import Message
+    from littleghost.errors import SessionStoreError
+    from littleghost.sessions import SQLiteSessionStore
+
+    path, mode = sys.argv[1:]
+    store = SQLiteSessionStore(path, timeout=3)
+    anyio.run(store.append, "s", [Message.user("parent")])
+    if mode == "during a call":  # a call of the parent waits on a locked database
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+
+        def wait():
+            try:
+                anyio.run(store.append, "s", [Message.user("waiting")])
+            except SessionStoreError:  # the store's timeout
+                pass
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        time.sleep(0.3)
+    ready, go = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        async def child():
+            with anyio.fail_after(2):
+                texts = [m.text for m in await store.load("s")]
+            if mode == "during a call":
+                print(texts, flush=True)
+                return
+            await store.append("s", [Message.user("child 1")])
+            os.write(ready[1], b"1")
+            os.read(go[0], 1)
+            await store.append("s", [Message.user("child 2")])
+
+        code = 0
+        try:
+            anyio.run(child)
+        except BaseException as error:
+            print(f"child: {type(error).__name__}: {error}", flush=True)
+            code = 1
+        os._exit(code)
+    if mode == "after the parent closed":
+        os.read(ready[0], 1)
+        anyio.run(store.aclose)
+
+        async def look():  # another user of the file opens it and is done
+            async with SQLiteSessionStore(path) as other:
+                await other.list_sessions()
+
+        anyio.run(look)
+        os.write(go[1], b"1")
+    assert os.waitpid(pid, 0)[1] == 0
+    if mode == "during a call":
+        locker.rollback()
+        waiting.join()
+    else:
+        print([m.text for m in anyio.run(SQLiteSessionStore(path).load, "s")], flush=True)
+    """
+)
+
+
+class TestForkedProcesses:
+    """A process that used a store forks (a ``multiprocessing`` worker, a web server's
+    workers started after the application was loaded), and the child uses the store."""
+
+    async def run(self, directory: Path, mode: str) -> str:
+        script = directory / "forked.py"
+        script.write_text(FORKED)
+        with anyio.fail_after(30):
+            done = await anyio.run_process(
+                [sys.executable, str(script), str(directory / "s.db"), mode], check=False
+            )
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+        return done.stdout.decode().strip()
+
+    async def test_the_child_s_writes_are_kept_once_the_parent_closed_its_store(
+        self, tmp_path: Path
+    ) -> None:
+        """SQLite forbids using a connection across ``fork()``: the child holds none of
+        the file locks SQLite believes it holds, so a process that opened and closed the
+        file meanwhile took itself for its last user and removed the -wal the child
+        still wrote to."""
+        assert await self.run(tmp_path, "after the parent closed") == str(
+            ["parent", "child 1", "child 2"]
+        )
+
+    async def test_a_call_under_way_in_the_parent_does_not_hold_up_the_child(
+        self, tmp_path: Path
+    ) -> None:
+        assert await self.run(tmp_path, "during a call") == str(["parent"])
+
+
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
     """Another connection holds the database's write lock while the context is open."""

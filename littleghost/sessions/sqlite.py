@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timezone
@@ -79,6 +80,46 @@ T = TypeVar("T")
 
 _LOCK_FILE_SUFFIX = "-lock"
 """The lock file of a database is its path with this suffix (``sessions.db-lock``)."""
+
+
+_STORES: weakref.WeakSet[SQLiteSessionStore] = weakref.WeakSet()
+"""The stores of database files in this process, for the ``fork()`` hooks."""
+_STORES_GUARD = threading.Lock()
+"""Held across a ``fork()``, so that the child's copy of ``_STORES`` is whole."""
+_INHERITED: list[sqlite3.Connection] = []
+"""Connections of calls under way as the process was forked: the child neither uses nor
+closes them (it has no thread to end the call)."""
+
+
+def _before_fork() -> None:
+    """Close every connection no call uses: SQLite forbids using a connection across
+    ``fork()``, even closing it. A child that inherited one would hold none of the file
+    locks SQLite believes its process holds, for that connection and every later one of
+    the file, so another process could take itself for the file's last user and remove
+    the ``-wal`` the child writes to. Each store opens the file anew at its next call."""
+    _STORES_GUARD.acquire()
+    for store in _STORES:
+        store._close_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    _STORES_GUARD.release()
+
+
+def _after_fork_in_child() -> None:
+    """Leave a call under way in the parent to it: its connection is kept, never used,
+    and the store takes new calls at once."""
+    for store in _STORES:
+        store._forked()
+    _STORES_GUARD.release()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
@@ -226,6 +267,9 @@ class SQLiteSessionStore:
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._locks, self._lock_file = _locks_for(self._file)
+        if self._lock_file is not None:
+            with _STORES_GUARD:
+                _STORES.add(self)
         self._stored_at = "NULL"
         """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
         made before it existed (known once the database is open)."""
@@ -564,6 +608,22 @@ class SQLiteSessionStore:
             connection.close()  # SQLite leaves the -wal at the path alone: its file moved
             return None
         return connection
+
+    def _close_for_fork(self) -> None:
+        if self._guard.acquire(blocking=False):
+            try:
+                connection, self._connection = self._connection, None
+                if connection is not None:
+                    connection.close()
+            finally:
+                self._guard.release()
+
+    def _forked(self) -> None:
+        if self._guard.locked():  # by a call under way in the parent, whose thread is gone
+            if self._connection is not None:
+                _INHERITED.append(self._connection)
+                self._connection = None
+            self._guard = threading.Lock()
 
     def _close(self) -> None:
         with self._guard:
