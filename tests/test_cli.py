@@ -711,15 +711,28 @@ class TestCompact:
         assert result.exit_code == 130
         assert contents(store_url) == before
 
-    @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
-    def test_stop_signals_stop_as_ctrl_c_does(self, tmp_path: Path, name: str) -> None:
+    @pytest.mark.parametrize(
+        ("name", "background"),
+        [("SIGINT", False), ("SIGTERM", False), ("SIGHUP", False), ("SIGTERM", True)],
+        ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGTERM ignoring Ctrl-C"],
+    )
+    def test_stop_signals_stop_as_ctrl_c_does(
+        self, tmp_path: Path, name: str, background: bool
+    ) -> None:
         """Ctrl-C, ``timeout``, a service manager or a closed terminal stops a command
         on every Python (3.10 included, where the event loop raises the interrupt as a
-        bare cancellation): its model is closed (a local model's server stopped, not left
-        running), nothing is written, and the exit code is 128 + the signal's number."""
+        bare cancellation), also one started ignoring Ctrl-C (a shell's background job):
+        its model is closed (a local model's server stopped, not left running), nothing
+        is written, and the exit code is 128 + the signal's number."""
         number = getattr(signal, name, None)
         if number is None:
             missing(f"this system has no {name}")
+
+        def as_a_shell_starts_it() -> None:
+            signal.signal(number, signal.SIG_DFL)
+            if background:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
         url = TestProcess.filled(tmp_path)
         before = contents(url)
         process = subprocess.Popen(
@@ -730,12 +743,15 @@ class TestCompact:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=lambda: signal.signal(number, signal.SIG_DFL),  # as a shell starts it
+            preexec_fn=as_a_shell_starts_it,
         )  # fmt: skip
         while not (tmp_path / "summarizing").exists() and process.poll() is None:
             time.sleep(0.05)
         process.send_signal(number)
-        out, err = process.communicate(timeout=60)
+        try:
+            out, err = process.communicate(timeout=60)
+        finally:
+            process.kill()  # not left behind when it hangs
         assert (process.returncode, out, err) == (128 + number, "", "Interrupted\n")
         assert (tmp_path / "closed").exists()
         assert contents(url) == before
