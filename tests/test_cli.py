@@ -735,7 +735,7 @@ class TestCompact:
 
         url = TestProcess.filled(tmp_path)
         before = contents(url)
-        process = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-m", "littleghost", "sessions", "compact", "customer-42",
              "--store", url, "--agent", "tests.cli_agents:StoppedWhileSummarizing"],
             cwd=ROOT,
@@ -744,14 +744,14 @@ class TestCompact:
             stderr=subprocess.PIPE,
             text=True,
             preexec_fn=as_a_shell_starts_it,
-        )  # fmt: skip
-        while not (tmp_path / "summarizing").exists() and process.poll() is None:
-            time.sleep(0.05)
-        process.send_signal(number)
-        try:
-            out, err = process.communicate(timeout=60)
-        finally:
-            process.kill()  # not left behind when it hangs
+        ) as process:  # fmt: skip
+            while not (tmp_path / "summarizing").exists() and process.poll() is None:
+                time.sleep(0.05)
+            process.send_signal(number)
+            try:
+                out, err = process.communicate(timeout=60)
+            finally:
+                process.kill()  # not left behind when it hangs
         assert (process.returncode, out, err) == (128 + number, "", "Interrupted\n")
         assert (tmp_path / "closed").exists()
         assert contents(url) == before
