@@ -105,17 +105,20 @@ try:
 except KeyboardInterrupt:
     print("KeyboardInterrupt")
 """
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell starts it
-    )
-    while not (tmp_path / "asked").exists() and child.poll() is None:
-        time.sleep(0.05)
-    child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=60)
+    ) as child:
+        while not (tmp_path / "asked").exists() and child.poll() is None:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        try:
+            out, err = child.communicate(timeout=60)
+        finally:
+            child.kill()  # not left behind when it hangs
     assert (child.returncode, out, err) == (0, "KeyboardInterrupt\n", "")
 
 
