@@ -599,6 +599,7 @@ RESETS = {"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "6m0s"
         ({"Retry-After": "12"}, "", 12.0),
         ({"retry-after": "0.5"}, "", 0.5),
         ({"retry-after": "soon"}, "", None),
+        ({"retry-after": "Wed, 01 Jan 99999999999 10:00:00 GMT"}, "", None),
         ({}, "Please try again in 20ms.", 0.02),
         ({}, "Please try again in 3s.", 3.0),
         ({}, "Please try again in 6m0s.", 360.0),

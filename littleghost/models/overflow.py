@@ -285,7 +285,7 @@ def retry_after_seconds(
         except ValueError:
             try:
                 when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # a year past C's int
                 when = None
             if when is not None and when.tzinfo is not None:
                 return max(0.0, when.timestamp() - time.time())
