@@ -11,6 +11,8 @@ import functools
 import gc
 import inspect
 import json
+import sys
+import textwrap
 import threading
 import uuid
 import warnings
@@ -643,6 +645,80 @@ class TestConcurrentRuns:
                         refused.append(str(caught.value))
         assert "wait for itself" in refused[0]
         assert events.result.output == "done"
+
+
+FORKED_RUN = textwrap.dedent(
+    """
+    import multiprocessing
+    import sys
+    import threading
+
+    import anyio
+
+    from littleghost import Agent
+    from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
+    from littleghost.testing import ScriptedModel, text_response
+
+    kind, path = sys.argv[1], sys.argv[2]
+
+
+    class Bot(Agent):
+        session_store = SQLiteSessionStore(path) if kind == "sqlite" else InMemorySessionStore()
+
+
+    asked = threading.Event()
+
+
+    async def slowly(request):
+        asked.set()
+        await anyio.sleep(0.5)
+        return text_response("parent's answer")
+
+
+    def child():
+        model = ScriptedModel([text_response("child's answer")])
+        result = Bot(model=model).run_sync("child", session_id="s", timeout=5)
+        print([message.text for message in result.messages], flush=True)
+
+
+    parent = threading.Thread(
+        target=Bot(model=ScriptedModel([slowly])).run_sync,
+        args=("parent",),
+        kwargs={"session_id": "s"},
+    )
+    parent.start()
+    asked.wait()
+    worker = multiprocessing.get_context("fork").Process(target=child)
+    worker.start()
+    worker.join()
+    parent.join()
+    print("exit code", worker.exitcode)
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork() is POSIX")
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_process_forked_while_another_thread_runs_the_session_can_run_it(
+    kind: str, tmp_path: Path
+) -> None:
+    """A worker forked (a process pool's) while a thread of the parent runs a session
+    holds nothing of it: its own run of the session does not wait for the parent's
+    threads, which are not in the child (it waited until its deadline). Across processes
+    only the SQLite store holds the session: there the child waits for the parent's run."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_RUN)
+    with anyio.fail_after(30):
+        done = await anyio.run_process(
+            [sys.executable, str(script), kind, str(tmp_path / "s.db")], check=False
+        )
+    said = done.stdout.decode().splitlines()
+    assert said[-1] == "exit code 0", done.stderr.decode()
+    seen = {
+        "memory": "['parent', 'child', \"child's answer\"]",  # the parent's log, as forked
+        "sqlite": "['parent', \"parent's answer\", 'child', \"child's answer\"]",
+    }
+    assert said[0] == seen[kind]
 
 
 class TestStoreKnob:

@@ -66,6 +66,12 @@ class LockFile:
         self._users = 0
         self._held: dict[int, int] = {}
         """The offsets this process holds, each with the descriptor its lock is on."""
+        _LOCK_FILES.add(self)
+
+    def _forget_in_child(self) -> None:
+        """In a process ``fork()`` made: record locks are not inherited, so it holds none."""
+        self._guard = threading.Lock()
+        self._held = {}
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -170,7 +176,9 @@ class LockFile:
 
     def _release(self, offset: int) -> None:
         with self._guard:
-            fd = self._held.pop(offset)
+            fd = self._held.pop(offset, None)
+            if fd is None:  # taken before a fork, by the parent: not this process's
+                return
             fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
             if fd != self._fd and fd not in self._held.values():
                 os.close(fd)  # the last lock on a file removed meanwhile
@@ -187,6 +195,17 @@ class LockFile:
             f"cannot {action} the session lock file {self._path!r}: {error.strerror or error}"
         )
 
+
+_LOCK_FILES: weakref.WeakSet[LockFile] = weakref.WeakSet()
+
+
+def _forget_holds_in_child() -> None:
+    for lock_file in list(_LOCK_FILES):
+        lock_file._forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_holds_in_child)
 
 _FILES_GUARD = threading.Lock()
 _FILES: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()

@@ -21,6 +21,7 @@ read the same length.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import weakref
@@ -227,11 +228,20 @@ class Waiter:
 
 
 class SessionLocks:
-    """A lock per session id, made when first wanted and dropped when nobody wants it."""
+    """A lock per session id, made when first wanted and dropped when nobody wants it.
+
+    A process ``fork()`` made starts with none held or wanted: the threads of the
+    parent's holders and waiters are not in it.
+    """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        _TABLES.add(self)
+
+    def _forget_in_child(self) -> None:
+        self._guard = threading.Lock()
+        self._entries = {}
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
@@ -264,8 +274,8 @@ class SessionLocks:
                 if queue.users == 0:
                     del entry.queues[thread]
                 entry.users -= 1
-                if entry.users == 0:
-                    del self._entries[session_id]
+                if entry.users == 0 and self._entries.get(session_id) is entry:
+                    del self._entries[session_id]  # (a fork since may have dropped it)
 
     def held(self, session_id: str) -> Hold | None:
         """The current task's hold of ``session_id`` in this table, if it holds it."""
@@ -293,6 +303,17 @@ class SessionLocks:
         if hold is not None:
             hold.seen = length
 
+
+_TABLES: weakref.WeakSet[SessionLocks] = weakref.WeakSet()
+
+
+def _forget_holds_in_child() -> None:
+    for table in list(_TABLES):
+        table._forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_holds_in_child)
 
 _SHARED_GUARD = threading.Lock()
 _SHARED: weakref.WeakValueDictionary[tuple[str, ...], SessionLocks] = weakref.WeakValueDictionary()
