@@ -17,6 +17,7 @@ and a stray cancellation is logged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic
 
@@ -55,6 +56,11 @@ class RunStream(Generic[OutputT]):
         self._exited = False
         self._waiter: Waiter | None = None
         self._held: anyio.Event | None = None
+        self._host: int | None = None
+        """The task that entered the block."""
+        self._stop = anyio.CancelScope()
+        """Around the run's task, for a block left from another task."""
+        self._ended = anyio.Event()
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -77,6 +83,7 @@ class RunStream(Generic[OutputT]):
         if self._entered:
             raise StreamStateError("a stream can be entered once; call agent.stream() again")
         self._entered = True
+        self._host = anyio.get_current_task().id
         send, self._receive = anyio.create_memory_object_stream[Event](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
@@ -94,6 +101,15 @@ class RunStream(Generic[OutputT]):
         def observe(context: RunContext) -> None:
             self._context = context
 
+        try:
+            with self._stop:
+                await self._run(send, observe)
+        finally:
+            self._ended.set()
+
+    async def _run(
+        self, send: MemoryObjectSendStream[Event], observe: Callable[[RunContext], None]
+    ) -> None:
         async with send:
             assert self._waiter is not None and self._held is not None
             try:
@@ -143,8 +159,22 @@ class RunStream(Generic[OutputT]):
     ) -> bool | None:
         assert self._group is not None and self._receive is not None
         self._exited = True
-        self._group.cancel_scope.cancel()
         self._receive.close()
+        if anyio.get_current_task().id != self._host:
+            # The task group cannot be left from here: the run is stopped and waited for.
+            self._stop.cancel()
+            await self._ended.wait()
+            left = StreamStateError(
+                "the block of agent.stream() was left from another task than the one that "
+                "entered it (an async generator around it, left suspended by the task "
+                "iterating it and closed later: by the garbage collector, say, when a web "
+                "framework's streaming response stopped iterating it); the run was stopped. "
+                "Close such a generator in the task that iterates it "
+                "(contextlib.aclosing), or enter the block in the task that sends its events"
+            )
+            self._pass_on_unraised(left)
+            raise left
+        self._group.cancel_scope.cancel()
         # The consumer's own exception is not handed to the task group, so it propagates
         # as it is, never wrapped in an exception group.
         try:
@@ -152,14 +182,19 @@ class RunStream(Generic[OutputT]):
         finally:
             assert self._waiter is not None
             self._waiter.end()
+        self._pass_on_unraised(error)
+        return None
+
+    def _pass_on_unraised(self, error: BaseException | None) -> None:
+        """Raise what the run raised that is not an ``Exception`` (``KeyboardInterrupt``,
+        ``SystemExit`` or a stray cancellation; its ordinary error is dropped on leaving
+        early): never dropped, and the first two win over the block's own exception
+        ``error`` (which becomes their cause)."""
         unraised = None if self._raised else self._error
         if unraised is None or isinstance(unraised, Exception):
-            return None  # leaving early drops the run's ordinary error
-        # KeyboardInterrupt, SystemExit or a stray cancellation: never dropped, and the
-        # first two win over the block's own exception (which becomes their cause)
+            return
         if error is None:
             raise unraised
         if isinstance(unraised, (KeyboardInterrupt, SystemExit)):
             raise unraised from error
         log_unraised("the streamed run", unraised, error)
-        return None

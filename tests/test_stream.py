@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from littleghost.events import (
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import StreamDone, TextChunk
-from littleghost.sessions import SQLiteSessionStore
+from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.stream import RunStream, StreamStateError
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
@@ -379,6 +380,49 @@ class TestStopping:
         again = ScriptedModel([text_response("resumed")])
         result = await Slow(model=again).run("again", history=log)
         assert result.output == "resumed"
+
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+    async def test_a_block_left_from_another_task_stops_the_run_and_says_so(self) -> None:
+        """A generator around the block, left suspended by the task iterating it (as a
+        web framework's streaming response can leave it when a disconnect cancels its
+        send) and closed by another task (the garbage collector's finalizer): a
+        ``StreamStateError`` saying so, not a context variable's ``ValueError`` over
+        anyio's error; the run is stopped and waited for, its tool call answered and its
+        session free. (Under asyncio only: a trio task cannot end inside a nursery a
+        generator opened.)"""
+        started = anyio.Event()
+
+        class Slow(Agent):
+            @tool
+            async def wait(self) -> str:
+                """Wait."""
+                started.set()
+                await anyio.sleep(10)
+                return "never"
+
+        store = InMemorySessionStore()
+        model = ScriptedModel([tool_call_response("wait", {}, call_id="w"), text_response("on")])
+        agent = Slow(model=model, session_store=store)
+
+        async def tool_names() -> AsyncIterator[str]:
+            async with agent.stream("go", session_id="s") as events:
+                async for event in events:
+                    if isinstance(event, ToolCallStarted):
+                        yield event.call.name
+
+        names = tool_names()
+
+        async def first() -> str:
+            return await anext(names)
+
+        assert await asyncio.create_task(first()) == "wait"  # that task ends in the block
+        await started.wait()
+        with anyio.fail_after(5):
+            with pytest.raises(StreamStateError, match="left from another task"):
+                await names.aclose()
+            log = await store.load("s")
+            assert log[-1].tool_results[0].call_id == "w" and log[-1].tool_results[0].is_error
+            assert (await agent.run("next", session_id="s")).output == "on"
 
     async def test_a_tool_that_finished_while_the_consumer_was_slow_keeps_its_result(self) -> None:
         """A finished tool's result is in the log even if the run stops before the
