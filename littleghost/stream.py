@@ -159,10 +159,10 @@ class RunStream(Generic[OutputT]):
     ) -> bool | None:
         assert self._group is not None and self._receive is not None
         self._exited = True
-        self._receive.close()
         if anyio.get_current_task().id != self._host:
             # The task group cannot be left from here: the run is stopped and waited for.
             self._stop.cancel()
+            self._receive.close()
             await self._ended.wait()
             left = StreamStateError(
                 "the block of agent.stream() was left from another task than the one that "
@@ -174,7 +174,8 @@ class RunStream(Generic[OutputT]):
             )
             self._pass_on_unraised(left)
             raise left
-        self._group.cancel_scope.cancel()
+        self._group.cancel_scope.cancel()  # first: a send in flight is cancelled, not broken
+        self._receive.close()
         # The consumer's own exception is not handed to the task group, so it propagates
         # as it is, never wrapped in an exception group.
         try:
