@@ -596,8 +596,9 @@ def silent_server() -> Iterator[SilentServer]:
         server.close()
 
 
-COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
-"""A client's COMMIT (a simple query), as psycopg sends it."""
+COMMIT = b"COMMIT\x00"
+"""A client's COMMIT as psycopg sends it: a simple query (``Q``), or the statement of an
+extended-protocol ``Parse`` (psycopg 3.1)."""
 
 
 class Proxy:
