@@ -58,9 +58,9 @@ class RunStream(Generic[OutputT]):
         self._held: anyio.Event | None = None
         self._host: int | None = None
         """The task that entered the block."""
-        self._stop = anyio.CancelScope()
+        self._stop: anyio.CancelScope | None = None
         """Around the run's task, for a block left from another task."""
-        self._ended = anyio.Event()
+        self._ended: anyio.Event | None = None
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -84,6 +84,7 @@ class RunStream(Generic[OutputT]):
             raise StreamStateError("a stream can be entered once; call agent.stream() again")
         self._entered = True
         self._host = anyio.get_current_task().id
+        self._stop, self._ended = anyio.CancelScope(), anyio.Event()  # in the entering loop
         send, self._receive = anyio.create_memory_object_stream[Event](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
@@ -101,6 +102,7 @@ class RunStream(Generic[OutputT]):
         def observe(context: RunContext) -> None:
             self._context = context
 
+        assert self._stop is not None and self._ended is not None
         try:
             with self._stop:
                 await self._run(send, observe)
@@ -161,6 +163,7 @@ class RunStream(Generic[OutputT]):
         self._exited = True
         if anyio.get_current_task().id != self._host:
             # The task group cannot be left from here: the run is stopped and waited for.
+            assert self._stop is not None and self._ended is not None
             self._stop.cancel()
             self._receive.close()
             await self._ended.wait()

@@ -249,6 +249,19 @@ class TestStates:
         with pytest.raises(TypeError, match="timeout"):
             agent.stream("go", timeout=-1)
 
+    def test_a_stream_made_outside_an_event_loop_runs_in_one(self) -> None:
+        """stream() only plans the run, which starts as the block is entered: sync code (a
+        sync endpoint's worker thread, say) may make it for an event loop to run."""
+        events = Agent(model=ScriptedModel([text_response("hello")])).stream("go")
+
+        async def consume() -> None:
+            async with events:
+                async for _ in events:
+                    pass
+
+        anyio.run(consume)
+        assert events.result.output == "hello"
+
     async def test_result_before_completion_raises(self) -> None:
         """events.result is there only once the run has completed."""
         agent = Agent(model=ScriptedModel([streamed("a", "b")]))
