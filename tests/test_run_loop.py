@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -120,6 +122,25 @@ except KeyboardInterrupt:
         finally:
             child.kill()  # not left behind when it hangs
     assert (child.returncode, out, err) == (0, "KeyboardInterrupt\n", "")
+
+
+def test_a_run_s_own_cancellation_leaves_run_sync_as_itself() -> None:
+    """Only Ctrl-C becomes ``KeyboardInterrupt``: a cancellation exception of the run's own
+    (a model's, here) where no Ctrl-C can come (a worker thread, whose event loop takes no
+    signal) leaves ``run_sync`` as it is, as from ``anyio.run``; it was a
+    ``KeyboardInterrupt``, which a thread pool's ``result()`` raised in the main thread."""
+    raised: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            Agent(model=ScriptedModel([asyncio.CancelledError()])).run_sync("hi")
+        except BaseException as error:
+            raised.append(error)
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    worker.join()
+    assert [type(error) for error in raised] == [asyncio.CancelledError]
 
 
 async def test_messages_hold_history_and_new_messages() -> None:
