@@ -545,6 +545,65 @@ async def test_a_process_forked_while_a_session_is_waited_for_keeps_no_lock(
     await store.aclose()
 
 
+FORKED_DURING_A_CALL = textwrap.dedent(
+    """
+    import os
+    import sys
+    import threading
+
+    import anyio
+    import psycopg
+
+    from littleghost import Message
+    from littleghost.sessions import PostgresSessionStore
+
+    conninfo = sys.argv[1]
+    store = PostgresSessionStore(conninfo, max_connections=1)
+    anyio.run(store.append, "s", [Message.user("parent")])
+    blocker = psycopg.connect(conninfo, autocommit=True)  # holds the session's write lock
+    blocker.execute(
+        "SELECT pg_advisory_lock(hashtextextended(quote_ident(current_schema()) || '.' || %s, 1))",
+        ("s",),
+    )
+    call = threading.Thread(target=anyio.run, args=(store.append, "s", [Message.user("call")]))
+    call.start()
+    threading.Event().wait(0.5)  # the call waits on the server, in the pool's one slot
+    pid = os.fork()
+    if pid == 0:
+        async def child():
+            with anyio.fail_after(5):
+                print([m.text for m in await store.load("s")], flush=True)
+
+        try:
+            anyio.run(child)
+        except BaseException as error:
+            print(f"child: {type(error).__name__}: {error}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    code = os.waitpid(pid, 0)[1] >> 8
+    blocker.close()
+    call.join()
+    anyio.run(store.aclose)
+    sys.exit(code)
+    """
+)
+
+
+async def test_a_call_in_flight_in_the_parent_does_not_hold_up_a_forked_child(
+    conninfo: str, tmp_path: Path
+) -> None:
+    """A process forked while a store call is in flight (an append waiting for a session's
+    write lock) does not inherit the pool slot that call took: with ``max_connections=1``
+    its every call waited until its deadline, for ever without one."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_DURING_A_CALL)
+    with anyio.fail_after(60):
+        done = await anyio.run_process([sys.executable, str(script), conninfo], check=False)
+    said = done.stdout.decode()
+    assert done.returncode == 0, said + done.stderr.decode()
+    assert said.strip() == str(["parent"])
+
+
 class SilentServer:
     """A TCP server on 127.0.0.1 that accepts connections and never answers; it notes
     which of them the client closed."""

@@ -123,6 +123,8 @@ _CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 """The connections the stores of this process opened, for ``_leave_in_child``."""
 _DUPLICATES: weakref.WeakSet[socket.socket] = weakref.WeakSet()
 """The duplicates of their sockets ``_Operation.attach`` made, for ``_leave_in_child``."""
+_POOLS: weakref.WeakSet[_Pool] = weakref.WeakSet()
+"""The stores' pools, for ``_leave_in_child``."""
 
 
 def _leave_in_child() -> None:
@@ -130,7 +132,10 @@ def _leave_in_child() -> None:
     place of the sockets of the parent's connections (and of their duplicates, a call's
     in flight): the child keeps none of the parent's server sessions, nor the session
     locks they hold, alive once the parent dies, and never talks on them (a kept one
-    reads as ended and is replaced)."""
+    reads as ended and is replaced); the pools' slots that the parent's calls in flight
+    took are free."""
+    for pool in list(_POOLS):
+        pool.forked()
     null = os.open(os.devnull, os.O_RDWR)
     try:
         opened: list[psycopg.Connection[Any] | socket.socket] = [*_CONNECTIONS, *_DUPLICATES]
@@ -346,9 +351,17 @@ class _Pool:
 
     def __init__(self, connect: Callable[[_Operation], psycopg.Connection[Any]], size: int) -> None:
         self._connect = connect
+        self._size = size
         self._slots = threading.BoundedSemaphore(size)
         self._guard = threading.Lock()
         self._idle: list[psycopg.Connection[Any]] = []
+        _POOLS.add(self)
+
+    def forked(self) -> None:
+        """In a process ``fork()`` made: the parent's calls in flight, whose threads are
+        not in it, hold no slot."""
+        self._slots = threading.BoundedSemaphore(self._size)
+        self._guard = threading.Lock()
 
     @contextmanager
     def connection(
