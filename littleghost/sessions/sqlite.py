@@ -86,39 +86,31 @@ _STORES: weakref.WeakSet[SQLiteSessionStore] = weakref.WeakSet()
 """The stores of database files in this process, for the ``fork()`` hooks."""
 _STORES_GUARD = threading.Lock()
 """Held across a ``fork()``, so that the child's copy of ``_STORES`` is whole."""
-_INHERITED: list[sqlite3.Connection] = []
-"""Connections of calls under way as the process was forked: the child neither uses nor
-closes them (it has no thread to end the call)."""
 
 
 def _before_fork() -> None:
-    """Close every connection no call uses: SQLite forbids using a connection across
-    ``fork()``, even closing it. A child that inherited one would hold none of the file
-    locks SQLite believes its process holds, for that connection and every later one of
-    the file, so another process could take itself for the file's last user and remove
-    the ``-wal`` the child writes to. Each store opens the file anew at its next call."""
+    """Close every connection, once the call using it (in another thread) is done, and
+    take each store's turn until the fork is made: SQLite forbids using a connection
+    across ``fork()``, even closing it, and a child that inherited one, used or not, would
+    hold none of the file locks SQLite believes its process holds, for that connection and
+    every later one of the file, so another process could take itself for the file's last
+    user and remove the ``-wal`` the child writes to. A fork waits for a call under way
+    (its wait for a busy database ends at the store's timeout or its caller's deadline);
+    each store opens the file anew at its next call."""
     _STORES_GUARD.acquire()
     for store in _STORES:
         store._close_for_fork()
 
 
-def _after_fork_in_parent() -> None:
-    _STORES_GUARD.release()
-
-
-def _after_fork_in_child() -> None:
-    """Leave a call under way in the parent to it: its connection is kept, never used,
-    and the store takes new calls at once."""
+def _after_fork() -> None:
     for store in _STORES:
-        store._forked()
+        store._guard.release()
     _STORES_GUARD.release()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows
     os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
+        before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
     )
 
 
@@ -610,20 +602,11 @@ class SQLiteSessionStore:
         return connection
 
     def _close_for_fork(self) -> None:
-        if self._guard.acquire(blocking=False):
-            try:
-                connection, self._connection = self._connection, None
-                if connection is not None:
-                    connection.close()
-            finally:
-                self._guard.release()
-
-    def _forked(self) -> None:
-        if self._guard.locked():  # by a call under way in the parent, whose thread is gone
-            if self._connection is not None:
-                _INHERITED.append(self._connection)
-                self._connection = None
-            self._guard = threading.Lock()
+        """Take the store's turn (``_after_fork`` gives it back) and close its connection."""
+        self._guard.acquire()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
 
     def _close(self) -> None:
         with self._guard:
