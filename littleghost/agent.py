@@ -8,10 +8,11 @@ import difflib
 import functools
 import inspect
 import math
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
+from typing import Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
@@ -53,7 +54,9 @@ from littleghost.tools import (
     tool_options,
 )
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a runtime name, for what evaluates the signature (typing.get_type_hints)
     from typing_extensions import Unpack
 
 __all__ = ["Agent", "AgentOptions"]

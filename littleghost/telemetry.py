@@ -268,7 +268,7 @@ def record_call(
     ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
     output tokens of its ``response`` (a count of 0 is one the model did not report: the
     conventions record none then), and for a streamed answer the time its ``first_chunk``
-    of text or reasoning came. ``attributes`` are its span's; the metrics keep the
+    of text, reasoning or a tool call came. ``attributes`` are its span's; the metrics keep the
     conventions' few."""
     kind = None if error is None else error_type(error)
     if error is not None and _stops(error):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import re
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -161,6 +163,13 @@ def test_agent_options_name_every_constructor_keyword() -> None:
     for knob in taken:  # spelled alike (annotations are strings, a TypedDict's ForwardRefs)
         option = AgentOptions.__annotations__[knob]
         assert getattr(option, "__forward_arg__", option) == Agent.__annotations__[knob]
+
+
+def test_the_constructor_signature_evaluates() -> None:
+    """What evaluates ``Agent(...)``'s annotations (``typing.get_type_hints``, a web
+    framework's dependency injection) reads them: ``Unpack`` is a runtime name."""
+    assert "overrides" in typing.get_type_hints(Parent.__init__)
+    assert "overrides" in inspect.signature(Parent, eval_str=True).parameters
 
 
 def test_constructor_tools_override_function_tools() -> None:
