@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from littleghost.errors import SessionStoreError
+from littleghost.sessions.forks import reset_in_child
 
 if sys.platform != "win32":
     import fcntl
@@ -196,16 +197,7 @@ class LockFile:
         )
 
 
-_LOCK_FILES: weakref.WeakSet[LockFile] = weakref.WeakSet()
-
-
-def _forget_holds_in_child() -> None:
-    for lock_file in list(_LOCK_FILES):
-        lock_file._forget_in_child()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_forget_holds_in_child)
+_LOCK_FILES = reset_in_child(LockFile._forget_in_child)
 
 _FILES_GUARD = threading.Lock()
 _FILES: weakref.WeakValueDictionary[str, LockFile] = weakref.WeakValueDictionary()

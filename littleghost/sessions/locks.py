@@ -21,7 +21,6 @@ read the same length.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import weakref
@@ -35,6 +34,7 @@ from attrs import define, field, frozen
 
 from littleghost.errors import SessionBusyError
 from littleghost.sessions.base import SessionStore
+from littleghost.sessions.forks import reset_in_child
 
 __all__ = [
     "Hold",
@@ -304,16 +304,7 @@ class SessionLocks:
             hold.seen = length
 
 
-_TABLES: weakref.WeakSet[SessionLocks] = weakref.WeakSet()
-
-
-def _forget_holds_in_child() -> None:
-    for table in list(_TABLES):
-        table._forget_in_child()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_forget_holds_in_child)
+_TABLES = reset_in_child(SessionLocks._forget_in_child)
 
 _SHARED_GUARD = threading.Lock()
 _SHARED: weakref.WeakValueDictionary[tuple[str, ...], SessionLocks] = weakref.WeakValueDictionary()

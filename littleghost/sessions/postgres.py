@@ -58,6 +58,7 @@ from littleghost.sessions.codec import (
     SUMMARY_PATHS,
     messages_to_json,
 )
+from littleghost.sessions.forks import reset_in_child
 from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
 
 if TYPE_CHECKING:
@@ -123,8 +124,6 @@ _CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 """The connections the stores of this process opened, for ``_leave_in_child``."""
 _DUPLICATES: weakref.WeakSet[socket.socket] = weakref.WeakSet()
 """The duplicates of their sockets ``_Operation.attach`` made, for ``_leave_in_child``."""
-_POOLS: weakref.WeakSet[_Pool] = weakref.WeakSet()
-"""The stores' pools, for ``_leave_in_child``."""
 
 
 def _leave_in_child() -> None:
@@ -132,10 +131,7 @@ def _leave_in_child() -> None:
     place of the sockets of the parent's connections (and of their duplicates, a call's
     in flight): the child keeps none of the parent's server sessions, nor the session
     locks they hold, alive once the parent dies, and never talks on them (a kept one
-    reads as ended and is replaced); the pools' slots that the parent's calls in flight
-    took are free."""
-    for pool in list(_POOLS):
-        pool.forked()
+    reads as ended and is replaced)."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
         opened: list[psycopg.Connection[Any] | socket.socket] = [*_CONNECTIONS, *_DUPLICATES]
@@ -417,6 +413,11 @@ class _Pool:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
+
+
+_POOLS = reset_in_child(_Pool.forked)
+"""The stores' pools: in a process ``fork()`` made, the parent's calls in flight hold no
+slot."""
 
 
 class PostgresSessionStore:
