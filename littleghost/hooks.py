@@ -144,12 +144,16 @@ def check_method_signature(
         or not hasattr(type(static), "__get__")
     ):
         return
-    function = getattr(cls, name)
-    expected = f"({'self, ' if takes_self else ''}{arguments})" + (
-        " and the keyword context=" if context else ""
-    )
-    positional = takes_self + len(arguments.split(", "))
-    check_signature(what, function, expected, positional, context=context)
+    first = "self, " if takes_self else ""
+    _check_arguments(what, getattr(cls, name), first + arguments, context=context)
+
+
+def _check_arguments(
+    what: str, function: Callable[..., Any], arguments: str, *, context: bool
+) -> None:
+    """``check_signature`` for ``arguments``, a comma-separated list of positional ones."""
+    expected = f"({arguments})" + (" and the keyword context=" if context else "")
+    check_signature(what, function, expected, len(arguments.split(", ")), context=context)
 
 
 def check_hook(cls: type, name: str, kind: str) -> None:
@@ -162,25 +166,15 @@ def check_hook(cls: type, name: str, kind: str) -> None:
 def _check_instance_hook(agent: object, name: str, kind: str, function: Callable[..., Any]) -> None:
     """Check hook ``name`` set on ``agent`` itself (before ``super().__init__()``) as
     ``check_hook`` checks a class's."""
-    context = wants_context(function)
-    expected = f"({_ARGUMENTS[kind]})" + (" and the keyword context=" if context else "")
-    check_signature(
-        f"{type(agent).__name__}.{name}, a @{kind} hook set on the instance,",
-        function,
-        expected,
-        len(_ARGUMENTS[kind].split(", ")),
-        context=context,
-    )
+    what = f"{type(agent).__name__}.{name}, a @{kind} hook set on the instance,"
+    _check_arguments(what, function, _ARGUMENTS[kind], context=wants_context(function))
 
 
 def check_capability_hook(kind: str, function: Callable[..., Any]) -> None:
     """Check that a capability's ``kind`` hook takes ``(agent, ..., context=)``."""
     name = getattr(function, "__qualname__", repr(function))
-    expected = f"(agent, {_ARGUMENTS[kind]}) and the keyword context="
-    positional = 1 + len(_ARGUMENTS[kind].split(", "))
-    check_signature(
-        f"{name}, the {kind} hook of a capability,", function, expected, positional, context=True
-    )
+    what = f"{name}, the {kind} hook of a capability,"
+    _check_arguments(what, function, f"agent, {_ARGUMENTS[kind]}", context=True)
 
 
 @frozen
