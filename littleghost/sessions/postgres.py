@@ -23,7 +23,6 @@ import select
 import socket
 import threading
 import traceback
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
@@ -120,32 +119,24 @@ def _close_now(connection: psycopg.Connection[Any]) -> None:
     connection.close()
 
 
-_CONNECTIONS: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-"""The connections the stores of this process opened, for ``_leave_in_child``."""
-_DUPLICATES: weakref.WeakSet[socket.socket] = weakref.WeakSet()
-"""The duplicates of their sockets ``_Operation.attach`` made, for ``_leave_in_child``."""
-
-
-def _leave_in_child() -> None:
+def _leave_in_child(opened: psycopg.Connection[Any] | socket.socket) -> None:
     """In a process ``fork()`` made (a process pool's worker, say), put ``/dev/null`` in
-    place of the sockets of the parent's connections (and of their duplicates, a call's
-    in flight): the child keeps none of the parent's server sessions, nor the session
+    place of the socket of ``opened``, a parent's connection (or a call's duplicate of
+    its socket): the child keeps none of the parent's server sessions, nor the session
     locks they hold, alive once the parent dies, and never talks on them (a kept one
     reads as ended and is replaced)."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
-        opened: list[psycopg.Connection[Any] | socket.socket] = [*_CONNECTIONS, *_DUPLICATES]
-        for each in opened:
-            try:
-                os.dup2(null, each.fileno(), inheritable=False)
-            except Exception:  # closed already: no socket to leave
-                pass
+        os.dup2(null, opened.fileno(), inheritable=False)
+    except Exception:  # closed already: no socket to leave
+        pass
     finally:
         os.close(null)
 
 
-if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_leave_in_child)
+_SOCKETS = reset_in_child(_leave_in_child)
+"""The connections the stores of this process opened, and the duplicates of their
+sockets ``_Operation.attach`` made."""
 
 _QUOTED = re.compile(r'"[^"]*"')
 
@@ -289,7 +280,7 @@ class _Operation:
                 ``attach`` still owns (and closes) the connection.
         """
         duplicate = socket.socket(fileno=os.dup(connection.fileno()))
-        _DUPLICATES.add(duplicate)
+        _SOCKETS.add(duplicate)
         with self._guard:
             if not self._abandoned:
                 self._socket = duplicate
@@ -353,7 +344,7 @@ class _Pool:
         self._idle: list[psycopg.Connection[Any]] = []
         _POOLS.add(self)
 
-    def forked(self) -> None:
+    def _forget_in_child(self) -> None:
         """In a process ``fork()`` made: the parent's calls in flight, whose threads are
         not in it, hold no slot."""
         self._slots = threading.BoundedSemaphore(self._size)
@@ -415,7 +406,7 @@ class _Pool:
             connection.close()
 
 
-_POOLS = reset_in_child(_Pool.forked)
+_POOLS = reset_in_child(_Pool._forget_in_child)
 """The stores' pools: in a process ``fork()`` made, the parent's calls in flight hold no
 slot."""
 
@@ -771,7 +762,7 @@ class PostgresSessionStore:
             # reference cycle through its traceback until the garbage collector runs.
             traceback.clear_frames(error.__traceback__)
             raise
-        _CONNECTIONS.add(connection)
+        _SOCKETS.add(connection)
         try:
             operation.attach(connection)
             version = connection.info.server_version
