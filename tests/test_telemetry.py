@@ -690,6 +690,18 @@ class Paced:
         yield StreamDone(self._answer())
 
 
+def one_first_chunk(spans: Spans, histograms: Histograms, *, after: float) -> Any:
+    """The one chat span's time to first chunk, at least ``after`` seconds and before the
+    span's end, and the metric's one point, which records it."""
+    span = spans.one("chat ")
+    first = attributes(span)["gen_ai.response.time_to_first_chunk"]
+    assert span.start_time is not None and span.end_time is not None
+    assert after <= first < (span.end_time - span.start_time) / 1e9
+    (point,) = histograms.read()["gen_ai.client.operation.time_to_first_chunk"]
+    assert point.count == 1 and point.sum == pytest.approx(first)
+    return point
+
+
 async def test_a_streamed_answer_has_its_time_to_first_chunk(
     spans: Spans, histograms: Histograms
 ) -> None:
@@ -699,12 +711,7 @@ async def test_a_streamed_answer_has_its_time_to_first_chunk(
     async with Agent(model=Paced(0.05)).stream("hi") as events:
         async for _ in events:
             pass
-    span = spans.one("chat ")
-    first = attributes(span)["gen_ai.response.time_to_first_chunk"]
-    assert span.start_time is not None and span.end_time is not None
-    assert 0.05 <= first < (span.end_time - span.start_time) / 1e9
-    (point,) = histograms.read()["gen_ai.client.operation.time_to_first_chunk"]
-    assert point.count == 1 and point.sum == pytest.approx(first)
+    point = one_first_chunk(spans, histograms, after=0.05)
     assert dict(point.attributes or {}) == {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "paced",
@@ -732,12 +739,7 @@ async def test_a_streamed_answer_of_tool_calls_alone_has_its_time_to_first_chunk
         async with Support(model=model, max_turns=1).stream("hi") as events:
             async for _ in events:
                 pass
-    span = spans.one("chat ")
-    first = attributes(span)["gen_ai.response.time_to_first_chunk"]
-    assert span.start_time is not None and span.end_time is not None
-    assert 0.05 <= first < (span.end_time - span.start_time) / 1e9
-    (point,) = histograms.read()["gen_ai.client.operation.time_to_first_chunk"]
-    assert point.count == 1 and point.sum == pytest.approx(first)
+    one_first_chunk(spans, histograms, after=0.05)
 
 
 class TestChatSpanRequestAndResponse:
