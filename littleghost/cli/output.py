@@ -112,9 +112,9 @@ def columns(text: str) -> int:
 def fitted(text: str, limit: int) -> str:
     """``excerpt`` by terminal columns: ``text`` on one line, cut to ``limit`` columns
     with an ellipsis."""
+    if text.isascii():
+        return excerpt(text, limit)
     line = " ".join(text.split())
-    if line.isascii():
-        return excerpt(line, limit)
     if columns(line) <= limit:
         return line
     kept, room = [], limit - columns(_ELLIPSIS)
