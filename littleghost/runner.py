@@ -729,7 +729,10 @@ async def _run_tool(
         telemetry.TOOL_NAME: name,
         telemetry.TOOL_CALL_ID: original_id,
         telemetry.TOOL_TYPE: "function",
+        telemetry.AGENT_NAME: agent.name,
     }
+    if context.session_id is not None:
+        attributes[telemetry.CONVERSATION_ID] = context.session_id
     if found is not None and found[0].description:
         attributes[telemetry.TOOL_DESCRIPTION] = found[0].description
     with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:

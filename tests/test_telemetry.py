@@ -312,8 +312,8 @@ async def test_finish_reasons_use_the_genai_names(
 
 
 async def test_execute_tool_attributes(spans: Spans) -> None:
-    """execute_tool carries the operation, tool name, call id, tool type and the tool's
-    declared description (not content: recorded without capture_content)."""
+    """execute_tool carries the operation, tool name, call id, tool type, the tool's
+    declared description (not content: recorded without capture_content) and the agent."""
     await Support(model=two_turns()).run("Where is my order?")
     span = spans.one("execute_tool")
     assert attributes(span) == {
@@ -322,8 +322,19 @@ async def test_execute_tool_attributes(spans: Spans) -> None:
         "gen_ai.tool.call.id": "c1",
         "gen_ai.tool.type": "function",
         "gen_ai.tool.description": "Find an order.",
+        "gen_ai.agent.name": "Support",
     }
     assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_execute_tool_names_its_agent_and_conversation(spans: Spans) -> None:
+    """execute_tool carries the conditionally required gen_ai.agent.name and, in a
+    session, gen_ai.conversation.id, as the run's other spans do."""
+    session_id = f"conv-{uuid.uuid4().hex}"
+    await Support(model=two_turns()).run("Where is my order?", session_id=session_id)
+    span = attributes(spans.one("execute_tool"))
+    assert span["gen_ai.agent.name"] == "Support"
+    assert span["gen_ai.conversation.id"] == session_id
 
 
 async def test_a_failing_provider_call_is_an_error_span(spans: Spans) -> None:
