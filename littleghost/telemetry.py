@@ -66,6 +66,9 @@ REQUEST_MODEL = "gen_ai.request.model"
 REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 REQUEST_TOP_P = "gen_ai.request.top_p"
+REQUEST_TOP_K = "gen_ai.request.top_k"
+REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
 REQUEST_SEED = "gen_ai.request.seed"
 REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
 REQUEST_STREAM = "gen_ai.request.stream"
@@ -128,6 +131,9 @@ _SETTING_ATTRIBUTES = {
     "max_completion_tokens": REQUEST_MAX_TOKENS,
     "temperature": REQUEST_TEMPERATURE,
     "top_p": REQUEST_TOP_P,
+    "top_k": REQUEST_TOP_K,
+    "frequency_penalty": REQUEST_FREQUENCY_PENALTY,
+    "presence_penalty": REQUEST_PRESENCE_PENALTY,
     "seed": REQUEST_SEED,
 }
 

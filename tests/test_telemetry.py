@@ -815,6 +815,16 @@ class TestChatSpanRequestAndResponse:
         await Agent(model=ScriptedModel([text_response("ok")]), settings=settings).run("hi")
         assert attributes(spans.one("chat ")).get("gen_ai.request.stop_sequences") == expected
 
+    async def test_top_k_and_penalties(self, spans: Spans) -> None:
+        """gen_ai.request.top_k (conditionally required when the request has it) and the
+        penalties hold the settings that carry them."""
+        settings = {"top_k": 40, "frequency_penalty": 0.5, "presence_penalty": -0.25}
+        await Agent(model=ScriptedModel([text_response("ok")]), settings=settings).run("hi")
+        chat = attributes(spans.one("chat "))
+        assert chat["gen_ai.request.top_k"] == 40
+        assert chat["gen_ai.request.frequency_penalty"] == 0.5
+        assert chat["gen_ai.request.presence_penalty"] == -0.25
+
     async def test_stream_is_set_when_the_model_streams(self, spans: Spans) -> None:
         """gen_ai.request.stream is true on a streamed call; a run that is not streamed
         leaves it unset."""
