@@ -211,7 +211,13 @@ async def run(
         The errors ``Agent.run`` documents.
     """
     name = f"invoke_agent {agent.name}"
-    attributes = {telemetry.OPERATION_NAME: "invoke_agent", telemetry.AGENT_NAME: agent.name}
+    attributes = {
+        telemetry.OPERATION_NAME: "invoke_agent",
+        telemetry.AGENT_NAME: agent.name,
+        **telemetry.setting_attributes(plan.settings),
+    }
+    if plan.output is not None:
+        attributes[telemetry.OUTPUT_TYPE] = "json"
     if plan.session_id is not None:
         attributes[telemetry.CONVERSATION_ID] = plan.session_id
     try:  # the provider and model are there when the span starts, for samplers

@@ -6,7 +6,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import attrs
@@ -57,6 +57,11 @@ class Support(Agent):
     async def explode(self, reason: str) -> str:
         """Always fails."""
         raise RuntimeError(f"failed because {reason}")
+
+
+@attrs.frozen
+class Order:
+    order_id: str
 
 
 def two_turns() -> ScriptedModel:
@@ -202,10 +207,29 @@ async def test_invoke_agent_attributes(spans: Spans) -> None:
         "gen_ai.provider.name": "scripted",
         "gen_ai.request.model": "scripted",
         "gen_ai.conversation.id": session_id,
+        "gen_ai.request.max_tokens": 50,
+        "gen_ai.request.temperature": 0.3,
         "gen_ai.usage.input_tokens": 30,
         "gen_ai.usage.output_tokens": 12,
         "gen_ai.response.finish_reasons": ("stop",),
     }
+
+
+@pytest.mark.parametrize("strategy", ["native", "tool"])
+async def test_invoke_agent_has_its_seed_and_output_type_from_its_start(
+    spans: Spans, strategy: Literal["native", "tool"]
+) -> None:
+    """The conventions' conditionally required gen_ai.request.seed and gen_ai.output.type
+    are on invoke_agent from its start when the run asks for a seed and a typed output,
+    however the model is asked for it."""
+    found = {"order_id": "42"}
+    native = strategy == "native"
+    step = text_response(json.dumps(found)) if native else tool_call_response("final_result", found)
+    agent = Support(model=ScriptedModel([step]), output_strategy=strategy)
+    await agent.run("Which order?", settings={"seed": 7}, output_type=Order)
+    started = spans.at_start(spans.one("invoke_agent"))
+    assert started["gen_ai.request.seed"] == 7
+    assert started["gen_ai.output.type"] == "json"
 
 
 @pytest.mark.parametrize("via", ["run", "stream"])
