@@ -21,7 +21,7 @@ from littleghost.models.base import Usage
 if TYPE_CHECKING:
     from littleghost.run import RunContext
 
-__all__ = ["Outcome", "attempt", "compaction_event"]
+__all__ = ["attempt", "compaction_event"]
 
 logger = logging.getLogger("littleghost.context")
 

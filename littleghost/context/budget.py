@@ -53,7 +53,6 @@ __all__ = [
     "EXCERPTS_KEY",
     "BudgetReport",
     "PromptBudget",
-    "fit_request",
     "fit_sized",
     "load_memories",
     "view_only",

@@ -64,7 +64,6 @@ from littleghost.text import cut_middle
 
 __all__ = [
     "SUMMARY_FIT_MARGIN",
-    "SUMMARY_FLOOR_TOKENS",
     "CompactionState",
     "CompactionStrategy",
     "Complete",
@@ -77,7 +76,6 @@ __all__ = [
     "Truncation",
     "TurnExcerpts",
     "check_strategy",
-    "mask_text",
     "mask_tool_results",
     "prepared",
 ]

@@ -208,14 +208,13 @@ def estimate_request(
     tools: Iterable[Any],
     settings: Mapping[str, Any],
     tokenizer: Tokenizer = DEFAULT_TOKENIZER,
-    estimates: Estimates | None = None,
     *,
     output_schema: OutputSchema | None = None,
 ) -> int:
     """The estimated prompt tokens of a request: messages, tool schemas, the output
     schema and the settings that reach the prompt (stop sequences, response format, tool
-    choice); ``estimates`` remembers the messages' counts across calls."""
-    total = (estimates or Estimates(tokenizer)).total(messages)
+    choice)."""
+    total = estimate_messages(messages, tokenizer)
     if tool_list := tuple(tools):
         total += tokenizer.count_tokens(tools_text(tool_list))
     if output_schema is not None:

@@ -13,18 +13,10 @@ from littleghost.errors import ConfigurationError
 from littleghost.hooks import check_signature
 
 __all__ = [
-    "AllOf",
-    "Always",
-    "AnyOf",
-    "GroupsExceed",
-    "HasToolCalls",
-    "MessagesExceed",
     "Metrics",
-    "Never",
     "Not",
     "TokensExceed",
     "Trigger",
-    "TurnsExceed",
     "all_of",
     "always",
     "any_of",

@@ -9,7 +9,6 @@ from littleghost.context.groups import Layout
 from littleghost.messages import Message
 
 __all__ = [
-    "INTERRUPTED_TEXT",
     "build_view",
     "interrupted_results",
     "misplaced_results",
