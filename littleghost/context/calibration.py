@@ -150,7 +150,7 @@ def learn_answer(
     request, answered = context.last_exchange
     reported = answered.usage.input_tokens
     if learn_scale(request, reported, context, tokenizer, window, answered):
-        start = _turn_start(request, context)
+        start = _turn_start(request.messages, context)
         if _left_out(request, start, context):  # the count says nothing of what was left out
             _learn_alone(request, start, reported, context, tokenizer)
             state.scale = state.before
@@ -437,7 +437,7 @@ def learn_added(
 async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
     """With a model that counts: the current turn's density (``dense``, replaced) from its
     count of the turn alone with the instructions and schemas; False when it cannot tell."""
-    start = _turn_start(request, context)
+    start = _turn_start(request.messages, context)
     if start == len(request.messages):
         return False
     alone = attrs.evolve(request, messages=_alone(request.messages, start))
@@ -517,15 +517,15 @@ def margin(
     state = calibration(context)
     if state.scale <= DENSE_GAP * measured:
         return 0
-    earlier = request.messages[: _turn_start(request, context)]
+    earlier = request.messages[: _turn_start(request.messages, context)]
     _, history = _split_estimate(earlier, context.log_index.estimates(tokenizer), state.real)
     return math.ceil((state.scale - measured) * history)
 
 
-def _turn_start(request: ModelRequest, context: RunContext) -> int:
-    """Where the run's current turn starts in ``request`` (``turn_start`` by its question
+def _turn_start(messages: Sequence[Message], context: RunContext) -> int:
+    """Where the run's current turn starts in ``messages`` (``turn_start`` by its question
     and log)."""
-    return turn_start(request.messages, context.question, _before_question(context))
+    return turn_start(messages, context.question, _before_question(context))
 
 
 def turn_start(
@@ -578,7 +578,7 @@ def _before_question(context: RunContext) -> Callable[[str], bool]:
 def asked(messages: Sequence[Message], context: RunContext) -> Message | None:
     """The message the run's current turn starts at in ``messages`` (``turn_start``): its
     question, or the message a hook rebuilt it as."""
-    start = turn_start(messages, context.question, _before_question(context))
+    start = _turn_start(messages, context)
     return messages[start] if start < len(messages) else None
 
 

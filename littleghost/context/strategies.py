@@ -600,7 +600,11 @@ def collapse_text(group: MessageGroup, max_result_chars: int) -> str:
     answered = {index for _, index in calls.values()}
     unanswered = (call for index, call in enumerate(head.tool_calls) if index not in answered)
     items.extend(f"{call.name}: no result" for call in unanswered)
-    line = f"[Tool results: {'; '.join(items)}]" if items else "[Tool results: none]"
+    return _after_text(head, f"[Tool results: {'; '.join(items) or 'none'}]")
+
+
+def _after_text(head: Message, line: str) -> str:
+    """``line`` after the text of the call message ``head``, if it has any."""
     text = head.text.strip()
     return f"{text}\n{line}" if text else line
 
@@ -622,9 +626,7 @@ def mask_text(group: MessageGroup) -> str:
         f"({sizes.get(index, 0)} characters)"
         for index, call in enumerate(head.tool_calls)
     ]
-    line = f"[Tool results omitted to save context: {'; '.join(items)}]"
-    text = head.text.strip()
-    return f"{text}\n{line}" if text else line
+    return _after_text(head, f"[Tool results omitted to save context: {'; '.join(items)}]")
 
 
 async def mask_tool_results(
@@ -894,17 +896,19 @@ class Summarization(_Stepwise):
         clips = [self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)]
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
 
-        def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
-            covered, cap, _ = self._budget(state, taken[:count], notes, quotes)
-            shortest = summary_request(
+        def make(covered: list[Message], cap: int, clip: int) -> ModelRequest:
+            return summary_request(
                 covered,
                 instructions=instruction,
                 settings=state.settings,
-                max_tokens=min(cap, SUMMARY_FLOOR_TOKENS),
-                max_item_chars=clips[-1],
+                max_tokens=cap,
+                max_item_chars=clip,
                 notes=notes,
             )
-            return state.fits(shortest, instruction)
+
+        def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
+            covered, cap, _ = self._budget(state, taken[:count], notes, quotes)
+            return state.fits(make(covered, min(cap, SUMMARY_FLOOR_TOKENS), clips[-1]), instruction)
 
         # The groups no request can take are given back at once: the most that could fit
         # is found by bisection, not one group at a time (a long log would take N² work),
@@ -925,14 +929,7 @@ class Summarization(_Stepwise):
             covered, cap, added = self._budget(state, taken, notes, quotes)
             while True:
                 for clip in clips:
-                    request = summary_request(
-                        covered,
-                        instructions=instruction,
-                        settings=state.settings,
-                        max_tokens=cap,
-                        max_item_chars=clip,
-                        notes=notes,
-                    )
+                    request = make(covered, cap, clip)
                     if state.fits(request, instruction):
                         return request, added
                 if cap <= SUMMARY_FLOOR_TOKENS:
