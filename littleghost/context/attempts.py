@@ -35,11 +35,9 @@ class Outcome:
     summary: str | None = None  # how the summary made came back (``SUMMARY_COMPLETE``, ...)
     cut_to: int | None = None  # the tokens the request's tool results were cut to, if they were
     before: int | None = None
-    """The request's size before, when estimated again in the units of ``after`` (a
-    summary call taught a new calibration)."""
+    """The size before, in the units of ``after`` when a summary call changed the scale."""
     usage: Usage = field(factory=Usage)
-    """What the attempt's own model calls used (not a side call a memory provider makes
-    meanwhile, which its ``SideCallFinished`` reports)."""
+    """What the attempt's own model calls used."""
 
 
 @asynccontextmanager
@@ -79,9 +77,8 @@ async def attempt(
     try:
         yield outcome
     except (anyio.get_cancelled_exc_class(), DeadlineExceededError) as error:
-        # the run's cancellation or deadline (a retry it leaves no time for included), else a
-        # stray cancellation (from a strategy or the model); no stream event, as a cancelled
-        # run can await nothing (nor one its deadline stops, alike)
+        # the run's cancellation or deadline, else a stray one; no stream event: a cancelled
+        # run can await nothing
         cut = isinstance(error, DeadlineExceededError) or cancelled_here()
         stray = None if cut else telemetry.error_type(error)
         extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}

@@ -245,9 +245,8 @@ class _Cuts:
         self.cost = self.estimate.total
 
     def shrink(self, message: Message, max_tokens: int, kinds: tuple[type, ...]) -> Message:
-        """Cut the text of ``message``'s parts of ``kinds`` in the middle (and turn images
-        into placeholders) until its estimate is at most ``max_tokens``, if it can be; an
-        unsigned reasoning block (of ``kinds``) is cut first, a signed one never."""
+        """Cut ``message``'s parts of ``kinds`` in the middle (images to placeholders) until
+        it is at most ``max_tokens``, if it can be; unsigned reasoning first, signed never."""
         images = any(isinstance(part, ImagePart) for part in message.content)
         if self.estimate(message) <= max_tokens and not images:
             return message
@@ -302,8 +301,7 @@ class _Cuts:
         return self.shrink(message, max_tokens, (ToolResult,)) if message.tool_results else message
 
     def cut_intermediate(self, turn: Sequence[Message], max_tokens: int) -> list[Message]:
-        """``turn`` with the text of each assistant message but the last cut to about
-        ``max_tokens``, its tool calls whole."""
+        """``turn`` with each assistant text but the last cut to about ``max_tokens``."""
         cut = list(turn)
         for i, message in enumerate(turn[:-1]):
             if message.role is Role.ASSISTANT and message.text:
@@ -339,10 +337,9 @@ def view_only(message: Message) -> bool:
 def _turns(
     conversation: Sequence[Message], cuts: _Cuts, question: Message | None
 ) -> list[list[Message]]:
-    """The conversation as turns, each from a user message (a leading partial turn too; a
-    line ``TurnExcerpts`` made is a turn of its own), the last from ``question`` when given
-    (user messages after it are of its turn); a call left without a result (its message
-    keeps its text) or an orphan result is left out."""
+    """The conversation as turns, each from a user message (a ``TurnExcerpts`` line is one
+    of its own), the last from ``question`` when given; calls without a result and
+    orphan results left out."""
     layout = Layout.build(conversation, records=False)
     turns: list[list[Message]] = []
     asked = False  # the current turn, from ``question``, has started
@@ -379,15 +376,12 @@ def fit_request(
     question: Message | None = None,
 ) -> tuple[ModelRequest, BudgetReport]:
     """The bounded view of ``request`` for ``limit`` tokens, and its figures; the current
-    turn starts at ``question`` (the run's), else at the last user message.
+    turn starts at ``question``, else at the last user message.
 
-    Memories and excerpts from an earlier pass are rebuilt, not repeated: the lines of an
-    earlier pass's excerpts (``request`` is a view retried) whose turns ``request`` no
-    longer holds are the oldest to choose from. Each summary is
-    cut to ``summary_tokens`` and to the room left, but those ``turn_summaries`` names (they
-    cover part of the current turn) come right after the turn: they share the room it
-    leaves (the smallest first), at least ``floor_tokens`` each, and give way only to it.
-    ``index`` (the run's) keeps the cut copies and estimates for the next turn.
+    An earlier pass's memories and excerpts are rebuilt, not repeated (its excerpt lines of
+    turns now gone are the oldest to choose from). Each summary is cut to
+    ``summary_tokens`` and the room left, but the ``turn_summaries`` (covering part of the
+    current turn) share the room the turn leaves, and give way only to it.
 
     Raises:
         PromptBudgetError: The mandatory part alone is over the limit.
@@ -521,10 +515,9 @@ def fit_sized(
     memories: Sequence[str] = (),
     **keywords: Any,
 ) -> tuple[ModelRequest, BudgetReport]:
-    """``fit_request``, tightened while ``size`` (the view's prompt in the model's tokens, as
-    far as the run's calibration knows them) puts the view over ``room`` (``PromptBudget.room``):
-    by the share it is over, at most ``SIZED_PASSES`` times, never past what the current turn
-    needs, nor past a summary of the view (the view before is kept)."""
+    """``fit_request``, tightened while ``size`` (in the model's tokens) puts the view over
+    ``room``, by the share it is over, at most ``SIZED_PASSES`` times, never past what the
+    current turn needs nor past a summary of the view."""
     view, report = fit_request(request, budget, limit, memories, **keywords)
     summaries = [message for message in view.messages if message.is_summary]
     over = size(view)
@@ -546,8 +539,8 @@ def fit_sized(
 def _pick(
     items: Iterable[T], text: Callable[[T], str], room: int, tokenizer: Tokenizer, *, skip: bool
 ) -> list[T]:
-    """The newest ``items`` (given newest first) whose ``text`` fits ``room`` at its tokens + 1
-    each, oldest first; one that does not fit is passed over (``skip``) or ends the choice."""
+    """The newest ``items`` (given newest first) whose ``text`` fits ``room``, oldest first;
+    one that does not fit is passed over (``skip``) or ends the choice."""
     chosen: list[T] = []
     for item in items:
         cost = tokenizer.count_tokens(text(item)) + 1
@@ -569,8 +562,8 @@ def _view_positions(log: Sequence[Message]) -> dict[str, int]:
 
 
 def _excerpted(excerpts: Message) -> dict[str, str]:
-    """The lines of an excerpts message as it now reads, by the first ids of their turns;
-    none when a hook made them disagree with the ids it was made with."""
+    """The lines of an excerpts message by the first ids of their turns (none when a hook
+    changed them)."""
     turns = excerpts.metadata.get(EXCERPTED_KEY)
     lines = excerpts.text.split("\n")[1:]
     if not isinstance(turns, list) or len(turns) != len(lines):
@@ -586,9 +579,8 @@ def _view_only(
     make: Callable[..., Message],
     metadata: Mapping[str, Any] | None = None,
 ) -> list[Message]:
-    """The memories or excerpts message, ``header`` then ``lines`` (none without lines), with
-    ``metadata`` besides its key; the same text keeps its id (``<kind>-<hash>``), so usage
-    anchors still match."""
+    """The memories or excerpts message, ``header`` then ``lines`` (none without lines); the
+    same text keeps its id, so usage anchors still match."""
     if not lines:
         return []
     text = "\n".join([header, *lines])

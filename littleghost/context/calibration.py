@@ -1,7 +1,6 @@
-"""What the provider's token counts teach a run: the scale (real tokens per estimated
-token) of the conversation, the densities of what an overflow added, the model's sizes of
-summaries; and the request sizes they give. The README's "Calibrated by the provider"
-states the rules.
+"""What the provider's token counts teach a run (the scale, real tokens per estimated
+token, and densities of what an overflow added) and the request sizes they give. The
+README's "Calibrated by the provider" states the rules.
 """
 
 from __future__ import annotations
@@ -58,33 +57,28 @@ __all__ = [
 ]
 
 SCALE_KEY = "littleghost.context.scale"
-"""Metadata of a model's answer: the calibration (real tokens per estimated token) the run
-had learned by then, which the next run of the conversation starts from when it is for
-the same model and estimate (``SCALE_FOR_KEY``)."""
+"""Metadata of a model's answer: the run's scale then, which the next run starts from
+when it is for the same model and estimate (``SCALE_FOR_KEY``)."""
 SCALE_FOR_KEY = "littleghost.context.scale_for"
 """Metadata beside ``SCALE_KEY``: what the scale was learned for (``scale_for``)."""
 COUNT_KEY = "littleghost.context.prompt_count"
-"""Metadata of a model's answer: the prompt ``tokens`` the ``model`` reported for the request
-it answered, that request's ``messages``, the estimated tokens of its ``instructions`` and
-of the rest (``estimate``: conversation, schemas and settings), and whether the count grew
-too little (``shrank``): the next run's first count is compared with it (``_kept_count``)."""
+"""Metadata of a model's answer: the count of the request it answered (``_Counted``'s
+figures, and ``shrank``), which the next run's first count is compared with."""
 _COUNT_FIGURES = ("tokens", "messages", "instructions", "estimate")
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
 DENSE_GAP = 1.25
-"""An overflow's scale this many times what its summary call measured of the history says
-the current request is denser. A smaller gap is as often the estimate's units (the chat
-form's per-message framing against the summary's one transcript, a preserved tail denser
-than what was summarized), and leaving room for it would drop summaries that fit."""
+"""An overflow's scale this many times what its summary call measured says the current
+request is denser; a smaller gap is as often the estimate's units (framing, a denser
+tail), and leaving room for it would drop summaries that fit."""
 RECALLED = 8
-"""How many of the model's newest counts a run remembers, so a request it counted again
-(the turn alone, a view recovery built before) costs the provider no second call."""
+"""How many of the model's newest counts a run remembers (a request counted again costs
+no second call)."""
 
 
 @frozen
 class _Counted:
-    """A request the model answered, the prompt ``tokens`` it reported for it, and the
-    estimated tokens of its ``instructions`` and of the ``rest`` (conversation, schemas and
-    settings)."""
+    """A request the model answered, the prompt ``tokens`` it reported, and the estimates
+    of its ``instructions`` and the ``rest``."""
 
     request: ModelRequest
     tokens: int
@@ -99,9 +93,8 @@ class Calibration:
     scale: float = 1.0  # real tokens per estimated token, from the provider's counts
     real: dict[str, float] = field(factory=dict)  # this run's summaries' reported densities
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
+    # what an overflow added, as densities (not sizes: a copy cut later keeps them)
     dense: dict[str, float] = field(factory=dict)
-    """Real tokens per estimated token of what an overflow added to a calibrated request
-    (a density, not a size: a tool result cut later keeps it)."""
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
     last: _Counted | None = None  # the newest answered request's count
@@ -118,8 +111,7 @@ def calibration(context: RunContext) -> Calibration:
 
 
 def scale_for(model: Model, tokenizer: Tokenizer) -> str:
-    """What a scale is learned for: the model (``"provider:name"``) and the estimate it
-    corrects (``"openai:gpt-4o-mini by CharacterEstimator"``)."""
+    """What a scale is learned for: ``"openai:gpt-4o-mini by CharacterEstimator"``."""
     return f"{model.provider}:{model.name} by {type(tokenizer).__name__}"
 
 
@@ -130,8 +122,7 @@ def resume(context: RunContext, scale: float) -> None:
 
 
 def kept_scale(metadata: Mapping[str, Any], learned_for: str | None) -> float | None:
-    """The scale an answer's ``metadata`` kept (``SCALE_KEY``) for ``learned_for``
-    (``scale_for``; ``None``: for any), bounded; ``None`` without one."""
+    """The scale ``metadata`` kept for ``learned_for`` (``None``: any), bounded, if any."""
     value = metadata.get(SCALE_KEY)
     if not is_number(value) or learned_for not in (None, metadata.get(SCALE_FOR_KEY)):
         return None
@@ -141,10 +132,8 @@ def kept_scale(metadata: Mapping[str, Any], learned_for: str | None) -> float | 
 def learn_answer(
     response: ModelResponse, context: RunContext, tokenizer: Tokenizer, window: int
 ) -> dict[str, Any]:
-    """Learn the scale from the input tokens reported for the turn's request (the run
-    compacts for ``window``), or, for the current turn alone while the conversation holds
-    more, that turn's density only; what ``response``'s metadata keeps of it: the scale
-    (``SCALE_KEY``) and that count (``COUNT_KEY``)."""
+    """Learn the scale from the turn's reported input tokens (for the current turn alone,
+    only its density); what ``response``'s metadata keeps (``SCALE_KEY``, ``COUNT_KEY``)."""
     assert context.last_exchange is not None  # set by the turn's call the hook follows
     state = calibration(context)
     request, answered = context.last_exchange
@@ -179,19 +168,13 @@ def learn_scale(
     window: int,
     served: ModelResponse | None = None,
 ) -> bool:
-    """Set the scale from the ``reported`` prompt tokens of ``request``: beyond what is fixed
-    (``_split_estimate``, schemas), over the conversation's estimate; False if that says nothing.
-    For a request the model answered (``served``), a count that is not the whole prompt
-    learns nothing and is not used again: one that grew less than ``MIN_SCALE`` of what the
-    request added to the previous one (``_least``; a run's first is compared with the
-    count the log's last answer kept, ``_kept_count``), or under ``MIN_SCALE`` of the whole
-    estimate. Each of the second kind is reported (``_partial_count``, naming the ``window``
-    the run compacts for); of the first, the second in a row or one after a reported cut
-    (one alone can be a template's: some drop the tool schemas or earlier reasoning),
-    which also takes the scale back to at least what it was before the last count taught
-    one, and at least 1.0; later counts of the run may raise the scale, never lower it,
-    nor may one that cannot be compared after one that grew too little. A scale under
-    ``MIN_SCALE`` that sizes known before explain learns nothing either, unreported."""
+    """Set the scale from ``request``'s ``reported`` prompt tokens beyond what is fixed,
+    over the conversation's estimate; False if that says nothing. For an answered request
+    (``served``), a count that is not the whole prompt teaches nothing: one under
+    ``MIN_SCALE`` of the estimate (reported), or one that grew less than ``_least``
+    allows. The latter is reported only the second time in a row or after a reported cut
+    (one alone can be a template's dropping schemas or reasoning); it takes the scale back
+    to what it was, at least 1.0, and later counts may then only raise it."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     schemas = schema_estimate(request, tokenizer)
@@ -234,7 +217,7 @@ def _partial_count(
     state: Calibration, context: RunContext, reported: int, least: int, request: str, window: int
 ) -> None:
     """Report a count under the ``least`` a whole prompt has: a span event each time, one
-    warning a run (``request`` describes it; ``window`` is the one compacted for)."""
+    warning a run."""
     attributes = {
         telemetry.REPORTED_PROMPT_TOKENS: reported,
         telemetry.LEAST_PROMPT_TOKENS: least,
@@ -258,8 +241,7 @@ def _partial_count(
 
 
 def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: int) -> _Counted:
-    """``request`` and the ``tokens`` reported for it, with its estimates (``schemas``:
-    those of its schemas and settings)."""
+    """``request`` and the ``tokens`` reported for it, with its estimates."""
     leading = _instructions(request.messages)
     instructions = estimates.total(request.messages[:leading])
     rest = estimates.total(request.messages[leading:]) + schemas
@@ -267,11 +249,9 @@ def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: 
 
 
 def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int | None:
-    """The fewest prompt tokens a whole count of ``request`` has, from the ``last`` count,
-    when its conversation extends that one's (``None`` otherwise): that count, less what
-    the instructions lost, plus ``MIN_SCALE`` of what was added other than answers and
-    images (a template may render an answer's reasoning, calls or text only near the end,
-    and a server counts an image as it sees fit)."""
+    """The fewest prompt tokens a whole count of ``request`` has when it extends the
+    ``last`` one (else ``None``): that count, less lost instructions, plus ``MIN_SCALE`` of
+    what was added other than answers and images (templates and servers vary on those)."""
     previous = last.request
     old, new = _instructions(previous.messages), _instructions(request.messages)
     conversation = previous.messages[old:]
@@ -298,11 +278,9 @@ def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int |
 def _kept_count(
     request: ModelRequest, context: RunContext, estimates: Estimates
 ) -> tuple[_Counted | None, bool]:
-    """The count the log's newest answer kept (``COUNT_KEY``) as ``Calibration.last``: the part of
-    ``request`` before that answer stands for the request it counted when the same model
-    answered, no compaction record was logged since, and that part has as many messages
-    and the same estimate (``None`` otherwise); and whether it shrank (carried past a
-    compaction only)."""
+    """The count the log's newest answer kept (``COUNT_KEY``), as ``Calibration.last``, when
+    ``request`` still starts with what it counted (same model, no compaction since, same
+    size and estimate), else ``None``; and whether it shrank (carried past a compaction)."""
     answer, kept, compacted = _newest_count(context.messages)
     shrank = kept.get("shrank") is True
     if answer is None or compacted or kept["model"] != context.model.name:
@@ -319,8 +297,8 @@ def _kept_count(
 
 
 def _newest_count(log: Sequence[Message]) -> tuple[Message | None, Mapping[str, Any], bool]:
-    """The log's newest answer that kept a count (``COUNT_KEY``), that count, and whether a
-    compaction record was logged after it; ``(None, {}, False)`` when none did."""
+    """The log's newest answer with a ``COUNT_KEY``, that count, and whether a compaction
+    record follows it; ``(None, {}, False)`` without one."""
     compacted = False
     for answer in reversed(log):
         compacted = compacted or is_record(answer)
@@ -345,9 +323,8 @@ def _split_estimate(
     known: Mapping[str, float],
     dense: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
-    """``messages`` as (tokens taken as they are: at reported densities (``known``, then
-    ``dense``; a copy cut shorter by its own estimate), instructions' estimates; the
-    conversation's estimated tokens, to be scaled)."""
+    """``messages`` as (tokens taken as they are: at a known density, or instructions;
+    the conversation's estimated tokens, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
         density = known.get(message.id)
@@ -363,8 +340,8 @@ def _split_estimate(
 
 
 def request_size(request: ModelRequest, estimates: Estimates, state: Calibration) -> int:
-    """``request``'s size in the model's tokens as ``state`` knows it: its messages (the
-    conversation scaled, ``_split_estimate``), schemas, prompt settings and ``max_tokens``."""
+    """``request``'s size in the model's tokens as ``state`` knows it, ``max_tokens``
+    included."""
     fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     outside = schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
     return fixed + math.ceil(state.scale * scaled) + outside
@@ -385,8 +362,7 @@ def real_size(messages: Sequence[Message], context: RunContext, tokenizer: Token
 
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
     """The request's size in the model's tokens as far as known, ``max_tokens`` included:
-    the input tokens reported for the run's previous request when this one extends it, plus
-    the rest estimated (the conversation scaled, a summary at the size the model reported)."""
+    the previous request's reported input tokens when this one extends it, plus the rest."""
     prefix, count = _extended(request, context)
     prefix = prefix or schema_estimate(request, tokenizer)  # else estimated whole
     return (
@@ -395,8 +371,8 @@ def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Token
 
 
 def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
-    """(the input tokens the provider reported for the run's previous request, how many
-    messages it had) when ``request`` extends it; (0, 0) otherwise."""
+    """(the previous request's reported input tokens, its length) when ``request`` extends
+    it; (0, 0) otherwise."""
     if context.last_exchange is not None:
         previous, response = context.last_exchange
         count = len(previous.messages)
@@ -414,9 +390,9 @@ def _extended(request: ModelRequest, context: RunContext) -> tuple[int, int]:
 def learn_added(
     request: ModelRequest, reported: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """After an overflow of a request extending a calibrated one (the previous request, or up
-    to the newest answer with ``SCALE_KEY``), keep the density of what was added since: the
-    rest of ``reported``, over its estimate (``dense``); False without such a calibration."""
+    """After an overflow of a request extending a calibrated one (the previous request or
+    up to the newest ``SCALE_KEY``), keep the density of what was added since; False
+    without one."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
     rest, count = _extended(request, context)
     if not rest:
@@ -435,8 +411,8 @@ def learn_added(
 
 
 async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> bool:
-    """With a model that counts: the current turn's density (``dense``, replaced) from its
-    count of the turn alone with the instructions and schemas; False when it cannot tell."""
+    """Learn the current turn's density from the model's count of it alone; False when it
+    cannot tell."""
     start = _turn_start(request.messages, context)
     if start == len(request.messages):
         return False
@@ -450,9 +426,8 @@ async def learn_turn(request: ModelRequest, context: RunContext, tokenizer: Toke
 def _learn_alone(
     request: ModelRequest, start: int, counted: int, context: RunContext, tokenizer: Tokenizer
 ) -> bool:
-    """Keep the density of ``request``'s current turn (from ``start``, ``dense``, replaced)
-    from ``counted``, the model's tokens of that turn alone with the instructions and
-    schemas; False when the figures say nothing."""
+    """Keep the density of ``request``'s current turn (from ``start``) from ``counted``,
+    the model's count of it alone with the instructions; False when that says nothing."""
     state, alone = calibration(context), _alone(request.messages, start)
     fixed, scaled = _split_estimate(alone, context.log_index.estimates(tokenizer), state.real)
     fixed += schema_estimate(request, tokenizer)
@@ -461,8 +436,7 @@ def _learn_alone(
 
 def _left_out(request: ModelRequest, start: int, context: RunContext) -> bool:
     """Whether ``request`` is the current turn alone (from ``start``, with instructions)
-    while the conversation holds more: the view's first group past the instructions is
-    not the turn's (read from the engine's index, not a copy of the view)."""
+    while the run's view holds more."""
     if start == len(request.messages) or not all(
         m.role.is_trusted for m in request.messages[:start]
     ):
@@ -481,9 +455,8 @@ def _alone(messages: Sequence[Message], start: int) -> list[Message]:
 def _keep_density(
     state: Calibration, messages: Sequence[Message], real: int, scaled: int, *, replace: bool
 ) -> bool:
-    """Keep ``real`` over ``scaled`` tokens (bounded as a scale is) as the density of the
-    conversation's ``messages`` of no known size (nor density, without ``replace``); False
-    when the figures say nothing."""
+    """Keep ``real`` over ``scaled`` (bounded) as the density of ``messages`` of no known
+    size (nor density, unless ``replace``); False when that says nothing."""
     if real <= 0 or scaled <= 0:
         return False
     density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
@@ -495,8 +468,8 @@ def _keep_density(
 
 
 async def model_count(request: ModelRequest, context: RunContext) -> int | None:
-    """The model's count of ``request`` (``None`` when it cannot tell), remembered in
-    ``uncounted``; a request among the run's ``RECALLED`` newest counts is not counted again."""
+    """The model's count of ``request`` (``None`` when it cannot tell; ``uncounted``),
+    recalled when among the run's newest."""
     state = calibration(context)
     for known, tokens in state.counts:
         if known == request:
@@ -512,8 +485,8 @@ async def model_count(request: ModelRequest, context: RunContext) -> int | None:
 def margin(
     request: ModelRequest, context: RunContext, tokenizer: Tokenizer, measured: float
 ) -> int:
-    """How much the run's scale, learned from one overflow of ``request``, may undercount
-    its current request: what it gives the history beyond the ``measured`` scale of it."""
+    """How much the run's scale, learned from an overflow of ``request``, may undercount
+    its current request: what it gives the history beyond the ``measured`` scale."""
     state = calibration(context)
     if state.scale <= DENSE_GAP * measured:
         return 0
@@ -533,11 +506,9 @@ def turn_start(
     question: Message | None,
     earlier: Callable[[str], bool] | None = None,
 ) -> int:
-    """Where the current turn starts in ``messages``: at ``question`` (the run's). Else (a
-    hook rebuilt it under a new id), with ``earlier`` (whether the log held a message
-    before the question), at the first user message after the last such one; at the last
-    user message otherwise. Summaries and a view's own messages ask nothing;
-    ``len(messages)`` when there is none."""
+    """Where the current turn starts in ``messages``: at ``question``; else (a hook rebuilt
+    it) at the first user message after the last one ``earlier`` (held before the
+    question) tells; else at the last user message; ``len(messages)`` without one."""
     if question is not None:
         for position in range(len(messages) - 1, -1, -1):
             if messages[position].id == question.id:
@@ -557,8 +528,7 @@ def _made(message: Message) -> bool:
 
 
 def _before_question(context: RunContext) -> Callable[[str], bool]:
-    """Whether the log held a message before the run's question (read from the log once,
-    when first asked)."""
+    """Whether the log held a message before the run's question."""
     asked_id = None if context.question is None else context.question.id
     later: set[str] | None = None  # the ids logged since the question
 
@@ -576,15 +546,13 @@ def _before_question(context: RunContext) -> Callable[[str], bool]:
 
 
 def asked(messages: Sequence[Message], context: RunContext) -> Message | None:
-    """The message the run's current turn starts at in ``messages`` (``turn_start``): its
-    question, or the message a hook rebuilt it as."""
+    """The message the run's current turn starts at in ``messages``, if any."""
     start = _turn_start(messages, context)
     return messages[start] if start < len(messages) else None
 
 
 def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """How far the known sizes of ``messages`` exceed the scaled estimates a
-    ``CompactionState`` counts."""
+    """How far the known sizes of ``messages`` exceed their scaled estimates."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
     known = [m for m in messages if m.id in state.real or m.id in state.dense]
     return real_size(known, context, tokenizer) - math.ceil(

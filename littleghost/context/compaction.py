@@ -53,7 +53,7 @@ def _checked(
     tokenizer: Tokenizer | None,
     settings: Mapping[str, Any] | None,
 ) -> tuple[Tokenizer, Mapping[str, Any] | None]:
-    """``name``'s strategy, tokenizer (default ``CharacterEstimator()``) and settings, checked."""
+    """``name``'s strategy, tokenizer (or the default) and settings, checked."""
     check_strategy(f"{name}: strategy", strategy)
     if tokenizer is not None and not counts_tokens(tokenizer):
         raise ConfigurationError(
@@ -73,9 +73,7 @@ async def _run(
     *,
     keep: bool = True,
 ) -> CompactionState:
-    """The state ``strategy`` leaves over ``messages``: its ``view()``, and the
-    ``records()`` that give that view when appended (each built only when asked for);
-    their index kept among the engine's recent ones unless not ``keep``."""
+    """The state ``strategy`` leaves over ``messages`` (their index kept unless not ``keep``)."""
     index = LogIndex.of(messages, keep=keep)
     state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
@@ -113,8 +111,7 @@ async def compaction_records(
     complete: Complete | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> tuple[Message, ...]:
-    """The records to append so that the view of ``messages`` (a log or a view) is
-    ``strategy``'s; ``()`` means nothing to do.
+    """The records that make the view of ``messages`` ``strategy``'s; ``()``: nothing to do.
 
     Args:
         tokenizer: Counts tokens; ``None`` for ``CharacterEstimator()``.
@@ -162,8 +159,8 @@ async def compact_session(
 
 
 def check_smaller(log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer) -> None:
-    """Refuse ``records`` that would not make the view of ``log`` smaller (in estimated
-    tokens): appended, they could never be taken back (``CompactionError``)."""
+    """``CompactionError`` unless ``records`` make the view of ``log`` smaller: appended, they
+    could never be taken back."""
     estimates = Estimates(tokenizer)
     before = estimates.total(build_view(log))
     after = estimates.total(build_view([*log, *records]))

@@ -140,12 +140,8 @@ class ContextManagement:
         return next((name for name in names if getattr(self, name) != fields[name].default), None)
 
     def check_window(self, window: int) -> None:
-        """Reject a configuration that leaves no room to compact in ``window``.
-
-        Raises:
-            ConfigurationError: ``summary_max_tokens`` is not under the window, or the
-                budget's reserves leave no room in it.
-        """
+        """``ConfigurationError`` when ``summary_max_tokens`` is not under ``window``, or the
+        budget's reserves leave no room in it."""
         if self.summary_max_tokens is not None and self.summary_max_tokens >= window:
             raise ConfigurationError(
                 f"manage_context: summary_max_tokens ({self.summary_max_tokens}) must be under "
@@ -155,8 +151,7 @@ class ContextManagement:
             self.budget.check_window(window)
 
     def threshold(self, window: int) -> int:
-        """The smallest estimate at which a compaction is due in ``window``, exactly
-        (0.55 × 200 000 is 110 000)."""
+        """The smallest estimate at which a compaction is due (0.55 × 200 000 is 110 000)."""
         return math.ceil(Decimal(repr(self.compression_threshold)) * window)
 
     def summary_cap(self, window: int) -> int:
@@ -165,9 +160,8 @@ class ContextManagement:
 
 
 def context_window(model: Model, config: ContextManagement) -> int:
-    """The window compaction works against: ``context_window_override`` when set, else the
-    model's advertised window when it is a positive int, else ``context_window_tokens``
-    (with one warning per model for the process)."""
+    """The window compaction works against: the override, else the model's, else
+    ``context_window_tokens`` (warned about once per model)."""
     if config.context_window_override is not None:
         return config.context_window_override
     advertised = getattr(model, "context_window", None)
@@ -181,8 +175,7 @@ def context_window(model: Model, config: ContextManagement) -> int:
 
 
 def reported_window(model: Model, window: int, reported: int | None) -> int:
-    """The window to compact for after an overflow error ``reported`` one: the smaller of
-    it and ``window`` (a smaller one warned about once per model and figure)."""
+    """The smaller of ``window`` and one an overflow error ``reported`` (warned about once)."""
     if not reported or reported >= window:  # none, or no smaller
         return window
     said = "reported a %d-token context window in an overflow error, under the %d tokens "
@@ -192,9 +185,8 @@ def reported_window(model: Model, window: int, reported: int | None) -> int:
 
 
 def belied_window(model: Model, window: int, overflowed: int) -> int:
-    """The window to compact for after an overflow at ``overflowed`` tokens (the prompt
-    and its answer's room, within ``window``, which it belies) whose error reported no
-    window: one token under it (warned about once per model and figure)."""
+    """The window after an overflow within ``window`` at ``overflowed`` tokens (prompt and
+    answer's room) that reported none: one token under it (warned about once)."""
     said = "overflowed at %d tokens (the prompt and its answer's room) without reporting "
     said += "its window, within the %d tokens compacted for; the run compacts for %d from now on"
     key = (overflowed, 0)  # not a reported window's key
@@ -205,8 +197,7 @@ def belied_window(model: Model, window: int, overflowed: int) -> int:
 def _warn_once(
     warned: set[tuple[Any, ...]], model: Model, key: tuple[int, ...], said: str, *figures: int
 ) -> None:
-    """Warn that ``model`` ``said`` (with ``figures``), naming the settings that declare
-    its window: once per model and ``key`` for the process (``warned`` holds those warned)."""
+    """Warn that ``model`` ``said`` (with ``figures``), once per model and ``key``."""
     provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
     if (provider, name, *key) in warned:
         return

@@ -2,13 +2,11 @@
 
 A result answers the nearest earlier unanswered call with its id; a tool message belongs
 to the call its first result answers, and its other results answer calls of that same
-assistant message only, in call order when they share an id (``result_calls``). A group
-(the README's "Compaction strategies" tells more) is kept, collapsed or dropped whole:
-``system`` (consecutive system or developer messages), ``user``, ``assistant_text`` (a
-collapse record too), ``tool_call`` (a call and every result that answers it) or
-``summary``. Reading a log, a result whose call is absent or hidden is left out, and so is
-a call with its results when a record hides one of them; grouping a plain sequence
-(``group_messages``), a result without its call is a ``tool_call`` group of its own.
+assistant message only, in call order when they share an id. A group is kept, collapsed
+or dropped whole: ``system``, ``user``, ``assistant_text`` (a collapse record too),
+``tool_call`` (a call and its results) or ``summary``. Reading a log, a result whose
+call is absent or hidden is left out, and so is a call whose results a record partly
+hides; in a plain sequence (``group_messages``), a result without its call is a group.
 """
 
 from __future__ import annotations
@@ -71,10 +69,8 @@ class MessageGroup:
 class Layout:
     """A log read by the engine: its records, its pairing, and its view as groups.
 
-    ``kinds[i]`` and ``members[i]`` are the i-th group of the view; ``pending`` holds the
-    summaries no later record covers while nothing is after them yet to stand before
-    (shown last). ``open_calls``, ``shadowed``, ``orphans`` and ``misplaced`` (results that
-    answer no open call of their tool message's assistant message) say what pairing left.
+    ``kinds[i]`` and ``members[i]`` are the i-th group of the view; ``pending`` holds
+    summaries with nothing after them yet to stand before (shown last).
     """
 
     def __init__(self, *, records: bool = True) -> None:
@@ -113,8 +109,8 @@ class Layout:
         return layout
 
     def extend(self, log: Sequence[Message]) -> Layout | None:
-        """The layout of ``log``, which starts with this one's log (left as it is); ``None``
-        (build it afresh) when the added messages hold a record or a message one hides."""
+        """The layout of ``log``, which extends this one's; ``None`` (build it afresh) when
+        the added messages hold a record or a hidden message."""
         start = self.size
         hidden = self.hidden
         for message in log[start:]:
@@ -289,8 +285,8 @@ class Layout:
 
 
 def _covering(record: Message, anchors: dict[str, Message], hidden: set[str]) -> Message | None:
-    """The visible collapse that stands for a hidden collapse ``record``: the collapse of
-    it, or of that one, on up; ``None`` when a summary or an exclusion hides the chain."""
+    """The visible collapse that stands for a hidden collapse ``record`` (up the chain);
+    ``None`` when a summary or an exclusion hides it."""
     seen: set[str] = set()
     found: Message | None = record
     while found is not None and found.id in hidden and found.id not in seen:
@@ -302,8 +298,8 @@ def _covering(record: Message, anchors: dict[str, Message], hidden: set[str]) ->
 def group_messages(
     messages: Sequence[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER
 ) -> tuple[MessageGroup, ...]:
-    """``messages`` as atomic groups, in order of each group's first message; records are
-    plain messages here (to group what a model sees of a log, group ``build_view(log)``)."""
+    """``messages`` as atomic groups, records as plain messages (for what a model sees of a
+    log, group ``build_view(log)``)."""
     kinds, members = Layout.build(messages, records=False).slots()
     estimate = Estimates(tokenizer)
     return tuple(
@@ -313,8 +309,7 @@ def group_messages(
 
 
 def result_calls(log: Sequence[Message]) -> dict[tuple[int, int], tuple[int, int]]:
-    """``(position, index)`` of each result (among its message's results) that answers a
-    call of ``log``, to ``(position, index)`` of that call."""
+    """``(position, index)`` of each result that answers a call of ``log``, to that call's."""
     layout = Layout.scanned(log, records=False)
     skip: dict[int, Counter[str]] = {}  # a message's misplaced results follow its paired ones
     for position, call_id in layout.misplaced:

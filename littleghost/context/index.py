@@ -35,8 +35,8 @@ class LogIndex:
 
     @classmethod
     def of(cls, messages: Sequence[Message], *, keep: bool = True) -> LogIndex:
-        """The index of ``messages``, reusing one seen lately of the same log or of a log it
-        extends; kept among the recent ones unless not ``keep``."""
+        """The index of ``messages``, reusing a recent one of a log it extends; kept among
+        the recent ones unless not ``keep``."""
         log = tuple(messages)
         earlier = None
         with _recent_lock:
@@ -72,8 +72,7 @@ class LogIndex:
         return LogIndex(log, Layout.build(log), self._estimates, self._derived)
 
     def estimates(self, tokenizer: Tokenizer) -> Estimates:
-        """The estimates by ``tokenizer``; equal hashable tokenizers share them, an unhashable
-        one has its own (kept by id: they hold it, so the id stays its own)."""
+        """The estimates by ``tokenizer`` (an unhashable one keyed by id: they hold it)."""
         key: Any = tokenizer
         try:
             hash(tokenizer)

@@ -1,9 +1,7 @@
 """``@manage_context``: keep a conversation inside the model's context window.
 
-This module decides *when* to compact (``compression_threshold``, ``REGROWTH``) and
-recovers from overflow errors; *how* is a strategy run on the engine's index of the run's
-log, by default ``Summarization``; the estimates are ``calibration``'s. The README's
-"Context management" states the rules.
+This module decides *when* to compact and recovers from overflow errors; *how* is a
+strategy (default ``Summarization``). The README's "Context management" states the rules.
 """
 
 from __future__ import annotations
@@ -106,9 +104,8 @@ CUT_SHARE = 0.5
 CUT_FLOOR_TOKENS = 64
 """The shortest such a cut leaves a tool result."""
 RECOUNTS = 3
-"""How many more times overflow recovery compacts, without a model, a request the model
-counts over the window (``count_prompt_tokens``), before a last time aimed at the current
-request alone."""
+"""How often recovery compacts again, without a model, a request the model counts over
+the window, before a last try at the current request alone."""
 
 
 @overload
@@ -156,8 +153,7 @@ def manage_context(cls: C | None = None, /, **options: Any) -> C | Callable[[C],
 
 @define(eq=False)
 class _Run:
-    """What manage_context knows during one run, besides what the provider's counts taught
-    it (``calibration.Calibration``)."""
+    """What manage_context knows during one run (besides ``Calibration``)."""
 
     window: int = 0  # 0 until the run's first call
     overflow: tuple[int, ContextWindowOverflowError] | None = None
@@ -188,9 +184,8 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
 
 
 def remembered(log: Sequence[Message], learned_for: str | None) -> tuple[int | None, float]:
-    """What earlier runs left in ``log``: the newest size a compaction left the request at
-    (``AFTER_KEY``), if any, and the newest calibration learned for ``learned_for``
-    (``kept_scale``; 1.0 without one)."""
+    """What earlier runs left in ``log``: the newest ``AFTER_KEY``, if any, and the newest
+    scale kept for ``learned_for`` (1.0 without one)."""
     after: int | None = None
     scale: float | None = None
     for message in reversed(log):
@@ -207,7 +202,7 @@ def remembered(log: Sequence[Message], learned_for: str | None) -> tuple[int | N
 
 def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
     """The request with every tool result over ``max_tokens`` cut in the middle (the log
-    keeps it whole; each tool message is measured, and its copy made, once per log)."""
+    keeps it whole)."""
     limit = max_tokens * CHARS_PER_TOKEN
 
     def clip(message: Message) -> Message:
@@ -236,8 +231,8 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
 async def _calibrate_after_model(
     agent: object, response: ModelResponse, *, context: RunContext
 ) -> ModelResponse | None:
-    """Calibrate by the turn's count (``learn_answer``); keep what it learned and a failed
-    compaction's size (``AFTER_KEY``) in the answer's metadata."""
+    """Calibrate by the turn's count; keep what it learned and a failed compaction's size
+    in the answer's metadata."""
     config = context_config(agent)
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
@@ -283,8 +278,8 @@ async def _compact_before_model(
 async def _proactive(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int
 ) -> ModelRequest:
-    """Compact a request over the threshold, unless the last attempt left it near or over
-    the threshold and it has not grown enough since (then the skip is recorded)."""
+    """Compact a request over the threshold, unless it has not regrown enough since the
+    last attempt (``next_summary_at``; the skip is recorded)."""
     state = _run(context, config)
     window = state.window
     if state.quiet_until is not None and estimated < state.quiet_until:
@@ -312,10 +307,9 @@ async def _proactive(
 async def _bounded(
     request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The request bounded to the budget (tighter after an overflow in this turn); after an
-    overflow the run measured (its figure, or a count), a current turn over the limit is
-    sent on the safety reserve when the count, or else the calibration, fits it in the
-    window less the answer's reserve (as recovery sends it)."""
+    """The request bounded to the budget (tighter after an overflow this turn). After a
+    measured overflow, a current turn over the limit goes on the safety reserve when it
+    fits the window less the answer's reserve, as recovery would send it."""
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
@@ -363,8 +357,7 @@ async def _bounded(
 
 
 def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
-    """The ids of the summaries ``log`` holds that cover part of its current turn (after
-    ``question``, or else its last user message: ``turn_start``)."""
+    """The ids of ``log``'s summaries that cover part of its current turn."""
     turn = log[turn_start(log, question) + 1 :]
     ids = {message.id for message in turn}
     return {m.id for m in turn if m.is_summary and not ids.isdisjoint(record_covers(m))}
@@ -386,8 +379,7 @@ async def _compact_after_overflow(
     # what overflowed: the request an earlier ``after_model_error`` hook replaced, if one did
     sent = context.last_sent or request
     reported = error.prompt_tokens or await model_count(sent, context) or 0
-    # A figure or count within the window belies the window (smaller, by how much unsaid),
-    # unless the model's count of a figure is over the window: then the figure is wrong.
+    # a figure or count within the window belies it, unless the model counts the figure over
     answer = _answer_room(sent)
     overflowed = reported + answer
     belied = bool(reported) and not error.context_window and overflowed <= window
@@ -396,8 +388,7 @@ async def _compact_after_overflow(
         belied = counted is None or counted + answer <= window
     if belied:
         window = state.window = belied_window(context.model, window, overflowed)
-    # the current turn's or the added part's density, then the history's scale (with what
-    # a clamp left over)
+    # the current turn's or the added part's density, then the history's scale
     added = reported > 0 and (
         await learn_turn(sent, context, config.tokenizer)
         or learn_added(sent, reported, context, config.tokenizer)
@@ -440,13 +431,11 @@ async def _recover(
     safe: int | None,
     uncounted: bool,
 ) -> ModelRequest:
-    """Compact for an overflow until the request is under ``fits`` tokens,
-    aiming under ``safe``: a summary when one can be made, then the model-free steps while
-    over ``safe`` (or when no summary was made). ``safe`` is ``None`` when the overflow's
-    figure is the run's only calibration: the summary call's measure then gives the margin
-    (``margin``), else it is 20 % under ``fits``. A model that counts decides the fit by
-    its count (``_counted_fit``); one that gave the overflow's figure but cannot count
-    (``uncounted``) has ``safe`` 20 % under ``fits`` at most.
+    """Compact for an overflow until the request is under ``fits`` tokens, aiming under
+    ``safe``: a summary if one can be made, then (over ``safe``, or without one) the
+    model-free steps. ``safe`` ``None`` (the overflow's figure is the only calibration):
+    the summary call's measure gives the margin, else 20 % under ``fits``; 20 % under at
+    most when the model gave a figure but cannot count. A model that counts decides.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
@@ -456,9 +445,8 @@ async def _recover(
     compact = partial(_compact, context=context, config=config, reason="overflow", target=target)
 
     async def tighten(view: ModelRequest, counted: int, last: bool) -> ModelRequest:
-        """Calibrated by the model's count of ``view``, the model-free steps, aiming as far
-        under what the estimate makes of ``view`` as the count was over ``fits`` (the
-        ``last`` time, at the current request alone)."""
+        """The model-free steps, calibrated by the count of ``view``, aiming as far under
+        its estimate as the count was over ``fits`` (``last``: the current request alone)."""
         learn_scale(view, counted, context, config.tokenizer, state.window)
         size = counted + _answer_room(view)
         believed = calibrated_size(view, context, config.tokenizer)
@@ -510,9 +498,8 @@ async def _counted_fit(
     fits: int,
     tighten: Callable[[ModelRequest, int, bool], Awaitable[ModelRequest]],
 ) -> ModelRequest | None:
-    """``request`` once the model counts it, with its answer's room, within ``fits``, after
-    ``tighten(request, count, last)`` at most ``RECOUNTS`` times and a ``last`` one;
-    ``None`` if the model cannot count.
+    """``request`` once the model counts it (with its answer's room) within ``fits``, after
+    at most ``RECOUNTS`` + 1 ``tighten``s; ``None`` if the model cannot count.
 
     Raises:
         CompactionError: The model still counts it over ``fits``.
@@ -544,12 +531,10 @@ def _answer_room(request: ModelRequest) -> int:
 
 
 def next_summary_at(after: int, config: ContextManagement, window: int) -> int | None:
-    """The size a request a compaction left at ``after`` must reach before the next summary
-    call: ``REGROWTH`` of the window more when ``after`` reaches the threshold. Under it,
-    the room a compaction aims to leave (a fifth of the threshold, ``REGROWTH`` of the
-    window at most) more, when that is past the threshold: a summary can take back much
-    of what it replaces, and one that leaves the request just under the threshold must not
-    make the next turn compact again. Else None: the threshold decides."""
+    """The size a request left at ``after`` must reach before the next summary call:
+    ``REGROWTH`` of the window more when ``after`` is at the threshold; under it, the room
+    a compaction aims to leave more, when that passes the threshold (a summary left just
+    under it must not make the next turn compact again); else None."""
     threshold, growth = config.threshold(window), max(1, int(REGROWTH * window))
     if after >= threshold:
         return after + growth
@@ -558,8 +543,7 @@ def next_summary_at(after: int, config: ContextManagement, window: int) -> int |
 
 
 def _target(config: ContextManagement, window: int) -> int:
-    """What a threshold compaction aims the request under: ``TARGET_SHARE`` of the
-    threshold."""
+    """What a threshold compaction aims the request under."""
     return int(TARGET_SHARE * config.compression_threshold * window)
 
 
@@ -588,9 +572,8 @@ def managed_state(
 def pinned_slots(
     index: LogIndex, logged: Callable[[str], bool] | None = None, current: int | None = None
 ) -> frozenset[int]:
-    """The slots of ``index``'s view a compaction keeps: those holding view-only messages
-    and, in a run (``logged`` tells the ids its log holds), messages the log does not hold
-    (a hook's injected material), and the ``current`` request's (``_current_slot``)."""
+    """The slots of ``index``'s view a compaction keeps: view-only messages, messages not
+    ``logged`` (a hook's injected material) and the ``current`` slot."""
 
     def kept(message: Message) -> bool:
         return view_only(message) or (logged is not None and not logged(message.id))
@@ -601,8 +584,7 @@ def pinned_slots(
 
 
 def _current_slot(index: LogIndex, question: Message | None) -> int | None:
-    """The slot of ``index``'s view where the current turn starts (``turn_start`` over the
-    groups): ``question``'s, else the last user group's."""
+    """The slot of ``index``'s view where the current turn starts (``turn_start``)."""
     members = index.layout.slots()[1]
     start = turn_start([group[0] for group in members], question)
     return start if start < len(members) else None
@@ -619,11 +601,10 @@ async def _compact(
     limit: int | None = None,
     fallback: int | None = None,
 ) -> ModelRequest:
-    """Compact ``request`` toward ``target`` (the model's tokens) in the run's window with
-    the configured strategy, the default compaction, or (``fallback``) without a model,
-    aiming under ``fallback`` and cutting tool results while over ``limit`` (given with
-    ``fallback``, which leaves a bounded view's memories and excerpts out first, and the
-    memories out of the retry's view too); append the records to the log.
+    """Compact ``request`` toward ``target`` (the model's tokens) with the configured
+    strategy or the default one, or without a model aiming under ``fallback`` (a view's
+    memories and excerpts left out, tool results cut while over ``limit``); append the
+    records to the log.
 
     Raises:
         CompactionError: Nothing was compacted, the result is no smaller, or (fallback)
@@ -700,9 +681,8 @@ async def _compact(
 
 
 def _left_out(request: ModelRequest, compacted: ModelRequest) -> int:
-    """How many of ``request``'s messages ``compacted`` left out (summarized, collapsed or
-    dropped; a view's own, rebuilt, not counted): ``removed_messages``, not how much
-    shorter it is."""
+    """How many of ``request``'s messages (a view's own not counted) ``compacted`` left
+    out: ``removed_messages``."""
     kept = {message.id for message in compacted.messages}
     return sum(m.id not in kept and not view_only(m) for m in request.messages)
 
@@ -724,10 +704,8 @@ async def _model_free_compaction(
 async def _cut_results(
     request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
 ) -> tuple[ModelRequest, int, int | None]:
-    """``request`` (``size`` tokens) with every tool result cut shorter until it takes
-    ``CUT_SHARE`` of ``window`` (or ``CUT_FLOOR_TOKENS``); the request, its size and the cut
-    (``None`` when nothing was cut). When the estimate is still over the window, the
-    model's count decides.
+    """``request`` (``size`` tokens) with its tool results cut until it takes ``CUT_SHARE``
+    of ``window``; the request, its size (the model's count when over) and the cut, if any.
 
     Raises:
         CompactionError: The request still does not fit the window.
@@ -753,8 +731,8 @@ async def _cut_results(
 
 
 async def _collapse_results(state: CompactionState, target: Trigger, window: int) -> None:
-    """Collapse older tool results, the protected groups' too, to one line each (of a 25th
-    of the window's tokens in characters, 16 to 400) until ``target`` holds."""
+    """Collapse older tool results, the protected groups' too, to one line each (a 25th
+    of the window in characters, 16 to 400) until ``target`` holds."""
     protected, state.protected = state.protected, state.slots
     chars = min(max(window // 25, 16), 400)
     await ToolResultCompaction(target=target, max_result_chars=chars).compact(state)
@@ -816,11 +794,10 @@ async def _shrink(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int, fits: int
 ) -> ModelRequest:
     """Without summaries, recover from an overflow with a tighter view, tighter still while
-    the model counts it over ``fits`` (``_counted_fit``).
+    the model counts it over ``fits``.
 
     Raises:
-        CompactionError: No view fits in ``fits`` tokens (the reserves or the current turn
-            take them), or the model still counts the view over them.
+        CompactionError: No view fits in ``fits`` tokens.
     """
     state, budget = _run(context, config), config.budget
     assert budget is not None

@@ -39,13 +39,11 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (``managed_records``); the summary call has no span and no
-    deadline.
+    whatever its threshold (the summary call has no span and no deadline).
 
     Raises:
-        ConfigurationError: ``share`` is not in (0, 1), the agent's class has no
-            ``@manage_context``, or ``messages`` are not a conversation ``run(history=)``
-            takes.
+        ConfigurationError: ``share`` is not in (0, 1), no ``@manage_context``, or
+            ``messages`` that ``run(history=)`` would refuse.
     """
     if not (is_number(share) and 0 < share < 1):
         raise ConfigurationError(
@@ -82,11 +80,9 @@ async def managed_records(
     max_tool_result_tokens: int | None = None,
     model: Model | None = None,
 ) -> tuple[Message, ...]:
-    """The records ``config`` appends to compact ``messages`` now in ``window``: its
-    ``strategy``, else the default summarizer aiming at ``share`` of their estimate, on the
-    view shaped as ``preview_request`` shapes it for ``model``; ``()`` when nothing is to
-    compact or with ``summarize=False``. ``complete`` takes ``model=`` as
-    ``RunContext.complete`` does."""
+    """The records ``config`` appends to compact ``messages`` now in ``window`` (its
+    ``strategy``, else the default aiming at ``share`` of their estimate) on the view as
+    ``preview_request`` shapes it; ``()`` when nothing is to compact."""
     if not config.summarize:
         return ()
     index = LogIndex.of(messages)
@@ -113,17 +109,14 @@ class RequestPreview:
     Attributes:
         message_tokens: The estimate of each of the request's messages.
         schema_tokens: The estimate of its tool schemas and prompt settings.
-        estimated_tokens: The estimate the threshold is compared with: the messages (the
-            conversation's scaled by the calibration earlier runs kept in the log), tool
-            schemas and prompt settings, plus the answer's room (``max_tokens``).
+        estimated_tokens: The estimate the threshold is compared with (the conversation
+            scaled by the log's calibration), ``max_tokens`` included.
         threshold_tokens: The smallest estimate at which a compaction is due (``None``
             without ``@manage_context`` or with ``summarize=False``).
-        waits_until: After a compaction that left the request near the threshold or over
-            it, the size the request must reach before the next summary call
-            (``next_summary_at``).
-        compaction_due: The call would try to compact first: with a summary call, or
-            without a model when collapsing older tool results is enough. The attempt may
-            still find nothing to compact (all of it preserved), and records that it failed.
+        waits_until: The size the request must reach before the next summary call, after
+            a compaction that left it near the threshold (``next_summary_at``).
+        compaction_due: The call would try to compact first (it may still find nothing to
+            compact, and record that it failed).
         budget: The bounded view's figures, with a ``PromptBudget``.
     """
 
@@ -148,11 +141,9 @@ def preview_request(
 ) -> RequestPreview:
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model
-    call: tool results clipped to ``max_tool_result_tokens``, the view bounded to the
-    budget (without memories, which need a run) and sized, as the estimate is, by the
-    calibration the log's earlier runs left for ``model`` (``None``: the newest, for
-    whatever model), and whether a compaction is due in ``window`` (``config`` ``None``:
-    no change).
+    call: tool results clipped, the view bounded (without memories), sizes by the
+    calibration earlier runs left for ``model`` (``None``: any), and whether a compaction
+    is due in ``window``.
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.

@@ -1,10 +1,7 @@
 """Compaction records: appended messages that stand for the earlier ids they cover.
 
-A summary (``is_summary``, ids in ``littleghost.summary.covers``) is shown before the
-first visible non-trusted message; a collapse (``littleghost.compaction.kind`` =
-``"collapse"``, ids in ``littleghost.compaction.covers``) where the first it covers was
-(where that one's collapse was shown, for a collapse of collapses); an exclusion (kind
-``"exclusion"``) is never shown. The log is never rewritten.
+A summary is shown before the first visible non-trusted message; a collapse where the
+first it covers was; an exclusion is never shown. The log is never rewritten.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ def is_record(message: Message) -> bool:
 
 
 def record_covers(message: Message) -> list[str]:
-    """The ids a compaction record stands for (``[]`` for any other message); items of its
-    ``covers`` that are not str are left out."""
+    """The ids (str) a compaction record stands for; ``[]`` for any other message."""
     if not is_record(message):
         return []
     key = SUMMARY_COVERS_KEY if message.is_summary else COMPACTION_COVERS_KEY

@@ -87,16 +87,12 @@ _ID = attrgetter("id")
 class CompactionState:
     """The groups of a view while strategies work on them, and the metrics triggers read.
 
-    The metrics count what is included, kept current by every step; a group's tokens are
-    estimated when first needed. Slots keep their order: each slot's group is included,
-    excluded, or absorbed into a collapse or summary made in the first slot it replaces.
-    Removing a system group, a slot from ``protected`` on or a ``pinned`` one (in a run,
-    the preserved newest messages and the current request) raises ``ValueError``.
-    ``scale`` (real tokens per estimated token) and ``room`` (the real tokens a summary
-    request may fill, ``None`` for no limit) fit summary requests to the window; ``real``
-    holds the model's tokens per estimated token of records it sized, ``summary_outcome``
-    how a summary made here came back, ``measured`` the scale a summary call's reported
-    prompt showed.
+    The metrics count what is included; a group's tokens are estimated when first needed.
+    Each slot's group is included, excluded, or absorbed into a record made in the first
+    slot it replaces. Removing a system group, a slot from ``protected`` on or a ``pinned``
+    one raises ``ValueError``. ``scale`` (real tokens per estimated token) and ``room``
+    (the real tokens a summary request may fill) fit summary requests to the window;
+    ``summary_outcome`` says how a summary made here came back.
     """
 
     __slots__ = (
@@ -166,8 +162,8 @@ class CompactionState:
         return self._tokens
 
     def within(self, limit: int) -> bool:
-        """``tokens <= limit``, estimating from the newest group back only until it is over;
-        the next call goes on from there (the walk is kept current by every step)."""
+        """``tokens <= limit``, estimating from the newest group back only until it is over
+        (the next call goes on from there)."""
         if self._tokens is not None:
             return self._tokens <= limit
         fate = self._fate
@@ -209,8 +205,8 @@ class CompactionState:
         return self._members[slot]
 
     def newest(self, count: int, kind: GroupKind | None = None) -> int:
-        """The first slot of the newest ``count`` included non-system groups (of ``kind``
-        when given), at most ``protected``; ``0`` when there are fewer than ``count``."""
+        """The first slot of the newest ``count`` included non-system groups (of ``kind``),
+        at most ``protected``; ``0`` when there are fewer."""
         if count <= 0:
             return self.protected
         fate = self._fate
@@ -223,8 +219,7 @@ class CompactionState:
         return 0
 
     def candidates(self, end: int, kind: GroupKind | None = None) -> list[int]:
-        """Included, unpinned non-system slots before ``end`` (of ``kind`` when given),
-        oldest first."""
+        """Included, unpinned non-system slots before ``end`` (of ``kind``), oldest first."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
@@ -238,8 +233,7 @@ class CompactionState:
         ]
 
     def fits(self, request: ModelRequest, instruction: str = "") -> bool:
-        """True when summary ``request`` (a framing, then the data, then ``instruction``)
-        fits ``room``, its answer included; ``scale`` applies to the data only."""
+        """True when summary ``request`` and its answer fit ``room`` (data scaled)."""
         if self.room is None:
             return True
         fixed, data = self._summary_split(request, instruction)
@@ -254,10 +248,8 @@ class CompactionState:
     def learn_overflow(
         self, request: ModelRequest, instruction: str, error: ContextWindowOverflowError
     ) -> bool:
-        """Learn ``scale`` and ``room`` from summary ``request``'s overflow as ``fits`` reads
-        them, the framing and ``instruction`` as estimated and all the excess in the data,
-        and the window the one it reported (else under what overflowed), so that the
-        request no longer fits; False when it reported no more than ``fits`` sized."""
+        """Learn ``scale`` (all the excess in the data) and ``room`` from summary
+        ``request``'s overflow; False when it reported no more than ``fits`` sized."""
         fixed, data = self._summary_split(request, instruction)
         reported = error.prompt_tokens or 0
         if data <= 0 or reported <= fixed + math.ceil(self.scale * data):
@@ -269,7 +261,7 @@ class CompactionState:
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
         """A summary request's (framing and instruction, data) estimated tokens (counted
-        afresh: a request tried and dropped leaves nothing in the log's estimates)."""
+        afresh: a dropped request must leave nothing in the log's estimates)."""
         count = counter(self.tokenizer)
         framing, *rest = request.messages
         fixed = self.tokenizer.count_tokens(instruction) if instruction else 0
@@ -323,9 +315,8 @@ class CompactionState:
             self.exclude(slot)
 
     def keep_newest(self, end: int, limit: int, free: GroupKind | None = None) -> None:
-        """Exclude the oldest groups before slot ``end`` so that what stays is at most
-        ``limit`` tokens, estimating from the newest back only what is walked; groups of
-        kind ``free`` count as nothing."""
+        """Exclude the oldest groups before slot ``end`` until what stays is at most
+        ``limit`` tokens (groups of kind ``free`` count as nothing)."""
         fate = self._fate
         kinds = self._kinds
         pinned = self.pinned
@@ -346,8 +337,7 @@ class CompactionState:
             for slot in self.candidates(cut):
                 self.exclude(slot)
             return
-        # Everything before the cut is included (and tokens not yet counted): exclude it
-        # in bulk, then spare the system and pinned groups among it.
+        # all before the cut is included: exclude it in bulk, then spare the kept groups
         fate[:cut] = [_EXCLUDED] * cut
         self._walked = (len(kinds), 0)
         self.messages -= sum(map(len, self._members[:cut]))
@@ -375,8 +365,7 @@ class CompactionState:
 
     def merge(self, slots: Sequence[int], text: str) -> None:
         """Replace the groups in ``slots`` (oldest first) by one collapse record saying
-        ``text``, shown in the place of the first of them; when that is a summary, by a
-        summary saying ``text`` (a summary's place is before the first non-system group)."""
+        ``text`` in the first one's place (a summary when that is one)."""
         if self._kinds[slots[0]] == SUMMARY:
             self.summarize(slots, text)
             return
@@ -388,8 +377,7 @@ class CompactionState:
         self._absorb(slots, ASSISTANT_TEXT, record)
 
     def summarize(self, slots: Sequence[int], text: str, *, tokens: int = 0) -> None:
-        """As ``merge`` (``slots`` excluded or included) for a summary; ``tokens`` is its
-        size in the model's own tokens when known (``real``)."""
+        """As ``merge``, for a summary; ``tokens`` is its size in the model's tokens, if known."""
         record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
         if tokens > 0:  # as a density: a copy cut shorter is sized by its own estimate
             size = tokens + self._estimate(summary_message("", ()))
@@ -417,8 +405,7 @@ class CompactionState:
         return record
 
     def view(self) -> list[Message]:
-        """The messages now included, as the log with the records shows them: the summaries,
-        those made here after the earlier ones, before the first other non-system group."""
+        """The messages now included, as the log with the records shows them."""
         view: list[Message] = []
         fate = self._fate
         kinds = self._kinds
@@ -474,8 +461,7 @@ class CompactionStrategy(Protocol):
 
 
 def check_strategy(name: str, value: object, wanted: str = "must be a compaction strategy") -> None:
-    """``ConfigurationError`` naming ``name`` unless ``value`` is an object (not a class)
-    with ``async def compact(state)``; ``wanted`` words the error when it has no ``compact``."""
+    """``ConfigurationError`` naming ``name`` unless ``value`` has ``async def compact(state)``."""
     if not has_method("compact")(value):
         raise ConfigurationError(
             f"{name} {wanted} (with async compact(state)), not {wrong_value(value)}"
@@ -552,8 +538,7 @@ class SlidingWindow(_Stepwise):
     Args:
         keep_last_turns: User turns to keep (>= 1).
         keep_last_groups: Non-system groups to keep (>= 1).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and stop (the module's docstring).
         minimum_preserved: Newest non-system groups never excluded (>= 0, default 1).
     """
 
@@ -586,8 +571,7 @@ class SlidingWindow(_Stepwise):
 
 
 def collapse_text(group: MessageGroup, max_result_chars: int) -> str:
-    """The one-line stand-in for a tool-call group:
-    ``[Tool results: get_weather: sunny, 18°C; search: error: timeout]``."""
+    """A tool-call group in one line: ``[Tool results: get_weather: sunny, 18°C]``."""
     head, *results = group.messages
     calls = result_calls(group.messages)
     items: list[str] = []
@@ -614,8 +598,7 @@ MASKED_CALL_CHARS = 120
 
 
 def mask_text(group: MessageGroup) -> str:
-    """The one-line placeholder of a masked tool-call group: its calls, cut to
-    ``MASKED_CALL_CHARS``, and the size of what was left out."""
+    """A masked tool-call group in one line: its calls and the size of their results."""
     head = group.messages[0]
     sizes = {
         index: len(group.messages[position].tool_results[at].content)
@@ -632,8 +615,8 @@ def mask_text(group: MessageGroup) -> str:
 async def mask_tool_results(
     state: CompactionState, keep: int, target: Trigger, end: int | None = None
 ) -> None:
-    """Observation masking: replace each tool-call group older than the newest ``keep``
-    (and before slot ``end``) by its ``mask_text``, oldest first, until ``target`` holds."""
+    """Replace each tool-call group older than the newest ``keep`` (and before ``end``) by
+    its ``mask_text``, oldest first, until ``target`` holds."""
     for slot in _older_tool_groups(state, keep, target, end):
         state.collapse(slot, mask_text(state.group(slot)))
 
@@ -641,8 +624,8 @@ async def mask_tool_results(
 def _older_tool_groups(
     state: CompactionState, keep: int, goal: Trigger, end: int | None = None
 ) -> Iterator[int]:
-    """The tool-call slots older than the newest ``keep`` (and before slot ``end``), oldest
-    first, while ``goal`` does not hold (checked again after each step)."""
+    """The tool-call slots older than the newest ``keep`` (and before ``end``), oldest
+    first, while ``goal`` does not hold."""
     start = state.newest(keep, TOOL_CALL)
     for slot in state.candidates(start if end is None else min(start, end), TOOL_CALL):
         if goal(state):
@@ -657,8 +640,7 @@ class ToolResultCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept whole (>= 0, default 2).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and stop (the module's docstring).
         max_result_chars: Each result is cut in the middle to this length (>= 16).
     """
 
@@ -680,8 +662,7 @@ class SelectiveToolCallCompaction(_Stepwise):
 
     Args:
         keep_last_tool_call_groups: Newest tool-call groups kept (>= 0, default 2).
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and stop (the module's docstring).
     """
 
     keep_last_tool_call_groups: int = field(
@@ -701,8 +682,7 @@ class TurnExcerpts(_Stepwise):
     line of an earlier run is kept as it is until it is left out.
 
     Args:
-        trigger: Start only when this holds (default ``always``).
-        target: Stop as soon as this holds (default: the trigger no longer holds).
+        trigger, target: When to start and stop (the module's docstring).
         excerpt_chars: The length of the question and of the answer in a line (>= 16).
         minimum_preserved: Newest non-system groups kept verbatim, with the rest of their
             turn (>= 0, default 1: the newest turn stays).
@@ -751,9 +731,8 @@ def _is_line(state: CompactionState, slot: int) -> bool:
 
 
 def prepared(model: Model, *, max_retries: int = MAX_RETRIES) -> Complete:
-    """``model.respond``, after the model's optional ``prepare()``, its transient errors
-    retried as a run's are (outside a run: ``max_retries`` is an agent's, if any); like
-    ``RunContext.complete``, the call takes ``model=`` to write with another model."""
+    """``model.respond`` after ``prepare()``, transient errors retried; takes ``model=``
+    as ``RunContext.complete`` does."""
 
     async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
         await prepare(model)
@@ -773,14 +752,11 @@ _CLIP_LEVELS = (2_000, 500, 200, 80)  # longest first
 class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
 
-    With ``mask_tool_results``, older tool results are masked first (no summary when that
-    is enough); then groups are taken oldest first until the target holds as if they were
-    gone and they are more than a summary's framing (else nothing happens), and one call
-    summarizes them. Earlier summaries among them are anchored: new notes are appended to
-    theirs, and only notes that reached ``max_tokens`` are rewritten. The request is
-    fitted to the state's ``room`` (``CompactionError`` when not even one group fits);
-    ``state.summary_outcome`` says how the summary came back; a failed summary call
-    raises. The README's "Context management" tells more.
+    Groups are taken oldest first until the target holds as if they were gone, and one
+    call summarizes them if they are more than its framing. New notes are appended to an
+    earlier summary's; only notes that reached ``max_tokens`` are rewritten. The request
+    is fitted to the state's ``room`` (``CompactionError`` when not even one group fits).
+    The README's "Context management" tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).
@@ -871,8 +847,8 @@ class Summarization(_Stepwise):
         state.summary_outcome = summary.outcome
 
     def _worth(self, state: CompactionState, taken: list[int]) -> bool:
-        """True when a summary of ``taken`` can be smaller than the groups it replaces
-        (earlier summaries among them are kept in it): they are more than its framing."""
+        """True when the groups ``taken`` (earlier summaries aside) are more than a
+        summary's framing."""
         new = sum(state.size(slot) for slot in taken if state.kind(slot) != SUMMARY)
         return math.ceil(state.scale * new) > state.tokenizer.count_tokens(SUMMARY_PREFIX)
 
@@ -890,9 +866,9 @@ class Summarization(_Stepwise):
     def _fitted(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
     ) -> tuple[ModelRequest, list[str]]:
-        """The summary request for ``taken`` (with ``notes`` to rewrite, if any) that fits
-        the state's room, and the specifics it leaves to quote after ``quotes``; the
-        newest taken groups are given back while it cannot fit."""
+        """The summary request for ``taken`` (and ``notes`` to rewrite) that fits the
+        state's room, giving back the newest groups while none fits, and the specifics to
+        quote."""
         clips = [self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)]
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
 
@@ -910,9 +886,7 @@ class Summarization(_Stepwise):
             covered, cap, _ = self._budget(state, taken[:count], notes, quotes)
             return state.fits(make(covered, min(cap, SUMMARY_FLOOR_TOKENS), clips[-1]), instruction)
 
-        # The groups no request can take are given back at once: the most that could fit
-        # is found by bisection, not one group at a time (a long log would take N² work),
-        # down to the one group the loop below fails at.
+        # bisect for the most groups that could fit (one at a time is N² on a long log)
         if not could_fit(len(taken)):
             low, high, groups = len(taken), len(taken) - 1, 0
             for index, slot in enumerate(taken):
@@ -945,10 +919,9 @@ class Summarization(_Stepwise):
     def _budget(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
     ) -> tuple[list[Message], int, list[str]]:
-        """The messages of ``taken`` to summarize (not earlier summaries), the output cap to
-        start from and the specifics to quote: both within half of what the summary
-        replaces, quotes first (within ``max_tokens``), the cap within ``max_tokens`` (half
-        for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
+        """The messages of ``taken`` to summarize, the output cap to start from and the
+        specifics to quote: together within half of what the summary replaces, the cap at
+        most ``max_tokens`` (half for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
         covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.messages_of(s)]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
@@ -1036,9 +1009,8 @@ class TokenBudget:
             type(s) is ToolResultCompaction and s.trigger == always and s.goal == negate(always)
             for s in self.strategies
         ):
-            # They collapse every older tool-call group, reading no metric. Counting those
-            # as nothing, the groups that still do not fit are left out at the end whatever
-            # they do, and change nothing they do to newer groups: left out first.
+            # they collapse every older tool-call group whatever the metrics: what does not
+            # fit even with those counted as nothing is left out at the end anyway, so first
             state.keep_newest(state.newest(self.minimum_preserved), budget, TOOL_CALL)
         over = state.groups < groups  # then the whole view is over before every strategy
         for strategy in self.strategies:

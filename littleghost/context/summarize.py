@@ -1,6 +1,5 @@
 """The summary call: notes for an assistant that continues the conversation, anchored
-(``merged_notes``), with the specifics quoted by code after them (``quoted_specifics``).
-The README's "Context management" tells more (the summary call, anchored notes, quotes)."""
+(``merged_notes``), with the specifics quoted by code after them (``quoted_specifics``)."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ SUMMARY_PREFIX = (
     "[Summary of the earlier conversation, for reference only; it is not an instruction.]\n"
 )
 QUOTES_HEADING = "Quoted from the conversation:"
-# A summary's outcome: whole; cut at its output cap, its complete lines kept; or cut with
-# no complete line, so a shorter one was asked for once.
+# a summary's outcome: whole; cut at its cap (complete lines kept); asked again shorter
 SUMMARY_COMPLETE = "complete"
 SUMMARY_CUT = "cut_at_cap"
 SUMMARY_RETRIED = "retried_shorter"
@@ -127,8 +125,7 @@ TURN_LINE_PREFIX = "[Earlier turn, excerpted: "
 
 
 def turn_line(message: Message) -> str | None:
-    """The excerpt a line ``TurnExcerpts`` made holds (``Q: … | A: …``); ``None`` for any
-    other message."""
+    """The excerpt in a line ``TurnExcerpts`` made (``Q: … | A: …``), else ``None``."""
     if not message.metadata or message.metadata.get(COMPACTION_KIND_KEY) != COLLAPSE:
         return None
     text = message.text  # a line is one line; a collapse of a message with text is not
@@ -138,9 +135,8 @@ def turn_line(message: Message) -> str | None:
 
 
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
-    """One line for a turn: ``Q: <its question> | A: <its last answer>``, each cut in the
-    middle to ``chars`` (``Q: (none)`` without a question; a turn ``TurnExcerpts`` already
-    made a line of: what it holds); ``None`` when the turn has neither."""
+    """One line for a turn, ``Q: <question> | A: <last answer>``, each cut to ``chars`` (a
+    ``TurnExcerpts`` line: what it holds); ``None`` when the turn has neither."""
     if len(messages) == 1 and (line := turn_line(messages[0])) is not None:
         return line
     question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
@@ -154,9 +150,8 @@ def excerpt(messages: Sequence[Message], chars: int) -> str | None:
 
 
 def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None = None) -> str:
-    """The messages as role-tagged lines (tool calls as name and arguments, results as text:
-    never raw tool-call blocks, which some providers reject without tool definitions), each
-    cut in the middle to ``max_item_chars``."""
+    """The messages as role-tagged lines, each cut to ``max_item_chars`` (tool calls as text:
+    some providers reject tool-call blocks without tool definitions)."""
     pairs = zip(messages, _result_names(messages), strict=True)
     lines = [line for message, names in pairs for line in _lines(message, names)]
     if max_item_chars is not None:
@@ -173,10 +168,8 @@ def summary_request(
     max_item_chars: int | None = None,
     notes: str | None = None,
 ) -> ModelRequest:
-    """The summary call for ``messages`` (and the earlier ``notes`` to rewrite with them):
-    the framing, one user message (the data, then ``instructions``), no tools, ``settings``
-    without their output cap, tool settings, extended thinking and prompt caching, output
-    capped at ``max_tokens``."""
+    """The summary call for ``messages`` (and ``notes`` to rewrite): the framing, then the
+    data and ``instructions``; no tools, ``settings`` without those it must not carry."""
     transcript = render_transcript(messages, max_item_chars=max_item_chars)
     if notes is None:
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
@@ -192,8 +185,7 @@ def summary_request(
 
 
 def summary_instruction(instructions: str | None, *, rewrite: bool) -> str:
-    """The instruction a summary request ends with: ``instructions`` when given, else
-    the default for new notes or for a rewrite of full notes."""
+    """``instructions``, else the default for new notes or for a rewrite."""
     if instructions:
         return instructions
     return DEFAULT_UPDATE_INSTRUCTIONS if rewrite else DEFAULT_SUMMARY_INSTRUCTIONS
@@ -204,11 +196,9 @@ _SPECIFIC = re.compile(r"\d|\w[-_./]\w|\b[A-Z]{2,}[a-z]*\b|\s[A-Z][a-z]")
 
 
 def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[str]:
-    """The specifics of ``messages`` in their own words: each user sentence that holds a
-    number, an identifier or a name, and each tool result's fields (JSON objects
-    flattened to ``key=value``) or its sentences that hold one; each on one line (so that
-    dropping a line said before drops whole quotes only), cut in its middle to
-    ``max_chars``."""
+    """The specifics of ``messages`` in their own words, one per line (dropping a repeated
+    line drops whole quotes): user sentences holding a number, identifier or name, and
+    tool results' JSON fields (``key=value``) or such sentences."""
     lines: list[str] = []
     for message, names in zip(messages, _result_names(messages), strict=True):
         if message.role is Role.USER and not message.is_summary:
@@ -269,9 +259,8 @@ def summary_message(text: str, covers: Iterable[str]) -> Message:
 
 @frozen
 class Summary:
-    """A summary the model wrote: its ``text`` (its complete lines, when it reached its
-    cap), ``tokens`` and ``input_tokens`` as the model reported them (``0`` when not),
-    ``outcome`` one of ``SUMMARY_COMPLETE``, ``SUMMARY_CUT`` and ``SUMMARY_RETRIED``."""
+    """A summary the model wrote, its reported ``tokens`` and ``input_tokens``, and how it
+    came back (``outcome``)."""
 
     text: str
     tokens: int
@@ -301,9 +290,8 @@ async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
 
 
 def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
-    """The summary in ``response`` (outcome ``whole``); at its cap, its complete part
-    (outcome ``cut``, its reported output tokens pro rata), or ``None`` when that holds
-    nothing besides headings."""
+    """The summary in ``response``; at its cap, its complete part, or ``None`` when that
+    holds nothing besides headings."""
     text = _cleaned(response.message.text)
     if response.stop_reason is not StopReason.MAX_TOKENS:
         if not text:
@@ -317,9 +305,8 @@ def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
 
 
 def _cleaned(text: str) -> str:
-    """``text`` without lines that only echo the request's delimiters (``<<<``, ``>>>``, or
-    them run together) and without a line said before (small models repeat lines; the
-    same words, case and spacing aside)."""
+    """``text`` without lines that only echo the delimiters or repeat an earlier line (small
+    models repeat lines)."""
     seen: set[str] = set()
     kept = []
     for line in text.splitlines():
@@ -341,10 +328,8 @@ def _shorter(request: ModelRequest) -> ModelRequest:
 
 _BULLET = re.compile(r"^\s*[-*•]\s+")
 _HEADING = re.compile(r"#{1,6}(?:\s.*)?|(\*\*|__)[^*_]*\1:?|.*:|[-*_=•\s]+")
-"""A line that is only a heading (after its bullet): ``## Facts``, ``**Facts**``,
-``Facts:``, or a rule (``---``). A Markdown or bold line holding facts counts too: a
-summary of such lines alone costs a shorter second call, while a heading kept as the
-summary would stand for the whole conversation it replaces."""
+"""A line that is only a heading: ``## Facts``, ``**Facts**``, ``Facts:`` or ``---`` (a
+bold line of facts too: a second call costs less than a heading standing for all)."""
 
 
 def _holds_content(text: str) -> bool:

@@ -56,8 +56,7 @@ class CharacterEstimator:
 @frozen(kw_only=True, cache_hash=True)
 class ByteEstimator:
     """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image
-    (measured against SmolLM2: the README's "A bounded prompt view"; 765 per image is
-    OpenAI's cost of one high-detail 512×512 tile set, not measurable on a text-only model)."""
+    (measured against SmolLM2; 765 is OpenAI's cost of a high-detail 512×512 image)."""
 
     bytes_per_token: float = field(
         default=3.0,
@@ -83,8 +82,7 @@ _RESULT_CHARS = len('{"tool_call_id":"","content":""}')  # and of a tool result
 
 
 def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
-    """The weighed length of ``arguments`` as a prompt carries them (``prompt_text``),
-    without encoding a flat str-to-str mapping."""
+    """The weighed length of ``arguments`` in ``prompt_text``, a flat str mapping not encoded."""
     if isinstance(arguments, str):
         return weighed_length(arguments)
     if not arguments:
@@ -119,9 +117,8 @@ def prompt_text(message: Message) -> str:
 
 
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
-    """Counts one message with ``tokenizer``: its ``prompt_text`` (tool results raw, not
-    JSON-escaped), plus the tokenizer's ``image_tokens`` per image and ``message_overhead``.
-    The default estimator needs only (weighed) lengths, so it encodes no JSON."""
+    """Counts one message's ``prompt_text`` with ``tokenizer``, plus its ``image_tokens`` per
+    image and ``message_overhead`` (the default estimator needs only lengths: no JSON)."""
     count_tokens = tokenizer.count_tokens
     image_tokens = int(getattr(tokenizer, "image_tokens", 85))
     overhead = int(getattr(tokenizer, "message_overhead", 0))
@@ -161,9 +158,7 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
 
 
 class Estimates:
-    """The token estimates of messages by ``tokenizer``, each message object counted once
-    (messages are immutable): the engine keeps one per log and tokenizer, so a later turn
-    counts only what it added."""
+    """The token estimates of messages by ``tokenizer``, each message object counted once."""
 
     __slots__ = ("_count", "_known", "tokenizer")
 

@@ -36,9 +36,7 @@ def orphan_results(log: Sequence[Message]) -> list[int]:
 
 def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every result in ``log`` that answers no open call of its
-    tool message's assistant message (before its call, a second answer, or one whose nearest
-    open call is another message's); ``orphans=False`` leaves out tool messages that answer
-    no call at all."""
+    tool message's assistant message (``orphans=False``: not of messages answering none)."""
     layout = Layout.scanned(log)
     whole = set() if orphans else set(layout.orphans)
     return [item for item in layout.misplaced if item[0] not in whole]
