@@ -79,13 +79,19 @@ OLDEST_TESTS = (
     "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
     "--ignore=tests/test_recovery_property.py"
 )
+SDK_FLOOR = "python tests/smoke/sdk_floor.py --at-floor"
 
 
 def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
     code, commands, scratch = run_ci(tmp_path, fail="no such step")
     assert code == 0
     assert commands[0].startswith("python3 -m venv ")
-    oldest = f"{commands[0].split()[-1].rsplit('/', 1)[0]}/oldest"
+    work = commands[0].split()[-1].rsplit("/", 1)[0]
+    oldest, sdks = f"{work}/oldest", f"{work}/sdks"
+    lowest_sdks = (
+        f"uv pip install --quiet --python {sdks}/bin/python --resolution lowest-direct "
+        "-e .[openai,anthropic] trio>=0.32"
+    )
     assert commands[1:] == [
         "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet -e .[test,local]",
@@ -96,6 +102,11 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet uv",
         f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
         OLDEST_TESTS,
+        f"python3 -m venv {sdks}",
+        f"{lowest_sdks} httpx",
+        SDK_FLOOR,
+        f"{lowest_sdks} --upgrade-package httpx",
+        SDK_FLOOR,
         "python examples/one.py",
         "python examples/two.py",
         "ruff check littleghost tests examples benchmarks",
@@ -112,6 +123,8 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pytest -q",
         "uv pip install --quiet --python * --resolution lowest-direct -e .[[]test]",  # [[] is "["
         OLDEST_TESTS,
+        "uv pip install --quiet --python */sdks/bin/python * httpx",
+        SDK_FLOOR,
         "python examples/one.py",
     ],
 )
