@@ -951,6 +951,11 @@ def _history(value: object) -> list[Message]:
     return [] if value is None else check_history(value, "history", keep=False)
 
 
+WALL_CLOCK_SECONDS = 1e9
+"""A deadline at least this (2001 as a Unix time, 31 years of a monotonic clock) is
+``time.time()``-based: anyio's clocks count from about the machine's boot."""
+
+
 def _check_timing(timeout: object, deadline: object) -> None:
     """Check ``timeout`` and ``deadline`` (no event loop needed)."""
     if timeout is not None and (
@@ -961,6 +966,11 @@ def _check_timing(timeout: object, deadline: object) -> None:
         isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline)
     ):
         raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
+    if deadline is not None and WALL_CLOCK_SECONDS <= deadline < math.inf:
+        raise ConfigurationError(
+            f"deadline {deadline!r} is a wall-clock time (time.time()), decades away on "
+            "anyio's clock: give anyio.current_time() + seconds, or timeout=seconds"
+        )
 
 
 def _deadline(timeout: float | None, deadline: float | None) -> float:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
+import time
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -238,6 +240,23 @@ async def test_bad_arguments_are_named_before_a_missing_model(entry: str) -> Non
                 pass
         else:
             await anyio.to_thread.run_sync(lambda: agent.run_sync("hi", timeout=-1))
+
+
+@pytest.mark.parametrize("entry", ["run", "stream", "run_sync"])
+async def test_a_wall_clock_deadline_is_refused(entry: str) -> None:
+    """A deadline from time.time() is decades away on anyio's clock: it would be no
+    deadline at all, so it is refused before the run, naming the clock to use."""
+    agent = Agent(model=ScriptedModel([text_response("never")]))
+    deadline = time.time() + 1
+    with pytest.raises(ConfigurationError, match=r"wall-clock time.*anyio\.current_time"):
+        if entry == "run":
+            await agent.run("hi", deadline=deadline)
+        elif entry == "stream":
+            async with agent.stream("hi", deadline=deadline):
+                pass
+        else:
+            await anyio.to_thread.run_sync(lambda: agent.run_sync("hi", deadline=deadline))
+    assert (await agent.run("hi", deadline=math.inf)).output == "never"
 
 
 async def test_callable_instructions_receive_the_context() -> None:
