@@ -20,7 +20,7 @@ from typing import Any, TypeVar, overload
 
 from attrs import frozen
 
-from littleghost._validators import is_number, wrong_value
+from littleghost._validators import is_number
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
@@ -77,6 +77,14 @@ class ToolDefinition:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _not_a_function(value: object) -> str:
+    """What a tool error names in place of a function: a class as ``the class X`` (no
+    instance of it is a tool either), anything else by its type and ``repr``."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    return f"{type(value).__name__} {value!r:.60}"
+
+
 @overload
 def tool(function: F) -> F: ...
 
@@ -114,7 +122,7 @@ def tool(
         if not inspect.isfunction(inspect.unwrap(function)):  # functools.cache's too
             raise ConfigurationError(
                 "@tool decorates a function (a def, in a class body for a method), not "
-                f"{type(target).__name__} {wrong_value(target)[:60]}: wrap it in one (a "
+                f"{_not_a_function(target)}: wrap it in one (a "
                 "bound method goes in tools= as it is)"
             )
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
@@ -188,8 +196,8 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
         function, is_method = function.__func__, False
     if not (inspect.ismethod(function) or inspect.isfunction(inspect.unwrap(function))):
         raise ConfigurationError(
-            f"a tool is a function or a method, not {type(function).__name__} "
-            f"{wrong_value(function)[:60]}: wrap it in a def (its parameters, types and "
+            f"a tool is a function or a method, not {_not_a_function(function)}: "
+            "wrap it in a def (its parameters, types and "
             "docstring are the tool's)"
         )
     options = tool_options(function) or {}

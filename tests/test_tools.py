@@ -1318,6 +1318,19 @@ def test_tool_takes_functions_only_and_says_how_to_wrap_anything_else(
         assert type("Listing", (Agent,), {"tools": [target]})().tool_specs[0].name == "find"
 
 
+def test_a_class_given_as_a_tool_is_not_told_to_become_an_instance() -> None:
+    """A class (another agent, say) is no tool, and neither is an instance of it: the
+    error names the class and says to wrap it in a def, with no ``X(...)?`` hint."""
+
+    class Writer(Agent):
+        model = ScriptedModel([])
+
+    for make in (lambda: tool(Writer), lambda: type("Boss", (Agent,), {"tools": [Writer]})):
+        with pytest.raises(ConfigurationError, match="not the class Writer: wrap it in") as caught:
+            make()
+        assert "did you mean" not in str(caught.value)
+
+
 @functools.cache
 def square(n: int) -> str:
     """Square a number."""
