@@ -6,11 +6,21 @@ SQLite database locked by another connection; model errors and stalls; tools tha
 hang, time out, block a thread, let a cancellation of their own escape or end the process) and its stop (a deadline, a caller's cancel scope, a
 cancellation at the k-th await) from a seeded generator; two runs in five use
 ``@manage_context``, with summary calls and chat calls that overflow, fail or stall;
-``tests/faults.py`` says what is checked after each. ``tests/test_faults.py`` runs a smaller campaign in CI.
+``tests/faults.py`` says what is checked after each. Half the runs draw extras besides:
+sub-agents run from tools (with faults, deadlines, a longer grace of their own, a
+``cancel()`` from their tool or a racing sibling), hooks that append to the log, rebuild
+or add to the request, rewrite answers and results, give calls one id or raise, tools
+that append to the log or make side calls under a timeout, an ``output_type`` (answers
+that fit or not, natively or through ``final_result``), a small ``max_turns``, stream
+consumers that read slowly or raise in their loop, and runs of the same session racing it
+(faulty ones, a fault-free one, or ``compact_session``). With ``--postgres``, every third
+run uses a PostgreSQL store, whose session lock's connection the server may end
+mid-run. ``tests/test_faults.py`` runs a smaller campaign in CI.
 
     python benchmarks/faults.py                 # 5 000 runs per backend
     python benchmarks/faults.py --runs 500 --seed 7
     python benchmarks/faults.py --runs 1000 --concurrency 2   # the tightest timing
+    python benchmarks/faults.py --postgres postgresql://localhost/faults
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5_000, help="runs per backend")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument(
+        "--postgres", metavar="CONNINFO", help="every third run on this PostgreSQL database"
+    )
     arguments = parser.parse_args()
     # Thousands of expected warnings (cleanups cut short, late thread results): not shown.
     logging.getLogger("littleghost").setLevel(logging.ERROR)
@@ -47,6 +60,7 @@ def main() -> int:
                     arguments.runs,
                     directory=Path(directory),
                     concurrency=arguments.concurrency,
+                    postgres=arguments.postgres,
                 ),
                 backend=backend,
             )

@@ -39,23 +39,45 @@ After each run the harness checks:
   from an overflow without figures at least halves the request); a ``CompactionError``
   never escapes; the fault-free run of the session uses the same agent class.
 
+Half the runs draw extras (``_plan_extras``, from a generator of their own, so a run
+without them is the run it was before): sub-agents from tools (``sub_run``: faults, a stop
+and a grace of their own, a ``cancel()`` from their tool or a racing sibling), hooks that
+append to the log, rebuild or add to the request, rewrite answers and results, give calls
+one id or raise, tools that append to the log or make side calls, an ``output_type``,
+small ``max_turns``, ``max_tool_calls`` and ``max_tool_result_tokens``, stream consumers
+that read slowly or raise, and runs of the same session beside it (faulty ones, a
+fault-free one, ``compact_session``); on PostgreSQL the server ends the session lock's
+connection or holds the session's row. Besides the checks
+above (for every run of the session, and every sub-agent's): every result a
+``ToolCallFinished`` reported is stored; ``events.messages`` after a consumer left early
+answers every call (as the view shows them); a hook's exception is what the run raised,
+every call answered; a typed run's output is a ``Ticket``, an ``OutputValidationError``
+only after a misfit; a side call's wait for a slow consumer never stops its tool at its
+timeout; a sibling's ``cancel()`` ends a racing sub-agent as a cancellation; a run beside
+never fails but at its own deadline, and ends within it. (Each check skips what a store
+fault, or a cleanup cut at the grace on a busy store, may leave undone.)
+
 ``campaign()`` runs a number of them concurrently and returns a ``Report``.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import math
 import random
 import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 from attrs import define, field
 
 from littleghost import (
@@ -64,19 +86,25 @@ from littleghost import (
     Role,
     RunContext,
     ToolCall,
+    after_model,
+    after_tool,
     before_model,
+    before_tool,
     manage_context,
     tool,
 )
 from littleghost.context import (
+    CompactionStrategy,
     Pipeline,
     PromptBudget,
     Summarization,
     ToolResultCompaction,
     TurnExcerpts,
 )
+from littleghost.context.compaction import compact_session
 from littleghost.context.records import COMPACTION_KIND_KEY, EXCLUSION, is_record, record_covers
 from littleghost.context.tokens import estimate_request
+from littleghost.context.view import build_view
 from littleghost.errors import (
     CompactionError,
     ContextWindowOverflowError,
@@ -84,6 +112,7 @@ from littleghost.errors import (
     InvalidRequestError,
     LimitExceededError,
     OutputLimitError,
+    OutputValidationError,
     PromptBudgetError,
     ProtocolError,
     ProviderError,
@@ -91,9 +120,11 @@ from littleghost.errors import (
     RateLimitError,
     SessionStoreError,
 )
+from littleghost.events import ToolCallFinished
 from littleghost.models import ModelRequest, ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import text_response
+from tests.stores import postgres_schema
 
 GRACE = 0.1
 """The cleanup grace of the harness's agents, in seconds."""
@@ -180,6 +211,45 @@ class Chaos:
     the run its scale."""
     overflows: list[tuple[int, ContextWindowOverflowError]] = field(factory=list)
     """(turn, error) of each overflow the chat calls raised."""
+    postgres: str | None = None
+    """The connection string of the PostgreSQL store under the faults, if it is one."""
+    inner: SessionStore | None = None
+    """The store under the faults (for the sessions of sub-agents)."""
+    session_id: str = ""
+    extra: random.Random | None = None
+    """Draws the extras (``_plan_extras``) and the sub-agents' runs, apart from ``rng``."""
+    note_turn: int | None = None
+    """A ``before_model`` hook appends a user message to the log at this turn."""
+    inject: bool = False
+    """A ``before_model`` hook adds a message to the request, not to the log."""
+    redact: bool = False
+    """A ``before_model`` hook rebuilds the request's tool messages under new ids."""
+    edit_response: bool = False
+    """An ``after_model`` hook rewrites the answer's text under a new message id."""
+    rename_calls: bool = False
+    """An ``after_model`` hook gives every call of an answer one id."""
+    edit_result: bool = False
+    """An ``after_tool`` hook rewrites each result."""
+    output: str | None = None
+    """With an ``output_type``: ``fits``, ``misfit once`` or ``misfit`` (the final answers)."""
+    finals: int = 0
+    hook_fault: tuple[str, str] | None = None
+    """(``before_tool`` or ``after_tool``, ``error`` or ``cancellation``): that hook raises
+    at its first call."""
+    hook_raised: BaseException | None = None
+    reported: list[Any] = field(factory=list)
+    """The results ``ToolCallFinished`` events reported."""
+    left: tuple[Message, ...] | None = None
+    """``events.messages`` after a stream's consumer left early."""
+    attempted: set[str] = field(factory=set)
+    """The ids of every message the run asked its store to append."""
+    unseen: dict[str, int] = field(factory=dict)
+    """Messages a ``before_model`` hook appended, by turn: not in that turn's requests."""
+    racers: list[Chaos] = field(factory=list)
+    """Faulty runs of the same session beside this one."""
+    subs: list[Chaos] = field(factory=list)
+    """The runs of sub-agents (``delegate``, ``race``)."""
+    sub_violations: list[str] = field(factory=list)
 
     async def point(self, where: str = "") -> None:
         """An instrumented await: the caller's scope may be cancelled here."""
@@ -224,6 +294,7 @@ class ChaosStore:
         index = chaos.appends
         chaos.appends += 1
         records = any(is_record(message) for message in messages)
+        chaos.attempted.update(message.id for message in messages)
         await chaos.point("a compaction record's append" if records else "")
         kind, seconds = chaos.store_faults.get(index, ("", 0.0))
         if records:
@@ -242,6 +313,13 @@ class ChaosStore:
         elif kind == "store error":
             chaos.ending(kind)
             raise SessionStoreError("injected: the store is down")
+        elif kind == "postgres busy" and chaos.postgres is not None:
+            if await anyio.to_thread.run_sync(_hold_row, chaos.postgres, session_id, seconds):
+                chaos.fired[kind] += 1
+        elif kind == "postgres lock ended" and chaos.postgres is not None:
+            ended = await anyio.to_thread.run_sync(_end_lock, chaos.postgres, session_id)
+            if ended:
+                chaos.ending(kind)
         await self.inner.append(session_id, messages)
         if kind == "store error after writing":
             chaos.ending(kind)
@@ -256,6 +334,44 @@ class ChaosStore:
 
     def lock(self, session_id: str) -> Any:
         return self.inner.lock(session_id)  # type: ignore[attr-defined]
+
+
+def _end_lock(conninfo: str, session_id: str) -> bool:
+    """End the PostgreSQL backend that holds the session lock of ``session_id`` (as a
+    server restart or an idle timeout would); False when none holds it."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        rows = connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND granted AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint)"
+            " = hashtextextended(quote_ident(current_schema()) || '.' || %s, 0)",
+            (session_id,),
+        ).fetchall()
+    return bool(rows)
+
+
+def _hold_row(conninfo: str, session_id: str, seconds: float) -> bool:
+    """Hold the PostgreSQL row of ``session_id`` from another connection for ``seconds``
+    (its writes wait on the server); False when the session has no row yet."""
+    import psycopg
+
+    blocker = psycopg.connect(conninfo)
+    row = blocker.execute(
+        "SELECT 1 FROM littleghost_sessions WHERE id = %s FOR UPDATE", (session_id,)
+    ).fetchone()
+    if row is None:
+        blocker.close()
+        return False
+
+    def release() -> None:
+        blocker.rollback()
+        blocker.close()
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
+    return True
 
 
 def _lock_database(path: str, seconds: float) -> bool:
@@ -293,6 +409,7 @@ class ChaosModel:
     provider = "chaos"
     name = "chaos"
     context_window = None
+    supports_output_schema = True
 
     def __init__(self, turns: list[list[str]], chaos: Chaos) -> None:
         self.turns = turns
@@ -305,12 +422,19 @@ class ChaosModel:
         chaos = self.chaos
         if request.purpose == SUMMARY_PURPOSE:
             return await self._summary(request)
+        if request.purpose == SIDE:
+            chaos.fired["side call"] += 1
+            await chaos.point("a side call")
+            return text_response("fine")
         index = chaos.calls
         chaos.calls += 1
         await chaos.point()
         kind, seconds = chaos.model_faults.get(index, ("", 0.0))
         turn = self.context.turn if self.context is not None else -1
-        chaos.shown.extend(view_problems(request.messages, self.context, self.question))
+        unseen = {key for key, when in chaos.unseen.items() if when == turn}
+        if chaos.redact and self.context is not None:  # shown rebuilt, under new ids
+            unseen.update(m.id for m in self.context.messages if m.tool_results)
+        chaos.shown.extend(view_problems(request.messages, self.context, self.question, unseen))
         if chaos.variant != "plain":
             size = estimate_request(request.messages, request.tools, request.settings)
             chaos.sizes.append((turn, size, kind == "model overflow", chaos.calibrated))
@@ -346,6 +470,8 @@ class ChaosModel:
         self.turn += 1
         ids = {"id": "replayed"} if chaos.replay else {}
         text = f"Step {self.turn}: {FILLER}" if chaos.variant != "plain" else ""
+        if not names and chaos.output is not None:
+            return self._final(request, ids)
         if not names:
             return ModelResponse(Message.assistant(text or "done", **ids), StopReason.END_TURN)
         calls = [
@@ -354,6 +480,21 @@ class ChaosModel:
         ]
         message = Message.assistant(text, tool_calls=calls, **ids)
         return ModelResponse(message, StopReason.TOOL_USE)
+
+    def _final(self, request: ModelRequest, ids: dict[str, str]) -> ModelResponse:
+        """A typed answer (as ``final_result``'s arguments when the request offers it) that
+        fits ``Ticket`` or not, as ``chaos.output`` says."""
+        chaos = self.chaos
+        chaos.finals += 1
+        misfit = chaos.output == "misfit" or (chaos.output == "misfit once" and chaos.finals == 1)
+        answer: dict[str, Any] = {"order_id": 42} if misfit else {"order_id": "42", "urgent": True}
+        if any(spec.name == "final_result" for spec in request.tools):
+            calls = [ToolCall(f"final-{chaos.finals}", "final_result", answer)]
+            if chaos.repeat_ids:  # a misfit first, under the same id
+                calls.insert(0, ToolCall(calls[0].id, "final_result", {"order_id": 42}))
+            return ModelResponse(Message.assistant(tool_calls=calls, **ids), StopReason.TOOL_USE)
+        text = json.dumps(answer)
+        return ModelResponse(Message.assistant(text, **ids), StopReason.END_TURN)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The request's estimate as the provider's count (``None`` when this run's model
@@ -491,6 +632,218 @@ class ChaosAgent(Agent):
     async def exit(self) -> str:
         """End the process (the run must let SystemExit through as itself)."""
         raise SystemExit(3)
+
+    @before_model
+    async def edit_request(self, request: ModelRequest, context: RunContext) -> Any:
+        """Append a user message to the log at the turn the run drew, or add one to the
+        request alone."""
+        chaos = _chaos(context)
+        if chaos is None:
+            return None
+        if chaos.note_turn == context.turn:
+            chaos.note_turn = None
+            chaos.fired["hook appends a message"] += 1
+            note = Message.user(f"A note at turn {context.turn}.")
+            chaos.unseen[note.id] = context.turn  # the request was made before it
+            await context.append(note)
+        messages = request.messages
+        if chaos.redact and any(m.tool_results for m in messages):
+            chaos.fired["hook rebuilds results"] += 1
+            messages = tuple(_redacted(m) if m.tool_results else m for m in messages)
+        if chaos.inject:
+            chaos.fired["hook adds to the request"] += 1
+            messages = (*messages, Message.user("Be brief."))
+        return None if messages is request.messages else attrs.evolve(request, messages=messages)
+
+    @after_model
+    def edit_answer(self, response: ModelResponse, context: RunContext) -> Any:
+        """Give the calls of an answer one id, or rewrite its text under a new id."""
+        chaos = _chaos(context)
+        if chaos is None:
+            return None
+        message = response.message
+        if chaos.rename_calls and len(message.tool_calls) > 1:
+            chaos.fired["hook gives calls one id"] += 1
+            calls = [
+                attrs.evolve(call, id=f"renamed-{context.turn}") for call in message.tool_calls
+            ]
+            message = Message.assistant(message.text, tool_calls=calls, id=message.id)
+        if chaos.edit_response:  # a typed answer keeps its text, to fit as it did
+            chaos.fired["hook rewrites an answer"] += 1
+            text = message.text if chaos.output is not None else f"{message.text} (edited)"
+            message = Message.assistant(text, tool_calls=message.tool_calls)
+        return None if message is response.message else attrs.evolve(response, message=message)
+
+    @before_tool
+    async def fail_before_tool(self, call: ToolCall, context: RunContext) -> None:
+        """Raise, as the run drew."""
+        await _hook_fault("before_tool", context)
+
+    @after_tool
+    async def edit_result(self, result: Any, context: RunContext) -> Any:
+        """Raise, as the run drew, or rewrite a tool's result."""
+        await _hook_fault("after_tool", context)
+        chaos = _chaos(context)
+        if chaos is None or not chaos.edit_result:
+            return None
+        chaos.fired["hook rewrites a result"] += 1
+        return attrs.evolve(result, content=f"{result.content} (checked)")
+
+
+class HookFailure(Exception):
+    """What a hook raises (``Chaos.hook_fault``): the run raises it as it is."""
+
+
+async def _hook_fault(kind: str, context: RunContext) -> None:
+    chaos = _chaos(context)
+    if chaos is None or chaos.hook_fault is None or chaos.hook_fault[0] != kind:
+        return
+    what = chaos.hook_fault[1]
+    chaos.hook_fault = None
+    chaos.ending(f"{kind} hook raises {what}")
+    error = HookFailure(kind) if what == "error" else await stray_cancellation()
+    chaos.hook_raised = error
+    raise error
+
+
+def _redacted(message: Message) -> Message:
+    """``message``'s results, rebuilt under a new id with their text replaced."""
+    results = [attrs.evolve(r, content="(redacted)") for r in message.tool_results]
+    return Message(Role.TOOL, results)
+
+
+def _chaos(context: RunContext) -> Chaos | None:
+    """The faults of a faulty run (``None`` in a fault-free one)."""
+    model = context.model
+    return model.chaos if isinstance(model, ChaosModel) else None
+
+
+SIDE_TIMEOUT = 0.08
+"""The ``side`` tool's timeout: its calls take no time, its consumer up to 0.1 s an event."""
+
+
+class Extras(ChaosAgent):
+    """Tools drawn by ``_plan_extras``: sub-agents, side calls, an append to the log."""
+
+    @tool
+    async def delegate(self, context: RunContext) -> str:
+        """Run a sub-agent with faults and a stop of its own."""
+        chaos = _chaos(context)
+        return "alone" if chaos is None else await sub_run(chaos)
+
+    @tool
+    async def race(self, context: RunContext) -> str:
+        """Run two sub-agents; the first to end cancels the other."""
+        chaos = _chaos(context)
+        if chaos is None:
+            return "alone"
+        chaos.fired["sub-agents racing"] += 1
+        ended: list[str] = []
+        async with anyio.create_task_group() as group:
+
+            async def one() -> None:
+                try:
+                    ended.append(await sub_run(chaos, group.cancel_scope))
+                except Exception as error:
+                    ended.append(f"failed: {type(error).__name__}")
+                group.cancel_scope.cancel()
+
+            group.start_soon(one)
+            group.start_soon(one)
+        return ended[0]
+
+    @tool(timeout=SIDE_TIMEOUT)
+    async def side(self, context: RunContext) -> str:
+        """Make two side calls, well within the timeout (the time a slow consumer takes
+        their ``SideCallFinished`` events is not counted)."""
+        for _ in range(2):
+            await context.complete(ModelRequest((Message.user("Check."),), purpose=SIDE))
+        return "checked"
+
+    @tool
+    async def note(self, context: RunContext) -> str:
+        """Append a user message to the log while the call is open."""
+        chaos = _chaos(context)
+        if chaos is not None:
+            chaos.fired["tool appends a message"] += 1
+        await context.append(Message.user("A note from a tool."))
+        return "noted"
+
+
+EXTRA_TOOLS = ("delegate", "race", "note", "side")
+SIDE = "side check"
+"""The purpose of the ``side`` tool's calls."""
+
+
+def with_extras(kind: type[ChaosAgent]) -> type[ChaosAgent]:
+    """``kind`` with the ``Extras`` tools."""
+    if kind not in _WITH_EXTRAS:
+        _WITH_EXTRAS[kind] = type(f"{kind.__name__}WithExtras", (Extras, kind), {})
+    return _WITH_EXTRAS[kind]
+
+
+_WITH_EXTRAS: dict[type[ChaosAgent], type[ChaosAgent]] = {}
+
+
+async def sub_run(
+    parent: Chaos, sibling: anyio.CancelScope | None = None, *, racing: bool = False
+) -> str:
+    """A sub-agent's run (from a tool) on a session of its own, with faults and a stop of its
+    own (its deadline, or a ``cancel()`` inside the outer run, on a timer or at an await),
+    checked as a run is; a sibling's ``cancel()`` (``race``) must end it as a cancellation.
+    ``racing``: a faulty run of the parent's session beside it instead (``Chaos.racers``)."""
+    rng = parent.extra
+    assert rng is not None and parent.inner is not None
+    if racing:
+        session_id = parent.session_id
+        sub = Chaos(rng, inner=parent.inner, session_id=session_id, postgres=parent.postgres)
+        parent.racers.append(sub)
+        await anyio.sleep(rng.uniform(0.0, 0.1))
+    else:
+        session_id = f"{parent.session_id}/sub-{len(parent.subs)}"
+        sub = Chaos(rng, inner=parent.inner, session_id=session_id, extra=rng)
+        parent.subs.append(sub)
+    parent.fired["racing faulty run" if racing else "sub-agent"] += 1
+    turns, stop = _plan(rng, sub)
+    turns = [[name for name in names if name != "exit"] for names in turns]
+    model = ChaosModel(turns, sub)
+    grace = rng.choice((GRACE, 1.0))  # a longer grace of its own never adds up to the outer's
+    store = ChaosStore(parent.inner, sub)
+    agent = VARIANTS[sub.variant](model=model, session_store=store, cleanup_grace=grace)
+    timeout = stop.get("timeout")
+    began = time.monotonic()
+    error: Exception | None = None
+    with anyio.CancelScope() as local:
+        sub.scope = local
+        if "cancel_after" in stop:
+            parent.fired["sub-agent cancelled by its tool"] += 1
+            local.deadline = anyio.current_time() + stop["cancel_after"]
+            sub.cancelled_at = began + stop["cancel_after"]
+        try:
+            await _drive(agent, session_id, timeout, stop["stream"], rng, sub)
+        except Exception as caught:
+            error = caught
+    elapsed = time.monotonic() - began
+    cancel_at = None if sub.cancelled_at is None else sub.cancelled_at - began
+    if cancel_at is not None and cancel_at >= elapsed:
+        cancel_at = None
+    stop_at = min((t for t in (timeout, cancel_at) if t is not None), default=None)
+    problems = _check_outcome(error, local.cancelled_caught, sub, cancel_at, timeout, began)
+    problems.extend(_overflow_problems(error, sub))
+    if stop_at is not None and elapsed > stop_at + grace + TOLERANCE:
+        problems.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {grace})")
+    by_sibling = sibling is not None and sibling.cancel_called and sub.ending_fault_at is None
+    if by_sibling and error is not None and (timeout is None or elapsed < timeout):
+        problems.append(f"a sibling's cancel() was replaced by {error!r}")
+    problems.extend(sub.shown)
+    label = "racing run" if racing else "sub-agent"
+    parent.sub_violations.extend(
+        f"{label} {session_id} ({turns}, {stop}, {sub.fired}): {p}" for p in problems
+    )
+    parent.fired.update(f"{label}: {kind}" for kind in sub.fired)
+    if error is not None and not racing:
+        raise error
+    return "cancelled" if local.cancelled_caught else "done"
 
 
 WINDOW = 1_000
@@ -747,39 +1100,157 @@ def history(rng: random.Random) -> list[Message]:
     return log
 
 
+HOOK_FAULTS = ("error", "cancellation")
+STRATEGIES = ("auto", "native", "tool")
+"""The ``output_strategy`` of a run with an ``output_type``."""
+EXTRA_SHARE = 0.5
+"""The share of the runs that draw extras (``_plan_extras``), from a generator of their
+own: a run without extras is the run it was before they came."""
+
+
+@attrs.frozen
+class Ticket:
+    """The ``output_type`` of the runs that draw one."""
+
+    order_id: str
+    urgent: bool
+
+
+@define
+class Drawn:
+    """What a run drew besides its faults: a stream consumer's ways, an ``output_type``,
+    ``max_turns``, and a run or ``compact_session`` of the same session beside it."""
+
+    consumer: str | None = None
+    output_strategy: str = "auto"
+    max_turns: int | None = None
+    beside: str | None = None
+    """``racing run`` or ``compaction``: started ``delay`` seconds after the run."""
+    delay: float = 0.0
+    limits: dict[str, int] = field(factory=dict)
+    """``max_tool_calls`` and ``max_tool_result_tokens``, when drawn."""
+    racers: int = 0
+    """Faulty runs of the same session started beside the run (``sub_run``)."""
+    beside_stop: float | None = None
+    """The deadline of the racing run, or of a cancel scope around ``compact_session``."""
+    tools: bool = False
+
+
+def _plan_extras(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> Drawn:
+    """Draw the extras of a run (``EXTRA_SHARE`` of them) from ``chaos.extra``."""
+    rng = chaos.extra
+    assert rng is not None
+    extras = Drawn()
+    if rng.random() >= EXTRA_SHARE:
+        return extras
+    if stop["stream"] != "run" and rng.random() < 0.5:
+        extras.consumer = rng.choice(("stream slowly", "stream and raise"))
+        chaos.fired[f"consumer: {extras.consumer}"] += 1
+    if rng.random() < 0.2:
+        chaos.note_turn = rng.randint(0, 2)
+    chaos.inject = rng.random() < 0.15
+    chaos.redact = rng.random() < 0.15
+    chaos.edit_response = rng.random() < 0.15
+    chaos.rename_calls = rng.random() < 0.15
+    chaos.edit_result = rng.random() < 0.15
+    if rng.random() < 0.2:
+        chaos.output = rng.choice(("fits", "misfit once", "misfit"))
+        extras.output_strategy = rng.choice(STRATEGIES)
+        chaos.fired[f"output {chaos.output}, {extras.output_strategy}"] += 1
+    if rng.random() < 0.1:
+        chaos.hook_fault = (rng.choice(("before_tool", "after_tool")), rng.choice(HOOK_FAULTS))
+    if rng.random() < 0.15:
+        extras.max_turns = rng.randint(1, 3)
+        chaos.fired["max_turns"] += 1
+    if rng.random() < 0.1:
+        extras.limits["max_tool_calls"] = rng.randint(1, 3)
+        chaos.fired["max_tool_calls"] += 1
+    if rng.random() < 0.1:
+        extras.limits["max_tool_result_tokens"] = rng.choice((1, 3))
+        chaos.fired["max_tool_result_tokens"] += 1
+    for name in EXTRA_TOOLS:
+        if turns and rng.random() < 0.2:
+            rng.choice(turns).append(name)
+            extras.tools = True
+            chaos.fired[f"tool {name}"] += 1
+    if chaos.postgres is not None and rng.random() < 0.3:
+        chaos.store_faults[rng.randint(0, 4)] = ("postgres lock ended", 0.0)
+    if chaos.postgres is not None and rng.random() < 0.3:
+        longest = 1.5 if stop.keys() - {"stream"} else 0.2
+        chaos.store_faults[rng.randint(0, 4)] = ("postgres busy", rng.uniform(0.01, longest))
+    roll = rng.random()
+    if roll < 0.1:
+        extras.racers = rng.randint(1, 2)
+        chaos.fired[f"{extras.racers} racing faulty runs"] += 1
+    elif roll < 0.3:
+        extras.beside = "racing run" if roll < 0.2 else "compaction"
+        extras.delay = rng.uniform(0.0, 0.2)
+        chaos.fired[f"beside: {extras.beside}"] += 1
+        if rng.random() < 0.5:
+            extras.beside_stop = rng.uniform(0.0, 0.3)
+            chaos.fired[f"beside: {extras.beside} with a deadline"] += 1
+    return extras
+
+
 async def one_run(
-    rng: random.Random, inner: SessionStore, session_id: str, tolerance: float = TOLERANCE
+    rng: random.Random,
+    inner: SessionStore,
+    session_id: str,
+    tolerance: float = TOLERANCE,
+    postgres: str | None = None,
 ) -> tuple[Outcome, Chaos]:
-    """Run one faulty run, check it, then a fault-free run of its session, and check that."""
-    chaos = Chaos(rng)
+    """Run one faulty run, check it, then a fault-free run of its session, and check that
+    (``postgres``: the connection string of ``inner``, a PostgreSQL store)."""
+    chaos = Chaos(rng, inner=inner, session_id=session_id, postgres=postgres)
+    chaos.extra = random.Random(f"{rng.getstate()[1][:4]}-extras")
     turns, stop = _plan(rng, chaos)
+    extras = _plan_extras(chaos, turns, stop)
     store = ChaosStore(inner, chaos)
     kind = VARIANTS[chaos.variant]
+    if extras.tools:
+        kind = with_extras(kind)
     earlier = history(rng) if chaos.variant != "plain" else []
+    if not earlier and extras.beside == "compaction":
+        earlier = history(chaos.extra)
     if earlier:
         await inner.append(session_id, earlier)
-    agent = kind(model=ChaosModel(turns, chaos), session_store=store)
+    options: dict[str, Any] = {}
+    if chaos.output is not None:
+        options.update(output_type=Ticket, output_strategy=extras.output_strategy)
+    if extras.max_turns is not None:
+        options["max_turns"] = extras.max_turns
+    options.update(extras.limits)
+    agent = kind(model=ChaosModel(turns, chaos), session_store=store, **options)
     violations: list[str] = []
     error: BaseException | None = None
+    result: Any = None
+    others: set[str] = set()
     began = time.monotonic()
     stop_at: float | None = None
     timeout = stop.get("timeout")
     if timeout is not None:
         stop_at = timeout
-    try:
-        with anyio.CancelScope() as scope:
-            chaos.scope = scope
-            if "cancel_after" in stop:
-                scope.deadline = anyio.current_time() + stop["cancel_after"]
-                chaos.cancelled_at = began + stop["cancel_after"]
-            try:
-                await _drive(agent, session_id, timeout, stop["stream"], rng)
-            except (Exception, SystemExit) as caught:
-                error = caught
-    except anyio.get_cancelled_exc_class() as stray:  # not the scope's own: it would catch it
-        error = stray
-        violations.append("a cancellation escaped that nobody asked for")
-    elapsed = time.monotonic() - began
+    mode = extras.consumer or stop["stream"]
+    async with anyio.create_task_group() as group:
+        if extras.beside is not None:
+            group.start_soon(_beside, extras, inner, session_id, kind, others, violations)
+        for _ in range(extras.racers):
+            group.start_soon(partial(sub_run, chaos, racing=True))
+        try:
+            with anyio.CancelScope() as scope:
+                chaos.scope = scope
+                if "cancel_after" in stop:
+                    scope.deadline = anyio.current_time() + stop["cancel_after"]
+                    chaos.cancelled_at = began + stop["cancel_after"]
+                try:
+                    result = await _drive(agent, session_id, timeout, mode, rng, chaos)
+                except (Exception, SystemExit) as caught:
+                    error = caught
+        except anyio.get_cancelled_exc_class() as stray:  # not the scope's own: it would catch it
+            error = stray
+            if stray is not chaos.hook_raised:
+                violations.append("a cancellation escaped that nobody asked for")
+        elapsed = time.monotonic() - began
     cancelled = scope.cancelled_caught
     cancel_at = None if chaos.cancelled_at is None else chaos.cancelled_at - began
     if cancel_at is not None and cancel_at < elapsed:
@@ -788,32 +1259,188 @@ async def one_run(
         cancel_at = None
     violations.extend(_check_outcome(error, cancelled, chaos, cancel_at, timeout, began))
     violations.extend(_overflow_problems(error, chaos))
+    violations.extend(_output_problems(error, result, chaos))
+    violations.extend(_stream_problems(chaos))
     if stop_at is not None and elapsed > stop_at + GRACE + tolerance:
         violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
     if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
         violations.append("SystemExit from nowhere")
     violations.extend(f"the faulty run: {problem}" for problem in chaos.shown)
+    violations.extend(chaos.sub_violations)
     stored = await inner.load(session_id)
     violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
-    violations.extend(_store_first(chaos.context, stored))
+    violations.extend(_reported_problems(chaos, stored, error))
+    racing = [chaos, *chaos.racers]
+    for run in racing:
+        near = others.union(*(other.attempted for other in racing if other is not run))
+        violations.extend(_store_first(run.context, stored, near))
+    for sub in chaos.subs:
+        kept = await inner.load(sub.session_id)
+        violations.extend(f"{sub.session_id}: {problem}" for problem in log_problems(kept))
+        violations.extend(f"{sub.session_id}: {p}" for p in _store_first(sub.context, kept, set()))
+        repaired = await _repair(inner, sub.session_id, VARIANTS[sub.variant])
+        violations.extend(f"{sub.session_id}: {problem}" for problem in repaired)
     violations.extend(await _repair(inner, session_id, kind))
     described = [f"{session_id} ({turns}, {stop}, {chaos.fired}): {v}" for v in violations]
     return Outcome(elapsed, stop_at, error, cancelled, described), chaos
 
 
-async def _drive(
-    agent: Agent, session_id: str, timeout: float | None, mode: str, rng: random.Random
+async def _beside(
+    extras: Drawn,
+    inner: SessionStore,
+    session_id: str,
+    kind: type[ChaosAgent],
+    others: set[str],
+    problems: list[str],
 ) -> None:
+    """A fault-free run, or ``compact_session``, of the faulty run's session, started
+    beside it: it waits for the session and never fails (but at its deadline, or with
+    nothing to compact), ends within its deadline (and the run's grace), and what it asks
+    its store to append is in ``others``."""
+    await anyio.sleep(extras.delay)
+    recorded = Chaos(random.Random(0))
+    store = ChaosStore(inner, recorded)  # no faults: it records what is appended
+    began = time.monotonic()
+    stop = extras.beside_stop
+    try:
+        if extras.beside == "racing run":
+            await _race(kind, store, session_id, stop, problems)
+            return
+        strategy: CompactionStrategy = Summarization(model=Checking(), minimum_preserved=2)
+        with anyio.move_on_after(stop if stop is not None else math.inf):
+            try:
+                await compact_session(store, session_id, strategy)
+            except CompactionError:
+                pass
+            except Exception as error:
+                problems.append(f"compact_session beside the run failed: {error!r}")
+        late = time.monotonic() - began - (stop or math.inf)
+        if late > TOLERANCE:
+            problems.append(f"compact_session ended {late:.3f} s after its scope's deadline")
+    finally:
+        others.update(recorded.attempted)
+
+
+async def _race(
+    kind: type[ChaosAgent],
+    store: SessionStore,
+    session_id: str,
+    stop: float | None,
+    problems: list[str],
+) -> None:
+    model = Checking("Race.")
+    began = time.monotonic()
+    try:
+        await kind(model=model, session_store=store).run(
+            "Race.", session_id=session_id, timeout=stop or REPAIR_TIMEOUT
+        )
+    except Exception as error:
+        late = time.monotonic() - began - (stop or math.inf) - GRACE
+        if not isinstance(error, DeadlineExceededError) or stop is None:
+            problems.append(f"the racing run failed: {error!r}")
+        elif late > TOLERANCE:
+            problems.append(f"the racing run ended {late:.3f} s past its deadline and grace")
+    problems.extend(f"racing run: {problem}" for problem in model.problems)
+
+
+class Left(Exception):
+    """A stream consumer's own exception, raised in its loop."""
+
+
+async def _drive(
+    agent: Agent,
+    session_id: str,
+    timeout: float | None,
+    mode: str,
+    rng: random.Random,
+    chaos: Chaos,
+) -> Any:
+    """Run ``agent`` through ``run()`` or ``stream()`` (a consumer that reads everything,
+    leaves with a ``break``, reads slowly, or raises in its loop: that exception, and no
+    other, leaves the block); its result, if it completed. What the events reported, and
+    ``events.messages`` after a consumer left, go to ``chaos``."""
     if mode == "run":
-        await agent.run("Go.", session_id=session_id, timeout=timeout)
-        return
+        return await agent.run("Go.", session_id=session_id, timeout=timeout)
     leave_after = rng.randint(1, 6)
-    async with agent.stream("Go.", session_id=session_id, timeout=timeout) as events:
-        seen = 0
-        async for _ in events:
-            seen += 1
-            if mode == "stream and leave" and seen >= leave_after:
-                break
+    stream = agent.stream("Go.", session_id=session_id, timeout=timeout)
+    try:
+        async with stream as events:
+            seen = 0
+            async for event in events:
+                seen += 1
+                if isinstance(event, ToolCallFinished):
+                    chaos.reported.append(event.result)
+                if mode == "stream slowly":
+                    await anyio.sleep(rng.uniform(0.0, 0.1))
+                elif mode == "stream and raise" and seen >= leave_after:
+                    raise Left
+                elif mode == "stream and leave" and seen >= leave_after:
+                    break
+    except Left:
+        chaos.left = events.messages
+        return None
+    if mode == "stream and leave" and seen >= leave_after:
+        chaos.left = events.messages
+    return events.result if mode in ("stream", "stream slowly") else None
+
+
+def _stream_problems(chaos: Chaos) -> list[str]:
+    """A consumer that left early finds every call of ``events.messages`` answered (it can
+    pass them back as ``history=``), unless a store fault kept the run from storing the
+    answers."""
+    if chaos.left is None or not _cleanup_done(chaos):
+        return []
+    left = build_view(chaos.left)  # what a run given them as `history=` shows the model
+    return [f"events.messages after leaving: {p}" for p in request_problems(left)]
+
+
+def _reported_problems(
+    chaos: Chaos, stored: Sequence[Message], error: BaseException | None
+) -> list[str]:
+    """Every result a ``ToolCallFinished`` reported is in the store; after a hook raised
+    (and no store fault), every call is answered."""
+    kept = {(r.call_id, r.content) for m in stored for r in m.tool_results}
+    problems = [
+        f"a reported result is not stored: {result.call_id}"
+        for result in chaos.reported
+        if (result.call_id, result.content) not in kept
+    ]
+    problems.extend(
+        f"a side tool was stopped at its timeout: {result.content}"
+        for result in chaos.reported
+        if result.is_error and f"within {SIDE_TIMEOUT:g} s" in result.content
+    )
+    raised = error is not None and error is chaos.hook_raised
+    if raised and unanswered(stored) and _cleanup_done(chaos):
+        problems.append(f"a call is left open after a hook raised {error!r}")
+    return problems
+
+
+def _cleanup_done(chaos: Chaos) -> bool:
+    """No store fault of the run's own, and its cleanup did all it had to (within the
+    grace: on a store other runs keep busy it may not)."""
+    store_faults = ("store", "sqlite", "postgres")
+    if any(kind.startswith(store_faults) for kind in chaos.fired):
+        return False
+    grace = chaos.context.grace if chaos.context is not None else None
+    return grace is None or not (grace.failures or grace.uncertain)
+
+
+def _output_problems(error: BaseException | None, result: Any, chaos: Chaos) -> list[str]:
+    """With an ``output_type``: a completed run's output is a ``Ticket``, never from
+    misfit answers alone; an ``OutputValidationError`` only after a misfit."""
+    if chaos.output is None:
+        if isinstance(error, OutputValidationError):
+            return [f"an OutputValidationError without an output type: {error}"]
+        return []
+    problems = []
+    if result is not None and not isinstance(result.output, Ticket):
+        problems.append(f"a typed run's output is {result.output!r}")
+    if result is not None and chaos.output == "misfit":
+        problems.append("a run whose answers never fit completed")
+    if isinstance(error, OutputValidationError) and chaos.output == "fits":
+        problems.append(f"an OutputValidationError when every answer fits: {error}")
+    return problems
 
 
 def _check_outcome(
@@ -829,7 +1456,9 @@ def _check_outcome(
     (a cancellation by a timer may race the run's last step, fairly)."""
     problems = []
     documented = (*DOCUMENTED, *((PromptBudgetError,) if chaos.variant in BOUNDED else ()))
-    if error is not None and not isinstance(error, (*documented, SystemExit)):
+    documented += (OutputValidationError,) if chaos.output is not None else ()
+    allowed = (*documented, SystemExit)
+    if error is not None and not isinstance(error, allowed) and error is not chaos.hook_raised:
         problems.append(f"undocumented {type(error).__name__}: {error!r}")
     if chaos.ending_fault_at is not None:
         return problems  # a fault may end the run first; the race is fair either way
@@ -875,16 +1504,20 @@ def _overflow_problems(error: BaseException | None, chaos: Chaos) -> list[str]:
     return problems
 
 
-def _store_first(context: RunContext | None, stored: Sequence[Message]) -> list[str]:
+def _store_first(
+    context: RunContext | None, stored: Sequence[Message], others: set[str]
+) -> list[str]:
     """The run's log is what the store has: never more, and less only when a write
-    failed or was cut off with its outcome unknown (then the store may hold that write)."""
+    failed or was cut off with its outcome unknown (then the store may hold that write)
+    or another run or a compaction of the session (``others``) came after it."""
     if context is None:
         return []
     logged = [message.id for message in context.messages]
     kept = [message.id for message in stored]
     if kept[: len(logged)] != logged:
         return ["the run's log holds a message the store does not"]
-    if kept != logged and not context.grace.uncertain:
+    later = [message_id for message_id in kept[len(logged) :] if message_id not in others]
+    if later and not context.grace.uncertain:
         return ["the store holds a message the run's log does not, with no write in doubt"]
     return []
 
@@ -943,13 +1576,18 @@ def request_problems(messages: Sequence[Message]) -> list[str]:
 
 
 def view_problems(
-    messages: Sequence[Message], context: RunContext | None, question: str
+    messages: Sequence[Message],
+    context: RunContext | None,
+    question: str,
+    unseen: frozenset[str] | set[str] = frozenset(),
 ) -> list[str]:
     """``request_problems``, and with context management: the current ``question`` is
     shown; every message of the run's log that no record hides is shown (with a bounded
     view, which leaves older turns out by design, those of the current turn, but for a
     record of older turns only that an overflow's recovery logged in it); logged messages
-    keep their order, and summaries come before them."""
+    keep the order the view gives them (a message appended while calls were open after
+    their results), and summaries come before them; a message a ``before_model`` hook
+    appended (``unseen``) is not due in that turn."""
     problems = request_problems(messages)
     agent = context.agent if context is not None else None
     if context is None or getattr(agent, "context_management", None) is None:
@@ -966,10 +1604,11 @@ def view_problems(
         due = log[asked[-1] :] if asked else []
         older = {m.id for m in log[: asked[-1]]} if asked else set()
         due = [m for m in due if not (is_record(m) and older.issuperset(record_covers(m)))]
-    lost = [m.id for m in due if m.id not in hidden and m.id not in shown]
+    lost = [m.id for m in due if m.id not in hidden | unseen and m.id not in shown]
     if lost:
         problems.append(f"the model was not shown {len(lost)} logged message(s) no record hides")
-    position = {m.id: i for i, m in enumerate(log) if not is_record(m)}
+    # a message appended while calls were open (a tool's) comes after their results
+    position = {m.id: i for i, m in enumerate(build_view(log)) if not is_record(m)}
     order = [position[m.id] for m in messages if m.id in position]
     if order != sorted(order):
         problems.append("the model was shown logged messages out of their order")
@@ -1043,9 +1682,17 @@ async def _repair(inner: SessionStore, session_id: str, kind: type[ChaosAgent]) 
 
 
 @asynccontextmanager
-async def _store(kind: str, directory: Path) -> AsyncIterator[SessionStore]:
+async def _store(
+    kind: str, directory: Path, postgres: str | None = None
+) -> AsyncIterator[SessionStore]:
     if kind == "memory":
         yield InMemorySessionStore()
+    elif kind == "postgres":
+        from littleghost.sessions import PostgresSessionStore
+
+        assert postgres is not None
+        async with PostgresSessionStore(postgres, max_connections=4) as store:
+            yield store
     else:
         async with SQLiteSessionStore(directory / "faults.db", timeout=5) as store:
             yield store
@@ -1059,6 +1706,7 @@ async def campaign(
     concurrency: int = 20,
     store_kind: str = "mixed",
     tolerance: float = TOLERANCE,
+    postgres: str | None = None,
 ) -> Report:
     """Run ``runs`` faulty runs (``concurrency`` at a time) and report on them.
 
@@ -1067,15 +1715,17 @@ async def campaign(
         runs: How many runs.
         directory: Where the SQLite store lives.
         concurrency: Runs at the same time (each on its own session).
-        store_kind: ``memory``, ``sqlite``, or ``mixed`` (every other run on each).
+        store_kind: ``memory``, ``sqlite``, ``postgres``, or ``mixed`` (every other run on
+            each; every third with ``postgres``).
         tolerance: What a run may take past its stop time plus the grace.
+        postgres: A PostgreSQL connection string, for the ``postgres`` store.
     """
     report = Report()
     limiter = anyio.Semaphore(concurrency)
     gc.collect()
     gc.freeze()  # what earlier code left on the heap is not scanned: no long pauses
     try:
-        await _runs(report, limiter, seed, runs, directory, store_kind, tolerance)
+        await _runs(report, limiter, seed, runs, directory, store_kind, tolerance, postgres)
     finally:
         gc.unfreeze()
     return report
@@ -1089,15 +1739,26 @@ async def _runs(
     directory: Path,
     store_kind: str,
     tolerance: float,
+    postgres: str | None,
 ) -> None:
-    async with _store("memory", directory) as memory, _store("sqlite", directory) as sqlite:
+    kinds = ("memory", "sqlite", "postgres")[: 3 if postgres else 2]
+    if store_kind != "mixed":
+        kinds = (store_kind,)
+    async with AsyncExitStack() as stack:
+        if postgres is not None:  # a schema of the campaign's own
+            postgres = await stack.enter_async_context(postgres_schema(postgres))
+        stores = {
+            kind: await stack.enter_async_context(_store(kind, directory, postgres))
+            for kind in kinds
+        }
 
         async def one(index: int) -> None:
             async with limiter:
                 rng = random.Random(f"{seed}-{index}")
-                kind = store_kind if store_kind != "mixed" else ("memory", "sqlite")[index % 2]
-                inner = memory if kind == "memory" else sqlite
-                outcome, chaos = await one_run(rng, inner, f"run-{index}", tolerance)
+                kind = kinds[index % len(kinds)]
+                inner = stores[kind]
+                conninfo = postgres if kind == "postgres" else None
+                outcome, chaos = await one_run(rng, inner, f"run-{index}", tolerance, conninfo)
                 chaos.fired[f"{kind} store"] += 1
                 report.add(outcome, chaos)
 
