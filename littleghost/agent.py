@@ -763,7 +763,8 @@ class Agent:
 
         Each call runs its own event loop and owns the model it makes from a model
         string, closed at its end, so calls from several threads on one agent do not
-        share one. Takes the keywords of ``run()``.
+        share one. Takes the keywords of ``run()``; that loop is asyncio's, so a
+        ``deadline`` is a ``time.monotonic()`` time (``timeout`` is simpler).
         """
         plan = runner.plan_run(
             self,

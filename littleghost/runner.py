@@ -969,7 +969,8 @@ def _check_timing(timeout: object, deadline: object) -> None:
     if deadline is not None and WALL_CLOCK_SECONDS <= deadline < math.inf:
         raise ConfigurationError(
             f"deadline {deadline!r} is a wall-clock time (time.time()), decades away on "
-            "anyio's clock: give anyio.current_time() + seconds, or timeout=seconds"
+            "anyio's clock: give anyio.current_time() + seconds (time.monotonic() + seconds "
+            "for run_sync(), whose loop is asyncio's), or timeout=seconds"
         )
 
 

@@ -18,8 +18,8 @@ from attrs import field, frozen, validators
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
 from littleghost.agent import AgentOptions
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
-from littleghost.errors import ConfigurationError
-from littleghost.models import ModelRequest, register_provider
+from littleghost.errors import ConfigurationError, DeadlineExceededError
+from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -257,6 +257,21 @@ async def test_a_wall_clock_deadline_is_refused(entry: str) -> None:
         else:
             await anyio.to_thread.run_sync(lambda: agent.run_sync("hi", deadline=deadline))
     assert (await agent.run("hi", deadline=math.inf)).output == "never"
+
+
+def test_run_sync_takes_a_monotonic_deadline() -> None:
+    """run_sync()'s loop is asyncio's: time.monotonic() is its clock, as the wall-clock
+    error says, so such a deadline stops the run when it passes."""
+
+    async def stall(request: ModelRequest) -> ModelResponse:
+        await anyio.sleep(30)
+        raise AssertionError("the deadline did not stop the call")
+
+    agent = Agent(model=ScriptedModel([stall]))
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        agent.run_sync("hi", deadline=time.monotonic() + 0.2)
+    assert time.monotonic() - began < 5
 
 
 async def test_callable_instructions_receive_the_context() -> None:
