@@ -18,6 +18,7 @@ import inspect
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -952,8 +953,9 @@ def _history(value: object) -> list[Message]:
 
 
 WALL_CLOCK_SECONDS = 1e9
-"""A deadline at least this (2001 as a Unix time, 31 years of a monotonic clock) is
-``time.time()``-based: anyio's clocks count from about the machine's boot."""
+"""A deadline at least this far (31 years) past the clock's current time is
+``time.time()``-based: anyio's clocks count from about the machine's boot, unless the loop
+has a clock of its own (a test's frozen time, a custom trio clock)."""
 
 
 def _check_timing(timeout: object, deadline: object) -> None:
@@ -966,12 +968,21 @@ def _check_timing(timeout: object, deadline: object) -> None:
         isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline)
     ):
         raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
-    if deadline is not None and WALL_CLOCK_SECONDS <= deadline < math.inf:
+    if deadline is not None and WALL_CLOCK_SECONDS <= deadline - _now() < math.inf:
         raise ConfigurationError(
             f"deadline {deadline!r} is a wall-clock time (time.time()), decades away on "
             "anyio's clock: give anyio.current_time() + seconds (time.monotonic() + seconds "
             "for run_sync(), whose loop is asyncio's), or timeout=seconds"
         )
+
+
+def _now() -> float:
+    """The current time on the running loop's clock; without a loop, on that of
+    ``run_sync()``'s (asyncio's: ``time.monotonic()``)."""
+    try:
+        return anyio.current_time()
+    except RuntimeError:  # no event loop in this thread
+        return time.monotonic()
 
 
 def _deadline(timeout: float | None, deadline: float | None) -> float:

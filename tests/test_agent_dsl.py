@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import attrs
 import pytest
+import trio
 from attrs import field, frozen, validators
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
@@ -257,6 +258,28 @@ async def test_a_wall_clock_deadline_is_refused(entry: str) -> None:
         else:
             await anyio.to_thread.run_sync(lambda: agent.run_sync("hi", deadline=deadline))
     assert (await agent.run("hi", deadline=math.inf)).output == "never"
+
+
+def test_a_deadline_on_a_clock_counting_from_the_epoch_is_taken() -> None:
+    """Only a deadline decades past the run's own clock is a wall-clock time: on a clock
+    that counts from the epoch (a custom trio clock, a test's frozen time),
+    anyio.current_time() + 30 is a deadline like any other."""
+
+    class EpochClock(trio.abc.Clock):
+        def start_clock(self) -> None:
+            pass
+
+        def current_time(self) -> float:
+            return time.time()
+
+        def deadline_to_sleep_time(self, deadline: float) -> float:
+            return deadline - time.time()
+
+    async def main() -> str:
+        agent = Agent(model=ScriptedModel([text_response("done")]))
+        return str((await agent.run("hi", deadline=anyio.current_time() + 30)).output)
+
+    assert anyio.run(main, backend="trio", backend_options={"clock": EpochClock()}) == "done"
 
 
 def test_run_sync_takes_a_monotonic_deadline() -> None:
