@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -144,3 +145,19 @@ def test_no_python_3_10_fails_before_the_examples(tmp_path: Path) -> None:
     assert code == 1
     assert commands[-1] == "python -m pytest -q"
     assert os.listdir(scratch) == []
+
+
+def test_the_sdk_smoke_check_passes_behind_a_proxy() -> None:
+    """The smoke check's server is local: a proxy the environment names (as a CI behind
+    one does, for its installs) takes none of its requests."""
+    proxy = "http://127.0.0.1:9"  # the discard port: nothing answers there
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+    env = {**os.environ, **dict.fromkeys(names, proxy), "PYTHONPATH": str(ROOT)}
+    smoke = subprocess.run(
+        [sys.executable, str(ROOT / "tests/smoke/sdk_floor.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert smoke.returncode == 0, smoke.stderr[-2000:]

@@ -21,6 +21,7 @@ pyproject.toml's ``openai`` and ``anthropic`` extras admit.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -598,6 +599,11 @@ def main(argv: list[str]) -> int:
             check(f"{sdk}: the extra's lower bound", bool(floor), True)
             if floor:
                 check(f"{sdk}: installed at the floor", release(version(sdk)), release(floor[1]))
+    # the server is on this machine: a proxy the environment names (a CI's) must not get
+    # its requests, as httpx sends them there
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        if name.lower() != "no_proxy":
+            del os.environ[name]
     server = Server()
     try:
         for provider in PROVIDERS:
