@@ -12,7 +12,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, ClassVar, TypedDict, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from littleghost import runner
 from littleghost._validators import is_callable, wrong_value
@@ -610,10 +610,15 @@ class Agent:
         copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
         return copied
 
-    @property
-    def name(self) -> str:
-        """The agent's name (its class name), as telemetry reports it."""
-        return type(self).__name__
+    if TYPE_CHECKING:  # a class may declare `name = "..."`, which a property would refuse
+        name: ClassVar[str]
+        """The agent's name, as telemetry reports it: its class name unless it declares one."""
+    else:
+
+        @property
+        def name(self) -> str:
+            """The agent's name (its class name), as telemetry reports it."""
+            return type(self).__name__
 
     @functools.cached_property
     def tool_specs(self) -> tuple[ToolSpec, ...]:

@@ -1,7 +1,9 @@
-"""Users' code type-checks as written: littleghost's public typing under ``mypy --strict``."""
+"""Users' code type-checks as written: littleghost's public typing under ``mypy --strict``,
+and under pyright, which editors run (VS Code's Pylance)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +24,21 @@ def mypy(code: str) -> str:
         timeout=300,
     )
     return done.stdout
+
+
+def pyright(code: str, folder: Path) -> list[str]:
+    """The errors pyright reports on ``code`` (its default mode), against this checkout."""
+    (folder / "snippet.py").write_text(textwrap.dedent(code))
+    (folder / "pyrightconfig.json").write_text(json.dumps({"extraPaths": [str(ROOT)]}))
+    done = subprocess.run(  # --outputjson: no look-up of pyright's latest version either
+        [sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(done.stdout)
+    return [item["message"] for item in report["generalDiagnostics"] if item["severity"] == "error"]
 
 
 def test_a_tool_keeps_its_signature() -> None:
@@ -199,3 +216,22 @@ def test_manage_context_keeps_the_class_it_decorates() -> None:
     assert report.count('-> __main__.Support"') == 2
     assert 'error: Value of type variable "C" of "manage_context" cannot be' in report
     assert "Found 1 error" in report
+
+
+def test_a_class_declares_its_name(tmp_path: Path) -> None:
+    code = """
+        from littleghost import Agent
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+            name = "support-bot"  # the name telemetry reports
+
+        agent = Support()
+        name: str = agent.name
+        agent.name = "other"
+        """
+    errors = pyright(code, tmp_path)  # the declaration is not one: only the assignment
+    assert [error.splitlines()[0] for error in errors] == [
+        'Cannot assign to attribute "name" for class "Support"'
+    ]
+    assert 'Cannot assign to class variable "name" via instance' in mypy(code)
