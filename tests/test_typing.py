@@ -235,3 +235,45 @@ def test_a_class_declares_its_name(tmp_path: Path) -> None:
         'Cannot assign to attribute "name" for class "Support"'
     ]
     assert 'Cannot assign to class variable "name" via instance' in mypy(code)
+
+
+def test_knobs_annotated_as_agent_declares_them() -> None:
+    """What the README says of mypy and knobs set without an annotation."""
+    plain = mypy(
+        """
+        from littleghost import Agent
+
+        class Guard:
+            settings = {"temperature": 0}
+
+        class Support(Guard, Agent):
+            model = "openai:gpt-4o-mini"
+        """
+    )
+    assert 'Definition of "settings" in base class "Guard" is incompatible' in plain
+    annotated = mypy(
+        """
+        from collections.abc import Callable, Mapping
+        from typing import Any
+
+        from littleghost import Agent, RunContext
+        from littleghost.models.base import Model
+        from littleghost.testing import ScriptedModel, text_response
+
+        class Guard:
+            settings: Mapping[str, Any] = {"temperature": 0}
+
+        class Support(Guard, Agent):
+            model: str | Model | None = "openai:gpt-4o-mini"
+            instructions: str | Callable[..., Any] | None = "Be brief."
+
+        def brief(context: RunContext) -> str:
+            return "Be brief."
+
+        class Dynamic(Support):
+            instructions = brief
+
+        Support.model = ScriptedModel([text_response("hi")])
+        """
+    )
+    assert "Success: no issues found" in annotated
