@@ -1400,7 +1400,7 @@ def _reported_problems(
     chaos: Chaos, stored: Sequence[Message], error: BaseException | None
 ) -> list[str]:
     """Every result a ``ToolCallFinished`` reported is in the store; after a hook raised
-    (and no store fault), every call is answered."""
+    (and no store fault, of the run's or of a run racing it), every call is answered."""
     kept = {(r.call_id, r.content) for m in stored for r in m.tool_results}
     problems = [
         f"a reported result is not stored: {result.call_id}"
@@ -1413,7 +1413,8 @@ def _reported_problems(
         if result.is_error and f"within {SIDE_TIMEOUT:g} s" in result.content
     )
     raised = error is not None and error is chaos.hook_raised
-    if raised and unanswered(stored) and _cleanup_done(chaos):
+    cleaned = all(map(_cleanup_done, [chaos, *chaos.racers]))
+    if raised and unanswered(stored) and cleaned:
         problems.append(f"a call is left open after a hook raised {error!r}")
     return problems
 
@@ -1586,7 +1587,8 @@ def view_problems(
     """``request_problems``, and with context management: the current ``question`` is
     shown; every message of the run's log that no record hides is shown (with a bounded
     view, which leaves older turns out by design, those of the current turn, but for a
-    record of older turns only that an overflow's recovery logged in it); logged messages
+    record of older turns only, or of such records, that an overflow's recovery logged in
+    it); logged messages
     keep the order the view gives them (a message appended while calls were open after
     their results), and summaries come before them; a message a ``before_model`` hook
     appended (``unseen``) is not due in that turn."""
@@ -1605,7 +1607,10 @@ def view_problems(
         asked = [i for i, m in enumerate(log) if m.role is Role.USER and m.text == question]
         due = log[asked[-1] :] if asked else []
         older = {m.id for m in log[: asked[-1]]} if asked else set()
-        due = [m for m in due if not (is_record(m) and older.issuperset(record_covers(m)))]
+        for message in due:  # a record of older turns, perhaps through an earlier record
+            if is_record(message) and older.issuperset(record_covers(message)):
+                older.add(message.id)
+        due = [m for m in due if m.id not in older]
     lost = [m.id for m in due if m.id not in hidden | unseen and m.id not in shown]
     if lost:
         problems.append(f"the model was not shown {len(lost)} logged message(s) no record hides")
