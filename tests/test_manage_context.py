@@ -33,7 +33,7 @@ from littleghost.context import (
     build_view,
 )
 from littleghost.context.calibration import SCALE_FOR_KEY, SCALE_KEY, scale_for
-from littleghost.context.config import ContextManagement
+from littleghost.context.config import ContextManagement, ContextOptions
 from littleghost.context.management import AFTER_KEY, RECOUNTS, remembered
 from littleghost.context.outside import RequestPreview, preview_request
 from littleghost.context.records import is_record
@@ -2840,7 +2840,17 @@ def test_an_unknown_manage_context_keyword_names_it_and_what_it_takes() -> None:
         match=r"manage_context got an unexpected keyword argument 'compresion_threshold'; "
         r"it takes budget, compression_threshold, ",
     ):
-        manage_context(compresion_threshold=0.7)
+        manage_context(compresion_threshold=0.7)  # type: ignore[call-arg]
+
+
+def test_context_options_name_every_manage_context_keyword() -> None:
+    """``ContextOptions``, ``manage_context``'s keywords for a type checker, names exactly
+    the fields of ``ContextManagement``, each with the type of its declaration."""
+    fields = attrs.fields_dict(ContextManagement)
+    assert sorted(ContextOptions.__optional_keys__) == sorted(fields)
+    for name, field in fields.items():  # spelled alike (a TypedDict's are ForwardRefs)
+        option = ContextOptions.__annotations__[name]
+        assert getattr(option, "__forward_arg__", option) == field.type
 
 
 REFERENCE = "Reference material: account 7731-2209, credit limit 5000 EUR."

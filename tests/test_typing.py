@@ -218,6 +218,28 @@ def test_manage_context_keeps_the_class_it_decorates() -> None:
     assert "Found 1 error" in report
 
 
+def test_manage_context_keywords_are_typed(tmp_path: Path) -> None:
+    code = """
+        from littleghost import Agent, manage_context
+        from littleghost.context import PromptBudget
+
+        @manage_context(compression_threshold=0.75, budget=PromptBudget(prompt_budget_tokens=8_000))
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+        manage_context(compresion_threshold=0.75)
+        manage_context(preserve_recent_messages="12")
+        """
+    report = mypy(code)
+    errors = [line for line in report.splitlines() if ": error: " in line]
+    assert [line.split(":")[1] for line in errors] == ["9", "10"]  # the two calls (mypy's
+    assert all('"manage_context"' in line for line in errors)  # wording varies by version)
+    errors = pyright(code, tmp_path)
+    assert len(errors) == 2
+    assert errors[0].startswith('No overloads for "manage_context" match')
+    assert 'parameter "preserve_recent_messages" of type "int"' in errors[1]
+
+
 def test_a_class_declares_its_name(tmp_path: Path) -> None:
     code = """
         from littleghost import Agent

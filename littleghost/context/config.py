@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict
 
 from attrs import field, fields_dict, frozen
 
@@ -27,7 +27,13 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
 
-__all__ = ["ContextManagement", "context_config", "context_window", "reported_window"]
+__all__ = [
+    "ContextManagement",
+    "ContextOptions",
+    "context_config",
+    "context_window",
+    "reported_window",
+]
 
 logger = logging.getLogger("littleghost.context")
 
@@ -157,6 +163,25 @@ class ContextManagement:
     def summary_cap(self, window: int) -> int:
         """The summary's output cap for ``window``."""
         return self.summary_max_tokens or max(1, min(window // 4, 4_096))
+
+
+class ContextOptions(TypedDict, total=False):
+    """The keywords of ``@manage_context(...)``, as ``ContextManagement`` describes them
+    (a type checker then catches a misspelled or mistyped one)."""
+
+    context_window_tokens: int
+    context_window_override: int | None
+    compression_threshold: float
+    summary_ratio: float
+    preserve_recent_messages: int
+    tokenizer: Tokenizer
+    summary_instructions: str | None
+    summary_max_tokens: int | None
+    quote_specifics: bool
+    mask_tool_results: int | None
+    budget: PromptBudget | None
+    summarize: bool
+    strategy: CompactionStrategy | None
 
 
 def context_window(model: Model, config: ContextManagement) -> int:

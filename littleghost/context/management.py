@@ -7,6 +7,7 @@ strategy (default ``Summarization``). The README's "Context management" states t
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -46,6 +47,7 @@ from littleghost.context.calibration import (
 from littleghost.context.compaction import compaction_state
 from littleghost.context.config import (
     ContextManagement,
+    ContextOptions,
     belied_window,
     context_config,
     context_window,
@@ -75,6 +77,11 @@ from littleghost.errors import (
 from littleghost.messages import Message, Role, ToolResult
 from littleghost.models.base import ModelRequest, ModelResponse
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle, weighed_length
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a runtime name, for what evaluates the signature (typing.get_type_hints)
+    from typing_extensions import Unpack
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -113,14 +120,17 @@ def manage_context(cls: C, /) -> C: ...
 
 
 @overload
-def manage_context(cls: None = None, /, **options: Any) -> Callable[[C], C]: ...
+def manage_context(cls: None = None, /, **options: Unpack[ContextOptions]) -> Callable[[C], C]: ...
 
 
-def manage_context(cls: C | None = None, /, **options: Any) -> C | Callable[[C], C]:
+def manage_context(
+    cls: C | None = None, /, **options: Unpack[ContextOptions]
+) -> C | Callable[[C], C]:
     """Keep an agent's conversations inside the model's context window.
 
-    Use bare (``@manage_context``) or with the keywords of ``ContextManagement``. Invalid
-    values, and unknown keywords, raise ``ConfigurationError`` when the class is defined.
+    Use bare (``@manage_context``) or with the keywords of ``ContextManagement``
+    (``ContextOptions`` types them). Invalid values, and unknown keywords, raise
+    ``ConfigurationError`` when the class is defined.
     """
     accepted = sorted(field.name for field in attrs.fields(ContextManagement))
     unknown = sorted(set(options) - set(accepted))
