@@ -574,14 +574,17 @@ class TestRules:
         first, second = (memories(request) for request in model.requests)
         assert first[0].text.splitlines()[1:] == ["- likes tea"] and second == []
 
-    async def test_a_memory_that_is_not_text_fails_naming_it(self) -> None:
-        """Each entry is a str (or has a str ``text``); anything else fails before a call."""
+    async def test_a_memory_that_is_not_text_fails_naming_its_type(self) -> None:
+        """Each entry is a str (or has a str ``text``); anything else fails before a call,
+        naming its type and position, never its content (a mem0 record, say)."""
+        record = {"memory": "takes Biktarvy", "user_id": "alice@example.com"}
         model = ScriptedModel([text_response("never")])
-        agent = bounded_agent(memory=lambda context: ["fine", 42])(model=model)
-        with pytest.raises(
-            ConfigurationError, match=r"PromptBudget\.memory returned 42; entries must be str"
-        ):
+        agent = bounded_agent(memory=lambda context: ["fine", record])(model=model)
+        with pytest.raises(ConfigurationError) as caught:
             await agent.run("now")
+        assert str(caught.value) == (
+            "PromptBudget.memory returned dict as entry 1; entries must be str"
+        )
         assert model.requests == []
 
     @pytest.mark.parametrize(

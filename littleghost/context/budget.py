@@ -224,10 +224,13 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
             "one entry per memory"
         )
     result = []
-    for entry in entries:
+    for position, entry in enumerate(entries):
         text = entry if isinstance(entry, str) else getattr(entry, "text", None)
-        if not isinstance(text, str):
-            raise ConfigurationError(f"PromptBudget.memory returned {entry!r}; entries must be str")
+        if not isinstance(text, str):  # its type alone: a memory's repr is content
+            raise ConfigurationError(
+                f"PromptBudget.memory returned {type(entry).__name__} as entry {position}; "
+                "entries must be str"
+            )
         line = " ".join(text.split())  # one line: an entry cannot pose as several
         if line:  # an empty or blank entry is no memory
             result.append(line)
