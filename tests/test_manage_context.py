@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -1111,6 +1112,71 @@ class TestOverflow:
         assert isinstance(caught.value.__cause__, CompactionError)
         assert "current request alone does not fit" in str(caught.value.__cause__)
         assert caught.value.__cause__.__cause__ is down
+
+    @pytest.mark.parametrize("summarize", [True, False])
+    async def test_a_failed_recovery_keeps_the_sdk_error_of_the_overflow(
+        self, summarize: bool
+    ) -> None:
+        """The exception the provider's SDK raised (the overflow's cause, with the answer's
+        body and request id) stays in the chain a traceback shows, after the CompactionError."""
+        options: dict[str, Any] = {"summarize": False, "budget": PromptBudget()}
+
+        @manage_context(context_window_tokens=100_000, **({} if summarize else options))
+        class Lenient(Agent):
+            max_retries = 0
+
+        class SDKError(Exception):
+            pass
+
+        try:
+            raise SDKError("request_id=req_123")
+        except SDKError as sdk:
+            overflow = ContextWindowOverflowError("too long")
+            overflow.__cause__ = sdk
+        model = ScriptedModel([overflow, ProviderUnavailableError("down")])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("word " * 2_000)
+        assert caught.value is overflow
+        assert isinstance(caught.value.__cause__, CompactionError)
+        shown = "".join(traceback.format_exception(caught.value))
+        assert "SDKError: request_id=req_123" in shown
+
+    async def test_a_failed_recovery_keeps_the_sdk_error_past_a_summary_call_s_own(
+        self,
+    ) -> None:
+        """An SDK raises its errors ``from None`` (the HTTP library's hidden): the overflow's
+        SDK error still follows the failed summary call's in the chain a traceback shows."""
+
+        @manage_context(context_window_tokens=100_000)
+        class Lenient(Agent):
+            max_retries = 0
+
+        class SDKError(Exception):
+            pass
+
+        def sdk_error(request_id: str) -> SDKError:
+            try:
+                try:
+                    raise OSError("the HTTP library's")
+                except OSError:
+                    raise SDKError(f"request_id={request_id}") from None
+            except SDKError as raised:
+                return raised
+
+        overflow = ContextWindowOverflowError("too long")
+        overflow.__cause__ = sdk_error("req_123")
+
+        def summary_call(request: ModelRequest) -> ModelResponse:
+            raise ProviderUnavailableError("down") from sdk_error("req_456")
+
+        model = ScriptedModel([overflow, summary_call])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("word " * 2_000, history=chat(10))
+        assert caught.value is overflow
+        assert [r.purpose for r in model.requests] == ["chat", "context_compaction"]
+        shown = "".join(traceback.format_exception(caught.value))
+        assert "SDKError: request_id=req_456" in shown
+        assert "SDKError: request_id=req_123" in shown
 
     async def test_a_failed_summary_call_in_recovery_falls_back_to_excerpts(
         self, spans: Spans

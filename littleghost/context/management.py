@@ -425,11 +425,31 @@ async def _compact_after_overflow(
     except UNSWALLOWED:
         raise
     except CompactionError as failure:
-        raise error from failure
+        raise error from _leading_to_sdk_error(failure, error)
     except Exception as failure:
         cause = CompactionError(f"overflow recovery failed: {type(failure).__name__}")
         cause.__cause__ = failure
-        raise error from cause
+        raise error from _leading_to_sdk_error(cause, error)
+
+
+def _leading_to_sdk_error(cause: BaseException, error: Exception) -> BaseException:
+    """``cause``, made to lead on to the exception the provider's SDK raised (``error``'s
+    ``__cause__`` so far), which ``raise error from cause`` replaces: the last exception
+    its chain shows (which would lead back to ``error``, or to nothing: an SDK raises its
+    errors ``from None``) gets it as its context, so a traceback still shows the
+    provider's answer."""
+    original, seen = error.__cause__, set()
+    link = cause
+    while original is not None and link is not original and id(link) not in seen:
+        seen.add(id(link))
+        if link.__cause__ is not None:
+            link = link.__cause__
+        elif link.__suppress_context__ or link.__context__ is None or link.__context__ is error:
+            link.__context__, link.__suppress_context__ = original, False
+            break
+        else:
+            link = link.__context__
+    return cause
 
 
 async def _recover(
