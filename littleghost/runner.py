@@ -284,6 +284,7 @@ async def _run_in(
         observe(context)
     result: RunResult[Any] | None = None
     scope = anyio.CancelScope(deadline=end)
+    waiting = session_id is not None  # for its session, which another run may hold
     try:
         with scope:
             async with grace.running():
@@ -293,6 +294,7 @@ async def _run_in(
                     result = await _loop(agent, context, message, output)
                 else:
                     async with holding(hold_session(store, session_id), grace):
+                        waiting = False
                         try:
                             await _open_session(agent, context, log, seed, plan)
                             if held is not None:
@@ -303,9 +305,7 @@ async def _run_in(
     except BaseException as error:
         found = fatal(error)
         if found is None and _deadline_turned_into(error, scope):
-            raise DeadlineExceededError(
-                f"{agent.name} did not finish before its deadline", deadline=context.deadline
-            ) from error
+            raise _late(agent, context, waiting) from error
         if found is None or found is error:
             raise
         raise found from None  # out of a store's (or a hook's) own task group
@@ -314,9 +314,7 @@ async def _run_in(
         span.set_attributes(telemetry.usage_attributes(context.usage))
     if result is None:
         assert scope.cancelled_caught
-        late = DeadlineExceededError(
-            f"{agent.name} did not finish before its deadline", deadline=context.deadline
-        )
+        late = _late(agent, context, waiting)
         if grace.failures:
             raise late from grace.failures[0]
         raise late
@@ -324,6 +322,17 @@ async def _run_in(
         telemetry.RESPONSE_FINISH_REASONS, (telemetry.finish_reason(result.stop_reason),)
     )
     return result
+
+
+def _late(agent: Agent, context: RunContext, waiting: bool) -> DeadlineExceededError:
+    """The run's ``DeadlineExceededError``, saying so when it came while the run was still
+    ``waiting`` to hold its session."""
+    why = "its deadline"
+    if waiting:  # another run holds it, or the store is slow to answer
+        why += f", still waiting to hold session {context.session_id!r}"
+    return DeadlineExceededError(
+        f"{agent.name} did not finish before {why}", deadline=context.deadline
+    )
 
 
 def _append(store: SessionStore, session_id: str, messages: Sequence[Message]) -> Awaitable[None]:

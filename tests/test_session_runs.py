@@ -472,14 +472,26 @@ class TestConcurrentRuns:
             )
             await in_tool.wait()
             started = anyio.current_time()
-            with pytest.raises(DeadlineExceededError):
+            with pytest.raises(DeadlineExceededError) as caught:
                 await Helper(model=model, session_store=store).run(
                     "waiting", session_id="s", timeout=0.1
                 )
             assert anyio.current_time() - started < 2
+            assert str(caught.value) == (
+                "Helper did not finish before its deadline, still waiting to hold session 's'"
+            )
             release.set()
         assert model.requests == []
         assert texts(await store.load("s")) == ["one", "first done"]
+
+    async def test_a_run_past_its_deadline_once_it_held_its_session_says_no_wait(
+        self, store: SessionStore
+    ) -> None:
+        Holding = working_until(anyio.Event(), anyio.Event())
+        model = ScriptedModel([tool_call_response("work", {})])
+        with pytest.raises(DeadlineExceededError) as caught:
+            await Holding(model=model, session_store=store).run("one", session_id="s", timeout=0.1)
+        assert str(caught.value) == "Slow did not finish before its deadline"
 
     async def test_a_run_started_inside_a_run_of_its_session_fails_clearly(
         self, store: SessionStore
