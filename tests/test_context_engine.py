@@ -316,6 +316,37 @@ class TestNoThrash:
         assert outcomes == ["error", "skipped", "skipped", "skipped"]
         assert all(r.purpose == "chat" for r in model.requests)
 
+    async def test_the_attempts_log_lines_name_the_run_and_why_one_was_skipped(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Among many sessions' runs, each attempt's log line says whose it is (the agent
+        and session, also as the record's ``littleghost`` extra) and why it was skipped."""
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
+        )
+        class Patient(Agent):
+            pass
+
+        model = ScriptedModel([text_response("Noted.")] * 2)
+        store = InMemorySessionStore()
+        await store.append("s-7", [Message.user("Context: " + "detail " * 400)])
+        with caplog.at_level("INFO", logger="littleghost.context"):
+            for turn in range(2):
+                await Patient(model=model, session_store=store).run(f"Q{turn}?", session_id="s-7")
+        failed, skipped = (r for r in caplog.records if r.levelname == "INFO")
+        assert failed.getMessage().startswith(
+            "context compaction error for Patient in session 's-7' (reason=threshold"
+        )
+        assert skipped.getMessage().startswith(
+            "context compaction skipped for Patient in session 's-7' (reason=threshold"
+        )
+        assert "): the last compaction left the request near the threshold" in skipped.getMessage()
+        names = {"gen_ai.agent.name": "Patient", "gen_ai.conversation.id": "s-7"}
+        for record in (failed, skipped):
+            assert names.items() <= record.littleghost.items()  # type: ignore[attr-defined]
+        assert skipped.littleghost["littleghost.compaction.outcome"] == "skipped"  # type: ignore[attr-defined]
+
     async def test_a_recovery_after_a_failed_attempt_is_what_the_next_run_remembers(
         self,
     ) -> None:

@@ -57,7 +57,7 @@ async def attempt(
             telemetry.COMPACTION_CUT_TO: done.cut_to,
         }
         size = estimated if done.before is None else done.before
-        compaction_event(reason, result, size, window, extra)
+        compaction_event(context, reason, result, size, window, extra)
         await context.emit(
             CompactionFinished(
                 reason,
@@ -83,7 +83,7 @@ async def attempt(
         stray = None if cut else telemetry.error_type(error)
         extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}
         compaction_event(
-            reason, "cancelled" if stray is None else "error", estimated, window, extra
+            context, reason, "cancelled" if stray is None else "error", estimated, window, extra
         )
         raise
     except Exception as error:
@@ -96,10 +96,16 @@ async def attempt(
 
 
 def compaction_event(
-    reason: str, outcome: str, estimated: int, window: int, extra: Mapping[str, Any]
+    context: RunContext,
+    reason: str,
+    outcome: str,
+    estimated: int,
+    window: int,
+    extra: Mapping[str, Any],
 ) -> None:
     """The ``littleghost.context.compaction`` span event, ``extra`` attributes left out
-    when None, and its log line (no content)."""
+    when None, and its log line (no content), naming the run's agent and session, with
+    the event's attributes and those names as the record's ``littleghost`` extra."""
     attributes = {
         telemetry.COMPACTION_REASON: reason,
         telemetry.COMPACTION_OUTCOME: outcome,
@@ -109,9 +115,16 @@ def compaction_event(
     }
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     error = attributes.get(telemetry.ERROR_TYPE)
+    session = context.session_id
+    names = {telemetry.AGENT_NAME: context.agent.name}
+    if session is not None:
+        names[telemetry.CONVERSATION_ID] = session
+    skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
-        "context compaction %s (reason=%s, tokens %d -> %s, window %d%s%s%s)",
+        "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s)%s",
         outcome,
+        context.agent.name,
+        "" if session is None else f" in session {session!r}",
         reason,
         estimated,
         attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
@@ -121,4 +134,6 @@ def compaction_event(
         ""
         if (cut := attributes.get(telemetry.COMPACTION_CUT_TO)) is None
         else f", tool results cut to {cut} tokens",
+        "" if skipped is None else f": {skipped}",
+        extra={"littleghost": {**names, **attributes}},
     )
