@@ -839,6 +839,8 @@ async def _execute(
                 raise
             if deadline is not None:
                 raise deadline from deadline.__cause__  # out of the tool's own task group
+            if context.capture_content:  # its message and traceback: content
+                span.record_exception(error)
             failures = leaves(error)
             if len(failures) == 1:
                 return _failed(call, span, failures[0], error_text(failures[0]))

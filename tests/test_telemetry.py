@@ -628,6 +628,14 @@ async def test_content_is_captured_when_asked(spans: Spans) -> None:
     sent = json.loads(attributes(spans.named("chat")[1])["gen_ai.input.messages"])
     calls = [part for message in sent for part in message["parts"] if part["type"] == "tool_call"]
     assert calls[0]["arguments"] == {"order_id": SECRET}
+    (raised,) = spans.one("execute_tool explode").events  # what the tool raised, and where
+    assert raised.name == "exception"
+    assert raised.attributes is not None
+    assert raised.attributes["exception.type"] == "RuntimeError"
+    assert raised.attributes["exception.message"] == f"failed because {SECRET}"
+    assert 'in explode\n    raise RuntimeError(f"failed because {reason}")' in str(
+        raised.attributes["exception.stacktrace"]
+    )
 
 
 class ScriptedAnthropic(ScriptedModel):
