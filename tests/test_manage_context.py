@@ -1110,7 +1110,10 @@ class TestOverflow:
             await Lenient(model=model).run("word " * 2_000, history=chat(10))
         assert caught.value is overflow
         assert isinstance(caught.value.__cause__, CompactionError)
-        assert "current request alone does not fit" in str(caught.value.__cause__)
+        said = str(caught.value.__cause__)  # the half it aims under is not the window
+        assert said.startswith("the current request alone (about ")
+        assert "tokens recovery aims under (half the request that overflowed, as the" in said
+        assert said.endswith("; the context window is 100000)")
         assert caught.value.__cause__.__cause__ is down
 
     @pytest.mark.parametrize("summarize", [True, False])
@@ -1404,7 +1407,7 @@ class TestOverflow:
             assert isinstance(cause, CompactionError)
             assert str(cause) == (
                 "the model counts 1100 prompt tokens for the compacted request; with its "
-                "answer's room that is over the 1000-token window"
+                "answer's room that is over the 1000-token context window"
             )
             assert [r.purpose for r in model.requests] == ["chat", "context_compaction"]
         turn, *views = [len(request.messages) for request in counted]
@@ -1581,7 +1584,7 @@ class TestOverflow:
         with pytest.raises(ContextWindowOverflowError) as caught:
             await Uninstructed(model=model).run("And the coast?", history=_prose(9))
         assert isinstance(caught.value.__cause__, CompactionError)
-        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert "current request alone (about " in str(caught.value.__cause__)
         assert len(counting.sizes) == 1  # the overflowing call only: no doomed retry
         assert all(e["littleghost.compaction.reason"] == "overflow" for e in spans.compactions())
 
@@ -1816,7 +1819,7 @@ class TestOverflow:
         with pytest.raises(ContextWindowOverflowError) as caught:
             await Reading(model=model).run("word " * 760)
         assert isinstance(caught.value.__cause__, CompactionError)
-        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert "current request alone (about " in str(caught.value.__cause__)
         assert "tool results cut to 64 tokens each" in str(caught.value.__cause__)
 
     async def test_overflow_is_never_retried_without_the_capability(self) -> None:
@@ -3130,7 +3133,7 @@ class TestInjectedMaterial:
         with pytest.raises(ContextWindowOverflowError) as caught:
             await Rewriting(model=model).run(f"{DIGITS} {DIGITS}")
         assert isinstance(caught.value.__cause__, CompactionError)
-        assert "current request alone does not fit" in str(caught.value.__cause__)
+        assert "current request alone (about " in str(caught.value.__cause__)
         assert len(counting.sizes) == 1  # the overflowing call only
         question = f"{REFERENCE}\n\n{DIGITS} {DIGITS}"  # each count is of it (before it gives up)
         assert counted and all(r.messages[-1].text == question for r in counted)

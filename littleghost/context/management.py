@@ -555,7 +555,20 @@ async def _counted_fit(
         counted = recounted
     raise CompactionError(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
-        f"answer's room that is over the {fits}-token window"
+        f"answer's room that is over {_limit_named(fits, context)}"
+    )
+
+
+def _limit_named(fits: int, context: RunContext) -> str:
+    """How an error names the limit recovery fits a request under: the context window,
+    or the half of the overflowed request it aims under when the provider did not say by
+    how much the request was over (no size, or one within the window)."""
+    window = context.state_for(_Run, _Run).window
+    if fits >= window:
+        return f"the {fits}-token context window"
+    return (
+        f"the {fits} tokens recovery aims under (half the request that overflowed, as the "
+        f"provider did not say by how much it was over; the context window is {window})"
     )
 
 
@@ -743,7 +756,7 @@ async def _cut_results(
     of ``window``; the request, its size (the model's count when over) and the cut, if any.
 
     Raises:
-        CompactionError: The request still does not fit the window.
+        CompactionError: The request still does not fit ``window``.
     """
     tokenizer, index = config.tokenizer, context.log_index
     whole = real_size(request.messages, context, tokenizer)
@@ -759,8 +772,8 @@ async def _cut_results(
     if after > window:
         cut_note = f", its tool results cut to {limit} tokens each" if cut is not request else ""
         raise CompactionError(
-            f"the current request alone does not fit the context window (about {after} of "
-            f"{window} tokens{cut_note})"
+            f"the current request alone (about {after} tokens{cut_note}) does not fit "
+            f"{_limit_named(window, context)}"
         )
     return cut, after, limit if cut is not request else None
 
