@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 from attrs import field, frozen
 
-from littleghost._validators import check, is_number
+from littleghost._validators import check, instance_of, is_number
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
@@ -39,12 +39,25 @@ __all__ = [
 ]
 
 
+def _chunks(value: Iterable[str]) -> tuple[str, ...]:
+    """``value`` as a tuple of str (a lone str is not a sequence of chunks)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(f"Streamed.chunks must be a sequence of str, not {type(value).__name__}")
+    chunks = tuple(value)
+    for chunk in chunks:
+        if not isinstance(chunk, str):
+            raise TypeError(f"Streamed.chunks must hold str values, not {type(chunk).__name__}")
+    return chunks
+
+
 @frozen
 class Streamed:
     """A script step that streams ``chunks`` (``delay`` seconds before each)."""
 
-    chunks: tuple[str, ...]
-    response: ModelResponse
+    chunks: tuple[str, ...] = field(converter=_chunks)
+    response: ModelResponse = field(
+        validator=instance_of("Streamed.response", ModelResponse, "a ModelResponse")
+    )
     delay: float = field(
         default=0.0,
         validator=check("streamed(delay=)", lambda v: is_number(v) and v >= 0, "a number >= 0"),

@@ -24,7 +24,13 @@ from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.streaming import StreamDone, TextChunk
-from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    Streamed,
+    streamed,
+    text_response,
+    tool_call_response,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -395,6 +401,27 @@ async def test_scripted_model_streams_the_step_it_answers_with_when_shared() -> 
         group.start_soon(call, "y")
     assert all(text == done for text, done in joined.values())
     assert sorted(done for _, done in joined.values()) == ["AAA aaa", "BBB bbb"]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "response", "error"),
+    [
+        ((1, 2), text_response("12"), r"Streamed.chunks must hold str values, not int"),
+        (None, text_response("x"), r"Streamed.chunks must be a sequence of str, not NoneType"),
+        ("hello", text_response("hello"), r"Streamed.chunks must be a sequence of str, not str"),
+        (("a",), "a", r"Streamed.response must be a ModelResponse, not str"),
+    ],
+)
+def test_a_streamed_steps_chunks_and_response_are_checked_when_made(
+    chunks: Any, response: Any, error: str
+) -> None:
+    """A wrong value fails when the step is made, not mid-stream (or as an int delta)."""
+    with pytest.raises(TypeError, match=error):
+        Streamed(chunks, response)
+
+
+def test_a_streamed_step_takes_its_chunks_as_a_list() -> None:
+    assert Streamed(["a", "b"], text_response("ab")).chunks == ("a", "b")
 
 
 @pytest.mark.parametrize("delay", [-1, float("nan"), "0.1", True])
