@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -71,6 +72,8 @@ Step = (
     | Callable[[ModelRequest], ModelResponse | Awaitable[ModelResponse]]
 )
 """A response to return, an exception to raise, or a callable that answers the request."""
+MAX_STEPS = 100_000
+"""The most steps a ``ScriptedModel`` takes (so an endless iterator fails, not hangs)."""
 Count = Callable[[ModelRequest], int | Awaitable[int | None] | None]
 """Plays a provider's prompt-token count (``ScriptedModel(count_prompt_tokens=...)``)."""
 
@@ -113,7 +116,12 @@ class ScriptedModel:
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
             raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
-        self._steps = list(steps)
+        self._steps = list(itertools.islice(steps, MAX_STEPS + 1))
+        if len(self._steps) > MAX_STEPS:
+            raise TypeError(
+                f"ScriptedModel: steps must be a finite sequence of at most {MAX_STEPS} steps "
+                "(an endless iterator never ends: give the steps a run takes, or a callable)"
+            )
         for index, step in enumerate(self._steps):
             if isinstance(step, type) and issubclass(step, BaseException):
                 raise TypeError(

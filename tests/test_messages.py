@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 from typing import Any
 
@@ -401,6 +402,14 @@ async def test_scripted_model_streams_the_step_it_answers_with_when_shared() -> 
         group.start_soon(call, "y")
     assert all(text == done for text, done in joined.values())
     assert sorted(done for _, done in joined.values()) == ["AAA aaa", "BBB bbb"]
+
+
+def test_a_scripted_model_refuses_an_endless_iterator_of_steps() -> None:
+    """``itertools.repeat(step)`` fails at once, naming the limit, instead of filling
+    memory forever."""
+    with pytest.raises(TypeError, match="steps must be a finite sequence of at most 100000"):
+        ScriptedModel(itertools.repeat(text_response("same")))
+    assert ScriptedModel(text_response(str(n)) for n in range(3)).remaining == 3
 
 
 @pytest.mark.parametrize(
