@@ -31,6 +31,8 @@ Cancellation is never wrapped: anyio's native cancellation exception propagates 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -215,6 +217,18 @@ class SessionStoreError(LittleGhostError):
     def __init__(self, message: str, *, session_id: str | None = None) -> None:
         super().__init__(message)
         self.session_id = session_id
+
+
+@contextmanager
+def naming_session(session_id: str | None) -> Iterator[None]:
+    """Make a ``SessionStoreError`` raised inside that names no session name
+    ``session_id``, the session the work inside was for."""
+    try:
+        yield
+    except SessionStoreError as error:
+        if error.session_id is None:
+            error.session_id = session_id
+        raise
 
 
 class CorruptSessionStoreError(SessionStoreError):

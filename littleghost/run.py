@@ -240,10 +240,11 @@ class RunContext:
             if self.grace.uncertain:
                 raise SessionStoreError(
                     "an earlier write to the session store failed or was cut off, so the "
-                    "store may hold more than the run knows: the run writes nothing more"
+                    "store may hold more than the run knows: the run writes nothing more",
+                    session_id=self.session_id,
                 )
             still_open = self._checked(messages, batch)
-            check_storable(messages)
+            check_storable(messages, session_id=self.session_id)
 
             async def write() -> None:
                 try:

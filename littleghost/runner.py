@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -38,6 +38,7 @@ from littleghost.errors import (
     LimitExceededError,
     OutputLimitError,
     OutputValidationError,
+    naming_session,
 )
 from littleghost.events import (
     ModelCallFinished,
@@ -335,8 +336,9 @@ def _late(agent: Agent, context: RunContext, waiting: bool) -> DeadlineExceededE
     )
 
 
-def _append(store: SessionStore, session_id: str, messages: Sequence[Message]) -> Awaitable[None]:
-    return awaitable(store.append(session_id, messages), "append")
+async def _append(store: SessionStore, session_id: str, messages: Sequence[Message]) -> None:
+    with naming_session(session_id):
+        await awaitable(store.append(session_id, messages), "append")
 
 
 def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> bool:
@@ -373,8 +375,9 @@ async def _open_session(
     """
     assert context.session_id is not None
     where = f"session {context.session_id!r}"
-    loaded = awaitable(agent.session_store.load(context.session_id), "load")
-    stored = distinct_ids(await loaded, where)
+    with naming_session(context.session_id):
+        loaded = await awaitable(agent.session_store.load(context.session_id), "load")
+    stored = distinct_ids(loaded, where)
     if stored:
 
         def at(position: int) -> str:

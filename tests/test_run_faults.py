@@ -156,8 +156,11 @@ class TestTheStoreFirst:
         self, store: SessionStore, value: object
     ) -> None:
         model = ScriptedModel([tool_call_response("wait", {"seconds": value}), text_response("x")])
-        with pytest.raises(UnstorableValueError, match=r"content\[0\]\.arguments\['seconds'\]"):
+        with pytest.raises(
+            UnstorableValueError, match=r"content\[0\]\.arguments\['seconds'\]"
+        ) as caught:
             await Waiter(model=model, session_store=store).run("Go.", session_id="s")
+        assert caught.value.session_id == "s"  # the run's, though its check names none
         stored = await store.load("s")
         assert [message.role for message in stored] == [Role.USER]
 

@@ -23,7 +23,17 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import Agent, Message, Role, RunContext, ToolCall, ToolResult, manage_context, tool
+from littleghost import (
+    Agent,
+    Message,
+    Role,
+    RunContext,
+    ToolCall,
+    ToolResult,
+    before_model,
+    manage_context,
+    tool,
+)
 from littleghost.context import Truncation, compact_session
 from littleghost.context.records import COMPACTION_COVERS_KEY
 from littleghost.context.summarize import SUMMARY_PREFIX
@@ -32,6 +42,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     ProviderUnavailableError,
     SessionBusyError,
+    SessionStoreError,
     UnstorableValueError,
 )
 from littleghost.events import RunFinished, TextDelta, ToolCallStarted
@@ -733,6 +744,59 @@ async def test_a_process_forked_while_another_thread_runs_the_session_can_run_it
     assert said[0] == seen[kind]
 
 
+class Failing(LockingStore):
+    """A custom store whose ``failing`` method raises a ``SessionStoreError`` naming no
+    session, as a store's own errors (a lost connection) may."""
+
+    def __init__(self, failing: str) -> None:
+        super().__init__()
+        self.failing = failing
+
+    def _fail(self, method: str) -> None:
+        if method == self.failing:
+            raise SessionStoreError(f"{method}: the connection was lost")
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        self._fail("load")
+        return await super().load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        self._fail("append")
+        await super().append(session_id, messages)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        self._fail("lock")
+        async with super().lock(session_id):
+            yield
+
+
+class TestErrorsNameTheSession:
+    """An error handler groups store errors by ``session_id``: a run's own store errors
+    name its session; another store's, raised by a hook, are left as they are."""
+
+    @pytest.mark.parametrize("failing", ["lock", "load", "append"])
+    async def test_the_run_s_store_errors_name_its_session(self, failing: str) -> None:
+        model = ScriptedModel([text_response("never")])
+        agent = Helper(model=model, session_store=Failing(failing))
+        with pytest.raises(SessionStoreError, match="the connection was lost") as caught:
+            await agent.run("hi", session_id="ticket-42")
+        assert caught.value.session_id == "ticket-42"
+
+    async def test_another_store_s_error_from_a_hook_keeps_its_own(self) -> None:
+        class Audited(Helper):
+            @before_model
+            async def audit(self, request: ModelRequest) -> ModelRequest:
+                raise SessionStoreError("the audit store is closed")
+
+        model = ScriptedModel([text_response("never")])
+        with pytest.raises(SessionStoreError, match="audit store") as caught:
+            await Audited(model=model, session_store=InMemorySessionStore()).run(
+                "hi", session_id="ticket-42"
+            )
+        assert caught.value.session_id is None
+
+
 class TestStoreKnob:
     def test_the_default_is_one_in_memory_store_per_agent_class(self) -> None:
         class Other(Agent):
@@ -897,8 +961,9 @@ class TestStoreKnob:
     ) -> None:
         model = ScriptedModel([text_response("never")])
         message = Message.user("hi", metadata={"when": {1, 2}})
-        with pytest.raises(UnstorableValueError, match="set"):
+        with pytest.raises(UnstorableValueError, match="set") as caught:
             await Helper(model=model, session_store=store).run(message, session_id="s")
+        assert caught.value.session_id == "s"
         assert await store.list_sessions() == ()
         assert model.requests == []
 

@@ -652,8 +652,10 @@ class TestBadInput:
             await store.append("s", [Message.user("fine"), bad])
         assert isinstance(caught.value, SessionStoreError)
         assert isinstance(caught.value, TypeError)
-        with pytest.raises(UnstorableValueError):
+        assert caught.value.session_id == "s"  # an error handler can tell whose it was
+        with pytest.raises(UnstorableValueError) as caught:
             await store.append("new", [bad])
+        assert caught.value.session_id == "new"
         assert await store.load("s") == (kept,)
         assert await store.list_sessions() == ("s",)
 

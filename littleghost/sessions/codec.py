@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from littleghost._validators import MAX_DEPTH
-from littleghost.errors import CorruptSessionStoreError, UnstorableValueError
+from littleghost.errors import CorruptSessionStoreError, UnstorableValueError, naming_session
 from littleghost.messages import (
     SUMMARY_KEY,
     ImagePart,
@@ -178,15 +178,16 @@ def encode_message(message: Message) -> dict[str, Any]:
     }
 
 
-def check_storable(messages: Iterable[Message]) -> None:
-    """Check that a store could keep ``messages``, writing nothing.
+def check_storable(messages: Iterable[Message], *, session_id: str | None = None) -> None:
+    """Check that a store could keep ``messages`` (for ``session_id``, which an error
+    names), writing nothing.
 
     Raises:
         TypeError: ``messages`` is not a sequence of ``Message``.
         UnstorableValueError: A message holds a value that is not JSON-like (the error
             names where).
     """
-    for _ in _encoded(messages):
+    for _ in _encoded(messages, session_id):
         pass
 
 
@@ -288,24 +289,30 @@ def _dumps(encoded: dict[str, Any]) -> str:
     return json.dumps(encoded, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 
 
-def _encoded(messages: Iterable[Message]) -> Iterator[dict[str, Any]]:
-    """Each of ``messages`` encoded, checking each is a ``Message``."""
+def _encoded(
+    messages: Iterable[Message], session_id: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Each of ``messages`` encoded, checking each is a ``Message`` (an error names
+    ``session_id``, the session they are for)."""
     if isinstance(messages, (str, bytes, Message)) or not isinstance(messages, Iterable):
         raise TypeError(f"messages must be a sequence of Message, not {type(messages).__name__}")
     for position, message in enumerate(messages):
         if not isinstance(message, Message):
             raise TypeError(f"messages[{position}] must be a Message, not {type(message).__name__}")
-        yield encode_message(message)
+        with naming_session(session_id):
+            encoded = encode_message(message)
+        yield encoded
 
 
-def messages_to_json(messages: Iterable[Message]) -> list[str]:
-    """Each of ``messages`` as JSON text; all are checked before any is returned.
+def messages_to_json(messages: Iterable[Message], *, session_id: str | None = None) -> list[str]:
+    """Each of ``messages`` (for ``session_id``, which an error names) as JSON text; all
+    are checked before any is returned.
 
     Raises:
         TypeError: An item is not a ``Message``.
         UnstorableValueError: A message holds a value that is not JSON-like.
     """
-    return [_dumps(encoded) for encoded in list(_encoded(messages))]
+    return [_dumps(encoded) for encoded in list(_encoded(messages, session_id))]
 
 
 def message_from_json(text: str) -> Message:

@@ -25,14 +25,19 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from contextvars import ContextVar
 from typing import cast
 
 import anyio
 from attrs import define, field, frozen
 
-from littleghost.errors import SessionBusyError
+from littleghost.errors import SessionBusyError, naming_session
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.forks import reset_in_child
 
@@ -393,9 +398,11 @@ async def _store_hold(
 ) -> AsyncIterator[None]:
     """A store's own ``lock``, recorded as a hold of ``owner`` (the store object), as
     ``SessionLocks.hold`` records one (a lock of the store's own cannot tell a run that
-    would wait for itself)."""
+    would wait for itself); a store error taking it names the session."""
     _check_not_held(owner, session_id)
-    async with lock:
+    async with AsyncExitStack() as stack:
+        with naming_session(session_id):
+            await stack.enter_async_context(lock)
         with _recorded(owner, session_id):
             yield
 

@@ -76,7 +76,7 @@ class InMemorySessionStore:
                 the messages it last saw; nothing was stored.
         """
         session_id = check_session_id(session_id)
-        encoded = messages_to_json(messages)
+        encoded = messages_to_json(messages, session_id=session_id)
         if not encoded:
             return
         await checkpoint()

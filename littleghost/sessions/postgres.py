@@ -588,7 +588,7 @@ class PostgresSessionStore:
         """
         check_session_id(session_id)
         self._check_writable()
-        bodies = messages_to_json(messages)
+        bodies = messages_to_json(messages, session_id=session_id)
         if not bodies:
             return
         locks = await self._prepared()

@@ -340,7 +340,7 @@ class SQLiteSessionStore:
         """
         check_session_id(session_id)
         self._check_writable()
-        bodies = messages_to_json(messages)
+        bodies = messages_to_json(messages, session_id=session_id)
         if not bodies:
             return
         async with self._locks.writing(session_id) as hold:
