@@ -238,6 +238,93 @@ async def test_the_messages_of_one_append_share_one_time(tmp_path: Path) -> None
     assert len(times) == 1
 
 
+CARD = "4111-1111-1111-1111"
+
+
+def copies_of_the_card(directory: Path) -> dict[str, int]:
+    """How many times ``CARD`` is in each file of ``directory`` (the database, its -wal)."""
+    return {name: data.count(CARD.encode()) for name, data in snapshot(directory).items()}
+
+
+class TestErasure:
+    @pytest.fixture(params=["ON", "OFF"])
+    def build_default(
+        self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """SQLite's own default for secure_delete is off (python.org's and many other
+        builds); Debian's build turns it on."""
+        connect = sqlite3.connect
+
+        def connected(*args: object, **kwargs: object) -> sqlite3.Connection:
+            connection = connect(*args, **kwargs)  # type: ignore[call-overload]
+            connection.execute(f"PRAGMA secure_delete = {request.param}")
+            return connection  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(sqlite3, "connect", connected)
+
+    @pytest.mark.usefixtures("build_default")
+    async def test_a_deleted_session_s_text_leaves_the_database_and_its_log(
+        self, tmp_path: Path
+    ) -> None:
+        """Nothing of it stays in the file's free space or in the -wal, even while the
+        store stays open (a server's store never closes)."""
+        async with SQLiteSessionStore(tmp_path / "s.db") as store:
+            await store.append("keep", [Message.user("unrelated " * 50)])
+            await store.append("c", [Message.user(f"card {CARD}"), Message.assistant(CARD * 900)])
+            await store.delete("c")
+            assert not any(copies_of_the_card(tmp_path).values())
+            await store.append("keep", [Message.user("later")])
+        assert not any(copies_of_the_card(tmp_path).values())
+        async with SQLiteSessionStore(tmp_path / "s.db") as store:
+            assert await store.list_sessions() == ("keep",)
+
+    async def test_a_delete_waits_for_a_reader_to_take_its_text_out_of_the_log(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("c", [Message.user(f"card {CARD}")])
+            reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM littleghost_messages").fetchall()
+
+            async def read_a_while() -> None:
+                await anyio.sleep(0.3)
+                reader.execute("COMMIT")
+
+            try:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(read_a_while)
+                    await store.delete("c")
+            finally:
+                reader.close()
+            assert not any(copies_of_the_card(tmp_path).values())
+
+    async def test_a_reader_that_stays_holds_a_delete_up_a_second_at_most(
+        self, tmp_path: Path
+    ) -> None:
+        """A read held open (a backup tool's, a shell's) leaves the text in the -wal until a
+        later delete; the delete, done at once, does not hold up the store's other calls
+        for the store's timeout meanwhile."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path, timeout=10) as store:
+            await store.append("c", [Message.user(f"card {CARD}")])
+            await store.append("keep", [Message.user("hi")])
+            reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM littleghost_messages").fetchall()
+            try:
+                started = time.monotonic()
+                async with anyio.create_task_group() as group:
+                    group.start_soon(store.delete, "c")
+                    await anyio.sleep(0.1)
+                    assert [m.text for m in await store.load("keep")] == ["hi"]
+                assert time.monotonic() - started < 3
+            finally:
+                reader.close()
+            assert await store.list_sessions() == ("keep",)
+
+
 class TestReadOnly:
     async def test_reads_a_store_and_refuses_every_write(self, tmp_path: Path) -> None:
         path = tmp_path / "s.db"

@@ -75,6 +75,9 @@ _SLICE = 0.05
 still waits."""
 _PAUSE = 0.005
 """Seconds between attempts that found the database busy."""
+_CHECKPOINT_WAIT = 1.0
+"""Seconds a delete waits at most for other connections' reads to end, to checkpoint and
+truncate the ``-wal`` (the delete is done: a longer wait would only hold up the store)."""
 
 T = TypeVar("T")
 
@@ -422,7 +425,11 @@ class SQLiteSessionStore:
         )
 
     async def delete(self, session_id: str) -> None:
-        """Remove the session and its messages in one transaction.
+        """Remove the session and its messages in one transaction, their text
+        overwritten in the file (``secure_delete``); then checkpoint the write-ahead log
+        and truncate it, so the frames that held them leave the ``-wal`` file too (the
+        checkpoint waits ``_CHECKPOINT_WAIT`` at most for reads under way in other
+        connections; a read still under way then leaves them there until the next delete).
 
         Raises:
             UnknownSessionError: There is no such session.
@@ -442,9 +449,17 @@ class SQLiteSessionStore:
                 "DELETE FROM littleghost_messages WHERE session_id = ?", (session_id,)
             )
 
-        await self._call(
-            lambda connection: self._transaction(connection, lambda: remove(connection))
-        )
+        def erase(connection: sqlite3.Connection) -> None:
+            self._transaction(connection, lambda: remove(connection))
+            until = time.monotonic() + _CHECKPOINT_WAIT
+            while (
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                and time.monotonic() < until
+                and self._again()
+            ):
+                pass
+
+        await self._call(erase)
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.
@@ -631,6 +646,7 @@ class SQLiteSessionStore:
         )
         try:
             self._slice(connection)
+            connection.execute("PRAGMA secure_delete = ON")  # a build's default may be off
             self._prepare(connection)
         except BaseException:
             connection.close()
