@@ -3,9 +3,10 @@ check of the model's final answer against it.
 
 The schema comes from the machinery of tool parameters (:mod:`littleghost.tool_types`),
 so an output type may be anything a tool parameter may be: attrs classes, dataclasses,
-``TypedDict``, ``list[...]``, ``Literal``, enums and primitives. A type whose schema is
-not an object (a list, a ``Literal``, ...) is wrapped as ``{"result": ...}``, since
-providers want an object at the root. ``None`` and ``str`` mean free text.
+``TypedDict``, pydantic models, ``list[...]``, ``Literal``, enums and primitives. A type
+whose schema is not an object (a list, a ``Literal``, a pydantic ``RootModel`` of one) is
+wrapped as ``{"result": ...}``, since providers want an object at the root. ``None`` and
+``str`` mean free text.
 
 A run asks for the answer in one of two ways: ``native``, the provider's structured
 output (``ModelRequest.output_schema``), or ``tool``, a final-result tool the model must

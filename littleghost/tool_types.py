@@ -4,8 +4,14 @@ arguments it sends back, and Python values turned into JSON.
 Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
 ``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
 ``Literal``, ``Enum`` subclasses (with members, of JSON values), records — attrs classes,
-dataclasses and ``TypedDict`` (not recursive) — ``Any`` and
+dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
 ``Annotated[T, "description"]``.
+
+pydantic is not a dependency: a model class is told by ``pydantic.main`` being imported
+already (defining the class imported it), never by importing it. A model's fields are
+described as a dataclass's are (a ``Field(description=...)`` as the field's
+``description``), and a value is checked field by field, then built by the model's own
+``model_validate``, so that its validators run.
 """
 
 from __future__ import annotations
@@ -159,6 +165,13 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
                 "finite float, bool or None to be described as JSON"
             )
         return {"enum": values}
+    if _is_root_model(annotation):
+        if annotation in outer:
+            raise ConfigurationError(
+                f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
+                "be described as JSON schema"
+            )
+        return _schema(_model_fields(annotation)[0].annotation, where, (*outer, annotation))
     fields = _record_fields(annotation)
     if fields is not None:
         if annotation in outer:
@@ -206,7 +219,7 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
         "float, bool, None, list, tuple, dict, Optional, Literal, an Enum, an attrs class, a "
-        "dataclass or a TypedDict)"
+        "dataclass, a TypedDict or a pydantic model)"
     )
 
 
@@ -217,8 +230,12 @@ _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 def _check_constructor(record: type, fields: tuple[_Field, ...], where: str) -> None:
     """``ConfigurationError`` unless ``record`` can be built from what its schema
     describes: every field a keyword argument of its constructor, and every argument
-    without a default a required field (a custom ``__init__`` may disagree)."""
+    without a default a required field (a custom ``__init__`` may disagree); a pydantic
+    model, built by ``model_validate``, takes each field by one name the schema can give."""
     if _is_typeddict(record):
+        return
+    if _is_model(record):
+        _check_aliases(record, where)
         return
     try:
         parameters = inspect.signature(record).parameters.values()
@@ -253,6 +270,18 @@ def _check_constructor(record: type, fields: tuple[_Field, ...], where: str) -> 
             f"{where}: field {unknown[0]!r} of {record.__qualname__} is not a keyword argument "
             f"of {record.__qualname__}(), so no value could be built"
         )
+
+
+def _check_aliases(model: Any, where: str) -> None:
+    """``ConfigurationError`` if a field of the pydantic ``model`` is read by an
+    ``AliasPath`` or ``AliasChoices``, not by one name a schema can give."""
+    for name, info in model.model_fields.items():
+        if not isinstance(info.validation_alias, (str, _NONE_TYPE)):
+            raise ConfigurationError(
+                f"{where}: field {name!r} of {model.__qualname__} is read through "
+                f"{type(info.validation_alias).__name__}, which a schema cannot name; give "
+                "it a plain alias"
+            )
 
 
 class _Field(NamedTuple):
@@ -301,15 +330,59 @@ def _is_typeddict(annotation: Any) -> bool:
     )
 
 
+def _is_model(annotation: Any) -> bool:
+    """True for a pydantic (v2) model class. pydantic is not imported here: a model's
+    class has imported it already, so without ``pydantic.main`` there is none."""
+    main = sys.modules.get("pydantic.main")
+    base = getattr(main, "BaseModel", None)
+    return (
+        base is not None
+        and hasattr(base, "model_validate")  # not pydantic 1's
+        # of the models' metaclass: Python 3.10 takes ``list[int]`` for a class
+        and isinstance(annotation, type(base))
+        and issubclass(annotation, base)
+    )
+
+
+def _is_root_model(annotation: Any) -> bool:
+    """True for a pydantic ``RootModel``: a value of its one field's type, not an object."""
+    return _is_model(annotation) and getattr(annotation, "__pydantic_root_model__", False)
+
+
+def _model_fields(model: Any) -> tuple[_Field, ...]:
+    """A pydantic model's fields, each by the name ``model_validate`` reads it by (its
+    alias, if it has one), its description in ``Annotated``.
+
+    Raises:
+        NameError: A field's annotation cannot be resolved.
+    """
+    if not model.__pydantic_complete__:
+        try:
+            model.model_rebuild()
+        except NameError as error:  # pydantic's, its message followed by a link
+            raise NameError(getattr(error, "message", error)) from None
+    found = []
+    for name, info in model.model_fields.items():
+        extras = [item for item in info.metadata if isinstance(item, str)]
+        if info.description:
+            extras.append(info.description)
+        hint = typing.Annotated[(info.annotation, *extras)] if extras else info.annotation
+        alias = info.validation_alias
+        found.append(_Field(alias if isinstance(alias, str) else name, hint, info.is_required()))
+    return tuple(found)
+
+
 def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
-    """The fields of an attrs class, a dataclass or a ``TypedDict``; ``None`` for any
-    other type.
+    """The fields of an attrs class, a dataclass, a ``TypedDict`` or a pydantic model;
+    ``None`` for any other type.
 
     Raises:
         NameError: A field's annotation cannot be resolved.
     """
     if not isinstance(annotation, type):
         return None
+    if _is_model(annotation):
+        return _model_fields(annotation)
     if attrs.has(annotation):
         return tuple(
             _Field(attribute.alias, attribute.type, attribute.default is attrs.NOTHING)
@@ -456,6 +529,10 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
                 return member
         allowed = [member.value for member in annotation]
         raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {brief(value)}")
+    if _is_root_model(annotation):
+        return _validated(
+            annotation, coerce(value, _model_fields(annotation)[0].annotation, path), path
+        )
     fields = _record_fields(annotation)
     if fields is not None:
         if not isinstance(value, dict):
@@ -474,10 +551,12 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
                 raise ToolArgumentError(f"{path}: missing field {name!r}")
         if _is_typeddict(annotation):
             return kwargs
+        if _is_model(annotation):
+            return _validated(annotation, kwargs, path)
         try:
             return annotation(**kwargs)
         except Exception as error:  # the class's validators and converters decide
-            raise ToolArgumentError(f"{path}: {error_text(error, with_type=False)}") from None
+            raise ToolArgumentError(_refusal(error, path)) from None
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
@@ -513,6 +592,35 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         item = args[1] if args else Any
         return {k: coerce(v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items()}
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
+
+
+def _validated(model: Any, value: Any, path: str) -> Any:
+    """``value`` made a ``model`` instance by the pydantic model's ``model_validate``.
+
+    Raises:
+        ToolArgumentError: The model refused it (``_refusal`` says why).
+    """
+    try:
+        return model.model_validate(value)
+    except Exception as error:  # the model's validators decide
+        raise ToolArgumentError(_refusal(error, path)) from None
+
+
+def _refusal(error: Exception, path: str) -> str:
+    """Why a record's class refused a value: each problem of a pydantic ``ValidationError``
+    where it is and pydantic's message for it (without the input its own text shows),
+    else the exception's message."""
+    core = sys.modules.get("pydantic_core")
+    if core is None or not isinstance(error, core.ValidationError):
+        return f"{path}: {error_text(error, with_type=False)}"
+    return "; ".join(
+        f"{path}{_location(problem['loc'])}: {problem['msg']}" for problem in error.errors()
+    )
+
+
+def _location(parts: tuple[int | str, ...]) -> str:
+    """A pydantic error's ``loc`` as a path goes on: ``.items[0].name``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts)
 
 
 def _own(value: Any) -> Any:
@@ -566,6 +674,8 @@ class ImageNotJson(TypeError):
 
 
 def to_json(value: Any) -> Any:
+    if _is_model(type(value)):
+        return value.model_dump(mode="json", by_alias=True)
     if attrs.has(type(value)) and not isinstance(value, ImagePart):
         return attrs.asdict(value, recurse=True, value_serializer=_field_json)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

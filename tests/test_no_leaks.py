@@ -19,6 +19,7 @@ import anthropic
 import attrs
 import httpx2
 import openai
+import pydantic
 import pytest
 
 from littleghost import Agent, Message, before_tool, manage_context, tool
@@ -144,6 +145,31 @@ async def output_repair(tmp_path: Path) -> None:
     await Support(model=model, output_type=Order).run(f"input {CANARY}")
 
 
+class Note(pydantic.BaseModel):
+    text: str
+
+    @pydantic.field_validator("text")
+    @classmethod
+    def _refuse(cls, value: str) -> str:
+        raise ValueError(f"refused {value}")
+
+
+class Noted(Support):
+    @tool
+    def add(self, note: Note) -> str:
+        """Add a note."""
+        return note.text
+
+
+async def pydantic_misfits(tmp_path: Path) -> None:
+    model = scripted(
+        tool_call_response("add", {"note": {"text": CANARY}}),
+        text_response(json.dumps({"text": CANARY})),
+        text_response(json.dumps({"text": f"again {CANARY}"})),
+    )
+    await Noted(model=model, output_type=Note).run(f"input {CANARY}")
+
+
 async def hook_raises(tmp_path: Path) -> None:
     model = scripted(tool_call_response("lookup", {"order_id": 1, "note": CANARY}))
     await Guarded(model=model).run(f"input {CANARY}")
@@ -234,6 +260,7 @@ CASES: list[Callable[[Path], Awaitable[None]]] = [
     provider_400,
     provider_raises,
     output_repair,
+    pydantic_misfits,
     hook_raises,
     summary,
     summary_fails,

@@ -140,6 +140,36 @@ def test_a_stream_output_type_types_its_result() -> None:
     assert "Found 1 error" in report
 
 
+def test_a_pydantic_output_type_types_the_output() -> None:
+    report = mypy(
+        """
+        from pydantic import BaseModel, Field
+
+        from littleghost import Agent, RunResult, tool
+
+        class Ticket(BaseModel):
+            order_id: str = Field(description="the order's number")
+            urgent: bool = False
+
+        class Triage(Agent):
+            model = "openai:gpt-4o-mini"
+
+            @tool
+            def escalate(self, ticket: Ticket) -> Ticket:
+                \"\"\"Escalate a ticket.\"\"\"
+                return ticket.model_copy(update={"urgent": True})
+
+        async def main() -> None:
+            result: RunResult[Ticket] = await Triage().run("Order 42?", output_type=Ticket)
+            order: str = result.output.order_id
+            escalated: Ticket = Triage().escalate(Ticket(order_id="42"))
+            wrong: int = result.output
+        """
+    )
+    assert 'expression has type "Ticket", variable has type "int"' in report
+    assert "Found 1 error" in report
+
+
 def test_constructor_keywords_are_the_knobs() -> None:
     report = mypy(
         """
