@@ -3,7 +3,6 @@ model sees."""
 
 from __future__ import annotations
 
-import datetime
 import functools
 import inspect
 import json
@@ -62,15 +61,11 @@ def render_result(value: Any) -> str:
 
 
 def _result_json(value: Any) -> Any:
-    """What ``to_json`` makes of ``value``, else a date or time in ISO 8601, else its
-    ``str()`` (a ``Decimal``, a ``UUID``, a path): one such value no longer turns the
-    whole result into Python's repr."""
+    """What ``to_json`` makes of ``value`` (a date or time in ISO 8601, a ``Decimal`` or a
+    ``UUID`` as its schema's string), else its ``str()`` (a path): one such value no
+    longer turns the whole result into Python's repr."""
     converted = to_json(value)
-    if converted is not value:
-        return converted
-    if isinstance(value, (datetime.date, datetime.time)):
-        return value.isoformat()
-    return str(value)
+    return converted if converted is not value else str(value)
 
 
 def _keyed(value: Any) -> Any:

@@ -5,7 +5,11 @@ Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``t
 ``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
 ``Literal``, ``Enum`` subclasses (with members, of JSON values), records — attrs classes,
 dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
-``Annotated[T, "description"]``.
+``Annotated[T, "description"]``; and, as JSON strings, ``datetime`` (RFC 3339, with its UTC
+offset: the value is aware), ``date``, ``time`` (a time of day, without an offset: the
+value is naive), ``UUID`` and ``Decimal`` (a string, since a JSON number may lose digits).
+A model's string is parsed here, the same on every Python version, never by
+``fromisoformat`` (Python 3.10's takes less than 3.11's).
 
 pydantic is not a dependency: a model class is told by ``pydantic.main`` being imported
 already (defining the class imported it), never by importing it. A model's fields are
@@ -17,14 +21,18 @@ described as a dataclass's are (a ``Field(description=...)`` as the field's
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 import inspect
 import json
 import math
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
@@ -134,6 +142,9 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
         return {"type": "integer"}
     if annotation is float:
         return {"type": "number"}
+    text = _text_kind(annotation)
+    if text is not None:
+        return dict(text.schema)
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
@@ -218,8 +229,8 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
         return {"type": "object", "additionalProperties": _schema(value, where, outer)}
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
-        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum, an attrs class, a "
-        "dataclass, a TypedDict or a pydantic model)"
+        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum, datetime, date, "
+        "time, UUID, Decimal, an attrs class, a dataclass, a TypedDict or a pydantic model)"
     )
 
 
@@ -461,6 +472,109 @@ def _key(name: str, hint: Any, required: bool) -> _Field:
     return _Field(name, hint, required)
 
 
+_CLOCK = "([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]+)?)?"
+_DAY = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_OFFSET = "([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+
+
+def _day(text: str) -> datetime.date:
+    return datetime.date(int(text[:4]), int(text[5:7]), int(text[8:10]))
+
+
+def _clock(text: str) -> datetime.time:
+    """``HH:MM[:SS[.fraction]]`` as a naive time; digits past the microsecond are
+    dropped, as Python 3.11's ``fromisoformat`` drops them."""
+    seconds, _, fraction = text[6:].partition(".")
+    micro = int(fraction[:6].ljust(6, "0"))
+    return datetime.time(int(text[:2]), int(text[3:5]), int(seconds or 0), micro)
+
+
+def _instant(text: str) -> datetime.datetime:
+    """An RFC 3339 date-time as an aware datetime with the offset it gives."""
+    if text[-1] in "Zz":
+        zone, clock = datetime.timezone.utc, text[11:-1]
+    else:
+        sign = -1 if text[-6] == "-" else 1
+        offset = datetime.timedelta(hours=int(text[-5:-3]), minutes=int(text[-2:]))
+        zone, clock = datetime.timezone(sign * offset), text[11:-6]
+    return datetime.datetime.combine(_day(text), _clock(clock), zone)
+
+
+class _Text(NamedTuple):
+    """A type that travels as a JSON string: its schema, the strings it takes (the
+    schema's ``pattern``, or what its ``format`` means), what a misfit says is expected,
+    how a string that fits is read, and whether a JSON integer is taken too."""
+
+    schema: Mapping[str, Any]
+    pattern: re.Pattern[str]
+    expected: str
+    read: Callable[[str], Any]
+    integers: bool = False
+
+    def value(self, value: Any, path: str) -> Any:
+        """``value`` as this type's Python value.
+
+        Raises:
+            ToolArgumentError: It is not a string that fits (a number too, for
+                ``Decimal``: a JSON number may have lost digits; an integer has not).
+        """
+        if isinstance(value, str) and self.pattern.fullmatch(value):
+            try:
+                return self.read(value)
+            except ValueError:  # a day or an offset out of range: 2025-02-30
+                pass
+        elif self.integers and isinstance(value, int) and not isinstance(value, bool):
+            return self.read(str(value))
+        got = brief(value) if isinstance(value, str) else _json_type(value)
+        raise ToolArgumentError(f"{path}: expected {self.expected}, got {got}")
+
+
+_DECIMAL = "^-?[0-9]+([.][0-9]+)?$"
+_TIME = f"^{_CLOCK}$"
+_UUID = "^[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"
+_TEXTS: dict[type, _Text] = {
+    datetime.datetime: _Text(
+        {"type": "string", "format": "date-time"},
+        re.compile(f"^{_DAY}[Tt ]{_CLOCK}{_OFFSET}$"),
+        "a date and time with its UTC offset (RFC 3339: 2025-05-01T09:30:00+02:00, or Z for UTC)",
+        _instant,
+    ),
+    datetime.date: _Text(
+        {"type": "string", "format": "date"}, re.compile(f"^{_DAY}$"), "a date (2025-05-01)", _day
+    ),
+    datetime.time: _Text(
+        {"type": "string", "pattern": _TIME},
+        re.compile(_TIME),
+        "a time of day without a UTC offset (09:30 or 09:30:15.5)",
+        _clock,
+    ),
+    uuid.UUID: _Text(
+        {"type": "string", "format": "uuid"},
+        re.compile(_UUID),
+        "a UUID (8-4-4-4-12 hex digits)",
+        uuid.UUID,
+    ),
+    decimal.Decimal: _Text(
+        {"type": "string", "pattern": _DECIMAL},
+        re.compile(_DECIMAL),
+        'a decimal number as a string ("12.50")',
+        decimal.Decimal,
+        integers=True,
+    ),
+}
+"""The types that travel as JSON strings. ``datetime`` is RFC 3339's date-time, whose
+offset is required, so a value is aware and none is made up; ``time`` is a time of day
+by a ``pattern``, not the ``time`` format, which is RFC 3339's full-time whose offset
+strict decoders make the model write (and ``datetime.combine`` with a date would then
+place it in that zone); ``Decimal`` is a string, since a JSON number is read as a
+float and so may lose digits."""
+
+
+def _text_kind(annotation: Any) -> _Text | None:
+    """How ``annotation`` travels as a string, if it is one of ``_TEXTS`` (not a subclass)."""
+    return _TEXTS.get(annotation) if isinstance(annotation, type) else None
+
+
 def coerce(value: Any, annotation: Any, path: str) -> Any:
     """Check a JSON value against ``annotation`` and convert it to the Python value.
 
@@ -502,6 +616,9 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if not math.isfinite(number):
             raise ToolArgumentError(f"{path}: expected a finite number, got {number!r}")
         return number
+    text = _text_kind(annotation)
+    if text is not None:
+        return text.value(value, path)
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
@@ -700,4 +817,10 @@ def _to_json_value(value: Any) -> Any:
         return list(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, decimal.Decimal):  # "100", not "1E+2": what the schema's pattern takes
+        return format(value, "f") if value.is_finite() else str(value)
     return value

@@ -5,8 +5,11 @@ runs that compact or recover from an overflow halfway."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 import json
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -832,6 +835,113 @@ def test_a_strict_schema_requires_every_field_and_makes_the_optional_ones_nullab
         },
         "required": ["carrier", "weight", "tags"],
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Payment:
+    paid_at: datetime.datetime
+    amount: decimal.Decimal
+    order: uuid.UUID
+    due: datetime.date | None = None
+    opens: list[datetime.time] = dataclasses.field(default_factory=list)
+
+
+ORDER = "8f14e45f-ceea-467f-a9f3-3b2a3ee2c4f1"
+PAID = {"paid_at": "2026-05-01T09:30:00Z", "amount": "19.99", "order": ORDER}
+CLOCK = {"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]+)?)?$"}
+
+
+def test_dates_uuids_and_decimals_keep_their_formats_in_the_strict_schema() -> None:
+    """Strings with the formats OpenAI's strict mode supports (date-time, date, uuid),
+    a Decimal and a time of day by a pattern; optional ones nullable, as any field."""
+    output = Plain(output_type=Payment).output
+    assert output is not None and output.schema.closed_problem is None
+    assert output.schema.strict_schema == {
+        **OBJECT,
+        "properties": {
+            "paid_at": {"type": "string", "format": "date-time"},
+            "amount": {"type": "string", "pattern": "^-?[0-9]+([.][0-9]+)?$"},
+            "order": {"type": "string", "format": "uuid"},
+            "due": {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]},
+            "opens": {"anyOf": [{"type": "array", "items": CLOCK}, {"type": "null"}]},
+        },
+        "required": ["paid_at", "amount", "order", "due", "opens"],
+    }
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+async def test_dates_uuids_and_decimals_in_an_answer_are_their_python_types(
+    native: bool,
+) -> None:
+    answer = {**PAID, "due": None, "opens": ["09:30:15.5"]}
+    reply = (
+        text_response(json.dumps(answer))
+        if native
+        else tool_call_response(OUTPUT_TOOL, answer, call_id="c1")
+    )
+    model = ScriptedModel([reply], supports_output_schema=native)
+    result = await Plain(model=model).run("go", output_type=Payment)
+    assert result.output == Payment(
+        datetime.datetime(2026, 5, 1, 9, 30, tzinfo=datetime.timezone.utc),
+        decimal.Decimal("19.99"),
+        uuid.UUID(ORDER),
+        None,
+        [datetime.time(9, 30, 15, 500000)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer", "expected", "schema"),
+    [
+        (
+            datetime.date,
+            "2026-05-01",
+            datetime.date(2026, 5, 1),
+            {"type": "string", "format": "date"},
+        ),
+        (
+            list[uuid.UUID],
+            [ORDER],
+            [uuid.UUID(ORDER)],
+            {"type": "array", "items": {"type": "string", "format": "uuid"}},
+        ),
+        (datetime.time, "23:59", datetime.time(23, 59), CLOCK),
+    ],
+)
+async def test_a_date_uuid_or_time_output_type_is_wrapped(
+    kind: Any, answer: Any, expected: Any, schema: dict[str, Any]
+) -> None:
+    """Not an object, so it travels in ``{"result": ...}``, as a list or an int does."""
+    model = ScriptedModel([text_response(json.dumps({"result": answer}))])
+    result = await Plain(model=model).run("go", output_type=kind)
+    assert result.output == expected
+    assert model.requests[0].output_schema is not None
+    assert model.requests[0].output_schema.schema == wrapped(schema)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+async def test_a_malformed_date_or_decimal_in_an_answer_gets_the_repair_turn(
+    native: bool,
+) -> None:
+    """A naive date-time, a Decimal as a JSON number: told where and what was expected,
+    and the model answers again."""
+    bad = {**PAID, "paid_at": "2026-05-01T09:30:00", "amount": 19.99}
+    replies = [json.dumps(bad), json.dumps(PAID)]
+    model = ScriptedModel(
+        [text_response(reply) for reply in replies]
+        if native
+        else [
+            tool_call_response(OUTPUT_TOOL, json.loads(reply), call_id=f"c{i}")
+            for i, reply in enumerate(replies)
+        ],
+        supports_output_schema=native,
+    )
+    result = await Plain(model=model).run("go", output_type=Payment)
+    assert result.output.amount == decimal.Decimal("19.99")
+    told = model.requests[1].messages[-1]
+    text = told.text if native else told.tool_results[0].content
+    assert "answer.paid_at: expected a date and time with its UTC offset" in text
+    assert "got '2026-05-01T09:30:00'" in text
 
 
 @attrs.frozen

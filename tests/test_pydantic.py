@@ -4,11 +4,14 @@ their own validators decide, and littleghost works without pydantic."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import enum
 import json
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -320,6 +323,98 @@ class TestTools:
         schema = model.requests[0].tools[0].parameters["properties"]["who"]
         assert schema["default"] == {"name": "you", "email": None}
         assert result.messages[2].tool_results[0].content == "hi you"
+
+
+class Booking(BaseModel):
+    at: datetime.datetime = Field(description="when, with its offset")
+    guest: uuid.UUID
+    deposit: decimal.Decimal = Field(decimal.Decimal("0"), max_digits=6, decimal_places=2)
+    nights: list[datetime.date] = []
+
+    @field_validator("at")
+    @classmethod
+    def _in_business_hours(cls, value: datetime.datetime) -> datetime.datetime:
+        if not 8 <= value.hour < 20:
+            raise ValueError("we book from 8:00 to 20:00")
+        return value
+
+
+GUEST = "8f14e45f-ceea-467f-a9f3-3b2a3ee2c4f1"
+BOOKING = {"at": "2026-05-01T09:30:00+02:00", "guest": GUEST, "deposit": "12.50"}
+
+
+class TestDatesAndDecimals:
+    def test_the_schema_describes_them_as_strings_with_their_formats(self) -> None:
+        output = Plain(output_type=Booking).output
+        assert output is not None
+        assert output.schema.schema["properties"] == {
+            "at": {"type": "string", "format": "date-time", "description": "when, with its offset"},
+            "guest": {"type": "string", "format": "uuid"},
+            "deposit": {"type": "string", "pattern": "^-?[0-9]+([.][0-9]+)?$"},
+            "nights": {"type": "array", "items": {"type": "string", "format": "date"}},
+        }
+        assert output.schema.schema["required"] == ["at", "guest"]
+        assert output.schema.strict_schema is not None
+
+    async def test_an_answer_is_built_from_the_parsed_values(self) -> None:
+        """``model_validate`` gets the values parsed as for any record (its validators
+        see an aware datetime) and builds the model."""
+        answer = {**BOOKING, "nights": ["2026-05-01", "2026-05-02"]}
+        model = ScriptedModel([text_response(json.dumps(answer))])
+        result = await Plain(model=model).run("go", output_type=Booking)
+        paris = datetime.timezone(datetime.timedelta(hours=2))
+        assert result.output == Booking(
+            at=datetime.datetime(2026, 5, 1, 9, 30, tzinfo=paris),
+            guest=uuid.UUID(GUEST),
+            deposit=decimal.Decimal("12.50"),
+            nights=[datetime.date(2026, 5, 1), datetime.date(2026, 5, 2)],
+        )
+
+    @pytest.mark.parametrize(
+        ("answer", "told"),
+        [
+            (
+                {**BOOKING, "at": "2026-05-01T09:30"},
+                "answer.at: expected a date and time with its UTC offset",
+            ),
+            ({**BOOKING, "at": "2026-05-01T22:30:00Z"}, "answer.at: Value error, we book from"),
+            (
+                {**BOOKING, "deposit": "12.505"},
+                "answer.deposit: Decimal input should have no more than 2 decimal places",
+            ),
+            ({**BOOKING, "nights": ["May 1st"]}, "answer.nights[0]: expected a date (2025-05-01)"),
+        ],
+    )
+    async def test_a_misfit_or_a_refusal_gets_the_repair_turn(
+        self, answer: dict[str, Any], told: str
+    ) -> None:
+        model = ScriptedModel(
+            [text_response(json.dumps(answer)), text_response(json.dumps(BOOKING))]
+        )
+        result = await Plain(model=model).run("go", output_type=Booking)
+        assert result.output.deposit == decimal.Decimal("12.50")
+        assert told in model.requests[1].messages[-1].text
+
+    async def test_a_tool_gets_the_model_and_its_result_is_json(self) -> None:
+        class Front(Agent):
+            @tool
+            def confirm(
+                self, booking: Booking, on: datetime.date = datetime.date(2026, 1, 2)
+            ) -> Booking:
+                """Confirm a booking."""
+                return booking.model_copy(update={"nights": [on]})
+
+        model = ScriptedModel(
+            [tool_call_response("confirm", {"booking": BOOKING}), text_response("ok")]
+        )
+        result = await Front(model=model).run("go")
+        [spec] = model.requests[0].tools
+        assert spec.parameters["properties"]["on"]["default"] == "2026-01-02"
+        [answered] = result.messages[2].tool_results
+        assert json.loads(answered.content) == {
+            **BOOKING,
+            "nights": ["2026-01-02"],
+        }
 
 
 def test_littleghost_works_without_pydantic() -> None:

@@ -62,6 +62,10 @@ class Point:
     y: int = 0
 
 
+CLOCK = "^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]+)?)?$"
+"""The pattern of a ``time``: a time of day, without a UTC offset."""
+
+
 def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
     """The parameters schema of ``function`` declared as a plain-function tool."""
     agent_class = type("Holder", (Agent,), {"tools": [function]})
@@ -108,6 +112,20 @@ def property_of(annotation: Any) -> dict[str, Any]:
         (Color, {"enum": ["red", "green"]}),
         (Any, {}),
         (Annotated[str, "a city name"], {"type": "string", "description": "a city name"}),
+        (datetime.datetime, {"type": "string", "format": "date-time"}),
+        (datetime.date, {"type": "string", "format": "date"}),
+        (datetime.time, {"type": "string", "pattern": CLOCK}),
+        (uuid.UUID, {"type": "string", "format": "uuid"}),
+        (decimal.Decimal, {"type": "string", "pattern": "^-?[0-9]+([.][0-9]+)?$"}),
+        (
+            Optional[list[datetime.date]],  # noqa: UP045
+            {
+                "anyOf": [
+                    {"type": "array", "items": {"type": "string", "format": "date"}},
+                    {"type": "null"},
+                ]
+            },
+        ),
         (
             Point,
             {
@@ -635,6 +653,150 @@ async def test_a_result_keyed_by_dates_or_ids_is_json_with_their_text() -> None:
         "owners": {"00000000-0000-0000-0000-000000000001": "ada"},
         "by_colour": {"red": 2},
     }
+
+
+@dataclasses.dataclass
+class Stay:
+    arrive: datetime.date
+    nights: int
+    check_in: datetime.time | None = None
+
+
+class Bookings(Agent):
+    booked: list[Any]
+
+    @tool
+    def book(
+        self,
+        at: datetime.datetime,
+        guest: uuid.UUID,
+        deposit: decimal.Decimal,
+        stay: Stay,
+        holds: list[datetime.datetime] | None = None,
+        until: datetime.date = datetime.date(2026, 1, 31),
+        fee: decimal.Decimal = decimal.Decimal("1E+1"),
+    ) -> dict[str, Any]:
+        """Book a stay."""
+        self.booked.append((at, guest, deposit, stay, holds, until, fee))
+        return {"at": at, "guest": guest, "deposit": deposit * 2, "fee": fee}
+
+
+GUEST = "8f14e45f-ceea-467f-a9f3-3b2a3ee2c4f1"
+
+
+async def booked(arguments: dict[str, Any]) -> tuple[Bookings, ToolResult]:
+    """A ``Bookings`` agent after the model called ``book`` with ``arguments``, and the
+    call's result."""
+    model = ScriptedModel([tool_call_response("book", arguments), text_response("done")])
+    agent = Bookings(model=model)
+    agent.booked = []
+    (result,) = tool_results((await agent.run("go")).messages)
+    return agent, result
+
+
+async def test_dates_times_uuids_and_decimals_arrive_as_their_python_types() -> None:
+    """A datetime is RFC 3339 with its offset ('Z' too, on Python 3.10 as on later ones:
+    the value is aware, in the zone given); a date, a time of day (naive), a UUID and
+    a Decimal (a string, or an integer) arrive as such, in records and lists too."""
+    agent, result = await booked(
+        {
+            "at": "2026-05-01T09:30:00Z",
+            "guest": GUEST.upper(),
+            "deposit": "12.50",
+            "stay": {"arrive": "2026-05-01", "nights": 2, "check_in": "15:00"},
+            "holds": ["2026-04-30 18:00:00.1234567+02:00", "2026-04-30T08:00z"],
+            "fee": 7,
+        }
+    )
+    utc, paris = datetime.timezone.utc, datetime.timezone(datetime.timedelta(hours=2))
+    assert agent.booked == [
+        (
+            datetime.datetime(2026, 5, 1, 9, 30, tzinfo=utc),
+            uuid.UUID(GUEST),
+            decimal.Decimal("12.50"),
+            Stay(datetime.date(2026, 5, 1), 2, datetime.time(15, 0)),
+            [
+                datetime.datetime(2026, 4, 30, 18, 0, 0, 123456, tzinfo=paris),
+                datetime.datetime(2026, 4, 30, 8, 0, tzinfo=utc),
+            ],
+            datetime.date(2026, 1, 31),
+            decimal.Decimal("7"),
+        )
+    ]
+    assert json.loads(result.content) == {
+        "at": "2026-05-01T09:30:00+00:00",
+        "guest": GUEST,
+        "deposit": "25.00",
+        "fee": "7",
+    }
+
+
+def test_a_default_date_or_decimal_is_shown_as_its_string() -> None:
+    """A default the schema shows is the string the model would send: ISO 8601, and a
+    Decimal in plain notation, as its pattern takes it."""
+    (spec,) = Bookings(model=ScriptedModel([])).tool_specs
+    properties = spec.parameters["properties"]
+    assert properties["until"] == {"type": "string", "format": "date", "default": "2026-01-31"}
+    assert properties["fee"]["default"] == "10"
+    assert properties["stay"]["properties"]["check_in"] == {
+        "anyOf": [{"type": "string", "pattern": CLOCK}, {"type": "null"}]
+    }
+    assert spec.parameters["required"] == ["at", "guest", "deposit", "stay"]
+
+
+ARRIVING = {"at": "2026-05-01T09:30:00Z", "guest": GUEST, "deposit": "1"}
+STAY = {"arrive": "2026-05-01", "nights": 1}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "told"),
+    [
+        (
+            {**ARRIVING, "at": "2026-05-01T09:30:00", "stay": STAY},
+            "at: expected a date and time with its UTC offset (RFC 3339: "
+            "2025-05-01T09:30:00+02:00, or Z for UTC), got '2026-05-01T09:30:00'",
+        ),
+        ({**ARRIVING, "at": "20260501T093000Z", "stay": STAY}, "got '20260501T093000Z'"),
+        ({**ARRIVING, "at": "2026-05-01T09:30:00+24:00", "stay": STAY}, "got '2026-05-01T09"),
+        ({**ARRIVING, "at": 1770000000, "stay": STAY}, "at: expected a date and time"),
+        (
+            {**ARRIVING, "stay": {**STAY, "arrive": "2026-02-30"}},
+            "stay.arrive: expected a date (2025-05-01), got '2026-02-30'",
+        ),
+        (
+            {**ARRIVING, "stay": {**STAY, "check_in": "15:00Z"}},
+            "stay.check_in: matches none of the allowed types (stay.check_in: expected a time "
+            "of day without a UTC offset (09:30 or 09:30:15.5), got '15:00Z'; stay.check_in: "
+            "expected null, got a string)",
+        ),
+        (
+            {**ARRIVING, "guest": "{" + GUEST + "}", "stay": STAY},
+            "guest: expected a UUID (8-4-4-4-12 hex digits), got '{8f14e45f",
+        ),
+        (
+            {**ARRIVING, "deposit": 12.5, "stay": STAY},
+            'deposit: expected a decimal number as a string ("12.50"), got a number',
+        ),
+        ({**ARRIVING, "deposit": "1e3", "stay": STAY}, "got '1e3'"),
+        ({**ARRIVING, "deposit": "NaN", "stay": STAY}, "got 'NaN'"),
+        ({**ARRIVING, "deposit": True, "stay": STAY}, "got a boolean"),
+        ({**ARRIVING, "holds": ["2026-05-01"], "stay": STAY}, "holds[0]: expected a date and"),
+    ],
+)
+async def test_a_malformed_date_uuid_or_decimal_is_an_error_result(
+    arguments: dict[str, Any], told: str
+) -> None:
+    """What does not fit is told where and what was expected; the tool is not called."""
+    agent, result = await booked(arguments)
+    assert agent.booked == []
+    assert result.is_error
+    assert result.content.startswith("Invalid arguments for tool 'book': ")
+    assert told in result.content
+
+
+async def test_a_long_malformed_date_is_abbreviated_in_the_error() -> None:
+    _, result = await booked({**ARRIVING, "at": "2026-" + "9" * 5000, "stay": STAY})
+    assert result.is_error and len(result.content) < 400
 
 
 async def test_a_result_with_a_lone_surrogate_enters_the_log_as_utf8_can_carry_it() -> None:
