@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeGuard, TypeVar
 
 from littleghost.errors import ConfigurationError
 
@@ -31,12 +31,15 @@ __all__ = [
     "is_number",
     "nests_deeper",
     "optional",
+    "tuple_of",
     "type_check",
     "wrong_value",
 ]
 
 Validator = Callable[[Any, Any, Any], None]
 """An attrs validator: called with ``(instance, attribute, value)``, raises when wrong."""
+
+T = TypeVar("T")
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -175,3 +178,16 @@ def instance_of(name: str, kind: type | tuple[type, ...], allowed: str) -> Valid
             raise TypeError(f"{name} must be {allowed}, not {_shown(value)}")
 
     return validate
+
+
+def tuple_of(value: object, name: str, kind: type[T], what: str) -> tuple[T, ...]:
+    """``value``, any sequence (but a str or bytes) of ``kind`` values (``what``), as a
+    tuple, for an attrs converter; ``TypeError`` naming ``name`` otherwise (by types:
+    values are content)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a sequence of {what}, not {type(value).__name__}")
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{name} must hold {what} values, not {type(item).__name__}")
+    return items

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 from attrs import field, frozen
 
-from littleghost._validators import check, instance_of, is_number
+from littleghost._validators import check, instance_of, is_number, tuple_of
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
@@ -40,15 +40,8 @@ __all__ = [
 ]
 
 
-def _chunks(value: Iterable[str]) -> tuple[str, ...]:
-    """``value`` as a tuple of str (a lone str is not a sequence of chunks)."""
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise TypeError(f"Streamed.chunks must be a sequence of str, not {type(value).__name__}")
-    chunks = tuple(value)
-    for chunk in chunks:
-        if not isinstance(chunk, str):
-            raise TypeError(f"Streamed.chunks must hold str values, not {type(chunk).__name__}")
-    return chunks
+def _chunks(value: object) -> tuple[str, ...]:
+    return tuple_of(value, "Streamed.chunks", str, "str")
 
 
 @frozen

@@ -317,6 +317,22 @@ def test_model_values_reject_wrong_types(build: Any, names: str) -> None:
         build()
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ModelRequest("card 4111-1111"),
+        lambda: ModelRequest([], tools="card 4111-1111"),
+        lambda: ModelRequest([], tools=[{"card": "4111-1111"}]),
+        lambda: Streamed("card 4111-1111", text_response("x")),
+    ],
+)
+def test_a_wrong_sequence_is_named_by_its_type_not_its_content(build: Any) -> None:
+    """What a request or a step was given may be message content: errors show types."""
+    with pytest.raises(TypeError) as caught:
+        build()
+    assert "4111" not in str(caught.value)
+
+
 def test_model_values_take_fields_positionally() -> None:
     """Requests and responses take their fields positionally in the documented order."""
     spec = ToolSpec("t", "does t", {"type": "object", "properties": {}})

@@ -5,12 +5,12 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from attrs import astuple, field, frozen
 
-from littleghost._validators import instance_of, int_at_least, type_check
+from littleghost._validators import instance_of, int_at_least, tuple_of, type_check
 from littleghost.messages import Message, Role
 
 __all__ = [
@@ -251,25 +251,11 @@ def _takes_null(schema: Mapping[str, Any]) -> bool:
 
 
 def _messages(value: object) -> tuple[Message, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError(f"ModelRequest.messages must be a sequence of Message, not {value!r}")
-    messages = tuple(value)
-    for message in messages:
-        if not isinstance(message, Message):
-            raise TypeError(
-                f"ModelRequest.messages must hold Message values, not {type(message).__name__}"
-            )
-    return messages
+    return tuple_of(value, "ModelRequest.messages", Message, "Message")
 
 
 def _tools(value: object) -> tuple[ToolSpec, ...]:
-    if not isinstance(value, Iterable):
-        raise TypeError(f"ModelRequest.tools must be a sequence of ToolSpec, not {value!r}")
-    tools = tuple(value)
-    for spec in tools:
-        if not isinstance(spec, ToolSpec):
-            raise TypeError(f"ModelRequest.tools must hold ToolSpec values, not {spec!r}")
-    return tools
+    return tuple_of(value, "ModelRequest.tools", ToolSpec, "ToolSpec")
 
 
 def _settings(value: object) -> Mapping[str, Any]:
