@@ -73,6 +73,22 @@ def test_a_message_holds_no_state_of_the_engine() -> None:
     assert set(Message.__slots__) == {"role", "content", "id", "metadata", *derived}
 
 
+@manage_context(context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50)
+class Patient(Agent):
+    """Keeps 50 messages: nothing of a short session is old enough to compact."""
+
+
+async def patient_session(session_id: str, *, turns: int) -> ScriptedModel:
+    """``turns`` questions to ``Patient`` in a new session that opens with a long
+    message, over the threshold: each run's compaction is due, with nothing to compact."""
+    model = ScriptedModel([text_response("Noted.")] * turns)
+    store = InMemorySessionStore()
+    await store.append(session_id, [Message.user("Context: " + "detail " * 400)])
+    for turn in range(turns):
+        await Patient(model=model, session_store=store).run(f"Q{turn}?", session_id=session_id)
+    return model
+
+
 class TestNoThrash:
     async def test_a_tool_loop_over_the_threshold_waits_for_growth_between_summaries(
         self, spans: Spans
@@ -301,17 +317,7 @@ class TestNoThrash:
         """Nothing is old enough to compact: the run's attempt fails, and the next runs of
         the session wait for growth instead of failing again at every question."""
 
-        @manage_context(
-            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
-        )
-        class Patient(Agent):
-            pass
-
-        model = ScriptedModel([text_response("Noted.")] * 4)
-        store = InMemorySessionStore()
-        await store.append("s", [Message.user("Context: " + "detail " * 400)])
-        for turn in range(4):
-            await Patient(model=model, session_store=store).run(f"Q{turn}?", session_id="s")
+        model = await patient_session("s", turns=4)
         outcomes = [e["littleghost.compaction.outcome"] for e in spans.compactions()]
         assert outcomes == ["error", "skipped", "skipped", "skipped"]
         assert all(r.purpose == "chat" for r in model.requests)
@@ -322,18 +328,8 @@ class TestNoThrash:
         """Among many sessions' runs, each attempt's log line says whose it is (the agent
         and session, also as the record's ``littleghost`` extra) and why it was skipped."""
 
-        @manage_context(
-            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
-        )
-        class Patient(Agent):
-            pass
-
-        model = ScriptedModel([text_response("Noted.")] * 2)
-        store = InMemorySessionStore()
-        await store.append("s-7", [Message.user("Context: " + "detail " * 400)])
         with caplog.at_level("INFO", logger="littleghost.context"):
-            for turn in range(2):
-                await Patient(model=model, session_store=store).run(f"Q{turn}?", session_id="s-7")
+            await patient_session("s-7", turns=2)
         failed, skipped = (r for r in caplog.records if r.levelname == "INFO")
         assert failed.getMessage().startswith(
             "context compaction error for Patient in session 's-7' (reason=threshold"
@@ -352,12 +348,6 @@ class TestNoThrash:
     ) -> None:
         """The turn's attempt failed, then overflow recovery compacted: the size the next
         run waits from is the recovery's, not the failed attempt's."""
-
-        @manage_context(
-            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=50
-        )
-        class Patient(Agent):
-            pass
 
         overflow = ContextWindowOverflowError("prompt too long")
         model = ScriptedModel([overflow, text_response("- notes"), text_response("Noted.")])
