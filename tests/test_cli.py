@@ -18,10 +18,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import unicodedata
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ from littleghost.errors import OutputValidationError, SessionStoreError
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.sessions import PostgresSessionStore, decode_message, message_from_json
 from littleghost.sessions.base import SessionStore
+from littleghost.sessions.locks import hold_session
 from littleghost.testing import ScriptedModel
 
 from . import cli_agents
@@ -792,11 +795,203 @@ class TestExport:
         assert all(json.loads(line)["id"] for line in lines)
 
 
+@contextmanager
+def held(url: str, session_id: str) -> Iterator[None]:
+    """Hold the session, as a run under way does, from another thread until the block ends."""
+    taken, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async with (
+            store_address(url).open(read_only=False) as store,
+            hold_session(store, session_id),
+        ):
+            taken.set()
+            await anyio.to_thread.run_sync(release.wait)
+
+    thread = threading.Thread(target=anyio.run, args=(hold,))
+    thread.start()
+    try:
+        assert taken.wait(60)
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+
+
+def started(*args: str, **options: Any) -> subprocess.Popen[bytes]:
+    """``python -m littleghost ...`` started in a process of its own, its output piped,
+    Ctrl-C (SIGINT) at its default, as a terminal's foreground job has it (a shell's
+    background job, which a CI run may be, starts its children ignoring it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "littleghost", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        **options,
+    )
+
+
+def read_until(process: subprocess.Popen[bytes], text: bytes) -> bytes:
+    """What ``process`` wrote to standard error up to and including ``text``."""
+    assert process.stderr is not None
+    seen = b""
+    while text not in seen:
+        chunk = os.read(process.stderr.fileno(), 4096)
+        assert chunk, seen  # it ended without writing it
+        seen += chunk
+    return seen
+
+
+def finished(process: subprocess.Popen[bytes]) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()  # not left behind when it hangs
+    return process.returncode, out.decode(), err.decode()
+
+
+class TestDelete:
+    def test_yes_deletes_the_session_and_says_what_without_its_content(
+        self, store_url: str
+    ) -> None:
+        canary = "card 4111 1111 1111 1111"
+        in_store(store_url, lambda store: store.append("customer-42", [Message.user(canary)]))
+        log = load(store_url, "customer-42")
+        records = sum(map(is_record, log))
+        assert records > 0
+        other = load(store_url, "other")
+        out = ok("sessions", "delete", "customer-42", "--store", store_url, "--yes").stdout
+        lines = out.splitlines()
+        assert lines[0] == (
+            f"deleted session customer-42: {len(log)} messages, {records} compaction "
+            f"record{'s' if records > 1 else ''} among them"
+        )
+        if store_address(store_url).kind == "sqlite":
+            assert lines[1:] == [
+                "the text is overwritten in the SQLite file, and its write-ahead log emptied"
+            ]
+            path = Path(store_address(store_url).target)
+            files = [path, path.with_name(path.name + "-wal")]
+            stored = b"".join(file.read_bytes() for file in files if file.exists())
+            assert canary.encode() not in stored and other[0].text.encode() in stored
+        else:
+            assert "until VACUUM" in lines[1]
+        assert canary not in out and all(m.text not in out for m in log if m.text)
+        assert load(store_url, "customer-42") == ()
+        assert load(store_url, "other") == other
+
+    def test_json(self, store_url: str) -> None:
+        log = load(store_url, "other")
+        result = ok("sessions", "delete", "other", "--store", store_url, "-y", "--json")
+        kind = store_address(store_url).kind
+        assert json.loads(result.stdout) == {
+            "session": "other",
+            "messages": len(log),
+            "records": sum(map(is_record, log)),
+            "store": kind,
+            "wal_emptied": True if kind == "sqlite" else None,
+        }
+        assert result.stderr == ""
+        assert load(store_url, "other") == ()
+
+    def test_off_a_terminal_without_yes_nothing_is_deleted(self, store_url: str) -> None:
+        before = contents(store_url)
+        line = fails(1, "sessions", "delete", "other", "--store", store_url)
+        assert line.startswith(
+            "Error: not deleted: standard input is not a terminal to ask on; pass --yes to "
+            f"delete session 'other' ({len(load(store_url, 'other'))} messages, "
+        )
+        assert contents(store_url) == before
+
+    def asked(self, url: str, answer: bytes | None) -> tuple[int, str, str]:
+        """Run ``sessions delete other`` with standard input on a terminal; once it asks,
+        type ``answer`` (``None``: Ctrl-C)."""
+        master, slave = pty.openpty()
+        with started("sessions", "delete", "other", "--store", url, stdin=slave) as process:
+            os.close(slave)
+            try:
+                asked = read_until(process, b"? [y/N]: ")
+                if answer is None:
+                    process.send_signal(signal.SIGINT)
+                else:
+                    os.write(master, answer)
+                code, out, err = finished(process)
+            finally:
+                os.close(master)
+        return code, out, asked.decode() + err
+
+    @pytest.mark.parametrize("answer", [b"y\n", b"YES\n"])
+    def test_on_a_terminal_it_asks_first(self, tmp_path: Path, answer: bytes) -> None:
+        url = TestProcess.filled(tmp_path)
+        log = load(url, "other")
+        code, out, err = self.asked(url, answer)
+        assert re.fullmatch(
+            rf"Delete session 'other' \({len(log)} messages, \d+ compaction records? among them, "
+            r"last activity \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)\? \[y/N\]: ",
+            err,
+        )
+        assert (code, out.splitlines()[0]) == (
+            0,
+            f"deleted session other: {len(log)} messages, 1 compaction record among them",
+        )
+        assert load(url, "other") == ()
+
+    @pytest.mark.parametrize(
+        "answer", [b"\n", b"n\n", b"no\n", b"\x04"], ids=["enter", "n", "no", "EOF"]
+    )
+    def test_anything_but_yes_deletes_nothing(self, tmp_path: Path, answer: bytes) -> None:
+        url = TestProcess.filled(tmp_path)
+        before = contents(url)
+        code, out, err = self.asked(url, answer)
+        assert (code, out) == (1, "")
+        assert err.endswith("? [y/N]: Error: not deleted: the answer was not yes\n")
+        assert contents(url) == before
+
+    def test_ctrl_c_at_the_question_exits_130_and_deletes_nothing(self, tmp_path: Path) -> None:
+        url = TestProcess.filled(tmp_path)
+        before = contents(url)
+        code, out, err = self.asked(url, None)
+        assert (code, out) == (130, "")
+        assert err.endswith("? [y/N]: \nInterrupted\n")
+        assert contents(url) == before
+
+    def test_a_run_holding_the_session_ends_first(self, store_url: str) -> None:
+        with held(store_url, "other"):
+            process = started("sessions", "delete", "other", "--store", store_url, "--yes")
+            try:
+                waiting = read_until(process, b"\n").decode()
+                assert waiting == "waiting for a run of session 'other' to end (Ctrl-C stops)\n"
+                assert process.poll() is None
+                assert load(store_url, "other") != ()
+            except BaseException:
+                process.kill()
+                finished(process)
+                raise
+        code, out, err = finished(process)
+        assert (code, err) == (0, "")
+        assert out.startswith("deleted session other: ")
+        assert load(store_url, "other") == ()
+
+    def test_ctrl_c_while_waiting_exits_130_and_deletes_nothing(self, store_url: str) -> None:
+        before = contents(store_url)
+        with held(store_url, "other"):
+            process = started("sessions", "delete", "other", "--store", store_url, "--yes")
+            try:
+                read_until(process, b"(Ctrl-C stops)\n")
+            finally:
+                process.send_signal(signal.SIGINT)
+                code, out, err = finished(process)
+        assert (code, out, err) == (130, "", "Interrupted\n")
+        assert contents(store_url) == before
+
+
 class TestErrors:
-    @pytest.mark.parametrize("command", ["show", "view", "export", "compact"])
+    @pytest.mark.parametrize("command", ["show", "view", "export", "compact", "delete"])
     def test_an_unknown_session(self, store_url: str, command: str) -> None:
-        agent = ["--agent", "tests.cli_agents:Staffed"] if command == "compact" else []
-        line = fails(1, "sessions", command, "nope", "--store", store_url, *agent)
+        more = {"compact": ["--agent", "tests.cli_agents:Staffed"], "delete": ["--yes"]}
+        line = fails(1, "sessions", command, "nope", "--store", store_url, *more.get(command, []))
         assert line.startswith("Error: no session 'nope' in ")
 
     def test_an_unreachable_database(self) -> None:
@@ -883,7 +1078,7 @@ class TestErrors:
             line = fails(2, "sessions", "view", "s", "--store", url, "--agent", agent)
             assert "Invalid value for '--agent'" in line and error in line
         assert "Missing option '--agent'" in fails(2, "sessions", "compact", "s", "--store", url)
-        for command in ("show", "view", "export"):
+        for command in ("show", "view", "export", "delete"):
             line = fails(2, "sessions", command, "", "--store", url)
             assert (
                 line == "Error: Invalid value for 'ID': session_id must be a non-empty str, not ''"
@@ -963,14 +1158,17 @@ class TestProcess:
         done = python_m("sessions", "--help")
         assert done.returncode == 0
         listed = dict(re.findall(r"^  (\w+) +(.+)$", done.stdout.split("Commands:")[1], re.M))
-        assert sorted(listed) == ["compact", "export", "list", "show", "view"]
+        assert sorted(listed) == ["compact", "delete", "export", "list", "show", "view"]
         assert all(text.endswith(".") and "..." not in text for text in listed.values())
         for command in listed:
             text = ok("sessions", command, "--help").stdout
             assert f"Usage: main sessions {command} [OPTIONS]" in text
             assert "--store URL" in text and "LITTLEGHOST_STORE" in text
         overview = " ".join(python_m("--help").stdout.split())
-        assert "Every command opens it read-only, except `sessions compact` without" in overview
+        assert (
+            "read-only, except `sessions compact` without --dry-run and `sessions delete`"
+            in overview
+        )
 
     def terminal(self, *args: str, columns: int = 200) -> tuple[str, str]:
         """Run ``python -m littleghost`` with standard output and error each on a

@@ -1,5 +1,5 @@
 """The ``littleghost`` command line: an operator's view of the sessions in a store
-(``littleghost sessions list|show|view|compact|export``; also ``python -m littleghost``)."""
+(``littleghost sessions list|show|view|compact|export|delete``; also ``python -m littleghost``)."""
 
 from littleghost.cli.commands import main
 

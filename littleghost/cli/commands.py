@@ -20,9 +20,10 @@ from littleghost.agent import Agent
 from littleghost.blocking import run_blocking
 from littleghost.cli.agents import agent_class
 from littleghost.cli.compact import compact_document, print_compaction
+from littleghost.cli.delete import confirm, delete_document, described, print_deletion
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, echo, escape_unwritable, one_line
+from littleghost.cli.output import Output, echo, escape_unwritable, one_line, shown
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -178,12 +179,12 @@ def main() -> None:
 
     Point --store (or LITTLEGHOST_STORE) at the SQLite file or PostgreSQL database of a
     SQLiteSessionStore or PostgresSessionStore. Every command opens it read-only, except
-    `sessions compact` without --dry-run. Tables and colours are for terminals; piped
-    output is plain tab-separated text, and --json gives JSON.
+    `sessions compact` without --dry-run and `sessions delete`. Tables and colours are
+    for terminals; piped output is plain tab-separated text, and --json gives JSON.
     """
 
 
-@main.group(short_help="Inspect and compact stored sessions.")
+@main.group(short_help="Inspect, compact and delete stored sessions.")
 def sessions() -> None:
     """Inspect stored sessions: what was said, what the model sees next, and why.
 
@@ -193,6 +194,8 @@ def sessions() -> None:
       littleghost sessions view    ID --store sqlite:///sessions.db --agent app:Support
       littleghost sessions compact ID --store sqlite:///sessions.db --agent app:Support --dry-run
       littleghost sessions export  ID --store sqlite:///sessions.db > ID.jsonl
+      littleghost sessions delete  ID --store sqlite:///sessions.db
+      littleghost sessions delete  ID --store sqlite:///sessions.db --yes --json
     """
 
 
@@ -320,3 +323,34 @@ def export(session_id: str, address: StoreAddress) -> None:
         for entry in log:
             echo(message_to_json(entry.message))
             advance(1, "")
+
+
+@sessions.command(short_help="Delete a session and all its messages, for good.")
+@session_argument
+@store_option
+@click.option(
+    "--yes",
+    "-y",
+    "confirmed",
+    is_flag=True,
+    help="Delete without asking (needed when standard input is not a terminal).",
+)
+@json_option
+def delete(session_id: str, address: StoreAddress, confirmed: bool, as_json: bool) -> None:
+    """Delete session ID and all its messages, compaction records included, for good.
+
+    On a terminal it asks first (answer y); elsewhere pass --yes. The session is held as
+    a run holds it: a run of it under way ends first (the command says it is waiting;
+    Ctrl-C stops it, deleting nothing). SQLite overwrites the text in the file and
+    empties its write-ahead log; PostgreSQL keeps deleted rows until VACUUM. Prints the
+    messages and records deleted, never their content.
+    """
+    session = described(session_id, _run(address.log, session_id))
+    if not confirmed:
+        confirm(session)
+
+    def waiting() -> None:
+        name = shown(repr(session_id))
+        click.echo(f"waiting for a run of session {name} to end (Ctrl-C stops)", err=True)
+
+    _write(_run(delete_document, address, session_id, waiting), as_json, print_deletion)

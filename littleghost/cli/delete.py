@@ -1,0 +1,129 @@
+"""``sessions delete``: delete a stored session for good (an erasure request), held as a
+run holds it, after the operator confirmed it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from littleghost.cli.output import Output, clock, moment, shown
+from littleghost.cli.stores import StoreAddress
+from littleghost.context.records import is_record
+from littleghost.errors import UnknownSessionError
+from littleghost.sessions import StoredMessage
+from littleghost.sessions.locks import hold_session
+
+__all__ = ["WAIT_NOTICE", "confirm", "delete_document", "described", "print_deletion"]
+
+WAIT_NOTICE = 1.0
+"""Seconds of waiting for the session after which the command says it is waiting."""
+
+
+def _counted(messages: int, records: int) -> str:
+    """``17 messages, 1 compaction record among them``."""
+    counted = f"{messages} message{'' if messages == 1 else 's'}"
+    return f"{counted}, {records} compaction record{'' if records == 1 else 's'} among them"
+
+
+def described(session_id: str, log: Sequence[StoredMessage]) -> str:
+    """``session 'ID' (N messages, R compaction records among them, last activity ...)``:
+    no message content."""
+    last = clock(moment(log[-1].stored_at))
+    activity = "unknown" if last == "-" else f"{last} UTC"
+    counts = _counted(len(log), sum(is_record(entry.message) for entry in log))
+    return f"session {shown(repr(session_id))} ({counts}, last activity {activity})"
+
+
+def confirm(session: str) -> None:
+    """Ask whether to delete ``session`` (``described``) on the terminal: on standard
+    error, answered on standard input.
+
+    Raises:
+        click.ClickException: Not answered yes, or standard input is no terminal to ask
+            on (nothing hangs on a prompt no one sees).
+    """
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise click.ClickException(
+            f"not deleted: standard input is not a terminal to ask on; pass --yes to "
+            f"delete {session}"
+        )
+    click.echo(f"Delete {session}? [y/N]: ", nl=False, err=True)
+    try:
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        click.echo(err=True)  # "Interrupted" on a line of its own
+        raise
+    if answer.strip().lower() not in ("y", "yes"):
+        raise click.ClickException("not deleted: the answer was not yes")
+
+
+async def delete_document(
+    address: StoreAddress, session_id: str, waiting: Callable[[], None]
+) -> dict[str, Any]:
+    """Delete the session, holding it as a run does (a run under way ends first;
+    ``waiting()`` is called once the wait passes ``WAIT_NOTICE``). The document says how
+    many messages and compaction records were deleted and, for SQLite, whether the
+    write-ahead log was emptied by the delete's checkpoint (``None`` for PostgreSQL).
+
+    Raises:
+        UnknownSessionError: The store has no such session (by the time it is held).
+    """
+    async with address.open(read_only=False) as store:
+        notice = threading.Timer(WAIT_NOTICE, waiting)
+        notice.start()
+        try:
+            async with hold_session(store, session_id):
+                notice.cancel()
+                log = await store.load_stored(session_id)  # now that it is held
+                if not log:
+                    raise UnknownSessionError(
+                        f"no session {session_id!r} in {address}", session_id=session_id
+                    )
+                await store.delete(session_id)
+                wal_emptied = _wal_emptied(address)
+        finally:
+            notice.cancel()
+    return {
+        "session": session_id,
+        "messages": len(log),
+        "records": sum(is_record(entry.message) for entry in log),
+        "store": address.kind,
+        "wal_emptied": wal_emptied,
+    }
+
+
+def _wal_emptied(address: StoreAddress) -> bool | None:
+    """For SQLite, whether the ``-wal`` file is empty (or gone) right after the delete's
+    checkpoint: a reader under way in another connection, or a write since, keeps it."""
+    if address.kind != "sqlite":
+        return None
+    try:
+        return os.path.getsize(f"{address.target}-wal") == 0
+    except FileNotFoundError:
+        return True
+
+
+def print_deletion(output: Output, document: dict[str, Any]) -> None:
+    """What was deleted, and where its text may still be; no message content."""
+    counts = _counted(document["messages"], document["records"])
+    output.line(f"deleted session {shown(document['session'])}: {counts}")
+    if document["store"] == "postgres":
+        output.line(
+            "PostgreSQL keeps deleted rows in the table's files until VACUUM reuses their "
+            "space, and in its write-ahead log, WAL archive and backups until recycled"
+        )
+    elif document["wal_emptied"]:
+        output.line("the text is overwritten in the SQLite file, and its write-ahead log emptied")
+    else:
+        output.line(
+            output.style(
+                "the text is overwritten in the SQLite file; its write-ahead log is in use by "
+                "another connection and may hold it until the next checkpoint",
+                fg="yellow",
+            )
+        )
