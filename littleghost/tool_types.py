@@ -647,9 +647,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         allowed = [member.value for member in annotation]
         raise ToolArgumentError(f"{path}: expected one of {allowed!r}, got {brief(value)}")
     if _is_root_model(annotation):
-        return _validated(
-            annotation, coerce(value, _model_fields(annotation)[0].annotation, path), path
-        )
+        inner = coerce(value, _model_fields(annotation)[0].annotation, path)
+        return _built(annotation.model_validate, inner, path)
     fields = _record_fields(annotation)
     if fields is not None:
         if not isinstance(value, dict):
@@ -669,11 +668,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if _is_typeddict(annotation):
             return kwargs
         if _is_model(annotation):
-            return _validated(annotation, kwargs, path)
-        try:
-            return annotation(**kwargs)
-        except Exception as error:  # the class's validators and converters decide
-            raise ToolArgumentError(_refusal(error, path)) from None
+            return _built(annotation.model_validate, kwargs, path)
+        return _built(lambda fields: annotation(**fields), kwargs, path)
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
@@ -711,15 +707,16 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
 
 
-def _validated(model: Any, value: Any, path: str) -> Any:
-    """``value`` made a ``model`` instance by the pydantic model's ``model_validate``.
+def _built(build: Callable[[Any], Any], value: Any, path: str) -> Any:
+    """A record built of ``value`` by ``build`` (its class, or a pydantic model's
+    ``model_validate``), whose validators and converters decide.
 
     Raises:
-        ToolArgumentError: The model refused it (``_refusal`` says why).
+        ToolArgumentError: ``build`` refused it (``_refusal`` says why).
     """
     try:
-        return model.model_validate(value)
-    except Exception as error:  # the model's validators decide
+        return build(value)
+    except Exception as error:
         raise ToolArgumentError(_refusal(error, path)) from None
 
 
