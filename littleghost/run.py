@@ -377,9 +377,8 @@ class RunContext:
             telemetry.PROVIDER_NAME: model.provider,
             telemetry.REQUEST_MODEL: model.name,
             **telemetry.server_attributes(model),
+            **telemetry.conversation_attributes(self.session_id),
         }
-        if self.session_id is not None:
-            attributes[telemetry.CONVERSATION_ID] = self.session_id
         try:  # outside the span, which records the failure before it is swallowed
             with telemetry.open_span(
                 f"count_tokens {model.name}", kind=SpanKind.CLIENT, attributes=attributes
@@ -436,8 +435,7 @@ class RunContext:
             if request.output_schema is not None:
                 attributes[telemetry.OUTPUT_TYPE] = "json"
             attributes.update(extra)
-            if self.session_id is not None:
-                attributes[telemetry.CONVERSATION_ID] = self.session_id
+            attributes.update(telemetry.conversation_attributes(self.session_id))
             with telemetry.open_span(
                 f"chat {model.name}", kind=SpanKind.CLIENT, attributes=attributes
             ) as span:

@@ -216,12 +216,11 @@ async def run(
     attributes = {
         telemetry.OPERATION_NAME: "invoke_agent",
         telemetry.AGENT_NAME: agent.name,
+        **telemetry.conversation_attributes(plan.session_id),
         **telemetry.setting_attributes(plan.settings),
     }
     if plan.output is not None:
         attributes[telemetry.OUTPUT_TYPE] = "json"
-    if plan.session_id is not None:
-        attributes[telemetry.CONVERSATION_ID] = plan.session_id
     try:  # the provider and model are there when the span starts, for samplers
         model = (make_model or agent.resolve_model)()
         attributes[telemetry.PROVIDER_NAME] = model.provider
@@ -749,9 +748,8 @@ async def _run_tool(
         telemetry.TOOL_CALL_ID: original_id,
         telemetry.TOOL_TYPE: "function",
         telemetry.AGENT_NAME: agent.name,
+        **telemetry.conversation_attributes(context.session_id),
     }
-    if context.session_id is not None:
-        attributes[telemetry.CONVERSATION_ID] = context.session_id
     if found is not None and found[0].description:
         attributes[telemetry.TOOL_DESCRIPTION] = found[0].description
     with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:

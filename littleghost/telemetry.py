@@ -191,6 +191,11 @@ def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
+def conversation_attributes(session_id: str | None) -> dict[str, str]:
+    """``gen_ai.conversation.id``: the run's session, when it has one."""
+    return {} if session_id is None else {CONVERSATION_ID: session_id}
+
+
 def server_attributes(model: object) -> dict[str, Any]:
     """``server.address`` and ``server.port`` from a model's optional ``server_address``
     (a non-empty ``str``) and ``server_port`` (an ``int`` from 1 to 65535, given only

@@ -116,9 +116,10 @@ def compaction_event(
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     error = attributes.get(telemetry.ERROR_TYPE)
     session = context.session_id
-    names = {telemetry.AGENT_NAME: context.agent.name}
-    if session is not None:
-        names[telemetry.CONVERSATION_ID] = session
+    names = {
+        telemetry.AGENT_NAME: context.agent.name,
+        **telemetry.conversation_attributes(session),
+    }
     skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
         "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s)%s",
