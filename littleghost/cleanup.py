@@ -23,7 +23,6 @@ on. ``KeyboardInterrupt`` and ``SystemExit`` go through as themselves.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -32,11 +31,12 @@ from contextvars import ContextVar
 import anyio
 from attrs import define, field
 
+from littleghost import logs
 from littleghost.errors import SessionStoreError
 
 __all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised", "shared_stop"]
 
-logger = logging.getLogger("littleghost.cleanup")
+logger = logs.logger("littleghost.cleanup")
 
 _CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=None)
 _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops", default=None)

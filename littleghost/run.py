@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import types
@@ -15,7 +14,7 @@ import anyio
 from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
-from littleghost import telemetry
+from littleghost import logs, telemetry
 from littleghost._validators import is_int
 from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
@@ -55,7 +54,7 @@ EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
 OutputT = TypeVar("OutputT")
 
-logger = logging.getLogger("littleghost.models")
+logger = logs.logger("littleghost.models")
 
 COUNT_TIMEOUT = 10.0
 """Seconds a prompt count may take before the run goes on without it."""

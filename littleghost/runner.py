@@ -27,7 +27,7 @@ import anyio
 import attrs
 from attrs import field, frozen
 
-from littleghost import telemetry
+from littleghost import logs, telemetry
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
@@ -213,35 +213,39 @@ async def run(
         The errors ``Agent.run`` documents.
     """
     name = f"invoke_agent {agent.name}"
-    attributes = {
-        telemetry.OPERATION_NAME: "invoke_agent",
+    names = {
         telemetry.AGENT_NAME: agent.name,
         **telemetry.conversation_attributes(plan.session_id),
+    }
+    attributes = {
+        telemetry.OPERATION_NAME: "invoke_agent",
+        **names,
         **telemetry.setting_attributes(plan.settings),
     }
     if plan.output is not None:
         attributes[telemetry.OUTPUT_TYPE] = "json"
-    try:  # the provider and model are there when the span starts, for samplers
-        model = (make_model or agent.resolve_model)()
-        attributes[telemetry.PROVIDER_NAME] = model.provider
-        attributes[telemetry.REQUEST_MODEL] = model.name
-    except BaseException:
-        with telemetry.open_span(name, attributes=attributes):
-            raise  # a model that cannot be resolved fails a span too
-    with telemetry.open_span(name, attributes=attributes) as span:
-        runs: list[RunContext] = []
+    with logs.naming(names):
+        try:  # the provider and model are there when the span starts, for samplers
+            model = (make_model or agent.resolve_model)()
+            attributes[telemetry.PROVIDER_NAME] = model.provider
+            attributes[telemetry.REQUEST_MODEL] = model.name
+        except BaseException:
+            with telemetry.open_span(name, attributes=attributes):
+                raise  # a model that cannot be resolved fails a span too
+        with telemetry.open_span(name, attributes=attributes) as span:
+            runs: list[RunContext] = []
 
-        def seen(context: RunContext) -> None:
-            runs.append(context)
-            if observe is not None:
-                observe(context)
+            def seen(context: RunContext) -> None:
+                runs.append(context)
+                if observe is not None:
+                    observe(context)
 
-        def stop() -> float:
-            return runs[0].grace.stop() if runs else math.inf
+            def stop() -> float:
+                return runs[0].grace.stop() if runs else math.inf
 
-        # a model the agent gave up meanwhile (aclose()) is closed as the run's cleanup
-        async with agent._models.use(model, agent.cleanup_grace, by=stop):
-            return await _run_in(span, agent, plan, model, sink, seen, held)
+            # a model the agent gave up meanwhile (aclose()) is closed as the run's cleanup
+            async with agent._models.use(model, agent.cleanup_grace, by=stop):
+                return await _run_in(span, agent, plan, model, sink, seen, held)
 
 
 async def _run_in(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import logging
 import threading
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,12 +15,13 @@ import anyio.to_thread
 from anyio.lowlevel import RunVar
 from attrs import frozen
 
+from littleghost import logs
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.tool_types import ImageNotJson, to_json
 
 __all__ = ["Outcome", "error_result", "invoke", "render_result"]
 
-logger = logging.getLogger("littleghost.tools")
+logger = logs.logger("littleghost.tools")
 
 
 def render_result(value: Any) -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import logging
+import pkgutil
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,7 +17,17 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, ImagePart, Message, ReasoningPart, TextPart, before_model, tool
+import littleghost
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    RunContext,
+    TextPart,
+    before_model,
+    tool,
+)
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -875,3 +888,80 @@ class TestChatSpanRequestAndResponse:
             async for _ in events:
                 pass
         assert "gen_ai.request.stream" not in attributes(spans.one("chat "))
+
+
+# --- log records ------------------------------------------------------------------------
+
+
+def failing_count(request: ModelRequest) -> int:
+    raise OSError("the count endpoint is down")
+
+
+class Counting(Agent):
+    """Asks its model for a prompt count before each call (the count fails: a warning)."""
+
+    @before_model
+    async def count(self, request: ModelRequest, *, context: RunContext) -> None:
+        await context.count_prompt_tokens(request)
+
+
+class Delegating(Counting):
+    """Also runs a ``Counting`` agent of its own from a tool, in no session."""
+
+    name = "outer"
+
+    @tool
+    async def ask_helper(self) -> str:
+        """Ask the helper."""
+        helper = Counting(
+            model=ScriptedModel([text_response("helped")], count_prompt_tokens=failing_count)
+        )
+        return (await helper.run("help")).output
+
+
+async def test_every_record_logged_in_a_run_names_its_agent_and_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A record any littleghost logger emits in a run has the run's agent and session in
+    its ``littleghost`` attribute (beside the record's own), a nested run's its own; the
+    attribute is empty outside runs (a ``%(littleghost)s`` format never fails)."""
+    model = ScriptedModel(
+        [tool_call_response("ask_helper", {}), text_response("done")],
+        count_prompt_tokens=failing_count,
+    )
+    agent = Delegating(model=model)
+    with caplog.at_level(logging.WARNING, logger="littleghost"):
+        await agent.run("hi", session_id="s-1")
+        logging.getLogger("littleghost.models").warning("outside any run")
+    counts = [r for r in caplog.records if "counting the prompt tokens" in r.getMessage()]
+    names = [
+        (r.littleghost["gen_ai.agent.name"], r.littleghost.get("gen_ai.conversation.id"))  # type: ignore[attr-defined]
+        for r in counts
+    ]
+    assert names == [("outer", "s-1"), ("Counting", None), ("outer", "s-1")]
+    assert caplog.records[-1].littleghost == {}  # type: ignore[attr-defined]
+
+
+async def test_every_littleghost_logger_names_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    """Every logger of littleghost's modules adds the run's names to what it logs in a run
+    (one made with a plain ``logging.getLogger`` would not)."""
+    for found in pkgutil.walk_packages(littleghost.__path__, "littleghost."):
+        importlib.import_module(found.name)
+    names = sorted(
+        name
+        for name, found in logging.Logger.manager.loggerDict.items()
+        if name.startswith("littleghost.") and isinstance(found, logging.Logger)
+    )
+    assert {"littleghost.cleanup", "littleghost.context", "littleghost.tools"} <= set(names)
+
+    class Probing(Agent):
+        @before_model
+        def probe(self, request: ModelRequest) -> None:
+            for name in names:
+                logging.getLogger(name).warning("probe")
+
+    with caplog.at_level(logging.WARNING, logger="littleghost"):
+        await Probing(model=ScriptedModel([text_response("ok")])).run("hi", session_id="s-2")
+    probes = {r.name: r.littleghost for r in caplog.records if r.getMessage() == "probe"}  # type: ignore[attr-defined]
+    expected = {"gen_ai.agent.name": "Probing", "gen_ai.conversation.id": "s-2"}
+    assert probes == {name: expected for name in names}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,7 @@ import anyio
 from attrs import define, field
 from opentelemetry import trace
 
-from littleghost import telemetry
+from littleghost import logs, telemetry
 from littleghost.cleanup import cancelled_here
 from littleghost.errors import DeadlineExceededError
 from littleghost.events import CompactionFinished, CompactionStarted
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["attempt", "compaction_event"]
 
-logger = logging.getLogger("littleghost.context")
+logger = logs.logger("littleghost.context")
 
 
 @define(eq=False)
@@ -105,7 +104,7 @@ def compaction_event(
 ) -> None:
     """The ``littleghost.context.compaction`` span event, ``extra`` attributes left out
     when None, and its log line (no content), naming the run's agent and session, with
-    the event's attributes and those names as the record's ``littleghost`` extra."""
+    the event's attributes as the record's ``littleghost`` extra (beside those names)."""
     attributes = {
         telemetry.COMPACTION_REASON: reason,
         telemetry.COMPACTION_OUTCOME: outcome,
@@ -116,10 +115,6 @@ def compaction_event(
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
     error = attributes.get(telemetry.ERROR_TYPE)
     session = context.session_id
-    names = {
-        telemetry.AGENT_NAME: context.agent.name,
-        **telemetry.conversation_attributes(session),
-    }
     skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
         "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s)%s",
@@ -136,5 +131,5 @@ def compaction_event(
         if (cut := attributes.get(telemetry.COMPACTION_CUT_TO)) is None
         else f", tool results cut to {cut} tokens",
         "" if skipped is None else f": {skipped}",
-        extra={"littleghost": {**names, **attributes}},
+        extra={"littleghost": attributes},
     )

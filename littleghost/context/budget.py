@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import inspect
-import logging
 import math
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 
 from attrs import evolve, field, frozen
 
+from littleghost import logs
 from littleghost._validators import (
     TOKENIZER,
     Validator,
@@ -58,8 +58,8 @@ __all__ = [
     "view_only",
 ]
 
-context_budget_log = logging.getLogger("littleghost.context_budget")
-prompt_budget_log = logging.getLogger("littleghost.prompt_budget")
+context_budget_log = logs.logger("littleghost.context_budget")
+prompt_budget_log = logs.logger("littleghost.prompt_budget")
 
 # The metadata keys of the excerpts and memories messages a view may carry (never logged).
 EXCERPTS_KEY = "littleghost.context.excerpts"

@@ -5,7 +5,6 @@ README's "Calibrated by the provider" states the rules.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ import attrs
 from attrs import define, field, frozen
 from opentelemetry import trace
 
-from littleghost import telemetry
+from littleghost import logs, telemetry
 from littleghost._validators import is_int, is_number
 from littleghost.context.budget import view_only
 from littleghost.context.groups import SYSTEM
@@ -31,7 +30,7 @@ from littleghost.models.base import Model, ModelRequest, ModelResponse
 if TYPE_CHECKING:
     from littleghost.run import RunContext
 
-logger = logging.getLogger("littleghost.context")
+logger = logs.logger("littleghost.context")
 
 __all__ = [
     "SCALE_FOR_KEY",

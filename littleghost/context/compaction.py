@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from littleghost import logs, telemetry
 from littleghost._validators import TOKENIZER, counts_tokens, wrong_value
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
@@ -148,13 +149,14 @@ async def compact_session(
     """
     check_store("compact_session: store", store)
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
-    async with hold_session(store, session_id):
-        log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
-        # loaded for this call alone: its index is not kept
-        records = (await _run(log, strategy, counter, None, settings, keep=False)).records()
-        if records:
-            check_smaller(log, records, counter)
-            await store.append(session_id, records)
+    with logs.naming(telemetry.conversation_attributes(session_id)):
+        async with hold_session(store, session_id):
+            log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
+            # loaded for this call alone: its index is not kept
+            records = (await _run(log, strategy, counter, None, settings, keep=False)).records()
+            if records:
+                check_smaller(log, records, counter)
+                await store.append(session_id, records)
     return records
 
 

@@ -3,7 +3,6 @@ against."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from decimal import Decimal
@@ -11,6 +10,7 @@ from typing import Any, TypedDict
 
 from attrs import field, fields_dict, frozen
 
+from littleghost import logs
 from littleghost._validators import (
     TOKENIZER,
     Validator,
@@ -35,7 +35,7 @@ __all__ = [
     "reported_window",
 ]
 
-logger = logging.getLogger("littleghost.context")
+logger = logs.logger("littleghost.context")
 
 _assumed_windows: set[tuple[Any, ...]] = set()  # (provider, model name) pairs warned about
 _reported_windows: set[tuple[Any, ...]] = set()  # and (…, a smaller window reported)

@@ -4,7 +4,6 @@ event loop of its own): an SDK client per event loop, and a signal any loop can 
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Callable
@@ -13,6 +12,7 @@ from typing import Any
 import anyio
 from anyio.lowlevel import RunVar
 
+from littleghost import logs
 from littleghost.errors import ConfigurationError
 
 __all__ = ["LoopClients", "Signal"]
@@ -20,7 +20,7 @@ __all__ = ["LoopClients", "Signal"]
 _POLL = 0.05
 """Seconds between looks at a ``Signal`` set in another event loop or thread."""
 
-logger = logging.getLogger(__name__)
+logger = logs.logger(__name__)
 
 _Clients = weakref.WeakKeyDictionary["LoopClients", Any]
 

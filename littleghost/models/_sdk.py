@@ -16,6 +16,7 @@ from contextlib import aclosing
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
+from littleghost import logs
 from littleghost._validators import is_int
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.messages import ImagePart
@@ -54,7 +55,7 @@ counting is not asked again."""
 _ABSENT = (404, 405, 501)
 """HTTP statuses that say a server has no such endpoint."""
 
-logger = logging.getLogger("littleghost.models")
+logger = logs.logger("littleghost.models")
 
 
 class CountAsking:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -41,6 +40,7 @@ import anyio.lowlevel
 import anyio.to_thread
 from attrs import define, field
 
+from littleghost import logs
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
 from littleghost.models._sdk import import_sdk
@@ -89,7 +89,7 @@ process's environment is not readable by other users."""
 _KILL_TIME = 0.1
 """Seconds kept before the caller's deadline for SIGKILL and the exit."""
 
-logger = logging.getLogger(__name__)
+logger = logs.logger(__name__)
 
 _running: dict[int, subprocess.Popen[bytes]] = {}
 _running_lock = threading.Lock()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import re
 import threading
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from littleghost import logs
 from littleghost._validators import is_int
 from littleghost.errors import (
     ConfigurationError,
@@ -75,7 +75,7 @@ __all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
 MODELS_TIMEOUT = 3.0
 """Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
 
-logger = logging.getLogger(__name__)
+logger = logs.logger(__name__)
 
 _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 _GOOGLE = "google"

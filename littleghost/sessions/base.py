@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -15,6 +14,7 @@ import attrs
 from anyio.lowlevel import RunVar
 from attrs import field, frozen
 
+from littleghost import logs
 from littleghost._validators import instance_of, wrong_value
 from littleghost.errors import (
     ConfigurationError,
@@ -44,7 +44,7 @@ __all__ = [
     "thread_limiter",
 ]
 
-logger = logging.getLogger("littleghost.sessions")
+logger = logs.logger("littleghost.sessions")
 
 STORE_FORMAT = "littleghost.sessions"
 """The ``format`` row of a store's meta table: marks the tables as a littleghost store."""
