@@ -37,6 +37,7 @@ __all__ = [
     "streamed",
     "text_response",
     "tool_call_response",
+    "tool_calls_response",
 ]
 
 
@@ -276,9 +277,43 @@ def tool_call_response(
     output_tokens: int = 0,
 ) -> ModelResponse:
     """A response that calls the tool ``name`` with ``arguments``."""
-    call = ToolCall(call_id or f"call_{new_id()[:12]}", name, arguments)
+    call = ToolCall(call_id or _call_id(), name, arguments)
+    return tool_calls_response(call, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def tool_calls_response(
+    *calls: ToolCall | tuple[str, Mapping[str, Any] | str],
+    text: str = "",
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> ModelResponse:
+    """A response that makes ``calls`` at once (parallel tool calls), after ``text`` if
+    any: each a ``ToolCall`` (its id chosen) or a ``(name, arguments)`` pair.
+
+    Raises:
+        TypeError: A call of another kind, or ``text`` not a str.
+        ValueError: No call.
+    """
+    if not calls:
+        raise ValueError("tool_calls_response: give at least one call")
+    if not isinstance(text, str):
+        raise TypeError(f"tool_calls_response: text must be a str, not {type(text).__name__}")
+    made = []
+    for position, call in enumerate(calls):
+        if isinstance(call, tuple) and len(call) == 2:
+            call = ToolCall(_call_id(), *call)
+        if not isinstance(call, ToolCall):
+            raise TypeError(
+                f"tool_calls_response: call {position} must be a ToolCall or a (name, "
+                f"arguments) pair, not {type(call).__name__}"
+            )
+        made.append(call)
     return ModelResponse(
-        Message.assistant(tool_calls=(call,)),
+        Message.assistant(text, tool_calls=made),
         StopReason.TOOL_USE,
         Usage(input_tokens, output_tokens),
     )
+
+
+def _call_id() -> str:
+    return f"call_{new_id()[:12]}"

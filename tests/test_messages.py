@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from littleghost import (
+    Agent,
     ImagePart,
     Message,
     ReasoningPart,
@@ -20,6 +21,7 @@ from littleghost import (
     ToolCall,
     ToolResult,
     Usage,
+    tool,
 )
 from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
@@ -31,6 +33,7 @@ from littleghost.testing import (
     streamed,
     text_response,
     tool_call_response,
+    tool_calls_response,
 )
 
 pytestmark = pytest.mark.anyio
@@ -512,3 +515,53 @@ def test_tool_call_response_generates_distinct_ids() -> None:
     first = tool_call_response("t", {}).message.tool_calls[0].id
     second = tool_call_response("t", {}).message.tool_calls[0].id
     assert first != second
+
+
+async def test_tool_calls_response_makes_parallel_calls_a_run_answers() -> None:
+    """tool_calls_response builds one answer of several calls (pairs get their own ids, a
+    ToolCall keeps its id) after optional text; a run answers each call."""
+    seen: list[str] = []
+
+    class Lookup(Agent):
+        @tool
+        def lookup(self, order_id: str) -> str:
+            """Find an order."""
+            seen.append(order_id)
+            return f"order {order_id}"
+
+    response = tool_calls_response(
+        ("lookup", {"order_id": "1"}),
+        ToolCall("mine", "lookup", '{"order_id": "2"}'),
+        text="Looking both up.",
+        input_tokens=5,
+        output_tokens=3,
+    )
+    calls = response.message.tool_calls
+    assert [call.name for call in calls] == ["lookup", "lookup"]
+    assert calls[1].id == "mine" and calls[0].id.startswith("call_")
+    assert (response.message.text, response.stop_reason, response.usage) == (
+        "Looking both up.",
+        StopReason.TOOL_USE,
+        Usage(5, 3),
+    )
+    model = ScriptedModel([response, text_response("both found")])
+    result = await Lookup(model=model).run("orders 1 and 2")
+    assert sorted(seen) == ["1", "2"]
+    answered = [part.call_id for m in result.messages for part in m.tool_results]
+    assert answered == [calls[0].id, "mine"]
+
+
+@pytest.mark.parametrize(
+    ("calls", "text", "error", "match"),
+    [
+        ((), "", ValueError, "give at least one call"),
+        (("lookup",), "", TypeError, r"call 0 must be a ToolCall or a \(name, arguments\) pair"),
+        ((("lookup", {}), ("a", "b", "c")), "", TypeError, r"call 1 .*not tuple"),
+        ((("lookup", {}),), None, TypeError, "text must be a str, not NoneType"),
+    ],
+)
+def test_tool_calls_response_names_a_bad_call(
+    calls: tuple[Any, ...], text: Any, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        tool_calls_response(*calls, text=text)
