@@ -1089,6 +1089,40 @@ class TestOverflow:
         assert caught.value.__cause__ is first
         assert len(model.requests) == 3
 
+    async def test_a_second_overflow_keeps_its_own_sdk_error(self) -> None:
+        """The second overflow's SDK exception (the answer's body and request id, which
+        an SDK raises ``from None``) stays in the chain a traceback shows, beside the
+        first overflow, its ``__cause__``, and the first's own."""
+
+        @manage_context(
+            context_window_tokens=1_000,
+            compression_threshold=1.0,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Lenient(Agent):
+            pass
+
+        class SDKError(Exception):
+            pass
+
+        def overflow(request_id: str) -> ContextWindowOverflowError:
+            try:
+                raise SDKError(f"request_id={request_id}") from None
+            except SDKError as sdk:
+                error = ContextWindowOverflowError("too long")
+                error.__cause__ = sdk
+                return error
+
+        first, second = overflow("req_1"), overflow("req_2")
+        model = ScriptedModel([first, summary_step(), second])
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("go", history=chat(10))
+        assert caught.value is second and caught.value.__cause__ is first
+        shown = "".join(traceback.format_exception(caught.value))
+        assert "SDKError: request_id=req_1" in shown
+        assert "SDKError: request_id=req_2" in shown
+
     async def test_a_failed_recovery_raises_the_overflow_caused_by_a_compaction_error(
         self,
     ) -> None:

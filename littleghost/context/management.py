@@ -386,7 +386,7 @@ async def _compact_after_overflow(
         return None
     state = _run(context, config)
     if state.overflow is not None and state.overflow[0] == context.turn:
-        raise error from state.overflow[1]
+        raise error from _leading_to_sdk_error(state.overflow[1], error)
     state.overflow = (context.turn, error)
     window = state.window = reported_window(context.model, state.window, error.context_window)
     calibrated = calibration(context)
