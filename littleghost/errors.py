@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from littleghost.models import ModelResponse
+    from littleghost.models import ModelResponse, Usage
 
 __all__ = [
     "CleanupError",
@@ -88,6 +88,8 @@ class ProviderError(LittleGhostError):
         code: The provider's error code or type, when it sent one.
         provider: The provider's name (``openai``, ``anthropic``, ...).
         retry_after: Seconds the provider asked to wait before retrying.
+        usage: What the failed call used, when the provider reported it (an answer that
+            stopped at the context window is billed): a run counts it.
     """
 
     def __init__(
@@ -98,12 +100,14 @@ class ProviderError(LittleGhostError):
         code: str | None = None,
         provider: str | None = None,
         retry_after: float | None = None,
+        usage: Usage | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.provider = provider
         self.retry_after = retry_after
+        self.usage = usage
 
 
 class RateLimitError(ProviderError):
@@ -130,11 +134,17 @@ class ContextWindowOverflowError(ProviderError):
         code: str | None = None,
         provider: str | None = None,
         retry_after: float | None = None,
+        usage: Usage | None = None,
         prompt_tokens: int | None = None,
         context_window: int | None = None,
     ) -> None:
         super().__init__(
-            message, status=status, code=code, provider=provider, retry_after=retry_after
+            message,
+            status=status,
+            code=code,
+            provider=provider,
+            retry_after=retry_after,
+            usage=usage,
         )
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from littleghost.messages import ToolCall, ToolResult
+from littleghost.models.base import Usage
 
 if TYPE_CHECKING:
-    from littleghost.models.base import StopReason, Usage
+    from littleghost.models.base import StopReason
     from littleghost.run import RunResult
 
 __all__ = [
@@ -96,10 +97,12 @@ class ModelCallRetried:
     """A transient error, or one an ``after_model_error`` hook recovered from (an overflow
     ``@manage_context`` compacted for), interrupted the turn's model call; drop the text
     it streamed, it is retried. ``attempt`` numbers the turn's retries, both kinds
-    together, from 1."""
+    together, from 1; ``usage`` is what the interrupted call was billed, as its error said
+    (an answer stopped at the context window), else zero."""
 
     attempt: int
     error_type: str
+    usage: Usage = field(factory=Usage)
 
 
 @frozen

@@ -35,6 +35,7 @@ from littleghost.models.base import (
     ModelResponse,
     StopReason,
     Usage,
+    billed,
     prepare,
 )
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
@@ -310,7 +311,9 @@ class RunContext:
         """Tell the consumer the turn's model call is retried after ``error`` (the
         turn's retries numbered together, transient errors and recoveries alike)."""
         self._turn_retries += 1
-        await self.emit(ModelCallRetried(self._turn_retries, telemetry.error_type(error)))
+        await self.emit(
+            ModelCallRetried(self._turn_retries, telemetry.error_type(error), billed(error))
+        )
 
     def add_usage(self, usage: Usage) -> None:
         """Add a model call's usage to the run's total."""
@@ -452,8 +455,14 @@ class RunContext:
                         )
                 except BaseException as error:  # failed, cancelled or cut off: no answer
                     span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
+                    used = billed(error)
+                    if used != Usage():
+                        self.add_usage(used)
+                        span.set_attributes(telemetry.usage_attributes(used))
                     deadline = min(self.grace.deadlines(), default=None)  # a served run's too
-                    telemetry.record_call(attributes, started, error=error, deadline=deadline)
+                    telemetry.record_call(
+                        attributes, started, error=error, deadline=deadline, usage=used
+                    )
                     raise
                 telemetry.record_call(attributes, started, response, first_chunk=first_chunk.at)
                 self.add_usage(response.usage)

@@ -272,15 +272,16 @@ def record_call(
     error: BaseException | None = None,
     first_chunk: float | None = None,
     deadline: float | None = None,
+    usage: Usage | None = None,
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
     not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
     ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
-    output tokens of its ``response`` (a count of 0 is one the model did not report: the
-    conventions record none then), and for a streamed answer the time its ``first_chunk``
-    of text, reasoning or a tool call came. ``attributes`` are its span's; the metrics keep the
-    conventions' few."""
+    output tokens of its ``response`` (or the ``usage`` a failed call was billed; a
+    count of 0 is one the model did not report: the conventions record none then), and for
+    a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came.
+    ``attributes`` are its span's; the metrics keep the conventions' few."""
     kind = None if error is None else error_type(error)
     if error is not None and _stops(error):
         if deadline is None or anyio.current_time() < deadline:
@@ -294,8 +295,9 @@ def record_call(
     _CALL_DURATION.record(time.perf_counter() - started, kept)
     if first_chunk is not None:
         _FIRST_CHUNK.record(first_chunk - started, kept)
-    if response is not None:
-        counts = {"input": response.usage.input_tokens, "output": response.usage.output_tokens}
+    used = usage if response is None else response.usage
+    if used is not None:
+        counts = {"input": used.input_tokens, "output": used.output_tokens}
         for token_type, count in counts.items():
             if count:
                 _TOKEN_USAGE.record(count, {**kept, TOKEN_TYPE: token_type})

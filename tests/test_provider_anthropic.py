@@ -587,10 +587,12 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
 ) -> None:
     """``model_context_window_exceeded``: the prompt left the answer no room, as the
     overflow error of older models says (so ``@manage_context`` compacts and retries),
-    not the answer's own ``max_tokens``; streamed or not."""
+    not the answer's own ``max_tokens``; streamed or not. The error carries the answer's
+    usage, which is billed."""
     stopped = "model_context_window_exceeded"
+    usage = {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1}
     server = FakeServer(
-        message([{"type": "text", "text": "x"}], stop_reason=stopped),
+        message([{"type": "text", "text": "x"}], stop_reason=stopped, usage=usage),
         event_stream(sse(START, *text_block(0, "x"), *finish(stopped, 1))),
     )
     model = make_model(server)
@@ -601,6 +603,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
         async for _ in model.stream(request):
             pass
     assert unstreamed.value.code == streamed.value.code == stopped
+    assert unstreamed.value.usage == streamed.value.usage == Usage(100, 1, cache_read_tokens=60)
 
 
 @pytest.mark.parametrize(

@@ -1058,11 +1058,19 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     make_model: Callable[..., OpenAIModel], streamed: bool
 ) -> None:
     """Mistral's ``model_length``: the answer was cut where the window was full, as
-    Anthropic's ``model_context_window_exceeded`` says; never a complete answer."""
+    Anthropic's ``model_context_window_exceeded`` says; never a complete answer. The error
+    carries the answer's usage, which is billed."""
+    usage = {"prompt_tokens": 31_990, "completion_tokens": 10, "total_tokens": 32_000}
     answer = (
-        event_stream(sse(chunk({"content": "Once upon"}), chunk({}, finish_reason="model_length")))
+        event_stream(
+            sse(
+                chunk({"content": "Once upon"}),
+                chunk({}, finish_reason="model_length"),
+                chunk(None, usage=usage),
+            )
+        )
         if streamed
-        else completion({"content": "Once upon"}, finish_reason="model_length")
+        else completion({"content": "Once upon"}, finish_reason="model_length", usage=(31_990, 10))
     )
     model = make_model(FakeServer(answer), base_url="https://api.mistral.ai/v1")
     request = ModelRequest([Message.user("Tell me a story.")])
@@ -1072,6 +1080,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
         else:
             await model.respond(request)
     assert caught.value.code == "model_length"
+    assert caught.value.usage == Usage(31_990, 10)
 
 
 async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed_or_not(

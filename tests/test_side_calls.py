@@ -28,7 +28,7 @@ from littleghost.models import ModelRequest, StopReason, Usage
 from littleghost.run import RunResult
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
-from .conftest import Spans
+from .conftest import Histograms, Spans
 from .conversations import chat, compacting, summary_step
 
 pytestmark = pytest.mark.anyio
@@ -86,7 +86,9 @@ def reported(events: list[Event]) -> Usage:
     """The usage the stream's events report."""
     total = Usage()
     for event in events:
-        if isinstance(event, (ModelCallFinished, SideCallFinished, CompactionFinished)):
+        if isinstance(
+            event, (ModelCallFinished, ModelCallRetried, SideCallFinished, CompactionFinished)
+        ):
             total = total + event.usage
     return total
 
@@ -269,6 +271,63 @@ async def test_a_memory_providers_side_call_during_recovery_is_reported_once() -
     (finished,) = [event for event in events if isinstance(event, CompactionFinished)]
     assert finished.outcome == "completed" and finished.usage == Usage()
     assert reported(events) == result.usage == Usage(730, 14)
+
+
+def billed_overflow(usage: Usage) -> ContextWindowOverflowError:
+    """An answer stopped at the context window, as a provider raises it with its usage."""
+    return ContextWindowOverflowError("the answer stopped at the window", usage=usage)
+
+
+async def test_a_billed_answer_that_overflowed_is_counted_once_everywhere(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """The usage an answer stopped at the context window was billed for reaches the run's
+    usage, its ``ModelCallRetried``, its chat span and the token metric, once each."""
+
+    budget = PromptBudget(
+        prompt_budget_tokens=4_000, response_reserve_tokens=256, safety_reserve_tokens=0
+    )
+
+    @manage_context(context_window_tokens=8_000, budget=budget, summarize=False)
+    class Recovering(Agent):
+        max_retries = 0
+
+    done = text_response("done", input_tokens=700, output_tokens=5)
+    model = ScriptedModel([billed_overflow(Usage(7_990, 10, cache_read_tokens=100)), done])
+    history = chat(20, "long " * 50)
+    result, events = await go(Recovering(model=model), "stream", "go", history=history)
+    assert result.usage == Usage(8_690, 15, cache_read_tokens=100)
+    (retried,) = [event for event in events if isinstance(event, ModelCallRetried)]
+    assert retried.usage == Usage(7_990, 10, cache_read_tokens=100)
+    assert reported(events) == result.usage
+    failed, answered = ((span.attributes or {}) for span in spans.named("chat"))
+    assert failed["gen_ai.usage.input_tokens"] == 7_990
+    assert failed["gen_ai.usage.output_tokens"] == 10
+    assert failed["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert failed["error.type"] == "context_length_exceeded"
+    assert answered["gen_ai.usage.input_tokens"] == 700
+    tokens = histograms.read()["gen_ai.client.token.usage"]
+    counted = {str(p.attributes["gen_ai.token.type"]): 0 for p in tokens}
+    for point in tokens:
+        counted[str(point.attributes["gen_ai.token.type"])] += int(point.sum)
+    assert counted == {"input": 8_690, "output": 15}
+
+
+async def test_a_billed_summary_call_that_overflowed_is_its_compactions_usage() -> None:
+    """A summary call stopped at the context window is billed: the failed compaction's
+    event reports it, so the events still add up to result.usage."""
+
+    @compacting
+    class Compacting(Agent):
+        pass
+
+    model = ScriptedModel(
+        [billed_overflow(Usage(90, 1)), text_response("done", input_tokens=9, output_tokens=2)]
+    )
+    result, events = await go(Compacting(model=model), "stream", "go", history=chat(30))
+    (finished,) = [event for event in events if isinstance(event, CompactionFinished)]
+    assert finished.outcome == "error" and finished.usage == Usage(90, 1)
+    assert reported(events) == result.usage == Usage(99, 3)
 
 
 @pytest.mark.parametrize("report", [None, 0, "no"])

@@ -75,7 +75,7 @@ from littleghost.errors import (
     PromptBudgetError,
 )
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.models.base import ModelRequest, ModelResponse
+from littleghost.models.base import ModelRequest, ModelResponse, billed
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle, weighed_length
 
 if sys.version_info >= (3, 11):
@@ -666,7 +666,11 @@ async def _compact(
     async with attempt(context, reason, estimated, window, fallback is not None) as outcome:
 
         async def complete(summary: ModelRequest, **options: Any) -> ModelResponse:
-            response = await context.complete(summary, report=False, **options)
+            try:
+                response = await context.complete(summary, report=False, **options)
+            except Exception as error:
+                outcome.usage += billed(error)  # a summary stopped at the window is billed
+                raise
             outcome.usage += response.usage  # the attempt's own: its event reports it
             return response
 

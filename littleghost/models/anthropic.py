@@ -334,13 +334,15 @@ def _answer(
     Raises:
         ContextWindowOverflowError: The answer stopped where the context window was full
             (``model_context_window_exceeded``): the prompt left no room for it, as the
-            API's overflow error says for the models that send that instead.
+            API's overflow error says for the models that send that instead (with the
+            answer's usage: it is billed).
     """
     if reason == "model_context_window_exceeded":
         raise ContextWindowOverflowError(
             f"{PROVIDER}: the answer stopped at the model's context window",
             code=reason,
             provider=PROVIDER,
+            usage=_usage(usage),
         )
     parts: list[Part] = []
     for block in blocks:

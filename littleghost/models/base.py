@@ -22,6 +22,7 @@ __all__ = [
     "StopReason",
     "ToolSpec",
     "Usage",
+    "billed",
     "prepare",
 ]
 
@@ -92,6 +93,13 @@ class Usage:
     def total_tokens(self) -> int:
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
+
+
+def billed(error: BaseException) -> Usage:
+    """The usage a failed call's error says it had (a ``ProviderError``'s ``usage``: an
+    answer stopped at the context window is billed); none for any other error."""
+    usage = getattr(error, "usage", None)
+    return usage if isinstance(usage, Usage) else Usage()
 
 
 def _parameters(value: object) -> Mapping[str, Any]:

@@ -177,13 +177,15 @@ def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
     )
 
 
-def _window_full(provider: str) -> ContextWindowOverflowError:
+def _window_full(provider: str, usage: Any) -> ContextWindowOverflowError:
     """The exception for an answer that ended with ``_FULL_WINDOW``: the prompt left no
-    room for it, as for Anthropic's ``model_context_window_exceeded``."""
+    room for it, as for Anthropic's ``model_context_window_exceeded``; it carries the
+    answer's (billed) ``usage``."""
     return ContextWindowOverflowError(
         f"{provider}: the answer stopped at the model's context window",
         code=_FULL_WINDOW,
         provider=provider,
+        usage=_usage(usage),
     )
 
 
@@ -684,7 +686,7 @@ class OpenAIModel:
         if choice.finish_reason in _FAILED:
             raise _ended_in_error(self.provider, choice.finish_reason, lookup(choice, "error"))
         if choice.finish_reason == _FULL_WINDOW:
-            raise _window_full(self.provider)
+            raise _window_full(self.provider, completion.usage)
         message = choice.message
         if message is None:
             raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
@@ -827,7 +829,7 @@ class OpenAIModel:
         if finish_reason is None and not done:
             raise stream_cut_off(self.provider)
         if finish_reason == _FULL_WINDOW:
-            raise _window_full(self.provider)
+            raise _window_full(self.provider, usage)
         if legacy and not calls:
             raise _legacy_call(self.provider)
         tool_calls = [
