@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from littleghost import logs, telemetry
 from littleghost._validators import is_int
+from littleghost.chat_span import traced_call
 from littleghost.cleanup import Grace
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
@@ -424,60 +425,29 @@ class RunContext:
         streamed = turn and self.streaming
 
         async def attempt() -> ModelResponse:
-            attributes: dict[str, Any] = {
-                telemetry.OPERATION_NAME: "chat",
-                telemetry.PROVIDER_NAME: model.provider,
-                telemetry.REQUEST_MODEL: model.name,
-                telemetry.PURPOSE: request.purpose,
-                **telemetry.setting_attributes(request.settings),
-                **telemetry.server_attributes(model),
-            }
-            if streamed and getattr(model, "stream", None) is not None:
-                attributes[telemetry.REQUEST_STREAM] = True
-            if request.output_schema is not None:
-                attributes[telemetry.OUTPUT_TYPE] = "json"
-            attributes.update(extra)
-            attributes.update(telemetry.conversation_attributes(self.session_id))
-            with telemetry.open_span(
-                f"chat {model.name}", kind=SpanKind.CLIENT, attributes=attributes
-            ) as span:
-                if self.capture_content and span.is_recording():
-                    span.set_attributes(telemetry.input_attributes(model.provider, request))
-                started = time.perf_counter()
-                first_chunk = _FirstChunk()
-                try:
-                    with self.grace.hosting():  # runs a custom model starts share the grace
-                        response = await self._respond(model, request, first_chunk, streamed)
-                    if not isinstance(response, ModelResponse):
-                        raise ProtocolError(
-                            f"model {model.name!r} returned {type(response).__name__}, "
-                            "not a ModelResponse"
-                        )
-                except BaseException as error:  # failed, cancelled or cut off: no answer
-                    span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
-                    used = billed(error)
-                    if used != Usage():
-                        self.add_usage(used)
-                        span.set_attributes(telemetry.usage_attributes(used))
-                    deadline = min(self.grace.deadlines(), default=None)  # a served run's too
-                    telemetry.record_call(
-                        attributes, started, error=error, deadline=deadline, usage=used
-                    )
-                    raise
-                telemetry.record_call(attributes, started, response, first_chunk=first_chunk.at)
-                self.add_usage(response.usage)
-                span.set_attributes(telemetry.response_attributes(response))
-                if first_chunk.at is not None:
-                    span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, first_chunk.at - started)
-                if self.capture_content and span.is_recording():
-                    output = [response.message]
-                    span.set_attribute(
-                        telemetry.OUTPUT_MESSAGES,
-                        telemetry.messages_json(
-                            output, telemetry.finish_reason(response.stop_reason)
-                        ),
-                    )
-                return response
+            first_chunk = _FirstChunk()
+
+            async def respond() -> ModelResponse:
+                with self.grace.hosting():  # runs a custom model starts share the grace
+                    return await self._respond(model, request, first_chunk, streamed)
+
+            try:
+                response = await traced_call(
+                    model,
+                    request,
+                    respond,
+                    attributes={**extra, **telemetry.conversation_attributes(self.session_id)},
+                    capture_content=self.capture_content,
+                    streamed=streamed and getattr(model, "stream", None) is not None,
+                    first_chunk=lambda: first_chunk.at,
+                    # a served run's deadline too
+                    deadline=lambda: min(self.grace.deadlines(), default=None),
+                )
+            except BaseException as error:
+                self.add_usage(billed(error))
+                raise
+            self.add_usage(response.usage)
+            return response
 
         async def on_retry(number: int, error: BaseException) -> None:
             if turn:

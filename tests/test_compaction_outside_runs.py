@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from littleghost import Agent, Message, ToolCall, manage_context
-from littleghost.context import PromptBudget, Summarization, Truncation, compact_session
+from littleghost.context import (
+    PromptBudget,
+    Summarization,
+    Truncation,
+    apply_compaction,
+    compact_session,
+)
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import ConfigurationError, ProviderUnavailableError
@@ -19,6 +25,7 @@ from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
+from .conftest import Histograms, Spans
 from .conversations import chat, summary_step
 
 pytestmark = pytest.mark.anyio
@@ -249,3 +256,44 @@ async def test_messages_are_checked_before_any_model_call() -> None:
     with pytest.raises(TypeError, match="messages must be a sequence of Message"):
         await compact_log(Assistant(model=model), "hello")  # type: ignore[arg-type]
     assert model.requests == []
+
+
+@manage_context(context_window_tokens=4_000)
+class Summarizing(Agent):
+    capture_content = True
+
+
+async def _compact_session(model: ScriptedModel) -> None:
+    store = InMemorySessionStore()
+    await store.append("s", chat(20))
+    await compact_session(store, "s", Summarization(model=model))
+
+
+async def _compact_log(model: ScriptedModel) -> None:
+    await compact_log(Summarizing(model=model), chat(20))
+
+
+async def _apply_compaction(model: ScriptedModel) -> None:
+    await apply_compaction(chat(20), Summarization(model=model))
+
+
+@pytest.mark.parametrize("compact", [_compact_session, _compact_log, _apply_compaction])
+async def test_a_summary_call_outside_runs_is_traced_and_metered(
+    compact: Any, spans: Spans, histograms: Histograms
+) -> None:
+    """A compaction's summary call outside a run (``compact_session``, ``compact_log``,
+    ``apply_compaction``) is a ``chat`` span with its usage and in the token metric, as
+    in a run; its content is captured only for an agent that opts in."""
+    model = ScriptedModel([text_response("- noted", input_tokens=900, output_tokens=90)])
+    await compact(model)
+    (span,) = spans.named("chat ")
+    attributes = dict(span.attributes or {})
+    assert attributes["littleghost.purpose"] == "context_compaction"
+    assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (
+        900,
+        90,
+    )
+    assert ("gen_ai.input.messages" in attributes) == (compact is _compact_log)
+    tokens = histograms.read()["gen_ai.client.token.usage"]
+    assert sorted(int(point.sum) for point in tokens) == [90, 900]
+    assert [point.count for point in tokens] == [1, 1]

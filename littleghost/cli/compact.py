@@ -106,7 +106,9 @@ async def compact_document(
                 log,
                 config,
                 window=used.tokens,
-                complete=prepared(model, max_retries=agent.max_retries),
+                complete=prepared(
+                    model, max_retries=agent.max_retries, capture_content=agent.capture_content
+                ),
                 settings=agent.run_settings(),
                 max_tool_result_tokens=agent.max_tool_result_tokens,
                 model=model,

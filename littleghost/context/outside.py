@@ -61,7 +61,9 @@ async def compact_log(
             log,
             config,
             window=context_window(model, config),
-            complete=prepared(model, max_retries=agent.max_retries),
+            complete=prepared(
+                model, max_retries=agent.max_retries, capture_content=agent.capture_content
+            ),
             settings=agent.run_settings(),
             share=share,
             max_tool_result_tokens=agent.max_tool_result_tokens,

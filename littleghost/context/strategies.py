@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from attrs import field, frozen
 
 from littleghost._validators import check, count, has_method, optional, wrong_value
+from littleghost.chat_span import traced_call
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -730,13 +731,24 @@ def _is_line(state: CompactionState, slot: int) -> bool:
     return len(members) == 1 and turn_line(members[0]) is not None
 
 
-def prepared(model: Model, *, max_retries: int = MAX_RETRIES) -> Complete:
-    """``model.respond`` after ``prepare()``, transient errors retried; takes ``model=``
-    as ``RunContext.complete`` does."""
+def prepared(
+    model: Model, *, max_retries: int = MAX_RETRIES, capture_content: bool = False
+) -> Complete:
+    """``model.respond`` after ``prepare()``, each attempt in its ``chat`` span and the
+    metrics (with content if ``capture_content``), transient errors retried; takes
+    ``model=`` as ``RunContext.complete`` does."""
 
     async def call(request: ModelRequest, *, model: Model = model) -> ModelResponse:
         await prepare(model)
-        return await call_with_retries(partial(model.respond, request), max_retries=max_retries)
+        attempt = partial(
+            traced_call,
+            model,
+            request,
+            partial(model.respond, request),
+            attributes={},
+            capture_content=capture_content,
+        )
+        return await call_with_retries(attempt, max_retries=max_retries)
 
     return call
 

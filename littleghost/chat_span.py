@@ -1,0 +1,84 @@
+"""A model call in its ``chat`` span, recorded in the GenAI client metrics: one place for
+the telemetry of every call, a run's and a compaction's outside runs alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+
+from littleghost import telemetry
+from littleghost.errors import ProtocolError
+from littleghost.models.base import Model, ModelRequest, ModelResponse, Usage, billed
+
+__all__ = ["traced_call"]
+
+
+def _none() -> float | None:
+    return None
+
+
+async def traced_call(
+    model: Model,
+    request: ModelRequest,
+    respond: Callable[[], Awaitable[ModelResponse]],
+    *,
+    attributes: Mapping[str, Any],
+    capture_content: bool,
+    streamed: bool = False,
+    first_chunk: Callable[[], float | None] = _none,
+    deadline: Callable[[], float | None] = _none,
+) -> ModelResponse:
+    """``respond()``, ``model``'s answer to ``request``, in a ``chat`` span with the GenAI
+    attributes (``attributes`` added), its content when ``capture_content``, and in the
+    metrics: its duration (a failure's by ``deadline()``, see ``record_call``), its tokens,
+    a failed call's billed ones, and the ``first_chunk()`` time of a ``streamed`` one.
+
+    Raises:
+        ProtocolError: ``respond()`` returned no ``ModelResponse``.
+    """
+    spanned: dict[str, Any] = {
+        telemetry.OPERATION_NAME: "chat",
+        telemetry.PROVIDER_NAME: model.provider,
+        telemetry.REQUEST_MODEL: model.name,
+        telemetry.PURPOSE: request.purpose,
+        **telemetry.setting_attributes(request.settings),
+        **telemetry.server_attributes(model),
+    }
+    if streamed:
+        spanned[telemetry.REQUEST_STREAM] = True
+    if request.output_schema is not None:
+        spanned[telemetry.OUTPUT_TYPE] = "json"
+    spanned.update(attributes)
+    with telemetry.open_span(
+        f"chat {model.name}", kind=SpanKind.CLIENT, attributes=spanned
+    ) as span:
+        if capture_content and span.is_recording():
+            span.set_attributes(telemetry.input_attributes(model.provider, request))
+        started = time.perf_counter()
+        try:
+            response = await respond()
+            if not isinstance(response, ModelResponse):
+                raise ProtocolError(
+                    f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
+                )
+        except BaseException as error:  # failed, cancelled or cut off: no answer
+            span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
+            used = billed(error)
+            if used != Usage():
+                span.set_attributes(telemetry.usage_attributes(used))
+            telemetry.record_call(spanned, started, error=error, deadline=deadline(), usage=used)
+            raise
+        chunk_at = first_chunk()
+        telemetry.record_call(spanned, started, response, first_chunk=chunk_at)
+        span.set_attributes(telemetry.response_attributes(response))
+        if chunk_at is not None:
+            span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)
+        if capture_content and span.is_recording():
+            finish = telemetry.finish_reason(response.stop_reason)
+            span.set_attribute(
+                telemetry.OUTPUT_MESSAGES, telemetry.messages_json([response.message], finish)
+            )
+        return response
