@@ -1330,6 +1330,26 @@ class TestServerSettings:
                     await store.append("s", [Message.user("mine now")])
             assert await texts(store) == ["mine now"]
 
+    @pytest.mark.parametrize("call", ["lock", "append"])
+    async def test_a_servers_quoting_of_every_identifier_keeps_the_session_lock_keys(
+        self, conninfo: str, call: str
+    ) -> None:
+        """A role's or database's ``quote_all_identifiers`` has ``quote_ident`` quote every
+        schema name: the session and write lock keys changed with it, so a worker with it
+        on took a session another worker held, and wrote under another's write."""
+        lock = other_worker_holding(conninfo, "s")
+        if call == "append":
+            lock = holding(conninfo, WRITE_LOCK.format(session_id="s"))
+        async with PostgresSessionStore(
+            with_settings(conninfo, quote_all_identifiers="on")
+        ) as store:
+            await store.load("s")  # the tables are made before the other worker locks
+            with lock:
+                with anyio.move_on_after(0.5) as scope:
+                    await calls(store)[call]()
+                assert scope.cancelled_caught
+            assert await texts(store) == []
+
     @pytest.mark.parametrize("style", ["SQL,\\ DMY", "German", "Postgres"])
     async def test_stored_times_are_read_whatever_the_servers_date_style(
         self, conninfo: str, style: str

@@ -199,6 +199,8 @@ _OWN_SETTINGS = (
     ("default_transaction_isolation", "read committed", 0),
     # the only DateStyle psycopg reads a time zone in
     ("datestyle", "ISO", 0),
+    # quote_ident would quote every schema name, changing the sessions' lock keys
+    ("quote_all_identifiers", "off", 0),
     # would end a held session's connection, idle while its run works (PostgreSQL 14+)
     ("idle_session_timeout", "0", 140_000),
     # bounds a single statement too, a wait for a session among them (PostgreSQL 17+)
