@@ -880,6 +880,29 @@ class TestDeadlines:
         assert await texts(store) == ["before"]
         await store.aclose()
 
+    @pytest.mark.parametrize("call", ["load", "append"])
+    async def test_a_server_that_stops_answering_fails_a_call_without_a_deadline(
+        self, proxy: Proxy, call: str
+    ) -> None:
+        """``statement_timeout`` is the server's: one that stopped answering (a hung
+        backend, a path dropping packets) held a call without a deadline for good. It
+        is given up after twice ``connect_timeout`` and ``statement_timeout``, its
+        connection closed, and the store works again once the server answers."""
+        store = PostgresSessionStore(proxy.conninfo, connect_timeout=0.5, statement_timeout=0.5)
+        await store.append("s", [Message.user("before")])
+        proxy.frozen.set()
+        started = time.monotonic()
+        with (
+            anyio.fail_after(10),
+            pytest.raises(SessionStoreError, match="did not answer within 2 s"),
+        ):
+            await calls(store)[call]()
+        assert 2 <= time.monotonic() - started < 2.5
+        assert await eventually(lambda: proxy.closed == proxy.accepted, within=0.5)
+        proxy.frozen.clear()
+        assert await texts(store) == ["before"]
+        await store.aclose()
+
     async def test_a_cancelled_caller_without_a_deadline_stops_waiting_at_once(
         self, proxy: Proxy
     ) -> None:

@@ -450,7 +450,8 @@ class PostgresSessionStore:
             in ``conninfo``.
         statement_timeout: Seconds the server may spend on one statement of a load,
             append or delete (> 0); waiting for a session held by another run is
-            bounded by the waiting run's deadline instead.
+            bounded by the waiting run's deadline instead. A call the server stops
+            answering is given up after twice ``connect_timeout`` and this.
         read_only: Read an existing store only: every transaction is read-only on the
             server (``default_transaction_read_only``), missing tables are an error
             instead of being made, and ``append``, ``delete`` and ``lock`` raise
@@ -816,9 +817,25 @@ class PostgresSessionStore:
         return self._locks
 
     async def _call(self, work: Callable[[psycopg.Connection[Any], _Operation], T]) -> T:
-        return await self._dispatch(
-            lambda operation: self._run(operation, work), limiter=self._threads()
+        """``work`` on a pooled connection, given up as at a deadline past the
+        ``_patience()`` of a server that answers."""
+        patience = self._patience()
+        with anyio.move_on_after(patience):
+            return await self._dispatch(
+                lambda operation: self._run(operation, work), limiter=self._threads()
+            )
+        raise SessionStoreError(
+            f"{self._where} did not answer within {patience:g} s (twice connect_timeout and "
+            "statement_timeout); the call was given up and its connection closed (a write "
+            "whose commit was already sent may have landed)"
         )
+
+    def _patience(self) -> float:
+        """How long a short call may take when the server answers: connecting and its
+        statement (``statement_timeout`` bounds it on the server), twice for a retry on a
+        fresh connection; past it, a server that stopped answering (a hung backend, a
+        network path dropping packets) would hold the call for good."""
+        return 2 * (self._connect_timeout + self._statement_timeout)
 
     def _threads(self) -> anyio.CapacityLimiter:
         """The store's worker threads for short operations: one per pooled connection."""
