@@ -12,7 +12,7 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
-from littleghost.text import well_formed
+from littleghost.text import well_formed, well_formed_value
 
 __all__ = [
     "SUMMARY_COVERS_KEY",
@@ -108,24 +108,26 @@ def _plain(arguments: Mapping[str, Any] | str) -> dict[str, Any] | str:
 
 def _arguments(value: object) -> Mapping[str, Any] | str:
     if isinstance(value, str):
-        return value
+        return well_formed(value)
     if isinstance(value, Mapping):
-        return _read_only(value)
+        return _read_only(well_formed_value(value))  # type: ignore[arg-type]
     raise TypeError(f"ToolCall.arguments must be a mapping or a str, not {type(value).__name__}")
 
 
 @frozen(unsafe_hash=False)
 class ToolCall:
-    """A request from the model to run a tool.
+    """A request from the model to run a tool, its text well formed (as ``TextPart``'s:
+    its id, name and every str in its arguments).
 
     ``arguments`` is a read-only mapping (a copy of the one given; values nested in it are
-    not copied), or the raw string when the provider sent arguments that are not valid JSON
-    (the run loop answers such a call with an error result). Calls compare by value but
-    are not hashable: ``hash()`` raises ``TypeError``.
+    not copied, unless a str in them is made well formed), or the raw string when the
+    provider sent arguments that are not valid JSON (the run loop answers such a call
+    with an error result). Calls compare by value but are not hashable: ``hash()`` raises
+    ``TypeError``.
     """
 
-    id: str = field(validator=instance_of("ToolCall.id", str, "a str"))
-    name: str = field(validator=instance_of("ToolCall.name", str, "a str"))
+    id: str = field(converter=_well_formed, validator=instance_of("ToolCall.id", str, "a str"))
+    name: str = field(converter=_well_formed, validator=instance_of("ToolCall.name", str, "a str"))
     arguments: Mapping[str, Any] | str = field(
         factory=dict, converter=_arguments, repr=_shown_mapping
     )
@@ -137,10 +139,12 @@ class ToolCall:
 
 @frozen
 class ToolResult:
-    """What a tool returned, as text (well formed, as ``TextPart``'s), for the call with
-    ``call_id``."""
+    """What a tool returned, as text (well formed, as ``TextPart``'s, its ``call_id``
+    too), for the call with ``call_id``."""
 
-    call_id: str = field(validator=instance_of("ToolResult.call_id", str, "a str"))
+    call_id: str = field(
+        converter=_well_formed, validator=instance_of("ToolResult.call_id", str, "a str")
+    )
     content: str = field(
         converter=_well_formed, validator=instance_of("ToolResult.content", str, "a str")
     )
@@ -155,7 +159,8 @@ class ReasoningPart:
     it came with.
 
     Args:
-        text: The reasoning as the provider showed it (``""`` for a redacted block).
+        text: The reasoning as the provider showed it (``""`` for a redacted block), well
+            formed (as ``TextPart``'s).
         signature: The provider's opaque signature, sent back verbatim (for a redacted
             block, its encrypted data); ``None`` when the provider signs nothing, ``""``
             when a signed block lost its signature (an interrupted stream), which is
@@ -166,7 +171,9 @@ class ReasoningPart:
         redacted: True for a block whose text the provider withheld.
     """
 
-    text: str = field(validator=instance_of("ReasoningPart.text", str, "a str"))
+    text: str = field(
+        converter=_well_formed, validator=instance_of("ReasoningPart.text", str, "a str")
+    )
     signature: str | None = field(
         default=None,
         validator=instance_of("ReasoningPart.signature", (str, type(None)), "a str or None"),

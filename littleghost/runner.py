@@ -61,7 +61,7 @@ from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import SessionStore, awaitable, check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
-from littleghost.text import brief, error_text, truncate_middle
+from littleghost.text import brief, error_text, truncate_middle, well_formed
 from littleghost.tool_calls import error_result, invoke
 from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
@@ -528,7 +528,8 @@ async def _request(agent: Agent, context: RunContext) -> ModelRequest:
 
 def instructions_message(text: str) -> Message:
     """The system message a request carries for the agent's instructions; the same text
-    always gets the same id."""
+    always gets the same id (of the text well formed, as the message holds it)."""
+    text = well_formed(text)
     digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
     return Message.system(text, id=f"instructions-{digest}")
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import reprlib
+from collections.abc import Mapping
+
+from littleghost._validators import MAX_DEPTH
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -14,6 +17,7 @@ __all__ = [
     "truncate_middle",
     "weighed_length",
     "well_formed",
+    "well_formed_value",
 ]
 
 CHARS_PER_TOKEN = 4
@@ -51,8 +55,11 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
     if len(text) <= keep_chars:
         return text
     keep_chars = max(keep_chars, 0)
-    head = keep_chars - keep_chars // 2
-    tail = keep_chars // 2
+    return _cut(text, keep_chars - keep_chars // 2, keep_chars // 2, unit)
+
+
+def _cut(text: str, head: int, tail: int, unit: str) -> str:
+    """``text`` with its first ``head`` and last ``tail`` characters around a marker."""
     amount: float = len(text) - head - tail
     if unit == "tokens":
         if not text.isascii():
@@ -65,11 +72,28 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
 
 def truncate_middle(text: str, max_tokens: int) -> str:
     """Cut ``text`` in the middle to about ``max_tokens`` tokens of the default estimate
-    (four weighed characters each: as many characters as that weight at the text's mean)."""
+    (four weighed characters each): at each end, as many characters as weigh half of it
+    (a Chinese head and an English tail keep as many tokens each, not characters)."""
     keep = max_tokens * CHARS_PER_TOKEN
-    if not text.isascii():
-        keep = int(keep * len(text) / weighed_length(text))
-    return cut_middle(text, keep, unit="tokens")
+    if text.isascii():
+        return cut_middle(text, keep, unit="tokens")
+    if weighed_length(text) <= keep:
+        return text
+    head, tail = _weighing(text, keep - keep // 2), _weighing(text, keep // 2, from_end=True)
+    return _cut(text, head, tail, "tokens")
+
+
+def _weighing(text: str, weight: int, *, from_end: bool = False) -> int:
+    """How many characters at the start (the end) of ``text`` weigh at most ``weight``."""
+    low, high = 0, min(len(text), weight)  # each character weighs at least 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        part = text[len(text) - middle :] if from_end else text[:middle]
+        if weighed_length(part) <= weight:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def well_formed(text: str) -> str:
@@ -84,6 +108,33 @@ def well_formed(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
+
+
+def well_formed_value(value: object, levels: int = MAX_DEPTH) -> object:
+    """``value`` with each str in it (keys too, in mappings, lists and tuples ``levels``
+    deep) as ``well_formed`` makes it: tool-call arguments a model wrote as JSON, where
+    ``"\\ud83d"`` (half an emoji) reads as a lone surrogate. ``value`` itself when no str
+    changes; a changed mapping becomes a dict."""
+    if isinstance(value, str):
+        return well_formed(value)
+    if levels == 0 or not isinstance(value, (Mapping, list, tuple)):
+        return value
+    changed = False
+    if isinstance(value, Mapping):
+        pairs = []
+        for key, item in value.items():
+            pair = (well_formed_value(key, 0), well_formed_value(item, levels - 1))
+            changed = changed or pair[0] is not key or pair[1] is not item
+            pairs.append(pair)
+        return dict(pairs) if changed else value
+    items = []
+    for item in value:
+        fixed = well_formed_value(item, levels - 1)
+        changed = changed or fixed is not item
+        items.append(fixed)
+    if not changed:
+        return value
+    return tuple(items) if isinstance(value, tuple) else items
 
 
 def error_text(error: BaseException, *, with_type: bool = True) -> str:

@@ -40,7 +40,7 @@ import attrs
 from littleghost._validators import MAX_DEPTH, holds_non_finite, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
-from littleghost.text import brief, error_text
+from littleghost.text import brief, error_text, well_formed_value
 
 __all__ = [
     "ImageNotJson",
@@ -62,7 +62,8 @@ class ToolArgumentError(ValueError):
 
 def parse_json(text: str) -> Any:
     """JSON text from a model as a value, strictly: ``NaN`` and ``Infinity`` are not JSON,
-    and a number too large for a float (``1e400``) is refused, not read as infinity.
+    and a number too large for a float (``1e400``) is refused, not read as infinity. Its
+    strs are well formed (``"\\ud83d"``, half an emoji, is U+FFFD).
 
     Raises:
         ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why).
@@ -75,7 +76,7 @@ def parse_json(text: str) -> Any:
         raise ToolArgumentError("not valid JSON") from None
     if nests_deeper(value):
         raise ToolArgumentError(f"nested more than {MAX_DEPTH} levels deep")
-    return value
+    return well_formed_value(value)
 
 
 def _no_constant(name: str) -> float:

@@ -329,6 +329,24 @@ async def test_instructions_method_and_async_callable() -> None:
     assert (await first_request(AsMethod, instructions=later)).messages[0].text == "async says hi"
 
 
+async def test_instructions_naming_a_file_that_is_not_utf8_are_sent_well_formed() -> None:
+    """Instructions listing a workspace's files, one of them not UTF-8 (``os.listdir``
+    reads ``caf\\udce9.txt``), failed every run with a raw ``UnicodeEncodeError`` before
+    any model call (the id hashed the text as given); they go with U+FFFD, under the id
+    of the text the message holds."""
+
+    class Workspace(Agent):
+        def instructions(self, context: RunContext) -> str:
+            return "Files: caf\udce9.txt, \ud83d\ude00.txt"
+
+    class Fixed(Agent):
+        instructions = "Files: caf\ufffd.txt, \U0001f600.txt"
+
+    [message, _] = (await first_request(Workspace)).messages
+    assert message == (await first_request(Fixed)).messages[0]
+    assert message.text == Fixed.instructions
+
+
 async def test_instructions_returning_a_non_str_fail_clearly() -> None:
     """Instructions that return something other than a str raise ConfigurationError."""
 

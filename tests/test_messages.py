@@ -115,6 +115,19 @@ def test_text_is_well_formed_as_utf8_can_carry_it() -> None:
     assert TextPart("plain") == TextPart("plain") and TextPart("東京").text == "東京"
 
 
+def test_calls_and_reasoning_are_well_formed_too() -> None:
+    """A model's JSON holding half an emoji (``"\\ud83d"``) reads as a lone surrogate: in
+    a call's arguments (keys and nested values too), its id or name, or reasoning, it is
+    U+FFFD as in text; arguments without one are kept as given."""
+    half, fixed = "smile \ud83d", "smile \ufffd"
+    call = ToolCall(half, half, {half: [half, {"n": (1, half)}], "k": 2})
+    assert call == ToolCall(fixed, fixed, {fixed: [fixed, {"n": (1, fixed)}], "k": 2})
+    assert ToolCall("c", "f", '{"a": "' + half).arguments == '{"a": "' + fixed
+    assert ReasoningPart(half).text == fixed and ToolResult(half, "r").call_id == fixed
+    nested = {"items": ["東京", {"x": 1}]}
+    assert ToolCall("c", "f", nested).arguments["items"] is nested["items"]
+
+
 def test_ids_are_generated_and_unique() -> None:
     """Each message gets its own id unless one is given."""
     assert Message.user("a").id != Message.user("a").id

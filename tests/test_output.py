@@ -988,6 +988,21 @@ def test_a_schema_strict_mode_cannot_express_has_no_strict_form(kind: Any, probl
     assert output.schema.strict_schema is None
 
 
+@pytest.mark.parametrize("natively", [True, False], ids=["native", "final-result tool"])
+async def test_half_an_emoji_in_an_answer_is_u_fffd(natively: bool) -> None:
+    """A model's JSON may hold half an emoji (``\\ud83d``), read as a lone surrogate: the
+    typed answer holds U+FFFD in its place, as text does (no UTF-8 can carry it)."""
+    answer = '{"result": ["smile \\ud83d"]}'
+    if natively:
+        model = ScriptedModel([text_response(answer)])
+    else:
+        arguments = json.loads(answer)
+        response = tool_call_response(OUTPUT_TOOL, arguments, call_id="c1")
+        model = ScriptedModel([response], supports_output_schema=False)
+    result = await Plain(model=model).run("go", output_type=list[str])
+    assert result.output == ["smile \ufffd"]
+
+
 async def test_null_for_an_optional_field_means_its_default() -> None:
     """A null for an optional field whose type takes no null is the field left out (strict
     decoding sends every field); where the type takes null, it is None."""

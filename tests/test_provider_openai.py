@@ -1535,6 +1535,44 @@ async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
     ]
 
 
+async def test_half_an_emoji_in_arguments_or_reasoning_goes_back_as_utf8_can_carry_it(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A model's JSON may hold half an emoji (``\\ud83d``, written alone or cut by a token
+    limit), read as a lone surrogate: in a call's arguments or its reasoning it failed the
+    next model call with ``UnicodeEncodeError`` (and, stored, every later run of the
+    session). The log holds U+FFFD in its place, and the tool gets it."""
+
+    class Echo(Agent):
+        @tool
+        def echo(self, text: str) -> str:
+            """Echo the text."""
+            return f"echoed {text}"
+
+    arguments = '{"text": "smile \\ud83d"}'  # JSON text: read, the escape is a surrogate
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "echo", "arguments": arguments},
+    }
+    answer = json.loads(completion({"tool_calls": [call]}, "tool_calls").content)
+    answer["choices"][0]["message"]["reasoning_content"] = "smile \ud83d"
+    body = json.dumps(answer).encode()  # ASCII: the surrogate as its escape
+    server = FakeServer(
+        httpx2.Response(200, content=body, headers={"content-type": "application/json"}),
+        completion({"content": "done"}),
+    )
+    result = await Echo(model=make_model(server)).run("smile")
+    assert result.messages[1].content == (
+        ReasoningPart("smile \ufffd", None, "openai"),
+        ToolCall("call_1", "echo", {"text": "smile \ufffd"}),
+    )
+    assert result.messages[2].tool_results[0].content == "echoed smile \ufffd"
+    sent = server.bodies[1]["messages"][1]
+    assert sent["reasoning_content"] == "smile \ufffd"
+    assert sent["tool_calls"][0]["function"]["arguments"] == '{"text": "smile \ufffd"}'
+
+
 @pytest.mark.parametrize(
     "base_url", ["https://api.groq.com/openai/v1", "https://api.cerebras.ai/v1"]
 )

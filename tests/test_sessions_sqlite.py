@@ -356,6 +356,21 @@ class TestReadOnly:
         )
         assert not (tmp_path / "s.db-lock").exists()
 
+    @pytest.mark.parametrize("name", [b"caf\xc3\xa9 #1?%", b"caf\xe9"], ids=["UTF-8", "Latin-1"])
+    async def test_reads_a_store_in_a_folder_of_any_name(self, tmp_path: Path, name: bytes) -> None:
+        """A folder named in Latin-1 (not UTF-8, read as ``caf\\udce9``) failed every
+        read-only open, so every ``littleghost sessions`` command, with a raw
+        ``UnicodeEncodeError``; ``?``, ``#`` and ``%`` in a name are not URI syntax."""
+        folder = tmp_path / os.fsdecode(name)
+        try:
+            folder.mkdir()
+        except (OSError, UnicodeEncodeError):
+            pytest.skip("the file system takes no such name")
+        async with SQLiteSessionStore(folder / "s.db") as store:
+            await store.append("a", [Message.user("hi")])
+        async with SQLiteSessionStore(folder / "s.db", read_only=True) as reader:
+            assert [m.text for m in await reader.load("a")] == ["hi"]
+
     async def test_never_makes_a_store(self, tmp_path: Path) -> None:
         with pytest.raises(SessionStoreError, match="no SQLite session store at"):
             await SQLiteSessionStore(tmp_path / "missing.db", read_only=True).list_sessions()

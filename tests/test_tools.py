@@ -1137,6 +1137,36 @@ async def test_a_long_result_beyond_ascii_is_cut_to_its_estimated_tokens() -> No
     assert marker == "[… 3900 tokens truncated …]"
 
 
+@pytest.mark.parametrize(
+    ("text", "ends"),
+    [
+        ("标题" * 1_000 + "x" * 100_000 + "结尾" * 1_000, ("标题" * 25, "结尾" * 25)),
+        ("x" * 10_000 + "中文" * 20_000 + "y" * 10_000, ("x" * 200, "y" * 200)),
+    ],
+    ids=["CJK ends", "ASCII ends"],
+)
+async def test_a_result_mixing_scripts_keeps_max_tool_result_tokens_at_its_ends(
+    text: str, ends: tuple[str, str]
+) -> None:
+    """Each end keeps half of ``max_tool_result_tokens`` by its own weight: sized at the
+    whole text's mean, a result with a Chinese header and footer around an English log
+    kept several times the limit, one the other way round a fraction of it."""
+
+    class Mixed(Agent):
+        max_tool_result_tokens = 100
+
+        @tool
+        def read(self) -> str:
+            """Read a log."""
+            return text
+
+    model = ScriptedModel([tool_call_response("read", {}, call_id="c1"), text_response("done")])
+    await Mixed(model=model).run("go")
+    (seen,) = tool_results(model.requests[1].messages)
+    cut = re.fullmatch(r"(.*)\n\[… \d+ tokens truncated …\]\n(.*)", seen.content)
+    assert cut is not None and cut.groups() == ends
+
+
 async def test_a_short_result_is_not_cut() -> None:
     """A result within max_tool_result_tokens is passed as it is."""
     seen = await single_result({"size": 400}, "shout")

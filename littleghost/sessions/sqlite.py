@@ -639,7 +639,7 @@ class SQLiteSessionStore:
         if self._read_only:
             if not os.path.exists(self._file):
                 raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
-            target = f"file:{urllib.parse.quote(self._file)}?mode=ro"
+            target = f"file:{urllib.parse.quote(os.fsencode(self._file))}?mode=ro"
             uri = True
         connection = sqlite3.connect(
             target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
