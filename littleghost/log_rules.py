@@ -19,9 +19,9 @@ import attrs
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import ConfigurationError
-from littleghost.messages import Message, Role
+from littleghost.messages import Message, Role, stray_part
 
-__all__ = ["Ledger", "check_history", "check_ids", "check_results"]
+__all__ = ["Ledger", "check_history", "check_ids", "check_parts", "check_results"]
 
 _ID = attrgetter("id")
 
@@ -51,10 +51,20 @@ def check_history(value: object, name: str, *, keep: bool = True) -> list[Messag
     for position in layout.orphans:  # a tool message without a result answers nothing
         if not log[position].tool_results:
             raise ConfigurationError(f"{at(position)} is a tool message without a result")
+    check_parts(log, at)
     if len(set(map(_ID, log))) != len(log):
         check_ids(log, at)
     check_results(layout.misplaced, at)
     return log
+
+
+def check_parts(log: Sequence[Message], at: Callable[[int], str]) -> None:
+    """``ConfigurationError`` if a message of ``log`` holds a part its role does not carry
+    (``stray_part``)."""
+    for position, message in enumerate(log):
+        problem = stray_part(message)
+        if problem is not None:
+            raise ConfigurationError(f"{at(position)}: {problem}")
 
 
 def check_ids(log: Sequence[Message], at: Callable[[int], str]) -> None:
@@ -109,6 +119,7 @@ class Ledger:
         for position, message in enumerate(messages):
             if message.role is Role.TOOL and not message.tool_results:
                 raise ConfigurationError(f"{at(position)} is a tool message without a result")
+        check_parts(messages, at)
         check_ids(messages, at)
         for position, message in enumerate(messages):
             if message.id in self.ids:

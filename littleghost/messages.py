@@ -26,6 +26,7 @@ __all__ = [
     "ToolCall",
     "ToolResult",
     "new_id",
+    "stray_part",
 ]
 
 SUMMARY_KEY = "littleghost.summary"
@@ -194,6 +195,29 @@ class ReasoningPart:
 
 Part = TextPart | ImagePart | ToolCall | ToolResult | ReasoningPart
 _PART_TYPES = (TextPart, ImagePart, ToolCall, ToolResult, ReasoningPart)
+_CARRIED: dict[Role, tuple[type, ...]] = {
+    Role.SYSTEM: (TextPart,),
+    Role.DEVELOPER: (TextPart,),
+    Role.USER: (TextPart, ImagePart),
+    Role.ASSISTANT: (TextPart, ReasoningPart, ToolCall),
+    Role.TOOL: (ToolResult,),
+}
+"""The parts a message of each role may hold: what providers take in such a message."""
+
+
+def stray_part(message: Message) -> str | None:
+    """Why ``message`` cannot be sent, if a part of it is one its role does not carry (a
+    tool call in a user message, text in a tool message): providers would drop or refuse
+    it."""
+    carried = _CARRIED[message.role]
+    for part in message.content:
+        if not isinstance(part, carried):
+            kinds = ", ".join(kind.__name__ for kind in carried)
+            return (
+                f"a message of role {message.role.value!r} carries only {kinds} parts, "
+                f"not {type(part).__name__}"
+            )
+    return None
 
 
 def _role(value: object) -> Role:
@@ -201,7 +225,8 @@ def _role(value: object) -> Role:
         return Role(value)
     except ValueError:
         roles = ", ".join(role.value for role in Role)
-        raise TypeError(f"Message.role must be one of {roles}, not {value!r}") from None
+        shown = type(value).__name__  # not the value: text given in its place is content
+        raise TypeError(f"Message.role must be one of {roles}, not {shown}") from None
 
 
 def _content(value: object) -> tuple[Part, ...]:

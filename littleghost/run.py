@@ -200,9 +200,10 @@ class RunContext:
 
         Raises:
             ConfigurationError: A message repeats an id, is a tool message without a
-                result, or holds a result that answers no open call, or a call of the tool
-                batch the run is running (its result is what its tool returns); nothing is
-                appended.
+                result, holds a part its role cannot carry (a tool call in a user
+                message), or holds a result that answers no open call, or a call of the
+                tool batch the run is running (its result is what its tool returns);
+                nothing is appended.
             UnstorableValueError: A message holds a value the store cannot keep.
             SessionStoreError: The store failed, raised a cancellation nobody asked for,
                 or the write was cut off at the run's stop time while the run was not

@@ -46,7 +46,7 @@ from littleghost.events import (
     ToolCallStarted,
 )
 from littleghost.hooks import BoundHook, run_chain
-from littleghost.log_rules import check_history, check_results
+from littleghost.log_rules import check_history, check_parts, check_results
 from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, prepare
 from littleghost.output import (
@@ -956,11 +956,7 @@ def _user_message(value: object) -> Message:
     if isinstance(value, Message):
         if value.role is not Role.USER:
             raise TypeError(f"input must be a user message, not a {value.role} message")
-        if value.tool_calls or value.tool_results or value.reasoning:
-            raise ConfigurationError(
-                "input: a user message holds text and images, not tool calls, tool results "
-                "or reasoning"
-            )
+        check_parts((value,), lambda _: "input")
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")
 

@@ -275,6 +275,19 @@ async def test_a_tool_message_without_a_result_is_refused(
     assert said == ["context.append() message 0 is a tool message without a result"]
 
 
+async def test_a_message_holding_a_part_its_role_cannot_carry_is_refused(
+    maybe_store: SessionStore | None,
+) -> None:
+    """A tool call in a user message would be dropped or refused by the provider."""
+    stray = Message(Role.USER, (ToolCall("x", "lookup", {}),))
+    said, log = await noting(maybe_store, lambda context: [stray])
+    assert said == [
+        "context.append() message 0: a message of role 'user' carries only TextPart, "
+        "ImagePart parts, not ToolCall"
+    ]
+    assert texts(log) == ["hi", "ok"]
+
+
 async def test_a_call_may_be_answered_by_a_later_append(maybe_store: SessionStore | None) -> None:
     calls = [ToolCall("x", "lookup", {}), ToolCall("y", "lookup", {})]
     said, log = await noting(

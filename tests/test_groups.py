@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 
 from littleghost import Message, Role, TextPart, ToolCall, ToolResult
-from littleghost.context import ByteEstimator, CharacterEstimator, MessageGroup, group_messages
+from littleghost.context import (
+    ByteEstimator,
+    CharacterEstimator,
+    MessageGroup,
+    build_view,
+    group_messages,
+)
 from littleghost.context.groups import Layout, result_calls
 from littleghost.context.records import (
     COLLAPSE,
@@ -18,6 +25,7 @@ from littleghost.context.records import (
     EXCLUSION,
 )
 from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 
 
@@ -258,3 +266,24 @@ def test_extending_groups_equals_grouping_afresh(seed: int) -> None:
         if layout is None:  # the added messages hold a record: built afresh instead
             continue
         assert group_shape(layout) == fresh, size
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "named"),
+    [
+        (lambda: group_messages(None), TypeError, "group_messages: messages must be"),
+        (lambda: group_messages(["hi"]), TypeError, "group_messages: messages must hold"),
+        (lambda: group_messages({"a": 1}), TypeError, "group_messages: messages must hold"),
+        (
+            lambda: group_messages([], tokenizer=None),
+            ConfigurationError,
+            "group_messages: tokenizer must be",
+        ),
+        (lambda: build_view(None), TypeError, "build_view: log must be"),
+        (lambda: build_view([Message.user("hi"), "hi"]), TypeError, "build_view: log must hold"),
+    ],
+)
+def test_wrong_arguments_are_named(call: Any, error: type[Exception], named: str) -> None:
+    """Not an AttributeError, KeyError or len() error from inside."""
+    with pytest.raises(error, match=named):
+        call()

@@ -320,6 +320,10 @@ def test_usage_parts_cannot_exceed_their_totals() -> None:
         (lambda: ModelRequest([], purpose=5), "ModelRequest.purpose"),
         (lambda: ModelResponse("hi"), "ModelResponse.message"),
         (lambda: ModelResponse(Message.user("hi")), "ModelResponse.message"),
+        (
+            lambda: ModelResponse(Message(Role.ASSISTANT, (ToolResult("c1", "r"),))),
+            "ModelResponse.message: a message of role 'assistant' carries only",
+        ),
         (lambda: ModelResponse(Message.assistant("hi"), "tired"), "ModelResponse.stop_reason"),
         (lambda: ModelResponse(Message.assistant("hi"), usage=(1, 2)), "ModelResponse.usage"),
         (lambda: ToolSpec(""), "ToolSpec.name"),
@@ -340,10 +344,14 @@ def test_model_values_reject_wrong_types(build: Any, names: str) -> None:
         lambda: ModelRequest([], tools="card 4111-1111"),
         lambda: ModelRequest([], tools=[{"card": "4111-1111"}]),
         lambda: Streamed("card 4111-1111", text_response("x")),
+        lambda: ModelResponse("card 4111-1111"),  # type: ignore[arg-type]
+        lambda: ModelRequest([], settings={1: "card 4111-1111"}),  # type: ignore[dict-item]
+        lambda: Message("card 4111-1111"),  # type: ignore[arg-type]
     ],
 )
-def test_a_wrong_sequence_is_named_by_its_type_not_its_content(build: Any) -> None:
-    """What a request or a step was given may be message content: errors show types."""
+def test_a_wrong_value_is_named_by_its_type_not_its_content(build: Any) -> None:
+    """What a request, a response, a message or a step was given may be message content
+    (text passed where the role goes, say): errors show types."""
     with pytest.raises(TypeError) as caught:
         build()
     assert "4111" not in str(caught.value)

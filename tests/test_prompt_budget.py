@@ -589,13 +589,21 @@ class TestRules:
 
     @pytest.mark.parametrize(
         ("returned", "named"),
-        [("one memory", "str"), (b"bytes", "bytes"), ("agen", "async_generator")],
+        [
+            ("one memory", "str"),
+            (b"bytes", "bytes"),
+            ("agen", "async_generator"),
+            ({"results": [{"memory": "takes Biktarvy"}]}, "dict"),
+            (3, "int"),
+        ],
     )
     async def test_memories_that_are_not_a_list_fail_naming_what_came(
         self, returned: object, named: str
     ) -> None:
-        """A str is one memory a character (it was: one bullet each), and an async
-        generator failed with a bare ``TypeError``: both fail naming what came."""
+        """A str is one memory a character (it was: one bullet each), an async generator
+        and an int failed with a bare ``TypeError``, and a mapping (mem0's ``search``
+        answers ``{"results": [...]}``) was its keys, a memory "results": all fail naming
+        what came."""
 
         async def generate(context: object) -> AsyncIterator[str]:
             yield "memory"

@@ -19,10 +19,13 @@ import pytest
 
 from littleghost import (
     Agent,
+    ImagePart,
     Message,
+    ReasoningPart,
     Role,
     RunContext,
     RunResult,
+    TextPart,
     ToolCall,
     ToolResult,
     Usage,
@@ -285,6 +288,33 @@ async def test_a_history_with_an_orphan_result_fails_before_any_model_call() -> 
     model = ScriptedModel([text_response("never")])
     with pytest.raises(ConfigurationError, match=r"history\[1\].*'ghost'"):
         await Counter(model=model).run("again", history=history)
+    assert model.requests == []
+
+
+@pytest.mark.parametrize(
+    ("stray", "named"),
+    [
+        (Message(Role.USER, (ToolCall("c9", "count", {"n": 1}),)), "role 'user'.*not ToolCall"),
+        (Message(Role.ASSISTANT, (ToolResult("c9", "1"),)), "role 'assistant'.*not ToolResult"),
+        (
+            Message(Role.SYSTEM, (ImagePart(url="https://a.example/b.png"),)),
+            "role 'system'.*not ImagePart",
+        ),
+        (Message(Role.USER, (ReasoningPart("thought"),)), "role 'user'.*not ReasoningPart"),
+        (
+            Message(Role.TOOL, (ToolResult("c9", "1"), TextPart("note"))),
+            "role 'tool'.*not TextPart",
+        ),
+    ],
+)
+async def test_a_history_message_holding_a_part_its_role_cannot_carry_fails(
+    stray: Message, named: str
+) -> None:
+    """A provider drops such a part (OpenAI: a tool call in a user message) or refuses the
+    request (Anthropic): refused before any model call, as ``input`` is, naming where."""
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match=rf"history\[1\]: a message of {named}"):
+        await Counter(model=model).run("again", history=[Message.user("hi"), stray])
     assert model.requests == []
 
 

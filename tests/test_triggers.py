@@ -3,6 +3,7 @@ the trigger, stop on the target, re-evaluated after each step)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -145,6 +146,33 @@ def test_a_trigger_that_cannot_take_the_metrics_is_refused(
 ) -> None:
     """Refused where it is given, not with a TypeError at every compaction."""
     with pytest.raises(ConfigurationError, match=rf"{name}.*must accept \(metrics\)"):
+        make(trigger)
+
+
+async def async_trigger(metrics: Any) -> bool:
+    return False
+
+
+class AsyncTrigger:
+    async def __call__(self, metrics: Any) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda t: SlidingWindow(keep_last_turns=1, trigger=t), r"SlidingWindow\.trigger"),
+        (lambda t: Summarization(target=t), r"Summarization\.target"),
+        (lambda t: any_of(always, t), "any_of"),
+        (Not, "~trigger"),
+    ],
+)
+@pytest.mark.parametrize(
+    "trigger", [async_trigger, AsyncTrigger(), functools.partial(async_trigger)]
+)
+def test_an_async_trigger_is_refused(make: Any, name: str, trigger: Any) -> None:
+    """Its coroutine is true whatever it would answer: the strategy would always fire."""
+    with pytest.raises(ConfigurationError, match=rf"{name}.*, a trigger, is a coroutine function"):
         make(trigger)
 
 

@@ -218,7 +218,7 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
         entries = await entries
     if entries is None:
         return []
-    if isinstance(entries, (str, bytes)) or hasattr(entries, "__aiter__"):
+    if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Iterable):
         raise ConfigurationError(
             f"PromptBudget.memory returned {type(entries).__name__}: return a list of str, "
             "one entry per memory"

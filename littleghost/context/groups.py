@@ -18,8 +18,10 @@ from typing import Literal
 
 from attrs import frozen
 
+from littleghost._validators import TOKENIZER, counts_tokens, tuple_of, wrong_value
 from littleghost.context.records import COLLAPSE, COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer, prompt_text
+from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, Role, ToolCall, ToolResult
 
 __all__ = [
@@ -299,7 +301,17 @@ def group_messages(
     messages: Sequence[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER
 ) -> tuple[MessageGroup, ...]:
     """``messages`` as atomic groups, records as plain messages (for what a model sees of a
-    log, group ``build_view(log)``)."""
+    log, group ``build_view(log)``).
+
+    Raises:
+        TypeError: ``messages`` is not a sequence of ``Message``.
+        ConfigurationError: ``tokenizer`` is not one.
+    """
+    messages = tuple_of(messages, "group_messages: messages", Message, "Message")
+    if not counts_tokens(tokenizer):
+        raise ConfigurationError(
+            f"group_messages: tokenizer must be {TOKENIZER}, not {wrong_value(tokenizer)}"
+        )
     kinds, members = Layout.build(messages, records=False).slots()
     estimate = Estimates(tokenizer)
     return tuple(

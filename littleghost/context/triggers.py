@@ -4,6 +4,7 @@ is still included (kept or collapsed, not excluded), system messages included.""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 from attrs import field, frozen
@@ -63,7 +64,14 @@ def check_trigger(name: str) -> Validator:
 
 
 def _takes_metrics(name: str, trigger: Trigger) -> None:
-    """``ConfigurationError`` unless ``trigger`` can be called with the metrics."""
+    """``ConfigurationError`` unless ``trigger`` can be called with the metrics and answers
+    at once (an ``async def``'s coroutine would be true, whatever it meant to answer)."""
+    calls = (inspect.unwrap(trigger), type(trigger).__call__)
+    if any(map(inspect.iscoroutinefunction, calls)):
+        raise ConfigurationError(
+            f"{name}, a trigger, is a coroutine function (async def): a trigger answers "
+            "at once, with a bool; make it a plain def"
+        )
     check_signature(f"{name}, a trigger,", trigger, "(metrics)", 1, context=False)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from littleghost._validators import tuple_of
 from littleghost.context.groups import Layout
 from littleghost.messages import Message
 
@@ -20,7 +21,12 @@ INTERRUPTED_TEXT = "The run was interrupted before this tool call finished; it h
 
 
 def build_view(log: Sequence[Message]) -> tuple[Message, ...]:
-    """The messages the model sees of ``log``, in order."""
+    """The messages the model sees of ``log``, in order.
+
+    Raises:
+        TypeError: ``log`` is not a sequence of ``Message``.
+    """
+    log = tuple_of(log, "build_view: log", Message, "Message")
     return tuple(Layout.build(log).messages())
 
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from attrs import astuple, field, frozen
 
 from littleghost._validators import instance_of, int_at_least, tuple_of, type_check
-from littleghost.messages import Message, Role
+from littleghost.messages import Message, Role, stray_part
 
 __all__ = [
     "ANSWER_CAPS",
@@ -270,7 +270,9 @@ def _settings(value: object) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise TypeError(f"settings must be a mapping with str keys, not {value!r}")
+        raise TypeError(
+            f"ModelRequest.settings must be a mapping with str keys, not {type(value).__name__}"
+        )
     return dict(value)
 
 
@@ -313,9 +315,12 @@ class ModelRequest:
 
 def _response_message(value: object) -> Message:
     if not isinstance(value, Message):
-        raise TypeError(f"ModelResponse.message must be a Message, not {value!r}")
+        raise TypeError(f"ModelResponse.message must be a Message, not {type(value).__name__}")
     if value.role is not Role.ASSISTANT:
         raise TypeError(f"ModelResponse.message must be an assistant message, not {value.role}")
+    problem = stray_part(value)
+    if problem is not None:
+        raise TypeError(f"ModelResponse.message: {problem}")
     return value
 
 

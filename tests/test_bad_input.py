@@ -1,0 +1,319 @@
+"""Bad input, as a class: every declared knob and option of the public surface is fed the
+same wrong values (None, bools for ints, negative, zero, NaN and infinite numbers, huge
+ints, empty and blank strs, a str where a sequence goes, bytes, containers, a class where
+an instance goes, plain and coroutine functions) and must refuse each one it cannot take
+where it is given — a ``TypeError`` or ``ConfigurationError`` naming the knob — and a
+failed class definition must leave nothing behind."""
+
+from __future__ import annotations
+
+import gc
+import math
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeGuard, cast
+
+import pytest
+from attrs import frozen
+
+from littleghost import Agent, Message, manage_context, tool
+from littleghost.context import (
+    ByteEstimator,
+    CharacterEstimator,
+    PromptBudget,
+    SlidingWindow,
+    Summarization,
+    TokenBudget,
+    ToolResultCompaction,
+    Truncation,
+    TurnExcerpts,
+    tokens_exceed,
+)
+from littleghost.errors import ConfigurationError
+from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
+from littleghost.testing import ScriptedModel, text_response
+
+SECRET = "card 4111-1111-1111-1111"
+
+
+class Thing:
+    """A class given where an instance goes."""
+
+
+async def coroutine_function(*args: object) -> None:
+    return None
+
+
+def plain_function(*args: object) -> None:
+    return None
+
+
+BAD: dict[str, object] = {
+    "None": None,
+    "True": True,
+    "False": False,
+    "zero": 0,
+    "negative": -1,
+    "huge": 10**40,
+    "fraction": 1.5,
+    "nan": math.nan,
+    "inf": math.inf,
+    "-inf": -math.inf,
+    "empty str": "",
+    "blank str": "   ",
+    "str": SECRET,
+    "bytes": SECRET.encode(),
+    "list": [SECRET],
+    "tuple": (SECRET,),
+    "dict": {"k": SECRET},
+    "object": object(),
+    "class": Thing,
+    "coroutine function": coroutine_function,
+    "plain function": plain_function,
+}
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int, not a bool (the test's own oracle, not the library's check)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """An int or a finite float, not a bool."""
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def count(minimum: int) -> Callable[[object], bool]:
+    return lambda value: is_int(value) and value >= minimum
+
+
+def seconds(value: object) -> bool:
+    """A finite number > 0 (``is_number`` takes no NaN or infinity)."""
+    return is_number(value) and value > 0
+
+
+def switch(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def text(value: object) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def optional(fits: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: value is None or fits(value)
+
+
+def anything(value: object) -> bool:
+    return True
+
+
+MODEL = ScriptedModel([text_response("ok")] * 10_000)
+
+
+class Base(Agent):
+    model = MODEL
+
+
+def declared(knob: str) -> Callable[[object], object]:
+    return lambda value: type("Declared", (Agent,), {"model": MODEL, knob: value})
+
+
+def overridden(knob: str) -> Callable[[object], object]:
+    return lambda value: Base(**cast(Any, {knob: value}))
+
+
+def set_on_agent(knob: str) -> Callable[[object], object]:
+    return lambda value: setattr(Base(), knob, value)
+
+
+def ran(keyword: str) -> Callable[[object], object]:
+    return lambda value: Base().run_sync("hi", **cast(Any, {keyword: value}))
+
+
+def keyword(make: Callable[..., object], name: str, **given: object) -> Callable[[object], object]:
+    return lambda value: make(**{**given, name: value})
+
+
+def with_tool(name: str) -> Callable[[object], object]:
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return order
+
+    def declare(value: object) -> object:
+        return tool(lookup, **cast(Any, {name: value}))
+
+    return declare
+
+
+@frozen
+class Knob:
+    """One place a value is given: ``build(value)`` gives it; ``fits`` says which values
+    it takes; its error names it by ``named``."""
+
+    named: str
+    build: Callable[[object], object]
+    fits: Callable[[object], bool]
+
+
+AGENT_KNOBS: dict[str, Callable[[object], bool]] = {
+    "max_turns": count(1),
+    "max_tool_calls": count(1),
+    "max_tool_result_tokens": count(1),
+    "max_retries": count(0),
+    "capture_content": switch,
+    "cleanup_grace": seconds,
+    "output_strategy": lambda value: value in ("auto", "native", "tool"),
+    "session_store": lambda value: isinstance(value, InMemorySessionStore),
+    "settings": lambda value: isinstance(value, dict),  # free keys: {"k": ...} is one
+    "tools": lambda value: value == [] or value == (),
+    "instructions": lambda value: (
+        value is None or isinstance(value, str) or value in (plain_function, coroutine_function)
+    ),
+    "model": lambda value: value is None,
+}
+
+STORE_PATH = Path(tempfile.mkdtemp()) / "bad-input.db"
+
+
+def knobs() -> Iterator[Knob]:
+    for knob, fits in AGENT_KNOBS.items():
+        yield Knob(knob, declared(knob), fits)
+        yield Knob(knob, overridden(knob), fits)
+        if knob != "tools":  # worked out as the agent is made
+            yield Knob(knob, set_on_agent(knob), fits)
+    yield Knob("history", ran("history"), lambda value: value is None or value in ([], ()))
+    yield Knob("session_id", ran("session_id"), optional(lambda v: isinstance(v, str) and v != ""))
+    yield Knob(  # 0 is "at once" and inf "none": not wrong
+        "timeout",
+        ran("timeout"),
+        lambda value: value is None or value == math.inf or (is_number(value) and value >= 0),
+    )
+    yield Knob("settings", ran("settings"), lambda value: value is None or isinstance(value, dict))
+    options: dict[str, Callable[[object], bool]] = {
+        "context_window_tokens": count(1),
+        "context_window_override": optional(count(1)),
+        "compression_threshold": lambda value: is_number(value) and 0 < value <= 1,
+        "summary_ratio": lambda value: is_number(value) and 0.1 <= value <= 0.8,
+        "preserve_recent_messages": count(2),
+        "summary_instructions": optional(text),
+        "summary_max_tokens": optional(count(1)),
+        "quote_specifics": switch,
+        "mask_tool_results": optional(count(0)),
+        "budget": lambda value: value is None,
+        "summarize": lambda value: value is True,
+        "strategy": lambda value: value is None,
+        "tokenizer": lambda value: False,
+    }
+    for option, fits in options.items():
+        yield Knob(option, keyword(manage_context, option), fits)
+    budget: dict[str, Callable[[object], bool]] = {
+        "prompt_budget_tokens": count(1),
+        "response_reserve_tokens": count(1),
+        "safety_reserve_tokens": count(0),
+        "memory_tokens": count(0),
+        "history_item_tokens": count(16),
+        "excerpt_tokens": count(0),
+        "excerpt_item_chars": count(20),
+        "floor_tokens": count(16),
+        "tool_result_share": lambda value: is_number(value) and 0 < value <= 1,
+        "memory": lambda value: value is None or (callable(value) and not isinstance(value, type)),
+        "tokenizer": lambda value: False,
+    }
+    for field, fits in budget.items():
+        yield Knob(field, keyword(PromptBudget, field), fits)
+    yield Knob("bytes_per_token", keyword(ByteEstimator, "bytes_per_token"), seconds)
+    yield Knob("message_overhead", keyword(ByteEstimator, "message_overhead"), count(0))
+    yield Knob("chars_per_token", keyword(CharacterEstimator, "chars_per_token"), seconds)
+    yield Knob("image_tokens", keyword(CharacterEstimator, "image_tokens"), count(0))
+    strategies: list[
+        tuple[Callable[..., object], str, Callable[[object], bool], dict[str, Any]]
+    ] = [
+        (Truncation, "minimum_preserved", count(0), {}),
+        (SlidingWindow, "keep_last_turns", count(1), {}),
+        (SlidingWindow, "minimum_preserved", count(0), {"keep_last_turns": 2}),
+        (Summarization, "max_tokens", count(1), {}),
+        (Summarization, "max_item_chars", count(64), {}),
+        (Summarization, "prompt", optional(text), {}),
+        (Summarization, "quote_specifics", switch, {}),
+        (Summarization, "mask_tool_results", optional(count(0)), {}),
+        (ToolResultCompaction, "max_result_chars", count(16), {}),
+        (ToolResultCompaction, "keep_last_tool_call_groups", count(0), {}),
+        (TurnExcerpts, "excerpt_chars", count(16), {}),
+        (TokenBudget, "token_budget", count(1), {"strategies": [Truncation()]}),
+    ]
+    for make, field, fits, given in strategies:
+        yield Knob(field, keyword(make, field, **given), fits)
+    yield Knob("limit", lambda value: tokens_exceed(value), count(0))  # type: ignore[arg-type]
+    trigger = lambda value: callable(value) and not isinstance(value, type)  # noqa: E731
+    yield Knob("trigger", keyword(Truncation, "trigger"), trigger)
+    yield Knob("target", keyword(Truncation, "target"), optional(trigger))
+    store = keyword(SQLiteSessionStore, "timeout", path=STORE_PATH)
+    yield Knob("timeout", store, seconds)
+    yield Knob("read_only", keyword(SQLiteSessionStore, "read_only", path=STORE_PATH), switch)
+    yield Knob("timeout", with_tool("timeout"), optional(seconds))
+    yield Knob("name", with_tool("name"), lambda value: value is None)
+    yield Knob("description", with_tool("description"), optional(text))
+    scripted = {
+        "context_window": optional(is_int),
+        "name": lambda value: isinstance(value, str),
+        "supports_output_schema": switch,
+        "count_prompt_tokens": optional(callable),
+        "output_schema_problem": optional(callable),
+    }
+    for option, fits in scripted.items():
+        yield Knob(option, keyword(ScriptedModel, option, steps=[text_response("ok")]), fits)
+
+
+CASES = [
+    pytest.param(knob, value, id=f"{knob.named}-{i}-{label}")
+    for i, knob in enumerate(knobs())
+    for label, value in BAD.items()
+    if not knob.fits(value)
+]
+
+
+@pytest.mark.parametrize(("knob", "value"), CASES)
+def test_a_value_a_knob_cannot_take_is_refused_where_it_is_given_naming_it(
+    knob: Knob, value: object
+) -> None:
+    with pytest.raises((TypeError, ConfigurationError)) as caught:
+        knob.build(value)
+    assert knob.named in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "value", [value for value in BAD.values() if not isinstance(value, str)], ids=repr
+)
+def test_run_input_and_history_are_refused_by_type_never_by_content(value: Any) -> None:
+    """What a run is given as its question or history is content: errors name types."""
+    agent = Base()
+    calls: list[Callable[[], object]] = [
+        lambda: agent.run_sync(value),
+        lambda: agent.run_sync("hi", history=[Message.user("ok"), value]),
+    ]
+    for call in calls:
+        with pytest.raises((TypeError, ConfigurationError)) as caught:
+            call()
+        assert SECRET not in str(caught.value)
+
+
+def test_a_failed_class_definition_leaves_nothing_behind() -> None:
+    """No registry, parent or store keeps a class whose definition failed."""
+
+    def subclasses(cls: type) -> Iterator[type]:
+        subclass: type
+        for subclass in cls.__subclasses__():
+            yield subclass
+            yield from subclasses(subclass)
+
+    for knob, fits in AGENT_KNOBS.items():
+        for value in BAD.values():
+            if not fits(value):
+                with pytest.raises((TypeError, ConfigurationError)):
+                    declared(knob)(value)
+    with pytest.raises(ConfigurationError):
+        type("Declared", (Base,), {"instruction": "Be brief."})  # a knob misspelled
+    gc.collect()
+    assert [cls for cls in subclasses(Agent) if cls.__name__ == "Declared"] == []
