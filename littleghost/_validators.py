@@ -181,10 +181,10 @@ def instance_of(name: str, kind: type | tuple[type, ...], allowed: str) -> Valid
 
 
 def tuple_of(value: object, name: str, kind: type[T], what: str) -> tuple[T, ...]:
-    """``value``, any sequence (but a str or bytes) of ``kind`` values (``what``), as a
-    tuple, for an attrs converter; ``TypeError`` naming ``name`` otherwise (by types:
-    values are content)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    """``value``, any sequence (but a str, bytes or a mapping, whose keys it would take) of
+    ``kind`` values (``what``), as a tuple, for an attrs converter; ``TypeError`` naming
+    ``name`` otherwise (by types: values are content)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
         raise TypeError(f"{name} must be a sequence of {what}, not {type(value).__name__}")
     items = tuple(value)
     for item in items:

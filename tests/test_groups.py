@@ -273,7 +273,7 @@ def test_extending_groups_equals_grouping_afresh(seed: int) -> None:
     [
         (lambda: group_messages(None), TypeError, "group_messages: messages must be"),
         (lambda: group_messages(["hi"]), TypeError, "group_messages: messages must hold"),
-        (lambda: group_messages({"a": 1}), TypeError, "group_messages: messages must hold"),
+        (lambda: group_messages({"a": 1}), TypeError, "group_messages: messages must be"),
         (
             lambda: group_messages([], tokenizer=None),
             ConfigurationError,
