@@ -65,7 +65,15 @@ __all__ = [
 
 
 class LittleGhostError(Exception):
-    """The root of every error littleghost raises."""
+    """The root of every error littleghost raises.
+
+    Attributes:
+        run_usage: What the run this error ended had used, as ``RunResult.usage`` would
+            have said (for billing a failed run), once it leaves ``run()``, ``run_sync()``
+            or a stream; ``None`` for an error no run raised.
+    """
+
+    run_usage: Usage | None = None
 
 
 class ConfigurationError(LittleGhostError, ValueError):

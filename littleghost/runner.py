@@ -36,6 +36,7 @@ from littleghost.errors import (
     ConfigurationError,
     DeadlineExceededError,
     LimitExceededError,
+    LittleGhostError,
     OutputLimitError,
     OutputValidationError,
     naming_session,
@@ -245,7 +246,12 @@ async def run(
 
             # a model the agent gave up meanwhile (aclose()) is closed as the run's cleanup
             async with agent._models.use(model, agent.cleanup_grace, by=stop):
-                return await _run_in(span, agent, plan, model, sink, seen, held)
+                try:
+                    return await _run_in(span, agent, plan, model, sink, seen, held)
+                except LittleGhostError as error:
+                    if runs:  # a nested run's error is the usage of the run it ends now
+                        error.run_usage = runs[0].usage
+                    raise
 
 
 async def _run_in(

@@ -12,7 +12,7 @@ import pytest
 from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import PromptBudget
-from littleghost.errors import ContextWindowOverflowError, RateLimitError
+from littleghost.errors import ContextWindowOverflowError, LimitExceededError, RateLimitError
 from littleghost.events import (
     CompactionFinished,
     CompactionStarted,
@@ -345,3 +345,39 @@ async def test_complete_refuses_a_report_that_is_not_a_bool(report: object) -> N
     with pytest.raises(TypeError, match=r"complete\(report=\) must be a bool, not"):
         await Asking(model=model).run("go")
     assert model.requests == []
+
+
+class Looping(Agent):
+    max_turns = 2
+
+    @tool
+    def again(self) -> str:
+        """Asked for ever."""
+        return "again"
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_failed_runs_error_carries_what_the_run_used(via: str) -> None:
+    """A run ended by an error (its turn limit here) was billed for its calls: the error's
+    ``run_usage`` says how much, as ``result.usage`` would have; an error no run raised
+    has none."""
+    model = ScriptedModel([tool_call_response("again", {}, input_tokens=100, output_tokens=10)] * 3)
+    with pytest.raises(LimitExceededError) as caught:
+        await go(Looping(model=model), via, "go")
+    assert caught.value.run_usage == Usage(200, 20)
+    assert LimitExceededError("not from a run").run_usage is None
+
+
+async def test_a_failed_runs_usage_is_the_run_it_ends() -> None:
+    """An error from a run inside a hook ends the outer run too: its ``run_usage`` is the
+    outer run's, whose caller catches it."""
+
+    class Outer(Agent):
+        @before_model
+        async def ask_inner(self, request: ModelRequest) -> None:
+            inner = ScriptedModel([tool_call_response("again", {}, input_tokens=7)] * 3)
+            await Looping(model=inner).run("go")
+
+    with pytest.raises(LimitExceededError) as caught:
+        await Outer(model=ScriptedModel([text_response("never")])).run("go")
+    assert caught.value.run_usage == Usage()
