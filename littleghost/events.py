@@ -116,10 +116,13 @@ class ModelCallFinished:
 @frozen
 class SideCallFinished:
     """A side call (``RunContext.complete``: a guardrail's check, a tool's digest)
-    completed; it is never streamed, and ``usage`` is its own part of the run's usage."""
+    completed, or failed with ``error_type`` but was billed (an answer stopped at the
+    context window); it is never streamed, and ``usage`` is its own part of the run's
+    usage."""
 
     usage: Usage
     purpose: str
+    error_type: str | None = None
 
 
 @frozen

@@ -341,7 +341,8 @@ class RunContext:
         the turn's call. Each attempt is a ``chat`` span (child of the run's span, with
         the model's ``server.address`` and ``server.port`` when it has them, and the
         response's id and model when the provider reported them); its usage is added to
-        the run's total and reported by a ``SideCallFinished`` event — unless
+        the run's total and reported by a ``SideCallFinished`` event (a failed call's
+        too when its error says it was billed) — unless
         ``report=False``, for a call whose usage an event of the caller's own reports
         (``@manage_context``'s summary call: ``CompactionFinished``).
 
@@ -352,7 +353,15 @@ class RunContext:
             raise TypeError(
                 f"context.complete(report=) must be a bool, not {type(report).__name__}"
             )
-        response = await self._call(request, model=model)
+        try:
+            response = await self._call(request, model=model)
+        except Exception as error:
+            used = billed(error)
+            if report and used != Usage():  # billed all the same: the events still add up
+                await self.emit(
+                    SideCallFinished(used, request.purpose, telemetry.error_type(error))
+                )
+            raise
         if report:
             await self.emit(SideCallFinished(response.usage, request.purpose))
         return response

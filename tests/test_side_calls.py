@@ -5,6 +5,7 @@ caller's own event, as ``@manage_context``'s summary call does)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -327,6 +328,26 @@ async def test_a_billed_summary_call_that_overflowed_is_its_compactions_usage() 
     result, events = await go(Compacting(model=model), "stream", "go", history=chat(30))
     (finished,) = [event for event in events if isinstance(event, CompactionFinished)]
     assert finished.outcome == "error" and finished.usage == Usage(90, 1)
+    assert reported(events) == result.usage == Usage(99, 3)
+
+
+async def test_a_billed_side_call_that_failed_is_reported() -> None:
+    """A side call stopped at the context window failed but was billed: a
+    ``SideCallFinished`` with its error type reports its usage, so the events still add
+    up to result.usage."""
+
+    class Checking(Agent):
+        @before_model
+        async def check(self, request: ModelRequest, *, context: RunContext) -> None:
+            with contextlib.suppress(ContextWindowOverflowError):
+                await context.complete(ModelRequest([Message.user("safe?")], purpose="guard"))
+
+    model = ScriptedModel(
+        [billed_overflow(Usage(90, 1)), text_response("done", input_tokens=9, output_tokens=2)]
+    )
+    result, events = await go(Checking(model=model), "stream", "go")
+    (side,) = [event for event in events if isinstance(event, SideCallFinished)]
+    assert side == SideCallFinished(Usage(90, 1), "guard", "context_length_exceeded")
     assert reported(events) == result.usage == Usage(99, 3)
 
 
