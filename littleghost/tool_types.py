@@ -7,7 +7,8 @@ Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``t
 dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
 ``Annotated[T, "description"]``; and, as JSON strings, ``datetime`` (RFC 3339, with its UTC
 offset: the value is aware), ``date``, ``time`` (a time of day, without an offset: the
-value is naive), ``UUID`` and ``Decimal`` (a string, since a JSON number may lose digits).
+value is naive), ``timedelta`` (an ISO 8601 duration), ``UUID`` and ``Decimal`` (a string,
+since a JSON number may lose digits).
 A model's string is parsed here, the same on every Python version, never by
 ``fromisoformat`` (Python 3.10's takes less than 3.11's).
 
@@ -501,6 +502,43 @@ def _instant(text: str) -> datetime.datetime:
     return datetime.datetime.combine(_day(text), _clock(clock), zone)
 
 
+_DURATION = re.compile(
+    r"(-?)P(?!$)(?:([0-9]+)W)?(?:([0-9]+)D)?"
+    r"(?:T(?=[0-9])(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:[.][0-9]+)?)S)?)?"
+)
+
+
+def _duration(text: str) -> datetime.timedelta:
+    """An ISO 8601 duration of weeks, days, hours, minutes and seconds (``P1DT2H30M``)."""
+    found = _DURATION.fullmatch(text)
+    assert found is not None  # the pattern was matched
+    sign, weeks, days, hours, minutes, seconds = found.groups()
+    try:
+        length = datetime.timedelta(
+            weeks=int(weeks or 0),
+            days=int(days or 0),
+            hours=int(hours or 0),
+            minutes=int(minutes or 0),
+            seconds=float(seconds or 0),
+        )
+    except OverflowError:  # more than 999 999 999 days
+        raise ValueError("out of range") from None
+    return -length if sign else length
+
+
+def duration_text(length: datetime.timedelta) -> str:
+    """``length`` as the ISO 8601 duration ``_duration`` reads (``PT0S`` for none)."""
+    sign, length = ("-", -length) if length < datetime.timedelta(0) else ("", length)
+    hours, rest = divmod(length.seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    fraction = f".{length.microseconds:06d}".rstrip("0") if length.microseconds else ""
+    clock = "".join(
+        f"{amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M")) if amount
+    ) + (f"{seconds}{fraction}S" if seconds or fraction else "")
+    day = f"{length.days}D" if length.days else ""
+    return f"{sign}P{day}T{clock}" if clock else f"{sign}P{day}" if day else "PT0S"
+
+
 class _Text(NamedTuple):
     """A type that travels as a JSON string: its schema, the strings it takes (the
     schema's ``pattern``, or what its ``format`` means), what a misfit says is expected,
@@ -554,6 +592,12 @@ _TEXTS: dict[type, _Text] = {
         re.compile(_UUID),
         "a UUID (8-4-4-4-12 hex digits)",
         uuid.UUID,
+    ),
+    datetime.timedelta: _Text(
+        {"type": "string", "format": "duration"},
+        _DURATION,
+        "a duration (ISO 8601 in weeks, days, hours, minutes and seconds: P1DT2H30M, PT45S)",
+        _duration,
     ),
     decimal.Decimal: _Text(
         {"type": "string", "pattern": _DECIMAL},
@@ -817,6 +861,8 @@ def _to_json_value(value: Any) -> Any:
         return value.decode("utf-8", "replace")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return duration_text(value)
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, decimal.Decimal):  # "100", not "1E+2": what the schema's pattern takes

@@ -906,6 +906,12 @@ async def test_dates_uuids_and_decimals_in_an_answer_are_their_python_types(
             {"type": "array", "items": {"type": "string", "format": "uuid"}},
         ),
         (datetime.time, "23:59", datetime.time(23, 59), CLOCK),
+        (
+            datetime.timedelta,
+            "PT1H30M",
+            datetime.timedelta(minutes=90),
+            {"type": "string", "format": "duration"},
+        ),
     ],
 )
 async def test_a_date_uuid_or_time_output_type_is_wrapped(

@@ -794,6 +794,57 @@ async def test_a_malformed_date_uuid_or_decimal_is_an_error_result(
     assert told in result.content
 
 
+class Reminders(Agent):
+    asked: list[Any]
+
+    @tool
+    def remind(
+        self, after: datetime.timedelta, every: datetime.timedelta = datetime.timedelta(days=7)
+    ) -> dict[str, Any]:
+        """Set a reminder."""
+        self.asked.append((after, every))
+        return {"in": after, "then_every": every, "late_by": -datetime.timedelta(seconds=90)}
+
+
+async def reminded(arguments: dict[str, Any]) -> tuple[list[Any], ToolResult]:
+    model = ScriptedModel([tool_call_response("remind", arguments), text_response("done")])
+    agent = Reminders(model=model)
+    agent.asked = []
+    (result,) = tool_results((await agent.run("go")).messages)
+    return agent.asked, result
+
+
+async def test_a_duration_travels_as_an_iso_8601_string() -> None:
+    """A ``timedelta`` is described as a ``duration`` string, arrives from one (weeks,
+    days, hours, minutes, seconds with a fraction, a sign) and goes back as one."""
+    (spec,) = Reminders(model=ScriptedModel([])).tool_specs
+    assert spec.parameters["properties"]["after"] == {"type": "string", "format": "duration"}
+    assert spec.parameters["properties"]["every"]["default"] == "P7D"
+    asked, result = await reminded({"after": "P1W2DT3H4M5.25S", "every": "-PT30M"})
+    assert asked == [
+        (
+            datetime.timedelta(days=9, hours=3, minutes=4, seconds=5.25),
+            -datetime.timedelta(minutes=30),
+        )
+    ]
+    assert json.loads(result.content) == {
+        "in": "P9DT3H4M5.25S",
+        "then_every": "-PT30M",
+        "late_by": "-PT1M30S",
+    }
+
+
+@pytest.mark.parametrize(
+    "after", ["P1M", "P1Y", "PT1.5H", "P", "PT", "P1DT", "90", "P9999999999D", 90]
+)
+async def test_a_duration_that_does_not_fit_is_an_error_result(after: object) -> None:
+    """Years and months (of no fixed length), fractions but of seconds, an empty duration,
+    a bare number and one past ``timedelta``'s range are told to the model."""
+    asked, result = await reminded({"after": after})
+    assert asked == [] and result.is_error
+    assert "after: expected a duration (ISO 8601 in weeks, days, hours" in result.content
+
+
 async def test_a_long_malformed_date_is_abbreviated_in_the_error() -> None:
     _, result = await booked({**ARRIVING, "at": "2026-" + "9" * 5000, "stay": STAY})
     assert result.is_error and len(result.content) < 400
