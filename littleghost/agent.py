@@ -213,11 +213,20 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         if knob == "instructions" and isinstance(value, staticmethod):
             value = value.__func__
         value = check(f"{owner.__name__}.{knob}", value)
-        if knob == "instructions" and inspect.isfunction(value) and not looks_like_method(value):
+        if knob == "instructions" and _called_as_it_is(value):
             setattr(cls, knob, staticmethod(value))  # a function, not a method of the agent
         elif owner is cls:
             setattr(cls, knob, value)
         # a mixin's other knobs stay in their place in the MRO (and may change there)
+
+
+def _called_as_it_is(value: object) -> bool:
+    """Whether a class's ``instructions`` is called with the context alone: a function
+    without ``self``, or a ``functools.partial`` (which Python 3.13 warns of reading
+    through an instance, and later versions bind as a method)."""
+    if isinstance(value, functools.partial):
+        return True
+    return inspect.isfunction(value) and not looks_like_method(value)
 
 
 def _declared(cls: type) -> dict[str, object]:

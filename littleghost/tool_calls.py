@@ -8,7 +8,7 @@ import inspect
 import json
 import threading
 import types
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -159,6 +159,8 @@ class _ThreadCall:
         self.lock = threading.Lock()
         self.abandoned = False
         self.outcome: str | None = None  # "returned" or "raised ...", once finished
+        self.coroutine: Coroutine[Any, Any, Any] | None = None
+        """A coroutine the call returned, closed if nobody will await it."""
 
     def run(self) -> Outcome:
         """Run in the worker thread, which keeps nothing of the call once it is done (the
@@ -170,12 +172,13 @@ class _ThreadCall:
         except BaseException as error:
             self.finish(f"raised {type(error).__name__}")
             return Outcome(raised=error)
-        self.finish("returned")
+        self.finish("returned", value)
         return Outcome(value)
 
-    def finish(self, outcome: str) -> None:
+    def finish(self, outcome: str, value: object = None) -> None:
         with self.lock:
             self.outcome = outcome
+            self.coroutine = value if inspect.iscoroutine(value) else None
             late = self.abandoned
         if late:
             self.discarded(outcome)
@@ -189,6 +192,8 @@ class _ThreadCall:
             self.discarded(outcome)
 
     def discarded(self, outcome: str) -> None:
+        if self.coroutine is not None:  # else "never awaited", when it is collected
+            self.coroutine.close()
         logger.warning(
             "tool %r: a call the run stopped waiting for has %s; its late result was discarded",
             self.name,

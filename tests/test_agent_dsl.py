@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
 import time
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -345,6 +347,24 @@ async def test_instructions_naming_a_file_that_is_not_utf8_are_sent_well_formed(
     [message, _] = (await first_request(Workspace)).messages
     assert message == (await first_request(Fixed)).messages[0]
     assert message.text == Fixed.instructions
+
+
+async def test_a_partial_in_a_class_body_is_instructions_called_as_it_is() -> None:
+    """A ``functools.partial`` declared as instructions gets the context alone, as a
+    function does: never a FutureWarning (Python 3.13, where a partial read through an
+    instance warns), nor the agent as a first argument (later versions bind it)."""
+
+    def render(template: str, context: RunContext) -> str:
+        return f"{template} (turn {context.turn})"
+
+    class Templated(Agent):
+        instructions = functools.partial(render, "Be brief")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        request = await first_request(Templated)
+    assert request.messages[0].text == "Be brief (turn 0)"
+    assert [str(warning.message) for warning in caught] == []
 
 
 async def test_instructions_returning_a_non_str_fail_clearly() -> None:

@@ -9,6 +9,7 @@ database.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import os
 import random
@@ -19,6 +20,8 @@ import textwrap
 import threading
 import time
 import uuid
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -1243,6 +1246,26 @@ class TestStalePool:
         await store.aclose()
 
 
+class TestUnclosed:
+    async def test_a_store_collected_unclosed_closes_its_connections(self, conninfo: str) -> None:
+        """psycopg reports a connection left to the garbage collector (a
+        ``ResourceWarning``, an error under ``-W error``): a store nobody closed closes
+        those it kept as it is collected."""
+        store = PostgresSessionStore(conninfo)
+        async with anyio.create_task_group() as group:  # several kept connections
+            for n in range(3):
+                group.start_soon(store.append, f"s{n}", [Message.user("hi")])
+        dropped = weakref.ref(store)
+        with warnings.catch_warnings(record=True) as caught, anyio.fail_after(5):
+            warnings.simplefilter("always")
+            del store
+            while dropped() is not None:  # a worker thread lets go of its call just after it
+                gc.collect()
+                await anyio.sleep(0.01)
+        assert [str(warning.message) for warning in caught] == []
+        assert await open_connections(conninfo) == 0
+
+
 class TestLostCommit:
     async def test_a_lost_commit_of_the_tables_check_is_no_write_in_doubt(
         self, proxy: Proxy
@@ -1269,6 +1292,11 @@ class TestLostCommit:
         with pytest.raises(SessionStoreError, match="lost while committing, so the write may"):
             await store.append("s", [Message.user("one")])
         proxy.cutting_commits.clear()
+        # it landed: the server runs the commit it read, maybe after the error came back
+        for _ in range(250):
+            if await texts(store) == ["one"]:
+                break
+            await anyio.sleep(0.02)
         assert await texts(store) == ["one"]
         await store.aclose()
 

@@ -8,10 +8,13 @@ import os
 import random
 import sqlite3
 import stat
+import subprocess
 import sys
 import textwrap
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -1217,6 +1220,49 @@ class TestPrivateDatabase:
         await store.aclose()
         assert [message.text for message in await store.load("s")] == ["kept"]
         await store.aclose()
+
+
+class TestUnclosed:
+    """Python 3.13 reports an SQLite connection left unclosed (a ``ResourceWarning``, an
+    error under ``-W error``): a store nobody closed closes its own."""
+
+    async def test_a_store_collected_unclosed_closes_its_connection(self, tmp_path: Path) -> None:
+        store = SQLiteSessionStore(tmp_path / "s.db")
+        await store.append("s", [Message.user("hi")])
+        dropped = weakref.ref(store)
+        with warnings.catch_warnings(record=True) as caught, anyio.fail_after(5):
+            warnings.simplefilter("always")
+            del store
+            while dropped() is not None:  # a worker thread lets go of its call just after it
+                gc.collect()
+                await anyio.sleep(0.01)
+        assert [str(warning.message) for warning in caught] == []
+        assert not (tmp_path / "s.db-wal").exists()  # its last connection closed
+
+    def test_a_class_store_left_open_at_exit_closes_its_connection(self, tmp_path: Path) -> None:
+        """The README's store, an agent class's, never closed: nothing reported at exit."""
+        script = textwrap.dedent(
+            """
+            from littleghost import Agent
+            from littleghost.sessions import SQLiteSessionStore
+            from littleghost.testing import ScriptedModel, text_response
+
+            class Support(Agent):
+                model = ScriptedModel([text_response("It shipped.")])
+                session_store = SQLiteSessionStore("sessions.db")
+
+            Support().run_sync("Where is order 42?", session_id="customer-42")
+            """
+        )
+        completed = subprocess.run(
+            [sys.executable, "-W", "error", "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert (completed.returncode, completed.stderr) == (0, "")
 
 
 class TestPerFileTables:

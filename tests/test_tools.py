@@ -8,6 +8,7 @@ import datetime
 import decimal
 import enum
 import functools
+import inspect
 import json
 import logging
 import math
@@ -15,7 +16,7 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict, TypeVar, Union
 
 import anyio
@@ -2330,6 +2331,36 @@ async def test_a_call_finishing_as_its_caller_stops_waiting_logs_exactly_once(
         await invoke(cancel_then_return, {}, "racing_tool")
     assert scope.cancelled_caught
     assert "'racing_tool'" in (await discards.one_line()).getMessage()
+
+
+@pytest.mark.parametrize("racing", [False, True], ids=["late", "as-it-stops-waiting"])
+async def test_a_coroutine_an_abandoned_sync_call_returns_is_closed(
+    discards: Discards, racing: bool
+) -> None:
+    """A sync tool handing back a coroutine (a sync decorator around an async function)
+    that the caller no longer waits for: nobody awaits it, so it is closed, never left to
+    the collector's "coroutine ... was never awaited" (a failure under ``-W error``)."""
+    release = threading.Event()
+    made: list[Coroutine[Any, Any, str]] = []
+
+    async def lookup() -> str:
+        return "shipped"
+
+    def blocking() -> Coroutine[Any, Any, str]:
+        if racing:
+            anyio.from_thread.run_sync(scope.cancel)
+        else:
+            release.wait(10)
+        made.append(lookup())
+        return made[0]
+
+    with anyio.CancelScope() as scope:
+        scope.deadline = anyio.current_time() + 0.1
+        await invoke(blocking, {}, "decorated_tool")
+    assert scope.cancelled_caught
+    release.set()
+    await discards.one_line()
+    assert inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED
 
 
 # --- what a tool raised or returned, as the model is told it ----------------------------

@@ -52,8 +52,8 @@ def confirm(session: str) -> None:
             f"not deleted: standard input is not a terminal to ask on; pass --yes to "
             f"delete {session}"
         )
-    click.echo(f"Delete {session}? [y/N]: ", nl=False, err=True)
-    try:
+    try:  # a Ctrl-C as the question is being written ends its line too
+        click.echo(f"Delete {session}? [y/N]: ", nl=False, err=True)
         answer = sys.stdin.readline()
     except KeyboardInterrupt:
         click.echo(err=True)  # "Interrupted" on a line of its own

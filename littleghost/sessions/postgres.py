@@ -23,6 +23,7 @@ import select
 import socket
 import threading
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from datetime import datetime, timezone
@@ -344,6 +345,8 @@ class _Pool:
         self._slots = threading.BoundedSemaphore(size)
         self._guard = threading.Lock()
         self._idle: list[psycopg.Connection[Any]] = []
+        # kept connections of a store never closed are closed as it is collected, or at exit
+        weakref.finalize(self, _close_all, self._idle)
         _POOLS.add(self)
 
     def _forget_in_child(self) -> None:
@@ -403,9 +406,16 @@ class _Pool:
 
     def close(self) -> None:
         with self._guard:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
+            idle = self._idle.copy()
+            self._idle.clear()
+        _close_all(idle)
+
+
+def _close_all(idle: list[psycopg.Connection[Any]]) -> None:
+    """Close a pool's kept connections (psycopg reports one left to the garbage collector
+    as a ``ResourceWarning``)."""
+    while idle:
+        idle.pop().close()
 
 
 _POOLS = reset_in_child(_Pool._forget_in_child)

@@ -256,6 +256,9 @@ class SQLiteSessionStore:
         self._read_only = read_only
         self._guard = threading.Lock()
         self._connection: sqlite3.Connection | None = None
+        self._closing: weakref.finalize[[], SQLiteSessionStore] | None = None
+        """Closes ``_connection``: called by ``_let_go``, or when the store is collected
+        or the interpreter exits (Python 3.13 reports a connection left unclosed)."""
         self._opened: tuple[int, int] | None = None
         """The device and inode of the file the connection opened (``None``: private)."""
         self._closed = False
@@ -611,24 +614,25 @@ class SQLiteSessionStore:
             and self._opened is not None
             and file_at(self._file) != self._opened
         ):
-            self._connection = None
-            connection.close()  # SQLite leaves the -wal at the path alone: its file moved
+            self._let_go()  # SQLite leaves the -wal at the path alone: its file moved
             return None
         return connection
 
     def _close_for_fork(self) -> None:
         """Take the store's turn (``_after_fork`` gives it back) and close its connection."""
         self._guard.acquire()
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
+        self._let_go()
 
     def _close(self) -> None:
         with self._guard:
-            connection, self._connection = self._connection, None
             self._closed = _private(self._path)
-            if connection is not None:
-                connection.close()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Close the connection, if one is open."""
+        closing, self._closing, self._connection = self._closing, None, None
+        if closing is not None:
+            closing()
 
     def _open(self) -> sqlite3.Connection:
         target, uri = self._file, False
@@ -652,6 +656,7 @@ class SQLiteSessionStore:
             connection.close()
             raise
         self._connection = connection
+        self._closing = weakref.finalize(self, connection.close)
         self._opened = None if _private(self._path) else file_at(self._file)
         return connection
 
