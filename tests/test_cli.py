@@ -896,6 +896,25 @@ class TestDelete:
         assert result.stderr == ""
         assert load(store_url, "other") == ()
 
+    def test_a_session_whose_log_cannot_be_read_is_deleted_all_the_same(
+        self, store_url: str
+    ) -> None:
+        """An erasure request for a damaged session: the command cannot count its
+        messages, and says so, but deletes it; another session stays."""
+        in_store(store_url, lambda store: store.append("broken", [Message.user("card 4111")]))
+        execute(
+            store_url,
+            "UPDATE littleghost_messages SET body = '{}' WHERE session_id = 'broken'",
+        )
+        assert "cannot be read" in fails(1, "sessions", "show", "broken", "--store", store_url)
+        other = load(store_url, "other")
+        line = fails(1, "sessions", "delete", "broken", "--store", store_url)
+        assert "delete session 'broken' (its stored log cannot be read)" in line
+        result = ok("sessions", "delete", "broken", "--store", store_url, "--yes", "--json")
+        assert json.loads(result.stdout)["messages"] is None
+        assert load(store_url, "broken") == ()
+        assert load(store_url, "other") == other
+
     def test_off_a_terminal_without_yes_nothing_is_deleted(self, store_url: str) -> None:
         before = contents(store_url)
         line = fails(1, "sessions", "delete", "other", "--store", store_url)

@@ -345,7 +345,7 @@ def delete(session_id: str, address: StoreAddress, confirmed: bool, as_json: boo
     empties its write-ahead log; PostgreSQL keeps deleted rows until VACUUM. Prints the
     messages and records deleted, never their content.
     """
-    session = described(session_id, _run(address.log, session_id))
+    session = _run(described, address, session_id)
     if not confirmed:
         confirm(session)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import click
@@ -14,7 +14,7 @@ import click
 from littleghost.cli.output import Output, clock, moment, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.context.records import is_record
-from littleghost.errors import UnknownSessionError
+from littleghost.errors import CorruptSessionStoreError, UnknownSessionError
 from littleghost.sessions import StoredMessage
 from littleghost.sessions.locks import hold_session
 
@@ -30,13 +30,35 @@ def _counted(messages: int, records: int) -> str:
     return f"{counted}, {records} compaction record{'' if records == 1 else 's'} among them"
 
 
-def described(session_id: str, log: Sequence[StoredMessage]) -> str:
-    """``session 'ID' (N messages, R compaction records among them, last activity ...)``:
-    no message content."""
+async def described(address: StoreAddress, session_id: str) -> str:
+    """``session 'ID' (N messages, R compaction records among them, last activity ...)``,
+    or that its stored log cannot be read (a damaged session is deleted all the same):
+    no message content.
+
+    Raises:
+        UnknownSessionError: The store has no such session.
+    """
+    name = f"session {shown(repr(session_id))}"
+    log = await _readable(address.log(session_id), session_id)
+    if log is None:
+        return f"{name} (its stored log cannot be read)"
     last = clock(moment(log[-1].stored_at))
     activity = "unknown" if last == "-" else f"{last} UTC"
     counts = _counted(len(log), sum(is_record(entry.message) for entry in log))
-    return f"session {shown(repr(session_id))} ({counts}, last activity {activity})"
+    return f"{name} ({counts}, last activity {activity})"
+
+
+async def _readable(
+    reading: Awaitable[Sequence[StoredMessage]], session_id: str
+) -> Sequence[StoredMessage] | None:
+    """The session's log, or ``None`` when the store says that log is damaged (its
+    ``CorruptSessionStoreError`` names the session; a damaged store fails)."""
+    try:
+        return await reading
+    except CorruptSessionStoreError as error:
+        if error.session_id != session_id:
+            raise
+        return None
 
 
 def confirm(session: str) -> None:
@@ -67,7 +89,8 @@ async def delete_document(
 ) -> dict[str, Any]:
     """Delete the session, holding it as a run does (a run under way ends first;
     ``waiting()`` is called once the wait passes ``WAIT_NOTICE``). The document says how
-    many messages and compaction records were deleted and, for SQLite, whether the
+    many messages and compaction records were deleted (``None`` for a log that could not
+    be read: a damaged session is deleted all the same) and, for SQLite, whether the
     write-ahead log was emptied by the delete's checkpoint (``None`` for PostgreSQL).
 
     Raises:
@@ -79,8 +102,9 @@ async def delete_document(
         try:
             async with hold_session(store, session_id):
                 notice.cancel()
-                log = await store.load_stored(session_id)  # now that it is held
-                if not log:
+                # now that it is held
+                log = await _readable(store.load_stored(session_id), session_id)
+                if log is not None and not log:
                     raise UnknownSessionError(
                         f"no session {session_id!r} in {address}", session_id=session_id
                     )
@@ -90,8 +114,8 @@ async def delete_document(
             notice.cancel()
     return {
         "session": session_id,
-        "messages": len(log),
-        "records": sum(is_record(entry.message) for entry in log),
+        "messages": None if log is None else len(log),
+        "records": None if log is None else sum(is_record(entry.message) for entry in log),
         "store": address.kind,
         "wal_emptied": wal_emptied,
     }
@@ -110,7 +134,10 @@ def _wal_emptied(address: StoreAddress) -> bool | None:
 
 def print_deletion(output: Output, document: dict[str, Any]) -> None:
     """What was deleted, and where its text may still be; no message content."""
-    counts = _counted(document["messages"], document["records"])
+    if document["messages"] is None:
+        counts = "its stored log could not be read, so its messages were not counted"
+    else:
+        counts = _counted(document["messages"], document["records"])
     output.line(f"deleted session {shown(document['session'])}: {counts}")
     if document["store"] == "postgres":
         output.line(
