@@ -440,6 +440,8 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
         if response.stop_reason is StopReason.MAX_TOKENS:  # a tool call in it may be cut too
+            text = "Not run: the answer asking for it stopped at its output limit (max_tokens)."
+            await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
             raise OutputLimitError(
                 "the model stopped at its output limit before completing its answer",
                 response=response,

@@ -463,7 +463,8 @@ class TestView:
         self, tmp_path: Path
     ) -> None:
         """A summary that left the request at 950 tokens, 50 under the threshold: the next
-        waits for 200 more (a fifth of the threshold), and the text counts down to that."""
+        waits for 200 more (a fifth of the threshold), and the text counts down to that,
+        the tokens to go after the figure they lead to (not after the threshold's)."""
         url = f"sqlite:///{tmp_path / 's.db'}"
         earlier = [Message.user("Where is order 9?"), Message.assistant("On its way.")]
         summary = summary_message("- order 9 is on its way", [m.id for m in earlier])
@@ -475,9 +476,11 @@ class TestView:
             "sessions", "view", "customer-42", "--store", url, "--agent", "tests.cli_agents:Support"
         ).stdout
         to_go = 1150 - document["estimated_tokens"]
-        assert f"= 1000 tokens: {to_go} tokens to go, the next message not counted " in text
-        assert "(the last compaction left" in text
-        assert "no summary until the estimate reaches 1150 tokens" in text
+        assert (
+            "= 1000 tokens: the last compaction left the request near it: no summary until "
+            f"the estimate reaches 1150 tokens, {to_go} tokens to go, the next message not "
+            "counted (--message counts it)"
+        ) in text
 
     def test_the_threshold_line_says_whether_the_next_message_is_counted(
         self, tmp_path: Path

@@ -223,7 +223,8 @@ async def test_final_answer_cut_at_max_tokens_raises_output_limit() -> None:
 async def test_tool_calls_cut_at_max_tokens_never_run(arguments: Any) -> None:
     """A response cut at max_tokens may carry a call cut short (arguments half written, or
     none: Anthropic gives ``{}``): it raises OutputLimitError, no call runs, and each is
-    answered with an error result, so the log stays whole (they ran, on what was cut)."""
+    answered with an error result saying it was not run, and why (not that a run stopped
+    it: the model, reading the session again, would take it for begun)."""
     ran: list[int] = []
 
     class Counting(Counter):
@@ -241,6 +242,7 @@ async def test_tool_calls_cut_at_max_tokens_never_run(arguments: Any) -> None:
     assert caught.value.response.message.tool_calls[0].id == "c1" and ran == []
     *_, answered = await store.load("s")
     assert [(r.call_id, r.is_error) for r in answered.tool_results] == [("c1", True)]
+    assert answered.tool_results[0].content.startswith("Not run: the answer asking for it")
 
 
 @pytest.mark.parametrize("output_type", [None, int])

@@ -234,8 +234,8 @@ def _threshold_line(output: Output, document: dict[str, Any]) -> str:
             start + f"reached, but the last compaction left the request near or over it: {waiting}"
         )
     return start + (
-        f"{waits - estimated} tokens to go{unsaid} (the last compaction left the request "
-        f"near it: {waiting})"
+        f"the last compaction left the request near it: {waiting}, "
+        f"{waits - estimated} tokens to go{unsaid}"
     )
 
 
