@@ -554,6 +554,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = context._turn_retries = 0
     while True:
+        _check_answered(context)
         try:
             return await context._call(request, turn=True)
         except (CleanupError, DeadlineExceededError):
@@ -574,6 +575,19 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             await context._retried(error)
             given = _unhooked(given, request, replacement, context)
             request = await run_chain(before, given, expected=ModelRequest, context=context)
+
+
+def _check_answered(context: RunContext) -> None:
+    """``ConfigurationError`` if a call appended to the log (by a hook or tool) still has
+    no result: the model call would go out with it unanswered, which providers refuse."""
+    calls = [call for message in context._ledger.open for call in message.tool_calls]
+    if calls:
+        named = ", ".join(f"{call.id!r} (tool {call.name!r})" for call in calls)
+        raise ConfigurationError(
+            f"the log holds tool calls without a result before the model call: {named}; a "
+            "call appended with context.append() needs its result appended before the next "
+            "model call"
+        )
 
 
 def _unhooked(

@@ -299,6 +299,31 @@ async def test_a_call_may_be_answered_by_a_later_append(maybe_store: SessionStor
     assert texts(log) == ["hi", "found", "found too", "ok"]
 
 
+async def test_a_call_left_without_a_result_fails_before_the_model_call(
+    maybe_store: SessionStore | None,
+) -> None:
+    """A call a tool appends with no result would go out unanswered, which providers
+    refuse (a 400 at the next call): a ``ConfigurationError`` naming it comes before the
+    call instead; the call is answered in the log as the run fails, and kept whole."""
+
+    class Planting(Agent):
+        @tool
+        async def plan(self, context: RunContext) -> str:
+            """Plan."""
+            await context.append(Message.assistant(tool_calls=[ToolCall("x", "lookup", {})]))
+            return "planned"
+
+    model = ScriptedModel([tool_call_response("plan", {}, call_id="p"), text_response("never")])
+    agent = Planting(model=model, **({} if maybe_store is None else {"session_store": maybe_store}))
+    with pytest.raises(
+        ConfigurationError, match=r"without a result before the model call: 'x' \(tool 'lookup'\)"
+    ):
+        await agent.run("hi", session_id=None if maybe_store is None else "s")
+    assert len(model.requests) == 1
+    if maybe_store is not None:
+        assert_whole(await maybe_store.load("s"))
+
+
 async def test_has_message_tells_the_log_s_ids() -> None:
     seen: list[bool] = []
 
