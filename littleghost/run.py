@@ -404,7 +404,7 @@ class RunContext:
                     return counted
                 telemetry.mark_failed(span, ProtocolError.__name__)
                 logger.warning(
-                    "count_prompt_tokens of model %r returned a %s, not an int > 0",
+                    "count_prompt_tokens of model %r returned a value of type %s, not an int > 0",
                     model.name,
                     type(counted).__name__,
                 )

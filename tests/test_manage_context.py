@@ -1602,7 +1602,7 @@ class TestOverflow:
             assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
         warned = [r.getMessage() for r in caplog.records if "count_prompt_tokens" in r.getMessage()]
         assert warned == [
-            f"count_prompt_tokens of model 'scripted' returned a {type(figure).__name__}, "
+            f"count_prompt_tokens of model 'scripted' returned a value of type {type(figure).__name__}, "
             "not an int > 0"
         ] * len(counts)
 
