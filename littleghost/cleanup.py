@@ -24,6 +24,7 @@ on. ``KeyboardInterrupt`` and ``SystemExit`` go through as themselves.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -63,10 +64,12 @@ class Grace:
     uncertain: bool = False
     """True once a store write failed or was cut off: the store may hold what the log
     does not, so the run writes nothing more (the next run repairs from the store)."""
-    parent: Grace | None = field(factory=_CURRENT.get)
+    parent: Grace | None = field(factory=lambda: _of_this_thread(_CURRENT.get()))
     """The grace of the run this run was started in (from a tool), if any."""
     _stop_by: float | None = None
-    _host_stops: list[float] | None = field(factory=_HOSTED.get)
+    _host_stops: list[float] | None = field(
+        factory=lambda: _HOSTED.get() if _of_this_thread(_HOST.get()) else None
+    )
     """Where this run, started from a tool and stopped by a ``cancel()``, leaves its stop
     time for the run of that tool (``hosting``)."""
     _nested_stop_by: float = math.inf
@@ -74,6 +77,8 @@ class Grace:
     from outside this run stopped."""
     run_deadline: float | None = field(default=None, kw_only=True)
     """The run's own deadline (``timeout``/``deadline``), if any."""
+    _thread: int = field(factory=threading.get_ident, init=False, repr=False)
+    """The thread of the run's event loop."""
 
     def deadlines(self) -> list[float]:
         """The own deadlines of this run and of the runs it was started in: any of them
@@ -285,10 +290,18 @@ def shared_stop() -> float:
     a tool say, while a cancellation goes on: the time that run would stop by if it began
     to stop now (``Grace.bound``), left for the run too, as a nested run's stop
     (``hosting``), so graces never add up. ``math.inf`` outside runs or cancellations."""
-    grace = _CURRENT.get()
+    grace = _of_this_thread(_CURRENT.get())
     if grace is None or not cancelled_here():
         return math.inf
     return grace._left_for_host()
+
+
+def _of_this_thread(grace: Grace | None) -> Grace | None:
+    """``grace`` unless its run is of another thread's event loop: a run a sync tool
+    starts in an event loop of its own (``run_sync`` in the tool's worker thread) finds
+    the tool's run in the context it was given, but that run's times are on another
+    clock (trio's is offset at random) and it cannot stop the new run."""
+    return grace if grace is not None and grace._thread == threading.get_ident() else None
 
 
 def cancelled_here() -> bool:

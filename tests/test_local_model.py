@@ -604,6 +604,46 @@ async def test_a_model_dropped_without_closing_stops_its_server(
             await anyio.sleep(0.01)
 
 
+FORKED = """
+import os, sys
+import anyio
+from littleghost.models.local import LocalModel
+
+model = LocalModel(sys.argv[1])
+anyio.run(model.prepare)
+parent = model.pid
+child = os.fork()
+if child == 0:  # a gunicorn worker forked after the app warmed the model up
+    anyio.run(model.prepare)
+    print("child", model.pid != parent, model.pid, flush=True)
+    sys.exit(0)  # as a gunicorn worker ends: atexit handlers run
+os.waitpid(child, 0)
+print("parent", model.pid == parent, flush=True)
+anyio.run(model.aclose)
+"""
+
+
+def test_a_forked_process_neither_uses_nor_stops_its_parents_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child cannot tell whether its parent's server runs (it is not the child's to
+    wait for): it took it for stopped, killed it and started another, and killed it
+    again as it exited. It starts its own, stopped as it exits."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run(
+        [sys.executable, str(script), str(model.path)], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    child, parent = done.stdout.splitlines()
+    assert parent == "parent True"
+    assert child.startswith("child True ")
+    assert _command(int(child.split()[-1])) == b""
+
+
 def _command(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -182,6 +184,45 @@ def test_threads_wait_for_one_models_listing_and_read_its_window() -> None:
         assert (slow.paths.count("/v1/models"), model.context_window) == (1, 4096)
     finally:
         slow.close()
+
+
+FORKED_DURING_A_READ = """
+import os, sys, threading, time
+import anyio
+from littleghost.models.openai import OpenAIModel
+
+model = OpenAIModel("m", base_url=sys.argv[1], api_key="sk-test")
+threading.Thread(target=anyio.run, args=(model.prepare,)).start()
+time.sleep(0.2)  # that thread waits for GET /v1/models
+
+
+async def prepare_within(seconds):
+    with anyio.move_on_after(seconds):
+        await model.prepare()
+
+
+if os.fork() == 0:
+    anyio.run(prepare_within, 3)
+    print(model.context_window, flush=True)
+    os._exit(0)
+os.wait()
+"""
+
+
+def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too() -> None:
+    """A child waited, for good, for the end of a read no thread of its own was making."""
+    slow = KeepAliveServer(models_delay=0.5)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FORKED_DURING_A_READ, f"{slow.url}/v1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        slow.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "4096"
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -248,6 +248,33 @@ async def test_a_retry_wait_past_the_deadline_of_a_run_two_levels_up() -> None:
     assert caught.value.__cause__ is error
 
 
+class InOwnLoop(Agent):
+    sub_model: ScriptedModel
+
+    @tool
+    def ask(self) -> str:
+        """Ask a sub-agent in an event loop of its own (trio's clock is offset at random)."""
+        sub = Slow(model=self.sub_model)
+
+        async def ask() -> str:
+            return (await sub.run("?")).output
+
+        return anyio.run(ask, backend="trio")
+
+
+async def test_a_run_a_sync_tool_starts_in_a_loop_of_its_own_keeps_its_own_clock() -> None:
+    """It found the tool's run in the context its thread was given and took that run's
+    deadline, on the other loop's clock, for its own: long past, it refused to retry,
+    and the tool's run ended at once with a deadline error 30 s early."""
+    agent = InOwnLoop(model=ScriptedModel([tool_call_response("ask", {}), text_response("ok")]))
+    agent.sub_model = ScriptedModel(
+        [RateLimitError("slow down", status=429, retry_after=0.01), text_response("found")]
+    )
+    result = await agent.run("hi", timeout=30)
+    assert result.output == "ok"
+    assert [r.content for m in result.messages for r in m.tool_results] == ["found"]
+
+
 async def test_a_retry_wait_a_hooks_own_scope_cuts_first_ends_only_that_scope() -> None:
     """A hook that bounds its side call with a scope of its own goes on when the scope
     ends the retry's wait, also when the wait would pass the run's deadline."""

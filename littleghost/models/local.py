@@ -47,6 +47,7 @@ from littleghost.models._sdk import import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
+from littleghost.sessions.forks import reset_in_child
 
 __all__ = [
     "CPUINFO",
@@ -117,6 +118,18 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 atexit.register(_stop_all)
+
+
+def _forget_servers_in_child() -> None:
+    """In a process ``fork()`` made: the parent's servers are not this process's to stop
+    (at its exit either), and a thread of the parent may have held the lock."""
+    global _running_lock
+    _running_lock = threading.Lock()
+    _running.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_forget_servers_in_child)
 
 
 def default_model_path() -> Path:
@@ -485,6 +498,17 @@ class LocalModel:
         """Guards ``_server`` and ``_starting`` (callers may run in several threads)."""
         self._server: _Server | None = None
         self._starting: _Start | None = None
+        _MODELS.add(self)
+
+    def _forget_in_child(self) -> None:
+        """In a process ``fork()`` made: the parent's server, or its start, is not this
+        process's to use or stop (it cannot even tell whether it runs); a server of its own
+        starts when one is needed."""
+        if self._server is not None:
+            self._server.dropped.detach()
+        self._lock = threading.Lock()
+        self._server = None
+        self._starting = None
 
     @property
     def name(self) -> str:
@@ -761,6 +785,9 @@ class LocalModel:
         finally:
             await _stop(server.process)
             server.dropped.detach()
+
+
+_MODELS = reset_in_child(LocalModel._forget_in_child)
 
 
 def from_model_string(path: str | None) -> LocalModel:

@@ -68,6 +68,7 @@ from littleghost.models.streaming import (
     ToolCallChunk,
 )
 from littleghost.models.windows import known_context_window
+from littleghost.sessions.forks import reset_in_child
 from littleghost.settings import RESERVED_SETTINGS
 
 __all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
@@ -455,6 +456,7 @@ class OpenAIModel:
         self._probed = self._official or self._context_window is not None
         self._probing: Signal | None = None
         self._probing_lock = threading.Lock()
+        _MODELS.add(self)
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         owner = f"{self.provider}: the server of {model!r}"
@@ -469,6 +471,12 @@ class OpenAIModel:
         )
         """The ways the server may count prompt tokens, each with whether it is still asked."""
         self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
+
+    def _forget_in_child(self) -> None:
+        """In a process ``fork()`` made: a window another thread of the parent was
+        reading is not read here (its waiters would wait for good); the child reads it."""
+        self._probing_lock = threading.Lock()
+        self._probing = None
 
     @staticmethod
     def _new_client(sdk: Any, base_url: str | None, api_key: str) -> Any:
@@ -867,6 +875,9 @@ class OpenAIModel:
         if event == "error" or chunk.get("error"):
             raise classify_error(provider=self.provider, body=chunk)
         return chunk
+
+
+_MODELS = reset_in_child(OpenAIModel._forget_in_child)
 
 
 def from_model_string(model: str | None) -> OpenAIModel:
