@@ -278,8 +278,9 @@ def record_call(
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
     not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
     ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
-    output tokens of its ``response`` (or the ``usage`` a failed call was billed; a
-    count of 0 is one the model did not report: the conventions record none then), and for
+    output tokens of its ``response`` (or the ``usage`` a failed call was billed, without
+    its ``error.type``, which the conventions do not give the token metric; a count of 0
+    is one the model did not report: the conventions record none then), and for
     a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came.
     ``attributes`` are its span's; the metrics keep the conventions' few."""
     kind = None if error is None else error_type(error)
@@ -297,6 +298,7 @@ def record_call(
         _FIRST_CHUNK.record(first_chunk - started, kept)
     used = usage if response is None else response.usage
     if used is not None:
+        kept.pop(ERROR_TYPE, None)  # not an attribute of the token metric in the conventions
         counts = {"input": used.input_tokens, "output": used.output_tokens}
         for token_type, count in counts.items():
             if count:

@@ -906,6 +906,46 @@ class TestDeadlines:
         assert await texts(store) == ["before"]
         await store.aclose()
 
+    async def test_a_call_waiting_for_a_thread_is_not_given_up_as_unanswered(
+        self, conninfo: str
+    ) -> None:
+        """The patience for a server that stops answering counts from when a call has its
+        worker thread: calls queued behind the store's ``max_connections`` busy ones, on
+        a server that answers each within ``statement_timeout``, all land."""
+        store = PostgresSessionStore(
+            conninfo, max_connections=1, connect_timeout=0.5, statement_timeout=3.0
+        )  # patience: 7 s
+        await store.load("a")  # the tables are made
+        ids = ["a", "b", "c", "d"]
+        held = [threading.Event() for _ in ids]
+        let_go = [threading.Event() for _ in ids]
+
+        def hold(index: int) -> None:
+            with holding(conninfo, WRITE_LOCK.format(session_id=ids[index])):
+                held[index].set()
+                let_go[index].wait(30)
+
+        threads = [threading.Thread(target=hold, args=(i,)) for i in range(len(ids))]
+        for thread in threads:
+            thread.start()
+        for event in held:
+            event.wait(10)
+        try:
+            async with anyio.create_task_group() as group:
+                for session_id in ids:  # each waits 2 s for its write, in turn
+                    group.start_soon(store.append, session_id, [Message.user("hi")])
+                    await anyio.sleep(0.05)
+                for event in let_go:
+                    await anyio.sleep(2)
+                    event.set()
+        finally:
+            for event in let_go:
+                event.set()
+            for thread in threads:
+                thread.join()
+        assert [len(await store.load(session_id)) for session_id in ids] == [1, 1, 1, 1]
+        await store.aclose()
+
     async def test_a_cancelled_caller_without_a_deadline_stops_waiting_at_once(
         self, proxy: Proxy
     ) -> None:

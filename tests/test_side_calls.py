@@ -312,6 +312,9 @@ async def test_a_billed_answer_that_overflowed_is_counted_once_everywhere(
     for point in tokens:
         counted[str(point.attributes["gen_ai.token.type"])] += int(point.sum)
     assert counted == {"input": 8_690, "output": 15}
+    # one series per token type: the conventions give the token metric no error.type
+    assert len(tokens) == 2
+    assert all("error.type" not in (point.attributes or {}) for point in tokens)
 
 
 async def test_a_billed_summary_call_that_overflowed_is_its_compactions_usage() -> None:

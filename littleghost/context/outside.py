@@ -39,7 +39,8 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (the summary call has no span and no deadline).
+    whatever its threshold (the summary call is a ``chat`` span, in the metrics, with no
+    deadline).
 
     Raises:
         ConfigurationError: ``share`` is not in (0, 1), no ``@manage_context``, or

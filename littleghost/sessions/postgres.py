@@ -828,12 +828,14 @@ class PostgresSessionStore:
 
     async def _call(self, work: Callable[[psycopg.Connection[Any], _Operation], T]) -> T:
         """``work`` on a pooled connection, given up as at a deadline past the
-        ``_patience()`` of a server that answers."""
+        ``_patience()`` of a server that answers, counted once the call has its thread
+        (a wait behind the store's busy threads is no silence of the server's)."""
         patience = self._patience()
-        with anyio.move_on_after(patience):
-            return await self._dispatch(
-                lambda operation: self._run(operation, work), limiter=self._threads()
-            )
+        async with self._threads():
+            with anyio.move_on_after(patience):
+                return await self._dispatch(
+                    lambda operation: self._run(operation, work), limiter=anyio.CapacityLimiter(1)
+                )
         raise SessionStoreError(
             f"{self._where} did not answer within {patience:g} s (twice connect_timeout and "
             "statement_timeout); the call was given up and its connection closed (a write "
