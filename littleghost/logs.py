@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["logger", "naming"]
+__all__ = ["current", "logger", "naming"]
 
 _NAMES: ContextVar[Mapping[str, str] | None] = ContextVar("littleghost_log_names", default=None)
 
@@ -22,8 +22,13 @@ class _Names(logging.Filter):
     """A record's ``littleghost`` attribute, with the names of the run going on."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.littleghost = {**(_NAMES.get() or {}), **getattr(record, "littleghost", {})}
+        record.littleghost = {**current(), **getattr(record, "littleghost", {})}
         return True
+
+
+def current() -> Mapping[str, str]:
+    """The names of the run going on (none outside runs)."""
+    return _NAMES.get() or {}
 
 
 def logger(name: str) -> logging.Logger:

@@ -283,7 +283,8 @@ async def test_a_summary_call_outside_runs_is_traced_and_metered(
 ) -> None:
     """A compaction's summary call outside a run (``compact_session``, ``compact_log``,
     ``apply_compaction``) is a ``chat`` span with its usage and in the token metric, as
-    in a run; its content is captured only for an agent that opts in."""
+    in a run, naming the session or agent compacted; its content is captured only for an
+    agent that opts in."""
     model = ScriptedModel([text_response("- noted", input_tokens=900, output_tokens=90)])
     await compact(model)
     (span,) = spans.named("chat ")
@@ -294,6 +295,10 @@ async def test_a_summary_call_outside_runs_is_traced_and_metered(
         90,
     )
     assert ("gen_ai.input.messages" in attributes) == (compact is _compact_log)
+    names = {"gen_ai.agent.name": "Summarizing"} if compact is _compact_log else {}
+    if compact is _compact_session:
+        names = {"gen_ai.conversation.id": "s"}
+    assert {key: attributes.get(key) for key in names} == names
     tokens = histograms.read()["gen_ai.client.token.usage"]
     assert sorted(int(point.sum) for point in tokens) == [90, 900]
     assert [point.count for point in tokens] == [1, 1]

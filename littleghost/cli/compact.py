@@ -8,6 +8,7 @@ from typing import Any
 
 from attrs import asdict
 
+from littleghost import logs, telemetry
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import describe_record, positions
@@ -85,46 +86,48 @@ async def compact_document(
             check_smaller(log, records, config.tokenizer)
         advance(1, "done")
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run)
-    async with agent:
-        model = agent.resolve_model()
-        # started here only to learn its window; else by the first summary call, if any
-        if window is None and config.context_window_override is None:
-            advance(1, "starting the model")
-            await prepare(model)
-        else:
-            advance(1, "")
-        used = window_of(agent, window, model)
-        advance(1, "waiting for the session")  # a run may hold it
-        async with address.open(read_only=False) as store, hold_session(store, session_id):
-            advance(0, "summarizing")
-            log = distinct_ids(await store.load(session_id), where)  # now that it is held
-            if not log:
-                raise UnknownSessionError(
-                    f"no session {session_id!r} in {address}", session_id=session_id
+    names = {telemetry.AGENT_NAME: agent.name, **telemetry.conversation_attributes(session_id)}
+    with logs.naming(names):  # of its summary call's span and log lines
+        async with agent:
+            model = agent.resolve_model()
+            # started here only to learn its window; else by the first summary call, if any
+            if window is None and config.context_window_override is None:
+                advance(1, "starting the model")
+                await prepare(model)
+            else:
+                advance(1, "")
+            used = window_of(agent, window, model)
+            advance(1, "waiting for the session")  # a run may hold it
+            async with address.open(read_only=False) as store, hold_session(store, session_id):
+                advance(0, "summarizing")
+                log = distinct_ids(await store.load(session_id), where)  # now that it is held
+                if not log:
+                    raise UnknownSessionError(
+                        f"no session {session_id!r} in {address}", session_id=session_id
+                    )
+                records = await managed_records(
+                    log,
+                    config,
+                    window=used.tokens,
+                    complete=prepared(
+                        model, max_retries=agent.max_retries, capture_content=agent.capture_content
+                    ),
+                    settings=agent.run_settings(),
+                    max_tool_result_tokens=agent.max_tool_result_tokens,
+                    model=model,
                 )
-            records = await managed_records(
-                log,
-                config,
-                window=used.tokens,
-                complete=prepared(
-                    model, max_retries=agent.max_retries, capture_content=agent.capture_content
-                ),
-                settings=agent.run_settings(),
-                max_tool_result_tokens=agent.max_tool_result_tokens,
-                model=model,
-            )
-            if records:
-                check_smaller(log, records, config.tokenizer)
-            try:
-                await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
-            except CleanupError as failure:  # the summary is paid for: stored all the same
-                if not records:
-                    raise
+                if records:
+                    check_smaller(log, records, config.tokenizer)
+                try:
+                    await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
+                except CleanupError as failure:  # the summary is paid for: stored all the same
+                    if not records:
+                        raise
+                    await store.append(session_id, records)
+                    raise CleanupError(f"the compaction was appended, but {failure}") from failure
+                advance(1, "appending")
                 await store.append(session_id, records)
-                raise CleanupError(f"the compaction was appended, but {failure}") from failure
-            advance(1, "appending")
-            await store.append(session_id, records)
-        advance(1, "done")
+            advance(1, "done")
     return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=False)
 
 

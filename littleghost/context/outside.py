@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
+from littleghost import logs, telemetry
 from littleghost._validators import is_number, wrong_value
 from littleghost.context.budget import BudgetReport, fit_sized
 from littleghost.context.calibration import Calibration, request_size, scale_for
@@ -54,22 +55,23 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
-    model = agent.resolve_model()
-    async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
-        if config.summarize and config.context_window_override is None:
-            await prepare(model)  # a local model learns its window there; else at its call
-        return await managed_records(
-            log,
-            config,
-            window=context_window(model, config),
-            complete=prepared(
-                model, max_retries=agent.max_retries, capture_content=agent.capture_content
-            ),
-            settings=agent.run_settings(),
-            share=share,
-            max_tool_result_tokens=agent.max_tool_result_tokens,
-            model=model,
-        )
+    with logs.naming({telemetry.AGENT_NAME: agent.name}):  # its summary call's span
+        model = agent.resolve_model()
+        async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
+            if config.summarize and config.context_window_override is None:
+                await prepare(model)  # a local model learns its window there; else at its call
+            return await managed_records(
+                log,
+                config,
+                window=context_window(model, config),
+                complete=prepared(
+                    model, max_retries=agent.max_retries, capture_content=agent.capture_content
+                ),
+                settings=agent.run_settings(),
+                share=share,
+                max_tool_result_tokens=agent.max_tool_result_tokens,
+                model=model,
+            )
 
 
 async def managed_records(

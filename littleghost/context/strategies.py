@@ -19,6 +19,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import field, frozen
 
+from littleghost import logs
 from littleghost._validators import check, count, has_method, optional, wrong_value
 from littleghost.chat_span import traced_call
 from littleghost.context.groups import (
@@ -745,7 +746,7 @@ def prepared(
             model,
             request,
             partial(model.respond, request),
-            attributes={},
+            attributes=logs.current(),  # the agent and session compacted, if named
             capture_content=capture_content,
         )
         return await call_with_retries(attempt, max_retries=max_retries)
