@@ -367,6 +367,29 @@ async def test_a_partial_in_a_class_body_is_instructions_called_as_it_is() -> No
     assert [str(warning.message) for warning in caught] == []
 
 
+async def test_a_partial_hook_in_a_class_body_is_called_as_it_is() -> None:
+    """A ``functools.partial`` declared as a hook gets what the hook gets, without the
+    agent, as on Python 3.10 to 3.12: never a FutureWarning (3.13), nor the agent as a
+    first argument (later versions bind it); one that cannot take it fails at once."""
+    seen: list[tuple[str, int]] = []
+
+    def tag(label: str, request: ModelRequest) -> None:
+        seen.append((label, len(request.messages)))
+
+    class Tagged(Agent):
+        tagged = before_model(functools.partial(tag, "a"))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await first_request(Tagged)
+    assert seen == [("a", 1)]
+    assert [str(warning.message) for warning in caught] == []
+    with pytest.raises(ConfigurationError, match="must accept"):
+
+        class Untaggable(Agent):
+            tagged = before_model(functools.partial(tag, "a", "b"))
+
+
 async def test_instructions_returning_a_non_str_fail_clearly() -> None:
     """Instructions that return something other than a str raise ConfigurationError."""
 
