@@ -249,7 +249,7 @@ async def run(
                 try:
                     return await _run_in(span, agent, plan, model, sink, seen, held)
                 except LittleGhostError as error:
-                    if runs:  # a nested run's error is the usage of the run it ends now
+                    if runs:  # one a nested run raised ends this run too: this run's usage
                         error.run_usage = runs[0].usage
                     raise
 
