@@ -44,6 +44,10 @@ from .threads import default_threads_taken
 
 pytestmark = pytest.mark.anyio
 
+PAD = "words " * 200
+"""Makes a message long enough that a log of tens of them is decoded in a worker thread
+(the in-memory store decodes a short log on the event loop)."""
+
 
 @pytest.fixture(params=KINDS)
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BuiltinStore]:
@@ -491,7 +495,7 @@ class TestRoundTrip:
         monkeypatch.setattr(memory if kind == "memory" else base, "message_from_json", recording)
         async with open_store(kind, tmp_path, request) as opened:
             assert not isinstance(opened, PlainStore)
-            await opened.append("long", [Message.user(f"question {i}") for i in range(50)])
+            await opened.append("long", [Message.user(f"question {i} {PAD}") for i in range(50)])
             assert len(await opened.load("long")) == 50
             assert len(await opened.load_stored("long")) == 50
         assert len(decoded_in) == 100
@@ -505,7 +509,7 @@ class TestRoundTrip:
         application's (a web framework's sync endpoints), and while its threads were busy
         every run on the in-memory store waited."""
         async with open_store(kind, tmp_path, request) as opened:
-            await opened.append("s", [Message.user("hello")])
+            await opened.append("s", [Message.user(f"hello {PAD * 40}")])
             async with default_threads_taken():
                 with anyio.fail_after(1):
                     assert len(await opened.load("s")) == 1
@@ -533,7 +537,7 @@ class TestRoundTrip:
             return message_from_json(text)
 
         async with open_store(kind, tmp_path, request) as opened:
-            await opened.append("long", [Message.user(f"question {i}") for i in range(200)])
+            await opened.append("long", [Message.user(f"question {i} {PAD}") for i in range(200)])
             monkeypatch.setattr(memory if kind == "memory" else base, "message_from_json", slow)
             with anyio.move_on_after(0.1):
                 await opened.load("long")

@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
 from littleghost import Agent, Message, Role, tool
 from littleghost.errors import (
@@ -1304,6 +1305,21 @@ class TestUnclosed:
                 await anyio.sleep(0.01)
         assert [str(warning.message) for warning in caught] == []
         assert await open_connections(conninfo) == 0
+
+
+class TestVirtualClock:
+    """A test suite's virtual clock (trio's ``MockClock`` jumping whenever every task
+    waits) jumps over a worker thread's work: the patience for a server that stops
+    answering is timed in the thread, on the real clock."""
+
+    @pytest.fixture
+    def anyio_backend(self) -> tuple[str, dict[str, object]]:
+        return "trio", {"clock": MockClock(autojump_threshold=0)}
+
+    async def test_calls_are_not_given_up_under_a_virtual_clock(self, conninfo: str) -> None:
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("virtual", [Message.user("hi")])
+            assert [m.text for m in await store.load("virtual")] == ["hi"]
 
 
 class TestLostCommit:

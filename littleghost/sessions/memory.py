@@ -23,6 +23,11 @@ from littleghost.sessions.locks import SessionLocks
 
 __all__ = ["InMemorySessionStore"]
 
+_ON_LOOP = 32_768
+"""Characters of stored text a load decodes on the event loop (about a millisecond): a
+short log takes no worker thread, which a test's virtual clock would jump over to the
+caller's deadline."""
+
 
 class InMemorySessionStore:
     """Sessions kept in memory, gone when the process ends.
@@ -46,8 +51,11 @@ class InMemorySessionStore:
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was appended;
-        ``()`` for an unknown session (decoded in a worker thread, not on the event loop)."""
+        ``()`` for an unknown session (a long log decoded in a worker thread, not on the
+        event loop)."""
         entries = await self._entries(session_id)
+        if sum(len(text) for text, _ in entries) <= _ON_LOOP:
+            return tuple(StoredMessage(message_from_json(text), at) for text, at in entries)
 
         def decode(stopped: threading.Event) -> tuple[StoredMessage, ...]:
             decoded = []
