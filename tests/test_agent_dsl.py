@@ -1209,6 +1209,14 @@ def test_a_class_where_an_instance_belongs_fails_naming_the_class(knob: str, val
         Agent(**{knob: value})
 
 
+def test_a_class_declaring_session_store_none_is_told_what_the_knob_takes() -> None:
+    """``session_store = None`` is a wrong value, not a mixin's knob hidden by ``Agent``'s
+    default (the class is not a mixin: reordering its bases cannot help)."""
+    message = r"Bad\.session_store must be a session store instance .*, not None"
+    with pytest.raises(ConfigurationError, match=message):
+        type("Bad", (Agent,), {"session_store": None})
+
+
 def test_instances_of_those_classes_are_taken() -> None:
     """The instances the hint points to are what the knobs take."""
     agent = Agent(
