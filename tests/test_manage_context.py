@@ -946,18 +946,19 @@ class TestFailures:
             await Small(model=model).run("go", history=chat(30))
 
 
+@manage_context(
+    context_window_tokens=1_000,
+    compression_threshold=1.0,
+    preserve_recent_messages=4,
+    tokenizer=PerMessage(),
+)
+class RecoveringOnce(Agent):
+    """Compacts only for an overflow; the estimate is the number of messages."""
+
+
 class TestOverflow:
     async def test_overflow_is_recovered_once(self, spans: Spans) -> None:
         """An overflow compacts (whatever the threshold) and retries the call once."""
-
-        @manage_context(
-            context_window_tokens=1_000,
-            compression_threshold=1.0,
-            preserve_recent_messages=4,
-            tokenizer=PerMessage(),
-        )
-        class Lenient(Agent):
-            pass
 
         model = ScriptedModel(
             [
@@ -967,7 +968,7 @@ class TestOverflow:
             ]
         )
         history = chat(10)
-        result = await Lenient(model=model).run("go", history=history)
+        result = await RecoveringOnce(model=model).run("go", history=history)
         assert [r.purpose for r in model.requests] == ["chat", "context_compaction", "chat"]
         assert any(m.is_summary for m in model.requests[2].messages)
         assert list(result.messages[:20]) == history
@@ -1071,20 +1072,11 @@ class TestOverflow:
     async def test_a_second_overflow_propagates_with_the_first_as_cause(self) -> None:
         """No loop: the retried call overflowing again raises, caused by the first."""
 
-        @manage_context(
-            context_window_tokens=1_000,
-            compression_threshold=1.0,
-            preserve_recent_messages=4,
-            tokenizer=PerMessage(),
-        )
-        class Lenient(Agent):
-            pass
-
         first = ContextWindowOverflowError("first")
         second = ContextWindowOverflowError("second")
         model = ScriptedModel([first, summary_step(), second, text_response("unused")])
         with pytest.raises(ContextWindowOverflowError) as caught:
-            await Lenient(model=model).run("go", history=chat(10))
+            await RecoveringOnce(model=model).run("go", history=chat(10))
         assert caught.value is second
         assert caught.value.__cause__ is first
         assert len(model.requests) == 3
@@ -1093,15 +1085,6 @@ class TestOverflow:
         """The second overflow's SDK exception (the answer's body and request id, which
         an SDK raises ``from None``) stays in the chain a traceback shows, beside the
         first overflow, its ``__cause__``, and the first's own."""
-
-        @manage_context(
-            context_window_tokens=1_000,
-            compression_threshold=1.0,
-            preserve_recent_messages=4,
-            tokenizer=PerMessage(),
-        )
-        class Lenient(Agent):
-            pass
 
         class SDKError(Exception):
             pass
@@ -1117,7 +1100,7 @@ class TestOverflow:
         first, second = overflow("req_1"), overflow("req_2")
         model = ScriptedModel([first, summary_step(), second])
         with pytest.raises(ContextWindowOverflowError) as caught:
-            await Lenient(model=model).run("go", history=chat(10))
+            await RecoveringOnce(model=model).run("go", history=chat(10))
         assert caught.value is second and caught.value.__cause__ is first
         shown = "".join(traceback.format_exception(caught.value))
         assert "SDKError: request_id=req_1" in shown
