@@ -10,7 +10,10 @@ server ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, or else a throwaway one the test
 
 from __future__ import annotations
 
+import gc
 import uuid
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -166,3 +169,16 @@ async def open_store(
             PostgresSessionStore(conninfo, max_connections=max_connections) as postgres,
         ):
             yield postgres
+
+
+async def collected_warnings(held: list[object]) -> list[str]:
+    """Let go of the one object ``held`` holds (the caller keeps no other reference), wait
+    until the garbage collector took it, and return the warnings issued meanwhile."""
+    dropped = weakref.ref(held[0])
+    with warnings.catch_warnings(record=True) as caught, anyio.fail_after(5):
+        warnings.simplefilter("always")
+        held.clear()
+        while dropped() is not None:  # a worker thread lets go of its call just after it
+            gc.collect()
+            await anyio.sleep(0.01)
+    return [str(warning.message) for warning in caught]

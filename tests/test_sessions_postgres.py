@@ -9,7 +9,6 @@ database.
 from __future__ import annotations
 
 import functools
-import gc
 import math
 import os
 import random
@@ -20,8 +19,6 @@ import textwrap
 import threading
 import time
 import uuid
-import warnings
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -48,7 +45,7 @@ from littleghost.sessions import (
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .ci import missing
-from .stores import postgres_schema, working_until
+from .stores import collected_warnings, postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
 
 pytestmark = pytest.mark.anyio
@@ -1296,14 +1293,9 @@ class TestUnclosed:
         async with anyio.create_task_group() as group:  # several kept connections
             for n in range(3):
                 group.start_soon(store.append, f"s{n}", [Message.user("hi")])
-        dropped = weakref.ref(store)
-        with warnings.catch_warnings(record=True) as caught, anyio.fail_after(5):
-            warnings.simplefilter("always")
-            del store
-            while dropped() is not None:  # a worker thread lets go of its call just after it
-                gc.collect()
-                await anyio.sleep(0.01)
-        assert [str(warning.message) for warning in caught] == []
+        held: list[object] = [store]
+        del store
+        assert await collected_warnings(held) == []
         assert await open_connections(conninfo) == 0
 
 
