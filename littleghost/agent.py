@@ -502,7 +502,7 @@ class Agent:
             runner.check_response_format(f"{cls.__name__}.settings", cls.settings, output)
         for entry in hook_plan(cls):
             if entry.method is not None:
-                own = vars(cls).get(entry.method)
+                own = inspect.getattr_static(cls, entry.method, None)  # a mixin's too
                 if isinstance(own, functools.partial):  # called as it is (3.13 warns, later binds)
                     setattr(cls, entry.method, staticmethod(own))
                 value = getattr(cls, entry.method)

@@ -192,8 +192,8 @@ class RunContext:
         not hold (nor another of them), a tool message with results that each answer a
         call the log leaves open (``run(history=)``'s checks), and with a session values
         the store can keep. Answer a call you append by a later append before the next
-        model call: one left open is answered with an error result only once the run
-        fails or by the next run. The run's appends (its own, its hooks', its tools', at
+        model call: the run fails before a call with one left open (``ConfigurationError``),
+        answering it with an error result. The run's appends (its own, its hooks', its tools', at
         once or not) are written one at a time, in order. A write in flight when the run
         is cancelled may finish within the run's cleanup grace; whatever the store
         accepted enters the log, and nothing else does.

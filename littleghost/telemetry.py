@@ -291,14 +291,13 @@ def record_call(
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
         kept[RESPONSE_MODEL] = response.response_model
-    if kind is not None:
-        kept[ERROR_TYPE] = kind
-    _CALL_DURATION.record(time.perf_counter() - started, kept)
+    # never changed once recorded: older SDKs keep the dict as the series' attributes
+    timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
+    _CALL_DURATION.record(time.perf_counter() - started, timed)
     if first_chunk is not None:
-        _FIRST_CHUNK.record(first_chunk - started, kept)
+        _FIRST_CHUNK.record(first_chunk - started, timed)
     used = usage if response is None else response.usage
-    if used is not None:
-        kept.pop(ERROR_TYPE, None)  # not an attribute of the token metric in the conventions
+    if used is not None:  # no error.type: the conventions do not give it the token metric
         counts = {"input": used.input_tokens, "output": used.output_tokens}
         for token_type, count in counts.items():
             if count:

@@ -7,6 +7,7 @@ import inspect
 import math
 import re
 import time
+import types
 import typing
 import warnings
 from collections.abc import Callable
@@ -388,6 +389,31 @@ async def test_a_partial_hook_in_a_class_body_is_called_as_it_is() -> None:
 
         class Untaggable(Agent):
             tagged = before_model(functools.partial(tag, "a", "b"))
+
+
+class BindingPartial(functools.partial):  # type: ignore[type-arg]
+    """A partial as Python 3.14 reads it through an instance: bound, as a method."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+
+async def test_a_partial_hook_of_a_mixin_is_called_as_it_is() -> None:
+    """A hook declared as a partial in a mixin gets what the hook gets, without the
+    agent, as one in the agent class's body does (it was bound on Python 3.14)."""
+    seen: list[tuple[str, int]] = []
+
+    def tag(request: ModelRequest, *, label: str) -> None:
+        seen.append((label, len(request.messages)))
+
+    class Tagging:
+        tagged = before_model(BindingPartial(tag, label="a"))
+
+    class Tagged(Tagging, Agent):
+        pass
+
+    await first_request(Tagged)
+    assert seen == [("a", 1)]
 
 
 async def test_instructions_returning_a_non_str_fail_clearly() -> None:

@@ -1107,6 +1107,25 @@ class TestDeadlines:
 
 
 class TestThreads:
+    async def test_calls_start_no_thread_each(self, conninfo: str) -> None:
+        """The patience of each call is timed by one thread for them all: a thread started
+        for each call (a ``threading.Timer``) made a short load a quarter slower."""
+        started: list[threading.Thread] = []
+
+        def note(*_: object) -> None:
+            if threading.current_thread() not in started:  # kept: idents are reused
+                started.append(threading.current_thread())
+
+        async with PostgresSessionStore(conninfo) as store:
+            await store.append("threads", [Message.user("hi")])
+            threading.settrace(note)  # called in each thread started from now on
+            try:
+                for _ in range(20):
+                    await store.load("threads")
+            finally:
+                threading.settrace(None)
+        assert len(started) <= 2
+
     async def test_sync_tools_past_their_timeout_do_not_hold_up_the_store(
         self, conninfo: str
     ) -> None:

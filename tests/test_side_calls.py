@@ -9,6 +9,7 @@ import contextlib
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import Histogram
 
 from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
@@ -315,6 +316,36 @@ async def test_a_billed_answer_that_overflowed_is_counted_once_everywhere(
     # one series per token type: the conventions give the token metric no error.type
     assert len(tokens) == 2
     assert all("error.type" not in (point.attributes or {}) for point in tokens)
+
+
+async def test_the_attributes_of_a_billed_failed_call_are_not_changed_once_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenTelemetry SDKs 1.30 to 1.39 keep the attributes a point was recorded with as its
+    series': the failed call's duration keeps its ``error.type`` when its billed tokens are
+    recorded without it (a changed dict exported it bare, a second series like the
+    answered call's)."""
+    recorded: list[tuple[Any, dict[str, Any]]] = []
+    record = Histogram.record
+
+    def keeping(self: Histogram, amount: float, attributes: Any = None, **options: Any) -> None:
+        recorded.append((attributes, dict(attributes or {})))  # the dict itself, as kept
+        record(self, amount, attributes, **options)
+
+    monkeypatch.setattr(Histogram, "record", keeping)
+    budget = PromptBudget(
+        prompt_budget_tokens=4_000, response_reserve_tokens=256, safety_reserve_tokens=0
+    )
+
+    @manage_context(context_window_tokens=8_000, budget=budget, summarize=False)
+    class Recovering(Agent):
+        max_retries = 0
+
+    done = text_response("done", input_tokens=700, output_tokens=5)
+    model = ScriptedModel([billed_overflow(Usage(7_990, 10)), done])
+    await Recovering(model=model).run("go", history=chat(20, "long " * 50))
+    assert any(seen.get("error.type") == "context_length_exceeded" for _, seen in recorded)
+    assert [dict(given or {}) for given, _ in recorded] == [seen for _, seen in recorded]
 
 
 async def test_a_billed_summary_call_that_overflowed_is_its_compactions_usage() -> None:

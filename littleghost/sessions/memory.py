@@ -54,7 +54,8 @@ class InMemorySessionStore:
         ``()`` for an unknown session (a long log decoded in a worker thread, not on the
         event loop)."""
         entries = await self._entries(session_id)
-        if sum(len(text) for text, _ in entries) <= _ON_LOOP:
+        # a stored message is 64 characters at least: no longer log is summed on the loop
+        if len(entries) <= _ON_LOOP // 64 and sum(len(text) for text, _ in entries) <= _ON_LOOP:
             return tuple(StoredMessage(message_from_json(text), at) for text, at in entries)
 
         def decode(stopped: threading.Event) -> tuple[StoredMessage, ...]:

@@ -40,6 +40,7 @@ from littleghost.errors import (
     UnknownSessionError,
 )
 from littleghost.messages import Message
+from littleghost.sessions import alarms
 from littleghost.sessions.base import (
     SCHEMA_VERSION,
     STORE_FORMAT,
@@ -839,13 +840,11 @@ class PostgresSessionStore:
                 silent.set()
                 operation.abandon()
 
-            timer = threading.Timer(patience, give_up)
-            timer.daemon = True
-            timer.start()
+            cancel = alarms.after(patience, give_up)
             try:
                 return self._run(operation, work)
             finally:
-                timer.cancel()
+                cancel()
 
         try:
             return await self._dispatch(job, limiter=self._threads())
