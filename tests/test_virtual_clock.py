@@ -38,7 +38,7 @@ async def test_retry_waits_take_virtual_time() -> None:
     result = await Support(model=model).run("hi", timeout=60)
     assert result.output == "hello"
     assert anyio.current_time() - begin >= 20
-    assert time.perf_counter() - real < 1
+    assert time.perf_counter() - real < 10  # real seconds: far fewer than the 20 waited
 
 
 async def test_a_retry_past_the_deadline_is_refused_at_once() -> None:
