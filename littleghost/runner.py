@@ -440,15 +440,19 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
         if response.stop_reason is StopReason.MAX_TOKENS:  # a tool call in it may be cut too
-            text = "Not run: the answer asking for it stopped at its output limit (max_tokens)."
-            await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+            await _not_run(
+                context, calls, "the answer asking for it stopped at its output limit (max_tokens)"
+            )
             raise OutputLimitError(
                 "the model stopped at its output limit before completing its answer",
                 response=response,
             )
         if calls and response.stop_reason is StopReason.CONTENT_FILTER:
-            text = "Not run: the provider filtered (or the model refused) the answer asking for it."
-            await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+            await _not_run(
+                context,
+                calls,
+                "the provider filtered (or the model refused) the answer asking for it",
+            )
             calls = ()  # the run ends with the answer, as one without calls would
         if output is not None and calls and (final := output.final_answer(response.message)):
             call, answer = final
@@ -508,12 +512,17 @@ def _repair_or_raise(
     )
 
 
+async def _not_run(context: RunContext, calls: Sequence[ToolCall], why: str) -> None:
+    """Answer ``calls`` with an error result saying why they were not run."""
+    text = f"Not run: {why}."
+    await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+
+
 async def _refuse(
     agent: Agent, calls: Sequence[ToolCall], context: RunContext, limit: str, value: int
 ) -> None:
     """Answer ``calls`` without running them (the log stays whole), then stop the run."""
-    text = f"Not run: the run reached {limit}={value}."
-    await context.append(*(Message.tool(call.id, text, is_error=True) for call in calls))
+    await _not_run(context, calls, f"the run reached {limit}={value}")
     raise LimitExceededError(f"{agent.name} reached {limit}={value}", limit=limit, value=value)
 
 
