@@ -280,19 +280,24 @@ def billed_overflow(usage: Usage) -> ContextWindowOverflowError:
     return ContextWindowOverflowError("the answer stopped at the window", usage=usage)
 
 
+@manage_context(
+    context_window_tokens=8_000,
+    budget=PromptBudget(
+        prompt_budget_tokens=4_000, response_reserve_tokens=256, safety_reserve_tokens=0
+    ),
+    summarize=False,
+)
+class Recovering(Agent):
+    """Recovers from an overflow by its bounded view alone, never retrying a call."""
+
+    max_retries = 0
+
+
 async def test_a_billed_answer_that_overflowed_is_counted_once_everywhere(
     spans: Spans, histograms: Histograms
 ) -> None:
     """The usage an answer stopped at the context window was billed for reaches the run's
     usage, its ``ModelCallRetried``, its chat span and the token metric, once each."""
-
-    budget = PromptBudget(
-        prompt_budget_tokens=4_000, response_reserve_tokens=256, safety_reserve_tokens=0
-    )
-
-    @manage_context(context_window_tokens=8_000, budget=budget, summarize=False)
-    class Recovering(Agent):
-        max_retries = 0
 
     done = text_response("done", input_tokens=700, output_tokens=5)
     model = ScriptedModel([billed_overflow(Usage(7_990, 10, cache_read_tokens=100)), done])
@@ -333,14 +338,6 @@ async def test_the_attributes_of_a_billed_failed_call_are_not_changed_once_recor
         record(self, amount, attributes, **options)
 
     monkeypatch.setattr(Histogram, "record", keeping)
-    budget = PromptBudget(
-        prompt_budget_tokens=4_000, response_reserve_tokens=256, safety_reserve_tokens=0
-    )
-
-    @manage_context(context_window_tokens=8_000, budget=budget, summarize=False)
-    class Recovering(Agent):
-        max_retries = 0
-
     done = text_response("done", input_tokens=700, output_tokens=5)
     model = ScriptedModel([billed_overflow(Usage(7_990, 10)), done])
     await Recovering(model=model).run("go", history=chat(20, "long " * 50))
