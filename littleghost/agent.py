@@ -180,10 +180,6 @@ def _declaring(cls: type) -> list[type]:
     ]
 
 
-_OWNER = object()
-"""What no class's ``session_store`` is (``_owner``: a class without a store made for it)."""
-
-
 def _owner(cls: type, name: str) -> type:
     """The class of ``cls``'s MRO whose own attribute ``name`` ``cls`` gets; the store made
     for a class that declared none is passed over, as if not there."""
@@ -191,7 +187,11 @@ def _owner(cls: type, name: str) -> type:
         klass
         for klass in cls.__mro__
         if name in vars(klass)
-        and not (name == "session_store" and vars(klass)[name] is _OWN_STORES.get(klass, _OWNER))
+        and not (
+            name == "session_store"
+            and klass in _OWN_STORES
+            and vars(klass)[name] is _OWN_STORES[klass]
+        )
     )
 
 
