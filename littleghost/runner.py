@@ -214,10 +214,7 @@ async def run(
         The errors ``Agent.run`` documents.
     """
     name = f"invoke_agent {agent.name}"
-    names = {
-        telemetry.AGENT_NAME: agent.name,
-        **telemetry.conversation_attributes(plan.session_id),
-    }
+    names = telemetry.run_names(agent.name, plan.session_id)
     attributes = {
         telemetry.OPERATION_NAME: "invoke_agent",
         **names,
@@ -783,8 +780,7 @@ async def _run_tool(
         telemetry.TOOL_NAME: name,
         telemetry.TOOL_CALL_ID: original_id,
         telemetry.TOOL_TYPE: "function",
-        telemetry.AGENT_NAME: agent.name,
-        **telemetry.conversation_attributes(context.session_id),
+        **telemetry.run_names(agent.name, context.session_id),
     }
     if found is not None and found[0].description:
         attributes[telemetry.TOOL_DESCRIPTION] = found[0].description

@@ -196,6 +196,12 @@ def conversation_attributes(session_id: str | None) -> dict[str, str]:
     return {} if session_id is None else {CONVERSATION_ID: session_id}
 
 
+def run_names(agent_name: str, session_id: str | None = None) -> dict[str, str]:
+    """``gen_ai.agent.name`` and ``conversation_attributes``: what names a run (or a
+    compaction) on its spans and log records."""
+    return {AGENT_NAME: agent_name, **conversation_attributes(session_id)}
+
+
 def server_attributes(model: object) -> dict[str, Any]:
     """``server.address`` and ``server.port`` from a model's optional ``server_address``
     (a non-empty ``str``) and ``server_port`` (an ``int`` from 1 to 65535, given only

@@ -86,8 +86,8 @@ async def compact_document(
             check_smaller(log, records, config.tokenizer)
         advance(1, "done")
         return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run)
-    names = {telemetry.AGENT_NAME: agent.name, **telemetry.conversation_attributes(session_id)}
-    with logs.naming(names):  # of its summary call's span and log lines
+    # of its summary call's span and log lines
+    with logs.naming(telemetry.run_names(agent.name, session_id)):
         async with agent:
             model = agent.resolve_model()
             # started here only to learn its window; else by the first summary call, if any

@@ -55,7 +55,7 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
-    with logs.naming({telemetry.AGENT_NAME: agent.name}):  # its summary call's span
+    with logs.naming(telemetry.run_names(agent.name)):  # its summary call's span
         model = agent.resolve_model()
         async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
             if config.summarize and config.context_window_override is None:
