@@ -193,6 +193,34 @@ class FailedWhileClosing(Support):
     model = "failingtoclose:m"
 
 
+def keyless(name: str) -> ScriptedModel:
+    """A provider's model made without its key (``OPENAI_API_KEY`` unset, say)."""
+    raise ConfigurationError("no API key for keyless: set KEYLESS_API_KEY")
+
+
+register_provider("keyless", keyless)
+
+
+class Keyless(Support):
+    """``Support`` whose model string cannot be made here."""
+
+    model = "keyless:m"
+
+
+@manage_context(
+    context_window_tokens=4_000,
+    preserve_recent_messages=4,
+    budget=PromptBudget(
+        prompt_budget_tokens=1_000, response_reserve_tokens=100, safety_reserve_tokens=50
+    ),
+)
+class KeylessBounded(Support):
+    """``Keyless`` with a bounded view, whose sizes a calibration kept for its model may
+    change."""
+
+    model = "keyless:m"
+
+
 MARKS = "LITTLEGHOST_TEST_MARKS"
 """The directory ``Stoppable`` marks what it did in (``summarizing``, ``closed``)."""
 

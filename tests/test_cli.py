@@ -642,6 +642,23 @@ class TestCompact:
         assert out.startswith("nothing to compact in session short")
         assert contents(url)[2:] == before[2:]
 
+    def test_nothing_to_compact_in_a_given_window_makes_no_model(self, tmp_path: Path) -> None:
+        """With ``--window``, a session with nothing to cover is said to be so without
+        making the class's model (an API key not set here); with something to cover, or a
+        bounded view whose sizes a calibration kept for the model may change, it is made."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [m for i in range(8) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+        in_store(url, lambda store: store.append("short", [Message.user("hi")]))
+        in_store(url, lambda store: store.append("long", chat))
+        before = contents(url)
+        compact = ("sessions", "compact", "--store", url, "--window", "8000", "--agent")
+        out = ok(*compact, "tests.cli_agents:Keyless", "short").stdout
+        assert out.startswith("nothing to compact in session short (window 8000 tokens")
+        assert "no API key for keyless" in fails(1, *compact, "tests.cli_agents:Keyless", "long")
+        line = fails(1, *compact, "tests.cli_agents:KeylessBounded", "short")
+        assert "no API key for keyless" in line
+        assert contents(url)[2:] == before[2:]
+
     def test_a_class_that_never_summarizes_compacts_nothing(self, tmp_path: Path) -> None:
         """``summarize=False``: the class never compacts a log, so neither does the command,
         which needs no model for it (``Bounded`` declares none)."""

@@ -54,7 +54,8 @@ async def compact_document(
 ) -> dict[str, Any]:
     """Compact the session now, whatever the threshold, as ``agent``'s class would
     (``compact_log``), holding it as a run does; with ``dry_run``, only read it and call
-    no model. The document says what the records cover and what they do to the view.
+    no model. The model is not made when nothing is to cover in a window known without
+    it. The document says what the records cover and what they do to the view.
 
     Raises:
         ConfigurationError: The class has no ``@manage_context``.
@@ -70,8 +71,12 @@ async def compact_document(
     # opened for writing
     where = f"session {session_id!r}"
     log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
-    if dry_run or not config.summarize:  # summarize=False compacts nothing: no model needed
-        advance(1, "choosing what to cover")
+    # The model is made only to summarize or to learn its window: known without it, and
+    # nothing to cover (which a budget's calibration, kept per model, may change), none is.
+    known = window is not None or config.context_window_override is not None
+    unmade = config.budget is None or isinstance(agent.model, Model)
+    if dry_run or not config.summarize or (known and unmade):
+        advance(1 if dry_run else 0, "choosing what to cover")
         used = window_of(agent, window)
         records = await managed_records(
             log,
@@ -82,10 +87,13 @@ async def compact_document(
             max_tool_result_tokens=agent.max_tool_result_tokens,
             model=agent.model if isinstance(agent.model, Model) else None,  # not made here
         )
-        if records:  # even its short placeholder summary would not make the view smaller
-            check_smaller(log, records, config.tokenizer)
-        advance(1, "done")
-        return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run)
+        if dry_run or not records:  # summarize=False covers nothing
+            if records:  # even its short placeholder summary would not make the view smaller
+                check_smaller(log, records, config.tokenizer)
+            advance(1, "done")
+            return _document(
+                session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run
+            )
     # of its summary call's span and log lines
     with logs.naming(telemetry.run_names(agent.name, session_id)):
         async with agent:
