@@ -686,6 +686,30 @@ async def test_usage_reports_cached_and_reasoning_tokens_apart(
     assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
 
 
+async def test_usage_reports_cache_writes(make_model: Callable[..., OpenAIModel]) -> None:
+    """Tokens written to the prompt cache (``prompt_tokens_details.cache_write_tokens``:
+    OpenAI's newer models bill them, OpenRouter reports them for Anthropic's) are part of
+    the prompt tokens, reported apart, answered whole or streamed."""
+    usage = {
+        "prompt_tokens": 2006,
+        "completion_tokens": 30,
+        "total_tokens": 2036,
+        "prompt_tokens_details": {"cached_tokens": 1500, "cache_write_tokens": 400},
+    }
+    answer = completion({"content": "ok"})
+    body = json.loads(answer.content)
+    body["usage"] = usage
+    server = FakeServer(
+        httpx2.Response(200, json=body),
+        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
+    )
+    model = make_model(server)
+    expected = Usage(2006, 30, cache_read_tokens=1500, cache_write_tokens=400)
+    assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
+    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
+    assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
+
+
 async def test_a_breakdown_over_its_total_is_cut_to_it(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -303,7 +303,8 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
 
 
 def _usage(usage: Any) -> Usage:
-    """Prompt tokens include the cached ones; completion tokens the reasoning ones, but
+    """Prompt tokens include the cached ones (read, and written: ``cache_write_tokens``,
+    as OpenAI and OpenRouter report them); completion tokens the reasoning ones, but
     for a server whose total says they do not (xAI's: prompt, completion and reasoning
     tokens), where the reasoning tokens are added to them."""
     if usage is None:
@@ -317,6 +318,7 @@ def _usage(usage: Any) -> Usage:
         prompt,
         completion,
         cache_read=reported(usage, "prompt_tokens_details", "cached_tokens"),
+        cache_write=reported(usage, "prompt_tokens_details", "cache_write_tokens"),
         reasoning=reasoning,
     )
 
