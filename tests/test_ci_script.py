@@ -35,10 +35,12 @@ fi
 """
 
 
-def run_ci(tmp_path: Path, fail: str, *, oldest: bool = True) -> tuple[int, list[str], Path]:
+def run_ci(
+    tmp_path: Path, fail: str, *, oldest: bool = True, newest: bool = True
+) -> tuple[int, list[str], Path]:
     """Run a copy of .ci/run; the step whose command line matches the glob ``fail``
-    exits 3 (``oldest``: a Python 3.10 is found). Returns the exit code, the commands run,
-    and the script's temp folder."""
+    exits 3 (``oldest``, ``newest``: a Python 3.10, a Python 3.13 is found). Returns the
+    exit code, the commands run, and the script's temp folder."""
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
@@ -65,6 +67,8 @@ def run_ci(tmp_path: Path, fail: str, *, oldest: bool = True) -> tuple[int, list
     }
     if oldest:
         environment["LITTLEGHOST_CI_OLDEST_PYTHON"] = str(fake / "python3")
+    if newest:
+        environment["LITTLEGHOST_CI_NEWEST_PYTHON"] = str(fake / "python3")
     done = subprocess.run(
         ["bash", str(repo / ".ci" / "run")],
         env=environment,
@@ -144,6 +148,15 @@ def test_no_python_3_10_fails_before_the_examples(tmp_path: Path) -> None:
     code, commands, scratch = run_ci(tmp_path, fail="no such step", oldest=False)
     assert code == 1
     assert commands[-1] == "python -m pytest -q"
+    assert os.listdir(scratch) == []
+
+
+def test_no_python_3_13_fails_before_anything_is_installed(tmp_path: Path) -> None:
+    """The README's test command runs on the newest Python supported: without one the
+    script fails at once, saying which to set."""
+    code, commands, scratch = run_ci(tmp_path, fail="no such step", newest=False)
+    assert code == 1
+    assert commands == []
     assert os.listdir(scratch) == []
 
 
