@@ -644,6 +644,52 @@ def test_a_forked_process_neither_uses_nor_stops_its_parents_server(
     assert _command(int(child.split()[-1])) == b""
 
 
+WITHOUT = """
+import os, signal, sys
+for name in sys.argv[2:]:  # what this platform's Python lacks
+    module, _, attribute = name.partition(".")
+    delattr({"os": os, "signal": signal}[module], attribute)
+import anyio
+from littleghost.models.local import LocalModel
+
+async def main():
+    model = LocalModel(sys.argv[1])
+    await model.prepare()
+    print(model.pid, flush=True)
+    await model.aclose()
+    print(model.pid, flush=True)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [["os.waitid"], ["os.waitid", "os.killpg", "signal.SIGKILL"]],
+    ids=["macOS before Python 3.13", "Windows"],
+)
+def test_a_server_is_started_and_stopped_without_linuxs_process_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: list[str]
+) -> None:
+    """Python has no ``os.waitid`` on macOS before 3.13, nor ``os.killpg`` and SIGKILL
+    on Windows: a server still starts, and stops."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    script = tmp_path / "without.py"
+    script.write_text(WITHOUT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(model.path), *missing],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    pid, after = done.stdout.split()
+    assert after == "None"
+    assert _command(int(pid)) == b""
+
+
 def _command(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

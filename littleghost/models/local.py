@@ -89,6 +89,8 @@ _KEY_ENV = "LLAMA_API_KEY"
 process's environment is not readable by other users."""
 _KILL_TIME = 0.1
 """Seconds kept before the caller's deadline for SIGKILL and the exit."""
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+"""SIGKILL; on Windows, which has none, SIGTERM, which ends a process at once there."""
 
 logger = logs.logger(__name__)
 
@@ -110,7 +112,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
     with _running_lock:
         if _running.get(process.pid) is process:
             del _running[process.pid]
-    _signal(process, signal.SIGKILL)
+    _signal(process, _SIGKILL)
     try:
         process.wait(timeout=STOP_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -295,8 +297,11 @@ def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[
 def _signal(process: subprocess.Popen[bytes], number: int) -> None:
     """Send signal ``number`` to ``process``'s group (the server, and anything a wrapper
     script around it started); nothing once ``process`` was reaped (its id may be
-    another's by then) or when the group is gone."""
+    another's by then) or when the group is gone. Windows has no groups: the server alone."""
     if process.returncode is not None:
+        return
+    if not hasattr(os, "killpg"):
+        process.send_signal(number)
         return
     try:
         os.killpg(process.pid, number)
@@ -306,9 +311,12 @@ def _signal(process: subprocess.Popen[bytes], number: int) -> None:
 
 def _exited(process: subprocess.Popen[bytes]) -> bool:
     """Whether ``process`` has exited, leaving it unreaped (so its group id stays its own
-    for a last signal)."""
+    for a last signal); reaped where ``os.waitid`` is missing (macOS before Python 3.13,
+    Windows), so no last signal reaches what is left of its group."""
     if process.returncode is not None:
         return True
+    if not hasattr(os, "waitid"):
+        return process.poll() is not None
     try:
         return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
@@ -326,7 +334,7 @@ def _poll(process: subprocess.Popen[bytes]) -> int | None:
     """``process``'s exit code, ``None`` while it runs. Once it has exited, what is left
     of its group (a server a wrapper script started) is killed before it is reaped."""
     if _exited(process):
-        _signal(process, signal.SIGKILL)
+        _signal(process, _SIGKILL)
     return process.poll()
 
 
@@ -341,7 +349,7 @@ def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
     seconds have passed, SIGKILL to what is left of it; then reap it."""
     _signal(process, signal.SIGTERM)
     _ended(process, wait)
-    _signal(process, signal.SIGKILL)
+    _signal(process, _SIGKILL)
     process.wait()
 
 
