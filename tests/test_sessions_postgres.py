@@ -8,12 +8,14 @@ database.
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import os
 import random
 import signal
 import socket
+import stat
 import sys
 import textwrap
 import threading
@@ -212,6 +214,27 @@ class TestEncodings:
                         await again.append("日本", [Message.user("x")])
         finally:
             await sql(postgres_dsn, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+class TestWindows:
+    async def test_a_connection_is_shut_down_through_a_copy_of_its_socket(
+        self, conninfo: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """On Windows a socket is no file descriptor, which ``os.dup`` copies: every
+        call failed there. Here ``os.dup`` refuses sockets as it does on Windows."""
+        dup = os.dup
+
+        def files_only(fd: int) -> int:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+            return dup(fd)
+
+        monkeypatch.setattr(os, "dup", files_only)
+        async with PostgresSessionStore(conninfo) as store:
+            agent = Agent(model=ScriptedModel([text_response("hi")]), session_store=store)
+            ran = await agent.run("hello", session_id="s")
+            assert await store.load("s") == ran.messages
+        assert await open_connections(conninfo) == 0
 
 
 class TestReadOnly:

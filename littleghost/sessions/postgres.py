@@ -108,13 +108,19 @@ def _gone() -> SessionStoreError:
     return SessionStoreError("PostgreSQL session store: the caller stopped waiting")
 
 
+def _duplicate(connection: psycopg.Connection[Any]) -> socket.socket:
+    """A socket object of its own on ``connection``'s socket (through ``socket.dup``: on
+    Windows a socket is no file descriptor, and ``os.dup`` cannot copy it)."""
+    return socket.socket(fileno=socket.dup(connection.fileno()))
+
+
 def _close_now(connection: psycopg.Connection[Any]) -> None:
     """Close ``connection`` without waiting for the server: its socket is shut down
     first (through a duplicate of its descriptor), so what closing sends cannot block.
     The server ends the session, and frees its advisory locks, when it sees the end."""
     if not (connection.closed or connection.broken):  # a broken one has no socket left
         try:
-            with socket.socket(fileno=os.dup(connection.fileno())) as duplicate:
+            with _duplicate(connection) as duplicate:
                 duplicate.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
@@ -283,7 +289,7 @@ class _Operation:
             SessionStoreError: The caller already stopped waiting; the caller of
                 ``attach`` still owns (and closes) the connection.
         """
-        duplicate = socket.socket(fileno=os.dup(connection.fileno()))
+        duplicate = _duplicate(connection)
         _SOCKETS.add(duplicate)
         with self._guard:
             if not self._abandoned:
