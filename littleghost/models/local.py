@@ -235,7 +235,7 @@ def server_executable(*, cpuinfo: Path = CPUINFO) -> Path:
     if found:
         return Path(found).absolute()  # PATH may hold a relative directory
     if prebuilt is None:
-        skipped = f"the prebuilt {_PREBUILT!r} is not installed (extra 'local')"
+        skipped = f"the prebuilt {_PREBUILT!r} is not installed (extra 'local', Linux x86-64 only)"
     elif flags is None:
         skipped = (
             f"the prebuilt {prebuilt} needs AVX-512, and this machine's CPU flags cannot "
