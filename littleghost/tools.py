@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -213,9 +214,10 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     summary, arg_docs = _parse_docstring(doc)
     tool_description = options.get("description") or summary
     if not tool_description:
+        stripped = " (-OO or PYTHONOPTIMIZE=2 strips them)" if sys.flags.optimize > 1 else ""
         raise ConfigurationError(
-            f"tool {tool_name!r} has no docstring: the model needs a description (or pass "
-            "@tool(description=...))"
+            f"tool {tool_name!r} has no docstring{stripped}: the model needs a description "
+            "(or pass @tool(description=...))"
         )
     parameters = list(inspect.signature(function).parameters.values())
     unshown = None

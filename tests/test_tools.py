@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import subprocess
 import sys
 import threading
 import uuid
@@ -1719,6 +1720,24 @@ def test_bad_plain_function_tools_fail_at_class_definition(
     """A function tool the model cannot be told about fails when the class is defined."""
     with pytest.raises(ConfigurationError, match=re.escape(fragment)):
         type("Bad", (Agent,), {"tools": [function]})
+
+
+def test_a_docstring_python_strips_is_named_as_the_cause() -> None:
+    """Under ``python -OO`` a tool's docstring is gone: the error says why."""
+    program = """
+from littleghost import Agent, tool
+
+class Support(Agent):
+    @tool
+    async def lookup_order(self, order_id: str) -> str:
+        \"\"\"Find an order by its id.\"\"\"
+        return order_id
+"""
+    done = subprocess.run(
+        [sys.executable, "-OO", "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "'lookup_order' has no docstring (-OO or PYTHONOPTIMIZE=2" in done.stderr
 
 
 def test_bad_method_tool_fails_at_class_definition() -> None:
