@@ -1745,6 +1745,95 @@ async def test_thought_signatures_never_go_to_openai_s_own_api(
     assert "extra_content" not in server.bodies[0]["messages"][1]["tool_calls"][0]
 
 
+OPENROUTER = "https://openrouter.ai/api/v1"
+GEMINI_DETAILS = [
+    {"type": "reasoning.text", "text": "Add them.", "format": "google-gemini-v1", "index": 0},
+    {"type": "reasoning.encrypted", "data": "sig-A", "id": "c1", "format": "google-gemini-v1"},
+]
+"""The ``reasoning_details`` OpenRouter sends with a Gemini 3 tool call: its thought
+signature, which it wants back (else "Gemini models require OpenRouter reasoning details
+to be preserved in each request")."""
+
+
+async def test_openrouter_reasoning_details_go_back_with_their_answer(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    call = signed_call("c1", 1, None)
+    server = FakeServer(
+        completion(
+            {"reasoning": "Add them.", "reasoning_details": GEMINI_DETAILS, "tool_calls": [call]},
+            finish_reason="stop",  # as OpenRouter ends Gemini 3's tool calls
+        ),
+        completion({"content": "done"}),
+        completion({"content": "again"}),
+    )
+    agent = Adder(model=make_model(server, base_url=OPENROUTER, context_window=1_000_000))
+    result = await agent.run("add")
+    assert result.messages[1].content == (
+        ReasoningPart("Add them.", None, "openai"),
+        ReasoningPart("", json.dumps(GEMINI_DETAILS), "openrouter"),
+        ToolCall("c1", "add", {"a": 1, "b": 1}),
+    )
+    assert server.bodies[1]["messages"][1]["reasoning_details"] == GEMINI_DETAILS
+    await agent.run("more", history=result.messages)
+    assert server.bodies[2]["messages"][1]["reasoning_details"] == GEMINI_DETAILS
+
+
+async def test_streamed_openrouter_reasoning_details_are_joined_by_block(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Claude's thinking through OpenRouter comes as pieces of one ``reasoning.text``
+    block, its signature last; a block of another index starts another item."""
+
+    def piece(index: int, **fields: Any) -> dict[str, Any]:
+        detail = {"type": "reasoning.text", "format": "anthropic-claude-v1", "index": index}
+        return {"reasoning_details": [{**detail, **fields}]}
+
+    server = FakeServer(
+        event_stream(
+            sse(
+                chunk({"reasoning": "Add ", **piece(0, text="Add ")}),
+                chunk({"reasoning": "them.", **piece(0, text="them.")}),
+                chunk(piece(0, text="", signature="sig-0")),
+                chunk(piece(1, text="Then", signature="sig-1")),
+                chunk({"tool_calls": [{"index": 0, **signed_call("c1", 1, None)}]}),
+                chunk({}, finish_reason="tool_calls"),
+            )
+        )
+    )
+    model = make_model(server, base_url=OPENROUTER, context_window=1_000_000)
+    events = [e async for e in model.stream(ModelRequest([Message.user("add")], [ADD]))]
+    done = events[-1]
+    assert isinstance(done, StreamDone)
+    [kept] = [part for part in done.response.message.reasoning if part.provider == "openrouter"]
+    assert kept.signature is not None
+    assert json.loads(kept.signature) == [
+        {"type": "reasoning.text", "format": "anthropic-claude-v1", "index": 0}
+        | {"text": "Add them.", "signature": "sig-0"},
+        {"type": "reasoning.text", "format": "anthropic-claude-v1", "index": 1}
+        | {"text": "Then", "signature": "sig-1"},
+    ]
+
+
+async def test_openrouter_reasoning_details_never_go_to_openai_s_own_api(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    server = FakeServer(completion({"content": "ok"}))
+    history = [
+        Message.user("add"),
+        Message(
+            "assistant",
+            [
+                ReasoningPart("", json.dumps(GEMINI_DETAILS), "openrouter"),
+                ToolCall("c1", "add", {"a": 1, "b": 1}),
+            ],
+        ),
+        Message.tool("c1", "2"),
+    ]
+    await make_model(server).respond(ModelRequest(history, [ADD]))
+    assert "reasoning_details" not in server.bodies[0]["messages"][1]
+
+
 async def test_streamed_reasoning_arrives_as_reasoning_chunks(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

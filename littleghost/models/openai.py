@@ -82,6 +82,10 @@ _TOOL_SETTINGS = ("tool_choice", "parallel_tool_calls")
 _GOOGLE = "google"
 """The provider of the thought signatures Gemini's OpenAI-compatible endpoint puts on
 tool calls, kept as ``ReasoningPart("", signature, "google")`` before each call."""
+_OPENROUTER = "openrouter"
+"""The provider of the ``reasoning_details`` OpenRouter sends beside ``reasoning`` (Gemini's
+thought signatures, Claude's signed thinking, ...), which it wants back unmodified: kept
+as ``ReasoningPart("", JSON of the list, "openrouter")``."""
 _STOP_REASONS = {
     "stop": StopReason.END_TURN,
     "length": StopReason.MAX_TOKENS,
@@ -248,6 +252,51 @@ def _sent_calls(message: Message, signed: bool) -> list[dict[str, Any]]:
     return calls
 
 
+def _details(message: object) -> list[Any]:
+    """The ``reasoning_details`` list of a message or a delta (``[]`` when it has none)."""
+    details = lookup(message, "reasoning_details")
+    return details if isinstance(details, list) else []
+
+
+def _merged_details(details: list[Any], pieces: list[Any]) -> None:
+    """Add streamed ``reasoning_details`` ``pieces`` to ``details``: a piece of the same
+    type and index as the last item continues it (its text or summary appended, the
+    fields it lacked filled, as a signature that comes last)."""
+    for piece in pieces:
+        last = details[-1] if details else None
+        if not (
+            isinstance(piece, dict)
+            and isinstance(last, dict)
+            and (piece.get("type"), piece.get("index")) == (last.get("type"), last.get("index"))
+        ):
+            details.append(dict(piece) if isinstance(piece, dict) else piece)
+            continue
+        for key, value in piece.items():
+            if key in ("text", "summary") and isinstance(value, str):
+                last[key] = _str(last.get(key)) + value
+            elif last.get(key) in (None, ""):
+                last[key] = value
+
+
+def _sent_details(message: Message) -> list[Any]:
+    """The ``reasoning_details`` OpenRouter sent with ``message``, to send back."""
+    return [
+        item
+        for part in message.reasoning
+        if part.provider == _OPENROUTER and part.signature
+        for item in _kept_details(part.signature)
+    ]
+
+
+def _kept_details(signature: str) -> list[Any]:
+    """The list a kept ``reasoning_details`` part holds (``[]`` for one damaged)."""
+    try:
+        details = json.loads(signature)
+    except ValueError:
+        return []
+    return details if isinstance(details, list) else []
+
+
 def _message(
     message: Message,
     developer_role: str,
@@ -258,7 +307,8 @@ def _message(
 ) -> Iterator[dict[str, Any]]:
     """The chat-completions messages for ``message``; an assistant message carries the
     reasoning of provider ``reasoning_of`` in ``reasoning_field``, and with ``signed``
-    its tool calls' Google thought signatures."""
+    its tool calls' Google thought signatures and, beside that reasoning, OpenRouter's
+    ``reasoning_details``."""
     role = message.role
     if role is Role.TOOL:
         for result in message.tool_results:
@@ -275,6 +325,9 @@ def _message(
         )
         if reasoning:
             entry[reasoning_field] = reasoning
+        details = _sent_details(message) if signed and reasoning_of is not None else []
+        if details:
+            entry["reasoning_details"] = details
         if message.tool_calls:
             entry["tool_calls"] = _sent_calls(message, signed)
         yield entry
@@ -706,7 +759,9 @@ class OpenAIModel:
         content, thought = _pieces(message.content)
         refusal = "" if content else getattr(message, "refusal", None) or ""
         return ModelResponse(
-            self._answer(_reasoning(message) or thought, content or refusal, calls),
+            self._answer(
+                _reasoning(message) or thought, content or refusal, calls, _details(message)
+            ),
             stop_reason(choice.finish_reason, bool(calls), bool(refusal)),
             _usage(completion.usage),
             response_id=reported_name(completion, "id"),
@@ -714,11 +769,18 @@ class OpenAIModel:
         )
 
     def _answer(
-        self, reasoning: str, text: str, calls: list[tuple[ToolCall, str | None]]
+        self,
+        reasoning: str,
+        text: str,
+        calls: list[tuple[ToolCall, str | None]],
+        details: list[Any],
     ) -> Message:
-        """The assistant message: its reasoning (a server's ``reasoning_content``), text
-        and tool calls, each after the Google thought signature it came with."""
+        """The assistant message: its reasoning (a server's ``reasoning_content``) and
+        OpenRouter's ``reasoning_details``, text and tool calls, each after the Google
+        thought signature it came with."""
         parts: list[Part] = [ReasoningPart(reasoning, None, self.provider)] if reasoning else []
+        if details:
+            parts.append(ReasoningPart("", json.dumps(details), _OPENROUTER))
         if text:
             parts.append(TextPart(text))
         for call, signature in calls:
@@ -761,6 +823,7 @@ class OpenAIModel:
         text: list[str] = []
         refused = legacy = False  # legacy: a function_call was sent (no tool call to run)
         reasoning: list[str] = []
+        details: list[Any] = []  # OpenRouter's reasoning_details
         calls: list[dict[str, Any]] = []
         at: dict[object, dict[str, Any]] = {}  # the call being written, by index, else by id
         key: object = 0  # (Gemini sends no index)
@@ -792,6 +855,7 @@ class OpenAIModel:
                                 if piece:
                                     reasoning.append(piece)
                                     yield ReasoningChunk(piece)
+                                _merged_details(details, _details(delta))
                                 if not answer and delta.get("refusal"):
                                     answer, refused = delta["refusal"], True
                                 if answer:
@@ -853,7 +917,7 @@ class OpenAIModel:
         ]
         yield StreamDone(
             ModelResponse(
-                self._answer("".join(reasoning), "".join(text), tool_calls),
+                self._answer("".join(reasoning), "".join(text), tool_calls, details),
                 stop_reason(finish_reason, bool(tool_calls), refused),
                 _usage(usage),
                 response_id=response_id,
