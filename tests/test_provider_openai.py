@@ -1128,6 +1128,32 @@ async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed
     assert events[-1].response.stop_reason is whole.stop_reason is StopReason.CONTENT_FILTER
 
 
+async def test_an_answer_spoken_as_audio_is_its_transcript_streamed_or_not(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """With ``modalities`` holding ``"audio"`` the API sends no ``content``: the answer's
+    text is its audio's transcript, kept and sent back as the assistant's text."""
+    audio = {"id": "audio_1", "data": "UklGRg==", "expires_at": 9, "transcript": "Hello there"}
+    streamed = sse(
+        chunk({"role": "assistant", "audio": {"id": "audio_1", "transcript": "Hello "}}),
+        chunk({"audio": {"data": "UklGRg==", "transcript": "there"}}, finish_reason="stop"),
+        chunk({"audio": {"expires_at": 9}}),
+    )
+    server = FakeServer(
+        completion({"audio": audio}), event_stream(streamed), completion({"content": "ok"})
+    )
+    model = make_model(server)
+    settings = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}
+    request = ModelRequest([Message.user("hi")], settings=settings)
+    whole = await model.respond(request)
+    events = [e async for e in model.stream(request)]
+    assert events[:-1] == [TextChunk("Hello "), TextChunk("there")]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.text == whole.message.text == "Hello there"
+    await model.respond(ModelRequest([Message.user("hi"), whole.message, Message.user("and?")]))
+    assert server.bodies[2]["messages"][1] == {"role": "assistant", "content": "Hello there"}
+
+
 async def test_stream_accumulates_parallel_tool_calls(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -403,6 +403,12 @@ def _pieces(content: object) -> tuple[str, str]:
     return "".join(text), "".join(thought)
 
 
+def _transcript(message: object) -> str:
+    """The transcript of an answer spoken as audio (``modalities`` with ``"audio"``), from
+    a message or a delta: its text, as the API sends no ``content`` with it."""
+    return _str(lookup(message, "audio", "transcript"))
+
+
 def _str(value: object) -> str:
     """``value`` if it is a str, else ``""`` (a chunk's field of another type)."""
     return value if isinstance(value, str) else ""
@@ -450,7 +456,8 @@ class OpenAIModel:
 
     Settings go to the API as they are (``max_tokens`` becomes ``max_completion_tokens``
     on OpenAI's own API); one the installed SDK does not name travels in ``extra_body``,
-    for a compatible server's own parameters (llama.cpp's ``top_k``, ...).
+    for a compatible server's own parameters (llama.cpp's ``top_k``, ...). An answer
+    spoken as audio (``modalities`` holding ``"audio"``) is read as its transcript.
     ``tool_choice`` and ``parallel_tool_calls`` are left out of a request without tools;
     a key littleghost sets itself (``messages``, ``stream``, ...) is a
     ``ConfigurationError``.
@@ -757,6 +764,7 @@ class OpenAIModel:
         if not calls and lookup(message, "function_call"):
             raise _legacy_call(self.provider)
         content, thought = _pieces(message.content)
+        content = content or _transcript(message)
         refusal = "" if content else getattr(message, "refusal", None) or ""
         return ModelResponse(
             self._answer(
@@ -851,6 +859,7 @@ class OpenAIModel:
                                 delta = choice.get("delta") or {}
                                 legacy = legacy or bool(delta.get("function_call"))
                                 answer, thought = _pieces(delta.get("content"))
+                                answer = answer or _transcript(delta)
                                 piece = _reasoning(delta) or thought
                                 if piece:
                                     reasoning.append(piece)
