@@ -74,17 +74,22 @@ async def sql(conninfo: str, statement: str) -> list[tuple[object, ...]]:
     return await anyio.to_thread.run_sync(query, conninfo, statement)
 
 
+async def connections_now(conninfo: str) -> int:
+    """Connections of the stores under test at this moment (the query's own excluded)."""
+    rows = await sql(
+        conninfo,
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
+        "application_name = current_setting('application_name')",
+    )
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
 async def open_connections(conninfo: str) -> int:
     """Connections of the stores under test (the query's own excluded), once the server
     has seen closed ones go (a backend exits shortly after its client leaves)."""
     count = -1
     for _ in range(50):
-        rows = await sql(
-            conninfo,
-            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
-            "application_name = current_setting('application_name')",
-        )
-        count = int(rows[0][0])  # type: ignore[call-overload]
+        count = await connections_now(conninfo)
         if count == 0:
             break
         await anyio.sleep(0.05)
@@ -172,6 +177,9 @@ class TestSchema:
     def test_arguments_are_checked(self) -> None:
         with pytest.raises(ConfigurationError, match="max_connections"):
             PostgresSessionStore("dbname=x", max_connections=0)
+        for wrong in (0, True, 2.0):
+            with pytest.raises(ConfigurationError, match="max_sessions"):
+                PostgresSessionStore("dbname=x", max_sessions=wrong)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="conninfo"):
             PostgresSessionStore(b"dbname=x")  # type: ignore[arg-type]
 
@@ -411,6 +419,91 @@ class TestWorkers:
                 pass
         await waiter.aclose()
         assert await open_connections(conninfo) == 0
+
+
+def parking(parked: list[str], release: anyio.Event) -> type[Agent]:
+    """An agent class whose tool notes its run in ``parked`` and waits for ``release``."""
+
+    class Parked(Agent):
+        instructions = "Park."
+
+        @tool
+        async def park(self) -> str:
+            """Wait to be released."""
+            parked.append("in")
+            await release.wait()
+            return "parked"
+
+    return Parked
+
+
+async def run_parked(agent: type[Agent], store: PostgresSessionStore, session_id: str) -> None:
+    model = ScriptedModel([tool_call_response("park", {}), text_response("done")])
+    await agent(model=model, session_store=store).run("go", session_id=session_id)
+
+
+class TestSessionBound:
+    async def test_a_spike_of_runs_waits_for_the_stores_sessions(self, conninfo: str) -> None:
+        """Twelve runs of twelve sessions on a store of two held sessions open three
+        connections at most, and all finish (unbounded, each opened one, and past the
+        server's slots each refused one failed at once)."""
+        parked: list[str] = []
+        release = anyio.Event()
+        Parked = parking(parked, release)
+        store = PostgresSessionStore(conninfo, max_connections=1, max_sessions=2)
+        async with anyio.create_task_group() as group:
+            for index in range(12):
+                group.start_soon(run_parked, Parked, store, f"s{index}")
+            assert await eventually(lambda: len(parked) == 2)
+            await anyio.sleep(0.2)
+            assert len(parked) == 2
+            assert await connections_now(conninfo) <= 3
+            release.set()
+        assert len(parked) == 12
+        for index in range(12):
+            assert [message.text for message in await store.load(f"s{index}")][-1] == "done"
+        await store.aclose()
+        assert await open_connections(conninfo) == 0
+
+    async def test_a_run_waiting_for_a_session_slot_keeps_its_deadline(self, conninfo: str) -> None:
+        parked: list[str] = []
+        release = anyio.Event()
+        Parked = parking(parked, release)
+        store = PostgresSessionStore(conninfo, max_sessions=1)
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_parked, Parked, store, "a")
+            assert await eventually(lambda: len(parked) == 1)
+            model = ScriptedModel([text_response("never")])
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceededError, match="still waiting to hold session 'b'"):
+                await Parked(model=model, session_store=store).run(
+                    "go", session_id="b", timeout=0.3
+                )
+            assert time.monotonic() - started < 1.5
+            assert model.requests == []
+            release.set()
+        assert await store.load("b") == ()
+        await store.aclose()
+
+    async def test_a_run_inside_a_run_takes_no_slot(self, conninfo: str) -> None:
+        """A tool's run of another session would otherwise wait for its own run's slot."""
+        store = PostgresSessionStore(conninfo, max_sessions=1)
+
+        class Outer(Agent):
+            instructions = "Ask inside."
+
+            @tool
+            async def ask(self) -> str:
+                """Ask another session."""
+                inner = Noter(model=ScriptedModel([text_response("inner")]), session_store=store)
+                return str((await inner.run("inner", session_id="inner")).output)
+
+        model = ScriptedModel([tool_call_response("ask", {}), text_response("outer")])
+        with anyio.fail_after(5):
+            result = await Outer(model=model, session_store=store).run("go", session_id="outer")
+        assert result.output == "outer"
+        assert model.requests[1].messages[-1].tool_results[0].content == "inner"
+        await store.aclose()
 
 
 HOLDER = textwrap.dedent(

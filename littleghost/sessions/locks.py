@@ -46,6 +46,7 @@ __all__ = [
     "SessionLocks",
     "TimeLeft",
     "Waiter",
+    "acquire",
     "hold_session",
     "shared_locks",
 ]
@@ -140,9 +141,10 @@ class _Entry:
 
 
 class _ThreadWait:
-    """Waits for a ``threading.Lock`` in a worker thread; can be given up at any time."""
+    """Waits for a ``threading.Lock`` (or semaphore) in a worker thread; can be given up
+    at any time."""
 
-    def __init__(self, mutex: threading.Lock) -> None:
+    def __init__(self, mutex: threading.Lock | threading.Semaphore) -> None:
         self._mutex = mutex
         self._guard = threading.Lock()
         self._abandoned = False
@@ -170,7 +172,8 @@ class _ThreadWait:
                 self._mutex.release()
 
 
-async def _acquire(mutex: threading.Lock) -> None:
+async def acquire(mutex: threading.Lock | threading.Semaphore) -> None:
+    """Take ``mutex``, waiting in a worker thread (cancellable) when it is taken."""
     if mutex.acquire(blocking=False):
         return
     wait = _ThreadWait(mutex)
@@ -267,7 +270,7 @@ class SessionLocks:
             entry.users += 1
         try:
             async with queue.lock:
-                await _acquire(entry.mutex)
+                await acquire(entry.mutex)
                 try:
                     with _recorded(id(self), session_id):
                         yield
@@ -281,6 +284,10 @@ class SessionLocks:
                 entry.users -= 1
                 if entry.users == 0 and self._entries.get(session_id) is entry:
                     del self._entries[session_id]  # (a fork since may have dropped it)
+
+    def holds_any(self) -> bool:
+        """Whether the current task (or the run it belongs to) holds a session here."""
+        return any(hold.active and hold.owner == id(self) for hold in _HELD.get())
 
     def held(self, session_id: str) -> Hold | None:
         """The current task's hold of ``session_id`` in this table, if it holds it."""

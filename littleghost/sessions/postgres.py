@@ -25,7 +25,12 @@ import threading
 import traceback
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -60,7 +65,7 @@ from littleghost.sessions.codec import (
     messages_to_json,
 )
 from littleghost.sessions.forks import reset_in_child
-from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
+from littleghost.sessions.locks import SessionLocks, TimeLeft, acquire, shared_locks
 
 if TYPE_CHECKING:
     import psycopg
@@ -430,6 +435,40 @@ _POOLS = reset_in_child(_Pool._forget_in_child)
 slot."""
 
 
+class _SessionSlots:
+    """At most ``size`` sessions held at once, each on a connection of its own; a holder
+    past them waits, in arrival order within an event loop."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._forget_in_child()
+        _SESSION_SLOTS.add(self)
+
+    def _forget_in_child(self) -> None:
+        """In a process ``fork()`` made: the parent's holders hold no slot."""
+        self._slots = threading.BoundedSemaphore(self._size)
+
+    @asynccontextmanager
+    async def taken(self) -> AsyncIterator[None]:
+        """A slot while the context is open (waiting for one is cancellable)."""
+        queue, borrower = thread_limiter(self, self._size), object()
+        await queue.acquire_on_behalf_of(borrower)
+        try:
+            slots = self._slots
+            await acquire(slots)
+            try:
+                yield
+            finally:
+                slots.release()
+        finally:
+            queue.release_on_behalf_of(borrower)
+
+
+_SESSION_SLOTS = reset_in_child(_SessionSlots._forget_in_child)
+"""The stores' session slots: in a process ``fork()`` made, the parent's holders hold
+none."""
+
+
 class PostgresSessionStore:
     """Sessions in PostgreSQL, for deployments with many workers on many machines.
 
@@ -462,6 +501,13 @@ class PostgresSessionStore:
         conninfo: A libpq connection string or URI.
         max_connections: Connections kept for short operations (> 0); each running
             session holds one more while it runs.
+        max_sessions: Sessions held at once (> 0), each by a run on a connection of its
+            own, so that the store opens at most ``max_connections + max_sessions``
+            connections; a run past them waits (in arrival order within an event loop),
+            the wait counting against its deadline. A run started inside a run of the
+            store (from a tool) takes none, as it would wait for its own. ``None``: no
+            bound (a spike of runs opens a connection each, and a run whose connection
+            the server refuses fails).
         connect_timeout: Seconds to wait for a new connection (> 0; libpq waits at
             least 2 s and rounds up to whole seconds); overrides ``connect_timeout``
             in ``conninfo``.
@@ -483,6 +529,7 @@ class PostgresSessionStore:
         conninfo: str,
         *,
         max_connections: int = 10,
+        max_sessions: int | None = None,
         connect_timeout: float = 10.0,
         statement_timeout: float = 30.0,
         read_only: bool = False,
@@ -504,6 +551,12 @@ class PostgresSessionStore:
         ):
             raise ConfigurationError(
                 f"PostgresSessionStore: max_connections must be an int >= 1, not {max_connections!r}"
+            )
+        if max_sessions is not None and (
+            isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
+        ):
+            raise ConfigurationError(
+                f"PostgresSessionStore: max_sessions must be an int >= 1 or None, not {max_sessions!r}"
             )
         for name, value in (
             ("connect_timeout", connect_timeout),
@@ -528,6 +581,7 @@ class PostgresSessionStore:
         self._max_connections = max_connections
         self._read_only = read_only
         self._pool = _Pool(self._pooled, max_connections)
+        self._sessions = None if max_sessions is None else _SessionSlots(max_sessions)
         self._ready = False
         self._stored_at = "NULL"
         """What a query selects for a message's time: ``stored_at``, or ``NULL`` in tables
@@ -727,7 +781,10 @@ class PostgresSessionStore:
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
         locks = await self._prepared()
-        async with locks.hold(session_id):
+        # a run's tool holding another session takes no slot: it would wait for its own
+        slots = None if locks.holds_any() else self._sessions
+        slot = nullcontext() if slots is None else slots.taken()
+        async with locks.hold(session_id), slot:
             # A thread of its own: long waits for sessions do not starve other calls.
             connection = await self._dispatch(
                 lambda operation: self._take_lock(operation, session_id),
