@@ -31,7 +31,7 @@ from littleghost.context import (
     tokens_exceed,
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
-from littleghost.context.view import orphan_results, unanswered_calls
+from littleghost.context.view import interrupted_results, orphan_results, unanswered_calls
 from littleghost.errors import CompactionError, ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import InMemorySessionStore
@@ -187,6 +187,16 @@ def test_pairing_rules_for_duplicated_ids() -> None:
     assert build_view(log) == (first, log[3], second, log[2])
     assert orphan_results(log) == [4]
     assert unanswered_calls(log[:3]) == [(0, "x")]
+
+
+def test_unanswered_calls_are_in_log_order_when_ids_are_reused() -> None:
+    """A reused id waits behind the newer call with it; the calls left open are still
+    listed in the log's order (as the run repairs them), within a message in call order."""
+    first = Message.assistant(tool_calls=[ToolCall("x", "f", {})])
+    both = Message.assistant(tool_calls=[ToolCall("y", "f", {}), ToolCall("x", "f", {})])
+    log = [first, both]
+    assert unanswered_calls(log) == [(0, "x"), (1, "y"), (1, "x")]
+    assert [r.tool_results[0].call_id for r in interrupted_results(log)] == ["x", "y", "x"]
 
 
 # --- records and apply_compaction --------------------------------------------------------
@@ -438,6 +448,25 @@ async def test_compact_session_appends_nothing_that_would_grow_the_view() -> Non
     with pytest.raises(CompactionError, match="would not make the view smaller"):
         await compact_session(store, "s4", Summarization(model=wordy))
     assert await store.load("s4") == tuple(chat)
+
+
+async def test_compact_session_appends_nothing_that_leaves_the_view_as_large() -> None:
+    """A record as large as the message it stands for saves nothing: refused too."""
+
+    class PerMessage:
+        def count_tokens(self, text: str) -> int:
+            return 1
+
+    class Restate:
+        async def compact(self, state: CompactionState) -> None:
+            state.collapse(state.candidates(state.slots)[0], "q0, restated")
+
+    store = InMemorySessionStore()
+    chat = [m for i in range(7) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+    await store.append("s5", chat)
+    with pytest.raises(CompactionError, match="would not make the view smaller"):
+        await compact_session(store, "s5", Restate(), tokenizer=PerMessage())
+    assert await store.load("s5") == tuple(chat)
 
 
 @pytest.mark.parametrize(

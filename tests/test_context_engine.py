@@ -259,6 +259,32 @@ class TestNoThrash:
         assert sum(len(m.tool_results) for m in sent) == 2
         assert estimate_messages(sent) <= 800
 
+    async def test_in_a_large_window_a_collapsed_result_keeps_400_characters_at_most(
+        self,
+    ) -> None:
+        """The tail's results collapse to a 25th of the window in characters, 400 at
+        most: in a 20 000-token window too, each collapsed line stays short."""
+
+        @manage_context(
+            context_window_tokens=20_000, compression_threshold=0.5, preserve_recent_messages=10
+        )
+        class Reading(Agent):
+            pass
+
+        history = [
+            m
+            for i in range(8)
+            for m in (Message.user(f"Question {i}: " + "detail " * 300), Message.assistant("Ok."))
+        ]
+        history += reading(5, words=1_000)
+        model = ScriptedModel([summarizing(text_response("done"))] * 2)
+        await Reading(model=model).run("What did they say?", history=history)
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        collapsed = [
+            m.text for m in model.requests[-1].messages if m.text.startswith("[Tool results:")
+        ]
+        assert collapsed and all(len(text) < 500 for text in collapsed)
+
     async def test_a_tool_loop_with_large_results_makes_a_summary_call_every_other_call_at_most(
         self,
     ) -> None:

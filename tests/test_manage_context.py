@@ -242,6 +242,37 @@ class TestDeclaration:
         await Child(model=overflow).run("go", history=chat(10))
         assert [r.purpose for r in overflow.requests] == ["chat", "context_compaction", "chat"]
 
+    async def test_a_developer_note_a_hook_adds_is_not_one_of_the_preserved_messages(
+        self,
+    ) -> None:
+        """``preserve_recent_messages`` counts the conversation: a parent's hook's note
+        among the newest messages does not take the place of one of them."""
+
+        class Reminded(Agent):
+            instructions = "Be brief."
+
+            @before_model
+            def remind(self, request: ModelRequest) -> ModelRequest:
+                *earlier, last = request.messages
+                note = Message.developer("Answer in English.", id="note")
+                return attrs.evolve(request, messages=(*earlier, note, last))
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.1,
+            preserve_recent_messages=4,
+            summary_ratio=0.8,
+            tokenizer=PerMessage(),
+        )
+        class Managed(Reminded):
+            pass
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Managed(model=model).run("go", history=chat(6))
+        assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+        sent = [message.text for message in model.requests[1].messages]
+        assert sent[2:] == ["m answer 4", "m question 5", "m answer 5", "Answer in English.", "go"]
+
     async def test_own_hooks_see_the_compacted_request_and_parents_run_first(self) -> None:
         """Capability hooks run after the parent's hooks and before the class's own."""
         seen: list[tuple[str, int]] = []
@@ -701,6 +732,26 @@ class TestWhatIsSent:
 
 
 class TestTheLog:
+    async def test_the_log_keeps_whole_a_result_the_requests_show_cut(self) -> None:
+        """Under context management ``max_tool_result_tokens`` cuts what each request shows
+        of a tool result; the log keeps it whole."""
+
+        @manage_context(context_window_tokens=4_000)
+        class Reading(Agent):
+            max_tool_result_tokens = 20
+
+            @tool
+            def read(self) -> str:
+                """Read the file."""
+                return "a line of the file " * 100
+
+        model = ScriptedModel([tool_call_response("read", {}), text_response("done")])
+        result = await Reading(model=model).run("Read it.")
+        (logged,) = [r for m in result.messages for r in m.tool_results]
+        (sent,) = [r for m in model.requests[1].messages for r in m.tool_results]
+        assert logged.content == "a line of the file " * 100
+        assert "truncated" in sent.content
+
     async def test_summary_is_appended_and_originals_stay(self) -> None:
         """The log keeps every original message; the summary is appended, marked."""
         history = chat(30)
@@ -1793,7 +1844,8 @@ class TestOverflow:
         )
         sent = [r for m in model.requests[-1].messages for r in m.tool_results]
         assert len(sent) == 2 and all("tokens truncated" in r.content for r in sent)
-        assert estimate_messages(model.requests[2].messages) <= 500  # the retried request
+        # the retried request, its results cut a quarter at a time: no further than needed
+        assert 3 * 500 // 4 < estimate_messages(model.requests[2].messages) <= 500
         assert [r.content.startswith(f"file{i}.txt") for i, r in enumerate(sent)] == [True] * 2
         logged = [r for m in result.messages for r in m.tool_results]
         assert [len(r.content) for r in logged] == [
@@ -2794,6 +2846,57 @@ class TestPreview:
         log = [*chat(26), Message.user("more?"), marked, Message.user("go")]
         preview = self.preview(Small(), log, 100)
         assert 50 <= preview.estimated_tokens < 65
+        assert (preview.waits_until, preview.compaction_due) == (65, False)
+        model = ScriptedModel([text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert [request.purpose for request in model.requests] == ["chat"]
+
+    async def test_it_compacts_once_the_request_has_grown_to_the_size_it_waited_for(
+        self,
+    ) -> None:
+        """The wait ends at ``waits_until``: a request of exactly that size compacts."""
+        log = [*chat(26), Message.user("more?"), Message.assistant("noted"), Message.user("go")]
+        estimated = self.preview(Small(), log, 100).estimated_tokens
+        log[-2] = attrs.evolve(log[-2], metadata={AFTER_KEY: estimated - 10})
+        preview = self.preview(Small(), log, 100)
+        assert (preview.waits_until, preview.compaction_due) == (estimated, True)
+        model = ScriptedModel([summary_step(), text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert model.requests[0].purpose == "context_compaction"
+
+    async def test_left_exactly_at_a_low_threshold_it_waits_for_a_tenth_of_the_window(
+        self,
+    ) -> None:
+        """At the threshold, the wait is ``REGROWTH`` of the window, not the smaller room
+        a compaction under a low threshold aims to leave."""
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.3,
+            preserve_recent_messages=4,
+            tokenizer=PerMessage(),
+        )
+        class Low(Agent):
+            instructions = "Be brief."
+
+        marked = Message.assistant("noted", metadata={AFTER_KEY: 30})
+        log = [*chat(17), Message.user("more?"), marked, Message.user("go")]
+        preview = self.preview(Low(), log, 100)
+        assert (preview.threshold_tokens, preview.estimated_tokens) == (30, 38)
+        assert (preview.waits_until, preview.compaction_due) == (40, False)
+        model = ScriptedModel([text_response("ok")])
+        await Low(model=model).run(log[-1], history=log[:-1])
+        assert [request.purpose for request in model.requests] == ["chat"]
+
+    async def test_the_newest_compaction_s_size_is_the_one_the_next_run_waits_from(
+        self,
+    ) -> None:
+        """Two compactions left their sizes in the log: the newest one's decides."""
+        older = Message.assistant("noted", metadata={AFTER_KEY: 10})
+        newer = Message.assistant("noted again", metadata={AFTER_KEY: 55})
+        log = [*chat(25), Message.user("q"), older, Message.user("more?"), newer]
+        log.append(Message.user("go"))
+        preview = self.preview(Small(), log, 100)
         assert (preview.waits_until, preview.compaction_due) == (65, False)
         model = ScriptedModel([text_response("ok")])
         await Small(model=model).run(log[-1], history=log[:-1])

@@ -46,7 +46,12 @@ from littleghost.errors import (
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.output import OUTPUT_TOOL
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 
 from .conftest import Spans
 
@@ -354,6 +359,16 @@ class TestRules:
         assert estimate_message(next(m for m in sent if m.tool_results), BYTES) <= 250 + 10
         assert next(m for m in sent if m.tool_calls).tool_calls[0].arguments == {"city": "city 0"}
 
+    async def test_a_small_limit_still_leaves_a_result_floor_tokens(self) -> None:
+        """A quarter of a 400-token limit is under floor_tokens (128): an older result is
+        excerpted to the floor, not to the quarter."""
+        log = turn(0, result="BEGIN " + "x" * 6_000 + " END", answer="It is mostly sunny.")
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(prompt_budget_tokens=400)(model=model).run("now", history=log)
+        (result,) = [m for m in model.requests[0].messages if m.tool_results]
+        assert "truncated" in result.tool_results[0].content
+        assert 120 <= estimate_message(result, BYTES) <= 128 + 10
+
     async def test_intermediate_text_in_kept_turns_is_shortened(self) -> None:
         """When a turn fits only with its intermediate text shortened, it is shortened."""
         chatty = [
@@ -373,6 +388,23 @@ class TestRules:
         thinking = next(m for m in sent if m.tool_calls)
         assert thinking.text.startswith("Let me think.") and "truncated" in thinking.text
         assert any(m.text == "It is sunny." for m in sent)
+
+    async def test_the_current_turn_s_results_are_cut_down_to_floor_tokens(self) -> None:
+        """Four results that fit the limit only at ``floor_tokens`` each are cut that far
+        (at twice that, the turn alone was over the limit)."""
+
+        class Reading(bounded_agent(prompt_budget_tokens=350, floor_tokens=32)):  # type: ignore[misc]
+            @tool
+            def read(self, part: int) -> str:
+                """Read a part."""
+                return f"part {part}: " + "x" * 4_000
+
+        calls = [ToolCall(f"c{part}", "read", {"part": part}) for part in range(4)]
+        model = ScriptedModel([tool_calls_response(*calls), text_response("done")])
+        result = await Reading(model=model).run("Read the four parts.")
+        assert result.output == "done"
+        sent = [r.content for m in model.requests[1].messages for r in m.tool_results]
+        assert len(sent) == 4 and all("truncated" in content for content in sent)
 
     async def test_older_items_are_capped_and_images_become_placeholders(self) -> None:
         """Older messages are capped at history_item_tokens; earlier images are placeholders."""
@@ -558,6 +590,17 @@ class TestRules:
         assert "memory 19" in memory.text and "memory 0:" not in memory.text
         assert estimate_message(memory, BYTES) <= 120 + 10
         assert not any(m.role is Role.DEVELOPER for m in result.messages)
+
+    async def test_a_memory_over_the_memories_budget_is_passed_over(self) -> None:
+        """A newest memory too long for memory_tokens is left out; the older ones that fit
+        are still sent."""
+        entries = ["likes tea", "lives in Lyon", "notes: " + "fact " * 200]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(memory=lambda context: entries, memory_tokens=120)(model=model).run(
+            "now"
+        )
+        (memory,) = memories(model.requests[0])
+        assert memory.text.splitlines()[1:] == ["- likes tea", "- lives in Lyon"]
 
     async def test_a_provider_may_return_none_for_no_memories(self) -> None:
         """None from the provider is no memories: no memories message is sent."""
@@ -869,6 +912,26 @@ class TestWithSummaries:
         assert excerpt_lines(first) and excerpt_lines(retried) == excerpt_lines(first)
         assert retried.messages == first.messages
 
+    async def test_a_hooks_retry_with_an_excerpt_line_cut_out_is_answered(self) -> None:
+        """An after_model_error hook cut a line out of the excerpts: they no longer match
+        the turns they name, so the retried view is built without them (no error)."""
+
+        def cut_line(message: Message) -> Message:
+            if not message.metadata.get(EXCERPTS_KEY):
+                return message
+            return attrs.evolve(message, content=[TextPart(message.text.rsplit("\n", 1)[0])])
+
+        class Retrying(bounded_agent(prompt_budget_tokens=800)):  # type: ignore[misc]
+            @after_model_error
+            def shorter(self, request: ModelRequest, error: Exception) -> ModelRequest:
+                return attrs.evolve(request, messages=[cut_line(m) for m in request.messages])
+
+        model = ScriptedModel([RuntimeError("flaky"), text_response("done")])
+        result = await Retrying(model=model).run("now", history=history(40))
+        assert result.output == "done"
+        first, retried = model.requests
+        assert excerpt_lines(first) and not excerpt_lines(retried)
+
     async def test_a_hooks_retry_has_the_excerpts_as_the_hook_left_them(self) -> None:
         """The hook's replacement decides: excerpts it scrubbed stay scrubbed, excerpts it
         left out stay out, and a turn it puts back is not excerpted twice, nor out of the
@@ -917,6 +980,27 @@ class TestWithSummaries:
         assert excerpt_lines(retried["drop"]) == []
         for turns in [(32, 33), (31,), (30, 31), (20,)]:  # in the log's order, once each
             assert excerpt_lines(retried[f"put back {turns}"]) == excerpt_lines(first), turns
+
+    async def test_the_tighter_view_fits_a_model_that_does_not_count(self) -> None:
+        """summarize=False, a model that does not count and takes twice the estimate's
+        tokens: the overflow's figure sizes the retried view with a margin, so the one
+        retry fits (sized exactly in proportion, it overflowed again)."""
+        window = 1_800
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            real = 2 * size(request)
+            if real + (request.max_tokens or 0) > window:
+                raise ContextWindowOverflowError(
+                    "too long", prompt_tokens=real, context_window=window
+                )
+            return text_response("done")
+
+        model = ScriptedModel([respond] * 3)
+        result = await bounded_agent(prompt_budget_tokens=4_000)(model=model).run(
+            "now", history=history(60)
+        )
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests] == ["chat", "chat"]
 
     async def test_a_view_the_model_counts_over_the_window_is_tightened_until_it_fits(
         self, spans: Spans

@@ -107,6 +107,20 @@ async def test_truncation_stops_once_under_the_token_trigger() -> None:
     assert_whole(view)
 
 
+async def test_truncation_removes_nothing_when_its_target_holds_from_the_start() -> None:
+    log = conversation(20)
+    target = ~messages_exceed(len(log))
+    view = await apply_compaction(log, Truncation(target=target, minimum_preserved=0))
+    assert view == tuple(log)
+
+
+async def test_the_exclusion_record_says_how_many_messages_it_leaves_out() -> None:
+    log = conversation(20)
+    (record,) = await compaction_records(log, Truncation(), tokenizer=None)
+    left_out = len(log) - len(await apply_compaction(log, Truncation()))
+    assert record.text == f"[{left_out} earlier messages are excluded from the context.]"
+
+
 async def test_truncation_keeps_the_minimum_even_over_the_trigger() -> None:
     log = conversation(5)
     view = await apply_compaction(log, Truncation(trigger=tokens_exceed(1), minimum_preserved=4))
@@ -132,6 +146,14 @@ async def test_sliding_window_by_turns_counts_leading_groups_as_a_turn() -> None
     assert view == (log[0], *turn_of(log, 0), *turn_of(log, 1))
     view = await apply_compaction(log, SlidingWindow(keep_last_turns=1))
     assert view == (log[0], *turn_of(log, 1))
+
+
+async def test_sliding_window_removes_nothing_when_its_target_holds_from_the_start() -> None:
+    """The leading groups are a turn of their own: checked against the target as a user
+    turn is, before they go."""
+    log = [Message.system("s"), Message.assistant("welcome"), *turn(0), *turn(1)]
+    window = SlidingWindow(keep_last_turns=1, target=~messages_exceed(len(log)))
+    assert await apply_compaction(log, window) == tuple(log)
 
 
 def turn_of(log: list[Message], number: int) -> list[Message]:
@@ -280,6 +302,33 @@ async def test_summarization_keeps_the_newest_four_groups_and_writes_one_summary
     assert "question 3" not in transcript
     covered = set(view[1].metadata["littleghost.summary.covers"])
     assert covered == {m.id for m in log[1:-5]}
+
+
+async def test_a_summary_of_every_group_ends_the_view() -> None:
+    """With nothing preserved, the summary has nothing to stand before: it comes last."""
+    model = ScriptedModel([text_response("They asked about the weather.")])
+    log = conversation(4)
+    view = await apply_compaction(log, Summarization(model=model, minimum_preserved=0))
+    assert view[0] is log[0] and len(view) == 2
+    assert view[1].is_summary and "They asked about the weather." in view[1].text
+
+
+class Words:
+    """One token per word."""
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+async def test_notes_that_reached_the_cap_exactly_are_rewritten() -> None:
+    model = ScriptedModel([text_response("one two three four"), text_response("rewritten")])
+    strategy = Summarization(model=model, max_tokens=4, quote_specifics=False)
+    log = conversation(4)
+    first = await compaction_records(log, strategy, tokenizer=Words())
+    later = [*log, *first, *turn(9), *turn(10)]
+    (summary,) = await compaction_records(later, strategy, tokenizer=Words())
+    assert first[0].text == SUMMARY_PREFIX + "one two three four"
+    assert summary.text == SUMMARY_PREFIX + "rewritten"  # not added to the full notes
 
 
 async def test_summarization_folds_the_previous_summary_in() -> None:
@@ -496,7 +545,9 @@ async def test_pipeline_children_check_their_own_triggers() -> None:
     view = await apply_compaction(log, pipeline)
     assert not any(m.text.startswith("[Tool results") for m in view)
     assert sum(bool(m.tool_calls) for m in view) == 1
-    assert await apply_compaction(log, Pipeline(Truncation(), trigger=never)) == tuple(log)
+    truncation = Truncation(minimum_preserved=1)  # the default keeps all 6 turns anyway
+    assert len(await apply_compaction(log, Pipeline(truncation))) < len(log)
+    assert await apply_compaction(log, Pipeline(truncation, trigger=never)) == tuple(log)
 
 
 async def test_a_later_step_works_on_the_summary_an_earlier_one_made() -> None:
@@ -870,6 +921,20 @@ async def test_state_steps_keep_the_metrics_current() -> None:
     groups = seen["groups"]
     assert seen["after"] == (groups - 1, len(log) - 1, estimate_messages(log) - seen["size"])
     assert record.metadata["littleghost.compaction.covers"] == [log[1].id]
+
+
+async def test_restore_puts_back_only_an_excluded_group() -> None:
+    """A group merged into a record stays in it: restoring it changes nothing."""
+
+    class Merging:
+        async def compact(self, state: CompactionState, /) -> None:
+            state.merge([1, 2], "[two groups]")
+            state.restore(2)
+
+    log = conversation(2)
+    view = await apply_compaction(log, Merging())
+    assert view[1].text == "[two groups]"
+    assert [view[0], *view[2:]] == [log[0], *log[4:]]  # the call and its result in the record
 
 
 class SystemDropper:

@@ -145,6 +145,21 @@ class TestStrategies:
         (event,) = spans.compactions()
         assert event["littleghost.compaction.outcome"] == "error"
 
+    async def test_a_strategy_that_saves_nothing_is_a_failed_compaction(self, spans: Spans) -> None:
+        """A record as large as the message it stands for: nothing is appended, an error
+        event, the request unchanged."""
+
+        class Restate:
+            async def compact(self, state: CompactionState) -> None:
+                state.collapse(state.candidates(state.slots)[0], "q0, restated")
+
+        model = ScriptedModel([text_response("done")])
+        result = await managed(Restate())(model=model).run("go", history=chat(40))
+        assert len(model.requests[0].messages) == 82
+        assert not any(m.metadata.get("littleghost.compaction.kind") for m in result.messages)
+        (event,) = spans.compactions()
+        assert event["littleghost.compaction.outcome"] == "error"
+
     def test_strategy_with_summarize_false_is_rejected(self) -> None:
         """strategy= with summarize=False is a contradiction caught at class definition."""
         with pytest.raises(ConfigurationError, match="strategy"):

@@ -13,8 +13,9 @@ import pytest
 from littleghost import ImagePart, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator, TokenBudget, apply_compaction
 from littleghost.context.index import RECENT_LOGS
-from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.context.tokens import estimate_message, estimate_request, prompt_text
 from littleghost.errors import ConfigurationError
+from littleghost.models import OutputSchema
 
 NUMBER = "a finite number > 0"
 COUNT = "an int >= 0"
@@ -179,3 +180,29 @@ def test_a_message_is_estimated_as_its_prompt_text_whatever_its_script() -> None
             )
             expected = estimator.count_tokens(prompt_text(message))
             assert estimate_message(message, estimator) == expected, message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("stop", ["END"]),
+        ("response_format", {"type": "json_object"}),
+        ("tool_choice", {"type": "function", "function": {"name": "weather"}}),
+    ],
+)
+def test_the_settings_that_reach_the_prompt_count_and_no_others(key: str, value: Any) -> None:
+    messages = [Message.user("hi")]
+    plain = estimate_request(messages, (), {})
+    assert estimate_request(messages, (), {key: value}) > plain
+    assert estimate_request(messages, (), {"temperature": 0.5, "seed": 7}) == plain
+
+
+def test_an_output_schema_counts() -> None:
+    messages = [Message.user("hi")]
+    schema = OutputSchema("answer", {"type": "object", "properties": {"city": {"type": "string"}}})
+    plain = estimate_request(messages, (), {})
+    assert estimate_request(messages, (), {}, output_schema=schema) > plain
+
+
+def test_the_byte_estimate_rounds_up() -> None:
+    assert [ByteEstimator().count_tokens(text) for text in ("", "a", "abc", "abcd")] == [0, 1, 1, 2]
