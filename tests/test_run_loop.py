@@ -30,6 +30,7 @@ from littleghost import (
     ToolResult,
     Usage,
     after_model,
+    after_tool,
     before_tool,
     tool,
 )
@@ -41,6 +42,7 @@ from littleghost.errors import (
     ProtocolError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.runner import WITHHELD_TEXT
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -187,6 +189,47 @@ async def test_max_turns_raises_limit_exceeded() -> None:
         await Counter(model=model, max_turns=3).run("count forever")
     assert (caught.value.limit, caught.value.value) == ("max_turns", 3)
     assert len(model.requests) == 3
+
+
+async def test_the_calls_of_the_last_turn_are_answered_unrun() -> None:
+    """At max_turns no model call would read their results: the last turn's calls never
+    run, and the log answers them as not run."""
+    ran: list[int] = []
+
+    class Recording(Counter):
+        @tool
+        async def record(self, n: int) -> int:
+            """Record n."""
+            ran.append(n)
+            return n
+
+    model = ScriptedModel([tool_call_response("record", {"n": n}) for n in range(3)])
+    agent = Recording(model=model, max_turns=2, session_store=InMemorySessionStore())
+    with pytest.raises(LimitExceededError, match="max_turns=2"):
+        await agent.run("record", session_id="s")
+    assert ran == [0]
+    last = (await agent.session_store.load("s"))[-1]
+    assert last.tool_results[0].is_error
+    assert last.tool_results[0].content == "Not run: the run reached max_turns=2."
+
+
+async def test_a_result_an_after_tool_hook_failed_on_is_logged_as_withheld() -> None:
+    """The tool finished, then its after_tool hook raised: the run ends with the hook's
+    error, and the log tells the model the call ran, its result withheld (not that it was
+    stopped before it finished)."""
+
+    class Audited(Counter):
+        @after_tool
+        def audit(self, result: ToolResult) -> ToolResult:
+            raise RuntimeError("the audit log is down")
+
+    model = ScriptedModel([tool_call_response("count", {"n": 1}), text_response("never")])
+    agent = Audited(model=model, session_store=InMemorySessionStore())
+    with pytest.raises(RuntimeError, match="the audit log is down"):
+        await agent.run("count", session_id="s")
+    last = (await agent.session_store.load("s"))[-1]
+    assert last.tool_results[0].is_error
+    assert last.tool_results[0].content == WITHHELD_TEXT
 
 
 async def test_max_tool_calls_raises_limit_exceeded() -> None:

@@ -186,6 +186,22 @@ async def test_a_tools_side_call_is_not_the_turns_call(via: str) -> None:
         assert reported(events) == result.usage
 
 
+async def test_a_failed_side_call_billed_nothing_is_not_reported() -> None:
+    """A side call whose error bills nothing has no usage to report: no event (the tool
+    fails, and the run goes on)."""
+    model = ScriptedModel(
+        [
+            tool_call_response("digest", {}, input_tokens=5, output_tokens=1),
+            ValueError("the digest model is down"),
+            text_response("Here you go.", input_tokens=9, output_tokens=3),
+        ]
+    )
+    result, events = await go(Digesting(model=model), "stream", "Digest it.")
+    assert result.output == "Here you go."
+    assert not [event for event in events if isinstance(event, SideCallFinished)]
+    assert reported(events) == result.usage == Usage(14, 4)
+
+
 def own_summarizer() -> Capability:
     """A third party's compaction-like capability: before the turn's call, a summary call
     through ``context.complete(report=False)``, reported by compaction events of its own."""

@@ -47,7 +47,13 @@ from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import StreamDone, TextChunk
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.stream import RunStream, StreamStateError
-from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    streamed,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 
 from .conftest import Spans
 from .conversations import PerMessage
@@ -240,6 +246,31 @@ class TestEvents:
         assert events.result.output == "HI THERE"
 
 
+async def test_a_call_that_finished_first_is_reported_after_the_earlier_call() -> None:
+    """Results are stored, and reported, in call order as soon as they and the calls before
+    them are done: the second call, finished first, is reported once the first is."""
+    second_done = anyio.Event()
+
+    class Waiting(Agent):
+        @tool
+        async def first(self) -> str:
+            """Finish after the second."""
+            await second_done.wait()
+            return "one"
+
+        @tool
+        async def second(self) -> str:
+            """Finish at once."""
+            second_done.set()
+            return "two"
+
+    both = tool_calls_response(ToolCall("c1", "first", {}), ToolCall("c2", "second", {}))
+    model = ScriptedModel([both, text_response("done")])
+    async with Waiting(model=model).stream("go") as events:
+        finished = [e.result.call_id async for e in events if isinstance(e, ToolCallFinished)]
+    assert finished == ["c1", "c2"]
+
+
 class TestStates:
     async def test_bad_arguments_fail_at_the_call(self) -> None:
         """stream() checks its arguments before any run starts."""
@@ -261,6 +292,27 @@ class TestStates:
 
         anyio.run(consume)
         assert events.result.output == "hello"
+
+    async def test_a_stream_is_entered_once(self) -> None:
+        """A stream is one run: entering it again is refused, and nothing runs again."""
+        model = ScriptedModel([text_response("hello"), text_response("again")])
+        stream = Agent(model=model).stream("go")
+        async with stream as events:
+            async for _ in events:
+                pass
+        with pytest.raises(StreamStateError, match="entered once"):
+            async with stream:
+                pass
+        assert len(model.requests) == 1
+
+    async def test_before_the_run_starts_its_messages_are_the_history(self) -> None:
+        history = [Message.user("earlier"), Message.assistant("earlier answer")]
+        stream = Agent(model=ScriptedModel([text_response("now")])).stream("go", history=history)
+        assert stream.messages == tuple(history)
+        async with stream as events:
+            async for _ in events:
+                pass
+        assert [m.text for m in events.messages] == ["earlier", "earlier answer", "go", "now"]
 
     async def test_result_before_completion_raises(self) -> None:
         """events.result is there only once the run has completed."""
