@@ -37,6 +37,7 @@ from littleghost.sessions import (
     message_from_json,
     message_to_json,
 )
+from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
 from littleghost.sessions.codec import MAX_DEPTH, check_storable
 
 from .stores import KINDS, BuiltinStore, PlainStore, open_store
@@ -690,6 +691,13 @@ class TestBadInput:
         assert isinstance(caught.value, LittleGhostError)
         assert await store.list_sessions() == ("kept",)
         assert len(await store.load("kept")) == 1
+
+    async def test_a_session_id_of_the_longest_length_is_kept(self, store: BuiltinStore) -> None:
+        longest = "s" * MAX_SESSION_ID_LENGTH
+        await store.append(longest, [Message.user("x")])
+        assert await store.list_sessions() == (longest,)
+        with pytest.raises(UnstorableValueError, match="longest"):
+            await store.append(longest + "s", [Message.user("x")])
 
     @pytest.mark.parametrize(
         ("session_id", "error"),

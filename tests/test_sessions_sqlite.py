@@ -452,6 +452,18 @@ class TestBadFiles:
         await every_operation_fails(SQLiteSessionStore(path), CorruptSessionStoreError)
         assert snapshot(tmp_path) == before
 
+    async def test_a_schema_version_under_1_is_corrupt(self, tmp_path: Path) -> None:
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("kept")])
+        raw(
+            path,
+            "UPDATE littleghost_meta SET value = '0' WHERE key = 'schema_version'",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+        )
+        with pytest.raises(CorruptSessionStoreError, match="unreadable schema_version '0'"):
+            await SQLiteSessionStore(path).load("s")
+
     async def test_a_newer_schema_is_refused_and_left_untouched(self, tmp_path: Path) -> None:
         path = tmp_path / "s.db"
         async with SQLiteSessionStore(path) as store:
