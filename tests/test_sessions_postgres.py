@@ -505,6 +505,80 @@ class TestSessionBound:
         assert model.requests[1].messages[-1].tool_results[0].content == "inner"
         await store.aclose()
 
+    async def test_a_run_started_while_reading_a_stream_takes_no_slot(self, conninfo: str) -> None:
+        """The stream's run holds the only slot and waits for its reader, which waited for
+        that slot."""
+        store = PostgresSessionStore(conninfo, max_sessions=1)
+        model = ScriptedModel([tool_call_response("note", {"text": "a"}), text_response("s")])
+        streamed = Noter(model=model, session_store=store)
+        with anyio.fail_after(10):
+            async with streamed.stream("go", session_id="streamed") as events:
+                async for _ in events:
+                    other = Noter(model=ScriptedModel([text_response("o")]), session_store=store)
+                    assert (await other.run("other", session_id="other")).output == "o"
+                    break
+        assert (await store.load("other"))[-1].text == "o"
+        await store.aclose()
+
+    async def test_a_tools_run_of_a_session_a_run_waits_to_hold(self, conninfo: str) -> None:
+        """Run A of session x waits for the slot run B holds; B's tool then runs x (taking
+        no slot) first. (A held x in this process while it waited for its slot: each
+        waited for the other.)"""
+        store = PostgresSessionStore(conninfo, max_sessions=1)
+        in_tool, go_on = anyio.Event(), anyio.Event()
+
+        class Outer(Agent):
+            instructions = "Ask inside."
+
+            @tool
+            async def ask(self) -> str:
+                """Ask session x."""
+                in_tool.set()
+                await go_on.wait()
+                inner = Noter(model=ScriptedModel([text_response("inner")]), session_store=store)
+                return str((await inner.run("inner", session_id="x")).output)
+
+        async def direct() -> None:
+            agent = Noter(model=ScriptedModel([text_response("direct")]), session_store=store)
+            await agent.run("direct", session_id="x")
+
+        model = ScriptedModel([tool_call_response("ask", {}), text_response("outer")])
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(
+                    functools.partial(
+                        Outer(model=model, session_store=store).run, "go", session_id="y"
+                    )
+                )
+                await in_tool.wait()
+                group.start_soon(direct)
+                await anyio.sleep(0.3)  # the direct run waits for the slot
+                go_on.set()
+        assert [message.text for message in await store.load("x")] == [
+            "inner",
+            "inner",
+            "direct",
+            "direct",
+        ]
+        await store.aclose()
+
+    async def test_a_reader_running_the_streamed_session_is_told_it_is_busy(
+        self, conninfo: str
+    ) -> None:
+        """At once, not after waiting for the slot the stream's run holds."""
+        store = PostgresSessionStore(conninfo, max_sessions=1)
+        model = ScriptedModel([tool_call_response("note", {"text": "a"}), text_response("s")])
+        with anyio.fail_after(10):
+            async with Noter(model=model, session_store=store).stream(
+                "go", session_id="s"
+            ) as events:
+                async for _ in events:
+                    again = Noter(model=ScriptedModel([text_response("o")]), session_store=store)
+                    with pytest.raises(SessionBusyError):
+                        await again.run("again", session_id="s")
+                    break
+        await store.aclose()
+
 
 HOLDER = textwrap.dedent(
     """

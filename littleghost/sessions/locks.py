@@ -286,8 +286,9 @@ class SessionLocks:
                     del self._entries[session_id]  # (a fork since may have dropped it)
 
     def holds_any(self) -> bool:
-        """Whether the current task (or the run it belongs to) holds a session here."""
-        return any(hold.active and hold.owner == id(self) for hold in _HELD.get())
+        """Whether the current task (or the run it belongs to, or a stream it is reading)
+        holds a session here."""
+        return any(hold.active and hold.owner == id(self) for hold in _seen_holds())
 
     def held(self, session_id: str) -> Hold | None:
         """The current task's hold of ``session_id`` in this table, if it holds it."""
@@ -362,11 +363,18 @@ def _recorded(owner: int, session_id: str) -> Iterator[None]:
         _HELD.reset(token)
 
 
+def _seen_holds() -> Iterator[Hold]:
+    """The holds of the current task (or the run it belongs to), then those of the runs
+    of the streams it is reading."""
+    yield from _HELD.get()
+    for holds in _WAITED_ON.get():
+        yield from holds
+
+
 def _check_not_held(owner: int, session_id: str) -> None:
     """``SessionBusyError`` when the current task (or the run it belongs to, or a stream
     it is reading) holds ``session_id`` of ``owner``: waiting would never end."""
-    waited_on = (hold for holds in _WAITED_ON.get() for hold in holds)
-    if any(_holds(hold, owner, session_id) for hold in (*_HELD.get(), *waited_on)):
+    if any(_holds(hold, owner, session_id) for hold in _seen_holds()):
         raise SessionBusyError(
             "a run of this session is already in progress in this task (or in a stream "
             "it is reading); a run started from inside it would wait for itself",

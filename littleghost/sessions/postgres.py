@@ -505,7 +505,8 @@ class PostgresSessionStore:
             own, so that the store opens at most ``max_connections + max_sessions``
             connections; a run past them waits (in arrival order within an event loop),
             the wait counting against its deadline. A run started inside a run of the
-            store (from a tool) takes none, as it would wait for its own. ``None``: no
+            store (from a tool), or by the reader of a stream of one, takes none, as it
+            would wait for its own. ``None``: no
             bound (a spike of runs opens a connection each, and a run whose connection
             the server refuses fails).
         connect_timeout: Seconds to wait for a new connection (> 0; libpq waits at
@@ -781,10 +782,12 @@ class PostgresSessionStore:
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
         locks = await self._prepared()
-        # a run's tool holding another session takes no slot: it would wait for its own
+        # a run's tool holding another session, or a stream's reader, takes no slot: it
+        # would wait for its own; the slot comes before the session, which such a run
+        # may want
         slots = None if locks.holds_any() else self._sessions
         slot = nullcontext() if slots is None else slots.taken()
-        async with locks.hold(session_id), slot:
+        async with slot, locks.hold(session_id):
             # A thread of its own: long waits for sessions do not starve other calls.
             connection = await self._dispatch(
                 lambda operation: self._take_lock(operation, session_id),
