@@ -116,7 +116,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python examples/two.py",
         "ruff check littleghost tests examples benchmarks",
         "mypy --strict littleghost examples",
-        "mypy --strict --platform darwin littleghost",
+        "mypy --strict --platform darwin --python-version 3.12 littleghost",
     ]
     assert os.listdir(scratch) == []  # the virtual environment is removed
 
