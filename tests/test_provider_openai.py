@@ -1841,6 +1841,38 @@ async def test_streamed_openrouter_reasoning_details_are_joined_by_block(
     ]
 
 
+async def test_streamed_openrouter_items_without_an_index_stay_apart(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Two items of one type without an index (Gemini's signatures, by call id) are two
+    items, streamed as answered whole (the second was merged into the first, its
+    signature lost)."""
+    details = [
+        GEMINI_DETAILS[1],
+        {"type": "reasoning.encrypted", "data": "sig-B", "id": "c2", "format": "google-gemini-v1"},
+    ]
+    calls = [signed_call("c1", 1, None), signed_call("c2", 2, None)]
+    streamed = sse(
+        chunk({"reasoning_details": details[:1]}),
+        chunk({"tool_calls": [{"index": 0, **calls[0]}]}),
+        chunk({"reasoning_details": details[1:]}),
+        chunk({"tool_calls": [{"index": 1, **calls[1]}]}),
+        chunk({}, finish_reason="tool_calls"),
+    )
+    server = FakeServer(
+        completion({"reasoning_details": details, "tool_calls": calls}, "tool_calls"),
+        event_stream(streamed),
+    )
+    model = make_model(server, base_url=OPENROUTER, context_window=1_000_000)
+    request = ModelRequest([Message.user("add")], [ADD])
+    whole = (await model.respond(request)).message
+    done = [event async for event in model.stream(request)][-1]
+    assert isinstance(done, StreamDone)
+    kept = ReasoningPart("", json.dumps(details), "openrouter")
+    assert kept in whole.reasoning
+    assert kept in done.response.message.reasoning
+
+
 async def test_openrouter_reasoning_details_never_go_to_openai_s_own_api(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

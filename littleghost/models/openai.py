@@ -258,17 +258,25 @@ def _details(message: object) -> list[Any]:
     return details if isinstance(details, list) else []
 
 
+def _continues(piece: dict[str, Any], last: dict[str, Any]) -> bool:
+    """Whether a streamed ``reasoning_details`` piece continues the ``last`` item: of its
+    type and index, and no other field of both set apart (as the ids of two items that
+    have no index)."""
+    if (piece.get("type"), piece.get("index")) != (last.get("type"), last.get("index")):
+        return False
+    return all(
+        key in ("text", "summary") or value in (None, "") or last.get(key) in (None, "", value)
+        for key, value in piece.items()
+    )
+
+
 def _merged_details(details: list[Any], pieces: list[Any]) -> None:
-    """Add streamed ``reasoning_details`` ``pieces`` to ``details``: a piece of the same
-    type and index as the last item continues it (its text or summary appended, the
-    fields it lacked filled, as a signature that comes last)."""
+    """Add streamed ``reasoning_details`` ``pieces`` to ``details``: a piece that continues
+    the last item (``_continues``) has its text or summary appended and the fields it
+    lacked filled (as a signature that comes last)."""
     for piece in pieces:
         last = details[-1] if details else None
-        if not (
-            isinstance(piece, dict)
-            and isinstance(last, dict)
-            and (piece.get("type"), piece.get("index")) == (last.get("type"), last.get("index"))
-        ):
+        if not (isinstance(piece, dict) and isinstance(last, dict) and _continues(piece, last)):
             details.append(dict(piece) if isinstance(piece, dict) else piece)
             continue
         for key, value in piece.items():
