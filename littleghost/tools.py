@@ -214,10 +214,13 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     summary, arg_docs = _parse_docstring(doc)
     tool_description = options.get("description") or summary
     if not tool_description:
-        stripped = " (-OO or PYTHONOPTIMIZE=2 strips them)" if sys.flags.optimize > 1 else ""
+        stripped, instead = "", "@tool(description=...)"
+        if sys.flags.optimize > 1:  # its Args: section went too
+            stripped = " (-OO or PYTHONOPTIMIZE=2 strips them)"
+            instead += ', and Annotated[T, "..."] for what its Args: said of a parameter'
         raise ConfigurationError(
             f"tool {tool_name!r} has no docstring{stripped}: the model needs a description "
-            "(or pass @tool(description=...))"
+            f"(or pass {instead})"
         )
     parameters = list(inspect.signature(function).parameters.values())
     unshown = None

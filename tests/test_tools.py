@@ -1738,6 +1738,8 @@ class Support(Agent):
     )
     assert done.returncode == 1
     assert "'lookup_order' has no docstring (-OO or PYTHONOPTIMIZE=2" in done.stderr
+    # @tool(description=...) alone would leave the parameters undescribed, silently
+    assert 'Annotated[T, "..."] for what its Args: said of a parameter' in done.stderr
 
 
 def test_bad_method_tool_fails_at_class_definition() -> None:
