@@ -651,28 +651,45 @@ async def test_response_translation(make_model: Callable[..., OpenAIModel]) -> N
     assert (response.usage.input_tokens, response.usage.output_tokens) == (120, 30)
 
 
-@pytest.mark.parametrize(
-    ("figures", "expected"),
-    [
-        ((900, 120, 1020, 768, 100), Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100)),
-        ((663, 50, 837, 654, 124), Usage(663, 174, cache_read_tokens=654, reasoning_tokens=124)),
-    ],
-    ids=["reasoning-in-completion", "reasoning-apart"],
-)
-async def test_usage_reports_cached_and_reasoning_tokens_apart(
-    make_model: Callable[..., OpenAIModel], figures: tuple[int, ...], expected: Usage
-) -> None:
-    """Prompt tokens include the cached ones and completion tokens the reasoning ones;
-    both parts are reported, answered whole or streamed. xAI (Grok) counts reasoning
-    tokens apart from completion tokens, as its total shows: output tokens are both."""
-    prompt, completion_tokens, total, cached, reasoning = figures
-    usage = {
+def reported(
+    prompt: int, completion: int, total: int, prompt_details: dict[str, int], reasoning: int = 0
+) -> dict[str, Any]:
+    """A Chat Completions ``usage`` object."""
+    return {
         "prompt_tokens": prompt,
-        "completion_tokens": completion_tokens,
+        "completion_tokens": completion,
         "total_tokens": total,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": prompt_details,
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        (
+            reported(900, 120, 1020, {"cached_tokens": 768}, 100),
+            Usage(900, 120, cache_read_tokens=768, reasoning_tokens=100),
+        ),
+        (
+            reported(663, 50, 837, {"cached_tokens": 654}, 124),
+            Usage(663, 174, cache_read_tokens=654, reasoning_tokens=124),
+        ),
+        (
+            reported(2006, 30, 2036, {"cached_tokens": 1500, "cache_write_tokens": 400}),
+            Usage(2006, 30, cache_read_tokens=1500, cache_write_tokens=400),
+        ),
+    ],
+    ids=["reasoning-in-completion", "reasoning-apart", "cache-writes"],
+)
+async def test_usage_reports_cached_and_reasoning_tokens_apart(
+    make_model: Callable[..., OpenAIModel], usage: dict[str, Any], expected: Usage
+) -> None:
+    """Prompt tokens include the cached ones (read, and written:
+    ``cache_write_tokens``, which OpenAI's newer models bill and OpenRouter reports for
+    Anthropic's) and completion tokens the reasoning ones; each part is reported, answered
+    whole or streamed. xAI (Grok) counts reasoning tokens apart from completion tokens, as
+    its total shows: output tokens are both."""
     answer = completion({"content": "ok"})
     body = json.loads(answer.content)
     body["usage"] = usage
@@ -681,30 +698,6 @@ async def test_usage_reports_cached_and_reasoning_tokens_apart(
         event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
     )
     model = make_model(server)
-    assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
-    events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
-    assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
-
-
-async def test_usage_reports_cache_writes(make_model: Callable[..., OpenAIModel]) -> None:
-    """Tokens written to the prompt cache (``prompt_tokens_details.cache_write_tokens``:
-    OpenAI's newer models bill them, OpenRouter reports them for Anthropic's) are part of
-    the prompt tokens, reported apart, answered whole or streamed."""
-    usage = {
-        "prompt_tokens": 2006,
-        "completion_tokens": 30,
-        "total_tokens": 2036,
-        "prompt_tokens_details": {"cached_tokens": 1500, "cache_write_tokens": 400},
-    }
-    answer = completion({"content": "ok"})
-    body = json.loads(answer.content)
-    body["usage"] = usage
-    server = FakeServer(
-        httpx2.Response(200, json=body),
-        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
-    )
-    model = make_model(server)
-    expected = Usage(2006, 30, cache_read_tokens=1500, cache_write_tokens=400)
     assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
     events = [event async for event in model.stream(ModelRequest([Message.user("hi")]))]
     assert isinstance(events[-1], StreamDone) and events[-1].response.usage == expected
