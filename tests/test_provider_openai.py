@@ -1747,23 +1747,6 @@ async def test_streamed_gemini_thought_signatures_are_kept(
     )
 
 
-async def test_thought_signatures_never_go_to_openai_s_own_api(
-    make_model: Callable[..., OpenAIModel],
-) -> None:
-    """A history written through Gemini, sent to OpenAI's API: no ``extra_content``."""
-    server = FakeServer(completion({"content": "ok"}))
-    history = [
-        Message.user("add"),
-        Message(
-            "assistant",
-            [ReasoningPart("", "sig-A", "google"), ToolCall("c1", "add", {"a": 1, "b": 1})],
-        ),
-        Message.tool("c1", "2"),
-    ]
-    await make_model(server).respond(ModelRequest(history, [ADD]))
-    assert "extra_content" not in server.bodies[0]["messages"][1]["tool_calls"][0]
-
-
 OPENROUTER = "https://openrouter.ai/api/v1"
 GEMINI_DETAILS = [
     {"type": "reasoning.text", "text": "Add them.", "format": "google-gemini-v1", "index": 0},
@@ -1866,23 +1849,29 @@ async def test_streamed_openrouter_items_without_an_index_stay_apart(
     assert kept in done.response.message.reasoning
 
 
-async def test_openrouter_reasoning_details_never_go_to_openai_s_own_api(
-    make_model: Callable[..., OpenAIModel],
+@pytest.mark.parametrize(
+    "kept",
+    [
+        ReasoningPart("", "sig-A", "google"),
+        ReasoningPart("", json.dumps(GEMINI_DETAILS), "openrouter"),
+    ],
+    ids=["thought-signature", "reasoning-details"],
+)
+async def test_signed_reasoning_of_other_servers_never_goes_to_openai_s_own_api(
+    make_model: Callable[..., OpenAIModel], kept: ReasoningPart
 ) -> None:
+    """A history written through Gemini or OpenRouter, sent to OpenAI's API: neither the
+    call's ``extra_content`` nor the message's ``reasoning_details``."""
     server = FakeServer(completion({"content": "ok"}))
     history = [
         Message.user("add"),
-        Message(
-            "assistant",
-            [
-                ReasoningPart("", json.dumps(GEMINI_DETAILS), "openrouter"),
-                ToolCall("c1", "add", {"a": 1, "b": 1}),
-            ],
-        ),
+        Message("assistant", [kept, ToolCall("c1", "add", {"a": 1, "b": 1})]),
         Message.tool("c1", "2"),
     ]
     await make_model(server).respond(ModelRequest(history, [ADD]))
-    assert "reasoning_details" not in server.bodies[0]["messages"][1]
+    sent = server.bodies[0]["messages"][1]
+    assert "reasoning_details" not in sent
+    assert "extra_content" not in sent["tool_calls"][0]
 
 
 async def test_streamed_reasoning_arrives_as_reasoning_chunks(
