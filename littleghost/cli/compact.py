@@ -71,11 +71,12 @@ async def compact_document(
     # opened for writing
     where = f"session {session_id!r}"
     log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
-    # The model is made only to summarize or to learn its window: known without it, and
-    # nothing to cover (which a budget's calibration, kept per model, may change), none is.
+    # The model is made only to summarize or to learn its window: with the window known
+    # without it, and the view sized as with it (a budget's is by a calibration kept per
+    # model), nothing to cover needs none.
     known = window is not None or config.context_window_override is not None
-    unmade = config.budget is None or isinstance(agent.model, Model)
-    if dry_run or not config.summarize or (known and unmade):
+    sized_alike = config.budget is None or isinstance(agent.model, Model)
+    if dry_run or not config.summarize or (known and sized_alike):
         advance(1 if dry_run else 0, "choosing what to cover")
         used = window_of(agent, window)
         records = await managed_records(

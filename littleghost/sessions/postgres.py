@@ -506,9 +506,8 @@ class PostgresSessionStore:
             connections; a run past them waits (in arrival order within an event loop),
             the wait counting against its deadline. A run started inside a run of the
             store (from a tool), or by the reader of a stream of one, takes none, as it
-            would wait for its own. ``None``: no
-            bound (a spike of runs opens a connection each, and a run whose connection
-            the server refuses fails).
+            would wait for its own. ``None``: no bound (a spike of runs opens a
+            connection each, and a run whose connection the server refuses fails).
         connect_timeout: Seconds to wait for a new connection (> 0; libpq waits at
             least 2 s and rounds up to whole seconds); overrides ``connect_timeout``
             in ``conninfo``.
