@@ -350,14 +350,20 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
+def dropping_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalModel:
+    """A ``LocalModel`` whose server is ``DROPPING_SERVER`` (``tmp_path / "server.py"``),
+    run by its script with ``exec``."""
+    server = tmp_path / "server.py"
+    server.write_text(DROPPING_SERVER)
+    return fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+
+
 async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A call the server drops may be a dying server: the model waits a while for it to
     end, but the run's deadline ends that wait at once; a server that runs on is kept."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = dropping_server(tmp_path, monkeypatch)
 
     class Patient(Agent):
         cleanup_grace = 0.1
@@ -436,10 +442,8 @@ async def test_a_server_that_fails_during_a_call_says_why_in_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As a start that fails does: its last output (an assertion of llama.cpp's, say)."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
     monkeypatch.setenv("FAKE_SERVER_ABORTS", "1")
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = dropping_server(tmp_path, monkeypatch)
     try:
         with pytest.raises(ProviderError, match="stopped during the call") as caught:
             await model.respond(ModelRequest([Message.user("hi")]))
@@ -591,12 +595,10 @@ async def test_a_model_dropped_without_closing_stops_its_server(
 ) -> None:
     """A service that makes a model per request and forgets ``aclose()`` does not keep a
     server per request until it exits."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = dropping_server(tmp_path, monkeypatch)
     await model.prepare()
     pid = model.pid
-    assert pid is not None and str(server).encode() in _command(pid)
+    assert pid is not None and str(tmp_path / "server.py").encode() in _command(pid)
     del model
     gc.collect()
     with anyio.fail_after(5):
@@ -629,9 +631,7 @@ def test_a_forked_process_neither_uses_nor_stops_its_parents_server(
     """A child cannot tell whether its parent's server runs (it is not the child's to
     wait for): it took it for stopped, killed it and started another, and killed it
     again as it exited. It starts its own, stopped as it exits."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = dropping_server(tmp_path, monkeypatch)
     script = tmp_path / "forked.py"
     script.write_text(FORKED)
     done = subprocess.run(
@@ -673,9 +673,7 @@ def test_a_server_is_started_and_stopped_without_linuxs_process_calls(
 ) -> None:
     """Python has no ``os.waitid`` on macOS before 3.13, nor ``os.killpg`` and SIGKILL
     on Windows: a server still starts, and stops."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = dropping_server(tmp_path, monkeypatch)
     script = tmp_path / "without.py"
     script.write_text(WITHOUT)
     done = subprocess.run(
