@@ -284,7 +284,8 @@ def test_a_value_a_knob_cannot_take_is_refused_where_it_is_given_naming_it(
 
 
 @pytest.mark.parametrize(
-    "value", [value for value in BAD.values() if not isinstance(value, str)], ids=repr
+    "value",
+    [pytest.param(value, id=label) for label, value in BAD.items() if not isinstance(value, str)],
 )
 def test_run_input_and_history_are_refused_by_type_never_by_content(value: Any) -> None:
     """What a run is given as its question or history is content: errors name types."""
