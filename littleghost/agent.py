@@ -195,6 +195,34 @@ def _owner(cls: type, name: str) -> type:
     )
 
 
+_WORKED_OUT_ON_CLASSES = (
+    "capabilities",
+    "__littleghost_hook_plan__",
+    "__littleghost_tool_index__",
+    "__littleghost_declared__",
+)
+"""What ``Agent.__init_subclass__`` and ``add_capability`` work out and set on a class."""
+
+
+def _forget_worked_out(cls: type) -> bool:
+    """Whether ``cls`` was made from the namespace of an agent class already defined (as
+    ``attrs.define`` and ``dataclass(slots=True)`` make a class anew); if so, take from it
+    what was worked out for that class, to be worked out again for this one, the session
+    store made for that class included. What its body and decorators declared stays: its
+    knobs (as checked), its capabilities and ``context_management``."""
+    own = vars(cls)
+    declared = own.get("__littleghost_declared__")
+    if declared is None:
+        return False
+    store = own.get("session_store", declared["session_store"])
+    if store is not declared["session_store"]:  # the one made for that class
+        delattr(cls, "session_store")
+    for name in _WORKED_OUT_ON_CLASSES:
+        if name in own:
+            delattr(cls, name)
+    return True
+
+
 def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
     """Check the knobs ``cls`` gets from ``declaring``; set its own on it, as checked.
 
@@ -476,13 +504,14 @@ class Agent:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        rebuilt = _forget_worked_out(cls)
         declaring = _declaring(cls)
         _check_member_names(declaring)  # first: a tool or hook named like a knob fails as such
         _check_spelling(declaring)
         methods = _method_tools(cls)
         for klass in declaring:
             for name, how in _DECORATED.items():
-                if name in vars(klass):
+                if name in vars(klass) and not (klass is cls and rebuilt):
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)

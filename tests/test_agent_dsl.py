@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -19,7 +20,7 @@ import pytest
 import trio
 from attrs import field, frozen, validators
 
-from littleghost import Agent, Message, RunContext, ToolCall, before_model, tool
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.agent import AgentOptions
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError, DeadlineExceededError
@@ -1304,3 +1305,84 @@ def test_a_provider_name_that_no_string_can_carry_is_rejected(name: Any) -> None
         ConfigurationError, match=r"register_provider: name must be a non-empty str without ':'"
     ):
         register_provider(name, lambda model: ScriptedModel([]))
+
+
+@functools.cache
+def rebuilt_agents() -> dict[str, type[Agent]]:
+    """Agent classes that ``attrs.define`` and ``dataclass(slots=True)`` make anew from the
+    namespace of the class they decorate, with ``@manage_context`` above and below."""
+
+    class Fields:
+        """What each of them declares, but its fields."""
+
+        instructions: str | Callable[..., Any] | None = "Help."
+
+        @tool
+        def plan(self) -> str:
+            """Say the customer's plan."""
+            return f"{self.customer}: gold"  # type: ignore[attr-defined]
+
+        @before_model
+        def audit(self, request: ModelRequest) -> None:
+            self.audited += 1  # type: ignore[attr-defined]
+
+    @attrs.define
+    class Attrs(Fields, Agent):
+        customer: str
+        audited: int = 0
+
+        def __attrs_post_init__(self) -> None:
+            Agent.__init__(self, model=ScriptedModel(plan_steps()))
+
+    @manage_context(compression_threshold=0.5)
+    @attrs.define
+    class AttrsDecoratedAfter(Attrs):
+        pass
+
+    @attrs.define
+    @manage_context(compression_threshold=0.5)
+    class AttrsDecoratedBefore(Attrs):
+        pass
+
+    @dataclasses.dataclass(slots=True)
+    @manage_context(compression_threshold=0.5)
+    class Slotted(Fields, Agent):
+        customer: str
+        audited: int = 0
+
+        def __post_init__(self) -> None:
+            Agent.__init__(self, model=ScriptedModel(plan_steps()))
+
+    return {
+        cls.__name__: cls for cls in (Attrs, AttrsDecoratedAfter, AttrsDecoratedBefore, Slotted)
+    }
+
+
+def plan_steps() -> list[ModelResponse]:
+    return [tool_call_response("plan", {}), text_response("done")]
+
+
+@pytest.mark.parametrize(
+    "name", ["Attrs", "AttrsDecoratedAfter", "AttrsDecoratedBefore", "Slotted"]
+)
+async def test_an_attrs_or_slotted_dataclass_agent_class_is_set_up_as_its_own(name: str) -> None:
+    """Such a class is not the one its body defined: it is checked and set up afresh, with
+    its tools, hooks, capabilities and session store."""
+    agent_class = rebuilt_agents()[name]
+    agent = agent_class(customer="ada")  # type: ignore[call-arg]
+    session = f"s-{time.monotonic_ns()}"
+    result = await agent.run("Which plan?", session_id=session)
+    (content,) = [part.content for message in result.messages for part in message.tool_results]
+    assert (content, agent.audited) == ("ada: gold", 2)  # type: ignore[attr-defined]
+    stored = await agent_class.session_store.load(session)
+    assert [m.id for m in stored] == [m.id for m in result.messages]
+    decorated = name != "Attrs"
+    assert [c.name for c in agent_class.capabilities] == ["manage_context"] * decorated
+    assert (agent_class.context_management is not None) is decorated
+
+
+def test_rebuilt_agent_classes_keep_their_sessions_apart() -> None:
+    """Each has a store of its own, a subclass too (the store made for the class a
+    rebuilt one replaced is no declaration to inherit)."""
+    stores = [cls.session_store for cls in rebuilt_agents().values()]
+    assert len({id(store) for store in [*stores, Agent.session_store]}) == len(stores) + 1
