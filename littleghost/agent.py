@@ -274,7 +274,20 @@ def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
     """``ConfigurationError`` if a knob of ``cls`` was set on it (or a parent) after it was
     defined, which would skip the checks and the work done at definition. Not ``model`` or
     ``settings``, read and checked as each run starts (a test swaps in a ``ScriptedModel``),
-    nor the knobs an instance ``overridden`` with constructor keywords."""
+    nor the knobs an instance ``overridden`` with constructor keywords; or if ``cls`` was
+    never set up (a base's ``__init_subclass__`` did not call ``super()``'s), which would
+    leave its declarations unchecked, its tools out and the base's sessions shared."""
+    if "__littleghost_declared__" not in vars(cls):  # Agent.__init_subclass__ never ran
+        hooks = [
+            f"{klass.__name__}.__init_subclass__"
+            for klass in cls.__mro__[1:]
+            if "__init_subclass__" in vars(klass) and klass not in (Agent, object)
+        ]
+        raise ConfigurationError(
+            f"{cls.__name__} was not set up as an agent class: "
+            f"{' or '.join(hooks) or 'an __init_subclass__ of its bases'} must call "
+            "super().__init_subclass__(**kwargs), where agent classes are checked and set up"
+        )
     skipped = _LIVE.union(overridden)
     for knob, value in _declared(cls).items():
         if knob not in skipped and value is not cls.__littleghost_declared__[knob]:

@@ -813,6 +813,37 @@ def test_a_knob_an_init_subclass_sets_after_super_fails_naming_the_order() -> No
         type("Worse", (Unchecked,), {})
 
 
+def test_a_class_an_init_subclass_left_unset_up_fails_naming_it() -> None:
+    """A base's ``__init_subclass__`` that never calls ``super().__init_subclass__()``
+    leaves its subclasses unchecked, without their tools and hooks' checks, and with the
+    base's session store (its sessions shared): making one fails naming the base."""
+
+    class Registered(Agent):
+        registry: typing.ClassVar[list[type[Agent]]] = []
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            Registered.registry.append(cls)
+
+    class Billing(Registered):
+        @tool
+        def refund(self, order: str) -> str:
+            """Refund an order."""
+            return "refunded"
+
+    class Support(Registered):
+        pass
+
+    message = (
+        r"Support was not set up as an agent class: Registered\.__init_subclass__ must call "
+        r"super\(\)\.__init_subclass__\(\*\*kwargs\)"
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        Support(model=ScriptedModel([text_response("ok")]))
+    with pytest.raises(ConfigurationError, match=r"^Billing was not set up"):
+        Billing()
+    assert Registered.registry == [Billing, Support]
+
+
 async def test_a_capability_added_later_reaches_existing_instances() -> None:
     """An instance made before add_capability runs the capability's hooks too, as its
     class's capabilities show it."""
