@@ -11,8 +11,10 @@ sets ``context_management``)::
         add_capability(cls, Capability("audited", [CapabilityHook("before_tool", log_call)]))
         return cls
 
-``cls.capabilities`` is the tuple of capabilities in effect for an agent class, in the
-order their hooks run (``Agent.capabilities`` is ``()``).
+A decorator that stores something on the class before that checks its target first with
+``check_agent_subclass(cls, "@audited decorates")``: a subclass of ``Agent``, not ``Agent``
+itself. ``cls.capabilities`` is the tuple of capabilities in effect for an agent class, in
+the order their hooks run (``Agent.capabilities`` is ``()``).
 
 Order: hooks collect along the reversed MRO (mixins included), parent first; for each
 class, the hooks of the capabilities added to it, then its own hook methods in definition
@@ -42,7 +44,14 @@ from littleghost._validators import check
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import HOOK_KINDS, PlanEntry, check_capability_hook, hook_kind
 
-__all__ = ["Capability", "CapabilityHook", "add_capability", "hook_plan", "in_effect"]
+__all__ = [
+    "Capability",
+    "CapabilityHook",
+    "add_capability",
+    "check_agent_subclass",
+    "hook_plan",
+    "in_effect",
+]
 
 
 @frozen
@@ -100,8 +109,16 @@ _PLAN = "__littleghost_hook_plan__"
 """The class attribute caching a class's hook plan, made when first asked for."""
 
 
-def _is_agent_class(value: object) -> bool:
-    return isinstance(value, type) and getattr(value, "__littleghost_agent__", False) is True
+def check_agent_subclass(value: object, what: str) -> None:
+    """``ConfigurationError`` unless ``value`` is a subclass of ``Agent``; ``what`` begins
+    the message (``"@manage_context decorates"``). ``Agent`` itself is refused: what a
+    class decorator gives it, every agent class would have."""
+    if not (isinstance(value, type) and getattr(value, "__littleghost_agent__", False) is True):
+        raise ConfigurationError(f"{what} an Agent subclass, not {value!r}")
+    if "__littleghost_agent__" in vars(value):
+        raise ConfigurationError(
+            f"{what} a subclass of Agent, not Agent itself: every agent class would have it"
+        )
 
 
 def add_capability(cls: type[Any], capability: Capability) -> None:
@@ -112,11 +129,10 @@ def add_capability(cls: type[Any], capability: Capability) -> None:
     result.
 
     Raises:
-        ConfigurationError: ``cls`` is not an Agent subclass, or ``capability`` is not a
-            ``Capability``.
+        ConfigurationError: ``cls`` is not a subclass of Agent (or is Agent itself), or
+            ``capability`` is not a ``Capability``.
     """
-    if not _is_agent_class(cls):
-        raise ConfigurationError(f"a capability is added to an Agent subclass, not {cls!r}")
+    check_agent_subclass(cls, "a capability is added to")
     if not isinstance(capability, Capability):
         raise ConfigurationError(f"add_capability takes a Capability, not {capability!r}")
     setattr(cls, _ADDED, {**vars(cls).get(_ADDED, {}), capability.name: capability})

@@ -267,10 +267,14 @@ async def test_a_class_whose_capability_refers_to_it_is_collected() -> None:
 
 
 def test_bad_capabilities_fail() -> None:
-    """add_capability takes an Agent subclass and a Capability; Capability checks itself."""
+    """add_capability takes a subclass of Agent (not Agent, whose capabilities would be
+    every agent class's) and a Capability; Capability checks itself."""
     hook = CapabilityHook("before_model", lambda agent, request, context: None)
     with pytest.raises(ConfigurationError, match="Agent subclass"):
         add_capability(object, Capability("x", [hook]))
+    with pytest.raises(ConfigurationError, match="not Agent itself: every agent class would"):
+        add_capability(Agent, Capability("x", [hook]))
+    assert Agent.capabilities == Base.capabilities == ()
     with pytest.raises(ConfigurationError, match="takes a Capability"):
         add_capability(Base, "x")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="name"):

@@ -209,9 +209,15 @@ class TestDeclaration:
         assert words in str(caught.value)
 
     def test_only_agent_classes(self) -> None:
-        """Decorating something else is a ConfigurationError."""
+        """Decorating something else, an agent or ``Agent`` itself (whose management every
+        agent class would inherit), is a ConfigurationError saying so."""
         with pytest.raises(ConfigurationError, match="Agent subclass"):
             manage_context(int)
+        with pytest.raises(ConfigurationError, match=r"Agent subclass, not <.*Agent object"):
+            manage_context(Agent())
+        with pytest.raises(ConfigurationError, match="not Agent itself: every agent class"):
+            manage_context(compression_threshold=0.5)(Agent)
+        assert Agent.context_management is None and Agent.capabilities == ()
 
     async def test_redeclaring_on_a_subclass_replaces_it_there_only(self) -> None:
         """A subclass's declaration wins for it; the parent keeps its own; hooks run once."""

@@ -17,7 +17,12 @@ from attrs import define
 
 from littleghost import telemetry
 from littleghost._validators import is_int
-from littleghost.capabilities import Capability, CapabilityHook, add_capability
+from littleghost.capabilities import (
+    Capability,
+    CapabilityHook,
+    add_capability,
+    check_agent_subclass,
+)
 from littleghost.context.attempts import attempt, compaction_event
 from littleghost.context.budget import (
     BudgetReport,
@@ -142,8 +147,7 @@ def manage_context(
     config = ContextManagement(**options)
 
     def decorate(target: C) -> C:
-        if not (isinstance(target, type) and getattr(target, "__littleghost_agent__", False)):
-            raise ConfigurationError(f"@manage_context decorates an Agent subclass, not {target!r}")
+        check_agent_subclass(target, "@manage_context decorates")
         if "context_management" in vars(target):  # one would silently undo the other
             raise ConfigurationError(
                 f"{target.__name__} is decorated with @manage_context twice: give all the "
