@@ -369,6 +369,28 @@ def _check_spelling(classes: Iterable[type]) -> None:
                 )
 
 
+def _check_hidden_marks(classes: Iterable[type]) -> None:
+    """``ConfigurationError`` if a ``@tool`` or hook function of ``classes`` is wrapped in
+    a ``property`` or ``cached_property``, which hides it: it would be neither a tool nor
+    a hook, without a word."""
+    for klass in classes:
+        for attribute, value in vars(klass).items():
+            if isinstance(value, property):
+                wrapped: object = value.fget
+            elif isinstance(value, functools.cached_property):
+                wrapped = value.func
+            else:
+                continue
+            kind = "tool" if tool_options(wrapped) is not None else hook_kind(wrapped)
+            if kind is not None:
+                what = "tool" if kind == "tool" else "hook"
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute}: @{type(value).__name__} hides the "
+                    f"@{kind} under it, which would be ignored: a {what} is a method (or "
+                    "a staticmethod), not a property"
+                )
+
+
 def _would_do(knob: str, value: object) -> bool:
     """True when ``value`` passes ``knob``'s check."""
     try:
@@ -521,6 +543,7 @@ class Agent:
         declaring = _declaring(cls)
         _check_member_names(declaring)  # first: a tool or hook named like a knob fails as such
         _check_spelling(declaring)
+        _check_hidden_marks(declaring)
         methods = _method_tools(cls)
         for klass in declaring:
             for name, how in _DECORATED.items():

@@ -243,6 +243,11 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
                 "tools are called with keyword arguments"
             )
         if parameter.name not in hints:
+            if parameter.name == "cls" and parameter is parameters[0] and not is_method:
+                raise ConfigurationError(
+                    f"tool {tool_name!r} takes cls first, as a classmethod does: a tool is a "
+                    "function, a method (self) or a staticmethod, never a classmethod"
+                )
             raise ConfigurationError(
                 f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation"
             )

@@ -1142,6 +1142,27 @@ async def test_none_removes_an_inherited_tool() -> None:
     assert list(spec.parameters["properties"]) == ["query", "limit"]
 
 
+def ask(self: Any) -> str:
+    """Ask."""
+    return "asked"
+
+
+@pytest.mark.parametrize("wrapper", [property, functools.cached_property])
+@pytest.mark.parametrize(
+    ("mark", "said"), [(tool, "a tool is a method"), (before_model, "a hook is a method")]
+)
+def test_a_tool_or_hook_under_a_property_fails(
+    wrapper: Callable[..., Any], mark: Callable[..., Any], said: str
+) -> None:
+    """A property hides the mark of the function under it: the class would have neither
+    the tool nor the hook, without a word."""
+    function = mark(types.FunctionType(ask.__code__, globals(), "ask"))  # a fresh one to mark
+    with pytest.raises(
+        ConfigurationError, match=rf"Hidden\.ask: @{wrapper.__name__} hides the @.*{said}"
+    ):
+        type("Hidden", (Agent,), {"ask": wrapper(function)})
+
+
 @pytest.mark.parametrize(
     "override",
     [

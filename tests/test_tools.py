@@ -1960,7 +1960,8 @@ async def test_staticmethod_tools_keep_every_parameter_and_run() -> None:
 
 
 def test_tool_on_a_classmethod_fails_clearly() -> None:
-    """@tool on a classmethod raises ConfigurationError."""
+    """@tool on a classmethod, or under one, raises ConfigurationError saying what a tool
+    is (under one, not that ``cls`` needs an annotation)."""
     with pytest.raises(ConfigurationError, match="staticmethod"):
 
         class Bad(Agent):
@@ -1969,6 +1970,15 @@ def test_tool_on_a_classmethod_fails_clearly() -> None:
             def make(cls) -> str:
                 """Make something."""
                 return ""
+
+    with pytest.raises(ConfigurationError, match=r"'make' takes cls first.*never a classmethod"):
+
+        class Under(Agent):
+            @classmethod
+            @tool
+            def make(cls, kind: str) -> str:
+                """Make something."""
+                return kind
 
 
 def forgot_self(order_id: str) -> str:
