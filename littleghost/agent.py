@@ -44,7 +44,7 @@ from littleghost.retry import MAX_RETRIES
 from littleghost.run import RunContext, RunResult
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.sessions.base import check_store
-from littleghost.settings import check_settings
+from littleghost.settings import ClassSettings, check_settings
 from littleghost.stream import RunStream
 from littleghost.tools import (
     ToolDefinition,
@@ -247,6 +247,9 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         value = check(f"{owner.__name__}.{knob}", value)
         if knob == "instructions" and _called_as_it_is(value):
             setattr(cls, knob, staticmethod(value))  # a function, not a method of the agent
+        elif knob == "settings":  # a mixin's too, in its place
+            if not isinstance(vars(owner)[knob], ClassSettings):  # not yet (or rebuilt)
+                setattr(owner, knob, ClassSettings(value))
         elif owner is cls:
             setattr(cls, knob, value)
         # a mixin's other knobs stay in their place in the MRO (and may change there)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from littleghost._validators import holds_non_finite, is_int, is_number
 from littleghost.errors import ConfigurationError
 
-__all__ = ["RESERVED_SETTINGS", "check_settings"]
+__all__ = ["RESERVED_SETTINGS", "ClassSettings", "check_settings"]
 
 RESERVED_SETTINGS = frozenset(
     {
@@ -101,3 +102,15 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
                 f"{owner}[{key!r}] holds NaN or an infinity, which a request's JSON cannot carry"
             )
     return dict(value)
+
+
+class ClassSettings(dict[str, Any]):
+    """The settings an agent class or a mixin declares, as the class holds them: changed
+    in place through that class alone. Read through a subclass or an instance, they are a
+    read-only view of them, so that no change made there reaches the class, its other
+    subclasses or their instances (a subclass declares its own; an instance takes
+    ``settings=``)."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> Mapping[str, Any]:
+        through_owner = instance is None and vars(owner or object).get("settings") is self
+        return self if through_owner else MappingProxyType(self)

@@ -118,7 +118,7 @@ class TestSessionsStayWithTheirClass:
 
 def test_settings_of_a_class_that_declares_none_cannot_change_every_class() -> None:
     """``Agent``'s empty settings are every such class's: changing them in place is
-    refused, not sent by every agent; a class's own settings change for it alone."""
+    refused, not sent by every agent; a class's own settings change through it."""
 
     class Quiet(Agent):
         pass
@@ -135,6 +135,43 @@ def test_settings_of_a_class_that_declares_none_cannot_change_every_class() -> N
     Support(model=model).run_sync("hi")
     assert dict(model.requests[0].settings) == {}
     assert Tuned.settings == {"temperature": 0.2, "seed": 7}
+
+
+def test_settings_change_in_place_through_the_class_that_declares_them_alone() -> None:
+    """Read through a subclass, an instance or an agent class using a mixin, a class's
+    settings are read-only: changed there in place, they changed what the class, its
+    other subclasses and their instances sent. Changed through the class that declares
+    them, they reach them all at the next run."""
+
+    class Tuned(Agent):
+        settings = {"temperature": 0.2}
+
+    class Guard:
+        settings = {"top_k": 3}
+
+    class Fast(Tuned):
+        pass
+
+    class Slow(Tuned):
+        pass
+
+    class Guarded(Guard, Agent):
+        pass
+
+    class AlsoGuarded(Guard, Agent):
+        pass
+
+    for through in (Fast, Tuned(model=ScriptedModel([])), Guarded):
+        with pytest.raises(TypeError):
+            through.settings["seed"] = 7  # type: ignore[index]
+    Tuned.settings["seed"] = 1  # type: ignore[index]
+    Guard.settings["seed"] = 2
+    sent = []
+    for agent_class in (Tuned, Fast, Slow, Guarded, AlsoGuarded):
+        model = ScriptedModel([text_response("ok")])
+        agent_class(model=model).run_sync("hi")
+        sent.append(dict(model.requests[0].settings))
+    assert sent == [{"temperature": 0.2, "seed": 1}] * 3 + [{"top_k": 3, "seed": 2}] * 2
 
 
 def test_views_built_in_many_threads_at_once_never_trip_over_each_other() -> None:
