@@ -208,8 +208,10 @@ def _forget_worked_out(cls: type) -> bool:
     """Whether ``cls`` was made from the namespace of an agent class already defined (as
     ``attrs.define`` and ``dataclass(slots=True)`` make a class anew); if so, take from it
     what was worked out for that class, to be worked out again for this one, the session
-    store made for that class included. What its body and decorators declared stays: its
-    knobs (as checked), its capabilities and ``context_management``."""
+    store made for that class included, and attrs' ``__getstate__`` and ``__setstate__``,
+    which keep its fields alone (``Agent``'s keep the slots too). What its body and
+    decorators declared stays: its knobs (as checked), capabilities and
+    ``context_management``."""
     own = vars(cls)
     declared = own.get("__littleghost_declared__")
     if declared is None:
@@ -220,7 +222,23 @@ def _forget_worked_out(cls: type) -> bool:
     for name in _WORKED_OUT_ON_CLASSES:
         if name in own:
             delattr(cls, name)
+    for name in ("__getstate__", "__setstate__"):
+        if getattr(own.get(name), "__module__", None) == "attr._make":
+            delattr(cls, name)
     return True
+
+
+def _slots(cls: type) -> frozenset[str]:
+    """The names of the slots of ``cls``'s MRO, as an instance's attributes (mangled)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        declared = vars(klass).get("__slots__", ())
+        for name in [declared] if isinstance(declared, str) else declared:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            private = name.startswith("__") and not name.endswith("__")
+            names.add(f"_{klass.__name__.lstrip('_')}{name}" if private else name)
+    return frozenset(names)
 
 
 def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
@@ -665,16 +683,25 @@ class Agent:
         super().__setattr__(name, value)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What a copy or a pickle of the agent keeps: not its hooks, bound to it (their
-        plan is its class's), nor the models it made from strings (the copy makes and
-        closes its own)."""
+        """What a copy or a pickle of the agent keeps: its attributes, slots included (an
+        attrs class's or a slotted dataclass's fields), but not its hooks, bound to it
+        (their plan is its class's), nor the models it made from strings (the copy makes
+        and closes its own)."""
         state = dict(vars(self))
         for made in ("_hooks", "_bound_plan", "_models", "tool_specs", "output"):
             state.pop(made, None)
+        for slot in _slots(type(self)):
+            if hasattr(self, slot):
+                state[slot] = getattr(self, slot)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
+        slots = _slots(type(self))
+        for name, value in state.items():
+            if name in slots:
+                object.__setattr__(self, name, value)
+            else:
+                vars(self)[name] = value
         self._bound_plan = hook_plan(type(self))
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()

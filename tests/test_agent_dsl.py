@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -1438,3 +1439,18 @@ def test_rebuilt_agent_classes_keep_their_sessions_apart() -> None:
     rebuilt one replaced is no declaration to inherit)."""
     stores = [cls.session_store for cls in rebuilt_agents().values()]
     assert len({id(store) for store in [*stores, Agent.session_store]}) == len(stores) + 1
+
+
+@pytest.mark.parametrize("name", ["Attrs", "Slotted"])
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+async def test_a_copy_of_an_attrs_or_slotted_dataclass_agent_keeps_fields_and_setup(
+    name: str, copier: Callable[[Agent], Agent]
+) -> None:
+    """A copy (or a pickle) of such an agent has its fields, kept in slots, and what the
+    agent keeps in its ``__dict__``: attrs' own state methods kept the fields alone, and a
+    dataclass's took the agent's, which kept the slots out."""
+    agent = rebuilt_agents()[name](customer="ada")  # type: ignore[call-arg]
+    copied = copier(agent)
+    result = await copied.run("Which plan?")
+    (content,) = [part.content for message in result.messages for part in message.tool_results]
+    assert (content, copied.audited) == ("ada: gold", 2)  # type: ignore[attr-defined]
