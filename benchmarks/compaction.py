@@ -22,8 +22,15 @@ alike; times are the median of the rounds, with the garbage collector paused whi
 timing. agent-framework runs in the first round only. A peer that needs over 60 s at
 one size is reported as such and not run at larger sizes.
 
+Then the first compaction of the same conversation as one long history, by littleghost
+alone: ``await compact_log(agent, log)`` for an agent whose ``@manage_context`` works in a
+128 000-token and a 1 000 000-token window (its summary by ``ScriptedModel``): what to
+cover chosen, the summary request fitted to the window (a transcript of tens of
+megabytes at 100k messages), the rest collapsed; median of 3 cold runs.
+
 Set up once with ``benchmarks/setup.sh``, then run ``benchmarks/.env/bin/python
-benchmarks/compaction.py`` (``--sizes 1000,10000`` for a quicker run).
+benchmarks/compaction.py`` (``--sizes 1000,10000`` for a quicker run;
+``--first-compaction`` for that part alone, which needs no peers).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from typing import Any
 
 import anyio
 
-from littleghost import Message, ToolCall
+from littleghost import Agent, Message, ToolCall, manage_context
 from littleghost.context import (
     TokenBudget,
     ToolResultCompaction,
@@ -46,6 +53,9 @@ from littleghost.context import (
     apply_compaction,
     tokens_exceed,
 )
+from littleghost.context.outside import compact_log
+from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.testing import ScriptedModel, text_response
 
 LIMIT_SECONDS = 60
 
@@ -270,10 +280,48 @@ async def main(sizes: list[int]) -> None:
     )
 
 
+FIRST_WINDOWS = (128_000, 1_000_000)
+
+
+async def first_compaction(size: int, window: int) -> tuple[float, int]:
+    """The seconds ``compact_log`` takes on a fresh log of ``size`` messages in ``window``,
+    and how many messages its summary covers."""
+    model = ScriptedModel([text_response("- They asked about the weather in many cities.")])
+    agent = manage_context(context_window_override=window)(type("Long", (Agent,), {}))(model=model)
+    log = littleghost_log(size)
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        records = await compact_log(agent, log)
+        seconds = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return seconds, sum(len(r.metadata[SUMMARY_COVERS_KEY]) for r in records if r.is_summary)
+
+
+async def first_compactions(sizes: list[int]) -> None:
+    print(
+        "\nfirst compaction of the whole log (compact_log), milliseconds, median of 3 cold runs\n"
+    )
+    print(f"{'messages':>9} {'window':>10} {'ms':>10} {'summarized':>11}")
+    for size in sizes:
+        for window in FIRST_WINDOWS:
+            runs = [await first_compaction(size, window) for _ in range(3)]
+            seconds = statistics.median(seconds for seconds, _ in runs)
+            print(f"{size:>9} {window:>10} {milliseconds(seconds)} {runs[0][1]:>11}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--sizes", default="1000,10000,100000", help="message counts, comma-separated"
     )
+    parser.add_argument(
+        "--first-compaction", action="store_true", help="only the first compaction (no peers)"
+    )
     arguments = parser.parse_args()
-    anyio.run(main, [int(size) for size in arguments.sizes.split(",")])
+    chosen = [int(size) for size in arguments.sizes.split(",")]
+    if not arguments.first_compaction:
+        anyio.run(main, chosen)
+    anyio.run(first_compactions, chosen)
