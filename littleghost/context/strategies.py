@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from functools import partial
+from functools import cache, partial
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Protocol, cast, runtime_checkable
@@ -52,6 +52,7 @@ from littleghost.context.summarize import (
     summary_message,
     summary_request,
     summary_text,
+    transcript_lines,
     turn_line,
     with_quotes,
 )
@@ -234,12 +235,13 @@ class CompactionState:
             and s not in pinned
         ]
 
-    def fits(self, request: ModelRequest, instruction: str = "") -> bool:
-        """True when summary ``request`` and its answer fit ``room`` (data scaled)."""
+    def answer_room(self, request: ModelRequest, instruction: str = "") -> float:
+        """The most tokens summary ``request``'s answer may take for both to fit ``room``
+        (data scaled; ``inf`` without a room): its output cap fits when no more."""
         if self.room is None:
-            return True
+            return math.inf
         fixed, data = self._summary_split(request, instruction)
-        return fixed + math.ceil(self.scale * data) + (request.max_tokens or 0) <= self.room
+        return self.room - fixed - math.ceil(self.scale * data)
 
     def measure(self, request: ModelRequest, instruction: str, reported: int) -> None:
         """Learn ``measured`` from a summary call's ``reported`` prompt tokens."""
@@ -884,45 +886,40 @@ class Summarization(_Stepwise):
         quote."""
         clips = [self.max_item_chars, *(c for c in _CLIP_LEVELS if c < self.max_item_chars)]
         instruction = summary_instruction(self.prompt, rewrite=notes is not None)
+        groups = [state.messages_of(s) if state.kind(s) != SUMMARY else () for s in taken]
+        new = [index for index, group in enumerate(groups) if group]
+        least = new[1] if len(new) > 1 else len(taken)  # taken[:least]: one group to summarize
+        lines, ends = transcript_lines(groups)  # rendered once: a request joins a prefix
+        clipped = cache(lambda clip: [cut_middle(line, clip) for line in lines])  # once a clip
+        asked = partial(summary_request, instructions=instruction, settings=state.settings)
 
-        def make(covered: list[Message], cap: int, clip: int) -> ModelRequest:
-            return summary_request(
-                covered,
-                instructions=instruction,
-                settings=state.settings,
-                max_tokens=cap,
-                max_item_chars=clip,
-                notes=notes,
-            )
+        def make(count: int, cap: int, clip: int) -> ModelRequest:  # for taken[:count]
+            return asked("\n".join(clipped(clip)[: ends[count]]), max_tokens=cap, notes=notes)
 
         def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
-            covered, cap, _ = self._budget(state, taken[:count], notes, quotes)
-            return state.fits(make(covered, min(cap, SUMMARY_FLOOR_TOKENS), clips[-1]), instruction)
+            floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)  # the least ``_budget`` gives
+            return floor <= state.answer_room(make(count, floor, clips[-1]), instruction)
 
         # bisect for the most groups that could fit (one at a time is N² on a long log)
         if not could_fit(len(taken)):
-            low, high, groups = len(taken), len(taken) - 1, 0
-            for index, slot in enumerate(taken):
-                groups += state.kind(slot) != SUMMARY
-                if groups > 1:
-                    low = index
-                    break
+            low, high = least, len(taken) - 1
             while low < high:
                 middle = (low + high + 1) // 2
                 low, high = (middle, high) if could_fit(middle) else (low, middle - 1)
             while len(taken) > low:
                 state.restore(taken.pop())
         while True:
-            covered, cap, added = self._budget(state, taken, notes, quotes)
+            cap, added = self._budget(state, taken, notes, quotes)
+            # a clip's request measured once, whatever the cap (its room leaves the cap out)
+            room = cache(lambda clip: state.answer_room(make(len(taken), 0, clip), instruction))
             while True:
                 for clip in clips:
-                    request = make(covered, cap, clip)
-                    if state.fits(request, instruction):
-                        return request, added
+                    if cap <= room(clip):
+                        return make(len(taken), cap, clip), added
                 if cap <= SUMMARY_FLOOR_TOKENS:
                     break
                 cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
-            if sum(state.kind(slot) != SUMMARY for slot in taken) <= 1:
+            if len(taken) <= least:
                 raise CompactionError(
                     "no summary request fits the context window, even for one group with "
                     f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
@@ -931,10 +928,10 @@ class Summarization(_Stepwise):
 
     def _budget(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
-    ) -> tuple[list[Message], int, list[str]]:
-        """The messages of ``taken`` to summarize, the output cap to start from and the
-        specifics to quote: together within half of what the summary replaces, the cap at
-        most ``max_tokens`` (half for a rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
+    ) -> tuple[int, list[str]]:
+        """The output cap to start from and the specifics of ``taken`` to quote: together
+        within half of what the summary replaces, the cap at most ``max_tokens`` (half for a
+        rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
         covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.messages_of(s)]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
@@ -950,7 +947,7 @@ class Summarization(_Stepwise):
                     room -= cost
                     half -= cost
         limit = self.max_tokens if notes is None else self.max_tokens // 2
-        return covered, max(floor, min(limit, half)), added
+        return max(floor, min(limit, half)), added
 
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 from attrs import evolve, frozen
@@ -45,6 +46,7 @@ __all__ = [
     "summary_message",
     "summary_request",
     "summary_text",
+    "transcript_lines",
     "turn_line",
     "with_quotes",
 ]
@@ -149,28 +151,31 @@ def excerpt(messages: Sequence[Message], chars: int) -> str | None:
     return line.replace("\n", " ")
 
 
-def render_transcript(messages: Sequence[Message], *, max_item_chars: int | None = None) -> str:
-    """The messages as role-tagged lines, each cut to ``max_item_chars`` (tool calls as text:
-    some providers reject tool-call blocks without tool definitions)."""
-    pairs = zip(messages, _result_names(messages), strict=True)
-    lines = [line for message, names in pairs for line in _lines(message, names)]
-    if max_item_chars is not None:
-        lines = [cut_middle(line, max_item_chars) for line in lines]
-    return "\n".join(lines)
+def transcript_lines(groups: Sequence[Sequence[Message]]) -> tuple[list[str], list[int]]:
+    """The lines of the transcript of ``groups``' messages and how many of them render the
+    first 0, 1, ... groups: a prefix of the groups renders as a prefix of the lines (a
+    result is named by a call before it)."""
+    names = iter(_result_names([message for group in groups for message in group]))
+    each = [[line for m in group for line in _lines(m, next(names))] for group in groups]
+    return [line for lines in each for line in lines], list(accumulate(map(len, each), initial=0))
+
+
+def render_transcript(messages: Sequence[Message]) -> str:
+    """The messages as role-tagged lines (tool calls as text: some providers reject
+    tool-call blocks without tool definitions)."""
+    return "\n".join(transcript_lines([messages])[0])
 
 
 def summary_request(
-    messages: Sequence[Message],
+    transcript: str,
     *,
     instructions: str,
     settings: Mapping[str, Any],
     max_tokens: int,
-    max_item_chars: int | None = None,
     notes: str | None = None,
 ) -> ModelRequest:
-    """The summary call for ``messages`` (and ``notes`` to rewrite): the framing, then the
+    """The summary call for ``transcript`` (and ``notes`` to rewrite): the framing, then the
     data and ``instructions``; no tools, ``settings`` without those it must not carry."""
-    transcript = render_transcript(messages, max_item_chars=max_item_chars)
     if notes is None:
         data = f"Transcript:\n<<<\n{transcript}\n>>>"
     else:
