@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeGuard, TypeVar
 
@@ -22,8 +23,9 @@ __all__ = [
     "check",
     "count",
     "counts_tokens",
+    "digits_limit",
     "has_method",
-    "holds_non_finite",
+    "holds_unwritable",
     "instance_of",
     "int_at_least",
     "is_callable",
@@ -31,6 +33,8 @@ __all__ = [
     "is_number",
     "nests_deeper",
     "optional",
+    "safe_repr",
+    "too_long_to_write",
     "tuple_of",
     "type_check",
     "wrong_value",
@@ -69,16 +73,50 @@ def nests_deeper(value: object, levels: int = MAX_DEPTH) -> bool:
     return any(nests_deeper(item, levels - 1) for item in items)
 
 
-def holds_non_finite(value: object) -> bool:
-    """True when ``value`` is or holds (in mappings, lists and tuples) a float JSON cannot
-    write: ``NaN`` or an infinity."""
+def digits_limit() -> int:
+    """The most digits Python writes an int with (``sys.set_int_max_str_digits``, 4300 by
+    default); 0 for no limit (as before Python 3.10.7 and 3.11)."""
+    limit: int = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    return limit
+
+
+def too_long_to_write(value: int) -> bool:
+    """True when Python will not write ``value`` as decimal text: it has more digits than
+    ``sys.set_int_max_str_digits`` allows (4300 by default, from Python 3.11 and 3.10.7)."""
+    limit = digits_limit()
+    if limit == 0 or value.bit_length() <= 3 * limit:  # 10**limit has ~3.32 * limit bits
+        return False
+    least: int = 10**limit  # the least int of limit + 1 digits
+    return abs(value) >= least
+
+
+def holds_unwritable(value: object) -> bool:
+    """True when ``value`` is or holds (in mappings, their keys too, lists and tuples) a
+    number JSON text cannot carry: ``NaN``, an infinity, or an int Python will not write
+    (``too_long_to_write``)."""
     if isinstance(value, float):
         return not math.isfinite(value)
+    if isinstance(value, int):
+        return too_long_to_write(value)
     if isinstance(value, Mapping):
-        return any(holds_non_finite(item) for item in value.values())
+        return any(holds_unwritable(key) for key in value if isinstance(key, int)) or any(
+            holds_unwritable(item) for item in value.values()
+        )
     if isinstance(value, (list, tuple)):
-        return any(holds_non_finite(item) for item in value)
+        return any(holds_unwritable(item) for item in value)
     return False
+
+
+def safe_repr(value: object) -> str:
+    """``repr(value)`` for an error message; an int Python will not write
+    (``too_long_to_write``) as ``"an int of more than N digits"``, and a value whose repr
+    fails (a list holding such an int) by its type and the reason."""
+    try:
+        return repr(value)
+    except ValueError as error:
+        if isinstance(value, int):  # its only failure: the digit limit
+            return f"an int of more than {digits_limit()} digits"
+        return f"a {type(value).__name__} that cannot be shown ({error})"
 
 
 def int_at_least(minimum: int) -> Callable[[object], bool]:
@@ -113,7 +151,7 @@ def is_callable(value: object) -> TypeGuard[Callable[..., Any]]:
     return not isinstance(value, type) and callable(value)
 
 
-def wrong_value(value: object, plain: Callable[[object], str] = repr) -> str:
+def wrong_value(value: object, plain: Callable[[object], str] = safe_repr) -> str:
     """A wrong configuration value as an error names it: a class as ``"the class X (did
     you mean X(...)?)"``, since an instance was wanted; anything else by ``plain``."""
     if isinstance(value, type):
@@ -156,7 +194,7 @@ def _shown(value: object) -> str:
     """A wrong value as an error message shows it: numbers, bools and ``None`` as they are,
     anything else by its type (a value type's field may hold message content)."""
     if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
+        return safe_repr(value)
     return type(value).__name__
 
 

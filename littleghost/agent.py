@@ -15,7 +15,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from littleghost import runner
-from littleghost._validators import is_callable, wrong_value
+from littleghost._validators import is_callable, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import close_leaving, shared_stop
@@ -67,7 +67,7 @@ Instructions = str | Callable[[RunContext], Any] | None
 def _positive_int(minimum: int) -> Callable[[str, object], int]:
     def check(name: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigurationError(f"{name} must be an int >= {minimum}, not {value!r}")
+            raise ConfigurationError(f"{name} must be an int >= {minimum}, not {safe_repr(value)}")
         return value
 
     return check
@@ -102,19 +102,19 @@ def _tools(name: str, value: object) -> tuple[Callable[..., Any], ...]:
     functions = tuple(value)
     for function in functions:
         if not callable(function):
-            raise ConfigurationError(f"{name} must hold functions, not {function!r}")
+            raise ConfigurationError(f"{name} must hold functions, not {safe_repr(function)}")
     return functions
 
 
 def _bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be True or False, not {value!r}")
+        raise ConfigurationError(f"{name} must be True or False, not {safe_repr(value)}")
     return value
 
 
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ConfigurationError(f"{name} must be a number of seconds > 0, not {value!r}")
+        raise ConfigurationError(f"{name} must be a number of seconds > 0, not {safe_repr(value)}")
     return float(value)
 
 

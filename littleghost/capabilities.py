@@ -40,7 +40,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from littleghost._validators import check
+from littleghost._validators import check, safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import HOOK_KINDS, PlanEntry, check_capability_hook, hook_kind
 
@@ -64,21 +64,25 @@ class CapabilityHook:
     def __attrs_post_init__(self) -> None:
         if self.kind not in HOOK_KINDS:
             raise ConfigurationError(
-                f"hook kind must be one of {', '.join(HOOK_KINDS)}, not {self.kind!r}"
+                f"hook kind must be one of {', '.join(HOOK_KINDS)}, not {safe_repr(self.kind)}"
             )
         if not callable(self.function):
-            raise ConfigurationError(f"a {self.kind} hook must be callable, not {self.function!r}")
+            raise ConfigurationError(
+                f"a {self.kind} hook must be callable, not {safe_repr(self.function)}"
+            )
         check_capability_hook(self.kind, self.function)
 
 
 def _hooks(value: Iterable[CapabilityHook]) -> tuple[CapabilityHook, ...]:
     if not isinstance(value, Iterable):
-        raise ConfigurationError(f"Capability.hooks must be a sequence of hooks, not {value!r}")
+        raise ConfigurationError(
+            f"Capability.hooks must be a sequence of hooks, not {safe_repr(value)}"
+        )
     hooks = tuple(value)
     for hook in hooks:
         if not isinstance(hook, CapabilityHook):
             raise ConfigurationError(
-                f"Capability.hooks must hold CapabilityHook values, not {hook!r}"
+                f"Capability.hooks must hold CapabilityHook values, not {safe_repr(hook)}"
             )
     return hooks
 
@@ -114,7 +118,7 @@ def check_agent_subclass(value: object, what: str) -> None:
     the message (``"@manage_context decorates"``). ``Agent`` itself is refused: what a
     class decorator gives it, every agent class would have."""
     if not (isinstance(value, type) and getattr(value, "__littleghost_agent__", False) is True):
-        raise ConfigurationError(f"{what} an Agent subclass, not {value!r}")
+        raise ConfigurationError(f"{what} an Agent subclass, not {safe_repr(value)}")
     if "__littleghost_agent__" in vars(value):
         raise ConfigurationError(
             f"{what} a subclass of Agent, not Agent itself: every agent class would have it"
@@ -134,7 +138,7 @@ def add_capability(cls: type[Any], capability: Capability) -> None:
     """
     check_agent_subclass(cls, "a capability is added to")
     if not isinstance(capability, Capability):
-        raise ConfigurationError(f"add_capability takes a Capability, not {capability!r}")
+        raise ConfigurationError(f"add_capability takes a Capability, not {safe_repr(capability)}")
     setattr(cls, _ADDED, {**vars(cls).get(_ADDED, {}), capability.name: capability})
     for klass in _with_subclasses(cls):
         if _PLAN in vars(klass):

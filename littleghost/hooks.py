@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
 
+from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ def _decorator(kind: str) -> Callable[[F], F]:
             function.__func__ if isinstance(function, (staticmethod, classmethod)) else function
         )
         if not callable(target):
-            raise ConfigurationError(f"@{kind} decorates a function or method, not {function!r}")
+            raise ConfigurationError(
+                f"@{kind} decorates a function or method, not {safe_repr(function)}"
+            )
         earlier = getattr(target, _MARK, kind)
         if earlier != kind:
             raise ConfigurationError(

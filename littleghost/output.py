@@ -27,6 +27,7 @@ from typing import Any, Literal
 import attrs
 from attrs import frozen
 
+from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, ToolCall
 from littleghost.models.base import Model, ModelRequest, OutputSchema, ToolSpec
@@ -141,7 +142,7 @@ def check_strategy(where: str, value: object) -> Strategy:
     """An ``output_strategy`` declaration: ``auto``, ``native`` or ``tool``."""
     if value not in STRATEGIES:
         raise ConfigurationError(
-            f"{where} must be one of {', '.join(map(repr, STRATEGIES))}, not {value!r}"
+            f"{where} must be one of {', '.join(map(repr, STRATEGIES))}, not {safe_repr(value)}"
         )
     return value
 

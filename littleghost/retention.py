@@ -18,7 +18,7 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost import runner
-from littleghost._validators import check, wrong_value
+from littleghost._validators import check, safe_repr, wrong_value
 from littleghost.agent import Agent
 from littleghost.context.outside import compact_log
 from littleghost.context.summarize import render_transcript, summary_text
@@ -40,7 +40,7 @@ def _spellings(value: object) -> tuple[str, ...]:
     )
     if not spellings or not all(isinstance(s, str) and s.strip() for s in spellings):
         raise ConfigurationError(
-            f"Fact.expected must be a non-empty str or a sequence of them, not {value!r}"
+            f"Fact.expected must be a non-empty str or a sequence of them, not {safe_repr(value)}"
         )
     return spellings
 
@@ -157,13 +157,15 @@ async def check_retention(
             f"check_retention: agent must be an Agent, not {wrong_value(agent)}"
         )
     if isinstance(facts, (str, Fact)) or not isinstance(facts, Sequence):
-        raise ConfigurationError(f"check_retention: facts must be a list of Fact, not {facts!r}")
+        raise ConfigurationError(
+            f"check_retention: facts must be a list of Fact, not {safe_repr(facts)}"
+        )
     if not facts:
         raise ConfigurationError("check_retention needs at least one Fact")
     for position, fact in enumerate(facts):
         if not isinstance(fact, Fact):
             raise ConfigurationError(
-                f"check_retention: facts[{position}] must be a Fact, not {fact!r}"
+                f"check_retention: facts[{position}] must be a Fact, not {safe_repr(fact)}"
             )
     conversation = check_history(conversation, "conversation")
     records = await compact_log(agent, conversation)

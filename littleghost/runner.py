@@ -28,6 +28,7 @@ import attrs
 from attrs import field, frozen
 
 from littleghost import logs, telemetry
+from littleghost._validators import safe_repr
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
@@ -1003,11 +1004,13 @@ def _check_timing(timeout: object, deadline: object) -> None:
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
     ):
-        raise TypeError(f"timeout must be seconds >= 0, not {timeout!r}")
+        raise TypeError(f"timeout must be seconds >= 0, not {safe_repr(timeout)}")
     if deadline is not None and (
         isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline)
     ):
-        raise TypeError(f"deadline must be an anyio clock time (a float), not {deadline!r}")
+        raise TypeError(
+            f"deadline must be an anyio clock time (a float), not {safe_repr(deadline)}"
+        )
     if deadline is not None and WALL_CLOCK_SECONDS <= deadline - _now() < math.inf:
         raise ConfigurationError(
             f"deadline {deadline!r} is a wall-clock time (time.time()), decades away on "

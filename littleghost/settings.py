@@ -2,9 +2,10 @@
 
 Settings reach the provider as request parameters (``max_tokens``, ``temperature``, ...).
 The keys littleghost fills in itself are reserved, the settings every provider shares
-must have the right type and range, and no value may hold NaN or an infinity (a
-request's JSON cannot carry them); a wrong one is a ``ConfigurationError``
-naming it — at class definition for ``Agent.settings``, at the call for ``run(settings=)``.
+must have the right type and range, and no value may hold NaN, an infinity or an int
+with more digits than Python writes (a request's JSON cannot carry them); a wrong one is
+a ``ConfigurationError`` naming it — at class definition for ``Agent.settings``, at the
+call for ``run(settings=)``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from littleghost._validators import holds_non_finite, is_int, is_number
+from littleghost._validators import holds_unwritable, is_int, is_number, safe_repr
 from littleghost.errors import ConfigurationError
 
 __all__ = ["RESERVED_SETTINGS", "ClassSettings", "check_settings"]
@@ -63,7 +64,7 @@ _TYPED: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def _shown(value: object) -> str:
     if value is None or isinstance(value, (bool, int)):
-        return repr(value)
+        return safe_repr(value)
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else str(value)
     return type(value).__name__
@@ -78,8 +79,8 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
 
     Raises:
         ConfigurationError: Not a mapping with str keys, a reserved key, a shared
-            setting of the wrong type or range, or a value holding NaN or an infinity
-            (the message names it).
+            setting of the wrong type or range, or a value holding NaN, an infinity or an
+            int too long to write (the message names it).
     """
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise ConfigurationError(f"{owner} must be a mapping with str keys, not {_shown(value)}")
@@ -92,14 +93,15 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         if rule is not None and not rule[0](item):
             raise ConfigurationError(f"{owner}[{key!r}] must be {rule[1]}, not {_shown(item)}")
         try:
-            non_finite = holds_non_finite(item)
+            unwritable = holds_unwritable(item)
         except RecursionError:
             raise ConfigurationError(
                 f"{owner}[{key!r}] is nested too deep (or holds itself) for a request's JSON"
             ) from None
-        if non_finite:
+        if unwritable:
             raise ConfigurationError(
-                f"{owner}[{key!r}] holds NaN or an infinity, which a request's JSON cannot carry"
+                f"{owner}[{key!r}] holds NaN or an infinity, or an int too long to write, "
+                "which a request's JSON cannot carry"
             )
     return dict(value)
 

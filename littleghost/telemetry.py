@@ -8,7 +8,6 @@ unless the agent opts in with ``capture_content = True``, nor ever a metric.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models._sdk import inline_image
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.text import json_text
 
 __all__ = [
     "COMPACTION_EVENT",
@@ -349,7 +349,7 @@ def arguments_json(arguments: Mapping[str, Any] | str) -> str:
     """Tool-call arguments as one line of JSON (as given when a str)."""
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
+    return json_text(dict(arguments))
 
 
 _INSTRUCTIONS_APART = frozenset({"anthropic", "aws.bedrock", "gcp.gemini", "gcp.vertex_ai"})
@@ -367,12 +367,10 @@ def input_attributes(provider: str, request: ModelRequest) -> dict[str, str]:
         system = [part for m in messages if m.role.is_trusted for part in m.content]
         messages = [m for m in messages if not m.role.is_trusted]
         if system:
-            attributes[SYSTEM_INSTRUCTIONS] = json.dumps(
-                [_part_json(part) for part in system], ensure_ascii=False
-            )
+            attributes[SYSTEM_INSTRUCTIONS] = json_text([_part_json(part) for part in system])
     attributes[INPUT_MESSAGES] = messages_json(messages)
     if request.tools:
-        attributes[TOOL_DEFINITIONS] = json.dumps(
+        attributes[TOOL_DEFINITIONS] = json_text(
             [
                 {
                     "type": "function",
@@ -381,9 +379,7 @@ def input_attributes(provider: str, request: ModelRequest) -> dict[str, str]:
                     "parameters": dict(tool.parameters),
                 }
                 for tool in request.tools
-            ],
-            ensure_ascii=False,
-            default=str,
+            ]
         )
     return attributes
 
@@ -392,11 +388,9 @@ def messages_json(messages: Sequence[Message], finish_reason: str | None = None)
     """Messages in the GenAI "parts" shape, as JSON, with the ``finish_reason`` an output
     message has; only for agents that capture content."""
     ended = {} if finish_reason is None else {"finish_reason": finish_reason}
-    return json.dumps(
+    return json_text(
         [
             {"role": m.role.value, "parts": [_part_json(p) for p in m.content], **ended}
             for m in messages
-        ],
-        ensure_ascii=False,
-        default=str,
+        ]
     )

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 from attrs import field, frozen
 
-from littleghost._validators import check, instance_of, is_number, tuple_of
+from littleghost._validators import check, instance_of, is_number, safe_repr, tuple_of
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
@@ -109,7 +109,9 @@ class ScriptedModel:
         count_prompt_tokens: Count | None = None,
     ) -> None:
         if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
-            raise TypeError(f"ScriptedModel: steps must be a sequence of steps, not {steps!r}")
+            raise TypeError(
+                f"ScriptedModel: steps must be a sequence of steps, not {safe_repr(steps)}"
+            )
         self._steps = list(itertools.islice(steps, MAX_STEPS + 1))
         if len(self._steps) > MAX_STEPS:
             raise TypeError(
@@ -133,24 +135,25 @@ class ScriptedModel:
             isinstance(context_window, bool) or not isinstance(context_window, int)
         ):
             raise TypeError(
-                f"ScriptedModel: context_window must be an int or None, not {context_window!r}"
+                "ScriptedModel: context_window must be an int or None, "
+                f"not {safe_repr(context_window)}"
             )
         if not isinstance(name, str):
-            raise TypeError(f"ScriptedModel: name must be a str, not {name!r}")
+            raise TypeError(f"ScriptedModel: name must be a str, not {safe_repr(name)}")
         if not isinstance(supports_output_schema, bool):
             raise TypeError(
                 "ScriptedModel: supports_output_schema must be True or False, "
-                f"not {supports_output_schema!r}"
+                f"not {safe_repr(supports_output_schema)}"
             )
         if output_schema_problem is not None and not callable(output_schema_problem):
             raise TypeError(
                 "ScriptedModel: output_schema_problem must be a callable or None, "
-                f"not {output_schema_problem!r}"
+                f"not {safe_repr(output_schema_problem)}"
             )
         if count_prompt_tokens is not None and not callable(count_prompt_tokens):
             raise TypeError(
                 "ScriptedModel: count_prompt_tokens must be a callable or None, "
-                f"not {count_prompt_tokens!r}"
+                f"not {safe_repr(count_prompt_tokens)}"
             )
         self._context_window = context_window
         self._name = name

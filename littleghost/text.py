@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import reprlib
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from littleghost._validators import MAX_DEPTH
+from littleghost._validators import MAX_DEPTH, nests_deeper, too_long_to_write
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -16,6 +18,7 @@ __all__ = [
     "brief",
     "cut_middle",
     "error_text",
+    "json_text",
     "truncate_middle",
     "weighed_length",
     "well_formed",
@@ -46,6 +49,45 @@ def brief(value: object) -> str:
     """``repr(value)``, abbreviated with ``...`` where it is long or deep: for messages
     that echo a value a model sent, which may be of any size."""
     return _BRIEF.repr(value)
+
+
+def json_text(
+    value: object, *, ensure_ascii: bool = False, separators: tuple[str, str] | None = None
+) -> str:
+    """``json.dumps(value, default=str)``, with each int Python will not write in decimal
+    (``too_long_to_write``) written whole in hexadecimal (``0x…``): like ``NaN``, which
+    ``json.dumps`` writes too, no JSON reader takes it, and nothing of it is lost.
+
+    Raises:
+        ValueError: ``value`` contains itself, or a ``str()`` that ``default`` calls fails.
+        RecursionError: ``value`` is nested deeper than the encoder goes.
+    """
+    options: dict[str, Any] = {
+        "ensure_ascii": ensure_ascii,
+        "separators": separators,
+        "default": str,
+    }
+    try:
+        return json.dumps(value, **options)
+    except ValueError:  # an int too long to write (as a value or a key), or a cycle
+        if nests_deeper(value):
+            raise
+    tag = f"\x00{uuid.uuid4().hex}:"
+    longs: list[int] = []
+
+    def tagged(item: object) -> object:
+        if isinstance(item, int) and not isinstance(item, bool) and too_long_to_write(item):
+            longs.append(item)
+            return f"{tag}{len(longs) - 1}"
+        if isinstance(item, Mapping):
+            return {tagged(key): tagged(entry) for key, entry in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [tagged(entry) for entry in item]
+        return item
+
+    text = json.dumps(tagged(value), **options)
+    written = re.escape(json.dumps(tag, ensure_ascii=ensure_ascii)[:-1]) + r'(\d+)"'
+    return re.sub(written, lambda found: hex(longs[int(found[1])]), text)
 
 
 def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:

@@ -16,6 +16,7 @@ from anyio.lowlevel import RunVar
 from attrs import frozen
 
 from littleghost import logs
+from littleghost._validators import digits_limit, holds_unwritable
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.tool_types import ImageNotJson, to_json
 
@@ -30,6 +31,8 @@ def render_result(value: Any) -> str:
     Raises:
         TypeError: ``value`` is an iterator, a generator say (its items were never made),
             or holds an ``ImagePart`` (a result is text).
+        ValueError: ``value`` is or holds an int with more digits than Python writes
+            (``sys.set_int_max_str_digits``).
     """
     if isinstance(value, str):
         return str.__str__(value)  # a str enum member's text, not its name (Python 3.11+)
@@ -57,7 +60,17 @@ def render_result(value: Any) -> str:
             "return what the model needs to know of it"
         ) from None
     except (TypeError, ValueError, RecursionError):
+        pass
+    try:
         return str(value)
+    except ValueError:
+        if not isinstance(value, int) and not holds_unwritable(value):
+            raise
+        raise ValueError(
+            f"it returned {'an int' if isinstance(value, int) else 'a result holding an int'} "
+            f"of more than {digits_limit()} digits, more than Python writes as text "
+            "(sys.set_int_max_str_digits sets the limit)"
+        ) from None
 
 
 def _result_json(value: Any) -> Any:

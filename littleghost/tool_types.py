@@ -38,10 +38,10 @@ from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
 
-from littleghost._validators import MAX_DEPTH, holds_non_finite, nests_deeper
+from littleghost._validators import MAX_DEPTH, digits_limit, holds_unwritable, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
-from littleghost.text import brief, error_text, well_formed_value
+from littleghost.text import brief, error_text, json_text, well_formed_value
 
 __all__ = [
     "ImageNotJson",
@@ -63,17 +63,28 @@ class ToolArgumentError(ValueError):
 
 def parse_json(text: str) -> Any:
     """JSON text from a model as a value, strictly: ``NaN`` and ``Infinity`` are not JSON,
-    and a number too large for a float (``1e400``) is refused, not read as infinity. Its
-    strs are well formed (``"\\ud83d"``, half an emoji, is U+FFFD).
+    a number too large for a float (``1e400``) is refused, not read as infinity, and an
+    integer longer than Python reads (``sys.set_int_max_str_digits``) is refused by its
+    length. Its strs are well formed (``"\\ud83d"``, half an emoji, is U+FFFD).
 
     Raises:
-        ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why).
+        ToolArgumentError: The text is not valid JSON (``"not valid JSON: ..."`` says why),
+            or holds an integer too long to read (``"not readable: ..."``).
     """
     try:
         value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except ToolArgumentError:
         raise
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+    except json.JSONDecodeError as error:
+        if text[max(error.pos - 1, 0) : error.pos + 1] == "0x":  # as json_text writes long ints
+            raise ToolArgumentError("not valid JSON: a number in hexadecimal (0x...)") from None
+        raise ToolArgumentError("not valid JSON") from None
+    except ValueError:  # valid JSON: an integer past the digit limit (PyLong_FromString)
+        raise ToolArgumentError(
+            f"not readable: it holds an integer of more than {digits_limit()} digits, "
+            "more than Python reads (sys.set_int_max_str_digits)"
+        ) from None
+    except RecursionError:  # nested deeper than the parser goes
         raise ToolArgumentError("not valid JSON") from None
     if nests_deeper(value):
         raise ToolArgumentError(f"nested more than {MAX_DEPTH} levels deep")
@@ -95,14 +106,14 @@ def _finite_float(text: str) -> float:
 
 def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
     """Tool-call arguments a model sent as a mapping, checked as strict JSON: the mapping,
-    or its JSON text when it holds a value JSON has not (``NaN``, ``inf``) or nests more
-    than ``MAX_DEPTH`` levels deep, so that the call is answered with an error and the log
-    holds what a store can keep. Only such arguments are encoded (this runs on every
-    answer with tool calls)."""
+    or its text (``json_text``) when it holds a value JSON text cannot carry (``NaN``,
+    ``inf``, an int too long to write) or nests more than ``MAX_DEPTH`` levels deep, so
+    that the call is answered with an error and the log holds what a store can keep.
+    Only such arguments are encoded (this runs on every answer with tool calls)."""
     try:
-        if not holds_non_finite(arguments) and not nests_deeper(arguments):
+        if not holds_unwritable(arguments) and not nests_deeper(arguments):
             return arguments
-        return json.dumps(dict(arguments), ensure_ascii=False, default=str)
+        return json_text(dict(arguments))
     except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why
         return arguments
 

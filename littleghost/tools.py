@@ -21,7 +21,7 @@ from typing import Any, TypeVar, overload
 
 from attrs import frozen
 
-from littleghost._validators import is_number
+from littleghost._validators import is_number, safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
@@ -127,15 +127,17 @@ def tool(
                 "bound method goes in tools= as it is)"
             )
         if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
-            raise ConfigurationError(f"@tool: name must match {_NAME.pattern}, not {name!r}")
+            raise ConfigurationError(
+                f"@tool: name must match {_NAME.pattern}, not {safe_repr(name)}"
+            )
         if description is not None and not (isinstance(description, str) and description.strip()):
             raise ConfigurationError(
-                f"@tool: description must be a non-blank str or None, not {description!r}"
+                f"@tool: description must be a non-blank str or None, not {safe_repr(description)}"
             )
         if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise ConfigurationError(
                 "@tool: timeout must be a positive finite number of seconds or None, "
-                f"not {timeout!r}"
+                f"not {safe_repr(timeout)}"
             )
         options = {
             "name": name,
@@ -317,7 +319,7 @@ def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:
     if first is None:
         got = "but it takes none"
     elif first.kind in _POSITIONAL:
-        got = f"not {first.name!r}"
+        got = f"not {safe_repr(first.name)}"
     else:
         got = f"not the {first.kind.description} {first.name!r}"
     raise ConfigurationError(

@@ -1,9 +1,10 @@
 """Bad input, as a class: every declared knob and option of the public surface is fed the
 same wrong values (None, bools for ints, negative, zero, NaN and infinite numbers, huge
-ints, empty and blank strs, a str where a sequence goes, bytes, containers, a class where
-an instance goes, plain and coroutine functions) and must refuse each one it cannot take
-where it is given — a ``TypeError`` or ``ConfigurationError`` naming the knob — and a
-failed class definition must leave nothing behind."""
+ints and ints too long to write as text, empty and blank strs, a str where a sequence
+goes, bytes, containers, a class where an instance goes, plain and coroutine functions)
+and must refuse each one it cannot take where it is given — a ``TypeError`` or
+``ConfigurationError`` naming the knob — and a failed class definition must leave
+nothing behind."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ BAD: dict[str, object] = {
     "zero": 0,
     "negative": -1,
     "huge": 10**40,
+    "too long to write": 10**5000,  # more digits than Python writes (4300)
     "fraction": 1.5,
     "nan": math.nan,
     "inf": math.inf,

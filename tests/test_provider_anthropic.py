@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -690,6 +691,63 @@ async def test_a_body_that_is_not_json_is_transient(
     server = FakeServer(garbled, message([{"type": "text", "text": "fine"}]))
     assert (await Agent(model=make_model(server)).run("hi")).output == "fine"
     assert len(server.requests) == 2
+
+
+async def test_a_body_holding_an_integer_longer_than_python_reads_is_an_error_naming_it(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A tool input with a number of more digits than ``sys.set_int_max_str_digits``
+    allows: the SDK's parser raised Python's ``ValueError``, which ended the run as it
+    was; it is a provider error that names the limit, not retried (the answer is whole)."""
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    limit = sys.get_int_max_str_digits()
+    answer = json.loads(
+        message(
+            [{"type": "tool_use", "id": "toolu_a", "name": "add", "input": {"a": 7, "b": 2}}],
+            stop_reason="tool_use",
+        ).content
+    )
+    body = json.dumps(answer).replace('"a": 7', '"a": ' + "7" * (limit + 1))
+    server = FakeServer(
+        httpx2.Response(200, content=body.encode(), headers={"content-type": "application/json"}),
+        message([{"type": "text", "text": "should not be reached"}]),
+    )
+    agent = Agent(model=make_model(server), tools=[add])
+    with pytest.raises(ProviderError) as caught:
+        await agent.run("add")
+    assert type(caught.value) is ProviderError and caught.value.code == "integer_too_long"
+    assert str(caught.value) == (
+        f"anthropic: the answer holds an integer of more than {limit} digits, more than this "
+        "process reads (sys.set_int_max_str_digits)"
+    )
+    assert len(server.requests) == 1
+
+
+async def test_arguments_json_cannot_carry_go_back_as_an_empty_input(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """A history's call holding NaN or an int too long to write (no store checked it): its
+    input goes as ``{}``, as unparsable arguments do; the SDK's encoder raised Python's
+    ``ValueError`` over it."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    long = 10 ** sys.get_int_max_str_digits()
+    calls = [ToolCall("toolu_1", "add", {"a": math.nan}), ToolCall("toolu_2", "add", {"a": long})]
+    request = ModelRequest(
+        [
+            Message.user("add"),
+            Message.assistant(tool_calls=calls),
+            Message.tool("toolu_1", "no"),
+            Message.tool("toolu_2", "no"),
+        ],
+        [ADD],
+    )
+    await make_model(server).respond(request)
+    [body] = server.bodies
+    assert [block["input"] for block in body["messages"][1]["content"]] == [{}, {}]
 
 
 async def test_an_html_page_sent_with_a_200_is_transient(

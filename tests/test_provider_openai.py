@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -582,6 +583,30 @@ async def test_request_translation_for_openai(make_model: Callable[..., OpenAIMo
     assert body["max_completion_tokens"] == 50
     assert "max_tokens" not in body
     assert (body["temperature"], body["top_k"], body["parallel_tool_calls"]) == (0, 40, True)
+
+
+async def test_arguments_json_cannot_carry_go_back_as_empty_arguments(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """A history's call holding NaN or an int too long to write (no store checked it): its
+    arguments go as ``{}``, as unparsable ones do (llama.cpp and vLLM refuse a request
+    over them); ``NaN`` went as its text, and such an int raised Python's ``ValueError``."""
+    server = FakeServer(completion({"content": "ok"}))
+    long = 10 ** sys.get_int_max_str_digits()
+    calls = [ToolCall("call_1", "add", {"a": math.nan}), ToolCall("call_2", "add", {"a": long})]
+    request = ModelRequest(
+        [
+            Message.user("add"),
+            Message.assistant(tool_calls=calls),
+            Message.tool("call_1", "no"),
+            Message.tool("call_2", "no"),
+        ],
+        [ADD],
+    )
+    await make_model(server).respond(request)
+    [body] = server.bodies
+    sent = [call["function"]["arguments"] for call in body["messages"][1]["tool_calls"]]
+    assert sent == ["{}", "{}"]
 
 
 async def test_an_empty_answer_goes_back_with_empty_content(

@@ -24,6 +24,7 @@ from littleghost._validators import (
     has_method,
     is_callable,
     is_number,
+    safe_repr,
 )
 from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
@@ -83,7 +84,7 @@ def env_tokens(variable: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise ConfigurationError(
-            f"{variable} must be an integer number of tokens, not {raw!r}"
+            f"{variable} must be an integer number of tokens, not {safe_repr(raw)}"
         ) from None
     if value <= 0:
         raise ConfigurationError(f"{variable} must be > 0, not {value}")

@@ -20,7 +20,14 @@ from typing import Any, Protocol, cast, runtime_checkable
 from attrs import field, frozen
 
 from littleghost import logs
-from littleghost._validators import check, count, has_method, optional, wrong_value
+from littleghost._validators import (
+    check,
+    count,
+    has_method,
+    optional,
+    safe_repr,
+    wrong_value,
+)
 from littleghost.chat_span import traced_call
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
@@ -952,7 +959,7 @@ class Summarization(_Stepwise):
 
 def _strategies(name: str, value: Any) -> tuple[CompactionStrategy, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ConfigurationError(f"{name} must be a sequence of strategies, not {value!r}")
+        raise ConfigurationError(f"{name} must be a sequence of strategies, not {safe_repr(value)}")
     strategies = tuple(value)
     for strategy in strategies:
         check_strategy(name, strategy, "takes strategies")

@@ -12,7 +12,7 @@ from attrs import field, frozen
 from littleghost._validators import check, count, is_number
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models.base import ModelRequest, OutputSchema
-from littleghost.text import beyond_ascii, weighed_length
+from littleghost.text import beyond_ascii, json_text, weighed_length
 
 __all__ = [
     "ByteEstimator",
@@ -72,10 +72,20 @@ class ByteEstimator:
 
 DEFAULT_TOKENIZER = CharacterEstimator()
 
-_JSON: Callable[[Any], str] = json.JSONEncoder(
+_ENCODE: Callable[[Any], str] = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), default=str
 ).encode
-"""Compact JSON, non-ASCII kept: one encoder built once (``json.dumps`` builds one per call)."""
+
+
+def _json(value: Any) -> str:
+    """Compact JSON, non-ASCII kept: one encoder built once (``json.dumps`` builds one per
+    call); an int too long to write as ``json_text`` writes it."""
+    try:
+        return _ENCODE(value)
+    except ValueError:
+        return json_text(value, separators=(",", ":"))
+
+
 _JSON_STR: Callable[[str], str] = json.encoder.encode_basestring
 _CALL_CHARS = len('{"id":"","name":"","arguments":}')  # prompt_text's framing of a tool call
 _RESULT_CHARS = len('{"tool_call_id":"","content":""}')  # and of a tool result
@@ -90,7 +100,7 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
     length: float = 1 + 2 * len(arguments)  # braces, colons and commas
     for key, value in arguments.items():
         if type(key) is not str or type(value) is not str:
-            return weighed_length(_JSON(dict(arguments)))
+            return weighed_length(_json(dict(arguments)))
         measure = len if key.isascii() and value.isascii() else weighed_length
         length += measure(_JSON_STR(key)) + measure(_JSON_STR(value))
     return length
@@ -108,7 +118,7 @@ def prompt_text(message: Message) -> str:
             call: ToolCall = part  # type: ignore[assignment]
             arguments = call.arguments
             if not isinstance(arguments, str):
-                arguments = _JSON(dict(arguments))  # the encoders take a dict, not any mapping
+                arguments = _json(dict(arguments))  # the encoders take a dict, not any mapping
             pieces.append(f'{{"id":"{call.id}","name":"{call.name}","arguments":{arguments}}}')
         elif kind is ToolResult:
             result: ToolResult = part  # type: ignore[assignment]
@@ -193,7 +203,7 @@ def estimate_messages(messages: Iterable[Message], tokenizer: Tokenizer = DEFAUL
 
 def tools_text(tools: Iterable[Any]) -> str:
     """The tool schemas as the prompt carries them."""
-    return _JSON(
+    return _json(
         [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
     )
 
@@ -213,12 +223,12 @@ def estimate_request(
     if tool_list := tuple(tools):
         total += tokenizer.count_tokens(tools_text(tool_list))
     if output_schema is not None:
-        total += tokenizer.count_tokens(_JSON(dict(output_schema.schema)))
+        total += tokenizer.count_tokens(_json(dict(output_schema.schema)))
     extra = {
         key: settings[key] for key in ("stop", "response_format", "tool_choice") if key in settings
     }
     if extra:
-        total += tokenizer.count_tokens(json.dumps(extra, ensure_ascii=False, default=str))
+        total += tokenizer.count_tokens(json_text(extra))
     return total
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from littleghost import logs
-from littleghost._validators import is_int
+from littleghost._validators import digits_limit, is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.messages import ImagePart
 from littleghost.models.base import Usage
@@ -254,7 +254,7 @@ def check_context_window(owner: str, value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(
-            f"{owner}: context_window must be an int >= 1 or None, not {value!r}"
+            f"{owner}: context_window must be an int >= 1 or None, not {safe_repr(value)}"
         )
     return value
 
@@ -410,7 +410,8 @@ def error_mapper(
     Returns:
         A function that gives ``None`` for an exception that is neither the SDK's, nor a
         request error of the HTTP library, nor a body that is not JSON (a transient
-        ``ProviderUnavailableError``): it is re-raised as it is.
+        ``ProviderUnavailableError``) or holds an integer longer than Python reads (a
+        ``ProviderError``, not retried): it is re-raised as it is.
     """
     http_errors, timeouts = transport_errors()
 
@@ -433,6 +434,13 @@ def error_mapper(
             return transport_error(provider, timeout=isinstance(error, timeouts))
         if isinstance(error, json.JSONDecodeError):
             return not_json(provider)
+        if type(error) is ValueError and "integer string conversion" in str(error):
+            return ProviderError(  # json.loads of the body: an int past the digit limit
+                f"{provider}: the answer holds an integer of more than {digits_limit()} "
+                "digits, more than this process reads (sys.set_int_max_str_digits)",
+                code="integer_too_long",
+                provider=provider,
+            )
         if isinstance(error, base):
             return ProviderError(
                 f"{provider}: the SDK failed ({type(error).__name__})", provider=provider

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from littleghost._validators import holds_unwritable, safe_repr
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -175,8 +176,10 @@ def _block(part: object, tools: bool) -> dict[str, Any] | None:
         return {"type": "text", "text": part.text} if part.text.strip() else None
     if isinstance(part, ImagePart):
         return _image(part)
-    if isinstance(part, ToolCall):
-        arguments = part.arguments if isinstance(part.arguments, Mapping) else {}
+    if isinstance(part, ToolCall):  # arguments JSON cannot carry (NaN, say) go as {}
+        arguments = part.arguments
+        if not isinstance(arguments, Mapping) or holds_unwritable(arguments):
+            arguments = {}
         return {"type": "tool_use", "id": part.id, "name": part.name, "input": dict(arguments)}
     if isinstance(part, ToolResult):
         empty = part.is_error and not part.content.strip()  # the API takes no empty error
@@ -424,7 +427,9 @@ class AnthropicModel:
     ) -> None:
         owner = type(self).__name__
         if not isinstance(model, str) or not model:
-            raise ConfigurationError(f"{owner}: model must be a non-empty str, not {model!r}")
+            raise ConfigurationError(
+                f"{owner}: model must be a non-empty str, not {safe_repr(model)}"
+            )
         self._name = model
         context_window = check_context_window(owner, context_window)
         self._context_window = context_window or known_context_window(self.provider, model)

@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import astuple, field, frozen
 
-from littleghost._validators import instance_of, int_at_least, tuple_of, type_check
+from littleghost._validators import instance_of, int_at_least, safe_repr, tuple_of, type_check
 from littleghost.messages import Message, Role, stray_part
 
 __all__ = [
@@ -104,7 +104,7 @@ def billed(error: BaseException) -> Usage:
 
 def _parameters(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise TypeError(f"ToolSpec.parameters must be a JSON schema dict, not {value!r}")
+        raise TypeError(f"ToolSpec.parameters must be a JSON schema dict, not {safe_repr(value)}")
     return dict(value)
 
 
@@ -123,13 +123,14 @@ class ToolSpec:
     @name.validator
     def _check_name(self, attribute: object, value: object) -> None:
         if not isinstance(value, str) or not value:
-            raise TypeError(f"ToolSpec.name must be a non-empty str, not {value!r}")
+            raise TypeError(f"ToolSpec.name must be a non-empty str, not {safe_repr(value)}")
 
 
 def _object_schema(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or value.get("type") != "object":
         raise TypeError(
-            f"OutputSchema.schema must be a JSON schema dict with an object at its root, not {value!r}"
+            "OutputSchema.schema must be a JSON schema dict with an object at its root, "
+            f"not {safe_repr(value)}"
         )
     return dict(value)
 
@@ -153,7 +154,9 @@ class OutputSchema:
     @name.validator
     def _check_name(self, attribute: object, value: object) -> None:
         if not isinstance(value, str) or not _SCHEMA_NAME.fullmatch(value):
-            raise TypeError(f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {value!r}")
+            raise TypeError(
+                f"OutputSchema.name must match {_SCHEMA_NAME.pattern}, not {safe_repr(value)}"
+            )
 
     @functools.cached_property
     def closed_problem(self) -> str | None:
@@ -328,12 +331,14 @@ def _stop_reason(value: object) -> StopReason:
     try:
         return StopReason(value)
     except ValueError:
-        raise TypeError(f"ModelResponse.stop_reason must be a StopReason, not {value!r}") from None
+        raise TypeError(
+            f"ModelResponse.stop_reason must be a StopReason, not {safe_repr(value)}"
+        ) from None
 
 
 def _usage(value: object) -> Usage:
     if not isinstance(value, Usage):
-        raise TypeError(f"ModelResponse.usage must be a Usage, not {value!r}")
+        raise TypeError(f"ModelResponse.usage must be a Usage, not {safe_repr(value)}")
     return value
 
 

@@ -41,6 +41,7 @@ import anyio.to_thread
 from attrs import define, field
 
 from littleghost import logs
+from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
 from littleghost.models._sdk import import_sdk
@@ -480,12 +481,14 @@ class LocalModel:
         threads: int | None = None,
     ) -> None:
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
-            raise ConfigurationError(f"LocalModel: n_ctx must be an int >= 16, not {n_ctx!r}")
+            raise ConfigurationError(
+                f"LocalModel: n_ctx must be an int >= 16, not {safe_repr(n_ctx)}"
+            )
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
             raise ConfigurationError(
-                f"LocalModel: threads must be an int >= 1 or None, not {threads!r}"
+                f"LocalModel: threads must be an int >= 1 or None, not {safe_repr(threads)}"
             )
         if path is None:
             model_path = default_model_path()

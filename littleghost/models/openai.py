@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from littleghost import logs
-from littleghost._validators import is_int
+from littleghost._validators import is_int, safe_repr
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -213,14 +213,18 @@ def _image(part: ImagePart) -> dict[str, Any]:
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
-    """A tool call as sent back; arguments that are not a JSON object (malformed, or cut
-    at ``max_tokens``) go as ``{}``, as on Anthropic: llama.cpp and vLLM parse the calls
-    of a request for its chat template and refuse the whole request over them."""
-    arguments = (
-        "{}"
-        if isinstance(call.arguments, str)
-        else json.dumps(dict(call.arguments), ensure_ascii=False, default=str)
-    )
+    """A tool call as sent back; arguments that are not a JSON object (malformed, cut at
+    ``max_tokens``, or holding what JSON cannot carry: ``NaN``, an int too long to write)
+    go as ``{}``, as on Anthropic: llama.cpp and vLLM parse the calls of a request for its
+    chat template and refuse the whole request over them."""
+    arguments = "{}"
+    if not isinstance(call.arguments, str):
+        try:
+            arguments = json.dumps(
+                dict(call.arguments), ensure_ascii=False, allow_nan=False, default=str
+            )
+        except ValueError:
+            pass
     return {
         "id": call.id,
         "type": "function",
@@ -494,7 +498,9 @@ class OpenAIModel:
     ) -> None:
         owner = type(self).__name__
         if not isinstance(model, str) or not model:
-            raise ConfigurationError(f"{owner}: model must be a non-empty str, not {model!r}")
+            raise ConfigurationError(
+                f"{owner}: model must be a non-empty str, not {safe_repr(model)}"
+            )
         self._name = model
         self._context_window = check_context_window(owner, context_window)
         self._sdk = import_sdk("openai", "openai")

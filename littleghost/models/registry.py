@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
 
@@ -34,7 +35,7 @@ def register_provider(name: str, factory: ModelFactory) -> None:
     """
     if not isinstance(name, str) or not name or ":" in name:
         raise ConfigurationError(
-            f"register_provider: name must be a non-empty str without ':', not {name!r}"
+            f"register_provider: name must be a non-empty str without ':', not {safe_repr(name)}"
         )
     if not callable(factory):
         raise ConfigurationError(f"register_provider: factory for {name!r} must be callable")

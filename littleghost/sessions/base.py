@@ -15,7 +15,7 @@ from anyio.lowlevel import RunVar
 from attrs import field, frozen
 
 from littleghost import logs
-from littleghost._validators import instance_of, wrong_value
+from littleghost._validators import instance_of, safe_repr, wrong_value
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -149,7 +149,7 @@ def check_session_id(session_id: object) -> str:
             character or cannot be encoded as UTF-8.
     """
     if not isinstance(session_id, str) or not session_id:
-        raise TypeError(f"session_id must be a non-empty str, not {session_id!r}")
+        raise TypeError(f"session_id must be a non-empty str, not {safe_repr(session_id)}")
     if len(session_id) > MAX_SESSION_ID_LENGTH:
         raise UnstorableValueError(
             f"session_id is {len(session_id)} characters long; the longest is "

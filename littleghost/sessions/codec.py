@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from littleghost._validators import MAX_DEPTH
+from littleghost._validators import MAX_DEPTH, digits_limit
 from littleghost.errors import CorruptSessionStoreError, UnstorableValueError, naming_session
 from littleghost.messages import (
     SUMMARY_KEY,
@@ -331,7 +331,13 @@ def message_from_json(text: str) -> Message:
         raise CorruptSessionStoreError(
             f"a stored message is not valid JSON (at character {error.pos})"
         ) from None
-    except (TypeError, ValueError):
+    except ValueError:  # valid JSON: an int past this process's digit limit
+        raise CorruptSessionStoreError(
+            f"a stored message holds an int of more than {digits_limit()} digits, more than "
+            "this process reads: a process allowed more wrote it, and the same limit here "
+            "(sys.set_int_max_str_digits, or PYTHONINTMAXSTRDIGITS) reads it"
+        ) from None
+    except TypeError:
         raise CorruptSessionStoreError("a stored message is not valid JSON") from None
     if not isinstance(data, dict):
         raise CorruptSessionStoreError("a stored message is not a JSON object")

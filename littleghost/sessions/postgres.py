@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from littleghost._validators import safe_repr
 from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
@@ -550,13 +551,15 @@ class PostgresSessionStore:
             or max_connections < 1
         ):
             raise ConfigurationError(
-                f"PostgresSessionStore: max_connections must be an int >= 1, not {max_connections!r}"
+                "PostgresSessionStore: max_connections must be an int >= 1, "
+                f"not {safe_repr(max_connections)}"
             )
         if max_sessions is not None and (
             isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
         ):
             raise ConfigurationError(
-                f"PostgresSessionStore: max_sessions must be an int >= 1 or None, not {max_sessions!r}"
+                "PostgresSessionStore: max_sessions must be an int >= 1 or None, "
+                f"not {safe_repr(max_sessions)}"
             )
         for name, value in (
             ("connect_timeout", connect_timeout),
@@ -568,11 +571,12 @@ class PostgresSessionStore:
                 or not 0 < value < math.inf
             ):
                 raise ConfigurationError(
-                    f"PostgresSessionStore: {name} must be finite seconds > 0, not {value!r}"
+                    f"PostgresSessionStore: {name} must be finite seconds > 0, "
+                    f"not {safe_repr(value)}"
                 )
         if not isinstance(read_only, bool):
             raise ConfigurationError(
-                f"PostgresSessionStore: read_only must be True or False, not {read_only!r}"
+                f"PostgresSessionStore: read_only must be True or False, not {safe_repr(read_only)}"
             )
         self._psycopg = psycopg
         self._conninfo = conninfo

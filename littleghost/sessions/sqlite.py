@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import anyio
 
+from littleghost._validators import safe_repr
 from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
@@ -230,11 +231,11 @@ class SQLiteSessionStore:
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise ConfigurationError(
-                f"SQLiteSessionStore: path must be a str or a path, not {path!r}"
+                f"SQLiteSessionStore: path must be a str or a path, not {safe_repr(path)}"
             )
         if not isinstance(read_only, bool):
             raise ConfigurationError(
-                f"SQLiteSessionStore: read_only must be True or False, not {read_only!r}"
+                f"SQLiteSessionStore: read_only must be True or False, not {safe_repr(read_only)}"
             )
         if read_only and _private(os.fspath(path)):
             raise ConfigurationError(
@@ -246,7 +247,7 @@ class SQLiteSessionStore:
             or not 0 < timeout < math.inf
         ):
             raise ConfigurationError(
-                f"SQLiteSessionStore: timeout must be finite seconds > 0, not {timeout!r}"
+                f"SQLiteSessionStore: timeout must be finite seconds > 0, not {safe_repr(timeout)}"
             )
         self._path: str = os.fspath(path)
         self._file = self._path if _private(self._path) else os.path.abspath(self._path)
