@@ -18,7 +18,14 @@ from typing import Any
 from littleghost._validators import holds_unwritable, is_int, is_number, safe_repr
 from littleghost.errors import ConfigurationError
 
-__all__ = ["RESERVED_SETTINGS", "ClassSettings", "check_settings"]
+__all__ = [
+    "MAX_OUTPUT_TOKENS",
+    "OUTPUT_CAP",
+    "RESERVED_SETTINGS",
+    "ClassSettings",
+    "check_settings",
+    "is_output_cap",
+]
 
 RESERVED_SETTINGS = frozenset(
     {
@@ -49,15 +56,37 @@ def _stop(value: object) -> bool:
     )
 
 
+MAX_OUTPUT_TOKENS = 2**31 - 1
+"""The largest output cap littleghost sends (``max_tokens``, a summary's cap): a 32-bit
+int, the most llama.cpp's server takes (a larger one wraps around there: 2**32 + 3 is
+3); every provider's models stop far below it."""
+
+
+OUTPUT_CAP = f"an int from 1 to {MAX_OUTPUT_TOKENS}"
+"""What an output cap may be, as an error says it."""
+
+
+def _ints(low: int, high: int) -> Callable[[Any], bool]:
+    return lambda value: is_int(value) and low <= value <= high
+
+
+is_output_cap = _ints(1, MAX_OUTPUT_TOKENS)
+"""True for an output cap littleghost sends: an int from 1 to ``MAX_OUTPUT_TOKENS``."""
 _TYPED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_tokens": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
-    "max_completion_tokens": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
+    # what one provider or another takes (OpenAI's seed is an int64, llama.cpp's a
+    # uint64; top_k -1 and 0 turn it off on llama.cpp and vLLM, and Anthropic takes 0)
+    "max_tokens": (is_output_cap, OUTPUT_CAP),
+    "max_completion_tokens": (is_output_cap, OUTPUT_CAP),
     "temperature": (lambda v: is_number(v) and v >= 0, "a finite number >= 0"),
     "top_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "top_k": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
+    "top_k": (_ints(-1, MAX_OUTPUT_TOKENS), f"an int from -1 to {MAX_OUTPUT_TOKENS}"),
     "frequency_penalty": (is_number, "a finite number"),
     "presence_penalty": (is_number, "a finite number"),
-    "seed": (is_int, "an int"),
+    "seed": (_ints(-(2**63), 2**64 - 1), "a 64-bit int (from -2**63 to 2**64 - 1)"),
+    "n": (_ints(1, MAX_OUTPUT_TOKENS), OUTPUT_CAP),
+    "top_logprobs": (_ints(0, MAX_OUTPUT_TOKENS), f"an int from 0 to {MAX_OUTPUT_TOKENS}"),
+    "logprobs": (lambda v: isinstance(v, bool), "True or False"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "True or False"),
     "stop": (_stop, "a str or a list of str"),
 }
 

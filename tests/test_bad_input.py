@@ -4,7 +4,8 @@ ints and ints too long to write as text, empty and blank strs, a str where a seq
 goes, bytes, containers, a class where an instance goes, plain and coroutine functions)
 and must refuse each one it cannot take where it is given — a ``TypeError`` or
 ``ConfigurationError`` naming the knob — and a failed class definition must leave
-nothing behind."""
+nothing behind. The settings every provider shares are such knobs, each with what one
+provider or another takes of it."""
 
 from __future__ import annotations
 
@@ -99,6 +100,14 @@ def switch(value: object) -> bool:
     return isinstance(value, bool)
 
 
+def ints(low: int, high: int) -> Callable[[object], bool]:
+    return lambda value: is_int(value) and low <= value <= high
+
+
+OUTPUT_CAP = ints(1, 2**31 - 1)
+"""An output cap a provider takes: llama.cpp's server reads a 32-bit int."""
+
+
 def text(value: object) -> bool:
     return isinstance(value, str) and value.strip() != ""
 
@@ -176,6 +185,35 @@ AGENT_KNOBS: dict[str, Callable[[object], bool]] = {
     "model": lambda value: value is None,
 }
 
+SETTINGS: dict[str, Callable[[object], bool]] = {
+    "max_tokens": OUTPUT_CAP,
+    "max_completion_tokens": OUTPUT_CAP,
+    "temperature": lambda value: is_number(value) and value >= 0,
+    "top_p": lambda value: is_number(value) and 0 <= value <= 1,
+    "top_k": ints(-1, 2**31 - 1),  # -1 and 0 turn it off (llama.cpp, vLLM)
+    "frequency_penalty": is_number,
+    "presence_penalty": is_number,
+    "seed": ints(-(2**63), 2**64 - 1),  # OpenAI's int64, llama.cpp's uint64
+    "n": OUTPUT_CAP,
+    "top_logprobs": ints(0, 2**31 - 1),
+    "logprobs": switch,
+    "parallel_tool_calls": switch,
+    "stop": lambda value: (
+        isinstance(value, str)
+        or (isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value))
+    ),
+}
+"""The settings every provider shares, and what one provider or another takes of each."""
+
+
+def declared_setting(key: str) -> Callable[[object], object]:
+    return lambda value: type("Declared", (Agent,), {"model": MODEL, "settings": {key: value}})
+
+
+def ran_with_setting(key: str) -> Callable[[object], object]:
+    return lambda value: Base().run_sync("hi", settings={key: value})
+
+
 STORE_PATH = Path(tempfile.mkdtemp()) / "bad-input.db"
 
 
@@ -193,6 +231,9 @@ def knobs() -> Iterator[Knob]:
         lambda value: value is None or value == math.inf or (is_number(value) and value >= 0),
     )
     yield Knob("settings", ran("settings"), lambda value: value is None or isinstance(value, dict))
+    for key, fits in SETTINGS.items():
+        yield Knob(f"settings[{key!r}]", declared_setting(key), fits)
+        yield Knob(f"settings[{key!r}]", ran_with_setting(key), fits)
     options: dict[str, Callable[[object], bool]] = {
         "context_window_tokens": count(1),
         "context_window_override": optional(count(1)),
@@ -200,7 +241,7 @@ def knobs() -> Iterator[Knob]:
         "summary_ratio": lambda value: is_number(value) and 0.1 <= value <= 0.8,
         "preserve_recent_messages": count(2),
         "summary_instructions": optional(text),
-        "summary_max_tokens": optional(count(1)),
+        "summary_max_tokens": optional(OUTPUT_CAP),
         "quote_specifics": switch,
         "mask_tool_results": optional(count(0)),
         "budget": lambda value: value is None,
@@ -212,7 +253,7 @@ def knobs() -> Iterator[Knob]:
         yield Knob(option, keyword(manage_context, option), fits)
     budget: dict[str, Callable[[object], bool]] = {
         "prompt_budget_tokens": count(1),
-        "response_reserve_tokens": count(1),
+        "response_reserve_tokens": OUTPUT_CAP,
         "safety_reserve_tokens": count(0),
         "memory_tokens": count(0),
         "history_item_tokens": count(16),
@@ -235,7 +276,7 @@ def knobs() -> Iterator[Knob]:
         (Truncation, "minimum_preserved", count(0), {}),
         (SlidingWindow, "keep_last_turns", count(1), {}),
         (SlidingWindow, "minimum_preserved", count(0), {"keep_last_turns": 2}),
-        (Summarization, "max_tokens", count(1), {}),
+        (Summarization, "max_tokens", OUTPUT_CAP, {}),
         (Summarization, "max_item_chars", count(64), {}),
         (Summarization, "prompt", optional(text), {}),
         (Summarization, "quote_specifics", switch, {}),
@@ -320,3 +361,40 @@ def test_a_failed_class_definition_leaves_nothing_behind() -> None:
         type("Declared", (Base,), {"instruction": "Be brief."})  # a knob misspelled
     gc.collect()
     assert [cls for cls in subclasses(Agent) if cls.__name__ == "Declared"] == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("max_tokens", 2**31 - 1),
+        ("max_completion_tokens", 1),
+        ("top_k", -1),
+        ("top_k", 0),
+        ("seed", -(2**63)),
+        ("seed", 2**64 - 1),
+        ("temperature", 2),
+        ("top_p", 0),
+        ("n", 1),
+        ("top_logprobs", 0),
+        ("frequency_penalty", -2.0),
+        ("logprobs", True),
+    ],
+    ids=repr,
+)
+def test_a_setting_a_provider_takes_reaches_the_model(key: str, value: object) -> None:
+    """The ranges are what one provider or another takes, edges included: top_k 0 (which
+    Anthropic documents as its least, and turns top-k off on llama.cpp) was refused."""
+    agent = type("Declared", (Agent,), {"model": MODEL, "settings": {key: value}})()
+    agent.run_sync("hi")
+    assert MODEL.requests[-1].settings[key] == value
+    Base().run_sync("hi", settings={key: value})
+    assert MODEL.requests[-1].settings[key] == value
+
+
+def test_an_output_cap_at_its_largest_is_taken_where_a_cap_is_declared() -> None:
+    cap = 2**31 - 1
+    manage_context(summary_max_tokens=cap, context_window_tokens=2**40)(
+        type("Declared", (Agent,), {"model": MODEL})
+    )
+    assert Summarization(max_tokens=cap).max_tokens == cap
+    assert PromptBudget(response_reserve_tokens=cap).response_reserve_tokens == cap

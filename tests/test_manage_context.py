@@ -191,7 +191,8 @@ class TestDeclaration:
             ("preserve_recent_messages", 1, ">= 2"),
             ("preserve_recent_messages", True, ">= 2"),
             ("tokenizer", object(), "count_tokens"),
-            ("summary_max_tokens", 0, "> 0"),
+            ("summary_max_tokens", 0, "from 1 to 2147483647"),
+            ("summary_max_tokens", 2**31, "from 1 to 2147483647"),
             ("summary_instructions", "  ", "non-empty"),
         ],
     )

@@ -48,6 +48,7 @@ from littleghost.messages import (
     ToolResult,
 )
 from littleghost.models.base import ModelRequest
+from littleghost.settings import OUTPUT_CAP, is_output_cap
 from littleghost.text import cut_middle
 
 __all__ = [
@@ -122,7 +123,7 @@ class PromptBudget:
     )
     response_reserve_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_RESPONSE_RESERVE_TOKENS", 4_096),
-        validator=_count("response_reserve_tokens", 1),
+        validator=check("PromptBudget: response_reserve_tokens", is_output_cap, OUTPUT_CAP),
     )
     safety_reserve_tokens: int = field(default=2_048, validator=_count("safety_reserve_tokens", 0))
     tokenizer: Tokenizer = field(

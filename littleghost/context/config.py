@@ -26,6 +26,7 @@ from littleghost.context.strategies import CompactionStrategy, check_strategy
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
+from littleghost.settings import OUTPUT_CAP, is_output_cap
 
 __all__ = [
     "ContextManagement",
@@ -52,6 +53,7 @@ def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
 
 _SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
 _OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
+_OPTIONAL_CAP = optional(_check(is_output_cap, f"{OUTPUT_CAP} or None"))
 
 
 @frozen(kw_only=True)
@@ -103,7 +105,7 @@ class ContextManagement:
             _check(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str or None")
         ),
     )
-    summary_max_tokens: int | None = field(default=None, validator=_OPTIONAL_COUNT)
+    summary_max_tokens: int | None = field(default=None, validator=_OPTIONAL_CAP)
     quote_specifics: bool = field(default=True, validator=_SWITCH)
     mask_tool_results: int | None = field(
         default=None, validator=optional(_check(int_at_least(0), "an int >= 0 or None"))

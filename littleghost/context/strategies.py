@@ -70,6 +70,7 @@ from littleghost.hooks import check_signature
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare
 from littleghost.retry import MAX_RETRIES, call_with_retries
+from littleghost.settings import OUTPUT_CAP, is_output_cap
 from littleghost.text import cut_middle
 
 __all__ = [
@@ -814,7 +815,10 @@ class Summarization(_Stepwise):
             )
         ),
     )
-    max_tokens: int = field(default=1_024, validator=count("Summarization.max_tokens", 1))
+    max_tokens: int = field(
+        default=1_024,
+        validator=check("Summarization.max_tokens", is_output_cap, OUTPUT_CAP),
+    )
     max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
     mask_tool_results: int | None = field(
         default=None, validator=optional(count("Summarization.mask_tool_results"))
