@@ -31,7 +31,9 @@ from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import (
     InMemorySessionStore,
     PostgresSessionStore,
+    SessionStats,
     SQLiteSessionStore,
+    StoredMessage,
     decode_message,
     encode_message,
     message_from_json,
@@ -476,6 +478,22 @@ class TestRoundTrip:
             ("mixed", 10, 3),
         ]
 
+    async def test_session_stats_hold_the_documented_types(self, store: BuiltinStore) -> None:
+        """Ints (not bools, not the database's other numbers) and an aware UTC time, in
+        every built-in store, for a session holding only a summary too."""
+        summary = Message.user("so far", metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: []})
+        await store.append("summary only", [summary])
+        await store.append("plain", [Message.user("hi")])
+        stats = await store.session_stats()
+        assert [(entry.id, entry.messages, entry.summaries) for entry in stats] == [
+            ("summary only", 1, 1),
+            ("plain", 1, 0),
+        ]
+        for entry in stats:
+            assert type(entry.messages) is int and type(entry.summaries) is int
+            assert isinstance(entry.last_activity, datetime)
+            assert entry.last_activity.utcoffset() == timedelta(0)
+
     @pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
     async def test_a_store_decodes_a_log_off_the_event_loop(
         self,
@@ -713,6 +731,35 @@ class TestBadInput:
         with pytest.raises(error):
             store.lock(session_id)
         assert await store.list_sessions() == ()
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (("s", "2", 0, None), "SessionStats.messages must be an int >= 0"),
+        (("s", True, 0, None), "SessionStats.messages must be an int >= 0"),
+        (("s", -1, 0, None), "SessionStats.messages must be an int >= 0"),
+        (("s", 2, 3, None), r"SessionStats.summaries must be an int from 0 to messages \(2\)"),
+        (("s", 2, 1.0, None), "SessionStats.summaries"),
+        (("", 2, 0, None), "SessionStats.id must be a non-empty str"),
+        (("s", 2, 0, "2026-01-02"), "SessionStats.last_activity must be a timezone-aware"),
+        (("s", 2, 0, datetime(2026, 1, 2)), r"last_activity .* not a naive datetime"),
+    ],
+    ids=["str", "bool", "negative", "more-summaries", "float", "empty-id", "text", "naive"],
+)
+def test_session_stats_refuse_what_their_fields_do_not_hold(
+    fields: tuple[Any, ...], named: str
+) -> None:
+    """A custom store's stats (the command line reads them) are checked as they are made:
+    a naive time failed only later, compared with a store's aware ones."""
+    with pytest.raises(TypeError, match=named):
+        SessionStats(*fields)
+    assert SessionStats("s", 2, 2, datetime(2026, 1, 2, tzinfo=timezone.utc)).summaries == 2
+
+
+def test_a_stored_time_is_timezone_aware() -> None:
+    with pytest.raises(TypeError, match=r"StoredMessage.stored_at .* not a naive datetime"):
+        StoredMessage(Message.user("x"), datetime(2026, 1, 2))
 
 
 class TestLocks:

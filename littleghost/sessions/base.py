@@ -15,7 +15,15 @@ from anyio.lowlevel import RunVar
 from attrs import field, frozen
 
 from littleghost import logs
-from littleghost._validators import instance_of, safe_repr, wrong_value
+from littleghost._validators import (
+    Validator,
+    instance_of,
+    int_at_least,
+    is_int,
+    safe_repr,
+    type_check,
+    wrong_value,
+)
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -54,6 +62,20 @@ MAX_SESSION_ID_LENGTH = 256
 """The longest session id, in characters."""
 
 
+def _moment(name: str) -> Validator:
+    """A value-type validator: a datetime with its UTC offset (an aware one), or None. A
+    naive one could not be compared with the times of the built-in stores (``TypeError:
+    can't compare offset-naive and offset-aware datetimes``)."""
+
+    def validate(instance: object, attribute: object, value: Any) -> None:
+        if value is None or (isinstance(value, datetime) and value.utcoffset() is not None):
+            return
+        shown = "a naive datetime" if isinstance(value, datetime) else type(value).__name__
+        raise TypeError(f"{name} must be a timezone-aware datetime or None, not {shown}")
+
+    return validate
+
+
 @frozen
 class StoredMessage:
     """A message of a session's log as its store keeps it.
@@ -65,11 +87,15 @@ class StoredMessage:
     """
 
     message: Message = field(validator=instance_of("StoredMessage.message", Message, "a Message"))
-    stored_at: datetime | None = field(
-        validator=instance_of(
-            "StoredMessage.stored_at", (datetime, type(None)), "a datetime or None"
+    stored_at: datetime | None = field(validator=_moment("StoredMessage.stored_at"))
+
+
+def _summaries(instance: SessionStats, attribute: object, value: Any) -> None:
+    if not (is_int(value) and 0 <= value <= instance.messages):
+        raise TypeError(
+            "SessionStats.summaries must be an int from 0 to messages "
+            f"({instance.messages}), not {safe_repr(value)}"
         )
-    )
 
 
 @frozen
@@ -84,10 +110,16 @@ class SessionStats:
             did not record it.
     """
 
-    id: str
-    messages: int
-    summaries: int
-    last_activity: datetime | None
+    id: str = field(
+        validator=type_check(
+            "SessionStats.id", lambda v: isinstance(v, str) and v != "", "a non-empty str"
+        )
+    )
+    messages: int = field(
+        validator=type_check("SessionStats.messages", int_at_least(0), "an int >= 0")
+    )
+    summaries: int = field(validator=_summaries)
+    last_activity: datetime | None = field(validator=_moment("SessionStats.last_activity"))
 
 
 @runtime_checkable
