@@ -879,8 +879,11 @@ class Agent:
 
         Each call runs its own event loop and owns the model it makes from a model
         string, closed at its end, so calls from several threads on one agent do not
-        share one. Takes the keywords of ``run()``; that loop is asyncio's, so a
-        ``deadline`` is a ``time.monotonic()`` time (``timeout`` is simpler).
+        share one, and nothing outlives the call; each call pays for making it (for
+        ``"local"``, a llama.cpp server started and stopped). Repeated calls share a
+        model given as an instance. Takes the keywords of ``run()``; that loop is
+        asyncio's, so a ``deadline`` is a ``time.monotonic()`` time (``timeout`` is
+        simpler).
         """
         plan = runner.plan_run(
             self,
