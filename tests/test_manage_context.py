@@ -359,6 +359,26 @@ class TestWhenItFires:
         await Small(model=quiet).run("go", history=chat(10))
         assert [r.purpose for r in quiet.requests] == ["chat"]
 
+    async def test_reasoning_details_count_toward_the_estimate(self) -> None:
+        """OpenRouter's reasoning_details go back with their answer (Claude's signed
+        thinking, long): the estimate counts them, so a conversation they fill past the
+        threshold is compacted; it was sent whole, estimated without them."""
+        details = json.dumps([{"type": "reasoning.text", "text": "Hmm. " * 400, "signature": "s"}])
+        thought = Message(
+            Role.ASSISTANT, [ReasoningPart("", details, "openrouter"), TextPart("m answer 1")]
+        )
+        history = [*chat(1), Message.user("m question 1"), thought, *chat(3, prefix="n")]
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=4
+        )
+        class Thinking(Agent):
+            pass
+
+        model = ScriptedModel([summary_step(), text_response("done")])
+        await Thinking(model=model).run("go", history=history)
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+
     async def test_tool_schemas_count_toward_the_estimate(self) -> None:
         """Tool schemas are estimated with the messages."""
         calls: list[str] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import random
 from typing import Any
@@ -82,13 +83,38 @@ def test_tool_arguments_are_counted_as_their_json(arguments: dict[str, Any], exp
         assert estimate_message(message, tokenizer) == tokenizer.count_tokens(text) + overhead
 
 
-@pytest.mark.parametrize("tokenizer", [CharacterEstimator(), ByteEstimator()])
-def test_reasoning_is_counted_as_prompt_text(tokenizer: Any) -> None:
-    """Reasoning that goes back to the model counts like text; its signature does not."""
-    thought = ReasoningPart("x" * 400, "s" * 4_000, "anthropic")
+DETAILS = json.dumps(
+    [{"type": "reasoning.text", "text": "Let me think. " * 40, "signature": "s" * 3_000}]
+)
+"""OpenRouter's ``reasoning_details`` of Claude's signed thinking, as they are kept."""
+
+
+@pytest.mark.parametrize(
+    "tokenizer", [CharacterEstimator(), ByteEstimator(), CharacterEstimator(chars_per_token=3)]
+)
+@pytest.mark.parametrize(
+    ("thought", "sent"),
+    [
+        (ReasoningPart("x" * 400, "s" * 4_000, "anthropic"), "x" * 400 + "s" * 4_000),
+        (ReasoningPart("", "d" * 2_000, "anthropic", redacted=True), "d" * 2_000),
+        (ReasoningPart("", "g" * 1_500, "google"), "g" * 1_500),
+        (ReasoningPart("", DETAILS, "openrouter"), DETAILS),
+        (ReasoningPart("pensée " * 50, "s" * 100, "anthropic"), "pensée " * 50 + "s" * 100),
+        (ReasoningPart("x" * 400), "x" * 400),  # unsigned: its text alone goes
+        (ReasoningPart("x" * 400, "", "anthropic"), "x" * 400),  # lost: never sent
+    ],
+    ids=["signed", "redacted", "thought-signature", "openrouter", "beyond-ascii", "no", "lost"],
+)
+def test_reasoning_counts_as_what_goes_back_its_signature_too(
+    tokenizer: Any, thought: ReasoningPart, sent: str
+) -> None:
+    """A signature goes back with its reasoning (a redacted block's data, a Gemini thought
+    signature, OpenRouter's reasoning_details, which carry Claude's thinking again): each
+    counts as text. They counted nothing: an OpenRouter conversation's thinking was left
+    out of every estimate."""
     with_reasoning = Message(Role.ASSISTANT, [thought, TextPart("yes")])
-    assert prompt_text(with_reasoning) == "assistant: " + "x" * 400 + "yes"
-    plain = Message.assistant("x" * 400 + "yes")
+    assert prompt_text(with_reasoning) == "assistant: " + sent + "yes"
+    plain = Message.assistant(sent + "yes")
     assert estimate_message(with_reasoning, tokenizer) == estimate_message(plain, tokenizer)
 
 

@@ -107,13 +107,18 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
 
 
 def prompt_text(message: Message) -> str:
-    """The text of ``message`` that reaches a prompt: role, text, reasoning, tool calls and
-    results (not metadata, nor image bytes: images are counted by allowance)."""
+    """The text of ``message`` that reaches a prompt: role, text, reasoning (its signature
+    too, sent back with it: Anthropic's, a redacted block's data, a Gemini thought
+    signature, OpenRouter's ``reasoning_details``), tool calls and results (not metadata,
+    nor image bytes: images are counted by allowance)."""
     pieces = [message.role + ": "]
     for part in message.content:
         kind = type(part)
-        if kind is TextPart or kind is ReasoningPart:
+        if kind is TextPart:
             pieces.append(part.text)  # type: ignore[union-attr]
+        elif kind is ReasoningPart:
+            reasoning: ReasoningPart = part  # type: ignore[assignment]
+            pieces.append(reasoning.text + (reasoning.signature or ""))
         elif kind is ToolCall:
             call: ToolCall = part  # type: ignore[assignment]
             arguments = call.arguments
@@ -140,9 +145,13 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
             images = 0
             for part in message.content:
                 kind = type(part)
-                if kind is TextPart or kind is ReasoningPart:
+                if kind is TextPart:
                     text: str = part.text  # type: ignore[union-attr]
                     length += len(text) if text.isascii() else weighed_length(text)
+                elif kind is ReasoningPart:
+                    reasoning: ReasoningPart = part  # type: ignore[assignment]
+                    for sent in (reasoning.text, reasoning.signature or ""):
+                        length += len(sent) if sent.isascii() else weighed_length(sent)
                 elif kind is ToolResult:
                     result: ToolResult = part  # type: ignore[assignment]
                     length += _RESULT_CHARS + len(result.call_id) + len(result.content)
