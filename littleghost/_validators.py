@@ -52,10 +52,18 @@ def is_int(value: object) -> TypeGuard[int]:
 
 
 def is_number(value: object) -> TypeGuard[float]:
-    """True for an ``int`` or a finite ``float``, not a ``bool``."""
+    """True for a finite ``float``, or an ``int`` (not a ``bool``) a float can hold: one
+    past about 1.8e308 fails wherever it meets a float (``OverflowError: int too large to
+    convert to float``)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return is_int(value)
+    if not is_int(value):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 MAX_DEPTH = 100

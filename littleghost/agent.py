@@ -7,7 +7,6 @@ import copy
 import difflib
 import functools
 import inspect
-import math
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,7 +14,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from littleghost import runner
-from littleghost._validators import is_callable, safe_repr, wrong_value
+from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import close_leaving, shared_stop
@@ -113,7 +112,7 @@ def _bool(name: str, value: object) -> bool:
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not (is_number(value) and value > 0):
         raise ConfigurationError(f"{name} must be a number of seconds > 0, not {safe_repr(value)}")
     return float(value)
 

@@ -28,7 +28,7 @@ import attrs
 from attrs import field, frozen
 
 from littleghost import logs, telemetry
-from littleghost._validators import safe_repr
+from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
@@ -1001,13 +1001,9 @@ has a clock of its own (a test's frozen time, a custom trio clock)."""
 
 def _check_timing(timeout: object, deadline: object) -> None:
     """Check ``timeout`` and ``deadline`` (no event loop needed)."""
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
-    ):
+    if timeout is not None and not (timeout == math.inf or (is_number(timeout) and timeout >= 0)):
         raise TypeError(f"timeout must be seconds >= 0, not {safe_repr(timeout)}")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline)
-    ):
+    if deadline is not None and not (is_number(deadline) or deadline in (math.inf, -math.inf)):
         raise TypeError(
             f"deadline must be an anyio clock time (a float), not {safe_repr(deadline)}"
         )

@@ -1,16 +1,17 @@
 """Bad input, as a class: every declared knob and option of the public surface is fed the
 same wrong values (None, bools for ints, negative, zero, NaN and infinite numbers, huge
-ints and ints too long to write as text, empty and blank strs, a str where a sequence
-goes, bytes, containers, a class where an instance goes, plain and coroutine functions)
-and must refuse each one it cannot take where it is given — a ``TypeError`` or
-``ConfigurationError`` naming the knob — and a failed class definition must leave
-nothing behind. The settings every provider shares are such knobs, each with what one
-provider or another takes of it."""
+ints, ints past a float's range and too long to write as text, empty and blank strs, a
+str where a sequence goes, bytes, containers, a class where an instance goes, plain and
+coroutine functions) and must refuse each one it cannot take where it is given — a
+``TypeError`` or ``ConfigurationError`` naming the knob — and a failed class definition
+must leave nothing behind. The settings every provider shares are such knobs, each with
+what one provider or another takes of it."""
 
 from __future__ import annotations
 
 import gc
 import math
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +60,7 @@ BAD: dict[str, object] = {
     "negative": -1,
     "huge": 10**40,
     "too long to write": 10**5000,  # more digits than Python writes (4300)
+    "past a float": 10**400,  # no float holds it
     "fraction": 1.5,
     "nan": math.nan,
     "inf": math.inf,
@@ -83,8 +85,10 @@ def is_int(value: object) -> TypeGuard[int]:
 
 
 def is_number(value: object) -> TypeGuard[float]:
-    """An int or a finite float, not a bool."""
-    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+    """An int a float can hold (not a bool), or a finite float."""
+    if is_int(value):
+        return abs(value) <= int(sys.float_info.max)
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def count(minimum: int) -> Callable[[object], bool]:
@@ -229,6 +233,11 @@ def knobs() -> Iterator[Knob]:
         "timeout",
         ran("timeout"),
         lambda value: value is None or value == math.inf or (is_number(value) and value >= 0),
+    )
+    yield Knob(  # a time past is "at once": not wrong
+        "deadline",
+        ran("deadline"),
+        lambda value: value is None or value in (math.inf, -math.inf) or is_number(value),
     )
     yield Knob("settings", ran("settings"), lambda value: value is None or isinstance(value, dict))
     for key, fits in SETTINGS.items():

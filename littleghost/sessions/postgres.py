@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from littleghost._validators import safe_repr
+from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
@@ -565,11 +565,7 @@ class PostgresSessionStore:
             ("connect_timeout", connect_timeout),
             ("statement_timeout", statement_timeout),
         ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 < value < math.inf
-            ):
+            if not (is_number(value) and value > 0):
                 raise ConfigurationError(
                     f"PostgresSessionStore: {name} must be finite seconds > 0, "
                     f"not {safe_repr(value)}"

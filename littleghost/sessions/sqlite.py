@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import anyio
 
-from littleghost._validators import safe_repr
+from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import close_leaving
 from littleghost.errors import (
     ConfigurationError,
@@ -241,11 +241,7 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 "SQLiteSessionStore: read_only needs a database file, not a private in-memory one"
             )
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not 0 < timeout < math.inf
-        ):
+        if not (is_number(timeout) and timeout > 0):
             raise ConfigurationError(
                 f"SQLiteSessionStore: timeout must be finite seconds > 0, not {safe_repr(timeout)}"
             )
