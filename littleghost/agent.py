@@ -264,9 +264,9 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         value = check(f"{owner.__name__}.{knob}", value)
         if knob == "instructions" and _called_as_it_is(value):
             setattr(cls, knob, staticmethod(value))  # a function, not a method of the agent
-        elif knob == "settings":  # a mixin's too, in its place
-            if not isinstance(vars(owner)[knob], ClassSettings):  # not yet (or rebuilt)
-                setattr(owner, knob, ClassSettings(value))
+        elif knob == "settings":  # a mixin's too, in its place, made once
+            if owner is cls or not isinstance(vars(owner)[knob], ClassSettings):
+                setattr(owner, knob, ClassSettings(value))  # the checked copy, its own
         elif owner is cls:
             setattr(cls, knob, value)
         # a mixin's other knobs stay in their place in the MRO (and may change there)

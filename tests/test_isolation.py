@@ -174,6 +174,30 @@ def test_settings_change_in_place_through_the_class_that_declares_them_alone() -
     assert sent == [{"temperature": 0.2, "seed": 1}] * 3 + [{"top_k": 3, "seed": 2}] * 2
 
 
+def test_settings_taken_from_another_class_are_its_own_copy() -> None:
+    """A class declaring another's settings (``settings = Tuned.settings``, the mutable
+    ones read through ``Tuned``) declares a copy: changed in place through it, they
+    changed ``Tuned``'s, and changed through ``Tuned``, its."""
+
+    class Tuned(Agent):
+        settings = {"temperature": 0.2}
+
+    class Same(Agent):
+        settings = Tuned.settings
+
+    class Child(Tuned):
+        settings = Tuned.settings
+
+    Same.settings["seed"] = 1  # type: ignore[index]
+    Child.settings["top_k"] = 3  # type: ignore[index]
+    Tuned.settings["top_p"] = 0.5  # type: ignore[index]
+    assert (Tuned.settings, Same.settings, Child.settings) == (
+        {"temperature": 0.2, "top_p": 0.5},
+        {"temperature": 0.2, "seed": 1},
+        {"temperature": 0.2, "top_k": 3},
+    )
+
+
 def test_views_built_in_many_threads_at_once_never_trip_over_each_other() -> None:
     """Runs in a thread pool (``run_sync``) build their views at once; the index of the
     logs seen lately they share is kept whole (an unguarded one raised ``KeyError`` a few
