@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from littleghost._validators import MAX_DEPTH, nests_deeper, too_long_to_write
+from littleghost._validators import MAX_DEPTH, nests_deeper, safe_repr, too_long_to_write
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -41,13 +41,19 @@ def weighed_length(text: str) -> float:
     return len(text) if text.isascii() else len(text) + beyond_ascii(text)
 
 
-_BRIEF = reprlib.Repr()
+class _Brief(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        return safe_repr(x) if too_long_to_write(x) else super().repr_int(x, level)
+
+
+_BRIEF = _Brief()
 _BRIEF.maxstring = _BRIEF.maxlong = _BRIEF.maxother = 100
 
 
 def brief(value: object) -> str:
     """``repr(value)``, abbreviated with ``...`` where it is long or deep: for messages
-    that echo a value a model sent, which may be of any size."""
+    that echo a value a model sent, which may be of any size (an int Python will not
+    write as ``safe_repr`` names it)."""
     return _BRIEF.repr(value)
 
 

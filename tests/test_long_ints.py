@@ -11,13 +11,13 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import pytest
 from click.testing import CliRunner
 
-from littleghost import Agent, Message, ToolCall, ToolResult, manage_context, tool
+from littleghost import Agent, Message, ToolCall, ToolResult, before_tool, manage_context, tool
 from littleghost.cli import main
 from littleghost.context.tokens import estimate_messages
 from littleghost.errors import CorruptSessionStoreError
@@ -161,6 +161,31 @@ async def test_arguments_given_as_a_mapping_with_such_an_int_are_kept_whole_as_t
     assert result.output == "done"
     assert await store.load("s") == result.messages
     assert spans.one("execute_tool").attributes["gen_ai.tool.call.arguments"] == call.arguments
+
+
+async def test_a_hook_handing_such_an_int_to_a_choice_is_told_not_one_of_them() -> None:
+    """A ``before_tool`` hook's arguments (trusted, not re-encoded) holding such an int
+    where a ``Literal`` goes: the call is answered with what is wrong, as for any other
+    value; the message echoing the value raised Python's ``ValueError``, ending the run."""
+
+    class Picker(Agent):
+        @tool
+        def pick(self, mode: Literal[1, 2]) -> str:
+            """Pick a mode."""
+            return "picked"
+
+        @before_tool
+        def widen(self, call: ToolCall) -> ToolCall:
+            return attrs.evolve(call, arguments={"mode": LONG})
+
+    model = ScriptedModel([tool_call_response("pick", {"mode": 1}), text_response("done")])
+    result = await Picker(model=model).run("pick")
+    told = only_result(result.messages)
+    assert told.is_error and result.output == "done"
+    assert told.content == (
+        "Invalid arguments for tool 'pick': mode: expected one of [1, 2], got an int of "
+        f"{NOT_WRITTEN}"
+    )
 
 
 async def test_a_history_holding_such_ints_runs_with_estimates_and_telemetry(
