@@ -464,6 +464,23 @@ class TestBadFiles:
         with pytest.raises(CorruptSessionStoreError, match="unreadable schema_version '0'"):
             await SQLiteSessionStore(path).load("s")
 
+    async def test_a_schema_version_too_long_to_read_as_an_int_is_corrupt(
+        self, tmp_path: Path
+    ) -> None:
+        """A version of more digits than Python reads as an int: Python's ``ValueError``
+        ("Exceeds the limit") escaped the store; the message shows the start of it."""
+        path = tmp_path / "s.db"
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("kept")])
+        raw(
+            path,
+            f"UPDATE littleghost_meta SET value = '{'1' * 5000}' WHERE key = 'schema_version'",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+        )
+        with pytest.raises(CorruptSessionStoreError, match="unreadable schema_version") as error:
+            await SQLiteSessionStore(path).load("s")
+        assert len(str(error.value)) < 300
+
     async def test_a_newer_schema_is_refused_and_left_untouched(self, tmp_path: Path) -> None:
         path = tmp_path / "s.db"
         async with SQLiteSessionStore(path) as store:

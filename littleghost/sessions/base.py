@@ -33,6 +33,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import Message
 from littleghost.sessions.codec import message_from_json
+from littleghost.text import brief
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
@@ -196,6 +197,11 @@ def check_session_id(session_id: object) -> str:
     return str.__str__(session_id)
 
 
+_VERSION_DIGITS = 9
+"""The most digits a readable ``schema_version`` has (one of more is no version, and
+Python reads none of more than 4300 as an int)."""
+
+
 def check_schema(meta: Mapping[str, object], where: str) -> None:
     """Check a store's meta rows (``format``, ``schema_version``) before using it.
 
@@ -208,8 +214,10 @@ def check_schema(meta: Mapping[str, object], where: str) -> None:
             f"{where} is not a littleghost session store (its meta table is foreign)"
         )
     version = meta.get("schema_version")
-    if not isinstance(version, str) or not (version.isascii() and version.isdigit()):
-        raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {version!r}")
+    if not isinstance(version, str) or not (
+        version.isascii() and version.isdigit() and len(version) <= _VERSION_DIGITS
+    ):
+        raise CorruptSessionStoreError(f"{where} has an unreadable schema_version {brief(version)}")
     if int(version) > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{where} holds session store schema {version}, written by a newer littleghost; "
