@@ -261,7 +261,8 @@ class CompactionState:
         self, request: ModelRequest, instruction: str, error: ContextWindowOverflowError
     ) -> bool:
         """Learn ``scale`` (all the excess in the data) and ``room`` from summary
-        ``request``'s overflow; False when it reported no more than ``fits`` sized."""
+        ``request``'s overflow; False when it reported no more than ``answer_room``
+        sized it at."""
         fixed, data = self._summary_split(request, instruction)
         reported = error.prompt_tokens or 0
         if data <= 0 or reported <= fixed + math.ceil(self.scale * data):
