@@ -80,7 +80,8 @@ def run_ci(
 
 
 OLDEST_TESTS = (
-    "python -m pytest -q -p no:cacheprovider --ignore=tests/test_local_model.py "
+    "python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "
+    "--ignore=tests/test_local_model.py "
     "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
     "--ignore=tests/test_recovery_property.py"
 )
@@ -106,6 +107,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet uv",
         f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
+        f"uv pip install --quiet --python {oldest}/bin/python pytest-xdist==3.8.0",
         OLDEST_TESTS,
         f"python3 -m venv {sdks}",
         f"{lowest_sdks} httpx",
