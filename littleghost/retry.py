@@ -90,7 +90,30 @@ async def call_with_retries(
     Raises:
         DeadlineExceededError: The wait before a retry would pass the deadline.
     """
+    try:  # most calls succeed at once: the policy is set up only for one that did not
+        return await call()
+    except RETRYABLE_ERRORS as error:
+        failed = error
+    # out of the ``except``, so that later attempts' errors do not chain onto the first
+    return await _retried(call, failed, max_retries, deadline, on_retry)
+
+
+async def _retried(
+    call: Callable[[], Awaitable[T]],
+    failed: BaseException,
+    max_retries: int,
+    deadline: float | None,
+    on_retry: Callable[[int, BaseException], Awaitable[None]] | None,
+) -> T:
+    """``call_with_retries`` after its first attempt failed with ``failed``: the policy
+    is given that attempt as its first, so it numbers, waits and stops as for any."""
     deadline_stop = _StopAtDeadline(deadline)
+    first: list[BaseException] = [failed]
+
+    async def attempt() -> T:
+        if first:
+            raise first.pop()
+        return await call()
 
     async def before_sleep(state: RetryCallState) -> None:
         if on_retry is not None and state.outcome is not None:
@@ -107,7 +130,7 @@ async def call_with_retries(
         reraise=True,
     )
     try:
-        return await retrying(call)
+        return await retrying(attempt)
     except RETRYABLE_ERRORS as error:
         if deadline_stop.hit:
             raise DeadlineExceededError(

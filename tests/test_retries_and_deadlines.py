@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -18,6 +19,7 @@ from littleghost.errors import (
     RateLimitError,
 )
 from littleghost.models import ModelRequest, ModelResponse
+from littleghost.retry import call_with_retries
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, Step, text_response, tool_call_response
 
@@ -480,3 +482,55 @@ async def test_max_retries_zero_never_retries() -> None:
     with pytest.raises(RateLimitError):
         await Slow(model=model, max_retries=0).run("hi")
     assert len(model.requests) == 1
+
+
+async def test_a_retry_is_told_its_attempt_number_and_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``on_retry`` gets the number of the attempt that failed and its error, before each
+    retry's wait; the answer of the attempt that succeeds is returned."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)  # no backoff: quick
+    errors = [ProviderUnavailableError(f"down {n}", retry_after=0.01) for n in (1, 2, 3)]
+    plays = iter([*errors, "up"])
+    told: list[tuple[int, BaseException]] = []
+
+    async def call() -> str:
+        play = next(plays)
+        if isinstance(play, Exception):
+            raise play
+        return play
+
+    async def on_retry(number: int, error: BaseException) -> None:
+        told.append((number, error))
+
+    assert await call_with_retries(call, max_retries=3, on_retry=on_retry) == "up"
+    assert told == [(1, errors[0]), (2, errors[1]), (3, errors[2])]
+
+
+async def test_a_retried_call_is_cancelled_natively_and_not_retried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancellation during the retry after a transient error propagates; no third call."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)  # the retry after 0.01 s
+    model = ScriptedModel(
+        [ProviderUnavailableError("down", retry_after=0.01), hang, text_response("never")]
+    )
+    with anyio.move_on_after(0.3) as scope:
+        await Slow(model=model).run("hi")
+    assert scope.cancelled_caught
+    assert len(model.requests) == 2
+
+
+async def test_an_error_not_retried_after_a_retry_is_raised_as_it_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transient error, then one that is never retried: the latter, after two calls."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+    error = InvalidRequestError("bad request", status=400)
+    model = ScriptedModel(
+        [RateLimitError("slow down", retry_after=0.01), error, text_response("never")]
+    )
+    with pytest.raises(InvalidRequestError) as caught:
+        await Slow(model=model).run("hi", timeout=5)
+    assert caught.value is error and caught.value.__context__ is None  # not chained on
+    assert len(model.requests) == 2
