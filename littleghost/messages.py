@@ -50,7 +50,11 @@ class Role(str, enum.Enum):
     @property
     def is_trusted(self) -> bool:
         """True for instructions (system and developer): kept as they are by compaction."""
-        return self in (Role.SYSTEM, Role.DEVELOPER)
+        return self in _TRUSTED_ROLES
+
+
+_TRUSTED_ROLES = (Role.SYSTEM, Role.DEVELOPER)
+"""The instruction roles, once: ``Role.SYSTEM`` is a lookup on the enum class each time."""
 
 
 def new_id() -> str:

@@ -45,6 +45,14 @@ def test_role_is_a_str_enum() -> None:
     assert Role.USER == "user"
 
 
+def test_instructions_are_the_trusted_roles() -> None:
+    """System and developer messages are trusted (kept as they are), no other role; read-only."""
+    assert [role for role in Role if role.is_trusted] == [Role.SYSTEM, Role.DEVELOPER]
+    assert [Message(role, "x").is_trusted for role in Role] == [True, True, False, False, False]
+    with pytest.raises(AttributeError):
+        Role.USER.is_trusted = True  # type: ignore[misc]
+
+
 def test_constructors_set_role_and_text() -> None:
     """system/developer/user/assistant build a message of their role holding the text."""
     built = [
