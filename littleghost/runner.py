@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
-from attrs import field, frozen
+from attrs import define, field, frozen
 
 from littleghost import logs, telemetry
 from littleghost._validators import is_number, safe_repr
@@ -537,7 +537,7 @@ async def _request(agent: Agent, context: RunContext) -> ModelRequest:
             f"{agent.name}.instructions returned {type(text).__name__}, not a str"
         )
     view = context.view()
-    messages = (instructions_message(text), *view) if text else view
+    messages = (_instructions(context, text), *view) if text else view
     return ModelRequest(messages, agent.tool_specs, context.settings)
 
 
@@ -547,6 +547,24 @@ def instructions_message(text: str) -> Message:
     text = well_formed(text)
     digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
     return Message.system(text, id=f"instructions-{digest}")
+
+
+@define
+class _Instructions:
+    """The run's newest instructions message and the text it was made of."""
+
+    text: str = ""
+    message: Message | None = None
+
+
+def _instructions(context: RunContext, text: str) -> Message:
+    """``instructions_message(text)``, the same object while the run's instructions are
+    the same text, so that what the context engine figured for it carries over from turn
+    to turn."""
+    made = context.state_for(_Instructions, _Instructions)
+    if made.message is None or made.text != text:
+        made.text, made.message = text, instructions_message(text)
+    return made.message
 
 
 async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) -> ModelResponse:

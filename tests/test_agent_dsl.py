@@ -318,6 +318,32 @@ async def test_callable_instructions_receive_the_context() -> None:
     assert isinstance(seen[0], RunContext)
 
 
+async def test_callable_instructions_are_asked_again_each_turn() -> None:
+    """Each request of a tool loop carries the text its turn's call gave, the same text
+    again or a new one."""
+
+    def instructions(context: RunContext) -> str:
+        return "Be brief." if context.turn in (0, 1, 3) else f"Be brief on turn {context.turn}."
+
+    class Looking(Agent):
+        @tool
+        def look(self) -> str:
+            """Look."""
+            return "seen"
+
+    model = ScriptedModel([tool_call_response("look", {})] * 4 + [text_response("done")])
+    await Looking(model=model, instructions=instructions).run("hi")
+    sent = [(request.messages[0].text, request.messages[0].id) for request in model.requests]
+    assert [text for text, _ in sent] == [
+        "Be brief.",
+        "Be brief.",
+        "Be brief on turn 2.",
+        "Be brief.",
+        "Be brief on turn 4.",
+    ]
+    assert len({identifier for _, identifier in sent}) == 3  # by the text
+
+
 async def test_instructions_method_and_async_callable() -> None:
     """Instructions may be a method of the agent or an async function."""
 
