@@ -11,10 +11,10 @@ import pytest
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
 from littleghost.context import PromptBudget, Truncation, compact_session
-from littleghost.context.calibration import SCALE_KEY, estimate_tokens
+from littleghost.context.calibration import COUNT_KEY, SCALE_KEY, estimate_tokens
 from littleghost.context.management import AFTER_KEY, REGROWTH
 from littleghost.context.records import is_record
-from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages
+from littleghost.context.tokens import DEFAULT_TOKENIZER, estimate_messages, estimate_request
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError
 from littleghost.events import CompactionFinished
 from littleghost.models import ModelRequest, ModelResponse
@@ -549,6 +549,153 @@ class TestCalibration:
         assert estimate_messages(retried.messages) <= estimate_messages(first.messages) // 2
         (warning,) = [r.getMessage() for r in caplog.records if "overflowed at" in r.getMessage()]
         assert "within the 200000 tokens compacted for" in warning
+
+
+def twice_as_dense(request: ModelRequest) -> int:
+    """The prompt tokens of a provider that counts the leading instructions and the tool
+    schemas as estimated, and the conversation at twice its estimate."""
+    lead = next(i for i, m in enumerate(request.messages) if not m.role.is_trusted)
+    fixed = estimate_request(request.messages[:lead], request.tools, request.settings)
+    return fixed + 2 * estimate_messages(request.messages[lead:])
+
+
+class TestCarriedOver:
+    """What the engine figured for a request carries over to the next one of the run only
+    as far as it starts with the same message objects: a message a hook replaced (same
+    id, same count), one it inserted, new instructions or a compaction between requests
+    leave nothing stale in the next request's figures."""
+
+    @pytest.mark.parametrize(
+        "change", ["none", "replaced", "inserted", "instructions", "compacted"]
+    )
+    async def test_each_count_is_learned_from_the_request_it_counted(self, change: str) -> None:
+        """A provider twice as dense: every answer keeps the scale 2 and the estimate of the
+        request it answered (``littleghost.context.prompt_count``), whatever changed."""
+
+        def instructions(context: RunContext) -> str:
+            if change == "instructions" and context.turn >= 3:
+                return "Look things up, and say what you found " + "in full " * 40
+            return "Look things up."
+
+        window = 1_500 if change == "compacted" else 100_000
+
+        @manage_context(context_window_tokens=window, preserve_recent_messages=4)
+        class Looking(Agent):
+            @tool
+            def look(self, n: int) -> str:
+                """Look item ``n`` up."""
+                return f"item {n}: " + "in stock, " * 30
+
+            @before_model
+            def change_it(self, request: ModelRequest, context: RunContext) -> ModelRequest | None:
+                if context.turn != 3:
+                    return None
+                messages = list(request.messages)
+                if change == "replaced":  # the question, longer, under its own id
+                    question = messages[1]
+                    messages[1] = attrs.evolve(question, content=question.text + " now" * 60)
+                elif change == "inserted":
+                    messages.insert(2, Message.user("A note: " + "mind the stock " * 20))
+                return attrs.evolve(request, messages=messages)
+
+        def step(n: int) -> Any:
+            def respond(request: ModelRequest) -> ModelResponse:
+                if request.purpose == "context_compaction":
+                    return text_response("- The user looks items up.")
+                if n < 8:
+                    return tool_call_response(
+                        "look", {"n": n}, input_tokens=twice_as_dense(request)
+                    )
+                return text_response("All found.", input_tokens=twice_as_dense(request))
+
+            return respond
+
+        model = ScriptedModel([step(n) for n in range(8)] + [step(8)] * 4)
+        result = await Looking(model=model, instructions=instructions).run("Find items 0 to 7.")
+        assert result.output == "All found."
+        assert any(m.is_summary for m in result.messages) is (change == "compacted")
+        chats = [request for request in model.requests if request.purpose == "chat"]
+        answers = [m for m in result.messages if COUNT_KEY in m.metadata]
+        assert len(chats) == len(answers) == (8 if change == "compacted" else 9)  # a summary
+        for request, answer in zip(chats, answers, strict=True):
+            lead = next(i for i, m in enumerate(request.messages) if not m.role.is_trusted)
+            kept = answer.metadata[COUNT_KEY]
+            rest = estimate_request(request.messages[lead:], request.tools, request.settings)
+            assert (kept["messages"], kept["estimate"]) == (len(request.messages), rest)
+            assert kept["instructions"] == estimate_messages(request.messages[:lead])
+            assert answer.metadata[SCALE_KEY] == 2.0
+
+    @pytest.mark.parametrize("change", ["replaced", "inserted", "compacted", "lowered"])
+    async def test_each_request_shows_its_own_results_clipped(self, change: str) -> None:
+        """``max_tool_result_tokens`` cuts what each request shows of the results it holds,
+        each in its place: one a hook replaced by a short one is shown whole, one it
+        replaced by a long one cut, and cuts follow their results when a message is
+        inserted before them or a compaction comes between requests; a limit lowered
+        during the run cuts the earlier results too."""
+        given: list[ModelRequest] = []  # what the hooks gave manage_context's, each turn
+
+        class Rewriting(Agent):  # its hook runs before manage_context's
+            @before_model
+            def change_it(self, request: ModelRequest, context: RunContext) -> ModelRequest:
+                messages = list(request.messages)
+                results = [p for p, m in enumerate(messages) if m.tool_results]
+                if context.turn >= 3 and change == "replaced":  # the 1st short, the 2nd long
+                    for position, text in zip(results, ["short", "long " * 200], strict=False):
+                        result = messages[position].tool_results[0]
+                        messages[position] = Message.tool(
+                            result.call_id, text, id=messages[position].id
+                        )
+                elif context.turn >= 3 and change == "inserted":  # after the question
+                    messages.insert(1, Message.user("A note: " + "mind the stock " * 20))
+                elif context.turn == 3 and change == "lowered":
+                    self.max_tool_result_tokens = 10
+                given.append(attrs.evolve(request, messages=messages))
+                return given[-1]
+
+        window = 400 if change == "compacted" else 100_000
+
+        @manage_context(context_window_tokens=window, preserve_recent_messages=4)
+        class Clipping(Rewriting):
+            max_tool_result_tokens = 20
+
+            @tool
+            def look(self, n: int) -> str:
+                """Look item ``n`` up."""
+                # a short one (80 characters) is cut only at 10 tokens
+                return f"item {n}: " + ("in stock, " * 30 if n % 2 else "none, " * 12)
+
+        def step(n: int) -> Any:
+            def respond(request: ModelRequest) -> ModelResponse:
+                if request.purpose == "context_compaction":
+                    return text_response("- The user looks items up.")
+                if n < 8:
+                    return tool_call_response("look", {"n": n}, call_id=f"c{n}")
+                return text_response("All found.")
+
+            return respond
+
+        model = ScriptedModel([step(n) for n in range(8)] + [step(8)] * 4)
+        result = await Clipping(model=model).run("Find items 0 to 7.")
+        assert result.output == "All found."
+        assert any(m.is_summary for m in result.messages) is (change == "compacted")
+        sent = [request for request in model.requests if request.purpose == "chat"]
+        assert len(sent) == len(given)
+        for turn, (hooked, request) in enumerate(zip(given, sent, strict=True)):
+            limit = 10 if change == "lowered" and turn >= 3 else 20
+            if change != "compacted":  # each message in its place, results clipped
+                assert [(m.id, m.role) for m in request.messages] == [
+                    (m.id, m.role) for m in hooked.messages
+                ]
+            whole = {r.call_id: r.content for m in hooked.messages for r in m.tool_results}
+            for position, message in enumerate(request.messages):
+                for shown in message.tool_results:
+                    calls = request.messages[position - 1].tool_calls
+                    assert [call.id for call in calls] == [shown.call_id]  # after its call
+                    if len(whole[shown.call_id]) <= limit * 4:
+                        assert shown.content == whole[shown.call_id]
+                    else:
+                        assert "truncated" in shown.content
+                        assert shown.content.startswith(whole[shown.call_id][:10])
 
 
 class TestErrors:

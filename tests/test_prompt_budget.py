@@ -1337,7 +1337,7 @@ class TestWithSummaries:
         whole = summarized([], "- a fact the user gave, kept word for word.\n" * 60)
         copy = Message(whole.role, [TextPart(whole.text[: len(whole.text) // share])], whole.id)
         context = RunContext(Agent(), ScriptedModel([]), {}, None, 0, False)
-        calibration(context).real[whole.id] = 2.0
+        calibration(context).real = {whole.id: 2.0}
         assert real_size([copy], context, BYTES) == 2 * estimate_message(copy, BYTES)
         turn = [Message.user("w" * 2_990)]
         view = ModelRequest([copy, *turn])

@@ -17,6 +17,7 @@ from littleghost import logs, telemetry
 from littleghost._validators import is_int, is_number
 from littleghost.context.budget import view_only
 from littleghost.context.groups import SYSTEM
+from littleghost.context.index import starts_with
 from littleghost.context.records import is_record
 from littleghost.context.tokens import (
     Estimates,
@@ -85,15 +86,34 @@ class _Counted:
     rest: int
 
 
+@frozen(eq=False)
+class _Split:
+    """``_split_estimate`` of an answered request's ``messages`` by these ``estimates``
+    and densities (``real`` and ``dense``), and the estimates' plain ``total``: what the
+    next request carries over when it starts with the same message objects and the
+    estimates and densities are the same objects (the densities are replaced when they
+    change, never changed in place)."""
+
+    messages: tuple[Message, ...]
+    estimates: Estimates
+    real: Mapping[str, float]
+    dense: Mapping[str, float]
+    fixed: int
+    scaled: int
+    total: int
+
+
 @define(eq=False)
 class Calibration:
     """What the provider's counts taught one run."""
 
     scale: float = 1.0  # real tokens per estimated token, from the provider's counts
-    real: dict[str, float] = field(factory=dict)  # this run's summaries' reported densities
+    # this run's summaries' reported densities; replaced when it changes (``_Split``)
+    real: Mapping[str, float] = field(factory=dict)
     measured: float | None = None  # the last summary call's ``CompactionState.measured``
-    # what an overflow added, as densities (not sizes: a copy cut later keeps them)
-    dense: dict[str, float] = field(factory=dict)
+    # what an overflow added, as densities (not sizes: a copy cut later keeps them);
+    # replaced when it changes, as ``real`` is
+    dense: Mapping[str, float] = field(factory=dict)
     distrusted: ModelResponse | None = None  # the newest answer whose count a cut belied
     cut_warned: bool = False  # the run warned that the server cut a prompt
     last: _Counted | None = None  # the newest answered request's count
@@ -102,6 +122,7 @@ class Calibration:
     kept: float = 1.0  # the scale the log's newest ``SCALE_KEY`` holds
     uncounted: bool | None = None  # the model's last count this overflow gave no figure
     counts: list[tuple[ModelRequest, int]] = field(factory=list)  # the newest, ``RECALLED``
+    split: _Split | None = None  # the newest answered request's, to carry over
 
 
 def calibration(context: RunContext) -> Calibration:
@@ -175,15 +196,16 @@ def learn_scale(
     (one alone can be a template's dropping schemas or reasoning); it takes the scale back
     to what it was, at least 1.0, and later counts may then only raise it."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
-    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
+    split = _request_split(request.messages, estimates, state)
     schemas = schema_estimate(request, tokenizer)
-    fixed += schemas
+    fixed, scaled = split.fixed + schemas, split.scaled
     shrank = suspect = False  # the last count compared grew too little; this one
     least: int | None = None
     if served is not None and reported > 0:
         if state.last is None:  # the run's first count: an earlier run's last one, if any
             state.last, state.shrank = _kept_count(request, context, estimates)
-        last, state.last = state.last, _counted(request, reported, estimates, schemas)
+        counted = _counted(request, reported, estimates, schemas, split.total)
+        last, state.last = state.last, counted
         shrank = state.shrank
         if last is None or (least := _least(request, last, estimates)) is None:
             state.shrank = shrank and _newest_count(context.messages)[2]  # past compactions
@@ -239,12 +261,13 @@ def _partial_count(
     )
 
 
-def _counted(request: ModelRequest, tokens: int, estimates: Estimates, schemas: int) -> _Counted:
-    """``request`` and the ``tokens`` reported for it, with its estimates."""
-    leading = _instructions(request.messages)
-    instructions = estimates.total(request.messages[:leading])
-    rest = estimates.total(request.messages[leading:]) + schemas
-    return _Counted(request, tokens, instructions, rest)
+def _counted(
+    request: ModelRequest, tokens: int, estimates: Estimates, schemas: int, total: int
+) -> _Counted:
+    """``request`` and the ``tokens`` reported for it, with its estimates (``total``, of
+    its messages)."""
+    instructions = estimates.total(request.messages[: _instructions(request.messages)])
+    return _Counted(request, tokens, instructions, total - instructions + schemas)
 
 
 def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int | None:
@@ -289,7 +312,8 @@ def _kept_count(
         return None, False
     earlier = attrs.evolve(request, messages=request.messages[: kept["messages"]])
     schemas = schema_estimate(earlier, estimates.tokenizer)
-    counted = _counted(earlier, kept["tokens"], estimates, schemas)
+    total = estimates.total(earlier.messages)
+    counted = _counted(earlier, kept["tokens"], estimates, schemas, total)
     if counted.rest != kept["estimate"]:
         return None, False
     return attrs.evolve(counted, instructions=kept["instructions"]), shrank
@@ -336,6 +360,38 @@ def _split_estimate(
         else:
             scaled += estimates(message)
     return fixed, scaled
+
+
+def _request_split(messages: Sequence[Message], estimates: Estimates, state: Calibration) -> _Split:
+    """``_split_estimate`` of an answered request's ``messages`` by the run's densities,
+    and their plain total, the newest request's (``Calibration.split``) carried over."""
+    carried, start = state.split, 0
+    fixed = scaled = total = 0
+    if (
+        carried is not None
+        and carried.estimates is estimates
+        and carried.real is state.real
+        and carried.dense is state.dense
+        and starts_with(messages, carried.messages)
+    ):
+        start, fixed, scaled, total = (
+            len(carried.messages),
+            carried.fixed,
+            carried.scaled,
+            carried.total,
+        )
+    added = messages[start:]
+    more_fixed, more_scaled = _split_estimate(added, estimates, state.real, state.dense)
+    state.split = _Split(
+        tuple(messages),
+        estimates,
+        state.real,
+        state.dense,
+        fixed + more_fixed,
+        scaled + more_scaled,
+        total + estimates.total(added),
+    )
+    return state.split
 
 
 def request_size(request: ModelRequest, estimates: Estimates, state: Calibration) -> int:
@@ -459,10 +515,12 @@ def _keep_density(
     if real <= 0 or scaled <= 0:
         return False
     density = min(max(real / scaled, MIN_SCALE), MAX_SCALE)
+    dense = dict(state.dense)  # a new mapping: ``_Split`` knows the one it was made with
     for message in messages:
         known = message.id in state.real or (not replace and message.id in state.dense)
         if not known and not message.role.is_trusted:
-            state.dense[message.id] = density
+            dense[message.id] = density
+    state.dense = dense
     return True
 
 

@@ -3,6 +3,7 @@ cut-down copies), keyed by id (checked by identity) and carried over as the log 
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -14,7 +15,7 @@ from littleghost.context.groups import Layout
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.messages import Message
 
-__all__ = ["RECENT_LOGS", "LogIndex"]
+__all__ = ["RECENT_LOGS", "LogIndex", "starts_with"]
 
 RECENT_LOGS = 8
 """How many indexes of logs seen lately ``LogIndex.of`` keeps (it holds their messages)."""
@@ -94,3 +95,9 @@ class LogIndex:
         copy = make()
         self._derived[slot] = (message, copy)
         return copy
+
+
+def starts_with(messages: Sequence[Message], prefix: Sequence[Message]) -> bool:
+    """Whether ``messages`` starts with the very objects of ``prefix`` (by identity, not
+    value: what the engine figured for a message object holds for that object only)."""
+    return len(prefix) <= len(messages) and all(map(operator.is_, prefix, messages))

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
-from attrs import define
+from attrs import define, frozen
 
 from littleghost import telemetry
 from littleghost._validators import is_int
@@ -59,7 +59,7 @@ from littleghost.context.config import (
     reported_window,
 )
 from littleghost.context.groups import SUMMARY, SYSTEM
-from littleghost.context.index import LogIndex
+from littleghost.context.index import LogIndex, starts_with
 from littleghost.context.records import record_covers
 from littleghost.context.strategies import (
     SUMMARY_FIT_MARGIN,
@@ -177,6 +177,7 @@ class _Run:
     last_after: int = 0  # the size the last completed compaction left the request at
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
     cut_to: int | None = None  # what tool results are cut to for the rest of the run
+    clipped: _Clipped | None = None  # the last request's ``clip_results``, to carry over
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -217,13 +218,37 @@ def remembered(log: Sequence[Message], learned_for: str | None) -> tuple[int | N
 def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> ModelRequest:
     """The request with every tool result over ``max_tokens`` cut in the middle (the log
     keeps it whole)."""
+    return _clip(request, index, max_tokens, None)[0]
+
+
+@frozen(eq=False)
+class _Clipped:
+    """``clip_results`` of a request's ``messages`` to ``max_tokens``: the copies cut, by
+    position, which the next request starting with the same message objects carries over."""
+
+    messages: tuple[Message, ...]
+    max_tokens: int
+    cut: Mapping[int, Message]
+
+
+def _clip(
+    request: ModelRequest, index: LogIndex, max_tokens: int, carried: _Clipped | None
+) -> tuple[ModelRequest, _Clipped]:
+    """``clip_results``, what ``carried`` clipped carried over, and what to carry next."""
     limit = max_tokens * CHARS_PER_TOKEN
-
-    def clip(message: Message) -> Message:
+    messages, start, cut = request.messages, 0, {}
+    if (
+        carried is not None
+        and carried.max_tokens == max_tokens
+        and starts_with(messages, carried.messages)
+    ):
+        start, cut = len(carried.messages), dict(carried.cut)
+    for position in range(start, len(messages)):
+        message = messages[position]
         if message.role is not Role.TOOL:
-            return message
+            continue
 
-        def make() -> Message:
+        def make(message: Message = message) -> Message:
             if all(weighed_length(result.content) <= limit for result in message.tool_results):
                 return message
             parts = [
@@ -234,12 +259,16 @@ def clip_results(request: ModelRequest, index: LogIndex, max_tokens: int) -> Mod
             ]
             return Message(message.role, parts, message.id, message.metadata)
 
-        return index.derived(message, ("clip", max_tokens), make)
-
-    clipped = tuple(clip(message) for message in request.messages)
-    if all(a is b for a, b in zip(clipped, request.messages, strict=True)):
-        return request
-    return attrs.evolve(request, messages=clipped)
+        copy = index.derived(message, ("clip", max_tokens), make)
+        if copy is not message:
+            cut[position] = copy
+    clipped = _Clipped(messages, max_tokens, cut)
+    if not cut:
+        return request, clipped
+    shown = list(messages)
+    for position, copy in cut.items():
+        shown[position] = copy
+    return attrs.evolve(request, messages=tuple(shown)), clipped
 
 
 async def _calibrate_after_model(
@@ -270,7 +299,7 @@ async def _compact_before_model(
     original = request
     cuts = (getattr(agent, "max_tool_result_tokens", None), state.cut_to)
     if limits := [cut for cut in cuts if isinstance(cut, int)]:
-        request = clip_results(request, context.log_index, min(limits))
+        request, state.clipped = _clip(request, context.log_index, min(limits), state.clipped)
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, context, config, config.budget)
@@ -702,7 +731,7 @@ async def _compact(
         calibrated.measured = state.measured
         outcome.summary = state.summary_outcome
         records = state.records()
-        calibrated.real.update(state.real)
+        calibrated.real = {**calibrated.real, **state.real}  # a new mapping (``_Split``)
         compacted = attrs.evolve(request, messages=state.view())
         before, kept = {m.id for m in request.messages}, {m.id for m in compacted.messages}
         added = [m for m in compacted.messages if m.id not in before]
