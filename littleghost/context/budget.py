@@ -314,17 +314,22 @@ class _Cuts:
                 cut[i] = self.shrink(message, calls + max_tokens, (TextPart,))
         return cut
 
-    def fit_turn(self, turn: Sequence[Message], share: int, floor: int, room: int) -> list[Message]:
+    def fit_turn(
+        self, turn: Sequence[Message], share: int, floor: int, room: int
+    ) -> tuple[list[Message], int]:
         """The current ``turn``, its results over ``share`` excerpted; while over ``room``,
-        its intermediate text, then its results, cut toward ``floor`` tokens."""
+        its intermediate text, then its results, cut toward ``floor`` tokens; and its cost."""
         current = [self.cut_results(m, share) for m in turn]
-        if self.cost(current) > room:
+        cost = self.cost(current)
+        if cost > room:
             current = self.cut_intermediate(current, floor)
+            cost = self.cost(current)
             for size in (4 * floor, 2 * floor, floor):
-                if self.cost(current) <= room:
+                if cost <= room:
                     break
                 current = [self.cut_results(m, size) for m in current]
-        return current
+                cost = self.cost(current)
+        return current, cost
 
     def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
         def make() -> Message:
@@ -404,7 +409,7 @@ def fit_request(
                 summaries.append(message)
             elif message.metadata.get(EXCERPTS_KEY) is True:
                 carried = _excerpted(message)
-        elif message.is_trusted:
+        elif message.role.is_trusted:
             trusted.append(message)
         else:
             conversation.append(message)
@@ -419,19 +424,20 @@ def fit_request(
     room = limit - fixed
     share = max(int(limit * budget.tool_result_share), floor)
     turn = turns[-1] if turns else []
-    current = cuts.fit_turn(turn, share, floor, room)
+    current, current_size = cuts.fit_turn(turn, share, floor, room)
     ours = sorted((s for s in summaries if s.id in turn_summaries), key=cuts.estimate)
     made: list[Message] = []
-    left = room - cuts.cost(current)
+    left = room - current_size
     for position, summary in enumerate(ours):  # the smallest first, each its share of the rest
         share_left = max(left // (len(ours) - position), floor)
         made.append(cuts.shrink(summary, min(summary_tokens, share_left), _CAPPED))
         left -= cuts.estimate(made[-1])
-    if made and cuts.cost(current) + cuts.cost(made) > room:  # the turn gives them room
-        current = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
-        if cuts.cost(current) + cuts.cost(made) > room:  # or they give way to it, last
-            made, current = [], cuts.fit_turn(turn, share, floor, room)
-    current_cost = cuts.cost(current) + cuts.cost(made)
+    if made and current_size + cuts.cost(made) > room:  # the turn gives them room
+        current, current_size = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
+        if current_size + cuts.cost(made) > room:  # or they give way to it, last
+            made = []
+            current, current_size = cuts.fit_turn(turn, share, floor, room)
+    current_cost = current_size + cuts.cost(made)
     if current_cost > room:
         raise PromptBudgetError(
             f"the request cannot fit its prompt budget: instructions, memories and tools take "
@@ -524,7 +530,7 @@ def fit_sized(
     ``room``, by the share it is over, at most ``SIZED_PASSES`` times, never past what the
     current turn needs nor past a summary of the view."""
     view, report = fit_request(request, budget, limit, memories, **keywords)
-    summaries = [message for message in view.messages if message.is_summary]
+    summaries = [m for m in view.messages if m.metadata and m.is_summary]  # most: no metadata
     over = size(view)
     for _ in range(SIZED_PASSES):
         if over <= room:
@@ -535,7 +541,8 @@ def fit_sized(
         except PromptBudgetError:
             break
         tighter_size = size(tighter)
-        if tighter_size >= over or [m for m in tighter.messages if m.is_summary] != summaries:
+        shown = [m for m in tighter.messages if m.metadata and m.is_summary]
+        if tighter_size >= over or shown != summaries:
             break  # no smaller, or a summary cut further or left out: not this way
         view, report, over = tighter, tighter_report, tighter_size
     return view, report

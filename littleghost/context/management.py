@@ -303,17 +303,19 @@ async def _compact_before_model(
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, context, config, config.budget)
+    bounded = request
     if config.summarize:
         estimated = estimate_tokens(request, context, config.tokenizer)
         if estimated >= config.threshold(state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:  # the figures of the request sent
-        tokenizer = config.budget.tokenizer
-        estimates = context.log_index.estimates(tokenizer)
-        sent = estimates.total(request.messages) + schema_estimate(request, tokenizer)
-        report = attrs.evolve(
-            report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
-        )
+        if request is not bounded:  # compacted since: the report's are of the bounded view
+            tokenizer = config.budget.tokenizer
+            estimates = context.log_index.estimates(tokenizer)
+            sent = estimates.total(request.messages) + schema_estimate(request, tokenizer)
+            report = attrs.evolve(
+                report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
+            )
         context.annotate_next_call(report.span_attributes())
     return None if request is original else request
 
@@ -407,8 +409,11 @@ async def _bounded(
 def _turn_summaries(log: Sequence[Message], question: Message | None) -> set[str]:
     """The ids of ``log``'s summaries that cover part of its current turn."""
     turn = log[turn_start(log, question) + 1 :]
+    summaries = [m for m in turn if m.metadata and m.is_summary]  # most: no metadata
+    if not summaries:
+        return set()
     ids = {message.id for message in turn}
-    return {m.id for m in turn if m.is_summary and not ids.isdisjoint(record_covers(m))}
+    return {m.id for m in summaries if not ids.isdisjoint(record_covers(m))}
 
 
 async def _compact_after_overflow(
