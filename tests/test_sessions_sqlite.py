@@ -452,32 +452,28 @@ class TestBadFiles:
         await every_operation_fails(SQLiteSessionStore(path), CorruptSessionStoreError)
         assert snapshot(tmp_path) == before
 
-    async def test_a_schema_version_under_1_is_corrupt(self, tmp_path: Path) -> None:
-        path = tmp_path / "s.db"
-        async with SQLiteSessionStore(path) as store:
-            await store.append("s", [Message.user("kept")])
-        raw(
-            path,
-            "UPDATE littleghost_meta SET value = '0' WHERE key = 'schema_version'",
-            "PRAGMA wal_checkpoint(TRUNCATE)",
-        )
-        with pytest.raises(CorruptSessionStoreError, match="unreadable schema_version '0'"):
-            await SQLiteSessionStore(path).load("s")
-
-    async def test_a_schema_version_too_long_to_read_as_an_int_is_corrupt(
-        self, tmp_path: Path
+    @pytest.mark.parametrize(
+        ("version", "shown"),
+        [("0", "'0'"), ("1" * 5000, "'1111")],
+        ids=["under-1", "too-long-to-read"],
+    )
+    async def test_a_schema_version_under_1_or_too_long_to_read_is_corrupt(
+        self, tmp_path: Path, version: str, shown: str
     ) -> None:
-        """A version of more digits than Python reads as an int: Python's ``ValueError``
-        ("Exceeds the limit") escaped the store; the message shows the start of it."""
+        """A version under 1, or of more digits than Python reads as an int (Python's
+        ``ValueError``, "Exceeds the limit", escaped the store): the message shows the
+        start of it."""
         path = tmp_path / "s.db"
         async with SQLiteSessionStore(path) as store:
             await store.append("s", [Message.user("kept")])
         raw(
             path,
-            f"UPDATE littleghost_meta SET value = '{'1' * 5000}' WHERE key = 'schema_version'",
+            f"UPDATE littleghost_meta SET value = '{version}' WHERE key = 'schema_version'",
             "PRAGMA wal_checkpoint(TRUNCATE)",
         )
-        with pytest.raises(CorruptSessionStoreError, match="unreadable schema_version") as error:
+        with pytest.raises(
+            CorruptSessionStoreError, match=f"unreadable schema_version {shown}"
+        ) as error:
             await SQLiteSessionStore(path).load("s")
         assert len(str(error.value)) < 300
 
