@@ -319,7 +319,7 @@ def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:
     if first is None:
         got = "but it takes none"
     elif first.kind in _POSITIONAL:
-        got = f"not {safe_repr(first.name)}"
+        got = f"not {first.name!r}"  # an identifier
     else:
         got = f"not the {first.kind.description} {first.name!r}"
     raise ConfigurationError(
