@@ -23,6 +23,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
 
 from tests.ci import missing
 
@@ -59,6 +61,35 @@ _metric_reader = InMemoryMetricReader(
     preferred_temporality={Histogram: AggregationTemporality.DELTA}
 )
 metrics.set_meter_provider(MeterProvider(metric_readers=[_metric_reader]))
+
+
+TIMED_OR_HEAVY = frozenset(
+    {"test_local_model.py", "test_faults.py", "test_run_faults.py", "test_recovery_property.py"}
+)
+"""The real-model tests, whose llama.cpp server takes every core it can, and the fault
+harnesses, which time how soon a run ends: under ``-n``, one after the other in one
+process, so that no harness is timed beside the server."""
+
+
+class _WholeFiles(LoadFileScheduling):
+    """pytest-xdist's scheduling by file, the files of ``TIMED_OR_HEAVY`` as one."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = super()._split_scope(nodeid)
+        return "timed-or-heavy" if Path(file).name in TIMED_OR_HEAVY else file
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the files of ``TIMED_OR_HEAVY`` come first: the longest
+    unit of work starts at once, beside the rest."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.path.name not in TIMED_OR_HEAVY)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> _WholeFiles | None:
+    """Under ``-n`` (``--dist load``, the default, or ``loadfile``) each test file runs
+    whole in one process; other ``--dist`` modes are pytest-xdist's own."""
+    return _WholeFiles(config, log) if config.option.dist in ("load", "loadfile") else None
 
 
 @pytest.fixture(params=["asyncio", "trio"])

