@@ -184,6 +184,16 @@ class Histograms:
                     )
         return points
 
+    def every_text(self) -> list[str]:
+        """Every attribute value of the points recorded since the last read (what a
+        metric exporter would ship besides the figures)."""
+        return [
+            str(value)
+            for points in self.read().values()
+            for point in points
+            for value in dict(point.attributes or {}).values()
+        ]
+
 
 @pytest.fixture
 def histograms() -> Histograms:

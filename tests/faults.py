@@ -126,6 +126,11 @@ from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessi
 from littleghost.testing import text_response
 from tests.stores import postgres_schema
 
+SECRET = "zq7x"
+"""In every text of the harness's conversations and faults (the instructions, the model's
+words, history, tool results, summaries, what models, tools, hooks and stores raise):
+``tests/test_no_leaks.py`` checks that no span, metric or log record of a campaign holds
+it. Short, so that texts keep their length; never in a hex id."""
 GRACE = 0.1
 """The cleanup grace of the harness's agents, in seconds."""
 TOLERANCE = 0.4
@@ -303,7 +308,7 @@ class ChaosStore:
                 chaos.fired[f"{kind} on a compaction record"] += 1
         if chaos.fail_cleanup and chaos.stopping():
             chaos.fired["store error while stopping"] += 1
-            raise SessionStoreError("injected: the store is down while the run stops")
+            raise SessionStoreError(f"injected {SECRET}: the store is down while the run stops")
         if kind == "store stall":
             chaos.fired[kind] += 1
             await anyio.sleep(seconds)
@@ -312,7 +317,7 @@ class ChaosStore:
                 chaos.fired[kind] += 1
         elif kind == "store error":
             chaos.ending(kind)
-            raise SessionStoreError("injected: the store is down")
+            raise SessionStoreError(f"injected {SECRET}: the store is down")
         elif kind == "postgres busy" and chaos.postgres is not None:
             if await anyio.to_thread.run_sync(_hold_row, chaos.postgres, session_id, seconds):
                 chaos.fired[kind] += 1
@@ -323,7 +328,7 @@ class ChaosStore:
         await self.inner.append(session_id, messages)
         if kind == "store error after writing":
             chaos.ending(kind)
-            raise SessionStoreError("injected: the connection dropped after the commit")
+            raise SessionStoreError(f"injected {SECRET}: the connection dropped after the commit")
         await chaos.point()
 
     async def list_sessions(self) -> tuple[str, ...]:
@@ -397,7 +402,7 @@ def _lock_database(path: str, seconds: float) -> bool:
 
 SUMMARY_PURPOSE = "context_compaction"
 """The purpose of a summary call (``littleghost.context.summarize.summary_request``)."""
-FILLER = " ".join(["note"] * 40)
+FILLER = " ".join(["note"] * 39 + [SECRET])
 """What the model says beside its calls in a run with context management (the
 conversation grows toward a compaction)."""
 
@@ -443,13 +448,13 @@ class ChaosModel:
             await anyio.sleep(seconds)
         elif kind == "model unavailable":
             chaos.ending(kind)
-            raise ProviderUnavailableError("injected", provider="chaos")
+            raise ProviderUnavailableError(f"injected {SECRET}", provider="chaos")
         elif kind == "model rate limit":
             chaos.ending(kind)
-            raise RateLimitError("injected", provider="chaos", retry_after=0.01)
+            raise RateLimitError(f"injected {SECRET}", provider="chaos", retry_after=0.01)
         elif kind == "model invalid request":
             chaos.ending(kind)
-            raise InvalidRequestError("injected", provider="chaos", status=400)
+            raise InvalidRequestError(f"injected {SECRET}", provider="chaos", status=400)
         elif kind.startswith("model overflow"):
             chaos.ending(kind)
             if any(earlier == turn for earlier, _ in chaos.overflows):
@@ -457,7 +462,7 @@ class ChaosModel:
             figures = kind == "model overflow with figures"
             chaos.calibrated |= figures
             error = ContextWindowOverflowError(
-                "injected",
+                f"injected {SECRET}",
                 provider="chaos",
                 prompt_tokens=int(seconds) if figures else None,
                 context_window=WINDOW if figures else None,
@@ -514,7 +519,7 @@ class ChaosModel:
             if kind == "count stall":
                 await anyio.sleep(seconds)
             elif kind == "count error":
-                raise ProviderUnavailableError("injected count failure", provider="chaos")
+                raise ProviderUnavailableError(f"injected count failure {SECRET}", provider="chaos")
             chaos.calibrated = True  # a figure, as an overflow's
             if kind == "count over the window":
                 return 10 * WINDOW
@@ -539,13 +544,17 @@ class ChaosModel:
             if kind == "summary stall":
                 await anyio.sleep(seconds)
             elif kind == "summary error":
-                raise ProviderUnavailableError("injected summary failure", provider="chaos")
+                raise ProviderUnavailableError(
+                    f"injected summary failure {SECRET}", provider="chaos"
+                )
             elif kind == "summary overflow":
-                raise ContextWindowOverflowError("injected summary overflow", provider="chaos")
+                raise ContextWindowOverflowError(
+                    f"injected summary overflow {SECRET}", provider="chaos"
+                )
             elif kind == "summary overflow with figures":
                 chaos.calibrated = True
                 raise ContextWindowOverflowError(
-                    "injected summary overflow",
+                    f"injected summary overflow {SECRET}",
                     provider="chaos",
                     prompt_tokens=int(seconds),
                     context_window=WINDOW,
@@ -554,7 +563,9 @@ class ChaosModel:
                 return text_response("")
             elif kind == "summary at its cap":  # no complete line: asked again, shorter
                 return text_response("- The user", stop_reason=StopReason.MAX_TOKENS)
-            return text_response("- The user asked to go.\n- Tools ran.", output_tokens=12)
+            return text_response(
+                f"- The user asked to go {SECRET}.\n- Tools ran.", output_tokens=12
+            )
         except anyio.get_cancelled_exc_class():
             chaos.fired["stopped in a summary call"] += 1
             raise
@@ -577,7 +588,7 @@ class Slow:
 
 
 class ChaosAgent(Agent):
-    instructions = "Work."
+    instructions = f"Work {SECRET}."
     cleanup_grace = GRACE
     max_retries = 0
     max_turns = 6
@@ -598,7 +609,7 @@ class ChaosAgent(Agent):
     @tool
     async def fail(self) -> str:
         """Fail."""
-        raise ValueError("injected tool failure")
+        raise ValueError(f"injected tool failure {SECRET}")
 
     @tool
     async def hang(self) -> str:
@@ -701,7 +712,7 @@ async def _hook_fault(kind: str, context: RunContext) -> None:
     what = chaos.hook_fault[1]
     chaos.hook_fault = None
     chaos.ending(f"{kind} hook raises {what}")
-    error = HookFailure(kind) if what == "error" else await stray_cancellation()
+    error = HookFailure(f"{kind} {SECRET}") if what == "error" else await stray_cancellation()
     chaos.hook_raised = error
     raise error
 

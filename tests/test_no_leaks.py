@@ -1,37 +1,64 @@
-"""No content and no credential in telemetry or logs by default: a canary scan.
+"""No content and no credential in telemetry or logs unless the agent opts in: a canary scan.
 
-Every secret and every piece of content of a run carries ``CANARY``; each case drives one
-path (tools failing, provider errors, repairs, hooks, summaries, overflow, streams,
-sessions, the bounded view, the real SDKs over a mock transport at DEBUG with a base URL
-and key holding credentials), and nothing a span exporter or a log handler receives may
-hold it.
+Every secret and every piece of content of a run carries ``CANARY``: input, instructions,
+history and its metadata, tool arguments and results, what tools, hooks, models and stores raise,
+summaries, structured output, provider error bodies that echo the request, API keys and
+base URLs with credentials. Each case drives one path (tools failing, provider errors,
+repairs, every kind of hook raising, summaries, overflow, streams, sessions, the bounded
+view, compactions outside runs, the real SDKs over a mock transport at DEBUG), once with
+``capture_content`` off and once on. With it off, nothing a span exporter, a metric
+exporter, a log handler (every record at every level, as a JSON formatter ships it) or
+the warnings filter receives may hold it; with it on, spans may (and do, where a request
+reached a model), the rest never. A campaign of the fault-injection harness, its content
+and faults carrying ``tests.faults.SECRET``, is scanned the same way.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anthropic
+import anyio
 import attrs
 import httpx2
 import openai
 import pydantic
 import pytest
 
-from littleghost import Agent, Message, before_tool, manage_context, tool
+from littleghost import (
+    Agent,
+    Message,
+    after_model,
+    after_model_error,
+    after_tool,
+    before_model,
+    before_tool,
+    manage_context,
+    tool,
+)
+from littleghost.context import Summarization, apply_compaction, compact_session
 from littleghost.context.budget import PromptBudget
-from littleghost.errors import ContextWindowOverflowError, InvalidRequestError
+from littleghost.context.outside import compact_log
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    RateLimitError,
+    SessionStoreError,
+)
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
-from littleghost.sessions import SQLiteSessionStore
+from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from tests.faults import SECRET, campaign
 
 if TYPE_CHECKING:
-    from conftest import Spans
+    from conftest import Histograms, Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -39,8 +66,14 @@ CANARY = "CANARY-7f3a"
 BASE_URL = f"https://user-{CANARY}:pw-{CANARY}@proxy.example:8443/v1?key={CANARY}"
 
 
+_PLAIN_RECORD = {*vars(logging.makeLogRecord({})), "message", "asctime"}
+"""The attributes every log record has; the others are what it was given (``extra``,
+littleghost's ``littleghost`` names)."""
+
+
 class _Everything(logging.Handler):
-    """Every record at any level, formatted with its traceback."""
+    """Every record at any level, as a JSON formatter would ship it: the message with its
+    traceback and stack, its arguments, and every attribute it was given."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -48,7 +81,8 @@ class _Everything(logging.Handler):
         self.texts: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.texts.append(self.format(record))
+        given = {name: value for name, value in vars(record).items() if name not in _PLAIN_RECORD}
+        self.texts.append(f"{self.format(record)} args={record.args!r} given={given!r}")
 
 
 @pytest.fixture
@@ -62,6 +96,16 @@ def logged() -> Iterator[list[str]]:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+@pytest.fixture
+def warned() -> Iterator[list[str]]:
+    """The text of every warning issued, each time."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        texts: list[str] = []
+        yield texts
+        texts.extend(str(warning.message) for warning in caught)
 
 
 @attrs.frozen
@@ -81,11 +125,59 @@ class Support(Agent):
             raise ValueError(f"no order {order_id} for {CANARY}")
         return f"order {order_id}: {CANARY}"
 
+    @tool
+    async def both(self, note: str) -> str:
+        """Fail twice at once (an exception group)."""
+
+        async def fail() -> None:
+            raise ValueError(f"failed {note}")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(fail)
+            group.start_soon(fail)
+        return note
+
+    @tool(timeout=0.05)
+    async def hang(self, note: str) -> str:
+        """Never answer in time."""
+        await anyio.sleep(60)
+        return note
+
+    @tool(timeout=0.05)
+    def block(self, note: str) -> str:
+        """Block a worker thread past the timeout, then fail."""
+        time.sleep(0.2)
+        raise ValueError(f"late {note}")
+
 
 class Guarded(Support):
     @before_tool
     def refuse(self, call: Any) -> None:
         raise RuntimeError(f"refused {call.arguments} {CANARY}")
+
+
+class BeforeModelRaises(Support):
+    @before_model
+    def refuse(self, request: Any) -> None:
+        raise RuntimeError(f"refused {request.messages[-1].text}")
+
+
+class AfterModelRaises(Support):
+    @after_model
+    def refuse(self, response: Any) -> None:
+        raise RuntimeError(f"refused {response.message.text}")
+
+
+class AfterToolRaises(Support):
+    @after_tool
+    def refuse(self, result: Any) -> None:
+        raise RuntimeError(f"refused {result.content}")
+
+
+class AfterModelErrorRaises(Support):
+    @after_model_error
+    def refuse(self, request: Any, error: Exception) -> None:
+        raise RuntimeError(f"refused {error}")
 
 
 @manage_context(compression_threshold=0.5, preserve_recent_messages=2, context_window_tokens=600)
@@ -110,8 +202,8 @@ HISTORY = [
     message
     for turn in range(12)
     for message in (
-        Message.user(f"question {turn} {CANARY} " + "x" * 120),
-        Message.assistant(f"answer {turn} {CANARY} " + "y" * 120),
+        Message.user(f"question {turn} {CANARY} " + "x" * 120, metadata={"note": CANARY}),
+        Message.assistant(f"answer {turn} {CANARY} " + "y" * 120, metadata={"note": CANARY}),
     )
 ]
 
@@ -120,29 +212,46 @@ def scripted(*steps: Any) -> ScriptedModel:
     return ScriptedModel(list(steps))
 
 
-async def tools(tmp_path: Path) -> None:
+async def tools(tmp_path: Path, capture: bool) -> None:
     model = scripted(
         tool_call_response("lookup", {"order_id": 1, "note": CANARY}),
         tool_call_response("lookup", {"order_id": 2, "note": "fail"}),
+        tool_call_response("both", {"note": CANARY}),
         tool_call_response("lookup", {"order_id": CANARY}),
         tool_call_response(f"lookup_{CANARY}", {"x": CANARY}),
+        tool_call_response("hang", {"note": CANARY}),
         text_response(f"done {CANARY}"),
     )
-    await Support(model=model).run(f"input {CANARY}", history=HISTORY[:4])
+    agent = Support(model=model, capture_content=capture)
+    await agent.run(f"input {CANARY}", history=HISTORY[:4])
 
 
-async def provider_400(tmp_path: Path) -> None:
+async def late_thread(tmp_path: Path, capture: bool) -> None:
+    """A sync tool the run stopped waiting for fails later: its failure is logged."""
+    model = scripted(tool_call_response("block", {"note": CANARY}), text_response(CANARY))
+    await Support(model=model, capture_content=capture).run(f"input {CANARY}")
+    await anyio.sleep(0.3)
+
+
+async def provider_400(tmp_path: Path, capture: bool) -> None:
     error = InvalidRequestError(f"bad request quoting {CANARY}", status=400, provider="x")
-    await Support(model=scripted(error)).run(f"input {CANARY}")
+    await Support(model=scripted(error), capture_content=capture).run(f"input {CANARY}")
 
 
-async def provider_raises(tmp_path: Path) -> None:
-    await Support(model=scripted(RuntimeError(f"weird {CANARY}"))).run(f"input {CANARY}")
+async def provider_raises(tmp_path: Path, capture: bool) -> None:
+    model = scripted(RuntimeError(f"weird {CANARY}"))
+    await Support(model=model, capture_content=capture).run(f"input {CANARY}")
 
 
-async def output_repair(tmp_path: Path) -> None:
+async def rate_limited(tmp_path: Path, capture: bool) -> None:
+    error = RateLimitError(f"slow down {CANARY}", provider="x", retry_after=0.01)
+    model = scripted(error, text_response(f"answer {CANARY}"))
+    await Support(model=model, capture_content=capture).run(f"input {CANARY}")
+
+
+async def output_repair(tmp_path: Path, capture: bool) -> None:
     model = scripted(text_response(f"not json {CANARY}"), text_response(f"still {CANARY}"))
-    await Support(model=model, output_type=Order).run(f"input {CANARY}")
+    await Support(model=model, output_type=Order, capture_content=capture).run(f"input {CANARY}")
 
 
 class Note(pydantic.BaseModel):
@@ -161,40 +270,86 @@ class Noted(Support):
         return note.text
 
 
-async def pydantic_misfits(tmp_path: Path) -> None:
+async def pydantic_misfits(tmp_path: Path, capture: bool) -> None:
     model = scripted(
         tool_call_response("add", {"note": {"text": CANARY}}),
         text_response(json.dumps({"text": CANARY})),
         text_response(json.dumps({"text": f"again {CANARY}"})),
     )
-    await Noted(model=model, output_type=Note).run(f"input {CANARY}")
+    await Noted(model=model, output_type=Note, capture_content=capture).run(f"input {CANARY}")
 
 
-async def hook_raises(tmp_path: Path) -> None:
+async def hook_raises(tmp_path: Path, capture: bool) -> None:
     model = scripted(tool_call_response("lookup", {"order_id": 1, "note": CANARY}))
-    await Guarded(model=model).run(f"input {CANARY}")
+    await Guarded(model=model, capture_content=capture).run(f"input {CANARY}")
 
 
-async def summary(tmp_path: Path) -> None:
+HOOKED = [BeforeModelRaises, AfterModelRaises, AfterToolRaises, AfterModelErrorRaises]
+
+
+async def hooks_raise(tmp_path: Path, capture: bool) -> None:
+    """Each kind of hook raises, quoting what it was given."""
+    for kind in HOOKED:
+        model = scripted(
+            InvalidRequestError(f"bad {CANARY}", status=400, provider="x")
+            if kind is AfterModelErrorRaises
+            else tool_call_response("lookup", {"order_id": 1, "note": CANARY}),
+            text_response(f"answer {CANARY}"),
+        )
+        with pytest.raises(RuntimeError, match="refused"):
+            await kind(model=model, capture_content=capture).run(f"input {CANARY}")
+
+
+async def summary(tmp_path: Path, capture: bool) -> None:
     model = scripted(text_response(f"summary {CANARY}"), text_response(f"answer {CANARY}"))
-    await Managed(model=model).run(f"input {CANARY}", history=HISTORY)
+    await Managed(model=model, capture_content=capture).run(f"input {CANARY}", history=HISTORY)
 
 
-async def summary_fails(tmp_path: Path) -> None:
+async def summary_fails(tmp_path: Path, capture: bool) -> None:
     model = scripted(RuntimeError(f"summary {CANARY}"), text_response(f"answer {CANARY}"))
-    await Managed(model=model).run(f"input {CANARY}", history=HISTORY)
+    await Managed(model=model, capture_content=capture).run(f"input {CANARY}", history=HISTORY)
 
 
-async def overflow(tmp_path: Path) -> None:
+async def overflow(tmp_path: Path, capture: bool) -> None:
     model = scripted(
         ContextWindowOverflowError(f"too long {CANARY}", provider="x"),
         text_response(f"summary {CANARY}"),
         text_response(f"answer {CANARY}"),
     )
-    await Managed(model=model).run(f"input {CANARY}", history=HISTORY[:6])
+    agent = Managed(model=model, capture_content=capture)
+    await agent.run(f"input {CANARY}", history=HISTORY[:6])
 
 
-async def stream_with_session(tmp_path: Path) -> None:
+async def outside_runs(tmp_path: Path, capture: bool) -> None:
+    """Compactions outside runs: an agent's (content only with its capture_content),
+    a stored session's and an ad hoc one, failing with the text of the model's error."""
+    model = scripted(text_response(f"summary {CANARY}"))
+    await compact_log(Managed(model=model, capture_content=capture), HISTORY)
+    store = InMemorySessionStore()
+    await store.append("s1", HISTORY)
+    strategy = Summarization(model=scripted(text_response(f"summary {CANARY}")))
+    await compact_session(store, "s1", strategy)
+    failing = Summarization(model=scripted(RuntimeError(f"summary {CANARY}")))
+    with pytest.raises(RuntimeError, match="summary"):
+        await apply_compaction(HISTORY, failing)
+
+
+class FailingStore(InMemorySessionStore):
+    """A store whose appends fail, quoting what they were given."""
+
+    async def append(self, session_id: str, messages: Any) -> None:
+        if any(message.role.value == "assistant" for message in messages):
+            raise SessionStoreError(f"cannot store {[m.text for m in messages]}")
+        await super().append(session_id, messages)
+
+
+async def store_fails(tmp_path: Path, capture: bool) -> None:
+    model = scripted(tool_call_response("lookup", {"order_id": 1, "note": CANARY}))
+    agent = Support(model=model, session_store=FailingStore(), capture_content=capture)
+    await agent.run(f"input {CANARY}", session_id="s1")
+
+
+async def stream_with_session(tmp_path: Path, capture: bool) -> None:
     store = SQLiteSessionStore(str(tmp_path / "sessions.db"))
     model = scripted(
         tool_call_response("lookup", {"order_id": 1, "note": CANARY}),
@@ -202,7 +357,7 @@ async def stream_with_session(tmp_path: Path) -> None:
     )
     async with (
         store,
-        Support(model=model, session_store=store).stream(
+        Support(model=model, session_store=store, capture_content=capture).stream(
             f"input {CANARY}", session_id="s1"
         ) as events,
     ):
@@ -210,9 +365,9 @@ async def stream_with_session(tmp_path: Path) -> None:
             pass
 
 
-async def bounded_view(tmp_path: Path) -> None:
+async def bounded_view(tmp_path: Path, capture: bool) -> None:
     model = scripted(text_response(f"answer {CANARY}"))
-    await Bounded(model=model).run(f"input {CANARY}", history=HISTORY)
+    await Bounded(model=model, capture_content=capture).run(f"input {CANARY}", history=HISTORY)
 
 
 def openai_server(request: httpx2.Request) -> httpx2.Response:
@@ -228,15 +383,49 @@ def openai_server(request: httpx2.Request) -> httpx2.Response:
     return httpx2.Response(400, json={"error": error})
 
 
-async def openai_sdk(tmp_path: Path) -> None:
-    client = openai.AsyncOpenAI(
-        api_key=CANARY,
-        base_url=BASE_URL,
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(openai_server)),
+def openai_client(server: Callable[[httpx2.Request], httpx2.Response]) -> openai.AsyncOpenAI:
+    transport = httpx2.MockTransport(server)
+    return openai.AsyncOpenAI(
+        api_key=CANARY, base_url=BASE_URL, http_client=httpx2.AsyncClient(transport=transport)
     )
-    async with client:
+
+
+async def openai_sdk(tmp_path: Path, capture: bool) -> None:
+    async with openai_client(openai_server) as client:
         model = OpenAIModel("m", client=client, context_window=8_000)
-        await Support(model=model).run(f"input {CANARY}")
+        await Support(model=model, capture_content=capture).run(f"input {CANARY}")
+
+
+def openai_misfit(request: httpx2.Request) -> httpx2.Response:
+    """Answers structured output that does not fit, quoting the request in it."""
+    text = json.dumps({"id": request.content.decode(), "note": 1})
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return httpx2.Response(200, json={"id": "x", "model": "m", "choices": [choice]})
+
+
+async def openai_structured(tmp_path: Path, capture: bool) -> None:
+    async with openai_client(openai_misfit) as client:
+        agent = Support(model=OpenAIModel("gpt-4o", client=client), capture_content=capture)
+        await agent.run(f"input {CANARY}", output_type=Order)
+
+
+def openai_stream_error(request: httpx2.Request) -> httpx2.Response:
+    """Streams some text, then an error event that echoes the request."""
+    delta = {"index": 0, "delta": {"content": f"part {CANARY}"}, "finish_reason": None}
+    chunk = {"id": "x", "model": "m", "choices": [delta]}
+    error = {"error": {"message": f"failed: {request.content.decode()}", "type": "server_error"}}
+    events = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(error)}\n\n"
+    return httpx2.Response(200, text=events, headers={"content-type": "text/event-stream"})
+
+
+async def openai_stream(tmp_path: Path, capture: bool) -> None:
+    async with openai_client(openai_stream_error) as client:
+        model = OpenAIModel("m", client=client, context_window=8_000)
+        agent = Support(model=model, capture_content=capture)
+        async with agent.stream(f"input {CANARY}") as events:
+            async for _ in events:
+                pass
 
 
 def anthropic_server(request: httpx2.Request) -> httpx2.Response:
@@ -245,41 +434,108 @@ def anthropic_server(request: httpx2.Request) -> httpx2.Response:
     return httpx2.Response(500, json={"type": "error", "error": error})
 
 
-async def anthropic_sdk(tmp_path: Path) -> None:
-    client = anthropic.AsyncAnthropic(
-        api_key=CANARY,
-        base_url=BASE_URL,
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(anthropic_server)),
+def anthropic_client(server: Callable[[httpx2.Request], httpx2.Response]) -> Any:
+    transport = httpx2.MockTransport(server)
+    return anthropic.AsyncAnthropic(
+        api_key=CANARY, base_url=BASE_URL, http_client=httpx2.AsyncClient(transport=transport)
     )
-    async with client:
-        await Support(model=AnthropicModel("claude-x", client=client)).run(f"input {CANARY}")
 
 
-CASES: list[Callable[[Path], Awaitable[None]]] = [
+async def anthropic_sdk(tmp_path: Path, capture: bool) -> None:
+    async with anthropic_client(anthropic_server) as client:
+        model = AnthropicModel("claude-x", client=client)
+        await Support(model=model, capture_content=capture).run(f"input {CANARY}")
+
+
+def anthropic_overflowing(request: httpx2.Request) -> httpx2.Response:
+    """Every message overflows; every prompt count fails echoing the request."""
+    if request.url.path.endswith("count_tokens"):
+        message = f"bad: {request.content.decode()}"
+    else:
+        message = f"prompt is too long: 300000 tokens > 200000 maximum {CANARY}"
+    error = {"type": "invalid_request_error", "message": message}
+    return httpx2.Response(400, json={"type": "error", "error": error})
+
+
+async def anthropic_overflow(tmp_path: Path, capture: bool) -> None:
+    async with anthropic_client(anthropic_overflowing) as client:
+        agent = Managed(model=AnthropicModel("claude-x", client=client), capture_content=capture)
+        await agent.run(f"input {CANARY}", history=HISTORY[:4])
+
+
+CASES: list[Callable[[Path, bool], Awaitable[None]]] = [
     tools,
+    late_thread,
     provider_400,
     provider_raises,
+    rate_limited,
     output_repair,
     pydantic_misfits,
     hook_raises,
+    hooks_raise,
     summary,
     summary_fails,
     overflow,
+    outside_runs,
+    store_fails,
     stream_with_session,
     bounded_view,
     openai_sdk,
+    openai_structured,
+    openai_stream,
     anthropic_sdk,
+    anthropic_overflow,
 ]
 
 
+@pytest.mark.parametrize("capture", [False, True], ids=["default", "capture_content"])
 @pytest.mark.parametrize("case", CASES, ids=[case.__name__ for case in CASES])
-async def test_no_canary_reaches_spans_or_logs(
-    spans: Spans, logged: list[str], tmp_path: Path, case: Callable[[Path], Awaitable[None]]
+async def test_no_canary_reaches_telemetry_or_logs_unless_captured(
+    spans: Spans,
+    histograms: Histograms,
+    logged: list[str],
+    warned: list[str],
+    tmp_path: Path,
+    case: Callable[[Path, bool], Awaitable[None]],
+    capture: bool,
 ) -> None:
+    """With capture_content off, no span, metric, log record or warning holds content or
+    a credential; with it on, spans hold content (a model was asked), the rest never."""
     try:
-        await case(tmp_path)
+        await case(tmp_path, capture)
     except Exception:  # several paths end the run with an error: what it emitted counts
         pass
+    span_texts, metric_texts = spans.every_text(), histograms.every_text()
     assert spans.all()
-    leaks = [text for text in [*spans.every_text(), *logged] if CANARY in text]
+    assert metric_texts  # every case calls a model
+    if capture:
+        assert [text for text in span_texts if CANARY in text]
+        span_texts = []
+    leaks = [text for text in [*span_texts, *metric_texts, *logged, *warned] if CANARY in text]
     assert not leaks
+
+
+CAMPAIGN_SEED = 20261205
+CAMPAIGN_RUNS = 300
+
+
+async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
+    spans: Spans,
+    histograms: Histograms,
+    logged: list[str],
+    warned: list[str],
+    tmp_path: Path,
+) -> None:
+    """The fault-injection harness's runs (failing, stalling and cancelled models, tools,
+    hooks and stores; compactions, streams, sub-agents, cleanup under a stop), their
+    content and faults carrying SECRET: no span, metric, log record or warning holds it."""
+    report = await campaign(CAMPAIGN_SEED, CAMPAIGN_RUNS, directory=tmp_path)
+    assert report.violations == []
+    assert {"store error", "model unavailable", "summary error", "tool fail"} <= set(report.faults)
+    loggers = {text.split(" ", 1)[0] for text in logged}
+    assert {"littleghost.cleanup", "littleghost.context", "littleghost.tools"} <= loggers
+    async with SQLiteSessionStore(tmp_path / "faults.db", read_only=True) as store:
+        stored = [m.text for s in await store.list_sessions() for m in await store.load(s)]
+    assert [text for text in stored if SECRET in text]  # the conversations carried it
+    texts = [*spans.every_text(), *histograms.every_text(), *logged, *warned]
+    assert not [text for text in texts if SECRET in text]
