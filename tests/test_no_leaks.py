@@ -48,6 +48,7 @@ from littleghost.context.outside import compact_log
 from littleghost.errors import (
     ContextWindowOverflowError,
     InvalidRequestError,
+    ProviderUnavailableError,
     RateLimitError,
     SessionStoreError,
 )
@@ -539,3 +540,22 @@ async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
     assert [text for text in stored if SECRET in text]  # the conversations carried it
     texts = [*spans.every_text(), *histograms.every_text(), *logged, *warned]
     assert not [text for text in texts if SECRET in text]
+
+
+def test_a_client_that_fails_to_close_as_its_event_loop_ends_is_logged_by_type(
+    logged: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK client littleghost made for a run_sync() event loop is closed as the loop
+    ends; a failure to close is logged at DEBUG by its type, never its text (which may
+    name the base URL with its credentials)."""
+
+    async def close(self: openai.AsyncOpenAI) -> None:
+        raise RuntimeError(f"could not close the pool of {BASE_URL}")
+
+    monkeypatch.setattr(openai.AsyncOpenAI, "close", close)
+    model = OpenAIModel("m", base_url="http://127.0.0.1:1/v1", api_key=CANARY, context_window=800)
+    with pytest.raises(ProviderUnavailableError):  # nothing listens there
+        Support(model=model, max_retries=0).run_sync(f"input {CANARY}")
+    closing = [text for text in logged if "as its event loop ended failed" in text]
+    assert closing and "RuntimeError" in closing[0]
+    assert not [text for text in logged if CANARY in text]

@@ -129,7 +129,10 @@ async def _closed_at_loop_end(held: _Held) -> AsyncGenerator[None, None]:
                 try:
                     await client.close()
                 except Exception as error:  # the loop is ending: nobody is left to tell
-                    logger.debug("closing an SDK client as its event loop ended failed: %r", error)
+                    logger.debug(  # its type only: its text may name the base URL's secrets
+                        "closing an SDK client as its event loop ended failed (%s)",
+                        type(error).__name__,
+                    )
 
 
 class Signal:
