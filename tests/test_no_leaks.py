@@ -48,6 +48,7 @@ from littleghost.context.outside import compact_log
 from littleghost.errors import (
     ContextWindowOverflowError,
     InvalidRequestError,
+    OutputValidationError,
     ProviderUnavailableError,
     RateLimitError,
     SessionStoreError,
@@ -251,8 +252,17 @@ async def rate_limited(tmp_path: Path, capture: bool) -> None:
 
 
 async def output_repair(tmp_path: Path, capture: bool) -> None:
+    """A typed answer as text, then through the final-result tool, misfitting each time."""
     model = scripted(text_response(f"not json {CANARY}"), text_response(f"still {CANARY}"))
-    await Support(model=model, output_type=Order, capture_content=capture).run(f"input {CANARY}")
+    with pytest.raises(OutputValidationError):
+        await Support(model=model, output_type=Order, capture_content=capture).run(CANARY)
+    model = scripted(
+        tool_call_response("final_result", {"id": CANARY, "note": CANARY}),
+        tool_call_response("final_result", {"id": 1, "note": {"text": CANARY}}),
+    )
+    agent = Support(model=model, output_type=Order, output_strategy="tool", capture_content=capture)
+    with pytest.raises(OutputValidationError):
+        await agent.run(f"input {CANARY}")
 
 
 class Note(pydantic.BaseModel):
@@ -340,7 +350,7 @@ class FailingStore(InMemorySessionStore):
 
     async def append(self, session_id: str, messages: Any) -> None:
         if any(message.role.value == "assistant" for message in messages):
-            raise SessionStoreError(f"cannot store {[m.text for m in messages]}")
+            raise SessionStoreError(f"cannot store {list(messages)!r}")
         await super().append(session_id, messages)
 
 
