@@ -1,16 +1,17 @@
 """No content and no credential in telemetry or logs unless the agent opts in: a canary scan.
 
 Every secret and every piece of content of a run carries ``CANARY``: input, instructions,
-history and its metadata, tool arguments and results, what tools, hooks, models and stores raise,
-summaries, structured output, provider error bodies that echo the request, API keys and
-base URLs with credentials. Each case drives one path (tools failing, provider errors,
-repairs, every kind of hook raising, summaries, overflow, streams, sessions, the bounded
-view, compactions outside runs, the real SDKs over a mock transport at DEBUG), once with
-``capture_content`` off and once on. With it off, nothing a span exporter, a metric
-exporter, a log handler (every record at every level, as a JSON formatter ships it) or
-the warnings filter receives may hold it; with it on, spans may (and do, where a request
-reached a model), the rest never. A campaign of the fault-injection harness, its content
-and faults carrying ``tests.faults.SECRET``, is scanned the same way.
+history and its metadata, tool arguments and results, what tools, hooks, models and
+stores raise, summaries, structured output, provider error bodies that echo the request,
+API keys and base URLs with credentials. Each case drives one path (tools failing,
+provider errors, repairs, every kind of hook raising, summaries, overflow, streams,
+sessions, the bounded view, compactions outside runs, the real SDKs over a mock transport
+at DEBUG), once with ``capture_content`` off and once on. With it off, nothing a span
+exporter, a metric exporter, a log handler (every record at every level, as a JSON
+formatter ships it), the warnings filter or standard output and error receive may hold
+it; with it on, spans may (and do, where a request reached a model), the rest never. A
+campaign of the fault-injection harness, its content and faults carrying
+``tests.faults.SECRET``, is scanned the same way.
 """
 
 from __future__ import annotations
@@ -506,6 +507,7 @@ async def test_no_canary_reaches_telemetry_or_logs_unless_captured(
     histograms: Histograms,
     logged: list[str],
     warned: list[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     case: Callable[[Path, bool], Awaitable[None]],
     capture: bool,
@@ -522,8 +524,9 @@ async def test_no_canary_reaches_telemetry_or_logs_unless_captured(
     if capture:
         assert [text for text in span_texts if CANARY in text]
         span_texts = []
-    leaks = [text for text in [*span_texts, *metric_texts, *logged, *warned] if CANARY in text]
-    assert not leaks
+    printed = capfd.readouterr()  # what Python prints of an exception nobody handled
+    texts = [*span_texts, *metric_texts, *logged, *warned, printed.out, printed.err]
+    assert not [text for text in texts if CANARY in text]
 
 
 CAMPAIGN_SEED = 20261205
@@ -535,6 +538,7 @@ async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
     histograms: Histograms,
     logged: list[str],
     warned: list[str],
+    capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
     """The fault-injection harness's runs (failing, stalling and cancelled models, tools,
@@ -548,7 +552,8 @@ async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
     async with SQLiteSessionStore(tmp_path / "faults.db", read_only=True) as store:
         stored = [m.text for s in await store.list_sessions() for m in await store.load(s)]
     assert [text for text in stored if SECRET in text]  # the conversations carried it
-    texts = [*spans.every_text(), *histograms.every_text(), *logged, *warned]
+    printed = capfd.readouterr()
+    texts = [*spans.every_text(), *histograms.every_text(), *logged, *warned, *printed]
     assert not [text for text in texts if SECRET in text]
 
 
