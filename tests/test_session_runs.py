@@ -435,6 +435,30 @@ class TestConcurrentRuns:
         assert texts(stored) == ["one", "first done", "two", "second done"]
         assert second.requests[0].messages == stored[:5]
 
+    async def test_runs_of_a_session_waiting_in_one_event_loop_take_it_in_arrival_order(
+        self, store: SessionStore
+    ) -> None:
+        in_tool = anyio.Event()
+        release = anyio.Event()
+        Slow = working_until(in_tool, release)
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        later = ScriptedModel([text_response(f"done {n}") for n in range(6)])
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(Slow(model=first, session_store=store).run, "one", session_id="s")
+            )
+            await in_tool.wait()
+            for n in range(6):
+                run = Slow(model=later, session_store=store).run
+                group.start_soon(functools.partial(run, f"waiter {n}", session_id="s"))
+                await anyio.sleep(0.02)  # each queued before the next arrives
+            release.set()
+
+        asked = [request.messages[-1].text for request in later.requests]
+        assert asked == [f"waiter {n}" for n in range(6)]
+        assert texts(await store.load("s"))[2::2] == asked
+
     async def test_run_sync_from_two_threads_serializes(self, store: SessionStore) -> None:
         in_tool = threading.Event()
         release = threading.Event()
@@ -464,6 +488,38 @@ class TestConcurrentRuns:
             assert second.requests == []
             release.set()
         assert texts(await store.load("s")) == ["one", "first done", "two", "second done"]
+
+    async def test_run_sync_from_threads_takes_the_session_in_arrival_order(
+        self, store: SessionStore
+    ) -> None:
+        in_tool = threading.Event()
+        release = threading.Event()
+
+        class Blocking(Agent):
+            @tool
+            def work(self) -> str:
+                """Work until released (a sync tool, run in a worker thread)."""
+                in_tool.set()
+                release.wait(10)
+                return "worked"
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        later = ScriptedModel([text_response(f"done {n}") for n in range(6)])
+
+        def run(model: ScriptedModel, question: str) -> None:
+            Blocking(model=model, session_store=store).run_sync(question, session_id="s")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, run, first, "one")
+            await anyio.to_thread.run_sync(in_tool.wait)
+            for n in range(6):
+                group.start_soon(anyio.to_thread.run_sync, run, later, f"waiter {n}")
+                await anyio.sleep(0.1)  # each queued before the next arrives
+            release.set()
+
+        asked = [request.messages[-1].text for request in later.requests]
+        assert asked == [f"waiter {n}" for n in range(6)]
+        assert texts(await store.load("s"))[2::2] == asked
 
     async def test_a_waiting_run_raises_at_its_deadline_and_stores_nothing(
         self, store: SessionStore

@@ -1,10 +1,11 @@
 """In-process per-session locks: one run of a session at a time in this process.
 
-A session's lock is a ``threading.Lock``, so runs in different threads and event loops
+A session's lock is held across threads, so runs in different threads and event loops
 (``run_sync`` from several threads) exclude each other too. Runs of one event loop
 queue for it in FIFO order on an anyio lock first; the one at the head takes the
-thread lock at once when it is free, or waits for it in a worker thread. Every wait
-is cancellable by anyio cancel scopes.
+session at once when it is free and nobody waits, or joins a line that the heads of
+every thread's queue take turns in, in the order they joined it, waiting in a worker
+thread. Every wait is cancellable by anyio cancel scopes.
 
 ``hold_session`` holds a session of any store: through the store's own ``lock`` when it
 has one, else through a ``SessionLocks`` kept for that store in this process.
@@ -20,6 +21,7 @@ read the same length.
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 import time
@@ -135,9 +137,70 @@ class _Queue:
 
 @define(eq=False)
 class _Entry:
-    mutex: threading.Lock = field(factory=threading.Lock)
+    """One session: whether a run holds it, the line of threads' waiters for it, and the
+    queue of each thread."""
+
+    turns: threading.Condition = field(factory=threading.Condition)
+    held: bool = False
+    line: collections.deque[object] = field(factory=collections.deque)
     queues: dict[int, _Queue] = field(factory=dict)
     users: int = 0
+
+    async def take(self) -> None:
+        """Hold the session: at once when it is free and nobody waits, else in its turn
+        in the line (cancellable)."""
+        ticket = object()
+        with self.turns:
+            if not self.held and not self.line:
+                self.held = True
+                return
+            self.line.append(ticket)
+        wait = _TurnWait(self, ticket)
+        try:
+            await anyio.to_thread.run_sync(
+                wait.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
+            )
+        except BaseException:
+            wait.abandon()
+            raise
+
+    def give_back(self) -> None:
+        """Let the session go: the first in the line takes it."""
+        with self.turns:
+            self.held = False
+            self.turns.notify_all()
+
+
+class _TurnWait:
+    """Waits in a worker thread until ``ticket`` is first in the entry's line and the
+    session is free, then holds it; can be given up at any time."""
+
+    def __init__(self, entry: _Entry, ticket: object) -> None:
+        self._entry = entry
+        self._ticket = ticket
+        self._abandoned = False
+        self._taken = False
+
+    def run(self) -> None:
+        entry = self._entry
+        with entry.turns:
+            while not self._abandoned:
+                if not entry.held and entry.line[0] is self._ticket:
+                    entry.line.popleft()
+                    entry.held = self._taken = True
+                    return
+                entry.turns.wait(_POLL)
+
+    def abandon(self) -> None:
+        """Stop waiting: leave the line, or let the session go if the thread took it."""
+        entry = self._entry
+        with entry.turns:
+            self._abandoned = True
+            if self._taken:
+                self._taken = entry.held = False
+            elif self._ticket in entry.line:
+                entry.line.remove(self._ticket)
+            entry.turns.notify_all()
 
 
 class _ThreadWait:
@@ -270,12 +333,12 @@ class SessionLocks:
             entry.users += 1
         try:
             async with queue.lock:
-                await acquire(entry.mutex)
+                await entry.take()
                 try:
                     with _recorded(id(self), session_id):
                         yield
                 finally:
-                    entry.mutex.release()
+                    entry.give_back()
         finally:
             with self._guard:
                 queue.users -= 1
