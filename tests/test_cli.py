@@ -642,6 +642,43 @@ class TestCompact:
         assert out.startswith("nothing to compact in session short")
         assert contents(url)[2:] == before[2:]
 
+    def test_a_run_holding_the_session_ends_first_and_the_wait_is_said(
+        self, store_url: str
+    ) -> None:
+        log = load(store_url, "other")
+        compact = ("sessions", "compact", "other", "--store", store_url)
+        with held(store_url, "other"):
+            process = started(*compact, "--agent", "tests.cli_agents:Staffed")
+            try:
+                waiting = read_until(process, b"(Ctrl-C stops)\n").decode()
+                assert waiting.endswith(
+                    "waiting for a run of session 'other' to end (Ctrl-C stops)\n"
+                )
+                assert process.poll() is None
+                assert load(store_url, "other") == log
+            except BaseException:
+                process.kill()
+                finished(process)
+                raise
+        code, out, err = finished(process)
+        assert code == 0, err
+        assert out.startswith("appended 1 record to session other")
+        assert load(store_url, "other")[: len(log)] == log
+
+    def test_ctrl_c_while_waiting_exits_130_and_appends_nothing(self, store_url: str) -> None:
+        before = contents(store_url)
+        compact = ("sessions", "compact", "other", "--store", store_url)
+        with held(store_url, "other"):
+            process = started(*compact, "--agent", "tests.cli_agents:Staffed")
+            try:
+                read_until(process, b"(Ctrl-C stops)\n")
+            finally:
+                process.send_signal(signal.SIGINT)
+                code, out, err = finished(process)
+        assert (code, out) == (130, "")
+        assert err.endswith("Interrupted\n")
+        assert contents(store_url) == before
+
     def test_nothing_to_compact_in_a_given_window_makes_no_model(self, tmp_path: Path) -> None:
         """With ``--window``, a session with nothing to cover is said to be so without
         making the class's model (an API key not set here); with something to cover, or a
@@ -854,10 +891,13 @@ def started(*args: str, **options: Any) -> subprocess.Popen[bytes]:
 
 
 def read_until(process: subprocess.Popen[bytes], text: bytes) -> bytes:
-    """What ``process`` wrote to standard error up to and including ``text``."""
+    """What ``process`` wrote to standard error up to and including ``text`` (a failure
+    when it writes nothing for a minute, not a hang)."""
     assert process.stderr is not None
     seen = b""
     while text not in seen:
+        ready, _, _ = select.select([process.stderr], [], [], 60)
+        assert ready, seen  # it wrote nothing more for a minute
         chunk = os.read(process.stderr.fileno(), 4096)
         assert chunk, seen  # it ended without writing it
         seen += chunk

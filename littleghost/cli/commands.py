@@ -23,7 +23,7 @@ from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.delete import confirm, delete_document, described, print_deletion
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, echo, escape_unwritable, one_line, shown
+from littleghost.cli.output import Output, echo, escape_unwritable, one_line
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -291,8 +291,9 @@ def compact(
 
     The class's strategy, or its default summarizer aiming at half of the conversation's
     estimate with the newest messages kept; the summary is written by the class's model.
-    The session is held as a run holds it, and the records are appended: nothing stored
-    is removed. With --dry-run the store is only read and no model is called, so the
+    The session is held as a run holds it (a run of it under way ends first: the command
+    says it is waiting; Ctrl-C stops it, appending nothing), and the records are
+    appended: nothing stored is removed. With --dry-run the store is only read and no model is called, so the
     records say what would be covered but hold no summary text.
     """
     agent = _instance(agent_type)
@@ -300,7 +301,13 @@ def compact(
     with output.progress_bar(2 if dry_run else 4, "compacting") as advance:
         document = _run(
             lambda: compact_document(
-                address, session_id, agent, window, dry_run=dry_run, advance=advance
+                address,
+                session_id,
+                agent,
+                window,
+                dry_run=dry_run,
+                advance=advance,
+                notice=not output.progress,  # a progress bar says it waits
             )
         )
     print_compaction(output, document)
@@ -348,9 +355,4 @@ def delete(session_id: str, address: StoreAddress, confirmed: bool, as_json: boo
     session = _run(described, address, session_id)
     if not confirmed:
         confirm(session)
-
-    def waiting() -> None:
-        name = shown(repr(session_id))
-        click.echo(f"waiting for a run of session {name} to end (Ctrl-C stops)", err=True)
-
-    _write(_run(delete_document, address, session_id, waiting), as_json, print_deletion)
+    _write(_run(delete_document, address, session_id), as_json, print_deletion)

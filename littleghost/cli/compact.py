@@ -11,6 +11,7 @@ from attrs import asdict
 from littleghost import logs, telemetry
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
+from littleghost.cli.holding import held
 from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
@@ -26,7 +27,6 @@ from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.base import prepare
 from littleghost.sessions.base import distinct_ids
-from littleghost.sessions.locks import hold_session
 
 __all__ = ["DRY_RUN_SUMMARY", "compact_document", "print_compaction"]
 
@@ -51,9 +51,11 @@ async def compact_document(
     *,
     dry_run: bool,
     advance: Advance,
+    notice: bool,
 ) -> dict[str, Any]:
     """Compact the session now, whatever the threshold, as ``agent``'s class would
-    (``compact_log``), holding it as a run does; with ``dry_run``, only read it and call
+    (``compact_log``), holding it as a run does (with ``notice``, a wait past
+    ``WAIT_NOTICE`` for a run under way is said); with ``dry_run``, only read it and call
     no model. The model is not made when nothing is to cover in a window known without
     it. The document says what the records cover and what they do to the view.
 
@@ -107,7 +109,10 @@ async def compact_document(
                 advance(1, "")
             used = window_of(agent, window, model)
             advance(1, "waiting for the session")  # a run may hold it
-            async with address.open(read_only=False) as store, hold_session(store, session_id):
+            async with (
+                address.open(read_only=False) as store,
+                held(store, session_id, notice=notice),
+            ):
                 advance(0, "summarizing")
                 log = distinct_ids(await store.load(session_id), where)  # now that it is held
                 if not log:

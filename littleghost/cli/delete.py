@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import click
 
+from littleghost.cli.holding import held
 from littleghost.cli.output import Output, clock, moment, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.context.records import is_record
 from littleghost.errors import CorruptSessionStoreError, UnknownSessionError
 from littleghost.sessions import StoredMessage
-from littleghost.sessions.locks import hold_session
 
-__all__ = ["WAIT_NOTICE", "confirm", "delete_document", "described", "print_deletion"]
-
-WAIT_NOTICE = 1.0
-"""Seconds of waiting for the session after which the command says it is waiting."""
+__all__ = ["confirm", "delete_document", "described", "print_deletion"]
 
 
 def _counted(messages: int, records: int) -> str:
@@ -84,11 +80,9 @@ def confirm(session: str) -> None:
         raise click.ClickException("not deleted: the answer was not yes")
 
 
-async def delete_document(
-    address: StoreAddress, session_id: str, waiting: Callable[[], None]
-) -> dict[str, Any]:
-    """Delete the session, holding it as a run does (a run under way ends first;
-    ``waiting()`` is called once the wait passes ``WAIT_NOTICE``). The document says how
+async def delete_document(address: StoreAddress, session_id: str) -> dict[str, Any]:
+    """Delete the session, holding it as a run does (a run under way ends first, and a
+    wait past ``WAIT_NOTICE`` is said). The document says how
     many messages and compaction records were deleted (``None`` for a log that could not
     be read: a damaged session is deleted all the same) and, for SQLite, whether the
     write-ahead log was emptied by the delete's checkpoint (``None`` for PostgreSQL).
@@ -96,22 +90,15 @@ async def delete_document(
     Raises:
         UnknownSessionError: The store has no such session (by the time it is held).
     """
-    async with address.open(read_only=False) as store:
-        notice = threading.Timer(WAIT_NOTICE, waiting)
-        notice.start()
-        try:
-            async with hold_session(store, session_id):
-                notice.cancel()
-                # now that it is held
-                log = await _readable(store.load_stored(session_id), session_id)
-                if log is not None and not log:
-                    raise UnknownSessionError(
-                        f"no session {session_id!r} in {address}", session_id=session_id
-                    )
-                await store.delete(session_id)
-                wal_emptied = _wal_emptied(address)
-        finally:
-            notice.cancel()
+    async with address.open(read_only=False) as store, held(store, session_id, notice=True):
+        # now that it is held
+        log = await _readable(store.load_stored(session_id), session_id)
+        if log is not None and not log:
+            raise UnknownSessionError(
+                f"no session {session_id!r} in {address}", session_id=session_id
+            )
+        await store.delete(session_id)
+        wal_emptied = _wal_emptied(address)
     return {
         "session": session_id,
         "messages": None if log is None else len(log),

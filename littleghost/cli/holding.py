@@ -1,0 +1,39 @@
+"""Holding a session from the command line as a run holds it, and saying so when a run
+of it is under way (the command would otherwise wait without a word)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import click
+
+from littleghost.cli.output import shown
+from littleghost.sessions.base import SessionStore
+from littleghost.sessions.locks import hold_session
+
+__all__ = ["WAIT_NOTICE", "held"]
+
+WAIT_NOTICE = 1.0
+"""Seconds of waiting for the session after which the command says it is waiting."""
+
+
+def _say_waiting(session_id: str) -> None:
+    name = shown(repr(session_id))
+    click.echo(f"waiting for a run of session {name} to end (Ctrl-C stops)", err=True)
+
+
+@asynccontextmanager
+async def held(store: SessionStore, session_id: str, *, notice: bool) -> AsyncIterator[None]:
+    """Hold ``session_id`` of ``store`` as a run does; with ``notice``, a wait longer than
+    ``WAIT_NOTICE`` is said on standard error."""
+    timer = threading.Timer(WAIT_NOTICE, _say_waiting, (session_id,))
+    if notice:
+        timer.start()
+    try:
+        async with hold_session(store, session_id):
+            timer.cancel()
+            yield
+    finally:
+        timer.cancel()
