@@ -12,7 +12,7 @@ from typing import Any
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
-from littleghost.text import well_formed, well_formed_value
+from littleghost.text import json_object, well_formed
 
 __all__ = [
     "SUMMARY_COVERS_KEY",
@@ -115,7 +115,8 @@ def _arguments(value: object) -> Mapping[str, Any] | str:
     if isinstance(value, str):
         return well_formed(value)
     if isinstance(value, Mapping):
-        return _read_only(well_formed_value(value))  # type: ignore[arg-type]
+        arguments = json_object(value)
+        return arguments if isinstance(arguments, str) else _read_only(arguments)
     raise TypeError(f"ToolCall.arguments must be a mapping or a str, not {type(value).__name__}")
 
 
@@ -125,10 +126,19 @@ class ToolCall:
     its id, name and every str in its arguments).
 
     ``arguments`` is a read-only mapping (a copy of the one given; values nested in it are
-    not copied, unless a str in them is made well formed), or the raw string when the
-    provider sent arguments that are not valid JSON (the run loop answers such a call
-    with an error result). Calls compare by value but are not hashable: ``hash()`` raises
-    ``TypeError``.
+    not copied, unless a str in them is made well formed or a mapping a dict), or a
+    string: the raw text when the provider sent arguments that are not valid JSON, and
+    the text (``json_text``) of a mapping given holding a number JSON text cannot carry
+    (``NaN``, an infinity, an int too long to write) or nested more than ``MAX_DEPTH``
+    levels deep. The run loop answers a call whose arguments are a string it cannot read
+    with an error result; providers are sent ``{}`` for them. This is decided here, for
+    every call however made (``text.json_object``). Calls compare by value but are not
+    hashable: ``hash()`` raises ``TypeError``.
+
+    Raises:
+        TypeError: ``arguments`` is neither a mapping nor a str, or holds what JSON has
+            no form for (a key that is not a str, a datetime, a set, bytes, an enum
+            member, itself): the message names where.
     """
 
     id: str = field(converter=_well_formed, validator=instance_of("ToolCall.id", str, "a str"))

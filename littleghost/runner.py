@@ -49,7 +49,7 @@ from littleghost.events import (
 )
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_parts, check_results
-from littleghost.messages import Message, Part, Role, ToolCall, ToolResult, new_id
+from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, prepare
 from littleghost.output import (
     Answer,
@@ -65,7 +65,6 @@ from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_settings
 from littleghost.text import brief, error_text, truncate_middle, well_formed
 from littleghost.tool_calls import error_result, invoke
-from littleghost.tool_types import json_arguments
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 
 if TYPE_CHECKING:
@@ -433,7 +432,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         response = await run_chain(
             _hooks(agent, context, "after_model"), answered, expected=ModelResponse, context=context
         )
-        response = _json_arguments(_fresh(response, context))
+        response = _fresh(response, context)
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
@@ -968,24 +967,6 @@ def _fresh(response: ModelResponse, context: RunContext) -> ModelResponse:
     if context.has_message(message.id):
         return attrs.evolve(response, message=attrs.evolve(message, id=new_id()))
     return response
-
-
-def _json_arguments(response: ModelResponse) -> ModelResponse:
-    """``response`` with each tool call's arguments that JSON cannot hold (``NaN``,
-    infinity) kept as their text, as a provider's unparsable arguments are: the call is
-    answered with an error, and the log gets a value it can store."""
-    message = response.message
-    content = tuple(_json_call(part) for part in message.content)
-    if all(new is old for new, old in zip(content, message.content, strict=True)):
-        return response
-    return attrs.evolve(response, message=attrs.evolve(message, content=content))
-
-
-def _json_call(part: Part) -> Part:
-    if not isinstance(part, ToolCall) or isinstance(part.arguments, str):
-        return part
-    arguments = json_arguments(part.arguments)
-    return part if arguments is part.arguments else attrs.evolve(part, arguments=arguments)
 
 
 def _check_new(message: Message, log: Sequence[Message], where: str) -> None:

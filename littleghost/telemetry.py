@@ -8,6 +8,7 @@ unless the agent opts in with ``capture_content = True``, nor ever a metric.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -346,10 +347,11 @@ def _image_json(part: ImagePart) -> dict[str, Any]:
 
 
 def arguments_json(arguments: Mapping[str, Any] | str) -> str:
-    """Tool-call arguments as one line of JSON (as given when a str)."""
+    """Tool-call arguments as one line of JSON (as given when a str: ``ToolCall`` keeps
+    what JSON text cannot carry as its text)."""
     if isinstance(arguments, str):
         return arguments
-    return json_text(dict(arguments))
+    return json.dumps(dict(arguments), ensure_ascii=False)
 
 
 _INSTRUCTIONS_APART = frozenset({"anthropic", "aws.bedrock", "gcp.gemini", "gcp.vertex_ai"})

@@ -18,6 +18,7 @@ __all__ = [
     "brief",
     "cut_middle",
     "error_text",
+    "json_object",
     "json_text",
     "truncate_middle",
     "weighed_length",
@@ -204,6 +205,126 @@ def _well_formed(value: object, levels: int) -> object:
     if not changed:
         return value
     return tuple(items) if isinstance(value, tuple) else items
+
+
+_ALLOWED = "str, int, float, bool, None, lists, tuples and mappings with str keys"
+_SHORT_INT_BITS = 2000
+"""Ints of at most this many bits are written under any digit limit Python allows (640
+digits at least): only longer ones are checked (``too_long_to_write``)."""
+_REBUILD = 1
+"""A str in it is not well formed, or a mapping in it is not a dict: a copy is made."""
+_TEXT = 2
+"""It holds a number JSON text cannot carry, or nests too deep: its text is kept."""
+
+
+class _NotJson(Exception):
+    """A value JSON has no form for; ``path`` is where, built as the scan unwinds."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+
+def json_object(
+    value: Mapping[str, Any], name: str = "ToolCall.arguments"
+) -> Mapping[str, Any] | str:
+    """Tool-call arguments as a conversation log holds them, by one rule that every
+    provider request, store, estimate and span then follows: ``value`` itself when it is
+    JSON that JSON text carries; a copy when a str in it is not well formed (as
+    ``well_formed`` makes it) or a mapping in it is not a dict; its text (``json_text``:
+    ``NaN``, ``Infinity``, an int too long to write in hexadecimal, whole) when it holds a
+    number JSON text cannot carry or nests more than ``MAX_DEPTH`` levels deep, which no
+    JSON reader takes, so the call is answered with an error, as a provider's unreadable
+    arguments are. One walk, in Python: cheaper than encoding ``value``.
+
+    Raises:
+        TypeError: ``value`` holds what JSON has no form for: a key that is not a str, a
+            value of another type (a datetime, a set, bytes, an enum member), or itself;
+            the message names where (``name`` and the path to it).
+    """
+    try:
+        flags = _scan_mapping(value, MAX_DEPTH)
+    except _NotJson as problem:
+        where = name + "".join(reversed(problem.path))
+        raise TypeError(f"{where} {problem.problem}; arguments hold only {_ALLOWED}") from None
+    try:
+        if flags & _REBUILD:
+            value = _rebuilt(value)  # type: ignore[assignment]
+        if flags & _TEXT:
+            return well_formed(json_text(dict(value)))
+    except (ValueError, RecursionError):  # contains itself, or nests past the encoder
+        raise TypeError(
+            f"{name} contains itself or nests too deep to write; arguments hold only {_ALLOWED}"
+        ) from None
+    return value
+
+
+def _scan_mapping(value: Mapping[str, Any], levels: int) -> int:
+    """The flags of a mapping's keys and values (``_NotJson`` for what is not JSON)."""
+    if levels == 0:
+        return _TEXT
+    flags = 0
+    for key, item in value.items():
+        if type(key) is not str:
+            raise _NotJson(f"has a key of type {type(key).__name__}")
+        if not key.isascii() and well_formed(key) is not key:
+            flags |= _REBUILD
+        kind = type(item)
+        if kind is str:
+            if not item.isascii() and well_formed(item) is not item:
+                flags |= _REBUILD
+        elif kind is bool or item is None:
+            pass
+        else:
+            try:
+                flags |= _scan(item, levels - 1)
+            except _NotJson as problem:
+                problem.path.append(f"[{brief(key)}]")
+                raise
+    return flags
+
+
+def _scan(value: Any, levels: int) -> int:
+    """The flags of one value (``_NotJson`` for what is not JSON)."""
+    kind = type(value)
+    if kind is str:
+        return 0 if value.isascii() or well_formed(value) is value else _REBUILD
+    if kind is int:
+        long = value.bit_length() > _SHORT_INT_BITS and too_long_to_write(value)
+        return _TEXT if long else 0
+    if kind is float:
+        return 0 if math.isfinite(value) else _TEXT
+    if kind is bool or value is None:
+        return 0
+    if kind is list or kind is tuple:
+        if levels == 0:
+            return _TEXT
+        flags = 0
+        for position, item in enumerate(value):
+            try:
+                flags |= _scan(item, levels - 1)
+            except _NotJson as problem:
+                problem.path.append(f"[{position}]")
+                raise
+        return flags
+    if isinstance(value, Mapping):
+        return _scan_mapping(value, levels) | (0 if kind is dict else _REBUILD)
+    raise _NotJson(f"is of type {kind.__name__}")
+
+
+def _rebuilt(value: object) -> object:
+    """``value`` (JSON, as ``_scan`` found it) with its strs well formed and its mappings
+    dicts."""
+    if isinstance(value, str):
+        return well_formed(value)
+    if isinstance(value, Mapping):
+        return {well_formed(key): _rebuilt(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rebuilt(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_rebuilt(item) for item in value)
+    return value
 
 
 def error_text(error: BaseException, *, with_type: bool = True) -> str:

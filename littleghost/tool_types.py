@@ -38,16 +38,15 @@ from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
 
-from littleghost._validators import MAX_DEPTH, digits_limit, holds_unwritable, nests_deeper
+from littleghost._validators import MAX_DEPTH, digits_limit, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
-from littleghost.text import brief, error_text, json_text, well_formed_value
+from littleghost.text import brief, error_text, well_formed_value
 
 __all__ = [
     "ImageNotJson",
     "ToolArgumentError",
     "coerce",
-    "json_arguments",
     "json_schema",
     "left_out",
     "parse_json",
@@ -102,20 +101,6 @@ def _finite_float(text: str) -> float:
             f"not valid JSON: the number {brief(text)[1:-1]} is too large for a float"
         )
     return value
-
-
-def json_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any] | str:
-    """Tool-call arguments a model sent as a mapping, checked as strict JSON: the mapping,
-    or its text (``json_text``) when it holds a value JSON text cannot carry (``NaN``,
-    ``inf``, an int too long to write) or nests more than ``MAX_DEPTH`` levels deep, so
-    that the call is answered with an error and the log holds what a store can keep.
-    Only such arguments are encoded (this runs on every answer with tool calls)."""
-    try:
-        if not holds_unwritable(arguments) and not nests_deeper(arguments):
-            return arguments
-        return json_text(dict(arguments))
-    except (TypeError, ValueError, RecursionError):  # not JSON-like: the store names why
-        return arguments
 
 
 def json_schema(annotation: Any, where: str) -> dict[str, Any]:

@@ -163,10 +163,10 @@ async def test_arguments_given_as_a_mapping_with_such_an_int_are_kept_whole_as_t
     assert spans.one("execute_tool").attributes["gen_ai.tool.call.arguments"] == call.arguments
 
 
-async def test_a_hook_handing_such_an_int_to_a_choice_is_told_not_one_of_them() -> None:
-    """A ``before_tool`` hook's arguments (trusted, not re-encoded) holding such an int
-    where a ``Literal`` goes: the call is answered with what is wrong, as for any other
-    value; the message echoing the value raised Python's ``ValueError``, ending the run."""
+async def test_a_hook_handing_such_an_int_is_answered_as_a_model_handing_it() -> None:
+    """A ``before_tool`` hook's arguments holding such an int where a ``Literal`` goes:
+    the call holds them as text, as a model's does, and is answered with what is wrong
+    (a message echoing the value raised Python's ``ValueError``, ending the run)."""
 
     class Picker(Agent):
         @tool
@@ -183,8 +183,8 @@ async def test_a_hook_handing_such_an_int_to_a_choice_is_told_not_one_of_them() 
     told = only_result(result.messages)
     assert told.is_error and result.output == "done"
     assert told.content == (
-        "Invalid arguments for tool 'pick': mode: expected one of [1, 2], got an int of "
-        f"{NOT_WRITTEN}"
+        "Invalid arguments for tool 'pick': the arguments are not valid JSON: a number in "
+        "hexadecimal (0x...)"
     )
 
 

@@ -100,7 +100,7 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
     length: float = 1 + 2 * len(arguments)  # braces, colons and commas
     for key, value in arguments.items():
         if type(key) is not str or type(value) is not str:
-            return weighed_length(_json(dict(arguments)))
+            return weighed_length(_ENCODE(dict(arguments)))
         measure = len if key.isascii() and value.isascii() else weighed_length
         length += measure(_JSON_STR(key)) + measure(_JSON_STR(value))
     return length
@@ -123,7 +123,7 @@ def prompt_text(message: Message) -> str:
             call: ToolCall = part  # type: ignore[assignment]
             arguments = call.arguments
             if not isinstance(arguments, str):
-                arguments = _json(dict(arguments))  # the encoders take a dict, not any mapping
+                arguments = _ENCODE(dict(arguments))  # the encoder takes a dict, not any mapping
             pieces.append(f'{{"id":"{call.id}","name":"{call.name}","arguments":{arguments}}}')
         elif kind is ToolResult:
             result: ToolResult = part  # type: ignore[assignment]

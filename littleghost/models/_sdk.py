@@ -19,10 +19,10 @@ from urllib.parse import unquote_to_bytes, urlsplit
 from littleghost import logs
 from littleghost._validators import digits_limit, is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
-from littleghost.messages import ImagePart
+from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
-from littleghost.tool_types import ToolArgumentError, json_arguments, parse_json
+from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
     "COUNT_REFUSALS",
@@ -43,6 +43,7 @@ __all__ = [
     "reported",
     "reported_name",
     "reported_usage",
+    "sent_arguments",
     "server_of",
     "sse_events",
     "stream_cut_off",
@@ -301,10 +302,11 @@ def inline_image(part: ImagePart) -> tuple[str, str] | None:
 
 
 def parse_arguments(raw: object) -> Mapping[str, Any] | str:
-    """Tool-call arguments as a mapping; the raw text when it is not a JSON object, read
-    strictly (``parse_json``: no ``NaN`` or infinity)."""
+    """Tool-call arguments as a mapping (one an SDK parsed as it is: ``ToolCall`` keeps
+    what JSON text cannot carry as its text); the raw text when it is not a JSON object,
+    read strictly (``parse_json``: no ``NaN`` or infinity)."""
     if isinstance(raw, Mapping):
-        return json_arguments(raw)
+        return raw
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
     text = raw if isinstance(raw, str) else str(raw)
@@ -313,6 +315,14 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
     except ToolArgumentError:
         return text
     return value if isinstance(value, dict) else text
+
+
+def sent_arguments(call: ToolCall) -> dict[str, Any]:
+    """A logged call's arguments as a provider is sent them: the JSON object, or ``{}``
+    for arguments kept as text (unreadable, cut at ``max_tokens``, or holding what JSON
+    text cannot carry): llama.cpp and vLLM parse the calls of a request for its chat
+    template and refuse the whole request over them, and Anthropic takes only an object."""
+    return {} if isinstance(call.arguments, str) else dict(call.arguments)
 
 
 def lookup(value: object, *path: str) -> object:

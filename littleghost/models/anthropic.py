@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from littleghost._validators import holds_unwritable, safe_repr
+from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -46,6 +46,7 @@ from littleghost.models._sdk import (
     reported,
     reported_name,
     reported_usage,
+    sent_arguments,
     server_of,
     sse_events,
     stream_cut_off,
@@ -176,11 +177,8 @@ def _block(part: object, tools: bool) -> dict[str, Any] | None:
         return {"type": "text", "text": part.text} if part.text.strip() else None
     if isinstance(part, ImagePart):
         return _image(part)
-    if isinstance(part, ToolCall):  # arguments JSON cannot carry (NaN, say) go as {}
-        arguments = part.arguments
-        if not isinstance(arguments, Mapping) or holds_unwritable(arguments):
-            arguments = {}
-        return {"type": "tool_use", "id": part.id, "name": part.name, "input": dict(arguments)}
+    if isinstance(part, ToolCall):
+        return {"type": "tool_use", "id": part.id, "name": part.name, "input": sent_arguments(part)}
     if isinstance(part, ToolResult):
         empty = part.is_error and not part.content.strip()  # the API takes no empty error
         return {

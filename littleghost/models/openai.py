@@ -46,6 +46,7 @@ from littleghost.models._sdk import (
     reported,
     reported_name,
     reported_usage,
+    sent_arguments,
     server_of,
     sse_events,
     stream_cut_off,
@@ -213,18 +214,8 @@ def _image(part: ImagePart) -> dict[str, Any]:
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
-    """A tool call as sent back; arguments that are not a JSON object (malformed, cut at
-    ``max_tokens``, or holding what JSON cannot carry: ``NaN``, an int too long to write)
-    go as ``{}``, as on Anthropic: llama.cpp and vLLM parse the calls of a request for its
-    chat template and refuse the whole request over them."""
-    arguments = "{}"
-    if not isinstance(call.arguments, str):
-        try:
-            arguments = json.dumps(
-                dict(call.arguments), ensure_ascii=False, allow_nan=False, default=str
-            )
-        except ValueError:
-            pass
+    """A tool call as sent back, its arguments as ``sent_arguments`` has them."""
+    arguments = json.dumps(sent_arguments(call), ensure_ascii=False)
     return {
         "id": call.id,
         "type": "function",

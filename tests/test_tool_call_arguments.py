@@ -1,0 +1,349 @@
+"""Tool-call arguments JSON cannot carry follow one rule, decided where a ``ToolCall`` is
+made, whatever made it: a history, an ``after_model`` or ``before_tool`` hook, a custom
+model, a session store's load. A number JSON text cannot carry (NaN, an infinity, an int
+too long to write) or nesting past ``MAX_DEPTH`` makes the arguments their text: the
+log and the store keep it whole, OpenAI and Anthropic are sent ``{}``, estimates and
+spans read the text, and the run answers such a call it runs with an error. What JSON
+has no form for (a key that is not a str, a datetime, a set, bytes, an object, an enum
+member) is a ``TypeError`` naming where, so a run ends before anything of it is stored.
+Through the real SDKs over mock transports."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+import math
+import sys
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+import attrs
+import httpx2
+import openai
+import pytest
+
+from littleghost import Agent, Message, ToolCall, after_model, before_tool, manage_context, tool
+from littleghost.context.tokens import estimate_messages
+from littleghost.models import Model, ModelRequest, ModelResponse
+from littleghost.models.anthropic import AnthropicModel
+from littleghost.models.openai import OpenAIModel
+from littleghost.sessions import InMemorySessionStore
+from littleghost.sessions.codec import check_storable
+from littleghost.text import json_text
+
+if TYPE_CHECKING:
+    from conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+LONG = 7 * 10 ** sys.get_int_max_str_digits() + 1
+
+
+def _deep() -> list[Any]:
+    value: list[Any] = []
+    for _ in range(100):
+        value = [value]
+    return value  # 101 lists: one level more than MAX_DEPTH under the arguments' object
+
+
+KEPT_AS_TEXT = {
+    "nan": {"n": math.nan},
+    "infinity": {"n": math.inf},
+    "-infinity": {"n": [1, -math.inf]},
+    "long-int": {"n": {"total": LONG}},
+    "too-deep": {"n": _deep()},
+}
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+REFUSED = {
+    "int-key": ({1: "one"}, "ToolCall.arguments has a key of type int"),
+    "long-int-key": ({"n": {LONG: 1}}, "ToolCall.arguments['n'] has a key of type int"),
+    "tuple-key": ({(1, 2): "pair"}, "ToolCall.arguments has a key of type tuple"),
+    "datetime": (
+        {"n": datetime.datetime(2025, 5, 1)},
+        "ToolCall.arguments['n'] is of type datetime",
+    ),
+    "set": ({"n": [{1, 2}]}, "ToolCall.arguments['n'][0] is of type set"),
+    "bytes": ({"n": b"\x00"}, "ToolCall.arguments['n'] is of type bytes"),
+    "object": ({"n": object()}, "ToolCall.arguments['n'] is of type object"),
+    "enum-member": ({"n": Color.RED}, "ToolCall.arguments['n'] is of type Color"),
+}
+
+
+class Counter(Agent):
+    instructions = "Count."
+
+    @tool
+    def count(self, n: Any = None) -> str:
+        """Count n (any value: the schema refuses nothing)."""
+        return "counted"
+
+
+@manage_context(context_window_tokens=100_000)
+class Managed(Counter):
+    pass
+
+
+class Server:
+    """One provider's mock HTTP server, and its model talking to it through the real SDK:
+    plays its answers, records the request bodies."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self.answers: list[httpx2.Response] = []
+        self.bodies: list[dict[str, Any]] = []
+        transport = httpx2.AsyncClient(transport=httpx2.MockTransport(self))
+        self.client: openai.AsyncOpenAI | anthropic.AsyncAnthropic
+        self.model: Model
+        if provider == "openai":
+            self.client = openai.AsyncOpenAI(api_key="sk-test", http_client=transport)
+            self.model = OpenAIModel("gpt-4o-mini", client=self.client)
+        else:
+            self.client = anthropic.AsyncAnthropic(api_key="sk-ant-test", http_client=transport)
+            self.model = AnthropicModel("claude-sonnet-5", client=self.client)
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.bodies.append(json.loads(request.content))
+        return self.answers.pop(0)
+
+    def calls(self, *calls: tuple[str, dict[str, Any]]) -> Server:
+        if self.provider == "openai":
+            made = [
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {"name": "count", "arguments": json.dumps(a)},
+                }
+                for i, a in calls
+            ]
+            self.answers.append(_completion({"tool_calls": made}, "tool_calls"))
+        else:
+            blocks = [{"type": "tool_use", "id": i, "name": "count", "input": a} for i, a in calls]
+            self.answers.append(_message(blocks, "tool_use"))
+        return self
+
+    def text(self, text: str) -> Server:
+        if self.provider == "openai":
+            self.answers.append(_completion({"content": text}, "stop"))
+        else:
+            self.answers.append(_message([{"type": "text", "text": text}], "end_turn"))
+        return self
+
+    def sent(self, body: int) -> dict[str, Any]:
+        """The arguments each call of request ``body`` was sent with, by call id."""
+        sent: dict[str, Any] = {}
+        for message in self.bodies[body]["messages"]:
+            if self.provider == "openai":
+                for call in message.get("tool_calls") or []:
+                    sent[call["id"]] = json.loads(call["function"]["arguments"])
+            elif isinstance(message["content"], list):
+                for block in message["content"]:
+                    if block["type"] == "tool_use":
+                        sent[block["id"]] = block["input"]
+        return sent
+
+
+def _completion(message: dict[str, Any], finish: str) -> httpx2.Response:
+    return httpx2.Response(
+        200,
+        json={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, **message},
+                    "finish_reason": finish,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+        },
+    )
+
+
+def _message(content: list[dict[str, Any]], stop: str) -> httpx2.Response:
+    return httpx2.Response(
+        200,
+        json={
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-5",
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 9, "output_tokens": 3},
+        },
+    )
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
+    made = Server(request.param)
+    yield made
+    await made.client.close()
+
+
+def _changed(response: ModelResponse, arguments: dict[Any, Any]) -> ModelResponse:
+    """``response`` with each call's arguments replaced, in a ``ToolCall`` made anew."""
+    content = [
+        ToolCall(part.id, part.name, arguments) if isinstance(part, ToolCall) else part
+        for part in response.message.content
+    ]
+    return attrs.evolve(response, message=attrs.evolve(response.message, content=content))
+
+
+class Changing:
+    """A custom model: the provider's answers with their calls' arguments replaced."""
+
+    def __init__(self, inner: Model, arguments: dict[Any, Any]) -> None:
+        self.inner, self.arguments = inner, arguments
+        self.name, self.provider, self.context_window = inner.name, inner.provider, None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        return _changed(await self.inner.respond(request), self.arguments)
+
+
+PATHS = ["history", "after_model", "before_tool", "custom_model", "store_load"]
+
+
+def _agent(
+    path: str, arguments: dict[Any, Any], model: Model, store: InMemorySessionStore
+) -> Agent:
+    """The agent of ``path``: one of its hooks or its model makes the call."""
+    if path == "custom_model":
+        model = Changing(model, arguments)
+    if path == "after_model":
+
+        class Changed(Managed):
+            @after_model
+            def change(self, response: ModelResponse) -> ModelResponse:
+                return _changed(response, arguments)
+
+        return Changed(model=model, session_store=store, capture_content=True)
+    if path == "before_tool":
+
+        class Routed(Managed):
+            @before_tool
+            def change(self, call: ToolCall) -> ToolCall:
+                return attrs.evolve(call, arguments=arguments)
+
+        return Routed(model=model, session_store=store, capture_content=True)
+    return Managed(model=model, session_store=store, capture_content=True)
+
+
+async def _run(
+    path: str, arguments: dict[Any, Any], server: Server
+) -> tuple[InMemorySessionStore, Any]:
+    """Run an agent on session ``s`` with a tool call holding ``arguments``, made by
+    ``path``, talking to ``server``: the store, and the run's result or the ``TypeError``
+    it ended with. A history (given, or stored) holds the call answered; otherwise the model
+    calls ``count`` once, then answers "done"."""
+    store = InMemorySessionStore()
+    agent = _agent(path, arguments, server.model, store)
+    try:
+        if path not in ("history", "store_load"):
+            server.calls(("c1", {"n": 1})).text("done")
+            return store, await agent.run("count", session_id="s")
+        server.text("again")
+        log = [
+            Message.user("count"),
+            Message.assistant(tool_calls=[ToolCall("c1", "count", arguments)]),
+            Message.tool("c1", "counted"),
+            Message.assistant("counted"),
+        ]
+        if path == "store_load":
+            await store.append("s", log)
+        history = log if path == "history" else None
+        return store, await agent.run("again", history=history, session_id="s")
+    except TypeError as error:
+        return store, error
+
+
+def _sent_in_spans(spans: Spans) -> list[Any]:
+    """The arguments of the calls the last chat span's input messages show."""
+    shown = json.loads(spans.named("chat")[-1].attributes["gen_ai.input.messages"])
+    return [
+        part["arguments"]
+        for message in shown
+        for part in message["parts"]
+        if part["type"] == "tool_call"
+    ]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", list(KEPT_AS_TEXT))
+async def test_arguments_json_text_cannot_carry_are_their_text_on_every_path(
+    path: str, kind: str, server: Server, spans: Spans
+) -> None:
+    """Whatever makes the call, its arguments are their text everywhere, the log whole."""
+    arguments = KEPT_AS_TEXT[kind]
+    text = json_text(arguments)
+    store, result = await _run(path, arguments, server)
+    assert not isinstance(result, BaseException), result
+    log = result.messages
+    assert await store.load("s") == log  # the log whole, stored as the run holds it
+    (asking,) = [message for message in log if message.tool_calls]
+    (call,) = asking.tool_calls
+    (answer,) = [part for message in log for part in message.tool_results]
+    if path == "before_tool":  # the hook's call ran; the log holds the model's
+        assert call.arguments == {"n": 1} and server.sent(1) == {"c1": {"n": 1}}
+    else:
+        assert call.arguments == text
+        assert server.sent(len(server.bodies) - 1) == {"c1": {}}  # OpenAI's and Anthropic's
+        assert _sent_in_spans(spans) == [text]
+        assert estimate_messages([asking]) >= len(text) / 4
+    if path in ("history", "store_load"):  # its own result, not answered again
+        assert (answer.content, result.output) == ("counted", "again")
+        assert spans.named("execute_tool") == []
+        return
+    assert answer.is_error and result.output == "done"
+    assert answer.content.startswith("Invalid arguments for tool 'count': the arguments are ")
+    assert spans.one("execute_tool").attributes["gen_ai.tool.call.arguments"] == text
+
+
+@pytest.mark.parametrize("path", PATHS[:-1])  # a store gives back JSON: it has a form
+@pytest.mark.parametrize("kind", list(REFUSED))
+async def test_arguments_json_has_no_form_for_are_refused_on_every_path(
+    path: str, kind: str, server: Server
+) -> None:
+    """Whatever makes the call, it is refused as it is made, naming where; the stored log
+    is whole."""
+    arguments, where = REFUSED[kind]
+    store, result = await _run(path, arguments, server)
+    assert isinstance(result, TypeError) and str(result).startswith(f"{where}; arguments hold ")
+    stored = await store.load("s")
+    asked = {call.id for message in stored for call in message.tool_calls}
+    answered = {part.call_id for message in stored for part in message.tool_results}
+    assert asked == answered  # the log whole: every stored call has its result
+    if path == "history":  # refused as the history is made: nothing sent or stored
+        assert (server.bodies, stored) == ([], ())
+        return
+    assert len(server.bodies) == 1 and stored[0].text == "count"
+    if path == "before_tool":  # the model's call is logged, answered as stopped
+        assert [call.arguments for message in stored for call in message.tool_calls] == [{"n": 1}]
+    else:  # the model's answer is refused before it is stored
+        assert len(stored) == 1
+
+
+def test_a_mapping_in_the_arguments_is_kept_as_a_dict_and_one_holding_itself_is_refused() -> None:
+    """Another call's read-only arguments nested in a call's are a JSON object: kept as a
+    dict, which a store keeps (it refused the read-only mapping); arguments that contain
+    themselves are a ``TypeError`` (they stopped only at a store)."""
+    inner = ToolCall("a", "f", {"q": 1})
+    call = ToolCall("b", "f", {"inner": inner.arguments})
+    assert type(call.arguments["inner"]) is dict and call.arguments["inner"] == {"q": 1}
+    check_storable([Message.assistant(tool_calls=[call])])
+    looped: dict[str, Any] = {}
+    looped["self"] = [looped]
+    with pytest.raises(TypeError, match=r"^ToolCall\.arguments contains itself or nests too deep"):
+        ToolCall("c", "f", looped)
