@@ -8,7 +8,8 @@ has ended), so that a run of the same session started from the block is refused,
 run first.
 Leaving the ``async with`` block early cancels that task: the model call in flight is
 cancelled, and the log keeps every completed message (a tool call the stop left without
-a result gets an appended error result). What the run raised that is not an
+a result gets an appended error result); ``aclose()`` stops it so inside the block.
+What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
 dropped: leaving the block raises it; when the block raises its own exception,
 ``KeyboardInterrupt`` and ``SystemExit`` still win (the block's exception is their cause),
@@ -135,6 +136,17 @@ class RunStream(Generic[OutputT]):
                 self._held.set()  # ended before it held its session: the block goes on
             self._result = result
             await send.send(RunFinished(result))
+
+    async def aclose(self) -> None:
+        """Stop the run now, as leaving the block early does, and wait until it has
+        stopped (its log then answers every call); the loop then ends. Outside the block
+        (not entered yet, or left) nothing happens, so ``contextlib.aclosing()`` around
+        ``agent.stream()`` lets its ``StreamStateError`` through."""
+        if not self._entered or self._exited:
+            return
+        assert self._stop is not None and self._ended is not None
+        self._stop.cancel()
+        await self._ended.wait()
 
     def __aiter__(self) -> RunStream[OutputT]:
         return self

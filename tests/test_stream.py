@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -512,6 +513,56 @@ class TestStopping:
         assert [(r.call_id, r.content, r.is_error) for r in results] == [
             ("a", "FAST RESULT", False)
         ]
+
+    async def test_aclose_stops_the_run_inside_the_block(self) -> None:
+        """``await events.aclose()`` in the block stops the run at once, as leaving the
+        block does, and returns once it has stopped: the tool call it was running is
+        answered in the log and the store, the loop ends, and the session is free
+        while the block is still open."""
+        started = anyio.Event()
+
+        class Slow(Agent):
+            @tool
+            async def wait(self) -> str:
+                """Wait."""
+                started.set()
+                await anyio.sleep(10)
+                return "never"
+
+        store = InMemorySessionStore()
+        model = ScriptedModel([tool_call_response("wait", {}, call_id="w"), text_response("x")])
+        with anyio.fail_after(5):
+            async with Slow(model=model, session_store=store).stream(
+                "go", session_id="s"
+            ) as events:
+                received = []
+                async for event in events:
+                    received.append(event)
+                    if isinstance(event, ToolCallStarted):
+                        await started.wait()
+                        await events.aclose()
+                        [answer] = events.messages[-1].tool_results
+                        assert answer.call_id == "w" and answer.is_error
+                        assert [m.id for m in await store.load("s")] == [
+                            m.id for m in events.messages
+                        ]
+                        again = ScriptedModel([text_response("on")])
+                        other = Agent(model=again, session_store=store)
+                        assert (await other.run("next", session_id="s")).output == "on"
+                assert isinstance(received[-1], ToolCallStarted)  # the loop ended there
+                await events.aclose()  # once more: nothing to do
+        await events.aclose()  # after the block: nothing to do
+
+    async def test_aclosing_an_unentered_stream_says_to_enter_it(self) -> None:
+        """``contextlib.aclosing(agent.stream(...))`` without ``async with``: the
+        ``StreamStateError`` saying so goes through (no ``AttributeError`` for a missing
+        ``aclose`` in its place), and nothing runs."""
+        model = ScriptedModel([text_response("hi")])
+        with pytest.raises(StreamStateError, match="iterate inside"):
+            async with contextlib.aclosing(Agent(model=model).stream("go")) as events:
+                async for _ in events:
+                    pass
+        assert model.requests == []
 
     async def test_leaving_after_the_first_delta_cancels_the_model_call(self) -> None:
         """The rest of a slow stream is never produced."""

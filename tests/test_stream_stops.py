@@ -13,7 +13,8 @@ expiring while the consumer waits in its loop body, a sibling task cancelling th
 group while the consumer reads on, the run's own ``timeout`` expiring while the run waits
 to hand over its next event, the caller's scope expiring while the run works on, an
 async generator around the block closed by ``contextlib.aclosing``, a block left after a
-pause without reading on. Each under asyncio and trio, on a store in memory or SQLite.
+pause without reading on, ``events.aclose()`` in the block. Each under asyncio and trio,
+on a store in memory or SQLite.
 
 After each: what leaves the block is the stop's own exception (or the run's, for a
 consumer that reads on), never an exception group nor a cleanup error in its place;
@@ -500,7 +501,7 @@ async def consume(
             if len(seen) - 1 == at:
                 stopping.set()
                 await stop(events)
-                if how in ("run deadline", "cancel while working"):
+                if how in ("run deadline", "cancel while working", "aclose"):
                     continue  # and the deadline comes out of the loop
                 return
 
@@ -522,6 +523,9 @@ async def consume(
             return
         if how == "run deadline":
             await anyio.sleep(timeout * 2)
+        if how == "aclose":
+            await events.aclose()
+            out["closed"] = events.messages  # in the block, once the run has stopped
         if how == "cancel while working":
             out["scope"].deadline = anyio.current_time() + 0.003
         if how == "linger":
@@ -592,6 +596,7 @@ HOWS = [
     "aclosing",
     "linger",
     "cancel while working",
+    "aclose",
 ]
 
 
@@ -664,6 +669,11 @@ async def check(
         return [*problems, "never entered"]
     log = events.messages
     problems += [f"events.messages: {p}" for p in request_problems(build_view(log))]
+    if how == "aclose":
+        if [m.id for m in out["closed"]] != [m.id for m in log]:
+            problems.append("the log grew after aclose() returned")
+        if out["seen"][at + 1 :]:
+            problems.append("events came after aclose() returned")
     stored = await store.load(SESSION)
     problems += [f"stored: {p}" for p in log_problems(stored)]
     problems += [f"stored view: {p}" for p in request_problems(build_view(stored))]
