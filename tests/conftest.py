@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,16 +81,23 @@ class _WholeFiles(LoadFileScheduling):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker, the files of ``TIMED_OR_HEAVY`` come first: the longest
-    unit of work starts at once, beside the rest."""
+    """In a pytest-xdist worker, the order its scheduler hands out the files in: those of
+    ``TIMED_OR_HEAVY`` first (the longest unit of work starts at once, beside the rest),
+    then the others by how many tests they hold, most first (pytest-xdist's own order)."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.path.name not in TIMED_OR_HEAVY)
+        tests = Counter(item.path for item in items)
+        items.sort(key=lambda item: (item.path.name not in TIMED_OR_HEAVY, -tests[item.path]))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist may be disabled (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> _WholeFiles | None:
     """Under ``-n`` (``--dist load``, the default, or ``loadfile``) each test file runs
-    whole in one process; other ``--dist`` modes are pytest-xdist's own."""
-    return _WholeFiles(config, log) if config.option.dist in ("load", "loadfile") else None
+    whole in one process, in the workers' order; other ``--dist`` modes are
+    pytest-xdist's own."""
+    if config.option.dist not in ("load", "loadfile"):
+        return None
+    config.option.loadscopereorder = False  # its reordering would start TIMED_OR_HEAVY late
+    return _WholeFiles(config, log)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
