@@ -11,6 +11,7 @@ server ``LITTLEGHOST_TEST_POSTGRES_DSN`` names, or else a throwaway one the test
 from __future__ import annotations
 
 import gc
+import threading
 import uuid
 import warnings
 import weakref
@@ -106,6 +107,21 @@ def working_until(in_tool: anyio.Event, release: anyio.Event) -> type[Agent]:
             return "worked"
 
     return Slow
+
+
+def blocking_until(in_tool: threading.Event, release: threading.Event) -> type[Agent]:
+    """An agent whose ``work`` tool, a sync one run in a worker thread, sets ``in_tool``,
+    then blocks until ``release`` (10 s at most): for runs in threads (``run_sync``)."""
+
+    class Blocking(Agent):
+        @tool
+        def work(self) -> str:
+            """Work until released (a sync tool, run in a worker thread)."""
+            in_tool.set()
+            release.wait(10)
+            return "worked"
+
+    return Blocking
 
 
 def _run_sql(dsn: str, statement: str) -> None:

@@ -57,7 +57,15 @@ from littleghost.sessions import (
 from littleghost.sessions.locks import SessionLocks
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .stores import RUN_KINDS, LockingStore, PlainStore, SlottedStore, open_store, working_until
+from .stores import (
+    RUN_KINDS,
+    LockingStore,
+    PlainStore,
+    SlottedStore,
+    blocking_until,
+    open_store,
+    working_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -462,14 +470,7 @@ class TestConcurrentRuns:
     async def test_run_sync_from_two_threads_serializes(self, store: SessionStore) -> None:
         in_tool = threading.Event()
         release = threading.Event()
-
-        class Blocking(Agent):
-            @tool
-            def work(self) -> str:
-                """Work until released (a sync tool, run in a worker thread)."""
-                in_tool.set()
-                release.wait(10)
-                return "worked"
+        Blocking = blocking_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         second = ScriptedModel([text_response("second done")])
@@ -494,14 +495,7 @@ class TestConcurrentRuns:
     ) -> None:
         in_tool = threading.Event()
         release = threading.Event()
-
-        class Blocking(Agent):
-            @tool
-            def work(self) -> str:
-                """Work until released (a sync tool, run in a worker thread)."""
-                in_tool.set()
-                release.wait(10)
-                return "worked"
+        Blocking = blocking_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         later = ScriptedModel([text_response(f"done {n}") for n in range(6)])
@@ -519,6 +513,37 @@ class TestConcurrentRuns:
 
         asked = [request.messages[-1].text for request in later.requests]
         assert asked == [f"waiter {n}" for n in range(6)]
+        assert texts(await store.load("s"))[2::2] == asked
+
+    async def test_runs_waiting_in_an_event_loop_and_in_threads_take_it_in_arrival_order(
+        self, store: SessionStore
+    ) -> None:
+        in_tool = threading.Event()
+        release = threading.Event()
+        Blocking = blocking_until(in_tool, release)
+
+        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
+        later = ScriptedModel([text_response(f"done {n}") for n in range(5)])
+        in_threads = {2, 4}  # the others wait in this event loop, two of them before 2
+
+        async with anyio.create_task_group() as group:
+            holder = Blocking(model=first, session_store=store).run_sync
+            group.start_soon(
+                anyio.to_thread.run_sync, functools.partial(holder, "one", session_id="s")
+            )
+            await anyio.to_thread.run_sync(in_tool.wait)
+            for n in range(5):
+                agent = Blocking(model=later, session_store=store)
+                if n in in_threads:
+                    run = functools.partial(agent.run_sync, f"waiter {n}", session_id="s")
+                    group.start_soon(anyio.to_thread.run_sync, run)
+                else:
+                    group.start_soon(functools.partial(agent.run, f"waiter {n}", session_id="s"))
+                await anyio.sleep(0.1)  # each queued before the next arrives
+            release.set()
+
+        asked = [request.messages[-1].text for request in later.requests]
+        assert asked == [f"waiter {n}" for n in range(5)]
         assert texts(await store.load("s"))[2::2] == asked
 
     async def test_a_waiting_run_raises_at_its_deadline_and_stores_nothing(
@@ -547,9 +572,12 @@ class TestConcurrentRuns:
             assert str(caught.value) == (
                 "Helper did not finish before its deadline, still waiting to hold session 's'"
             )
+            after = Helper(model=ScriptedModel([text_response("two done")]), session_store=store)
+            group.start_soon(functools.partial(after.run, "two", session_id="s", timeout=5))
+            await anyio.sleep(0.1)  # waiting behind where the run that gave up waited
             release.set()
         assert model.requests == []
-        assert texts(await store.load("s")) == ["one", "first done"]
+        assert texts(await store.load("s")) == ["one", "first done", "two", "two done"]
 
     async def test_a_run_past_its_deadline_once_it_held_its_session_says_no_wait(
         self, store: SessionStore

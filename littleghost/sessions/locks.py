@@ -1,11 +1,12 @@
 """In-process per-session locks: one run of a session at a time in this process.
 
 A session's lock is held across threads, so runs in different threads and event loops
-(``run_sync`` from several threads) exclude each other too. Runs of one event loop
-queue for it in FIFO order on an anyio lock first; the one at the head takes the
-session at once when it is free and nobody waits, or joins a line that the heads of
-every thread's queue take turns in, in the order they joined it, waiting in a worker
-thread. Every wait is cancellable by anyio cancel scopes.
+(``run_sync`` from several threads) exclude each other too. Each run joins the
+session's line as it arrives and takes the session in its turn there. Runs of one event
+loop also queue in FIFO order on an anyio lock, in the order they joined the line, so
+that only the one at the head waits: it takes the session at once when its turn has
+come, or waits for its turn in a worker thread. Every wait is cancellable by anyio
+cancel scopes.
 
 ``hold_session`` holds a session of any store: through the store's own ``lock`` when it
 has one, else through a ``SessionLocks`` kept for that store in this process.
@@ -137,8 +138,8 @@ class _Queue:
 
 @define(eq=False)
 class _Entry:
-    """One session: whether a run holds it, the line of threads' waiters for it, and the
-    queue of each thread."""
+    """One session: whether a run holds it, the line of its waiters (in arrival order), and
+    the queue of each thread."""
 
     turns: threading.Condition = field(factory=threading.Condition)
     held: bool = False
@@ -146,15 +147,21 @@ class _Entry:
     queues: dict[int, _Queue] = field(factory=dict)
     users: int = 0
 
-    async def take(self) -> None:
-        """Hold the session: at once when it is free and nobody waits, else in its turn
-        in the line (cancellable)."""
+    def join(self) -> object:
+        """Join the line: the ticket to take the session with, or to leave the line."""
         ticket = object()
         with self.turns:
-            if not self.held and not self.line:
+            self.line.append(ticket)
+        return ticket
+
+    async def take(self, ticket: object) -> None:
+        """Hold the session in ``ticket``'s turn: at once when it has come, else waiting
+        in a worker thread (cancellable)."""
+        with self.turns:
+            if not self.held and self.line[0] is ticket:
+                self.line.popleft()
                 self.held = True
                 return
-            self.line.append(ticket)
         wait = _TurnWait(self, ticket)
         try:
             await anyio.to_thread.run_sync(
@@ -163,6 +170,13 @@ class _Entry:
         except BaseException:
             wait.abandon()
             raise
+
+    def leave(self, ticket: object) -> None:
+        """Leave the line, unless ``ticket`` took the session (a waiter that gave up)."""
+        with self.turns:
+            if ticket in self.line:
+                self.line.remove(ticket)
+                self.turns.notify_all()
 
     def give_back(self) -> None:
         """Let the session go: the first in the line takes it."""
@@ -331,15 +345,17 @@ class SessionLocks:
                 queue = entry.queues[thread] = _Queue(anyio.Lock())
             queue.users += 1
             entry.users += 1
+        ticket = entry.join()  # the thread's queue is in the line's order: no await between
         try:
             async with queue.lock:
-                await entry.take()
+                await entry.take(ticket)
                 try:
                     with _recorded(id(self), session_id):
                         yield
                 finally:
                     entry.give_back()
         finally:
+            entry.leave(ticket)
             with self._guard:
                 queue.users -= 1
                 if queue.users == 0:
