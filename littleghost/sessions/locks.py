@@ -162,14 +162,7 @@ class _Entry:
                 self.line.popleft()
                 self.held = True
                 return
-        wait = _TurnWait(self, ticket)
-        try:
-            await anyio.to_thread.run_sync(
-                wait.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
-            )
-        except BaseException:
-            wait.abandon()
-            raise
+        await _in_worker_thread(_TurnWait(self, ticket))
 
     def leave(self, ticket: object) -> None:
         """Leave the line, unless ``ticket`` took the session (a waiter that gave up)."""
@@ -251,9 +244,13 @@ class _ThreadWait:
 
 async def acquire(mutex: threading.Lock | threading.Semaphore) -> None:
     """Take ``mutex``, waiting in a worker thread (cancellable) when it is taken."""
-    if mutex.acquire(blocking=False):
-        return
-    wait = _ThreadWait(mutex)
+    if not mutex.acquire(blocking=False):
+        await _in_worker_thread(_ThreadWait(mutex))
+
+
+async def _in_worker_thread(wait: _TurnWait | _ThreadWait) -> None:
+    """``wait.run()`` in a worker thread of its own; ``wait.abandon()`` when the caller
+    stops waiting (cancelled) or it fails."""
     try:
         await anyio.to_thread.run_sync(
             wait.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
