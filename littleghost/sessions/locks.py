@@ -210,12 +210,12 @@ class _TurnWait:
             entry.turns.notify_all()
 
 
-class _ThreadWait:
-    """Waits for a ``threading.Lock`` (or semaphore) in a worker thread; can be given up
+class _SlotWait:
+    """Waits for a slot of a ``threading.Semaphore`` in a worker thread; can be given up
     at any time."""
 
-    def __init__(self, mutex: threading.Lock | threading.Semaphore) -> None:
-        self._mutex = mutex
+    def __init__(self, slots: threading.Semaphore) -> None:
+        self._slots = slots
         self._guard = threading.Lock()
         self._abandoned = False
         self._acquired = False
@@ -225,30 +225,30 @@ class _ThreadWait:
             with self._guard:
                 if self._abandoned:
                     return
-            if self._mutex.acquire(timeout=_POLL):
+            if self._slots.acquire(timeout=_POLL):
                 with self._guard:
                     if self._abandoned:
-                        self._mutex.release()
+                        self._slots.release()
                     else:
                         self._acquired = True
                 return
 
     def abandon(self) -> None:
-        """Stop waiting; release the lock if the thread got it after all."""
+        """Stop waiting; give the slot back if the thread got one after all."""
         with self._guard:
             self._abandoned = True
             if self._acquired:
                 self._acquired = False
-                self._mutex.release()
+                self._slots.release()
 
 
-async def acquire(mutex: threading.Lock | threading.Semaphore) -> None:
-    """Take ``mutex``, waiting in a worker thread (cancellable) when it is taken."""
-    if not mutex.acquire(blocking=False):
-        await _in_worker_thread(_ThreadWait(mutex))
+async def acquire(slots: threading.Semaphore) -> None:
+    """Take one of ``slots``, waiting in a worker thread (cancellable) when none is free."""
+    if not slots.acquire(blocking=False):
+        await _in_worker_thread(_SlotWait(slots))
 
 
-async def _in_worker_thread(wait: _TurnWait | _ThreadWait) -> None:
+async def _in_worker_thread(wait: _TurnWait | _SlotWait) -> None:
     """``wait.run()`` in a worker thread of its own; ``wait.abandon()`` when the caller
     stops waiting (cancelled) or it fails."""
     try:
