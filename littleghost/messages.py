@@ -137,8 +137,9 @@ class ToolCall:
 
     Raises:
         TypeError: ``arguments`` is neither a mapping nor a str, or holds what JSON has
-            no form for (a key that is not a str, a datetime, a set, bytes, an enum
-            member, itself): the message names where.
+            no form for (a key that is not a str, a datetime, a set, bytes, an ``Enum``
+            member that is not a str or int, itself): the message names where. A
+            subclass of a JSON type is kept as that type (a str enum member as its value).
     """
 
     id: str = field(converter=_well_formed, validator=instance_of("ToolCall.id", str, "a str"))

@@ -207,7 +207,7 @@ def _well_formed(value: object, levels: int) -> object:
     return tuple(items) if isinstance(value, tuple) else items
 
 
-_ALLOWED = "str, int, float, bool, None, lists, tuples and mappings with str keys"
+_ALLOWED = "str, int, float, bool, None, lists, tuples and mappings with str keys (or subclasses)"
 _SHORT_INT_BITS = 2000
 """Ints of at most this many bits are written under any digit limit Python allows (640
 digits at least): only longer ones are checked (``too_long_to_write``)."""
@@ -232,7 +232,8 @@ def json_object(
     """Tool-call arguments as a conversation log holds them, by one rule that every
     provider request, store, estimate and span then follows: ``value`` itself when it is
     JSON that JSON text carries; a copy when a str in it is not well formed (as
-    ``well_formed`` makes it) or a mapping in it is not a dict; its text (``json_text``:
+    ``well_formed`` makes it), a mapping in it is not a dict or a value or key in it is of
+    a subclass of a JSON type (made that type); its text (``json_text``:
     ``NaN``, ``Infinity``, an int too long to write in hexadecimal, whole) when it holds a
     number JSON text cannot carry or nests more than ``MAX_DEPTH`` levels deep, which no
     JSON reader takes, so the call is answered with an error, as a provider's unreadable
@@ -240,8 +241,10 @@ def json_object(
 
     Raises:
         TypeError: ``value`` holds what JSON has no form for: a key that is not a str, a
-            value of another type (a datetime, a set, bytes, an enum member), or itself;
-            the message names where (``name`` and the path to it).
+            value of another type (a datetime, a set, bytes, an ``Enum`` member that is
+            not a str or int), or itself; the message names where (``name`` and the path
+            to it). A subclass of a JSON type is kept as that type, as ``json.dumps``
+            writes it (a str or int enum member as its value, a named tuple as a tuple).
     """
     try:
         flags = _scan_mapping(value, MAX_DEPTH)
@@ -267,7 +270,9 @@ def _scan_mapping(value: Mapping[str, Any], levels: int) -> int:
     flags = 0
     for key, item in value.items():
         if type(key) is not str:
-            raise _NotJson(f"has a key of type {type(key).__name__}")
+            if not isinstance(key, str):
+                raise _NotJson(f"has a key of type {type(key).__name__}")
+            flags |= _REBUILD
         if not key.isascii() and well_formed(key) is not key:
             flags |= _REBUILD
         kind = type(item)
@@ -286,7 +291,8 @@ def _scan_mapping(value: Mapping[str, Any], levels: int) -> int:
 
 
 def _scan(value: Any, levels: int) -> int:
-    """The flags of one value (``_NotJson`` for what is not JSON)."""
+    """The flags of one value (``_NotJson`` for what is not JSON); a subclass of a JSON
+    type (a str or int enum member, a named tuple) is rebuilt as that type."""
     kind = type(value)
     if kind is str:
         return 0 if value.isascii() or well_formed(value) is value else _REBUILD
@@ -310,16 +316,40 @@ def _scan(value: Any, levels: int) -> int:
         return flags
     if isinstance(value, Mapping):
         return _scan_mapping(value, levels) | (0 if kind is dict else _REBUILD)
-    raise _NotJson(f"is of type {kind.__name__}")
+    base = next((base for base in _JSON_BASES if isinstance(value, base)), None)
+    if base is None:
+        raise _NotJson(f"is of type {kind.__name__}")
+    return _REBUILD | _scan(_as_base(value, base), levels)
+
+
+_JSON_BASES = (str, int, float, list, tuple)
+"""The JSON types whose subclasses arguments take, as these types (as ``json.dumps``
+writes them)."""
+
+
+def _as_base(value: Any, base: type) -> Any:
+    """A value of a subclass of ``base`` as a ``base``, by ``base``'s own conversion (not
+    one the subclass overrides)."""
+    if base is str:
+        return str.__str__(value)
+    if base is int:
+        return int.__int__(value)
+    if base is float:
+        return float.__float__(value)
+    return base(value)
 
 
 def _rebuilt(value: object) -> object:
-    """``value`` (JSON, as ``_scan`` found it) with its strs well formed and its mappings
-    dicts."""
+    """``value`` (JSON, as ``_scan`` found it) with its strs well formed, its mappings
+    dicts and its subclasses of JSON types those types."""
     if isinstance(value, str):
-        return well_formed(value)
+        return well_formed(str.__str__(value))
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return _as_base(value, int if isinstance(value, int) else float)
     if isinstance(value, Mapping):
-        return {well_formed(key): _rebuilt(item) for key, item in value.items()}
+        return {well_formed(str.__str__(key)): _rebuilt(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_rebuilt(item) for item in value]
     if isinstance(value, tuple):

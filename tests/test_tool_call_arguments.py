@@ -15,8 +15,8 @@ import enum
 import json
 import math
 import sys
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anthropic
 import attrs
@@ -61,6 +61,33 @@ class Color(str, enum.Enum):
     RED = "red"
 
 
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Ratio(float):
+    pass
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Plain(enum.Enum):
+    ONE = 1
+
+
+AS_JSON_TYPES = {
+    "str-enum": ({"n": Color.RED}, {"n": "red"}),
+    "int-enum": ({"n": [Level.HIGH]}, {"n": [3]}),
+    "float-subclass": ({"n": {"r": Ratio(0.5)}}, {"n": {"r": 0.5}}),
+    "named-tuple": ({"n": Point(1, 2)}, {"n": (1, 2)}),
+    "str-enum-key": ({"n": {Color.RED: 1}}, {"n": {"red": 1}}),
+}
+"""Values of subclasses of JSON types, and what a call keeps of them: those types, as
+``json.dumps`` writes them."""
+
 REFUSED = {
     "int-key": ({1: "one"}, "ToolCall.arguments has a key of type int"),
     "long-int-key": ({"n": {LONG: 1}}, "ToolCall.arguments['n'] has a key of type int"),
@@ -72,7 +99,7 @@ REFUSED = {
     "set": ({"n": [{1, 2}]}, "ToolCall.arguments['n'][0] is of type set"),
     "bytes": ({"n": b"\x00"}, "ToolCall.arguments['n'] is of type bytes"),
     "object": ({"n": object()}, "ToolCall.arguments['n'] is of type object"),
-    "enum-member": ({"n": Color.RED}, "ToolCall.arguments['n'] is of type Color"),
+    "enum-member": ({"n": Plain.ONE}, "ToolCall.arguments['n'] is of type Plain"),
 }
 
 
@@ -333,6 +360,39 @@ async def test_arguments_json_has_no_form_for_are_refused_on_every_path(
         assert [call.arguments for message in stored for call in message.tool_calls] == [{"n": 1}]
     else:  # the model's answer is refused before it is stored
         assert len(stored) == 1
+
+
+@pytest.mark.parametrize("path", PATHS[:-1])  # a store gives back JSON types
+@pytest.mark.parametrize("kind", list(AS_JSON_TYPES))
+async def test_subclasses_of_json_types_are_those_types_on_every_path(
+    path: str, kind: str, server: Server
+) -> None:
+    """Whatever makes the call, a str or int enum member, a float subclass or a named
+    tuple is kept as the JSON type it subclasses: stored, sent and run as that value."""
+    arguments, kept = AS_JSON_TYPES[kind]
+    store, result = await _run(path, arguments, server)
+    assert not isinstance(result, BaseException), result
+    log = result.messages
+    assert await store.load("s") == log
+    (asking,) = [message for message in log if message.tool_calls]
+    (call,) = asking.tool_calls
+    if path == "before_tool":  # the hook's call ran, as the tool's; the log holds the model's
+        assert call.arguments == {"n": 1}
+        assert [part.content for message in log for part in message.tool_results] == ["counted"]
+        return
+    assert call.arguments == kept
+    assert json.dumps(dict(call.arguments)) == json.dumps(kept)
+    assert _types(call.arguments) == _types(kept)
+    assert server.sent(len(server.bodies) - 1) == {"c1": json.loads(json.dumps(kept))}
+
+
+def _types(value: Any) -> Any:
+    """The exact types in ``value``, as a value of the same shape."""
+    if isinstance(value, Mapping):
+        return {(type(key), key): _types(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return (type(value), [_types(item) for item in value])
+    return type(value)
 
 
 def test_a_mapping_in_the_arguments_is_kept_as_a_dict_and_one_holding_itself_is_refused() -> None:
