@@ -16,9 +16,16 @@ from contextlib import aclosing
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
+from pydantic import BaseModel
+
 from littleghost import logs
 from littleghost._validators import digits_limit, is_int, safe_repr
-from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
+from littleghost.errors import (
+    ConfigurationError,
+    ProtocolError,
+    ProviderError,
+    ProviderUnavailableError,
+)
 from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
@@ -37,6 +44,8 @@ __all__ = [
     "image_base64",
     "image_media_type",
     "import_sdk",
+    "index_of",
+    "listed",
     "lookup",
     "not_json",
     "parse_arguments",
@@ -45,8 +54,11 @@ __all__ = [
     "reported_usage",
     "sent_arguments",
     "server_of",
+    "shaped",
     "sse_events",
     "stream_cut_off",
+    "text_of",
+    "wrong_shape",
 ]
 
 
@@ -330,6 +342,86 @@ def lookup(value: object, *path: str) -> object:
     for name in path:
         value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
     return value
+
+
+def _kind(value: object) -> str:
+    """The JSON kind of ``value``, as an error names it (never the value: it may be
+    message content)."""
+    if value is None:
+        return "missing"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "an object" if _is_object(value) else type(value).__name__
+
+
+def _is_object(value: object) -> bool:
+    """True for a JSON object: a dict, or an SDK's model of one."""
+    return isinstance(value, (Mapping, BaseModel))
+
+
+def wrong_shape(provider: str, where: str, value: object, wanted: str) -> ProtocolError:
+    """The error for a field of an answer that has the wrong JSON type: it names the
+    field and its type, never its value."""
+    return ProtocolError(f"{provider}: the answer's {where} is {_kind(value)}, not {wanted}")
+
+
+def text_of(provider: str, value: object, where: str, *, required: bool = False) -> str:
+    """A text field of an answer: ``""`` when absent or ``null`` (unless ``required``).
+
+    Raises:
+        ProtocolError: It is another type (an answer is never dropped for its shape), or
+            ``required`` and absent.
+    """
+    if isinstance(value, str):
+        return value
+    if value is None and not required:
+        return ""
+    raise wrong_shape(provider, where, value, "a string")
+
+
+def shaped(provider: str, value: object, where: str) -> Any:
+    """An object of an answer (a dict, or an SDK's model of one): ``{}`` when absent.
+
+    Raises:
+        ProtocolError: It is another type.
+    """
+    if value is None:
+        return {}
+    if _is_object(value):
+        return value
+    raise wrong_shape(provider, where, value, "an object")
+
+
+def listed(provider: str, value: object, where: str, *, required: bool = False) -> list[Any]:
+    """A list of an answer: ``[]`` when absent (unless ``required``).
+
+    Raises:
+        ProtocolError: It is another type, or ``required`` and absent.
+    """
+    if isinstance(value, list):
+        return value
+    if value is None and not required:
+        return []
+    raise wrong_shape(provider, where, value, "a list")
+
+
+def index_of(provider: str, value: object, where: str) -> int:
+    """A streamed item's index: ``0`` when absent.
+
+    Raises:
+        ProtocolError: It is not an int >= 0.
+    """
+    if value is None:
+        return 0
+    if is_int(value) and value >= 0:
+        return value
+    raise wrong_shape(provider, where, value, "an int >= 0")
 
 
 def reported(value: object, *path: str) -> int:

@@ -39,7 +39,9 @@ from littleghost.models._sdk import (
     check_context_window,
     error_mapper,
     import_sdk,
+    index_of,
     inline_image,
+    listed,
     lookup,
     not_json,
     parse_arguments,
@@ -48,8 +50,10 @@ from littleghost.models._sdk import (
     reported_usage,
     sent_arguments,
     server_of,
+    shaped,
     sse_events,
     stream_cut_off,
+    text_of,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -309,35 +313,46 @@ def _usage(usage: Any) -> Usage:
     )
 
 
-def _part(block: Mapping[str, Any]) -> Part | None:
-    """The message part for one content block (``None`` for a kind not kept)."""
-    kind = block.get("type")
+def _part(block: Mapping[str, Any], where: str) -> Part | None:
+    """The message part for one content block, at ``where`` in the answer (``None`` for a
+    kind not kept).
+
+    Raises:
+        ProtocolError: A field the part is made of has another type than the API's.
+    """
+    kind = text_of(PROVIDER, block.get("type"), f"{where}.type", required=True)
+
+    def text(name: str) -> str:
+        return text_of(PROVIDER, block.get(name), f"{where}.{name}")
+
     if kind == "text":
-        return TextPart(block.get("text") or "")
+        return TextPart(text("text"))
     if kind == "tool_use":
         raw = block.get("partial_json")
         arguments = parse_arguments(raw) if raw else parse_arguments(block.get("input"))
-        return ToolCall(block.get("id") or "", block.get("name") or "", arguments)
+        return ToolCall(text("id"), text("name"), arguments)
     if kind == "thinking":
-        return ReasoningPart(block.get("thinking") or "", block.get("signature") or "", PROVIDER)
+        return ReasoningPart(text("thinking"), text("signature"), PROVIDER)
     if kind == "redacted_thinking":
-        return ReasoningPart("", block.get("data") or "", PROVIDER, redacted=True)
+        return ReasoningPart("", text("data"), PROVIDER, redacted=True)
     return None
 
 
 def _answer(
-    blocks: Iterable[Mapping[str, Any]], reason: str | None, usage: object, about: object
+    blocks: Iterable[tuple[str, Mapping[str, Any]]], reason: object, usage: object, about: object
 ) -> ModelResponse:
-    """The response for the content blocks of an answer, their parts in order (the
-    text of adjacent text blocks joined); its id and model are read from ``about`` (the
-    message, or the stream's ``message_start`` message).
+    """The response for the content blocks of an answer (each with where it is in the
+    answer), their parts in order (the text of adjacent text blocks joined); its id and
+    model are read from ``about`` (the message, or the stream's ``message_start`` message).
 
     Raises:
+        ProtocolError: A block, or the stop reason, has another type than the API's.
         ContextWindowOverflowError: The answer stopped where the context window was full
             (``model_context_window_exceeded``): the prompt left no room for it, as the
             API's overflow error says for the models that send that instead (with the
             answer's usage: it is billed).
     """
+    reason = text_of(PROVIDER, reason, "stop_reason") or None
     if reason == "model_context_window_exceeded":
         raise ContextWindowOverflowError(
             f"{PROVIDER}: the answer stopped at the model's context window",
@@ -346,8 +361,8 @@ def _answer(
             usage=_usage(usage),
         )
     parts: list[Part] = []
-    for block in blocks:
-        part = _part(block)
+    for where, block in blocks:
+        part = _part(block, where)
         last = parts[-1] if parts else None
         if isinstance(part, TextPart) and isinstance(last, TextPart):
             parts[-1] = TextPart(last.text + part.text)
@@ -365,18 +380,93 @@ def _answer(
 
 def _streamed_response(
     blocks: Mapping[int, Mapping[str, Any]],
-    reason: str | None,
+    reason: object,
     usage: Mapping[str, Any],
     started: Mapping[str, Any],
 ) -> ModelResponse:
-    return _answer((block for _, block in sorted(blocks.items())), reason, dict(usage), started)
+    return _answer(
+        ((f"content block {index}", block) for index, block in sorted(blocks.items())),
+        reason,
+        dict(usage),
+        started,
+    )
 
 
 def _response(message: Any) -> ModelResponse:
     # the blocks' fields as they are, not through the SDK's serializer: it warns about a
     # field of an unexpected type (arguments it did not parse, say), quoting its content
-    blocks = [vars(block) for block in message.content or ()]
-    return _answer(blocks, message.stop_reason, message.usage, message)
+    content = listed(PROVIDER, lookup(message, "content"), "content", required=True)
+    blocks = (_fields(block, f"content[{index}]") for index, block in enumerate(content))
+    return _answer(blocks, lookup(message, "stop_reason"), lookup(message, "usage"), message)
+
+
+def _fields(block: object, where: str) -> tuple[str, Mapping[str, Any]]:
+    """A content block's fields as a mapping, with ``where`` it is."""
+    block = shaped(PROVIDER, block, where)
+    return where, block if isinstance(block, Mapping) else vars(block)
+
+
+_DELTAS = {
+    "text_delta": ("text", "text"),
+    "thinking_delta": ("thinking", "thinking"),
+    "signature_delta": ("thinking", "signature"),
+    "input_json_delta": ("tool_use", "partial_json"),
+}
+"""The kinds of streamed deltas kept: the kind of block each adds to, and its field."""
+
+
+def _started(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The index and the block of a ``content_block_start`` event."""
+    index = index_of(PROVIDER, event.get("index"), "content_block_start.index")
+    block = shaped(PROVIDER, event.get("content_block"), "content_block_start.content_block")
+    return index, dict(block)
+
+
+def _opening(index: int, block: Mapping[str, Any]) -> ModelStreamEvent | None:
+    """The chunk a started block gives: a tool call's, or the text or thinking a server
+    starts the block with."""
+    kind = block.get("type")
+    if kind == "tool_use":
+        return ToolCallChunk()
+    if kind not in ("text", "thinking"):
+        return None
+    piece = text_of(PROVIDER, block.get(kind), f"content block {index}.{kind}")
+    if not piece:
+        return None
+    return TextChunk(piece) if kind == "text" else ReasoningChunk(piece)
+
+
+def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tuple[str, str]:
+    """Add a ``content_block_delta`` event to the block it continues; the field it added
+    to and the piece (``("", "")`` for a kind of delta not kept).
+
+    Raises:
+        ProtocolError: The delta is of the wrong shape, continues no block started, or
+            continues a block of another kind (its text would be lost).
+    """
+    index = index_of(PROVIDER, event.get("index"), "content_block_delta.index")
+    delta = shaped(PROVIDER, event.get("delta"), "content_block_delta.delta")
+    kind = text_of(PROVIDER, delta.get("type"), "content_block_delta.delta.type")
+    if kind not in _DELTAS:
+        return "", ""
+    block_kind, field = _DELTAS[kind]
+    block = blocks.get(index)
+    if block is None or block.get("type") != block_kind:
+        raise ProtocolError(
+            f"{PROVIDER}: the stream sent {kind} for content block {index}, which "
+            f"{'was not started' if block is None else 'is of another kind'}"
+        )
+    piece = text_of(PROVIDER, delta.get(field), f"content_block_delta.delta.{field}")
+    block[field] = text_of(PROVIDER, block.get(field), f"content block {index}.{field}") + piece
+    return field, piece
+
+
+def _counts(value: object) -> dict[str, Any]:
+    """The counts of a streamed ``usage`` (``{}`` for one that is not an object: usage
+    only describes an answer), without those sent as ``null``."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {key: count for key, count in value.items() if count is not None}
 
 
 class AnthropicModel:
@@ -553,7 +643,8 @@ class AnthropicModel:
             raise mapped from error
         if isinstance(message, str):
             raise not_json(self.provider)
-        if getattr(message, "type", None) == "error":  # a gateway's error, sent with a 200
+        shaped(self.provider, message, "body")
+        if lookup(message, "type") == "error":  # a gateway's error, sent with a 200
             raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
         return _response(message)
 
@@ -582,7 +673,7 @@ class AnthropicModel:
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}
-        reason: str | None = None
+        reason: object = None
         usage: dict[str, Any] = {}
         started: dict[str, Any] = {}
         stopped = False
@@ -596,43 +687,31 @@ class AnthropicModel:
                             event = self._event(data)
                             kind = event.get("type")
                             if kind == "message_start":
-                                started = dict(event.get("message") or {})
-                                usage.update(started.get("usage") or {})
-                            elif kind == "content_block_start":
-                                block = dict(event.get("content_block") or {})
-                                blocks[event.get("index", 0)] = block
-                                if block.get("type") == "text" and block.get("text"):
-                                    yield TextChunk(block["text"])  # a server that starts so
-                                elif block.get("type") == "thinking" and block.get("thinking"):
-                                    yield ReasoningChunk(block["thinking"])
-                                elif block.get("type") == "tool_use":
-                                    yield ToolCallChunk()
-                            elif kind == "content_block_delta":
-                                block = blocks.setdefault(event.get("index", 0), {})
-                                delta = event.get("delta") or {}
-                                if delta.get("type") == "text_delta" and delta.get("text"):
-                                    block["text"] = block.get("text", "") + delta["text"]
-                                    yield TextChunk(delta["text"])
-                                elif delta.get("type") == "thinking_delta":
-                                    piece = delta.get("thinking") or ""
-                                    block["thinking"] = (block.get("thinking") or "") + piece
-                                    if piece:
-                                        yield ReasoningChunk(piece)
-                                elif delta.get("type") == "signature_delta":
-                                    block["signature"] = (block.get("signature") or "") + (
-                                        delta.get("signature") or ""
-                                    )
-                                elif delta.get("type") == "input_json_delta":
-                                    block["partial_json"] = block.get("partial_json", "") + (
-                                        delta.get("partial_json") or ""
-                                    )
-                            elif kind == "message_delta":
-                                reason = (event.get("delta") or {}).get("stop_reason") or reason
-                                usage.update(
-                                    (key, value)
-                                    for key, value in (event.get("usage") or {}).items()
-                                    if value is not None
+                                started = dict(
+                                    shaped(PROVIDER, event.get("message"), "message_start.message")
                                 )
+                                usage.update(_counts(started.get("usage")))
+                            elif kind == "content_block_start":
+                                index, block = _started(event)
+                                if index in blocks:
+                                    raise ProtocolError(
+                                        f"{PROVIDER}: the stream started content block {index} "
+                                        "twice"
+                                    )
+                                blocks[index] = block
+                                opening = _opening(index, block)
+                                if opening is not None:
+                                    yield opening
+                            elif kind == "content_block_delta":
+                                field, piece = _added(blocks, event)
+                                if piece and field == "text":
+                                    yield TextChunk(piece)
+                                elif piece and field == "thinking":
+                                    yield ReasoningChunk(piece)
+                            elif kind == "message_delta":
+                                delta = shaped(PROVIDER, event.get("delta"), "message_delta.delta")
+                                reason = delta.get("stop_reason") or reason
+                                usage.update(_counts(event.get("usage")))
                             elif kind == "message_stop":
                                 stopped = True
                 finally:
@@ -657,7 +736,8 @@ class AnthropicModel:
             ) from None
         if not isinstance(event, dict):
             raise ProtocolError(f"{self.provider}: the stream sent an event that is not an object")
-        if event.get("type") == "error":
+        kind = text_of(self.provider, event.get("type"), "event's type", required=True)
+        if kind == "error":
             raise classify_error(provider=self.provider, body=event)
         return event
 

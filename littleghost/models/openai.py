@@ -40,6 +40,8 @@ from littleghost.models._sdk import (
     image_base64,
     image_media_type,
     import_sdk,
+    index_of,
+    listed,
     lookup,
     not_json,
     parse_arguments,
@@ -48,8 +50,10 @@ from littleghost.models._sdk import (
     reported_usage,
     sent_arguments,
     server_of,
+    shaped,
     sse_events,
     stream_cut_off,
+    text_of,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -223,11 +227,12 @@ def _tool_call(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _thought_signature(call: object) -> str | None:
+def _thought_signature(provider: str, call: object, where: str) -> str | None:
     """Google's thought signature on a tool call, which Gemini's OpenAI-compatible
     endpoint sends and wants back with the call (it refuses the next request without)."""
     signature = lookup(call, "extra_content", _GOOGLE, "thought_signature")
-    return signature if isinstance(signature, str) and signature else None
+    where = f"{where}.extra_content.{_GOOGLE}.thought_signature"
+    return text_of(provider, signature, where) or None
 
 
 def _sent_calls(message: Message, signed: bool) -> list[dict[str, Any]]:
@@ -247,10 +252,9 @@ def _sent_calls(message: Message, signed: bool) -> list[dict[str, Any]]:
     return calls
 
 
-def _details(message: object) -> list[Any]:
+def _details(provider: str, message: object, where: str) -> list[Any]:
     """The ``reasoning_details`` list of a message or a delta (``[]`` when it has none)."""
-    details = lookup(message, "reasoning_details")
-    return details if isinstance(details, list) else []
+    return listed(provider, lookup(message, "reasoning_details"), f"{where}.reasoning_details")
 
 
 def _continues(piece: dict[str, Any], last: dict[str, Any]) -> bool:
@@ -379,37 +383,44 @@ def _usage(usage: Any) -> Usage:
     )
 
 
-def _reasoning(message: object) -> str:
+def _reasoning(provider: str, message: object, where: str) -> str:
     """The reasoning text a server sent beside the answer (``reasoning_content``, as
-    llama.cpp, vLLM and DeepSeek send it, or ``reasoning``), from a message or a delta."""
+    llama.cpp, vLLM and DeepSeek send it, or ``reasoning``), from a message or a delta
+    at ``where``."""
     for name in ("reasoning_content", "reasoning"):
-        value = lookup(message, name)
-        if isinstance(value, str) and value:
+        value = text_of(provider, lookup(message, name), f"{where}.{name}")
+        if value:
             return value
     return ""
 
 
-def _pieces(content: object) -> tuple[str, str]:
-    """The answer's text and reasoning in ``content``: a str, or a list of chunks (as
-    Mistral sends them: ``text`` chunks, ``thinking`` chunks holding text chunks)."""
-    if isinstance(content, str) or not isinstance(content, list):
-        return (content if isinstance(content, str) else ""), ""
+def _pieces(provider: str, content: object, where: str) -> tuple[str, str]:
+    """The answer's text and reasoning in ``content`` (at ``where``): a str, or a list of
+    chunks (as Mistral sends them: ``text`` chunks, ``thinking`` chunks holding text
+    chunks); chunks of other kinds are left out.
+
+    Raises:
+        ProtocolError: ``content``, a chunk or its text has another type.
+    """
+    if not isinstance(content, list):
+        return text_of(provider, content, where), ""
     text: list[str] = []
     thought: list[str] = []
-    for chunk in content:
-        kind = lookup(chunk, "type")
+    for index, chunk in enumerate(content):
+        at = f"{where}[{index}]"
+        chunk = shaped(provider, chunk, at)
+        kind = text_of(provider, lookup(chunk, "type"), f"{at}.type", required=True)
         if kind == "text":
-            text.append(_str(lookup(chunk, "text")))
+            text.append(text_of(provider, lookup(chunk, "text"), f"{at}.text"))
         elif kind == "thinking":
-            inner = lookup(chunk, "thinking")
-            thought.append(inner if isinstance(inner, str) else "".join(_pieces(inner)))
+            thought.append("".join(_pieces(provider, lookup(chunk, "thinking"), f"{at}.thinking")))
     return "".join(text), "".join(thought)
 
 
-def _transcript(message: object) -> str:
+def _transcript(provider: str, message: object, where: str) -> str:
     """The transcript of an answer spoken as audio (``modalities`` with ``"audio"``), from
     a message or a delta: its text, as the API sends no ``content`` with it."""
-    return _str(lookup(message, "audio", "transcript"))
+    return text_of(provider, lookup(message, "audio", "transcript"), f"{where}.audio.transcript")
 
 
 def _str(value: object) -> str:
@@ -426,17 +437,24 @@ def _legacy_call(provider: str) -> ProtocolError:
     )
 
 
-def _tool_calls(raw: Any) -> list[tuple[ToolCall, str | None]]:
-    """The tool calls of an answer, each with its Google thought signature, if any."""
+def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, str | None]]:
+    """The tool calls of an answer (at ``where``), each with its Google thought signature,
+    if any; a call without an id is ``call_N`` (N its place in the list).
+
+    Raises:
+        ProtocolError: The list, a call, its function, id or name has another type.
+    """
     calls = []
-    for index, call in enumerate(raw or ()):
-        function = getattr(call, "function", None)
-        if function is None:
-            continue
+    for index, call in enumerate(listed(provider, raw, where)):
+        at = f"{where}[{index}]"
+        call = shaped(provider, call, at)
+        function = shaped(provider, lookup(call, "function"), f"{at}.function")
         made = ToolCall(
-            call.id or f"call_{index}", function.name or "", parse_arguments(function.arguments)
+            text_of(provider, lookup(call, "id"), f"{at}.id") or f"call_{index}",
+            text_of(provider, lookup(function, "name"), f"{at}.function.name"),
+            parse_arguments(lookup(function, "arguments")),
         )
-        calls.append((made, _thought_signature(call)))
+        calls.append((made, _thought_signature(provider, call, at)))
     return calls
 
 
@@ -749,34 +767,42 @@ class OpenAIModel:
             raise mapped from error
         if isinstance(completion, str):
             raise not_json(self.provider)
-        choices = getattr(completion, "choices", None)
+        provider = self.provider
+        shaped(provider, completion, "body")
+        choices = listed(provider, lookup(completion, "choices"), "choices")
         if not choices:
             sent = lookup(completion, "error")  # a gateway's error, sent with a 200
             if sent:
-                raise classify_error(provider=self.provider, body={"error": sent})
-            raise ProtocolError(
-                f"{self.provider}: the completion for {self._name!r} has no choices"
-            )
-        choice = choices[0]
-        if choice.finish_reason in _FAILED:
-            raise _ended_in_error(self.provider, choice.finish_reason, lookup(choice, "error"))
-        if choice.finish_reason == _FULL_WINDOW:
-            raise _window_full(self.provider, completion.usage)
-        message = choice.message
+                raise classify_error(provider=provider, body={"error": sent})
+            raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
+        choice = shaped(provider, choices[0], "choices[0]")
+        reason = text_of(provider, lookup(choice, "finish_reason"), "choices[0].finish_reason")
+        if reason in _FAILED:
+            raise _ended_in_error(provider, reason, lookup(choice, "error"))
+        if reason == _FULL_WINDOW:
+            raise _window_full(provider, lookup(completion, "usage"))
+        message = lookup(choice, "message")
         if message is None:
-            raise ProtocolError(f"{self.provider}: a choice for {self._name!r} has no message")
-        calls = _tool_calls(message.tool_calls)
+            raise ProtocolError(f"{provider}: a choice for {self._name!r} has no message")
+        where = "choices[0].message"
+        message = shaped(provider, message, where)
+        calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
         if not calls and lookup(message, "function_call"):
-            raise _legacy_call(self.provider)
-        content, thought = _pieces(message.content)
-        content = content or _transcript(message)
-        refusal = "" if content else getattr(message, "refusal", None) or ""
+            raise _legacy_call(provider)
+        content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
+        content = content or _transcript(provider, message, where)
+        refusal = (
+            "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
+        )
         return ModelResponse(
             self._answer(
-                _reasoning(message) or thought, content or refusal, calls, _details(message)
+                _reasoning(provider, message, where) or thought,
+                content or refusal,
+                calls,
+                _details(provider, message, where),
             ),
-            stop_reason(choice.finish_reason, bool(calls), bool(refusal)),
-            _usage(completion.usage),
+            stop_reason(reason or None, bool(calls), bool(refusal)),
+            _usage(lookup(completion, "usage")),
             response_id=reported_name(completion, "id"),
             response_model=reported_name(completion, "model"),
         )
@@ -839,6 +865,7 @@ class OpenAIModel:
         details: list[Any] = []  # OpenRouter's reasoning_details
         calls: list[dict[str, Any]] = []
         at: dict[object, dict[str, Any]] = {}  # the call being written, by index, else by id
+        provider = self.provider
         key: object = 0  # (Gemini sends no index)
         finish_reason: str | None = None
         done = False
@@ -858,25 +885,42 @@ class OpenAIModel:
                             usage = chunk.get("usage") or usage
                             response_id = response_id or reported_name(chunk, "id")
                             response_model = response_model or reported_name(chunk, "model")
-                            for choice in chunk.get("choices") or ():
-                                if choice.get("index", 0) != 0:
+                            for choice in listed(provider, chunk.get("choices"), "choices"):
+                                choice = shaped(provider, choice, "choices[]")
+                                if index_of(provider, choice.get("index"), "choices[].index"):
                                     continue
-                                delta = choice.get("delta") or {}
+                                delta = shaped(provider, choice.get("delta"), "choices[].delta")
+                                where = "choices[].delta"
                                 legacy = legacy or bool(delta.get("function_call"))
-                                answer, thought = _pieces(delta.get("content"))
-                                answer = answer or _transcript(delta)
-                                piece = _reasoning(delta) or thought
+                                answer, thought = _pieces(
+                                    provider, delta.get("content"), f"{where}.content"
+                                )
+                                answer = answer or _transcript(provider, delta, where)
+                                piece = _reasoning(provider, delta, where) or thought
                                 if piece:
                                     reasoning.append(piece)
                                     yield ReasoningChunk(piece)
-                                _merged_details(details, _details(delta))
-                                if not answer and delta.get("refusal"):
-                                    answer, refused = delta["refusal"], True
+                                _merged_details(details, _details(provider, delta, where))
+                                refusal = text_of(
+                                    provider, delta.get("refusal"), f"{where}.refusal"
+                                )
+                                if not answer and refusal:
+                                    answer, refused = refusal, True
                                 if answer:
                                     text.append(answer)
                                     yield TextChunk(answer)
-                                for piece in delta.get("tool_calls") or ():
-                                    index, named = piece.get("index"), piece.get("id")
+                                pieces = listed(
+                                    provider, delta.get("tool_calls"), f"{where}.tool_calls"
+                                )
+                                for piece in pieces:
+                                    place = f"{where}.tool_calls[]"
+                                    piece = shaped(provider, piece, place)
+                                    index = piece.get("index")
+                                    if index is not None:
+                                        index = index_of(provider, index, f"{place}.index")
+                                    named = (
+                                        text_of(provider, piece.get("id"), f"{place}.id") or None
+                                    )
                                     key = index if index is not None else named or key
                                     call = at.get(key)
                                     # another id at an index starts another call (Ollama
@@ -893,18 +937,30 @@ class OpenAIModel:
                                         yield ToolCallChunk()
                                     call["id"] = call["id"] or named
                                     call["signature"] = (
-                                        _thought_signature(piece) or call["signature"]
+                                        _thought_signature(provider, piece, place)
+                                        or call["signature"]
                                     )
-                                    function = piece.get("function") or {}
-                                    call["name"] += function.get("name") or ""
+                                    function = shaped(
+                                        provider, piece.get("function"), f"{place}.function"
+                                    )
+                                    call["name"] += text_of(
+                                        provider, function.get("name"), f"{place}.function.name"
+                                    )
                                     given = function.get("arguments") or ""
                                     if not isinstance(given, str):  # sent whole, as an object
                                         given = json.dumps(given)
                                     call["arguments"] += given
-                                finish_reason = choice.get("finish_reason") or finish_reason
+                                finish_reason = (
+                                    text_of(
+                                        provider,
+                                        choice.get("finish_reason"),
+                                        "choices[].finish_reason",
+                                    )
+                                    or finish_reason
+                                )
                                 if finish_reason in _FAILED:
                                     raise _ended_in_error(
-                                        self.provider, finish_reason, choice.get("error")
+                                        provider, finish_reason, choice.get("error")
                                     )
                 finally:
                     with anyio.CancelScope(shield=True):

@@ -1,0 +1,483 @@
+"""Malformed provider answers, field by field, through the real SDKs over a mock HTTP
+transport: each either reads as documented or fails with a littleghost error that names
+the field and its type (never its content) -- never a bare TypeError, KeyError, ..."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from littleghost import Agent
+from littleghost.errors import LittleGhostError, ProtocolError
+from littleghost.messages import Message
+from littleghost.models import ModelRequest, ToolSpec
+from littleghost.models.anthropic import AnthropicModel
+from littleghost.models.openai import OpenAIModel
+from littleghost.models.streaming import StreamDone
+from littleghost.sessions import InMemorySessionStore
+
+if TYPE_CHECKING:
+    from conftest import Spans
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "SECRET-WRONG"
+"""The string a field is replaced with: no error may show it."""
+WRONG: dict[str, object] = {
+    "missing": ...,
+    "null": None,
+    "int": 7,
+    "negative": -3,
+    "huge": 10**30,
+    "float": 1.5,
+    "str": SECRET,
+    "empty str": "",
+    "bool": True,
+    "list": [SECRET],
+    "empty list": [],
+    "object": {"k": SECRET},
+    "empty object": {},
+}
+ADD = ToolSpec("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}})
+REQUEST = ModelRequest([Message.user("hi")], [ADD], {})
+
+ANTHROPIC_MESSAGE = {
+    "id": "msg_01",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-sonnet-5",
+    "content": [
+        {"type": "thinking", "thinking": "SECRET-THOUGHT", "signature": "SECRET-SIG"},
+        {"type": "text", "text": "SECRET-ANSWER"},
+        {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1}},
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "usage": {
+        "input_tokens": 25,
+        "output_tokens": 6,
+        "cache_read_input_tokens": 3,
+        "cache_creation_input_tokens": 2,
+    },
+}
+ANTHROPIC_EVENTS: list[Any] = [
+    {
+        "type": "message_start",
+        "message": {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-5",
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 40, "output_tokens": 1},
+        },
+    },
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "thinking", "thinking": ""},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "thinking_delta", "thinking": "SECRET-THOUGHT"},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "signature_delta", "signature": "SECRET-SIG"},
+    },
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "text_delta", "text": "SECRET-ANSWER"},
+    },
+    {"type": "content_block_stop", "index": 1},
+    {
+        "type": "content_block_start",
+        "index": 2,
+        "content_block": {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {}},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 2,
+        "delta": {"type": "input_json_delta", "partial_json": '{"a": 1}'},
+    },
+    {"type": "content_block_stop", "index": 2},
+    {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
+    {"type": "message_stop"},
+]
+OPENAI_COMPLETION = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "gpt-4o-mini",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "SECRET-ANSWER",
+                "reasoning_content": "SECRET-THOUGHT",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 1}'},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 12,
+        "completion_tokens": 3,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens_details": {"reasoning_tokens": 1},
+    },
+}
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+OPENAI_CHUNKS: list[Any] = [
+    _chunk({"role": "assistant", "content": ""}),
+    _chunk({"reasoning_content": "SECRET-THOUGHT"}),
+    _chunk({"content": "SECRET-ANSWER"}),
+    _chunk(
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add"}}
+            ]
+        }
+    ),
+    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}),
+    _chunk({}, "tool_calls"),
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini",
+        "choices": [],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    },
+]
+
+
+def _paths(value: object, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every path into ``value``, itself first."""
+    yield at
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, inner in items:
+        yield from _paths(inner, (*at, key))
+
+
+def _mutated(value: Any, path: tuple[Any, ...], new: object) -> Any:
+    """``value`` with the field at ``path`` replaced by ``new`` (``...``: left out)."""
+    if not path:
+        return new
+    value = copy.deepcopy(value)
+    parent = value
+    for key in path[:-1]:
+        parent = parent[key]
+    if new is ...:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = new
+    return value
+
+
+def _bodies(base: Any) -> Iterator[tuple[str, Any]]:
+    """``base`` with each of its fields missing, null and of every wrong JSON type."""
+    for path in _paths(base):
+        for name, new in WRONG.items():
+            if path or new is not ...:
+                yield f"{path} {name}", _mutated(base, path, new)
+
+
+def _streams(events: list[Any]) -> Iterator[tuple[str, list[Any]]]:
+    """``events`` with each event's fields mutated (``_bodies``), and each event left out,
+    sent twice, swapped with the next, or the last sent."""
+    for index, event in enumerate(events):
+        for what, mutated in _bodies(event):
+            yield f"event {index}: {what}", [*events[:index], mutated, *events[index + 1 :]]
+        yield f"event {index} left out", events[:index] + events[index + 1 :]
+        yield f"event {index} twice", events[: index + 1] + events[index:]
+        yield (
+            f"event {index} swapped",
+            [*events[:index], *events[index + 1 : index + 2], event, *events[index + 2 :]],
+        )
+        yield f"cut after event {index}", events[: index + 1]
+
+
+def _anthropic_sse(events: list[Any]) -> bytes:
+    return b"".join(
+        (
+            f"event: {event['type']}\n"
+            if isinstance(event, dict) and isinstance(event.get("type"), str)
+            else ""
+        ).encode()
+        + f"data: {json.dumps(event)}\n\n".encode()
+        for event in events
+    )
+
+
+def _openai_sse(events: list[Any]) -> bytes:
+    return (
+        b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events)
+        + b"data: [DONE]\n\n"
+    )
+
+
+Make = Callable[[Callable[[httpx2.Request], httpx2.Response]], Any]
+
+
+@pytest.fixture
+async def http_clients() -> AsyncIterator[list[Any]]:
+    made: list[Any] = []
+    yield made
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+def anthropic_model(http_clients: list[Any]) -> Make:
+    def make(answer: Callable[[httpx2.Request], httpx2.Response]) -> AnthropicModel:
+        transport = httpx2.MockTransport(answer)
+        client = anthropic.AsyncAnthropic(
+            api_key="sk-ant-test", http_client=httpx2.AsyncClient(transport=transport)
+        )
+        http_clients.append(client)
+        return AnthropicModel("claude-sonnet-5", client=client)
+
+    return make
+
+
+@pytest.fixture
+def openai_model(http_clients: list[Any]) -> Make:
+    def make(answer: Callable[[httpx2.Request], httpx2.Response]) -> OpenAIModel:
+        transport = httpx2.MockTransport(answer)
+        client = openai.AsyncOpenAI(
+            api_key="sk-test",
+            base_url="https://api.openai.com/v1",
+            http_client=httpx2.AsyncClient(transport=transport),
+        )
+        http_clients.append(client)
+        return OpenAIModel("gpt-4o-mini", client=client)
+
+    return make
+
+
+def _json(body: object) -> Callable[[httpx2.Request], httpx2.Response]:
+    return lambda request: httpx2.Response(200, json=body)
+
+
+def _sse(content: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
+    headers = {"content-type": "text/event-stream"}
+    return lambda request: httpx2.Response(200, content=content, headers=headers)
+
+
+async def _outcome(model: Any, streamed: bool) -> object:
+    """What one call gives: its response, or the exception it raised."""
+    try:
+        if not streamed:
+            return await model.respond(REQUEST)
+        async with aclosing(model.stream(REQUEST)) as events:
+            async for event in events:
+                if isinstance(event, StreamDone):
+                    return event.response
+        return AssertionError("the stream ended without a response")
+    except Exception as error:
+        return error
+
+
+def _fault(what: str, outcome: object) -> str | None:
+    """What is wrong with ``outcome``: an exception other than littleghost's, or an
+    error message that shows content."""
+    if not isinstance(outcome, BaseException):
+        return None
+    if not isinstance(outcome, LittleGhostError):
+        return f"{what}: {type(outcome).__name__}: {outcome}"
+    if "SECRET" in str(outcome):
+        return f"{what}: the message shows content: {outcome}"
+    return None
+
+
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_every_malformed_answer_reads_or_is_a_littleghost_error(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    make, body = (
+        (anthropic_model, ANTHROPIC_MESSAGE)
+        if adapter == "anthropic"
+        else (openai_model, OPENAI_COMPLETION)
+    )
+    faults = []
+    for what, mutated in _bodies(body):
+        faults.append(_fault(what, await _outcome(make(_json(mutated)), streamed=False)))
+    assert [fault for fault in faults if fault] == []
+    assert len(faults) > 300
+
+
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_every_malformed_stream_reads_or_is_a_littleghost_error(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    if adapter == "anthropic":
+        make, events, encode = anthropic_model, ANTHROPIC_EVENTS, _anthropic_sse
+    else:
+        make, events, encode = openai_model, OPENAI_CHUNKS, _openai_sse
+    faults = []
+    for what, mutated in _streams(events):
+        faults.append(_fault(what, await _outcome(make(_sse(encode(mutated))), streamed=True)))
+    assert [fault for fault in faults if fault] == []
+    assert len(faults) > 600
+
+
+def _anthropic_answer(content: list[Any], stop_reason: str = "end_turn") -> httpx2.Response:
+    return httpx2.Response(
+        200, json={**ANTHROPIC_MESSAGE, "content": content, "stop_reason": stop_reason}
+    )
+
+
+def _openai_answer(message: dict[str, Any]) -> httpx2.Response:
+    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}
+    return httpx2.Response(200, json={**OPENAI_COMPLETION, "choices": [choice]})
+
+
+class Replies:
+    """Plays one answer per request, and records the requests' bodies."""
+
+    def __init__(self, *answers: httpx2.Response) -> None:
+        self.answers = list(answers)
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.bodies.append(json.loads(request.content))
+        return self.answers.pop(0)
+
+
+@pytest.mark.parametrize(
+    ("adapter", "wrong", "named"),
+    [
+        ("anthropic", {"type": "text", "text": 42}, "content[0].text is a number"),
+        (
+            "anthropic",
+            {"type": "thinking", "thinking": 7, "signature": "s"},
+            "content[0].thinking is a number",
+        ),
+        ("openai", {"content": 42}, "choices[0].message.content is a number"),
+        (
+            "openai",
+            {"content": [{"type": "text", "text": ["SECRET"]}]},
+            "content[0].text is a list",
+        ),
+        ("openai", {"content": None, "refusal": {"SECRET": 1}}, "message.refusal is an object"),
+    ],
+)
+async def test_an_answer_field_of_another_type_fails_the_run_and_keeps_the_log(
+    adapter: str,
+    wrong: dict[str, Any],
+    named: str,
+    anthropic_model: Make,
+    openai_model: Make,
+    spans: Spans,
+) -> None:
+    """The field's type is named, never its value; the chat and run spans end with the
+    error's type; the session's log stays whole: the next run sends the question again."""
+    if adapter == "anthropic":
+        replies = Replies(
+            _anthropic_answer([wrong]), _anthropic_answer([{"type": "text", "text": "fine"}])
+        )
+        model = anthropic_model(replies)
+    else:
+        replies = Replies(_openai_answer(wrong), _openai_answer({"content": "fine"}))
+        model = openai_model(replies)
+    agent = Agent(model=model, session_store=InMemorySessionStore())
+    with pytest.raises(
+        ProtocolError, match=rf"^{adapter}: the answer's .*{re.escape(named)}, not "
+    ) as raised:
+        await agent.run("the question", session_id="s")
+    assert "SECRET" not in str(raised.value)
+    assert {
+        span.name.split()[0]: span.attributes["error.type"]
+        for span in spans.all()
+        if span.attributes and "error.type" in span.attributes
+    } == {
+        "chat": "ProtocolError",
+        "invoke_agent": "ProtocolError",
+    }
+    assert (await agent.run("again", session_id="s")).output == "fine"
+    sent = json.dumps(replies.bodies[1]["messages"])
+    assert "the question" in sent and "again" in sent
+
+
+async def test_a_streamed_delta_for_a_block_never_started_is_an_error_not_lost_text(
+    anthropic_model: Make,
+) -> None:
+    """A text delta for a block never started, or for a block of another kind, or a
+    block started twice, would lose the answer's text: a ``ProtocolError``."""
+    start, stop = ANTHROPIC_EVENTS[0], ANTHROPIC_EVENTS[-2:]
+    text_start, text_delta = ANTHROPIC_EVENTS[5], ANTHROPIC_EVENTS[6]
+    thinking_start = {**ANTHROPIC_EVENTS[1], "index": 1}
+    cases = {
+        "was not started": [start, text_delta, *stop],
+        "is of another kind": [start, thinking_start, text_delta, *stop],
+        "twice": [start, text_start, text_delta, text_start, *stop],
+    }
+    for problem, events in cases.items():
+        model = anthropic_model(_sse(_anthropic_sse(events)))
+        outcome = await _outcome(model, streamed=True)
+        assert isinstance(outcome, ProtocolError) and problem in str(outcome), (problem, outcome)
+
+
+async def test_absent_and_null_fields_read_as_empty(
+    anthropic_model: Make, openai_model: Make
+) -> None:
+    """Absent or ``null`` is empty, on both providers: no text, no reasoning, no calls."""
+    for content in ([{"type": "text"}], [{"type": "text", "text": None}]):
+        response = await _outcome(
+            anthropic_model(_json({**ANTHROPIC_MESSAGE, "content": content, "stop_reason": None})),
+            streamed=False,
+        )
+        assert not isinstance(response, BaseException)
+        assert response.message.content == ()
+    for message in (
+        {"content": None},
+        {"content": None, "tool_calls": None, "reasoning_content": None},
+    ):
+        body = {
+            **OPENAI_COMPLETION,
+            "choices": [{"index": 0, "message": message, "finish_reason": None}],
+        }
+        response = await _outcome(openai_model(_json(body)), streamed=False)
+        assert not isinstance(response, BaseException)
+        assert response.message.content == ()
