@@ -16,11 +16,11 @@ import httpx2
 import openai
 import pytest
 
-from littleghost import Agent
+from littleghost import Agent, tool
 from littleghost.errors import LittleGhostError, ProtocolError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ToolSpec
-from littleghost.models.anthropic import AnthropicModel
+from littleghost.models.anthropic import LONGEST_UNSTREAMED, AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import StreamDone
 from littleghost.sessions import InMemorySessionStore
@@ -481,3 +481,55 @@ async def test_absent_and_null_fields_read_as_empty(
         response = await _outcome(openai_model(_json(body)), streamed=False)
         assert not isinstance(response, BaseException)
         assert response.message.content == ()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_anthropic_tool_calls_without_an_id_are_named_by_their_place(
+    streamed: bool, anthropic_model: Make
+) -> None:
+    """As ``OpenAIModel`` names them: ``call_N``, so each result goes back to its call
+    (with ``""`` for both, the API could not tell them apart, and refuses an empty id)."""
+    calls = [
+        {"type": "tool_use", "name": "add", "input": {"a": 1}},
+        {"type": "tool_use", "id": "", "name": "add", "input": {"a": 2}},
+    ]
+    if streamed:
+        events = [ANTHROPIC_EVENTS[0]]
+        for index, call in enumerate(calls):
+            events.append({"type": "content_block_start", "index": index, "content_block": call})
+        events += ANTHROPIC_EVENTS[-2:]
+        text = [
+            ANTHROPIC_EVENTS[0],
+            ANTHROPIC_EVENTS[5],
+            ANTHROPIC_EVENTS[-2],
+            ANTHROPIC_EVENTS[-1],
+        ]
+        text[1] = {**text[1], "content_block": {"type": "text", "text": "done"}}
+        answers = [
+            _sse(_anthropic_sse(both))(httpx2.Request("POST", "/")) for both in (events, text)
+        ]
+    else:
+        answers = [
+            _anthropic_answer(calls, "tool_use"),
+            _anthropic_answer([{"type": "text", "text": "done"}]),
+        ]
+    replies = Replies(*answers)
+    added: list[int] = []
+
+    class Adder(Agent):
+        @tool
+        async def add(self, a: int) -> int:
+            """Add one."""
+            added.append(a)
+            return a + 1
+
+    settings = {"max_tokens": LONGEST_UNSTREAMED + 1} if streamed else {}
+    agent = Adder(model=anthropic_model(replies))
+    assert (await agent.run("add", settings=settings)).output == "done"
+    assert sorted(added) == [1, 2]
+    [assistant, results] = replies.bodies[1]["messages"][1:]
+    assert [block["id"] for block in assistant["content"]] == ["call_0", "call_1"]
+    assert [(block["tool_use_id"], block["content"]) for block in results["content"]] == [
+        ("call_0", "2"),
+        ("call_1", "3"),
+    ]

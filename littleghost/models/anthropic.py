@@ -17,6 +17,7 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio
+import attrs
 
 from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
@@ -342,8 +343,9 @@ def _answer(
     blocks: Iterable[tuple[str, Mapping[str, Any]]], reason: object, usage: object, about: object
 ) -> ModelResponse:
     """The response for the content blocks of an answer (each with where it is in the
-    answer), their parts in order (the text of adjacent text blocks joined); its id and
-    model are read from ``about`` (the message, or the stream's ``message_start`` message).
+    answer), their parts in order (the text of adjacent text blocks joined, a tool call
+    without an id named ``call_N``, N its place among the calls); its id and model are
+    read from ``about`` (the message, or the stream's ``message_start`` message).
 
     Raises:
         ProtocolError: A block, or the stop reason, has another type than the API's.
@@ -361,17 +363,21 @@ def _answer(
             usage=_usage(usage),
         )
     parts: list[Part] = []
+    calls = 0
     for where, block in blocks:
         part = _part(block, where)
+        if isinstance(part, ToolCall):
+            if not part.id:  # named as OpenAIModel names one: by its place in the answer
+                part = attrs.evolve(part, id=f"call_{calls}")
+            calls += 1
         last = parts[-1] if parts else None
         if isinstance(part, TextPart) and isinstance(last, TextPart):
             parts[-1] = TextPart(last.text + part.text)
         elif part is not None and part != TextPart(""):
             parts.append(part)
-    calls = any(isinstance(part, ToolCall) for part in parts)
     return ModelResponse(
         Message(Role.ASSISTANT, parts),
-        stop_reason(reason, calls),
+        stop_reason(reason, calls > 0),
         _usage(usage),
         response_id=reported_name(about, "id"),
         response_model=reported_name(about, "model"),
