@@ -533,3 +533,50 @@ async def test_anthropic_tool_calls_without_an_id_are_named_by_their_place(
         ("call_0", "2"),
         ("call_1", "3"),
     ]
+
+
+@pytest.mark.parametrize("count", [-5, 2.5, "12", True, [3], {"n": 3}, 2**63, 10**30])
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
+    adapter: str, count: object, anthropic_model: Make, openai_model: Make, spans: Spans
+) -> None:
+    """Usage only describes an answer: a count that is not an int from 0 to 2**63 - 1
+    (what OpenTelemetry exports) is read as 0; the answer and the other counts stand."""
+    if adapter == "anthropic":
+        usage = {"input_tokens": count, "output_tokens": 6}
+        replies = Replies(
+            httpx2.Response(
+                200,
+                json={
+                    **ANTHROPIC_MESSAGE,
+                    "content": [{"type": "text", "text": "fine"}],
+                    "stop_reason": "end_turn",
+                    "usage": usage,
+                },
+            )
+        )
+        model = anthropic_model(replies)
+    else:
+        usage = {"prompt_tokens": count, "completion_tokens": 6}
+        replies = Replies(
+            httpx2.Response(
+                200,
+                json={
+                    **OPENAI_COMPLETION,
+                    "usage": usage,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "fine"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                },
+            )
+        )
+        model = openai_model(replies)
+    result = await Agent(model=model).run("hi")
+    assert result.output == "fine"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 6)
+    chat = spans.one("chat").attributes or {}
+    assert (chat["gen_ai.usage.input_tokens"], chat["gen_ai.usage.output_tokens"]) == (0, 6)

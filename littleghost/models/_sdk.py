@@ -33,6 +33,7 @@ from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
     "COUNT_REFUSALS",
+    "MOST_REPORTED",
     "CountAsking",
     "RequestLogFilter",
     "UrlLogFilter",
@@ -424,10 +425,15 @@ def index_of(provider: str, value: object, where: str) -> int:
     raise wrong_shape(provider, where, value, "an int >= 0")
 
 
+MOST_REPORTED = 2**63 - 1
+"""The largest count a provider is believed: what 64 bits hold, and OpenTelemetry exports."""
+
+
 def reported(value: object, *path: str) -> int:
-    """The count at ``path`` in an SDK object or a dict (``0`` when absent or not an int)."""
+    """The count at ``path`` in an SDK object or a dict; ``0`` (not reported) when absent
+    or not an int from 0 to ``MOST_REPORTED`` (a float, a string, a negative count)."""
     value = lookup(value, *path)
-    return value if is_int(value) and value > 0 else 0
+    return value if is_int(value) and 0 < value <= MOST_REPORTED else 0
 
 
 def reported_name(value: object, *path: str) -> str | None:
