@@ -373,6 +373,14 @@ def _openai_answer(message: dict[str, Any]) -> httpx2.Response:
     return httpx2.Response(200, json={**OPENAI_COMPLETION, "choices": [choice]})
 
 
+def _failed(spans: Spans) -> dict[str, object]:
+    """The ``error.type`` of the run's chat and agent spans, by kind."""
+    return {
+        span.name.split()[0]: (span.attributes or {}).get("error.type")
+        for span in [*spans.named("chat"), *spans.named("invoke_agent")]
+    }
+
+
 class Replies:
     """Plays one answer per request, and records the requests' bodies."""
 
@@ -427,14 +435,7 @@ async def test_an_answer_field_of_another_type_fails_the_run_and_keeps_the_log(
     ) as raised:
         await agent.run("the question", session_id="s")
     assert "SECRET" not in str(raised.value)
-    assert {
-        span.name.split()[0]: span.attributes["error.type"]
-        for span in spans.all()
-        if span.attributes and "error.type" in span.attributes
-    } == {
-        "chat": "ProtocolError",
-        "invoke_agent": "ProtocolError",
-    }
+    assert _failed(spans) == {"chat": "ProtocolError", "invoke_agent": "ProtocolError"}
     assert (await agent.run("again", session_id="s")).output == "fine"
     sent = json.dumps(replies.bodies[1]["messages"])
     assert "the question" in sent and "again" in sent
@@ -580,3 +581,27 @@ async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
     assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 6)
     chat = spans.one("chat").attributes or {}
     assert (chat["gen_ai.usage.input_tokens"], chat["gen_ai.usage.output_tokens"]) == (0, 6)
+
+
+async def test_a_streamed_delta_of_another_type_fails_the_run_and_keeps_the_log(
+    anthropic_model: Make, spans: Spans
+) -> None:
+    """A ``text_delta`` whose text is a number, in a run that streams (an output cap over
+    ``LONGEST_UNSTREAMED``): a ``ProtocolError`` naming it, as unstreamed."""
+    start, text_start, text_delta = ANTHROPIC_EVENTS[0], ANTHROPIC_EVENTS[5], ANTHROPIC_EVENTS[6]
+    stop = [{**ANTHROPIC_EVENTS[-2], "delta": {"stop_reason": "end_turn"}}, ANTHROPIC_EVENTS[-1]]
+    wrong = {**text_delta, "delta": {"type": "text_delta", "text": 42}}
+    fine = {**text_delta, "delta": {"type": "text_delta", "text": "fine"}}
+    replies = Replies(
+        *(
+            _sse(_anthropic_sse([start, text_start, delta, *stop]))(httpx2.Request("POST", "/"))
+            for delta in (wrong, fine)
+        )
+    )
+    agent = Agent(model=anthropic_model(replies), session_store=InMemorySessionStore())
+    settings = {"max_tokens": LONGEST_UNSTREAMED + 1}
+    with pytest.raises(ProtocolError, match=r"content_block_delta\.delta\.text is a number"):
+        await agent.run("the question", session_id="s", settings=settings)
+    assert _failed(spans) == {"chat": "ProtocolError", "invoke_agent": "ProtocolError"}
+    assert (await agent.run("again", session_id="s", settings=settings)).output == "fine"
+    assert "the question" in json.dumps(replies.bodies[1]["messages"])
