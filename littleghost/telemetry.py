@@ -233,7 +233,8 @@ def response_attributes(response: ModelResponse) -> dict[str, Any]:
 
 def usage_attributes(usage: Usage) -> dict[str, int]:
     """The GenAI usage attributes: input and output tokens always, the cache and
-    reasoning parts of them when the provider reported any."""
+    reasoning parts of them when the provider reported any; a count past an int64 (a
+    custom model's, or a run's sum) is left out, as OpenTelemetry cannot export it."""
     attributes = {USAGE_INPUT_TOKENS: usage.input_tokens, USAGE_OUTPUT_TOKENS: usage.output_tokens}
     parts = {
         USAGE_CACHE_READ_TOKENS: usage.cache_read_tokens,
@@ -241,7 +242,7 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
         USAGE_REASONING_TOKENS: usage.reasoning_tokens,
     }
     attributes.update((name, count) for name, count in parts.items() if count)
-    return attributes
+    return {name: count for name, count in attributes.items() if count <= _INT64_MAX}
 
 
 @contextmanager

@@ -487,6 +487,17 @@ async def test_settings_out_of_an_int64_stay_off_the_span(spans: Spans) -> None:
     assert "gen_ai.request.seed" not in chat and chat["gen_ai.request.max_tokens"] == 50
 
 
+async def test_usage_counts_past_an_int64_stay_off_the_spans(spans: Spans) -> None:
+    """A custom model's count OpenTelemetry cannot export is left off the chat and run
+    spans, not dropped later by the exporter with the rest; the other counts stay."""
+    answer = text_response("ok", input_tokens=2**63, output_tokens=3)
+    result = await Agent(model=ScriptedModel([answer])).run("hi")
+    assert result.usage.input_tokens == 2**63
+    for span in (spans.one("chat"), spans.one("invoke_agent")):
+        assert "gen_ai.usage.input_tokens" not in attributes(span)
+        assert attributes(span)["gen_ai.usage.output_tokens"] == 3
+
+
 class Unresolved(Agent):
     model = "no-such-provider:tiny"
 
