@@ -605,3 +605,22 @@ async def test_a_streamed_delta_of_another_type_fails_the_run_and_keeps_the_log(
     assert _failed(spans) == {"chat": "ProtocolError", "invoke_agent": "ProtocolError"}
     assert (await agent.run("again", session_id="s", settings=settings)).output == "fine"
     assert "the question" in json.dumps(replies.bodies[1]["messages"])
+
+
+async def test_a_streamed_block_of_a_kind_not_kept_takes_its_deltas(anthropic_model: Make) -> None:
+    """A server tool's block (web search) streams its input as ``input_json_delta``, as a
+    tool call does: it is left out of the answer, not an error."""
+    server_tool = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    events = [
+        ANTHROPIC_EVENTS[0],
+        {"type": "content_block_start", "index": 0, "content_block": server_tool},
+        {**ANTHROPIC_EVENTS[9], "index": 0},
+        {"type": "content_block_stop", "index": 0},
+        *ANTHROPIC_EVENTS[5:8],
+        {**ANTHROPIC_EVENTS[-2], "delta": {"stop_reason": "end_turn"}},
+        ANTHROPIC_EVENTS[-1],
+    ]
+    response = await _outcome(anthropic_model(_sse(_anthropic_sse(events))), streamed=True)
+    assert not isinstance(response, BaseException), response
+    assert response.message.text == "SECRET-ANSWER"
+    assert response.message.tool_calls == ()

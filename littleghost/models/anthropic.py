@@ -419,13 +419,17 @@ _DELTAS = {
     "input_json_delta": ("tool_use", "partial_json"),
 }
 """The kinds of streamed deltas kept: the kind of block each adds to, and its field."""
+_KEPT = frozenset({"text", "tool_use", *_THINKING})
+"""The kinds of blocks an answer keeps (``_part``); a delta to another is left out."""
 
 
 def _started(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """The index and the block of a ``content_block_start`` event."""
     index = index_of(PROVIDER, event.get("index"), "content_block_start.index")
-    block = shaped(PROVIDER, event.get("content_block"), "content_block_start.content_block")
-    return index, dict(block)
+    where = "content_block_start.content_block"
+    block = dict(shaped(PROVIDER, event.get("content_block"), where))
+    text_of(PROVIDER, block.get("type"), f"{where}.type", required=True)
+    return index, block
 
 
 def _opening(index: int, block: Mapping[str, Any]) -> ModelStreamEvent | None:
@@ -448,7 +452,7 @@ def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tu
 
     Raises:
         ProtocolError: The delta is of the wrong shape, continues no block started, or
-            continues a block of another kind (its text would be lost).
+            continues a block kept of another kind (its text would be lost).
     """
     index = index_of(PROVIDER, event.get("index"), "content_block_delta.index")
     delta = shaped(PROVIDER, event.get("delta"), "content_block_delta.delta")
@@ -457,6 +461,8 @@ def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tu
         return "", ""
     block_kind, field = _DELTAS[kind]
     block = blocks.get(index)
+    if block is not None and block.get("type") not in _KEPT:
+        return "", ""  # a block not kept (a server tool's input, ...)
     if block is None or block.get("type") != block_kind:
         raise ProtocolError(
             f"{PROVIDER}: the stream sent {kind} for content block {index}, which "
