@@ -624,3 +624,23 @@ async def test_a_streamed_block_of_a_kind_not_kept_takes_its_deltas(anthropic_mo
     assert not isinstance(response, BaseException), response
     assert response.message.text == "SECRET-ANSWER"
     assert response.message.tool_calls == ()
+
+
+async def test_openai_tool_calls_of_another_type_are_left_out_and_one_without_a_function_is_kept(
+    openai_model: Make,
+) -> None:
+    """A call of a kind littleghost never offers (a custom tool's) is left out, as an
+    unknown content kind is; a function call without its ``function`` keeps its place,
+    named ``""``, so the model is told that no such tool exists."""
+    calls = [
+        {"id": "call_a", "type": "custom", "custom": {"name": "grammar", "input": "x"}},
+        {"id": "call_b", "type": "function"},
+        {"id": "call_c", "type": "function", "function": {"name": "add", "arguments": "{}"}},
+    ]
+    model = openai_model(Replies(_openai_answer({"tool_calls": calls})))
+    response = await _outcome(model, streamed=False)
+    assert not isinstance(response, BaseException), response
+    assert [(call.id, call.name) for call in response.message.tool_calls] == [
+        ("call_b", ""),
+        ("call_c", "add"),
+    ]

@@ -439,7 +439,8 @@ def _legacy_call(provider: str) -> ProtocolError:
 
 def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, str | None]]:
     """The tool calls of an answer (at ``where``), each with its Google thought signature,
-    if any; a call without an id is ``call_N`` (N its place in the list).
+    if any; a call without an id is ``call_N`` (N its place in the list), one of a type
+    other than ``function`` is left out.
 
     Raises:
         ProtocolError: The list, a call, its function, id or name has another type.
@@ -448,6 +449,8 @@ def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, 
     for index, call in enumerate(listed(provider, raw, where)):
         at = f"{where}[{index}]"
         call = shaped(provider, call, at)
+        if text_of(provider, lookup(call, "type"), f"{at}.type") not in ("", "function"):
+            continue  # a kind of call littleghost never offers (a custom tool's)
         function = shaped(provider, lookup(call, "function"), f"{at}.function")
         made = ToolCall(
             text_of(provider, lookup(call, "id"), f"{at}.id") or f"call_{index}",
