@@ -11,12 +11,11 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
-
-from pydantic import BaseModel
 
 from littleghost import logs
 from littleghost._validators import digits_limit, is_int, safe_repr
@@ -362,8 +361,12 @@ def _kind(value: object) -> str:
 
 
 def _is_object(value: object) -> bool:
-    """True for a JSON object: a dict, or an SDK's model of one."""
-    return isinstance(value, (Mapping, BaseModel))
+    """True for a JSON object: a dict, or an SDK's (pydantic) model of one. pydantic is
+    not imported here: an SDK's model exists only once its SDK has imported it."""
+    if isinstance(value, Mapping):
+        return True
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(value, pydantic.BaseModel)
 
 
 def wrong_shape(provider: str, where: str, value: object, wanted: str) -> ProtocolError:
