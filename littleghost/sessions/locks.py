@@ -17,6 +17,10 @@ appends), and refuses an append of the holder once the session has another lengt
 holder's appends take their turns (``SessionLocks.writing``), so concurrent ones never
 read the same length.
 
+A task about to wait for a session is noted in ``waits.WAITS`` until it holds it, and
+so is each hold: a wait that would close a cycle of runs waiting for each other raises
+``SessionBusyError`` instead.
+
 ``TimeLeft`` carries the caller's deadline into the worker threads of the stores.
 """
 
@@ -43,6 +47,7 @@ from attrs import define, field, frozen
 from littleghost.errors import SessionBusyError, naming_session
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.forks import reset_in_child
+from littleghost.sessions.waits import WAITS, Wait
 
 __all__ = [
     "Hold",
@@ -331,7 +336,8 @@ class SessionLocks:
 
         Raises:
             SessionBusyError: The current task (or the run it belongs to) already holds
-                the session, so waiting would never end.
+                the session, or the session's holder waits for one it holds, so waiting
+                would never end.
         """
         _check_not_held(id(self), session_id)
         thread = threading.get_ident()
@@ -344,13 +350,22 @@ class SessionLocks:
             entry.users += 1
         ticket = entry.join()  # the thread's queue is in the line's order: no await between
         try:
-            async with queue.lock:
-                await entry.take(ticket)
+            wait = _wait_for(id(self), session_id)  # until it holds the session
+            try:
+                await queue.lock.acquire()
                 try:
-                    with _recorded(id(self), session_id):
-                        yield
-                finally:
-                    entry.give_back()
+                    await entry.take(ticket)
+                except BaseException:
+                    queue.lock.release()
+                    raise
+            finally:
+                WAITS.stop_waiting(wait)
+            try:
+                with _recorded(id(self), session_id):
+                    yield
+            finally:
+                entry.give_back()
+                queue.lock.release()
         finally:
             entry.leave(ticket)
             with self._guard:
@@ -424,6 +439,7 @@ def _recorded(owner: int, session_id: str) -> Iterator[None]:
     is open, and for the stream's block waiting on its run when that run is of this
     session (then the runs started inside record nothing for that waiter)."""
     hold = Hold(owner, session_id)
+    WAITS.hold((owner, session_id), hold)
     token = _HELD.set((*_HELD.get(), hold))
     waiter = _WAITED_BY.get()
     if waiter is not None and waiter.session_id == session_id:
@@ -437,6 +453,7 @@ def _recorded(owner: int, session_id: str) -> Iterator[None]:
         hold.active = False
         _WAITED_BY.reset(waited)
         _HELD.reset(token)
+        WAITS.release((owner, session_id), hold)
 
 
 def _seen_holds() -> Iterator[Hold]:
@@ -445,6 +462,17 @@ def _seen_holds() -> Iterator[Hold]:
     yield from _HELD.get()
     for holds in _WAITED_ON.get():
         yield from holds
+
+
+def _wait_for(owner: int, session_id: str) -> Wait:
+    """Note that the current task may wait for ``session_id`` of ``owner`` (until
+    ``WAITS.stop_waiting``).
+
+    Raises:
+        SessionBusyError: The session's holder waits, in turn, for a session the current
+            task (or the run it belongs to, or a stream it is reading) holds.
+    """
+    return WAITS.wait((owner, session_id), _HELD.get(), _WAITED_ON.get())
 
 
 def _check_not_held(owner: int, session_id: str) -> None:
@@ -468,7 +496,9 @@ def hold_session(store: SessionStore, session_id: str) -> AbstractAsyncContextMa
     (one per store object, dropped with it); runs in other processes are not waited for.
 
     Raises:
-        SessionBusyError: The current task already holds the session.
+        SessionBusyError: The current task already holds the session, or its holder in
+            this process waits (through nested runs and streams) for a session the
+            current task holds: waiting would never end.
         TypeError: The store's ``lock`` does not return an async context manager.
     """
     lock = getattr(store, "lock", None)
@@ -489,11 +519,16 @@ async def _store_hold(
 ) -> AsyncIterator[None]:
     """A store's own ``lock``, recorded as a hold of ``owner`` (the store object), as
     ``SessionLocks.hold`` records one (a lock of the store's own cannot tell a run that
-    would wait for itself); a store error taking it names the session."""
+    would wait for itself, or close a cycle); a store error taking it names the
+    session."""
     _check_not_held(owner, session_id)
     async with AsyncExitStack() as stack:
-        with naming_session(session_id):
-            await stack.enter_async_context(lock)
+        wait = _wait_for(owner, session_id)
+        try:
+            with naming_session(session_id):
+                await stack.enter_async_context(lock)
+        finally:
+            WAITS.stop_waiting(wait)
         with _recorded(owner, session_id):
             yield
 
