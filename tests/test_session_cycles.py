@@ -37,39 +37,66 @@ class Inner(Agent):
 
 class Visits:
     """Runs of sessions (one per session) whose ``visit`` tool runs another session once
-    every run holds its own; what the nested runs returned."""
+    every run holds its own, through ``via[session]`` nested runs of sessions of their
+    own first; what the nested runs returned, and which were refused."""
 
-    def __init__(self, store: SessionStore, targets: dict[str, str | None]) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        targets: dict[str, str | None],
+        via: dict[str, int] | None = None,
+    ) -> None:
         self.store = store
         self.targets = targets
+        self.via = via or {}
         self.barrier = threading.Barrier(len(targets))
         self.inner: dict[str, list[RunResult[str]]] = {}
+        self.passed: dict[str, RunResult[str]] = {}
         self.outer: dict[str, RunResult[str]] = {}
+        self.refused: dict[str, str] = {}
 
-    def agent(self, session: str) -> Agent:
+    def agent(self, origin: str) -> Agent:
+        """The agent of the run of ``origin``."""
+        hops = [f"{origin}-via{n}" for n in range(self.via.get(origin, 0))]
+        return self._visitor(origin, origin, [*hops, self.targets[origin] or ""])
+
+    def _visitor(self, origin: str, session: str, hops: list[str]) -> Agent:
+        """An agent for a run of ``session`` whose tool runs ``hops[0]`` (through the
+        rest of ``hops``, a nested run each)."""
         visits = self
 
         class Visitor(Agent):
             @tool
             async def visit(self, session: str) -> str:
                 """Run another agent's session (or none, for an empty name)."""
-                await anyio.to_thread.run_sync(visits.barrier.wait, WAIT)
-                if not session:
-                    await anyio.sleep(0.2)  # held while the others wait for it
-                    return "stayed"
-                model = ScriptedModel([text_response(f"inner {session}")])
-                inner = Inner(model=model, session_store=visits.store)
-                result = await inner.run("inner", session_id=session, timeout=WAIT)
-                visits.inner.setdefault(session, []).append(result)
-                return result.output
+                return await visits._visit(origin, session, hops)
 
         model = ScriptedModel(
-            [
-                tool_call_response("visit", {"session": self.targets[session] or ""}),
-                text_response(f"done {session}"),
-            ]
+            [tool_call_response("visit", {"session": hops[0]}), text_response(f"done {session}")]
         )
         return Visitor(model=model, session_store=self.store)
+
+    async def _visit(self, origin: str, session: str, hops: list[str]) -> str:
+        """Run ``session`` for the tool of a run on the way from ``origin``."""
+        if len(hops) == 1 + self.via.get(origin, 0):  # the run of origin itself
+            await anyio.to_thread.run_sync(self.barrier.wait, WAIT)
+        if not session:
+            await anyio.sleep(0.2)  # held while the others wait for it
+            return "stayed"
+        try:
+            if len(hops) > 1:
+                agent = self._visitor(origin, session, hops[1:])
+                result = await agent.run("via", session_id=session, timeout=WAIT)
+                self.passed[session] = result
+                return result.output
+            model = ScriptedModel([text_response(f"inner {session}")])
+            inner = Inner(model=model, session_store=self.store)
+            result = await inner.run("inner", session_id=session, timeout=WAIT)
+        except SessionBusyError as error:
+            self.refused[origin] = str(error)
+            raise
+        self.inner.setdefault(session, []).append(result)
+        return result.output
 
     async def run_all(self, how: str) -> None:
         async def run(session: str) -> None:
@@ -88,17 +115,9 @@ class Visits:
                 for session in self.targets:
                     group.start_soon(run, session)
 
-    def refusals(self) -> dict[str, str]:
-        """The tool results that are errors, by the session of the run whose tool failed."""
-        failed = {}
-        for session, result in self.outer.items():
-            (outcome,) = result.messages[2].tool_results
-            if outcome.is_error:
-                failed[session] = outcome.content
-        return failed
-
     async def check_logs(self) -> None:
-        """Each log is its outer run's, then the nested runs of it that ran, whole."""
+        """Each log is its outer run's, then the nested runs of it that ran, whole; the
+        log of each session passed through is its one run's."""
         for session, outer in self.outer.items():
             assert outer.output == f"done {session}"
             stored = await self.store.load(session)
@@ -110,6 +129,9 @@ class Visits:
                 "inner",
                 f"inner {session}",
             ] * len(inner)
+        for session, result in self.passed.items():
+            assert result.output == f"done {session}"
+            assert await self.store.load(session) == result.messages
 
 
 def cycle_message(cycle: list[str]) -> str:
@@ -138,10 +160,10 @@ async def closes_one_cycle(store: SessionStore, how: str, size: int) -> None:
     nexts = dict(zip(sessions, sessions[1:] + sessions[:1], strict=True))
     visits = Visits(store, dict(nexts))
     await visits.run_all(how)
-    refusals = visits.refusals()
-    assert len(refusals) == 1, refusals
-    ((closer, content),) = refusals.items()
-    assert "SessionBusyError" in content
+    assert len(visits.refused) == 1, visits.refused
+    ((closer, content),) = visits.refused.items()
+    (outcome,) = visits.outer[closer].messages[2].tool_results
+    assert outcome.is_error and "SessionBusyError" in outcome.content
     cycle = [nexts[closer]]
     while cycle[-1] != closer:
         cycle.append(nexts[cycle[-1]])
@@ -166,24 +188,24 @@ def cycles_of(targets: dict[str, str | None]) -> list[set[str]]:
     return found
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 async def test_refusals_match_the_cycles_of_random_visits(seed: int) -> None:
     """Random graphs of runs whose tools run another session (or none, holding theirs a
-    while): one run per cycle is refused, none off a cycle (those wait behind holders
-    that are not waiting for them), and every run completes."""
+    while), directly or through nested runs of sessions of their own: one run per cycle
+    is refused, none off a cycle (those wait behind holders that are not waiting for
+    them), and every run completes."""
     rng = random.Random(seed)
     sessions = [f"s{n}" for n in range(rng.randint(2, 6))]
     targets: dict[str, str | None] = {
         session: rng.choice([None, *(other for other in sessions if other != session)])
         for session in sessions
     }
-    visits = Visits(InMemorySessionStore(), targets)
+    via = {session: rng.choice([0, 0, 1, 2]) for session in sessions}
+    visits = Visits(InMemorySessionStore(), targets, via)
     await visits.run_all(rng.choice(["tasks", "threads"]))
-    refusals = visits.refusals()
     cycles = cycles_of(targets)
-    assert sorted(len(cycle & set(refusals)) for cycle in cycles) == [1] * len(cycles)
-    assert set(refusals) <= set().union(*cycles)
-    assert all("SessionBusyError" in content for content in refusals.values())
+    assert sorted(len(cycle & set(visits.refused)) for cycle in cycles) == [1] * len(cycles)
+    assert set(visits.refused) <= set().union(*cycles)
     await visits.check_logs()
 
 
