@@ -490,41 +490,22 @@ class TestConcurrentRuns:
             release.set()
         assert texts(await store.load("s")) == ["one", "first done", "two", "second done"]
 
-    async def test_run_sync_from_threads_takes_the_session_in_arrival_order(
-        self, store: SessionStore
+    @pytest.mark.parametrize(
+        "in_threads",
+        [frozenset(range(5)), frozenset({2, 4})],
+        ids=["threads", "event-loop-and-threads"],  # the others wait in this event loop
+    )
+    async def test_waiting_runs_take_the_session_in_arrival_order(
+        self, store: SessionStore, in_threads: frozenset[int]
     ) -> None:
-        in_tool = threading.Event()
-        release = threading.Event()
-        Blocking = blocking_until(in_tool, release)
-
-        first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
-        later = ScriptedModel([text_response(f"done {n}") for n in range(6)])
-
-        def run(model: ScriptedModel, question: str) -> None:
-            Blocking(model=model, session_store=store).run_sync(question, session_id="s")
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(anyio.to_thread.run_sync, run, first, "one")
-            await anyio.to_thread.run_sync(in_tool.wait)
-            for n in range(6):
-                group.start_soon(anyio.to_thread.run_sync, run, later, f"waiter {n}")
-                await anyio.sleep(0.1)  # each queued before the next arrives
-            release.set()
-
-        asked = [request.messages[-1].text for request in later.requests]
-        assert asked == [f"waiter {n}" for n in range(6)]
-        assert texts(await store.load("s"))[2::2] == asked
-
-    async def test_runs_waiting_in_an_event_loop_and_in_threads_take_it_in_arrival_order(
-        self, store: SessionStore
-    ) -> None:
+        """Runs waiting in threads (``run_sync``) and in this event loop, arriving in
+        turn, take the session in that order."""
         in_tool = threading.Event()
         release = threading.Event()
         Blocking = blocking_until(in_tool, release)
 
         first = ScriptedModel([tool_call_response("work", {}), text_response("first done")])
         later = ScriptedModel([text_response(f"done {n}") for n in range(5)])
-        in_threads = {2, 4}  # the others wait in this event loop, two of them before 2
 
         async with anyio.create_task_group() as group:
             holder = Blocking(model=first, session_store=store).run_sync
