@@ -550,6 +550,29 @@ class TestCalibration:
         (warning,) = [r.getMessage() for r in caplog.records if "overflowed at" in r.getMessage()]
         assert "within the 200000 tokens compacted for" in warning
 
+    async def test_overflows_belying_the_window_at_other_sizes_warn_once_per_model(
+        self, caplog: pytest.LogCaptureFixture, anyio_backend: str
+    ) -> None:
+        """Runs of a long-lived process whose overflows each belie the window at another
+        size: one warning for the model, not one (and a remembered figure) per size."""
+
+        @manage_context
+        class Assumed(Agent):
+            pass
+
+        history = [
+            m
+            for i in range(10)
+            for m in (Message.user(f"q{i} " * 40), Message.assistant("a " * 40))
+        ]
+        name = f"belied-sizes-{anyio_backend}"
+        for prompt in (1_000, 1_100, 1_200, 1_300):
+            overflow = ContextWindowOverflowError("prompt too long", prompt_tokens=prompt)
+            model = ScriptedModel([overflow, *[summarizing(text_response("ok"))] * 3], name=name)
+            assert (await Assumed(model=model).run("go", history=history)).output == "ok"
+        warned = [r.getMessage() for r in caplog.records if "overflowed at" in r.getMessage()]
+        assert len(warned) == 1 and "overflowed at 1" in warned[0]
+
 
 def twice_as_dense(request: ModelRequest) -> int:
     """The prompt tokens of a provider that counts the leading instructions and the tool

@@ -40,6 +40,7 @@ logger = logs.logger("littleghost.context")
 
 _assumed_windows: set[tuple[Any, ...]] = set()  # (provider, model name) pairs warned about
 _reported_windows: set[tuple[Any, ...]] = set()  # and (…, a smaller window reported)
+_belied_windows: set[tuple[Any, ...]] = set()  # and those an overflow's size belied
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -213,11 +214,11 @@ def reported_window(model: Model, window: int, reported: int | None) -> int:
 
 def belied_window(model: Model, window: int, overflowed: int) -> int:
     """The window after an overflow within ``window`` at ``overflowed`` tokens (prompt and
-    answer's room) that reported none: one token under it (warned about once)."""
+    answer's room) that reported none: one token under it (warned about once per model,
+    whatever the size: each overflow has its own)."""
     said = "overflowed at %d tokens (the prompt and its answer's room) without reporting "
     said += "its window, within the %d tokens compacted for; the run compacts for %d from now on"
-    key = (overflowed, 0)  # not a reported window's key
-    _warn_once(_reported_windows, model, key, said, overflowed, window, overflowed - 1)
+    _warn_once(_belied_windows, model, (), said, overflowed, window, overflowed - 1)
     return overflowed - 1
 
 
