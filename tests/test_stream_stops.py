@@ -152,8 +152,10 @@ class Body(httpx2.AsyncByteStream):
             yield piece
 
     async def aclose(self) -> None:
-        # a real connection's close awaits: a cancellation may cut it short
-        await anyio.lowlevel.checkpoint()
+        # a real connection's close awaits, shielded as httpcore's pool stream shields it
+        # (httpx2's own close, in a read a cancellation ends, is not, on Python 3.10)
+        with anyio.CancelScope(shield=True):
+            await anyio.lowlevel.checkpoint()
         self.closed = True
 
 
