@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -35,110 +35,27 @@ from typing import Any
 
 import anyio
 
-from littleghost import Agent, manage_context, tool
-from littleghost.errors import UnknownSessionError
-from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import (
     InMemorySessionStore,
     PostgresSessionStore,
     SessionStore,
     SQLiteSessionStore,
 )
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
-
-KINDS = ("tool", "managed", "stream", "stream_left", "cancelled", "timeout", "thread")
 
 
-def answering(request: ModelRequest) -> ModelResponse:
-    """A summary for a summary call, else a long answer (so that compaction triggers)."""
-    if request.purpose != "chat":
-        return text_response("summary of the earlier talk", input_tokens=40, output_tokens=8)
-    return text_response("an answer " * 100)
+def _requests() -> Any:
+    """``tests/growth.py`` of this checkout, the requests ``tests/test_growth.py`` checks,
+    loaded by its path: with ``--base`` it runs on the littleghost ``PYTHONPATH`` gives."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "growth.py"
+    spec = importlib.util.spec_from_file_location("growth_requests", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def script(kind: str) -> list[Any]:
-    if kind == "tool":
-        return [tool_call_response("lookup", {"order": "42"}), text_response("done")] * 2
-    if kind in ("cancelled", "timeout"):
-        return [_stalled] * 2
-    return [answering] * 6
-
-
-async def _stalled(request: ModelRequest) -> ModelResponse:
-    await anyio.sleep(3600)
-    raise AssertionError("not reached")
-
-
-def agent_classes(store: SessionStore) -> tuple[type[Agent], type[Agent]]:
-    class Support(Agent):
-        instructions = "You help customers."
-        session_store = store
-
-        @tool
-        async def lookup(self, order: str) -> str:
-            """Find an order."""
-            return f"order {order}: shipped"
-
-    @manage_context(preserve_recent_messages=2)
-    class Managed(Support):
-        pass
-
-    return Support, Managed
-
-
-async def request(
-    classes: tuple[type[Agent], type[Agent]], kind: str, session_id: str, store: SessionStore
-) -> None:
-    support, managed = classes
-    agent = (managed if kind == "managed" else support)(
-        model=ScriptedModel(script(kind), context_window=300)
-    )
-    questions = ["Where is order 42?", "And order 43?"]
-    if kind == "managed":  # the third run compacts the first two
-        questions.append("And order 44?")
-    for question in questions:
-        if kind == "stream":
-            async with agent.stream(question, session_id=session_id) as events:
-                async for _ in events:
-                    pass
-        elif kind == "stream_left":  # the reader leaves at the first event
-            async with agent.stream(question, session_id=session_id) as events:
-                async for _ in events:
-                    break
-        elif kind == "cancelled":
-            with anyio.move_on_after(0.001):
-                await agent.run(question, session_id=session_id)
-        elif kind == "timeout":
-            try:
-                await agent.run(question, session_id=session_id, timeout=0.001)
-            except TimeoutError:
-                pass
-        elif kind == "thread":
-            await anyio.to_thread.run_sync(in_thread, agent, question, session_id)
-        else:
-            await agent.run(question, session_id=session_id)
-    try:
-        await store.delete(session_id)
-    except UnknownSessionError:  # a cancelled or timed-out run stored nothing
-        pass
-
-
-def in_thread(agent: Agent, question: str, session_id: str) -> None:
-    """``agent.run_sync`` in a thread of its own (an event loop of its own), as a
-    synchronous web framework's request thread calls it."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            agent.run_sync(question, session_id=session_id)
-        except BaseException as error:  # raised in the caller's thread below
-            failed.append(error)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+REQUESTS = _requests()
+KINDS: tuple[str, ...] = REQUESTS.KINDS
 
 
 def live_types() -> collections.Counter[str]:
@@ -148,7 +65,6 @@ def live_types() -> collections.Counter[str]:
 async def workload(
     store: SessionStore, runs: int, batches: int, show: int, lines: int
 ) -> list[int]:
-    classes = agent_classes(store)
     sizes: list[int] = []
     counted = 0
     before: collections.Counter[str] = collections.Counter()
@@ -156,7 +72,7 @@ async def workload(
     for batch in range(batches + 1):
         for _ in range(runs):
             kind = KINDS[counted % len(KINDS)]
-            await request(classes, kind, f"session-{counted}", store)
+            await REQUESTS.serve(kind, store, f"session-{counted}")
             counted += 1
         gc.collect()
         size = tracemalloc.get_traced_memory()[0]
