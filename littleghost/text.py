@@ -346,8 +346,10 @@ def _rebuilt(value: object) -> object:
         return well_formed(str.__str__(value))
     if isinstance(value, bool) or value is None:
         return value
-    if isinstance(value, int | float):
-        return _as_base(value, int if isinstance(value, int) else float)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
     if isinstance(value, Mapping):
         return {well_formed(str.__str__(key)): _rebuilt(item) for key, item in value.items()}
     if isinstance(value, list):
