@@ -105,6 +105,20 @@ async def until_failed(events: RunStream) -> None:
             await anyio.sleep(0.01)
 
 
+def waiting_agent(started: anyio.Event) -> type[Agent]:
+    """An agent class whose tool ``wait`` sets ``started`` and then waits 10 s."""
+
+    class Slow(Agent):
+        @tool
+        async def wait(self) -> str:
+            """Wait."""
+            started.set()
+            await anyio.sleep(10)
+            return "never"
+
+    return Slow
+
+
 class TestEvents:
     async def test_order_with_a_compaction_and_a_tool_call(self) -> None:
         """Compaction, model call, tool call, streamed answer, run finished — in order."""
@@ -415,13 +429,7 @@ class TestStopping:
         """A break after the first delta cancels the model call; spans end; log is usable."""
         finished = anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def wait(self) -> str:
-                """Wait."""
-                finished.set()
-                await anyio.sleep(10)
-                return "never"
+        Slow = waiting_agent(finished)
 
         calls = [ToolCall("w", "wait", {})]
         model = ScriptedModel(
@@ -458,13 +466,7 @@ class TestStopping:
         generator opened.)"""
         started = anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def wait(self) -> str:
-                """Wait."""
-                started.set()
-                await anyio.sleep(10)
-                return "never"
+        Slow = waiting_agent(started)
 
         store = InMemorySessionStore()
         model = ScriptedModel([tool_call_response("wait", {}, call_id="w"), text_response("on")])
@@ -521,13 +523,7 @@ class TestStopping:
         while the block is still open."""
         started = anyio.Event()
 
-        class Slow(Agent):
-            @tool
-            async def wait(self) -> str:
-                """Wait."""
-                started.set()
-                await anyio.sleep(10)
-                return "never"
+        Slow = waiting_agent(started)
 
         store = InMemorySessionStore()
         model = ScriptedModel([tool_call_response("wait", {}, call_id="w"), text_response("x")])
