@@ -204,15 +204,14 @@ class _TurnWait:
                 entry.turns.wait(_POLL)
 
     def abandon(self) -> None:
-        """Stop waiting: leave the line, or let the session go if the thread took it."""
+        """Stop waiting, and let the session go if the thread took it (the run that
+        gave up then leaves the line: ``_Entry.leave``)."""
         entry = self._entry
         with entry.turns:
             self._abandoned = True
             if self._taken:
                 self._taken = entry.held = False
-            elif self._ticket in entry.line:
-                entry.line.remove(self._ticket)
-            entry.turns.notify_all()
+                entry.turns.notify_all()
 
 
 class _SlotWait:
