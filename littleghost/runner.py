@@ -47,6 +47,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
+from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_parts, check_results
 from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
@@ -230,7 +231,11 @@ async def run(
         except BaseException:
             with telemetry.open_span(name, attributes=attributes):
                 raise  # a model that cannot be resolved fails a span too
-        with telemetry.open_span(name, attributes=attributes) as span:
+        with (
+            stopped_at_exit(agent.cleanup_grace) as stopping,
+            telemetry.open_span(name, attributes=attributes) as span,
+            stopping,
+        ):
             runs: list[RunContext] = []
 
             def seen(context: RunContext) -> None:

@@ -1,0 +1,113 @@
+"""Runs under way in daemon threads as the interpreter exits.
+
+The interpreter does not wait for a daemon thread (a request thread of ``http.server``,
+Django's ``runserver`` or waitress): it stops it wherever it is, and a run there left its
+tool calls unanswered and its spans never ended. As the interpreter begins to exit, before
+it joins its other threads and runs the ``atexit`` callbacks (a tracer provider's flush
+among them), such a run is stopped as if ``SystemExit`` were raised in it, and the exit
+waits for it, its cleanup grace at most: it answers its open calls, its ``invoke_agent``
+span ends ERROR, and ``SystemExit`` leaves the run (``run_sync()`` in that thread, which
+ends quietly). A run in any other thread is left alone: the interpreter waits for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import TracebackType
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+__all__ = ["stopped_at_exit"]
+
+_MARGIN = 0.5
+"""Seconds the exit waits for stopped runs beyond their grace (their loops' own turns)."""
+
+
+class _Run:
+    """A run in a daemon thread: the scope it runs in, and how to stop it from the thread
+    the interpreter exits in."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.token = anyio.lowlevel.current_token()
+        self.scope = anyio.CancelScope()
+        self.exiting = False
+        self.ended = threading.Event()
+
+    def __enter__(self) -> None:
+        self.scope.__enter__()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        """Leave the scope; a run the exit stopped raises ``SystemExit``."""
+        caught = self.scope.__exit__(kind, error, traceback)
+        if self.exiting and self.scope.cancelled_caught:
+            raise SystemExit("the interpreter exited during the run") from None
+        return bool(caught)
+
+    def stop(self) -> None:
+        """Stop the run for the exit (in its event loop)."""
+        self.exiting = True
+        self.scope.cancel()
+
+    def stop_from_elsewhere(self) -> None:
+        """``stop()`` from another thread, which this one waits on (its loop may be busy;
+        one already ended has nothing to stop)."""
+        try:
+            anyio.from_thread.run_sync(self.stop, token=self.token)
+        except Exception:  # the loop ended meanwhile, as its backend tells it
+            return
+
+
+_RUNS: set[_Run] = set()
+_GUARD = threading.Lock()
+
+
+def _stop_runs() -> None:
+    """Stop the runs under way in daemon threads; wait until they end, each grace at most."""
+    with _GUARD:
+        runs = list(_RUNS)
+    if not runs:
+        return
+    until = time.monotonic() + max(run.grace for run in runs) + _MARGIN
+    for run in runs:
+        threading.Thread(target=run.stop_from_elsewhere, daemon=True).start()
+    for run in runs:
+        run.ended.wait(max(until - time.monotonic(), 0.0))
+
+
+# Called as the interpreter exits, before it joins the threads (atexit callbacks come
+# after that); ``atexit`` where Python has no such hook.
+getattr(threading, "_register_atexit", atexit.register)(_stop_runs)
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_RUNS.clear)
+
+
+@contextmanager
+def stopped_at_exit(grace: float) -> Iterator[AbstractContextManager[None]]:
+    """Around a run (and its span): in a daemon thread, the run is stopped as the
+    interpreter exits, within ``grace`` seconds. Yields the context to run it in, inside
+    its span (where it raises ``SystemExit``); the exit waits until this one ends."""
+    if not threading.current_thread().daemon:
+        yield nullcontext()
+        return
+    run = _Run(grace)
+    with _GUARD:
+        _RUNS.add(run)
+    try:
+        yield run
+    finally:
+        with _GUARD:
+            _RUNS.discard(run)
+        run.ended.set()
