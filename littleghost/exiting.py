@@ -16,7 +16,7 @@ import atexit
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import TracebackType
 
@@ -24,7 +24,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__ = ["stopped_at_exit"]
+__all__ = ["at_exit", "stopped_at_exit"]
 
 _MARGIN = 0.5
 """Seconds the exit waits for stopped runs beyond their grace (their loops' own turns)."""
@@ -87,9 +87,14 @@ def _stop_runs() -> None:
         run.ended.wait(max(until - time.monotonic(), 0.0))
 
 
-# Called as the interpreter exits, before it joins the threads (atexit callbacks come
-# after that); ``atexit`` where Python has no such hook.
-getattr(threading, "_register_atexit", atexit.register)(_stop_runs)
+def at_exit(callback: Callable[[], None]) -> None:
+    """Call ``callback`` as the interpreter begins to exit, before it joins its threads
+    (the ``atexit`` callbacks come after that; ``atexit`` where Python has no such hook).
+    Callbacks are called in the reverse of the order they were given in."""
+    getattr(threading, "_register_atexit", atexit.register)(callback)
+
+
+at_exit(_stop_runs)
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
     os.register_at_fork(after_in_child=_RUNS.clear)
 

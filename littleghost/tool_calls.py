@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import threading
 import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -17,6 +18,7 @@ from attrs import frozen
 
 from littleghost import logs
 from littleghost._validators import digits_limit, holds_unwritable
+from littleghost.exiting import at_exit
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.tool_types import ImageNotJson, to_json
 
@@ -163,6 +165,32 @@ async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str
     return outcome
 
 
+_LEFT: set[_ThreadCall] = set()
+"""Calls the runs stopped waiting for, still running in threads the interpreter's exit
+waits for (not daemon threads: asyncio's, under anyio; trio's are)."""
+_LEFT_GUARD = threading.Lock()
+
+
+def _say_what_the_exit_waits_for() -> None:
+    """As the interpreter exits: name the calls it waits for (it seems to hang else)."""
+    with _LEFT_GUARD:
+        names = sorted(call.name for call in _LEFT)
+    if names:
+        logger.warning(
+            "the process waits to exit until %d sync tool call%s that stopped runs left "
+            "running return%s (a thread cannot be stopped): %s",
+            len(names),
+            "" if len(names) == 1 else "s",
+            "s" if len(names) == 1 else "",
+            ", ".join(repr(name) for name in names),
+        )
+
+
+at_exit(_say_what_the_exit_waits_for)
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_LEFT.clear)
+
+
 class _ThreadCall:
     """One sync tool call in a worker thread, and whether its caller stopped waiting."""
 
@@ -174,12 +202,15 @@ class _ThreadCall:
         self.outcome: str | None = None  # "returned" or "raised ...", once finished
         self.coroutine: Coroutine[Any, Any, Any] | None = None
         """A coroutine the call returned, closed if nobody will await it."""
+        self.holds_exit = False
+        """Whether its thread is one the interpreter's exit waits for, once it runs."""
 
     def run(self) -> Outcome:
         """Run in the worker thread, which keeps nothing of the call once it is done (the
         tool's bound method would keep its agent alive while the thread winds down)."""
         call, self.call = self.call, None
         assert call is not None
+        self.holds_exit = not threading.current_thread().daemon
         try:
             value = call()
         except BaseException as error:
@@ -194,6 +225,8 @@ class _ThreadCall:
             self.coroutine = value if inspect.iscoroutine(value) else None
             late = self.abandoned
         if late:
+            with _LEFT_GUARD:
+                _LEFT.discard(self)
             self.discarded(outcome)
 
     def abandon(self) -> None:
@@ -201,6 +234,9 @@ class _ThreadCall:
         with self.lock:
             self.abandoned = True
             outcome = self.outcome
+            if outcome is None and self.holds_exit:
+                with _LEFT_GUARD:
+                    _LEFT.add(self)
         if outcome is not None:
             self.discarded(outcome)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import anyio
@@ -98,3 +100,69 @@ def test_a_run_in_a_daemon_thread_at_exit_answers_its_call_and_ends_its_span(
         return [result.is_error for message in log for result in message.tool_results]
 
     assert anyio.run(stored) == [True]  # the call is answered, as stopped
+
+
+LEFT_RUNNING = textwrap.dedent(
+    """
+    import asyncio
+    import sys
+
+    from littleghost import Agent, tool
+    from littleghost.testing import ScriptedModel, tool_call_response
+
+
+    class Support(Agent):
+        model = ScriptedModel([tool_call_response("look_up", {"order": "42"})])
+
+        @tool
+        def look_up(self, order: str) -> str:
+            \"\"\"Look an order up (a blocking client, whose call cannot be stopped).\"\"\"
+            print("looking", flush=True)
+            return sys.stdin.readline()
+
+
+    asyncio.run(Support().run("Where is order 42?"))
+    """
+)
+
+
+def test_the_exit_says_it_waits_for_a_sync_tool_a_stopped_run_left_running() -> None:
+    """Ctrl-C stops the run at once, but under asyncio the process then waits for the
+    tool's thread, which no one can stop (trio's threads do not hold up an exit): it
+    seemed to hang after the traceback. The exit says what it waits for, in one line."""
+    with subprocess.Popen(
+        [sys.executable, "-c", LEFT_RUNNING],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell starts it
+    ) as child:
+        assert child.stdout is not None and child.stderr is not None and child.stdin is not None
+        returns = threading.Timer(30, child.stdin.close)  # the tool's call, if nothing is said
+        try:
+            assert child.stdout.readline() == "looking\n"
+            child.send_signal(signal.SIGINT)
+            returns.start()
+            said = ""
+            while line := child.stderr.readline():  # the traceback, then what the exit waits for
+                said = line
+                if said.startswith("the process waits"):
+                    break
+            returns.cancel()
+            child.stdin.close()
+            rest = child.stderr.read()
+            child.wait(timeout=60)
+        finally:
+            returns.cancel()
+            child.kill()  # not left behind when it hangs
+    assert said == (
+        "the process waits to exit until 1 sync tool call that stopped runs left running "
+        "returns (a thread cannot be stopped): 'look_up'\n"
+    )
+    assert (child.returncode, rest) == (
+        -signal.SIGINT,
+        "tool 'look_up': a call the run stopped waiting for has returned; its late result "
+        "was discarded\n",
+    )
