@@ -1,5 +1,5 @@
-"""Shared fixtures: both anyio backends, spans and metrics captured in memory, and a
-PostgreSQL server."""
+"""Shared fixtures: both anyio backends, spans and metrics captured in memory, the SDKs'
+clients over mock transports, and a PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import shutil
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from opentelemetry import metrics, trace
@@ -28,6 +28,9 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadFileScheduling
 
 from tests.ci import missing
+
+if TYPE_CHECKING:
+    from tests.sdk_bodies import SDKClients
 
 POSTGRES_DSN_VARIABLE = "LITTLEGHOST_TEST_POSTGRES_DSN"
 
@@ -208,6 +211,17 @@ def histograms() -> Histograms:
     """Histogram points recorded during the test (what came before is read and dropped)."""
     _metric_reader.get_metrics_data()
     return Histograms()
+
+
+@pytest.fixture
+async def sdk_clients() -> AsyncIterator[SDKClients]:
+    """Makes the SDKs' clients over mock transports (``tests/sdk_bodies.py``); closes
+    them after the test."""
+    from tests.sdk_bodies import SDKClients  # the SDKs, only for the tests that use them
+
+    clients = SDKClients()
+    yield clients
+    await clients.aclose()
 
 
 @pytest.fixture(scope="session")

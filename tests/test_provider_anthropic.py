@@ -8,7 +8,7 @@ import logging
 import math
 import sys
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
@@ -56,145 +56,33 @@ from littleghost.sessions import InMemorySessionStore
 from littleghost.tool_types import json_schema
 
 from .conversations import PerMessage
+from .sdk_bodies import (
+    Answer,
+    EndlessBody,
+    FakeServer,
+    SDKClients,
+    anthropic_error,
+    anthropic_sse,
+    event_stream,
+    finish,
+    message,
+    message_start,
+    text_block,
+    thinking_block,
+    tool_use_block,
+)
 
 if TYPE_CHECKING:
     from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
-Answer = httpx2.Response | BaseException | Callable[[httpx2.Request], Any]
-
-
-class FakeServer:
-    """Plays one answer per HTTP request and records the requests."""
-
-    def __init__(self, *answers: Answer) -> None:
-        self.answers = list(answers)
-        self.requests: list[httpx2.Request] = []
-
-    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        answer = self.answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        if callable(answer):
-            answer = answer(request)
-            if not isinstance(answer, httpx2.Response):
-                answer = await answer
-        return answer
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(request.content) for request in self.requests]
-
-
-def message(
-    content: list[dict[str, Any]],
-    stop_reason: str = "end_turn",
-    usage: dict[str, int] | None = None,
-) -> httpx2.Response:
-    return httpx2.Response(
-        200,
-        json={
-            "id": "msg_01",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-sonnet-5",
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": None,
-            "usage": usage or {"input_tokens": 25, "output_tokens": 6},
-        },
-    )
-
-
-def sse(*events: dict[str, Any]) -> bytes:
-    return b"".join(
-        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
-    )
-
-
-def event_stream(content: bytes) -> httpx2.Response:
-    return httpx2.Response(200, content=content, headers={"content-type": "text/event-stream"})
-
-
-def error(
-    status: int, kind: str, text: str, headers: dict[str, str] | None = None
-) -> httpx2.Response:
-    body = {"type": "error", "error": {"type": kind, "message": text}, "request_id": "req_011"}
-    return httpx2.Response(status, json=body, headers=headers)
-
-
-START = {
-    "type": "message_start",
-    "message": {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-5",
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1},
-    },
-}
-
-
-def text_block(index: int, *pieces: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "content_block_start",
-            "index": index,
-            "content_block": {"type": "text", "text": ""},
-        },
-        *(
-            {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "text_delta", "text": piece},
-            }
-            for piece in pieces
-        ),
-        {"type": "content_block_stop", "index": index},
-    ]
-
-
-def finish(stop_reason: str, output_tokens: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens},
-        },
-        {"type": "message_stop"},
-    ]
+START = message_start({"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1})
 
 
 @pytest.fixture
-async def clients() -> AsyncIterator[list[anthropic.AsyncAnthropic]]:
-    made: list[anthropic.AsyncAnthropic] = []
-    yield made
-    for client in made:
-        await client.close()
-
-
-@pytest.fixture
-def make_model(clients: list[anthropic.AsyncAnthropic]) -> Callable[..., AnthropicModel]:
-    def make(
-        server: FakeServer,
-        base_url: str | None = None,
-        name: str = "claude-sonnet-5",
-        **options: Any,
-    ) -> AnthropicModel:
-        client = anthropic.AsyncAnthropic(
-            api_key="sk-ant-test",
-            base_url=base_url,
-            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
-        )
-        clients.append(client)
-        return AnthropicModel(name, client=client, **options)
-
-    return make
+def make_model(sdk_clients: SDKClients) -> Callable[..., AnthropicModel]:
+    return sdk_clients.anthropic_model
 
 
 ADD = ToolSpec(
@@ -381,7 +269,7 @@ async def test_the_prompt_is_counted_by_the_count_tokens_endpoint(
     figure; an error there is mapped as a call's is."""
     server = FakeServer(
         httpx2.Response(200, json={"input_tokens": 1234}),
-        error(529, "overloaded_error", "Overloaded"),
+        anthropic_error(529, "overloaded_error", "Overloaded"),
     )
     request = ModelRequest(
         [Message.system("You are terse."), Message.user("hello")],
@@ -408,13 +296,13 @@ async def test_a_server_without_the_count_endpoint_is_asked_once(
     """A server without /v1/messages/count_tokens (a gateway, a cloud's own endpoint) is
     asked once; a client error fails only that count, and three in a row end the asking
     with a warning, as ``OpenAIModel``'s do."""
-    absent = FakeServer(error(404, "not_found_error", "Not Found"))
+    absent = FakeServer(anthropic_error(404, "not_found_error", "Not Found"))
     model = make_model(absent)
     request = ModelRequest([Message.user("hello")])
     assert await model.count_prompt_tokens(request) is None
     assert await model.count_prompt_tokens(request) is None
     assert len(absent.requests) == 1
-    refusal = error(400, "invalid_request_error", "Unable to download the image")
+    refusal = anthropic_error(400, "invalid_request_error", "Unable to download the image")
     counted = httpx2.Response(200, json={"input_tokens": 7})
     server = FakeServer(refusal, refusal, counted, refusal, refusal, refusal)
     model = make_model(server)
@@ -569,7 +457,7 @@ async def test_text_a_block_starts_with_is_streamed(
         "index": 1,
         "delta": {"type": "thinking_delta", "thinking": "let me see."},
     }
-    events_sent = sse(START, start, delta, thinking, more, *finish("end_turn", 2))
+    events_sent = anthropic_sse(START, start, delta, thinking, more, *finish("end_turn", 2))
     server = FakeServer(event_stream(events_sent))
     events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hi")]))]
     assert events[:-1] == [
@@ -594,7 +482,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     usage = {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1}
     server = FakeServer(
         message([{"type": "text", "text": "x"}], stop_reason=stopped, usage=usage),
-        event_stream(sse(START, *text_block(0, "x"), *finish(stopped, 1))),
+        event_stream(anthropic_sse(START, *text_block(0, "x"), *finish(stopped, 1))),
     )
     model = make_model(server)
     request = ModelRequest([Message.user("hi")])
@@ -611,14 +499,14 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     ("answer", "kind", "attributes"),
     [
         (
-            error(
+            anthropic_error(
                 400, "invalid_request_error", "prompt is too long: 208310 tokens > 200000 maximum"
             ),
             ContextWindowOverflowError,
             {"status": 400, "prompt_tokens": 208310, "context_window": 200000},
         ),
         (
-            error(
+            anthropic_error(
                 400,
                 "invalid_request_error",
                 "input length and `max_tokens` exceed context limit: 197434 + 8192 > 200000, "
@@ -628,7 +516,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
             {"prompt_tokens": 197434, "context_window": 200000},
         ),
         (
-            error(
+            anthropic_error(
                 429,
                 "rate_limit_error",
                 "This request would exceed the rate limit for your organization of 40,000 input "
@@ -638,19 +526,25 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
             RateLimitError,
             {"status": 429, "retry_after": 17.0, "code": "rate_limit_error"},
         ),
-        (error(529, "overloaded_error", "Overloaded"), ProviderUnavailableError, {"status": 529}),
         (
-            error(500, "api_error", "Internal server error"),
+            anthropic_error(529, "overloaded_error", "Overloaded"),
+            ProviderUnavailableError,
+            {"status": 529},
+        ),
+        (
+            anthropic_error(500, "api_error", "Internal server error"),
             ProviderUnavailableError,
             {"status": 500},
         ),
         (
-            error(401, "authentication_error", "invalid x-api-key"),
+            anthropic_error(401, "authentication_error", "invalid x-api-key"),
             InvalidRequestError,
             {"status": 401, "code": "authentication_error"},
         ),
         (
-            error(413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+            anthropic_error(
+                413, "request_too_large", "Request exceeds the maximum allowed number of bytes."
+            ),
             InvalidRequestError,
             {"status": 413},
         ),
@@ -767,7 +661,7 @@ async def test_an_html_page_sent_with_a_200_is_transient(
 async def test_an_error_sent_with_a_200_is_classified(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
-    server = FakeServer(error(200, "overloaded_error", "Overloaded"))
+    server = FakeServer(anthropic_error(200, "overloaded_error", "Overloaded"))
     with pytest.raises(ProviderUnavailableError, match="Overloaded"):
         await make_model(server).respond(ModelRequest([Message.user("hi")]))
 
@@ -787,31 +681,11 @@ async def test_stream_yields_text_tool_calls_and_usage(
 ) -> None:
     server = FakeServer(
         event_stream(
-            sse(
+            anthropic_sse(
                 START,
                 {"type": "ping"},
                 *text_block(0, "Let me ", "add."),
-                {
-                    "type": "content_block_start",
-                    "index": 1,
-                    "content_block": {
-                        "type": "tool_use",
-                        "id": "toolu_1",
-                        "name": "add",
-                        "input": {},
-                    },
-                },
-                {
-                    "type": "content_block_delta",
-                    "index": 1,
-                    "delta": {"type": "input_json_delta", "partial_json": '{"a": 1'},
-                },
-                {
-                    "type": "content_block_delta",
-                    "index": 1,
-                    "delta": {"type": "input_json_delta", "partial_json": ', "b": 2}'},
-                },
-                {"type": "content_block_stop", "index": 1},
+                *tool_use_block(1, "toolu_1", "add", '{"a": 1', ', "b": 2}'),
                 *finish("tool_use", 17),
             )
         )
@@ -837,7 +711,9 @@ async def test_an_answer_longer_than_an_unstreamed_call_takes_is_streamed(
     """The SDK refuses an unstreamed call that may take over ten minutes (``ValueError``,
     nothing sent): a run asking for a long answer gets it through a stream."""
     server = FakeServer(
-        event_stream(sse(START, *text_block(0, "A long ", "essay."), *finish("end_turn", 9)))
+        event_stream(
+            anthropic_sse(START, *text_block(0, "A long ", "essay."), *finish("end_turn", 9))
+        )
     )
 
     class Writer(Agent):
@@ -983,14 +859,16 @@ async def test_a_conversation_that_starts_with_the_assistant_is_sent_after_a_use
 
 async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel]) -> None:
     before = FakeServer(
-        error(400, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum")
+        anthropic_error(
+            400, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum"
+        )
     )
     with pytest.raises(ContextWindowOverflowError):
         async for _ in make_model(before).stream(ModelRequest([Message.user("hi")])):
             pass
     midway = FakeServer(
         event_stream(
-            sse(START, *text_block(0, "par")[:2])
+            anthropic_sse(START, *text_block(0, "par")[:2])
             + b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
         )
     )
@@ -1001,7 +879,7 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel
     assert seen == [TextChunk("par")]
 
 
-CUT = sse(START, *text_block(0, "The answer is ", "forty"))
+CUT = anthropic_sse(START, *text_block(0, "The answer is ", "forty"))
 
 
 @pytest.mark.parametrize(
@@ -1009,7 +887,7 @@ CUT = sse(START, *text_block(0, "The answer is ", "forty"))
     [
         pytest.param(event_stream(CUT), id="no message_stop"),
         pytest.param(
-            event_stream(sse(START, *text_block(0, "forty"), *finish("end_turn", 2)[:1])),
+            event_stream(anthropic_sse(START, *text_block(0, "forty"), *finish("end_turn", 2)[:1])),
             id="message_delta without message_stop",
         ),
         pytest.param(
@@ -1034,7 +912,7 @@ async def test_a_stream_that_ends_before_its_end_is_transient(
 async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
-    whole = sse(START, *text_block(0, "The answer is 42."), *finish("end_turn", 5))
+    whole = anthropic_sse(START, *text_block(0, "The answer is 42."), *finish("end_turn", 5))
     server = FakeServer(event_stream(CUT), event_stream(whole))
     async with Agent(model=make_model(server)).stream("hi") as events:
         received = [event async for event in events]
@@ -1045,25 +923,10 @@ async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     ]
 
 
-class EndlessBody(httpx2.AsyncByteStream):
-    """A response body that sends one piece, then waits; it records being closed."""
-
-    def __init__(self, first: bytes) -> None:
-        self.first = first
-        self.closed = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.first
-        await anyio.sleep_forever()
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
 async def test_closing_a_stream_early_closes_the_response(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
-    body = EndlessBody(sse(START, *text_block(0, "first")[:2]))
+    body = EndlessBody(anthropic_sse(START, *text_block(0, "first")[:2]))
     answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
     stream = make_model(FakeServer(answer)).stream(ModelRequest([Message.user("hi")]))
     assert await stream.__anext__() == TextChunk("first")
@@ -1548,39 +1411,13 @@ async def test_a_stream_yields_thinking_and_keeps_its_signature(
     """Thinking deltas stream as reasoning chunks; the signature delta completes the
     block, and a block the stream left unsigned keeps an empty signature."""
 
-    def thinking(index: int, pieces: list[str], signature: str | None) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = [
-            {
-                "type": "content_block_start",
-                "index": index,
-                "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-            },
-            *(
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "thinking_delta", "thinking": piece},
-                }
-                for piece in pieces
-            ),
-        ]
-        if signature is not None:
-            events.append(
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "signature_delta", "signature": signature},
-                }
-            )
-        return [*events, {"type": "content_block_stop", "index": index}]
-
     server = FakeServer(
         event_stream(
-            sse(
+            anthropic_sse(
                 START,
-                *thinking(0, ["Let me ", "think."], "sig-9"),
+                *thinking_block(0, "Let me ", "think.", signature="sig-9"),
                 *text_block(1, "Done."),
-                *thinking(2, ["More"], None),
+                *thinking_block(2, "More", signature=None),
                 *finish("end_turn", 12),
             )
         )
@@ -1670,7 +1507,7 @@ class TestChatSpanMetadata:
     async def test_a_stream(self, make_model: Callable[..., AnthropicModel], spans: Spans) -> None:
         """From a stream: the id and model of message_start, gen_ai.request.stream = true,
         and a proxy's host and port without its credentials."""
-        body = sse(START, *text_block(0, "o", "k"), *finish("end_turn", 2))
+        body = anthropic_sse(START, *text_block(0, "o", "k"), *finish("end_turn", 2))
         url = "http://user:S3CR3T@127.0.0.1:4000/anthropic?token=S3CR3T"
         model = make_model(FakeServer(event_stream(body)), base_url=url)
         async with Agent(model=model).stream("hi") as events:
@@ -1688,7 +1525,7 @@ class TestChatSpanMetadata:
         """A message_start without id or model leaves them None."""
         start = {**START, "message": {**START["message"], "id": None}}
         del start["message"]["model"]
-        body = sse(start, *text_block(0, "ok"), *finish("end_turn", 2))
+        body = anthropic_sse(start, *text_block(0, "ok"), *finish("end_turn", 2))
         events = [
             e
             async for e in make_model(FakeServer(event_stream(body))).stream(

@@ -43,124 +43,27 @@ from littleghost.models.overflow import MAX_DETAIL_CHARS
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
 from littleghost.sessions import InMemorySessionStore
 
+from .sdk_bodies import (
+    Answer,
+    EndlessBody,
+    FakeServer,
+    SDKClients,
+    chunk,
+    completion,
+    error_answer,
+    event_stream,
+    openai_sse,
+)
+
 if TYPE_CHECKING:
     from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
-Answer = httpx2.Response | BaseException | Callable[[httpx2.Request], Any]
-
-
-class FakeServer:
-    """Plays one answer per HTTP request and records the requests."""
-
-    def __init__(self, *answers: Answer) -> None:
-        self.answers = list(answers)
-        self.requests: list[httpx2.Request] = []
-
-    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        answer = self.answers.pop(0)
-        if isinstance(answer, BaseException):
-            raise answer
-        if callable(answer):
-            answer = answer(request)
-            if not isinstance(answer, httpx2.Response):
-                answer = await answer
-        return answer
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(request.content) for request in self.requests]
-
-
-def completion(
-    message: dict[str, Any],
-    finish_reason: str | None = "stop",
-    usage: tuple[int, int] = (12, 3),
-    **extra: Any,
-) -> httpx2.Response:
-    return httpx2.Response(
-        200,
-        json={
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-4o-mini",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": None, **message},
-                    "finish_reason": finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": usage[0],
-                "completion_tokens": usage[1],
-                "total_tokens": sum(usage),
-            },
-            **extra,
-        },
-    )
-
-
-def chunk(
-    delta: dict[str, Any] | None = None, finish_reason: str | None = None, **extra: Any
-) -> dict[str, Any]:
-    choices = (
-        [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
-    )
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o-mini",
-        "choices": choices,
-        **extra,
-    }
-
-
-def sse(*events: dict[str, Any]) -> bytes:
-    return (
-        b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events)
-        + b"data: [DONE]\n\n"
-    )
-
-
-def event_stream(content: bytes | AsyncIterator[bytes]) -> httpx2.Response:
-    return httpx2.Response(200, content=content, headers={"content-type": "text/event-stream"})
-
-
-def error(status: int, body: object, headers: dict[str, str] | None = None) -> httpx2.Response:
-    return httpx2.Response(status, json=body, headers=headers)
-
 
 @pytest.fixture
-async def clients() -> AsyncIterator[list[openai.AsyncOpenAI]]:
-    made: list[openai.AsyncOpenAI] = []
-    yield made
-    for client in made:
-        await client.close()
-
-
-@pytest.fixture
-def make_model(clients: list[openai.AsyncOpenAI]) -> Callable[..., OpenAIModel]:
-    def make(
-        server: FakeServer,
-        base_url: str = "https://api.openai.com/v1",
-        name: str = "gpt-4o-mini",
-        **options: Any,
-    ) -> OpenAIModel:
-        client = openai.AsyncOpenAI(
-            api_key="sk-test",
-            base_url=base_url,
-            http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
-        )
-        clients.append(client)
-        return OpenAIModel(name, client=client, **options)
-
-    return make
+def make_model(sdk_clients: SDKClients) -> Callable[..., OpenAIModel]:
+    return sdk_clients.openai_model
 
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
@@ -195,8 +98,8 @@ async def test_a_llama_cpp_server_counts_the_prompt(
     assert template["chat_template_kwargs"] == {"enable_thinking": False}
     assert tokens == {"content": "<|user|>hello<|end|>", "add_special": True, "parse_special": True}
     for absent in (
-        error(404, {"error": {"message": "File Not Found", "code": 404}}),
-        error(405, {"error": {"message": "Method Not Allowed"}}),
+        error_answer(404, {"error": {"message": "File Not Found", "code": 404}}),
+        error_answer(405, {"error": {"message": "Method Not Allowed"}}),
         httpx2.Response(200, json={"object": "error"}),
     ):
         other = FakeServer(absent, absent, absent)
@@ -206,7 +109,7 @@ async def test_a_llama_cpp_server_counts_the_prompt(
         paths = [asked.url.path for asked in other.requests]
         assert paths == ["/apply-template", "/tokenize", "/v1/responses/input_tokens"]  # once
     busy = make_model(
-        FakeServer(error(503, {"error": {"message": "loading"}})), base_url="http://h:1/v1"
+        FakeServer(error_answer(503, {"error": {"message": "loading"}})), base_url="http://h:1/v1"
     )
     with pytest.raises(ProviderUnavailableError):
         await busy.count_prompt_tokens(request)
@@ -219,7 +122,7 @@ async def test_a_count_turned_down_is_an_error_and_three_in_a_row_turn_that_way_
     shape it refuses): the count raises, and the next request is counted again; only
     ``COUNT_REFUSALS`` in a row turn that way of counting off (with a warning), and a
     count in between starts the tally again."""
-    refusal = error(400, {"error": {"message": "image download failed"}})
+    refusal = error_answer(400, {"error": {"message": "image download failed"}})
     counted = httpx2.Response(200, json={"input_tokens": 9})
     server = FakeServer(refusal, refusal, counted, refusal, refusal, refusal)
     model = make_model(server)
@@ -243,7 +146,7 @@ async def test_a_vllm_server_counts_the_prompt(make_model: Callable[..., OpenAIM
     chat request's messages, tools and chat_template_kwargs (the template's own inputs),
     read as its "count"; from then on only that way."""
     server = FakeServer(
-        error(404, {"detail": "Not Found"}),
+        error_answer(404, {"detail": "Not Found"}),
         httpx2.Response(200, json={"count": 42, "max_model_len": 4096, "tokens": [1] * 42}),
         httpx2.Response(200, json={"count": 43, "max_model_len": 4096, "tokens": [1] * 43}),
     )
@@ -333,13 +236,13 @@ async def test_openai_counts_the_prompt_of_the_same_request(
     assert form == {"type": "json_schema", **sent["json_schema"]}
     assert (form["name"], form["schema"]["properties"]) == ("Number", schema["properties"])
     absent = FakeServer(
-        error(404, {"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)"}})
+        error_answer(404, {"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)"}})
     )
     unknown = make_model(absent)
     assert await unknown.count_prompt_tokens(request) is None
     assert await unknown.count_prompt_tokens(request) is None
     assert len(absent.requests) == 1  # asked once
-    limited = make_model(FakeServer(error(429, {"error": {"message": "slow down"}})))
+    limited = make_model(FakeServer(error_answer(429, {"error": {"message": "slow down"}})))
     with pytest.raises(RateLimitError):
         await limited.count_prompt_tokens(request)
 
@@ -374,8 +277,8 @@ async def test_a_proxy_in_front_of_openai_counts_through_the_input_token_endpoin
     answers OpenAI's input-token count (a gateway in front of OpenAI's API) is counted
     that way, and from then on asked only that way."""
     server = FakeServer(
-        error(404, {"error": {"message": "not found"}}),
-        error(404, {"error": {"message": "not found"}}),
+        error_answer(404, {"error": {"message": "not found"}}),
+        error_answer(404, {"error": {"message": "not found"}}),
         httpx2.Response(200, json={"input_tokens": 21}),
         httpx2.Response(200, json={"input_tokens": 22}),
     )
@@ -474,7 +377,7 @@ async def test_an_overflow_on_openai_is_recovered_by_its_count(
         }
     }
     server = FakeServer(
-        error(400, overflow),
+        error_answer(400, overflow),
         httpx2.Response(200, json={"input_tokens": 300}),  # the current turn alone
         completion({"content": "- the user asked about the hills"}, usage=(700, 9)),
         httpx2.Response(200, json={"input_tokens": 420}),  # the compacted request
@@ -720,7 +623,9 @@ async def test_usage_reports_cached_and_reasoning_tokens_apart(
     body["usage"] = usage
     server = FakeServer(
         httpx2.Response(200, json=body),
-        event_stream(sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))),
+        event_stream(
+            openai_sse(chunk({"content": "ok"}, finish_reason="stop"), chunk(None, usage=usage))
+        ),
     )
     model = make_model(server)
     assert (await model.respond(ModelRequest([Message.user("hi")]))).usage == expected
@@ -807,7 +712,7 @@ OVERFLOW_BODY = {
     ("answer", "kind", "attributes"),
     [
         (
-            error(400, OVERFLOW_BODY),
+            error_answer(400, OVERFLOW_BODY),
             ContextWindowOverflowError,
             {
                 "status": 400,
@@ -817,7 +722,7 @@ OVERFLOW_BODY = {
             },
         ),
         (
-            error(
+            error_answer(
                 400,
                 {
                     "error": {
@@ -833,7 +738,7 @@ OVERFLOW_BODY = {
             {"prompt_tokens": 530, "context_window": 512},
         ),
         pytest.param(
-            error(
+            error_answer(
                 422,
                 {
                     "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be "
@@ -846,7 +751,7 @@ OVERFLOW_BODY = {
             id="TGI: prompt and output over the total limit",
         ),
         pytest.param(
-            error(
+            error_answer(
                 422,
                 {
                     "error": "Input validation error: `inputs` must have less than 4095 tokens. "
@@ -859,7 +764,7 @@ OVERFLOW_BODY = {
             id="TGI: prompt over the input limit",
         ),
         pytest.param(
-            error(
+            error_answer(
                 400,
                 {
                     "error": {
@@ -878,7 +783,7 @@ OVERFLOW_BODY = {
             id="vLLM: renderer's input-length check",
         ),
         pytest.param(
-            error(
+            error_answer(
                 400,
                 {
                     "error": {
@@ -897,7 +802,7 @@ OVERFLOW_BODY = {
             id="vLLM: prompt plus output tokens",
         ),
         (
-            error(
+            error_answer(
                 429,
                 {
                     "error": {
@@ -913,7 +818,7 @@ OVERFLOW_BODY = {
             {"status": 429, "retry_after": 0.45},
         ),
         (
-            error(
+            error_answer(
                 429,
                 {
                     "error": {
@@ -934,7 +839,7 @@ OVERFLOW_BODY = {
             {"status": 429, "retry_after": 1.2},
         ),
         (
-            error(
+            error_answer(
                 429,
                 {
                     "error": {
@@ -950,7 +855,7 @@ OVERFLOW_BODY = {
             {"status": 429},
         ),
         (
-            error(
+            error_answer(
                 500,
                 {
                     "error": {
@@ -963,7 +868,7 @@ OVERFLOW_BODY = {
             {"status": 500},
         ),
         (
-            error(
+            error_answer(
                 503,
                 {
                     "error": {
@@ -977,7 +882,7 @@ OVERFLOW_BODY = {
             {"status": 503, "retry_after": 2.0},
         ),
         (
-            error(
+            error_answer(
                 401,
                 {
                     "error": {
@@ -1048,7 +953,9 @@ async def test_an_error_keeps_the_servers_message_short_and_the_sdk_error_as_its
     """As ProviderError's docstring says: what the server said (here it quotes the
     prompt) is in the message, cut to 300 characters; the whole body is in the cause."""
     echoed = "Input should be a valid string: " + "the prompt " * 100
-    server = FakeServer(error(400, {"error": {"message": echoed, "type": "BadRequestError"}}))
+    server = FakeServer(
+        error_answer(400, {"error": {"message": echoed, "type": "BadRequestError"}})
+    )
     with pytest.raises(InvalidRequestError) as caught:
         await make_model(server).respond(ModelRequest([Message.user("the prompt")]))
     assert "the prompt" in str(caught.value)
@@ -1073,7 +980,7 @@ async def test_stream_yields_text_then_the_whole_response(
 ) -> None:
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"role": "assistant", "content": ""}),
                 chunk({"content": "Hel"}),
                 chunk({"content": "lo, "}),
@@ -1105,7 +1012,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     usage = {"prompt_tokens": 31_990, "completion_tokens": 10, "total_tokens": 32_000}
     answer = (
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"content": "Once upon"}),
                 chunk({}, finish_reason="model_length"),
                 chunk(None, usage=usage),
@@ -1131,7 +1038,7 @@ async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed
     """As Anthropic's ``refusal`` stop reason is, so ``RunResult.stop_reason`` tells a
     refusal apart from an answer on either provider."""
     refusal = "I'm sorry, I cannot help with that."
-    streamed = sse(
+    streamed = openai_sse(
         chunk({"role": "assistant", "content": None, "refusal": ""}),
         chunk({"refusal": refusal[:10]}),
         chunk({"refusal": refusal[10:]}, finish_reason="stop"),
@@ -1152,7 +1059,7 @@ async def test_an_answer_spoken_as_audio_is_its_transcript_streamed_or_not(
     """With ``modalities`` holding ``"audio"`` the API sends no ``content``: the answer's
     text is its audio's transcript, kept and sent back as the assistant's text."""
     audio = {"id": "audio_1", "data": "UklGRg==", "expires_at": 9, "transcript": "Hello there"}
-    streamed = sse(
+    streamed = openai_sse(
         chunk({"role": "assistant", "audio": {"id": "audio_1", "transcript": "Hello "}}),
         chunk({"audio": {"data": "UklGRg==", "transcript": "there"}}, finish_reason="stop"),
         chunk({"audio": {"expires_at": 9}}),
@@ -1180,7 +1087,7 @@ async def test_stream_accumulates_parallel_tool_calls(
 
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk(
                     call(0, id="call_a", type="function", function={"name": "add", "arguments": ""})
                 ),
@@ -1228,7 +1135,7 @@ async def test_streamed_tool_calls_are_told_apart_by_their_id(
 
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk(call(id="call_a", function={"name": "add", "arguments": '{"a": 1, '})),
                 chunk(call(function={"arguments": '"b": 2}'})),
                 chunk(call(id="call_b", function={"name": "add", "arguments": '{"a": 5, "b": 6}'})),
@@ -1249,7 +1156,7 @@ async def test_streamed_tool_calls_are_told_apart_by_their_id(
 async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
-    rejected = error(
+    rejected = error_answer(
         400,
         {
             "error": {
@@ -1260,7 +1167,7 @@ async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
             }
         },
     )
-    text = sse(chunk({"content": "hi"}, finish_reason="stop"))
+    text = openai_sse(chunk({"content": "hi"}, finish_reason="stop"))
     server = FakeServer(rejected, event_stream(text), event_stream(text))
     model = make_model(server, base_url="http://127.0.0.1:11434/v1")
     for _ in range(2):
@@ -1277,7 +1184,7 @@ async def test_an_error_that_quotes_stream_options_leaves_them_on(
     """A validation error that quotes the request names stream_options too: the request
     without them fails alike, so the next stream still asks for usage (they were off
     for good, and every later answer reported no usage)."""
-    quoting = error(
+    quoting = error_answer(
         400,
         {
             "error": {
@@ -1287,7 +1194,7 @@ async def test_an_error_that_quotes_stream_options_leaves_them_on(
             }
         },
     )
-    text = sse(chunk({"content": "hi"}, finish_reason="stop"))
+    text = openai_sse(chunk({"content": "hi"}, finish_reason="stop"))
     server = FakeServer(quoting, quoting, event_stream(text))
     model = make_model(server, base_url="http://127.0.0.1:8000/v1")
     with pytest.raises(InvalidRequestError, match="temperature"):
@@ -1299,13 +1206,13 @@ async def test_an_error_that_quotes_stream_options_leaves_them_on(
 
 
 async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) -> None:
-    overflow = FakeServer(error(400, OVERFLOW_BODY))
+    overflow = FakeServer(error_answer(400, OVERFLOW_BODY))
     with pytest.raises(ContextWindowOverflowError):
         async for _ in make_model(overflow).stream(ModelRequest([Message.user("hi")])):
             pass
     midway = FakeServer(
         event_stream(
-            sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")]
+            openai_sse(chunk({"content": "par"}), done=False)
             + b'data: {"error": {"message": "The server had an error while processing your request.", "type": "server_error"}}\n\n'
         )
     )
@@ -1374,7 +1281,7 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., OpenAIModel]) 
 async def test_errors_sent_in_a_stream_are_classified_as_when_not_streamed(
     make_model: Callable[..., OpenAIModel], event: bytes, kind: type[ProviderError], words: str
 ) -> None:
-    body = sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")] + event
+    body = openai_sse(chunk({"content": "par"}), done=False) + event
     server = FakeServer(event_stream(body), event_stream(body))
     with pytest.raises(ProviderError) as caught:
         async with Agent(model=make_model(server), max_retries=1).stream("hi") as events:
@@ -1390,7 +1297,7 @@ async def test_a_connection_lost_mid_stream_is_transient(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
     async def body() -> AsyncIterator[bytes]:
-        yield sse(chunk({"content": "par"}))[: -len(b"data: [DONE]\n\n")]
+        yield openai_sse(chunk({"content": "par"}), done=False)
         raise httpx2.ReadError("connection reset by peer")
 
     server = FakeServer(event_stream(body()))
@@ -1399,9 +1306,7 @@ async def test_a_connection_lost_mid_stream_is_transient(
             pass
 
 
-CUT = sse(chunk({"content": "The answer is "}), chunk({"content": "forty"}))[
-    : -len(b"data: [DONE]\n\n")
-]
+CUT = openai_sse(chunk({"content": "The answer is "}), chunk({"content": "forty"}), done=False)
 
 
 @pytest.mark.parametrize(
@@ -1450,7 +1355,7 @@ async def test_a_whole_last_line_without_its_line_ending_ends_the_answer(
 async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
-    whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+    whole = openai_sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
     server = FakeServer(event_stream(CUT), event_stream(whole))
     async with Agent(model=make_model(server)).stream("hi") as events:
         received = [event async for event in events]
@@ -1461,25 +1366,10 @@ async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     ]
 
 
-class EndlessBody(httpx2.AsyncByteStream):
-    """A response body that sends one piece, then waits; it records being closed."""
-
-    def __init__(self, first: bytes) -> None:
-        self.first = first
-        self.closed = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.first
-        await anyio.sleep_forever()
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
 async def test_closing_a_stream_early_closes_the_response(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
-    body = EndlessBody(sse(chunk({"content": "first"}))[: -len(b"data: [DONE]\n\n")])
+    body = EndlessBody(openai_sse(chunk({"content": "first"}), done=False))
     answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
     model = make_model(FakeServer(answer))
     stream = model.stream(ModelRequest([Message.user("hi")]))
@@ -1700,7 +1590,7 @@ async def test_a_call_whose_arguments_are_not_json_goes_back_with_an_empty_objec
                     json.loads(call["function"]["arguments"])
                 except ValueError:
                     message = "Failed to parse tool call arguments as JSON"
-                    return error(500, {"error": {"code": 500, "message": message}})
+                    return error_answer(500, {"error": {"code": 500, "message": message}})
         return completion({"content": "5"})
 
     malformed = {"id": "call_1", "type": "function", "function": {"name": "add"}}
@@ -1755,7 +1645,7 @@ async def test_streamed_gemini_thought_signatures_are_kept(
     first = signed_call("c1", 1, "sig-A")
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"tool_calls": [{"index": 0, **first}]}),
                 chunk({"tool_calls": [signed_call("c2", 2, None)]}, finish_reason="tool_calls"),
             )
@@ -1818,7 +1708,7 @@ async def test_streamed_openrouter_reasoning_details_are_joined_by_block(
 
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"reasoning": "Add ", **piece(0, text="Add ")}),
                 chunk({"reasoning": "them.", **piece(0, text="them.")}),
                 chunk(piece(0, text="", signature="sig-0")),
@@ -1853,7 +1743,7 @@ async def test_streamed_openrouter_items_without_an_index_stay_apart(
         {"type": "reasoning.encrypted", "data": "sig-B", "id": "c2", "format": "google-gemini-v1"},
     ]
     calls = [signed_call("c1", 1, None), signed_call("c2", 2, None)]
-    streamed = sse(
+    streamed = openai_sse(
         chunk({"reasoning_details": details[:1]}),
         chunk({"tool_calls": [{"index": 0, **calls[0]}]}),
         chunk({"reasoning_details": details[1:]}),
@@ -1905,7 +1795,7 @@ async def test_streamed_reasoning_arrives_as_reasoning_chunks(
     """Streamed reasoning_content deltas are reasoning chunks, apart from the text."""
     server = FakeServer(
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"role": "assistant", "reasoning_content": "Hmm, "}),
                 chunk({"reasoning_content": "greet."}),
                 chunk({"content": "Hello"}, finish_reason="stop"),
@@ -1939,7 +1829,7 @@ async def test_content_sent_as_a_list_of_chunks_is_read_as_text_and_reasoning(
     server = FakeServer(
         completion({"content": MISTRAL_CONTENT}),
         event_stream(
-            sse(
+            openai_sse(
                 chunk({"role": "assistant", "content": MISTRAL_CONTENT[:1]}),
                 chunk({"content": [{"type": "text", "text": "Par"}]}),
                 chunk({"content": "is."}, finish_reason="stop"),
@@ -1966,7 +1856,7 @@ async def test_a_legacy_function_call_is_a_protocol_error(
     legacy = {"name": "add", "arguments": '{"a": 2}'}
     server = FakeServer(
         completion({"function_call": legacy}, finish_reason="function_call"),
-        event_stream(sse(chunk({"function_call": legacy}, "function_call"))),
+        event_stream(openai_sse(chunk({"function_call": legacy}, "function_call"))),
     )
     model = make_model(server)
     request = ModelRequest([Message.user("add")])
@@ -1991,7 +1881,9 @@ async def test_a_legacy_function_call_beside_tool_calls_is_left_alike(
     }
     server = FakeServer(
         completion({"function_call": legacy, "tool_calls": [call]}, finish_reason="tool_calls"),
-        event_stream(sse(chunk({"function_call": legacy, "tool_calls": [call]}, "tool_calls"))),
+        event_stream(
+            openai_sse(chunk({"function_call": legacy, "tool_calls": [call]}, "tool_calls"))
+        ),
     )
     model = make_model(server)
     request = ModelRequest([Message.user("add")])
@@ -2011,7 +1903,9 @@ async def test_streamed_arguments_sent_whole_as_an_object_are_read(
     call = {"index": 0, "id": "c1", "type": "function"}
     function = {"name": "add", "arguments": {"a": 2, "b": 3}}
     server = FakeServer(
-        event_stream(sse(chunk({"tool_calls": [{**call, "function": function}]}, "tool_calls")))
+        event_stream(
+            openai_sse(chunk({"tool_calls": [{**call, "function": function}]}, "tool_calls"))
+        )
     )
     events = [
         event async for event in make_model(server).stream(ModelRequest([Message.user("add")]))
@@ -2396,8 +2290,8 @@ class TestFinishReasonError:
     ) -> None:
         """vLLM's ``abort`` and DeepSeek's ``insufficient_system_resource``, streamed or
         not: the cut answer was taken as complete; the run retries."""
-        failed = sse(chunk({"content": "The answer is "}), chunk({}, finish_reason=reason))
-        whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+        failed = openai_sse(chunk({"content": "The answer is "}), chunk({}, finish_reason=reason))
+        whole = openai_sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
         server = FakeServer(event_stream(failed), event_stream(whole))
         async with Agent(model=make_model(server)).stream("hi") as events:
             async for _ in events:
@@ -2436,8 +2330,8 @@ class TestFinishReasonError:
     ) -> None:
         """A streamed choice that ends with finish_reason "error" (and no error object)
         fails the attempt as transient; the retry's answer is the one kept."""
-        failed = sse(chunk({"content": "The answer is "}), chunk({}, finish_reason="error"))
-        whole = sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
+        failed = openai_sse(chunk({"content": "The answer is "}), chunk({}, finish_reason="error"))
+        whole = openai_sse(chunk({"content": "The answer is 42."}, finish_reason="stop"))
         server = FakeServer(event_stream(failed), event_stream(whole))
         async with Agent(model=make_model(server, base_url=OPENROUTER, context_window=8192)).stream(
             "hi"
@@ -2452,7 +2346,7 @@ class TestFinishReasonError:
         self, make_model: Callable[..., OpenAIModel]
     ) -> None:
         """A choice-level error object in a stream is classified like a top-level one."""
-        failed = sse(
+        failed = openai_sse(
             chunk({"content": "par"}),
             {
                 **chunk({}, finish_reason="error"),
@@ -2494,7 +2388,7 @@ class TestChatSpanMetadata:
     async def test_a_stream(self, make_model: Callable[..., OpenAIModel], spans: Spans) -> None:
         """From a stream: the chunks' id and model, gen_ai.request.stream = true, and the
         scheme's port when the URL names none."""
-        body = sse(
+        body = openai_sse(
             chunk({"content": "o"}, id="chatcmpl-xyz", model="gpt-4o-mini-2024-07-18"),
             chunk({"content": "k"}, finish_reason="stop", id="chatcmpl-xyz"),
         )
