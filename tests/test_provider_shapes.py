@@ -7,23 +7,38 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx2
-import openai
 import pytest
 
 from littleghost import Agent, tool
 from littleghost.errors import LittleGhostError, ProtocolError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ToolSpec
-from littleghost.models.anthropic import LONGEST_UNSTREAMED, AnthropicModel
-from littleghost.models.openai import OpenAIModel
+from littleghost.models.anthropic import LONGEST_UNSTREAMED
 from littleghost.models.streaming import StreamDone
 from littleghost.sessions import InMemorySessionStore
+
+from .sdk_bodies import (
+    FakeServer,
+    SDKClients,
+    anthropic_sse,
+    chunk,
+    completion,
+    completion_body,
+    event_stream,
+    finish,
+    json_answer,
+    message_body,
+    message_start,
+    openai_sse,
+    text_block,
+    thinking_block,
+    tool_use_block,
+)
 
 if TYPE_CHECKING:
     from conftest import Spans
@@ -50,139 +65,62 @@ WRONG: dict[str, object] = {
 ADD = ToolSpec("add", "Add.", {"type": "object", "properties": {"a": {"type": "integer"}}})
 REQUEST = ModelRequest([Message.user("hi")], [ADD], {})
 
-ANTHROPIC_MESSAGE = {
-    "id": "msg_01",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-5",
-    "content": [
+ANTHROPIC_MESSAGE = message_body(
+    [
         {"type": "thinking", "thinking": "SECRET-THOUGHT", "signature": "SECRET-SIG"},
         {"type": "text", "text": "SECRET-ANSWER"},
         {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1}},
     ],
-    "stop_reason": "tool_use",
-    "stop_sequence": None,
-    "usage": {
+    "tool_use",
+    {
         "input_tokens": 25,
         "output_tokens": 6,
         "cache_read_input_tokens": 3,
         "cache_creation_input_tokens": 2,
     },
-}
+)
 ANTHROPIC_EVENTS: list[Any] = [
-    {
-        "type": "message_start",
-        "message": {
-            "id": "msg_01",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-sonnet-5",
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": 40, "output_tokens": 1},
-        },
-    },
-    {
-        "type": "content_block_start",
-        "index": 0,
-        "content_block": {"type": "thinking", "thinking": ""},
-    },
-    {
-        "type": "content_block_delta",
-        "index": 0,
-        "delta": {"type": "thinking_delta", "thinking": "SECRET-THOUGHT"},
-    },
-    {
-        "type": "content_block_delta",
-        "index": 0,
-        "delta": {"type": "signature_delta", "signature": "SECRET-SIG"},
-    },
-    {"type": "content_block_stop", "index": 0},
-    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
-    {
-        "type": "content_block_delta",
-        "index": 1,
-        "delta": {"type": "text_delta", "text": "SECRET-ANSWER"},
-    },
-    {"type": "content_block_stop", "index": 1},
-    {
-        "type": "content_block_start",
-        "index": 2,
-        "content_block": {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {}},
-    },
-    {
-        "type": "content_block_delta",
-        "index": 2,
-        "delta": {"type": "input_json_delta", "partial_json": '{"a": 1}'},
-    },
-    {"type": "content_block_stop", "index": 2},
-    {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
-    {"type": "message_stop"},
+    message_start(),
+    *thinking_block(0, "SECRET-THOUGHT", signature="SECRET-SIG"),
+    *text_block(1, "SECRET-ANSWER"),
+    *tool_use_block(2, "toolu_1", "add", '{"a": 1}'),
+    *finish("tool_use", 9),
 ]
-OPENAI_COMPLETION = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 1,
-    "model": "gpt-4o-mini",
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": "SECRET-ANSWER",
-                "reasoning_content": "SECRET-THOUGHT",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "add", "arguments": '{"a": 1}'},
-                    }
-                ],
-            },
-            "finish_reason": "tool_calls",
-        }
-    ],
-    "usage": {
+OPENAI_COMPLETION = completion_body(
+    {
+        "content": "SECRET-ANSWER",
+        "reasoning_content": "SECRET-THOUGHT",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 1}'},
+            }
+        ],
+    },
+    "tool_calls",
+    {
         "prompt_tokens": 12,
         "completion_tokens": 3,
         "total_tokens": 15,
         "prompt_tokens_details": {"cached_tokens": 2},
         "completion_tokens_details": {"reasoning_tokens": 1},
     },
-}
-
-
-def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o-mini",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-    }
-
-
+)
 OPENAI_CHUNKS: list[Any] = [
-    _chunk({"role": "assistant", "content": ""}),
-    _chunk({"reasoning_content": "SECRET-THOUGHT"}),
-    _chunk({"content": "SECRET-ANSWER"}),
-    _chunk(
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"reasoning_content": "SECRET-THOUGHT"}),
+    chunk({"content": "SECRET-ANSWER"}),
+    chunk(
         {
             "tool_calls": [
                 {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add"}}
             ]
         }
     ),
-    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}),
-    _chunk({}, "tool_calls"),
-    {
-        "id": "chatcmpl-1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "gpt-4o-mini",
-        "choices": [],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
-    },
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]}),
+    chunk({}, "tool_calls"),
+    chunk(usage={"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}),
 ]
 
 
@@ -238,62 +176,17 @@ def _streams(events: list[Any]) -> Iterator[tuple[str, list[Any]]]:
         yield f"cut after event {index}", events[: index + 1]
 
 
-def _anthropic_sse(events: list[Any]) -> bytes:
-    return b"".join(
-        (
-            f"event: {event['type']}\n"
-            if isinstance(event, dict) and isinstance(event.get("type"), str)
-            else ""
-        ).encode()
-        + f"data: {json.dumps(event)}\n\n".encode()
-        for event in events
-    )
-
-
-def _openai_sse(events: list[Any]) -> bytes:
-    return (
-        b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events)
-        + b"data: [DONE]\n\n"
-    )
-
-
 Make = Callable[[Callable[[httpx2.Request], httpx2.Response]], Any]
 
 
 @pytest.fixture
-async def http_clients() -> AsyncIterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for client in made:
-        await client.close()
+def anthropic_model(sdk_clients: SDKClients) -> Make:
+    return sdk_clients.anthropic_model
 
 
 @pytest.fixture
-def anthropic_model(http_clients: list[Any]) -> Make:
-    def make(answer: Callable[[httpx2.Request], httpx2.Response]) -> AnthropicModel:
-        transport = httpx2.MockTransport(answer)
-        client = anthropic.AsyncAnthropic(
-            api_key="sk-ant-test", http_client=httpx2.AsyncClient(transport=transport)
-        )
-        http_clients.append(client)
-        return AnthropicModel("claude-sonnet-5", client=client)
-
-    return make
-
-
-@pytest.fixture
-def openai_model(http_clients: list[Any]) -> Make:
-    def make(answer: Callable[[httpx2.Request], httpx2.Response]) -> OpenAIModel:
-        transport = httpx2.MockTransport(answer)
-        client = openai.AsyncOpenAI(
-            api_key="sk-test",
-            base_url="https://api.openai.com/v1",
-            http_client=httpx2.AsyncClient(transport=transport),
-        )
-        http_clients.append(client)
-        return OpenAIModel("gpt-4o-mini", client=client)
-
-    return make
+def openai_model(sdk_clients: SDKClients) -> Make:
+    return sdk_clients.openai_model
 
 
 def _json(body: object) -> Callable[[httpx2.Request], httpx2.Response]:
@@ -301,8 +194,7 @@ def _json(body: object) -> Callable[[httpx2.Request], httpx2.Response]:
 
 
 def _sse(content: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
-    headers = {"content-type": "text/event-stream"}
-    return lambda request: httpx2.Response(200, content=content, headers=headers)
+    return lambda request: event_stream(content)
 
 
 async def _outcome(model: Any, streamed: bool) -> object:
@@ -352,12 +244,12 @@ async def test_every_malformed_stream_reads_or_is_a_littleghost_error(
     adapter: str, anthropic_model: Make, openai_model: Make
 ) -> None:
     if adapter == "anthropic":
-        make, events, encode = anthropic_model, ANTHROPIC_EVENTS, _anthropic_sse
+        make, events, encode = anthropic_model, ANTHROPIC_EVENTS, anthropic_sse
     else:
-        make, events, encode = openai_model, OPENAI_CHUNKS, _openai_sse
+        make, events, encode = openai_model, OPENAI_CHUNKS, openai_sse
     faults = []
     for what, mutated in _streams(events):
-        faults.append(_fault(what, await _outcome(make(_sse(encode(mutated))), streamed=True)))
+        faults.append(_fault(what, await _outcome(make(_sse(encode(*mutated))), streamed=True)))
     assert [fault for fault in faults if fault] == []
     assert len(faults) > 600
 
@@ -379,18 +271,6 @@ def _failed(spans: Spans) -> dict[str, object]:
         span.name.split()[0]: (span.attributes or {}).get("error.type")
         for span in [*spans.named("chat"), *spans.named("invoke_agent")]
     }
-
-
-class Replies:
-    """Plays one answer per request, and records the requests' bodies."""
-
-    def __init__(self, *answers: httpx2.Response) -> None:
-        self.answers = list(answers)
-        self.bodies: list[dict[str, Any]] = []
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.bodies.append(json.loads(request.content))
-        return self.answers.pop(0)
 
 
 @pytest.mark.parametrize(
@@ -422,12 +302,12 @@ async def test_an_answer_field_of_another_type_fails_the_run_and_keeps_the_log(
     """The field's type is named, never its value; the chat and run spans end with the
     error's type; the session's log stays whole: the next run sends the question again."""
     if adapter == "anthropic":
-        replies = Replies(
+        replies = FakeServer(
             _anthropic_answer([wrong]), _anthropic_answer([{"type": "text", "text": "fine"}])
         )
         model = anthropic_model(replies)
     else:
-        replies = Replies(_openai_answer(wrong), _openai_answer({"content": "fine"}))
+        replies = FakeServer(_openai_answer(wrong), _openai_answer({"content": "fine"}))
         model = openai_model(replies)
     agent = Agent(model=model, session_store=InMemorySessionStore())
     with pytest.raises(
@@ -455,7 +335,7 @@ async def test_a_streamed_delta_for_a_block_never_started_is_an_error_not_lost_t
         "twice": [start, text_start, text_delta, text_start, *stop],
     }
     for problem, events in cases.items():
-        model = anthropic_model(_sse(_anthropic_sse(events)))
+        model = anthropic_model(_sse(anthropic_sse(*events)))
         outcome = await _outcome(model, streamed=True)
         assert isinstance(outcome, ProtocolError) and problem in str(outcome), (problem, outcome)
 
@@ -506,15 +386,13 @@ async def test_anthropic_tool_calls_without_an_id_are_named_by_their_place(
             ANTHROPIC_EVENTS[-1],
         ]
         text[1] = {**text[1], "content_block": {"type": "text", "text": "done"}}
-        answers = [
-            _sse(_anthropic_sse(both))(httpx2.Request("POST", "/")) for both in (events, text)
-        ]
+        answers = [event_stream(anthropic_sse(*both)) for both in (events, text)]
     else:
         answers = [
             _anthropic_answer(calls, "tool_use"),
             _anthropic_answer([{"type": "text", "text": "done"}]),
         ]
-    replies = Replies(*answers)
+    replies = FakeServer(*answers)
     added: list[int] = []
 
     class Adder(Agent):
@@ -545,36 +423,13 @@ async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
     (what OpenTelemetry exports) is read as 0; the answer and the other counts stand."""
     if adapter == "anthropic":
         usage = {"input_tokens": count, "output_tokens": 6}
-        replies = Replies(
-            httpx2.Response(
-                200,
-                json={
-                    **ANTHROPIC_MESSAGE,
-                    "content": [{"type": "text", "text": "fine"}],
-                    "stop_reason": "end_turn",
-                    "usage": usage,
-                },
-            )
+        replies = FakeServer(
+            json_answer(message_body([{"type": "text", "text": "fine"}], usage=usage))
         )
         model = anthropic_model(replies)
     else:
         usage = {"prompt_tokens": count, "completion_tokens": 6}
-        replies = Replies(
-            httpx2.Response(
-                200,
-                json={
-                    **OPENAI_COMPLETION,
-                    "usage": usage,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": "fine"},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                },
-            )
-        )
+        replies = FakeServer(completion({"content": "fine"}, usage=usage))
         model = openai_model(replies)
     result = await Agent(model=model).run("hi")
     assert result.output == "fine"
@@ -592,11 +447,8 @@ async def test_a_streamed_delta_of_another_type_fails_the_run_and_keeps_the_log(
     stop = [{**ANTHROPIC_EVENTS[-2], "delta": {"stop_reason": "end_turn"}}, ANTHROPIC_EVENTS[-1]]
     wrong = {**text_delta, "delta": {"type": "text_delta", "text": 42}}
     fine = {**text_delta, "delta": {"type": "text_delta", "text": "fine"}}
-    replies = Replies(
-        *(
-            _sse(_anthropic_sse([start, text_start, delta, *stop]))(httpx2.Request("POST", "/"))
-            for delta in (wrong, fine)
-        )
+    replies = FakeServer(
+        *(event_stream(anthropic_sse(start, text_start, delta, *stop)) for delta in (wrong, fine))
     )
     agent = Agent(model=anthropic_model(replies), session_store=InMemorySessionStore())
     settings = {"max_tokens": LONGEST_UNSTREAMED + 1}
@@ -620,7 +472,7 @@ async def test_a_streamed_block_of_a_kind_not_kept_takes_its_deltas(anthropic_mo
         {**ANTHROPIC_EVENTS[-2], "delta": {"stop_reason": "end_turn"}},
         ANTHROPIC_EVENTS[-1],
     ]
-    response = await _outcome(anthropic_model(_sse(_anthropic_sse(events))), streamed=True)
+    response = await _outcome(anthropic_model(_sse(anthropic_sse(*events))), streamed=True)
     assert not isinstance(response, BaseException), response
     assert response.message.text == "SECRET-ANSWER"
     assert response.message.tool_calls == ()
@@ -637,7 +489,7 @@ async def test_openai_tool_calls_of_another_type_are_left_out_and_one_without_a_
         {"id": "call_b", "type": "function"},
         {"id": "call_c", "type": "function", "function": {"name": "add", "arguments": "{}"}},
     ]
-    model = openai_model(Replies(_openai_answer({"tool_calls": calls})))
+    model = openai_model(FakeServer(_openai_answer({"tool_calls": calls})))
     response = await _outcome(model, streamed=False)
     assert not isinstance(response, BaseException), response
     assert [(call.id, call.name) for call in response.message.tool_calls] == [
