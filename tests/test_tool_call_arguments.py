@@ -15,23 +15,20 @@ import enum
 import json
 import math
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import anthropic
 import attrs
-import httpx2
-import openai
 import pytest
 
 from littleghost import Agent, Message, ToolCall, after_model, before_tool, manage_context, tool
 from littleghost.context.tokens import estimate_messages
 from littleghost.models import Model, ModelRequest, ModelResponse
-from littleghost.models.anthropic import AnthropicModel
-from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore
 from littleghost.sessions.codec import check_storable
 from littleghost.text import json_text
+
+from .sdk_bodies import FakeServer, SDKClients, completion, json_answer, message_body
 
 if TYPE_CHECKING:
     from conftest import Spans
@@ -117,27 +114,20 @@ class Managed(Counter):
     pass
 
 
-class Server:
+USAGE = {"input_tokens": 9, "output_tokens": 3}
+"""Anthropic's usage of every answer (OpenAI's: 9 and 3 too)."""
+
+
+class Server(FakeServer):
     """One provider's mock HTTP server, and its model talking to it through the real SDK:
-    plays its answers, records the request bodies."""
+    plays its answers, records the requests."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, clients: SDKClients) -> None:
+        super().__init__()
         self.provider = provider
-        self.answers: list[httpx2.Response] = []
-        self.bodies: list[dict[str, Any]] = []
-        transport = httpx2.AsyncClient(transport=httpx2.MockTransport(self))
-        self.client: openai.AsyncOpenAI | anthropic.AsyncAnthropic
-        self.model: Model
-        if provider == "openai":
-            self.client = openai.AsyncOpenAI(api_key="sk-test", http_client=transport)
-            self.model = OpenAIModel("gpt-4o-mini", client=self.client)
-        else:
-            self.client = anthropic.AsyncAnthropic(api_key="sk-ant-test", http_client=transport)
-            self.model = AnthropicModel("claude-sonnet-5", client=self.client)
-
-    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.bodies.append(json.loads(request.content))
-        return self.answers.pop(0)
+        self.model: Model = (
+            clients.openai_model(self) if provider == "openai" else clients.anthropic_model(self)
+        )
 
     def calls(self, *calls: tuple[str, dict[str, Any]]) -> Server:
         if self.provider == "openai":
@@ -149,17 +139,18 @@ class Server:
                 }
                 for i, a in calls
             ]
-            self.answers.append(_completion({"tool_calls": made}, "tool_calls"))
+            self.answers.append(completion({"tool_calls": made}, "tool_calls", (9, 3)))
         else:
             blocks = [{"type": "tool_use", "id": i, "name": "count", "input": a} for i, a in calls]
-            self.answers.append(_message(blocks, "tool_use"))
+            self.answers.append(json_answer(message_body(blocks, "tool_use", USAGE)))
         return self
 
     def text(self, text: str) -> Server:
         if self.provider == "openai":
-            self.answers.append(_completion({"content": text}, "stop"))
+            self.answers.append(completion({"content": text}, "stop", (9, 3)))
         else:
-            self.answers.append(_message([{"type": "text", "text": text}], "end_turn"))
+            content = [{"type": "text", "text": text}]
+            self.answers.append(json_answer(message_body(content, "end_turn", USAGE)))
         return self
 
     def sent(self, body: int) -> dict[str, Any]:
@@ -176,48 +167,9 @@ class Server:
         return sent
 
 
-def _completion(message: dict[str, Any], finish: str) -> httpx2.Response:
-    return httpx2.Response(
-        200,
-        json={
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-4o-mini",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": None, **message},
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
-        },
-    )
-
-
-def _message(content: list[dict[str, Any]], stop: str) -> httpx2.Response:
-    return httpx2.Response(
-        200,
-        json={
-            "id": "msg_01",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-sonnet-5",
-            "content": content,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 9, "output_tokens": 3},
-        },
-    )
-
-
 @pytest.fixture(params=["openai", "anthropic"])
-async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
-    made = Server(request.param)
-    yield made
-    await made.client.close()
+def server(request: pytest.FixtureRequest, sdk_clients: SDKClients) -> Server:
+    return Server(request.param, sdk_clients)
 
 
 def _changed(response: ModelResponse, arguments: dict[Any, Any]) -> ModelResponse:
