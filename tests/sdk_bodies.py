@@ -269,28 +269,26 @@ Handler = Callable[[httpx2.Request], Any]
 request giving a response (or an awaitable of one)."""
 
 
+def openai_client(
+    handler: Handler, api_key: str = "sk-test", base_url: str = OPENAI_URL
+) -> openai.AsyncOpenAI:
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    return openai.AsyncOpenAI(api_key=api_key, base_url=base_url, http_client=http)
+
+
+def anthropic_client(
+    handler: Handler, api_key: str = "sk-ant-test", base_url: str | None = None
+) -> anthropic.AsyncAnthropic:
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, http_client=http)
+
+
 class SDKClients:
-    """The SDKs' clients over a mock transport, and models on them; ``aclose`` closes
-    every client made (the ``sdk_clients`` fixture does, after the test)."""
+    """Models on the SDKs' clients over a mock transport; ``aclose`` closes every client
+    made (the ``sdk_clients`` fixture does, after the test)."""
 
     def __init__(self) -> None:
         self.made: list[openai.AsyncOpenAI | anthropic.AsyncAnthropic] = []
-
-    def openai(
-        self, handler: Handler, api_key: str = "sk-test", base_url: str = OPENAI_URL
-    ) -> openai.AsyncOpenAI:
-        http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
-        client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, http_client=http)
-        self.made.append(client)
-        return client
-
-    def anthropic(
-        self, handler: Handler, api_key: str = "sk-ant-test", base_url: str | None = None
-    ) -> anthropic.AsyncAnthropic:
-        http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
-        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, http_client=http)
-        self.made.append(client)
-        return client
 
     def openai_model(
         self,
@@ -299,7 +297,9 @@ class SDKClients:
         name: str = "gpt-4o-mini",
         **options: Any,
     ) -> OpenAIModel:
-        return OpenAIModel(name, client=self.openai(handler, base_url=base_url), **options)
+        client = openai_client(handler, base_url=base_url)
+        self.made.append(client)
+        return OpenAIModel(name, client=client, **options)
 
     def anthropic_model(
         self,
@@ -308,7 +308,9 @@ class SDKClients:
         name: str = "claude-sonnet-5",
         **options: Any,
     ) -> AnthropicModel:
-        return AnthropicModel(name, client=self.anthropic(handler, base_url=base_url), **options)
+        client = anthropic_client(handler, base_url=base_url)
+        self.made.append(client)
+        return AnthropicModel(name, client=client, **options)
 
     async def aclose(self) -> None:
         for client in self.made:

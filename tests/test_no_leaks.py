@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anthropic
 import anyio
 import attrs
 import httpx2
@@ -59,6 +58,15 @@ from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from tests.faults import SECRET, campaign
+from tests.sdk_bodies import (
+    anthropic_client,
+    chunk,
+    completion,
+    error_answer,
+    event_stream,
+    openai_client,
+    openai_sse,
+)
 
 if TYPE_CHECKING:
     from conftest import Histograms, Spans
@@ -388,51 +396,36 @@ def openai_server(request: httpx2.Request) -> httpx2.Response:
     if len(body["messages"]) < 3:
         call: dict[str, Any] = {"id": "c1", "type": "function"}
         call["function"] = {"name": "lookup", "arguments": json.dumps({"order_id": 1})}
-        message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
-        return httpx2.Response(200, json={"id": "x", "model": "m", "choices": [choice]})
+        return completion({"tool_calls": [call]}, "tool_calls")
     error = {"message": f"invalid: {json.dumps(body)}", "type": "invalid_request_error"}
-    return httpx2.Response(400, json={"error": error})
-
-
-def openai_client(server: Callable[[httpx2.Request], httpx2.Response]) -> openai.AsyncOpenAI:
-    transport = httpx2.MockTransport(server)
-    return openai.AsyncOpenAI(
-        api_key=CANARY, base_url=BASE_URL, http_client=httpx2.AsyncClient(transport=transport)
-    )
+    return error_answer(400, {"error": error})
 
 
 async def openai_sdk(tmp_path: Path, capture: bool) -> None:
-    async with openai_client(openai_server) as client:
+    async with openai_client(openai_server, CANARY, BASE_URL) as client:
         model = OpenAIModel("m", client=client, context_window=8_000)
         await Support(model=model, capture_content=capture).run(f"input {CANARY}")
 
 
 def openai_misfit(request: httpx2.Request) -> httpx2.Response:
     """Answers structured output that does not fit, quoting the request in it."""
-    text = json.dumps({"id": request.content.decode(), "note": 1})
-    message = {"role": "assistant", "content": text}
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
-    return httpx2.Response(200, json={"id": "x", "model": "m", "choices": [choice]})
+    return completion({"content": json.dumps({"id": request.content.decode(), "note": 1})})
 
 
 async def openai_structured(tmp_path: Path, capture: bool) -> None:
-    async with openai_client(openai_misfit) as client:
+    async with openai_client(openai_misfit, CANARY, BASE_URL) as client:
         agent = Support(model=OpenAIModel("gpt-4o", client=client), capture_content=capture)
         await agent.run(f"input {CANARY}", output_type=Order)
 
 
 def openai_stream_error(request: httpx2.Request) -> httpx2.Response:
     """Streams some text, then an error event that echoes the request."""
-    delta = {"index": 0, "delta": {"content": f"part {CANARY}"}, "finish_reason": None}
-    chunk = {"id": "x", "model": "m", "choices": [delta]}
     error = {"error": {"message": f"failed: {request.content.decode()}", "type": "server_error"}}
-    events = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(error)}\n\n"
-    return httpx2.Response(200, text=events, headers={"content-type": "text/event-stream"})
+    return event_stream(openai_sse(chunk({"content": f"part {CANARY}"}), error, done=False))
 
 
 async def openai_stream(tmp_path: Path, capture: bool) -> None:
-    async with openai_client(openai_stream_error) as client:
+    async with openai_client(openai_stream_error, CANARY, BASE_URL) as client:
         model = OpenAIModel("m", client=client, context_window=8_000)
         agent = Support(model=model, capture_content=capture)
         async with agent.stream(f"input {CANARY}") as events:
@@ -443,18 +436,11 @@ async def openai_stream(tmp_path: Path, capture: bool) -> None:
 def anthropic_server(request: httpx2.Request) -> httpx2.Response:
     """Echoes the request in a 500 (retried once, then raised)."""
     error = {"type": "api_error", "message": f"failed: {request.content.decode()}"}
-    return httpx2.Response(500, json={"type": "error", "error": error})
-
-
-def anthropic_client(server: Callable[[httpx2.Request], httpx2.Response]) -> Any:
-    transport = httpx2.MockTransport(server)
-    return anthropic.AsyncAnthropic(
-        api_key=CANARY, base_url=BASE_URL, http_client=httpx2.AsyncClient(transport=transport)
-    )
+    return error_answer(500, {"type": "error", "error": error})
 
 
 async def anthropic_sdk(tmp_path: Path, capture: bool) -> None:
-    async with anthropic_client(anthropic_server) as client:
+    async with anthropic_client(anthropic_server, CANARY, BASE_URL) as client:
         model = AnthropicModel("claude-x", client=client)
         await Support(model=model, capture_content=capture).run(f"input {CANARY}")
 
@@ -466,11 +452,11 @@ def anthropic_overflowing(request: httpx2.Request) -> httpx2.Response:
     else:
         message = f"prompt is too long: 300000 tokens > 200000 maximum {CANARY}"
     error = {"type": "invalid_request_error", "message": message}
-    return httpx2.Response(400, json={"type": "error", "error": error})
+    return error_answer(400, {"type": "error", "error": error})
 
 
 async def anthropic_overflow(tmp_path: Path, capture: bool) -> None:
-    async with anthropic_client(anthropic_overflowing) as client:
+    async with anthropic_client(anthropic_overflowing, CANARY, BASE_URL) as client:
         agent = Managed(model=AnthropicModel("claude-x", client=client), capture_content=capture)
         await agent.run(f"input {CANARY}", history=HISTORY[:4])
 
