@@ -37,12 +37,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import anyio
 import anyio.lowlevel
 import attrs
 import httpx2
-import openai
 import pytest
 
 from littleghost import Agent, Message, Role, RunContext, manage_context, tool
@@ -57,8 +55,6 @@ from littleghost.events import (
     ToolCallFinished,
 )
 from littleghost.models import ModelRequest, ModelResponse
-from littleghost.models.anthropic import AnthropicModel
-from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.sessions.base import SessionStore
 from littleghost.testing import (
@@ -71,6 +67,18 @@ from littleghost.testing import (
 from .conftest import Spans
 from .conversations import PerMessage, chat, summary_step
 from .faults import log_problems, request_problems
+from .sdk_bodies import (
+    SDKClients,
+    anthropic_events,
+    block,
+    chunk,
+    completion_body,
+    finish,
+    message_start,
+    openai_events,
+    text_block,
+    tool_use_block,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -176,163 +184,63 @@ class Server:
         return httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
 
-def openai_events(*events: dict[str, Any], done: bool = True) -> list[bytes | Exception]:
-    pieces: list[bytes | Exception] = [f"data: {json.dumps(e)}\n\n".encode() for e in events]
-    return pieces + ([b"data: [DONE]\n\n"] if done else [])
-
-
-def openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-    return {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [choice],
-    }
-
-
 def openai_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     function = {"name": name, "arguments": json.dumps(arguments)}
     return {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": function}]}
 
 
 OPENAI_CALL = openai_events(
-    openai_chunk({"reasoning_content": "The user wants "}),
-    openai_chunk({"reasoning_content": "order 7."}),
-    openai_chunk({"content": "Looking "}),
-    openai_chunk({"content": "it up."}),
-    openai_chunk(openai_call("call_1", "lookup", {"order_id": "7"}), "tool_calls"),
+    chunk({"reasoning_content": "The user wants "}),
+    chunk({"reasoning_content": "order 7."}),
+    chunk({"content": "Looking "}),
+    chunk({"content": "it up."}),
+    chunk(openai_call("call_1", "lookup", {"order_id": "7"}), "tool_calls"),
 )
 OPENAI_ANSWER = openai_events(
-    openai_chunk({"content": "Order 7 "}),
-    openai_chunk({"content": "has shipped."}),
-    openai_chunk({}, "stop"),
+    chunk({"content": "Order 7 "}),
+    chunk({"content": "has shipped."}),
+    chunk({}, "stop"),
 )
-OPENAI_SUMMARY = {
-    "id": "c2",
-    "object": "chat.completion",
-    "created": 1,
-    "model": "m",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "- They talked."},
-            "finish_reason": "stop",
-        }
-    ],
-    "usage": {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44},
-}
+OPENAI_SUMMARY = completion_body({"content": "- They talked."}, usage=(40, 4))
 
 
-def openai_model(clients: list[Any], *answers: Any) -> tuple[Any, Server]:
+def openai_model(clients: SDKClients, *answers: Any) -> tuple[Any, Server]:
     server = Server(list(answers))
-    client = openai.AsyncOpenAI(
-        api_key="sk-test", http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server))
+    return clients.openai_model(server), server
+
+
+def anthropic_model(clients: SDKClients) -> tuple[Any, Server]:
+    thinking = block(
+        0,
+        {"type": "thinking", "thinking": "The user ", "signature": ""},
+        {"type": "thinking_delta", "thinking": "wants order 7."},
+        {"type": "signature_delta", "signature": "sig-1"},
     )
-    clients.append(client)
-    return OpenAIModel("gpt-4o-mini", client=client), server
-
-
-def anthropic_events(*events: dict[str, Any]) -> list[bytes | Exception]:
-    return [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events]
-
-
-ANTHROPIC_START = {
-    "type": "message_start",
-    "message": {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-5",
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 40, "output_tokens": 1},
-    },
-}
-
-
-def anthropic_text(index: int, *pieces: str) -> list[dict[str, Any]]:
-    delta = "content_block_delta"
-    return [
-        {"type": "content_block_start", "index": index, "content_block": {"type": "text"}},
-        *(
-            {"type": delta, "index": index, "delta": {"type": "text_delta", "text": piece}}
-            for piece in pieces
-        ),
-        {"type": "content_block_stop", "index": index},
-    ]
-
-
-def anthropic_end(reason: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": None},
-            "usage": {"output_tokens": 5},
-        },
-        {"type": "message_stop"},
-    ]
-
-
-def anthropic_model(clients: list[Any]) -> tuple[Any, Server]:
-    thinking = [
-        {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "thinking", "thinking": "The user ", "signature": ""},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "thinking_delta", "thinking": "wants order 7."},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "signature_delta", "signature": "sig-1"},
-        },
-        {"type": "content_block_stop", "index": 0},
-    ]
-    call = [
-        {
-            "type": "content_block_start",
-            "index": 2,
-            "content_block": {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}},
-        },
-        {
-            "type": "content_block_delta",
-            "index": 2,
-            "delta": {"type": "input_json_delta", "partial_json": '{"order_id": "7"}'},
-        },
-        {"type": "content_block_stop", "index": 2},
-    ]
-    start, end = ANTHROPIC_START, anthropic_end
+    call = tool_use_block(2, "toolu_1", "lookup", '{"order_id": "7"}')
+    start = message_start()
     server = Server(
         [
             anthropic_events(
-                start, *thinking, *anthropic_text(1, "Looking ", "it up."), *call, *end("tool_use")
+                start,
+                *thinking,
+                *text_block(1, "Looking ", "it up."),
+                *call,
+                *finish("tool_use", 5),
             ),
             # cut off midway: retried
-            anthropic_events(start, *anthropic_text(0, "Order 7 ")[:2]),
+            anthropic_events(start, *text_block(0, "Order 7 ")[:2]),
             anthropic_events(
-                start, *anthropic_text(0, "Order 7 ", "has shipped."), *end("end_turn")
+                start, *text_block(0, "Order 7 ", "has shipped."), *finish("end_turn", 5)
             ),
         ]
     )
-    client = anthropic.AsyncAnthropic(
-        api_key="sk-ant-test",
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
-    )
-    clients.append(client)
-    return AnthropicModel("claude-sonnet-5", client=client), server
+    return clients.anthropic_model(server), server
 
 
 Made = tuple[Agent, Server | None]
 
 
-def tool_loop(store: SessionStore, clients: list[Any]) -> Made:
+def tool_loop(store: SessionStore, clients: SDKClients) -> Made:
     calls = tool_calls_response(("lookup", {"order_id": "1"}), ("slow", {}), text="Looking.")
     model = ScriptedModel([calls, streamed("It ", "has ", "shipped.", delay=0.002)])
     return Lookup(model=model, session_store=store), None
@@ -343,19 +251,19 @@ async def slow_summary(request: ModelRequest) -> ModelResponse:
     return summary_step("They talked.")(request)
 
 
-def compacting(store: SessionStore, clients: list[Any]) -> Made:
+def compacting(store: SessionStore, clients: SDKClients) -> Made:
     calls = tool_calls_response(("lookup", {"order_id": "7"}))
     model = ScriptedModel([slow_summary, calls, streamed("Order ", "7 ", "shipped.", delay=0.002)])
     return Compacting(model=model, session_store=store), None
 
 
-def compacting_openai(store: SessionStore, clients: list[Any]) -> Made:
+def compacting_openai(store: SessionStore, clients: SDKClients) -> Made:
     model, server = openai_model(clients, OPENAI_SUMMARY, OPENAI_CALL, OPENAI_ANSWER)
     return CompactingAnyModel(model=model, session_store=store), server
 
 
-def typed(strategy: str, answers: list[Any]) -> Callable[[SessionStore, list[Any]], Made]:
-    def make(store: SessionStore, clients: list[Any]) -> Made:
+def typed(strategy: str, answers: list[Any]) -> Callable[[SessionStore, SDKClients], Made]:
+    def make(store: SessionStore, clients: SDKClients) -> Made:
         steps = []
         for answer in answers:
             text = json.dumps(answer)
@@ -381,28 +289,28 @@ MISFIT = {"order_id": "7"}
 
 
 def provider(
-    make: Callable[[list[Any]], tuple[Any, Server]],
-) -> Callable[[SessionStore, list[Any]], Made]:
-    def made(store: SessionStore, clients: list[Any]) -> Made:
+    make: Callable[[SDKClients], tuple[Any, Server]],
+) -> Callable[[SessionStore, SDKClients], Made]:
+    def made(store: SessionStore, clients: SDKClients) -> Made:
         model, server = make(clients)
         return Lookup(model=model, session_store=store), server
 
     return made
 
 
-def openai_retried(clients: list[Any]) -> tuple[Any, Server]:
-    cut = openai_events(openai_chunk({"content": "Order 7 "}), done=False)
+def openai_retried(clients: SDKClients) -> tuple[Any, Server]:
+    cut = openai_events(chunk({"content": "Order 7 "}), done=False)
     return openai_model(clients, OPENAI_CALL, cut, OPENAI_ANSWER)
 
 
-def openai_failing(store: SessionStore, clients: list[Any]) -> Made:
+def openai_failing(store: SessionStore, clients: SDKClients) -> Made:
     """The answer's connection breaks after its first piece, with no retry left."""
     broken = [*OPENAI_ANSWER[:1], httpx2.ReadError("connection reset")]
     model, server = openai_model(clients, OPENAI_CALL, broken)
     return Lookup(model=model, session_store=store, max_retries=0), server
 
 
-def sub_agent(store: SessionStore, clients: list[Any]) -> Made:
+def sub_agent(store: SessionStore, clients: SDKClients) -> Made:
     """A tool streams a sub-agent's run of a session of its own (same store)."""
 
     class Delegating(Lookup):
@@ -428,7 +336,7 @@ def sub_agent(store: SessionStore, clients: list[Any]) -> Made:
     return Delegating(model=model, session_store=store), None
 
 
-def side_call(store: SessionStore, clients: list[Any]) -> Made:
+def side_call(store: SessionStore, clients: SDKClients) -> Made:
     """A tool with a timeout makes a side call: its ``SideCallFinished`` is sent while the
     tool waits (the timeout stands still meanwhile)."""
 
@@ -448,7 +356,7 @@ def side_call(store: SessionStore, clients: list[Any]) -> Made:
     return Digesting(model=ScriptedModel(steps), session_store=store), None
 
 
-def overflow(store: SessionStore, clients: list[Any]) -> Made:
+def overflow(store: SessionStore, clients: SDKClients) -> Made:
     """The turn's call overflows the window: compacted, and retried."""
     steps = [
         ContextWindowOverflowError("too long"),
@@ -459,7 +367,7 @@ def overflow(store: SessionStore, clients: list[Any]) -> Made:
     return Compacting(model=ScriptedModel(steps), session_store=store), None
 
 
-SCENARIOS: dict[str, Callable[[SessionStore, list[Any]], Made]] = {
+SCENARIOS: dict[str, Callable[[SessionStore, SDKClients], Made]] = {
     "tool loop": tool_loop,
     "compacting": compacting,
     "compacting openai": compacting_openai,
@@ -749,15 +657,7 @@ def reported(seen: list[Event], stored: list[Message], earlier: int) -> list[str
     return problems
 
 
-@pytest.fixture
-async def clients() -> AsyncIterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for client in made:
-        await client.close()
-
-
-async def reference(scenario: str, clients: list[Any]) -> Reference:
+async def reference(scenario: str, clients: SDKClients) -> Reference:
     store = InMemorySessionStore()
     await seed(store, scenario)
     agent, _ = SCENARIOS[scenario](store, clients)
@@ -789,11 +689,11 @@ async def test_every_stop_at_every_event(
     tmp_path: Path,
     spans: Spans,
     caplog: pytest.LogCaptureFixture,
-    clients: list[Any],
+    sdk_clients: SDKClients,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(random, "uniform", lambda low, high: low)  # retries at once
-    ran = await reference(scenario, clients)
+    ran = await reference(scenario, sdk_clients)
     problems = []
     for at in range(len(ran.kinds)):
         async with contextlib.AsyncExitStack() as stack:
@@ -802,7 +702,7 @@ async def test_every_stop_at_every_event(
                 store = SQLiteSessionStore(tmp_path / f"{at}.db")
                 await stack.enter_async_context(store)
             await seed(store, scenario)
-            agent, server = SCENARIOS[scenario](store, clients)
+            agent, server = SCENARIOS[scenario](store, sdk_clients)
             found = await check(agent, store, server, how, at, ran, spans)
         problems += [f"at {at} ({ran.kinds[at]}): {p}" for p in found]
     problems += [f"logged: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
