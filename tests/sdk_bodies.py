@@ -1,12 +1,15 @@
 """What the OpenAI and Anthropic APIs answer, for the tests that drive the real SDKs: whole
 bodies, streamed events and their server-sent-events encoding, HTTP responses, a mock
-server that plays them and the SDK clients bound to it. Each builder gives the API's
-full shape; a test names only what it is about."""
+server that plays them, the SDK clients bound to it, and a real HTTP server on 127.0.0.1.
+Each builder gives the API's full shape; a test names only what it is about."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anthropic
@@ -315,3 +318,76 @@ class SDKClients:
     async def aclose(self) -> None:
         for client in self.made:
             await client.close()
+
+
+# --- a real server on 127.0.0.1 ---------------------------------------------------------
+
+
+NOT_FOUND = error_answer(404, {"error": {"message": "Not found", "type": "not_found_error"}})
+
+
+class LocalServer:
+    """A real HTTP server on 127.0.0.1 that answers each path from ``routes`` (a 404
+    else), after the pause ``delays`` gives the path; over HTTP/1.1 keep-alive
+    connections (which the SDKs pool) unless ``keep_alive`` is off. It records each
+    request's method and path."""
+
+    def __init__(
+        self,
+        routes: Mapping[str, httpx2.Response],
+        delays: Mapping[str, float] | None = None,
+        keep_alive: bool = True,
+    ) -> None:
+        self.routes = dict(routes)
+        self.delays = dict(delays or {})
+        self.keep_alive = keep_alive
+        self.requests: list[tuple[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                server.answer(self)
+
+            do_POST = do_GET
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI SDK's base URL for this server."""
+        return f"{self.url}/v1"
+
+    def count(self, path: str) -> int:
+        return sum(1 for _, seen in self.requests if seen == path)
+
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        self.requests.append((handler.command, handler.path))
+        time.sleep(self.delays.get(handler.path, 0.0))
+        answer = self.routes.get(handler.path, NOT_FOUND)
+        handler.send_response(answer.status_code)
+        handler.send_header("Content-Type", answer.headers["content-type"])
+        handler.send_header("Content-Length", str(len(answer.content)))
+        if not self.keep_alive:
+            handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(answer.content)
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()

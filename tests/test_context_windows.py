@@ -4,19 +4,15 @@ against (override, advertised, fallback with one warning per model)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import uuid4
 
 import anyio
 import httpx2
-import openai
 import pytest
 
 import littleghost.models.openai as openai_provider
@@ -30,40 +26,22 @@ from littleghost.models.openai import OpenAIModel
 from littleghost.models.windows import WINDOWS_CHECKED, known_context_window
 from littleghost.testing import ScriptedModel, text_response
 
+from .sdk_bodies import (
+    NOT_FOUND,
+    LocalServer,
+    completion_body,
+    error_answer,
+    json_answer,
+    openai_client,
+)
+
 pytestmark = pytest.mark.anyio
 
 
-class Answer(NamedTuple):
-    status: int
-    content_type: str
-    body: bytes
+COMPLETION = json_answer(completion_body({"content": "They talked about order 42."}, usage=(10, 5)))
 
 
-def json_answer(body: object, status: int = 200) -> Answer:
-    return Answer(status, "application/json", json.dumps(body).encode())
-
-
-NOT_FOUND = json_answer({"error": {"message": "Not found", "type": "not_found_error"}}, 404)
-COMPLETION = json_answer(
-    {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "They talked about order 42."},
-                "finish_reason": "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    }
-)
-
-
-def llama_cpp(n_ctx: int) -> Answer:
+def llama_cpp(n_ctx: int) -> httpx2.Response:
     """``GET /v1/models`` as llama.cpp's server answers it: one model, named by its file."""
     return json_answer(
         {
@@ -97,63 +75,14 @@ OPENROUTER = json_answer(
 GROQ = json_answer({"object": "list", "data": [{"id": "m", "context_window": 131_072}]})
 
 
-class StubServer:
-    """A real HTTP server on 127.0.0.1 that answers each path from ``routes`` (404 else)."""
-
-    def __init__(self, routes: Mapping[str, Answer], delay: float = 0.0) -> None:
-        self.routes = dict(routes)
-        self.delay = delay
-        self.requests: list[tuple[str, str]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                stub.answer(self)
-
-            def do_POST(self) -> None:
-                stub.answer(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
-
-    def count(self, path: str) -> int:
-        return sum(1 for _, seen in self.requests if seen == path)
-
-    def answer(self, handler: BaseHTTPRequestHandler) -> None:
-        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
-        self.requests.append((handler.command, handler.path))
-        time.sleep(self.delay)
-        status, content_type, body = self.routes.get(handler.path, NOT_FOUND)
-        handler.send_response(status)
-        handler.send_header("Content-Type", content_type)
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
-
-    def close(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join()
-
-
 @pytest.fixture
-def serve() -> Iterator[Callable[..., StubServer]]:
-    """Starts stub servers; stops them after the test."""
-    servers: list[StubServer] = []
+def serve() -> Iterator[Callable[..., LocalServer]]:
+    """Starts real servers on 127.0.0.1 that answer each of ``routes`` after ``delay``
+    and close each connection after its answer; stops them after the test."""
+    servers: list[LocalServer] = []
 
-    def start(routes: Mapping[str, Answer], delay: float = 0.0) -> StubServer:
-        server = StubServer(routes, delay)
+    def start(routes: Mapping[str, httpx2.Response], delay: float = 0.0) -> LocalServer:
+        server = LocalServer(routes, dict.fromkeys(routes, delay), keep_alive=False)
         servers.append(server)
         return server
 
@@ -290,9 +219,7 @@ async def test_openais_own_api_is_not_asked() -> None:
         requests.append(request)
         return httpx2.Response(500)
 
-    client = openai.AsyncOpenAI(
-        api_key="sk-test", http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(record))
-    )
+    client = openai_client(record)
     try:
         model = OpenAIModel("gpt-4o-mini", client=client)
         await model.prepare()
@@ -310,13 +237,13 @@ async def test_openais_own_api_is_not_asked() -> None:
     ids=["llama.cpp", "vllm", "openrouter", "groq"],
 )
 async def test_a_server_reports_its_window(
-    serve: Callable[..., StubServer],
+    serve: Callable[..., LocalServer],
     models: Callable[..., OpenAIModel],
-    answer: Answer,
+    answer: httpx2.Response,
     window: int,
 ) -> None:
     server = serve({"/v1/models": answer})
-    model = models("m", server.url)
+    model = models("m", server.openai_url)
     assert model.context_window is None
     await model.prepare()
     assert model.context_window == window
@@ -325,24 +252,24 @@ async def test_a_server_reports_its_window(
 
 
 async def test_the_servers_window_wins_over_the_table_and_the_explicit_one_over_both(
-    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+    serve: Callable[..., LocalServer], models: Callable[..., OpenAIModel]
 ) -> None:
     server = serve({"/v1/models": llama_cpp(2_048)})
-    served = models("gpt-4o-mini", server.url)
+    served = models("gpt-4o-mini", server.openai_url)
     assert served.context_window == 128_000
     await served.prepare()
     assert served.context_window == 2_048
-    explicit = models("gpt-4o-mini", server.url, context_window=1_000)
+    explicit = models("gpt-4o-mini", server.openai_url, context_window=1_000)
     await explicit.prepare()
     assert explicit.context_window == 1_000
     assert server.count("/v1/models") == 1  # the explicit window needs no request
 
 
 async def test_a_list_without_the_model_gives_no_window(
-    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+    serve: Callable[..., LocalServer], models: Callable[..., OpenAIModel]
 ) -> None:
     answer = json_answer({"data": [{"id": "a", "max_model_len": 10}, {"id": "b"}]})
-    model = models("m", serve({"/v1/models": answer}).url)
+    model = models("m", serve({"/v1/models": answer}).openai_url)
     await model.prepare()
     assert model.context_window is None
 
@@ -351,22 +278,22 @@ async def test_a_list_without_the_model_gives_no_window(
     "answer",
     [
         NOT_FOUND,
-        Answer(200, "application/json", b"{not json"),
-        Answer(200, "text/html", b"<html>models</html>"),
-        json_answer({"error": "boom"}, 500),
+        httpx2.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
+        httpx2.Response(200, content=b"<html>models</html>", headers={"content-type": "text/html"}),
+        error_answer(500, {"error": "boom"}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
     ],
     ids=["404", "garbage", "html", "500", "bad-figures"],
 )
 async def test_a_failed_models_request_falls_back_to_the_table(
-    serve: Callable[..., StubServer],
+    serve: Callable[..., LocalServer],
     models: Callable[..., OpenAIModel],
     caplog: pytest.LogCaptureFixture,
-    answer: Answer,
+    answer: httpx2.Response,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="littleghost.models.openai")
     server = serve({"/v1/models": answer})
-    unknown, known = models("m", server.url), models("gpt-4o-mini", server.url)
+    unknown, known = models("m", server.openai_url), models("gpt-4o-mini", server.openai_url)
     for model in (unknown, known, unknown, known):
         await model.prepare()
     assert (unknown.context_window, known.context_window) == (None, 128_000)
@@ -423,10 +350,10 @@ async def test_the_probe_never_outlives_the_runs_deadline(
 
 
 async def test_concurrent_prepares_read_once(
-    serve: Callable[..., StubServer], models: Callable[..., OpenAIModel]
+    serve: Callable[..., LocalServer], models: Callable[..., OpenAIModel]
 ) -> None:
     server = serve({"/v1/models": VLLM}, delay=0.2)
-    model = models("m", server.url)
+    model = models("m", server.openai_url)
     async with anyio.create_task_group() as group:
         for _ in range(3):
             group.start_soon(model.prepare)
@@ -457,9 +384,9 @@ def long_history(pairs: int = 12) -> list[Message]:
     ids=["served-window", "fallback", "override-smaller", "override-larger"],
 )
 async def test_an_agent_compacts_at_the_window_that_applies(
-    serve: Callable[..., StubServer],
+    serve: Callable[..., LocalServer],
     models: Callable[..., OpenAIModel],
-    served: Answer,
+    served: httpx2.Response,
     override: int | None,
     compacts: bool,
 ) -> None:
@@ -473,7 +400,7 @@ async def test_an_agent_compacts_at_the_window_that_applies(
         instructions = "Help with orders."
 
     server = serve({"/v1/models": served, "/v1/chat/completions": COMPLETION})
-    result = await Support(model=models("m", server.url)).run(
+    result = await Support(model=models("m", server.openai_url)).run(
         "Where is order 42?", history=long_history()
     )
     assert result.output == "They talked about order 42."

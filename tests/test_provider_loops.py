@@ -5,15 +5,12 @@ the SDK's pooled connections belong to the loop that opened them."""
 from __future__ import annotations
 
 import gc
-import json
 import os
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anthropic
@@ -27,92 +24,31 @@ from littleghost.models import Model
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 
+from .sdk_bodies import LocalServer, completion_body, json_answer, message_body
 from .threads import in_threads
 
-COMPLETION = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 1,
-    "model": "m",
-    "choices": [
-        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
-    ],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-6",
-    "content": [{"type": "text", "text": "hi"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 3, "output_tokens": 1},
-}
 MODELS = {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}
+ROUTES = {
+    "/v1/chat/completions": json_answer(completion_body({"content": "hi"}, usage=(3, 1))),
+    "/v1/messages": json_answer(
+        message_body(
+            [{"type": "text", "text": "hi"}], usage={"input_tokens": 3, "output_tokens": 1}
+        )
+    ),
+    "/v1/models": json_answer(MODELS),
+}
 
 
-class KeepAliveServer:
+def keep_alive_server(models_delay: float = 0.0, keep_alive: bool = True) -> LocalServer:
     """Chat completions, Messages and ``GET /v1/models`` over HTTP/1.1 keep-alive
     connections (which the SDKs pool), unless ``keep_alive`` is off; ``models_delay``
     slows the models listing."""
-
-    def __init__(self, models_delay: float = 0.0, keep_alive: bool = True) -> None:
-        self.models_delay = models_delay
-        self.keep_alive = keep_alive
-        self.paths: list[str] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                server.answer(self)
-
-            def do_POST(self) -> None:
-                server.answer(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        ).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
-
-    def answer(self, handler: BaseHTTPRequestHandler) -> None:
-        handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
-        self.paths.append(handler.path)
-        if handler.path == "/v1/models":
-            time.sleep(self.models_delay)
-        body = json.dumps(
-            MODELS
-            if handler.path == "/v1/models"
-            else MESSAGE
-            if handler.path == "/v1/messages"
-            else COMPLETION
-        ).encode()
-        handler.send_response(200)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        if not self.keep_alive:
-            handler.send_header("Connection", "close")
-        handler.end_headers()
-        handler.wfile.write(body)
-
-    def close(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+    return LocalServer(ROUTES, {"/v1/models": models_delay}, keep_alive)
 
 
 @pytest.fixture
-def server() -> Iterator[KeepAliveServer]:
-    served = KeepAliveServer()
+def server() -> Iterator[LocalServer]:
+    served = keep_alive_server()
     yield served
     served.close()
 
@@ -147,7 +83,7 @@ async def run_once(agent: type[Agent]) -> str:
 
 @MODEL_KINDS
 def test_run_sync_runs_again_and_again_with_one_model_instance(
-    server: KeepAliveServer, make: Callable[[str], Model]
+    server: LocalServer, make: Callable[[str], Model]
 ) -> None:
     agent = support(make(server.url))
     outputs = [agent().run_sync("hello", timeout=10).output for _ in range(4)]
@@ -156,7 +92,7 @@ def test_run_sync_runs_again_and_again_with_one_model_instance(
 
 @MODEL_KINDS
 def test_a_trio_run_after_run_sync_and_back(
-    server: KeepAliveServer, make: Callable[[str], Model]
+    server: LocalServer, make: Callable[[str], Model]
 ) -> None:
     agent = support(make(server.url))
     assert agent().run_sync("hello", timeout=10).output == "hi"
@@ -165,9 +101,7 @@ def test_a_trio_run_after_run_sync_and_back(
 
 
 @MODEL_KINDS
-def test_run_sync_in_two_threads_at_once(
-    server: KeepAliveServer, make: Callable[[str], Model]
-) -> None:
+def test_run_sync_in_two_threads_at_once(server: LocalServer, make: Callable[[str], Model]) -> None:
     agent = support(make(server.url))
     for _ in range(3):
         outcomes = in_threads(lambda _: agent().run_sync("hello", timeout=10).output, 2)
@@ -175,13 +109,13 @@ def test_run_sync_in_two_threads_at_once(
 
 
 def test_threads_wait_for_one_models_listing_and_read_its_window() -> None:
-    slow = KeepAliveServer(models_delay=0.3)
+    slow = keep_alive_server(models_delay=0.3)
     try:
         model = openai_model(slow.url, context_window=None)
         agent = support(model)
         outcomes = in_threads(lambda _: agent().run_sync("hello", timeout=10).output, 3)
         assert outcomes == ["hi"] * 3
-        assert (slow.paths.count("/v1/models"), model.context_window) == (1, 4096)
+        assert (slow.count("/v1/models"), model.context_window) == (1, 4096)
     finally:
         slow.close()
 
@@ -211,7 +145,7 @@ os.wait()
 
 def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too() -> None:
     """A child waited, for good, for the end of a read no thread of its own was making."""
-    slow = KeepAliveServer(models_delay=0.5)
+    slow = keep_alive_server(models_delay=0.5)
     try:
         done = subprocess.run(
             [sys.executable, "-c", FORKED_DURING_A_READ, f"{slow.url}/v1"],
@@ -227,7 +161,7 @@ def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too() -> None
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_a_given_client_serves_one_event_loop_and_says_so_in_another(
-    server: KeepAliveServer, provider: str
+    server: LocalServer, provider: str
 ) -> None:
     if provider == "openai":
         client: Any = openai.AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1")
@@ -249,7 +183,7 @@ def test_a_given_client_serves_one_event_loop_and_says_so_in_another(
         agent().run_sync("hello", timeout=10)
 
 
-def test_file_descriptors_and_threads_stay_flat_over_many_runs(server: KeepAliveServer) -> None:
+def test_file_descriptors_and_threads_stay_flat_over_many_runs(server: LocalServer) -> None:
     agent = support(openai_model(server.url))
     run = agent().run_sync
     for _ in range(5):
@@ -268,7 +202,7 @@ def test_file_descriptors_and_threads_stay_flat_over_many_runs(server: KeepAlive
 
 @pytest.mark.anyio
 async def test_a_long_lived_loop_keeps_no_model_it_no_longer_uses() -> None:
-    server = KeepAliveServer(keep_alive=False)  # a model dropped unclosed leaves no socket
+    server = keep_alive_server(keep_alive=False)  # a model dropped unclosed leaves no socket
     try:
         models = [openai_model(server.url) for _ in range(20)]
         for model in models:
