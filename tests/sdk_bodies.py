@@ -38,8 +38,11 @@ def error_answer(
     return httpx2.Response(status, json=body, headers=headers)
 
 
-def event_stream(content: bytes | AsyncIterator[bytes]) -> httpx2.Response:
-    """A 200 whose body is server-sent events."""
+def event_stream(content: bytes | AsyncIterator[bytes] | httpx2.AsyncByteStream) -> httpx2.Response:
+    """A 200 whose body is server-sent events (a body stream of its own is closed as
+    httpx closes a connection's)."""
+    if isinstance(content, httpx2.AsyncByteStream):
+        return httpx2.Response(200, stream=content, headers=SSE_HEADERS)
     return httpx2.Response(200, content=content, headers=SSE_HEADERS)
 
 

@@ -927,8 +927,7 @@ async def test_closing_a_stream_early_closes_the_response(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
     body = EndlessBody(anthropic_sse(START, *text_block(0, "first")[:2]))
-    answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
-    stream = make_model(FakeServer(answer)).stream(ModelRequest([Message.user("hi")]))
+    stream = make_model(FakeServer(event_stream(body))).stream(ModelRequest([Message.user("hi")]))
     assert await stream.__anext__() == TextChunk("first")
     assert not body.closed
     await stream.aclose()

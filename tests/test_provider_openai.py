@@ -1370,8 +1370,7 @@ async def test_closing_a_stream_early_closes_the_response(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
     body = EndlessBody(openai_sse(chunk({"content": "first"}), done=False))
-    answer = httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
-    model = make_model(FakeServer(answer))
+    model = make_model(FakeServer(event_stream(body)))
     stream = model.stream(ModelRequest([Message.user("hi")]))
     assert await stream.__anext__() == TextChunk("first")
     assert not body.closed

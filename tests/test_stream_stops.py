@@ -73,6 +73,7 @@ from .sdk_bodies import (
     block,
     chunk,
     completion_body,
+    event_stream,
     finish,
     message_start,
     openai_events,
@@ -181,7 +182,7 @@ class Server:
         if isinstance(answer, dict):
             return httpx2.Response(200, json=answer)
         body = Body(answer, self.opened)
-        return httpx2.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+        return event_stream(body)
 
 
 def openai_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
