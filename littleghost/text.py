@@ -20,6 +20,8 @@ __all__ = [
     "error_text",
     "json_object",
     "json_text",
+    "json_type",
+    "json_type_name",
     "truncate_middle",
     "weighed_length",
     "well_formed",
@@ -357,6 +359,44 @@ def _rebuilt(value: object) -> object:
     if isinstance(value, tuple):
         return tuple(_rebuilt(item) for item in value)
     return value
+
+
+def json_type(value: object) -> str | None:
+    """The JSON Schema type of ``value`` (``"null"``, ``"boolean"``, ``"integer"``,
+    ``"number"``, ``"string"``, ``"array"``, ``"object"``); ``None`` for a value of none (a
+    tuple, a mapping other than a dict, a datetime, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else None
+
+
+_TYPE_NAMES = {
+    "null": "null",
+    "boolean": "a boolean",
+    "integer": "a number",
+    "number": "a number",
+    "string": "a string",
+    "array": "an array",
+    "object": "an object",
+}
+
+
+def json_type_name(value: object) -> str:
+    """The JSON type of ``value`` as an error names it (``"a string"``, ``"an array"``; an
+    int or a float is ``"a number"``), else its Python type's name: never the value, which
+    may be content."""
+    kind = json_type(value)
+    return type(value).__name__ if kind is None else _TYPE_NAMES[kind]
 
 
 def error_text(error: BaseException, *, with_type: bool = True) -> str:

@@ -41,7 +41,7 @@ import attrs
 from littleghost._validators import MAX_DEPTH, digits_limit, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
-from littleghost.text import brief, error_text, well_formed_value
+from littleghost.text import brief, error_text, json_type_name, well_formed_value
 
 __all__ = [
     "ImageNotJson",
@@ -560,7 +560,7 @@ class _Text(NamedTuple):
                 pass
         elif self.integers and isinstance(value, int) and not isinstance(value, bool):
             return self.read(str(value))
-        got = brief(value) if isinstance(value, str) else _json_type(value)
+        got = brief(value) if isinstance(value, str) else json_type_name(value)
         raise ToolArgumentError(f"{path}: expected {self.expected}, got {got}")
 
 
@@ -631,25 +631,25 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         return _own(value)
     if annotation is None or annotation is _NONE_TYPE:
         if value is not None:
-            raise ToolArgumentError(f"{path}: expected null, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected null, got {json_type_name(value)}")
         return None
     if annotation is str:
         if not isinstance(value, str):
-            raise ToolArgumentError(f"{path}: expected a string, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected a string, got {json_type_name(value)}")
         return value
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ToolArgumentError(f"{path}: expected a boolean, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected a boolean, got {json_type_name(value)}")
         return value
     if annotation is int:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ToolArgumentError(f"{path}: expected an integer, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected an integer, got {json_type_name(value)}")
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ToolArgumentError(f"{path}: expected a number, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected a number, got {json_type_name(value)}")
         try:
             number = float(value)
         except OverflowError:
@@ -693,7 +693,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     fields = _record_fields(annotation)
     if fields is not None:
         if not isinstance(value, dict):
-            raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected an object, got {json_type_name(value)}")
         by_name = {record_field.name: record_field for record_field in fields}
         unknown = sorted(set(value) - set(by_name))
         if unknown:
@@ -713,7 +713,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         return _built(lambda fields: annotation(**fields), kwargs, path)
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
-            raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")
         item = args[0] if args else Any
         items = [coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
         container = (
@@ -731,7 +731,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             ) from None
     if annotation is tuple or origin is tuple:
         if not isinstance(value, list):
-            raise ToolArgumentError(f"{path}: expected an array, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")
         if not args or (len(args) == 2 and args[1] is Ellipsis):
             item = args[0] if args else Any
             return tuple(coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
@@ -742,7 +742,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         )
     if annotation is dict or origin in (dict, Mapping):
         if not isinstance(value, dict):
-            raise ToolArgumentError(f"{path}: expected an object, got {_json_type(value)}")
+            raise ToolArgumentError(f"{path}: expected an object, got {json_type_name(value)}")
         item = args[1] if args else Any
         return {k: coerce(v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items()}
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
@@ -804,23 +804,7 @@ def left_out(value: Any, annotation: Any, *, required: bool) -> bool:
 def _same_json(value: Any, member: Any) -> bool:
     """True when the JSON ``value`` equals ``member`` and has its JSON type (a boolean is
     not the number 1)."""
-    return _json_type(value) == _json_type(member) and value == member
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return json_type_name(value) == json_type_name(member) and value == member
 
 
 class ImageNotJson(TypeError):

@@ -286,7 +286,7 @@ def _failed(spans: Spans) -> dict[str, object]:
         (
             "openai",
             {"content": [{"type": "text", "text": ["SECRET"]}]},
-            "content[0].text is a list",
+            "content[0].text is an array",
         ),
         ("openai", {"content": None, "refusal": {"SECRET": 1}}, "message.refusal is an object"),
     ],

@@ -28,6 +28,7 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage
 from littleghost.models.overflow import classify_error, transport_error
+from littleghost.text import json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
@@ -345,19 +346,11 @@ def lookup(value: object, *path: str) -> object:
 
 
 def _kind(value: object) -> str:
-    """The JSON kind of ``value``, as an error names it (never the value: it may be
-    message content)."""
+    """The JSON type of ``value`` as an error names it (``json_type_name``), an SDK's
+    model of an object being an object; ``None`` is "missing" (absent or ``null``)."""
     if value is None:
         return "missing"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return "an object" if _is_object(value) else type(value).__name__
+    return "an object" if _is_object(value) else json_type_name(value)
 
 
 def _is_object(value: object) -> bool:
@@ -403,7 +396,7 @@ def shaped(provider: str, value: object, where: str) -> Any:
 
 
 def listed(provider: str, value: object, where: str, *, required: bool = False) -> list[Any]:
-    """A list of an answer: ``[]`` when absent (unless ``required``).
+    """An array of an answer: ``[]`` when absent (unless ``required``).
 
     Raises:
         ProtocolError: It is another type, or ``required`` and absent.
@@ -412,7 +405,7 @@ def listed(provider: str, value: object, where: str, *, required: bool = False) 
         return value
     if value is None and not required:
         return []
-    raise wrong_shape(provider, where, value, "a list")
+    raise wrong_shape(provider, where, value, "an array")
 
 
 def index_of(provider: str, value: object, where: str) -> int:

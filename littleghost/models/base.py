@@ -12,6 +12,7 @@ from attrs import astuple, field, frozen
 
 from littleghost._validators import instance_of, int_at_least, safe_repr, tuple_of, type_check
 from littleghost.messages import Message, Role, stray_part
+from littleghost.text import json_type
 
 __all__ = [
     "ANSWER_CAPS",
@@ -223,26 +224,12 @@ def _typed_enum(schema: Mapping[str, Any]) -> dict[str, Any]:
     rest = {key: value for key, value in schema.items() if key != "enum"}
     by_type: dict[str, list[Any]] = {}
     for value in schema["enum"]:
-        by_type.setdefault(_json_type(value), []).append(value)
+        by_type.setdefault(json_type(value) or "string", []).append(value)
     typed = [
         {"type": "null"} if kind == "null" else {"type": kind, "enum": members}
         for kind, members in by_type.items()
     ]
     return {**rest, **typed[0]} if len(typed) == 1 else {**rest, "anyOf": typed}
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, Mapping):
-        return "object"
-    return "array" if isinstance(value, list) else "string"
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
