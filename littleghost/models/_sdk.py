@@ -12,8 +12,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from contextlib import aclosing, contextmanager
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -41,6 +41,7 @@ __all__ = [
     "check_api_key",
     "check_base_url",
     "check_context_window",
+    "check_model_name",
     "error_mapper",
     "image_base64",
     "image_media_type",
@@ -50,6 +51,7 @@ __all__ = [
     "lookup",
     "not_json",
     "parse_arguments",
+    "provider_errors",
     "reported",
     "reported_name",
     "reported_usage",
@@ -259,6 +261,13 @@ def check_api_key(owner: str, value: str | None, variable: str) -> str | None:
             f"{owner}: api_key (or {variable}) must be printable ASCII without whitespace at "
             "either end (a key read from a file keeps its line break: strip it)"
         )
+    return value
+
+
+def check_model_name(owner: str, value: object) -> str:
+    """A ``model`` argument: a non-empty str."""
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{owner}: model must be a non-empty str, not {safe_repr(value)}")
     return value
 
 
@@ -552,6 +561,20 @@ def error_mapper(
         return None
 
     return map_error
+
+
+@contextmanager
+def provider_errors(mapped: Callable[[Exception], ProviderError | None]) -> Iterator[None]:
+    """Raises what the block raises as the ``ProviderError`` ``mapped`` (an
+    ``error_mapper``'s function) gives for it, from it; an exception it gives none for
+    goes on as it is."""
+    try:
+        yield
+    except Exception as error:
+        provider_error = mapped(error)
+        if provider_error is None:
+            raise
+        raise provider_error from error
 
 
 def not_json(provider: str) -> ProviderUnavailableError:

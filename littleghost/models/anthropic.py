@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import attrs
 
-from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -38,6 +37,7 @@ from littleghost.models._sdk import (
     check_api_key,
     check_base_url,
     check_context_window,
+    check_model_name,
     error_mapper,
     import_sdk,
     index_of,
@@ -46,6 +46,7 @@ from littleghost.models._sdk import (
     lookup,
     not_json,
     parse_arguments,
+    provider_errors,
     reported,
     reported_name,
     reported_usage,
@@ -526,11 +527,7 @@ class AnthropicModel:
         context_window: int | None = None,
     ) -> None:
         owner = type(self).__name__
-        if not isinstance(model, str) or not model:
-            raise ConfigurationError(
-                f"{owner}: model must be a non-empty str, not {safe_repr(model)}"
-            )
-        self._name = model
+        self._name = model = check_model_name(owner, model)
         context_window = check_context_window(owner, context_window)
         self._context_window = context_window or known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
@@ -645,14 +642,9 @@ class AnthropicModel:
                     if isinstance(event, StreamDone):
                         return event.response
             raise stream_cut_off(self.provider)  # stream() raises that itself first
-        try:
+        with provider_errors(self._error):
             client = await self._clients.get()
             message = await client.messages.create(**params)
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
         if isinstance(message, str):
             raise not_json(self.provider)
         shaped(self.provider, message, "body")
@@ -689,7 +681,7 @@ class AnthropicModel:
         usage: dict[str, Any] = {}
         started: dict[str, Any] = {}
         stopped = False
-        try:
+        with provider_errors(self._error):
             create = (await self._clients.get()).messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response
@@ -729,11 +721,6 @@ class AnthropicModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
         if not stopped:
             raise stream_cut_off(self.provider)
         yield StreamDone(_streamed_response(blocks, reason, usage, started))

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from littleghost import logs
-from littleghost._validators import is_int, safe_repr
+from littleghost._validators import is_int
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -36,6 +36,7 @@ from littleghost.models._sdk import (
     check_api_key,
     check_base_url,
     check_context_window,
+    check_model_name,
     error_mapper,
     image_base64,
     image_media_type,
@@ -45,6 +46,7 @@ from littleghost.models._sdk import (
     lookup,
     not_json,
     parse_arguments,
+    provider_errors,
     reported,
     reported_name,
     reported_usage,
@@ -509,11 +511,7 @@ class OpenAIModel:
         context_window: int | None = None,
     ) -> None:
         owner = type(self).__name__
-        if not isinstance(model, str) or not model:
-            raise ConfigurationError(
-                f"{owner}: model must be a non-empty str, not {safe_repr(model)}"
-            )
-        self._name = model
+        self._name = model = check_model_name(owner, model)
         self._context_window = check_context_window(owner, context_window)
         self._sdk = import_sdk("openai", "openai")
         if client is None:
@@ -760,14 +758,9 @@ class OpenAIModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""
         params = self._params(request)
-        try:
+        with provider_errors(self._error):
             client = await self._clients.get()
             completion = await client.chat.completions.create(**params)
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
         if isinstance(completion, str):
             raise not_json(self.provider)
         provider = self.provider
@@ -875,7 +868,7 @@ class OpenAIModel:
         usage: Any = None
         response_id: str | None = None
         response_model: str | None = None
-        try:
+        with provider_errors(self._error):
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
@@ -968,11 +961,6 @@ class OpenAIModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-        except Exception as error:
-            mapped = self._error(error)
-            if mapped is None:
-                raise
-            raise mapped from error
         if finish_reason is None and not done:
             raise stream_cut_off(self.provider)
         if finish_reason == _FULL_WINDOW:
