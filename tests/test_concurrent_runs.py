@@ -2,7 +2,13 @@
 one tool and one set of hooks, with checkpoints drawn from a seeded generator in the model,
 the tools, the hooks and a stream's consumer. Each session's stored log and each run's
 result must be what running that session alone gives: nothing a run learns (calibration,
-summaries, a bounded view's figures, the engine's indexes) leaks into another's."""
+summaries, a bounded view's figures, the engine's indexes) leaks into another's.
+
+The runs overlap by force, not by luck: the first model call of each session's n-th run
+waits until every session's n-th run has made its first call, so all sessions have a
+model call in flight at once, five times over (from an empty log to logs that compacted);
+every store allows it (each locks sessions one by one, none serialises runs of different
+sessions), and the test counts the calls in flight to show it."""
 
 from __future__ import annotations
 
@@ -58,19 +64,61 @@ class Checkpoints:
             await anyio.lowlevel.checkpoint()
 
 
+class Rendezvous:
+    """Where the first model call of every session's n-th run waits for the others: one
+    barrier of ``SESSIONS`` parties per run number (waited in a worker thread, so runs in
+    one event loop and runs in threads of their own meet alike), and the most model calls
+    that were ever in flight at once."""
+
+    def __init__(self) -> None:
+        self._barriers = [threading.Barrier(SESSIONS, timeout=20) for _ in range(PROMPTS)]
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self.most_in_flight = 0
+
+    def entered(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self._in_flight)
+
+    def left(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    async def meet(self, run_number: int) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._barriers[run_number].wait)
+        except threading.BrokenBarrierError:
+            raise AssertionError(f"the sessions' run {run_number} never overlapped") from None
+
+
 class Oracle:
     """A model whose answer is a function of the request alone: a lookup of the question's
     last word, then an answer naming what the tool said; a summary naming what it covers;
-    input tokens about 1.5 times the characters ÷ 4 (so calibration has something to learn)."""
+    input tokens about 1.5 times the characters ÷ 4 (so calibration has something to learn).
+    With a ``rendezvous``, a run's first call (the lookup) meets the other sessions' there."""
 
     name = "oracle"
     provider = "test"
     context_window = 600
 
-    def __init__(self, checkpoint: Checkpoints) -> None:
+    def __init__(self, checkpoint: Checkpoints, rendezvous: Rendezvous | None = None) -> None:
         self._checkpoint = checkpoint
+        self._rendezvous = rendezvous
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
+        if self._rendezvous is None:
+            return await self._answer(request)
+        self._rendezvous.entered()
+        try:
+            last = request.messages[-1]
+            if request.purpose == "chat" and last.role.value == "user":
+                await self._rendezvous.meet(int(last.text.split()[2]))
+            return await self._answer(request)
+        finally:
+            self._rendezvous.left()
+
+    async def _answer(self, request: ModelRequest) -> ModelResponse:
         await self._checkpoint()
         size = sum(len(repr(message.content)) for message in request.messages)
         usage = Usage(int(size * 1.5 / 4) + 10, 5)
@@ -197,7 +245,8 @@ async def test_sessions_run_at_once_on_one_agent_are_each_as_if_run_alone(
     want, want_logs = await alone(agent_class, checkpoint, stream=True)
     assert compactions(want_logs) >= SESSIONS  # every session compacted at least once
 
-    agent = agent_class(model=Oracle(checkpoint), session_store=store)
+    rendezvous = Rendezvous()
+    agent = agent_class(model=Oracle(checkpoint, rendezvous), session_store=store)
     got: dict[str, Any] = {}
 
     async def one(session_id: str) -> None:
@@ -206,6 +255,7 @@ async def test_sessions_run_at_once_on_one_agent_are_each_as_if_run_alone(
     async with anyio.create_task_group() as group:
         for session_id in want:
             group.start_soon(one, session_id)
+    assert rendezvous.most_in_flight == SESSIONS
     for session_id in want:
         assert shape(await store.load(session_id)) == want_logs[session_id], session_id
         assert got[session_id] == want[session_id], session_id
@@ -219,7 +269,8 @@ def test_sessions_run_at_once_from_threads_are_each_as_if_run_alone(
     agent_class = racer(checkpoint, budget=False)
     want, want_logs = anyio.run(functools.partial(alone, agent_class, checkpoint, stream=False))
     store = InMemorySessionStore() if kind == "memory" else SQLiteSessionStore(tmp_path / "s.db")
-    agent = agent_class(model=Oracle(checkpoint), session_store=store)
+    rendezvous = Rendezvous()
+    agent = agent_class(model=Oracle(checkpoint, rendezvous), session_store=store)
 
     def one(session_id: str) -> list[Any]:
         outcomes = []
@@ -234,6 +285,7 @@ def test_sessions_run_at_once_from_threads_are_each_as_if_run_alone(
 
     with ThreadPoolExecutor(max_workers=SESSIONS) as pool:
         got = dict(zip(want, pool.map(one, want), strict=True))
+    assert rendezvous.most_in_flight == SESSIONS
     for session_id in want:
         assert got[session_id] == want[session_id], session_id
         assert shape(anyio.run(store.load, session_id)) == want_logs[session_id], session_id
