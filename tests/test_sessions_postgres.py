@@ -1316,6 +1316,25 @@ class TestThreads:
                 threading.settrace(None)
         assert len(started) <= 2
 
+    async def test_the_alarm_thread_keeps_nothing_per_deadline_or_per_store(
+        self, conninfo: str
+    ) -> None:
+        """Each call's patience (its store's timeouts, not the caller's time left) is one
+        alarm: calls under many distinct deadlines share one delay, and stores of many
+        configurations (a store per tenant, say) leave none once their calls are done."""
+        from littleghost.sessions import alarms
+
+        before = set(alarms._ALARMS._due)
+        async with PostgresSessionStore(conninfo) as store:
+            for number in range(40):
+                with anyio.fail_after(5 + number / 7):  # a new time left at each call
+                    await store.load("s")
+        assert len(set(alarms._ALARMS._due) - before) <= 1
+        for number in range(20):
+            async with PostgresSessionStore(conninfo, statement_timeout=10 + number) as store:
+                await store.load("s")
+        assert alarms._ALARMS._due == {}
+
     async def test_sync_tools_past_their_timeout_do_not_hold_up_the_store(
         self, conninfo: str
     ) -> None:

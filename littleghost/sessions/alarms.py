@@ -32,7 +32,8 @@ class _Alarms:
         thread is not in the child."""
         self._changed = threading.Condition(threading.Lock())
         self._due: dict[float, _Due] = {}
-        """By delay, each in the order set, so its first is its earliest."""
+        """By delay, each in the order set, so its first is its earliest; a delay with
+        no alarm left goes (a store's delay is its timeouts': one per configuration)."""
         self._keys = itertools.count()
         self._watching = False
 
@@ -52,15 +53,21 @@ class _Alarms:
         def cancel() -> None:
             with self._changed:
                 due.pop(key, None)
+                self._drop_if_done(seconds, due)
 
         return cancel
+
+    def _drop_if_done(self, seconds: float, due: _Due) -> None:
+        """Forget the delay ``seconds`` once ``due``, its alarms, has none left."""
+        if not due and self._due.get(seconds) is due:
+            del self._due[seconds]
 
     def _watch(self) -> None:
         while True:
             with self._changed:
                 fired = self._fired(time.monotonic())
                 if not fired:
-                    firsts = [next(iter(due.values()))[0] for due in self._due.values() if due]
+                    firsts = [next(iter(due.values()))[0] for due in self._due.values()]
                     self._changed.wait(min(firsts) - time.monotonic() if firsts else None)
                     continue
             for action in fired:
@@ -71,9 +78,10 @@ class _Alarms:
 
     def _fired(self, now: float) -> list[Callable[[], None]]:
         fired = []
-        for due in self._due.values():
+        for seconds, due in list(self._due.items()):
             while due and next(iter(due.values()))[0] <= now:
                 fired.append(due.popitem(last=False)[1][1])
+            self._drop_if_done(seconds, due)
         return fired
 
 
