@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import anyio
 import pytest
@@ -979,6 +980,36 @@ class TestDeadlines:
             assert await texts(store) == ["before"]
         await store.append("s", [Message.user("after")])
         assert await texts(store) == ["before", "after"]
+
+    async def test_calls_near_their_deadlines_send_a_few_fixed_statements(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A statement waits for a lock a slice at most, shorter as its call's time runs
+        out: set by a few fixed texts, and only when it changes, so that calls under many
+        deadlines do not fill the connection's statement cache (128 statements) with
+        one-off ones that push the store's own out."""
+        sent: list[str] = []
+        connect = sqlite3.connect
+
+        def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+            connection = connect(*args, **kwargs)
+            connection.set_trace_callback(sent.append)
+            return connection
+
+        monkeypatch.setattr(sqlite3, "connect", traced)
+        async with SQLiteSessionStore(tmp_path / "s.db") as store:
+            await store.append("s", [Message.user("hi")])
+            for number in range(92):
+                with anyio.move_on_after(0.055 + number % 46 / 1000):  # 5 to 50 ms to wait
+                    await store.load("s")
+            calm = len(sent)
+            for _ in range(50):
+                await store.load("s")
+        pragmas = [text for text in sent if "busy_timeout" in text]
+        assert len(set(pragmas)) <= 4
+        assert len(set(sent)) < 32
+        assert len(pragmas) < 92
+        assert not any("busy_timeout" in text for text in sent[calm + 1 :])
 
     async def test_the_deadline_stays_a_deadline(self, store: SQLiteSessionStore) -> None:
         with locked(Path(store.path)):

@@ -74,6 +74,10 @@ _SHORTEST_WAIT = 0.005
 _SLICE = 0.05
 """Seconds a worker thread waits for a lock at a time, between checks that its caller
 still waits."""
+_BUSY_TIMEOUTS = (round(_SLICE * 1000), 20, 10, round(_SHORTEST_WAIT * 1000))
+"""The milliseconds a statement may wait for a lock (``_SLICE``, then shorter slices
+near the end of a call): a few fixed ``PRAGMA busy_timeout`` texts, so that the
+connection's statement cache keeps the store's own statements."""
 _PAUSE = 0.005
 """Seconds between attempts that found the database busy."""
 _CHECKPOINT_WAIT = 1.0
@@ -261,6 +265,8 @@ class SQLiteSessionStore:
         self._closed = False
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
+        self._busy_timeout = 0
+        """The milliseconds the open connection's statements wait for a lock."""
         self._locks, self._lock_file = _locks_for(self._file)
         if self._lock_file is not None:
             with _STORES_GUARD:
@@ -576,8 +582,11 @@ class SQLiteSessionStore:
     def _slice(self, connection: sqlite3.Connection) -> None:
         """Let each statement wait for other connections' locks for a slice at most (less
         when the call's time is nearly up); ``_run`` tries again while the call waits."""
-        seconds = min(_SLICE, max(self._current.give_up - time.monotonic(), _SHORTEST_WAIT))
-        connection.execute(f"PRAGMA busy_timeout = {math.ceil(seconds * 1000)}")
+        left = (self._current.give_up - time.monotonic()) * 1000
+        milliseconds = next((ms for ms in _BUSY_TIMEOUTS if ms <= left), _BUSY_TIMEOUTS[-1])
+        if milliseconds != self._busy_timeout:  # set only when it changes
+            connection.execute(f"PRAGMA busy_timeout = {milliseconds}")
+            self._busy_timeout = milliseconds
 
     def _again(self) -> bool:
         """After a pause, whether to try again what found the database busy: not once the
@@ -645,6 +654,7 @@ class SQLiteSessionStore:
         connection = sqlite3.connect(
             target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
         )
+        self._busy_timeout = _BUSY_TIMEOUTS[0]  # its timeout=
         try:
             self._slice(connection)
             connection.execute("PRAGMA secure_delete = ON")  # a build's default may be off
