@@ -585,8 +585,50 @@ class TestConcurrentRuns:
         failure = result.messages[2].tool_results[0]
         assert failure.is_error
         assert "SessionBusyError" in failure.content
-        assert "wait for itself" in failure.content
+        assert (
+            "a run of this session is already in progress in this task, or in a task it "
+            "was started from (a tool runs in a task its run started); a run started from "
+            "inside it would wait for itself (it is refused from any task started inside it)"
+        ) in failure.content
         assert await store.load("s") == result.messages
+
+    @pytest.mark.parametrize("where", ["block", "task of the block", "stream in the block"])
+    async def test_a_run_of_a_streamed_session_says_why_it_is_refused(
+        self, store: SessionStore, where: str
+    ) -> None:
+        """A run of the session of a stream, from its block, from a task started in the
+        block (which the block may wait for) or from a stream opened in the block, is
+        refused with a message true of each: where the session is in progress, and why
+        waiting there would never end."""
+        agent = Helper(model=ScriptedModel([text_response("done")]), session_store=store)
+        again = Helper(model=ScriptedModel([]), session_store=store)
+
+        async def run_again() -> None:
+            with pytest.raises(SessionBusyError) as caught:
+                if where == "stream in the block":
+                    async with again.stream("inner", session_id="s") as inner:
+                        async for _ in inner:
+                            pass
+                else:
+                    await again.run("inner", session_id="s")
+            assert str(caught.value) == (
+                "a run of this session is in progress in a stream that this task, or a task "
+                "it was started from, is reading (the block of agent.stream()); that run "
+                "waits for the block to read its events, so a run of the session started "
+                "from the block, or from a task the block waits for, would wait for itself "
+                "(it is refused from any task started in the block)"
+            )
+
+        with anyio.fail_after(10):
+            async with agent.stream("outer", session_id="s") as events:
+                if where == "task of the block":
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(run_again)
+                else:
+                    await run_again()
+                async for _ in events:
+                    pass
+        assert texts(events.result.messages) == ["outer", "done"]
 
     async def test_entering_a_stream_waits_for_its_session_and_can_be_cancelled(
         self, store: SessionStore

@@ -476,11 +476,22 @@ def _wait_for(owner: int, session_id: str) -> Wait:
 
 def _check_not_held(owner: int, session_id: str) -> None:
     """``SessionBusyError`` when the current task (or the run it belongs to, or a stream
-    it is reading) holds ``session_id`` of ``owner``: waiting would never end."""
-    if any(_holds(hold, owner, session_id) for hold in _seen_holds()):
+    it is reading) holds ``session_id`` of ``owner``: waiting would never end. A task
+    started inside is told apart by its context alone, so it is refused as well."""
+    if any(_holds(hold, owner, session_id) for hold in _HELD.get()):
         raise SessionBusyError(
-            "a run of this session is already in progress in this task (or in a stream "
-            "it is reading); a run started from inside it would wait for itself",
+            "a run of this session is already in progress in this task, or in a task it was "
+            "started from (a tool runs in a task its run started); a run started from inside "
+            "it would wait for itself (it is refused from any task started inside it)",
+            session_id=session_id,
+        )
+    if any(_holds(hold, owner, session_id) for holds in _WAITED_ON.get() for hold in holds):
+        raise SessionBusyError(
+            "a run of this session is in progress in a stream that this task, or a task it "
+            "was started from, is reading (the block of agent.stream()); that run waits for "
+            "the block to read its events, so a run of the session started from the block, "
+            "or from a task the block waits for, would wait for itself (it is refused from "
+            "any task started in the block)",
             session_id=session_id,
         )
 
