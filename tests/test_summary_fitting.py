@@ -28,6 +28,7 @@ from littleghost.context import (
 from littleghost.context.groups import SUMMARY
 from littleghost.context.summarize import (
     SUMMARY_PREFIX,
+    entry,
     quoted_specifics,
     split_quotes,
     summary_instruction,
@@ -128,7 +129,7 @@ def expected(
         part = taken[:count]
         covered = [m for s in part if state.kind(s) != SUMMARY for m in state.messages_of(s)]
         lines = transcript_lines([covered])[0]  # rendered afresh for each candidate
-        transcripts = ["\n".join(cut_middle(line, clip) for line in lines) for clip in clips]
+        transcripts = ["\n".join(entry(cut_middle(line, clip)) for line in lines) for clip in clips]
         caps = [starting_cap(state, strategy, part, rewrite, quotes, covered)]
         while caps[-1] > FLOOR:
             caps.append(max(FLOOR, caps[-1] // 2))

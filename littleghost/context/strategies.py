@@ -50,6 +50,7 @@ from littleghost.context.summarize import (
     TURN_LINE_PREFIX,
     Complete,
     call_arguments,
+    entry,
     excerpt,
     merged_notes,
     quoted_specifics,
@@ -902,7 +903,7 @@ class Summarization(_Stepwise):
         new = [index for index, group in enumerate(groups) if group]
         least = new[1] if len(new) > 1 else len(taken)  # taken[:least]: one group to summarize
         lines, ends = transcript_lines(groups)  # rendered once: a request joins a prefix
-        clipped = cache(lambda clip: [cut_middle(line, clip) for line in lines])  # once a clip
+        clipped = cache(lambda clip: [entry(cut_middle(line, clip)) for line in lines])
         asked = partial(summary_request, instructions=instruction, settings=state.settings)
 
         def make(count: int, cap: int, clip: int) -> ModelRequest:  # for taken[:count]
