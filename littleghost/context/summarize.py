@@ -279,12 +279,14 @@ def _pairs(value: Any, path: str) -> Iterator[str]:
 
 
 def merged_notes(notes: str, new: str) -> str:
-    """``notes`` followed by the lines of ``new`` they do not already hold."""
+    """``notes`` followed by the lines of ``new`` they do not already hold (without lines
+    that echo the delimiters or say ``QUOTES_HEADING``)."""
     return _cleaned(f"{notes}\n{new}")
 
 
 def split_quotes(text: str) -> tuple[str, str]:
-    """A summary's text as (the model's notes, the quoted specifics kept by code)."""
+    """A summary's text as (the model's notes, the quoted specifics kept by code), split
+    at its ``QUOTES_HEADING`` line (none of the notes is one: ``merged_notes``)."""
     notes, _, quotes = text.partition(f"\n{QUOTES_HEADING}\n")
     return notes.strip(), quotes.strip()
 
@@ -349,14 +351,18 @@ def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
     return Summary(kept, tokens, cut, response.usage.input_tokens)
 
 
+_HEADING_SAID = QUOTES_HEADING.casefold()
+
+
 def _cleaned(text: str) -> str:
-    """``text`` without lines that only echo the delimiters or repeat an earlier line (small
-    models repeat lines)."""
+    """``text`` without lines that only echo the delimiters, repeat an earlier line (small
+    models repeat lines) or say ``QUOTES_HEADING``: only ``with_quotes`` writes that line,
+    so ``split_quotes`` never takes what a model wrote for quotes kept by code."""
     seen: set[str] = set()
     kept = []
     for line in text.splitlines():
         said = " ".join(line.split()).casefold()
-        if said and (not said.strip("<> ") or said in seen):
+        if said and (not said.strip("<> ") or said in seen or said == _HEADING_SAID):
             continue
         seen.add(said)
         kept.append(line)
