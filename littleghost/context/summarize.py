@@ -153,8 +153,9 @@ def turn_line(message: Message) -> str | None:
 
 
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
-    """One line for a turn, ``Q: <question> | A: <last answer>``, each cut to ``chars`` (a
-    ``TurnExcerpts`` line: what it holds); ``None`` when the turn has neither."""
+    """One line for a turn, ``Q: <question> | A: <last answer>``, each cut to ``chars`` and
+    its whitespace runs one space (a ``TurnExcerpts`` line: what it holds); ``None`` when
+    the turn has neither."""
     if len(messages) == 1 and (line := turn_line(messages[0])) is not None:
         return line
     question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
@@ -164,7 +165,7 @@ def excerpt(messages: Sequence[Message], chars: int) -> str | None:
     line = f"Q: {cut_middle(question, chars) if question else '(none)'}"
     if answer:
         line += f" | A: {cut_middle(answer, chars)}"
-    return line.replace("\n", " ")
+    return " ".join(line.split())  # one line: no break of any kind (``\r``, ``\u2028``)
 
 
 def transcript_lines(groups: Sequence[Sequence[Message]]) -> tuple[list[str], list[int]]:
