@@ -224,7 +224,8 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
     exclusions) with the messages they cover, and [in #N] on each message a record hides.
     """
 
-    _write(log_document(session_id, _run(address.log, session_id)), as_json, print_log)
+    log = _run(address.log, session_id)
+    _write(log_document(session_id, log, quote=not as_json), as_json, print_log)
 
 
 @sessions.command(short_help="Show what the model would see next, with estimates.")

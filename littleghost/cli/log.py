@@ -3,10 +3,12 @@ with their results (the engine's pairing) and compaction records with what they 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment
+from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment, quoted
 from littleghost.context.groups import result_calls
 from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.summarize import call_arguments, summary_text
@@ -16,23 +18,29 @@ from littleghost.sessions.base import distinct_ids
 
 __all__ = [
     "EXCERPT_CHARS",
+    "arguments_json",
     "describe_record",
     "log_document",
     "positions",
     "print_log",
     "reasoning_label",
+    "tool_name",
 ]
 
 EXCERPT_CHARS = 160
 """The longest excerpt of a message, tool arguments or a tool result."""
 
 
-def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any]:
+def log_document(
+    session_id: str, log: Sequence[StoredMessage], *, quote: bool = False
+) -> dict[str, Any]:
     """The log as ``{"session", "messages"}``: per message its ``position``, ``id``,
     ``role``, ``stored_at``, ``excerpt``, ``tool_calls`` (each with its ``result``),
     ``results`` (the calls a tool message answers), ``record`` (a compaction record's
     ``kind`` and what it ``covers``) and ``covered_by`` (the record hiding it). A
-    repeated id is read as runs read it (``distinct_ids``)."""
+    repeated id is read as runs read it (``distinct_ids``). With ``quote``, as a table
+    shows it: each text in the excerpts in double quotes (``quoted``)."""
+    text = (lambda content: quoted(excerpt(content, EXCERPT_CHARS))) if quote else str
     messages = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
     where = {message.id: position for position, message in enumerate(messages)}
     covered_by: dict[str, int] = {}
@@ -43,7 +51,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
             {
                 "id": call.id,
                 "name": call.name,
-                "arguments": excerpt(call_arguments(call.arguments), EXCERPT_CHARS),
+                "arguments": excerpt(arguments_json(call.arguments), EXCERPT_CHARS),
                 "result": None,
             }
             for call in message.tool_calls
@@ -56,7 +64,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
                 answered["result"] = {
                     "position": position,
                     "is_error": result.is_error,
-                    "excerpt": excerpt(result.content, EXCERPT_CHARS),
+                    "excerpt": excerpt(text(result.content), EXCERPT_CHARS),
                 }
             results.append(
                 {
@@ -75,7 +83,7 @@ def log_document(session_id: str, log: Sequence[StoredMessage]) -> dict[str, Any
                 "id": message.id,
                 "role": message.role.value,
                 "stored_at": moment(stored.stored_at),
-                "excerpt": excerpt(_text(message), EXCERPT_CHARS),
+                "excerpt": excerpt(_text(message, text), EXCERPT_CHARS),
                 "tool_calls": calls,
                 "results": results,
                 "record": describe_record(message, where),
@@ -101,25 +109,43 @@ def describe_record(message: Message, where: Mapping[str, int]) -> dict[str, Any
     }
 
 
-def _text(message: Message) -> str:
+def _text(message: Message, text: Callable[[str], str]) -> str:
+    """The message's parts, each stored text as ``text`` gives it."""
     if message.is_summary:
-        return summary_text(message)
+        return text(summary_text(message))
     parts = []
     for part in message.content:
         if isinstance(part, TextPart):
-            parts.append(part.text)
+            parts.append(text(part.text))
         elif isinstance(part, ImagePart):
             parts.append("[image]")
         elif isinstance(part, ToolResult):
-            parts.append(part.content)
+            parts.append(text(part.content))
         elif isinstance(part, ReasoningPart):
-            parts.append(reasoning_label(part.text, redacted=part.redacted))
+            parts.append(reasoning_label(text(part.text), redacted=part.redacted))
     return " ".join(parts)
 
 
 def reasoning_label(text: str, *, redacted: bool) -> str:
     """A reasoning part as ``show`` and ``view`` print it."""
     return "[redacted reasoning]" if redacted else f"reasoning: {text}"
+
+
+_NAME = re.compile(r"[\w.-]+")
+
+
+def tool_name(name: str) -> str:
+    """A tool's name as a table shows it: quoted (``quoted``) unless it is only letters,
+    digits, ``_``, ``.`` and ``-`` (a model may call a tool by any text)."""
+    return name if _NAME.fullmatch(name) else quoted(name)
+
+
+def arguments_json(arguments: Mapping[str, Any] | str) -> str:
+    """Tool-call arguments as JSON text: an object, or for the text a model wrote that is
+    not JSON, a string (so that it cannot pass for more of the table's row)."""
+    if isinstance(arguments, str):
+        return json.dumps(arguments, ensure_ascii=False)
+    return call_arguments(arguments)
 
 
 def positions(numbers: Sequence[int]) -> str:
@@ -147,7 +173,7 @@ def print_log(output: Output, document: dict[str, Any]) -> None:
             if result["call_position"] is None:
                 call = "an unknown call"
             else:
-                call = f"{result['name']} called in #{result['call_position']}"
+                call = f"{tool_name(result['name'])} called in #{result['call_position']}"
             labels.append(f"[result of {call}{' (error)' if result['is_error'] else ''}]")
             if result["is_error"] and not style:
                 style = {"fg": "red"}
@@ -174,6 +200,14 @@ def print_log(output: Output, document: dict[str, Any]) -> None:
             else:
                 error = " (error)" if result["is_error"] else ""
                 answer = f"#{result['position']}{error}: {result['excerpt']}"
-            rows.append(["", "", "", "", f"  call {call['name']}({call['arguments']}) -> {answer}"])
+            rows.append(
+                [
+                    "",
+                    "",
+                    "",
+                    "",
+                    f"  call {tool_name(call['name'])}({call['arguments']}) -> {answer}",
+                ]
+            )
             styles.append({"dim": True} if entry["covered_by"] is not None else {"fg": "yellow"})
     output.table(["#", "STORED (UTC)", "ROLE", "ID", "CONTENT"], rows, styles, {3: SHORT_ID})

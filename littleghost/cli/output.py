@@ -30,6 +30,7 @@ __all__ = [
     "excerpt",
     "moment",
     "one_line",
+    "quoted",
     "shown",
 ]
 
@@ -55,13 +56,22 @@ def shown(text: str) -> str:
     backspaces, line and paragraph breaks, tabs), bidirectional marks and lone surrogates
     written as escapes (``\\x1b``, ``\\n``, ``\\u202e``, ``\\udce9``). Stored content and
     ids are untrusted; ``--json`` is exact."""
+    return _CONTROL.sub(_escape, text)
 
-    def escape(match: re.Match[str]) -> str:
-        char = match.group()
-        code = ord(char)
-        return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
-    return _CONTROL.sub(escape, text)
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    if code < 0x100:
+        return _NAMED.get(char) or f"\\x{code:02x}"
+    return f"\\u{code:04x}"
+
+
+def quoted(text: str) -> str:
+    """Stored text as a table shows it: in double quotes, a ``"`` or ``\\`` in it escaped
+    with a backslash, so that no text can pass for what littleghost writes around it (a
+    record's label, a call's result) and the escapes ``shown`` writes read back exact."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def one_line(error: BaseException, *, named: bool = False) -> str:

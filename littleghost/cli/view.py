@@ -11,13 +11,12 @@ from attrs import asdict
 from littleghost.agent import Agent
 from littleghost.capabilities import hook_plan
 from littleghost.cli.agents import agent_spec
-from littleghost.cli.log import EXCERPT_CHARS, reasoning_label
-from littleghost.cli.output import SHORT_ID, Output, excerpt, shown
+from littleghost.cli.log import EXCERPT_CHARS, arguments_json, reasoning_label, tool_name
+from littleghost.cli.output import SHORT_ID, Output, excerpt, quoted, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.config import ContextManagement, context_config
 from littleghost.context.outside import preview_request
-from littleghost.context.summarize import call_arguments
 from littleghost.context.view import build_view, interrupted_results
 from littleghost.errors import PromptBudgetError
 from littleghost.messages import Message
@@ -240,13 +239,16 @@ def _threshold_line(output: Output, document: dict[str, Any]) -> str:
 
 
 def _part_text(part: dict[str, Any]) -> str:
+    """A part as the table shows it: its text quoted (``quoted``), what it is bare."""
     kind = part["type"]
     if kind == "text":
-        return str(part["text"])
+        return quoted(excerpt(part["text"], EXCERPT_CHARS))
     if kind == "tool_call":
-        return f"call {part['name']}({excerpt(call_arguments(part['arguments']), 80)})"
+        return f"call {tool_name(part['name'])}({excerpt(arguments_json(part['arguments']), 80)})"
     if kind == "tool_result":
-        return f"result: {part['content']}"
+        return f"result: {quoted(excerpt(part['content'], EXCERPT_CHARS))}"
     if kind == "reasoning":
-        return reasoning_label(part["text"], redacted=part["redacted"])
+        if part["redacted"]:
+            return reasoning_label("", redacted=True)
+        return f"reasoning: {quoted(excerpt(part['text'], EXCERPT_CHARS))}"
     return "[image]"
