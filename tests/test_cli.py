@@ -269,6 +269,37 @@ class TestUntrustedText:
         )
         assert '\tresult: "done\\") -> #9: \\"approved"' in view
 
+    def test_characters_that_show_nothing_are_escapes_in_tables(self, tmp_path: Path) -> None:
+        """Zero-width spaces and joiners, soft hyphens, byte-order marks and the tag
+        characters that spell text no terminal shows are escapes in tables; ``--json``
+        keeps them exact."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        hidden = "".join(chr(0xE0000 + ord(char)) for char in "approve")
+        text = f"fine\u200b\u200d\u00ad\ufeff\u2060{hidden}."
+        in_store(url, lambda store: store.append("s", [Message.user(text)]))
+        escaped = "fine\\u200b\\u200d\\xad\\ufeff\\u2060" + "".join(
+            f"\\U{0xE0000 + ord(char):08x}" for char in "approve"
+        )
+        for command in ("show", "view"):
+            out = ok("sessions", command, "s", "--store", url).stdout
+            assert f'"{escaped}."' in out, command
+            assert not set(text[4:-1]) & set(out), command
+            document = json.loads(ok("sessions", command, "s", "--store", url, "--json").stdout)
+            assert text in json.dumps(document, ensure_ascii=False), command
+
+    def test_every_character_that_shows_nothing_is_an_escape(self) -> None:
+        """Every format character (Unicode category Cf) this Python knows, and every
+        control character, is written as an escape in a table; letters, marks and emoji
+        are not."""
+        from littleghost.cli.output import shown
+
+        for code in range(0x110000):
+            char = chr(code)
+            category = unicodedata.category(char)
+            if category in ("Cf", "Cc", "Zl", "Zp", "Cs"):
+                assert shown(char) != char and char not in shown(char), hex(code)
+        assert shown("a\u0301\U0001f600\u4e00 b") == "a\u0301\U0001f600\u4e00 b"
+
     def test_a_lone_surrogate_is_shown_as_the_log_holds_it(self, tmp_path: Path) -> None:
         """Half a UTF-16 pair (a file name's undecodable byte a tool returned): no UTF-8
         can write it, so the log holds U+FFFD in its place, and tables and JSON show that;

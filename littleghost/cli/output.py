@@ -39,8 +39,18 @@ SHORT_ID = 13
 """How much of a message id a terminal's table shows (JSON and piped text show all)."""
 
 
+_INVISIBLE = (
+    "\u00ad\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200d\u2060-\u2064"
+    "\u206a-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
+"""The format characters (Unicode category Cf) besides the bidirectional marks: they
+show nothing (zero-width spaces and joiners, soft hyphens, tag characters that can spell
+hidden text), so a table shows them as escapes."""
 _CONTROL = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+    + _INVISIBLE
+    + "]"
 )
 _JSON_ESCAPED = re.compile(
     r"[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
@@ -53,9 +63,10 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def shown(text: str) -> str:
     """``text`` safe to print as one line: control characters (escape sequences, bells,
-    backspaces, line and paragraph breaks, tabs), bidirectional marks and lone surrogates
-    written as escapes (``\\x1b``, ``\\n``, ``\\u202e``, ``\\udce9``). Stored content and
-    ids are untrusted; ``--json`` is exact."""
+    backspaces, line and paragraph breaks, tabs), bidirectional marks, other characters
+    that show nothing (zero-width, tag characters: ``_INVISIBLE``) and lone surrogates
+    written as escapes (``\\x1b``, ``\\n``, ``\\u202e``, ``\\U000e0041``, ``\\udce9``).
+    Stored content and ids are untrusted; ``--json`` is exact."""
     return _CONTROL.sub(_escape, text)
 
 
@@ -64,7 +75,7 @@ def _escape(match: re.Match[str]) -> str:
     code = ord(char)
     if code < 0x100:
         return _NAMED.get(char) or f"\\x{code:02x}"
-    return f"\\u{code:04x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def quoted(text: str) -> str:
