@@ -21,28 +21,15 @@ from littleghost.context.index import LogIndex
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, Role, stray_part
 
-__all__ = [
-    "Ledger",
-    "check_history",
-    "check_ids",
-    "check_parts",
-    "check_results",
-    "checked_index",
-]
+__all__ = ["Ledger", "check_history", "check_ids", "check_parts", "check_results"]
 
 _ID = attrgetter("id")
 
 
 def check_history(value: object, name: str, *, keep: bool = True) -> list[Message]:
-    """``value`` (named ``name`` in errors) as a list of messages, checked
-    (``checked_index``)."""
-    return list(checked_index(value, name, keep=keep).log)
-
-
-def checked_index(value: object, name: str, *, keep: bool = True) -> LogIndex:
-    """The engine's index of ``value`` (named ``name`` in errors), a sequence of messages,
-    checked; at the cost of a few passes in C and of the index, which the engine reuses
-    (what it learnt kept among its recent ones unless not ``keep``: a run's history).
+    """``value`` (named ``name`` in errors) as a list of messages, checked; at the cost of
+    a few passes in C and the engine's index of the log, which the engine reuses (kept
+    among its recent ones unless not ``keep``: a run's history).
 
     Raises:
         TypeError: Not a sequence of ``Message``.
@@ -60,24 +47,22 @@ def checked_index(value: object, name: str, *, keep: bool = True) -> LogIndex:
                     f"{name}[{position}] must be a Message, not {type(message).__name__}"
                 )
     at = f"{name}[{{}}]".format
-    index = LogIndex.of(log, keep=keep)
-    layout = index.layout
+    layout = LogIndex.of(log, keep=keep).layout
     for position in layout.orphans:  # a tool message without a result answers nothing
         if not log[position].tool_results:
             raise ConfigurationError(f"{at(position)} is a tool message without a result")
-    check_parts(log, at, start=index.checked)  # those before were checked before
+    check_parts(log, at)
     if len(set(map(_ID, log))) != len(log):
         check_ids(log, at)
     check_results(layout.misplaced, at)
-    index.found_sound()
-    return index
+    return log
 
 
-def check_parts(log: Sequence[Message], at: Callable[[int], str], *, start: int = 0) -> None:
-    """``ConfigurationError`` if a message of ``log`` (from ``start``) holds a part its
-    role does not carry (``stray_part``)."""
-    for position in range(start, len(log)):
-        problem = stray_part(log[position])
+def check_parts(log: Sequence[Message], at: Callable[[int], str]) -> None:
+    """``ConfigurationError`` if a message of ``log`` holds a part its role does not carry
+    (``stray_part``)."""
+    for position, message in enumerate(log):
+        problem = stray_part(message)
         if problem is not None:
             raise ConfigurationError(f"{at(position)}: {problem}")
 

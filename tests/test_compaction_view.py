@@ -391,49 +391,6 @@ async def test_the_next_turn_gives_the_same_view_as_a_fresh_start() -> None:
     assert [(m.role, m.text) for m in third] == await fresh(log)
 
 
-class Counting:
-    """Characters ÷ 4, counting the texts it is asked about."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def count_tokens(self, text: str) -> int:
-        self.calls += 1
-        return len(text) // 4
-
-
-async def test_the_next_turn_counts_only_what_it_added() -> None:
-    """What the engine learnt of a log it kept nothing of serves the next call with the
-    same message objects, or with a turn more: no message is counted again."""
-    tokenizer, strategy = Counting(), TokenBudget(token_budget=100_000)
-    log = conversation(30, calls=2)
-    assert await apply_compaction(log, strategy, tokenizer=tokenizer) == tuple(log)
-    first = tokenizer.calls
-    assert first >= len(log)  # everything fits: every message counted
-    await apply_compaction(log, strategy, tokenizer=tokenizer)
-    assert tokenizer.calls == first
-    added = turn(30, calls=2)
-    log += added
-    await apply_compaction(log, strategy, tokenizer=tokenizer)
-    assert first < tokenizer.calls <= first + 2 * len(added)
-
-
-async def test_a_part_a_role_does_not_carry_is_refused_on_every_call() -> None:
-    """A log refused once is refused again; a log accepted and grown by a message with a
-    stray part (a tool call in a user message) is refused for that message."""
-    strategy = Truncation()
-    stray = Message(Role.USER, [ToolCall("c", "lookup", {})])
-    bad = [*conversation(3), stray]
-    for _ in range(2):
-        with pytest.raises(ConfigurationError, match=r"messages\[13\]: a message of role 'user'"):
-            await apply_compaction(bad, strategy)
-    log = conversation(3)
-    await apply_compaction(log, strategy)
-    log.append(stray)
-    with pytest.raises(ConfigurationError, match=r"messages\[13\]: a message of role 'user'"):
-        await apply_compaction(log, strategy)
-
-
 # --- stored sessions ---------------------------------------------------------------------
 
 

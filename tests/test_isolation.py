@@ -8,7 +8,6 @@ import math
 import sys
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -426,92 +425,3 @@ async def test_compacting_a_stored_session_keeps_nothing_of_it() -> None:
     gc.collect()
     alive = [o for o in gc.get_objects() if isinstance(o, Message) and "kept?" in o.text]
     assert alive == []
-
-
-async def _compact_log(log: list[Message]) -> object:
-    from littleghost import manage_context
-    from littleghost.context.outside import compact_log
-
-    agent_class = manage_context(context_window_override=2_000, preserve_recent_messages=2)(
-        type("Compacting", (Agent,), {})
-    )
-    records = await compact_log(agent_class(model=ScriptedModel([text_response("Sum.")])), log)
-    assert records
-    return records
-
-
-async def _apply_compaction(log: list[Message]) -> object:
-    from littleghost.context import TokenBudget, ToolResultCompaction, apply_compaction
-
-    strategy = TokenBudget(token_budget=300, strategies=[ToolResultCompaction()])
-    view = await apply_compaction(log, strategy)
-    assert len(view) < len(log)
-    return view
-
-
-async def _preview_request(log: list[Message]) -> object:
-    from littleghost.context import PromptBudget
-    from littleghost.context.config import ContextManagement
-
-    budget = PromptBudget(
-        prompt_budget_tokens=1_500, response_reserve_tokens=100, safety_reserve_tokens=100
-    )
-    config = ContextManagement(budget=budget)
-    request = ModelRequest((Message.system("Be brief."), *log))
-    preview = preview_request(request, log, config, 2_000, max_tool_result_tokens=20)
-    assert preview.request.messages != request.messages  # results clipped, the view bounded
-    return preview
-
-
-def _erasable() -> list[Message]:
-    """A conversation whose texts, ids and call ids all hold ``erase-me``, the first turn
-    collapsed by a record."""
-    from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
-
-    log = [
-        message
-        for turn in range(20)
-        for message in (
-            Message.user(f"erase-me question {turn} " * 8, id=f"erase-me-{turn}-q"),
-            Message.assistant(
-                tool_calls=[ToolCall(f"erase-me-{turn}", "lookup", {"q": f"erase-me {turn}"})],
-                id=f"erase-me-{turn}-c",
-            ),
-            Message.tool(
-                f"erase-me-{turn}", f"erase-me result {turn} " * 30, id=f"erase-me-{turn}-r"
-            ),
-            Message.assistant(f"erase-me answer {turn} " * 8, id=f"erase-me-{turn}-a"),
-        )
-    ]
-    covered = [message.id for message in log[:4]]
-    metadata = {COMPACTION_KIND_KEY: "collapse", COMPACTION_COVERS_KEY: covered}
-    return [*log, Message.assistant("erase-me collapsed", id="erase-me-record", metadata=metadata)]
-
-
-@pytest.mark.parametrize("entry", [_compact_log, _apply_compaction, _preview_request])
-async def test_the_engine_keeps_nothing_of_a_log_once_the_call_returns(
-    entry: Callable[[list[Message]], Awaitable[object]] | Callable[[list[Message]], object],
-) -> None:
-    """An application that erases a conversation (an erasure request) and drops its log
-    leaves none of it in the process: ``compact_log``, ``apply_compaction`` and
-    ``preview_request`` keep nothing of the messages, their parts, copies made of them or
-    their ids once they returned and the caller let go of the log and what they returned."""
-    import gc
-    import inspect
-    import weakref
-
-    log = _erasable()
-    refs = [weakref.ref(part) for message in log for part in (message, *message.content)]
-    returned = entry(log)
-    if inspect.isawaitable(returned):
-        returned = await returned
-    del log, returned
-    gc.collect()
-    assert sum(ref() is not None for ref in refs) == 0
-    held = [
-        o
-        for o in gc.get_objects()
-        if (isinstance(o, Message) and "erase-me" in repr(o))
-        or (isinstance(o, (set, dict)) and any(str(key).startswith("erase-me") for key in o))
-    ]
-    assert held == []

@@ -18,7 +18,7 @@ from littleghost.context.strategies import (
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import CompactionError, ConfigurationError
-from littleghost.log_rules import checked_index
+from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.sessions.base import SessionStore, check_store, distinct_ids
 from littleghost.sessions.locks import hold_session
@@ -66,13 +66,16 @@ def _checked(
 
 
 async def _run(
-    index: LogIndex,
+    messages: Sequence[Message],
     strategy: CompactionStrategy,
     tokenizer: Tokenizer,
     complete: Complete | None,
     settings: Mapping[str, Any] | None,
+    *,
+    keep: bool = True,
 ) -> CompactionState:
-    """The state ``strategy`` leaves over ``index``'s log."""
+    """The state ``strategy`` leaves over ``messages`` (their index kept unless not ``keep``)."""
+    index = LogIndex.of(messages, keep=keep)
     state = compaction_state(index, tokenizer, complete=complete, settings=settings)
     await strategy.compact(state)
     return state
@@ -96,8 +99,8 @@ async def apply_compaction(
             ``run(history=)`` would refuse.
     """
     counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
-    index = checked_index(messages, "messages")
-    state = await _run(index, strategy, counter, None, None)
+    log = check_history(messages, "messages")
+    state = await _run(log, strategy, counter, None, None)
     return tuple(state.view())
 
 
@@ -122,8 +125,8 @@ async def compaction_records(
         ConfigurationError: As ``apply_compaction``, or bad ``settings``.
     """
     counter, settings = _checked("compaction_records", strategy, tokenizer, settings)
-    index = checked_index(messages, "messages")
-    state = await _run(index, strategy, counter, complete, settings)
+    log = check_history(messages, "messages")
+    state = await _run(log, strategy, counter, complete, settings)
     return state.records()
 
 
@@ -150,8 +153,7 @@ async def compact_session(
         async with hold_session(store, session_id):
             log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
             # loaded for this call alone: its index is not kept
-            index = LogIndex.of(log, keep=False)
-            records = (await _run(index, strategy, counter, None, settings)).records()
+            records = (await _run(log, strategy, counter, None, settings, keep=False)).records()
             if records:
                 check_smaller(log, records, counter)
                 await store.append(session_id, records)

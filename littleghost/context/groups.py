@@ -11,12 +11,10 @@ hides; in a plain sequence (``group_messages``), a result without its call is a 
 
 from __future__ import annotations
 
-import copy
-import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from itertools import accumulate, chain
-from typing import Literal, cast
+from collections.abc import Sequence
+from itertools import chain
+from typing import Literal
 
 from attrs import frozen
 
@@ -33,7 +31,6 @@ __all__ = [
     "TOOL_CALL",
     "USER",
     "GroupKind",
-    "KeptLayout",
     "Layout",
     "MessageGroup",
     "group_messages",
@@ -275,20 +272,6 @@ class Layout:
         """The view, flat."""
         return [*chain.from_iterable(self.members), *self.pending]
 
-    def kept(self) -> KeptLayout:
-        """This layout with weak references in place of its messages."""
-        bare = copy.copy(self)  # shares the figures, which no layout changes once laid out
-        bare.anchors, bare.summaries, bare.members, bare.pending = {}, [], [], []
-        ends = list(accumulate(map(len, self.members)))
-        return KeptLayout(
-            bare,
-            {covered: weakref.ref(record) for covered, record in self.anchors.items()},
-            list(map(weakref.ref, self.summaries)),
-            list(map(weakref.ref, chain.from_iterable(self.members))),
-            list(map(slice, chain((0,), ends), ends)),
-            list(map(weakref.ref, self.pending)),
-        )
-
     def unanswered(self, log: Sequence[Message]) -> list[tuple[int, str]]:
         """``(position, call_id)`` of every call left without a result, in log order."""
         missing = [(position, call_id) for call_id, position in self.open_calls.items()]
@@ -301,33 +284,6 @@ class Layout:
             return position, calls.index(call_id)
 
         return sorted(missing, key=order)
-
-
-@frozen(eq=False)
-class KeptLayout:
-    """A ``Layout`` that holds weak references where it held messages (what the engine
-    keeps of a log between calls: none of its messages)."""
-
-    bare: Layout
-    anchors: dict[str, weakref.ref[Message]]
-    summaries: list[weakref.ref[Message]]
-    members: list[weakref.ref[Message]]  # the groups' messages, one group after another
-    groups: list[slice]  # where each group is in ``members``
-    pending: list[weakref.ref[Message]]
-
-    def layout(self) -> Layout:
-        """The layout this stands for, while the messages of its log live."""
-        layout = copy.copy(self.bare)
-        layout.anchors = dict(zip(self.anchors, _alive(self.anchors.values()), strict=True))
-        layout.summaries = _alive(self.summaries)
-        layout.members = list(map(_alive(self.members).__getitem__, self.groups))
-        layout.pending = _alive(self.pending)
-        return layout
-
-
-def _alive(refs: Iterable[weakref.ref[Message]]) -> list[Message]:
-    """The messages ``refs`` refer to, which live."""
-    return cast("list[Message]", list(map(weakref.ref.__call__, refs)))
 
 
 def _covering(record: Message, anchors: dict[str, Message], hidden: set[str]) -> Message | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -178,23 +177,22 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
 
 
 class Estimates:
-    """The token estimates of messages by ``tokenizer``, each message object counted once
-    (held weakly: the estimates keep no message alive)."""
+    """The token estimates of messages by ``tokenizer``, each message object counted once."""
 
     __slots__ = ("_count", "_known", "tokenizer")
 
     def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
         self.tokenizer = tokenizer
         self._count = counter(tokenizer)
-        self._known: dict[int, tuple[weakref.ref[Message], int]] = {}
+        self._known: dict[int, tuple[Message, int]] = {}
 
     def __call__(self, message: Message) -> int:
         """The estimated tokens of ``message``."""
         known = self._known.get(id(message))
-        if known is not None and known[0]() is message:
+        if known is not None and known[0] is message:
             return known[1]
         tokens = self._count(message)
-        self._known[id(message)] = (weakref.ref(message), tokens)
+        self._known[id(message)] = (message, tokens)
         return tokens
 
     def total(self, messages: Iterable[Message]) -> int:
