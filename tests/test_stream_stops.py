@@ -433,8 +433,8 @@ async def consume(
         if how == "sibling cancels":
             out["go"].set()
             return
-        if how == "run deadline":
-            await anyio.sleep(timeout * 2)
+        if how == "run deadline":  # just past it (the run took it before the block began)
+            await anyio.sleep_until(out["entered"] + timeout + 0.02)
         if how == "aclose":
             await events.aclose()
             out["closed"] = events.messages  # in the block, once the run has stopped
@@ -490,7 +490,7 @@ async def consume(
                         break
         else:
             async with agent.stream("Go.", session_id=SESSION, timeout=timeout) as events:
-                out["events"] = events
+                out["events"], out["entered"] = events, anyio.current_time()
                 await read(events)
     except BaseException as error:
         out["error"] = error
