@@ -61,8 +61,11 @@ LONG = {**SETTINGS, "max_tokens": 450, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[LocalModel]:
-    """One real server for the module, started and stopped through LocalModel."""
-    model = local_model_or_skip(n_ctx=WINDOW)
+    """One real server for the module, started and stopped through LocalModel. One thread
+    generates (llama.cpp's default, one per core, spins on cores that the other test
+    processes use: several times slower; and the answers would depend on the machine's
+    count of cores)."""
+    model = local_model_or_skip(n_ctx=WINDOW, threads=1)
     try:
         anyio.run(model.prepare)
     except ProviderError as error:
@@ -274,7 +277,7 @@ def _sdk_clients_alive() -> int:
 async def test_a_model_closed_from_another_event_loop_leaves_no_client_behind() -> None:
     """The chat clients go with their server: a model used in this event loop and closed
     from another (a ``run_sync`` thread, say) keeps no client alive in this one."""
-    model = local_model_or_skip(n_ctx=288)
+    model = local_model_or_skip(n_ctx=288, threads=1)
     request = ModelRequest([Message.user("Say hi.")], settings={**SETTINGS, "max_tokens": 4})
     gc.collect()
     before = _sdk_clients_alive()
@@ -291,7 +294,7 @@ async def test_a_model_closed_from_another_event_loop_leaves_no_client_behind() 
 
 
 def test_threads_with_their_own_event_loops_share_one_start() -> None:
-    model = local_model_or_skip(n_ctx=320)
+    model = local_model_or_skip(n_ctx=320, threads=1)
     request = ModelRequest([Message.user("Say hi.")], settings={**SETTINGS, "max_tokens": 4})
 
     async def call() -> tuple[int | None, str]:
