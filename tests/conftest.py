@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,8 +136,9 @@ class Spans:
         assert len(found) == 1, [span.name for span in self.all()]
         return found[0]
 
-    def every_text(self) -> list[str]:
-        """Every string a span exporter would ship: names, attributes, events, statuses."""
+    def every_text(self, spans: Sequence[ReadableSpan] | None = None) -> list[str]:
+        """Every string a span exporter would ship of ``spans`` (default: all): names,
+        attributes, events, statuses."""
         texts: list[str] = []
 
         def add(values: Any) -> None:
@@ -145,7 +146,7 @@ class Spans:
                 items = value if isinstance(value, tuple) else (value,)
                 texts.extend(str(item) for item in items)
 
-        for span in self.all():
+        for span in self.all() if spans is None else spans:
             texts.append(span.name)
             texts.append(span.status.description or "")
             add(span.attributes)

@@ -1,8 +1,11 @@
-"""Conversations and script steps shared by the context-management tests."""
+"""Conversations and script steps shared by the context-management tests, and ``shape``,
+which compares logs of separate runs (their ids aside)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from littleghost import Agent, Message, RunResult, manage_context
 from littleghost.models import ModelRequest, ModelResponse, StopReason
@@ -62,3 +65,29 @@ async def compacted_twice(
     one = await agent.run("go", history=chat(30))
     two = await agent.run("again", history=[*one.messages, *chat(20, "more")])
     return model, two
+
+
+def shape(log: Sequence[Message], within: Sequence[Message] | None = None) -> list[Any]:
+    """The log with message ids replaced by positions (ids are random; records cover ids):
+    in ``within`` (a request's messages in their conversation's log, say), else in ``log``."""
+    where = {message.id: position for position, message in enumerate(within or log)}
+
+    def positions(value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return [where.get(v, v) for v in value]
+        return value
+
+    return [
+        (
+            message.role.value,
+            message.text,
+            [(call.name, dict(call.arguments)) for call in message.tool_calls],
+            [(str(result.content), result.is_error) for result in message.tool_results],
+            json.dumps(
+                {key: positions(value) for key, value in message.metadata.items()},
+                sort_keys=True,
+                default=str,
+            ),
+        )
+        for message in log
+    ]

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import random
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from littleghost.context import PromptBudget
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 
+from .conversations import shape
 from .stores import RUN_KINDS, open_store
 
 pytestmark = pytest.mark.anyio
@@ -165,31 +165,6 @@ def racer(checkpoint: Checkpoints, *, budget: bool) -> type[Agent]:
             await checkpoint()
 
     return Racer
-
-
-def shape(log: Sequence[Message]) -> list[Any]:
-    """The log with message ids replaced by positions (ids are random; records cover ids)."""
-    where = {message.id: position for position, message in enumerate(log)}
-
-    def positions(value: Any) -> Any:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return [where.get(v, v) for v in value]
-        return value
-
-    return [
-        (
-            message.role.value,
-            message.text,
-            [(call.name, dict(call.arguments)) for call in message.tool_calls],
-            [(str(result.content), result.is_error) for result in message.tool_results],
-            json.dumps(
-                {key: positions(value) for key, value in message.metadata.items()},
-                sort_keys=True,
-                default=str,
-            ),
-        )
-        for message in log
-    ]
 
 
 async def converse(
