@@ -2915,6 +2915,20 @@ class TestPreview:
         await Low(model=model).run(log[-1], history=log[:-1])
         assert [request.purpose for request in model.requests] == ["chat"]
 
+    async def test_a_request_over_the_window_compacts_whatever_the_wait(self) -> None:
+        """The wait after a compaction that left the request near the window (no thrash)
+        ends at the window: a request over it would be refused, and overflow recovery
+        would then compact it anyway, after a wasted call (a case the combination harness
+        found: the wait the previous run's records kept ran past the window)."""
+        marked = Message.assistant("noted", metadata={AFTER_KEY: 95})
+        log = [*chat(48), Message.user("more?"), marked, Message.user("go")]
+        preview = self.preview(Small(), log, 100)
+        assert (preview.estimated_tokens, preview.waits_until) == (100, 105)
+        assert preview.compaction_due
+        model = ScriptedModel([summary_step(), text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+
     async def test_the_newest_compaction_s_size_is_the_one_the_next_run_waits_from(
         self,
     ) -> None:

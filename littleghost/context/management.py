@@ -102,6 +102,7 @@ __all__ = [
     "next_summary_at",
     "pinned_slots",
     "remembered",
+    "summary_waits",
 ]
 
 C = TypeVar("C", bound="type[Agent]")
@@ -327,7 +328,7 @@ async def _proactive(
     last attempt (``next_summary_at``; the skip is recorded)."""
     state = _run(context, config)
     window = state.window
-    if state.quiet_until is not None and estimated < state.quiet_until:
+    if summary_waits(estimated, state.quiet_until, request, window):
         why = (
             "the last compaction left the request near the threshold, or over it; the next "
             f"waits until it has grown to {state.quiet_until} tokens"
@@ -626,6 +627,18 @@ def next_summary_at(after: int, config: ContextManagement, window: int) -> int |
         return after + growth
     room = max(1, min(growth, threshold - _target(config, window)))
     return after + room if after + room > threshold else None
+
+
+def summary_waits(
+    estimated: int, waits_until: int | None, request: ModelRequest, window: int
+) -> bool:
+    """Whether a compaction due at ``estimated`` tokens (``max_tokens`` included) waits
+    until the request has grown to ``waits_until`` (no thrash): not once it is over the
+    window with its answer's room, as the provider would refuse it (and recovery compact
+    it after a wasted call)."""
+    if waits_until is None or estimated >= waits_until:
+        return False
+    return estimated - (request.max_tokens or 0) + _answer_room(request) <= window
 
 
 def _target(config: ContextManagement, window: int) -> int:

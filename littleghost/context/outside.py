@@ -22,6 +22,7 @@ from littleghost.context.management import (
     next_summary_at,
     pinned_slots,
     remembered,
+    summary_waits,
 )
 from littleghost.context.strategies import Complete, prepared
 from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
@@ -187,5 +188,5 @@ def preview_request(
         return RequestPreview(request, sizes, schemas, estimated, None, None, False, report)
     threshold = config.threshold(window)
     waits = None if after is None else next_summary_at(after, config, window)
-    due = estimated >= threshold and (waits is None or estimated >= waits)
+    due = estimated >= threshold and not summary_waits(estimated, waits, request, window)
     return RequestPreview(request, sizes, schemas, estimated, threshold, waits, due, report)
