@@ -338,8 +338,8 @@ class RunContext:
 
         A side call is never the turn's own call, whatever its ``purpose``: nothing of it
         is streamed or reported as retried, and it takes none of the attributes meant for
-        the turn's call. Each attempt is a ``chat`` span (child of the run's span, with
-        the model's ``server.address`` and ``server.port`` when it has them, and the
+        the turn's call. Each attempt is a ``chat`` span (a child of the run's span, or
+        of the ``execute_tool`` span of the tool that makes it, with the model's ``server.address`` and ``server.port`` when it has them, and the
         response's id and model when the provider reported them); its usage is added to
         the run's total and reported by a ``SideCallFinished`` event (a failed call's
         too when its error says it was billed) — unless
