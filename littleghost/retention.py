@@ -27,6 +27,7 @@ from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 from littleghost.run import RunContext
+from littleghost.text import RUN_TOGETHER
 
 __all__ = ["Fact", "FactCheck", "RetentionReport", "check_retention"]
 
@@ -45,10 +46,12 @@ def _spellings(value: object) -> tuple[str, ...]:
     return spellings
 
 
-_BEFORE = r"(?<![\w.])(?<!\d,(?=\d))"
-_AFTER = r"(?!\w|[.,]\d)"
-"""What may not touch a value found: a letter, digit or ``_``, a point before it, nor a
-point or comma between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
+_WORD = rf"[^\W{RUN_TOGETHER}]"
+_BEFORE = rf"(?<!{_WORD})(?<!\.)(?<!\d,(?=\d))"
+_AFTER = rf"(?!{_WORD}|[.,]\d)"
+"""What may not touch a value found: a letter, digit or ``_`` (but a letter of a script
+that runs words together, as Japanese does), a point before it, nor a point or comma
+between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
 
 
 def _normal(text: str) -> str:
@@ -63,7 +66,8 @@ class Fact:
         question: The probe question, asked after the compaction.
         expected: The value an answer must contain as a whole word or number (case and
             spacing ignored: ``45 seconds`` is not in ``145 seconds``, nor ``349.80`` in
-            ``1,349.80``), or several accepted spellings of it.
+            ``1,349.80``; in Japanese, Chinese or Korean text it may touch that script's
+            letters: ``KT-50917`` is in ``KT-50917です``), or several accepted spellings.
     """
 
     question: str = field(

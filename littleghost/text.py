@@ -14,6 +14,7 @@ from littleghost._validators import MAX_DEPTH, nests_deeper, safe_repr, too_long
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "RUN_TOGETHER",
     "beyond_ascii",
     "brief",
     "cut_middle",
@@ -30,6 +31,18 @@ __all__ = [
 
 CHARS_PER_TOKEN = 4
 """The default estimate: four weighed characters (``weighed_length``) per token."""
+
+RUN_TOGETHER = (
+    "\u0e00-\u0eff"  # Thai, Lao
+    "\u1000-\u109f"  # Myanmar
+    "\u1780-\u17ff"  # Khmer
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"  # CJK ideographs
+    "\uac00-\ud7af"  # Hangul syllables (particles join the word before them)
+    "\uff66-\uff9f"  # halfwidth Katakana
+)
+"""The letters of scripts that write words (or particles) without a space between them,
+as the ranges of a regular-expression character class."""
 
 
 def beyond_ascii(text: str) -> float:

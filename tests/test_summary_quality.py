@@ -561,6 +561,31 @@ class TestCheckRetention:
         "kept" by a ``145 seconds`` left in view."""
         assert Fact("?", expected).found_in(text) is found
 
+    @pytest.mark.parametrize(
+        ("expected", "text", "found"),
+        [
+            ("KT-50917", "注文番号はKT-50917です。", True),
+            ("山崎", "山崎様、ご連絡ありがとうございます。", True),
+            ("仙台", "仙台市へお送りします。", True),
+            ("5月3日", "集まるのは5月3日です。", True),
+            ("5月3日", "集まるのは15月3日です。", False),
+            ("3318-4420", "会員番号は3318-44201です。", False),
+            ("28,600", "合計28,600円でした。", True),
+            ("28,600", "合計128,600円でした。", False),
+            ("上海", "我住在上海市。", True),
+            ("서울", "서울에서 보내 주세요.", True),
+            ("Oslo", "Osloの住所です。", True),
+            ("Oslo", "Oslov", False),
+        ],
+    )
+    def test_in_a_script_written_without_spaces_a_value_stands_between_its_characters(
+        self, expected: str, text: str, found: bool
+    ) -> None:
+        """Japanese, Chinese or Korean text runs words (and particles) together: a value
+        counts where it stands, as long as it continues no word or number of a spaced
+        script."""
+        assert Fact("?", expected).found_in(text) is found
+
     async def test_a_strategy_s_own_summarizer_writes_the_summary(self) -> None:
         summarizer = ScriptedModel([summary_step("- order A-1234")])
         agent_model = ScriptedModel([text_response("It is A-1234.")])
