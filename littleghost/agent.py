@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
+import anyio
+
 from littleghost import runner
 from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
@@ -41,6 +43,7 @@ from littleghost.output import (
 from littleghost.owned_models import OwnedModels, close_models
 from littleghost.retry import MAX_RETRIES
 from littleghost.run import RunContext, RunResult
+from littleghost.runs_in_flight import RunsInFlight
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.sessions.base import check_store
 from littleghost.settings import ClassSettings, check_settings
@@ -556,6 +559,8 @@ class Agent:
     _hooks: Mapping[str, tuple[BoundHook, ...]]
     _models: OwnedModels
     """The models made from model strings (this agent closes them)."""
+    _runs: RunsInFlight
+    """The runs under way (``aclose()`` waits for those that are stopping)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -647,6 +652,7 @@ class Agent:
         self._bound_plan = hook_plan(cls)
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()
+        self._runs = RunsInFlight()
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
@@ -685,9 +691,9 @@ class Agent:
         """What a copy or a pickle of the agent keeps: its attributes, slots included (an
         attrs class's or a slotted dataclass's fields), but not its hooks, bound to it
         (their plan is its class's), nor the models it made from strings (the copy makes
-        and closes its own)."""
+        and closes its own) and its runs under way."""
         state = dict(vars(self))
-        for made in ("_hooks", "_bound_plan", "_models", "tool_specs", "output"):
+        for made in ("_hooks", "_bound_plan", "_models", "_runs", "tool_specs", "output"):
             state.pop(made, None)
         for slot in _slots(type(self)):
             if hasattr(self, slot):
@@ -704,6 +710,7 @@ class Agent:
         self._bound_plan = hook_plan(type(self))
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()
+        self._runs = RunsInFlight()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Agent:
         """A deep copy shares the model, session store, tools, instructions and hooks the
@@ -827,13 +834,17 @@ class Agent:
         """Close the models this agent created from model strings (shielded from
         cancellation for at most ``cleanup_grace`` seconds; cancelled inside a run, a tool
         of it say, not past the time that run would stop by, so graces never add up).
-        A model that runs of the agent still use is closed as the last of them ends, as
-        its cleanup; runs started afterwards make a new one.
+        Runs of the agent in this event loop that are stopping (a server cancelled their
+        requests) are waited for first, until they end or their cleanup grace is over;
+        runs going on are not. A model that runs of the agent still use is closed as the
+        last of them ends, as its cleanup; runs started afterwards make a new one.
 
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
-        await close_models(self._models.give_up(), self.cleanup_grace, by=shared_stop())
+        by = min(anyio.current_time() + self.cleanup_grace, shared_stop())
+        await self._runs.stopping_ended(by)
+        await close_models(self._models.give_up(), self.cleanup_grace, by=by)
 
     @overload
     def run_sync(

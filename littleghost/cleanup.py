@@ -35,7 +35,15 @@ from attrs import define, field
 from littleghost import logs
 from littleghost.errors import SessionStoreError
 
-__all__ = ["Grace", "cancelled_here", "close_leaving", "fatal", "log_unraised", "shared_stop"]
+__all__ = [
+    "Grace",
+    "cancelled_here",
+    "close_leaving",
+    "enclosing_graces",
+    "fatal",
+    "log_unraised",
+    "shared_stop",
+]
 
 logger = logs.logger("littleghost.cleanup")
 
@@ -294,6 +302,13 @@ def shared_stop() -> float:
     if grace is None or not cancelled_here():
         return math.inf
     return grace._left_for_host()
+
+
+def enclosing_graces() -> list[Grace]:
+    """The graces of the run the caller is part of (a tool of it, say) and of the runs
+    that run was started in, innermost first; none outside runs."""
+    grace = _of_this_thread(_CURRENT.get())
+    return [] if grace is None else [grace, *grace._enclosing()]
 
 
 def _of_this_thread(grace: Grace | None) -> Grace | None:

@@ -246,14 +246,15 @@ async def run(
             def stop() -> float:
                 return runs[0].grace.stop() if runs else math.inf
 
-            # a model the agent gave up meanwhile (aclose()) is closed as the run's cleanup
-            async with agent._models.use(model, agent.cleanup_grace, by=stop):
-                try:
-                    return await _run_in(span, agent, plan, model, sink, seen, held)
-                except LittleGhostError as error:
-                    if runs:  # one a nested run raised ends this run too: this run's usage
-                        error.run_usage = runs[0].usage
-                    raise
+            with agent._runs.track(lambda: runs[0].grace if runs else None):
+                # a model the agent gave up meanwhile (aclose()) is closed as its cleanup
+                async with agent._models.use(model, agent.cleanup_grace, by=stop):
+                    try:
+                        return await _run_in(span, agent, plan, model, sink, seen, held)
+                    except LittleGhostError as error:
+                        if runs:  # a nested run's error ends this run too: this run's usage
+                            error.run_usage = runs[0].usage
+                        raise
 
 
 async def _run_in(

@@ -60,6 +60,14 @@ class PlainStore:
             raise UnknownSessionError(f"no session {session_id!r}", session_id=session_id)
 
 
+class SlowWrites(PlainStore):
+    """``PlainStore`` whose writes take a while (a database under load)."""
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        await anyio.sleep(0.2)
+        await super().append(session_id, messages)
+
+
 class SlottedStore:
     """``PlainStore`` with ``__slots__`` (as thin client wrappers often are): no weak
     reference can be made to it."""

@@ -28,6 +28,7 @@ from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conversations import chat
+from .stores import SlowWrites, working_until
 
 pytestmark = pytest.mark.anyio
 
@@ -579,6 +580,33 @@ class TestClosingDuringRuns:
             assert not LoopBound.made[0].closed
             agent.gate.set()
         assert LoopBound.made[0].closed
+
+    async def test_runs_that_are_stopping_are_waited_for(self) -> None:
+        """A run cancelled just before ``aclose()`` (a server shutting down cancels its
+        requests, then closes the agent in its lifespan) still has its cleanup to do: the
+        write answering its open call. ``aclose()`` returns once that run has ended, its
+        grace at most, so an event loop that ends right after cannot cut that write off;
+        runs going on are not waited for (above)."""
+        in_tool = anyio.Event()
+        store = SlowWrites()
+        model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
+        agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
+        request = anyio.CancelScope()
+
+        async def serve() -> None:
+            with request:
+                await agent.run("go", session_id="s")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(serve)
+            with anyio.fail_after(5):
+                await in_tool.wait()
+            request.cancel()
+            with anyio.fail_after(agent.cleanup_grace + 0.5):
+                await agent.aclose()
+            stored = await store.load("s")
+            assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+            assert stored[-1].tool_results[0].call_id == "w"
 
     async def test_a_failed_close_is_the_last_runs_cleanup_error(self) -> None:
         class BadlyClosing(Gated):

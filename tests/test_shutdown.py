@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -13,7 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost.sessions import SQLiteSessionStore
+from littleghost.sessions import SQLiteSessionStore, message_from_json
+from littleghost.testing import ScriptedModel, tool_call_response
+from tests.stores import SlowWrites, working_until
 
 DAEMON_THREAD_AT_EXIT = textwrap.dedent(
     """
@@ -166,3 +169,32 @@ def test_the_exit_says_it_waits_for_a_sync_tool_a_stopped_run_left_running() -> 
         "tool 'look_up': a call the run stopped waiting for has returned; its late result "
         "was discarded\n",
     )
+
+
+def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What uvicorn with ``--timeout-graceful-shutdown`` and ``asyncio.run`` do: the
+    server cancels its request tasks, closes the agent in its lifespan at once and
+    returns, and ``asyncio.run`` cancels every task left, the stopped runs' cleanup
+    included, natively (no shield holds that): the write answering the open call was cut
+    off and the call left unanswered. ``aclose()`` waits for the runs that are stopping,
+    so their writes are done before the event loop's end."""
+    store = SlowWrites()
+
+    async def serve() -> None:
+        in_tool = anyio.Event()
+        model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
+        agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
+        async with agent:  # the application's lifespan
+            request = asyncio.create_task(agent.run("go", session_id="s"))
+            await in_tool.wait()
+            request.cancel()  # the graceful shutdown's timeout
+            await asyncio.sleep(0)  # the server's own turn
+        await asyncio.sleep(0.05)  # the server's last steps; then every task left is cancelled
+
+    asyncio.run(serve())
+    stored = [message_from_json(text) for text in store.sessions["s"]]
+    assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+    assert stored[-1].tool_results[0].call_id == "w" and stored[-1].tool_results[0].is_error
+    assert not [r for r in caplog.records if r.name == "littleghost.cleanup"]
