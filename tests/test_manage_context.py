@@ -2787,6 +2787,53 @@ class TestEstimateUnits:
             warning.getMessage()
         )
 
+    @pytest.mark.parametrize("shown", ["in the history", "by a tool"])
+    async def test_the_calibration_scales_text_never_images(self, shown: str, spans: Spans) -> None:
+        """An image costs the estimator's allowance (765 tokens for ``ByteEstimator``)
+        whatever the provider's density on text (here 1.5 times the estimate). The scale
+        is learned from the text, the count less the images' allowance: a provider that
+        counts an image in the history at that allowance leaves the run 1.5 (it said
+        1.28). And it is applied to the text: an image a tool shows, which the provider
+        counts at 170, is sent whole (the estimate said 1.5 times 765 for it, over the
+        window at 2 533, and compacted)."""
+        estimator, page = ByteEstimator(), ImagePart(url="https://example.com/page.png")
+
+        @manage_context(context_window_tokens=2_400, compression_threshold=1.0, tokenizer=estimator)
+        class Looking(Agent):
+            max_retries = 0
+
+            @tool
+            async def look(self, context: RunContext) -> str:
+                """Look at the page."""
+                await context.append(Message(Role.USER, (TextPart("The page:"), page)))
+                return "a page of text"
+
+        def respond(request: ModelRequest) -> ModelResponse:
+            images = sum(isinstance(p, ImagePart) for m in request.messages for p in m.content)
+            text = estimate_messages(request.messages, estimator) - 765 * images
+            real = math.ceil(1.5 * text) + (765 if shown == "in the history" else 170) * images
+            real += estimate_request((), request.tools, request.settings, estimator)
+            if real > 2_400:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            sizes.append(real)
+            if len(sizes) == 1 and shown == "by a tool":
+                return tool_call_response("look", {}, input_tokens=real)
+            return text_response("done", input_tokens=real)
+
+        history = _prose(6 if shown == "by a tool" else 7)
+        if shown == "in the history":
+            history[0] = Message(Role.USER, (*history[0].content, page))
+        sizes: list[int] = []
+        result = await Looking(model=ScriptedModel([respond] * 4)).run(
+            "What is on it?", history=history
+        )
+        assert result.output == "done"
+        assert not spans.compactions()
+        if shown == "in the history":
+            assert result.messages[-1].metadata[SCALE_KEY] == pytest.approx(1.5, abs=0.01)
+        else:
+            assert len(sizes) == 2  # sent whole, not compacted
+
 
 def kept(scale: float, agent: type[Agent]) -> dict[str, Any]:
     """The metadata of an answer of ``agent``'s run on a ``ScriptedModel`` that learned

@@ -22,10 +22,9 @@ from littleghost.context.records import is_record
 from littleghost.context.tokens import (
     Estimates,
     Tokenizer,
-    estimate_message,
     schema_estimate,
 )
-from littleghost.messages import ImagePart, Message, Role
+from littleghost.messages import Message, Role
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 
 if TYPE_CHECKING:
@@ -287,13 +286,8 @@ def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int |
     added = request.messages[new + len(conversation) :]
     grown = 0
     for message in added:
-        if message.role is Role.ASSISTANT:
-            continue
-        parts = [part for part in message.content if not isinstance(part, ImagePart)]
-        if len(parts) == len(message.content):
-            grown += estimates(message)
-        else:  # an image left out (a copy, not kept by ``estimates``)
-            grown += estimate_message(attrs.evolve(message, content=parts), estimates.tokenizer)
+        if message.role is not Role.ASSISTANT:
+            grown += estimates(message) - estimates.images(message)
     return last.tokens - max(lost, 0) + math.ceil(MIN_SCALE * grown)
 
 
@@ -342,23 +336,26 @@ def _instructions(messages: Sequence[Message]) -> int:
 
 def _split_estimate(
     messages: Sequence[Message],
-    estimates: Callable[[Message], int],
+    estimates: Estimates,
     known: Mapping[str, float],
     dense: Mapping[str, float] | None = None,
 ) -> tuple[int, int]:
-    """``messages`` as (tokens taken as they are: at a known density, or instructions;
-    the conversation's estimated tokens, to be scaled)."""
+    """``messages`` as (tokens taken as they are: instructions, images, text at a known
+    density; the conversation's estimated text tokens, to be scaled)."""
     fixed = scaled = 0
     for message in messages:
         density = known.get(message.id)
         if density is None and dense:
             density = dense.get(message.id)
-        if density is not None:  # a reported size times its estimate over it: no float excess
-            fixed += math.ceil(density * estimates(message) - 1e-9)
-        elif message.role.is_trusted:
+        if density is None and message.role.is_trusted:
             fixed += estimates(message)
+            continue
+        images = estimates.images(message)  # an allowance each: a text density is not theirs
+        text = estimates(message) - images
+        if density is not None:  # a reported size times its estimate over it: no float excess
+            fixed += images + math.ceil(density * text - 1e-9)
         else:
-            scaled += estimates(message)
+            fixed, scaled = fixed + images, scaled + text
     return fixed, scaled
 
 
@@ -609,9 +606,15 @@ def asked(messages: Sequence[Message], context: RunContext) -> Message | None:
 
 
 def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
-    """How far the known sizes of ``messages`` exceed their scaled estimates."""
+    """How far the known sizes of ``messages`` (images' too) exceed their scaled estimates."""
     state, estimates = calibration(context), context.log_index.estimates(tokenizer)
-    known = [m for m in messages if m.id in state.real or m.id in state.dense]
+    known = [
+        m
+        for m in messages
+        if m.id in state.real
+        or m.id in state.dense
+        or (not m.role.is_trusted and estimates.images(m))
+    ]
     return real_size(known, context, tokenizer) - math.ceil(
         state.scale * sum(map(estimates, known))
     )

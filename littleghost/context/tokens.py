@@ -131,11 +131,16 @@ def prompt_text(message: Message) -> str:
     return "".join(pieces)
 
 
+def _image_tokens(tokenizer: Tokenizer) -> int:
+    """The estimated tokens of one image: ``tokenizer``'s ``image_tokens``, else 85."""
+    return int(getattr(tokenizer, "image_tokens", 85))
+
+
 def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
     """Counts one message's ``prompt_text`` with ``tokenizer``, plus its ``image_tokens`` per
     image and ``message_overhead`` (the default estimator needs only lengths: no JSON)."""
     count_tokens = tokenizer.count_tokens
-    image_tokens = int(getattr(tokenizer, "image_tokens", 85))
+    image_tokens = _image_tokens(tokenizer)
     overhead = int(getattr(tokenizer, "message_overhead", 0))
     if type(tokenizer) is CharacterEstimator:  # a length is all it needs
         per_token = tokenizer.chars_per_token
@@ -179,11 +184,12 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
 class Estimates:
     """The token estimates of messages by ``tokenizer``, each message object counted once."""
 
-    __slots__ = ("_count", "_known", "tokenizer")
+    __slots__ = ("_count", "_image", "_known", "tokenizer")
 
     def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
         self.tokenizer = tokenizer
         self._count = counter(tokenizer)
+        self._image = _image_tokens(tokenizer)
         self._known: dict[int, tuple[Message, int]] = {}
 
     def __call__(self, message: Message) -> int:
@@ -194,6 +200,10 @@ class Estimates:
         tokens = self._count(message)
         self._known[id(message)] = (message, tokens)
         return tokens
+
+    def images(self, message: Message) -> int:
+        """The estimated tokens of ``message``'s images (a fixed allowance each)."""
+        return self._image * sum(type(part) is ImagePart for part in message.content)
 
     def total(self, messages: Iterable[Message]) -> int:
         """The estimated tokens of ``messages``."""
