@@ -3314,6 +3314,58 @@ class TestInjectedMaterial:
         assert not any(REFERENCE in m.text for m in result.messages)
         assert result.output == "done"
 
+    @pytest.mark.parametrize("bounded", [False, True])
+    async def test_what_the_class_s_own_hooks_add_is_sized_before_the_call(
+        self, bounded: bool, spans: Spans
+    ) -> None:
+        """The decorated class's own ``before_model`` hooks run after ``@manage_context``'s
+        (they see what it did), so it sizes each request with what they added to the run's
+        previous call. A hook that adds a long note to every call of a tool loop that grows
+        toward the window: the request is compacted (or its view bounded) before the
+        provider would refuse it. Sized without the note, the seventh call overflowed (with
+        a budget, the fifth and two more)."""
+
+        options: dict[str, Any] = {"compression_threshold": 0.9}
+        if bounded:
+            budget = PromptBudget(response_reserve_tokens=64, safety_reserve_tokens=0)
+            options = {"summarize": False, "budget": budget, "tokenizer": budget.tokenizer}
+
+        @manage_context(context_window_tokens=2_000, preserve_recent_messages=2, **options)
+        class Noted(Agent):
+            max_retries = 0
+
+            @before_model
+            def note(self, request: ModelRequest) -> ModelRequest:
+                note = Message.developer("Answer from the fetched data alone. " * 50)
+                return attrs.evolve(request, messages=(*request.messages, note))
+
+            @tool
+            def fetch(self, n: int) -> str:
+                """Fetch one thing."""
+                return f"result {n} " + "data " * 200
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("- fetched things")
+            real = estimate_request(
+                request.messages,
+                request.tools,
+                request.settings,
+                Noted.context_management.tokenizer,
+            )
+            if real > 2_000:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real)
+            sizes.append(real)
+            if len(sizes) < 8:
+                return tool_call_response("fetch", {"n": len(sizes)}, input_tokens=real)
+            return text_response("done", input_tokens=real)
+
+        sizes: list[int] = []
+        result = await Noted(model=ScriptedModel([answer] * 12)).run("Fetch eight things.")
+        assert result.output == "done" and len(sizes) == 8
+        reasons = {c["littleghost.compaction.reason"] for c in spans.compactions()}
+        assert "overflow" not in reasons and (bounded or reasons == {"threshold"})
+
     async def test_a_question_a_hook_sends_anew_fails_alone_as_any_does(self) -> None:
         """A hook that sends the question as a new message (the reference material and the
         question in one; the log holds the question alone): over the window alone, it fails

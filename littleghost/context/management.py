@@ -179,6 +179,8 @@ class _Run:
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
     cut_to: int | None = None  # what tool results are cut to for the rest of the run
     clipped: _Clipped | None = None  # the last request's ``clip_results``, to carry over
+    passed: ModelRequest | None = None  # the request the hook passed on to the later hooks
+    hooked: int = 0  # what the later hooks (the class's own) added to it, when last known
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -281,6 +283,12 @@ async def _calibrate_after_model(
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
     state = _run(context, config)
+    if state.passed is not None:  # what the later hooks added, before the scale moves
+        assert context.last_exchange is not None  # set by the call the hook follows
+        sent, tokenizer = context.last_exchange[0], config.tokenizer
+        added = calibrated_size(sent, context, tokenizer)
+        state.hooked = max(added - calibrated_size(state.passed, context, tokenizer), 0)
+        state.passed = None
     kept = learn_answer(response, context, config.tokenizer, state.window)
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
@@ -303,10 +311,10 @@ async def _compact_before_model(
         request, state.clipped = _clip(request, context.log_index, min(limits), state.clipped)
     report: BudgetReport | None = None
     if config.budget is not None:
-        request, report = await _bounded(request, context, config, config.budget)
+        request, report = await _bounded(request, context, config, config.budget, state.hooked)
     bounded = request
-    if config.summarize:
-        estimated = estimate_tokens(request, context, config.tokenizer)
+    if config.summarize:  # with what the later hooks added to the last call
+        estimated = estimate_tokens(request, context, config.tokenizer) + state.hooked
         if estimated >= config.threshold(state.window):
             request = await _proactive(request, context, config, estimated)
     if report is not None and config.budget is not None:  # the figures of the request sent
@@ -318,6 +326,7 @@ async def _compact_before_model(
                 report, messages_kept=len(request.messages), estimated_prompt_tokens=sent
             )
         context.annotate_next_call(report.span_attributes())
+    state.passed = request
     return None if request is original else request
 
 
@@ -356,11 +365,16 @@ async def _proactive(
 
 
 async def _bounded(
-    request: ModelRequest, context: RunContext, config: ContextManagement, budget: PromptBudget
+    request: ModelRequest,
+    context: RunContext,
+    config: ContextManagement,
+    budget: PromptBudget,
+    later: int = 0,
 ) -> tuple[ModelRequest, BudgetReport]:
-    """The request bounded to the budget (tighter after an overflow this turn). After a
-    measured overflow, a current turn over the limit goes on the safety reserve when it
-    fits the window less the answer's reserve, as recovery would send it."""
+    """The request bounded to the budget (tighter after an overflow this turn), sized with
+    what ``later`` hooks add. After a measured overflow, a current turn over the limit goes
+    on the safety reserve when it fits the window less the answer's reserve, as recovery
+    would send it."""
     state = _run(context, config)
     window = state.window
     limit = budget.limit(window, request.max_tokens)
@@ -376,7 +390,7 @@ async def _bounded(
     memories = [] if state.bare == context.turn else await load_memories(budget, context)
 
     def size(view: ModelRequest) -> int:
-        return estimate_tokens(view, context, config.tokenizer) - (view.max_tokens or 0)
+        return estimate_tokens(view, context, config.tokenizer) - (view.max_tokens or 0) + later
 
     fit = partial(
         fit_sized,
@@ -402,7 +416,7 @@ async def _bounded(
         answer = budget.answer(request.max_tokens)
         view, report = fit(limit=max(alone, min(budget.prompt_budget_tokens, window - answer)))
         counted = await model_count(view, context)  # on the safety reserve, as recovery
-        if (size(view) if counted is None else counted) > window - answer:
+        if (size(view) if counted is None else counted + later) > window - answer:
             raise
         return view, report
 
@@ -732,6 +746,7 @@ async def _compact(
         state.scale = calibrated.scale
         outside = (request.max_tokens or 0) + schema_estimate(request, config.tokenizer)
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
+        outside += run.hooked if reason == "threshold" else 0  # the later hooks will add it
         goal = _goal(state, target, outside)
         if fallback is not None or (reason == "overflow" and config.strategy is None):
             state.protected = state.slots if turn is None else turn
