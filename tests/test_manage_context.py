@@ -3314,19 +3314,20 @@ class TestInjectedMaterial:
         assert not any(REFERENCE in m.text for m in result.messages)
         assert result.output == "done"
 
-    @pytest.mark.parametrize("bounded", [False, True])
+    @pytest.mark.parametrize("loop", ["tools", "tools bounded", "chat"])
     async def test_what_the_class_s_own_hooks_add_is_sized_before_the_call(
-        self, bounded: bool, spans: Spans
+        self, loop: str, spans: Spans
     ) -> None:
         """The decorated class's own ``before_model`` hooks run after ``@manage_context``'s
-        (they see what it did), so it sizes each request with what they added to the run's
-        previous call. A hook that adds a long note to every call of a tool loop that grows
+        (they see what it did), so it sizes each request with what they added to the
+        previous call, the previous run's too (``HOOKED_KEY``). A hook that adds a long
+        note to every call of a tool loop, or of a chat of one call a run, that grows
         toward the window: the request is compacted (or its view bounded) before the
-        provider would refuse it. Sized without the note, the seventh call overflowed (with
-        a budget, the fifth and two more)."""
+        provider would refuse it. Sized without the note, the seventh call overflowed
+        (with a budget, the fifth and two more)."""
 
         options: dict[str, Any] = {"compression_threshold": 0.9}
-        if bounded:
+        if loop == "tools bounded":
             budget = PromptBudget(response_reserve_tokens=64, safety_reserve_tokens=0)
             options = {"summarize": False, "budget": budget, "tokenizer": budget.tokenizer}
 
@@ -3344,27 +3345,30 @@ class TestInjectedMaterial:
                 """Fetch one thing."""
                 return f"result {n} " + "data " * 200
 
+        tokenizer = Noted.context_management.tokenizer
+
         def answer(request: ModelRequest) -> ModelResponse:
             if request.purpose == "context_compaction":
                 return text_response("- fetched things")
-            real = estimate_request(
-                request.messages,
-                request.tools,
-                request.settings,
-                Noted.context_management.tokenizer,
-            )
+            real = estimate_request(request.messages, request.tools, request.settings, tokenizer)
             if real > 2_000:
                 raise ContextWindowOverflowError("too long", prompt_tokens=real)
             sizes.append(real)
-            if len(sizes) < 8:
+            if len(sizes) < 8 and loop != "chat":
                 return tool_call_response("fetch", {"n": len(sizes)}, input_tokens=real)
-            return text_response("done", input_tokens=real)
+            return text_response("data " * 200, input_tokens=real)
 
         sizes: list[int] = []
-        result = await Noted(model=ScriptedModel([answer] * 12)).run("Fetch eight things.")
-        assert result.output == "done" and len(sizes) == 8
+        agent = Noted(model=ScriptedModel([answer] * 20))
+        if loop == "chat":
+            history: list[Message] = []
+            for n in range(8):
+                history = (await agent.run(f"Fetch thing {n}.", history=history)).messages
+        else:
+            assert (await agent.run("Fetch eight things.")).messages[-1].text.startswith("data")
+        assert len(sizes) == 8
         reasons = {c["littleghost.compaction.reason"] for c in spans.compactions()}
-        assert "overflow" not in reasons and (bounded or reasons == {"threshold"})
+        assert "overflow" not in reasons and (loop == "tools bounded" or reasons == {"threshold"})
 
     async def test_a_question_a_hook_sends_anew_fails_alone_as_any_does(self) -> None:
         """A hook that sends the question as a new message (the reference material and the

@@ -60,7 +60,7 @@ from littleghost.context.config import (
 )
 from littleghost.context.groups import SUMMARY, SYSTEM
 from littleghost.context.index import LogIndex, starts_with
-from littleghost.context.records import record_covers
+from littleghost.context.records import is_record, record_covers
 from littleghost.context.strategies import (
     SUMMARY_FIT_MARGIN,
     CompactionState,
@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AFTER_KEY",
+    "HOOKED_KEY",
     "REGROWTH",
     "clip_results",
     "default_compaction",
@@ -188,6 +189,18 @@ AFTER_KEY = "littleghost.compaction.tokens_after"
 the next answer), so a later run of the conversation knows if the next summary must wait."""
 
 
+HOOKED_KEY = "littleghost.context.hooked"
+"""Metadata of a model's answer: what the hooks after ``@manage_context``'s added to the
+request it answered, in the model's tokens, which the next run starts from."""
+
+
+def _kept_hooked(log: Sequence[Message], window: int) -> int:
+    """The ``HOOKED_KEY`` of ``log``'s newest answer, at most ``window``; 0 without one."""
+    answer = next((m for m in reversed(log) if m.role is Role.ASSISTANT and not is_record(m)), None)
+    hooked = None if answer is None else answer.metadata.get(HOOKED_KEY)
+    return min(hooked, window) if is_int(hooked) and hooked > 0 else 0
+
+
 def _run(context: RunContext, config: ContextManagement) -> _Run:
     state = context.state_for(_Run, _Run)
     if not state.window:
@@ -196,6 +209,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         learned_for = scale_for(context.model, config.tokenizer)
         after, scale = remembered(context.messages, learned_for)  # what earlier runs learned
         resume(context, scale)
+        state.hooked = _kept_hooked(context.messages, state.window)
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
@@ -282,14 +296,16 @@ async def _calibrate_after_model(
     config = context_config(agent)
     if config is None:  # ``context_management`` set to None on the agent: not managed
         return None
-    state = _run(context, config)
+    state, hooked = _run(context, config), None
     if state.passed is not None:  # what the later hooks added, before the scale moves
         assert context.last_exchange is not None  # set by the call the hook follows
         sent, tokenizer = context.last_exchange[0], config.tokenizer
         added = calibrated_size(sent, context, tokenizer)
-        state.hooked = max(added - calibrated_size(state.passed, context, tokenizer), 0)
-        state.passed = None
+        hooked = max(added - calibrated_size(state.passed, context, tokenizer), 0)
+        state.hooked, state.passed = hooked, None
     kept = learn_answer(response, context, config.tokenizer, state.window)
+    if hooked:  # kept while they add something: the next run starts from it
+        kept[HOOKED_KEY] = hooked
     if state.failed_at is not None:
         kept[AFTER_KEY], state.failed_at = state.failed_at, None
     if not kept:
