@@ -39,7 +39,7 @@ from littleghost.cli.compact import DRY_RUN_SUMMARY
 from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
 from littleghost.context.calibration import SCALE_KEY
-from littleghost.context.management import AFTER_KEY
+from littleghost.context.management import AFTER_KEY, HOOKED_KEY
 from littleghost.context.records import is_record, record_covers
 from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
@@ -500,6 +500,21 @@ class TestView:
         assert total == document["estimated_tokens"]
         text = ok(*args, "tests.cli_agents:Support").stdout
         assert f" - {-document['calibration_tokens']} (calibration) = " in text
+
+    def test_the_estimate_says_what_the_class_s_own_hooks_added(self, store_url: str) -> None:
+        """A session whose last answer kept what the class's own hooks added to its call
+        (``HOOKED_KEY``): the next run sizes its first request with it, and so does the
+        view, as a term of its own."""
+        answer = Message.assistant("Noted.", metadata={HOOKED_KEY: 300})
+        history = [Message.user("How many tokens? " + "word " * 200), answer]
+        in_store(store_url, lambda store: store.append("hooked", history))
+        args = ("sessions", "view", "hooked", "--store", store_url, "--agent")
+        document = json.loads(ok(*args, "tests.cli_agents:Support", "--json").stdout)
+        parts = ("message_tokens", "tools_and_settings_tokens", "answer_tokens", "hooks_tokens")
+        assert (document["hooks_tokens"], document["calibration_tokens"]) == (300, 0)
+        assert sum(document[part] for part in parts) == document["estimated_tokens"]
+        text = ok(*args, "tests.cli_agents:Support").stdout
+        assert " (answer) + 300 (the class's own hooks, last call) = " in text
 
     def test_a_bounded_view_with_the_next_message_is_the_next_request(self, store_url: str) -> None:
         document = self.view(

@@ -127,7 +127,8 @@ def view_document(
         )
     answer = preview.request.max_tokens or 0
     in_messages = sum(preview.message_tokens)
-    calibration = preview.estimated_tokens - in_messages - preview.schema_tokens - answer
+    hooked = preview.hooked_tokens
+    calibration = preview.estimated_tokens - in_messages - preview.schema_tokens - answer - hooked
     threshold = None
     if preview.threshold_tokens is not None and config is not None:
         threshold = {"share": config.compression_threshold, "tokens": preview.threshold_tokens}
@@ -140,6 +141,7 @@ def view_document(
         "tools_and_settings_tokens": preview.schema_tokens,
         "answer_tokens": answer,
         "calibration_tokens": calibration,
+        "hooks_tokens": hooked,
         "estimated_tokens": preview.estimated_tokens,
         "threshold": threshold,
         "waits_until": preview.waits_until,
@@ -192,6 +194,8 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
     calibration = document["calibration_tokens"]
     sign = "-" if calibration < 0 else "+"
     calibrated = f" {sign} {abs(calibration)} (calibration)" if calibration else ""
+    if document["hooks_tokens"]:
+        calibrated += f" + {document['hooks_tokens']} (the class's own hooks, last call)"
     output.line(
         f"estimate: {document['message_tokens']} (messages) + "
         f"{document['tools_and_settings_tokens']} (tools and settings) + "

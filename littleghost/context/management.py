@@ -98,6 +98,7 @@ __all__ = [
     "REGROWTH",
     "clip_results",
     "default_compaction",
+    "kept_hooked",
     "manage_context",
     "managed_state",
     "next_summary_at",
@@ -194,7 +195,7 @@ HOOKED_KEY = "littleghost.context.hooked"
 request it answered, in the model's tokens, which the next run starts from."""
 
 
-def _kept_hooked(log: Sequence[Message], window: int) -> int:
+def kept_hooked(log: Sequence[Message], window: int) -> int:
     """The ``HOOKED_KEY`` of ``log``'s newest answer, at most ``window``; 0 without one."""
     answer = next((m for m in reversed(log) if m.role is Role.ASSISTANT and not is_record(m)), None)
     hooked = None if answer is None else answer.metadata.get(HOOKED_KEY)
@@ -209,7 +210,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         learned_for = scale_for(context.model, config.tokenizer)
         after, scale = remembered(context.messages, learned_for)  # what earlier runs learned
         resume(context, scale)
-        state.hooked = _kept_hooked(context.messages, state.window)
+        state.hooked = kept_hooked(context.messages, state.window)
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state

@@ -18,6 +18,7 @@ from littleghost.context.index import LogIndex
 from littleghost.context.management import (
     clip_results,
     default_compaction,
+    kept_hooked,
     managed_state,
     next_summary_at,
     pinned_slots,
@@ -116,7 +117,7 @@ class RequestPreview:
         message_tokens: The estimate of each of the request's messages.
         schema_tokens: The estimate of its tool schemas and prompt settings.
         estimated_tokens: The estimate the threshold is compared with (the conversation
-            scaled by the log's calibration), ``max_tokens`` included.
+            scaled by the log's calibration), ``max_tokens`` and ``hooked_tokens`` included.
         threshold_tokens: The smallest estimate at which a compaction is due (``None``
             without ``@manage_context`` or with ``summarize=False``).
         waits_until: The size the request must reach before the next summary call, after
@@ -124,6 +125,8 @@ class RequestPreview:
         compaction_due: The call would try to compact first (it may still find nothing to
             compact, and record that it failed).
         budget: The bounded view's figures, with a ``PromptBudget``.
+        hooked_tokens: What the class's own hooks added to the conversation's last call
+            (``HOOKED_KEY``), which the run sizes its first request with.
     """
 
     request: ModelRequest
@@ -134,6 +137,7 @@ class RequestPreview:
     waits_until: int | None
     compaction_due: bool
     budget: BudgetReport | None
+    hooked_tokens: int = 0
 
 
 def preview_request(
@@ -166,11 +170,12 @@ def preview_request(
     learned_for = None if model is None else scale_for(model, tokenizer)
     after, scale = remembered(log, learned_for) if config is not None else (None, 1.0)
     calibrated = Calibration(scale=scale)  # as the next run starts
+    hooked = 0 if config is None else kept_hooked(log, window)
     if config is not None and config.budget is not None:
         budget = config.budget
 
         def size(view: ModelRequest) -> int:
-            return request_size(view, estimates, calibrated) - (view.max_tokens or 0)
+            return request_size(view, estimates, calibrated) - (view.max_tokens or 0) + hooked
 
         request, report = fit_sized(
             request,
@@ -183,10 +188,10 @@ def preview_request(
         )
     sizes = tuple(map(estimates, request.messages))
     schemas = schema_estimate(request, tokenizer)
-    estimated = request_size(request, estimates, calibrated)
+    estimated = request_size(request, estimates, calibrated) + hooked
     if config is None or not config.summarize:
-        return RequestPreview(request, sizes, schemas, estimated, None, None, False, report)
+        return RequestPreview(request, sizes, schemas, estimated, None, None, False, report, hooked)
     threshold = config.threshold(window)
     waits = None if after is None else next_summary_at(after, config, window)
     due = estimated >= threshold and not summary_waits(estimated, waits, request, window)
-    return RequestPreview(request, sizes, schemas, estimated, threshold, waits, due, report)
+    return RequestPreview(request, sizes, schemas, estimated, threshold, waits, due, report, hooked)
