@@ -70,7 +70,7 @@ from littleghost.context.strategies import (
     TurnExcerpts,
     mask_tool_results,
 )
-from littleghost.context.tokens import schema_estimate
+from littleghost.context.tokens import Tokenizer, schema_estimate
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
 from littleghost.errors import (
     UNSWALLOWED,
@@ -300,9 +300,7 @@ async def _calibrate_after_model(
     state, hooked = _run(context, config), None
     if state.passed is not None:  # what the later hooks added, before the scale moves
         assert context.last_exchange is not None  # set by the call the hook follows
-        sent, tokenizer = context.last_exchange[0], config.tokenizer
-        added = calibrated_size(sent, context, tokenizer)
-        hooked = max(added - calibrated_size(state.passed, context, tokenizer), 0)
+        hooked = _added(state.passed, context.last_exchange[0], context, config.tokenizer)
         state.hooked, state.passed = hooked, None
     kept = learn_answer(response, context, config.tokenizer, state.window)
     if hooked:  # kept while they add something: the next run starts from it
@@ -313,6 +311,23 @@ async def _calibrate_after_model(
         return None
     metadata = {**response.message.metadata, **kept}
     return attrs.evolve(response, message=attrs.evolve(response.message, metadata=metadata))
+
+
+def _added(
+    given: ModelRequest, sent: ModelRequest, context: RunContext, tokenizer: Tokenizer
+) -> int:
+    """How much larger (as calibrated, at least 0) ``sent`` is than ``given``, sized by the
+    messages one holds and the other does not (message objects: most hooks append)."""
+    if sent is given:
+        return 0
+    less: tuple[Message, ...] = ()
+    more = sent.messages[len(given.messages) :]
+    if not starts_with(sent.messages, given.messages):
+        old, new = set(map(id, given.messages)), set(map(id, sent.messages))
+        more = tuple(m for m in sent.messages if id(m) not in old)
+        less = tuple(m for m in given.messages if id(m) not in new)
+    larger = calibrated_size(attrs.evolve(sent, messages=more), context, tokenizer)
+    return max(larger - calibrated_size(attrs.evolve(given, messages=less), context, tokenizer), 0)
 
 
 async def _compact_before_model(
