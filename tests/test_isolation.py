@@ -4,22 +4,27 @@ fails before anything is stored."""
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import threading
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from littleghost import Agent, Message, ReasoningPart, RunContext, ToolCall, tool
-from littleghost.context.outside import preview_request
+from littleghost import Agent, Message, ReasoningPart, RunContext, ToolCall, manage_context, tool
+from littleghost.context import TokenBudget, apply_compaction, build_view, forget_recent_logs
+from littleghost.context.outside import compact_log, preview_request
 from littleghost.errors import ConfigurationError, UnstorableValueError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from tests.conftest import Spans
+from tests.stores import KINDS, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -425,3 +430,79 @@ async def test_compacting_a_stored_session_keeps_nothing_of_it() -> None:
     gc.collect()
     alive = [o for o in gc.get_objects() if isinstance(o, Message) and "kept?" in o.text]
     assert alive == []
+
+
+def erasable_conversation(secret: str) -> list[Message]:
+    """Ten turns of a support chat with ``secret`` in a question, a tool call's arguments,
+    its result and an answer (only these messages hold texts with it)."""
+    log: list[Message] = []
+    for turn in range(10):
+        call = ToolCall(f"call_{turn}", "look_up", {"card": f"{secret} {turn}"})
+        log += [
+            Message.user(f"Turn {turn}: my card is {secret}, is it blocked?"),
+            Message.assistant(tool_calls=[call]),
+            Message.tool(call.id, f"card {secret}: not blocked " * 20),
+            Message.assistant(f"Card {secret} is not blocked."),
+        ]
+    return log
+
+
+def holders_of(secret: str) -> list[object]:
+    """Every object the garbage collector tracks that holds a text with ``secret`` in it
+    (``secret`` alone aside: the test holds it)."""
+    return [
+        holder
+        for holder in gc.get_objects()
+        if any(
+            type(held) is str and secret in held and held != secret
+            for held in gc.get_referents(holder)
+        )
+    ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_deleted_session_leaves_no_copy_of_its_text_in_the_process(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """An erasure request: a session an application loaded and gave the context engine
+    (``apply_compaction``, ``preview_request``, ``compact_log``), then deleted through its
+    store, leaves no object in the process holding its text once the application lets go
+    of what it loaded (the engine kept it among its recent logs until then)."""
+    secret = uuid.uuid4().hex
+    async with open_store(kind, tmp_path, request) as store:
+        await store.append("customer-7", erasable_conversation(secret))
+        log = await store.load("customer-7")
+        loaded = weakref.ref(log[0])
+        await apply_compaction(log, TokenBudget(token_budget=300))
+        agent = manage_context(context_window_override=2_000)(type("Erasing", (Support,), {}))(
+            model=ScriptedModel([text_response("- They asked whether a card is blocked.")])
+        )
+        config = agent.context_management
+        assert config is not None
+        preview_request(ModelRequest(build_view(log), (), {}), log, config, 2_000)
+        assert await compact_log(agent, log)
+        del log, agent, config
+        gc.collect()
+        assert loaded() is not None  # the engine keeps what it was given lately
+
+        await store.delete("customer-7")
+        gc.collect()
+        assert loaded() is None
+        assert holders_of(secret) == []
+
+
+async def test_forget_recent_logs_lets_go_of_a_conversation_kept_outside_a_store() -> None:
+    """An application that keeps its conversations itself erases one, then calls
+    ``forget_recent_logs``: no object in the process holds its text any more."""
+    secret = uuid.uuid4().hex
+    log = erasable_conversation(secret)
+    given = weakref.ref(log[0])
+    await apply_compaction(log, TokenBudget(token_budget=300))
+    del log
+    gc.collect()
+    assert given() is not None  # the engine keeps what it was given lately
+
+    forget_recent_logs()
+    gc.collect()
+    assert given() is None
+    assert holders_of(secret) == []

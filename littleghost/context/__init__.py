@@ -4,6 +4,7 @@ triggers, compaction strategies and the view of an append-only log."""
 from littleghost.context.budget import PromptBudget
 from littleghost.context.compaction import apply_compaction, compact_session, compaction_records
 from littleghost.context.groups import GroupKind, MessageGroup, group_messages
+from littleghost.context.index import forget_recent_logs
 from littleghost.context.strategies import (
     CompactionState,
     CompactionStrategy,
@@ -58,6 +59,7 @@ __all__ = [
     "build_view",
     "compact_session",
     "compaction_records",
+    "forget_recent_logs",
     "group_messages",
     "groups_exceed",
     "has_tool_calls",

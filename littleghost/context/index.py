@@ -15,10 +15,11 @@ from littleghost.context.groups import Layout
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.messages import Message
 
-__all__ = ["RECENT_LOGS", "LogIndex", "starts_with"]
+__all__ = ["RECENT_LOGS", "LogIndex", "forget_recent_logs", "starts_with"]
 
 RECENT_LOGS = 8
-"""How many indexes of logs seen lately ``LogIndex.of`` keeps (it holds their messages)."""
+"""How many indexes of logs seen lately ``LogIndex.of`` keeps (it holds their messages,
+until ``forget_recent_logs``)."""
 _LOOKBACK = 64  # how far back from the end ``LogIndex.of`` looks for a log this one extends
 
 _recent: OrderedDict[int, LogIndex] = OrderedDict()
@@ -95,6 +96,17 @@ class LogIndex:
         copy = make()
         self._derived[slot] = (message, copy)
         return copy
+
+
+def forget_recent_logs() -> None:
+    """Forget the logs the context engine was given lately (the indexes ``LogIndex.of``
+    keeps: their messages, estimates and cut-down copies), so that no copy of their content
+    stays in its memory; the next call on a log starts cold. A built-in store's ``delete``
+    calls it; call it after erasing a conversation kept anywhere else."""
+    with _recent_lock:
+        forgotten = list(_recent.values())
+        _recent.clear()
+    forgotten.clear()  # their messages freed outside the lock
 
 
 def starts_with(messages: Sequence[Message], prefix: Sequence[Message]) -> bool:

@@ -164,7 +164,9 @@ class SessionStore(Protocol):
         ...
 
     async def delete(self, session_id: str) -> None:
-        """Remove the session and all its messages.
+        """Remove the session and all its messages, then call
+        ``littleghost.context.forget_recent_logs()`` (whatever the outcome), so that the
+        context engine keeps no copy of them.
 
         Raises:
             UnknownSessionError: There is no such session.

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from anyio.lowlevel import checkpoint
 
+from littleghost.context.index import forget_recent_logs
 from littleghost.errors import UnknownSessionError
 from littleghost.messages import Message
 from littleghost.sessions.base import (
@@ -125,18 +126,22 @@ class InMemorySessionStore:
         )
 
     async def delete(self, session_id: str) -> None:
-        """Remove the session.
+        """Remove the session; the context engine forgets the logs it was given lately
+        (``forget_recent_logs``).
 
         Raises:
             UnknownSessionError: There is no such session.
         """
         check_session_id(session_id)
         await checkpoint()
-        with self._guard:
-            if self._sessions.pop(session_id, None) is None:
-                raise UnknownSessionError(
-                    f"no session {session_id!r} to delete", session_id=session_id
-                )
+        try:
+            with self._guard:
+                if self._sessions.pop(session_id, None) is None:
+                    raise UnknownSessionError(
+                        f"no session {session_id!r} to delete", session_id=session_id
+                    )
+        finally:
+            forget_recent_logs()
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively (in this process) while the context is open."""

@@ -39,6 +39,7 @@ import anyio
 
 from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import close_leaving
+from littleghost.context.index import forget_recent_logs
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -738,7 +739,8 @@ class PostgresSessionStore:
         )
 
     async def delete(self, session_id: str) -> None:
-        """Remove the session and its messages in one transaction.
+        """Remove the session and its messages in one transaction; the context engine
+        forgets the logs it was given lately (``forget_recent_logs``).
 
         Raises:
             UnknownSessionError: There is no such session.
@@ -760,7 +762,10 @@ class PostgresSessionStore:
                     "DELETE FROM littleghost_messages WHERE session_id = %s", (session_id,)
                 )
 
-        await self._call(remove)
+        try:
+            await self._call(remove)
+        finally:
+            forget_recent_logs()
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.

@@ -20,6 +20,7 @@ import anyio
 
 from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import close_leaving
+from littleghost.context.index import forget_recent_logs
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -436,6 +437,7 @@ class SQLiteSessionStore:
         and truncate it, so the frames that held them leave the ``-wal`` file too (the
         checkpoint waits ``_CHECKPOINT_WAIT`` at most for reads under way in other
         connections; a read still under way then leaves them there until the next delete).
+        The context engine forgets the logs it was given lately (``forget_recent_logs``).
 
         Raises:
             UnknownSessionError: There is no such session.
@@ -465,7 +467,10 @@ class SQLiteSessionStore:
             ):
                 pass
 
-        await self._call(erase)
+        try:
+            await self._call(erase)
+        finally:
+            forget_recent_logs()
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively, across processes, while the context is open.
