@@ -31,7 +31,7 @@ from littleghost.context import (
     tokens_exceed,
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
-from littleghost.context.view import interrupted_results, orphan_results, unanswered_calls
+from littleghost.context.view import interrupted_results, misplaced_results, unanswered_calls
 from littleghost.errors import CompactionError, ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.sessions import InMemorySessionStore
@@ -185,7 +185,7 @@ def test_pairing_rules_for_duplicated_ids() -> None:
     second = Message.assistant(tool_calls=[ToolCall("x", "f", {})])
     log = [first, second, Message.tool("x", "2"), Message.tool("x", "1"), Message.tool("x", "3")]
     assert build_view(log) == (first, log[3], second, log[2])
-    assert orphan_results(log) == [4]
+    assert misplaced_results(log) == [(4, "x")]
     assert unanswered_calls(log[:3]) == [(0, "x")]
 
 
@@ -434,7 +434,7 @@ async def test_a_record_covering_an_unfinished_call_stands_for_its_later_result(
     ]
     sent = model.requests[0].messages
     assert repair.tool_results[0].is_error and repair not in sent and record in sent
-    assert not orphan_results(sent) and not unanswered_calls(sent)
+    assert not misplaced_results(sent) and not unanswered_calls(sent)
     assert sent == build_view(result.messages[:-1])
 
 

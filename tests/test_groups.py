@@ -24,7 +24,7 @@ from littleghost.context.records import (
     COMPACTION_KIND_KEY,
     EXCLUSION,
 )
-from littleghost.context.tokens import estimate_message, prompt_text
+from littleghost.context.tokens import estimate_messages, prompt_text
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 
@@ -129,9 +129,9 @@ def test_sizes_count_bytes_and_tokens() -> None:
     assert group.count == 2
     assert group.bytes == sum(len(prompt_text(m).encode("utf-8")) for m in (ask, result))
     assert group.bytes > sum(len(prompt_text(m)) for m in (ask, result))  # ü and ° are 2 bytes
-    assert group.tokens == estimate_message(ask) + estimate_message(result)
+    assert group.tokens == estimate_messages([ask, result])
     (by_bytes,) = group_messages([ask, result], tokenizer=ByteEstimator())
-    assert by_bytes.tokens == sum(estimate_message(m, ByteEstimator()) for m in (ask, result))
+    assert by_bytes.tokens == estimate_messages([ask, result], ByteEstimator())
     assert by_bytes.tokens != group.tokens
 
 

@@ -36,7 +36,7 @@ from littleghost.context.calibration import calibration, estimate_tokens, learn_
 from littleghost.context.compaction import compaction_records
 from littleghost.context.management import RECOUNTS
 from littleghost.context.summarize import SUMMARY_PREFIX
-from littleghost.context.tokens import ByteEstimator, estimate_message, estimate_request
+from littleghost.context.tokens import ByteEstimator, estimate_messages, estimate_request
 from littleghost.errors import (
     CompactionError,
     ConfigurationError,
@@ -356,7 +356,7 @@ class TestRules:
         assert result.call_id == "call-0"
         assert result.content.startswith("BEGIN") and result.content.endswith("END")
         assert "truncated" in result.content
-        assert estimate_message(next(m for m in sent if m.tool_results), BYTES) <= 250 + 10
+        assert estimate_messages([next(m for m in sent if m.tool_results)], BYTES) <= 250 + 10
         assert next(m for m in sent if m.tool_calls).tool_calls[0].arguments == {"city": "city 0"}
 
     async def test_a_small_limit_still_leaves_a_result_floor_tokens(self) -> None:
@@ -367,7 +367,7 @@ class TestRules:
         await bounded_agent(prompt_budget_tokens=400)(model=model).run("now", history=log)
         (result,) = [m for m in model.requests[0].messages if m.tool_results]
         assert "truncated" in result.tool_results[0].content
-        assert 120 <= estimate_message(result, BYTES) <= 128 + 10
+        assert 120 <= estimate_messages([result], BYTES) <= 128 + 10
 
     async def test_intermediate_text_in_kept_turns_is_shortened(self) -> None:
         """When a turn fits only with its intermediate text shortened, it is shortened."""
@@ -420,7 +420,7 @@ class TestRules:
         assert not any(isinstance(p, ImagePart) for m in sent for p in m.content)
         assert any("[image omitted" in m.text for m in sent)
         answer = next(m for m in sent if m.text.startswith("A long answer."))
-        assert estimate_message(answer, BYTES) <= 110
+        assert estimate_messages([answer], BYTES) <= 110
 
     async def test_a_signed_reasoning_block_is_never_cut(self) -> None:
         """Capping an older message cuts its text, never its reasoning: a signed block
@@ -455,7 +455,7 @@ class TestRules:
         )
         sent = next(m for m in model.requests[0].messages if m.role is Role.ASSISTANT)
         assert sent.text == "It is sunny in Lyon." and sent.reasoning
-        assert estimate_message(sent, BYTES) <= 100
+        assert estimate_messages([sent], BYTES) <= 100
 
     @pytest.mark.parametrize("room", [1_000, 200])
     async def test_summaries_are_kept_newest_first_while_they_fit(self, room: int) -> None:
@@ -561,7 +561,7 @@ class TestRules:
         excerpts = [m for m in sent if m.metadata.get(EXCERPTS_KEY)]
         assert len(excerpts) == 1
         assert "Q: question" in excerpts[0].text and "A: answer" in excerpts[0].text
-        assert estimate_message(excerpts[0], BYTES) <= 120
+        assert estimate_messages([excerpts[0]], BYTES) <= 120
         assert size(model.requests[0]) <= 600
 
     async def test_a_request_that_cannot_fit_fails_with_figures(self) -> None:
@@ -588,7 +588,7 @@ class TestRules:
         sent = model.requests[0].messages
         memory = next(m for m in sent if m.role is Role.DEVELOPER)
         assert "memory 19" in memory.text and "memory 0:" not in memory.text
-        assert estimate_message(memory, BYTES) <= 120 + 10
+        assert estimate_messages([memory], BYTES) <= 120 + 10
         assert not any(m.role is Role.DEVELOPER for m in result.messages)
 
     async def test_a_memory_over_the_memories_budget_is_passed_over(self) -> None:
@@ -1086,7 +1086,7 @@ class TestWithSummaries:
             def density(message: Message) -> int:
                 return 3 if sum(c.isdigit() for c in message.text) > len(message.text) / 2 else 1
 
-            return sum(density(m) * estimate_message(m) for m in request.messages)
+            return sum(density(m) * estimate_messages([m]) for m in request.messages)
 
         respond = partial(refusing, window=window, counted=counted, answer="ok")
 
@@ -1338,10 +1338,10 @@ class TestWithSummaries:
         copy = Message(whole.role, [TextPart(whole.text[: len(whole.text) // share])], whole.id)
         context = RunContext(Agent(), ScriptedModel([]), {}, None, 0, False)
         calibration(context).real = {whole.id: 2.0}
-        assert real_size([copy], context, BYTES) == 2 * estimate_message(copy, BYTES)
+        assert real_size([copy], context, BYTES) == 2 * estimate_messages([copy], BYTES)
         turn = [Message.user("w" * 2_990)]
         view = ModelRequest([copy, *turn])
-        reported = 2 * estimate_message(copy, BYTES) + 3 * estimate_message(turn[0], BYTES)
+        reported = 2 * estimate_messages([copy], BYTES) + 3 * estimate_messages([turn[0]], BYTES)
         assert learn_scale(view, reported, context, BYTES, window=100_000)
         assert calibration(context).scale == 3.0
 

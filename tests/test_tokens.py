@@ -14,7 +14,7 @@ import pytest
 from littleghost import ImagePart, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.context import ByteEstimator, CharacterEstimator, TokenBudget, apply_compaction
 from littleghost.context.index import RECENT_LOGS
-from littleghost.context.tokens import estimate_message, estimate_request, prompt_text
+from littleghost.context.tokens import estimate_messages, estimate_request, prompt_text
 from littleghost.errors import ConfigurationError
 from littleghost.models import OutputSchema
 
@@ -61,7 +61,7 @@ def test_valid_settings_are_kept_and_used() -> None:
     assert characters.count_tokens("abcde") == 3
     by_bytes = ByteEstimator(bytes_per_token=1, message_overhead=0, image_tokens=0)
     assert by_bytes.count_tokens("ü") == 2
-    assert estimate_message(Message.user("ab"), by_bytes) == len(prompt_text(Message.user("ab")))
+    assert estimate_messages([Message.user("ab")], by_bytes) == len(prompt_text(Message.user("ab")))
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_tool_arguments_are_counted_as_their_json(arguments: dict[str, Any], exp
     assert f'"arguments":{expected}}}' in text
     for tokenizer in (CharacterEstimator(chars_per_token=1), ByteEstimator(bytes_per_token=1)):
         overhead = getattr(tokenizer, "message_overhead", 0)
-        assert estimate_message(message, tokenizer) == tokenizer.count_tokens(text) + overhead
+        assert estimate_messages([message], tokenizer) == tokenizer.count_tokens(text) + overhead
 
 
 DETAILS = json.dumps(
@@ -115,7 +115,7 @@ def test_reasoning_counts_as_what_goes_back_its_signature_too(
     with_reasoning = Message(Role.ASSISTANT, [thought, TextPart("yes")])
     assert prompt_text(with_reasoning) == "assistant: " + sent + "yes"
     plain = Message.assistant(sent + "yes")
-    assert estimate_message(with_reasoning, tokenizer) == estimate_message(plain, tokenizer)
+    assert estimate_messages([with_reasoning], tokenizer) == estimate_messages([plain], tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -126,8 +126,8 @@ def test_each_image_counts_its_tokenizers_image_tokens(tokenizer: Any) -> None:
     images = [ImagePart(data=b"\x89PNG" * 1_000), ImagePart(url="https://example.com/a.png")]
     message = Message(Role.USER, [TextPart("look at these"), *images])
     plain = Message.user("look at these")
-    expected = estimate_message(plain, tokenizer) + 2 * tokenizer.image_tokens
-    assert estimate_message(message, tokenizer) == expected
+    expected = estimate_messages([plain], tokenizer) + 2 * tokenizer.image_tokens
+    assert estimate_messages([message], tokenizer) == expected
 
 
 class HashableCounter:
@@ -205,7 +205,7 @@ def test_a_message_is_estimated_as_its_prompt_text_whatever_its_script() -> None
                 )
             )
             expected = estimator.count_tokens(prompt_text(message))
-            assert estimate_message(message, estimator) == expected, message
+            assert estimate_messages([message], estimator) == expected, message
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from littleghost.context import (
     tokens_exceed,
     turns_exceed,
 )
-from littleghost.context.tokens import estimate_message
+from littleghost.context.tokens import estimate_messages
 from littleghost.context.triggers import Not
 from littleghost.errors import ConfigurationError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
@@ -193,7 +193,7 @@ async def test_a_trigger_that_does_not_hold_leaves_the_conversation_alone() -> N
 
 async def test_the_target_is_rechecked_after_each_step() -> None:
     log = conversation(10)
-    sizes = [estimate_message(message) for message in log]
+    sizes = [estimate_messages([message]) for message in log]
     total = sum(sizes)
     view = await apply_compaction(
         log,
@@ -201,7 +201,7 @@ async def test_the_target_is_rechecked_after_each_step() -> None:
             trigger=tokens_exceed(total - 1), target=~tokens_exceed(total // 2), minimum_preserved=0
         ),
     )
-    kept = sum(estimate_message(message) for message in view)
+    kept = estimate_messages(view)
     assert kept <= total // 2
     # One group fewer would already have been over the target: it stopped right there.
     dropped = [m for m in log if m not in view]

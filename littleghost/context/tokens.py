@@ -19,7 +19,6 @@ __all__ = [
     "CharacterEstimator",
     "Estimates",
     "Tokenizer",
-    "estimate_message",
     "estimate_messages",
     "estimate_request",
     "prompt_text",
@@ -208,11 +207,6 @@ class Estimates:
     def total(self, messages: Iterable[Message]) -> int:
         """The estimated tokens of ``messages``."""
         return sum(map(self, messages))
-
-
-def estimate_message(message: Message, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> int:
-    """The estimated tokens of one message."""
-    return counter(tokenizer)(message)
 
 
 def estimate_messages(messages: Iterable[Message], tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> int:

@@ -13,7 +13,6 @@ __all__ = [
     "build_view",
     "interrupted_results",
     "misplaced_results",
-    "orphan_results",
     "unanswered_calls",
 ]
 
@@ -33,11 +32,6 @@ def build_view(log: Sequence[Message]) -> tuple[Message, ...]:
 def unanswered_calls(log: Sequence[Message]) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every tool call in ``log`` that has no result."""
     return Layout.scanned(log).unanswered(log)
-
-
-def orphan_results(log: Sequence[Message]) -> list[int]:
-    """Positions of tool messages whose call is not in ``log``."""
-    return Layout.scanned(log).orphans
 
 
 def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
