@@ -362,32 +362,19 @@ def _split_estimate(
 def _request_split(messages: Sequence[Message], estimates: Estimates, state: Calibration) -> _Split:
     """``_split_estimate`` of an answered request's ``messages`` by the run's densities,
     and their plain total, the newest request's (``Calibration.split``) carried over."""
-    carried, start = state.split, 0
-    fixed = scaled = total = 0
-    if (
+    carried = state.split
+    if not (
         carried is not None
         and carried.estimates is estimates
         and carried.real is state.real
         and carried.dense is state.dense
         and starts_with(messages, carried.messages)
     ):
-        start, fixed, scaled, total = (
-            len(carried.messages),
-            carried.fixed,
-            carried.scaled,
-            carried.total,
-        )
-    added = messages[start:]
-    more_fixed, more_scaled = _split_estimate(added, estimates, state.real, state.dense)
-    state.split = _Split(
-        tuple(messages),
-        estimates,
-        state.real,
-        state.dense,
-        fixed + more_fixed,
-        scaled + more_scaled,
-        total + estimates.total(added),
-    )
+        carried = _Split((), estimates, state.real, state.dense, 0, 0, 0)
+    added = messages[len(carried.messages) :]
+    fixed, scaled = _split_estimate(added, estimates, state.real, state.dense)
+    sums = (carried.fixed + fixed, carried.scaled + scaled, carried.total + estimates.total(added))
+    state.split = _Split(tuple(messages), estimates, state.real, state.dense, *sums)
     return state.split
 
 
