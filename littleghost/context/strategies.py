@@ -713,8 +713,9 @@ class TurnExcerpts(_Stepwise):
         turns: list[list[int]] = []
         lines: set[int] = set()  # of earlier runs
         for slot in state.candidates(end):
-            if _is_line(state, slot):
-                lines.add(slot)
+            members = state.messages_of(slot)
+            if len(members) == 1 and turn_line(members[0]) is not None:
+                lines.add(slot)  # a line ``TurnExcerpts`` made
             if state.kind(slot) == USER or not turns or slot in lines or turns[-1][0] in lines:
                 turns.append([slot])
             else:
@@ -736,12 +737,6 @@ class TurnExcerpts(_Stepwise):
         if calls:
             line += f" | {calls} tool call{'s' if calls != 1 else ''}"
         return f"{TURN_LINE_PREFIX}{line}]"
-
-
-def _is_line(state: CompactionState, slot: int) -> bool:
-    """True when the group in ``slot`` is a line ``TurnExcerpts`` made."""
-    members = state.messages_of(slot)
-    return len(members) == 1 and turn_line(members[0]) is not None
 
 
 def prepared(
