@@ -476,9 +476,7 @@ def _learn_alone(
 def _left_out(request: ModelRequest, start: int, context: RunContext) -> bool:
     """Whether ``request`` is the current turn alone (from ``start``, with instructions)
     while the run's view holds more."""
-    if start == len(request.messages) or not all(
-        m.role.is_trusted for m in request.messages[:start]
-    ):
+    if start == len(request.messages) or _instructions(request.messages) < start:
         return False
     kinds, members = context.log_index.layout.slots()
     groups = zip(kinds, members, strict=True)
