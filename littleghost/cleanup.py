@@ -83,6 +83,9 @@ class Grace:
     _nested_stop_by: float = math.inf
     """The earliest stop time of runs started by a tool of this run that a ``cancel()``
     from outside this run stopped."""
+    cancel_seen: bool = field(default=False, kw_only=True)
+    """True once a task of the run (a tool call's) has seen the run's tools cancelled: the
+    run is ending, though its own task may not have taken up its cleanup yet."""
     run_deadline: float | None = field(default=None, kw_only=True)
     """The run's own deadline (``timeout``/``deadline``), if any."""
     _thread: int = field(factory=threading.get_ident, init=False, repr=False)

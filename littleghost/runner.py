@@ -749,6 +749,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             await store_ready()
         except anyio.get_cancelled_exc_class() as error:
             if cancelled_here():
+                context.grace.cancel_seen = True  # seen before the run's task (aclose())
                 raise  # the run is stopping, or another call failed
             failures.append(error)  # a stray one (from a hook, say): it ends the run
             group.cancel_scope.cancel()

@@ -5,8 +5,9 @@ once, before the stopped runs have stored their last messages; then the event lo
 end cancels every task left, with no regard for a shield (``asyncio.run`` cancels the
 cleanup's tasks too), and those writes are lost. ``aclose()`` therefore first waits for
 the runs of its event loop that are stopping, not past their stop times. A run is
-stopping once its cleanup has begun, or while a cancellation is pending in its task or a
-task under it (it has been cancelled and has not reached its cleanup yet).
+stopping once its cleanup has begun, once a task of its tool calls has seen them
+cancelled, or while a cancellation is pending in its task or a task under it (it has been
+cancelled and has not reached its cleanup yet) other than the closing task's own.
 """
 
 from __future__ import annotations
@@ -68,26 +69,27 @@ class RunsInFlight:
             flights = [flight for flight in self._flights if flight.thread == here]
         if not flights:
             return
-        cancelled = _under_cancellation(anyio.get_running_tasks())
+        cancelled = _under_cancellation(anyio.get_running_tasks(), anyio.get_current_task().id)
         for flight in flights:
             grace = flight.grace()
             if grace is None or grace in within:
                 continue
-            if grace.stopping or flight.task in cancelled:
+            if grace.stopping or grace.cancel_seen or flight.task in cancelled:
                 with anyio.CancelScope(shield=True, deadline=min(grace.bound(), by)):
                     await flight.ended.wait()
 
 
-def _under_cancellation(tasks: Sequence[TaskInfo]) -> set[int]:
-    """The ids of the tasks that have a cancellation pending, and of the tasks those
-    are under (their parents, theirs, ...)."""
+def _under_cancellation(tasks: Sequence[TaskInfo], caller: int) -> set[int]:
+    """The ids of the tasks that have a cancellation pending, and of the tasks those are
+    under (their parents, theirs, ...), up to ``caller``: the caller's own cancellation
+    (``aclose()`` leaving a cancelled ``async with agent:``) stops no run it is under."""
     parents = {task.id: task.parent_id for task in tasks}
     found: set[int] = set()
     for task in tasks:
         if not task.has_pending_cancellation():
             continue
         at: int | None = task.id
-        while at is not None and at not in found:
+        while at is not None and at != caller and at not in found:
             found.add(at)
             at = parents.get(at)
     return found

@@ -608,6 +608,58 @@ class TestClosingDuringRuns:
             assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
             assert stored[-1].tool_results[0].call_id == "w"
 
+    @pytest.mark.parametrize("turns", [0, 1, 2, 3])
+    async def test_a_stopping_run_is_waited_for_whenever_aclose_comes(self, turns: int) -> None:
+        """Whatever the number of scheduler turns between the cancellation and
+        ``aclose()``: under asyncio, once the run's tool task had ended, its own task
+        waited, shielded, in the tool batch's task group, neither stopping nor with a
+        cancellation pending, for a turn or two, and was not waited for."""
+        in_tool = anyio.Event()
+        store = SlowWrites()
+        model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
+        agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
+        request = anyio.CancelScope()
+
+        async def serve() -> None:
+            with request:
+                await agent.run("go", session_id="s")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(serve)
+            with anyio.fail_after(5):
+                await in_tool.wait()
+            request.cancel()
+            for _ in range(turns):
+                await anyio.lowlevel.checkpoint()
+            await agent.aclose()
+            stored = await store.load("s")
+            assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+
+    async def test_the_closers_own_cancellation_stops_no_run_it_is_under(self) -> None:
+        """``aclose()`` leaving a cancelled ``async with agent:`` in a task started beside
+        a run (under the run's task, not in the run) does not take that run, going on,
+        for a stopping one: it returned after the whole ``cleanup_grace``."""
+        in_tool, release = anyio.Event(), anyio.Event()
+        model = ScriptedModel([tool_call_response("work", {}, call_id="w"), text_response("ok")])
+        agent = working_until(in_tool, release)(model=model, cleanup_grace=3)
+        took: list[float] = []
+
+        async def close_when_cancelled() -> None:
+            await in_tool.wait()
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                started = anyio.current_time()
+                try:
+                    await agent.aclose()
+                finally:
+                    took.append(anyio.current_time() - started)
+                    release.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(close_when_cancelled)
+            assert (await agent.run("go")).output == "ok"
+        assert took[0] < agent.cleanup_grace / 2
+
     async def test_a_failed_close_is_the_last_runs_cleanup_error(self) -> None:
         class BadlyClosing(Gated):
             model = "badcloseasking:m"

@@ -171,8 +171,9 @@ def test_the_exit_says_it_waits_for_a_sync_tool_a_stopped_run_left_running() -> 
     )
 
 
+@pytest.mark.parametrize("turns", [1, 2, 3])  # the server's own turns (the lifespan's)
 def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, turns: int
 ) -> None:
     """What uvicorn with ``--timeout-graceful-shutdown`` and ``asyncio.run`` do: the
     server cancels its request tasks, closes the agent in its lifespan at once and
@@ -190,7 +191,8 @@ def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
             request = asyncio.create_task(agent.run("go", session_id="s"))
             await in_tool.wait()
             request.cancel()  # the graceful shutdown's timeout
-            await asyncio.sleep(0)  # the server's own turn
+            for _ in range(turns):
+                await asyncio.sleep(0)
         await asyncio.sleep(0.05)  # the server's last steps; then every task left is cancelled
 
     asyncio.run(serve())
