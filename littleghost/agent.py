@@ -835,16 +835,19 @@ class Agent:
         cancellation for at most ``cleanup_grace`` seconds; cancelled inside a run, a tool
         of it say, not past the time that run would stop by, so graces never add up).
         Runs of the agent in this event loop that are stopping (a server cancelled their
-        requests) are waited for first, until they end or their cleanup grace is over;
-        runs going on are not. A model that runs of the agent still use is closed as the
-        last of them ends, as its cleanup; runs started afterwards make a new one.
+        requests) are waited for too, until they end or their cleanup grace is over, in
+        the same time; runs going on are not. A model that runs of the agent still use is
+        closed as the last of them ends, as its cleanup; runs started afterwards make a new
+        one.
 
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
         by = min(anyio.current_time() + self.cleanup_grace, shared_stop())
-        await self._runs.stopping_ended(by)
-        await close_models(self._models.give_up(), self.cleanup_grace, by=by)
+        try:  # the models no run uses first: a stopping run's cleanup goes on meanwhile
+            await close_models(self._models.give_up(), self.cleanup_grace, by=by)
+        finally:
+            await self._runs.stopping_ended(by)
 
     @overload
     def run_sync(

@@ -61,10 +61,14 @@ class PlainStore:
 
 
 class SlowWrites(PlainStore):
-    """``PlainStore`` whose writes take a while (a database under load)."""
+    """``PlainStore`` whose writes take a while (a database under load): ``seconds``."""
+
+    def __init__(self, seconds: float = 0.2) -> None:
+        super().__init__()
+        self.seconds = seconds
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
-        await anyio.sleep(0.2)
+        await anyio.sleep(self.seconds)
         await super().append(session_id, messages)
 
 

@@ -337,6 +337,19 @@ class HangingClose(LoopBound):
 register_provider("hangingclose", HangingClose)
 
 
+class SlowToClose(LoopBound):
+    """A model whose client takes a while to close (a local server's exit, say)."""
+
+    provider = "slowtoclose"
+
+    async def aclose(self) -> None:
+        await anyio.sleep(0.3)
+        self.closed = True
+
+
+register_provider("slowtoclose", SlowToClose)
+
+
 class Hanging(Agent):
     model = "hangingclose:m"
     cleanup_grace = 0.2
@@ -659,6 +672,32 @@ class TestClosingDuringRuns:
             group.start_soon(close_when_cancelled)
             assert (await agent.run("go")).output == "ok"
         assert took[0] < agent.cleanup_grace / 2
+
+    async def test_a_stopping_runs_cleanup_leaves_the_idle_models_their_close(self) -> None:
+        """The models no run uses are closed while the stopping runs are waited for, not
+        after: a run whose cleanup took most of the grace left them none, and
+        ``aclose()`` raised ``CleanupError`` with their clients still open."""
+        LoopBound.made.clear()
+        in_tool = anyio.Event()
+        agent = working_until(in_tool, anyio.Event())(model="slowtoclose:idle")
+        await agent.run("hi")  # the model made from the string: idle from now on
+        agent.model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
+        agent.session_store = store = SlowWrites(seconds=0.8)
+        request = anyio.CancelScope()
+
+        async def serve() -> None:
+            with request:
+                await agent.run("go", session_id="s")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(serve)
+            with anyio.fail_after(5):
+                await in_tool.wait()
+            request.cancel()
+            await agent.aclose()
+            assert LoopBound.made[0].closed
+            stored = await store.load("s")
+            assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
 
     async def test_a_failed_close_is_the_last_runs_cleanup_error(self) -> None:
         class BadlyClosing(Gated):
