@@ -37,9 +37,10 @@ broke of the invariants every combination must keep:
   message no record hides, shows none a record hides, keeps the output schema or the
   ``final_result`` tool, shows cut tool results when they are cut, and what a parent's
   scrubbing hook removed nowhere (a summary request neither, nor reasoning); with context
-  management it fits the window by the engine's own estimate (of the whole request from
-  the conversation's second call on; of the first as ``@manage_context`` sized it, since
-  what a class's own hooks add after it is known only once sent), unless a compaction
+  management it fits the window by the engine's own estimate (of the whole request once
+  the conversation's last two answers keep what a class's own hooks added to their calls;
+  before, as ``@manage_context`` sized it, since what those hooks add after it is known
+  only once sent, and counted once seen twice), unless a compaction
   attempted for it could not get it under (the preserved messages and the current turn
   are over: overflow recovery then decides, on the provider's word);
 - the result is what the script asked for: the answer (typed: the type's value, after the
@@ -657,9 +658,9 @@ def make_agent(
         estimate = None
         if config is not None:  # of the request as @manage_context saw it
             seen = request
-            first = context.last_exchange is None and not kept_hooked(context.messages, WINDOW)
+            first = not kept_hooked(context.messages, WINDOW)  # as the run takes it
             if combo["hook_place"] == "class" and first:  # a hook of the class's own adds
-                # after it: what it added is known from the conversation's second call on
+                # after it: what it added is counted once the last two answers keep it
                 injected = ("retrieved", "reminder")
                 kept = tuple(m for m in request.messages if m.id not in injected)
                 seen = attrs.evolve(request, messages=kept)

@@ -502,11 +502,12 @@ class TestView:
         assert f" - {-document['calibration_tokens']} (calibration) = " in text
 
     def test_the_estimate_says_what_the_class_s_own_hooks_added(self, store_url: str) -> None:
-        """A session whose last answer kept what the class's own hooks added to its call
-        (``HOOKED_KEY``): the next run sizes its first request with it, and so does the
-        view, as a term of its own."""
-        answer = Message.assistant("Noted.", metadata={HOOKED_KEY: 300})
-        history = [Message.user("How many tokens? " + "word " * 200), answer]
+        """A session whose last two answers kept what the class's own hooks added to
+        their calls (``HOOKED_KEY``): the next run sizes its first request with the least
+        of the two, and so does the view, as a term of its own."""
+        question = Message.user("How many tokens? " + "word " * 200)
+        answers = [Message.assistant("Noted.", metadata={HOOKED_KEY: n}) for n in (340, 300)]
+        history = [question, answers[0], Message.user("And now?"), answers[1]]
         in_store(store_url, lambda store: store.append("hooked", history))
         args = ("sessions", "view", "hooked", "--store", store_url, "--agent")
         document = json.loads(ok(*args, "tests.cli_agents:Support", "--json").stdout)
@@ -514,7 +515,7 @@ class TestView:
         assert (document["hooks_tokens"], document["calibration_tokens"]) == (300, 0)
         assert sum(document[part] for part in parts) == document["estimated_tokens"]
         text = ok(*args, "tests.cli_agents:Support").stdout
-        assert " (answer) + 300 (the class's own hooks, last call) = " in text
+        assert " (answer) + 300 (the class's own hooks, last calls) = " in text
 
     def test_a_bounded_view_with_the_next_message_is_the_next_request(self, store_url: str) -> None:
         document = self.view(

@@ -3370,6 +3370,43 @@ class TestInjectedMaterial:
         reasons = {c["littleghost.compaction.reason"] for c in spans.compactions()}
         assert "overflow" not in reasons and (loop == "tools bounded" or reasons == {"threshold"})
 
+    async def test_what_a_hook_adds_to_a_run_s_first_call_alone_sizes_no_other(self) -> None:
+        """A hook that adds retrieved material to a run's first call only: what it added
+        there is not taken for what it adds to the second (the least of the last two
+        calls' additions is), which was sized with it and compacted at about two thirds
+        of the threshold; every request still fits the window."""
+
+        @manage_context(context_window_tokens=3_000, compression_threshold=0.8)
+        class Retrieving(Agent):
+            max_retries = 0
+
+            @before_model
+            def retrieve(self, request: ModelRequest) -> ModelRequest:
+                if request.messages[-1].role is not Role.USER:
+                    return request  # the question was asked: the material was given
+                note = Message.developer("Retrieved: " + "fact " * 900)
+                return attrs.evolve(request, messages=(*request.messages, note))
+
+            @tool
+            def fetch(self, n: int) -> str:
+                """Fetch one thing."""
+                return f"result {n}"
+
+        tokenizer = Retrieving.context_management.tokenizer
+        sizes: list[int] = []
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            real = estimate_request(request.messages, request.tools, request.settings, tokenizer)
+            sizes.append(real)
+            if len(sizes) < 4:
+                return tool_call_response("fetch", {"n": len(sizes)}, input_tokens=real)
+            return text_response("done", input_tokens=real)
+
+        model = ScriptedModel([answer] * 8)
+        await Retrieving(model=model).run("Fetch three things.", history=chat(140))
+        assert [request.purpose for request in model.requests] == ["chat"] * 4
+        assert max(sizes) <= 3_000 and sizes[0] > 2_400 > sizes[1]
+
     async def test_a_question_a_hook_sends_anew_fails_alone_as_any_does(self) -> None:
         """A hook that sends the question as a new message (the reference material and the
         question in one; the log holds the question alone): over the window alone, it fails

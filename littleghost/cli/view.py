@@ -195,7 +195,7 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
     sign = "-" if calibration < 0 else "+"
     calibrated = f" {sign} {abs(calibration)} (calibration)" if calibration else ""
     if document["hooks_tokens"]:
-        calibrated += f" + {document['hooks_tokens']} (the class's own hooks, last call)"
+        calibrated += f" + {document['hooks_tokens']} (the class's own hooks, last calls)"
     output.line(
         f"estimate: {document['message_tokens']} (messages) + "
         f"{document['tools_and_settings_tokens']} (tools and settings) + "

@@ -182,7 +182,8 @@ class _Run:
     cut_to: int | None = None  # what tool results are cut to for the rest of the run
     clipped: _Clipped | None = None  # the last request's ``clip_results``, to carry over
     passed: ModelRequest | None = None  # the request the hook passed on to the later hooks
-    hooked: int = 0  # what the later hooks (the class's own) added to it, when last known
+    hooked: int = 0  # what the later hooks (the class's own) are taken to add (kept_hooked)
+    last_hooked: int = 0  # what they added to the last call
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -196,10 +197,25 @@ request it answered, in the model's tokens, which the next run starts from."""
 
 
 def kept_hooked(log: Sequence[Message], window: int) -> int:
-    """The ``HOOKED_KEY`` of ``log``'s newest answer, at most ``window``; 0 without one."""
-    answer = next((m for m in reversed(log) if m.role is Role.ASSISTANT and not is_record(m)), None)
-    hooked = None if answer is None else answer.metadata.get(HOOKED_KEY)
-    return min(hooked, window) if is_int(hooked) and hooked > 0 else 0
+    """What the class's own hooks are taken to add to the next call: the least of what they
+    added to the calls of ``log``'s two newest answers (``HOOKED_KEY``), so that a hook
+    adding to one call alone (a retrieval on a run's first call) does not size the next;
+    at most ``window``, 0 without."""
+    return min(_hooked_lately(log, window))
+
+
+def _hooked_lately(log: Sequence[Message], window: int) -> tuple[int, int]:
+    """The ``HOOKED_KEY`` of ``log``'s newest answer and of the one before, each at most
+    ``window`` (0 without one)."""
+    found: list[int] = []
+    for message in reversed(log):
+        if message.role is Role.ASSISTANT and not is_record(message):
+            hooked = message.metadata.get(HOOKED_KEY)
+            found.append(min(hooked, window) if is_int(hooked) and hooked > 0 else 0)
+            if len(found) == 2:
+                break
+    newest, before = [*found, 0, 0][:2]
+    return newest, before
 
 
 def _run(context: RunContext, config: ContextManagement) -> _Run:
@@ -210,7 +226,8 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         learned_for = scale_for(context.model, config.tokenizer)
         after, scale = remembered(context.messages, learned_for)  # what earlier runs learned
         resume(context, scale)
-        state.hooked = kept_hooked(context.messages, state.window)
+        state.last_hooked, before = _hooked_lately(context.messages, state.window)
+        state.hooked = min(state.last_hooked, before)
         if after is not None:
             state.quiet_until = next_summary_at(after, config, state.window)
     return state
@@ -301,7 +318,8 @@ async def _calibrate_after_model(
     if state.passed is not None:  # what the later hooks added, before the scale moves
         assert context.last_exchange is not None  # set by the call the hook follows
         hooked = _added(state.passed, context.last_exchange[0], context, config.tokenizer)
-        state.hooked, state.passed = hooked, None
+        state.hooked, state.last_hooked = min(hooked, state.last_hooked), hooked
+        state.passed = None
     kept = learn_answer(response, context, config.tokenizer, state.window)
     if hooked:  # kept while they add something: the next run starts from it
         kept[HOOKED_KEY] = hooked

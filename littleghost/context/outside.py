@@ -125,8 +125,8 @@ class RequestPreview:
         compaction_due: The call would try to compact first (it may still find nothing to
             compact, and record that it failed).
         budget: The bounded view's figures, with a ``PromptBudget``.
-        hooked_tokens: What the class's own hooks added to the conversation's last call
-            (``HOOKED_KEY``), which the run sizes its first request with.
+        hooked_tokens: What the class's own hooks are taken to add to the next call
+            (``kept_hooked``), which the run sizes its first request with.
     """
 
     request: ModelRequest
