@@ -1,16 +1,21 @@
 """Fact retention under context compaction, on a real model.
 
 After the context window has filled and older turns were compacted, does the agent still
-know what the user (or a tool) told it early on? Three long conversations
-(``retention_data.py``: a support chat, a tool-heavy case, a debugging session; about
-3 000 tokens each, 8 facts planted early in each) are replayed turn by turn through each
-framework's own loop, so compaction happens as in production: incrementally, as the
-window fills. The assistant's turns come from the script, each reporting the input tokens
-the server counts for its request; summary calls go to the real model, and a request over
-the window goes to the server, which rejects it as it would in production. Then, for each
-fact, the final log is branched and the real model is asked the probe question; an answer
-counts when it contains the expected value. The model is Qwen2.5-0.5B-Instruct (Q4 GGUF,
-``/work/shared/bin/benchmark-model.sh``) on llama.cpp's server, temperature 0, seed 7.
+know what the user (or a tool) told it early on? Long conversations are replayed turn by
+turn through each framework's own loop, so compaction happens as in production:
+incrementally, as the window fills. Three (``retention_data.py``: a support chat, a
+tool-heavy case, a debugging session; about 3 000 tokens each, 8 facts planted early in
+each) and three that stress compaction (``retention_stress.py``: a customer correcting
+values she gave, some corrections summarized with the old value and some left in the
+preserved tail; a 57-turn trip plan compacted again and again, facts early and spread
+over the middle; a support chat in Japanese). The assistant's turns come from the script, each
+reporting the input tokens the server counts for its request; summary calls go to the
+real model, and a request over the window goes to the server, which rejects it as it
+would in production. Then, for each fact, the final log is branched and the real model is
+asked the probe question; an answer counts when it contains the expected value, and is
+*stale* when it gives a value a correction superseded instead. The model is
+Qwen2.5-0.5B-Instruct (Q4 GGUF, ``/work/shared/bin/benchmark-model.sh``) on llama.cpp's
+server, temperature 0, seed 7.
 
 Conditions (W, the compaction window, is a quarter of the ceiling's 8 192 tokens):
 
@@ -21,21 +26,26 @@ Conditions (W, the compaction window, is a quarter of the ceiling's 8 192 tokens
   that always fit the share of W the default compaction aims at;
 - ``bounded-view``: ``budget=PromptBudget(...)`` sized to W, ``summarize=False``;
 - ``langchain``: ``create_agent`` with ``SummarizationMiddleware`` (trigger at 85 % of W,
-  keep 40 % of W) summarizing with ``ChatOpenAI`` on the same server.
+  keep 40 % of W) summarizing with ``ChatOpenAI`` on the same server;
+- ``default (base)``, with ``--base DIR``: the default condition with the littleghost of
+  another checkout (a process of its own with its own servers, same binary, model and
+  settings; its answers judged here), side by side with this one's.
 
 Every condition but the ceiling talks to a second server started with ``n_ctx`` W (same
 binary, same model), so a request that does not fit W fails as it would in a deployment
 with that window. Prints a markdown table (facts answered, % of the ceiling, facts in
 view — the expected value somewhere in the request that asked the probe question —,
-summary calls and their output tokens, seconds), the per-turn compactions, the answers
-judged and the final summaries of the ``default`` condition.
+stale answers, summary calls and their output tokens, seconds), the per-turn
+compactions, the answers judged, which facts each new summary of the replay holds (in
+its notes, in its quotes), and the final summaries of the default conditions and
+langchain.
 
 Set up once with ``sh benchmarks/setup.sh``, then run::
 
     benchmarks/.env/bin/python benchmarks/retention.py
     benchmarks/.env/bin/python benchmarks/retention.py --quick      # one conversation
     benchmarks/.env/bin/python benchmarks/retention.py --conversations tools \\
-        --conditions ceiling,default
+        --conditions ceiling,default --base ../lg-base
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -66,10 +77,11 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 from retention_data import CONVERSATIONS, Conversation, Fact, Turn
+from retention_stress import CONVERSATIONS as STRESS_CONVERSATIONS
 
 from littleghost import Agent, Message, Role, ToolCall, manage_context
 from littleghost.context import PromptBudget, SlidingWindow
-from littleghost.context.summarize import summary_text
+from littleghost.context.summarize import QUOTES_HEADING, summary_text
 from littleghost.events import CompactionFinished
 from littleghost.models import ModelRequest, ModelResponse, ToolSpec, Usage
 from littleghost.models.local import SERVER_ENV, LocalModel
@@ -96,6 +108,9 @@ REPLAY_SESSION = "replay"
 NOT_FOUND = "No record found."
 LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date:\n\n"
 UNAVAILABLE = "Lookups are unavailable during this check; answer from the conversation so far."
+ALL_CONVERSATIONS = (*CONVERSATIONS, *STRESS_CONVERSATIONS)
+BASE = "default (base)"
+"""The default condition run on another checkout (``--base``)."""
 
 
 # --- the llama.cpp servers ---------------------------------------------------------
@@ -446,17 +461,34 @@ def is_correct(answer: str, fact: Fact) -> bool:
     return JudgedFact(fact.question, fact.expected).found_in(answer)
 
 
+def is_stale(answer: str, fact: Fact) -> bool:
+    """The answer gives a value ``fact`` superseded, and not its current one."""
+    if not fact.superseded or is_correct(answer, fact):
+        return False
+    return JudgedFact(fact.question, fact.superseded).found_in(answer)
+
+
 @frozen
 class Probe:
-    """A probe question's answer, and whether its fact was in what the model saw."""
+    """A probe question's answer, and what the model saw (the request that asked, the
+    question left out, as chat-completions JSON)."""
 
     fact: Fact
     outcome: Outcome
-    in_view: bool
+    seen: str
 
     @property
     def correct(self) -> bool:
         return is_correct(self.outcome.answer, self.fact)
+
+    @property
+    def stale(self) -> bool:
+        return is_stale(self.outcome.answer, self.fact)
+
+    @property
+    def in_view(self) -> bool:
+        """The fact's value was in what the model saw."""
+        return is_correct(self.seen, self.fact)
 
 
 @frozen
@@ -472,10 +504,16 @@ class ConversationRun:
     notes: tuple[str, ...]
     final_summary: str | None
     seconds: float
+    generations: tuple[tuple[int, str], ...] = ()
+    """Each new summary of the replay: the turn (from 1) that made it, and its text."""
 
     @property
     def score(self) -> int:
         return sum(probe.correct for probe in self.probes)
+
+    @property
+    def stale(self) -> int:
+        return sum(probe.stale for probe in self.probes)
 
 
 def compaction_kind(event: CompactionFinished) -> str:
@@ -509,13 +547,17 @@ def failures(outcomes: Sequence[Outcome], what: str) -> list[str]:
 
 
 async def replay_littleghost(
-    conversation: Conversation, agent: Agent, replay: ReplayModel
-) -> list[Outcome]:
-    outcomes = []
+    conversation: Conversation, agent: Agent, replay: ReplayModel, store: InMemorySessionStore
+) -> tuple[list[Outcome], list[tuple[int, str]]]:
+    """Replay the turns; the outcomes, and each new summary with the turn that made it."""
+    outcomes, generations = [], []
     for number, turn in enumerate(conversation.turns):
         replay.play(turn_responses(turn, number))
         outcomes.append(await run_streamed(agent, turn.user, REPLAY_SESSION))
-    return outcomes
+        summary = last_summary(await store.load(REPLAY_SESSION))
+        if summary is not None and (not generations or generations[-1][1] != summary):
+            generations.append((number + 1, summary))
+    return outcomes, generations
 
 
 async def probe_littleghost(
@@ -535,14 +577,14 @@ async def probe_littleghost(
         real.chats.clear()
         outcome = await run_streamed(agent, fact.question, session)
         seen = openai_messages(real.chats[0].messages[:-1]) if real.chats else []
-        probes.append(Probe(fact, outcome, shown(seen, fact)))
+        probes.append(Probe(fact, outcome, shown(seen)))
     return probes
 
 
-def shown(messages: Sequence[dict[str, Any]], fact: Fact) -> bool:
-    """True when ``fact`` is in ``messages`` (chat-completions messages, the question
-    left out)."""
-    return is_correct(json.dumps(messages, ensure_ascii=False), fact)
+def shown(messages: Sequence[dict[str, Any]]) -> str:
+    """What the model saw: ``messages`` (chat-completions messages, the question left
+    out) as JSON."""
+    return json.dumps(messages, ensure_ascii=False)
 
 
 async def run_littleghost(
@@ -554,7 +596,7 @@ async def run_littleghost(
     context = condition.context(sizing) if condition.context is not None else None
     cls = agent_class(conversation, store, context)
     replay = ReplayModel(real, SummaryLedger(), servers.counter)
-    outcomes = await replay_littleghost(conversation, cls(model=replay), replay)
+    outcomes, generations = await replay_littleghost(conversation, cls(model=replay), replay, store)
     log = await store.load(REPLAY_SESSION)
     prober = LedgerModel(real, SummaryLedger())
     probes = await probe_littleghost(cls, store, log, conversation, prober)
@@ -574,6 +616,7 @@ async def run_littleghost(
         ),
         final_summary=last_summary(log),
         seconds=time.monotonic() - started,
+        generations=tuple(generations),
     )
 
 
@@ -751,7 +794,7 @@ async def run_langchain(
         checkpointer=InMemorySaver(),
     )
     config: Any = {"configurable": {"thread_id": REPLAY_SESSION}}
-    marks, notes = [], []
+    marks, notes, generations = [], [], []
     for number, turn in enumerate(conversation.turns):
         replay.replies[:] = langchain_replies(turn, number)
         before = summary_calls.tally
@@ -762,6 +805,10 @@ async def run_langchain(
             failed = True
             notes.append(f"turn {number + 1}: {describe(error)}")
         marks.append(langchain_mark(summary_calls.tally - before, failed))
+        state = await agent.aget_state(config)
+        summary = langchain_summary(list(state.values.get("messages", [])))
+        if summary is not None and (not generations or generations[-1][1] != summary):
+            generations.append((number + 1, summary))
     state = await agent.aget_state(config)
     log = list(state.values["messages"])
     replayed = summary_calls.tally
@@ -783,6 +830,7 @@ async def run_langchain(
         ),
         final_summary=langchain_summary(log),
         seconds=time.monotonic() - started,
+        generations=tuple(generations),
     )
 
 
@@ -810,7 +858,7 @@ async def probe_langchain(
         except Exception as error:
             outcome = Outcome("", (), describe(error))
         seen = convert_to_openai_messages(requests.requests[0][:-1]) if requests.requests else []
-        probes.append(Probe(fact, outcome, shown(seen, fact)))
+        probes.append(Probe(fact, outcome, shown(seen)))
     return probes
 
 
@@ -886,6 +934,11 @@ def view_cell(runs: Sequence[ConversationRun]) -> str:
     return f"{sum(probe.in_view for run in runs for probe in run.probes)} / {total}"
 
 
+def stale_cell(runs: Sequence[ConversationRun]) -> str:
+    total = sum(1 for run in runs for probe in run.probes if probe.fact.superseded)
+    return f"{sum(run.stale for run in runs)} / {total}" if total else "—"
+
+
 def percent(runs: Sequence[ConversationRun], ceiling: Sequence[ConversationRun] | None) -> str:
     if not ceiling:
         return "—"
@@ -906,10 +959,12 @@ def print_table(
 ) -> None:
     names = [conversation.name for conversation in conversations]
     print(
-        "| condition | facts answered | % of ceiling | facts in view | summary calls (replay "
-        "+ probes) | summary tokens (replay + probes) | seconds | " + " | ".join(names) + " |"
+        "| condition | facts answered | % of ceiling | facts in view | stale answers | summary "
+        "calls (replay + probes) | summary tokens (replay + probes) | seconds | "
+        + " | ".join(names)
+        + " |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names))
     ceiling = results.get("ceiling")
     for condition, runs in results.items():
         calls, tokens = summary_cell(runs)
@@ -918,7 +973,7 @@ def print_table(
         seconds = sum(run.seconds for run in runs)
         print(
             f"| {condition} | {score_cell(runs)} | {percent(runs, ceiling)} | {view_cell(runs)} "
-            f"| {calls} | {tokens} "
+            f"| {stale_cell(runs)} | {calls} | {tokens} "
             f"| {seconds:.0f} | " + " | ".join(scores) + " |"
         )
 
@@ -934,8 +989,37 @@ def print_details(results: dict[str, list[ConversationRun]]) -> None:
             for probe in run.probes:
                 answer = " ".join(probe.outcome.answer.split())[:160] or "(no answer)"
                 where = "in view" if probe.in_view else "not in view"
-                judged = "answered" if probe.correct else "missed"
+                judged = "answered" if probe.correct else "stale" if probe.stale else "missed"
                 print(f"  {judged} {probe.fact.expected[0]!r} ({where}): {answer}")
+
+
+def generation_marks(text: str, facts: Sequence[Fact]) -> str:
+    """Per fact: ``B`` in a summary's notes and quotes, ``N`` in the notes only, ``Q`` in
+    the quotes only, ``.`` in neither."""
+    notes, _, quotes = text.partition(f"\n{QUOTES_HEADING}\n")
+    marks = ""
+    for fact in facts:
+        noted, quoted = is_correct(notes, fact), is_correct(quotes, fact)
+        marks += "B" if noted and quoted else "N" if noted else "Q" if quoted else "."
+    return marks
+
+
+def print_generations(
+    results: dict[str, list[ConversationRun]], conversations: Sequence[Conversation]
+) -> None:
+    print("\nFacts in each new summary of the replay, per fact in the order of the probes")
+    print("(B in the notes and the quotes, N in the notes only, Q in the quotes only, . in")
+    print("neither), and how many of them it holds:")
+    facts = {conversation.name: conversation.facts for conversation in conversations}
+    for condition, runs in results.items():
+        for run in runs:
+            if not run.generations:
+                continue
+            print(f"\n{condition} / {run.conversation}:")
+            for turn, text in run.generations:
+                marks = generation_marks(text, facts[run.conversation])
+                held = len(marks) - marks.count(".")
+                print(f"  turn {turn:>2}: {marks} {held} / {len(marks)}")
 
 
 def print_summaries(condition: str, runs: Sequence[ConversationRun]) -> None:
@@ -1006,30 +1090,108 @@ def selected(names: str | None, available: Sequence[Any]) -> list[Any]:
     return [known[name] for name in wanted]
 
 
+def run_json(run: ConversationRun) -> dict[str, Any]:
+    """``run`` as JSON, its probes' facts left out (the conversation has them)."""
+    data = attrs.asdict(run, recurse=False)
+    data["probes"] = [(p.outcome.answer, p.outcome.error, p.seen) for p in run.probes]
+    return data
+
+
+def run_from_json(data: dict[str, Any], conversation: Conversation) -> ConversationRun:
+    probes = tuple(
+        Probe(fact, Outcome(answer, (), error), seen)
+        for fact, (answer, error, seen) in zip(conversation.facts, data["probes"], strict=True)
+    )
+    return ConversationRun(
+        **{
+            **data,
+            "probes": probes,
+            "replay_summaries": tuple(data["replay_summaries"]),
+            "probe_summaries": tuple(data["probe_summaries"]),
+            "notes": tuple(data["notes"]),
+            "generations": tuple(map(tuple, data["generations"])),
+        }
+    )
+
+
+def run_base(checkout: Path, conversations: Sequence[Conversation]) -> list[ConversationRun]:
+    """The default condition with ``checkout``'s littleghost, in a process of its own (its
+    own servers: the same binary, model and settings), judged here."""
+    out = Path(f"/tmp/retention-base-{uuid.uuid4().hex}.json")
+    names = ",".join(conversation.name for conversation in conversations)
+    command = [sys.executable, __file__, "--worker", str(out), "--conversations", names]
+    env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    try:
+        subprocess.run([*command, "--conditions", "default"], env=env, check=True)
+        data = json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+    import littleghost
+
+    if Path(data["littleghost"]).resolve() == Path(littleghost.__file__).resolve():
+        raise SystemExit(f"--base {checkout}: the worker imported this checkout's littleghost")
+    print(f"{BASE}: littleghost from {data['littleghost']}")
+    return [
+        run_from_json(run, conversation)
+        for run, conversation in zip(data["runs"], conversations, strict=True)
+    ]
+
+
+def with_base(
+    results: dict[str, list[ConversationRun]], base: list[ConversationRun]
+) -> dict[str, list[ConversationRun]]:
+    """``results`` with the base's runs just before the default condition's."""
+    merged: dict[str, list[ConversationRun]] = {}
+    for name, runs in results.items():
+        if name == "default":
+            merged[BASE] = base
+        merged[name] = runs
+    merged.setdefault(BASE, base)
+    return merged
+
+
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--conversations", help="comma-separated: support,tools,debugging")
+    parser.add_argument(
+        "--conversations",
+        help="comma-separated: " + ",".join(c.name for c in ALL_CONVERSATIONS),
+    )
     parser.add_argument(
         "--conditions",
         help="comma-separated: ceiling,default,masking,sliding-window,bounded-view,langchain",
     )
     parser.add_argument("--quick", action="store_true", help="one conversation (support)")
+    parser.add_argument(
+        "--base", type=Path, help="another checkout: its default condition too, side by side"
+    )
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 def main() -> None:
     arguments = parse_arguments()
     os.environ.setdefault(SERVER_ENV, str(SERVER))
-    conversations = selected(arguments.conversations, CONVERSATIONS)[
+    conversations = selected(arguments.conversations, ALL_CONVERSATIONS)[
         : 1 if arguments.quick else None
     ]
     conditions = selected(arguments.conditions, CONDITIONS)
+    if arguments.worker is not None:
+        import littleghost
+
+        (runs,) = anyio.run(run_all, conditions, conversations).values()
+        data = {"littleghost": littleghost.__file__, "runs": [run_json(run) for run in runs]}
+        arguments.worker.write_text(json.dumps(data, ensure_ascii=False))
+        return
     started = time.monotonic()
+    base = run_base(arguments.base, conversations) if arguments.base else None
     results = anyio.run(run_all, conditions, conversations)
+    if base is not None:
+        results = with_base(results, base)
     print()
     print_table(results, conversations)
     print_details(results)
-    for condition in ("default", "langchain"):
+    print_generations(results, conversations)
+    for condition in (BASE, "default", "langchain"):
         if condition in results:
             print_summaries(condition, results[condition])
     print(f"\nTotal: {time.monotonic() - started:.0f} s")

@@ -39,10 +39,12 @@ class Turn:
 
 @frozen
 class Fact:
-    """A fact planted early: the question that probes it and its accepted spellings."""
+    """A fact planted early: the question that probes it, its accepted spellings, and
+    those of the values it replaced (a correction's superseded value)."""
 
     question: str
     expected: tuple[str, ...]
+    superseded: tuple[str, ...] = ()
 
 
 @frozen
@@ -327,7 +329,15 @@ SUPPORT = Conversation(
         Fact("What is my loyalty member number?", ("0047-2291", "0047 2291", "00472291")),
         Fact(
             "On what date do we leave for our camping trip?",
-            ("April 12", "12 April", "12th April", "12th of April", "Apr 12", "12 Apr"),
+            (
+                "April 12",
+                "April 12th",
+                "12 April",
+                "12th April",
+                "12th of April",
+                "Apr 12",
+                "12 Apr",
+            ),
         ),
     ),
 )
