@@ -358,6 +358,22 @@ class TestQuotedSpecifics:
             "track_parcel: eta=2026-12-03",
         ]
 
+    async def test_sentences_in_a_script_without_case_are_quoted_each_on_its_own(
+        self,
+    ) -> None:
+        """Japanese has no capitals to tell a name by and ends sentences with 。 and no
+        space: each sentence is quoted on its own line, those with a kanji or katakana
+        word kept whatever they hold (a name, a city, a colour), hiragana alone left out."""
+        text = "こんにちは。山崎真理子と申します。仙台市に送ってください！色はテラコッタです。"
+        history = [Message.user(text), Message.assistant(PADDING), *chat(2)]
+        model = ScriptedModel([summary_step("- notes")])
+        view = await apply_compaction(history, Summarization(model=model, minimum_preserved=2))
+        assert view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2].splitlines()[:3] == [
+            "User: 山崎真理子と申します。",
+            "User: 仙台市に送ってください！",
+            "User: 色はテラコッタです。",
+        ]
+
     async def test_quote_specifics_false_keeps_the_notes_alone(self) -> None:
         @manage_context(context_window_tokens=400, compression_threshold=0.5, quote_specifics=False)
         class Plain(Agent):

@@ -237,7 +237,7 @@ def summary_instruction(instructions: str | None, *, rewrite: bool) -> str:
     return DEFAULT_UPDATE_INSTRUCTIONS if rewrite else DEFAULT_SUMMARY_INSTRUCTIONS
 
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*")
 _SPECIFIC = re.compile(r"\d|\w[-_./]\w|\b[A-Z]{2,}[a-z]*\b|\s[A-Z][a-z]")
 
 
@@ -258,7 +258,16 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
 
 def _specific_sentences(text: str) -> list[str]:
     sentences = _SENTENCE.split(" ".join(text.split()))
-    return [s for s in sentences if _SPECIFIC.search(s)]
+    return [s for s in sentences if _SPECIFIC.search(s) or _caseless(s)]
+
+
+def _caseless(sentence: str) -> bool:
+    """True when ``sentence`` has a letter without case (Japanese, Chinese, Arabic...),
+    hiragana aside (it writes no names): there, no capital tells a name from a word."""
+    return any(
+        c.isalpha() and not c.isupper() and not c.islower() and not "\u3040" <= c <= "\u309f"
+        for c in sentence
+    )
 
 
 def _fields(content: str) -> str:
