@@ -31,8 +31,8 @@ Conditions (W, the compaction window, is a quarter of the ceiling's 8 192 tokens
   another checkout (a process of its own with its own servers, same binary, model and
   settings; its answers judged here), side by side with this one's.
 
-Every condition but the ceiling talks to a second server started with ``n_ctx`` W (same
-binary, same model), so a request that does not fit W fails as it would in a deployment
+Every condition but the ceiling talks to a server started with ``n_ctx`` W (same
+binary, same model; one server runs at a time), so a request that does not fit W fails as it would in a deployment
 with that window. Prints a markdown table (facts answered, % of the ceiling, facts in
 view — the expected value somewhere in the request that asked the probe question —,
 stale answers, summary calls and their output tokens, seconds), the per-turn
@@ -191,14 +191,16 @@ def openai_tools(specs: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
 @frozen
 class Servers:
-    """The two servers (same binary and model) and the token counter."""
+    """The server of the conditions being run (its ``n_ctx`` their window) and the token
+    counter (the same binary and model for every window: the same counts)."""
 
-    ceiling: LocalModel
-    windowed: LocalModel
+    model: LocalModel
+    window: int
     counter: TokenCounter
 
     def for_window(self, window: int) -> LocalModel:
-        return self.ceiling if window == CEILING_WINDOW else self.windowed
+        assert window == self.window
+        return self.model
 
     def url(self, model: LocalModel) -> str:
         assert model.base_url is not None
@@ -780,7 +782,8 @@ async def run_langchain(
     condition: Condition, conversation: Conversation, servers: Servers, sizing: Sizing
 ) -> ConversationRun:
     started = time.monotonic()
-    url, key = servers.url(servers.windowed), servers.key(servers.windowed)
+    windowed = servers.for_window(condition.window)
+    url, key = servers.url(windowed), servers.key(windowed)
     summary_calls = SummaryCalls()
     profile = {"max_input_tokens": WINDOW}
     summarizer = chat_model(url, key, SUMMARY_CAP, profile=profile, callbacks=[summary_calls])
@@ -1042,41 +1045,48 @@ def progress(condition: str, run: ConversationRun) -> None:
 async def run_all(
     conditions: Sequence[Condition], conversations: Sequence[Conversation]
 ) -> dict[str, list[ConversationRun]]:
+    """Run each condition on each conversation, the conditions of one window on one
+    server, one server at a time (the machine may be shared)."""
     path = model_path()
-    ceiling = LocalModel(path, n_ctx=CEILING_WINDOW)
-    windowed = LocalModel(path, n_ctx=WINDOW)
-    try:
-        await ceiling.prepare()
-        await windowed.prepare()
-        base = ceiling.base_url
-        assert base is not None
-        async with httpx.AsyncClient(
-            base_url=base.removesuffix("/v1"),
-            headers={"Authorization": f"Bearer {ceiling.api_key}"},
-            trust_env=False,
-        ) as http:
-            servers = Servers(ceiling, windowed, TokenCounter(http))
-            sizings = {c.name: await measure(c, servers.counter) for c in conversations}
-            for conversation in conversations:
-                sizing = sizings[conversation.name]
-                print(
-                    f"{conversation.name}: {len(conversation.turns)} turns, "
-                    f"{sizing.total_tokens} tokens (instructions and tools "
-                    f"{sizing.fixed_tokens}); sliding window keeps {sliding_turns(sizing)} turns"
-                )
-            results: dict[str, list[ConversationRun]] = {}
-            for condition in conditions:
-                results[condition.name] = []
-                for conversation in conversations:
-                    run = await condition.run(
-                        condition, conversation, servers, sizings[conversation.name]
-                    )
-                    progress(condition.name, run)
-                    results[condition.name].append(run)
-            return results
-    finally:
-        await windowed.aclose()
-        await ceiling.aclose()
+    results: dict[str, list[ConversationRun]] = {c.name: [] for c in conditions}
+    sizings: dict[str, Sizing] = {}
+    for window in dict.fromkeys(condition.window for condition in conditions):
+        server = LocalModel(path, n_ctx=window, threads=1)
+        try:
+            await server.prepare()
+            base = server.base_url
+            assert base is not None
+            async with httpx.AsyncClient(
+                base_url=base.removesuffix("/v1"),
+                headers={"Authorization": f"Bearer {server.api_key}"},
+                trust_env=False,
+            ) as http:
+                servers = Servers(server, window, TokenCounter(http))
+                if not sizings:
+                    sizings = {c.name: await measure(c, servers.counter) for c in conversations}
+                    print_sizes(conversations, sizings)
+                for condition in conditions:
+                    if condition.window != window:
+                        continue
+                    for conversation in conversations:
+                        run = await condition.run(
+                            condition, conversation, servers, sizings[conversation.name]
+                        )
+                        progress(condition.name, run)
+                        results[condition.name].append(run)
+        finally:
+            await server.aclose()
+    return results
+
+
+def print_sizes(conversations: Sequence[Conversation], sizings: dict[str, Sizing]) -> None:
+    for conversation in conversations:
+        sizing = sizings[conversation.name]
+        print(
+            f"{conversation.name}: {len(conversation.turns)} turns, "
+            f"{sizing.total_tokens} tokens (instructions and tools "
+            f"{sizing.fixed_tokens}); sliding window keeps {sliding_turns(sizing)} turns"
+        )
 
 
 def selected(names: str | None, available: Sequence[Any]) -> list[Any]:
