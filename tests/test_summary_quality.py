@@ -374,6 +374,28 @@ class TestQuotedSpecifics:
             "User: 色はテラコッタです。",
         ]
 
+    async def test_numbers_and_identifiers_take_the_quotes_room_before_names(self) -> None:
+        """Sentences named only by a capital (or by a script without capitals) that fill
+        the room ahead of a number left the number out, the specific a small model copies
+        worst; now it is quoted first, and the quotes stay in the conversation's order."""
+        weak = [Message.user(f"What is the weather like in Bergen on day {d}?") for d in "ABCDEF"]
+        history = [
+            *weak[:3],
+            Message.user("会員番号は3318-4420です。"),
+            *weak[3:],
+            Message.user("My member number is 3318-4420."),
+            Message.assistant(PADDING),
+            *chat(2),
+        ]
+        model = ScriptedModel([summary_step("- notes")])
+        strategy = Summarization(model=model, minimum_preserved=2, max_tokens=60)
+        view = await apply_compaction(history, strategy)
+        quotes = view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2].splitlines()
+        said = [f"User: {m.text}" for m in history]
+        assert quotes == sorted(quotes, key=said.index)  # in the conversation's order
+        assert {said[3], said[7]} <= set(quotes)  # both numbers
+        assert said[0] in quotes and said[6] not in quotes  # some names left out for them
+
     async def test_quote_specifics_false_keeps_the_notes_alone(self) -> None:
         @manage_context(context_window_tokens=400, compression_threshold=0.5, quote_specifics=False)
         class Plain(Agent):

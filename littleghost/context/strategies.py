@@ -51,6 +51,7 @@ from littleghost.context.summarize import (
     Complete,
     call_arguments,
     entry,
+    exact_first,
     excerpt,
     merged_notes,
     quoted_specifics,
@@ -948,12 +949,14 @@ class Summarization(_Stepwise):
         if self.quote_specifics:
             count = state.tokenizer.count_tokens
             room = min(half - floor, self.max_tokens - math.ceil(state.scale * count(quotes)))
-            for line in quoted_specifics(covered):
-                cost = math.ceil(state.scale * (count(line) + 1))
+            lines, kept = quoted_specifics(covered), set[int]()
+            for index in exact_first(lines):  # numbers and identifiers take the room first
+                cost = math.ceil(state.scale * (count(lines[index]) + 1))
                 if cost <= room:  # a line too long is skipped, later shorter ones still fit
-                    added.append(line)
+                    kept.add(index)
                     room -= cost
                     half -= cost
+            added = [line for index, line in enumerate(lines) if index in kept]
         limit = self.max_tokens if notes is None else self.max_tokens // 2
         return max(floor, min(limit, half)), added
 
