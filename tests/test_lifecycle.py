@@ -594,39 +594,17 @@ class TestClosingDuringRuns:
             agent.gate.set()
         assert LoopBound.made[0].closed
 
-    async def test_runs_that_are_stopping_are_waited_for(self) -> None:
+    @pytest.mark.parametrize("turns", [0, 1, 2, 3])
+    async def test_a_stopping_run_is_waited_for_whenever_aclose_comes(self, turns: int) -> None:
         """A run cancelled just before ``aclose()`` (a server shutting down cancels its
         requests, then closes the agent in its lifespan) still has its cleanup to do: the
         write answering its open call. ``aclose()`` returns once that run has ended, its
-        grace at most, so an event loop that ends right after cannot cut that write off;
-        runs going on are not waited for (above)."""
-        in_tool = anyio.Event()
-        store = SlowWrites()
-        model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
-        agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
-        request = anyio.CancelScope()
-
-        async def serve() -> None:
-            with request:
-                await agent.run("go", session_id="s")
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(serve)
-            with anyio.fail_after(5):
-                await in_tool.wait()
-            request.cancel()
-            with anyio.fail_after(agent.cleanup_grace + 0.5):
-                await agent.aclose()
-            stored = await store.load("s")
-            assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
-            assert stored[-1].tool_results[0].call_id == "w"
-
-    @pytest.mark.parametrize("turns", [0, 1, 2, 3])
-    async def test_a_stopping_run_is_waited_for_whenever_aclose_comes(self, turns: int) -> None:
-        """Whatever the number of scheduler turns between the cancellation and
-        ``aclose()``: under asyncio, once the run's tool task had ended, its own task
-        waited, shielded, in the tool batch's task group, neither stopping nor with a
-        cancellation pending, for a turn or two, and was not waited for."""
+        grace at most, so an event loop that ends right after cannot cut that write off
+        (runs going on are not waited for, above) — whatever the number of scheduler
+        turns between the cancellation and ``aclose()``: under asyncio, once the run's
+        tool task had ended, its own task waited, shielded, in the tool batch's task
+        group, neither stopping nor with a cancellation pending, for a turn or two, and
+        was not waited for."""
         in_tool = anyio.Event()
         store = SlowWrites()
         model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
@@ -644,9 +622,11 @@ class TestClosingDuringRuns:
             request.cancel()
             for _ in range(turns):
                 await anyio.lowlevel.checkpoint()
-            await agent.aclose()
+            with anyio.fail_after(agent.cleanup_grace + 0.5):
+                await agent.aclose()
             stored = await store.load("s")
             assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+            assert stored[-1].tool_results[0].call_id == "w"
 
     async def test_the_closers_own_cancellation_stops_no_run_it_is_under(self) -> None:
         """``aclose()`` leaving a cancelled ``async with agent:`` in a task started beside
