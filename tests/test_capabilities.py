@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 from attrs import frozen
 
@@ -252,7 +253,10 @@ def audited(cls: type[Agent]) -> type[Agent]:
 
 async def test_a_class_whose_capability_refers_to_it_is_collected() -> None:
     """Classes made at run time, each with a capability hook that refers to it, and their
-    session stores are collected once dropped, whether or not they ran."""
+    session stores are collected once dropped, whether or not they ran. (Once, in a CI run
+    under trio on Python 3.10, the class that ran last was still alive after one
+    collection; not reproduced since. The loop now gets a few turns, and a failure names
+    what holds each survivor.)"""
     classes = [audited(type(f"Tenant{i}", (Base,), {})) for i in range(3)]
     for cls in classes[:2]:
         agent = cls(model=script())
@@ -262,8 +266,11 @@ async def test_a_class_whose_capability_refers_to_it_is_collected() -> None:
     refs = [weakref.ref(cls) for cls in classes]
     stores = [weakref.ref(cls.session_store) for cls in classes]
     del classes, cls, agent
-    gc.collect()
-    assert [ref() for ref in refs + stores] == [None] * 6
+    for _ in range(3):  # a few turns of the event loop for cleanup it runs later
+        gc.collect()
+        await anyio.sleep(0.01)
+    alive = [ref() for ref in refs + stores if ref() is not None]
+    assert not alive, [(kept, list(map(type, gc.get_referrers(kept)))) for kept in alive]
 
 
 def test_bad_capabilities_fail() -> None:
