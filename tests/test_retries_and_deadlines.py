@@ -27,6 +27,10 @@ pytestmark = pytest.mark.anyio
 
 MARGIN = 0.5
 """How long after the deadline a run may take to notice it."""
+AT_ONCE = 0.8
+"""How long a run that must not wait (a retry past its deadline) may take to end: well
+under the shortest timeout below (1 s, 2 s), above what a loaded two-core machine takes
+(0.41 s seen in CI under Python 3.10 with a test process per core)."""
 
 
 async def hang(request: ModelRequest) -> ModelResponse:
@@ -124,7 +128,7 @@ async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError) as caught:
         await Slow(model=model).run("hi", timeout=2)
-    assert anyio.current_time() - start < 0.3
+    assert anyio.current_time() - start < AT_ONCE
     assert caught.value.__cause__ is error
     assert len(model.requests) == 1
 
@@ -157,7 +161,7 @@ async def test_a_side_calls_retry_past_the_deadline_from_a_tool_ends_the_run() -
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError) as caught:
         await Digesting(model=model, session_store=store).run("hi", session_id="s", timeout=5)
-    assert anyio.current_time() - start < 0.3
+    assert anyio.current_time() - start < AT_ONCE
     assert caught.value.__cause__ is error and caught.value.deadline is not None
     assert [request.purpose for request in model.requests] == ["chat", "chat"]
     (answered,) = [m.tool_results[0] for m in await store.load("s") if m.tool_results]
@@ -216,7 +220,7 @@ async def test_a_sub_agents_retry_wait_past_the_deadline_of_the_run_it_serves(
     if tool_name == "ask":
         with pytest.raises(DeadlineExceededError) as caught:
             await agent.run("hi", timeout=2)
-        assert anyio.current_time() - start < 0.3
+        assert anyio.current_time() - start < AT_ONCE
         assert caught.value.__cause__ is error
     else:
         assert (await agent.run("hi", timeout=2)).output == "ok"
@@ -246,7 +250,7 @@ async def test_a_retry_wait_past_the_deadline_of_a_run_two_levels_up() -> None:
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError) as caught:
         await agent.run("hi", timeout=2)
-    assert anyio.current_time() - start < 0.3
+    assert anyio.current_time() - start < AT_ONCE
     assert caught.value.__cause__ is error
 
 
@@ -302,7 +306,7 @@ async def test_a_callers_earlier_scope_does_not_delay_the_deadline_error() -> No
     start = anyio.current_time()
     with anyio.move_on_after(1), pytest.raises(DeadlineExceededError) as caught:
         await Slow(model=model).run("hi", timeout=2)
-    assert anyio.current_time() - start < 0.3
+    assert anyio.current_time() - start < AT_ONCE
     assert caught.value.__cause__ is error
 
 
@@ -397,7 +401,7 @@ async def test_a_side_calls_retry_past_the_deadline_from_a_task_group_ends_the_r
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError) as caught:
         await DigestingTwice(model=model).run("hi", timeout=5)
-    assert anyio.current_time() - start < 0.3
+    assert anyio.current_time() - start < AT_ONCE
     assert caught.value.__cause__ is error and caught.value.deadline is not None
 
 
