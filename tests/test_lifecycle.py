@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import pickle
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -542,6 +543,24 @@ class Gated(Agent):
         return "open"
 
 
+@contextlib.asynccontextmanager
+async def cancelled_in_its_tool(agent: Agent, in_tool: anyio.Event) -> AsyncIterator[None]:
+    """Run ``agent`` on session ``s``, cancelled once in its tool (a server stopping a
+    request), and enter the block with the run stopping."""
+    request = anyio.CancelScope()
+
+    async def serve() -> None:
+        with request:
+            await agent.run("go", session_id="s")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(serve)
+        with anyio.fail_after(5):
+            await in_tool.wait()
+        request.cancel()
+        yield
+
+
 class TestClosingDuringRuns:
     """``aclose()`` while runs of the agent are in flight: they keep their model, closed
     as the last of them ends (it was closed under them, and reopened by their next call;
@@ -609,17 +628,7 @@ class TestClosingDuringRuns:
         store = SlowWrites()
         model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
         agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
-        request = anyio.CancelScope()
-
-        async def serve() -> None:
-            with request:
-                await agent.run("go", session_id="s")
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(serve)
-            with anyio.fail_after(5):
-                await in_tool.wait()
-            request.cancel()
+        async with cancelled_in_its_tool(agent, in_tool):
             for _ in range(turns):
                 await anyio.lowlevel.checkpoint()
             with anyio.fail_after(agent.cleanup_grace + 0.5):
@@ -663,17 +672,7 @@ class TestClosingDuringRuns:
         await agent.run("hi")  # the model made from the string: idle from now on
         agent.model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
         agent.session_store = store = SlowWrites(seconds=0.8)
-        request = anyio.CancelScope()
-
-        async def serve() -> None:
-            with request:
-                await agent.run("go", session_id="s")
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(serve)
-            with anyio.fail_after(5):
-                await in_tool.wait()
-            request.cancel()
+        async with cancelled_in_its_tool(agent, in_tool):
             await agent.aclose()
             assert LoopBound.made[0].closed
             stored = await store.load("s")
