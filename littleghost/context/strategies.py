@@ -917,23 +917,22 @@ class Summarization(_Stepwise):
                 low, high = (middle, high) if could_fit(middle) else (low, middle - 1)
             while len(taken) > low:
                 state.restore(taken.pop())
+        # what could fit does (the cap halves down to that floor, tried with the shortest
+        # items): none fits only with ``taken`` down to ``least``
+        cap, added = self._budget(state, taken, notes, quotes)
+        # a clip's request measured once, whatever the cap (its room leaves the cap out)
+        room = cache(lambda clip: state.answer_room(make(len(taken), 0, clip), instruction))
         while True:
-            cap, added = self._budget(state, taken, notes, quotes)
-            # a clip's request measured once, whatever the cap (its room leaves the cap out)
-            room = cache(lambda clip: state.answer_room(make(len(taken), 0, clip), instruction))
-            while True:
-                for clip in clips:
-                    if cap <= room(clip):
-                        return make(len(taken), cap, clip), added
-                if cap <= SUMMARY_FLOOR_TOKENS:
-                    break
-                cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
-            if len(taken) <= least:
-                raise CompactionError(
-                    "no summary request fits the context window, even for one group with "
-                    f"its items clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
-                )
-            state.restore(taken.pop())
+            for clip in clips:
+                if cap <= room(clip):
+                    return make(len(taken), cap, clip), added
+            if cap <= SUMMARY_FLOOR_TOKENS:
+                break
+            cap = max(SUMMARY_FLOOR_TOKENS, cap // 2)
+        raise CompactionError(
+            "no summary request fits the context window, even for one group with its items "
+            f"clipped and a {SUMMARY_FLOOR_TOKENS}-token answer"
+        )
 
     def _budget(
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
