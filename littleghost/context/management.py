@@ -642,20 +642,15 @@ async def _counted_fit(
     Raises:
         CompactionError: The model still counts it over ``fits``.
     """
-    counted = await model_count(request, context)
-    if counted is None:
-        return None
     for recount in range(RECOUNTS + 2):
+        counted = await model_count(request, context)
+        if counted is None:  # or no longer, after a ``tighten``: the estimate says it fits
+            return None if recount == 0 else request
         if counted + _answer_room(request) <= fits:
             context.annotate_next_call({telemetry.COMPACTION_COUNTED: counted})
             return request
-        if recount > RECOUNTS:
-            break
-        request = await tighten(request, counted, recount == RECOUNTS)
-        recounted = await model_count(request, context)
-        if recounted is None:
-            return request  # the model no longer counts: the estimate says it fits
-        counted = recounted
+        if recount <= RECOUNTS:
+            request = await tighten(request, counted, recount == RECOUNTS)
     raise CompactionError(
         f"the model counts {counted} prompt tokens for the compacted request; with its "
         f"answer's room that is over {_limit_named(fits, context)}"
