@@ -10,6 +10,7 @@ import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
@@ -207,14 +208,9 @@ def kept_hooked(log: Sequence[Message], window: int) -> int:
 def _hooked_lately(log: Sequence[Message], window: int) -> tuple[int, int]:
     """The ``HOOKED_KEY`` of ``log``'s newest answer and of the one before, each at most
     ``window`` (0 without one)."""
-    found: list[int] = []
-    for message in reversed(log):
-        if message.role is Role.ASSISTANT and not is_record(message):
-            hooked = message.metadata.get(HOOKED_KEY)
-            found.append(min(hooked, window) if is_int(hooked) and hooked > 0 else 0)
-            if len(found) == 2:
-                break
-    newest, before = [*found, 0, 0][:2]
+    answers = (m for m in reversed(log) if m.role is Role.ASSISTANT and not is_record(m))
+    found = [m.metadata.get(HOOKED_KEY) for m in islice(answers, 2)]
+    newest, before = (min(n, window) if is_int(n) and n > 0 else 0 for n in [*found, 0, 0][:2])
     return newest, before
 
 
