@@ -404,11 +404,8 @@ bold line of facts too: a second call costs less than a heading standing for all
 
 def _holds_content(text: str) -> bool:
     """True when ``text`` has a line that is more than a heading."""
-    for line in text.splitlines():
-        bare = _BULLET.sub("", line, count=1).strip()
-        if bare and not _HEADING.fullmatch(bare):
-            return True
-    return False
+    bares = (_BULLET.sub("", line, count=1).strip() for line in text.splitlines())
+    return any(bare and not _HEADING.fullmatch(bare) for bare in bares)
 
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|[。！？]")
