@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Annotated
 
+import attrs
 import pytest
 
-from littleghost import Agent, Message, TextPart, ToolCall, manage_context
+from littleghost import Agent, Message, TextPart, ToolCall, manage_context, tool
 from littleghost.context import (
+    PromptBudget,
     Summarization,
     TurnExcerpts,
     build_view,
@@ -388,3 +391,100 @@ class TestAdversarialEstimates:
         assert result.output == "Done."
         assert any(m.is_summary for m in result.messages)
         assert accepted and all(real <= window for real in accepted)
+
+
+HALF_EMOJI = "likes \ud83d tea"
+"""Text with a lone surrogate, as ``json.loads('"\\ud83d"')`` reads half an emoji."""
+
+
+def _strict(request: ModelRequest) -> ModelResponse:
+    """Answers as a provider that sends the request as UTF-8 would, or fails."""
+    for message in request.messages:
+        prompt_text(message).encode("utf-8")
+    for spec in request.tools:
+        (spec.description + repr(dict(spec.parameters))).encode("utf-8")
+    summary = request.purpose == "context_compaction"
+    return text_response("- the user talked" if summary else "Done.")
+
+
+class TestLoneSurrogatesOutsideMessages:
+    """Text that reaches a request without being a ``Message``'s — a memory, the summary
+    instructions, a ``Summarization`` prompt, a tool's description and schema — is made
+    well formed as a message's text is (a lone surrogate becomes U+FFFD): the count of a
+    request by a byte tokenizer, the compaction and the provider's encoding all take it."""
+
+    async def test_a_memory_with_a_lone_surrogate_reaches_the_model_well_formed(self) -> None:
+        @manage_context(
+            budget=PromptBudget(
+                prompt_budget_tokens=2_000,
+                response_reserve_tokens=200,
+                safety_reserve_tokens=100,
+                memory=lambda context: [HALF_EMOJI],
+            ),
+            summarize=False,
+            context_window_tokens=4_000,
+        )
+        class Remembering(Agent):
+            pass
+
+        model = ScriptedModel([_strict])
+        result = await Remembering(model=model).run("Hi")
+        assert result.output == "Done."
+        assert any("likes \ufffd tea" in m.text for m in model.requests[0].messages)
+
+    @pytest.mark.parametrize("where", ["summary_instructions", "Summarization.prompt"])
+    async def test_summary_instructions_with_a_lone_surrogate_still_summarize(
+        self, where: str
+    ) -> None:
+        given: dict[str, object] = (
+            {"summary_instructions": HALF_EMOJI}
+            if where == "summary_instructions"
+            else {"strategy": Summarization(prompt=HALF_EMOJI)}
+        )
+
+        @manage_context(context_window_tokens=1_000, tokenizer=ByteEstimator(), **given)  # type: ignore[arg-type]
+        class Noting(Agent):
+            pass
+
+        history = [
+            m
+            for i in range(20)
+            for m in (Message.user(f"question {i} {'words ' * 20}"), Message.assistant("answer"))
+        ]
+        model = ScriptedModel([_strict] * 2)
+        result = await Noting(model=model).run("Hi", history=history)
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        assert "likes \ufffd tea" in model.requests[0].messages[-1].text
+        assert any(m.is_summary for m in result.messages)
+
+    async def test_a_tool_description_with_a_lone_surrogate_is_counted_and_sent(self) -> None:
+        @manage_context(context_window_tokens=1_000, tokenizer=ByteEstimator())
+        class Looking(Agent):
+            @tool
+            def look(self, query: Annotated[str, HALF_EMOJI]) -> str:
+                """Look up what the user \ud83d asks."""
+                return query
+
+        model = ScriptedModel([_strict])
+        assert (await Looking(model=model).run("Hi")).output == "Done."
+        (spec,) = model.requests[0].tools
+        assert spec.description == "Look up what the user \ufffd asks."
+        assert "likes \ufffd tea" in repr(spec.parameters)
+
+    async def test_an_output_schema_with_a_lone_surrogate_is_counted_and_sent(self) -> None:
+        @attrs.frozen
+        class City:
+            name: Annotated[str, HALF_EMOJI]
+
+        @manage_context(context_window_tokens=1_000, tokenizer=ByteEstimator())
+        class Answering(Agent):
+            output_type = City
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            assert request.output_schema is not None
+            repr(dict(request.output_schema.schema)).encode("utf-8")
+            return text_response('{"name": "Oslo"}')
+
+        model = ScriptedModel([answer])
+        assert (await Answering(model=model).run("Hi")).output == City("Oslo")
+        assert "likes \ufffd tea" in repr(model.requests[0].output_schema)

@@ -49,7 +49,7 @@ from littleghost.messages import (
 )
 from littleghost.models.base import ModelRequest
 from littleghost.settings import OUTPUT_CAP, is_output_cap
-from littleghost.text import cut_middle
+from littleghost.text import cut_middle, well_formed
 
 __all__ = [
     "EXCERPTS_KEY",
@@ -233,7 +233,7 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
                 f"PromptBudget.memory returned {type(entry).__name__} as entry {position}; "
                 "entries must be str"
             )
-        line = " ".join(text.split())  # one line: an entry cannot pose as several
+        line = well_formed(" ".join(text.split()))  # one line: it cannot pose as several
         if line:  # an empty or blank entry is no memory
             result.append(line)
     return result

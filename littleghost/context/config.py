@@ -27,6 +27,7 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
 from littleghost.settings import OUTPUT_CAP, is_output_cap
+from littleghost.text import well_formed_value
 
 __all__ = [
     "ContextManagement",
@@ -102,6 +103,7 @@ class ContextManagement:
     )
     summary_instructions: str | None = field(
         default=None,
+        converter=well_formed_value,
         validator=optional(
             _check(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str or None")
         ),

@@ -73,7 +73,7 @@ from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare
 from littleghost.retry import MAX_RETRIES, call_with_retries
 from littleghost.settings import OUTPUT_CAP, is_output_cap
-from littleghost.text import cut_middle
+from littleghost.text import cut_middle, well_formed_value
 
 __all__ = [
     "SUMMARY_FIT_MARGIN",
@@ -797,6 +797,7 @@ class Summarization(_Stepwise):
     minimum_preserved: int = field(default=4, validator=count("Summarization.minimum_preserved"))
     prompt: str | None = field(
         default=None,
+        converter=well_formed_value,
         validator=check(
             "Summarization.prompt",
             lambda v: v is None or (isinstance(v, str) and v.strip() != ""),

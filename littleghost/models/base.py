@@ -6,13 +6,13 @@ import enum
 import functools
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import astuple, field, frozen
 
 from littleghost._validators import instance_of, int_at_least, safe_repr, tuple_of, type_check
 from littleghost.messages import Message, Role, stray_part
-from littleghost.text import json_type
+from littleghost.text import json_type, well_formed_value
 
 __all__ = [
     "ANSWER_CAPS",
@@ -106,7 +106,7 @@ def billed(error: BaseException) -> Usage:
 def _parameters(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise TypeError(f"ToolSpec.parameters must be a JSON schema dict, not {safe_repr(value)}")
-    return dict(value)
+    return dict(cast(Mapping[str, Any], well_formed_value(value)))
 
 
 @frozen
@@ -115,7 +115,9 @@ class ToolSpec:
 
     name: str = field()
     description: str = field(
-        default="", validator=instance_of("ToolSpec.description", str, "a str")
+        default="",
+        converter=well_formed_value,
+        validator=instance_of("ToolSpec.description", str, "a str"),
     )
     parameters: Mapping[str, Any] = field(
         factory=lambda: {"type": "object", "properties": {}}, converter=_parameters
@@ -133,7 +135,7 @@ def _object_schema(value: object) -> Mapping[str, Any]:
             "OutputSchema.schema must be a JSON schema dict with an object at its root, "
             f"not {safe_repr(value)}"
         )
-    return dict(value)
+    return dict(cast(Mapping[str, Any], well_formed_value(value)))
 
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
