@@ -10,7 +10,14 @@ import attrs
 import pytest
 
 from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
-from littleghost.context import PromptBudget, Truncation, compact_session
+from littleghost.context import (
+    Pipeline,
+    PromptBudget,
+    Summarization,
+    TokenBudget,
+    Truncation,
+    compact_session,
+)
 from littleghost.context.calibration import COUNT_KEY, SCALE_KEY, estimate_tokens
 from littleghost.context.management import AFTER_KEY, REGROWTH
 from littleghost.context.records import is_record
@@ -24,6 +31,9 @@ from tests.conftest import Spans
 from tests.stores import PlainStore
 
 pytestmark = pytest.mark.anyio
+
+LONG_INSTRUCTIONS = "Write notes. " + "Keep every number, name and date as given. " * 80
+"""Summary instructions of about 900 tokens by the default estimate."""
 
 
 def summarizing(answer: Any) -> Any:
@@ -786,6 +796,31 @@ class TestErrors:
         store_free = Capped(model=ScriptedModel([text_response("x")], context_window=2_048))
         with pytest.raises(ConfigurationError, match="summary_max_tokens"):
             await store_free.run("hi")
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"summary_instructions": LONG_INSTRUCTIONS},
+            {"strategy": Summarization(prompt=LONG_INSTRUCTIONS)},
+            {"strategy": Pipeline(Truncation(), Summarization(prompt=LONG_INSTRUCTIONS))},
+            {
+                "strategy": TokenBudget(
+                    token_budget=500, strategies=[Summarization(prompt=LONG_INSTRUCTIONS)]
+                )
+            },
+        ],
+        ids=["summary_instructions", "Summarization", "Pipeline", "TokenBudget"],
+    )
+    def test_summary_instructions_no_summary_call_can_fit_fail_at_class_definition(
+        self, options: dict[str, Any]
+    ) -> None:
+        """Instructions that with the summary call's framing and its least answer take
+        more than the room a summary request has would make every compaction fail."""
+        with pytest.raises(ConfigurationError, match="no summary call fits the 1000-token"):
+
+            @manage_context(context_window_tokens=1_000, **options)
+            class Wordy(Agent):
+                pass
 
     async def test_budget_reserves_over_the_models_window_fail_at_the_first_call(self) -> None:
         @manage_context(

@@ -22,7 +22,13 @@ from littleghost._validators import (
     optional,
 )
 from littleghost.context.budget import PromptBudget, env_tokens
-from littleghost.context.strategies import CompactionStrategy, check_strategy
+from littleghost.context.strategies import (
+    SUMMARY_FIT_MARGIN,
+    CompactionStrategy,
+    Summarization,
+    check_strategy,
+    least_summary_call,
+)
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
@@ -140,7 +146,9 @@ class ContextManagement:
                 "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
                 "the window without a model"
             )
-        self.check_window(self.context_window_override or self.context_window_tokens)
+        declared = self.context_window_override or self.context_window_tokens
+        self.check_window(declared)
+        self._check_summary_room(declared)
 
     def _default_summarizer_only(self) -> str | None:
         """The first keyword given that only the default summarizer reads."""
@@ -160,6 +168,23 @@ class ContextManagement:
             )
         if self.budget is not None:
             self.budget.check_window(window)
+
+    def _check_summary_room(self, window: int) -> None:
+        """``ConfigurationError`` when no summary call fits in the declared ``window`` (at
+        the first call, a smaller window a model advertises leaves overflow recovery its
+        fallback: the run goes on)."""
+        if self.summarize:
+            default = Summarization(
+                prompt=self.summary_instructions, max_tokens=self.summary_cap(window)
+            )
+            least = least_summary_call(self.strategy or default, self.tokenizer)
+            if least > (room := int(SUMMARY_FIT_MARGIN * window)):
+                raise ConfigurationError(
+                    f"manage_context: no summary call fits the {window}-token context window: "
+                    f"its framing, instructions and least answer take about {least} tokens, "
+                    f"over the {room} a summary request may fill; give a larger window or "
+                    "shorter summary instructions"
+                )
 
     def threshold(self, window: int) -> int:
         """The smallest estimate at which a compaction is due (0.55 × 200 000 is 110 000)."""

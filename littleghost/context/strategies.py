@@ -769,6 +769,18 @@ SUMMARY_FLOOR_TOKENS = 64
 _CLIP_LEVELS = (2_000, 500, 200, 80)  # longest first
 
 
+def least_summary_call(strategy: CompactionStrategy, tokenizer: Tokenizer) -> int:
+    """The fewest estimated tokens a summary call of ``strategy`` takes: its framing and
+    instruction with no transcript, and its least answer (0 without a ``Summarization``)."""
+    if isinstance(strategy, Summarization):
+        instruction = summary_instruction(strategy.prompt, rewrite=False)
+        request = summary_request("", instructions=instruction, settings={}, max_tokens=1)
+        answer = min(SUMMARY_FLOOR_TOKENS, strategy.max_tokens)
+        return sum(map(counter(tokenizer), request.messages)) + answer
+    inner = strategy.strategies if isinstance(strategy, (Pipeline, TokenBudget)) else ()
+    return max((least_summary_call(step, tokenizer) for step in inner), default=0)
+
+
 @frozen(kw_only=True)
 class Summarization(_Stepwise):
     """Replace the oldest non-system groups by one summary written by a model.
