@@ -1594,6 +1594,33 @@ def test_an_async_tokenizer_fails_when_declared(
         declare(RemoteTokenizer())
 
 
+class Uncounting:
+    """A tokenizer whose count is not a number."""
+
+    def count_tokens(self, text: str) -> object:
+        return None
+
+
+@pytest.mark.parametrize(
+    "declare",
+    [
+        lambda tokenizer: manage_context(tokenizer=tokenizer),
+        lambda tokenizer: manage_context(budget=PromptBudget(tokenizer=tokenizer), summarize=False),
+    ],
+    ids=["manage_context", "PromptBudget"],
+)
+def test_a_tokenizer_that_counts_no_number_fails_at_class_definition(
+    declare: Callable[[object], Callable[[type[Agent]], type[Agent]]],
+) -> None:
+    """A count that is not a number is refused where the class is defined, naming it,
+    not met at the first model call as None added to an int."""
+    with pytest.raises(ConfigurationError, match=r"count_tokens returned None"):
+
+        @declare(Uncounting())
+        class Counted(Agent):
+            pass
+
+
 class Masking(Agent):
     """Rebuilds messages with card numbers masked, under new ids (as ``Message.user`` makes
     them), and puts a retrieved note after the question."""

@@ -4,6 +4,7 @@ against."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, TypedDict
@@ -20,6 +21,7 @@ from littleghost._validators import (
     is_int,
     is_number,
     optional,
+    wrong_value,
 )
 from littleghost.context.budget import PromptBudget, env_tokens
 from littleghost.context.strategies import (
@@ -146,6 +148,14 @@ class ContextManagement:
                 "manage_context: summarize=False needs budget=PromptBudget(...) to keep requests in "
                 "the window without a model"
             )
+        budget = () if self.budget is None else (self.budget.tokenizer,)
+        for tokenizer in (self.tokenizer, *budget):
+            figure = tokenizer.count_tokens("manage_context")
+            if isinstance(figure, bool) or not isinstance(figure, numbers.Real) or figure < 0:
+                raise ConfigurationError(
+                    f"manage_context: tokenizer {type(tokenizer).__name__}'s count_tokens "
+                    f"returned {wrong_value(figure)}, not a number of tokens (>= 0)"
+                )
         declared = self.context_window_override or self.context_window_tokens
         self.check_window(declared)
         self._check_summary_room(declared)
