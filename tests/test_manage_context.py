@@ -1040,6 +1040,38 @@ class RecoveringOnce(Agent):
 
 
 class TestOverflow:
+    async def test_a_request_over_the_window_itself_is_compacted_as_recovery_would(
+        self,
+    ) -> None:
+        """A request the provider would refuse (over the window with its answer's room)
+        because of its preserved newest messages is compacted before the call as overflow
+        recovery would after it (the preserved messages summarized, the question kept):
+        no call is sent to be refused."""
+
+        @manage_context(context_window_tokens=1_000)  # 10 preserved messages
+        class Keeping(Agent):
+            max_retries = 0
+
+        long_parts = [
+            m
+            for i in range(4)
+            for m in (Message.user(f"part {i}: {'word ' * 600}"), Message.assistant("Noted."))
+        ]
+        history = [Message.user("Hello."), Message.assistant("Hi."), *long_parts]
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if estimate_messages(request.messages) + (request.max_tokens or 1) > 1_000:
+                raise ContextWindowOverflowError("prompt is too long", context_window=1_000)
+            if request.purpose == "context_compaction":
+                return text_response("- The user sent four parts.")
+            return text_response("done")
+
+        model = ScriptedModel([answer] * 3)
+        result = await Keeping(model=model).run("Sum them up.", history=history)
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        assert model.requests[-1].messages[-1].text == "Sum them up."
+
     async def test_overflow_is_recovered_once(self, spans: Spans) -> None:
         """An overflow compacts (whatever the threshold) and retries the call once."""
 

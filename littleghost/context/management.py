@@ -693,7 +693,13 @@ def summary_waits(
     it after a wasted call)."""
     if waits_until is None or estimated >= waits_until:
         return False
-    return estimated - (request.max_tokens or 0) + _answer_room(request) <= window
+    return not over_window(estimated, request, window)
+
+
+def over_window(estimated: int, request: ModelRequest, window: int) -> bool:
+    """Whether a request of ``estimated`` tokens (``max_tokens`` included) is over the
+    window with its answer's room: the provider would refuse it."""
+    return estimated - (request.max_tokens or 0) + _answer_room(request) > window
 
 
 def _target(config: ContextManagement, window: int) -> int:
@@ -789,8 +795,9 @@ async def _compact(
         outside += excess(request.messages, context, config.tokenizer)  # known sizes
         outside += run.hooked if reason == "threshold" else 0  # the later hooks will add it
         goal = _goal(state, target, outside)
+        everything = state.slots if turn is None else turn  # the preserved too
         if fallback is not None or (reason == "overflow" and config.strategy is None):
-            state.protected = state.slots if turn is None else turn
+            state.protected = everything
         try:
             if fallback is not None:
                 await _model_free_compaction(state, goal, _goal(state, fallback, outside), window)
@@ -799,7 +806,9 @@ async def _compact(
             else:
                 threshold = int(config.compression_threshold * window)
                 enough = None if reason == "overflow" else _goal(state, threshold, outside)
-                await default_compaction(state, config, window, goal, enough)
+                refused = reason == "threshold" and over_window(estimated, request, window)
+                reach = everything if refused else None  # as recovery would, but first
+                await default_compaction(state, config, window, goal, enough, reach)
         finally:
             scale, calibrated.scale = calibrated.scale, state.scale  # a summary call may teach it
         calibrated.measured = state.measured
@@ -915,10 +924,12 @@ async def default_compaction(
     window: int,
     goal: int,
     enough: int | None = None,
+    reach: int | None = None,
 ) -> None:
     """Toward ``goal`` (estimated tokens): mask older tool results (``mask_tool_results``);
     collapse the tail's when it alone is over (no summary once under ``enough``); summarize
-    about ``summary_ratio`` of the rest, more when needed; collapse again if still over."""
+    about ``summary_ratio`` of the rest (up to slot ``reach`` when given: the preserved
+    too), more when needed; collapse again if still over."""
     fits = ~tokens_exceed(goal)
     if config.mask_tool_results is not None:
         await mask_tool_results(state, config.mask_tool_results, fits)
@@ -931,6 +942,8 @@ async def default_compaction(
         await _collapse_results(state, fits, window)
         if enough is not None and state.tokens < enough:
             return
+    if reach is not None:
+        state.protected = reach
     conversation = sum(
         state.group(slot).count
         for slot in range(state.slots)
