@@ -19,7 +19,11 @@ from littleghost.context import (
 )
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
-from littleghost.errors import ConfigurationError, ProviderUnavailableError
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    ProviderUnavailableError,
+)
 from littleghost.messages import SUMMARY_COVERS_KEY
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
@@ -302,3 +306,26 @@ async def test_a_summary_call_outside_runs_is_traced_and_metered(
     tokens = histograms.read()["gen_ai.client.token.usage"]
     assert sorted(int(point.sum) for point in tokens) == [90, 900]
     assert [point.count for point in tokens] == [1, 1]
+
+
+async def test_a_summarizers_own_model_window_fits_its_first_summary_call() -> None:
+    """``compact_session`` with ``Summarization(model=...)`` whose model advertises a window
+    far smaller than the session: the summary call is fitted to that window before it is
+    sent, not sent whole to be refused and fitted from the overflow's figures."""
+    refused: list[int] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        size = estimate_request(request.messages, (), {}) + (request.max_tokens or 0)
+        if size > 512:
+            refused.append(size)
+            raise ContextWindowOverflowError(
+                "prompt is too long", prompt_tokens=size, context_window=512
+            )
+        return text_response("- The user asked about orders.")
+
+    store = InMemorySessionStore()
+    await store.append("s", chat(40, prefix="order A-17 " + "detail " * 20))
+    small = ScriptedModel([answer] * 2, context_window=512)
+    records = await compact_session(store, "s", Summarization(model=small))
+    assert [m.is_summary for m in records] == [True]
+    assert refused == [] and len(small.requests) == 1

@@ -24,6 +24,7 @@ from littleghost._validators import (
     check,
     count,
     has_method,
+    is_int,
     optional,
     safe_repr,
     wrong_value,
@@ -270,9 +271,12 @@ class CompactionState:
         if data <= 0 or reported <= fixed + math.ceil(self.scale * data):
             return False
         self.scale = (reported - fixed) / data
-        window = error.context_window or reported + (request.max_tokens or 0) - 1
-        self.room = min(self.room or window, int(SUMMARY_FIT_MARGIN * window))
+        self.fit_window(error.context_window or reported + (request.max_tokens or 0) - 1)
         return True
+
+    def fit_window(self, window: int) -> None:
+        """Fit summary requests to ``window`` too (their model's, or one an overflow showed)."""
+        self.room = min(self.room or window, int(SUMMARY_FIT_MARGIN * window))
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
         """A summary request's (framing and instruction, data) estimated tokens (counted
@@ -843,6 +847,9 @@ class Summarization(_Stepwise):
 
     async def _steps(self, state: CompactionState) -> None:
         complete = self._complete(state)
+        window = getattr(self.model, "context_window", None)  # its own model's
+        if is_int(window) and window > 0:
+            state.fit_window(window)
         target = self.goal
         if self.mask_tool_results is not None:
             end = state.newest(self.minimum_preserved)
