@@ -7,6 +7,7 @@ import copy
 import difflib
 import functools
 import inspect
+import math
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,7 +20,7 @@ from littleghost import runner
 from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving, shared_stop
+from littleghost.cleanup import close_leaving, shared_stop, stop_left_by
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -827,8 +828,11 @@ class Agent:
         traceback: TracebackType | None,
     ) -> None:
         """``aclose()``; when the block is leaving by an exception (a cancellation
-        included), a close failure is logged and that exception goes on."""
-        await close_leaving(self.aclose, "closing the agent's models", error)
+        included), a close failure is logged and that exception goes on, and when that
+        exception is a stopped run's (its deadline, the caller's cancellation), closing
+        ends by that run's stop time, so graces never add up."""
+        close = functools.partial(self._close, stop_left_by(error))
+        await close_leaving(close, "closing the agent's models", error)
 
     async def aclose(self) -> None:
         """Close the models this agent created from model strings (shielded from
@@ -843,7 +847,11 @@ class Agent:
         Raises:
             CleanupError: A model failed to close, or closing took longer.
         """
-        by = min(anyio.current_time() + self.cleanup_grace, shared_stop())
+        await self._close()
+
+    async def _close(self, by: float = math.inf) -> None:
+        """``aclose()``, ending by ``by`` at the latest."""
+        by = min(anyio.current_time() + self.cleanup_grace, shared_stop(), by)
         try:  # the models no run uses first: a stopping run's cleanup goes on meanwhile
             await close_models(self._models.give_up(), self.cleanup_grace, by=by)
         finally:

@@ -42,7 +42,9 @@ __all__ = [
     "enclosing_graces",
     "fatal",
     "log_unraised",
+    "note_stop",
     "shared_stop",
+    "stop_left_by",
 ]
 
 logger = logs.logger("littleghost.cleanup")
@@ -53,6 +55,9 @@ _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops",
 ``cancel()`` stopped."""
 _HOST: ContextVar[Grace | None] = ContextVar("littleghost_host", default=None)
 """While a tool (hook, ...) runs: the grace of the run hosting it."""
+_LEFT: ContextVar[tuple[int, float] | None] = ContextVar("littleghost_left_stop", default=None)
+"""In the caller's task: the ``id`` of the exception the last run that stopped raised to
+it, and that run's stop time (``note_stop``)."""
 
 
 @define(eq=False)
@@ -305,6 +310,25 @@ def shared_stop() -> float:
     if grace is None or not cancelled_here():
         return math.inf
     return grace._left_for_host()
+
+
+def note_stop(error: BaseException, grace: Grace) -> None:
+    """Note, in the caller's task, that ``error`` leaves a run that stopped (its cleanup
+    ending by ``grace``'s stop time): cleanup of the caller's own as ``error`` goes on
+    (closing the agent's models as ``async with agent:`` ends) ends by that time too
+    (``stop_left_by``), so graces never add up."""
+    if grace.stopping:
+        _LEFT.set((id(error), grace.stop()))
+
+
+def stop_left_by(error: BaseException | None) -> float:
+    """The stop time of the run ``error`` left (``note_stop``); ``math.inf`` for any other
+    exception, or none. Only an ``id`` is kept (never the exception and its frames): the
+    caller asks while ``error`` is still alive, so that ``id`` is still its own."""
+    left = _LEFT.get()
+    if error is None or left is None or left[0] != id(error):
+        return math.inf
+    return left[1]
 
 
 def enclosing_graces() -> list[Grace]:

@@ -29,7 +29,7 @@ from attrs import define, field, frozen
 
 from littleghost import logs, telemetry
 from littleghost._validators import is_number, safe_repr
-from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves
+from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves, note_stop
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
 from littleghost.errors import (
@@ -251,8 +251,12 @@ async def run(
                 async with agent._models.use(model, agent.cleanup_grace, by=stop):
                     try:
                         return await _run_in(span, agent, plan, model, sink, seen, held)
-                    except LittleGhostError as error:
-                        if runs:  # a nested run's error ends this run too: this run's usage
+                    except BaseException as error:
+                        if not runs:
+                            raise
+                        note_stop(error, runs[0].grace)  # the caller's cleanup ends by it too
+                        if isinstance(error, LittleGhostError):
+                            # a nested run's error ends this run too: this run's usage
                             error.run_usage = runs[0].usage
                         raise
 
