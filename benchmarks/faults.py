@@ -13,7 +13,13 @@ or add to the request, rewrite answers and results, give calls one id or raise, 
 that append to the log or make side calls under a timeout, an ``output_type`` (answers
 that fit or not, natively or through ``final_result``), a small ``max_turns``, stream
 consumers that read slowly or raise in their loop, and runs of the same session racing it
-(faulty ones, a fault-free one, or ``compact_session``). With ``--postgres``, every third
+(faulty ones, a fault-free one, or ``compact_session``). Half draw further extras: a
+store ``load`` that fails or stalls, hooks of every kind that stall or raise, retried
+model errors, a ``prepare()`` that stalls, ``deadline=``, a consumer calling
+``events.aclose()``, a model made from a model string whose close stalls or fails, and
+the agent closed while the run goes on (``aclose()`` beside it, ``async with agent:``).
+A fifth as many runs again go through ``run_sync()`` in worker threads
+(``threaded_campaign``). With ``--postgres``, every third
 run uses a PostgreSQL store, whose session lock's connection the server may end
 mid-run. ``tests/test_faults.py`` runs a smaller campaign in CI.
 
@@ -36,7 +42,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults import campaign, figures
+from tests.faults import campaign, figures, threaded_campaign
 
 
 def main() -> int:
@@ -66,6 +72,13 @@ def main() -> int:
             )
             print(figures(report, backend, time.monotonic() - began), flush=True)
             violations += len(report.violations)
+        began = time.monotonic()
+        threaded = anyio.run(
+            lambda: threaded_campaign(arguments.seed, max(1, arguments.runs // 5)),
+            backend=backend,
+        )
+        print(figures(threaded, f"{backend}, run_sync()", time.monotonic() - began), flush=True)
+        violations += len(threaded.violations)
     return 1 if violations else 0
 
 

@@ -57,7 +57,24 @@ timeout; a sibling's ``cancel()`` ends a racing sub-agent as a cancellation; a r
 never fails but at its own deadline, and ends within it. (Each check skips what a store
 fault, or a cleanup cut at the grace on a busy store, may leave undone.)
 
-``campaign()`` runs a number of them concurrently and returns a ``Report``.
+Half the runs draw further extras (``_plan_more``, from a third generator): the store's
+``load`` fails or stalls; hooks of every kind (``after_model_error`` too) stall, and
+``before_model``, ``after_model`` and ``after_model_error`` hooks raise; model errors are
+retried (``max_retries`` 1 or 2, a rate limit's ``retry_after`` up to past any deadline);
+the model's ``prepare()`` stalls; the deadline is given as ``deadline=``; a stream's
+consumer calls ``events.aclose()`` in its loop; the model is made from a model string
+(``chaos:<session>``), so the agent closes it, and its ``aclose()`` stalls or fails; the
+agent is closed while the run goes on (``aclose()`` from a task beside it, or the run in
+``async with agent:``); the summary model of a ``compact_session`` beside the run
+stalls. Besides the checks above: ``aclose()`` beside a run returns within the grace,
+raising nothing but a ``CleanupError`` of a failed close; ``events.aclose()`` returns
+within the grace; a ``CleanupError`` escapes only when closing the model failed, never
+in place of the caller's cancellation; the run (the block of ``async with agent:``
+included) ends within its stop time plus the one grace.
+
+``campaign()`` runs a number of them concurrently and returns a ``Report``;
+``threaded_campaign()`` runs faulty runs through ``run_sync()`` in worker threads (each an
+event loop of its own; a deadline their only stop), checked alike.
 """
 
 from __future__ import annotations
@@ -87,6 +104,7 @@ from littleghost import (
     RunContext,
     ToolCall,
     after_model,
+    after_model_error,
     after_tool,
     before_model,
     before_tool,
@@ -106,6 +124,7 @@ from littleghost.context.records import COMPACTION_KIND_KEY, EXCLUSION, is_recor
 from littleghost.context.tokens import estimate_request
 from littleghost.context.view import build_view
 from littleghost.errors import (
+    CleanupError,
     CompactionError,
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -121,10 +140,10 @@ from littleghost.errors import (
     SessionStoreError,
 )
 from littleghost.events import ToolCallFinished
-from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.models import ModelRequest, ModelResponse, StopReason, register_provider
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import text_response
-from tests.stores import postgres_schema
+from tests.stores import PlainStore, postgres_schema
 
 SECRET = "zq7x"
 """In every text of the harness's conversations and faults (the instructions, the model's
@@ -239,8 +258,8 @@ class Chaos:
     """With an ``output_type``: ``fits``, ``misfit once`` or ``misfit`` (the final answers)."""
     finals: int = 0
     hook_fault: tuple[str, str] | None = None
-    """(``before_tool`` or ``after_tool``, ``error`` or ``cancellation``): that hook raises
-    at its first call."""
+    """(a hook kind of ``HOOK_KINDS``, ``error`` or ``cancellation``): that hook raises at
+    its first call."""
     hook_raised: BaseException | None = None
     reported: list[Any] = field(factory=list)
     """The results ``ToolCallFinished`` events reported."""
@@ -255,6 +274,19 @@ class Chaos:
     subs: list[Chaos] = field(factory=list)
     """The runs of sub-agents (``delegate``, ``race``)."""
     sub_violations: list[str] = field(factory=list)
+    more: random.Random | None = None
+    """Draws the further extras (``_plan_more``), apart from ``rng`` and ``extra``."""
+    load_fault: tuple[str, float] | None = None
+    """(``load stall`` or ``load error``, seconds): the store's first ``load``."""
+    hook_stalls: dict[str, float] = field(factory=dict)
+    """A hook of this kind stalls this long at its first call."""
+    retry_after: float = 0.01
+    """The ``retry_after`` of the model's rate limits."""
+    prepare_stall: float | None = None
+    """The model's ``prepare()`` stalls this long."""
+    close_fault: tuple[str, float] | None = None
+    """(``close stall`` or ``close error``, seconds): the model's ``aclose()``."""
+    loads: int = 0
 
     async def point(self, where: str = "") -> None:
         """An instrumented await: the caller's scope may be cancelled here."""
@@ -291,7 +323,17 @@ class ChaosStore:
         self.chaos = chaos
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
-        await self.chaos.point()
+        chaos = self.chaos
+        await chaos.point()
+        first = chaos.loads == 0
+        chaos.loads += 1
+        kind, seconds = chaos.load_fault if first and chaos.load_fault else ("", 0.0)
+        if kind == "load stall":
+            chaos.fired[kind] += 1
+            await anyio.sleep(seconds)
+        elif kind == "load error":
+            chaos.ending(kind)
+            raise SessionStoreError(f"injected {SECRET}: the store cannot read")
         return await self.inner.load(session_id)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -339,6 +381,26 @@ class ChaosStore:
 
     def lock(self, session_id: str) -> Any:
         return self.inner.lock(session_id)  # type: ignore[attr-defined]
+
+
+class LocklessChaosStore:
+    """``ChaosStore`` over a store without a ``lock`` (sessions are then held by the
+    library's own locks, across threads too): the four methods of the protocol only."""
+
+    def __init__(self, inner: SessionStore, chaos: Chaos) -> None:
+        self.faulty = ChaosStore(inner, chaos)
+
+    async def load(self, session_id: str) -> tuple[Message, ...]:
+        return await self.faulty.load(session_id)
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        await self.faulty.append(session_id, messages)
+
+    async def list_sessions(self) -> tuple[str, ...]:
+        return await self.faulty.list_sessions()
+
+    async def delete(self, session_id: str) -> None:
+        await self.faulty.delete(session_id)
 
 
 def _end_lock(conninfo: str, session_id: str) -> bool:
@@ -451,7 +513,9 @@ class ChaosModel:
             raise ProviderUnavailableError(f"injected {SECRET}", provider="chaos")
         elif kind == "model rate limit":
             chaos.ending(kind)
-            raise RateLimitError(f"injected {SECRET}", provider="chaos", retry_after=0.01)
+            raise RateLimitError(
+                f"injected {SECRET}", provider="chaos", retry_after=chaos.retry_after
+            )
         elif kind == "model invalid request":
             chaos.ending(kind)
             raise InvalidRequestError(f"injected {SECRET}", provider="chaos", status=400)
@@ -485,6 +549,25 @@ class ChaosModel:
         ]
         message = Message.assistant(text, tool_calls=calls, **ids)
         return ModelResponse(message, StopReason.TOOL_USE)
+
+    async def prepare(self) -> None:
+        """Stall, as the run drew (a local model starting its server, say)."""
+        if self.chaos.prepare_stall is not None:
+            self.chaos.fired["prepare stall"] += 1
+            await anyio.sleep(self.chaos.prepare_stall)
+
+    async def aclose(self) -> None:
+        """Stall or fail, as the run drew (only a model made from a model string is
+        closed by the agent)."""
+        chaos = self.chaos
+        chaos.fired["model closed"] += 1
+        kind, seconds = chaos.close_fault or ("", 0.0)
+        if kind:
+            chaos.fired[kind] += 1
+        if kind == "close stall":
+            await anyio.sleep(seconds)
+        elif kind == "close error":
+            raise OSError(f"injected {SECRET}: the client would not close")
 
     def _final(self, request: ModelRequest, ids: dict[str, str]) -> ModelResponse:
         """A typed answer (as ``final_result``'s arguments when the request offers it) that
@@ -651,6 +734,8 @@ class ChaosAgent(Agent):
         chaos = _chaos(context)
         if chaos is None:
             return None
+        await _hook_stall("before_model", chaos)
+        await _hook_fault("before_model", context)
         if chaos.note_turn == context.turn:
             chaos.note_turn = None
             chaos.fired["hook appends a message"] += 1
@@ -667,11 +752,13 @@ class ChaosAgent(Agent):
         return None if messages is request.messages else attrs.evolve(request, messages=messages)
 
     @after_model
-    def edit_answer(self, response: ModelResponse, context: RunContext) -> Any:
+    async def edit_answer(self, response: ModelResponse, context: RunContext) -> Any:
         """Give the calls of an answer one id, or rewrite its text under a new id."""
         chaos = _chaos(context)
         if chaos is None:
             return None
+        await _hook_stall("after_model", chaos)
+        await _hook_fault("after_model", context)
         message = response.message
         if chaos.rename_calls and len(message.tool_calls) > 1:
             chaos.fired["hook gives calls one id"] += 1
@@ -687,18 +774,33 @@ class ChaosAgent(Agent):
 
     @before_tool
     async def fail_before_tool(self, call: ToolCall, context: RunContext) -> None:
-        """Raise, as the run drew."""
+        """Stall or raise, as the run drew."""
+        chaos = _chaos(context)
+        if chaos is not None:
+            await _hook_stall("before_tool", chaos)
         await _hook_fault("before_tool", context)
 
     @after_tool
     async def edit_result(self, result: Any, context: RunContext) -> Any:
-        """Raise, as the run drew, or rewrite a tool's result."""
-        await _hook_fault("after_tool", context)
+        """Stall or raise, as the run drew, or rewrite a tool's result."""
         chaos = _chaos(context)
+        if chaos is not None:
+            await _hook_stall("after_tool", chaos)
+        await _hook_fault("after_tool", context)
         if chaos is None or not chaos.edit_result:
             return None
         chaos.fired["hook rewrites a result"] += 1
         return attrs.evolve(result, content=f"{result.content} (checked)")
+
+    @after_model_error
+    async def on_model_error(
+        self, request: ModelRequest, error: Exception, context: RunContext
+    ) -> None:
+        """Stall or raise, as the run drew (the error goes on: ``None``)."""
+        chaos = _chaos(context)
+        if chaos is not None:
+            await _hook_stall("after_model_error", chaos)
+        await _hook_fault("after_model_error", context)
 
 
 class HookFailure(Exception):
@@ -715,6 +817,14 @@ async def _hook_fault(kind: str, context: RunContext) -> None:
     error = HookFailure(f"{kind} {SECRET}") if what == "error" else await stray_cancellation()
     chaos.hook_raised = error
     raise error
+
+
+async def _hook_stall(kind: str, chaos: Chaos) -> None:
+    """Stall at the first call of a hook of this kind, as the run drew."""
+    seconds = chaos.hook_stalls.pop(kind, None)
+    if seconds is not None:
+        chaos.fired[f"{kind} hook stall"] += 1
+        await anyio.sleep(seconds)
 
 
 def _redacted(message: Message) -> Message:
@@ -1205,6 +1315,96 @@ def _plan_extras(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> 
     return extras
 
 
+MORE_SHARE = 0.5
+"""The share of the runs that draw further extras (``_plan_more``), from a generator of
+their own (``Chaos.more``): a run without them is the run it was before they came."""
+HOOK_KINDS = ("before_model", "after_model", "before_tool", "after_tool", "after_model_error")
+
+
+@define
+class More:
+    """What a run drew among the further extras: how it is given its deadline, its
+    consumer's ``aclose()``, a model made from a model string that the agent closes, and
+    who closes the agent while the run goes on."""
+
+    absolute: bool = False
+    """``deadline=`` (an anyio time) in place of ``timeout=``."""
+    max_retries: int = 0
+    owned: bool = False
+    """The agent's model is a model string (``chaos:<session>``): the agent closes it."""
+    closing: str | None = None
+    """``aclose beside`` (a task closes the agent ``close_after`` seconds in) or ``async
+    with`` (the run goes on in the block of ``async with agent:``)."""
+    close_after: float = 0.0
+    summary_stall: float | None = None
+    """The summary model of a ``compact_session`` beside the run stalls this long."""
+
+
+def _plan_more(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> More:
+    """Draw the further extras of a run (``MORE_SHARE`` of them) from ``chaos.more``:
+    faults of the store's ``load``, hooks of every kind that stall or raise, retried model
+    errors (a rate limit's ``retry_after`` beyond the deadline too), a model whose
+    ``prepare()`` stalls, ``deadline=``, a stream consumer that calls ``events.aclose()``
+    in its loop, a model made from a model string whose ``aclose()`` stalls or fails, the
+    agent closed while the run goes on (``aclose()`` beside it, or ``async with agent:``),
+    and a summary model of a ``compact_session`` beside the run that stalls."""
+    rng = chaos.more
+    assert rng is not None
+    more = More()
+    if rng.random() >= MORE_SHARE:
+        return more
+    longest = 1.5 if stop.keys() - {"stream"} else 0.2
+    roll = rng.random()
+    if roll < 0.08:
+        chaos.load_fault = ("load error", 0.0)
+    elif roll < 0.2:
+        chaos.load_fault = ("load stall", rng.uniform(0.01, longest))
+    for kind in HOOK_KINDS:
+        if rng.random() < 0.08:
+            chaos.hook_stalls[kind] = rng.uniform(0.01, longest)
+    if chaos.hook_fault is None and rng.random() < 0.1:
+        where = rng.choice(("before_model", "after_model", "after_model_error"))
+        chaos.hook_fault = (where, rng.choice(HOOK_FAULTS))
+    if rng.random() < 0.3:
+        more.max_retries = rng.randint(1, 2)
+        chaos.retry_after = rng.choice((0.01, 0.2, 5.0))
+        chaos.fired[f"max_retries {more.max_retries}"] += 1
+    if rng.random() < 0.08:
+        chaos.prepare_stall = rng.uniform(0.01, longest)
+    if "timeout" in stop and rng.random() < 0.3:
+        more.absolute = True
+        chaos.fired["deadline="] += 1
+    if stop["stream"] != "run" and rng.random() < 0.25:
+        stop["stream"] = "stream and aclose"
+    if rng.random() < 0.3:
+        more.owned = True
+        chaos.fired["model from a model string"] += 1
+        roll = rng.random()
+        if roll < 0.15:
+            chaos.close_fault = ("close error", 0.0)
+        elif roll < 0.3:
+            chaos.close_fault = ("close stall", rng.uniform(0.01, longest))
+    if rng.random() < (0.7 if more.owned else 0.2):  # closing a model made from a string
+        more.closing = rng.choice(("aclose beside", "async with"))
+        more.close_after = rng.uniform(0.0, 0.3)
+        chaos.fired[f"closing: {more.closing}"] += 1
+    if rng.random() < 0.15:
+        more.summary_stall = rng.uniform(0.01, longest)
+    return more
+
+
+_OWNED: dict[str, ChaosModel] = {}
+"""The models ``chaos:<session>`` model strings resolve to, made by ``one_run``."""
+
+
+def _owned(name: str | None) -> ChaosModel:
+    assert name is not None
+    return _OWNED.pop(name)
+
+
+register_provider("chaos", _owned)
+
+
 async def one_run(
     rng: random.Random,
     inner: SessionStore,
@@ -1216,8 +1416,10 @@ async def one_run(
     (``postgres``: the connection string of ``inner``, a PostgreSQL store)."""
     chaos = Chaos(rng, inner=inner, session_id=session_id, postgres=postgres)
     chaos.extra = random.Random(f"{rng.getstate()[1][:4]}-extras")
+    chaos.more = random.Random(f"{rng.getstate()[1][:4]}-more")
     turns, stop = _plan(rng, chaos)
     extras = _plan_extras(chaos, turns, stop)
+    more = _plan_more(chaos, turns, stop)
     store = ChaosStore(inner, chaos)
     kind = VARIANTS[chaos.variant]
     if extras.tools:
@@ -1233,7 +1435,12 @@ async def one_run(
     if extras.max_turns is not None:
         options["max_turns"] = extras.max_turns
     options.update(extras.limits)
-    agent = kind(model=ChaosModel(turns, chaos), session_store=store, **options)
+    if more.max_retries:
+        options["max_retries"] = more.max_retries
+    model: ChaosModel | str = ChaosModel(turns, chaos)
+    if more.owned:
+        _OWNED[session_id], model = model, f"chaos:{session_id}"
+    agent = kind(model=model, session_store=store, **options)
     violations: list[str] = []
     error: BaseException | None = None
     result: Any = None
@@ -1246,7 +1453,10 @@ async def one_run(
     mode = extras.consumer or stop["stream"]
     async with anyio.create_task_group() as group:
         if extras.beside is not None:
-            group.start_soon(_beside, extras, inner, session_id, kind, others, violations)
+            beside = partial(_beside, stall=more.summary_stall)
+            group.start_soon(beside, extras, inner, session_id, kind, others, violations)
+        if more.closing == "aclose beside":
+            group.start_soon(_close_beside, agent, more.close_after, chaos, violations)
         for _ in range(extras.racers):
             group.start_soon(partial(sub_run, chaos, racing=True))
         try:
@@ -1256,7 +1466,12 @@ async def one_run(
                     scope.deadline = anyio.current_time() + stop["cancel_after"]
                     chaos.cancelled_at = began + stop["cancel_after"]
                 try:
-                    result = await _drive(agent, session_id, timeout, mode, rng, chaos)
+                    drive = partial(_drive, absolute=more.absolute)
+                    if more.closing == "async with":
+                        async with agent:
+                            result = await drive(agent, session_id, timeout, mode, rng, chaos)
+                    else:
+                        result = await drive(agent, session_id, timeout, mode, rng, chaos)
                 except (Exception, SystemExit) as caught:
                     error = caught
         except anyio.get_cancelled_exc_class() as stray:  # not the scope's own: it would catch it
@@ -1305,6 +1520,8 @@ async def _beside(
     kind: type[ChaosAgent],
     others: set[str],
     problems: list[str],
+    *,
+    stall: float | None = None,
 ) -> None:
     """A fault-free run, or ``compact_session``, of the faulty run's session, started
     beside it: it waits for the session and never fails (but at its deadline, or with
@@ -1319,7 +1536,8 @@ async def _beside(
         if extras.beside == "racing run":
             await _race(kind, store, session_id, stop, problems)
             return
-        strategy: CompactionStrategy = Summarization(model=Checking(), minimum_preserved=2)
+        summarizer = Checking(stall=stall)
+        strategy: CompactionStrategy = Summarization(model=summarizer, minimum_preserved=2)
         with anyio.move_on_after(stop if stop is not None else math.inf):
             try:
                 await compact_session(store, session_id, strategy)
@@ -1367,15 +1585,21 @@ async def _drive(
     mode: str,
     rng: random.Random,
     chaos: Chaos,
+    *,
+    absolute: bool = False,
 ) -> Any:
     """Run ``agent`` through ``run()`` or ``stream()`` (a consumer that reads everything,
-    leaves with a ``break``, reads slowly, or raises in its loop: that exception, and no
-    other, leaves the block); its result, if it completed. What the events reported, and
-    ``events.messages`` after a consumer left, go to ``chaos``."""
+    leaves with a ``break``, reads slowly, raises in its loop, or calls ``events.aclose()``
+    in it: that exception, and no other, leaves the block); its result, if it completed.
+    What the events reported, and ``events.messages`` after a consumer left, go to
+    ``chaos``. ``absolute``: the timeout is given as ``deadline=``."""
+    timing: dict[str, float | None] = {"timeout": timeout}
+    if absolute and timeout is not None:
+        timing = {"deadline": anyio.current_time() + timeout}
     if mode == "run":
-        return await agent.run("Go.", session_id=session_id, timeout=timeout)
+        return await agent.run("Go.", session_id=session_id, **timing)
     leave_after = rng.randint(1, 6)
-    stream = agent.stream("Go.", session_id=session_id, timeout=timeout)
+    stream = agent.stream("Go.", session_id=session_id, **timing)
     try:
         async with stream as events:
             seen = 0
@@ -1389,12 +1613,44 @@ async def _drive(
                     raise Left
                 elif mode == "stream and leave" and seen >= leave_after:
                     break
+                elif mode == "stream and aclose" and seen == leave_after:
+                    await _aclose_stream(events, chaos)
     except Left:
         chaos.left = events.messages
         return None
-    if mode == "stream and leave" and seen >= leave_after:
+    if mode in ("stream and leave", "stream and aclose") and seen >= leave_after:
         chaos.left = events.messages
     return events.result if mode in ("stream", "stream slowly") else None
+
+
+async def _aclose_stream(events: Any, chaos: Chaos) -> None:
+    """``events.aclose()`` in the consumer's loop: it stops the run and returns once the
+    run has stopped, within the grace of the stop it makes (what it took past that is a
+    problem of the run's)."""
+    chaos.fired["consumer: events.aclose()"] += 1
+    began = time.monotonic()
+    await events.aclose()
+    took = time.monotonic() - began
+    if took > GRACE + TOLERANCE:
+        chaos.shown.append(f"events.aclose() took {took:.3f} s (grace {GRACE} s)")
+
+
+async def _close_beside(agent: Agent, delay: float, chaos: Chaos, problems: list[str]) -> None:
+    """``agent.aclose()`` from a task beside the run, ``delay`` seconds in: it returns (or
+    raises ``CleanupError``, when closing its model fails) within the grace, and never
+    disturbs the run going on."""
+    await anyio.sleep(delay)
+    began = time.monotonic()
+    try:
+        await agent.aclose()
+    except CleanupError:
+        if chaos.close_fault is None:
+            problems.append("aclose() beside the run raised CleanupError with no close fault")
+    except Exception as error:
+        problems.append(f"aclose() beside the run raised {error!r}")
+    took = time.monotonic() - began
+    if took > GRACE + TOLERANCE:
+        problems.append(f"aclose() beside the run took {took:.3f} s (grace {GRACE} s)")
 
 
 def _stream_problems(chaos: Chaos) -> list[str]:
@@ -1471,6 +1727,7 @@ def _check_outcome(
     problems = []
     documented = (*DOCUMENTED, *((PromptBudgetError,) if chaos.variant in BOUNDED else ()))
     documented += (OutputValidationError,) if chaos.output is not None else ()
+    documented += (CleanupError,) if chaos.close_fault is not None else ()
     allowed = (*documented, SystemExit)
     if error is not None and not isinstance(error, allowed) and error is not chaos.hook_raised:
         problems.append(f"undocumented {type(error).__name__}: {error!r}")
@@ -1667,14 +1924,18 @@ class Checking:
     name = "checking"
     context_window = None
 
-    def __init__(self, question: str = "And now?") -> None:
+    def __init__(self, question: str = "And now?", *, stall: float | None = None) -> None:
         self.problems: list[str] = []
         self.question = question
         self.context: RunContext | None = None
+        self.stall = stall
+        """Each summary call stalls this long."""
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         if request.purpose == SUMMARY_PURPOSE:
             self.problems.extend(summary_request_problems(request))
+            if self.stall is not None:
+                await anyio.sleep(self.stall)
             return text_response("- The user asked to go.")
         self.problems.extend(view_problems(request.messages, self.context, self.question))
         return text_response("repaired")
@@ -1783,6 +2044,70 @@ async def _runs(
         async with anyio.create_task_group() as group:
             for index in range(runs):
                 group.start_soon(one, index)
+
+
+async def one_threaded_run(rng: random.Random, session_id: str) -> tuple[Outcome, Chaos]:
+    """A faulty run through ``run_sync()`` in a worker thread (an event loop of its own),
+    on a store of plain dicts (``PlainStore``: no lock, nothing bound to an event loop),
+    stopped by its deadline alone (a caller's scope cannot reach into the thread), with
+    the further extras but for closing the agent beside it; checked as ``one_run``
+    checks a run, then repaired in this loop."""
+    chaos = Chaos(rng, session_id=session_id)
+    chaos.more = random.Random(f"{rng.getstate()[1][:4]}-more")
+    turns, stop = _plan(rng, chaos)
+    chaos.cancel_at_point = chaos.cancel_at_labelled = None
+    if "cancel_after" in stop:
+        stop["timeout"] = stop.pop("cancel_after")
+    more = _plan_more(chaos, turns, stop)
+    inner = PlainStore()
+    kind = VARIANTS[chaos.variant]
+    if chaos.variant != "plain":
+        await inner.append(session_id, history(rng))
+    options: dict[str, Any] = {"max_retries": more.max_retries} if more.max_retries else {}
+    model: ChaosModel | str = ChaosModel(turns, chaos)
+    if more.owned:  # run_sync() makes it, and closes it at its end
+        _OWNED[session_id], model = model, f"chaos:{session_id}"
+    agent = kind(model=model, session_store=LocklessChaosStore(inner, chaos), **options)
+    timeout = stop.get("timeout")
+    run = partial(agent.run_sync, "Go.", session_id=session_id, timeout=timeout)
+    error: BaseException | None = None
+    began = time.monotonic()
+    try:
+        await anyio.to_thread.run_sync(run)
+    except BaseException as caught:  # a hook's own cancellation (of the thread's loop) too
+        if not isinstance(caught, (Exception, SystemExit)) and caught is not chaos.hook_raised:
+            raise
+        error = caught
+    elapsed = time.monotonic() - began
+    violations = _check_outcome(error, False, chaos, None, timeout, began)
+    violations.extend(_overflow_problems(error, chaos))
+    if timeout is not None and elapsed > timeout + GRACE + TOLERANCE:
+        violations.append(f"ended {elapsed - timeout:.3f} s after its deadline (grace {GRACE} s)")
+    violations.extend(f"the faulty run: {problem}" for problem in chaos.shown)
+    stored = await inner.load(session_id)
+    violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
+    violations.extend(_store_first(chaos.context, stored, set()))
+    violations.extend(await _repair(inner, session_id, kind))
+    described = [f"{session_id} ({turns}, {stop}, {chaos.fired}): {v}" for v in violations]
+    return Outcome(elapsed, timeout, error, False, described), chaos
+
+
+async def threaded_campaign(seed: int, runs: int, *, concurrency: int = 8) -> Report:
+    """Run ``runs`` faulty runs through ``run_sync()`` in worker threads (``concurrency``
+    at a time) and report on them (``one_threaded_run``)."""
+    report = Report()
+    limiter = anyio.Semaphore(concurrency)
+
+    async def one(index: int) -> None:
+        async with limiter:
+            rng = random.Random(f"{seed}-thread-{index}")
+            outcome, chaos = await one_threaded_run(rng, f"thread-{index}")
+            report.add(outcome, chaos)
+
+    async with anyio.create_task_group() as group:
+        for index in range(runs):
+            group.start_soon(one, index)
+    return report
 
 
 def figures(report: Report, backend: str, seconds: float) -> str:

@@ -21,6 +21,7 @@ import pytest
 from littleghost.context.records import record_covers
 from littleghost.sessions import SQLiteSessionStore
 from tests.faults import (
+    HOOK_KINDS,
     STRATEGIES,
     TOOLS,
     VARIANTS,
@@ -31,6 +32,7 @@ from tests.faults import (
     figures,
     log_problems,
     one_run,
+    threaded_campaign,
     unanswered,
 )
 
@@ -113,6 +115,27 @@ EXTRA_FAULTS = {
     *(f"output {fit}, {how}" for fit in ("fits", "misfit once", "misfit") for how in STRATEGIES),
 }
 """What the extras of a campaign (``tests.faults._plan_extras``) draw."""
+MORE_FAULTS = {
+    "load error",
+    "load stall",
+    *(f"{kind} hook stall" for kind in HOOK_KINDS),
+    "before_model hook raises error",
+    "before_model hook raises cancellation",
+    "after_model hook raises cancellation",
+    "max_retries 1",
+    "max_retries 2",
+    "prepare stall",
+    "deadline=",
+    "consumer: events.aclose()",
+    "model from a model string",
+    "model closed",
+    "close error",
+    "close stall",
+    "closing: aclose beside",
+    "closing: async with",
+}
+"""What the further extras of a campaign (``tests.faults._plan_more``) draw (those that
+fire in it; an ``after_model_error`` hook fires only after a model error, rarely)."""
 
 
 async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Path) -> None:
@@ -121,11 +144,27 @@ async def test_faulty_runs_keep_their_promises(anyio_backend: str, tmp_path: Pat
     print("\n" + figures(report, anyio_backend, time.monotonic() - began))
     assert report.runs == RUNS
     assert report.violations == []
-    assert set(report.faults) >= EXPECTED_FAULTS | EXTRA_FAULTS, set(report.faults)
+    missing = (EXPECTED_FAULTS | EXTRA_FAULTS | MORE_FAULTS) - set(report.faults)
+    assert not missing, missing
     outcomes = set(report.by_outcome)
     assert {"completed", "cancelled by the caller", "DeadlineExceededError"} <= outcomes
     assert {"SessionStoreError", "SystemExit", "ContextWindowOverflowError"} <= outcomes
     assert {"OutputValidationError", "LimitExceededError", "HookFailure"} <= outcomes
+
+
+THREAD_RUNS = 300
+
+
+async def test_faulty_runs_through_run_sync_keep_their_promises(anyio_backend: str) -> None:
+    """The campaign through ``run_sync()`` in worker threads (each run an event loop of its
+    own, its model made from a model string closed at its end), stopped by deadlines."""
+    began = time.monotonic()
+    report = await threaded_campaign(SEED + 3, THREAD_RUNS)
+    print("\n" + figures(report, f"{anyio_backend}, run_sync()", time.monotonic() - began))
+    assert report.runs == THREAD_RUNS
+    assert report.violations == []
+    assert {"deadline", "model closed", "close stall", "load stall"} <= set(report.faults)
+    assert {"completed", "DeadlineExceededError", "SessionStoreError"} <= set(report.by_outcome)
 
 
 POSTGRES_RUNS = 200
