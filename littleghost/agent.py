@@ -845,9 +845,10 @@ class Agent:
         one.
 
         Raises:
-            CleanupError: A model failed to close, or closing took longer.
+            CleanupError: A model failed to close, or closing took longer (unless the
+                caller's cancellation came meanwhile: that goes on, the failure logged).
         """
-        await self._close()
+        await close_leaving(self._close, "closing the agent's models", None)
 
     async def _close(self, by: float = math.inf) -> None:
         """``aclose()``, ending by ``by`` at the latest."""

@@ -410,13 +410,22 @@ async def close_leaving(
 ) -> Exception | None:
     """Await ``close()`` at the end of an ``async with`` block; when the block is leaving
     by ``leaving`` (an exception, a cancellation included), a failure to close is logged
-    (``log_unraised``) and returned, and ``leaving`` goes on."""
-    if leaving is None:
-        await close()
-        return None
+    (``log_unraised``) and returned, and ``leaving`` goes on. Leaving normally, the
+    failure is raised, unless the caller's cancellation came while ``close()`` ran
+    (shielded): that cancellation goes on instead, the failure logged."""
     try:
         await close()
     except Exception as failure:
-        log_unraised(what, failure, leaving)
-        return failure
-    return None
+        if leaving is not None:
+            log_unraised(what, failure, leaving)
+            return failure
+        raised = failure
+    else:
+        return None
+    if cancelled_here():
+        try:
+            await anyio.lowlevel.checkpoint()  # the caller's cancellation
+        except anyio.get_cancelled_exc_class() as cancellation:
+            log_unraised(what, raised, cancellation)
+            raise
+    raise raised

@@ -61,8 +61,9 @@ class OwnedModels:
     ) -> AsyncIterator[None]:
         """Use ``model`` for the block; when it is the last use of a model given up
         meanwhile, the model is closed as the block ends (``close_models`` with ``grace``,
-        not past the time ``by()``), failing with ``CleanupError``; leaving by an
-        exception, that exception goes on (a deadline's with the failure as its cause)."""
+        not past the time ``by()``), failing with ``CleanupError`` (unless the caller's
+        cancellation came meanwhile: that goes on); leaving by an exception, that
+        exception goes on (a deadline's with the failure as its cause)."""
         with _LOCK:
             self._uses[id(model)] = self._uses.get(id(model), 0) + 1
         try:
@@ -74,8 +75,9 @@ class OwnedModels:
                 if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
                     error.__cause__ = failure  # what its cleanup could not do
             raise
-        if self._last_use(model):
-            await close_models([model], grace, by=by())
+        if self._last_use(model):  # the caller's cancellation meanwhile goes on first
+            close = functools.partial(close_models, [model], grace, by=by())
+            await close_leaving(close, "closing the run's model", None)
 
     def _last_use(self, model: Model) -> bool:
         """End one use of ``model``: true when it was the last of a model to close."""

@@ -723,6 +723,56 @@ class BadCloseAsking(AsksToWait, BadClose):
 register_provider("badcloseasking", BadCloseAsking)
 
 
+class CancelsWhileClosing(AsksToWait):
+    """Has the run call its ``wait`` tool; closing it cancels the caller's scope (the
+    first of ``scopes``: a deadline passing meanwhile) and never finishes."""
+
+    provider = "cancelswhileclosing"
+    scopes: list[anyio.CancelScope] = []
+
+    async def aclose(self) -> None:
+        self.scopes[0].cancel()
+        await anyio.sleep(30)
+
+
+register_provider("cancelswhileclosing", CancelsWhileClosing)
+
+
+class GatedCancelling(Gated):
+    model = "cancelswhileclosing:m"
+    cleanup_grace = 0.2
+
+
+@pytest.mark.parametrize("how", ["async with", "aclose", "the run's last use"])
+async def test_a_cancellation_that_comes_while_closing_goes_on(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller's deadline passes while a model is closed (shielded, up to the grace)
+    and the close fails: the cancellation goes on (``move_on_after`` moves on), the
+    failure is logged. ``CleanupError`` replaced it: leaving ``async with agent:``, in
+    ``aclose()``, and as a run closed a model given up during it, after it answered."""
+    agent = GatedCancelling()
+    agent.gate.set()
+    with anyio.CancelScope() as scope:
+        CancelsWhileClosing.scopes[:] = [scope]
+        if how == "async with":
+            async with agent:
+                await agent.run("Wait.")
+        elif how == "aclose":
+            await agent.run("Wait.")
+            await agent.aclose()
+        else:
+            agent.gate = anyio.Event()
+            async with anyio.create_task_group() as group:
+                group.start_soon(agent.run, "Wait.")
+                with anyio.fail_after(5):
+                    await agent.all_waiting.wait()
+                await agent.aclose()  # the run still uses it: closed as the run ends
+                agent.gate.set()
+    assert scope.cancelled_caught
+    assert "failed too (CleanupError from TimeoutError) while" in caplog.text
+
+
 class SlowSummary(LoopBound):
     """Answers once its gate opens; fails once closed."""
 
