@@ -1480,6 +1480,8 @@ async def one_run(
                 violations.append("a cancellation escaped that nobody asked for")
         elapsed = time.monotonic() - began
     cancelled = scope.cancelled_caught
+    if isinstance(error, CleanupError) and scope.cancel_called:  # a close failing after it
+        violations.append("a CleanupError replaced the caller's cancellation")
     cancel_at = None if chaos.cancelled_at is None else chaos.cancelled_at - began
     if cancel_at is not None and cancel_at < elapsed:
         stop_at = cancel_at if stop_at is None else min(stop_at, cancel_at)
