@@ -20,7 +20,7 @@ from littleghost import runner
 from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving, shared_stop, stop_left_by
+from littleghost.cleanup import close_leaving, enter_block, leave_block, shared_stop
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -819,6 +819,7 @@ class Agent:
         return self._models.get(declared)
 
     async def __aenter__(self: _A) -> _A:
+        enter_block()
         return self
 
     async def __aexit__(
@@ -828,10 +829,11 @@ class Agent:
         traceback: TracebackType | None,
     ) -> None:
         """``aclose()``; when the block is leaving by an exception (a cancellation
-        included), a close failure is logged and that exception goes on, and when that
-        exception is a stopped run's (its deadline, the caller's cancellation), closing
-        ends by that run's stop time, so graces never add up."""
-        close = functools.partial(self._close, stop_left_by(error))
+        included), a close failure is logged and that exception goes on, and when runs in
+        the block (in its task or tasks started in it) just stopped (its cancellation
+        stopped them, or a deadline), closing ends by their stop time, so graces never
+        add up."""
+        close = functools.partial(self._close, leave_block(error, self.cleanup_grace))
         await close_leaving(close, "closing the agent's models", error)
 
     async def aclose(self) -> None:

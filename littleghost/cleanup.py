@@ -40,11 +40,12 @@ __all__ = [
     "cancelled_here",
     "close_leaving",
     "enclosing_graces",
+    "enter_block",
     "fatal",
+    "leave_block",
     "log_unraised",
     "note_stop",
     "shared_stop",
-    "stop_left_by",
 ]
 
 logger = logs.logger("littleghost.cleanup")
@@ -55,9 +56,9 @@ _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops",
 ``cancel()`` stopped."""
 _HOST: ContextVar[Grace | None] = ContextVar("littleghost_host", default=None)
 """While a tool (hook, ...) runs: the grace of the run hosting it."""
-_LEFT: ContextVar[tuple[int, float] | None] = ContextVar("littleghost_left_stop", default=None)
-"""In the caller's task: the ``id`` of the exception the last run that stopped raised to
-it, and that run's stop time (``note_stop``)."""
+_BLOCK: ContextVar[_Block | None] = ContextVar("littleghost_agent_block", default=None)
+"""The innermost ``async with agent:`` block the caller is in (in its task, or a task
+started in it)."""
 
 
 @define(eq=False)
@@ -312,23 +313,42 @@ def shared_stop() -> float:
     return grace._left_for_host()
 
 
-def note_stop(error: BaseException, grace: Grace) -> None:
-    """Note, in the caller's task, that ``error`` leaves a run that stopped (its cleanup
-    ending by ``grace``'s stop time): cleanup of the caller's own as ``error`` goes on
-    (closing the agent's models as ``async with agent:`` ends) ends by that time too
-    (``stop_left_by``), so graces never add up."""
-    if grace.stopping:
-        _LEFT.set((id(error), grace.stop()))
+@define(eq=False)
+class _Block:
+    """An ``async with agent:`` block: the latest stop time of the runs that ended
+    stopping in it (in its task, or tasks started in it, a stream's run too)."""
+
+    parent: _Block | None
+    stop: float = -math.inf
 
 
-def stop_left_by(error: BaseException | None) -> float:
-    """The stop time of the run ``error`` left (``note_stop``); ``math.inf`` for any other
-    exception, or none. Only an ``id`` is kept (never the exception and its frames): the
-    caller asks while ``error`` is still alive, so that ``id`` is still its own."""
-    left = _LEFT.get()
-    if error is None or left is None or left[0] != id(error):
+def enter_block() -> None:
+    """Enter an ``async with agent:`` block (in the caller's task)."""
+    _BLOCK.set(_Block(_BLOCK.get()))
+
+
+def leave_block(leaving: BaseException | None, grace: float) -> float:
+    """Leave the innermost block; the time its cleanup (closing the agent's models) must
+    end by as ``leaving`` goes on: the stop time of the runs that ended stopping in it,
+    if the last did so within ``grace`` seconds (stopped by what the block is leaving
+    by: its cancellation, a run's deadline), so graces never add up; else ``math.inf``."""
+    block = _BLOCK.get()
+    if block is None:
         return math.inf
-    return left[1]
+    _BLOCK.set(block.parent)
+    if block.parent is not None:
+        block.parent.stop = max(block.parent.stop, block.stop)
+    if leaving is None or block.stop < anyio.current_time() - grace:
+        return math.inf
+    return block.stop
+
+
+def note_stop(grace: Grace) -> None:
+    """Note the stop time of a run that ends stopping in the ``async with agent:`` block
+    it is in (``leave_block``)."""
+    block = _BLOCK.get()
+    if block is not None and grace.stopping:
+        block.stop = max(block.stop, grace.stop())
 
 
 def enclosing_graces() -> list[Grace]:

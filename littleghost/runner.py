@@ -254,7 +254,7 @@ async def run(
                     except BaseException as error:
                         if not runs:
                             raise
-                        note_stop(error, runs[0].grace)  # the caller's cleanup ends by it too
+                        note_stop(runs[0].grace)  # an `async with agent:` block's cleanup too
                         if isinstance(error, LittleGhostError):
                             # a nested run's error ends this run too: this run's usage
                             error.run_usage = runs[0].usage

@@ -26,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from littleghost.cleanup import cancelled_here, log_unraised, note_stop
+from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import StreamStateError
 from littleghost.events import Event, RunFinished
 from littleghost.messages import Message
@@ -193,17 +193,11 @@ class RunStream(Generic[OutputT]):
         self._receive.close()
         # The consumer's own exception is not handed to the task group, so it propagates
         # as it is, never wrapped in an exception group.
-        leaving = error
         try:
             await self._group.__aexit__(None, None, None)
-        except BaseException as raised:  # a cancellation of the block's own, say
-            leaving = raised
-            raise
         finally:
             assert self._waiter is not None
             self._waiter.end()
-            if leaving is not None and self._context is not None:
-                note_stop(leaving, self._context.grace)  # the caller's cleanup ends by it too
         self._pass_on_unraised(error)
         return None
 

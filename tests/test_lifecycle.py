@@ -418,12 +418,13 @@ def test_run_sync_closes_its_model_within_the_runs_grace(
     assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + 0.5
 
 
-@pytest.mark.parametrize("how", ["timeout", "fail_after", "stream"])
+@pytest.mark.parametrize("how", ["timeout", "fail_after", "stream", "task group"])
 async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(how: str) -> None:
     """The run's cleanup (a store write at the stop) takes the whole grace: closing the
     agent's model as ``async with agent:`` ends, its stop going on (the run's deadline,
-    an enclosing ``fail_after``, a stream's block left by it), gets no more. It took a
-    second grace: a deadline of 0.2 s, with a grace of 1 s, ended at 2.2 s."""
+    an enclosing ``fail_after``, a stream's block left by it, runs in a task group of the
+    block), gets no more. It took a second grace: a deadline of 0.2 s, with a grace of
+    1 s, ended at 2.2 s."""
     began = anyio.current_time()
     stop = anyio.fail_after(0.2) if how != "timeout" else contextlib.nullcontext()
     with pytest.raises(TimeoutError), stop:  # DeadlineExceededError is a TimeoutError too
@@ -432,6 +433,11 @@ async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(how: str)
                 async with agent.stream("Wait.", session_id="s") as events:
                     async for _ in events:
                         pass
+            elif how == "task group":
+                async with anyio.create_task_group() as group:
+                    for session_id in ("s", "t"):
+                        run = functools.partial(agent.run, "Wait.", session_id=session_id)
+                        group.start_soon(run)
             else:
                 timeout = 0.2 if how == "timeout" else None
                 await agent.run("Wait.", session_id="s", timeout=timeout)
