@@ -2094,7 +2094,7 @@ async def one_threaded_run(rng: random.Random, session_id: str) -> tuple[Outcome
     return Outcome(elapsed, timeout, error, False, described), chaos
 
 
-async def threaded_campaign(seed: int, runs: int, *, concurrency: int = 8) -> Report:
+async def threaded_campaign(seed: int, runs: int, *, concurrency: int = 4) -> Report:
     """Run ``runs`` faulty runs through ``run_sync()`` in worker threads (``concurrency``
     at a time) and report on them (``one_threaded_run``)."""
     report = Report()
