@@ -1,5 +1,6 @@
 """The fault-injection harness (``tests/faults.py``), run with a fixed seed under asyncio and
-trio, and SQLite appends cut short by killing the process.
+trio (and through ``run_sync()`` in worker threads), and SQLite appends cut short by
+killing the process.
 
 ``python benchmarks/faults.py`` runs a longer campaign and prints its figures.
 """
