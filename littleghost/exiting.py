@@ -31,8 +31,8 @@ _MARGIN = 0.5
 
 
 class _Run:
-    """A run in a daemon thread: the scope it runs in, and how to stop it from the thread
-    the interpreter exits in."""
+    """A run in a daemon thread: the scope it runs in, and a thread of its own that stops
+    it as the interpreter exits."""
 
     def __init__(self, grace: float) -> None:
         self.grace = grace
@@ -40,6 +40,11 @@ class _Run:
         self.scope = anyio.CancelScope()
         self.exiting = False
         self.ended = threading.Event()
+        self.exit_began = False
+        self.told = threading.Event()
+        """Set as the exit begins or the run ends, whichever comes first."""
+        # Its stopper is started now: Python 3.12.0 and 3.12.1 start no thread at exit.
+        threading.Thread(target=self.stop_when_told, daemon=True).start()
 
     def __enter__(self) -> None:
         self.scope.__enter__()
@@ -61,9 +66,13 @@ class _Run:
         self.exiting = True
         self.scope.cancel()
 
-    def stop_from_elsewhere(self) -> None:
-        """``stop()`` from another thread, which this one waits on (its loop may be busy;
-        one already ended has nothing to stop)."""
+    def stop_when_told(self) -> None:
+        """In a thread of its own: ``stop()`` the run once the exit begins (its loop may
+        be busy, so the exit does not wait on this call; a run ended has nothing to
+        stop)."""
+        self.told.wait()
+        if not self.exit_began:
+            return
         try:
             anyio.from_thread.run_sync(self.stop, token=self.token)
         except Exception:  # the loop ended meanwhile, as its backend tells it
@@ -82,7 +91,8 @@ def _stop_runs() -> None:
         return
     until = time.monotonic() + max(run.grace for run in runs) + _MARGIN
     for run in runs:
-        threading.Thread(target=run.stop_from_elsewhere, daemon=True).start()
+        run.exit_began = True
+        run.told.set()
     for run in runs:
         run.ended.wait(max(until - time.monotonic(), 0.0))
 
@@ -116,3 +126,4 @@ def stopped_at_exit(grace: float) -> Iterator[AbstractContextManager[None]]:
         with _GUARD:
             _RUNS.discard(run)
         run.ended.set()
+        run.told.set()
