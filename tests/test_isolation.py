@@ -8,6 +8,7 @@ import gc
 import math
 import sys
 import threading
+import types
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -449,11 +450,18 @@ def erasable_conversation(secret: str) -> list[Message]:
 
 def holders_of(secret: str) -> list[object]:
     """Every object the garbage collector tracks that holds a text with ``secret`` in it
-    (``secret`` alone aside: the test holds it)."""
+    (``secret`` alone aside: the test holds it).
+
+    Modules aside: what a module holds is in its ``__dict__``, tracked and searched on its
+    own, and traversing a module visits its C state, where ``_asyncio``'s hands back freed
+    ``FutureIter`` memory as objects (CPython gh-122695, in 3.12.1 say): releasing them
+    again corrupts that free list, and a later collection crashes or loops forever.
+    """
     return [
         holder
         for holder in gc.get_objects()
-        if any(
+        if not isinstance(holder, types.ModuleType)
+        and any(
             type(held) is str and secret in held and held != secret
             for held in gc.get_referents(holder)
         )
