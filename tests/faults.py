@@ -2071,16 +2071,24 @@ async def one_threaded_run(rng: random.Random, session_id: str) -> tuple[Outcome
         _OWNED[session_id], model = model, f"chaos:{session_id}"
     agent = kind(model=model, session_store=LocklessChaosStore(inner, chaos), **options)
     timeout = stop.get("timeout")
-    run = partial(agent.run_sync, "Go.", session_id=session_id, timeout=timeout)
+    times: list[float] = []  # when run_sync() began and ended, in its own thread
+
+    def run() -> None:
+        times.append(time.monotonic())
+        try:
+            agent.run_sync("Go.", session_id=session_id, timeout=timeout)
+        finally:
+            times.append(time.monotonic())
+
     error: BaseException | None = None
-    began = time.monotonic()
     try:
         await anyio.to_thread.run_sync(run)
     except BaseException as caught:  # a hook's own cancellation (of the thread's loop) too
         if not isinstance(caught, (Exception, SystemExit)) and caught is not chaos.hook_raised:
             raise
         error = caught
-    elapsed = time.monotonic() - began
+    began, ended = times
+    elapsed = ended - began
     violations = _check_outcome(error, False, chaos, None, timeout, began)
     violations.extend(_overflow_problems(error, chaos))
     if timeout is not None and elapsed > timeout + GRACE + TOLERANCE:
