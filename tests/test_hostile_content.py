@@ -460,9 +460,9 @@ class TestLoneSurrogatesOutsideMessages:
     async def test_a_tool_description_with_a_lone_surrogate_is_counted_and_sent(self) -> None:
         @manage_context(context_window_tokens=1_000, tokenizer=ByteEstimator())
         class Looking(Agent):
-            @tool
+            # given, not a docstring: Python 3.13 compiles no docstring with a lone surrogate
+            @tool(description="Look up what the user \ud83d asks.")
             def look(self, query: Annotated[str, HALF_EMOJI]) -> str:
-                """Look up what the user \ud83d asks."""
                 return query
 
         model = ScriptedModel([_strict])
