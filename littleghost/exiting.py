@@ -40,7 +40,6 @@ class _Run:
         self.scope = anyio.CancelScope()
         self.exiting = False
         self.ended = threading.Event()
-        self.exit_began = False
         self.told = threading.Event()
         """Set as the exit begins or the run ends, whichever comes first."""
         # Its stopper is started now: Python 3.12.0 and 3.12.1 start no thread at exit.
@@ -71,7 +70,7 @@ class _Run:
         be busy, so the exit does not wait on this call; a run ended has nothing to
         stop)."""
         self.told.wait()
-        if not self.exit_began:
+        if self.ended.is_set():
             return
         try:
             anyio.from_thread.run_sync(self.stop, token=self.token)
@@ -91,7 +90,6 @@ def _stop_runs() -> None:
         return
     until = time.monotonic() + max(run.grace for run in runs) + _MARGIN
     for run in runs:
-        run.exit_began = True
         run.told.set()
     for run in runs:
         run.ended.wait(max(until - time.monotonic(), 0.0))
