@@ -1,21 +1,43 @@
-"""Every Python block of the README runs as pasted, and type-checks.
+"""Every Python block of the README runs as pasted, prints what it says, and type-checks;
+the README's tables of defaults and events say what the code does.
 
 A block is a complete program unless its first line is a comment starting with
 ``# fragment``. Each complete block runs in a fresh interpreter, in an empty directory,
 with the providers ``openai``, ``anthropic`` and ``local`` registered to a
 ``ScriptedModel`` that calls the request's first tool once when it can, then answers.
+The comment of a ``print(...)`` line says what it prints: its text up to `` — `` (an
+explanation may follow) is a whole line of the block's output, unless it starts with
+``e.g.`` (what a real model might answer, which the scripted one does not).
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
+
+from littleghost import Agent, ReasoningPart, events
+from littleghost.agent import AgentOptions
+from littleghost.context import (
+    CharacterEstimator,
+    SelectiveToolCallCompaction,
+    Summarization,
+    ToolResultCompaction,
+    Truncation,
+    TurnExcerpts,
+)
+from littleghost.context.config import ContextManagement, ContextOptions
+from littleghost.models.local import LocalModel
+from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 FRAGMENT = "# fragment"
@@ -56,6 +78,21 @@ def python_blocks() -> list[tuple[int, str]]:
 
 
 COMPLETE = [(line, code) for line, code in python_blocks() if not code.startswith(FRAGMENT)]
+PRINTED = re.compile(r"^\s*print\(.*\)  # (?P<said>.+)$", re.MULTILINE)
+EXAMPLE = "e.g."
+
+
+def said_printed(code: str) -> list[str]:
+    """The lines a block's ``print`` comments say it prints (examples of a model's aside)."""
+    said = (found.group("said").split(" — ")[0] for found in PRINTED.finditer(code))
+    return [line for line in said if not line.startswith(EXAMPLE)]
+
+
+def test_print_comments_are_found() -> None:
+    """The comments this file checks are there (a changed convention fails here)."""
+    said = [line for _, code in COMPLETE for line in said_printed(code)]
+    assert "Ticket(order_id='42', urgent=True)" in said
+    assert len(said) >= 7, said
 
 
 def test_the_readme_has_complete_programs_and_marks_its_fragments() -> None:
@@ -83,6 +120,9 @@ def test_a_complete_block_runs_as_pasted(line: int, code: str, tmp_path: Path) -
         timeout=120,
     )
     assert done.returncode == 0, textwrap.indent(done.stderr[-3000:], "    ")
+    printed = done.stdout.splitlines()
+    for said in said_printed(code):
+        assert said in printed, f"README.md:{line} says it prints {said!r}; it printed {printed}"
 
 
 def test_the_complete_blocks_type_check(tmp_path: Path) -> None:
@@ -98,3 +138,135 @@ def test_the_complete_blocks_type_check(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout
+
+
+def table(header: str) -> dict[str, list[str]]:
+    """The README table whose header row starts with ``header``: its rows by first cell
+    (backticks off), each the list of its other cells."""
+    lines = README.read_text().splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith(header))
+    rows: dict[str, list[str]] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        first, *rest = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[first.strip("`")] = rest
+    return rows
+
+
+def stated(cell: str) -> object:
+    """The value a table's default cell states: a Python literal in backticks, or a figure
+    (``10 000``), before any note in parentheses; ``None`` for a dash."""
+    text = cell.split(" (")[0].strip()
+    if text == "—":
+        return None
+    if re.fullmatch(r"\d{1,3}( \d{3})*(\.\d+)?", text):
+        text = text.replace(" ", "")
+    return ast.literal_eval(text.strip("`"))
+
+
+DESCRIBED = {
+    "session_store": "an `InMemorySessionStore` of the class's own",
+    "tokenizer": "characters ÷ 4, beyond ASCII weighed (below)",
+    "summary_instructions": "built in",
+    "summary_max_tokens": "¼ of the window, at most 4 096",
+}
+"""Defaults the tables describe in words, checked by the tests below one by one."""
+
+
+def test_the_agent_table_lists_every_knob_with_its_default() -> None:
+    rows = table("| attribute | default |")
+    assert list(rows) == list(AgentOptions.__annotations__)
+    for name, (default, _) in rows.items():
+        if name in DESCRIBED:
+            assert default == DESCRIBED[name], name
+        else:
+            value = getattr(Agent, name)
+            assert stated(default) == (dict(value) if name == "settings" else value), name
+
+    class One(Agent):
+        pass
+
+    class Two(Agent):
+        pass
+
+    assert isinstance(One.session_store, InMemorySessionStore)
+    assert One.session_store is not Two.session_store
+
+
+def test_the_context_table_lists_every_keyword_with_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = table("| keyword | default |")
+    assert list(rows) == list(ContextOptions.__annotations__)
+    defaults = ContextManagement()
+    for name, (default, _) in rows.items():
+        if name in DESCRIBED:
+            assert default == DESCRIBED[name], name
+        else:
+            assert stated(default) == getattr(defaults, name), name
+    assert defaults.tokenizer == CharacterEstimator()
+    assert defaults.summary_instructions is None
+    assert [defaults.summary_cap(window) for window in (8_000, 16_384, 1_000_000)] == [
+        2_000,
+        4_096,
+        4_096,
+    ]
+    assert "`LITTLEGHOST_CONTEXT_WINDOW_TOKENS`" in rows["context_window_tokens"][0]
+    monkeypatch.setenv("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", "32000")
+    assert ContextManagement().context_window_tokens == 32_000
+
+
+def test_the_event_table_lists_every_event_with_its_fields() -> None:
+    rows = table("| event | when |")
+    listed = {}
+    for cell in rows:
+        name, _, fields = cell.rstrip(")").partition("(")
+        listed[name] = [field.strip() for field in fields.split(",") if field.strip()]
+    kinds = [name for name in events.__all__ if name != "Event"]
+    assert sorted(listed) == sorted(kinds)
+    for name, fields in listed.items():
+        assert fields == [field.name for field in attrs.fields(getattr(events, name))], name
+
+
+SIGNATURES = [
+    (LocalModel, "LocalModel(path=None, *, n_ctx=4096, threads=None)"),
+    (PostgresSessionStore, "PostgresSessionStore(conninfo, max_connections=10, max_sessions=None)"),
+    (
+        PostgresSessionStore,
+        "PostgresSessionStore(conninfo, connect_timeout=10.0, statement_timeout=30.0)",
+    ),
+    (ReasoningPart, "ReasoningPart(text, signature=None, provider=None, redacted=False)"),
+    (CharacterEstimator, "CharacterEstimator(chars_per_token=4.0, image_tokens=85)"),
+    (
+        ToolResultCompaction,
+        "ToolResultCompaction(keep_last_tool_call_groups=2, max_result_chars=400)",
+    ),
+    (SelectiveToolCallCompaction, "SelectiveToolCallCompaction(keep_last_tool_call_groups=2)"),
+    (
+        Summarization,
+        "Summarization(minimum_preserved=4, prompt=None, model=None, max_tokens=1024, "
+        "max_item_chars=4000, mask_tool_results=None, quote_specifics=True)",
+    ),
+    (TurnExcerpts, "TurnExcerpts(excerpt_chars=160"),  # written as `excerpt_chars=160`
+    (SQLiteSessionStore, "SQLiteSessionStore(timeout=30"),  # "its `timeout` (30 s)"
+    (Truncation, "Truncation(minimum_preserved=32"),  # "(keeps 32)"
+]
+
+
+@pytest.mark.parametrize(
+    ("subject", "signature"),
+    SIGNATURES,
+    ids=[f"{signature.partition('(')[0]}-{n}" for n, (_, signature) in enumerate(SIGNATURES)],
+)
+def test_a_stated_signature_gives_the_defaults(subject: Any, signature: str) -> None:
+    readme = " ".join(README.read_text().split())
+    if signature.endswith(")"):
+        assert f"`{signature}`" in readme
+    parameters = inspect.signature(subject).parameters
+    for argument in signature.partition("(")[2].rstrip(")").split(","):
+        name, equals, value = (part.strip() for part in argument.partition("="))
+        if equals:
+            assert parameters[name].default == ast.literal_eval(value), name
+        else:
+            assert name in {"*", *parameters}, name
