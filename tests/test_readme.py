@@ -115,6 +115,7 @@ def test_a_complete_block_runs_as_pasted(line: int, code: str, tmp_path: Path) -
     done = subprocess.run(
         [sys.executable, str(program)],
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(README.parent)},  # this checkout's littleghost
         capture_output=True,
         text=True,
         timeout=120,
