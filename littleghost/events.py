@@ -60,7 +60,8 @@ class ToolCallFinished:
 
 @frozen
 class CompactionStarted:
-    """Context management began compacting (``reason``: ``threshold`` or ``overflow``)."""
+    """Context management began compacting (``reason``: ``threshold`` or ``overflow``),
+    the request estimated at ``estimated_tokens`` in a window of ``context_window_tokens``."""
 
     reason: str
     estimated_tokens: int
@@ -69,10 +70,14 @@ class CompactionStarted:
 
 @frozen
 class CompactionFinished:
-    """A compaction attempt ended (``outcome``: ``completed`` or ``error``).
+    """A compaction attempt ended (``outcome``: ``completed`` or ``error``), started for
+    ``reason`` (as ``CompactionStarted``'s).
 
     ``removed_messages`` counts the messages of the request it left out (summarized,
-    collapsed or dropped), not how much shorter the request got.
+    collapsed or dropped), not how much shorter the request got;
+    ``estimated_tokens_after`` is the request's estimate after it (``None`` when not
+    known), ``error_type`` what failed (``None`` when it completed) and ``usage`` what its
+    own model calls used (a summary's).
 
     ``summary_outcome`` says how a summary it made came back: ``complete``,
     ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or
@@ -96,7 +101,8 @@ class CompactionFinished:
 class ModelCallRetried:
     """A transient error, or one an ``after_model_error`` hook recovered from (an overflow
     ``@manage_context`` compacted for), interrupted the turn's model call; drop the text
-    it streamed, it is retried. ``attempt`` numbers the turn's retries, both kinds
+    it streamed, it is retried. ``error_type`` names the error (``RateLimitError``,
+    ``context_length_exceeded``, ...); ``attempt`` numbers the turn's retries, both kinds
     together, from 1; ``usage`` is what the interrupted call was billed, as its error said
     (an answer stopped at the context window), else zero."""
 
@@ -107,7 +113,8 @@ class ModelCallRetried:
 
 @frozen
 class ModelCallFinished:
-    """The turn's model call completed (a side call ends with ``SideCallFinished``)."""
+    """The turn's model call completed, with its ``usage`` and ``stop_reason`` (a side
+    call ends with ``SideCallFinished``)."""
 
     usage: Usage
     stop_reason: StopReason
@@ -118,7 +125,7 @@ class SideCallFinished:
     """A side call (``RunContext.complete``: a guardrail's check, a tool's digest)
     completed, or failed with ``error_type`` but was billed (an answer stopped at the
     context window); it is never streamed, and ``usage`` is its own part of the run's
-    usage."""
+    usage. ``purpose`` is its request's (``ModelRequest.purpose``)."""
 
     usage: Usage
     purpose: str
@@ -127,7 +134,7 @@ class SideCallFinished:
 
 @frozen
 class RunFinished:
-    """The run completed."""
+    """The run completed; ``result`` is its ``RunResult`` (as ``events.result``)."""
 
     result: RunResult[Any]
 

@@ -10,6 +10,7 @@ to an agent.
 from __future__ import annotations
 
 import inspect
+import textwrap
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,6 +44,35 @@ _ARGUMENTS = {
     "after_tool": "result",
 }
 """What each kind of hook is called with, positionally (``context=`` comes as a keyword)."""
+_CALLED = {
+    "before_model": (
+        "with the ``ModelRequest`` of each turn's model call before it is sent",
+        "return a ``ModelRequest`` to send in its place",
+        "go on",
+    ),
+    "after_model": (
+        "with the ``ModelResponse`` of each turn's model call",
+        "return a ``ModelResponse`` to use in its place",
+        "go on",
+    ),
+    "after_model_error": (
+        "with the ``ModelRequest`` and the error when a turn's model call failed (after "
+        "littleghost's own retries)",
+        "return a ``ModelRequest`` to retry the call with (at most three times a call)",
+        "let the error go on",
+    ),
+    "before_tool": (
+        "with each ``ToolCall`` before it runs",
+        "return a ``ToolCall`` to run in its place",
+        "go on",
+    ),
+    "after_tool": (
+        "with each ``ToolResult`` before the log keeps it",
+        "return a ``ToolResult`` to keep in its place",
+        "go on",
+    ),
+}
+"""When each kind of hook is called, what it may return, and what ``None`` does."""
 _MARK = "__littleghost_hook__"
 
 
@@ -75,7 +105,14 @@ def _decorator(kind: str) -> Callable[[F], F]:
         return function
 
     mark.__name__ = mark.__qualname__ = kind
-    mark.__doc__ = f"Mark a method as a ``{kind}`` hook."
+    called, replaced, otherwise = _CALLED[kind]
+    mark.__doc__ = textwrap.fill(
+        f"Mark a method as {'an' if kind[0] == 'a' else 'a'} ``{kind}`` hook, called "
+        f"{called}: {replaced}, or ``None`` to {otherwise}. Raising ends the run. The hook may be "
+        "sync or async, and gets the ``RunContext`` as ``context=`` when it declares a "
+        "``context`` parameter.",
+        width=88,
+    )
     return mark
 
 

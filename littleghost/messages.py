@@ -76,7 +76,15 @@ class TextPart:
 
 @frozen
 class ImagePart:
-    """An image, as bytes or as a URL."""
+    """An image, as bytes or as a URL (exactly one of the two, else ``TypeError``).
+
+    Args:
+        data: The image's bytes.
+        url: Where the image is (an ``https:`` URL the provider fetches, or a ``data:``
+            URL).
+        media_type: ``"image/png"``, ``"image/jpeg"``, ...; ``None``: read from the
+            bytes' signature (PNG when it tells nothing).
+    """
 
     data: bytes | None = field(
         default=None, validator=instance_of("ImagePart.data", (bytes, type(None)), "bytes or None")
@@ -156,7 +164,14 @@ class ToolCall:
 @frozen
 class ToolResult:
     """What a tool returned, as text (well formed, as ``TextPart``'s, its ``call_id``
-    too), for the call with ``call_id``."""
+    too), for the call with ``call_id``.
+
+    Args:
+        call_id: The id of the ``ToolCall`` it answers.
+        content: The result's text, as the model sees it.
+        is_error: True for an error result (the tool raised, timed out, was unknown,
+            got arguments that did not fit, or was not run).
+    """
 
     call_id: str = field(
         converter=_well_formed, validator=instance_of("ToolResult.call_id", str, "a str")

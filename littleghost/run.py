@@ -97,13 +97,30 @@ class RunResult(Generic[OutputT]):
 
 @define(eq=False)
 class RunContext:
-    """What hooks, tools and callable instructions may read during a run.
+    """What hooks, tools and callable instructions may read during a run (the run makes
+    it; a tool gets it through a parameter annotated ``RunContext``, a hook through a
+    ``context`` parameter).
 
-    ``messages`` is the log so far (read-only); ``question`` the run's input message, once
-    logged (the current turn starts there, whatever user messages a tool or hook adds
-    after it); ``state`` is a dict for your own per-run data (a capability keeps its own
-    with ``state_for``); ``deadline`` is the absolute anyio deadline, or ``None``;
-    ``grace`` bounds the cleanup of a run that stops (see :mod:`littleghost.cleanup`).
+    Attributes:
+        agent: The agent running.
+        model: The model the run calls.
+        settings: The run's model settings (the agent's, with ``run(settings=)`` over
+            them).
+        deadline: The absolute anyio deadline, or ``None``.
+        max_retries: Retries of a model call (the agent's ``max_retries``).
+        capture_content: Whether spans record content (the agent's ``capture_content``).
+        session_id: The session the run continues, or ``None``.
+        usage: Tokens of the run's model calls so far, summary and side calls included.
+        turn: The number of the turn going on: 0 for the run's first model call.
+        state: A dict for your own per-run data (a capability keeps its own with
+            ``state_for``).
+        grace: Bounds the cleanup of a run that stops (see :mod:`littleghost.cleanup`).
+        messages: The log so far (read-only).
+        question: The run's input message, once logged (the current turn starts there,
+            whatever user messages a tool or hook adds after it).
+        last_exchange: The request and response of the turn's latest completed model
+            call, or ``None``.
+        last_sent: The request of the turn's latest model call, answered or not.
     """
 
     agent: Agent

@@ -47,7 +47,9 @@ def _chunks(value: object) -> tuple[str, ...]:
 
 @frozen
 class Streamed:
-    """A script step that streams ``chunks`` (``delay`` seconds before each)."""
+    """A script step that streams ``chunks`` (``delay`` seconds before each), then answers
+    ``response`` (their text joined; what ``respond()`` returns whole); ``streamed()``
+    makes one."""
 
     chunks: tuple[str, ...] = field(converter=_chunks)
     response: ModelResponse = field(

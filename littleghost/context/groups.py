@@ -52,7 +52,9 @@ _TOOL = Role.TOOL
 
 @frozen
 class MessageGroup:
-    """Messages kept or removed together (the call before its results), and their tokens."""
+    """Messages kept or removed together (the call before its results), and their tokens:
+    ``kind`` is ``system``, ``user``, ``assistant_text``, ``tool_call`` or ``summary``,
+    ``messages`` the group's in log order, ``tokens`` their estimate."""
 
     kind: GroupKind
     messages: tuple[Message, ...]

@@ -38,8 +38,9 @@ def _positive(value: object) -> bool:
 
 @frozen(kw_only=True, cache_hash=True)
 class CharacterEstimator:
-    """Four characters per token (rounded up), the default estimate; a character beyond
-    ASCII weighs more (``weighed_length``)."""
+    """``chars_per_token`` (4) characters per token, rounded up, and ``image_tokens`` (85)
+    per image: the default estimate; a character beyond ASCII weighs more
+    (``weighed_length``)."""
 
     chars_per_token: float = field(
         default=4.0,
@@ -54,8 +55,9 @@ class CharacterEstimator:
 
 @frozen(kw_only=True, cache_hash=True)
 class ByteEstimator:
-    """UTF-8 bytes ÷ 3, plus ``message_overhead`` per message and ``image_tokens`` per image
-    (measured against SmolLM2; 765 is OpenAI's cost of a high-detail 512×512 image)."""
+    """UTF-8 bytes ÷ ``bytes_per_token`` (3), plus ``message_overhead`` (6) per message and
+    ``image_tokens`` (765) per image (measured against SmolLM2; 765 is OpenAI's cost of a
+    high-detail 512×512 image)."""
 
     bytes_per_token: float = field(
         default=3.0,

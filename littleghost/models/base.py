@@ -111,7 +111,8 @@ def _parameters(value: object) -> Mapping[str, Any]:
 
 @frozen
 class ToolSpec:
-    """What the model is told about a tool: its name, description and JSON schema."""
+    """What the model is told about a tool: its ``name``, ``description`` and the JSON
+    schema of its arguments (``parameters``)."""
 
     name: str = field()
     description: str = field(

@@ -38,7 +38,7 @@ class TextChunk:
 
 @frozen
 class ReasoningChunk:
-    """A piece of the model's reasoning, as it arrived."""
+    """A piece of the model's reasoning (``text``), as it arrived."""
 
     text: str
 

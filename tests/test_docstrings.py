@@ -1,0 +1,85 @@
+"""What ``help()`` shows of the public names: each says what it is, and a value class
+names each of its constructor's parameters (in ``Args:``, ``Attributes:`` or its text)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+
+import attrs
+import pytest
+
+import littleghost
+from littleghost import after_model, after_model_error, after_tool, before_model, before_tool
+
+DOCUMENTED = [
+    "littleghost",
+    "littleghost.context",
+    "littleghost.errors",
+    "littleghost.events",
+    "littleghost.models",
+    "littleghost.models.streaming",
+    "littleghost.sessions",
+    "littleghost.testing",
+]
+"""The modules whose names the README documents, with their ``__all__``."""
+
+PUBLIC = [
+    (module, name, getattr(importlib.import_module(module), name))
+    for module in DOCUMENTED
+    for name in importlib.import_module(module).__all__
+]
+DOCUMENTABLE = [
+    (f"{module}.{name}", value)
+    for module, name, value in PUBLIC
+    if inspect.isclass(value) or inspect.isfunction(value)
+]
+
+
+def own_doc(value: object) -> str:
+    """The docstring of ``value`` itself, not one it inherits."""
+    doc = vars(value).get("__doc__") if inspect.isclass(value) else value.__doc__
+    return doc or ""
+
+
+@pytest.mark.parametrize(("name", "value"), DOCUMENTABLE, ids=[n for n, _ in DOCUMENTABLE])
+def test_a_public_name_says_what_it_is(name: str, value: object) -> None:
+    assert own_doc(value).strip(), f"{name} has no docstring of its own"
+
+
+VALUE_CLASSES = [
+    (name, value) for name, value in DOCUMENTABLE if inspect.isclass(value) and attrs.has(value)
+]
+
+
+@pytest.mark.parametrize(("name", "value"), VALUE_CLASSES, ids=[n for n, _ in VALUE_CLASSES])
+def test_a_value_class_names_its_parameters(name: str, value: type) -> None:
+    doc = own_doc(value)
+    public = [field.alias for field in attrs.fields(value) if field.init and field.name[0] != "_"]
+    unnamed = [alias for alias in public if not re.search(rf"\b{alias}\b", doc)]
+    assert not unnamed, f"{name}'s docstring does not name {unnamed}"
+
+
+@pytest.mark.parametrize(
+    ("decorator", "given"),
+    [
+        (before_model, "ModelRequest"),
+        (after_model, "ModelResponse"),
+        (after_model_error, "ModelRequest"),
+        (before_tool, "ToolCall"),
+        (after_tool, "ToolResult"),
+    ],
+)
+def test_a_hook_decorator_says_what_the_hook_gets_and_returns(
+    decorator: object, given: str
+) -> None:
+    doc = own_doc(decorator)
+    assert doc.count(f"``{given}``") == 2, doc  # what it is called with, and may return
+    assert "``context=``" in doc
+    assert not re.search(r"\ba ``a", doc), doc  # "an ``after_model`` hook"
+
+
+def test_a_documented_module_says_what_it_holds() -> None:
+    assert littleghost.__all__
+    assert all(importlib.import_module(module).__doc__ for module in DOCUMENTED)
