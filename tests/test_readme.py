@@ -35,9 +35,17 @@ from littleghost.context import (
     Truncation,
     TurnExcerpts,
 )
+from littleghost.context.calibration import DENSE_GAP
 from littleghost.context.config import ContextManagement, ContextOptions
+from littleghost.context.index import RECENT_LOGS
+from littleghost.context.management import REGROWTH
+from littleghost.context.strategies import SUMMARY_FLOOR_TOKENS
+from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, LONGEST_UNSTREAMED
 from littleghost.models.local import LocalModel
+from littleghost.models.overflow import MAX_DETAIL_CHARS
+from littleghost.run import COUNT_TIMEOUT
 from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
+from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 FRAGMENT = "# fragment"
@@ -271,3 +279,44 @@ def test_a_stated_signature_gives_the_defaults(subject: Any, signature: str) -> 
             assert parameters[name].default == ast.literal_eval(value), name
         else:
             assert name in {"*", *parameters}, name
+
+
+FIGURES = [
+    ("COUNT_TIMEOUT", COUNT_TIMEOUT, "{} s", "after `COUNT_TIMEOUT` ({})"),
+    ("MAX_DETAIL_CHARS", MAX_DETAIL_CHARS, "{}", "cut to {} characters (`MAX_DETAIL_CHARS`)"),
+    (
+        "DEFAULT_MAX_TOKENS",
+        DEFAULT_MAX_TOKENS,
+        "{:,}",
+        "`AnthropicModel` sends {} (`DEFAULT_MAX_TOKENS`)",
+    ),
+    ("LONGEST_UNSTREAMED", LONGEST_UNSTREAMED, "{:,}", "is over {} (`LONGEST_UNSTREAMED`)"),
+    ("DENSE_GAP", DENSE_GAP, "{}", "more than {} times that (`DENSE_GAP`)"),
+    ("REGROWTH", REGROWTH, "{:.0%}", "grown by {} of the window (`REGROWTH`)"),
+    (
+        "SUMMARY_FLOOR_TOKENS",
+        SUMMARY_FLOOR_TOKENS,
+        "{}",
+        "halved down to {} tokens (`SUMMARY_FLOOR_TOKENS`)",
+    ),
+    ("RECENT_LOGS", RECENT_LOGS, "{}", "the last `RECENT_LOGS`, {}, logs"),
+    (
+        "MAX_SESSION_ID_LENGTH",
+        MAX_SESSION_ID_LENGTH,
+        "{}",
+        "Session ids are non-empty, at most {} characters",
+    ),
+]
+"""Constants the README gives the figure of: (the name, the value, how the README writes
+it, the sentence it stands in)."""
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "written", "sentence"), FIGURES, ids=[name for name, *_ in FIGURES]
+)
+def test_a_stated_figure_is_the_code_s(
+    name: str, value: float, written: str, sentence: str
+) -> None:
+    readme = " ".join(README.read_text().split())
+    figure = written.format(value).replace(",", " ").replace(".0 s", " s").replace("%", " %")
+    assert sentence.format(figure) in readme, name
