@@ -11,7 +11,14 @@ import attrs
 import pytest
 
 import littleghost
-from littleghost import after_model, after_model_error, after_tool, before_model, before_tool
+from littleghost import (
+    after_model,
+    after_model_error,
+    after_tool,
+    before_model,
+    before_tool,
+    errors,
+)
 
 DOCUMENTED = [
     "littleghost",
@@ -83,3 +90,34 @@ def test_a_hook_decorator_says_what_the_hook_gets_and_returns(
 def test_a_documented_module_says_what_it_holds() -> None:
     assert littleghost.__all__
     assert all(importlib.import_module(module).__doc__ for module in DOCUMENTED)
+
+
+def test_the_errors_module_draws_the_tree_of_its_exceptions() -> None:
+    """Each line of the tree in ``littleghost.errors``'s docstring is a class under the
+    nearest less indented one, with the builtin bases its ``(also X)`` names."""
+    drawn: dict[str, str | None] = {}
+    parents: list[tuple[int, str]] = []
+    for line in (errors.__doc__ or "").split("::", 1)[1].splitlines():
+        found = re.match(r"\s*(?:[│ ]*[├└]── )?([A-Z]\w+Error)(?: \(also (\w+)\))?", line)
+        if not found:
+            continue
+        depth = found.start(1)
+        while parents and parents[-1][0] >= depth:
+            parents.pop()
+        name, also = found.groups()
+        drawn[name] = parents[-1][1] if parents else None
+        parents.append((depth, name))
+        kind = getattr(errors, name)
+        builtin = [base.__name__ for base in kind.__bases__ if base.__module__ == "builtins"]
+        assert builtin == ([also] if also else []) or drawn[name] is None, name
+    raised = [
+        name
+        for name in errors.__all__
+        if isinstance(getattr(errors, name), type)
+        and issubclass(getattr(errors, name), errors.LittleGhostError)
+    ]
+    assert sorted(drawn) == sorted(raised)
+    for name, parent in drawn.items():
+        kind = getattr(errors, name)
+        if parent is not None:
+            assert getattr(errors, parent) in kind.__bases__, name

@@ -320,3 +320,19 @@ def test_a_stated_figure_is_the_code_s(
     readme = " ".join(README.read_text().split())
     figure = written.format(value).replace(",", " ").replace(".0 s", " s").replace("%", " %")
     assert sentence.format(figure) in readme, name
+
+
+def test_the_architecture_names_modules_that_exist() -> None:
+    text = README.read_text()
+    drawing = text[text.index("## Architecture") :].split("```")[1]
+    folders, named = [README.parent], []
+    for line in drawing.splitlines()[1:]:
+        found = re.match(r"(\s*)(\S+)", line)
+        if found is None:
+            continue
+        depth, name = len(found.group(1)) // 2, found.group(2)
+        path = folders[depth] / name
+        named.append(path)
+        folders[depth + 1 :] = [path] if name.endswith("/") else []
+    assert len(named) >= 20
+    assert [path for path in named if not path.exists()] == []
