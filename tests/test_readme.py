@@ -336,3 +336,15 @@ def test_the_architecture_names_modules_that_exist() -> None:
         folders[depth + 1 :] = [path] if name.endswith("/") else []
     assert len(named) >= 20
     assert [path for path in named if not path.exists()] == []
+
+
+def test_every_environment_variable_the_library_reads_is_documented() -> None:
+    package = README.parent / "littleghost"
+    read = {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r"\bLITTLEGHOST_[A-Z_]+\b", path.read_text())
+    }
+    assert "LITTLEGHOST_STORE" in read
+    readme = README.read_text()
+    assert sorted(name for name in read if f"`{name}`" not in readme) == []
