@@ -1006,6 +1006,15 @@ class Agent:
                 (``str`` for free text); see :mod:`littleghost.output`.
 
         Raises:
+            ConfigurationError: The history or the settings are invalid, or the model
+                cannot be made (a model string no provider resolves, a missing SDK or
+                API key); before any model call.
+            ProviderError: The provider's error (see its subclasses): a rate limit or
+                an unavailable provider once ``max_retries`` are spent, at once any
+                other (a ``ContextWindowOverflowError`` that ``@manage_context`` could
+                not recover from has the ``CompactionError`` as its ``__cause__``).
+            ProtocolError: The model's answer had the wrong shape.
+            PromptBudgetError: What a ``PromptBudget`` must keep does not fit it.
             DeadlineExceededError: The deadline passed (a cleanup the stop could not
                 finish within ``cleanup_grace`` is its ``__cause__``).
             LimitExceededError: ``max_turns`` or ``max_tool_calls`` was reached.

@@ -12,6 +12,7 @@ import pytest
 
 import littleghost
 from littleghost import (
+    Agent,
     after_model,
     after_model_error,
     after_tool,
@@ -19,6 +20,7 @@ from littleghost import (
     before_tool,
     errors,
 )
+from littleghost.testing import ScriptedModel
 
 DOCUMENTED = [
     "littleghost",
@@ -121,3 +123,39 @@ def test_the_errors_module_draws_the_tree_of_its_exceptions() -> None:
         kind = getattr(errors, name)
         if parent is not None:
             assert getattr(errors, parent) in kind.__bases__, name
+
+
+def raises_section(function: object) -> set[str]:
+    """The exception names a docstring's ``Raises:`` section lists."""
+    section = inspect.getdoc(function).split("Raises:", 1)[1]  # type: ignore[union-attr]
+    return set(re.findall(r"^    (\w+):", section, re.MULTILINE))
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        errors.InvalidRequestError("refused", status=400),
+        errors.ContextWindowOverflowError("too long", status=400),
+        errors.ProtocolError("the answer's content is a number"),
+        errors.RateLimitError("slow down", status=429, retry_after=0.0),
+    ],
+    ids=lambda step: type(step).__name__,
+)
+def test_run_names_what_a_failing_run_raises(step: Exception) -> None:
+    class Support(Agent):
+        max_retries = 0
+
+    model = ScriptedModel([step])
+    with pytest.raises(errors.LittleGhostError) as raised:
+        Support(model=model).run_sync("Hello")
+    named = raises_section(Agent.run)
+    assert {kind.__name__ for kind in type(raised.value).__mro__} & named, raised.value
+
+
+def test_run_names_the_error_of_a_model_it_cannot_make() -> None:
+    class Support(Agent):
+        model = "nosuchprovider:model"
+
+    with pytest.raises(errors.LittleGhostError) as raised:
+        Support().run_sync("Hello")
+    assert {kind.__name__ for kind in type(raised.value).__mro__} & raises_section(Agent.run)
