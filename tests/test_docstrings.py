@@ -159,3 +159,46 @@ def test_run_names_the_error_of_a_model_it_cannot_make() -> None:
     with pytest.raises(errors.LittleGhostError) as raised:
         Support().run_sync("Hello")
     assert {kind.__name__ for kind in type(raised.value).__mro__} & raises_section(Agent.run)
+
+
+def parameters(value: object) -> list[str]:
+    """The parameters a caller passes to ``value``, by name or position."""
+    try:
+        signature = inspect.signature(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [
+        name
+        for name, parameter in signature.parameters.items()
+        if name != "self" and parameter.kind not in variadic
+    ]
+
+
+WITH_ARGS = [
+    (name, value)
+    for name, value in DOCUMENTABLE
+    if not (inspect.isclass(value) and attrs.has(value))
+    and re.search(
+        r"^\s*Args:$",
+        own_doc(value) + (own_doc(vars(value).get("__init__")) if inspect.isclass(value) else ""),
+        re.MULTILINE,
+    )
+]
+
+
+@pytest.mark.parametrize(("name", "value"), WITH_ARGS, ids=[n for n, _ in WITH_ARGS])
+def test_an_args_section_lists_every_parameter(name: str, value: object) -> None:
+    doc = own_doc(value)
+    if inspect.isclass(value):  # its own, and what the classes it extends document
+        ours = [kind for kind in value.__mro__ if kind.__module__.startswith("littleghost")]
+        doc = "".join(own_doc(k) + own_doc(vars(k).get("__init__")) for k in ours)
+    sections = doc.split("Args:")[1:]
+    listed = {
+        name
+        for section in sections
+        for name in re.findall(r"^\s*\*{0,2}(\w+)(?: \([^)]*\))?:", section, re.MULTILINE)
+    }
+    if inspect.isclass(value) and issubclass(value, BaseException):
+        listed.add("message")  # the module's docstring: every exception takes its message
+    assert [p for p in parameters(value) if p not in listed] == [], name

@@ -115,6 +115,8 @@ async def compaction_records(
     """The records that make the view of ``messages`` ``strategy``'s; ``()``: nothing to do.
 
     Args:
+        messages: The conversation (a log or a view, untouched).
+        strategy: What to do.
         tokenizer: Counts tokens; ``None`` for ``CharacterEstimator()``.
         complete: Makes a summary call for a ``Summarization`` without a model of its own
             (in a run, ``RunContext.complete``).
@@ -140,6 +142,14 @@ async def compact_session(
 ) -> tuple[Message, ...]:
     """Append ``strategy``'s records to a stored session's log, holding the session as a run
     does, and return them; a summarizing strategy needs ``Summarization(model=...)``.
+
+    Args:
+        store: The session store.
+        session_id: The session to compact.
+        strategy: What to do.
+        tokenizer: Counts tokens; ``None`` for ``CharacterEstimator()``.
+        settings: Provider settings the summary call starts from (its output cap and
+            tool settings replaced), as a run's ``agent.run_settings()`` gives them.
 
     Raises:
         ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
