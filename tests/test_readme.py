@@ -228,10 +228,10 @@ def test_the_context_table_lists_every_keyword_with_its_default(
 
 def test_the_event_table_lists_every_event_with_its_fields() -> None:
     rows = table("| event | when |")
-    listed = {}
+    listed: dict[str, list[str]] = {}
     for cell in rows:
-        name, _, fields = cell.rstrip(")").partition("(")
-        listed[name] = [field.strip() for field in fields.split(",") if field.strip()]
+        name, _, names = cell.rstrip(")").partition("(")
+        listed[name] = [field.strip() for field in names.split(",") if field.strip()]
     kinds = [name for name in events.__all__ if name != "Event"]
     assert sorted(listed) == sorted(kinds)
     for name, fields in listed.items():
