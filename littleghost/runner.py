@@ -51,7 +51,14 @@ from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_parts, check_results
 from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
-from littleghost.models.base import Model, ModelRequest, ModelResponse, StopReason, prepare
+from littleghost.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    StopReason,
+    capped,
+    prepare,
+)
 from littleghost.output import (
     Answer,
     OutputPlan,
@@ -287,7 +294,7 @@ async def _run_in(
     context = RunContext(
         agent,
         model,
-        plan.settings,
+        capped(plan.settings, model),
         None if math.isinf(end) else end,
         agent.max_retries,
         agent.capture_content,

@@ -1534,3 +1534,25 @@ class TestChatSpanMetadata:
         done = events[-1]
         assert isinstance(done, StreamDone)
         assert (done.response.response_id, done.response.response_model) == (None, None)
+
+
+@pytest.mark.parametrize("settings", [{}, {"max_tokens": 100}], ids=["default", "explicit"])
+async def test_manage_context_counts_the_answer_cap_the_model_sends_by_default(
+    make_model: Callable[..., AnthropicModel], settings: dict[str, int]
+) -> None:
+    """A request that sets no ``max_tokens`` goes out with ``DEFAULT_MAX_TOKENS``, which
+    the API counts against the window beside the prompt: ``@manage_context`` counts it
+    too, so a prompt that fits only without it is compacted before it is sent."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    history = [m for i in range(40) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+    cls = manage_context(
+        context_window_override=2 * DEFAULT_MAX_TOKENS,
+        compression_threshold=0.5,
+        tokenizer=PerMessage(),
+        strategy=Truncation(minimum_preserved=3),
+    )(type("Capped", (Agent,), {"settings": settings}))
+    await cls(model=make_model(server)).run("Where is order 42?", history=history)
+    (body,) = server.bodies
+    assert body["max_tokens"] == settings.get("max_tokens", DEFAULT_MAX_TOKENS)
+    compacted = len(body["messages"]) < len(history)
+    assert compacted is (not settings)

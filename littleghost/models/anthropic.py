@@ -569,6 +569,11 @@ class AnthropicModel:
         """The constructor's window, else the documented one; ``None`` when unknown."""
         return self._context_window
 
+    @property
+    def default_max_tokens(self) -> int:
+        """The ``max_tokens`` sent for a request that sets none (the API requires one)."""
+        return DEFAULT_MAX_TOKENS
+
     def output_schema_problem(self, schema: OutputSchema) -> str | None:
         """Why structured outputs cannot take ``schema``: the model has none (Claude 3.x,
         Sonnet 4, Opus 4), or ``schema_problem`` names why."""

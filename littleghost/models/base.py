@@ -10,7 +10,14 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from attrs import astuple, field, frozen
 
-from littleghost._validators import instance_of, int_at_least, safe_repr, tuple_of, type_check
+from littleghost._validators import (
+    instance_of,
+    int_at_least,
+    is_int,
+    safe_repr,
+    tuple_of,
+    type_check,
+)
 from littleghost.messages import Message, Role, stray_part
 from littleghost.text import json_type, well_formed_value
 
@@ -24,6 +31,7 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "billed",
+    "capped",
     "prepare",
 ]
 
@@ -370,6 +378,9 @@ class Model(Protocol):
     """A chat model.
 
     Optionally a model also has ``async prepare()`` (awaited before a run's first call),
+    ``default_max_tokens`` (the output cap it sends for a request that sets none, which a
+    run then sets itself, so that ``@manage_context`` counts the answer's room the
+    provider keeps),
     ``async aclose()``, ``stream(request)`` (see :mod:`littleghost.models.streaming`),
     ``supports_output_schema`` (True when it holds its answer to a request's
     ``output_schema``, the provider's native structured output) and
@@ -406,6 +417,15 @@ class Model(Protocol):
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request."""
         ...
+
+
+def capped(settings: Mapping[str, Any], model: object) -> Mapping[str, Any]:
+    """``settings`` with ``max_tokens`` set to ``model``'s ``default_max_tokens`` when
+    they set no output cap (``ANSWER_CAPS``) and the model has one."""
+    default = getattr(model, "default_max_tokens", None)
+    if not is_int(default) or default < 1 or any(settings.get(k) is not None for k in ANSWER_CAPS):
+        return settings
+    return {**settings, "max_tokens": default}
 
 
 async def prepare(model: object) -> None:
