@@ -464,6 +464,8 @@ def _method_tool(klass: type, attribute: str, value: Callable[..., Any]) -> Tool
         raise ConfigurationError(
             f"{klass.__name__}.{attribute}: a tool annotation cannot be resolved ({error})"
         ) from None
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{klass.__name__}.{attribute}: {error}") from None
 
 
 def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list[ToolDefinition]:
@@ -475,6 +477,8 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
             raise ConfigurationError(
                 f"{owner}: a tool annotation cannot be resolved ({error})"
             ) from None
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{owner}: {error}") from None
     return definitions
 
 

@@ -155,9 +155,23 @@ def tool(
             define_tool(target, is_method=looks_like_method(function))
         except NameError:
             pass
+        except ConfigurationError as error:
+            place = _method_place(function)
+            if place is None:
+                raise
+            raise ConfigurationError(f"{place}: {error}") from None
         return target
 
     return mark(function) if function is not None else mark
+
+
+def _method_place(function: Callable[..., Any]) -> str | None:
+    """``Class.method`` for a function defined in a class body (its class is not made
+    yet when ``@tool`` runs), else ``None``."""
+    parts = str(getattr(function, "__qualname__", "")).split(".")
+    if len(parts) < 2 or parts[-2] == "<locals>":
+        return None
+    return ".".join(parts[-2:])
 
 
 def tool_options(value: object) -> dict[str, Any] | None:

@@ -1717,9 +1717,41 @@ def long_name(number_of_items_the_customer_may_order_in_one_single_basket_at_mos
 def test_bad_plain_function_tools_fail_at_class_definition(
     function: Callable[..., Any], fragment: str
 ) -> None:
-    """A function tool the model cannot be told about fails when the class is defined."""
-    with pytest.raises(ConfigurationError, match=re.escape(fragment)):
+    """A function tool the model cannot be told about fails when the class is defined
+    (or when ``tools=`` is given to the constructor), naming the class and the tool."""
+    named = rf"tool '{function.__name__}'.*"
+    with pytest.raises(ConfigurationError, match=rf"^Bad: tool .*{re.escape(fragment)}") as made:
         type("Bad", (Agent,), {"tools": [function]})
+    assert re.match(rf"Bad: {named}", str(made.value))
+    with pytest.raises(
+        ConfigurationError, match=rf"^Good\(…, tools=\): tool .*{re.escape(fragment)}"
+    ):
+        Good(tools=[function])
+
+
+class Good(Agent):
+    model = "openai:gpt-4o-mini"
+
+
+def test_a_method_tool_whose_type_is_known_only_when_the_class_is_made_names_it() -> None:
+    """A ``@tool`` method whose annotation resolves only by the end of the class body is
+    checked when the class is defined, and what is wrong names the class and method."""
+    namespace: dict[str, Any] = {"Agent": Agent, "tool": tool}
+    program = """
+class Shop(Agent):
+    @tool
+    def order(self, value: "Later") -> str:
+        \"\"\"Place an order.\"\"\"
+        return "placed"
+
+    global Later
+    Later = bytes
+"""
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^Shop\.order: tool 'order', parameter 'value': the type <class 'bytes'> cannot",
+    ):
+        exec(program, namespace)
 
 
 def test_a_docstring_python_strips_is_named_as_the_cause() -> None:
@@ -1743,13 +1775,31 @@ class Support(Agent):
 
 
 def test_bad_method_tool_fails_at_class_definition() -> None:
-    """A @tool method without a docstring fails while the class body runs."""
-    with pytest.raises(ConfigurationError, match="has no docstring"):
+    """A @tool method that cannot be declared fails while the class body runs, naming
+    the class and method (by the method's qualified name: the class is not made yet)."""
+    with pytest.raises(ConfigurationError, match=r"^Bad\.silent: tool 'silent' has no docstring"):
 
         class Bad(Agent):
             @tool
             async def silent(self, x: int) -> int:
                 return x
+
+    with pytest.raises(
+        ConfigurationError, match=r"^Worse\.store: tool 'store', parameter 'blob', field 'data'"
+    ):
+
+        class Worse(Agent):
+            @tool
+            @staticmethod
+            def store(blob: Blob) -> str:
+                """Store a blob."""
+                return ""
+
+    with pytest.raises(ConfigurationError, match=r"^tool 'silent' has no docstring"):
+
+        @tool
+        def silent(x: int) -> int:  # not in a class: nothing more to name
+            return x
 
 
 @frozen
