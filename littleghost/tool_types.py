@@ -5,8 +5,8 @@ Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``t
 ``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
 ``Literal``, ``Enum`` subclasses (with members, of JSON values), records — attrs classes,
 dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
-``Annotated[T, "description"]``; and, as JSON strings, ``datetime`` (RFC 3339, with its UTC
-offset: the value is aware), ``date``, ``time`` (a time of day, without an offset: the
+``Annotated[T, "description"]`` (and bounds: :mod:`littleghost.tool_bounds`); and, as
+JSON strings, ``datetime`` (RFC 3339, with its UTC offset: the value is aware), ``date``, ``time`` (a time of day, without an offset: the
 value is naive), ``timedelta`` (an ISO 8601 duration), ``UUID`` and ``Decimal`` (a string,
 since a JSON number may lose digits).
 A model's string is parsed here, the same on every Python version, never by
@@ -42,6 +42,7 @@ from littleghost._validators import MAX_DEPTH, digits_limit, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
 from littleghost.text import brief, error_text, json_type_name, well_formed_value
+from littleghost.tool_bounds import bounded_schema, field_bounds, read_metadata
 
 __all__ = [
     "ImageNotJson",
@@ -146,10 +147,10 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
-        schema = dict(_schema(args[0], where, outer))
-        for extra in args[1:]:
-            if isinstance(extra, str):
-                schema["description"] = extra
+        description, bounds = read_metadata(args[1:], where)
+        schema = bounded_schema(dict(_schema(args[0], where, outer)), bounds, where)
+        if description is not None:
+            schema["description"] = description
         return schema
     if origin is Literal:
         values = list(args)
@@ -372,7 +373,8 @@ def _model_fields(model: Any) -> tuple[_Field, ...]:
             raise NameError(getattr(error, "message", error)) from None
     found = []
     for name, info in model.model_fields.items():
-        extras = [item for item in info.metadata if isinstance(item, str)]
+        extras: list[Any] = [item for item in info.metadata if isinstance(item, str)]
+        extras.extend(field_bounds(info.metadata))
         if info.description:
             extras.append(info.description)
         hint = typing.Annotated[(info.annotation, *extras)] if extras else info.annotation
@@ -663,7 +665,12 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     origin = get_origin(annotation)
     args = get_args(annotation)
     if origin is typing.Annotated:
-        return coerce(value, args[0], path)
+        converted = coerce(value, args[0], path)
+        for bound in read_metadata(args[1:], path)[1]:
+            problem = bound.problem(value) if bound.applies(value) else None
+            if problem is not None:
+                raise ToolArgumentError(f"{path}: {problem}")
+        return converted
     if origin is Literal:
         for member in args:
             if _same_json(value, member):

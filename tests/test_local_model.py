@@ -22,8 +22,9 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+import annotated_types as at
 import anyio
 import anyio.to_thread
 import attrs
@@ -814,6 +815,30 @@ async def test_an_output_type_is_held_to_by_llama_cpps_json_schema(local: LocalM
         deltas = [event.text async for event in events if isinstance(event, TextDelta)]
     assert isinstance(events.result.output, bool)
     assert json.loads("".join(deltas)) == {"result": events.result.output}
+
+
+@attrs.frozen
+class Rating:
+    stars: Annotated[int, at.Ge(1), at.Le(5)]
+    why: Annotated[str, at.MinLen(3), at.MaxLen(20)]
+    tags: Annotated[list[Annotated[str, at.MaxLen(8)]], at.MinLen(1), at.MaxLen(2)]
+
+
+async def test_llama_cpp_takes_a_schema_with_bounds_and_holds_to_them(local: LocalModel) -> None:
+    """A schema with bounds goes to llama.cpp whole: its grammar holds an integer's range
+    and the lengths of strings and arrays, so the answer fits without a repair turn."""
+
+    class Rater(Agent):
+        instructions = "You rate films."
+        settings = {**SETTINGS, "max_tokens": 96}
+        output_type = Rating
+
+    for film in ("Jaws", "Alien"):
+        result = await Rater(model=local).run(f"Rate the film {film}.")
+        assert len(result.messages) == 2  # no repair turn was needed
+        rating = result.output
+        assert 1 <= rating.stars <= 5 and 3 <= len(rating.why) <= 20
+        assert 1 <= len(rating.tags) <= 2 and all(len(tag) <= 8 for tag in rating.tags)
 
 
 def test_model_strings_build_local_models_without_starting_them() -> None:

@@ -10,8 +10,9 @@ import sys
 import warnings
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
+import annotated_types as at
 import anthropic
 import anyio
 import attrs
@@ -1085,6 +1086,32 @@ async def test_an_output_type_is_asked_with_an_output_format(
         },
     }
     assert "tools" not in body and "tool_choice" not in body
+
+
+@attrs.frozen
+class Rating:
+    stars: Annotated[int, at.Ge(1), at.Le(5)]
+    why: Annotated[str, at.MaxLen(40)]
+
+
+async def test_an_output_format_leaves_out_the_bounds_the_answer_is_checked_against(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """Structured outputs refuse bounds (``minimum``, ``maxLength``): the format is sent
+    without them, and an answer out of them gets the repair turn."""
+
+    class Rater(Agent):
+        output_type = Rating
+
+    server = FakeServer(
+        message([{"type": "text", "text": '{"stars": 9, "why": "great"}'}]),
+        message([{"type": "text", "text": '{"stars": 5, "why": "great"}'}]),
+    )
+    result = await Rater(model=make_model(server)).run("rate it")
+    assert result.output == Rating(5, "great")
+    properties = server.bodies[0]["output_config"]["format"]["schema"]["properties"]
+    assert properties == {"stars": {"type": "integer"}, "why": {"type": "string"}}
+    assert "stars: expected a number <= 5, got 9" in json.dumps(server.bodies[1]["messages"])
 
 
 async def test_the_tool_strategy_forces_the_final_result_tool(

@@ -8,8 +8,9 @@ import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import annotated_types as at
 import anyio
 import attrs
 import httpx2
@@ -1918,6 +1919,33 @@ async def test_streamed_arguments_sent_whole_as_an_object_are_read(
 class Verdict:
     label: Literal["spam", "ham"]
     score: float
+
+
+@attrs.frozen
+class Rating:
+    stars: Annotated[int, at.Ge(1), at.Le(5)]
+    why: Annotated[str, at.MaxLen(40)]
+
+
+async def test_a_strict_json_schema_leaves_out_the_bounds_the_answer_is_checked_against(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Strict mode refuses bounds (``maxLength``): the strict schema is sent without
+    them, and an answer out of them gets the repair turn."""
+
+    class Rater(Agent):
+        output_type = Rating
+
+    server = FakeServer(
+        completion({"content": '{"stars": 9, "why": "great"}'}),
+        completion({"content": '{"stars": 5, "why": "great"}'}),
+    )
+    result = await Rater(model=make_model(server)).run("rate it")
+    assert result.output == Rating(5, "great")
+    sent = server.bodies[0]["response_format"]["json_schema"]
+    assert sent["strict"] is True
+    assert sent["schema"]["properties"] == {"stars": {"type": "integer"}, "why": {"type": "string"}}
+    assert "stars: expected a number <= 5, got 9" in json.dumps(server.bodies[1]["messages"])
 
 
 async def test_an_output_type_is_asked_with_a_strict_json_schema(

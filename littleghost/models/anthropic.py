@@ -502,7 +502,8 @@ class AnthropicModel:
     forces no tool with extended thinking), ``user``
     becomes ``metadata.user_id``; other settings go to the API as they are. A request's
     ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
-    any ``output_config`` setting); a schema they cannot take (``schema_problem``: an open
+    any ``output_config`` setting; without bounds such as ``minimum``, which the API
+    refuses there and the check of the answer applies); a schema they cannot take (``schema_problem``: an open
     object, an ``Any`` value, a fixed-length tuple, over 24 optional properties or over 16
     unions) makes ``output_strategy="auto"`` use the final-result tool instead, as does a
     model without structured outputs (Claude 3.x, Sonnet 4, Opus 4). A setting
@@ -629,7 +630,10 @@ class AnthropicModel:
             settings["tool_choice"] = _unforced(choice, request.tools, settings)
         if request.output_schema is not None:
             config = dict(settings.pop("output_config", None) or {})
-            config["format"] = {"type": "json_schema", "schema": dict(request.output_schema.schema)}
+            config["format"] = {
+                "type": "json_schema",
+                "schema": dict(request.output_schema.unbounded_schema),
+            }
             if "output_config" in accepted:
                 params["output_config"] = config
             else:

@@ -178,14 +178,20 @@ class OutputSchema:
         return _closed_problem(self.schema)
 
     @functools.cached_property
+    def unbounded_schema(self) -> Mapping[str, Any]:
+        """The schema without its bounds (``minimum``, ``maxLength``, ``minItems``, ...),
+        which strict decoders refuse: the check of the answer applies them. Built once."""
+        return _unbounded(self.schema)
+
+    @functools.cached_property
     def strict_schema(self) -> Mapping[str, Any] | None:
         """The schema as OpenAI's strict mode takes it: every object closed with every
         property required, an optional one nullable (``null`` stands for a field left
-        out), every ``enum`` typed; ``None`` when the schema has a ``closed_problem``.
-        Built once per schema, not on every request."""
+        out), every ``enum`` typed, no bounds (``unbounded_schema``); ``None`` when the
+        schema has a ``closed_problem``. Built once per schema, not on every request."""
         if self.closed_problem is not None:
             return None
-        return _strict(self.schema)
+        return _strict(self.unbounded_schema)
 
 
 _NULL = {"type": "null"}
@@ -208,6 +214,35 @@ def _closed_problem(schema: object) -> str | None:
     if schema.get("type") == "array":
         return _closed_problem(schema.get("items"))
     return None
+
+
+_BOUNDS = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        *(f"{end}{what}" for end in ("min", "max") for what in ("Length", "Items", "Properties")),
+    }
+)
+"""The keywords of bounds on a value (``littleghost.tool_bounds``)."""
+
+
+def _unbounded(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` without ``_BOUNDS``, in it and in every schema inside it."""
+    found = {key: value for key, value in schema.items() if key not in _BOUNDS}
+    for key in ("items", "additionalProperties"):
+        if isinstance(found.get(key), Mapping):
+            found[key] = _unbounded(found[key])
+    for key in ("anyOf", "prefixItems"):
+        if key in found:
+            found[key] = [_unbounded(option) for option in found[key]]
+    if isinstance(found.get("properties"), Mapping):
+        found["properties"] = {
+            name: _unbounded(value) for name, value in found["properties"].items()
+        }
+    return found
 
 
 def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:

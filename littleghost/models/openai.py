@@ -496,7 +496,8 @@ class OpenAIModel:
     supports_output_schema = True
     """A request's ``output_schema`` becomes a JSON-schema ``response_format``, strict:
     every property required, an optional one nullable (``null`` is read as the field left
-    out). A schema strict mode cannot express (an open ``dict[str, X]`` object, an
+    out), without bounds such as ``maxLength`` (the check of the answer applies them). A
+    schema strict mode cannot express (an open ``dict[str, X]`` object, an
     ``Any`` value, a fixed-length tuple) is sent with ``strict: false``. On OpenAI's own
     API, a model without structured outputs (GPT-3.5, GPT-4, GPT-4 Turbo, ...) makes
     ``output_strategy="auto"`` use the final-result tool."""
