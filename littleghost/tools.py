@@ -26,6 +26,7 @@ from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
 from littleghost.text import brief
+from littleghost.tool_docs import parse_docstring
 from littleghost.tool_types import (
     ToolArgumentError,
     coerce,
@@ -227,7 +228,7 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             "its whole result: collect the items and return them (a list, say)"
         )
     doc = inspect.getdoc(function) or ""
-    summary, arg_docs = _parse_docstring(doc)
+    summary, arg_docs = parse_docstring(doc)
     tool_description = options.get("description") or summary
     if not tool_description:
         stripped, instead = "", "@tool(description=...)"
@@ -448,52 +449,6 @@ def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dic
 
 def _probe() -> None:  # pragma: no cover - only its code object is used
     pass
-
-
-def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The description (text before any section) and the ``Args:`` entries."""
-    lines = doc.splitlines()
-    sections = {
-        "args:",
-        "arguments:",
-        "parameters:",
-        "returns:",
-        "return:",
-        "raises:",
-        "yields:",
-        "examples:",
-        "example:",
-        "note:",
-        "notes:",
-    }
-    summary_lines: list[str] = []
-    index = 0
-    while index < len(lines) and lines[index].strip().lower() not in sections:
-        summary_lines.append(lines[index])
-        index += 1
-    args: dict[str, str] = {}
-    current: str | None = None
-    in_args = False
-    base_indent = 0
-    for line in lines[index:]:
-        stripped = line.strip()
-        if stripped.lower() in sections:
-            in_args = stripped.lower() in {"args:", "arguments:", "parameters:"}
-            current = None
-            base_indent = -1
-            continue
-        if not in_args or not stripped:
-            continue
-        indent = len(line) - len(line.lstrip())
-        if base_indent < 0:
-            base_indent = indent
-        match = re.match(r"\*{0,2}(\w+)\s*(\([^)]*\))?\s*:\s*(.*)", stripped)
-        if indent <= base_indent and match:
-            current = match.group(1)
-            args[current] = match.group(3).strip()
-        elif current is not None:
-            args[current] = f"{args[current]} {stripped}".strip()
-    return "\n".join(summary_lines).strip(), args
 
 
 def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]:

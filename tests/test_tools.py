@@ -252,6 +252,69 @@ def test_args_entries_with_types_and_blank_first_lines() -> None:
     assert properties["nights"]["description"] == "How many nights."
 
 
+def _spec(function: Callable[..., Any]) -> Any:
+    (spec,) = type("Holder", (Agent,), {"tools": [function]})().tool_specs
+    return spec
+
+
+def test_numpy_style_parameters_are_read_and_left_out_of_the_description() -> None:
+    """A NumPy-style docstring: the description is the text before its first underlined
+    heading, and each ``Parameters`` entry (``x, y : type`` too) describes its parameter."""
+
+    def book(room: str, nights: int, adults: int, children: int = 0) -> str:
+        """Book a room.
+
+        Checks the calendar first.
+
+        Parameters
+        ----------
+        room : str
+            The room's number,
+            as on its door.
+        nights : int
+            How many nights.
+        adults, children : int
+            Who stays.
+
+        Returns
+        -------
+        str
+            The booking's id.
+        """
+        return room
+
+    spec = _spec(book)
+    assert spec.description == "Book a room.\n\nChecks the calendar first."
+    properties = spec.parameters["properties"]
+    assert properties["room"]["description"] == "The room's number, as on its door."
+    assert properties["nights"]["description"] == "How many nights."
+    assert properties["adults"]["description"] == properties["children"]["description"]
+    assert properties["children"]["description"] == "Who stays."
+
+
+def test_sphinx_style_fields_are_read_and_left_out_of_the_description() -> None:
+    """A Sphinx-style docstring: the description is the text before its first field, and
+    each ``:param [type] name:`` field describes its parameter."""
+
+    def book(room: str, nights: int) -> str:
+        """Book a room.
+
+        :param room: The room's number,
+            as on its door.
+        :type room: str
+        :param int nights: How many nights.
+        :returns: The booking's id.
+        :raises ValueError: The room is taken.
+        """
+        return room
+
+    spec = _spec(book)
+    assert spec.description == "Book a room."
+    properties = spec.parameters["properties"]
+    assert properties["room"]["description"] == "The room's number, as on its door."
+    assert properties["nights"]["description"] == "How many nights."
+
+
 def test_annotated_description_wins_over_the_docstring() -> None:
     """An Annotated description is kept when the docstring also describes the parameter."""
 
