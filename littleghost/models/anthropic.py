@@ -499,15 +499,15 @@ class AnthropicModel:
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's (a choice that
     forces the final-result tool becomes ``auto`` when ``thinking`` is on, as the API
-    forces no tool with extended thinking), ``user``
-    becomes ``metadata.user_id``; other settings go to the API as they are. A request's
-    ``output_schema`` becomes the JSON-schema ``format`` of ``output_config`` (beside
-    any ``output_config`` setting; without bounds such as ``minimum``, which the API
-    refuses there and the check of the answer applies); a schema they cannot take (``schema_problem``: an open
-    object, an ``Any`` value, a fixed-length tuple, over 24 optional properties or over 16
-    unions) makes ``output_strategy="auto"`` use the final-result tool instead, as does a
-    model without structured outputs (Claude 3.x, Sonnet 4, Opus 4). A setting
-    the installed SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
+    forces no tool with extended thinking), ``user`` becomes ``metadata.user_id``; other
+    settings go to the API as they are. A request's ``output_schema`` becomes the
+    JSON-schema ``format`` of ``output_config`` (beside any ``output_config`` setting;
+    without bounds such as ``minimum``, which the API refuses there and the check of the
+    answer applies); a schema they cannot take (``schema_problem``: an open object, an
+    ``Any`` value, a fixed-length tuple, over 24 optional properties or over 16 unions)
+    makes ``output_strategy="auto"`` use the final-result tool instead, as does a model
+    without structured outputs (Claude 3.x, Sonnet 4, Opus 4). A setting the installed
+    SDK does not accept (``seed``, ...) is a ``ConfigurationError`` raised
     before the request is sent, naming it and the settings accepted.
 
     Raises:
