@@ -32,7 +32,8 @@ async def traced_call(
     deadline: Callable[[], float | None] = _none,
 ) -> ModelResponse:
     """``respond()``, ``model``'s answer to ``request``, in a ``chat`` span with the GenAI
-    attributes (``attributes`` added), its content when ``capture_content``, and in the
+    attributes (``attributes`` added; ERROR when it fails, or the run's ``deadline()``
+    cuts it: ``open_span``), its content when ``capture_content``, and in the
     metrics: its duration (a failure's by ``deadline()``, see ``record_call``), its tokens,
     a failed call's billed ones, and the ``first_chunk()`` time of a ``streamed`` one.
 
@@ -53,7 +54,7 @@ async def traced_call(
         spanned[telemetry.OUTPUT_TYPE] = "json"
     spanned.update(attributes)
     with telemetry.open_span(
-        f"chat {model.name}", kind=SpanKind.CLIENT, attributes=spanned
+        f"chat {model.name}", kind=SpanKind.CLIENT, attributes=spanned, deadline=deadline
     ) as span:
         if capture_content and span.is_recording():
             span.set_attributes(telemetry.input_attributes(model.provider, request))

@@ -103,6 +103,10 @@ class Grace:
         runs = (self, *self._enclosing())
         return [grace.run_deadline for grace in runs if grace.run_deadline is not None]
 
+    def earliest_deadline(self) -> float | None:
+        """The earliest of ``deadlines()``, if any: past it, the run ends by a deadline."""
+        return min(self.deadlines(), default=None)
+
     def enclosing_deadline(self) -> float | None:
         """The earliest own deadline of the runs this run was started in, if any."""
         found = [g.run_deadline for g in self._enclosing() if g.run_deadline is not None]

@@ -411,7 +411,10 @@ class RunContext:
         }
         try:  # outside the span, which records the failure before it is swallowed
             with telemetry.open_span(
-                f"count_tokens {model.name}", kind=SpanKind.CLIENT, attributes=attributes
+                f"count_tokens {model.name}",
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+                deadline=self.grace.earliest_deadline,
             ) as span:
                 with anyio.fail_after(COUNT_TIMEOUT), self.grace.hosting():
                     counted = await count(request)  # a run a custom model starts shares the grace
@@ -467,8 +470,7 @@ class RunContext:
                     capture_content=self.capture_content,
                     streamed=streamed and getattr(model, "stream", None) is not None,
                     first_chunk=lambda: first_chunk.at,
-                    # a served run's deadline too
-                    deadline=lambda: min(self.grace.deadlines(), default=None),
+                    deadline=self.grace.earliest_deadline,  # a served run's deadline too
                 )
             except BaseException as error:
                 self.add_usage(billed(error))

@@ -238,12 +238,16 @@ async def run(
         except BaseException:
             with telemetry.open_span(name, attributes=attributes):
                 raise  # a model that cannot be resolved fails a span too
+        runs: list[RunContext] = []
+
+        def deadline() -> float | None:  # a served run's too: it cuts this one
+            return runs[0].grace.earliest_deadline() if runs else None
+
         with (
             stopped_at_exit(agent.cleanup_grace) as stopping,
-            telemetry.open_span(name, attributes=attributes) as span,
+            telemetry.open_span(name, attributes=attributes, deadline=deadline) as span,
             stopping,
         ):
-            runs: list[RunContext] = []
 
             def seen(context: RunContext) -> None:
                 runs.append(context)
@@ -820,7 +824,9 @@ async def _run_tool(
     }
     if found is not None and found[0].description:
         attributes[telemetry.TOOL_DESCRIPTION] = found[0].description
-    with telemetry.open_span(f"execute_tool {name}", attributes=attributes) as span:
+    with telemetry.open_span(
+        f"execute_tool {name}", attributes=attributes, deadline=context.grace.earliest_deadline
+    ) as span:
         if agent.capture_content and span.is_recording():
             span.set_attribute(
                 telemetry.TOOL_CALL_ARGUMENTS, telemetry.arguments_json(call.arguments)

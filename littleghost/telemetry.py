@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,6 +29,7 @@ from littleghost.text import json_text
 __all__ = [
     "COMPACTION_EVENT",
     "error_type",
+    "failure_type",
     "finish_reason",
     "input_attributes",
     "messages_json",
@@ -146,6 +147,22 @@ def error_type(error: BaseException) -> str:
     return type(error).__qualname__
 
 
+def failure_type(error: BaseException, deadline: float | None = None) -> str | None:
+    """``error.type`` of an operation ``error`` ended: ``None`` when it only stopped (a
+    cancellation or a generator's close) before the run's ``deadline`` (in
+    ``anyio.current_time()`` units), ``DeadlineExceededError`` when that deadline cut it:
+    it timed out, as the run did."""
+    if not _stops(error):
+        return error_type(error)
+    if deadline is None or anyio.current_time() < deadline:
+        return None
+    return DeadlineExceededError.__name__
+
+
+def _no_deadline() -> float | None:
+    return None
+
+
 def mark_failed(span: Span, error: BaseException | str) -> None:
     """Set ERROR status and ``error.type`` (an exception's, or the given name) on ``span``;
     the status description holds no content."""
@@ -247,11 +264,16 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
 
 @contextmanager
 def open_span(
-    name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None
+    name: str,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    deadline: Callable[[], float | None] = _no_deadline,
 ) -> Iterator[Span]:
     """Open a current span that records a failure as ERROR (any exception, a
-    ``BaseException`` of the caller's own too) and a cancellation (or a generator's
-    close) as UNSET."""
+    ``BaseException`` of the caller's own too), a cancellation (or a generator's close)
+    as UNSET, and one at or past the run's ``deadline()`` as ERROR with
+    ``DeadlineExceededError`` (``failure_type``)."""
     with tracer.start_as_current_span(
         name,
         kind=kind,
@@ -262,8 +284,9 @@ def open_span(
         try:
             yield span
         except BaseException as error:
-            if not _stops(error):
-                mark_failed(span, error)
+            failed = failure_type(error, deadline())
+            if failed is not None:
+                mark_failed(span, failed)
             raise
 
 
@@ -291,11 +314,9 @@ def record_call(
     is one the model did not report: the conventions record none then), and for
     a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came.
     ``attributes`` are its span's; the metrics keep the conventions' few."""
-    kind = None if error is None else error_type(error)
-    if error is not None and _stops(error):
-        if deadline is None or anyio.current_time() < deadline:
-            return
-        kind = DeadlineExceededError.__name__
+    kind = None if error is None else failure_type(error, deadline)
+    if error is not None and kind is None:
+        return  # a cancellation
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
         kept[RESPONSE_MODEL] = response.response_model

@@ -2074,6 +2074,11 @@ class TestTelemetry:
         assert event["littleghost.compaction.outcome"] == "cancelled"
         assert event["littleghost.compaction.reason"] == "threshold"
         assert "error.type" not in event
+        (summary,) = spans.named("chat")
+        if stop != "no time to retry":  # that one failed first, with RateLimitError
+            failed = "DeadlineExceededError" if stop == "deadline" else None
+            assert (summary.attributes or {}).get("error.type") == failed
+        assert not spans.still_open
 
     async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
         """A request that was not compacted carries no compacted attribute."""
@@ -2152,12 +2157,13 @@ class TestCountSpans:
         assert retried["littleghost.compaction.counted_prompt_tokens"] == counted[-1]
 
     @pytest.mark.parametrize("stop", ["cancel", "deadline"])
-    async def test_a_count_cut_by_the_run_stopping_is_no_error_span(
+    async def test_a_count_cut_by_the_run_stopping_has_no_figure(
         self, spans: Spans, stop: str
     ) -> None:
         """A slow count is cut by the run's deadline as a model call is (the run raises
         DeadlineExceededError at its deadline, never later) or by a cancellation; its span
-        ends without ERROR, error.type or figure."""
+        ends without a figure, ERROR with DeadlineExceededError when the deadline cut it,
+        else UNSET without error.type."""
         started = anyio.Event()
 
         async def slow(request: ModelRequest) -> int:
@@ -2183,8 +2189,12 @@ class TestCountSpans:
             assert anyio.current_time() - begin < 0.5
         assert started.is_set()
         (span,) = spans.named("count_tokens")
-        assert span.status.status_code is StatusCode.UNSET
-        assert "error.type" not in (span.attributes or {})
+        if stop == "deadline":
+            assert span.status.status_code is StatusCode.ERROR
+            assert (span.attributes or {})["error.type"] == "DeadlineExceededError"
+        else:
+            assert span.status.status_code is StatusCode.UNSET
+            assert "error.type" not in (span.attributes or {})
         assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
         assert not spans.still_open
 

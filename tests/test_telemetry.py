@@ -550,14 +550,53 @@ async def test_a_run_cancelled_during_a_tool_ends_its_spans_without_error(spans:
     assert all(span.status.status_code is StatusCode.UNSET for span in spans.all())
 
 
-async def test_a_run_past_its_deadline_is_an_error_span(spans: Spans) -> None:
-    """The deadline fails invoke_agent with DeadlineExceededError; the cut chat is not an error."""
+class Consulting(Agent):
+    @tool
+    async def ask(self) -> str:
+        """Asks a sub-agent, whose tool stalls."""
+        helper = Support(model=ScriptedModel([tool_call_response("stall", {})]))
+        return (await helper.run("help")).output
+
+
+DEADLINE_CUTS = {
+    "chat": ([hang], {"chat scripted", "invoke_agent Support"}),
+    "streamed chat": ([hang], {"chat scripted", "invoke_agent Support"}),
+    "tool": (
+        [tool_call_response("stall", {})],
+        {"execute_tool stall", "invoke_agent Support"},
+    ),
+    "sub-agent": (
+        [tool_call_response("ask", {})],
+        {
+            "execute_tool stall",
+            "invoke_agent Support",
+            "execute_tool ask",
+            "invoke_agent Consulting",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(DEADLINE_CUTS))
+async def test_every_span_the_run_deadline_cuts_is_an_error_span(spans: Spans, where: str) -> None:
+    """The run's deadline fails each span it cuts with DeadlineExceededError, down to the
+    chat or tool that took the time (through a sub-agent's run and the tool that ran it),
+    as the duration metric records a cut call; what had ended stays UNSET."""
+    script, cut = DEADLINE_CUTS[where]
+    agent = (Consulting if where == "sub-agent" else Support)(model=ScriptedModel(script))
     with pytest.raises(DeadlineExceededError):
-        await Support(model=ScriptedModel([hang])).run("hi", timeout=0.1)
-    root = spans.one("invoke_agent")
-    assert attributes(root)["error.type"] == "DeadlineExceededError"
-    assert root.status.status_code is StatusCode.ERROR
-    assert spans.one("chat").status.status_code is StatusCode.UNSET
+        if where == "streamed chat":
+            async with agent.stream("hi", timeout=0.1) as events:
+                async for _ in events:
+                    pass
+        else:
+            await agent.run("hi", timeout=0.1)
+    assert not spans.still_open
+    failed = {span.name for span in spans.all() if span.status.status_code is StatusCode.ERROR}
+    assert failed == cut
+    for span in spans.all():
+        kind = "DeadlineExceededError" if span.name in cut else None
+        assert attributes(span).get("error.type") == kind
 
 
 async def run_with_secrets(agent: Support) -> None:
