@@ -4,7 +4,7 @@ the telemetry of every call, a run's and a compaction's outside runs alike."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -20,6 +20,10 @@ def _none() -> float | None:
     return None
 
 
+def _no_gaps() -> Sequence[float]:
+    return ()
+
+
 async def traced_call(
     model: Model,
     request: ModelRequest,
@@ -29,13 +33,15 @@ async def traced_call(
     capture_content: bool,
     streamed: bool = False,
     first_chunk: Callable[[], float | None] = _none,
+    chunk_gaps: Callable[[], Sequence[float]] = _no_gaps,
     deadline: Callable[[], float | None] = _none,
 ) -> ModelResponse:
     """``respond()``, ``model``'s answer to ``request``, in a ``chat`` span with the GenAI
     attributes (``attributes`` added; ERROR when it fails, or the run's ``deadline()``
     cuts it: ``open_span``), its content when ``capture_content``, and in the
     metrics: its duration (a failure's by ``deadline()``, see ``record_call``), its tokens,
-    a failed call's billed ones, and the ``first_chunk()`` time of a ``streamed`` one.
+    a failed call's billed ones, and the ``first_chunk()`` time and ``chunk_gaps()`` of a
+    ``streamed`` one.
 
     Raises:
         ProtocolError: ``respond()`` returned no ``ModelResponse``.
@@ -73,7 +79,9 @@ async def traced_call(
             telemetry.record_call(spanned, started, error=error, deadline=deadline(), usage=used)
             raise
         chunk_at = first_chunk()
-        telemetry.record_call(spanned, started, response, first_chunk=chunk_at)
+        telemetry.record_call(
+            spanned, started, response, first_chunk=chunk_at, chunk_gaps=chunk_gaps()
+        )
         span.set_attributes(telemetry.response_attributes(response))
         if chunk_at is not None:
             span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)

@@ -455,11 +455,11 @@ class RunContext:
         streamed = turn and self.streaming
 
         async def attempt() -> ModelResponse:
-            first_chunk = _FirstChunk()
+            chunks = _ChunkTimes()
 
             async def respond() -> ModelResponse:
                 with self.grace.hosting():  # runs a custom model starts share the grace
-                    return await self._respond(model, request, first_chunk, streamed)
+                    return await self._respond(model, request, chunks, streamed)
 
             try:
                 response = await traced_call(
@@ -469,7 +469,8 @@ class RunContext:
                     attributes={**extra, **telemetry.conversation_attributes(self.session_id)},
                     capture_content=self.capture_content,
                     streamed=streamed and getattr(model, "stream", None) is not None,
-                    first_chunk=lambda: first_chunk.at,
+                    first_chunk=lambda: chunks.first,
+                    chunk_gaps=lambda: chunks.gaps,
                     deadline=self.grace.earliest_deadline,  # a served run's deadline too
                 )
             except BaseException as error:
@@ -518,10 +519,10 @@ class RunContext:
         self._prepared_models.add(id(model))
 
     async def _respond(
-        self, model: Model, request: ModelRequest, first_chunk: _FirstChunk, streamed: bool
+        self, model: Model, request: ModelRequest, times: _ChunkTimes, streamed: bool
     ) -> ModelResponse:
         """``model``'s answer to ``request``, streamed when ``streamed`` and the model
-        streams (its deltas emitted as they come, the first chunk's time in ``first_chunk``)."""
+        streams (its deltas emitted as they come, when its chunks came in ``times``)."""
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
             response = await model.respond(request)
@@ -538,14 +539,14 @@ class RunContext:
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
-                        first_chunk.came()
+                        times.came()
                         await self.emit(TextDelta(chunk.text))
                 elif isinstance(chunk, ReasoningChunk):
                     if chunk.text:
-                        first_chunk.came()
+                        times.came()
                         await self.emit(ReasoningDelta(chunk.text))
                 elif isinstance(chunk, ToolCallChunk):
-                    first_chunk.came()
+                    times.came()
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
         finally:
@@ -558,15 +559,21 @@ class RunContext:
 
 
 @define
-class _FirstChunk:
-    """When a streamed answer's first text, reasoning or tool call came
-    (``time.perf_counter()``)."""
+class _ChunkTimes:
+    """When a streamed answer's first chunk (of text, reasoning or a tool call) came
+    (``time.perf_counter()``), and the seconds each later one came after the one before."""
 
-    at: float | None = None
+    first: float | None = None
+    gaps: list[float] = field(factory=list)
+    _last: float | None = None
 
     def came(self) -> None:
-        if self.at is None:
-            self.at = time.perf_counter()
+        now = time.perf_counter()
+        if self._last is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self._last)
+        self._last = now
 
 
 @define(eq=False)

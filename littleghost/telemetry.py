@@ -42,7 +42,8 @@ __all__ = [
 tracer = trace.get_tracer("littleghost", __version__)
 _meter = metrics.get_meter("littleghost", __version__)
 _SECONDS = [0.01 * 2**power for power in range(14)]
-"""The conventions' advised bucket boundaries for durations, 0.01 s to 81.92 s."""
+"""The conventions' advised bucket boundaries for durations (a call's, to its first
+chunk, between chunks), 0.01 s to 81.92 s."""
 _CALL_DURATION = _meter.create_histogram(
     "gen_ai.client.operation.duration",
     unit="s",
@@ -53,6 +54,12 @@ _FIRST_CHUNK = _meter.create_histogram(
     "gen_ai.client.operation.time_to_first_chunk",
     unit="s",
     description="Time to receive the first chunk of a streamed answer",
+    explicit_bucket_boundaries_advisory=_SECONDS,
+)
+_PER_CHUNK = _meter.create_histogram(
+    "gen_ai.client.operation.time_per_output_chunk",
+    unit="s",
+    description="Time per output chunk of a streamed answer, after the first one",
     explicit_bucket_boundaries_advisory=_SECONDS,
 )
 _TOKEN_USAGE = _meter.create_histogram(
@@ -304,6 +311,7 @@ def record_call(
     first_chunk: float | None = None,
     deadline: float | None = None,
     usage: Usage | None = None,
+    chunk_gaps: Sequence[float] = (),
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
     client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
@@ -312,7 +320,8 @@ def record_call(
     output tokens of its ``response`` (or the ``usage`` a failed call was billed, without
     its ``error.type``, which the conventions do not give the token metric; a count of 0
     is one the model did not report: the conventions record none then), and for
-    a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came.
+    a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came
+    and the ``chunk_gaps``, the seconds each later chunk came after the one before.
     ``attributes`` are its span's; the metrics keep the conventions' few."""
     kind = None if error is None else failure_type(error, deadline)
     if error is not None and kind is None:
@@ -325,6 +334,8 @@ def record_call(
     _CALL_DURATION.record(time.perf_counter() - started, timed)
     if first_chunk is not None:
         _FIRST_CHUNK.record(first_chunk - started, timed)
+    for gap in chunk_gaps:
+        _PER_CHUNK.record(gap, timed)
     used = usage if response is None else response.usage
     if used is not None:  # no error.type: the conventions do not give it the token metric
         counts = {"input": used.input_tokens, "output": used.output_tokens}

@@ -41,7 +41,7 @@ from littleghost.errors import (
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 if TYPE_CHECKING:
     from conftest import Histograms, Spans
@@ -847,6 +847,29 @@ async def test_a_streamed_answer_of_tool_calls_alone_has_its_time_to_first_chunk
             async for _ in events:
                 pass
     one_first_chunk(spans, histograms, after=0.05)
+
+
+async def test_a_streamed_answer_has_its_time_per_output_chunk(histograms: Histograms) -> None:
+    """Each chunk of a streamed answer after the first is in
+    gen_ai.client.operation.time_per_output_chunk, the seconds since the one before, with
+    the conventions' attributes; an answer of one chunk, or not streamed, records none."""
+    model = ScriptedModel([streamed("one ", "two ", "three", delay=0.03)])
+    async with Agent(model=model).stream("hi") as events:
+        async for _ in events:
+            pass
+    (point,) = histograms.read()["gen_ai.client.operation.time_per_output_chunk"]
+    assert point.count == 2 and 0.06 <= point.sum < 5
+    assert dict(point.attributes or {}) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+    }
+
+    async with Agent(model=Paced(0.01)).stream("hi") as events:
+        async for _ in events:
+            pass
+    await Agent(model=ScriptedModel([streamed("one ", "two")])).run("hi")
+    assert "gen_ai.client.operation.time_per_output_chunk" not in histograms.read()
 
 
 class TestChatSpanRequestAndResponse:
