@@ -9,6 +9,7 @@ unless the agent opts in with ``capture_content = True``, nor ever a metric.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -194,17 +195,33 @@ def finish_reason(reason: StopReason) -> str:
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_MAX = int(sys.float_info.max)
+_DOUBLES = frozenset(
+    {
+        REQUEST_TEMPERATURE,
+        REQUEST_TOP_P,
+        REQUEST_TOP_K,
+        REQUEST_FREQUENCY_PENALTY,
+        REQUEST_PRESENCE_PENALTY,
+    }
+)
+"""The request attributes the conventions type as doubles: one of them is a float on
+every span (``temperature=1`` too), as a backend that types attributes takes it."""
 
 
 def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The GenAI request attributes for the settings a request carries: the numbers, and
-    the stop sequences of ``stop`` (a string or a list of them) or ``stop_sequences``."""
+    """The GenAI request attributes for the settings a request carries: the numbers (as
+    floats where the conventions type them so), and the stop sequences of ``stop`` (a
+    string or a list of them) or ``stop_sequences``."""
     attributes: dict[str, Any] = {}
     for key, name in _SETTING_ATTRIBUTES.items():
         value = settings.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if isinstance(value, float) or _INT64_MIN <= value <= _INT64_MAX:
+        if name in _DOUBLES:
+            if isinstance(value, float) or -_FLOAT_MAX <= value <= _FLOAT_MAX:
+                attributes[name] = float(value)
+        elif isinstance(value, float) or _INT64_MIN <= value <= _INT64_MAX:
             attributes[name] = value  # an int OpenTelemetry cannot export is left out
     stop = settings.get("stop")
     if stop is None:

@@ -944,6 +944,36 @@ class TestChatSpanRequestAndResponse:
         assert chat["gen_ai.request.frequency_penalty"] == 0.5
         assert chat["gen_ai.request.presence_penalty"] == -0.25
 
+    async def test_settings_keep_the_conventions_types(self, spans: Spans) -> None:
+        """The settings the conventions type as doubles are floats on the chat and run
+        spans even when given as ints (temperature=1), as a backend that types attributes
+        takes them; max_tokens and seed stay ints."""
+        settings = {
+            "temperature": 1,
+            "top_p": 1,
+            "top_k": 40,
+            "frequency_penalty": 0,
+            "presence_penalty": -1,
+            "max_tokens": 50,
+            "seed": 7,
+        }
+        await Agent(model=ScriptedModel([text_response("ok")]), settings=settings).run("hi")
+        for span in (spans.one("chat "), spans.one("invoke_agent")):
+            found = {
+                name.removeprefix("gen_ai.request."): (type(value), value)
+                for name, value in attributes(span).items()
+                if name.startswith("gen_ai.request.") and name != "gen_ai.request.model"
+            }
+            assert found == {
+                "temperature": (float, 1.0),
+                "top_p": (float, 1.0),
+                "top_k": (float, 40.0),
+                "frequency_penalty": (float, 0.0),
+                "presence_penalty": (float, -1.0),
+                "max_tokens": (int, 50),
+                "seed": (int, 7),
+            }
+
     async def test_stream_is_set_when_the_model_streams(self, spans: Spans) -> None:
         """gen_ai.request.stream is true on a streamed call; a run that is not streamed
         leaves it unset."""
