@@ -72,7 +72,7 @@ async def traced_call(
                     f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
                 )
         except BaseException as error:  # failed, cancelled or cut off: no answer
-            span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, ("error",))
+            span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
             used = billed(error)
             if used != Usage():
                 span.set_attributes(telemetry.usage_attributes(used))

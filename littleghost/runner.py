@@ -236,7 +236,8 @@ async def run(
             attributes[telemetry.PROVIDER_NAME] = model.provider
             attributes[telemetry.REQUEST_MODEL] = model.name
         except BaseException:
-            with telemetry.open_span(name, attributes=attributes):
+            with telemetry.open_span(name, attributes=attributes) as span:
+                span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
                 raise  # a model that cannot be resolved fails a span too
         runs: list[RunContext] = []
 
@@ -262,7 +263,8 @@ async def run(
                 async with agent._models.use(model, agent.cleanup_grace, by=stop):
                     try:
                         return await _run_in(span, agent, plan, model, sink, seen, held)
-                    except BaseException as error:
+                    except BaseException as error:  # failed, cancelled or past its deadline
+                        span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
                         if not runs:
                             raise
                         note_stop(runs[0].grace)  # an `async with agent:` block's cleanup too

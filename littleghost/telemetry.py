@@ -188,6 +188,11 @@ _FINISH_REASONS = {
 }
 
 
+UNANSWERED = ("error",)
+"""``gen_ai.response.finish_reasons`` of a ``chat`` or ``invoke_agent`` span that ended
+without an answer: failed, cancelled or cut off."""
+
+
 def finish_reason(reason: StopReason) -> str:
     """Why a model stopped, in the GenAI conventions' words (their ``FinishReason``:
     ``stop``, ``length``, ``tool_call``, ``content_filter``), whatever the provider."""

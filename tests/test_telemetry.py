@@ -550,6 +550,38 @@ async def test_a_run_cancelled_during_a_tool_ends_its_spans_without_error(spans:
     assert all(span.status.status_code is StatusCode.UNSET for span in spans.all())
 
 
+@pytest.mark.parametrize("end", ["cancelled", "consumer left", "deadline", "failed", "unresolved"])
+async def test_a_run_without_an_answer_has_the_finish_reason_error(spans: Spans, end: str) -> None:
+    """A run that ends without an answer (cancelled, left by its stream's consumer, past
+    its deadline, failed, or with a model that cannot be resolved) has the finish reason
+    error on invoke_agent, as a cut chat span has: told from a run still going on or one
+    that answered; only a failure is ERROR."""
+    agent = Support(model=ScriptedModel([hang]))
+    if end == "cancelled":
+        with anyio.move_on_after(0.1):
+            await agent.run("hi")
+    elif end == "consumer left":
+        async with Support(model=ScriptedModel([text_response("one two three")])).stream(
+            "hi"
+        ) as events:
+            async for _ in events:
+                break
+    elif end == "deadline":
+        with pytest.raises(DeadlineExceededError):
+            await agent.run("hi", timeout=0.1)
+    elif end == "failed":
+        with pytest.raises(InvalidRequestError):
+            await Support(model=ScriptedModel([InvalidRequestError("no", status=400)])).run("hi")
+    else:
+        with pytest.raises(ConfigurationError):
+            await Unresolved().run("hi")
+    root = spans.one("invoke_agent")
+    assert attributes(root)["gen_ai.response.finish_reasons"] == ("error",)
+    stopped = end in ("cancelled", "consumer left")
+    assert root.status.status_code is (StatusCode.UNSET if stopped else StatusCode.ERROR)
+    assert ("error.type" in attributes(root)) is not stopped
+
+
 class Consulting(Agent):
     @tool
     async def ask(self) -> str:
