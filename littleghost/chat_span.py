@@ -16,10 +16,6 @@ from littleghost.models.base import Model, ModelRequest, ModelResponse, Usage, b
 __all__ = ["traced_call"]
 
 
-def _none() -> float | None:
-    return None
-
-
 def _no_gaps() -> Sequence[float]:
     return ()
 
@@ -32,9 +28,9 @@ async def traced_call(
     attributes: Mapping[str, Any],
     capture_content: bool,
     streamed: bool = False,
-    first_chunk: Callable[[], float | None] = _none,
+    first_chunk: Callable[[], float | None] = telemetry.no_time,
     chunk_gaps: Callable[[], Sequence[float]] = _no_gaps,
-    deadline: Callable[[], float | None] = _none,
+    deadline: Callable[[], float | None] = telemetry.no_time,
 ) -> ModelResponse:
     """``respond()``, ``model``'s answer to ``request``, in a ``chat`` span with the GenAI
     attributes (``attributes`` added; ERROR when it fails, or the run's ``deadline()``

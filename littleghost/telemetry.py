@@ -167,7 +167,8 @@ def failure_type(error: BaseException, deadline: float | None = None) -> str | N
     return DeadlineExceededError.__name__
 
 
-def _no_deadline() -> float | None:
+def no_time() -> float | None:
+    """No time: the default of a callable that tells a time (a deadline, a chunk's)."""
     return None
 
 
@@ -297,7 +298,7 @@ def open_span(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, Any] | None = None,
-    deadline: Callable[[], float | None] = _no_deadline,
+    deadline: Callable[[], float | None] = no_time,
 ) -> Iterator[Span]:
     """Open a current span that records a failure as ERROR (any exception, a
     ``BaseException`` of the caller's own too), a cancellation (or a generator's close)
