@@ -285,7 +285,7 @@ def knobs() -> Iterator[Knob]:
         (Truncation, "minimum_preserved", count(0), {}),
         (SlidingWindow, "keep_last_turns", count(1), {}),
         (SlidingWindow, "minimum_preserved", count(0), {"keep_last_turns": 2}),
-        (Summarization, "max_tokens", OUTPUT_CAP, {}),
+        (Summarization, "max_tokens", optional(OUTPUT_CAP), {}),
         (Summarization, "max_item_chars", count(64), {}),
         (Summarization, "prompt", optional(text), {}),
         (Summarization, "quote_specifics", switch, {}),

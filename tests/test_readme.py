@@ -254,7 +254,7 @@ SIGNATURES = [
     (SelectiveToolCallCompaction, "SelectiveToolCallCompaction(keep_last_tool_call_groups=2)"),
     (
         Summarization,
-        "Summarization(minimum_preserved=4, prompt=None, model=None, max_tokens=1024, "
+        "Summarization(minimum_preserved=4, prompt=None, model=None, max_tokens=None, "
         "max_item_chars=4000, mask_tool_results=None, quote_specifics=True)",
     ),
     (TurnExcerpts, "TurnExcerpts(excerpt_chars=160"),  # written as `excerpt_chars=160`

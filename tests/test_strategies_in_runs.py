@@ -10,11 +10,13 @@ import pytest
 from littleghost import Agent, Message, ToolCall, before_model, manage_context, tool
 from littleghost.context import (
     CompactionState,
+    Pipeline,
     PromptBudget,
     Summarization,
     ToolResultCompaction,
     Truncation,
     always,
+    apply_compaction,
     build_view,
 )
 from littleghost.context.records import record_covers
@@ -200,6 +202,67 @@ class TestStrategies:
         """strategy= must be a strategy."""
         with pytest.raises(ConfigurationError, match="strategy"):
             manage_context(strategy="truncate")
+
+
+def wordy(pairs: int) -> list[Message]:
+    """Exchanges of about 50 estimated tokens each message, with no specifics to quote."""
+    words = "tell me more about the weather over the hills and the rivers " * 3
+    return [m for _ in range(pairs) for m in (Message.user(words), Message.assistant(words))]
+
+
+class TestSummaryCap:
+    @pytest.mark.parametrize(
+        ("make", "cap"),
+        [
+            (lambda own: Summarization(), 500),  # a quarter of the agent's 2 000 tokens
+            (lambda own: Pipeline(Summarization()), 500),
+            (lambda own: Summarization(max_tokens=700), 700),  # given: kept
+        ],
+    )
+    async def test_a_strategys_summary_is_capped_by_the_window(self, make: Any, cap: int) -> None:
+        """Without max_tokens, a Summarization strategy's summary cap is a quarter of the
+        window its request is fitted to, as the default summarizer's: a 1 024-token
+        summary in a 2 000-token window left the conversation little room."""
+        own = ScriptedModel([text_response("- they talked")], context_window=1_000)
+        model = ScriptedModel([text_response("- they talked"), text_response("done")])
+
+        @manage_context(context_window_tokens=2_000, strategy=make(own))
+        class Managed(Agent):
+            pass
+
+        await Managed(model=model).run("go", history=wordy(20))
+        (summary,) = [r for r in [*own.requests, *model.requests] if r.purpose != "chat"]
+        assert summary.max_tokens == cap
+
+    @pytest.mark.parametrize(("window", "pairs", "cap"), [(3_000, 18, 750), (None, 30, 1_024)])
+    async def test_ad_hoc_its_own_models_window_caps_it(
+        self, window: int | None, pairs: int, cap: int
+    ) -> None:
+        """Ad hoc, a quarter of its own model's advertised window (1 024 without one)."""
+        model = ScriptedModel([text_response("- they talked")], context_window=window)
+        await apply_compaction(wordy(pairs), Summarization(model=model))
+        assert model.requests[0].max_tokens == cap
+
+    async def test_notes_past_a_quarter_of_the_window_are_rewritten(self) -> None:
+        """Earlier notes of about 600 tokens in a 2 000-token window reach the cap, so the
+        next summary rewrites them shorter; under 1 024 they were appended to, and one
+        summary grew past half the window."""
+        from littleghost.context.summarize import summary_message
+
+        older = wordy(4)
+        notes = "\n".join(f"- the hills and the rivers, note {'i' * n}" for n in range(1, 50))
+        log = [*older, summary_message(notes, [m.id for m in older]), *wordy(14)]
+        model = ScriptedModel([text_response("- they talked"), text_response("done")])
+
+        @manage_context(context_window_tokens=2_000, strategy=Summarization())
+        class Managed(Agent):
+            pass
+
+        await Managed(model=model).run("go", history=log)
+        summary, chat = model.requests
+        assert "Current notes:" in summary.messages[-1].text  # a rewrite
+        (kept,) = [m for m in chat.messages if m.is_summary]
+        assert "note i\n" not in kept.text and len(kept.text) < 400
 
 
 class TestTools:

@@ -187,7 +187,7 @@ class ContextManagement:
             default = Summarization(
                 prompt=self.summary_instructions, max_tokens=self.summary_cap(window)
             )
-            least = least_summary_call(self.strategy or default, self.tokenizer)
+            least = least_summary_call(self.strategy or default, self.tokenizer, window)
             if least > (room := int(SUMMARY_FIT_MARGIN * window)):
                 raise ConfigurationError(
                     f"manage_context: no summary call fits the {window}-token context window: "

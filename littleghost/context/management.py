@@ -63,7 +63,6 @@ from littleghost.context.groups import SUMMARY, SYSTEM
 from littleghost.context.index import LogIndex, starts_with
 from littleghost.context.records import is_record, record_covers
 from littleghost.context.strategies import (
-    SUMMARY_FIT_MARGIN,
     CompactionState,
     Complete,
     Summarization,
@@ -717,7 +716,7 @@ def managed_state(
     """A compaction state over ``index``'s view: the groups of the newest
     ``preserve_recent_messages`` protected, a summary request fitted to ``window``."""
     state = compaction_state(index, config.tokenizer, complete=complete, settings=settings)
-    state.room = int(window * SUMMARY_FIT_MARGIN)
+    state.fit_window(window)
     kinds, members = index.layout.slots()
     count, state.protected = 0, 0
     for slot in range(len(kinds) - 1, -1, -1):

@@ -104,8 +104,9 @@ class CompactionState:
     The metrics count what is included; a group's tokens are estimated when first needed.
     Each slot's group is included, excluded, or absorbed into a record made in the first
     slot it replaces. Removing a system group, a slot from ``protected`` on or a ``pinned``
-    one raises ``ValueError``. ``scale`` (real tokens per estimated token) and ``room``
-    (the real tokens a summary request may fill) fit summary requests to the window;
+    one raises ``ValueError``. ``scale`` (real tokens per estimated token), ``window`` (the
+    smallest known) and ``room`` (the real tokens a summary request may fill) fit summary
+    requests to it;
     ``summary_outcome`` says how a summary made here came back.
     """
 
@@ -132,6 +133,7 @@ class CompactionState:
         "tokenizer",
         "tool_call_groups",
         "turns",
+        "window",
     )
 
     def __init__(
@@ -160,6 +162,7 @@ class CompactionState:
         self.pinned: frozenset[int] = frozenset()
         self.scale = 1.0
         self.room: int | None = None
+        self.window: int | None = None
         self.real: dict[str, float] = {}
         self.summary_outcome: str | None = None
         self.measured: float | None = None
@@ -276,6 +279,7 @@ class CompactionState:
 
     def fit_window(self, window: int) -> None:
         """Fit summary requests to ``window`` too (their model's, or one an overflow showed)."""
+        self.window = min(self.window or window, window)
         self.room = min(self.room or window, int(SUMMARY_FIT_MARGIN * window))
 
     def _summary_split(self, request: ModelRequest, instruction: str) -> tuple[int, int]:
@@ -773,16 +777,17 @@ SUMMARY_FLOOR_TOKENS = 64
 _CLIP_LEVELS = (2_000, 500, 200, 80)  # longest first
 
 
-def least_summary_call(strategy: CompactionStrategy, tokenizer: Tokenizer) -> int:
-    """The fewest estimated tokens a summary call of ``strategy`` takes: its framing and
-    instruction with no transcript, and its least answer (0 without a ``Summarization``)."""
+def least_summary_call(strategy: CompactionStrategy, tokenizer: Tokenizer, window: int) -> int:
+    """The fewest estimated tokens a summary call of ``strategy`` takes in ``window``: its
+    framing and instruction with no transcript, and its least answer (0 without a
+    ``Summarization``)."""
     if isinstance(strategy, Summarization):
         instruction = summary_instruction(strategy.prompt, rewrite=False)
         request = summary_request("", instructions=instruction, settings={}, max_tokens=1)
-        answer = min(SUMMARY_FLOOR_TOKENS, strategy.max_tokens)
+        answer = min(SUMMARY_FLOOR_TOKENS, strategy.cap(window))
         return sum(map(counter(tokenizer), request.messages)) + answer
     inner = strategy.strategies if isinstance(strategy, (Pipeline, TokenBudget)) else ()
-    return max((least_summary_call(step, tokenizer) for step in inner), default=0)
+    return max((least_summary_call(step, tokenizer, window) for step in inner), default=0)
 
 
 @frozen(kw_only=True)
@@ -803,7 +808,9 @@ class Summarization(_Stepwise):
         trigger: Start only when this holds (default ``always``).
         target: Stop taking groups as soon as this holds (default: the trigger no longer
             holds; with ``always``, take all but ``minimum_preserved``).
-        max_tokens: The summary's output cap (>= 1, default 1 024).
+        max_tokens: The summary's output cap (>= 1); default a quarter of the window its
+            request is fitted to (the smaller of the agent's and ``model``'s advertised
+            one), at most 1 024 (1 024 when no window is known).
         max_item_chars: Each transcript line is cut in the middle to this length (>= 64).
         mask_tool_results: Mask tool results beyond the newest this many tool-call groups
             (and the ``minimum_preserved`` newest groups) first (>= 0), or ``None``.
@@ -830,9 +837,11 @@ class Summarization(_Stepwise):
             )
         ),
     )
-    max_tokens: int = field(
-        default=1_024,
-        validator=check("Summarization.max_tokens", is_output_cap, OUTPUT_CAP),
+    max_tokens: int | None = field(
+        default=None,
+        validator=optional(
+            check("Summarization.max_tokens", is_output_cap, f"{OUTPUT_CAP} or None")
+        ),
     )
     max_item_chars: int = field(default=4_000, validator=count("Summarization.max_item_chars", 64))
     mask_tool_results: int | None = field(
@@ -870,8 +879,8 @@ class Summarization(_Stepwise):
         parts = [split_quotes(summary_text(state.messages_of(slot)[0])) for slot in earlier]
         notes = "\n".join(part[0] for part in parts)
         quotes = "\n".join(part[1] for part in parts if part[1])
-        full = math.ceil(state.scale * state.tokenizer.count_tokens(notes)) >= self.max_tokens
-        rewrite = notes if earlier and full else None
+        full = math.ceil(state.scale * state.tokenizer.count_tokens(notes))
+        rewrite = notes if earlier and full >= self.cap(state.window) else None
         request, added = self._fitted(state, taken, rewrite, quotes)
         instruction = summary_instruction(self.prompt, rewrite=rewrite is not None)
         try:
@@ -889,6 +898,11 @@ class Summarization(_Stepwise):
             tokens = 0 if quotes else summary.tokens  # the model's size, when it wrote all
             state.summarize(taken, with_quotes(summary.text, quotes), tokens=tokens)
         state.summary_outcome = summary.outcome
+
+    def cap(self, window: int | None) -> int:
+        """The summary's output cap in ``window``: ``max_tokens``, else a quarter of it, at
+        most 1 024."""
+        return self.max_tokens or max(1, min((window or 4_096) // 4, 1_024))
 
     def _worth(self, state: CompactionState, taken: list[int]) -> bool:
         """True when the groups ``taken`` (earlier summaries aside) are more than a
@@ -926,7 +940,7 @@ class Summarization(_Stepwise):
             return asked("\n".join(clipped(clip)[: ends[count]]), max_tokens=cap, notes=notes)
 
         def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
-            floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)  # the least ``_budget`` gives
+            floor = min(SUMMARY_FLOOR_TOKENS, self.cap(state.window))  # ``_budget``'s least
             return floor <= state.answer_room(make(count, floor, clips[-1]), instruction)
 
         # bisect for the most groups that could fit (one at a time is N² on a long log)
@@ -958,16 +972,17 @@ class Summarization(_Stepwise):
         self, state: CompactionState, taken: list[int], notes: str | None, quotes: str
     ) -> tuple[int, list[str]]:
         """The output cap to start from and the specifics of ``taken`` to quote: together
-        within half of what the summary replaces, the cap at most ``max_tokens`` (half for a
+        within half of what the summary replaces, the cap at most ``cap`` (half for a
         rewrite) and at least ``SUMMARY_FLOOR_TOKENS``."""
         covered = [m for s in taken if state.kind(s) != SUMMARY for m in state.messages_of(s)]
         replaced = [slot for slot in taken if notes is not None or state.kind(slot) != SUMMARY]
         half = math.ceil(state.scale * sum(map(state.size, replaced))) // 2
-        floor = min(SUMMARY_FLOOR_TOKENS, self.max_tokens)
+        most = self.cap(state.window)
+        floor = min(SUMMARY_FLOOR_TOKENS, most)
         added: list[str] = []
         if self.quote_specifics:
             count = state.tokenizer.count_tokens
-            room = min(half - floor, self.max_tokens - math.ceil(state.scale * count(quotes)))
+            room = min(half - floor, most - math.ceil(state.scale * count(quotes)))
             lines, kept = quoted_specifics(covered), set[int]()
             for index in exact_first(lines):  # numbers and identifiers take the room first
                 cost = math.ceil(state.scale * (count(lines[index]) + 1))
@@ -976,7 +991,7 @@ class Summarization(_Stepwise):
                     room -= cost
                     half -= cost
             added = [line for index, line in enumerate(lines) if index in kept]
-        limit = self.max_tokens if notes is None else self.max_tokens // 2
+        limit = most if notes is None else most // 2
         return max(floor, min(limit, half)), added
 
 
