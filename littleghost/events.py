@@ -84,6 +84,8 @@ class CompactionFinished:
     ``retried_shorter`` (asked once more, shorter); ``None`` when it made none.
     ``fallback`` is true for overflow recovery's compaction without a model, and
     ``tool_results_cut_to`` the tokens it cut the tool results to, if it did.
+    ``error_message`` says why a ``CompactionError`` ended it (figures and framework words,
+    no content); ``None`` for any other error, whose text may carry content.
     """
 
     reason: str
@@ -95,6 +97,7 @@ class CompactionFinished:
     summary_outcome: str | None = None
     fallback: bool = False
     tool_results_cut_to: int | None = None
+    error_message: str | None = None
 
 
 @frozen

@@ -125,6 +125,7 @@ COMPACTION_FALLBACK = "littleghost.compaction.fallback"
 COMPACTION_SUMMARY = "littleghost.compaction.summary_outcome"
 COMPACTION_CUT_TO = "littleghost.compaction.tool_results_cut_to_tokens"
 COMPACTION_COUNTED = "littleghost.compaction.counted_prompt_tokens"
+COMPACTION_ERROR = "littleghost.compaction.error_message"
 """On the chat span of a call overflow recovery retried: the prompt tokens the model
 counted for it (``count_prompt_tokens``)."""
 

@@ -20,7 +20,12 @@ from littleghost.context import (
     build_view,
 )
 from littleghost.context.records import record_covers
-from littleghost.errors import ConfigurationError, ContextWindowOverflowError
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    InvalidRequestError,
+)
+from littleghost.events import CompactionFinished
 from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.testing import ScriptedModel, text_response
 
@@ -263,6 +268,42 @@ class TestSummaryCap:
         assert "Current notes:" in summary.messages[-1].text  # a rewrite
         (kept,) = [m for m in chat.messages if m.is_summary]
         assert "note i\n" not in kept.text and len(kept.text) < 400
+
+
+class TestFailedCompaction:
+    async def test_a_compaction_error_says_why_without_content(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A CompactionError's reason (figures and framework words) is on the event, the
+        span event and the log line, for an operator to read."""
+        model = ScriptedModel([text_response("done")])
+        agent = managed(Truncation(minimum_preserved=1_000))(model=model)
+        with caplog.at_level("INFO", "littleghost.context"):
+            async with agent.stream("go", history=chat(40)) as events:
+                (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
+        assert finished.outcome == "error" and finished.error_type == "CompactionError"
+        assert finished.error_message is not None
+        assert finished.error_message.startswith("nothing to compact: the preserved messages")
+        (event,) = spans.compactions()
+        assert event["littleghost.compaction.error_message"] == finished.error_message
+        assert finished.error_message in caplog.text
+
+    async def test_a_providers_error_text_is_never_the_reason(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Another error's text may carry content (a provider's echoes the prompt): only
+        its type is told."""
+        secret = "echoed prompt: my card is 4111-1111"
+        model = ScriptedModel([InvalidRequestError(secret), text_response("done")])
+        agent = managed(Summarization(minimum_preserved=4))(model=model)
+        with caplog.at_level("DEBUG"):
+            async with agent.stream("go", history=chat(40)) as events:
+                (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
+        assert finished.error_type == "InvalidRequestError"
+        assert finished.error_message is None
+        (event,) = spans.compactions()
+        assert "littleghost.compaction.error_message" not in event
+        assert secret not in str(event) and "4111" not in caplog.text
 
 
 class TestTools:

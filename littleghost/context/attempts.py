@@ -13,7 +13,7 @@ from opentelemetry import trace
 
 from littleghost import logs, telemetry
 from littleghost.cleanup import cancelled_here
-from littleghost.errors import DeadlineExceededError
+from littleghost.errors import CompactionError, DeadlineExceededError
 from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.models.base import Usage
 
@@ -46,11 +46,14 @@ async def attempt(
     """One compaction attempt: its stream events, span event and log line, and on success
     the compacted mark on the next chat span."""
 
-    async def finish(result: str, done: Outcome, error: str | None) -> None:
+    async def finish(result: str, done: Outcome, error: Exception | None) -> None:
+        kind = None if error is None else telemetry.error_type(error)
+        why = str(error) if isinstance(error, CompactionError) else None  # figures only
         extra = {
             telemetry.COMPACTION_REMOVED: done.removed,
             telemetry.COMPACTION_ESTIMATED_AFTER: done.after,
-            telemetry.ERROR_TYPE: error,
+            telemetry.ERROR_TYPE: kind,
+            telemetry.COMPACTION_ERROR: why,
             telemetry.COMPACTION_FALLBACK: fallback or None,
             telemetry.COMPACTION_SUMMARY: done.summary,
             telemetry.COMPACTION_CUT_TO: done.cut_to,
@@ -63,11 +66,12 @@ async def attempt(
                 result,
                 done.removed,
                 done.after,
-                error,
+                kind,
                 done.usage,
                 done.summary,
                 fallback,
                 done.cut_to,
+                why,
             )
         )
 
@@ -87,7 +91,7 @@ async def attempt(
         raise
     except Exception as error:
         failed = Outcome(before=outcome.before, usage=outcome.usage)
-        await finish("error", failed, telemetry.error_type(error))
+        await finish("error", failed, error)
         raise
     assert outcome.after is not None
     context.mark_compacted()
@@ -117,7 +121,7 @@ def compaction_event(
     session = context.session_id
     skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
-        "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s)%s",
+        "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s%s)%s",
         outcome,
         context.agent.name,
         "" if session is None else f" in session {session!r}",
@@ -126,6 +130,7 @@ def compaction_event(
         attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
         window,
         "" if error is None else f", error={error}",
+        "" if (why := attributes.get(telemetry.COMPACTION_ERROR)) is None else f": {why}",
         ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
         ""
         if (cut := attributes.get(telemetry.COMPACTION_CUT_TO)) is None
