@@ -1072,6 +1072,90 @@ class TestOverflow:
         assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
         assert model.requests[-1].messages[-1].text == "Sum them up."
 
+    @pytest.mark.parametrize(("density", "pairs", "summaries"), [(1.35, 20, 2), (0.4, 40, 1)])
+    async def test_a_threshold_summary_left_over_the_window_goes_on_as_recovery_would(
+        self, spans: Spans, density: float, pairs: int, summaries: int
+    ) -> None:
+        """One summary call cannot hold a history far over the window: when the model
+        counts what it left over the window, the attempt goes on as overflow recovery would
+        after the refused call (a second summary, then the steps without a model), and the
+        call is not sent to be refused. When the estimate alone says over (the model counts
+        it within), nothing more is left out."""
+
+        def real(request: ModelRequest) -> int:
+            return int(density * estimate_messages(request.messages))
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if real(request) + (request.max_tokens or 1) > 512:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real(request))
+            if request.purpose == "context_compaction":
+                return text_response("- The user asked about orders A-0 to A-19.")
+            return text_response("done")
+
+        @manage_context(preserve_recent_messages=4)
+        class Support(Agent):
+            max_retries = 0
+
+        history = [
+            m
+            for i in range(pairs)
+            for m in (
+                Message.user(f"Where is order A-{i}? It was {i * 3} boxes of tea, blue label."),
+                Message.assistant(f"Order A-{i} left the depot on day {i}, due within a week."),
+            )
+        ]
+        model = ScriptedModel([answer] * 6, context_window=512, count_prompt_tokens=real)
+        result = await Support(model=model).run("And A-19?", history=history)
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests].count("chat") == 1  # none refused
+        events = spans.compactions()
+        assert {e["littleghost.compaction.reason"] for e in events} == {"threshold"}
+        assert sum("littleghost.compaction.summary_outcome" in e for e in events) == summaries
+        assert real(model.requests[-1]) + 1 <= 512
+
+    @pytest.mark.parametrize(("reports", "refused"), [(True, 0), (False, 1)])
+    async def test_without_a_count_a_calibrated_estimate_decides(
+        self, reports: bool, refused: int
+    ) -> None:
+        """A model that cannot count: the threshold attempt goes on as recovery would only
+        when a count the provider reported this run calibrated the estimate (the tool
+        loop's first answer); uncalibrated, an estimate that may overcount leaves nothing
+        more out, and the provider decides (the call is refused and recovered)."""
+
+        def real(request: ModelRequest) -> int:
+            return int(1.35 * estimate_messages(request.messages))
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if real(request) + (request.max_tokens or 1) > 512:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real(request))
+            reported = real(request) if reports else 0
+            if request.purpose == "context_compaction":
+                return text_response("- The user asked about orders.", input_tokens=reported)
+            if not request.messages[-1].tool_results:
+                return tool_call_response("lookup", {"order": "A-9"}, input_tokens=reported)
+            return text_response("done", input_tokens=reported)
+
+        @manage_context(preserve_recent_messages=4)
+        class Support(Agent):
+            max_retries = 0
+
+            @tool
+            def lookup(self, order: str) -> str:
+                """Look an order up."""
+                return f"{order}: " + "shipped from the north depot on Monday, " * 60
+
+        history = [
+            m
+            for i in range(6)
+            for m in (Message.user(f"Where is order A-{i}?"), Message.assistant(f"A-{i} left."))
+        ]
+        model = ScriptedModel([answer] * 8, context_window=512)
+        result = await Support(model=model).run("And A-9?", history=history)
+        assert result.output == "done"
+        chats = [r for r in model.requests if r.purpose == "chat"]
+        assert len(chats) == 2 + refused
+        assert real(chats[-1]) + 1 <= 512
+
     async def test_overflow_is_recovered_once(self, spans: Spans) -> None:
         """An overflow compacts (whatever the threshold) and retries the call once."""
 

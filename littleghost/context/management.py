@@ -379,7 +379,9 @@ async def _proactive(
     request: ModelRequest, context: RunContext, config: ContextManagement, estimated: int
 ) -> ModelRequest:
     """Compact a request over the threshold, unless it has not regrown enough since the
-    last attempt (``next_summary_at``; the skip is recorded)."""
+    last attempt (``next_summary_at``; the skip is recorded); when that leaves it over
+    the window by the model's count, or by an estimate a count of this run calibrated,
+    go on as overflow recovery would, without the call the provider would refuse."""
     state = _run(context, config)
     window = state.window
     if summary_waits(estimated, state.quiet_until, request, window):
@@ -401,6 +403,21 @@ async def _proactive(
     try:
         compacted = await _compact(request, context, config, "threshold", estimated, target)
         after = state.last_after
+        if over_window(after, compacted, window):  # one summary could not bring it under
+            counted, calibrated = await model_count(compacted, context), calibration(context)
+            over = calibrated.last is not None and calibrated.distrusted is None  # estimated
+            safe: int | None = None
+            # the model's count decides, when it counts, and teaches as an overflow's would
+            room = _answer_room(compacted) + state.hooked
+            if counted is not None and (over := counted + room > window):
+                learned, added = await _learned(compacted, counted, context, config, window)
+                after = counted + (compacted.max_tokens or 0) + state.hooked if learned else after
+                safe = window if added else None
+            if over:
+                compacted = await _recover(
+                    compacted, context, config, after, window, safe, counted is None, "threshold"
+                )
+                after = state.last_after
     except UNSWALLOWED:
         raise
     except Exception:
@@ -501,14 +518,7 @@ async def _compact_after_overflow(
         belied = counted is None or counted + answer <= window
     if belied:
         window = state.window = belied_window(context.model, window, overflowed)
-    # the current turn's or the added part's density, then the history's scale
-    added = reported > 0 and (
-        await learn_turn(sent, context, config.tokenizer)
-        or learn_added(sent, reported, context, config.tokenizer)
-    )
-    learned = bool(reported) and (
-        learn_scale(sent, reported, context, config.tokenizer, window) or added
-    )
+    learned, added = await _learned(sent, reported, context, config, window)
     if learned and sent is request:
         estimated = reported + (request.max_tokens or 0)
     else:
@@ -533,6 +543,25 @@ async def _compact_after_overflow(
         cause = CompactionError(f"overflow recovery failed: {type(failure).__name__}")
         cause.__cause__ = failure
         raise error from _leading_to_sdk_error(cause, error)
+
+
+async def _learned(
+    request: ModelRequest,
+    reported: int,
+    context: RunContext,
+    config: ContextManagement,
+    window: int,
+) -> tuple[bool, bool]:
+    """Learn from the model's ``reported`` count of ``request``, over the window: the
+    current turn's or the added part's density, then the history's scale; whether it
+    learned anything, and whether the added part's."""
+    if not reported:
+        return False, False
+    tokenizer = config.tokenizer
+    added = await learn_turn(request, context, tokenizer) or learn_added(
+        request, reported, context, tokenizer
+    )
+    return learn_scale(request, reported, context, tokenizer, window) or added, added
 
 
 def _leading_to_sdk_error(cause: BaseException, error: Exception) -> BaseException:
@@ -563,19 +592,21 @@ async def _recover(
     fits: int,
     safe: int | None,
     uncounted: bool,
+    reason: str = "overflow",
 ) -> ModelRequest:
     """Compact for an overflow until the request is under ``fits`` tokens, aiming under
     ``safe``: a summary if one can be made, then (over ``safe``, or without one) the
     model-free steps. ``safe`` ``None`` (the overflow's figure is the only calibration):
     the summary call's measure gives the margin, else 20 % under ``fits``; 20 % under at
     most when the model gave a figure but cannot count. A model that counts decides.
+    The attempts' ``reason``: ``threshold`` when one goes on as recovery before the call.
 
     Raises:
         CompactionError: Even the current request alone does not fit.
     """
     state, calibrated = _run(context, config), calibration(context)
     target = int(TARGET_SHARE * min(config.compression_threshold * state.window, fits))
-    compact = partial(_compact, context=context, config=config, reason="overflow", target=target)
+    compact = partial(_compact, context=context, config=config, reason=reason, target=target)
 
     async def tighten(view: ModelRequest, counted: int, last: bool) -> ModelRequest:
         """The model-free steps, calibrated by the count of ``view``, aiming as far under
