@@ -491,13 +491,18 @@ def accepted_parameters(method: Callable[..., Any]) -> frozenset[str]:
     return frozenset(inspect.signature(method).parameters)
 
 
-def transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """The HTTP libraries' request errors and, among them, their timeouts.
+_Kinds = tuple[type[BaseException], ...]
+
+
+def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds]:
+    """The HTTP libraries' request errors and, among them, their timeouts and their
+    failures to connect.
 
     A stream that breaks after its headers raises these directly, not as SDK errors.
     """
     errors: list[type[BaseException]] = []
     timeouts: list[type[BaseException]] = []
+    unconnected: list[type[BaseException]] = []
     for name in ("httpx2", "httpx"):
         try:
             module = importlib.import_module(name)
@@ -505,7 +510,8 @@ def transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[Base
             continue
         errors.append(module.RequestError)
         timeouts.append(module.TimeoutException)
-    return tuple(errors), tuple(timeouts)
+        unconnected += (module.ConnectError, module.ProxyError, module.UnsupportedProtocol)
+    return tuple(errors), tuple(timeouts), tuple(unconnected)
 
 
 def error_mapper(
@@ -526,7 +532,11 @@ def error_mapper(
         ``ProviderUnavailableError``) or holds an integer longer than Python reads (a
         ``ProviderError``, not retried): it is re-raised as it is.
     """
-    http_errors, timeouts = transport_errors()
+    http_errors, timeouts, unconnected = transport_errors()
+
+    def lost(error: BaseException | None) -> bool:
+        """Whether ``error``, the HTTP library's, came once a connection was made."""
+        return isinstance(error, http_errors) and not isinstance(error, unconnected)
 
     def map_error(error: Exception) -> ProviderError | None:
         if isinstance(error, sdk.APIStatusError):
@@ -539,12 +549,12 @@ def error_mapper(
             )
         if isinstance(error, sdk.APITimeoutError):
             return transport_error(provider, timeout=True)
-        if isinstance(error, sdk.APIConnectionError):
-            return transport_error(provider, timeout=False)
+        if isinstance(error, sdk.APIConnectionError):  # the HTTP library's error its cause
+            return transport_error(provider, timeout=False, lost=lost(error.__cause__))
         if isinstance(error, sdk.APIError):
             return classify_error(provider=provider, body=error.body, message=error.message)
         if isinstance(error, http_errors):
-            return transport_error(provider, timeout=isinstance(error, timeouts))
+            return transport_error(provider, timeout=isinstance(error, timeouts), lost=lost(error))
         if isinstance(error, json.JSONDecodeError):
             return not_json(provider)
         if type(error) is ValueError and "integer string conversion" in str(error):

@@ -428,11 +428,17 @@ def classify_error(
     )
 
 
-def transport_error(provider: str, *, timeout: bool) -> ProviderUnavailableError:
-    """The exception for a request that got no answer: a timeout or a connection error."""
-    what = "timed out" if timeout else "could not reach the provider"
-    return ProviderUnavailableError(
-        f"{provider}: the request {what}",
-        code="timeout" if timeout else "connection_error",
-        provider=provider,
-    )
+def transport_error(
+    provider: str, *, timeout: bool, lost: bool = False
+) -> ProviderUnavailableError:
+    """The exception for a request that got no whole answer: a timeout, a connection that
+    could not be made (``connection_error``), or one ``lost`` once made, before the
+    answer was whole (``connection_lost``: reset, or closed early)."""
+    if timeout:
+        message, code = "the request timed out", "timeout"
+    elif lost:
+        message = "the connection to the provider was lost before the answer was complete"
+        code = "connection_lost"
+    else:
+        message, code = "the request could not reach the provider", "connection_error"
+    return ProviderUnavailableError(f"{provider}: {message}", code=code, provider=provider)

@@ -1,0 +1,286 @@
+"""The providers at the HTTP level, as production fails: the real SDK clients against a
+server on 127.0.0.1 that answers byte by byte (``tests.raw_http``) — resets before the
+headers and in the middle of a stream, streams cut short, late headers and stalled
+streams against the run's deadline, error statuses — under asyncio and trio."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from littleghost import Agent
+from littleghost.errors import (
+    DeadlineExceededError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from littleghost.events import Event, ModelCallRetried, TextDelta
+from littleghost.messages import Message, Role
+from littleghost.models.anthropic import AnthropicModel
+from littleghost.models.openai import OpenAIModel
+from tests.raw_http import Behaviour, Connection, RawServer, refused_url
+from tests.sdk_bodies import (
+    anthropic_events,
+    chunk,
+    completion_body,
+    finish,
+    message_body,
+    message_start,
+    openai_events,
+    text_block,
+)
+
+pytestmark = pytest.mark.anyio
+
+PROVIDERS = ("openai", "anthropic")
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., RawServer]]:
+    """Makes ``RawServer`` values, closed after the test."""
+    made: list[RawServer] = []
+
+    def make(*behaviours: Behaviour) -> RawServer:
+        made.append(RawServer(*behaviours))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture
+async def model_of() -> AsyncIterator[Callable[[str, str], OpenAIModel | AnthropicModel]]:
+    """Makes a provider's model of a server's URL, closed after the test."""
+    made: list[OpenAIModel | AnthropicModel] = []
+
+    def make(provider: str, url: str) -> OpenAIModel | AnthropicModel:
+        if provider == "openai":
+            made.append(OpenAIModel("gpt-4o-mini", base_url=f"{url}/v1", api_key="sk-test"))
+        else:
+            made.append(AnthropicModel("claude-sonnet-5", base_url=url, api_key="sk-ant-test"))
+        return made[-1]
+
+    yield make
+    for model in made:
+        await model.aclose()
+
+
+Models = Callable[[str, str], OpenAIModel | AnthropicModel]
+
+
+def answered(provider: str, text: str = "fine") -> Behaviour:
+    """A whole answer of ``text``, streamed as two pieces."""
+    if provider == "openai":
+        events = openai_events(
+            chunk({"content": text[:2]}),
+            chunk({"content": text[2:]}, finish_reason="stop"),
+            chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}),
+        )
+    else:
+        events = anthropic_events(
+            message_start({"input_tokens": 9, "output_tokens": 1}),
+            *text_block(0, text[:2], text[2:]),
+            *finish("end_turn", 2),
+        )
+    return lambda connection: connection.events(events)
+
+
+def answered_whole(provider: str) -> Behaviour:
+    """A whole answer, not streamed."""
+    if provider == "openai":
+        body: Any = completion_body({"content": "fine"})
+    else:
+        body = message_body([{"type": "text", "text": "fine"}])
+    return lambda connection: connection.answer(200, body)
+
+
+def broken(events: list[bytes]) -> Behaviour:
+    """The head of a stream and ``events``, then a reset."""
+
+    def behaviour(connection: Connection) -> None:
+        connection.head(200, {"Content-Type": "text/event-stream"})
+        for event in events:
+            connection.send(event)
+        time.sleep(0.05)  # the client reads them before the reset
+        connection.reset()
+
+    return behaviour
+
+
+class Plain(Agent):
+    instructions = "Answer briefly."
+
+
+async def streamed(agent: Agent, **options: Any) -> tuple[list[Event], list[Message]]:
+    """The events of a streamed run of ``agent``, and its log, whatever the run raised
+    (it is raised after)."""
+    events: list[Event] = []
+    async with agent.stream("hello", **options) as stream:
+        try:
+            async for event in stream:
+                events.append(event)
+        except Exception as error:
+            error.add_note(f"events: {events}")
+            raise
+    return events, list(stream.messages)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_connection_lost_mid_stream_is_not_told_as_unreachable(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """A connection that breaks after the answer began says so, and a provider that
+    cannot be reached says that: the error tells the two apart, with the HTTP library's
+    exception as its cause."""
+    if provider == "openai":
+        sent = openai_events(chunk({"content": "AB"}), done=False)
+    else:
+        sent = anthropic_events(message_start(), *text_block(0, "AB")[:2])
+    server = servers(broken(sent))
+    async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
+        with pytest.raises(ProviderUnavailableError) as lost:
+            await streamed(agent, timeout=20)
+    assert lost.value.provider == provider
+    assert "could not reach" not in str(lost.value)
+    assert "connection to the provider was lost" in str(lost.value)
+    assert lost.value.code == "connection_lost"
+    assert isinstance(lost.value.__cause__, httpx2.TransportError)
+
+    async with Plain(model=model_of(provider, refused_url()), max_retries=0) as agent:
+        with pytest.raises(ProviderUnavailableError) as refused:
+            await agent.run("hello", timeout=20)
+    assert f"{provider}: the request could not reach the provider" in str(refused.value)
+    assert refused.value.code == "connection_error"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_body_cut_short_is_a_lost_connection_and_retried(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    def cut(connection: Connection) -> None:
+        connection.head(200, {"Content-Type": "application/json", "Content-Length": "300"})
+        connection.send(b'{"id": "x",')
+        time.sleep(0.05)
+        connection.reset()
+
+    server = servers(cut, cut, answered_whole(provider))
+    model = model_of(provider, server.url)
+    async with Plain(model=model, max_retries=0) as agent:
+        with pytest.raises(ProviderUnavailableError, match="connection to the provider was lost"):
+            await agent.run("hello", timeout=20)
+    async with Plain(model=model, max_retries=1) as agent:
+        assert (await agent.run("hello", timeout=20)).output == "fine"
+    assert len(server.requests) == 3
+
+
+# --- what already held: kept so ----------------------------------------------------------
+
+
+def status(code: int, body: object, headers: dict[str, str] | None = None) -> Behaviour:
+    return lambda connection: connection.answer(code, body, headers)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_reset_before_the_headers_is_retried_once_by_littleghost_alone(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    server = servers(
+        Connection.reset, answered(provider) if streaming else answered_whole(provider)
+    )
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        if streaming:
+            events, log = await streamed(agent, timeout=20)
+            assert [type(event) for event in events[:1]] == [ModelCallRetried]
+        else:
+            log = list((await agent.run("hello", timeout=20)).messages)
+    assert [message.text for message in log] == ["hello", "fine"]
+    assert len(server.requests) == 2  # the SDK retried nothing of its own
+    assert [request.headers.get("x-stainless-retry-count") for request in server.requests] == [
+        "0",
+        "0",
+    ]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_text_a_broken_stream_sent_is_never_in_the_log(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    if provider == "openai":
+        sent = openai_events(chunk({"content": "PARTIAL "}), done=False)
+    else:
+        sent = anthropic_events(message_start(), *text_block(0, "PARTIAL ")[:2])
+    server = servers(broken(sent), answered(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        events, log = await streamed(agent, timeout=20)
+    texts = [event.text for event in events if isinstance(event, TextDelta)]
+    assert texts == ["PARTIAL ", "fi", "ne"]
+    assert [type(event).__name__ for event in events].index("ModelCallRetried") == 1
+    assert [(message.role, message.text) for message in log] == [
+        (Role.USER, "hello"),
+        (Role.ASSISTANT, "fine"),
+    ]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_retry_after_in_seconds_or_as_a_date_is_waited_for(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    limited = {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}
+    server = servers(
+        status(429, limited, {"Retry-After": "1"}),
+        status(429, limited, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),  # past
+        answered_whole(provider),
+    )
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        assert (await agent.run("hello", timeout=20)).output == "fine"
+    assert server.times[1] - server.times[0] >= 0.95
+
+    server = servers(status(429, limited, {"Retry-After": "30"}))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(DeadlineExceededError) as caught:
+            await agent.run("hello", timeout=5)
+    assert isinstance(caught.value.__cause__, RateLimitError)
+    assert caught.value.__cause__.status == 429
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("where", ["before the headers", "mid-stream"])
+async def test_a_silent_server_cannot_hold_a_run_past_its_deadline(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool, where: str
+) -> None:
+    def silent(connection: Connection) -> None:
+        if where == "mid-stream" and streaming:
+            connection.head(200, {"Content-Type": "text/event-stream"})
+            first = chunk({"content": "A"}) if provider == "openai" else message_start()
+            connection.send(f"data: {json.dumps(first)}\n\n".encode())
+        elif where == "mid-stream":  # a body begun
+            connection.head(200, {"Content-Type": "application/json", "Content-Length": "300"})
+            connection.send(b'{"id": "x",')
+        connection.stall()
+
+    server = servers(silent, answered(provider) if streaming else answered_whole(provider))
+    model = model_of(provider, server.url)
+    async with Plain(model=model, cleanup_grace=0.5) as agent:
+        started = anyio.current_time()
+        with pytest.raises(DeadlineExceededError):
+            if streaming:
+                await streamed(agent, timeout=1)
+            else:
+                await agent.run("hello", timeout=1)
+        assert anyio.current_time() - started < 1 + 0.5 + 1  # deadline, grace, slack
+        # the connection it left is not reused: the next run is answered
+        if streaming:
+            _, log = await streamed(agent, timeout=20)
+        else:
+            log = list((await agent.run("hello", timeout=20)).messages)
+        assert log[-1].text == "fine"
