@@ -20,8 +20,9 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.events import Event, ModelCallRetried, TextDelta
+from littleghost.events import Event, ModelCallRetried, RunFinished, TextDelta
 from littleghost.messages import Message, Role
+from littleghost.models import Usage
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from tests.raw_http import Behaviour, Connection, RawServer, refused_url
@@ -130,6 +131,53 @@ async def streamed(agent: Agent, **options: Any) -> tuple[list[Event], list[Mess
             error.add_note(f"events: {events}")
             raise
     return events, list(stream.messages)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_what_a_broken_stream_reported_before_it_broke_is_billed(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """A stream that reported usage, then broke, was billed for it: its retry event and
+    the run's usage carry what it reported."""
+    if provider == "openai":  # the whole answer and its usage, but the connection breaks
+        sent = openai_events(
+            chunk({"content": "AB"}, finish_reason="stop"),
+            chunk(None, usage={"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}),
+            done=False,
+        )
+        reported = Usage(30, 4)
+    else:  # the prompt read and a piece written
+        sent = anthropic_events(
+            message_start({"input_tokens": 30, "output_tokens": 1}), *text_block(0, "AB")[:2]
+        )
+        reported = Usage(30, 1)
+    server = servers(broken(sent), answered(provider))
+    model = model_of(provider, server.url)
+    async with Plain(model=model) as agent:
+        events, log = await streamed(agent, timeout=20)
+    [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
+    assert retried.usage == reported
+    assert retried.error_type == "ProviderUnavailableError"
+    [finished] = [event for event in events if isinstance(event, RunFinished)]
+    result = finished.result
+    assert result.usage.input_tokens == reported.input_tokens + 9
+    assert result.usage.output_tokens == reported.output_tokens + 2
+    assert [message.text for message in log] == ["hello", "fine"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_stream_broken_before_it_reported_usage_bills_nothing(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    if provider == "openai":
+        sent = openai_events(chunk({"content": "AB"}), done=False)
+    else:
+        sent = anthropic_events({"type": "ping"})
+    server = servers(broken(sent), answered(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        events, _ = await streamed(agent, timeout=20)
+    [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
+    assert retried.usage == Usage()
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

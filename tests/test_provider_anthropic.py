@@ -917,7 +917,8 @@ async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     server = FakeServer(event_stream(CUT), event_stream(whole))
     async with Agent(model=make_model(server)).stream("hi") as events:
         received = [event async for event in events]
-    assert ModelCallRetried(1, "ProviderUnavailableError") in received
+    # billed for what message_start reported: 40 tokens read, 60 from the cache
+    assert ModelCallRetried(1, "ProviderUnavailableError", Usage(100, 1, 60)) in received
     assert events.result.output == "The answer is 42."
     assert [message.text for message in events.messages if message.role == "assistant"] == [
         "The answer is 42."

@@ -38,6 +38,7 @@ __all__ = [
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
+    "billed_so_far",
     "check_api_key",
     "check_base_url",
     "check_context_window",
@@ -585,6 +586,19 @@ def provider_errors(mapped: Callable[[Exception], ProviderError | None]) -> Iter
         if provider_error is None:
             raise
         raise provider_error from error
+
+
+@contextmanager
+def billed_so_far(used: Callable[[], Usage]) -> Iterator[None]:
+    """Gives a ``ProviderError`` that leaves the block without a ``usage`` what ``used()``
+    says the call had reported before it failed (a stream's counts that came before it
+    broke: billed all the same), unless that is nothing."""
+    try:
+        yield
+    except ProviderError as error:
+        if error.usage is None and (reported := used()) != Usage():
+            error.usage = reported
+        raise
 
 
 def not_json(provider: str) -> ProviderUnavailableError:

@@ -34,6 +34,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    billed_so_far,
     check_api_key,
     check_base_url,
     check_context_window,
@@ -690,7 +691,7 @@ class AnthropicModel:
         usage: dict[str, Any] = {}
         started: dict[str, Any] = {}
         stopped = False
-        with provider_errors(self._error):
+        with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
             create = (await self._clients.get()).messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response
@@ -730,8 +731,8 @@ class AnthropicModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-        if not stopped:
-            raise stream_cut_off(self.provider)
+            if not stopped:
+                raise stream_cut_off(self.provider)
         yield StreamDone(_streamed_response(blocks, reason, usage, started))
 
     def _event(self, data: str) -> dict[str, Any]:

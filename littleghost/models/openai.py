@@ -33,6 +33,7 @@ from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    billed_so_far,
     check_api_key,
     check_base_url,
     check_context_window,
@@ -869,7 +870,7 @@ class OpenAIModel:
         usage: Any = None
         response_id: str | None = None
         response_model: str | None = None
-        with provider_errors(self._error):
+        with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
@@ -962,8 +963,8 @@ class OpenAIModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-        if finish_reason is None and not done:
-            raise stream_cut_off(self.provider)
+            if finish_reason is None and not done:
+                raise stream_cut_off(self.provider)
         if finish_reason == _FULL_WINDOW:
             raise _window_full(self.provider, usage)
         if legacy and not calls:
