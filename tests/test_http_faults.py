@@ -17,6 +17,7 @@ import pytest
 from littleghost import Agent
 from littleghost.errors import (
     DeadlineExceededError,
+    InvalidRequestError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -40,6 +41,7 @@ from tests.sdk_bodies import (
 pytestmark = pytest.mark.anyio
 
 PROVIDERS = ("openai", "anthropic")
+Models = Callable[..., OpenAIModel | AnthropicModel]
 
 
 @pytest.fixture
@@ -57,23 +59,20 @@ def servers() -> Iterator[Callable[..., RawServer]]:
 
 
 @pytest.fixture
-async def model_of() -> AsyncIterator[Callable[[str, str], OpenAIModel | AnthropicModel]]:
+async def model_of() -> AsyncIterator[Models]:
     """Makes a provider's model of a server's URL, closed after the test."""
     made: list[OpenAIModel | AnthropicModel] = []
 
-    def make(provider: str, url: str) -> OpenAIModel | AnthropicModel:
+    def make(provider: str, url: str, key: str = "sk-test") -> OpenAIModel | AnthropicModel:
         if provider == "openai":
-            made.append(OpenAIModel("gpt-4o-mini", base_url=f"{url}/v1", api_key="sk-test"))
+            made.append(OpenAIModel("gpt-4o-mini", base_url=f"{url}/v1", api_key=key))
         else:
-            made.append(AnthropicModel("claude-sonnet-5", base_url=url, api_key="sk-ant-test"))
+            made.append(AnthropicModel("claude-sonnet-5", base_url=url, api_key=key))
         return made[-1]
 
     yield make
     for model in made:
         await model.aclose()
-
-
-Models = Callable[[str, str], OpenAIModel | AnthropicModel]
 
 
 def answered(provider: str, text: str = "fine") -> Behaviour:
@@ -226,6 +225,32 @@ async def test_a_body_cut_short_is_a_lost_connection_and_retried(
     async with Plain(model=model, max_retries=1) as agent:
         assert (await agent.run("hello", timeout=20)).output == "fine"
     assert len(server.requests) == 3
+
+
+# An answer the adapter stops reading (its error event) leaves httpcore's byte-stream
+# generator, which httpx does not close, to the garbage collector: trio warns of it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "kind", ["authentication_error", "permission_error", "not_found_error", "request_too_large"]
+)
+async def test_an_anthropic_error_event_of_a_refusal_is_not_retried(
+    servers: Callable[..., RawServer], model_of: Models, kind: str
+) -> None:
+    """Anthropic's error types of a refused request, sent in a stream's error event (HTTP
+    200), are refused requests as their statuses are: not retried."""
+    event = {"type": "error", "error": {"type": kind, "message": "refused"}}
+    server = servers(lambda connection: connection.events([sse(event, "error")]))
+    async with Plain(model=model_of("anthropic", server.url)) as agent:
+        with pytest.raises(InvalidRequestError, match="refused") as caught:
+            await streamed(agent, timeout=20)
+    assert caught.value.code == kind
+    assert len(server.requests) == 1
+
+
+def sse(event: object, kind: str | None) -> bytes:
+    """One server-sent event of ``event`` in JSON, named ``kind``."""
+    named = f"event: {kind}\n" if kind else ""
+    return f"{named}data: {json.dumps(event)}\n\n".encode()
 
 
 # --- what already held: kept so ----------------------------------------------------------

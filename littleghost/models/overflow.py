@@ -72,7 +72,17 @@ _UNAVAILABLE_CODES = frozenset(
     }
 )
 _QUOTA_CODES = frozenset({"insufficient_quota", "billing_error"})
-_INVALID_CODES = frozenset({"invalid_request_error", "invalid_argument", "validation"})
+_INVALID_CODES = frozenset(
+    {
+        "invalid_request_error",
+        "invalid_argument",
+        "validation",
+        "authentication_error",  # Anthropic's error types, also sent in a stream's events
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+    }
+)
 
 _OVERFLOW_MESSAGES = re.compile(
     "|".join(
