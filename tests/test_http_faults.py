@@ -18,6 +18,7 @@ from littleghost import Agent
 from littleghost.errors import (
     DeadlineExceededError,
     InvalidRequestError,
+    ProviderError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -227,9 +228,49 @@ async def test_a_body_cut_short_is_a_lost_connection_and_retried(
     assert len(server.requests) == 3
 
 
+KEY = "sk-live-0123456789abcdefXYZ"
+
+
 # An answer the adapter stops reading (its error event) leaves httpcore's byte-stream
 # generator, which httpx does not close, to the garbage collector: trio warns of it.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_key_the_server_quotes_back_is_not_in_the_error(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    provider: str,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server that quotes the key it was sent in its 401 (or in an error event of a
+    stream) does not put it in littleghost's error, whose message a tool's error result
+    or a log line may carry on; the error says it was refused, and is not retried."""
+    kind = "authentication_error" if provider == "anthropic" else "invalid_request_error"
+    quoted = {"error": {"message": f"Incorrect API key provided: {KEY}.", "type": kind}}
+    if streaming:  # an error event, as Anthropic sends one, or an error chunk
+        named = "error" if provider == "anthropic" else None
+        event = {"type": "error", **quoted} if named else quoted
+        server = servers(lambda connection: connection.events([sse(event, named)]))
+    else:
+        server = servers(status(401, quoted))
+    caplog.set_level("DEBUG")
+    async with Plain(model=model_of(provider, server.url, KEY)) as agent:
+        with pytest.raises(ProviderError) as caught:
+            if streaming:
+                await streamed(agent, timeout=20)
+            else:
+                await agent.run("hello", timeout=20)
+    assert "Incorrect API key provided: [redacted]." in str(caught.value)
+    assert KEY not in str(caught.value)
+    assert KEY not in caplog.text
+    assert len(server.requests) == 1
+    assert type(caught.value) is InvalidRequestError
+    assert caught.value.provider == provider
+    assert caught.value.status == (None if streaming else 401)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
 @pytest.mark.parametrize(
     "kind", ["authentication_error", "permission_error", "not_found_error", "request_too_large"]
 )
@@ -245,6 +286,19 @@ async def test_an_anthropic_error_event_of_a_refusal_is_not_retried(
             await streamed(agent, timeout=20)
     assert caught.value.code == kind
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_key_quoted_in_an_error_sent_with_a_200_is_not_in_the_error(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    quoted = {"message": f"Incorrect API key provided: {KEY}.", "type": "invalid_request_error"}
+    body = {"type": "error", "error": quoted} if provider == "anthropic" else {"error": quoted}
+    server = servers(status(200, body))
+    async with Plain(model=model_of(provider, server.url, KEY)) as agent:
+        with pytest.raises(InvalidRequestError, match=r"provided: \[redacted\]\.") as caught:
+            await agent.run("hello", timeout=20)
+    assert KEY not in str(caught.value)
 
 
 def sse(event: object, kind: str | None) -> bytes:

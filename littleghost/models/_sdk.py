@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import aclosing, contextmanager
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -515,8 +515,13 @@ def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds]:
     return tuple(errors), tuple(timeouts), tuple(unconnected)
 
 
+SHORTEST_HIDDEN = 8
+"""The shortest key ``error_mapper`` hides: a shorter one (a keyless server's
+placeholder) would hide words."""
+
+
 def error_mapper(
-    sdk: Any, base: type[Exception], provider: str
+    sdk: Any, base: type[Exception], provider: str, keys: Iterable[object] = ()
 ) -> Callable[[Exception], ProviderError | None]:
     """Maps what an SDK call raised to a ``ProviderError``.
 
@@ -526,6 +531,9 @@ def error_mapper(
         base: The SDK's base exception (``openai.OpenAIError``): any other of its
             subclasses becomes a plain ``ProviderError``.
         provider: The provider name the errors carry.
+        keys: The credentials the client sends: a server that quotes one back (in a 401,
+            an error event) has it replaced by ``[redacted]`` in the message of the
+            ``ProviderError`` given, and of one raised as it is (a stream's error event).
 
     Returns:
         A function that gives ``None`` for an exception that is neither the SDK's, nor a
@@ -533,6 +541,32 @@ def error_mapper(
         ``ProviderUnavailableError``) or holds an integer longer than Python reads (a
         ``ProviderError``, not retried): it is re-raised as it is.
     """
+    hidden = [key for key in keys if isinstance(key, str) and len(key) >= SHORTEST_HIDDEN]
+
+    def without_keys(error: ProviderError) -> ProviderError:
+        if error.args and isinstance(error.args[0], str):
+            message = error.args[0]
+            for key in hidden:
+                message = message.replace(key, "[redacted]")
+            error.args = (message, *error.args[1:])
+        return error
+
+    classify = _classifier(sdk, base, provider)
+
+    def map_error(error: Exception) -> ProviderError | None:
+        if isinstance(error, ProviderError):  # raised by the adapter itself: goes on as is
+            without_keys(error)
+            return None
+        mapped = classify(error)
+        return None if mapped is None else without_keys(mapped)
+
+    return map_error
+
+
+def _classifier(
+    sdk: Any, base: type[Exception], provider: str
+) -> Callable[[Exception], ProviderError | None]:
+    """``error_mapper``'s mapping, before keys are hidden."""
     http_errors, timeouts, unconnected = transport_errors()
 
     def lost(error: BaseException | None) -> bool:

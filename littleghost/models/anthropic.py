@@ -556,7 +556,12 @@ class AnthropicModel:
         self._accepted = accepted_parameters(client.messages.create)
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
-        self._error = error_mapper(self._sdk, self._sdk.AnthropicError, self.provider)
+        self._error = error_mapper(
+            self._sdk,
+            self._sdk.AnthropicError,
+            self.provider,
+            keys=(client.api_key, client.auth_token),
+        )
         self._counting = CountAsking(
             f"{self.provider}: the server of {model!r}", "/v1/messages/count_tokens"
         )
@@ -652,15 +657,17 @@ class AnthropicModel:
                     if isinstance(event, StreamDone):
                         return event.response
             raise stream_cut_off(self.provider)  # stream() raises that itself first
-        with provider_errors(self._error):
+        with provider_errors(self._error):  # an error it tells of too: keys hidden
             client = await self._clients.get()
             message = await client.messages.create(**params)
-        if isinstance(message, str):
-            raise not_json(self.provider)
-        shaped(self.provider, message, "body")
-        if lookup(message, "type") == "error":  # a gateway's error, sent with a 200
-            raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
-        return _response(message)
+            if isinstance(message, str):
+                raise not_json(self.provider)
+            shaped(self.provider, message, "body")
+            if lookup(message, "type") == "error":  # a gateway's error, sent with a 200
+                raise classify_error(
+                    provider=self.provider, body={"error": lookup(message, "error")}
+                )
+            return _response(message)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:

@@ -558,7 +558,9 @@ class OpenAIModel:
             (counter, CountAsking(owner, where)) for counter, where in ways
         )
         """The ways the server may count prompt tokens, each with whether it is still asked."""
-        self._error = error_mapper(self._sdk, self._sdk.OpenAIError, self.provider)
+        self._error = error_mapper(
+            self._sdk, self._sdk.OpenAIError, self.provider, keys=(client.api_key,)
+        )
 
     def _forget_in_child(self) -> None:
         """In a process ``fork()`` made: a window another thread of the parent was
@@ -760,50 +762,50 @@ class OpenAIModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""
         params = self._params(request)
-        with provider_errors(self._error):
+        with provider_errors(self._error):  # an error it tells of too: keys hidden
             client = await self._clients.get()
             completion = await client.chat.completions.create(**params)
-        if isinstance(completion, str):
-            raise not_json(self.provider)
-        provider = self.provider
-        shaped(provider, completion, "body")
-        choices = listed(provider, lookup(completion, "choices"), "choices")
-        if not choices:
-            sent = lookup(completion, "error")  # a gateway's error, sent with a 200
-            if sent:
-                raise classify_error(provider=provider, body={"error": sent})
-            raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
-        choice = shaped(provider, choices[0], "choices[0]")
-        reason = text_of(provider, lookup(choice, "finish_reason"), "choices[0].finish_reason")
-        if reason in _FAILED:
-            raise _ended_in_error(provider, reason, lookup(choice, "error"))
-        if reason == _FULL_WINDOW:
-            raise _window_full(provider, lookup(completion, "usage"))
-        message = lookup(choice, "message")
-        if message is None:
-            raise ProtocolError(f"{provider}: a choice for {self._name!r} has no message")
-        where = "choices[0].message"
-        message = shaped(provider, message, where)
-        calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
-        if not calls and lookup(message, "function_call"):
-            raise _legacy_call(provider)
-        content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
-        content = content or _transcript(provider, message, where)
-        refusal = (
-            "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
-        )
-        return ModelResponse(
-            self._answer(
-                _reasoning(provider, message, where) or thought,
-                content or refusal,
-                calls,
-                _details(provider, message, where),
-            ),
-            stop_reason(reason or None, bool(calls), bool(refusal)),
-            _usage(lookup(completion, "usage")),
-            response_id=reported_name(completion, "id"),
-            response_model=reported_name(completion, "model"),
-        )
+            if isinstance(completion, str):
+                raise not_json(self.provider)
+            provider = self.provider
+            shaped(provider, completion, "body")
+            choices = listed(provider, lookup(completion, "choices"), "choices")
+            if not choices:
+                sent = lookup(completion, "error")  # a gateway's error, sent with a 200
+                if sent:
+                    raise classify_error(provider=provider, body={"error": sent})
+                raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
+            choice = shaped(provider, choices[0], "choices[0]")
+            reason = text_of(provider, lookup(choice, "finish_reason"), "choices[0].finish_reason")
+            if reason in _FAILED:
+                raise _ended_in_error(provider, reason, lookup(choice, "error"))
+            if reason == _FULL_WINDOW:
+                raise _window_full(provider, lookup(completion, "usage"))
+            message = lookup(choice, "message")
+            if message is None:
+                raise ProtocolError(f"{provider}: a choice for {self._name!r} has no message")
+            where = "choices[0].message"
+            message = shaped(provider, message, where)
+            calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
+            if not calls and lookup(message, "function_call"):
+                raise _legacy_call(provider)
+            content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
+            content = content or _transcript(provider, message, where)
+            refusal = (
+                "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
+            )
+            return ModelResponse(
+                self._answer(
+                    _reasoning(provider, message, where) or thought,
+                    content or refusal,
+                    calls,
+                    _details(provider, message, where),
+                ),
+                stop_reason(reason or None, bool(calls), bool(refusal)),
+                _usage(lookup(completion, "usage")),
+                response_id=reported_name(completion, "id"),
+                response_model=reported_name(completion, "model"),
+            )
 
     def _answer(
         self,
