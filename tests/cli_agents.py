@@ -4,6 +4,7 @@ a conversation to store with them."""
 from __future__ import annotations
 
 import os
+import sys
 
 import anyio
 import attrs
@@ -146,6 +147,13 @@ class BadlyConfigured(Support):
 
     def __init__(self) -> None:
         raise ValueError("settings are invalid:\n  database: missing\n  api key: missing")
+
+
+class ExitsWhenMade(Support):
+    """Ends the process as it is made, successfully (a script's ``sys.exit()``)."""
+
+    def __init__(self) -> None:
+        sys.exit(0)
 
 
 def interrupt(request: ModelRequest) -> ModelResponse:

@@ -1275,6 +1275,34 @@ class TestErrors:
             "importing 'tests.cli_broken' failed: ValueError: settings are invalid:"
         )
 
+    def test_an_agent_module_or_class_that_exits_is_a_failure(self, tmp_path: Path) -> None:
+        """``sys.exit()`` in the user's code, as the module is imported or the class made,
+        is a failure named in one line, not the command's own exit: ``compact`` ended 0,
+        silently, having compacted nothing."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        before = load(url, "customer-42")
+        result = invoke(
+            "sessions", "compact", "customer-42", "--store", url, "--agent", "tests.cli_exits:A"
+        )  # fmt: skip
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.rstrip().endswith("importing 'tests.cli_exits' failed: SystemExit: 0")
+        line = fails(
+            1, "sessions", "compact", "customer-42", "--store", url,
+            "--agent", "tests.cli_agents:ExitsWhenMade",
+        )  # fmt: skip
+        assert line == "Error: --agent: ExitsWhenMade() failed: SystemExit: 0"
+        assert load(url, "customer-42") == before
+
+    def test_a_store_url_with_an_undecodable_byte_is_a_usage_error(self) -> None:
+        """A byte the shell passed that is not UTF-8 (a lone surrogate in the argument)
+        cannot reach libpq: a wrong ``--store``, its password not shown (it was a
+        traceback)."""
+        for url in ("postgresql://app:s3cr\udce9t@127.0.0.1:1/x", "host=h password=s3cr\udce9t"):
+            line = fails(2, "sessions", "list", "--store", url)
+            assert "Invalid value for '--store'" in line and "UTF-8" in line, line
+            assert "s3cr" not in line
+
     def test_compacting_with_a_class_without_manage_context(self, store_url: str) -> None:
         line = fails(
             1, "sessions", "compact", "customer-42", "--store", store_url,
@@ -1321,6 +1349,20 @@ class TestProcess:
         assert declared is not None
         module, name = declared.groups()
         assert getattr(__import__(module, fromlist=[name]), name) is main
+
+    def test_what_the_agent_module_prints_goes_to_standard_error(self, tmp_path: Path) -> None:
+        """Standard output is the command's: what the ``--agent`` module's own code prints,
+        as it is imported and as its class is made, goes to standard error, so ``--json``
+        stays JSON."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        result = python_m(
+            "sessions", "view", "customer-42", "--store", url,
+            "--agent", "tests.cli_chatty:Chatty", "--json",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["agent"] == "tests.cli_chatty:Chatty"
+        assert "importing the agents\nChatty made\n" in result.stderr
 
     def test_help_reads_well(self) -> None:
         done = python_m("sessions", "--help")

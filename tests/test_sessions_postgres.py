@@ -182,6 +182,10 @@ class TestSchema:
                 PostgresSessionStore("dbname=x", max_sessions=wrong)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="conninfo"):
             PostgresSessionStore(b"dbname=x")  # type: ignore[arg-type]
+        for conninfo in ("dbname=x password=s3cr\x00et", "dbname=x password=s3cr\udce9t"):
+            with pytest.raises(ConfigurationError, match="conninfo") as caught:
+                PostgresSessionStore(conninfo)
+            assert "s3cr" not in str(caught.value)
 
     @pytest.mark.parametrize("name", ["connect_timeout", "statement_timeout"])
     @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), True, "5", None])

@@ -195,6 +195,7 @@ class TestFile:
         ("options", "named"),
         [
             ({"path": 5}, "path"),
+            ({"path": "x\x00.db"}, "path"),
             ({"path": "x.db", "timeout": 0}, "timeout"),
             ({"path": "x.db", "timeout": float("inf")}, "timeout"),
         ],

@@ -5,21 +5,32 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 
 import click
 
 from littleghost.agent import Agent
 from littleghost.cli.output import one_line
 
-__all__ = ["agent_class", "agent_spec"]
+__all__ = ["agent_class", "agent_spec", "users_code"]
+
+
+@contextmanager
+def users_code() -> Iterator[None]:
+    """While the user's own code runs (the ``--agent`` module imported, its class made),
+    what it prints goes to standard error: standard output is the command's (``--json``)."""
+    with redirect_stdout(sys.stderr):
+        yield
 
 
 def agent_class(spec: str) -> type[Agent]:
     """The ``Agent`` subclass ``spec`` (``module:Class``) names, imported with the current
-    directory on the import path (as ``python -m`` has it).
+    directory on the import path (as ``python -m`` has it), as ``users_code``.
 
     Raises:
-        click.BadParameter: It cannot be imported, or is not an ``Agent`` subclass.
+        click.BadParameter: It cannot be imported (its module's code fails or calls
+            ``sys.exit()``), or is not an ``Agent`` subclass.
     """
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
@@ -27,10 +38,11 @@ def agent_class(spec: str) -> type[Agent]:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        found: object = importlib.import_module(module_name)
+        with users_code():
+            found: object = importlib.import_module(module_name)
     except ImportError as error:
         raise click.BadParameter(f"cannot import {module_name!r}: {one_line(error)}") from None
-    except Exception as error:  # the module's own code failed
+    except (Exception, SystemExit) as error:  # the module's own code failed, or exited
         raise click.BadParameter(
             f"importing {module_name!r} failed: {one_line(error, named=True)}"
         ) from None

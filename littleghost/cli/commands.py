@@ -18,7 +18,7 @@ import click
 from littleghost._version import __version__
 from littleghost.agent import Agent
 from littleghost.blocking import run_blocking
-from littleghost.cli.agents import agent_class
+from littleghost.cli.agents import agent_class, users_code
 from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.delete import confirm, delete_document, described, print_deletion
 from littleghost.cli.listing import print_sessions, sessions_document
@@ -112,10 +112,12 @@ def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> Non
 
 
 def _instance(cls: type[Agent]) -> Agent:
-    """An instance of the class ``--agent`` names (its model is not made)."""
+    """An instance of the class ``--agent`` names (its model is not made), made as
+    ``users_code``; its ``sys.exit()`` is a failure too."""
     try:
-        return cls()
-    except Exception as error:
+        with users_code():
+            return cls()
+    except (Exception, SystemExit) as error:
         failure = one_line(error, named=True)
         raise click.ClickException(f"--agent: {cls.__name__}() failed: {failure}") from None
 

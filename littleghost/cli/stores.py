@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 import click
 from attrs import field, frozen
 
-from littleghost.errors import UnknownSessionError
+from littleghost.errors import ConfigurationError, UnknownSessionError
 from littleghost.sessions import (
     PostgresSessionStore,
     SessionStats,
@@ -17,6 +17,7 @@ from littleghost.sessions import (
     StoredMessage,
 )
 from littleghost.sessions.base import SessionStore
+from littleghost.sessions.postgres import check_conninfo
 
 __all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address"]
 
@@ -75,7 +76,7 @@ class StoreAddress:
 
 def store_address(text: str) -> StoreAddress:
     """``sqlite:///path.db``, or a PostgreSQL URL (``postgresql://...``) or conninfo
-    (``host=... dbname=...``).
+    (``host=... dbname=...``) that libpq can take whole (``check_conninfo``).
 
     Raises:
         click.BadParameter: It is none of these.
@@ -86,7 +87,10 @@ def store_address(text: str) -> StoreAddress:
         if path and path != ":memory:":
             return StoreAddress("sqlite", path)
     elif text.startswith(_POSTGRES_PREFIXES) or "=" in text:
-        return StoreAddress("postgres", text)
+        try:
+            return StoreAddress("postgres", check_conninfo(text))
+        except ConfigurationError as error:
+            raise click.BadParameter(str(error)) from None
     raise click.BadParameter(
         "expected sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo "
         "(host=... dbname=...)"

@@ -72,7 +72,7 @@ from littleghost.sessions.locks import SessionLocks, TimeLeft, acquire, shared_l
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresSessionStore"]
+__all__ = ["PostgresSessionStore", "check_conninfo"]
 
 T = TypeVar("T")
 
@@ -154,6 +154,31 @@ _SOCKETS = reset_in_child(_leave_in_child)
 sockets ``_Operation.attach`` made."""
 
 _QUOTED = re.compile(r'"[^"]*"')
+
+
+def check_conninfo(conninfo: object) -> str:
+    """``conninfo`` if libpq can take it whole: a str without NUL characters (libpq would
+    end it at the first one) that UTF-8 can encode (an undecodable byte from the command
+    line cannot be sent). The error never quotes it: it may hold a password.
+
+    Raises:
+        ConfigurationError: It is not such a str.
+    """
+    if not isinstance(conninfo, str):
+        raise ConfigurationError(
+            f"PostgresSessionStore: conninfo must be a str, not {type(conninfo).__name__}"
+        )
+    nul = conninfo.find("\x00")
+    if nul >= 0:
+        raise ConfigurationError(f"PostgresSessionStore: conninfo holds a NUL character (at {nul})")
+    try:
+        conninfo.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ConfigurationError(
+            f"PostgresSessionStore: conninfo is not encodable as UTF-8 (an undecodable byte "
+            f"at {error.start})"
+        ) from None
+    return conninfo
 
 
 def _malformed(error: Exception) -> SessionStoreError:
@@ -542,10 +567,7 @@ class PostgresSessionStore:
             raise ConfigurationError(
                 "PostgresSessionStore needs psycopg 3: pip install 'littleghost[postgres]'"
             ) from None
-        if not isinstance(conninfo, str):
-            raise ConfigurationError(
-                f"PostgresSessionStore: conninfo must be a str, not {type(conninfo).__name__}"
-            )
+        check_conninfo(conninfo)
         if (
             isinstance(max_connections, bool)
             or not isinstance(max_connections, int)

@@ -238,6 +238,10 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must be a str or a path, not {safe_repr(path)}"
             )
+        if "\x00" in os.fspath(path):
+            raise ConfigurationError(
+                f"SQLiteSessionStore: path must not hold a NUL character, not {os.fspath(path)!r}"
+            )
         if not isinstance(read_only, bool):
             raise ConfigurationError(
                 f"SQLiteSessionStore: read_only must be True or False, not {safe_repr(read_only)}"
