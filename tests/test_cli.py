@@ -1242,6 +1242,11 @@ class TestErrors:
             ("no_such_module:Agent", "cannot import 'no_such_module'"),
             ("tests.cli_agents:Nobody", "has no 'Nobody'"),
             ("tests.cli_agents:ORDERS", "is not an Agent subclass"),
+            # a file path, a common first guess: said so, with the name to give instead
+            ("tests/cli_agents.py:Support", "takes the module's import name"),
+            ("./tests/cli_agents.py:Support", "(for example tests.cli_agents:Support)"),
+            ("tests.cli_agents.py:Support", "(for example tests.cli_agents:Support)"),
+            (".cli_agents:Support", "is a file path or a relative name"),
         ]:
             line = fails(2, "sessions", "view", "s", "--store", url, "--agent", agent)
             assert "Invalid value for '--agent'" in line and error in line

@@ -35,12 +35,16 @@ def agent_class(spec: str) -> type[Agent]:
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
         raise click.BadParameter(f"{spec!r} is not module:Class (for example myapp.agents:Support)")
+    if module_name.startswith(".") or "/" in module_name or "\\" in module_name:
+        raise click.BadParameter(_file_named(module_name, qualname))
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         with users_code():
             found: object = importlib.import_module(module_name)
     except ImportError as error:
+        if module_name.endswith(".py"):
+            raise click.BadParameter(_file_named(module_name, qualname)) from None
         raise click.BadParameter(f"cannot import {module_name!r}: {one_line(error)}") from None
     except (Exception, SystemExit) as error:  # the module's own code failed, or exited
         raise click.BadParameter(
@@ -53,6 +57,21 @@ def agent_class(spec: str) -> type[Agent]:
     if not (isinstance(found, type) and issubclass(found, Agent)):
         raise click.BadParameter(f"{spec} is not an Agent subclass")
     return found
+
+
+def _file_named(module_name: str, qualname: str) -> str:
+    """The error for a file path given for the module (``app.py``, ``./agents/app.py``):
+    ``--agent`` takes the name ``import`` takes, which it suggests."""
+    path = module_name.replace("\\", "/").removesuffix(".py")
+    where = ""
+    if path.startswith("/"):  # the file's own name, from its directory
+        directory, _, path = path.rpartition("/")
+        where = f", from {directory or '/'}"
+    name = path.lstrip("./").replace("/", ".") or "myapp.agents"
+    return (
+        f"{module_name!r} is a file path or a relative name; --agent takes the module's "
+        f"import name, as from the current directory (for example {name}:{qualname}{where})"
+    )
 
 
 def agent_spec(agent: Agent) -> str:
