@@ -1384,6 +1384,10 @@ class TestProcess:
             "read-only, except `sessions compact` without --dry-run and `sessions delete`"
             in overview
         )
+        assert (  # the exit codes a script tells apart, as the README gives them
+            "Exit status: 0 done; 1 failed, said in one line on standard error; 2 a wrong "
+            "command, option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP)."
+        ) in overview
 
     def terminal(self, *args: str, columns: int = 200) -> tuple[str, str]:
         """Run ``python -m littleghost`` with standard output and error each on a

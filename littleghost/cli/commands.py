@@ -183,6 +183,9 @@ def main() -> None:
     SQLiteSessionStore or PostgresSessionStore. Every command opens it read-only, except
     `sessions compact` without --dry-run and `sessions delete`. Tables and colours are
     for terminals; piped output is plain tab-separated text, and --json gives JSON.
+
+    Exit status: 0 done; 1 failed, said in one line on standard error; 2 a wrong command,
+    option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP).
     """
 
 
