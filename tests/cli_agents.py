@@ -161,6 +161,17 @@ def interrupt(request: ModelRequest) -> ModelResponse:
     raise KeyboardInterrupt
 
 
+def exit_now(request: ModelRequest) -> ModelResponse:
+    """``sys.exit()``, as the model answers (a script's own model or hook)."""
+    sys.exit(0)
+
+
+class ExitsAsItSummarizes(Support):
+    """``Support`` whose model ends the process, successfully, as it summarizes."""
+
+    model = ScriptedModel([exit_now] * 10)
+
+
 class Interrupted(Support):
     """``Support`` whose model is stopped with Ctrl-C as it summarizes."""
 

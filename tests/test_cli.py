@@ -1297,6 +1297,11 @@ class TestErrors:
             "--agent", "tests.cli_agents:ExitsWhenMade",
         )  # fmt: skip
         assert line == "Error: --agent: ExitsWhenMade() failed: SystemExit: 0"
+        line = fails(
+            1, "sessions", "compact", "customer-42", "--store", url,
+            "--agent", "tests.cli_agents:ExitsAsItSummarizes",
+        )  # fmt: skip
+        assert line == "Error: the agent's own code exited: SystemExit: 0"
         assert load(url, "customer-42") == before
 
     def test_a_store_url_with_an_undecodable_byte_is_a_usage_error(self) -> None:

@@ -95,11 +95,16 @@ class _Commands(click.Group):
 
 
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1."""
+    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1, and
+    so does a ``sys.exit()`` of the agent's own code it runs (a model, hook or strategy:
+    littleghost raises no ``SystemExit``), which is not the command's exit."""
     try:
         return run_blocking(work, *args)
     except LittleGhostError as error:
         raise click.ClickException(one_line(error)) from None
+    except SystemExit as error:
+        failure = one_line(error, named=True)
+        raise click.ClickException(f"the agent's own code exited: {failure}") from None
 
 
 def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
