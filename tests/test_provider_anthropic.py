@@ -850,7 +850,7 @@ async def test_a_conversation_that_starts_with_the_assistant_is_sent_after_a_use
             compression_threshold=0.5,
             tokenizer=PerMessage(),
             strategy=Truncation(minimum_preserved=3),
-        )(type("Truncating", (Agent,), {}))
+        )(type("Truncating", (Agent,), {"settings": {"max_tokens": 10}}))
     await cls(model=make_model(server)).run("Where is order 42?", history=history)
     first, second, *rest = server.bodies[0]["messages"]
     assert first == {"role": "user", "content": [{"type": "text", "text": OPENING_TURN}]}
@@ -1021,6 +1021,7 @@ async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tok
         context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
     )
     class Cached(Agent):
+        settings = {"max_tokens": 100}  # the default 4 096 would not fit the window
         @tool
         def ping(self) -> str:
             """Ping."""
@@ -1322,6 +1323,7 @@ async def test_thinking_blocks_round_trip_through_a_tool_loop_and_a_compaction(
         context_window_override=1_000, compression_threshold=0.5, preserve_recent_messages=2
     )
     class Thinker(Agent):
+        settings = {"max_tokens": 100}  # the default 4 096 would not fit the window
         @tool
         def lookup(self, order_id: str) -> str:
             """Find an order."""
