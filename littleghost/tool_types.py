@@ -51,6 +51,7 @@ __all__ = [
     "json_schema",
     "left_out",
     "parse_json",
+    "shown_default",
     "to_json",
 ]
 
@@ -112,6 +113,32 @@ def json_schema(annotation: Any, where: str) -> dict[str, Any]:
             says where and why).
     """
     return _schema(annotation, where, ())
+
+
+def shown_default(default: Any, annotation: Any, where: str) -> dict[str, Any]:
+    """``{"default": ...}``, ``default`` as the JSON the model would send, to show beside
+    ``annotation``'s schema; ``{}`` when JSON cannot carry it (an object, NaN, infinity).
+
+    Raises:
+        ConfigurationError: ``default``, as JSON, is not a value of ``annotation``: of
+            another type, not a member of a ``Literal`` or an ``Enum``, outside a bound.
+            ``None`` is taken for any type: null for an optional value counts as left out.
+    """
+    try:
+        text = json.dumps(default, default=to_json, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    shown = json.loads(text)
+    if shown is not None:
+        try:
+            coerce(shown, annotation, "")
+        except ToolArgumentError as error:
+            raise ConfigurationError(
+                f"{where}: the default {brief(default)} is not a value of its type "
+                f"(default{error}), so leaving it out would give a value the model could "
+                "not send"
+            ) from None
+    return {"default": shown}
 
 
 def _is_json_scalar(value: object) -> bool:
@@ -198,9 +225,12 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
                 raise ConfigurationError(
                     f"{where}: field {record_field.name!r} of {annotation.__name__} has no type"
                 )
-            properties[record_field.name] = _schema(
-                record_field.annotation, f"{where}, field {record_field.name!r}", inner
-            )
+            field_where = f"{where}, field {record_field.name!r}"
+            properties[record_field.name] = _schema(record_field.annotation, field_where, inner)
+            if record_field.default is not _NO_DEFAULT:
+                properties[record_field.name].update(
+                    shown_default(record_field.default, record_field.annotation, field_where)
+                )
             if record_field.required:
                 required.append(record_field.name)
         return {
@@ -294,13 +324,18 @@ def _check_aliases(model: Any, where: str) -> None:
             )
 
 
+_NO_DEFAULT: Any = dataclasses.MISSING
+"""A field's ``default`` when it has none, or one made by a factory (not made here)."""
+
+
 class _Field(NamedTuple):
     """A field of a record type: its JSON name, its annotation (``None`` when it has
-    none) and whether a value must give it."""
+    none), whether a value must give it, and its default (``_NO_DEFAULT`` if none)."""
 
     name: str
     annotation: Any
     required: bool
+    default: Any = _NO_DEFAULT
 
 
 try:  # what Python 3.10 spells only there, and what later ones may spell there too
@@ -379,7 +414,9 @@ def _model_fields(model: Any) -> tuple[_Field, ...]:
             extras.append(info.description)
         hint = typing.Annotated[(info.annotation, *extras)] if extras else info.annotation
         alias = info.validation_alias
-        found.append(_Field(alias if isinstance(alias, str) else name, hint, info.is_required()))
+        required = info.is_required()
+        default = _NO_DEFAULT if required or info.default_factory else info.default
+        found.append(_Field(alias if isinstance(alias, str) else name, hint, required, default))
     return tuple(found)
 
 
@@ -396,7 +433,12 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
         return _model_fields(annotation)
     if attrs.has(annotation):
         return tuple(
-            _Field(attribute.alias, attribute.type, attribute.default is attrs.NOTHING)
+            _Field(
+                attribute.alias,
+                attribute.type,
+                attribute.default is attrs.NOTHING,
+                _attrs_default(attribute.default),
+            )
             for attribute in attrs.fields(attrs.resolve_types(annotation))
             if attribute.init
         )
@@ -407,6 +449,12 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
         required = annotation.__required_keys__  # type: ignore[attr-defined]
         return tuple(_key(name, hint, name in required) for name, hint in hints.items())
     return None
+
+
+def _attrs_default(default: Any) -> Any:
+    """An attrs field's default, ``_NO_DEFAULT`` for none or an ``attrs.Factory``'s."""
+    made = isinstance(default, attrs.Factory)  # type: ignore[arg-type]  # a class, typed as a function
+    return _NO_DEFAULT if default is attrs.NOTHING or made else default
 
 
 def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
@@ -426,7 +474,7 @@ def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
                 field.default is dataclasses.MISSING
                 and field.default_factory is dataclasses.MISSING
             )
-            found.append(_Field(field.name, hint, required))
+            found.append(_Field(field.name, hint, required, field.default))
     return tuple(found)
 
 

@@ -11,7 +11,6 @@ parameter named ``context`` with another annotation is an ordinary argument.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 import types
@@ -33,7 +32,7 @@ from littleghost.tool_types import (
     json_schema,
     left_out,
     parse_json,
-    to_json,
+    shown_default,
 )
 
 __all__ = ["ToolArgumentError", "ToolDefinition", "index_tools", "tool"]
@@ -296,12 +295,7 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             schema["description"] = arg_docs[parameter.name]
         has_default = parameter.default is not inspect.Parameter.empty
         if has_default:
-            try:  # a default JSON cannot carry (an object, NaN, infinity) is left out
-                text = json.dumps(parameter.default, default=to_json, allow_nan=False)
-            except (TypeError, ValueError, RecursionError):
-                pass
-            else:
-                schema["default"] = json.loads(text)
+            schema.update(shown_default(parameter.default, annotation, where))
         else:
             required.append(parameter.name)
         properties[parameter.name] = schema

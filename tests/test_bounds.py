@@ -9,6 +9,7 @@ import dataclasses
 from typing import Annotated, Any, Optional, TypedDict
 
 import annotated_types as at
+import attrs
 import pytest
 from pydantic import AfterValidator, BaseModel, Field, StringConstraints, conint
 from typing_extensions import Doc
@@ -128,7 +129,7 @@ def test_a_pydantic_models_bounds_are_in_its_schema_and_checked_first() -> None:
     assert schema["code"] == {"type": "string", "maxLength": 4}
     assert schema["items"] == {"type": "integer", "exclusiveMinimum": 0}
     assert schema["note"]["anyOf"][0] == {"type": "string", "maxLength": 5}
-    assert schema["size"] == {"type": "integer", "minimum": 1, "maximum": 3}
+    assert schema["size"] == {"type": "integer", "minimum": 1, "maximum": 3, "default": 1}
     results = _results(
         Shop,
         {"order": {"code": "ABCDE", "items": 1}},
@@ -192,15 +193,27 @@ def test_an_answer_out_of_bounds_gets_the_repair_turn_and_then_raises() -> None:
     assert caught.value.errors == ("answer.value: expected a number <= 1, got 2",)
 
 
+def _keywords(schema: Any) -> set[str]:
+    """The keywords of ``schema`` and of every schema inside it (not property names)."""
+    if isinstance(schema, list):
+        return set().union(*map(_keywords, schema))
+    if not isinstance(schema, dict):
+        return set()
+    found = set(schema) | _keywords(list(schema.get("properties", {}).values()))
+    return found | _keywords([value for key, value in schema.items() if key != "properties"])
+
+
 def test_strict_decoders_are_sent_the_schema_without_its_bounds() -> None:
-    """OpenAI's strict mode and Anthropic's structured outputs refuse bounds: their
-    schemas leave them out (a property named like a bound stays), the tool's keeps them."""
+    """OpenAI's strict mode and Anthropic's structured outputs refuse bounds and
+    defaults: their schemas leave them out (a property named like a bound stays), the
+    tool's keeps them."""
 
     @dataclasses.dataclass
     class Reading:
         minimum: Annotated[float, at.Ge(0)]
         tags: Annotated[list[Annotated[str, at.MaxLen(3)]], at.MaxLen(2)]
         level: Optional[Annotated[int, at.Le(9)]] = None  # noqa: UP045
+        unit: Annotated[str, at.MaxLen(2)] = "kW"
 
     class Meter(Agent):
         model = "openai:gpt-4o-mini"
@@ -215,14 +228,18 @@ def test_strict_decoders_are_sent_the_schema_without_its_bounds() -> None:
         "items": {"type": "string", "maxLength": 3},
         "maxItems": 2,
     }
+    assert bounded["unit"] == {"type": "string", "maxLength": 2, "default": "kW"}
+    assert bounded["level"]["default"] is None
     unbounded = output.schema.unbounded_schema["properties"]
     assert unbounded == {
         "minimum": {"type": "number"},
         "tags": {"type": "array", "items": {"type": "string"}},
         "level": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "unit": {"type": "string"},
     }
     strict = output.schema.strict_schema
-    assert strict is not None and "maximum" not in str(strict) and "maxLength" not in str(strict)
+    assert strict is not None
+    assert not {"maximum", "maxLength", "default"} & _keywords(strict)
     assert output.tool.parameters == output.schema.schema
 
 
@@ -316,3 +333,83 @@ def test_a_multiple_is_checked_exactly_by_the_decimals_json_writes(
     assert result.is_error is not fits
     if not fits:
         assert f"value: expected a multiple of {limit!r}, got" in result.content
+
+
+def _with_default(annotation: Any, default: Any) -> Any:
+    def order(value: Any = default) -> str:
+        """Place an order."""
+        return "placed"
+
+    order.__annotations__["value"] = annotation
+    return order
+
+
+@pytest.mark.parametrize(
+    ("annotation", "default", "problem"),
+    [
+        (Annotated[int, Field(ge=1)], 0, "expected a number >= 1, got 0"),
+        (Annotated[float, at.Lt(1)], 1.0, "expected a number < 1, got 1.0"),
+        (Annotated[str, at.MaxLen(2)], "abc", "expected a length <= 2, got 3"),
+        (Annotated[list[int], at.MinLen(1)], (), "expected a length >= 1, got 0"),
+        (list[Annotated[int, at.MultipleOf(2)]], [2, 3], r"default\[1\]: expected a multiple of"),
+    ],
+)
+def test_a_default_outside_its_bound_fails_at_class_definition(
+    annotation: Any, default: Any, problem: str
+) -> None:
+    """A parameter's default the bound refuses would reach the tool when the model leaves
+    it out: the class fails, naming the class, tool, parameter, default and bound; the
+    check of what the model sends stays."""
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"Shop: tool 'order', parameter 'value': the default .* is not a value of "
+        rf"its type \(.*{problem}",
+    ):
+
+        class Shop(Agent):
+            model = "openai:gpt-4o-mini"
+            tools = [_with_default(annotation, default)]
+
+
+def test_a_record_fields_default_outside_its_bound_fails_at_class_definition() -> None:
+    """A dataclass, attrs or pydantic field's default is checked as a parameter's is,
+    in a tool's parameter type and in an output type; a default made by a factory is not
+    made to be checked."""
+
+    @dataclasses.dataclass
+    class Dated:
+        count: Annotated[int, at.Ge(1)] = 0
+
+    @attrs.define
+    class Attrs:
+        count: Annotated[int, at.Ge(1)] = 0
+
+    class Model(BaseModel):
+        count: Annotated[int, Field(ge=1)] = 0
+
+    for record in (Dated, Attrs, Model):
+        with pytest.raises(
+            ConfigurationError,
+            match=r"Shop: tool 'order', parameter 'value', field 'count': the default 0 is not "
+            r"a value of its type \(default: expected a number >= 1, got 0\)",
+        ):
+
+            class Shop(Agent):
+                model = "openai:gpt-4o-mini"
+                tools = [_tool(record)]
+
+        with pytest.raises(ConfigurationError, match=r"Report.output_type, field 'count': "):
+
+            class Report(Agent):
+                model = "openai:gpt-4o-mini"
+                output_type = record
+
+    @dataclasses.dataclass
+    class Made:
+        counts: Annotated[list[int], at.MinLen(1)] = dataclasses.field(default_factory=list)
+
+    class Fine(Agent):
+        model = "openai:gpt-4o-mini"
+        output_type = Made
+
+    assert Fine(model=ScriptedModel([])).output is not None

@@ -88,7 +88,7 @@ KINDS: list[tuple[Any, Any, Any, dict[str, Any]]] = [
             "properties": {
                 "number": {"type": "string"},
                 "total": {"type": "number"},
-                "paid": {"type": "boolean"},
+                "paid": {"type": "boolean", "default": False},
             },
             "required": ["number", "total"],
         },

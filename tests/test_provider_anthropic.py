@@ -1094,13 +1094,15 @@ async def test_an_output_type_is_asked_with_an_output_format(
 class Rating:
     stars: Annotated[int, at.Ge(1), at.Le(5)]
     why: Annotated[str, at.MaxLen(40)]
+    tone: str = "neutral"
 
 
 async def test_an_output_format_leaves_out_the_bounds_the_answer_is_checked_against(
     make_model: Callable[..., AnthropicModel],
 ) -> None:
     """Structured outputs refuse bounds (``minimum``, ``maxLength``): the format is sent
-    without them, and an answer out of them gets the repair turn."""
+    without them (and without a field's default), and an answer out of them gets the
+    repair turn."""
 
     class Rater(Agent):
         output_type = Rating
@@ -1112,7 +1114,11 @@ async def test_an_output_format_leaves_out_the_bounds_the_answer_is_checked_agai
     result = await Rater(model=make_model(server)).run("rate it")
     assert result.output == Rating(5, "great")
     properties = server.bodies[0]["output_config"]["format"]["schema"]["properties"]
-    assert properties == {"stars": {"type": "integer"}, "why": {"type": "string"}}
+    assert properties == {
+        "stars": {"type": "integer"},
+        "why": {"type": "string"},
+        "tone": {"type": "string"},
+    }
     assert "stars: expected a number <= 5, got 9" in json.dumps(server.bodies[1]["messages"])
 
 

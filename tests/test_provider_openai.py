@@ -1925,13 +1925,14 @@ class Verdict:
 class Rating:
     stars: Annotated[int, at.Ge(1), at.Le(5)]
     why: Annotated[str, at.MaxLen(40)]
+    tone: str = "neutral"
 
 
 async def test_a_strict_json_schema_leaves_out_the_bounds_the_answer_is_checked_against(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
-    """Strict mode refuses bounds (``maxLength``): the strict schema is sent without
-    them, and an answer out of them gets the repair turn."""
+    """Strict mode refuses bounds (``maxLength``) and defaults: the strict schema is sent
+    without them, and an answer out of the bounds gets the repair turn."""
 
     class Rater(Agent):
         output_type = Rating
@@ -1944,7 +1945,11 @@ async def test_a_strict_json_schema_leaves_out_the_bounds_the_answer_is_checked_
     assert result.output == Rating(5, "great")
     sent = server.bodies[0]["response_format"]["json_schema"]
     assert sent["strict"] is True
-    assert sent["schema"]["properties"] == {"stars": {"type": "integer"}, "why": {"type": "string"}}
+    assert sent["schema"]["properties"] == {
+        "stars": {"type": "integer"},
+        "why": {"type": "string"},
+        "tone": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }
     assert "stars: expected a number <= 5, got 9" in json.dumps(server.bodies[1]["messages"])
 
 

@@ -55,7 +55,7 @@ CUSTOMER = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "description": "full name"},
-        "email": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "email": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
     },
     "required": ["name"],
     "additionalProperties": False,
@@ -64,9 +64,9 @@ TICKET = {
     "type": "object",
     "properties": {
         "title": {"type": "string"},
-        "priority": {"type": "integer", "description": "1 (low) to 5 (urgent)"},
+        "priority": {"type": "integer", "description": "1 (low) to 5 (urgent)", "default": 3},
         "customer": CUSTOMER,
-        "tags": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "array", "items": {"type": "string"}, "default": []},
     },
     "required": ["title", "customer"],
     "additionalProperties": False,
@@ -350,8 +350,12 @@ class TestDatesAndDecimals:
         assert output.schema.schema["properties"] == {
             "at": {"type": "string", "format": "date-time", "description": "when, with its offset"},
             "guest": {"type": "string", "format": "uuid"},
-            "deposit": {"type": "string", "pattern": "^-?[0-9]+([.][0-9]+)?$"},
-            "nights": {"type": "array", "items": {"type": "string", "format": "date"}},
+            "deposit": {"type": "string", "pattern": "^-?[0-9]+([.][0-9]+)?$", "default": "0"},
+            "nights": {
+                "type": "array",
+                "items": {"type": "string", "format": "date"},
+                "default": [],
+            },
         }
         assert output.schema.schema["required"] == ["at", "guest"]
         assert output.schema.strict_schema is not None

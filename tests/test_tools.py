@@ -132,7 +132,7 @@ def property_of(annotation: Any) -> dict[str, Any]:
             Point,
             {
                 "type": "object",
-                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer", "default": 0}},
                 "required": ["x"],
                 "additionalProperties": False,
             },
@@ -145,7 +145,10 @@ def property_of(annotation: Any) -> dict[str, Any]:
                     "anyOf": [
                         {
                             "type": "object",
-                            "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                            "properties": {
+                                "x": {"type": "integer"},
+                                "y": {"type": "integer", "default": 0},
+                            },
                             "required": ["x"],
                             "additionalProperties": False,
                         },
@@ -804,7 +807,8 @@ def test_a_default_date_or_decimal_is_shown_as_its_string() -> None:
     assert properties["until"] == {"type": "string", "format": "date", "default": "2026-01-31"}
     assert properties["fee"]["default"] == "10"
     assert properties["stay"]["properties"]["check_in"] == {
-        "anyOf": [{"type": "string", "pattern": CLOCK}, {"type": "null"}]
+        "anyOf": [{"type": "string", "pattern": CLOCK}, {"type": "null"}],
+        "default": None,
     }
     assert spec.parameters["required"] == ["at", "guest", "deposit", "stay"]
 
@@ -2728,7 +2732,7 @@ def test_an_attrs_class_used_twice_side_by_side_is_not_recursive() -> None:
     """The same class in two fields is described twice, not refused."""
     point = {
         "type": "object",
-        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+        "properties": {"x": {"type": "integer"}, "y": {"type": "integer", "default": 0}},
         "required": ["x"],
         "additionalProperties": False,
     }
@@ -2845,3 +2849,85 @@ async def test_hung_sync_tools_past_their_timeout_never_starve_other_sync_tools(
         assert result.messages[2].tool_results[0].content == "3"
     finally:
         release.set()
+
+
+class Unit(enum.Enum):
+    C = "c"
+    F = "f"
+
+
+@pytest.mark.parametrize(
+    ("annotation", "default", "problem"),
+    [
+        (int, "x", "expected an integer, got a string"),
+        (int, 1.5, "expected an integer, got a number"),
+        (bool, 0, "expected a boolean, got a number"),
+        (Literal["c", "f"], "k", r"expected one of \['c', 'f'\], got 'k'"),
+        (Unit, "k", r"expected one of \['c', 'f'\], got 'k'"),
+        (list[int], [1, "2"], r"default\[1\]: expected an integer"),
+        (datetime.datetime, datetime.datetime(2026, 1, 1), "with its UTC offset"),
+    ],
+)
+def test_a_default_of_another_type_fails_at_class_definition(
+    annotation: Any, default: Any, problem: str
+) -> None:
+    """A default that is not a value of its parameter's type (not a member of its
+    Literal or Enum, a naive datetime for an aware one) fails when the class is defined."""
+
+    def probe(value: Any = default) -> str:
+        """Probe a default."""
+        return ""
+
+    probe.__annotations__ = {"value": annotation, "return": str}
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"Holder: tool 'probe', parameter 'value': the default .* is not a value of its "
+        rf"type \(.*{problem}",
+    ):
+        schema_of(probe)
+
+
+def test_a_default_none_or_one_json_cannot_carry_is_taken_for_any_type() -> None:
+    """``None`` for a type without null is the default when the argument is left out (as
+    null is); a default JSON cannot carry is not shown, so not checked."""
+
+    def probe(
+        count: int = None,  # type: ignore[assignment]  # noqa: RUF013
+        limit: float = math.inf,
+        unit: Unit = Unit.F,
+    ) -> str:
+        """Probe defaults."""
+        return ""
+
+    properties = schema_of(probe)["properties"]
+    assert properties["count"] == {"type": "integer", "default": None}
+    assert properties["limit"] == {"type": "number"}
+    assert properties["unit"] == {"enum": ["c", "f"], "default": "f"}
+
+
+@attrs.define
+class Filters:
+    unit: Unit = Unit.C
+    top: Annotated[int, "how many"] = 3
+    tags: list[str] = attrs.Factory(list)
+    since: Optional[datetime.date] = datetime.date(2026, 1, 1)  # noqa: UP045
+
+
+def test_a_record_fields_default_is_in_its_schema_as_the_json_the_model_would_send() -> None:
+    """A record field's default is shown as a parameter's is (the JSON the model would
+    send), so the model knows what leaving the field out means; a default made by a
+    factory is not shown."""
+
+    def search(filters: Filters) -> str:
+        """Search."""
+        return ""
+
+    assert schema_of(search)["properties"]["filters"]["properties"] == {
+        "unit": {"enum": ["c", "f"], "default": "c"},
+        "top": {"type": "integer", "description": "how many", "default": 3},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "since": {
+            "anyOf": [{"type": "string", "format": "date"}, {"type": "null"}],
+            "default": "2026-01-01",
+        },
+    }

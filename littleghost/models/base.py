@@ -179,15 +179,16 @@ class OutputSchema:
 
     @functools.cached_property
     def unbounded_schema(self) -> Mapping[str, Any]:
-        """The schema without its bounds (``minimum``, ``maxLength``, ``minItems``, ...),
-        which strict decoders refuse: the check of the answer applies them. Built once."""
+        """The schema without its bounds (``minimum``, ``maxLength``, ``minItems``, ...)
+        and defaults, which strict decoders refuse: the check of the answer applies the
+        bounds, and a field left out gets its default. Built once."""
         return _unbounded(self.schema)
 
     @functools.cached_property
     def strict_schema(self) -> Mapping[str, Any] | None:
         """The schema as OpenAI's strict mode takes it: every object closed with every
         property required, an optional one nullable (``null`` stands for a field left
-        out), every ``enum`` typed, no bounds (``unbounded_schema``); ``None`` when the
+        out), every ``enum`` typed, no bounds nor defaults (``unbounded_schema``); ``None`` when the
         schema has a ``closed_problem``. Built once per schema, not on every request."""
         if self.closed_problem is not None:
             return None
@@ -227,11 +228,14 @@ _BOUNDS = frozenset(
     }
 )
 """The keywords of bounds on a value (``littleghost.tool_bounds``)."""
+_UNSTRICT = _BOUNDS | {"default"}
+"""What strict decoders refuse: bounds, and a field's default (OpenAI's strict mode
+answers 400 to ``default``)."""
 
 
 def _unbounded(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``schema`` without ``_BOUNDS``, in it and in every schema inside it."""
-    found = {key: value for key, value in schema.items() if key not in _BOUNDS}
+    """``schema`` without ``_UNSTRICT``, in it and in every schema inside it."""
+    found = {key: value for key, value in schema.items() if key not in _UNSTRICT}
     for key in ("items", "additionalProperties"):
         if isinstance(found.get(key), Mapping):
             found[key] = _unbounded(found[key])
