@@ -4,7 +4,8 @@ makes them), as JSON schema keywords and as the check of a value.
 
 As in JSON schema, a bound applies to the values of its kind: a number's to numbers, a
 length to strings (their characters), arrays (their items) and objects (their keys); on
-a union it goes to the options of its kind. Neither library is imported here: a bound is
+a union it goes to the options of its kind; on a ``Literal`` or an ``Enum`` it keeps the
+members it takes (so strict decoders, which refuse bounds, hold it too). Neither library is imported here: a bound is
 told by its class's module, which defining the annotation imported. Other metadata of
 theirs (a pydantic validator, ``Strict``, a ``pattern``) is refused when a type is
 described, rather than left unapplied; metadata of any other library is not
@@ -181,12 +182,13 @@ def read_metadata(extras: Iterable[Any], where: str) -> tuple[str | None, list[B
 
 def bounded_schema(schema: dict[str, Any], bounds: Sequence[Bound], where: str) -> dict[str, Any]:
     """``schema`` with the keywords of ``bounds``, each on the values of its kind (on a
-    union, in each option of that kind).
+    union, in each option of that kind; of an ``enum``, the members it takes).
 
     Raises:
         ConfigurationError: A bound that no value of ``schema`` is of the kind of (a length
-            of a number, a minimum of a string), or whose limit is not a count (a length)
-            or a finite number (positive, for ``MultipleOf``).
+            of a number, a minimum of a string), that leaves a ``Literal`` or an ``Enum``
+            no member, or whose limit is not a count (a length) or a finite number
+            (positive, for ``MultipleOf``).
     """
     for bound in bounds:
         if not _limit_fits(bound):
@@ -196,6 +198,11 @@ def bounded_schema(schema: dict[str, Any], bounds: Sequence[Bound], where: str) 
                 f"{where}: the bound {bound.kind}({bound.limit!r}) needs {needs} as its limit"
             )
         placed = _place(schema, bound)
+        if placed is not None and _emptied(placed):
+            raise ConfigurationError(
+                f"{where}: the bound {bound.kind}({bound.limit!r}) leaves none of the values "
+                "of its Literal or Enum, so it allows no value"
+            )
         if placed is None:
             if bound.lenient:
                 continue
@@ -209,13 +216,19 @@ def bounded_schema(schema: dict[str, Any], bounds: Sequence[Bound], where: str) 
 
 
 def _place(schema: dict[str, Any], bound: Bound) -> dict[str, Any] | None:
-    """``schema`` with ``bound``'s keyword where it applies; ``None`` where it nowhere does."""
+    """``schema`` with ``bound``'s keyword where it applies (an ``enum`` with the members
+    it takes); ``None`` where it nowhere does."""
     if "anyOf" in schema:
         options = [_place(dict(option), bound) for option in schema["anyOf"]]
         if all(option is None for option in options):
             return None
         placed = [new or old for new, old in zip(options, schema["anyOf"], strict=True)]
         return {**schema, "anyOf": placed}
+    if "enum" in schema:  # a Literal's or an Enum's: the members the bound keeps
+        if not any(bound.applies(member) for member in schema["enum"]):
+            return None
+        kept = [m for m in schema["enum"] if not bound.applies(m) or bound.problem(m) is None]
+        return {**schema, "enum": kept}
     kind = schema.get("type")
     _, keyword, _ = _BOUNDS[bound.kind]
     if bound.is_length and kind in _LENGTH_WORDS:
@@ -223,6 +236,11 @@ def _place(schema: dict[str, Any], bound: Bound) -> dict[str, Any] | None:
     if not bound.is_length and kind in ("integer", "number"):
         return {**schema, keyword: bound.limit}
     return None
+
+
+def _emptied(schema: dict[str, Any]) -> bool:
+    """True when ``schema`` (or an option of it) is an ``enum`` a bound left no member."""
+    return schema.get("enum") == [] or any(map(_emptied, schema.get("anyOf", ())))
 
 
 def _limit_fits(bound: Bound) -> bool:

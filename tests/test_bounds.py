@@ -6,7 +6,8 @@ littleghost does not apply fails when the class is defined."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Optional, TypedDict
+import enum
+from typing import Annotated, Any, Literal, Optional, TypedDict
 
 import annotated_types as at
 import attrs
@@ -413,3 +414,60 @@ def test_a_record_fields_default_outside_its_bound_fails_at_class_definition() -
         output_type = Made
 
     assert Fine(model=ScriptedModel([])).output is not None
+
+
+class Priority(enum.IntEnum):
+    LOW = 1
+    MID = 2
+    HIGH = 3
+
+
+def test_a_bound_on_a_literal_or_an_enum_keeps_the_members_it_takes() -> None:
+    """A number's bound on an int ``Literal`` or ``Enum`` (a length's on a str one) is
+    applied: the schema's ``enum`` holds the members it takes (which a strict decoder
+    holds to as well), and a member outside it is refused."""
+
+    @tool
+    def order(
+        level: Annotated[Priority, Field(gt=1)],
+        size: Annotated[Optional[Literal[1, 2, 3, "any"]], at.Le(2)] = None,  # noqa: UP045
+        code: Annotated[Literal["a", "bb"], at.MaxLen(1)] = "a",
+    ) -> str:
+        """Place an order."""
+        return "placed"
+
+    class Shop(Agent):
+        model = "openai:gpt-4o-mini"
+        tools = [order]
+
+    properties = Shop.__littleghost_tool_index__["order"][0].parameters["properties"]
+    assert properties["level"] == {"enum": [2, 3]}
+    assert properties["size"] == {
+        "anyOf": [{"enum": [1, 2, "any"]}, {"type": "null"}],
+        "default": None,
+    }
+    assert properties["code"] == {"enum": ["a"], "default": "a"}
+    results = _results(Shop, {"level": 1}, {"level": 2, "size": 3}, {"level": 3, "size": "any"})
+    assert [result.is_error for result in results] == [True, True, False]
+    assert "level: expected a number > 1, got 1" in str(results[0].content)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "message"),
+    [
+        (Annotated[Literal[1, 2], at.Ge(5)], r"Ge\(5\) leaves none of the values"),
+        (Annotated[Priority, at.Lt(1)], r"Lt\(1\) leaves none of the values"),
+        (Annotated[Literal["a", "b"], at.Ge(0)], r"Ge\(0\) applies to an int or a float"),
+    ],
+)
+def test_a_bound_no_member_of_a_literal_or_an_enum_takes_fails(
+    annotation: Any, message: str
+) -> None:
+    """A bound that leaves no member, or bounds no member's kind, says so."""
+    with pytest.raises(
+        ConfigurationError, match=rf"Shop: tool 'order', parameter 'value': the bound {message}"
+    ):
+
+        class Shop(Agent):
+            model = "openai:gpt-4o-mini"
+            tools = [_tool(annotation)]
