@@ -2,9 +2,9 @@
 arguments it sends back, and Python values turned into JSON.
 
 Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
-``set`` / ``dict`` (with str keys) and their typed forms, ``Optional`` and unions,
-``Literal``, ``Enum`` subclasses (with members, of JSON values), records — attrs classes,
-dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
+``set`` / ``dict`` (with str keys) and their typed forms, named tuples (an array),
+``Optional`` and unions, ``Literal``, ``Enum`` subclasses (with members, of JSON values),
+records — attrs classes, dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
 ``Annotated[T, "description"]`` (and bounds: :mod:`littleghost.tool_bounds`); and, as
 JSON strings, ``datetime`` (RFC 3339, with its UTC offset: the value is aware), ``date``,
 ``time`` (a time of day, without an offset: the value is naive), ``timedelta`` (an ISO
@@ -239,6 +239,29 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
             "required": required,
             "additionalProperties": False,
         }
+    named = _named_items(annotation)
+    if named is not None:
+        if annotation in outer:
+            raise ConfigurationError(
+                f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
+                "be described as JSON schema"
+            )
+        prefix = []
+        for member in named:
+            item_where = f"{where}, field {member.name!r}"
+            schema = {
+                "title": member.name,
+                **_schema(member.annotation, item_where, (*outer, annotation)),
+            }
+            if member.default is not _NO_DEFAULT:
+                schema.update(shown_default(member.default, member.annotation, item_where))
+            prefix.append(schema)
+        return {
+            "type": "array",
+            "prefixItems": prefix,
+            "minItems": sum(member.required for member in named),
+            "maxItems": len(named),
+        }
     if annotation in (list, tuple, set, frozenset) or origin in (list, set, frozenset, Sequence):
         item = args[0] if args else Any
         return {"type": "array", "items": _schema(item, where, outer)}
@@ -258,7 +281,7 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
         return {"type": "object", "additionalProperties": _schema(value, where, outer)}
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
-        "float, bool, None, list, tuple, dict, Optional, Literal, an Enum, datetime, date, "
+        "float, bool, None, list, tuple, a NamedTuple, dict, Optional, Literal, an Enum, datetime, date, "
         "time, UUID, Decimal, an attrs class, a dataclass, a TypedDict or a pydantic model)"
     )
 
@@ -449,6 +472,27 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
         required = annotation.__required_keys__  # type: ignore[attr-defined]
         return tuple(_key(name, hint, name in required) for name, hint in hints.items())
     return None
+
+
+def _named_items(annotation: Any) -> tuple[_Field, ...] | None:
+    """The fields of a named tuple class (``typing.NamedTuple``; a
+    ``collections.namedtuple``'s of any type), in order; ``None`` for any other type.
+    As JSON a named tuple is an array, as ``to_json`` writes it.
+
+    Raises:
+        NameError: A field's annotation cannot be resolved.
+    """
+    if not (isinstance(annotation, type) and issubclass(annotation, tuple)):
+        return None
+    names = getattr(annotation, "_fields", None)
+    if not isinstance(names, tuple):
+        return None
+    hints = typing.get_type_hints(annotation, include_extras=True)
+    defaults = annotation._field_defaults  # type: ignore[attr-defined]
+    return tuple(
+        _Field(name, hints.get(name, Any), name not in defaults, defaults.get(name, _NO_DEFAULT))
+        for name in names
+    )
 
 
 def _attrs_default(default: Any) -> Any:
@@ -766,6 +810,19 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if _is_model(annotation):
             return _built(annotation.model_validate, kwargs, path)
         return _built(lambda fields: annotation(**fields), kwargs, path)
+    named = _named_items(annotation)
+    if named is not None:
+        if not isinstance(value, list):
+            raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")
+        least = sum(member.required for member in named)
+        if not least <= len(value) <= len(named):
+            expected = f"{least} to {len(named)}" if least < len(named) else f"{least}"
+            raise ToolArgumentError(f"{path}: expected {expected} items, got {len(value)}")
+        parts = [
+            coerce(part, member.annotation, f"{path}[{i}]")
+            for i, (part, member) in enumerate(zip(value, named, strict=False))
+        ]
+        return _built(lambda parts: annotation(*parts), parts, path)
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")

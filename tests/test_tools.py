@@ -18,8 +18,19 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict, TypeVar, Union
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Literal,
+    NamedTuple,
+    Optional,
+    TypedDict,
+    TypeVar,
+    Union,
+)
 
+import annotated_types as at
 import anyio
 import attrs
 import pytest
@@ -40,7 +51,7 @@ from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from littleghost.tool_calls import invoke
-from littleghost.tool_types import ToolArgumentError, coerce, json_schema
+from littleghost.tool_types import ToolArgumentError, coerce, json_schema, to_json
 from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
@@ -2931,3 +2942,75 @@ def test_a_record_fields_default_is_in_its_schema_as_the_json_the_model_would_se
             "default": "2026-01-01",
         },
     }
+
+
+class Spot(NamedTuple):
+    lat: Annotated[float, "degrees north"]
+    lon: float
+    on: datetime.date = datetime.date(2026, 1, 1)
+
+
+def test_a_named_tuple_is_an_array_of_its_fields_as_a_tuple_is() -> None:
+    """A ``NamedTuple`` is a fixed-length array, as ``tuple[float, float, date]`` is and
+    as its value is written as JSON: each item titled by its field, a trailing field with
+    a default optional; what the model sends is built into the class by position."""
+    got: list[Spot] = []
+
+    def visit(spot: Spot, others: list[Spot]) -> str:
+        """Visit a spot."""
+        got.extend([spot, *others])
+        return "ok"
+
+    class Guide(Agent):
+        tools = [visit]
+
+    (spec,) = Guide(model=ScriptedModel([])).tool_specs
+    assert spec.parameters["properties"]["spot"] == {
+        "type": "array",
+        "prefixItems": [
+            {"title": "lat", "type": "number", "description": "degrees north"},
+            {"title": "lon", "type": "number"},
+            {"title": "on", "type": "string", "format": "date", "default": "2026-01-01"},
+        ],
+        "minItems": 2,
+        "maxItems": 3,
+    }
+    model = ScriptedModel(
+        [
+            tool_call_response("visit", {"spot": [48.8, 2.3], "others": [[1, 2, "2026-05-01"]]}),
+            tool_call_response("visit", {"spot": [48.8], "others": []}),
+            tool_call_response("visit", {"spot": {"lat": 1, "lon": 2}, "others": []}),
+            text_response("done"),
+        ]
+    )
+    messages = Guide(model=model).run_sync("go").messages
+    assert got == [
+        Spot(48.8, 2.3, datetime.date(2026, 1, 1)),
+        Spot(1.0, 2.0, datetime.date(2026, 5, 1)),
+    ]
+    assert isinstance(got[0], Spot) and isinstance(got[0].lat, float)
+    errors = [result for result in tool_results(messages) if result.is_error]
+    assert "spot: expected 2 to 3 items, got 1" in str(errors[0].content)
+    assert "spot: expected an array, got an object" in str(errors[1].content)
+    assert json.loads(json.dumps(got[1], default=to_json)) == [1.0, 2.0, "2026-05-01"]
+
+
+def test_a_named_tuple_is_an_output_type_and_its_defaults_are_checked() -> None:
+    """As an output type a named tuple is its array; its field's default is checked as a
+    record field's is."""
+
+    class Where(Agent):
+        output_type = Spot
+
+    model = ScriptedModel([text_response('{"result": [48.8, 2.3]}')])
+    assert Where(model=model).run_sync("where").output == Spot(48.8, 2.3)
+
+    class Late(NamedTuple):
+        hour: Annotated[int, at.Le(23)] = 24
+
+    with pytest.raises(
+        ConfigurationError, match=r"Wrong.output_type, field 'hour': the default 24"
+    ):
+
+        class Wrong(Agent):
+            output_type = Late
