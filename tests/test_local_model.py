@@ -822,11 +822,13 @@ class Rating:
     stars: Annotated[int, at.Ge(1), at.Le(5)]
     why: Annotated[str, at.MinLen(3), at.MaxLen(20)]
     tags: Annotated[list[Annotated[str, at.MaxLen(8)]], at.MinLen(1), at.MaxLen(2)]
+    seen: bool = True
 
 
 async def test_llama_cpp_takes_a_schema_with_bounds_and_holds_to_them(local: LocalModel) -> None:
-    """A schema with bounds goes to llama.cpp whole: its grammar holds an integer's range
-    and the lengths of strings and arrays, so the answer fits without a repair turn."""
+    """A schema with bounds (and a field's default) goes to llama.cpp whole: its grammar
+    holds an integer's range and the lengths of strings and arrays, so the answer fits
+    without a repair turn."""
 
     class Rater(Agent):
         instructions = "You rate films."

@@ -1,8 +1,9 @@
 """The schema a model is sent and the check of what it sends back agree: over random
-types (nested records, unions, optionals, containers, literals, enums, bounds) and random
-JSON values near and far from them, a value fits the schema exactly when the check takes
-it. The schemas are read by a small validator of the keywords littleghost writes (any
-other keyword fails the test, so a new one must be taught here first).
+types (nested records, named tuples, unions, optionals, containers, literals, enums,
+bounds) and random JSON values near and far from them, a value fits the schema exactly
+when the check takes it. The schemas are read by a small validator of the keywords
+littleghost writes (any other keyword fails the test, so a new one must be taught here
+first).
 
 The one difference is documented: ``null`` for an optional field or parameter whose type
 takes none means "left out" (strict decoders send every field), so the check takes what
@@ -15,7 +16,8 @@ import dataclasses
 import enum
 import math
 import random
-from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+import types
+from typing import Annotated, Any, Literal, NamedTuple, Optional, TypedDict, Union
 
 import annotated_types as at
 import pytest
@@ -44,6 +46,7 @@ _KNOWN = {
     "maxProperties",
     "description",
     "default",
+    "title",
 }
 
 
@@ -161,7 +164,7 @@ def _annotation(rng: random.Random, depth: int) -> Any:
         return rng.choice(_SCALARS)
     inner = _annotation(rng, depth - 1)
     other = _annotation(rng, depth - 1)
-    shape = rng.randrange(9)
+    shape = rng.randrange(10)
     if shape == 0:
         return list[inner]  # type: ignore[valid-type]
     if shape == 1:
@@ -179,6 +182,15 @@ def _annotation(rng: random.Random, depth: int) -> Any:
     if shape == 7:
         return TypedDict(  # type: ignore[operator]
             f"Keys{rng.randrange(10**6)}", {"a": inner, "b": other}, total=rng.random() < 0.5
+        )
+    if shape == 8:  # a named tuple, its last field with a default
+        annotations = {"a": inner, "b": other}
+        return types.new_class(
+            f"Pair{rng.randrange(10**6)}",
+            (NamedTuple,),
+            exec_body=lambda body: body.update(
+                __module__=__name__, __annotations__=annotations, b=None
+            ),
         )
     fields = [("a", inner), ("b", other, dataclasses.field(default=None))]
     return dataclasses.make_dataclass(f"Record{rng.randrange(10**6)}", fields)
@@ -211,7 +223,10 @@ def _value(rng: random.Random, schema: dict[str, Any], depth: int = 0) -> Any:
     if kind == "array":
         if "prefixItems" in schema:
             items = [_value(rng, item, depth + 1) for item in schema["prefixItems"]]
-            return items if rng.random() < 0.8 else items[:-1]
+            roll = rng.random()
+            if roll < 0.7:
+                return items
+            return items[: rng.randint(0, len(items) - 1)] if roll < 0.9 else [*items, 1]
         length = rng.randint(schema.get("minItems", 0), schema.get("maxItems", 3)) + (
             rng.random() < 0.1
         )
