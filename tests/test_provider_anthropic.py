@@ -1022,6 +1022,7 @@ async def test_the_compaction_estimate_anchors_on_the_prompt_with_its_cached_tok
     )
     class Cached(Agent):
         settings = {"max_tokens": 100}  # the default 4 096 would not fit the window
+
         @tool
         def ping(self) -> str:
             """Ping."""
@@ -1330,6 +1331,7 @@ async def test_thinking_blocks_round_trip_through_a_tool_loop_and_a_compaction(
     )
     class Thinker(Agent):
         settings = {"max_tokens": 100}  # the default 4 096 would not fit the window
+
         @tool
         def lookup(self, order_id: str) -> str:
             """Find an order."""
