@@ -27,6 +27,7 @@ from littleghost.messages import Message, Role
 from littleghost.models import Usage
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
+from littleghost.models.overflow import MAX_DETAIL_CHARS
 from tests.raw_http import Behaviour, Connection, RawServer, refused_url
 from tests.sdk_bodies import (
     anthropic_events,
@@ -268,6 +269,23 @@ async def test_a_key_the_server_quotes_back_is_not_in_the_error(
     assert type(caught.value) is InvalidRequestError
     assert caught.value.provider == provider
     assert caught.value.status == (None if streaming else 401)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_key_the_shortening_cuts_is_not_in_the_error(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """A key quoted where the provider's message is cut to ``MAX_DETAIL_CHARS`` leaves
+    none of its start in the error either."""
+    kind = "authentication_error" if provider == "anthropic" else "invalid_request_error"
+    text = "x" * (MAX_DETAIL_CHARS - 11) + f" {KEY} is not valid"  # cut in the key
+    server = servers(status(401, {"error": {"message": text, "type": kind}}))
+    async with Plain(model=model_of(provider, server.url, KEY)) as agent:
+        with pytest.raises(InvalidRequestError) as caught:
+            await agent.run("hello", timeout=20)
+    message = str(caught.value)
+    assert message.endswith(" [redacted]…")
+    assert KEY[:4] not in message
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above

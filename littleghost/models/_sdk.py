@@ -520,6 +520,23 @@ SHORTEST_HIDDEN = 8
 placeholder) would hide words."""
 
 
+def _hide_keys(message: str, keys: Iterable[str]) -> str:
+    """``message`` with each of ``keys`` replaced by ``[redacted]``, and the start of one
+    its shortening cut (the ``…`` it ends with, ``MAX_DETAIL_CHARS``) too, where a word
+    starts."""
+    for key in keys:
+        message = message.replace(key, "[redacted]")
+    if not message.endswith("…"):
+        return message
+    kept = message[:-1]
+    for key in keys:
+        for length in range(len(key) - 1, 0, -1):
+            start = len(kept) - length
+            if kept.endswith(key[:length]) and (start == 0 or not kept[start - 1].isalnum()):
+                return f"{kept[:start]}[redacted]…"
+    return message
+
+
 def error_mapper(
     sdk: Any, base: type[Exception], provider: str, keys: Iterable[object] = ()
 ) -> Callable[[Exception], ProviderError | None]:
@@ -545,10 +562,7 @@ def error_mapper(
 
     def without_keys(error: ProviderError) -> ProviderError:
         if error.args and isinstance(error.args[0], str):
-            message = error.args[0]
-            for key in hidden:
-                message = message.replace(key, "[redacted]")
-            error.args = (message, *error.args[1:])
+            error.args = (_hide_keys(error.args[0], hidden), *error.args[1:])
         return error
 
     classify = _classifier(sdk, base, provider)
