@@ -124,8 +124,8 @@ COMPACTION_SKIPPED = "littleghost.compaction.skipped_because"
 COMPACTION_FALLBACK = "littleghost.compaction.fallback"
 COMPACTION_SUMMARY = "littleghost.compaction.summary_outcome"
 COMPACTION_CUT_TO = "littleghost.compaction.tool_results_cut_to_tokens"
-COMPACTION_COUNTED = "littleghost.compaction.counted_prompt_tokens"
 COMPACTION_ERROR = "littleghost.compaction.error_message"
+COMPACTION_COUNTED = "littleghost.compaction.counted_prompt_tokens"
 """On the chat span of a call overflow recovery retried: the prompt tokens the model
 counted for it (``count_prompt_tokens``)."""
 
