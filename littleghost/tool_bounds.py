@@ -3,13 +3,14 @@
 makes them), as JSON schema keywords and as the check of a value.
 
 As in JSON schema, a bound applies to the values of its kind: a number's to numbers, a
-length to strings (their characters), arrays (their items) and objects (their keys); on
-a union it goes to the options of its kind; on a ``Literal`` or an ``Enum`` it keeps the
-members it takes (so strict decoders, which refuse bounds, hold it too). Neither library is imported here: a bound is
-told by its class's module, which defining the annotation imported. Other metadata of
-theirs (a pydantic validator, ``Strict``, a ``pattern``) is refused when a type is
-described, rather than left unapplied; metadata of any other library is not
-littleghost's to read, and is passed over (PEP 593).
+length to strings (their characters), arrays (their items; a set's distinct ones) and
+objects (their keys); on a union it goes to the options of its kind; on a ``Literal`` or
+an ``Enum`` it keeps the members it takes (so strict decoders, which refuse bounds, hold
+it too). Neither library is imported here: a bound is told by its class's module, which
+defining the annotation imported. Other metadata of theirs (a pydantic validator,
+``Strict``, a ``pattern``) is refused when a type is described, rather than left
+unapplied; metadata of any other library is not littleghost's to read, and is passed
+over (PEP 593).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ class Bound(NamedTuple):
         return self.kind in ("MinLen", "MaxLen")
 
     def applies(self, value: Any) -> bool:
-        """True when the JSON ``value`` is of the kind this bound bounds."""
+        """True when the JSON ``value`` (or the set made of an array) is of the kind this
+        bound bounds."""
         if self.is_length:
-            return isinstance(value, (str, list, dict))
+            return isinstance(value, (str, list, dict, set, frozenset))
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
     def problem(self, value: Any) -> str | None:
@@ -77,7 +79,8 @@ class Bound(NamedTuple):
         if fits:
             return None
         if self.is_length:
-            return f"expected a length {relation} {self.limit!r}, got {measured}"
+            what = " (distinct items)" if isinstance(value, (set, frozenset)) else ""
+            return f"expected a length {relation} {self.limit!r}{what}, got {measured}"
         what = "" if self.kind == "MultipleOf" else "a number "
         return f"expected {what}{relation} {self.limit!r}, got {brief(value)}"
 

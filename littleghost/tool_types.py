@@ -758,8 +758,9 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     args = get_args(annotation)
     if origin is typing.Annotated:
         converted = coerce(value, args[0], path)
+        measured = converted if isinstance(converted, (set, frozenset)) else value  # distinct
         for bound in read_metadata(args[1:], path)[1]:
-            problem = bound.problem(value) if bound.applies(value) else None
+            problem = bound.problem(measured) if bound.applies(measured) else None
             if problem is not None:
                 raise ToolArgumentError(f"{path}: {problem}")
         return converted

@@ -471,3 +471,31 @@ def test_a_bound_no_member_of_a_literal_or_an_enum_takes_fails(
         class Shop(Agent):
             model = "openai:gpt-4o-mini"
             tools = [_tool(annotation)]
+
+
+def test_a_length_bound_of_a_set_counts_its_distinct_items() -> None:
+    """A set's length is that of the set the tool gets, not of the array the model sent:
+    ``["a", "a"]`` is one tag, under ``MinLen(2)``; three repeats are one, within
+    ``MaxLen(2)``."""
+    called: list[frozenset[str]] = []
+
+    @tool
+    def order(
+        tags: Annotated[set[str], at.MinLen(2)],
+        codes: Annotated[frozenset[str], at.MaxLen(2)] = frozenset(),
+    ) -> str:
+        """Place an order."""
+        called.append(frozenset(tags))
+        return "placed"
+
+    class Shop(Agent):
+        model = "openai:gpt-4o-mini"
+        tools = [order]
+
+    refused, taken = _results(
+        Shop, {"tags": ["a", "a"]}, {"tags": ["a", "b"], "codes": ["x", "x", "x"]}
+    )
+    assert refused.is_error
+    assert "tags: expected a length >= 2 (distinct items), got 1" in refused.content
+    assert not taken.is_error
+    assert called == [frozenset({"a", "b"})]
