@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import openai
 import pytest
 
 from littleghost import Agent
@@ -286,6 +287,25 @@ async def test_a_key_the_shortening_cuts_is_not_in_the_error(
     message = str(caught.value)
     assert message.endswith(" [redacted]…")
     assert KEY[:4] not in message
+
+
+async def test_a_key_a_given_client_fetches_is_not_in_the_error(
+    servers: Callable[..., RawServer],
+) -> None:
+    """A client given with ``client=`` whose key comes from a provider (a function the
+    SDK awaits before each request: a rotating token) has the key it sent hidden too."""
+
+    async def key() -> str:
+        return KEY
+
+    quoted = {"error": {"message": f"Incorrect API key provided: {KEY}.", "type": "x"}}
+    server = servers(status(401, quoted))
+    client = openai.AsyncOpenAI(api_key=key, base_url=f"{server.url}/v1")
+    async with Plain(model=OpenAIModel("gpt-4o-mini", client=client)) as agent:
+        with pytest.raises(InvalidRequestError) as caught:
+            await agent.run("hello", timeout=20)
+    assert "Incorrect API key provided: [redacted]." in str(caught.value)
+    await client.close()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above

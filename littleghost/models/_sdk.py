@@ -538,7 +538,10 @@ def _hide_keys(message: str, keys: Iterable[str]) -> str:
 
 
 def error_mapper(
-    sdk: Any, base: type[Exception], provider: str, keys: Iterable[object] = ()
+    sdk: Any,
+    base: type[Exception],
+    provider: str,
+    keys: Callable[[], Iterable[object]] = tuple,
 ) -> Callable[[Exception], ProviderError | None]:
     """Maps what an SDK call raised to a ``ProviderError``.
 
@@ -548,9 +551,10 @@ def error_mapper(
         base: The SDK's base exception (``openai.OpenAIError``): any other of its
             subclasses becomes a plain ``ProviderError``.
         provider: The provider name the errors carry.
-        keys: The credentials the client sends: a server that quotes one back (in a 401,
-            an error event) has it replaced by ``[redacted]`` in the message of the
-            ``ProviderError`` given, and of one raised as it is (a stream's error event).
+        keys: The credentials the client sends, read as an error comes (a key provider
+            the SDK awaits sets them before each request): a server that quotes one back
+            (in a 401, an error event) has it replaced by ``[redacted]`` in the message of
+            the ``ProviderError`` given, and of one raised as it is (a stream's error event).
 
     Returns:
         A function that gives ``None`` for an exception that is neither the SDK's, nor a
@@ -558,10 +562,10 @@ def error_mapper(
         ``ProviderUnavailableError``) or holds an integer longer than Python reads (a
         ``ProviderError``, not retried): it is re-raised as it is.
     """
-    hidden = [key for key in keys if isinstance(key, str) and len(key) >= SHORTEST_HIDDEN]
 
     def without_keys(error: ProviderError) -> ProviderError:
         if error.args and isinstance(error.args[0], str):
+            hidden = [k for k in keys() if isinstance(k, str) and len(k) >= SHORTEST_HIDDEN]
             error.args = (_hide_keys(error.args[0], hidden), *error.args[1:])
         return error
 

@@ -560,7 +560,7 @@ class AnthropicModel:
             self._sdk,
             self._sdk.AnthropicError,
             self.provider,
-            keys=(client.api_key, client.auth_token),
+            keys=lambda: (client.api_key, client.auth_token),
         )
         self._counting = CountAsking(
             f"{self.provider}: the server of {model!r}", "/v1/messages/count_tokens"

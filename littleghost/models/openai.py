@@ -559,7 +559,7 @@ class OpenAIModel:
         )
         """The ways the server may count prompt tokens, each with whether it is still asked."""
         self._error = error_mapper(
-            self._sdk, self._sdk.OpenAIError, self.provider, keys=(client.api_key,)
+            self._sdk, self._sdk.OpenAIError, self.provider, keys=lambda: (client.api_key,)
         )
 
     def _forget_in_child(self) -> None:
