@@ -3033,6 +3033,24 @@ class TestPreview:
         assert len(preview.message_tokens) == len(preview.request.messages)
         assert (preview.threshold_tokens, preview.compaction_due) == (None, False)
 
+    async def test_the_preview_counts_the_output_cap_the_model_sends_by_default(self) -> None:
+        """A model with a default output cap (``AnthropicModel``'s) has it set in a run's
+        requests: the preview of that model's run counts it as the run does, so the
+        compaction it says is due is the one the run makes."""
+
+        class Capped(ScriptedModel):
+            default_max_tokens = 40
+
+        log = [*chat(5), Message.user("go")]
+        plain = self.preview(Small(), log, 100, ScriptedModel([]))
+        preview = self.preview(Small(), log, 100, Capped([]))
+        assert preview.request.max_tokens == 40
+        assert preview.estimated_tokens == plain.estimated_tokens + 40
+        assert (plain.compaction_due, preview.compaction_due) == (False, True)
+        model = Capped([summary_step(), text_response("ok")])
+        await Small(model=model).run(log[-1], history=log[:-1])
+        assert model.requests[0].purpose == "context_compaction"
+
     @pytest.mark.parametrize(("pairs", "due"), [(5, False), (30, True)])
     async def test_due_as_the_next_run_finds_it(self, pairs: int, due: bool) -> None:
         log = [*chat(pairs), Message.user("go")]

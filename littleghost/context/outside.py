@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from littleghost import logs, telemetry
 from littleghost._validators import is_number, wrong_value
@@ -30,7 +30,7 @@ from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
 from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest, prepare
+from littleghost.models.base import Model, ModelRequest, capped, prepare
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -152,8 +152,8 @@ def preview_request(
     """What ``@manage_context``'s ``before_model`` hook makes of ``request`` (the
     instructions and the view of ``log``) at a run's first model call, without a model
     call: tool results clipped, the view bounded (without memories), sizes by the
-    calibration earlier runs left for ``model`` (``None``: any), and whether a compaction
-    is due in ``window``.
+    calibration earlier runs left for ``model`` (``None``: any) and with its default
+    output cap (``capped``), and whether a compaction is due in ``window``.
 
     Raises:
         ConfigurationError: The configuration leaves no room to compact in ``window``.
@@ -161,6 +161,8 @@ def preview_request(
     """
     if config is not None:
         config.check_window(window)
+    if model is not None:  # as a run sets it
+        request = evolve(request, settings=capped(request.settings, model))
     index = LogIndex.of(request.messages)
     tokenizer = DEFAULT_TOKENIZER if config is None else config.tokenizer
     report: BudgetReport | None = None
