@@ -105,7 +105,8 @@ class RunContext:
         agent: The agent running.
         model: The model the run calls.
         settings: The run's model settings (the agent's, with ``run(settings=)`` over
-            them).
+            them, and the model's ``default_max_tokens`` as ``max_tokens`` when they set
+            no output cap).
         deadline: The absolute anyio deadline, or ``None``.
         max_retries: Retries of a model call (the agent's ``max_retries``).
         capture_content: Whether spans record content (the agent's ``capture_content``).
