@@ -46,7 +46,8 @@ _FIELD_INFO_KEYS = frozenset({"description", "title", "examples"})
 class Bound(NamedTuple):
     """One bound: its ``annotated_types`` class name and its limit; ``lenient`` for one of
     a pydantic model's field, left to pydantic where the field's schema has no value of
-    its kind (a ``Decimal``'s string)."""
+    its kind (a ``Decimal``'s string; one whose limit is not a number, a date's, is left
+    to it whole)."""
 
     kind: str
     limit: Any
@@ -153,7 +154,9 @@ def read_metadata(extras: Iterable[Any], where: str) -> tuple[str | None, list[B
             description = extra.documentation
             continue
         if isinstance(extra, FieldBound):
-            bounds.append(_bound(extra.item, lenient=True))
+            bound = _bound(extra.item, lenient=True)
+            if _limit_fits(bound):  # else (a date's, a Decimal's) only pydantic's to apply
+                bounds.append(bound)
             continue
         if _library(extra) is None:
             continue

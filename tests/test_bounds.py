@@ -172,6 +172,35 @@ def test_a_bound_a_pydantic_model_applies_itself_to_a_string_type_stays_its_own(
     assert "greater than or equal to 0" in result.messages[-2].text
 
 
+def test_a_pydantic_bound_whose_limit_is_not_a_number_stays_the_models_own() -> None:
+    """A pydantic model's bound of a date, or of a ``Decimal`` limit, has no JSON schema
+    keyword: the class is defined, and the model's own validation applies the bound."""
+    import datetime
+    import decimal
+
+    class Booking(BaseModel):
+        day: datetime.date = Field(gt=datetime.date(2020, 1, 1))
+        price: decimal.Decimal = Field(ge=decimal.Decimal("0.5"))
+
+    class Booker(Agent):
+        model = "openai:gpt-4o-mini"
+        output_type = Booking
+
+    output = Booker(model=ScriptedModel([])).output
+    assert output is not None
+    properties = output.schema.schema["properties"]
+    assert not {"exclusiveMinimum", "minimum"} & {*properties["day"], *properties["price"]}
+    model = ScriptedModel(
+        [
+            text_response('{"day": "2019-05-01", "price": "1"}'),
+            text_response('{"day": "2024-05-01", "price": "1"}'),
+        ]
+    )
+    result = Booker(model=model).run_sync("book it")
+    assert result.output == Booking(day=datetime.date(2024, 5, 1), price=decimal.Decimal(1))
+    assert "greater than 2020-01-01" in result.messages[-2].text
+
+
 def test_an_answer_out_of_bounds_gets_the_repair_turn_and_then_raises() -> None:
     """A typed answer is checked against its bounds as tool arguments are: one repair
     turn telling why, then ``OutputValidationError`` with the raw reply."""
