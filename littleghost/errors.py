@@ -9,7 +9,10 @@ keyword-only with defaults. The tree::
     │   ├── RateLimitError                     429: retried after ``retry_after``
     │   ├── ProviderUnavailableError           5xx, timeout, connection: retried
     │   ├── ContextWindowOverflowError         the prompt is over the window: never retried
-    │   └── InvalidRequestError                any other 4xx: never retried
+    │   └── InvalidRequestError                any other 4xx: not retried
+
+A provider's ``x-should-retry`` header (``ProviderError.should_retry``) overrides the
+retried/not retried of the type, but for an overflow.
     ├── OutputLimitError                       the answer stopped at ``max_tokens``
     ├── ProtocolError                          a reply or script broke the expected shape
     ├── DeadlineExceededError (also TimeoutError)
@@ -98,6 +101,9 @@ class ProviderError(LittleGhostError):
         retry_after: Seconds the provider asked to wait before retrying.
         usage: What the failed call used, when the provider reported it (an answer that
             stopped at the context window is billed): a run counts it.
+        should_retry: The provider's own word on whether the request may be retried (its
+            ``x-should-retry: true|false`` header), when it gave one: it decides over the
+            error's type whether the call is retried (never for an overflow).
     """
 
     def __init__(
@@ -109,6 +115,7 @@ class ProviderError(LittleGhostError):
         provider: str | None = None,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -116,14 +123,17 @@ class ProviderError(LittleGhostError):
         self.provider = provider
         self.retry_after = retry_after
         self.usage = usage
+        self.should_retry = should_retry
 
 
 class RateLimitError(ProviderError):
-    """The provider is rate limiting; the call is retried after ``retry_after``."""
+    """The provider is rate limiting; the call is retried after ``retry_after``, unless
+    the provider said not to (``should_retry``)."""
 
 
 class ProviderUnavailableError(ProviderError):
-    """The provider is overloaded, down or unreachable; the call is retried."""
+    """The provider is overloaded, down or unreachable; the call is retried, unless the
+    provider said not to (``should_retry``)."""
 
 
 class ContextWindowOverflowError(ProviderError):
@@ -143,6 +153,7 @@ class ContextWindowOverflowError(ProviderError):
         provider: str | None = None,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        should_retry: bool | None = None,
         prompt_tokens: int | None = None,
         context_window: int | None = None,
     ) -> None:
@@ -153,13 +164,16 @@ class ContextWindowOverflowError(ProviderError):
             provider=provider,
             retry_after=retry_after,
             usage=usage,
+            should_retry=should_retry,
         )
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window
 
 
 class InvalidRequestError(ProviderError):
-    """The provider rejected the request (a 4xx other than rate limits and overflow)."""
+    """The provider rejected the request (a 4xx other than rate limits and overflow);
+    not retried, unless the provider said it may be (``should_retry``: a 409 lock
+    timeout, say)."""
 
 
 class OutputLimitError(LittleGhostError):

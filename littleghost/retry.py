@@ -1,7 +1,10 @@
 """The retry policy for transient provider errors.
 
 Only ``RateLimitError`` and ``ProviderUnavailableError`` are retried (an allow-list, so
-cancellation never is), with full-jitter exponential backoff; a ``retry_after`` the
+cancellation never is), unless the provider said otherwise: a ``ProviderError`` whose
+``should_retry`` (its ``x-should-retry`` header) is set is retried when it is ``True``
+and not when ``False``, whatever its type, but for a ``ContextWindowOverflowError`` (the
+prompt must change first). Retries use full-jitter exponential backoff; a ``retry_after`` the
 provider sent is a floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited
 for: the error is raised as it is. A wait that would pass the run's deadline is not
 taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause.
@@ -23,7 +26,13 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from littleghost.errors import DeadlineExceededError, ProviderUnavailableError, RateLimitError
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
 
 __all__ = ["MAX_RETRIES", "RETRYABLE_ERRORS", "call_with_retries"]
 
@@ -45,7 +54,11 @@ def _retry_after(error: BaseException | None) -> float:
 
 
 def _retryable(error: BaseException) -> bool:
-    return isinstance(error, RETRYABLE_ERRORS) and _retry_after(error) <= MAX_RETRY_AFTER
+    if not isinstance(error, ProviderError) or isinstance(error, ContextWindowOverflowError):
+        return False
+    told = error.should_retry
+    wanted = isinstance(error, RETRYABLE_ERRORS) if told is None else told
+    return wanted and _retry_after(error) <= MAX_RETRY_AFTER
 
 
 def _wait(state: RetryCallState) -> float:
@@ -92,7 +105,9 @@ async def call_with_retries(
     """
     try:  # most calls succeed at once: the policy is set up only for one that did not
         return await call()
-    except RETRYABLE_ERRORS as error:
+    except ProviderError as error:
+        if not _retryable(error):
+            raise
         failed = error
     # out of the ``except``, so that later attempts' errors do not chain onto the first
     return await _retried(call, failed, max_retries, deadline, on_retry)
@@ -131,7 +146,7 @@ async def _retried(
     )
     try:
         return await retrying(attempt)
-    except RETRYABLE_ERRORS as error:
+    except ProviderError as error:
         if deadline_stop.hit:
             raise DeadlineExceededError(
                 f"the run's deadline leaves no time to retry after {type(error).__name__}",

@@ -449,3 +449,88 @@ async def test_a_silent_server_cannot_hold_a_run_past_its_deadline(
         else:
             log = list((await agent.run("hello", timeout=20)).messages)
         assert log[-1].text == "fine"
+
+
+# --- the provider's x-should-retry ------------------------------------------------------
+
+LOCKED = {"error": {"message": "The resource is locked: try again", "type": "conflict"}}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_refusal_the_provider_says_to_retry_is_retried(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    """``x-should-retry: true`` on a 409 (a lock timeout): retried as a transient error
+    is, within ``max_retries``; when the retries run out the caller sees what the
+    provider answered, a refused request, with the provider's word on it."""
+    told = status(409, LOCKED, {"x-should-retry": "true"})
+    answer = answered(provider) if streaming else answered_whole(provider)
+
+    async def run(agent: Agent) -> str:
+        if streaming:
+            _, log = await streamed(agent, timeout=20)
+            return log[-1].text
+        return str((await agent.run("hello", timeout=20)).output)
+
+    server = servers(told, answer)
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        assert await run(agent) == "fine"
+    assert len(server.requests) == 2
+
+    server = servers(told)
+    async with Plain(model=model_of(provider, server.url), max_retries=2) as agent:
+        with pytest.raises(InvalidRequestError) as caught:
+            await run(agent)
+    assert len(server.requests) == 3
+    assert caught.value.status == 409
+    assert caught.value.should_retry is True
+    assert "locked" in str(caught.value)
+
+    server = servers(status(409, LOCKED, {"x-should-retry": "true", "Retry-After": "30"}))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(DeadlineExceededError) as late:
+            await agent.run("hello", timeout=3)
+    assert isinstance(late.value.__cause__, InvalidRequestError)
+    assert len(server.requests) == 1
+
+    server = servers(status(409, LOCKED))  # without the header: a refusal, not retried
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(InvalidRequestError) as refused:
+            await run(agent)
+    assert refused.value.should_retry is None
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("code", "kind", "expected"),
+    [
+        (503, "overloaded_error", ProviderUnavailableError),
+        (500, "api_error", ProviderUnavailableError),
+        (429, "rate_limit_error", RateLimitError),
+    ],
+)
+async def test_an_error_the_provider_says_not_to_retry_is_not_retried(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    provider: str,
+    streaming: bool,
+    code: int,
+    kind: str,
+    expected: type[ProviderError],
+) -> None:
+    """``x-should-retry: false`` on a 5xx or a 429: raised at once, as the type it is."""
+    body = {"error": {"message": "Not this one", "type": kind}}
+    server = servers(status(code, body, {"x-should-retry": "false"}), answered(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(expected) as caught:
+            if streaming:
+                await streamed(agent, timeout=20)
+            else:
+                await agent.run("hello", timeout=20)
+    assert type(caught.value) is expected
+    assert caught.value.status == code
+    assert caught.value.should_retry is False
+    assert len(server.requests) == 1

@@ -9,7 +9,8 @@ Face TGI and llama.cpp → ``ContextWindowOverflowError``; 429 → ``RateLimitEr
 per-minute limit, or an exhausted quota); 5xx and 408 → ``ProviderUnavailableError``;
 any other 4xx → ``InvalidRequestError``. Without an HTTP error status (an error sent in
 a stream), a numeric ``code`` in the body stands for it. A rate-limit message that
-mentions tokens is never an overflow.
+mentions tokens is never an overflow. An ``x-should-retry: true|false`` header is kept as
+the error's ``should_retry``, which the retry policy obeys over the type.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "classify_error",
     "is_overflow_message",
     "retry_after_seconds",
+    "should_retry",
     "transport_error",
 ]
 
@@ -320,6 +322,12 @@ def retry_after_seconds(
     return max((reset for reset in resets if reset is not None), default=None)
 
 
+def should_retry(headers: Mapping[str, str] | None) -> bool | None:
+    """The provider's ``x-should-retry`` (``true`` or ``false``), else ``None``."""
+    value = (_header(headers, "x-should-retry") or "").strip().lower()
+    return {"true": True, "false": False}.get(value)
+
+
 def _seconds(duration: str | None) -> float | None:
     """Seconds in a duration such as ``20ms``, ``6m0s`` or ``1h2m3.5s``; else ``None``."""
     if not duration or not _DURATIONS.fullmatch(duration.strip()):
@@ -374,7 +382,7 @@ def classify_error(
             or the stream's 200).
         body: The decoded JSON error body: the whole body, or its ``error`` value (an
             object, or a string as TGI sends, which the ``openai`` SDK hands over alone).
-        headers: The response headers (for ``retry-after``).
+        headers: The response headers (for ``retry-after`` and ``x-should-retry``).
         message: The SDK's message, used when the body holds none.
 
     Returns:
@@ -386,6 +394,7 @@ def classify_error(
     overflow_codes = [code for code in found if code in _OVERFLOW_CODES]
     code = (overflow_codes + found)[0] if found else None
     effective = _effective_status(status, codes, body)
+    told = should_retry(headers)
     detail = _detail(text)
     http = f"HTTP {status}" if status is not None and status >= 400 else "an error"
     rate_limited = effective == 429 or bool(codes & _RATE_LIMIT_CODES)
@@ -396,6 +405,7 @@ def classify_error(
             status=status,
             code=code,
             provider=provider,
+            should_retry=told,
             prompt_tokens=_body_int(body, "n_prompt_tokens") or prompt,
             context_window=_body_int(body, "n_ctx") or window,
         )
@@ -407,6 +417,7 @@ def classify_error(
                 status=status,
                 code=code,
                 provider=provider,
+                should_retry=told,
             )
         if codes & _QUOTA_CODES:
             return InvalidRequestError(
@@ -414,6 +425,7 @@ def classify_error(
                 status=status,
                 code=code,
                 provider=provider,
+                should_retry=told,
             )
         return RateLimitError(
             f"{provider}: rate limited ({http}){detail}",
@@ -421,6 +433,7 @@ def classify_error(
             code=code,
             provider=provider,
             retry_after=retry_after_seconds(headers, body=body, message=text),
+            should_retry=told,
         )
     if effective is None or effective >= 500 or effective == 408:
         return ProviderUnavailableError(
@@ -429,12 +442,15 @@ def classify_error(
             code=code,
             provider=provider,
             retry_after=retry_after_seconds(headers, body=body),
+            should_retry=told,
         )
     return InvalidRequestError(
         f"{provider}: the request was rejected ({http}){detail}",
         status=status,
         code=code,
         provider=provider,
+        retry_after=retry_after_seconds(headers, body=body) if told else None,
+        should_retry=told,
     )
 
 
