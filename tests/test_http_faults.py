@@ -17,6 +17,7 @@ import pytest
 
 from littleghost import Agent
 from littleghost.errors import (
+    ConfigurationError,
     DeadlineExceededError,
     InvalidRequestError,
     ProviderError,
@@ -534,3 +535,80 @@ async def test_an_error_the_provider_says_not_to_retry_is_not_retried(
     assert caught.value.status == code
     assert caught.value.should_retry is False
     assert len(server.requests) == 1
+
+
+# --- an attempt's own timeout -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_request_timeout_ends_an_attempt_on_a_silent_server(
+    servers: Callable[..., RawServer], provider: str, streaming: bool
+) -> None:
+    """With no deadline, an attempt on a server gone silent (no answer at all, or a
+    stream that stops) ends after ``request_timeout`` seconds as a timeout and is
+    retried; the next attempt is answered."""
+
+    def silent(connection: Connection) -> None:
+        if streaming:  # the stream begins, then nothing more comes
+            connection.head(200, {"Content-Type": "text/event-stream"})
+            first = chunk({"content": "A"}) if provider == "openai" else message_start()
+            connection.send(f"data: {json.dumps(first)}\n\n".encode())
+        connection.stall()
+
+    answer = answered(provider) if streaming else answered_whole(provider)
+    server = servers(silent, silent, answer)
+    if provider == "openai":
+        model: OpenAIModel | AnthropicModel = OpenAIModel(
+            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=0.5
+        )
+    else:
+        model = AnthropicModel(
+            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=0.5
+        )
+    try:
+        async with Plain(model=model, max_retries=1) as agent:
+            started = anyio.current_time()
+            with pytest.raises(ProviderUnavailableError) as caught:
+                if streaming:
+                    await streamed(agent)
+                else:
+                    await agent.run("hello")
+            took = anyio.current_time() - started
+            assert caught.value.code == "timeout"
+            assert len(server.requests) == 2
+            assert took >= 2 * 0.5
+            assert took < 2 * 0.5 + 0.5 + 3  # the attempts, the backoff's longest, slack
+            if streaming:
+                _, log = await streamed(agent)
+                assert log[-1].text == "fine"
+            else:
+                assert (await agent.run("hello")).output == "fine"
+    finally:
+        await model.aclose()
+
+
+async def test_request_timeout_applies_to_a_client_given() -> None:
+    import openai
+
+    server = RawServer(Connection.stall)
+    given = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="sk-test")
+    try:
+        model = OpenAIModel("gpt-4o-mini", client=given, request_timeout=0.3)
+        async with Plain(model=model, max_retries=0) as agent:
+            with anyio.fail_after(10):
+                with pytest.raises(ProviderUnavailableError, match="timed out"):
+                    await agent.run("hello")
+    finally:
+        await given.close()
+        server.close()
+
+
+@pytest.mark.parametrize("wrong", [0, -1, float("inf"), float("nan"), "30", True])
+def test_a_request_timeout_that_is_not_seconds_is_refused(wrong: object) -> None:
+    for make in (
+        lambda: OpenAIModel("gpt-4o-mini", api_key="sk-test", request_timeout=wrong),  # type: ignore[arg-type]
+        lambda: AnthropicModel("claude-sonnet-5", api_key="sk-test", request_timeout=wrong),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigurationError, match="request_timeout must be seconds > 0"):
+            make()

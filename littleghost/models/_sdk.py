@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from littleghost import logs
-from littleghost._validators import digits_limit, is_int, safe_repr
+from littleghost._validators import digits_limit, is_int, is_number, safe_repr
 from littleghost.errors import (
     ConfigurationError,
     ProtocolError,
@@ -281,6 +281,31 @@ def check_context_window(owner: str, value: object) -> int | None:
             f"{owner}: context_window must be an int >= 1 or None, not {safe_repr(value)}"
         )
     return value
+
+
+CONNECT_TIMEOUT = 5.0
+"""The longest an attempt waits to connect, as the SDKs' default, or ``request_timeout``
+when that is shorter."""
+
+
+def check_request_timeout(owner: str, value: object) -> float | None:
+    """A ``request_timeout`` argument: ``None`` or seconds > 0, finite."""
+    if value is None:
+        return None
+    if not is_number(value) or value <= 0:
+        raise ConfigurationError(
+            f"{owner}: request_timeout must be seconds > 0 or None, not {safe_repr(value)}"
+        )
+    return float(value)
+
+
+def attempt_timeout(sdk: Any, seconds: float | None) -> Any:
+    """The SDK client's ``timeout`` for a ``request_timeout`` of ``seconds``: that many
+    seconds of silence (to connect: at most ``CONNECT_TIMEOUT``), or, for ``None``, the
+    SDK's ``NOT_GIVEN`` (the client's own: the SDKs' 600 s, 5 s to connect)."""
+    if seconds is None:
+        return sdk.NOT_GIVEN
+    return sdk.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT))
 
 
 _SIGNATURES = (

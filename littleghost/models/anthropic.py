@@ -34,11 +34,13 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    attempt_timeout,
     billed_so_far,
     check_api_key,
     check_base_url,
     check_context_window,
     check_model_name,
+    check_request_timeout,
     error_mapper,
     import_sdk,
     index_of,
@@ -495,6 +497,11 @@ class AnthropicModel:
         api_key: The key (default: ``ANTHROPIC_API_KEY``).
         context_window: The model's window in tokens; by default the window documented
             for the model's name (:mod:`littleghost.models.windows`).
+        request_timeout: The longest one attempt waits on a silent server, in seconds:
+            to connect (at most 5 s), and for each next piece of the answer (a whole
+            answer is one piece: its generation must fit); it then fails as a timeout
+            (``ProviderUnavailableError``, retried). Default: the client's own (the
+            SDK's: 600 s, 5 s to connect).
 
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
@@ -527,12 +534,14 @@ class AnthropicModel:
         base_url: str | None = None,
         api_key: str | None = None,
         context_window: int | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
         self._name = model = check_model_name(owner, model)
         context_window = check_context_window(owner, context_window)
         self._context_window = context_window or known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
+        timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
         if client is None:
             check_base_url(
                 owner,
@@ -546,11 +555,15 @@ class AnthropicModel:
                     f"{owner}: no Anthropic API key: set ANTHROPIC_API_KEY (or pass api_key=)"
                 )
             make = functools.partial(
-                self._sdk.AsyncAnthropic, api_key=api_key, base_url=base_url, max_retries=0
+                self._sdk.AsyncAnthropic,
+                api_key=api_key,
+                base_url=base_url,
+                max_retries=0,
+                timeout=timeout,
             )
             client = make()
         else:
-            client = client.with_options(max_retries=0)
+            client = client.with_options(max_retries=0, timeout=timeout)
             make = None
         self._clients = LoopClients(client, make, owner)
         self._accepted = accepted_parameters(client.messages.create)

@@ -408,12 +408,14 @@ class _ServerChat(OpenAIModel):
     provider = "local"
 
     @staticmethod
-    def _new_client(sdk: Any, base_url: str | None, api_key: str) -> Any:
+    def _new_client(sdk: Any, base_url: str | None, api_key: str, timeout: Any) -> Any:
         """A client of the server for one event loop: no proxy from the environment, and no
         connection kept alive (the server serves one request per slot)."""
         limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
         http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
-        return sdk.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http)
+        return sdk.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, http_client=http, timeout=timeout
+        )
 
     def _output_params(self, output: OutputSchema) -> dict[str, Any]:
         """llama.cpp's own ``json_schema``: the schema becomes a grammar the sampler

@@ -33,11 +33,13 @@ from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    attempt_timeout,
     billed_so_far,
     check_api_key,
     check_base_url,
     check_context_window,
     check_model_name,
+    check_request_timeout,
     error_mapper,
     image_base64,
     image_media_type,
@@ -475,6 +477,11 @@ class OpenAIModel:
         base_url: The server's URL (default: ``OPENAI_BASE_URL``, else OpenAI's).
         api_key: The key (default: ``OPENAI_API_KEY``; optional with a custom ``base_url``).
         context_window: The model's window in tokens; it wins over any other figure.
+        request_timeout: The longest one attempt waits on a silent server, in seconds:
+            to connect (at most 5 s), and for each next piece of the answer (a whole
+            answer is one piece: its generation must fit); it then fails as a timeout
+            (``ProviderUnavailableError``, retried). Default: the client's own (the
+            SDK's: 600 s, 5 s to connect).
 
     Without ``context_window``, ``prepare()`` asks a server other than OpenAI's for its
     window once (``GET /models``, at most ``MODELS_TIMEOUT`` seconds; a failure only
@@ -511,11 +518,13 @@ class OpenAIModel:
         base_url: str | None = None,
         api_key: str | None = None,
         context_window: int | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
         self._name = model = check_model_name(owner, model)
         self._context_window = check_context_window(owner, context_window)
         self._sdk = import_sdk("openai", "openai")
+        timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
         if client is None:
             base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
             base_url = check_base_url(owner, base_url, "OPENAI_BASE_URL")
@@ -528,10 +537,10 @@ class OpenAIModel:
                         "OPENAI_BASE_URL points it at another server)"
                     )
                 api_key = "unused"
-            make = functools.partial(type(self)._new_client, self._sdk, base_url, api_key)
+            make = functools.partial(type(self)._new_client, self._sdk, base_url, api_key, timeout)
             client = make()
         else:
-            client = client.with_options(max_retries=0)
+            client = client.with_options(max_retries=0, timeout=timeout)
             make = None
         self._clients = LoopClients(client, make, owner)
         host = _host(client.base_url)
@@ -569,9 +578,10 @@ class OpenAIModel:
         self._probing = None
 
     @staticmethod
-    def _new_client(sdk: Any, base_url: str | None, api_key: str) -> Any:
-        """A client of the server, made for each event loop the model is used in."""
-        return sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+    def _new_client(sdk: Any, base_url: str | None, api_key: str, timeout: Any) -> Any:
+        """A client of the server, made for each event loop the model is used in, with an
+        attempt's ``timeout`` (``attempt_timeout``)."""
+        return sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
 
     @property
     def name(self) -> str:
