@@ -18,6 +18,7 @@ import pytest
 from littleghost import Agent
 from littleghost.errors import (
     ConfigurationError,
+    ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
     ProviderError,
@@ -612,3 +613,18 @@ def test_a_request_timeout_that_is_not_seconds_is_refused(wrong: object) -> None
     ):
         with pytest.raises(ConfigurationError, match="request_timeout must be seconds > 0"):
             make()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_overflow_is_not_retried_as_is_whatever_the_provider_says(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """An overflow marked ``x-should-retry: true`` is still an overflow: the same prompt
+    is not sent again."""
+    body = {"error": {"message": "prompt is too long: 9000 tokens > 4096 maximum"}}
+    server = servers(status(400, body, {"x-should-retry": "true"}), answered_whole(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await agent.run("hello", timeout=20)
+    assert caught.value.should_retry is True
+    assert len(server.requests) == 1
