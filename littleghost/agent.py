@@ -1014,7 +1014,8 @@ class Agent:
                 cannot be made (a model string no provider resolves, a missing SDK or
                 API key); before any model call.
             ProviderError: The provider's error (see its subclasses): a rate limit or
-                an unavailable provider once ``max_retries`` are spent, at once any
+                an unavailable provider (or an error the provider marked
+                ``x-should-retry: true``) once ``max_retries`` are spent, at once any
                 other (a ``ContextWindowOverflowError`` that ``@manage_context`` could
                 not recover from has the ``CompactionError`` as its ``__cause__``).
             ProtocolError: The model's answer had the wrong shape.
