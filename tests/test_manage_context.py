@@ -3587,3 +3587,35 @@ class TestInjectedMaterial:
         assert len(counting.sizes) == 1  # the overflowing call only
         question = f"{REFERENCE}\n\n{DIGITS} {DIGITS}"  # each count is of it (before it gives up)
         assert counted and all(r.messages[-1].text == question for r in counted)
+
+
+class _CappedModel(ScriptedModel):
+    default_max_tokens = 4_096
+
+
+@pytest.mark.parametrize(
+    ("model", "settings", "named"),
+    [
+        (_CappedModel, {}, "the model's default output cap"),
+        (ScriptedModel, {"max_tokens": 3_000}, "the request's output cap"),
+    ],
+    ids=["default cap", "settings"],
+)
+async def test_an_answer_cap_not_under_the_window_fails_naming_both(
+    model: type[ScriptedModel], settings: dict[str, int], named: str
+) -> None:
+    """A request whose ``max_tokens`` alone fills the window (a model's default cap, or
+    the settings') leaves no room for any prompt: the run fails with a
+    ``ConfigurationError`` naming both, before any call."""
+    given = settings
+
+    @manage_context(context_window_override=3_000)
+    class Capped(Agent):
+        settings = given
+
+    scripted = model([text_response("ok")])
+    history = [Message.user("hello"), Message.assistant("hi")]
+    with pytest.raises(ConfigurationError, match=r"\(max_tokens \d+\) is not under the 3000") as e:
+        await Capped(model=scripted).run("hi", history=history)
+    assert named in str(e.value)
+    assert scripted.requests == []

@@ -357,6 +357,8 @@ async def _compact_before_model(
     report: BudgetReport | None = None
     if config.budget is not None:
         request, report = await _bounded(request, context, config, config.budget, state.hooked)
+    elif _answer_room(request) >= state.window:
+        raise ConfigurationError(_cap_fills(request, context, state.window))
     bounded = request
     if config.summarize:  # with what the later hooks added to the last call
         estimated = estimate_tokens(request, context, config.tokenizer) + state.hooked
@@ -693,6 +695,17 @@ def _limit_named(fits: int, context: RunContext) -> str:
     return (
         f"the {fits} tokens recovery aims under (half the request that overflowed, as the "
         f"provider did not say by how much it was over; the context window is {window})"
+    )
+
+
+def _cap_fills(request: ModelRequest, context: RunContext, window: int) -> str:
+    """The error of a request whose output cap alone fills ``window``."""
+    cap = request.max_tokens
+    default = cap == getattr(context.model, "default_max_tokens", None)
+    whose = "the model's default output cap" if default else "the request's output cap"
+    return (
+        f"{whose} (max_tokens {cap}) is not under the {window}-token context window: no "
+        "prompt fits beside its answer; set a smaller max_tokens in the agent's settings"
     )
 
 
