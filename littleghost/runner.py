@@ -235,6 +235,7 @@ async def run(
             model = (make_model or agent.resolve_model)()
             attributes[telemetry.PROVIDER_NAME] = model.provider
             attributes[telemetry.REQUEST_MODEL] = model.name
+            attributes.update(telemetry.setting_attributes(capped(plan.settings, model)))
         except BaseException:
             with telemetry.open_span(name, attributes=attributes) as span:
                 span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)

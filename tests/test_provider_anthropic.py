@@ -1541,6 +1541,17 @@ class TestChatSpanMetadata:
         assert chat["gen_ai.request.stop_sequences"] == ("END",)
         assert "gen_ai.request.stream" not in chat
 
+    async def test_the_default_output_cap(
+        self, make_model: Callable[..., AnthropicModel], spans: Spans
+    ) -> None:
+        """The max_tokens sent when the settings give none is on the run's span as on the
+        chat span's: both say what was asked."""
+        model = make_model(FakeServer(message([{"type": "text", "text": "ok"}])))
+        await Agent(model=model).run("hi")
+        for name in ("chat ", "invoke_agent "):
+            attributes = dict(spans.one(name).attributes or {})
+            assert attributes["gen_ai.request.max_tokens"] == DEFAULT_MAX_TOKENS
+
     async def test_a_stream(self, make_model: Callable[..., AnthropicModel], spans: Spans) -> None:
         """From a stream: the id and model of message_start, gen_ai.request.stream = true,
         and a proxy's host and port without its credentials."""
