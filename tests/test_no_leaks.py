@@ -458,7 +458,8 @@ def anthropic_overflowing(request: httpx2.Request) -> httpx2.Response:
 async def anthropic_overflow(tmp_path: Path, capture: bool) -> None:
     async with anthropic_client(anthropic_overflowing, CANARY, BASE_URL) as client:
         agent = Managed(model=AnthropicModel("claude-x", client=client), capture_content=capture)
-        await agent.run(f"input {CANARY}", history=HISTORY[:4])
+        # a max_tokens under the 600-token window (the model's default 4 096 is not)
+        await agent.run(f"input {CANARY}", history=HISTORY[:4], settings={"max_tokens": 100})
 
 
 CASES: list[Callable[[Path, bool], Awaitable[None]]] = [
