@@ -24,7 +24,14 @@ from typing import Any, NamedTuple
 from littleghost.errors import ConfigurationError
 from littleghost.text import brief
 
-__all__ = ["Bound", "FieldBound", "bounded_schema", "field_bounds", "read_metadata"]
+__all__ = [
+    "BOUND_KEYWORDS",
+    "Bound",
+    "FieldBound",
+    "bounded_schema",
+    "field_bounds",
+    "read_metadata",
+]
 
 _BOUNDS = {
     "Gt": ("gt", "exclusiveMinimum", ">"),
@@ -38,6 +45,11 @@ _BOUNDS = {
 """Each bound class of ``annotated_types``: its attribute, its JSON schema keyword (for a
 length, the prefix of ``minLength``, ``minItems`` or ``minProperties``) and its relation."""
 _LENGTH_WORDS = {"string": "Length", "array": "Items", "object": "Properties"}
+BOUND_KEYWORDS = frozenset(
+    [keyword for name, (_, keyword, _) in _BOUNDS.items() if not name.endswith("Len")]
+    + [_BOUNDS[name][1] + word for name in ("MinLen", "MaxLen") for word in _LENGTH_WORDS.values()]
+)
+"""The JSON schema keywords of the bounds (``minimum``, ``maxLength``, ``minItems``, ...)."""
 _FIELD_INFO_KEYS = frozenset({"description", "title", "examples"})
 """What a pydantic ``Field()`` in ``Annotated`` may set besides bounds: said to the model
 (``description``) or of no effect on a value."""
@@ -161,7 +173,8 @@ def read_metadata(extras: Iterable[Any], where: str) -> tuple[str | None, list[B
         if _library(extra) is None:
             continue
         if type(extra).__name__ == "FieldInfo":
-            unknown = sorted(set(getattr(extra, "_attributes_set", {})) - _FIELD_INFO_KEYS)
+            given = set(getattr(extra, "_attributes_set", {}))  # bounds too, before pydantic 2.6
+            unknown = sorted(given - _FIELD_INFO_KEYS - {name for name, _, _ in _BOUNDS.values()})
             if unknown:
                 raise ConfigurationError(
                     f"{where}: Field({unknown[0]}=...) in Annotated is not applied by "

@@ -407,6 +407,30 @@ def _names_run_context(text: str) -> bool:
 
 
 def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
+    """``_resolved_hints``, each ``Optional[Annotated[X, ...]]`` whose ``X`` takes ``None``
+    already as that ``Annotated`` (Python 3.10 adds the ``Optional`` to a parameter that
+    defaults to ``None``: the schema would nest a second null)."""
+    return {
+        name: _single_optional(hint) for name, hint in _resolved_hints(function, unshown).items()
+    }
+
+
+def _single_optional(hint: Any) -> Any:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(args) != 2:
+        return hint
+    if type(None) not in args:
+        return hint
+    inner = args[0] if args[1] is type(None) else args[1]
+    taken = (
+        typing.get_args(typing.get_args(inner)[0])
+        if typing.get_origin(inner) is typing.Annotated
+        else ()
+    )
+    return inner if type(None) in taken else hint
+
+
+def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
     """Resolved parameter annotations.
 
     An annotation naming ``RunContext`` that cannot be resolved (imported only under

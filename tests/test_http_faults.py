@@ -6,6 +6,7 @@ streams against the run's deadline, error statuses — under asyncio and trio.""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -132,7 +133,8 @@ async def streamed(agent: Agent, **options: Any) -> tuple[list[Event], list[Mess
             async for event in stream:
                 events.append(event)
         except Exception as error:
-            error.add_note(f"events: {events}")
+            if sys.version_info >= (3, 11):  # add_note is new in 3.11
+                error.add_note(f"events: {events}")
             raise
     return events, list(stream.messages)
 

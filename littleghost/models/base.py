@@ -20,6 +20,7 @@ from littleghost._validators import (
 )
 from littleghost.messages import Message, Role, stray_part
 from littleghost.text import json_type, well_formed_value
+from littleghost.tool_bounds import BOUND_KEYWORDS
 
 __all__ = [
     "ANSWER_CAPS",
@@ -217,18 +218,7 @@ def _closed_problem(schema: object) -> str | None:
     return None
 
 
-_BOUNDS = frozenset(
-    {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        *(f"{end}{what}" for end in ("min", "max") for what in ("Length", "Items", "Properties")),
-    }
-)
-"""The keywords of bounds on a value (``littleghost.tool_bounds``)."""
-_UNSTRICT = _BOUNDS | {"default"}
+_UNSTRICT = BOUND_KEYWORDS | {"default"}
 """What strict decoders refuse: bounds, and a field's default (OpenAI's strict mode
 answers 400 to ``default``)."""
 
