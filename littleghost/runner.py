@@ -235,7 +235,8 @@ async def run(
             model = (make_model or agent.resolve_model)()
             attributes[telemetry.PROVIDER_NAME] = model.provider
             attributes[telemetry.REQUEST_MODEL] = model.name
-            attributes.update(telemetry.setting_attributes(capped(plan.settings, model)))
+            plan = attrs.evolve(plan, settings=capped(plan.settings, model))  # as it is sent
+            attributes.update(telemetry.setting_attributes(plan.settings))
         except BaseException:
             with telemetry.open_span(name, attributes=attributes) as span:
                 span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
@@ -301,7 +302,7 @@ async def _run_in(
     context = RunContext(
         agent,
         model,
-        capped(plan.settings, model),
+        plan.settings,
         None if math.isinf(end) else end,
         agent.max_retries,
         agent.capture_content,
