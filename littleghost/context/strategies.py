@@ -879,8 +879,8 @@ class Summarization(_Stepwise):
         parts = [split_quotes(summary_text(state.messages_of(slot)[0])) for slot in earlier]
         notes = "\n".join(part[0] for part in parts)
         quotes = "\n".join(part[1] for part in parts if part[1])
-        full = math.ceil(state.scale * state.tokenizer.count_tokens(notes))
-        rewrite = notes if earlier and full >= self.cap(state.window) else None
+        noted = math.ceil(state.scale * state.tokenizer.count_tokens(notes))
+        rewrite = notes if earlier and noted >= self.cap(state.window) else None
         request, added = self._fitted(state, taken, rewrite, quotes)
         instruction = summary_instruction(self.prompt, rewrite=rewrite is not None)
         try:
