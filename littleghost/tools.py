@@ -416,18 +416,14 @@ def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dic
 
 
 def _single_optional(hint: Any) -> Any:
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) not in (typing.Union, types.UnionType) or len(args) != 2:
-        return hint
-    if type(None) not in args:
-        return hint
-    inner = args[0] if args[1] is type(None) else args[1]
-    taken = (
-        typing.get_args(typing.get_args(inner)[0])
-        if typing.get_origin(inner) is typing.Annotated
-        else ()
-    )
-    return inner if type(None) in taken else hint
+    """``hint``, or the ``Annotated[X, ...]`` of ``Optional[Annotated[X, ...]]`` when
+    ``X`` takes ``None`` already."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    others = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if not union or len(others) != 1 or typing.get_origin(others[0]) is not typing.Annotated:
+        return hint  # a union with one other arg than None is that arg's Optional
+    inner = others[0]
+    return inner if type(None) in typing.get_args(typing.get_args(inner)[0]) else hint
 
 
 def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
