@@ -2128,8 +2128,9 @@ class TestTelemetry:
         self, spans: Spans, stop: str
     ) -> None:
         """A summary call cut by a cancellation or the run's deadline (a retry the
-        deadline leaves no time for included) still leaves its compaction event, outcome
-        cancelled; the cancellation goes on."""
+        deadline leaves no time for included) still leaves its compaction event: outcome
+        cancelled for the caller's cancellation, error with ``DeadlineExceededError`` for
+        the deadline, as its chat span says; the cancellation goes on."""
         started = anyio.Event()
 
         async def hang(request: ModelRequest) -> ModelResponse:
@@ -2155,14 +2156,54 @@ class TestTelemetry:
                 await started.wait()
                 group.cancel_scope.cancel()
         (event,) = spans.compactions()
-        assert event["littleghost.compaction.outcome"] == "cancelled"
+        failed = None if stop == "cancel" else "DeadlineExceededError"
+        assert event["littleghost.compaction.outcome"] == (
+            "cancelled" if failed is None else "error"
+        )
         assert event["littleghost.compaction.reason"] == "threshold"
-        assert "error.type" not in event
+        assert event.get("error.type") == failed
         (summary,) = spans.named("chat")
         if stop != "no time to retry":  # that one failed first, with RateLimitError
-            failed = "DeadlineExceededError" if stop == "deadline" else None
             assert (summary.attributes or {}).get("error.type") == failed
         assert not spans.still_open
+
+    @pytest.mark.parametrize("stop", ["deadline", "no time to retry"])
+    async def test_a_deadline_cut_compaction_reads_alike_in_event_log_and_stream(
+        self, spans: Spans, caplog: pytest.LogCaptureFixture, stop: str
+    ) -> None:
+        """The span event, the log line and (when the run can still emit one: a retry the
+        deadline leaves no time for) ``CompactionFinished`` all say ``error`` with
+        ``DeadlineExceededError``."""
+
+        async def hang(request: ModelRequest) -> ModelResponse:
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        step: Any = hang if stop == "deadline" else RateLimitError("slow down", retry_after=5)
+        finished: list[CompactionFinished] = []
+        agent = Small(model=ScriptedModel([step]))
+        with (
+            caplog.at_level("INFO", logger="littleghost.context"),
+            pytest.raises(DeadlineExceededError),
+        ):
+            async with agent.stream("go", history=chat(30), timeout=0.3) as events:
+                async for streamed in events:
+                    if isinstance(streamed, CompactionFinished):
+                        finished.append(streamed)
+        (event,) = spans.compactions()
+        assert (event["littleghost.compaction.outcome"], event["error.type"]) == (
+            "error",
+            "DeadlineExceededError",
+        )
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "littleghost.context"]
+        assert line.startswith("context compaction error for Small")
+        assert "error=DeadlineExceededError" in line
+        if stop == "no time to retry":
+            assert [(e.outcome, e.error_type) for e in finished] == [
+                ("error", "DeadlineExceededError")
+            ]
+        else:
+            assert finished == []
 
     async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
         """A request that was not compacted carries no compacted attribute."""

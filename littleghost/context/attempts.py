@@ -13,7 +13,7 @@ from opentelemetry import trace
 
 from littleghost import logs, telemetry
 from littleghost.cleanup import cancelled_here
-from littleghost.errors import CompactionError, DeadlineExceededError
+from littleghost.errors import CompactionError
 from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.models.base import Usage
 
@@ -79,17 +79,21 @@ async def attempt(
     outcome = Outcome()
     try:
         yield outcome
-    except (anyio.get_cancelled_exc_class(), DeadlineExceededError) as error:
-        # the run's cancellation or deadline, else a stray one; no stream event: a cancelled
-        # run can await nothing
-        cut = isinstance(error, DeadlineExceededError) or cancelled_here()
-        stray = None if cut else telemetry.error_type(error)
-        extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: stray}
+    except anyio.get_cancelled_exc_class() as error:
+        # the caller's cancellation (cancelled), the run's deadline (an error, as the spans
+        # it cuts: DeadlineExceededError), else a stray one (an error); no stream event: a
+        # cancelled run can await nothing
+        kind = (
+            telemetry.failure_type(error, context.grace.earliest_deadline())
+            if cancelled_here()
+            else telemetry.error_type(error)
+        )
+        extra = {telemetry.COMPACTION_FALLBACK: fallback or None, telemetry.ERROR_TYPE: kind}
         compaction_event(
-            context, reason, "cancelled" if stray is None else "error", estimated, window, extra
+            context, reason, "cancelled" if kind is None else "error", estimated, window, extra
         )
         raise
-    except Exception as error:
+    except Exception as error:  # a DeadlineExceededError (no time to retry) too
         failed = Outcome(before=outcome.before, usage=outcome.usage)
         await finish("error", failed, error)
         raise
