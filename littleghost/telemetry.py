@@ -29,6 +29,7 @@ from littleghost.text import json_text
 
 __all__ = [
     "COMPACTION_EVENT",
+    "COMPACTION_SPAN",
     "error_type",
     "failure_type",
     "finish_reason",
@@ -114,6 +115,9 @@ COUNTED_PROMPT_TOKENS = "littleghost.counted_prompt_tokens"
 asked about (``count_prompt_tokens``), when it could tell."""
 
 COMPACTION_EVENT = "littleghost.context.compaction"
+COMPACTION_SPAN = COMPACTION_EVENT
+"""The span of a compaction outside runs, named as a run's compaction event is (the
+conventions name no operation for it); it carries that event's attributes."""
 COMPACTION_REASON = "littleghost.compaction.reason"
 COMPACTION_OUTCOME = "littleghost.compaction.outcome"
 COMPACTION_REMOVED = "littleghost.compaction.removed_messages"

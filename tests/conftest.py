@@ -118,6 +118,10 @@ class Spans:
     def all(self) -> tuple[ReadableSpan, ...]:
         return tuple(self._exporter.get_finished_spans())
 
+    def clear(self) -> None:
+        """Forget the spans finished so far."""
+        self._exporter.clear()
+
     def named(self, prefix: str) -> list[ReadableSpan]:
         return [span for span in self.all() if span.name.startswith(prefix)]
 

@@ -31,6 +31,7 @@ import anyio
 import attrs
 import pytest
 from click.testing import CliRunner, Result
+from opentelemetry.trace import StatusCode
 
 from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.cli import main
@@ -53,6 +54,7 @@ from littleghost.testing import ScriptedModel
 from . import cli_agents
 from .ci import missing
 from .cli_agents import Bounded, Staffed, Support, TypedTool, store_conversation
+from .conftest import Spans
 from .stores import postgres_schema_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -838,6 +840,44 @@ class TestCompact:
             assert "the compaction would not make the view smaller" in line
             assert "nothing was appended" in line
         assert contents(url)[2:] == before[2:]
+
+    def test_a_compaction_is_a_span_over_its_summary_call(
+        self, tmp_path: Path, spans: Spans
+    ) -> None:
+        """``sessions compact`` is a ``littleghost.context.compaction`` span naming the agent
+        and session, with the window and figures, over its summary call's ``chat`` span;
+        one that would not shrink the view is ERROR, ``CompactionError``, with its figures."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        wordy = [m for i in range(30) for m in (Message.user(f"question {i} " * 8),
+                 Message.assistant(f"answer {i} " * 8))]  # fmt: skip
+        short = [m for i in range(7) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+        in_store(url, lambda store: store.append("long", wordy))
+        in_store(url, lambda store: store.append("short", short))
+        command = ("sessions", "compact", "--store", url, "--agent", "tests.cli_agents:Staffed")
+        ok(*command[:2], "long", *command[2:], "--window", "2000")
+        span = spans.one("littleghost.context.compaction")
+        attributes = dict(span.attributes or {})
+        assert span.status.status_code is StatusCode.UNSET
+        assert {
+            key: attributes[key] for key in ("gen_ai.agent.name", "gen_ai.conversation.id")
+        } == {
+            "gen_ai.agent.name": "Staffed",
+            "gen_ai.conversation.id": "long",
+        }
+        assert attributes["littleghost.compaction.outcome"] == "completed"
+        assert attributes["littleghost.compaction.context_window_tokens"] == 2_000
+        assert attributes["littleghost.compaction.removed_messages"] > 0
+        (summary,) = spans.named("chat ")
+        assert summary.parent is not None and span.context is not None
+        assert summary.parent.span_id == span.context.span_id
+
+        spans.clear()
+        fails(1, *command[:2], "short", *command[2:], "--window", "2000")
+        span = spans.one("littleghost.context.compaction")
+        attributes = dict(span.attributes or {})
+        assert span.status.status_code is StatusCode.ERROR
+        assert attributes["error.type"] == "CompactionError"
+        assert "nothing was appended" in attributes["littleghost.compaction.error_message"]
 
     def test_ctrl_c_exits_130_and_writes_nothing(self, store_url: str) -> None:
         before = contents(store_url)

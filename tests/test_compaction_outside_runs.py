@@ -7,7 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import anyio
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
 
 from littleghost import Agent, Message, ToolCall, manage_context
 from littleghost.context import (
@@ -20,8 +23,10 @@ from littleghost.context import (
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
 from littleghost.errors import (
+    CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
+    InvalidRequestError,
     ProviderUnavailableError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
@@ -329,3 +334,101 @@ async def test_a_summarizers_own_model_window_fits_its_first_summary_call() -> N
     records = await compact_session(store, "s", Summarization(model=small))
     assert [m.is_summary for m in records] == [True]
     assert refused == [] and len(small.requests) == 1
+
+
+def _compaction_span(spans: Spans) -> tuple[ReadableSpan, dict[str, Any]]:
+    span = spans.one("littleghost.context.compaction")
+    return span, dict(span.attributes or {})
+
+
+@pytest.mark.parametrize("compact", [_compact_session, _compact_log])
+async def test_a_compaction_outside_runs_is_a_span_of_its_own_over_its_summary_calls(
+    compact: Any, spans: Spans, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``compact_session`` and ``compact_log`` are each a ``littleghost.context.compaction``
+    span (INTERNAL, reason ``requested``) with the figures a run's compaction event has,
+    named as their summary calls' ``chat`` spans, which are its children; no content on
+    it, whatever the agent captures; an INFO log line says the same."""
+    model = ScriptedModel([summary_step("- SECRET-NOTE kept", input_tokens=900, output_tokens=9)])
+    with caplog.at_level("INFO", logger="littleghost.context"):
+        await compact(model)
+    span, attributes = _compaction_span(spans)
+    (chat_span,) = spans.named("chat ")
+    assert span.kind is SpanKind.INTERNAL and span.status.status_code is StatusCode.UNSET
+    assert chat_span.parent is not None and span.context is not None
+    assert chat_span.parent.span_id == span.context.span_id
+    assert span.parent is None
+    names = (
+        {"gen_ai.agent.name": "Summarizing"}
+        if compact is _compact_log
+        else {"gen_ai.conversation.id": "s"}
+    )
+    assert {key: attributes.get(key) for key in names} == names
+    assert {key: (chat_span.attributes or {}).get(key) for key in names} == names
+    assert attributes["littleghost.compaction.reason"] == "requested"
+    assert attributes["littleghost.compaction.outcome"] == "completed"
+    assert attributes["littleghost.compaction.summary_outcome"] == "complete"
+    before = attributes["littleghost.compaction.estimated_tokens"]
+    assert 0 < attributes["littleghost.compaction.estimated_tokens_after"] < before
+    assert attributes["littleghost.compaction.removed_messages"] > 0
+    window = attributes.get("littleghost.compaction.context_window_tokens")
+    assert window == (4_000 if compact is _compact_log else None)  # the strategy has none
+    assert "error.type" not in attributes
+    assert not any("SECRET-NOTE" in text for text in spans.every_text([span]))
+    (line,) = [r for r in caplog.records if r.name == "littleghost.context"]
+    assert line.getMessage().startswith("context compaction completed")
+    assert "(reason=requested, tokens " in line.getMessage()
+    assert names.items() <= line.littleghost.items()  # type: ignore[attr-defined]
+
+
+async def test_a_failed_compaction_outside_runs_is_an_error_span(spans: Spans) -> None:
+    """A compaction outside runs that fails is ERROR with ``error.type`` and outcome
+    ``error``; a ``CompactionError``'s figures are its ``error_message``, another error's
+    text (which may carry content) is not told."""
+    store = InMemorySessionStore()
+    short = [m for i in range(7) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+    await store.append("s", short)
+    wordy = ScriptedModel([text_response("- a long note about nothing " * 20)])
+    with pytest.raises(CompactionError, match="would not make the view smaller"):
+        await compact_session(store, "s", Summarization(model=wordy))
+    span, attributes = _compaction_span(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert attributes["error.type"] == "CompactionError"
+    assert attributes["littleghost.compaction.outcome"] == "error"
+    assert attributes["littleghost.compaction.removed_messages"] == 0
+    assert "littleghost.compaction.estimated_tokens_after" not in attributes
+    assert "would not make the view smaller" in attributes["littleghost.compaction.error_message"]
+    assert attributes["littleghost.compaction.estimated_tokens"] > 0
+
+    spans.clear()
+    failing = ScriptedModel([InvalidRequestError("bad request: SECRET-TEXT", provider="x")])
+    with pytest.raises(InvalidRequestError):
+        await compact_log(Summarizing(model=failing), chat(20))
+    span, attributes = _compaction_span(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert (attributes["error.type"], attributes["littleghost.compaction.outcome"]) == (
+        "InvalidRequestError",
+        "error",
+    )
+    assert "littleghost.compaction.error_message" not in attributes
+    assert not any("SECRET-TEXT" in text for text in spans.every_text([span]))
+
+
+async def test_a_cancelled_compaction_outside_runs_is_not_a_failure(spans: Spans) -> None:
+    """The caller's cancellation ends the span UNSET, outcome ``cancelled``."""
+    started = anyio.Event()
+
+    async def hang(request: ModelRequest) -> ModelResponse:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_compact_session, ScriptedModel([hang]))
+        await started.wait()
+        group.cancel_scope.cancel()
+    span, attributes = _compaction_span(spans)
+    assert span.status.status_code is StatusCode.UNSET
+    assert attributes["littleghost.compaction.outcome"] == "cancelled"
+    assert "error.type" not in attributes
+    assert not spans.still_open

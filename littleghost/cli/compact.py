@@ -8,7 +8,7 @@ from typing import Any
 
 from attrs import asdict
 
-from littleghost import logs, telemetry
+from littleghost import telemetry
 from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.holding import held
@@ -16,6 +16,7 @@ from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
+from littleghost.context.attempts import requested_compaction, view_change
 from littleghost.context.compaction import check_smaller
 from littleghost.context.config import context_config
 from littleghost.context.outside import managed_records
@@ -57,7 +58,8 @@ async def compact_document(
     (``compact_log``), holding it as a run does (with ``notice``, a wait past
     ``WAIT_NOTICE`` for a run under way is said); with ``dry_run``, only read it and call
     no model. The model is not made when nothing is to cover in a window known without
-    it. The document says what the records cover and what they do to the view.
+    it. The document says what the records cover and what they do to the view. A
+    compaction that makes the model is a ``littleghost.context.compaction`` span.
 
     Raises:
         ConfigurationError: The class has no ``@manage_context``.
@@ -92,13 +94,13 @@ async def compact_document(
         )
         if dry_run or not records:  # summarize=False covers nothing
             if records:  # even its short placeholder summary would not make the view smaller
-                check_smaller(log, records, config.tokenizer)
+                check_smaller(view_change(log, records, config.tokenizer))
             advance(1, "done")
             return _document(
                 session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run
             )
-    # of its summary call's span and log lines
-    with logs.naming(telemetry.run_names(agent.name, session_id)):
+    # its span, the parent of its summary calls' spans, named as they and its log lines are
+    with requested_compaction(telemetry.run_names(agent.name, session_id)) as found:
         async with agent:
             model = agent.resolve_model()
             # started here only to learn its window; else by the first summary call, if any
@@ -108,6 +110,7 @@ async def compact_document(
             else:
                 advance(1, "")
             used = window_of(agent, window, model)
+            found.window = used.tokens
             advance(1, "waiting for the session")  # a run may hold it
             async with (
                 address.open(read_only=False) as store,
@@ -129,9 +132,11 @@ async def compact_document(
                     settings=agent.run_settings(),
                     max_tool_result_tokens=agent.max_tool_result_tokens,
                     model=model,
+                    found=found,
                 )
+                found.change = view_change(log, records, config.tokenizer)
                 if records:
-                    check_smaller(log, records, config.tokenizer)
+                    check_smaller(found.change)
                 try:
                     await agent.aclose()  # first: a Ctrl-C while the model closes writes nothing
                 except CleanupError as failure:  # the summary is paid for: stored all the same

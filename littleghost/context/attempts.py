@@ -1,26 +1,37 @@
-"""What a compaction attempt reports: its stream events, its span event and its log line
-(no content)."""
+"""What a compaction reports: a run's attempt its stream events, its span event and its
+log line; one outside runs its own span and log line (no content)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from attrs import define, field
+from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import logs, telemetry
 from littleghost.cleanup import cancelled_here
+from littleghost.context.tokens import Estimates, Tokenizer
+from littleghost.context.view import build_view
 from littleghost.errors import CompactionError
 from littleghost.events import CompactionFinished, CompactionStarted
+from littleghost.messages import Message
 from littleghost.models.base import Usage
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
 
-__all__ = ["attempt", "compaction_event"]
+__all__ = [
+    "REQUESTED",
+    "Requested",
+    "ViewChange",
+    "attempt",
+    "compaction_event",
+    "requested_compaction",
+    "view_change",
+]
 
 logger = logs.logger("littleghost.context")
 
@@ -121,18 +132,26 @@ def compaction_event(
         **{key: value for key, value in extra.items() if value is not None},
     }
     trace.get_current_span().add_event(telemetry.COMPACTION_EVENT, attributes)
+    _log(attributes, telemetry.run_names(context.agent.name, context.session_id))
+
+
+def _log(attributes: Mapping[str, Any], names: Mapping[str, str]) -> None:
+    """A compaction's log line: its outcome, the agent and session ``names`` name, and
+    the figures of its span event's (or span's) ``attributes``, also the record's
+    ``littleghost`` extra (beside those names)."""
+    agent, session = names.get(telemetry.AGENT_NAME), names.get(telemetry.CONVERSATION_ID)
+    window = attributes.get(telemetry.COMPACTION_WINDOW)
     error = attributes.get(telemetry.ERROR_TYPE)
-    session = context.session_id
     skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
-        "context compaction %s for %s%s (reason=%s, tokens %d -> %s, window %d%s%s%s%s)%s",
-        outcome,
-        context.agent.name,
+        "context compaction %s%s%s (reason=%s, tokens %s -> %s%s%s%s%s%s)%s",
+        attributes[telemetry.COMPACTION_OUTCOME],
+        "" if agent is None else f" for {agent}",
         "" if session is None else f" in session {session!r}",
-        reason,
-        estimated,
+        attributes[telemetry.COMPACTION_REASON],
+        attributes.get(telemetry.COMPACTION_ESTIMATED),
         attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
-        window,
+        "" if window is None else f", window {window}",
         "" if error is None else f", error={error}",
         "" if (why := attributes.get(telemetry.COMPACTION_ERROR)) is None else f": {why}",
         ", without a model" if telemetry.COMPACTION_FALLBACK in attributes else "",
@@ -142,3 +161,90 @@ def compaction_event(
         "" if skipped is None else f": {skipped}",
         extra={"littleghost": attributes},
     )
+
+
+REQUESTED = "requested"
+"""The ``littleghost.compaction.reason`` of a compaction outside runs: asked for, whatever
+the threshold."""
+
+
+@frozen
+class ViewChange:
+    """What records do to the view of a log: its estimate before and after them, and how
+    many of its messages they leave out (summarized, collapsed or dropped)."""
+
+    before: int
+    after: int
+    removed: int
+
+
+def view_change(
+    log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer
+) -> ViewChange:
+    """What ``records``, appended, do to the view of ``log``."""
+    estimates = Estimates(tokenizer)
+    before, after = build_view(log), build_view([*log, *records])
+    kept = {message.id for message in after}
+    removed = sum(message.id not in kept for message in before)
+    return ViewChange(estimates.total(before), estimates.total(after), removed)
+
+
+@define(eq=False)
+class Requested:
+    """What a compaction outside runs found, set by its body: the ``window`` it compacted
+    in (when it knows one), what its records do to the view (``change``) and how a
+    summary it made came back (``summary``)."""
+
+    window: int | None = None
+    change: ViewChange | None = None
+    summary: str | None = None
+
+
+@contextmanager
+def requested_compaction(names: Mapping[str, str]) -> Iterator[Requested]:
+    """A compaction outside runs (``compact_session``, ``compact_log``, ``sessions
+    compact``): its ``littleghost.context.compaction`` span, named by ``names`` (the agent,
+    the session) as its summary calls' ``chat`` spans under it and its log lines are,
+    with the attributes a run's compaction event has (reason ``requested``), ERROR with
+    ``error.type`` when it fails (outcome ``error``; ``cancelled`` when cancelled), and
+    its log line."""
+    found = Requested()
+    started = {**names, telemetry.COMPACTION_REASON: REQUESTED}
+    with (
+        logs.naming(names),
+        telemetry.open_span(telemetry.COMPACTION_SPAN, attributes=started) as span,
+    ):
+        try:
+            yield found
+        except BaseException as error:
+            kind = telemetry.failure_type(error)
+            why = str(error) if isinstance(error, CompactionError) else None  # figures only
+            done = {telemetry.ERROR_TYPE: kind, telemetry.COMPACTION_ERROR: why}
+            _end(span, names, "cancelled" if kind is None else "error", found, done)
+            raise
+        _end(span, names, "completed", found, {})
+
+
+def _end(
+    span: trace.Span,
+    names: Mapping[str, str],
+    outcome: str,
+    found: Requested,
+    extra: Mapping[str, Any],
+) -> None:
+    """Set a compaction's outcome and figures on its own ``span`` (those not known left
+    out; a failed one removed nothing), and log it."""
+    change = found.change
+    completed = outcome == "completed"
+    figures = {
+        telemetry.COMPACTION_OUTCOME: outcome,
+        telemetry.COMPACTION_ESTIMATED: None if change is None else change.before,
+        telemetry.COMPACTION_ESTIMATED_AFTER: change.after if completed and change else None,
+        telemetry.COMPACTION_REMOVED: change.removed if completed and change else 0,
+        telemetry.COMPACTION_WINDOW: found.window,
+        telemetry.COMPACTION_SUMMARY: found.summary,
+        **extra,
+    }
+    attributes = {key: value for key, value in figures.items() if value is not None}
+    span.set_attributes(attributes)
+    _log({telemetry.COMPACTION_REASON: REQUESTED, **attributes}, names)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from littleghost import logs, telemetry
+from littleghost import telemetry
 from littleghost._validators import TOKENIZER, counts_tokens, wrong_value
+from littleghost.context.attempts import ViewChange, requested_compaction, view_change
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
     CompactionState,
@@ -15,8 +16,7 @@ from littleghost.context.strategies import (
     Complete,
     check_strategy,
 )
-from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer
-from littleghost.context.view import build_view
+from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import CompactionError, ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
@@ -151,6 +151,9 @@ async def compact_session(
         settings: Provider settings the summary call starts from (its output cap and
             tool settings replaced), as a run's ``agent.run_settings()`` gives them.
 
+    It is a ``littleghost.context.compaction`` span, its summary calls' ``chat`` spans
+    under it (README: "Telemetry" under "Context management").
+
     Raises:
         ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
         SessionBusyError: Called from inside a run of the same session.
@@ -159,25 +162,25 @@ async def compact_session(
     """
     check_store("compact_session: store", store)
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
-    with logs.naming(telemetry.conversation_attributes(session_id)):
+    with requested_compaction(telemetry.conversation_attributes(session_id)) as found:
         async with hold_session(store, session_id):
             log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
             # loaded for this call alone: its index is not kept
-            records = (await _run(log, strategy, counter, None, settings, keep=False)).records()
+            state = await _run(log, strategy, counter, None, settings, keep=False)
+            records = state.records()
+            found.summary = state.summary_outcome
+            found.change = view_change(log, records, counter)
             if records:
-                check_smaller(log, records, counter)
+                check_smaller(found.change)
                 await store.append(session_id, records)
     return records
 
 
-def check_smaller(log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer) -> None:
-    """``CompactionError`` unless ``records`` make the view of ``log`` smaller: appended, they
-    could never be taken back."""
-    estimates = Estimates(tokenizer)
-    before = estimates.total(build_view(log))
-    after = estimates.total(build_view([*log, *records]))
-    if after >= before:
+def check_smaller(change: ViewChange) -> None:
+    """``CompactionError`` unless a compaction's records make the view smaller
+    (``change``): appended, they could never be taken back."""
+    if change.after >= change.before:
         raise CompactionError(
-            f"the compaction would not make the view smaller (about {before} -> {after} "
-            "tokens); nothing was appended"
+            f"the compaction would not make the view smaller (about {change.before} -> "
+            f"{change.after} tokens); nothing was appended"
         )

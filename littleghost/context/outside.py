@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
-from littleghost import logs, telemetry
+from littleghost import telemetry
 from littleghost._validators import is_number, wrong_value
+from littleghost.context.attempts import Requested, requested_compaction, view_change
 from littleghost.context.budget import BudgetReport, fit_sized
 from littleghost.context.calibration import Calibration, request_size, scale_for
 from littleghost.context.config import ContextManagement, context_window
@@ -42,8 +43,8 @@ async def compact_log(
     agent: Agent, messages: Sequence[Message], *, share: float = 0.5
 ) -> tuple[Message, ...]:
     """The records ``agent``'s ``@manage_context`` appends to compact ``messages`` now,
-    whatever its threshold (the summary call is a ``chat`` span, in the metrics, with no
-    deadline).
+    whatever its threshold (a ``littleghost.context.compaction`` span; the summary call is
+    a ``chat`` span under it, in the metrics, with no deadline).
 
     Raises:
         ConfigurationError: ``share`` is not in (0, 1), no ``@manage_context``, or
@@ -57,15 +58,16 @@ async def compact_log(
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
-    with logs.naming(telemetry.run_names(agent.name)):  # its summary call's span
+    with requested_compaction(telemetry.run_names(agent.name)) as found:
         model = agent.resolve_model()
         async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
             if config.summarize and config.context_window_override is None:
                 await prepare(model)  # a local model learns its window there; else at its call
-            return await managed_records(
+            found.window = context_window(model, config)
+            records = await managed_records(
                 log,
                 config,
-                window=context_window(model, config),
+                window=found.window,
                 complete=prepared(
                     model, max_retries=agent.max_retries, capture_content=agent.capture_content
                 ),
@@ -73,7 +75,10 @@ async def compact_log(
                 share=share,
                 max_tool_result_tokens=agent.max_tool_result_tokens,
                 model=model,
+                found=found,
             )
+        found.change = view_change(log, records, config.tokenizer)
+    return records
 
 
 async def managed_records(
@@ -86,10 +91,12 @@ async def managed_records(
     share: float = 0.5,
     max_tool_result_tokens: int | None = None,
     model: Model | None = None,
+    found: Requested | None = None,
 ) -> tuple[Message, ...]:
     """The records ``config`` appends to compact ``messages`` now in ``window`` (its
     ``strategy``, else the default aiming at ``share`` of their estimate) on the view as
-    ``preview_request`` shapes it; ``()`` when nothing is to compact."""
+    ``preview_request`` shapes it; ``()`` when nothing is to compact. How a summary came
+    back is told to ``found``, a compaction's outside runs."""
     if not config.summarize:
         return ()
     index = LogIndex.of(messages)
@@ -105,6 +112,8 @@ async def managed_records(
         await config.strategy.compact(state)
     else:
         await default_compaction(state, config, window, int(state.tokens * share))
+    if found is not None:
+        found.summary = state.summary_outcome
     return state.records()
 
 
