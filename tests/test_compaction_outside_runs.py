@@ -12,13 +12,14 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, ToolCall, manage_context
+from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context
 from littleghost.context import (
     PromptBudget,
     Summarization,
     Truncation,
     apply_compaction,
     compact_session,
+    compaction_records,
 )
 from littleghost.context.outside import compact_log
 from littleghost.context.tokens import estimate_request
@@ -30,7 +31,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.models import ModelRequest, ModelResponse
+from littleghost.models import Model, ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
 
@@ -336,19 +337,27 @@ async def test_a_summarizers_own_model_window_fits_its_first_summary_call() -> N
     assert refused == [] and len(small.requests) == 1
 
 
+FIGURES = (
+    "littleghost.compaction.estimated_tokens",
+    "littleghost.compaction.estimated_tokens_after",
+    "littleghost.compaction.removed_messages",
+)
+
+
 def _compaction_span(spans: Spans) -> tuple[ReadableSpan, dict[str, Any]]:
     span = spans.one("littleghost.context.compaction")
     return span, dict(span.attributes or {})
 
 
-@pytest.mark.parametrize("compact", [_compact_session, _compact_log])
+@pytest.mark.parametrize("compact", [_compact_session, _compact_log, _apply_compaction])
 async def test_a_compaction_outside_runs_is_a_span_of_its_own_over_its_summary_calls(
     compact: Any, spans: Spans, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``compact_session`` and ``compact_log`` are each a ``littleghost.context.compaction``
-    span (INTERNAL, reason ``requested``) with the figures a run's compaction event has,
-    named as their summary calls' ``chat`` spans, which are its children; no content on
-    it, whatever the agent captures; an INFO log line says the same."""
+    """``compact_session``, ``compact_log`` and ``apply_compaction`` are each a
+    ``littleghost.context.compaction`` span (INTERNAL, reason ``requested``) with the
+    figures a run's compaction event has, named as their summary calls' ``chat`` spans,
+    which are its children; no content on it, whatever the agent captures; an INFO log
+    line says the same."""
     model = ScriptedModel([summary_step("- SECRET-NOTE kept", input_tokens=900, output_tokens=9)])
     with caplog.at_level("INFO", logger="littleghost.context"):
         await compact(model)
@@ -358,26 +367,29 @@ async def test_a_compaction_outside_runs_is_a_span_of_its_own_over_its_summary_c
     assert chat_span.parent is not None and span.context is not None
     assert chat_span.parent.span_id == span.context.span_id
     assert span.parent is None
-    names = (
-        {"gen_ai.agent.name": "Summarizing"}
-        if compact is _compact_log
-        else {"gen_ai.conversation.id": "s"}
-    )
+    names: dict[str, str] = {}
+    if compact is _compact_log:
+        names = {"gen_ai.agent.name": "Summarizing"}
+    elif compact is _compact_session:
+        names = {"gen_ai.conversation.id": "s"}
     assert {key: attributes.get(key) for key in names} == names
     assert {key: (chat_span.attributes or {}).get(key) for key in names} == names
     assert attributes["littleghost.compaction.reason"] == "requested"
     assert attributes["littleghost.compaction.outcome"] == "completed"
     assert attributes["littleghost.compaction.summary_outcome"] == "complete"
-    before = attributes["littleghost.compaction.estimated_tokens"]
-    assert 0 < attributes["littleghost.compaction.estimated_tokens_after"] < before
-    assert attributes["littleghost.compaction.removed_messages"] > 0
+    if compact is _apply_compaction:  # its figures would take an estimate of every message
+        assert not any(key in attributes for key in FIGURES)
+    else:
+        before = attributes["littleghost.compaction.estimated_tokens"]
+        assert 0 < attributes["littleghost.compaction.estimated_tokens_after"] < before
+        assert attributes["littleghost.compaction.removed_messages"] > 0
     window = attributes.get("littleghost.compaction.context_window_tokens")
     assert window == (4_000 if compact is _compact_log else None)  # the strategy has none
     assert "error.type" not in attributes
     assert not any("SECRET-NOTE" in text for text in spans.every_text([span]))
     (line,) = [r for r in caplog.records if r.name == "littleghost.context"]
     assert line.getMessage().startswith("context compaction completed")
-    assert "(reason=requested, tokens " in line.getMessage()
+    assert ("(reason=requested, tokens " in line.getMessage()) == (compact is not _apply_compaction)
     assert names.items() <= line.littleghost.items()  # type: ignore[attr-defined]
 
 
@@ -432,3 +444,36 @@ async def test_a_cancelled_compaction_outside_runs_is_not_a_failure(spans: Spans
     assert attributes["littleghost.compaction.outcome"] == "cancelled"
     assert "error.type" not in attributes
     assert not spans.still_open
+
+
+class Hooked(Agent):
+    """Compacts its history ad hoc before each call, with a summarizer of its own."""
+
+    summarizer: Model
+
+    @before_model
+    async def note(self, request: ModelRequest, context: RunContext) -> None:
+        await compaction_records(
+            context.messages, Summarization(model=self.summarizer), tokenizer=None
+        )
+
+
+async def test_an_ad_hoc_compaction_in_a_run_is_a_span_of_the_run(spans: Spans) -> None:
+    """``compaction_records`` called in a run is a compaction span under its
+    ``invoke_agent``, named by the run's agent and session, over its summary call."""
+    agent = Hooked(
+        model=ScriptedModel([text_response("done")]), session_store=InMemorySessionStore()
+    )
+    agent.summarizer = ScriptedModel([summary_step("- noted")])
+    await agent.run("go", history=chat(20), session_id="s-9")
+    run = spans.one("invoke_agent")
+    span, attributes = _compaction_span(spans)
+    assert span.parent is not None and run.context is not None and span.context is not None
+    assert span.parent.span_id == run.context.span_id
+    summary = next(
+        c for c in spans.named("chat ") if (c.attributes or {})["littleghost.purpose"] != "chat"
+    )
+    assert summary.parent is not None and summary.parent.span_id == span.context.span_id
+    assert attributes["gen_ai.agent.name"] == "Hooked"
+    assert attributes["gen_ai.conversation.id"] == "s-9"
+    assert attributes["littleghost.compaction.outcome"] == "completed"

@@ -141,16 +141,17 @@ def _log(attributes: Mapping[str, Any], names: Mapping[str, str]) -> None:
     ``littleghost`` extra (beside those names)."""
     agent, session = names.get(telemetry.AGENT_NAME), names.get(telemetry.CONVERSATION_ID)
     window = attributes.get(telemetry.COMPACTION_WINDOW)
+    before = attributes.get(telemetry.COMPACTION_ESTIMATED)
+    after = attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER)
     error = attributes.get(telemetry.ERROR_TYPE)
     skipped = attributes.get(telemetry.COMPACTION_SKIPPED)
     logger.info(
-        "context compaction %s%s%s (reason=%s, tokens %s -> %s%s%s%s%s%s)%s",
+        "context compaction %s%s%s (reason=%s%s%s%s%s%s%s)%s",
         attributes[telemetry.COMPACTION_OUTCOME],
         "" if agent is None else f" for {agent}",
         "" if session is None else f" in session {session!r}",
         attributes[telemetry.COMPACTION_REASON],
-        attributes.get(telemetry.COMPACTION_ESTIMATED),
-        attributes.get(telemetry.COMPACTION_ESTIMATED_AFTER),
+        "" if before is None else f", tokens {before} -> {after}",
         "" if window is None else f", window {window}",
         "" if error is None else f", error={error}",
         "" if (why := attributes.get(telemetry.COMPACTION_ERROR)) is None else f": {why}",
@@ -203,17 +204,17 @@ class Requested:
 @contextmanager
 def requested_compaction(names: Mapping[str, str]) -> Iterator[Requested]:
     """A compaction outside runs (``compact_session``, ``compact_log``, ``sessions
-    compact``): its ``littleghost.context.compaction`` span, named by ``names`` (the agent,
+    compact``; ``apply_compaction`` and ``compaction_records``, in a run too): its ``littleghost.context.compaction`` span, named by ``names`` (the agent,
     the session) as its summary calls' ``chat`` spans under it and its log lines are,
     with the attributes a run's compaction event has (reason ``requested``), ERROR with
     ``error.type`` when it fails (outcome ``error``; ``cancelled`` when cancelled), and
     its log line."""
-    found = Requested()
     started = {**names, telemetry.COMPACTION_REASON: REQUESTED}
     with (
         logs.naming(names),
         telemetry.open_span(telemetry.COMPACTION_SPAN, attributes=started) as span,
     ):
+        found = Requested()
         try:
             yield found
         except BaseException as error:
@@ -240,7 +241,9 @@ def _end(
         telemetry.COMPACTION_OUTCOME: outcome,
         telemetry.COMPACTION_ESTIMATED: None if change is None else change.before,
         telemetry.COMPACTION_ESTIMATED_AFTER: change.after if completed and change else None,
-        telemetry.COMPACTION_REMOVED: change.removed if completed and change else 0,
+        telemetry.COMPACTION_REMOVED: (None if change is None else change.removed)
+        if completed
+        else 0,
         telemetry.COMPACTION_WINDOW: found.window,
         telemetry.COMPACTION_SUMMARY: found.summary,
         **extra,

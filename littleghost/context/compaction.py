@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from littleghost import telemetry
+from littleghost import logs, telemetry
 from littleghost._validators import TOKENIZER, counts_tokens, wrong_value
 from littleghost.context.attempts import ViewChange, requested_compaction, view_change
 from littleghost.context.index import LogIndex
@@ -81,13 +81,30 @@ async def _run(
     return state
 
 
+async def _spanned(
+    messages: Sequence[Message],
+    strategy: CompactionStrategy,
+    tokenizer: Tokenizer,
+    complete: Complete | None,
+    settings: Mapping[str, Any] | None,
+) -> CompactionState:
+    """``_run`` in a compaction's span, named as the run it may serve is; without the
+    view's figures, which would take an estimate of every message of a view a strategy
+    may size from its newest end alone."""
+    with requested_compaction(logs.current()) as found:
+        state = await _run(messages, strategy, tokenizer, complete, settings)
+        found.summary = state.summary_outcome
+    return state
+
+
 async def apply_compaction(
     messages: Sequence[Message],
     strategy: CompactionStrategy,
     *,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[Message, ...]:
-    """The view ``strategy`` run once gives of ``messages`` (a log or a view, untouched).
+    """The view ``strategy`` run once gives of ``messages`` (a log or a view, untouched),
+    in a ``littleghost.context.compaction`` span (``compaction_records`` too).
 
     Args:
         messages: The conversation.
@@ -100,7 +117,7 @@ async def apply_compaction(
     """
     counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
     log = check_history(messages, "messages")
-    state = await _run(log, strategy, counter, None, None)
+    state = await _spanned(log, strategy, counter, None, None)
     return tuple(state.view())
 
 
@@ -128,7 +145,7 @@ async def compaction_records(
     """
     counter, settings = _checked("compaction_records", strategy, tokenizer, settings)
     log = check_history(messages, "messages")
-    state = await _run(log, strategy, counter, complete, settings)
+    state = await _spanned(log, strategy, counter, complete, settings)
     return state.records()
 
 
