@@ -204,8 +204,9 @@ class Requested:
 @contextmanager
 def requested_compaction(names: Mapping[str, str]) -> Iterator[Requested]:
     """A compaction outside runs (``compact_session``, ``compact_log``, ``sessions
-    compact``; ``apply_compaction`` and ``compaction_records``, in a run too): its ``littleghost.context.compaction`` span, named by ``names`` (the agent,
-    the session) as its summary calls' ``chat`` spans under it and its log lines are,
+    compact``; ``apply_compaction`` and ``compaction_records``, in a run too): its
+    ``littleghost.context.compaction`` span, named by ``names`` (the agent, the session)
+    as its summary calls' ``chat`` spans under it and its log lines are,
     with the attributes a run's compaction event has (reason ``requested``), ERROR with
     ``error.type`` when it fails (outcome ``error``; ``cancelled`` when cancelled), and
     its log line."""
