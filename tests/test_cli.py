@@ -1412,7 +1412,31 @@ class TestProcess:
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["agent"] == "tests.cli_chatty:Chatty"
-        assert "importing the agents\nChatty made\n" in result.stderr
+        assert "importing the agents\n" in result.stderr and "Chatty made\n" in result.stderr
+
+    def test_what_the_agent_code_a_command_calls_prints_goes_to_standard_error(
+        self, tmp_path: Path
+    ) -> None:
+        """So does what the agent's code prints as the command calls into it later (its
+        tokenizer, its model's window, start and answers), through ``print`` or
+        straight to file descriptor 1: ``view --json`` stays JSON, and ``compact``'s
+        report is its own."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        agent = ("--agent", "tests.cli_chatty:Talkative")
+        viewed = python_m("sessions", "view", "customer-42", "--store", url, *agent, "--json")
+        assert viewed.returncode == 0, viewed.stderr
+        assert json.loads(viewed.stdout)["agent"] == "tests.cli_chatty:Talkative"
+        for said in ("print: counting", "fd 1: counting", "print: window", "fd 1: window"):
+            assert said in viewed.stderr
+        for command in (("--dry-run",), ()):
+            done = python_m("sessions", "compact", "customer-42", "--store", url, *agent, *command)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.startswith(("would append 1 record", "appended 1 record"))
+            assert "print:" not in done.stdout and "fd 1:" not in done.stdout
+            assert "fd 1: counting" in done.stderr
+        for said in ("starting", "answering"):
+            assert f"print: {said}" in done.stderr and f"fd 1: {said}" in done.stderr
 
     def test_help_reads_well(self) -> None:
         done = python_m("sessions", "--help")

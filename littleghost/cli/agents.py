@@ -18,10 +18,40 @@ __all__ = ["agent_class", "agent_spec", "users_code"]
 
 @contextmanager
 def users_code() -> Iterator[None]:
-    """While the user's own code runs (the ``--agent`` module imported, its class made),
-    what it prints goes to standard error: standard output is the command's (``--json``)."""
-    with redirect_stdout(sys.stderr):
-        yield
+    """While the user's own code runs (the ``--agent`` module imported, its class made, a
+    command's calls into it: tokenizer, model, strategy), what it prints goes to standard
+    error, through ``sys.stdout`` or past it (file descriptor 1: ``os.write``, C code, a
+    server it starts): standard output is the command's (``--json``)."""
+    for stream in (sys.stdout, sys.__stdout__):
+        if stream is not None:
+            stream.flush()  # what the command wrote so far stays on standard output
+    kept = _moved_to_standard_error()
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if kept is not None:
+            try:
+                if sys.__stdout__ is not None:  # what it wrote to the stream past sys.stdout
+                    sys.__stdout__.flush()
+            finally:
+                os.dup2(kept, 1)
+                os.close(kept)
+
+
+def _moved_to_standard_error() -> int | None:
+    """Point file descriptor 1 at standard error's; a copy of what it was, to restore
+    (``None``: either is closed, and it is left as it is)."""
+    try:
+        kept = os.dup(1)
+    except OSError:
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(kept)
+        return None
+    return kept
 
 
 def agent_class(spec: str) -> type[Agent]:

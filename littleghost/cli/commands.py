@@ -95,11 +95,13 @@ class _Commands(click.Group):
 
 
 def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``work`` in an event loop; a littleghost error becomes one line and exit 1, and
-    so does a ``sys.exit()`` of the agent's own code it runs (a model, hook or strategy:
-    littleghost raises no ``SystemExit``), which is not the command's exit."""
+    """Run ``work`` in an event loop, as ``users_code`` (it may call the agent's model,
+    tokenizer, strategy...: what they print goes to standard error); a littleghost error
+    becomes one line and exit 1, and so does a ``sys.exit()`` of the agent's own code it
+    runs (littleghost raises no ``SystemExit``), which is not the command's exit."""
     try:
-        return run_blocking(work, *args)
+        with users_code():
+            return run_blocking(work, *args)
     except LittleGhostError as error:
         raise click.ClickException(one_line(error)) from None
     except SystemExit as error:
@@ -270,9 +272,9 @@ def view(
     and whether the next call tries to compact first, and the budget's figures.
     """
     agent = None if agent_type is None else _instance(agent_type)
-    used = window_of(agent, window)
 
     async def read() -> dict[str, Any]:
+        used = window_of(agent, window)  # may ask the model (the agent's code) its window
         log = await address.log(session_id)
         return view_document(session_id, log, agent, used, next_message)
 
