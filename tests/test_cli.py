@@ -1438,6 +1438,44 @@ class TestProcess:
         for said in ("starting", "answering"):
             assert f"print: {said}" in done.stderr and f"fd 1: {said}" in done.stderr
 
+    def test_a_reader_gone_ends_the_command_quietly_with_141(self, tmp_path: Path) -> None:
+        """``| head -1``: the command stops without a traceback and exits 141, as a process
+        stopped by SIGPIPE (it exited 1, which says "failed, said in one line", saying
+        nothing; with standard error closed too, 120), a short output's too (the failure
+        of the last flush)."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        many = [Message.user(f"message {index} " + "padding " * 20) for index in range(2_000)]
+        in_store(url, lambda store: store.append("s", many))
+        environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for command, closes_stderr in [
+            (("export", "s"), False),
+            (("export", "s"), True),
+            (("show", "s", "--json"), False),
+        ]:
+            with subprocess.Popen(
+                [sys.executable, "-m", "littleghost", "sessions", *command, "--store", url],
+                cwd=ROOT,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=(lambda: os.close(2)) if closes_stderr else None,
+            ) as process:
+                assert process.stdout is not None and process.stderr is not None
+                assert process.stdout.readline()
+                process.stdout.close()  # | head -1
+                said = process.stderr.read()
+                assert (process.wait(timeout=120), said) == (141, b""), command
+        shell = f"{sys.executable} -m littleghost sessions list --store {url} | true"
+        done = subprocess.run(
+            ["bash", "-c", shell + "; exit ${PIPESTATUS[0]}"],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (done.returncode, done.stderr) == (141, "")
+
     def test_help_reads_well(self) -> None:
         done = python_m("sessions", "--help")
         assert done.returncode == 0
@@ -1455,7 +1493,8 @@ class TestProcess:
         )
         assert (  # the exit codes a script tells apart, as the README gives them
             "Exit status: 0 done; 1 failed, said in one line on standard error; 2 a wrong "
-            "command, option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP)."
+            "command, option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP); "
+            "141 the reader of its output gone (| head)."
         ) in overview
 
     def terminal(self, *args: str, columns: int = 200) -> tuple[str, str]:

@@ -4,6 +4,7 @@ edge (``run_blocking``); what each command reads and prints lives in its own mod
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from littleghost.errors import LittleGhostError
 from littleghost.sessions import message_to_json
 from littleghost.sessions.base import check_session_id
 
-__all__ = ["LARGE_LOG", "STORE_VARIABLE", "main"]
+__all__ = ["LARGE_LOG", "READER_GONE", "STORE_VARIABLE", "main"]
 
 STORE_VARIABLE = "LITTLEGHOST_STORE"
 """The environment variable ``--store`` defaults to."""
@@ -74,23 +75,46 @@ def _stopped_as_interrupted() -> Iterator[list[int]]:
             signal.signal(number, handler)
 
 
+READER_GONE = 128 + 13
+"""The exit status of a command whose output's reader is gone (``| head``): a process
+stopped by SIGPIPE's, as the shell reports ``cat`` or ``git log`` there."""
+
+
+def _drop_the_rest() -> None:
+    """Send what is left of standard output (and its buffer) to the null device: its
+    reader is gone, and the flush at exit would fail again (exit 120, or a traceback)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's runner)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, descriptor)
+    finally:
+        os.close(null)
+
+
 class _Commands(click.Group):
     """The command group: a command stopped with Ctrl-C, working or writing, exits 130
     (stopped by a ``STOPPING`` signal, 128 + its number); one whose output cannot be
-    written (a full disk) fails in one line, and one whose reader is gone (``| head``)
-    exits quietly, as click has it."""
+    written (a full disk) fails in one line, and one whose
+    reader is gone (``| head``) exits quietly with ``READER_GONE``."""
 
     def invoke(self, ctx: click.Context) -> Any:
         escape_unwritable(sys.stdout)
         with _stopped_as_interrupted() as stopped_by:
             try:
-                return super().invoke(ctx)
+                done = super().invoke(ctx)
+                if sys.stdout is not None:  # closed (>&-): the command does its work
+                    sys.stdout.flush()  # a reader gone fails here, not at exit
+                return done
             except KeyboardInterrupt:
                 click.echo("Interrupted", err=True)
                 raise SystemExit(128 + stopped_by[0]) from None
             except OSError as error:
                 if error.errno == errno.EPIPE:
-                    raise
+                    _drop_the_rest()
+                    raise SystemExit(READER_GONE) from None
                 raise click.ClickException(one_line(error, named=True)) from None
 
 
@@ -192,7 +216,8 @@ def main() -> None:
     for terminals; piped output is plain tab-separated text, and --json gives JSON.
 
     Exit status: 0 done; 1 failed, said in one line on standard error; 2 a wrong command,
-    option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP).
+    option or value; 130 stopped by Ctrl-C (143 by SIGTERM, 129 by SIGHUP); 141 the
+    reader of its output gone (| head).
     """
 
 
