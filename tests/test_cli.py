@@ -35,8 +35,8 @@ from opentelemetry.trace import StatusCode
 
 from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.cli import main
-from littleghost.cli.commands import LARGE_LOG
 from littleghost.cli.compact import DRY_RUN_SUMMARY
+from littleghost.cli.export import LARGE_LOG, PAGE
 from littleghost.cli.stores import store_address
 from littleghost.cli.view import _output_plan
 from littleghost.context.calibration import SCALE_KEY
@@ -979,6 +979,46 @@ class TestExport:
         lines = out.splitlines()
         assert tuple(message_from_json(line) for line in lines) == load(store_url, "customer-42")
         assert all(json.loads(line)["id"] for line in lines)
+
+    def test_a_log_of_many_pages_as_it_was_when_the_export_began(self, store_url: str) -> None:
+        """The log is read a page at a time (``PAGE`` messages): every message, in order;
+        what is appended once the export began is not written, and a session deleted as
+        it is written is a failure saying how much was written, not a short export that
+        exits 0."""
+        length = 2 * PAGE + 5
+        many = [Message.user(f"message {index} " + "padding " * 20) for index in range(length)]
+        in_store(store_url, lambda store: store.append("long", many))
+        out = ok("sessions", "export", "long", "--store", store_url).stdout
+        assert tuple(message_from_json(line) for line in out.splitlines()) == tuple(many)
+        command = [sys.executable, "-m", "littleghost", "sessions", "export", "long"]
+        environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+        for meanwhile in ("append", "delete"):
+            with subprocess.Popen(
+                [*command, "--store", store_url],
+                cwd=ROOT,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ) as process:
+                assert process.stdout is not None and process.stderr is not None
+                first = process.stdout.readline()  # it waits on the full pipe, in page 1
+                if meanwhile == "append":
+                    in_store(store_url, lambda store: store.append("long", [Message.user("new")]))
+                else:
+                    in_store(store_url, lambda store: store.delete("long"))
+                lines = [first, *process.stdout]
+                said = process.stderr.read()
+                code = process.wait(timeout=120)
+            if meanwhile == "append":
+                assert (code, said) == (0, "")
+                assert tuple(message_from_json(line) for line in lines) == tuple(many)
+            else:
+                assert code == 1 and len(lines) == PAGE
+                assert said == (
+                    "Error: session 'long' was deleted as it was being exported: "
+                    f"{PAGE} of its {length + 1} messages were written\n"  # the one appended
+                )
 
 
 @contextmanager

@@ -477,6 +477,27 @@ class TestRoundTrip:
         assert middle - slack <= times[2] <= after + slack  # type: ignore[operator]
         assert await store.load_stored("unknown") == ()
 
+    async def test_load_page_reads_the_log_a_page_at_a_time(self, store: BuiltinStore) -> None:
+        """``load_page`` gives the messages of positions ``start`` on, at most ``limit``,
+        as ``load_stored`` gives them, and the log's length as it was read: a reader can
+        go through a long log in pages and stop at the length it first saw."""
+        messages = [Message.user(f"message {index} {PAD}") for index in range(25)]
+        await store.append("s", messages[:20])
+        await store.append("s", messages[20:])
+        whole = await store.load_stored("s")
+        pages = [await store.load_page("s", start, 10) for start in (0, 10, 20, 30)]
+        assert [page.messages for page in pages] == [whole[:10], whole[10:20], whole[20:], ()]
+        assert {page.length for page in pages} == {25}
+        assert (await store.load_page("s", 3, 1)).messages == (whole[3],)
+        assert (await store.load_page("s", 2**70, 2**70)).messages == ()
+        unknown = await store.load_page("unknown", 0, 10)
+        assert (unknown.messages, unknown.length) == ((), 0)
+        await store.append("s", [Message.user("later")])
+        assert (await store.load_page("s", 20, 10)).length == 26
+        for start, limit in ((-1, 10), (0, 0), (0, None), ("0", 10), (True, 10)):
+            with pytest.raises(TypeError, match=r"(start|limit) must be"):
+                await store.load_page("s", start, limit)  # type: ignore[arg-type]
+
     async def test_session_stats_agree_with_the_logs(self, store: BuiltinStore) -> None:
         assert await store.session_stats() == ()
 

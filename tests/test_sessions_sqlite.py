@@ -1258,6 +1258,9 @@ class TestDamageIsLocated:
                 await store.load("s")
             with pytest.raises(CorruptSessionStoreError, match=r"session 's'.*length \(1\)"):
                 await store.append("s", [Message.user("three")])
+            with pytest.raises(CorruptSessionStoreError, match=r"length \(1\).*position 1 on"):
+                await store.load_page("s", 1, 5)  # a page of a log longer than its length
+            assert len((await store.load_page("s", 0, 1)).messages) == 1  # within it
         assert raw(path, "SELECT count(*) FROM littleghost_messages") == [(2,)]
 
 

@@ -9,11 +9,10 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import Any, TypeVar
 
-import attrs
 import click
 
 from littleghost._version import __version__
@@ -22,22 +21,20 @@ from littleghost.blocking import run_blocking
 from littleghost.cli.agents import agent_class, users_code
 from littleghost.cli.compact import compact_document, print_compaction
 from littleghost.cli.delete import confirm, delete_document, described, print_deletion
+from littleghost.cli.export import export_log
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, echo, escape_unwritable, one_line
+from littleghost.cli.output import Output, escape_unwritable, one_line
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
 from littleghost.errors import LittleGhostError
-from littleghost.sessions import message_to_json
 from littleghost.sessions.base import check_session_id
 
-__all__ = ["LARGE_LOG", "READER_GONE", "STORE_VARIABLE", "main"]
+__all__ = ["READER_GONE", "STORE_VARIABLE", "main"]
 
 STORE_VARIABLE = "LITTLEGHOST_STORE"
 """The environment variable ``--store`` defaults to."""
-LARGE_LOG = 1_000
-"""From this many messages on, ``export`` shows a progress bar (on a terminal)."""
 
 T = TypeVar("T")
 
@@ -118,13 +115,14 @@ class _Commands(click.Group):
                 raise click.ClickException(one_line(error, named=True)) from None
 
 
-def _run(work: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``work`` in an event loop, as ``users_code`` (it may call the agent's model,
-    tokenizer, strategy...: what they print goes to standard error); a littleghost error
-    becomes one line and exit 1, and so does a ``sys.exit()`` of the agent's own code it
-    runs (littleghost raises no ``SystemExit``), which is not the command's exit."""
+def _run(work: Callable[..., Awaitable[T]], *args: Any, agents_code: bool = False) -> T:
+    """Run ``work`` in an event loop, as ``users_code`` if it calls ``agents_code`` (a
+    model, tokenizer, strategy: what they print goes to standard error, and so would what
+    ``work`` writes); a littleghost error becomes one line and exit 1, and so does a
+    ``sys.exit()`` of the agent's own code it runs (littleghost raises no
+    ``SystemExit``), which is not the command's exit."""
     try:
-        with users_code():
+        with users_code() if agents_code else nullcontext():
             return run_blocking(work, *args)
     except LittleGhostError as error:
         raise click.ClickException(one_line(error)) from None
@@ -303,7 +301,7 @@ def view(
         log = await address.log(session_id)
         return view_document(session_id, log, agent, used, next_message)
 
-    _write(_run(read), as_json, print_view)
+    _write(_run(read, agents_code=True), as_json, print_view)
 
 
 @sessions.command(short_help="Compact a session now, or show what would be covered.")
@@ -346,7 +344,8 @@ def compact(
                 dry_run=dry_run,
                 advance=advance,
                 notice=not output.progress,  # a progress bar says it waits
-            )
+            ),
+            agents_code=True,
         )
     print_compaction(output, document)
 
@@ -358,16 +357,11 @@ def export(session_id: str, address: StoreAddress) -> None:
     """Write session ID as JSON Lines: one message a line, in the stored form.
 
     Each line is the message as the store keeps it (littleghost.sessions.message_from_json
-    reads it back).
+    reads it back). The log is written as it was when the export began, read 1 000
+    messages at a time: memory does not grow with the session.
     """
 
-    log = _run(address.log, session_id)
-    output = Output.detect()
-    output = attrs.evolve(output, progress=output.progress and len(log) >= LARGE_LOG)
-    with output.progress_bar(len(log), "exporting") as advance:
-        for entry in log:
-            echo(message_to_json(entry.message))
-            advance(1, "")
+    _run(export_log, address, session_id, Output.detect())
 
 
 @sessions.command(short_help="Delete a session and all its messages, for good.")

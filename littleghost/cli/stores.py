@@ -15,6 +15,7 @@ from littleghost.sessions import (
     SessionStats,
     SQLiteSessionStore,
     StoredMessage,
+    StoredPage,
 )
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.postgres import check_conninfo
@@ -28,10 +29,12 @@ _POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
 
 class Inspectable(SessionStore, Protocol):
-    """A store that can give its logs with the time each message was stored, and each
-    session's figures without its log."""
+    """A store that can give its logs with the time each message was stored, whole or a
+    page at a time, and each session's figures without its log."""
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]: ...
+
+    async def load_page(self, session_id: str, start: int, limit: int) -> StoredPage: ...
 
     async def session_stats(self) -> tuple[SessionStats, ...]: ...
 

@@ -9,13 +9,14 @@ session's log, and appends every new message as it enters the log. Stores:
 A custom store needs ``load``, ``append``, ``list_sessions`` and ``delete``; without a
 ``lock`` method of its own, its runs wait only within the process. The built-in stores
 also have ``load_stored``: the log with the time each message was stored, and
-``session_stats``: each session's message and summary counts and last activity.
+``session_stats``: each session's message and summary counts and last activity, and
+``load_page``: a page of a log (``StoredPage``), to go through a long one in little memory.
 
 Stored messages round-trip exactly; metadata values must be JSON-like (str, int, float,
 bool, None, list, tuple, dict with str keys) and come back with the same types.
 """
 
-from littleghost.sessions.base import SessionStats, SessionStore, StoredMessage
+from littleghost.sessions.base import SessionStats, SessionStore, StoredMessage, StoredPage
 from littleghost.sessions.codec import (
     decode_message,
     encode_message,
@@ -35,6 +36,7 @@ __all__ = [
     "SessionStats",
     "SessionStore",
     "StoredMessage",
+    "StoredPage",
     "decode_message",
     "encode_message",
     "message_from_json",

@@ -42,13 +42,16 @@ __all__ = [
     "SessionStats",
     "SessionStore",
     "StoredMessage",
+    "StoredPage",
     "changed_under_holder",
+    "check_page",
     "check_schema",
     "check_session_id",
     "check_store",
     "decoded_off_loop",
     "distinct_ids",
     "length_error",
+    "page_bounds",
     "read_log",
     "thread_limiter",
 ]
@@ -89,6 +92,53 @@ class StoredMessage:
 
     message: Message = field(validator=instance_of("StoredMessage.message", Message, "a Message"))
     stored_at: datetime | None = field(validator=_moment("StoredMessage.stored_at"))
+
+
+@frozen
+class StoredPage:
+    """A run of a session's log as its store keeps it (``load_page``).
+
+    Attributes:
+        messages: The messages from the position asked for on, at most as many as asked.
+        length: How many messages the whole log held as the page was read (0: the store
+            has no such session).
+    """
+
+    messages: tuple[StoredMessage, ...] = field(
+        validator=type_check(
+            "StoredPage.messages",
+            lambda v: isinstance(v, tuple) and all(isinstance(m, StoredMessage) for m in v),
+            "a tuple of StoredMessage",
+        )
+    )
+    length: int = field(validator=type_check("StoredPage.length", int_at_least(0), "an int >= 0"))
+
+
+def check_page(start: object, limit: object) -> tuple[int, int]:
+    """``start`` and ``limit`` of a ``load_page`` call, if they are ints >= 0 and >= 1.
+
+    Raises:
+        TypeError: Either is not.
+    """
+    if not int_at_least(0)(start):
+        raise TypeError(f"start must be an int >= 0, not {safe_repr(start)}")
+    if not int_at_least(1)(limit):
+        raise TypeError(f"limit must be an int >= 1, not {safe_repr(limit)}")
+    return int(start), int(limit)  # type: ignore[call-overload]
+
+
+_LAST_POSITION = 2**63 - 1
+"""The largest position a database column of the stores can hold (SQLite's and
+PostgreSQL's 64-bit integers)."""
+
+
+def page_bounds(page: tuple[int, int] | None) -> tuple[int, int]:
+    """The positions ``page`` (``start``, ``limit``; ``None``: the whole log) reads: from
+    the first, up to but not including the second."""
+    if page is None:
+        return 0, _LAST_POSITION
+    start, limit = page
+    return min(start, _LAST_POSITION), min(start + limit, _LAST_POSITION)
 
 
 def _summaries(instance: SessionStats, attribute: object, value: Any) -> None:
@@ -143,7 +193,10 @@ class SessionStore(Protocol):
     ``()`` for an unknown session). The built-in stores have it; the ``littleghost``
     command line reads sessions through it. The built-in stores also have
     ``async session_stats()``: a ``SessionStats`` per session, oldest first, which the
-    database computes without sending the logs.
+    database computes without sending the logs; and ``async load_page(session_id,
+    start, limit)``: a ``StoredPage``, the messages at positions ``start`` to ``start +
+    limit - 1`` of the log (fewer at its end) and its length then, so that a long log can
+    be read a page at a time (``sessions export``) in memory that does not grow with it.
     """
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
@@ -273,11 +326,13 @@ def read_log(
     where: str,
     when: Callable[[object], datetime | None] | None,
     stopped: threading.Event | None = None,
+    page: tuple[int, int] | None = None,
 ) -> list[StoredMessage]:
     """A session's log from the rows ``(length, position, body, stored_at)`` a store
     read in one statement (one row without a body when it holds no messages), each
     ``stored_at`` read by ``when`` (``None``: no times, so a damaged one stops nothing);
-    cut short once ``stopped`` is set (``decoded_off_loop``: nobody reads it).
+    cut short once ``stopped`` is set (``decoded_off_loop``: nobody reads it). With
+    ``page`` (``start``, ``limit``), the rows are that page of the log (``load_page``).
 
     Raises:
         CorruptSessionStoreError: A message or its time cannot be read, or the session's
@@ -285,6 +340,7 @@ def read_log(
             session and the message's position.
     """
     length = rows[0][0] if rows else None
+    start, limit = page or (0, None)
     log: list[StoredMessage] = []
     for _, position, body, stored_at in rows:
         if stopped is not None and stopped.is_set():
@@ -299,10 +355,14 @@ def read_log(
                 f"{where}, session {session_id!r}, message at position {position}: {error}",
                 session_id=session_id,
             ) from None
-    if (length or 0) != len(log):
+    expected = max(int(length or 0) - start, 0)  # type: ignore[call-overload]
+    if (expected if limit is None else min(expected, limit)) != len(log):
+        held = f"the {len(log)} messages it holds"
+        if page is not None:
+            held += f" from position {start} on (at most {limit} read)"
         raise CorruptSessionStoreError(
             f"{where}, session {session_id!r}: its recorded length ({length}) disagrees with "
-            f"the {len(log)} messages it holds",
+            + held,
             session_id=session_id,
         )
     return log

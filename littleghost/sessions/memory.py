@@ -15,7 +15,9 @@ from littleghost.messages import Message
 from littleghost.sessions.base import (
     SessionStats,
     StoredMessage,
+    StoredPage,
     changed_under_holder,
+    check_page,
     check_session_id,
     decoded_off_loop,
 )
@@ -54,7 +56,23 @@ class InMemorySessionStore:
         """The session's messages in append order, each with the time it was appended;
         ``()`` for an unknown session (a long log decoded in a worker thread, not on the
         event loop)."""
-        entries = await self._entries(session_id)
+        return await self._decoded(await self._entries(session_id))
+
+    async def load_page(self, session_id: str, start: int, limit: int) -> StoredPage:
+        """The messages at positions ``start`` to ``start + limit - 1`` of the session's
+        log (fewer at its end), each with the time it was appended, and the log's length
+        then (0 for an unknown session)."""
+        start, limit = check_page(start, limit)
+        check_session_id(session_id)
+        await checkpoint()
+        with self._guard:
+            log = self._sessions.get(session_id, [])
+            entries, length = tuple(log[start : start + limit]), len(log)
+        return StoredPage(await self._decoded(entries), length)
+
+    @staticmethod
+    async def _decoded(entries: Sequence[tuple[str, datetime]]) -> tuple[StoredMessage, ...]:
+        """``entries`` decoded: a long run in a worker thread, not on the event loop."""
         # a stored message is 64 characters at least: no longer log is summed on the loop
         if len(entries) <= _ON_LOOP // 64 and sum(len(text) for text, _ in entries) <= _ON_LOOP:
             return tuple(StoredMessage(message_from_json(text), at) for text, at in entries)

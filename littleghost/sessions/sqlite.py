@@ -33,11 +33,14 @@ from littleghost.sessions.base import (
     STORE_FORMAT,
     SessionStats,
     StoredMessage,
+    StoredPage,
     changed_under_holder,
+    check_page,
     check_schema,
     check_session_id,
     decoded_off_loop,
     length_error,
+    page_bounds,
     read_log,
     thread_limiter,
 )
@@ -312,36 +315,51 @@ class SQLiteSessionStore:
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
-        return tuple(stored.message for stored in await self._read(session_id, None))
+        return tuple(stored.message for stored in (await self._read(session_id, None))[0])
 
     async def load_stored(self, session_id: str) -> tuple[StoredMessage, ...]:
         """The session's messages in append order, each with the time it was stored
         (``None`` in tables made before stores recorded times); ``()`` for an unknown
         session."""
-        return tuple(await self._read(session_id, _stored_time))
+        return tuple((await self._read(session_id, _stored_time))[0])
+
+    async def load_page(self, session_id: str, start: int, limit: int) -> StoredPage:
+        """The messages at positions ``start`` to ``start + limit - 1`` of the session's
+        log (fewer at its end), each with the time it was stored, and the log's length
+        then (0 for an unknown session), in one statement."""
+        page = check_page(start, limit)
+        log, length = await self._read(session_id, _stored_time, page)
+        return StoredPage(tuple(log), length)
 
     async def _read(
-        self, session_id: str, when: Callable[[object], datetime | None] | None
-    ) -> list[StoredMessage]:
-        """The session's log, its times read by ``when``, in one statement (one snapshot)."""
+        self,
+        session_id: str,
+        when: Callable[[object], datetime | None] | None,
+        page: tuple[int, int] | None = None,
+    ) -> tuple[list[StoredMessage], int]:
+        """The session's log (or its ``page``: ``start``, ``limit``) and its length, its
+        times read by ``when``, in one statement (one snapshot)."""
         check_session_id(session_id)
+        start, stop = page_bounds(page)
         async with self._locks.writing(session_id):  # a holder's read is not older than its writes
             rows = await self._call(
                 lambda connection: connection.execute(
                     f"SELECT s.length, position, body, {self._stored_at}"
                     " FROM (SELECT ? AS id) AS k"
                     " LEFT JOIN littleghost_sessions AS s ON s.id = k.id"
-                    " LEFT JOIN littleghost_messages ON session_id = k.id ORDER BY position",
-                    (session_id,),
+                    " LEFT JOIN littleghost_messages ON session_id = k.id"
+                    " AND position >= ? AND position < ? ORDER BY position",
+                    (session_id, start, stop),
                 ).fetchall()
             )
             # decoded in a worker thread (not on the event loop), and not in the store's
             # turn on its connection, which other sessions' calls would wait for meanwhile
             log = await decoded_off_loop(
-                lambda stopped: read_log(rows, session_id, self._where, when, stopped)
+                lambda stopped: read_log(rows, session_id, self._where, when, stopped, page)
             )
-            self._locks.saw(session_id, len(log))
-        return log
+            if page is None:  # what a holder saw: the whole log
+                self._locks.saw(session_id, len(log))
+        return log, int(rows[0][0] or 0)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
         """Append ``messages`` to the session in one transaction.
