@@ -94,8 +94,8 @@ def _drop_the_rest() -> None:
 class _Commands(click.Group):
     """The command group: a command stopped with Ctrl-C, working or writing, exits 130
     (stopped by a ``STOPPING`` signal, 128 + its number); one whose output cannot be
-    written (a full disk) fails in one line, and one whose
-    reader is gone (``| head``) exits quietly with ``READER_GONE``."""
+    written (a full disk) fails in one line, and one whose reader is gone (``| head``)
+    exits quietly with ``READER_GONE``."""
 
     def invoke(self, ctx: click.Context) -> Any:
         escape_unwritable(sys.stdout)
