@@ -94,6 +94,8 @@ MAX_REPAIRS = 1
 ``output_type`` before ``OutputValidationError``."""
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """littleghost's own files: frames in them are not where a run was asked for."""
+_tools_log = logs.logger("littleghost.tools")
+"""Where a tool call that outlived its timeout is reported (names only, no content)."""
 UNDECLARED_TOOL = "undeclared"
 """The tool name telemetry shows for a call of a tool the agent does not declare (the
 name is the model's text), unless ``capture_content`` is on."""
@@ -925,7 +927,20 @@ async def _execute(
                 return _failed(call, span, failures[0], error_text(failures[0]))
             told = "; ".join(error_text(failure) for failure in failures)
             return _failed(call, span, error, f"{error_text(error)}: {told}")
-        return ToolResult(call.id, text)
+        late = anyio.current_time() - timer.deadline
+        if limit is None or late <= 0:
+            return ToolResult(call.id, text)
+        _tools_log.warning(
+            "tool %r returned %.1f s past its %g s timeout, which could not stop it (the "
+            "event loop was blocked: an async tool that makes a blocking call should be a "
+            "plain def, run in a worker thread; or it shielded or swallowed its "
+            "cancellation); its late result was discarded",
+            call.name,
+            late,
+            limit,
+        )
+        what = f"it did not finish within {limit:g} s; its late result was discarded"
+        return _failed(call, span, "timeout", what)
     assert timer.cancelled_caught and limit is not None
     return _failed(call, span, "timeout", f"it did not finish within {limit:g} s and was stopped")
 

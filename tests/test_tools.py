@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import (
@@ -2443,6 +2444,34 @@ async def test_a_tool_over_its_timeout_gets_an_error_result_and_the_run_goes_on(
     assert not discards.records
     agent.release.set()
     assert "'wait_sync'" in (await discards.one_line()).getMessage()
+
+
+class Blocking(Agent):
+    @tool(timeout=0.05)
+    async def fetch(self, secret: str) -> str:
+        """Blocks the event loop (a blocking call in an async tool), past its timeout."""
+        time.sleep(0.3)  # noqa: ASYNC251 - the mistake under test
+        return f"late {secret}"
+
+
+async def test_an_async_tool_that_blocks_past_its_timeout_is_answered_as_timed_out(
+    discards: Discards,
+) -> None:
+    """An async tool that blocks the event loop cannot be stopped at its timeout: when it
+    returns past it, its result is discarded as a sync tool's late result is, the call is
+    answered with the timeout's error, and one warning says why, naming the tool alone."""
+    model = ScriptedModel(
+        [tool_call_response("fetch", {"secret": "s3cr3t-argument"}), text_response("done")]
+    )
+    result = await Blocking(model=model).run("go")
+    assert result.output == "done"
+    [answered] = tool_results(result.messages)
+    assert answered.is_error and "did not finish within 0.05 s" in answered.content
+    assert "s3cr3t" not in answered.content
+    [record] = discards.records
+    text = record.getMessage()
+    assert (record.name, record.levelno) == ("littleghost.tools", logging.WARNING)
+    assert "'fetch'" in text and "event loop was blocked" in text and "s3cr3t" not in text
 
 
 # --- sync tools that cannot be stopped -------------------------------------------------
