@@ -1236,6 +1236,23 @@ class TestDelete:
 
 
 class TestErrors:
+    def test_a_command_s_option_before_the_command_says_where_it_goes(self, store_url: str) -> None:
+        """``--store`` (or ``--agent``) written before ``sessions`` or its command, where the
+        main help's "point --store at ..." invites it, is a wrong option whose error says
+        it goes after the command's name; an option no command takes is click's error."""
+        for args, path in [
+            (["--store", store_url, "sessions", "list"], "main sessions list ... --store ..."),
+            (["sessions", "--store", store_url, "list"], "main sessions list ... --store ..."),
+            (["--agent", "m:C", "sessions", "view", "s"], "main sessions view ... --agent ..."),
+        ]:
+            line = fails(2, *args)
+            option = path.split()[-2]
+            assert line == (
+                f"Error: No such option {option!r} before the command: it is an option of the "
+                f"commands, written after the command's name ({path})"
+            )
+        assert fails(2, "--bogus", "sessions", "list") == "Error: No such option '--bogus'."
+
     @pytest.mark.parametrize("command", ["show", "view", "export", "compact", "delete"])
     def test_an_unknown_session(self, store_url: str, command: str) -> None:
         more = {"compact": ["--agent", "tests.cli_agents:Staffed"], "delete": ["--yes"]}

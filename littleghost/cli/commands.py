@@ -91,7 +91,39 @@ def _drop_the_rest() -> None:
         os.close(null)
 
 
-class _Commands(click.Group):
+class _Group(click.Group):
+    """A command group that says where an option of its commands given before one goes
+    (``littleghost --store X sessions list``): after the command's name."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as error:
+            taking = _taking(self, error.option_name, ())
+            if taking is None:
+                raise
+            raise click.NoSuchOption(
+                error.option_name,
+                f"No such option {error.option_name!r} before the command: it is an option "
+                "of the commands, written after the command's name "
+                f"({ctx.command_path} {' '.join(taking)} ... {error.option_name} ...)",
+                ctx=ctx,
+            ) from None
+
+
+def _taking(group: click.Group, option: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The names leading from ``group`` to the first command that takes ``option``."""
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found = _taking(command, option, (*path, name))
+            if found is not None:
+                return found
+        elif any(option in param.opts for param in command.params):
+            return (*path, name)
+    return None
+
+
+class _Commands(_Group):
     """The command group: a command stopped with Ctrl-C, working or writing, exits 130
     (stopped by a ``STOPPING`` signal, 128 + its number); one whose output cannot be
     written (a full disk) fails in one line, and one whose reader is gone (``| head``)
@@ -219,7 +251,7 @@ def main() -> None:
     """
 
 
-@main.group(short_help="Inspect, compact and delete stored sessions.")
+@main.group(cls=_Group, short_help="Inspect, compact and delete stored sessions.")
 def sessions() -> None:
     """Inspect stored sessions: what was said, what the model sees next, and why.
 
