@@ -47,7 +47,7 @@ from littleghost.run import RunContext, RunResult
 from littleghost.runs_in_flight import RunsInFlight
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.sessions.base import check_store
-from littleghost.settings import ClassSettings, check_settings
+from littleghost.settings import TYPED_SETTINGS, ClassSettings, check_settings
 from littleghost.stream import RunStream
 from littleghost.tools import (
     ToolDefinition,
@@ -372,9 +372,11 @@ def _check_member_names(classes: Iterable[type]) -> None:
 
 def _check_spelling(classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a plain value of ``classes`` is named almost like a knob
-    and would do for it (``instruction = "..."``), which the class would otherwise ignore
-    without a word. Constants (``MODEL``), ``None`` (a tool removed) and values the knob
-    would not take (``models = [...]``) are the class's own."""
+    and would do for it (``instruction = "..."``), or by another name for one
+    (``system_prompt``, ``_OTHER_NAMES``), or like a model setting it would do for
+    (``temperature = 0``), which the class would otherwise ignore without a word.
+    Constants (``MODEL``), ``None`` (a tool removed) and values the knob would not take
+    (``models = [...]``) are the class's own."""
     for klass in classes:
         for attribute, value in vars(klass).items():
             if attribute in _AGENT_MEMBERS or attribute.startswith("_") or attribute.isupper():
@@ -384,13 +386,18 @@ def _check_spelling(classes: Iterable[type]) -> None:
             # a method is the class's own; a type may be meant for output_type
             if callable(value) and not isinstance(value, type):
                 continue
-            near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
-            if near and _would_do(near[0], value):
+            where = f"{klass.__name__}.{attribute} is not a knob of Agent"
+            if attribute in _SETTING_NAMES and _would_do("settings", {attribute: value}):
                 raise ConfigurationError(
-                    f"{klass.__name__}.{attribute} is not a knob of Agent: did you mean "
-                    f"{near[0]}? (an attribute of your own needs a name less like a knob's, "
-                    "or a leading underscore)"
+                    f"{where}: a model setting goes in settings (settings = "
+                    f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
+                    "another name, or a leading underscore)"
                 )
+            own = "(an attribute of your own needs a name less like a knob's, or a leading underscore)"
+            near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
+            meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
+            if meant is not None and _would_do(meant, value):
+                raise ConfigurationError(f"{where}: did you mean {meant}? {own}")
 
 
 def _check_hidden_marks(classes: Iterable[type]) -> None:
@@ -413,6 +420,17 @@ def _check_hidden_marks(classes: Iterable[type]) -> None:
                     f"@{kind} under it, which would be ignored: a {what} is a method (or "
                     "a staticmethod), not a property"
                 )
+
+
+_OTHER_NAMES = {
+    "system_prompt": "instructions",
+    "system_message": "instructions",
+    "system": "instructions",
+}
+"""Names other libraries give a knob, which a class attribute of the name would mean."""
+_SETTING_NAMES = TYPED_SETTINGS - {"n", "stop", "logprobs"}
+"""The model settings a class attribute of the name means (but names as plain as ``n``
+or ``stop``, which a class may well use for itself)."""
 
 
 def _would_do(knob: str, value: object) -> bool:

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_OUTPUT_TOKENS",
     "OUTPUT_CAP",
     "RESERVED_SETTINGS",
+    "TYPED_SETTINGS",
     "ClassSettings",
     "check_settings",
     "is_output_cap",
@@ -89,6 +90,10 @@ _TYPED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "True or False"),
     "stop": (_stop, "a str or a list of str"),
 }
+
+
+TYPED_SETTINGS = frozenset(_TYPED)
+"""The settings whose type and range littleghost checks."""
 
 
 def _shown(value: object) -> str:

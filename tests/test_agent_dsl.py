@@ -1065,12 +1065,33 @@ def test_an_instance_attribute_in_the_place_of_what_the_agent_works_out_fails(
         ("max_turn", 5, "max_turns"),
         ("setting", {"temperature": 0}, "settings"),
         ("output_types", int, "output_type"),
+        ("system_prompt", "Answer in French.", "instructions"),  # other libraries' names
+        ("system_message", "Answer in French.", "instructions"),
+        ("system", "Answer in French.", "instructions"),
     ],
 )
 def test_a_value_named_almost_like_a_knob_fails(attribute: str, value: Any, knob: str) -> None:
     """A misspelled knob would leave the agent without what it declares, without a word:
     it fails at class definition, naming the knob meant; in a mixin too."""
     hint = f"{attribute} is not a knob of Agent: did you mean {knob}?"
+    with pytest.raises(ConfigurationError, match=re.escape(f"Typo.{hint}")):
+        type("Typo", (Agent,), {attribute: value})
+    with pytest.raises(ConfigurationError, match=re.escape(f"Mixin.{hint}")):
+        type("Mixed", (type("Mixin", (), {attribute: value}), Agent), {})
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value"),
+    [("temperature", 0), ("max_tokens", 300), ("seed", 7), ("top_p", 0.9)],
+)
+def test_a_value_named_like_a_model_setting_fails(attribute: str, value: Any) -> None:
+    """``temperature = 0`` on the class would be ignored, the model left at its default,
+    without a word: it fails at class definition, showing the ``settings`` it means; in a
+    mixin too."""
+    hint = (
+        f"{attribute} is not a knob of Agent: a model setting goes in settings "
+        f"(settings = {{{attribute!r}: {value!r}}}"
+    )
     with pytest.raises(ConfigurationError, match=re.escape(f"Typo.{hint}")):
         type("Typo", (Agent,), {attribute: value})
     with pytest.raises(ConfigurationError, match=re.escape(f"Mixin.{hint}")):
@@ -1089,6 +1110,11 @@ def test_attributes_of_ones_own_are_taken() -> None:
         MODEL = "openai:gpt-4o-mini"
         INSTRUCTIONS = "Answer in German."
         models = ["openai:gpt-4o-mini", "openai:gpt-4o"]  # no model string: a list
+        temperature = "warm"  # no setting's value
+        system = 3  # no instructions
+        n = 2  # too plain a name to be taken for the setting
+        stop = "."
+        _temperature = 0.2
 
         def setting(self) -> str:
             return "formal"
@@ -1103,6 +1129,7 @@ def test_attributes_of_ones_own_are_taken() -> None:
         tool = None  # type: ignore[assignment]  # the tool removed
 
     assert (Own.greeting, Own.max_length, Own().setting()) == ("Bonjour", 80, "formal")
+    assert (Own.temperature, Own.system, Own.n, Own().settings) == ("warm", 3, 2, {})
     assert Tooled().tool_names == {"tool"} and Fewer().tool_names == frozenset()
 
 
