@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import threading
 import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -54,6 +55,8 @@ def render_result(value: Any) -> str:
                 return value
         try:
             return json.dumps(value, ensure_ascii=False, default=_result_json)
+        except AddressOnly:
+            raise
         except TypeError:  # a key JSON cannot carry (a date, a UUID, an enum): its text
             return json.dumps(_keyed(value), ensure_ascii=False, default=_result_json)
     except ImageNotJson:
@@ -61,10 +64,18 @@ def render_result(value: Any) -> str:
             "it returned an image, which a tool result cannot carry (a result is text); "
             "return what the model needs to know of it"
         ) from None
+    except AddressOnly as error:
+        what = "it returned" if error.value is value else "its result holds"
+        raise TypeError(
+            f"{what} a value of type {type(error.value).__qualname__}, whose text is only "
+            f"its type and address ({error}): return what the model needs to know of it "
+            "(a str, a dict, a dataclass, an attrs or pydantic class, or an object with a "
+            "__str__ of its own)"
+        ) from None
     except (TypeError, ValueError, RecursionError):
         pass
     try:
-        return str(value)
+        return _text(value)
     except ValueError:
         if not isinstance(value, int) and not holds_unwritable(value):
             raise
@@ -75,12 +86,33 @@ def render_result(value: Any) -> str:
         ) from None
 
 
+class AddressOnly(TypeError):
+    """A ``value`` whose text is only its type and address (``<Order object at
+    0x7f...>``, an object without a ``__str__`` of its own, a function): nothing the model
+    could read."""
+
+    def __init__(self, value: Any, text: str) -> None:
+        super().__init__(text)
+        self.value = value
+
+
+_ADDRESS_ONLY = re.compile(r"<.* at 0x[0-9a-fA-F]+>", re.DOTALL)
+
+
+def _text(value: Any) -> str:
+    """``str(value)``, unless that says only its type and address (``AddressOnly``)."""
+    text = str(value)
+    if _ADDRESS_ONLY.fullmatch(text):
+        raise AddressOnly(value, text)
+    return text
+
+
 def _result_json(value: Any) -> Any:
     """What ``to_json`` makes of ``value`` (a date or time in ISO 8601, a ``Decimal`` or a
     ``UUID`` as its schema's string), else its ``str()`` (a path): one such value no
     longer turns the whole result into Python's repr."""
     converted = to_json(value)
-    return converted if converted is not value else str(value)
+    return converted if converted is not value else _text(value)
 
 
 def _keyed(value: Any) -> Any:
@@ -99,7 +131,7 @@ def _key(key: Any) -> Any:
     if isinstance(key, (str, int, float, type(None))):
         return key
     converted = _result_json(key)
-    return converted if isinstance(converted, (str, int, float, type(None))) else str(key)
+    return converted if isinstance(converted, (str, int, float, type(None))) else _text(key)
 
 
 _TOOL_THREADS = 64

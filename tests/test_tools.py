@@ -735,6 +735,63 @@ async def test_a_result_keyed_by_dates_or_ids_is_json_with_their_text() -> None:
     }
 
 
+class Unprintable:
+    """A class of the user's own, with neither fields littleghost reads nor a ``__str__``."""
+
+    def __init__(self, number: str) -> None:
+        self.number = number
+
+
+class Described(Unprintable):
+    def __str__(self) -> str:
+        return f"order {self.number}"
+
+
+def uncalled() -> str:
+    return "never called"
+
+
+async def test_a_result_whose_text_is_only_an_address_is_an_error_result() -> None:
+    """An object whose text is Python's default (``<Unprintable object at 0x...>``), alone, in
+    a list or as a key, and a function returned uncalled, tell the model nothing: each is
+    an error result naming its type (the model was given the address as if it were the
+    answer); an object with a ``__str__`` of its own is its text."""
+    returned: list[Any] = [
+        Unprintable("42"),
+        [Unprintable("42")],
+        {Unprintable("42"): 1},
+        uncalled,
+        Described("42"),
+    ]
+
+    def fetch(which: int) -> Any:
+        """Fetch an order."""
+        return returned[which]
+
+    class Shop(Agent):
+        tools = [fetch]
+
+    calls = tuple(ToolCall(f"c{i}", "fetch", {"which": i}) for i in range(len(returned)))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    results = tool_results((await Shop(model=model).run("go")).messages)
+    expected = [
+        ("it returned", "Unprintable"),
+        ("its result holds", "Unprintable"),
+        ("its result holds", "Unprintable"),
+        ("it returned", "function"),
+    ]
+    for result, (what, kind) in zip(results[:-1], expected, strict=True):
+        assert result.is_error
+        told = f"{what} a value of type {kind}, whose text is only its type and address"
+        assert told in result.content
+    assert (results[-1].content, results[-1].is_error) == ("order 42", False)
+
+
 @dataclasses.dataclass
 class Stay:
     arrive: datetime.date
