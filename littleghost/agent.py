@@ -393,7 +393,10 @@ def _check_spelling(classes: Iterable[type]) -> None:
                     f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
                     "another name, or a leading underscore)"
                 )
-            own = "(an attribute of your own needs a name less like a knob's, or a leading underscore)"
+            own = (
+                "(an attribute of your own needs a name less like a knob's, "
+                "or a leading underscore)"
+            )
             near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
             meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
             if meant is not None and _would_do(meant, value):

@@ -4,9 +4,9 @@ check of the model's final answer against it.
 The schema comes from the machinery of tool parameters (:mod:`littleghost.tool_types`),
 so an output type may be anything a tool parameter may be: attrs classes, dataclasses,
 ``TypedDict``, pydantic models, ``list[...]``, ``Literal``, enums, primitives, and dates,
-times, UUIDs and ``Decimal`` as JSON strings. A type
-whose schema is not an object of named fields (a list, a ``Literal``, a ``dict``, a pydantic
-``RootModel`` of one) is wrapped as ``{"result": ...}``, since providers want an object at the root. ``None`` and
+times, UUIDs and ``Decimal`` as JSON strings. A type whose schema is not an object of
+named fields (a list, a ``Literal``, a ``dict``, a pydantic ``RootModel`` of one) is
+wrapped as ``{"result": ...}``, since providers want an object at the root. ``None`` and
 ``str`` mean free text.
 
 A run asks for the answer in one of two ways: ``native``, the provider's structured
