@@ -284,10 +284,7 @@ def _least(request: ModelRequest, last: _Counted, estimates: Estimates) -> int |
         return None
     lost = last.instructions - estimates.total(request.messages[:new])
     added = request.messages[new + len(conversation) :]
-    grown = 0
-    for message in added:
-        if message.role is not Role.ASSISTANT:
-            grown += estimates(message) - estimates.images(message)
+    grown = sum(estimates(m) - estimates.images(m) for m in added if m.role is not Role.ASSISTANT)
     return last.tokens - max(lost, 0) + math.ceil(MIN_SCALE * grown)
 
 
