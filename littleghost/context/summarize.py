@@ -192,6 +192,9 @@ def render_transcript(messages: Sequence[Message]) -> str:
     return "\n".join(map(entry, transcript_lines([messages])[0]))
 
 
+_ANGLES = re.compile(r"<+|>+")
+
+
 def summary_request(
     transcript: str,
     *,
@@ -205,7 +208,8 @@ def summary_request(
 
     The data is fenced by runs of ``<`` and ``>`` longer than any in it (``FENCE`` at
     least), which the framing names: no text in the data can end it early."""
-    fence = max(FENCE, 1 + _longest_run(transcript), 1 + _longest_run(notes or ""))
+    runs = [*_ANGLES.findall(transcript), *_ANGLES.findall(notes or "")]  # of < and of >
+    fence = max(FENCE, 1 + max(map(len, runs), default=0))
     start, end = "<" * fence, ">" * fence
     if notes is None:
         data = f"Transcript:\n{start}\n{transcript}\n{end}"
@@ -221,14 +225,6 @@ def summary_request(
         {**kept, "max_tokens": max_tokens},
         purpose="context_compaction",
     )
-
-
-_ANGLES = re.compile(r"<+|>+")
-
-
-def _longest_run(text: str) -> int:
-    """The length of the longest run of ``<`` or of ``>`` in ``text``."""
-    return max(map(len, _ANGLES.findall(text)), default=0)
 
 
 def summary_instruction(instructions: str | None, *, rewrite: bool) -> str:
