@@ -223,8 +223,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
         resume(context, scale)
         state.last_hooked, before = _hooked_lately(context.messages, state.window)
         state.hooked = min(state.last_hooked, before)
-        if after is not None:
-            state.quiet_until = next_summary_at(after, config, state.window)
+        state.quiet_until = None if after is None else next_summary_at(after, config, state.window)
     return state
 
 
