@@ -145,12 +145,9 @@ async def test_what_a_broken_stream_reported_before_it_broke_is_billed(
 ) -> None:
     """A stream that reported usage, then broke, was billed for it: its retry event and
     the run's usage carry what it reported."""
-    if provider == "openai":  # the whole answer and its usage, but the connection breaks
-        sent = openai_events(
-            chunk({"content": "AB"}, finish_reason="stop"),
-            chunk(None, usage={"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}),
-            done=False,
-        )
+    if provider == "openai":  # usage with each chunk (vLLM's continuous usage), no end
+        counts = {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+        sent = openai_events(chunk({"content": "AB"}, usage=counts), done=False)
         reported = Usage(30, 4)
     else:  # the prompt read and a piece written
         sent = anthropic_events(
@@ -169,6 +166,129 @@ async def test_what_a_broken_stream_reported_before_it_broke_is_billed(
     assert result.usage.input_tokens == reported.input_tokens + 9
     assert result.usage.output_tokens == reported.output_tokens + 2
     assert [message.text for message in log] == ["hello", "fine"]
+
+
+USED = {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+
+
+def whole_answer(provider: str, *, usage: bool = True, last: bool = False) -> list[bytes]:
+    """The events of an answer ``ABC`` up to its finish reason (Anthropic's
+    ``message_delta``) and, with ``usage``, its usage (30 in, 4 out); with ``last``, its
+    last event too (``[DONE]``, ``message_stop``)."""
+    if provider == "openai":
+        ending = [chunk(None, usage=USED)] if usage else []
+        return openai_events(
+            chunk({"content": "AB"}),
+            chunk({"content": "C"}, finish_reason="stop"),
+            *ending,
+            done=last,
+        )
+    stopped = finish("end_turn", 4)
+    return anthropic_events(
+        message_start({"input_tokens": 30, "output_tokens": 1}),
+        *text_block(0, "AB", "C"),
+        *(stopped if last else stopped[:1]),
+    )
+
+
+def stalled(events: list[bytes]) -> Behaviour:
+    """The head of a stream and ``events``, then silence."""
+
+    def behaviour(connection: Connection) -> None:
+        connection.head(200, {"Content-Type": "text/event-stream"})
+        for event in events:
+            connection.send(event)
+        connection.stall()
+
+    return behaviour
+
+
+def cut(events: list[bytes]) -> Behaviour:
+    """The head of a stream and ``events``, then the connection closed (no reset)."""
+    return lambda connection: connection.events(events)
+
+
+ENDINGS = ("reset", "reset after the last event", "closed", "stalled")
+
+
+@pytest.mark.parametrize(
+    ("provider", "ending"),
+    [(provider, ending) for provider in PROVIDERS for ending in ENDINGS]
+    + [("openai", "reset before the usage")],  # Anthropic's come in one event
+)
+async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
+    servers: Callable[..., RawServer], provider: str, ending: str
+) -> None:
+    """An answer whose finish reason (Anthropic: the ``message_delta`` with its stop
+    reason and usage) came is whole: a connection reset, closed or gone silent before
+    the stream's last event (``[DONE]``, ``message_stop``), or after it, costs no second
+    call. The answer is the run's, billed once with what the stream reported; where the
+    connection broke before an OpenAI usage chunk, the usage is not known (a retry would
+    not tell it either, and would be billed again)."""
+    sent = whole_answer(
+        provider, usage=ending != "reset before the usage", last=ending.endswith("last event")
+    )
+    behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
+    server = servers(behaviour, answered(provider, "again"))
+    if provider == "openai":
+        model: OpenAIModel | AnthropicModel = OpenAIModel(
+            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=1
+        )
+    else:
+        model = AnthropicModel(
+            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=1
+        )
+    try:
+        async with Plain(model=model) as agent:
+            events, log = await streamed(agent, timeout=20)
+            _, later = await streamed(agent, timeout=20)  # the model serves on
+            assert later[-1].text == "again"
+    finally:
+        await model.aclose()
+    assert not [event for event in events if isinstance(event, ModelCallRetried)]
+    [finished] = [event for event in events if isinstance(event, RunFinished)]
+    assert finished.result.output == "ABC"
+    expected = Usage() if ending == "reset before the usage" else Usage(30, 4)
+    assert finished.result.usage == expected
+    assert [message.text for message in log] == ["hello", "ABC"]
+    assert len(server.requests) == 2  # this run's one call, and the next run's
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("ending", ["reset", "closed", "stalled"])
+async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
+    servers: Callable[..., RawServer], provider: str, ending: str
+) -> None:
+    """The usage without the finish reason (vLLM's usage on every chunk; Anthropic's
+    ``message_start``) is not a whole answer: the call is made again, and what the lost
+    one reported is billed."""
+    if provider == "openai":
+        sent = openai_events(chunk({"content": "AB"}, usage=USED), done=False)
+        reported = Usage(30, 4)
+    else:
+        sent = anthropic_events(
+            message_start({"input_tokens": 30, "output_tokens": 1}), *text_block(0, "AB")
+        )
+        reported = Usage(30, 1)
+    behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
+    server = servers(behaviour, answered(provider))
+    if provider == "openai":
+        model: OpenAIModel | AnthropicModel = OpenAIModel(
+            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=1
+        )
+    else:
+        model = AnthropicModel(
+            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=1
+        )
+    try:
+        async with Plain(model=model) as agent:
+            events, log = await streamed(agent, timeout=20)
+    finally:
+        await model.aclose()
+    [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
+    assert retried.usage == reported
+    assert [message.text for message in log] == ["hello", "fine"]
+    assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -887,9 +887,15 @@ CUT = anthropic_sse(START, *text_block(0, "The answer is ", "forty"))
     "answer",
     [
         pytest.param(event_stream(CUT), id="no message_stop"),
-        pytest.param(
-            event_stream(anthropic_sse(START, *text_block(0, "forty"), *finish("end_turn", 2)[:1])),
-            id="message_delta without message_stop",
+        pytest.param(  # the usage alone (a stop reason makes the answer whole)
+            event_stream(
+                anthropic_sse(
+                    START,
+                    *text_block(0, "forty"),
+                    {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 2}},
+                )
+            ),
+            id="message_delta without a stop reason nor message_stop",
         ),
         pytest.param(
             event_stream(CUT + b'event: message_delta\ndata: {"type": "mess'), id="partial event"

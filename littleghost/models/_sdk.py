@@ -709,45 +709,60 @@ def stream_cut_off(provider: str) -> ProviderUnavailableError:
     )
 
 
-async def sse_events(response: Any, provider: str) -> AsyncGenerator[tuple[str | None, str], None]:
+async def sse_events(
+    response: Any, provider: str, *, whole: Callable[[], bool] = lambda: False
+) -> AsyncGenerator[tuple[str | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body; an
     ``error:`` line is an ``error`` event.
 
     A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last line is whole but for its line ending (its data is JSON, or
     ``[DONE]``). A last event without its blank line is given; the provider tells from it
-    whether the answer ended. Reads ``response.aiter_bytes()`` and
-    closes it, also when the caller stops early, so no reader is left for the garbage
-    collector (which trio reports).
+    whether the answer ended. Once ``whole()`` says the events given hold the whole answer
+    (its finish reason came), the body's end is near and tells nothing more: a connection
+    lost or gone silent then (the HTTP library's error), or a line cut off, ends the events
+    as the body's end does, so a billed, complete answer is not asked for again. Reads
+    ``response.aiter_bytes()`` and closes it, also when the caller stops early, so no
+    reader is left for the garbage collector (which trio reports).
     """
     buffer = b""
     event: str | None = None
     data: list[str] = []
     async with aclosing(response.aiter_bytes()) as chunks:
-        async for chunk in chunks:
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                line = raw.rstrip(b"\r").decode("utf-8", "replace")
-                if not line:
-                    if data:
-                        yield event, "\n".join(data)
-                    event, data = None, []
-                    continue
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event":
-                    event = value
-                elif name == "data":
-                    data.append(value)
-                elif name == "error":  # as older llama.cpp servers send errors
-                    event = "error"
-                    data.append(value)
+        try:
+            async for chunk in chunks:
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for raw in lines:
+                    line = raw.rstrip(b"\r").decode("utf-8", "replace")
+                    if not line:
+                        if data:
+                            yield event, "\n".join(data)
+                        event, data = None, []
+                        continue
+                    name, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    if name == "event":
+                        event = value
+                    elif name == "data":
+                        data.append(value)
+                    elif name == "error":  # as older llama.cpp servers send errors
+                        event = "error"
+                        data.append(value)
+        except transport_errors()[0] as error:
+            if not whole():
+                raise
+            logger.info(
+                "%s: the connection was lost (%s) after the answer was whole; it is kept",
+                provider,
+                type(error).__name__,
+            )
     if buffer.strip():  # a partial line, or a whole one without its line ending
         name, _, value = buffer.rstrip(b"\r").decode("utf-8", "replace").partition(":")
         value = value[1:] if value.startswith(" ") else value
-        if name != "data" or not _whole(value):
+        if name == "data" and _whole(value):
+            data.append(value)
+        elif not whole():
             raise stream_cut_off(provider)
-        data.append(value)
     if data:  # a last event without its blank line: whether the answer ended, it tells
         yield event, "\n".join(data)

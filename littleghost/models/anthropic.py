@@ -701,8 +701,10 @@ class AnthropicModel:
         """Stream one Messages call: ``TextChunk``, ``ReasoningChunk`` and
         ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
-        A stream that ends without ``message_stop`` was cut off: a
-        ``ProviderUnavailableError``. Closing the iterator early closes the HTTP response,
+        A stream that ends without ``message_stop`` and without the ``message_delta`` that
+        gives the stop reason (and the usage) was cut off: a ``ProviderUnavailableError``.
+        Once that ``message_delta`` came, the answer is whole: a connection lost or gone
+        silent after it keeps the answer (``sse_events``). Closing the iterator early closes the HTTP response,
         which stops generation.
         """
         params = self._params(request)
@@ -716,7 +718,10 @@ class AnthropicModel:
             async with create(**params, stream=True) as response:
                 http = response.http_response
                 try:
-                    async with aclosing(sse_events(http, self.provider)) as events:
+                    read = sse_events(
+                        http, self.provider, whole=lambda: stopped or reason is not None
+                    )
+                    async with aclosing(read) as events:
                         async for _, data in events:
                             event = self._event(data)
                             kind = event.get("type")
@@ -751,7 +756,7 @@ class AnthropicModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-            if not stopped:
+            if not stopped and reason is None:
                 raise stream_cut_off(self.provider)
         yield StreamDone(_streamed_response(blocks, reason, usage, started))
 

@@ -865,7 +865,9 @@ class OpenAIModel:
         A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off, and
         one whose choice ends with a ``finish_reason`` of ``_FAILED`` failed on the provider's
         side: both a ``ProviderUnavailableError``, unless the choice carries an
-        error, which is classified. Closing the iterator early closes the HTTP response,
+        error, which is classified. Once either came, the answer is whole: a connection lost
+        or gone silent after it keeps the answer (``sse_events``), with the usage that came
+        (none, when the connection broke before a usage chunk). Closing the iterator early closes the HTTP response,
         which stops the server's generation.
         """
         params = self._params(request)
@@ -886,7 +888,10 @@ class OpenAIModel:
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
-                    async with aclosing(sse_events(http, self.provider)) as events:
+                    read = sse_events(
+                        http, provider, whole=lambda: done or finish_reason is not None
+                    )
+                    async with aclosing(read) as events:
                         async for name, data in events:
                             if data.strip() == "[DONE]":
                                 done = True
