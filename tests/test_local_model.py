@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import annotated_types as at
 import anyio
@@ -317,15 +317,17 @@ def test_threads_with_their_own_event_loops_share_one_start() -> None:
     assert not [pid for pid in running_servers() if b"\x00320\x00" in _command(pid)]
 
 
-def fake_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> LocalModel:
-    """A ``LocalModel`` whose server is a shell script running ``body``."""
+def fake_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, **options: Any
+) -> LocalModel:
+    """A ``LocalModel`` (of ``options``) whose server is a shell script running ``body``."""
     script = tmp_path / "llama-server"
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
     monkeypatch.setenv(SERVER_ENV, str(script))
     model_file = tmp_path / "model.gguf"
     model_file.write_bytes(b"GGUF")
-    return LocalModel(model_file)
+    return LocalModel(model_file, **options)
 
 
 DROPPING_SERVER = """
@@ -382,6 +384,114 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
         assert model.pid is not None
     finally:
         await model.aclose()
+
+
+STALLING_SERVER = """
+import http.server, json, sys, threading, time
+
+posts = []
+lock = threading.Lock()
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        ready = self.path == "/health"
+        body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # the first two calls get no answer (a stream: its first chunk)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        streamed = body.get("stream", False)
+        with lock:
+            posts.append(time.monotonic())
+            stalls = len(posts) <= 2
+        delta = {"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}
+        first = {"id": "x", "model": "m", "choices": [{**delta, "finish_reason": None}]}
+        if streamed and stalls:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(("data: " + json.dumps(first) + "\\n\\n").encode())
+            self.wfile.flush()
+        if stalls:
+            time.sleep(60)
+            return
+        if streamed:
+            events = [{"id": "x", "model": "m", "choices": [delta]}, "[DONE]"]
+            body = "".join(
+                "data: " + (e if isinstance(e, str) else json.dumps(e)) + "\\n\\n"
+                for e in events
+            ).encode()
+            kind = "text/event-stream"
+        else:
+            message = {"role": "assistant", "content": "fine"}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            body = json.dumps({"id": "x", "model": "m", "choices": [choice]}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+server.daemon_threads = True
+server.serve_forever()
+"""
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_request_timeout_ends_an_attempt_on_a_silent_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    """``LocalModel(request_timeout=)`` as ``OpenAIModel``'s: with no deadline, an
+    attempt on a server gone silent (no answer, or a stream that stops) ends after that
+    many seconds as a timeout, and is retried; a server that holds the connection runs,
+    so it is kept, and the next attempt is answered."""
+    server = tmp_path / "server.py"
+    server.write_text(STALLING_SERVER)
+    script = f'exec {sys.executable} {server} "$@"'
+    model = fake_server(tmp_path, monkeypatch, script, request_timeout=0.5)
+
+    async def run(agent: Agent) -> str:
+        if not streaming:
+            return str((await agent.run("hi")).output)
+        async with agent.stream("hi") as events:
+            async for _ in events:
+                pass
+        return str(events.result.output)
+
+    try:
+        await model.prepare()
+        pid = model.pid
+        async with Chat(model=model, max_retries=1) as agent:
+            started = anyio.current_time()
+            with pytest.raises(ProviderError) as caught:
+                await run(agent)
+            took = anyio.current_time() - started
+            assert caught.value.code == "timeout"
+            assert took >= 2 * 0.5
+            assert took < 2 * 0.5 + 0.5 + 3  # the attempts, the backoff's longest, slack
+            assert await run(agent) == "fine"
+            assert model.pid == pid  # the same server: never taken for a dead one
+    finally:
+        await model.aclose()
+
+
+def test_a_request_timeout_that_is_not_seconds_is_refused(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(b"GGUF")
+    for wrong in (0, -1, float("inf"), float("nan"), "30", True):
+        with pytest.raises(ConfigurationError, match="LocalModel: request_timeout must be"):
+            LocalModel(model_file, request_timeout=wrong)  # type: ignore[arg-type]
 
 
 def wrapped_server(

@@ -239,7 +239,7 @@ def test_the_event_table_lists_every_event_with_its_fields() -> None:
 
 
 SIGNATURES = [
-    (LocalModel, "LocalModel(path=None, *, n_ctx=4096, threads=None)"),
+    (LocalModel, "LocalModel(path=None, *, n_ctx=4096, threads=None, request_timeout=None)"),
     (PostgresSessionStore, "PostgresSessionStore(conninfo, max_connections=10, max_sessions=None)"),
     (
         PostgresSessionStore,

