@@ -660,6 +660,52 @@ async def test_an_error_the_provider_says_not_to_retry_is_not_retried(
     assert len(server.requests) == 1
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    ("told", "kind", "attempts"),
+    [("false", "overloaded_error", 2), ("true", "authentication_error", 1)],
+)
+async def test_a_200s_x_should_retry_does_not_judge_an_error_the_stream_reports_later(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    provider: str,
+    told: str,
+    kind: str,
+    attempts: int,
+) -> None:
+    """The header came with the stream's 200, before the answer was generated: it cannot
+    speak for an error the stream reports after (the SDKs never judge a stream's error
+    events by it either: they come once the request, which their retries cover, is over).
+    The event's own type decides, as without the header: an overload is retried, a
+    refusal is not."""
+    if provider == "openai" and kind == "authentication_error":
+        kind = "invalid_request_error"  # OpenAI's type of a refusal
+    error = {"error": {"type": kind, "message": "stopped"}}
+    if provider == "anthropic":
+        sent = [*anthropic_events(message_start()), sse({"type": "error", **error}, "error")]
+    else:
+        sent = [*openai_events(chunk({"content": "A"}), done=False), sse(error, None)]
+
+    def behaviour(connection: Connection) -> None:
+        connection.head(200, {"Content-Type": "text/event-stream", "x-should-retry": told})
+        for event in sent:
+            connection.send(event)
+        time.sleep(0.05)  # the client reads them before the reset
+        connection.reset()
+
+    server = servers(behaviour, answered(provider))
+    async with Plain(model=model_of(provider, server.url), max_retries=1) as agent:
+        if attempts == 1:
+            with pytest.raises(InvalidRequestError) as caught:
+                await streamed(agent, timeout=20)
+            assert caught.value.should_retry is None
+        else:
+            _, log = await streamed(agent, timeout=20)
+            assert log[-1].text == "fine"
+    assert len(server.requests) == attempts
+
+
 # --- an attempt's own timeout -----------------------------------------------------------
 
 
