@@ -189,7 +189,18 @@ class OutputLimitError(LittleGhostError):
 
 
 class ProtocolError(LittleGhostError):
-    """A reply, a script or a history broke the shape littleghost expects."""
+    """A reply, a script or a history broke the shape littleghost expects.
+
+    Args:
+        message: What broke the shape, never the content.
+        usage: What the call whose answer broke it had used, when the provider reported
+            it before (a stream's counts that came before a bad event: billed all the
+            same): a run counts it, as a ``ProviderError``'s.
+    """
+
+    def __init__(self, message: str, *, usage: Usage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class DeadlineExceededError(LittleGhostError, TimeoutError):

@@ -22,6 +22,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    ProtocolError,
     ProviderError,
     ProviderUnavailableError,
     RateLimitError,
@@ -289,6 +290,44 @@ async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
     assert retried.usage == reported
     assert [message.text for message in log] == ["hello", "fine"]
     assert len(server.requests) == 2
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as below
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_stream_whose_event_is_malformed_after_it_reported_usage_is_billed(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """An answer of the wrong shape is a ``ProtocolError`` (not retried); the usage its
+    stream reported before the bad event was billed, and the run's usage counts it."""
+    if provider == "openai":
+        sent = openai_events(chunk({"content": "AB"}, usage=USED), chunk({"content": 7}))
+        reported = Usage(30, 4)
+    else:  # a delta of a block never started
+        bad = {"type": "content_block_delta", "index": 3, "delta": {"type": "text_delta"}}
+        sent = anthropic_events(message_start({"input_tokens": 30, "output_tokens": 1}), bad)
+        reported = Usage(30, 1)
+    server = servers(cut(sent))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(ProtocolError) as caught:
+            await streamed(agent, timeout=20)
+    assert caught.value.run_usage == reported
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("usage", [False, True], ids=["nothing", "the usage alone"])
+async def test_an_openai_stream_that_ends_with_no_choice_is_no_empty_answer(
+    servers: Callable[..., RawServer], model_of: Models, usage: bool
+) -> None:
+    """A stream that says ``[DONE]`` without any choice answered nothing: as a completion
+    without choices, a ``ProtocolError``, not an empty answer that ends the run; the
+    usage it reported is billed."""
+    sent = openai_events(*([chunk(None, usage=USED)] if usage else []))
+    server = servers(cut(sent))
+    async with Plain(model=model_of("openai", server.url)) as agent:
+        with pytest.raises(ProtocolError, match="has no choices") as caught:
+            await streamed(agent, timeout=20)
+    assert caught.value.run_usage == (Usage(30, 4) if usage else Usage())
+    assert len(server.requests) == 1
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

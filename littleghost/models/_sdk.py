@@ -667,12 +667,13 @@ def provider_errors(mapped: Callable[[Exception], ProviderError | None]) -> Iter
 
 @contextmanager
 def billed_so_far(used: Callable[[], Usage]) -> Iterator[None]:
-    """Gives a ``ProviderError`` that leaves the block without a ``usage`` what ``used()``
-    says the call had reported before it failed (a stream's counts that came before it
-    broke: billed all the same), unless that is nothing."""
+    """Gives a ``ProviderError`` or ``ProtocolError`` (a bad event) that leaves the block
+    without a ``usage`` what ``used()`` says the call had reported before it failed (a
+    stream's counts that came before it broke: billed all the same), unless that is
+    nothing."""
     try:
         yield
-    except ProviderError as error:
+    except (ProviderError, ProtocolError) as error:
         if error.usage is None and (reported := used()) != Usage():
             error.usage = reported
         raise

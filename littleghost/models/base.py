@@ -106,8 +106,9 @@ class Usage:
 
 
 def billed(error: BaseException) -> Usage:
-    """The usage a failed call's error says it had (a ``ProviderError``'s ``usage``: an
-    answer stopped at the context window is billed); none for any other error."""
+    """The usage a failed call's error says it had (a ``ProviderError``'s or
+    ``ProtocolError``'s ``usage``: an answer stopped at the context window, or a stream
+    that failed after it reported counts, is billed); none for any other error."""
     usage = getattr(error, "usage", None)
     return usage if isinstance(usage, Usage) else Usage()
 

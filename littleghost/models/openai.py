@@ -880,7 +880,7 @@ class OpenAIModel:
         provider = self.provider
         key: object = 0  # (Gemini sends no index)
         finish_reason: str | None = None
-        done = False
+        done = chosen = False  # chosen: a choice came
         usage: Any = None
         response_id: str | None = None
         response_model: str | None = None
@@ -904,6 +904,7 @@ class OpenAIModel:
                                 choice = shaped(provider, choice, "choices[]")
                                 if index_of(provider, choice.get("index"), "choices[].index"):
                                     continue
+                                chosen = True
                                 delta = shaped(provider, choice.get("delta"), "choices[].delta")
                                 where = "choices[].delta"
                                 legacy = legacy or bool(delta.get("function_call"))
@@ -982,6 +983,8 @@ class OpenAIModel:
                         await http.aclose()
             if finish_reason is None and not done:
                 raise stream_cut_off(self.provider)
+            if not chosen:  # as a completion without choices
+                raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
         if finish_reason == _FULL_WINDOW:
             raise _window_full(self.provider, usage)
         if legacy and not calls:
