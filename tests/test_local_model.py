@@ -486,6 +486,62 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
         await model.aclose()
 
 
+CRASHING_SERVER = """
+import http.server, json, os, socket, struct, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = self.path == "/health"
+        body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # a whole answer, then the process dies before [DONE] (a reset)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        usage = {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+        for chunk in (
+            {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]},
+            {"choices": [], "usage": usage},
+        ):
+            self.wfile.write(("data: " + json.dumps(chunk) + "\\n\\n").encode())
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        os._exit(1)
+
+    def log_message(self, *args):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+async def test_a_server_that_dies_once_its_streamed_answer_was_whole_keeps_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its finish reason and usage came: the answer is whole and billed once; the lost
+    connection (before ``[DONE]``) is neither a retry nor a failed call. The next call
+    starts the server again."""
+    server = tmp_path / "server.py"
+    server.write_text(CRASHING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    try:
+        async with Chat(model=model, max_retries=0) as agent:
+            async with agent.stream("hi", timeout=20) as events:
+                async for _ in events:
+                    pass
+            assert events.result.output == "fine"
+            assert events.result.usage.input_tokens == 30
+            assert events.result.usage.output_tokens == 4
+    finally:
+        await model.aclose()
+
+
 def test_a_request_timeout_that_is_not_seconds_is_refused(tmp_path: Path) -> None:
     model_file = tmp_path / "model.gguf"
     model_file.write_bytes(b"GGUF")
