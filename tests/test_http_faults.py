@@ -16,7 +16,7 @@ import httpx2
 import openai
 import pytest
 
-from littleghost import Agent
+from littleghost import Agent, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -288,6 +288,43 @@ async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
         await model.aclose()
     [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
     assert retried.usage == reported
+    assert [message.text for message in log] == ["hello", "fine"]
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("ending", ["reset", "closed"])
+async def test_a_stream_lost_while_a_tool_calls_arguments_arrive_runs_no_tool(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, ending: str
+) -> None:
+    """A tool call whose arguments were cut off is no call: no tool runs on half its
+    arguments, the call is made again, and the log holds the retry's answer alone."""
+    if provider == "openai":
+        piece = {"index": 0, "id": "c1", "type": "function"}
+        piece["function"] = {"name": "lookup", "arguments": '{"id": 4'}
+        sent = openai_events(chunk({"tool_calls": [piece]}), done=False)
+    else:
+        started = {"type": "tool_use", "id": "c1", "name": "lookup", "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": '{"id": 4'}
+        sent = anthropic_events(
+            message_start({"input_tokens": 30, "output_tokens": 1}),
+            {"type": "content_block_start", "index": 0, "content_block": started},
+            {"type": "content_block_delta", "index": 0, "delta": delta},
+        )
+    looked: list[int] = []
+
+    class Looking(Plain):
+        @tool
+        def lookup(self, id: int) -> str:
+            """Look an order up."""
+            looked.append(id)
+            return f"order {id}"
+
+    server = servers({"closed": cut}.get(ending, broken)(sent), answered(provider))
+    async with Looking(model=model_of(provider, server.url)) as agent:
+        events, log = await streamed(agent, timeout=20)
+    assert looked == []
+    assert [type(event).__name__ for event in events].count("ModelCallRetried") == 1
     assert [message.text for message in log] == ["hello", "fine"]
     assert len(server.requests) == 2
 
