@@ -504,10 +504,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         usage = {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}
+        whole = not os.environ.get("FAKE_SERVER_DIES_EARLY")  # else: usage, no finish
         for chunk in (
             {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]},
             {"choices": [], "usage": usage},
-        ):
+        ) if whole else ({"choices": [{"index": 0, "delta": {}}], "usage": usage},):
             self.wfile.write(("data: " + json.dumps(chunk) + "\\n\\n").encode())
         self.wfile.flush()
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -538,6 +539,28 @@ async def test_a_server_that_dies_once_its_streamed_answer_was_whole_keeps_the_a
             assert events.result.output == "fine"
             assert events.result.usage.input_tokens == 30
             assert events.result.usage.output_tokens == 4
+    finally:
+        await model.aclose()
+
+
+async def test_a_server_that_dies_during_a_stream_bills_what_it_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error that says the server stopped during the call carries the usage the
+    stream reported before (tokens the server read and wrote): the run counts it."""
+    monkeypatch.setenv("FAKE_SERVER_DIES_EARLY", "1")
+    server = tmp_path / "server.py"
+    server.write_text(CRASHING_SERVER)
+    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    try:
+        async with Chat(model=model, max_retries=0) as agent:
+            with pytest.raises(ProviderError, match="stopped during the call") as caught:
+                async with agent.stream("hi", timeout=20) as events:
+                    async for _ in events:
+                        pass
+        assert caught.value.usage is not None
+        assert (caught.value.usage.input_tokens, caught.value.usage.output_tokens) == (30, 4)
+        assert caught.value.run_usage == caught.value.usage
     finally:
         await model.aclose()
 

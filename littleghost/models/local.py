@@ -758,6 +758,7 @@ class LocalModel:
             f"({_exit_description(code)}); the next call starts it again; "
             f"{_last_output(server.output)}",
             provider=self.provider,
+            usage=error.usage,  # what the call reported before the server stopped: billed
         )
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
