@@ -704,8 +704,8 @@ class AnthropicModel:
         A stream that ends without ``message_stop`` and without the ``message_delta`` that
         gives the stop reason (and the usage) was cut off: a ``ProviderUnavailableError``.
         Once that ``message_delta`` came, the answer is whole: a connection lost or gone
-        silent after it keeps the answer (``sse_events``). Closing the iterator early closes the HTTP response,
-        which stops generation.
+        silent after it keeps the answer (``sse_events``). Closing the iterator early
+        closes the HTTP response, which stops generation.
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}

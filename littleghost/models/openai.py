@@ -867,8 +867,8 @@ class OpenAIModel:
         side: both a ``ProviderUnavailableError``, unless the choice carries an
         error, which is classified. Once either came, the answer is whole: a connection lost
         or gone silent after it keeps the answer (``sse_events``), with the usage that came
-        (none, when the connection broke before a usage chunk). Closing the iterator early closes the HTTP response,
-        which stops the server's generation.
+        (none, when the connection broke before a usage chunk). Closing the iterator early
+        closes the HTTP response, which stops the server's generation.
         """
         params = self._params(request)
         text: list[str] = []
