@@ -94,7 +94,6 @@ class RawServer:
         self.times: list[float] = []
         self._stopping = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
         self._threads: list[threading.Thread] = []
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
@@ -104,12 +103,13 @@ class RawServer:
         return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
 
     def _accept(self) -> None:
-        while not self._stopping.is_set():
+        while True:
             try:
                 sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
             except OSError:
+                return
+            if self._stopping.is_set():  # the connection ``close`` makes to wake this
+                sock.close()
                 return
             thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
             self._threads.append(thread)
@@ -163,8 +163,10 @@ class RawServer:
 
     def close(self) -> None:
         self._stopping.set()
-        self._listener.close()
+        # a connection wakes the accepting thread at once
+        socket.create_connection(self._listener.getsockname(), timeout=5).close()
         self._accepting.join()
+        self._listener.close()
         for thread in self._threads:
             thread.join(timeout=5)
 
