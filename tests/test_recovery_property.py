@@ -352,6 +352,9 @@ async def problems_of(case: Case, agent: Agent | None = None) -> tuple[list[str]
     return problems, missed
 
 
+# Each property below under one event loop, each its own (every case under both took twice
+# as long): the engine decides the same under either.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_recovery_succeeds_whenever_the_current_request_alone_fits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -463,6 +466,7 @@ def tool_loop(case: Case) -> Case:
     )
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # one event loop, as the property above
 async def test_no_summary_until_a_request_left_near_the_threshold_has_grown(
     spans: Spans,
 ) -> None:

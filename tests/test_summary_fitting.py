@@ -172,6 +172,7 @@ def starting_cap(
     return max(floor, min(limit, half))
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # the fitting is the same under either
 async def test_a_summary_request_is_fitted_as_a_full_render_per_candidate_would() -> None:
     rng = random.Random(SEED)
     outcomes: dict[str, int] = {}
