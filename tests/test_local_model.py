@@ -932,6 +932,10 @@ def history(count: int) -> list[Message]:
     ]
 
 
+# These two, and the dense question further down, under one event loop each (their real
+# calls are the same under either): the other tests here run the model's calls, overflows,
+# counts and threshold compactions against the server under both.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_manage_context_compacts_proactively_as_the_conversation_outgrows_the_window(
     local: LocalModel, spans: Spans
 ) -> None:
@@ -954,6 +958,7 @@ async def test_manage_context_compacts_proactively_as_the_conversation_outgrows_
         await local.respond(ModelRequest(whole, settings={**SETTINGS, "max_tokens": 1}))
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_manage_context_recovers_from_a_real_overflow_once(
     local: LocalModel, spans: Spans
 ) -> None:
@@ -1224,6 +1229,7 @@ class Lenient(Dense):
     """Compacts only when the server says the prompt is too long."""
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one event loop, as the compactions above
 async def test_a_dense_question_close_to_the_window_is_answered_after_an_uncalibrated_history(
     local: LocalModel, spans: Spans
 ) -> None:
