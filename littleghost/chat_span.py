@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
 from littleghost.errors import ProtocolError
-from littleghost.models.base import Model, ModelRequest, ModelResponse, Usage, billed
+from littleghost.models.base import Model, ModelRequest, ModelResponse, billed
 
 __all__ = ["traced_call"]
 
@@ -70,8 +70,7 @@ async def traced_call(
         except BaseException as error:  # failed, cancelled or cut off: no answer
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
             used = billed(error)
-            if used != Usage():
-                span.set_attributes(telemetry.usage_attributes(used))
+            span.set_attributes(telemetry.usage_attributes(used))
             telemetry.record_call(spanned, started, error=error, deadline=deadline(), usage=used)
             raise
         chunk_at = first_chunk()

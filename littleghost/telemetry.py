@@ -284,17 +284,19 @@ def response_attributes(response: ModelResponse) -> dict[str, Any]:
 
 
 def usage_attributes(usage: Usage) -> dict[str, int]:
-    """The GenAI usage attributes: input and output tokens always, the cache and
-    reasoning parts of them when the provider reported any; a count past an int64 (a
-    custom model's, or a run's sum) is left out, as OpenTelemetry cannot export it."""
-    attributes = {USAGE_INPUT_TOKENS: usage.input_tokens, USAGE_OUTPUT_TOKENS: usage.output_tokens}
-    parts = {
+    """The GenAI usage attributes: the input and output tokens, and the cache and
+    reasoning parts of them, that the provider reported; a count of 0 is one it did not
+    report (``Usage`` cannot tell them apart), left out as the token metric leaves it, and
+    so is a count past an int64 (a custom model's, or a run's sum), which OpenTelemetry
+    cannot export."""
+    counts = {
+        USAGE_INPUT_TOKENS: usage.input_tokens,
+        USAGE_OUTPUT_TOKENS: usage.output_tokens,
         USAGE_CACHE_READ_TOKENS: usage.cache_read_tokens,
         USAGE_CACHE_WRITE_TOKENS: usage.cache_write_tokens,
         USAGE_REASONING_TOKENS: usage.reasoning_tokens,
     }
-    attributes.update((name, count) for name, count in parts.items() if count)
-    return {name: count for name, count in attributes.items() if count <= _INT64_MAX}
+    return {name: count for name, count in counts.items() if 0 < count <= _INT64_MAX}
 
 
 @contextmanager

@@ -185,6 +185,23 @@ async def test_token_usage_a_model_did_not_report_is_not_recorded(
     assert recorded.get("gen_ai.client.token.usage", []) == []
 
 
+async def test_usage_a_model_did_not_report_is_left_off_the_spans(spans: Spans) -> None:
+    """A count the model did not report (0: ``Usage`` cannot tell it from none) is left off
+    the chat and invoke_agent spans, as the token metric leaves it, rather than shown as
+    a call that cost 0 tokens; a count it reported is there."""
+    unreported = ModelResponse(Message.assistant("Hi."))
+    output_only = ModelResponse(Message.assistant("Hi."), usage=Usage(0, 4))
+    for response in (unreported, output_only):
+        spans.clear()
+        await Support(model=ScriptedModel([response])).run("hello")
+        for name in ("chat", "invoke_agent"):
+            shown = attributes(spans.one(name))
+            assert "gen_ai.usage.input_tokens" not in shown
+            assert shown.get("gen_ai.usage.output_tokens") == (
+                None if response is unreported else 4
+            )
+
+
 async def test_a_sub_agents_call_cut_by_the_outer_runs_deadline_is_in_the_duration_metric(
     histograms: Histograms,
 ) -> None:
