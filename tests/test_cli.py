@@ -1681,21 +1681,63 @@ class TestProcess:
         assert done.returncode == 1
         assert done.stderr == "Error: OSError: [Errno 27] File too large\n"
 
-    @pytest.mark.parametrize("closed", [1, 2])
-    def test_a_closed_standard_stream_is_no_error(self, tmp_path: Path, closed: int) -> None:
-        """A command run with standard output or error closed (``>&-``, as some job
-        runners start it) does its work and writes the other stream as usual."""
-        command = [sys.executable, "-m", "littleghost", "sessions", "list"]
-        done = subprocess.run(
-            ["sh", "-c", f'"$@" {closed}>&-', "sh", *command, "--store", self.filled(tmp_path)],
+    def closed(self, url: str, stream: int, *args: str) -> subprocess.CompletedProcess[str]:
+        """``littleghost ARGS --store URL`` run with standard stream ``stream`` closed."""
+        command = [sys.executable, "-m", "littleghost", *args, "--store", url]
+        return subprocess.run(
+            ["sh", "-c", f'"$@" {stream}>&-', "sh", *command],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""},
             capture_output=True,
             text=True,
             timeout=120,
         )
+
+    def test_a_closed_standard_error_is_no_error(self, tmp_path: Path) -> None:
+        """A command run with standard error closed (``>&-``, as some job runners start
+        it) does its work and writes its output as usual."""
+        done = self.closed(self.filled(tmp_path), 2, "sessions", "list")
         assert (done.returncode, done.stderr) == (0, "")
-        assert ("customer-42" in done.stdout) is (closed == 2)
+        assert "customer-42" in done.stdout
+
+    @pytest.mark.parametrize(
+        "command",
+        [
+            ["list"],
+            ["show", "customer-42"],
+            ["show", "customer-42", "--json"],
+            ["view", "customer-42"],
+            ["export", "customer-42"],
+            ["compact", "customer-42", "--agent", "tests.cli_agents:Staffed", "--dry-run"],
+        ],
+    )
+    def test_a_command_whose_work_is_its_output_fails_with_standard_output_closed(
+        self, tmp_path: Path, command: list[str]
+    ) -> None:
+        """A command whose only work is what it writes fails in one line when standard
+        output is closed, as GNU tools do, instead of exiting 0 having written nothing."""
+        done = self.closed(self.filled(tmp_path), 1, "sessions", *command)
+        name = f"sessions {command[0]}" + (" --dry-run" if "--dry-run" in command else "")
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"Error: standard output is closed: {name} has nowhere to write what it reads\n"
+        )
+
+    def test_delete_and_compact_do_their_work_with_standard_output_closed(
+        self, tmp_path: Path
+    ) -> None:
+        """Deleting and compacting are work of their own: done with standard output closed."""
+        url = self.filled(tmp_path)
+        before = load(url, "other")
+        compacted = self.closed(
+            url, 1, "sessions", "compact", "other", "--agent", "tests.cli_agents:Staffed"
+        )
+        assert (compacted.returncode, compacted.stderr) == (0, "")
+        after = load(url, "other")
+        assert after[: len(before)] == before and after[-1].is_summary
+        deleted = self.closed(url, 1, "sessions", "delete", "customer-42", "--yes")
+        assert (deleted.returncode, deleted.stderr) == (0, "")
+        assert load(url, "customer-42") == ()
 
     @staticmethod
     def filled(directory: Path) -> str:

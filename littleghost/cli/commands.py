@@ -134,7 +134,7 @@ class _Commands(_Group):
         with _stopped_as_interrupted() as stopped_by:
             try:
                 done = super().invoke(ctx)
-                if sys.stdout is not None:  # closed (>&-): the command does its work
+                if sys.stdout is not None:  # closed (>&-): delete or compact does its work
                     sys.stdout.flush()  # a reader gone fails here, not at exit
                 return done
             except KeyboardInterrupt:
@@ -161,6 +161,17 @@ def _run(work: Callable[..., Awaitable[T]], *args: Any, agents_code: bool = Fals
     except SystemExit as error:
         failure = one_line(error, named=True)
         raise click.ClickException(f"the agent's own code exited: {failure}") from None
+
+
+def _output_open(command: str) -> None:
+    """Fail in one line when standard output is closed (``>&-``) for a command whose only
+    work is what it writes (``list``, ``show``, ``view``, ``export``, a dry run), before it
+    reads anything: it would do nothing and exit 0. ``delete`` and ``compact`` do their
+    work without it."""
+    if sys.stdout is None:
+        raise click.ClickException(
+            f"standard output is closed: {command} has nowhere to write what it reads"
+        )
 
 
 def _write(document: T, as_json: bool, show: Callable[[Output, T], None]) -> None:
@@ -271,6 +282,7 @@ def sessions() -> None:
 @json_option
 def list_sessions(address: StoreAddress, as_json: bool) -> None:
     """List the sessions, oldest first: messages, summaries, last activity (UTC)."""
+    _output_open("sessions list")
 
     async def read() -> list[dict[str, Any]]:
         async with address.open() as store:
@@ -290,7 +302,7 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
     calls with the result that answered each; compaction records (summaries, collapses,
     exclusions) with the messages they cover, and [in #N] on each message a record hides.
     """
-
+    _output_open("sessions show")
     log = _run(address.log, session_id)
     _write(log_document(session_id, log, quote=not as_json), as_json, print_log)
 
@@ -326,6 +338,7 @@ def view(
     PromptBudget. Then the estimate per message and in total, the window, the threshold
     and whether the next call tries to compact first, and the budget's figures.
     """
+    _output_open("sessions view")
     agent = None if agent_type is None else _instance(agent_type)
 
     async def read() -> dict[str, Any]:
@@ -364,6 +377,8 @@ def compact(
     appended: nothing stored is removed. With --dry-run the store is only read and no model is called, so the
     records say what would be covered but hold no summary text.
     """
+    if dry_run:
+        _output_open("sessions compact --dry-run")
     agent = _instance(agent_type)
     output = Output.detect()
     with output.progress_bar(2 if dry_run else 4, "compacting") as advance:
@@ -392,7 +407,7 @@ def export(session_id: str, address: StoreAddress) -> None:
     reads it back). The log is written as it was when the export began, read 1 000
     messages at a time: memory does not grow with the session.
     """
-
+    _output_open("sessions export")
     _run(export_log, address, session_id, Output.detect())
 
 
