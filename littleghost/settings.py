@@ -2,23 +2,29 @@
 
 Settings reach the provider as request parameters (``max_tokens``, ``temperature``, ...).
 The keys littleghost fills in itself are reserved, the settings every provider shares
-must have the right type and range, and no value may hold NaN, an infinity or an int
-with more digits than Python writes (a request's JSON cannot carry them); a wrong one is
-a ``ConfigurationError`` naming it — at class definition for ``Agent.settings``, at the
-call for ``run(settings=)``.
+must have the right type and range, a name spelt almost like one littleghost knows
+(``max_token``, ``temprature``, ``top-p``) is refused, and no value may hold NaN, an
+infinity or an int with more digits than Python writes (a request's JSON cannot carry
+them); a wrong one is a ``ConfigurationError`` naming it — at class definition for
+``Agent.settings``, at the call for ``run(settings=)``. Keys inside ``extra_body`` go
+into the request's body as they are, unchecked.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from littleghost._setting_names import PROVIDER_SETTINGS
 from littleghost._validators import holds_unwritable, is_int, is_number, safe_repr
 from littleghost.errors import ConfigurationError
 
 __all__ = [
+    "EXTRA_BODY",
     "MAX_OUTPUT_TOKENS",
     "OUTPUT_CAP",
     "RESERVED_SETTINGS",
@@ -40,7 +46,6 @@ RESERVED_SETTINGS = frozenset(
         "function_call",
         "extra_headers",
         "extra_query",
-        "extra_body",
         "timeout",
     }
 )
@@ -95,6 +100,42 @@ _TYPED: dict[str, tuple[Callable[[Any], bool], str]] = {
 TYPED_SETTINGS = frozenset(_TYPED)
 """The settings whose type and range littleghost checks."""
 
+EXTRA_BODY = "extra_body"
+"""The setting whose keys go into the request's body as they are (with an
+OpenAI-compatible server, beside littleghost's; on Anthropic's API too), unchecked: the
+way to send a provider's parameter that the near-miss check would take for a typo."""
+
+_MEANT = TYPED_SETTINGS | {
+    "tool_choice",
+    "response_format",
+    "reasoning_effort",
+    "user",
+    "thinking",
+    "stop_sequences",
+}
+"""The settings a near-miss is taken for: those littleghost checks or reads itself."""
+_KNOWN = _MEANT | PROVIDER_SETTINGS
+_NEAR = 0.85
+"""How alike (``difflib``'s ratio) a name must be to one of ``_MEANT`` to be refused as
+its near-miss: catches ``max_token``, ``temprature``, ``topp``, and no parameter of
+another provider measured (OpenRouter's ``top_a`` is 0.8 from ``top_p``)."""
+
+
+def _snake_case(key: str) -> str:
+    """``key`` in lower snake case: ``maxTokens``, ``top-p``, ``Temperature`` as meant."""
+    return re.sub(r"[-\s]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key)).lower()
+
+
+def _near_miss(key: str) -> str | None:
+    """The setting ``key`` is spelt almost like, when it is not a name itself."""
+    if key in _KNOWN:
+        return None
+    snake = _snake_case(key)
+    if snake in _KNOWN:
+        return snake
+    near = difflib.get_close_matches(snake, _MEANT, n=1, cutoff=_NEAR)
+    return near[0] if near else None
+
 
 def _shown(value: object) -> str:
     if value is None or isinstance(value, (bool, int)):
@@ -112,9 +153,11 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         value: The settings.
 
     Raises:
-        ConfigurationError: Not a mapping with str keys, a reserved key, a shared
-            setting of the wrong type or range, or a value holding NaN, an infinity or an
-            int too long to write (the message names it).
+        ConfigurationError: Not a mapping with str keys, a reserved key, a name spelt
+            almost like a setting littleghost knows, a shared setting of the wrong type
+            or range, an ``extra_body`` that is not a mapping with str keys or holds a
+            reserved key, or a value holding NaN, an infinity or an int too long to
+            write (the message names it).
     """
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise ConfigurationError(f"{owner} must be a mapping with str keys, not {_shown(value)}")
@@ -122,6 +165,15 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
         if key in RESERVED_SETTINGS:
             raise ConfigurationError(
                 f"{owner}: {key!r} is set by littleghost and cannot be a model setting"
+            )
+        if key == EXTRA_BODY:
+            _check_extra_body(owner, item)
+        meant = _near_miss(key)
+        if meant is not None:
+            raise ConfigurationError(
+                f"{owner}: {key!r} is not a setting littleghost knows: did you mean "
+                f"{meant!r}? (if your provider takes {key!r} itself, pass it in "
+                f"{EXTRA_BODY}, sent as it is: {{{EXTRA_BODY!r}: {{{key!r}: ...}}}})"
             )
         rule = _TYPED.get(key)
         if rule is not None and not rule[0](item):
@@ -138,6 +190,17 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
                 "which a request's JSON cannot carry"
             )
     return dict(value)
+
+
+def _check_extra_body(owner: str, value: object) -> None:
+    where = f"{owner}[{EXTRA_BODY!r}]"
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise ConfigurationError(f"{where} must be a mapping with str keys, not {_shown(value)}")
+    reserved = sorted(value.keys() & RESERVED_SETTINGS)
+    if reserved:
+        raise ConfigurationError(
+            f"{where}: {reserved[0]!r} is set by littleghost and cannot be a model setting"
+        )
 
 
 class ClassSettings(dict[str, Any]):

@@ -400,6 +400,80 @@ def test_a_setting_a_provider_takes_reaches_the_model(key: str, value: object) -
     assert MODEL.requests[-1].settings[key] == value
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("max_token", "max_tokens"),
+        ("maxTokens", "max_tokens"),
+        ("temprature", "temperature"),
+        ("Temperature", "temperature"),
+        ("top-p", "top_p"),
+        ("topp", "top_p"),
+        ("presense_penalty", "presence_penalty"),
+        ("seeds", "seed"),
+        ("stop_sequence", "stop_sequences"),
+        ("tool-choice", "tool_choice"),
+        ("repeat-penalty", "repeat_penalty"),  # llama.cpp's
+        ("min-p", "min_p"),
+    ],
+)
+def test_a_setting_spelt_almost_like_a_known_one_fails_where_it_is_given(
+    key: str, meant: str
+) -> None:
+    """A misspelt setting travelled to the provider as a key of its own, which llama.cpp
+    and vLLM ignore: the answer was uncapped, or at the default temperature, silently.
+    It fails at class definition, at the constructor and at the call, naming the setting
+    meant and the way to send the key as it is; nothing is sent."""
+    sent = len(MODEL.requests)
+    said = f"{key!r} is not a setting littleghost knows: did you mean {meant!r}? (if your "
+    passed = f"pass it in extra_body, sent as it is: {{'extra_body': {{{key!r}: ...}}}})"
+    failing: list[tuple[str, Callable[[], object]]] = [
+        ("Declared.settings", lambda: type("Declared", (Agent,), {"settings": {key: 1}})),
+        ("Base(…, settings=)", lambda: Base(settings={key: 1})),
+        ("settings", lambda: Base().run_sync("hi", settings={key: 1})),
+    ]
+    for owner, call in failing:
+        with pytest.raises(ConfigurationError) as caught:
+            call()
+        assert str(caught.value).startswith(f"{owner}: {said}")
+        assert str(caught.value).endswith(passed)
+    assert len(MODEL.requests) == sent
+
+
+def test_a_provider_s_own_parameter_spelt_like_a_known_setting_reaches_the_model() -> None:
+    """Parameters llama.cpp, vLLM, OpenAI, Anthropic and others document, however close to
+    a setting littleghost knows (vLLM's min_tokens to max_tokens, Anthropic's speed to
+    seed, OpenRouter's top_a to top_p), are sent as they are."""
+    own = (
+        "min_tokens repetition_penalty min_p typical_p repeat_penalty n_predict mirostat "
+        "mirostat_tau top_n_sigma parse_tool_calls reasoning_format service_tier speed "
+        "top_a max_new_tokens num_predict logits_processor dry_base"
+    )
+    settings = dict.fromkeys(own.split(), 1)
+    type("Declared", (Agent,), {"model": MODEL, "settings": settings})().run_sync("hi")
+    assert dict(MODEL.requests[-1].settings) == settings
+    Base().run_sync("hi", settings=settings)
+    assert dict(MODEL.requests[-1].settings) == settings
+
+
+def test_extra_body_carries_a_parameter_the_spelling_check_would_refuse() -> None:
+    """A provider's parameter the check takes for a near-miss goes in extra_body, whose
+    keys are not checked; it must be a mapping with str keys, none littleghost's own."""
+    settings = {"extra_body": {"temprature": 0.5}, "max_tokens": 5}
+    Base().run_sync("hi", settings=settings)
+    assert dict(MODEL.requests[-1].settings) == settings
+    refused = {
+        "messages": "settings['extra_body']: 'messages' is set by littleghost and cannot be "
+        "a model setting",
+        "no": "settings['extra_body'] must be a mapping with str keys, not str",
+    }
+    for inside, message in refused.items():
+        body = {inside: []} if inside == "messages" else inside
+        with pytest.raises(ConfigurationError) as caught:
+            Base().run_sync("hi", settings={"extra_body": body})
+        assert str(caught.value) == message
+
+
 def test_an_output_cap_at_its_largest_is_taken_where_a_cap_is_declared() -> None:
     cap = 2**31 - 1
     manage_context(summary_max_tokens=cap, context_window_tokens=2**40)(

@@ -244,8 +244,24 @@ async def test_a_setting_the_sdk_does_not_take_fails_before_sending(
     for accepted in ("max_tokens", "stop", "user", "tool_choice", "parallel_tool_calls"):
         assert accepted in text
     assert "metadata" in text and "stop_sequences" in text  # what the SDK takes
-    assert "extra_body" not in text and "messages" not in text  # littleghost's own
+    assert "extra_headers" not in text and "messages" not in text  # littleghost's own
     assert server.requests == []
+
+
+async def test_extra_body_s_keys_go_into_the_body_as_they_are(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """An ``extra_body`` setting's keys travel beside the others (one the SDK does not
+    name among them); one littleghost sets itself is refused before anything is sent."""
+    server = FakeServer(message([{"type": "text", "text": "ok"}]))
+    settings = {"extra_body": {"top_a": 0.5}, "max_tokens": 9}
+    await make_model(server).respond(ModelRequest([Message.user("hello")], settings=settings))
+    [body] = server.bodies
+    assert (body["top_a"], body["max_tokens"]) == (0.5, 9)
+    request = ModelRequest([Message.user("hello")], settings={"extra_body": {"system": "x"}})
+    with pytest.raises(ConfigurationError, match="'system' is set by littleghost"):
+        await make_model(server).respond(request)
+    assert len(server.bodies) == 1
 
 
 async def test_a_setting_the_sdk_does_not_take_fails_an_agent_run(

@@ -489,6 +489,26 @@ async def test_request_translation_for_openai(make_model: Callable[..., OpenAIMo
     assert (body["temperature"], body["top_k"], body["parallel_tool_calls"]) == (0, 40, True)
 
 
+async def test_extra_body_s_keys_go_into_the_body_as_they_are(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """An ``extra_body`` setting's keys travel beside the others, as the server reads them
+    (a setting littleghost does not know among them); one littleghost sets itself is a
+    ConfigurationError before anything is sent."""
+    server = FakeServer(completion({"content": "ok"}))
+    model = make_model(server, base_url="http://10.0.0.5:8000/v1")
+    settings = {"extra_body": {"top_a": 0.5, "temprature": 1}, "min_p": 0.1, "max_tokens": 9}
+    await model.respond(ModelRequest([Message.user("hello")], settings=settings))
+    [body] = server.bodies
+    sent = {key: body[key] for key in ("top_a", "temprature", "min_p", "max_tokens")}
+    assert sent == {"top_a": 0.5, "temprature": 1, "min_p": 0.1, "max_tokens": 9}
+    assert "extra_body" not in body
+    request = ModelRequest([Message.user("hello")], settings={"extra_body": {"stream": False}})
+    with pytest.raises(ConfigurationError, match="'stream' is set by littleghost"):
+        await model.respond(request)
+    assert len(server.bodies) == 1
+
+
 async def test_arguments_json_cannot_carry_go_back_as_empty_arguments(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

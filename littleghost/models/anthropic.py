@@ -78,7 +78,7 @@ from littleghost.models.streaming import (
 )
 from littleghost.models.windows import known_context_window
 from littleghost.output import OUTPUT_TOOL
-from littleghost.settings import RESERVED_SETTINGS
+from littleghost.settings import EXTRA_BODY, RESERVED_SETTINGS
 from littleghost.telemetry import arguments_json
 
 __all__ = [
@@ -508,7 +508,8 @@ class AnthropicModel:
     ``tool_choice`` and ``parallel_tool_calls=False`` become Anthropic's (a choice that
     forces the final-result tool becomes ``auto`` when ``thinking`` is on, as the API
     forces no tool with extended thinking), ``user`` becomes ``metadata.user_id``; other
-    settings go to the API as they are. A request's ``output_schema`` becomes the
+    settings go to the API as they are, and an ``extra_body`` setting's keys into the
+    request's body beside them. A request's ``output_schema`` becomes the
     JSON-schema ``format`` of ``output_config`` (beside any ``output_config`` setting;
     without bounds such as ``minimum``, which the API refuses there and the check of the
     answer applies); a schema they cannot take (``schema_problem``: an open object, an
@@ -620,7 +621,8 @@ class AnthropicModel:
         if request.tools:
             params["tools"] = [_tool(spec) for spec in request.tools]
         settings = dict(request.settings)
-        reserved = sorted(settings.keys() & RESERVED_SETTINGS)
+        passed = dict(settings.get(EXTRA_BODY) or {})
+        reserved = sorted((settings.keys() | passed.keys()) & RESERVED_SETTINGS)
         if reserved:
             raise ConfigurationError(
                 f"settings: {reserved[0]!r} is set by littleghost and cannot be a model setting"

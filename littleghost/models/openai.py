@@ -79,7 +79,7 @@ from littleghost.models.streaming import (
 )
 from littleghost.models.windows import known_context_window
 from littleghost.sessions.forks import reset_in_child
-from littleghost.settings import RESERVED_SETTINGS
+from littleghost.settings import EXTRA_BODY, RESERVED_SETTINGS
 
 __all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
 
@@ -490,7 +490,8 @@ class OpenAIModel:
 
     Settings go to the API as they are (``max_tokens`` becomes ``max_completion_tokens``
     on OpenAI's own API); one the installed SDK does not name travels in ``extra_body``,
-    for a compatible server's own parameters (llama.cpp's ``top_k``, ...). An answer
+    for a compatible server's own parameters (llama.cpp's ``top_k``, ...), and so do the
+    keys of an ``extra_body`` setting, as they are. An answer
     spoken as audio (``modalities`` holding ``"audio"``) is read as its transcript.
     ``tool_choice`` and ``parallel_tool_calls`` are left out of a request without tools;
     a key littleghost sets itself (``messages``, ``stream``, ...) is a
@@ -672,12 +673,15 @@ class OpenAIModel:
         }
         if request.tools:
             params["tools"] = [_tool(spec) for spec in request.tools]
-        extra: dict[str, Any] = {}
-        for key, value in request.settings.items():
+        extra: dict[str, Any] = dict(request.settings.get(EXTRA_BODY, {}))
+        for key in (*request.settings, *extra):
             if key in RESERVED_SETTINGS:
                 raise ConfigurationError(
                     f"settings: {key!r} is set by littleghost and cannot be a model setting"
                 )
+        for key, value in request.settings.items():
+            if key == EXTRA_BODY:
+                continue
             if key in _TOOL_SETTINGS and not request.tools:
                 continue
             if key == "max_tokens" and self._official:
