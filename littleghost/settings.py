@@ -193,6 +193,8 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
 
 
 def _check_extra_body(owner: str, value: object) -> None:
+    """``ConfigurationError`` unless ``value``, an ``extra_body`` setting, is a mapping
+    with str keys and none of them a key littleghost sets itself."""
     where = f"{owner}[{EXTRA_BODY!r}]"
     if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
         raise ConfigurationError(f"{where} must be a mapping with str keys, not {_shown(value)}")
