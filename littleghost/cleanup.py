@@ -45,6 +45,7 @@ __all__ = [
     "leave_block",
     "log_unraised",
     "note_stop",
+    "run_deadline",
     "shared_stop",
 ]
 
@@ -360,6 +361,14 @@ def enclosing_graces() -> list[Grace]:
     that run was started in, innermost first; none outside runs."""
     grace = _of_this_thread(_CURRENT.get())
     return [] if grace is None else [grace, *grace._enclosing()]
+
+
+def run_deadline() -> float | None:
+    """The earliest deadline of the run the caller is part of (a hook or tool of it) and
+    of the runs it was started in, if any; none outside runs: past it, what the caller
+    does is cut by a deadline (``telemetry.failure_type``)."""
+    graces = enclosing_graces()
+    return graces[0].earliest_deadline() if graces else None
 
 
 def _of_this_thread(grace: Grace | None) -> Grace | None:

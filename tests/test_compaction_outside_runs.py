@@ -27,6 +27,7 @@ from littleghost.errors import (
     CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
+    DeadlineExceededError,
     InvalidRequestError,
     ProviderUnavailableError,
 )
@@ -477,3 +478,26 @@ async def test_an_ad_hoc_compaction_in_a_run_is_a_span_of_the_run(spans: Spans) 
     assert attributes["gen_ai.agent.name"] == "Hooked"
     assert attributes["gen_ai.conversation.id"] == "s-9"
     assert attributes["littleghost.compaction.outcome"] == "completed"
+
+
+async def test_an_ad_hoc_compaction_the_run_s_deadline_cuts_is_an_error(spans: Spans) -> None:
+    """``compaction_records`` in a run that its deadline cuts ends ERROR
+    ``DeadlineExceededError``, outcome ``error``, and so does its summary call's span, as
+    the run's own compaction and spans do: not ``cancelled``, which is the caller's."""
+
+    async def hang(request: ModelRequest) -> ModelResponse:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    agent = Hooked(
+        model=ScriptedModel([text_response("done")]), session_store=InMemorySessionStore()
+    )
+    agent.summarizer = ScriptedModel([hang])
+    with pytest.raises(DeadlineExceededError):
+        await agent.run("go", history=chat(20), session_id="s-9", timeout=0.2)
+    span, attributes = _compaction_span(spans)
+    (summary,) = spans.named("chat ")
+    assert attributes["littleghost.compaction.outcome"] == "error"
+    for cut in (span, summary):
+        assert cut.status.status_code is StatusCode.ERROR
+        assert (cut.attributes or {})["error.type"] == "DeadlineExceededError"

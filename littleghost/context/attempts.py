@@ -12,7 +12,7 @@ from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import logs, telemetry
-from littleghost.cleanup import cancelled_here
+from littleghost.cleanup import cancelled_here, run_deadline
 from littleghost.context.tokens import Estimates, Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import CompactionError
@@ -206,20 +206,23 @@ def requested_compaction(names: Mapping[str, str]) -> Iterator[Requested]:
     """A compaction outside runs (``compact_session``, ``compact_log``, ``sessions
     compact``; ``apply_compaction`` and ``compaction_records``, in a run too): its
     ``littleghost.context.compaction`` span, named by ``names`` (the agent, the session)
-    as its summary calls' ``chat`` spans under it and its log lines are,
-    with the attributes a run's compaction event has (reason ``requested``), ERROR with
-    ``error.type`` when it fails (outcome ``error``; ``cancelled`` when cancelled), and
-    its log line."""
+    as its summary calls' ``chat`` spans under it and its log lines are, with the
+    attributes a run's compaction event has (reason ``requested``), ERROR with
+    ``error.type`` when it fails (outcome ``error``, ``DeadlineExceededError`` when the
+    deadline of a run it is part of cuts it; ``cancelled`` when cancelled), and its log
+    line."""
     started = {**names, telemetry.COMPACTION_REASON: REQUESTED}
     with (
         logs.naming(names),
-        telemetry.open_span(telemetry.COMPACTION_SPAN, attributes=started) as span,
+        telemetry.open_span(
+            telemetry.COMPACTION_SPAN, attributes=started, deadline=run_deadline
+        ) as span,
     ):
         found = Requested()
         try:
             yield found
         except BaseException as error:
-            kind = telemetry.failure_type(error)
+            kind = telemetry.failure_type(error, run_deadline())
             why = str(error) if isinstance(error, CompactionError) else None  # figures only
             done = {telemetry.ERROR_TYPE: kind, telemetry.COMPACTION_ERROR: why}
             _end(span, names, "cancelled" if kind is None else "error", found, done)

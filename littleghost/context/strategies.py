@@ -30,6 +30,7 @@ from littleghost._validators import (
     wrong_value,
 )
 from littleghost.chat_span import traced_call
+from littleghost.cleanup import run_deadline
 from littleghost.context.groups import (
     ASSISTANT_TEXT,
     SUMMARY,
@@ -764,6 +765,7 @@ def prepared(
             partial(model.respond, request),
             attributes=logs.current(),  # the agent and session compacted, if named
             capture_content=capture_content,
+            deadline=run_deadline,  # of the run it may be part of (a hook's compaction)
         )
         return await call_with_retries(attempt, max_retries=max_retries)
 
