@@ -8,6 +8,7 @@ import difflib
 import functools
 import inspect
 import math
+import re
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -375,11 +376,15 @@ def _check_spelling(classes: Iterable[type]) -> None:
     and would do for it (``instruction = "..."``), or by another name for one
     (``system_prompt``, ``_OTHER_NAMES``), or like a model setting it would do for
     (``temperature = 0``), which the class would otherwise ignore without a word.
-    Constants (``MODEL``), ``None`` (a tool removed) and values the knob would not take
-    (``models = [...]``) are the class's own."""
+    Constants (``MODEL``), ``None`` (a tool removed), values the knob would not take
+    (``models = [...]``) and ``ClassVar`` ones (``top_k: ClassVar[int] = 5``) are the
+    class's own."""
     for klass in classes:
+        own_names = _class_vars(klass)
         for attribute, value in vars(klass).items():
             if attribute in _AGENT_MEMBERS or attribute.startswith("_") or attribute.isupper():
+                continue
+            if attribute in own_names:
                 continue
             if value is None or isinstance(value, _DESCRIPTORS):
                 continue
@@ -391,11 +396,11 @@ def _check_spelling(classes: Iterable[type]) -> None:
                 raise ConfigurationError(
                     f"{where}: a model setting goes in settings (settings = "
                     f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
-                    "another name, or a leading underscore)"
+                    f"another name, a leading underscore, or {_OWN_ANNOTATION})"
                 )
             own = (
-                "(an attribute of your own needs a name less like a knob's, "
-                "or a leading underscore)"
+                "(an attribute of your own needs a name less like a knob's, a leading "
+                f"underscore, or {_OWN_ANNOTATION})"
             )
             near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
             meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
@@ -434,6 +439,24 @@ _OTHER_NAMES = {
 _SETTING_NAMES = TYPED_SETTINGS - {"n", "stop", "logprobs"}
 """The model settings a class attribute of the name means (but names as plain as ``n``
 or ``stop``, which a class may well use for itself)."""
+
+
+_OWN_ANNOTATION = "a ClassVar annotation (name: ClassVar[...] = value)"
+"""The third way an error of ``_check_spelling`` gives to keep an attribute of one's own."""
+
+
+def _class_vars(klass: type) -> set[str]:
+    """The names ``klass`` annotates as ``ClassVar``; none when its annotations cannot be
+    read."""
+    try:
+        hints = inspect.get_annotations(klass)
+    except Exception:  # an annotation that fails when evaluated (Python 3.14)
+        return set()
+    return {
+        name
+        for name, hint in hints.items()  # quoted (a string) or not (typing.ClassVar[int])
+        if re.match(r"(\w+\.)*ClassVar\b", str(hint).strip(" '\"")) is not None
+    }
 
 
 def _would_do(knob: str, value: object) -> bool:

@@ -1098,6 +1098,26 @@ def test_a_value_named_like_a_model_setting_fails(attribute: str, value: Any) ->
         type("Mixed", (type("Mixin", (), {attribute: value}), Agent), {})
 
 
+def test_a_classvar_annotation_says_an_attribute_named_like_a_knob_is_the_class_s_own() -> None:
+    """``top_k: ClassVar[int] = 5`` (the documents a tool retrieves), in the class or a
+    mixin, is the class's own, as the error for an unannotated one says."""
+
+    class Retrieving:
+        top_k: typing.ClassVar[int] = 5
+
+    class Search(Retrieving, Agent):
+        seed: typing.ClassVar[int] = 7  # its own random draws
+        instruction: typing.ClassVar[str] = "its own"
+
+    assert (Search.top_k, Search.seed, Search().settings) == (5, 7, {})
+    evaluated = {"__annotations__": {"temperature": typing.ClassVar[float]}, "temperature": 0}
+    assert type("Evaluated", (Agent,), evaluated)().settings == {}  # not a string
+    with pytest.raises(ConfigurationError, match=re.escape("or a ClassVar annotation")):
+        type("Bare", (Agent,), {"top_k": 5})
+    with pytest.raises(ConfigurationError, match=re.escape("or a ClassVar annotation")):
+        type("Near", (Agent,), {"instruction": "Be brief."})
+
+
 def test_attributes_of_ones_own_are_taken() -> None:
     """Names unlike a knob, private ones, constants, methods, values the knob would not
     take and ``None`` (an inherited tool removed) are the class's own business."""
