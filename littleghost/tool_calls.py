@@ -88,7 +88,7 @@ def render_result(value: Any) -> str:
 
 class AddressOnly(TypeError):
     """A ``value`` whose text is only its type and address (``<Order object at
-    0x7f...>``, an object without a ``__str__`` of its own, a function): nothing the model
+    0x7f...>``, an object without a ``__str__`` of its own, a function or method): nothing the model
     could read."""
 
     def __init__(self, value: Any, text: str) -> None:
@@ -96,7 +96,7 @@ class AddressOnly(TypeError):
         self.value = value
 
 
-_ADDRESS_ONLY = re.compile(r"<.* at 0x[0-9a-fA-F]+>", re.DOTALL)
+_ADDRESS_ONLY = re.compile(r"<.* at 0x[0-9a-fA-F]+>+", re.DOTALL)  # a bound method: >>
 
 
 def _text(value: Any) -> str:

@@ -753,14 +753,17 @@ def uncalled() -> str:
 
 async def test_a_result_whose_text_is_only_an_address_is_an_error_result() -> None:
     """An object whose text is Python's default (``<Unprintable object at 0x...>``), alone, in
-    a list or as a key, and a function returned uncalled, tell the model nothing: each is
-    an error result naming its type (the model was given the address as if it were the
-    answer); an object with a ``__str__`` of its own is its text."""
+    a list or as a key, and a function or method returned uncalled (``<bound method ... of
+    <... at 0x...>>``), tell the model nothing: each is an error result naming its type
+    (the model was given the address as if it were the answer); an object with a
+    ``__str__`` of its own is its text."""
     returned: list[Any] = [
         Unprintable("42"),
         [Unprintable("42")],
         {Unprintable("42"): 1},
         uncalled,
+        Unprintable("42").__init__,
+        {"next": Unprintable("42").__init__},
         Described("42"),
     ]
 
@@ -784,6 +787,8 @@ async def test_a_result_whose_text_is_only_an_address_is_an_error_result() -> No
         ("its result holds", "Unprintable"),
         ("its result holds", "Unprintable"),
         ("it returned", "function"),
+        ("it returned", "method"),
+        ("its result holds", "method"),
     ]
     for result, (what, kind) in zip(results[:-1], expected, strict=True):
         assert result.is_error
