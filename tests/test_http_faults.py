@@ -78,11 +78,13 @@ async def model_of() -> AsyncIterator[Models]:
     """Makes a provider's model of a server's URL, closed after the test."""
     made: list[OpenAIModel | AnthropicModel] = []
 
-    def make(provider: str, url: str, key: str = "sk-test") -> OpenAIModel | AnthropicModel:
+    def make(
+        provider: str, url: str, key: str = "sk-test", **options: Any
+    ) -> OpenAIModel | AnthropicModel:
         if provider == "openai":
-            made.append(OpenAIModel("gpt-4o-mini", base_url=f"{url}/v1", api_key=key))
+            made.append(OpenAIModel("gpt-4o-mini", base_url=f"{url}/v1", api_key=key, **options))
         else:
-            made.append(AnthropicModel("claude-sonnet-5", base_url=url, api_key=key))
+            made.append(AnthropicModel("claude-sonnet-5", base_url=url, api_key=key, **options))
         return made[-1]
 
     yield make
@@ -226,7 +228,7 @@ ENDINGS = ("reset", "reset after the last event", "closed", "stalled")
     + [("openai", "reset before the usage")],  # Anthropic's come in one event
 )
 async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
-    servers: Callable[..., RawServer], provider: str, ending: str
+    servers: Callable[..., RawServer], model_of: Models, provider: str, ending: str
 ) -> None:
     """An answer whose finish reason (Anthropic: the ``message_delta`` with its stop
     reason and usage) came is whole: a connection reset, closed or gone silent before
@@ -239,21 +241,11 @@ async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
     )
     behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
     server = servers(behaviour, answered(provider, "again"))
-    if provider == "openai":
-        model: OpenAIModel | AnthropicModel = OpenAIModel(
-            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=1
-        )
-    else:
-        model = AnthropicModel(
-            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=1
-        )
-    try:
-        async with Plain(model=model) as agent:
-            events, log = await streamed(agent, timeout=20)
-            _, later = await streamed(agent, timeout=20)  # the model serves on
-            assert later[-1].text == "again"
-    finally:
-        await model.aclose()
+    model = model_of(provider, server.url, request_timeout=1)
+    async with Plain(model=model) as agent:
+        events, log = await streamed(agent, timeout=20)
+        _, later = await streamed(agent, timeout=20)  # the model serves on
+        assert later[-1].text == "again"
     assert not [event for event in events if isinstance(event, ModelCallRetried)]
     [finished] = [event for event in events if isinstance(event, RunFinished)]
     assert finished.result.output == "ABC"
@@ -266,7 +258,7 @@ async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("ending", ["reset", "closed", "stalled"])
 async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
-    servers: Callable[..., RawServer], provider: str, ending: str
+    servers: Callable[..., RawServer], model_of: Models, provider: str, ending: str
 ) -> None:
     """The usage without the finish reason (vLLM's usage on every chunk; Anthropic's
     ``message_start``) is not a whole answer: the call is made again, and what the lost
@@ -281,19 +273,9 @@ async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
         reported = Usage(30, 1)
     behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
     server = servers(behaviour, answered(provider))
-    if provider == "openai":
-        model: OpenAIModel | AnthropicModel = OpenAIModel(
-            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=1
-        )
-    else:
-        model = AnthropicModel(
-            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=1
-        )
-    try:
-        async with Plain(model=model) as agent:
-            events, log = await streamed(agent, timeout=20)
-    finally:
-        await model.aclose()
+    model = model_of(provider, server.url, request_timeout=1)
+    async with Plain(model=model) as agent:
+        events, log = await streamed(agent, timeout=20)
     [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
     assert retried.usage == reported
     assert [message.text for message in log] == ["hello", "fine"]
@@ -797,7 +779,7 @@ async def test_a_200s_x_should_retry_does_not_judge_an_error_the_stream_reports_
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
 async def test_request_timeout_ends_an_attempt_on_a_silent_server(
-    servers: Callable[..., RawServer], provider: str, streaming: bool
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
 ) -> None:
     """With no deadline, an attempt on a server gone silent (no answer at all, or a
     stream that stops) ends after ``request_timeout`` seconds as a timeout and is
@@ -812,34 +794,24 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
 
     answer = answered(provider) if streaming else answered_whole(provider)
     server = servers(silent, silent, answer)
-    if provider == "openai":
-        model: OpenAIModel | AnthropicModel = OpenAIModel(
-            "gpt-4o-mini", base_url=f"{server.url}/v1", api_key="sk-test", request_timeout=0.3
-        )
-    else:
-        model = AnthropicModel(
-            "claude-sonnet-5", base_url=server.url, api_key="sk-test", request_timeout=0.3
-        )
-    try:
-        async with Plain(model=model, max_retries=1) as agent:
-            started = anyio.current_time()
-            with pytest.raises(ProviderUnavailableError) as caught:
-                if streaming:
-                    await streamed(agent)
-                else:
-                    await agent.run("hello")
-            took = anyio.current_time() - started
-            assert caught.value.code == "timeout"
-            assert len(server.requests) == 2
-            assert took >= 2 * 0.3
-            assert took < 2 * 0.3 + 3  # the attempts (the retry at once), slack
+    model = model_of(provider, server.url, request_timeout=0.3)
+    async with Plain(model=model, max_retries=1) as agent:
+        started = anyio.current_time()
+        with pytest.raises(ProviderUnavailableError) as caught:
             if streaming:
-                _, log = await streamed(agent)
-                assert log[-1].text == "fine"
+                await streamed(agent)
             else:
-                assert (await agent.run("hello")).output == "fine"
-    finally:
-        await model.aclose()
+                await agent.run("hello")
+        took = anyio.current_time() - started
+        assert caught.value.code == "timeout"
+        assert len(server.requests) == 2
+        assert took >= 2 * 0.3
+        assert took < 2 * 0.3 + 3  # the attempts (the retry at once), slack
+        if streaming:
+            _, log = await streamed(agent)
+            assert log[-1].text == "fine"
+        else:
+            assert (await agent.run("hello")).output == "fine"
 
 
 async def test_request_timeout_applies_to_a_client_given() -> None:
