@@ -436,9 +436,9 @@ _OTHER_NAMES = {
     "system": "instructions",
 }
 """Names other libraries give a knob, which a class attribute of the name would mean."""
-_SETTING_NAMES = TYPED_SETTINGS - {"n", "stop", "logprobs"}
-"""The model settings a class attribute of the name means (but names as plain as ``n``
-or ``stop``, which a class may well use for itself)."""
+_SETTING_NAMES = TYPED_SETTINGS - {"n", "stop", "logprobs", "top_k", "seed"}
+"""The model settings a class attribute of the name means (but names a class may well use
+for itself: ``n``, ``stop``, a retrieval's ``top_k``, its own random draws' ``seed``)."""
 
 
 _OWN_ANNOTATION = "a ClassVar annotation (name: ClassVar[...] = value)"

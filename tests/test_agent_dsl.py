@@ -1082,7 +1082,7 @@ def test_a_value_named_almost_like_a_knob_fails(attribute: str, value: Any, knob
 
 @pytest.mark.parametrize(
     ("attribute", "value"),
-    [("temperature", 0), ("max_tokens", 300), ("seed", 7), ("top_p", 0.9)],
+    [("temperature", 0), ("max_tokens", 300), ("top_p", 0.9), ("presence_penalty", 0.5)],
 )
 def test_a_value_named_like_a_model_setting_fails(attribute: str, value: Any) -> None:
     """``temperature = 0`` on the class would be ignored, the model left at its default,
@@ -1096,6 +1096,20 @@ def test_a_value_named_like_a_model_setting_fails(attribute: str, value: Any) ->
         type("Typo", (Agent,), {attribute: value})
     with pytest.raises(ConfigurationError, match=re.escape(f"Mixin.{hint}")):
         type("Mixed", (type("Mixin", (), {attribute: value}), Agent), {})
+
+
+def test_names_a_class_uses_for_itself_are_not_taken_for_model_settings() -> None:
+    """``top_k`` (the documents a retrieval tool returns), ``seed`` (the class's own
+    random draws), ``n`` and ``stop`` are settings too, but plain names a class may well
+    use for itself: taken as its own, unannotated."""
+
+    class Retrieving(Agent):
+        top_k = 5
+        seed = 7
+        n = 3
+        stop = "END"
+
+    assert (Retrieving.top_k, Retrieving.seed, Retrieving().settings) == (5, 7, {})
 
 
 def test_a_classvar_annotation_says_an_attribute_named_like_a_knob_is_the_class_s_own() -> None:
@@ -1113,7 +1127,7 @@ def test_a_classvar_annotation_says_an_attribute_named_like_a_knob_is_the_class_
     evaluated = {"__annotations__": {"temperature": typing.ClassVar[float]}, "temperature": 0}
     assert type("Evaluated", (Agent,), evaluated)().settings == {}  # not a string
     with pytest.raises(ConfigurationError, match=re.escape("or a ClassVar annotation")):
-        type("Bare", (Agent,), {"top_k": 5})
+        type("Bare", (Agent,), {"temperature": 0.2})
     with pytest.raises(ConfigurationError, match=re.escape("or a ClassVar annotation")):
         type("Near", (Agent,), {"instruction": "Be brief."})
 
