@@ -186,6 +186,87 @@ class TestFile:
                 await other.append("u", [Message.user("in the replacement")])
             assert await store.list_sessions() == ("u",)
 
+    async def test_writes_after_the_wal_was_removed_outlive_the_process(
+        self, tmp_path: Path
+    ) -> None:
+        """The ``-wal`` removed under an open store: the messages it held, and later
+        appends, reach the file at the path, so they outlive the process (they stayed in
+        a log no path reached, lost as the process was killed)."""
+        removed = "-wal"
+        path = tmp_path / "s.db"
+        script = textwrap.dedent(
+            f"""
+            import os, anyio
+            from littleghost import Message
+            from littleghost.sessions import SQLiteSessionStore
+
+            async def main():
+                store = SQLiteSessionStore({str(path)!r})
+                await store.append("s", [Message.user("before")])
+                os.remove({str(path) + removed!r})
+                await store.append("s", [Message.user("after")])
+                os.kill(os.getpid(), 9)
+
+            anyio.run(main)
+            """
+        )
+        with anyio.fail_after(60):
+            completed = await anyio.run_process([sys.executable, "-c", script], check=False)
+        assert completed.returncode == -9, completed.stderr
+        async with SQLiteSessionStore(path) as store:
+            assert [message.text for message in await store.load("s")] == ["before", "after"]
+
+    async def test_a_store_whose_shm_was_replaced_overwrites_no_other_process_s_writes(
+        self, tmp_path: Path
+    ) -> None:
+        """The ``-shm`` removed under an open store, another process writes through the
+        one it makes: the store refuses every call (SQLite keeps the old index for the
+        file in its process; its append wrote over the other process's messages)."""
+        path = tmp_path / "s.db"
+        other = textwrap.dedent(
+            f"""
+            import anyio
+            from littleghost import Message
+            from littleghost.sessions import SQLiteSessionStore
+
+            async def main():
+                async with SQLiteSessionStore({str(path)!r}) as store:
+                    await store.append("t", [Message.user("by another process")])
+
+            anyio.run(main)
+            """
+        )
+        script = textwrap.dedent(
+            f"""
+            import os, subprocess, sys, anyio
+            from littleghost import Message
+            from littleghost.errors import SessionStoreError
+            from littleghost.sessions import SQLiteSessionStore
+
+            async def main():
+                store = SQLiteSessionStore({str(path)!r})
+                await store.append("s", [Message.user("before")])
+                os.remove({str(path) + "-shm"!r})
+                subprocess.run([sys.executable, "-c", {other!r}], check=True)
+                for call in (store.load("s"), store.append("u", [Message.user("after")])):
+                    try:
+                        await call
+                    except SessionStoreError as error:
+                        print(error, flush=True)
+                os.kill(os.getpid(), 9)
+
+            anyio.run(main)
+            """
+        )
+        with anyio.fail_after(60):
+            completed = await anyio.run_process([sys.executable, "-c", script], check=False)
+        assert completed.returncode == -9, completed.stderr
+        refusals = completed.stdout.decode().splitlines()
+        assert len(refusals) == 2
+        assert all("-shm file was removed or replaced" in line for line in refusals)
+        async with SQLiteSessionStore(path) as store:
+            assert await store.list_sessions() == ("s", "t")
+
     async def test_a_private_in_memory_database(self) -> None:
         async with SQLiteSessionStore(":memory:") as store:
             await store.append("s", [Message.user("x")])

@@ -141,6 +141,16 @@ def _private(path: str) -> bool:
     return path in ("", ":memory:")
 
 
+_Identity = tuple[int, int] | None
+_Files = tuple[_Identity, _Identity, _Identity]
+
+
+def _files_at(path: str) -> _Files:
+    """The device and inode of the database file at ``path``, of its ``-wal`` and of its
+    ``-shm`` (``None`` for one there is not)."""
+    return file_at(path), file_at(path + "-wal"), file_at(path + "-shm")
+
+
 def _is_busy(error: sqlite3.Error) -> bool:
     """The statement failed because another connection held a lock it needed."""
     code = getattr(error, "sqlite_errorcode", None)
@@ -268,8 +278,8 @@ class SQLiteSessionStore:
         self._closing: weakref.finalize[[], SQLiteSessionStore] | None = None
         """Closes ``_connection``: called by ``_let_go``, or when the store is collected
         or the interpreter exits (Python 3.13 reports a connection left unclosed)."""
-        self._opened: tuple[int, int] | None = None
-        """The device and inode of the file the connection opened (``None``: private)."""
+        self._opened: _Files | None = None
+        """The files the connection opened (``None``: private)."""
         self._closed = False
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
@@ -639,17 +649,44 @@ class SQLiteSessionStore:
         return result
 
     def _kept(self) -> sqlite3.Connection | None:
-        """The open connection, while its file is still the one at the path; closed once
-        the file was removed or replaced (its writes would reach no later reader)."""
+        """The open connection, while its files are still the ones at the path: closed
+        once the database file was removed or replaced (its writes would reach no later
+        reader), and replaced by a new one once its ``-wal`` was (its writes would go to
+        a log no later reader finds, lost with the process).
+
+        Raises:
+            SessionStoreError: The ``-shm`` was removed or replaced: SQLite keeps the old
+                one for every connection of the file in this process.
+        """
         connection = self._connection
-        if (
-            connection is not None
-            and self._opened is not None
-            and file_at(self._file) != self._opened
-        ):
+        if connection is None or self._opened is None:
+            return connection
+        found = _files_at(self._file)
+        if found == self._opened:
+            return connection
+        database, log, index = found
+        opened_database, opened_log, opened_index = self._opened
+        if database != opened_database:
             self._let_go()  # SQLite leaves the -wal at the path alone: its file moved
             return None
-        return connection
+        if opened_index is not None and index != opened_index:
+            raise SessionStoreError(
+                f"SQLite session store {self._path!r}: its -shm file was removed or replaced "
+                "while open, and SQLite keeps using the old one in this process (its reads "
+                "and writes would miss other processes'); nothing was read or changed: "
+                "restart the process"
+            )
+        if opened_log is None or log == opened_log:  # one made since (by a writer) is no loss
+            return connection
+        # The messages in the removed log go into the database file (the index all
+        # connections share tells which), then a new connection starts a new log.
+        connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        replaced, self._closing, self._connection = self._closing, None, None
+        try:
+            return self._open()
+        finally:  # once the new connection holds the file: it removes no log at the path
+            if replaced is not None:
+                replaced()
 
     def _close_for_fork(self) -> None:
         """Take the store's turn (``_after_fork`` gives it back) and close its connection."""
@@ -691,7 +728,7 @@ class SQLiteSessionStore:
             raise
         self._connection = connection
         self._closing = weakref.finalize(self, connection.close)
-        self._opened = None if _private(self._path) else file_at(self._file)
+        self._opened = None if _private(self._path) else _files_at(self._file)
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
