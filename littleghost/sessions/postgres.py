@@ -251,6 +251,18 @@ _OWN_SETTINGS = (
 )
 """What the store's connections set for themselves, whatever a role or database sets:
 each setting's name, value, and the first server version that has it."""
+_TCP_SETTINGS = (
+    ("tcp_keepalives_idle", "10", 0),
+    ("tcp_keepalives_interval", "5", 0),
+    ("tcp_keepalives_count", "3", 0),
+    ("tcp_user_timeout", "30000", 120_000),
+)
+"""What the store's connections set where nothing else did (the setting reads ``0``, the
+system's default), as ``_OWN_SETTINGS``: the server finds a worker whose machine went
+without a word (power lost, cut off the network) gone, and frees its sessions, within
+about 30 s, not Linux's 2 h 11 min for an idle connection (15 min for one whose last
+answer was never acknowledged). A Unix socket's peer cannot vanish so: there they read
+``0`` and do nothing."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -517,6 +529,10 @@ class PostgresSessionStore:
     append of a session's holder is refused, with nothing written, once the session no
     longer holds the messages the holder last saw (its lock connection was lost and another
     worker ran the session, or it was deleted meanwhile).
+
+    The server frees the sessions of a worker whose machine went without a word (power
+    lost, cut off the network) within about 30 s: the store's connections set TCP
+    keepalives and ``tcp_user_timeout`` where nothing else set them.
 
     A kept connection the server ended while idle (a restart, failover or idle timeout)
     is replaced when next taken; one that fails on first use is replaced and the call
@@ -865,7 +881,8 @@ class PostgresSessionStore:
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
         """A new connection attached to ``operation``, with its ``statement_timeout``, the
-        ``_OWN_SETTINGS`` its server has, and read-only transactions for a read-only store.
+        ``_OWN_SETTINGS`` its server has, the ``_TCP_SETTINGS`` nothing else set, and
+        read-only transactions for a read-only store.
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -894,9 +911,19 @@ class PostgresSessionStore:
             settings += [(name, value) for name, value, since in _OWN_SETTINGS if version >= since]
             if self._read_only:
                 settings.append(("default_transaction_read_only", "on"))
+            defaults = [(name, value) for name, value, since in _TCP_SETTINGS if version >= since]
             connection.execute(
-                "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
-                [word for setting in settings for word in setting],
+                "SELECT "
+                + ", ".join(
+                    ["set_config(%s, %s, false)"] * len(settings)
+                    + [
+                        "set_config(%s, CASE current_setting(%s) WHEN '0' THEN %s"
+                        " ELSE current_setting(%s) END, false)"
+                    ]
+                    * len(defaults)
+                ),
+                [word for setting in settings for word in setting]
+                + [word for name, value in defaults for word in (name, name, value, name)],
             )
         except BaseException:
             operation.detach()
