@@ -698,6 +698,7 @@ def _tcp_server(root: Path, address: str) -> Iterator[str]:
 
 
 class TestVanishedWorker:
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server's TCP, not the loop
     async def test_a_worker_machine_gone_without_a_word_frees_its_session(
         self, tmp_path: Path
     ) -> None:
