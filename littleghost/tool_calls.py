@@ -88,8 +88,8 @@ def render_result(value: Any) -> str:
 
 class AddressOnly(TypeError):
     """A ``value`` whose text is only its type and address (``<Order object at
-    0x7f...>``, an object without a ``__str__`` of its own, a function or method): nothing the model
-    could read."""
+    0x7f...>``, an object without a ``__str__`` of its own, a function or method):
+    nothing the model could read."""
 
     def __init__(self, value: Any, text: str) -> None:
         super().__init__(text)
