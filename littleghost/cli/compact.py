@@ -16,13 +16,11 @@ from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
-from littleghost.context.attempts import requested_compaction, view_change
+from littleghost.context.attempts import ViewChange, requested_compaction, view_change
 from littleghost.context.compaction import check_smaller
 from littleghost.context.config import context_config
 from littleghost.context.outside import managed_records
 from littleghost.context.strategies import prepared
-from littleghost.context.tokens import Estimates, Tokenizer
-from littleghost.context.view import build_view
 from littleghost.errors import CleanupError, ConfigurationError, UnknownSessionError
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
@@ -93,12 +91,11 @@ async def compact_document(
             model=agent.model if isinstance(agent.model, Model) else None,  # not made here
         )
         if dry_run or not records:  # summarize=False covers nothing
+            change = view_change(log, records, config.tokenizer)
             if records:  # even its short placeholder summary would not make the view smaller
-                check_smaller(view_change(log, records, config.tokenizer))
+                check_smaller(change)
             advance(1, "done")
-            return _document(
-                session_id, agent, used, log, records, config.tokenizer, dry_run=dry_run
-            )
+            return _document(session_id, agent, used, log, records, change, dry_run=dry_run)
     # its span, the parent of its summary calls' spans, named as they and its log lines are
     with requested_compaction(telemetry.run_names(agent.name, session_id)) as found:
         async with agent:
@@ -147,7 +144,7 @@ async def compact_document(
                 advance(1, "appending")
                 await store.append(session_id, records)
             advance(1, "done")
-    return _document(session_id, agent, used, log, records, config.tokenizer, dry_run=False)
+    return _document(session_id, agent, used, log, records, found.change, dry_run=False)
 
 
 def _document(
@@ -156,7 +153,7 @@ def _document(
     window: Window,
     log: Sequence[Message],
     records: Sequence[Message],
-    tokenizer: Tokenizer,
+    change: ViewChange,
     *,
     dry_run: bool,
 ) -> dict[str, Any]:
@@ -170,21 +167,12 @@ def _document(
             {"id": None if dry_run else record.id, **(describe_record(record, where) or {})}
             for record in records
         ],
-        "view": _view_figures(log, records, tokenizer),
-    }
-
-
-def _view_figures(
-    log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer
-) -> dict[str, int]:
-    """The view's messages and estimated tokens before and after ``records``."""
-    estimates = Estimates(tokenizer)
-    before, after = build_view(log), build_view([*log, *records])
-    return {
-        "messages_before": len(before),
-        "messages_after": len(after),
-        "tokens_before": estimates.total(before),
-        "tokens_after": estimates.total(after),
+        "view": {  # the view's messages and estimated tokens before and after the records
+            "messages_before": change.shown_before,
+            "messages_after": change.shown_after,
+            "tokens_before": change.before,
+            "tokens_after": change.after,
+        },
     }
 
 

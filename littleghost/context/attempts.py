@@ -171,12 +171,15 @@ the threshold."""
 
 @frozen
 class ViewChange:
-    """What records do to the view of a log: its estimate before and after them, and how
-    many of its messages they leave out (summarized, collapsed or dropped)."""
+    """What records do to the view of a log: its estimate before and after them, how
+    many of its messages they leave out (summarized, collapsed or dropped), and how many
+    messages it shows before and after them."""
 
     before: int
     after: int
     removed: int
+    shown_before: int
+    shown_after: int
 
 
 def view_change(
@@ -187,7 +190,9 @@ def view_change(
     before, after = build_view(log), build_view([*log, *records])
     kept = {message.id for message in after}
     removed = sum(message.id not in kept for message in before)
-    return ViewChange(estimates.total(before), estimates.total(after), removed)
+    return ViewChange(
+        estimates.total(before), estimates.total(after), removed, len(before), len(after)
+    )
 
 
 @define(eq=False)
