@@ -398,14 +398,13 @@ def _check_spelling(classes: Iterable[type]) -> None:
                     f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
                     f"another name, a leading underscore, or {_OWN_ANNOTATION})"
                 )
-            own = (
-                "(an attribute of your own needs a name less like a knob's, a leading "
-                f"underscore, or {_OWN_ANNOTATION})"
-            )
             near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
             meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
             if meant is not None and _would_do(meant, value):
-                raise ConfigurationError(f"{where}: did you mean {meant}? {own}")
+                raise ConfigurationError(
+                    f"{where}: did you mean {meant}? (an attribute of your own needs a name "
+                    f"less like a knob's, a leading underscore, or {_OWN_ANNOTATION})"
+                )
 
 
 def _check_hidden_marks(classes: Iterable[type]) -> None:
