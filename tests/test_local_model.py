@@ -330,10 +330,7 @@ def fake_server(
     return LocalModel(model_file, **options)
 
 
-DROPPING_SERVER = """
-import http.server, os, sys
-
-class Handler(http.server.BaseHTTPRequestHandler):
+FAKE_SERVER_GET = """
     def do_GET(self):
         ready = self.path == "/health"
         body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
@@ -342,26 +339,46 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def log_message(self, *args):
+        pass
+"""
+"""A fake llama.cpp server's ``Handler`` methods but ``do_POST``: ``/health`` ready, and
+``/v1/models`` giving a 4 096-token window; nothing logged."""
+
+DROPPING_SERVER = (
+    """
+import http.server, os, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+"""
+    + FAKE_SERVER_GET
+    + """
     def do_POST(self):  # drops every call unanswered, and runs on (or fails, as told)
         if os.environ.get("FAKE_SERVER_ABORTS"):
             print("GGML_ASSERT(n_tokens > 0) failed", flush=True)
             os.abort()
         self.close_connection = True
 
-    def log_message(self, *args):
-        pass
-
 port = int(sys.argv[sys.argv.index("--port") + 1])
 http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
+)
+
+
+def python_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, **options: Any
+) -> LocalModel:
+    """A ``LocalModel`` whose server is the Python ``source`` (``tmp_path /
+    "server.py"``), run by its script with ``exec``."""
+    server = tmp_path / "server.py"
+    server.write_text(source)
+    script = f'exec {sys.executable} {server} "$@"'
+    return fake_server(tmp_path, monkeypatch, script, **options)
 
 
 def dropping_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalModel:
-    """A ``LocalModel`` whose server is ``DROPPING_SERVER`` (``tmp_path / "server.py"``),
-    run by its script with ``exec``."""
-    server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    return fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    """A ``LocalModel`` whose server is ``DROPPING_SERVER``."""
+    return python_server(tmp_path, monkeypatch, DROPPING_SERVER)
 
 
 async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
@@ -386,7 +403,8 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
         await model.aclose()
 
 
-STALLING_SERVER = """
+STALLING_SERVER = (
+    """
 import http.server, json, sys, threading, time
 
 posts = []
@@ -394,15 +412,9 @@ lock = threading.Lock()
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-
-    def do_GET(self):
-        ready = self.path == "/health"
-        body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
+"""
+    + FAKE_SERVER_GET
+    + """
     def do_POST(self):  # the first two calls get no answer (a stream: its first chunk)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         streamed = body.get("stream", False)
@@ -438,14 +450,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
-
 port = int(sys.argv[sys.argv.index("--port") + 1])
 server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
 server.daemon_threads = True
 server.serve_forever()
 """
+)
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
@@ -456,10 +466,7 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
     attempt on a server gone silent (no answer, or a stream that stops) ends after that
     many seconds as a timeout, and is retried; a server that holds the connection runs,
     so it is kept, and the next attempt is answered."""
-    server = tmp_path / "server.py"
-    server.write_text(STALLING_SERVER)
-    script = f'exec {sys.executable} {server} "$@"'
-    model = fake_server(tmp_path, monkeypatch, script, request_timeout=0.5)
+    model = python_server(tmp_path, monkeypatch, STALLING_SERVER, request_timeout=0.5)
 
     async def run(agent: Agent) -> str:
         if not streaming:
@@ -486,18 +493,14 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
         await model.aclose()
 
 
-CRASHING_SERVER = """
+CRASHING_SERVER = (
+    """
 import http.server, json, os, socket, struct, sys
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ready = self.path == "/health"
-        body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
+"""
+    + FAKE_SERVER_GET
+    + """
     def do_POST(self):  # a whole answer, then the process dies before [DONE] (a reset)
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
@@ -514,12 +517,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         os._exit(1)
 
-    def log_message(self, *args):
-        pass
-
 port = int(sys.argv[sys.argv.index("--port") + 1])
 http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
+)
 
 
 async def test_a_server_that_dies_once_its_streamed_answer_was_whole_keeps_the_answer(
@@ -528,9 +529,7 @@ async def test_a_server_that_dies_once_its_streamed_answer_was_whole_keeps_the_a
     """Its finish reason and usage came: the answer is whole and billed once; the lost
     connection (before ``[DONE]``) is neither a retry nor a failed call. The next call
     starts the server again."""
-    server = tmp_path / "server.py"
-    server.write_text(CRASHING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = python_server(tmp_path, monkeypatch, CRASHING_SERVER)
     try:
         async with Chat(model=model, max_retries=0) as agent:
             async with agent.stream("hi", timeout=20) as events:
@@ -549,9 +548,7 @@ async def test_a_server_that_dies_during_a_stream_bills_what_it_reported(
     """The error that says the server stopped during the call carries the usage the
     stream reported before (tokens the server read and wrote): the run counts it."""
     monkeypatch.setenv("FAKE_SERVER_DIES_EARLY", "1")
-    server = tmp_path / "server.py"
-    server.write_text(CRASHING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'exec {sys.executable} {server} "$@"')
+    model = python_server(tmp_path, monkeypatch, CRASHING_SERVER)
     try:
         async with Chat(model=model, max_retries=0) as agent:
             with pytest.raises(ProviderError, match="stopped during the call") as caught:
