@@ -15,7 +15,7 @@ import threading
 import uuid
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -210,3 +210,12 @@ async def collected_warnings(held: list[object]) -> list[str]:
             gc.collect()
             await anyio.sleep(0.01)
     return [str(warning.message) for warning in caught]
+
+
+async def eventually(check: Callable[[], bool], within: float = 5.0) -> bool:
+    """Whether ``check()`` becomes true within ``within`` seconds."""
+    for _ in range(max(1, round(within / 0.02))):
+        if check():
+            return True
+        await anyio.sleep(0.02)
+    return check()

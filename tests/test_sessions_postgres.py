@@ -51,7 +51,7 @@ from littleghost.sessions import (
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .ci import missing
-from .stores import collected_warnings, postgres_schema, working_until
+from .stores import collected_warnings, eventually, postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
 
 pytestmark = pytest.mark.anyio
@@ -1044,15 +1044,6 @@ def proxy(conninfo: str) -> Iterator[Proxy]:
         yield opened
     finally:
         opened.close()
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0) -> bool:
-    """Whether ``check()`` becomes true within ``within`` seconds."""
-    for _ in range(max(1, round(within / 0.02))):
-        if check():
-            return True
-        await anyio.sleep(0.02)
-    return check()
 
 
 async def seconds_after_cancel(call: Callable[[], Awaitable[object]]) -> float:
