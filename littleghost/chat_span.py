@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
 from littleghost.errors import ProtocolError
-from littleghost.models.base import Model, ModelRequest, ModelResponse, billed
+from littleghost.models.base import Model, ModelRequest, ModelResponse, bill, reports
 
 __all__ = ["traced_call"]
 
@@ -36,8 +36,10 @@ async def traced_call(
     attributes (``attributes`` added; ERROR when it fails, or the run's ``deadline()``
     cuts it: ``open_span``), its content when ``capture_content``, and in the
     metrics: its duration (a failure's by ``deadline()``, see ``record_call``), its tokens,
-    a failed call's billed ones, and the ``first_chunk()`` time and ``chunk_gaps()`` of a
-    ``streamed`` one.
+    and the ``first_chunk()`` time and ``chunk_gaps()`` of a ``streamed`` one. A call that
+    ends without its answer (failed, cancelled or cut off) has the tokens it was billed
+    (``bill``: its error's usage, else what the model reported before, ``report_usage``)
+    on its span and in the token metric, and kept on the error for ``billed``.
 
     Raises:
         ProtocolError: ``respond()`` returned no ``ModelResponse``.
@@ -55,9 +57,12 @@ async def traced_call(
     if request.output_schema is not None:
         spanned[telemetry.OUTPUT_TYPE] = "json"
     spanned.update(attributes)
-    with telemetry.open_span(
-        f"chat {model.name}", kind=SpanKind.CLIENT, attributes=spanned, deadline=deadline
-    ) as span:
+    with (
+        telemetry.open_span(
+            f"chat {model.name}", kind=SpanKind.CLIENT, attributes=spanned, deadline=deadline
+        ) as span,
+        reports() as reported,
+    ):
         if capture_content and span.is_recording():
             span.set_attributes(telemetry.input_attributes(model.provider, request))
         started = time.perf_counter()
@@ -69,7 +74,7 @@ async def traced_call(
                 )
         except BaseException as error:  # failed, cancelled or cut off: no answer
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
-            used = billed(error)
+            used = bill(error, reported())
             span.set_attributes(telemetry.usage_attributes(used))
             telemetry.record_call(spanned, started, error=error, deadline=deadline(), usage=used)
             raise

@@ -344,28 +344,28 @@ def record_call(
     chunk_gaps: Sequence[float] = (),
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
-    client metrics: its duration, with ``error.type`` when it failed (a cancelled call is
-    not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
+    client metrics: its duration, with ``error.type`` when it failed (a cancelled call's
+    is not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
     ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
-    output tokens of its ``response`` (or the ``usage`` a failed call was billed, without
-    its ``error.type``, which the conventions do not give the token metric; a count of 0
-    is one the model did not report: the conventions record none then), and for
-    a streamed answer the time its ``first_chunk`` of text, reasoning or a tool call came
-    and the ``chunk_gaps``, the seconds each later chunk came after the one before.
-    ``attributes`` are its span's; the metrics keep the conventions' few."""
+    output tokens of its ``response`` (or the ``usage`` a call that ended without its
+    answer was billed, a cancelled one's too, without ``error.type``, which the
+    conventions do not give the token metric; a count of 0 is one the model did not
+    report: the conventions record none then), and for a streamed answer the time its
+    ``first_chunk`` of text, reasoning or a tool call came and the ``chunk_gaps``, the
+    seconds each later chunk came after the one before. ``attributes`` are its span's;
+    the metrics keep the conventions' few."""
     kind = None if error is None else failure_type(error, deadline)
-    if error is not None and kind is None:
-        return  # a cancellation
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
         kept[RESPONSE_MODEL] = response.response_model
-    # never changed once recorded: older SDKs keep the dict as the series' attributes
-    timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
-    _CALL_DURATION.record(time.perf_counter() - started, timed)
-    if first_chunk is not None:
-        _FIRST_CHUNK.record(first_chunk - started, timed)
-    for gap in chunk_gaps:
-        _PER_CHUNK.record(gap, timed)
+    if error is None or kind is not None:  # a cancelled call's times are not recorded
+        # never changed once recorded: older SDKs keep the dict as the series' attributes
+        timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
+        _CALL_DURATION.record(time.perf_counter() - started, timed)
+        if first_chunk is not None:
+            _FIRST_CHUNK.record(first_chunk - started, timed)
+        for gap in chunk_gaps:
+            _PER_CHUNK.record(gap, timed)
     used = usage if response is None else response.usage
     if used is not None:  # no error.type: the conventions do not give it the token metric
         counts = {"input": used.input_tokens, "output": used.output_tokens}

@@ -7,7 +7,7 @@ import inspect
 import itertools
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -16,7 +16,14 @@ from attrs import field, frozen
 from littleghost._validators import check, instance_of, is_number, safe_repr, tuple_of
 from littleghost.errors import ProtocolError
 from littleghost.messages import Message, ToolCall, new_id
-from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema, StopReason, Usage
+from littleghost.models.base import (
+    ModelRequest,
+    ModelResponse,
+    OutputSchema,
+    StopReason,
+    Usage,
+    report_usage,
+)
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -41,17 +48,25 @@ __all__ = [
 ]
 
 
-def _chunks(value: object) -> tuple[str, ...]:
-    return tuple_of(value, "Streamed.chunks", str, "str")
+def _chunks(value: object) -> tuple[str | Usage, ...]:
+    chunks = tuple_of(value, "Streamed.chunks", object, "str or Usage")
+    for chunk in chunks:
+        if not isinstance(chunk, (str, Usage)):
+            raise TypeError(
+                f"Streamed.chunks must hold str or Usage values, not {type(chunk).__name__}"
+            )
+    return cast(tuple[str | Usage, ...], chunks)
 
 
 @frozen
 class Streamed:
-    """A script step that streams ``chunks`` (``delay`` seconds before each), then answers
-    ``response`` (their text joined; what ``respond()`` returns whole); ``streamed()``
-    makes one."""
+    """A script step that streams ``chunks`` (``delay`` seconds before each text), then
+    answers ``response`` (their text joined; what ``respond()`` returns whole);
+    ``streamed()`` makes one. A ``Usage`` among the chunks is the usage the provider
+    reports when the stream reaches it, at once (``report_usage``: Anthropic's input
+    tokens at its start): what a call cut after it is billed."""
 
-    chunks: tuple[str, ...] = field(converter=_chunks)
+    chunks: tuple[str | Usage, ...] = field(converter=_chunks)
     response: ModelResponse = field(
         validator=instance_of("Streamed.response", ModelResponse, "a ModelResponse")
     )
@@ -229,6 +244,9 @@ class ScriptedModel:
         response = await self._play(step, request)
         if isinstance(step, Streamed):
             for chunk in step.chunks:
+                if isinstance(chunk, Usage):
+                    report_usage(chunk)
+                    continue
                 if step.delay:
                     await anyio.sleep(step.delay)
                 yield TextChunk(chunk)
@@ -246,15 +264,16 @@ class ScriptedModel:
 
 
 def streamed(
-    *chunks: str,
+    *chunks: str | Usage,
     delay: float = 0.0,
     input_tokens: int = 0,
     output_tokens: int = 0,
     stop_reason: StopReason = StopReason.END_TURN,
 ) -> Streamed:
-    """A step whose answer streams in ``chunks``; ``respond()`` returns it whole."""
+    """A step whose answer streams in ``chunks`` (a ``Usage`` among them reported as the
+    stream reaches it: ``Streamed``); ``respond()`` returns it whole."""
     response = text_response(
-        "".join(chunks),
+        "".join(chunk for chunk in chunks if isinstance(chunk, str)),
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         stop_reason=stop_reason,

@@ -10,12 +10,13 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
 import openai
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 
 from littleghost import Agent, tool
 from littleghost.errors import (
@@ -45,6 +46,9 @@ from tests.sdk_bodies import (
     openai_events,
     text_block,
 )
+
+if TYPE_CHECKING:
+    from tests.conftest import Histograms, Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -339,6 +343,87 @@ async def test_a_stream_whose_event_is_malformed_after_it_reported_usage_is_bill
             await streamed(agent, timeout=20)
     assert caught.value.run_usage == reported
     assert len(server.requests) == 1
+
+
+def token_counts(histograms: Histograms) -> dict[str, float]:
+    """The tokens recorded in gen_ai.client.token.usage since the last read, by type."""
+    return {
+        dict(point.attributes or {})["gen_ai.token.type"]: point.sum
+        for point in histograms.read().get("gen_ai.client.token.usage", [])
+    }
+
+
+def usage_shown(span: ReadableSpan) -> Usage:
+    """The usage a span's GenAI attributes show."""
+    shown = dict(span.attributes or {})
+    return Usage(
+        *(
+            int(shown.get(f"gen_ai.usage.{name}", 0))
+            for name in ("input_tokens", "output_tokens", "cache_read.input_tokens")
+        )
+    )
+
+
+def reported_first(provider: str) -> tuple[list[bytes], Usage]:
+    """A stream's first events, usage (vLLM's with each chunk; Anthropic's prompt tokens,
+    most read from its cache, in ``message_start``) and the text ``AB``, and that usage."""
+    if provider == "openai":
+        return openai_events(chunk({"content": "AB"}, usage=USED), done=False), Usage(30, 4)
+    started = message_start({"input_tokens": 5, "cache_read_input_tokens": 25, "output_tokens": 1})
+    return anthropic_events(started, *text_block(0, "AB")[:2]), Usage(30, 1, 25)
+
+
+@pytest.mark.parametrize(
+    ("provider", "streaming"),
+    [("openai", True), ("anthropic", True), ("anthropic", False)],
+    ids=["openai", "anthropic", "anthropic unstreamed (a long answer's stream)"],
+)
+async def test_what_a_stream_reported_before_the_deadline_cut_it_is_billed(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    spans: Spans,
+    histograms: Histograms,
+    provider: str,
+    streaming: bool,
+) -> None:
+    """A stream the run's deadline cuts after the provider reported usage was billed
+    that (a cancellation carries none): the ``DeadlineExceededError``'s ``run_usage``,
+    the chat span and the token metric count it, cache reads included."""
+    sent, reported = reported_first(provider)
+    server = servers(stalled(sent))
+    async with Plain(model=model_of(provider, server.url), cleanup_grace=0.5) as agent:
+        with pytest.raises(DeadlineExceededError) as caught:
+            if streaming:
+                await streamed(agent, timeout=0.5)
+            else:  # over LONGEST_UNSTREAMED: asked for as a stream
+                await agent.run("hello", timeout=0.5, settings={"max_tokens": 10_000})
+    assert caught.value.run_usage == reported
+    assert usage_shown(spans.one("chat")) == usage_shown(spans.one("invoke_agent")) == reported
+    assert token_counts(histograms) == {"input": 30, "output": reported.output_tokens}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_what_a_stream_reported_before_its_consumer_left_is_billed(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    spans: Spans,
+    histograms: Histograms,
+    provider: str,
+) -> None:
+    """A consumer that leaves ``agent.stream()`` at the first text stops the call; what
+    its stream had reported is on the chat and invoke_agent spans and in the token
+    metric."""
+    sent, reported = reported_first(provider)
+    server = servers(stalled(sent))
+    async with (
+        Plain(model=model_of(provider, server.url)) as agent,
+        agent.stream("hello", timeout=20) as events,
+    ):
+        async for event in events:
+            if isinstance(event, TextDelta):
+                break
+    assert usage_shown(spans.one("chat")) == usage_shown(spans.one("invoke_agent")) == reported
+    assert token_counts(histograms) == {"input": 30, "output": reported.output_tokens}
 
 
 @pytest.mark.parametrize("usage", [False, True], ids=["nothing", "the usage alone"])
@@ -833,8 +918,8 @@ async def test_request_timeout_applies_to_a_client_given() -> None:
 @pytest.mark.parametrize("wrong", [0, -1, float("inf"), float("nan"), "30", True])
 def test_a_request_timeout_that_is_not_seconds_is_refused(wrong: object) -> None:
     for make in (
-        lambda: OpenAIModel("gpt-4o-mini", api_key="sk-test", request_timeout=wrong),  # type: ignore[arg-type]
-        lambda: AnthropicModel("claude-sonnet-5", api_key="sk-test", request_timeout=wrong),  # type: ignore[arg-type]
+        lambda: OpenAIModel("gpt-4o-mini", api_key="sk-test", request_timeout=wrong),
+        lambda: AnthropicModel("claude-sonnet-5", api_key="sk-test", request_timeout=wrong),
     ):
         with pytest.raises(ConfigurationError, match="request_timeout must be seconds > 0"):
             make()

@@ -463,10 +463,22 @@ def test_a_scripted_model_refuses_an_endless_iterator_of_steps() -> None:
 @pytest.mark.parametrize(
     ("chunks", "response", "error"),
     [
-        ((1, 2), text_response("12"), r"Streamed.chunks must hold str values, not int"),
-        (None, text_response("x"), r"Streamed.chunks must be a sequence of str, not NoneType"),
-        ("hello", text_response("hello"), r"Streamed.chunks must be a sequence of str, not str"),
-        ({"a": 1}, text_response("a"), r"Streamed.chunks must be a sequence of str, not dict"),
+        ((1, 2), text_response("12"), r"Streamed.chunks must hold str or Usage values, not int"),
+        (
+            None,
+            text_response("x"),
+            r"Streamed.chunks must be a sequence of str or Usage, not NoneType",
+        ),
+        (
+            "hello",
+            text_response("hello"),
+            r"Streamed.chunks must be a sequence of str or Usage, not str",
+        ),
+        (
+            {"a": 1},
+            text_response("a"),
+            r"Streamed.chunks must be a sequence of str or Usage, not dict",
+        ),
         (("a",), "a", r"Streamed.response must be a ModelResponse, not str"),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import anyio
 import pytest
 from opentelemetry.sdk.metrics import Histogram
 
@@ -26,7 +27,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from littleghost.models import ModelRequest, StopReason, Usage
+from littleghost.models import ModelRequest, StopReason, Usage, report_usage
 from littleghost.run import RunResult
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
@@ -449,3 +450,30 @@ async def test_a_failed_runs_usage_is_the_run_it_ends() -> None:
     with pytest.raises(LimitExceededError) as caught:
         await Outer(model=ScriptedModel([text_response("never")])).run("go")
     assert caught.value.run_usage == Usage()
+
+
+async def test_a_side_call_a_tools_timeout_cut_is_in_the_runs_usage(spans: Spans) -> None:
+    """A side call the tool's timeout cuts after its provider reported usage was billed
+    that: the run goes on, and its usage and its invoke_agent span count it (no event can
+    report it: it was cancelled); its chat span carries it."""
+
+    async def slow(request: ModelRequest) -> None:
+        report_usage(Usage(50, 1))
+        await anyio.sleep(5)
+
+    class Checking(Agent):
+        @tool(timeout=0.2)
+        async def check(self, context: RunContext) -> str:
+            """Check the order."""
+            await context.complete(ModelRequest([Message.user("Is it safe?")]))
+            return "checked"
+
+    called = tool_call_response("check", {}, input_tokens=10, output_tokens=2)
+    model = ScriptedModel([called, slow, text_response("Done.", input_tokens=20)])
+    result = await Checking(model=model).run("go")
+    assert result.output == "Done."
+    assert result.usage == Usage(10 + 50 + 20, 2 + 1)
+    invoked = dict(spans.one("invoke_agent").attributes or {})
+    assert invoked["gen_ai.usage.input_tokens"] == 80
+    _, cut, _ = [dict(span.attributes or {}) for span in spans.named("chat")]
+    assert (cut["gen_ai.usage.input_tokens"], cut["gen_ai.usage.output_tokens"]) == (50, 1)

@@ -39,7 +39,8 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
-from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.events import TextDelta
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage, report_usage
 from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
@@ -170,6 +171,58 @@ async def test_a_call_cut_by_the_run_deadline_is_in_the_duration_metric(
     with anyio.move_on_after(0.2):
         await Support(model=ScriptedModel([slow])).run("hello", timeout=30)
     assert "gen_ai.client.operation.duration" not in histograms.read()
+
+
+@pytest.mark.parametrize(
+    "how", ["the run's deadline", "the caller's cancel scope", "a stream left"]
+)
+async def test_usage_reported_before_a_call_was_cut_is_billed(
+    how: str, spans: Spans, histograms: Histograms
+) -> None:
+    """A model call cut after its provider reported usage (``report_usage``: Anthropic's
+    prompt tokens as its stream starts) was billed that, whatever cut it: its chat span,
+    the invoke_agent span, the token metric and the deadline's ``run_usage`` count what
+    was reported, and nothing more (no estimate); a call cancelled, not timed out, is
+    still not in the duration metric."""
+    reported = Usage(50, 1)
+
+    async def slow(request: ModelRequest) -> ModelResponse:
+        report_usage(reported)
+        await anyio.sleep(5)
+        raise AssertionError("the call was not cut")
+
+    if how == "the run's deadline":
+        with pytest.raises(DeadlineExceededError) as caught:
+            await Support(model=ScriptedModel([slow])).run("hello", timeout=0.2)
+        assert caught.value.run_usage == reported
+    elif how == "the caller's cancel scope":
+        with anyio.move_on_after(0.2):
+            await Support(model=ScriptedModel([slow])).run("hello")
+    else:  # the consumer leaves at the first piece of text
+        model = ScriptedModel([streamed(reported, "Hel", "lo")])
+        async with Support(model=model).stream("hello") as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    break
+    counts = {"gen_ai.usage.input_tokens": 50, "gen_ai.usage.output_tokens": 1}
+    for name in ("chat", "invoke_agent"):
+        shown = attributes(spans.one(name))
+        assert {key: shown.get(key) for key in counts} == counts
+    assert attributes(spans.one("chat"))["gen_ai.response.finish_reasons"] == ("error",)
+    recorded = histograms.read()
+    tokens = {
+        dict(point.attributes or {})["gen_ai.token.type"]: (point.count, point.sum)
+        for point in recorded["gen_ai.client.token.usage"]
+    }
+    assert tokens == {"input": (1, 50), "output": (1, 1)}
+    timed = how == "the run's deadline"
+    assert ("gen_ai.client.operation.duration" in recorded) is timed
+
+
+def test_report_usage_takes_a_usage() -> None:
+    with pytest.raises(TypeError, match=r"report_usage: usage must be a Usage, not dict"):
+        report_usage({"input_tokens": 50})  # type: ignore[arg-type]
+    report_usage(Usage(50))  # outside a model call: nothing to tell
 
 
 async def test_token_usage_a_model_did_not_report_is_not_recorded(

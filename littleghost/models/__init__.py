@@ -8,6 +8,7 @@ from littleghost.models.base import (
     StopReason,
     ToolSpec,
     Usage,
+    report_usage,
 )
 from littleghost.models.registry import register_provider, resolve
 
@@ -20,5 +21,6 @@ __all__ = [
     "ToolSpec",
     "Usage",
     "register_provider",
+    "report_usage",
     "resolve",
 ]

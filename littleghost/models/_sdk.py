@@ -26,7 +26,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import ImagePart, ToolCall
-from littleghost.models.base import Usage
+from littleghost.models.base import Usage, report_usage
 from littleghost.models.overflow import classify_error, transport_error
 from littleghost.text import json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
@@ -667,15 +667,19 @@ def provider_errors(mapped: Callable[[Exception], ProviderError | None]) -> Iter
 
 @contextmanager
 def billed_so_far(used: Callable[[], Usage]) -> Iterator[None]:
-    """Gives a ``ProviderError`` or ``ProtocolError`` (a bad event) that leaves the block
-    without a ``usage`` what ``used()`` says the call had reported before it failed (a
-    stream's counts that came before it broke: billed all the same), unless that is
-    nothing."""
+    """What ``used()`` says the call had reported when anything leaves the block (a
+    stream's counts that came before it broke, was cut or closed: billed all the same),
+    unless that is nothing: reported to the call (``report_usage``), a cancellation's
+    too, and given to a ``ProviderError`` or ``ProtocolError`` (a bad event) without a
+    ``usage``."""
     try:
         yield
-    except (ProviderError, ProtocolError) as error:
-        if error.usage is None and (reported := used()) != Usage():
-            error.usage = reported
+    except BaseException as error:
+        reported = used()
+        if reported != Usage():
+            report_usage(reported)
+            if isinstance(error, (ProviderError, ProtocolError)) and error.usage is None:
+                error.usage = reported
         raise
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol, cast, runtime_checkable
 
-from attrs import astuple, field, frozen
+from attrs import astuple, define, field, frozen
 
 from littleghost._validators import (
     instance_of,
@@ -31,9 +33,12 @@ __all__ = [
     "StopReason",
     "ToolSpec",
     "Usage",
+    "bill",
     "billed",
     "capped",
     "prepare",
+    "report_usage",
+    "reports",
 ]
 
 
@@ -105,11 +110,76 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
+@define
+class _Reported:
+    """The latest usage ``report_usage`` gave the call going on."""
+
+    usage: Usage = field(factory=Usage)
+
+
+_REPORTED: ContextVar[_Reported | None] = ContextVar("littleghost_reported_usage", default=None)
+
+
+def report_usage(usage: Usage) -> None:
+    """Tell the model call going on the usage its provider has reported so far: the
+    call's whole usage until now, which replaces what was reported before (Anthropic
+    reports the prompt's tokens as its stream starts, an OpenAI-compatible server the
+    usage in its last chunk). A call that then ends without its answer (the run's
+    deadline or a cancellation cuts it, the stream's consumer stops, it fails) is billed
+    that: its ``chat`` span, the token metric and the run's usage count it. The built-in
+    models report as the counts arrive; a custom model calls this likewise. Outside a
+    call a run or a compaction makes, nothing happens.
+
+    Raises:
+        TypeError: ``usage`` is not a ``Usage``.
+    """
+    if not isinstance(usage, Usage):
+        raise TypeError(f"report_usage: usage must be a Usage, not {type(usage).__name__}")
+    reported = _REPORTED.get()
+    if reported is not None:
+        reported.usage = usage
+
+
+@contextmanager
+def reports() -> Iterator[Callable[[], Usage]]:
+    """Collect what ``report_usage`` is told in the block (one model call, in the task
+    that makes it, and the tasks it starts): gives a function that tells the latest."""
+    reported = _Reported()
+    token = _REPORTED.set(reported)
+    try:
+        yield lambda: reported.usage
+    finally:
+        _REPORTED.reset(token)
+
+
+_BILLED = "_littleghost_billed"
+"""The attribute ``bill`` keeps a call's usage in, on the exception that ended it."""
+
+
+def bill(error: BaseException, reported: Usage) -> Usage:
+    """What the call ``error`` ended was billed: the error's own ``usage`` (a
+    ``ProviderError``'s or ``ProtocolError``'s), else the usage its provider ``reported``
+    before it ended (``report_usage``), a cancellation's too; kept on ``error`` for
+    ``billed``, replacing what an inner call kept there (the same cancellation passes
+    through every call it stops)."""
+    own = getattr(error, "usage", None)
+    used = own if isinstance(own, Usage) and own != Usage() else reported
+    try:
+        setattr(error, _BILLED, used)
+    except Exception:  # an exception that takes no attribute: never replace it by another
+        pass
+    return used
+
+
 def billed(error: BaseException) -> Usage:
-    """The usage a failed call's error says it had (a ``ProviderError``'s or
-    ``ProtocolError``'s ``usage``: an answer stopped at the context window, or a stream
-    that failed after it reported counts, is billed); none for any other error."""
-    usage = getattr(error, "usage", None)
+    """The usage a failed call was billed: what ``bill`` kept when the call ended with
+    ``error`` (the usage its provider reported before it was cut, a cancellation's too),
+    else the ``usage`` the error says it had (a ``ProviderError``'s or
+    ``ProtocolError``'s: an answer stopped at the context window, or a stream that failed
+    after it reported counts, is billed); none for any other error."""
+    usage = getattr(error, _BILLED, None)
+    if not isinstance(usage, Usage):
+        usage = getattr(error, "usage", None)
     return usage if isinstance(usage, Usage) else Usage()
 
 
@@ -420,7 +490,8 @@ class Model(Protocol):
     ``async count_prompt_tokens(request)``, the prompt tokens the provider counts for a
     request (``None`` when it cannot tell), by which ``@manage_context``'s overflow
     recovery checks the request it retries (through ``RunContext.count_prompt_tokens``,
-    a ``count_tokens`` span).
+    a ``count_tokens`` span). A model whose provider reports usage before the answer is
+    whole tells it with ``report_usage``: a call cut then is billed that.
 
     A model that talks to a server over HTTP may also have ``server_address`` (the
     server's host name or IP address, ``str``) and ``server_port`` (``int``), read when

@@ -4,7 +4,9 @@ A model that streams has ``stream(request)`` returning an async iterator (usuall
 async generator) that yields ``TextChunk`` values as text arrives (``ReasoningChunk``
 values as reasoning does, a ``ToolCallChunk`` as each tool call starts) and ends with
 exactly one ``StreamDone`` holding the whole ``ModelResponse`` (usage included); the
-first chunk's time is the call's time to first chunk in telemetry. The caller closes the
+first chunk's time is the call's time to first chunk in telemetry. Usage the provider
+reports before the end is told with ``report_usage`` (:mod:`littleghost.models.base`), so
+that a stream stopped before its ``StreamDone`` is billed it. The caller closes the
 iterator when it has one (``aclose``, as an async generator has), at its end or when it
 stops early; the model then cancels the provider's generation. Errors are raised as from
 ``respond``.
