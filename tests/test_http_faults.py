@@ -426,6 +426,51 @@ async def test_what_a_stream_reported_before_its_consumer_left_is_billed(
     assert token_counts(histograms) == {"input": 30, "output": reported.output_tokens}
 
 
+def wrong_shape(provider: str, streaming: bool) -> Behaviour:
+    """A whole answer, 30 tokens in and 4 out, of a shape the adapter refuses once it has
+    it all: a legacy ``function_call`` (OpenAI), a stop reason that is a number
+    (Anthropic)."""
+    if provider == "openai":
+        legacy = {"function_call": {"name": "lookup", "arguments": "{}"}}
+        if streaming:
+            return cut(openai_events(chunk(legacy, "function_call"), chunk(None, usage=USED)))
+        body: Any = completion_body(legacy, "function_call", USED)
+    else:
+        if streaming:
+            stopped = {"type": "message_delta", "delta": {"stop_reason": 7}}
+            return cut(
+                anthropic_events(
+                    message_start({"input_tokens": 30, "output_tokens": 1}),
+                    *text_block(0, "AB"),
+                    {**stopped, "usage": {"output_tokens": 4}},
+                    {"type": "message_stop"},
+                )
+            )
+        body = message_body(
+            [{"type": "text", "text": "AB"}], 7, {"input_tokens": 30, "output_tokens": 4}
+        )
+    return lambda connection: connection.answer(200, body)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as below
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_whole_answer_of_the_wrong_shape_is_billed(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    """An answer refused for its shape once it had come whole, streamed or not, was
+    billed: its ``ProtocolError`` carries its usage, and the run's usage counts it."""
+    server = servers(wrong_shape(provider, streaming))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(ProtocolError) as caught:
+            if streaming:
+                await streamed(agent, timeout=20)
+            else:
+                await agent.run("hello", timeout=20)
+    assert caught.value.usage == caught.value.run_usage == Usage(30, 4)
+    assert len(server.requests) == 1
+
+
 @pytest.mark.parametrize("usage", [False, True], ids=["nothing", "the usage alone"])
 async def test_an_openai_stream_that_ends_with_no_choice_is_no_empty_answer(
     servers: Callable[..., RawServer], model_of: Models, usage: bool

@@ -672,7 +672,10 @@ class AnthropicModel:
                     if isinstance(event, StreamDone):
                         return event.response
             raise stream_cut_off(self.provider)  # stream() raises that itself first
-        with provider_errors(self._error):  # an error it tells of too: keys hidden
+        message: Any = None
+        # an answer of the wrong shape is billed all the same; an error it tells of
+        # too: keys hidden
+        with billed_so_far(lambda: _usage(lookup(message, "usage"))), provider_errors(self._error):
             client = await self._clients.get()
             message = await client.messages.create(**params)
             if isinstance(message, str):
@@ -760,7 +763,8 @@ class AnthropicModel:
                         await http.aclose()
             if not stopped and reason is None:
                 raise stream_cut_off(self.provider)
-        yield StreamDone(_streamed_response(blocks, reason, usage, started))
+            response = _streamed_response(blocks, reason, usage, started)
+        yield StreamDone(response)
 
     def _event(self, data: str) -> dict[str, Any]:
         """One streamed event; an error event is raised as the error it reports."""

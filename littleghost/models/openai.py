@@ -776,7 +776,13 @@ class OpenAIModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion."""
         params = self._params(request)
-        with provider_errors(self._error):  # an error it tells of too: keys hidden
+        completion: Any = None
+        # an answer of the wrong shape is billed all the same; an error it tells of
+        # too: keys hidden
+        with (
+            billed_so_far(lambda: _usage(lookup(completion, "usage"))),
+            provider_errors(self._error),
+        ):
             client = await self._clients.get()
             completion = await client.chat.completions.create(**params)
             if isinstance(completion, str):
@@ -989,28 +995,29 @@ class OpenAIModel:
                 raise stream_cut_off(self.provider)
             if not chosen:  # as a completion without choices
                 raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
-        if finish_reason == _FULL_WINDOW:
-            raise _window_full(self.provider, usage)
-        if legacy and not calls:
-            raise _legacy_call(self.provider)
-        tool_calls = [
-            (
-                ToolCall(
-                    call["id"] or f"call_{index}", call["name"], parse_arguments(call["arguments"])
-                ),
-                call["signature"],
-            )
-            for index, call in enumerate(calls)
-        ]
-        yield StreamDone(
-            ModelResponse(
+            if finish_reason == _FULL_WINDOW:
+                raise _window_full(self.provider, usage)
+            if legacy and not calls:
+                raise _legacy_call(self.provider)
+            tool_calls = [
+                (
+                    ToolCall(
+                        call["id"] or f"call_{index}",
+                        call["name"],
+                        parse_arguments(call["arguments"]),
+                    ),
+                    call["signature"],
+                )
+                for index, call in enumerate(calls)
+            ]
+            response = ModelResponse(
                 self._answer("".join(reasoning), "".join(text), tool_calls, details),
                 stop_reason(finish_reason, bool(tool_calls), refused),
                 _usage(usage),
                 response_id=response_id,
                 response_model=response_model,
             )
-        )
+        yield StreamDone(response)
 
     def _chunk(self, event: str | None, data: str) -> dict[str, Any]:
         """One streamed chunk; an ``error`` event, or a chunk with an ``error`` (an object,
