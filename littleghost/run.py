@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from littleghost import logs, telemetry
 from littleghost._validators import is_int
 from littleghost.chat_span import traced_call
-from littleghost.cleanup import Grace
+from littleghost.cleanup import Grace, close_leaving
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import UNSWALLOWED, ConfigurationError, ProtocolError, SessionStoreError
@@ -536,6 +536,7 @@ class RunContext:
             return response
         done: ModelResponse | None = None
         chunks = stream(request)
+        leaving: BaseException | None = None
         try:
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
@@ -550,10 +551,13 @@ class RunContext:
                     times.came()
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
+        except BaseException as error:  # a cancellation, the consumer gone: it goes on
+            leaving = error
+            raise
         finally:
             close = getattr(chunks, "aclose", None)  # an async generator's; any iterator will do
             if close is not None:
-                await close()
+                await close_leaving(close, f"closing the stream of model {model.name!r}", leaving)
         if done is None:
             raise ProtocolError(f"model {model.name!r} ended its stream without a response")
         return done

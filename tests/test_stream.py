@@ -792,3 +792,31 @@ class TestToolTimeouts:
                     await anyio.sleep(0.5)
         (result,) = [r for m in events.messages for r in m.tool_results]
         assert result.is_error and "within 0.25 s" in result.content
+
+
+async def test_a_model_stream_that_fails_to_close_does_not_replace_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's deadline cuts a streamed call while its consumer is slow to read: the
+    model's stream is closed, and its failure to close is logged (its type only), never
+    raised in place of the run's ``DeadlineExceededError``."""
+
+    class FailingClose:
+        name, provider, context_window = "failing-close", "custom", None
+
+        async def respond(self, request: ModelRequest) -> ModelResponse:
+            raise AssertionError("the run streams")
+
+        async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+            try:
+                yield TextChunk("Hel")
+                yield TextChunk("lo")
+                yield StreamDone(text_response("Hello"))
+            finally:
+                raise RuntimeError("the close failed")
+
+    with pytest.raises(DeadlineExceededError):
+        async with Agent(model=FailingClose()).stream("hi", timeout=0.2) as events:
+            async for _ in events:
+                await anyio.sleep(0.4)  # the run waits to hand over "lo" at its deadline
+    assert "closing the stream of model 'failing-close' failed too (RuntimeError)" in caplog.text
