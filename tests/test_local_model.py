@@ -53,6 +53,8 @@ from tests.threads import in_threads
 
 pytestmark = pytest.mark.anyio
 
+ROOT = Path(__file__).resolve().parent.parent
+
 WINDOW = 512
 # Greedy, seeded, and no reuse of the server's prompt cache: a cached prefix changes the
 # arithmetic slightly, and with it a greedy answer, so answers would depend on test order.
@@ -825,7 +827,11 @@ def test_a_forked_process_neither_uses_nor_stops_its_parents_server(
     script = tmp_path / "forked.py"
     script.write_text(FORKED)
     done = subprocess.run(
-        [sys.executable, str(script), str(model.path)], capture_output=True, text=True, timeout=30
+        [sys.executable, str(script), str(model.path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=checkout(),
     )
     assert done.returncode == 0, done.stderr
     child, parent = done.stdout.splitlines()
@@ -871,11 +877,18 @@ def test_a_server_is_started_and_stopped_without_linuxs_process_calls(
         capture_output=True,
         text=True,
         timeout=30,
+        env=checkout(),
     )
     assert done.returncode == 0, done.stderr
     pid, after = done.stdout.split()
     assert after == "None"
     assert _command(int(pid)) == b""
+
+
+def checkout() -> dict[str, str]:
+    """The environment, for a Python process that imports this checkout's ``littleghost``
+    (not the one the interpreter has installed)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _command(pid: int) -> bytes:
