@@ -17,10 +17,11 @@ import random
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -573,12 +574,13 @@ def test_a_request_timeout_that_is_not_seconds_is_refused(tmp_path: Path) -> Non
 
 
 def wrapped_server(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str = DROPPING_SERVER, before: str = ""
 ) -> tuple[LocalModel, Callable[[], list[int]]]:
-    """A model whose server a script runs without ``exec``, and the pids of its servers."""
+    """A model whose server (``source``, by default ``DROPPING_SERVER``) a script runs
+    without ``exec`` (after the commands ``before``), and the pids of its servers."""
     server = tmp_path / "server.py"
-    server.write_text(DROPPING_SERVER)
-    model = fake_server(tmp_path, monkeypatch, f'{sys.executable} {server} "$@"')
+    server.write_text(source)
+    model = fake_server(tmp_path, monkeypatch, f'{before}\n{sys.executable} {server} "$@"')
 
     def served() -> list[int]:
         pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
@@ -840,6 +842,114 @@ def test_a_forked_process_neither_uses_nor_stops_its_parents_server(
     assert _command(int(child.split()[-1])) == b""
 
 
+KILLED = """
+import os, sys, threading, time
+import anyio
+from littleghost.models.local import LocalModel
+
+model = LocalModel(sys.argv[1] or None, n_ctx=256)
+failures = []
+
+def start():
+    try:
+        anyio.run(model.prepare)
+    except Exception as error:
+        failures.append(error)
+
+starting = threading.Thread(target=start)
+starting.start()
+worker = None
+if sys.argv[2]:  # a worker forked while the server starts, which lives on after its parent
+    while not os.path.exists(sys.argv[2]):  # the server's script runs
+        time.sleep(0.01)
+    worker = os.fork()
+    if worker == 0:
+        time.sleep(60)
+        os._exit(0)
+starting.join()
+if failures:
+    print("failed", failures[0], flush=True)
+    sys.exit()
+print(model.pid, worker, flush=True)
+time.sleep(60)  # ended here by a signal it does not handle
+"""
+
+
+@contextmanager
+def starter(
+    model: str, fork_at: Path | None = None
+) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """Run ``KILLED`` on the GGUF file ``model`` (the default one when empty), and what it
+    printed once its server was ready: the server's pid (a wrapper script's, if one runs
+    it), and its fork child's, forked once ``fork_at`` exists (``None`` when not given).
+    Both are killed on leaving."""
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED, model, str(fork_at or "")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=checkout(),
+    ) as process:
+        assert process.stdout is not None
+        printed = process.stdout.readline().split()
+        try:
+            yield process, printed
+        finally:
+            process.kill()
+            worker = printed[1] if len(printed) == 2 and printed[1].isdigit() else None
+            if worker and KILLED.encode() in _command(int(worker)):
+                os.kill(int(worker), signal.SIGKILL)
+
+
+def running(pids: Callable[[], list[int]], seconds: float = 5) -> list[int]:
+    """``pids()`` once it is empty, or ``seconds`` have passed."""
+    end = time.monotonic() + seconds
+    while (left := pids()) and time.monotonic() < end:
+        time.sleep(0.01)
+    return left
+
+
+def test_no_server_outlives_the_process_that_started_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed by SIGKILL runs no exit handler: its server, and what a wrapper
+    script started, are gone all the same, even while a process it forked lives on
+    (forked as the server started, in another thread: what that thread held, the
+    server's process among it, stays in the child's memory)."""
+    started = tmp_path / "started"
+    model, served = wrapped_server(tmp_path, monkeypatch, before=f"touch {started}; sleep 0.5")
+    try:
+        with starter(str(model.path), started) as (process, (wrapper, worker)):
+            assert served()
+            process.kill()
+            assert process.wait(timeout=5) == -signal.SIGKILL
+            assert (
+                running(lambda: [pid for pid in [int(wrapper), *served()] if _command(pid)]) == []
+            )
+            assert KILLED.encode() in _command(int(worker))  # not waited for
+    finally:
+        for pid in served():  # left by a failure: never outlive the test
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_real_server_does_not_outlive_the_process_that_started_it() -> None:
+    """Killed by SIGTERM, which Python does not handle unless told (``kill``,
+    ``timeout``, an IDE's stop button), a process leaves no llama.cpp server running
+    either."""
+    local_model_or_skip()
+    with starter("") as (process, printed):
+        if printed[0] == "failed":
+            skip_if_this_cpu_cannot_run_the_server(ProviderError(" ".join(printed[1:])))
+        pid = int(printed[0])
+        try:
+            assert b"llama-server" in _command(pid)
+            process.terminate()
+            assert process.wait(timeout=5) == -signal.SIGTERM
+            assert running(lambda: [pid] if b"llama-server" in _command(pid) else []) == []
+        finally:
+            if b"llama-server" in _command(pid):  # left by a failure: never outlive the test
+                os.kill(pid, signal.SIGKILL)
+
+
 WITHOUT = """
 import os, signal, sys
 for name in sys.argv[2:]:  # what this platform's Python lacks
@@ -854,9 +964,13 @@ async def main():
     print(model.pid, flush=True)
     await model.aclose()
     print(model.pid, flush=True)
+    sys.stdin.read()  # runs on until told: what it stopped is looked at first
 
 anyio.run(main)
 """
+
+DEAF_CHILD = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + DROPPING_SERVER
+"""``DROPPING_SERVER`` deaf to SIGTERM, as the server a wrapper script started may be."""
 
 
 @pytest.mark.parametrize(
@@ -868,21 +982,33 @@ def test_a_server_is_started_and_stopped_without_linuxs_process_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: list[str]
 ) -> None:
     """Python has no ``os.waitid`` on macOS before 3.13, nor ``os.killpg`` and SIGKILL
-    on Windows: a server still starts, and stops."""
-    model = dropping_server(tmp_path, monkeypatch)
+    on Windows: a server still starts, and stops; without ``os.waitid`` the script
+    exits at its SIGTERM, reaped at once, and what it started, deaf to SIGTERM, is
+    killed all the same (Windows has no process groups: the server alone is stopped)."""
+    if "os.killpg" in missing:
+        model, served = dropping_server(tmp_path, monkeypatch), list
+    else:
+        model, served = wrapped_server(tmp_path, monkeypatch, DEAF_CHILD)
     script = tmp_path / "without.py"
     script.write_text(WITHOUT)
-    done = subprocess.run(
-        [sys.executable, str(script), str(model.path), *missing],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=checkout(),
-    )
-    assert done.returncode == 0, done.stderr
-    pid, after = done.stdout.split()
-    assert after == "None"
-    assert _command(int(pid)) == b""
+    try:
+        with subprocess.Popen(
+            [sys.executable, str(script), str(model.path), *missing],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=checkout(),
+        ) as done:
+            assert done.stdin is not None and done.stdout is not None
+            pid, after = done.stdout.readline().strip(), done.stdout.readline().strip()
+            assert after == "None"
+            assert _command(int(pid)) == b""
+            assert running(served) == []
+            done.stdin.close()
+            assert done.wait(timeout=30) == 0
+    finally:
+        for left in served():  # left by a failure: never outlive the test
+            os.kill(left, signal.SIGKILL)
 
 
 def checkout() -> dict[str, str]:

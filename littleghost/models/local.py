@@ -6,7 +6,9 @@ a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smoll
 own so that no other client can use it, waits for ``/health``, reads the window from
 ``GET /v1/models`` and talks to the server through
 :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
-process id; at interpreter exit any server still running is killed.
+process id; at interpreter exit any server still running is killed. On POSIX systems a
+guardian in the server's process group kills the group once the process that started it
+ends, however it ends (SIGKILL included): see :data:`_LAUNCH`.
 
 One ``LocalModel`` may be shared by tasks, event loops and threads (``run_sync`` from
 several threads): one of them starts the server, the others wait for that start.
@@ -33,7 +35,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import anyio.lowlevel
@@ -98,6 +100,28 @@ logger = logs.logger(__name__)
 _running: dict[int, subprocess.Popen[bytes]] = {}
 _running_lock = threading.Lock()
 
+_SHELL = "/system/bin/sh" if hasattr(sys, "getandroidapilevel") else "/bin/sh"
+"""The POSIX shell, where ``subprocess`` finds it for ``shell=True``."""
+_LAUNCH = f"""exec 3<&0 </dev/null
+{_SHELL} -c 'trap "" HUP INT TERM; read line; kill -s KILL 0' littleghost-guard \\
+    <&3 >/dev/null 2>&1 3<&- &
+exec 3<&- "$@"
+"""
+"""The shell script a server is started through (POSIX), in the server's new process
+group: it starts the group's guardian, a shell that reads the pipe on its standard input
+(deaf to the signals of a stop), then becomes the server (``exec``: the same process, its
+input ``/dev/null``). The pipe's write end is the server's ``Popen.stdin``, held by this
+process alone (close-on-exec; closed in a ``fork()`` child): once it is closed, as this
+process ends however it ends (SIGKILL included) or as it closes it, the guardian reads
+end of file and SIGKILLs its own group (the server, what a wrapper script started,
+itself), whose id cannot be another's while the guardian is in it."""
+_guards: set[IO[bytes]] = set()
+"""The open write ends of the guardians' pipes (see :data:`_LAUNCH`)."""
+_guards_lock = threading.RLock()
+"""Held while a guardian's pipe is made or closed, and across ``fork()``: a child's copy
+of ``_guards`` holds every write end it inherits. Reentrant: the garbage collector's
+finalizers close pipes, in whichever thread it runs."""
+
 
 def _stop_all() -> None:
     """Kill every server this process started and did not stop (the exit safety net)."""
@@ -118,21 +142,50 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=STOP_TIMEOUT)
     except subprocess.TimeoutExpired:
         pass
+    _close_guard(process)
 
 
 atexit.register(_stop_all)
 
 
+def _close_guard(process: subprocess.Popen[bytes]) -> None:
+    """Close ``process``'s guardian pipe: what is left of its group is killed (see
+    :data:`_LAUNCH`; nothing to do where no guardian runs: Windows)."""
+    guard = process.stdin
+    if guard is None:
+        return
+    with _guards_lock:
+        _guards.discard(guard)
+        guard.close()
+
+
+def _hold_guards() -> None:
+    _guards_lock.acquire()
+
+
+def _release_guards() -> None:
+    _guards_lock.release()
+
+
 def _forget_servers_in_child() -> None:
     """In a process ``fork()`` made: the parent's servers are not this process's to stop
-    (at its exit either), and a thread of the parent may have held the lock."""
-    global _running_lock
+    (at its exit either) nor to keep running (their guardians' pipes are closed: the
+    parent's end stops them), and a thread of the parent may have held the locks."""
+    global _running_lock, _guards_lock
     _running_lock = threading.Lock()
+    _guards_lock = threading.RLock()
+    for guard in _guards:
+        guard.close()
+    _guards.clear()
     _running.clear()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows
-    os.register_at_fork(after_in_child=_forget_servers_in_child)
+    os.register_at_fork(
+        before=_hold_guards,
+        after_in_parent=_release_guards,
+        after_in_child=_forget_servers_in_child,
+    )
 
 
 def default_model_path() -> Path:
@@ -274,16 +327,22 @@ def _last_output(output: deque[str]) -> str:
 
 
 def _spawn(command: list[str], key: str, lines: deque[str]) -> subprocess.Popen[bytes]:
+    """Start the server in a process group of its own (what a wrapper script starts stops
+    with it), guarded where there are process groups (see :data:`_LAUNCH`)."""
+    guarded = hasattr(os, "killpg")  # POSIX: process groups, and a shell
     read, write = os.pipe()
     try:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=write,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, _KEY_ENV: key},
-            start_new_session=True,  # a group of its own: what a wrapper script starts stops with it
-        )
+        with _guards_lock:
+            process = subprocess.Popen(
+                [_SHELL, "-c", _LAUNCH, "littleghost", *command] if guarded else command,
+                stdin=subprocess.PIPE if guarded else subprocess.DEVNULL,
+                stdout=write,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, _KEY_ENV: key},
+                start_new_session=True,  # a group of its own: what a wrapper script starts stops with it
+            )
+            if process.stdin is not None:
+                _guards.add(process.stdin)
     except BaseException:
         os.close(read)
         raise
@@ -313,7 +372,8 @@ def _signal(process: subprocess.Popen[bytes], number: int) -> None:
 def _exited(process: subprocess.Popen[bytes]) -> bool:
     """Whether ``process`` has exited, leaving it unreaped (so its group id stays its own
     for a last signal); reaped where ``os.waitid`` is missing (macOS before Python 3.13,
-    Windows), so no last signal reaches what is left of its group."""
+    Windows), so no last signal reaches what is left of its group: its guardian kills it
+    as its pipe is closed (see :func:`_poll`; Windows has neither groups nor guardian)."""
     if process.returncode is not None:
         return True
     if not hasattr(os, "waitid"):
@@ -333,10 +393,14 @@ def _ended(process: subprocess.Popen[bytes], wait: float) -> None:
 
 def _poll(process: subprocess.Popen[bytes]) -> int | None:
     """``process``'s exit code, ``None`` while it runs. Once it has exited, what is left
-    of its group (a server a wrapper script started) is killed before it is reaped."""
+    of its group (a server a wrapper script started, the guardian) is killed before it is
+    reaped, and by the guardian, as its pipe is then closed, where it could not be."""
     if _exited(process):
         _signal(process, _SIGKILL)
-    return process.poll()
+    code = process.poll()
+    if code is not None:
+        _close_guard(process)
+    return code
 
 
 def _exit_code(process: subprocess.Popen[bytes], wait: float) -> int | None:
@@ -352,6 +416,7 @@ def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
     _ended(process, wait)
     _signal(process, _SIGKILL)
     process.wait()
+    _close_guard(process)
 
 
 async def _stop(process: subprocess.Popen[bytes]) -> None:
