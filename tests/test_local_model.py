@@ -49,6 +49,7 @@ from tests._local_server import (
     running_servers,
     skip_if_this_cpu_cannot_run_the_server,
 )
+from tests.ci import missing
 from tests.conftest import Spans
 from tests.threads import in_threads
 
@@ -948,6 +949,44 @@ def test_a_real_server_does_not_outlive_the_process_that_started_it() -> None:
         finally:
             if b"llama-server" in _command(pid):  # left by a failure: never outlive the test
                 os.kill(pid, signal.SIGKILL)
+
+
+FIRST_PROCESS = """
+import os, sys
+import anyio
+from littleghost.models.local import LocalModel
+
+model = LocalModel(sys.argv[1])
+anyio.run(model.prepare)
+anyio.run(model.aclose)
+states = []
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        with open(f"/proc/{entry}/stat") as stat:
+            states.append(stat.read().rsplit(")", 1)[1].split()[0])
+print(os.getpid(), states.count("Z"), flush=True)
+"""
+
+
+def test_a_container_process_run_without_an_init_keeps_no_zombies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first process of a PID namespace (a container's program without ``--init``)
+    adopts the orphans in it: the server's guardian, and what a wrapper script started,
+    killed with the server, are reaped, not left as zombies, one per server."""
+    model, _ = wrapped_server(tmp_path, monkeypatch)
+    namespace = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+    done = subprocess.run(
+        [*namespace, sys.executable, "-c", FIRST_PROCESS, str(model.path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=checkout(),
+    )
+    if done.returncode != 0 and done.stderr.startswith("unshare:"):
+        missing(f"no PID namespace can be made here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0"]
 
 
 WITHOUT = """

@@ -149,14 +149,38 @@ atexit.register(_stop_all)
 
 
 def _close_guard(process: subprocess.Popen[bytes]) -> None:
-    """Close ``process``'s guardian pipe: what is left of its group is killed (see
-    :data:`_LAUNCH`; nothing to do where no guardian runs: Windows)."""
+    """Close ``process``'s guardian pipe, once: what is left of its group is killed (see
+    :data:`_LAUNCH`; nothing to do where no guardian runs: Windows). When ``process`` is
+    reaped, its group's members that are this process's children are reaped too (see
+    :func:`_reap_orphans`); not later, when its id may be another's."""
     guard = process.stdin
     if guard is None:
         return
     with _guards_lock:
+        if guard.closed:
+            return
         _guards.discard(guard)
         guard.close()
+    if process.returncode is not None:
+        _reap_orphans(process.pid)
+
+
+def _reap_orphans(group: int) -> None:
+    """Reap the members of process group ``group`` that are this process's children as
+    they die (killed), for up to ``STOP_TIMEOUT`` seconds. There are some only where
+    this process adopts orphans: the first process of a PID namespace (a container's
+    program run without ``--init``), where a server's guardian, and what a wrapper script
+    started, would otherwise stay zombies. Not where ``os.waitid`` is missing (macOS
+    before Python 3.13, which runs no such container)."""
+    if not hasattr(os, "waitid"):
+        return
+    end = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < end:
+        try:
+            if os.waitid(os.P_PGID, group, os.WEXITED | os.WNOHANG) is None:
+                time.sleep(0.005)
+        except ChildProcessError:
+            return
 
 
 def _hold_guards() -> None:
