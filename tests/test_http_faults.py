@@ -903,6 +903,72 @@ async def test_a_200s_x_should_retry_does_not_judge_an_error_the_stream_reports_
     assert len(server.requests) == attempts
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    ("streaming", "code", "silent", "attempts"),
+    [
+        (False, 200, False, 1),
+        (False, 200, True, 1),
+        (False, 503, False, 1),
+        (True, 503, False, 1),
+        (True, 200, False, 2),
+    ],
+    ids=["whole-200", "whole-200-silent", "whole-503", "streamed-503", "streamed-200"],
+)
+async def test_x_should_retry_false_judges_a_body_lost_after_a_head_that_speaks_for_it(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    provider: str,
+    streaming: bool,
+    code: int,
+    silent: bool,
+    attempts: int,
+) -> None:
+    """A head marked ``x-should-retry: false`` whose body is then lost (a reset halfway,
+    or a server gone ``silent`` past ``request_timeout``):
+    a whole answer's head (any status: it is sent once the answer is made) and an error
+    status's head are the provider's word on the request, so it is not sent again; the
+    error says the connection was lost, the error status and the provider's word. A
+    stream's 200 head is sent before the answer is generated: a stream lost after it is
+    retried, as without the header."""
+    streamed_ok = streaming and code == 200
+    kind = "text/event-stream" if streamed_ok else "application/json"
+    if streamed_ok:
+        first = chunk({"content": "A"}) if provider == "openai" else message_start()
+        half = f"data: {json.dumps(first)}\n\n".encode()
+    else:
+        half = b'{"error": {"message": "Not th'
+
+    def cut(connection: Connection) -> None:
+        connection.head(
+            code, {"Content-Type": kind, "Content-Length": "4000", "x-should-retry": "false"}
+        )
+        connection.send(half)
+        if silent:
+            connection.stall()
+        time.sleep(0.05)  # the client reads the head before the reset
+        connection.reset()
+
+    answer = answered(provider) if streaming else answered_whole(provider)
+    server = servers(cut, answer)
+    model = model_of(provider, server.url, request_timeout=0.5 if silent else None)
+    async with Plain(model=model, max_retries=1) as agent:
+        if attempts == 2:
+            _, log = await streamed(agent, timeout=20)
+            assert log[-1].text == "fine"
+        else:
+            with pytest.raises(ProviderUnavailableError) as caught:
+                if streaming:
+                    await streamed(agent, timeout=20)
+                else:
+                    await agent.run("hello", timeout=20)
+            assert caught.value.code == ("timeout" if silent else "connection_lost")
+            assert caught.value.should_retry is False
+            assert caught.value.status == (None if code == 200 else code)
+    assert len(server.requests) == attempts
+
+
 # --- an attempt's own timeout -----------------------------------------------------------
 
 

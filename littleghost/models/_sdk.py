@@ -27,7 +27,7 @@ from littleghost.errors import (
 )
 from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage, report_usage
-from littleghost.models.overflow import classify_error, transport_error
+from littleghost.models.overflow import classify_error, should_retry, transport_error
 from littleghost.text import json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
 
@@ -50,7 +50,9 @@ __all__ = [
     "index_of",
     "listed",
     "lookup",
+    "made_noting_heads",
     "not_json",
+    "noting_heads",
     "parse_arguments",
     "provider_errors",
     "reported",
@@ -606,6 +608,46 @@ def error_mapper(
     return map_error
 
 
+_HEAD = "littleghost.head"
+"""The request extension ``noting_heads`` keeps its answer's head in."""
+
+
+async def _note_head(response: Any) -> None:
+    """Keeps on its request the status and ``x-should-retry`` of ``response``'s head,
+    when they speak for the whole answer: an error status, or an answer that is not an
+    event stream (sent once generated). A stream's success head is sent before the answer
+    is generated: it says nothing of what fails after."""
+    streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+    if response.status_code >= 400 or not streamed:
+        response.request.extensions[_HEAD] = (response.status_code, should_retry(response.headers))
+
+
+def noting_heads(client: Any) -> Any:
+    """``client`` (an SDK's), its HTTP client keeping each answer's head on its request
+    (``_note_head``) for the error of a body that then fails to arrive (a hook added to
+    the HTTP client, once: a client given is shared with its copies)."""
+    hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
+    if isinstance(hooks, dict) and _note_head not in hooks.get("response", ()):
+        hooks.setdefault("response", []).append(_note_head)
+    return client
+
+
+def made_noting_heads(make: Callable[[], Any]) -> Callable[[], Any]:
+    """``make``, its clients ``noting_heads``."""
+    return lambda: noting_heads(make())
+
+
+def _noted_head(error: BaseException) -> tuple[int, bool | None] | None:
+    """The head ``noting_heads`` kept on the request of ``error`` (an SDK's or the HTTP
+    library's), else ``None``."""
+    try:
+        request = getattr(error, "request", None)
+    except RuntimeError:  # the HTTP library's error without a request
+        return None
+    head = getattr(request, "extensions", {}).get(_HEAD)
+    return head if isinstance(head, tuple) else None
+
+
 def _classifier(
     sdk: Any, base: type[Exception], provider: str
 ) -> Callable[[Exception], ProviderError | None]:
@@ -626,13 +668,20 @@ def _classifier(
                 message=error.message,
             )
         if isinstance(error, sdk.APITimeoutError):
-            return transport_error(provider, timeout=True)
+            return transport_error(provider, timeout=True, head=_noted_head(error))
         if isinstance(error, sdk.APIConnectionError):  # the HTTP library's error its cause
-            return transport_error(provider, timeout=False, lost=lost(error.__cause__))
+            return transport_error(
+                provider, timeout=False, lost=lost(error.__cause__), head=_noted_head(error)
+            )
         if isinstance(error, sdk.APIError):
             return classify_error(provider=provider, body=error.body, message=error.message)
         if isinstance(error, http_errors):
-            return transport_error(provider, timeout=isinstance(error, timeouts), lost=lost(error))
+            return transport_error(
+                provider,
+                timeout=isinstance(error, timeouts),
+                lost=lost(error),
+                head=_noted_head(error),
+            )
         if isinstance(error, json.JSONDecodeError):
             return not_json(provider)
         if type(error) is ValueError and "integer string conversion" in str(error):

@@ -47,7 +47,9 @@ from littleghost.models._sdk import (
     inline_image,
     listed,
     lookup,
+    made_noting_heads,
     not_json,
+    noting_heads,
     parse_arguments,
     provider_errors,
     reported,
@@ -555,16 +557,18 @@ class AnthropicModel:
                 raise ConfigurationError(
                     f"{owner}: no Anthropic API key: set ANTHROPIC_API_KEY (or pass api_key=)"
                 )
-            make = functools.partial(
-                self._sdk.AsyncAnthropic,
-                api_key=api_key,
-                base_url=base_url,
-                max_retries=0,
-                timeout=timeout,
+            make = made_noting_heads(
+                functools.partial(
+                    self._sdk.AsyncAnthropic,
+                    api_key=api_key,
+                    base_url=base_url,
+                    max_retries=0,
+                    timeout=timeout,
+                )
             )
             client = make()
         else:
-            client = client.with_options(max_retries=0, timeout=timeout)
+            client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
         self._clients = LoopClients(client, make, owner)
         self._accepted = accepted_parameters(client.messages.create)

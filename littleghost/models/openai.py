@@ -47,7 +47,9 @@ from littleghost.models._sdk import (
     index_of,
     listed,
     lookup,
+    made_noting_heads,
     not_json,
+    noting_heads,
     parse_arguments,
     provider_errors,
     reported,
@@ -538,10 +540,12 @@ class OpenAIModel:
                         "OPENAI_BASE_URL points it at another server)"
                     )
                 api_key = "unused"
-            make = functools.partial(type(self)._new_client, self._sdk, base_url, api_key, timeout)
+            make = made_noting_heads(
+                functools.partial(type(self)._new_client, self._sdk, base_url, api_key, timeout)
+            )
             client = make()
         else:
-            client = client.with_options(max_retries=0, timeout=timeout)
+            client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
         self._clients = LoopClients(client, make, owner)
         host = _host(client.base_url)

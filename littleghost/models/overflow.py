@@ -455,11 +455,20 @@ def classify_error(
 
 
 def transport_error(
-    provider: str, *, timeout: bool, lost: bool = False
+    provider: str,
+    *,
+    timeout: bool,
+    lost: bool = False,
+    head: tuple[int, bool | None] | None = None,
 ) -> ProviderUnavailableError:
     """The exception for a request that got no whole answer: a timeout, a connection that
     could not be made (``connection_error``), or one ``lost`` once made, before the
-    answer was whole (``connection_lost``: reset, or closed early)."""
+    answer was whole (``connection_lost``: reset, or closed early).
+
+    ``head`` is the status and ``x-should-retry`` of the answer's head, when one came
+    that speaks for the answer (``noted_head``): an error status is kept as the error's
+    ``status``, and the header as its ``should_retry``.
+    """
     if timeout:
         message, code = "the request timed out", "timeout"
     elif lost:
@@ -467,4 +476,11 @@ def transport_error(
         code = "connection_lost"
     else:
         message, code = "the request could not reach the provider", "connection_error"
-    return ProviderUnavailableError(f"{provider}: {message}", code=code, provider=provider)
+    status, told = head if head is not None else (None, None)
+    if status is not None and status >= 400:
+        message = f"{message} (HTTP {status})"
+    else:
+        status = None
+    return ProviderUnavailableError(
+        f"{provider}: {message}", status=status, code=code, provider=provider, should_retry=told
+    )
