@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import random
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -40,6 +42,7 @@ from littleghost.sessions import (
 )
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
+from .ci import missing
 from .stores import collected_warnings, eventually
 from .threads import blocking_agent, default_threads_taken
 
@@ -287,8 +290,10 @@ class TestFile:
 
     async def test_a_missing_directory_is_a_store_error(self, tmp_path: Path) -> None:
         store = SQLiteSessionStore(tmp_path / "missing" / "s.db")
-        with pytest.raises(SessionStoreError, match="unable to open"):
+        with pytest.raises(SessionStoreError) as caught:
             await store.list_sessions()
+        why = f"its directory {str(tmp_path / 'missing')!r} does not exist"
+        assert f"SessionStoreError: {caught.value}" == written(tmp_path / "missing", "s.db", why)
         with pytest.raises(SessionStoreError, match=r"lock file .*s\.db-lock"):
             async with store.lock("s"):
                 pass
@@ -486,6 +491,178 @@ class TestReadOnly:
             SQLiteSessionStore(":memory:", read_only=True)
         with pytest.raises(ConfigurationError, match="read_only must be True or False"):
             SQLiteSessionStore("s.db", read_only="yes")  # type: ignore[arg-type]
+
+
+UNWRITABLE_CHILD = textwrap.dedent(
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import anyio
+
+    from littleghost import Agent, Message
+    from littleghost.sessions import SQLiteSessionStore
+    from littleghost.testing import ScriptedModel, text_response
+
+
+    async def outcome(call):
+        try:
+            return await call()
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+
+
+    async def texts(path, read_only):
+        async with SQLiteSessionStore(path, read_only=read_only) as store:
+            return [message.text for message in await store.load("s")]
+
+
+    async def run(path):
+        model = ScriptedModel([text_response("never asked")])
+        async with SQLiteSessionStore(path) as store:
+            agent = Agent(model=model, session_store=store)
+            answer = await outcome(lambda: agent.run("hi", session_id="s"))
+        return [answer if isinstance(answer, str) else "answered", len(model.requests)]
+
+
+    async def main(folder, mount):
+        if mount == "mount":  # a read-only file system, with a store made before
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", folder], check=True)
+            async with SQLiteSessionStore(f"{folder}/s.db") as store:
+                await store.append("s", [Message.user("kept")])
+            subprocess.run(["mount", "-o", "remount,ro", folder], check=True)
+        with open(f"{folder}/s.db", "rb") as file:
+            before = file.read()
+        found = {"run": await run(f"{folder}/s.db")}
+        for name in ("s.db", "new.db"):
+            found[name] = await outcome(lambda: texts(f"{folder}/{name}", False))
+            found[f"{name} read_only"] = await outcome(lambda: texts(f"{folder}/{name}", True))
+        with open(f"{folder}/s.db", "rb") as file:
+            found["unchanged"] = file.read() == before
+        print(json.dumps(found))
+
+
+    anyio.run(main, *sys.argv[1:])
+    """
+)
+
+
+def unwritable_probe(prefix: list[str], folder: Path, *, mount: bool = False) -> dict[str, Any]:
+    """What ``UNWRITABLE_CHILD`` found of the stores in ``folder`` (on a read-only tmpfs it
+    mounts there first, if ``mount``), run after ``prefix`` (a command that runs the rest
+    as its own)."""
+    script = folder.parent / "child.py"
+    script.write_text(UNWRITABLE_CHILD)
+    done = subprocess.run(
+        [*prefix, sys.executable, str(script), str(folder), "mount" if mount else "-"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def written(folder: Path, name: str, why: str, advice: str = "") -> str:
+    return (
+        f"SessionStoreError: SQLite session store {str(folder / name)!r} cannot be written: "
+        f"{why}{advice}; nothing was read or changed"
+    )
+
+
+def unread(folder: Path, name: str, why: str) -> str:
+    return (
+        f"SessionStoreError: SQLite session store {str(folder / name)!r} cannot be read: "
+        f"{why} (SQLite reads a WAL database through a -shm file it makes beside it); "
+        "nothing was read"
+    )
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the probes run in a child
+class TestUnwritable:
+    """A store this process cannot write: a clear error at its first use, naming the
+    path and what is wrong (not SQLite's "unable to open database file" or "attempt to
+    write a readonly database"), before a run asks the model anything; the file is left
+    as it was."""
+
+    async def test_on_a_read_only_file_system(self, tmp_path: Path) -> None:
+        """A read-only tmpfs, mounted in a mount namespace of the child's own (a user
+        namespace's too, for a user other than root)."""
+        if shutil.which("unshare") is None:
+            missing("a read-only file system is mounted with unshare, which is missing")
+        prefix = ["unshare", "--mount", "--propagation", "private"]
+        if os.geteuid() != 0:
+            prefix[1:1] = ["--user", "--map-root-user"]
+        folder = tmp_path / "mounted"
+        folder.mkdir()
+        found = unwritable_probe(prefix, folder, mount=True)
+        answer, asked = found.pop("run")
+        assert asked == 0
+        assert str(folder / "s.db") in answer
+        assert "read-only file system" in answer.lower()
+        why = "it is on a read-only file system"
+        assert found == {
+            "s.db": written(folder, "s.db", why),
+            "s.db read_only": unread(folder, "s.db", why),
+            "new.db": written(folder, "new.db", why),
+            "new.db read_only": "SessionStoreError: there is no SQLite session store at "
+            f"{str(folder / 'new.db')!r}",
+            "unchanged": True,
+        }
+
+    async def test_without_write_permission(self, tmp_path: Path) -> None:
+        """On its directory (SQLite makes the -wal and -shm there) or on the file; root
+        writes whatever the permission bits say, so as root the child runs without the
+        capabilities that let it (``setpriv``)."""
+        prefix: list[str] = []
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                missing("root ignores permission bits unless setpriv drops its capabilities")
+            dropped = "-dac_override,-dac_read_search"
+            prefix = ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
+        closed, locked = tmp_path / "closed", tmp_path / "locked"
+        for folder in (closed, locked):
+            folder.mkdir()
+            async with SQLiteSessionStore(folder / "s.db") as store:
+                await store.append("s", [Message.user("kept")])
+        (locked / "s.db").chmod(0o444)
+        closed.chmod(0o555)
+        try:
+            in_closed = unwritable_probe(prefix, closed)
+            in_locked = unwritable_probe(prefix, locked)
+        finally:
+            closed.chmod(0o755)
+        answer, asked = in_closed.pop("run")
+        assert asked == 0
+        assert str(closed / "s.db") in answer  # its lock file's, which cannot be made
+        assert "permission denied" in answer.lower()
+        why = (
+            f"this process has no write permission on its directory {str(closed)!r}, where "
+            "SQLite makes the -wal, -shm and -journal files beside it"
+        )
+        assert in_closed == {
+            "s.db": written(closed, "s.db", why),
+            "s.db read_only": unread(closed, "s.db", why),
+            "new.db": written(closed, "new.db", why),
+            "new.db read_only": "SessionStoreError: there is no SQLite session store at "
+            f"{str(closed / 'new.db')!r}",
+            "unchanged": True,
+        }
+        assert sorted(path.name for path in closed.iterdir()) == ["s.db"]
+        why = "this process has no write permission on the file"
+        advice = "; open it with read_only=True to read it"
+        assert in_locked == {
+            "run": [written(locked, "s.db", why, advice), 0],
+            "s.db": written(locked, "s.db", why, advice),
+            "s.db read_only": ["kept"],
+            "new.db": [],
+            "new.db read_only": [],
+            "unchanged": True,
+        }
 
 
 class TestBadFiles:

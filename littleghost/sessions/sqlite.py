@@ -71,7 +71,9 @@ _SUMMARY_PATHS = tuple("$" + "".join(f'."{key}"' for key in path) for path in SU
 _TABLES = {"littleghost_meta", "littleghost_sessions", "littleghost_messages"}
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
+_SQLITE_READONLY = 8
 _SQLITE_CORRUPT = 11
+_SQLITE_CANTOPEN = 14
 _SQLITE_NOTADB = 26
 _SHORTEST_WAIT = 0.005
 """Seconds a call waits for a lock at least, even at or past its deadline."""
@@ -149,6 +151,41 @@ def _files_at(path: str) -> _Files:
     """The device and inode of the database file at ``path``, of its ``-wal`` and of its
     ``-shm`` (``None`` for one there is not)."""
     return file_at(path), file_at(path + "-wal"), file_at(path + "-shm")
+
+
+def _on_read_only_file_system(file: str) -> bool:
+    """Whether ``file`` (or, for none there, its directory) is on a read-only file
+    system."""
+    try:
+        flags = os.statvfs(file if os.path.exists(file) else os.path.dirname(file)).f_flag
+    except OSError:
+        return False
+    return bool(flags & os.ST_RDONLY)
+
+
+def _can_write(path: str) -> bool:
+    """Whether this process may write ``path`` (a directory: make files in it)."""
+    wanted = os.W_OK | os.X_OK if os.path.isdir(path) else os.W_OK
+    return os.access(path, wanted, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _unwritable(file: str) -> str | None:
+    """Why this process cannot write the database at ``file`` (an absolute path) and the
+    files SQLite makes beside it (``-wal``, ``-shm``, ``-journal``, and the lock file),
+    else ``None``."""
+    folder = os.path.dirname(file)
+    if not os.path.isdir(folder):
+        return f"its directory {folder!r} does not exist"
+    if _on_read_only_file_system(file):
+        return "it is on a read-only file system"
+    if os.path.exists(file) and not _can_write(file):
+        return "this process has no write permission on the file"
+    if not _can_write(folder):
+        return (
+            f"this process has no write permission on its directory {folder!r}, where SQLite "
+            "makes the -wal, -shm and -journal files beside it"
+        )
+    return None
 
 
 def _is_busy(error: sqlite3.Error) -> bool:
@@ -527,6 +564,20 @@ class SQLiteSessionStore:
                 f"SQLite session store {self._path!r} is open read-only; nothing was changed"
             )
 
+    def _check_can_write(self) -> None:
+        """Raise, before SQLite's bare "unable to open database file" or "attempt to write
+        a readonly database", when this process cannot write the database file or make the
+        files SQLite makes beside it."""
+        why = None if _private(self._file) else _unwritable(self._file)
+        if why is not None:
+            readable = os.path.isfile(self._file) and not _on_read_only_file_system(self._file)
+            readable = readable and _can_write(os.path.dirname(self._file))
+            advice = "; open it with read_only=True to read it" if readable else ""
+            raise SessionStoreError(
+                f"SQLite session store {self._path!r} cannot be written: {why}{advice}; "
+                "nothing was read or changed"
+            )
+
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
         async with self._locks.hold(session_id):
@@ -715,14 +766,28 @@ class SQLiteSessionStore:
                 raise SessionStoreError(f"there is no SQLite session store at {self._path!r}")
             target = f"file:{urllib.parse.quote(os.fsencode(self._file))}?mode=ro"
             uri = True
-        connection = sqlite3.connect(
-            target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
-        )
+        else:
+            self._check_can_write()
+        try:
+            connection = sqlite3.connect(
+                target, timeout=_SLICE, isolation_level=None, check_same_thread=False, uri=uri
+            )
+        except sqlite3.Error as error:
+            unopened = self._unopened(error)
+            if unopened is None:
+                raise
+            raise unopened from error
         self._busy_timeout = _BUSY_TIMEOUTS[0]  # its timeout=
         try:
             self._slice(connection)
             connection.execute("PRAGMA secure_delete = ON")  # a build's default may be off
             self._prepare(connection)
+        except sqlite3.Error as error:
+            connection.close()
+            unopened = self._unopened(error)
+            if unopened is None:
+                raise
+            raise unopened from error
         except BaseException:
             connection.close()
             raise
@@ -730,6 +795,25 @@ class SQLiteSessionStore:
         self._closing = weakref.finalize(self, connection.close)
         self._opened = None if _private(self._path) else _files_at(self._file)
         return connection
+
+    def _unopened(self, error: sqlite3.Error) -> SessionStoreError | None:
+        """The error of a read-only store's open that failed with ``error`` because a file
+        could not be opened or written (the WAL index, ``-shm``, which SQLite can neither
+        find nor make), saying why; ``None`` for another failure."""
+        if not self._read_only:
+            return None
+        code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+; before, its text
+        if code is not None:
+            unopened = code & 0xFF in (_SQLITE_READONLY, _SQLITE_CANTOPEN)
+        else:
+            unopened = "unable to open" in str(error) or "readonly database" in str(error)
+        why = _unwritable(self._file) if unopened else None
+        if why is None:
+            return None
+        return SessionStoreError(
+            f"SQLite session store {self._path!r} cannot be read: {why} (SQLite reads a WAL "
+            "database through a -shm file it makes beside it); nothing was read"
+        )
 
     def _prepare(self, connection: sqlite3.Connection) -> None:
         """Check the file is a littleghost store of a known schema; make one if empty
