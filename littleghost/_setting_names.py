@@ -4,7 +4,14 @@ they are to a setting littleghost knows (vLLM's ``min_tokens`` to ``max_tokens``
 
 from __future__ import annotations
 
-__all__ = ["PROVIDER_SETTINGS"]
+__all__ = [
+    "ANTHROPIC_SETTINGS",
+    "FOREIGN_SETTINGS",
+    "LLAMA_CPP_SETTINGS",
+    "OPENAI_SETTINGS",
+    "PROVIDER_SETTINGS",
+    "WHOSE",
+]
 
 _OPENAI = """
     audio frequency_penalty function_call functions logit_bias logprobs
@@ -41,6 +48,34 @@ _VLLM = """
     thinking_token_budget top_k truncate_prompt_tokens use_beam_search vllm_xargs
 """
 
+OPENAI_SETTINGS = frozenset(_OPENAI.split())
+"""The request parameters of OpenAI's chat completions."""
+ANTHROPIC_SETTINGS = frozenset(_ANTHROPIC.split())
+"""The request parameters of Anthropic's messages."""
+LLAMA_CPP_SETTINGS = frozenset(_LLAMA_CPP.split())
+"""The request parameters of the llama.cpp server's documentation (``/completion``'s
+options, which its chat completions take too)."""
+
 PROVIDER_SETTINGS = frozenset((_OPENAI + _ANTHROPIC + _LLAMA_CPP + _VLLM).split())
 """The request parameters of OpenAI's chat completions, Anthropic's messages, the
 llama.cpp server's and vLLM's documentation (as of late 2026)."""
+
+_TAKERS = ((_ANTHROPIC, "Anthropic's"), (_LLAMA_CPP, "llama.cpp's"), (_VLLM, "vLLM's"))
+WHOSE = {
+    name: " and ".join(whose for names, whose in _TAKERS if name in names.split())
+    for name in PROVIDER_SETTINGS - OPENAI_SETTINGS
+}
+"""Whose parameter a name of ``PROVIDER_SETTINGS`` that OpenAI's API does not take is
+(``"vLLM's"``), for an error that names it."""
+
+FOREIGN_SETTINGS = {
+    "temp": ("temperature", "llama.cpp's command-line name"),
+    "max_new_tokens": ("max_tokens", "the name of Hugging Face's TGI and transformers"),
+    "max_length": ("max_tokens", "the name of Hugging Face's transformers and KoboldCpp"),
+    "num_predict": ("max_tokens", "an option of Ollama's own API"),
+    "max_output_tokens": ("max_tokens", "the name of Gemini's API and OpenAI's Responses"),
+    "max_tokens_to_sample": ("max_tokens", "the name of Anthropic's old completions API"),
+}
+"""Names other libraries and APIs give a setting that every provider littleghost sends to
+(OpenAI's chat completions and the servers compatible with it, Anthropic's messages)
+names otherwise, none of them taking the name: the setting meant, and whose name it is."""

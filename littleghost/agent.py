@@ -48,7 +48,12 @@ from littleghost.run import RunContext, RunResult
 from littleghost.runs_in_flight import RunsInFlight
 from littleghost.sessions import InMemorySessionStore, SessionStore
 from littleghost.sessions.base import check_store
-from littleghost.settings import TYPED_SETTINGS, ClassSettings, check_settings
+from littleghost.settings import (
+    TYPED_SETTINGS,
+    ClassSettings,
+    check_provider_settings,
+    check_settings,
+)
 from littleghost.stream import RunStream
 from littleghost.tools import (
     ToolDefinition,
@@ -275,6 +280,18 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         elif owner is cls:
             setattr(cls, knob, value)
         # a mixin's other knobs stay in their place in the MRO (and may change there)
+
+
+def _check_provider_settings(cls: type[Agent]) -> None:
+    """``check_provider_settings`` of the class's settings for its model's provider (a
+    model string's, or a model instance's): a setting the provider would ignore (on a
+    local model) fails at class definition, not as a run starts."""
+    model = cls.model
+    provider = split_model_string(model)[0] if isinstance(model, str) else None
+    if isinstance(model, Model):
+        provider = getattr(model, "provider", None)
+    owner = f"{_owner(cls, 'settings').__name__}.settings"
+    check_provider_settings(owner, cls.settings, provider)
 
 
 def _called_as_it_is(value: object) -> bool:
@@ -624,6 +641,7 @@ class Agent:
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)
+        _check_provider_settings(cls)
         if callable(cls.instructions):
             check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")
         store = vars(_owner(cls, "session_store"))["session_store"]

@@ -2,12 +2,14 @@
 
 Settings reach the provider as request parameters (``max_tokens``, ``temperature``, ...).
 The keys littleghost fills in itself are reserved, the settings every provider shares
-must have the right type and range, a name spelt almost like one littleghost knows
-(``max_token``, ``temprature``, ``top-p``) is refused, and no value may hold NaN, an
-infinity or an int with more digits than Python writes (a request's JSON cannot carry
-them); a wrong one is a ``ConfigurationError`` naming it — at class definition for
-``Agent.settings``, at the call for ``run(settings=)``. Keys inside ``extra_body`` go
-into the request's body as they are, unchecked.
+must have the right type and range, a name spelt almost like one littleghost or a
+provider knows (``max_token``, ``temprature``, ``top-p``, ``min_token``) or another
+library's name for one (``max_new_tokens``, ``temp``) is refused, and no value may hold
+NaN, an infinity or an int with more digits than Python writes (a request's JSON cannot
+carry them); a wrong one is a ``ConfigurationError`` naming it — at class definition for
+``Agent.settings``, at the call for ``run(settings=)``. A local model's server ignores
+another provider's parameter: ``check_provider_settings`` refuses it. Keys inside
+``extra_body`` go into the request's body as they are, unchecked.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from littleghost._setting_names import PROVIDER_SETTINGS
+from littleghost._setting_names import (
+    FOREIGN_SETTINGS,
+    LLAMA_CPP_SETTINGS,
+    OPENAI_SETTINGS,
+    PROVIDER_SETTINGS,
+    WHOSE,
+)
 from littleghost._validators import holds_unwritable, is_int, is_number, safe_repr
 from littleghost.errors import ConfigurationError
 
@@ -30,6 +38,7 @@ __all__ = [
     "RESERVED_SETTINGS",
     "TYPED_SETTINGS",
     "ClassSettings",
+    "check_provider_settings",
     "check_settings",
     "is_output_cap",
 ]
@@ -113,12 +122,12 @@ _MEANT = TYPED_SETTINGS | {
     "thinking",
     "stop_sequences",
 }
-"""The settings a near-miss is taken for: those littleghost checks or reads itself."""
+"""The settings littleghost checks or reads itself."""
 _KNOWN = _MEANT | PROVIDER_SETTINGS
 _NEAR = 0.85
-"""How alike (``difflib``'s ratio) a name must be to one of ``_MEANT`` to be refused as
-its near-miss: catches ``max_token``, ``temprature``, ``topp``, and no parameter of
-another provider measured (OpenRouter's ``top_a`` is 0.8 from ``top_p``)."""
+"""How alike (``difflib``'s ratio) a name must be to a known one (``_KNOWN``) to be
+refused as its near-miss: catches ``max_token``, ``temprature``, ``topp``, ``min_token``
+(vLLM's ``min_tokens``); OpenRouter's ``top_a`` is 0.8 from ``top_p``."""
 
 
 def _snake_case(key: str) -> str:
@@ -126,15 +135,22 @@ def _snake_case(key: str) -> str:
     return re.sub(r"[-\s]+", "_", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key)).lower()
 
 
-def _near_miss(key: str) -> str | None:
-    """The setting ``key`` is spelt almost like, when it is not a name itself."""
+def _near_miss(key: str) -> tuple[str, str] | None:
+    """The setting ``key`` is spelt almost like, or is another library's name for, when it
+    is not a name itself, with what to say of the two (``""`` when nothing)."""
     if key in _KNOWN:
         return None
     snake = _snake_case(key)
+    if snake in FOREIGN_SETTINGS:
+        meant, whose = FOREIGN_SETTINGS[snake]
+        return meant, f" ({key!r} is {whose}; littleghost's providers take {meant!r})"
     if snake in _KNOWN:
-        return snake
+        return snake, ""
     near = difflib.get_close_matches(snake, _MEANT, n=1, cutoff=_NEAR)
-    return near[0] if near else None
+    if near:
+        return near[0], ""
+    near = difflib.get_close_matches(snake, PROVIDER_SETTINGS, n=1, cutoff=_NEAR)
+    return (near[0], f" ({WHOSE[near[0]]})" if near[0] in WHOSE else "") if near else None
 
 
 def _shown(value: object) -> str:
@@ -154,7 +170,8 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
 
     Raises:
         ConfigurationError: Not a mapping with str keys, a reserved key, a name spelt
-            almost like a setting littleghost knows, a shared setting of the wrong type
+            almost like a setting littleghost or a provider knows or another library's
+            name for one (``FOREIGN_SETTINGS``), a shared setting of the wrong type
             or range, an ``extra_body`` that is not a mapping with str keys or holds a
             reserved key, or a value holding NaN, an infinity or an int too long to
             write (the message names it).
@@ -168,11 +185,12 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
             )
         if key == EXTRA_BODY:
             _check_extra_body(owner, item)
-        meant = _near_miss(key)
-        if meant is not None:
+        near = _near_miss(key)
+        if near is not None:
+            meant, said = near
             raise ConfigurationError(
                 f"{owner}: {key!r} is not a setting littleghost knows: did you mean "
-                f"{meant!r}? (if your provider takes {key!r} itself, pass it in "
+                f"{meant!r}{said}? (if your provider takes {key!r} itself, pass it in "
                 f"{EXTRA_BODY}, sent as it is: {{{EXTRA_BODY!r}: {{{key!r}: ...}}}})"
             )
         rule = _TYPED.get(key)
@@ -190,6 +208,45 @@ def check_settings(owner: str, value: object) -> dict[str, Any]:
                 "which a request's JSON cannot carry"
             )
     return dict(value)
+
+
+_LOCAL = LLAMA_CPP_SETTINGS | OPENAI_SETTINGS | _MEANT - {"thinking", "stop_sequences"}
+"""The settings the llama.cpp server of a local model takes: its own parameters and, on
+its OpenAI-compatible chat completions, OpenAI's (which it may ignore, as servers
+compatible with OpenAI's API do, so that the settings of one work with the other)."""
+_LOCAL_MEANT = {
+    "repetition_penalty": "repeat_penalty",
+    "stop_sequences": "stop",
+    "stop_token_ids": "stop",
+    "guided_json": "json_schema",
+    "guided_grammar": "grammar",
+}
+"""The llama.cpp server's parameter for what another provider's does."""
+
+
+def _check_local_settings(owner: str, settings: Mapping[str, Any]) -> None:
+    """``ConfigurationError`` for a setting of ``settings`` (checked by
+    ``check_settings``) that another provider takes and the llama.cpp server of a local
+    model does not (``_LOCAL``), which it would ignore without a word (vLLM's
+    ``repetition_penalty``, Anthropic's ``stop_sequences``). A name littleghost knows of
+    no provider is let through: it may be a parameter of a newer server."""
+    for key in settings:
+        if key in _LOCAL or key == EXTRA_BODY or key not in PROVIDER_SETTINGS:
+            continue
+        meant = _LOCAL_MEANT.get(key)
+        said = f": did you mean {meant!r}?" if meant else ""
+        raise ConfigurationError(
+            f"{owner}: {key!r} is {WHOSE[key]} parameter, which the llama.cpp server of a "
+            f"local model does not take, and would ignore{said} (to send it all the same, "
+            f"pass it in {EXTRA_BODY}: {{{EXTRA_BODY!r}: {{{key!r}: ...}}}})"
+        )
+
+
+def check_provider_settings(owner: str, settings: Mapping[str, Any], provider: object) -> None:
+    """``ConfigurationError`` for a setting of ``settings`` that the provider named
+    ``provider`` is known to ignore (``_check_local_settings`` for ``local``)."""
+    if provider == "local":
+        _check_local_settings(owner, settings)
 
 
 def _check_extra_body(owner: str, value: object) -> None:

@@ -440,6 +440,49 @@ def test_a_setting_spelt_almost_like_a_known_one_fails_where_it_is_given(
     assert len(MODEL.requests) == sent
 
 
+@pytest.mark.parametrize(
+    ("key", "meant", "whose"),
+    [
+        ("temp", "temperature", "'temp' is llama.cpp's command-line name; littleghost's "),
+        ("max_new_tokens", "max_tokens", "'max_new_tokens' is the name of Hugging Face's "),
+        ("maxNewTokens", "max_tokens", "'maxNewTokens' is the name of Hugging Face's "),
+        ("num_predict", "max_tokens", "'num_predict' is an option of Ollama's own API; "),
+        ("max_length", "max_tokens", "'max_length' is the name of Hugging Face's "),
+        ("max_output_tokens", "max_tokens", "'max_output_tokens' is the name of Gemini's "),
+        ("min_token", "min_tokens", "vLLM's"),
+        ("repetition_penalt", "repetition_penalty", "vLLM's"),
+        ("n_keeps", "n_keep", "llama.cpp's"),
+    ],
+)
+def test_another_library_s_name_or_a_provider_s_spelt_almost_fails_where_it_is_given(
+    key: str, meant: str, whose: str
+) -> None:
+    """Another library's name for a setting (Hugging Face's max_new_tokens, Ollama's
+    num_predict), which no provider littleghost sends to takes, and a name spelt almost
+    like a provider's own parameter (vLLM's min_tokens) went to the provider as they were,
+    and were ignored: an answer uncapped, or at the default temperature. They fail at
+    class definition, at the constructor and at the call, naming the setting meant and
+    whose name the key is; nothing is sent."""
+    sent = len(MODEL.requests)
+    said = f"{key!r} is not a setting littleghost knows: did you mean {meant!r} ({whose}"
+    passed = f"pass it in extra_body, sent as it is: {{'extra_body': {{{key!r}: ...}}}})"
+    failing: list[tuple[str, Callable[[], object]]] = [
+        ("Declared.settings", lambda: type("Declared", (Agent,), {"settings": {key: 1}})),
+        ("Base(…, settings=)", lambda: Base(settings={key: 1})),
+        ("settings", lambda: Base().run_sync("hi", settings={key: 1})),
+    ]
+    for owner, call in failing:
+        with pytest.raises(ConfigurationError) as caught:
+            call()
+        assert str(caught.value).startswith(f"{owner}: {said}")
+        assert str(caught.value).endswith(passed)
+        if whose.endswith("; littleghost's "):
+            assert f"; littleghost's providers take {meant!r})? (if your" in str(caught.value)
+    assert len(MODEL.requests) == sent
+    Base().run_sync("hi", settings={"extra_body": {key: 1}})  # the way to send it as it is
+    assert dict(MODEL.requests[-1].settings) == {"extra_body": {key: 1}}
+
+
 def test_a_provider_s_own_parameter_spelt_like_a_known_setting_reaches_the_model() -> None:
     """Parameters llama.cpp, vLLM, OpenAI, Anthropic and others document, however close to
     a setting littleghost knows (vLLM's min_tokens to max_tokens, Anthropic's speed to
@@ -447,7 +490,7 @@ def test_a_provider_s_own_parameter_spelt_like_a_known_setting_reaches_the_model
     own = (
         "min_tokens repetition_penalty min_p typical_p repeat_penalty n_predict mirostat "
         "mirostat_tau top_n_sigma parse_tool_calls reasoning_format service_tier speed "
-        "top_a max_new_tokens num_predict logits_processor dry_base"
+        "top_a dry_base n_keep logits_processors min_new_tokens rep_pen random_seed"
     )
     settings = dict.fromkeys(own.split(), 1)
     type("Declared", (Agent,), {"model": MODEL, "settings": settings})().run_sync("hi")

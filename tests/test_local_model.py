@@ -648,6 +648,67 @@ async def test_a_server_that_fails_during_a_call_says_why_in_its_error(
         await model.aclose()
 
 
+LOCAL_IGNORES = {
+    "repetition_penalty": "'repetition_penalty' is vLLM's parameter, which the llama.cpp "
+    "server of a local model does not take, and would ignore: did you mean "
+    "'repeat_penalty'?",
+    "stop_sequences": "'stop_sequences' is Anthropic's parameter, which the llama.cpp server "
+    "of a local model does not take, and would ignore: did you mean 'stop'?",
+    "min_tokens": "'min_tokens' is vLLM's parameter, which the llama.cpp server of a local "
+    "model does not take, and would ignore (to send it all the same",
+}
+
+
+@pytest.mark.parametrize("key", LOCAL_IGNORES)
+def test_another_provider_s_setting_the_server_ignores_fails_at_class_definition(
+    key: str,
+) -> None:
+    """vLLM's and Anthropic's parameters went to the llama.cpp server, which ignores what
+    it does not know: the setting did nothing, without a word. With the class's model
+    local, the class is refused, naming the server's own parameter when it has one; the
+    server's own, OpenAI's, a name littleghost knows of no provider (a newer server's)
+    and ``extra_body``'s keys are not."""
+    for model in ("local", "local:/models/m.gguf"):
+        with pytest.raises(ConfigurationError) as caught:
+            type("Declared", (Agent,), {"model": model, "settings": {key: 1}})
+        assert str(caught.value).startswith(f"Declared.settings: {LOCAL_IGNORES[key]}")
+    type("Elsewhere", (Agent,), {"model": "openai:gpt-4o-mini", "settings": {key: 1}})
+    taken = {
+        "repeat_penalty": 1.1,
+        "n_predict": 8,
+        "min_p": 0.1,
+        "top_k": 5,
+        "seed": 1,
+        "n": 1,
+        "stop": "x",
+        "logprobs": True,
+        "reasoning_effort": "low",
+        "a_newer_server_option": 1,
+        "extra_body": {key: 1},
+    }
+    type("Taken", (Agent,), {"model": "local", "settings": taken})
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_another_provider_s_setting_fails_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    """With a ``LocalModel`` given to the constructor (or settings given to the run), the
+    first call refuses it, before the server starts."""
+    starts = tmp_path / "starts"
+    model = fake_server(tmp_path, monkeypatch, f"echo start >> {starts}; exit 3")
+    async with Agent(model=model, settings={"stop_sequences": ["x"]}) as agent:
+        with pytest.raises(ConfigurationError) as caught:
+            if streaming:
+                async with agent.stream("hi") as events:
+                    async for _ in events:
+                        pass
+            else:
+                await agent.run("hi")
+    assert str(caught.value).startswith(f"settings: {LOCAL_IGNORES['stop_sequences']}")
+    assert not starts.exists()
+
+
 def test_threads_waiting_for_a_start_that_fails_get_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

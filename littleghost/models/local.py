@@ -51,6 +51,7 @@ from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
 from littleghost.sessions.forks import reset_in_child
+from littleghost.settings import check_provider_settings
 
 __all__ = [
     "CPUINFO",
@@ -560,6 +561,11 @@ class LocalModel:
 
     The server starts in ``prepare()`` (or on the first call); ``context_window`` is
     the ``n_ctx`` the server reports, ``None`` before it runs. ``aclose()`` stops it.
+    Settings go to the server as ``OpenAIModel``'s do; one another provider takes that
+    the server would ignore (vLLM's ``repetition_penalty``, Anthropic's
+    ``stop_sequences``) is a ``ConfigurationError`` naming the server's own, when it has
+    one, before the server starts (at class definition for an agent whose ``model`` is
+    local).
 
     Raises:
         ConfigurationError: A bad argument, a missing file, or a missing package.
@@ -852,6 +858,7 @@ class LocalModel:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request (starting the server first if needed)."""
+        check_provider_settings("settings", request.settings, self.provider)
         server = await self._running_server()
         try:
             return await server.chat.respond(request)
@@ -864,11 +871,13 @@ class LocalModel:
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The prompt tokens the server counts for ``request`` (its chat template applied,
         then tokenized), starting the server first if needed."""
+        check_provider_settings("settings", request.settings, self.provider)
         server = await self._running_server()
         return await server.chat.count_prompt_tokens(request)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one answer; closing the iterator early stops the server's generation."""
+        check_provider_settings("settings", request.settings, self.provider)
         server = await self._running_server()
         try:
             async with aclosing(server.chat.stream(request)) as events:
