@@ -77,7 +77,7 @@ class CompactionFinished:
     collapsed or dropped), not how much shorter the request got;
     ``estimated_tokens_after`` is the request's estimate after it (``None`` when not
     known), ``error_type`` what failed (``None`` when it completed) and ``usage`` what its
-    own model calls used (a summary's).
+    own model calls used (a summary's, one its strategy's own scope cut too).
 
     ``summary_outcome`` says how a summary it made came back: ``complete``,
     ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or

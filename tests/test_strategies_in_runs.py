@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 
@@ -25,8 +26,8 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     InvalidRequestError,
 )
-from littleghost.events import CompactionFinished
-from littleghost.models import ModelRequest, ModelResponse, Usage
+from littleghost.events import CompactionFinished, ModelCallFinished
+from littleghost.models import ModelRequest, ModelResponse, Usage, report_usage
 from littleghost.testing import ScriptedModel, text_response
 
 from .conftest import Spans
@@ -131,6 +132,36 @@ class TestStrategies:
         assert len(cheap.requests) == 1 and len(model.requests) == 1
         assert result.usage == Usage(14, 3)
         assert [c.name for c in spans.named("chat")] == ["chat cheap", "chat scripted"]
+
+    async def test_a_summary_call_the_strategy_cut_is_in_its_compactions_usage(self) -> None:
+        """A strategy that cuts its own summary call (its own scope: a time limit) and goes
+        on: the call's reported usage is in its ``CompactionFinished``, so the events still
+        add up to ``result.usage``."""
+
+        class Bounded:
+            scope = anyio.CancelScope()
+
+            async def compact(self, state: CompactionState, /) -> None:
+                assert state.complete is not None
+                with self.scope:
+                    await state.complete(ModelRequest([Message.user("Summarize.")]))
+                await Truncation(minimum_preserved=4).compact(state)
+
+        strategy = Bounded()
+
+        async def cut(request: ModelRequest) -> None:
+            report_usage(Usage(50, 1))  # the prompt's tokens, as Anthropic's stream starts
+            strategy.scope.cancel()
+            await anyio.sleep(5)
+
+        model = ScriptedModel([cut, text_response("done", input_tokens=5, output_tokens=1)])
+        async with managed(strategy)(model=model).stream("go", history=chat(40)) as events:
+            told = [
+                e async for e in events if isinstance(e, (CompactionFinished, ModelCallFinished))
+            ]
+        assert [type(e).__name__ for e in told] == ["CompactionFinished", "ModelCallFinished"]
+        assert told[0].usage == Usage(50, 1)
+        assert events.result.usage == Usage(55, 2) == told[0].usage + told[1].usage
 
     async def test_overflow_recovery_uses_the_strategy(self) -> None:
         """An overflow is recovered once with the strategy, whatever the threshold."""

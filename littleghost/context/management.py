@@ -822,8 +822,9 @@ async def _compact(
         async def complete(summary: ModelRequest, **options: Any) -> ModelResponse:
             try:
                 response = await context.complete(summary, report=False, **options)
-            except Exception as error:
-                outcome.usage += billed(error)  # a summary stopped at the window is billed
+            except BaseException as error:  # a summary stopped at the window, or a
+                # strategy's own scope cut it (the compaction goes on): billed all the same
+                outcome.usage += billed(error)
                 raise
             outcome.usage += response.usage  # the attempt's own: its event reports it
             return response
