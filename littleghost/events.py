@@ -127,8 +127,9 @@ class ModelCallFinished:
 class SideCallFinished:
     """A side call (``RunContext.complete``: a guardrail's check, a tool's digest)
     completed, or failed with ``error_type`` but was billed (an answer stopped at the
-    context window); it is never streamed, and ``usage`` is its own part of the run's
-    usage. ``purpose`` is its request's (``ModelRequest.purpose``)."""
+    context window; an attempt retried after its stream broke, whatever ``report``); it
+    is never streamed, and ``usage`` is its own part of the run's usage. ``purpose`` is
+    its request's (``ModelRequest.purpose``)."""
 
     usage: Usage
     purpose: str

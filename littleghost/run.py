@@ -362,7 +362,9 @@ class RunContext:
         the run's total and reported by a ``SideCallFinished`` event (a failed call's
         too when its error says it was billed) — unless
         ``report=False``, for a call whose usage an event of the caller's own reports
-        (``@manage_context``'s summary call: ``CompactionFinished``).
+        (``@manage_context``'s summary call: ``CompactionFinished``). An attempt that was
+        billed, then retried, is reported by a ``SideCallFinished`` (its ``error_type``)
+        whatever ``report``: the caller sees the last attempt alone.
 
         Raises:
             TypeError: ``report`` is not a bool.
@@ -483,6 +485,11 @@ class RunContext:
         async def on_retry(number: int, error: BaseException) -> None:
             if turn:
                 await self._retried(error)
+            elif (used := billed(error)) != Usage():  # a side call's attempt, billed: its
+                # caller sees the last attempt alone (``report=False`` too)
+                await self.emit(
+                    SideCallFinished(used, request.purpose, telemetry.error_type(error))
+                )
 
         response = await call_with_retries(
             attempt,

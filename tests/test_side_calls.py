@@ -6,6 +6,7 @@ caller's own event, as ``@manage_context``'s summary call does)."""
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any
 
 import anyio
@@ -15,7 +16,12 @@ from opentelemetry.sdk.metrics import Histogram
 from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import PromptBudget
-from littleghost.errors import ContextWindowOverflowError, LimitExceededError, RateLimitError
+from littleghost.errors import (
+    ContextWindowOverflowError,
+    LimitExceededError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
 from littleghost.events import (
     CompactionFinished,
     CompactionStarted,
@@ -477,3 +483,54 @@ async def test_a_side_call_a_tools_timeout_cut_is_in_the_runs_usage(spans: Spans
     assert invoked["gen_ai.usage.input_tokens"] == 80
     _, cut, _ = [dict(span.attributes or {}) for span in spans.named("chat")]
     assert (cut["gen_ai.usage.input_tokens"], cut["gen_ai.usage.output_tokens"]) == (50, 1)
+
+
+@pytest.mark.parametrize("report", [True, False])
+async def test_a_billed_attempt_of_a_side_call_that_was_retried_is_reported(
+    report: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A side call's attempt that failed after its provider reported usage (a stream
+    broken midway) was billed, then retried: a ``SideCallFinished`` with its error type
+    reports it, ``report=False`` too (its caller sees the last attempt alone), so the
+    events still add up to result.usage."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)  # the retry at once
+
+    class Checking(Agent):
+        @tool
+        async def check(self, context: RunContext) -> str:
+            """Check the order."""
+            request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+            response = await context.complete(request, report=report)
+            assert response.usage == Usage(20, 1)  # the last attempt's
+            return "checked"
+
+    broken = ProviderUnavailableError("the stream broke", provider="scripted", usage=Usage(50, 1))
+    called = tool_call_response("check", {}, input_tokens=10, output_tokens=2)
+    answered = text_response("SAFE", input_tokens=20, output_tokens=1)
+    model = ScriptedModel([called, broken, answered, text_response("Done.", input_tokens=5)])
+    result, events = await go(Checking(model=model), "stream", "go")
+    sides = [event for event in events if isinstance(event, SideCallFinished)]
+    retried = SideCallFinished(Usage(50, 1), "guard", "ProviderUnavailableError")
+    assert sides == [retried, SideCallFinished(Usage(20, 1), "guard")][: 2 if report else 1]
+    assert result.usage == Usage(10 + 50 + 20 + 5, 2 + 1 + 1)
+    if report:
+        assert reported(events) == result.usage
+
+
+async def test_a_billed_attempt_of_a_summary_call_that_was_retried_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A summary call's billed attempt that was retried is reported as a side call's is
+    (its compaction's event has the last attempt's usage): the events add up."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+
+    @compacting
+    class Compacting(Agent):
+        pass
+
+    broken = ProviderUnavailableError("the stream broke", provider="scripted", usage=Usage(50, 1))
+    model = ScriptedModel([broken, summary_step(), text_response("done", input_tokens=9)])
+    result, events = await go(Compacting(model=model), "stream", "go", history=chat(30))
+    (side,) = [event for event in events if isinstance(event, SideCallFinished)]
+    assert side == SideCallFinished(Usage(50, 1), "context_compaction", "ProviderUnavailableError")
+    assert reported(events) == result.usage
