@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from opentelemetry.sdk.metrics import Histogram
 
@@ -534,3 +535,30 @@ async def test_a_billed_attempt_of_a_summary_call_that_was_retried_is_reported(
     (side,) = [event for event in events if isinstance(event, SideCallFinished)]
     assert side == SideCallFinished(Usage(50, 1), "context_compaction", "ProviderUnavailableError")
     assert reported(events) == result.usage
+
+
+async def test_a_side_call_whose_error_refuses_attributes_is_in_the_runs_usage() -> None:
+    """A custom model's error of a class that refuses attributes (a frozen attrs
+    exception) after its provider reported usage: the run, which goes on, counts what
+    the call's span shows."""
+
+    @attrs.frozen(auto_exc=True)
+    class Refused(Exception):
+        reason: str = "refused"
+
+    async def failing(request: ModelRequest) -> None:
+        report_usage(Usage(50, 1))
+        raise Refused()
+
+    class Checking(Agent):
+        @tool
+        async def check(self, context: RunContext) -> str:
+            """Check the order."""
+            with contextlib.suppress(Refused):
+                await context.complete(ModelRequest([Message.user("Is it safe?")]))
+            return "checked"
+
+    called = tool_call_response("check", {}, input_tokens=10, output_tokens=2)
+    model = ScriptedModel([called, failing, text_response("Done.", input_tokens=20)])
+    result = await Checking(model=model).run("go")
+    assert result.usage == Usage(10 + 50 + 20, 2 + 1)

@@ -164,8 +164,8 @@ def bill(error: BaseException, reported: Usage) -> Usage:
     through every call it stops)."""
     own = getattr(error, "usage", None)
     used = own if isinstance(own, Usage) and own != Usage() else reported
-    try:
-        setattr(error, _BILLED, used)
+    try:  # past the class's own ``__setattr__``: a frozen attrs exception refuses one
+        object.__setattr__(error, _BILLED, used)
     except Exception:  # an exception that takes no attribute: never replace it by another
         pass
     return used
