@@ -127,8 +127,10 @@ def report_usage(usage: Usage) -> None:
     usage in its last chunk). A call that then ends without its answer (the run's
     deadline or a cancellation cuts it, the stream's consumer stops, it fails) is billed
     that: its ``chat`` span, the token metric and the run's usage count it. The built-in
-    models report as the counts arrive; a custom model calls this likewise. Outside a
-    call a run or a compaction makes, nothing happens.
+    models report as the counts arrive; a custom model calls this likewise, in the call's
+    task (or a task it starts, a thread ``anyio.to_thread`` runs for it: they share its
+    context; a thread of its own does not). Outside a call a run or a compaction makes,
+    nothing happens.
 
     Raises:
         TypeError: ``usage`` is not a ``Usage``.
