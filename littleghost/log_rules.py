@@ -51,7 +51,9 @@ def check_history(value: object, name: str, *, keep: bool = True) -> list[Messag
     for position in layout.orphans:  # a tool message without a result answers nothing
         if not log[position].tool_results:
             raise ConfigurationError(f"{at(position)} is a tool message without a result")
-    check_parts(log, at)
+    if layout.stray:  # the first message holding a part its role does not carry
+        position = layout.stray[0]
+        raise ConfigurationError(f"{at(position)}: {stray_part(log[position])}")
     if len(set(map(_ID, log))) != len(log):
         check_ids(log, at)
     check_results(layout.misplaced, at)

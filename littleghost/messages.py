@@ -15,6 +15,7 @@ from littleghost._validators import instance_of
 from littleghost.text import json_object, well_formed
 
 __all__ = [
+    "CARRIED_PARTS",
     "SUMMARY_COVERS_KEY",
     "SUMMARY_KEY",
     "ImagePart",
@@ -225,7 +226,7 @@ class ReasoningPart:
 
 Part = TextPart | ImagePart | ToolCall | ToolResult | ReasoningPart
 _PART_TYPES = (TextPart, ImagePart, ToolCall, ToolResult, ReasoningPart)
-_CARRIED: dict[Role, tuple[type, ...]] = {
+CARRIED_PARTS: dict[Role, tuple[type, ...]] = {
     Role.SYSTEM: (TextPart,),
     Role.DEVELOPER: (TextPart,),
     Role.USER: (TextPart, ImagePart),
@@ -239,7 +240,7 @@ def stray_part(message: Message) -> str | None:
     """Why ``message`` cannot be sent, if a part of it is one its role does not carry (a
     tool call in a user message, text in a tool message): providers would drop or refuse
     it."""
-    carried = _CARRIED[message.role]
+    carried = CARRIED_PARTS[message.role]
     for part in message.content:
         if not isinstance(part, carried):
             kinds = ", ".join(kind.__name__ for kind in carried)

@@ -12,10 +12,21 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context
+from littleghost import (
+    Agent,
+    Message,
+    ReasoningPart,
+    Role,
+    RunContext,
+    TextPart,
+    ToolCall,
+    before_model,
+    manage_context,
+)
 from littleghost.context import (
     PromptBudget,
     Summarization,
+    TokenBudget,
     Truncation,
     apply_compaction,
     compact_session,
@@ -31,7 +42,7 @@ from littleghost.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
 )
-from littleghost.messages import SUMMARY_COVERS_KEY
+from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import Fact, ScriptedModel, check_retention, text_response
@@ -267,6 +278,28 @@ async def test_messages_are_checked_before_any_model_call() -> None:
     with pytest.raises(TypeError, match="messages must be a sequence of Message"):
         await compact_log(Assistant(model=model), "hello")  # type: ignore[arg-type]
     assert model.requests == []
+
+
+async def test_a_part_its_role_cannot_carry_is_found_in_a_log_grown_or_in_a_record() -> None:
+    """The engine's index of a log given earlier is reused for the log one turn longer:
+    a stray part among the added messages, or in a compaction record, is still refused,
+    naming its position, as in a log given for the first time."""
+    log = [Message.user("hi"), Message.assistant("hello")]
+    budget = TokenBudget(token_budget=1_000)
+    assert await apply_compaction(log, budget) == tuple(log)
+    grown = [*log, Message.user("and"), Message(Role.USER, (ToolCall("c1", "count", {}),))]
+    with pytest.raises(ConfigurationError, match=r"messages\[3\]: .*'user'.*not ToolCall"):
+        await apply_compaction(grown, budget)
+    with pytest.raises(ConfigurationError, match=r"messages\[3\]: .*'user'.*not ToolCall"):
+        await apply_compaction([*grown, Message.assistant("and?")], budget)
+    assert await apply_compaction([*grown[:3], Message.assistant("ok")], budget)
+    summary = Message(
+        Role.USER,
+        (TextPart("- they said hi"), ReasoningPart("hidden")),
+        metadata={SUMMARY_KEY: True, SUMMARY_COVERS_KEY: [log[0].id]},
+    )
+    with pytest.raises(ConfigurationError, match=r"messages\[2\]: .*not ReasoningPart"):
+        await apply_compaction([*log, summary], budget)
 
 
 @manage_context(context_window_tokens=4_000)

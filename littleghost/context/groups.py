@@ -22,7 +22,7 @@ from littleghost._validators import TOKENIZER, counts_tokens, tuple_of, wrong_va
 from littleghost.context.records import COLLAPSE, COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Estimates, Tokenizer, prompt_text
 from littleghost.errors import ConfigurationError
-from littleghost.messages import Message, Role, ToolCall, ToolResult
+from littleghost.messages import CARRIED_PARTS, Message, Role, ToolCall, ToolResult, stray_part
 
 __all__ = [
     "ASSISTANT_TEXT",
@@ -48,6 +48,8 @@ _SYSTEM = Role.SYSTEM
 _DEVELOPER = Role.DEVELOPER
 _ASSISTANT = Role.ASSISTANT
 _TOOL = Role.TOOL
+_ASSISTANT_PARTS = CARRIED_PARTS[_ASSISTANT]
+_TOOL_PARTS = CARRIED_PARTS[_TOOL]
 
 
 @frozen
@@ -90,6 +92,7 @@ class Layout:
         self.answers: dict[int, list[int]] = {}
         self.orphans: list[int] = []
         self.misplaced: list[tuple[int, str]] = []
+        self.stray: list[int] = []  # messages holding a part their role does not carry, per part
         self.late: list[tuple[int, int]] = []
         self.kinds: list[GroupKind] = []
         self.members: list[list[Message]] = []
@@ -128,6 +131,7 @@ class Layout:
         layout.answers = dict(self.answers)
         layout.orphans = list(self.orphans)
         layout.misplaced = list(self.misplaced)
+        layout.stray = list(self.stray)
         layout.kinds = list(self.kinds)
         layout.members = list(self.members)
         layout.slot_of = dict(self.slot_of)
@@ -141,14 +145,17 @@ class Layout:
         return layout
 
     def scan(self, log: Sequence[Message], start: int = 0) -> None:
-        """Pass 1: read records and pair results in ``log[start:]``."""
+        """Pass 1: read records, pair results and note stray parts in ``log[start:]``."""
         records = self.records
         open_calls = self.open_calls
         shadowed = self.shadowed
         answers = self.answers
+        stray = self.stray
         for position in range(start, len(log)):
             message = log[position]
             if records and message.metadata and is_record(message):
+                if stray_part(message) is not None:
+                    stray.append(position)
                 covers = record_covers(message)
                 self.hidden.update(covers)
                 if message.is_summary:
@@ -165,10 +172,14 @@ class Layout:
                         if previous is not None:
                             shadowed.setdefault(part.id, []).append(previous)
                         open_calls[part.id] = position
+                    elif not isinstance(part, _ASSISTANT_PARTS):
+                        stray.append(position)
             elif role is _TOOL:
                 owner: int | None = None
                 for part in message.content:
                     if type(part) is not ToolResult:
+                        if not isinstance(part, _TOOL_PARTS):
+                            stray.append(position)
                         continue
                     call_id = part.call_id
                     found = open_calls.get(call_id)
@@ -189,6 +200,11 @@ class Layout:
                     self.late.append((owner, position))
                 else:
                     answers.setdefault(owner, []).append(position)
+            else:
+                carried = CARRIED_PARTS[role]
+                for part in message.content:
+                    if not isinstance(part, carried):
+                        stray.append(position)
         self.size = len(log)
 
     def _lay_out(self, log: Sequence[Message], start: int) -> None:
