@@ -13,7 +13,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
-from itertools import chain
+from itertools import accumulate, chain
 from operator import attrgetter
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -55,6 +55,7 @@ from littleghost.context.summarize import (
     entry,
     exact_first,
     excerpt,
+    longest_angle_run,
     merged_notes,
     quoted_specifics,
     request_summary,
@@ -936,10 +937,19 @@ class Summarization(_Stepwise):
         least = new[1] if len(new) > 1 else len(taken)  # taken[:least]: one group to summarize
         lines, ends = transcript_lines(groups)  # rendered once: a request joins a prefix
         clipped = cache(lambda clip: [entry(cut_middle(line, clip)) for line in lines])
+        # the fence's measure: the longest run of < or > in the notes and the first 0, 1, ...
+        # entries (a scan of each request's whole text took a third of a long log's time)
+        noted = longest_angle_run(notes or "")
+        runs = cache(
+            lambda clip: list(accumulate(map(longest_angle_run, clipped(clip)), max, initial=noted))
+        )
         asked = partial(summary_request, instructions=instruction, settings=state.settings)
 
         def make(count: int, cap: int, clip: int) -> ModelRequest:  # for taken[:count]
-            return asked("\n".join(clipped(clip)[: ends[count]]), max_tokens=cap, notes=notes)
+            transcript = "\n".join(clipped(clip)[: ends[count]])
+            return asked(
+                transcript, max_tokens=cap, notes=notes, longest_run=runs(clip)[ends[count]]
+            )
 
         def could_fit(count: int) -> bool:  # with the shortest items and answer tried below
             floor = min(SUMMARY_FLOOR_TOKENS, self.cap(state.window))  # ``_budget``'s least

@@ -40,6 +40,7 @@ __all__ = [
     "entry",
     "exact_first",
     "excerpt",
+    "longest_angle_run",
     "merged_notes",
     "quoted_specifics",
     "render_transcript",
@@ -195,6 +196,13 @@ def render_transcript(messages: Sequence[Message]) -> str:
 _ANGLES = re.compile(r"<+|>+")
 
 
+def longest_angle_run(text: str) -> int:
+    """The length of the longest run of ``<`` or of ``>`` in ``text`` (0: none)."""
+    if "<" not in text and ">" not in text:  # a fast scan; the pattern's is slow
+        return 0
+    return max(map(len, _ANGLES.findall(text)))
+
+
 def summary_request(
     transcript: str,
     *,
@@ -202,14 +210,18 @@ def summary_request(
     settings: Mapping[str, Any],
     max_tokens: int,
     notes: str | None = None,
+    longest_run: int | None = None,
 ) -> ModelRequest:
     """The summary call for ``transcript`` (and ``notes`` to rewrite): the framing, then the
     data and ``instructions``; no tools, ``settings`` without those it must not carry.
 
     The data is fenced by runs of ``<`` and ``>`` longer than any in it (``FENCE`` at
-    least), which the framing names: no text in the data can end it early."""
-    runs = [*_ANGLES.findall(transcript), *_ANGLES.findall(notes or "")]  # of < and of >
-    fence = max(FENCE, 1 + max(map(len, runs), default=0))
+    least), which the framing names: no text in the data can end it early. A caller
+    that knows the data's ``longest_angle_run`` passes it as ``longest_run`` (a transcript
+    may be tens of megabytes)."""
+    if longest_run is None:
+        longest_run = max(longest_angle_run(transcript), longest_angle_run(notes or ""))
+    fence = max(FENCE, 1 + longest_run)
     start, end = "<" * fence, ">" * fence
     if notes is None:
         data = f"Transcript:\n{start}\n{transcript}\n{end}"
