@@ -247,6 +247,8 @@ def summary_instruction(instructions: str | None, *, rewrite: bool) -> str:
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*")
+_LATIN_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+"""``_SENTENCE`` for a text without 。！？, twice as fast."""
 _EXACT = re.compile(r"\d|\w[-_./]\w")
 """A number or an identifier: what a small model copies worst."""
 _SPECIFIC = re.compile(rf"{_EXACT.pattern}|\b[A-Z]{{2,}}[a-z]*\b|\s[A-Z][a-z]")
@@ -274,14 +276,16 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
 
 
 def _specific_sentences(text: str) -> list[str]:
-    sentences = _SENTENCE.split(" ".join(text.split()))
+    text = " ".join(text.split())
+    wide = any(end in text for end in "。！？")
+    sentences = (_SENTENCE if wide else _LATIN_SENTENCE).split(text)
     return [s for s in sentences if _SPECIFIC.search(s) or _caseless(s)]
 
 
 def _caseless(sentence: str) -> bool:
     """True when ``sentence`` has a letter without case (Japanese, Chinese, Arabic...),
     hiragana aside (it writes no names): there, no capital tells a name from a word."""
-    return any(
+    return not sentence.isascii() and any(  # every ASCII letter has a case
         c.isalpha() and not c.isupper() and not c.islower() and not "\u3040" <= c <= "\u309f"
         for c in sentence
     )
