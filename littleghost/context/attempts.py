@@ -13,7 +13,8 @@ from opentelemetry import trace
 
 from littleghost import logs, telemetry
 from littleghost.cleanup import cancelled_here, run_deadline
-from littleghost.context.tokens import Estimates, Tokenizer
+from littleghost.context.index import LogIndex
+from littleghost.context.tokens import Tokenizer
 from littleghost.context.view import build_view
 from littleghost.errors import CompactionError
 from littleghost.events import CompactionFinished, CompactionStarted
@@ -185,9 +186,11 @@ class ViewChange:
 def view_change(
     log: Sequence[Message], records: Sequence[Message], tokenizer: Tokenizer
 ) -> ViewChange:
-    """What ``records``, appended, do to the view of ``log``."""
-    estimates = Estimates(tokenizer)
-    before, after = build_view(log), build_view([*log, *records])
+    """What ``records``, appended, do to the view of ``log`` (estimated with the figures
+    the engine keeps of ``log``: the compaction that made them estimated most already)."""
+    index = LogIndex.of(log, keep=False)
+    estimates = index.estimates(tokenizer)
+    before, after = index.layout.messages(), build_view([*log, *records])
     kept = {message.id for message in after}
     removed = sum(message.id not in kept for message in before)
     return ViewChange(
