@@ -400,6 +400,22 @@ def test_a_setting_a_provider_takes_reaches_the_model(key: str, value: object) -
     assert MODEL.requests[-1].settings[key] == value
 
 
+def _refused_where_given(key: str) -> list[tuple[str, str]]:
+    """The errors a setting ``key`` gets at class definition, at the constructor and at
+    the call, each with where it was given."""
+    failing: list[tuple[str, Callable[[], object]]] = [
+        ("Declared.settings", lambda: type("Declared", (Agent,), {"settings": {key: 1}})),
+        ("Base(…, settings=)", lambda: Base(settings={key: 1})),
+        ("settings", lambda: Base().run_sync("hi", settings={key: 1})),
+    ]
+    errors = []
+    for owner, call in failing:
+        with pytest.raises(ConfigurationError) as caught:
+            call()
+        errors.append((owner, str(caught.value)))
+    return errors
+
+
 @pytest.mark.parametrize(
     ("key", "meant"),
     [
@@ -427,16 +443,9 @@ def test_a_setting_spelt_almost_like_a_known_one_fails_where_it_is_given(
     sent = len(MODEL.requests)
     said = f"{key!r} is not a setting littleghost knows: did you mean {meant!r}? (if your "
     passed = f"pass it in extra_body, sent as it is: {{'extra_body': {{{key!r}: ...}}}})"
-    failing: list[tuple[str, Callable[[], object]]] = [
-        ("Declared.settings", lambda: type("Declared", (Agent,), {"settings": {key: 1}})),
-        ("Base(…, settings=)", lambda: Base(settings={key: 1})),
-        ("settings", lambda: Base().run_sync("hi", settings={key: 1})),
-    ]
-    for owner, call in failing:
-        with pytest.raises(ConfigurationError) as caught:
-            call()
-        assert str(caught.value).startswith(f"{owner}: {said}")
-        assert str(caught.value).endswith(passed)
+    for owner, error in _refused_where_given(key):
+        assert error.startswith(f"{owner}: {said}")
+        assert error.endswith(passed)
     assert len(MODEL.requests) == sent
 
 
@@ -466,18 +475,11 @@ def test_another_library_s_name_or_a_provider_s_spelt_almost_fails_where_it_is_g
     sent = len(MODEL.requests)
     said = f"{key!r} is not a setting littleghost knows: did you mean {meant!r} ({whose}"
     passed = f"pass it in extra_body, sent as it is: {{'extra_body': {{{key!r}: ...}}}})"
-    failing: list[tuple[str, Callable[[], object]]] = [
-        ("Declared.settings", lambda: type("Declared", (Agent,), {"settings": {key: 1}})),
-        ("Base(…, settings=)", lambda: Base(settings={key: 1})),
-        ("settings", lambda: Base().run_sync("hi", settings={key: 1})),
-    ]
-    for owner, call in failing:
-        with pytest.raises(ConfigurationError) as caught:
-            call()
-        assert str(caught.value).startswith(f"{owner}: {said}")
-        assert str(caught.value).endswith(passed)
+    for owner, error in _refused_where_given(key):
+        assert error.startswith(f"{owner}: {said}")
+        assert error.endswith(passed)
         if whose.endswith("; littleghost's "):
-            assert f"; littleghost's providers take {meant!r})? (if your" in str(caught.value)
+            assert f"; littleghost's providers take {meant!r})? (if your" in error
     assert len(MODEL.requests) == sent
     Base().run_sync("hi", settings={"extra_body": {key: 1}})  # the way to send it as it is
     assert dict(MODEL.requests[-1].settings) == {"extra_body": {key: 1}}
