@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import anthropic
 import anyio
 import httpx2
 import openai
@@ -967,6 +968,83 @@ async def test_x_should_retry_false_judges_a_body_lost_after_a_head_that_speaks_
             assert caught.value.should_retry is False
             assert caught.value.status == (None if code == 200 else code)
     assert len(server.requests) == attempts
+
+
+def _cut_after_head(provider: str, *, streaming: bool, told: str | None) -> Behaviour:
+    """A 200 head (``x-should-retry: told``), half a body, then a reset."""
+    headers = {} if told is None else {"x-should-retry": told}
+    if streaming:
+        first = chunk({"content": "A"}) if provider == "openai" else message_start()
+        headers.update({"Content-Type": "text/event-stream", "Content-Length": "4000"})
+        half = f"data: {json.dumps(first)}\n\n".encode()
+    else:
+        headers.update({"Content-Type": "application/json", "Content-Length": "4000"})
+        half = b'{"id": "cut'
+
+    def cut(connection: Connection) -> None:
+        connection.head(200, headers)
+        connection.send(half)
+        time.sleep(0.05)  # the client reads the head before the reset
+        connection.reset()
+
+    return cut
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_x_should_retry_is_read_before_a_client_s_own_hooks_read_the_body(
+    servers: Callable[..., RawServer], provider: str
+) -> None:
+    """A client given whose HTTP client has a response hook of the user's that reads the
+    body (to log it): a whole answer's ``x-should-retry: false`` is read first, so the
+    body lost in the user's hook is not sent again."""
+
+    async def logged(response: httpx2.Response) -> None:
+        await response.aread()
+
+    server = servers(
+        _cut_after_head(provider, streaming=False, told="false"), answered_whole(provider)
+    )
+    http = httpx2.AsyncClient(event_hooks={"response": [logged]})
+    model: OpenAIModel | AnthropicModel
+    if provider == "openai":
+        sdk = openai.AsyncOpenAI(api_key="sk-test", base_url=f"{server.url}/v1", http_client=http)
+        model = OpenAIModel("gpt-4o-mini", client=sdk)
+    else:
+        sdk = anthropic.AsyncAnthropic(api_key="sk-test", base_url=server.url, http_client=http)
+        model = AnthropicModel("claude-sonnet-5", client=sdk)
+    try:
+        async with Plain(model=model, max_retries=1) as agent:
+            with pytest.raises(ProviderUnavailableError) as caught:
+                await agent.run("hello", timeout=20)
+    finally:
+        await http.aclose()
+    assert caught.value.should_retry is False
+    assert len(server.requests) == 1
+    assert http.event_hooks["response"][1] is logged  # the user's hook is kept
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_redirect_s_x_should_retry_says_nothing_of_the_stream_it_leads_to(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """A redirect's head (whose request shares its extensions with the redirected one)
+    marked ``x-should-retry: false``, then a stream's 200 head and a stream lost after
+    it: the stream is retried, as without the redirect."""
+    path = "/v1/chat/completions" if provider == "openai" else "/v1/messages"
+
+    def redirect(connection: Connection) -> None:
+        headers = {"Location": path, "Content-Length": "0", "x-should-retry": "false"}
+        connection.head(307, headers)
+
+    server = servers(
+        redirect, _cut_after_head(provider, streaming=True, told=None), answered(provider)
+    )
+    async with Plain(model=model_of(provider, server.url), max_retries=1) as agent:
+        _, log = await streamed(agent, timeout=20)
+    assert log[-1].text == "fine"
+    assert len(server.requests) == 3
 
 
 # --- an attempt's own timeout -----------------------------------------------------------

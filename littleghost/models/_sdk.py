@@ -616,19 +616,24 @@ async def _note_head(response: Any) -> None:
     """Keeps on its request the status and ``x-should-retry`` of ``response``'s head,
     when they speak for the whole answer: an error status, or an answer that is not an
     event stream (sent once generated). A stream's success head is sent before the answer
-    is generated: it says nothing of what fails after."""
+    is generated: it says nothing of what fails after, and clears what an earlier head of
+    the request (a redirect's, which shares its extensions) said."""
     streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+    extensions = response.request.extensions
     if response.status_code >= 400 or not streamed:
-        response.request.extensions[_HEAD] = (response.status_code, should_retry(response.headers))
+        extensions[_HEAD] = (response.status_code, should_retry(response.headers))
+    else:
+        extensions.pop(_HEAD, None)
 
 
 def noting_heads(client: Any) -> Any:
     """``client`` (an SDK's), its HTTP client keeping each answer's head on its request
     (``_note_head``) for the error of a body that then fails to arrive (a hook added to
-    the HTTP client, once: a client given is shared with its copies)."""
+    the HTTP client, once: a client given is shared with its copies; first, before the
+    user's own hooks, which may read the body)."""
     hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
     if isinstance(hooks, dict) and _note_head not in hooks.get("response", ()):
-        hooks.setdefault("response", []).append(_note_head)
+        hooks.setdefault("response", []).insert(0, _note_head)
     return client
 
 
