@@ -582,6 +582,17 @@ def unread(folder: Path, name: str, why: str) -> str:
     )
 
 
+def permission_bits_apply() -> list[str]:
+    """A command that runs the rest as its own with the permission bits applying to it:
+    as root, without the capabilities that let root write whatever they say."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        missing("root ignores permission bits unless setpriv drops its capabilities")
+    dropped = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the probes run in a child
 class TestUnwritable:
     """A store this process cannot write: a clear error at its first use, naming the
@@ -618,12 +629,7 @@ class TestUnwritable:
         """On its directory (SQLite makes the -wal and -shm there) or on the file; root
         writes whatever the permission bits say, so as root the child runs without the
         capabilities that let it (``setpriv``)."""
-        prefix: list[str] = []
-        if os.geteuid() == 0:
-            if shutil.which("setpriv") is None:
-                missing("root ignores permission bits unless setpriv drops its capabilities")
-            dropped = "-dac_override,-dac_read_search"
-            prefix = ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}"]
+        prefix = permission_bits_apply()
         closed, locked = tmp_path / "closed", tmp_path / "locked"
         for folder in (closed, locked):
             folder.mkdir()
@@ -663,6 +669,32 @@ class TestUnwritable:
             "new.db read_only": [],
             "unchanged": True,
         }
+
+    async def test_through_links_in_a_directory_it_cannot_write(self, tmp_path: Path) -> None:
+        """SQLite makes its files beside the file a symbolic link leads to: links in a
+        directory this process cannot write, to files in one it can, are a store it
+        writes (they were refused as a store in the links' directory)."""
+        links, files = tmp_path / "links", tmp_path / "files"
+        links.mkdir()
+        files.mkdir()
+        async with SQLiteSessionStore(files / "s.db") as store:
+            await store.append("s", [Message.user("kept")])
+        (links / "s.db").symlink_to(files / "s.db")
+        (links / "new.db").symlink_to(files / "new.db")  # to none yet: SQLite makes it
+        links.chmod(0o555)
+        try:
+            found = unwritable_probe(permission_bits_apply(), links)
+        finally:
+            links.chmod(0o755)
+        assert found == {
+            "run": ["answered", 1],
+            "s.db": ["kept", "hi", "never asked"],
+            "s.db read_only": ["kept", "hi", "never asked"],
+            "new.db": [],
+            "new.db read_only": [],
+            "unchanged": False,  # the run's messages were written
+        }
+        assert sorted(path.name for path in links.iterdir()) == ["new.db", "s.db"]
 
 
 class TestBadFiles:

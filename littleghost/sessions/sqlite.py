@@ -170,9 +170,10 @@ def _can_write(path: str) -> bool:
 
 
 def _unwritable(file: str) -> str | None:
-    """Why this process cannot write the database at ``file`` (an absolute path) and the
-    files SQLite makes beside it (``-wal``, ``-shm``, ``-journal``, and the lock file),
-    else ``None``."""
+    """Why this process cannot write the database at ``file`` (an absolute path, without
+    symbolic links: SQLite makes its files beside the file a link leads to) and the files
+    SQLite makes beside it (``-wal``, ``-shm``, ``-journal``, and the lock file), else
+    ``None``."""
     folder = os.path.dirname(file)
     if not os.path.isdir(folder):
         return f"its directory {folder!r} does not exist"
@@ -567,11 +568,15 @@ class SQLiteSessionStore:
     def _check_can_write(self) -> None:
         """Raise, before SQLite's bare "unable to open database file" or "attempt to write
         a readonly database", when this process cannot write the database file or make the
-        files SQLite makes beside it."""
-        why = None if _private(self._file) else _unwritable(self._file)
+        files SQLite makes beside it (beside the file a symbolic link leads to, as SQLite
+        does)."""
+        if _private(self._file):
+            return
+        file = os.path.realpath(self._file)
+        why = _unwritable(file)
         if why is not None:
-            readable = os.path.isfile(self._file) and not _on_read_only_file_system(self._file)
-            readable = readable and _can_write(os.path.dirname(self._file))
+            readable = os.path.isfile(file) and not _on_read_only_file_system(file)
+            readable = readable and _can_write(os.path.dirname(file))
             advice = "; open it with read_only=True to read it" if readable else ""
             raise SessionStoreError(
                 f"SQLite session store {self._path!r} cannot be written: {why}{advice}; "
@@ -807,7 +812,7 @@ class SQLiteSessionStore:
             unopened = code & 0xFF in (_SQLITE_READONLY, _SQLITE_CANTOPEN)
         else:
             unopened = "unable to open" in str(error) or "readonly database" in str(error)
-        why = _unwritable(self._file) if unopened else None
+        why = _unwritable(os.path.realpath(self._file)) if unopened else None
         if why is None:
             return None
         return SessionStoreError(
