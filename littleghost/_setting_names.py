@@ -27,14 +27,15 @@ _ANTHROPIC = """
     temperature thinking tool_choice top_k top_p user_profile_id workspace_id
 """
 _LLAMA_CPP = """
-    cache_prompt chat_template_kwargs dry_allowed_length dry_base dry_multiplier
-    dry_penalty_last_n dry_sequence_breakers dynatemp_exponent dynatemp_range
-    frequency_penalty grammar id_slot ignore_eos json_schema logit_bias lora min_keep
-    min_p mirostat mirostat_eta mirostat_tau n_cache_reuse n_cmpl n_indent n_keep
-    n_predict n_probs parse_tool_calls post_sampling_probs presence_penalty
-    reasoning_format repeat_last_n repeat_penalty response_fields return_progress
-    return_tokens samplers seed sse_ping_interval stop t_max_predict_ms temperature
-    timings_per_token top_k top_n_sigma top_p typical_p xtc_probability xtc_threshold
+    add_generation_prompt cache_prompt chat_template_kwargs continue_final_message
+    dry_allowed_length dry_base dry_multiplier dry_penalty_last_n dry_sequence_breakers
+    dynatemp_exponent dynatemp_range frequency_penalty grammar id_slot ignore_eos
+    json_schema logit_bias lora min_keep min_p mirostat mirostat_eta mirostat_tau
+    n_cache_reuse n_cmpl n_indent n_keep n_predict n_probs parse_tool_calls
+    post_sampling_probs presence_penalty reasoning_format repeat_last_n repeat_penalty
+    response_fields return_progress return_tokens samplers seed sse_ping_interval stop
+    t_max_predict_ms temperature timings_per_token top_k top_n_sigma top_p typical_p
+    xtc_probability xtc_threshold
 """
 _VLLM = """
     add_generation_prompt add_special_tokens allowed_token_ids bad_words best_of

@@ -34,7 +34,7 @@ from littleghost.hooks import (
 )
 from littleghost.messages import Message
 from littleghost.models.base import Model, ToolSpec
-from littleghost.models.registry import resolve, split_model_string
+from littleghost.models.registry import is_local_model, resolve, split_model_string
 from littleghost.output import (
     OutputType,
     Strategy,
@@ -283,15 +283,11 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
 
 
 def _check_provider_settings(cls: type[Agent]) -> None:
-    """``check_provider_settings`` of the class's settings for its model's provider (a
-    model string's, or a model instance's): a setting the provider would ignore (on a
-    local model) fails at class definition, not as a run starts."""
-    model = cls.model
-    provider = split_model_string(model)[0] if isinstance(model, str) else None
-    if isinstance(model, Model):
-        provider = getattr(model, "provider", None)
+    """``check_provider_settings`` of the class's settings for its model (a model string,
+    or a model): a setting littleghost's ``LocalModel`` would ignore fails at class
+    definition, not as a run starts."""
     owner = f"{_owner(cls, 'settings').__name__}.settings"
-    check_provider_settings(owner, cls.settings, provider)
+    check_provider_settings(owner, cls.settings, "local" if is_local_model(cls.model) else None)
 
 
 def _called_as_it_is(value: object) -> bool:

@@ -59,6 +59,7 @@ from littleghost.models.base import (
     capped,
     prepare,
 )
+from littleghost.models.registry import is_local_model
 from littleghost.output import (
     Answer,
     OutputPlan,
@@ -235,7 +236,9 @@ async def run(
     with logs.naming(names):
         try:  # the provider and model are there when the span starts, for samplers
             model = (make_model or agent.resolve_model)()
-            check_provider_settings("settings", plan.settings, model.provider)
+            check_provider_settings(
+                "settings", plan.settings, "local" if is_local_model(model) else None
+            )
             attributes[telemetry.PROVIDER_NAME] = model.provider
             attributes[telemetry.REQUEST_MODEL] = model.name
             plan = attrs.evolve(plan, settings=capped(plan.settings, model))  # as it is sent

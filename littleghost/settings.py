@@ -125,9 +125,15 @@ _MEANT = TYPED_SETTINGS | {
 """The settings littleghost checks or reads itself."""
 _KNOWN = _MEANT | PROVIDER_SETTINGS
 _NEAR = 0.85
-"""How alike (``difflib``'s ratio) a name must be to a known one (``_KNOWN``) to be
-refused as its near-miss: catches ``max_token``, ``temprature``, ``topp``, ``min_token``
-(vLLM's ``min_tokens``); OpenRouter's ``top_a`` is 0.8 from ``top_p``."""
+"""How alike (``difflib``'s ratio) a name must be to one of ``_MEANT`` to be refused as
+its near-miss: catches ``max_token``, ``temprature``, ``topp``; OpenRouter's ``top_a`` is
+0.8 from ``top_p``."""
+_NEAR_PROVIDER = 0.9
+"""How alike a name must be to another of a provider's parameters (``PROVIDER_SETTINGS``)
+to be refused as its near-miss: catches ``min_token`` (0.95 from vLLM's ``min_tokens``),
+not other servers' own names for their samplers, longer or shorter by a word
+(KoboldCpp's ``typical``, 0.875 from ``typical_p``; text-generation-webui's
+``repetition_penalty_range``, 0.86 from ``repetition_penalty``)."""
 
 
 def _snake_case(key: str) -> str:
@@ -149,7 +155,7 @@ def _near_miss(key: str) -> tuple[str, str] | None:
     near = difflib.get_close_matches(snake, _MEANT, n=1, cutoff=_NEAR)
     if near:
         return near[0], ""
-    near = difflib.get_close_matches(snake, PROVIDER_SETTINGS, n=1, cutoff=_NEAR)
+    near = difflib.get_close_matches(snake, PROVIDER_SETTINGS, n=1, cutoff=_NEAR_PROVIDER)
     return (near[0], f" ({WHOSE[near[0]]})" if near[0] in WHOSE else "") if near else None
 
 
@@ -244,7 +250,8 @@ def _check_local_settings(owner: str, settings: Mapping[str, Any]) -> None:
 
 def check_provider_settings(owner: str, settings: Mapping[str, Any], provider: object) -> None:
     """``ConfigurationError`` for a setting of ``settings`` that the provider named
-    ``provider`` is known to ignore (``_check_local_settings`` for ``local``)."""
+    ``provider`` is known to ignore (``_check_local_settings`` for ``local``: callers
+    name it for littleghost's ``LocalModel`` alone, ``is_local_model``)."""
     if provider == "local":
         _check_local_settings(owner, settings)
 

@@ -488,11 +488,14 @@ def test_another_library_s_name_or_a_provider_s_spelt_almost_fails_where_it_is_g
 def test_a_provider_s_own_parameter_spelt_like_a_known_setting_reaches_the_model() -> None:
     """Parameters llama.cpp, vLLM, OpenAI, Anthropic and others document, however close to
     a setting littleghost knows (vLLM's min_tokens to max_tokens, Anthropic's speed to
-    seed, OpenRouter's top_a to top_p), are sent as they are."""
+    seed, OpenRouter's top_a to top_p), or another server's own name for a sampler, a word
+    longer or shorter than one of theirs (KoboldCpp's typical, text-generation-webui's
+    repetition_penalty_range), are sent as they are."""
     own = (
         "min_tokens repetition_penalty min_p typical_p repeat_penalty n_predict mirostat "
         "mirostat_tau top_n_sigma parse_tool_calls reasoning_format service_tier speed "
-        "top_a dry_base n_keep logits_processors min_new_tokens rep_pen random_seed"
+        "top_a dry_base n_keep logits_processors min_new_tokens rep_pen random_seed "
+        "typical repetition_penalty_range"
     )
     settings = dict.fromkeys(own.split(), 1)
     type("Declared", (Agent,), {"model": MODEL, "settings": settings})().run_sync("hi")

@@ -40,10 +40,11 @@ from littleghost.errors import (
     ProviderError,
 )
 from littleghost.events import TextDelta
-from littleghost.models import ModelRequest, StopReason, resolve
+from littleghost.models import ModelRequest, StopReason, register_provider, registry, resolve
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.testing import ScriptedModel, text_response
 from tests._local_server import (
     local_model_or_skip,
     running_servers,
@@ -683,10 +684,37 @@ def test_another_provider_s_setting_the_server_ignores_fails_at_class_definition
         "stop": "x",
         "logprobs": True,
         "reasoning_effort": "low",
+        "add_generation_prompt": False,
+        "continue_final_message": True,
         "a_newer_server_option": 1,
         "extra_body": {key: 1},
     }
     type("Taken", (Agent,), {"model": "local", "settings": taken})
+
+
+class _OwnLocal(ScriptedModel):
+    """A model of the user's own that also calls its provider ``local``."""
+
+    provider = "local"
+
+
+def test_a_model_of_the_user_s_own_named_local_takes_its_own_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The llama.cpp server's check is littleghost's ``LocalModel``'s: a model of the
+    user's whose provider is also ``local`` (a custom model, or a factory registered for
+    ``"local"``, which replaces littleghost's) gets the settings it is given, as a run's
+    settings or as its class's."""
+    settings = {"repetition_penalty": 1.1, "stop_sequences": ["x"], "min_tokens": 2}
+    model = _OwnLocal([text_response("a"), text_response("b")])
+    agent = type("Own", (Agent,), {"model": model, "settings": settings})()
+    assert agent.run_sync("hi").output == "a"
+    assert Agent(model=model).run_sync("hi", settings=settings).output == "b"
+    assert [dict(request.settings) for request in model.requests] == [settings, settings]
+    monkeypatch.setattr(registry, "_registry", {})  # forgets the registration afterwards
+    register_provider("local", lambda name: _OwnLocal([text_response("c")]))
+    declared = type("Registered", (Agent,), {"model": "local:mine", "settings": settings})
+    assert declared().run_sync("hi").output == "c"
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])

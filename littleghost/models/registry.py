@@ -6,13 +6,14 @@ A provider name is any non-empty str without ``:``, in any case (``"OpenAI:gpt-4
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.models.base import Model
 
-__all__ = ["ModelFactory", "register_provider", "resolve"]
+__all__ = ["ModelFactory", "is_local_model", "register_provider", "resolve"]
 
 ModelFactory = Callable[[str | None], Model]
 """Builds a model from the part of the string after ``provider:`` (``None`` when absent)."""
@@ -65,6 +66,16 @@ def split_model_string(spec: str) -> tuple[str, str | None]:
             f"'openai:gpt-4o-mini'): {problem}"
         )
     return provider.lower(), (model if sep else None)
+
+
+def is_local_model(model: object) -> bool:
+    """Whether ``model`` (a model string, or a model) is littleghost's ``LocalModel``: a
+    ``"local"`` string while no factory of the user's is registered for it, an instance
+    of the class; not a model of the user's that is also named ``local``."""
+    if isinstance(model, str):
+        return split_model_string(model)[0] == "local" and "local" not in _registry
+    local = sys.modules.get("littleghost.models.local")  # imported by any LocalModel made
+    return local is not None and isinstance(model, local.LocalModel)
 
 
 def resolve(spec: str) -> Model:
