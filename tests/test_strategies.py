@@ -4,8 +4,10 @@ groups; pipeline order; the token budget and its fallback; groups never split.""
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import random
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -1021,6 +1023,41 @@ async def test_apply_compaction_refuses_a_strategy_it_cannot_call(
 ) -> None:
     with pytest.raises(ConfigurationError, match=rf"strategy: {problem}"):
         await apply_compaction(conversation(2), strategy)
+
+
+async def test_a_strategy_whose_compact_changed_since_it_passed_is_checked_again() -> None:
+    """A passed check is remembered per ``compact`` function and its code: a class given
+    another compact, or a compact given another body, is refused at the next call."""
+
+    class Replaced:
+        async def compact(self, state: CompactionState, /) -> None:
+            state.exclude(1)
+
+    class Rewritten:
+        async def compact(self, state: CompactionState, /) -> None:
+            state.exclude(1)
+
+    replaced, rewritten = Replaced(), Rewritten()
+    for strategy in (replaced, rewritten):
+        assert len(await apply_compaction(conversation(2), strategy)) == 8  # a question out
+    Replaced.compact = SyncCompact.compact  # type: ignore[assignment]
+    with pytest.raises(ConfigurationError, match=r"Replaced\.compact must be a coroutine"):
+        await apply_compaction(conversation(2), replaced)
+    Rewritten.compact.__code__ = NoState.compact.__code__
+    with pytest.raises(ConfigurationError, match=r"Rewritten\.compact must accept \(state\)"):
+        await apply_compaction(conversation(2), rewritten)
+
+
+async def test_checking_a_strategy_keeps_no_reference_to_it() -> None:
+    class Passing:
+        async def compact(self, state: CompactionState, /) -> None:
+            state.exclude(1)
+
+    await apply_compaction(conversation(2), Passing())
+    compact = weakref.ref(Passing.compact)
+    del Passing
+    gc.collect()
+    assert compact() is None
 
 
 def traced(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cache, partial
 from itertools import accumulate, chain
 from operator import attrgetter
+from types import CodeType, FunctionType
 from typing import Any, Protocol, cast, runtime_checkable
+from weakref import WeakKeyDictionary
 
 from attrs import field, frozen
 
@@ -485,17 +487,28 @@ class CompactionStrategy(Protocol):
         """Apply the strategy to ``state``."""
 
 
+_FIT_COMPACTS: WeakKeyDictionary[FunctionType, CodeType] = WeakKeyDictionary()
+"""The ``compact`` functions ``check_strategy`` passed (held weakly), with the code it read."""
+
+
 def check_strategy(name: str, value: object, wanted: str = "must be a compaction strategy") -> None:
-    """``ConfigurationError`` naming ``name`` unless ``value`` has ``async def compact(state)``."""
+    """``ConfigurationError`` naming ``name`` unless ``value`` has ``async def compact(state)``
+    (a method's function, once passed, is not read again while its code stays)."""
     if not has_method("compact")(value):
         raise ConfigurationError(
             f"{name} {wanted} (with async compact(state)), not {wrong_value(value)}"
         )
     compact = cast(Any, value).compact
+    method = inspect.ismethod(compact) and inspect.isfunction(compact.__func__)
+    function: FunctionType | None = compact.__func__ if method else None
+    if function is not None and _FIT_COMPACTS.get(function) is function.__code__:
+        return
     what = f"{name}: {type(value).__name__}.compact"
     if not any(map(inspect.iscoroutinefunction, (compact, inspect.unwrap(compact)))):
         raise ConfigurationError(f"{what} must be a coroutine function (async def compact)")
     check_signature(what, compact, "(state)", 1, context=False)
+    if function is not None:
+        _FIT_COMPACTS[function] = function.__code__
 
 
 def _positions(items: list[Any], value: object) -> list[int]:
