@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, islice
 from typing import Literal
 
 from attrs import frozen
@@ -103,9 +103,10 @@ class Layout:
     @classmethod
     def build(cls, log: Sequence[Message], *, records: bool = True) -> Layout:
         """The layout of ``log`` (with ``records=False``: of a plain sequence)."""
-        layout = cls.scanned(log, records=records)
+        layout = cls(records=records)
+        roles = layout.scan(log)
         layout.pending = [s for s in layout.summaries if s.id not in layout.hidden]
-        layout._lay_out(log, 0)
+        layout._lay_out(log, 0, roles)
         return layout
 
     @classmethod
@@ -136,24 +137,28 @@ class Layout:
         layout.members = list(self.members)
         layout.slot_of = dict(self.slot_of)
         layout.pending = self.pending
-        layout.scan(log, start)
+        roles = layout.scan(log, start)
         for owner, position in layout.late:
             slot = layout.slot_of.get(owner)
             if slot is not None:
                 layout.members[slot] = [*layout.members[slot], log[position]]
-        layout._lay_out(log, start)
+        layout._lay_out(log, start, roles)
         return layout
 
-    def scan(self, log: Sequence[Message], start: int = 0) -> None:
-        """Pass 1: read records, pair results and note stray parts in ``log[start:]``."""
+    def scan(self, log: Sequence[Message], start: int = 0) -> list[Role | None]:
+        """Pass 1: read records, pair results and note stray parts in ``log[start:]``;
+        the role of each message read, ``None`` for a record (for pass 2, which then need
+        not read the messages again)."""
         records = self.records
         open_calls = self.open_calls
         shadowed = self.shadowed
         answers = self.answers
         stray = self.stray
-        for position in range(start, len(log)):
-            message = log[position]
+        roles: list[Role | None] = []
+        note = roles.append
+        for position, message in enumerate(islice(log, start, None), start):
             if records and message.metadata and is_record(message):
+                note(None)
                 if stray_part(message) is not None:
                     stray.append(position)
                 covers = record_covers(message)
@@ -165,6 +170,7 @@ class Layout:
                         self.anchors.setdefault(covered, message)
                 continue
             role = message.role
+            note(role)
             if role is _ASSISTANT:
                 for part in message.content:
                     if type(part) is ToolCall:
@@ -206,9 +212,11 @@ class Layout:
                     if not isinstance(part, carried):
                         stray.append(position)
         self.size = len(log)
+        return roles
 
-    def _lay_out(self, log: Sequence[Message], start: int) -> None:
-        """Pass 2: lay out ``log[start:]`` as groups after those laid out so far."""
+    def _lay_out(self, log: Sequence[Message], start: int, roles: list[Role | None]) -> None:
+        """Pass 2: lay out ``log[start:]`` (its ``roles`` as ``scan`` read them) as groups
+        after those laid out so far."""
         records = self.records
         hidden = self.hidden
         anchors = self.anchors
@@ -221,9 +229,8 @@ class Layout:
         orphans = set() if records else set(self.orphans)
         # The positions of calls left open: their messages are tool_call groups without results.
         unanswered = {*self.open_calls.values(), *chain.from_iterable(self.shadowed.values())}
-        for position in range(start, len(log)):
+        for position, role in enumerate(roles, start):
             message = log[position]
-            role = message.role
             kind: GroupKind
             if hidden and message.id in hidden:
                 record = anchors.get(message.id) if anchors else None
@@ -234,7 +241,7 @@ class Layout:
                 shown.add(record.id)
                 group = [record]
                 kind = ASSISTANT_TEXT
-            elif records and message.metadata and is_record(message):
+            elif role is None:  # a record
                 if message.metadata.get(COMPACTION_KIND_KEY) != COLLAPSE or message.id in shown:
                     continue
                 shown.add(message.id)
@@ -266,9 +273,9 @@ class Layout:
                         continue  # a record covers part of the exchange: it hides it all
                 else:
                     kind = TOOL_CALL if position in unanswered else ASSISTANT_TEXT
-            else:
+            else:  # a summary is a record unless read as a plain sequence
                 group = [message]
-                kind = SUMMARY if message.metadata and message.is_summary else USER
+                kind = SUMMARY if not records and message.is_summary else USER
             if pending:  # the summaries stand before the first non-trusted group
                 kinds.extend([SUMMARY] * len(pending))
                 members.extend([summary] for summary in pending)
