@@ -444,9 +444,14 @@ class CompactionState:
             for s in chain(earlier, made)
             if fate[s] == _INCLUDED and kinds[s] == SUMMARY
         ]
-        for slot in range(len(kinds)):
+        included = (  # where few are (a cut), found by ``list.index``, in C
+            _positions(fate, _INCLUDED)
+            if 2 * self.groups < len(fate)
+            else [slot for slot, given in enumerate(fate) if given == _INCLUDED]
+        )
+        for slot in included:
             kind = kinds[slot]
-            if fate[slot] != _INCLUDED or kind == SUMMARY:
+            if kind == SUMMARY:
                 continue  # pending
             if pending and kind != SYSTEM:
                 view.extend(pending)
