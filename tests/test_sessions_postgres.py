@@ -697,23 +697,41 @@ def _tcp_server(root: Path, address: str) -> Iterator[str]:
         pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=data, user=user)
 
 
+SHORT_KEEPALIVES = "?options=" + "%20".join(
+    f"-c%20{name}%3D{value}"
+    for name, value in [
+        ("tcp_keepalives_idle", 1),
+        ("tcp_keepalives_interval", 1),
+        ("tcp_keepalives_count", 2),
+        ("tcp_user_timeout", 2000),
+    ]
+)
+"""A conninfo's own keepalives (PostgreSQL's ``options``): a vanished peer is found
+gone within about 3 s."""
+
+
 class TestVanishedWorker:
     @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the server's TCP, not the loop
+    @pytest.mark.parametrize(
+        ("options", "timeout"), [("", 60), (SHORT_KEEPALIVES, 15)], ids=["store's", "conninfo's"]
+    )
     async def test_a_worker_machine_gone_without_a_word_frees_its_session(
-        self, tmp_path: Path
+        self, tmp_path: Path, options: str, timeout: float
     ) -> None:
         """A worker's machine goes (powered off, cut off): nothing tells the server, which
         by default probes an idle connection after 2 hours (and retransmits an answer
         never acknowledged for 15 minutes), so the session stayed held and every run of
         it elsewhere failed at its deadline. The store's connections ask for keepalives
         after 10 s of silence and give up unacknowledged data after 30 s: the session is
-        free within about 30 s."""
+        free within about 30 s. Keepalives the conninfo sets are kept: with 1 s, within
+        15 s (the store's own would take longer)."""
         script = tmp_path / "holder.py"
         script.write_text(HOLDER)
         with (
             network_namespace() as (namespace, address, cut),
             tcp_server(address) as conninfo,
         ):
+            conninfo += options
             command = ["ip", "netns", "exec", namespace, sys.executable, str(script), conninfo]
             async with await anyio.open_process(command) as child:
                 assert child.stdout is not None
@@ -725,7 +743,7 @@ class TestVanishedWorker:
             model = ScriptedModel([text_response("freed")])
             async with PostgresSessionStore(conninfo) as store:
                 result = await Noter(model=model, session_store=store).run(
-                    "hello", session_id="held", timeout=60
+                    "hello", session_id="held", timeout=timeout
                 )
         assert result.output == "freed"
 
