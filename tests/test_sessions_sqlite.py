@@ -66,6 +66,19 @@ def raw(path: Path, *statements: str) -> list[tuple[object, ...]]:
         connection.close()
 
 
+def stored_through(directory: Path, through_link: bool) -> tuple[Path, Path]:
+    """The database file in ``directory``, and the path a store opens it by: the file,
+    or a symbolic link to it from another folder."""
+    path = directory / "data" / "s.db"
+    path.parent.mkdir()
+    if not through_link:
+        return path, path
+    link = directory / "links" / "link.db"
+    link.parent.mkdir()
+    link.symlink_to(path)
+    return path, link
+
+
 async def every_operation_fails(store: SQLiteSessionStore, error: type[Exception]) -> None:
     with pytest.raises(error):
         await store.load("s")
@@ -189,14 +202,16 @@ class TestFile:
                 await other.append("u", [Message.user("in the replacement")])
             assert await store.list_sessions() == ("u",)
 
+    @pytest.mark.parametrize("through_link", [False, True], ids=["file", "link"])
     async def test_writes_after_the_wal_was_removed_outlive_the_process(
-        self, tmp_path: Path
+        self, tmp_path: Path, through_link: bool
     ) -> None:
         """The ``-wal`` removed under an open store: the messages it held, and later
         appends, reach the file at the path, so they outlive the process (they stayed in
-        a log no path reached, lost as the process was killed)."""
-        removed = "-wal"
-        path = tmp_path / "s.db"
+        a log no path reached, lost as the process was killed). For a store opened
+        through a symbolic link, the ``-wal`` beside the file it leads to, where SQLite
+        makes it (the store looked beside the link, and found none)."""
+        path, opened = stored_through(tmp_path, through_link)
         script = textwrap.dedent(
             f"""
             import os, anyio
@@ -204,9 +219,9 @@ class TestFile:
             from littleghost.sessions import SQLiteSessionStore
 
             async def main():
-                store = SQLiteSessionStore({str(path)!r})
+                store = SQLiteSessionStore({str(opened)!r})
                 await store.append("s", [Message.user("before")])
-                os.remove({str(path) + removed!r})
+                os.remove({str(path) + "-wal"!r})
                 await store.append("s", [Message.user("after")])
                 os.kill(os.getpid(), 9)
 
@@ -219,13 +234,15 @@ class TestFile:
         async with SQLiteSessionStore(path) as store:
             assert [message.text for message in await store.load("s")] == ["before", "after"]
 
+    @pytest.mark.parametrize("through_link", [False, True], ids=["file", "link"])
     async def test_a_store_whose_shm_was_replaced_overwrites_no_other_process_s_writes(
-        self, tmp_path: Path
+        self, tmp_path: Path, through_link: bool
     ) -> None:
         """The ``-shm`` removed under an open store, another process writes through the
         one it makes: the store refuses every call (SQLite keeps the old index for the
-        file in its process; its append wrote over the other process's messages)."""
-        path = tmp_path / "s.db"
+        file in its process; its append wrote over the other process's messages). For a
+        store opened through a symbolic link, the ``-shm`` beside the file it leads to."""
+        path, opened = stored_through(tmp_path, through_link)
         other = textwrap.dedent(
             f"""
             import anyio
@@ -247,7 +264,7 @@ class TestFile:
             from littleghost.sessions import SQLiteSessionStore
 
             async def main():
-                store = SQLiteSessionStore({str(path)!r})
+                store = SQLiteSessionStore({str(opened)!r})
                 await store.append("s", [Message.user("before")])
                 os.remove({str(path) + "-shm"!r})
                 subprocess.run([sys.executable, "-c", {other!r}], check=True)

@@ -149,7 +149,9 @@ _Files = tuple[_Identity, _Identity, _Identity]
 
 def _files_at(path: str) -> _Files:
     """The device and inode of the database file at ``path``, of its ``-wal`` and of its
-    ``-shm`` (``None`` for one there is not)."""
+    ``-shm`` (``None`` for one there is not): beside the file a symbolic link leads to,
+    where SQLite makes them."""
+    path = os.path.realpath(path)
     return file_at(path), file_at(path + "-wal"), file_at(path + "-shm")
 
 
