@@ -912,7 +912,7 @@ async def _execute(
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed
-            return _failed(call, span, "cancelled", "it raised a cancellation exception")
+            return _failed(call, span, telemetry.CANCELLED, "it raised a cancellation exception")
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:  # the tool's own failure, of any kind

@@ -28,8 +28,10 @@ from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usa
 from littleghost.text import json_text
 
 __all__ = [
+    "CANCELLED",
     "COMPACTION_EVENT",
     "COMPACTION_SPAN",
+    "ended_type",
     "error_type",
     "failure_type",
     "finish_reason",
@@ -170,6 +172,19 @@ def failure_type(error: BaseException, deadline: float | None = None) -> str | N
     if deadline is None or anyio.current_time() < deadline:
         return None
     return DeadlineExceededError.__name__
+
+
+CANCELLED = "cancelled"
+"""``error.type`` of work a cancellation stopped (the caller's, a tool's timeout, a
+consumer leaving ``agent.stream()``): a model call's in the duration metric and its
+``SideCallFinished``, a tool's that raised one on its ``execute_tool`` span."""
+
+
+def ended_type(error: BaseException, deadline: float | None = None) -> str:
+    """``error.type`` of a model call ``error`` ended: ``failure_type``'s, or
+    ``CANCELLED`` for one a cancellation stopped (its span stays UNSET: it did not fail,
+    but it did not answer either)."""
+    return failure_type(error, deadline) or CANCELLED
 
 
 def no_time() -> float | None:
@@ -344,28 +359,27 @@ def record_call(
     chunk_gaps: Sequence[float] = (),
 ) -> None:
     """Record a model call that began at ``started`` (``time.perf_counter()``) in the GenAI
-    client metrics: its duration, with ``error.type`` when it failed (a cancelled call's
-    is not recorded: it stopped, it did not fail; one cut by the run's ``deadline``, in
-    ``anyio.current_time()`` units, timed out: ``DeadlineExceededError``), the input and
-    output tokens of its ``response`` (or the ``usage`` a call that ended without its
-    answer was billed, a cancelled one's too, without ``error.type``, which the
-    conventions do not give the token metric; a count of 0 is one the model did not
+    client metrics: its duration, with ``error.type`` when it ended without its answer
+    (``ended_type``: a failure's, ``DeadlineExceededError`` for one the run's ``deadline``,
+    in ``anyio.current_time()`` units, cut, ``cancelled`` for one a cancellation stopped),
+    the input and output tokens of its ``response`` (or the ``usage`` a call that ended
+    without its answer was billed, a cancelled one's too, without ``error.type``, which
+    the conventions do not give the token metric; a count of 0 is one the model did not
     report: the conventions record none then), and for a streamed answer the time its
     ``first_chunk`` of text, reasoning or a tool call came and the ``chunk_gaps``, the
     seconds each later chunk came after the one before. ``attributes`` are its span's;
-    the metrics keep the conventions' few."""
-    kind = None if error is None else failure_type(error, deadline)
+    the metrics keep the conventions' few. Nothing is awaited: a cancellation goes on."""
+    kind = None if error is None else ended_type(error, deadline)
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
         kept[RESPONSE_MODEL] = response.response_model
-    if error is None or kind is not None:  # a cancelled call's times are not recorded
-        # never changed once recorded: older SDKs keep the dict as the series' attributes
-        timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
-        _CALL_DURATION.record(time.perf_counter() - started, timed)
-        if first_chunk is not None:
-            _FIRST_CHUNK.record(first_chunk - started, timed)
-        for gap in chunk_gaps:
-            _PER_CHUNK.record(gap, timed)
+    # never changed once recorded: older SDKs keep the dict as the series' attributes
+    timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
+    _CALL_DURATION.record(time.perf_counter() - started, timed)
+    if first_chunk is not None:
+        _FIRST_CHUNK.record(first_chunk - started, timed)
+    for gap in chunk_gaps:
+        _PER_CHUNK.record(gap, timed)
     used = usage if response is None else response.usage
     if used is not None:  # no error.type: the conventions do not give it the token metric
         counts = {"input": used.input_tokens, "output": used.output_tokens}

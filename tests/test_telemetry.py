@@ -155,7 +155,8 @@ async def test_a_call_cut_by_the_run_deadline_is_in_the_duration_metric(
 ) -> None:
     """A call the run's deadline cuts timed out: it is in gen_ai.client.operation.duration
     with error.type DeadlineExceededError (the slowest calls are not left out); a call a
-    caller's cancellation stops is not recorded."""
+    caller's cancellation stops is there with error.type ``cancelled``, apart from the
+    calls that answered."""
 
     async def slow(request: ModelRequest) -> ModelResponse:
         await anyio.sleep(5)
@@ -170,7 +171,9 @@ async def test_a_call_cut_by_the_run_deadline_is_in_the_duration_metric(
 
     with anyio.move_on_after(0.2):
         await Support(model=ScriptedModel([slow])).run("hello", timeout=30)
-    assert "gen_ai.client.operation.duration" not in histograms.read()
+    (stopped,) = histograms.read()["gen_ai.client.operation.duration"]
+    assert dict(stopped.attributes or {})["error.type"] == "cancelled"
+    assert stopped.count == 1 and stopped.sum >= 0.1
 
 
 @pytest.mark.parametrize(
@@ -182,8 +185,8 @@ async def test_usage_reported_before_a_call_was_cut_is_billed(
     """A model call cut after its provider reported usage (``report_usage``: Anthropic's
     prompt tokens as its stream starts) was billed that, whatever cut it: its chat span,
     the invoke_agent span, the token metric and the deadline's ``run_usage`` count what
-    was reported, and nothing more (no estimate); a call cancelled, not timed out, is
-    still not in the duration metric."""
+    was reported, and nothing more (no estimate); the duration metric has it with its
+    error.type (``cancelled`` when it was cancelled, not timed out)."""
     reported = Usage(50, 1)
 
     async def slow(request: ModelRequest) -> ModelResponse:
@@ -215,8 +218,9 @@ async def test_usage_reported_before_a_call_was_cut_is_billed(
         for point in recorded["gen_ai.client.token.usage"]
     }
     assert tokens == {"input": (1, 50), "output": (1, 1)}
-    timed = how == "the run's deadline"
-    assert ("gen_ai.client.operation.duration" in recorded) is timed
+    (timed,) = recorded["gen_ai.client.operation.duration"]
+    cut = "DeadlineExceededError" if how == "the run's deadline" else "cancelled"
+    assert dict(timed.attributes or {})["error.type"] == cut
 
 
 def test_report_usage_takes_a_usage() -> None:
