@@ -127,9 +127,11 @@ class ModelCallFinished:
 class SideCallFinished:
     """A side call (``RunContext.complete``: a guardrail's check, a tool's digest)
     completed, or failed with ``error_type`` but was billed (an answer stopped at the
-    context window; an attempt retried after its stream broke, whatever ``report``); it
-    is never streamed, and ``usage`` is its own part of the run's usage. ``purpose`` is
-    its request's (``ModelRequest.purpose``)."""
+    context window; an attempt retried after its stream broke, whatever ``report``;
+    ``cancelled``: a cancellation, a tool's timeout say, cut it after its provider
+    reported usage, told just before the run's next event); it is never streamed, and
+    ``usage`` is its own part of the run's usage. ``purpose`` is its request's
+    (``ModelRequest.purpose``)."""
 
     usage: Usage
     purpose: str

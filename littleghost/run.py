@@ -150,6 +150,9 @@ class RunContext:
     """The ids of the tool batch the runner is running: only it answers them."""
     _ended: bool = field(default=False, repr=False, init=False)
     """True once the run has ended: its context appends nothing more."""
+    _held: list[Event] = field(factory=list, repr=False, init=False)
+    """Events a cancellation kept from the consumer (a cut side call's): nothing can be
+    awaited under it, so the run's next event brings them first."""
     _turn_retries: int = field(default=0, repr=False, init=False)
     """How many times the turn's model call was retried (``ModelCallRetried.attempt``)."""
     question: Message | None = field(default=None, repr=False, init=False)
@@ -317,14 +320,17 @@ class RunContext:
         return self._sink is not None
 
     async def emit(self, event: Event) -> None:
-        """Hand an event to the stream's consumer, if there is one. The time a tool's
-        call waits for the consumer does not count against the tool's timeout."""
+        """Hand an event to the stream's consumer, if there is one, after those a
+        cancellation held back (``_held``). The time a tool's call waits for the consumer
+        does not count against the tool's timeout."""
         if self._sink is None:
             return
         calling = _CALLING.get()
         if calling is not None and (calling.context is not self or calling.over):
             calling = None  # another run's call, or one that is over
         with nullcontext() if calling is None else calling.paused():
+            while self._held:
+                await self._sink(self._held.pop(0))  # taken first: never sent twice
             await self._sink(event)
 
     async def _retried(self, error: BaseException) -> None:
@@ -360,7 +366,10 @@ class RunContext:
         of the ``execute_tool`` span of the tool that makes it, with the model's ``server.address`` and ``server.port`` when it has them, and the
         response's id and model when the provider reported them); its usage is added to
         the run's total and reported by a ``SideCallFinished`` event (a failed call's
-        too when its error says it was billed) — unless
+        too when its error says it was billed, and one a cancellation cut, a tool's
+        timeout say, when its provider had reported usage: with ``error_type``
+        ``cancelled``, just before the run's next event, as nothing can be awaited under
+        the cancellation) — unless
         ``report=False``, for a call whose usage an event of the caller's own reports
         (``@manage_context``'s summary call: ``CompactionFinished``). An attempt that was
         billed, then retried, is reported by a ``SideCallFinished`` (its ``error_type``)
@@ -375,12 +384,16 @@ class RunContext:
             )
         try:
             response = await self._call(request, model=model)
-        except Exception as error:
+        except BaseException as error:
             used = billed(error)
             if report and used != Usage():  # billed all the same: the events still add up
-                await self.emit(
-                    SideCallFinished(used, request.purpose, telemetry.error_type(error))
-                )
+                kind = telemetry.ended_type(error, self.grace.earliest_deadline())
+                ended = SideCallFinished(used, request.purpose, kind)
+                if isinstance(error, Exception):
+                    await self.emit(ended)
+                elif self.streaming:  # cut: nothing can be awaited now (it would delay
+                    # the cancellation); the run's next event brings it
+                    self._held.append(ended)
             raise
         if report:
             await self.emit(SideCallFinished(response.usage, request.purpose))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -16,9 +17,10 @@ from opentelemetry.sdk.metrics import Histogram
 
 from littleghost import Agent, Message, RunContext, before_model, manage_context, tool
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
-from littleghost.context import PromptBudget
+from littleghost.context import CompactionState, PromptBudget, Truncation
 from littleghost.errors import (
     ContextWindowOverflowError,
+    DeadlineExceededError,
     LimitExceededError,
     ProviderUnavailableError,
     RateLimitError,
@@ -39,7 +41,7 @@ from littleghost.run import RunResult
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 from .conftest import Histograms, Spans
-from .conversations import chat, compacting, summary_step
+from .conversations import PerMessage, chat, compacting, summary_step
 
 pytestmark = pytest.mark.anyio
 
@@ -461,8 +463,9 @@ async def test_a_failed_runs_usage_is_the_run_it_ends() -> None:
 
 async def test_a_side_call_a_tools_timeout_cut_is_in_the_runs_usage(spans: Spans) -> None:
     """A side call the tool's timeout cuts after its provider reported usage was billed
-    that: the run goes on, and its usage and its invoke_agent span count it (no event can
-    report it: it was cancelled); its chat span carries it."""
+    that: the run goes on, and its usage and its invoke_agent span count it (and its
+    ``SideCallFinished``: ``test_every_cut_model_call_is_timed_and_its_usage_reported``);
+    its chat span carries it."""
 
     async def slow(request: ModelRequest) -> None:
         report_usage(Usage(50, 1))
@@ -562,3 +565,155 @@ async def test_a_side_call_whose_error_refuses_attributes_is_in_the_runs_usage()
     model = ScriptedModel([called, failing, text_response("Done.", input_tokens=20)])
     result = await Checking(model=model).run("go")
     assert result.usage == Usage(10 + 50 + 20, 2 + 1)
+
+
+REPORTED = Usage(50, 1)
+"""What a cut call's provider reported before the cut (as Anthropic's stream starts)."""
+
+CUT_KINDS = {
+    "the run's deadline": "DeadlineExceededError",
+    "the caller's cancellation": "cancelled",
+    "a stream left": "cancelled",
+    "a tool's timeout": "cancelled",
+    "a hook's own scope": "cancelled",
+    "a strategy's own scope": "cancelled",
+}
+"""What can cut a model call, and the ``error.type`` the duration metric gives it."""
+
+
+class Plain(Agent):
+    pass
+
+
+def cutting(scope: anyio.CancelScope | None) -> Callable[[ModelRequest], Awaitable[None]]:
+    """A script step that reports ``REPORTED``, cancels ``scope`` (else waits to be cut)."""
+
+    async def cut(request: ModelRequest) -> None:
+        report_usage(REPORTED)
+        if scope is not None:
+            scope.cancel()
+        await anyio.sleep(5)
+        raise AssertionError("the call was not cut")
+
+    return cut
+
+
+def cut_call_agent(how: str, scope: anyio.CancelScope) -> tuple[Agent, Usage]:
+    """An agent one of whose model calls ``how`` cuts (``scope``: the cancel scope it
+    cancels), and the usage of its other calls."""
+    done = text_response("Done.", input_tokens=20, output_tokens=2)
+    cut = cutting(None if how in ("the run's deadline", "a tool's timeout") else scope)
+    if how == "a tool's timeout":
+
+        class Checking(Agent):
+            @tool(timeout=0.1)
+            async def check(self, context: RunContext) -> str:
+                """Check the order."""
+                request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+                await context.complete(request)
+                return "checked"
+
+        called = tool_call_response("check", {}, input_tokens=10, output_tokens=1)
+        return Checking(model=ScriptedModel([called, cut, done])), Usage(30, 3)
+    if how == "a hook's own scope":
+
+        class Guarded(Agent):
+            @before_model
+            async def check(self, request: ModelRequest, *, context: RunContext) -> None:
+                with scope:  # the guard gives up on its check: the run goes on
+                    checking = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+                    await context.complete(checking)
+
+        return Guarded(model=ScriptedModel([cut, done])), Usage(20, 2)
+    if how == "a strategy's own scope":
+
+        class Bounded:
+            async def compact(self, state: CompactionState, /) -> None:
+                assert state.complete is not None
+                with scope:
+                    await state.complete(ModelRequest([Message.user("Summarize.")]))
+                await Truncation(minimum_preserved=4).compact(state)
+
+        @manage_context(
+            context_window_tokens=100,
+            compression_threshold=0.5,
+            tokenizer=PerMessage(),
+            strategy=Bounded(),
+        )
+        class Compacting(Agent):
+            pass
+
+        return Compacting(model=ScriptedModel([cut, done])), Usage(20, 2)
+    if how == "a stream left":
+        return Plain(model=ScriptedModel([streamed(REPORTED, "Hel", "lo")])), Usage()
+    return Plain(model=ScriptedModel([cut])), Usage()
+
+
+@pytest.mark.parametrize("how", list(CUT_KINDS))
+async def test_every_cut_model_call_is_timed_and_its_usage_reported(
+    how: str, histograms: Histograms
+) -> None:
+    """A model call cut after its provider reported usage, whatever cut it, is in
+    gen_ai.client.operation.duration with its error.type (``DeadlineExceededError`` for
+    the run's deadline, ``cancelled`` for a cancellation); where the run goes on, its
+    events' usages add up to result.usage (a side call's ``SideCallFinished`` says it
+    was cancelled, before the event that follows the cut)."""
+    scope = anyio.CancelScope()
+    agent, others = cut_call_agent(how, scope)
+    events: list[Event] = []
+    result: RunResult[Any] | None = None
+    with contextlib.ExitStack() as stack:
+        if how == "the caller's cancellation":
+            stack.enter_context(scope)
+        if how == "the run's deadline":
+            stack.enter_context(pytest.raises(DeadlineExceededError))
+        timeout = 0.2 if how == "the run's deadline" else None
+        history = chat(30) if how == "a strategy's own scope" else None
+        async with agent.stream("go", history=history, timeout=timeout) as stream:
+            async for event in stream:
+                events.append(event)
+                if how == "a stream left" and isinstance(event, TextDelta):
+                    break
+            else:
+                result = stream.result
+    timed = histograms.read()["gen_ai.client.operation.duration"]
+    cut = [
+        (dict(point.attributes or {})["error.type"], point.count)
+        for point in timed
+        if "error.type" in dict(point.attributes or {})
+    ]
+    assert cut == [(CUT_KINDS[how], 1)]
+    goes_on = how in ("a tool's timeout", "a hook's own scope", "a strategy's own scope")
+    assert (result is not None) is goes_on
+    if result is not None:
+        assert result.usage == REPORTED + others
+        assert reported(events) == result.usage
+    if how in ("a tool's timeout", "a hook's own scope"):
+        side = events.index(SideCallFinished(REPORTED, "guard", "cancelled"))
+        follows = ToolCallFinished if how == "a tool's timeout" else TextDelta
+        assert isinstance(events[side + 1], follows)
+
+
+async def test_a_side_calls_retry_wait_a_tools_timeout_cut_is_reported_once() -> None:
+    """A side call whose billed attempt failed and whose retry wait the tool's timeout
+    cuts: the attempt's ``SideCallFinished`` came before the wait, no call was in flight
+    at the cut (nothing more to report), and the events add up to result.usage."""
+
+    class Checking(Agent):
+        @tool(timeout=0.2)
+        async def check(self, context: RunContext) -> str:
+            """Check the order."""
+            request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+            await context.complete(request)
+            return "checked"
+
+    limited = RateLimitError("slow down", retry_after=5, usage=REPORTED)
+    called = tool_call_response("check", {}, input_tokens=10, output_tokens=1)
+    done = text_response("Done.", input_tokens=20, output_tokens=2)
+    model = ScriptedModel([called, limited, done])
+    result, events = await go(Checking(model=model), "stream", "go")
+    assert result.usage == REPORTED + Usage(30, 3) == reported(events)
+    sides = [event for event in events if isinstance(event, SideCallFinished)]
+    assert sides == [SideCallFinished(REPORTED, "guard", "RateLimitError")]
+    (finished,) = [event for event in events if isinstance(event, ToolCallFinished)]
+    assert finished.result.is_error
