@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from littleghost import logs, telemetry
 from littleghost._validators import is_int
 from littleghost.chat_span import traced_call
-from littleghost.cleanup import Grace, close_leaving
+from littleghost.cleanup import Grace, cancelled_here, close_leaving
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import UNSWALLOWED, ConfigurationError, ProtocolError, SessionStoreError
@@ -333,6 +333,16 @@ class RunContext:
                 await self._sink(self._held.pop(0))  # taken first: never sent twice
             await self._sink(event)
 
+    async def _side_call_ended(self, event: SideCallFinished, error: BaseException) -> None:
+        """Emit a side call's ``event`` about ``error``; hold it for the run's next event
+        (``_held``) when a cancellation cut the call, or cuts the task now (a client that
+        turned it into an error of its own): nothing can be awaited under it, which would
+        delay the cancellation, or lose the event."""
+        if isinstance(error, Exception) and not cancelled_here():
+            await self.emit(event)
+        elif self.streaming:
+            self._held.append(event)
+
     async def _retried(self, error: BaseException) -> None:
         """Tell the consumer the turn's model call is retried after ``error`` (the
         turn's retries numbered together, transient errors and recoveries alike)."""
@@ -388,12 +398,7 @@ class RunContext:
             used = billed(error)
             if report and used != Usage():  # billed all the same: the events still add up
                 kind = telemetry.ended_type(error, self.grace.earliest_deadline())
-                ended = SideCallFinished(used, request.purpose, kind)
-                if isinstance(error, Exception):
-                    await self.emit(ended)
-                elif self.streaming:  # cut: nothing can be awaited now (it would delay
-                    # the cancellation); the run's next event brings it
-                    self._held.append(ended)
+                await self._side_call_ended(SideCallFinished(used, request.purpose, kind), error)
             raise
         if report:
             await self.emit(SideCallFinished(response.usage, request.purpose))
@@ -500,9 +505,8 @@ class RunContext:
                 await self._retried(error)
             elif (used := billed(error)) != Usage():  # a side call's attempt, billed: its
                 # caller sees the last attempt alone (``report=False`` too)
-                await self.emit(
-                    SideCallFinished(used, request.purpose, telemetry.error_type(error))
-                )
+                ended = SideCallFinished(used, request.purpose, telemetry.error_type(error))
+                await self._side_call_ended(ended, error)
 
         response = await call_with_retries(
             attempt,

@@ -22,6 +22,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     LimitExceededError,
+    ProtocolError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -717,3 +718,43 @@ async def test_a_side_calls_retry_wait_a_tools_timeout_cut_is_reported_once() ->
     assert sides == [SideCallFinished(REPORTED, "guard", "RateLimitError")]
     (finished,) = [event for event in events if isinstance(event, ToolCallFinished)]
     assert finished.result.is_error
+
+
+@pytest.mark.parametrize("retried", [True, False])
+async def test_a_side_call_whose_client_turned_its_cut_into_an_error_is_reported(
+    retried: bool,
+) -> None:
+    """A side call the tool's timeout cuts, whose client turns the cancellation into an
+    error of its own ("connection closed"), retryable or not: its ``SideCallFinished``
+    (that error's type) is held, not awaited under the cancellation, where it was lost,
+    and told before the tool's ``ToolCallFinished``; the events add up to
+    result.usage."""
+    closed: Exception = (
+        ProviderUnavailableError("connection closed", provider="scripted")
+        if retried
+        else ProtocolError("connection closed")
+    )
+
+    async def closing(request: ModelRequest) -> None:
+        report_usage(REPORTED)
+        try:
+            await anyio.sleep(5)
+        except anyio.get_cancelled_exc_class():
+            raise closed from None
+
+    class Checking(Agent):
+        @tool(timeout=0.1)
+        async def check(self, context: RunContext) -> str:
+            """Check the order."""
+            request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+            await context.complete(request)
+            return "checked"
+
+    called = tool_call_response("check", {}, input_tokens=10, output_tokens=1)
+    done = text_response("Done.", input_tokens=20, output_tokens=2)
+    model = ScriptedModel([called, closing, done])
+    result, events = await go(Checking(model=model), "stream", "go")
+    assert result.usage == REPORTED + Usage(30, 3) == reported(events)
+    side = events.index(SideCallFinished(REPORTED, "guard", type(closed).__name__))
+    assert isinstance(events[side + 1], ToolCallFinished)
+    assert events[side + 1].result.is_error  # stopped at its timeout
