@@ -34,10 +34,10 @@ async def traced_call(
 ) -> ModelResponse:
     """``respond()``, ``model``'s answer to ``request``, in a ``chat`` span with the GenAI
     attributes (``attributes`` added; ERROR when it fails, or the run's ``deadline()``
-    cuts it: ``open_span``), its content when ``capture_content``, and in the
-    metrics: its duration (a cut or failed one's with ``error.type``, by ``deadline()``:
-    ``record_call``), its tokens,
-    and the ``first_chunk()`` time and ``chunk_gaps()`` of a ``streamed`` one. A call that
+    cuts it: ``open_span``), its content when ``capture_content``, and in the metrics:
+    its duration (a cut or failed one's with ``error.type``, by ``deadline()``:
+    ``record_call``), its tokens, and the ``first_chunk()`` time and ``chunk_gaps()`` of
+    a ``streamed`` one. A call that
     ends without its answer (failed, cancelled or cut off) has the tokens it was billed
     (``bill``: its error's usage, else what the model reported before, ``report_usage``)
     on its span and in the token metric, and kept on the error for ``billed``.
