@@ -396,13 +396,18 @@ class StallingStore(InMemorySessionStore):
 
 class Stalling(Agent):
     model = "hangingcaller:m"
-    cleanup_grace = 1.0
+    cleanup_grace = 1.5
 
     @tool
     async def wait(self) -> str:
         """Never finish."""
         await anyio.sleep(30)
         return "never"
+
+
+LATE = 1.0
+"""How late after its one grace a stopped run may end: under a second grace, but with
+room for a loaded machine (0.5 s failed one run in a busy suite)."""
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -415,7 +420,7 @@ def test_run_sync_closes_its_model_within_the_runs_grace(
     began = time.monotonic()
     with pytest.raises(DeadlineExceededError):
         agent.run_sync("Wait.", session_id="s", timeout=0.2)
-    assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + 0.5
+    assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + LATE
 
 
 @pytest.mark.parametrize("how", ["timeout", "fail_after", "stream", "task group"])
@@ -441,7 +446,7 @@ async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(how: str)
             else:
                 timeout = 0.2 if how == "timeout" else None
                 await agent.run("Wait.", session_id="s", timeout=timeout)
-    assert anyio.current_time() - began < 0.2 + Stalling.cleanup_grace + 0.5
+    assert anyio.current_time() - began < 0.2 + Stalling.cleanup_grace + LATE
 
 
 class BadClose(LoopBound):
