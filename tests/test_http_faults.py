@@ -324,6 +324,86 @@ async def test_a_stream_lost_while_a_tool_calls_arguments_arrive_runs_no_tool(
     assert len(server.requests) == 2
 
 
+def tool_call_stream(provider: str) -> tuple[list[bytes], int, int]:
+    """A streamed call of ``lookup(id=4)``, its arguments in two pieces, event by event
+    (the end marker, ``[DONE]`` or ``message_stop``, last); with the number of events
+    after which its arguments are whole (Anthropic: its block stopped) and after which
+    its finish reason (Anthropic: the ``message_delta`` with its stop reason) came."""
+    if provider == "openai":
+        head = {"index": 0, "id": "c1", "type": "function"}
+        pieces = [{"index": 0, "function": {"arguments": part}} for part in ('{"id"', ": 4}")]
+        events = openai_events(
+            chunk({"role": "assistant", "content": None}),
+            chunk({"tool_calls": [{**head, "function": {"name": "lookup", "arguments": ""}}]}),
+            *(chunk({"tool_calls": [piece]}) for piece in pieces),
+            chunk({}, finish_reason="tool_calls"),
+            chunk(None, usage=USED),
+        )
+        return events, 4, 5
+    started = {"type": "tool_use", "id": "c1", "name": "lookup", "input": {}}
+    deltas = [{"type": "input_json_delta", "partial_json": part} for part in ('{"id"', ": 4}")]
+    events = anthropic_events(
+        message_start({"input_tokens": 30, "output_tokens": 1}),
+        {"type": "content_block_start", "index": 0, "content_block": started},
+        *({"type": "content_block_delta", "index": 0, "delta": delta} for delta in deltas),
+        {"type": "content_block_stop", "index": 0},
+        *finish("tool_use", 4),
+    )
+    return events, 5, 6
+
+
+def stream_cuts() -> list[Any]:
+    """Each provider's tool-call stream cut after each of its events, and ended there:
+    closed, reset, or closed after the end marker a proxy adds to a stream its upstream
+    cut (``[DONE]``, ``message_stop``)."""
+    return [
+        pytest.param(provider, sent, ending, id=f"{provider}-{sent}-{ending}")
+        for provider in PROVIDERS
+        for sent in range(1, len(tool_call_stream(provider)[0]) + 1)
+        for ending in ("closed", "reset", "end marker added")
+    ]
+
+
+@pytest.mark.parametrize(("provider", "sent", "ending"), stream_cuts())
+async def test_a_tool_call_stream_cut_anywhere_is_whole_or_asked_again(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, sent: int, ending: str
+) -> None:
+    """Wherever a tool call's stream is cut, and however it ends there, the call is run
+    whole or the model is asked again (a retryable cut-off): never run on half its
+    arguments, nor answered as a call of bad arguments. The end marker alone, without a
+    finish reason, ends the answer only once the call's arguments are whole (Anthropic:
+    its block stopped)."""
+    events, arguments_whole, finished = tool_call_stream(provider)
+    kept = events[:sent]
+    marker = events[-1]
+    if ending == "end marker added" and kept[-1] != marker:
+        kept.append(marker)
+    behaviour = broken(kept) if ending == "reset" else cut(kept)
+    whole = sent >= finished or (ending == "end marker added" and sent >= arguments_whole)
+    looked: list[int] = []
+
+    class Looking(Plain):
+        @tool
+        def lookup(self, id: int) -> str:
+            """Look an order up."""
+            looked.append(id)
+            return f"order {id}"
+
+    server = servers(behaviour, answered(provider))
+    async with Looking(model=model_of(provider, server.url)) as agent:
+        events_seen, log = await streamed(agent, timeout=20)
+    retried = [event for event in events_seen if isinstance(event, ModelCallRetried)]
+    assert not [result for m in log for result in m.tool_results if result.is_error]
+    assert log[-1].text == "fine"
+    if whole:
+        assert looked == [4]
+        assert retried == []
+    else:
+        assert looked == []
+        assert [event.error_type for event in retried] == ["ProviderUnavailableError"]
+        assert [message.text for message in log] == ["hello", "fine"]
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as below
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_stream_whose_event_is_malformed_after_it_reported_usage_is_billed(

@@ -64,6 +64,7 @@ __all__ = [
     "sse_events",
     "stream_cut_off",
     "text_of",
+    "whole_arguments",
     "wrong_shape",
 ]
 
@@ -365,6 +366,21 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
     except ToolArgumentError:
         return text
     return value if isinstance(value, dict) else text
+
+
+def whole_arguments(raw: object) -> bool:
+    """Whether tool-call arguments came whole: a mapping (an SDK parsed them), or text
+    that reads as a JSON object, whatever its numbers (``NaN``, an integer too long to
+    read), which text cut on its way never does."""
+    if isinstance(raw, Mapping):
+        return True
+    if not isinstance(raw, str):
+        return False
+    try:
+        value = json.loads(raw, parse_int=len, parse_float=len, parse_constant=len)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict)
 
 
 def sent_arguments(call: ToolCall) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from littleghost.models._sdk import (
     sse_events,
     stream_cut_off,
     text_of,
+    whole_arguments,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -479,6 +480,13 @@ def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tu
     return field, piece
 
 
+def _whole_input(block: Mapping[str, Any]) -> bool:
+    """Whether a streamed block is no tool call, or one whose input came whole: its
+    ``partial_json`` a JSON object, or none sent (the input it started with, if any)."""
+    raw = block.get("partial_json") or block.get("input")
+    return block.get("type") != "tool_use" or raw is None or whole_arguments(raw)
+
+
 def _counts(value: object) -> dict[str, Any]:
     """The counts of a streamed ``usage`` (``{}`` for one that is not an object: usage
     only describes an answer), without those sent as ``null``."""
@@ -710,11 +718,13 @@ class AnthropicModel:
         """Stream one Messages call: ``TextChunk``, ``ReasoningChunk`` and
         ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
-        A stream that ends without ``message_stop`` and without the ``message_delta`` that
-        gives the stop reason (and the usage) was cut off: a ``ProviderUnavailableError``.
-        Once that ``message_delta`` came, the answer is whole: a connection lost or gone
-        silent after it keeps the answer (``sse_events``). Closing the iterator early
-        closes the HTTP response, which stops generation.
+        The answer is whole once the ``message_delta`` that gives the stop reason (and the
+        usage) came, or ``message_stop`` without it after content blocks that were all
+        stopped, every tool call's input a whole JSON object (a proxy may end a stream its
+        upstream cut with ``message_stop``). A stream that ends before was cut off: a
+        ``ProviderUnavailableError``. A connection lost or gone silent once the answer is
+        whole keeps it (``sse_events``). Closing the iterator early closes the HTTP
+        response, which stops generation.
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}
@@ -722,14 +732,25 @@ class AnthropicModel:
         usage: dict[str, Any] = {}
         started: dict[str, Any] = {}
         stopped = False
+        ended: set[int] = set()  # the blocks stopped
+
+        def whole() -> bool:
+            """Whether the answer came whole (the docstring's rule)."""
+            if reason is not None:
+                return True
+            return (
+                stopped
+                and bool(blocks)
+                and ended.issuperset(blocks)
+                and all(map(_whole_input, blocks.values()))
+            )
+
         with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
             create = (await self._clients.get()).messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response
                 try:
-                    read = sse_events(
-                        http, self.provider, whole=lambda: stopped or reason is not None
-                    )
+                    read = sse_events(http, self.provider, whole=whole)
                     async with aclosing(read) as events:
                         async for _, data in events:
                             event = self._event(data)
@@ -756,6 +777,9 @@ class AnthropicModel:
                                     yield TextChunk(piece)
                                 elif piece and field == "thinking":
                                     yield ReasoningChunk(piece)
+                            elif kind == "content_block_stop":
+                                where = "content_block_stop.index"
+                                ended.add(index_of(PROVIDER, event.get("index"), where))
                             elif kind == "message_delta":
                                 delta = shaped(PROVIDER, event.get("delta"), "message_delta.delta")
                                 reason = delta.get("stop_reason") or reason
@@ -765,7 +789,7 @@ class AnthropicModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-            if not stopped and reason is None:
+            if not whole():
                 raise stream_cut_off(self.provider)
             response = _streamed_response(blocks, reason, usage, started)
         yield StreamDone(response)

@@ -61,6 +61,7 @@ from littleghost.models._sdk import (
     sse_events,
     stream_cut_off,
     text_of,
+    whole_arguments,
 )
 from littleghost.models.base import (
     ModelRequest,
@@ -876,11 +877,13 @@ class OpenAIModel:
         """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal),
         ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
-        A stream that ends with neither a ``finish_reason`` nor ``[DONE]`` was cut off, and
-        one whose choice ends with a ``finish_reason`` of ``_FAILED`` failed on the provider's
-        side: both a ``ProviderUnavailableError``, unless the choice carries an
-        error, which is classified. Once either came, the answer is whole: a connection lost
-        or gone silent after it keeps the answer (``sse_events``), with the usage that came
+        The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
+        after an answer with something in it whose every tool call's arguments are a whole
+        JSON object (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that
+        ends before was cut off, and one whose choice ends with a ``finish_reason`` of
+        ``_FAILED`` failed on the provider's side: both a ``ProviderUnavailableError``,
+        unless the choice carries an error, which is classified. A connection lost or gone
+        silent once the answer is whole keeps it (``sse_events``), with the usage that came
         (none, when the connection broke before a usage chunk). Closing the iterator early
         closes the HTTP response, which stops the server's generation.
         """
@@ -898,13 +901,20 @@ class OpenAIModel:
         usage: Any = None
         response_id: str | None = None
         response_model: str | None = None
+
+        def ended() -> bool:
+            """Whether the answer came whole (the docstring's rule)."""
+            if finish_reason is not None:
+                return True
+            arguments = (call["arguments"] for call in calls)
+            answered = bool(text or reasoning or calls or legacy)
+            return done and answered and all(map(whole_arguments, arguments))
+
         with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:
-                    read = sse_events(
-                        http, provider, whole=lambda: done or finish_reason is not None
-                    )
+                    read = sse_events(http, provider, whole=ended)
                     async with aclosing(read) as events:
                         async for name, data in events:
                             if data.strip() == "[DONE]":
@@ -995,7 +1005,7 @@ class OpenAIModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
-            if finish_reason is None and not done:
+            if not ended() and (chosen or not done):  # [DONE] alone: no choices, below
                 raise stream_cut_off(self.provider)
             if not chosen:  # as a completion without choices
                 raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
