@@ -404,6 +404,39 @@ async def test_a_tool_call_stream_cut_anywhere_is_whole_or_asked_again(
         assert [message.text for message in log] == ["hello", "fine"]
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("reason", [None, "tool_use"], ids=["no stop reason", "a stop reason"])
+async def test_an_unstreamed_tool_call_cut_off_is_asked_again_unless_its_answer_ended(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, reason: str | None
+) -> None:
+    """An unstreamed answer without its finish reason whose tool call's arguments are not
+    a whole JSON object was cut on its way (a gateway that gathered a stream its upstream
+    cut): it is asked again. With its finish reason, the arguments are the model's: the
+    call is answered to it as invalid."""
+    if provider == "openai":
+        call = {"id": "c1", "type": "function"}
+        call["function"] = {"name": "lookup", "arguments": '{"id"'}
+        body: Any = completion_body({"tool_calls": [call]}, reason and "tool_calls")
+    else:
+        call = {"type": "tool_use", "id": "c1", "name": "lookup", "input": '{"id"'}
+        body = message_body([call], reason)
+    looked: list[int] = []
+
+    class Looking(Plain):
+        @tool
+        def lookup(self, id: int) -> str:
+            """Look an order up."""
+            looked.append(id)
+            return f"order {id}"
+
+    server = servers(lambda connection: connection.answer(200, body), answered_whole(provider))
+    async with Looking(model=model_of(provider, server.url)) as agent:
+        result = await agent.run("hello", timeout=20)
+    errors = [result for m in result.messages for result in m.tool_results if result.is_error]
+    assert (looked, result.output, len(server.requests)) == ([], "fine", 2)
+    assert len(errors) == (0 if reason is None else 1)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as below
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_stream_whose_event_is_malformed_after_it_reported_usage_is_billed(

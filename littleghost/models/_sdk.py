@@ -38,6 +38,7 @@ __all__ = [
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
+    "answer_cut_off",
     "billed_so_far",
     "check_api_key",
     "check_base_url",
@@ -780,6 +781,17 @@ def stream_cut_off(provider: str) -> ProviderUnavailableError:
     return ProviderUnavailableError(
         f"{provider}: the stream ended before the answer was complete",
         code="incomplete_stream",
+        provider=provider,
+    )
+
+
+def answer_cut_off(provider: str) -> ProviderUnavailableError:
+    """The exception for an unstreamed answer that says it was cut: no finish reason, and
+    a tool call's arguments not a whole JSON object (a gateway that gathered a stream its
+    upstream cut)."""
+    return ProviderUnavailableError(
+        f"{provider}: the answer came without its finish reason and with a tool call cut off",
+        code="incomplete_answer",
         provider=provider,
     )
 

@@ -34,6 +34,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
+    answer_cut_off,
     attempt_timeout,
     billed_so_far,
     check_api_key,
@@ -676,7 +677,8 @@ class AnthropicModel:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one Messages call, streamed (``stream``) when its output
-        cap is over ``LONGEST_UNSTREAMED``."""
+        cap is over ``LONGEST_UNSTREAMED``; an answer without a stop reason and with a tool
+        call's input not a whole JSON object was cut on its way (``answer_cut_off``)."""
         params = self._params(request)
         if params["max_tokens"] > LONGEST_UNSTREAMED:
             async with aclosing(self.stream(request)) as events:
@@ -697,7 +699,13 @@ class AnthropicModel:
                 raise classify_error(
                     provider=self.provider, body={"error": lookup(message, "error")}
                 )
-            return _response(message)
+            response = _response(message)
+            calls = response.message.tool_calls
+            if lookup(message, "stop_reason") is None and not all(
+                whole_arguments(call.arguments) for call in calls
+            ):
+                raise answer_cut_off(self.provider)
+            return response
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
