@@ -897,6 +897,7 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel
 
 
 CUT = anthropic_sse(START, *text_block(0, "The answer is ", "forty"))
+STOP = {"type": "message_stop"}
 
 
 @pytest.mark.parametrize(
@@ -915,6 +916,20 @@ CUT = anthropic_sse(START, *text_block(0, "The answer is ", "forty"))
         ),
         pytest.param(
             event_stream(CUT + b'event: message_delta\ndata: {"type": "mess'), id="partial event"
+        ),
+        pytest.param(
+            event_stream(CUT + b'event: message_delta\ndata: {"type":\n'),
+            id="cut between its data lines",
+        ),
+        pytest.param(
+            event_stream(
+                anthropic_sse(START, *tool_use_block(0, "c1", "lookup", '{"id"')[:2], STOP)
+            ),
+            id="message_stop after half a call's input",
+        ),
+        pytest.param(
+            event_stream(anthropic_sse(START, *text_block(0, "forty")[:2], STOP)),
+            id="message_stop with a block never stopped",
         ),
         pytest.param(
             message([{"type": "text", "text": "fine"}]),

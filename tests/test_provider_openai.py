@@ -1328,6 +1328,12 @@ async def test_a_connection_lost_mid_stream_is_transient(
 
 
 CUT = openai_sse(chunk({"content": "The answer is "}), chunk({"content": "forty"}), done=False)
+HALF_CALL = {
+    "index": 0,
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "lookup", "arguments": '{"id"'},
+}
 
 
 @pytest.mark.parametrize(
@@ -1335,6 +1341,13 @@ CUT = openai_sse(chunk({"content": "The answer is "}), chunk({"content": "forty"
     [
         pytest.param(event_stream(CUT), id="no finish_reason, no [DONE]"),
         pytest.param(event_stream(CUT + b'data: {"id": "chatcmpl-1", "cho'), id="partial event"),
+        pytest.param(
+            event_stream(CUT + b'data: {"id": "chatcmpl-1",\n'), id="cut between its data lines"
+        ),
+        pytest.param(
+            event_stream(openai_sse(chunk({"tool_calls": [HALF_CALL]}))),
+            id="[DONE] after half a call's arguments",
+        ),
         pytest.param(completion({"content": "fine"}), id="JSON, not a stream"),
     ],
 )

@@ -802,10 +802,10 @@ async def sse_events(
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body; an
     ``error:`` line is an ``error`` event.
 
-    A body that ends inside a line was cut off: ``stream_cut_off(provider)`` is raised,
-    unless that last line is whole but for its line ending (its data is JSON, or
-    ``[DONE]``). A last event without its blank line is given; the provider tells from it
-    whether the answer ended. Once ``whole()`` says the events given hold the whole answer
+    A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
+    unless that last event is whole but for its blank line or line ending (its data is
+    JSON, or ``[DONE]``; an ``error`` event's is any text): it is given, and the provider
+    tells from it whether the answer ended. Once ``whole()`` says the events given hold the whole answer
     (its finish reason came), the body's end is near and tells nothing more: a connection
     lost or gone silent then (the HTTP library's error), or a line cut off, ends the events
     as the body's end does, so a billed, complete answer is not asked for again. Reads
@@ -851,5 +851,8 @@ async def sse_events(
             data.append(value)
         elif not whole():
             raise stream_cut_off(provider)
-    if data:  # a last event without its blank line: whether the answer ended, it tells
-        yield event, "\n".join(data)
+    last = "\n".join(data)
+    if data and (event == "error" or _whole(last)):  # a last event without its blank line:
+        yield event, last  # whether the answer ended, it tells
+    elif data and not whole():  # cut between its data lines
+        raise stream_cut_off(provider)
