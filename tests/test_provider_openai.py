@@ -1361,6 +1361,34 @@ async def test_a_stream_that_ends_before_its_end_is_transient(
     assert caught.value.code == "incomplete_stream"
 
 
+@pytest.mark.parametrize(
+    ("delta", "expected"),
+    [
+        ({"content": "forty"}, "forty"),
+        (
+            {"tool_calls": [{**HALF_CALL, "function": {"name": "f", "arguments": '{"n": 1}'}}]},
+            {"n": 1},
+        ),
+        (
+            {"tool_calls": [{**HALF_CALL, "function": {"name": "f", "arguments": '{"n": NaN}'}}]},
+            '{"n": NaN}',
+        ),
+    ],
+    ids=["text", "a call", "a call whose arguments are whole but not strict JSON"],
+)
+async def test_done_without_a_finish_reason_ends_an_answer_that_came_whole(
+    make_model: Callable[..., OpenAIModel], delta: dict[str, Any], expected: object
+) -> None:
+    """``[DONE]`` without any finish reason ends an answer whose every tool call's
+    arguments are a whole JSON object, strict or not (``NaN`` is answered to the model as
+    invalid, as with a finish reason)."""
+    model = make_model(FakeServer(event_stream(openai_sse(chunk(delta)))))
+    [*_, done] = [c async for c in model.stream(ModelRequest([Message.user("hi")]))]
+    assert isinstance(done, StreamDone)
+    answer = done.response.message
+    assert (answer.tool_calls[0].arguments if answer.tool_calls else answer.text) == expected
+
+
 async def test_a_whole_last_event_without_its_blank_line_ends_the_answer(
     make_model: Callable[..., OpenAIModel],
 ) -> None:
