@@ -932,6 +932,10 @@ STOP = {"type": "message_stop"}
             id="message_stop with a block never stopped",
         ),
         pytest.param(
+            event_stream(anthropic_sse(START, *thinking_block(0, "Hm", signature="s"), STOP)),
+            id="message_stop after thinking alone",
+        ),
+        pytest.param(
             message([{"type": "text", "text": "fine"}]),
             id="JSON, not a stream",
         ),

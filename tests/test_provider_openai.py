@@ -1348,6 +1348,10 @@ HALF_CALL = {
             event_stream(openai_sse(chunk({"tool_calls": [HALF_CALL]}))),
             id="[DONE] after half a call's arguments",
         ),
+        pytest.param(
+            event_stream(openai_sse(chunk({"reasoning_content": "Let me see"}))),
+            id="[DONE] after reasoning alone",
+        ),
         pytest.param(completion({"content": "fine"}), id="JSON, not a stream"),
     ],
 )

@@ -727,8 +727,8 @@ class AnthropicModel:
         ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once the ``message_delta`` that gives the stop reason (and the
-        usage) came, or ``message_stop`` without it after content blocks that were all
-        stopped, every tool call's input a whole JSON object (a proxy may end a stream its
+        usage) came, or ``message_stop`` without it after text or tool calls, every content
+        block stopped and every call's input a whole JSON object (a proxy may end a stream its
         upstream cut with ``message_stop``). A stream that ends before was cut off: a
         ``ProviderUnavailableError``. A connection lost or gone silent once the answer is
         whole keeps it (``sse_events``). Closing the iterator early closes the HTTP
@@ -748,7 +748,7 @@ class AnthropicModel:
                 return True
             return (
                 stopped
-                and bool(blocks)
+                and any(block.get("type") in ("text", "tool_use") for block in blocks.values())
                 and ended.issuperset(blocks)
                 and all(map(_whole_input, blocks.values()))
             )

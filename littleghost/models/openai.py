@@ -883,8 +883,7 @@ class OpenAIModel:
         ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
-        after an answer with something in it whose every tool call's arguments are a whole
-        JSON object (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that
+        after an answer of text or tool calls, every call's arguments a whole JSON object (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that
         ends before was cut off, and one whose choice ends with a ``finish_reason`` of
         ``_FAILED`` failed on the provider's side: both a ``ProviderUnavailableError``,
         unless the choice carries an error, which is classified. A connection lost or gone
@@ -912,7 +911,7 @@ class OpenAIModel:
             if finish_reason is not None:
                 return True
             arguments = (call["arguments"] for call in calls)
-            answered = bool(text or reasoning or calls or legacy)
+            answered = bool(text or calls or legacy)
             return done and answered and all(map(whole_arguments, arguments))
 
         with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
