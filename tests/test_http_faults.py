@@ -432,7 +432,7 @@ async def test_an_unstreamed_tool_call_cut_off_is_asked_again_unless_its_answer_
     server = servers(lambda connection: connection.answer(200, body), answered_whole(provider))
     async with Looking(model=model_of(provider, server.url)) as agent:
         result = await agent.run("hello", timeout=20)
-    errors = [result for m in result.messages for result in m.tool_results if result.is_error]
+    errors = [answer for m in result.messages for answer in m.tool_results if answer.is_error]
     assert (looked, result.output, len(server.requests)) == ([], "fine", 2)
     assert len(errors) == (0 if reason is None else 1)
 

@@ -805,12 +805,12 @@ async def sse_events(
     A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last event is whole but for its blank line or line ending (its data is
     JSON, or ``[DONE]``; an ``error`` event's is any text): it is given, and the provider
-    tells from it whether the answer ended. Once ``whole()`` says the events given hold the whole answer
-    (its finish reason came), the body's end is near and tells nothing more: a connection
-    lost or gone silent then (the HTTP library's error), or a line cut off, ends the events
-    as the body's end does, so a billed, complete answer is not asked for again. Reads
-    ``response.aiter_bytes()`` and closes it, also when the caller stops early, so no
-    reader is left for the garbage collector (which trio reports).
+    tells from it whether the answer ended. Once ``whole()`` says the events given hold
+    the whole answer (its finish reason came), the body's end is near and tells nothing
+    more: a connection lost or gone silent then (the HTTP library's error), or an event
+    cut off, ends the events as the body's end does, so a billed, complete answer is not
+    asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
+    stops early, so no reader is left for the garbage collector (which trio reports).
     """
     buffer = b""
     event: str | None = None

@@ -728,8 +728,8 @@ class AnthropicModel:
 
         The answer is whole once the ``message_delta`` that gives the stop reason (and the
         usage) came, or ``message_stop`` without it after text or tool calls, every content
-        block stopped and every call's input a whole JSON object (a proxy may end a stream its
-        upstream cut with ``message_stop``). A stream that ends before was cut off: a
+        block stopped and every call's input a whole JSON object (a proxy may end a stream
+        its upstream cut with ``message_stop``). A stream that ends before was cut off: a
         ``ProviderUnavailableError``. A connection lost or gone silent once the answer is
         whole keeps it (``sse_events``). Closing the iterator early closes the HTTP
         response, which stops generation.

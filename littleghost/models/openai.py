@@ -883,13 +883,14 @@ class OpenAIModel:
         ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
-        after an answer of text or tool calls, every call's arguments a whole JSON object (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that
-        ends before was cut off, and one whose choice ends with a ``finish_reason`` of
-        ``_FAILED`` failed on the provider's side: both a ``ProviderUnavailableError``,
-        unless the choice carries an error, which is classified. A connection lost or gone
-        silent once the answer is whole keeps it (``sse_events``), with the usage that came
-        (none, when the connection broke before a usage chunk). Closing the iterator early
-        closes the HTTP response, which stops the server's generation.
+        after an answer of text or tool calls, every call's arguments a whole JSON object
+        (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that ends before
+        was cut off, and one whose choice ends with a ``finish_reason`` of ``_FAILED``
+        failed on the provider's side: both a ``ProviderUnavailableError``, unless the
+        choice carries an error, which is classified. A connection lost or gone silent once
+        the answer is whole keeps it (``sse_events``), with the usage that came (none, when
+        the connection broke before a usage chunk). Closing the iterator early closes the
+        HTTP response, which stops the server's generation.
         """
         params = self._params(request)
         text: list[str] = []
