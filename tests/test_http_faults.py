@@ -287,6 +287,20 @@ async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
     assert len(server.requests) == 2
 
 
+def looking() -> tuple[type[Plain], list[int]]:
+    """An agent whose ``lookup`` tool records each id it is called with, and the record."""
+    looked: list[int] = []
+
+    class Looking(Plain):
+        @tool
+        def lookup(self, id: int) -> str:
+            """Look an order up."""
+            looked.append(id)
+            return f"order {id}"
+
+    return Looking, looked
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("ending", ["reset", "closed"])
 async def test_a_stream_lost_while_a_tool_calls_arguments_arrive_runs_no_tool(
@@ -306,15 +320,7 @@ async def test_a_stream_lost_while_a_tool_calls_arguments_arrive_runs_no_tool(
             {"type": "content_block_start", "index": 0, "content_block": started},
             {"type": "content_block_delta", "index": 0, "delta": delta},
         )
-    looked: list[int] = []
-
-    class Looking(Plain):
-        @tool
-        def lookup(self, id: int) -> str:
-            """Look an order up."""
-            looked.append(id)
-            return f"order {id}"
-
+    Looking, looked = looking()
     server = servers({"closed": cut}.get(ending, broken)(sent), answered(provider))
     async with Looking(model=model_of(provider, server.url)) as agent:
         events, log = await streamed(agent, timeout=20)
@@ -380,15 +386,7 @@ async def test_a_tool_call_stream_cut_anywhere_is_whole_or_asked_again(
         kept.append(marker)
     behaviour = broken(kept) if ending == "reset" else cut(kept)
     whole = sent >= finished or (ending == "end marker added" and sent >= arguments_whole)
-    looked: list[int] = []
-
-    class Looking(Plain):
-        @tool
-        def lookup(self, id: int) -> str:
-            """Look an order up."""
-            looked.append(id)
-            return f"order {id}"
-
+    Looking, looked = looking()
     server = servers(behaviour, answered(provider))
     async with Looking(model=model_of(provider, server.url)) as agent:
         events_seen, log = await streamed(agent, timeout=20)
@@ -420,15 +418,7 @@ async def test_an_unstreamed_tool_call_cut_off_is_asked_again_unless_its_answer_
     else:
         call = {"type": "tool_use", "id": "c1", "name": "lookup", "input": '{"id"'}
         body = message_body([call], reason)
-    looked: list[int] = []
-
-    class Looking(Plain):
-        @tool
-        def lookup(self, id: int) -> str:
-            """Look an order up."""
-            looked.append(id)
-            return f"order {id}"
-
+    Looking, looked = looking()
     server = servers(lambda connection: connection.answer(200, body), answered_whole(provider))
     async with Looking(model=model_of(provider, server.url)) as agent:
         result = await agent.run("hello", timeout=20)

@@ -586,6 +586,15 @@ class Plain(Agent):
     pass
 
 
+class Guarding(Agent):
+    @tool(timeout=0.1)
+    async def check(self, context: RunContext) -> str:
+        """Check the order with a side call, within 0.1 s."""
+        request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
+        await context.complete(request)
+        return "checked"
+
+
 def cutting(scope: anyio.CancelScope | None) -> Callable[[ModelRequest], Awaitable[None]]:
     """A script step that reports ``REPORTED``, cancels ``scope`` (else waits to be cut)."""
 
@@ -605,17 +614,8 @@ def cut_call_agent(how: str, scope: anyio.CancelScope) -> tuple[Agent, Usage]:
     done = text_response("Done.", input_tokens=20, output_tokens=2)
     cut = cutting(None if how in ("the run's deadline", "a tool's timeout") else scope)
     if how == "a tool's timeout":
-
-        class Checking(Agent):
-            @tool(timeout=0.1)
-            async def check(self, context: RunContext) -> str:
-                """Check the order."""
-                request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
-                await context.complete(request)
-                return "checked"
-
         called = tool_call_response("check", {}, input_tokens=10, output_tokens=1)
-        return Checking(model=ScriptedModel([called, cut, done])), Usage(30, 3)
+        return Guarding(model=ScriptedModel([called, cut, done])), Usage(30, 3)
     if how == "a hook's own scope":
 
         class Guarded(Agent):
@@ -742,18 +742,10 @@ async def test_a_side_call_whose_client_turned_its_cut_into_an_error_is_reported
         except anyio.get_cancelled_exc_class():
             raise closed from None
 
-    class Checking(Agent):
-        @tool(timeout=0.1)
-        async def check(self, context: RunContext) -> str:
-            """Check the order."""
-            request = ModelRequest([Message.user("Is it safe?")], purpose="guard")
-            await context.complete(request)
-            return "checked"
-
     called = tool_call_response("check", {}, input_tokens=10, output_tokens=1)
     done = text_response("Done.", input_tokens=20, output_tokens=2)
     model = ScriptedModel([called, closing, done])
-    result, events = await go(Checking(model=model), "stream", "go")
+    result, events = await go(Guarding(model=model), "stream", "go")
     assert result.usage == REPORTED + Usage(30, 3) == reported(events)
     side = events.index(SideCallFinished(REPORTED, "guard", type(closed).__name__))
     assert isinstance(events[side + 1], ToolCallFinished)
