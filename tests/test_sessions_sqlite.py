@@ -287,6 +287,63 @@ class TestFile:
         async with SQLiteSessionStore(path) as store:
             assert await store.list_sessions() == ("s", "t")
 
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # SQLite's close, in a thread
+    @pytest.mark.parametrize("called", [True, False], ids=["refused", "not called"])
+    @pytest.mark.parametrize("ending", ["aclose", "exit"])
+    async def test_closing_a_store_whose_shm_was_replaced_keeps_other_process_s_writes(
+        self, tmp_path: Path, called: bool, ending: str
+    ) -> None:
+        """The ``-shm`` removed under an open store, another process writes through the
+        one it makes: closing the store (``aclose()``, or the interpreter's exit), whether
+        or not a call of it was refused since, leaves the other process's messages. SQLite
+        wrote its log into the file through the index it kept, over the newer pages."""
+        path = tmp_path / "s.db"
+        other = textwrap.dedent(
+            f"""
+            import anyio
+            from littleghost import Message
+            from littleghost.sessions import SQLiteSessionStore
+
+            async def main():
+                async with SQLiteSessionStore({str(path)!r}) as store:
+                    for index in range(20):
+                        await store.append(f"t{{index}}", [Message.user("theirs " * 50)])
+
+            anyio.run(main)
+            """
+        )
+        script = textwrap.dedent(
+            f"""
+            import os, subprocess, sys, anyio
+            from littleghost import Message
+            from littleghost.errors import SessionStoreError
+            from littleghost.sessions import SQLiteSessionStore
+
+            async def main():
+                store = SQLiteSessionStore({str(path)!r})
+                for index in range(20):
+                    await store.append("s", [Message.user("mine " * 50)])
+                os.remove({str(path) + "-shm"!r})
+                subprocess.run([sys.executable, "-c", {other!r}], check=True)
+                if {called!r}:
+                    try:
+                        await store.load("s")
+                    except SessionStoreError:
+                        pass
+                if {ending!r} == "aclose":
+                    await store.aclose()
+
+            anyio.run(main)
+            """
+        )
+        with anyio.fail_after(60):
+            completed = await anyio.run_process([sys.executable, "-c", script], check=False)
+        assert completed.returncode == 0, completed.stderr
+        async with SQLiteSessionStore(path) as store:
+            sessions = await store.list_sessions()
+            assert sessions == ("s", *(f"t{index}" for index in range(20)))
+            assert len(await store.load("s")) == 20
+
     async def test_a_private_in_memory_database(self) -> None:
         async with SQLiteSessionStore(":memory:") as store:
             await store.append("s", [Message.user("x")])

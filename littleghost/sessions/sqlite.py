@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import anyio
 
+from littleghost import logs
 from littleghost._validators import is_number, safe_repr
 from littleghost.cleanup import close_leaving
 from littleghost.context.index import forget_recent_logs
@@ -51,6 +52,8 @@ from littleghost.sessions.codec import (
 )
 from littleghost.sessions.filelock import LockFile, file_at, lock_file
 from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
+
+logger = logs.logger(__name__)
 
 __all__ = ["SQLiteSessionStore"]
 
@@ -153,6 +156,42 @@ def _files_at(path: str) -> _Files:
     where SQLite makes them."""
     path = os.path.realpath(path)
     return file_at(path), file_at(path + "-wal"), file_at(path + "-shm")
+
+
+def _close_connection(connection: sqlite3.Connection, file: str, opened: _Files | None) -> None:
+    """Close ``connection`` to ``file``, which opened the files ``opened``. When its
+    ``-shm`` was removed or replaced since, a read-only connection of the file holds it
+    open meanwhile: closing the last connection, SQLite would write the log into the file
+    through the index it kept, over newer pages other processes wrote (and remove the
+    log), which a connection of this process holding the file prevents; a read-only one
+    writes nothing as it closes. The log stays for the next to open the file. (SQLite
+    writes nothing into a database file moved or removed since it was opened.)"""
+    database, _, index = _files_at(file)
+    if opened is None or opened[2] in (None, index) or database != opened[0]:
+        connection.close()
+        return
+    holding = None
+    try:
+        holding = sqlite3.connect(
+            f"file:{urllib.parse.quote(os.fsencode(file))}?mode=ro",
+            uri=True,
+            timeout=_SLICE,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        holding.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except sqlite3.Error as error:  # closed all the same: nothing else would be safer
+        logger.warning(
+            "SQLite session store %r: its -shm file was removed or replaced, and it could not "
+            "be held open while closing (%s): SQLite may write over other processes' writes",
+            file,
+            type(error).__name__,
+        )
+    try:
+        connection.close()
+    finally:
+        if holding is not None:
+            holding.close()
 
 
 def _on_read_only_file_system(file: str) -> bool:
@@ -799,8 +838,9 @@ class SQLiteSessionStore:
             connection.close()
             raise
         self._connection = connection
-        self._closing = weakref.finalize(self, connection.close)
         self._opened = None if _private(self._path) else _files_at(self._file)
+        closing = partial(_close_connection, connection, self._file, self._opened)
+        self._closing = weakref.finalize(self, closing)
         return connection
 
     def _unopened(self, error: sqlite3.Error) -> SessionStoreError | None:
