@@ -1219,10 +1219,10 @@ class TestDeadlines:
         worker thread: calls queued behind the store's ``max_connections`` busy ones, on
         a server that answers each within ``statement_timeout``, all land."""
         store = PostgresSessionStore(
-            conninfo, max_connections=1, connect_timeout=0.5, statement_timeout=3.0
-        )  # patience: 7 s
+            conninfo, max_connections=1, connect_timeout=0.05, statement_timeout=2.0
+        )  # patience: 4.1 s (libpq connects within 2 s at least whatever connect_timeout)
         await store.load("a")  # the tables are made
-        ids = ["a", "b", "c", "d"]
+        ids = ["a", "b", "c", "d", "e"]
         held = [threading.Event() for _ in ids]
         let_go = [threading.Event() for _ in ids]
 
@@ -1238,18 +1238,20 @@ class TestDeadlines:
             event.wait(10)
         try:
             async with anyio.create_task_group() as group:
-                for session_id in ids:  # each waits 2 s for its write, in turn
+                # each waits 1 s for its write (1 s within statement_timeout), in turn:
+                # the last lands 5 s after it was queued, 0.9 s past the patience
+                for session_id in ids:
                     group.start_soon(store.append, session_id, [Message.user("hi")])
                     await anyio.sleep(0.05)
                 for event in let_go:
-                    await anyio.sleep(2)
+                    await anyio.sleep(1)
                     event.set()
         finally:
             for event in let_go:
                 event.set()
             for thread in threads:
                 thread.join()
-        assert [len(await store.load(session_id)) for session_id in ids] == [1, 1, 1, 1]
+        assert [len(await store.load(session_id)) for session_id in ids] == [1] * len(ids)
         await store.aclose()
 
     async def test_a_cancelled_caller_without_a_deadline_stops_waiting_at_once(
