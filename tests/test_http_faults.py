@@ -246,7 +246,7 @@ async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
     )
     behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
     server = servers(behaviour, answered(provider, "again"))
-    model = model_of(provider, server.url, request_timeout=1)
+    model = model_of(provider, server.url, request_timeout=0.5 if ending == "stalled" else 1)
     async with Plain(model=model) as agent:
         events, log = await streamed(agent, timeout=20)
         _, later = await streamed(agent, timeout=20)  # the model serves on
@@ -278,7 +278,7 @@ async def test_a_stream_lost_before_its_finish_reason_is_still_asked_again(
         reported = Usage(30, 1)
     behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
     server = servers(behaviour, answered(provider))
-    model = model_of(provider, server.url, request_timeout=1)
+    model = model_of(provider, server.url, request_timeout=0.5 if ending == "stalled" else 1)
     async with Plain(model=model) as agent:
         events, log = await streamed(agent, timeout=20)
     [retried] = [event for event in events if isinstance(event, ModelCallRetried)]
