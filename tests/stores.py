@@ -61,14 +61,17 @@ class PlainStore:
 
 
 class SlowWrites(PlainStore):
-    """``PlainStore`` whose writes take a while (a database under load): ``seconds``."""
+    """``PlainStore`` whose writes take a while (a database under load): ``seconds``,
+    each write to a session that holds ``after`` messages or more."""
 
-    def __init__(self, seconds: float = 0.2) -> None:
+    def __init__(self, seconds: float = 0.2, after: int = 0) -> None:
         super().__init__()
         self.seconds = seconds
+        self.after = after
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
-        await anyio.sleep(self.seconds)
+        if len(self.sessions.get(session_id, ())) >= self.after:
+            await anyio.sleep(self.seconds)
         await super().append(session_id, messages)
 
 

@@ -702,7 +702,8 @@ class TestClosingDuringRuns:
         agent = working_until(in_tool, anyio.Event())(model="slowtoclose:idle")
         await agent.run("hi")  # the model made from the string: idle from now on
         agent.model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
-        agent.session_store = store = SlowWrites(seconds=0.8)
+        # the run's cleanup write (its third message) takes most of the grace
+        agent.session_store = store = SlowWrites(seconds=0.8, after=2)
         async with cancelled_in_its_tool(agent, in_tool):
             await agent.aclose()
             assert LoopBound.made[0].closed
