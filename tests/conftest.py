@@ -109,6 +109,12 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+CHILD_PROCESS_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+"""For an async test whose every claim is about what child processes it starts do (each
+under its own ``anyio.run``): its event loop only starts them and reads what they say,
+so a run under trio would repeat the same children's work."""
+
+
 class Spans:
     """The spans finished during one test."""
 

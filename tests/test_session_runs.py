@@ -57,6 +57,7 @@ from littleghost.sessions import (
 from littleghost.sessions.locks import SessionLocks
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
+from .conftest import CHILD_PROCESS_ONLY
 from .stores import (
     RUN_KINDS,
     LockingStore,
@@ -829,6 +830,7 @@ FORKED_RUN = textwrap.dedent(
 
 @pytest.mark.skipif(sys.platform == "win32", reason="fork() is POSIX")
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
+@CHILD_PROCESS_ONLY
 async def test_a_process_forked_while_another_thread_runs_the_session_can_run_it(
     kind: str, tmp_path: Path
 ) -> None:

@@ -51,6 +51,7 @@ from littleghost.sessions import (
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .ci import missing
+from .conftest import CHILD_PROCESS_ONLY
 from .stores import collected_warnings, eventually, postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
 
@@ -907,6 +908,7 @@ FORKED_DURING_A_CALL = textwrap.dedent(
 )
 
 
+@CHILD_PROCESS_ONLY
 async def test_a_call_in_flight_in_the_parent_does_not_hold_up_a_forked_child(
     conninfo: str, tmp_path: Path
 ) -> None:

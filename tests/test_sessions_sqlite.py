@@ -43,6 +43,7 @@ from littleghost.sessions import (
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .ci import missing
+from .conftest import CHILD_PROCESS_ONLY
 from .stores import collected_warnings, eventually
 from .threads import blocking_agent, default_threads_taken
 
@@ -203,6 +204,7 @@ class TestFile:
             assert await store.list_sessions() == ("u",)
 
     @pytest.mark.parametrize("through_link", [False, True], ids=["file", "link"])
+    @CHILD_PROCESS_ONLY
     async def test_writes_after_the_wal_was_removed_outlive_the_process(
         self, tmp_path: Path, through_link: bool
     ) -> None:
@@ -235,6 +237,7 @@ class TestFile:
             assert [message.text for message in await store.load("s")] == ["before", "after"]
 
     @pytest.mark.parametrize("through_link", [False, True], ids=["file", "link"])
+    @CHILD_PROCESS_ONLY
     async def test_a_store_whose_shm_was_replaced_overwrites_no_other_process_s_writes(
         self, tmp_path: Path, through_link: bool
     ) -> None:
@@ -1125,6 +1128,7 @@ async def stored_texts(path: Path) -> list[str]:
 
 
 class TestProcesses:
+    @CHILD_PROCESS_ONLY
     async def test_runs_of_one_session_in_two_processes_take_turns(self, tmp_path: Path) -> None:
         with anyio.fail_after(60):
             async with runner(tmp_path, "A", "hold") as first:
@@ -1144,6 +1148,7 @@ class TestProcesses:
             "answer B to question A, question B",
         ]
 
+    @CHILD_PROCESS_ONLY
     async def test_a_killed_holder_frees_the_session(self, tmp_path: Path) -> None:
         with anyio.fail_after(60):
             async with runner(tmp_path, "A", "hold") as first:
@@ -1270,6 +1275,7 @@ FORKED = textwrap.dedent(
 )
 
 
+@CHILD_PROCESS_ONLY
 class TestForkedProcesses:
     """A process that used a store forks (a ``multiprocessing`` worker, a web server's
     workers started after the application was loaded), and the child uses the store."""
