@@ -290,7 +290,7 @@ class TestFile:
         async with SQLiteSessionStore(path) as store:
             assert await store.list_sessions() == ("s", "t")
 
-    @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # SQLite's close, in a thread
+    @CHILD_PROCESS_ONLY
     @pytest.mark.parametrize("called", [True, False], ids=["refused", "not called"])
     @pytest.mark.parametrize("ending", ["aclose", "exit"])
     async def test_closing_a_store_whose_shm_was_replaced_keeps_other_process_s_writes(
