@@ -590,10 +590,12 @@ class SQLiteSessionStore:
 
         Raises:
             SessionBusyError: The current task already holds the session.
-            SessionStoreError: The lock file cannot be opened or locked.
+            SessionStoreError: The store cannot be written (saying why, as its other calls
+                do), or the lock file cannot be opened or locked.
         """
         check_session_id(session_id)
         self._check_writable()
+        self._check_can_write()
         return self._hold(session_id)
 
     @property
