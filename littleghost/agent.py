@@ -105,8 +105,9 @@ def _instructions(name: str, value: object) -> Instructions:
 
 def _tools(name: str, value: object) -> tuple[Callable[..., Any], ...]:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        one = f" (a list of one: [{value.__name__}])" if inspect.isfunction(value) else ""
         raise ConfigurationError(
-            f"{name} must be a sequence of functions, not {type(value).__name__}"
+            f"{name} must be a sequence of functions, not {type(value).__name__}{one}"
         )
     functions = tuple(value)
     for function in functions:

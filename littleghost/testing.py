@@ -139,9 +139,14 @@ class ScriptedModel:
             if not isinstance(step, (ModelResponse, BaseException, Streamed)) and not callable(
                 step
             ):
+                hint = (
+                    " (wrap an answer's text in text_response(...))"
+                    if isinstance(step, str)
+                    else ""
+                )
                 raise TypeError(
                     f"ScriptedModel: step {index} must be a ModelResponse, an exception or a "
-                    f"callable, not {type(step).__name__}"
+                    f"callable, not {type(step).__name__}{hint}"
                 )
         if context_window is not None and (
             isinstance(context_window, bool) or not isinstance(context_window, int)

@@ -574,6 +574,21 @@ def test_invalid_declarations_fail_at_class_definition(knob: str, value: object)
         type("Bad", (Agent,), {knob: value})
 
 
+def test_a_lone_function_as_tools_is_told_to_be_a_list() -> None:
+    """``tools = weather`` (the list left out) fails at class definition, and so does the
+    constructor keyword, saying how to write it."""
+
+    def weather(city: str) -> str:
+        """Today's weather in a city."""
+        return f"Sunny in {city}."
+
+    told = r"must be a sequence of functions, not function \(a list of one: \[weather\]\)"
+    with pytest.raises(ConfigurationError, match=rf"Bad\.tools {told}"):
+        type("Bad", (Agent,), {"tools": weather})
+    with pytest.raises(ConfigurationError, match=told):
+        Agent(model=ScriptedModel([]), tools=weather)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
@@ -1429,6 +1444,29 @@ def test_a_well_formed_model_string_is_resolved_when_needed() -> None:
     register_provider("later-provider", lambda name: ScriptedModel([text_response(str(name))]))
     assert Later().run_sync("hi").output == "tiny"
     assert Agent(model="LATER-PROVIDER").run_sync("hi").output == "None"
+
+
+@pytest.mark.parametrize(
+    ("spec", "meant"),
+    [
+        ("open-ai:gpt-4o", "openai"),
+        ("Antrhopic:claude-sonnet-4-5", "anthropic"),
+        ("claude:x", None),
+    ],
+)
+def test_a_misspelled_provider_is_named_with_the_one_meant(spec: str, meant: str | None) -> None:
+    """The run that resolves the string says which known provider a near miss meant."""
+
+    class Typo(Agent):
+        model = spec
+
+    with pytest.raises(ConfigurationError) as caught:
+        Typo().run_sync("hi")
+    provider = spec.partition(":")[0].lower()
+    hint = f"did you mean {meant!r}? " if meant else ""
+    assert str(caught.value).startswith(
+        f"model: unknown provider {provider!r} in {spec!r} ({hint}known providers: anthropic, "
+    )
 
 
 @pytest.mark.parametrize("name", ["azure/openai", "my provider", "_fake", "Ünï.cödé"])

@@ -506,6 +506,7 @@ def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
         ({"steps": "abc"}, "steps"),
         ({"steps": 3}, "steps"),
         ({"steps": [42]}, "step 0"),
+        ({"steps": ["Hi!"]}, r"step 0 .* not str \(wrap an answer's text in text_response"),
         ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
         ({"steps": [], "context_window": "big"}, "context_window"),
         ({"steps": [], "context_window": True}, "context_window"),

@@ -5,6 +5,7 @@ A provider name is any non-empty str without ``:``, in any case (``"OpenAI:gpt-4
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from collections.abc import Callable
@@ -90,10 +91,12 @@ def resolve(spec: str) -> Model:
         module_name, _, attribute = _BUILTIN[provider].partition(":")
         factory = getattr(importlib.import_module(module_name), attribute)
     if factory is None:
-        known = ", ".join(sorted(set(_registry) | set(_BUILTIN)))
+        known = sorted(set(_registry) | set(_BUILTIN))
+        near = difflib.get_close_matches(provider, known, n=1, cutoff=0.8)
+        meant = f"did you mean {near[0]!r}? " if near else ""
         raise ConfigurationError(
-            f"model: unknown provider {provider!r} in {spec!r}; known providers: {known} "
-            "(add one with littleghost.models.register_provider)"
+            f"model: unknown provider {provider!r} in {spec!r} ({meant}known providers: "
+            f"{', '.join(known)}; add one with littleghost.models.register_provider)"
         )
     resolved = factory(model)
     if isinstance(resolved, type) or not isinstance(resolved, Model):
