@@ -550,6 +550,34 @@ def test_a_hook_that_cannot_take_its_arguments_fails_at_class_definition(
         type("Bad", (Agent,), {name: decorator(function)})
 
 
+def context_as_ctx(self: Agent, request: ModelRequest, ctx: RunContext) -> None:
+    """A hook that names its context as a tool may (a tool's is found by annotation)."""
+
+
+def context_by_annotation(self: Agent, call: ToolCall, run: RunContext) -> None:
+    """A hook whose context parameter has another name, annotated."""
+
+
+@pytest.mark.parametrize(
+    ("decorator", "function", "advised"),
+    [
+        (before_model, context_as_ctx, True),
+        (before_tool, context_by_annotation, True),
+        (before_model, extra_keyword, False),
+    ],
+)
+def test_a_hook_whose_context_parameter_is_named_otherwise_is_told_its_name(
+    decorator: Any, function: Any, advised: bool
+) -> None:
+    """A hook parameter nothing fills that looks meant for the context (``ctx``, or
+    annotated ``RunContext``) gets the name it needs; another is not told so."""
+    name = function.__name__
+    with pytest.raises(ConfigurationError) as caught:
+        type("Bad", (Agent,), {name: decorator(function)})
+    advice = "; a hook gets the RunContext only through a parameter named context"
+    assert str(caught.value).endswith(advice) is advised
+
+
 def test_an_override_that_cannot_take_the_hooks_arguments_fails() -> None:
     with pytest.raises(ConfigurationError, match=r"Child\.first, a @before_model hook"):
 
