@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import types
@@ -550,7 +551,13 @@ class RunContext:
         streams (its deltas emitted as they come, when its chunks came in ``times``)."""
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
-            response = await model.respond(request)
+            answer = model.respond(request)
+            if not inspect.isawaitable(answer):
+                raise ConfigurationError(
+                    f"model {model.name!r}: respond() returned {type(answer).__name__}, not an "
+                    "awaitable: a Model's respond is async def (or returns an awaitable)"
+                )
+            response = await answer
             if streamed and isinstance(response, ModelResponse):
                 for part in response.message.reasoning:
                     if part.text:

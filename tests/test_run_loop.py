@@ -593,6 +593,36 @@ async def test_a_model_returning_junk_raises_protocol_error() -> None:
         await Counter(model=Junk()).run("hi")
 
 
+class Blocking:
+    """A model whose respond is a plain def, as a newcomer may write one."""
+
+    provider = "custom"
+    name = "blocking"
+    context_window = None
+
+    def respond(self, request: ModelRequest) -> ModelResponse:
+        return text_response("answered")
+
+
+async def test_a_model_whose_respond_is_not_async_is_told_so() -> None:
+    """Its answer is no awaitable: the error names the model and what to write, and
+    the run ends without retrying it; a model stream of its events says the same."""
+    for run in (Counter(model=Blocking()).run, _streamed_output):  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError) as caught:
+            await run("hi")
+        assert str(caught.value) == (
+            "model 'blocking': respond() returned ModelResponse, not an awaitable: a "
+            "Model's respond is async def (or returns an awaitable)"
+        )
+
+
+async def _streamed_output(text: str) -> object:
+    async with Counter(model=Blocking()).stream(text) as events:  # type: ignore[arg-type]
+        async for _ in events:
+            pass
+    return events.result.output
+
+
 TAKES = "input, history, settings, session_id, timeout, deadline, output_type"
 
 
