@@ -405,20 +405,30 @@ def _check_spelling(classes: Iterable[type]) -> None:
             # a method is the class's own; a type may be meant for output_type
             if callable(value) and not isinstance(value, type):
                 continue
-            where = f"{klass.__name__}.{attribute} is not a knob of Agent"
-            if attribute in _SETTING_NAMES and _would_do("settings", {attribute: value}):
-                raise ConfigurationError(
-                    f"{where}: a model setting goes in settings (settings = "
-                    f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
-                    f"another name, a leading underscore, or {_OWN_ANNOTATION})"
-                )
-            near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
-            meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
-            if meant is not None and _would_do(meant, value):
-                raise ConfigurationError(
-                    f"{where}: did you mean {meant}? (an attribute of your own needs a name "
-                    f"less like a knob's, a leading underscore, or {_OWN_ANNOTATION})"
-                )
+            misspelt = _misspelt(klass.__name__, attribute, value, _CLASS_OWN)
+            if misspelt is not None:
+                raise misspelt
+
+
+def _misspelt(owner: str, attribute: str, value: object, own: str) -> ConfigurationError | None:
+    """The error for ``value`` named ``attribute`` on ``owner`` if it is named almost like
+    a knob it would do for, by another name for one, or like a model setting it would do
+    for; ``own`` ends the ways to keep an attribute of one's own."""
+    where = f"{owner}.{attribute} is not a knob of Agent"
+    if attribute in _SETTING_NAMES and _would_do("settings", {attribute: value}):
+        return ConfigurationError(
+            f"{where}: a model setting goes in settings (settings = "
+            f"{{{attribute!r}: {safe_repr(value)}}}; an attribute of your own needs "
+            f"another name{own})"
+        )
+    near = difflib.get_close_matches(attribute, _KNOBS, n=1, cutoff=0.8)
+    meant = _OTHER_NAMES.get(attribute) or (near[0] if near else None)
+    if meant is not None and _would_do(meant, value):
+        return ConfigurationError(
+            f"{where}: did you mean {meant}? (an attribute of your own needs a name "
+            f"less like a knob's{own})"
+        )
+    return None
 
 
 def _check_hidden_marks(classes: Iterable[type]) -> None:
@@ -456,6 +466,8 @@ for itself: ``n``, ``stop``, a retrieval's ``top_k``, its own random draws' ``se
 
 _OWN_ANNOTATION = "a ClassVar annotation (name: ClassVar[...] = value)"
 """The third way an error of ``_check_spelling`` gives to keep an attribute of one's own."""
+_CLASS_OWN = f", a leading underscore, or {_OWN_ANNOTATION}"
+"""The ways after another name to keep a class's attribute of its own."""
 
 
 def _class_vars(klass: type) -> set[str]:
@@ -470,6 +482,17 @@ def _class_vars(klass: type) -> set[str]:
         for name, hint in hints.items()  # quoted (a string) or not (typing.ClassVar[int])
         if re.match(r"(\w+\.)*ClassVar\b", str(hint).strip(" '\"")) is not None
     }
+
+
+def _plain_new(agent: object, name: str, value: object) -> bool:
+    """Whether setting ``name`` to ``value`` on a made ``agent`` adds a plain value of a
+    name neither a knob nor the agent's own yet (nor its class's), which the agent would
+    ignore: ``_misspelt`` asks whether it was meant for a knob."""
+    if name in _KNOBS or name.startswith("_") or name.isupper() or name in vars(agent):
+        return False
+    if value is None or (callable(value) and not isinstance(value, type)):
+        return False
+    return not hasattr(type(agent), name)
 
 
 def _would_do(knob: str, value: object) -> bool:
@@ -738,6 +761,10 @@ class Agent:
                 f"{type(self).__name__}.{name} is a tool, bound as the agent is made: "
                 "override it in a subclass, or pass tools= to the constructor"
             )
+        if made and _plain_new(self, name, value):
+            misspelt = _misspelt(type(self).__name__, name, value, " or a leading underscore")
+            if misspelt is not None:
+                raise misspelt
         if name in _KNOBS and made:
             owner = f"{type(self).__name__}.{name}"
             if name in ("tools", "output_type"):

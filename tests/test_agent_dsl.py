@@ -1307,6 +1307,37 @@ def test_a_knob_set_on_a_made_agent_is_checked_or_refused() -> None:
     assert agent.max_turns == 3
 
 
+def test_a_knob_misspelt_on_a_made_agent_fails_naming_the_knob() -> None:
+    """``agent.max_turn = 3`` would be ignored without a word: as in a class body, a new
+    plain value named almost like a knob it would do for, by another library's name for
+    one, or like a model setting fails; an attribute of the agent's own is kept."""
+
+    class Support(Agent):
+        def __init__(self) -> None:
+            super().__init__(model=ScriptedModel([]))
+            self.database = {"42": "shipped"}
+            self.instruction_count = 3
+
+    agent = Support()
+    own = "an attribute of your own needs a name less like a knob's or a leading underscore"
+    for attribute, value, message in [
+        (
+            "max_turn",
+            3,
+            rf"Support\.max_turn is not a knob of Agent: did you mean max_turns\? \({own}\)",
+        ),
+        ("system_prompt", "Be brief.", r"Support\.system_prompt .*did you mean instructions\?"),
+        ("temperature", 0, r"Support\.temperature .*: a model setting goes in settings"),
+    ]:
+        with pytest.raises(ConfigurationError, match=message):
+            setattr(agent, attribute, value)
+        assert attribute not in vars(agent)
+    agent.max_turn_ = "mine"  # not a value max_turns takes, near as it is
+    agent._max_turn = 3
+    agent.database = {}
+    assert (agent.max_turn_, agent._max_turn, agent.database) == ("mine", 3, {})
+
+
 async def test_an_init_that_forgets_agents_own_fails_the_run_saying_so() -> None:
     class Forgetful(Agent):
         def __init__(self, database: object) -> None:
