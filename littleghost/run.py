@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 import types
@@ -38,6 +37,7 @@ from littleghost.models.base import (
     StopReason,
     Usage,
     billed,
+    model_awaitable,
     prepare,
 )
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
@@ -551,13 +551,9 @@ class RunContext:
         streams (its deltas emitted as they come, when its chunks came in ``times``)."""
         stream = getattr(model, "stream", None)
         if not streamed or stream is None:
-            answer = model.respond(request)
-            if not inspect.isawaitable(answer):
-                raise ConfigurationError(
-                    f"model {model.name!r}: respond() returned {type(answer).__name__}, not an "
-                    "awaitable: a Model's respond is async def (or returns an awaitable)"
-                )
-            response = await answer
+            response: ModelResponse = await model_awaitable(
+                model, "respond", model.respond(request)
+            )
             if streamed and isinstance(response, ModelResponse):
                 for part in response.message.reasoning:
                     if part.text:
@@ -567,6 +563,11 @@ class RunContext:
             return response
         done: ModelResponse | None = None
         chunks = stream(request)
+        if not hasattr(chunks, "__aiter__"):
+            raise ConfigurationError(
+                f"model {model.name!r}: stream() returned {type(chunks).__name__}, not an async "
+                "iterator: a Model's stream is an async generator (async def with yield)"
+            )
         leaving: BaseException | None = None
         try:
             async for chunk in chunks:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -604,23 +604,51 @@ class Blocking:
         return text_response("answered")
 
 
-async def test_a_model_whose_respond_is_not_async_is_told_so() -> None:
-    """Its answer is no awaitable: the error names the model and what to write, and
-    the run ends without retrying it; a model stream of its events says the same."""
-    for run in (Counter(model=Blocking()).run, _streamed_output):  # type: ignore[arg-type]
-        with pytest.raises(ConfigurationError) as caught:
-            await run("hi")
-        assert str(caught.value) == (
-            "model 'blocking': respond() returned ModelResponse, not an awaitable: a "
-            "Model's respond is async def (or returns an awaitable)"
-        )
+class BlockingPrepare(Junk):
+    """A model whose optional prepare is a plain def."""
+
+    def prepare(self) -> None:
+        pass
 
 
-async def _streamed_output(text: str) -> object:
-    async with Counter(model=Blocking()).stream(text) as events:  # type: ignore[arg-type]
+class BlockingStream(Junk):
+    """A model whose optional stream is a plain generator."""
+
+    def stream(self, request: ModelRequest) -> Iterator[object]:
+        yield from ()
+
+
+async def _streamed_output(model: object) -> object:
+    async with Counter(model=model).stream("hi") as events:  # type: ignore[arg-type]
         async for _ in events:
             pass
     return events.result.output
+
+
+async def _run_output(model: object) -> object:
+    return (await Counter(model=model).run("hi")).output  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("model", "method", "returned", "run", "should_be"),
+    [
+        (Blocking(), "respond", "ModelResponse", _run_output, "awaitable"),
+        (Blocking(), "respond", "ModelResponse", _streamed_output, "awaitable"),
+        (BlockingPrepare(), "prepare", "NoneType", _run_output, "awaitable"),
+        (BlockingStream(), "stream", "generator", _streamed_output, "async iterator"),
+    ],
+)
+async def test_a_model_method_that_is_not_async_is_told_so(
+    model: Any, method: str, returned: str, run: Any, should_be: str
+) -> None:
+    """A custom model's plain ``def`` where the protocol has an ``async def`` fails its
+    first call naming the model and the method, not with Python's bare ``TypeError``."""
+    with pytest.raises(ConfigurationError) as caught:
+        await run(model)
+    assert str(caught.value).startswith(
+        f"model {model.name!r}: {method}() returned {returned}, not an {should_be}: "
+        f"a Model's {method} is "
+    )
 
 
 TAKES = "input, history, settings, session_id, timeout, deadline, output_type"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol, cast, runtime_checkable
@@ -20,6 +21,7 @@ from littleghost._validators import (
     tuple_of,
     type_check,
 )
+from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, Role, stray_part
 from littleghost.text import json_type, well_formed_value
 from littleghost.tool_bounds import BOUND_KEYWORDS
@@ -533,7 +535,26 @@ def capped(settings: Mapping[str, Any], model: object) -> Mapping[str, Any]:
 
 async def prepare(model: object) -> None:
     """Await ``model``'s optional ``prepare()`` (a local model starts its server there,
-    and learns its window)."""
+    and learns its window).
+
+    Raises:
+        ConfigurationError: It returned no awaitable (a plain ``def``).
+    """
     prepare = getattr(model, "prepare", None)
     if prepare is not None:
-        await prepare()
+        await model_awaitable(model, "prepare", prepare())
+
+
+def model_awaitable(model: object, method: str, result: object) -> Awaitable[Any]:
+    """``result``, what ``model.<method>(...)`` returned, which a run awaits.
+
+    Raises:
+        ConfigurationError: It is no awaitable (a plain ``def`` method).
+    """
+    if not inspect.isawaitable(result):
+        raise ConfigurationError(
+            f"model {getattr(model, 'name', None)!r}: {method}() returned "
+            f"{type(result).__name__}, not an awaitable: a Model's {method} is async def "
+            "(or returns an awaitable)"
+        )
+    return result
