@@ -10,7 +10,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from datetime import datetime, timezone
 from functools import partial
 from types import TracebackType
@@ -595,7 +595,6 @@ class SQLiteSessionStore:
         """
         check_session_id(session_id)
         self._check_writable()
-        self._check_can_write()
         return self._hold(session_id)
 
     @property
@@ -628,13 +627,20 @@ class SQLiteSessionStore:
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[None]:
+        """Hold ``session_id``; a lock file that cannot be opened fails naming the store and
+        why, when the store cannot be written (``_check_can_write``), as its calls do."""
         async with self._locks.hold(session_id):
             if self._lock_file is None:
                 yield
-            else:
-                async with self._lock_file.hold(session_id):
-                    await self._settled()
-                    yield
+                return
+            async with AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(self._lock_file.hold(session_id))
+                except SessionStoreError:
+                    self._check_can_write()
+                    raise
+                await self._settled()
+                yield
 
     async def _settled(self) -> None:
         """Wait for a write under way to end: a holder that stopped waiting for its write
