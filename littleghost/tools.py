@@ -10,6 +10,7 @@ parameter named ``context`` with another annotation is an ordinary argument.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import sys
@@ -300,6 +301,7 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
             required.append(parameter.name)
         properties[parameter.name] = schema
         signature.append(_Parameter(parameter.name, annotation, not has_default, parameter.default))
+    _check_described(tool_name, arg_docs, [parameter.name for parameter in parameters], properties)
     schema_object: dict[str, Any] = {
         "type": "object",
         "properties": properties,
@@ -316,6 +318,30 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
         tuple(signature),
         options.get("timeout"),
     )
+
+
+def _check_described(
+    tool_name: str,
+    described: Mapping[str, str],
+    parameters: Sequence[str],
+    shown: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """``ConfigurationError`` when the docstring describes a name that is no parameter,
+    almost like one the model is shown without a description: a typo, which left the
+    model without what the docstring says of it."""
+    undescribed = {
+        name.lower(): name for name, schema in shown.items() if "description" not in schema
+    }
+    for name in described:
+        if name in parameters:
+            continue
+        near = difflib.get_close_matches(name.lower(), list(undescribed), n=1, cutoff=0.8)
+        if near:
+            meant = undescribed[near[0]]
+            raise ConfigurationError(
+                f"tool {tool_name!r}: its docstring describes {name!r}, which is no parameter "
+                f"of it: did you mean {meant!r}? (the model would be told nothing of {meant!r})"
+            )
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

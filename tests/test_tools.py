@@ -344,6 +344,48 @@ def test_annotated_description_wins_over_the_docstring() -> None:
     assert schema_of(find)["properties"]["name"]["description"] == "from Annotated"
 
 
+def test_a_docstring_describing_a_misspelt_parameter_fails_at_class_definition() -> None:
+    """An ``Args:`` entry almost like a parameter the model is told nothing of is a typo:
+    the class fails naming both (the model got no description of it, silently)."""
+    with pytest.raises(ConfigurationError) as caught:
+
+        class Orders(Agent):
+            @tool
+            async def lookup(self, order_id: str, context: RunContext) -> str:
+                """Find an order.
+
+                Args:
+                    orderId: The order's id, as on the receipt.
+                    context: The run.
+                """
+                return order_id
+
+    assert str(caught.value) == (
+        "Orders.lookup: tool 'lookup': its docstring describes 'orderId', which is no "
+        "parameter of it: did you mean 'order_id'? (the model would be told nothing of "
+        "'order_id')"
+    )
+
+
+def test_a_docstring_describing_other_names_is_left_alone() -> None:
+    """An entry like no undescribed parameter (another thing the docstring speaks of), or
+    like one described otherwise (Annotated), is no typo the class fails on."""
+
+    def find(name: Annotated[str, "from Annotated"], limit: int = 5) -> str:
+        """Find something.
+
+        Args:
+            names: what older versions took
+            verbose: no longer taken
+            limit: how many
+        """
+        return name
+
+    properties = schema_of(find)["properties"]
+    assert properties["name"]["description"] == "from Annotated"
+    assert properties["limit"]["description"] == "how many"
+
+
 class Methods(Agent):
     @tool
     async def with_context(self, query: str, context: RunContext) -> str:
