@@ -51,7 +51,7 @@ from littleghost.sessions.base import check_store
 from littleghost.settings import (
     TYPED_SETTINGS,
     ClassSettings,
-    check_provider_settings,
+    check_local_settings,
     check_settings,
 )
 from littleghost.stream import RunStream
@@ -283,12 +283,12 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         # a mixin's other knobs stay in their place in the MRO (and may change there)
 
 
-def _check_provider_settings(cls: type[Agent]) -> None:
-    """``check_provider_settings`` of the class's settings for its model (a model string,
-    or a model): a setting littleghost's ``LocalModel`` would ignore fails at class
+def _check_local_settings(cls: type[Agent]) -> None:
+    """``check_local_settings`` of the class's settings when its model (a model string, or
+    a model) is littleghost's ``LocalModel``: a setting it would ignore fails at class
     definition, not as a run starts."""
-    owner = f"{_owner(cls, 'settings').__name__}.settings"
-    check_provider_settings(owner, cls.settings, "local" if is_local_model(cls.model) else None)
+    if is_local_model(cls.model):
+        check_local_settings(f"{_owner(cls, 'settings').__name__}.settings", cls.settings)
 
 
 def _called_as_it_is(value: object) -> bool:
@@ -661,7 +661,7 @@ class Agent:
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)
-        _check_provider_settings(cls)
+        _check_local_settings(cls)
         if callable(cls.instructions):
             check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")
         store = vars(_owner(cls, "session_store"))["session_store"]

@@ -71,7 +71,7 @@ from littleghost.output import (
 from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import SessionStore, awaitable, check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
-from littleghost.settings import check_provider_settings, check_settings
+from littleghost.settings import check_local_settings, check_settings
 from littleghost.text import brief, error_text, truncate_middle, well_formed
 from littleghost.tool_calls import error_result, invoke
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
@@ -236,9 +236,8 @@ async def run(
     with logs.naming(names):
         try:  # the provider and model are there when the span starts, for samplers
             model = (make_model or agent.resolve_model)()
-            check_provider_settings(
-                "settings", plan.settings, "local" if is_local_model(model) else None
-            )
+            if is_local_model(model):
+                check_local_settings("settings", plan.settings)
             attributes[telemetry.PROVIDER_NAME] = model.provider
             attributes[telemetry.REQUEST_MODEL] = model.name
             plan = attrs.evolve(plan, settings=capped(plan.settings, model))  # as it is sent

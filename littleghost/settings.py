@@ -8,7 +8,7 @@ library's name for one (``max_new_tokens``, ``temp``) is refused, and no value m
 NaN, an infinity or an int with more digits than Python writes (a request's JSON cannot
 carry them); a wrong one is a ``ConfigurationError`` naming it — at class definition for
 ``Agent.settings``, at the call for ``run(settings=)``. A local model's server ignores
-another provider's parameter: ``check_provider_settings`` refuses it. Keys inside
+another provider's parameter: ``check_local_settings`` refuses it. Keys inside
 ``extra_body`` go into the request's body as they are, unchecked.
 """
 
@@ -38,7 +38,7 @@ __all__ = [
     "RESERVED_SETTINGS",
     "TYPED_SETTINGS",
     "ClassSettings",
-    "check_provider_settings",
+    "check_local_settings",
     "check_settings",
     "is_output_cap",
 ]
@@ -230,12 +230,13 @@ _LOCAL_MEANT = {
 """The llama.cpp server's parameter for what another provider's does."""
 
 
-def _check_local_settings(owner: str, settings: Mapping[str, Any]) -> None:
+def check_local_settings(owner: str, settings: Mapping[str, Any]) -> None:
     """``ConfigurationError`` for a setting of ``settings`` (checked by
-    ``check_settings``) that another provider takes and the llama.cpp server of a local
-    model does not (``_LOCAL``), which it would ignore without a word (vLLM's
-    ``repetition_penalty``, Anthropic's ``stop_sequences``). A name littleghost knows of
-    no provider is let through: it may be a parameter of a newer server."""
+    ``check_settings``) that another provider takes and the llama.cpp server of
+    littleghost's ``LocalModel`` does not (``_LOCAL``), which it would ignore without a
+    word (vLLM's ``repetition_penalty``, Anthropic's ``stop_sequences``). A name
+    littleghost knows of no provider is let through: it may be a parameter of a newer
+    server."""
     for key in settings:
         if key in _LOCAL or key == EXTRA_BODY or key not in PROVIDER_SETTINGS:
             continue
@@ -246,14 +247,6 @@ def _check_local_settings(owner: str, settings: Mapping[str, Any]) -> None:
             f"local model does not take, and would ignore{said} (to send it all the same, "
             f"pass it in {EXTRA_BODY}: {{{EXTRA_BODY!r}: {{{key!r}: ...}}}})"
         )
-
-
-def check_provider_settings(owner: str, settings: Mapping[str, Any], provider: object) -> None:
-    """``ConfigurationError`` for a setting of ``settings`` that the provider named
-    ``provider`` is known to ignore (``_check_local_settings`` for ``local``: callers
-    name it for littleghost's ``LocalModel`` alone, ``is_local_model``)."""
-    if provider == "local":
-        _check_local_settings(owner, settings)
 
 
 def _check_extra_body(owner: str, value: object) -> None:

@@ -51,7 +51,7 @@ from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
 from littleghost.sessions.forks import reset_in_child
-from littleghost.settings import check_provider_settings
+from littleghost.settings import check_local_settings
 
 __all__ = [
     "CPUINFO",
@@ -858,7 +858,7 @@ class LocalModel:
 
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request (starting the server first if needed)."""
-        check_provider_settings("settings", request.settings, self.provider)
+        check_local_settings("settings", request.settings)
         server = await self._running_server()
         try:
             return await server.chat.respond(request)
@@ -871,13 +871,13 @@ class LocalModel:
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The prompt tokens the server counts for ``request`` (its chat template applied,
         then tokenized), starting the server first if needed."""
-        check_provider_settings("settings", request.settings, self.provider)
+        check_local_settings("settings", request.settings)
         server = await self._running_server()
         return await server.chat.count_prompt_tokens(request)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one answer; closing the iterator early stops the server's generation."""
-        check_provider_settings("settings", request.settings, self.provider)
+        check_local_settings("settings", request.settings)
         server = await self._running_server()
         try:
             async with aclosing(server.chat.stream(request)) as events:
