@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import frozen
@@ -150,12 +151,11 @@ def check_signature(
     positional: int,
     *,
     context: bool,
-    missing: str = "",
 ) -> None:
     """``ConfigurationError`` unless ``function`` takes ``positional`` positional arguments,
     and the keyword ``context`` when ``context``; ``what`` and ``expected`` (the arguments it
-    gets) word the message, ``missing`` ends it when a parameter gets no argument; a
-    generator function is refused too (what it returns is no result)."""
+    gets) word the message; a generator function is refused too (what it returns is no
+    result)."""
     if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
         raise ConfigurationError(
             f"{what} is a generator function (it uses yield): it must return its result"
@@ -167,14 +167,13 @@ def check_signature(
     try:
         signature.bind(*[None] * positional, **({"context": None} if context else {}))
     except TypeError as error:
-        advice = missing if str(error).startswith("missing a required") else ""
         raise ConfigurationError(
-            f"{what} must accept {expected}; its signature {signature} does not ({error}){advice}"
+            f"{what} must accept {expected}; its signature {signature} does not ({error})"
         ) from None
 
 
 def check_method_signature(
-    cls: type, name: str, what: str, arguments: str, *, context: bool = False, missing: str = ""
+    cls: type, name: str, what: str, arguments: str, *, context: bool = False
 ) -> None:
     """Check that ``cls``'s attribute ``name``, as an instance gets it, takes ``arguments``
     (a comma-separated list) and, when ``context``, the keyword ``context``.
@@ -192,46 +191,51 @@ def check_method_signature(
     ):
         return
     first = "self, " if takes_self else ""
-    _check_arguments(what, getattr(cls, name), first + arguments, context=context, missing=missing)
+    _check_arguments(what, getattr(cls, name), first + arguments, context=context)
 
 
 def _check_arguments(
-    what: str, function: Callable[..., Any], arguments: str, *, context: bool, missing: str = ""
+    what: str, function: Callable[..., Any], arguments: str, *, context: bool
 ) -> None:
     """``check_signature`` for ``arguments``, a comma-separated list of positional ones."""
     expected = f"({arguments})" + (" and the keyword context=" if context else "")
-    positional = len(arguments.split(", "))
-    check_signature(what, function, expected, positional, context=context, missing=missing)
+    check_signature(what, function, expected, len(arguments.split(", ")), context=context)
 
 
-def _context_advice(function: Callable[..., Any], context: bool) -> str:
-    """What ends the error of a hook with a parameter nothing fills that looks meant for
-    the ``RunContext`` (named ``ctx``, or annotated ``RunContext``, as a tool's may be)."""
+@contextmanager
+def _context_named(function: Callable[..., Any]) -> Iterator[None]:
+    """Add to the error of a hook's signature that leaves a parameter unfilled which looks
+    meant for the ``RunContext`` (named ``ctx``, or annotated ``RunContext``, as a tool's
+    may be) that a hook gets it only through a parameter named ``context``."""
     try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return ""
-    meant = any(p.name == "ctx" or "RunContext" in str(p.annotation) for p in parameters)
-    if context or not meant:
-        return ""
-    return "; a hook gets the RunContext only through a parameter named context"
+        yield
+    except ConfigurationError as error:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):
+            raise error from None
+        meant = any(p.name == "ctx" or "RunContext" in str(p.annotation) for p in parameters)
+        if not meant or "missing a required" not in str(error):
+            raise
+        raise ConfigurationError(
+            f"{error}; a hook gets the RunContext only through a parameter named context"
+        ) from None
 
 
 def check_hook(cls: type, name: str, kind: str) -> None:
     """Check at class definition that hook method ``name`` takes what a ``kind`` hook gets."""
     what = f"{cls.__name__}.{name}, a @{kind} hook,"
-    context = wants_context(getattr(cls, name))
-    advice = _context_advice(getattr(cls, name), context)
-    check_method_signature(cls, name, what, _ARGUMENTS[kind], context=context, missing=advice)
+    with _context_named(getattr(cls, name)):
+        context = wants_context(getattr(cls, name))
+        check_method_signature(cls, name, what, _ARGUMENTS[kind], context=context)
 
 
 def _check_instance_hook(agent: object, name: str, kind: str, function: Callable[..., Any]) -> None:
     """Check hook ``name`` set on ``agent`` itself (before ``super().__init__()``) as
     ``check_hook`` checks a class's."""
     what = f"{type(agent).__name__}.{name}, a @{kind} hook set on the instance,"
-    context = wants_context(function)
-    advice = _context_advice(function, context)
-    _check_arguments(what, function, _ARGUMENTS[kind], context=context, missing=advice)
+    with _context_named(function):
+        _check_arguments(what, function, _ARGUMENTS[kind], context=wants_context(function))
 
 
 def check_capability_hook(kind: str, function: Callable[..., Any]) -> None:
