@@ -38,8 +38,8 @@ __all__ = [
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
-    "answer_cut_off",
     "billed_so_far",
+    "check_answer_whole",
     "check_api_key",
     "check_base_url",
     "check_context_window",
@@ -785,15 +785,20 @@ def stream_cut_off(provider: str) -> ProviderUnavailableError:
     )
 
 
-def answer_cut_off(provider: str) -> ProviderUnavailableError:
-    """The exception for an unstreamed answer that says it was cut: no finish reason, and
-    a tool call's arguments not a whole JSON object (a gateway that gathered a stream its
-    upstream cut)."""
-    return ProviderUnavailableError(
-        f"{provider}: the answer came without its finish reason and with a tool call cut off",
-        code="incomplete_answer",
-        provider=provider,
-    )
+def check_answer_whole(provider: str, reason: object, arguments: Iterable[object]) -> None:
+    """Raise for an unstreamed answer that says it was cut: no finish ``reason``, and a
+    tool call's ``arguments`` not a whole JSON object (a gateway that gathered a stream its
+    upstream cut).
+
+    Raises:
+        ProviderUnavailableError: It was cut (``code`` ``incomplete_answer``; retried).
+    """
+    if not reason and not all(map(whole_arguments, arguments)):
+        raise ProviderUnavailableError(
+            f"{provider}: the answer came without its finish reason and with a tool call cut off",
+            code="incomplete_answer",
+            provider=provider,
+        )
 
 
 async def sse_events(

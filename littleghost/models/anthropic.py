@@ -34,9 +34,9 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
-    answer_cut_off,
     attempt_timeout,
     billed_so_far,
+    check_answer_whole,
     check_api_key,
     check_base_url,
     check_context_window,
@@ -678,7 +678,7 @@ class AnthropicModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one Messages call, streamed (``stream``) when its output
         cap is over ``LONGEST_UNSTREAMED``; an answer without a stop reason and with a tool
-        call's input not a whole JSON object was cut on its way (``answer_cut_off``)."""
+        call's input not a whole JSON object was cut on its way (``check_answer_whole``)."""
         params = self._params(request)
         if params["max_tokens"] > LONGEST_UNSTREAMED:
             async with aclosing(self.stream(request)) as events:
@@ -701,10 +701,8 @@ class AnthropicModel:
                 )
             response = _response(message)
             calls = response.message.tool_calls
-            if lookup(message, "stop_reason") is None and not all(
-                whole_arguments(call.arguments) for call in calls
-            ):
-                raise answer_cut_off(self.provider)
+            reason = lookup(message, "stop_reason")
+            check_answer_whole(self.provider, reason, (call.arguments for call in calls))
             return response
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:

@@ -33,9 +33,9 @@ from littleghost.models._loops import LoopClients, Signal
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
-    answer_cut_off,
     attempt_timeout,
     billed_so_far,
+    check_answer_whole,
     check_api_key,
     check_base_url,
     check_context_window,
@@ -782,7 +782,7 @@ class OpenAIModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion; one without a finish reason and
         with a tool call's arguments not a whole JSON object was cut on its way
-        (``answer_cut_off``)."""
+        (``check_answer_whole``)."""
         params = self._params(request)
         completion: Any = None
         # an answer of the wrong shape is billed all the same; an error it tells of
@@ -817,8 +817,7 @@ class OpenAIModel:
             calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
             if not calls and lookup(message, "function_call"):
                 raise _legacy_call(provider)
-            if not reason and not all(whole_arguments(call.arguments) for call, _ in calls):
-                raise answer_cut_off(provider)
+            check_answer_whole(provider, reason, (call.arguments for call, _ in calls))
             content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
             content = content or _transcript(provider, message, where)
             refusal = (
