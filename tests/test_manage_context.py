@@ -1113,6 +1113,41 @@ class TestOverflow:
         assert sum("littleghost.compaction.summary_outcome" in e for e in events) == summaries
         assert real(model.requests[-1]) + 1 <= 512
 
+    async def test_a_request_over_the_window_with_nothing_to_summarize_is_not_refused(
+        self, spans: Spans
+    ) -> None:
+        """A tool loop's first turn whose result puts the request over the window, with
+        nothing old enough to summarize: the summary attempt fails, and the attempt goes on
+        as overflow recovery would (the result cut), so no call is sent to be refused."""
+
+        def real(request: ModelRequest) -> int:
+            return int(1.5 * estimate_messages(request.messages))
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if real(request) + (request.max_tokens or 1) > 512:
+                raise ContextWindowOverflowError("too long", prompt_tokens=real(request))
+            if not request.messages[-1].tool_results:
+                return tool_call_response("readings", {"count": 1200}, input_tokens=real(request))
+            return text_response("done", input_tokens=real(request))
+
+        @manage_context(preserve_recent_messages=4)
+        class Support(Agent):
+            max_retries = 0
+
+            @tool
+            def readings(self, count: int) -> str:
+                """Meter readings."""
+                return " ".join(str(i % 10) for i in range(count))
+
+        model = ScriptedModel([answer] * 4, context_window=512, count_prompt_tokens=real)
+        result = await Support(model=model).run("My meter readings?")
+        assert result.output == "done"
+        assert [r.purpose for r in model.requests] == ["chat", "chat"]  # none refused
+        events = spans.compactions()
+        assert {e["littleghost.compaction.reason"] for e in events} == {"threshold"}
+        assert events[-1]["littleghost.compaction.outcome"] == "completed"
+        assert "littleghost.compaction.tool_results_cut_to_tokens" in events[-1]
+
     @pytest.mark.parametrize(("reports", "refused"), [(True, 0), (False, 1)])
     async def test_without_a_count_a_calibrated_estimate_decides(
         self, reports: bool, refused: int

@@ -402,8 +402,11 @@ async def _proactive(
     target = _target(config, window)
     compacted, after = request, estimated
     try:
-        compacted = await _compact(request, context, config, "threshold", estimated, target)
-        after = state.last_after
+        try:
+            compacted = await _compact(request, context, config, "threshold", estimated, target)
+            after = state.last_after
+        except CompactionError:  # no summary; over the window all the same, recovery's steps
+            state.failed_at = estimated  # recorded, unless those compact it
         if over_window(after, compacted, window):  # one summary could not bring it under
             counted, calibrated = await model_count(compacted, context), calibration(context)
             over = calibrated.last is not None and calibrated.distrusted is None  # estimated
