@@ -381,8 +381,9 @@ async def _proactive(
 ) -> ModelRequest:
     """Compact a request over the threshold, unless it has not regrown enough since the
     last attempt (``next_summary_at``; the skip is recorded); when that leaves it over
-    the window by the model's count, or by an estimate a count of this run calibrated,
-    go on as overflow recovery would, without the call the provider would refuse."""
+    the window (or no summary was made) by the model's count, or by an estimate a count
+    of this run calibrated, go on as overflow recovery would, without the call the
+    provider would refuse."""
     state = _run(context, config)
     window = state.window
     if summary_waits(estimated, state.quiet_until, request, window):
@@ -405,9 +406,11 @@ async def _proactive(
         try:
             compacted = await _compact(request, context, config, "threshold", estimated, target)
             after = state.last_after
-        except CompactionError:  # no summary; over the window all the same, recovery's steps
+        except UNSWALLOWED:
+            raise
+        except Exception:  # no summary; over the window all the same, recovery's steps
             state.failed_at = estimated  # recorded, unless those compact it
-        if over_window(after, compacted, window):  # one summary could not bring it under
+        if over_window(after, compacted, window):  # a summary could not bring it under
             counted, calibrated = await model_count(compacted, context), calibration(context)
             over = calibrated.last is not None and calibrated.distrusted is None  # estimated
             safe: int | None = None
