@@ -76,7 +76,9 @@ class CompactionFinished:
     ``removed_messages`` counts the messages of the request it left out (summarized,
     collapsed or dropped), not how much shorter the request got;
     ``estimated_tokens_after`` is the request's estimate after it (``None`` when not
-    known), ``error_type`` what failed (``None`` when it completed) and ``usage`` what its
+    known) and ``estimated_tokens_before`` its estimate before, in the same units:
+    ``CompactionStarted``'s figure, re-expressed when a summary call taught the estimate
+    a new scale during the attempt (as the span event's); ``error_type`` what failed (``None`` when it completed) and ``usage`` what its
     own model calls used (a summary's, one its strategy's own scope cut too).
 
     ``summary_outcome`` says how a summary it made came back: ``complete``,
@@ -98,6 +100,7 @@ class CompactionFinished:
     fallback: bool = False
     tool_results_cut_to: int | None = None
     error_message: str | None = None
+    estimated_tokens_before: int | None = None
 
 
 @frozen

@@ -56,7 +56,7 @@ from littleghost.errors import (
     RateLimitError,
     SessionStoreError,
 )
-from littleghost.events import CompactionFinished
+from littleghost.events import CompactionFinished, CompactionStarted
 from littleghost.messages import SUMMARY_COVERS_KEY, ImagePart, TextPart
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.run import RunContext, RunResult
@@ -2250,6 +2250,48 @@ class TestTelemetry:
             ]
         else:
             assert finished == []
+
+    @pytest.mark.parametrize("reports", [True, False])
+    async def test_compaction_finished_gives_its_before_in_the_units_of_its_after(
+        self, spans: Spans, reports: bool
+    ) -> None:
+        """A summary call refused with its prompt's size (1.5 times the estimate) teaches
+        the estimate a new scale during the attempt: ``CompactionFinished`` gives the size
+        before in the new units, as the span event does, so that before and after
+        compare; a summary call not refused leaves it ``CompactionStarted``'s."""
+        refused = False
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            nonlocal refused
+            if request.purpose != "context_compaction":
+                return text_response("done")
+            if reports and not refused:
+                refused = True
+                size = 3 * estimate_messages(request.messages) // 2
+                raise ContextWindowOverflowError("too long", prompt_tokens=size)
+            return text_response("They talked.")
+
+        @manage_context(preserve_recent_messages=2)
+        class Talk(Agent):
+            pass
+
+        model = ScriptedModel([answer] * 4, context_window=4_000)
+        history = chat(60, prefix="a longer message of the conversation " * 3)
+        async with Talk(model=model).stream("go", history=history) as events:
+            seen = [
+                e async for e in events if isinstance(e, (CompactionStarted, CompactionFinished))
+            ]
+        started, finished = seen
+        assert isinstance(started, CompactionStarted) and isinstance(finished, CompactionFinished)
+        assert finished.outcome == "completed" and events.result.output == "done"
+        (event,) = spans.compactions()
+        assert finished.estimated_tokens_before == event["littleghost.compaction.estimated_tokens"]
+        before, after = finished.estimated_tokens_before, finished.estimated_tokens_after
+        assert before is not None and after is not None and after < before
+        if reports:
+            assert before > 1.4 * started.estimated_tokens  # in the units the summary taught
+        else:
+            assert before == started.estimated_tokens
 
     async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
         """A request that was not compacted carries no compacted attribute."""

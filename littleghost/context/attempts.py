@@ -84,6 +84,7 @@ async def attempt(
                 fallback,
                 done.cut_to,
                 why,
+                size,
             )
         )
 
