@@ -380,7 +380,8 @@ async def _append(store: SessionStore, session_id: str, messages: Sequence[Messa
 def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> bool:
     """Whether ``error`` is what the cancellation at the run's deadline became in code
     that turned it into an error of its own (a store's or model's client saying
-    "connection closed"): the run is past its deadline all the same."""
+    "connection closed", in a task group of its own too): the run is past its deadline
+    all the same."""
     if not (
         isinstance(error, Exception)
         and not isinstance(error, DeadlineExceededError)
@@ -389,12 +390,13 @@ def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> boo
     ):
         return False
     cancelled, seen = anyio.get_cancelled_exc_class(), set()
-    chained: BaseException | None = error
-    while chained is not None and id(chained) not in seen:  # raised while it was cancelled
-        if isinstance(chained, cancelled):
-            return True
-        seen.add(id(chained))
-        chained = chained.__cause__ or chained.__context__
+    for leaf in leaves(error):  # out of the exception group of such code's task group
+        chained: BaseException | None = leaf
+        while chained is not None and id(chained) not in seen:  # raised while cancelled
+            if isinstance(chained, cancelled):
+                return True
+            seen.add(id(chained))
+            chained = chained.__cause__ or chained.__context__
     return False
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import pytest
@@ -314,8 +314,13 @@ class ConnectionClosed(Exception):
     """What some database and HTTP clients raise when a cancellation reaches them."""
 
 
-async def closed_when_cancelled() -> None:
-    """Wait long; a cancellation becomes the client's own error."""
+async def closed_when_cancelled(grouped: bool = False) -> None:
+    """Wait long; a cancellation becomes the client's own error (``grouped``: in a task
+    group of the client's own, which raises it in an exception group)."""
+    if grouped:
+        async with anyio.create_task_group() as group:
+            group.start_soon(closed_when_cancelled)
+        return
     try:
         await anyio.sleep(30)
     except anyio.get_cancelled_exc_class():
@@ -325,40 +330,49 @@ async def closed_when_cancelled() -> None:
 class ClosingStore(InMemorySessionStore):
     """A store whose client turns a cancellation into its own error, where ``at`` says."""
 
-    def __init__(self, at: str) -> None:
+    def __init__(self, at: str, grouped: bool = False) -> None:
         super().__init__()
         self.at = at
+        self.grouped = grouped
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         if self.at == "load":
-            await closed_when_cancelled()
+            await closed_when_cancelled(self.grouped)
         return await super().load(session_id)
 
     @contextlib.asynccontextmanager
     async def lock(self, session_id: str) -> AsyncIterator[None]:
         if self.at == "lock":
-            await closed_when_cancelled()
+            await closed_when_cancelled(self.grouped)
         yield
 
 
-async def closing_model(request: ModelRequest) -> ModelResponse:
-    await closed_when_cancelled()
-    raise AssertionError("not reached")
+def closing_model(grouped: bool) -> Callable[[ModelRequest], Awaitable[ModelResponse]]:
+    async def respond(request: ModelRequest) -> ModelResponse:
+        await closed_when_cancelled(grouped)
+        raise AssertionError("not reached")
+
+    return respond
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "task group"])
 @pytest.mark.parametrize("at", ["model", "load", "lock"])
 async def test_a_cancellation_turned_into_a_client_error_at_the_deadline_is_the_deadline(
-    at: str,
+    at: str, grouped: bool
 ) -> None:
     """A client that turns the cancellation at the run's deadline into its own error
-    ("connection closed", as some database and HTTP clients do) does not hide that the
-    run is past its deadline: ``DeadlineExceededError``, that error its cause (the error
-    was raised as it was, though appends already gave the deadline error)."""
-    model = ScriptedModel([closing_model if at == "model" else text_response("hi")])
-    agent = Slow(model=model, session_store=ClosingStore(at))
+    ("connection closed", as some database and HTTP clients do; in a task group of its
+    own too, which raises it in an exception group) does not hide that the run is past
+    its deadline: ``DeadlineExceededError``, that error its cause (the error was raised as
+    it was, though appends already gave the deadline error)."""
+    model = ScriptedModel([closing_model(grouped) if at == "model" else text_response("hi")])
+    agent = Slow(model=model, session_store=ClosingStore(at, grouped))
     with anyio.fail_after(5), pytest.raises(DeadlineExceededError) as caught:
         await agent.run("hi", session_id="s", timeout=0.2)
-    assert isinstance(caught.value.__cause__, ConnectionClosed)
+    cause = caught.value.__cause__
+    if grouped:
+        (cause,) = getattr(cause, "exceptions", ())  # the client's exception group
+    assert isinstance(cause, ConnectionClosed)
 
 
 async def test_a_client_error_not_caused_by_the_deadline_goes_through() -> None:
