@@ -343,6 +343,8 @@ async def _run_in(
         found = fatal(error)
         if found is None and _deadline_turned_into(error, scope):
             raise _late(agent, context, waiting) from error
+        if found is None and _cancellation_turned_into(error):
+            await anyio.lowlevel.checkpoint()  # the caller's: it goes on (the error its context)
         if found is None or found is error:
             raise
         raise found from None  # out of a store's (or a hook's) own task group
@@ -382,13 +384,24 @@ def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> boo
     that turned it into an error of its own (a store's or model's client saying
     "connection closed", in a task group of its own too): the run is past its deadline
     all the same."""
-    if not (
+    return (
         isinstance(error, Exception)
         and not isinstance(error, DeadlineExceededError)
         and scope.cancel_called
         and anyio.current_time() >= scope.deadline
-    ):
-        return False
+        and _turned_into(error)
+    )
+
+
+def _cancellation_turned_into(error: BaseException) -> bool:
+    """Whether ``error`` is what the caller's cancellation, which goes on, became in code
+    that turned it into an error of its own."""
+    return isinstance(error, Exception) and cancelled_here() and _turned_into(error)
+
+
+def _turned_into(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a cancellation went on, in code that turned it
+    into an error of its own (in a task group of its own too)."""
     cancelled, seen = anyio.get_cancelled_exc_class(), set()
     for leaf in leaves(error):  # out of the exception group of such code's task group
         chained: BaseException | None = leaf

@@ -375,6 +375,20 @@ async def test_a_cancellation_turned_into_a_client_error_at_the_deadline_is_the_
     assert isinstance(cause, ConnectionClosed)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "task group"])
+@pytest.mark.parametrize("at", ["model", "load", "lock"])
+async def test_a_callers_cancellation_turned_into_a_client_error_is_the_cancellation(
+    at: str, grouped: bool
+) -> None:
+    """Such an error never replaces the caller's cancellation either: the caller's scope
+    catches it (the error escaped the scope, or an exception group did)."""
+    model = ScriptedModel([closing_model(grouped) if at == "model" else text_response("hi")])
+    agent = Slow(model=model, session_store=ClosingStore(at, grouped))
+    with anyio.fail_after(5), anyio.move_on_after(0.2) as scope:
+        await agent.run("hi", session_id="s")
+    assert scope.cancelled_caught
+
+
 async def test_a_client_error_not_caused_by_the_deadline_goes_through() -> None:
     """An error of a store's own, raised before the deadline, is raised as it is."""
 
