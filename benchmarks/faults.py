@@ -16,8 +16,9 @@ consumers that read slowly or raise in their loop, and runs of the same session 
 (faulty ones, a fault-free one, or ``compact_session``). Half draw further extras: a
 store ``load`` that fails or stalls, hooks of every kind that stall or raise, retried
 model errors, a ``prepare()`` that stalls, ``deadline=``, a consumer calling
-``events.aclose()``, a model made from a model string whose close stalls or fails, and
-the agent closed while the run goes on (``aclose()`` beside it, ``async with agent:``).
+``events.aclose()``, a model made from a model string whose close stalls or fails, the
+agent closed while the run goes on (``aclose()`` beside it, ``async with agent:``), and a
+store ``lock`` whose release fails.
 A fifth as many runs again go through ``run_sync()`` in worker threads
 (``threaded_campaign``). With ``--postgres``, every third
 run uses a PostgreSQL store, whose session lock's connection the server may end

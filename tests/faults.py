@@ -66,11 +66,12 @@ consumer calls ``events.aclose()`` in its loop; the model is made from a model s
 (``chaos:<session>``), so the agent closes it, and its ``aclose()`` stalls or fails; the
 agent is closed while the run goes on (``aclose()`` from a task beside it, or the run in
 ``async with agent:``); the summary model of a ``compact_session`` beside the run
-stalls. Besides the checks above: ``aclose()`` beside a run returns within the grace,
-raising nothing but a ``CleanupError`` of a failed close; ``events.aclose()`` returns
-within the grace; a ``CleanupError`` escapes only when closing the model failed, never
-in place of the caller's cancellation; the run (the block of ``async with agent:``
-included) ends within its stop time plus the one grace.
+stalls; the store's ``lock`` fails as it releases the session (a ``SessionStoreError``),
+which never changes how the run ends. Besides the checks above: ``aclose()`` beside a
+run returns within the grace, raising nothing but a ``CleanupError`` of a failed close;
+``events.aclose()`` returns within the grace; a ``CleanupError`` escapes only when
+closing the model failed, never in place of the caller's cancellation; the run (the
+block of ``async with agent:`` included) ends within its stop time plus the one grace.
 
 ``campaign()`` runs a number of them concurrently and returns a ``Report``;
 ``threaded_campaign()`` runs faulty runs through ``run_sync()`` in worker threads (each an
@@ -291,6 +292,9 @@ class Chaos:
     """The model's ``prepare()`` stalls this long."""
     close_fault: tuple[str, float] | None = None
     """(``close stall`` or ``close error``, seconds): the model's ``aclose()``."""
+    release_fault: str | None = None
+    """``release error``: the store's ``lock`` fails as it releases the session (with a
+    ``SessionStoreError``)."""
     loads: int = 0
 
     async def point(self, where: str = "") -> None:
@@ -385,7 +389,16 @@ class ChaosStore:
         await self.inner.delete(session_id)
 
     def lock(self, session_id: str) -> Any:
-        return self.inner.lock(session_id)  # type: ignore[attr-defined]
+        hold = self.inner.lock(session_id)  # type: ignore[attr-defined]
+        return hold if self.chaos.release_fault is None else self._failing_release(hold)
+
+    @asynccontextmanager
+    async def _failing_release(self, hold: Any) -> AsyncIterator[None]:
+        """``hold``, which fails once it has released the session, as the run drew."""
+        async with hold:
+            yield
+        self.chaos.fired[str(self.chaos.release_fault)] += 1
+        raise SessionStoreError(f"injected {SECRET}: the lock's connection dropped")
 
 
 class LocklessChaosStore:
@@ -1351,8 +1364,10 @@ def _plan_more(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> Mo
     errors (a rate limit's ``retry_after`` beyond the deadline too), a model whose
     ``prepare()`` stalls, ``deadline=``, a stream consumer that calls ``events.aclose()``
     in its loop, a model made from a model string whose ``aclose()`` stalls or fails, the
-    agent closed while the run goes on (``aclose()`` beside it, or ``async with agent:``),
-    and a summary model of a ``compact_session`` beside the run that stalls."""
+    agent closed while the run goes on
+    (``aclose()`` beside it, or ``async with agent:``), a summary model of a
+    ``compact_session`` beside the run that stalls, and a store ``lock`` that fails as it
+    releases the session."""
     rng = chaos.more
     assert rng is not None
     more = More()
@@ -1395,6 +1410,8 @@ def _plan_more(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> Mo
         chaos.fired[f"closing: {more.closing}"] += 1
     if rng.random() < 0.15:
         more.summary_stall = rng.uniform(0.01, longest)
+    if rng.random() < 0.06:  # last: the draws above are as they were before it came
+        chaos.release_fault = "release error"
     return more
 
 

@@ -132,6 +132,7 @@ MORE_FAULTS = {
     "model closed",
     "close error",
     "close stall",
+    "release error",
     "closing: aclose beside",
     "closing: async with",
 }
