@@ -21,7 +21,7 @@ from littleghost import runner
 from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
-from littleghost.cleanup import close_leaving, enter_block, leave_block, shared_stop
+from littleghost.cleanup import DEFAULT_GRACE, close_leaving, enter_block, leave_block, shared_stop
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     BoundHook,
@@ -627,7 +627,7 @@ class Agent:
     max_retries: int = MAX_RETRIES
     capture_content: bool = False
     session_store: SessionStore = InMemorySessionStore()
-    cleanup_grace: float = 1.0
+    cleanup_grace: float = DEFAULT_GRACE
     output_type: Any = None
     output_strategy: Strategy = "auto"
     context_management: ClassVar[Any] = None

@@ -36,6 +36,7 @@ from littleghost import logs
 from littleghost.errors import SessionStoreError
 
 __all__ = [
+    "DEFAULT_GRACE",
     "Grace",
     "cancelled_here",
     "close_leaving",
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 logger = logs.logger("littleghost.cleanup")
+
+DEFAULT_GRACE = 1.0
+"""Seconds of cleanup grace where no agent says (``Agent.cleanup_grace``'s default)."""
 
 _CURRENT: ContextVar[Grace | None] = ContextVar("littleghost_grace", default=None)
 _HOSTED: ContextVar[list[float] | None] = ContextVar("littleghost_hosted_stops", default=None)

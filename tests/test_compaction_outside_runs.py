@@ -4,7 +4,9 @@ nothing for a conversation with nothing to compact."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -41,6 +43,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     ProviderUnavailableError,
+    SessionStoreError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse
@@ -534,3 +537,68 @@ async def test_an_ad_hoc_compaction_the_run_s_deadline_cuts_is_an_error(spans: S
     for cut in (span, summary):
         assert cut.status.status_code is StatusCode.ERROR
         assert (cut.attributes or {})["error.type"] == "DeadlineExceededError"
+
+
+class TellingOnRelease(InMemorySessionStore):
+    """A store that holds its sessions itself and, releasing one, awaits (telling a lock
+    server, say) before it lets go, so a release cut short leaves the session held; with
+    ``fails``, the release then fails."""
+
+    def __init__(self, fails: bool = False) -> None:
+        super().__init__()
+        self.fails = fails
+        self.held = anyio.Semaphore(1)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        await self.held.acquire()
+        try:
+            yield
+        finally:
+            await anyio.lowlevel.checkpoint()
+            self.held.release()
+            if self.fails:
+                raise SessionStoreError("the lock server went away")
+
+
+async def stalling(request: ModelRequest) -> ModelResponse:
+    await anyio.sleep(10)
+    raise AssertionError("not reached")
+
+
+def summarizer() -> ScriptedModel:
+    return ScriptedModel([summary_step()])
+
+
+async def test_a_cancelled_compact_session_releases_the_session_as_a_run_does() -> None:
+    """``compact_session`` holds the session as a run does, and releases it as one does:
+    shielded from the caller's cancellation for at most the cleanup grace (1 s), so a
+    later compaction or run of the session is not left waiting for good."""
+    store = TellingOnRelease()
+    await store.append("s", chat(20))
+    began = anyio.current_time()
+    with anyio.move_on_after(0.1) as scope:
+        await compact_session(store, "s", Summarization(model=ScriptedModel([stalling])))
+    assert scope.cancelled_caught
+    assert anyio.current_time() - began < 0.1 + 1.0 + 0.5
+    with anyio.fail_after(2):
+        records = await compact_session(store, "s", Summarization(model=summarizer()))
+    assert len(records) == 1
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["compacts", "fails"])
+async def test_a_failing_release_never_replaces_compact_sessions_outcome(
+    fails: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What releasing the session raises is logged (``littleghost.cleanup``), as for a
+    run: the records appended are returned, or the compaction's own error is raised."""
+    store = TellingOnRelease(fails=True)
+    await store.append("s", chat(20))
+    model = ScriptedModel([InvalidRequestError("refused")]) if fails else summarizer()
+    if fails:
+        with pytest.raises(InvalidRequestError, match="refused"):
+            await compact_session(store, "s", Summarization(model=model))
+    else:
+        records = await compact_session(store, "s", Summarization(model=model))
+        assert (await store.load("s"))[-len(records) :] == records
+    assert "releasing the session could not be done" in caplog.text

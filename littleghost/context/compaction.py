@@ -3,11 +3,15 @@ decides becomes records appended to the log (README: "Compaction strategies").""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
+
 from littleghost import logs, telemetry
 from littleghost._validators import TOKENIZER, counts_tokens, wrong_value
+from littleghost.cleanup import DEFAULT_GRACE, Grace, holding
 from littleghost.context.attempts import ViewChange, requested_compaction, view_change
 from littleghost.context.index import LogIndex
 from littleghost.context.strategies import (
@@ -179,8 +183,10 @@ async def compact_session(
     """
     check_store("compact_session: store", store)
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)
+    stop = anyio.current_effective_deadline()
+    grace = Grace(DEFAULT_GRACE, None if math.isinf(stop) else stop)
     with requested_compaction(telemetry.conversation_attributes(session_id)) as found:
-        async with hold_session(store, session_id):
+        async with holding(hold_session(store, session_id), grace):  # released as a run's
             log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
             # loaded for this call alone: its index is not kept
             state = await _run(log, strategy, counter, None, settings, keep=False)
