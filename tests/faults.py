@@ -1123,6 +1123,14 @@ class Report:
         if outcome.stop_at is not None:
             self.worst_overshoot = max(self.worst_overshoot, outcome.elapsed - outcome.stop_at)
 
+    def merge(self, other: Report) -> None:
+        """Count ``other``'s runs as this report's too."""
+        self.runs += other.runs
+        self.by_outcome.update(other.by_outcome)
+        self.faults.update(other.faults)
+        self.violations.extend(other.violations)
+        self.worst_overshoot = max(self.worst_overshoot, other.worst_overshoot)
+
 
 def _plan(rng: random.Random, chaos: Chaos) -> tuple[list[list[str]], dict[str, Any]]:
     """A script of turns, the faults, and the run's stop. Stalls are long (up to 1.5 s)
@@ -1208,19 +1216,19 @@ def _plan_context_faults(rng: random.Random, chaos: Chaos, longest: float) -> No
             chaos.summary_faults[index] = ("summary overflow with figures", float(2 * WINDOW))
         elif roll < 0.42:
             chaos.summary_faults[index] = ("summary at its cap", 0.0)
-    chaos.counting = rng.random() < 0.5
+    chaos.counting = rng.random() < 0.8  # counts come in recoveries only: rare
     for index in range(4):
         roll = rng.random()
-        if roll < 0.1:
+        if roll < 0.12:
             chaos.count_faults[index] = ("count error", 0.0)
-        elif roll < 0.2:
+        elif roll < 0.24:
             chaos.count_faults[index] = ("count stall", rng.uniform(0.01, longest))
-        elif roll < 0.25:
+        elif roll < 0.36:
             chaos.count_faults[index] = ("count over the window", 0.0)
     for index in range(6):
         if rng.random() < 0.1:
             chaos.memory_stalls[index] = rng.uniform(0.01, longest)
-    if chaos.cancel_at_point is None and rng.random() < 0.15:
+    if chaos.cancel_at_point is None and rng.random() < 0.25:
         where = rng.choice(
             ("a summary call", "a compaction record's append", "the memories", "a prompt count")
         )
@@ -1294,11 +1302,11 @@ def _plan_extras(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> 
     chaos.edit_response = rng.random() < 0.15
     chaos.rename_calls = rng.random() < 0.15
     chaos.edit_result = rng.random() < 0.15
-    if rng.random() < 0.2:
+    if rng.random() < 0.3:
         chaos.output = rng.choice(("fits", "misfit once", "misfit"))
         extras.output_strategy = rng.choice(STRATEGIES)
         chaos.fired[f"output {chaos.output}, {extras.output_strategy}"] += 1
-    if rng.random() < 0.1:
+    if rng.random() < 0.2:
         chaos.hook_fault = (rng.choice(("before_tool", "after_tool")), rng.choice(HOOK_FAULTS))
     if rng.random() < 0.15:
         extras.max_turns = rng.randint(1, 3)
@@ -1380,9 +1388,9 @@ def _plan_more(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> Mo
     elif roll < 0.2:
         chaos.load_fault = ("load stall", rng.uniform(0.01, longest))
     for kind in HOOK_KINDS:
-        if rng.random() < 0.08:
+        if rng.random() < 0.12:
             chaos.hook_stalls[kind] = rng.uniform(0.01, longest)
-    if chaos.hook_fault is None and rng.random() < 0.1:
+    if chaos.hook_fault is None and rng.random() < 0.2:
         where = rng.choice(("before_model", "after_model", "after_model_error"))
         chaos.hook_fault = (where, rng.choice(HOOK_FAULTS))
     if rng.random() < 0.3:
