@@ -103,6 +103,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> _WholeF
     return _WholeFiles(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: a worker per core and as many more, up to eight: most tests wait (on
+    timeouts, servers, child processes) more than they compute, and one worker per core
+    left a third of the CPU idle. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) + min(cores or 1, 8)
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run each async test under asyncio and under trio."""
