@@ -1333,7 +1333,11 @@ class TestErrors:
         assert "written by a newer littleghost" in line
 
     def test_usage_errors(self) -> None:
-        assert "Invalid value for '--store'" in fails(2, "sessions", "list", "--store", "x.db")
+        line = fails(2, "sessions", "list", "--store", "x.db")
+        assert "Invalid value for '--store'" in line
+        assert "(a SQLite file x.db: sqlite:///x.db)" in line
+        line = fails(2, "sessions", "list", "--store", "sqlite:///")
+        assert "Invalid value for '--store'" in line and "a SQLite file" not in line
         assert "Missing option '--store'" in fails(2, "sessions", "list")
         url = "sqlite:///x.db"
         for agent, error in [

@@ -94,7 +94,8 @@ def store_address(text: str) -> StoreAddress:
             return StoreAddress("postgres", check_conninfo(text))
         except ConfigurationError as error:
             raise click.BadParameter(str(error)) from None
+    guess = f" (a SQLite file {text}: sqlite:///{text})" if text and "://" not in text else ""
     raise click.BadParameter(
         "expected sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo "
-        "(host=... dbname=...)"
+        f"(host=... dbname=...){guess}"
     )
