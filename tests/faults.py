@@ -157,6 +157,20 @@ TOLERANCE = 0.4
 """What a run may take past its stop time plus the grace (scheduling of many concurrent
 runs and worker threads on a busy machine), in seconds; an unbounded cleanup overshoots
 by up to the longest stall, 1.5 s."""
+
+
+def cpu_wait() -> float:
+    """Seconds this thread has spent ready to run but waiting for a CPU (Linux's
+    ``schedstat``; 0 where it cannot be read): how long a busy machine, not the run, held
+    it up. A run's end is judged net of what it waited so after its stop came; a sleep (a
+    second grace, say) or a blocked event loop is no wait for a CPU, and still shows."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 THREAD_TOLERANCE = 0.8
 """``TOLERANCE`` for a run through ``run_sync()``: its event loop is one of several threads
 sharing the interpreter's lock with the campaign's own (a full suite's run on two busy
@@ -221,6 +235,8 @@ class Chaos:
     ending_fault_at: float | None = None
     """When the first fault that can end a run fired (an error, not a stall)."""
     cancelled_at: float | None = None
+    waited_at_stop: float | None = None
+    """``cpu_wait()`` when the run's stop came (a timed one as ``one_run`` saw it come)."""
     variant: str = "plain"
     """The agent class of the run (``VARIANTS``)."""
     summary_faults: dict[int, tuple[str, float]] = field(factory=dict)
@@ -311,6 +327,8 @@ class Chaos:
                 self.fired[f"cancel at {where}"] += 1
             self.cancelled_at_point = True
             self.cancelled_at = time.monotonic()
+            if self.waited_at_stop is None:
+                self.waited_at_stop = cpu_wait()
             self.scope.cancel()
         await anyio.lowlevel.checkpoint()
 
@@ -1481,7 +1499,11 @@ async def one_run(
     if timeout is not None:
         stop_at = timeout
     mode = extras.consumer or stop["stream"]
+    marking = anyio.CancelScope()
+    planned = min((t for t in (timeout, stop.get("cancel_after")) if t is not None), default=None)
     async with anyio.create_task_group() as group:
+        if planned is not None:
+            group.start_soon(_mark_stop, chaos, began + planned, marking)
         if extras.beside is not None:
             beside = partial(_beside, stall=more.summary_stall)
             group.start_soon(beside, extras, inner, session_id, kind, others, violations)
@@ -1509,6 +1531,8 @@ async def one_run(
             if stray is not chaos.hook_raised:
                 violations.append("a cancellation escaped that nobody asked for")
         elapsed = time.monotonic() - began
+        waited = 0.0 if chaos.waited_at_stop is None else cpu_wait() - chaos.waited_at_stop
+        marking.cancel()
     cancelled = scope.cancelled_caught
     if isinstance(error, CleanupError) and scope.cancel_called:  # a close failing after it
         violations.append("a CleanupError replaced the caller's cancellation")
@@ -1521,8 +1545,11 @@ async def one_run(
     violations.extend(_overflow_problems(error, chaos))
     violations.extend(_output_problems(error, result, chaos))
     violations.extend(_stream_problems(chaos))
-    if stop_at is not None and elapsed > stop_at + GRACE + tolerance:
-        violations.append(f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s)")
+    if stop_at is not None and elapsed - waited > stop_at + GRACE + tolerance:
+        violations.append(
+            f"ended {elapsed - stop_at:.3f} s after its stop time (grace {GRACE} s; "
+            f"{waited:.3f} s of it waiting for a CPU)"
+        )
     if isinstance(error, SystemExit) and "exit" not in {n for names in turns for n in names}:
         violations.append("SystemExit from nowhere")
     violations.extend(f"the faulty run: {problem}" for problem in chaos.shown)
@@ -1665,6 +1692,15 @@ async def _aclose_stream(events: Any, chaos: Chaos) -> None:
     took = time.monotonic() - began
     if took > GRACE + TOLERANCE:
         chaos.shown.append(f"events.aclose() took {took:.3f} s (grace {GRACE} s)")
+
+
+async def _mark_stop(chaos: Chaos, at: float, scope: anyio.CancelScope) -> None:
+    """Note ``cpu_wait()`` when ``at`` (a ``time.monotonic()``: the run's timed stop) has
+    come, if no earlier stop did; late rather than early, so the wait is never overstated."""
+    with scope:
+        await anyio.sleep(at - time.monotonic())
+        if chaos.waited_at_stop is None:
+            chaos.waited_at_stop = cpu_wait()
 
 
 async def _close_beside(agent: Agent, delay: float, chaos: Chaos, problems: list[str]) -> None:
