@@ -80,7 +80,7 @@ def run_ci(
 
 
 OLDEST_TESTS = (
-    f"python -m pytest -q -p no:cacheprovider -n {2 * (os.cpu_count() or 1)} "
+    "python -m pytest -q -p no:cacheprovider -n auto "
     "--ignore=tests/test_local_model.py "
     "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
     "--ignore=tests/test_recovery_property.py"
