@@ -24,6 +24,7 @@ from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import DEFAULT_GRACE, close_leaving, enter_block, leave_block, shared_stop
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
+    HOOK_KINDS,
     BoundHook,
     PlanEntry,
     bind_hooks,
@@ -379,10 +380,19 @@ def _check_member_names(classes: Iterable[type]) -> None:
             )
             method = callable(value) and not isinstance(value, type)  # a class is a value
             if not (declarable or method or isinstance(value, _DESCRIPTORS)):
+                meant = _MEANT.get(attribute)
                 raise ConfigurationError(
                     f"{klass.__name__}.{attribute} would replace Agent.{attribute}, which "
                     "every agent needs: give the attribute another name"
+                    + (f" ({meant})" if meant else "")
                 )
+
+
+_MEANT = {
+    "hooks": "hooks are methods decorated with " + ", ".join(f"@{kind}" for kind in HOOK_KINDS),
+    "output": "the answer's type is declared as output_type",
+}
+"""What a class body most likely meant by a value in the place of these Agent members."""
 
 
 def _check_spelling(classes: Iterable[type]) -> None:

@@ -1032,12 +1032,19 @@ def test_a_tool_method_named_like_an_agent_member_fails(member: str) -> None:
 )
 def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: object) -> None:
     """A plain attribute named like one of Agent's properties or methods (``hooks``, as
-    other frameworks take hooks) would break every run: it fails at class definition;
-    a method of the same name overrides as Python's do."""
+    other frameworks take hooks) would break every run: it fails at class definition,
+    saying what ``hooks`` and ``output`` are declared as instead; a method of the same
+    name overrides as Python's do."""
     with pytest.raises(
         ConfigurationError, match=re.escape(f"Mixin.{member} would replace Agent.{member}")
-    ):
+    ) as failed:
         type("Mixed", (type("Mixin", (), {member: value}), Agent), {})
+    meant = {
+        "hooks": "(hooks are methods decorated with @before_model, @after_model, "
+        "@after_model_error, @before_tool, @after_tool)",
+        "output": "(the answer's type is declared as output_type)",
+    }
+    assert str(failed.value).endswith(meant.get(member, "give the attribute another name"))
 
     class Overriding(Agent):
         name = "support-bot"  # the name telemetry reports
