@@ -159,16 +159,24 @@ runs and worker threads on a busy machine), in seconds; an unbounded cleanup ove
 by up to the longest stall, 1.5 s."""
 
 
-def cpu_wait() -> float:
-    """Seconds this thread has spent ready to run but waiting for a CPU (Linux's
-    ``schedstat``; 0 where it cannot be read): how long a busy machine, not the run, held
-    it up. A run's end is judged net of what it waited so after its stop came; a sleep (a
-    second grace, say) or a blocked event loop is no wait for a CPU, and still shows."""
+def cpu_wait(thread: int | None = None) -> float | None:
+    """Seconds a thread (a ``threading.get_native_id()``; this one by default) has spent
+    ready to run but waiting for a CPU (Linux's ``schedstat``; ``None`` where it cannot be
+    read): how long a busy machine, not the run, held it up. A run's end is judged net of
+    what its event loop waited so after its stop came; a sleep (a second grace, say), a
+    blocked event loop or a wait for the interpreter's lock is no wait for a CPU."""
+    where = "thread-self" if thread is None else f"self/task/{thread}"
     try:
-        with open("/proc/thread-self/schedstat", "rb") as stat:
+        with open(f"/proc/{where}/schedstat", "rb") as stat:
             return int(stat.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return None
+
+
+def waited_since(at_stop: float | None, now: float | None) -> float:
+    """Seconds of CPU wait between two ``cpu_wait()`` readings of one thread (0 if either
+    could not be read)."""
+    return 0.0 if at_stop is None or now is None else max(0.0, now - at_stop)
 
 
 THREAD_TOLERANCE = 0.8
@@ -1531,7 +1539,7 @@ async def one_run(
             if stray is not chaos.hook_raised:
                 violations.append("a cancellation escaped that nobody asked for")
         elapsed = time.monotonic() - began
-        waited = 0.0 if chaos.waited_at_stop is None else cpu_wait() - chaos.waited_at_stop
+        waited = waited_since(chaos.waited_at_stop, cpu_wait())
         marking.cancel()
     cancelled = scope.cancelled_caught
     if isinstance(error, CleanupError) and scope.cancel_called:  # a close failing after it
@@ -1698,7 +1706,7 @@ async def _mark_stop(chaos: Chaos, at: float, scope: anyio.CancelScope) -> None:
     """Note ``cpu_wait()`` when ``at`` (a ``time.monotonic()``: the run's timed stop) has
     come, if no earlier stop did; late rather than early, so the wait is never overstated."""
     with scope:
-        await anyio.sleep(at - time.monotonic())
+        await anyio.sleep(max(0.0, at - time.monotonic()))
         if chaos.waited_at_stop is None:
             chaos.waited_at_stop = cpu_wait()
 
@@ -2138,13 +2146,20 @@ async def one_threaded_run(rng: random.Random, session_id: str) -> tuple[Outcome
     agent = kind(model=model, session_store=LocklessChaosStore(inner, chaos), **options)
     timeout = stop.get("timeout")
     times: list[float] = []  # when run_sync() began and ended, in its own thread
+    waits: dict[str, float | None] = {}  # cpu_wait() of that thread at its deadline and end
 
     def run() -> None:
         times.append(time.monotonic())
+        thread = threading.get_native_id()
+        marker = threading.Timer(timeout or 0.0, lambda: waits.setdefault("stop", cpu_wait(thread)))
+        if timeout is not None:
+            marker.start()
         try:
             agent.run_sync("Go.", session_id=session_id, timeout=timeout)
         finally:
             times.append(time.monotonic())
+            marker.cancel()
+            waits["end"] = cpu_wait()
 
     error: BaseException | None = None
     try:
@@ -2157,8 +2172,12 @@ async def one_threaded_run(rng: random.Random, session_id: str) -> tuple[Outcome
     elapsed = ended - began
     violations = _check_outcome(error, False, chaos, None, timeout, began)
     violations.extend(_overflow_problems(error, chaos))
-    if timeout is not None and elapsed > timeout + GRACE + THREAD_TOLERANCE:
-        violations.append(f"ended {elapsed - timeout:.3f} s after its deadline (grace {GRACE} s)")
+    waited = waited_since(waits.get("stop"), waits["end"])
+    if timeout is not None and elapsed - waited > timeout + GRACE + THREAD_TOLERANCE:
+        violations.append(
+            f"ended {elapsed - timeout:.3f} s after its deadline (grace {GRACE} s; "
+            f"{waited:.3f} s of it waiting for a CPU)"
+        )
     violations.extend(f"the faulty run: {problem}" for problem in chaos.shown)
     stored = await inner.load(session_id)
     violations.extend(f"after the faulty run: {problem}" for problem in log_problems(stored))
