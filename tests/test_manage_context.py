@@ -37,7 +37,7 @@ from littleghost.context.calibration import SCALE_FOR_KEY, SCALE_KEY, scale_for
 from littleghost.context.config import ContextManagement, ContextOptions
 from littleghost.context.management import AFTER_KEY, RECOUNTS, remembered
 from littleghost.context.outside import RequestPreview, preview_request
-from littleghost.context.records import is_record
+from littleghost.context.records import is_record, record_covers
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     SUMMARY_FRAMING,
@@ -1112,6 +1112,42 @@ class TestOverflow:
         assert {e["littleghost.compaction.reason"] for e in events} == {"threshold"}
         assert sum("littleghost.compaction.summary_outcome" in e for e in events) == summaries
         assert real(model.requests[-1]) + 1 <= 512
+
+    async def test_a_threshold_attempt_failing_after_it_stored_a_summary_sends_the_log_view(
+        self,
+    ) -> None:
+        """Before the call, a request over the window goes on as overflow recovery would
+        (its first summary came back empty); that stores a summary, then fails (the model
+        still counts the request over the window): the call goes out as the log now shows
+        it, the summary in place of what it covers (it went as it was, the covered
+        messages shown beside a summary the log holds)."""
+        summaries = 0
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            nonlocal summaries
+            if request.purpose != "context_compaction":
+                return text_response("done")
+            summaries += 1
+            return text_response("" if summaries == 1 else "They talked about orders.")
+
+        @manage_context(context_window_override=1_000, preserve_recent_messages=2)
+        class Orders(Agent):
+            instructions = "Work."
+
+        filler = "note " * 90
+        history = [
+            m
+            for i in range(6)
+            for m in (Message.user(f"Q{i} {filler}"), Message.assistant(f"A{i} {filler}"))
+        ]
+        model = ScriptedModel([answer] * 8, count_prompt_tokens=lambda request: 10_000)
+        result = await Orders(model=model).run("Go.", history=history)
+        assert result.output == "done" and summaries == 2
+        (chat,) = [r for r in model.requests if r.purpose == "chat"]
+        (summary,) = [m for m in result.messages if is_record(m)]
+        shown = {m.id for m in chat.messages}
+        assert summary.id in shown
+        assert not shown & set(record_covers(summary))
 
     @pytest.mark.parametrize("pairs", [0, 4])
     async def test_a_request_over_the_window_without_a_summary_is_not_refused(

@@ -178,6 +178,7 @@ class _Run:
     bare: int | None = None  # the turn whose retry goes without memories (as a last resort)
     quiet_until: int | None = None  # no summary call until the estimate reaches this
     last_after: int = 0  # the size the last completed compaction left the request at
+    last_compacted: ModelRequest | None = None  # and the request it left
     failed_at: int | None = None  # the size a compaction failed at (``AFTER_KEY``)
     cut_to: int | None = None  # what tool results are cut to for the rest of the run
     clipped: _Clipped | None = None  # the last request's ``clip_results``, to carry over
@@ -402,6 +403,7 @@ async def _proactive(
         return request
     target = _target(config, window)
     compacted, after = request, estimated
+    state.last_compacted = None
     try:
         try:
             compacted = await _compact(request, context, config, "threshold", estimated, target)
@@ -428,7 +430,9 @@ async def _proactive(
     except UNSWALLOWED:
         raise
     except Exception:
-        state.failed_at = estimated  # recorded; the request goes as it was
+        state.failed_at = estimated  # recorded
+        if state.last_compacted is not None:  # the request goes as the records stored left it
+            compacted, after = state.last_compacted, state.last_after
     state.quiet_until = next_summary_at(after, config, window)
     return compacted
 
@@ -894,7 +898,9 @@ async def _compact(
         run.cut_to = outcome.cut_to or run.cut_to
         if len(shown) < len(request.messages):  # the view's own, left out: not for the retry
             run.bare = context.turn
-    return attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
+    compacted = attrs.evolve(compacted, messages=[marked.get(m.id, m) for m in compacted.messages])
+    run.last_compacted = compacted
+    return compacted
 
 
 def _left_out(request: ModelRequest, compacted: ModelRequest) -> int:
