@@ -78,8 +78,9 @@ class CompactionFinished:
     ``estimated_tokens_after`` is the request's estimate after it (``None`` when not
     known) and ``estimated_tokens_before`` its estimate before, in the same units:
     ``CompactionStarted``'s figure, re-expressed when a summary call taught the estimate
-    a new scale during the attempt (as the span event's); ``error_type`` what failed (``None`` when it completed) and ``usage`` what its
-    own model calls used (a summary's, one its strategy's own scope cut too).
+    a new scale during the attempt (as the span event's); ``error_type`` is what failed
+    (``None`` when it completed) and ``usage`` what its own model calls used (a
+    summary's, one its strategy's own scope cut too).
 
     ``summary_outcome`` says how a summary it made came back: ``complete``,
     ``cut_at_cap`` (it reached its output cap; its complete lines were kept) or
