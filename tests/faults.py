@@ -1398,10 +1398,9 @@ def _plan_more(chaos: Chaos, turns: list[list[str]], stop: dict[str, Any]) -> Mo
     errors (a rate limit's ``retry_after`` beyond the deadline too), a model whose
     ``prepare()`` stalls, ``deadline=``, a stream consumer that calls ``events.aclose()``
     in its loop, a model made from a model string whose ``aclose()`` stalls or fails, the
-    agent closed while the run goes on
-    (``aclose()`` beside it, or ``async with agent:``), a summary model of a
-    ``compact_session`` beside the run that stalls, and a store ``lock`` that fails as it
-    releases the session."""
+    agent closed while the run goes on (``aclose()`` beside it, or ``async with agent:``),
+    a summary model of a ``compact_session`` beside the run that stalls, and a store
+    ``lock`` that fails as it releases the session."""
     rng = chaos.more
     assert rng is not None
     more = More()
