@@ -513,6 +513,42 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
 
 
 @pytest.mark.parametrize(
+    ("cached", "output", "overflow"),
+    [(500, 10, True), (400, 10, False), (470, 40, False)],
+    ids=["cut by the full window", "cut by the server's own limit", "at its cap"],
+)
+async def test_an_answer_a_llama_cpp_server_cut_at_the_full_window_is_an_overflow(
+    make_model: Callable[..., AnthropicModel], cached: int, output: int, overflow: bool
+) -> None:
+    """A llama.cpp server's Messages API says ``max_tokens`` at the answer's cap, and also
+    where the prompt and the answer filled the context window; that one, short of the
+    cap, is an overflow with the prompt's size and the window, as
+    ``model_context_window_exceeded`` is; streamed or not, and billed."""
+    usage = {"input_tokens": 2, "cache_read_input_tokens": cached, "output_tokens": output}
+    server = FakeServer(
+        message([{"type": "text", "text": "x"}], stop_reason="max_tokens", usage=usage),
+        event_stream(
+            anthropic_sse(message_start(usage), *text_block(0, "x"), *finish("max_tokens", output))
+        ),
+    )
+    model = make_model(server, context_window=512)
+    request = ModelRequest([Message.user("hi")], settings={"max_tokens": 40})
+    if not overflow:
+        assert (await model.respond(request)).stop_reason is StopReason.MAX_TOKENS
+        *_, done = [event async for event in model.stream(request)]
+        assert isinstance(done, StreamDone) and done.response.stop_reason is StopReason.MAX_TOKENS
+        return
+    with pytest.raises(ContextWindowOverflowError) as unstreamed:
+        await model.respond(request)
+    with pytest.raises(ContextWindowOverflowError) as streamed:
+        async for _ in model.stream(request):
+            pass
+    for caught in (unstreamed, streamed):
+        assert (caught.value.prompt_tokens, caught.value.context_window) == (502, 512)
+        assert caught.value.usage == Usage(502, 10, cache_read_tokens=500)
+
+
+@pytest.mark.parametrize(
     ("answer", "kind", "attributes"),
     [
         (

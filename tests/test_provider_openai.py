@@ -1053,6 +1053,52 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     assert caught.value.usage == Usage(31_990, 10)
 
 
+@pytest.mark.parametrize("streamed", [False, True])
+@pytest.mark.parametrize(
+    ("prompt", "output", "overflow"),
+    [(502, 10, True), (400, 10, False), (472, 40, False)],
+    ids=["cut by the full window", "cut by the server's own limit", "at its cap"],
+)
+async def test_an_answer_a_llama_cpp_server_cut_at_the_full_window_is_an_overflow(
+    make_model: Callable[..., OpenAIModel], streamed: bool, prompt: int, output: int, overflow: bool
+) -> None:
+    """A llama.cpp server ends an answer with ``length`` at its cap, and also where its
+    prompt and it filled the context window (it takes a prompt that leaves the answer
+    less room than its cap): that one, short of its cap, is an overflow with the prompt's
+    size and the window (so a summary call, or a chat call, is compacted for and sent
+    again, not retried as is or failed at its cap), and billed."""
+    usage = {"prompt_tokens": prompt, "completion_tokens": output}
+    answer = (
+        event_stream(
+            openai_sse(
+                chunk({"content": "Once upon"}),
+                chunk({}, finish_reason="length"),
+                chunk(None, usage=usage),
+            )
+        )
+        if streamed
+        else completion({"content": "Once upon"}, finish_reason="length", usage=(prompt, output))
+    )
+    model = make_model(FakeServer(answer), base_url="http://127.0.0.1:8080/v1", context_window=512)
+    request = ModelRequest([Message.user("Tell me a story.")], settings={"max_tokens": 40})
+    if not overflow:
+        if streamed:
+            *_, done = [event async for event in model.stream(request)]
+            assert isinstance(done, StreamDone)
+            response = done.response
+        else:
+            response = await model.respond(request)
+        assert response.stop_reason is StopReason.MAX_TOKENS
+        return
+    with pytest.raises(ContextWindowOverflowError) as caught:
+        if streamed:
+            [event async for event in model.stream(request)]
+        else:
+            await model.respond(request)
+    assert (caught.value.prompt_tokens, caught.value.context_window) == (502, 512)
+    assert caught.value.usage == Usage(502, 10)
+
+
 async def test_a_refusal_is_the_answer_and_stops_for_the_content_filter_streamed_or_not(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

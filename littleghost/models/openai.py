@@ -73,7 +73,7 @@ from littleghost.models.base import (
     Usage,
 )
 from littleghost.models.openai_count import count_request
-from littleghost.models.overflow import classify_error
+from littleghost.models.overflow import classify_error, window_filled
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -823,7 +823,7 @@ class OpenAIModel:
             refusal = (
                 "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
             )
-            return ModelResponse(
+            response = ModelResponse(
                 self._answer(
                     _reasoning(provider, message, where) or thought,
                     content or refusal,
@@ -835,6 +835,14 @@ class OpenAIModel:
                 response_id=reported_name(completion, "id"),
                 response_model=reported_name(completion, "model"),
             )
+            return self._whole(request, response)
+
+    def _whole(self, request: ModelRequest, response: ModelResponse) -> ModelResponse:
+        """``response``, unless the window cut it short of its cap (``window_filled``)."""
+        filled = window_filled(self.provider, response, request.max_tokens, self.context_window)
+        if filled is not None:
+            raise filled
+        return response
 
     def _answer(
         self,
@@ -1035,6 +1043,7 @@ class OpenAIModel:
                 response_id=response_id,
                 response_model=response_model,
             )
+            response = self._whole(request, response)
         yield StreamDone(response)
 
     def _chunk(self, event: str | None, data: str) -> dict[str, Any]:

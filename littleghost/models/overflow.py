@@ -29,6 +29,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
+from littleghost.models.base import ModelResponse, StopReason
 
 __all__ = [
     "MAX_DETAIL_CHARS",
@@ -37,6 +38,7 @@ __all__ = [
     "retry_after_seconds",
     "should_retry",
     "transport_error",
+    "window_filled",
 ]
 
 MAX_DETAIL_CHARS = 300
@@ -451,6 +453,33 @@ def classify_error(
         provider=provider,
         retry_after=retry_after_seconds(headers, body=body) if told else None,
         should_retry=told,
+    )
+
+
+def window_filled(
+    provider: str, response: ModelResponse, cap: int | None, window: int | None
+) -> ContextWindowOverflowError | None:
+    """The overflow an answer said to stop at its output cap (``length``, ``max_tokens``)
+    is when it stopped short of ``cap`` where its prompt and it filled the ``window``:
+    a llama.cpp server stops there, and says so, when the prompt left the answer less
+    room than its cap (other servers refuse such a request). It carries the prompt's
+    size, the window and the answer's usage (billed); ``None`` for any other answer."""
+    usage = response.usage
+    if (
+        response.stop_reason is not StopReason.MAX_TOKENS
+        or cap is None
+        or window is None
+        or usage.output_tokens >= cap
+        or usage.input_tokens + usage.output_tokens < window
+    ):
+        return None
+    return ContextWindowOverflowError(
+        f"{provider}: the answer stopped at the model's {window}-token context window, "
+        f"{usage.output_tokens} of its {cap} tokens in",
+        provider=provider,
+        usage=usage,
+        prompt_tokens=usage.input_tokens,
+        context_window=window,
     )
 
 
