@@ -1149,14 +1149,14 @@ class TestOverflow:
         assert summary.id in shown
         assert not shown & set(record_covers(summary))
 
-    @pytest.mark.parametrize("pairs", [0, 4])
+    @pytest.mark.parametrize(("pairs", "summary"), [(0, "none"), (4, "empty"), (4, "cut")])
     async def test_a_request_over_the_window_without_a_summary_is_not_refused(
-        self, spans: Spans, pairs: int
+        self, spans: Spans, pairs: int, summary: str
     ) -> None:
         """A tool loop's turn whose result puts the request over the window, and no summary
-        (nothing old enough to summarize, or a summary that came back empty): the attempt
-        goes on as overflow recovery would (the result cut), so no call is sent to be
-        refused."""
+        (nothing old enough to summarize, a summary that came back empty, or cut at its cap
+        twice): the attempt goes on as overflow recovery would (the result cut), so no
+        call is sent to be refused; and without asking again for a summary cut twice."""
 
         def real(request: ModelRequest) -> int:
             return int(1.5 * estimate_messages(request.messages))
@@ -1164,6 +1164,8 @@ class TestOverflow:
         def answer(request: ModelRequest) -> ModelResponse:
             if real(request) + (request.max_tokens or 1) > 512:
                 raise ContextWindowOverflowError("too long", prompt_tokens=real(request))
+            if request.purpose == "context_compaction" and summary == "cut":
+                return text_response("## Notes", stop_reason=StopReason.MAX_TOKENS)
             if request.purpose == "context_compaction":
                 return text_response("")
             if not request.messages[-1].tool_results:
@@ -1184,10 +1186,13 @@ class TestOverflow:
             for i in range(pairs)
             for m in (Message.user(f"Is meter M-{i} read?"), Message.assistant("Not yet."))
         ]
-        model = ScriptedModel([answer] * 6, context_window=512, count_prompt_tokens=real)
+        model = ScriptedModel([answer] * 8, context_window=512, count_prompt_tokens=real)
         result = await Support(model=model).run("My meter readings?", history=history)
         assert result.output == "done"
-        assert [r.purpose for r in model.requests].count("chat") == 2  # none refused
+        purposes = [r.purpose for r in model.requests]
+        assert purposes.count("chat") == 2  # none refused
+        asked = {"none": 0, "empty": 2, "cut": 2}[summary]  # "cut": asked once more, shorter
+        assert purposes.count("context_compaction") == asked  # one cut twice not asked again
         events = spans.compactions()
         assert {e["littleghost.compaction.reason"] for e in events} == {"threshold"}
         assert events[-1]["littleghost.compaction.outcome"] == "completed"

@@ -77,6 +77,7 @@ from littleghost.errors import (
     CompactionError,
     ConfigurationError,
     ContextWindowOverflowError,
+    OutputLimitError,
     PromptBudgetError,
 )
 from littleghost.messages import Message, Role, ToolResult
@@ -402,7 +403,7 @@ async def _proactive(
         )
         return request
     target = _target(config, window)
-    compacted, after = request, estimated
+    compacted, after, again = request, estimated, True
     state.last_compacted = None
     try:
         try:
@@ -410,8 +411,10 @@ async def _proactive(
             after = state.last_after
         except UNSWALLOWED:
             raise
-        except Exception:  # no summary; over the window all the same, recovery's steps
-            state.failed_at = estimated  # recorded, unless those compact it
+        except Exception as error:  # no summary; over the window all the same, recovery's
+            state.failed_at = estimated  # steps; recorded, unless those compact it
+            # a summary cut twice, or none to make, would come out the same: not asked again
+            again = not isinstance(error, (OutputLimitError, CompactionError))
         if over_window(after, compacted, window):  # a summary could not bring it under
             counted, calibrated = await model_count(compacted, context), calibration(context)
             over = calibrated.last is not None and calibrated.distrusted is None  # estimated
@@ -424,7 +427,15 @@ async def _proactive(
                 safe = window if added else None
             if over:
                 compacted = await _recover(
-                    compacted, context, config, after, window, safe, counted is None, "threshold"
+                    compacted,
+                    context,
+                    config,
+                    after,
+                    window,
+                    safe,
+                    counted is None,
+                    "threshold",
+                    summarize=again,
                 )
                 after = state.last_after
     except UNSWALLOWED:
@@ -604,12 +615,16 @@ async def _recover(
     safe: int | None,
     uncounted: bool,
     reason: str = "overflow",
+    *,
+    summarize: bool = True,
 ) -> ModelRequest:
     """Compact for an overflow until the request is under ``fits`` tokens, aiming under
-    ``safe``: a summary if one can be made, then (over ``safe``, or without one) the
-    model-free steps. ``safe`` ``None`` (the overflow's figure is the only calibration):
-    the summary call's measure gives the margin, else 20 % under ``fits``; 20 % under at
-    most when the model gave a figure but cannot count. A model that counts decides.
+    ``safe``: a summary if one can be made (not ``summarize``: the attempt before could
+    not make one of this very request, nor would it now), then (over ``safe``, or without
+    one) the model-free steps. ``safe`` ``None`` (the overflow's figure is the only
+    calibration): the summary call's measure gives the margin, else 20 % under ``fits``;
+    20 % under at most when the model gave a figure but cannot count. A model that counts
+    decides.
     The attempts' ``reason``: ``threshold`` when one goes on as recovery before the call.
 
     Raises:
@@ -630,7 +645,8 @@ async def _recover(
 
     compacted, failure = request, None
     try:
-        compacted = await compact(request, estimated=estimated)
+        if summarize:
+            compacted = await compact(request, estimated=estimated)
     except UNSWALLOWED:
         raise
     except Exception as error:
