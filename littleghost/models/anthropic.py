@@ -72,7 +72,7 @@ from littleghost.models.base import (
     ToolSpec,
     Usage,
 )
-from littleghost.models.overflow import classify_error, window_filled
+from littleghost.models.overflow import check_window_room, classify_error
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -703,7 +703,8 @@ class AnthropicModel:
             calls = response.message.tool_calls
             reason = lookup(message, "stop_reason")
             check_answer_whole(self.provider, reason, (call.arguments for call in calls))
-            return self._whole(params, response)
+            cap, window = params["max_tokens"], self._context_window
+            return check_window_room(self.provider, response, cap, window)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
@@ -797,17 +798,10 @@ class AnthropicModel:
                         await http.aclose()
             if not whole():
                 raise stream_cut_off(self.provider)
-            response = self._whole(params, _streamed_response(blocks, reason, usage, started))
+            response = _streamed_response(blocks, reason, usage, started)
+            cap, window = params["max_tokens"], self._context_window
+            response = check_window_room(self.provider, response, cap, window)
         yield StreamDone(response)
-
-    def _whole(self, params: dict[str, Any], response: ModelResponse) -> ModelResponse:
-        """``response``, unless the window cut it short of the cap sent
-        (``window_filled``)."""
-        cap = params["max_tokens"]
-        filled = window_filled(self.provider, response, cap, self._context_window)
-        if filled is not None:
-            raise filled
-        return response
 
     def _event(self, data: str) -> dict[str, Any]:
         """One streamed event; an error event is raised as the error it reports."""

@@ -73,7 +73,7 @@ from littleghost.models.base import (
     Usage,
 )
 from littleghost.models.openai_count import count_request
-from littleghost.models.overflow import classify_error, window_filled
+from littleghost.models.overflow import check_window_room, classify_error
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -835,14 +835,7 @@ class OpenAIModel:
                 response_id=reported_name(completion, "id"),
                 response_model=reported_name(completion, "model"),
             )
-            return self._whole(request, response)
-
-    def _whole(self, request: ModelRequest, response: ModelResponse) -> ModelResponse:
-        """``response``, unless the window cut it short of its cap (``window_filled``)."""
-        filled = window_filled(self.provider, response, request.max_tokens, self.context_window)
-        if filled is not None:
-            raise filled
-        return response
+            return check_window_room(provider, response, request.max_tokens, self.context_window)
 
     def _answer(
         self,
@@ -1043,7 +1036,8 @@ class OpenAIModel:
                 response_id=response_id,
                 response_model=response_model,
             )
-            response = self._whole(request, response)
+            window = self.context_window
+            response = check_window_room(self.provider, response, request.max_tokens, window)
         yield StreamDone(response)
 
     def _chunk(self, event: str | None, data: str) -> dict[str, Any]:

@@ -33,12 +33,12 @@ from littleghost.models.base import ModelResponse, StopReason
 
 __all__ = [
     "MAX_DETAIL_CHARS",
+    "check_window_room",
     "classify_error",
     "is_overflow_message",
     "retry_after_seconds",
     "should_retry",
     "transport_error",
-    "window_filled",
 ]
 
 MAX_DETAIL_CHARS = 300
@@ -456,14 +456,18 @@ def classify_error(
     )
 
 
-def window_filled(
+def check_window_room(
     provider: str, response: ModelResponse, cap: int | None, window: int | None
-) -> ContextWindowOverflowError | None:
-    """The overflow an answer said to stop at its output cap (``length``, ``max_tokens``)
-    is when it stopped short of ``cap`` where its prompt and it filled the ``window``:
-    a llama.cpp server stops there, and says so, when the prompt left the answer less
-    room than its cap (other servers refuse such a request). It carries the prompt's
-    size, the window and the answer's usage (billed); ``None`` for any other answer."""
+) -> ModelResponse:
+    """``response``, unless it said it stopped at its output cap (``length``,
+    ``max_tokens``) short of ``cap``, where its prompt and it filled the ``window``: a
+    llama.cpp server stops there, and says so, when the prompt left the answer less room
+    than its cap (other servers refuse such a request).
+
+    Raises:
+        ContextWindowOverflowError: It stopped there; with the prompt's size, the window
+            and the answer's usage (billed).
+    """
     usage = response.usage
     if (
         response.stop_reason is not StopReason.MAX_TOKENS
@@ -472,8 +476,8 @@ def window_filled(
         or usage.output_tokens >= cap
         or usage.input_tokens + usage.output_tokens < window
     ):
-        return None
-    return ContextWindowOverflowError(
+        return response
+    raise ContextWindowOverflowError(
         f"{provider}: the answer stopped at the model's {window}-token context window, "
         f"{usage.output_tokens} of its {cap} tokens in",
         provider=provider,
