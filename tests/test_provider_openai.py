@@ -1023,6 +1023,21 @@ async def test_stream_yields_text_then_the_whole_response(
     assert body["stream_options"] == {"include_usage": True}
 
 
+def stopped(streamed: bool, reason: str, prompt: int, output: int) -> httpx2.Response:
+    """An answer ("Once upon") that ended with the finish ``reason``, streamed or not, and
+    reported its usage."""
+    if not streamed:
+        return completion({"content": "Once upon"}, finish_reason=reason, usage=(prompt, output))
+    usage = {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+    return event_stream(
+        openai_sse(
+            chunk({"content": "Once upon"}),
+            chunk({}, finish_reason=reason),
+            chunk(None, usage=usage),
+        )
+    )
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     make_model: Callable[..., OpenAIModel], streamed: bool
@@ -1030,18 +1045,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     """Mistral's ``model_length``: the answer was cut where the window was full, as
     Anthropic's ``model_context_window_exceeded`` says; never a complete answer. The error
     carries the answer's usage, which is billed."""
-    usage = {"prompt_tokens": 31_990, "completion_tokens": 10, "total_tokens": 32_000}
-    answer = (
-        event_stream(
-            openai_sse(
-                chunk({"content": "Once upon"}),
-                chunk({}, finish_reason="model_length"),
-                chunk(None, usage=usage),
-            )
-        )
-        if streamed
-        else completion({"content": "Once upon"}, finish_reason="model_length", usage=(31_990, 10))
-    )
+    answer = stopped(streamed, "model_length", 31_990, 10)
     model = make_model(FakeServer(answer), base_url="https://api.mistral.ai/v1")
     request = ModelRequest([Message.user("Tell me a story.")])
     with pytest.raises(ContextWindowOverflowError) as caught:
@@ -1067,18 +1071,7 @@ async def test_an_answer_a_llama_cpp_server_cut_at_the_full_window_is_an_overflo
     less room than its cap): that one, short of its cap, is an overflow with the prompt's
     size and the window (so a summary call, or a chat call, is compacted for and sent
     again, not retried as is or failed at its cap), and billed."""
-    usage = {"prompt_tokens": prompt, "completion_tokens": output}
-    answer = (
-        event_stream(
-            openai_sse(
-                chunk({"content": "Once upon"}),
-                chunk({}, finish_reason="length"),
-                chunk(None, usage=usage),
-            )
-        )
-        if streamed
-        else completion({"content": "Once upon"}, finish_reason="length", usage=(prompt, output))
-    )
+    answer = stopped(streamed, "length", prompt, output)
     model = make_model(FakeServer(answer), base_url="http://127.0.0.1:8080/v1", context_window=512)
     request = ModelRequest([Message.user("Tell me a story.")], settings={"max_tokens": 40})
     if not overflow:
