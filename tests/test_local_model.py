@@ -54,6 +54,8 @@ from tests.ci import missing
 from tests.conftest import Spans
 from tests.threads import in_threads
 
+from .timing import LATE
+
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -402,7 +404,7 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
         began = anyio.current_time()
         with pytest.raises(DeadlineExceededError):
             await Patient(model=model).run("hi", timeout=0.4)
-        assert anyio.current_time() - began < 0.4 + 0.1 + 0.2
+        assert anyio.current_time() - began < 0.4 + 0.1 + LATE
         assert model.pid is not None
     finally:
         await model.aclose()
@@ -491,7 +493,7 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
             took = anyio.current_time() - started
             assert caught.value.code == "timeout"
             assert took >= 2 * 0.5
-            assert took < 2 * 0.5 + 0.5 + 3  # the attempts, the backoff's longest, slack
+            assert took < 2 * 0.5 + 0.5 + LATE  # the attempts, the backoff's longest
             assert await run(agent) == "fine"
             assert model.pid == pid  # the same server: never taken for a dead one
     finally:
@@ -813,10 +815,12 @@ async def test_a_cancelled_start_of_a_server_deaf_to_sigterm_ends_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = fake_server(tmp_path, monkeypatch, DEAF)
+    # what it would wait for, not at once
+    monkeypatch.setattr("littleghost.models.local.STOP_TIMEOUT", 30.0)
     began = anyio.current_time()
     with anyio.move_on_after(0.5):
         await model.prepare()
-    assert anyio.current_time() - began < 0.8
+    assert anyio.current_time() - began < 0.5 + LATE
     assert _command(int((tmp_path / "pid").read_text())) == b""
 
 
@@ -824,10 +828,12 @@ async def test_a_run_whose_deadline_passes_during_the_start_ends_within_the_grac
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = fake_server(tmp_path, monkeypatch, DEAF)
+    # what it would wait for, past the grace
+    monkeypatch.setattr("littleghost.models.local.STOP_TIMEOUT", 30.0)
     began = anyio.current_time()
     with pytest.raises(DeadlineExceededError):
         await Chat(model=model).run("Say hi.", timeout=0.5)
-    assert anyio.current_time() - began < 0.5 + Chat.cleanup_grace
+    assert anyio.current_time() - began < 0.5 + Chat.cleanup_grace + LATE
     assert _command(int((tmp_path / "pid").read_text())) == b""
 
 

@@ -66,6 +66,7 @@ from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import Spans
 from .conversations import PerMessage, chat, compacted_twice, summary_step
+from .timing import LATE
 
 pytestmark = pytest.mark.anyio
 
@@ -997,7 +998,7 @@ class TestFailures:
         start = anyio.current_time()
         with pytest.raises(DeadlineExceededError):
             await Small(model=model).run("go", history=chat(30), timeout=0.2)
-        assert anyio.current_time() - start < 1
+        assert anyio.current_time() - start < 0.2 + LATE
 
     async def test_a_deadline_error_from_the_summary_propagates(self) -> None:
         """DeadlineExceededError raised by the summary call is never swallowed."""
@@ -2422,7 +2423,7 @@ class TestCountSpans:
 
         async def slow(request: ModelRequest) -> int:
             started.set()
-            await anyio.sleep(5)
+            await anyio.sleep(30)
             return 500
 
         agent = Lenient(model=ScriptedModel([Densities()] * 4, count_prompt_tokens=slow))
@@ -2430,7 +2431,7 @@ class TestCountSpans:
         if stop == "deadline":
             with pytest.raises(DeadlineExceededError):
                 await agent.run(DIGITS, history=_prose(6), timeout=0.3)
-            assert 0.3 <= anyio.current_time() - begin < 0.3 + 0.5
+            assert 0.3 <= anyio.current_time() - begin < 0.3 + LATE
         else:
             async with anyio.create_task_group() as group:
 
@@ -2440,7 +2441,7 @@ class TestCountSpans:
                 group.start_soon(run)
                 await started.wait()
                 group.cancel_scope.cancel()
-            assert anyio.current_time() - begin < 0.5
+            assert anyio.current_time() - begin < LATE
         assert started.is_set()
         (span,) = spans.named("count_tokens")
         if stop == "deadline":
@@ -2470,7 +2471,7 @@ class TestCountSpans:
         result = await agent.run(DIGITS, history=_prose(6))
         assert result.output == "ok" and counting.sizes[-2] > 1_000 >= counting.sizes[-1]
         asked = spans.named("count_tokens")
-        assert asked and anyio.current_time() - begin < 0.2 * len(asked) + 1
+        assert asked and anyio.current_time() - begin < 0.2 * len(asked) + LATE
         for span in asked:
             assert span.status.status_code is StatusCode.ERROR
             assert (span.attributes or {})["error.type"] == "TimeoutError"

@@ -46,6 +46,7 @@ from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessi
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .faults import stray_cancellation
+from .timing import LATE
 
 pytestmark = pytest.mark.anyio
 
@@ -56,8 +57,6 @@ class Unusual(BaseException):
 
 GRACE = 0.3
 """The cleanup grace of the agents here (short, so the tests are quick)."""
-SLACK = 0.4
-"""What a bound on elapsed time allows beyond deadline + grace (scheduling, threads)."""
 
 
 def valid(log: Sequence[Message]) -> None:
@@ -192,28 +191,28 @@ class TestTheStoreFirst:
 
 class TestBoundedCleanup:
     async def test_a_slow_store_keeps_the_deadline_plus_the_grace(self) -> None:
-        store = SlowStore(3.0, fast=2)  # user message and the call land; the rest is slow
+        store = SlowStore(30.0, fast=2)  # user message and the call land; the rest is slow
         agent = Waiter(model=waiting_model(), session_store=store)
         began = time.monotonic()
         with pytest.raises(DeadlineExceededError) as caught:
             await agent.run("Wait.", session_id="s", timeout=0.2)
-        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+        assert time.monotonic() - began < 0.2 + GRACE + LATE
         assert isinstance(caught.value.__cause__, TimeoutError)
         valid(await store.load("s"))
 
     async def test_a_callers_cancel_scope_is_honoured_within_the_grace(self) -> None:
-        store = SlowStore(3.0, fast=2)
+        store = SlowStore(30.0, fast=2)
         agent = Waiter(model=waiting_model(), session_store=store)
         began = time.monotonic()
         with anyio.move_on_after(0.2) as scope:
             await agent.run("Wait.", session_id="s")
         assert scope.cancelled_caught
-        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+        assert time.monotonic() - began < 0.2 + GRACE + LATE
 
     async def test_a_cleanup_that_could_not_finish_is_logged_without_content(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
-        store = SlowStore(3.0, fast=2)
+        store = SlowStore(30.0, fast=2)
         agent = Waiter(model=waiting_model(), session_store=store)
         with (
             caplog.at_level(logging.WARNING, "littleghost.cleanup"),
@@ -314,7 +313,7 @@ class TestBoundedCleanup:
                 began = time.monotonic()
                 with pytest.raises(DeadlineExceededError):
                     await agent.run("Wait.", session_id="s", timeout=1)
-                assert time.monotonic() - began < 1 + GRACE + SLACK
+                assert time.monotonic() - began < 1 + GRACE + LATE
             finally:
                 blocker.execute("ROLLBACK")
                 blocker.close()
@@ -528,7 +527,7 @@ class TestWhoseDeadline:
         model = ScriptedModel([tool_call_response("hang", {}), text_response("ok")])
         began = time.monotonic()
         result = await Outer(model=model).run("Go.")
-        assert time.monotonic() - began < 2
+        assert time.monotonic() - began < 0.1 + LATE
         [answer] = [r for message in result.messages for r in message.tool_results]
         assert answer.is_error and "did not finish within 0.1 s and was stopped" in answer.content
 
@@ -582,7 +581,7 @@ class HangingRelease(InMemorySessionStore):
         try:
             yield
         finally:
-            await anyio.sleep(10)
+            await anyio.sleep(60)
 
 
 class InterruptingStore(InMemorySessionStore):
@@ -643,8 +642,8 @@ class FanningOutStore(InMemorySessionStore):
         await super().append(session_id, messages)
 
 
-NESTED_GRACE = 1.0
-"""Long enough that two graces one after the other would show."""
+NESTED_GRACE = LATE + 1.0
+"""Long enough that two graces one after the other would show on a loaded machine."""
 
 
 class Expert(Waiter):
@@ -664,7 +663,7 @@ def asking(patience: float) -> type[Agent]:
         @tool
         async def ask(self, question: str) -> str:
             """Ask an expert whose store is slow."""
-            expert = Patient(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+            expert = Patient(model=waiting_model(), session_store=SlowStore(60.0, fast=2))
             return (await expert.run(question, session_id="inner")).output
 
     return Asking
@@ -672,7 +671,7 @@ def asking(patience: float) -> type[Agent]:
 
 async def consult() -> None:
     """Run an expert whose store is slow (so its cleanup takes its whole grace)."""
-    expert = Expert(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+    expert = Expert(model=waiting_model(), session_store=SlowStore(60.0, fast=2))
     await expert.run("?", session_id="inner")
 
 
@@ -776,7 +775,7 @@ class TestOneGraceForAll:
             group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
             await anyio.sleep(0.3)
             group.cancel_scope.cancel()
-        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + LATE
 
     @pytest.mark.parametrize("patience", [1, 3])
     @pytest.mark.parametrize("how", ["deadline", "cancel"])
@@ -787,7 +786,7 @@ class TestOneGraceForAll:
         three times the grace stops within the outer one too (it took its own, and the
         outer run ended two graces late)."""
         model = ScriptedModel([tool_call_response("ask", {"question": "?"}), text_response("x")])
-        agent = asking(patience)(model=model, session_store=SlowStore(5.0, fast=2))
+        agent = asking(patience)(model=model, session_store=SlowStore(60.0, fast=2))
         began = time.monotonic()
         if how == "deadline":
             with anyio.move_on_after(0.3) as scope:
@@ -799,7 +798,7 @@ class TestOneGraceForAll:
                 await anyio.sleep(0.3)
                 assert len(model.requests) == 1  # the expert is at work
                 group.cancel_scope.cancel()
-        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + LATE
 
     async def test_closing_a_nested_agents_models_in_a_tool_keeps_to_the_outer_grace(
         self,
@@ -810,7 +809,7 @@ class TestOneGraceForAll:
 
         class SlowToClose(ScriptedModel):
             async def aclose(self) -> None:
-                await anyio.sleep(10)
+                await anyio.sleep(60)
 
         waiting = tool_call_response("wait", {"seconds": 10}, call_id="c1")
         register_provider("slow-to-close", lambda name: SlowToClose([waiting]))
@@ -820,13 +819,13 @@ class TestOneGraceForAll:
             cleanup_grace = 3 * NESTED_GRACE
 
         model = ScriptedModel([tool_call_response("delegate", {}), text_response("x")])
-        agent = delegating(Helper, NESTED_GRACE)(model=model, session_store=SlowStore(5.0, fast=2))
+        agent = delegating(Helper, NESTED_GRACE)(model=model, session_store=SlowStore(60.0, fast=2))
         began = time.monotonic()
         async with anyio.create_task_group() as group:
             group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
             await anyio.sleep(0.3)
             group.cancel_scope.cancel()
-        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + LATE
 
     async def test_closing_a_nested_agents_models_in_a_tool_that_goes_on_takes_its_own_grace(
         self,
@@ -861,20 +860,20 @@ class TestOneGraceForAll:
             @tool
             async def ask(self) -> str:
                 """Ask an expert whose store is slow; say so when it fails."""
-                expert = Expert(model=waiting_model(), session_store=SlowStore(5.0, fast=2))
+                expert = Expert(model=waiting_model(), session_store=SlowStore(60.0, fast=2))
                 try:
                     return (await expert.run("?", session_id="inner")).output
                 except BaseException:  # a tool that should not, but does
                     return "the expert is unavailable"
 
         model = ScriptedModel([tool_call_response("ask", {}), text_response("x")])
-        agent = Swallowing(model=model, session_store=SlowStore(5.0, fast=2))
+        agent = Swallowing(model=model, session_store=SlowStore(60.0, fast=2))
         began = time.monotonic()
         async with anyio.create_task_group() as group:
             group.start_soon(functools.partial(agent.run, "Go.", session_id="outer"))
             await anyio.sleep(0.3)
             group.cancel_scope.cancel()
-        assert time.monotonic() - began < 0.3 + NESTED_GRACE + SLACK
+        assert time.monotonic() - began < 0.3 + NESTED_GRACE + LATE
 
     async def test_a_hanging_release_takes_at_most_the_grace_and_is_logged(
         self, caplog: pytest.LogCaptureFixture
@@ -883,7 +882,7 @@ class TestOneGraceForAll:
         began = time.monotonic()
         with caplog.at_level(logging.WARNING, "littleghost.cleanup"):
             result = await agent.run("Hi.", session_id="s")
-        assert time.monotonic() - began < GRACE + SLACK
+        assert time.monotonic() - began < GRACE + LATE
         assert result.output == "hi"
         assert any("releasing the session" in r.getMessage() for r in caplog.records)
 
@@ -893,7 +892,7 @@ class TestOneGraceForAll:
         with anyio.move_on_after(0.2) as scope:
             await agent.run("Wait.", session_id="s")
         assert scope.cancelled_caught
-        assert time.monotonic() - began < 0.2 + GRACE + SLACK
+        assert time.monotonic() - began < 0.2 + GRACE + LATE
 
     @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
     @pytest.mark.parametrize("fatal", [1, 2, 3], ids=["user", "call", "result"])
@@ -1153,8 +1152,20 @@ class TestAFailingCallStopsItsBatch:
             [ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE)]
         )
         store = InMemorySessionStore()
-        with anyio.move_on_after(0.3):
-            await Waiter(model=model, session_store=store).run("Go.", session_id="s")
+        later_finished = anyio.Event()
+
+        class Watched(Waiter):
+            @after_tool
+            async def note(self, result: ToolResult) -> None:
+                if result.call_id == "c2":
+                    later_finished.set()
+
+        run = Watched(model=model, session_store=store).run
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(run, "Go.", session_id="s"))
+                await later_finished.wait()
+                group.cancel_scope.cancel()
         log = await store.load("s")
         valid(log)
         results = [r for m in log for r in m.tool_results]

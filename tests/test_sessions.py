@@ -45,6 +45,7 @@ from littleghost.sessions.codec import MAX_DEPTH, check_storable
 
 from .stores import KINDS, BuiltinStore, PlainStore, open_store
 from .threads import default_threads_taken
+from .timing import LATE
 
 pytestmark = pytest.mark.anyio
 
@@ -593,7 +594,7 @@ class TestRoundTrip:
         async with open_store(kind, tmp_path, request) as opened:
             await opened.append("s", [Message.user(f"hello {PAD * 40}")])
             async with default_threads_taken():
-                with anyio.fail_after(1):
+                with anyio.fail_after(LATE):
                     assert len(await opened.load("s")) == 1
 
     @pytest.mark.parametrize("kind", KINDS)
@@ -656,7 +657,7 @@ class TestRoundTrip:
                 async with anyio.create_task_group() as group:
                     group.start_soon(opened.load, "long")
                     await anyio.to_thread.run_sync(decoding.wait, 5)
-                    with anyio.fail_after(1):
+                    with anyio.fail_after(LATE):
                         await opened.append("other", [Message.user("hello")])
                         assert [m.text for m in await opened.load("other")] == ["hello"]
                     release.set()

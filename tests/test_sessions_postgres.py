@@ -54,6 +54,7 @@ from .ci import missing
 from .conftest import CHILD_PROCESS_ONLY
 from .stores import collected_warnings, eventually, postgres_schema, working_until
 from .threads import blocking_agent, default_threads_taken
+from .timing import LATE
 
 pytestmark = pytest.mark.anyio
 
@@ -420,7 +421,7 @@ class TestWorkers:
                 await Noter(model=model, session_store=waiter).run(
                     "waiting", session_id="s", timeout=0.2
                 )
-            assert anyio.current_time() - started < 3
+            assert anyio.current_time() - started < 0.2 + LATE
         assert model.requests == []
         assert await waiter.load("s") == ()
         with anyio.fail_after(5):
@@ -488,7 +489,7 @@ class TestSessionBound:
                 await Parked(model=model, session_store=store).run(
                     "go", session_id="b", timeout=0.3
                 )
-            assert time.monotonic() - started < 1.5
+            assert time.monotonic() - started < 0.3 + LATE
             assert model.requests == []
             release.set()
         assert await store.load("b") == ()
@@ -1158,7 +1159,7 @@ class TestDeadlines:
             with anyio.move_on_after(1) as scope:
                 await calls(store)[call]()
             assert scope.cancelled_caught
-            assert time.monotonic() - started < 1.5
+            assert time.monotonic() - started < 1 + LATE
             assert server.accepted >= 1
             # The abandoned thread ends at libpq's shortest connect timeout and lets go.
             assert await eventually(lambda: server.closed == server.accepted)
@@ -1176,7 +1177,7 @@ class TestDeadlines:
         with anyio.move_on_after(0.5) as scope:
             await calls(store)[call]()
         assert scope.cancelled_caught
-        assert time.monotonic() - started < 0.5 + 0.3
+        assert time.monotonic() - started < 0.5 + LATE
         if call == "lock":
             # A new connection, which its abandoned thread gives up at libpq's shortest
             # connect timeout; the pooled one stays idle.
@@ -1208,7 +1209,7 @@ class TestDeadlines:
             pytest.raises(SessionStoreError, match="did not answer within 2 s"),
         ):
             await calls(store)[call]()
-        assert 2 <= time.monotonic() - started < 2.5
+        assert 2 <= time.monotonic() - started < 2 + LATE
         assert await eventually(lambda: proxy.closed == proxy.accepted, within=0.5)
         proxy.frozen.clear()
         assert await texts(store) == ["before"]
@@ -1262,7 +1263,7 @@ class TestDeadlines:
         store = PostgresSessionStore(proxy.conninfo)
         await store.append("s", [Message.user("before")])
         proxy.frozen.set()
-        assert await seconds_after_cancel(lambda: store.append("s", [Message.user("x")])) < 0.2
+        assert await seconds_after_cancel(lambda: store.append("s", [Message.user("x")])) < LATE
         assert await eventually(lambda: proxy.closed == proxy.accepted, within=0.5)
         proxy.frozen.clear()
         assert await texts(store) == ["before"]
@@ -1278,7 +1279,7 @@ class TestDeadlines:
             with anyio.move_on_after(0.5) as scope:
                 await store.append("s", [Message.user("secret words")])
             assert scope.cancelled_caught
-            assert time.monotonic() - started < 1
+            assert time.monotonic() - started < 0.5 + LATE
             # The server stopped waiting too: the statement timed out and rolled back.
             await anyio.sleep(0.3)
             assert await waiting_backends(conninfo) == 0
@@ -1300,7 +1301,7 @@ class TestDeadlines:
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 0.3) as cleanup:
                     await store.append("s", [Message.user("cleanup")])
                 assert cleanup.cancelled_caught
-                assert time.monotonic() - started < 0.8
+                assert time.monotonic() - started < 0.3 + LATE
         assert await texts(store) == ["before"]
         await store.aclose()
 
@@ -1342,7 +1343,7 @@ class TestDeadlines:
                 async with store.lock("s"):
                     pytest.fail("the session was held")
             assert scope.cancelled_caught
-            assert time.monotonic() - started < 0.8
+            assert time.monotonic() - started < 0.3 + LATE
             # Only the holder's connection is left: the waiter's backend gave up too.
             await anyio.sleep(0.3)
             assert await waiting_backends(conninfo) == 0
@@ -1357,7 +1358,7 @@ class TestDeadlines:
     ) -> None:
         store = PostgresSessionStore(conninfo)
         with other_worker_holding(conninfo, "s"):
-            assert await seconds_after_cancel(lambda: lock_and_leave(store)) < 0.2
+            assert await seconds_after_cancel(lambda: lock_and_leave(store)) < LATE
         with anyio.fail_after(5):
             async with store.lock("s"):
                 pass
@@ -1412,7 +1413,7 @@ class TestDeadlines:
                 await Noter(model=model, session_store=store).run(
                     "hello", session_id="s", timeout=0.5
                 )
-            assert time.monotonic() - started < 2.5
+            assert time.monotonic() - started < 0.5 + LATE
             assert await eventually(lambda: server.closed == server.accepted)
             await store.aclose()
         assert model.requests == []
@@ -1464,8 +1465,8 @@ class TestThreads:
         async with PostgresSessionStore(conninfo) as store:
             try:
                 started = time.monotonic()
-                result = await blocking_agent(store, release).run("go", session_id="s", timeout=1)
-                assert time.monotonic() - started < 1
+                result = await blocking_agent(store, release).run("go", session_id="s", timeout=10)
+                assert time.monotonic() - started < 0.1 + LATE
             finally:
                 release.set()
             assert result.output == "done"
@@ -1477,13 +1478,13 @@ class TestThreads:
     ) -> None:
         store = PostgresSessionStore(conninfo)
         async with default_threads_taken():
-            with anyio.fail_after(2):
+            with anyio.fail_after(10):
                 await store.append("s", [Message.user("before")])
                 async with store.lock("s"):
                     await store.append("s", [Message.user("held")])
                     leaving = time.monotonic()
                 # Releasing the session closes its connection without a worker thread.
-                assert time.monotonic() - leaving < 0.1
+                assert time.monotonic() - leaving < LATE
                 assert await texts(store) == ["before", "held"]
                 async with PostgresSessionStore(conninfo) as other, other.lock("s"):
                     pass
@@ -1497,9 +1498,9 @@ class TestThreads:
                 async with store.lock("s"):
                     scope.cancel()
                     leaving = time.monotonic()
-                    await anyio.sleep(1)
-            assert time.monotonic() - leaving < 0.1
-            with anyio.fail_after(2):
+                    await anyio.sleep(30)
+            assert time.monotonic() - leaving < LATE
+            with anyio.fail_after(10):
                 async with PostgresSessionStore(conninfo) as other, other.lock("s"):
                     pass
         await store.aclose()

@@ -56,6 +56,7 @@ from littleghost.tool_types import ToolArgumentError, coerce, json_schema, to_js
 from littleghost.tools import ToolDefinition, define_tool, index_tools
 
 from . import _hidden_context
+from .timing import LATE
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, Required
@@ -2749,7 +2750,7 @@ async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> N
             for _ in range(40):
                 group.start_soon(stop_waiting)
         assert anyio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
-        with anyio.fail_after(1):
+        with anyio.fail_after(LATE):
             assert await anyio.to_thread.run_sync(lambda: "free") == "free"
     finally:
         release.set()

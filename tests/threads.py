@@ -51,7 +51,7 @@ async def default_threads_taken(at_most: float = 3.0) -> AsyncIterator[None]:
 
 def blocking_agent(store: SessionStore, release: threading.Event) -> Agent:
     """An agent on ``store`` whose model asks for ``BLOCKED_CALLS`` calls of a sync tool
-    that blocks until ``release`` (3 s at most), past its 0.1 s timeout; then answers
+    that blocks until ``release`` (30 s at most), past its 0.1 s timeout; then answers
     ``done``."""
 
     class Blocker(Agent):
@@ -60,7 +60,7 @@ def blocking_agent(store: SessionStore, release: threading.Event) -> Agent:
         @tool(timeout=0.1)
         def block(self) -> str:
             """Block a worker thread."""
-            release.wait(3)
+            release.wait(30)
             return "late"
 
     calls = [ToolCall(f"c{index}", "block", {}) for index in range(BLOCKED_CALLS)]
