@@ -327,8 +327,9 @@ class Message:
     def assistant(
         cls, text: str = "", tool_calls: Iterable[ToolCall] = (), **kwargs: Any
     ) -> Message:
-        """An assistant message: text, tool calls, or both."""
-        parts: list[Part] = [TextPart(text)] if text else []
+        """An assistant message: text, tool calls, or both (a ``text`` that is not a str
+        is a ``TypeError``, as ``user``'s is: never an answer left empty)."""
+        parts: list[Part] = [TextPart(text)] if text != "" else []
         parts.extend(tool_calls)
         return cls(Role.ASSISTANT, parts, **kwargs)
 

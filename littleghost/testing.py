@@ -92,7 +92,8 @@ class ScriptedModel:
 
     Args:
         steps: Responses, exceptions (raised) or callables ``(request) -> response``
-            (sync or async), used in order.
+            (sync or async), used in order; a callable that cannot take the request, or
+            a builder such as ``text_response`` left uncalled, is a ``TypeError`` here.
         context_window: The window it advertises (``None``: unknown).
         name: Its model name.
         supports_output_schema: Whether it says it takes a request's ``output_schema``
@@ -148,6 +149,9 @@ class ScriptedModel:
                     f"ScriptedModel: step {index} must be a ModelResponse, an exception or a "
                     f"callable, not {type(step).__name__}{hint}"
                 )
+            problem = _callable_step_problem(step)
+            if problem is not None:
+                raise TypeError(f"ScriptedModel: step {index} is {problem}")
         if context_window is not None and (
             isinstance(context_window, bool) or not isinstance(context_window, int)
         ):
@@ -337,6 +341,29 @@ def tool_calls_response(
         StopReason.TOOL_USE,
         Usage(input_tokens, output_tokens),
     )
+
+
+def _callable_step_problem(step: object) -> str | None:
+    """Why the callable ``step`` cannot answer a request: a response builder given
+    uncalled, or a signature that takes no request; ``None`` for any other step."""
+    if isinstance(step, (ModelResponse, BaseException, Streamed)):
+        return None
+    if any(step is builder for builder in _BUILDERS):
+        name = cast(Callable[..., Any], step).__name__
+        return f"the function {name} itself: call it for the response ({name}(...))"
+    try:
+        signature = inspect.signature(cast(Callable[..., Any], step))
+    except (TypeError, ValueError):
+        return None  # nothing to read (a builtin): the call itself will tell
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        return f"a callable that cannot take the request: {signature} ({error})"
+    return None
+
+
+_BUILDERS = (text_response, tool_call_response, tool_calls_response, streamed)
+"""The response builders, which a script calls: one given as a step is a slip."""
 
 
 def _call_id() -> str:

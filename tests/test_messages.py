@@ -238,6 +238,20 @@ def test_wrong_value_messages_name_the_field_but_not_the_content() -> None:
     assert str(wrong_count.value) == "Usage.input_tokens must be an int >= 0, not -1"
 
 
+@pytest.mark.parametrize("text", [None, 0, False, b"", []])
+@pytest.mark.parametrize("make", [Message.user, Message.assistant, Message.system])
+def test_a_message_s_text_that_is_not_a_str_is_refused_even_when_falsy(
+    make: Any, text: Any
+) -> None:
+    """An assistant message given None (a redacting hook's "no change") is refused as a
+    user message is, not made an empty answer that the log would keep in its place."""
+    with pytest.raises(TypeError, match=r"TextPart\.text must be a str"):
+        make(text)
+    with pytest.raises(TypeError, match=r"TextPart\.text must be a str"):
+        text_response(text)
+    assert Message.assistant("").content == ()
+
+
 def test_reasoning_is_a_part_of_its_own() -> None:
     """Reasoning keeps its place among a message's parts, out of its text; a block goes
     back only to the provider that wrote it, and never when it lost its signature."""
@@ -508,6 +522,10 @@ def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
         ({"steps": [42]}, "step 0"),
         ({"steps": ["Hi!"]}, r"step 0 .* not str \(wrap an answer's text in text_response"),
         ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
+        ({"steps": [text_response]}, r"step 0 is the function text_response itself: call it"),
+        ({"steps": [tool_call_response]}, r"step 0 is the function tool_call_response itself"),
+        ({"steps": [lambda: text_response("x")]}, r"step 0 .*cannot take the request.* \(\)"),
+        ({"steps": [lambda request, extra: None]}, r"step 0 .*missing a required argument"),
         ({"steps": [], "context_window": "big"}, "context_window"),
         ({"steps": [], "context_window": True}, "context_window"),
         ({"steps": [], "name": 5}, "name"),
