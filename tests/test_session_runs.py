@@ -1042,6 +1042,37 @@ class TestStoreKnob:
             await agent.run("hi", session_id="s")
         assert model.requests == []
 
+    @pytest.mark.parametrize(
+        ("loaded", "named"),
+        [
+            (lambda log: (message for message in log), "returned generator for session 's'"),
+            (lambda log: [{"role": "user", "content": "hi"}], "a dict at position 0"),
+            (lambda log: "hi", "returned str"),
+        ],
+    )
+    async def test_a_load_that_returns_no_sequence_of_messages_fails_naming_it(
+        self, loaded: Any, named: str
+    ) -> None:
+        """A custom store's load that hands back a generator, dicts or text fails naming
+        what it returned, before the model is asked or anything is stored (the run failed
+        with "object of type 'generator' has no len()" or "'dict' object has no attribute
+        'id'"); compact_session reads the log through the same check."""
+        inner = PlainStore()
+        await inner.append("s", [Message.user("hi"), Message.assistant("hello")])
+
+        async def load(self: object, session_id: str) -> Any:
+            return loaded(await inner.load(session_id))
+
+        Odd = type("Odd", (PlainStore,), {"load": load})
+        model = ScriptedModel([text_response("never")])
+        agent = Helper(model=model, session_store=Odd())
+        with pytest.raises(ConfigurationError, match=rf"session_store.load\(\) .*{named}"):
+            await agent.run("again", session_id="s")
+        with pytest.raises(ConfigurationError, match=rf"session_store.load\(\) .*{named}"):
+            await compact_session(Odd(), "s", Truncation())
+        assert model.requests == []
+        assert texts(await inner.load("s")) == ["hi", "hello"]
+
     async def test_store_methods_that_return_awaitables_are_stores(self) -> None:
         """A plain ``def`` that hands back another store's awaitable, and an ``async def``
         wrapping a sync function with ``functools.wraps``, are store methods."""

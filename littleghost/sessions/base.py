@@ -439,7 +439,23 @@ def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
     """A stored log (of ``where``) as runs and compactions read it: each message whose id
     an earlier one has under ``<id>~<position>`` (the same at every load), so a record
     hides only what it covers. Earlier littleghost versions stored a response a model
-    handed back twice under one id; the store itself is left as it is."""
+    handed back twice under one id; the store itself is left as it is.
+
+    Raises:
+        ConfigurationError: ``stored``, what a store's ``load`` returned, is not a
+            sequence (a list, a tuple) of ``Message`` values.
+    """
+    if isinstance(stored, (str, bytes, Mapping)) or not isinstance(stored, Sequence):
+        raise ConfigurationError(
+            f"session_store.load() returned {type(stored).__name__} for {where}, not a "
+            "sequence (a list or tuple) of Message"
+        )
+    for position, message in enumerate(stored):
+        if not isinstance(message, Message):
+            raise ConfigurationError(
+                f"session_store.load() returned a {type(message).__name__} at position "
+                f"{position} of {where}, not a Message"
+            )
     seen: set[str] = set()
     repeated: list[int] = []
     for position, message in enumerate(stored):
