@@ -1213,6 +1213,42 @@ async def test_streamed_tool_calls_are_told_apart_by_their_id(
     )
 
 
+async def test_a_name_sent_again_with_each_piece_of_a_call_is_its_name_once(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Some servers (MiniMax on NVIDIA NIM) send a call's whole name, id and type with
+    every piece of its arguments: the call was named ``addaddadd``, an unknown tool. A
+    name written in pieces (Gemini's) is still joined."""
+
+    def call(index: int, name: str, arguments: str) -> dict[str, Any]:
+        function = {"name": name, "arguments": arguments}
+        return {
+            "tool_calls": [
+                {"index": index, "id": f"call_{index}", "type": "function", "function": function}
+            ]
+        }
+
+    server = FakeServer(
+        event_stream(
+            openai_sse(
+                chunk(call(0, "add", "")),
+                chunk(call(0, "add", '{"a": 1, ')),
+                chunk(call(0, "add", '"b": 2}')),
+                chunk(call(1, "ad", '{"a": 5, ')),
+                chunk(call(1, "d", '"b": 6}'), finish_reason="tool_calls"),
+            )
+        )
+    )
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.tool_calls == (
+        ToolCall("call_0", "add", {"a": 1, "b": 2}),
+        ToolCall("call_1", "add", {"a": 5, "b": 6}),
+    )
+
+
 async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

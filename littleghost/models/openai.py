@@ -988,9 +988,11 @@ class OpenAIModel:
                                     function = shaped(
                                         provider, piece.get("function"), f"{place}.function"
                                     )
-                                    call["name"] += text_of(
+                                    name = text_of(
                                         provider, function.get("name"), f"{place}.function.name"
                                     )
+                                    if name != call["name"]:  # not the whole name sent again
+                                        call["name"] += name  # (MiniMax on NVIDIA NIM does)
                                     given = function.get("arguments") or ""
                                     if not isinstance(given, str):  # sent whole, as an object
                                         given = json.dumps(given)
