@@ -329,7 +329,7 @@ class Message:
     ) -> Message:
         """An assistant message: text, tool calls, or both (a ``text`` that is not a str
         is a ``TypeError``, as ``user``'s is: never an answer left empty)."""
-        parts: list[Part] = [TextPart(text)] if text != "" else []
+        parts: list[Part] = [TextPart(text)] if text or not isinstance(text, str) else []
         parts.extend(tool_calls)
         return cls(Role.ASSISTANT, parts, **kwargs)
 

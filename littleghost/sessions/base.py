@@ -450,15 +450,14 @@ def distinct_ids(stored: Sequence[Message], where: str) -> Sequence[Message]:
             f"session_store.load() returned {type(stored).__name__} for {where}, not a "
             "sequence (a list or tuple) of Message"
         )
+    seen: set[str] = set()
+    repeated: list[int] = []
     for position, message in enumerate(stored):
         if not isinstance(message, Message):
             raise ConfigurationError(
                 f"session_store.load() returned a {type(message).__name__} at position "
                 f"{position} of {where}, not a Message"
             )
-    seen: set[str] = set()
-    repeated: list[int] = []
-    for position, message in enumerate(stored):
         if message.id in seen:
             repeated.append(position)
         seen.add(message.id)
