@@ -583,6 +583,11 @@ class RunContext:
                     times.came()
                 elif isinstance(chunk, StreamDone):
                     done = chunk.response
+                else:
+                    raise ConfigurationError(
+                        f"model {model.name!r}: stream() yielded {type(chunk).__name__}, not a "
+                        "TextChunk, ReasoningChunk, ToolCallChunk or StreamDone"
+                    )
         except BaseException as error:  # a cancellation, the consumer gone: it goes on
             leaving = error
             raise

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from littleghost.errors import (
     ProtocolError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
+from littleghost.models.streaming import StreamDone
 from littleghost.runner import WITHHELD_TEXT
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -649,6 +650,30 @@ async def test_a_model_method_that_is_not_async_is_told_so(
         f"model {model.name!r}: {method}() returned {returned}, not an {should_be}: "
         f"a Model's {method} is "
     )
+
+
+class StrStream(Junk):
+    """A model whose stream yields its text as a bare str."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        yield "answered"
+        yield StreamDone(text_response("answered"))
+
+
+async def test_a_stream_chunk_of_another_type_is_named() -> None:
+    """A custom stream's chunk that is not one of the four kinds (its text as a bare str)
+    fails the run naming the model and what it yielded: it was skipped, and the run
+    failed later, if at all, with "ended its stream without a response"."""
+    log = []
+    with pytest.raises(ConfigurationError) as caught:
+        async with Counter(model=StrStream()).stream("hi") as events:  # type: ignore[arg-type]
+            async for event in events:
+                log.append(event)
+    assert str(caught.value) == (
+        "model 'junk': stream() yielded str, not a TextChunk, ReasoningChunk, "
+        "ToolCallChunk or StreamDone"
+    )
+    assert [m.role.value for m in events.messages] == ["user"]
 
 
 TAKES = "input, history, settings, session_id, timeout, deadline, output_type"
