@@ -21,6 +21,7 @@ from littleghost._validators import (
     is_int,
     is_number,
     optional,
+    safe_repr,
     wrong_value,
 )
 from littleghost.context.budget import PromptBudget, env_tokens
@@ -226,12 +227,19 @@ class ContextOptions(TypedDict, total=False):
 
 def context_window(model: Model, config: ContextManagement) -> int:
     """The window compaction works against: the override, else the model's, else
-    ``context_window_tokens`` (warned about once per model)."""
+    ``context_window_tokens`` (warned about once per model); a model's that is neither an
+    int >= 1 nor ``None`` is a ``ConfigurationError``."""
     if config.context_window_override is not None:
         return config.context_window_override
     advertised = getattr(model, "context_window", None)
     if is_int(advertised) and advertised > 0:
         return advertised
+    if advertised is not None:
+        raise ConfigurationError(
+            f"manage_context: model {getattr(model, 'name', '')!r} advertises a "
+            f"context_window of {safe_repr(advertised)}: it must be an int >= 1 (tokens), or "
+            "None when unknown"
+        )
     assuming = config.context_window_tokens
     _warn_once(
         _assumed_windows, model, (), "advertises no context window; assuming %d tokens", assuming
