@@ -724,9 +724,12 @@ class TestVanishedWorker:
         by default probes an idle connection after 2 hours (and retransmits an answer
         never acknowledged for 15 minutes), so the session stayed held and every run of
         it elsewhere failed at its deadline. The store's connections ask for keepalives
-        after 10 s of silence and give up unacknowledged data after 30 s: the session is
-        free within about 30 s. Keepalives the conninfo sets are kept: with 1 s, within
-        15 s (the store's own would take longer)."""
+        after 10 s of silence and give up after 30 s without an answer: the session is
+        free about 30 s after the worker last answered. Keepalives the conninfo sets are
+        kept: with 1 s, within 15 s (the store's own would take longer). The link goes
+        down once the connection is idle (the server's last answer acknowledged, which a
+        delayed ACK does within 200 ms), as a waiting worker's usually is: cut before that,
+        the server's retransmissions alone would find it gone."""
         script = tmp_path / "holder.py"
         script.write_text(HOLDER)
         with (
@@ -739,6 +742,7 @@ class TestVanishedWorker:
                 assert child.stdout is not None
                 with anyio.fail_after(30):
                     assert (await child.stdout.receive()).startswith(b"held")
+                await anyio.sleep(1)  # the server's last answer acknowledged: idle
                 cut()
                 child.kill()  # its goodbye is sent on a link that is down
                 await child.wait()

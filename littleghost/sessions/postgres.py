@@ -257,12 +257,14 @@ _TCP_SETTINGS = (
     ("tcp_keepalives_count", "3", 0),
     ("tcp_user_timeout", "30000", 120_000),
 )
-"""What the store's connections set where nothing else did (the setting reads ``0``, the
-system's default), as ``_OWN_SETTINGS``: the server finds a worker whose machine went
-without a word (power lost, cut off the network) gone, and frees its sessions, within
-about 30 s, not Linux's 2 h 11 min for an idle connection (15 min for one whose last
-answer was never acknowledged). A Unix socket's peer cannot vanish so: there they read
-``0`` and do nothing."""
+"""What the store's connections set where nothing else did (the setting's ``reset_val``
+is ``0``, the system's default; ``current_setting`` shows the system's value instead,
+7200 for an idle time on Linux), as ``_OWN_SETTINGS``: the server finds a worker whose
+machine went without a word (power lost, cut off the network) gone, and frees its
+sessions, about 30 s after its last packet (Linux ends a connection whose probes go
+unanswered at its ``tcp_user_timeout``, whatever the count), not Linux's 2 h 11 min for
+an idle connection (15 min for one whose last answer was never acknowledged). A Unix
+socket's peer cannot vanish so: there they do nothing."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -917,8 +919,8 @@ class PostgresSessionStore:
                 + ", ".join(
                     ["set_config(%s, %s, false)"] * len(settings)
                     + [
-                        "set_config(%s, CASE current_setting(%s) WHEN '0' THEN %s"
-                        " ELSE current_setting(%s) END, false)"
+                        "set_config(%s, CASE (SELECT reset_val FROM pg_catalog.pg_settings"
+                        " WHERE name = %s) WHEN '0' THEN %s ELSE current_setting(%s) END, false)"
                     ]
                     * len(defaults)
                 ),
