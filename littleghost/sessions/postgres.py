@@ -915,12 +915,14 @@ class PostgresSessionStore:
                 settings.append(("default_transaction_read_only", "on"))
             defaults = [(name, value) for name, value, since in _TCP_SETTINGS if version >= since]
             connection.execute(
-                "SELECT "
+                # one scan of pg_settings: the names whose value at connection start is 0
+                "WITH unset AS (SELECT name FROM pg_catalog.pg_settings WHERE reset_val = '0')"
+                " SELECT "
                 + ", ".join(
                     ["set_config(%s, %s, false)"] * len(settings)
                     + [
-                        "set_config(%s, CASE (SELECT reset_val FROM pg_catalog.pg_settings"
-                        " WHERE name = %s) WHEN '0' THEN %s ELSE current_setting(%s) END, false)"
+                        "set_config(%s, CASE WHEN %s IN (SELECT name FROM unset) THEN %s"
+                        " ELSE current_setting(%s) END, false)"
                     ]
                     * len(defaults)
                 ),
