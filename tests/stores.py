@@ -15,6 +15,7 @@ import threading
 import uuid
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -31,6 +32,7 @@ from littleghost.sessions import (
     message_from_json,
     message_to_json,
 )
+from littleghost.sessions.waits import WAITS
 
 KINDS = ("memory", "sqlite", "postgres")
 """The built-in stores (each has a ``lock`` method)."""
@@ -213,6 +215,15 @@ async def collected_warnings(held: list[object]) -> list[str]:
             gc.collect()
             await anyio.sleep(0.01)
     return [str(warning.message) for warning in caught]
+
+
+def waiting_runs(session_id: str) -> int:
+    """The runs of this process waiting to hold ``session_id`` (of any store), in line:
+    each waits at every lock that holds the session (the store's, this process's), and
+    joins the innermost's line as it notes its wait there."""
+    with WAITS._guard:
+        owners = Counter(wait.key[0] for wait in WAITS._waits if wait.key[1] == session_id)
+    return min(owners.values(), default=0)
 
 
 async def eventually(check: Callable[[], bool], within: float = 5.0) -> bool:

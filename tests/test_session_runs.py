@@ -64,7 +64,9 @@ from .stores import (
     PlainStore,
     SlottedStore,
     blocking_until,
+    eventually,
     open_store,
+    waiting_runs,
     working_until,
 )
 from .timing import LATE
@@ -462,7 +464,7 @@ class TestConcurrentRuns:
             for n in range(6):
                 run = Slow(model=later, session_store=store).run
                 group.start_soon(functools.partial(run, f"waiter {n}", session_id="s"))
-                await anyio.sleep(0.02)  # each queued before the next arrives
+                assert await eventually(lambda: waiting_runs("s") == n + 1)  # noqa: B023 (in line)
             release.set()
 
         asked = [request.messages[-1].text for request in later.requests]
@@ -522,7 +524,7 @@ class TestConcurrentRuns:
                     group.start_soon(anyio.to_thread.run_sync, run)
                 else:
                     group.start_soon(functools.partial(agent.run, f"waiter {n}", session_id="s"))
-                await anyio.sleep(0.1)  # each queued before the next arrives
+                assert await eventually(lambda: waiting_runs("s") == n + 1)  # noqa: B023 (in line)
             release.set()
 
         asked = [request.messages[-1].text for request in later.requests]
