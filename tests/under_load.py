@@ -3,7 +3,8 @@ that spin on every core, with three test processes per core. A bound too tight f
 such a machine fails here first.
 
 ``python -m tests.under_load [--rounds N] [pytest arguments]``: the files that import
-``tests/timing.py`` unless files are given; the failures of each round, then in all."""
+``tests/timing.py`` unless files are given; the failures of each round (pytest's whole
+output kept in a file it names), then in all."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -54,6 +56,10 @@ def main() -> int:
         failed.update(this_round)
         summary = ran.stdout.strip().splitlines()[-1:] or ["no output"]
         print(f"round {round_number}: {summary[0]}", *this_round, sep="\n  ", flush=True)
+        if this_round:
+            with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as kept:
+                kept.write(ran.stdout + ran.stderr)
+            print(f"  (pytest's output: {kept.name})", flush=True)
     print(f"failed in {options.rounds} rounds:", *sorted(failed.items()) or ["none"], sep="\n  ")
     return 1 if failed else 0
 
