@@ -307,14 +307,14 @@ class TestDeclaration:
         assert seen[1][0] == "own" and seen[1][1] < 61
         assert seen[1][1] == len(model.requests[1].messages)
 
-    @pytest.mark.parametrize("window", ["big", 0, -5, 1.5, True])
+    @pytest.mark.parametrize("window", ["big", -5, 1.5, True])
     async def test_a_models_window_that_is_no_count_of_tokens_is_named(
         self, window: object
     ) -> None:
-        """A model of your own advertising a ``context_window`` that is neither an int
-        >= 1 nor ``None`` fails the first call, naming the model and the value, before
-        the model is asked: it was taken for no window at all, with a warning that said
-        only that it advertised none."""
+        """A model of your own advertising a ``context_window`` that is no count of
+        tokens (0 is taken for unknown, as ``None``) fails the first call, naming the
+        model and the value, before the model is asked: it was taken for no window at
+        all, with a warning that said only that it advertised none."""
 
         class Odd(ScriptedModel):
             @property
@@ -326,7 +326,7 @@ class TestDeclaration:
             await Small(model=model).run("go")
         assert str(caught.value) == (
             f"manage_context: model 'odd' advertises a context_window of {window!r}: it must "
-            "be an int >= 1 (tokens), or None when unknown"
+            "be an int >= 1 (tokens), or None (or 0) when unknown"
         )
         assert model.requests == []
 

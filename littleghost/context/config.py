@@ -227,18 +227,19 @@ class ContextOptions(TypedDict, total=False):
 
 def context_window(model: Model, config: ContextManagement) -> int:
     """The window compaction works against: the override, else the model's, else
-    ``context_window_tokens`` (warned about once per model); a model's that is neither an
-    int >= 1 nor ``None`` is a ``ConfigurationError``."""
+    ``context_window_tokens`` (warned about once per model; a model's 0 is taken for
+    unknown, as ``None``); a model's that is no count of tokens (``"big"``, -5, 1.5) is a
+    ``ConfigurationError``."""
     if config.context_window_override is not None:
         return config.context_window_override
     advertised = getattr(model, "context_window", None)
     if is_int(advertised) and advertised > 0:
         return advertised
-    if advertised is not None:
+    if advertised is not None and not (is_int(advertised) and advertised == 0):
         raise ConfigurationError(
             f"manage_context: model {getattr(model, 'name', '')!r} advertises a "
             f"context_window of {safe_repr(advertised)}: it must be an int >= 1 (tokens), or "
-            "None when unknown"
+            "None (or 0) when unknown"
         )
     assuming = config.context_window_tokens
     _warn_once(
