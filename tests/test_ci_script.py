@@ -83,7 +83,7 @@ OLDEST_TESTS = (
     "python -m pytest -q -p no:cacheprovider -n auto "
     "--ignore=tests/test_local_model.py "
     "--ignore=tests/test_faults.py --ignore=tests/test_run_faults.py "
-    "--ignore=tests/test_recovery_property.py --ignore=tests/test_nested_graces.py"
+    "--ignore=tests/test_recovery_property.py"
 )
 SDK_FLOOR = "python tests/smoke/sdk_floor.py --at-floor"
 
