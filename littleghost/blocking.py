@@ -12,9 +12,27 @@ import anyio
 
 T = TypeVar("T")
 
+WAKE = 0.25
+"""Seconds between the event loop's wake-ups while nothing else may wake it.
+
+Python runs a signal's handler (Ctrl-C's) in the main thread, at its next bytecode. A
+signal that lands just as an asyncio loop there goes to sleep on no timer, or that another
+thread takes (a sync tool's, an exporter's), was handled only when something woke the
+loop: it stopped nothing until then. (Trio's loop wakes at every signal.)
+"""
+
+
+async def waking_for_signals() -> None:
+    """Wake the event loop every ``WAKE`` seconds, so a signal's handler runs."""
+    while True:  # noqa: ASYNC110 - the wake-ups are the point: it waits for nothing
+        await anyio.sleep(WAKE)
+
 
 def run_blocking(work: Callable[..., Awaitable[T]], *args: Any) -> T:
     """``work(*args)`` run in a new event loop; Ctrl-C raises ``KeyboardInterrupt``.
+
+    The loop wakes every ``WAKE`` seconds while the work lasts, so that the interrupt's
+    handler runs however the signal landed.
 
     The loop's interrupt handler (the loop installs it in the main thread only, over
     Python's own) cancels the main task; on Python 3.11 and later the loop turns that into
@@ -36,7 +54,18 @@ def run_blocking(work: Callable[..., Awaitable[T]], *args: Any) -> T:
 
     async def main() -> T:
         cancellation.append(anyio.get_cancelled_exc_class())
-        return await work(*args)
+        done: list[T] = []
+        failed: list[BaseException] = []
+        async with anyio.create_task_group() as waking:
+            waking.start_soon(waking_for_signals)
+            try:
+                done.append(await work(*args))
+            except BaseException as error:  # raised as it is, not in the group's
+                failed.append(error)
+            waking.cancel_scope.cancel()
+        if failed:
+            raise failed.pop()
+        return done.pop()
 
     try:
         return anyio.run(main)

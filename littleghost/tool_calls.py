@@ -19,6 +19,7 @@ from attrs import frozen
 
 from littleghost import logs
 from littleghost._validators import digits_limit, holds_unwritable
+from littleghost.blocking import waking_for_signals
 from littleghost.exiting import at_exit
 from littleghost.messages import ToolCall, ToolResult
 from littleghost.tool_types import ImageNotJson, to_json
@@ -282,28 +283,12 @@ class _ThreadCall:
         )
 
 
-_WAKE = 0.25
-"""Seconds between the event loop's wake-ups while it waits for a sync tool call.
-
-Python runs a signal's handler (Ctrl-C's) in the main thread, at its next bytecode. A
-signal that lands just as an asyncio loop there goes to sleep on no timer (as the tool's
-thread starts, say), or that another thread takes, was handled only when something woke
-the loop: it stopped nothing until the call returned. (Trio's loop wakes at every signal.)
-"""
-
-
-async def _waking() -> None:
-    """Wake the event loop every ``_WAKE`` seconds, so a signal's handler runs."""
-    while True:  # noqa: ASYNC110 - the wake-ups are the point: it waits for nothing
-        await anyio.sleep(_WAKE)
-
-
 async def _in_thread(call: Callable[[], Any], name: str) -> Outcome:
     thread_call = _ThreadCall(call, name)
     async with _tool_threads():  # the turn ends when we stop waiting, whatever the thread does
         try:
             async with anyio.create_task_group() as waking:
-                waking.start_soon(_waking)
+                waking.start_soon(waking_for_signals)
                 outcome: Outcome = await anyio.to_thread.run_sync(
                     thread_call.run, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
                 )

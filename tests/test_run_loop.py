@@ -92,16 +92,27 @@ def test_run_sync_works() -> None:
     assert result.messages[:2] == tuple(history)
 
 
-def test_ctrl_c_stops_run_sync_with_keyboard_interrupt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sent_to", ["the process", "another thread"])
+def test_ctrl_c_stops_run_sync_with_keyboard_interrupt(tmp_path: Path, sent_to: str) -> None:
     """Ctrl-C in ``run_sync`` raises ``KeyboardInterrupt`` on every Python; on 3.10 the
     event loop raised it as a bare ``CancelledError``, which ``except KeyboardInterrupt``
-    misses."""
+    misses. One taken by another thread (an exporter's, a client's) as the event loop
+    sleeps on no timer stopped nothing: its handler waits for the main thread."""
     script = f"""
+import signal
+import sys
+import threading
+
 import anyio
 from littleghost import Agent
 from littleghost.testing import ScriptedModel
 
+def take_a_ctrl_c():
+    if sys.stdin.readline() == "take it\\n":
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
 async def answer_until_stopped(request):
+    threading.Thread(target=take_a_ctrl_c, daemon=True).start()
     await anyio.Path({str(tmp_path / "asked")!r}).touch()
     await anyio.sleep_forever()
 
@@ -115,14 +126,20 @@ except KeyboardInterrupt:
 """
     with subprocess.Popen(
         [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell starts it
     ) as child:
+        assert child.stdin is not None
         while not (tmp_path / "asked").exists() and child.poll() is None:
             time.sleep(0.05)
-        child.send_signal(signal.SIGINT)
+        if sent_to == "the process":
+            child.send_signal(signal.SIGINT)
+        else:
+            child.stdin.write("take it\n")
+            child.stdin.flush()
         try:
             out, err = child.communicate(timeout=60)
         finally:
