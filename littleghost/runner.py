@@ -911,6 +911,10 @@ async def _execute(
     except ToolArgumentError as problem:
         telemetry.mark_failed(span, "invalid_arguments")
         return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
+    except Exception as error:  # a bug in a parameter's class: the tool's own failure
+        if context.capture_content:  # its message and traceback: content
+            span.record_exception(error)
+        return _failed(call, span, error, error_text(error))
     if definition.context_parameter is not None:
         kwargs[definition.context_parameter] = context
     limit = definition.timeout

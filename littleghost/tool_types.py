@@ -865,12 +865,16 @@ def _built(build: Callable[[Any], Any], value: Any, path: str) -> Any:
     """A record built of ``value`` by ``build`` (its class, or a pydantic model's
     ``model_validate``), whose validators and converters decide.
 
+    A refusal is a ``ValueError`` (pydantic's ``ValidationError`` is one) or an
+    ``AssertionError``, as pydantic's validators have it; any other exception is a bug
+    in the class (a ``KeyError``, a ``TypeError``), raised as it is, traceback and all.
+
     Raises:
         ToolArgumentError: ``build`` refused it (``_refusal`` says why).
     """
     try:
         return build(value)
-    except Exception as error:
+    except (ValueError, AssertionError) as error:
         raise ToolArgumentError(_refusal(error, path)) from None
 
 

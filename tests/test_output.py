@@ -452,7 +452,7 @@ class TestRepair:
         or the message is empty) is told by the exception's type; the run goes on to its
         repair turn, then raises OutputValidationError."""
 
-        class APIError(Exception):
+        class APIError(ValueError):
             def __str__(self) -> str:
                 raise AttributeError("status")
 
@@ -461,7 +461,7 @@ class TestRepair:
             code: str
 
             def __attrs_post_init__(self) -> None:
-                raise APIError() if self.code == "bad" else LookupError()
+                raise APIError() if self.code == "bad" else ValueError()
 
         answers = [{"code": "bad"}, {"code": "worse"}]
         model = ScriptedModel(
@@ -475,11 +475,81 @@ class TestRepair:
         )
         with pytest.raises(OutputValidationError) as caught:
             await Plain(model=model).run("go", output_type=Checked)
-        assert caught.value.errors == ("answer: LookupError",)
+        assert caught.value.errors == ("answer: ValueError",)
         told = model.requests[1].messages[-1]
         assert "answer: APIError (its message could not be shown)" in (
             told.text if native else told.tool_results[0].content
         )
+
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_an_assertion_in_a_constructor_is_a_misfit(self, native: bool) -> None:
+        """An ``AssertionError`` refuses the answer, as pydantic's validators take it: the
+        model gets its repair turn."""
+
+        @attrs.frozen
+        class Positive:
+            count: int
+
+            def __attrs_post_init__(self) -> None:
+                assert self.count > 0, "count must be positive"
+
+        answers = [{"count": 0}, {"count": 2}]
+        model = ScriptedModel(
+            [
+                text_response(json.dumps(answer))
+                if native
+                else tool_call_response(OUTPUT_TOOL, answer, call_id=f"c{n}")
+                for n, answer in enumerate(answers)
+            ],
+            supports_output_schema=native,
+        )
+        result = await Plain(model=model).run("go", output_type=Positive)
+        assert result.output == Positive(2)
+        told = model.requests[1].messages[-1]
+        assert "answer: count must be positive" in (
+            told.text if native else told.tool_results[0].content
+        )
+
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    @pytest.mark.parametrize("bug", [KeyError, TypeError, AttributeError])
+    async def test_a_bug_in_the_output_types_code_raises_without_a_repair_turn(
+        self, native: bool, bug: type[Exception]
+    ) -> None:
+        """An exception of the type's own code that is not a refusal (not a
+        ``ValueError`` or an ``AssertionError``) is a bug, not the model's misfit: the run
+        raises it as it is, with its traceback, and asks the model nothing more (a billed
+        repair turn was made, and the bug reported as the model's answer). The answer,
+        billed, stays in the log, and a final-result call is answered."""
+
+        @attrs.frozen
+        class Checked:
+            code: str
+
+            def __attrs_post_init__(self) -> None:
+                raise bug("the lookup table is not loaded")
+
+        store = InMemorySessionStore()
+        answer = {"code": "A"}
+        fitting = {"code": "B"}
+        model = ScriptedModel(
+            [
+                text_response(json.dumps(reply))
+                if native
+                else tool_call_response(OUTPUT_TOOL, reply, call_id=f"c{n}")
+                for n, reply in enumerate([answer, fitting])
+            ],
+            supports_output_schema=native,
+        )
+        agent = Plain(model=model, session_store=store)
+        with pytest.raises(bug, match="lookup table") as caught:
+            await agent.run("go", output_type=Checked, session_id="s")
+        assert caught.traceback[-1].name == "__attrs_post_init__"
+        assert len(model.requests) == 1
+        stored = await store.load("s")
+        roles = [Role.USER, Role.ASSISTANT] + ([] if native else [Role.TOOL])
+        assert [m.role for m in stored] == roles
+        if not native:
+            assert stored[-1].tool_results[0].call_id == "c0"
 
     async def test_a_text_answer_is_asked_to_call_the_final_result_tool(self) -> None:
         """With the final-result tool, a text answer is repaired by asking for the call."""

@@ -1105,6 +1105,13 @@ class APIError(Exception):
         return f"{self.status}: {self.detail}"  # type: ignore[attr-defined]
 
 
+class UnprintableRefusal(ValueError):
+    """A refusal whose message needs attributes its raise site forgot to set."""
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.detail}"  # type: ignore[attr-defined]
+
+
 class CodedError(Exception):
     def __str__(self) -> str:
         return 404  # type: ignore[return-value]
@@ -1126,7 +1133,7 @@ class Interval:
 
     def __attrs_post_init__(self) -> None:
         if self.low > self.high:
-            raise ArithmeticError("low is above high")
+            raise ValueError("low is above high")
 
 
 @frozen
@@ -1135,7 +1142,7 @@ class Parcel:
 
     def __attrs_post_init__(self) -> None:
         if self.weight < 0:
-            raise APIError()
+            raise UnprintableRefusal()
         if self.weight == 0:
             raise ValueError()
 
@@ -1204,7 +1211,11 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
         ('{"factor": -Infinity}', "scale", "valid JSON: -Infinity is not a JSON number"),
         ('{"factor": 1e400}', "scale", "the number 1e400 is too large for a float"),
         ({"factor": float("inf")}, "scale", "valid JSON: Infinity is not a JSON number"),
-        ({"parcel": {"weight": -1}}, "ship", "parcel: APIError (its message could not be shown)"),
+        (
+            {"parcel": {"weight": -1}},
+            "ship",
+            "parcel: UnprintableRefusal (its message could not be shown)",
+        ),
         ({"parcel": {"weight": 0}}, "ship", "parcel: ValueError"),
         (
             {"badges": [{"name": "a"}]},
@@ -1231,10 +1242,10 @@ async def fussy_result(arguments: dict[str, Any] | str, name: str) -> ToolResult
 async def test_arguments_that_break_conversion_become_error_results(
     arguments: dict[str, Any] | str, name: str, fragment: str
 ) -> None:
-    """Unhashable set items, an Enum or attrs constructor that raises anything (told by
-    its type when its message is empty or cannot be shown), a number too large for a
-    float, JSON nested too deep and numbers JSON has not (NaN, infinity, whether sent as
-    text or parsed) are answered, never raised."""
+    """Unhashable set items, an Enum that raises anything, an attrs constructor that
+    refuses (told by its type when its message is empty or cannot be shown), a number
+    too large for a float, JSON nested too deep and numbers JSON has not (NaN, infinity,
+    whether sent as text or parsed) are answered, never raised."""
     seen = await fussy_result(arguments, name)
     assert seen.is_error
     assert f"Invalid arguments for tool {name!r}" in seen.content
@@ -2037,6 +2048,49 @@ async def test_initvars_of_a_dataclass_are_in_its_schema() -> None:
     assert schema["required"] == ["order_id", "region"]
     [result] = tool_results(model.requests[1].messages)
     assert (result.content, result.is_error) == ("eu-web-1", False)
+
+
+@dataclasses.dataclass
+class Zoned:
+    """A parameter's class with a bug: a lookup of a zone it never loaded."""
+
+    region: str
+
+    def __post_init__(self) -> None:
+        if self.region != "eu":
+            raise ValueError("region must be 'eu'")
+        self.zone = {}[self.region]
+
+
+def zoned(where: Zoned) -> str:
+    """Find the zone of a region."""
+    return where.zone
+
+
+async def test_a_bug_in_a_parameters_class_is_the_tools_failure_not_a_misfit() -> None:
+    """A parameter's class that raises what is not a refusal (a ``ValueError`` or an
+    ``AssertionError``) fails the call as a tool that raises does: the model is told
+    the tool failed, by the exception, never that its arguments did not fit (as it
+    was, which sent it rewriting arguments nothing was wrong with); a refusal is told
+    as invalid arguments, as ever."""
+
+    class Zones(Agent):
+        tools = [zoned]
+
+    model = ScriptedModel(
+        [
+            tool_call_response("zoned", {"where": {"region": "us"}}, call_id="c1"),
+            tool_call_response("zoned", {"where": {"region": "eu"}}, call_id="c2"),
+            text_response("ok"),
+        ]
+    )
+    await Zones(model=model).run("go")
+    refused = tool_results(model.requests[1].messages)[-1]
+    assert refused.is_error and refused.content == (
+        "Invalid arguments for tool 'zoned': where: region must be 'eu'"
+    )
+    failed = tool_results(model.requests[2].messages)[-1]
+    assert failed.is_error and failed.content == "Tool 'zoned' failed: KeyError: 'eu'"
 
 
 @dataclasses.dataclass
