@@ -19,7 +19,7 @@ from littleghost.errors import LittleGhostError, ProtocolError
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ToolSpec
 from littleghost.models.anthropic import LONGEST_UNSTREAMED
-from littleghost.models.streaming import StreamDone
+from littleghost.models.streaming import StreamDone, ToolCallChunk
 from littleghost.sessions import InMemorySessionStore
 
 from .sdk_bodies import (
@@ -497,4 +497,32 @@ async def test_openai_tool_calls_of_another_type_are_left_out_and_one_without_a_
     assert [(call.id, call.name) for call in response.message.tool_calls] == [
         ("call_b", ""),
         ("call_c", "add"),
+    ]
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["finish_reason", "[DONE] alone"])
+async def test_streamed_openai_tool_calls_of_another_type_are_left_out_as_unstreamed(
+    openai_model: Make, finished: bool
+) -> None:
+    """Streamed, a custom tool's call (its type in its first piece only) is left out as
+    it is unstreamed, and starts no call: it was kept as a call named ``""`` (answered
+    as an unknown tool), and its input, no JSON object, made an answer ended by
+    ``[DONE]`` alone look cut off."""
+    pieces = [
+        {"index": 0, "id": "call_a", "type": "custom", "custom": {"name": "grammar"}},
+        {"index": 0, "custom": {"input": "x"}},
+        {"index": 1, "id": "call_b", "type": "function", "function": {"name": "add"}},
+        {"index": 1, "function": {"arguments": "{}"}},
+    ]
+    events = [chunk({"tool_calls": [piece]}) for piece in pieces]
+    if finished:
+        events.append(chunk({}, finish_reason="tool_calls"))
+    model = openai_model(_sse(openai_sse(*events)))
+    async with aclosing(model.stream(REQUEST)) as stream:
+        seen = [event async for event in stream]
+    assert seen[:-1] == [ToolCallChunk()]
+    done = seen[-1]
+    assert isinstance(done, StreamDone)
+    assert [(call.id, call.name) for call in done.response.message.tool_calls] == [
+        ("call_b", "add")
     ]

@@ -446,6 +446,11 @@ def _legacy_call(provider: str) -> ProtocolError:
     )
 
 
+_FUNCTION = ("", "function")
+"""The types of a tool call littleghost takes (no type: a function's); a call of
+another (a custom tool's, which it never offers) is left out, streamed or not."""
+
+
 def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, str | None]]:
     """The tool calls of an answer (at ``where``), each with its Google thought signature,
     if any; a call without an id is ``call_N`` (N its place in the list), one of a type
@@ -458,7 +463,7 @@ def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, 
     for index, call in enumerate(listed(provider, raw, where)):
         at = f"{where}[{index}]"
         call = shaped(provider, call, at)
-        if text_of(provider, lookup(call, "type"), f"{at}.type") not in ("", "function"):
+        if text_of(provider, lookup(call, "type"), f"{at}.type") not in _FUNCTION:
             continue  # a kind of call littleghost never offers (a custom tool's)
         function = shaped(provider, lookup(call, "function"), f"{at}.function")
         made = ToolCall(
@@ -883,8 +888,9 @@ class OpenAIModel:
         ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
-        after an answer of text or tool calls, every call's arguments a whole JSON object
-        (a proxy ends a stream its upstream cut with ``[DONE]``). A stream that ends before
+        after an answer of text or tool calls, every function call's arguments a whole JSON
+        object (a proxy ends a stream its upstream cut with ``[DONE]``); a call of another
+        type is left out (``_FUNCTION``). A stream that ends before
         was cut off, and one whose choice ends with a ``finish_reason`` of ``_FAILED``
         failed on the provider's side: both a ``ProviderUnavailableError``, unless the
         choice carries an error, which is classified. A connection lost or gone silent once
@@ -911,7 +917,7 @@ class OpenAIModel:
             """Whether the answer came whole (the docstring's rule)."""
             if finish_reason is not None:
                 return True
-            arguments = (call["arguments"] for call in calls)
+            arguments = (call["arguments"] for call in calls if call["type"] in _FUNCTION)
             answered = bool(text or calls or legacy)
             return done and answered and all(map(whole_arguments, arguments))
 
@@ -966,6 +972,7 @@ class OpenAIModel:
                                     named = (
                                         text_of(provider, piece.get("id"), f"{place}.id") or None
                                     )
+                                    kind = text_of(provider, piece.get("type"), f"{place}.type")
                                     key = index if index is not None else named or key
                                     call = at.get(key)
                                     # another id at an index starts another call (Ollama
@@ -973,14 +980,17 @@ class OpenAIModel:
                                     if call is None or (named and call["id"] not in (None, named)):
                                         call = {
                                             "id": named,
+                                            "type": kind,
                                             "name": "",
                                             "arguments": "",
                                             "signature": None,
                                         }
                                         calls.append(call)
                                         at[key] = call
-                                        yield ToolCallChunk()
+                                        if kind in _FUNCTION:
+                                            yield ToolCallChunk()
                                     call["id"] = call["id"] or named
+                                    call["type"] = call["type"] or kind
                                     call["signature"] = (
                                         _thought_signature(provider, piece, place)
                                         or call["signature"]
@@ -1018,8 +1028,6 @@ class OpenAIModel:
                 raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
             if finish_reason == _FULL_WINDOW:
                 raise _window_full(self.provider, usage)
-            if legacy and not calls:
-                raise _legacy_call(self.provider)
             tool_calls = [
                 (
                     ToolCall(
@@ -1030,7 +1038,10 @@ class OpenAIModel:
                     call["signature"],
                 )
                 for index, call in enumerate(calls)
+                if call["type"] in _FUNCTION
             ]
+            if legacy and not tool_calls:
+                raise _legacy_call(self.provider)
             response = ModelResponse(
                 self._answer("".join(reasoning), "".join(text), tool_calls, details),
                 stop_reason(finish_reason, bool(tool_calls), refused),
