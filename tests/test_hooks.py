@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from littleghost import (
     Agent,
     Message,
+    Role,
     RunContext,
     ToolCall,
     ToolResult,
@@ -26,7 +27,11 @@ from littleghost import (
 from littleghost.capabilities import CapabilityHook
 from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
 from littleghost.models import ModelRequest, ModelResponse
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+if TYPE_CHECKING:
+    from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -380,6 +385,51 @@ async def test_a_raising_tool_hook_ends_the_run() -> None:
     with pytest.raises(PermissionError, match="no results"):
         await FailingToolHook(model=model).run("hi")
     assert len(model.requests) == 1
+
+
+class Gate(Agent):
+    @tool
+    async def wire(self, amount: int) -> str:
+        """Wire money."""
+        raise AssertionError("a refused answer's call must never run")
+
+    @after_model
+    def refuse_wires(self, response: ModelResponse) -> None:
+        if response.message.tool_calls or "secret" in response.message.text:
+            raise PermissionError("answer refused")
+
+
+@pytest.mark.parametrize("calls", [True, False], ids=["tool call", "text"])
+async def test_a_raising_after_model_hook_is_a_gate_that_keeps_the_answer_out(
+    spans: Spans, calls: bool
+) -> None:
+    """An ``after_model`` hook that raises refuses the answer: the run raises the hook's
+    exception, and the answer is neither in the log nor in the session (the next run
+    would send the refused content back to the model), so no call stays without a
+    result; the billed call is counted all the same, on its ``chat`` span and the run's
+    ``invoke_agent`` span. The session goes on from the question, as after a failed
+    call."""
+    store = InMemorySessionStore()
+    refused = (
+        tool_call_response("wire", {"amount": 10**6}, input_tokens=40, output_tokens=7)
+        if calls
+        else text_response("the secret is 42", input_tokens=40, output_tokens=7)
+    )
+    model = ScriptedModel([refused, text_response("fine", input_tokens=50, output_tokens=2)])
+    agent = Gate(model=model, session_store=store)
+    with pytest.raises(PermissionError, match="answer refused"):
+        await agent.run("pay", session_id="s")
+    stored = await store.load("s")
+    assert [(m.role, m.text) for m in stored] == [(Role.USER, "pay")]
+    [chat] = spans.named("chat")
+    [run] = spans.named("invoke_agent")
+    for span in (chat, run):
+        attributes = span.attributes or {}
+        assert attributes["gen_ai.usage.input_tokens"] == 40
+        assert attributes["gen_ai.usage.output_tokens"] == 7
+    result = await agent.run("hello", session_id="s")
+    assert result.output == "fine"
+    assert [m.text for m in model.requests[1].messages] == ["pay", "hello"]
 
 
 class WrongType(Agent):
