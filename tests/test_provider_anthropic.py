@@ -831,6 +831,69 @@ async def test_an_error_result_without_content_is_sent_with_some(
     ]
 
 
+async def test_tool_call_ids_go_out_unique_and_of_the_characters_the_api_takes(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The API refuses a request whose ``tool_use`` ids repeat (``tool_use ids must be
+    unique``) or hold other characters than ``[A-Za-z0-9_-]``, as a log of another
+    provider's may: a server that sends no ids (``call_0`` in every answer), parallel
+    calls sharing one, Kimi's ``functions.lookup:0``. Each goes out under an id of its
+    own, its results under the same (a result answers the nearest earlier unanswered
+    call with its id, parallel ones in call order, as the log pairs them); the log keeps
+    its ids, and what a request's earlier messages go out as does not change as the
+    conversation grows (a prompt cache's prefix stays the same)."""
+    server = FakeServer(*(message([{"type": "text", "text": "ok"}]) for _ in range(2)))
+    history = [
+        Message.user("look 1 up"),
+        Message.assistant(tool_calls=[ToolCall("call_0", "lookup", {"order": 1})]),
+        Message.tool("call_0", "A"),
+        Message.assistant(
+            tool_calls=[
+                ToolCall("call_0", "lookup", {"order": 2}),
+                ToolCall("call_0", "lookup", {"order": 3}),
+            ]
+        ),
+        Message.tool("call_0", "B"),
+        Message.tool("call_0", "C"),
+        Message.assistant(tool_calls=[ToolCall("functions.lookup:0", "lookup", {"order": 4})]),
+        Message.tool("functions.lookup:0", "D"),
+        Message.assistant(tool_calls=[ToolCall("call_0_2", "lookup", {"order": 5})]),
+        Message.tool("call_0_2", "E"),
+    ]
+    lookup = ToolSpec("lookup", "Find an order.", {"type": "object", "properties": {}})
+    model = make_model(server)
+    await model.respond(ModelRequest(history[:3], (lookup,)))
+    await model.respond(ModelRequest(history, (lookup,)))
+    first, body = server.bodies
+    blocks = [block for turn in body["messages"] for block in turn["content"]]
+    calls = [(block["id"], block["input"]["order"]) for block in blocks if "id" in block]
+    results = [
+        (block["tool_use_id"], block["content"]) for block in blocks if "tool_use_id" in block
+    ]
+    assert calls == [
+        ("call_0", 1),
+        ("call_0_2", 2),
+        ("call_0_3", 3),
+        ("functions_lookup_0", 4),
+        ("call_0_2_2", 5),
+    ]
+    assert results == [
+        ("call_0", "A"),
+        ("call_0_2", "B"),
+        ("call_0_3", "C"),
+        ("functions_lookup_0", "D"),
+        ("call_0_2_2", "E"),
+    ]
+    assert body["messages"][: len(first["messages"])] == first["messages"]
+    assert [call.id for message in history for call in message.tool_calls] == [
+        "call_0",
+        "call_0",
+        "call_0",
+        "functions.lookup:0",
+        "call_0_2",
+    ]
+
+
 async def test_whitespace_only_text_is_never_sent(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

@@ -222,6 +222,49 @@ def _merged(earlier: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[
     return [*later[:lead], *earlier, *later[lead:]]
 
 
+_NOT_IN_ID = re.compile(r"[^A-Za-z0-9_-]")
+"""A character the API refuses in a ``tool_use`` id."""
+
+
+class _CallIds:
+    """The ids a request's ``tool_use`` and ``tool_result`` blocks go out under, as the
+    API takes them: each call's its own (the API refuses a request that repeats one, as
+    a log of another provider's may), of ``[A-Za-z0-9_-]`` (another character becomes
+    ``_``), a repeated one followed by ``_2``, ``_3``, ...; each result under the id of
+    the call it answers, the nearest earlier unanswered call with its id (parallel calls
+    sharing one in call order), as the log pairs them. An id hangs on what comes before
+    it alone, so a request's earlier blocks stay as they were as the conversation grows."""
+
+    def __init__(self) -> None:
+        self.sent: set[str] = set()
+        self.open: dict[str, list[list[str]]] = {}
+        """By the log's id, the ids of the unanswered calls of each message holding some
+        (the nearest last), in call order."""
+
+    def name(self, blocks: list[dict[str, Any]]) -> None:
+        """Give the ``tool_use`` or ``tool_result`` blocks of one message their ids."""
+        made: dict[str, list[str]] = {}
+        for block in blocks:
+            if block["type"] == "tool_use":
+                given = block["id"]
+                sent = base = _NOT_IN_ID.sub("_", given) or "call"
+                count = 1
+                while sent in self.sent:
+                    count += 1
+                    sent = f"{base}_{count}"
+                self.sent.add(sent)
+                made.setdefault(given, []).append(sent)
+                block["id"] = sent
+            elif block["type"] == "tool_result":
+                stack = self.open.get(block["tool_use_id"])
+                if stack:  # else it answers no call: the view leaves such results out
+                    block["tool_use_id"] = stack[-1].pop(0)
+                    if not stack[-1]:
+                        stack.pop()
+        for given, sent_ids in made.items():
+            self.open.setdefault(given, []).append(sent_ids)
+
+
 OPENING_TURN = "(The conversation continues.)"
 """The user turn sent before a conversation that starts with the assistant's."""
 
@@ -240,10 +283,12 @@ def convert_messages(
     another provider, or that lost its signature, is left out, and so is an answer of
     thinking alone (cut at ``max_tokens``, or its text blank), as the API takes no
     assistant message that ends with thinking. Without ``tools`` (the
-    request offers none), tool calls and results travel as text.
+    request offers none), tool calls and results travel as text; with them, under ids
+    the API takes (``_CallIds``).
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
+    ids = _CallIds()
     for message in messages:
         if message.role.is_trusted:
             if message.text:
@@ -251,6 +296,8 @@ def convert_messages(
             continue
         role = "assistant" if message.role is Role.ASSISTANT else "user"
         blocks = [block for part in message.content if (block := _block(part, tools)) is not None]
+        if tools:
+            ids.name(blocks)
         if all(block["type"] in _THINKING for block in blocks):
             continue
         if turns and turns[-1]["role"] == role:
