@@ -1249,6 +1249,71 @@ async def test_a_name_sent_again_with_each_piece_of_a_call_is_its_name_once(
     )
 
 
+@pytest.mark.parametrize("finished", [True, False], ids=["finish_reason", "[DONE] alone"])
+@pytest.mark.parametrize("resent", ["whole", "so far"])
+async def test_arguments_sent_again_with_each_piece_of_a_call_are_the_last_piece(
+    make_model: Callable[..., OpenAIModel], resent: str, finished: bool
+) -> None:
+    """A server that sends a call's whole arguments again with each piece (as MiniMax on
+    NVIDIA NIM sends its name), or its arguments so far, had them joined into text that
+    is no JSON (the model was told "not valid JSON", or an answer ended by ``[DONE]``
+    alone was taken for one cut off). When the joined pieces are no JSON object, each
+    piece repeats the one before and goes on, and the last is a JSON object, the last is
+    the arguments: a stream written in pieces whose join is an object is never read so,
+    and one whose join is none was no arguments anyway."""
+    pieces = (
+        ['{"a": 1, "b": 2}'] * 3
+        if resent == "whole"
+        else ['{"a": 1', '{"a": 1, "b"', '{"a": 1, "b": 2}']
+    )
+    events = [
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": piece},
+                    }
+                ]
+            }
+        )
+        for piece in ["", *pieces]
+    ]
+    if finished:
+        events.append(chunk({}, finish_reason="tool_calls"))
+    server = FakeServer(event_stream(openai_sse(*events)))
+    stream = make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    done = [event async for event in stream][-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.tool_calls == (ToolCall("call_0", "add", {"a": 1, "b": 2}),)
+
+
+async def test_arguments_that_repeat_and_end_in_no_object_are_kept_as_sent(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """Pieces that each repeat the one before but end in no JSON object are joined, as
+    any arguments that are no JSON are kept as their text (the model is told so)."""
+
+    def call(arguments: str) -> dict[str, Any]:
+        function = {"name": "add", "arguments": arguments}
+        return {"tool_calls": [{"index": 0, "id": "call_0", "function": function}]}
+
+    server = FakeServer(
+        event_stream(
+            openai_sse(
+                chunk(call('{"a": 1')),
+                chunk(call('{"a": 1, "b"'), finish_reason="tool_calls"),
+            )
+        )
+    )
+    stream = make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    done = [event async for event in stream][-1]
+    assert isinstance(done, StreamDone)
+    assert done.response.message.tool_calls == (ToolCall("call_0", "add", '{"a": 1{"a": 1, "b"'),)
+
+
 async def test_a_server_that_rejects_stream_options_is_streamed_without_them(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

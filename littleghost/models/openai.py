@@ -475,6 +475,19 @@ def _tool_calls(provider: str, raw: object, where: str) -> list[tuple[ToolCall, 
     return calls
 
 
+def _arguments(call: Mapping[str, Any]) -> str:
+    """A streamed call's arguments: its pieces joined; or, when that is no JSON object
+    but each piece repeats the one before and goes on (a server that sends the arguments
+    so far, or whole, again with each piece), the last piece, if it is one. A stream in
+    pieces whose join is an object is never read so, and one whose join is none held no
+    arguments anyway."""
+    joined: str = call["arguments"]
+    last: str = call["last"]
+    if call["repeats"] and last != joined and not whole_arguments(joined) and whole_arguments(last):
+        return last
+    return joined
+
+
 class OpenAIModel:
     """A chat model behind an OpenAI-compatible chat-completions endpoint.
 
@@ -917,7 +930,7 @@ class OpenAIModel:
             """Whether the answer came whole (the docstring's rule)."""
             if finish_reason is not None:
                 return True
-            arguments = (call["arguments"] for call in calls if call["type"] in _FUNCTION)
+            arguments = (_arguments(call) for call in calls if call["type"] in _FUNCTION)
             answered = bool(text or calls or legacy)
             return done and answered and all(map(whole_arguments, arguments))
 
@@ -983,6 +996,8 @@ class OpenAIModel:
                                             "type": kind,
                                             "name": "",
                                             "arguments": "",
+                                            "last": "",
+                                            "repeats": True,
                                             "signature": None,
                                         }
                                         calls.append(call)
@@ -1006,6 +1021,11 @@ class OpenAIModel:
                                     given = function.get("arguments") or ""
                                     if not isinstance(given, str):  # sent whole, as an object
                                         given = json.dumps(given)
+                                    if given:
+                                        call["repeats"] = call["repeats"] and given.startswith(
+                                            call["last"]
+                                        )
+                                        call["last"] = given
                                     call["arguments"] += given
                                 finish_reason = (
                                     text_of(
@@ -1033,7 +1053,7 @@ class OpenAIModel:
                     ToolCall(
                         call["id"] or f"call_{index}",
                         call["name"],
-                        parse_arguments(call["arguments"]),
+                        parse_arguments(_arguments(call)),
                     ),
                     call["signature"],
                 )
