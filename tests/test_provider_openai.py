@@ -533,6 +533,48 @@ async def test_arguments_json_cannot_carry_go_back_as_empty_arguments(
     assert sent == ["{}", "{}"]
 
 
+async def test_repeated_call_ids_go_out_as_ids_of_their_own(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """OpenAI refuses a request whose tool-call ids repeat (``Duplicate value for
+    'tool_call_id'``), as a log may: a server that sends no ids makes ``call_0`` in every
+    answer, parallel calls may share one. Each call goes out under an id of its own, its
+    results under the same, paired as the log pairs them; the log keeps its ids, and
+    the ids a request's earlier messages go out under stay as the conversation grows."""
+    server = FakeServer(*(completion({"content": "ok"}) for _ in range(2)))
+    history = [
+        Message.user("add"),
+        Message.assistant(tool_calls=[ToolCall("call_0", "add", {"a": 1, "b": 1})]),
+        Message.tool("call_0", "2"),
+        Message.assistant(
+            tool_calls=[
+                ToolCall("call_0", "add", {"a": 2, "b": 2}),
+                ToolCall("call_0", "add", {"a": 3, "b": 3}),
+            ]
+        ),
+        Message.tool("call_0", "4"),
+        Message.tool("call_0", "6"),
+    ]
+    model = make_model(server)
+    await model.respond(ModelRequest(history[:3], [ADD]))
+    await model.respond(ModelRequest(history, [ADD]))
+    first, body = server.bodies
+    calls = [
+        (call["id"], json.loads(call["function"]["arguments"])["a"])
+        for entry in body["messages"]
+        for call in entry.get("tool_calls") or ()
+    ]
+    assert calls == [("call_0", 1), ("call_0_2", 2), ("call_0_3", 3)]
+    results = [
+        (entry["tool_call_id"], entry["content"])
+        for entry in body["messages"]
+        if entry["role"] == "tool"
+    ]
+    assert results == [("call_0", "2"), ("call_0_2", "4"), ("call_0_3", "6")]
+    assert body["messages"][: len(first["messages"])] == first["messages"]
+    assert {call.id for message in history for call in message.tool_calls} == {"call_0"}
+
+
 async def test_an_empty_answer_goes_back_with_empty_content(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

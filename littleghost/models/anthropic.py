@@ -72,6 +72,7 @@ from littleghost.models.base import (
     ToolSpec,
     Usage,
 )
+from littleghost.models.call_ids import SentCallIds
 from littleghost.models.overflow import check_window_room, classify_error
 from littleghost.models.streaming import (
     ModelStreamEvent,
@@ -226,43 +227,15 @@ _NOT_IN_ID = re.compile(r"[^A-Za-z0-9_-]")
 """A character the API refuses in a ``tool_use`` id."""
 
 
-class _CallIds:
-    """The ids a request's ``tool_use`` and ``tool_result`` blocks go out under, as the
-    API takes them: each call's its own (the API refuses a request that repeats one, as
-    a log of another provider's may), of ``[A-Za-z0-9_-]`` (another character becomes
-    ``_``), a repeated one followed by ``_2``, ``_3``, ...; each result under the id of
-    the call it answers, the nearest earlier unanswered call with its id (parallel calls
-    sharing one in call order), as the log pairs them. An id hangs on what comes before
-    it alone, so a request's earlier blocks stay as they were as the conversation grows."""
-
-    def __init__(self) -> None:
-        self.sent: set[str] = set()
-        self.open: dict[str, list[list[str]]] = {}
-        """By the log's id, the ids of the unanswered calls of each message holding some
-        (the nearest last), in call order."""
-
-    def name(self, blocks: list[dict[str, Any]]) -> None:
-        """Give the ``tool_use`` or ``tool_result`` blocks of one message their ids."""
-        made: dict[str, list[str]] = {}
-        for block in blocks:
-            if block["type"] == "tool_use":
-                given = block["id"]
-                sent = base = _NOT_IN_ID.sub("_", given) or "call"
-                count = 1
-                while sent in self.sent:
-                    count += 1
-                    sent = f"{base}_{count}"
-                self.sent.add(sent)
-                made.setdefault(given, []).append(sent)
-                block["id"] = sent
-            elif block["type"] == "tool_result":
-                stack = self.open.get(block["tool_use_id"])
-                if stack:  # else it answers no call: the view leaves such results out
-                    block["tool_use_id"] = stack[-1].pop(0)
-                    if not stack[-1]:
-                        stack.pop()
-        for given, sent_ids in made.items():
-            self.open.setdefault(given, []).append(sent_ids)
+def _name_calls(blocks: list[dict[str, Any]], ids: SentCallIds) -> None:
+    """Give the ``tool_use`` and ``tool_result`` blocks of one message the ids they go
+    out under."""
+    calls = [block for block in blocks if block["type"] == "tool_use"]
+    for block, sent in zip(calls, ids.calls([block["id"] for block in calls]), strict=True):
+        block["id"] = sent
+    for block in blocks:
+        if block["type"] == "tool_result":
+            block["tool_use_id"] = ids.result(block["tool_use_id"])
 
 
 OPENING_TURN = "(The conversation continues.)"
@@ -283,12 +256,12 @@ def convert_messages(
     another provider, or that lost its signature, is left out, and so is an answer of
     thinking alone (cut at ``max_tokens``, or its text blank), as the API takes no
     assistant message that ends with thinking. Without ``tools`` (the
-    request offers none), tool calls and results travel as text; with them, under ids
-    the API takes (``_CallIds``).
+    request offers none), tool calls and results travel as text; with them, each call
+    under an id of its own, of the characters the API takes (``SentCallIds``).
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    ids = _CallIds()
+    ids = SentCallIds(_NOT_IN_ID)
     for message in messages:
         if message.role.is_trusted:
             if message.text:
@@ -297,7 +270,7 @@ def convert_messages(
         role = "assistant" if message.role is Role.ASSISTANT else "user"
         blocks = [block for part in message.content if (block := _block(part, tools)) is not None]
         if tools:
-            ids.name(blocks)
+            _name_calls(blocks, ids)
         if all(block["type"] in _THINKING for block in blocks):
             continue
         if turns and turns[-1]["role"] == role:
