@@ -28,6 +28,7 @@ from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
+from .clocks import virtual
 from .conversations import chat
 from .stores import SlowWrites, working_until
 from .timing import LATE
@@ -419,30 +420,37 @@ def test_run_sync_closes_its_model_within_the_runs_grace(
     assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + LATE
 
 
-@pytest.mark.parametrize("how", ["timeout", "fail_after", "stream", "task group"])
-async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(how: str) -> None:
-    """The run's cleanup (a store write at the stop) takes the whole grace: closing the
-    agent's model as ``async with agent:`` ends, its stop going on (the run's deadline,
-    an enclosing ``fail_after``, a stream's block left by it, runs in a task group of the
-    block), gets no more. It took a second grace: a deadline of 0.2 s, with a grace of
-    1 s, ended at 2.2 s."""
-    began = anyio.current_time()
-    stop = anyio.fail_after(0.2) if how != "timeout" else contextlib.nullcontext()
-    with pytest.raises(TimeoutError), stop:  # DeadlineExceededError is a TimeoutError too
-        async with Stalling(session_store=StallingStore()) as agent:
-            if how == "stream":
-                async with agent.stream("Wait.", session_id="s") as events:
-                    async for _ in events:
-                        pass
-            elif how == "task group":
-                async with anyio.create_task_group() as group:
-                    for session_id in ("s", "t"):
-                        run = functools.partial(agent.run, "Wait.", session_id=session_id)
-                        group.start_soon(run)
-            else:
-                timeout = 0.2 if how == "timeout" else None
-                await agent.run("Wait.", session_id="s", timeout=timeout)
-    assert anyio.current_time() - began < 0.2 + Stalling.cleanup_grace + LATE
+class TestNoSecondGrace:
+    @pytest.fixture(params=["asyncio", "trio"])
+    def anyio_backend(self, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+        """Each backend on a virtual clock: the times below are exact, and take no real
+        time."""
+        return virtual(request.param)
+
+    @pytest.mark.parametrize("how", ["timeout", "fail_after", "stream", "task group"])
+    async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(self, how: str) -> None:
+        """The run's cleanup (a store write at the stop) takes the whole grace: closing
+        the agent's model as ``async with agent:`` ends, its stop going on (the run's
+        deadline, an enclosing ``fail_after``, a stream's block left by it, runs in a task
+        group of the block), gets no more. It took a second grace: a deadline of 0.2 s,
+        with a grace of 1 s, ended at 2.2 s."""
+        began = anyio.current_time()
+        stop = anyio.fail_after(0.2) if how != "timeout" else contextlib.nullcontext()
+        with pytest.raises(TimeoutError), stop:  # DeadlineExceededError is a TimeoutError too
+            async with Stalling(session_store=StallingStore()) as agent:
+                if how == "stream":
+                    async with agent.stream("Wait.", session_id="s") as events:
+                        async for _ in events:
+                            pass
+                elif how == "task group":
+                    async with anyio.create_task_group() as group:
+                        for session_id in ("s", "t"):
+                            run = functools.partial(agent.run, "Wait.", session_id=session_id)
+                            group.start_soon(run)
+                else:
+                    timeout = 0.2 if how == "timeout" else None
+                    await agent.run("Wait.", session_id="s", timeout=timeout)
+        assert anyio.current_time() - began == pytest.approx(0.2 + Stalling.cleanup_grace)
 
 
 class BadClose(LoopBound):
