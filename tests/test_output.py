@@ -333,6 +333,19 @@ class TestDeclaring:
         assert model.requests == []
 
 
+def answering(answers: list[Any], native: bool) -> ScriptedModel:
+    """A model that gives ``answers`` in turn, natively or as the output tool's calls."""
+    return ScriptedModel(
+        [
+            text_response(json.dumps(answer))
+            if native
+            else tool_call_response(OUTPUT_TOOL, answer, call_id=f"c{n}")
+            for n, answer in enumerate(answers)
+        ],
+        supports_output_schema=native,
+    )
+
+
 def tool_result_texts(messages: tuple[Message, ...]) -> list[tuple[str, bool]]:
     return [
         (result.content, result.is_error) for message in messages for result in message.tool_results
@@ -464,15 +477,7 @@ class TestRepair:
                 raise APIError() if self.code == "bad" else ValueError()
 
         answers = [{"code": "bad"}, {"code": "worse"}]
-        model = ScriptedModel(
-            [
-                text_response(json.dumps(answer))
-                if native
-                else tool_call_response(OUTPUT_TOOL, answer, call_id=f"c{n}")
-                for n, answer in enumerate(answers)
-            ],
-            supports_output_schema=native,
-        )
+        model = answering(answers, native)
         with pytest.raises(OutputValidationError) as caught:
             await Plain(model=model).run("go", output_type=Checked)
         assert caught.value.errors == ("answer: ValueError",)
@@ -494,15 +499,7 @@ class TestRepair:
                 assert self.count > 0, "count must be positive"
 
         answers = [{"count": 0}, {"count": 2}]
-        model = ScriptedModel(
-            [
-                text_response(json.dumps(answer))
-                if native
-                else tool_call_response(OUTPUT_TOOL, answer, call_id=f"c{n}")
-                for n, answer in enumerate(answers)
-            ],
-            supports_output_schema=native,
-        )
+        model = answering(answers, native)
         result = await Plain(model=model).run("go", output_type=Positive)
         assert result.output == Positive(2)
         told = model.requests[1].messages[-1]
@@ -531,15 +528,7 @@ class TestRepair:
         store = InMemorySessionStore()
         answer = {"code": "A"}
         fitting = {"code": "B"}
-        model = ScriptedModel(
-            [
-                text_response(json.dumps(reply))
-                if native
-                else tool_call_response(OUTPUT_TOOL, reply, call_id=f"c{n}")
-                for n, reply in enumerate([answer, fitting])
-            ],
-            supports_output_schema=native,
-        )
+        model = answering([answer, fitting], native)
         agent = Plain(model=model, session_store=store)
         with pytest.raises(bug, match="lookup table") as caught:
             await agent.run("go", output_type=Checked, session_id="s")
