@@ -28,6 +28,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadFileScheduling
 
 from tests.ci import missing
+from tests.clocks import virtual
 
 if TYPE_CHECKING:
     from tests.sdk_bodies import SDKClients
@@ -114,9 +115,19 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return (cores or 1) + min(cores or 1, 8)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "virtual_clock: run the async test on a virtual clock (tests/clocks.py)"
+    )
+
+
 @pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Run each async test under asyncio and under trio."""
+def anyio_backend(request: pytest.FixtureRequest) -> str | tuple[str, dict[str, Any]]:
+    """Run each async test under asyncio and under trio; on a virtual clock of its own
+    (``tests/clocks.py``) if it is marked ``virtual_clock``: its times are exact, and
+    waiting for them takes no real time."""
+    if request.node.get_closest_marker("virtual_clock"):
+        return virtual(request.param)
     return str(request.param)
 
 

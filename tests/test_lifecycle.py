@@ -28,7 +28,6 @@ from littleghost.models import ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .clocks import virtual
 from .conversations import chat
 from .stores import SlowWrites, working_until
 from .timing import LATE
@@ -420,13 +419,8 @@ def test_run_sync_closes_its_model_within_the_runs_grace(
     assert time.monotonic() - began < 0.2 + Stalling.cleanup_grace + LATE
 
 
+@pytest.mark.virtual_clock  # the times below are exact, and take no real time
 class TestNoSecondGrace:
-    @pytest.fixture(params=["asyncio", "trio"])
-    def anyio_backend(self, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-        """Each backend on a virtual clock: the times below are exact, and take no real
-        time."""
-        return virtual(request.param)
-
     @pytest.mark.parametrize("how", ["timeout", "fail_after", "stream", "task group"])
     async def test_leaving_async_with_by_a_runs_stop_takes_no_second_grace(self, how: str) -> None:
         """The run's cleanup (a store write at the stop) takes the whole grace: closing

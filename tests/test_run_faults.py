@@ -45,7 +45,6 @@ from littleghost.models import ModelRequest, ModelResponse, StopReason, register
 from littleghost.sessions import InMemorySessionStore, SessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .clocks import virtual
 from .faults import stray_cancellation
 from .timing import LATE
 
@@ -191,25 +190,28 @@ class TestTheStoreFirst:
 
 
 class TestBoundedCleanup:
+    @pytest.mark.virtual_clock
     async def test_a_slow_store_keeps_the_deadline_plus_the_grace(self) -> None:
         store = SlowStore(30.0, fast=2)  # user message and the call land; the rest is slow
         agent = Waiter(model=waiting_model(), session_store=store)
-        began = time.monotonic()
+        began = anyio.current_time()
         with pytest.raises(DeadlineExceededError) as caught:
             await agent.run("Wait.", session_id="s", timeout=0.2)
-        assert time.monotonic() - began < 0.2 + GRACE + LATE
+        assert anyio.current_time() - began == pytest.approx(0.2 + GRACE)
         assert isinstance(caught.value.__cause__, TimeoutError)
         valid(await store.load("s"))
 
+    @pytest.mark.virtual_clock
     async def test_a_callers_cancel_scope_is_honoured_within_the_grace(self) -> None:
         store = SlowStore(30.0, fast=2)
         agent = Waiter(model=waiting_model(), session_store=store)
-        began = time.monotonic()
+        began = anyio.current_time()
         with anyio.move_on_after(0.2) as scope:
             await agent.run("Wait.", session_id="s")
         assert scope.cancelled_caught
-        assert time.monotonic() - began < 0.2 + GRACE + LATE
+        assert anyio.current_time() - began == pytest.approx(0.2 + GRACE)
 
+    @pytest.mark.virtual_clock
     async def test_a_cleanup_that_could_not_finish_is_logged_without_content(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
@@ -235,6 +237,7 @@ class TestBoundedCleanup:
         [result] = [r for message in stored for r in message.tool_results]
         assert result.is_error and "stopped" in result.content
 
+    @pytest.mark.virtual_clock
     @pytest.mark.parametrize("ids", [("a", "b"), ("x", "x")], ids=["distinct", "repeated"])
     async def test_finished_results_are_stored_when_the_run_stops_whatever_their_call_ids(
         self, ids: tuple[str, str]
@@ -322,6 +325,7 @@ class TestBoundedCleanup:
 
 
 class TestCancellationStaysCancellation:
+    @pytest.mark.virtual_clock
     async def test_a_failing_cleanup_never_replaces_the_cancellation(self) -> None:
         store = SlowStore(0.05, fast=2, fail=True)  # the stop's writes fail
         agent = Waiter(model=waiting_model(), session_store=store)
@@ -330,6 +334,7 @@ class TestCancellationStaysCancellation:
         assert scope.cancelled_caught
         valid(await store.load("s"))
 
+    @pytest.mark.virtual_clock
     async def test_a_write_in_flight_that_fails_after_the_cancel_keeps_the_cancellation(
         self,
     ) -> None:
@@ -503,6 +508,7 @@ class Outer(Agent):
 
 
 class TestWhoseDeadline:
+    @pytest.mark.virtual_clock
     async def test_a_nested_runs_deadline_is_the_tools_error(self) -> None:
         model = ScriptedModel(
             [tool_call_response("ask_the_expert", {"question": "?"}), text_response("ok")]
@@ -512,6 +518,7 @@ class TestWhoseDeadline:
         [answer] = [r for message in result.messages for r in message.tool_results]
         assert answer.is_error and "DeadlineExceededError" in answer.content
 
+    @pytest.mark.virtual_clock
     async def test_a_failure_in_a_tools_task_group_is_told_as_itself(self) -> None:
         """The model (and the span) learn what failed, not "unhandled errors in a
         TaskGroup"; a nested run's deadline there is still the tool's error."""
@@ -524,11 +531,12 @@ class TestWhoseDeadline:
         assert answer.is_error
         assert answer.content.startswith("Tool 'ask_two_experts' failed: DeadlineExceededError:")
 
+    @pytest.mark.virtual_clock
     async def test_a_tool_timeout_is_an_error_result_and_the_run_goes_on(self) -> None:
         model = ScriptedModel([tool_call_response("hang", {}), text_response("ok")])
-        began = time.monotonic()
+        began = anyio.current_time()
         result = await Outer(model=model).run("Go.")
-        assert time.monotonic() - began < 0.1 + LATE
+        assert anyio.current_time() - began == pytest.approx(0.1)
         [answer] = [r for message in result.messages for r in message.tool_results]
         assert answer.is_error and "did not finish within 0.1 s and was stopped" in answer.content
 
@@ -543,6 +551,7 @@ class TestWhoseDeadline:
             await anyio.sleep(0.8)  # the thread finishes meanwhile
         assert any("block" in record.getMessage() for record in caplog.records)
 
+    @pytest.mark.virtual_clock
     async def test_the_runs_own_deadline_ends_the_run(self) -> None:
         model = ScriptedModel([tool_call_response("hang", {})])
         with pytest.raises(DeadlineExceededError):
@@ -762,13 +771,8 @@ def delegating(helper: type[Agent], grace: float) -> type[Agent]:
     return Delegating
 
 
+@pytest.mark.virtual_clock  # the times below are exact, and take no real time
 class TestOneGraceForAll:
-    @pytest.fixture(params=["asyncio", "trio"])
-    def anyio_backend(self, request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-        """Each backend on a virtual clock: the times below are exact, and take no real
-        time."""
-        return virtual(request.param)
-
     @pytest.mark.parametrize("place", list(CONSULTING))
     async def test_nested_runs_from_hooks_instructions_and_models_share_the_outer_grace(
         self, place: str
@@ -886,24 +890,26 @@ class TestOneGraceForAll:
 
 
 class TestStoresThatHangOrRaise:
+    @pytest.mark.virtual_clock
     async def test_a_hanging_release_takes_at_most_the_grace_and_is_logged(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
         agent = Waiter(model=ScriptedModel([text_response("hi")]), session_store=HangingRelease())
-        began = time.monotonic()
+        began = anyio.current_time()
         with caplog.at_level(logging.WARNING, "littleghost.cleanup"):
             result = await agent.run("Hi.", session_id="s")
-        assert time.monotonic() - began < GRACE + LATE
+        assert anyio.current_time() - began == pytest.approx(GRACE)
         assert result.output == "hi"
         assert any("releasing the session" in r.getMessage() for r in caplog.records)
 
+    @pytest.mark.virtual_clock
     async def test_a_hanging_release_keeps_the_callers_cancel_scope(self) -> None:
         agent = Waiter(model=waiting_model(), session_store=HangingRelease())
-        began = time.monotonic()
+        began = anyio.current_time()
         with anyio.move_on_after(0.2) as scope:
             await agent.run("Wait.", session_id="s")
         assert scope.cancelled_caught
-        assert time.monotonic() - began < 0.2 + GRACE + LATE
+        assert anyio.current_time() - began == pytest.approx(0.2 + GRACE)
 
     @pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
     @pytest.mark.parametrize("fatal", [1, 2, 3], ids=["user", "call", "result"])
@@ -1040,6 +1046,7 @@ class RacingFirst(Agent):
 
 
 class TestNestedRunsStoppedInsideATool:
+    @pytest.mark.virtual_clock
     @pytest.mark.parametrize("where", ["tool", "hook"])
     async def test_a_cancel_inside_the_run_never_shortens_its_later_stop(self, where: str) -> None:
         """The outer run goes on after its own cancel() of an expert; cancelled from
@@ -1068,6 +1075,7 @@ class TestNestedRunsStoppedInsideATool:
         roles = [m.role for m in await store.load("s")]
         assert roles[:4] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
 
+    @pytest.mark.virtual_clock
     @pytest.mark.parametrize("name", ["timed", "moving_on", "racing"])
     async def test_the_outer_run_stores_every_later_message(self, name: str) -> None:
         store = SlowStore(0.001)  # every write is a checkpoint
@@ -1079,6 +1087,7 @@ class TestNestedRunsStoppedInsideATool:
 
 
 class TestAToolsOwnStop:
+    @pytest.mark.virtual_clock
     @pytest.mark.parametrize("name", ["timed_note", "moving_on_note"])
     async def test_a_write_a_tool_stops_finishes_and_the_run_goes_on(self, name: str) -> None:
         """A tool's timeout (or scope) passing while its ``append`` writes stops the
