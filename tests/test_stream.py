@@ -59,7 +59,6 @@ from littleghost.testing import (
 from .conftest import Spans
 from .conversations import PerMessage
 from .faults import stray_cancellation
-from .timing import LATE
 
 pytestmark = pytest.mark.anyio
 
@@ -561,6 +560,7 @@ class TestStopping:
                     pass
         assert model.requests == []
 
+    @pytest.mark.virtual_clock
     async def test_leaving_after_the_first_delta_cancels_the_model_call(self) -> None:
         """The rest of a slow stream is never produced."""
         model = ScriptedModel([streamed("first ", *["more "] * 20, delay=0.5)])
@@ -569,7 +569,7 @@ class TestStopping:
             async for event in events:
                 if isinstance(event, TextDelta):
                     break
-        assert anyio.current_time() - start < 0.5 + LATE  # the whole stream takes 10.5 s
+        assert anyio.current_time() - start == pytest.approx(0.5)  # the whole stream: 10.5 s
         assert [m.role.value for m in events.messages] == ["user"]
 
     @pytest.mark.parametrize(
@@ -638,6 +638,7 @@ class TestStopping:
                 async for _ in events:
                     pass
 
+    @pytest.mark.virtual_clock
     async def test_deadline_during_a_stream(self) -> None:
         """The run's deadline applies; DeadlineExceededError comes out of the loop."""
         model = ScriptedModel([streamed("a ", *["b "] * 20, delay=0.3)])  # 6.3 s
@@ -647,7 +648,7 @@ class TestStopping:
             async with Agent(model=model).stream("go", timeout=0.45) as events:
                 async for event in events:
                     received.append(event)
-        assert 0.45 <= anyio.current_time() - start < 0.45 + LATE
+        assert anyio.current_time() - start == pytest.approx(0.45)
         assert received == [TextDelta("a ")]
 
     async def test_an_exception_in_the_consumer_propagates_and_the_log_is_whole(self) -> None:
