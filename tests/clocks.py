@@ -5,7 +5,7 @@ threshold of 0, and an asyncio event loop doing the same).
 For tests whose claim is a time a run keeps (when its cleanup is cut, say): on such a
 clock the times are exact, however loaded the machine, and waiting for them takes no
 real time. Not for tests whose tasks wait for threads or processes: the clock jumps
-meanwhile.
+meanwhile. An async test marked ``virtual_clock`` runs on one (``tests/conftest.py``).
 """
 
 from __future__ import annotations
