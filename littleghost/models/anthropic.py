@@ -72,7 +72,7 @@ from littleghost.models.base import (
     ToolSpec,
     Usage,
 )
-from littleghost.models.call_ids import SentCallIds
+from littleghost.models.call_ids import with_unique_call_ids
 from littleghost.models.overflow import check_window_room, classify_error
 from littleghost.models.streaming import (
     ModelStreamEvent,
@@ -227,17 +227,6 @@ _NOT_IN_ID = re.compile(r"[^A-Za-z0-9_-]")
 """A character the API refuses in a ``tool_use`` id."""
 
 
-def _name_calls(blocks: list[dict[str, Any]], ids: SentCallIds) -> None:
-    """Give the ``tool_use`` and ``tool_result`` blocks of one message the ids they go
-    out under."""
-    calls = [block for block in blocks if block["type"] == "tool_use"]
-    for block, sent in zip(calls, ids.calls([block["id"] for block in calls]), strict=True):
-        block["id"] = sent
-    for block in blocks:
-        if block["type"] == "tool_result":
-            block["tool_use_id"] = ids.result(block["tool_use_id"])
-
-
 OPENING_TURN = "(The conversation continues.)"
 """The user turn sent before a conversation that starts with the assistant's."""
 
@@ -257,20 +246,17 @@ def convert_messages(
     thinking alone (cut at ``max_tokens``, or its text blank), as the API takes no
     assistant message that ends with thinking. Without ``tools`` (the
     request offers none), tool calls and results travel as text; with them, each call
-    under an id of its own, of the characters the API takes (``SentCallIds``).
+    under an id of its own, of the characters the API takes (``with_unique_call_ids``).
     """
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    ids = SentCallIds(_NOT_IN_ID)
-    for message in messages:
+    for message in with_unique_call_ids(messages, _NOT_IN_ID) if tools else messages:
         if message.role.is_trusted:
             if message.text:
                 system.append(message.text)
             continue
         role = "assistant" if message.role is Role.ASSISTANT else "user"
         blocks = [block for part in message.content if (block := _block(part, tools)) is not None]
-        if tools:
-            _name_calls(blocks, ids)
         if all(block["type"] in _THINKING for block in blocks):
             continue
         if turns and turns[-1]["role"] == role:

@@ -72,7 +72,7 @@ from littleghost.models.base import (
     ToolSpec,
     Usage,
 )
-from littleghost.models.call_ids import SentCallIds
+from littleghost.models.call_ids import with_unique_call_ids
 from littleghost.models.openai_count import count_request
 from littleghost.models.overflow import check_window_room, classify_error
 from littleghost.models.streaming import (
@@ -359,19 +359,6 @@ def _message(
     else:
         content = message.text
     yield {"role": name, "content": content}
-
-
-def _with_call_ids(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``entries``, each tool call under an id of its own and each result under its
-    call's (``SentCallIds``): the API refuses a request whose call ids repeat."""
-    ids = SentCallIds()
-    for entry in entries:
-        calls = entry.get("tool_calls") or ()
-        for call, sent in zip(calls, ids.calls([call["id"] for call in calls]), strict=True):
-            call["id"] = sent
-        if entry["role"] == "tool":
-            entry["tool_call_id"] = ids.result(entry["tool_call_id"])
-    return entries
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:
@@ -697,19 +684,17 @@ class OpenAIModel:
         )
         params: dict[str, Any] = {
             "model": self._name,
-            "messages": _with_call_ids(
-                [
-                    entry
-                    for position, message in enumerate(request.messages)
-                    for entry in _message(
-                        message,
-                        developer_role,
-                        self.provider if position > turn or message.tool_calls else None,
-                        reasoning_field=self._reasoning_field,
-                        signed=not self._official,
-                    )
-                ]
-            ),
+            "messages": [  # each call under an id of its own: the API refuses repeats
+                entry
+                for position, message in enumerate(with_unique_call_ids(request.messages))
+                for entry in _message(
+                    message,
+                    developer_role,
+                    self.provider if position > turn or message.tool_calls else None,
+                    reasoning_field=self._reasoning_field,
+                    signed=not self._official,
+                )
+            ],
         }
         if request.tools:
             params["tools"] = [_tool(spec) for spec in request.tools]
