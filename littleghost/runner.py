@@ -912,9 +912,7 @@ async def _execute(
         telemetry.mark_failed(span, "invalid_arguments")
         return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
     except Exception as error:  # a bug in a parameter's class: the tool's own failure
-        if context.capture_content:  # its message and traceback: content
-            span.record_exception(error)
-        return _failed(call, span, error, error_text(error))
+        return _raised(call, span, error, context)
     if definition.context_parameter is not None:
         kwargs[definition.context_parameter] = context
     limit = definition.timeout
@@ -942,13 +940,7 @@ async def _execute(
                 raise
             if deadline is not None:
                 raise deadline from deadline.__cause__  # out of the tool's own task group
-            if context.capture_content:  # its message and traceback: content
-                span.record_exception(error)
-            failures = leaves(error)
-            if len(failures) == 1:
-                return _failed(call, span, failures[0], error_text(failures[0]))
-            told = "; ".join(error_text(failure) for failure in failures)
-            return _failed(call, span, error, f"{error_text(error)}: {told}")
+            return _raised(call, span, error, context)
         late = anyio.current_time() - timer.deadline
         if limit is None or late <= 0:
             return ToolResult(call.id, text)
@@ -981,6 +973,18 @@ def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceede
         ):
             return failure
     return None
+
+
+def _raised(call: ToolCall, span: Any, error: BaseException, context: RunContext) -> ToolResult:
+    """The failure of a call whose tool (or a parameter's class) raised ``error``: what
+    it raised, each exception of a group."""
+    if context.capture_content:  # its message and traceback: content
+        span.record_exception(error)
+    failures = leaves(error)
+    if len(failures) == 1:
+        return _failed(call, span, failures[0], error_text(failures[0]))
+    told = "; ".join(error_text(failure) for failure in failures)
+    return _failed(call, span, error, f"{error_text(error)}: {told}")
 
 
 def _failed(call: ToolCall, span: Any, error: BaseException | str, what: str) -> ToolResult:
