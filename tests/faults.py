@@ -2076,13 +2076,18 @@ async def campaign(
     """
     report = Report()
     limiter = anyio.Semaphore(concurrency)
-    gc.collect()
-    gc.freeze()  # what earlier code left on the heap is not scanned: no long pauses
-    try:
-        await _runs(report, limiter, seed, runs, directory, store_kind, tolerance, postgres)
-    finally:
-        gc.unfreeze()
+    freeze_heap()
+    await _runs(report, limiter, seed, runs, directory, store_kind, tolerance, postgres)
     return report
+
+
+def freeze_heap() -> None:
+    """Leave what the heap holds now out of every later garbage collection (Python's
+    ``gc.freeze()``, after a collection): a full collection of a big heap (a test
+    process's, say) stops every thread for a good part of a second, a pause a campaign
+    would take for its runs'."""
+    gc.collect()
+    gc.freeze()
 
 
 async def _runs(
@@ -2198,6 +2203,7 @@ async def threaded_campaign(seed: int, runs: int, *, concurrency: int = 4) -> Re
             outcome, chaos = await one_threaded_run(rng, f"thread-{index}")
             report.add(outcome, chaos)
 
+    freeze_heap()
     async with anyio.create_task_group() as group:
         for index in range(runs):
             group.start_soon(one, index)
