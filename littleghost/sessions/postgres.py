@@ -1059,17 +1059,32 @@ class PostgresSessionStore:
         with self._transaction(connection, operation):
             self._check_tables(connection)
             found = connection.execute(
-                "SELECT n.nspname, current_database(), pg_postmaster_start_time()::text"
+                "SELECT n.nspname, current_database()"
                 " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
                 " WHERE c.oid = to_regclass(%s)",
                 ("littleghost_sessions",),
             ).fetchone()
             assert found is not None
-            self._schema, database, started = found
+            self._schema, database = found
             self._where = (
                 f"PostgreSQL session store (database {database!r}, schema {self._schema!r})"
             )
-            self._locks = shared_locks(("postgres", started, database, self._schema))
+            server = self._server_identity(connection)
+            self._locks = shared_locks(("postgres", server, database, self._schema))
+
+    def _server_identity(self, connection: psycopg.Connection[Any]) -> str:
+        """What tells the server apart from others, the same after a restart: its
+        cluster's ``system_identifier``, or its start time where the role may not read
+        that (a store object made after a restart then keeps a lock table of its own)."""
+        try:
+            with connection.transaction():  # a savepoint: a refusal leaves the rest
+                row = connection.execute(
+                    "SELECT system_identifier::text FROM pg_catalog.pg_control_system()"
+                ).fetchone()
+        except (self._psycopg.ProgrammingError, self._psycopg.NotSupportedError):
+            row = connection.execute("SELECT pg_postmaster_start_time()::text").fetchone()
+        assert row is not None
+        return str(row[0])
 
     def _check_tables(self, connection: psycopg.Connection[Any]) -> None:
         """Check the tables are a littleghost store of a known schema; make them if absent
