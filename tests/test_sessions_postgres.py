@@ -1685,6 +1685,29 @@ class TestStalePool:
             assert [m.text for m in await store.load(f"s{n}")] == ["before", "after"]
         await store.aclose()
 
+    async def test_tables_dropped_while_open_are_made_anew_at_the_next_call(
+        self, conninfo: str
+    ) -> None:
+        """The store's tables are dropped under it (a schema reset, a database restored
+        empty): the call that meets their absence fails, saying so, and the next makes
+        them anew, as a new worker process would (every later call failed for good); a
+        run holding a session meanwhile writes nothing more."""
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        async with store.lock("s"):
+            await store.load("s")
+            await sql(
+                conninfo, "DROP TABLE littleghost_messages, littleghost_sessions, littleghost_meta"
+            )
+            with pytest.raises(SessionStoreError, match="littleghost_sessions"):
+                await store.append("s", [Message.user("lost")])
+            with pytest.raises(SessionStoreError, match="changed under the run"):
+                await store.append("s", [Message.user("lost")])
+        assert await store.load("s") == ()
+        await store.append("s", [Message.user("after")])
+        assert await texts(store) == ["after"]
+        await store.aclose()
+
 
 class TestUnclosed:
     async def test_a_store_collected_unclosed_closes_its_connections(self, conninfo: str) -> None:

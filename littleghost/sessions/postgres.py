@@ -538,7 +538,9 @@ class PostgresSessionStore:
 
     A kept connection the server ended while idle (a restart, failover or idle timeout)
     is replaced when next taken; one that fails on first use is replaced and the call
-    tried once more, unless a commit had been sent (a write is never made twice).
+    tried once more, unless a commit had been sent (a write is never made twice). Tables
+    dropped while the store is open are made anew by the call after the one that found
+    them gone, as a new process would.
 
     No call waits past the caller's deadline (``anyio.current_effective_deadline()``):
     a write still waiting on the server then is rolled back, and a caller cancelled
@@ -1045,6 +1047,9 @@ class PostgresSessionStore:
                         self._ready = True
                     operation.committing, working = False, True
                     return work(connection, operation)
+                except self._psycopg.errors.UndefinedTable:
+                    self._ready = False  # dropped: the next call makes them, as a new process
+                    raise
                 except self._psycopg.OperationalError as error:
                     if working and operation.committing and connection.broken:
                         raise _in_doubt(self._where, error) from error
