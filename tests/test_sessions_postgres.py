@@ -992,7 +992,8 @@ extended-protocol ``Parse`` (psycopg 3.1)."""
 
 class Proxy:
     """TCP on 127.0.0.1 to a real server; while ``frozen`` it forwards nothing either
-    way, so the server seems to hang; while ``cutting_commits`` it ends a connection
+    way, so the server seems to hang (``freeze_open`` does so for the connections open
+    now only, as a failover leaves them); while ``cutting_commits`` it ends a connection
     once it forwarded a COMMIT (which lands; its answer is lost). It notes which
     connections the client closed."""
 
@@ -1017,7 +1018,13 @@ class Proxy:
         self.closed = 0
         self._guard = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self._frozen_sockets: set[socket.socket] = set()
         threading.Thread(target=self._serve, daemon=True).start()
+
+    def freeze_open(self) -> None:
+        """Forward nothing more on the connections open now; new ones work."""
+        with self._guard:
+            self._frozen_sockets.update(self._sockets)
 
     def _serve(self) -> None:
         while True:
@@ -1045,7 +1052,7 @@ class Proxy:
             cut = from_client and self.cutting_commits.is_set() and COMMIT in data
             if cut:
                 source.shutdown(socket.SHUT_RDWR)  # the client never hears back
-            if not self.frozen.is_set():
+            if not (self.frozen.is_set() or source in self._frozen_sockets):
                 try:
                     target.sendall(data)
                 except OSError:
@@ -1222,6 +1229,25 @@ class TestDeadlines:
         assert await eventually(lambda: proxy.closed == proxy.accepted, within=0.5)
         proxy.frozen.clear()
         assert await texts(store) == ["before"]
+        await store.aclose()
+
+    async def test_a_server_found_silent_leaves_no_kept_connection_to_it(
+        self, proxy: Proxy
+    ) -> None:
+        """The kept connections go silent together (a failover whose old server vanished
+        without a word, a network path dropping packets), and new ones reach a server:
+        the call given up on one of them drops the others, so the next call works (each
+        kept one cost a call its patience in turn)."""
+        store = PostgresSessionStore(proxy.conninfo, connect_timeout=0.5, statement_timeout=0.5)
+        async with anyio.create_task_group() as group:  # several kept connections
+            for n in range(3):
+                group.start_soon(store.append, f"s{n}", [Message.user("before")])
+        assert proxy.accepted == 3
+        proxy.freeze_open()
+        with anyio.fail_after(10), pytest.raises(SessionStoreError, match="did not answer"):
+            await store.load("s0")
+        with anyio.fail_after(1.5):
+            assert [m.text for m in await store.load("s1")] == ["before"]
         await store.aclose()
 
     async def test_a_call_waiting_for_a_thread_is_not_given_up_as_unanswered(

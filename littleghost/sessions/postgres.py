@@ -974,7 +974,8 @@ class PostgresSessionStore:
         """``work`` on a pooled connection, given up as at a deadline once the
         ``_patience()`` of a server that answers passed since the call got its thread (a
         wait behind the store's busy threads is no silence of the server's), timed in the
-        thread, on the real clock (a test's virtual clock jumps over a thread's work)."""
+        thread, on the real clock (a test's virtual clock jumps over a thread's work); the
+        pool's kept connections are closed then too."""
         patience = self._patience()
         silent = threading.Event()
 
@@ -988,6 +989,8 @@ class PostgresSessionStore:
                 return self._run(operation, work)
             finally:
                 cancel()
+                if silent.is_set():  # those kept with it may be silent too (a failover)
+                    self._pool.close()
 
         try:
             return await self._dispatch(job, limiter=self._threads())
