@@ -1089,7 +1089,7 @@ class PostgresSessionStore:
                 row = connection.execute(
                     "SELECT system_identifier::text FROM pg_catalog.pg_control_system()"
                 ).fetchone()
-        except (self._psycopg.ProgrammingError, self._psycopg.NotSupportedError):
+        except self._psycopg.Error:  # refused, or missing; a lost connection fails again
             row = connection.execute("SELECT pg_postmaster_start_time()::text").fetchone()
         assert row is not None
         return str(row[0])
