@@ -759,6 +759,68 @@ class TestVanishedWorker:
         assert result.output == "freed"
 
 
+KEEPER = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    import anyio
+
+    from littleghost import Message
+    from littleghost.sessions import PostgresSessionStore
+
+
+    async def main() -> None:
+        store = PostgresSessionStore(sys.argv[1], connect_timeout=2, statement_timeout=30)
+        async with store:
+            await store.append("s", [Message.user("hi")])
+            print("kept", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            started = time.monotonic()
+            try:
+                await store.load("s")
+            except Exception as error:
+                print(type(error).__name__, time.monotonic() - started, flush=True)
+
+
+    anyio.run(main)
+    """
+)
+
+
+class TestVanishedServer:
+    @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the client's TCP, not the loop
+    async def test_a_kept_connection_to_a_server_gone_without_a_word_is_not_used(
+        self, tmp_path: Path
+    ) -> None:
+        """The server's machine goes without a word (a failover's old primary, cut off)
+        while the store keeps an idle connection to it: nothing comes on its socket, so it
+        looked sound, and the next call waited on it for its whole patience (64 s here).
+        The store's connections ask for keepalives after 10 s of silence and give up after
+        30 s without an answer, so the kept one is found gone and the call opens a new one
+        (which fails at once here: the server is unreachable)."""
+        script = tmp_path / "keeper.py"
+        script.write_text(KEEPER)
+        with (
+            network_namespace() as (namespace, address, cut),
+            tcp_server(address) as (conninfo, _),
+        ):
+            command = ["ip", "netns", "exec", namespace, sys.executable, str(script), conninfo]
+            async with await anyio.open_process(command) as child:
+                assert child.stdout is not None and child.stdin is not None
+                with anyio.fail_after(30):
+                    assert (await child.stdout.receive()).startswith(b"kept")
+                await anyio.sleep(1)  # the server's last answer acknowledged: idle
+                cut()
+                await anyio.sleep(36)  # the keepalives' 30 s, and some
+                await child.stdin.send(b"go\n")
+                with anyio.fail_after(90):
+                    kind, seconds = (await child.stdout.receive()).decode().split()
+                await child.wait()
+        assert kind == "SessionStoreError"
+        assert float(seconds) < 5
+
+
 FORKING_HOLDER = textwrap.dedent(
     """
     import multiprocessing

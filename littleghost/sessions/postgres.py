@@ -265,6 +265,17 @@ sessions, about 30 s after its last packet (Linux ends a connection whose probes
 unanswered at its ``tcp_user_timeout``, whatever the count), not Linux's 2 h 11 min for
 an idle connection (15 min for one whose last answer was never acknowledged). A Unix
 socket's peer cannot vanish so: there they do nothing."""
+_CLIENT_TCP = (
+    ("keepalives", "1", 0),
+    ("keepalives_idle", "10", 0),
+    ("keepalives_interval", "5", 0),
+    ("keepalives_count", "3", 0),
+    ("tcp_user_timeout", "30000", 120_000),
+)
+"""The same for this end of a connection (libpq's parameters, each unless the conninfo
+sets it; the last needs libpq 12): a kept connection to a server gone without a word (a
+failover's old primary, cut off) is found gone about 30 s after its last answer, and
+never used (it waited for a call's whole patience), and a call on it fails by then."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -534,7 +545,8 @@ class PostgresSessionStore:
 
     The server frees the sessions of a worker whose machine went without a word (power
     lost, cut off the network) within about 30 s: the store's connections set TCP
-    keepalives and ``tcp_user_timeout`` where nothing else set them.
+    keepalives and ``tcp_user_timeout`` where nothing else set them, on both ends (a kept
+    connection to a server gone so is found gone, and not used).
 
     A kept connection the server ended while idle (a restart, failover or idle timeout)
     is replaced when next taken; one that fails on first use is replaced and the call
@@ -895,7 +907,7 @@ class PostgresSessionStore:
         seconds = operation.time_left.cap(self._connect_timeout)
         try:
             connection = self._psycopg.connect(
-                self._conninfo,
+                self._with_client_tcp(),
                 autocommit=True,
                 connect_timeout=max(_SHORTEST_CONNECT_TIMEOUT, math.ceil(seconds)),
                 client_encoding="utf8",  # text as str whatever the database's encoding
@@ -936,6 +948,20 @@ class PostgresSessionStore:
             connection.close()
             raise
         return connection
+
+    def _with_client_tcp(self) -> str:
+        """The conninfo with the ``_CLIENT_TCP`` settings it does not set (and libpq has).
+
+        Raises:
+            psycopg.ProgrammingError: libpq cannot parse the conninfo.
+        """
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        given, libpq = conninfo_to_dict(self._conninfo), self._psycopg.pq.version()
+        added = {name: value for name, value, since in _CLIENT_TCP if libpq >= since}
+        return make_conninfo(
+            self._conninfo, **{name: value for name, value in added.items() if name not in given}
+        )
 
     @contextmanager
     def _transaction(
