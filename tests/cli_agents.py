@@ -96,6 +96,14 @@ class Staffed(Support):
     model = scripted()
 
 
+class Remote(Support):
+    """``Support`` with a provider's model, made as it is needed (``OPENAI_BASE_URL``), and
+    no retries."""
+
+    model = "openai:gpt-4o-mini"
+    max_retries = 0
+
+
 class BoundedStaffed(Bounded):
     """``Bounded`` with a model of its own: ``sessions compact`` must not call it."""
 

@@ -14,6 +14,7 @@ import pty
 import re
 import resource
 import select
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -56,6 +57,7 @@ from . import cli_agents
 from .ci import missing
 from .cli_agents import Bounded, Staffed, Support, TypedTool, store_conversation
 from .conftest import Spans
+from .raw_http import Connection, RawServer
 from .stores import postgres_schema_sync
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1260,6 +1262,40 @@ class TestErrors:
         more = {"compact": ["--agent", "tests.cli_agents:Staffed"], "delete": ["--yes"]}
         line = fails(1, "sessions", command, "nope", "--store", store_url, *more.get(command, []))
         assert line.startswith("Error: no session 'nope' in ")
+
+    def test_text_an_error_quotes_cannot_act_on_a_terminal(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An error line quotes text littleghost does not write (a provider's message, from
+        its server; a store's path): what a terminal would act on in it is an escape, as
+        in tables (a provider's message retitled the terminal, and on a terminal cleared
+        it)."""
+        hostile = "\x1b]0;owned\x07\x1b[2Jgone\u202e"
+        escaped = "\\x1b]0;owned\\x07\\x1b[2Jgone\\u202e"
+
+        def rejects(connection: Connection) -> None:
+            connection.answer(400, {"error": {"message": hostile, "type": "invalid_request"}})
+
+        server = RawServer(rejects)
+        try:
+            monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
+            monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+            url = f"sqlite:///{tmp_path / 's.db'}"
+            fill(url)
+            failed = python_m(
+                "sessions", "compact", "customer-42", "--store", url,
+                "--agent", "tests.cli_agents:Remote", "--window", "2000",
+            )  # fmt: skip
+        finally:
+            server.close()
+        assert failed.returncode == 1, failed.stderr
+        assert failed.stderr.endswith(f"(HTTP 400): {escaped}\n"), failed.stderr
+        folder = tmp_path / hostile
+        folder.mkdir()
+        shutil.copy(tmp_path / "s.db", folder / "s.db")
+        failed = python_m("sessions", "show", "nope", "--store", f"sqlite:///{folder}/s.db")
+        assert failed.returncode == 1, failed.stderr
+        assert failed.stderr == f"Error: no session 'nope' in {tmp_path}/{escaped}/s.db\n"
 
     def test_an_unreachable_database(self) -> None:
         url = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"

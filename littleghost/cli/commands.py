@@ -24,7 +24,7 @@ from littleghost.cli.delete import confirm, delete_document, described, print_de
 from littleghost.cli.export import export_log
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, escape_unwritable, one_line
+from littleghost.cli.output import Output, escape_unwritable, one_line, shown
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -123,15 +123,37 @@ def _taking(group: click.Group, option: str, path: tuple[str, ...]) -> tuple[str
     return None
 
 
+@contextmanager
+def _escaped_errors() -> Iterator[None]:
+    """An error's message with what a terminal would act on as escapes (``shown``): it
+    quotes text littleghost does not write (a provider's message, from its server; a
+    store's path; the agent's own code's exception; an argument click repeats)."""
+    try:
+        yield
+    except click.ClickException as error:
+        error.message = shown(error.message)  # type: ignore[misc]  # Final: set only as made
+        raise
+
+
 class _Commands(_Group):
     """The command group: a command stopped with Ctrl-C, working or writing, exits 130
     (stopped by a ``STOPPING`` signal, 128 + its number); one whose output cannot be
     written (a full disk) fails in one line, and one whose reader is gone (``| head``)
-    exits quietly with ``READER_GONE``."""
+    exits quietly with ``READER_GONE``. No error's message can act on a terminal."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _escaped_errors():
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
         escape_unwritable(sys.stdout)
-        with _stopped_as_interrupted() as stopped_by:
+        with _escaped_errors(), _stopped_as_interrupted() as stopped_by:
             try:
                 done = super().invoke(ctx)
                 if sys.stdout is not None:  # closed (>&-): delete or compact does its work
