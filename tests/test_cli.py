@@ -1398,6 +1398,20 @@ class TestErrors:
         line = fails(2, "sessions", "show", "x" * 300, "--store", url)
         assert "Invalid value for 'ID': session_id is 300 characters long" in line
 
+    def test_a_window_past_any_model_s_is_a_wrong_option(self, tmp_path: Path) -> None:
+        """``--window`` of more tokens than a float holds was a traceback
+        (``OverflowError``) from ``view`` and ``compact``: a wrong option, naming the
+        largest window it takes, which works."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        huge, largest = "1" + "0" * 400, str(10**12)
+        for command in (["view"], ["compact", "--agent", "tests.cli_agents:Support", "--dry-run"]):
+            line = fails(2, "sessions", command[0], "customer-42", "--store", url,
+                         "--window", huge, *command[1:])  # fmt: skip
+            assert "Invalid value for '--window'" in line and "1<=x<=1000000000000" in line
+            ok("sessions", command[0], "customer-42", "--store", url,
+               "--window", largest, *command[1:])  # fmt: skip
+
     def test_an_agent_class_that_fails_is_named_in_one_line(self, store_url: str) -> None:
         """The user's own code failing, as the class is imported or made: one line,
         naming the exception's type (``'SUPPORT_DB_URL'`` alone said little)."""

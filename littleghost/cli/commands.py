@@ -252,12 +252,17 @@ def _session_id(context: click.Context, parameter: click.Parameter, value: str) 
 
 session_argument = click.argument("session_id", metavar="ID", callback=_session_id)
 json_option = click.option("--json", "as_json", is_flag=True, help="Write JSON, for scripts.")
+LARGEST_WINDOW = 10**12
+"""The largest ``--window``, far past any model's: the estimates reckon with fractions
+of the window, which a float cannot hold past about 10**308."""
+
 window_option = click.option(
     "--window",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=LARGEST_WINDOW),
     metavar="N",
     help=(
-        "The context window in tokens [default: the class's context_window_override, else "
+        "The context window in tokens, at most 10**12 "
+        "[default: the class's context_window_override, else "
         "the window its model is known to have without starting it, else "
         "context_window_tokens; compact without --dry-run starts the model and takes the "
         "window it reports]."
