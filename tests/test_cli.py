@@ -1350,6 +1350,25 @@ class TestErrors:
             assert error in fails(1, "sessions", "list", "--store", f"sqlite:///{tmp_path / name}")
         assert {p.name: p.is_dir() or p.read_bytes() for p in tmp_path.iterdir()} == before
 
+    def test_a_named_pipe_or_a_device_is_not_a_store(self, tmp_path: Path) -> None:
+        """A named pipe (FIFO) given for the file held the command forever, Ctrl-C and
+        SIGTERM (``timeout``) too: SQLite's open waited for a writer, and closing the
+        store waited for the open. It fails at once, as a device does (``/dev/null`` was
+        "an empty database"), read-only or not, and nothing is made beside it."""
+        pipe = tmp_path / "sessions.db"
+        os.mkfifo(pipe)
+        for args, path, kind in [
+            (["list"], pipe, "a named pipe (FIFO)"),
+            (["delete", "s", "--yes"], pipe, "a named pipe (FIFO)"),
+            (["list"], Path(os.devnull), "a character device"),
+        ]:
+            failed = python_m("sessions", *args, "--store", f"sqlite:///{path}", timeout=30)
+            assert failed.returncode == 1, failed.stderr
+            assert failed.stderr == (
+                f"Error: {str(path)!r} is {kind}, not an SQLite session store: name a file\n"
+            )
+        assert [p.name for p in tmp_path.iterdir()] == ["sessions.db"]
+
     def test_a_postgresql_database_without_a_store(self, postgres_dsn: str) -> None:
         with postgres_schema_sync(postgres_dsn) as conninfo:
             line = fails(1, "sessions", "list", "--store", conninfo)
@@ -1490,7 +1509,7 @@ def python_m(
         stdout=options.pop("stdout", subprocess.PIPE),
         stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
+        timeout=options.pop("timeout", 120),
         **options,
     )
 

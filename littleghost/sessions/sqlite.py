@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -202,6 +203,25 @@ def _on_read_only_file_system(file: str) -> bool:
     except OSError:
         return False
     return bool(flags & os.ST_RDONLY)
+
+
+_NOT_FILES = (
+    (stat.S_ISDIR, "a directory"),  # SQLite says "disk I/O error", or "unable to open"
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),  # SQLite's open waits for a writer, for ever
+    (stat.S_ISCHR, "a character device"),  # /dev/null reads as an empty database
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(path: str) -> str | None:
+    """What ``path`` is when it is there and not a regular file (a directory, a named
+    pipe, a device), else ``None``."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # not there (SQLite says why it cannot open it)
+        return None
+    return next((kind for test, kind in _NOT_FILES if test(mode)), None)
 
 
 def _can_write(path: str) -> bool:
@@ -811,9 +831,10 @@ class SQLiteSessionStore:
 
     def _open(self) -> sqlite3.Connection:
         target, uri = self._file, False
-        if os.path.isdir(self._file):  # SQLite says "disk I/O error", or "unable to open"
+        kind = _not_a_file(self._file)
+        if kind is not None:
             raise SessionStoreError(
-                f"{self._path!r} is a directory, not an SQLite session store: name a file"
+                f"{self._path!r} is {kind}, not an SQLite session store: name a file"
             )
         if self._read_only:
             if not os.path.exists(self._file):
