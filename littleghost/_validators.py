@@ -18,7 +18,9 @@ from littleghost.errors import ConfigurationError
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_TOKEN_COUNT",
     "TOKENIZER",
+    "TOKEN_COUNT",
     "Validator",
     "check",
     "count",
@@ -31,6 +33,7 @@ __all__ = [
     "is_callable",
     "is_int",
     "is_number",
+    "is_token_count",
     "nests_deeper",
     "optional",
     "safe_repr",
@@ -134,6 +137,19 @@ def int_at_least(minimum: int) -> Callable[[object], bool]:
         return is_int(value) and value >= minimum
 
     return ok
+
+
+MAX_TOKEN_COUNT = 2**63 - 1
+"""The most tokens littleghost takes for a count (a context window, a prompt's size): what
+64 bits hold and OpenTelemetry exports, far past any model's window; a provider's larger
+figure is none, and a window or a count declared larger is refused (the estimates'
+floating-point arithmetic overflowed on 10**400)."""
+TOKEN_COUNT = "an int from 1 to 2**63-1"
+
+
+def is_token_count(value: object) -> TypeGuard[int]:
+    """True for a count of tokens littleghost takes: an int from 1 to ``MAX_TOKEN_COUNT``."""
+    return is_int(value) and 0 < value <= MAX_TOKEN_COUNT
 
 
 def has_method(name: str) -> Callable[[object], bool]:

@@ -142,6 +142,9 @@ class ContextWindowOverflowError(ProviderError):
     Args:
         prompt_tokens: The prompt size the provider reported, when it did.
         context_window: The window the provider reported, when it did.
+
+    Raises:
+        TypeError: A figure is not an int from 0 to 2**63-1 or None (0 is none reported).
     """
 
     def __init__(
@@ -166,8 +169,26 @@ class ContextWindowOverflowError(ProviderError):
             usage=usage,
             should_retry=should_retry,
         )
-        self.prompt_tokens = prompt_tokens
-        self.context_window = context_window
+        self.prompt_tokens = _figure("prompt_tokens", prompt_tokens)
+        self.context_window = _figure("context_window", context_window)
+
+
+def _figure(name: str, value: int | None) -> int | None:
+    """A ``ContextWindowOverflowError``'s figure as given (``None`` for 0, none reported).
+
+    Raises:
+        TypeError: It is not ``None`` or an int from 0 to 2**63-1.
+    """
+    from littleghost._validators import TOKEN_COUNT, is_int, is_token_count, safe_repr
+
+    if value is None or (is_int(value) and value == 0):
+        return None
+    if not is_token_count(value):
+        raise TypeError(
+            f"ContextWindowOverflowError: {name} must be {TOKEN_COUNT}, 0 or None, "
+            f"not {safe_repr(value)}"
+        )
+    return value
 
 
 class InvalidRequestError(ProviderError):

@@ -15,7 +15,7 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import logs, telemetry
-from littleghost._validators import is_int
+from littleghost._validators import TOKEN_COUNT, is_token_count
 from littleghost.chat_span import traced_call
 from littleghost.cleanup import Grace, cancelled_here, close_leaving
 from littleghost.context.groups import Layout
@@ -414,8 +414,8 @@ class RunContext:
         model's provider, name and server, and the figure as
         ``littleghost.counted_prompt_tokens``; never content), cut off by the run's
         deadline as a model call is, and after ``COUNT_TIMEOUT`` seconds (a
-        ``TimeoutError``). A count that raises, or answers anything but an int > 0 or
-        ``None``, makes an ERROR span with ``error.type``, is logged (its error
+        ``TimeoutError``). A count that raises, or answers anything but an int from 1 to
+        2**63-1 or ``None``, makes an ERROR span with ``error.type``, is logged (its error
         type only) on the ``littleghost.models`` logger and gives ``None``; the run's
         cancellation, and a ``DeadlineExceededError``, ``CleanupError`` or
         ``SessionStoreError`` the count raised, propagate.
@@ -440,15 +440,16 @@ class RunContext:
             ) as span:
                 with anyio.fail_after(COUNT_TIMEOUT), self.grace.hosting():
                     counted = await count(request)  # a run a custom model starts shares the grace
-                if counted is None or (is_int(counted) and counted > 0):
+                if counted is None or is_token_count(counted):
                     if counted is not None:
                         span.set_attribute(telemetry.COUNTED_PROMPT_TOKENS, counted)
                     return counted
                 telemetry.mark_failed(span, ProtocolError.__name__)
                 logger.warning(
-                    "count_prompt_tokens of model %r returned a value of type %s, not an int > 0",
+                    "count_prompt_tokens of model %r returned a value of type %s, not %s",
                     model.name,
                     type(counted).__name__,
+                    TOKEN_COUNT,
                 )
                 return None
         except UNSWALLOWED:

@@ -182,7 +182,7 @@ class TestDeclaration:
     @pytest.mark.parametrize(
         ("keyword", "value", "words"),
         [
-            ("context_window_tokens", 0, "> 0"),
+            ("context_window_tokens", 0, "from 1 to 2**63-1"),
             ("context_window_tokens", 1.5, "int"),
             ("compression_threshold", 0, "(0, 1]"),
             ("compression_threshold", 1.01, "(0, 1]"),
@@ -306,14 +306,15 @@ class TestDeclaration:
         assert seen[1][0] == "own" and seen[1][1] < 61
         assert seen[1][1] == len(model.requests[1].messages)
 
-    @pytest.mark.parametrize("window", ["big", -5, 1.5, True])
+    @pytest.mark.parametrize("window", ["big", -5, 1.5, True, 2**63, 10**400])
     async def test_a_models_window_that_is_no_count_of_tokens_is_named(
         self, window: object
     ) -> None:
         """A model of your own advertising a ``context_window`` that is no count of
         tokens (0 is taken for unknown, as ``None``) fails the first call, naming the
         model and the value, before the model is asked: it was taken for no window at
-        all, with a warning that said only that it advertised none."""
+        all, with a warning that said only that it advertised none; one past 2**63-1
+        failed in the estimates' arithmetic (``OverflowError``)."""
 
         class Odd(ScriptedModel):
             @property
@@ -325,7 +326,7 @@ class TestDeclaration:
             await Small(model=model).run("go")
         assert str(caught.value) == (
             f"manage_context: model 'odd' advertises a context_window of {window!r}: it must "
-            "be an int >= 1 (tokens), or None (or 0) when unknown"
+            "be an int from 1 to 2**63-1 (tokens), or None (or 0) when unknown"
         )
         assert model.requests == []
 
@@ -1874,13 +1875,13 @@ class TestOverflow:
         assert all("ProviderUnavailableError" in r.getMessage() for r in warned)
         assert not any("no count endpoint" in r.getMessage() for r in caplog.records)
 
-    @pytest.mark.parametrize("figure", ["12", 0, True])
+    @pytest.mark.parametrize("figure", ["12", 0, True, 2**63, 10**400])
     async def test_a_count_that_is_no_figure_is_an_error_span(
         self, caplog: pytest.LogCaptureFixture, spans: Spans, figure: object
     ) -> None:
-        """A count that answers anything but an int > 0 or None is logged, an ERROR
-        count span (a ProtocolError) and taken as no count: recovery goes on by the
-        estimate."""
+        """A count that answers anything but an int from 1 to 2**63-1 or None is logged,
+        an ERROR count span (a ProtocolError) and taken as no count: recovery goes on by
+        the estimate (a count past 2**63-1 failed it with an ``OverflowError``)."""
 
         counting = Densities()
         model = ScriptedModel([counting] * 6, count_prompt_tokens=lambda request: figure)
@@ -1896,7 +1897,7 @@ class TestOverflow:
         warned = [r.getMessage() for r in caplog.records if "count_prompt_tokens" in r.getMessage()]
         assert warned == [
             f"count_prompt_tokens of model 'scripted' returned a value of type {type(figure).__name__}, "
-            "not an int > 0"
+            "not an int from 1 to 2**63-1"
         ] * len(counts)
 
     async def test_a_request_the_model_counts_over_the_window_is_never_retried(

@@ -235,7 +235,7 @@ def test_wrong_value_messages_name_the_field_but_not_the_content() -> None:
     assert str(wrong_text.value) == "TextPart.text must be a str, not bytes"
     with pytest.raises(TypeError) as wrong_count:
         Usage(-1, 0)
-    assert str(wrong_count.value) == "Usage.input_tokens must be an int >= 0, not -1"
+    assert str(wrong_count.value) == "Usage.input_tokens must be an int from 0 to 2**63-1, not -1"
 
 
 @pytest.mark.parametrize("text", [None, 0, False, b"", []])

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from littleghost._validators import MAX_TOKEN_COUNT
 from littleghost._version import __version__
 from littleghost.agent import Agent
 from littleghost.blocking import run_blocking
@@ -252,16 +253,12 @@ def _session_id(context: click.Context, parameter: click.Parameter, value: str) 
 
 session_argument = click.argument("session_id", metavar="ID", callback=_session_id)
 json_option = click.option("--json", "as_json", is_flag=True, help="Write JSON, for scripts.")
-LARGEST_WINDOW = 10**12
-"""The largest ``--window``, far past any model's: the estimates reckon with fractions
-of the window, which a float cannot hold past about 10**308."""
-
 window_option = click.option(
     "--window",
-    type=click.IntRange(min=1, max=LARGEST_WINDOW),
+    type=click.IntRange(min=1, max=MAX_TOKEN_COUNT),
     metavar="N",
     help=(
-        "The context window in tokens, at most 10**12 "
+        "The context window in tokens, at most 2**63-1 "
         "[default: the class's context_window_override, else "
         "the window its model is known to have without starting it, else "
         "context_window_tokens; compact without --dry-run starts the model and takes the "

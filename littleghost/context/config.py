@@ -13,6 +13,7 @@ from attrs import field, fields_dict, frozen
 
 from littleghost import logs
 from littleghost._validators import (
+    TOKEN_COUNT,
     TOKENIZER,
     Validator,
     check,
@@ -20,6 +21,7 @@ from littleghost._validators import (
     int_at_least,
     is_int,
     is_number,
+    is_token_count,
     optional,
     safe_repr,
     wrong_value,
@@ -63,7 +65,7 @@ def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
 
 
 _SWITCH = _check(lambda v: isinstance(v, bool), "True or False")
-_OPTIONAL_COUNT = optional(_check(int_at_least(1), "an int > 0 or None"))
+_WINDOW = _check(is_token_count, TOKEN_COUNT)
 _OPTIONAL_CAP = optional(_check(is_output_cap, f"{OUTPUT_CAP} or None"))
 
 
@@ -93,9 +95,9 @@ class ContextManagement:
 
     context_window_tokens: int = field(
         factory=lambda: env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000),
-        validator=_check(int_at_least(1), "an int > 0"),
+        validator=_WINDOW,
     )
-    context_window_override: int | None = field(default=None, validator=_OPTIONAL_COUNT)
+    context_window_override: int | None = field(default=None, validator=optional(_WINDOW))
     compression_threshold: float = field(
         default=0.85, validator=_check(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]")
     )
@@ -233,13 +235,13 @@ def context_window(model: Model, config: ContextManagement) -> int:
     if config.context_window_override is not None:
         return config.context_window_override
     advertised = getattr(model, "context_window", None)
-    if is_int(advertised) and advertised > 0:
+    if is_token_count(advertised):
         return advertised
     if advertised is not None and not (is_int(advertised) and advertised == 0):
         raise ConfigurationError(
             f"manage_context: model {getattr(model, 'name', '')!r} advertises a "
-            f"context_window of {safe_repr(advertised)}: it must be an int >= 1 (tokens), or "
-            "None (or 0) when unknown"
+            f"context_window of {safe_repr(advertised)}: it must be {TOKEN_COUNT} (tokens), "
+            "or None (or 0) when unknown"
         )
     assuming = config.context_window_tokens
     _warn_once(

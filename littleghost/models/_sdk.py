@@ -18,7 +18,14 @@ from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from littleghost import logs
-from littleghost._validators import digits_limit, is_int, is_number, safe_repr
+from littleghost._validators import (
+    TOKEN_COUNT,
+    digits_limit,
+    is_int,
+    is_number,
+    is_token_count,
+    safe_repr,
+)
 from littleghost.errors import (
     ConfigurationError,
     ProtocolError,
@@ -33,7 +40,6 @@ from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
     "COUNT_REFUSALS",
-    "MOST_REPORTED",
     "CountAsking",
     "RequestLogFilter",
     "UrlLogFilter",
@@ -277,12 +283,12 @@ def check_model_name(owner: str, value: object) -> str:
 
 
 def check_context_window(owner: str, value: object) -> int | None:
-    """A ``context_window`` argument: ``None`` or an int >= 1."""
+    """A ``context_window`` argument: ``None`` or a count of tokens (``is_token_count``)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_token_count(value):
         raise ConfigurationError(
-            f"{owner}: context_window must be an int >= 1 or None, not {safe_repr(value)}"
+            f"{owner}: context_window must be {TOKEN_COUNT} or None, not {safe_repr(value)}"
         )
     return value
 
@@ -475,15 +481,12 @@ def index_of(provider: str, value: object, where: str) -> int:
     raise wrong_shape(provider, where, value, "an int >= 0")
 
 
-MOST_REPORTED = 2**63 - 1
-"""The largest count a provider is believed: what 64 bits hold, and OpenTelemetry exports."""
-
-
 def reported(value: object, *path: str) -> int:
     """The count at ``path`` in an SDK object or a dict; ``0`` (not reported) when absent
-    or not an int from 0 to ``MOST_REPORTED`` (a float, a string, a negative count)."""
+    or not a count of tokens (``is_token_count``: a float, a string, a negative count, one
+    past what 64 bits hold)."""
     value = lookup(value, *path)
-    return value if is_int(value) and 0 < value <= MOST_REPORTED else 0
+    return value if is_token_count(value) else 0
 
 
 def reported_name(value: object, *path: str) -> str | None:

@@ -14,8 +14,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 from attrs import astuple, define, field, frozen
 
 from littleghost._validators import (
+    MAX_TOKEN_COUNT,
     instance_of,
-    int_at_least,
     is_int,
     safe_repr,
     tuple_of,
@@ -62,7 +62,14 @@ class StopReason(str, enum.Enum):
 
 
 def _count(name: str) -> Any:
-    return field(default=0, validator=type_check(f"Usage.{name}", int_at_least(0), "an int >= 0"))
+    return field(
+        default=0,
+        validator=type_check(
+            f"Usage.{name}",
+            lambda value: is_int(value) and 0 <= value <= MAX_TOKEN_COUNT,
+            "an int from 0 to 2**63-1",
+        ),
+    )
 
 
 @frozen
@@ -73,7 +80,8 @@ class Usage:
     convention): ``cache_read_tokens`` of them were read from the provider's prompt cache
     and ``cache_write_tokens`` written to it. ``output_tokens`` counts everything the
     model wrote, ``reasoning_tokens`` of them reasoning. A breakdown larger than its
-    total is a ``TypeError``.
+    total, or a count past 2**63-1 (what 64 bits hold), is a ``TypeError``; a sum stops
+    there.
     """
 
     input_tokens: int = _count("input_tokens")
@@ -98,7 +106,8 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
             return NotImplemented
-        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        pairs = zip(astuple(self), astuple(other), strict=True)
+        return Usage(*(min(a + b, MAX_TOKEN_COUNT) for a, b in pairs))
 
     def __sub__(self, other: Usage) -> Usage:
         """The usage between an earlier total ``other`` and this one."""

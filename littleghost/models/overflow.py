@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from littleghost._validators import MAX_TOKEN_COUNT, is_token_count
 from littleghost.errors import (
     ContextWindowOverflowError,
     InvalidRequestError,
@@ -228,13 +229,19 @@ def _error_text(body: object, message: str | None) -> str:
 def _body_int(body: object, key: str) -> int | None:
     for mapping in _mappings(body):
         value = mapping.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if is_token_count(value):
             return value
     return None
 
 
-def _number(text: str) -> int:
-    return int(text.replace(",", ""))
+def _count(*texts: str) -> int | None:
+    """What the numbers ``texts`` write (commas between their thousands) add up to, if a
+    count of tokens (``is_token_count``): a server's 400-digit figure is none."""
+    numbers = [text.replace(",", "") for text in texts]
+    if not all(0 < len(number) <= len(str(MAX_TOKEN_COUNT)) for number in numbers):
+        return None
+    total = sum(map(int, numbers))
+    return total if is_token_count(total) else None
 
 
 def _sizes(message: str) -> tuple[int | None, int | None]:
@@ -243,16 +250,16 @@ def _sizes(message: str) -> tuple[int | None, int | None]:
     for parts in _SUMMED:
         found = parts.search(message)
         if found is not None:
-            prompt = sum(_number(part) for part in found.groups())
+            prompt = _count(*found.groups())
             break
     for pattern, prompt_group, window_group in _SIZES:
         found = pattern.search(message)
         if found is None:
             continue
         if prompt is None and prompt_group:
-            prompt = _number(found.group(prompt_group))
+            prompt = _count(found.group(prompt_group))
         if window is None and window_group:
-            window = _number(found.group(window_group))
+            window = _count(found.group(window_group))
         if prompt is not None and window is not None:
             break
     return prompt, window
