@@ -301,9 +301,7 @@ def response_attributes(response: ModelResponse) -> dict[str, Any]:
 def usage_attributes(usage: Usage) -> dict[str, int]:
     """The GenAI usage attributes: the input and output tokens, and the cache and
     reasoning parts of them, that the provider reported; a count of 0 is one it did not
-    report (``Usage`` cannot tell them apart), left out as the token metric leaves it, and
-    so is a count past an int64 (a custom model's, or a run's sum), which OpenTelemetry
-    cannot export."""
+    report (``Usage`` cannot tell them apart), left out as the token metric leaves it."""
     counts = {
         USAGE_INPUT_TOKENS: usage.input_tokens,
         USAGE_OUTPUT_TOKENS: usage.output_tokens,
@@ -311,7 +309,7 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
         USAGE_CACHE_WRITE_TOKENS: usage.cache_write_tokens,
         USAGE_REASONING_TOKENS: usage.reasoning_tokens,
     }
-    return {name: count for name, count in counts.items() if 0 < count <= _INT64_MAX}
+    return {name: count for name, count in counts.items() if count}
 
 
 @contextmanager

@@ -561,15 +561,30 @@ async def test_settings_out_of_an_int64_stay_off_the_span(spans: Spans) -> None:
     assert "gen_ai.request.seed" not in chat and chat["gen_ai.request.max_tokens"] == 50
 
 
-async def test_usage_counts_past_an_int64_stay_off_the_spans(spans: Spans) -> None:
-    """A custom model's count OpenTelemetry cannot export is left off the chat and run
-    spans, not dropped later by the exporter with the rest; the other counts stay."""
-    answer = text_response("ok", input_tokens=2**63, output_tokens=3)
-    result = await Agent(model=ScriptedModel([answer])).run("hi")
-    assert result.usage.input_tokens == 2**63
-    for span in (spans.one("chat"), spans.one("invoke_agent")):
-        assert "gen_ai.usage.input_tokens" not in attributes(span)
-        assert attributes(span)["gen_ai.usage.output_tokens"] == 3
+async def test_a_runs_usage_past_an_int64_stops_there_on_its_span(spans: Spans) -> None:
+    """Calls a server billed the most a count holds add up to that, which OpenTelemetry
+    exports, on the run's span and in its result (a sum past an int64 was left off the
+    span, and is no ``Usage``); each call's span has its own."""
+
+    class Looping(Agent):
+        @tool
+        def again(self) -> str:
+            """Go round."""
+            return "again"
+
+    most = 2**63 - 1
+    model = ScriptedModel(
+        [
+            tool_call_response("again", {}, input_tokens=most, output_tokens=2),
+            text_response("ok", input_tokens=most, output_tokens=3),
+        ]
+    )
+    result = await Looping(model=model).run("hi")
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (most, 5)
+    run = attributes(spans.one("invoke_agent"))
+    assert (run["gen_ai.usage.input_tokens"], run["gen_ai.usage.output_tokens"]) == (most, 5)
+    calls = [attributes(span) for span in spans.named("chat")]
+    assert [call["gen_ai.usage.output_tokens"] for call in calls] == [2, 3]
 
 
 class Unresolved(Agent):
