@@ -1638,16 +1638,22 @@ class Nesting(Agent):
 INNER: list[PostgresSessionStore] = []
 
 
+async def nested_tool_result(outer: PostgresSessionStore, inner: PostgresSessionStore) -> str:
+    """What ``Nesting``'s tool answered in a run of session ``s`` through ``outer``, its
+    tool running it again through ``inner`` (within 4 s)."""
+    INNER[:] = [inner]
+    model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
+    with anyio.fail_after(4):
+        result = await Nesting(model=model, session_store=outer).run("go", session_id="s")
+    return result.messages[2].tool_results[0].content
+
+
 class TestLockScope:
     async def test_a_nested_run_through_another_store_object_is_busy_at_once(
         self, conninfo: str
     ) -> None:
         async with PostgresSessionStore(conninfo) as outer, PostgresSessionStore(conninfo) as inner:
-            INNER[:] = [inner]
-            model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
-            with anyio.fail_after(4):
-                result = await Nesting(model=model, session_store=outer).run("go", session_id="s")
-            assert result.messages[2].tool_results[0].content.startswith("busy: ")
+            assert (await nested_tool_result(outer, inner)).startswith("busy: ")
 
     async def test_store_objects_made_either_side_of_a_server_restart_share_its_sessions(
         self,
@@ -1661,13 +1667,7 @@ class TestLockScope:
                 await outer.load("s")  # the tables checked before the restart
                 await anyio.to_thread.run_sync(restart)
                 async with PostgresSessionStore(conninfo) as inner:
-                    INNER[:] = [inner]
-                    model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
-                    with anyio.fail_after(4):
-                        result = await Nesting(model=model, session_store=outer).run(
-                            "go", session_id="s"
-                        )
-            assert result.messages[2].tool_results[0].content.startswith("busy: ")
+                    assert (await nested_tool_result(outer, inner)).startswith("busy: ")
 
     async def test_a_role_that_may_not_read_the_servers_identity_keeps_sessions(
         self,
@@ -1682,13 +1682,7 @@ class TestLockScope:
             await sql(conninfo, "CREATE SCHEMA AUTHORIZATION plain")
             plain = make_conninfo(conninfo, user="plain")
             async with PostgresSessionStore(plain) as outer, PostgresSessionStore(plain) as inner:
-                INNER[:] = [inner]
-                model = ScriptedModel([tool_call_response("nest", {}), text_response("done")])
-                with anyio.fail_after(4):
-                    result = await Nesting(model=model, session_store=outer).run(
-                        "go", session_id="s"
-                    )
-                assert result.messages[2].tool_results[0].content.startswith("busy: ")
+                assert (await nested_tool_result(outer, inner)).startswith("busy: ")
                 assert [m.text for m in await inner.load("s")][-1] == "done"
 
     async def test_stores_in_two_schemas_do_not_hold_each_other_up(
