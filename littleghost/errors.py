@@ -179,7 +179,12 @@ def _figure(name: str, value: int | None) -> int | None:
     Raises:
         TypeError: It is not ``None`` or an int from 0 to 2**63-1.
     """
-    from littleghost._validators import TOKEN_COUNT, is_int, is_token_count, safe_repr
+    from littleghost._validators import (  # here: that module imports this one
+        TOKEN_COUNT,
+        is_int,
+        is_token_count,
+        safe_repr,
+    )
 
     if value is None or (is_int(value) and value == 0):
         return None
