@@ -1330,8 +1330,9 @@ def test_bad_arguments_are_configuration_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local_model_or_skip()
-    with pytest.raises(ConfigurationError, match="n_ctx"):
-        LocalModel(n_ctx=0)
+    for n_ctx in (0, 15, 2**31, 10**400):  # past an int32, llama.cpp's server cannot start
+        with pytest.raises(ConfigurationError, match=r"n_ctx must be an int from 16 to 2147483647"):
+            LocalModel(n_ctx=n_ctx)
     with pytest.raises(ConfigurationError, match="threads"):
         LocalModel(threads=0)
     with pytest.raises(ConfigurationError, match="no model file"):

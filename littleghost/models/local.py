@@ -43,7 +43,7 @@ import anyio.to_thread
 from attrs import define, field
 
 from littleghost import logs
-from littleghost._validators import safe_repr
+from littleghost._validators import is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
 from littleghost.models._sdk import check_request_timeout, import_sdk
@@ -51,7 +51,7 @@ from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import ModelStreamEvent
 from littleghost.sessions.forks import reset_in_child
-from littleghost.settings import check_local_settings
+from littleghost.settings import MAX_OUTPUT_TOKENS, check_local_settings
 
 __all__ = [
     "CPUINFO",
@@ -583,9 +583,10 @@ class LocalModel:
         threads: int | None = None,
         request_timeout: float | None = None,
     ) -> None:
-        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 16:
+        if not (is_int(n_ctx) and 16 <= n_ctx <= MAX_OUTPUT_TOKENS):  # llama.cpp's int32
             raise ConfigurationError(
-                f"LocalModel: n_ctx must be an int >= 16, not {safe_repr(n_ctx)}"
+                f"LocalModel: n_ctx must be an int from 16 to {MAX_OUTPUT_TOKENS}, "
+                f"not {safe_repr(n_ctx)}"
             )
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
