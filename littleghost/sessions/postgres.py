@@ -252,30 +252,25 @@ _OWN_SETTINGS = (
 """What the store's connections set for themselves, whatever a role or database sets:
 each setting's name, value, and the first server version that has it."""
 _TCP_SETTINGS = (
-    ("tcp_keepalives_idle", "10", 0),
-    ("tcp_keepalives_interval", "5", 0),
-    ("tcp_keepalives_count", "3", 0),
-    ("tcp_user_timeout", "30000", 120_000),
+    ("tcp_keepalives_idle", "keepalives_idle", "10", 0),
+    ("tcp_keepalives_interval", "keepalives_interval", "5", 0),
+    ("tcp_keepalives_count", "keepalives_count", "3", 0),
+    ("tcp_user_timeout", "tcp_user_timeout", "30000", 120_000),
 )
-"""What the store's connections set where nothing else did (the setting's ``reset_val``
-is ``0``, the system's default; ``current_setting`` shows the system's value instead,
-7200 for an idle time on Linux), as ``_OWN_SETTINGS``: the server finds a worker whose
-machine went without a word (power lost, cut off the network) gone, and frees its
-sessions, about 30 s after its last packet (Linux ends a connection whose probes go
-unanswered at its ``tcp_user_timeout``, whatever the count), not Linux's 2 h 11 min for
-an idle connection (15 min for one whose last answer was never acknowledged). A Unix
-socket's peer cannot vanish so: there they do nothing."""
-_CLIENT_TCP = (
-    ("keepalives", "1", 0),
-    ("keepalives_idle", "10", 0),
-    ("keepalives_interval", "5", 0),
-    ("keepalives_count", "3", 0),
-    ("tcp_user_timeout", "30000", 120_000),
-)
-"""The same for this end of a connection (libpq's parameters, each unless the conninfo
-sets it; the last needs libpq 12): a kept connection to a server gone without a word (a
-failover's old primary, cut off) is found gone about 30 s after its last answer, and
-never used (it waited for a call's whole patience), and a call on it fails by then."""
+"""TCP keepalives on both ends of the store's connections: each as the server's setting,
+libpq's parameter, the value, and the first version (of the server, and of libpq alike)
+that has it.
+
+The server's end is set where nothing else did (the setting's ``reset_val`` is ``0``, the
+system's default; ``current_setting`` shows the system's value instead, 7200 for an idle
+time on Linux), as ``_OWN_SETTINGS``: the server finds a worker whose machine went without
+a word (power lost, cut off the network) gone, and frees its sessions, about 30 s after
+its last packet (Linux ends a connection whose probes go unanswered at its
+``tcp_user_timeout``, whatever the count), not Linux's 2 h 11 min for an idle connection
+(15 min for one whose last answer was never acknowledged). This end is set unless the
+conninfo sets it: a kept connection to a server gone so (a failover's old primary, cut
+off) is found gone as soon, and not used (a call waited on it for its whole patience).
+A Unix socket's peer cannot vanish so: there they do nothing."""
 _WRITE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(quote_ident(%s) || '.' || %s, 1))"
 """Takes the write lock of a session (its key made as the session lock's, with seed 1)
 until the transaction ends: each write of a session holds it, and a new holder takes it
@@ -897,8 +892,8 @@ class PostgresSessionStore:
 
     def _connect(self, operation: _Operation, statement_timeout: str) -> psycopg.Connection[Any]:
         """A new connection attached to ``operation``, with its ``statement_timeout``, the
-        ``_OWN_SETTINGS`` its server has, the ``_TCP_SETTINGS`` nothing else set, and
-        read-only transactions for a read-only store.
+        ``_OWN_SETTINGS`` its server has, the ``_TCP_SETTINGS`` nothing else set (on
+        both ends), and read-only transactions for a read-only store.
 
         Opening it is bounded by ``connect_timeout`` or the time left, whichever is
         shorter (but libpq's 2 s at least); a caller that stops waiting meanwhile leaves
@@ -927,7 +922,9 @@ class PostgresSessionStore:
             settings += [(name, value) for name, value, since in _OWN_SETTINGS if version >= since]
             if self._read_only:
                 settings.append(("default_transaction_read_only", "on"))
-            defaults = [(name, value) for name, value, since in _TCP_SETTINGS if version >= since]
+            defaults = [
+                (name, value) for name, _, value, since in _TCP_SETTINGS if version >= since
+            ]
             connection.execute(
                 # one scan of pg_settings: the names whose value at connection start is 0
                 "WITH unset AS (SELECT name FROM pg_catalog.pg_settings WHERE reset_val = '0')"
@@ -950,7 +947,8 @@ class PostgresSessionStore:
         return connection
 
     def _with_client_tcp(self) -> str:
-        """The conninfo with the ``_CLIENT_TCP`` settings it does not set (and libpq has).
+        """The conninfo with keepalives on, and the ``_TCP_SETTINGS`` of this end libpq has,
+        where it does not set them.
 
         Raises:
             psycopg.ProgrammingError: libpq cannot parse the conninfo.
@@ -958,10 +956,10 @@ class PostgresSessionStore:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         given, libpq = conninfo_to_dict(self._conninfo), self._psycopg.pq.version()
-        added = {name: value for name, value, since in _CLIENT_TCP if libpq >= since}
-        return make_conninfo(
-            self._conninfo, **{name: value for name, value in added.items() if name not in given}
-        )
+        wanted = {"keepalives": "1"}
+        wanted.update((name, value) for _, name, value, since in _TCP_SETTINGS if libpq >= since)
+        added = {name: value for name, value in wanted.items() if name not in given}
+        return make_conninfo(self._conninfo, **added)
 
     @contextmanager
     def _transaction(
