@@ -1,5 +1,5 @@
 """The fault-injection campaign at full size: many short runs with faults at random points,
-under asyncio and trio, and the figures the README quotes.
+under asyncio and trio, and the figures the README's Benchmarks quote.
 
 Each run draws its script, its faults (store errors, stalls, failures after a write and a
 SQLite database locked by another connection; model errors and stalls; tools that fail,

@@ -6,7 +6,7 @@ MODEL is a model string. By default: ``openai:gpt-4o-mini`` when ``OPENAI_API_KE
 set, ``anthropic:claude-sonnet-4-5`` when ``ANTHROPIC_API_KEY`` is, otherwise ``local``:
 SmolLM2-135M on a llama.cpp server started here (extra ``local``). SmolLM2-135M cannot call
 tools through llama.cpp; ``local:/path/to/model.gguf`` runs any GGUF model, and one that
-can call tools (see the README, "Local models") looks the order up. Everything printed is
+can call tools (see "Local models" in docs/models.md) looks the order up. Everything printed is
 what the run did: each tool call with its result, or a line saying there was none. When
 no model can run, the example says why and exits with 1.
 """
@@ -98,7 +98,7 @@ async def main(model: str) -> None:
         print(
             "The model made no tool calls, so its answers do not come from the order data. "
             "Small local models (SmolLM2-135M, the default) cannot call tools through "
-            "llama.cpp; the README's 'Local models' names some that can."
+            "llama.cpp; docs/models.md, 'Local models', names some that can."
         )
 
 

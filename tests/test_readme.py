@@ -1,5 +1,6 @@
-"""Every Python block of the README runs as pasted, prints what it says, and type-checks;
-the README's tables of defaults and events say what the code does.
+"""Every Python block of the README and the pages of ``docs/`` runs as pasted, prints what
+it says, and type-checks; their tables of defaults and events say what the code does, and
+their links lead to a page and heading that exist.
 
 A block is a complete program unless its first line is a comment starting with
 ``# fragment``. Each complete block runs in a fresh interpreter, in an empty directory,
@@ -47,7 +48,10 @@ from littleghost.run import COUNT_TIMEOUT
 from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
 from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+"""The documentation: the README and the pages it links to."""
 FRAGMENT = "# fragment"
 
 PRELUDE = '''
@@ -76,13 +80,21 @@ for provider in ("openai", "anthropic", "local"):
 '''
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """The README's ```python blocks, with the line each starts on."""
-    text = README.read_text()
-    return [
-        (text.count("\n", 0, found.start()) + 2, found.group(1))
-        for found in re.finditer(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
-    ]
+def documentation() -> str:
+    """The text of every page, with single spaces for line breaks and runs of spaces."""
+    return " ".join(" ".join(page.read_text().split()) for page in PAGES)
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """The pages' ```python blocks, each named by its page and the line it starts on."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text()
+        blocks += [
+            (f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, found.start()) + 2}", found[1])
+            for found in re.finditer(r"^```python\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+        ]
+    return blocks
 
 
 COMPLETE = [(line, code) for line, code in python_blocks() if not code.startswith(FRAGMENT)]
@@ -106,24 +118,23 @@ def test_print_comments_are_found() -> None:
 def test_the_readme_has_complete_programs_and_marks_its_fragments() -> None:
     blocks = python_blocks()
     assert len(COMPLETE) >= 8, "the README's examples are complete programs"
-    for line, code in blocks:
+    assert any(where.startswith("README.md:") for where, _ in COMPLETE)
+    for where, code in blocks:
         if code.startswith(FRAGMENT):
             continue
-        compile(code, f"README.md:{line}", "exec")  # a syntax error names its block
+        compile(code, where, "exec")  # a syntax error names its block
 
 
-@pytest.mark.parametrize(("line", "code"), COMPLETE, ids=[f"line-{line}" for line, _ in COMPLETE])
-def test_a_complete_block_runs_as_pasted(line: int, code: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("where", "code"), COMPLETE, ids=[where for where, _ in COMPLETE])
+def test_a_complete_block_runs_as_pasted(where: str, code: str, tmp_path: Path) -> None:
     program = tmp_path / "block.py"
     program.write_text(
-        PRELUDE
-        + "\n"
-        + f"exec(compile({code!r}, 'README.md:{line}', 'exec'), {{'__name__': '__main__'}})\n"
+        PRELUDE + "\n" + f"exec(compile({code!r}, {where!r}, 'exec'), {{'__name__': '__main__'}})\n"
     )
     done = subprocess.run(
         [sys.executable, str(program)],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(README.parent)},  # this checkout's littleghost
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's littleghost
         capture_output=True,
         text=True,
         timeout=120,
@@ -131,17 +142,17 @@ def test_a_complete_block_runs_as_pasted(line: int, code: str, tmp_path: Path) -
     assert done.returncode == 0, textwrap.indent(done.stderr[-3000:], "    ")
     printed = done.stdout.splitlines()
     for said in said_printed(code):
-        assert said in printed, f"README.md:{line} says it prints {said!r}; it printed {printed}"
+        assert said in printed, f"{where} says it prints {said!r}; it printed {printed}"
 
 
 def test_the_complete_blocks_type_check(tmp_path: Path) -> None:
     """``mypy --strict``, but for the functions a block leaves unannotated for brevity."""
-    for line, code in COMPLETE:
-        (tmp_path / f"block_{line}.py").write_text(code)
+    for number, (_, code) in enumerate(COMPLETE):
+        (tmp_path / f"block_{number}.py").write_text(code)
     command = ["mypy", "--strict", "--allow-untyped-defs", "--no-incremental"]
     done = subprocess.run(
         [sys.executable, "-m", *command, "--cache-dir", os.devnull, str(tmp_path)],
-        cwd=README.parent,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
@@ -150,9 +161,9 @@ def test_the_complete_blocks_type_check(tmp_path: Path) -> None:
 
 
 def table(header: str) -> dict[str, list[str]]:
-    """The README table whose header row starts with ``header``: its rows by first cell
-    (backticks off), each the list of its other cells."""
-    lines = README.read_text().splitlines()
+    """The documentation's table whose header row starts with ``header``: its rows by
+    first cell (backticks off), each the list of its other cells."""
+    lines = "\n".join(page.read_text() for page in PAGES).splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith(header))
     rows: dict[str, list[str]] = {}
     for line in lines[start + 2 :]:
@@ -269,7 +280,7 @@ SIGNATURES = [
     ids=[f"{signature.partition('(')[0]}-{n}" for n, (_, signature) in enumerate(SIGNATURES)],
 )
 def test_a_stated_signature_gives_the_defaults(subject: Any, signature: str) -> None:
-    readme = " ".join(README.read_text().split())
+    readme = documentation()
     if signature.endswith(")"):
         assert f"`{signature}`" in readme
     parameters = inspect.signature(subject).parameters
@@ -307,8 +318,8 @@ FIGURES = [
         "Session ids are non-empty, at most {} characters",
     ),
 ]
-"""Constants the README gives the figure of: (the name, the value, how the README writes
-it, the sentence it stands in)."""
+"""Constants the documentation gives the figure of: (the name, the value, how the pages
+write it, the sentence it stands in)."""
 
 
 @pytest.mark.parametrize(
@@ -317,7 +328,7 @@ it, the sentence it stands in)."""
 def test_a_stated_figure_is_the_code_s(
     name: str, value: float, written: str, sentence: str
 ) -> None:
-    readme = " ".join(README.read_text().split())
+    readme = documentation()
     figure = written.format(value).replace(",", " ").replace(".0 s", " s").replace("%", " %")
     assert sentence.format(figure) in readme, name
 
@@ -325,7 +336,7 @@ def test_a_stated_figure_is_the_code_s(
 def test_the_architecture_names_modules_that_exist() -> None:
     text = README.read_text()
     drawing = text[text.index("## Architecture") :].split("```")[1]
-    folders, named = [README.parent], []
+    folders, named = [ROOT], []
     for line in drawing.splitlines()[1:]:
         found = re.match(r"(\s*)(\S+)", line)
         if found is None:
@@ -339,12 +350,48 @@ def test_the_architecture_names_modules_that_exist() -> None:
 
 
 def test_every_environment_variable_the_library_reads_is_documented() -> None:
-    package = README.parent / "littleghost"
+    package = ROOT / "littleghost"
     read = {
         name
         for path in package.rglob("*.py")
         for name in re.findall(r"\bLITTLEGHOST_[A-Z_]+\b", path.read_text())
     }
     assert "LITTLEGHOST_STORE" in read
-    readme = README.read_text()
+    readme = documentation()
     assert sorted(name for name in read if f"`{name}`" not in readme) == []
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation off, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (outside code blocks)."""
+    found, fenced = set(), False
+    for line in page.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else re.match(r"#+ (.*)", line)
+        if heading:
+            found.add(slug(heading[1]))
+    return found
+
+
+def test_every_link_between_pages_leads_to_a_page_and_heading_that_exist() -> None:
+    links = 0
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            links += 1
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to {target}: no such file"
+            if anchor:
+                assert anchor in anchors(linked), f"{page.name} links to {target}: no heading"
+    assert links >= 20
+
+
+def test_the_readme_links_every_page() -> None:
+    linked = set(re.findall(r"\]\((docs/[^)#]+)", README.read_text()))
+    assert {str(page.relative_to(ROOT)) for page in PAGES[1:]} <= linked

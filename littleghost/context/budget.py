@@ -1,5 +1,5 @@
 """A bounded prompt view: each model call gets a view of the log that fits
-``PromptBudget.limit``, with no model call (the README's "A bounded prompt view")."""
+``PromptBudget.limit``, with no model call (docs/context.md: "A bounded prompt view")."""
 
 from __future__ import annotations
 

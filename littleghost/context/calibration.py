@@ -1,6 +1,6 @@
 """What the provider's token counts teach a run (the scale, real tokens per estimated
 token, and densities of what an overflow added) and the request sizes they give. The
-README's "Calibrated by the provider" states the rules.
+"Calibrated by the provider" in docs/context.md states the rules.
 """
 
 from __future__ import annotations

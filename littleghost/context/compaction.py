@@ -1,5 +1,5 @@
 """Running a compaction strategy ad hoc, inside a run, or on a stored session: what it
-decides becomes records appended to the log (README: "Compaction strategies")."""
+decides becomes records appended to the log (docs/context.md: "Compaction strategies")."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ async def compact_session(
             tool settings replaced), as a run's ``agent.run_settings()`` gives them.
 
     It is a ``littleghost.context.compaction`` span, its summary calls' ``chat`` spans
-    under it (README: "Telemetry" under "Context management").
+    under it (docs/context.md: "Telemetry").
 
     Raises:
         ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).

@@ -1,7 +1,7 @@
 """``@manage_context``: keep a conversation inside the model's context window.
 
 This module decides *when* to compact and recovers from overflow errors; *how* is a
-strategy (default ``Summarization``). The README's "Context management" states the rules.
+strategy (default ``Summarization``). docs/context.md states the rules.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ exclude or summarize, working on a ``CompactionState``.
 
 Every strategy keeps system groups and never splits a group. It starts only when its
 ``trigger`` holds (default ``always``) and, stepping, stops as soon as its ``target``
-holds (default: when the trigger no longer does). The README's "Compaction strategies"
-tells more.
+holds (default: when the trigger no longer does). "Compaction strategies" in
+docs/context.md tells more.
 """
 
 from __future__ import annotations
@@ -819,7 +819,7 @@ class Summarization(_Stepwise):
     call summarizes them if they are more than its framing. New notes are appended to an
     earlier summary's; only notes that reached ``max_tokens`` are rewritten. The request
     is fitted to the state's ``room`` (``CompactionError`` when not even one group fits).
-    The README's "Context management" tells more.
+    docs/context.md tells more.
 
     Args:
         minimum_preserved: Newest non-system groups kept verbatim (>= 0, default 4).

@@ -1,5 +1,5 @@
 """Triggers: predicates over the size of a conversation under compaction, re-evaluated
-after each step (the README's "Compaction strategies" tells more). Every count is of what
+after each step ("Compaction strategies" in docs/context.md tells more). Every count is of what
 is still included (kept or collapsed, not excluded), system messages included."""
 
 from __future__ import annotations
