@@ -10,9 +10,6 @@ keyword-only with defaults. The tree::
     │   ├── ProviderUnavailableError           5xx, timeout, connection: retried
     │   ├── ContextWindowOverflowError         the prompt is over the window: never retried
     │   └── InvalidRequestError                any other 4xx: not retried
-
-A provider's ``x-should-retry`` header (``ProviderError.should_retry``) overrides the
-retried/not retried of the type, but for an overflow.
     ├── OutputLimitError                       the answer stopped at ``max_tokens``
     ├── ProtocolError                          a reply or script broke the expected shape
     ├── DeadlineExceededError (also TimeoutError)
@@ -28,6 +25,9 @@ retried/not retried of the type, but for an overflow.
         ├── UnknownSessionError (also KeyError)  no session with that id
         ├── SessionBusyError                   another run holds the session
         └── UnstorableValueError (also TypeError)  a value the store cannot keep
+
+A provider's ``x-should-retry`` header (``ProviderError.should_retry``) overrides the
+retried/not retried of the type, but for an overflow.
 
 Cancellation is never wrapped: anyio's native cancellation exception propagates as is.
 """

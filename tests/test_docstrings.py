@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import re
 
 import attrs
@@ -94,15 +95,21 @@ def test_a_documented_module_says_what_it_holds() -> None:
     assert all(importlib.import_module(module).__doc__ for module in DOCUMENTED)
 
 
+def error_tree() -> list[str]:
+    """The lines of the tree ``littleghost.errors``'s docstring draws: its literal block,
+    the indented lines after ``::`` up to the first line that is not."""
+    block = (errors.__doc__ or "").split("::", 1)[1].lstrip("\n").splitlines()
+    return list(itertools.takewhile(lambda line: line.startswith("    "), block))
+
+
 def test_the_errors_module_draws_the_tree_of_its_exceptions() -> None:
     """Each line of the tree in ``littleghost.errors``'s docstring is a class under the
     nearest less indented one, with the builtin bases its ``(also X)`` names."""
     drawn: dict[str, str | None] = {}
     parents: list[tuple[int, str]] = []
-    for line in (errors.__doc__ or "").split("::", 1)[1].splitlines():
+    for line in error_tree():
         found = re.match(r"\s*(?:[│ ]*[├└]── )?([A-Z]\w+Error)(?: \(also (\w+)\))?", line)
-        if not found:
-            continue
+        assert found, f"not a class of the tree: {line!r}"
         depth = found.start(1)
         while parents and parents[-1][0] >= depth:
             parents.pop()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import os
 import re
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 import attrs
 import pytest
 
-from littleghost import Agent, ReasoningPart, events
+from littleghost import Agent, ReasoningPart, errors, events
 from littleghost.agent import AgentOptions
 from littleghost.context import (
     CharacterEstimator,
@@ -395,3 +396,14 @@ def test_every_link_between_pages_leads_to_a_page_and_heading_that_exist() -> No
 def test_the_readme_links_every_page() -> None:
     linked = set(re.findall(r"\]\((docs/[^)#]+)", README.read_text()))
     assert {str(page.relative_to(ROOT)) for page in PAGES[1:]} <= linked
+
+
+def test_the_errors_page_draws_the_tree_the_errors_module_does() -> None:
+    page = (ROOT / "docs" / "errors.md").read_text()
+    drawn = page.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    block = (errors.__doc__ or "").split("::", 1)[1].lstrip("\n").splitlines()
+    tree = [line[4:] for line in itertools.takewhile(lambda line: line[:4] == "    ", block)]
+    assert drawn == tree
+    assert len(tree) == 1 + len(
+        [name for name in errors.__all__ if name.endswith("Error") and name != "LittleGhostError"]
+    )
