@@ -65,6 +65,8 @@ def render_result(value: Any) -> str:
             "it returned an image, which a tool result cannot carry (a result is text); "
             "return what the model needs to know of it"
         ) from None
+    except TextFailed as failed:
+        raise failed.error from None
     except AddressOnly as error:
         what = "it returned" if error.value is value else "its result holds"
         raise TypeError(
@@ -97,6 +99,16 @@ class AddressOnly(TypeError):
         self.value = value
 
 
+class TextFailed(Exception):
+    """The ``str()`` of a value in a result raised ``error``: the tool's failure, not a
+    reason to fall back on Python's text of the whole result (``repr`` of that value,
+    its type and address)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 _ADDRESS_ONLY = re.compile(r"<.* at 0x[0-9a-fA-F]+>+", re.DOTALL)  # a bound method: >>
 
 
@@ -111,9 +123,17 @@ def _text(value: Any) -> str:
 def _result_json(value: Any) -> Any:
     """What ``to_json`` makes of ``value`` (a date or time in ISO 8601, a ``Decimal`` or a
     ``UUID`` as its schema's string), else its ``str()`` (a path): one such value no
-    longer turns the whole result into Python's repr."""
+    longer turns the whole result into Python's repr. A ``str()`` that raises is
+    ``TextFailed``."""
     converted = to_json(value)
-    return converted if converted is not value else _text(value)
+    if converted is not value:
+        return converted
+    try:
+        return _text(value)
+    except AddressOnly:
+        raise
+    except Exception as error:
+        raise TextFailed(error) from None
 
 
 def _keyed(value: Any) -> Any:

@@ -840,6 +840,56 @@ async def test_a_result_whose_text_is_only_an_address_is_an_error_result() -> No
     assert (results[-1].content, results[-1].is_error) == ("order 42", False)
 
 
+class Misprinted(Unprintable):
+    """An object whose ``__str__`` fails: its number is a str, not the float it formats."""
+
+    def __str__(self) -> str:
+        return f"order of {self.number:.2f} EUR"
+
+
+@dataclasses.dataclass
+class Box:
+    content: Any
+
+
+async def test_a_result_holding_a_value_whose_text_fails_is_the_tools_failure() -> None:
+    """A value whose ``str()`` raises fails the call with what it raised, alone or held
+    in a list, a record or as a key, whatever it raised: the model is never given
+    Python's text of the whole result, with that value's type and address in it."""
+    returned: list[Any] = [
+        Misprinted("42"),
+        [Misprinted("42")],
+        {"order": Misprinted("42")},
+        {Misprinted("42"): 1},
+        Box(Misprinted("42")),
+        [CodedError()],
+    ]
+
+    def fetch(which: int) -> Any:
+        """Fetch an order."""
+        return returned[which]
+
+    class Shop(Agent):
+        tools = [fetch]
+
+    calls = tuple(ToolCall(f"c{i}", "fetch", {"which": i}) for i in range(len(returned)))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    results = tool_results((await Shop(model=model).run("go")).messages)
+    failures = [("ValueError", "Unknown format code 'f' for object of type 'str'")] * 5
+    failures.append(("TypeError", "__str__ returned non-string (type int)"))
+    for result, (kind, message) in zip(results, failures, strict=True):
+        assert (result.content, result.is_error) == (
+            f"Tool 'fetch' failed: {kind}: {message}",
+            True,
+        )
+        assert " at 0x" not in result.content
+
+
 @dataclasses.dataclass
 class Stay:
     arrive: datetime.date
