@@ -204,7 +204,8 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
 
     Raises:
         ConfigurationError: A generator function, no docstring, a method whose first
-            parameter is not a positional ``self``, a parameter name a provider refuses
+            parameter is not a positional ``self``, a function taking ``self`` or ``cls``
+            first (a method of a class, a classmethod), a parameter name a provider refuses
             (not ASCII, or longer than 64 characters), a missing or unsupported annotation,
             two ``RunContext`` parameters, ``RunContext`` inside another annotation
             (``RunContext | None``), ``*args`` / ``**kwargs`` or a positional-only parameter.
@@ -264,6 +265,12 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
                 raise ConfigurationError(
                     f"tool {tool_name!r} takes cls first, as a classmethod does: a tool is a "
                     "function, a method (self) or a staticmethod, never a classmethod"
+                )
+            if parameter.name == "self" and parameter is parameters[0] and not is_method:
+                raise ConfigurationError(
+                    f"tool {tool_name!r} takes self first, as a method does: in tools=[...] "
+                    "give the method of an instance (client.method, not Class.method), or "
+                    "declare it with @tool in the agent class"
                 )
             raise ConfigurationError(
                 f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation"

@@ -2319,6 +2319,32 @@ def test_tool_on_a_classmethod_fails_clearly() -> None:
                 return kind
 
 
+class Orders:
+    """A client of the user's own, whose methods the agent offers as tools."""
+
+    def find(self, order_id: str) -> str:
+        """Find an order."""
+        return order_id
+
+
+def test_a_method_taken_from_its_class_in_tools_fails_saying_to_give_an_instances() -> None:
+    """A function that takes self first in ``tools=`` (a method taken from its class, not
+    from an instance) fails saying so, not that ``self`` needs an annotation (which would
+    make it an argument the model must send); the instance's method is a tool."""
+    with pytest.raises(ConfigurationError) as raised:
+
+        class Support(Agent):
+            tools = [Orders.find]
+
+    assert "tool 'find' takes self first, as a method does" in str(raised.value)
+    assert "annotation" not in str(raised.value)
+
+    class Bound(Agent):
+        tools = [Orders().find]
+
+    assert [spec.name for spec in Bound().tool_specs] == ["find"]
+
+
 def forgot_self(order_id: str) -> str:
     """Find an order."""
     return order_id
