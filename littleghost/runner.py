@@ -911,7 +911,10 @@ async def _execute(
     except ToolArgumentError as problem:
         telemetry.mark_failed(span, "invalid_arguments")
         return error_result(call, f"Invalid arguments for tool {call.name!r}: {problem}")
-    except Exception as error:  # a bug in a parameter's class: the tool's own failure
+    except BaseException as error:  # a bug in a parameter's class: the tool's own failure
+        ending = fatal(error)
+        if ending is not None:
+            raise ending from None
         return _raised(call, span, error, context)
     if definition.context_parameter is not None:
         kwargs[definition.context_parameter] = context

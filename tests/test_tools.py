@@ -2143,6 +2143,56 @@ async def test_a_bug_in_a_parameters_class_is_the_tools_failure_not_a_misfit() -
     assert failed.is_error and failed.content == "Tool 'zoned' failed: KeyError: 'eu'"
 
 
+class Halt(BaseException):
+    """A library's own ``BaseException`` (neither ``KeyboardInterrupt`` nor ``SystemExit``)."""
+
+
+@dataclasses.dataclass
+class Gated:
+    """A parameter's class that raises ``BaseException``s of other kinds than ``Exception``."""
+
+    gate: str
+
+    def __post_init__(self) -> None:
+        if self.gate == "halt":
+            raise Halt("the gate halted")
+        if self.gate == "exit":
+            raise SystemExit(3)
+        raise GeneratorExit
+
+
+def gated(through: Gated) -> str:
+    """Go through a gate."""
+    return through.gate
+
+
+@pytest.mark.parametrize(
+    ("gate", "told"),
+    [("halt", "Halt: the gate halted"), ("close", "GeneratorExit")],
+)
+async def test_a_base_exception_of_a_parameters_class_is_the_tools_failure(
+    gate: str, told: str
+) -> None:
+    """What a parameter's class raises that is not an ``Exception`` fails the call as the
+    tool raising it does, and the run goes on (it ended the run, raised out of it); only
+    ``KeyboardInterrupt`` and ``SystemExit`` end the run, as themselves."""
+
+    class Gates(Agent):
+        tools = [gated]
+
+    model = ScriptedModel(
+        [tool_call_response("gated", {"through": {"gate": gate}}), text_response("ok")]
+    )
+    assert (await Gates(model=model).run("go")).output == "ok"
+    [failed] = tool_results(model.requests[1].messages)
+    assert (failed.content, failed.is_error) == (f"Tool 'gated' failed: {told}", True)
+    model = ScriptedModel(
+        [tool_call_response("gated", {"through": {"gate": "exit"}}), text_response("ok")]
+    )
+    with pytest.raises(SystemExit):
+        await Gates(model=model).run("go")
+
+
 @dataclasses.dataclass
 class Routed:
     """An ``InitVar`` holding a quoted name, beside a ``ClassVar``."""
