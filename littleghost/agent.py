@@ -549,7 +549,7 @@ def _method_tools(cls: type) -> dict[str, ToolDefinition]:
 def _method_tool(klass: type, attribute: str, value: Callable[..., Any]) -> ToolDefinition:
     """The definition of the ``@tool`` method ``klass.attribute``."""
     try:
-        return define_tool(value, is_method=True)
+        return define_tool(value, is_method=True, namespace=vars(klass))
     except NameError as error:
         raise ConfigurationError(
             f"{klass.__name__}.{attribute}: a tool annotation cannot be resolved ({error})"

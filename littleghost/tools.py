@@ -10,6 +10,8 @@ parameter named ``context`` with another annotation is an ordinary argument.
 
 from __future__ import annotations
 
+import builtins
+import collections
 import difflib
 import inspect
 import re
@@ -197,10 +199,16 @@ _PARAMETER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 has another property name at the top of its schema (OpenAI's takes it)."""
 
 
-def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinition:
+def define_tool(
+    function: Callable[..., Any],
+    *,
+    is_method: bool,
+    namespace: Mapping[str, Any] | None = None,
+) -> ToolDefinition:
     """Build the definition of ``function`` as a tool.
 
-    A ``staticmethod`` is defined as the plain function it wraps.
+    A ``staticmethod`` is defined as the plain function it wraps. ``namespace`` is the
+    body of the class that declares a method (``_annotation_names``).
 
     Raises:
         ConfigurationError: A generator function, no docstring, a method whose first
@@ -245,7 +253,7 @@ def define_tool(function: Callable[..., Any], *, is_method: bool) -> ToolDefinit
     if is_method:
         _check_self(tool_name, parameters[0] if parameters else None)
         unshown, *parameters = parameters
-    hints = _type_hints(function, None if unshown is None else unshown.name)
+    hints = _type_hints(function, None if unshown is None else unshown.name, namespace)
     properties: dict[str, Any] = {}
     required: list[str] = []
     signature: list[_Parameter] = []
@@ -439,13 +447,16 @@ def _names_run_context(text: str) -> bool:
     return text == "RunContext" or text.endswith(".RunContext")
 
 
-def _type_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
+def _type_hints(
+    function: Callable[..., Any],
+    unshown: str | None = None,
+    namespace: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """``_resolved_hints``, each ``Optional[Annotated[X, ...]]`` whose ``X`` takes ``None``
     already as that ``Annotated`` (Python 3.10 adds the ``Optional`` to a parameter that
     defaults to ``None``: the schema would nest a second null)."""
-    return {
-        name: _single_optional(hint) for name, hint in _resolved_hints(function, unshown).items()
-    }
+    resolved = _resolved_hints(function, unshown, namespace)
+    return {name: _single_optional(hint) for name, hint in resolved.items()}
 
 
 def _single_optional(hint: Any) -> Any:
@@ -459,8 +470,12 @@ def _single_optional(hint: Any) -> Any:
     return inner if type(None) in typing.get_args(typing.get_args(inner)[0]) else hint
 
 
-def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) -> dict[str, Any]:
-    """Resolved parameter annotations.
+def _resolved_hints(
+    function: Callable[..., Any],
+    unshown: str | None = None,
+    namespace: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Resolved parameter annotations, their names looked up as ``_annotation_names`` says.
 
     An annotation naming ``RunContext`` that cannot be resolved (imported only under
     ``TYPE_CHECKING``) becomes ``_CONTEXT``, and one holding it inside another stays its
@@ -471,8 +486,9 @@ def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) ->
     Raises:
         NameError: Another parameter annotation cannot be resolved.
     """
+    names = _annotation_names(function, namespace)
     try:
-        return typing.get_type_hints(function, include_extras=True)
+        return typing.get_type_hints(function, localns=names, include_extras=True)
     except NameError:
         pass
     annotations = dict(getattr(function, "__annotations__", {}))
@@ -483,7 +499,7 @@ def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) ->
         probe = types.FunctionType(_probe.__code__, getattr(function, "__globals__", {}))
         probe.__annotations__ = {name: annotation}
         try:
-            hints[name] = typing.get_type_hints(probe, include_extras=True)[name]
+            hints[name] = typing.get_type_hints(probe, localns=names, include_extras=True)[name]
         except NameError:
             if isinstance(annotation, str) and _names_run_context(annotation):
                 hints[name] = _CONTEXT
@@ -492,6 +508,23 @@ def _resolved_hints(function: Callable[..., Any], unshown: str | None = None) ->
             else:
                 raise
     return hints
+
+
+def _annotation_names(
+    function: Callable[..., Any], namespace: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
+    """Where the names in a tool's annotations are looked up (``None``: its module alone).
+
+    ``from __future__ import annotations`` leaves out the body of the class that declares
+    a method (``namespace``), which Python sees without it: a class declared there (a
+    record, an enum) comes first, as it would; the body's other names (its methods, a
+    tool named ``date`` say) only after the module's and the builtins."""
+    if namespace is None:
+        return None
+    module = getattr(inspect.unwrap(function), "__globals__", {})
+    body = dict(namespace)
+    classes = {name: value for name, value in body.items() if isinstance(value, type)}
+    return collections.ChainMap(classes, module, vars(builtins), body)
 
 
 def _probe() -> None:  # pragma: no cover - only its code object is used

@@ -2529,6 +2529,50 @@ async def test_self_annotated_with_the_class_being_defined_is_not_resolved() -> 
     assert result.messages[2].tool_results[0].content == "order 42"
 
 
+async def test_a_tool_method_annotation_may_name_a_type_of_its_class_body() -> None:
+    """A method's annotation naming a class declared in its class body resolves as it does
+    without ``from __future__ import annotations`` (which this module has, making it a
+    string: the class definition failed, the name not found in the module; a name the
+    module has, ``Ticket``, was its class), in a subclass too; the body's other names
+    (a tool named ``uuid``) do not hide the module's."""
+
+    class Desk(Agent):
+        class Priority(enum.Enum):
+            LOW = "low"
+            HIGH = "high"
+
+        @dataclasses.dataclass
+        class Ticket:
+            order_id: str
+            note: str = ""
+
+        @tool
+        async def file(self, ticket: Ticket, priority: Priority) -> str:
+            """File a ticket."""
+            return f"{ticket.order_id} {priority.value}"
+
+        @tool
+        async def uuid(self, ticket_id: uuid.UUID) -> str:
+            """Show a ticket's id."""
+            return str(ticket_id)
+
+    class Branch(Desk):
+        pass
+
+    spec, shown = Branch().tool_specs
+    assert shown.parameters["properties"]["ticket_id"]["format"] == "uuid"
+    assert spec.parameters["properties"]["priority"] == {"enum": ["low", "high"]}
+    assert spec.parameters["properties"]["ticket"]["required"] == ["order_id"]
+    model = ScriptedModel(
+        [
+            tool_call_response("file", {"ticket": {"order_id": "42"}, "priority": "high"}),
+            text_response("ok"),
+        ]
+    )
+    result = await Branch(model=model).run("file it")
+    assert tool_results(result.messages)[0].content == "42 high"
+
+
 def two_contexts(first: RunContext, query: str, second: RunContext) -> str:
     """Takes the context twice."""
     return query
