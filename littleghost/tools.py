@@ -217,7 +217,8 @@ def define_tool(
             (not ASCII, or longer than 64 characters), a missing or unsupported annotation,
             two ``RunContext`` parameters, ``RunContext`` inside another annotation
             (``RunContext | None``), ``*args`` / ``**kwargs`` or a positional-only parameter.
-        NameError: An annotation (other than ``RunContext``) cannot be resolved yet.
+        NameError: An annotation (other than ``RunContext``) cannot be resolved yet (the
+            message names the tool and the parameter).
     """
     if isinstance(function, staticmethod):
         function, is_method = function.__func__, False
@@ -253,7 +254,10 @@ def define_tool(
     if is_method:
         _check_self(tool_name, parameters[0] if parameters else None)
         unshown, *parameters = parameters
-    hints = _type_hints(function, None if unshown is None else unshown.name, namespace)
+    try:
+        hints = _type_hints(function, None if unshown is None else unshown.name, namespace)
+    except NameError as error:
+        raise NameError(f"tool {tool_name!r}, {error}") from None
     properties: dict[str, Any] = {}
     required: list[str] = []
     signature: list[_Parameter] = []
@@ -306,7 +310,10 @@ def define_tool(
                 "annotated RunContext alone (never None in a run)"
             )
         where = f"tool {tool_name!r}, parameter {parameter.name!r}"
-        schema = dict(json_schema(annotation, where))
+        try:
+            schema = dict(json_schema(annotation, where))
+        except NameError as error:  # a record's field
+            raise NameError(f"{where}: {error}") from None
         if parameter.name in arg_docs and "description" not in schema:
             schema["description"] = arg_docs[parameter.name]
         has_default = parameter.default is not inspect.Parameter.empty
@@ -484,7 +491,8 @@ def _resolved_hints(
     unresolvable.
 
     Raises:
-        NameError: Another parameter annotation cannot be resolved.
+        NameError: Another parameter annotation cannot be resolved (the message names
+            the parameter).
     """
     names = _annotation_names(function, namespace)
     try:
@@ -500,13 +508,13 @@ def _resolved_hints(
         probe.__annotations__ = {name: annotation}
         try:
             hints[name] = typing.get_type_hints(probe, localns=names, include_extras=True)[name]
-        except NameError:
+        except NameError as error:
             if isinstance(annotation, str) and _names_run_context(annotation):
                 hints[name] = _CONTEXT
             elif isinstance(annotation, str) and _RUN_CONTEXT_WORD.search(annotation):
                 hints[name] = annotation  # RunContext inside another: ``define_tool`` says so
             else:
-                raise
+                raise NameError(f"parameter {name!r}: {error}") from None
     return hints
 
 

@@ -7,6 +7,7 @@ run's context all the same.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +27,18 @@ def by_dotted_name(run: littleghost.run.RunContext, query: str) -> str:
 
 def with_unknown_type(query: str, extra: Unknown) -> str:  # type: ignore[name-defined]  # noqa: F821
     """Takes a type that is nowhere defined."""
+    return query
+
+
+@dataclasses.dataclass
+class Unresolved:
+    """A record whose field's type is nowhere defined."""
+
+    extra: Unknown  # type: ignore[name-defined]  # noqa: F821
+
+
+def with_unresolved_record(query: str, record: Unresolved) -> str:
+    """Takes a record whose field's type is nowhere defined."""
     return query
 
 

@@ -2507,11 +2507,21 @@ def test_methods_name_their_context_parameter() -> None:
 
 
 def test_an_unresolvable_annotation_other_than_run_context_is_reported() -> None:
-    """Only ``RunContext`` may stay unresolved; another name fails the class definition."""
+    """Only ``RunContext`` may stay unresolved; another name fails the class definition,
+    naming the tool and the parameter (among many tools, which one)."""
     with pytest.raises(NameError):
         define_tool(_hidden_context.with_unknown_type, is_method=False)
-    with pytest.raises(ConfigurationError, match="cannot be resolved"):
-        type("Bad", (Agent,), {"tools": [_hidden_context.with_unknown_type]})
+    unresolved = [
+        (_hidden_context.with_unknown_type, "parameter 'extra'"),
+        (_hidden_context.with_unresolved_record, "parameter 'record'"),
+    ]
+    for function, parameter in unresolved:
+        with pytest.raises(ConfigurationError) as raised:
+            type("Bad", (Agent,), {"tools": [_hidden_context.by_name, function]})
+        assert str(raised.value) == (
+            f"Bad: a tool annotation cannot be resolved (tool {function.__name__!r}, "
+            f"{parameter}: name 'Unknown' is not defined)"
+        )
 
 
 async def test_self_annotated_with_the_class_being_defined_is_not_resolved() -> None:
