@@ -38,6 +38,7 @@ from littleghost.errors import SessionStoreError
 __all__ = [
     "DEFAULT_GRACE",
     "Grace",
+    "cancellation_turned_into",
     "cancelled_here",
     "close_leaving",
     "enclosing_graces",
@@ -48,6 +49,7 @@ __all__ = [
     "note_stop",
     "run_deadline",
     "shared_stop",
+    "turned_into",
 ]
 
 logger = logs.logger("littleghost.cleanup")
@@ -387,6 +389,26 @@ def cancelled_here() -> bool:
     """True when the current task is being cancelled (a cancel scope around it was
     cancelled or its deadline passed), so a cancellation exception it sees is no stray."""
     return anyio.current_effective_deadline() == -math.inf
+
+
+def cancellation_turned_into(error: BaseException) -> bool:
+    """Whether ``error`` is what a cancellation of the current task, which goes on, became
+    in code that turned it into an error of its own (a client's "connection closed")."""
+    return isinstance(error, Exception) and cancelled_here() and turned_into(error)
+
+
+def turned_into(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a cancellation went on, in code that turned it
+    into an error of its own (in a task group of its own too)."""
+    cancelled, seen = anyio.get_cancelled_exc_class(), set()
+    for leaf in leaves(error):  # out of the exception group of such code's task group
+        chained: BaseException | None = leaf
+        while chained is not None and id(chained) not in seen:  # raised while cancelled
+            if isinstance(chained, cancelled):
+                return True
+            seen.add(id(chained))
+            chained = chained.__cause__ or chained.__context__
+    return False
 
 
 def leaves(error: BaseException) -> list[BaseException]:

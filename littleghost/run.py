@@ -398,7 +398,11 @@ class RunContext:
         except BaseException as error:
             used = billed(error)
             if report and used != Usage():  # billed all the same: the events still add up
-                kind = telemetry.ended_type(error, self.grace.earliest_deadline())
+                kind = (  # an error, a client's that a cancellation became too, by its type
+                    telemetry.error_type(error)
+                    if isinstance(error, Exception)
+                    else telemetry.ended_type(error, self.grace.earliest_deadline())
+                )
                 await self._side_call_ended(SideCallFinished(used, request.purpose, kind), error)
             raise
         if report:

@@ -29,7 +29,16 @@ from attrs import define, field, frozen
 
 from littleghost import logs, telemetry
 from littleghost._validators import is_number, safe_repr
-from littleghost.cleanup import Grace, cancelled_here, fatal, holding, leaves, note_stop
+from littleghost.cleanup import (
+    Grace,
+    cancellation_turned_into,
+    cancelled_here,
+    fatal,
+    holding,
+    leaves,
+    note_stop,
+    turned_into,
+)
 from littleghost.context.budget import view_only
 from littleghost.context.view import interrupted_results, misplaced_results
 from littleghost.errors import (
@@ -343,7 +352,7 @@ async def _run_in(
         found = fatal(error)
         if found is None and _deadline_turned_into(error, scope):
             raise _late(agent, context, waiting) from error
-        if found is None and _cancellation_turned_into(error):
+        if found is None and cancellation_turned_into(error):
             await anyio.lowlevel.checkpoint()  # the caller's: it goes on (the error its context)
         if found is None or found is error:
             raise
@@ -389,28 +398,8 @@ def _deadline_turned_into(error: BaseException, scope: anyio.CancelScope) -> boo
         and not isinstance(error, DeadlineExceededError)
         and scope.cancel_called
         and anyio.current_time() >= scope.deadline
-        and _turned_into(error)
+        and turned_into(error)
     )
-
-
-def _cancellation_turned_into(error: BaseException) -> bool:
-    """Whether ``error`` is what the caller's cancellation, which goes on, became in code
-    that turned it into an error of its own."""
-    return isinstance(error, Exception) and cancelled_here() and _turned_into(error)
-
-
-def _turned_into(error: BaseException) -> bool:
-    """Whether ``error`` was raised while a cancellation went on, in code that turned it
-    into an error of its own (in a task group of its own too)."""
-    cancelled, seen = anyio.get_cancelled_exc_class(), set()
-    for leaf in leaves(error):  # out of the exception group of such code's task group
-        chained: BaseException | None = leaf
-        while chained is not None and id(chained) not in seen:  # raised while cancelled
-            if isinstance(chained, cancelled):
-                return True
-            seen.add(id(chained))
-            chained = chained.__cause__ or chained.__context__
-    return False
 
 
 async def _open_session(
@@ -943,6 +932,8 @@ async def _execute(
                 raise
             if deadline is not None:
                 raise deadline from deadline.__cause__  # out of the tool's own task group
+            if cancellation_turned_into(error):  # a client's "connection closed": stopped
+                await anyio.lowlevel.checkpoint()  # the cancellation goes on (its context)
             return _raised(call, span, error, context)
         late = anyio.current_time() - timer.deadline
         if limit is None or late <= 0:

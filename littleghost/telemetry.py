@@ -21,6 +21,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._validators import is_int
 from littleghost._version import __version__
+from littleghost.cleanup import cancellation_turned_into
 from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models._sdk import inline_image
@@ -164,10 +165,11 @@ def error_type(error: BaseException) -> str:
 
 def failure_type(error: BaseException, deadline: float | None = None) -> str | None:
     """``error.type`` of an operation ``error`` ended: ``None`` when it only stopped (a
-    cancellation or a generator's close) before the run's ``deadline`` (in
+    cancellation, a generator's close, or the error a client turned a cancellation that
+    goes on into: "connection closed") before the run's ``deadline`` (in
     ``anyio.current_time()`` units), ``DeadlineExceededError`` when that deadline cut it:
     it timed out, as the run did."""
-    if not _stops(error):
+    if not _stops(error) and not cancellation_turned_into(error):
         return error_type(error)
     if deadline is None or anyio.current_time() < deadline:
         return None

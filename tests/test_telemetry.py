@@ -721,6 +721,84 @@ async def test_every_span_the_run_deadline_cuts_is_an_error_span(spans: Spans, w
         assert attributes(span).get("error.type") == kind
 
 
+class ConnectionClosed(Exception):
+    """What some clients raise in place of a cancellation that cuts them."""
+
+
+async def closed_when_cancelled() -> None:
+    """Wait long; a cancellation becomes a client's own error ("connection closed")."""
+    try:
+        await anyio.sleep(30)
+    except anyio.get_cancelled_exc_class():
+        raise ConnectionClosed("connection closed") from None
+
+
+class Closing(Agent):
+    @tool
+    async def query(self) -> str:
+        """Waits on a database client that turns a cancellation into its own error."""
+        await closed_when_cancelled()
+        return "rows"
+
+    @tool(timeout=0.2)
+    async def bounded(self) -> str:
+        """The same, with a timeout of its own."""
+        await closed_when_cancelled()
+        return "rows"
+
+
+async def closing_call(request: ModelRequest) -> ModelResponse:
+    """A model whose HTTP client turns a cancellation into its own error."""
+    try:
+        await anyio.sleep(30)
+    except anyio.get_cancelled_exc_class():
+        raise ProviderUnavailableError("connection closed", provider="scripted") from None
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("where", ["chat", "tool"])
+@pytest.mark.parametrize("end", ["cancelled", "deadline"])
+async def test_a_cut_a_client_turned_into_its_own_error_is_no_failure_of_its_span(
+    spans: Spans, histograms: Histograms, where: str, end: str
+) -> None:
+    """A model call or tool whose client turns the cancellation that cuts it into an
+    error of its own ("connection closed") was cut, as the run says: by the caller's
+    cancellation, UNSET (``cancelled`` in the duration metric); by the run's deadline,
+    ERROR with DeadlineExceededError. Never the client's error, which would count every
+    abandoned request as a provider or tool failure."""
+    script = [closing_call] if where == "chat" else [tool_call_response("query", {})]
+    agent = Closing(model=ScriptedModel(script))
+    if end == "cancelled":
+        with anyio.move_on_after(1) as scope:
+            await agent.run("hi")
+        assert scope.cancelled_caught
+    else:
+        with pytest.raises(DeadlineExceededError):
+            await agent.run("hi", timeout=1)
+    cut = spans.one("chat" if where == "chat" else "execute_tool")
+    kind = None if end == "cancelled" else "DeadlineExceededError"
+    assert attributes(cut).get("error.type") == kind
+    assert cut.status.status_code is (StatusCode.UNSET if kind is None else StatusCode.ERROR)
+    if where == "chat":
+        (timed,) = histograms.read()["gen_ai.client.operation.duration"]
+        assert dict(timed.attributes or {})["error.type"] == (kind or "cancelled")
+
+
+@pytest.mark.virtual_clock
+async def test_a_tool_timeout_its_client_turned_into_its_own_error_is_a_timeout(
+    spans: Spans,
+) -> None:
+    """A tool's own timeout, turned by its client into "connection closed", is the
+    tool's timeout, as when the cancellation goes through: ``error.type`` ``timeout``,
+    and the model is told the tool did not finish in time."""
+    model = ScriptedModel([tool_call_response("bounded", {}), text_response("Sorry.")])
+    result = await Closing(model=model).run("hi")
+    assert attributes(spans.one("execute_tool"))["error.type"] == "timeout"
+    answered = result.messages[-2].tool_results[0]
+    assert answered.is_error and "did not finish within 0.2 s" in answered.content
+
+
 async def run_with_secrets(agent: Support) -> None:
     """A run whose instructions, input, history, tool arguments, results and answer hold SECRET."""
     model = ScriptedModel(
