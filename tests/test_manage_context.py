@@ -52,6 +52,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
     InvalidRequestError,
+    ProtocolError,
     ProviderUnavailableError,
     RateLimitError,
     SessionStoreError,
@@ -2277,6 +2278,41 @@ class TestTelemetry:
         (summary,) = spans.named("chat")
         if stop != "no time to retry":  # that one failed first, with RateLimitError
             assert (summary.attributes or {}).get("error.type") == failed
+        assert not spans.still_open
+
+    @pytest.mark.parametrize("stop", ["cancel", "deadline"])
+    async def test_a_compaction_cut_by_a_cancellation_its_client_turned_is_recorded_alike(
+        self, spans: Spans, stop: str
+    ) -> None:
+        """A summary call whose client turns the cancellation that cuts it into an error
+        of its own ("connection closed") leaves the event one the cancellation went
+        through leaves: cancelled, or error with ``DeadlineExceededError``; never an
+        error of the client's type, as if the compaction had failed."""
+        started = anyio.Event()
+
+        async def closing(request: ModelRequest) -> ModelResponse:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                raise ProtocolError("connection closed") from None
+            raise AssertionError("unreachable")
+
+        agent = Small(model=ScriptedModel([closing]))
+        if stop == "deadline":
+            with pytest.raises(DeadlineExceededError):
+                await agent.run("go", history=chat(30), timeout=0.2)
+        else:
+            async with anyio.create_task_group() as group:
+                group.start_soon(functools.partial(agent.run, "go", history=chat(30)))
+                await started.wait()
+                group.cancel_scope.cancel()
+        (event,) = spans.compactions()
+        failed = None if stop == "cancel" else "DeadlineExceededError"
+        assert event["littleghost.compaction.outcome"] == (
+            "cancelled" if failed is None else "error"
+        )
+        assert event.get("error.type") == failed
         assert not spans.still_open
 
     @pytest.mark.parametrize("stop", ["deadline", "no time to retry"])

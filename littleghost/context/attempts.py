@@ -12,7 +12,7 @@ from attrs import define, field, frozen
 from opentelemetry import trace
 
 from littleghost import logs, telemetry
-from littleghost.cleanup import cancelled_here, run_deadline
+from littleghost.cleanup import cancellation_turned_into, cancelled_here, run_deadline
 from littleghost.context.index import LogIndex
 from littleghost.context.tokens import Tokenizer
 from littleghost.context.view import build_view
@@ -88,11 +88,7 @@ async def attempt(
             )
         )
 
-    await context.emit(CompactionStarted(reason, estimated, window))
-    outcome = Outcome()
-    try:
-        yield outcome
-    except anyio.get_cancelled_exc_class() as error:
+    def stopped(error: BaseException) -> None:
         # the caller's cancellation (cancelled), the run's deadline (an error, as the spans
         # it cuts: DeadlineExceededError), else a stray one (an error); no stream event: a
         # cancelled run can await nothing
@@ -105,8 +101,18 @@ async def attempt(
         compaction_event(
             context, reason, "cancelled" if kind is None else "error", estimated, window, extra
         )
+
+    await context.emit(CompactionStarted(reason, estimated, window))
+    outcome = Outcome()
+    try:
+        yield outcome
+    except anyio.get_cancelled_exc_class() as error:
+        stopped(error)
         raise
     except Exception as error:  # a DeadlineExceededError (no time to retry) too
+        if cancellation_turned_into(error):  # a client's "connection closed": stopped
+            stopped(error)
+            raise
         failed = Outcome(before=outcome.before, usage=outcome.usage)
         await finish("error", failed, error)
         raise
