@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from littleghost import logs, telemetry
 from littleghost._validators import TOKEN_COUNT, is_token_count
 from littleghost.chat_span import traced_call
-from littleghost.cleanup import Grace, cancelled_here, close_leaving
+from littleghost.cleanup import Grace, cancellation_turned_into, cancelled_here, close_leaving
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import UNSWALLOWED, ConfigurationError, ProtocolError, SessionStoreError
@@ -459,6 +459,8 @@ class RunContext:
         except UNSWALLOWED:
             raise
         except Exception as error:  # cancellation is not an Exception: it propagates
+            if cancellation_turned_into(error):  # a client's "connection closed": stopped
+                await anyio.lowlevel.checkpoint()  # the cancellation goes on (its context)
             logger.warning(
                 "counting the prompt tokens of model %r failed (%s)",
                 model.name,

@@ -2472,19 +2472,27 @@ class TestCountSpans:
         assert retried["littleghost.compaction.counted_prompt_tokens"] == counted[-1]
 
     @pytest.mark.virtual_clock
+    @pytest.mark.parametrize("turned", [False, True], ids=["cancellation", "client's error"])
     @pytest.mark.parametrize("stop", ["cancel", "deadline"])
     async def test_a_count_cut_by_the_run_stopping_has_no_figure(
-        self, spans: Spans, stop: str
+        self, spans: Spans, caplog: pytest.LogCaptureFixture, stop: str, turned: bool
     ) -> None:
         """A slow count is cut by the run's deadline as a model call is (the run raises
         DeadlineExceededError at its deadline, never later) or by a cancellation; its span
         ends without a figure, ERROR with DeadlineExceededError when the deadline cut it,
-        else UNSET without error.type."""
+        else UNSET without error.type. So does one whose client turns the cancellation
+        into an error of its own ("connection closed"), which is no failed count either:
+        nothing is logged."""
         started = anyio.Event()
 
         async def slow(request: ModelRequest) -> int:
             started.set()
-            await anyio.sleep(30)
+            try:
+                await anyio.sleep(30)
+            except anyio.get_cancelled_exc_class():
+                if turned:
+                    raise OSError("connection closed") from None
+                raise
             return 500
 
         agent = Lenient(model=ScriptedModel([Densities()] * 4, count_prompt_tokens=slow))
@@ -2513,6 +2521,7 @@ class TestCountSpans:
             assert "error.type" not in (span.attributes or {})
         assert "littleghost.counted_prompt_tokens" not in (span.attributes or {})
         assert not spans.still_open
+        assert not [r for r in caplog.records if "counting the prompt" in r.getMessage()]
 
     @pytest.mark.virtual_clock
     async def test_a_count_past_its_timeout_is_an_error_span_and_recovery_goes_on(
