@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import re
-import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
@@ -20,7 +19,6 @@ from urllib.parse import urlsplit
 import anyio
 
 from littleghost import logs
-from littleghost._validators import is_int
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -29,7 +27,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
-from littleghost.models._loops import LoopClients, Signal
+from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     CountAsking,
     accepted_parameters,
@@ -75,6 +73,7 @@ from littleghost.models.base import (
 from littleghost.models.call_ids import with_unique_call_ids
 from littleghost.models.openai_count import count_request
 from littleghost.models.overflow import check_window_room, classify_error
+from littleghost.models.served_window import MODELS_TIMEOUT, ServedWindow
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -83,13 +82,9 @@ from littleghost.models.streaming import (
     ToolCallChunk,
 )
 from littleghost.models.windows import known_context_window
-from littleghost.sessions.forks import reset_in_child
 from littleghost.settings import EXTRA_BODY, RESERVED_SETTINGS
 
 __all__ = ["MODELS_TIMEOUT", "OpenAIModel", "from_model_string"]
-
-MODELS_TIMEOUT = 3.0
-"""Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
 
 logger = logs.logger(__name__)
 
@@ -153,30 +148,6 @@ def _reasoning_field(host: str) -> str:
     ``reasoning`` for those of ``_REASONING_HOSTS``, else ``reasoning_content`` (llama.cpp,
     vLLM, DeepSeek, Kimi)."""
     return "reasoning" if host in _REASONING_HOSTS else "reasoning_content"
-
-
-def _reported_window(body: object, model: str) -> int | None:
-    """The window a ``GET /models`` body reports for ``model``, if any.
-
-    The entry whose ``id`` is ``model`` (or the only entry) is read: ``meta.n_ctx``
-    (llama.cpp), ``max_model_len`` (vLLM), ``context_length`` (OpenRouter and others) or
-    ``context_window`` (Groq).
-    """
-    data = body.get("data") if isinstance(body, Mapping) else None
-    entries = [item for item in data if isinstance(item, Mapping)] if isinstance(data, list) else []
-    entry = next((entry for entry in entries if entry.get("id") == model), None)
-    if entry is None and len(entries) == 1:
-        entry = entries[0]
-    if entry is None:
-        return None
-    meta = entry.get("meta")
-    figures = (
-        meta.get("n_ctx") if isinstance(meta, Mapping) else None,
-        entry.get("max_model_len"),
-        entry.get("context_length"),
-        entry.get("context_window"),
-    )
-    return next((figure for figure in figures if is_int(figure) and figure > 0), None)
 
 
 def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
@@ -575,11 +546,12 @@ class OpenAIModel:
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
-        self._served_window: int | None = None
-        self._probed = self._official or self._context_window is not None
-        self._probing: Signal | None = None
-        self._probing_lock = threading.Lock()
-        _MODELS.add(self)
+        self._served = ServedWindow(
+            self.provider,
+            model,
+            ask=not self._official and self._context_window is None,
+            logger=logger,
+        )
         self._accepted = accepted_parameters(client.chat.completions.create)
         self._stream_usage = True
         owner = f"{self.provider}: the server of {model!r}"
@@ -597,12 +569,6 @@ class OpenAIModel:
             self._sdk, self._sdk.OpenAIError, self.provider, keys=lambda: (client.api_key,)
         )
 
-    def _forget_in_child(self) -> None:
-        """In a process ``fork()`` made: a window another thread of the parent was
-        reading is not read here (its waiters would wait for good); the child reads it."""
-        self._probing_lock = threading.Lock()
-        self._probing = None
-
     @staticmethod
     def _new_client(sdk: Any, base_url: str | None, api_key: str, timeout: Any) -> Any:
         """A client of the server, made for each event loop the model is used in, with an
@@ -617,56 +583,12 @@ class OpenAIModel:
     @property
     def context_window(self) -> int | None:
         """The constructor's window, else the server's, else the documented one; or ``None``."""
-        return self._context_window or self._served_window or self._known_window
+        return self._context_window or self._served.window or self._known_window
 
     async def prepare(self) -> None:
         """Read the window another server reports, once; concurrent callers, in any
         event loop or thread, wait for it."""
-        while not self._probed:
-            with self._probing_lock:
-                probing = self._probing
-                mine = probing is None
-                if probing is None:
-                    probing = self._probing = Signal()
-            if not mine:
-                await probing.wait()
-                continue
-            try:
-                self._served_window = await self._read_served_window()
-                self._probed = True
-            finally:
-                with self._probing_lock:
-                    self._probing = None
-                probing.set()
-
-    async def _read_served_window(self) -> int | None:
-        """The server's ``GET /models`` figure; ``None`` (logged) when it gives none in time."""
-        body: object = None
-        client = await self._clients.get()
-        with anyio.move_on_after(MODELS_TIMEOUT) as scope:
-            try:
-                body = await client.get("models", cast_to=object)
-            except Exception as error:  # cancellation is not an Exception: it propagates
-                logger.debug(
-                    "%s: GET /models for %r failed (%s); its window is not read from the server",
-                    self.provider,
-                    self._name,
-                    type(error).__name__,
-                )
-                return None
-        if scope.cancelled_caught:
-            logger.debug(
-                "%s: GET /models for %r got no answer within %g s; its window is not read "
-                "from the server",
-                self.provider,
-                self._name,
-                MODELS_TIMEOUT,
-            )
-            return None
-        window = _reported_window(body, self._name)
-        if window is None:
-            logger.debug("%s: GET /models reports no window for %r", self.provider, self._name)
-        return window
+        await self._served.read(self._clients, "models", MODELS_TIMEOUT)
 
     async def aclose(self) -> None:
         """Close the running event loop's HTTP client, when this model made it (a loop
@@ -1090,9 +1012,6 @@ class OpenAIModel:
         if event == "error" or chunk.get("error"):
             raise classify_error(provider=self.provider, body=chunk)
         return chunk
-
-
-_MODELS = reset_in_child(OpenAIModel._forget_in_child)
 
 
 def from_model_string(model: str | None) -> OpenAIModel:

@@ -1,0 +1,132 @@
+"""The context window a server reports from ``GET /models``, read once per model.
+
+``OpenAIModel`` and ``AnthropicModel`` ask a server other than their provider's own API
+(llama.cpp, vLLM, a gateway) for its window when they are given none; a failure, a
+silence past the timeout or an answer without a window only leaves it unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+
+import anyio
+
+from littleghost._validators import is_int
+from littleghost.models._loops import LoopClients, Signal
+from littleghost.sessions.forks import reset_in_child
+
+__all__ = ["MODELS_TIMEOUT", "ServedWindow", "reported_window"]
+
+MODELS_TIMEOUT = 3.0
+"""Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
+
+
+def reported_window(body: object, model: str) -> int | None:
+    """The window a ``GET /models`` body reports for ``model``, if any.
+
+    The entry whose ``id`` is ``model`` (or the only entry) is read: ``meta.n_ctx``
+    (llama.cpp), ``max_model_len`` (vLLM), ``context_length`` (OpenRouter and others) or
+    ``context_window`` (Groq).
+    """
+    data = body.get("data") if isinstance(body, Mapping) else None
+    entries = [item for item in data if isinstance(item, Mapping)] if isinstance(data, list) else []
+    entry = next((entry for entry in entries if entry.get("id") == model), None)
+    if entry is None and len(entries) == 1:
+        entry = entries[0]
+    if entry is None:
+        return None
+    meta = entry.get("meta")
+    figures = (
+        meta.get("n_ctx") if isinstance(meta, Mapping) else None,
+        entry.get("max_model_len"),
+        entry.get("context_length"),
+        entry.get("context_window"),
+    )
+    return next((figure for figure in figures if is_int(figure) and figure > 0), None)
+
+
+class ServedWindow:
+    """The window one model's server reports (``window``, ``None`` until read or when it
+    gives none), read at most once.
+
+    Args:
+        provider: The model's provider, for the log.
+        model: The model's name: the entry of the list to read, and for the log.
+        ask: Whether to ask the server at all (not when the window is given, nor of
+            the provider's own API).
+        logger: Where a failed read is logged, at DEBUG.
+    """
+
+    def __init__(self, provider: str, model: str, *, ask: bool, logger: logging.Logger) -> None:
+        self.window: int | None = None
+        self._provider = provider
+        self._model = model
+        self._logger = logger
+        self._read = not ask
+        self._probing: Signal | None = None
+        self._lock = threading.Lock()
+        _WINDOWS.add(self)
+
+    def _forget_in_child(self) -> None:
+        """In a process ``fork()`` made: a window another thread of the parent was
+        reading is not read here (its waiters would wait for good); the child reads it."""
+        self._lock = threading.Lock()
+        self._probing = None
+
+    async def read(self, clients: LoopClients, path: str, timeout: float) -> None:
+        """Read the window from ``GET path`` through the running event loop's client of
+        ``clients``, unless it was read; concurrent callers, in any event loop or
+        thread, wait for the one reading it. ``timeout``: the longest wait, in seconds.
+        """
+        while not self._read:
+            with self._lock:
+                probing = self._probing
+                mine = probing is None
+                if probing is None:
+                    probing = self._probing = Signal()
+            if not mine:
+                await probing.wait()
+                continue
+            try:
+                self.window = await self._ask(clients, path, timeout)
+                self._read = True
+            finally:
+                with self._lock:
+                    self._probing = None
+                probing.set()
+
+    async def _ask(self, clients: LoopClients, path: str, timeout: float) -> int | None:
+        """The server's figure; ``None`` (logged) when it gives none in time."""
+        body: object = None
+        client = await clients.get()
+        with anyio.move_on_after(timeout) as scope:
+            try:
+                body = await client.get(path, cast_to=object)
+            except Exception as error:  # cancellation is not an Exception: it propagates
+                self._logger.debug(
+                    "%s: GET /models for %r failed (%s); its window is not read from the server",
+                    self._provider,
+                    self._model,
+                    type(error).__name__,
+                )
+                return None
+        if scope.cancelled_caught:
+            self._logger.debug(
+                "%s: GET /models for %r got no answer within %g s; its window is not read "
+                "from the server",
+                self._provider,
+                self._model,
+                timeout,
+            )
+            return None
+        window = reported_window(body, self._model)
+        if window is None:
+            self._logger.debug(
+                "%s: GET /models reports no window for %r", self._provider, self._model
+            )
+        return window
+
+
+_WINDOWS = reset_in_child(ServedWindow._forget_in_child)
