@@ -1,6 +1,7 @@
-"""Known context windows: the documented table, the window an OpenAI-compatible server
-reports from ``GET /v1/models``, and how ``manage_context`` picks the window it works
-against (override, advertised, fallback with one warning per model)."""
+"""Known context windows: the documented table, the window an OpenAI- or
+Anthropic-compatible server reports from ``GET /v1/models``, and how ``manage_context``
+picks the window it works against (override, advertised, fallback with one warning per
+model)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import anyio
 import httpx2
 import pytest
 
+import littleghost.models.anthropic as anthropic_provider
 import littleghost.models.openai as openai_provider
 from littleghost import Agent, manage_context
 from littleghost.context.budget import PromptBudget
@@ -29,9 +31,11 @@ from littleghost.testing import ScriptedModel, text_response
 from .sdk_bodies import (
     NOT_FOUND,
     LocalServer,
+    anthropic_client,
     completion_body,
     error_answer,
     json_answer,
+    message_body,
     openai_client,
 )
 from .timing import LATE
@@ -40,6 +44,8 @@ pytestmark = pytest.mark.anyio
 
 
 COMPLETION = json_answer(completion_body({"content": "They talked about order 42."}, usage=(10, 5)))
+ANSWER = json_answer(message_body([{"type": "text", "text": "They talked about order 42."}]))
+"""The same answer from an Anthropic-compatible ``/v1/messages``."""
 
 
 def llama_cpp(n_ctx: int) -> httpx2.Response:
@@ -112,6 +118,7 @@ def refused_url() -> str:
 @pytest.fixture(autouse=True)
 def no_base_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
 
 
 @pytest.fixture
@@ -121,6 +128,21 @@ async def models() -> AsyncIterator[Callable[..., OpenAIModel]]:
 
     def make(name: str, base_url: str | None = None, **options: Any) -> OpenAIModel:
         model = OpenAIModel(name, base_url=base_url, api_key="x", **options)
+        made.append(model)
+        return model
+
+    yield make
+    for model in made:
+        await model.aclose()
+
+
+@pytest.fixture
+async def claudes() -> AsyncIterator[Callable[..., AnthropicModel]]:
+    """Makes ``AnthropicModel`` values of a server's root URL and closes them after the test."""
+    made: list[AnthropicModel] = []
+
+    def make(name: str, base_url: str | None = None, **options: Any) -> AnthropicModel:
+        model = AnthropicModel(name, base_url=base_url, api_key="x", **options)
         made.append(model)
         return model
 
@@ -363,6 +385,132 @@ async def test_concurrent_prepares_read_once(
     assert (server.count("/v1/models"), model.context_window) == (1, 4_096)
 
 
+# --- the window an Anthropic-compatible server reports --------------------------------
+
+
+class Helpdesk(Agent):
+    instructions = "Help with orders."
+
+
+async def test_an_anthropic_compatible_server_reports_its_window(
+    serve: Callable[..., LocalServer], claudes: Callable[..., AnthropicModel]
+) -> None:
+    server = serve({"/v1/models": llama_cpp(512)})
+    model = claudes("m", server.url)
+    assert model.context_window is None
+    await model.prepare()
+    assert model.context_window == 512
+    await model.prepare()
+    assert server.requests == [("GET", "/v1/models")]  # read once
+
+
+async def test_for_anthropic_too_the_server_wins_over_the_table_and_the_constructor_over_both(
+    serve: Callable[..., LocalServer], claudes: Callable[..., AnthropicModel]
+) -> None:
+    server = serve({"/v1/models": llama_cpp(2_048)})
+    served = claudes("claude-sonnet-4-5", server.url)
+    assert served.context_window == 200_000
+    await served.prepare()
+    assert served.context_window == 2_048
+    explicit = claudes("claude-sonnet-4-5", server.url, context_window=1_000)
+    await explicit.prepare()
+    assert explicit.context_window == 1_000
+    assert server.count("/v1/models") == 1  # the explicit window needs no request
+
+
+@pytest.mark.parametrize(
+    "base_url", [None, "https://api.anthropic.com", "https://API.anthropic.com/v1/"]
+)
+async def test_anthropics_own_api_is_not_asked(base_url: str | None) -> None:
+    requests: list[tuple[str, str]] = []
+
+    def record(request: httpx2.Request) -> httpx2.Response:
+        requests.append((request.method, request.url.path))
+        return ANSWER if request.url.path.endswith("/messages") else httpx2.Response(500)
+
+    client = anthropic_client(record, base_url=base_url)
+    try:
+        model = AnthropicModel("claude-sonnet-4-5", client=client)
+        await model.prepare()
+        assert model.context_window == 200_000
+        result = await Helpdesk(model=model).run("Where is order 42?")
+        assert result.output == "They talked about order 42."
+        assert [method for method, _ in requests] == ["POST"]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        NOT_FOUND,
+        httpx2.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
+        error_answer(500, {"error": "boom"}),
+        json_answer({"data": [{"id": "other", "meta": {"n_ctx": 512}}, {"id": "else"}]}),
+        json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
+    ],
+    ids=["404", "garbage", "500", "not-listed", "no-window"],
+)
+async def test_a_models_list_anthropic_cannot_read_leaves_the_window_unknown(
+    serve: Callable[..., LocalServer],
+    claudes: Callable[..., AnthropicModel],
+    caplog: pytest.LogCaptureFixture,
+    answer: httpx2.Response,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="littleghost.models.anthropic")
+    server = serve({"/v1/models": answer, "/v1/messages": ANSWER})
+    unknown, known = claudes("m", server.url), claudes("claude-sonnet-4-5", server.url)
+    for model in (unknown, known, unknown):
+        result = await Helpdesk(model=model).run("Where is order 42?")
+        assert result.output == "They talked about order 42."
+    assert (unknown.context_window, known.context_window) == (None, 200_000)
+    assert (server.count("/v1/models"), server.count("/v1/messages")) == (2, 3)
+    logged = [r for r in caplog.records if r.name == "littleghost.models.anthropic"]
+    assert len(logged) == 2  # once per model
+    assert all(record.levelno == logging.DEBUG for record in logged)
+
+
+async def test_a_stalled_models_list_is_given_up_on_and_the_run_goes_on(
+    claudes: Callable[..., AnthropicModel],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="littleghost.models.anthropic")
+    monkeypatch.setattr(anthropic_provider, "MODELS_TIMEOUT", 0.3)
+    routes = {"/v1/models": llama_cpp(512), "/v1/messages": ANSWER}
+    server = LocalServer(routes, {"/v1/models": 30.0}, keep_alive=False)
+    try:
+        model = claudes("m", server.url)
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            result = await Helpdesk(model=model).run("Where is order 42?")
+        assert time.monotonic() - started < 0.3 + LATE
+    finally:
+        server.close()
+    assert result.output == "They talked about order 42."
+    assert model.context_window is None
+    assert any("no answer within" in record.getMessage() for record in caplog.records)
+
+
+async def test_a_refused_models_request_is_no_error_for_anthropic(
+    claudes: Callable[..., AnthropicModel],
+) -> None:
+    model = claudes("claude-sonnet-4-5", refused_url().removesuffix("/v1"))
+    await model.prepare()
+    assert model.context_window == 200_000
+
+
+async def test_concurrent_anthropic_prepares_read_once(
+    serve: Callable[..., LocalServer], claudes: Callable[..., AnthropicModel]
+) -> None:
+    server = serve({"/v1/models": VLLM}, delay=0.2)
+    model = claudes("m", server.url)
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(model.prepare)
+    assert (server.count("/v1/models"), model.context_window) == (1, 4_096)
+
+
 # --- manage_context and the window -----------------------------------------------------
 
 
@@ -409,6 +557,34 @@ async def test_an_agent_compacts_at_the_window_that_applies(
     assert result.output == "They talked about order 42."
     assert server.count("/v1/models") == 1
     assert server.count("/v1/chat/completions") == (2 if compacts else 1)
+    assert any(message.is_summary for message in result.messages) is compacts
+
+
+@pytest.mark.parametrize(
+    ("served", "compacts"),
+    [(llama_cpp(2_000), True), (NOT_FOUND, False)],
+    ids=["served-window", "fallback"],
+)
+async def test_an_agent_on_an_anthropic_compatible_server_compacts_at_its_window(
+    serve: Callable[..., LocalServer],
+    claudes: Callable[..., AnthropicModel],
+    served: httpx2.Response,
+    compacts: bool,
+) -> None:
+    @manage_context(
+        context_window_tokens=200_000, compression_threshold=0.5, preserve_recent_messages=2
+    )
+    class Support(Agent):
+        instructions = "Help with orders."
+        settings = {"max_tokens": 64}  # the default cap, 4096, would not fit in the window
+
+    server = serve({"/v1/models": served, "/v1/messages": ANSWER})
+    result = await Support(model=claudes("m", server.url)).run(
+        "Where is order 42?", history=long_history()
+    )
+    assert result.output == "They talked about order 42."
+    assert server.count("/v1/models") == 1
+    assert server.count("/v1/messages") == (2 if compacts else 1)
     assert any(message.is_summary for message in result.messages) is compacts
 
 

@@ -41,6 +41,7 @@ from littleghost.errors import (
 )
 from littleghost.events import TextDelta
 from littleghost.models import ModelRequest, StopReason, register_provider, registry, resolve
+from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.streaming import StreamDone, TextChunk
@@ -1245,6 +1246,52 @@ async def test_manage_context_recovers_from_a_real_overflow_once(
     ] == [("overflow", "completed")]
     failed = [span for span in spans.named("chat") if span.attributes.get("error.type")]
     assert [span.attributes["error.type"] for span in failed] == ["context_length_exceeded"]
+    assert sum(1 for message in result.messages if message.is_summary) == 1
+
+
+def anthropic_at(local: LocalModel) -> AnthropicModel:
+    """An ``AnthropicModel`` pointed at the server's Anthropic-compatible ``/v1/messages``,
+    given no window."""
+    assert local.base_url is not None
+    root = local.base_url.removesuffix("/v1")
+    return AnthropicModel(local.name, base_url=root, api_key=local.api_key)
+
+
+async def test_an_anthropic_model_pointed_at_the_server_reads_its_window(
+    local: LocalModel,
+) -> None:
+    model = anthropic_at(local)
+    try:
+        assert model.context_window is None
+        await model.prepare()
+        assert model.context_window == WINDOW
+    finally:
+        await model.aclose()
+
+
+@manage_context(compression_threshold=0.6, preserve_recent_messages=2)
+class AnthropicNotes(Agent):
+    instructions = Notes.instructions
+    settings = {"max_tokens": 40, "extra_body": SETTINGS}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_anthropic_model_on_the_server_compacts_before_the_window_fills(
+    local: LocalModel, spans: Spans
+) -> None:
+    """Without ``context_window=``, the window read from the server is what
+    ``@manage_context`` works against: a history over the threshold of the 512-token
+    window is summarized before the request is sent, not after the server refused it."""
+    model = anthropic_at(local)
+    try:
+        result = await AnthropicNotes(model=model).run(note(10), history=history(10))
+    finally:
+        await model.aclose()
+    assert result.output.strip()
+    events = spans.compactions()
+    assert [e["littleghost.compaction.reason"] for e in events] == ["threshold"]
+    assert events[0]["littleghost.compaction.context_window_tokens"] == WINDOW
+    assert not [span for span in spans.named("chat") if span.attributes.get("error.type")]
     assert sum(1 for message in result.messages if message.is_summary) == 1
 
 

@@ -1697,7 +1697,7 @@ class TestChatSpanMetadata:
         and a proxy's host and port without its credentials."""
         body = anthropic_sse(START, *text_block(0, "o", "k"), *finish("end_turn", 2))
         url = "http://user:S3CR3T@127.0.0.1:4000/anthropic?token=S3CR3T"
-        model = make_model(FakeServer(event_stream(body)), base_url=url)
+        model = make_model(FakeServer(event_stream(body)), base_url=url, context_window=200_000)
         async with Agent(model=model).stream("hi") as events:
             async for _ in events:
                 pass

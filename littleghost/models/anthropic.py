@@ -15,10 +15,12 @@ import re
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import attrs
 
+from littleghost import logs
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -74,6 +76,7 @@ from littleghost.models.base import (
 )
 from littleghost.models.call_ids import with_unique_call_ids
 from littleghost.models.overflow import check_window_room, classify_error
+from littleghost.models.served_window import MODELS_TIMEOUT, ServedWindow
 from littleghost.models.streaming import (
     ModelStreamEvent,
     ReasoningChunk,
@@ -91,11 +94,14 @@ __all__ = [
     "EMPTY_ERROR_TEXT",
     "MAX_OPTIONAL_PROPERTIES",
     "MAX_UNIONS",
+    "MODELS_TIMEOUT",
     "OPENING_TURN",
     "AnthropicModel",
     "from_model_string",
     "schema_problem",
 ]
+
+logger = logs.logger(__name__)
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
@@ -502,6 +508,13 @@ def _counts(value: object) -> dict[str, Any]:
     return {key: count for key, count in value.items() if count is not None}
 
 
+def _is_official(base_url: object) -> bool:
+    """True for Anthropic's own API (``api.anthropic.com``), never asked for a window:
+    the documented table serves its models."""
+    host = urlsplit(str(base_url)).hostname or ""
+    return host == "api.anthropic.com" or host.endswith(".api.anthropic.com")
+
+
 class AnthropicModel:
     """A Claude model through the Anthropic Messages API.
 
@@ -512,13 +525,17 @@ class AnthropicModel:
             ``api_key`` for each event loop the model is used in.
         base_url: The API's URL (default: ``ANTHROPIC_BASE_URL``, else Anthropic's).
         api_key: The key (default: ``ANTHROPIC_API_KEY``).
-        context_window: The model's window in tokens; by default the window documented
-            for the model's name (:mod:`littleghost.models.windows`).
+        context_window: The model's window in tokens; it wins over any other figure.
         request_timeout: The longest one attempt waits on a silent server, in seconds:
             to connect (at most 5 s), and for each next piece of the answer (a whole
             answer is one piece: its generation must fit); it then fails as a timeout
             (``ProviderUnavailableError``, retried). Default: the client's own (the
             SDK's: 600 s, 5 s to connect).
+
+    Without ``context_window``, ``prepare()`` asks a server other than Anthropic's (a
+    llama.cpp server, a gateway) for its window once (``GET /v1/models``, at most
+    ``MODELS_TIMEOUT`` seconds; a failure only leaves it unknown); otherwise the window
+    documented for the model's name (:mod:`littleghost.models.windows`) applies.
 
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
@@ -556,8 +573,8 @@ class AnthropicModel:
     ) -> None:
         owner = type(self).__name__
         self._name = model = check_model_name(owner, model)
-        context_window = check_context_window(owner, context_window)
-        self._context_window = context_window or known_context_window(self.provider, model)
+        self._context_window = check_context_window(owner, context_window)
+        self._known_window = known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
         timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
         if client is None:
@@ -586,6 +603,12 @@ class AnthropicModel:
             client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
         self._clients = LoopClients(client, make, owner)
+        self._served = ServedWindow(
+            self.provider,
+            model,
+            ask=not _is_official(client.base_url) and self._context_window is None,
+            logger=logger,
+        )
         self._accepted = accepted_parameters(client.messages.create)
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
@@ -606,8 +629,13 @@ class AnthropicModel:
 
     @property
     def context_window(self) -> int | None:
-        """The constructor's window, else the documented one; ``None`` when unknown."""
-        return self._context_window
+        """The constructor's window, else the server's, else the documented one; or ``None``."""
+        return self._context_window or self._served.window or self._known_window
+
+    async def prepare(self) -> None:
+        """Read the window a server other than Anthropic's reports, once; concurrent
+        callers, in any event loop or thread, wait for it."""
+        await self._served.read(self._clients, "/v1/models", MODELS_TIMEOUT)
 
     @property
     def default_max_tokens(self) -> int:
