@@ -159,6 +159,27 @@ def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too() -> None
     assert done.stdout.strip() == "4096"
 
 
+def test_an_anthropic_model_forked_while_a_thread_reads_the_window_reads_it_too() -> None:
+    """As above, for an ``AnthropicModel`` on a server other than Anthropic's."""
+    script = FORKED_DURING_A_READ.replace(
+        "from littleghost.models.openai import OpenAIModel",
+        "from littleghost.models.anthropic import AnthropicModel",
+    ).replace("OpenAIModel(", "AnthropicModel(")
+    assert "AnthropicModel(" in script and "OpenAIModel" not in script
+    slow = keep_alive_server(models_delay=0.5)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script, slow.url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        slow.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "4096"
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_a_given_client_serves_one_event_loop_and_says_so_in_another(
     server: LocalServer, provider: str
