@@ -618,8 +618,8 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
         except (CleanupError, DeadlineExceededError):
             raise
         except Exception as error:
-            if recoveries >= MAX_RECOVERIES:
-                raise
+            if recoveries >= MAX_RECOVERIES or cancellation_turned_into(error):
+                raise  # a client's "connection closed" for the run's stop: no error to recover
             replacement = await run_chain(
                 _hooks(agent, context, "after_model_error"),
                 request,

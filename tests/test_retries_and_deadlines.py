@@ -8,9 +8,10 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import attrs
 import pytest
 
-from littleghost import Agent, Message, RunContext, before_model, tool
+from littleghost import Agent, Message, RunContext, after_model_error, before_model, tool
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -399,6 +400,34 @@ async def test_a_callers_cancellation_turned_into_a_client_error_is_the_cancella
     with anyio.fail_after(5), anyio.move_on_after(0.2) as scope:
         await agent.run("hi", session_id="s")
     assert scope.cancelled_caught
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "task group"])
+@pytest.mark.parametrize("stop", ["caller", "deadline"])
+async def test_a_cancellation_turned_into_a_client_error_is_no_error_for_the_hooks(
+    stop: str, grouped: bool
+) -> None:
+    """``after_model_error`` hooks recover from a model's errors: the error a client made
+    of the run's stop is none (the run stops; a hook that retried would retry it)."""
+    seen: list[BaseException] = []
+
+    class Recovering(Agent):
+        @after_model_error
+        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            seen.append(error)
+            return attrs.evolve(request)  # another try
+
+    model = ScriptedModel([closing_model(grouped), text_response("hi")])
+    timeout = 0.2 if stop == "deadline" else None
+    with (
+        anyio.fail_after(5),
+        anyio.move_on_after(0.2 if stop == "caller" else 5),
+        contextlib.suppress(DeadlineExceededError),
+    ):
+        await Recovering(model=model).run("hi", timeout=timeout)
+    assert seen == []
+    assert len(model.requests) == 1
 
 
 async def test_a_client_error_not_caused_by_the_deadline_goes_through() -> None:
