@@ -790,6 +790,27 @@ class Described(Unprintable):
         return f"order {self.number}"
 
 
+async def fetched(returned: list[Any]) -> list[ToolResult]:
+    """The results of one batch of calls of a tool ``fetch``, the i-th returning
+    ``returned[i]``."""
+
+    def fetch(which: int) -> Any:
+        """Fetch an order."""
+        return returned[which]
+
+    class Shop(Agent):
+        tools = [fetch]
+
+    calls = tuple(ToolCall(f"c{i}", "fetch", {"which": i}) for i in range(len(returned)))
+    model = ScriptedModel(
+        [
+            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
+            text_response("ok"),
+        ]
+    )
+    return tool_results((await Shop(model=model).run("go")).messages)
+
+
 def uncalled() -> str:
     return "never called"
 
@@ -809,22 +830,7 @@ async def test_a_result_whose_text_is_only_an_address_is_an_error_result() -> No
         {"next": Unprintable("42").__init__},
         Described("42"),
     ]
-
-    def fetch(which: int) -> Any:
-        """Fetch an order."""
-        return returned[which]
-
-    class Shop(Agent):
-        tools = [fetch]
-
-    calls = tuple(ToolCall(f"c{i}", "fetch", {"which": i}) for i in range(len(returned)))
-    model = ScriptedModel(
-        [
-            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
-            text_response("ok"),
-        ]
-    )
-    results = tool_results((await Shop(model=model).run("go")).messages)
+    results = await fetched(returned)
     expected = [
         ("it returned", "Unprintable"),
         ("its result holds", "Unprintable"),
@@ -864,22 +870,7 @@ async def test_a_result_holding_a_value_whose_text_fails_is_the_tools_failure() 
         Box(Misprinted("42")),
         [CodedError()],
     ]
-
-    def fetch(which: int) -> Any:
-        """Fetch an order."""
-        return returned[which]
-
-    class Shop(Agent):
-        tools = [fetch]
-
-    calls = tuple(ToolCall(f"c{i}", "fetch", {"which": i}) for i in range(len(returned)))
-    model = ScriptedModel(
-        [
-            ModelResponse(Message.assistant(tool_calls=calls), StopReason.TOOL_USE),
-            text_response("ok"),
-        ]
-    )
-    results = tool_results((await Shop(model=model).run("go")).messages)
+    results = await fetched(returned)
     failures = [("ValueError", "Unknown format code 'f' for object of type 'str'")] * 5
     failures.append(("TypeError", "__str__ returned non-string (type int)"))
     for result, (kind, message) in zip(results, failures, strict=True):
