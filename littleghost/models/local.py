@@ -49,6 +49,7 @@ from littleghost.models._loops import Signal
 from littleghost.models._sdk import check_request_timeout, import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
+from littleghost.models.served_window import reported_window
 from littleghost.models.streaming import ModelStreamEvent
 from littleghost.sessions.forks import reset_in_child
 from littleghost.settings import MAX_OUTPUT_TOKENS, check_local_settings
@@ -485,11 +486,11 @@ def _exit_description(code: int) -> str:
 
 
 def _models_n_ctx(body: bytes) -> int | None:
+    """The window a ``GET /v1/models`` body of the server (its one model) reports."""
     try:
-        data = json.loads(body)["data"][0]["meta"]["n_ctx"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        return reported_window(json.loads(body), "")
+    except ValueError:  # not JSON
         return None
-    return data if isinstance(data, int) and not isinstance(data, bool) and data > 0 else None
 
 
 class _ServerChat(OpenAIModel):
