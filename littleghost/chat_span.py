@@ -77,7 +77,18 @@ async def traced_call(
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
             used = bill(error, reported())
             span.set_attributes(telemetry.usage_attributes(used))
-            telemetry.record_call(spanned, started, error=error, deadline=deadline(), usage=used)
+            chunk_at = first_chunk()  # the chunks that came before it ended count too
+            telemetry.record_call(
+                spanned,
+                started,
+                error=error,
+                deadline=deadline(),
+                usage=used,
+                first_chunk=chunk_at,
+                chunk_gaps=chunk_gaps(),
+            )
+            if chunk_at is not None:
+                span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)
             raise
         chunk_at = first_chunk()
         telemetry.record_call(

@@ -1049,6 +1049,26 @@ async def test_a_streamed_answer_of_tool_calls_alone_has_its_time_to_first_chunk
     one_first_chunk(spans, histograms, after=0.05)
 
 
+async def test_a_stream_cut_after_its_first_chunk_has_its_time_to_first_chunk(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A stream its consumer leaves after the first text (a user pressing stop) had its
+    first chunk all the same: its span and the metric hold the time, the metric's point
+    with the ``error.type`` of the call's duration (the time is not the completed calls'
+    alone)."""
+    async with Agent(model=Paced(0.05)).stream("hi") as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                break
+    point = one_first_chunk(spans, histograms, after=0.05)
+    assert dict(point.attributes or {}) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "paced",
+        "gen_ai.request.model": "paced",
+        "error.type": "cancelled",
+    }
+
+
 async def test_a_streamed_answer_has_its_time_per_output_chunk(histograms: Histograms) -> None:
     """Each chunk of a streamed answer after the first is in
     gen_ai.client.operation.time_per_output_chunk, the seconds since the one before, with
