@@ -73,7 +73,8 @@ def _indent(line: str) -> int:
 
 
 def _google_args(lines: list[str]) -> dict[str, str]:
-    """The entries of ``Args:`` sections: ``name (type): text``, continued indented."""
+    """The entries of ``Args:`` sections: ``name (type): text``, continued indented; a
+    line indented less than the entries ends the section."""
     args: dict[str, str] = {}
     current: str | None = None
     in_args = False
@@ -89,6 +90,9 @@ def _google_args(lines: list[str]) -> dict[str, str]:
             continue
         if base_indent < 0:
             base_indent = _indent(line)
+        if _indent(line) < base_indent:  # text after the section, not a parameter's
+            in_args, current = False, None
+            continue
         match = _GOOGLE_ENTRY.fullmatch(stripped)
         if _indent(line) <= base_indent and match:
             current = match.group(1)

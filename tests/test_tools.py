@@ -268,6 +268,27 @@ def test_args_entries_with_types_and_blank_first_lines() -> None:
     assert properties["nights"]["description"] == "How many nights."
 
 
+def test_text_after_an_args_section_is_no_parameter_s() -> None:
+    """A line indented less than the entries ends ``Args:``: a note after the section is
+    not read as the last parameter's text."""
+
+    def book(room: str, nights: int) -> str:
+        """Book a room.
+
+        Args:
+            room: The room's number,
+                as on its door.
+            nights: How many nights.
+
+        Bookings are final once paid.
+        """
+        return room
+
+    properties = schema_of(book)["properties"]
+    assert properties["room"]["description"] == "The room's number, as on its door."
+    assert properties["nights"]["description"] == "How many nights."
+
+
 def _spec(function: Callable[..., Any]) -> Any:
     (spec,) = type("Holder", (Agent,), {"tools": [function]})().tool_specs
     return spec
