@@ -149,6 +149,8 @@ def _is_json_scalar(value: object) -> bool:
 
 def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, Any]:
     """``json_schema``, with ``outer`` the records and aliases being described around it."""
+    if (base := _new_type_base(annotation)) is not None:
+        return _schema(base, where, outer)
     if isinstance(annotation, _TYPE_ALIAS) or isinstance(get_origin(annotation), _TYPE_ALIAS):
         if annotation in outer:
             raise ConfigurationError(
@@ -282,7 +284,8 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
     raise ConfigurationError(
         f"{where}: the type {annotation!r} cannot be described as JSON schema (use str, int, "
         "float, bool, None, list, tuple, a NamedTuple, dict, Optional, Literal, an Enum, datetime, date, "
-        "time, UUID, Decimal, an attrs class, a dataclass, a TypedDict or a pydantic model)"
+        "time, UUID, Decimal, an attrs class, a dataclass, a TypedDict, a pydantic model or a "
+        "NewType of one)"
     )
 
 
@@ -381,6 +384,19 @@ _READ_ONLY = _spellings("ReadOnly")
 """``ReadOnly`` on a ``TypedDict`` key (Python 3.13): says nothing a JSON value can show."""
 _TYPE_ALIAS = _spellings("TypeAliasType")
 """The type of a ``type X = ...`` alias (Python 3.12)."""
+
+
+_NEW_TYPES: tuple[type, ...] = tuple(
+    kind for kind in _spellings("NewType") if isinstance(kind, type)
+)
+
+
+def _new_type_base(annotation: Any) -> Any:
+    """The type a ``NewType`` (``OrderId = NewType("OrderId", str)``) is made from, whose
+    values it takes at run time; ``None`` for any other annotation."""
+    return (
+        getattr(annotation, "__supertype__", None) if isinstance(annotation, _NEW_TYPES) else None
+    )
 
 
 def _aliased(alias: Any) -> Any:
@@ -719,6 +735,8 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     Raises:
         ToolArgumentError: The value does not fit, with ``path`` naming where.
     """
+    if (base := _new_type_base(annotation)) is not None:
+        return coerce(value, base, path)
     if isinstance(annotation, _TYPE_ALIAS) or isinstance(get_origin(annotation), _TYPE_ALIAS):
         return coerce(value, _aliased(annotation), path)
     if annotation is Any:

@@ -25,6 +25,7 @@ from typing import (
     ClassVar,
     Literal,
     NamedTuple,
+    NewType,
     Optional,
     TypedDict,
     TypeVar,
@@ -287,6 +288,54 @@ def test_text_after_an_args_section_is_no_parameter_s() -> None:
     properties = schema_of(book)["properties"]
     assert properties["room"]["description"] == "The room's number, as on its door."
     assert properties["nights"]["description"] == "How many nights."
+
+
+OrderId = NewType("OrderId", str)
+Rank = typing_extensions.NewType("Rank", int)
+Urgent = NewType("Urgent", OrderId)
+
+
+async def test_a_new_type_is_described_and_bound_as_the_type_it_is_made_from() -> None:
+    """``NewType`` parameters (of a type, of another ``NewType``, inside an ``Optional`` or
+    a list, ``typing_extensions``' too) have their base's schema and take its values."""
+    seen: list[Any] = []
+
+    def find(order_id: OrderId, rank: Rank, urgent: list[Urgent], old: OrderId | None) -> str:
+        """Find an order."""
+        seen.append((order_id, rank, urgent, old))
+        return "found"
+
+    assert schema_of(find)["properties"] == {
+        "order_id": {"type": "string"},
+        "rank": {"type": "integer"},
+        "urgent": {"type": "array", "items": {"type": "string"}},
+        "old": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }
+
+    class Shop(Agent):
+        tools = [find]
+
+    arguments = {"order_id": "42", "rank": 2.0, "urgent": ["7"], "old": None}
+    wrong = {**arguments, "rank": "high"}
+    model = ScriptedModel(
+        [
+            tool_call_response("find", arguments),
+            tool_call_response("find", wrong),
+            text_response("ok"),
+        ]
+    )
+    results = tool_results((await Shop(model=model).run("go")).messages)
+    assert seen == [("42", 2, ["7"], None)]
+    assert [result.is_error for result in results] == [False, True]
+    assert "rank: expected an integer, got a string" in results[1].content
+
+
+async def test_a_new_type_is_an_output_type_as_its_base_is() -> None:
+    model = ScriptedModel([text_response('{"result": 3}')])
+    result = await Agent(model=model, output_type=Rank).run("rank it")
+    assert result.output == 3
+    schema = model.requests[0].output_schema
+    assert schema is not None and schema.schema["properties"] == {"result": {"type": "integer"}}
 
 
 def _spec(function: Callable[..., Any]) -> Any:
