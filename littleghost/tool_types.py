@@ -953,7 +953,9 @@ def to_json(value: Any) -> Any:
     if attrs.has(type(value)) and not isinstance(value, ImagePart):
         return attrs.asdict(value, recurse=True, value_serializer=_field_json)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
+        # its fields as they are, each made JSON in turn (``asdict`` copies them deeply,
+        # and falls over a field that cannot be copied: a lock, a connection)
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     return _to_json_value(value)
 
 
@@ -972,8 +974,8 @@ def _to_json_value(value: Any) -> Any:
         return value.value
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, datetime.timedelta):

@@ -928,6 +928,31 @@ class Box:
     content: Any
 
 
+@dataclasses.dataclass
+class Guarded:
+    order: str
+    lock: Any
+
+
+async def test_a_dataclass_result_s_fields_are_made_json_as_they_are() -> None:
+    """A dataclass result's fields are read as they are (never deep-copied): one that
+    cannot be copied (a lock) is judged as any value is, an address being no result,
+    not the whole result's Python text; bytes in any container are UTF-8 text."""
+    results = await fetched(
+        [
+            Guarded("42", threading.Lock()),
+            Guarded("42", bytearray(b"caf\xc3\xa9")),
+            [memoryview(b"tea"), Box(Box("ok"))],
+        ]
+    )
+    assert results[0].is_error
+    assert "its result holds a value of type lock" in results[0].content
+    assert [(result.content, result.is_error) for result in results[1:]] == [
+        ('{"order": "42", "lock": "café"}', False),
+        ('["tea", {"content": {"content": "ok"}}]', False),
+    ]
+
+
 async def test_a_result_holding_a_value_whose_text_fails_is_the_tools_failure() -> None:
     """A value whose ``str()`` raises fails the call with what it raised, alone or held
     in a list, a record or as a key, whatever it raised: the model is never given
