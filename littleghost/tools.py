@@ -230,6 +230,11 @@ def define_tool(
         )
     options = tool_options(function) or {}
     tool_name = options.get("name") or getattr(function, "__name__", None)
+    if tool_name == "<lambda>":
+        raise ConfigurationError(
+            "a lambda cannot be a tool (it has no name, no docstring and no annotations): "
+            "write a def with a docstring and annotated parameters"
+        )
     if not isinstance(tool_name, str) or not _NAME.fullmatch(tool_name):
         raise ConfigurationError(f"tool name {tool_name!r} must match {_NAME.pattern}")
     if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):

@@ -1907,6 +1907,11 @@ def test_a_class_given_as_a_tool_is_not_told_to_become_an_instance() -> None:
         assert "did you mean" not in str(caught.value)
 
 
+def test_a_lambda_given_as_a_tool_is_told_to_be_a_def() -> None:
+    with pytest.raises(ConfigurationError, match="a lambda cannot be a tool .* write a def"):
+        type("Listing", (Agent,), {"tools": [lambda order_id: order_id]})
+
+
 @functools.cache
 def square(n: int) -> str:
     """Square a number."""
