@@ -838,7 +838,11 @@ async def _run_tool(
     if found is not None and found[0].description:
         attributes[telemetry.TOOL_DESCRIPTION] = found[0].description
     with telemetry.open_span(
-        f"execute_tool {name}", attributes=attributes, deadline=context.grace.earliest_deadline
+        f"execute_tool {name}",
+        attributes=attributes,
+        deadline=context.grace.earliest_deadline,
+        # a metric never has the model's text, capture_content or not
+        measured=None if found is not None else {telemetry.TOOL_NAME: UNDECLARED_TOOL},
     ) as span:
         if agent.capture_content and span.is_recording():
             span.set_attribute(

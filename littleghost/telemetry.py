@@ -1,5 +1,5 @@
-"""Telemetry: the tracer and the GenAI client metrics, GenAI attribute names, littleghost
-event names, content policy.
+"""Telemetry: the tracer and the GenAI client and agent metrics, GenAI attribute names,
+littleghost event names, content policy.
 
 Only ``opentelemetry-api`` is used. Spans and metrics follow the OpenTelemetry GenAI
 conventions. No message content, tool argument, summary or credential reaches a span
@@ -13,10 +13,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from littleghost._validators import is_int
@@ -65,6 +67,18 @@ _PER_CHUNK = _meter.create_histogram(
     "gen_ai.client.operation.time_per_output_chunk",
     unit="s",
     description="Time per output chunk of a streamed answer, after the first one",
+    explicit_bucket_boundaries_advisory=_SECONDS,
+)
+_AGENT_DURATION = _meter.create_histogram(
+    "gen_ai.invoke_agent.duration",
+    unit="s",
+    description="GenAI agent invocation duration",
+    explicit_bucket_boundaries_advisory=_SECONDS,
+)
+_TOOL_DURATION = _meter.create_histogram(
+    "gen_ai.execute_tool.duration",
+    unit="s",
+    description="GenAI tool execution duration",
     explicit_bucket_boundaries_advisory=_SECONDS,
 )
 _TOKEN_USAGE = _meter.create_histogram(
@@ -179,7 +193,8 @@ def failure_type(error: BaseException, deadline: float | None = None) -> str | N
 CANCELLED = "cancelled"
 """``error.type`` of work a cancellation stopped (the caller's, a tool's timeout, a
 consumer leaving ``agent.stream()``): a model call's in the duration metric and its
-``SideCallFinished``, a tool's that raised one on its ``execute_tool`` span."""
+``SideCallFinished``, a run's or tool call's in its duration metric, a tool's that
+raised one on its ``execute_tool`` span."""
 
 
 def ended_type(error: BaseException, deadline: float | None = None) -> str:
@@ -194,12 +209,23 @@ def no_time() -> float | None:
     return None
 
 
+_marks: ContextVar[tuple[Span, list[str]] | None] = ContextVar(
+    "littleghost.telemetry.marks", default=None
+)
+"""The innermost timed span open here (``open_span``) and each ``error.type`` it was
+marked with, for its duration metric."""
+
+
 def mark_failed(span: Span, error: BaseException | str) -> None:
-    """Set ERROR status and ``error.type`` (an exception's, or the given name) on ``span``;
-    the status description holds no content."""
+    """Set ERROR status and ``error.type`` (an exception's, or the given name) on ``span``
+    (and on its duration metric, for a timed one); the status description holds no
+    content."""
     kind = error if isinstance(error, str) else error_type(error)
     span.set_attribute(ERROR_TYPE, kind)
     span.set_status(Status(StatusCode.ERROR, kind))
+    marks = _marks.get()
+    if marks is not None and marks[0] is span:
+        marks[1].append(kind)
 
 
 _FINISH_REASONS = {
@@ -314,6 +340,17 @@ def usage_attributes(usage: Usage) -> dict[str, int]:
     return {name: count for name, count in counts.items() if count}
 
 
+_DURATIONS = {
+    "invoke_agent": (
+        _AGENT_DURATION,
+        frozenset({OPERATION_NAME, PROVIDER_NAME, AGENT_NAME, REQUEST_MODEL}),
+    ),
+    "execute_tool": (_TOOL_DURATION, frozenset({OPERATION_NAME, TOOL_NAME, TOOL_TYPE, AGENT_NAME})),
+}
+"""The operations whose spans are timed in a duration metric of the conventions' agent
+metrics, with the attributes of their spans each keeps (never a session or call id)."""
+
+
 @contextmanager
 def open_span(
     name: str,
@@ -321,25 +358,53 @@ def open_span(
     kind: SpanKind = SpanKind.INTERNAL,
     attributes: Mapping[str, Any] | None = None,
     deadline: Callable[[], float | None] = no_time,
+    measured: Mapping[str, Any] | None = None,
 ) -> Iterator[Span]:
     """Open a current span that records a failure as ERROR (any exception, a
     ``BaseException`` of the caller's own too), a cancellation (or a generator's close)
     as UNSET, and one at or past the run's ``deadline()`` as ERROR with
-    ``DeadlineExceededError`` (``failure_type``)."""
+    ``DeadlineExceededError`` (``failure_type``). An ``invoke_agent`` or ``execute_tool``
+    span is timed in its duration metric as it ends, with the ``error.type`` it was
+    marked with (``mark_failed``), or ``cancelled`` for one a cancellation stopped
+    (``ended_type``, as a model call's), and its attributes (``measured`` over them)."""
+    given = dict(attributes or {})
+    timed = _DURATIONS.get(given.get(OPERATION_NAME, ""))
     with tracer.start_as_current_span(
-        name,
-        kind=kind,
-        attributes=dict(attributes or {}),
-        record_exception=False,
-        set_status_on_exception=False,
+        name, kind=kind, attributes=given, record_exception=False, set_status_on_exception=False
     ) as span:
+        marked: list[str] = []  # the error.type a timed span ends with (its last)
+        mark = None if timed is None else _marks.set((span, marked))
+        started = time.perf_counter()
         try:
             yield span
         except BaseException as error:
             failed = failure_type(error, deadline())
             if failed is not None:
                 mark_failed(span, failed)
+            else:
+                marked.append(CANCELLED)
             raise
+        finally:
+            if mark is not None:
+                _marks.reset(mark)
+            if timed is not None:
+                _record_duration(timed, {**given, **(measured or {})}, marked, started)
+
+
+def _record_duration(
+    timed: tuple[Histogram, frozenset[str]],
+    attributes: Mapping[str, Any],
+    marked: Sequence[str],
+    started: float,
+) -> None:
+    """Record an operation begun at ``started`` (``time.perf_counter()``) in its duration
+    metric, with the conventions' few of its span's ``attributes`` and the last
+    ``error.type`` it was ``marked`` with."""
+    histogram, names = timed
+    kept = {name: value for name, value in attributes.items() if name in names}
+    if marked:
+        kept[ERROR_TYPE] = marked[-1]
+    histogram.record(time.perf_counter() - started, kept)
 
 
 _METRIC_ATTRIBUTES = frozenset(

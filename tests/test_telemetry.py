@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import attrs
 import pytest
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -283,6 +284,228 @@ async def test_a_sub_agents_call_cut_by_the_outer_runs_deadline_is_in_the_durati
         for point in histograms.read()["gen_ai.client.operation.duration"]
     ]
     assert sorted(kinds, key=str) == ["DeadlineExceededError", None]
+
+
+AGENT_METRICS = ("gen_ai.invoke_agent.duration", "gen_ai.execute_tool.duration")
+
+
+def seconds(span: ReadableSpan) -> float:
+    """A span's duration in seconds."""
+    assert span.start_time is not None and span.end_time is not None
+    return (span.end_time - span.start_time) / 1e9
+
+
+def timed_like_spans(
+    spans: Spans, recorded: dict[str, list[HistogramDataPoint]]
+) -> list[dict[str, Any]]:
+    """The attributes of each point of the agent duration metrics ``recorded``, after
+    checking that each is one value with the client duration metric's buckets, and that
+    the values of each operation, agent and tool are its spans' durations (within a
+    millisecond)."""
+    points = [point for name in AGENT_METRICS for point in recorded.get(name, [])]
+    by_key: dict[str, tuple[list[float], list[float]]] = {}
+    for point in points:
+        shown = dict(point.attributes or {})
+        assert point.count == 1
+        assert tuple(point.explicit_bounds) == tuple(0.01 * 2**power for power in range(14))
+        agent = shown["gen_ai.agent.name"]
+        key = f"{shown['gen_ai.operation.name']} {shown.get('gen_ai.tool.name', agent)}/{agent}"
+        by_key.setdefault(key, ([], []))[0].append(point.sum)
+    for span in spans.all():
+        if span.name.startswith(("invoke_agent", "execute_tool")):
+            key = f"{span.name}/{attributes(span)['gen_ai.agent.name']}"
+            by_key.setdefault(key, ([], []))[1].append(seconds(span))
+    for key, (values, durations) in by_key.items():
+        assert len(values) == len(durations), key
+        for value, duration in zip(sorted(values), sorted(durations), strict=True):
+            assert abs(value - duration) < 1e-3, (key, value, duration)
+    return [dict(point.attributes or {}) for point in points]
+
+
+async def test_each_run_and_tool_call_is_in_the_agent_duration_metrics(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """gen_ai.invoke_agent.duration (one value per run) and gen_ai.execute_tool.duration
+    (one per tool call), each its span's duration, with the conventions' few attributes:
+    no session id, call id, argument or result."""
+    session_id = f"conv-{uuid.uuid4().hex}"
+    await Support(model=two_turns()).run("Where is my order?", session_id=session_id)
+    recorded = timed_like_spans(spans, histograms.read())
+    assert recorded == [
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "Support",
+            "gen_ai.provider.name": "scripted",
+            "gen_ai.request.model": "scripted",
+        },
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "lookup",
+            "gen_ai.tool.type": "function",
+            "gen_ai.agent.name": "Support",
+        },
+    ]
+    assert SECRET not in repr(recorded) and session_id not in repr(recorded)
+
+
+@pytest.mark.parametrize("capture_content", [False, True])
+async def test_an_undeclared_tools_duration_metric_has_no_text_of_the_models(
+    spans: Spans, histograms: Histograms, capture_content: bool
+) -> None:
+    """A call of a tool the agent does not declare is in gen_ai.execute_tool.duration as
+    ``undeclared`` with error.type ``unknown_tool``, capture_content or not: a metric
+    never carries the name the model made up (which the span has when capturing)."""
+    model = ScriptedModel([tool_call_response(f"leak_{SECRET}", {}), text_response("ok")])
+    await Support(model=model, capture_content=capture_content).run("hello")
+    tool_span = spans.one("execute_tool")
+    assert (SECRET in tool_span.name) is capture_content
+    recorded = histograms.read()
+    (point,) = recorded["gen_ai.execute_tool.duration"]
+    assert dict(point.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "undeclared",
+        "gen_ai.tool.type": "function",
+        "gen_ai.agent.name": "Support",
+        "error.type": "unknown_tool",
+    }
+    assert point.count == 1 and abs(point.sum - seconds(tool_span)) < 1e-3
+
+
+class Bounded(Support):
+    @tool(timeout=0.2)
+    async def wait(self) -> str:
+        """Never finishes in time."""
+        await anyio.sleep_forever()
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("how", "run_type", "tool_type"),
+    [
+        ("a failed run", "ProviderUnavailableError", None),
+        ("a failing tool", None, "RuntimeError"),
+        ("the run's deadline", "DeadlineExceededError", "DeadlineExceededError"),
+        ("the caller's cancellation", "cancelled", "cancelled"),
+        ("a tool's timeout", None, "timeout"),
+    ],
+)
+async def test_an_ended_run_or_tool_call_is_in_the_agent_duration_metrics(
+    spans: Spans,
+    histograms: Histograms,
+    how: str,
+    run_type: str | None,
+    tool_type: str | None,
+) -> None:
+    """A run or tool call that failed, or was cut, is in its duration metric once, timed
+    to its end, with error.type as gen_ai.client.operation.duration has it: the span's,
+    DeadlineExceededError for the run's deadline, ``cancelled`` for the caller's
+    cancellation (the spans stay UNSET), ``timeout`` for a tool's own timeout."""
+    agent = Bounded(model=two_turns())
+    if how == "a failed run":
+        failing = ScriptedModel([ProviderUnavailableError("down", provider="scripted")])
+        with pytest.raises(ProviderUnavailableError):
+            await Bounded(model=failing, max_retries=0).run("hi")
+    else:
+        called = {
+            "a failing tool": tool_call_response("explode", {"reason": SECRET}),
+            "a tool's timeout": tool_call_response("wait", {}),
+        }.get(how, tool_call_response("stall", {}))
+        agent = Bounded(model=ScriptedModel([called, text_response("done")]))
+        if how == "the run's deadline":
+            with pytest.raises(DeadlineExceededError):
+                await agent.run("hi", timeout=0.3)
+        elif how == "the caller's cancellation":
+            with anyio.move_on_after(0.3) as scope:
+                await agent.run("hi")
+            assert scope.cancelled_caught
+            assert spans.one("invoke_agent").status.status_code is StatusCode.UNSET
+        else:
+            await agent.run("hi")
+    recorded = timed_like_spans(spans, histograms.read())
+    kinds = {point["gen_ai.operation.name"]: point.get("error.type") for point in recorded}
+    expected = {"invoke_agent": run_type}
+    if how != "a failed run":
+        expected["execute_tool"] = tool_type
+    assert kinds == expected
+    assert SECRET not in repr(recorded)
+
+
+async def test_a_streamed_run_is_in_the_agent_duration_metrics(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A run of ``stream()`` is timed as one of ``run()``; one its consumer leaves is
+    ``cancelled``, as its cut model call is in gen_ai.client.operation.duration."""
+    async with Support(model=two_turns()).stream("Where is my order?") as events:
+        async for _ in events:
+            pass
+    assert [point.get("error.type") for point in timed_like_spans(spans, histograms.read())] == [
+        None,
+        None,
+    ]
+    spans.clear()
+    model = ScriptedModel([streamed("Hel", "lo")])
+    async with Support(model=model).stream("hello") as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                break
+    (left,) = timed_like_spans(spans, histograms.read())
+    assert left["gen_ai.operation.name"] == "invoke_agent"
+    assert left["error.type"] == "cancelled"
+
+
+def test_a_run_sync_is_in_the_agent_duration_metrics(spans: Spans, histograms: Histograms) -> None:
+    """``run_sync()`` alike: one value for the run, one for its tool call."""
+    Support(model=two_turns()).run_sync("Where is my order?")
+    recorded = timed_like_spans(spans, histograms.read())
+    assert [point["gen_ai.operation.name"] for point in recorded] == [
+        "invoke_agent",
+        "execute_tool",
+    ]
+
+
+async def test_a_sub_agents_run_is_in_the_agent_duration_metrics(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A sub-agent run from a tool is a run of its own in gen_ai.invoke_agent.duration;
+    one its tool's timeout cut is ``cancelled`` there, as its model call is in
+    gen_ai.client.operation.duration, and the tool ``timeout``."""
+
+    class Outer(Agent):
+        @tool
+        async def ask(self) -> str:
+            """Ask a sub-agent."""
+            return (await Support(model=ScriptedModel([text_response("yes")])).run("?")).output
+
+        @tool(timeout=0.2)
+        async def ask_slowly(self) -> str:
+            """Ask a sub-agent that does not answer in time."""
+            return (await Support(model=ScriptedModel([hang])).run("?")).output
+
+    script = [tool_call_response("ask", {}), tool_call_response("ask_slowly", {})]
+    await Outer(model=ScriptedModel([*script, text_response("done")])).run("hello")
+    read = histograms.read()
+    calls = [
+        (dict(point.attributes or {}).get("error.type"), point.count)
+        for point in read["gen_ai.client.operation.duration"]
+    ]
+    assert sorted(calls, key=str) == [("cancelled", 1), (None, 4)]
+    recorded = timed_like_spans(spans, read)
+    ended = sorted(
+        (
+            point["gen_ai.operation.name"],
+            point["gen_ai.agent.name"],
+            point.get("gen_ai.tool.name", ""),
+            point.get("error.type", ""),
+        )
+        for point in recorded
+    )
+    assert ended == [
+        ("execute_tool", "Outer", "ask", ""),
+        ("execute_tool", "Outer", "ask_slowly", "timeout"),
+        ("invoke_agent", "Outer", "", ""),
+        ("invoke_agent", "Support", "", ""),
+        ("invoke_agent", "Support", "", "cancelled"),
+    ]
 
 
 async def test_invoke_agent_attributes(spans: Spans) -> None:
@@ -591,15 +814,24 @@ class Unresolved(Agent):
     model = "no-such-provider:tiny"
 
 
-async def test_a_model_that_cannot_be_resolved_fails_the_run_span(spans: Spans) -> None:
+async def test_a_model_that_cannot_be_resolved_fails_the_run_span(
+    spans: Spans, histograms: Histograms
+) -> None:
     """A model string no provider resolves (or a provider missing its key) is a failed
-    run in the traces too, not a run without a span."""
+    run in the traces and gen_ai.invoke_agent.duration too, not a run without a span."""
     with pytest.raises(ConfigurationError, match="unknown provider 'no-such-provider'"):
         await Unresolved().run("hi")
     span = spans.one("invoke_agent Unresolved")
     assert attributes(span)["error.type"] == "ConfigurationError"
     assert attributes(span)["gen_ai.agent.name"] == "Unresolved"
     assert span.status.status_code is StatusCode.ERROR
+    assert timed_like_spans(spans, histograms.read()) == [
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "Unresolved",
+            "error.type": "ConfigurationError",
+        }
+    ]
 
 
 def test_run_sync_with_a_model_that_cannot_be_resolved_fails_the_run_span(spans: Spans) -> None:
