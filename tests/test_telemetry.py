@@ -400,7 +400,6 @@ async def test_an_ended_run_or_tool_call_is_in_the_agent_duration_metrics(
     to its end, with error.type as gen_ai.client.operation.duration has it: the span's,
     DeadlineExceededError for the run's deadline, ``cancelled`` for the caller's
     cancellation (the spans stay UNSET), ``timeout`` for a tool's own timeout."""
-    agent = Bounded(model=two_turns())
     if how == "a failed run":
         failing = ScriptedModel([ProviderUnavailableError("down", provider="scripted")])
         with pytest.raises(ProviderUnavailableError):
