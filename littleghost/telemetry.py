@@ -369,12 +369,18 @@ def open_span(
     (``ended_type``, as a model call's), and its attributes (``measured`` over them)."""
     given = dict(attributes or {})
     timed = _DURATIONS.get(given.get(OPERATION_NAME, ""))
+    begun = time.time_ns()  # the span's own start and end times time its metric
     with tracer.start_as_current_span(
-        name, kind=kind, attributes=given, record_exception=False, set_status_on_exception=False
+        name,
+        kind=kind,
+        attributes=given,
+        start_time=begun,
+        record_exception=False,
+        set_status_on_exception=False,
+        end_on_exit=False,
     ) as span:
         marked: list[str] = []  # the error.type a timed span ends with (its last)
         mark = None if timed is None else _marks.set((span, marked))
-        started = time.perf_counter()
         try:
             yield span
         except BaseException as error:
@@ -385,26 +391,29 @@ def open_span(
                 marked.append(CANCELLED)
             raise
         finally:
+            ended = time.time_ns()
+            span.end(end_time=ended)
             if mark is not None:
                 _marks.reset(mark)
             if timed is not None:
-                _record_duration(timed, {**given, **(measured or {})}, marked, started)
+                seconds = (ended - begun) / 1e9
+                _record_duration(timed, {**given, **(measured or {})}, marked, seconds)
 
 
 def _record_duration(
     timed: tuple[Histogram, frozenset[str]],
     attributes: Mapping[str, Any],
     marked: Sequence[str],
-    started: float,
+    seconds: float,
 ) -> None:
-    """Record an operation begun at ``started`` (``time.perf_counter()``) in its duration
-    metric, with the conventions' few of its span's ``attributes`` and the last
-    ``error.type`` it was ``marked`` with."""
+    """Record an operation that took ``seconds`` in its duration metric, with the
+    conventions' few of its span's ``attributes`` and the last ``error.type`` it was
+    ``marked`` with."""
     histogram, names = timed
     kept = {name: value for name, value in attributes.items() if name in names}
     if marked:
         kept[ERROR_TYPE] = marked[-1]
-    histogram.record(time.perf_counter() - started, kept)
+    histogram.record(seconds, kept)
 
 
 _METRIC_ATTRIBUTES = frozenset(
