@@ -350,6 +350,9 @@ async def _run_in(
                             context._ended = True  # before the session is released
     except BaseException as error:
         found = fatal(error)
+        deadline = None if found is not None else _runs_deadline(error, context)
+        if deadline is not None and deadline is not error:
+            raise deadline from deadline.__cause__  # out of a hook's own task group
         if found is None and _deadline_turned_into(error, scope):
             raise _late(agent, context, waiting) from error
         if found is None and cancellation_turned_into(error):

@@ -11,7 +11,16 @@ import anyio
 import attrs
 import pytest
 
-from littleghost import Agent, Message, RunContext, after_model_error, before_model, tool
+from littleghost import (
+    Agent,
+    Message,
+    RunContext,
+    ToolCall,
+    after_model_error,
+    before_model,
+    before_tool,
+    tool,
+)
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -473,6 +482,69 @@ async def test_a_side_calls_retry_past_the_deadline_from_a_task_group_ends_the_r
         await DigestingTwice(model=model).run("hi", timeout=10)
     assert anyio.current_time() - start == 0  # at once
     assert caught.value.__cause__ is error and caught.value.deadline is not None
+
+
+async def _digest_twice(context: RunContext) -> None:
+    """Two side calls at once, in a task group of the caller's own."""
+
+    async def digest_once() -> None:
+        await context.complete(ModelRequest([Message.user("digest this")]))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(digest_once)
+        group.start_soon(digest_once)
+
+
+class DigestingHooks(Agent):
+    """Digests the question in a hook of the kind ``digest_in`` names (or in its
+    ``instructions``), in a task group of the hook's own."""
+
+    digest_in = "before_model"
+
+    async def instructions(self, context: RunContext) -> str:
+        if self.digest_in == "instructions":
+            await _digest_twice(context)
+        return "Answer."
+
+    @before_model
+    async def digest_request(self, request: ModelRequest, context: RunContext) -> None:
+        if self.digest_in == "before_model":
+            await _digest_twice(context)
+
+    @before_tool
+    async def digest_call(self, call: ToolCall, context: RunContext) -> None:
+        if self.digest_in == "before_tool":
+            await _digest_twice(context)
+
+    @tool
+    def look(self) -> str:
+        """Look."""
+        return "seen"
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("where", ["before_model", "before_tool", "instructions"])
+async def test_a_side_calls_retry_past_the_deadline_from_a_hooks_task_group_ends_the_run(
+    where: str,
+) -> None:
+    """The run's own ``DeadlineExceededError`` comes out of a hook's (or callable
+    instructions') own task group as itself, not in an exception group."""
+    error = RateLimitError("slow down", status=429, retry_after=30)
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.messages[-1].text == "digest this":
+            raise error
+        return tool_call_response("look", {})
+
+    model = ScriptedModel([answer] * 4)
+    start = anyio.current_time()
+    agent = DigestingHooks(model=model)
+    agent.digest_in = where
+    with pytest.raises(DeadlineExceededError) as caught:
+        await agent.run("hi", timeout=10)
+    assert anyio.current_time() - start == 0  # at once
+    assert caught.value.__cause__ is error and caught.value.deadline is not None
+    assert caught.value.run_usage is not None
 
 
 async def test_an_outer_cancel_scope_cancels_the_run_natively() -> None:
