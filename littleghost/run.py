@@ -388,10 +388,18 @@ class RunContext:
 
         Raises:
             TypeError: ``report`` is not a bool.
+            ConfigurationError: The run of this context has ended (a context kept past
+                its run makes no side call: nothing would count it); the model is not
+                called.
         """
         if not isinstance(report, bool):
             raise TypeError(
                 f"context.complete(report=) must be a bool, not {type(report).__name__}"
+            )
+        if self._ended:
+            raise ConfigurationError(
+                "context.complete(): the run of this context has ended; a context kept past "
+                "its run makes no side call (its usage would be counted nowhere)"
             )
         try:
             response = await self._call(request, model=model)

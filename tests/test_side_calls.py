@@ -19,6 +19,7 @@ from littleghost import Agent, Message, RunContext, before_model, manage_context
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import CompactionState, PromptBudget, Truncation
 from littleghost.errors import (
+    ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
     LimitExceededError,
@@ -750,3 +751,28 @@ async def test_a_side_call_whose_client_turned_its_cut_into_an_error_is_reported
     side = events.index(SideCallFinished(REPORTED, "guard", type(closed).__name__))
     assert isinstance(events[side + 1], ToolCallFinished)
     assert events[side + 1].result.is_error  # stopped at its timeout
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_context_kept_past_its_run_makes_no_side_call(via: str) -> None:
+    """A side call after the run ended would be billed and counted nowhere (the run's
+    usage, span and stream are over): it is refused before the model is called, as an
+    append is."""
+    kept: list[RunContext] = []
+
+    class Keeping(Agent):
+        @before_model
+        def keep(self, request: ModelRequest, context: RunContext) -> None:
+            kept.append(context)
+
+    model = ScriptedModel([text_response("Hi."), text_response("late", input_tokens=9)])
+    if via == "run":
+        await Keeping(model=model).run("Hello")
+    else:
+        async with Keeping(model=model).stream("Hello") as events:
+            async for _ in events:
+                pass
+    with pytest.raises(ConfigurationError, match=r"context.complete\(\): the run .* has ended"):
+        await kept[0].complete(ModelRequest([Message.user("late")]))
+    assert model.remaining == 1  # the model was not called
+    assert kept[0].usage == Usage()
