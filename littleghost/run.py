@@ -40,9 +40,11 @@ from littleghost.models.base import (
     model_awaitable,
     prepare,
 )
+from littleghost.models.registry import is_local_model
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
+from littleghost.settings import check_local_settings, check_settings
 
 if TYPE_CHECKING:
     from littleghost.agent import Agent
@@ -482,13 +484,22 @@ class RunContext:
         """A model call as ``complete(report=False)`` makes it, or the runner's ``turn``
         call, which streams (its span then has ``gen_ai.request.stream``), takes the
         attributes meant for it, reports its retries and sets ``last_exchange``."""
-        if model is not None and model is not self.model:
+        model = self.model if model is None else model
+        if request.settings != self.settings:  # a hook's or a side call's: checked as the run's
+            owner = (
+                "the turn's request settings (as its before_model hooks left them)"
+                if turn
+                else "context.complete(): the request's settings"
+            )
+            check_settings(owner, request.settings)
+            if is_local_model(model):
+                check_local_settings(owner, request.settings)
+        if model is not self.model:
             await self._prepare(model)
         extra: dict[str, Any] = {}
         if turn:
             extra, self._call_attributes = self._call_attributes, {}
             self.last_sent = request
-        model = self.model if model is None else model
         streamed = turn and self.streaming
 
         async def attempt() -> ModelResponse:

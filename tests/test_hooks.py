@@ -1054,3 +1054,67 @@ async def test_the_question_is_never_lost_on_a_retry_whatever_the_hooks_do() -> 
     await Moving(model=model).run("is 5678 blocked?")
     first, retried = ([m.text for m in r.messages] for r in model.requests)
     assert first == retried == ["is #### blocked?", "Be brief."]
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"max_token": 300}, "did you mean 'max_tokens'"),
+        ({"temperature": float("nan")}, r"\['temperature'\] must be a finite number"),
+        ({"messages": []}, "is set by littleghost"),
+    ],
+    ids=["misspelt", "nan", "reserved"],
+)
+async def test_settings_a_before_model_hook_makes_are_checked_before_the_call(
+    setting: dict[str, Any], said: str
+) -> None:
+    """A hook's settings are checked as the run's are: a misspelt one, which a server
+    would ignore without a word, is refused, naming it, before the model is called."""
+
+    class Capping(Agent):
+        @before_model
+        def cap(self, request: ModelRequest) -> ModelRequest:
+            return attrs.evolve(request, settings={**request.settings, **setting})
+
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match=said):
+        await Capping(model=model).run("hi")
+    assert model.requests == []
+
+
+async def test_settings_a_recovery_hook_fixes_are_sent() -> None:
+    """A setting the check refuses is an error of the call the ``after_model_error``
+    hooks see, as a provider's refusal is: a hook that drops it retries without it."""
+    seen: list[BaseException] = []
+
+    class Dropping(Agent):
+        @before_model
+        def cap(self, request: ModelRequest) -> ModelRequest | None:
+            if "temprature" in request.settings or seen:
+                return None
+            return attrs.evolve(request, settings={**request.settings, "temprature": 0})
+
+        @after_model_error
+        def drop(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            seen.append(error)
+            settings = {k: v for k, v in request.settings.items() if k != "temprature"}
+            return attrs.evolve(request, settings=settings)
+
+    model = ScriptedModel([text_response("ok")])
+    result = await Dropping(model=model).run("hi")
+    assert result.output == "ok"
+    assert [type(error) for error in seen] == [ConfigurationError]
+    assert "temprature" not in model.requests[0].settings
+
+
+async def test_settings_of_a_side_calls_request_are_checked() -> None:
+    class Checking(Agent):
+        @before_model
+        async def check(self, request: ModelRequest, context: RunContext) -> None:
+            asking = ModelRequest([Message.user("safe?")], settings={"top-p": 0.5})
+            await context.complete(asking)
+
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(ConfigurationError, match="did you mean 'top_p'"):
+        await Checking(model=model).run("hi")
+    assert model.requests == []
