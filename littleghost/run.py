@@ -15,7 +15,7 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import logs, telemetry
-from littleghost._validators import TOKEN_COUNT, is_token_count
+from littleghost._validators import TOKEN_COUNT, is_token_count, safe_repr
 from littleghost.chat_span import traced_call
 from littleghost.cleanup import Grace, cancellation_turned_into, cancelled_here, close_leaving
 from littleghost.context.groups import Layout
@@ -389,11 +389,22 @@ class RunContext:
         whatever ``report``: the caller sees the last attempt alone.
 
         Raises:
-            TypeError: ``report`` is not a bool.
+            TypeError: ``request`` is not a ``ModelRequest``, ``model`` not a ``Model``
+                instance (a model string included) or ``report`` not a bool.
             ConfigurationError: The run of this context has ended (a context kept past
                 its run makes no side call: nothing would count it); the model is not
                 called.
         """
+        if not isinstance(request, ModelRequest):
+            raise TypeError(
+                "context.complete() takes a ModelRequest (ModelRequest([Message.user(...)])), "
+                f"not {type(request).__name__}"
+            )
+        if model is not None and (isinstance(model, type) or not isinstance(model, Model)):
+            raise TypeError(
+                "context.complete(model=) takes a Model instance (OpenAIModel(...), "
+                f"LocalModel(), ...), not {safe_repr(model)}"
+            )
         if not isinstance(report, bool):
             raise TypeError(
                 f"context.complete(report=) must be a bool, not {type(report).__name__}"

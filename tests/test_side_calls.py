@@ -776,3 +776,31 @@ async def test_a_context_kept_past_its_run_makes_no_side_call(via: str) -> None:
         await kept[0].complete(ModelRequest([Message.user("late")]))
     assert model.remaining == 1  # the model was not called
     assert kept[0].usage == Usage()
+
+
+@pytest.mark.parametrize(
+    ("request_", "model", "said"),
+    [
+        ("Is this safe?", None, r"context.complete\(\) takes a ModelRequest.*not str"),
+        ([Message.user("safe?")], None, r"context.complete\(\) takes a ModelRequest.*not list"),
+        (
+            ModelRequest([Message.user("safe?")]),
+            "openai:gpt-4o-mini",
+            r"context.complete\(model=\) takes a Model instance.*not 'openai:gpt-4o-mini'",
+        ),
+    ],
+    ids=["text", "messages", "model string"],
+)
+async def test_a_side_call_of_the_wrong_kind_says_what_it_takes(
+    request_: object, model: object, said: str
+) -> None:
+    """A request that is not a ``ModelRequest``, or a model string for ``model=``, is a
+    ``TypeError`` naming what ``complete()`` takes, not an ``AttributeError`` from inside."""
+
+    class Checking(Agent):
+        @before_model
+        async def check(self, request: ModelRequest, context: RunContext) -> None:
+            await context.complete(request_, model=model)  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match=said):
+        await Checking(model=ScriptedModel([text_response("never")])).run("hi")
