@@ -145,7 +145,8 @@ class RunContext:
     _call_attributes: dict[str, Any] = field(factory=dict, repr=False, init=False)
     _index: LogIndex = field(factory=lambda: LogIndex((), Layout()), repr=False, init=False)
     _owned: dict[object, tuple[object, object]] = field(factory=dict, repr=False, init=False)
-    _prepared_models: set[int] = field(factory=set, repr=False, init=False)
+    _prepared_models: dict[int, Model] = field(factory=dict, repr=False, init=False)
+    """The other models the run prepared, by id (kept: their ids stay their own)."""
     _ledger: Ledger = field(factory=Ledger, repr=False, init=False)
     _writing: anyio.Lock = field(factory=anyio.Lock, repr=False, init=False)
     """Held by each write to the store: a run's appends happen one at a time, in order."""
@@ -579,7 +580,7 @@ class RunContext:
         if id(model) in self._prepared_models:
             return
         await prepare(model)
-        self._prepared_models.add(id(model))
+        self._prepared_models[id(model)] = model
 
     async def _respond(
         self, model: Model, request: ModelRequest, times: _ChunkTimes, streamed: bool

@@ -6,6 +6,7 @@ caller's own event, as ``@manage_context``'s summary call does)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,7 +39,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from littleghost.models import ModelRequest, StopReason, Usage, report_usage
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage, report_usage
 from littleghost.run import RunResult
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
@@ -804,3 +805,39 @@ async def test_a_side_call_of_the_wrong_kind_says_what_it_takes(
 
     with pytest.raises(TypeError, match=said):
         await Checking(model=ScriptedModel([text_response("never")])).run("hi")
+
+
+async def test_each_model_a_side_call_is_given_is_prepared_once() -> None:
+    """A model made for each side call (``model=Judge()`` inline) is prepared before its
+    call, though it may take the place in memory of one the run prepared and dropped."""
+    prepared: list[int] = []
+
+    class Judge:
+        provider = "judge"
+        name = "judge"
+        context_window = None
+
+        def __init__(self) -> None:
+            self.ready = False
+
+        async def prepare(self) -> None:
+            self.ready = True
+            prepared.append(id(self))
+
+        async def respond(self, request: ModelRequest) -> ModelResponse:
+            assert self.ready, "called before prepare()"
+            return text_response("SAFE")
+
+    class Judged(Agent):
+        @before_model
+        async def check(self, request: ModelRequest, context: RunContext) -> None:
+            judge = Judge()
+            for _ in range(3):
+                await context.complete(ModelRequest([Message.user("safe?")]), model=judge)
+            for _ in range(50):
+                await context.complete(ModelRequest([Message.user("safe?")]), model=Judge())
+                gc.collect()  # the judge is gone: the next one may get its id
+
+    result = await Judged(model=ScriptedModel([text_response("Hi.")])).run("Hello")
+    assert result.output == "Hi."
+    assert len(prepared) == 51
