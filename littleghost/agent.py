@@ -114,6 +114,13 @@ def _tools(name: str, value: object) -> tuple[Callable[..., Any], ...]:
     for function in functions:
         if not callable(function):
             raise ConfigurationError(f"{name} must hold functions, not {safe_repr(function)}")
+        kind = hook_kind(function)
+        if kind is not None:
+            raise ConfigurationError(
+                f"{name}: {getattr(function, '__name__', function)!r} is a @{kind} hook, not "
+                "a tool (the model would call it; the run never would): a hook is a method "
+                "of the agent class, or a capability's hook"
+            )
     return functions
 
 

@@ -1118,3 +1118,23 @@ async def test_settings_of_a_side_calls_request_are_checked() -> None:
     with pytest.raises(ConfigurationError, match="did you mean 'top_p'"):
         await Checking(model=model).run("hi")
     assert model.requests == []
+
+
+@after_tool
+def scrub_result(result: ToolResult) -> None:
+    """Scrub a tool's result."""
+
+
+@pytest.mark.parametrize("where", ["class", "keyword"])
+def test_a_hook_function_in_tools_is_refused(where: str) -> None:
+    """A function marked as a hook, given in ``tools``, would be a tool the model calls,
+    never run as a hook: it fails, saying what a hook is."""
+    said = r"'scrub_result' is a @after_tool hook, not a tool"
+    with pytest.raises(ConfigurationError, match=said):
+        if where == "class":
+
+            class Scrubbing(Agent):
+                tools = [scrub_result]
+
+        else:
+            Agent(model=ScriptedModel([]), tools=[scrub_result])
