@@ -401,7 +401,9 @@ class RunContext:
                 "context.complete() takes a ModelRequest (ModelRequest([Message.user(...)])), "
                 f"not {type(request).__name__}"
             )
-        if model is not None and (isinstance(model, type) or not isinstance(model, Model)):
+        if model is not None and (
+            isinstance(model, type) or not callable(getattr(model, "respond", None))
+        ):
             raise TypeError(
                 "context.complete(model=) takes a Model instance (OpenAIModel(...), "
                 f"LocalModel(), ...), not {safe_repr(model)}"
