@@ -621,8 +621,13 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
         except (CleanupError, DeadlineExceededError):
             raise
         except Exception as error:
-            if recoveries >= MAX_RECOVERIES or cancellation_turned_into(error):
-                raise  # a client's "connection closed" for the run's stop: no error to recover
+            if (
+                recoveries >= MAX_RECOVERIES
+                or cancellation_turned_into(error)
+                or _runs_deadline(error, context) is not None
+            ):
+                raise  # a client's "connection closed" for the run's stop, or the run's
+                # deadline out of the model's own task group: no error to recover
             replacement = await run_chain(
                 _hooks(agent, context, "after_model_error"),
                 request,

@@ -688,3 +688,45 @@ async def test_an_error_not_retried_after_a_retry_is_raised_as_it_is(
         await Slow(model=model).run("hi", timeout=5)
     assert caught.value is error and caught.value.__context__ is None  # not chained on
     assert len(model.requests) == 2
+
+
+class _Asking(Agent):
+    """A nested agent whose model is rate limited past any deadline."""
+
+
+class Ensemble:
+    """A custom model that asks two nested agents at once, in a task group of its own."""
+
+    provider = "ensemble"
+    name = "ensemble"
+    context_window = None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        limited = RateLimitError("slow down", status=429, retry_after=30)
+
+        async def ask() -> None:
+            await _Asking(model=ScriptedModel([limited])).run("which?")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(ask)
+            group.start_soon(ask)
+        return text_response("never")
+
+
+@pytest.mark.virtual_clock
+async def test_the_runs_deadline_out_of_a_models_task_group_is_no_error_for_the_hooks() -> None:
+    """``after_model_error`` hooks recover from a model's errors: the run's own deadline,
+    raised by nested runs in the model's own task group, is none (the run stops)."""
+    seen: list[BaseException] = []
+
+    class Recovering(Agent):
+        @after_model_error
+        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            seen.append(error)
+            return attrs.evolve(request)  # another try
+
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError):
+        await Recovering(model=Ensemble()).run("hi", timeout=10)
+    assert anyio.current_time() - start == 0  # at once
+    assert seen == []
