@@ -1908,7 +1908,7 @@ def test_a_class_given_as_a_tool_is_not_told_to_become_an_instance() -> None:
 
 
 def test_a_lambda_given_as_a_tool_is_told_to_be_a_def() -> None:
-    with pytest.raises(ConfigurationError, match="a lambda cannot be a tool .* write a def"):
+    with pytest.raises(ConfigurationError, match=r"a lambda cannot be a tool .* write a def"):
         type("Listing", (Agent,), {"tools": [lambda order_id: order_id]})
 
 
