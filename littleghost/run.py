@@ -194,14 +194,24 @@ class RunContext:
         Keyed by ``owner``'s identity (a capability's hook function, a class of its own,
         ...), so no name can clash; each run starts without it. A bound method
         (``self.before_model``, a new object at each access) is known by its instance and
-        function.
+        function. A ``factory`` that asks for ``owner``'s object itself gets the one it
+        will return.
+
+        Raises:
+            TypeError: ``factory`` is not callable.
         """
+        if not callable(factory):
+            raise TypeError(
+                "context.state_for(owner, factory): factory must be callable (dict, list, a "
+                f"class), not {type(factory).__name__}"
+            )
         key: object = id(owner)
         if isinstance(owner, types.MethodType):
             key = (id(owner.__self__), id(owner.__func__))
         entry = self._owned.get(key)
         if entry is None:
-            entry = self._owned[key] = (owner, factory())  # owner kept: its ids stay its own
+            made = factory()  # which may have asked for it already: the first one stays
+            entry = self._owned.setdefault(key, (owner, made))  # owner kept: its ids its own
         return cast(T, entry[1])
 
     def has_message(self, message_id: str) -> bool:

@@ -208,6 +208,29 @@ async def test_state_for_is_keyed_by_identity() -> None:
     assert seen == [False, True]
 
 
+async def test_state_for_is_one_object_for_a_factory_that_asks_for_it_and_needs_one() -> None:
+    """A factory that asks for its owner's object (a graph of per-run state) gets the
+    object every later ask gets; a factory that cannot be called is a TypeError naming
+    it, before anything is stored."""
+    seen: list[object] = []
+    owner = Owner("graph")
+
+    def check(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        def made() -> list[object]:
+            seen.append(context.state_for(owner, list))
+            return ["outer"]
+
+        seen.append(context.state_for(owner, made))
+        seen.append(context.state_for(owner, list))
+        with pytest.raises(TypeError, match=r"factory must be callable .* not dict"):
+            context.state_for(Owner("other"), {})  # type: ignore[arg-type]
+
+    checked = type("Checked", (Agent,), {})
+    add_capability(checked, Capability("check", [CapabilityHook("before_model", check)]))
+    await checked(model=ScriptedModel([text_response("ok")])).run("hi")
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]
+
+
 class Counter:
     """A class-based capability: its hook is a bound method, also its per-run state's owner."""
 
