@@ -411,6 +411,20 @@ async def test_a_callers_cancellation_turned_into_a_client_error_is_the_cancella
     assert scope.cancelled_caught
 
 
+def recovering() -> tuple[type[Agent], list[BaseException]]:
+    """An agent class whose ``after_model_error`` hook retries every error, and the errors
+    its hook was given."""
+    seen: list[BaseException] = []
+
+    class Recovering(Agent):
+        @after_model_error
+        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            seen.append(error)
+            return attrs.evolve(request)  # another try
+
+    return Recovering, seen
+
+
 @pytest.mark.virtual_clock
 @pytest.mark.parametrize("grouped", [False, True], ids=["plain", "task group"])
 @pytest.mark.parametrize("stop", ["caller", "deadline"])
@@ -419,13 +433,7 @@ async def test_a_cancellation_turned_into_a_client_error_is_no_error_for_the_hoo
 ) -> None:
     """``after_model_error`` hooks recover from a model's errors: the error a client made
     of the run's stop is none (the run stops; a hook that retried would retry it)."""
-    seen: list[BaseException] = []
-
-    class Recovering(Agent):
-        @after_model_error
-        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
-            seen.append(error)
-            return attrs.evolve(request)  # another try
+    Recovering, seen = recovering()
 
     model = ScriptedModel([closing_model(grouped), text_response("hi")])
     timeout = 0.2 if stop == "deadline" else None
@@ -717,13 +725,7 @@ class Ensemble:
 async def test_the_runs_deadline_out_of_a_models_task_group_is_no_error_for_the_hooks() -> None:
     """``after_model_error`` hooks recover from a model's errors: the run's own deadline,
     raised by nested runs in the model's own task group, is none (the run stops)."""
-    seen: list[BaseException] = []
-
-    class Recovering(Agent):
-        @after_model_error
-        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
-            seen.append(error)
-            return attrs.evolve(request)  # another try
+    Recovering, seen = recovering()
 
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError):
