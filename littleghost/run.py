@@ -15,7 +15,7 @@ from attrs import define, field, frozen
 from opentelemetry.trace import SpanKind
 
 from littleghost import logs, telemetry
-from littleghost._validators import TOKEN_COUNT, is_token_count, safe_repr
+from littleghost._validators import TOKEN_COUNT, has_method, is_token_count, safe_repr
 from littleghost.chat_span import traced_call
 from littleghost.cleanup import Grace, cancellation_turned_into, cancelled_here, close_leaving
 from littleghost.context.groups import Layout
@@ -411,9 +411,7 @@ class RunContext:
                 "context.complete() takes a ModelRequest (ModelRequest([Message.user(...)])), "
                 f"not {type(request).__name__}"
             )
-        if model is not None and (
-            isinstance(model, type) or not callable(getattr(model, "respond", None))
-        ):
+        if model is not None and not has_method("respond")(model):
             raise TypeError(
                 "context.complete(model=) takes a Model instance (OpenAIModel(...), "
                 f"LocalModel(), ...), not {safe_repr(model)}"
