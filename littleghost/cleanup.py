@@ -44,6 +44,7 @@ __all__ = [
     "enclosing_graces",
     "enter_block",
     "fatal",
+    "go_on_if_turned",
     "leave_block",
     "log_unraised",
     "note_stop",
@@ -395,6 +396,14 @@ def cancellation_turned_into(error: BaseException) -> bool:
     """Whether ``error`` is what a cancellation of the current task, which goes on, became
     in code that turned it into an error of its own (a client's "connection closed")."""
     return isinstance(error, Exception) and cancelled_here() and turned_into(error)
+
+
+async def go_on_if_turned(error: BaseException) -> None:
+    """Raise the cancellation of the current task (``error`` its context) when ``error``
+    is what that cancellation became in code that turned it into an error of its own (a
+    client's "connection closed"); else return."""
+    if cancellation_turned_into(error):
+        await anyio.lowlevel.checkpoint()
 
 
 def turned_into(error: BaseException) -> bool:

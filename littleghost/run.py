@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from littleghost import logs, telemetry
 from littleghost._validators import TOKEN_COUNT, has_method, is_token_count, safe_repr
 from littleghost.chat_span import traced_call
-from littleghost.cleanup import Grace, cancellation_turned_into, cancelled_here, close_leaving
+from littleghost.cleanup import Grace, cancelled_here, close_leaving, go_on_if_turned
 from littleghost.context.groups import Layout
 from littleghost.context.index import LogIndex
 from littleghost.errors import UNSWALLOWED, ConfigurationError, ProtocolError, SessionStoreError
@@ -491,8 +491,7 @@ class RunContext:
         except UNSWALLOWED:
             raise
         except Exception as error:  # cancellation is not an Exception: it propagates
-            if cancellation_turned_into(error):  # a client's "connection closed": stopped
-                await anyio.lowlevel.checkpoint()  # the cancellation goes on (its context)
+            await go_on_if_turned(error)  # a client's "connection closed": stopped
             logger.warning(
                 "counting the prompt tokens of model %r failed (%s)",
                 model.name,

@@ -34,6 +34,7 @@ from littleghost.cleanup import (
     cancellation_turned_into,
     cancelled_here,
     fatal,
+    go_on_if_turned,
     holding,
     leaves,
     note_stop,
@@ -355,8 +356,8 @@ async def _run_in(
             raise deadline from deadline.__cause__  # out of a hook's own task group
         if found is None and _deadline_turned_into(error, scope):
             raise _late(agent, context, waiting) from error
-        if found is None and cancellation_turned_into(error):
-            await anyio.lowlevel.checkpoint()  # the caller's: it goes on (the error its context)
+        if found is None:
+            await go_on_if_turned(error)  # the caller's cancellation goes on
         if found is None or found is error:
             raise
         raise found from None  # out of a store's (or a hook's) own task group
@@ -944,8 +945,7 @@ async def _execute(
                 raise
             if deadline is not None:
                 raise deadline from deadline.__cause__  # out of the tool's own task group
-            if cancellation_turned_into(error):  # a client's "connection closed": stopped
-                await anyio.lowlevel.checkpoint()  # the cancellation goes on (its context)
+            await go_on_if_turned(error)  # a client's "connection closed": stopped
             return _raised(call, span, error, context)
         late = anyio.current_time() - timer.deadline
         if limit is None or late <= 0:
