@@ -50,37 +50,27 @@ tracer = trace.get_tracer("littleghost", __version__)
 _meter = metrics.get_meter("littleghost", __version__)
 _SECONDS = [0.01 * 2**power for power in range(14)]
 """The conventions' advised bucket boundaries for durations (a call's, to its first
-chunk, between chunks), 0.01 s to 81.92 s."""
-_CALL_DURATION = _meter.create_histogram(
-    "gen_ai.client.operation.duration",
-    unit="s",
-    description="GenAI operation duration",
-    explicit_bucket_boundaries_advisory=_SECONDS,
-)
-_FIRST_CHUNK = _meter.create_histogram(
+chunk, between chunks; a run's, a tool call's), 0.01 s to 81.92 s."""
+
+
+def _seconds(name: str, description: str) -> Histogram:
+    """A histogram of durations, in seconds, with the conventions' advised buckets."""
+    return _meter.create_histogram(
+        name, unit="s", description=description, explicit_bucket_boundaries_advisory=_SECONDS
+    )
+
+
+_CALL_DURATION = _seconds("gen_ai.client.operation.duration", "GenAI operation duration")
+_FIRST_CHUNK = _seconds(
     "gen_ai.client.operation.time_to_first_chunk",
-    unit="s",
-    description="Time to receive the first chunk of a streamed answer",
-    explicit_bucket_boundaries_advisory=_SECONDS,
+    "Time to receive the first chunk of a streamed answer",
 )
-_PER_CHUNK = _meter.create_histogram(
+_PER_CHUNK = _seconds(
     "gen_ai.client.operation.time_per_output_chunk",
-    unit="s",
-    description="Time per output chunk of a streamed answer, after the first one",
-    explicit_bucket_boundaries_advisory=_SECONDS,
+    "Time per output chunk of a streamed answer, after the first one",
 )
-_AGENT_DURATION = _meter.create_histogram(
-    "gen_ai.invoke_agent.duration",
-    unit="s",
-    description="GenAI agent invocation duration",
-    explicit_bucket_boundaries_advisory=_SECONDS,
-)
-_TOOL_DURATION = _meter.create_histogram(
-    "gen_ai.execute_tool.duration",
-    unit="s",
-    description="GenAI tool execution duration",
-    explicit_bucket_boundaries_advisory=_SECONDS,
-)
+_AGENT_DURATION = _seconds("gen_ai.invoke_agent.duration", "GenAI agent invocation duration")
+_TOOL_DURATION = _seconds("gen_ai.execute_tool.duration", "GenAI tool execution duration")
 _TOKEN_USAGE = _meter.create_histogram(
     "gen_ai.client.token.usage",
     unit="{token}",
