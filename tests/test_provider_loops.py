@@ -121,11 +121,11 @@ def test_threads_wait_for_one_models_listing_and_read_its_window() -> None:
 
 
 FORKED_DURING_A_READ = """
-import os, sys, threading, time
+import importlib, os, sys, threading, time
 import anyio
-from littleghost.models.openai import OpenAIModel
 
-model = OpenAIModel("m", base_url=sys.argv[1], api_key="sk-test")
+module, name, url = sys.argv[1:]
+model = getattr(importlib.import_module(module), name)("m", base_url=url, api_key="sk-test")
 threading.Thread(target=anyio.run, args=(model.prepare,)).start()
 time.sleep(0.2)  # that thread waits for GET /v1/models
 
@@ -143,33 +143,22 @@ os.wait()
 """
 
 
-def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too() -> None:
+@pytest.mark.parametrize(
+    ("module", "name", "path"),
+    [
+        ("littleghost.models.openai", "OpenAIModel", "/v1"),
+        ("littleghost.models.anthropic", "AnthropicModel", ""),  # a server not Anthropic's
+    ],
+    ids=["openai", "anthropic"],
+)
+def test_a_process_forked_while_a_thread_reads_the_window_reads_it_too(
+    module: str, name: str, path: str
+) -> None:
     """A child waited, for good, for the end of a read no thread of its own was making."""
     slow = keep_alive_server(models_delay=0.5)
     try:
         done = subprocess.run(
-            [sys.executable, "-c", FORKED_DURING_A_READ, f"{slow.url}/v1"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    finally:
-        slow.close()
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "4096"
-
-
-def test_an_anthropic_model_forked_while_a_thread_reads_the_window_reads_it_too() -> None:
-    """As above, for an ``AnthropicModel`` on a server other than Anthropic's."""
-    script = FORKED_DURING_A_READ.replace(
-        "from littleghost.models.openai import OpenAIModel",
-        "from littleghost.models.anthropic import AnthropicModel",
-    ).replace("OpenAIModel(", "AnthropicModel(")
-    assert "AnthropicModel(" in script and "OpenAIModel" not in script
-    slow = keep_alive_server(models_delay=0.5)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", script, slow.url],
+            [sys.executable, "-c", FORKED_DURING_A_READ, module, name, f"{slow.url}{path}"],
             capture_output=True,
             text=True,
             timeout=30,
