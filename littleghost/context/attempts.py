@@ -112,7 +112,8 @@ async def attempt(
     except Exception as error:  # a DeadlineExceededError (no time to retry) too
         if cancellation_turned_into(error):  # a client's "connection closed": stopped
             stopped(error)
-            raise
+            await anyio.lowlevel.checkpoint()  # the cancellation goes on, which no
+            # compaction's failure handling swallows (the run went on to its next wait)
         failed = Outcome(before=outcome.before, usage=outcome.usage)
         await finish("error", failed, error)
         raise
