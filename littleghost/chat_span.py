@@ -67,6 +67,18 @@ async def traced_call(
         if capture_content and span.is_recording():
             span.set_attributes(telemetry.input_attributes(model.provider, request))
         started = time.perf_counter()
+
+        def ended(**outcome: Any) -> None:
+            """Record the call's ``outcome`` in the metrics with the chunks that came
+            before it ended (a call cut after its first one too), and its time to first
+            chunk on its span."""
+            chunk_at = first_chunk()
+            telemetry.record_call(
+                spanned, started, first_chunk=chunk_at, chunk_gaps=chunk_gaps(), **outcome
+            )
+            if chunk_at is not None:
+                span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)
+
         try:
             response = await respond()
             if not isinstance(response, ModelResponse):
@@ -77,26 +89,10 @@ async def traced_call(
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
             used = bill(error, reported())
             span.set_attributes(telemetry.usage_attributes(used))
-            chunk_at = first_chunk()  # the chunks that came before it ended count too
-            telemetry.record_call(
-                spanned,
-                started,
-                error=error,
-                deadline=deadline(),
-                usage=used,
-                first_chunk=chunk_at,
-                chunk_gaps=chunk_gaps(),
-            )
-            if chunk_at is not None:
-                span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)
+            ended(error=error, deadline=deadline(), usage=used)
             raise
-        chunk_at = first_chunk()
-        telemetry.record_call(
-            spanned, started, response, first_chunk=chunk_at, chunk_gaps=chunk_gaps()
-        )
+        ended(response=response)
         span.set_attributes(telemetry.response_attributes(response))
-        if chunk_at is not None:
-            span.set_attribute(telemetry.RESPONSE_FIRST_CHUNK, chunk_at - started)
         if capture_content and span.is_recording():
             finish = telemetry.finish_reason(response.stop_reason)
             span.set_attribute(
