@@ -826,11 +826,38 @@ class TestVanishedServer:
         assert float(seconds) < 5
 
 
-FORKING_HOLDER = textwrap.dedent(
+# A forked process that outlives the script that forks it (a process pool's worker, say),
+# holding the sockets it was forked with but none of the test's pipes: were it to hold
+# the script's stdout, the test's end of that pipe would never see its end, and its
+# transport, left open, would warn when collected in some later test.
+FORKED_HELPER = textwrap.dedent(
     """
     import multiprocessing
-    import sys
+    import os
     import time
+
+
+    def linger(ready) -> None:
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        ready.set()
+        time.sleep(60)
+
+
+    def fork_helper() -> int:
+        fork = multiprocessing.get_context("fork")
+        ready = fork.Event()
+        helper = fork.Process(target=linger, args=(ready,))
+        helper.start()
+        ready.wait()
+        return helper.pid
+    """
+)
+
+FORKING_HOLDER = FORKED_HELPER + textwrap.dedent(
+    """
+    import sys
 
     import anyio
 
@@ -839,9 +866,7 @@ FORKING_HOLDER = textwrap.dedent(
 
     async def main() -> None:
         async with PostgresSessionStore(sys.argv[1]).lock("held"):
-            helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
-            helper.start()  # a process pool's worker, say: it outlives a killed parent
-            print("held", helper.pid, flush=True)
+            print("held", fork_helper(), flush=True)
             await anyio.sleep(60)
 
 
@@ -874,11 +899,9 @@ async def test_a_killed_worker_frees_its_session_while_a_process_it_forked_lives
     await store.aclose()
 
 
-FORKING_WAITER = textwrap.dedent(
+FORKING_WAITER = FORKED_HELPER + textwrap.dedent(
     """
-    import multiprocessing
     import sys
-    import time
 
     import anyio
 
@@ -887,9 +910,7 @@ FORKING_WAITER = textwrap.dedent(
 
     async def fork_soon() -> None:
         await anyio.sleep(0.5)  # while the lock below is waited for on the server
-        helper = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
-        helper.start()
-        print("forked", helper.pid, flush=True)
+        print("forked", fork_helper(), flush=True)
 
 
     async def main() -> None:
