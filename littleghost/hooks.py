@@ -279,7 +279,8 @@ def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[Boun
                 )
             if entry.method in vars(agent):
                 _check_instance_hook(agent, entry.method, entry.kind, method)
-            bound[entry.kind].append(BoundHook(entry.method, method, wants_context(method)))
+            name = getattr(method, "__qualname__", f"{type(agent).__qualname__}.{entry.method}")
+            bound[entry.kind].append(BoundHook(name, method, wants_context(method)))
         else:
             assert entry.function is not None
             function = entry.function

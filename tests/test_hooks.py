@@ -438,10 +438,25 @@ class WrongType(Agent):
         return "a string"
 
 
-async def test_a_hook_returning_a_wrong_type_fails_clearly() -> None:
-    """A hook that returns neither None nor a ModelRequest raises TypeError naming both."""
-    with pytest.raises(TypeError, match=r"confused.*returned str.*ModelRequest"):
-        await WrongType(model=ScriptedModel([text_response("ok")])).run("hi")
+class WrongTypeOverride(WrongType):
+    def confused(self, request: ModelRequest) -> int:  # type: ignore[override]
+        return 3
+
+
+@pytest.mark.parametrize(
+    ("agent_class", "named"),
+    [
+        (WrongType, r"WrongType\.confused returned str"),
+        (WrongTypeOverride, r"WrongTypeOverride\.confused returned int"),
+    ],
+)
+async def test_a_hook_returning_a_wrong_type_fails_clearly(
+    agent_class: type[Agent], named: str
+) -> None:
+    """A hook that returns neither None nor a ModelRequest raises TypeError naming both,
+    and the hook by the class that defines it (an override's own class)."""
+    with pytest.raises(TypeError, match=rf"hook {named}; .*ModelRequest"):
+        await agent_class(model=ScriptedModel([text_response("ok")])).run("hi")
 
 
 class Recovering(Recorder):
