@@ -279,8 +279,7 @@ def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[Boun
                 )
             if entry.method in vars(agent):
                 _check_instance_hook(agent, entry.method, entry.kind, method)
-            name = getattr(method, "__qualname__", f"{type(agent).__qualname__}.{entry.method}")
-            bound[entry.kind].append(BoundHook(name, method, wants_context(method)))
+            bound[entry.kind].append(BoundHook(entry.method, method, wants_context(method)))
         else:
             assert entry.function is not None
             function = entry.function
@@ -319,8 +318,9 @@ async def run_chain(
         if result is None:
             continue
         if not isinstance(result, expected):
+            named = hook.call.__qualname__ if inspect.ismethod(hook.call) else hook.name
             raise TypeError(
-                f"hook {hook.name} returned {type(result).__name__}; "
+                f"hook {named} returned {type(result).__name__}; "
                 f"return None to continue or a {expected.__name__} to replace it"
             )
         payload = result
