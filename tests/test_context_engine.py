@@ -815,11 +815,20 @@ class TestErrors:
         self, options: dict[str, Any]
     ) -> None:
         """Instructions that with the summary call's framing and its least answer take
-        more than the room a summary request has would make every compaction fail."""
-        with pytest.raises(ConfigurationError, match="no summary call fits the 1000-token"):
+        more than the room a summary request has would make every compaction fail; the
+        error names the keywords to change."""
+        field = "summary_instructions" if "strategy" not in options else "Summarization.prompt"
+        with pytest.raises(ConfigurationError, match="no summary call fits the 1000-token") as e:
 
             @manage_context(context_window_tokens=1_000, **options)
             class Wordy(Agent):
+                pass
+
+        assert f"larger context_window_tokens or a shorter {field}" in str(e.value)
+        with pytest.raises(ConfigurationError, match="larger context_window_override or"):
+
+            @manage_context(context_window_override=1_000, **options)
+            class Overridden(Agent):
                 pass
 
     async def test_budget_reserves_over_the_models_window_fail_at_the_first_call(self) -> None:

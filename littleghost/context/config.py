@@ -192,11 +192,13 @@ class ContextManagement:
             )
             least = least_summary_call(self.strategy or default, self.tokenizer, window)
             if least > (room := int(SUMMARY_FIT_MARGIN * window)):
+                given = "override" if self.context_window_override else "tokens"
+                said = "summary_instructions" if self.strategy is None else "Summarization.prompt"
                 raise ConfigurationError(
                     f"manage_context: no summary call fits the {window}-token context window: "
                     f"its framing, instructions and least answer take about {least} tokens, "
-                    f"over the {room} a summary request may fill; give a larger window or "
-                    "shorter summary instructions"
+                    f"over the {room} a summary request may fill; give a larger "
+                    f"context_window_{given} or a shorter {said}"
                 )
 
     def threshold(self, window: int) -> int:
