@@ -19,6 +19,8 @@ from littleghost.context import (
     always,
     apply_compaction,
     build_view,
+    never,
+    tokens_exceed,
 )
 from littleghost.context.records import record_covers
 from littleghost.errors import (
@@ -318,6 +320,28 @@ class TestFailedCompaction:
         (event,) = spans.compactions()
         assert event["littleghost.compaction.error_message"] == finished.error_message
         assert finished.error_message in caplog.text
+
+    @pytest.mark.parametrize(
+        "strategy",
+        [
+            Truncation(trigger=tokens_exceed(1_000)),
+            Truncation(trigger=never),
+            Pipeline(ToolResultCompaction(trigger=never), Truncation(trigger=tokens_exceed(1_000))),
+        ],
+        ids=["tokens_exceed", "never", "Pipeline"],
+    )
+    async def test_a_strategy_whose_trigger_does_not_hold_says_so(self, strategy: Any) -> None:
+        """At the threshold, a strategy whose trigger does not hold (one over the window,
+        say) leaves the request as it was: the reason says so, not that only the preserved
+        messages are left."""
+        model = ScriptedModel([text_response("done")])
+        agent = managed(strategy, preserve_recent_messages=2)(model=model)
+        async with agent.stream("go", history=chat(40)) as events:
+            (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
+        assert finished.outcome == "error" and finished.error_message is not None
+        assert finished.error_message.startswith(
+            "nothing to compact: the strategy's trigger does not hold at about"
+        )
 
     async def test_a_providers_error_text_is_never_the_reason(
         self, spans: Spans, caplog: pytest.LogCaptureFixture

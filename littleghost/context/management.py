@@ -69,6 +69,7 @@ from littleghost.context.strategies import (
     ToolResultCompaction,
     TurnExcerpts,
     mask_tool_results,
+    started,
 )
 from littleghost.context.tokens import Tokenizer, schema_estimate
 from littleghost.context.triggers import Trigger, messages_exceed, tokens_exceed
@@ -898,6 +899,11 @@ async def _compact(
                 compacted, after, limit, context, config
             )
         if not records and outcome.cut_to is None and len(shown) == len(request.messages):
+            if fallback is None and config.strategy and not started(config.strategy, state):
+                raise CompactionError(
+                    f"nothing to compact: the strategy's trigger does not hold at about "
+                    f"{estimated} tokens (a {window}-token window)"
+                )
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "
                 "that is left, or what is older is only earlier summaries or shorter than a "

@@ -96,6 +96,7 @@ __all__ = [
     "check_strategy",
     "mask_tool_results",
     "prepared",
+    "started",
 ]
 
 _INCLUDED, _EXCLUDED, _ABSORBED = 0, 1, 2
@@ -1069,6 +1070,14 @@ class Pipeline:
             return
         for strategy in self.strategies:
             await strategy.compact(state)
+
+
+def started(strategy: CompactionStrategy, state: CompactionState) -> bool:
+    """Whether ``strategy``'s trigger holds on ``state`` (a ``Pipeline``'s and one of its
+    strategies'); a strategy without one always starts."""
+    if isinstance(strategy, Pipeline):
+        return strategy.trigger(state) and any(started(s, state) for s in strategy.strategies)
+    return not isinstance(strategy, _Stepwise) or strategy.trigger(state)
 
 
 @frozen(kw_only=True)
