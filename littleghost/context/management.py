@@ -899,7 +899,8 @@ async def _compact(
                 compacted, after, limit, context, config
             )
         if not records and outcome.cut_to is None and len(shown) == len(request.messages):
-            if fallback is None and config.strategy and not started(config.strategy, state):
+            strategy = config.strategy
+            if fallback is None and strategy is not None and not started(strategy, state):
                 raise CompactionError(
                     f"nothing to compact: the strategy's trigger does not hold at about "
                     f"{estimated} tokens (a {window}-token window)"
