@@ -139,6 +139,34 @@ async def test_the_summary_covers_the_budget_bounded_view_a_run_would_compact() 
     assert "question 0:" not in sent(request) and "question 7:" in sent(request)
 
 
+async def test_a_last_turn_alone_over_the_budget_is_history_as_the_next_run_takes_it() -> None:
+    """The log's last turn is no current turn: alone over the budget, it does not fail the
+    compaction; the view is bounded as the next run's, that turn in it as history (its
+    items capped), and what that view holds is compacted."""
+
+    @manage_context(
+        context_window_tokens=10_000,
+        preserve_recent_messages=2,
+        budget=PromptBudget(
+            prompt_budget_tokens=1_500,
+            response_reserve_tokens=50,
+            safety_reserve_tokens=0,
+            excerpt_tokens=0,
+        ),
+    )
+    class Bounded(Agent):
+        pass
+
+    conversation = [*wordy(10), Message.user("a long one " * 1_200), Message.assistant("Noted.")]
+    model = ScriptedModel([summary_step("- the delivery is late"), text_response("Done.")])
+    (record,) = await compact_log(Bounded(model=model), conversation)
+    covered = set(record.metadata[SUMMARY_COVERS_KEY])
+    assert covered and conversation[-2].id not in covered
+    assert "question 0:" not in sent(model.requests[0])  # the next run's view drops it
+    result = await Bounded(model=model).run("And now?", history=[*conversation, record])
+    assert result.output == "Done."
+
+
 async def test_the_summary_sees_tool_results_clipped_as_a_run_clips_them() -> None:
     @manage_context(preserve_recent_messages=2)
     class Clipped(Agent):
