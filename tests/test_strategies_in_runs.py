@@ -14,6 +14,7 @@ from littleghost.context import (
     Pipeline,
     PromptBudget,
     Summarization,
+    TokenBudget,
     ToolResultCompaction,
     Truncation,
     always,
@@ -327,20 +328,21 @@ class TestFailedCompaction:
             Truncation(trigger=tokens_exceed(1_000)),
             Truncation(trigger=never),
             Pipeline(ToolResultCompaction(trigger=never), Truncation(trigger=tokens_exceed(1_000))),
+            TokenBudget(token_budget=1_000),
         ],
-        ids=["tokens_exceed", "never", "Pipeline"],
+        ids=["tokens_exceed", "never", "Pipeline", "TokenBudget"],
     )
     async def test_a_strategy_whose_trigger_does_not_hold_says_so(self, strategy: Any) -> None:
         """At the threshold, a strategy whose trigger does not hold (one over the window,
-        say) leaves the request as it was: the reason says so, not that only the preserved
-        messages are left."""
+        say), or a token budget not exceeded, leaves the request as it was: the reason says
+        so, not that only the preserved messages are left."""
         model = ScriptedModel([text_response("done")])
         agent = managed(strategy, preserve_recent_messages=2)(model=model)
         async with agent.stream("go", history=chat(40)) as events:
             (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
         assert finished.outcome == "error" and finished.error_message is not None
         assert finished.error_message.startswith(
-            "nothing to compact: the strategy's trigger does not hold at about"
+            "nothing to compact: the strategy does not start at about"
         )
 
     async def test_a_providers_error_text_is_never_the_reason(

@@ -902,8 +902,9 @@ async def _compact(
             strategy = config.strategy
             if fallback is None and strategy is not None and not started(strategy, state):
                 raise CompactionError(
-                    f"nothing to compact: the strategy's trigger does not hold at about "
-                    f"{estimated} tokens (a {window}-token window)"
+                    f"nothing to compact: the strategy does not start at about {estimated} "
+                    f"tokens (a {window}-token window): its trigger does not hold, or its "
+                    "token budget is not exceeded"
                 )
             raise CompactionError(
                 "nothing to compact: the preserved messages and the current request are all "

@@ -1074,9 +1074,11 @@ class Pipeline:
 
 def started(strategy: CompactionStrategy, state: CompactionState) -> bool:
     """Whether ``strategy``'s trigger holds on ``state`` (a ``Pipeline``'s and one of its
-    strategies'); a strategy without one always starts."""
+    strategies'; a ``TokenBudget``'s budget is exceeded); another always starts."""
     if isinstance(strategy, Pipeline):
         return strategy.trigger(state) and any(started(s, state) for s in strategy.strategies)
+    if isinstance(strategy, TokenBudget):
+        return not state.within(strategy.token_budget)
     return not isinstance(strategy, _Stepwise) or strategy.trigger(state)
 
 
