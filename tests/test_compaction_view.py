@@ -32,8 +32,15 @@ from littleghost.context import (
 )
 from littleghost.context.records import COMPACTION_COVERS_KEY, COMPACTION_KIND_KEY
 from littleghost.context.view import interrupted_results, misplaced_results, unanswered_calls
-from littleghost.errors import CompactionError, ConfigurationError
+from littleghost.errors import (
+    CompactionError,
+    ConfigurationError,
+    InvalidRequestError,
+    OutputLimitError,
+    ProtocolError,
+)
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
+from littleghost.models import ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response
 
@@ -448,6 +455,27 @@ async def test_compact_session_appends_nothing_that_would_grow_the_view() -> Non
     with pytest.raises(CompactionError, match="would not make the view smaller"):
         await compact_session(store, "s4", Summarization(model=wordy))
     assert await store.load("s4") == tuple(chat)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (text_response("   "), ProtocolError),
+        (text_response("- a note cut", stop_reason=StopReason.MAX_TOKENS), OutputLimitError),
+        (InvalidRequestError("refused", status=400), InvalidRequestError),
+    ],
+)
+async def test_compact_session_raises_the_summary_calls_failure_and_appends_nothing(
+    answer: ModelResponse | Exception, error: type[Exception]
+) -> None:
+    """A summary that came back empty or cut at its cap, or a call that failed, is the
+    error ``compact_session`` raises, and the stored log is as it was."""
+    store = InMemorySessionStore()
+    log = conversation(5)
+    await store.append("s6", log)
+    with pytest.raises(error):
+        await compact_session(store, "s6", Summarization(model=ScriptedModel([answer] * 9)))
+    assert await store.load("s6") == tuple(log)
 
 
 async def test_compact_session_appends_nothing_that_leaves_the_view_as_large() -> None:

@@ -180,6 +180,9 @@ async def compact_session(
         SessionBusyError: Called from inside a run of the same session.
         CompactionError: The records would not make the view smaller (``check_smaller``);
             nothing is appended.
+        ProviderError: The summary call's, once its retries are spent.
+        ProtocolError, OutputLimitError: The summary came back empty, or cut at its cap
+            (nothing is appended).
     """
     check_store("compact_session: store", store)
     counter, settings = _checked("compact_session", strategy, tokenizer, settings)

@@ -49,6 +49,8 @@ async def compact_log(
     Raises:
         ConfigurationError: ``share`` is not in (0, 1), no ``@manage_context``, or
             ``messages`` that ``run(history=)`` would refuse.
+        ProviderError: The summary call's, once its retries are spent.
+        ProtocolError, OutputLimitError: The summary came back empty, or cut at its cap.
     """
     if not (is_number(share) and 0 < share < 1):
         raise ConfigurationError(
