@@ -110,7 +110,7 @@ class OutputType:
                 )
             return Answer(raw, coerce(value[WRAPPER], self.annotation, WRAPPER))
         except ToolArgumentError as error:
-            return Answer(raw, errors=(str(error),))
+            return Answer(raw, errors=error.problems)
 
 
 def compile_output_type(annotation: object, where: str) -> OutputType | None:

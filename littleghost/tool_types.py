@@ -59,7 +59,12 @@ _NONE_TYPE = type(None)
 
 
 class ToolArgumentError(ValueError):
-    """Arguments from the model do not fit a tool's schema (told to the model, not raised)."""
+    """Arguments from the model do not fit a tool's schema (told to the model, not raised):
+    ``problems`` are what did not fit, each where it is; the message joins them."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 def parse_json(text: str) -> Any:
@@ -813,17 +818,22 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ToolArgumentError(f"{path}: expected an object, got {json_type_name(value)}")
         by_name = {record_field.name: record_field for record_field in fields}
+        # every field's problems at once: one repair turn can then mend them all
         unknown = sorted(set(value) - set(by_name))
-        if unknown:
-            raise ToolArgumentError(f"{path}: unexpected field {brief(unknown[0])}")
+        problems = [f"{path}: unexpected field {brief(name)}" for name in unknown]
         kwargs = {}
         for name, record_field in by_name.items():
             if name in value and not left_out(
                 value[name], record_field.annotation, required=record_field.required
             ):
-                kwargs[name] = coerce(value[name], record_field.annotation, f"{path}.{name}")
+                try:
+                    kwargs[name] = coerce(value[name], record_field.annotation, f"{path}.{name}")
+                except ToolArgumentError as error:
+                    problems.extend(error.problems)
             elif record_field.required:
-                raise ToolArgumentError(f"{path}: missing field {name!r}")
+                problems.append(f"{path}: missing field {name!r}")
+        if problems:
+            raise ToolArgumentError(*problems)
         if _is_typeddict(annotation):
             return kwargs
         if _is_model(annotation):
@@ -893,19 +903,17 @@ def _built(build: Callable[[Any], Any], value: Any, path: str) -> Any:
     try:
         return build(value)
     except (ValueError, AssertionError) as error:
-        raise ToolArgumentError(_refusal(error, path)) from None
+        raise ToolArgumentError(*_refusal(error, path)) from None
 
 
-def _refusal(error: Exception, path: str) -> str:
+def _refusal(error: Exception, path: str) -> list[str]:
     """Why a record's class refused a value: each problem of a pydantic ``ValidationError``
     where it is and pydantic's message for it (without the input its own text shows),
     else the exception's message."""
     core = sys.modules.get("pydantic_core")
     if core is None or not isinstance(error, core.ValidationError):
-        return f"{path}: {error_text(error, with_type=False)}"
-    return "; ".join(
-        f"{path}{_location(problem['loc'])}: {problem['msg']}" for problem in error.errors()
-    )
+        return [f"{path}: {error_text(error, with_type=False)}"]
+    return [f"{path}{_location(problem['loc'])}: {problem['msg']}" for problem in error.errors()]
 
 
 def _location(parts: tuple[int | str, ...]) -> str:

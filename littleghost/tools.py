@@ -560,17 +560,19 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
         raise ToolArgumentError("the arguments must be a JSON object")
     known = {parameter.name for parameter in definition.signature}
     unknown = sorted(set(arguments) - known)
-    if unknown:
-        raise ToolArgumentError(f"unexpected argument {brief(unknown[0])}")
+    problems = [f"unexpected argument {brief(name)}" for name in unknown]  # each told at once
     bound: dict[str, Any] = {}
     for parameter in definition.signature:
         given = arguments.get(parameter.name)
         if parameter.name in arguments and not left_out(
             given, parameter.annotation, required=parameter.required
         ):
-            bound[parameter.name] = coerce(
-                arguments[parameter.name], parameter.annotation, parameter.name
-            )
+            try:
+                bound[parameter.name] = coerce(given, parameter.annotation, parameter.name)
+            except ToolArgumentError as error:
+                problems.extend(error.problems)
         elif parameter.required:
-            raise ToolArgumentError(f"missing required argument {parameter.name!r}")
+            problems.append(f"missing required argument {parameter.name!r}")
+    if problems:
+        raise ToolArgumentError(*problems)
     return bound

@@ -376,13 +376,50 @@ class TestRepair:
             await Typed(model=model, session_store=store).run("go", session_id="s")
         error = caught.value
         assert error.raw == '{"total": "x"}'
-        assert error.errors == ("answer: missing field 'number'",)
+        assert error.errors == (
+            "answer: missing field 'number'",
+            "answer.total: expected a number, got a string",
+        )
         assert error.response is not None and error.response.message.text == '{"total": "x"}'
         assert "not json" not in str(error) and '"x"' not in str(error)
         stored = await store.load("s")
         assert [m.role for m in stored] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT]
         assert "not valid JSON" in stored[2].text
         assert len(model.requests) == 2
+
+    @pytest.mark.parametrize("native", [True, False], ids=["native", "tool"])
+    async def test_every_problem_of_an_answer_is_told_in_its_one_repair_turn(
+        self, native: bool
+    ) -> None:
+        """An answer is checked whole: the repair turn tells every problem (an unexpected
+        field, a field of another type, a missing one; a nested record's too), not the
+        first alone, so a model that mends what it is told fits at its one repair; a
+        second misfit's ``errors`` name each problem."""
+
+        @dataclasses.dataclass
+        class Order:
+            invoice: Invoice
+            address: Address
+
+        wrong = {"invoice": {"number": 7, "total": 9}, "address": {"city": "Lyon"}, "note": "x"}
+        problems = (
+            "answer: unexpected field 'note'",
+            "answer.invoice.number: expected a string, got a number",
+            "answer.address: missing field 'zip_code'",
+        )
+        right = {
+            "invoice": {"number": "7", "total": 9},
+            "address": {"city": "Lyon", "zip_code": "69001"},
+        }
+        model = answering([wrong, right], native)
+        result = await Plain(model=model).run("go", output_type=Order)
+        assert result.output == Order(Invoice("7", 9.0), Address("Lyon", "69001"))
+        told = model.requests[1].messages[-1]
+        text = told.text if native else told.tool_results[0].content
+        assert all(problem in text for problem in problems)
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=answering([wrong, wrong], native)).run("go", output_type=Order)
+        assert caught.value.errors == problems
 
     @pytest.mark.parametrize("strategy", ["native", "tool"])
     async def test_a_filtered_answer_ends_the_run_without_a_repair_turn(

@@ -1228,6 +1228,21 @@ async def test_bad_calls_become_error_results(
     assert fragment in seen.content
 
 
+async def test_every_problem_of_a_calls_arguments_is_told_at_once() -> None:
+    """The model is told every argument that does not fit, a record's fields too, not
+    the first problem alone, so one more call can mend them all."""
+    seen = await single_result({"c": 3, "a": "one"}, "add")
+    assert seen.is_error and seen.content == (
+        "Invalid arguments for tool 'add': unexpected argument 'c'; a: expected an integer, "
+        "got a string; missing required argument 'b'"
+    )
+    seen = await single_result({"color": "blue", "point": {"z": 2}}, "paint")
+    assert seen.content.endswith(
+        "color: expected one of ['red', 'green'], got 'blue'; point: unexpected field 'z'; "
+        "point: missing field 'x'"
+    )
+
+
 async def test_unknown_tool_result_lists_the_available_tools() -> None:
     """The error for an unknown tool tells the model which tools exist."""
     seen = await single_result({}, "nope")
