@@ -33,7 +33,7 @@ import sys
 import types
 import typing
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 import attrs
@@ -847,16 +847,16 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         if not least <= len(value) <= len(named):
             expected = f"{least} to {len(named)}" if least < len(named) else f"{least}"
             raise ToolArgumentError(f"{path}: expected {expected} items, got {len(value)}")
-        parts = [
-            coerce(part, member.annotation, f"{path}[{i}]")
+        parts = _each(
+            (part, member.annotation, f"{path}[{i}]")
             for i, (part, member) in enumerate(zip(value, named, strict=False))
-        ]
+        )
         return _built(lambda parts: annotation(*parts), parts, path)
     if annotation in (list, set, frozenset) or origin in (list, set, frozenset, Sequence):
         if not isinstance(value, list):
             raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")
         item = args[0] if args else Any
-        items = [coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = _each((v, item, f"{path}[{i}]") for i, v in enumerate(value))
         container = (
             origin
             if origin in (set, frozenset)
@@ -875,18 +875,34 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
             raise ToolArgumentError(f"{path}: expected an array, got {json_type_name(value)}")
         if not args or (len(args) == 2 and args[1] is Ellipsis):
             item = args[0] if args else Any
-            return tuple(coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+            return tuple(_each((v, item, f"{path}[{i}]") for i, v in enumerate(value)))
         if len(value) != len(args):
             raise ToolArgumentError(f"{path}: expected {len(args)} items, got {len(value)}")
         return tuple(
-            coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False))
+            _each((v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=False)))
         )
     if annotation is dict or origin in (dict, Mapping):
         if not isinstance(value, dict):
             raise ToolArgumentError(f"{path}: expected an object, got {json_type_name(value)}")
         item = args[1] if args else Any
-        return {k: coerce(v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items()}
+        pairs = ((v, item, f"{path}.{brief(str(k))[1:-1]}") for k, v in value.items())
+        return dict(zip(value, _each(pairs), strict=True))
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
+
+
+def _each(items: Iterable[tuple[Any, Any, str]]) -> list[Any]:
+    """Each ``(value, annotation, path)`` coerced, in order; every problem of them told
+    at once (a ``ToolArgumentError`` with them all), so one repair can mend them all."""
+    values: list[Any] = []
+    problems: list[str] = []
+    for value, annotation, path in items:
+        try:
+            values.append(coerce(value, annotation, path))
+        except ToolArgumentError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise ToolArgumentError(*problems)
+    return values
 
 
 def _built(build: Callable[[Any], Any], value: Any, path: str) -> Any:

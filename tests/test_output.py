@@ -392,28 +392,37 @@ class TestRepair:
         self, native: bool
     ) -> None:
         """An answer is checked whole: the repair turn tells every problem (an unexpected
-        field, a field of another type, a missing one; a nested record's too), not the
-        first alone, so a model that mends what it is told fits at its one repair; a
-        second misfit's ``errors`` name each problem."""
+        field, a field of another type, a missing one; a nested record's and each item's
+        too), not the first alone, so a model that mends what it is told fits at its one
+        repair; a second misfit's ``errors`` name each problem."""
 
         @dataclasses.dataclass
         class Order:
             invoice: Invoice
             address: Address
+            lines: list[int]
 
-        wrong = {"invoice": {"number": 7, "total": 9}, "address": {"city": "Lyon"}, "note": "x"}
+        wrong = {
+            "invoice": {"number": 7, "total": 9},
+            "address": {"city": "Lyon"},
+            "lines": [1, "two", "three"],
+            "note": "x",
+        }
         problems = (
             "answer: unexpected field 'note'",
             "answer.invoice.number: expected a string, got a number",
             "answer.address: missing field 'zip_code'",
+            "answer.lines[1]: expected an integer, got a string",
+            "answer.lines[2]: expected an integer, got a string",
         )
         right = {
             "invoice": {"number": "7", "total": 9},
             "address": {"city": "Lyon", "zip_code": "69001"},
+            "lines": [1, 2, 3],
         }
         model = answering([wrong, right], native)
         result = await Plain(model=model).run("go", output_type=Order)
-        assert result.output == Order(Invoice("7", 9.0), Address("Lyon", "69001"))
+        assert result.output == Order(Invoice("7", 9.0), Address("Lyon", "69001"), [1, 2, 3])
         told = model.requests[1].messages[-1]
         text = told.text if native else told.tool_results[0].content
         assert all(problem in text for problem in problems)
