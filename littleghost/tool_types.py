@@ -890,12 +890,21 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
     raise ToolArgumentError(f"{path}: unsupported type {annotation!r}")  # pragma: no cover
 
 
+MAX_PROBLEMS = 20
+"""The most problems of the items of one array or object checked before the rest are
+left unchecked (a runaway answer of many thousand items would take long to check all)."""
+
+
 def _each(items: Iterable[tuple[Any, Any, str]]) -> list[Any]:
     """Each ``(value, annotation, path)`` coerced, in order; every problem of them told
-    at once (a ``ToolArgumentError`` with them all), so one repair can mend them all."""
+    at once (a ``ToolArgumentError`` with them all, up to ``MAX_PROBLEMS``), so one
+    repair can mend them all."""
     values: list[Any] = []
     problems: list[str] = []
     for value, annotation, path in items:
+        if len(problems) >= MAX_PROBLEMS:
+            problems.append(f"{path} and on: not checked, after {len(problems)} problems")
+            break
         try:
             values.append(coerce(value, annotation, path))
         except ToolArgumentError as error:

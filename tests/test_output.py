@@ -430,6 +430,18 @@ class TestRepair:
             await Plain(model=answering([wrong, wrong], native)).run("go", output_type=Order)
         assert caught.value.errors == problems
 
+    async def test_the_problems_of_a_runaway_array_stop_at_twenty(self) -> None:
+        """Past 20 problems among an array's items the rest are left unchecked, and the
+        last problem says so: a runaway answer is not checked item by item."""
+        wrong = {"result": ["x"] * 100_000}
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=answering([wrong, wrong], True)).run("go", output_type=list[int])
+        errors = caught.value.errors
+        assert errors[:20] == tuple(
+            f"result[{i}]: expected an integer, got a string" for i in range(20)
+        )
+        assert errors[20:] == ("result[20] and on: not checked, after 20 problems",)
+
     @pytest.mark.parametrize("strategy", ["native", "tool"])
     async def test_a_filtered_answer_ends_the_run_without_a_repair_turn(
         self, strategy: str
