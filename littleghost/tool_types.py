@@ -53,6 +53,7 @@ __all__ = [
     "parse_json",
     "shown_default",
     "to_json",
+    "unexpected",
 ]
 
 _NONE_TYPE = type(None)
@@ -820,7 +821,7 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
         by_name = {record_field.name: record_field for record_field in fields}
         # every field's problems at once: one repair turn can then mend them all
         unknown = sorted(set(value) - set(by_name))
-        problems = [f"{path}: unexpected field {brief(name)}" for name in unknown]
+        problems = unexpected(unknown, f"{path}: unexpected field")
         kwargs = {}
         for name, record_field in by_name.items():
             if name in value and not left_out(
@@ -893,6 +894,15 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
 MAX_PROBLEMS = 20
 """The most problems of the items of one array or object checked before the rest are
 left unchecked (a runaway answer of many thousand items would take long to check all)."""
+
+
+def unexpected(names: Sequence[str], problem: str) -> list[str]:
+    """``problem`` (``"unexpected argument"``) for each of ``names``, up to
+    ``MAX_PROBLEMS``, then how many more there are."""
+    told = [f"{problem} {brief(name)}" for name in names[:MAX_PROBLEMS]]
+    if len(names) > MAX_PROBLEMS:
+        told.append(f"{problem}: {len(names) - MAX_PROBLEMS} more")
+    return told
 
 
 def _each(items: Iterable[tuple[Any, Any, str]]) -> list[Any]:

@@ -27,7 +27,6 @@ from littleghost._validators import is_number, safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
-from littleghost.text import brief
 from littleghost.tool_docs import parse_docstring
 from littleghost.tool_types import (
     ToolArgumentError,
@@ -36,6 +35,7 @@ from littleghost.tool_types import (
     left_out,
     parse_json,
     shown_default,
+    unexpected,
 )
 
 __all__ = ["ToolArgumentError", "ToolDefinition", "index_tools", "tool"]
@@ -560,7 +560,7 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
         raise ToolArgumentError("the arguments must be a JSON object")
     known = {parameter.name for parameter in definition.signature}
     unknown = sorted(set(arguments) - known)
-    problems = [f"unexpected argument {brief(name)}" for name in unknown]  # each told at once
+    problems = unexpected(unknown, "unexpected argument")  # each problem told at once
     bound: dict[str, Any] = {}
     for parameter in definition.signature:
         given = arguments.get(parameter.name)

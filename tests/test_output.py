@@ -430,9 +430,10 @@ class TestRepair:
             await Plain(model=answering([wrong, wrong], native)).run("go", output_type=Order)
         assert caught.value.errors == problems
 
-    async def test_the_problems_of_a_runaway_array_stop_at_twenty(self) -> None:
+    async def test_the_problems_of_a_runaway_answer_stop_at_twenty(self) -> None:
         """Past 20 problems among an array's items the rest are left unchecked, and the
-        last problem says so: a runaway answer is not checked item by item."""
+        last problem says so: a runaway answer is not checked item by item; past 20
+        unexpected fields, how many more there are is told."""
         wrong = {"result": ["x"] * 100_000}
         with pytest.raises(OutputValidationError) as caught:
             await Plain(model=answering([wrong, wrong], True)).run("go", output_type=list[int])
@@ -441,6 +442,16 @@ class TestRepair:
             f"result[{i}]: expected an integer, got a string" for i in range(20)
         )
         assert errors[20:] == ("result[20] and on: not checked, after 20 problems",)
+        many = {f"k{i:03}": i for i in range(100)}
+        with pytest.raises(OutputValidationError) as caught:
+            await Plain(model=answering([many, many], True)).run("go", output_type=Address)
+        errors = caught.value.errors
+        assert errors[:20] == tuple(f"answer: unexpected field 'k{i:03}'" for i in range(20))
+        assert errors[20:] == (
+            "answer: unexpected field: 80 more",
+            "answer: missing field 'city'",
+            "answer: missing field 'zip_code'",
+        )
 
     @pytest.mark.parametrize("strategy", ["native", "tool"])
     async def test_a_filtered_answer_ends_the_run_without_a_repair_turn(

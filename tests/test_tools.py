@@ -1236,6 +1236,8 @@ async def test_every_problem_of_a_calls_arguments_is_told_at_once() -> None:
         "Invalid arguments for tool 'add': unexpected argument 'c'; a: expected an integer, "
         "got a string; missing required argument 'b'"
     )
+    seen = await single_result({"a": 1, "b": 2, **{f"x{i:02}": i for i in range(30)}}, "add")
+    assert seen.content.endswith("unexpected argument 'x19'; unexpected argument: 10 more")
     seen = await single_result({"color": "blue", "point": {"z": 2}}, "paint")
     assert seen.content.endswith(
         "color: expected one of ['red', 'green'], got 'blue'; point: unexpected field 'z'; "
