@@ -143,6 +143,23 @@ def field_bounds(metadata: Iterable[Any]) -> list[FieldBound]:
     return found
 
 
+def model_metadata(extras: Iterable[Any]) -> list[Any]:
+    """What littleghost reads of an ``Annotated`` inside a pydantic model field's type
+    (``list[Annotated[int, Field(ge=0), AfterValidator(f)]]``): its descriptions, and
+    its bounds as a field's (``FieldBound``); the rest is the model's own validation's."""
+    kept: list[Any] = []
+    for extra in extras:
+        if isinstance(extra, str) or _is_doc(extra):
+            kept.append(extra)
+        elif _library(extra) == "pydantic" and type(extra).__name__ == "FieldInfo":
+            kept.extend(field_bounds(extra.metadata))
+            if extra.description:
+                kept.append(extra.description)
+        else:
+            kept.extend(field_bounds([extra]))
+    return kept
+
+
 def _bound(item: Any, lenient: bool = False) -> Bound:
     kind = type(item).__name__
     return Bound(kind, getattr(item, _BOUNDS[kind][0]), lenient)

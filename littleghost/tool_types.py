@@ -42,7 +42,7 @@ from littleghost._validators import MAX_DEPTH, digits_limit, nests_deeper
 from littleghost.errors import ConfigurationError
 from littleghost.messages import ImagePart
 from littleghost.text import brief, error_text, json_type_name, well_formed_value
-from littleghost.tool_bounds import bounded_schema, field_bounds, read_metadata
+from littleghost.tool_bounds import bounded_schema, field_bounds, model_metadata, read_metadata
 
 __all__ = [
     "ImageNotJson",
@@ -457,12 +457,31 @@ def _model_fields(model: Any) -> tuple[_Field, ...]:
         extras.extend(field_bounds(info.metadata))
         if info.description:
             extras.append(info.description)
-        hint = typing.Annotated[(info.annotation, *extras)] if extras else info.annotation
+        annotation = _left_to_model(info.annotation)
+        hint = typing.Annotated[(annotation, *extras)] if extras else annotation
         alias = info.validation_alias
         required = info.is_required()
         default = _NO_DEFAULT if required or info.default_factory else info.default
         found.append(_Field(alias if isinstance(alias, str) else name, hint, required, default))
     return tuple(found)
+
+
+def _left_to_model(hint: Any) -> Any:
+    """``hint``, a pydantic model field's type, with what the model's own validation
+    applies of each ``Annotated`` inside it left to it (``model_metadata``), as it is of
+    the field's own metadata: a validator, a pattern, a union's discriminator."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is typing.Annotated:
+        inner, kept = _left_to_model(args[0]), model_metadata(args[1:])
+        return typing.Annotated[(inner, *kept)] if kept else inner
+    if origin is None or origin is Literal or not args:
+        return hint
+    inner = tuple(_left_to_model(arg) for arg in args)
+    if inner == args:
+        return hint
+    if origin in (Union, types.UnionType):
+        return Union[inner]  # noqa: UP007 - the args of a union, as a tuple
+    return origin[inner]
 
 
 def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:

@@ -13,11 +13,19 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import pydantic.dataclasses
 import pytest
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    field_validator,
+)
 
 from littleghost import Agent, tool
 from littleghost.errors import ConfigurationError, OutputValidationError
@@ -201,6 +209,44 @@ class TestOutput:
         model = ScriptedModel([text_response(json.dumps(answer))])
         result = await Plain(model=model).run("go", output_type=Parcel)
         assert result.output == Parcel(box=Box(size=Size.SMALL, sides=(1, 2), weight=3.0))
+
+    async def test_what_pydantic_applies_inside_a_fields_type_is_left_to_it(self) -> None:
+        """Metadata inside a field's type (of a list's or a dict's items: a union's
+        discriminator, a validator, a pattern) is the model's own validation's, as the
+        field's own metadata is: the class is taken (it was a ``ConfigurationError``),
+        descriptions and bounds there are read, and what pydantic refuses gets the repair
+        turn."""
+
+        class Cat(BaseModel):
+            kind: Literal["cat"]
+            lives: int
+
+        class Dog(BaseModel):
+            kind: Literal["dog"]
+            tricks: list[str]
+
+        class Household(BaseModel):
+            pets: list[Annotated[Cat | Dog, Field(discriminator="kind")]]
+            ages: list[Annotated[int, AfterValidator(abs), Field(le=99)]]
+            codes: dict[str, Annotated[str, Field(pattern="^[A-Z]+$", description="Caps.")]]
+
+        pets = [{"kind": "dog", "tricks": ["sit"]}, {"kind": "cat", "lives": 9}]
+        misfit = {"pets": pets, "ages": [-3], "codes": {"x": "abc"}}
+        fitting = {"pets": pets, "ages": [-3], "codes": {"x": "ABC"}}
+        model = ScriptedModel(
+            [text_response(json.dumps(misfit)), text_response(json.dumps(fitting))]
+        )
+        result = await Plain(model=model).run("go", output_type=Household)
+        assert result.output == Household(
+            pets=[Dog(kind="dog", tricks=["sit"]), Cat(kind="cat", lives=9)],
+            ages=[3],
+            codes={"x": "ABC"},
+        )
+        assert "answer.codes.x: String should match pattern" in model.requests[1].messages[-1].text
+        assert model.requests[0].output_schema is not None
+        schema = model.requests[0].output_schema.schema["properties"]
+        assert schema["ages"]["items"] == {"type": "integer", "maximum": 99}
+        assert schema["codes"]["additionalProperties"] == {"type": "string", "description": "Caps."}
 
     async def test_a_root_model_is_its_root_type(self) -> None:
         class Scores(RootModel[list[int]]):
