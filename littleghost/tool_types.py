@@ -467,9 +467,9 @@ def _model_fields(model: Any) -> tuple[_Field, ...]:
 
 
 def _left_to_model(hint: Any) -> Any:
-    """``hint``, a pydantic model field's type, with what the model's own validation
-    applies of each ``Annotated`` inside it left to it (``model_metadata``), as it is of
-    the field's own metadata: a validator, a pattern, a union's discriminator."""
+    """``hint``, a pydantic model's (or dataclass's) field type, with what its own
+    validation applies of each ``Annotated`` in it left to it (``model_metadata``), as
+    it is of a model field's own metadata: a validator, a pattern, a discriminator."""
     origin, args = get_origin(hint), get_args(hint)
     if origin is typing.Annotated:
         inner, kept = _left_to_model(args[0]), model_metadata(args[1:])
@@ -544,9 +544,11 @@ def _attrs_default(default: Any) -> Any:
 
 def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
     """The arguments of a dataclass's ``__init__``: its init fields and its ``InitVar``
-    fields (which ``dataclasses.fields`` leaves out), in order."""
+    fields (which ``dataclasses.fields`` leaves out), in order; a pydantic dataclass's
+    with what its own validation applies left to it, as a pydantic model's."""
     hints = _dataclass_hints(annotation)
     fields = {field.name for field in dataclasses.fields(annotation)}
+    validated = "__pydantic_validator__" in vars(annotation)  # a pydantic dataclass's own
     found = []
     for field in annotation.__dataclass_fields__.values():
         hint = hints.get(field.name)
@@ -559,6 +561,7 @@ def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
                 field.default is dataclasses.MISSING
                 and field.default_factory is dataclasses.MISSING
             )
+            hint = _left_to_model(hint) if validated else hint
             found.append(_Field(field.name, hint, required, field.default))
     return tuple(found)
 

@@ -188,6 +188,25 @@ class TestOutput:
             model.requests[1].messages[-1].text
         )
 
+    async def test_a_pydantic_dataclass_applies_its_fields_metadata(self) -> None:
+        """A pydantic dataclass validates its fields as a model does: a validator or a
+        pattern in a field's ``Annotated`` (its own or inside its type) is left to it (it
+        was a ``ConfigurationError``), its bounds read as a model's."""
+
+        @pydantic.dataclasses.dataclass
+        class Tagged:
+            n: Annotated[int, AfterValidator(abs), Field(le=9)]
+            tags: list[Annotated[str, Field(pattern="^[a-z]+$")]]
+
+        misfit, fitting = '{"n": -3, "tags": ["A"]}', '{"n": -3, "tags": ["a"]}'
+        model = ScriptedModel([text_response(misfit), text_response(fitting)])
+        result = await Plain(model=model).run("go", output_type=Tagged)
+        assert result.output == Tagged(3, ["a"])
+        assert "answer.tags[0]: String should match" in model.requests[1].messages[-1].text
+        assert model.requests[0].output_schema is not None
+        schema = model.requests[0].output_schema.schema["properties"]
+        assert schema["n"] == {"type": "integer", "maximum": 9}
+
     async def test_a_strict_model_takes_the_json_values(self) -> None:
         """A model in pydantic's strict mode gets the values the schema describes as
         their Python types (an enum member, a tuple, an instance of a nested model)."""
