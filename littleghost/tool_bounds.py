@@ -30,6 +30,7 @@ __all__ = [
     "FieldBound",
     "bounded_schema",
     "field_bounds",
+    "model_metadata",
     "read_metadata",
 ]
 

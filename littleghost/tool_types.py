@@ -45,6 +45,7 @@ from littleghost.text import brief, error_text, json_type_name, well_formed_valu
 from littleghost.tool_bounds import bounded_schema, field_bounds, model_metadata, read_metadata
 
 __all__ = [
+    "MAX_PROBLEMS",
     "ImageNotJson",
     "ToolArgumentError",
     "coerce",
