@@ -1024,6 +1024,7 @@ class Agent:
             timeout=timeout,
             deadline=deadline,
             output_type=output_type,
+            method="run_sync",
         )
         declared = self._declared_model()
         started = False
@@ -1195,6 +1196,7 @@ class Agent:
             timeout=timeout,
             deadline=deadline,
             output_type=output_type,
+            method="stream",
         )
         return RunStream(self, plan)
 

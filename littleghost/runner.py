@@ -167,9 +167,11 @@ def plan_run(
     timeout: object = None,
     deadline: object = None,
     output_type: object = None,
+    method: str = "run",
 ) -> RunPlan:
-    """Check ``run()``'s arguments, naming the one that is wrong, after the agent's
-    declarations (``Agent.run_settings``)."""
+    """Check ``run()``'s arguments (those of ``method``: ``run``, ``run_sync`` or
+    ``stream``), naming the one that is wrong, after the agent's declarations
+    (``Agent.run_settings``)."""
     declared = agent.run_settings()
     if session_id is not None:
         check_session_id(session_id)
@@ -179,9 +181,9 @@ def plan_run(
     _check_new(message, seed, "history")
     output = agent.output
     if output_type is not None:
-        output = compile_output_type(output_type, "run(output_type=)")
+        output = compile_output_type(output_type, f"{method}(output_type=)")
         if output is not None:
-            check_tool_names("run(output_type=)", agent.tool_names)
+            check_tool_names(f"{method}(output_type=)", agent.tool_names)
     given = {} if settings is None else check_settings("settings", settings)
     merged = {**declared, **given}
     where = "settings" if "response_format" in given else agent._settings_owner

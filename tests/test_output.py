@@ -324,10 +324,14 @@ class TestDeclaring:
 
     async def test_bad_run_arguments_fail_before_any_call(self) -> None:
         """A bad ``run(output_type=)``, or a response format set beside an output type,
-        fails before the model is called."""
+        fails before the model is called; the error names the method it was given to."""
         model = ScriptedModel([])
-        with pytest.raises(ConfigurationError, match=r"run\(output_type=\)"):
+        with pytest.raises(ConfigurationError, match=r"^run\(output_type=\)"):
             await Plain(model=model).run("go", output_type=bytes)
+        with pytest.raises(ConfigurationError, match=r"^stream\(output_type=\)"):
+            Plain(model=model).stream("go", output_type=bytes)
+        with pytest.raises(ConfigurationError, match=r"^run_sync\(output_type=\)"):
+            Plain(model=model).run_sync("go", output_type=bytes)
         with pytest.raises(ConfigurationError, match="response_format"):
             await Typed(model=model).run("go", settings={"response_format": {"type": "text"}})
         assert model.requests == []
