@@ -480,10 +480,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
             await _not_run(
                 context, calls, "the answer asking for it stopped at its output limit (max_tokens)"
             )
-            raise OutputLimitError(
-                "the model stopped at its output limit before completing its answer",
-                response=response,
-            )
+            raise OutputLimitError(_cut_short(context.last_sent), response=response)
         if calls and response.stop_reason is StopReason.CONTENT_FILTER:
             await _not_run(
                 context,
@@ -518,11 +515,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
             return RunResult(answer.value, context.messages, context.usage, response.stop_reason)
         repairs = _repair_or_raise(agent, turn, repairs, answer, response)
         await context.append(output.repair_message(answer, agent.max_tool_result_tokens))
-    raise LimitExceededError(
-        f"{agent.name} reached max_turns={agent.max_turns}",
-        limit="max_turns",
-        value=agent.max_turns,
-    )
+    raise _limit_exceeded(agent, "max_turns", agent.max_turns)
 
 
 def _repair_or_raise(
@@ -560,7 +553,35 @@ async def _refuse(
 ) -> None:
     """Answer ``calls`` without running them (the log stays whole), then stop the run."""
     await _not_run(context, calls, f"the run reached {limit}={value}")
-    raise LimitExceededError(f"{agent.name} reached {limit}={value}", limit=limit, value=value)
+    raise _limit_exceeded(agent, limit, value)
+
+
+def _cut_short(request: ModelRequest | None) -> str:
+    """What an ``OutputLimitError`` of a run says: the cap the request sent, if any, and
+    what to do."""
+    settings = request.settings if request is not None else {}
+    cap = settings.get("max_tokens", settings.get("max_completion_tokens"))
+    sent = "" if cap is None else f" (max_tokens={cap})"
+    return (
+        f"the model stopped at its output limit{sent} before completing its answer: raise "
+        "max_tokens in the agent's settings, or ask for a shorter answer (the error's "
+        "response holds what it wrote)"
+    )
+
+
+def _limit_exceeded(agent: Agent, limit: str, value: int) -> LimitExceededError:
+    """The error of a run stopped at ``limit``, saying what it means and what to do."""
+    what = (
+        f"the run had no answer after {value} model calls"
+        if limit == "max_turns"
+        else f"the model asked for more than {value} tool calls in the run"
+    )
+    return LimitExceededError(
+        f"{agent.name} reached {limit}={value}: {what}; if the task needs more, raise "
+        f"{limit} (a class attribute or constructor keyword)",
+        limit=limit,
+        value=value,
+    )
 
 
 async def _request(agent: Agent, context: RunContext) -> ModelRequest:

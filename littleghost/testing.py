@@ -218,9 +218,7 @@ class ScriptedModel:
         self.requests.append(request)
         await anyio.lowlevel.checkpoint()
         if not self._steps:
-            raise ProtocolError(
-                f"ScriptedModel {self._name!r} ran out of steps after {len(self.requests) - 1} calls"
-            )
+            raise ProtocolError(_out_of_steps(self._name, request, len(self.requests)))
         return self._steps.pop(0)
 
     async def _play(self, step: Any, request: ModelRequest) -> ModelResponse:
@@ -340,6 +338,18 @@ def tool_calls_response(
         Message.assistant(text, tool_calls=made),
         StopReason.TOOL_USE,
         Usage(input_tokens, output_tokens),
+    )
+
+
+def _out_of_steps(name: str, request: ModelRequest, call: int) -> str:
+    """What a call past the script's end says: which call it is, what asked for it (its
+    purpose and its last message's role, never content) and what to add."""
+    last = request.messages[-1].role.value if request.messages else "no"
+    asked = "" if request.purpose == "chat" else f"a {request.purpose} call, "
+    return (
+        f"ScriptedModel {name!r} ran out of steps: call {call} came after its "
+        f"{call - 1} step(s) ({asked}the request ends with a {last} message); add a "
+        "step for it: each model call takes one, the call after tool results included"
     )
 
 

@@ -206,6 +206,10 @@ async def test_max_turns_raises_limit_exceeded() -> None:
     with pytest.raises(LimitExceededError, match="max_turns=3") as caught:
         await Counter(model=model, max_turns=3).run("count forever")
     assert (caught.value.limit, caught.value.value) == ("max_turns", 3)
+    assert str(caught.value) == (
+        "Counter reached max_turns=3: the run had no answer after 3 model calls; if the "
+        "task needs more, raise max_turns (a class attribute or constructor keyword)"
+    )
     assert len(model.requests) == 3
 
 
@@ -263,6 +267,11 @@ async def test_max_tool_calls_raises_limit_exceeded() -> None:
     with pytest.raises(LimitExceededError, match="max_tool_calls=3") as caught:
         await Counter(model=model, max_tool_calls=3).run("count a lot")
     assert (caught.value.limit, caught.value.value) == ("max_tool_calls", 3)
+    assert str(caught.value) == (
+        "Counter reached max_tool_calls=3: the model asked for more than 3 tool calls in "
+        "the run; if the task needs more, raise max_tool_calls (a class attribute or "
+        "constructor keyword)"
+    )
     assert len(model.requests) == 2
 
 
@@ -278,6 +287,22 @@ async def test_final_answer_cut_at_max_tokens_raises_output_limit() -> None:
     with pytest.raises(OutputLimitError) as caught:
         await Counter(model=ScriptedModel([cut])).run("long question")
     assert caught.value.response is cut
+
+
+async def test_an_answer_cut_at_max_tokens_says_the_cap_and_what_to_do() -> None:
+    """The OutputLimitError names the cap the request sent and says to raise it (or ask
+    for less); without a cap it names none."""
+    cut = text_response("The answer is", stop_reason=StopReason.MAX_TOKENS)
+    advice = (
+        " before completing its answer: raise max_tokens in the agent's settings, or ask "
+        "for a shorter answer (the error's response holds what it wrote)"
+    )
+    with pytest.raises(OutputLimitError) as caught:
+        await Counter(model=ScriptedModel([cut]), settings={"max_tokens": 40}).run("long")
+    assert str(caught.value) == "the model stopped at its output limit (max_tokens=40)" + advice
+    with pytest.raises(OutputLimitError) as caught:
+        await Counter(model=ScriptedModel([cut])).run("long")
+    assert str(caught.value) == "the model stopped at its output limit" + advice
 
 
 @pytest.mark.parametrize("arguments", [{"n": 1}, {}, '{"n": 1'])
@@ -561,10 +586,16 @@ async def test_run_settings_override_agent_settings() -> None:
 
 
 async def test_a_script_that_runs_out_raises_protocol_error() -> None:
-    """A model with no step left raises ProtocolError out of the run."""
+    """A model with no step left raises ProtocolError out of the run, saying which call
+    came past the script's end, what it followed (a role, no content) and what to add."""
     model = ScriptedModel([tool_call_response("count", {"n": 1})])
-    with pytest.raises(ProtocolError, match="ran out of steps"):
+    with pytest.raises(ProtocolError) as caught:
         await Counter(model=model).run("count")
+    assert str(caught.value) == (
+        "ScriptedModel 'scripted' ran out of steps: call 2 came after its 1 step(s) (the "
+        "request ends with a tool message); add a step for it: each model call takes one, "
+        "the call after tool results included"
+    )
 
 
 class Prepared:
