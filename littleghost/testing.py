@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -176,6 +176,7 @@ class ScriptedModel:
                 "ScriptedModel: count_prompt_tokens must be a callable or None, "
                 f"not {safe_repr(count_prompt_tokens)}"
             )
+        self._length = len(self._steps)
         self._context_window = context_window
         self._name = name
         self._schema_problem = output_schema_problem
@@ -218,7 +219,7 @@ class ScriptedModel:
         self.requests.append(request)
         await anyio.lowlevel.checkpoint()
         if not self._steps:
-            raise ProtocolError(_out_of_steps(self._name, request, len(self.requests)))
+            raise ProtocolError(_out_of_steps(self._name, self._length, self.requests))
         return self._steps.pop(0)
 
     async def _play(self, step: Any, request: ModelRequest) -> ModelResponse:
@@ -341,15 +342,22 @@ def tool_calls_response(
     )
 
 
-def _out_of_steps(name: str, request: ModelRequest, call: int) -> str:
+def _out_of_steps(name: str, steps: int, requests: Sequence[ModelRequest]) -> str:
     """What a call past the script's end says: which call it is, what asked for it (its
-    purpose and its last message's role, never content) and what to add."""
+    purpose and its last message's role, never content), what took the steps when a call
+    other than the turn's did (a summary's), and what to add."""
+    *earlier, request = requests
     last = request.messages[-1].role.value if request.messages else "no"
     asked = "" if request.purpose == "chat" else f"a {request.purpose} call, "
+    taken = (
+        f"; the calls before it: {', '.join(r.purpose for r in earlier)}"
+        if any(r.purpose != "chat" for r in earlier)
+        else ""
+    )
     return (
-        f"ScriptedModel {name!r} ran out of steps: call {call} came after its "
-        f"{call - 1} step(s) ({asked}the request ends with a {last} message); add a "
-        "step for it: each model call takes one, the call after tool results included"
+        f"ScriptedModel {name!r} ran out of steps: call {len(requests)} came after the "
+        f"script's {steps} step(s) ({asked}the request ends with a {last} message{taken}); "
+        "add a step for it: each model call takes one, the call after tool results included"
     )
 
 

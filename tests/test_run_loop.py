@@ -32,6 +32,7 @@ from littleghost import (
     after_model,
     after_tool,
     before_tool,
+    manage_context,
     tool,
 )
 from littleghost.errors import (
@@ -592,9 +593,34 @@ async def test_a_script_that_runs_out_raises_protocol_error() -> None:
     with pytest.raises(ProtocolError) as caught:
         await Counter(model=model).run("count")
     assert str(caught.value) == (
-        "ScriptedModel 'scripted' ran out of steps: call 2 came after its 1 step(s) (the "
-        "request ends with a tool message); add a step for it: each model call takes one, "
-        "the call after tool results included"
+        "ScriptedModel 'scripted' ran out of steps: call 2 came after the script's 1 step(s) "
+        "(the request ends with a tool message); add a step for it: each model call takes "
+        "one, the call after tool results included"
+    )
+
+
+async def test_a_script_that_a_summary_call_used_up_says_so() -> None:
+    """A summary call of @manage_context takes a step too: the call past the script's end
+    says which calls came before it."""
+
+    @manage_context(context_window_override=2_000, preserve_recent_messages=2)
+    class Managed(Agent):
+        pass
+
+    words = "word " * 40
+    history = [
+        message
+        for n in range(20)
+        for message in (Message.user(f"question {n} {words}"), Message.assistant(words))
+    ]
+    model = ScriptedModel([text_response("It shipped.")])
+    with pytest.raises(ProtocolError) as caught:
+        await Managed(model=model).run("Where is it?", history=history)
+    assert [request.purpose for request in model.requests] == ["context_compaction", "chat"]
+    assert str(caught.value) == (
+        "ScriptedModel 'scripted' ran out of steps: call 2 came after the script's 1 step(s) "
+        "(the request ends with a user message; the calls before it: context_compaction); "
+        "add a step for it: each model call takes one, the call after tool results included"
     )
 
 
