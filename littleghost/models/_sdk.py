@@ -662,6 +662,20 @@ def made_noting_heads(make: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: noting_heads(make())
 
 
+def _server_named(error: BaseException) -> str | None:
+    """``host:port`` of the request of ``error`` (an SDK's or the HTTP library's), for an
+    error that says where it could not connect; never credentials, path or query."""
+    try:
+        request = getattr(error, "request", None)
+    except RuntimeError:  # the HTTP library's error without a request
+        return None
+    host, port = server_of(getattr(request, "url", None))
+    if host is None:
+        return None
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return shown if port is None else f"{shown}:{port}"
+
+
 def _noted_head(error: BaseException) -> tuple[int, bool | None] | None:
     """The head ``noting_heads`` kept on the request of ``error`` (an SDK's or the HTTP
     library's), else ``None``."""
@@ -696,7 +710,11 @@ def _classifier(
             return transport_error(provider, timeout=True, head=_noted_head(error))
         if isinstance(error, sdk.APIConnectionError):  # the HTTP library's error its cause
             return transport_error(
-                provider, timeout=False, lost=lost(error.__cause__), head=_noted_head(error)
+                provider,
+                timeout=False,
+                lost=lost(error.__cause__),
+                head=_noted_head(error),
+                server=_server_named(error),
             )
         if isinstance(error, sdk.APIError):
             return classify_error(provider=provider, body=error.body, message=error.message)
@@ -706,6 +724,7 @@ def _classifier(
                 timeout=isinstance(error, timeouts),
                 lost=lost(error),
                 head=_noted_head(error),
+                server=_server_named(error),
             )
         if isinstance(error, json.JSONDecodeError):
             return not_json(provider)

@@ -500,10 +500,12 @@ def transport_error(
     timeout: bool,
     lost: bool = False,
     head: tuple[int, bool | None] | None = None,
+    server: str | None = None,
 ) -> ProviderUnavailableError:
     """The exception for a request that got no whole answer: a timeout, a connection that
-    could not be made (``connection_error``), or one ``lost`` once made, before the
-    answer was whole (``connection_lost``: reset, or closed early).
+    could not be made (``connection_error``, naming the ``server``'s host and port when
+    known, never more of its URL), or one ``lost`` once made, before the answer was whole
+    (``connection_lost``: reset, or closed early).
 
     ``head`` is the status and ``x-should-retry`` of the answer's head, when one came
     that speaks for the answer (``noted_head``): an error status is kept as the error's
@@ -516,6 +518,8 @@ def transport_error(
         code = "connection_lost"
     else:
         message, code = "the request could not reach the provider", "connection_error"
+        if server is not None:
+            message = f"{message} at {server}"
     status, told = head if head is not None else (None, None)
     if status is not None and status >= 400:
         message = f"{message} (HTTP {status})"
