@@ -1080,7 +1080,11 @@ def _user_message(value: object) -> Message:
         return Message.user(value)
     if isinstance(value, Message):
         if value.role is not Role.USER:
-            raise TypeError(f"input must be a user message, not a {value.role} message")
+            article = "an" if value.role is Role.ASSISTANT else "a"
+            raise TypeError(
+                f"input must be a user message (a str, or Message.user(...)), not {article} "
+                f"{value.role} message (earlier messages go in history=)"
+            )
         check_parts((value,), lambda _: "input")
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")

@@ -1410,6 +1410,17 @@ async def test_message_input_is_accepted() -> None:
     assert result.messages[0] is message
 
 
+async def test_input_of_another_role_says_what_to_pass() -> None:
+    """A message of another role as input is a TypeError that says what input takes and
+    where earlier messages go."""
+    with pytest.raises(TypeError) as caught:
+        await Agent(model=ScriptedModel([])).run(Message.assistant("Hello!"))
+    assert str(caught.value) == (
+        "input must be a user message (a str, or Message.user(...)), not an assistant "
+        "message (earlier messages go in history=)"
+    )
+
+
 class Rules:
     """Callable instructions, as an object."""
 
