@@ -146,8 +146,8 @@ class ScriptedModel:
                     else ""
                 )
                 raise TypeError(
-                    f"ScriptedModel: step {index} must be a ModelResponse, an exception or a "
-                    f"callable, not {type(step).__name__}{hint}"
+                    f"ScriptedModel: step {index} must be a ModelResponse, a streamed(...) "
+                    f"step, an exception or a callable, not {type(step).__name__}{hint}"
                 )
             problem = _callable_step_problem(step)
             if problem is not None:

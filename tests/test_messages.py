@@ -519,7 +519,11 @@ def test_a_streamed_steps_delay_is_checked_when_made(delay: Any) -> None:
     [
         ({"steps": "abc"}, "steps"),
         ({"steps": 3}, "steps"),
-        ({"steps": [42]}, "step 0"),
+        (
+            {"steps": [42]},
+            r"step 0 must be a ModelResponse, a streamed\(\.\.\.\) step, an exception or a "
+            "callable, not int$",
+        ),
         ({"steps": ["Hi!"]}, r"step 0 .* not str \(wrap an answer's text in text_response"),
         ({"steps": [text_response("x"), ValueError]}, "step 1 is the exception class ValueError"),
         ({"steps": [text_response]}, r"step 0 is the function text_response itself: call it"),
