@@ -157,6 +157,8 @@ class RunContext:
     _held: list[Event] = field(factory=list, repr=False, init=False)
     """Events a cancellation kept from the consumer (a cut side call's): nothing can be
     awaited under it, so the run's next event brings them first."""
+    _doing: Callable[[], str] = field(default=lambda: "starting", repr=False, init=False)
+    """What the run is doing, for the error of a deadline that cuts it."""
     _turn_retries: int = field(default=0, repr=False, init=False)
     """How many times the turn's model call was retried (``ModelCallRetried.attempt``)."""
     question: Message | None = field(default=None, repr=False, init=False)
@@ -290,11 +292,13 @@ class RunContext:
                     self.grace.uncertain = True  # it may have landed all the same
                     raise
 
+            doing, self._doing = self._doing, lambda: "storing messages in the session"
             await self.grace.protect(
                 write,
                 f"storing {len(messages)} message(s)",
                 then=lambda: self._extend(messages, still_open),
             )
+            self._doing = doing  # a write the run's stop cut is what it was doing
 
     @contextmanager
     def _calling(self, name: str, timer: anyio.CancelScope) -> Iterator[None]:

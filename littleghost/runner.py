@@ -379,11 +379,13 @@ async def _run_in(
 
 
 def _late(agent: Agent, context: RunContext, waiting: bool) -> DeadlineExceededError:
-    """The run's ``DeadlineExceededError``, saying so when it came while the run was still
-    ``waiting`` to hold its session."""
+    """The run's ``DeadlineExceededError``, saying what the run was doing when it came (a
+    declared tool by name; still ``waiting`` to hold its session, say), never content."""
     why = "its deadline"
     if waiting:  # another run holds it, or the store is slow to answer
         why += f", still waiting to hold session {context.session_id!r}"
+    else:
+        why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
     return DeadlineExceededError(
         f"{agent.name} did not finish before {why}", deadline=context.deadline
     )
@@ -460,15 +462,18 @@ async def _loop(
 
 
 async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -> RunResult[Any]:
+    context._doing = lambda: "preparing the model (a local model starts its server)"
     await prepare(context.model)
     tool_calls = 0
     repairs = 0
     for turn in range(agent.max_turns):
         context.turn = turn
+        context._doing = lambda: "making the turn's request (its instructions among it)"
         request = await _request(agent, context)
         if output is not None:
             request = output.request(request)
         answered = await _call_model(agent, request, context)
+        context._doing = lambda: "running the after_model hooks"
         response = await run_chain(
             _hooks(agent, context, "after_model"), answered, expected=ModelResponse, context=context
         )
@@ -636,10 +641,12 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     the view rebuilds them: its excerpts from the replacement's, its memories from their
     provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
+    context._doing = lambda: "running the before_model hooks (compaction is one)"
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = context._turn_retries = 0
     while True:
         _check_answered(context)
+        context._doing = lambda: "waiting for the model's answer"
         try:
             return await context._call(request, turn=True)
         except (CleanupError, DeadlineExceededError):
@@ -652,6 +659,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             ):
                 raise  # a client's "connection closed" for the run's stop, or the run's
                 # deadline out of the model's own task group: no error to recover
+            context._doing = lambda: "running the after_model_error hooks"
             replacement = await run_chain(
                 _hooks(agent, context, "after_model_error"),
                 request,
@@ -664,6 +672,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             recoveries += 1
             await context._retried(error)
             given = _unhooked(given, request, replacement, context)
+            context._doing = lambda: "running the before_model hooks (compaction is one)"
             request = await run_chain(before, given, expected=ModelRequest, context=context)
 
 
@@ -817,6 +826,15 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             failures.append(error)  # re-raised as itself, never in an exception group
             group.cancel_scope.cancel()
 
+    def running() -> str:  # a name the model made up is not told: it is the model's text
+        tools = [
+            f"tool {brief(call.name)}" if agent.find_tool(call.name) else "an undeclared tool"
+            for call, done in zip(calls, finished, strict=True)
+            if not done
+        ]
+        return f"running {', '.join(tools)}" if tools else "running the after_tool hooks"
+
+    context._doing = running
     context._running = frozenset(call.id for call in calls)
     try:
         async with anyio.create_task_group() as group:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 import attrs
@@ -16,6 +16,7 @@ from littleghost import (
     Message,
     RunContext,
     ToolCall,
+    after_model,
     after_model_error,
     before_model,
     before_tool,
@@ -113,6 +114,81 @@ async def test_a_deadline_already_passed_fails_before_answering() -> None:
     """A zero timeout raises DeadlineExceededError even against an instant model."""
     with pytest.raises(DeadlineExceededError):
         await Slow(model=ScriptedModel([text_response("too fast")])).run("hi", timeout=0)
+
+
+class Phases(Agent):
+    """An agent any phase of whose run can be made to hang."""
+
+    def __init__(self, hangs: str, **overrides: object) -> None:
+        super().__init__(**overrides)
+        self.hangs = hangs
+
+    async def _hang(self, phase: str) -> None:
+        if self.hangs == phase:
+            await anyio.sleep_forever()
+
+    @before_model
+    async def before(self, request: ModelRequest) -> None:
+        await self._hang("before_model")
+
+    @after_model
+    async def after(self, response: ModelResponse) -> None:
+        await self._hang("after_model")
+
+    @before_tool
+    async def before_call(self, call: ToolCall) -> None:
+        await self._hang("before_tool")
+
+    @tool
+    async def look_up(self) -> str:
+        """Look something up."""
+        await self._hang("tool")
+        return "found"
+
+
+class HangingStore(InMemorySessionStore):
+    """A store whose appends after the first (the question's) never end."""
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        if await self.load(session_id):
+            await anyio.sleep_forever()
+        await super().append(session_id, messages)
+
+
+class HangingPrepare(ScriptedModel):
+    async def prepare(self) -> None:
+        await anyio.sleep_forever()
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize(
+    ("hangs", "called", "says"),
+    [
+        ("model", "look_up", "waiting for the model's answer in turn 2"),
+        ("before_model", "", "running the before_model hooks (compaction is one) in turn 1"),
+        ("after_model", "", "running the after_model hooks in turn 1"),
+        ("tool", "look_up", "running tool 'look_up' in turn 1"),
+        ("before_tool", "look_up", "running tool 'look_up' in turn 1"),
+        ("before_tool", "made-up-by-the-model", "running an undeclared tool in turn 1"),
+        ("store", "", "storing messages in the session in turn 1"),
+        ("prepare", "", "preparing the model (a local model starts its server) in turn 1"),
+    ],
+)
+async def test_a_deadline_error_says_what_the_run_was_doing(
+    hangs: str, called: str, says: str
+) -> None:
+    """What a run was doing when its deadline came is in its error (a tool by name when
+    the agent declares it; a name the model made up is its text, not told)."""
+    steps: list[Step] = [tool_call_response(called, {})] if called else []
+    steps.append(hang if hangs == "model" else text_response("done"))
+    model = (HangingPrepare if hangs == "prepare" else ScriptedModel)(steps)
+    store = HangingStore() if hangs == "store" else InMemorySessionStore()
+    agent = Phases(hangs, model=model, session_store=store, cleanup_grace=0.1)
+    with pytest.raises(DeadlineExceededError) as caught:
+        await agent.run("hi", session_id="s", timeout=5)
+    assert (
+        str(caught.value) == f"Phases did not finish before its deadline, {says} (of 100 at most)"
+    )
 
 
 @pytest.mark.parametrize("tool_name", ["wait_async", "wait_sync"])

@@ -575,7 +575,9 @@ class TestConcurrentRuns:
         with pytest.raises(DeadlineExceededError) as caught:
             await Holding(model=model, session_store=store).run("one", session_id="s", timeout=LATE)
         assert in_tool.is_set()
-        assert str(caught.value) == "Slow did not finish before its deadline"
+        assert str(caught.value) == (
+            "Slow did not finish before its deadline, running tool 'work' in turn 1 (of 100 at most)"
+        )
 
     async def test_a_run_started_inside_a_run_of_its_session_fails_clearly(
         self, store: SessionStore
