@@ -641,7 +641,10 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     the view rebuilds them: its excerpts from the replacement's, its memories from their
     provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
-    context._doing = lambda: "running the before_model hooks (compaction is one)"
+    hooks = "running the before_model hooks"
+    if agent.context_management is not None:
+        hooks += " (compaction is one)"
+    context._doing = lambda: hooks
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = context._turn_retries = 0
     while True:
@@ -672,7 +675,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             recoveries += 1
             await context._retried(error)
             given = _unhooked(given, request, replacement, context)
-            context._doing = lambda: "running the before_model hooks (compaction is one)"
+            context._doing = lambda: hooks
             request = await run_chain(before, given, expected=ModelRequest, context=context)
 
 

@@ -20,6 +20,7 @@ from littleghost import (
     after_model_error,
     before_model,
     before_tool,
+    manage_context,
     tool,
 )
 from littleghost.errors import (
@@ -165,7 +166,7 @@ class HangingPrepare(ScriptedModel):
     ("hangs", "called", "says"),
     [
         ("model", "look_up", "waiting for the model's answer in turn 2"),
-        ("before_model", "", "running the before_model hooks (compaction is one) in turn 1"),
+        ("before_model", "", "running the before_model hooks in turn 1"),
         ("after_model", "", "running the after_model hooks in turn 1"),
         ("tool", "look_up", "running tool 'look_up' in turn 1"),
         ("before_tool", "look_up", "running tool 'look_up' in turn 1"),
@@ -189,6 +190,18 @@ async def test_a_deadline_error_says_what_the_run_was_doing(
     assert (
         str(caught.value) == f"Phases did not finish before its deadline, {says} (of 100 at most)"
     )
+
+
+@manage_context(context_window_override=100_000)
+class ManagedPhases(Phases):
+    pass
+
+
+@pytest.mark.virtual_clock
+async def test_a_deadline_error_in_a_managed_runs_hooks_says_compaction_is_one() -> None:
+    agent = ManagedPhases("before_model", model=ScriptedModel([text_response("done")]))
+    with pytest.raises(DeadlineExceededError, match=r"before_model hooks \(compaction is one\)"):
+        await agent.run("hi", timeout=5)
 
 
 @pytest.mark.parametrize("tool_name", ["wait_async", "wait_sync"])
