@@ -15,7 +15,12 @@ import httpx2
 import pytest
 
 from littleghost import Agent, tool
-from littleghost.errors import LittleGhostError, ProtocolError
+from littleghost.errors import (
+    LittleGhostError,
+    ProtocolError,
+    ProviderError,
+    ProviderUnavailableError,
+)
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ToolSpec
 from littleghost.models.anthropic import LONGEST_UNSTREAMED
@@ -252,6 +257,45 @@ async def test_every_malformed_stream_reads_or_is_a_littleghost_error(
         faults.append(_fault(what, await _outcome(make(_sse(encode(*mutated))), streamed=True)))
     assert [fault for fault in faults if fault] == []
     assert len(faults) > 600
+
+
+JSON = {"content-type": "application/json"}
+UNREADABLE = {
+    "not UTF-8": (b'"SECRET-\xff"', ProviderUnavailableError, "invalid_json"),
+    "nested too deep": (b"[" * 100_000 + b"]" * 100_000, ProviderError, "nested_too_deep"),
+    "integer too long": (b"7" * 5_000, ProviderError, "integer_too_long"),
+}
+"""Text the JSON parser cannot read in place of the answer's text: the bytes, the error
+it is, its ``code``."""
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("unreadable", list(UNREADABLE))
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_an_answer_the_json_parser_cannot_read_is_a_provider_error(
+    adapter: str, unreadable: str, streamed: bool, anthropic_model: Make, openai_model: Make
+) -> None:
+    """Bytes that are not UTF-8 raised Python's ``UnicodeDecodeError`` out of a run, and
+    nesting past the parser's depth its ``RecursionError``, streamed or not; a streamed
+    integer too long to read was a ``ProtocolError`` (the event "not JSON"), unstreamed a
+    ``ProviderError``. A stream decodes bytes that are not UTF-8 as U+FFFD."""
+    raw, kind, code = UNREADABLE[unreadable]
+    if adapter == "anthropic":
+        make, body = anthropic_model, json.dumps(ANTHROPIC_MESSAGE).encode()
+        events = anthropic_sse(
+            message_start(), *text_block(0, "SECRET-ANSWER"), *finish("end_turn", 3)
+        )
+    else:
+        make, body = openai_model, json.dumps(OPENAI_COMPLETION).encode()
+        events = openai_sse(chunk({"content": "SECRET-ANSWER"}, "stop"))
+    sent = (events if streamed else body).replace(b'"SECRET-ANSWER"', raw, 1)
+    answer = event_stream(sent) if streamed else httpx2.Response(200, content=sent, headers=JSON)
+    outcome = await _outcome(make(lambda request: answer), streamed)
+    if streamed and unreadable == "not UTF-8":
+        assert outcome.message.text == "SECRET-\ufffd", outcome
+        return
+    assert type(outcome) is kind and outcome.code == code, outcome
+    assert "SECRET" not in str(outcome)
 
 
 def _anthropic_answer(content: list[Any], stop_reason: str = "end_turn") -> httpx2.Response:

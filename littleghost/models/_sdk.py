@@ -606,8 +606,8 @@ def error_mapper(
     Returns:
         A function that gives ``None`` for an exception that is neither the SDK's, nor a
         request error of the HTTP library, nor a body that is not JSON (a transient
-        ``ProviderUnavailableError``) or holds an integer longer than Python reads (a
-        ``ProviderError``, not retried): it is re-raised as it is.
+        ``ProviderUnavailableError``) or holds an integer longer, or nests deeper, than
+        Python reads (a ``ProviderError``, not retried): it is re-raised as it is.
     """
 
     def without_keys(error: ProviderError) -> ProviderError:
@@ -726,8 +726,14 @@ def _classifier(
                 head=_noted_head(error),
                 server=_server_named(error),
             )
-        if isinstance(error, json.JSONDecodeError):
+        if isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):  # JSON is UTF-8
             return not_json(provider)
+        if isinstance(error, RecursionError):  # json.loads of a body nested past its limit
+            return ProviderError(
+                f"{provider}: the answer nests deeper than this process reads",
+                code="nested_too_deep",
+                provider=provider,
+            )
         if type(error) is ValueError and "integer string conversion" in str(error):
             return ProviderError(  # json.loads of the body: an int past the digit limit
                 f"{provider}: the answer holds an integer of more than {digits_limit()} "

@@ -841,7 +841,7 @@ class AnthropicModel:
         """One streamed event; an error event is raised as the error it reports."""
         try:
             event = json.loads(data)
-        except ValueError:
+        except json.JSONDecodeError:  # an integer too long, or nesting too deep: mapped
             raise ProtocolError(
                 f"{self.provider}: the stream sent an event that is not JSON"
             ) from None

@@ -1001,7 +1001,7 @@ class OpenAIModel:
         or a string as TGI sends), is raised as the error it reports."""
         try:
             chunk = json.loads(data)
-        except ValueError:
+        except json.JSONDecodeError:  # an integer too long, or nesting too deep: mapped
             if event == "error":
                 raise classify_error(provider=self.provider, message=data) from None
             raise ProtocolError(
