@@ -305,8 +305,9 @@ async def test_a_list_without_the_model_gives_no_window(
         httpx2.Response(200, content=b"<html>models</html>", headers={"content-type": "text/html"}),
         error_answer(500, {"error": "boom"}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
+        json_answer({"data": [{"id": "m", "meta": {"n_ctx": 2**63}, "max_model_len": 10**30}]}),
     ],
-    ids=["404", "garbage", "html", "500", "bad-figures"],
+    ids=["404", "garbage", "html", "500", "bad-figures", "past-2**63-1"],
 )
 async def test_a_failed_models_request_falls_back_to_the_table(
     serve: Callable[..., LocalServer],
@@ -448,8 +449,9 @@ async def test_anthropics_own_api_is_not_asked(base_url: str | None) -> None:
         error_answer(500, {"error": "boom"}),
         json_answer({"data": [{"id": "other", "meta": {"n_ctx": 512}}, {"id": "else"}]}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
+        json_answer({"data": [{"id": "m", "meta": {"n_ctx": 2**63}, "max_model_len": 10**30}]}),
     ],
-    ids=["404", "garbage", "500", "not-listed", "no-window"],
+    ids=["404", "garbage", "500", "not-listed", "no-window", "past-2**63-1"],
 )
 async def test_a_models_list_anthropic_cannot_read_leaves_the_window_unknown(
     serve: Callable[..., LocalServer],

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import anyio
 
-from littleghost._validators import is_int
+from littleghost._validators import is_token_count
 from littleghost.models._loops import LoopClients, Signal
 from littleghost.sessions.forks import reset_in_child
 
@@ -28,7 +28,8 @@ def reported_window(body: object, model: str) -> int | None:
 
     The entry whose ``id`` is ``model`` (or the only entry) is read: ``meta.n_ctx``
     (llama.cpp), ``max_model_len`` (vLLM), ``context_length`` (OpenRouter and others) or
-    ``context_window`` (Groq).
+    ``context_window`` (Groq); a figure that is not a count of tokens (``is_token_count``:
+    past 2**63-1, say) is none.
     """
     data = body.get("data") if isinstance(body, Mapping) else None
     entries = [item for item in data if isinstance(item, Mapping)] if isinstance(data, list) else []
@@ -44,7 +45,7 @@ def reported_window(body: object, model: str) -> int | None:
         entry.get("context_length"),
         entry.get("context_window"),
     )
-    return next((figure for figure in figures if is_int(figure) and figure > 0), None)
+    return next((figure for figure in figures if is_token_count(figure)), None)
 
 
 class ServedWindow:
