@@ -829,11 +829,16 @@ def check_answer_whole(provider: str, reason: object, arguments: Iterable[object
         )
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+"""What ends a line of server-sent events."""
+
+
 async def sse_events(
     response: Any, provider: str, *, whole: Callable[[], bool] = lambda: False
 ) -> AsyncGenerator[tuple[str | None, str], None]:
-    """The ``(event, data)`` pairs of a server-sent-events HTTP response body; an
-    ``error:`` line is an ``error`` event.
+    """The ``(event, data)`` pairs of a server-sent-events HTTP response body, its lines
+    ended by CRLF, LF or CR alone (as the format allows); an ``error:`` line is an
+    ``error`` event.
 
     A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last event is whole but for its blank line or line ending (its data is
@@ -852,9 +857,11 @@ async def sse_events(
         try:
             async for chunk in chunks:
                 buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
+                held = buffer.endswith(b"\r")  # its LF may come in the next chunk
+                *lines, buffer = _LINE_END.split(buffer[:-1] if held else buffer)
+                buffer += b"\r" if held else b""
                 for raw in lines:
-                    line = raw.rstrip(b"\r").decode("utf-8", "replace")
+                    line = raw.decode("utf-8", "replace")
                     if not line:
                         if data:
                             yield event, "\n".join(data)
