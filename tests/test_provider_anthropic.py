@@ -995,6 +995,53 @@ async def test_stream_errors_are_mapped(make_model: Callable[..., AnthropicModel
     assert seen == [TextChunk("par")]
 
 
+@pytest.mark.parametrize(
+    ("event", "kind", "words"),
+    [
+        pytest.param(
+            b"event: error\ndata: upstream timed out\n\n",
+            ProviderUnavailableError,
+            "upstream timed out",
+            id="an error event that is not JSON",
+        ),
+        pytest.param(
+            b'event: error\ndata: {"message": "upstream rate limit exceeded", "code": 429}\n\n',
+            RateLimitError,
+            "upstream rate limit exceeded",
+            id="an error event without a type",
+        ),
+        pytest.param(
+            b'error: {"code": 400, "message": "request (5000 tokens) exceeds the available '
+            b'context size (4096 tokens)", "type": "exceed_context_size_error", '
+            b'"n_prompt_tokens": 5000, "n_ctx": 4096}\n\n',
+            ContextWindowOverflowError,
+            "exceeds the available context size",
+            id="llama.cpp: an error: line",
+        ),
+    ],
+)
+async def test_an_error_event_of_a_compatible_server_is_classified(
+    make_model: Callable[..., AnthropicModel],
+    event: bytes,
+    kind: type[ProviderError],
+    words: str,
+) -> None:
+    """An error event whose data is not JSON, or JSON without ``"type": "error"`` (an
+    Anthropic-compatible server's, an ``error:`` line), was a ``ProtocolError`` ("not
+    JSON", "type is missing"), not retried, the server's error lost; it is classified as
+    by ``OpenAIModel``."""
+    body = anthropic_sse(START, *text_block(0, "par")[:2]) + event
+    server = FakeServer(event_stream(body), event_stream(body))
+    with pytest.raises(ProviderError) as caught:
+        async with Agent(model=make_model(server), max_retries=1).stream("hi") as events:
+            async for _ in events:
+                pass
+    assert type(caught.value) is kind
+    assert words in str(caught.value)
+    retried = issubclass(kind, (ProviderUnavailableError, RateLimitError))
+    assert len(server.requests) == (2 if retried else 1)
+
+
 CUT = anthropic_sse(START, *text_block(0, "The answer is ", "forty"))
 STOP = {"type": "message_stop"}
 

@@ -793,8 +793,8 @@ class AnthropicModel:
                 try:
                     read = sse_events(http, self.provider, whole=whole)
                     async with aclosing(read) as events:
-                        async for _, data in events:
-                            event = self._event(data)
+                        async for name, data in events:
+                            event = self._event(name, data)
                             kind = event.get("type")
                             if kind == "message_start":
                                 started = dict(
@@ -837,16 +837,22 @@ class AnthropicModel:
             response = check_window_room(self.provider, response, cap, window)
         yield StreamDone(response)
 
-    def _event(self, data: str) -> dict[str, Any]:
-        """One streamed event; an error event is raised as the error it reports."""
+    def _event(self, name: str | None, data: str) -> dict[str, Any]:
+        """One streamed event; an error event (its ``type``, or its name, as a compatible
+        server sends it: an ``error:`` line, its text or JSON of another shape) is raised
+        as the error it reports."""
         try:
             event = json.loads(data)
         except json.JSONDecodeError:  # an integer too long, or nesting too deep: mapped
+            if name == "error":
+                raise classify_error(provider=self.provider, message=data) from None
             raise ProtocolError(
                 f"{self.provider}: the stream sent an event that is not JSON"
             ) from None
         if not isinstance(event, dict):
             raise ProtocolError(f"{self.provider}: the stream sent an event that is not an object")
+        if name == "error":
+            raise classify_error(provider=self.provider, body=event)
         kind = text_of(self.provider, event.get("type"), "event's type", required=True)
         if kind == "error":
             raise classify_error(provider=self.provider, body=event)
