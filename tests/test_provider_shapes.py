@@ -16,6 +16,7 @@ import pytest
 
 from littleghost import Agent, tool
 from littleghost.errors import (
+    InvalidRequestError,
     LittleGhostError,
     ProtocolError,
     ProviderError,
@@ -296,6 +297,24 @@ async def test_an_answer_the_json_parser_cannot_read_is_a_provider_error(
         return
     assert type(outcome) is kind and outcome.code == code, outcome
     assert "SECRET" not in str(outcome)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("adapter", "body"),
+    [
+        ("anthropic", {"type": "error", "error": {"type": "not_found_error", "message": "no"}}),
+        ("openai", {"error": {"message": "no such model", "code": 404}}),
+    ],
+)
+async def test_an_error_sent_as_a_json_body_with_a_200_is_classified_streamed_or_not(
+    adapter: str, body: dict[str, Any], streamed: bool, anthropic_model: Make, openai_model: Make
+) -> None:
+    """A gateway's error sent with a 200, as one JSON body: a stream request's was read
+    as a stream cut off (``incomplete_stream``), retried, the error lost."""
+    make = anthropic_model if adapter == "anthropic" else openai_model
+    outcome = await _outcome(make(_json(body)), streamed)
+    assert type(outcome) is InvalidRequestError, outcome
 
 
 def _anthropic_answer(content: list[Any], stop_reason: str = "end_turn") -> httpx2.Response:

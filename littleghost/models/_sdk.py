@@ -849,7 +849,19 @@ async def sse_events(
     cut off, ends the events as the body's end does, so a billed, complete answer is not
     asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
     stops early, so no reader is left for the garbage collector (which trio reports).
+
+    A JSON body in place of events holds no answer: the error it reports (a gateway's,
+    sent with a 200, as to a request not streamed) is raised, classified; another body
+    was not a stream (``stream_cut_off``).
     """
+    if response.headers.get("content-type", "").startswith("application/json"):
+        try:
+            sent = json.loads(await response.aread())
+        except ValueError:  # not JSON after all (an integer too long, too: no error)
+            sent = None
+        if isinstance(sent, dict) and sent.get("error"):
+            raise classify_error(provider=provider, body=sent)
+        raise stream_cut_off(provider)
     buffer = b""
     event: str | None = None
     data: list[str] = []
