@@ -317,6 +317,45 @@ async def test_an_error_sent_as_a_json_body_with_a_200_is_classified_streamed_or
     assert type(outcome) is InvalidRequestError, outcome
 
 
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_arguments_an_sdk_parsed_that_are_no_object_are_kept_as_their_json(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    """A tool call's input sent as a JSON array (not text): it was kept as its Python
+    text (``[1, 'a', True, None]``), and the model told its arguments were not valid
+    JSON; they are the JSON they came as, answered as no JSON object."""
+    sent: list[object] = [1, "a", True, None]
+    if adapter == "anthropic":
+        make = anthropic_model
+        call = {"type": "tool_use", "id": "toolu_1", "name": "add", "input": sent}
+        answers = [
+            {**ANTHROPIC_MESSAGE, "content": [call], "stop_reason": "tool_use"},
+            {**ANTHROPIC_MESSAGE, "content": [{"type": "text", "text": "done"}]},
+        ]
+    else:
+        make = openai_model
+        function = {"name": "add", "arguments": sent}
+        answers = [
+            completion_body(
+                {"tool_calls": [{"id": "c1", "type": "function", "function": function}]},
+                "tool_calls",
+            ),
+            completion_body({"content": "done"}),
+        ]
+
+    @tool
+    def add(a: int) -> int:
+        """Add."""
+        return a
+
+    server = FakeServer(*map(json_answer, answers))
+    result = await Agent(model=make(server), tools=[add]).run("hi")
+    [call_made] = [call for message in result.messages for call in message.tool_calls]
+    [answered] = [found for message in result.messages for found in message.tool_results]
+    assert call_made.arguments == '[1, "a", true, null]'
+    assert answered.content.endswith("the arguments must be a JSON object")
+
+
 def _anthropic_answer(content: list[Any], stop_reason: str = "end_turn") -> httpx2.Response:
     return httpx2.Response(
         200, json={**ANTHROPIC_MESSAGE, "content": content, "stop_reason": stop_reason}

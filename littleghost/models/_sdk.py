@@ -35,7 +35,7 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage, report_usage
 from littleghost.models.overflow import classify_error, should_retry, transport_error
-from littleghost.text import json_type_name
+from littleghost.text import json_text, json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
@@ -367,12 +367,21 @@ def parse_arguments(raw: object) -> Mapping[str, Any] | str:
         return raw
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
-    text = raw if isinstance(raw, str) else str(raw)
+    text = raw if isinstance(raw, str) else _written(raw)
     try:
         value = parse_json(text)
     except ToolArgumentError:
         return text
     return value if isinstance(value, dict) else text
+
+
+def _written(value: object) -> str:
+    """Arguments an SDK parsed that are no object (a list, a number) as the JSON text
+    they came as; ``str()`` of what JSON cannot write."""
+    try:
+        return json_text(value)
+    except (ValueError, RecursionError):
+        return str(value)
 
 
 def whole_arguments(raw: object) -> bool:
