@@ -317,6 +317,15 @@ async def test_an_error_sent_as_a_json_body_with_a_200_is_classified_streamed_or
     assert type(outcome) is InvalidRequestError, outcome
 
 
+async def test_events_labelled_as_json_are_read_as_events(openai_model: Make) -> None:
+    """Only a body of JSON is one: a stream a server labels ``application/json`` is read
+    as the SDK reads it, as events."""
+    body = openai_sse(chunk({"content": "fine"}, "stop"))
+    labelled = httpx2.Response(200, content=body, headers=JSON)
+    outcome = await _outcome(openai_model(lambda request: labelled), streamed=True)
+    assert outcome.message.text == "fine", outcome
+
+
 @pytest.mark.parametrize("adapter", ["anthropic", "openai"])
 async def test_arguments_an_sdk_parsed_that_are_no_object_are_kept_as_their_json(
     adapter: str, anthropic_model: Make, openai_model: Make

@@ -840,6 +840,18 @@ def check_answer_whole(provider: str, reason: object, arguments: Iterable[object
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 """What ends a line of server-sent events."""
+_FIELDS = frozenset({"event", "data", "error"})
+"""The fields of an event ``sse_events`` reads."""
+
+
+def _raise_sent_error(provider: str, body: bytes) -> None:
+    """Raise the error a body of JSON sent in place of events reports, if it does."""
+    try:
+        sent = json.loads(body)
+    except ValueError:  # not JSON (an integer too long, too: no error's)
+        return
+    if isinstance(sent, dict) and sent.get("error"):
+        raise classify_error(provider=provider, body=sent)
 
 
 async def sse_events(
@@ -859,24 +871,19 @@ async def sse_events(
     asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
     stops early, so no reader is left for the garbage collector (which trio reports).
 
-    A JSON body in place of events holds no answer: the error it reports (a gateway's,
-    sent with a 200, as to a request not streamed) is raised, classified; another body
-    was not a stream (``stream_cut_off``).
+    A body of JSON in place of events holds no answer: the error it reports (a
+    gateway's, sent with a 200, as to a request not streamed) is raised, classified;
+    another was not a stream (``stream_cut_off``).
     """
-    if response.headers.get("content-type", "").startswith("application/json"):
-        try:
-            sent = json.loads(await response.aread())
-        except ValueError:  # not JSON after all (an integer too long, too: no error)
-            sent = None
-        if isinstance(sent, dict) and sent.get("error"):
-            raise classify_error(provider=provider, body=sent)
-        raise stream_cut_off(provider)
     buffer = b""
     event: str | None = None
     data: list[str] = []
+    sent: bytearray | None = bytearray()  # the body, until a field of an event came
     async with aclosing(response.aiter_bytes()) as chunks:
         try:
             async for chunk in chunks:
+                if sent is not None:
+                    sent += chunk
                 buffer += chunk
                 held = buffer.endswith(b"\r")  # its LF may come in the next chunk
                 *lines, buffer = _LINE_END.split(buffer[:-1] if held else buffer)
@@ -890,6 +897,8 @@ async def sse_events(
                         continue
                     name, _, value = line.partition(":")
                     value = value[1:] if value.startswith(" ") else value
+                    if name in _FIELDS:
+                        sent = None  # events, not a body of JSON
                     if name == "event":
                         event = value
                     elif name == "data":
@@ -905,6 +914,8 @@ async def sse_events(
                 provider,
                 type(error).__name__,
             )
+    if sent is not None:
+        _raise_sent_error(provider, bytes(sent))
     if buffer.strip():  # a partial line, or a whole one without its line ending
         name, _, value = buffer.rstrip(b"\r").decode("utf-8", "replace").partition(":")
         value = value[1:] if value.startswith(" ") else value
