@@ -22,6 +22,8 @@ from littleghost.models.overflow import (
     transport_error,
 )
 
+from .timing import LATE
+
 # (provider, status, body, prompt tokens, window) as the providers send them.
 OVERFLOWS = [
     pytest.param(
@@ -497,6 +499,30 @@ def test_rate_limit_with_retry_after_ms() -> None:
     assert type(error) is RateLimitError
     assert error.retry_after == 1.5
     assert error.code == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("status", "repeated", "kind"),
+    [
+        (429, "request too large, limit 1 " * 600, RateLimitError),
+        (400, "prompt contains 1 tokens " * 8_000, ContextWindowOverflowError),
+    ],
+    ids=["16 kB rate limit", "200 kB overflow"],
+)
+def test_a_long_error_message_is_classified_at_once(
+    status: int, repeated: str, kind: type[ProviderError]
+) -> None:
+    """A message that repeats a phrase a pattern starts on (as one that quotes a request
+    can): the patterns took time that grows faster than the text, in C, holding the event
+    loop (here some 20 s each) where no deadline can stop them. They read the message's
+    first ``SCANNED_CHARS``; its figures are read there."""
+    message = "maximum context length is 4096 tokens. " + repeated
+    started = time.perf_counter()
+    error = classify_error(provider="p", status=status, body={"error": {"message": message}})
+    assert time.perf_counter() - started < LATE
+    assert type(error) is kind
+    if isinstance(error, ContextWindowOverflowError):
+        assert error.context_window == 4096
 
 
 def test_a_rate_limit_that_mentions_tokens_is_not_an_overflow() -> None:

@@ -44,7 +44,7 @@ from littleghost.context.management import REGROWTH
 from littleghost.context.strategies import SUMMARY_FLOOR_TOKENS
 from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, LONGEST_UNSTREAMED
 from littleghost.models.local import LocalModel
-from littleghost.models.overflow import MAX_DETAIL_CHARS
+from littleghost.models.overflow import MAX_DETAIL_CHARS, SCANNED_CHARS
 from littleghost.models.served_window import MODELS_TIMEOUT
 from littleghost.run import COUNT_TIMEOUT
 from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
@@ -297,6 +297,7 @@ def test_a_stated_signature_gives_the_defaults(subject: Any, signature: str) -> 
 FIGURES = [
     ("COUNT_TIMEOUT", COUNT_TIMEOUT, "{} s", "after `COUNT_TIMEOUT` ({})"),
     ("MAX_DETAIL_CHARS", MAX_DETAIL_CHARS, "{}", "cut to {} characters (`MAX_DETAIL_CHARS`)"),
+    ("SCANNED_CHARS", SCANNED_CHARS, "{:,}", "its first {} characters (`SCANNED_CHARS`)"),
     ("MODELS_TIMEOUT", MODELS_TIMEOUT, "{} s", "given up after {} (`MODELS_TIMEOUT`)"),
     (
         "DEFAULT_MAX_TOKENS",

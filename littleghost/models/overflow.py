@@ -34,6 +34,7 @@ from littleghost.models.base import ModelResponse, StopReason
 
 __all__ = [
     "MAX_DETAIL_CHARS",
+    "SCANNED_CHARS",
     "check_window_room",
     "classify_error",
     "is_overflow_message",
@@ -44,6 +45,10 @@ __all__ = [
 
 MAX_DETAIL_CHARS = 300
 """How much of a provider's own error message an exception message keeps."""
+SCANNED_CHARS = 2_000
+"""How much of a provider's error message is read for its kind, its figures and its
+wait: the known forms are short, and the time the patterns take grows faster than the
+text (a message that quotes a long request would hold the event loop for minutes)."""
 
 _OVERFLOW_CODES = frozenset(
     {
@@ -400,11 +405,12 @@ def classify_error(
     found = _codes(body)
     codes = set(found)
     text = _error_text(body, message)
+    detail = _detail(text)
+    text = text[:SCANNED_CHARS]
     overflow_codes = [code for code in found if code in _OVERFLOW_CODES]
     code = (overflow_codes + found)[0] if found else None
     effective = _effective_status(status, codes, body)
     told = should_retry(headers)
-    detail = _detail(text)
     http = f"HTTP {status}" if status is not None and status >= 400 else "an error"
     rate_limited = effective == 429 or bool(codes & _RATE_LIMIT_CODES)
     if codes & _OVERFLOW_CODES or (not rate_limited and is_overflow_message(text)):
