@@ -122,6 +122,7 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "python examples/one.py",
         "python examples/two.py",
         "ruff check littleghost tests examples benchmarks",
+        "ruff format --check littleghost tests examples benchmarks",
         "mypy --strict littleghost examples",
         "mypy --strict --platform darwin --python-version 3.12 littleghost",
     ]
