@@ -45,6 +45,8 @@ MAX_RETRY_AFTER = 300.0
 """The longest ``retry_after`` waited for, in seconds."""
 
 _backoff = wait_random_exponential(multiplier=0.5, max=30)
+_TOLD = "_littleghost_attempts_told"
+"""Set on an error whose message says it ended a retried call."""
 
 
 def _retry_after(error: BaseException | None) -> float:
@@ -152,4 +154,13 @@ async def _retried(
                 f"the run's deadline leaves no time to retry after {type(error).__name__}",
                 deadline=deadline,
             ) from error
+        attempts = retrying.statistics.get("attempt_number", 1)
+        if attempts > 1 and error.args and not getattr(error, _TOLD, False):
+            setattr(error, _TOLD, True)  # an error raised again (a script's) is told once
+            told = (
+                f"given up after {attempts} attempts"
+                if _retryable(error)
+                else f"on attempt {attempts}, not retried"
+            )
+            error.args = (f"{error.args[0]} ({told})",)
         raise

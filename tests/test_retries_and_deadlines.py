@@ -721,17 +721,30 @@ async def test_max_retries_is_respected() -> None:
             text_response("x"),
         ]
     )
-    with pytest.raises(ProviderUnavailableError, match="still down"):
+    with pytest.raises(ProviderUnavailableError) as caught:
         await Slow(model=model, max_retries=1).run("hi")
     assert len(model.requests) == 2
+    assert str(caught.value) == "still down (given up after 2 attempts)"
+
+
+async def test_an_error_ending_a_retried_call_says_it_was_not_retried_itself() -> None:
+    """An error not retried after a transient one says on which attempt it came, once
+    however often the same exception is raised again."""
+    refused = InvalidRequestError("bad request", status=400)
+    for _ in range(2):
+        model = ScriptedModel([RateLimitError("slow down", retry_after=0.01), refused])
+        with pytest.raises(InvalidRequestError) as caught:
+            await Slow(model=model).run("hi")
+        assert str(caught.value) == "bad request (on attempt 2, not retried)"
 
 
 async def test_max_retries_zero_never_retries() -> None:
-    """With max_retries=0 the first transient error propagates."""
+    """With max_retries=0 the first transient error propagates, as it is."""
     model = ScriptedModel([RateLimitError("slow down", retry_after=0.01), text_response("x")])
-    with pytest.raises(RateLimitError):
+    with pytest.raises(RateLimitError) as caught:
         await Slow(model=model, max_retries=0).run("hi")
     assert len(model.requests) == 1
+    assert str(caught.value) == "slow down"
 
 
 async def test_a_retry_is_told_its_attempt_number_and_error(
