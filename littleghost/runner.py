@@ -564,8 +564,7 @@ async def _refuse(
 def _cut_short(request: ModelRequest | None) -> str:
     """What an ``OutputLimitError`` of a run says: the cap the request sent, if any, and
     what to do."""
-    settings = request.settings if request is not None else {}
-    cap = settings.get("max_tokens", settings.get("max_completion_tokens"))
+    cap = None if request is None else request.max_tokens
     sent = "" if cap is None else f" (max_tokens={cap})"
     return (
         f"the model stopped at its output limit{sent} before completing its answer: raise "
