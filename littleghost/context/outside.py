@@ -28,7 +28,7 @@ from littleghost.context.management import (
 )
 from littleghost.context.strategies import Complete, prepared
 from littleghost.context.tokens import DEFAULT_TOKENIZER, schema_estimate
-from littleghost.errors import ConfigurationError, PromptBudgetError
+from littleghost.errors import ConfigurationError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, capped, prepare
@@ -97,31 +97,25 @@ async def managed_records(
 ) -> tuple[Message, ...]:
     """The records ``config`` appends to compact ``messages`` now in ``window`` (its
     ``strategy``, else the default aiming at ``share`` of their estimate) on the view as
-    ``preview_request`` shapes it (a last turn alone over a budget as history, as the
-    next run takes it); ``()`` when nothing is to compact. How a summary came back is
-    told to ``found``, a compaction's outside runs."""
+    ``preview_request`` shapes it before a question to come (the log's last turn as
+    history, as the next run takes it); ``()`` when nothing is to compact. How a summary
+    came back is told to ``found``, a compaction's outside runs."""
     if not config.summarize:
         return ()
     index = LogIndex.of(messages)
     view = ModelRequest(index.layout.messages(), (), settings)
 
-    def shape(request: ModelRequest) -> ModelRequest:
-        return preview_request(
-            request,
-            messages,
-            config,
-            window,
-            max_tool_result_tokens=max_tool_result_tokens,
-            model=model,
-        ).request
-
-    try:
-        shaped = shape(view)
-    except PromptBudgetError:  # the last turn alone is over the budget: the next run takes
-        ahead = Message.user("")  # it for history, before a question to come, as here
-        shaped = shape(evolve(view, messages=(*view.messages, ahead)))
-        shaped = evolve(shaped, messages=[m for m in shaped.messages if m.id != ahead.id])
-    if shaped is not view:
+    ahead = Message.user("")  # the next run's question: the log's last turn is history
+    shaped = preview_request(
+        evolve(view, messages=(*view.messages, ahead)),
+        messages,
+        config,
+        window,
+        max_tool_result_tokens=max_tool_result_tokens,
+        model=model,
+    ).request
+    shaped = evolve(shaped, messages=[m for m in shaped.messages if m.id != ahead.id])
+    if shaped.messages != view.messages:
         index = index.over(shaped.messages)
     state = managed_state(index, config, window, complete, settings)
     state.pinned = pinned_slots(index)
