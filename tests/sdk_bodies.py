@@ -16,12 +16,27 @@ import anthropic
 import anyio
 import httpx2
 import openai
+import pytest
 
+from littleghost import Agent
+from littleghost.errors import ProviderError
+from littleghost.models import Model
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 
 OPENAI_URL = "https://api.openai.com/v1"
 SSE_HEADERS = {"content-type": "text/event-stream"}
+
+
+async def failed_stream(model: Model) -> ProviderError:
+    """The provider error a streamed run of ``model`` ends with (after one retry, if its
+    error is retried)."""
+    with pytest.raises(ProviderError) as caught:
+        async with Agent(model=model, max_retries=1).stream("hi") as events:
+            async for _ in events:
+                pass
+    return caught.value
+
 
 # --- HTTP responses ---------------------------------------------------------------------
 
