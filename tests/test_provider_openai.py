@@ -1598,19 +1598,21 @@ async def test_a_whole_last_line_without_its_line_ending_ends_the_answer(
     assert "".join(getattr(c, "text", "") or "" for c in chunks) == "The answer is forty"
 
 
+@pytest.mark.parametrize("mark", [b"", "\ufeff".encode()], ids=["", "byte order mark"])
 @pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
 async def test_the_lines_of_a_stream_may_end_with_cr_lf_or_both(
-    make_model: Callable[..., OpenAIModel], end: bytes
+    make_model: Callable[..., OpenAIModel], end: bytes, mark: bytes
 ) -> None:
     """Server-sent events end a line with CRLF, LF or CR alone (as the SDKs read them):
     a stream whose lines ended with CR alone was cut off, no line of it ended. Sent a
     byte at a time, a CRLF comes in two pieces, one line end all the same: an event of
-    two data lines is one event."""
+    two data lines is one event. A byte order mark before the first line is not part of
+    it (as the format says): its first field was unknown, the event lost."""
     first, rest = json.dumps(chunk({"content": "The answer"})).split(", ", 1)
     body = f"data: {first},\ndata: {rest}\n\n".encode() + openai_sse(
         chunk({"content": " is 42."}, "stop")
     )
-    body = body.replace(b"\n", end)
+    body = mark + body.replace(b"\n", end)
 
     async def bytewise() -> AsyncIterator[bytes]:
         for place in range(len(body)):

@@ -842,6 +842,8 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 """What ends a line of server-sent events."""
 _FIELDS = frozenset({"event", "data", "error"})
 """The fields of an event ``sse_events`` reads."""
+_BYTE_ORDER_MARK = "\ufeff"
+"""What a body of events may begin with, not part of its first line (as the format says)."""
 
 
 def _raise_sent_error(provider: str, body: bytes) -> None:
@@ -858,8 +860,8 @@ async def sse_events(
     response: Any, provider: str, *, whole: Callable[[], bool] = lambda: False
 ) -> AsyncGenerator[tuple[str | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body, its lines
-    ended by CRLF, LF or CR alone (as the format allows); an ``error:`` line is an
-    ``error`` event.
+    ended by CRLF, LF or CR alone and a byte order mark before the first ignored (as the
+    format says); an ``error:`` line is an ``error`` event.
 
     A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last event is whole but for its blank line or line ending (its data is
@@ -875,21 +877,27 @@ async def sse_events(
     gateway's, sent with a 200, as to a request not streamed) is raised, classified;
     another was not a stream (``stream_cut_off``).
     """
-    buffer = b""
+    buffer = bytearray()  # the line begun, only split again once a line ending came
+    held = False  # the buffer ends with CR, whose LF may come in the next chunk
     event: str | None = None
     data: list[str] = []
     sent: bytearray | None = bytearray()  # the body, until a field of an event came
+    first = True  # the body's first line: a byte order mark before it is not its text
     async with aclosing(response.aiter_bytes()) as chunks:
         try:
             async for chunk in chunks:
                 if sent is not None:
                     sent += chunk
                 buffer += chunk
-                held = buffer.endswith(b"\r")  # its LF may come in the next chunk
-                *lines, buffer = _LINE_END.split(buffer[:-1] if held else buffer)
-                buffer += b"\r" if held else b""
+                if not (held or b"\n" in chunk or b"\r" in chunk):
+                    continue
+                held = buffer.endswith(b"\r")
+                *lines, rest = _LINE_END.split(buffer[:-1] if held else buffer)
+                buffer = bytearray(rest + b"\r" if held else rest)
                 for raw in lines:
                     line = raw.decode("utf-8", "replace")
+                    if first:
+                        line, first = line.removeprefix(_BYTE_ORDER_MARK), False
                     if not line:
                         if data:
                             yield event, "\n".join(data)
@@ -917,7 +925,8 @@ async def sse_events(
     if sent is not None:
         _raise_sent_error(provider, bytes(sent))
     if buffer.strip():  # a partial line, or a whole one without its line ending
-        name, _, value = buffer.rstrip(b"\r").decode("utf-8", "replace").partition(":")
+        line = buffer.rstrip(b"\r").decode("utf-8", "replace")
+        name, _, value = (line.removeprefix(_BYTE_ORDER_MARK) if first else line).partition(":")
         value = value[1:] if value.startswith(" ") else value
         if name == "data" and _whole(value):
             data.append(value)
