@@ -4,6 +4,7 @@ errors that mean what they say, and declarations that cannot work refused early.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import attrs
@@ -781,20 +782,43 @@ class TestErrors:
         records = await compact_session(store, "s", Truncation(minimum_preserved=2))
         assert records and len(await store.load("s")) == 13
 
-    def test_a_summary_cap_over_the_window_fails_at_class_definition(self) -> None:
-        with pytest.raises(ConfigurationError, match="summary_max_tokens"):
+    @pytest.mark.parametrize(
+        ("options", "named"),
+        [
+            ({"summary_max_tokens": 1_000}, "summary_max_tokens (1000)"),
+            ({"strategy": Summarization(max_tokens=1_000)}, "Summarization.max_tokens (1000)"),
+            (
+                {"strategy": Pipeline(Truncation(), Summarization(max_tokens=5_000))},
+                "Summarization.max_tokens (5000)",
+            ),
+        ],
+        ids=["summary_max_tokens", "Summarization", "Pipeline"],
+    )
+    def test_a_summary_cap_over_the_window_fails_at_class_definition(
+        self, options: dict[str, Any], named: str
+    ) -> None:
+        """A summary cap not under the window is refused, whichever declares it (a
+        ``Summarization``'s was taken and clamped at run time, unlike the keyword)."""
+        with pytest.raises(ConfigurationError, match=rf"{re.escape(named)} must be under the"):
 
-            @manage_context(context_window_tokens=1_000, summary_max_tokens=1_000)
+            @manage_context(context_window_tokens=1_000, **options)
             class Wrong(Agent):
                 pass
 
-    async def test_a_summary_cap_over_the_models_window_fails_at_the_first_call(self) -> None:
-        @manage_context(summary_max_tokens=3_000)
+    @pytest.mark.parametrize(
+        "options",
+        [{"summary_max_tokens": 3_000}, {"strategy": Summarization(max_tokens=3_000)}],
+        ids=["summary_max_tokens", "Summarization"],
+    )
+    async def test_a_summary_cap_over_the_models_window_fails_at_the_first_call(
+        self, options: dict[str, Any]
+    ) -> None:
+        @manage_context(**options)
         class Capped(Agent):
             pass
 
         store_free = Capped(model=ScriptedModel([text_response("x")], context_window=2_048))
-        with pytest.raises(ConfigurationError, match="summary_max_tokens"):
+        with pytest.raises(ConfigurationError, match="max_tokens \\(3000\\) must be under"):
             await store_free.run("hi")
 
     @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from littleghost.context.strategies import (
     Summarization,
     check_strategy,
     least_summary_call,
+    summarizations,
 )
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import ConfigurationError
@@ -172,13 +173,19 @@ class ContextManagement:
         return next((name for name in names if getattr(self, name) != fields[name].default), None)
 
     def check_window(self, window: int) -> None:
-        """``ConfigurationError`` when ``summary_max_tokens`` is not under ``window``, or the
-        budget's reserves leave no room in it."""
-        if self.summary_max_tokens is not None and self.summary_max_tokens >= window:
-            raise ConfigurationError(
-                f"manage_context: summary_max_tokens ({self.summary_max_tokens}) must be under "
-                f"the {window}-token context window"
-            )
+        """``ConfigurationError`` when a summary's cap (``summary_max_tokens``, a
+        ``Summarization``'s ``max_tokens``) is not under ``window``, or the budget's
+        reserves leave no room in it."""
+        caps = [("summary_max_tokens", self.summary_max_tokens)] + [
+            ("Summarization.max_tokens", step.max_tokens)
+            for step in (summarizations(self.strategy) if self.strategy else ())
+        ]
+        for name, cap in caps:
+            if cap is not None and cap >= window:
+                raise ConfigurationError(
+                    f"manage_context: {name} ({cap}) must be under the {window}-token "
+                    "context window"
+                )
         if self.budget is not None:
             self.budget.check_window(window)
 

@@ -799,17 +799,25 @@ SUMMARY_FLOOR_TOKENS = 64
 _CLIP_LEVELS = (2_000, 500, 200, 80)  # longest first
 
 
+def summarizations(strategy: CompactionStrategy) -> Iterator[Summarization]:
+    """The ``Summarization`` steps of ``strategy``: itself, or those it holds, nested too."""
+    if isinstance(strategy, Summarization):
+        yield strategy
+    for step in strategy.strategies if isinstance(strategy, (Pipeline, TokenBudget)) else ():
+        yield from summarizations(step)
+
+
 def least_summary_call(strategy: CompactionStrategy, tokenizer: Tokenizer, window: int) -> int:
     """The fewest estimated tokens a summary call of ``strategy`` takes in ``window``: its
     framing and instruction with no transcript, and its least answer (0 without a
     ``Summarization``)."""
-    if isinstance(strategy, Summarization):
-        instruction = summary_instruction(strategy.prompt, rewrite=False)
+    calls = []
+    for step in summarizations(strategy):
+        instruction = summary_instruction(step.prompt, rewrite=False)
         request = summary_request("", instructions=instruction, settings={}, max_tokens=1)
-        answer = min(SUMMARY_FLOOR_TOKENS, strategy.cap(window))
-        return sum(map(counter(tokenizer), request.messages)) + answer
-    inner = strategy.strategies if isinstance(strategy, (Pipeline, TokenBudget)) else ()
-    return max((least_summary_call(step, tokenizer, window) for step in inner), default=0)
+        answer = min(SUMMARY_FLOOR_TOKENS, step.cap(window))
+        calls.append(sum(map(counter(tokenizer), request.messages)) + answer)
+    return max(calls, default=0)
 
 
 @frozen(kw_only=True)
