@@ -319,9 +319,14 @@ class Message:
         return cls(Role.DEVELOPER, (TextPart(text),), **kwargs)
 
     @classmethod
-    def user(cls, text: str, **kwargs: Any) -> Message:
-        """A user message."""
-        return cls(Role.USER, (TextPart(text),), **kwargs)
+    def user(cls, text: str, *images: ImagePart, **kwargs: Any) -> Message:
+        """A user message: its text, then the images given, in order."""
+        for image in images:
+            if not isinstance(image, ImagePart):
+                raise TypeError(
+                    f"Message.user takes ImagePart values after its text, not {type(image).__name__}"
+                )
+        return cls(Role.USER, (TextPart(text), *images), **kwargs)
 
     @classmethod
     def assistant(

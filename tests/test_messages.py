@@ -69,6 +69,15 @@ def test_constructors_set_role_and_text() -> None:
     ]
 
 
+def test_a_user_message_takes_images_after_its_text() -> None:
+    """``Message.user`` holds its text, then the images given, in order, as a question
+    about a picture is asked."""
+    photo, scan = ImagePart(url="https://example.com/p.jpg"), ImagePart(data=b"\x89PNG")
+    question = Message.user("Is this parcel damaged?", photo, scan)
+    assert question.content == (TextPart("Is this parcel damaged?"), photo, scan)
+    assert question.text == "Is this parcel damaged?"
+
+
 def test_assistant_with_tool_calls_exposes_them() -> None:
     """An assistant message lists its tool calls in order."""
     calls = [ToolCall("c1", "a", {"x": 1}), ToolCall("c2", "b", {})]
@@ -286,6 +295,8 @@ def test_image_part_needs_data_or_url() -> None:
         (lambda: Message(Role.USER, (), id=7), "Message.id"),
         (lambda: Message(Role.USER, (), metadata=[1]), "Message.metadata"),
         (lambda: Message.user(3), "TextPart.text"),
+        (lambda: Message.user("q", "second text"), "Message.user takes ImagePart .* not str"),
+        (lambda: Message.user("q", ToolCall("c", "t")), "ImagePart values .*, not ToolCall"),
         (lambda: TextPart(b"x"), "TextPart.text"),
         (lambda: ImagePart(data="not bytes"), "ImagePart.data"),
         (lambda: ImagePart(url=5), "ImagePart.url"),
