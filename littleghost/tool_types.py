@@ -34,7 +34,7 @@ import types
 import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
 
 import attrs
 
@@ -167,6 +167,11 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
         return _schema(_aliased(annotation), where, (*outer, annotation))
     if annotation is Any:
         return {}
+    if isinstance(annotation, TypeVar):
+        raise ConfigurationError(
+            f"{where}: the type variable {annotation} has no type in its place; give the "
+            "generic class its type arguments (Page[Item], not Page)"
+        )
     if annotation is None or annotation is _NONE_TYPE:
         return {"type": "null"}
     if annotation is str:
@@ -220,19 +225,20 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
         return _schema(_model_fields(annotation)[0].annotation, where, (*outer, annotation))
     fields = _record_fields(annotation)
     if fields is not None:
+        record = _record_class(annotation)
         if annotation in outer:
             raise ConfigurationError(
-                f"{where}: {annotation.__qualname__} contains itself; recursive types cannot "
+                f"{where}: {record.__qualname__} contains itself; recursive types cannot "
                 "be described as JSON schema"
             )
-        _check_constructor(annotation, fields, where)
+        _check_constructor(record, fields, where)
         inner = (*outer, annotation)
         properties = {}
         required = []
         for record_field in fields:
             if record_field.annotation is None:
                 raise ConfigurationError(
-                    f"{where}: field {record_field.name!r} of {annotation.__name__} has no type"
+                    f"{where}: field {record_field.name!r} of {record.__name__} has no type"
                 )
             field_where = f"{where}, field {record_field.name!r}"
             properties[record_field.name] = _schema(record_field.annotation, field_where, inner)
@@ -485,13 +491,43 @@ def _left_to_model(hint: Any) -> Any:
     return origin[inner]
 
 
+def _record_class(annotation: Any) -> Any:
+    """The class of a record type: itself, or a generic one's given its type arguments
+    (``Box`` of ``Box[int]``)."""
+    origin = get_origin(annotation)
+    return origin if isinstance(origin, type) and _type_parameters(origin) else annotation
+
+
+def _type_parameters(record: type) -> tuple[Any, ...]:
+    """The type variables a generic class is declared with (``()`` for any other)."""
+    parameters = getattr(record, "__parameters__", ())
+    return parameters if isinstance(parameters, tuple) else ()
+
+
+def _bound(hint: Any, given: dict[Any, Any]) -> Any:
+    """``hint`` with the type variables ``given`` replaced by their arguments."""
+    if isinstance(hint, TypeVar):
+        return given.get(hint, hint)
+    parameters = () if isinstance(hint, type) else getattr(hint, "__parameters__", ())
+    if not parameters:
+        return hint
+    return hint[tuple(given.get(parameter, parameter) for parameter in parameters)]
+
+
 def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
-    """The fields of an attrs class, a dataclass, a ``TypedDict`` or a pydantic model;
-    ``None`` for any other type.
+    """The fields of an attrs class, a dataclass, a ``TypedDict`` or a pydantic model, a
+    generic one's (``Box[int]``) with its type arguments in their place; ``None`` for any
+    other type.
 
     Raises:
         NameError: A field's annotation cannot be resolved.
     """
+    record = _record_class(annotation)
+    if record is not annotation:
+        if (fields := _record_fields(record)) is None:
+            return None
+        given = dict(zip(_type_parameters(record), get_args(annotation), strict=False))
+        return tuple(field._replace(annotation=_bound(field.annotation, given)) for field in fields)
     if not isinstance(annotation, type):
         return None
     if _is_model(annotation):
@@ -858,11 +894,12 @@ def coerce(value: Any, annotation: Any, path: str) -> Any:
                 problems.append(f"{path}: missing field {name!r}")
         if problems:
             raise ToolArgumentError(*problems)
-        if _is_typeddict(annotation):
+        record = _record_class(annotation)
+        if _is_typeddict(record):
             return kwargs
-        if _is_model(annotation):
-            return _built(annotation.model_validate, kwargs, path)
-        return _built(lambda fields: annotation(**fields), kwargs, path)
+        if _is_model(record):
+            return _built(record.model_validate, kwargs, path)
+        return _built(lambda fields: record(**fields), kwargs, path)
     named = _named_items(annotation)
     if named is not None:
         if not isinstance(value, list):

@@ -11,7 +11,7 @@ import enum
 import json
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Generic, Literal, TypedDict, TypeVar
 
 import attrs
 import pytest
@@ -56,6 +56,22 @@ class Node:
     children: list[Node]
 
 
+Item = TypeVar("Item")
+Other = TypeVar("Other")
+
+
+@dataclasses.dataclass
+class Page(Generic[Item]):
+    items: list[Item]
+    first: Item | None = None
+
+
+@attrs.frozen
+class Pair(Generic[Item, Other]):
+    left: Item
+    right: dict[str, Other]
+
+
 class Priority(enum.Enum):
     LOW = "low"
     HIGH = "high"
@@ -71,6 +87,11 @@ class Level:
 
 
 OBJECT = {"type": "object", "additionalProperties": False}
+ADDRESS = {
+    **OBJECT,
+    "properties": {"city": {"type": "string"}, "zip_code": {"type": "string"}},
+    "required": ["city", "zip_code"],
+}
 
 
 def wrapped(schema: dict[str, Any]) -> dict[str, Any]:
@@ -114,6 +135,45 @@ KINDS: list[tuple[Any, Any, Any, dict[str, Any]]] = [
         },
     ),
     (
+        Page[Address],
+        {"items": [{"city": "Lyon", "zip_code": "69001"}]},
+        Page([Address("Lyon", "69001")]),
+        {
+            **OBJECT,
+            "properties": {
+                "items": {"type": "array", "items": ADDRESS},
+                "first": {"anyOf": [ADDRESS, {"type": "null"}], "default": None},
+            },
+            "required": ["items"],
+        },
+    ),
+    (
+        Pair[int, Page[str]],
+        {"left": 1, "right": {"p": {"items": ["q"]}}},
+        Pair(1, {"p": Page(["q"])}),
+        {
+            **OBJECT,
+            "properties": {
+                "left": {"type": "integer"},
+                "right": {
+                    "type": "object",
+                    "additionalProperties": {
+                        **OBJECT,
+                        "properties": {
+                            "items": {"type": "array", "items": {"type": "string"}},
+                            "first": {
+                                "anyOf": [{"type": "string"}, {"type": "null"}],
+                                "default": None,
+                            },
+                        },
+                        "required": ["items"],
+                    },
+                },
+            },
+            "required": ["left", "right"],
+        },
+    ),
+    (
         list[int],
         {"result": [3, 1, 2]},
         [3, 1, 2],
@@ -130,7 +190,19 @@ KINDS: list[tuple[Any, Any, Any, dict[str, Any]]] = [
     (float, {"result": 2.5}, 2.5, wrapped({"type": "number"})),
     (bool, {"result": True}, True, wrapped({"type": "boolean"})),
 ]
-KIND_IDS = ["attrs", "dataclass", "TypedDict", "list", "Literal", "enum", "int", "float", "bool"]
+KIND_IDS = [
+    "attrs",
+    "dataclass",
+    "TypedDict",
+    "generic dataclass",
+    "generic attrs",
+    "list",
+    "Literal",
+    "enum",
+    "int",
+    "float",
+    "bool",
+]
 
 
 class Plain(Agent):

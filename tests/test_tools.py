@@ -23,6 +23,7 @@ from typing import (
     Annotated,
     Any,
     ClassVar,
+    Generic,
     Literal,
     NamedTuple,
     NewType,
@@ -2054,10 +2055,61 @@ def long_name(number_of_items_the_customer_may_order_in_one_single_basket_at_mos
     return 0
 
 
+Entry = TypeVar("Entry")
+
+
+@dataclasses.dataclass
+class Batch(Generic[Entry]):
+    entries: list[Entry]
+    label: Entry | None = None
+
+
+def bare_generic(x: Batch) -> int:  # type: ignore[type-arg]
+    """Takes a generic class without its type arguments."""
+    return 0
+
+
+async def test_a_generic_record_given_its_type_arguments_is_a_tool_argument() -> None:
+    """A generic dataclass or attrs class with its type arguments (``Batch[int]``) is
+    described and built as its class with the arguments in place of its type variables
+    (it was refused at class definition)."""
+    seen = []
+
+    def count(batch: Batch[int]) -> int:
+        """Counts a batch."""
+        seen.append(batch)
+        return len(batch.entries)
+
+    class Counter(Agent):
+        tools = [count]
+
+    model = ScriptedModel(
+        [
+            tool_call_response("count", {"batch": {"entries": [1, "2"]}}),
+            tool_call_response("count", {"batch": {"entries": [1, 2], "label": 3}}),
+            text_response("two"),
+        ]
+    )
+    counter = Counter(model=model)
+    [spec] = counter.tool_specs
+    assert spec.parameters["properties"]["batch"]["properties"]["entries"] == {
+        "type": "array",
+        "items": {"type": "integer"},
+    }
+    result = await counter.run("count")
+    assert "batch.entries[1]: expected an integer" in result.messages[2].tool_results[0].content
+    assert seen == [Batch([1, 2], 3)]
+
+
 @pytest.mark.parametrize(
     ("function", "fragment"),
     [
         (no_doc, "'no_doc' has no docstring"),
+        (
+            bare_generic,
+            "field 'entries': the type variable ~Entry has no type in its place; give the "
+            "generic class its type arguments",
+        ),
         (no_annotation, "parameter 'x' needs a type annotation"),
         (bad_annotation, "parameter 'x': the type <class 'bytes'> cannot be described"),
         (bad_keys, "parameter 'x': dict keys must be str"),
