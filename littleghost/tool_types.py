@@ -508,7 +508,7 @@ def _bound(hint: Any, given: dict[Any, Any]) -> Any:
     """``hint`` with the type variables ``given`` replaced by their arguments."""
     if isinstance(hint, TypeVar):
         return given.get(hint, hint)
-    parameters = () if isinstance(hint, type) else getattr(hint, "__parameters__", ())
+    parameters = () if get_origin(hint) is None else getattr(hint, "__parameters__", ())
     if not parameters:
         return hint
     return hint[tuple(given.get(parameter, parameter) for parameter in parameters)]
