@@ -347,8 +347,12 @@ class RunContext:
         if calling is not None and (calling.context is not self or calling.over):
             calling = None  # another run's call, or one that is over
         with nullcontext() if calling is None else calling.paused():
-            while self._held:
-                await self._sink(self._held.pop(0))  # taken first: never sent twice
+            try:
+                while self._held:
+                    await self._sink(self._held.pop(0))  # taken first: never sent twice
+            except BaseException:
+                self._held.append(event)  # cut before its turn: it goes after them
+                raise
             await self._sink(event)
 
     async def _side_call_ended(self, event: SideCallFinished, error: BaseException) -> None:

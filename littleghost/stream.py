@@ -9,6 +9,8 @@ run first.
 Leaving the ``async with`` block early cancels that task: the model call in flight is
 cancelled, and the log keeps every completed message (a tool call the stop left without
 a result gets an appended error result); ``aclose()`` stops it so inside the block.
+An event whose hand-over a cancellation inside the run cut before the consumer took it
+(a tool's timeout, as its side call's event went out) goes out before the next one.
 What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
 dropped: leaving the block raises it; when the block raises its own exception,
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Generic
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from attrs import define
 
 from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import StreamStateError
@@ -40,6 +43,14 @@ if TYPE_CHECKING:
 __all__ = ["RunStream", "StreamStateError"]
 
 
+@define
+class _Handed:
+    """An event on its way to the consumer; ``taken`` once the consumer has it."""
+
+    event: Event
+    taken: bool = False
+
+
 class RunStream(Generic[OutputT]):
     """The events of one run. Use ``async with agent.stream(...) as events``; its
     ``result`` is typed as ``run()``'s (``RunResult[T]`` with ``output_type=T``)."""
@@ -52,7 +63,9 @@ class RunStream(Generic[OutputT]):
         self._error: BaseException | None = None
         self._raised = False
         self._group: TaskGroup | None = None
-        self._receive: MemoryObjectReceiveStream[Event] | None = None
+        self._receive: MemoryObjectReceiveStream[_Handed] | None = None
+        self._unsent: list[Event] = []
+        """Events a cancellation cut on their way to the consumer, oldest first."""
         self._entered = False
         self._exited = False
         self._waiter: Waiter | None = None
@@ -86,7 +99,7 @@ class RunStream(Generic[OutputT]):
         self._entered = True
         self._host = anyio.get_current_task().id
         self._stop, self._ended = anyio.CancelScope(), anyio.Event()  # in the entering loop
-        send, self._receive = anyio.create_memory_object_stream[Event](0)
+        send, self._receive = anyio.create_memory_object_stream[_Handed](0)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._waiter = Waiter(self._plan.session_id)  # the block waits on the run
@@ -99,7 +112,7 @@ class RunStream(Generic[OutputT]):
             raise
         return self
 
-    async def _drive(self, send: MemoryObjectSendStream[Event]) -> None:
+    async def _drive(self, send: MemoryObjectSendStream[_Handed]) -> None:
         def observe(context: RunContext) -> None:
             self._context = context
 
@@ -111,8 +124,11 @@ class RunStream(Generic[OutputT]):
             self._ended.set()
 
     async def _run(
-        self, send: MemoryObjectSendStream[Event], observe: Callable[[RunContext], None]
+        self, send: MemoryObjectSendStream[_Handed], observe: Callable[[RunContext], None]
     ) -> None:
+        async def sink(event: Event) -> None:
+            await self._hand_over(send, event)
+
         async with send:
             assert self._waiter is not None and self._held is not None
             try:
@@ -120,7 +136,7 @@ class RunStream(Generic[OutputT]):
                     result = await run(
                         self._agent,
                         self._plan,
-                        sink=send.send,
+                        sink=sink,
                         observe=observe,
                         held=self._held.set,
                     )
@@ -135,7 +151,30 @@ class RunStream(Generic[OutputT]):
             finally:
                 self._held.set()  # ended before it held its session: the block goes on
             self._result = result
-            await send.send(RunFinished(result))
+            await self._hand_over(send, RunFinished(result))
+
+    async def _hand_over(self, send: MemoryObjectSendStream[_Handed], event: Event) -> None:
+        """Hand ``event`` to the consumer, after those a cancellation cut on their way: a
+        cancellation inside the run (a tool's timeout, a hook's own scope) may land as
+        an event goes out, and the run goes on; the event then goes out before the next
+        one, neither lost (its usage counted, say) nor sent twice. Tasks of the run (its
+        tool calls) hand theirs over concurrently."""
+        try:
+            while self._unsent:
+                await self._send(send, self._unsent.pop(0))
+        except BaseException:
+            self._unsent.append(event)  # after them, next time
+            raise
+        await self._send(send, event)
+
+    async def _send(self, send: MemoryObjectSendStream[_Handed], event: Event) -> None:
+        handed = _Handed(event)
+        try:
+            await send.send(handed)
+        except BaseException:
+            if not handed.taken:  # else the consumer took it as the cancellation came
+                self._unsent.insert(0, event)
+            raise
 
     async def aclose(self) -> None:
         """Stop the run now, as leaving the block early does, and wait until it has
@@ -155,9 +194,12 @@ class RunStream(Generic[OutputT]):
         if self._receive is None or self._exited:
             raise StreamStateError("iterate inside `async with agent.stream(...) as events`")
         try:
-            return await self._receive.receive()
+            handed = await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             pass
+        else:
+            handed.taken = True
+            return handed.event
         if self._error is not None:
             self._raised = True
             if isinstance(self._error, StopAsyncIteration):  # it would end the loop quietly

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from littleghost import (
     Agent,
     Message,
     ReasoningPart,
+    Role,
     RunContext,
     TextPart,
     ToolCall,
@@ -44,7 +46,7 @@ from littleghost.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage
+from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage, report_usage
 from littleghost.models.streaming import StreamDone, TextChunk
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
 from littleghost.stream import RunStream, StreamStateError
@@ -794,6 +796,98 @@ class TestToolTimeouts:
                     await anyio.sleep(0.5)
         (result,) = [r for m in events.messages for r in m.tool_results]
         assert result.is_error and "within 0.25 s" in result.content
+
+
+ASK = ModelRequest((Message.user("ok?"),), purpose="check")
+
+
+async def late_answer(request: ModelRequest) -> ModelResponse:
+    """A side call's answer that comes after the caller's scope has run out."""
+    with anyio.CancelScope(shield=True):
+        await anyio.sleep(0.1)
+    return text_response("yes", input_tokens=3, output_tokens=1)
+
+
+class Checking(Agent):
+    """Makes a side call in its tool, within its timeout, or in a ``before_model`` hook
+    of its first turn, within the hook's own scope (``in_hook``)."""
+
+    in_hook = False
+
+    @tool(timeout=0.05)
+    async def check(self, context: RunContext) -> str:
+        """Check with a side call."""
+        await context.complete(ASK)
+        return "checked"
+
+    @before_model
+    async def guard(self, request: ModelRequest, context: RunContext) -> ModelRequest:
+        if self.in_hook and context.turn == 0:
+            with anyio.move_on_after(0.05):
+                await context.complete(ASK)
+        return request
+
+
+@pytest.mark.parametrize("in_hook", [False, True])
+async def test_a_side_calls_event_a_cancellation_cut_on_its_way_comes_next(in_hook: bool) -> None:
+    """A cancellation inside the run (a tool's timeout, a hook's own scope) lands as a
+    side call's ``SideCallFinished`` goes out, and the run goes on: the event comes
+    before the run's next one, once, and the events add up to the usage. (It was lost.)"""
+    steps: list[Any] = [late_answer] if in_hook else [tool_call_response("check", {}), late_answer]
+    steps.append(streamed("all ", "done", input_tokens=5, output_tokens=2))
+    agent = Checking(model=ScriptedModel(steps))
+    agent.in_hook = in_hook
+    async with agent.stream("go") as events:
+        received = [event async for event in events]
+    before = ["SideCallFinished"]
+    if not in_hook:
+        before = ["ModelCallFinished", "ToolCallStarted", *before, "ToolCallFinished"]
+    answer = ["TextDelta", "TextDelta", "ModelCallFinished", "RunFinished"]
+    assert [type(e).__name__ for e in received] == [*before, *answer]
+    usages = [e.usage for e in received if isinstance(e, (ModelCallFinished, SideCallFinished))]
+    assert sum(usages, Usage()) == events.result.usage == Usage(8, 3)
+
+
+async def test_the_events_add_up_wherever_a_tools_timeout_lands() -> None:
+    """Randomized: two parallel tools, each making two side calls within a timeout of
+    20 ms, answered at random times (some past it), billed at once or with their answer,
+    some shielded (answering past it: the cancellation lands as their events go out),
+    read by a consumer that dawdles at random: every billed side call is told once, and
+    the events add up to the usage."""
+    rng = random.Random(69)
+
+    async def answer(request: ModelRequest) -> ModelResponse:
+        if request.purpose == "check":
+            how, wait = rng.choice(["billed first", "answered", "shielded"]), rng.uniform(0, 0.03)
+            if how == "billed first":
+                report_usage(Usage(1, 1))
+            with anyio.CancelScope(shield=how == "shielded"):
+                await anyio.sleep(wait)
+            return text_response("ok", input_tokens=1, output_tokens=1)
+        if request.messages[-1].role is Role.USER:
+            return tool_calls_response(("check", {}), ("check", {}), output_tokens=1)
+        return text_response("done", output_tokens=1)
+
+    class Twice(Agent):
+        @tool(timeout=0.02)
+        async def check(self, context: RunContext) -> str:
+            """Check twice with side calls."""
+            for _ in range(2):
+                await context.complete(ASK)
+            return "checked"
+
+    problems = []
+    for attempt in range(25):
+        async with Twice(model=ScriptedModel([answer] * 6)).stream("go") as events:
+            received = []
+            async for event in events:
+                received.append(event)
+                if rng.random() < 0.3:
+                    await anyio.sleep(rng.uniform(0, 0.01))
+        told = [e.usage for e in received if isinstance(e, (ModelCallFinished, SideCallFinished))]
+        if sum(told, Usage()) != events.result.usage:
+            problems.append(f"{attempt}: {sum(told, Usage())} told, {events.result.usage} used")
+    assert problems == []
 
 
 async def test_a_model_stream_that_fails_to_close_does_not_replace_the_deadline(
