@@ -8,6 +8,10 @@ among them), such a run is stopped as if ``SystemExit`` were raised in it, and t
 waits for it, its cleanup grace at most: it answers its open calls, its ``invoke_agent``
 span ends ERROR, and ``SystemExit`` leaves the run (``run_sync()`` in that thread, which
 ends quietly). A run in any other thread is left alone: the interpreter waits for it.
+While other threads that are no daemons go on (a server's, after the main thread
+returned), the interpreter waits for them first, and so the daemon threads' runs go on
+too: they are stopped once those threads have been joined, as the ``atexit`` callbacks
+begin (before those registered earlier).
 """
 
 from __future__ import annotations
@@ -95,6 +99,17 @@ def _stop_runs() -> None:
         run.ended.wait(max(until - time.monotonic(), 0.0))
 
 
+def _stop_runs_as_the_exit_begins() -> None:
+    """``_stop_runs()`` now, or, while threads that are no daemons go on, once the
+    interpreter has joined them: an ``atexit`` callback registered now runs then, before
+    those registered earlier (a tracer provider's flush)."""
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        atexit.register(_stop_runs)
+    else:
+        _stop_runs()
+
+
 def at_exit(callback: Callable[[], None]) -> None:
     """Call ``callback`` as the interpreter begins to exit, before it joins its threads
     (the ``atexit`` callbacks come after that; ``atexit`` where Python has no such hook).
@@ -102,7 +117,7 @@ def at_exit(callback: Callable[[], None]) -> None:
     getattr(threading, "_register_atexit", atexit.register)(callback)
 
 
-at_exit(_stop_runs)
+at_exit(_stop_runs_as_the_exit_begins)
 if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
     os.register_at_fork(after_in_child=_RUNS.clear)
 

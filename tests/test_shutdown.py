@@ -73,21 +73,25 @@ DAEMON_THREAD_AT_EXIT = textwrap.dedent(
 
     threading.Thread(target=request, daemon=True).start()  # as a web server's request
     looking.wait()
+    if sys.argv[3] == "with a server thread":  # no daemon: the exit waits for it first
+        threading.Thread(target=threading.Event().wait, args=(0.2,)).start()
     """
 )
 
 
+@pytest.mark.parametrize("others", ["alone", "with a server thread"])
 @pytest.mark.parametrize("how", ["run_sync", "trio"])
 def test_a_run_in_a_daemon_thread_at_exit_answers_its_call_and_ends_its_span(
-    tmp_path: Path, how: str
+    tmp_path: Path, how: str, others: str
 ) -> None:
     """A daemon thread's run (a request thread of ``http.server``, Django or waitress)
     was stopped by the interpreter's exit wherever it was: its tool call stayed open and
     its ``invoke_agent`` span was never ended, so a ``BatchSpanProcessor`` flushing at
-    exit lost it. It is stopped as by ``SystemExit`` as the interpreter exits."""
+    exit lost it. It is stopped as by ``SystemExit`` as the interpreter exits (once a
+    thread that is no daemon has ended, when one goes on after the main thread)."""
     database = tmp_path / "sessions.db"
     completed = subprocess.run(
-        [sys.executable, "-c", DAEMON_THREAD_AT_EXIT, str(database), how],
+        [sys.executable, "-c", DAEMON_THREAD_AT_EXIT, str(database), how, others],
         capture_output=True,
         text=True,
         timeout=60,
@@ -103,6 +107,69 @@ def test_a_run_in_a_daemon_thread_at_exit_answers_its_call_and_ends_its_span(
         return [result.is_error for message in log for result in message.tool_results]
 
     assert anyio.run(stored) == [True]  # the call is answered, as stopped
+
+
+SERVER_THREAD_GOES_ON = textwrap.dedent(
+    """
+    import threading
+
+    import anyio
+
+    from littleghost import Agent, tool
+    from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+    looking, ended = threading.Event(), threading.Event()
+
+
+    class Support(Agent):
+        model = ScriptedModel(
+            [tool_call_response("look_up", {"order": "42"}), text_response("It has shipped.")]
+        )
+
+        @tool
+        async def look_up(self, order: str) -> str:
+            \"\"\"Look an order up, until after the main thread has returned.\"\"\"
+            looking.set()
+            while threading.main_thread().is_alive():
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.1)
+            return "shipped"
+
+
+    def request() -> None:
+        try:
+            print(Support().run_sync("Where is order 42?").output, flush=True)
+        except BaseException as error:
+            print(type(error).__name__, error, flush=True)
+        finally:
+            ended.set()
+
+
+    threading.Thread(target=request, daemon=True).start()  # a request of the server's
+    looking.wait()
+    threading.Thread(target=ended.wait, args=(30,)).start()  # the server goes on serving
+    """
+)
+
+
+def test_a_run_in_a_daemon_thread_goes_on_while_a_thread_that_is_no_daemon_does() -> None:
+    """The main thread returns while a thread that is no daemon (a server's) goes on:
+    the interpreter waits for that thread, and its daemon request threads' runs go on
+    meanwhile. They were stopped as the main thread returned, by a ``SystemExit``
+    saying the interpreter exited."""
+    completed = subprocess.run(
+        [sys.executable, "-c", SERVER_THREAD_GOES_ON],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert (completed.returncode, completed.stdout, completed.stderr) == (
+        0,
+        "It has shipped.\n",
+        "",
+    )
 
 
 LEFT_RUNNING = textwrap.dedent(
