@@ -855,14 +855,17 @@ async def test_the_events_add_up_wherever_a_tools_timeout_lands() -> None:
     read by a consumer that dawdles at random: every billed side call is told once, and
     the events add up to the usage."""
     rng = random.Random(69)
+    billed = [0]  # the side calls billed in the current attempt
 
     async def answer(request: ModelRequest) -> ModelResponse:
         if request.purpose == "check":
             how, wait = rng.choice(["billed first", "answered", "shielded"]), rng.uniform(0, 0.03)
             if how == "billed first":
                 report_usage(Usage(1, 1))
+                billed[0] += 1
             with anyio.CancelScope(shield=how == "shielded"):
                 await anyio.sleep(wait)
+            billed[0] += how != "billed first"
             return text_response("ok", input_tokens=1, output_tokens=1)
         if request.messages[-1].role is Role.USER:
             return tool_calls_response(("check", {}), ("check", {}), output_tokens=1)
@@ -878,6 +881,7 @@ async def test_the_events_add_up_wherever_a_tools_timeout_lands() -> None:
 
     problems = []
     for attempt in range(25):
+        billed[0] = 0
         async with Twice(model=ScriptedModel([answer] * 6)).stream("go") as events:
             received = []
             async for event in events:
@@ -887,6 +891,9 @@ async def test_the_events_add_up_wherever_a_tools_timeout_lands() -> None:
         told = [e.usage for e in received if isinstance(e, (ModelCallFinished, SideCallFinished))]
         if sum(told, Usage()) != events.result.usage:
             problems.append(f"{attempt}: {sum(told, Usage())} told, {events.result.usage} used")
+        sides = sum(isinstance(e, SideCallFinished) for e in received)
+        if sides != billed[0]:
+            problems.append(f"{attempt}: {sides} SideCallFinished for {billed[0]} billed calls")
     assert problems == []
 
 
