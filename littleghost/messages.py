@@ -7,12 +7,12 @@ import types
 import uuid
 from collections.abc import Iterable, Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from attrs import field, frozen
 
 from littleghost._validators import instance_of
-from littleghost.text import json_object, well_formed
+from littleghost.text import joined_pairs, json_object, well_formed, well_formed_value
 
 __all__ = [
     "CARRIED_PARTS",
@@ -68,6 +68,11 @@ def _well_formed(value: object) -> object:
     return well_formed(value) if isinstance(value, str) else value
 
 
+def _joined(value: object) -> object:
+    """Text as ``joined_pairs`` makes it (the validator then refuses what is not a str)."""
+    return joined_pairs(value) if isinstance(value, str) else value
+
+
 @frozen
 class TextPart:
     """Plain text, well formed (``littleghost.text.well_formed``)."""
@@ -85,16 +90,21 @@ class ImagePart:
             URL).
         media_type: ``"image/png"``, ``"image/jpeg"``, ...; ``None``: read from the
             bytes' signature (PNG when it tells nothing).
+
+    Its ``url`` and ``media_type`` are well formed, as a ``TextPart``'s text.
     """
 
     data: bytes | None = field(
         default=None, validator=instance_of("ImagePart.data", (bytes, type(None)), "bytes or None")
     )
     url: str | None = field(
-        default=None, validator=instance_of("ImagePart.url", (str, type(None)), "a str or None")
+        default=None,
+        converter=_well_formed,
+        validator=instance_of("ImagePart.url", (str, type(None)), "a str or None"),
     )
     media_type: str | None = field(
         default=None,
+        converter=_well_formed,
         validator=instance_of("ImagePart.media_type", (str, type(None)), "a str or None"),
     )
 
@@ -208,10 +218,12 @@ class ReasoningPart:
     )
     signature: str | None = field(
         default=None,
+        converter=_well_formed,
         validator=instance_of("ReasoningPart.signature", (str, type(None)), "a str or None"),
     )
     provider: str | None = field(
         default=None,
+        converter=_well_formed,
         validator=instance_of("ReasoningPart.provider", (str, type(None)), "a str or None"),
     )
     redacted: bool = field(
@@ -281,7 +293,7 @@ def _content(value: object) -> tuple[Part, ...]:
 def _metadata(value: object) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise TypeError(f"Message.metadata must be a mapping, not {type(value).__name__}")
-    return _read_only(value)
+    return _read_only(cast("Mapping[str, Any]", well_formed_value(value, joined_pairs)))
 
 
 @frozen(unsafe_hash=False)
@@ -289,19 +301,24 @@ class Message:
     """One message of a conversation. Frozen: change it with ``attrs.evolve``.
 
     Messages compare by value but are not hashable (``hash()`` raises ``TypeError``): key
-    them by ``id``.
+    them by ``id``. In its id and every str of its metadata (keys too), a pair written as
+    two surrogates is joined (a lone one is kept), so that a message read back from a
+    store, or from JSON, equals the one written.
 
     Args:
         role: Who it is from.
         content: Its parts, in order (a str becomes one ``TextPart``).
         id: A unique id, generated when not given.
         metadata: Free-form values; keys under ``littleghost.`` are reserved. Stored as a
-            read-only copy; values nested in it are not copied.
+            read-only copy; values nested in it are not copied (but for a list, tuple or
+            mapping holding a pair written as two surrogates, copied with it joined).
     """
 
     role: Role = field(converter=_role)
     content: tuple[Part, ...] = field(default=(), converter=_content)
-    id: str = field(factory=new_id, validator=instance_of("Message.id", str, "a str"))
+    id: str = field(
+        factory=new_id, converter=_joined, validator=instance_of("Message.id", str, "a str")
+    )
     metadata: Mapping[str, Any] = field(factory=dict, converter=_metadata, repr=_shown_mapping)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -7,7 +7,7 @@ import math
 import re
 import reprlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from littleghost._validators import MAX_DEPTH, nests_deeper, safe_repr, too_long_to_write
@@ -19,6 +19,7 @@ __all__ = [
     "brief",
     "cut_middle",
     "error_text",
+    "joined_pairs",
     "json_object",
     "json_text",
     "json_type",
@@ -176,19 +177,34 @@ def well_formed(text: str) -> str:
     return text
 
 
-def well_formed_value(value: object) -> object:
+def joined_pairs(text: str) -> str:
+    """``text`` with each pair written as two surrogates joined, each lone surrogate kept:
+    as JSON text reads it back (a message's id or metadata, which no provider is sent,
+    keeps a file name's byte that is not UTF-8 exactly, and reads back from a store
+    equal)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+    return text
+
+
+def well_formed_value(value: object, fix: Callable[[str], str] = well_formed) -> object:
     """``value`` with each str in it (keys too, in mappings, lists and tuples
-    ``MAX_DEPTH`` deep) as ``well_formed`` makes it: tool-call arguments a model wrote as
-    JSON, where ``"\\ud83d"`` (half an emoji) reads as a lone surrogate. ``value`` itself
-    when no str changes; a changed mapping becomes a dict."""
+    ``MAX_DEPTH`` deep) as ``fix`` (``well_formed``, or ``joined_pairs``) makes it:
+    tool-call arguments a model wrote as JSON, where ``"\\ud83d"`` (half an emoji) reads as
+    a lone surrogate. ``value`` itself when no str changes; a changed mapping becomes a
+    dict."""
     if isinstance(value, (Mapping, list, tuple)):
         try:  # JSON-like values (what a model sends) in C, five times as fast as a walk
             json.dumps(value, ensure_ascii=False, default=_as_dict).encode("utf-8")
-        except (TypeError, ValueError, RecursionError):  # a lone surrogate, or no JSON
+        except (TypeError, ValueError, RecursionError):  # a surrogate, or no JSON
             pass
         else:
             return value
-    return _well_formed(value, MAX_DEPTH)
+    return _well_formed(value, MAX_DEPTH, fix)
 
 
 def _as_dict(value: object) -> dict[Any, Any]:
@@ -199,22 +215,22 @@ def _as_dict(value: object) -> dict[Any, Any]:
     raise TypeError(f"{type(value).__name__} is not JSON-like")
 
 
-def _well_formed(value: object, levels: int) -> object:
+def _well_formed(value: object, levels: int, fix: Callable[[str], str]) -> object:
     if isinstance(value, str):
-        return well_formed(value)
+        return fix(value)
     if levels == 0 or not isinstance(value, (Mapping, list, tuple)):
         return value
     changed = False
     if isinstance(value, Mapping):
         pairs = []
         for key, item in value.items():
-            pair = (_well_formed(key, 0), _well_formed(item, levels - 1))
+            pair = (_well_formed(key, 0, fix), _well_formed(item, levels - 1, fix))
             changed = changed or pair[0] is not key or pair[1] is not item
             pairs.append(pair)
         return dict(pairs) if changed else value
     items = []
     for item in value:
-        fixed = _well_formed(item, levels - 1)
+        fixed = _well_formed(item, levels - 1, fix)
         changed = changed or fixed is not item
         items.append(fixed)
     if not changed:

@@ -27,6 +27,7 @@ from littleghost.errors import ConfigurationError, ProtocolError
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, ToolSpec
 from littleghost.models.streaming import StreamDone, TextChunk
+from littleghost.sessions import message_from_json, message_to_json
 from littleghost.testing import (
     ScriptedModel,
     Streamed,
@@ -143,6 +144,25 @@ def test_calls_and_reasoning_are_well_formed_too() -> None:
     assert ReasoningPart(half).text == fixed and ToolResult(half, "r").call_id == fixed
     nested = {"items": ["東京", {"x": 1}]}
     assert ToolCall("c", "f", nested).arguments["items"] is nested["items"]
+
+
+def test_a_message_reads_back_from_json_equal_whatever_its_surrogates() -> None:
+    """A pair written as two surrogates in an id, metadata (keys too), an image's URL or
+    type, or reasoning's signature is joined as the message is made, as JSON text reads it
+    back; a lone one is kept in an id and metadata (which no provider is sent), and is
+    U+FFFD elsewhere, as in text."""
+    pair, lone, joined = "\ud83d\ude00", "\udce9", "\U0001f600"
+    message = Message.user("hi", id=pair + lone, metadata={pair: (pair, [lone])})
+    assert message.id == joined + lone
+    assert dict(message.metadata) == {joined: (joined, [lone])}
+    image = ImagePart(url=pair + lone, media_type=pair)
+    assert (image.url, image.media_type) == (joined + "\ufffd", joined)
+    reasoning = ReasoningPart("r", pair, lone)
+    assert (reasoning.signature, reasoning.provider) == (joined, "\ufffd")
+    for read in (message, Message(Role.USER, [image]), Message(Role.ASSISTANT, [reasoning])):
+        assert message_from_json(message_to_json(read)) == read
+    plain = {"items": [1, "東京"]}
+    assert Message.user("hi", metadata=plain).metadata["items"] is plain["items"]
 
 
 def test_ids_are_generated_and_unique() -> None:

@@ -411,6 +411,27 @@ class TestRoundTrip:
         (stats,) = await store.session_stats()
         assert (stats.messages, stats.summaries) == (len(messages), 0)
 
+    async def test_a_pair_written_as_two_surrogates_comes_back_equal(
+        self, store: BuiltinStore
+    ) -> None:
+        """JSON text cannot tell a pair written as two surrogates (``"\\ud83d\\ude00"``, as
+        ``json.loads`` reads a lone half after it) from the character: in an id, metadata,
+        an image's URL or type, or reasoning's signature, it came back joined, so the
+        message read back was not the one written. It is joined as the message is made; a
+        lone surrogate in an id or metadata is kept."""
+        pair, lone = "\ud83d\ude00", "\udce9"
+        messages = [
+            Message.user("hi", id=f"u{pair}{lone}", metadata={pair: [pair, (lone, {pair: pair})]}),
+            Message(Role.USER, [ImagePart(url=f"https://x/{pair}", media_type=f"image/{pair}")]),
+            Message(Role.ASSISTANT, [ReasoningPart("r", f"sig{pair}", f"p{pair}")], id=pair),
+        ]
+        await store.append("s", messages)
+        assert_identical(await store.load("s"), messages)
+        assert messages[0].id == f"u\U0001f600{lone}"
+        assert dict(messages[0].metadata) == {
+            "\U0001f600": ["\U0001f600", (lone, {"\U0001f600": "\U0001f600"})]
+        }
+
     async def test_stored_messages_do_not_change_with_the_caller_s_values(
         self, store: BuiltinStore
     ) -> None:
