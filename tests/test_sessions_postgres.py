@@ -1269,6 +1269,27 @@ class TestDeadlines:
             assert await eventually(lambda: server.closed == server.accepted)
             await store.aclose()
 
+    async def test_closing_waits_for_no_call_under_way(self) -> None:
+        """``aclose()`` waited, shielded, for one of the store's worker threads: with every
+        one taken by calls waiting on a server that does not answer, until they gave up
+        (twice ``connect_timeout``), past its caller's deadline."""
+        with silent_server() as server:
+            store = PostgresSessionStore(
+                f"postgresql://nobody@127.0.0.1:{server.port}/none",
+                max_connections=1,
+                connect_timeout=2.0,
+            )
+            async with anyio.create_task_group() as group:
+                group.start_soon(store.load, "s")
+                assert await eventually(lambda: server.accepted >= 1)
+                started = time.monotonic()
+                with anyio.move_on_after(1):
+                    await store.aclose()
+                assert time.monotonic() - started < 1 + LATE
+                group.cancel_scope.cancel()
+            assert await eventually(lambda: server.closed == server.accepted)
+            await store.aclose()
+
     @pytest.mark.parametrize("call", ["load", "append", "list_sessions", "delete", "lock"])
     async def test_a_server_that_stops_answering_is_left_at_once_and_its_connection_closed(
         self, proxy: Proxy, call: str

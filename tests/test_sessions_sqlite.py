@@ -1368,6 +1368,26 @@ class TestDeadlines:
         await store.append("s", [Message.user("after")])
         assert await texts(store) == ["before", "after"]
 
+    async def test_closing_keeps_to_the_caller_s_deadline_while_a_call_waits(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        """``aclose()`` while another task's call waits for a locked database waited for
+        that call, shielded: up to the store's timeout (30 s) past the closer's deadline.
+        The closer stops waiting at its deadline; the call goes on, and closes the
+        connection as it ends (the last one closed, SQLite removes the ``-wal``)."""
+        path = Path(store.path)
+        async with anyio.create_task_group() as group:
+            with locked(path):
+                group.start_soon(store.append, "s", [Message.user("after")])
+                await anyio.sleep(0.2)
+                started = time.monotonic()
+                with anyio.move_on_after(0.3) as scope:
+                    await store.aclose()
+                assert scope.cancelled_caught
+                assert time.monotonic() - started < 0.3 + LATE
+        assert await eventually(lambda: not Path(f"{path}-wal").exists())
+        assert await texts(store) == ["before", "after"]
+
     async def test_calls_near_their_deadlines_send_a_few_fixed_statements(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -666,9 +666,10 @@ class PostgresSessionStore:
         await close_leaving(self.aclose, "closing the PostgreSQL store", error)
 
     async def aclose(self) -> None:
-        """Close the idle connections (a later call opens new ones)."""
+        """Close the idle connections (a later call opens new ones), in a worker thread of
+        its own: the store's own may all be taken by calls waiting on the server."""
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._pool.close, limiter=self._threads())
+            await anyio.to_thread.run_sync(self._pool.close, limiter=anyio.CapacityLimiter(1))
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""

@@ -380,6 +380,8 @@ class SQLiteSessionStore:
         self._opened: _Files | None = None
         """The files the connection opened (``None``: private)."""
         self._closed = False
+        self._close_wanted = False
+        """An ``aclose()`` asked to close the connection, and no call has closed it since."""
         self._current = _Call(TimeLeft(math.inf, math.inf))
         """The call that holds ``_guard``."""
         self._busy_timeout = 0
@@ -418,9 +420,19 @@ class SQLiteSessionStore:
     async def aclose(self) -> None:
         """Close the database connection (a later call opens it again; not for a private
         in-memory database, which is gone with it: its later calls raise
-        ``SessionStoreError``)."""
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._close, limiter=thread_limiter(self, 1))
+        ``SessionStoreError``). A call under way in another task (waiting for a busy
+        database, say) keeps the connection until it ends, then closes it: the caller
+        stops waiting for it at its deadline or cancellation, as for any call."""
+        self._closed = self._closed or _private(self._path)
+        self._close_wanted = True
+        with anyio.CancelScope(shield=True):  # no call under way: closed whatever comes
+            closed = await anyio.to_thread.run_sync(
+                self._close, False, limiter=anyio.CapacityLimiter(1)
+            )
+        if not closed:
+            await anyio.to_thread.run_sync(
+                self._close, True, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1)
+            )
 
     async def load(self, session_id: str) -> tuple[Message, ...]:
         """The session's messages in append order; ``()`` for an unknown session."""
@@ -708,7 +720,10 @@ class SQLiteSessionStore:
                     if not (_is_busy(error) and self._again()):
                         raise self._failed(error, call) from error
         finally:
-            self._guard.release()
+            try:
+                self._close_if_wanted()  # an aclose() that came meanwhile
+            finally:
+                self._guard.release()
 
     def _enter(self, call: _Call) -> None:
         """Take ``_guard``, waiting until the store's timeout or the caller's deadline at
@@ -818,9 +833,22 @@ class SQLiteSessionStore:
         self._guard.acquire()
         self._let_go()
 
-    def _close(self) -> None:
-        with self._guard:
-            self._closed = _private(self._path)
+    def _close(self, wait: bool) -> bool:
+        """Close the connection in the store's turn, waiting for it if ``wait`` (a call that
+        held it since ``aclose`` asked closed it as it ended); whether it was taken."""
+        if not self._guard.acquire(blocking=wait):
+            return False
+        try:
+            self._close_if_wanted()
+        finally:
+            self._guard.release()
+        return True
+
+    def _close_if_wanted(self) -> None:
+        """Close the connection if ``aclose`` asked since it was last closed (in the store's
+        turn)."""
+        if self._close_wanted:
+            self._close_wanted = False
             self._let_go()
 
     def _let_go(self) -> None:
