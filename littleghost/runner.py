@@ -173,8 +173,8 @@ def plan_run(
     ``stream``), naming the one that is wrong, after the agent's declarations
     (``Agent.run_settings``)."""
     declared = agent.run_settings()
-    if session_id is not None:
-        check_session_id(session_id)
+    if session_id is not None:  # as a plain str: a subclass's own == could match others
+        session_id = check_session_id(session_id)
     _check_timing(timeout, deadline)
     message = _user_message(input)
     seed = _history(history)
@@ -192,7 +192,7 @@ def plan_run(
         message=message,
         seed=seed,
         settings=merged,
-        session_id=session_id,  # type: ignore[arg-type]
+        session_id=session_id,
         timeout=timeout,  # type: ignore[arg-type]
         deadline=deadline,  # type: ignore[arg-type]
         output=output,

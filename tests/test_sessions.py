@@ -19,7 +19,16 @@ from typing import Any
 import anyio
 import pytest
 
-from littleghost import ImagePart, Message, ReasoningPart, Role, TextPart, ToolCall, ToolResult
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
 from littleghost.errors import (
     CorruptSessionStoreError,
     LittleGhostError,
@@ -42,6 +51,7 @@ from littleghost.sessions import (
 )
 from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
 from littleghost.sessions.codec import MAX_DEPTH, check_storable
+from littleghost.testing import ScriptedModel, text_response
 
 from .stores import KINDS, BuiltinStore, PlainStore, open_store
 from .threads import default_threads_taken
@@ -478,6 +488,33 @@ class TestRoundTrip:
         (stats,) = await store.session_stats()
         assert type(listed) is str and listed == "acme-42"
         assert type(stats.id) is str and stats.id == "acme-42"
+
+    async def test_a_str_subclass_session_id_with_an_equality_of_its_own_is_its_value(
+        self, store: BuiltinStore
+    ) -> None:
+        """A session id of a str subclass whose ``==`` is its own (case-blind, say) read
+        the log of another session it equals from ``InMemorySessionStore`` (a run of it was
+        given another user's conversation), while its writes went under its own value:
+        every call, and a run, uses its plain value."""
+
+        class Folded(str):
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, str) and self.lower() == other.lower()
+
+            def __hash__(self) -> int:
+                return hash(self.lower())
+
+        await store.append("abc", [Message.user("abc's secret")])
+        assert await store.load(Folded("ABC")) == ()
+        assert await store.load_stored(Folded("ABC")) == ()
+        assert (await store.load_page(Folded("ABC"), 0, 5)).length == 0
+        model = ScriptedModel([text_response("hello")])
+        await Agent(model=model, session_store=store).run("hi", session_id=Folded("ABC"))
+        assert [m.text for m in model.requests[0].messages if m.role is Role.USER] == ["hi"]
+        assert [m.text for m in await store.load("abc")] == ["abc's secret"]
+        assert [m.text for m in await store.load("ABC")] == ["hi", "hello"]
+        await store.delete(Folded("ABC"))
+        assert await store.list_sessions() == ("abc",)
 
     async def test_load_stored_gives_each_message_with_when_it_was_stored(
         self, store: BuiltinStore

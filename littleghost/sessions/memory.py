@@ -63,7 +63,7 @@ class InMemorySessionStore:
         log (fewer at its end), each with the time it was appended, and the log's length
         then (0 for an unknown session)."""
         start, limit = check_page(start, limit)
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         await checkpoint()
         with self._guard:
             log = self._sessions.get(session_id, [])
@@ -88,7 +88,7 @@ class InMemorySessionStore:
         return await decoded_off_loop(decode)
 
     async def _entries(self, session_id: str) -> tuple[tuple[str, datetime], ...]:
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         await checkpoint()
         with self._guard:
             entries = tuple(self._sessions.get(session_id, ()))
@@ -150,7 +150,7 @@ class InMemorySessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         await checkpoint()
         try:
             with self._guard:
@@ -163,5 +163,5 @@ class InMemorySessionStore:
 
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Hold the session exclusively (in this process) while the context is open."""
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         return self._locks.hold(session_id)

@@ -697,7 +697,7 @@ class PostgresSessionStore:
     ) -> tuple[list[StoredMessage], int]:
         """The session's log (or its ``page``: ``start``, ``limit``) and its length, its
         times read by ``when``, in one statement (one snapshot)."""
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         start, stop = page_bounds(page)
         locks = await self._prepared()
         async with locks.writing(session_id):  # a holder's read is not older than its writes
@@ -729,7 +729,7 @@ class PostgresSessionStore:
             SessionStoreError: The current task holds the session, which no longer holds
                 the messages it last saw; nothing was stored.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
         bodies = messages_to_json(messages, session_id=session_id)
         if not bodies:
@@ -813,7 +813,7 @@ class PostgresSessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
 
         def remove(connection: psycopg.Connection[Any], operation: _Operation) -> None:
@@ -841,7 +841,7 @@ class PostgresSessionStore:
         Runs of this process queue on an in-process lock first, so each waiting session
         costs at most one connection per process.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
         return self._hold(session_id)
 

@@ -460,7 +460,7 @@ class SQLiteSessionStore:
     ) -> tuple[list[StoredMessage], int]:
         """The session's log (or its ``page``: ``start``, ``limit``) and its length, its
         times read by ``when``, in one statement (one snapshot)."""
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         start, stop = page_bounds(page)
         async with self._locks.writing(session_id):  # a holder's read is not older than its writes
             rows = await self._call(
@@ -491,7 +491,7 @@ class SQLiteSessionStore:
             SessionStoreError: The current task holds the session, which no longer holds
                 the messages it last saw; nothing was stored.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
         bodies = messages_to_json(messages, session_id=session_id)
         if not bodies:
@@ -585,7 +585,7 @@ class SQLiteSessionStore:
         Raises:
             UnknownSessionError: There is no such session.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
 
         def remove(connection: sqlite3.Connection) -> None:
@@ -625,7 +625,7 @@ class SQLiteSessionStore:
             SessionStoreError: The store cannot be written (saying why, as its other calls
                 do), or the lock file cannot be opened or locked.
         """
-        check_session_id(session_id)
+        session_id = check_session_id(session_id)
         self._check_writable()
         return self._hold(session_id)
 
