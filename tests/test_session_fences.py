@@ -79,6 +79,23 @@ class TestDelete:
         assert await store.load("s") == ()
         assert "s" not in await store.list_sessions()
 
+    async def test_a_session_deleted_and_written_anew_to_the_same_length_is_not_written(
+        self, store: SessionStore
+    ) -> None:
+        """Deleted during the run, then written anew by another (a new conversation under
+        the same id) to as many messages as the holder last saw: the holder's appends
+        went on, so the new conversation got the old run's tool result (a result whose
+        call it does not hold) and its answer. They are refused, nothing written."""
+
+        async def anew() -> None:
+            await store.delete("s")
+            await store.append("s", [Message.user("a new conversation"), Message.assistant("hi")])
+
+        failure = await run_meanwhile(store, anew)
+        assert isinstance(failure, SessionStoreError)
+        assert "holds 2 messages, but its last is not the one the run last saw" in str(failure)
+        assert [m.text for m in await store.load("s")] == ["a new conversation", "hi"]
+
 
 class TestAnotherWriter:
     async def test_a_write_by_another_run_stops_the_holder_and_the_log_stays_whole(

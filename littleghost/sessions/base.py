@@ -370,12 +370,18 @@ def read_log(
 
 def changed_under_holder(where: str, session_id: str, seen: int, found: int) -> SessionStoreError:
     """The error for an append of a session's holder refused because the session no
-    longer holds the ``seen`` messages the holder last saw (nothing was written)."""
-    now = "no longer exists" if found == 0 else f"holds {found} messages"
+    longer holds the ``seen`` messages the holder last saw (it holds ``found``: as many,
+    when its last one is another), nothing written."""
+    if found == 0:
+        now = f"no longer exists, not the {seen} messages the run last saw"
+    elif found == seen:
+        now = f"holds {found} messages, but its last is not the one the run last saw"
+    else:
+        now = f"holds {found} messages, not the {seen} the run last saw"
     return SessionStoreError(
-        f"{where}: session {session_id!r} changed under the run that holds it: it {now}, "
-        f"not the {seen} the run last saw (the run lost its lock, the session was deleted, "
-        "or something else wrote to it); nothing was written",
+        f"{where}: session {session_id!r} changed under the run that holds it: it {now} "
+        "(the run lost its lock, the session was deleted, or something else wrote to it); "
+        "nothing was written",
         session_id=session_id,
     )
 

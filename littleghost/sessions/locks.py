@@ -12,8 +12,9 @@ cancel scopes.
 has one, else through a ``SessionLocks`` kept for that store in this process.
 
 A ``Hold`` also fences the holder's writes: a built-in store notes in it how many
-messages the holder last saw the session hold (at its load, then at each of its
-appends), and refuses an append of the holder once the session has another length. The
+messages the holder last saw the session hold, and the last one's stored text (at its
+load, then at each of its appends), and refuses an append of the holder once the session
+has another length or another last message. The
 holder's appends take their turns (``SessionLocks.writing``), so concurrent ones never
 read the same length.
 
@@ -122,6 +123,8 @@ class Hold:
     Attributes:
         seen: How many messages the holder last saw the session hold (its last load or
             append through a built-in store); ``None`` before it looked.
+        last: The stored text of the last of them (``None`` for none): a log of the same
+            length made anew (the session deleted, then written by another) has another.
         writing: Held by each append of the holder (``SessionLocks.writing``), so the
             next one reads ``seen`` once the last one has set it.
     """
@@ -130,6 +133,7 @@ class Hold:
     session_id: str
     active: bool = True
     seen: int | None = None
+    last: str | None = None
     writing: anyio.Lock = field(factory=anyio.Lock, repr=False)
 
 
@@ -399,12 +403,12 @@ class SessionLocks:
         async with hold.writing:
             yield hold
 
-    def saw(self, session_id: str, length: int) -> None:
+    def saw(self, session_id: str, length: int, last: str | None) -> None:
         """Note that the current task, if it holds ``session_id``, saw it hold ``length``
-        messages (so that its next append expects that many)."""
+        messages, the last stored as ``last`` (so that its next append expects them)."""
         hold = self.held(session_id)
         if hold is not None:
-            hold.seen = length
+            hold.seen, hold.last = length, last
 
 
 _TABLES = reset_in_child(SessionLocks._forget_in_child)

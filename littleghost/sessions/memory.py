@@ -92,7 +92,7 @@ class InMemorySessionStore:
         await checkpoint()
         with self._guard:
             entries = tuple(self._sessions.get(session_id, ()))
-        self._locks.saw(session_id, len(entries))
+        self._locks.saw(session_id, len(entries), entries[-1][0] if entries else None)
         return entries
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -112,14 +112,18 @@ class InMemorySessionStore:
         hold = self._locks.held(session_id)
         with self._guard:
             log = self._sessions.get(session_id, [])
-            if hold is not None and hold.seen is not None and hold.seen != len(log):
+            if (
+                hold is not None
+                and hold.seen is not None
+                and (hold.seen != len(log) or (log and log[-1][0] != hold.last))
+            ):
                 raise changed_under_holder(
                     "in-memory session store", session_id, hold.seen, len(log)
                 )
             self._sessions[session_id] = log
             log.extend((text, now) for text in encoded)
             length = len(log)
-        self._locks.saw(session_id, length)
+        self._locks.saw(session_id, length, encoded[-1])
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

@@ -283,12 +283,15 @@ two-key locks apart from the one-key locks of sessions, so no session id can mee
 
 def _append_statement(seen: int | None) -> str:
     """The statement that adds ``%(added)s`` to a session's length and returns the new
-    length: only while the session holds the ``seen`` messages its holder last saw (no
-    row otherwise); any length when ``seen`` is ``None`` (not held, or not yet loaded)."""
+    length: only while the session holds the ``seen`` messages its holder last saw, the
+    last stored as ``%(last)s`` (no row otherwise); any length when ``seen`` is ``None``
+    (not held, or not yet loaded)."""
     if seen:
         return (
             "UPDATE littleghost_sessions SET length = length + %(added)s"
-            " WHERE id = %(id)s AND length = %(seen)s RETURNING length"
+            " WHERE id = %(id)s AND length = %(seen)s AND (SELECT body FROM"
+            " littleghost_messages WHERE session_id = %(id)s AND position = %(seen)s - 1)"
+            " = %(last)s RETURNING length"
         )
     return (
         "INSERT INTO littleghost_sessions (id, length) VALUES (%(id)s, %(added)s)"
@@ -717,7 +720,7 @@ class PostgresSessionStore:
                 lambda stopped: read_log(rows, session_id, self._where, when, stopped, page)
             )
             if page is None:  # what a holder saw: the whole log
-                locks.saw(session_id, len(log))
+                locks.saw(session_id, len(log), str(rows[-1][2]) if log else None)
         return log, int(rows[0][0] or 0)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -736,14 +739,14 @@ class PostgresSessionStore:
             return
         locks = await self._prepared()
         async with locks.writing(session_id) as hold:
-            seen = None if hold is None else hold.seen
+            seen, last = (None, None) if hold is None else (hold.seen, hold.last)
 
             def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
                 with self._transaction(connection, operation):
                     connection.execute(_WRITE_LOCK, (self._schema, session_id))
                     row = connection.execute(
                         _append_statement(seen),
-                        {"id": session_id, "added": len(bodies), "seen": seen},
+                        {"id": session_id, "added": len(bodies), "seen": seen, "last": last},
                     ).fetchone()
                     if row is None:
                         assert seen is not None
@@ -768,7 +771,7 @@ class PostgresSessionStore:
                         raise length_error(self._where, session_id, start) from error
                     return start + len(bodies)
 
-            locks.saw(session_id, await self._call(write))
+            locks.saw(session_id, await self._call(write), bodies[-1])
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""

@@ -479,7 +479,7 @@ class SQLiteSessionStore:
                 lambda stopped: read_log(rows, session_id, self._where, when, stopped, page)
             )
             if page is None:  # what a holder saw: the whole log
-                self._locks.saw(session_id, len(log))
+                self._locks.saw(session_id, len(log), str(rows[-1][2]) if log else None)
         return log, int(rows[0][0] or 0)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -497,14 +497,17 @@ class SQLiteSessionStore:
         if not bodies:
             return
         async with self._locks.writing(session_id) as hold:
-            seen = None if hold is None else hold.seen
+            seen, last = (None, None) if hold is None else (hold.seen, hold.last)
 
             def write(connection: sqlite3.Connection) -> int:
                 row = connection.execute(
-                    "SELECT length FROM littleghost_sessions WHERE id = ?", (session_id,)
+                    "SELECT s.length, m.body FROM littleghost_sessions AS s"
+                    " LEFT JOIN littleghost_messages AS m"
+                    " ON m.session_id = s.id AND m.position = s.length - 1 WHERE s.id = ?",
+                    (session_id,),
                 ).fetchone()
                 start = 0 if row is None else int(row[0])
-                if seen is not None and start != seen:
+                if seen is not None and (start != seen or (start and row[1] != last)):
                     raise changed_under_holder(self._where, session_id, seen, start)
                 if row is None:
                     connection.execute(
@@ -538,7 +541,7 @@ class SQLiteSessionStore:
             length = await self._call(
                 lambda connection: self._transaction(connection, lambda: write(connection))
             )
-            self._locks.saw(session_id, length)
+            self._locks.saw(session_id, length, bodies[-1])
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
