@@ -389,14 +389,15 @@ class TestRoundTrip:
     ) -> None:
         """Text no store may bend: NUL (PostgreSQL's text type refuses it raw), every line
         break, escape sequences, bidirectional and zero-width marks, tag characters, a
-        lone surrogate in an id or metadata (message text holds U+FFFD in its place),
-        what reads like JSON escapes or the stores' own markers, empty and blank text,
-        a long line; in texts, ids, names, arguments, metadata keys and values."""
+        lone surrogate in an id or metadata (message text holds U+FFFD in its place), a
+        pair written as two surrogates, what reads like JSON escapes or the stores' own
+        markers, empty and blank text, a long line; in texts, ids, names, arguments,
+        metadata keys and values."""
         rng = random.Random(56)
         pieces = [
             "\x00", "\r\n", "\u2028", "\x85", "\x1b[2J", "\u202e", "\u200b", "\U000e0041", "\ud800",
             "\\u0000", '\\"', '"littleghost.summary":true', '{"$tuple": []}', "$dict", "", " ",
-            "\t", "x" * 70_000, "caf\u00e9", "\U0001f600",
+            "\t", "x" * 70_000, "caf\u00e9", "\U0001f600", "\udc00",
         ]  # fmt: skip
 
         def text() -> str:
