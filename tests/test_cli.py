@@ -1023,6 +1023,43 @@ class TestExport:
                     f"{PAGE} of its {length + 1} messages were written\n"  # the one appended
                 )
 
+    def test_a_log_deleted_and_written_anew_as_it_is_exported_is_a_failure(
+        self, store_url: str
+    ) -> None:
+        """Deleted once the first page was read, then written anew at least as long
+        (another conversation under the same id): the export went on with the new log's
+        later pages after the old one's first, and exited 0. It fails as for a delete."""
+        length = 2 * PAGE + 5
+        many = [Message.user(f"message {index} " + "padding " * 20) for index in range(length)]
+        other = [Message.user(f"other {index} " + "padding " * 20) for index in range(length)]
+        in_store(store_url, lambda store: store.append("long", many))
+
+        async def anew(store: Any) -> None:
+            await store.delete("long")
+            await store.append("long", other)
+
+        command = [sys.executable, "-m", "littleghost", "sessions", "export", "long"]
+        with subprocess.Popen(
+            [*command, "--store", store_url],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            assert process.stdout is not None and process.stderr is not None
+            first = process.stdout.readline()  # it waits on the full pipe, in page 1
+            in_store(store_url, anew)
+            lines = [first, *process.stdout]
+            said = process.stderr.read()
+            code = process.wait(timeout=120)
+        assert code == 1 and len(lines) == PAGE
+        assert tuple(message_from_json(line) for line in lines) == tuple(many[:PAGE])
+        assert said == (
+            "Error: session 'long' was deleted as it was being exported: "
+            f"{PAGE} of its {length} messages were written\n"
+        )
+
 
 @contextmanager
 def held(url: str, session_id: str) -> Iterator[None]:

@@ -45,10 +45,14 @@ async def export_log(address: StoreAddress, session_id: str, output: Output) -> 
                 advance(len(entries), "")
                 if written >= length:
                     return
-                page = await store.load_page(session_id, written, PAGE)
-                if page.length < length or not page.messages:  # a log only grows
+                # from the last message written: a log deleted and written anew since (as
+                # long) has another there; a log only grows
+                page = await store.load_page(session_id, written - 1, PAGE + 1)
+                seen, *rest = page.messages or (None,)
+                if page.length < length or not rest or seen != entries[-1]:
                     raise SessionStoreError(
                         f"session {session_id!r} was deleted as it was being exported: "
                         f"{written} of its {length} messages were written",
                         session_id=session_id,
                     )
+                page = attrs.evolve(page, messages=tuple(rest))
