@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RECORDER = """#!/bin/sh
 echo "{tool} $*" >> "$CI_LOG"
+if [ -n "${{PYTHONDONTWRITEBYTECODE-}}" ]; then echo "{tool}: no bytecode cached" >> "$CI_LOG"; fi
 case "{tool} $*" in $CI_FAIL) exit 3 ;; esac
 """
 
@@ -36,11 +37,17 @@ fi
 
 
 def run_ci(
-    tmp_path: Path, fail: str, *, oldest: bool = True, newest: bool = True
+    tmp_path: Path,
+    fail: str,
+    *,
+    oldest: bool = True,
+    newest: bool = True,
+    variables: dict[str, str] | None = None,
 ) -> tuple[int, list[str], Path]:
     """Run a copy of .ci/run; the step whose command line matches the glob ``fail``
-    exits 3 (``oldest``, ``newest``: a Python 3.10, a Python 3.13 is found). Returns the
-    exit code, the commands run, and the script's temp folder."""
+    exits 3 (``oldest``, ``newest``: a Python 3.10, a Python 3.13 is found; ``variables``:
+    more of its environment). Returns the exit code, the commands run, and the script's
+    temp folder."""
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
@@ -64,6 +71,7 @@ def run_ci(
         "TMPDIR": str(scratch),
         "CI_LOG": str(log),
         "CI_FAIL": fail,
+        **(variables or {}),
     }
     if oldest:
         environment["LITTLEGHOST_CI_OLDEST_PYTHON"] = str(fake / "python3")
@@ -127,6 +135,18 @@ def test_every_step_runs_in_order_when_all_pass(tmp_path: Path) -> None:
         "mypy --strict --platform darwin --python-version 3.12 littleghost",
     ]
     assert os.listdir(scratch) == []  # the virtual environments are removed
+
+
+def test_every_step_caches_the_bytecode_python_compiles(tmp_path: Path) -> None:
+    """An environment that tells Python to write no bytecode (this machine's image does)
+    made every process the steps start compile littleghost, the tests and, in uv's
+    environments, every dependency again; the steps run without it."""
+    code, commands, _ = run_ci(
+        tmp_path, fail="no such step", variables={"PYTHONDONTWRITEBYTECODE": "1"}
+    )
+    assert code == 0
+    assert "python -m pytest -q -n auto" in commands
+    assert [command for command in commands if "no bytecode" in command] == []
 
 
 @pytest.mark.parametrize(
