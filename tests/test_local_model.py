@@ -1313,6 +1313,9 @@ class Reviewer(Agent):
     output_type = Review
 
 
+# The schema tests and the excerpt fallback below under one event loop each, as the
+# compactions above: their real calls are those the tests above make under both.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_output_type_is_held_to_by_llama_cpps_json_schema(local: LocalModel) -> None:
     """The schema goes to the server as llama.cpp's json_schema, a grammar the sampler
     follows: even SmolLM2-135M answers JSON that fits, streamed or not."""
@@ -1336,6 +1339,7 @@ class Rating:
     seen: bool = True
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_llama_cpp_takes_a_schema_with_bounds_and_holds_to_them(local: LocalModel) -> None:
     """A schema with bounds (and a field's default) goes to llama.cpp whole: its grammar
     holds an integer's range and the lengths of strings and arrays, so the answer fits
@@ -1495,6 +1499,7 @@ class NoRoom(Dense):
     """Instructions too long for any summary request to fit the 512-token window."""
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # one event loop, as the schema tests
 async def test_when_no_summary_fits_recovery_falls_back_to_excerpts(
     local: LocalModel, spans: Spans
 ) -> None:
