@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import re
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -657,6 +658,53 @@ class TestRules:
             await bounded_agent(memory=provider)(model=model).run("now")
         assert model.requests == []
 
+    async def test_memories_give_way_to_a_current_turn_that_fits_without_them(self) -> None:
+        """Memories are for reference: a question that fits the limit alone is sent whole
+        with the newest memories that still fit (it was a ``PromptBudgetError`` naming the
+        memories when ``memory_tokens`` left the question no room)."""
+        entries = [f"memory {i}:" + " fact" * 10 for i in range(20)]
+        question = "question " * 30
+        model = ScriptedModel([text_response("done")])
+        agent = bounded_agent(memory=lambda context: entries, memory_tokens=1_000)(model=model)
+        await agent.run(question)
+        sent = model.requests[0].messages
+        assert sent[-1].text == question
+        (memory,) = memories(model.requests[0])
+        lines = memory.text.splitlines()[1:]
+        assert 0 < len(lines) < len(entries) and lines == [f"- {e}" for e in entries[-len(lines) :]]
+        assert estimate_messages(sent, BYTES) <= 400
+
+    async def test_memories_never_make_a_request_fail_that_fits_without_them(self) -> None:
+        """Randomized: whatever the memories and the question, the run fails exactly when
+        it fails without memories, and the memories sent are the newest."""
+        rng = random.Random(69)
+        for _ in range(40):
+            entries = [
+                f"m{i} " + "word " * rng.randrange(0, 60) for i in range(rng.randrange(1, 12))
+            ]
+            question = "ask " * rng.randrange(1, 120)
+            limit = rng.randrange(120, 500)
+            outcomes = []
+            for memory in (partial(lambda given, context: given, entries), None):
+                model = ScriptedModel([text_response("done")])
+                agent = bounded_agent(
+                    prompt_budget_tokens=limit, memory=memory, memory_tokens=rng.randrange(0, 600)
+                )(model=model)
+                try:
+                    await agent.run(question)
+                except PromptBudgetError:
+                    outcomes.append(False)
+                    continue
+                outcomes.append(True)
+                assert model.requests[0].messages[-1].text == question
+                for message in memories(model.requests[0]):
+                    lines = message.text.splitlines()[1:]
+                    picked = [line.removeprefix("- ") for line in lines]
+                    newest = [e.strip() for e in entries]
+                    assert all(p in newest for p in picked)
+                    assert newest.index(picked[-1]) >= newest.index(picked[0])
+            assert outcomes[0] == outcomes[1], (limit, len(question))
+
     async def test_a_memory_is_one_line_under_a_header_that_says_it_is_no_instruction(
         self,
     ) -> None:
@@ -1078,8 +1126,8 @@ class TestWithSummaries:
     async def test_the_memories_go_before_the_turn_alone_fails(self) -> None:
         """summarize=False, a model that counts digits three times the estimate, and a
         question of serial numbers: with the memories the current request alone is over
-        the window, without them it fits; the retry goes without them (recovery failed,
-        though the turn alone with the instructions fitted)."""
+        the window, without them it fits; the retry keeps only the newest that fit (recovery
+        failed, though the turn alone with the instructions fitted)."""
         window = 768
 
         def counted(request: ModelRequest) -> int:
@@ -1111,7 +1159,10 @@ class TestWithSummaries:
         result = await Bot(model=model).run(serials, history=history)
         assert result.output == "ok"
         first, retried = model.requests
-        assert [bool(memories(first)), bool(memories(retried))] == [True, False]
+        kept, shown = ([m.text.splitlines()[1:] for m in memories(r)] for r in (first, retried))
+        assert (
+            len(kept[0]) == 12 and 0 < len(shown[0]) < 12 and shown[0] == kept[0][-len(shown[0]) :]
+        )
         assert retried.messages[-1].text == serials
         assert counted(retried) + (retried.max_tokens or 0) <= window
 
