@@ -12,7 +12,10 @@ to test their summarizer instructions and strategies on their own conversations
 from __future__ import annotations
 
 import re
+import sys
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from attrs import field, frozen
@@ -46,16 +49,32 @@ def _spellings(value: object) -> tuple[str, ...]:
     return spellings
 
 
-_WORD = rf"[^\W{RUN_TOGETHER}]"
-_BEFORE = rf"(?<!{_WORD})(?<!\.)(?<!\d,(?=\d))"
-_AFTER = rf"(?!{_WORD}|[.,]\d)"
-"""What may not touch a value found: a letter, digit or ``_`` (but a letter of a script
-that runs words together, as Japanese does), a point before it, nor a point or comma
-between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
+@cache
+def _bounds() -> tuple[str, str]:
+    """What may come before and after a value found (built at the first use: the marks
+    take a scan of Unicode): not a letter, digit or ``_`` (but a letter of a script that
+    runs words together, as Japanese does), nor a combining mark of a spaced script (a
+    Hindi vowel sign continues its word), nor a point before it, nor a point or comma
+    between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
+    together = re.compile(f"[{RUN_TOGETHER}]")
+    ranges: list[list[int]] = []
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        if unicodedata.category(char).startswith("M") and not together.match(char):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    marks = "".join(rf"\U{first:08x}-\U{last:08x}" for first, last in ranges)
+    word = rf"(?:[^\W{RUN_TOGETHER}]|[{marks}])"
+    return rf"(?<!{word})(?<!\.)(?<!\d,(?=\d))", rf"(?!{word}|[.,]\d)"
 
 
 def _normal(text: str) -> str:
-    return " ".join(text.casefold().split())
+    """``text`` as values are compared: Unicode compatibility forms made one (a decomposed
+    ``é`` is the composed one, ``１２００`` is ``1200``), case folded, spacing single."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return " ".join(folded.split())
 
 
 @frozen
@@ -64,10 +83,11 @@ class Fact:
 
     Args:
         question: The probe question, asked after the compaction.
-        expected: The value an answer must contain as a whole word or number (case and
-            spacing ignored: ``45 seconds`` is not in ``145 seconds``, nor ``349.80`` in
-            ``1,349.80``; in Japanese, Chinese or Korean text it may touch that script's
-            letters: ``KT-50917`` is in ``KT-50917です``), or several accepted spellings.
+        expected: The value an answer must contain as a whole word or number (case,
+            spacing and Unicode form ignored: ``45 seconds`` is not in ``145 seconds``,
+            nor ``349.80`` in ``1,349.80``, a combining mark continues its word; in
+            Japanese, Chinese or Korean text it may touch that script's letters:
+            ``KT-50917`` is in ``KT-50917です``), or several accepted spellings.
     """
 
     question: str = field(
@@ -81,8 +101,9 @@ class Fact:
         """True when ``text`` holds one of the expected spellings, not as part of a
         longer word or number."""
         haystack = _normal(text)
+        before, after = _bounds()
         return any(
-            re.search(rf"{_BEFORE}{re.escape(_normal(spelling))}{_AFTER}", haystack)
+            re.search(f"{before}{re.escape(_normal(spelling))}{after}", haystack)
             for spelling in self.expected
         )
 

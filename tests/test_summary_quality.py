@@ -5,6 +5,8 @@ lines dropped, and observation masking."""
 from __future__ import annotations
 
 import json
+import random
+import unicodedata
 
 import attrs
 import pytest
@@ -623,6 +625,43 @@ class TestCheckRetention:
         counts where it stands, as long as it continues no word or number of a spaced
         script."""
         assert Fact("?", expected).found_in(text) is found
+
+    @pytest.mark.parametrize(
+        ("expected", "text", "found"),
+        [
+            ("café", unicodedata.normalize("NFD", "au café ce soir"), True),
+            (unicodedata.normalize("NFD", "naïve"), "a naïve plan", True),
+            ("cafe", unicodedata.normalize("NFD", "au café ce soir"), False),
+            ("1200", "合計１２００円です。", True),
+            ("KT-50917", "注文番号はＫＴ－５０９１７です。", True),
+            ("दिल", "यह दिली इच्छा है", False),
+            ("दिल", "मेरा दिल है", True),
+            ("ガス", "ｶﾞｽ料金", True),
+        ],
+    )
+    def test_a_value_is_found_whatever_the_unicode_form_of_its_text(
+        self, expected: str, text: str, found: bool
+    ) -> None:
+        """A decomposed ``é`` (macOS text, say) is the composed one and fullwidth digits
+        (Japanese answers) are digits; a combining mark continues its word, as a Hindi vowel
+        sign does (``दिल`` is not in ``दिली``; ``cafe`` is not in a decomposed ``café``)."""
+        assert Fact("?", expected).found_in(text) is found
+
+    def test_the_unicode_form_never_changes_what_is_found(self) -> None:
+        """Randomized: a value and a text of accented, Devanagari and fullwidth pieces are
+        found or not the same in every normalization form of either."""
+        rng = random.Random(69)
+        pieces = ["café", "naïve", "12", "120", "दिल", "दिली", "Ａ-１", "A-1", "Å", "ñ", " ", "."]
+        forms = ("NFC", "NFD", "NFKC", "NFKD")
+        for _ in range(300):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 8)))
+            value = rng.choice([p for p in pieces if p.strip(" .")])
+            found = {
+                Fact("?", unicodedata.normalize(a, value)).found_in(unicodedata.normalize(b, text))
+                for a in forms
+                for b in forms
+            }
+            assert len(found) == 1, (value, text)
 
     async def test_a_strategy_s_own_summarizer_writes_the_summary(self) -> None:
         summarizer = ScriptedModel([summary_step("- order A-1234")])
