@@ -77,12 +77,19 @@ def _normal(text: str) -> str:
     return " ".join(folded.split())
 
 
+def _found(value: str, text: str) -> bool:
+    """``value`` stands in ``text`` as a whole word or number (``_bounds``), as compared."""
+    before, after = _bounds()
+    return re.search(f"{before}{re.escape(_normal(value))}{after}", _normal(text)) is not None
+
+
 @frozen
 class Fact:
     """A fact the conversation gave, and how to ask for it.
 
     Args:
-        question: The probe question, asked after the compaction.
+        question: The probe question, asked after the compaction; it may not hold an
+            expected value (an answer that repeats it would count as answered).
         expected: The value an answer must contain as a whole word or number (case,
             spacing and Unicode form ignored: ``45 seconds`` is not in ``145 seconds``,
             nor ``349.80`` in ``1,349.80``, a combining mark continues its word; in
@@ -97,15 +104,18 @@ class Fact:
     )
     expected: tuple[str, ...] = field(converter=_spellings)
 
+    def __attrs_post_init__(self) -> None:
+        for spelling in self.expected:  # an answer that repeats the question would count
+            if _found(spelling, self.question):
+                raise ConfigurationError(
+                    f"Fact: the question gives its expected value {safe_repr(spelling)} away; "
+                    "an answer that repeats it would count as answered"
+                )
+
     def found_in(self, text: str) -> bool:
         """True when ``text`` holds one of the expected spellings, not as part of a
         longer word or number."""
-        haystack = _normal(text)
-        before, after = _bounds()
-        return any(
-            re.search(f"{before}{re.escape(_normal(spelling))}{after}", haystack)
-            for spelling in self.expected
-        )
+        return any(_found(spelling, text) for spelling in self.expected)
 
 
 @frozen

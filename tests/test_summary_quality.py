@@ -795,6 +795,9 @@ class TestCheckRetention:
         assert sorted(Fact("?", {"A-1", "A1"}).expected) == ["A-1", "A1"]  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match=r"Fact\.question must be a non-empty str"):
             Fact(3, "x")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=r"gives its expected value 'a-1234' away"):
+            Fact("Is my order A-1234 late?", ("late now", "a-1234"))  # an echo would count
+        assert Fact("Is my order A-12345 late?", "A-1234").expected == ("A-1234",)
 
     async def test_facts_and_the_conversation_are_checked_before_the_summary_call(self) -> None:
         model = ScriptedModel([])
