@@ -7,6 +7,7 @@ import logging
 import math
 import random
 import re
+import threading
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Literal
@@ -657,6 +658,25 @@ class TestRules:
         with pytest.raises(ConfigurationError, match=f"returned {named}: return a list of str"):
             await bounded_agent(memory=provider)(model=model).run("now")
         assert model.requests == []
+
+    async def test_a_sync_provider_runs_in_the_event_loop_s_thread_before_each_call(
+        self,
+    ) -> None:
+        """As docs/context.md says: a sync provider is called in the loop's own thread (one
+        that blocks holds up the loop), once before each model call of a tool loop."""
+        threads: list[int] = []
+
+        def provider(context: object) -> list[str]:
+            threads.append(threading.get_ident())
+            return ["likes tea"]
+
+        model = ScriptedModel(
+            [tool_call_response("weather", {"city": "Oslo"}), text_response("ok")]
+        )
+        await bounded_agent(memory=provider)(model=model).run("weather?")
+        assert (
+            threads == [threading.get_ident()] * 2 == [threading.get_ident()] * len(model.requests)
+        )
 
     async def test_memories_give_way_to_a_current_turn_that_fits_without_them(self) -> None:
         """Memories are for reference: a question that fits the limit alone is sent whole
