@@ -659,6 +659,16 @@ class TestRules:
             await bounded_agent(memory=provider)(model=model).run("now")
         assert model.requests == []
 
+    async def test_a_repeated_memory_is_sent_once_at_its_newest_place(self) -> None:
+        """A store that saved the same memory in several sessions: one line, where its
+        newest copy stands (each copy took its share of memory_tokens, crowding out
+        others)."""
+        entries = ["likes tea", "lives in Lyon", "likes  tea\n", "has a cat", "likes tea"]
+        model = ScriptedModel([text_response("done")])
+        await bounded_agent(memory=lambda context: entries)(model=model).run("now")
+        (memory,) = memories(model.requests[0])
+        assert memory.text.splitlines()[1:] == ["- lives in Lyon", "- has a cat", "- likes tea"]
+
     async def test_a_sync_provider_runs_in_the_event_loop_s_thread_before_each_call(
         self,
     ) -> None:

@@ -210,7 +210,8 @@ class BudgetReport:
 
 
 async def load_memories(budget: PromptBudget, context: object) -> list[str]:
-    """The memory provider's entries (oldest first), blank ones left out, or none."""
+    """The memory provider's entries (oldest first), blank ones left out and a repeated
+    one kept at its newest place only, or none."""
     provider = budget.memory
     if provider is None:
         return []
@@ -236,7 +237,8 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
         line = well_formed(" ".join(text.split()))  # one line: it cannot pose as several
         if line:  # an empty or blank entry is no memory
             result.append(line)
-    return result
+    newest = {line: position for position, line in enumerate(result)}  # the last place wins
+    return [line for position, line in enumerate(result) if newest[line] == position]
 
 
 class _Cuts:
