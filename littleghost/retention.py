@@ -12,10 +12,8 @@ to test their summarizer instructions and strategies on their own conversations
 from __future__ import annotations
 
 import re
-import sys
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
 from typing import Any
 
 from attrs import field, frozen
@@ -49,25 +47,22 @@ def _spellings(value: object) -> tuple[str, ...]:
     return spellings
 
 
-@cache
-def _bounds() -> tuple[str, str]:
-    """What may come before and after a value found (built at the first use: the marks
-    take a scan of Unicode): not a letter, digit or ``_`` (but a letter of a script that
-    runs words together, as Japanese does), nor a combining mark of a spaced script (a
-    Hindi vowel sign continues its word), nor a point before it, nor a point or comma
-    between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
-    together = re.compile(f"[{RUN_TOGETHER}]")
-    ranges: list[list[int]] = []
-    for code in range(sys.maxunicode + 1):
-        char = chr(code)
-        if unicodedata.category(char).startswith("M") and not together.match(char):
-            if ranges and ranges[-1][1] == code - 1:
-                ranges[-1][1] = code
-            else:
-                ranges.append([code, code])
-    marks = "".join(rf"\U{first:08x}-\U{last:08x}" for first, last in ranges)
-    word = rf"(?:[^\W{RUN_TOGETHER}]|[{marks}])"
-    return rf"(?<!{word})(?<!\.)(?<!\d,(?=\d))", rf"(?!{word}|[.,]\d)"
+_WORD = rf"[^\W{RUN_TOGETHER}]"
+_BEFORE = rf"(?<!{_WORD})(?<!\.)(?<!\d,(?=\d))"
+_AFTER = rf"(?!{_WORD}|[.,]\d)"
+"""What may not touch a value found: a letter, digit or ``_`` (but a letter of a script
+that runs words together, as Japanese does), a point before it, nor a point or comma
+between it and more digits (``45`` is not in ``1.45`` or ``45,000``)."""
+_TOGETHER = re.compile(f"[{RUN_TOGETHER}]")
+
+
+def _continues(text: str, index: int) -> bool:
+    """Whether ``text[index]`` is a combining mark of a script that spaces its words: it
+    continues the word it is in (a Hindi vowel sign), which ``re`` cannot tell."""
+    if not 0 <= index < len(text):
+        return False
+    char = text[index]
+    return unicodedata.category(char).startswith("M") and not _TOGETHER.match(char)
 
 
 def _normal(text: str) -> str:
@@ -78,9 +73,14 @@ def _normal(text: str) -> str:
 
 
 def _found(value: str, text: str) -> bool:
-    """``value`` stands in ``text`` as a whole word or number (``_bounds``), as compared."""
-    before, after = _bounds()
-    return re.search(f"{before}{re.escape(_normal(value))}{after}", _normal(text)) is not None
+    """``value`` stands in ``text`` as a whole word or number (``_BEFORE``, ``_AFTER``,
+    ``_continues``), as compared; every place it starts at is tried, overlapping too."""
+    haystack, needle = _normal(text), _normal(value)
+    places = re.finditer(f"(?=({_BEFORE}{re.escape(needle)}{_AFTER}))", haystack)
+    return any(
+        not (_continues(haystack, place.start(1) - 1) or _continues(haystack, place.end(1)))
+        for place in places
+    )
 
 
 @frozen
