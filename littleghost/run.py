@@ -110,7 +110,8 @@ class RunContext:
         settings: The run's model settings (the agent's, with ``run(settings=)`` over
             them, and the model's ``default_max_tokens`` as ``max_tokens`` when they set
             no output cap).
-        deadline: The absolute anyio deadline, or ``None``.
+        deadline: The absolute anyio deadline, or ``None``: the run's own, or the earlier
+            one of a run it was started in (from a tool), which stops it too.
         max_retries: Retries of a model call (the agent's ``max_retries``).
         capture_content: Whether spans record content (the agent's ``capture_content``).
         session_id: The session the run continues, or ``None``.
@@ -587,10 +588,10 @@ class RunContext:
         if (
             outer is not None
             and current >= outer
-            and (self.deadline is None or outer < self.deadline)
+            and (self.grace.run_deadline is None or outer < self.grace.run_deadline)
         ):
             return outer
-        return self.deadline
+        return self.grace.run_deadline
 
     async def _prepare(self, model: Model) -> None:
         """Await another model's ``prepare()`` once in this run (a summarizer's, say)."""

@@ -320,7 +320,7 @@ async def _run_in(
         agent,
         model,
         plan.settings,
-        None if math.isinf(end) else end,
+        grace.earliest_deadline(),  # a run it was started in (from a tool) stops it too
         agent.max_retries,
         agent.capture_content,
         session_id,
@@ -387,7 +387,7 @@ def _late(agent: Agent, context: RunContext, waiting: bool) -> DeadlineExceededE
     else:
         why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
     return DeadlineExceededError(
-        f"{agent.name} did not finish before {why}", deadline=context.deadline
+        f"{agent.name} did not finish before {why}", deadline=context.grace.run_deadline
     )
 
 

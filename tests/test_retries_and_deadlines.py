@@ -834,3 +834,59 @@ async def test_the_runs_deadline_out_of_a_models_task_group_is_no_error_for_the_
         await Recovering(model=Ensemble()).run("hi", timeout=10)
     assert anyio.current_time() - start == 0  # at once
     assert seen == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_nested_runs_context_deadline_is_the_earliest_that_stops_it(seed: int) -> None:
+    """Runs nested from tools, 1 to 3 deep, each with or without a deadline of its own:
+    each run's ``context.deadline`` is the earliest deadline of it and the runs it was
+    started in (any of them stops it), ``None`` only when none has one; its
+    ``DeadlineExceededError`` still names its own."""
+    rng = random.Random(seed)
+    seen: list[tuple[float | None, float | None]] = []
+
+    class Nested(Agent):
+        @tool
+        async def deeper(self, context: RunContext, level: int, timeouts: list[float]) -> str:
+            """Run the next level (a timeout of 0: none)."""
+            effective = anyio.current_effective_deadline()
+            seen.append((context.deadline, None if effective == float("inf") else effective))
+            if level + 1 < len(timeouts):
+                await ask(level + 1, timeouts)
+            return "ok"
+
+    async def ask(level: int, timeouts: list[float]) -> None:
+        call = tool_call_response("deeper", {"level": level, "timeouts": timeouts})
+        model = ScriptedModel([call, text_response("done")])
+        await Nested(model=model).run("go", timeout=timeouts[level] or None)
+
+    for _ in range(8):
+        await ask(0, [rng.choice([0, 30.0, 60.0, 90.0]) for _ in range(rng.randint(2, 4))])
+    assert len(seen) > 8 and any(deadline is None for deadline, _ in seen)
+    for deadline, effective in seen:
+        assert deadline == effective
+
+
+async def test_a_nested_runs_deadline_error_names_its_own_deadline() -> None:
+    """A run nested in a run of an earlier deadline, stopped by its own shorter one,
+    raises a ``DeadlineExceededError`` whose ``deadline`` is its own."""
+    deadlines: list[float | None] = []
+
+    class Inner(Agent):
+        pass
+
+    class Outer(Agent):
+        @tool
+        async def ask(self, context: RunContext) -> str:
+            """Ask the inner agent."""
+            hang = ScriptedModel([lambda request: anyio.sleep_forever()])
+            try:
+                await Inner(model=hang).run("go", timeout=0.05)
+            except DeadlineExceededError as error:
+                deadlines.extend((error.deadline, context.deadline))
+            return "stopped"
+
+    steps = [tool_call_response("ask", {}), text_response("done")]
+    await Outer(model=ScriptedModel(steps)).run("go", timeout=60)
+    own, outer = deadlines
+    assert own is not None and outer is not None and own < outer - 50
