@@ -246,10 +246,12 @@ class CleanupError(LittleGhostError):
 
 
 class LimitExceededError(LittleGhostError):
-    """The run went past ``max_turns`` or ``max_tool_calls``.
+    """The run went past ``max_turns`` or ``max_tool_calls``, or was started inside
+    32 runs nested in each other (an agent whose tool runs it again).
 
     Args:
-        limit: The name of the limit (``max_turns`` or ``max_tool_calls``).
+        limit: The name of the limit (``max_turns``, ``max_tool_calls`` or
+            ``nested_runs``).
         value: The limit's value.
     """
 

@@ -20,7 +20,9 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -98,6 +100,12 @@ WITHHELD_TEXT = (
     "This tool call finished, but the run stopped in an after_tool hook, so its result was "
     "withheld; whatever the call did is done."
 )
+MAX_NESTED_RUNS = 32
+"""Runs nested in each other at most (an agent whose tool runs it again, without end)."""
+_NESTING: ContextVar[tuple[_Going, ...]] = ContextVar("littleghost_nesting", default=())
+"""The runs the current code runs in, still going (in their tools' threads and loops too;
+a task a tool started outside its run carries them, its run over or not)."""
+
 MAX_RECOVERIES = 3
 """How many replacement requests ``after_model_error`` hooks may hand back per model call."""
 MAX_REPAIRS = 1
@@ -281,7 +289,8 @@ async def run(
                 # a model the agent gave up meanwhile (aclose()) is closed as its cleanup
                 async with agent._models.use(model, agent.cleanup_grace, by=stop):
                     try:
-                        return await _run_in(span, agent, plan, model, sink, seen, held)
+                        with _nested(agent):
+                            return await _run_in(span, agent, plan, model, sink, seen, held)
                     except BaseException as error:  # failed, cancelled or past its deadline
                         span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
                         if not runs:
@@ -291,6 +300,36 @@ async def run(
                             # a nested run's error ends this run too: this run's usage
                             error.run_usage = runs[0].usage
                         raise
+
+
+@contextmanager
+def _nested(agent: Agent) -> Iterator[None]:
+    """Count the run among the runs nested in each other, refusing it past
+    ``MAX_NESTED_RUNS`` (before it holds a session or calls its model)."""
+    going = tuple(run for run in _NESTING.get() if run.going)
+    if len(going) >= MAX_NESTED_RUNS:
+        raise LimitExceededError(
+            f"{agent.name}: a run started inside {MAX_NESTED_RUNS} runs nested in each other "
+            "(a tool that runs its agent again, without end?); runs nest "
+            f"{MAX_NESTED_RUNS} deep at most",
+            limit="nested_runs",
+            value=MAX_NESTED_RUNS,
+        )
+    this = _Going()
+    nesting = _NESTING.set((*going, this))
+    try:
+        yield
+    finally:
+        this.going = False
+        _NESTING.reset(nesting)
+
+
+@define
+class _Going:
+    """Whether a run is still going (a run started from a task its tool left behind
+    once it is over is not nested in it)."""
+
+    going: bool = True
 
 
 async def _run_in(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
+import random
 import signal
 import subprocess
 import sys
@@ -14,6 +16,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import attrs
 import pytest
 
@@ -44,7 +48,7 @@ from littleghost.errors import (
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
 from littleghost.models.streaming import StreamDone
-from littleghost.runner import WITHHELD_TEXT
+from littleghost.runner import MAX_NESTED_RUNS, WITHHELD_TEXT
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -774,3 +778,76 @@ async def test_run_sync_inside_an_event_loop_says_to_await_run() -> None:
     ):
         agent.run_sync("hi")
     assert (await agent.run("hi")).output == "ok"
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_an_agent_whose_tool_runs_it_again_stops_at_the_nesting_limit(seed: int) -> None:
+    """A model that always has the agent's tool run the agent again, each level by
+    ``run()`` or ``stream()`` (with a session or not) or ``run_sync()`` from a sync tool:
+    the run nested past ``MAX_NESTED_RUNS`` raises ``LimitExceededError`` before it calls
+    its model, which its caller's tool answers; every level ends."""
+    rng = random.Random(seed)
+    levels: list[int] = []
+    limits: list[tuple[str | None, int | None]] = []
+    sessions = itertools.count()
+
+    def steps(level: int) -> list[Any]:
+        return [tool_call_response("again", {"level": level}), text_response("done")]
+
+    class Recursive(Agent):
+        @tool
+        async def again(self, level: int) -> str:
+            """Ask the agent again."""
+            levels.append(level)
+            if level > 3 * MAX_NESTED_RUNS:  # so the test fails, never runs for ever
+                return "too deep"
+            try:
+                return await ask(level + 1)
+            except LimitExceededError as error:
+                limits.append((error.limit, error.value))
+                raise
+
+    async def ask(level: int) -> str:
+        how = rng.choice(["run", "session", "stream", "sync"])
+        nested = Recursive(model=ScriptedModel(steps(level)))
+        if how == "sync":
+            result = await anyio.to_thread.run_sync(nested.run_sync, "again")
+            return result.output
+        session_id = f"s{next(sessions)}" if how == "session" else None
+        if how == "stream":
+            async with nested.stream("again") as events:
+                async for _ in events:
+                    pass
+            return events.result.output
+        return (await nested.run("again", session_id=session_id)).output
+
+    result = await Recursive(model=ScriptedModel(steps(1))).run("go")
+    assert result.output == "done"
+    assert max(levels) == MAX_NESTED_RUNS
+    assert limits == [("nested_runs", MAX_NESTED_RUNS)]
+
+
+async def test_runs_a_tool_leaves_to_start_after_it_are_not_nested_in_it() -> None:
+    """A tool that has a task group outside its run start the agent's next run, and
+    returns: a chain of more runs than ``MAX_NESTED_RUNS``, each started from the one
+    before but after it ended, all run."""
+    ran: list[int] = []
+
+    async with anyio.create_task_group() as group:
+
+        class FollowUp(Agent):
+            @tool
+            async def schedule(self, number: int) -> str:
+                """Schedule the next run."""
+                ran.append(number)
+                if number < MAX_NESTED_RUNS + 8:
+                    group.start_soon(start, number + 1)
+                return "scheduled"
+
+        async def start(number: int) -> None:
+            await anyio.sleep(0.001)  # once the run that started it has ended
+            steps = [tool_call_response("schedule", {"number": number}), text_response("ok")]
+            await FollowUp(model=ScriptedModel(steps)).run("next")
+
+        group.start_soon(start, 1)
+    assert ran == list(range(1, MAX_NESTED_RUNS + 9))
