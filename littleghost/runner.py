@@ -35,6 +35,7 @@ from littleghost.cleanup import (
     Grace,
     cancellation_turned_into,
     cancelled_here,
+    enclosing_graces,
     fatal,
     go_on_if_turned,
     holding,
@@ -346,7 +347,10 @@ async def _run_in(
     end = _deadline(plan.timeout, plan.deadline)
     output = plan_output(plan.output, agent.output_strategy, model)
     store = agent.session_store
-    stop = min(end, anyio.current_effective_deadline())  # the caller's deadline counts too
+    caller = anyio.current_effective_deadline()
+    stop = min(end, caller)  # the caller's deadline counts too
+    outer = (g.run_deadline for g in enclosing_graces() if g.run_deadline is not None)
+    bound = min([end, *(d for d in outer if d >= caller)])  # runs whose scope is around it
     grace = Grace(
         agent.cleanup_grace,
         None if math.isinf(stop) else stop,
@@ -359,7 +363,7 @@ async def _run_in(
         agent,
         model,
         plan.settings,
-        grace.earliest_deadline(),  # a run it was started in (from a tool) stops it too
+        None if math.isinf(bound) else bound,  # a run it is nested in stops it too
         agent.max_retries,
         agent.capture_content,
         session_id,

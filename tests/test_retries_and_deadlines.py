@@ -890,3 +890,29 @@ async def test_a_nested_runs_deadline_error_names_its_own_deadline() -> None:
     await Outer(model=ScriptedModel(steps)).run("go", timeout=60)
     own, outer = deadlines
     assert own is not None and outer is not None and own < outer - 50
+
+
+async def test_a_run_a_tool_leaves_to_start_after_it_has_none_of_its_deadline() -> None:
+    """A run started in a task a tool left behind (a task group outside its run), once
+    that run has ended, is not stopped by its deadline: its ``context.deadline`` is its
+    own (``None`` without one)."""
+    seen: list[float | None] = []
+
+    async with anyio.create_task_group() as group:
+
+        class FollowUp(Agent):
+            @tool
+            async def schedule(self, context: RunContext, last: bool) -> str:
+                """Schedule the next run."""
+                seen.append(context.deadline)
+                if not last:
+                    group.start_soon(start, True)
+                return "scheduled"
+
+        async def start(last: bool) -> None:
+            await anyio.sleep(0.001)  # once the run that started it has ended
+            steps = [tool_call_response("schedule", {"last": last}), text_response("ok")]
+            await FollowUp(model=ScriptedModel(steps)).run("next", timeout=None if last else 60)
+
+        group.start_soon(start, False)
+    assert seen[0] is not None and seen[1] is None
