@@ -168,13 +168,7 @@ def well_formed(text: str) -> str:
     reads a file name) made U+FFFD, and a pair written as two surrogates joined: no
     UTF-8 can carry a lone one, so no provider request, store or exporter could, and a
     stored pair reads back joined."""
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
+    return _surrogates(text, lone="replace")
 
 
 def joined_pairs(text: str) -> str:
@@ -182,12 +176,18 @@ def joined_pairs(text: str) -> str:
     as JSON text reads it back (a message's id or metadata, which no provider is sent,
     keeps a file name's byte that is not UTF-8 exactly, and reads back from a store
     equal)."""
+    return _surrogates(text, lone="surrogatepass")
+
+
+def _surrogates(text: str, *, lone: str) -> str:
+    """``text`` with its pairs of surrogates joined and its lone ones decoded by the
+    ``lone`` error handler (``text`` itself when UTF-8 carries it)."""
     if text.isascii():
         return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", lone)
     return text
 
 

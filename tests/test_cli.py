@@ -993,26 +993,15 @@ class TestExport:
         in_store(store_url, lambda store: store.append("long", many))
         out = ok("sessions", "export", "long", "--store", store_url).stdout
         assert tuple(message_from_json(line) for line in out.splitlines()) == tuple(many)
-        command = [sys.executable, "-m", "littleghost", "sessions", "export", "long"]
-        environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-        for meanwhile in ("append", "delete"):
-            with subprocess.Popen(
-                [*command, "--store", store_url],
-                cwd=ROOT,
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            ) as process:
-                assert process.stdout is not None and process.stderr is not None
-                first = process.stdout.readline()  # it waits on the full pipe, in page 1
-                if meanwhile == "append":
-                    in_store(store_url, lambda store: store.append("long", [Message.user("new")]))
-                else:
-                    in_store(store_url, lambda store: store.delete("long"))
-                lines = [first, *process.stdout]
-                said = process.stderr.read()
-                code = process.wait(timeout=120)
+
+        async def append(store: Any) -> None:
+            await store.append("long", [Message.user("new")])
+
+        async def delete(store: Any) -> None:
+            await store.delete("long")
+
+        for meanwhile, work in (("append", append), ("delete", delete)):
+            code, said, lines = export_long_while(store_url, work)
             if meanwhile == "append":
                 assert (code, said) == (0, "")
                 assert tuple(message_from_json(line) for line in lines) == tuple(many)
@@ -1038,27 +1027,34 @@ class TestExport:
             await store.delete("long")
             await store.append("long", other)
 
-        command = [sys.executable, "-m", "littleghost", "sessions", "export", "long"]
-        with subprocess.Popen(
-            [*command, "--store", store_url],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as process:
-            assert process.stdout is not None and process.stderr is not None
-            first = process.stdout.readline()  # it waits on the full pipe, in page 1
-            in_store(store_url, anew)
-            lines = [first, *process.stdout]
-            said = process.stderr.read()
-            code = process.wait(timeout=120)
+        code, said, lines = export_long_while(store_url, anew)
         assert code == 1 and len(lines) == PAGE
         assert tuple(message_from_json(line) for line in lines) == tuple(many[:PAGE])
         assert said == (
             "Error: session 'long' was deleted as it was being exported: "
             f"{PAGE} of its {length} messages were written\n"
         )
+
+
+def export_long_while(store_url: str, work: Any) -> tuple[int, str, list[str]]:
+    """Export the session ``long``, doing ``work`` on the store (``in_store``) once its
+    first line is out, while it waits on the full pipe in its first page: its exit code,
+    what it said on stderr and the lines it wrote."""
+    command = [sys.executable, "-m", "littleghost", "sessions", "export", "long"]
+    with subprocess.Popen(
+        [*command, "--store", store_url],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        first = process.stdout.readline()
+        in_store(store_url, work)
+        lines = [first, *process.stdout]
+        said = process.stderr.read()
+        return process.wait(timeout=120), said, lines
 
 
 @contextmanager
