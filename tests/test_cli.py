@@ -1080,12 +1080,28 @@ def held(url: str, session_id: str) -> Iterator[None]:
         thread.join(60)
 
 
-def started(*args: str, **options: Any) -> subprocess.Popen[bytes]:
-    """``python -m littleghost ...`` started in a process of its own, its output piped,
-    Ctrl-C (SIGINT) at its default, as a terminal's foreground job has it (a shell's
-    background job, which a CI run may be, starts its children ignoring it)."""
+SIGINT_ELSEWHERE = """
+import runpy, signal, sys, threading
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+sys.argv[0] = "littleghost"
+runpy.run_module("littleghost", run_name="__main__", alter_sys=True)
+"""
+"""``python -c`` code running the command as ``-m littleghost`` does, a Ctrl-C taken by
+another thread (an exporter's, say): it trips Python's handler, to be run by the main
+thread at its next step, but interrupts no read of the main thread's (the same state as
+a Ctrl-C that lands just before a read begins, which a loaded machine hits at times)."""
+
+
+def started(
+    *args: str, running: tuple[str, ...] = ("-m", "littleghost"), **options: Any
+) -> subprocess.Popen[bytes]:
+    """``python -m littleghost ...`` (or ``python RUNNING...``) started in a process of its
+    own, its output piped, Ctrl-C (SIGINT) at its default, as a terminal's foreground job
+    has it (a shell's background job, which a CI run may be, starts its children ignoring
+    it)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "littleghost", *args],
+        [sys.executable, *running, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": ""},
         stdout=subprocess.PIPE,
@@ -1189,11 +1205,14 @@ class TestDelete:
         )
         assert contents(store_url) == before
 
-    def asked(self, url: str, answer: bytes | None) -> tuple[int, str, str]:
-        """Run ``sessions delete other`` with standard input on a terminal; once it asks,
-        type ``answer`` (``None``: Ctrl-C)."""
+    def asked(
+        self, url: str, answer: bytes | None, running: tuple[str, ...] = ("-m", "littleghost")
+    ) -> tuple[int, str, str]:
+        """Run ``sessions delete other`` (by ``running``) with standard input on a terminal;
+        once it asks, type ``answer`` (``None``: Ctrl-C)."""
         master, slave = pty.openpty()
-        with started("sessions", "delete", "other", "--store", url, stdin=slave) as process:
+        command = ("sessions", "delete", "other", "--store", url)
+        with started(*command, running=running, stdin=slave) as process:
             os.close(slave)
             try:
                 asked = read_until(process, b"? [y/N]: ")
@@ -1233,10 +1252,17 @@ class TestDelete:
         assert err.endswith("? [y/N]: Error: not deleted: the answer was not yes\n")
         assert contents(url) == before
 
-    def test_ctrl_c_at_the_question_exits_130_and_deletes_nothing(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(
+        "running",
+        [("-m", "littleghost"), ("-c", SIGINT_ELSEWHERE)],
+        ids=["main-thread", "another-thread"],
+    )
+    def test_ctrl_c_at_the_question_exits_130_and_deletes_nothing(
+        self, tmp_path: Path, running: tuple[str, ...]
+    ) -> None:
         url = TestProcess.filled(tmp_path)
         before = contents(url)
-        code, out, err = self.asked(url, None)
+        code, out, err = self.asked(url, None, running)
         assert (code, out) == (130, "")
         assert err.endswith("? [y/N]: \nInterrupted\n")
         assert contents(url) == before

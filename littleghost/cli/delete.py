@@ -4,12 +4,14 @@ run holds it, after the operator confirmed it."""
 from __future__ import annotations
 
 import os
+import select
 import sys
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
+from littleghost.blocking import WAKE
 from littleghost.cli.holding import held
 from littleghost.cli.output import Output, clock, moment, shown
 from littleghost.cli.stores import StoreAddress
@@ -72,12 +74,27 @@ def confirm(session: str) -> None:
         )
     try:  # a Ctrl-C as the question is being written ends its line too
         click.echo(f"Delete {session}? [y/N]: ", nl=False, err=True)
-        answer = sys.stdin.readline()
+        answer = _line_read(sys.stdin)
     except KeyboardInterrupt:
         click.echo(err=True)  # "Interrupted" on a line of its own
         raise
     if answer.strip().lower() not in ("y", "yes"):
         raise click.ClickException("not deleted: the answer was not yes")
+
+
+def _line_read(terminal: TextIO) -> str:
+    """A line typed on ``terminal``, waited for ``WAKE`` seconds at a time where the
+    system can wait on it: a Ctrl-C landing just before the read begins, or taken by
+    another thread, interrupts no read, and its handler runs only at Python's next step
+    (a plain read would wait for Enter)."""
+    try:
+        descriptor = terminal.fileno()
+    except (AttributeError, OSError, ValueError):
+        descriptor = -1
+    if descriptor >= 0 and os.name == "posix":
+        while not select.select([descriptor], [], [], WAKE)[0]:
+            pass
+    return terminal.readline()
 
 
 async def delete_document(address: StoreAddress, session_id: str) -> dict[str, Any]:
