@@ -10,6 +10,7 @@ import random
 import shutil
 import sqlite3
 import stat
+import string
 import subprocess
 import sys
 import textwrap
@@ -365,6 +366,57 @@ class TestFile:
     def test_arguments_are_checked(self, options: dict[str, object], named: str) -> None:
         with pytest.raises(ConfigurationError, match=named):
             SQLiteSessionStore(**options)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        ("url", "instead"),
+        [
+            ("sqlite:///sessions.db", "SQLiteSessionStore('sessions.db')"),
+            ("sqlite:////var/lib/app.db", "SQLiteSessionStore('/var/lib/app.db')"),
+            ("SQLite:sessions.db", "SQLiteSessionStore('sessions.db')"),
+            ("sqlite://", "--store form)"),
+            ("postgresql://app:s3cret@db/app", "goes to PostgresSessionStore)"),
+        ],
+    )
+    def test_a_url_is_refused_as_the_store_is_made(
+        self, url: str, instead: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The command line's ``sqlite:///path.db`` was a file of that name: the first
+        write failed on a directory ``sqlite:`` (``sqlite:x.db`` made the file)."""
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ConfigurationError, match=r"not (a|the) URL") as caught:
+            SQLiteSessionStore(Path(url) if url.startswith("SQLite:") else url)
+        assert str(caught.value).endswith(instead) and "s3cret" not in str(caught.value)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_any_url_is_refused_and_any_plain_path_taken(self) -> None:
+        """Random schemes before ``://`` (never quoted: a password may follow), and
+        ``sqlite:`` in any case, are refused; random names without a colon, and with one
+        after a letter alone (a drive), are paths."""
+        draw = random.Random(7)
+        letters = string.ascii_letters
+        for _ in range(500):
+            scheme = draw.choice(letters) + "".join(
+                draw.choices(letters + string.digits + "+.-", k=draw.randint(1, 9))
+            )
+            rest = "".join(draw.choices(string.printable, k=12))
+            with pytest.raises(ConfigurationError) as caught:
+                SQLiteSessionStore(f"{scheme}://{rest}")
+            assert rest not in str(caught.value) or not rest.strip()
+            sqlite = "".join(draw.choice((c.lower(), c.upper())) for c in "sqlite")
+            with pytest.raises(ConfigurationError, match=r"--store form\)"):
+                SQLiteSessionStore(f"{sqlite}:{'/' * draw.randint(0, 4)}s.db")
+            name = "".join(draw.choices(letters + string.digits + "._-/ ", k=draw.randint(1, 20)))
+            for path in (name, f"{draw.choice(letters)}:{name}", f"./{scheme}://{name}"):
+                assert SQLiteSessionStore(path).path == path
+
+    @pytest.mark.parametrize("path", ["c:s.db", "sqlite3.db", "./sqlite:s.db", "file:s.db"])
+    async def test_a_path_that_only_looks_like_a_url_is_a_file(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.chdir(tmp_path)
+        async with SQLiteSessionStore(path) as store:
+            await store.append("s", [Message.user("x")])
+        assert (tmp_path / path).is_file()
 
     async def test_a_missing_directory_is_a_store_error(self, tmp_path: Path) -> None:
         store = SQLiteSessionStore(tmp_path / "missing" / "s.db")

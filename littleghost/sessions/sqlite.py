@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sqlite3
 import stat
 import threading
@@ -140,6 +141,34 @@ def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
         return SessionLocks(), None
     key = os.path.realpath(path)
     return shared_locks(("sqlite", key)), lock_file(key + _LOCK_FILE_SUFFIX, key)
+
+
+_URL = re.compile(r"(?i)sqlite:|[a-z][a-z0-9+.-]+://")
+"""How a URL given for a file begins: ``sqlite:``, or a scheme (two or more characters:
+``C:`` is a drive) and ``://``."""
+
+
+def _check_not_a_url(path: str) -> None:
+    """Refuse a URL given as the path: ``sqlite:///app.db`` (the command line's
+    ``--store``) would name a file in a directory ``sqlite:`` there is not.
+
+    Raises:
+        ConfigurationError: ``path`` begins as a URL does.
+    """
+    if _URL.match(path) is None:
+        return
+    if path[:7].lower() != "sqlite:":  # not quoted: a PostgreSQL URL may hold a password
+        raise ConfigurationError(
+            "SQLiteSessionStore: path must be a file's path, not a URL (a PostgreSQL URL "
+            "goes to PostgresSessionStore)"
+        )
+    rest = path[7:]
+    file = rest[3:] if rest.startswith("///") else rest.lstrip("/")
+    instead = f": SQLiteSessionStore({file!r})" if file else ""
+    raise ConfigurationError(
+        f"SQLiteSessionStore: path must be a file's path, not the URL {path!r} (sqlite:/// is "
+        f"the command line's --store form){instead}"
+    )
 
 
 def _private(path: str) -> bool:
@@ -325,7 +354,8 @@ class SQLiteSessionStore:
     file was removed and another process ran the session, or it was deleted meanwhile).
 
     Args:
-        path: The database file (``":memory:"`` for a private in-memory database).
+        path: The database file (``":memory:"`` for a private in-memory database), not
+            a URL: ``sqlite:///app.db``, the command line's ``--store``, is an error.
         timeout: Seconds to wait for another connection's write to finish (> 0); a call
             waits at most until the caller's deadline
             (``anyio.current_effective_deadline()``) when that comes sooner. A cancelled
@@ -354,6 +384,7 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must not hold a NUL character, not {os.fspath(path)!r}"
             )
+        _check_not_a_url(os.fspath(path))
         if not isinstance(read_only, bool):
             raise ConfigurationError(
                 f"SQLiteSessionStore: read_only must be True or False, not {safe_repr(read_only)}"
