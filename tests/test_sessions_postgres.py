@@ -193,6 +193,27 @@ class TestSchema:
                 PostgresSessionStore(conninfo)
             assert "s3cr" not in str(caught.value)
 
+    @pytest.mark.parametrize(
+        "conninfo",
+        [
+            "postgresql://app:s3cr%zzet@127.0.0.1:1/none",  # a password with a bare %
+            "postgresql://app:s3cret@[::1:1/none",  # libpq quotes the whole URL
+            "host=127.0.0.1 port=1 password=s3cret user",  # and the word after a password
+            "dbname=app s3cret=x",  # an option libpq does not know
+            "sqlite:///s3cret.db",
+        ],
+    )
+    def test_a_connection_string_libpq_cannot_parse_is_refused_as_the_store_is_made(
+        self, conninfo: str
+    ) -> None:
+        """It was a ``SessionStoreError`` at the store's first call (a run's, say)."""
+        with pytest.raises(ConfigurationError) as caught:
+            PostgresSessionStore(conninfo)
+        said = str(caught.value)
+        assert said.startswith("PostgresSessionStore: the connection string is not a valid")
+        assert "s3cr" not in said and "app" not in said
+        assert said.endswith("SQLiteSessionStore(path)") == conninfo.startswith("sqlite:")
+
     @pytest.mark.parametrize("name", ["connect_timeout", "statement_timeout"])
     @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), True, "5", None])
     def test_timeouts_are_checked(self, name: str, value: object) -> None:

@@ -184,15 +184,17 @@ def check_conninfo(conninfo: object) -> str:
     return conninfo
 
 
-def _malformed(error: Exception) -> SessionStoreError:
-    """The error for a connection string libpq cannot parse, without the parts of it
+def _unparsable(error: Exception) -> str:
+    """What is wrong with a connection string libpq cannot parse, without the parts of it
     libpq quotes in its message (they may be the password)."""
     text = str(error).strip()
     reason = _QUOTED.sub(_hidden, text.splitlines()[0]) if text else type(error).__name__
-    return SessionStoreError(
-        f"PostgreSQL session store: the connection string is not a valid PostgreSQL URL or "
-        f"conninfo ({reason})"
-    )
+    return f"the connection string is not a valid PostgreSQL URL or conninfo ({reason})"
+
+
+def _malformed(error: Exception) -> SessionStoreError:
+    """The error for a connection string libpq could not parse as it connected."""
+    return SessionStoreError(f"PostgreSQL session store: {_unparsable(error)}")
 
 
 def _bare_at(conninfo: str) -> bool:
@@ -558,7 +560,8 @@ class PostgresSessionStore:
     never reused).
 
     Args:
-        conninfo: A libpq connection string or URI.
+        conninfo: A libpq connection string or URI; one libpq cannot parse is an error
+            as the store is made.
         max_connections: Connections kept for short operations (> 0); each running
             session holds one more while it runs.
         max_sessions: Sessions held at once (> 0), each by a run on a connection of its
@@ -596,11 +599,18 @@ class PostgresSessionStore:
     ) -> None:
         try:
             import psycopg
+            from psycopg.conninfo import conninfo_to_dict
         except ImportError:
             raise ConfigurationError(
                 "PostgresSessionStore needs psycopg 3: pip install 'littleghost[postgres]'"
             ) from None
         check_conninfo(conninfo)
+        try:
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as error:
+            sqlite = "; an SQLite file goes to SQLiteSessionStore(path)"
+            hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
+            raise ConfigurationError(f"PostgresSessionStore: {_unparsable(error)}{hint}") from None
         if (
             isinstance(max_connections, bool)
             or not isinstance(max_connections, int)
