@@ -315,7 +315,8 @@ def tool_calls_response(
     output_tokens: int = 0,
 ) -> ModelResponse:
     """A response that makes ``calls`` at once (parallel tool calls), after ``text`` if
-    any: each a ``ToolCall`` (its id chosen) or a ``(name, arguments)`` pair.
+    any: each an argument of its own, a ``ToolCall`` (its id chosen) or a ``(name,
+    arguments)`` pair.
 
     Raises:
         TypeError: A call of another kind, or ``text`` not a str.
@@ -327,12 +328,14 @@ def tool_calls_response(
         raise TypeError(f"tool_calls_response: text must be a str, not {type(text).__name__}")
     made = []
     for position, call in enumerate(calls):
-        if isinstance(call, tuple) and len(call) == 2:
+        if isinstance(call, tuple) and len(call) == 2 and isinstance(call[0], str):
             call = ToolCall(_call_id(), *call)
         if not isinstance(call, ToolCall):
+            one_list = len(calls) == 1 and isinstance(call, (list, tuple))
+            spread = " (give each call as an argument of its own: *calls)" if one_list else ""
             raise TypeError(
                 f"tool_calls_response: call {position} must be a ToolCall or a (name, "
-                f"arguments) pair, not {type(call).__name__}"
+                f"arguments) pair, not {type(call).__name__}{spread}"
             )
         made.append(call)
     return ModelResponse(

@@ -654,6 +654,9 @@ async def test_tool_calls_response_makes_parallel_calls_a_run_answers() -> None:
         (("lookup",), "", TypeError, r"call 0 must be a ToolCall or a \(name, arguments\) pair"),
         ((("lookup", {}), ("a", "b", "c")), "", TypeError, r"call 1 .*not tuple"),
         ((("lookup", {}),), None, TypeError, "text must be a str, not NoneType"),
+        (([("a", {}), ("b", {})],), "", TypeError, r"not list \(give each call as an argument"),
+        (((("a", {}), ("b", {})),), "", TypeError, r"not tuple \(give each call as an argument"),
+        ((["a", {}], ("b", {})), "", TypeError, r"not list$"),
     ],
 )
 def test_tool_calls_response_names_a_bad_call(
