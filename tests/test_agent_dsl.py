@@ -1534,6 +1534,30 @@ def test_a_provider_name_that_no_string_can_carry_is_rejected(name: Any) -> None
         register_provider(name, lambda model: ScriptedModel([]))
 
 
+async def _async_factory(model: str | None) -> ScriptedModel:
+    return ScriptedModel([])
+
+
+@pytest.mark.parametrize(
+    ("factory", "problem"),
+    [
+        (lambda: ScriptedModel([]), r"its signature \(\) does not \(too many positional"),
+        (lambda model, window: ScriptedModel([]), "missing a required argument: 'window'"),
+        (_async_factory, "is an async def: it must return the model itself"),
+    ],
+)
+def test_a_factory_that_cannot_take_the_model_part_is_refused_as_it_is_registered(
+    factory: Any, problem: str
+) -> None:
+    """It failed at the agent's first run, with the call's own ``TypeError`` from inside
+    the registry (or, an ``async def``, saying it returned no Model)."""
+    with pytest.raises(ConfigurationError, match=problem) as caught:
+        register_provider("slip", factory)
+    assert str(caught.value).startswith("register_provider: the factory for 'slip' ")
+    with pytest.raises(ConfigurationError, match="unknown provider 'slip'"):
+        Agent(model="slip:tiny").run_sync("hi")
+
+
 @functools.cache
 def rebuilt_agents() -> dict[str, type[Agent]]:
     """Agent classes that ``attrs.define`` and ``dataclass(slots=True)`` make anew from the

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 
 from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
+from littleghost.hooks import check_signature
 from littleghost.models.base import Model
 
 __all__ = ["ModelFactory", "is_local_model", "register_provider", "resolve"]
@@ -33,7 +35,12 @@ def register_provider(name: str, factory: ModelFactory) -> None:
     Args:
         name: The provider prefix: a non-empty str without ``:`` (case does not matter);
             registering an existing name replaces it.
-        factory: Called with the model part of the string (``None`` for a bare ``name``).
+        factory: Called with the model part of the string (``None`` for a bare ``name``)
+            when an agent first needs the model; it returns the model.
+
+    Raises:
+        ConfigurationError: ``name`` cannot be a prefix, or ``factory`` cannot take the
+            model part (or is an ``async def``).
     """
     if not isinstance(name, str) or not name or ":" in name:
         raise ConfigurationError(
@@ -41,6 +48,12 @@ def register_provider(name: str, factory: ModelFactory) -> None:
         )
     if not callable(factory):
         raise ConfigurationError(f"register_provider: factory for {name!r} must be callable")
+    what = f"register_provider: the factory for {name!r}"
+    if inspect.iscoroutinefunction(factory):
+        raise ConfigurationError(f"{what} is an async def: it must return the model itself")
+    check_signature(
+        what, factory, "the model part of a string (None for a bare name)", 1, context=False
+    )
     _registry[name.lower()] = factory
 
 
