@@ -34,7 +34,7 @@ from littleghost.hooks import (
     hook_kind,
 )
 from littleghost.messages import Message
-from littleghost.models.base import Model, ToolSpec
+from littleghost.models.base import Model, ToolSpec, model_shortfall
 from littleghost.models.registry import is_local_model, resolve, split_model_string
 from littleghost.output import (
     OutputType,
@@ -91,7 +91,7 @@ def _model(name: str, value: object) -> str | Model | None:
         return value
     raise ConfigurationError(
         f"{name} must be a 'provider:model' string or a Model instance, "
-        f"not {wrong_value(value, lambda v: type(v).__name__)}"
+        f"not {wrong_value(value, lambda v: type(v).__name__)}{model_shortfall(value)}"
     )
 
 

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import itertools
 import math
 import re
 import time
@@ -1532,6 +1533,32 @@ def test_a_provider_name_that_no_string_can_carry_is_rejected(name: Any) -> None
         ConfigurationError, match=r"register_provider: name must be a non-empty str without ':'"
     ):
         register_provider(name, lambda model: ScriptedModel([]))
+
+
+MEMBERS = {
+    "name": "mine",
+    "provider": "mine",
+    "context_window": None,
+    "respond": lambda self, request: text_response("ok"),
+}
+
+
+@pytest.mark.parametrize(
+    "has",
+    [kept for size in range(1, 4) for kept in itertools.combinations(MEMBERS, size)],
+    ids=lambda kept: "+".join(kept),
+)
+def test_a_model_of_your_own_that_lacks_a_member_is_told_which(has: tuple[str, ...]) -> None:
+    """It was ``not Mine``, nothing more, whether declared or given to the constructor."""
+    mine = type("Mine", (), {member: MEMBERS[member] for member in has})()
+    lacks = ", ".join(member for member in MEMBERS if member not in has)
+    told = rf"not Mine \(a Model has name, .*; it has no {lacks}\)$"
+    with pytest.raises(ConfigurationError, match=told):
+        type("Own", (Agent,), {"model": mine})
+    with pytest.raises(ConfigurationError, match=told):
+        Agent(model=mine)
+    with pytest.raises(ConfigurationError, match=r"not int$"):
+        Agent(model=3)  # type: ignore[arg-type]
 
 
 async def _async_factory(model: str | None) -> ScriptedModel:

@@ -38,6 +38,7 @@ __all__ = [
     "bill",
     "billed",
     "capped",
+    "model_shortfall",
     "prepare",
     "report_usage",
     "reports",
@@ -531,6 +532,22 @@ class Model(Protocol):
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request."""
         ...
+
+
+MODEL_MEMBERS = ("name", "provider", "context_window", "respond")
+"""What the ``Model`` protocol asks of a model."""
+
+
+def model_shortfall(value: object) -> str:
+    """What ``value``, an object that is not a ``Model``, lacks of one, worded for an
+    error: ``""`` unless it has some of ``MODEL_MEMBERS`` (a model of the user's)."""
+    missing = [member for member in MODEL_MEMBERS if not hasattr(value, member)]
+    if isinstance(value, type) or len(missing) == len(MODEL_MEMBERS):
+        return ""
+    return (
+        f" (a Model has name, provider, context_window (None when unknown) and async "
+        f"respond(request); it has no {', '.join(missing)})"
+    )
 
 
 def capped(settings: Mapping[str, Any], model: object) -> Mapping[str, Any]:
