@@ -204,6 +204,29 @@ class TestList:
         in_store(url, lambda store: store.list_sessions())
         assert json.loads(ok("sessions", "list", "--store", url, "--json").stdout) == []
 
+    def test_an_absolute_path_written_with_three_slashes_says_to_write_four(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``sqlite:///tmp/app.db`` is ``tmp/app.db`` in the current directory: where
+        that is not there and ``/tmp/app.db`` is, the command said only that there was
+        no store at ``tmp/app.db``."""
+        absolute = tmp_path / "sessions.db"
+        fill(f"sqlite:///{absolute}")
+        monkeypatch.chdir(tmp_path)
+        three = f"sqlite:///{str(absolute).lstrip('/')}"
+        line = fails(2, "sessions", "list", "--store", three)
+        assert line.endswith(
+            f"there is no {str(absolute).lstrip('/')} in the current directory; for "
+            f"{absolute} write four slashes: sqlite:///{absolute}"
+        )
+        monkeypatch.setenv("LITTLEGHOST_STORE", three)
+        assert fails(2, "sessions", "show", "customer-42") == line
+        relative = tmp_path / str(absolute).lstrip("/")  # there: the one meant
+        relative.parent.mkdir(parents=True)
+        in_store(f"sqlite:///{relative}", lambda store: store.list_sessions())
+        assert relative.is_file()
+        assert json.loads(ok("sessions", "list", "--json").stdout) == []
+
 
 class TestUntrustedText:
     """Stored content and session ids come from models, tools and users: printed, they

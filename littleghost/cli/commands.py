@@ -239,7 +239,10 @@ store_option = click.option(
     show_envvar=True,
     metavar="URL",
     callback=lambda context, parameter, value: store_address(value),
-    help="sqlite:///path.db, or a PostgreSQL URL (postgresql://...) or conninfo.",
+    help=(
+        "sqlite:///path.db (sqlite:////var/app.db for an absolute path), or a PostgreSQL "
+        "URL (postgresql://...) or conninfo."
+    ),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal, Protocol
@@ -77,6 +78,21 @@ class StoreAddress:
         return log
 
 
+def _check_absolute_not_meant(path: str) -> None:
+    """Refuse a relative ``path`` that is not there when the absolute one is: three
+    slashes where an absolute path takes four (``sqlite:///var/app.db``).
+
+    Raises:
+        click.BadParameter: ``path`` is such a path.
+    """
+    absolute = "/" + path
+    if not os.path.isabs(path) and not os.path.lexists(path) and os.path.exists(absolute):
+        raise click.BadParameter(
+            f"there is no {path} in the current directory; for {absolute} write four "
+            f"slashes: {SQLITE_PREFIX}{absolute}"
+        )
+
+
 def store_address(text: str) -> StoreAddress:
     """``sqlite:///path.db``, or a PostgreSQL URL (``postgresql://...``) or conninfo
     (``host=... dbname=...``) that libpq can take whole (``check_conninfo``).
@@ -88,6 +104,7 @@ def store_address(text: str) -> StoreAddress:
     if text.startswith(SQLITE_PREFIX):
         path = text[len(SQLITE_PREFIX) :]
         if path and path != ":memory:":
+            _check_absolute_not_meant(path)
             return StoreAddress("sqlite", path)
     elif text.startswith(_POSTGRES_PREFIXES) or "=" in text:
         try:
