@@ -398,6 +398,7 @@ def _check_member_names(classes: Iterable[type]) -> None:
 _MEANT = {
     "hooks": "hooks are methods decorated with " + ", ".join(f"@{kind}" for kind in HOOK_KINDS),
     "output": "the answer's type is declared as output_type",
+    "name": "the agent's name as telemetry reports it is a str: name = 'support'",
 }
 """What a class body most likely meant by a value in the place of these Agent members."""
 
@@ -760,12 +761,19 @@ class Agent:
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
-        so does a hook or ``@tool`` method's name (bound as the agent is made), and the
-        name of what the agent works out from its knobs (``output``, ``tool_specs``)."""
+        so does a hook or ``@tool`` method's name (bound as the agent is made), the
+        name of what the agent works out from its knobs (``output``, ``tool_specs``), and
+        ``name`` (telemetry's, from the class)."""
         if name in _WORKED_OUT and inspect.getattr_static(type(self), name) is _WORKED_OUT[name]:
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} would replace Agent.{name}, which every run "
                 "reads: give the attribute another name"
+            )
+        if name == "name" and inspect.getattr_static(type(self), name) is _AGENT_NAME:
+            raise ConfigurationError(
+                f"{type(self).__name__}.name is the agent's name as telemetry reports it (its "
+                "class name, or a str the class declares: name = 'support'); it cannot be set "
+                "on an agent: give the attribute another name"
             )
         made = "_models" in vars(self)
         if made and any(entry.method == name for entry in hook_plan(type(self))):
@@ -1213,3 +1221,5 @@ _WORKED_OUT = {
     if isinstance(value, functools.cached_property)
 }
 """What an agent works out from its knobs, which an attribute of its own must not replace."""
+_AGENT_NAME = vars(Agent)["name"]
+"""The property that names an agent after its class, unless the class declares a name."""

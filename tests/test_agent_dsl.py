@@ -1044,6 +1044,7 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
         "hooks": "(hooks are methods decorated with @before_model, @after_model, "
         "@after_model_error, @before_tool, @after_tool)",
         "output": "(the answer's type is declared as output_type)",
+        "name": "(the agent's name as telemetry reports it is a str: name = 'support')",
     }
     assert str(failed.value).endswith(meant.get(member, "give the attribute another name"))
 
@@ -1055,6 +1056,30 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
 
     assert Overriding().run_settings() == {"temperature": 0}
     assert Overriding().name == "support-bot"
+
+
+def test_a_name_set_on_an_agent_fails_saying_what_name_is() -> None:
+    """``self.name = customer`` in an ``__init__`` (the agent's name is telemetry's) was
+    Python's ``AttributeError`` from inside ``Agent.__setattr__`` ("property 'name' ...
+    has no setter"), before or after Agent's own; on a made agent too."""
+
+    class Named(Agent):
+        model = ScriptedModel([text_response("ok")])
+
+        def __init__(self, customer: str, *, early: bool) -> None:
+            if early:
+                self.name = customer
+            super().__init__()
+            self.name = customer
+
+    told = re.escape("Named.name is the agent's name as telemetry reports it (its class name")
+    for early in (True, False):
+        with pytest.raises(ConfigurationError, match=told):
+            Named("Ada", early=early)
+    made = Agent()
+    with pytest.raises(ConfigurationError, match=r"Agent\.name is the agent.s name"):
+        made.name = "Ada"
+    assert made.name == "Agent"
 
 
 @pytest.mark.parametrize("member", ["output", "tool_specs"])
