@@ -269,6 +269,8 @@ def _role(value: object) -> Role:
     except ValueError:
         roles = ", ".join(role.value for role in Role)
         shown = type(value).__name__  # not the value: text given in its place is content
+        if isinstance(value, str) and value.strip().lower() in {role.value for role in Role}:
+            shown = f"{value!r} (a role is written in lower case, without spaces)"
         raise TypeError(f"Message.role must be one of {roles}, not {shown}") from None
 
 

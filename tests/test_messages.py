@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import pickle
+import re
 from typing import Any
 
 import anyio
@@ -336,6 +337,19 @@ def test_message_values_reject_wrong_types(build: Any, names: str) -> None:
     """Wrong types to message and part constructors raise TypeError naming the field."""
     with pytest.raises(TypeError, match=names):
         build()
+
+
+@pytest.mark.parametrize("role", [*Role])
+def test_a_role_in_another_case_is_named_and_other_text_is_not(role: Role) -> None:
+    """``Message("User", ...)`` said only ``not str``: a role in another case, or with
+    spaces, is shown, saying roles are lower case; other text stays unshown (content)."""
+    for written in (role.value.upper(), role.value.title(), f" {role.value}\n"):
+        told = f"not {written!r} (a role is written in lower case, without spaces)"
+        with pytest.raises(TypeError, match=re.escape(told) + "$"):
+            Message(written, "hi")  # type: ignore[arg-type]
+    secret = f"{role.value} s3cret"
+    with pytest.raises(TypeError, match=r"tool, not str$"):
+        Message(secret, "hi")  # type: ignore[arg-type]
 
 
 def test_usage_adds_up() -> None:
