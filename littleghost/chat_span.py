@@ -11,9 +11,16 @@ from opentelemetry.trace import SpanKind
 
 from littleghost import telemetry
 from littleghost.errors import ProtocolError
+from littleghost.messages import Message
 from littleghost.models.base import Model, ModelRequest, ModelResponse, bill, reports
 
 __all__ = ["traced_call"]
+
+_WRAPPED = {
+    Message: " (wrap the message: ModelResponse(message, stop_reason, usage))",
+    str: " (wrap the text: ModelResponse(Message.assistant(text), stop_reason, usage))",
+}
+"""What a model of your own returning an answer's message or text is told to return."""
 
 
 def _no_gaps() -> Sequence[float]:
@@ -83,7 +90,8 @@ async def traced_call(
             response = await respond()
             if not isinstance(response, ModelResponse):
                 raise ProtocolError(
-                    f"model {model.name!r} returned {type(response).__name__}, not a ModelResponse"
+                    f"model {model.name!r} returned {type(response).__name__}, not a "
+                    f"ModelResponse{_WRAPPED.get(type(response), '')}"
                 )
         except BaseException as error:  # failed, cancelled or cut off: no answer
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)

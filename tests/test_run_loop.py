@@ -672,6 +672,30 @@ async def test_a_model_returning_junk_raises_protocol_error() -> None:
         await Counter(model=Junk()).run("hi")
 
 
+async def _answered(answer: object) -> object:
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "told"),
+    [
+        (Message.assistant("hi"), "(wrap the message: ModelResponse(message, stop_reason, usage))"),
+        ("hi", "(wrap the text: ModelResponse(Message.assistant(text), stop_reason, usage))"),
+        ({"text": "hi"}, "returned dict, not a ModelResponse"),
+    ],
+)
+async def test_a_model_returning_its_answer_unwrapped_is_told_to_wrap_it(
+    answer: object, told: str
+) -> None:
+    """A model of your own that returns the answer's message or text (a natural first
+    draft) was told only ``returned Message, not a ModelResponse``."""
+    model = Junk()
+    model.respond = lambda request: _answered(answer)  # type: ignore[method-assign]
+    with pytest.raises(ProtocolError) as caught:
+        await Counter(model=model).run("hi")
+    assert str(caught.value).endswith(told)
+
+
 class Blocking:
     """A model whose respond is a plain def, as a newcomer may write one."""
 
