@@ -139,6 +139,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
     SessionStoreError,
+    UnknownSessionError,
 )
 from littleghost.events import ToolCallFinished
 from littleghost.models import ModelRequest, ModelResponse, StopReason, register_provider
@@ -1591,7 +1592,7 @@ async def _beside(
 ) -> None:
     """A fault-free run, or ``compact_session``, of the faulty run's session, started
     beside it: it waits for the session and never fails (but at its deadline, or with
-    nothing to compact), ends within its deadline (and the run's grace), and what it asks
+    nothing to compact, or no session yet), ends within its deadline (and the run's grace), and what it asks
     its store to append is in ``others``."""
     await anyio.sleep(extras.delay)
     recorded = Chaos(random.Random(0))
@@ -1607,8 +1608,8 @@ async def _beside(
         with anyio.move_on_after(stop if stop is not None else math.inf):
             try:
                 await compact_session(store, session_id, strategy)
-            except CompactionError:
-                pass
+            except (CompactionError, UnknownSessionError):
+                pass  # nothing to compact, or no session yet: the run had written nothing
             except Exception as error:
                 problems.append(f"compact_session beside the run failed: {error!r}")
         late = time.monotonic() - began - (stop or math.inf)

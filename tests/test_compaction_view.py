@@ -38,6 +38,7 @@ from littleghost.errors import (
     InvalidRequestError,
     OutputLimitError,
     ProtocolError,
+    UnknownSessionError,
 )
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import ModelResponse, StopReason
@@ -410,6 +411,19 @@ async def test_compact_session_appends_records_and_keeps_the_originals() -> None
     assert stored[: len(log)] == tuple(log) and stored[len(log) :] == records
     assert build_view(stored) == (log[0], *log[-3:])
     assert await compact_session(store, "s1", Truncation(minimum_preserved=2)) == ()
+
+
+async def test_compact_session_of_a_session_the_store_does_not_have_says_so() -> None:
+    """A misspelt id returned no records, as a session with nothing to compact does; the
+    store is left as it was, and the session free for a run."""
+    store = InMemorySessionStore()
+    await store.append("customer-42", conversation(5))
+    with pytest.raises(UnknownSessionError, match="no session 'customer-24'") as caught:
+        await compact_session(store, "customer-24", Truncation(minimum_preserved=2))
+    assert caught.value.session_id == "customer-24"
+    assert await store.list_sessions() == ("customer-42",)
+    async with store.lock("customer-24"):
+        pass
 
 
 async def test_compact_session_summarizes_with_the_strategys_model() -> None:

@@ -21,7 +21,7 @@ from littleghost.context.strategies import (
     check_strategy,
 )
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
-from littleghost.errors import CompactionError, ConfigurationError
+from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
 from littleghost.log_rules import check_history
 from littleghost.messages import Message
 from littleghost.sessions.base import SessionStore, check_store, distinct_ids
@@ -178,6 +178,7 @@ async def compact_session(
     Raises:
         ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
         SessionBusyError: Called from inside a run of the same session.
+        UnknownSessionError: The store has no such session.
         CompactionError: The records would not make the view smaller (``check_smaller``);
             nothing is appended.
         ProviderError: The summary call's, once its retries are spent.
@@ -191,6 +192,11 @@ async def compact_session(
     with requested_compaction(telemetry.conversation_attributes(session_id)) as found:
         async with holding(hold_session(store, session_id), grace):  # released as a run's
             log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
+            if not log:
+                raise UnknownSessionError(
+                    f"compact_session: no session {session_id!r} in the store",
+                    session_id=session_id,
+                )
             # loaded for this call alone: its index is not kept
             state = await _run(log, strategy, counter, None, settings, keep=False)
             records = state.records()
