@@ -1494,7 +1494,13 @@ def test_instances_of_those_classes_are_taken() -> None:
 @pytest.mark.parametrize(
     ("spec", "problem"),
     [
-        ("gpt-4o-mini", "it names no provider"),
+        ("gpt-4o-mini", r"it names no provider \(did you mean 'openai:gpt-4o-mini'\?\)$"),
+        ("o3-mini", r"it names no provider \(did you mean 'openai:o3-mini'\?\)$"),
+        (
+            "claude-sonnet-4-5",
+            r"it names no provider \(did you mean 'anthropic:claude-sonnet-4-5'\?\)$",
+        ),
+        ("mistral-large", "it names no provider$"),
         ("openai/gpt-4o-mini", r"it names no provider \(did you mean 'openai:gpt-4o-mini'\?\)"),
         (" openai:gpt-4o-mini", "it has spaces"),
         ("openai: gpt-4o-mini", "it has spaces"),

@@ -15,6 +15,7 @@ from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import check_signature
 from littleghost.models.base import Model
+from littleghost.models.windows import provider_of
 
 __all__ = ["ModelFactory", "is_local_model", "register_provider", "resolve"]
 
@@ -72,8 +73,9 @@ def split_model_string(spec: str) -> tuple[str, str | None]:
     elif spec != spec.strip() or provider != provider.strip() or model != model.strip():
         problem = "it has spaces around it or around a part"
     elif not sep and provider.lower() not in _registry.keys() | _BUILTIN.keys():
-        slash = f" (did you mean {spec.replace('/', ':', 1)!r}?)" if "/" in spec else ""
-        problem = f"it names no provider{slash}"
+        owner = provider_of(spec)
+        meant = spec.replace("/", ":", 1) if "/" in spec else owner and f"{owner}:{spec}"
+        problem = "it names no provider" + (f" (did you mean {meant!r}?)" if meant else "")
     if problem is not None:
         raise ConfigurationError(
             f"model: {spec!r} is not of the form 'provider:model' (for example "

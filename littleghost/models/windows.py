@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-__all__ = ["CONTEXT_WINDOWS", "WINDOWS_CHECKED", "known_context_window"]
+__all__ = ["CONTEXT_WINDOWS", "WINDOWS_CHECKED", "known_context_window", "provider_of"]
 
 WINDOWS_CHECKED: Final = "2026-12-01"
 """The day the figures below were compared with the providers' model pages."""
@@ -88,3 +88,10 @@ def known_context_window(provider: str, model: str) -> int | None:
         name = name[3:].split(":", 1)[0]
     matches = [prefix for prefix in prefixes if name.startswith(prefix)]
     return prefixes[max(matches, key=len)] if matches else None
+
+
+def provider_of(model: str) -> str | None:
+    """The provider whose listed models ``model`` is named like (``gpt-4o-mini``:
+    ``openai``), for a model string that names none; ``None`` for any other name."""
+    known = [provider for provider in CONTEXT_WINDOWS if known_context_window(provider, model)]
+    return known[0] if len(known) == 1 else None
