@@ -122,6 +122,11 @@ def compile_output_type(annotation: object, where: str) -> OutputType | None:
     """
     if annotation is None or annotation is str:
         return None
+    if isinstance(annotation, str):
+        raise ConfigurationError(
+            f"{where} must be a type, not the str {safe_repr(annotation)} (a type's name is "
+            "not resolved: give the type itself, defined before it is used)"
+        )
     try:
         schema = json_schema(annotation, where)
     except NameError as error:

@@ -259,6 +259,24 @@ class TestDeclaring:
         result = await Typed(model=text).run("go", output_type=str)
         assert result.output == "just text" and text.requests[0].output_schema is None
 
+    @pytest.mark.parametrize("name", ["Invoice", "int", "str", "list[Invoice]"])
+    async def test_a_type_s_name_in_place_of_the_type_fails_saying_so(self, name: str) -> None:
+        """``output_type = "Invoice"`` (the class defined further down) said the type
+        ``'Invoice'`` could not be described as JSON schema, listing the types it takes;
+        ``"str"`` was not free text either."""
+        told = (
+            f"must be a type, not the str {name!r} (a type's name is not resolved: give the "
+            "type itself, defined before it is used)"
+        )
+        with pytest.raises(ConfigurationError) as declared:
+            type("Named", (Agent,), {"output_type": name})
+        assert str(declared.value) == f"Named.output_type {told}"
+        model = ScriptedModel([text_response("7")])
+        with pytest.raises(ConfigurationError) as given:
+            await Typed(model=model).run("go", output_type=name)
+        assert str(given.value) == f"run(output_type=) {told}"
+        assert model.requests == []
+
     async def test_the_strategy_can_be_chosen(self) -> None:
         """``output_strategy="tool"`` uses the final-result tool even with a model that takes
         schemas; ``"native"`` with a model that takes none fails before any call."""
