@@ -529,3 +529,28 @@ def test_an_output_cap_at_its_largest_is_taken_where_a_cap_is_declared() -> None
     )
     assert Summarization(max_tokens=cap).max_tokens == cap
     assert PromptBudget(response_reserve_tokens=cap).response_reserve_tokens == cap
+
+
+@pytest.mark.parametrize(
+    ("provider", "name"),
+    [("openai", "gpt-4o-mini"), ("OpenAI", "o3-mini"), ("anthropic", "claude-sonnet-4-5")],
+)
+def test_a_model_string_given_to_a_model_class_is_told_the_name_to_give(
+    provider: str, name: str
+) -> None:
+    """``OpenAIModel("openai:gpt-4o-mini")`` was taken as the model's name: the API then
+    refused every call (no such model), and no window was known for it."""
+    from littleghost.models.anthropic import AnthropicModel
+    from littleghost.models.openai import OpenAIModel
+
+    made = {"openai": OpenAIModel, "anthropic": AnthropicModel}[provider.lower()]
+    with pytest.raises(ConfigurationError) as caught:
+        made(f"{provider}:{name}", api_key="sk-test")
+    assert str(caught.value) == (
+        f"{made.__name__}: model is the model's name, not a model string: "
+        f"{made.__name__}({name!r}) (the string '{provider}:{name}' is what an agent's "
+        "model = ... takes)"
+    )
+    assert made(name, api_key="sk-test").name == name
+    for other in ("ft:gpt-4o-mini:acme::x1", "llama3:8b", f"{provider}:my-own-model"):
+        assert made(other, api_key="sk-test").name == other  # names of other servers

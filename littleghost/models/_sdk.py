@@ -35,6 +35,7 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, ToolCall
 from littleghost.models.base import Usage, report_usage
 from littleghost.models.overflow import classify_error, should_retry, transport_error
+from littleghost.models.windows import provider_of
 from littleghost.text import json_text, json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
 
@@ -275,10 +276,18 @@ def check_api_key(owner: str, value: str | None, variable: str) -> str | None:
     return value
 
 
-def check_model_name(owner: str, value: object) -> str:
-    """A ``model`` argument: a non-empty str."""
+def check_model_name(owner: str, value: object, provider: str) -> str:
+    """A ``model`` argument: a non-empty str, not a model string of ``provider``'s that
+    names one of its documented models (``openai:gpt-4o-mini``, which the API would not
+    know)."""
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{owner}: model must be a non-empty str, not {safe_repr(value)}")
+    prefix, _, name = value.partition(":")
+    if prefix.lower() == provider and provider_of(name) == provider:
+        raise ConfigurationError(
+            f"{owner}: model is the model's name, not a model string: {owner}({name!r}) (the "
+            f"string {value!r} is what an agent's model = ... takes)"
+        )
     return value
 
 

@@ -572,7 +572,7 @@ class AnthropicModel:
         request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
-        self._name = model = check_model_name(owner, model)
+        self._name = model = check_model_name(owner, model, self.provider)
         self._context_window = check_context_window(owner, context_window)
         self._known_window = known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")

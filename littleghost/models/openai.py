@@ -516,7 +516,7 @@ class OpenAIModel:
         request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
-        self._name = model = check_model_name(owner, model)
+        self._name = model = check_model_name(owner, model, self.provider)
         self._context_window = check_context_window(owner, context_window)
         self._sdk = import_sdk("openai", "openai")
         timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
