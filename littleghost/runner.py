@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -63,7 +64,7 @@ from littleghost.events import (
 from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
 from littleghost.log_rules import check_history, check_parts, check_results
-from littleghost.messages import Message, Role, ToolCall, ToolResult, new_id
+from littleghost.messages import ImagePart, Message, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import (
     Model,
     ModelRequest,
@@ -1149,8 +1150,23 @@ def _user_message(value: object) -> Message:
                 f"{value.role} message (earlier messages go in history=)"
             )
         check_parts((value,), lambda _: "input")
+        if any(_schemeless(part) for part in value.content):
+            raise ConfigurationError(
+                "input: an ImagePart's url has no scheme (https://..., data:...): the image "
+                "of a file goes in data=, as ImagePart(data=Path(file).read_bytes())"
+            )
         return value
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+"""How a URL begins (``https:``, ``data:``); a file's path does not."""
+
+
+def _schemeless(part: object) -> bool:
+    """Whether ``part`` is an image whose url is no URL (``parcel.jpg``), which no
+    provider can fetch."""
+    return isinstance(part, ImagePart) and part.url is not None and not _SCHEME.match(part.url)
 
 
 def _history(value: object) -> list[Message]:

@@ -22,7 +22,16 @@ import pytest
 import trio
 from attrs import field, frozen, validators
 
-from littleghost import Agent, Message, RunContext, ToolCall, before_model, manage_context, tool
+from littleghost import (
+    Agent,
+    ImagePart,
+    Message,
+    RunContext,
+    ToolCall,
+    before_model,
+    manage_context,
+    tool,
+)
 from littleghost.agent import AgentOptions
 from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import ConfigurationError, DeadlineExceededError
@@ -1445,6 +1454,27 @@ async def test_input_of_another_role_says_what_to_pass() -> None:
         "input must be a user message (a str, or Message.user(...)), not an assistant "
         "message (earlier messages go in history=)"
     )
+
+
+@pytest.mark.parametrize("url", ["parcel.jpg", "/home/ada/parcel.jpg", "./photos/p.png"])
+async def test_an_image_given_a_file_s_path_for_its_url_fails_before_anything(url: str) -> None:
+    """A file's path given as an image's url went to the provider, which can fetch no such
+    URL (and the question was stored with it first); a scripted test passed."""
+    model = ScriptedModel([text_response("It looks fine.")] * 4)
+    store = InMemorySessionStore()
+    agent = Agent(model=model, session_store=store)
+    question = Message.user("Is this parcel damaged?", ImagePart(url=url))
+    with pytest.raises(ConfigurationError) as caught:
+        await agent.run(question, session_id="s")
+    assert str(caught.value) == (
+        "input: an ImagePart's url has no scheme (https://..., data:...): the image of a "
+        "file goes in data=, as ImagePart(data=Path(file).read_bytes())"
+    )
+    assert url not in str(caught.value)
+    assert model.requests == [] and await store.list_sessions() == ()
+    for fetched in ("https://example.com/p.jpg", "data:image/png;base64,AA==", "gs://b/p.png"):
+        taken = Message.user("Is this parcel damaged?", ImagePart(url=fetched))
+        assert (await agent.run(taken)).output == "It looks fine."
 
 
 class Rules:
