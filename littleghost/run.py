@@ -230,11 +230,12 @@ class RunContext:
         not hold (nor another of them), a tool message with results that each answer a
         call the log leaves open (``run(history=)``'s checks), and with a session values
         the store can keep. Answer a call you append by a later append before the next
-        model call: the run fails before a call with one left open (``ConfigurationError``),
-        answering it with an error result. The run's appends (its own, its hooks', its tools', at
-        once or not) are written one at a time, in order. A write in flight when the run
-        is cancelled may finish within the run's cleanup grace; whatever the store
-        accepted enters the log, and nothing else does.
+        model call (or the run's end): the run fails before a call, or as it ends, with
+        one left open (``ConfigurationError``), answering it with an error result. The
+        run's appends (its own, its hooks', its tools', at once or not) are written one at
+        a time, in order. A write in flight when the run is cancelled may finish within
+        the run's cleanup grace; whatever the store accepted enters the log, and nothing
+        else does.
 
         Raises:
             ConfigurationError: A message repeats an id, is a tool message without a

@@ -499,7 +499,9 @@ async def _loop(
     await context.append(*repaired, message)
     context.question = message
     try:
-        return await _turns(agent, context, output)
+        result = await _turns(agent, context, output)
+        _check_answered(context, "as the run ends")
+        return result
     except BaseException:
         await _answer_open_calls(context)
         raise
@@ -722,16 +724,17 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             request = await run_chain(before, given, expected=ModelRequest, context=context)
 
 
-def _check_answered(context: RunContext) -> None:
+def _check_answered(context: RunContext, when: str = "before the model call") -> None:
     """``ConfigurationError`` if a call appended to the log (by a hook or tool) still has
-    no result: the model call would go out with it unanswered, which providers refuse."""
+    no result ``when``: the model call would go out with it unanswered, which providers
+    refuse, or the run would end with it so."""
     calls = [call for message in context._ledger.open for call in message.tool_calls]
     if calls:
         named = ", ".join(f"{call.id!r} (tool {call.name!r})" for call in calls)
         raise ConfigurationError(
-            f"the log holds tool calls without a result before the model call: {named}; a "
-            "call appended with context.append() needs its result appended before the next "
-            "model call"
+            f"the log holds tool calls without a result {when}: {named}; a call appended "
+            "with context.append() needs its result appended before the next model call "
+            "(or the run's end)"
         )
 
 

@@ -324,6 +324,30 @@ async def test_a_call_left_without_a_result_fails_before_the_model_call(
         assert_whole(await maybe_store.load("s"))
 
 
+async def test_a_call_left_without_a_result_as_the_run_ends_fails_the_run(
+    maybe_store: SessionStore | None,
+) -> None:
+    """A call an ``after_model`` hook appends to the last answer's turn, with no model
+    call after it to check, fails the run as it would before one: the run ends with a
+    ``ConfigurationError`` naming it, the call answered in the log (and the session)."""
+
+    class Planting(Agent):
+        @after_model
+        async def plan(self, response: ModelResponse, *, context: RunContext) -> None:
+            await context.append(Message.assistant(tool_calls=[ToolCall("x", "lookup", {})]))
+
+    agent = Planting(
+        model=ScriptedModel([text_response("done")]),
+        **({} if maybe_store is None else {"session_store": maybe_store}),
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"without a result as the run ends: 'x' \(tool 'lookup'\)"
+    ):
+        await agent.run("hi", session_id=None if maybe_store is None else "s")
+    if maybe_store is not None:
+        assert_whole(await maybe_store.load("s"))
+
+
 async def test_has_message_tells_the_log_s_ids() -> None:
     seen: list[bool] = []
 
