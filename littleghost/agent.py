@@ -471,6 +471,25 @@ def _check_hidden_marks(classes: Iterable[type]) -> None:
                 )
 
 
+def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
+    """``ConfigurationError`` if a public function of ``classes`` is named like a hook
+    kind, or almost (``def before_model(self, request)``, ``after_tools``), with no
+    decorator marking it and no hook of ``cls`` it overrides: nothing would ever call it."""
+    hooks = {entry.method for entry in hook_plan(cls)}
+    for klass in classes:
+        for attribute, value in vars(klass).items():
+            if attribute in hooks or attribute.startswith("_") or not inspect.isfunction(value):
+                continue  # a private helper (_before_model) is the class's own
+            if hook_kind(value) is not None or tool_options(value) is not None:
+                continue
+            meant = difflib.get_close_matches(attribute, HOOK_KINDS, n=1, cutoff=0.9)
+            if meant:
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute} is not a hook, and nothing calls it: mark "
+                    f"it @{meant[0]} (a hook method may have any name)"
+                )
+
+
 _OTHER_NAMES = {
     "system_prompt": "instructions",
     "system_message": "instructions",
@@ -718,6 +737,7 @@ class Agent:
                     )
                 if value is not None:
                     check_hook(cls, entry.method, entry.kind)
+        _check_unmarked_hooks(cls, declaring)
         cls.__littleghost_declared__ = _declared(cls)
 
     def __init__(self, **overrides: Unpack[AgentOptions]) -> None:

@@ -26,6 +26,7 @@ from littleghost import (
 )
 from littleghost.capabilities import CapabilityHook
 from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
+from littleghost.hooks import HOOK_KINDS
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -641,6 +642,58 @@ def test_a_hook_whose_context_parameter_is_named_otherwise_is_told_its_name(
         type("Bad", (Agent,), {name: decorator(function)})
     advice = "; a hook gets the RunContext only through a parameter named context"
     assert str(caught.value).endswith(advice) is advised
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        *((kind, kind) for kind in HOOK_KINDS),
+        ("before_modle", "before_model"),
+        ("after_tools", "after_tool"),
+        ("aftr_model_error", "after_model_error"),
+    ],
+)
+@pytest.mark.parametrize("where", ["class", "mixin"])
+def test_a_method_named_like_a_hook_kind_without_its_decorator_fails(
+    name: str, meant: str, where: str
+) -> None:
+    """A method named like a hook kind (or almost) that no decorator marks and that
+    overrides no hook would never be called: the class names the decorator it lacks."""
+
+    async def method(self: Agent, payload: Any, *, context: RunContext) -> None:
+        pass
+
+    bases = (type("Mixin", (), {name: method}), Agent) if where == "mixin" else (Agent,)
+    body = {} if where == "mixin" else {name: method}
+    owner = "Mixin" if where == "mixin" else "Bad"
+    with pytest.raises(
+        ConfigurationError, match=rf"{owner}\.{name} is not a hook.*: mark it @{meant}"
+    ):
+        type("Bad", bases, body)
+
+
+def test_methods_named_like_a_hook_kind_that_are_hooks_or_helpers_are_taken() -> None:
+    """An override of a hook method of that name keeps the hook, undecorated; a helper
+    whose name only begins like a kind's, or a private one, is the class's own."""
+
+    class Parent(Agent):
+        @before_model
+        def before_model(self, request: ModelRequest) -> None:
+            pass
+
+    class Child(Parent):
+        def before_model(self, request: ModelRequest) -> None:  # still the hook
+            pass
+
+        def after_tool_call(self) -> None:
+            pass
+
+        def _after_tool(self) -> None:
+            pass
+
+    assert [hook.name for hook in Child(model=ScriptedModel([])).hooks["before_model"]] == [
+        "before_model"
+    ]
 
 
 def test_an_override_that_cannot_take_the_hooks_arguments_fails() -> None:
