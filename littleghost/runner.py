@@ -697,7 +697,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
         context._doing = lambda: "waiting for the model's answer"
         try:
             return await context._call(request, turn=True)
-        except (CleanupError, DeadlineExceededError):
+        except CleanupError:
             raise
         except Exception as error:
             if (
@@ -706,7 +706,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
                 or _runs_deadline(error, context) is not None
             ):
                 raise  # a client's "connection closed" for the run's stop, or the run's
-                # deadline out of the model's own task group: no error to recover
+                # deadline (a nested run's own is the model's error): no error to recover
             context._doing = lambda: "running the after_model_error hooks"
             replacement = await run_chain(
                 _hooks(agent, context, "after_model_error"),

@@ -916,3 +916,45 @@ async def test_a_run_a_tool_leaves_to_start_after_it_has_none_of_its_deadline() 
 
         group.start_soon(start, False)
     assert seen[0] is not None and seen[1] is None
+
+
+async def _stall(request: ModelRequest) -> ModelResponse:
+    await anyio.sleep(60)
+    return text_response("never")
+
+
+class AskingElsewhere:
+    """A custom model that asks a nested agent under a deadline of its own, once."""
+
+    provider = "delegating"
+    name = "delegating"
+    context_window = None
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        if not self.asked:
+            self.asked = True
+            await _Asking(model=ScriptedModel([_stall])).run("which?", timeout=1)
+        return text_response("asked elsewhere")
+
+
+@pytest.mark.virtual_clock
+async def test_a_nested_runs_own_deadline_out_of_a_model_is_an_error_for_the_hooks() -> None:
+    """A nested run's ``DeadlineExceededError`` out of a custom model, its own deadline
+    not the run's, is the model's error, which ``after_model_error`` hooks may recover
+    from, as they may when the model's task group holds it."""
+    seen: list[BaseException] = []
+
+    class Recovering(Agent):
+        @after_model_error
+        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
+            seen.append(error)
+            return attrs.evolve(request)  # another try
+
+    result = await Recovering(model=AskingElsewhere()).run("hi", timeout=10)
+    assert result.output == "asked elsewhere"
+    [error] = seen
+    assert isinstance(error, DeadlineExceededError)
+    assert str(error).startswith("_Asking did not finish before its deadline")
