@@ -58,6 +58,9 @@ LogWriter = Callable[[tuple[Message, ...]], Awaitable[None]]
 EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
 OutputT = TypeVar("OutputT")
+_VALUES = (str, bytes, int, float, complex, tuple, frozenset)
+"""What ``state_for`` refuses as an owner: values compared by value, whose identity is not
+what a caller means (each made anew is another object)."""
 
 logger = logs.logger("littleghost.models")
 
@@ -201,12 +204,21 @@ class RunContext:
         will return.
 
         Raises:
-            TypeError: ``factory`` is not callable.
+            TypeError: ``factory`` is not callable, or ``owner`` is a value compared by
+                value (a str, a number, a tuple, ``None``): one made anew at each ask
+                would get a new object each time.
         """
         if not callable(factory):
             raise TypeError(
                 "context.state_for(owner, factory): factory must be callable (dict, list, a "
                 f"class), not {type(factory).__name__}"
+            )
+        if owner is None or isinstance(owner, _VALUES):
+            what = "None" if owner is None else f"a {type(owner).__name__}"
+            raise TypeError(
+                "context.state_for(owner, factory): the owner is known by its identity, "
+                "not its value: pass an object of your own (the hook function, a class of "
+                f"yours), not {what} (a value made anew is another object, with a new state)"
             )
         key: object = id(owner)
         if isinstance(owner, types.MethodType):

@@ -208,6 +208,27 @@ async def test_state_for_is_keyed_by_identity() -> None:
     assert seen == [False, True]
 
 
+@pytest.mark.parametrize(
+    "make", [lambda n: f"calls-{n}", lambda n: n * 1000, lambda n: ("calls", n), lambda n: None]
+)
+async def test_state_for_refuses_an_owner_compared_by_value(make: Callable[[int], object]) -> None:
+    """A name, a number or a tuple made at each call is a new object, so its state would
+    be made anew at each ask, without a word: it is a TypeError saying what an owner is,
+    and so is None, which every careless owner would share."""
+    said: list[str] = []
+
+    def check(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        with pytest.raises(TypeError) as caught:
+            context.state_for(make(len(said) + 7), list)
+        said.append(str(caught.value))
+
+    checked = type("Checked", (Agent,), {})
+    add_capability(checked, Capability("check", [CapabilityHook("before_model", check)]))
+    await checked(model=ScriptedModel([text_response("ok")])).run("hi")
+    assert len(said) == 1
+    assert said[0].startswith("context.state_for(owner, factory): the owner is known by")
+
+
 async def test_state_for_is_one_object_for_a_factory_that_asks_for_it_and_needs_one() -> None:
     """A factory that asks for its owner's object (a graph of per-run state) gets the
     object every later ask gets; a factory that cannot be called is a TypeError naming
