@@ -482,12 +482,21 @@ def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
                 continue  # a private helper (_before_model) is the class's own
             if hook_kind(value) is not None or tool_options(value) is not None:
                 continue
-            meant = difflib.get_close_matches(attribute, HOOK_KINDS, n=1, cutoff=0.9)
-            if meant:
-                raise ConfigurationError(
-                    f"{klass.__name__}.{attribute} is not a hook, and nothing calls it: mark "
-                    f"it @{meant[0]} (a hook method may have any name)"
-                )
+            unmarked = _not_a_hook(klass.__name__, attribute)
+            if unmarked is not None:
+                raise unmarked
+
+
+def _not_a_hook(owner: str, name: str) -> ConfigurationError | None:
+    """The error for a function named ``name`` on ``owner`` (no hook) when the name is a
+    hook kind's, or almost: it looks meant for a hook, which nothing would call."""
+    meant = difflib.get_close_matches(name, HOOK_KINDS, n=1, cutoff=0.9)
+    if not meant:
+        return None
+    return ConfigurationError(
+        f"{owner}.{name} is not a hook, and nothing calls it: a hook is a method marked "
+        f"@{meant[0]} (of any name), of the class or a subclass"
+    )
 
 
 _OTHER_NAMES = {
@@ -782,8 +791,9 @@ class Agent:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
         so does a hook or ``@tool`` method's name (bound as the agent is made), the
-        name of what the agent works out from its knobs (``output``, ``tool_specs``), and
-        ``name`` (telemetry's, from the class)."""
+        name of what the agent works out from its knobs (``output``, ``tool_specs``),
+        ``name`` (telemetry's, from the class), and a function named like a hook kind
+        (``agent.before_model = ...``), which is none."""
         if name in _WORKED_OUT and inspect.getattr_static(type(self), name) is _WORKED_OUT[name]:
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} would replace Agent.{name}, which every run "
@@ -796,11 +806,18 @@ class Agent:
                 "on an agent: give the attribute another name"
             )
         made = "_models" in vars(self)
-        if made and any(entry.method == name for entry in hook_plan(type(self))):
+        hook = (made or callable(value)) and any(
+            entry.method == name for entry in hook_plan(type(self))
+        )
+        if made and hook:
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} is a hook, bound as the agent is made: set it "
                 "before super().__init__(), or override it in a subclass (None turns it off)"
             )
+        if callable(value) and not hook and not name.startswith("_"):
+            unmarked = _not_a_hook(type(self).__name__, name)
+            if unmarked is not None:
+                raise unmarked
         if made and any(method == name for _, method in self._tool_index.values()):
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} is a tool, bound as the agent is made: "

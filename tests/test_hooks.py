@@ -667,9 +667,30 @@ def test_a_method_named_like_a_hook_kind_without_its_decorator_fails(
     body = {} if where == "mixin" else {name: method}
     owner = "Mixin" if where == "mixin" else "Bad"
     with pytest.raises(
-        ConfigurationError, match=rf"{owner}\.{name} is not a hook.*: mark it @{meant}"
+        ConfigurationError,
+        match=rf"{owner}\.{name} is not a hook.*: a hook is a method marked @{meant}",
     ):
         type("Bad", bases, body)
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["made", "in __init__"])
+def test_a_function_named_like_a_hook_kind_set_on_an_agent_fails(made: bool) -> None:
+    """``agent.before_model = ...`` (on a made agent, or before ``super().__init__()``) is
+    no hook: nothing would call it."""
+
+    def note(request: ModelRequest) -> None:
+        pass
+
+    class Noting(Agent):
+        def __init__(self) -> None:
+            if not made:
+                self.before_model = note
+            super().__init__(model=ScriptedModel([]))
+
+    with pytest.raises(
+        ConfigurationError, match=r"Noting\.before_model is not a hook, and nothing calls it"
+    ):
+        Noting().before_model = note
 
 
 def test_methods_named_like_a_hook_kind_that_are_hooks_or_helpers_are_taken() -> None:
