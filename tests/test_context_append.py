@@ -7,6 +7,7 @@ never holds (a repeated id, a result that answers no open call) is refused with 
 from __future__ import annotations
 
 import functools
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,7 +34,12 @@ from littleghost.context.view import misplaced_results, unanswered_calls
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore, SessionStore
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 
 from .stores import RUN_KINDS, PlainStore, open_store
 
@@ -346,6 +352,63 @@ async def test_a_call_left_without_a_result_as_the_run_ends_fails_the_run(
         await agent.run("hi", session_id=None if maybe_store is None else "s")
     if maybe_store is not None:
         assert_whole(await maybe_store.load("s"))
+
+
+async def planted_run(where: str, at: int, widths: Sequence[int], call_id: str) -> bool:
+    """Run a script of tool batches ``widths`` wide, then an answer, whose ``where`` (a
+    hook kind, or ``tool``) appends a call ``call_id`` with no result at turn ``at``;
+    whether it did. The run fails naming the call if it did, and the session is whole."""
+    planted: list[str] = []
+
+    async def plant(kind: str, context: RunContext) -> None:
+        if kind == where and context.turn == at and not planted:
+            planted.append(kind)  # before the await: parallel calls plant once
+            call = ToolCall(call_id, "lookup", {})
+            await context.append(Message.assistant(tool_calls=[call]))
+
+    class Planting(Agent):
+        @tool
+        async def work(self, context: RunContext) -> str:
+            """Work."""
+            await plant("tool", context)
+            return "done"
+
+        @after_model
+        async def answered(self, response: ModelResponse, *, context: RunContext) -> None:
+            await plant("after_model", context)
+
+        @before_tool
+        async def calling(self, call: ToolCall, *, context: RunContext) -> None:
+            await plant("before_tool", context)
+
+        @after_tool
+        async def returned(self, result: ToolResult, *, context: RunContext) -> None:
+            await plant("after_tool", context)
+
+    script = [tool_calls_response(*[("work", {})] * width) for width in widths]
+    store = InMemorySessionStore()
+    agent = Planting(model=ScriptedModel([*script, text_response("over")]), session_store=store)
+    try:
+        await agent.run("hi", session_id="s")
+    except ConfigurationError as error:
+        assert planted and f"{call_id!r} (tool 'lookup')" in str(error), error
+    else:
+        assert not planted
+    assert_whole(await store.load("s"))
+    return bool(planted)
+
+
+async def test_a_call_left_without_a_result_anywhere_never_ends_a_run_unanswered() -> None:
+    """Randomized: a hook of any kind, or a tool, appends a call and never its result, at
+    a random turn of a random script (parallel calls, the last turn included): the run
+    fails with a ``ConfigurationError`` naming it, and the session holds it answered."""
+    rng = random.Random(7)
+    planted = 0
+    for draw in range(60):
+        widths = [rng.randrange(1, 4) for _ in range(rng.randrange(0, 3))]
+        where = rng.choice(["after_model", "before_tool", "after_tool", "tool"])
+        planted += await planted_run(where, rng.randrange(len(widths) + 1), widths, f"x{draw}")
+    assert planted > 30
 
 
 async def test_has_message_tells_the_log_s_ids() -> None:
