@@ -202,30 +202,49 @@ def _check_arguments(
     check_signature(what, function, expected, len(arguments.split(", ")), context=context)
 
 
+_CONTEXT_ADVICE = "a hook gets the RunContext only through a parameter named context"
+
+
+def _meant_for_context(function: Callable[..., Any]) -> list[str]:
+    """The parameters of ``function`` other than ``context`` that look meant for the
+    ``RunContext`` (named ``ctx``, or annotated ``RunContext``, as a tool's may be)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [
+        p.name
+        for p in parameters
+        if p.name != "context"
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and (p.name == "ctx" or "RunContext" in str(p.annotation))
+    ]
+
+
 @contextmanager
-def _context_named(function: Callable[..., Any]) -> Iterator[None]:
-    """Add to the error of a hook's signature that leaves a parameter unfilled which looks
-    meant for the ``RunContext`` (named ``ctx``, or annotated ``RunContext``, as a tool's
-    may be) that a hook gets it only through a parameter named ``context``."""
+def _context_named(what: str, function: Callable[..., Any]) -> Iterator[None]:
+    """Around the check of a hook's signature: a parameter that looks meant for the
+    ``RunContext`` but is named otherwise (``_meant_for_context``) gets what the hook's
+    kind is called with, or nothing (its default, or the error of its missing argument,
+    which this adds the advice to): a hook gets it only through ``context``."""
+    meant = _meant_for_context(function)
     try:
         yield
     except ConfigurationError as error:
-        try:
-            parameters = inspect.signature(function).parameters.values()
-        except (TypeError, ValueError):
-            raise error from None
-        meant = any(p.name == "ctx" or "RunContext" in str(p.annotation) for p in parameters)
         if not meant or "missing a required" not in str(error):
             raise
+        raise ConfigurationError(f"{error}; {_CONTEXT_ADVICE}") from None
+    if meant:
         raise ConfigurationError(
-            f"{error}; a hook gets the RunContext only through a parameter named context"
-        ) from None
+            f"{what} has a parameter {meant[0]!r} for the RunContext, which never gets it "
+            f"(what the hook is called with, or its default): {_CONTEXT_ADVICE}"
+        )
 
 
 def check_hook(cls: type, name: str, kind: str) -> None:
     """Check at class definition that hook method ``name`` takes what a ``kind`` hook gets."""
     what = f"{cls.__name__}.{name}, a @{kind} hook,"
-    with _context_named(getattr(cls, name)):
+    with _context_named(what, getattr(cls, name)):
         context = wants_context(getattr(cls, name))
         check_method_signature(cls, name, what, _ARGUMENTS[kind], context=context)
 
@@ -234,7 +253,7 @@ def _check_instance_hook(agent: object, name: str, kind: str, function: Callable
     """Check hook ``name`` set on ``agent`` itself (before ``super().__init__()``) as
     ``check_hook`` checks a class's."""
     what = f"{type(agent).__name__}.{name}, a @{kind} hook set on the instance,"
-    with _context_named(function):
+    with _context_named(what, function):
         _check_arguments(what, function, _ARGUMENTS[kind], context=wants_context(function))
 
 
@@ -242,7 +261,8 @@ def check_capability_hook(kind: str, function: Callable[..., Any]) -> None:
     """Check that a capability's ``kind`` hook takes ``(agent, ..., context=)``."""
     name = getattr(function, "__qualname__", repr(function))
     what = f"{name}, the {kind} hook of a capability,"
-    _check_arguments(what, function, f"agent, {_ARGUMENTS[kind]}", context=True)
+    with _context_named(what, function):
+        _check_arguments(what, function, f"agent, {_ARGUMENTS[kind]}", context=True)
 
 
 @frozen

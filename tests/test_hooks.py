@@ -644,6 +644,70 @@ def test_a_hook_whose_context_parameter_is_named_otherwise_is_told_its_name(
     assert str(caught.value).endswith(advice) is advised
 
 
+def ctx_optional(self: Agent, request: ModelRequest, ctx: Any = None) -> None:
+    """Its ctx keeps its default: nothing fills it."""
+
+
+def run_optional(self: Agent, call: ToolCall, run: RunContext | None = None) -> None:
+    """Annotated as a tool's context parameter may be, optional."""
+
+
+def ctx_for_the_error(self: Agent, request: ModelRequest, ctx: Any) -> None:
+    """Its ctx gets the error."""
+
+
+def context_by_annotation_first(self: Agent, context_: RunContext) -> None:
+    """Gets the request, annotated RunContext."""
+
+
+@pytest.mark.parametrize(
+    ("decorator", "function"),
+    [
+        (before_model, ctx_optional),
+        (before_tool, run_optional),
+        (after_model_error, ctx_for_the_error),
+        (before_model, context_by_annotation_first),
+    ],
+)
+@pytest.mark.parametrize("where", ["class", "instance"])
+def test_a_hook_parameter_meant_for_the_context_under_another_name_fails(
+    decorator: Any, function: Any, where: str
+) -> None:
+    """A hook parameter named ``ctx`` or annotated ``RunContext`` that nothing fills
+    would keep its default, and one filled gets what the hook's kind is called with, never
+    the context: either fails, saying the parameter's name it needs."""
+    name = function.__name__
+    advice = "a hook gets the RunContext only through a parameter named context"
+    if where == "class":
+        with pytest.raises(ConfigurationError, match=rf"Bad\.{name}, .*{advice}"):
+            type("Bad", (Agent,), {name: decorator(function)})
+        return
+
+    class Holder(Agent):
+        @decorator
+        def hook(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def __init__(self) -> None:
+            self.hook = functools.partial(function, self)
+            super().__init__(model=ScriptedModel([]))
+
+    with pytest.raises(ConfigurationError, match=rf"Holder\.hook, .*{advice}"):
+        Holder()
+
+
+def test_a_capability_hook_parameter_meant_for_the_context_under_another_name_fails() -> None:
+    def noted(agent: Agent, request: ModelRequest, *, context: Any, ctx: Any = None) -> None:
+        pass
+
+    with pytest.raises(
+        ConfigurationError,
+        match=r"noted, the before_model hook of a capability, has a parameter 'ctx' for the "
+        r"RunContext, .*: a hook gets the RunContext only through a parameter named context",
+    ):
+        CapabilityHook("before_model", noted)
+
+
 @pytest.mark.parametrize(
     ("name", "meant"),
     [
