@@ -472,19 +472,44 @@ def _check_hidden_marks(classes: Iterable[type]) -> None:
 
 
 def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
-    """``ConfigurationError`` if a public function of ``classes`` is named like a hook
-    kind, or almost (``def before_model(self, request)``, ``after_tools``), with no
-    decorator marking it and no hook of ``cls`` it overrides: nothing would ever call it."""
+    """``ConfigurationError`` if a function of ``classes`` that no decorator marks and that
+    overrides no hook of ``cls`` looks meant for a hook, which nothing would ever call:
+    a wrapper of a hook whose decorator dropped its mark, or a public function named like
+    a hook kind, or almost (``def before_model(self, request)``, ``after_tools``)."""
     hooks = {entry.method for entry in hook_plan(cls)}
     for klass in classes:
         for attribute, value in vars(klass).items():
-            if attribute in hooks or attribute.startswith("_") or not inspect.isfunction(value):
-                continue  # a private helper (_before_model) is the class's own
+            if attribute in hooks or not inspect.isfunction(value):
+                continue
             if hook_kind(value) is not None or tool_options(value) is not None:
                 continue
+            wrapped = None if value.__name__ == attribute else _wrapped_hook(value)
+            if wrapped is not None:  # a decorator's wrapper (its def's own name) of a hook
+                raise ConfigurationError(
+                    f"{klass.__name__}.{attribute} wraps a @{wrapped} hook but is none: its "
+                    "decorator dropped the mark (functools.wraps keeps it), and nothing "
+                    "would call it"
+                )
+            if attribute.startswith("_"):
+                continue  # a private helper (_before_model) is the class's own
             unmarked = _not_a_hook(klass.__name__, attribute)
             if unmarked is not None:
                 raise unmarked
+
+
+def _wrapped_hook(function: Callable[..., Any]) -> str | None:
+    """The kind of a hook function that ``function`` closes over (the wrapper a decorator
+    made of it), if any."""
+    for cell in function.__closure__ or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if inspect.isfunction(held) or isinstance(held, (staticmethod, classmethod)):
+            kind = hook_kind(held)
+            if kind is not None:
+                return kind
+    return None
 
 
 def _not_a_hook(owner: str, name: str) -> ConfigurationError | None:

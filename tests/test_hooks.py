@@ -757,6 +757,52 @@ def test_a_function_named_like_a_hook_kind_set_on_an_agent_fails(made: bool) -> 
         Noting().before_model = note
 
 
+def logged(function: Any) -> Any:
+    """A decorator that forgets ``functools.wraps``: its wrapper has none of the marks."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("decorator", [before_model, after_tool, after_model_error])
+@pytest.mark.parametrize("name", ["audit", "_audit"])
+def test_a_hook_whose_decorator_dropped_its_mark_fails(decorator: Any, name: str) -> None:
+    """A decorator over a hook that does not keep its mark (no ``functools.wraps``) makes
+    a method nothing calls: the class says which hook it wraps and why."""
+
+    def audit(self: Agent, *payload: Any) -> None:
+        pass
+
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"Bad\.{name} wraps a @{decorator.__name__} hook but is none: its decorator "
+        r"dropped the mark \(functools\.wraps keeps it\)",
+    ):
+        type("Bad", (Agent,), {name: logged(decorator(audit))})
+
+
+def test_a_wrapper_keeping_the_mark_or_overriding_a_hook_is_taken() -> None:
+    """``functools.wraps`` keeps the mark; a wrapper overriding a hook keeps the hook."""
+
+    def kept(function: Any) -> Any:
+        return functools.wraps(function)(logged(function))
+
+    class Audited(Recorder):
+        @kept
+        @before_model
+        def audit(self, request: ModelRequest) -> None:
+            self.order.append("audit")
+
+    class Rewrapped(Audited):
+        audit = logged(Audited.audit)
+
+    for agent_class in (Audited, Rewrapped):
+        agent = agent_class(model=ScriptedModel([text_response("ok")]))
+        assert [hook.name for hook in agent.hooks["before_model"]] == ["audit"]
+
+
 def test_methods_named_like_a_hook_kind_that_are_hooks_or_helpers_are_taken() -> None:
     """An override of a hook method of that name keeps the hook, undecorated; a helper
     whose name only begins like a kind's, or a private one, is the class's own."""
