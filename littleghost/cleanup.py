@@ -89,6 +89,8 @@ class Grace:
     parent: Grace | None = field(factory=lambda: _of_this_thread(_CURRENT.get()))
     """The grace of the run this run was started in (from a tool), if any."""
     _stop_by: float | None = None
+    _stopped_at: float | None = None
+    """When the run began to stop (``stop()``'s first call)."""
     _host_stops: list[float] | None = field(
         factory=lambda: _HOSTED.get() if _of_this_thread(_HOST.get()) else None
     )
@@ -112,8 +114,13 @@ class Grace:
         return [grace.run_deadline for grace in runs if grace.run_deadline is not None]
 
     def earliest_deadline(self) -> float | None:
-        """The earliest of ``deadlines()``, if any: past it, the run ends by a deadline."""
-        return min(self.deadlines(), default=None)
+        """The earliest of ``deadlines()``, if any: past it, the run ends by a deadline;
+        ``None`` once the run began to stop before it (its caller's cancellation, say): a
+        deadline that passes while the run cleans up did not cut it."""
+        earliest = min(self.deadlines(), default=None)
+        if earliest is None or self._stopped_at is None or self._stopped_at >= earliest:
+            return earliest
+        return None
 
     def enclosing_deadline(self) -> float | None:
         """The earliest own deadline of the runs this run was started in, if any."""
@@ -140,7 +147,8 @@ class Grace:
         own). A run stopped by a ``cancel()`` leaves its stop time for that run's tool.
         """
         if self._stop_by is None:
-            end = min(anyio.current_time() + self.seconds, self._nested_stop_by)
+            self._stopped_at = anyio.current_time()
+            end = min(self._stopped_at + self.seconds, self._nested_stop_by)
             if self.deadline is not None:
                 end = min(end, self.deadline + self.seconds)
             if self.parent is not None:

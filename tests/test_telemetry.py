@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import pkgutil
+import random
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -43,6 +44,7 @@ from littleghost.errors import (
 from littleghost.events import TextDelta
 from littleghost.models import ModelRequest, ModelResponse, StopReason, Usage, report_usage
 from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
+from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, streamed, text_response, tool_call_response
 
 if TYPE_CHECKING:
@@ -868,6 +870,66 @@ async def test_a_run_cancelled_during_a_tool_ends_its_spans_without_error(spans:
         "invoke_agent Support",
     ]
     assert all(span.status.status_code is StatusCode.UNSET for span in spans.all())
+
+
+class SlowOnceStopping(InMemorySessionStore):
+    """A store whose appends take ``stall`` seconds once ``stalling`` is set (a slow
+    database, met by the run's cleanup)."""
+
+    def __init__(self, stall: float) -> None:
+        super().__init__()
+        self.stall = stall
+        self.stalling = False
+
+    async def append(self, session_id: str, messages: Any, **options: Any) -> Any:
+        if self.stalling:
+            await anyio.sleep(self.stall)
+        return await super().append(session_id, messages, **options)
+
+
+class Waiting(Support):
+    cleanup_grace = 2.0
+
+    @tool
+    async def wait(self, context: RunContext) -> str:
+        """Waits long, while the store turns slow."""
+        store = context.agent.session_store
+        assert isinstance(store, SlowOnceStopping)
+        store.stalling = True
+        await anyio.sleep(30)
+        return ""
+
+
+@pytest.mark.virtual_clock
+async def test_a_run_its_caller_cancels_is_no_deadline_failure_when_its_cleanup_passes_it(
+    spans: Spans, histograms: Histograms
+) -> None:
+    """A run its caller cancels before its deadline was cancelled, not cut by the
+    deadline, however long its cleanup (storing the stopped tool calls' results in a slow
+    store, within the grace) then takes: its spans end UNSET, its duration metric says
+    ``cancelled``, for any times of the cancellation, the deadline and the store."""
+    rng = random.Random(20261207)
+    for case in range(12):
+        store = SlowOnceStopping(stall=rng.uniform(0.2, 1.5))
+        cancel_at = rng.uniform(0.01, 0.5)
+        timeout = cancel_at + rng.uniform(0.01, store.stall - 0.01)  # passed in cleanup
+        model = ScriptedModel([tool_call_response("wait", {}), text_response("done")])
+        began = anyio.current_time()
+        with anyio.move_on_after(cancel_at) as scope:
+            await Waiting(model=model, session_store=store).run(
+                "hi", session_id=f"s{case}", timeout=timeout
+            )
+        assert scope.cancelled_caught
+        assert anyio.current_time() - began > timeout  # the cleanup went past the deadline
+    assert not spans.still_open
+    assert len(spans.named("invoke_agent")) == 12
+    for span in spans.all():
+        assert span.status.status_code is StatusCode.UNSET, span.name
+        assert "error.type" not in attributes(span), span.name
+    points = histograms.read()["gen_ai.invoke_agent.duration"]
+    assert [(dict(p.attributes or {})["error.type"], p.count) for p in points] == [
+        ("cancelled", 12)
+    ]
 
 
 @pytest.mark.parametrize("end", ["cancelled", "consumer left", "deadline", "failed", "unresolved"])
