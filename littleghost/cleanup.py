@@ -117,9 +117,19 @@ class Grace:
         """The earliest of ``deadlines()``, if any: past it, the run ends by a deadline;
         ``None`` once the run began to stop before it (its caller's cancellation, say): a
         deadline that passes while the run cleans up did not cut it."""
-        earliest = min(self.deadlines(), default=None)
-        if earliest is None or self._stopped_at is None or self._stopped_at >= earliest:
-            return earliest
+        return self._unless_stopped_before(min(self.deadlines(), default=None))
+
+    def enclosing_cut(self) -> float | None:
+        """``enclosing_deadline()`` on the terms of ``earliest_deadline()``: past it, a
+        cancellation that leaves the run is that deadline's (the run's own deadline
+        leaves it as its ``DeadlineExceededError``; any other cancellation is its
+        caller's)."""
+        return self._unless_stopped_before(self.enclosing_deadline())
+
+    def _unless_stopped_before(self, deadline: float | None) -> float | None:
+        """``deadline``, or ``None`` once the run began to stop before it."""
+        if deadline is None or self._stopped_at is None or self._stopped_at >= deadline:
+            return deadline
         return None
 
     def enclosing_deadline(self) -> float | None:

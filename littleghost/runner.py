@@ -270,8 +270,8 @@ async def run(
                 raise  # a model that cannot be resolved fails a span too
         runs: list[RunContext] = []
 
-        def deadline() -> float | None:  # a served run's too: it cuts this one
-            return runs[0].grace.earliest_deadline() if runs else None
+        def deadline() -> float | None:  # a served run's: its own leaves as an error
+            return runs[0].grace.enclosing_cut() if runs else None
 
         with (
             stopped_at_exit(agent.cleanup_grace) as stopping,

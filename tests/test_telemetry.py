@@ -932,6 +932,42 @@ async def test_a_run_its_caller_cancels_is_no_deadline_failure_when_its_cleanup_
     ]
 
 
+class Busy(Support):
+    @tool
+    async def busy(self) -> str:
+        """Works on, deaf to cancellation a while (a shielded cleanup, a busy loop)."""
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.3)
+        await anyio.sleep(30)
+        return ""
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("mode", ["run", "stream"])
+async def test_a_run_that_raises_its_callers_cancellation_is_no_deadline_failure(
+    spans: Spans, histograms: Histograms, mode: str
+) -> None:
+    """A run that lets its caller's cancellation through (the caller's came first) was
+    cancelled, even when it saw that cancellation only past its own deadline (a tool
+    held it off): its span is UNSET and its duration metric says ``cancelled``, as the
+    run told its caller, never ``DeadlineExceededError``, which the run would have
+    raised had its deadline stopped it."""
+    agent = Busy(model=ScriptedModel([tool_call_response("busy", {}), text_response("done")]))
+    with anyio.move_on_after(0.1) as scope:
+        if mode == "stream":
+            async with agent.stream("hi", timeout=0.2) as events:
+                async for _ in events:
+                    pass
+        else:
+            await agent.run("hi", timeout=0.2)
+    assert scope.cancelled_caught
+    run = spans.one("invoke_agent")
+    assert run.status.status_code is StatusCode.UNSET
+    assert "error.type" not in attributes(run)
+    (point,) = histograms.read()["gen_ai.invoke_agent.duration"]
+    assert dict(point.attributes or {})["error.type"] == "cancelled"
+
+
 @pytest.mark.parametrize("end", ["cancelled", "consumer left", "deadline", "failed", "unresolved"])
 async def test_a_run_without_an_answer_has_the_finish_reason_error(spans: Spans, end: str) -> None:
     """A run that ends without an answer (cancelled, left by its stream's consumer, past
