@@ -900,36 +900,51 @@ class Waiting(Support):
         return ""
 
 
+class HelpedSlowly(Support):
+    cleanup_grace = 2.0
+
+    @tool
+    async def consult(self, context: RunContext) -> str:
+        """Asks a helper, whose run waits long in a store that turns slow."""
+        store = context.agent.session_store
+        assert isinstance(store, SlowOnceStopping)
+        model = ScriptedModel([tool_call_response("wait", {}), text_response("done")])
+        helper = Waiting(model=model, session_store=store)
+        return (await helper.run("help", session_id=f"helper-{uuid.uuid4()}")).output
+
+
 @pytest.mark.virtual_clock
+@pytest.mark.parametrize("nested", [False, True], ids=["run", "sub-agent"])
 async def test_a_run_its_caller_cancels_is_no_deadline_failure_when_its_cleanup_passes_it(
-    spans: Spans, histograms: Histograms
+    spans: Spans, histograms: Histograms, nested: bool
 ) -> None:
     """A run its caller cancels before its deadline was cancelled, not cut by the
     deadline, however long its cleanup (storing the stopped tool calls' results in a slow
-    store, within the grace) then takes: its spans end UNSET, its duration metric says
+    store, within the grace) then takes, a sub-agent's run too (whose cleanup passes the
+    deadline of the run it serves): its span ends UNSET, its duration metric says
     ``cancelled``, for any times of the cancellation, the deadline and the store."""
     rng = random.Random(20261207)
     for case in range(12):
         store = SlowOnceStopping(stall=rng.uniform(0.2, 1.5))
         cancel_at = rng.uniform(0.01, 0.5)
         timeout = cancel_at + rng.uniform(0.01, store.stall - 0.01)  # passed in cleanup
-        model = ScriptedModel([tool_call_response("wait", {}), text_response("done")])
+        first = tool_call_response("consult" if nested else "wait", {})
+        model = ScriptedModel([first, text_response("done")])
+        agent = (HelpedSlowly if nested else Waiting)(model=model, session_store=store)
         began = anyio.current_time()
         with anyio.move_on_after(cancel_at) as scope:
-            await Waiting(model=model, session_store=store).run(
-                "hi", session_id=f"s{case}", timeout=timeout
-            )
+            await agent.run("hi", session_id=f"s{case}", timeout=timeout)
         assert scope.cancelled_caught
         assert anyio.current_time() - began > timeout  # the cleanup went past the deadline
     assert not spans.still_open
-    assert len(spans.named("invoke_agent")) == 12
-    for span in spans.all():
+    runs = spans.named("invoke_agent")
+    assert len(runs) == (24 if nested else 12)
+    for span in runs if nested else spans.all():
         assert span.status.status_code is StatusCode.UNSET, span.name
         assert "error.type" not in attributes(span), span.name
     points = histograms.read()["gen_ai.invoke_agent.duration"]
-    assert [(dict(p.attributes or {})["error.type"], p.count) for p in points] == [
-        ("cancelled", 12)
-    ]
+    assert {dict(p.attributes or {})["error.type"] for p in points} == {"cancelled"}
+    assert sum(p.count for p in points) == len(runs)
 
 
 class Busy(Support):
