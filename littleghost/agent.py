@@ -473,9 +473,10 @@ def _check_hidden_marks(classes: Iterable[type]) -> None:
 
 def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
     """``ConfigurationError`` if a function of ``classes`` that no decorator marks and that
-    overrides no hook of ``cls`` looks meant for a hook, which nothing would ever call:
-    a wrapper of a hook whose decorator dropped its mark, or a public function named like
-    a hook kind, or almost (``def before_model(self, request)``, ``after_tools``)."""
+    overrides no hook of ``cls`` looks meant for a hook or a tool, which nothing would
+    ever call: a wrapper of a hook or ``@tool`` whose decorator dropped its mark, or a
+    public function named like a hook kind, or almost (``def before_model(self,
+    request)``, ``after_tools``)."""
     hooks = {entry.method for entry in hook_plan(cls)}
     for klass in classes:
         for attribute, value in vars(klass).items():
@@ -483,12 +484,16 @@ def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
                 continue
             if hook_kind(value) is not None or tool_options(value) is not None:
                 continue
-            wrapped = None if value.__name__ == attribute else _wrapped_hook(value)
-            if wrapped is not None:  # a decorator's wrapper (its def's own name) of a hook
+            wrapped = None if value.__name__ == attribute else _wrapped_mark(value)
+            if wrapped is not None:  # a decorator's wrapper (its def's own name) of one
+                what, nobody = (
+                    ("a @tool but is no tool", "the model would never be offered it")
+                    if wrapped == "tool"
+                    else (f"a @{wrapped} hook but is none", "nothing would call it")
+                )
                 raise ConfigurationError(
-                    f"{klass.__name__}.{attribute} wraps a @{wrapped} hook but is none: its "
-                    "decorator dropped the mark (functools.wraps keeps it), and nothing "
-                    "would call it"
+                    f"{klass.__name__}.{attribute} wraps {what}: its decorator dropped the "
+                    f"mark (functools.wraps keeps it), and {nobody}"
                 )
             if attribute.startswith("_"):
                 continue  # a private helper (_before_model) is the class's own
@@ -497,16 +502,16 @@ def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
                 raise unmarked
 
 
-def _wrapped_hook(function: Callable[..., Any]) -> str | None:
-    """The kind of a hook function that ``function`` closes over (the wrapper a decorator
-    made of it), if any."""
+def _wrapped_mark(function: Callable[..., Any]) -> str | None:
+    """``"tool"`` or the kind of a hook for a ``@tool`` or hook function that ``function``
+    closes over (the wrapper a decorator made of it), if any."""
     for cell in function.__closure__ or ():
         try:
             held = cell.cell_contents
         except ValueError:  # a cell not filled yet
             continue
         if inspect.isfunction(held) or isinstance(held, (staticmethod, classmethod)):
-            kind = hook_kind(held)
+            kind = "tool" if tool_options(held) is not None else hook_kind(held)
             if kind is not None:
                 return kind
     return None

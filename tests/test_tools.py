@@ -1945,6 +1945,70 @@ async def test_a_function_behind_a_wrapping_decorator_is_a_tool() -> None:
         assert (seen.is_error, seen.content) == (False, "9")
 
 
+def unwrapped(function: Any) -> Any:
+    """A decorator that forgets ``functools.wraps``: its wrapper has no ``@tool`` mark."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+def _lookup() -> Callable[..., Any]:
+    def lookup(self: Agent, order_id: str) -> str:
+        """Look an order up."""
+        return order_id
+
+    return lookup
+
+
+def _find() -> Callable[..., Any]:
+    def find(order_id: str) -> str:
+        """Find an order."""
+        return order_id
+
+    return find
+
+
+@pytest.mark.parametrize(
+    "marked",
+    [
+        lambda: tool(_lookup()),
+        lambda: tool(timeout=5)(_lookup()),
+        lambda: staticmethod(tool(_find())),
+        lambda: tool(staticmethod(_find())),
+    ],
+)
+@pytest.mark.parametrize("name", ["lookup", "_lookup"])
+def test_a_tool_whose_decorator_dropped_its_mark_fails(marked: Any, name: str) -> None:
+    """A decorator over a ``@tool`` that does not keep its mark made a method the model
+    was never offered, without a word: the class says which mark it dropped."""
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"Bad\.{name} wraps a @tool but is no tool: its decorator dropped the mark "
+        r"\(functools\.wraps keeps it\), and the model would never be offered it",
+    ):
+        type("Bad", (Agent,), {name: unwrapped(marked())})
+
+
+def test_a_helper_calling_a_tool_of_its_closure_is_taken() -> None:
+    """A method of the name it was defined with that calls a tool function is a helper."""
+
+    @tool
+    def find(order_id: str) -> str:
+        """Find an order."""
+        return order_id
+
+    class Orders(Agent):
+        tools = [find]
+
+        def first(self) -> str:
+            return find("1")
+
+    assert Orders().first() == "1"
+    assert [spec.name for spec in Orders().tool_specs] == ["find"]
+
+
 class Concurrent(Agent):
     def __init__(self, **overrides: Any) -> None:
         super().__init__(**overrides)
