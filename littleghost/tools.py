@@ -245,6 +245,12 @@ def define_tool(
     doc = inspect.getdoc(function) or ""
     summary, arg_docs = parse_docstring(doc)
     tool_description = options.get("description") or summary
+    if not tool_description and doc.strip():
+        raise ConfigurationError(
+            f"tool {tool_name!r} has no description: its docstring holds only sections "
+            "(Args:, say), and the model needs a description of the tool before them (or "
+            "pass @tool(description=...))"
+        )
     if not tool_description:
         stripped, instead = "", "@tool(description=...)"
         if sys.flags.optimize > 1:  # its Args: section went too

@@ -2089,6 +2089,19 @@ def no_doc(x: int) -> int:
     return x
 
 
+def only_args(x: int) -> int:
+    """
+    Args:
+        x: A number.
+    """
+    return x
+
+
+def only_params(x: int) -> int:
+    """:param x: A number."""
+    return x
+
+
 def no_annotation(x) -> int:  # type: ignore[no-untyped-def]
     """Has an untyped parameter."""
     return 0
@@ -2169,6 +2182,12 @@ async def test_a_generic_record_given_its_type_arguments_is_a_tool_argument() ->
     ("function", "fragment"),
     [
         (no_doc, "'no_doc' has no docstring"),
+        (
+            only_args,
+            "'only_args' has no description: its docstring holds only sections (Args:, "
+            "say), and the model needs a description of the tool before them",
+        ),
+        (only_params, "'only_params' has no description: its docstring holds only"),
         (
             bare_generic,
             "field 'entries': the type variable ~Entry has no type in its place; give the "
