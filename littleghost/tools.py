@@ -251,6 +251,13 @@ def define_tool(
             "(Args:, say), and the model needs a description of the tool before them (or "
             "pass @tool(description=...))"
         )
+    wrapped = None if doc else _wrapped_described(function)
+    if not tool_description and wrapped is not None:
+        raise ConfigurationError(
+            f"tool {tool_name!r} wraps {wrapped!r} but has no docstring: its decorator "
+            f"dropped the docstring, name and parameters of {wrapped!r} (functools.wraps "
+            "keeps them)"
+        )
     if not tool_description:
         stripped, instead = "", "@tool(description=...)"
         if sys.flags.optimize > 1:  # its Args: section went too
@@ -274,7 +281,7 @@ def define_tool(
     signature: list[_Parameter] = []
     context_parameter: str | None = None
     for parameter in parameters:
-        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        if parameter.kind in _VARIADIC:
             raise ConfigurationError(
                 f"tool {tool_name!r}: *args and **kwargs cannot be described to a model"
             )
@@ -353,6 +360,27 @@ def define_tool(
     )
 
 
+def _wrapped_described(function: Callable[..., Any]) -> str | None:
+    """The name of a function with a docstring that ``function``, taking ``*args`` or
+    ``**kwargs``, closes over (the wrapper a decorator made of it), if any."""
+    try:
+        taken = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if not any(parameter.kind in _VARIADIC for parameter in taken):
+        return None
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if isinstance(held, staticmethod):
+            held = held.__func__
+        if inspect.isfunction(held) and inspect.getdoc(held):
+            return str(held.__name__)
+    return None
+
+
 def _check_described(
     tool_name: str,
     described: Mapping[str, str],
@@ -378,6 +406,7 @@ def _check_described(
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:

@@ -1991,6 +1991,25 @@ def test_a_tool_whose_decorator_dropped_its_mark_fails(marked: Any, name: str) -
         type("Bad", (Agent,), {name: unwrapped(marked())})
 
 
+def test_a_function_whose_decorator_dropped_its_docstring_says_so() -> None:
+    """A wrapper without ``functools.wraps`` in ``tools=`` (or under ``@tool``) failed as
+    ``tool 'wrapper' has no docstring``, though the function it wraps has one."""
+    told = (
+        r"tool 'wrapper' wraps 'find' but has no docstring: its decorator dropped the "
+        r"docstring, name and parameters of 'find' \(functools\.wraps keeps them\)"
+    )
+    with pytest.raises(ConfigurationError, match=rf"^Agent\(…, tools=\): {told}"):
+        Agent(tools=[unwrapped(_find())])
+    with pytest.raises(ConfigurationError, match=rf"^{told}"):
+        tool(unwrapped(_find()))
+
+    def made(order_id: str) -> str:  # no docstring of its own, no wrapper
+        return _find()(order_id)
+
+    with pytest.raises(ConfigurationError, match=r"tool 'made' has no docstring: the model"):
+        Agent(tools=[made])
+
+
 def test_a_helper_calling_a_tool_of_its_closure_is_taken() -> None:
     """A method of the name it was defined with that calls a tool function is a helper."""
 
