@@ -25,6 +25,7 @@ from attrs import frozen
 
 from littleghost._validators import is_number, safe_repr
 from littleghost.errors import ConfigurationError
+from littleghost.hooks import hook_kind
 from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
 from littleghost.tool_docs import parse_docstring
@@ -123,6 +124,12 @@ def tool(
         if isinstance(target, classmethod):
             raise ConfigurationError("@tool decorates a function, a method or a staticmethod")
         function = target.__func__ if isinstance(target, staticmethod) else target
+        kind = hook_kind(function)
+        if kind is not None:  # before its parameters, which are the hook's, are read
+            marked = _method_place(function) or f"@tool: {function.__name__!r}"
+            raise ConfigurationError(
+                f"{marked} is already a @{kind} hook: a method is a @tool or a hook, not both"
+            )
         if not inspect.isfunction(inspect.unwrap(function)):  # functools.cache's too
             raise ConfigurationError(
                 "@tool decorates a function (a def, in a class body for a method), not "

@@ -28,6 +28,7 @@ from littleghost import (
     Message,
     RunContext,
     ToolCall,
+    after_tool,
     before_model,
     manage_context,
     tool,
@@ -1407,6 +1408,34 @@ def test_a_method_both_tool_and_hook_fails_saying_so() -> None:
             def lookup(self, query: str) -> str:
                 """Look it up."""
                 return query
+
+
+def test_a_tool_over_a_hook_fails_saying_so_before_reading_its_parameters() -> None:
+    """``@tool`` over a hook read the hook's parameters as the tool's first, and failed
+    on them (``request`` needs a type annotation; ``ModelRequest`` cannot be described)."""
+    told = r"Both\.{} is already a @{} hook: a method is a @tool or a hook, not both"
+    with pytest.raises(ConfigurationError, match=told.format("cap", "before_model")):
+
+        class Both(Agent):
+            @tool
+            @before_model
+            def cap(self, request: ModelRequest) -> None:
+                """Cap the request."""
+
+    with pytest.raises(ConfigurationError, match=told.format("note", "after_tool")):
+
+        class Both(Agent):  # type: ignore[no-redef]
+            @tool
+            @after_tool
+            def note(self, result):  # type: ignore[no-untyped-def]
+                """Note the result."""
+                return result
+
+    def audit(request: ModelRequest) -> None:
+        """Audit the request."""
+
+    with pytest.raises(ConfigurationError, match=r"^@tool: 'audit' is already a @before_model"):
+        tool(before_model(audit))
 
 
 def test_overriding_a_hook_with_a_tool_fails() -> None:
