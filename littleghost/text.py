@@ -266,9 +266,10 @@ def json_object(
     ``well_formed`` makes it), a mapping in it is not a dict or a value or key in it is of
     a subclass of a JSON type (made that type); its text (``json_text``:
     ``NaN``, ``Infinity``, an int too long to write in hexadecimal, whole) when it holds a
-    number JSON text cannot carry or nests more than ``MAX_DEPTH`` levels deep, which no
-    JSON reader takes, so the call is answered with an error, as a provider's unreadable
-    arguments are. One walk, in Python: cheaper than encoding ``value``.
+    number JSON text cannot carry or nests more than ``MAX_DEPTH`` levels deep (past what
+    Python writes, its first levels: ``_first_levels``), which no JSON reader here takes,
+    so the call is answered with an error, as a provider's unreadable arguments are. One
+    walk, in Python: cheaper than encoding ``value``.
 
     Raises:
         TypeError: ``value`` holds what JSON has no form for: a key that is not a str, a
@@ -283,15 +284,35 @@ def json_object(
         where = name + "".join(reversed(problem.path))
         raise TypeError(f"{where} {problem.problem}; arguments hold only {_ALLOWED}") from None
     try:
-        if flags & _REBUILD:
-            value = _rebuilt(value)  # type: ignore[assignment]
-        if flags & _TEXT:
-            return well_formed(json_text(dict(value)))
-    except (ValueError, RecursionError):  # contains itself, or nests past the encoder
-        raise TypeError(
-            f"{name} contains itself or nests too deep to write; arguments hold only {_ALLOWED}"
-        ) from None
+        try:
+            if flags & _REBUILD:
+                value = _rebuilt(value)  # type: ignore[assignment]
+            if flags & _TEXT:
+                return well_formed(json_text(dict(value)))
+        except RecursionError:  # nests past what Python writes: its first levels are
+            return well_formed(json_text(_first_levels(value, MAX_DEPTH + 1, ())))
+    except ValueError:  # contains itself
+        raise TypeError(f"{name} contains itself; arguments hold only {_ALLOWED}") from None
     return value
+
+
+def _first_levels(value: object, levels: int, within: tuple[int, ...]) -> object:
+    """``value`` down to ``levels`` containers deep, each container deeper written
+    ``"…"`` (still too deep for a reader that takes ``MAX_DEPTH`` levels).
+
+    Raises:
+        ValueError: ``value`` contains itself within those levels.
+    """
+    if not isinstance(value, (Mapping, list, tuple)) or isinstance(value, str):
+        return value
+    if id(value) in within:
+        raise ValueError("a value contains itself")
+    if levels == 0:
+        return "…"
+    inside = (*within, id(value))
+    if isinstance(value, Mapping):
+        return {key: _first_levels(item, levels - 1, inside) for key, item in value.items()}
+    return [_first_levels(item, levels - 1, inside) for item in value]
 
 
 def _scan_mapping(value: Mapping[str, Any], levels: int) -> int:

@@ -38,11 +38,13 @@ pytestmark = pytest.mark.anyio
 LONG = 7 * 10 ** sys.get_int_max_str_digits() + 1
 
 
-def _deep() -> list[Any]:
-    value: list[Any] = []
-    for _ in range(100):
+def _nested(lists: int, innermost: list[Any]) -> list[Any]:
+    """``lists`` lists, each in the next, ``innermost`` the deepest (made without
+    recursion: deeper than Python's recursion goes too)."""
+    value = innermost
+    for _ in range(lists - 1):
         value = [value]
-    return value  # 101 lists: one level more than MAX_DEPTH under the arguments' object
+    return value
 
 
 KEPT_AS_TEXT = {
@@ -50,8 +52,12 @@ KEPT_AS_TEXT = {
     "infinity": {"n": math.inf},
     "-infinity": {"n": [1, -math.inf]},
     "long-int": {"n": {"total": LONG}},
-    "too-deep": {"n": _deep()},
+    "too-deep": {"n": _nested(101, [])},  # one level more than MAX_DEPTH under the object
+    "past-python": {"n": _nested(100_000, [])},
 }
+TEXTS = {"past-python": json_text({"n": _nested(100, ["…"])})}
+"""The text of arguments nested deeper than Python writes: their first levels, one more
+than MAX_DEPTH (each container deeper written "…")."""
 
 
 class Color(str, enum.Enum):
@@ -266,7 +272,7 @@ async def test_arguments_json_text_cannot_carry_are_their_text_on_every_path(
 ) -> None:
     """Whatever makes the call, its arguments are their text everywhere, the log whole."""
     arguments = KEPT_AS_TEXT[kind]
-    text = json_text(arguments)
+    text = TEXTS[kind] if kind in TEXTS else json_text(arguments)
     store, result = await _run(path, arguments, server)
     assert not isinstance(result, BaseException), result
     log = result.messages
@@ -357,5 +363,8 @@ def test_a_mapping_in_the_arguments_is_kept_as_a_dict_and_one_holding_itself_is_
     check_storable([Message.assistant(tool_calls=[call])])
     looped: dict[str, Any] = {}
     looped["self"] = [looped]
-    with pytest.raises(TypeError, match=r"^ToolCall\.arguments contains itself or nests too deep"):
+    with pytest.raises(TypeError, match=r"^ToolCall\.arguments contains itself; arguments"):
+        ToolCall("c", "f", looped)
+    looped["text"] = "\ud800"  # rebuilt (its lone surrogate replaced) before it is written
+    with pytest.raises(TypeError, match=r"^ToolCall\.arguments contains itself; arguments"):
         ToolCall("c", "f", looped)
