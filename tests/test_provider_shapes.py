@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
@@ -23,7 +24,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
 )
 from littleghost.messages import Message
-from littleghost.models import ModelRequest, ToolSpec
+from littleghost.models import ModelRequest, ModelResponse, ToolSpec
 from littleghost.models.anthropic import LONGEST_UNSTREAMED
 from littleghost.models.streaming import StreamDone, ToolCallChunk
 from littleghost.sessions import InMemorySessionStore
@@ -549,6 +550,39 @@ async def test_a_usage_count_not_believable_is_not_reported_and_the_answer_kept(
     chat = spans.one("chat").attributes or {}
     assert "gen_ai.usage.input_tokens" not in chat
     assert chat["gen_ai.usage.output_tokens"] == 6
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_anthropic_prompt_parts_summing_past_an_int64_stop_there(
+    streamed: bool, anthropic_model: Make
+) -> None:
+    """The prompt's size is Anthropic's input, cache-read and cache-write counts summed:
+    parts each an int64 whose sum is past one stop at 2**63 - 1, as a sum of usages
+    does, and never fail the answer (usage only describes it)."""
+    most = 2**63 - 1
+    counts = random.Random(7)
+    for _ in range(20):
+        parts = [counts.choice([0, 1, most // 2 + 1, most - 1, most]) for _ in range(3)]
+        usage = dict(
+            zip(
+                ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"],
+                parts,
+                strict=True,
+            )
+        )
+        if streamed:
+            events = [message_start(usage), *text_block(0, "fine"), *finish("end_turn", 6)]
+            model = anthropic_model(_sse(anthropic_sse(*events)))
+        else:
+            body = message_body(
+                [{"type": "text", "text": "fine"}], usage={**usage, "output_tokens": 6}
+            )
+            model = anthropic_model(_json(body))
+        response = await _outcome(model, streamed)
+        assert isinstance(response, ModelResponse), response
+        assert response.usage.input_tokens == min(sum(parts), most)
+        assert response.usage.cache_read_tokens == parts[1]
+        assert response.usage.output_tokens == 6
 
 
 async def test_a_streamed_delta_of_another_type_fails_the_run_and_keeps_the_log(

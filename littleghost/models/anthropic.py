@@ -21,6 +21,7 @@ import anyio
 import attrs
 
 from littleghost import logs
+from littleghost._validators import MAX_TOKEN_COUNT
 from littleghost.errors import ConfigurationError, ContextWindowOverflowError, ProtocolError
 from littleghost.messages import (
     ImagePart,
@@ -320,13 +321,13 @@ def stop_reason(reason: str | None, has_tool_calls: bool) -> StopReason:
 
 def _usage(usage: Any) -> Usage:
     """The API's ``input_tokens`` leave out cache writes and reads; the prompt's size
-    (``Usage.input_tokens``) is all three."""
+    (``Usage.input_tokens``) is all three, a sum that stops at ``MAX_TOKEN_COUNT``."""
     if usage is None:
         return Usage()
     cache_write = reported(usage, "cache_creation_input_tokens")
     cache_read = reported(usage, "cache_read_input_tokens")
     return reported_usage(
-        reported(usage, "input_tokens") + cache_write + cache_read,
+        min(reported(usage, "input_tokens") + cache_write + cache_read, MAX_TOKEN_COUNT),
         reported(usage, "output_tokens"),
         cache_read=cache_read,
         cache_write=cache_write,
