@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import email.utils
+import math
+import random
 import time
 
 import pytest
@@ -654,6 +656,35 @@ def test_retry_after_forms(
     headers: dict[str, str] | None, message: str, expected: float | None
 ) -> None:
     assert retry_after_seconds(headers, message=message) == expected
+
+
+def test_a_wait_past_what_a_float_holds_is_none_in_every_form() -> None:
+    """A wait in the message, a ``retryDelay`` or a reset header is read as a float: a
+    figure of hundreds of digits is none (as such a ``retry-after`` header is), not an
+    infinite wait; one of fewer digits is read as it is."""
+    digits = random.Random(3)
+    for _ in range(200):
+        figure = str(digits.randint(1, 9)) + "9" * digits.choice([0, 3, 100, 309, 400])
+        forms = [
+            ({}, None, f"Please try again in {figure}s."),
+            ({}, None, f"Please try again in {figure}h{figure}m0s."),
+            ({}, None, f"Rate limit is exceeded. Please retry after {figure} seconds."),
+            ({}, {"error": {"details": [{"retryDelay": f"{figure}s"}]}}, ""),
+            (
+                {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": f"{figure}s"},
+                None,
+                "",
+            ),
+            ({"retry-after": figure}, None, ""),
+        ]
+        for headers, body, message in forms:
+            error = classify_error(
+                provider="openai", status=429, body=body, message=message, headers=headers
+            )
+            assert type(error) is RateLimitError
+            wait = error.retry_after
+            assert wait is None or math.isfinite(wait), (figure, headers, body, message)
+            assert (wait is None) == (len(figure) > 300), (figure, headers, body, message)
 
 
 def test_retry_after_as_an_http_date() -> None:

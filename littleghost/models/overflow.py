@@ -294,7 +294,13 @@ def retry_after_seconds(
     an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" (or ``20ms``,
     ``6m0s``, ``1h2m3s``) in the message, else OpenAI's ``x-ratelimit-reset-requests``
     or ``-tokens`` of a limit used up (its ``x-ratelimit-remaining-*`` at 0; the longer
-    when both are)."""
+    when both are). A wait past what a float holds (a figure of hundreds of digits) is
+    none."""
+    seconds = _asked_wait(headers, body, message)
+    return seconds if seconds is None or math.isfinite(seconds) else None
+
+
+def _asked_wait(headers: Mapping[str, str] | None, body: object, message: str) -> float | None:
     value = _header(headers, "retry-after-ms")
     if value is not None:
         try:
