@@ -10,6 +10,7 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import anthropic
@@ -32,12 +33,14 @@ from littleghost.errors import (
 )
 from littleghost.events import Event, ModelCallRetried, RunFinished, TextDelta
 from littleghost.messages import Message, Role
-from littleghost.models import Usage
+from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.overflow import MAX_DETAIL_CHARS
+from littleghost.models.streaming import StreamDone
 from tests.raw_http import Behaviour, Connection, RawServer, refused_url
 from tests.sdk_bodies import (
+    SDKClients,
     anthropic_events,
     chunk,
     completion_body,
@@ -227,11 +230,13 @@ def cut(events: list[bytes]) -> Behaviour:
 
 
 ENDINGS = ("reset", "reset after the last event", "closed", "stalled")
+UNENDED = ("reset before its blank line", "reset before its line end", "stalled before its end")
+"""Endings right after the finish reason's data line, before what ends its event."""
 
 
 @pytest.mark.parametrize(
     ("provider", "ending"),
-    [(provider, ending) for provider in PROVIDERS for ending in ENDINGS]
+    [(provider, ending) for provider in PROVIDERS for ending in ENDINGS + UNENDED]
     + [("openai", "reset before the usage")],  # Anthropic's come in one event
 )
 async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
@@ -242,13 +247,17 @@ async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
     the stream's last event (``[DONE]``, ``message_stop``), or after it, costs no second
     call. The answer is the run's, billed once with what the stream reported; where the
     connection broke before an OpenAI usage chunk, the usage is not known (a retry would
-    not tell it either, and would be billed again)."""
-    sent = whole_answer(
-        provider, usage=ending != "reset before the usage", last=ending.endswith("last event")
-    )
-    behaviour = {"closed": cut, "stalled": stalled}.get(ending, broken)(sent)
-    server = servers(behaviour, answered(provider, "again"))
-    model = model_of(provider, server.url, request_timeout=0.5 if ending == "stalled" else 1)
+    not tell it either, and would be billed again). So is one broken right after the
+    data line of the event that gives the finish reason, before its blank line or its
+    line end: the event is whole, as it is when the body ends there."""
+    unknown = ending == "reset before the usage" or (ending in UNENDED and provider == "openai")
+    sent = whole_answer(provider, usage=not unknown, last=ending.endswith("last event"))
+    if ending in UNENDED:
+        sent[-1] = sent[-1][: -1 if ending.endswith("blank line") else -2]
+    stall = ending.startswith("stalled")
+    behaviour = stalled if stall else cut if ending == "closed" else broken
+    server = servers(behaviour(sent), answered(provider, "again"))
+    model = model_of(provider, server.url, request_timeout=0.5 if stall else 1)
     async with Plain(model=model) as agent:
         events, log = await streamed(agent, timeout=20)
         _, later = await streamed(agent, timeout=20)  # the model serves on
@@ -256,10 +265,61 @@ async def test_a_stream_lost_once_its_answer_was_whole_is_kept_not_asked_again(
     assert not [event for event in events if isinstance(event, ModelCallRetried)]
     [finished] = [event for event in events if isinstance(event, RunFinished)]
     assert finished.result.output == "ABC"
-    expected = Usage() if ending == "reset before the usage" else Usage(30, 4)
+    expected = Usage() if unknown else Usage(30, 4)
     assert finished.result.usage == expected
     assert [message.text for message in log] == ["hello", "ABC"]
     assert len(server.requests) == 2  # this run's one call, and the next run's
+
+
+class _CutBody(httpx2.AsyncByteStream):
+    """A body sent as ``pieces``, then ended by ``ending`` (raised) or closed (``None``)."""
+
+    def __init__(self, pieces: list[bytes], ending: Exception | None) -> None:
+        self.pieces = pieces
+        self.ending = ending
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+        if self.ending is not None:
+            raise self.ending
+
+
+async def test_a_stream_broken_anywhere_is_kept_exactly_when_its_finish_reason_came(
+    sdk_clients: SDKClients,
+) -> None:
+    """Streams cut at random bytes, in random pieces, then reset, gone silent or closed:
+    the answer is kept exactly when the data of the event with its finish reason came
+    whole (its blank line or line end may be missing), else the call failed, retried."""
+    picks = random.Random(11)
+    request = ModelRequest([Message.user("hi")])
+    for _ in range(300):
+        provider = picks.choice(PROVIDERS)
+        events = whole_answer(provider, last=True)
+        finishing = 2 if provider == "openai" else len(events) - 1  # through its finish reason
+        body = b"".join(events)
+        whole_from = len(b"".join(events[:finishing])) - 2  # its data's last byte in
+        near = whole_from + picks.randrange(-2, 3)  # the cuts that tell most: half of them
+        cut = picks.choice([picks.randrange(len(body) + 1), near])
+        pieces, at = [], 0
+        while at < cut:
+            pieces.append(body[at : min(cut, at + picks.randrange(1, 40))])
+            at += len(pieces[-1])
+        ending = picks.choice([httpx2.ReadError("reset"), httpx2.ReadTimeout("silent"), None])
+        stream = _CutBody(pieces, ending)
+        answer = httpx2.Response(200, stream=stream, headers={"content-type": "text/event-stream"})
+        model = (sdk_clients.openai_model if provider == "openai" else sdk_clients.anthropic_model)(
+            lambda request, answer=answer: answer
+        )
+        kept: list[ModelResponse] = []
+        try:
+            async with aclosing(model.stream(request)) as chunks:
+                kept += [chunk.response async for chunk in chunks if isinstance(chunk, StreamDone)]
+        except ProviderUnavailableError:
+            pass
+        assert [response.message.text for response in kept] == (
+            ["ABC"] if cut >= whole_from else []
+        ), (provider, cut, whole_from, ending)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

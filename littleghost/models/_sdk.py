@@ -875,11 +875,12 @@ async def sse_events(
     A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last event is whole but for its blank line or line ending (its data is
     JSON, or ``[DONE]``; an ``error`` event's is any text): it is given, and the provider
-    tells from it whether the answer ended. Once ``whole()`` says the events given hold
-    the whole answer (its finish reason came), the body's end is near and tells nothing
-    more: a connection lost or gone silent then (the HTTP library's error), or an event
-    cut off, ends the events as the body's end does, so a billed, complete answer is not
-    asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
+    tells from it whether the answer ended; so it is when the connection is lost there,
+    whose error is raised after it unless it ended the answer. Once ``whole()`` says the
+    events given hold the whole answer (its finish reason came), the body's end is near
+    and tells nothing more: a connection lost or gone silent then (the HTTP library's
+    error), or an event cut off, ends the events as the body's end does, so a billed,
+    complete answer is not asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
     stops early, so no reader is left for the garbage collector (which trio reports).
 
     A body of JSON in place of events holds no answer: the error it reports (a
@@ -892,6 +893,7 @@ async def sse_events(
     data: list[str] = []
     sent: bytearray | None = bytearray()  # the body, until a field of an event came
     first = True  # the body's first line: a byte order mark before it is not its text
+    lost: BaseException | None = None  # the connection, lost once the events given were read
     async with aclosing(response.aiter_bytes()) as chunks:
         try:
             async for chunk in chunks:
@@ -925,24 +927,51 @@ async def sse_events(
                         data.append(value)
         except transport_errors()[0] as error:
             if not whole():
-                raise
-            logger.info(
-                "%s: the connection was lost (%s) after the answer was whole; it is kept",
-                provider,
-                type(error).__name__,
-            )
+                last, cut = _pending(buffer, data, event, first)
+                if last is None or cut:
+                    raise
+                lost = error  # right after an event whole but for its blank line
+            else:
+                _log_kept(provider, error)
     if sent is not None:
         _raise_sent_error(provider, bytes(sent))
-    if buffer.strip():  # a partial line, or a whole one without its line ending
+    last, cut = _pending(buffer, data, event, first)
+    if cut and not whole():
+        raise stream_cut_off(provider)
+    if last is not None:  # a last event without its blank line: whether the answer
+        yield last  # ended, it tells
+    if lost is not None:
+        if not whole():
+            raise lost
+        _log_kept(provider, lost)
+
+
+def _pending(
+    buffer: bytearray, data: list[str], event: str | None, first: bool
+) -> tuple[tuple[str | None, str] | None, bool]:
+    """What a body of events that ends with ``buffer`` unread (a partial line, or a whole
+    one without its line ending) and ``data`` lines not given leaves: its last event,
+    when whole but for its blank line or line ending (its data JSON or ``[DONE]``; an
+    ``error`` event's any text), and whether anything was cut off."""
+    data = list(data)
+    cut = False
+    if buffer.strip():
         line = buffer.rstrip(b"\r").decode("utf-8", "replace")
         name, _, value = (line.removeprefix(_BYTE_ORDER_MARK) if first else line).partition(":")
         value = value[1:] if value.startswith(" ") else value
         if name == "data" and _whole(value):
             data.append(value)
-        elif not whole():
-            raise stream_cut_off(provider)
+        else:
+            cut = True
     last = "\n".join(data)
-    if data and (event == "error" or _whole(last)):  # a last event without its blank line:
-        yield event, last  # whether the answer ended, it tells
-    elif data and not whole():  # cut between its data lines
-        raise stream_cut_off(provider)
+    if data and (event == "error" or _whole(last)):
+        return (event, last), cut
+    return None, cut or bool(data)  # cut between its data lines
+
+
+def _log_kept(provider: str, error: BaseException) -> None:
+    logger.info(
+        "%s: the connection was lost (%s) after the answer was whole; it is kept",
+        provider,
+        type(error).__name__,
+    )
