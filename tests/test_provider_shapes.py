@@ -585,6 +585,47 @@ async def test_anthropic_prompt_parts_summing_past_an_int64_stop_there(
         assert response.usage.output_tokens == 6
 
 
+async def test_openai_calls_streamed_in_any_order_are_listed_as_unstreamed(
+    openai_model: Make,
+) -> None:
+    """Parallel calls whose pieces come interleaved, a later call's first piece before an
+    earlier one's, are the calls of the unstreamed answer, in the order of their indexes
+    (the order it lists them in)."""
+    picks = random.Random(5)
+    for _ in range(100):
+        count = picks.randrange(2, 5)
+        arguments = [json.dumps({"a": picks.randrange(100), "b": "x" * n}) for n in range(count)]
+        pieces = []
+        for index, text in enumerate(arguments):
+            cuts = sorted(picks.sample(range(1, len(text)), 2))
+            parts = [text[: cuts[0]], text[cuts[0] : cuts[1]], text[cuts[1] :]]
+            started = {"id": f"call_{index}", "type": "function", "function": {"name": "add"}}
+            pieces.append(
+                [{"index": index, **started}]
+                + [{"index": index, "function": {"arguments": part}} for part in parts]
+            )
+        chunks = []
+        while any(pieces):
+            waiting = picks.choice([call for call in pieces if call])
+            chunks.append(chunk({"tool_calls": [waiting.pop(0)]}))
+        streamed = await _outcome(
+            openai_model(_sse(openai_sse(*chunks, chunk({}, "tool_calls")))), streamed=True
+        )
+        listed = [
+            {
+                "id": f"call_{index}",
+                "type": "function",
+                "function": {"name": "add", "arguments": text},
+            }
+            for index, text in enumerate(arguments)
+        ]
+        whole = completion_body({"tool_calls": listed}, "tool_calls")
+        unstreamed = await _outcome(openai_model(_json(whole)), streamed=False)
+        assert isinstance(streamed, ModelResponse), streamed
+        assert isinstance(unstreamed, ModelResponse), unstreamed
+        assert streamed.message.tool_calls == unstreamed.message.tool_calls
+
+
 async def test_a_streamed_delta_of_another_type_fails_the_run_and_keeps_the_log(
     anthropic_model: Make, spans: Spans
 ) -> None:

@@ -915,6 +915,7 @@ class OpenAIModel:
                                     # gives every parallel call index 0)
                                     if call is None or (named and call["id"] not in (None, named)):
                                         call = {
+                                            "index": index,
                                             "id": named,
                                             "type": kind,
                                             "name": "",
@@ -971,6 +972,8 @@ class OpenAIModel:
                 raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
             if finish_reason == _FULL_WINDOW:
                 raise _window_full(self.provider, usage)
+            if all(call["index"] is not None for call in calls):  # their places, as listed
+                calls.sort(key=lambda call: call["index"])  # unstreamed (stable: Ollama's)
             tool_calls = [
                 (
                     ToolCall(
