@@ -880,8 +880,9 @@ async def sse_events(
     events given hold the whole answer (its finish reason came), the body's end is near
     and tells nothing more: a connection lost or gone silent then (the HTTP library's
     error), or an event cut off, ends the events as the body's end does, so a billed,
-    complete answer is not asked for again. Reads ``response.aiter_bytes()`` and closes it, also when the caller
-    stops early, so no reader is left for the garbage collector (which trio reports).
+    complete answer is not asked for again. Reads ``response.aiter_bytes()`` and closes
+    it, also when the caller stops early, so no reader is left for the garbage collector
+    (which trio reports).
 
     A body of JSON in place of events holds no answer: the error it reports (a
     gateway's, sent with a 200, as to a request not streamed) is raised, classified;
