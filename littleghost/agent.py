@@ -986,6 +986,12 @@ class Agent:
             )
         return declared
 
+    def _model_string(self) -> str | None:
+        """The model string this agent's runs make their model from (``None``: it was
+        given a ``Model``)."""
+        declared = self._declared_model()
+        return declared if isinstance(declared, str) else None
+
     def resolve_model(self) -> Model:
         """The model this agent runs with: its ``model`` when that is a ``Model``, else
         the one made from its model string (once per string; ``aclose()`` closes it).

@@ -34,10 +34,14 @@ class OwnedModels:
         """The model of ``declared``, made the first time (threads asking at once share
         it)."""
         with _LOCK:
-            model = self._by_string.get(declared)
-            if model is None:
-                model = self._by_string[declared] = resolve(declared)
-            return model
+            return self._current(declared)
+
+    def _current(self, declared: str) -> Model:
+        """The model of ``declared`` (``_LOCK`` held)."""
+        model = self._by_string.get(declared)
+        if model is None:
+            model = self._by_string[declared] = resolve(declared)
+        return model
 
     def give_up(self) -> list[Model]:
         """Forget every model (the next use makes a new one); those no use holds are
@@ -57,17 +61,26 @@ class OwnedModels:
 
     @contextlib.asynccontextmanager
     async def use(
-        self, model: Model, grace: float, *, by: Callable[[], float] = lambda: math.inf
-    ) -> AsyncIterator[None]:
-        """Use ``model`` for the block; when it is the last use of a model given up
-        meanwhile, the model is closed as the block ends (``close_models`` with ``grace``,
-        not past the time ``by()``), failing with ``CleanupError`` (unless the caller's
+        self,
+        model: Model,
+        grace: float,
+        *,
+        by: Callable[[], float] = lambda: math.inf,
+        declared: str | None = None,
+    ) -> AsyncIterator[Model]:
+        """Use ``model`` for the block, and yield it (``model`` made from ``declared``
+        and given up since, by ``aclose()`` in another thread, the model of ``declared``
+        now in its place). When it is the last use of a model given up meanwhile, the
+        model is closed as the block ends (``close_models`` with ``grace``, not past the
+        time ``by()``), failing with ``CleanupError`` (unless the caller's
         cancellation came meanwhile: that goes on); leaving by an exception, that
         exception goes on (a deadline's with the failure as its cause)."""
         with _LOCK:
+            if declared is not None:
+                model = self._current(declared)
             self._uses[id(model)] = self._uses.get(id(model), 0) + 1
         try:
-            yield
+            yield model
         except BaseException as error:
             if self._last_use(model):
                 close = functools.partial(close_models, [model], grace, by=by())

@@ -254,8 +254,10 @@ async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str
     transcript of the request that asked it, without the question (as the run logged it
     or a hook rebuilt it: what the user asked is not what the model was shown)."""
     plan = runner.plan_run(agent, question, history=log, output_type=str)
-    model = _Asking(agent.resolve_model())
-    async with agent._models.use(model.model, agent.cleanup_grace):  # closed here if given up
+    async with agent._models.use(  # closed here if given up
+        agent.resolve_model(), agent.cleanup_grace, declared=agent._model_string()
+    ) as used:
+        model = _Asking(used)
         result = await runner.run(agent, plan, make_model=lambda: model, observe=model.observe)
     if model.asked is None:  # a model of the agent's own that never answered a turn
         raise ProtocolError(f"check_retention: {agent.name}'s run answered without a model call")

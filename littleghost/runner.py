@@ -289,7 +289,10 @@ async def run(
 
             with agent._runs.track(lambda: runs[0].grace if runs else None):
                 # a model the agent gave up meanwhile (aclose()) is closed as its cleanup
-                async with agent._models.use(model, agent.cleanup_grace, by=stop):
+                declared = None if make_model else agent._model_string()
+                async with agent._models.use(
+                    model, agent.cleanup_grace, by=stop, declared=declared
+                ) as model:
                     try:
                         with _nested(agent):
                             return await _run_in(span, agent, plan, model, sink, seen, held)

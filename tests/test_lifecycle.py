@@ -591,6 +591,41 @@ async def cancelled_in_its_tool(agent: Agent, in_tool: anyio.Event) -> AsyncIter
         yield
 
 
+class Pausing:
+    """A model whose ``default_max_tokens``, read in the thread ``serving`` as its run
+    starts (once the run has the model, before it uses it), waits until ``go`` is set:
+    the moment a thread switch may come there, made to last."""
+
+    provider = "pausing"
+    context_window = None
+    made: list[Pausing] = []
+    reached = threading.Event()
+    go = threading.Event()
+
+    def __init__(self, name: str | None) -> None:
+        self.closed = False
+        Pausing.made.append(self)
+
+    name = "pausing"
+
+    @property
+    def default_max_tokens(self) -> None:
+        if threading.current_thread().name == "serving" and not Pausing.go.is_set():
+            Pausing.reached.set()
+            assert Pausing.go.wait(10)
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        if self.closed:
+            raise RuntimeError("used after aclose")
+        return text_response("hello")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+register_provider("pausing", Pausing)
+
+
 class TestClosingDuringRuns:
     """``aclose()`` while runs of the agent are in flight: they keep their model, closed
     as the last of them ends (it was closed under them, and reopened by their next call;
@@ -631,6 +666,39 @@ class TestClosingDuringRuns:
         first, second = LoopBound.made
         assert first.closed and not second.closed
         await agent.aclose()
+        assert second.closed
+
+    def test_a_run_in_another_thread_keeps_off_a_model_closed_as_it_started(self) -> None:
+        """Threads share an agent, each running it in an event loop of its own: an
+        ``aclose()`` in one, coming after a run in another took the model made from the
+        agent's model string but before it counted its use, closed that model under the
+        run (``used after aclose``; a ``LocalModel``'s server stopped mid-run). The run
+        takes the model the string gives then."""
+        Pausing.made.clear()
+        Pausing.reached.clear()
+        Pausing.go.clear()
+
+        class Shared(Agent):
+            model = "pausing:m"
+
+        agent = Shared()
+        outputs: list[str] = []
+
+        def serve() -> None:
+            outputs.append(anyio.run(agent.run, "Hi.").output)
+
+        server = threading.Thread(target=serve, name="serving")
+        server.start()
+        try:
+            assert Pausing.reached.wait(10)
+            anyio.run(agent.aclose)
+        finally:
+            Pausing.go.set()
+            server.join(10)
+        assert outputs == ["hello"]
+        first, second = Pausing.made
+        assert first.closed and not second.closed
+        anyio.run(agent.aclose)
         assert second.closed
 
     async def test_leaving_async_with_during_a_run(self) -> None:

@@ -61,8 +61,9 @@ async def compact_log(
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
     log = check_history(messages, "messages")
     with requested_compaction(telemetry.run_names(agent.name)) as found:
-        model = agent.resolve_model()
-        async with agent._models.use(model, agent.cleanup_grace):  # closed here if given up
+        async with agent._models.use(  # closed here if given up
+            agent.resolve_model(), agent.cleanup_grace, declared=agent._model_string()
+        ) as model:
             if config.summarize and config.context_window_override is None:
                 await prepare(model)  # a local model learns its window there; else at its call
             found.window = context_window(model, config)
