@@ -102,6 +102,9 @@ class Grace:
     cancel_seen: bool = field(default=False, kw_only=True)
     """True once a task of the run (a tool call's) has seen the run's tools cancelled: the
     run is ending, though its own task may not have taken up its cleanup yet."""
+    tool_calls: anyio.CancelScope | None = field(default=None, kw_only=True)
+    """The scope of the tool calls running now: once cancelled, the run is ending, though
+    no task of it may have seen it yet (a tool in a shielded scope)."""
     run_deadline: float | None = field(default=None, kw_only=True)
     """The run's own deadline (``timeout``/``deadline``), if any."""
     _thread: int = field(factory=threading.get_ident, init=False, repr=False)
@@ -147,6 +150,13 @@ class Grace:
     def stopping(self) -> bool:
         """True once the run has begun to stop."""
         return self._stop_by is not None
+
+    @property
+    def ending(self) -> bool:
+        """True once the run has begun to stop, or its tool calls were cancelled (its own
+        task may not have taken up its cleanup yet)."""
+        calls = self.tool_calls
+        return self.stopping or self.cancel_seen or (calls is not None and calls.cancel_called)
 
     def stop(self) -> float:
         """Mark the run as stopping (once); return the time cleanup must end by.

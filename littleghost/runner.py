@@ -890,9 +890,11 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     context._running = frozenset(call.id for call in calls)
     try:
         async with anyio.create_task_group() as group:
+            context.grace.tool_calls = group.cancel_scope  # cancelled, the run is ending
             for index, call in enumerate(calls):
                 group.start_soon(run_one, index, call)
     finally:
+        context.grace.tool_calls = None
         context._running = frozenset()  # the batch's tools are done (none appends any more)
         # Each call's answer is told by its own message, not its call id (ids may repeat);
         # a write cut off by the stop may have put some in the log all the same. The calls

@@ -5,8 +5,8 @@ once, before the stopped runs have stored their last messages; then the event lo
 end cancels every task left, with no regard for a shield (``asyncio.run`` cancels the
 cleanup's tasks too), and those writes are lost. ``aclose()`` therefore first waits for
 the runs of its event loop that are stopping, not past their stop times. A run is
-stopping once its cleanup has begun, once a task of its tool calls has seen them
-cancelled, or while a cancellation is pending in its task or a task under it (it has been
+stopping once its cleanup has begun, once its tool calls are cancelled (seen by a task
+of them or not: a tool may work in a shielded scope), or while a cancellation is pending in its task or a task under it (it has been
 cancelled and has not reached its cleanup yet) other than the closing task's own.
 """
 
@@ -74,7 +74,7 @@ class RunsInFlight:
             grace = flight.grace()
             if grace is None or grace in within:
                 continue
-            if grace.stopping or grace.cancel_seen or flight.task in cancelled:
+            if grace.ending or flight.task in cancelled:
                 with anyio.CancelScope(shield=True, deadline=min(grace.bound(), by)):
                     await flight.ended.wait()
 

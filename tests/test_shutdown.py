@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from littleghost import Agent, tool
 from littleghost.sessions import SQLiteSessionStore, message_from_json
 from littleghost.testing import ScriptedModel, tool_call_response
 from tests.stores import SlowWrites, working_until
@@ -280,4 +281,51 @@ def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
     stored = [message_from_json(text) for text in store.sessions["s"]]
     assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
     assert stored[-1].tool_results[0].call_id == "w" and stored[-1].tool_results[0].is_error
+    assert not [r for r in caplog.records if r.name == "littleghost.cleanup"]
+
+
+def shielding_until(in_tool: anyio.Event) -> type[Agent]:
+    """An agent whose ``pay`` tool sets ``in_tool``, then finishes what it does in a
+    scope shielded from cancellation (a payment that must not be cut in half)."""
+
+    class Paying(Agent):
+        @tool
+        async def pay(self) -> str:
+            """Pay, shielded from cancellation."""
+            in_tool.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.1)
+            return "paid"
+
+    return Paying
+
+
+@pytest.mark.parametrize("turns", [1, 2, 3])  # the server's own turns (the lifespan's)
+def test_a_server_shutdown_while_a_tool_shields_its_work_keeps_its_result(
+    caplog: pytest.LogCaptureFixture, turns: int
+) -> None:
+    """As above, the request cancelled while its tool runs in a scope shielded from
+    cancellation: the run's task has taken up its cancellation (the task group of its
+    tool calls cancelled them) but no task of it had seen it, so ``aclose()`` did not
+    count the run as stopping and returned at once, and the end of the event loop cut
+    the tool off: its result was lost and the call left open."""
+    store = SlowWrites(seconds=0)
+
+    async def serve() -> None:
+        in_tool = anyio.Event()
+        model = ScriptedModel([tool_call_response("pay", {}, call_id="p")])
+        agent = shielding_until(in_tool)(model=model, session_store=store)
+        async with agent:  # the application's lifespan
+            request = asyncio.create_task(agent.run("go", session_id="s"))
+            await in_tool.wait()
+            request.cancel()  # the graceful shutdown's timeout
+            for _ in range(turns):
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # the server's last steps; then every task left is cancelled
+
+    asyncio.run(serve())
+    stored = [message_from_json(text) for text in store.sessions["s"]]
+    assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
+    assert stored[-1].tool_results[0].call_id == "p"
+    assert stored[-1].tool_results[0].content == "paid"
     assert not [r for r in caplog.records if r.name == "littleghost.cleanup"]
