@@ -994,6 +994,26 @@ class TestLocks:
                 pass
 
 
+@pytest.mark.parametrize("built_in", ["memory", "sqlite"])
+async def test_a_store_closed_keeps_its_sessions_and_opens_again(
+    built_in: str, tmp_path: Path
+) -> None:
+    """``async with store, agent:`` (a web server's lifespan, as the docs show it) takes
+    whichever built-in store it is given (the in-memory one had no ``aclose``: a
+    ``TypeError``); closed, even twice, a store keeps its sessions for a later call."""
+    path = tmp_path / "s.db"
+    store = InMemorySessionStore() if built_in == "memory" else SQLiteSessionStore(path)
+
+    class Support(Agent):
+        model = ScriptedModel([text_response("hello")])
+        session_store = store
+
+    async with store, Support() as agent:
+        await agent.run("hi", session_id="s")
+    await store.aclose()
+    assert [message.text for message in await store.load("s")] == ["hi", "hello"]
+
+
 @pytest.mark.parametrize("kind", [SQLiteSessionStore, PostgresSessionStore])
 class TestAFailingClose:
     """``async with store``: a failure to close never replaces what the block raises."""

@@ -169,3 +169,14 @@ class InMemorySessionStore:
         """Hold the session exclusively (in this process) while the context is open."""
         session_id = check_session_id(session_id)
         return self._locks.hold(session_id)
+
+    async def __aenter__(self) -> InMemorySessionStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """``aclose()``."""
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Nothing to close (it holds no connection): its sessions stay. For code that
+        closes whichever store it was given (``async with store, agent:``)."""
