@@ -503,8 +503,8 @@ def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
 
 
 def _wrapped_mark(function: Callable[..., Any]) -> str | None:
-    """``"tool"`` or the kind of a hook for a ``@tool`` or hook function that ``function``
-    closes over (the wrapper a decorator made of it), if any."""
+    """``"tool"`` or the kind of a hook for a ``@tool`` or hook function that
+    ``function`` closes over (the wrapper a decorator made of it), if any."""
     for cell in function.__closure__ or ():
         try:
             held = cell.cell_contents

@@ -59,8 +59,8 @@ EventSink = Callable[[Event], Awaitable[None]]
 T = TypeVar("T")
 OutputT = TypeVar("OutputT")
 _VALUES = (str, bytes, int, float, complex, tuple, frozenset)
-"""What ``state_for`` refuses as an owner: values compared by value, whose identity is not
-what a caller means (each made anew is another object)."""
+"""What ``state_for`` refuses as an owner: values compared by value, whose identity is
+not what a caller means (each made anew is another object)."""
 
 logger = logs.logger("littleghost.models")
 
@@ -244,10 +244,10 @@ class RunContext:
         the store can keep. Answer a call you append by a later append before the next
         model call (or the run's end): the run fails before a call, or as it ends, with
         one left open (``ConfigurationError``), answering it with an error result. The
-        run's appends (its own, its hooks', its tools', at once or not) are written one at
-        a time, in order. A write in flight when the run is cancelled may finish within
-        the run's cleanup grace; whatever the store accepted enters the log, and nothing
-        else does.
+        run's appends (its own, its hooks', its tools', at once or not) are written one
+        at a time, in order. A write in flight when the run is cancelled may finish
+        within the run's cleanup grace; whatever the store accepted enters the log, and
+        nothing else does.
 
         Raises:
             ConfigurationError: A message repeats an id, is a tool message without a

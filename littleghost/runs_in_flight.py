@@ -6,8 +6,9 @@ end cancels every task left, with no regard for a shield (``asyncio.run`` cancel
 cleanup's tasks too), and those writes are lost. ``aclose()`` therefore first waits for
 the runs of its event loop that are stopping, not past their stop times. A run is
 stopping once its cleanup has begun, once its tool calls are cancelled (seen by a task
-of them or not: a tool may work in a shielded scope), or while a cancellation is pending in its task or a task under it (it has been
-cancelled and has not reached its cleanup yet) other than the closing task's own.
+of them or not: a tool may work in a shielded scope), or while a cancellation is pending
+in its task or a task under it (it has been cancelled and has not reached its cleanup
+yet) other than the closing task's own.
 """
 
 from __future__ import annotations
