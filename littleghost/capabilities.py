@@ -29,8 +29,8 @@ keeps its own.
 Per-run data: a hook keeps what one run needs in ``context.state_for(owner, factory)``,
 the object ``factory()`` made the first time ``owner`` asked in this run. It is keyed by
 ``owner``'s identity (a hook function, a class of its own, ...; a bound method by its
-instance and function; a value such as a str is refused), so capabilities never share it
-by accident, and each run starts without it.
+instance and function; a value such as a str, not an enum member, is refused), so
+capabilities never share it by accident, and each run starts without it.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 import types
@@ -60,7 +61,7 @@ T = TypeVar("T")
 OutputT = TypeVar("OutputT")
 _VALUES = (str, bytes, int, float, complex, tuple, frozenset)
 """What ``state_for`` refuses as an owner: values compared by value, whose identity is
-not what a caller means (each made anew is another object)."""
+not what a caller means (each made anew is another object), but an enum's members."""
 
 logger = logs.logger("littleghost.models")
 
@@ -205,15 +206,15 @@ class RunContext:
 
         Raises:
             TypeError: ``factory`` is not callable, or ``owner`` is a value compared by
-                value (a str, a number, a tuple, ``None``): one made anew at each ask
-                would get a new object each time.
+                value (a str, a number, a tuple, ``None``; an enum member is an owner):
+                one made anew at each ask would get a new object each time.
         """
         if not callable(factory):
             raise TypeError(
                 "context.state_for(owner, factory): factory must be callable (dict, list, a "
                 f"class), not {type(factory).__name__}"
             )
-        if owner is None or isinstance(owner, _VALUES):
+        if owner is None or (isinstance(owner, _VALUES) and not isinstance(owner, enum.Enum)):
             what = "None" if owner is None else f"a {type(owner).__name__}"
             raise TypeError(
                 "context.state_for(owner, factory): the owner is known by its identity, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import weakref
 from collections.abc import Callable
@@ -227,6 +228,29 @@ async def test_state_for_refuses_an_owner_compared_by_value(make: Callable[[int]
     await checked(model=ScriptedModel([text_response("ok")])).run("hi")
     assert len(said) == 1
     assert said[0].startswith("context.state_for(owner, factory): the owner is known by")
+
+
+class _Owner(str, enum.Enum):
+    CACHE = "cache"
+
+
+class _Slot(enum.IntEnum):
+    CACHE = 1
+
+
+@pytest.mark.parametrize("owner", [_Owner.CACHE, _Slot.CACHE])
+async def test_state_for_takes_an_enum_member_of_a_value_type(owner: object) -> None:
+    """An enum member is one object for good, though a str or int: an owner, as any
+    other object of one's own, not a value made anew."""
+    seen: list[bool] = []
+
+    def check(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        seen.append(context.state_for(owner, list) is context.state_for(owner, list))
+
+    checked = type("Checked", (Agent,), {})
+    add_capability(checked, Capability("check", [CapabilityHook("before_model", check)]))
+    await checked(model=ScriptedModel([text_response("ok")])).run("hi")
+    assert seen == [True]
 
 
 async def test_state_for_is_one_object_for_a_factory_that_asks_for_it_and_needs_one() -> None:
