@@ -1167,8 +1167,9 @@ def _user_message(value: object) -> Message:
     raise TypeError(f"input must be a str or a user Message, not {type(value).__name__}")
 
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
-"""How a URL begins (``https:``, ``data:``); a file's path does not."""
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+"""How a URL begins (``https:``, ``data:``; two characters or more: ``C:`` is a drive); a
+file's path does not."""
 
 
 def _schemeless(part: object) -> bool:

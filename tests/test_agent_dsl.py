@@ -1485,7 +1485,10 @@ async def test_input_of_another_role_says_what_to_pass() -> None:
     )
 
 
-@pytest.mark.parametrize("url", ["parcel.jpg", "/home/ada/parcel.jpg", "./photos/p.png"])
+@pytest.mark.parametrize(
+    "url",
+    ["parcel.jpg", "/home/ada/parcel.jpg", "./photos/p.png", "C:\\photos\\p.png", "d:/p.png"],
+)
 async def test_an_image_given_a_file_s_path_for_its_url_fails_before_anything(url: str) -> None:
     """A file's path given as an image's url went to the provider, which can fetch no such
     URL (and the question was stored with it first); a scripted test passed."""
