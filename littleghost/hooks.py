@@ -19,6 +19,7 @@ from attrs import frozen
 
 from littleghost._validators import safe_repr
 from littleghost.errors import ConfigurationError
+from littleghost.tool_types import VARIADIC
 
 if TYPE_CHECKING:
     from littleghost.run import RunContext
@@ -216,7 +217,7 @@ def _meant_for_context(function: Callable[..., Any]) -> list[str]:
         p.name
         for p in parameters
         if p.name != "context"
-        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and p.kind not in VARIADIC
         and (p.name == "ctx" or "RunContext" in str(p.annotation))
     ]
 

@@ -46,6 +46,7 @@ from littleghost.tool_bounds import bounded_schema, field_bounds, model_metadata
 
 __all__ = [
     "MAX_PROBLEMS",
+    "VARIADIC",
     "ImageNotJson",
     "ToolArgumentError",
     "coerce",
@@ -303,7 +304,8 @@ def _schema(annotation: Any, where: str, outer: tuple[Any, ...]) -> dict[str, An
 
 
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+"""The kinds of ``*args`` and ``**kwargs``."""
 
 
 def _check_constructor(record: type, fields: tuple[_Field, ...], where: str) -> None:
@@ -323,7 +325,7 @@ def _check_constructor(record: type, fields: tuple[_Field, ...], where: str) -> 
     by_name = {record_field.name: record_field for record_field in fields}
     keywords = {parameter.name for parameter in parameters if parameter.kind in _KEYWORD}
     for parameter in parameters:
-        if parameter.default is not inspect.Parameter.empty or parameter.kind in _VARIADIC:
+        if parameter.default is not inspect.Parameter.empty or parameter.kind in VARIADIC:
             continue
         record_field = by_name.get(parameter.name)
         if parameter.kind not in _KEYWORD:

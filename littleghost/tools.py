@@ -30,6 +30,7 @@ from littleghost.messages import ToolCall
 from littleghost.models.base import ToolSpec
 from littleghost.tool_docs import parse_docstring
 from littleghost.tool_types import (
+    VARIADIC,
     ToolArgumentError,
     coerce,
     json_schema,
@@ -288,7 +289,7 @@ def define_tool(
     signature: list[_Parameter] = []
     context_parameter: str | None = None
     for parameter in parameters:
-        if parameter.kind in _VARIADIC:
+        if parameter.kind in VARIADIC:
             raise ConfigurationError(
                 f"tool {tool_name!r}: *args and **kwargs cannot be described to a model"
             )
@@ -374,7 +375,7 @@ def _wrapped_described(function: Callable[..., Any]) -> str | None:
         taken = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
         return None
-    if not any(parameter.kind in _VARIADIC for parameter in taken):
+    if not any(parameter.kind in VARIADIC for parameter in taken):
         return None
     for cell in getattr(function, "__closure__", None) or ():
         try:
@@ -413,7 +414,6 @@ def _check_described(
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _check_self(tool_name: str, first: inspect.Parameter | None) -> None:
