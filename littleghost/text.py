@@ -303,7 +303,7 @@ def _first_levels(value: object, levels: int, within: tuple[int, ...]) -> object
     Raises:
         ValueError: ``value`` contains itself within those levels.
     """
-    if not isinstance(value, (Mapping, list, tuple)) or isinstance(value, str):
+    if not isinstance(value, (Mapping, list, tuple)):
         return value
     if id(value) in within:
         raise ValueError("a value contains itself")
