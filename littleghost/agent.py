@@ -988,7 +988,10 @@ class Agent:
 
     def _model_string(self) -> str | None:
         """The model string this agent's runs make their model from (``None``: it was
-        given a ``Model``)."""
+        given a ``Model``, or its class makes its model itself, overriding
+        ``resolve_model``)."""
+        if type(self).resolve_model is not Agent.resolve_model:
+            return None
         declared = self._declared_model()
         return declared if isinstance(declared, str) else None
 

@@ -668,6 +668,20 @@ class TestClosingDuringRuns:
         await agent.aclose()
         assert second.closed
 
+    async def test_a_class_that_makes_its_model_itself_runs_with_it(self) -> None:
+        """An agent class whose ``resolve_model()`` gives a model of its own, its
+        ``model`` a string: its runs use that model, not the string's."""
+        mine = ScriptedModel([text_response("mine")])
+
+        class Own(Agent):
+            model = "pausing:m"
+
+            def resolve_model(self) -> Any:
+                return mine
+
+        assert (await Own().run("Hi.")).output == "mine"
+        assert len(mine.requests) == 1
+
     def test_a_run_in_another_thread_keeps_off_a_model_closed_as_it_started(self) -> None:
         """Threads share an agent, each running it in an event loop of its own: an
         ``aclose()`` in one, coming after a run in another took the model made from the
