@@ -554,3 +554,5 @@ def test_a_model_string_given_to_a_model_class_is_told_the_name_to_give(
     assert made(name, api_key="sk-test").name == name
     for other in ("ft:gpt-4o-mini:acme::x1", "llama3:8b", f"{provider}:my-own-model"):
         assert made(other, api_key="sk-test").name == other  # names of other servers
+    gateway = made(f"{provider}:{name}", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+    assert gateway.name == f"{provider}:{name}"  # a gateway may name its models so

@@ -276,19 +276,23 @@ def check_api_key(owner: str, value: str | None, variable: str) -> str | None:
     return value
 
 
-def check_model_name(owner: str, value: object, provider: str) -> str:
-    """A ``model`` argument: a non-empty str, not a model string of ``provider``'s that
-    names one of its documented models (``openai:gpt-4o-mini``, which the API would not
-    know)."""
+def check_model_name(owner: str, value: object) -> str:
+    """A ``model`` argument: a non-empty str."""
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{owner}: model must be a non-empty str, not {safe_repr(value)}")
-    prefix, _, name = value.partition(":")
+    return value
+
+
+def check_not_model_string(owner: str, model: str, provider: str) -> None:
+    """Refuse, for ``provider``'s own API (a gateway may name its models so), a model
+    string of ``provider``'s that names one of its documented models
+    (``openai:gpt-4o-mini``, which the API would not know)."""
+    prefix, _, name = model.partition(":")
     if prefix.lower() == provider and provider_of(name) == provider:
         raise ConfigurationError(
             f"{owner}: model is the model's name, not a model string: {owner}({name!r}) (the "
-            f"string {value!r} is what an agent's model = ... takes)"
+            f"string {model!r} is what an agent's model = ... takes)"
         )
-    return value
 
 
 def check_context_window(owner: str, value: object) -> int | None:

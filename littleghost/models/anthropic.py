@@ -44,6 +44,7 @@ from littleghost.models._sdk import (
     check_base_url,
     check_context_window,
     check_model_name,
+    check_not_model_string,
     check_request_timeout,
     error_mapper,
     import_sdk,
@@ -573,7 +574,7 @@ class AnthropicModel:
         request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
-        self._name = model = check_model_name(owner, model, self.provider)
+        self._name = model = check_model_name(owner, model)
         self._context_window = check_context_window(owner, context_window)
         self._known_window = known_context_window(self.provider, model)
         self._sdk = import_sdk("anthropic", "anthropic")
@@ -604,10 +605,13 @@ class AnthropicModel:
             client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
         self._clients = LoopClients(client, make, owner)
+        official = _is_official(client.base_url)
+        if official:
+            check_not_model_string(owner, model, self.provider)
         self._served = ServedWindow(
             self.provider,
             model,
-            ask=not _is_official(client.base_url) and self._context_window is None,
+            ask=not official and self._context_window is None,
             logger=logger,
         )
         self._accepted = accepted_parameters(client.messages.create)

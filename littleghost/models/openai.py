@@ -38,6 +38,7 @@ from littleghost.models._sdk import (
     check_base_url,
     check_context_window,
     check_model_name,
+    check_not_model_string,
     check_request_timeout,
     error_mapper,
     image_base64,
@@ -516,7 +517,7 @@ class OpenAIModel:
         request_timeout: float | None = None,
     ) -> None:
         owner = type(self).__name__
-        self._name = model = check_model_name(owner, model, self.provider)
+        self._name = model = check_model_name(owner, model)
         self._context_window = check_context_window(owner, context_window)
         self._sdk = import_sdk("openai", "openai")
         timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
@@ -542,6 +543,8 @@ class OpenAIModel:
         self._clients = LoopClients(client, make, owner)
         host = _host(client.base_url)
         self._official = _is_official(host)
+        if self._official:
+            check_not_model_string(owner, model, self.provider)
         self._reasoning_field = _reasoning_field(host)
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
