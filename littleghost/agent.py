@@ -524,8 +524,9 @@ def _not_a_hook(owner: str, name: str) -> ConfigurationError | None:
     if not meant:
         return None
     return ConfigurationError(
-        f"{owner}.{name} is not a hook, and nothing calls it: a hook is a method marked "
-        f"@{meant[0]} (of any name), of the class or a subclass"
+        f"{owner}.{name} is not a hook, and littleghost never calls it: a hook is a method "
+        f"marked @{meant[0]} (of any name), of the class or a subclass; a method of your "
+        "own that you call yourself takes a name no hook kind has"
     )
 
 

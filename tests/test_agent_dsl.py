@@ -1658,12 +1658,18 @@ async def _async_factory(model: str | None) -> ScriptedModel:
     return ScriptedModel([])
 
 
+class _AsyncFactory:
+    async def __call__(self, model: str | None) -> ScriptedModel:
+        return ScriptedModel([])
+
+
 @pytest.mark.parametrize(
     ("factory", "problem"),
     [
         (lambda: ScriptedModel([]), r"its signature \(\) does not \(too many positional"),
         (lambda model, window: ScriptedModel([]), "missing a required argument: 'window'"),
         (_async_factory, "is an async def: it must return the model itself"),
+        (_AsyncFactory(), "is an async def: it must return the model itself"),
     ],
 )
 def test_a_factory_that_cannot_take_the_model_part_is_refused_as_it_is_registered(

@@ -752,7 +752,8 @@ def test_a_function_named_like_a_hook_kind_set_on_an_agent_fails(made: bool) -> 
             super().__init__(model=ScriptedModel([]))
 
     with pytest.raises(
-        ConfigurationError, match=r"Noting\.before_model is not a hook, and nothing calls it"
+        ConfigurationError,
+        match=r"Noting\.before_model is not a hook, and littleghost never calls it",
     ):
         Noting().before_model = note
 

@@ -50,7 +50,9 @@ def register_provider(name: str, factory: ModelFactory) -> None:
     if not callable(factory):
         raise ConfigurationError(f"register_provider: factory for {name!r} must be callable")
     what = f"register_provider: the factory for {name!r}"
-    if inspect.iscoroutinefunction(factory):
+    if inspect.iscoroutinefunction(factory) or inspect.iscoroutinefunction(
+        type(factory).__call__  # an object's
+    ):
         raise ConfigurationError(f"{what} is an async def: it must return the model itself")
     check_signature(
         what, factory, "the model part of a string (None for a bare name)", 1, context=False
