@@ -40,6 +40,7 @@ from littleghost.output import (
     OutputType,
     Strategy,
     check_strategy,
+    check_tool_choice,
     check_tool_names,
     compile_output_type,
 )
@@ -753,6 +754,8 @@ class Agent:
         if output is not None:  # str is free text, as None is
             check_tool_names(cls.__name__, cls.__littleghost_tool_index__)
             runner.check_response_format(f"{cls.__name__}.settings", cls.settings, output)
+            if cls.output_strategy == "tool":
+                check_tool_choice(f"{cls.__name__}.settings", cls.settings)
         for entry in hook_plan(cls):
             if entry.method is not None:
                 own = inspect.getattr_static(cls, entry.method, None)  # a mixin's too
@@ -813,6 +816,8 @@ class Agent:
             runner.check_response_format(
                 f"{type(self).__name__}.settings", self.settings, self.output
             )
+            if self.output_strategy == "tool":
+                check_tool_choice(self._settings_owner, self.settings)
         self._bound_plan = hook_plan(cls)
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()

@@ -42,6 +42,7 @@ __all__ = [
     "OutputType",
     "Strategy",
     "check_strategy",
+    "check_tool_choice",
     "check_tool_names",
     "compile_output_type",
     "plan_output",
@@ -158,6 +159,29 @@ def check_tool_names(where: str, names: Collection[str]) -> None:
         raise ConfigurationError(
             f"{where}: a tool is named {OUTPUT_TOOL!r}, the name of the tool that hands in "
             "the final answer of an output_type; rename it with @tool(name=...)"
+        )
+
+
+def check_tool_choice(where: str, settings: Mapping[str, Any]) -> None:
+    """No ``tool_choice`` that leaves the model no call of the final-result tool (one
+    forbidding tool calls, or forcing another tool), where the answer must come by it.
+
+    Raises:
+        ConfigurationError: It does (the message names the choice and what to do).
+    """
+    choice = settings.get("tool_choice")
+    if isinstance(choice, Mapping):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+        kind = choice.get("type")
+        blocked = kind == "none" or (kind in ("function", "tool") and name != OUTPUT_TOOL)
+    else:
+        blocked = choice == "none"
+    if blocked:
+        raise ConfigurationError(
+            f"{where}: tool_choice={safe_repr(choice)} leaves the model no call of the "
+            f"{OUTPUT_TOOL} tool, which hands in the answer of the output_type; leave "
+            "tool_choice out (or use output_strategy='native' with a model that takes it)"
         )
 
 

@@ -78,6 +78,7 @@ from littleghost.output import (
     Answer,
     OutputPlan,
     OutputType,
+    check_tool_choice,
     check_tool_names,
     compile_output_type,
     plan_output,
@@ -350,6 +351,8 @@ async def _run_in(
     message, seed, session_id = plan.message, list(plan.seed), plan.session_id
     end = _deadline(plan.timeout, plan.deadline)
     output = plan_output(plan.output, agent.output_strategy, model)
+    if output is not None and not output.native:
+        check_tool_choice(f"{agent.name} settings", plan.settings)
     store = agent.session_store
     caller = anyio.current_effective_deadline()
     stop = min(end, caller)  # the caller's deadline counts too

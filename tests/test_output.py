@@ -324,6 +324,43 @@ class TestDeclaring:
         assert model.requests[0].settings["tool_choice"] == "auto"
 
     @pytest.mark.parametrize(
+        "choice",
+        [
+            "none",
+            {"type": "none"},
+            {"type": "function", "function": {"name": "lookup"}},
+            {"type": "tool", "name": "lookup"},
+        ],
+    )
+    async def test_a_tool_choice_that_leaves_no_final_result_call_fails_before_any_call(
+        self, choice: Any
+    ) -> None:
+        """A choice forbidding tool calls, or forcing another tool, where the answer must
+        come by the final-result tool: at definition with ``output_strategy="tool"``, at
+        the run's start when ``auto`` falls back to it (a native run takes it)."""
+        settings = {"tool_choice": choice}
+        blocked = r"tool_choice=.* leaves the model no call of the final_result tool"
+        with pytest.raises(ConfigurationError, match=rf"^ByTool\.settings: {blocked}"):
+            type(
+                "ByTool",
+                (Agent,),
+                {"output_type": Invoice, "output_strategy": "tool", "settings": settings},
+            )
+        with pytest.raises(ConfigurationError, match=rf"^Typed\(…, settings=\): {blocked}"):
+            Typed(output_strategy="tool", settings=settings)
+        model = ScriptedModel([], supports_output_schema=False)
+        with pytest.raises(ConfigurationError, match=blocked):
+            await Typed(model=model).run("go", settings=settings)
+        with pytest.raises(ConfigurationError, match=blocked):
+            await Plain(model=model, settings=settings).run("go", output_type=int)
+        assert model.requests == []
+        native = ScriptedModel([text_response('{"number": "A", "total": 1}')])
+        assert (await Typed(model=native).run("go", settings=settings)).output.number == "A"
+        forced = {"type": "function", "function": {"name": OUTPUT_TOOL}}
+        by_tool = type("ByTool", (Agent,), {"output_type": int, "output_strategy": "tool"})
+        by_tool(settings={"tool_choice": forced})
+
+    @pytest.mark.parametrize(
         ("declare", "message"),
         [
             (lambda: type("Bad", (Agent,), {"output_type": object}), "Bad.output_type"),
