@@ -516,6 +516,33 @@ def _bound(hint: Any, given: dict[Any, Any]) -> Any:
     return hint[tuple(given.get(parameter, parameter) for parameter in parameters)]
 
 
+def _inherited(record: type, name: str) -> dict[Any, Any]:
+    """The type arguments ``record``'s bases give the type variables of the class that
+    declares its field ``name``, in ``record``'s own terms (``{Item: int}`` for a field
+    ``value: Item`` of ``Box[Item]`` in ``class IntBox(Box[int])``); ``{}`` for a field
+    of its own."""
+    given: dict[Any, Any] = {}
+    if not any("__orig_bases__" in vars(base) for base in record.__mro__):
+        return given  # no generic class among its bases (most records: at once)
+    declaring = record
+    while _is_typeddict(declaring) or name not in inspect.get_annotations(declaring):
+        for base in vars(declaring).get("__orig_bases__", declaring.__bases__):
+            origin = get_origin(base) or base
+            if isinstance(origin, type) and name in _annotated_names(origin):
+                pairs = zip(_type_parameters(origin), get_args(base), strict=False)
+                given = {parameter: _bound(arg, given) for parameter, arg in pairs}
+                declaring = origin
+                break
+        else:
+            return given
+    return given
+
+
+def _annotated_names(record: type) -> set[str]:
+    """The names annotated on ``record`` and its bases (a ``TypedDict``'s own hold all)."""
+    return {name for base in record.__mro__ for name in inspect.get_annotations(base)}
+
+
 def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
     """The fields of an attrs class, a dataclass, a ``TypedDict`` or a pydantic model, a
     generic one's (``Box[int]``) with its type arguments in their place; ``None`` for any
@@ -538,7 +565,7 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
         return tuple(
             _Field(
                 attribute.alias,
-                attribute.type,
+                _bound(attribute.type, _inherited(annotation, attribute.name)),
                 attribute.default is attrs.NOTHING,
                 _attrs_default(attribute.default),
             )
@@ -550,7 +577,10 @@ def _record_fields(annotation: Any) -> tuple[_Field, ...] | None:
     if _is_typeddict(annotation):
         hints = typing.get_type_hints(annotation, include_extras=True)
         required = annotation.__required_keys__  # type: ignore[attr-defined]
-        return tuple(_key(name, hint, name in required) for name, hint in hints.items())
+        return tuple(
+            _key(name, _bound(hint, _inherited(annotation, name)), name in required)
+            for name, hint in hints.items()
+        )
     return None
 
 
@@ -590,7 +620,7 @@ def _dataclass_fields(annotation: Any) -> tuple[_Field, ...]:
     validated = "__pydantic_validator__" in vars(annotation)  # a pydantic dataclass's own
     found = []
     for field in annotation.__dataclass_fields__.values():
-        hint = hints.get(field.name)
+        hint = _bound(hints.get(field.name), _inherited(annotation, field.name))
         if isinstance(hint, dataclasses.InitVar):
             hint = hint.type
         elif field.name not in fields:  # a ClassVar

@@ -1326,3 +1326,102 @@ def test_an_output_schema_has_an_object_at_its_root_and_a_name() -> None:
         OutputSchema("x", {"type": "array"})
     with pytest.raises(TypeError, match=r"OutputSchema\.name"):
         OutputSchema("two words", closed)
+
+
+@dataclasses.dataclass
+class DataBase(Generic[Item, Other]):
+    left: Item
+    right: list[Other]
+
+
+@dataclasses.dataclass
+class DataSub(DataBase[int, str]):
+    pass
+
+
+@dataclasses.dataclass
+class DataMiddle(DataBase[int, str]):
+    pass
+
+
+@dataclasses.dataclass
+class DataBelow(DataMiddle):
+    pass
+
+
+@dataclasses.dataclass
+class DataSwap(DataBase[Other, Item], Generic[Item, Other]):
+    pass
+
+
+@attrs.define
+class AttrsBase(Generic[Item, Other]):
+    left: Item
+    right: list[Other]
+
+
+@attrs.define
+class AttrsSub(AttrsBase[int, str]):
+    pass
+
+
+@attrs.define
+class AttrsMiddle(AttrsBase[int, str]):
+    pass
+
+
+@attrs.define
+class AttrsBelow(AttrsMiddle):
+    pass
+
+
+@attrs.define
+class AttrsSwap(AttrsBase[Other, Item], Generic[Item, Other]):
+    pass
+
+
+class DictBase(TypedDict, Generic[Item, Other]):
+    left: Item
+    right: list[Other]
+
+
+class DictSub(DictBase[int, str]):
+    pass
+
+
+class DictSwap(DictBase[Other, Item], Generic[Item, Other]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "output_type",
+    [
+        DataSub,
+        DataBelow,
+        DataSwap[str, int],
+        AttrsSub,
+        AttrsBelow,
+        AttrsSwap[str, int],
+        DictSub,
+        DictSwap[str, int],
+    ],
+)
+async def test_a_field_of_a_parametrized_base_has_the_type_its_subclass_gives(
+    output_type: Any,
+) -> None:
+    """``class Sub(Base[int, str])`` (or one below it) describes and reads the base's
+    fields with the types it gives them (they failed as type variables with no type); a
+    generic subclass that passes its variables on in another order
+    (``Swap(Base[Other, Item])``) has them where it put them (``Swap[str, int]`` was
+    described and read as ``Base[str, int]``)."""
+    model = ScriptedModel([text_response('{"left": 7, "right": ["a"]}')])
+    output = (await Plain(model=model).run("go", output_type=output_type)).output
+    request = model.requests[0]
+    assert request.output_schema is not None
+    fields = request.output_schema.schema["properties"]
+    assert fields["left"] == {"type": "integer"}
+    assert fields["right"] == {"type": "array", "items": {"type": "string"}}
+    if isinstance(output, dict):  # a TypedDict's value
+        assert output == {"left": 7, "right": ["a"]}
+    else:
+        assert output.left == 7 and type(output) is getattr(output_type, "__origin__", output_type)
