@@ -7,7 +7,8 @@ and not when ``False``, whatever its type, but for a ``ContextWindowOverflowErro
 prompt must change first). Retries use full-jitter exponential backoff; a ``retry_after`` the
 provider sent is a floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited
 for: the error is raised as it is. A wait that would pass the run's deadline is not
-taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause.
+taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause,
+also when telling of the retry took the time (a stream's consumer held its event).
 """
 
 from __future__ import annotations
@@ -80,9 +81,13 @@ class _StopAtDeadline(stop_base):
         self.hit = False
 
     def __call__(self, state: RetryCallState) -> bool:
+        return self.leaves_no_time(state.upcoming_sleep)
+
+    def leaves_no_time(self, wait: float) -> bool:
+        """True (and ``hit``) when a wait of ``wait`` seconds reaches the deadline."""
         if self.deadline is None or math.isinf(self.deadline):
             return False
-        if state.upcoming_sleep >= self.deadline - anyio.current_time():
+        if wait >= self.deadline - anyio.current_time():
             self.hit = True
         return self.hit
 
@@ -126,6 +131,7 @@ async def _retried(
     is given that attempt as its first, so it numbers, waits and stops as for any."""
     deadline_stop = _StopAtDeadline(deadline)
     first: list[BaseException] = [failed]
+    waiting_after: list[BaseException] = []  # the error the coming wait is after
 
     async def attempt() -> T:
         if first:
@@ -133,17 +139,24 @@ async def _retried(
         return await call()
 
     async def before_sleep(state: RetryCallState) -> None:
-        if on_retry is not None and state.outcome is not None:
-            error = state.outcome.exception()
-            if error is not None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if error is not None:
+            waiting_after[:] = [error]
+            if on_retry is not None:
                 await on_retry(state.attempt_number, error)
+
+    async def sleep(seconds: float) -> None:
+        # checked again: ``on_retry`` took time (a stream's consumer held its event)
+        if deadline_stop.leaves_no_time(seconds) and waiting_after:
+            raise waiting_after[0]
+        await anyio.sleep(seconds)
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(_retryable),
         wait=_wait,
         stop=stop_after_attempt(max_retries + 1) | deadline_stop,
         before_sleep=before_sleep,
-        sleep=anyio.sleep,
+        sleep=sleep,
         reraise=True,
     )
     try:

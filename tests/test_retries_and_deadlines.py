@@ -30,6 +30,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
+from littleghost.events import ModelCallRetried, ToolCallFinished
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.retry import call_with_retries
 from littleghost.sessions import InMemorySessionStore
@@ -243,6 +244,45 @@ async def test_a_retry_after_longer_than_any_wait_taken_is_raised_at_once() -> N
             await Slow(model=model).run("hi", timeout=timeout)
         assert anyio.current_time() - start == 0  # at once
         assert caught.value is error and len(model.requests) == 1
+
+
+class Looking(Agent):
+    @tool
+    async def look(self) -> str:
+        """Look."""
+        return "seen"
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("seed", range(8))
+async def test_a_retry_wait_a_slow_consumer_pushed_past_the_deadline_is_not_taken(
+    seed: int,
+) -> None:
+    """The retry's event waits for the stream's consumer, still busy with the event
+    before: a wait that no longer fits once it is told fails at once, with the provider
+    error as the cause, not at the deadline without it; one that fits is taken."""
+    hold = random.Random(seed).uniform(0, 9)  # the consumer's time on a tool's result
+    error = RateLimitError("slow down", status=429, retry_after=3)
+    model = ScriptedModel([tool_call_response("look", {}), error, text_response("ok")])
+    start = anyio.current_time()
+    seen: list[type] = []
+    caught: DeadlineExceededError | None = None
+    try:
+        async with Looking(model=model).stream("hi", timeout=10) as events:
+            async for event in events:
+                seen.append(type(event))
+                if isinstance(event, ToolCallFinished):
+                    await anyio.sleep(hold)
+    except DeadlineExceededError as stopped:
+        caught = stopped
+    assert ModelCallRetried in seen
+    if hold + 3 < 10:
+        assert caught is None and events.result.output == "ok"
+        assert anyio.current_time() - start == pytest.approx(hold + 3)
+    else:
+        assert caught is not None and caught.__cause__ is error
+        assert anyio.current_time() - start == pytest.approx(hold)  # at once, once told
+        assert len(model.requests) == 2
 
 
 class Digesting(Agent):
