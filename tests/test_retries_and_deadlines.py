@@ -985,14 +985,7 @@ async def test_a_nested_runs_own_deadline_out_of_a_model_is_an_error_for_the_hoo
     """A nested run's ``DeadlineExceededError`` out of a custom model, its own deadline
     not the run's, is the model's error, which ``after_model_error`` hooks may recover
     from, as they may when the model's task group holds it."""
-    seen: list[BaseException] = []
-
-    class Recovering(Agent):
-        @after_model_error
-        def retry(self, request: ModelRequest, error: Exception) -> ModelRequest:
-            seen.append(error)
-            return attrs.evolve(request)  # another try
-
+    Recovering, seen = recovering()
     result = await Recovering(model=AskingElsewhere()).run("hi", timeout=10)
     assert result.output == "asked elsewhere"
     [error] = seen

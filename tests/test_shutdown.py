@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from littleghost import Agent, tool
+from littleghost import Agent, Message, tool
 from littleghost.sessions import SQLiteSessionStore, message_from_json
 from littleghost.testing import ScriptedModel, tool_call_response
 from tests.stores import SlowWrites, working_until
@@ -253,34 +253,47 @@ def test_the_exit_says_it_waits_for_a_sync_tool_a_stopped_run_left_running(
     )
 
 
-@pytest.mark.parametrize("turns", [1, 2, 3])  # the server's own turns (the lifespan's)
-def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
-    caplog: pytest.LogCaptureFixture, turns: int
-) -> None:
-    """What uvicorn with ``--timeout-graceful-shutdown`` and ``asyncio.run`` do: the
-    server cancels its request tasks, closes the agent in its lifespan at once and
-    returns, and ``asyncio.run`` cancels every task left, the stopped runs' cleanup
-    included, natively (no shield holds that): the write answering the open call was cut
-    off and the call left unanswered. ``aclose()`` waits for the runs that are stopping,
-    so their writes are done before the event loop's end."""
-    store = SlowWrites()
+def shut_down_during(
+    agent_class: type[Agent], in_tool: anyio.Event, store: SlowWrites, turns: int, last: float
+) -> list[Message]:
+    """What uvicorn with ``--timeout-graceful-shutdown`` and ``asyncio.run`` do, once
+    ``agent_class``'s run of session ``s`` is in its one tool call (of its first tool,
+    ``in_tool`` set): the server cancels its request task, closes the agent in its lifespan after
+    ``turns`` turns of its own, takes ``last`` seconds more and returns, and
+    ``asyncio.run`` cancels every task left, natively (no shield holds that). The
+    session's stored log."""
 
     async def serve() -> None:
-        in_tool = anyio.Event()
-        model = ScriptedModel([tool_call_response("work", {}, call_id="w")])
-        agent = working_until(in_tool, anyio.Event())(model=model, session_store=store)
+        agent = agent_class(session_store=store)
+        name = agent.tool_specs[0].name
+        agent.model = ScriptedModel([tool_call_response(name, {}, call_id="t1")])
         async with agent:  # the application's lifespan
             request = asyncio.create_task(agent.run("go", session_id="s"))
             await in_tool.wait()
             request.cancel()  # the graceful shutdown's timeout
             for _ in range(turns):
                 await asyncio.sleep(0)
-        await asyncio.sleep(0.05)  # the server's last steps; then every task left is cancelled
+        await asyncio.sleep(last)  # the server's last steps; then every task left is cancelled
 
     asyncio.run(serve())
     stored = [message_from_json(text) for text in store.sessions["s"]]
     assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
-    assert stored[-1].tool_results[0].call_id == "w" and stored[-1].tool_results[0].is_error
+    assert stored[-1].tool_results[0].call_id == "t1"
+    return stored
+
+
+@pytest.mark.parametrize("turns", [1, 2, 3])  # the server's own turns (the lifespan's)
+def test_a_server_shutdown_cancelling_twice_keeps_the_stopped_runs_last_writes(
+    caplog: pytest.LogCaptureFixture, turns: int
+) -> None:
+    """The server's shutdown (``shut_down_during``) cancelled the stopped runs' cleanup
+    too: the write answering the open call was cut off and the call left unanswered.
+    ``aclose()`` waits for the runs that are stopping, so their writes are done before
+    the event loop's end."""
+    in_tool = anyio.Event()
+    working = working_until(in_tool, anyio.Event())
+    stored = shut_down_during(working, in_tool, SlowWrites(), turns, last=0.05)
+    assert stored[-1].tool_results[0].is_error
     assert not [r for r in caplog.records if r.name == "littleghost.cleanup"]
 
 
@@ -309,23 +322,9 @@ def test_a_server_shutdown_while_a_tool_shields_its_work_keeps_its_result(
     tool calls cancelled them) but no task of it had seen it, so ``aclose()`` did not
     count the run as stopping and returned at once, and the end of the event loop cut
     the tool off: its result was lost and the call left open."""
-    store = SlowWrites(seconds=0)
-
-    async def serve() -> None:
-        in_tool = anyio.Event()
-        model = ScriptedModel([tool_call_response("pay", {}, call_id="p")])
-        agent = shielding_until(in_tool)(model=model, session_store=store)
-        async with agent:  # the application's lifespan
-            request = asyncio.create_task(agent.run("go", session_id="s"))
-            await in_tool.wait()
-            request.cancel()  # the graceful shutdown's timeout
-            for _ in range(turns):
-                await asyncio.sleep(0)
-        await asyncio.sleep(0.01)  # the server's last steps; then every task left is cancelled
-
-    asyncio.run(serve())
-    stored = [message_from_json(text) for text in store.sessions["s"]]
-    assert [message.role.value for message in stored] == ["user", "assistant", "tool"]
-    assert stored[-1].tool_results[0].call_id == "p"
+    in_tool = anyio.Event()
+    stored = shut_down_during(
+        shielding_until(in_tool), in_tool, SlowWrites(seconds=0), turns, last=0.01
+    )
     assert stored[-1].tool_results[0].content == "paid"
     assert not [r for r in caplog.records if r.name == "littleghost.cleanup"]
