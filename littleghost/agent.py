@@ -59,6 +59,7 @@ from littleghost.settings import (
 from littleghost.stream import RunStream
 from littleghost.tools import (
     ToolDefinition,
+    closed_over,
     define_tool,
     index_tools,
     looks_like_method,
@@ -506,11 +507,7 @@ def _check_unmarked_hooks(cls: type, classes: Iterable[type]) -> None:
 def _wrapped_mark(function: Callable[..., Any]) -> str | None:
     """``"tool"`` or the kind of a hook for a ``@tool`` or hook function that
     ``function`` closes over (the wrapper a decorator made of it), if any."""
-    for cell in function.__closure__ or ():
-        try:
-            held = cell.cell_contents
-        except ValueError:  # a cell not filled yet
-            continue
+    for held in closed_over(function):
         if inspect.isfunction(held) or isinstance(held, (staticmethod, classmethod)):
             kind = "tool" if tool_options(held) is not None else hook_kind(held)
             if kind is not None:

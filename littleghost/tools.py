@@ -18,7 +18,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from attrs import frozen
@@ -377,16 +377,22 @@ def _wrapped_described(function: Callable[..., Any]) -> str | None:
         return None
     if not any(parameter.kind in VARIADIC for parameter in taken):
         return None
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            held = cell.cell_contents
-        except ValueError:  # a cell not filled yet
-            continue
+    for held in closed_over(function):
         if isinstance(held, staticmethod):
             held = held.__func__
         if inspect.isfunction(held) and inspect.getdoc(held):
             return str(held.__name__)
     return None
+
+
+def closed_over(function: Callable[..., Any]) -> Iterator[object]:
+    """What ``function`` closes over (a decorator's wrapper: the function it wraps), the
+    cells filled by now."""
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            yield cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
 
 
 def _check_described(
