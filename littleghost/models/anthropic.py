@@ -298,8 +298,8 @@ def _unforced(
     choice: dict[str, Any], tools: Sequence[ToolSpec], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
     """``choice``, made ``auto`` when it forces the final-result tool with thinking on:
-    the API takes no forced tool use with extended thinking, and the run's instructions
-    and repair turn ask for the call."""
+    the API takes no forced tool use with extended thinking, and the tool's description
+    ("Call this once, when you are done") and the repair turn ask for the call."""
     thinking = settings.get("thinking")
     forced = choice.get("type") == "any" or choice.get("name") == OUTPUT_TOOL
     if (
