@@ -15,6 +15,7 @@ from typing import Annotated, Any, Generic, Literal, TypedDict, TypeVar
 
 import attrs
 import pytest
+import typing_extensions
 
 from littleghost import Agent, Message, Role, ToolCall, manage_context, tool
 from littleghost.errors import (
@@ -1380,7 +1381,7 @@ class AttrsSwap(AttrsBase[Other, Item], Generic[Item, Other]):
     pass
 
 
-class DictBase(TypedDict, Generic[Item, Other]):
+class DictBase(typing_extensions.TypedDict, Generic[Item, Other]):  # typing's: 3.11 on
     left: Item
     right: list[Other]
 
