@@ -30,13 +30,7 @@ from littleghost.context.groups import TOOL_CALL, USER, Layout
 from littleghost.context.index import LogIndex
 from littleghost.context.records import record_covers
 from littleghost.context.summarize import excerpt, turn_line
-from littleghost.context.tokens import (
-    ByteEstimator,
-    Estimates,
-    Tokenizer,
-    counter,
-    schema_estimate,
-)
+from littleghost.context.tokens import ByteEstimator, Estimates, Tokenizer, counter, schema_estimate
 from littleghost.errors import ConfigurationError, PromptBudgetError
 from littleghost.messages import (
     ImagePart,
@@ -127,12 +121,7 @@ class PromptBudget:
     )
     safety_reserve_tokens: int = field(default=2_048, validator=_count("safety_reserve_tokens", 0))
     tokenizer: Tokenizer = field(
-        factory=ByteEstimator,
-        validator=check(
-            "PromptBudget: tokenizer",
-            counts_tokens,
-            TOKENIZER,
-        ),
+        factory=ByteEstimator, validator=check("PromptBudget: tokenizer", counts_tokens, TOKENIZER)
     )
     memory: Any = field(
         default=None,

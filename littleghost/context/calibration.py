@@ -19,11 +19,7 @@ from littleghost.context.budget import view_only
 from littleghost.context.groups import SYSTEM
 from littleghost.context.index import starts_with
 from littleghost.context.records import is_record
-from littleghost.context.tokens import (
-    Estimates,
-    Tokenizer,
-    schema_estimate,
-)
+from littleghost.context.tokens import Estimates, Tokenizer, schema_estimate
 from littleghost.messages import Message, Role
 from littleghost.models.base import Model, ModelRequest, ModelResponse
 
@@ -238,10 +234,7 @@ def _partial_count(
 ) -> None:
     """Report a count under the ``least`` a whole prompt has: a span event each time, one
     warning a run."""
-    attributes = {
-        telemetry.REPORTED_PROMPT_TOKENS: reported,
-        telemetry.LEAST_PROMPT_TOKENS: least,
-    }
+    attributes = {telemetry.REPORTED_PROMPT_TOKENS: reported, telemetry.LEAST_PROMPT_TOKENS: least}
     trace.get_current_span().add_event(telemetry.PARTIAL_COUNT_EVENT, attributes)
     if state.cut_warned:
         return

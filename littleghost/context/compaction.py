@@ -102,10 +102,7 @@ async def _spanned(
 
 
 async def apply_compaction(
-    messages: Sequence[Message],
-    strategy: CompactionStrategy,
-    *,
-    tokenizer: Tokenizer | None = None,
+    messages: Sequence[Message], strategy: CompactionStrategy, *, tokenizer: Tokenizer | None = None
 ) -> tuple[Message, ...]:
     """The view ``strategy`` run once gives of ``messages`` (a log or a view, untouched),
     in a ``littleghost.context.compaction`` span (``compaction_records`` too).

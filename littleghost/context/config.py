@@ -95,8 +95,7 @@ class ContextManagement:
     """
 
     context_window_tokens: int = field(
-        factory=lambda: env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000),
-        validator=_WINDOW,
+        factory=lambda: env_tokens("LITTLEGHOST_CONTEXT_WINDOW_TOKENS", 200_000), validator=_WINDOW
     )
     context_window_override: int | None = field(default=None, validator=optional(_WINDOW))
     compression_threshold: float = field(
@@ -110,8 +109,7 @@ class ContextManagement:
         default=10, validator=_check(int_at_least(2), "an int >= 2")
     )
     tokenizer: Tokenizer = field(
-        default=DEFAULT_TOKENIZER,
-        validator=_check(counts_tokens, TOKENIZER),
+        default=DEFAULT_TOKENIZER, validator=_check(counts_tokens, TOKENIZER)
     )
     summary_instructions: str | None = field(
         default=None,

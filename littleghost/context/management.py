@@ -395,12 +395,7 @@ async def _proactive(
             f"waits until it has grown to {state.quiet_until} tokens"
         )
         compaction_event(
-            context,
-            "threshold",
-            "skipped",
-            estimated,
-            window,
-            {telemetry.COMPACTION_SKIPPED: why},
+            context, "threshold", "skipped", estimated, window, {telemetry.COMPACTION_SKIPPED: why}
         )
         return request
     target = _target(config, window)

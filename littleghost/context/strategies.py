@@ -1061,10 +1061,7 @@ class Pipeline:
     trigger: Trigger = field(default=always, validator=check_trigger("Pipeline.trigger"))
 
     def __init__(
-        self,
-        *strategies: CompactionStrategy,
-        trigger: Trigger = always,
-        **keywords: Any,
+        self, *strategies: CompactionStrategy, trigger: Trigger = always, **keywords: Any
     ) -> None:
         if strategies and "strategies" in keywords:
             raise ConfigurationError("Pipeline takes strategies positionally or strategies=")

@@ -9,12 +9,7 @@ from littleghost._validators import tuple_of
 from littleghost.context.groups import Layout
 from littleghost.messages import Message
 
-__all__ = [
-    "build_view",
-    "interrupted_results",
-    "misplaced_results",
-    "unanswered_calls",
-]
+__all__ = ["build_view", "interrupted_results", "misplaced_results", "unanswered_calls"]
 
 INTERRUPTED_TEXT = "The run was interrupted before this tool call finished; it has no result."
 
