@@ -590,6 +590,4 @@ def excess(messages: Sequence[Message], context: RunContext, tokenizer: Tokenize
         or m.id in state.dense
         or (not m.role.is_trusted and estimates.images(m))
     ]
-    return real_size(known, context, tokenizer) - math.ceil(
-        state.scale * sum(map(estimates, known))
-    )
+    return real_size(known, context, tokenizer) - math.ceil(state.scale * estimates.total(known))

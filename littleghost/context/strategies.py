@@ -70,7 +70,7 @@ from littleghost.context.summarize import (
     turn_line,
     with_quotes,
 )
-from littleghost.context.tokens import Estimates, Tokenizer, counter
+from littleghost.context.tokens import Estimates, Tokenizer, counter, estimate_messages
 from littleghost.context.triggers import Not, TokensExceed, Trigger, always, check_trigger, negate
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
@@ -816,7 +816,7 @@ def least_summary_call(strategy: CompactionStrategy, tokenizer: Tokenizer, windo
         instruction = summary_instruction(step.prompt, rewrite=False)
         request = summary_request("", instructions=instruction, settings={}, max_tokens=1)
         answer = min(SUMMARY_FLOOR_TOKENS, step.cap(window))
-        calls.append(sum(map(counter(tokenizer), request.messages)) + answer)
+        calls.append(estimate_messages(request.messages, tokenizer) + answer)
     return max(calls, default=0)
 
 
