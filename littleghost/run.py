@@ -364,11 +364,27 @@ class RunContext:
         with nullcontext() if calling is None else calling.paused():
             try:
                 while self._held:
-                    await self._sink(self._held.pop(0))  # taken first: never sent twice
+                    await self._hand(self._held.pop(0))  # taken first: never sent twice
             except BaseException:
                 self._held.append(event)  # cut before its turn: it goes after them
                 raise
+            await self._hand(event)
+
+    async def _hand(self, event: Event) -> None:
+        """Hand ``event`` to the consumer; the run's deadline passing meanwhile came as
+        the run waited for the consumer to take it, as the deadline's error says."""
+        assert self._sink is not None
+        began = anyio.current_time()
+        try:
             await self._sink(event)
+        except BaseException:
+            deadline = self.grace.run_deadline
+            if deadline is not None and began < deadline <= anyio.current_time():
+                waited = (
+                    f"waiting for the stream's consumer to take its {type(event).__name__} event"
+                )
+                self._doing = lambda: waited
+            raise
 
     async def _side_call_ended(self, event: SideCallFinished, error: BaseException) -> None:
         """Emit a side call's ``event`` about ``error``; hold it for the run's next event

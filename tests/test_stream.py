@@ -574,6 +574,40 @@ class TestStopping:
         assert anyio.current_time() - start == pytest.approx(0.5)  # the whole stream: 10.5 s
         assert [m.role.value for m in events.messages] == ["user"]
 
+    @pytest.mark.virtual_clock
+    async def test_a_deadline_error_blames_a_slow_consumer_not_the_run(self) -> None:
+        """A consumer that dwells on an event past the run's deadline stops the run as it
+        hands the next one over: the ``DeadlineExceededError`` says the run was waiting
+        for the consumer to take that event, not that a tool, a hook or the model, done
+        long before, was slow."""
+
+        def script() -> ScriptedModel:
+            return ScriptedModel(
+                [
+                    summary,
+                    tool_call_response("weather", {"city": "Oslo"}),
+                    streamed("It is ", "sunny."),
+                ]
+            )
+
+        received, _ = await collect(Weather(model=script()), "go", history=chat(30))
+        kinds = [type(event).__name__ for event in received]
+        told = []
+        for at in range(len(kinds) - 2):  # RunFinished goes out once the run is over
+            seen = 0
+            with pytest.raises(DeadlineExceededError) as caught:
+                async with Weather(model=script()).stream(
+                    "go", history=chat(30), timeout=10
+                ) as events:
+                    async for _ in events:
+                        seen += 1
+                        if seen - 1 == at:
+                            await anyio.sleep(20)
+            told.append(str(caught.value).split(", ", 1)[1].split(" in turn")[0])
+        assert told == [
+            f"waiting for the stream's consumer to take its {kind} event" for kind in kinds[1:-1]
+        ]
+
     @pytest.mark.parametrize(
         "kind",
         [KeyboardInterrupt, SystemExit, None],
