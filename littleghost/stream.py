@@ -178,10 +178,11 @@ class RunStream(Generic[OutputT]):
 
     async def aclose(self) -> None:
         """Stop the run now, as leaving the block early does, and wait until it has
-        stopped (its log then answers every call); the loop then ends. Outside the block
-        (not entered yet, or left) nothing happens, so ``contextlib.aclosing()`` around
-        ``agent.stream()`` lets its ``StreamStateError`` through."""
-        if not self._entered or self._exited:
+        stopped (its log then answers every call); the loop then ends. Another task's
+        call as the block is being left waits so too. Before the block nothing happens,
+        so ``contextlib.aclosing()`` around ``agent.stream()`` lets its
+        ``StreamStateError`` through; after it, the run has stopped."""
+        if not self._entered:
             return
         assert self._stop is not None and self._ended is not None
         self._stop.cancel()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -550,6 +550,42 @@ class TestStopping:
                 assert isinstance(received[-1], ToolCallStarted)  # the loop ended there
                 await events.aclose()  # once more: nothing to do
         await events.aclose()  # after the block: nothing to do
+
+    @pytest.mark.virtual_clock
+    async def test_aclose_from_another_task_as_the_block_is_left_waits_for_the_stop(
+        self,
+    ) -> None:
+        """Another task's ``aclose()`` (a disconnect's handler, say), called while the
+        block is being left and the stopped run still stores its open call's answer,
+        returns once that is stored, as it does in the block: never with the call
+        open."""
+        started, storing = anyio.Event(), anyio.Event()
+
+        class SlowToStore(InMemorySessionStore):
+            async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+                if started.is_set():  # the stopped run's answer to its open call
+                    storing.set()
+                    await anyio.sleep(1)
+                await super().append(session_id, messages)
+
+        store = SlowToStore()
+        model = ScriptedModel([tool_call_response("wait", {}, call_id="w"), text_response("x")])
+        agent = waiting_agent(started)(model=model, session_store=store, cleanup_grace=5)
+        closed: list[tuple[Message, ...]] = []
+        async with anyio.create_task_group() as group, agent.stream("go", session_id="s") as events:
+
+            async def close() -> None:
+                await storing.wait()  # the block is being left
+                await events.aclose()
+                closed.append(events.messages)
+
+            group.start_soon(close)
+            async for event in events:
+                if isinstance(event, ToolCallStarted):
+                    await started.wait()
+                    break
+        [log] = closed
+        assert [(r.call_id, r.is_error) for r in log[-1].tool_results] == [("w", True)]
 
     async def test_aclosing_an_unentered_stream_says_to_enter_it(self) -> None:
         """``contextlib.aclosing(agent.stream(...))`` without ``async with``: the
