@@ -307,7 +307,9 @@ class RunContext:
                     self.grace.uncertain = True  # it may have landed all the same
                     raise
 
-            doing, self._doing = self._doing, lambda: "storing messages in the session"
+            doing = self._doing
+            if not self._past_deadline():  # a write after it is cleanup, not what it cut
+                self._doing = lambda: "storing messages in the session"
             await self.grace.protect(
                 write,
                 f"storing {len(messages)} message(s)",
@@ -374,17 +376,22 @@ class RunContext:
         """Hand ``event`` to the consumer; the run's deadline passing meanwhile came as
         the run waited for the consumer to take it, as the deadline's error says."""
         assert self._sink is not None
-        began = anyio.current_time()
+        late = self._past_deadline()
         try:
             await self._sink(event)
         except BaseException:
-            deadline = self.grace.run_deadline
-            if deadline is not None and began < deadline <= anyio.current_time():
+            if not late and self._past_deadline():
                 waited = (
                     f"waiting for the stream's consumer to take its {type(event).__name__} event"
                 )
                 self._doing = lambda: waited
             raise
+
+    def _past_deadline(self) -> bool:
+        """Whether the run's own deadline has passed: what the run does after it (its
+        cleanup) is not what the deadline cut."""
+        deadline = self.grace.run_deadline
+        return deadline is not None and anyio.current_time() >= deadline
 
     async def _side_call_ended(self, event: SideCallFinished, error: BaseException) -> None:
         """Emit a side call's ``event`` about ``error``; hold it for the run's next event

@@ -193,6 +193,53 @@ async def test_a_deadline_error_says_what_the_run_was_doing(
     )
 
 
+class HangingOnceStopped(InMemorySessionStore):
+    """A store whose appends never end once the run's tool has begun: the stopped run's
+    cleanup cannot store its answer to the open call."""
+
+    def __init__(self, began: anyio.Event) -> None:
+        super().__init__()
+        self.began = began
+
+    async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+        if self.began.is_set():
+            await anyio.sleep_forever()
+        await super().append(session_id, messages)
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "stream"])
+async def test_a_deadline_error_says_what_the_run_did_then_not_its_cleanup(
+    streamed: bool,
+) -> None:
+    """A tool running at the deadline is named, not the cleanup's write after it that a
+    store could not do within the grace (that write's failure is the cause)."""
+    began = anyio.Event()
+
+    class Hanging(Phases):
+        @tool
+        async def hang(self) -> str:
+            """Hang."""
+            began.set()
+            await anyio.sleep_forever()
+            return "never"
+
+    model = ScriptedModel([tool_call_response("hang", {}), text_response("done")])
+    store = HangingOnceStopped(began)
+    agent = Hanging("", model=model, session_store=store, cleanup_grace=0.1)
+    with pytest.raises(DeadlineExceededError) as caught:
+        if streamed:
+            async with agent.stream("hi", session_id="s", timeout=5) as events:
+                async for _ in events:
+                    pass
+        else:
+            await agent.run("hi", session_id="s", timeout=5)
+    assert str(caught.value) == (
+        "Hanging did not finish before its deadline, running tool 'hang' in turn 1 (of 100 at most)"
+    )
+    assert "cleanup grace" in str(caught.value.__cause__)
+
+
 @manage_context(context_window_override=100_000)
 class ManagedPhases(Phases):
     pass
