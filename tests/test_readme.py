@@ -14,6 +14,7 @@ explanation may follow) is a whole line of the block's output, unless it starts 
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import itertools
 import os
@@ -27,7 +28,7 @@ from typing import Any
 import attrs
 import pytest
 
-from littleghost import Agent, ReasoningPart, errors, events
+from littleghost import Agent, ReasoningPart, RunContext, errors, events
 from littleghost.agent import AgentOptions
 from littleghost.context import (
     CharacterEstimator,
@@ -394,6 +395,49 @@ def test_every_link_between_pages_leads_to_a_page_and_heading_that_exist() -> No
             if anchor:
                 assert anchor in anchors(linked), f"{page.name} links to {target}: no heading"
     assert links >= 20
+
+
+PUBLIC_MODULES = [
+    "littleghost",
+    "littleghost.capabilities",
+    "littleghost.context",
+    "littleghost.errors",
+    "littleghost.events",
+    "littleghost.models",
+    "littleghost.models.streaming",
+    "littleghost.sessions",
+    "littleghost.testing",
+]
+"""The modules whose ``__all__`` is the public API a user reads the pages for."""
+
+
+def test_every_public_name_is_in_the_documentation() -> None:
+    named = set(re.findall(r"\w+", documentation()))
+    left_out = [
+        f"{module}.{name}"
+        for module in PUBLIC_MODULES
+        for name in importlib.import_module(module).__all__
+        if name not in named and name != "__version__"
+    ]
+    members = [name for name in dir(RunContext) if not name.startswith("_")]
+    assert len(members) >= 20
+    left_out += [f"RunContext.{name}" for name in members if name not in named]
+    assert left_out == []
+
+
+PROSE_WIDTH = 89
+"""The longest prose line of a page (code blocks and table rows aside)."""
+
+
+def test_prose_lines_are_at_most_89_characters() -> None:
+    long = []
+    for page in [*PAGES, ROOT / "benchmarks" / "README.md"]:
+        fenced = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            fenced ^= line.startswith("```")
+            if not fenced and not line.startswith(("```", "|")) and len(line) > PROSE_WIDTH:
+                long.append(f"{page.relative_to(ROOT)}:{number}")
+    assert long == []
 
 
 def test_the_readme_links_every_page() -> None:
