@@ -13,7 +13,7 @@ Run ``python benchmarks/estimates.py``, or ``python benchmarks/estimates.py MODE
 for another model (the Qwen2.5 of ``../shared/bin/benchmark-model.sh``, whose tokenizer
 knows CJK well); set ``LITTLEGHOST_LLAMA_SERVER`` to use another llama.cpp
 ``llama-server`` build. If the server cannot start (for instance SIGILL on a
-CPU the build does not support), the script says so and exits 0.
+CPU the build does not support), the script says so and exits 1: nothing was measured.
 """
 
 from __future__ import annotations
