@@ -832,7 +832,7 @@ class Agent:
                 f"{type(self).__name__}.{name} would replace Agent.{name}, which every run "
                 "reads: give the attribute another name"
             )
-        if name == "name" and inspect.getattr_static(type(self), name) is _AGENT_NAME:
+        if name == "name" and _names_the_class(inspect.getattr_static(type(self), name)):
             raise ConfigurationError(
                 f"{type(self).__name__}.name is the agent's name as telemetry reports it (its "
                 "class name, or a str the class declares: name = 'support'); it cannot be set "
@@ -1302,3 +1302,9 @@ _WORKED_OUT = {
 """What an agent works out from its knobs, which an attribute of its own must not replace."""
 _AGENT_NAME = vars(Agent)["name"]
 """The property that names an agent after its class, unless the class declares a name."""
+
+
+def _names_the_class(found: object) -> bool:
+    """``found``, what an agent class holds as ``name``, is the agent's name as the class
+    gives it (``Agent``'s, or a str the class or a base declares): no instance sets it."""
+    return found is _AGENT_NAME or isinstance(found, str)

@@ -1092,6 +1092,66 @@ def test_a_name_set_on_an_agent_fails_saying_what_name_is() -> None:
     assert made.name == "Agent"
 
 
+class _Declared(Agent):
+    name = "support-bot"
+
+
+class _NamingMixin:
+    name = "support-bot"
+
+
+@dataclasses.dataclass
+class _DataclassNamed(Agent):
+    name: str = "support-bot"
+
+    def __post_init__(self) -> None:
+        Agent.__init__(self)
+
+
+@pytest.mark.parametrize(
+    ("base", "declared"),
+    [
+        (Agent, None),
+        (_Declared, "support-bot"),
+        (type("_Inherited", (_Declared,), {}), "support-bot"),
+        (type("_Mixed", (_NamingMixin, Agent), {}), "support-bot"),
+    ],
+    ids=["undeclared", "declared", "inherited", "mixin"],
+)
+def test_a_name_set_on_an_agent_fails_however_its_class_names_it(
+    base: type[Agent], declared: str | None
+) -> None:
+    """The agent's name is its class's (its name, or a str it or a base declares): set on
+    an instance, before or after ``Agent.__init__``, it fails. A class that declared one
+    took a customer's name kept in ``self.name`` as the agent's, reported in every span
+    and metric."""
+
+    class Named(base):  # type: ignore[valid-type, misc]
+        model = ScriptedModel([text_response("ok")])
+
+        def __init__(self, customer: str, *, early: bool) -> None:
+            if early:
+                self.name = customer
+            super().__init__()
+            self.name = customer
+
+    told = re.escape("Named.name is the agent's name as telemetry reports it (its class name")
+    for early in (True, False):
+        with pytest.raises(ConfigurationError, match=told):
+            Named("Ada", early=early)
+    made = base()
+    with pytest.raises(ConfigurationError, match=r"\.name is the agent.s name"):
+        made.name = "Ada"
+    assert made.name == (declared or base.__name__)
+
+
+def test_a_dataclass_field_in_the_place_of_the_agent_s_name_fails() -> None:
+    """A dataclass agent's ``name`` field set the agent's name per instance (an attrs
+    class's was refused, as ``name`` cannot be set on an agent)."""
+    with pytest.raises(ConfigurationError, match=r"_DataclassNamed\.name is the agent.s name"):
+        _DataclassNamed(name="Ada")
+
+
 @pytest.mark.parametrize("member", ["output", "tool_specs"])
 def test_an_instance_attribute_in_the_place_of_what_the_agent_works_out_fails(
     member: str,
