@@ -823,7 +823,8 @@ class Agent:
     def __setattr__(self, name: str, value: Any) -> None:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
-        so does a hook or ``@tool`` method's name (bound as the agent is made), the
+        so does a hook's name (bound as the agent is made), a ``@tool`` method's (before
+        too: its schema is the method's), the
         name of what the agent works out from its knobs (``output``, ``tool_specs``),
         ``name`` (telemetry's, from the class), and a function named like a hook kind
         (``agent.before_model = ...``), which is none."""
@@ -851,8 +852,9 @@ class Agent:
             unmarked = _not_a_hook(type(self).__name__, name)
             if unmarked is not None:
                 raise unmarked
-        if made and any(method == name for _, method in self._tool_index.values()):
-            raise ConfigurationError(
+        tools = self._tool_index if made else type(self).__littleghost_tool_index__
+        if any(method == name for _, method in tools.values()):
+            raise ConfigurationError(  # before the agent is made too: its schema is the method's
                 f"{type(self).__name__}.{name} is a tool, bound as the agent is made: "
                 "override it in a subclass, or pass tools= to the constructor"
             )

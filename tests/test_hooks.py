@@ -249,6 +249,27 @@ def test_a_hook_or_tool_set_on_a_made_agent_is_refused() -> None:
     assert Quiet(model=ScriptedModel([text_response("ok")])).run_sync("hi").output == "ok"
 
 
+@pytest.mark.parametrize("replacement", [None, len, lambda query: "stale"])
+def test_a_tool_set_on_the_instance_before_it_is_made_is_refused(replacement: Any) -> None:
+    """A ``@tool`` method's name set before ``super().__init__()`` replaced the function
+    the tool runs, unchecked, under the method's schema (and ``None`` left the tool
+    offered): it fails in the constructor, as it does once the agent is made."""
+
+    class Audited(Agent):
+        @tool
+        def lookup(self, query: str) -> str:
+            """Look something up."""
+            return query
+
+    class PerInstance(Audited):
+        def __init__(self, **overrides: Any) -> None:
+            self.lookup = replacement
+            super().__init__(**overrides)
+
+    with pytest.raises(ConfigurationError, match=r"PerInstance\.lookup is a tool, bound as"):
+        PerInstance(model=ScriptedModel([text_response("ok")]))
+
+
 def test_a_hook_set_on_the_instance_is_checked_as_the_agent_is_made() -> None:
     """A hook set before ``super().__init__()`` that cannot take what its kind gets fails
     in the constructor, naming it, as one declared on the class fails at definition."""
