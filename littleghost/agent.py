@@ -22,6 +22,7 @@ from littleghost._validators import is_callable, is_number, safe_repr, wrong_val
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import DEFAULT_GRACE, close_leaving, enter_block, leave_block, shared_stop
+from littleghost.context.config import ContextManagement
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     HOOK_KINDS,
@@ -357,6 +358,29 @@ def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
                     else ""
                 )
             )
+
+
+def _check_context_management(agent: Agent, value: object) -> None:
+    """``ConfigurationError`` unless ``value``, for ``agent.context_management``, is
+    ``None`` (management off for it) or a configuration for a class that ``@manage_context``
+    decorates (the one its hooks then read): anything else would leave the run half
+    managed, its tool results kept whole for views that never come."""
+    if value is None:
+        return
+    managed = any(capability.name == "manage_context" for capability in in_effect(type(agent)))
+    if managed and isinstance(value, ContextManagement):
+        return
+    name = type(agent).__name__
+    shown = "a ContextManagement" if isinstance(value, ContextManagement) else safe_repr(value)
+    raise ConfigurationError(
+        f"{name}.context_management cannot be {shown}: "
+        + (
+            "set None to turn @manage_context off for an agent, or a ContextManagement "
+            f"(attrs.evolve({name}.context_management, ...))"
+            if managed
+            else f"decorate {name} with @manage_context(...) to manage its context"
+        )
+    )
 
 
 def _check_member_names(classes: Iterable[type]) -> None:
@@ -862,6 +886,8 @@ class Agent:
             misspelt = _misspelt(type(self).__name__, name, value, " or a leading underscore")
             if misspelt is not None:
                 raise misspelt
+        if name == "context_management":
+            _check_context_management(self, value)
         if name in _KNOBS and made:
             owner = f"{type(self).__name__}.{name}"
             if name in ("tools", "output_type"):
@@ -973,6 +999,7 @@ class Agent:
                 "constructor keywords it takes): the agent was not set up"
             )
         _check_unchanged(type(self), vars(self))
+        _check_context_management(self, self.context_management)
         return check_settings(self._settings_owner, self.settings)
 
     @property

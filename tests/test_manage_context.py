@@ -63,7 +63,13 @@ from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, U
 from littleghost.run import RunContext, RunResult
 from littleghost.runner import instructions_message
 from littleghost.sessions.memory import InMemorySessionStore
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    Fact,
+    ScriptedModel,
+    check_retention,
+    text_response,
+    tool_call_response,
+)
 
 from .conftest import Spans
 from .conversations import PerMessage, chat, compacted_twice, summary_step
@@ -150,6 +156,38 @@ class TestDeclaration:
                 await agent.run("again", history=result.messages)
             assert caught.value is overflow and caught.value.__cause__ is None
             assert [r.purpose for r in model.requests] == ["chat", "chat"]
+
+    async def test_context_management_of_another_kind_is_refused(self) -> None:
+        """An agent's ``context_management`` is ``None`` or the configuration of a class
+        that ``@manage_context`` decorates: another value set on an agent fails as it is
+        set, and one set on a class after its definition fails its run (and a fact check,
+        which compacts with it) before any call, not half managing the run."""
+        instance = Small(model=ScriptedModel([]))
+        with pytest.raises(ConfigurationError, match=r"Small.context_management cannot be 5"):
+            instance.context_management = 5
+        instance.context_management = attrs.evolve(Small.context_management, summary_ratio=0.5)
+
+        class Plain(Agent):
+            pass
+
+        with pytest.raises(ConfigurationError, match="decorate Plain with @manage_context"):
+            Plain(model=ScriptedModel([])).context_management = ContextManagement()
+
+        class Later(Small):
+            pass
+
+        for value, classes in (("off", (Plain, Later)), (ContextManagement(), (Plain,))):
+            Plain.context_management = Later.context_management = value
+            for cls in classes:
+                model = ScriptedModel([text_response("ok")])
+                agent = cls(model=model)
+                with pytest.raises(ConfigurationError, match=rf"{cls.__name__}.context_man"):
+                    await agent.run("go")
+                with pytest.raises(ConfigurationError, match=rf"{cls.__name__}.context_man"):
+                    await check_retention(agent, chat(4), [Fact("q?", "a")])
+                assert model.requests == []
+            del Plain.context_management, Later.context_management
+        assert (await Later(model=ScriptedModel([text_response("ok")])).run("go")).output == "ok"
 
     def test_bare_and_with_keywords(self) -> None:
         """Bare use gives the defaults; keywords set the fields of a frozen config."""

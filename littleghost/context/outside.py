@@ -56,6 +56,7 @@ async def compact_log(
         raise ConfigurationError(
             f"compact_log: share must be a number in (0, 1), not {wrong_value(share)}"
         )
+    settings = agent.run_settings()  # checked as a run's: context_management's value too
     config = agent.context_management
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
@@ -74,7 +75,7 @@ async def compact_log(
                 complete=prepared(
                     model, max_retries=agent.max_retries, capture_content=agent.capture_content
                 ),
-                settings=agent.run_settings(),
+                settings=settings,
                 share=share,
                 max_tool_result_tokens=agent.max_tool_result_tokens,
                 model=model,
