@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 import annotated_types as at
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import attrs
 import pytest
@@ -790,6 +791,86 @@ async def test_aclose_during_a_real_start_leaves_no_server() -> None:
         "local: the llama.cpp server for SmolLM2-135M-Instruct.Q4_1.gguf was stopped by "
         "aclose() while it was starting"
     ]
+
+
+HOLDING_SERVER = (
+    """
+import http.server, os, sys, time
+
+class Handler(http.server.BaseHTTPRequestHandler):
+"""
+    + FAKE_SERVER_GET
+    + """
+    def do_POST(self):  # holds every call unanswered, once it has said that it got one
+        open(os.path.join(os.path.dirname(__file__), "got"), "w").close()
+        time.sleep(60)
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+server.daemon_threads = True
+server.serve_forever()
+"""
+)
+"""A fake server that never answers a call: ``got`` (next to it) says that one came."""
+
+
+async def _stream_all(model: LocalModel, request: ModelRequest) -> None:
+    async with aclosing(model.stream(request)) as events:
+        async for _ in events:
+            pass
+
+
+CALLS: dict[str, Callable[[LocalModel, ModelRequest], Any]] = {
+    "respond": LocalModel.respond,
+    "stream": _stream_all,
+    "count": LocalModel.count_prompt_tokens,
+}
+
+
+async def _close_during_a_call(
+    model: LocalModel, got: Path, steps: int | None, elsewhere: bool
+) -> None:
+    """``model.aclose()`` once the server holds the call (``got``), or after ``steps``
+    checkpoints; in another thread's event loop when ``elsewhere``."""
+    if steps is None:
+        while not await anyio.Path(got).exists():  # noqa: ASYNC110 - a file says so
+            await anyio.sleep(0.005)
+    for _ in range(steps or 0):
+        await anyio.lowlevel.checkpoint()
+    if elsewhere:
+        await anyio.to_thread.run_sync(anyio.run, model.aclose)
+    else:
+        await model.aclose()
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+async def test_a_call_whose_model_is_closed_under_it_fails_as_stopped_by_aclose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """``aclose()`` at any point of a call, in its event loop or in another thread: the
+    call fails with a ``ProviderError`` saying so, never the HTTP client's own error
+    ("the client has been closed") nor a transient one that a run would retry (on a new
+    server)."""
+    model = python_server(tmp_path, monkeypatch, HOLDING_SERVER)
+    got = tmp_path / "got"
+    request = ModelRequest([Message.user("hi")])
+    rng = random.Random(call)
+    for _ in range(10):
+        await model.prepare()
+        got.unlink(missing_ok=True)
+        steps = rng.choice([None, *range(10)])  # None: once the server holds the call
+        elsewhere = rng.random() < 0.3  # closed from another thread's event loop
+        failure: Exception | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(_close_during_a_call, model, got, steps, elsewhere)
+            try:
+                await CALLS[call](model, request)
+            except Exception as error:
+                failure = error
+        assert type(failure) is ProviderError, (steps, elsewhere, repr(failure))
+        assert "was stopped by aclose() during the call" in str(failure)
+        assert model.pid is None
+    assert not [pid for pid in running_servers() if str(tmp_path).encode() in _command(pid)]
 
 
 DEAF = 'trap "" TERM; echo $$ > "$(dirname "$0")/pid"; exec sleep 60'

@@ -530,6 +530,8 @@ class _Server:
     """Its latest output lines (what it says as it fails)."""
     dropped: weakref.finalize[Any, Any]
     """Kills it if its model is dropped unclosed; detached once it is stopped and reaped."""
+    closed: bool = False
+    """Set by ``aclose()``: a call it was serving fails as stopped by ``aclose()``."""
 
     @property
     def base_url(self) -> str:
@@ -707,11 +709,15 @@ class LocalModel:
                 within ``START_TIMEOUT`` seconds (its last output is in the message), or
                 ``aclose()`` stopped it while it was starting.
         """
+        await self._ready_server()
+
+    async def _ready_server(self) -> _Server:
+        """The running server, started first unless it runs (see :meth:`prepare`)."""
         while True:
             with self._lock:
                 server = self._server
                 if server is not None and _poll(server.process) is None:
-                    return
+                    return server
                 start = self._starting
                 if start is None:
                     start = self._starting = _Start()
@@ -727,7 +733,7 @@ class LocalModel:
             )
             self._forget(server)
         try:
-            await self._start(start)
+            return await self._start(start)
         except ProviderError as error:
             start.failure = str(error)
             raise
@@ -736,7 +742,7 @@ class LocalModel:
                 self._starting = None
             start.done.set()
 
-    async def _start(self, start: _Start) -> None:
+    async def _start(self, start: _Start) -> _Server:
         port = _free_port()
         key = secrets.token_urlsafe(32)
         output: deque[str] = deque(maxlen=_OUTPUT_LINES)
@@ -764,13 +770,14 @@ class LocalModel:
                     request_timeout=self._request_timeout,
                 )
                 dropped = weakref.finalize(self, _kill, process)  # a model dropped unclosed
-                self._server = _Server(process, port, key, window, chat, output, dropped)
+                server = self._server = _Server(process, port, key, window, chat, output, dropped)
         except BaseException:
             await _stop(process)
             raise
         logger.info(
             "local: llama.cpp server pid %d on port %d, n_ctx %d", process.pid, port, window
         )
+        return server
 
     def _closed_while_starting(self) -> ProviderError:
         return ProviderError(
@@ -828,11 +835,20 @@ class LocalModel:
         with _running_lock:
             _running.pop(server.process.pid, None)
 
-    async def _running_server(self) -> _Server:
-        await self.prepare()
-        server = self._server
-        assert server is not None
-        return server
+    async def _call_failure(self, server: _Server, error: Exception) -> ProviderError | None:
+        """The clear error for a call on ``server`` that failed with ``error``: stopped by
+        ``aclose()`` (whatever the HTTP client then raised), or stopped during the call
+        (see :meth:`_stopped_error`); ``None`` when ``error`` says it all."""
+        if server.closed:
+            return ProviderError(
+                f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
+                "during the call",
+                provider=self.provider,
+                usage=error.usage if isinstance(error, ProviderError) else None,
+            )
+        if isinstance(error, ProviderUnavailableError):
+            return await self._stopped_error(server, error)
+        return None
 
     async def _stopped_error(
         self, server: _Server, error: ProviderUnavailableError
@@ -861,48 +877,57 @@ class LocalModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request (starting the server first if needed)."""
         check_local_settings("settings", request.settings)
-        server = await self._running_server()
+        server = await self._ready_server()
         try:
             return await server.chat.respond(request)
-        except ProviderUnavailableError as error:
-            stopped = await self._stopped_error(server, error)
-            if stopped is None:
+        except Exception as error:
+            failure = await self._call_failure(server, error)
+            if failure is None:
                 raise
-            raise stopped from error
+            raise failure from error
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The prompt tokens the server counts for ``request`` (its chat template applied,
         then tokenized), starting the server first if needed."""
         check_local_settings("settings", request.settings)
-        server = await self._running_server()
-        return await server.chat.count_prompt_tokens(request)
+        server = await self._ready_server()
+        try:
+            return await server.chat.count_prompt_tokens(request)
+        except Exception as error:
+            failure = await self._call_failure(server, error)
+            if failure is None:
+                raise
+            raise failure from error
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one answer; closing the iterator early stops the server's generation."""
         check_local_settings("settings", request.settings)
-        server = await self._running_server()
+        server = await self._ready_server()
         try:
             async with aclosing(server.chat.stream(request)) as events:
                 async for event in events:
                     yield event
-        except ProviderUnavailableError as error:
-            stopped = await self._stopped_error(server, error)
-            if stopped is None:
+        except Exception as error:
+            failure = await self._call_failure(server, error)
+            if failure is None:
                 raise
-            raise stopped from error
+            raise failure from error
 
     async def aclose(self) -> None:
         """Stop the server by the caller's deadline (SIGTERM to its own pid, then SIGKILL
         after ``STOP_TIMEOUT`` or sooner, as the deadline nears).
 
         A start in progress, in any task or thread, then fails with a ``ProviderError``;
-        this waits until it has stopped its server.
+        this waits until it has stopped its server. A call the server was serving fails
+        with a ``ProviderError`` saying that ``aclose()`` stopped it (not retried).
         """
         with self._lock:
             server = self._server
             start = self._starting
             if start is not None:
                 start.closed = True
+            if server is not None:
+                server.closed = True
         if start is not None:
             await start.done.wait()
         if server is None:
