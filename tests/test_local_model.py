@@ -256,6 +256,64 @@ async def test_a_server_that_fails_to_start_gives_a_clear_error(tmp_path: Path) 
     assert not [pid for pid in running_servers() if str(bogus).encode() in _command(pid)]
 
 
+BEATEN_TO_ITS_PORT = """
+import socket, subprocess, sys, time
+
+OTHER = \'\'\'
+import http.server, sys
+
+class Other(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        keyed = sys.argv[2] == "keyed"
+        mine = self.headers.get("Authorization") == "Bearer not-yours"
+        status = 401 if keyed and self.path != "/health" and not mine else 200
+        body = b\'{"data": [{"id": "other", "meta": {"n_ctx": 64}}]}\'
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = answer
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Other).serve_forever()
+\'\'\'
+
+port = sys.argv[sys.argv.index("--port") + 1]
+other = subprocess.Popen([sys.executable, "-c", OTHER, port, sys.argv[-1]])  # in its group
+open(sys.argv[0].replace("server.py", "other"), "w").write(str(other.pid))
+while socket.socket().connect_ex(("127.0.0.1", int(port))):
+    time.sleep(0.01)
+time.sleep(0.5)  # a server loading its model binds its port first: another answers meanwhile
+print(f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}", flush=True)
+sys.exit(1)
+"""
+"""A server that finds its port taken (between ``_free_port()`` and its start) by another
+server, open or ``keyed`` (its last argument), which answers ``/health``: it fails."""
+
+
+@pytest.mark.parametrize("other", ["open", "keyed"])
+async def test_a_server_whose_port_another_server_took_is_not_taken_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """Ready means that the server on the port holds this server's key; another server
+    there (one started meanwhile, say another process's local model) is not taken for
+    it, nor asked for the window."""
+    script = f'exec {sys.executable} {tmp_path / "server.py"} "$@" {other}'
+    (tmp_path / "server.py").write_text(BEATEN_TO_ITS_PORT)
+    model = fake_server(tmp_path, monkeypatch, script)
+    try:
+        with pytest.raises(ProviderError, match="exited before it was ready") as caught:
+            await model.prepare()
+        assert "couldn't bind HTTP server socket" in str(caught.value)
+        assert (model.pid, model.context_window) == (None, None)
+    finally:
+        await model.aclose()
+    assert _command(int((tmp_path / "other").read_text())) == b""  # stopped with its group
+
+
 async def test_a_cancelled_start_leaves_no_server() -> None:
     """Cancelled once its server process runs, before it is ready (not after a fixed
     time: a model in the page cache loads in a fraction of a second), prepare() stops it."""
@@ -341,6 +399,12 @@ def fake_server(
 
 FAKE_SERVER_GET = """
     def do_GET(self):
+        mine = self.headers.get("Authorization") == "Bearer " + os.environ["LLAMA_API_KEY"]
+        if self.path not in ("/health", "/v1/models") and not mine:
+            self.send_response(401)  # as llama.cpp's server started with an API key
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         ready = self.path == "/health"
         body = b"{}" if ready else b'{"data": [{"id": "m", "meta": {"n_ctx": 4096}}]}'
         self.send_response(200)
@@ -351,8 +415,9 @@ FAKE_SERVER_GET = """
     def log_message(self, *args):
         pass
 """
-"""A fake llama.cpp server's ``Handler`` methods but ``do_POST``: ``/health`` ready, and
-``/v1/models`` giving a 4 096-token window; nothing logged."""
+"""A fake llama.cpp server's ``Handler`` methods but ``do_POST`` (its module imports
+``os``): ``/health`` ready, ``/v1/models`` giving a 4 096-token window, other paths only
+with its key; nothing logged."""
 
 DROPPING_SERVER = (
     """
@@ -414,7 +479,7 @@ async def test_a_dropped_call_is_looked_into_no_longer_than_the_deadline(
 
 STALLING_SERVER = (
     """
-import http.server, json, sys, threading, time
+import http.server, json, os, sys, threading, time
 
 posts = []
 lock = threading.Lock()
@@ -877,12 +942,13 @@ DEAF = 'trap "" TERM; echo $$ > "$(dirname "$0")/pid"; exec sleep 60'
 """A server that never gets ready and ignores SIGTERM (as one loading a large model may)."""
 
 READY_AND_DEAF = f"""exec {sys.executable} -c '
-import http.server, signal, sys
+import http.server, os, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 class Ready(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        mine = self.headers.get("Authorization") == "Bearer " + os.environ["LLAMA_API_KEY"]
         body = b"{{\\"data\\": [{{\\"meta\\": {{\\"n_ctx\\": 64}}}}]}}"
-        self.send_response(200)
+        self.send_response(200 if mine or self.path == "/health" else 401)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

