@@ -1711,6 +1711,15 @@ class TestProcess:
             "141 the reader of its output gone (| head)."
         ) in overview
 
+    @pytest.mark.parametrize("command", [[], ["sessions"]])
+    def test_a_group_without_its_command_shows_its_help(self, command: list[str]) -> None:
+        """``littleghost`` or ``littleghost sessions`` alone: the help as ``--help`` lays
+        it out, on standard error, with exit 2 (it was one line, its breaks as ``\\n``)."""
+        done = python_m(*command)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.rstrip() == python_m(*command, "--help").stdout.rstrip()
+        assert "\\n" not in done.stderr
+
     def terminal(self, *args: str, columns: int = 200) -> tuple[str, str]:
         """Run ``python -m littleghost`` with standard output and error each on a
         pseudo-terminal of its own, ``columns`` wide; what each showed."""

@@ -128,9 +128,12 @@ def _taking(group: click.Group, option: str, path: tuple[str, ...]) -> tuple[str
 def _escaped_errors() -> Iterator[None]:
     """An error's message with what a terminal would act on as escapes (``shown``): it
     quotes text littleghost does not write (a provider's message, from its server; a
-    store's path; the agent's own code's exception; an argument click repeats)."""
+    store's path; the agent's own code's exception; an argument click repeats); the help
+    a group given no command shows as its error is its own, laid out as written."""
     try:
         yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise
     except click.ClickException as error:
         error.message = shown(error.message)  # type: ignore[misc]  # Final: set only as made
         raise
