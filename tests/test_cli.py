@@ -1393,9 +1393,14 @@ class TestErrors:
         ],
     )
     def test_a_malformed_connection_string_keeps_its_password(self, conninfo: str) -> None:
-        line = fails(1, "sessions", "list", "--store", conninfo)
-        assert "is not a valid PostgreSQL URL or conninfo (" in line
-        assert "s3cr" not in line and "app" not in line
+        """A connection string libpq cannot parse is a wrong ``--store`` (exit 2), as a
+        wrong SQLite address is, for every command (it was exit 1, as the store was
+        opened), and the error quotes none of it."""
+        for command in (["list"], ["show", "s"], ["delete", "s", "--yes"]):
+            line = fails(2, "sessions", *command, "--store", conninfo)
+            assert "Invalid value for '--store'" in line
+            assert "is not a valid PostgreSQL URL or conninfo (" in line
+            assert "s3cr" not in line and "app" not in line
 
     def test_a_password_holding_a_bare_at_stays_out_of_the_error(self) -> None:
         """libpq ends the password at its first ``@`` and quotes the rest as the host:

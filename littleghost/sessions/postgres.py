@@ -162,7 +162,8 @@ _QUOTED = re.compile(r'"[^"]*"')
 def check_conninfo(conninfo: object) -> str:
     """``conninfo`` if libpq can take it whole: a str without NUL characters (libpq would
     end it at the first one) that UTF-8 can encode (an undecodable byte from the command
-    line cannot be sent). The error never quotes it: it may hold a password.
+    line cannot be sent) and, with psycopg installed, that libpq can parse. The error
+    never quotes it: it may hold a password.
 
     Raises:
         ConfigurationError: It is not such a str.
@@ -181,6 +182,17 @@ def check_conninfo(conninfo: object) -> str:
             f"PostgresSessionStore: conninfo is not encodable as UTF-8 (an undecodable byte "
             f"at {error.start})"
         ) from None
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # the store says so as it is made
+        return conninfo
+    try:
+        conninfo_to_dict(conninfo)
+    except ProgrammingError as error:
+        sqlite = "; an SQLite file goes to SQLiteSessionStore(path)"
+        hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
+        raise ConfigurationError(f"PostgresSessionStore: {_unparsable(error)}{hint}") from None
     return conninfo
 
 
@@ -599,18 +611,11 @@ class PostgresSessionStore:
     ) -> None:
         try:
             import psycopg
-            from psycopg.conninfo import conninfo_to_dict
         except ImportError:
             raise ConfigurationError(
                 "PostgresSessionStore needs psycopg 3: pip install 'littleghost[postgres]'"
             ) from None
         check_conninfo(conninfo)
-        try:
-            conninfo_to_dict(conninfo)
-        except psycopg.ProgrammingError as error:
-            sqlite = "; an SQLite file goes to SQLiteSessionStore(path)"
-            hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
-            raise ConfigurationError(f"PostgresSessionStore: {_unparsable(error)}{hint}") from None
         if (
             isinstance(max_connections, bool)
             or not isinstance(max_connections, int)
