@@ -1339,6 +1339,25 @@ class TestErrors:
         clicks = click.NoSuchOption("--bogus").format_message()  # its wording per version
         assert fails(2, "--bogus", "sessions", "list") == f"Error: {clicks}"
 
+    @pytest.mark.parametrize("session_id", ["-1001234567890", "-x", "-a-b"])
+    def test_a_session_id_starting_with_a_dash_is_written_after_two(
+        self, tmp_path: Path, session_id: str
+    ) -> None:
+        """A Telegram group's chat id (``-1001234567890``) written as ``ID`` was read as
+        options: ``No such option '-1'``, no word of the id or of ``--``."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, lambda store: store.append(session_id, [Message.user("hi")]))
+        more = {"compact": ["--agent", "tests.cli_agents:Support", "--dry-run"], "delete": ["-y"]}
+        for command in ("show", "view", "export", "compact", "delete"):
+            line = fails(2, "sessions", command, session_id, "--store", url, *more.get(command, []))
+            assert "a session ID that starts with '-' is written last, after '--' (" in line
+            assert line.endswith(f"main sessions {command} ... -- {session_id})")
+            assert f"(in {session_id!r})" in line if len(session_id) > 2 else "(in" not in line
+            ok("sessions", command, "--store", url, *more.get(command, []), "--", session_id)
+        assert load(url, session_id) == ()  # the last command, delete, was asked no question
+        line = fails(2, "sessions", "show", "s", "--store", url, "--jsn")
+        assert "a session ID" not in line  # a long option is an option
+
     @pytest.mark.parametrize("command", ["show", "view", "export", "compact", "delete"])
     def test_an_unknown_session(self, store_url: str, command: str) -> None:
         more = {"compact": ["--agent", "tests.cli_agents:Staffed"], "delete": ["--yes"]}

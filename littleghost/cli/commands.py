@@ -112,6 +112,30 @@ class _Group(click.Group):
             ) from None
 
 
+class _SessionCommand(click.Command):
+    """A command of one session: an ``ID`` that starts with ``-`` (a Telegram group's chat
+    id, ``-1001234567890``) is read as options (``No such option '-1'``); the error says
+    to write it after ``--``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as error:
+            options = given[: given.index("--")] if "--" in given else given
+            typed = [arg for arg in options if arg.startswith(error.option_name)]
+            if error.option_name.startswith("--") or not typed:
+                raise
+            word = typed[0]
+            within = "" if word == error.option_name else f" (in {word!r})"
+            raise click.NoSuchOption(
+                error.option_name,
+                f"No such option {error.option_name!r}{within}; a session ID that starts "
+                f"with '-' is written last, after '--' ({ctx.command_path} ... -- {word})",
+                ctx=ctx,
+            ) from None
+
+
 def _taking(group: click.Group, option: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
     """The names leading from ``group`` to the first command that takes ``option``."""
     for name, command in group.commands.items():
@@ -321,7 +345,7 @@ def list_sessions(address: StoreAddress, as_json: bool) -> None:
     _write(_run(read), as_json, print_sessions)
 
 
-@sessions.command(short_help="Show the whole log of a session.")
+@sessions.command(cls=_SessionCommand, short_help="Show the whole log of a session.")
 @session_argument
 @store_option
 @json_option
@@ -337,7 +361,9 @@ def show(session_id: str, address: StoreAddress, as_json: bool) -> None:
     _write(log_document(session_id, log, quote=not as_json), as_json, print_log)
 
 
-@sessions.command(short_help="Show what the model would see next, with estimates.")
+@sessions.command(
+    cls=_SessionCommand, short_help="Show what the model would see next, with estimates."
+)
 @session_argument
 @store_option
 @_agent_option(
@@ -379,7 +405,9 @@ def view(
     _write(_run(read, agents_code=True), as_json, print_view)
 
 
-@sessions.command(short_help="Compact a session now, or show what would be covered.")
+@sessions.command(
+    cls=_SessionCommand, short_help="Compact a session now, or show what would be covered."
+)
 @session_argument
 @store_option
 @_agent_option(
@@ -427,7 +455,7 @@ def compact(
     print_compaction(output, document)
 
 
-@sessions.command(short_help="Write a session as JSON Lines, the stored form.")
+@sessions.command(cls=_SessionCommand, short_help="Write a session as JSON Lines, the stored form.")
 @session_argument
 @store_option
 def export(session_id: str, address: StoreAddress) -> None:
@@ -441,7 +469,9 @@ def export(session_id: str, address: StoreAddress) -> None:
     _run(export_log, address, session_id, Output.detect())
 
 
-@sessions.command(short_help="Delete a session and all its messages, for good.")
+@sessions.command(
+    cls=_SessionCommand, short_help="Delete a session and all its messages, for good."
+)
 @session_argument
 @store_option
 @click.option(
