@@ -1319,6 +1319,40 @@ class TestDelete:
         assert (code, out, err) == (130, "", "Interrupted\n")
         assert contents(store_url) == before
 
+    def test_ctrl_c_once_the_delete_began_says_it_may_be_done(self, tmp_path: Path) -> None:
+        """Stopped as the delete waits (a second at most) for another connection's read
+        to end, to empty the write-ahead log, the command said only "Interrupted", as if
+        nothing was deleted: the session was."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        fill(url)
+        reader = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM littleghost_messages").fetchone()
+        try:
+            process = started("sessions", "delete", "other", "--store", url, "--yes")
+            while process.poll() is None and "other" in sessions_in(tmp_path / "s.db"):
+                time.sleep(0.005)
+            process.send_signal(signal.SIGINT)
+            code, out, err = finished(process)
+        finally:
+            reader.execute("ROLLBACK")
+            reader.close()
+        assert (code, out) == (130, "")
+        assert err == (
+            "stopped as session 'other' was being deleted: it may be deleted already "
+            "(sessions show tells)\nInterrupted\n"
+        )
+        assert load(url, "other") == ()
+
+
+def sessions_in(path: Path) -> list[str]:
+    """The sessions an SQLite store holds, read past the store."""
+    connection = sqlite3.connect(path)
+    try:
+        return [row[0] for row in connection.execute("SELECT id FROM littleghost_sessions")]
+    finally:
+        connection.close()
+
 
 class TestErrors:
     def test_a_command_s_option_before_the_command_says_where_it_goes(self, store_url: str) -> None:

@@ -494,4 +494,16 @@ def delete(session_id: str, address: StoreAddress, confirmed: bool, as_json: boo
     session = _run(described, address, session_id)
     if not confirmed:
         confirm(session)
-    _write(_run(delete_document, address, session_id), as_json, print_deletion)
+    begun: list[bool] = []
+    try:
+        document = _run(delete_document, address, session_id, lambda: begun.append(True))
+    except KeyboardInterrupt:
+        if begun:  # its transaction may be committed (SQLite then empties its -wal file)
+            name = shown(repr(session_id))
+            click.echo(
+                f"stopped as session {name} was being deleted: it may be deleted already "
+                "(sessions show tells)",
+                err=True,
+            )
+        raise
+    _write(document, as_json, print_deletion)

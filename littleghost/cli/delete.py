@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import select
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO
 
 import click
@@ -97,9 +97,12 @@ def _line_read(terminal: TextIO) -> str:
     return terminal.readline()
 
 
-async def delete_document(address: StoreAddress, session_id: str) -> dict[str, Any]:
+async def delete_document(
+    address: StoreAddress, session_id: str, begun: Callable[[], None]
+) -> dict[str, Any]:
     """Delete the session, holding it as a run does (a run under way ends first, and a
-    wait past ``WAIT_NOTICE`` is said). The document says how
+    wait past ``WAIT_NOTICE`` is said), calling ``begun`` as the delete begins (stopped
+    from then on, it may be done). The document says how
     many messages and compaction records were deleted (``None`` for a log that could not
     be read: a damaged session is deleted all the same) and, for SQLite, whether the
     write-ahead log was emptied by the delete's checkpoint (``None`` for PostgreSQL).
@@ -114,6 +117,7 @@ async def delete_document(address: StoreAddress, session_id: str) -> dict[str, A
             raise UnknownSessionError(
                 f"no session {session_id!r} in {address}", session_id=session_id
             )
+        begun()
         await store.delete(session_id)
         wal_emptied = _wal_emptied(address)
     return {
