@@ -95,7 +95,7 @@ async def traced_call(
                 )
         except BaseException as error:  # failed, cancelled or cut off: no answer
             span.set_attribute(telemetry.RESPONSE_FINISH_REASONS, telemetry.UNANSWERED)
-            used = bill(error, reported())
+            used = bill(error, reported)
             span.set_attributes(telemetry.usage_attributes(used))
             ended(error=error, deadline=deadline(), usage=used)
             raise

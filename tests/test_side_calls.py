@@ -25,6 +25,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     LimitExceededError,
     ProtocolError,
+    ProviderError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -462,6 +463,62 @@ async def test_a_failed_runs_usage_is_the_run_it_ends() -> None:
     with pytest.raises(LimitExceededError) as caught:
         await Outer(model=ScriptedModel([text_response("never")])).run("go")
     assert caught.value.run_usage == Usage()
+
+
+class Routing(Agent):
+    """Answers through a model of its own that asks a sub-agent (a router)."""
+
+    max_retries = 0
+
+
+def tokens_counted(histograms: Histograms) -> Usage:
+    """The input and output tokens the token metric counted since the last read."""
+    counted = {"input": 0, "output": 0}
+    for point in histograms.read().get("gen_ai.client.token.usage", []):
+        counted[str(point.attributes["gen_ai.token.type"])] += int(point.sum)
+    return Usage(counted["input"], counted["output"])
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_a_sub_agents_failed_call_is_billed_once(
+    spans: Spans, histograms: Histograms, seed: int
+) -> None:
+    """A provider error billed in a sub-agent's call (its ``usage``), leaving the model of
+    each run that asked a sub-agent (routers nested 1 to 4 deep), is billed to that call
+    alone: each router's call is billed what its own provider reported, in its span, its
+    run's ``run_usage`` and the token metric, which counts every call once (the same
+    error object raised again in a later run is billed again there)."""
+    chooser = random.Random(seed)
+    depth = chooser.randint(1, 4)
+    failure = ProviderError("bad request", status=400, should_retry=False)
+    failure.usage = Usage(chooser.randint(1, 900), chooser.randint(1, 90))
+    own = [Usage(chooser.randint(0, 50), chooser.randint(0, 5)) for _ in range(depth)]
+
+    def router(level: int) -> Routing:
+        if level == depth:
+            return Routing(model=ScriptedModel([failure]))
+
+        async def route(request: ModelRequest) -> ModelResponse:
+            report_usage(own[level])  # what this call's provider reported before
+            result = await router(level + 1).run("ask the next")
+            return text_response(result.output)
+
+        return Routing(model=ScriptedModel([route]))
+
+    for _ in range(2):
+        spans.clear()
+        with pytest.raises(ProviderError) as caught:
+            await router(0).run("go")
+        assert caught.value is failure
+        assert caught.value.run_usage == own[0]
+        chats = [span.attributes or {} for span in spans.named("chat")]
+        shown = sorted(
+            (chat.get("gen_ai.usage.input_tokens", 0), chat.get("gen_ai.usage.output_tokens", 0))
+            for chat in chats
+        )
+        billed_calls = [*own, failure.usage]
+        assert shown == sorted((u.input_tokens, u.output_tokens) for u in billed_calls)
+        assert tokens_counted(histograms) == sum(billed_calls, Usage())
 
 
 async def test_a_side_call_a_tools_timeout_cut_is_in_the_runs_usage(spans: Spans) -> None:

@@ -6,7 +6,7 @@ import enum
 import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol, cast, runtime_checkable
@@ -122,11 +122,20 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
-@define
+@define(eq=False)
 class _Reported:
-    """The latest usage ``report_usage`` gave the call going on."""
+    """The latest usage ``report_usage`` gave the call going on, and the call it is made
+    in, if any (a sub-agent's, run by a model of its own)."""
 
+    outer: _Reported | None
     usage: Usage = field(factory=Usage)
+
+    def within(self, call: _Reported) -> bool:
+        """Whether this call is ``call`` or one made in it."""
+        at: _Reported | None = self
+        while at is not None and at is not call:
+            at = at.outer
+        return at is call
 
 
 _REPORTED: ContextVar[_Reported | None] = ContextVar("littleghost_reported_usage", default=None)
@@ -155,31 +164,37 @@ def report_usage(usage: Usage) -> None:
 
 
 @contextmanager
-def reports() -> Iterator[Callable[[], Usage]]:
+def reports() -> Iterator[_Reported]:
     """Collect what ``report_usage`` is told in the block (one model call, in the task
-    that makes it, and the tasks it starts): gives a function that tells the latest."""
-    reported = _Reported()
+    that makes it, and the tasks it starts): gives the call's record of it."""
+    reported = _Reported(_REPORTED.get())
     token = _REPORTED.set(reported)
     try:
-        yield lambda: reported.usage
+        yield reported
     finally:
         _REPORTED.reset(token)
 
 
 _BILLED = "_littleghost_billed"
 """The attribute ``bill`` keeps a call's usage in, on the exception that ended it."""
+_BILLED_IN = "_littleghost_billed_in"
+"""The attribute ``bill`` keeps the call that billed the exception in."""
 
 
-def bill(error: BaseException, reported: Usage) -> Usage:
-    """What the call ``error`` ended was billed: the error's own ``usage`` (a
-    ``ProviderError``'s or ``ProtocolError``'s), else the usage its provider ``reported``
+def bill(error: BaseException, call: _Reported) -> Usage:
+    """What the ``call`` that ``error`` ended was billed: the error's own ``usage`` (a
+    ``ProviderError``'s or ``ProtocolError``'s), else the usage its provider reported
     before it ended (``report_usage``), a cancellation's too; kept on ``error`` for
     ``billed``, replacing what an inner call kept there (the same cancellation passes
-    through every call it stops)."""
-    own = getattr(error, "usage", None)
-    used = own if isinstance(own, Usage) and own != Usage() else reported
+    through every call it stops). The ``usage`` of an error that a call made in this one
+    billed (a sub-agent's, out of a model that runs one) is that call's, not this one's."""
+    inner = getattr(error, _BILLED_IN, None)
+    own = None if isinstance(inner, _Reported) and inner.within(call) else error
+    usage = getattr(own, "usage", None)
+    used = usage if isinstance(usage, Usage) and usage != Usage() else call.usage
     try:  # past the class's own ``__setattr__``: a frozen attrs exception refuses one
         object.__setattr__(error, _BILLED, used)
+        object.__setattr__(error, _BILLED_IN, call)
     except Exception:  # an exception that takes no attribute: never replace it by another
         pass
     return used
