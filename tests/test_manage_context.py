@@ -1104,6 +1104,30 @@ class RecoveringOnce(Agent):
 
 
 class TestOverflow:
+    @pytest.mark.parametrize("figures", [{}, {"prompt_tokens": 9_000, "context_window": 8_000}])
+    async def test_a_sub_agents_overflow_out_of_a_router_is_not_the_runs_to_recover(
+        self, figures: dict[str, int]
+    ) -> None:
+        """An overflow of a sub-agent's request, leaving a model that runs the sub-agent
+        (a router), is not the run's request's: its figures are the sub-agent's (its window,
+        its prompt). The run's own overflow recovery leaves it: no compaction of the run's
+        conversation (no summary in its log, no window learned), and the run fails with
+        it, as a model's error nothing mended."""
+        overflow = ContextWindowOverflowError("too long", **figures)
+
+        class Reader(Agent):
+            max_retries = 0
+
+        async def route(request: ModelRequest) -> ModelResponse:
+            inner = Reader(model=ScriptedModel([overflow]))
+            return text_response((await inner.run("Read the document.")).output)
+
+        model = ScriptedModel([route, summary_step(), route], context_window=200_000)
+        with pytest.raises(ContextWindowOverflowError) as caught:
+            await Lenient(model=model).run("go", history=chat(20, "long " * 400))
+        assert caught.value is overflow
+        assert [r.purpose for r in model.requests] == ["chat"]
+
     async def test_a_request_over_the_window_itself_is_compacted_as_recovery_would(
         self,
     ) -> None:

@@ -82,7 +82,7 @@ from littleghost.errors import (
     PromptBudgetError,
 )
 from littleghost.messages import Message, Role, ToolResult
-from littleghost.models.base import ModelRequest, ModelResponse, billed
+from littleghost.models.base import ModelRequest, ModelResponse, billed, relayed
 from littleghost.text import CHARS_PER_TOKEN, truncate_middle, weighed_length
 
 if sys.version_info >= (3, 11):
@@ -515,8 +515,8 @@ async def _compact_after_overflow(
     agent: object, request: ModelRequest, error: Exception, *, context: RunContext
 ) -> ModelRequest | None:
     config = context_config(agent)
-    if config is None or not isinstance(error, ContextWindowOverflowError):
-        return None
+    if config is None or not isinstance(error, ContextWindowOverflowError) or relayed(error):
+        return None  # a sub-agent's overflow (out of a model that runs one) is not this one
     state = _run(context, config)
     if state.overflow is not None and state.overflow[0] == context.turn:
         raise error from _leading_to_sdk_error(state.overflow[1], error)

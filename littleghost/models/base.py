@@ -40,6 +40,7 @@ __all__ = [
     "capped",
     "model_shortfall",
     "prepare",
+    "relayed",
     "report_usage",
     "reports",
 ]
@@ -179,6 +180,9 @@ _BILLED = "_littleghost_billed"
 """The attribute ``bill`` keeps a call's usage in, on the exception that ended it."""
 _BILLED_IN = "_littleghost_billed_in"
 """The attribute ``bill`` keeps the call that billed the exception in."""
+_RELAYED = "_littleghost_relayed"
+"""The attribute ``bill`` keeps in whether a call made in the one that billed the exception
+billed it first (``relayed``)."""
 
 
 def bill(error: BaseException, call: _Reported) -> Usage:
@@ -189,15 +193,22 @@ def bill(error: BaseException, call: _Reported) -> Usage:
     through every call it stops). The ``usage`` of an error that a call made in this one
     billed (a sub-agent's, out of a model that runs one) is that call's, not this one's."""
     inner = getattr(error, _BILLED_IN, None)
-    own = None if isinstance(inner, _Reported) and inner.within(call) else error
-    usage = getattr(own, "usage", None)
+    relayed = isinstance(inner, _Reported) and inner.within(call)
+    usage = None if relayed else getattr(error, "usage", None)
     used = usage if isinstance(usage, Usage) and usage != Usage() else call.usage
     try:  # past the class's own ``__setattr__``: a frozen attrs exception refuses one
         object.__setattr__(error, _BILLED, used)
         object.__setattr__(error, _BILLED_IN, call)
+        object.__setattr__(error, _RELAYED, relayed)
     except Exception:  # an exception that takes no attribute: never replace it by another
         pass
     return used
+
+
+def relayed(error: BaseException) -> bool:
+    """Whether the call ``error`` ended last got it from a call made in it (a sub-agent's,
+    out of a model that runs one): its figures are that call's, not this one's."""
+    return getattr(error, _RELAYED, False) is True
 
 
 def billed(error: BaseException) -> Usage:
