@@ -42,6 +42,7 @@ from littleghost.errors import (
     SchemaVersionError,
     SessionBusyError,
     SessionStoreError,
+    UnstorableValueError,
 )
 from littleghost.sessions import (
     PostgresSessionStore,
@@ -253,6 +254,32 @@ class TestEncodings:
                         await again.append("日本", [Message.user("x")])
         finally:
             await sql(postgres_dsn, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+class TestLongMessages:
+    """One backend: the refusal is made before any I/O, and building the message's
+    gigabyte of JSON takes seconds."""
+
+    @pytest.fixture
+    def anyio_backend(self) -> str:
+        return "asyncio"
+
+    async def test_a_message_longer_than_postgresql_takes_is_refused_naming_it(
+        self, conninfo: str
+    ) -> None:
+        """PostgreSQL takes no value of 1 GiB or more: such a message was sent, twice (the
+        server ended the kept connection, so the call was tried again on a new one), and
+        failed as "server closed the connection unexpectedly"."""
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        longest = 1_000_000_000 - len(message_to_json(Message.user("")))
+        with pytest.raises(
+            UnstorableValueError, match=r"message 1 .* 1,000,000,001 char"
+        ) as caught:
+            await store.append("s", [Message.user("small"), Message.user("x" * (longest + 1))])
+        assert caught.value.session_id == "s"
+        assert await texts(store) == ["before"]
+        await store.aclose()
 
 
 class TestWindows:

@@ -45,6 +45,7 @@ from littleghost.errors import (
     CorruptSessionStoreError,
     SessionStoreError,
     UnknownSessionError,
+    UnstorableValueError,
 )
 from littleghost.messages import Message
 from littleghost.sessions import alarms
@@ -101,6 +102,9 @@ _SHORTEST_CONNECT_TIMEOUT = 2
 """libpq's: a shorter ``connect_timeout`` counts as 2 seconds."""
 
 
+_LONGEST_BODY = 1_000_000_000
+"""The most characters of a message's stored JSON (SQLite's longest text by default):
+PostgreSQL takes no value of 1 GiB or more, and ends the connection that sends one."""
 _LONGEST_TIMEOUT_MS = 2_147_483_647
 """PostgreSQL's longest ``statement_timeout`` (about 24.8 days)."""
 
@@ -313,6 +317,22 @@ def _append_statement(seen: int | None) -> str:
         + ("" if seen is None else " WHERE littleghost_sessions.length = 0")
         + " RETURNING length"
     )
+
+
+def _check_lengths(bodies: Sequence[str], session_id: str) -> None:
+    """Refuse an append whose message's JSON is longer than ``_LONGEST_BODY``.
+
+    Raises:
+        UnstorableValueError: One is; it names the first.
+    """
+    for position, body in enumerate(bodies):
+        if len(body) > _LONGEST_BODY:
+            raise UnstorableValueError(
+                f"message {position} of the append is {len(body):,} characters long as JSON; "
+                f"the PostgreSQL session store keeps at most {_LONGEST_BODY:,}; nothing was "
+                "stored",
+                session_id=session_id,
+            )
 
 
 def _stale(connection: psycopg.Connection[Any]) -> bool:
@@ -742,8 +762,8 @@ class PostgresSessionStore:
         """Append ``messages`` to the session in one transaction.
 
         Raises:
-            UnstorableValueError: A message holds a value that is not JSON-like; nothing
-                was stored.
+            UnstorableValueError: A message holds a value that is not JSON-like, or is
+                longer than 1,000,000,000 characters as JSON; nothing was stored.
             SessionStoreError: The current task holds the session, which no longer holds
                 the messages it last saw; nothing was stored.
         """
@@ -752,6 +772,7 @@ class PostgresSessionStore:
         bodies = messages_to_json(messages, session_id=session_id)
         if not bodies:
             return
+        _check_lengths(bodies, session_id)
         locks = await self._prepared()
         async with locks.writing(session_id) as hold:
             seen, last = (None, None) if hold is None else (hold.seen, hold.last)
