@@ -1900,6 +1900,27 @@ class TestUnclosed:
         assert await collected_warnings(held) == []
         assert await open_connections(conninfo) == 0
 
+    async def test_closing_closes_the_connections_of_calls_under_way_as_they_end(
+        self, conninfo: str
+    ) -> None:
+        """``aclose()`` closed the kept connections only: one a call under way held went
+        back to the pool as the call ended, open until the store was collected."""
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        async with anyio.create_task_group() as group:
+            with holding(conninfo, "SELECT * FROM littleghost_sessions FOR UPDATE"):
+                group.start_soon(store.append, "s", [Message.user("during")])
+                for _ in range(250):  # the append waits on the row
+                    if await waiting_backends(conninfo):
+                        break
+                    await anyio.sleep(0.02)
+                assert await waiting_backends(conninfo)
+                await store.aclose()
+        assert await open_connections(conninfo) == 0
+        assert await texts(store) == ["before", "during"]  # a later call opens a new one
+        await store.aclose()
+        assert await open_connections(conninfo) == 0
+
 
 class TestVirtualClock:
     """A test suite's virtual clock (trio's ``MockClock`` jumping whenever every task

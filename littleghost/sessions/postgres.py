@@ -444,6 +444,9 @@ class _Pool:
         self._slots = threading.BoundedSemaphore(size)
         self._guard = threading.Lock()
         self._idle: list[psycopg.Connection[Any]] = []
+        self._closings = 0
+        """How many times the pool was closed: a connection taken before the last time
+        is closed, not kept, as its call ends."""
         # kept connections of a store never closed are closed as it is collected, or at exit
         weakref.finalize(self, _close_all, self._idle)
         _POOLS.add(self)
@@ -460,7 +463,7 @@ class _Pool:
     ) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
         """A connection attached to ``operation``, and whether it was kept from an earlier
         operation (never when ``fresh``); back to the pool afterwards only when it is
-        sound, idle, and its caller still waits. Kept connections the server ended are
+        sound, idle, its caller still waits, and the pool was not closed meanwhile. Kept connections the server ended are
         closed, not handed out."""
         from psycopg.pq import TransactionStatus
 
@@ -469,6 +472,8 @@ class _Pool:
                 raise _gone()
         try:
             connection = None
+            with self._guard:
+                closings = self._closings
             while connection is None and not fresh:
                 with self._guard:
                     if not self._idle:
@@ -495,16 +500,21 @@ class _Pool:
                     and not connection.broken
                     and connection.info.transaction_status == TransactionStatus.IDLE
                 )
+                kept = False
                 if reusable:
                     with self._guard:
-                        self._idle.append(connection)
-                else:
+                        kept = self._closings == closings
+                        if kept:
+                            self._idle.append(connection)
+                if not kept:
                     connection.close()
         finally:
             self._slots.release()
 
     def close(self) -> None:
+        """Close the kept connections now, and those in use as their calls end."""
         with self._guard:
+            self._closings += 1
             idle = self._idle.copy()
             self._idle.clear()
         _close_all(idle)
@@ -704,8 +714,9 @@ class PostgresSessionStore:
         await close_leaving(self.aclose, "closing the PostgreSQL store", error)
 
     async def aclose(self) -> None:
-        """Close the idle connections (a later call opens new ones), in a worker thread of
-        its own: the store's own may all be taken by calls waiting on the server."""
+        """Close the idle connections, and those of calls under way as they end (a later
+        call opens new ones), in a worker thread of its own: the store's own may all be
+        taken by calls waiting on the server."""
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._pool.close, limiter=anyio.CapacityLimiter(1))
 
