@@ -1481,6 +1481,68 @@ class TestDeadlines:
         await store.aclose()
         assert await open_connections(conninfo) == 0
 
+    async def test_a_write_cancelled_while_it_inserts_logs_no_server_failure(
+        self, conninfo: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The messages went in through psycopg's pipeline, which, its connection shut
+        down under it, logged a warning that the server "terminated abnormally"."""
+        store = PostgresSessionStore(conninfo, max_connections=1)
+        await store.append("s", [Message.user("before")])
+        taken = "INSERT INTO littleghost_messages VALUES ('s', 1, '{}')"  # uncommitted
+        with caplog.at_level("WARNING"):
+            with holding(conninfo, taken):
+                async with anyio.create_task_group() as group:
+                    during = [Message.user("one"), Message.user("x" * 20_000_000)]
+                    group.start_soon(store.append, "s", during)
+                    for _ in range(250):  # the insert waits for the other's row
+                        if await waiting_backends(conninfo):
+                            break
+                        await anyio.sleep(0.02)
+                    assert await waiting_backends(conninfo)
+                    group.cancel_scope.cancel()
+            # the store's one thread is back: the cut write's thread is done
+            assert await texts(store) == ["before"]
+        assert [record.getMessage() for record in caplog.records] == []
+        await store.aclose()
+
+    async def test_holders_cut_at_random_points_leave_whole_appends_and_no_trace(
+        self, conninfo: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Workers (two store objects) hold one session in turn, each cancelled at a
+        random moment of taking it or of an append (some large enough to be cut while
+        being sent): every append is stored whole or not at all, in order, nothing is
+        logged, and no connection or session lock is left behind."""
+        rng = random.Random(71)
+        stores = [PostgresSessionStore(conninfo, max_connections=2) for _ in range(2)]
+        cut = 0
+
+        async def worker(name: str) -> None:
+            nonlocal cut
+            for turn in range(12):
+                tag, pad = f"<{name}.{turn}>", "p" * rng.choice([0, 100_000, 3_000_000])
+                store = rng.choice(stores)
+                patience = rng.choice([rng.uniform(0, 0.03), 30])  # a hang guard, if not cut
+                with anyio.move_on_after(patience) as scope:
+                    async with store.lock("s"):
+                        await store.load("s")
+                        await store.append("s", [Message.user(tag), Message.assistant(tag + pad)])
+                cut += scope.cancelled_caught
+
+        with caplog.at_level("WARNING"):
+            async with anyio.create_task_group() as group:
+                for name in "abc":
+                    group.start_soon(worker, name)
+            log = await texts(stores[0])
+            for store in stores:
+                await store.aclose()
+        assert 0 < cut < 36
+        asked, answered = log[0::2], log[1::2]
+        assert len(asked) == len(answered)
+        assert all(answer.startswith(tag) for tag, answer in zip(asked, answered, strict=True))
+        assert [record.getMessage() for record in caplog.records] == []
+        assert await backends_holding_advisory_locks(conninfo) == []
+        assert await open_connections(conninfo) == 0
+
     async def test_a_shielded_cleanup_write_keeps_to_its_scope_s_deadline(
         self, conninfo: str
     ) -> None:

@@ -805,14 +805,13 @@ class PostgresSessionStore:
                         )
                     start = int(row[0]) - len(bodies)
                     try:
-                        with connection.cursor() as cursor:
-                            cursor.executemany(
+                        # one statement each, not psycopg's executemany: its pipeline,
+                        # shut down by a caller that stopped waiting, logs a warning
+                        for index, body in enumerate(bodies):
+                            connection.execute(
                                 "INSERT INTO littleghost_messages (session_id, position, body) "
                                 "VALUES (%s, %s, %s)",
-                                [
-                                    (session_id, start + index, body)
-                                    for index, body in enumerate(bodies)
-                                ],
+                                (session_id, start + index, body),
                             )
                     except self._psycopg.errors.UniqueViolation as error:
                         raise length_error(self._where, session_id, start) from error
@@ -1017,15 +1016,29 @@ class PostgresSessionStore:
         self, connection: psycopg.Connection[Any], operation: _Operation
     ) -> Iterator[None]:
         """A transaction whose statements the server ends at the caller's deadline (so
-        that it rolls back) when that comes before ``statement_timeout``."""
-        with connection.transaction():
+        that it rolls back) when that comes before ``statement_timeout``.
+
+        Its own ``BEGIN``, ``COMMIT`` and ``ROLLBACK``, not psycopg's ``transaction()``:
+        that sends its rollback on a socket shut down under it (by a caller that stopped
+        waiting, at once when the server ended a statement at the deadline), and logs
+        the failure as the server's ("terminated abnormally")."""
+        connection.execute("BEGIN")
+        try:
             seconds = operation.time_left.seconds()
             if seconds < self._statement_timeout:
                 connection.execute(
                     "SELECT set_config('statement_timeout', %s, true)", (_milliseconds(seconds),)
                 )
             yield
-            operation.committing = True  # leaving the block sends the commit
+        except BaseException:
+            if not (operation.abandoned or connection.broken):
+                try:
+                    connection.execute("ROLLBACK")
+                except self._psycopg.Error:
+                    pass  # lost meanwhile: the server rolls back as it sees the end
+            raise
+        operation.committing = True
+        connection.execute("COMMIT")
 
     def _guarded(self, work: Callable[[], T]) -> T:
         try:
