@@ -267,9 +267,9 @@ class TestLongMessages:
     async def test_a_message_longer_than_postgresql_takes_is_refused_naming_it(
         self, conninfo: str
     ) -> None:
-        """PostgreSQL takes no value of 1 GiB or more: such a message was sent, twice (the
-        server ended the kept connection, so the call was tried again on a new one), and
-        failed as "server closed the connection unexpectedly"."""
+        """PostgreSQL takes no value of 1 GiB or more: such a message was sent twice (the
+        server ended the kept connection, so the call was tried again on a new one),
+        and failed as "server closed the connection unexpectedly"."""
         store = PostgresSessionStore(conninfo)
         await store.append("s", [Message.user("before")])
         longest = 1_000_000_000 - len(message_to_json(Message.user("")))

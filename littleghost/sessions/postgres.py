@@ -463,8 +463,8 @@ class _Pool:
     ) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
         """A connection attached to ``operation``, and whether it was kept from an earlier
         operation (never when ``fresh``); back to the pool afterwards only when it is
-        sound, idle, its caller still waits, and the pool was not closed meanwhile. Kept connections the server ended are
-        closed, not handed out."""
+        sound, idle, its caller still waits, and the pool was not closed meanwhile. Kept
+        connections the server ended are closed, not handed out."""
         from psycopg.pq import TransactionStatus
 
         while not self._slots.acquire(timeout=_POLL):
