@@ -1481,6 +1481,27 @@ class TestDeadlines:
         await store.aclose()
         assert await open_connections(conninfo) == 0
 
+    async def test_writes_ended_by_the_server_and_their_caller_at_once_log_nothing(
+        self, conninfo: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """At a write's deadline the server ends its statement (``statement_timeout``) as
+        its caller stops waiting: psycopg's rollback then met the socket shut down under
+        it, now and then, and logged that the server "terminated abnormally"."""
+        store = PostgresSessionStore(conninfo)
+        await store.append("s", [Message.user("before")])
+        with (
+            caplog.at_level("WARNING"),
+            holding(conninfo, "SELECT * FROM littleghost_sessions FOR UPDATE"),
+        ):
+            for _ in range(60):  # the two race: the rollback's turn comes in a few
+                with anyio.move_on_after(0.02):
+                    await store.append("s", [Message.user("late")])
+        await store.aclose()
+        assert await open_connections(conninfo) == 0  # the cut writes' threads are done
+        assert [record.getMessage() for record in caplog.records] == []
+        async with PostgresSessionStore(conninfo) as again:
+            assert await texts(again) == ["before"]
+
     async def test_a_write_cancelled_while_it_inserts_logs_no_server_failure(
         self, conninfo: str, caplog: pytest.LogCaptureFixture
     ) -> None:
