@@ -1190,9 +1190,48 @@ async def runner(directory: Path, tag: str, mode: str) -> AsyncIterator[Runner]:
         yield Runner(process)
 
 
+LOOPER = textwrap.dedent(
+    """
+    import sys
+
+    import anyio
+
+    from littleghost import Agent
+    from littleghost.sessions import SQLiteSessionStore
+    from littleghost.testing import ScriptedModel, text_response
+
+    path, runs = sys.argv[1], int(sys.argv[2])
+
+
+    async def answer(request):
+        await anyio.sleep(0.01)  # the run's work: longer than a waiter's first steps
+        return text_response("looped")
+
+
+    async def main():
+        async with SQLiteSessionStore(path) as store:
+            agent = Agent(model=ScriptedModel([answer] * runs), session_store=store)
+            for run in range(runs):
+                await agent.run(f"run {run}", session_id="shared", timeout=60)
+                if run == 0:
+                    print("looping", flush=True)
+
+
+    anyio.run(main)
+    """
+)
+"""Runs session ``shared`` back to back, each run taking the session as the last one let
+it go (a worker draining a backlog)."""
+
+
 async def stored_texts(path: Path) -> list[str]:
     async with SQLiteSessionStore(path) as store:
         return [message.text for message in await store.load("shared")]
+
+
+def loop_runs(texts: list[str]) -> int:
+    """How many of the ``LOOPER``'s runs ``texts`` hold."""
+    return sum(text.startswith("run ") for text in texts)
 
 
 class TestProcesses:
@@ -1215,6 +1254,39 @@ class TestProcesses:
             "question B",
             "answer B to question A, question B",
         ]
+
+    async def test_a_process_running_a_session_back_to_back_lets_another_s_run_in(
+        self, tmp_path: Path
+    ) -> None:
+        """Each run of this process, started while the other one loops, goes in within a
+        few of the loop's runs, not once the loop ends."""
+        path, script = tmp_path / "s.db", tmp_path / "looper.py"
+        script.write_text(LOOPER)
+        runs, waits = 300, 5
+        model = ScriptedModel([text_response("waited")] * waits)
+        waited: list[int] = []
+        command = [sys.executable, str(script), str(path), str(runs)]
+        with anyio.fail_after(120):
+            async with (
+                SQLiteSessionStore(path) as store,
+                await anyio.open_process(command) as looper,
+            ):
+                agent = Agent(model=model, session_store=store)
+                assert looper.stdout is not None
+                output = BufferedByteReceiveStream(looper.stdout)
+                assert await output.receive_until(b"\n", 100) == b"looping"
+                for wait in range(waits):
+                    before = loop_runs(await stored_texts(path))
+                    await agent.run(f"wait {wait}", session_id="shared", timeout=60)
+                    texts = await stored_texts(path)
+                    waited.append(loop_runs(texts[: texts.index(f"wait {wait}")]) - before)
+                assert await looper.wait() == 0
+        texts = await stored_texts(path)
+        assert [text for text in texts if text.startswith("run ")] == [
+            f"run {run}" for run in range(runs)
+        ]
+        assert len(texts) == 2 * (runs + waits)
+        assert max(waited) <= 3, waited
 
     @CHILD_PROCESS_ONLY
     async def test_a_killed_holder_frees_the_session(self, tmp_path: Path) -> None:

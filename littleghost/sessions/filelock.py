@@ -8,6 +8,12 @@ all, so the process opens each lock file once (while any of its sessions is want
 again when it was removed or replaced, as other processes then lock the new one) and
 keeps its own holders apart itself. A wait repeats non-blocking attempts between
 short sleeps, so a cancel scope or deadline ends it at once, under asyncio and trio.
+
+Each session has a second byte, its gate: a process takes the gate before the session's
+byte and lets it go once it holds the session, so a waiter holds the gate while it waits.
+A holder that lets the session go and takes it again at once (runs back to back) then
+waits at the gate until the waiter has taken the session: an attempt now and then would
+seldom find the session free.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ _FIRST_POLL = 0.002
 """Seconds before the second attempt; the pause doubles up to ``_LAST_POLL``."""
 _LAST_POLL = 0.05
 _OFFSETS = 1 << 62
-"""Lock offsets are below this, so ``offset + 1`` fits a signed 64-bit ``off_t``."""
+"""Session offsets are below this, and the gate of each is this much further: every
+locked byte is below ``2**63``, so it fits a signed 64-bit ``off_t``."""
 
 
 def _offset(session_id: str) -> int:
@@ -88,16 +95,25 @@ class LockFile:
         try:
             if not opened:
                 self._open()  # a local file: no worker thread (none to wait for either)
-            pause = _FIRST_POLL
-            while not self._attempt(offset):
-                await anyio.sleep(pause)
-                pause = min(2 * pause, _LAST_POLL)
+            gate = offset + _OFFSETS
+            await self._take(gate)
+            try:
+                await self._take(offset)
+            finally:
+                self._release(gate)  # held or not: the next waiter's turn at the gate
             try:
                 yield
             finally:
                 self._release(offset)
         finally:
             self._leave()
+
+    async def _take(self, offset: int) -> None:
+        """Take the byte at ``offset``, waiting while any holder has it."""
+        pause = _FIRST_POLL
+        while not self._attempt(offset):
+            await anyio.sleep(pause)
+            pause = min(2 * pause, _LAST_POLL)
 
     def _open(self) -> None:
         if sys.platform == "win32":

@@ -348,10 +348,12 @@ class SQLiteSessionStore:
     byte-range lock on the lock file beside the database (its path plus ``-lock``,
     created on first use), waiting while another process holds the session. The kernel
     frees the lock when its process ends, even by SIGKILL. Across processes the order
-    is not FIFO. The lock needs POSIX file locks (not on Windows), which network file
-    systems may not provide. An append of a session's holder is refused, with nothing
-    written, once the session no longer holds the messages the holder last saw (its lock
-    file was removed and another process ran the session, or it was deleted meanwhile).
+    is not FIFO, but a process running the session back to back lets a waiting one in
+    after its current run. The lock needs POSIX file locks (not on Windows), which
+    network file systems may not provide. An append of a session's holder is refused,
+    with nothing written, once the session no longer holds the messages the holder last
+    saw (its lock file was removed and another process ran the session, or it was
+    deleted meanwhile).
 
     Args:
         path: The database file (``":memory:"`` for a private in-memory database), not
