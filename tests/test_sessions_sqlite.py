@@ -1307,6 +1307,30 @@ class TestProcesses:
             "answer B to question A, question B",
         ]
 
+    @CHILD_PROCESS_ONLY
+    async def test_a_killed_waiter_leaves_the_session_to_the_next(self, tmp_path: Path) -> None:
+        """A process killed while it waits (at the session's gate) holds no one up."""
+        with anyio.fail_after(60):
+            async with runner(tmp_path, "A", "hold") as first:
+                await first.said(b"starting")
+                await first.said(b"holding")
+                async with runner(tmp_path, "B", "go") as second:
+                    await second.said(b"starting")
+                    await anyio.sleep(0.3)
+                    second.process.kill()
+                    assert await second.process.wait() == -9
+                async with runner(tmp_path, "C", "go") as third:
+                    await third.said(b"starting")
+                    await first.release()
+                    assert await first.process.wait() == 0
+                    assert await third.process.wait() == 0
+        assert await stored_texts(tmp_path / "s.db") == [
+            "question A",
+            "answer A to question A",
+            "question C",
+            "answer C to question A, question C",
+        ]
+
     async def test_a_lock_file_removed_while_open_still_keeps_processes_apart(
         self, tmp_path: Path
     ) -> None:
