@@ -493,6 +493,35 @@ class TestCalibration:
         before = event["littleghost.compaction.estimated_tokens"]
         assert before > event["littleghost.compaction.estimated_tokens_after"]
 
+    async def test_a_sub_agents_overflow_out_of_a_routing_summary_model_teaches_nothing(
+        self,
+    ) -> None:
+        """A summary call's overflow that a sub-agent raised, out of a model that runs it
+        (a router), is the sub-agent's: its figures teach the compaction no scale (it
+        learned one three times too large, kept in the log for later runs) and the
+        summary is not sent again fitted to them; the compaction fails, the run goes on."""
+
+        @manage_context(context_window_tokens=2_000, preserve_recent_messages=2)
+        class Scaled(Agent):
+            pass
+
+        class Reader(Agent):
+            max_retries = 0
+
+        async def route(request: ModelRequest) -> ModelResponse:
+            prompt = 3 * estimate_messages(request.messages)
+            overflow = ContextWindowOverflowError("too long", prompt_tokens=prompt)
+            inner = Reader(model=ScriptedModel([overflow]))
+            return text_response((await inner.run("Read the document.")).output)
+
+        model = ScriptedModel([route, summarizing(text_response("done"))] * 2)
+        history = [Message.user(f"Question {i}: " + "words " * 60) for i in range(24)]
+        async with Scaled(model=model).stream("go", history=history) as events:
+            (finished,) = [e async for e in events if isinstance(e, CompactionFinished)]
+        assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
+        assert finished.outcome == "error"
+        assert SCALE_KEY not in events.result.messages[-1].metadata
+
     async def test_an_overflow_without_figures_is_recovered_by_a_summary_that_fits(
         self, spans: Spans
     ) -> None:

@@ -75,7 +75,7 @@ from littleghost.context.triggers import Not, TokensExceed, Trigger, always, che
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare
+from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare, relayed
 from littleghost.retry import MAX_RETRIES, call_with_retries
 from littleghost.settings import OUTPUT_CAP, is_output_cap
 from littleghost.text import cut_middle, well_formed_value
@@ -916,8 +916,8 @@ class Summarization(_Stepwise):
         try:
             summary = await request_summary(request, complete)
         except ContextWindowOverflowError as error:
-            if not state.learn_overflow(request, instruction, error):
-                raise
+            if relayed(error) or not state.learn_overflow(request, instruction, error):
+                raise  # a sub-agent's (out of a model that runs one): its figures are not these
             request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
         state.measure(request, instruction, summary.input_tokens)
