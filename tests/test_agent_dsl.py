@@ -1068,30 +1068,6 @@ def test_a_value_in_the_place_of_an_agent_member_fails(member: str, value: objec
     assert Overriding().name == "support-bot"
 
 
-def test_a_name_set_on_an_agent_fails_saying_what_name_is() -> None:
-    """``self.name = customer`` in an ``__init__`` (the agent's name is telemetry's) was
-    Python's ``AttributeError`` from inside ``Agent.__setattr__`` ("property 'name' ...
-    has no setter"), before or after Agent's own; on a made agent too."""
-
-    class Named(Agent):
-        model = ScriptedModel([text_response("ok")])
-
-        def __init__(self, customer: str, *, early: bool) -> None:
-            if early:
-                self.name = customer
-            super().__init__()
-            self.name = customer
-
-    told = re.escape("Named.name is the agent's name as telemetry reports it (its class name")
-    for early in (True, False):
-        with pytest.raises(ConfigurationError, match=told):
-            Named("Ada", early=early)
-    made = Agent()
-    with pytest.raises(ConfigurationError, match=r"Agent\.name is the agent.s name"):
-        made.name = "Ada"
-    assert made.name == "Agent"
-
-
 class _Declared(Agent):
     name = "support-bot"
 
@@ -1122,9 +1098,10 @@ def test_a_name_set_on_an_agent_fails_however_its_class_names_it(
     base: type[Agent], declared: str | None
 ) -> None:
     """The agent's name is its class's (its name, or a str it or a base declares): set on
-    an instance, before or after ``Agent.__init__``, it fails. A class that declared one
-    took a customer's name kept in ``self.name`` as the agent's, reported in every span
-    and metric."""
+    an instance, before or after ``Agent.__init__``, it fails saying what ``name`` is. A
+    class that declared one took a customer's name kept in ``self.name`` as the agent's,
+    reported in every span and metric; one that declared none gave Python's
+    ``AttributeError`` ("property 'name' ... has no setter")."""
 
     class Named(base):  # type: ignore[valid-type, misc]
         model = ScriptedModel([text_response("ok")])
