@@ -848,10 +848,9 @@ class Agent:
         """A knob set on a made agent is checked as a constructor keyword is; ``tools``
         and ``output_type``, worked out as the agent is made, fail (pass them to it), and
         so does a hook's name (bound as the agent is made), a ``@tool`` method's (before
-        too: its schema is the method's), the
-        name of what the agent works out from its knobs (``output``, ``tool_specs``),
-        ``name`` (telemetry's, from the class), and a function named like a hook kind
-        (``agent.before_model = ...``), which is none."""
+        too: its schema is the method's), the name of what the agent works out from its
+        knobs (``output``, ``tool_specs``), ``name`` (telemetry's, from the class), and a
+        function named like a hook kind (``agent.before_model = ...``), which is none."""
         if name in _WORKED_OUT and inspect.getattr_static(type(self), name) is _WORKED_OUT[name]:
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} would replace Agent.{name}, which every run "
