@@ -56,7 +56,9 @@ __all__ = [
 
 @frozen
 class CapabilityHook:
-    """One hook of a capability: ``function(agent, payload, ..., context=...)``."""
+    """One hook of a capability: ``function(agent, payload, ..., context=...)``, run as
+    a hook of ``kind`` (``"before_model"``, ``"after_model"``, ``"after_model_error"``,
+    ``"before_tool"`` or ``"after_tool"``)."""
 
     kind: str
     function: Callable[..., Any]

@@ -51,6 +51,8 @@ from littleghost.run import COUNT_TIMEOUT
 from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
 from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
 
+from .public_api import PUBLIC_MODULES
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -395,20 +397,6 @@ def test_every_link_between_pages_leads_to_a_page_and_heading_that_exist() -> No
             if anchor:
                 assert anchor in anchors(linked), f"{page.name} links to {target}: no heading"
     assert links >= 20
-
-
-PUBLIC_MODULES = [
-    "littleghost",
-    "littleghost.capabilities",
-    "littleghost.context",
-    "littleghost.errors",
-    "littleghost.events",
-    "littleghost.models",
-    "littleghost.models.streaming",
-    "littleghost.sessions",
-    "littleghost.testing",
-]
-"""The modules whose ``__all__`` is the public API a user reads the pages for."""
 
 
 def code_words() -> set[str]:
