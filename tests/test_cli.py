@@ -1404,6 +1404,9 @@ class TestErrors:
         assert load(url, session_id) == ()  # the last command, delete, was asked no question
         line = fails(2, "sessions", "show", "s", "--store", url, "--jsn")
         assert "a session ID" not in line  # a long option is an option
+        for command in ("show", "delete"):  # a short one given with the ID, mistyped
+            line = fails(2, "sessions", command, "s", "-j", "--store", url)
+            assert line == f"Error: {click.NoSuchOption('-j').format_message()}"
 
     @pytest.mark.parametrize("command", ["show", "view", "export", "compact", "delete"])
     def test_an_unknown_session(self, store_url: str, command: str) -> None:

@@ -124,8 +124,12 @@ class _SessionCommand(click.Command):
         except click.NoSuchOption as error:
             options = given[: given.index("--")] if "--" in given else given
             typed = [arg for arg in options if arg.startswith(error.option_name)]
-            if error.option_name.startswith("--") or not typed:
-                raise
+            if (
+                error.option_name.startswith("--")
+                or not typed
+                or _names(self, ctx, given, typed[0])
+            ):
+                raise  # a long option, or a short one mistyped after the ID
             word = typed[0]
             within = "" if word == error.option_name else f" (in {word!r})"
             raise click.NoSuchOption(
@@ -134,6 +138,18 @@ class _SessionCommand(click.Command):
                 f"with '-' is written last, after '--' ({ctx.command_path} ... -- {word})",
                 ctx=ctx,
             ) from None
+
+
+def _names(command: click.Command, ctx: click.Context, args: list[str], word: str) -> bool:
+    """Whether ``args`` without ``word`` give ``command`` its session ID (then ``word`` is
+    a mistyped option, not an ID)."""
+    rest = list(args)
+    rest.remove(word)
+    try:
+        given, _, _ = command.make_parser(ctx).parse_args(args=rest)
+    except click.UsageError:
+        return False
+    return isinstance(given.get("session_id"), str)
 
 
 def _taking(group: click.Group, option: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
