@@ -664,6 +664,12 @@ class RunContext:
         leaving: BaseException | None = None
         try:
             async for chunk in chunks:
+                if done is not None:  # its chunks would be streamed, not answered
+                    raise ProtocolError(
+                        f"model {model.name!r}: stream() yielded {type(chunk).__name__} after "
+                        "its StreamDone (a stream ends with exactly one StreamDone)",
+                        usage=done.usage,
+                    )
                 if isinstance(chunk, TextChunk):
                     if chunk.text:
                         times.came()

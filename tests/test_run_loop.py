@@ -47,7 +47,12 @@ from littleghost.errors import (
     ProtocolError,
 )
 from littleghost.models import ModelRequest, ModelResponse, StopReason
-from littleghost.models.streaming import StreamDone
+from littleghost.models.streaming import (
+    ReasoningChunk,
+    StreamDone,
+    TextChunk,
+    ToolCallChunk,
+)
 from littleghost.runner import MAX_NESTED_RUNS, WITHHELD_TEXT
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -776,6 +781,71 @@ async def test_a_stream_chunk_of_another_type_is_named() -> None:
         "ToolCallChunk or StreamDone"
     )
     assert [m.role.value for m in events.messages] == ["user"]
+
+
+AFTER_DONE = {
+    "TextChunk": TextChunk("more"),
+    "ReasoningChunk": ReasoningChunk("more"),
+    "ToolCallChunk": ToolCallChunk(),
+    "StreamDone": StreamDone(text_response("another answer")),
+}
+
+
+class ChattyStream(Junk):
+    """A model whose stream goes on after its StreamDone with the ``trailing`` chunks."""
+
+    def __init__(self, before: list[object], trailing: list[object]) -> None:
+        self.before = before
+        self.trailing = trailing
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[object]:
+        for chunk in self.before:
+            yield chunk
+        yield StreamDone(
+            ModelResponse(Message.assistant("answered"), StopReason.END_TURN, Usage(7, 3))
+        )
+        for chunk in self.trailing:
+            yield chunk
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_a_stream_that_goes_on_after_its_stream_done_is_refused(seed: int) -> None:
+    """A custom stream that yields after its StreamDone (a chunk, a second StreamDone)
+    fails naming the model and the first chunk after it, billed the answer's usage: the
+    chunks after it were streamed as the answer's text and a second StreamDone replaced
+    the answer, so what was streamed and what the log kept disagreed."""
+    rng = random.Random(seed)
+    kinds = list(AFTER_DONE)
+    before = [TextChunk("ans"), ReasoningChunk("why"), ToolCallChunk()][: rng.randrange(4)]
+    trailing = [AFTER_DONE[rng.choice(kinds)] for _ in range(rng.randrange(1, 4))]
+    streamed = []
+    with pytest.raises(ProtocolError) as caught:
+        async with Counter(model=ChattyStream(before, trailing)).stream("hi") as events:  # type: ignore[arg-type]
+            async for event in events:
+                streamed.append(event)
+    assert str(caught.value) == (
+        f"model 'junk': stream() yielded {type(trailing[0]).__name__} after its "
+        "StreamDone (a stream ends with exactly one StreamDone)"
+    )
+    assert caught.value.usage == Usage(7, 3)
+    assert [getattr(event, "text", None) for event in streamed].count("more") == 0
+    assert [m.role.value for m in events.messages] == ["user"]
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda: TextChunk(5), "TextChunk.text must be a str, not 5"),
+        (lambda: ReasoningChunk(None), "ReasoningChunk.text must be a str, not None"),
+        (lambda: StreamDone("answered"), "StreamDone.response must be a ModelResponse, not str"),
+    ],
+)
+def test_a_stream_chunk_of_the_wrong_content_is_refused_as_it_is_made(make: Any, said: str) -> None:
+    """A chunk a custom stream makes of the wrong type fails where it is made: a
+    ``TextChunk(5)`` was streamed as a ``TextDelta`` whose text is no str."""
+    with pytest.raises(TypeError) as caught:
+        make()
+    assert str(caught.value) == said
 
 
 TAKES = "input, history, settings, session_id, timeout, deadline, output_type"

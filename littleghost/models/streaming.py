@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from attrs import frozen
+from attrs import field, frozen
 
+from littleghost._validators import instance_of
 from littleghost.models.base import ModelRequest, ModelResponse
 
 __all__ = [
@@ -33,16 +34,16 @@ __all__ = [
 
 @frozen
 class TextChunk:
-    """A piece of the answer's text, as it arrived."""
+    """A piece of the answer's text, as it arrived (a str, else a ``TypeError``)."""
 
-    text: str
+    text: str = field(validator=instance_of("TextChunk.text", str, "a str"))
 
 
 @frozen
 class ReasoningChunk:
-    """A piece of the model's reasoning (``text``), as it arrived."""
+    """A piece of the model's reasoning (``text``, a str), as it arrived."""
 
-    text: str
+    text: str = field(validator=instance_of("ReasoningChunk.text", str, "a str"))
 
 
 @frozen
@@ -52,9 +53,11 @@ class ToolCallChunk:
 
 @frozen
 class StreamDone:
-    """The end of a stream: the complete response."""
+    """The end of a stream: the complete response (a ``ModelResponse``)."""
 
-    response: ModelResponse
+    response: ModelResponse = field(
+        validator=instance_of("StreamDone.response", ModelResponse, "a ModelResponse")
+    )
 
 
 ModelStreamEvent = TextChunk | ReasoningChunk | ToolCallChunk | StreamDone
