@@ -4,6 +4,7 @@ the telemetry of every call, a run's and a compaction's outside runs alike."""
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +20,10 @@ __all__ = ["traced_call"]
 _WRAPPED = {
     Message: " (wrap the message: ModelResponse(message, stop_reason, usage))",
     str: " (wrap the text: ModelResponse(Message.assistant(text), stop_reason, usage))",
+    types.CoroutineType: " (await it: ModelResponse is what the coroutine gives)",
 }
-"""What a model of your own returning an answer's message or text is told to return."""
+"""What a model of your own returning an answer's message or text is told to return, and
+one returning a coroutine it did not await, to await."""
 
 
 def _no_gaps() -> Sequence[float]:
@@ -89,6 +92,8 @@ async def traced_call(
         try:
             response = await respond()
             if not isinstance(response, ModelResponse):
+                if isinstance(response, types.CoroutineType):
+                    response.close()  # never to be awaited: no "never awaited" warning
                 raise ProtocolError(
                     f"model {model.name!r} returned {type(response).__name__}, not a "
                     f"ModelResponse{_WRAPPED.get(type(response), '')}"

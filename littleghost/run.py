@@ -657,6 +657,8 @@ class RunContext:
         done: ModelResponse | None = None
         chunks = stream(request)
         if not hasattr(chunks, "__aiter__"):
+            if isinstance(chunks, types.CoroutineType):
+                chunks.close()  # an async def without yield: no "never awaited" warning
             raise ConfigurationError(
                 f"model {model.name!r}: stream() returned {type(chunks).__name__}, not an async "
                 "iterator: a Model's stream is an async generator (async def with yield)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import itertools
 import math
 import random
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -699,6 +701,37 @@ async def test_a_model_returning_its_answer_unwrapped_is_told_to_wrap_it(
     with pytest.raises(ProtocolError) as caught:
         await Counter(model=model).run("hi")
     assert str(caught.value).endswith(told)
+
+
+class UnawaitedStream(Junk):
+    """A model whose stream is an ``async def`` that returns its answer: no generator."""
+
+    async def stream(self, request: ModelRequest) -> StreamDone:  # type: ignore[override]
+        return StreamDone(text_response("answered"))
+
+
+async def test_a_coroutine_a_model_left_unawaited_is_told_and_closed() -> None:
+    """A model of your own whose respond returns a coroutine it did not await (``return
+    self._ask(request)`` in an ``async def``) is told to await it, and a stream that is
+    an ``async def`` without ``yield`` is named: either coroutine is closed, where Python
+    also warned, once it was collected, that it was never awaited."""
+    model = Junk()
+    model.respond = lambda request: _answered(_answered(text_response("hi")))  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        with pytest.raises(ProtocolError) as answered:
+            await Counter(model=model).run("hi")
+        with pytest.raises(ConfigurationError) as streamed:
+            await _streamed_output(UnawaitedStream())
+        said = str(answered.value), str(streamed.value)
+        del answered, streamed
+        gc.collect()
+    assert said[0] == (
+        "model 'junk' returned coroutine, not a ModelResponse (await it: ModelResponse is "
+        "what the coroutine gives)"
+    )
+    assert said[1].startswith("model 'junk': stream() returned coroutine, not an async ")
+    assert [str(warning.message) for warning in warned] == []
 
 
 class Blocking:
