@@ -734,6 +734,43 @@ async def test_a_coroutine_a_model_left_unawaited_is_told_and_closed() -> None:
     assert [str(warning.message) for warning in warned] == []
 
 
+WINDOW_SAID = "an int from 1 to 2**63-1 (tokens), or None (or 0) when unknown"
+MISHELD = [
+    ("name", None, "name must be a non-empty str, not None"),
+    ("name", 5, "name must be a non-empty str, not 5"),
+    ("name", "", "name must be a non-empty str, not ''"),
+    ("provider", b"custom", "provider must be a non-empty str, not b'custom'"),
+    *[
+        ("context_window", window, f"context_window must be {WINDOW_SAID}, not {window!r}")
+        for window in ["8192", -5, 1.5, True, 2**63, math.nan]
+    ],
+]
+
+
+@pytest.mark.parametrize(("member", "held", "said"), MISHELD)
+def test_a_model_holding_a_member_of_the_wrong_type_is_refused_where_declared(
+    member: str, held: object, said: str
+) -> None:
+    """A model of your own holding its ``name``, ``provider`` or ``context_window`` as a
+    plain value of the wrong type is refused where it is declared (the class, or the
+    agent made with it), naming the model's class and the member: ``name = None`` ran,
+    and a window of ``"8192"`` was refused only by ``@manage_context``, at the first
+    call. A property's value may change (a local model learns its window): it is read at
+    the call."""
+    model = Junk()
+    setattr(model, member, held)
+    told = f"Counter.model: Junk's {said}"
+    with pytest.raises(ConfigurationError) as declared:
+        type("Declared", (Counter,), {"model": model})
+    assert str(declared.value) == told.replace("Counter", "Declared", 1)
+    with pytest.raises(ConfigurationError) as made:
+        Counter(model=model)  # type: ignore[arg-type]
+    assert str(made.value) == told.replace("Counter.model", "Counter(…, model=)", 1)
+    for fine in (None, 0, 1, 2**63 - 1) if member == "context_window" else ("x",):
+        setattr(model, member, fine)
+        type("Declared", (Counter,), {"model": model})
+
+
 class Blocking:
     """A model whose respond is a plain def, as a newcomer may write one."""
 

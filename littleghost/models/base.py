@@ -15,6 +15,7 @@ from attrs import astuple, define, field, frozen
 
 from littleghost._validators import (
     MAX_TOKEN_COUNT,
+    TOKEN_COUNT,
     instance_of,
     is_int,
     safe_repr,
@@ -38,6 +39,7 @@ __all__ = [
     "bill",
     "billed",
     "capped",
+    "model_problem",
     "model_shortfall",
     "prepare",
     "relayed",
@@ -573,6 +575,37 @@ def model_shortfall(value: object) -> str:
     return (
         f" (a Model has name, provider, context_window (None when unknown) and async "
         f"respond(request); it has no {', '.join(missing)})"
+    )
+
+
+_UNHELD = object()
+"""What ``_held`` gives for a member that is no plain value."""
+
+
+def _held(model: object, member: str) -> object:
+    """``model``'s ``member`` when it holds it as a plain value, not a property's (whose
+    value may change: a local model learns its window as its server starts)."""
+    try:
+        held = inspect.getattr_static(model, member)
+    except AttributeError:
+        return _UNHELD
+    return _UNHELD if hasattr(type(held), "__get__") else held
+
+
+def model_problem(model: object) -> str | None:
+    """What is wrong with the ``name``, ``provider`` or ``context_window`` a ``Model``
+    holds as plain values, worded for an error (``name must be a non-empty str, not
+    None``); ``None`` when nothing is. A window of 0 is unknown, as ``None``."""
+    for member in ("name", "provider"):
+        held = _held(model, member)
+        if held is not _UNHELD and (not isinstance(held, str) or not held):
+            return f"{member} must be a non-empty str, not {safe_repr(held)}"
+    window = _held(model, "context_window")
+    if window is _UNHELD or window is None or (is_int(window) and 0 <= window <= MAX_TOKEN_COUNT):
+        return None
+    return (
+        f"context_window must be {TOKEN_COUNT} (tokens), or None (or 0) when unknown, "
+        f"not {safe_repr(window)}"
     )
 
 
