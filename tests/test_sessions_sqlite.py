@@ -1259,7 +1259,8 @@ class TestProcesses:
         self, tmp_path: Path
     ) -> None:
         """Each run of this process, started while the other one loops, goes in within a
-        few of the loop's runs, not once the loop ends."""
+        few of the loop's runs, not once the loop ends (before the gate: 26 to 112 of them
+        for most; up to 10 leaves room for a loaded machine's slow start of a run)."""
         path, script = tmp_path / "s.db", tmp_path / "looper.py"
         script.write_text(LOOPER)
         runs, waits = 300, 5
@@ -1286,7 +1287,7 @@ class TestProcesses:
             f"run {run}" for run in range(runs)
         ]
         assert len(texts) == 2 * (runs + waits)
-        assert max(waited) <= 3, waited
+        assert max(waited) <= 10, waited
 
     @CHILD_PROCESS_ONLY
     async def test_a_killed_holder_frees_the_session(self, tmp_path: Path) -> None:
