@@ -102,10 +102,10 @@ async def delete_document(
 ) -> dict[str, Any]:
     """Delete the session, holding it as a run does (a run under way ends first, and a
     wait past ``WAIT_NOTICE`` is said), calling ``begun`` as the delete begins (stopped
-    from then on, it may be done). The document says how
-    many messages and compaction records were deleted (``None`` for a log that could not
-    be read: a damaged session is deleted all the same) and, for SQLite, whether the
-    write-ahead log was emptied by the delete's checkpoint (``None`` for PostgreSQL).
+    from then on, it may be done). The document says how many messages and compaction
+    records were deleted (``None`` for a log that could not be read: a damaged session is
+    deleted all the same) and, for SQLite, whether the write-ahead log was emptied by the
+    delete's checkpoint (``None`` for PostgreSQL).
 
     Raises:
         UnknownSessionError: The store has no such session (by the time it is held).
