@@ -4,11 +4,13 @@ Only ``RateLimitError`` and ``ProviderUnavailableError`` are retried (an allow-l
 cancellation never is), unless the provider said otherwise: a ``ProviderError`` whose
 ``should_retry`` (its ``x-should-retry`` header) is set is retried when it is ``True``
 and not when ``False``, whatever its type, but for a ``ContextWindowOverflowError`` (the
-prompt must change first). Retries use full-jitter exponential backoff; a ``retry_after`` the
-provider sent is a floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited
-for: the error is raised as it is. A wait that would pass the run's deadline is not
-taken: ``DeadlineExceededError`` is raised at once with the provider error as its cause,
-also when telling of the retry took the time (a stream's consumer held its event).
+prompt must change first) and for one a call made inside the call raised first (a
+sub-agent's, out of a model of your own that runs one: its run spent its own retries).
+Retries use full-jitter exponential backoff; a ``retry_after`` the provider sent is a
+floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited for: the error is
+raised as it is. A wait that would pass the run's deadline is not taken:
+``DeadlineExceededError`` is raised at once with the provider error as its cause, also
+when telling of the retry took the time (a stream's consumer held its event).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from littleghost.errors import (
     ProviderUnavailableError,
     RateLimitError,
 )
+from littleghost.models.base import relayed
 
 __all__ = ["MAX_RETRIES", "RETRYABLE_ERRORS", "call_with_retries"]
 
@@ -58,6 +61,8 @@ def _retry_after(error: BaseException | None) -> float:
 
 def _retryable(error: BaseException) -> bool:
     if not isinstance(error, ProviderError) or isinstance(error, ContextWindowOverflowError):
+        return False
+    if relayed(error):  # a sub-agent's run retried it already: not again for each attempt
         return False
     told = error.should_retry
     wanted = isinstance(error, RETRYABLE_ERRORS) if told is None else told

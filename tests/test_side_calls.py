@@ -521,6 +521,42 @@ async def test_a_sub_agents_failed_call_is_billed_once(
         assert tokens_counted(histograms) == sum(billed_calls, Usage())
 
 
+@pytest.mark.parametrize("transient", [RateLimitError, ProviderUnavailableError])
+async def test_a_sub_agents_spent_retries_are_not_retried_by_its_router(
+    transient: type[ProviderError], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transient error a sub-agent's run gave up on (its retries spent) leaves the
+    router's model as it is: the outer run does not retry the router's call, which ran
+    the whole sub-agent (and its retries) again for each attempt, 4 x 4 calls with the
+    defaults. An error of the router's own provider is still retried."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)  # retries at once
+    inner_calls: list[int] = []
+
+    def failing(request: ModelRequest) -> None:
+        inner_calls.append(1)
+        raise transient("busy")
+
+    class Inner(Agent):
+        max_retries = 2
+
+    async def route(request: ModelRequest) -> ModelResponse:
+        result = await Inner(model=ScriptedModel([failing] * 20)).run("ask")
+        return text_response(result.output)
+
+    class Router(Agent):
+        max_retries = 3
+
+    model = ScriptedModel([route] * 20)
+    with pytest.raises(transient) as caught:
+        await Router(model=model).run("go")
+    assert str(caught.value).startswith("busy")
+    assert (len(inner_calls), len(model.requests)) == (3, 1)
+
+    own = ScriptedModel([transient("own"), text_response("ok")])
+    assert (await Router(model=own).run("go")).output == "ok"
+    assert len(own.requests) == 2
+
+
 async def test_a_side_call_a_tools_timeout_cut_is_in_the_runs_usage(spans: Spans) -> None:
     """A side call the tool's timeout cuts after its provider reported usage was billed
     that: the run goes on, and its usage and its invoke_agent span count it (and its
