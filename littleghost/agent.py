@@ -35,7 +35,7 @@ from littleghost.hooks import (
     hook_kind,
 )
 from littleghost.messages import Message
-from littleghost.models.base import Model, ToolSpec, model_problem, model_shortfall
+from littleghost.models.base import Model, ToolSpec, check_model, model_shortfall
 from littleghost.models.registry import is_local_model, resolve, split_model_string
 from littleghost.output import (
     OutputType,
@@ -90,9 +90,7 @@ def _model(name: str, value: object) -> str | Model | None:
     if value is None:
         return value
     if not isinstance(value, type) and isinstance(value, Model):
-        problem = model_problem(value)
-        if problem is not None:
-            raise ConfigurationError(f"{name}: {type(value).__name__}'s {problem}")
+        check_model(name, value)
         return value
     if isinstance(value, str):
         split_model_string(value)

@@ -38,6 +38,7 @@ from littleghost.models.base import (
     StopReason,
     Usage,
     billed,
+    check_model,
     model_awaitable,
     prepare,
 )
@@ -449,8 +450,8 @@ class RunContext:
             TypeError: ``request`` is not a ``ModelRequest``, ``model`` not a ``Model``
                 instance (a model string included) or ``report`` not a bool.
             ConfigurationError: The run of this context has ended (a context kept past
-                its run makes no side call: nothing would count it); the model is not
-                called.
+                its run makes no side call: nothing would count it), or ``model`` holds
+                a member of the wrong type (``name = None``); the model is not called.
         """
         if not isinstance(request, ModelRequest):
             raise TypeError(
@@ -462,6 +463,8 @@ class RunContext:
                 "context.complete(model=) takes a Model instance (OpenAIModel(...), "
                 f"LocalModel(), ...), not {safe_repr(model)}"
             )
+        if model is not None:
+            check_model("context.complete(model=)", model)
         if not isinstance(report, bool):
             raise TypeError(
                 f"context.complete(report=) must be a bool, not {type(report).__name__}"

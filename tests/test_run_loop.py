@@ -41,6 +41,7 @@ from littleghost import (
     manage_context,
     tool,
 )
+from littleghost.context import Summarization
 from littleghost.errors import (
     ConfigurationError,
     LimitExceededError,
@@ -769,6 +770,40 @@ def test_a_model_holding_a_member_of_the_wrong_type_is_refused_where_declared(
     for fine in (None, 0, 1, 2**63 - 1) if member == "context_window" else ("x",):
         setattr(model, member, fine)
         type("Declared", (Counter,), {"model": model})
+
+
+@pytest.mark.parametrize(("member", "held", "said"), MISHELD)
+async def test_a_model_holding_a_member_of_the_wrong_type_is_refused_wherever_given(
+    member: str, held: object, said: str
+) -> None:
+    """Wherever else a model is given, one holding a member of the wrong type is refused
+    as the agent's is, naming where and the model's class: ``agent.model =``,
+    ``Summarization(model=)`` (it summarized with ``name = None``) and
+    ``context.complete(model=)`` (the side call ran)."""
+    model = Junk()
+    setattr(model, member, held)
+    agent = Counter(model=ScriptedModel([text_response("ok")]))
+    with pytest.raises(ConfigurationError) as assigned:
+        agent.model = model
+    assert str(assigned.value) == f"Counter.model: Junk's {said}"
+    with pytest.raises(ConfigurationError) as summarizing:
+        Summarization(model=model)  # type: ignore[arg-type]
+    assert str(summarizing.value) == f"Summarization.model: Junk's {said}"
+    refused: list[str] = []
+
+    class Asking(Agent):
+        @tool
+        async def ask(self, context: RunContext) -> str:
+            """Ask aside."""
+            try:
+                await context.complete(ModelRequest([Message.user("?")]), model=model)  # type: ignore[arg-type]
+            except ConfigurationError as error:
+                refused.append(str(error))
+            return "asked"
+
+    turns = [tool_call_response("ask", {}), text_response("ok")]
+    assert (await Asking(model=ScriptedModel(turns)).run("hi")).output == "ok"
+    assert refused == [f"context.complete(model=): Junk's {said}"]
 
 
 class Blocking:

@@ -75,7 +75,14 @@ from littleghost.context.triggers import Not, TokensExceed, Trigger, always, che
 from littleghost.errors import CompactionError, ConfigurationError, ContextWindowOverflowError
 from littleghost.hooks import check_signature
 from littleghost.messages import Message
-from littleghost.models.base import Model, ModelRequest, ModelResponse, prepare, relayed
+from littleghost.models.base import (
+    Model,
+    ModelRequest,
+    ModelResponse,
+    check_model,
+    prepare,
+    relayed,
+)
 from littleghost.retry import MAX_RETRIES, call_with_retries
 from littleghost.settings import OUTPUT_CAP, is_output_cap
 from littleghost.text import cut_middle, well_formed_value
@@ -883,6 +890,11 @@ class Summarization(_Stepwise):
             "Summarization.quote_specifics", lambda v: isinstance(v, bool), "True or False"
         ),
     )
+
+    @model.validator
+    def _held_members(self, _: object, model: Model | None) -> None:
+        if model is not None:
+            check_model("Summarization.model", model)
 
     async def _steps(self, state: CompactionState) -> None:
         complete = self._complete(state)

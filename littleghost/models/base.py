@@ -39,6 +39,7 @@ __all__ = [
     "bill",
     "billed",
     "capped",
+    "check_model",
     "model_problem",
     "model_shortfall",
     "prepare",
@@ -576,6 +577,18 @@ def model_shortfall(value: object) -> str:
         f" (a Model has name, provider, context_window (None when unknown) and async "
         f"respond(request); it has no {', '.join(missing)})"
     )
+
+
+def check_model(owner: str, model: object) -> None:
+    """Refuse the ``Model`` given as ``owner`` (``Summarization.model``) when
+    ``model_problem`` finds a member it holds wrong, naming its class.
+
+    Raises:
+        ConfigurationError: ``name = None``, ``context_window = "8192"``, ...
+    """
+    problem = model_problem(model)
+    if problem is not None:
+        raise ConfigurationError(f"{owner}: {type(model).__name__}'s {problem}")
 
 
 _UNHELD = object()
