@@ -503,7 +503,8 @@ class RunContext:
         2**63-1 or ``None``, makes an ERROR span with ``error.type``, is logged (its error
         type only) on the ``littleghost.models`` logger and gives ``None``; the run's
         cancellation, and a ``DeadlineExceededError``, ``CleanupError`` or
-        ``SessionStoreError`` the count raised, propagate.
+        ``SessionStoreError`` the count raised, propagate, as does the
+        ``ConfigurationError`` of a count that returns no awaitable (a plain ``def``).
         """
         model = self.model
         count = getattr(model, "count_prompt_tokens", None)
@@ -516,6 +517,7 @@ class RunContext:
             **telemetry.server_attributes(model),
             **telemetry.conversation_attributes(self.session_id),
         }
+        unawaitable: ConfigurationError | None = None
         try:  # outside the span, which records the failure before it is swallowed
             with telemetry.open_span(
                 f"count_tokens {model.name}",
@@ -524,7 +526,13 @@ class RunContext:
                 deadline=self.grace.earliest_deadline,
             ) as span:
                 with anyio.fail_after(COUNT_TIMEOUT), self.grace.hosting():
-                    counted = await count(request)  # a run a custom model starts shares the grace
+                    pending = count(request)
+                    try:
+                        awaited = model_awaitable(model, "count_prompt_tokens", pending)
+                    except ConfigurationError as error:
+                        unawaitable = error  # a plain def: told as respond's, not swallowed
+                        raise
+                    counted = await awaited  # a run a custom model starts shares the grace
                 if counted is None or is_token_count(counted):
                     if counted is not None:
                         span.set_attribute(telemetry.COUNTED_PROMPT_TOKENS, counted)
@@ -540,6 +548,8 @@ class RunContext:
         except UNSWALLOWED:
             raise
         except Exception as error:  # cancellation is not an Exception: it propagates
+            if error is unawaitable:
+                raise
             await go_on_if_turned(error)  # a client's "connection closed": stopped
             logger.warning(
                 "counting the prompt tokens of model %r failed (%s)",

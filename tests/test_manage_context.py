@@ -1938,6 +1938,37 @@ class TestOverflow:
         assert all("ProviderUnavailableError" in r.getMessage() for r in warned)
         assert not any("no count endpoint" in r.getMessage() for r in caplog.records)
 
+    async def test_a_plain_def_count_fails_the_run_as_a_plain_def_respond_does(
+        self, caplog: pytest.LogCaptureFixture, spans: Spans
+    ) -> None:
+        """A model's ``count_prompt_tokens`` written as a plain ``def`` fails the run
+        with a ``ConfigurationError`` naming the model, as a plain ``def`` respond does
+        (it was logged as a failed count, a ``TypeError``, and swallowed); a count that
+        raises a ``ConfigurationError`` of its own is still a failed count."""
+
+        class PlainCount(ScriptedModel):
+            def count_prompt_tokens(self, request: ModelRequest) -> int:  # type: ignore[override]
+                return 500
+
+        with pytest.raises(ConfigurationError) as caught:
+            await Lenient(model=PlainCount([Densities()] * 6)).run(DIGITS, history=_prose(6))
+        assert str(caught.value) == (
+            "model 'scripted': count_prompt_tokens() returned int, not an awaitable: a "
+            "Model's count_prompt_tokens is async def (or returns an awaitable)"
+        )
+
+        def refuse(request: ModelRequest) -> int:
+            raise ConfigurationError("the count's own")
+
+        counting = Densities()
+        model = ScriptedModel([counting] * 6, count_prompt_tokens=refuse)
+        with caplog.at_level("WARNING", logger="littleghost.models"):
+            result = await Lenient(model=model).run(DIGITS, history=_prose(6))
+        assert result.output == "ok"
+        warned = [r.getMessage() for r in caplog.records if "counting" in r.getMessage()]
+        assert warned
+        assert all(w.endswith("failed (ConfigurationError)") for w in warned)
+
     @pytest.mark.parametrize("figure", ["12", 0, True, 2**63, 10**400])
     async def test_a_count_that_is_no_figure_is_an_error_span(
         self, caplog: pytest.LogCaptureFixture, spans: Spans, figure: object
