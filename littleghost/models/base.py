@@ -573,10 +573,25 @@ def model_shortfall(value: object) -> str:
     missing = [member for member in MODEL_MEMBERS if not hasattr(value, member)]
     if isinstance(value, type) or len(missing) == len(MODEL_MEMBERS):
         return ""
+    for member in missing:  # a property that raised AttributeError: its own error
+        if _defined(value, member):
+            try:
+                getattr(value, member)
+            except AttributeError as error:
+                return f" (reading its {member} raised AttributeError: {error})"
     return (
         f" (a Model has name, provider, context_window (None when unknown) and async "
         f"respond(request); it has no {', '.join(missing)})"
     )
+
+
+def _defined(value: object, member: str) -> bool:
+    """``value`` defines ``member`` (a property, say), whatever reading it gives."""
+    try:
+        inspect.getattr_static(value, member)
+    except AttributeError:
+        return False
+    return True
 
 
 def check_model(owner: str, model: object) -> None:
