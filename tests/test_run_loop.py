@@ -806,21 +806,27 @@ async def test_a_model_holding_a_member_of_the_wrong_type_is_refused_wherever_gi
     assert refused == [f"context.complete(model=): Junk's {said}"]
 
 
-@pytest.mark.parametrize("member", ["name", "provider"])
+@manage_context
+class ManagedCounter(Counter):
+    """``Counter`` with the default ``@manage_context`` (which reads the model's window)."""
+
+
+@pytest.mark.parametrize("member", ["name", "provider", "context_window"])
 async def test_a_member_property_raising_attribute_error_is_told_as_its_own(
     member: str,
 ) -> None:
     """A model's property that raises ``AttributeError`` (a typo inside it) is told by
     its own error, not as a member the model lacks ("it has no name" hid the typo):
     where the model is declared, or at the run where Python's ``isinstance`` of a
-    protocol reads no property (3.12+)."""
+    protocol reads no property (3.12+); a window's was read as unknown there, the run
+    going on with 200 000 tokens assumed."""
 
     def mistyped(model: object) -> str:
         return model.nmae  # type: ignore[attr-defined, no-any-return]
 
     broken = type("Broken", (ScriptedModel,), {member: property(mistyped)})
     with pytest.raises((ConfigurationError, AttributeError)) as caught:
-        await Counter(model=broken([text_response("ok")])).run("hi")
+        await ManagedCounter(model=broken([text_response("ok")])).run("hi")
     said = str(caught.value)
     assert "'Broken' object has no attribute 'nmae'" in said
     assert "it has no" not in said

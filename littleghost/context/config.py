@@ -241,7 +241,7 @@ def context_window(model: Model, config: ContextManagement) -> int:
     ``ConfigurationError``."""
     if config.context_window_override is not None:
         return config.context_window_override
-    advertised = getattr(model, "context_window", None)
+    advertised = model.context_window  # a property's own error is the user's to see
     if is_token_count(advertised):
         return advertised
     if advertised is not None and not (is_int(advertised) and advertised == 0):
