@@ -1984,3 +1984,39 @@ class TestProcess:
         url = f"sqlite:///{directory / 'filled.db'}"
         fill(url)
         return url
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("delete", "--yes"), ("compact", "--agent", "tests.cli_agents:Staffed")],
+    ids=["delete", "compact"],
+)
+def test_a_wait_for_another_connections_write_says_so(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """Held up by another connection's write (no run of the session), ``sessions delete``
+    and ``sessions compact`` said they waited for a run of the session to end."""
+    path = tmp_path / "s.db"
+    url = f"sqlite:///{path}"
+    fill(url)
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        process = started("sessions", command[0], "other", "--store", url, *command[1:])
+        try:
+            waiting = read_until(process, b"(Ctrl-C stops)\n").decode()
+            assert waiting.endswith(
+                "waiting for the database, busy with another connection's write, to hold "
+                "session 'other' (Ctrl-C stops)\n"
+            )
+            assert process.poll() is None
+        except BaseException:
+            process.kill()
+            finished(process)
+            raise
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+    code, out, err = finished(process)
+    assert code == 0, err
+    assert out.startswith(("deleted session other: ", "appended 1 record to session other"))

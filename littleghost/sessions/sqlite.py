@@ -54,6 +54,7 @@ from littleghost.sessions.codec import (
 )
 from littleghost.sessions.filelock import LockFile, file_at, lock_file
 from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
+from littleghost.sessions.notices import waiting_for_database
 
 logger = logs.logger(__name__)
 
@@ -755,6 +756,7 @@ class SQLiteSessionStore:
                     call.waiting = partial(self._failed, error, call) if _is_busy(error) else None
                     if not (_is_busy(error) and self._again()):
                         raise self._failed(error, call) from error
+                    waiting_for_database()
         finally:
             try:
                 self._close_if_wanted()  # an aclose() that came meanwhile
