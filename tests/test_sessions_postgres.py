@@ -282,6 +282,50 @@ class TestLongMessages:
         await store.aclose()
 
 
+class TestFenceTraffic:
+    @pytest.mark.parametrize("seen_by", ["append", "load"])
+    async def test_an_append_after_a_long_message_does_not_send_it_again(
+        self, proxy: Proxy, seen_by: str
+    ) -> None:
+        """A holder's append sent the session's last message, as the holder saw it, for
+        the server to compare with the stored one: the first append after a message of
+        300 MB sent those 300 MB again (1.5 s on localhost)."""
+        store = PostgresSessionStore(proxy.conninfo)
+        long = "x" * 2_000_000
+        if seen_by == "load":
+            await store.append("s", [Message.user(long)])
+        async with store.lock("s"):
+            if seen_by == "load":
+                await store.load("s")
+            else:
+                await store.load("s")  # an empty session
+                await store.append("s", [Message.user(long)])
+            before = proxy.sent
+            await store.append("s", [Message.user("short")])
+            assert proxy.sent - before < 20_000
+        assert await texts(store) == [long, "short"]
+        await store.aclose()
+
+    async def test_the_digest_of_any_text_is_the_servers(self, conninfo: str) -> None:
+        """The fence compares the digest the store computed of the last message with the
+        server's of the stored one: random texts (astral, combining, control characters)
+        as the last message, seen by a load or an append, let the next append through."""
+        store = PostgresSessionStore(conninfo)
+        rng = random.Random(71)
+        alphabet = 'aé\u0301\u00a0\u2028\t\\"\x01\x7f\U0001f600\u4e2d\ufeff'
+        for index in range(30):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 40)))
+            async with store.lock("s"):
+                await store.load("s")
+                await store.append("s", [Message.user(text)])
+                await store.append("s", [Message.user(f"after {index}")])
+            async with store.lock("s"):
+                await store.load("s")
+                await store.append("s", [Message.user("loaded")])
+        assert len(await store.load("s")) == 90
+        await store.aclose()
+
+
 class TestWindows:
     async def test_a_connection_is_shut_down_through_a_copy_of_its_socket(
         self, conninfo: str, monkeypatch: pytest.MonkeyPatch
@@ -1079,6 +1123,7 @@ class SilentServer:
         self.port = int(self.listener.getsockname()[1])
         self.accepted = 0
         self.closed = 0
+        self.sent = 0
         self._guard = threading.Lock()
         self._connections: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -1131,7 +1176,7 @@ class Proxy:
     way, so the server seems to hang (``freeze_open`` does so for the connections open
     now only, as a failover leaves them); while ``cutting_commits`` it ends a connection
     once it forwarded a COMMIT (which lands; its answer is lost). It notes which
-    connections the client closed."""
+    connections the client closed, and counts the bytes the client sent."""
 
     def __init__(self, conninfo: str) -> None:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -1152,6 +1197,7 @@ class Proxy:
         self.cutting_commits = threading.Event()
         self.accepted = 0
         self.closed = 0
+        self.sent = 0
         self._guard = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._frozen_sockets: set[socket.socket] = set()
@@ -1185,6 +1231,9 @@ class Proxy:
                 data = b""
             if not data:
                 break
+            if from_client:
+                with self._guard:
+                    self.sent += len(data)
             cut = from_client and self.cutting_commits.is_set() and COMMIT in data
             if cut:
                 source.shutdown(socket.SHUT_RDWR)  # the client never hears back

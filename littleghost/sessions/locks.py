@@ -12,11 +12,11 @@ cancel scopes.
 has one, else through a ``SessionLocks`` kept for that store in this process.
 
 A ``Hold`` also fences the holder's writes: a built-in store notes in it how many
-messages the holder last saw the session hold, and the last one's stored text (at its
-load, then at each of its appends), and refuses an append of the holder once the session
-has another length or another last message. The
-holder's appends take their turns (``SessionLocks.writing``), so concurrent ones never
-read the same length.
+messages the holder last saw the session hold, and the last one's stored text, or for
+PostgreSQL its digest, sent instead of the text (at its load, then at each of its
+appends), and refuses an append of the holder once the session has another length or
+another last message. The holder's appends take their turns (``SessionLocks.writing``),
+so concurrent ones never read the same length.
 
 A task about to wait for a session is noted in ``waits.WAITS`` until it holds it, and
 so is each hold: a wait that would close a cycle of runs waiting for each other raises
@@ -123,8 +123,10 @@ class Hold:
     Attributes:
         seen: How many messages the holder last saw the session hold (its last load or
             append through a built-in store); ``None`` before it looked.
-        last: The stored text of the last of them (``None`` for none): a log of the same
-            length made anew (the session deleted, then written by another) has another.
+        last: The stored text of the last of them, or its SHA-256 for PostgreSQL (the
+            server compares it, and a message may be 1 GB), ``None`` for none: a log of
+            the same length made anew (the session deleted, then written by another)
+            has another.
         writing: Held by each append of the holder (``SessionLocks.writing``), so the
             next one reads ``seen`` once the last one has set it.
     """

@@ -16,6 +16,7 @@ anyio's default limiter's), and a session's connection is closed without waiting
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -299,17 +300,24 @@ _SCHEMA_LOCK = (0x6C67686F, 1)
 two-key locks apart from the one-key locks of sessions, so no session id can meet it."""
 
 
+def _digest(body: str) -> str:
+    """The SHA-256 of a stored body's UTF-8 text, in hex, as the server computes it in
+    ``_append_statement`` (a holder's fence sends it, not the body: it may be 1 GB)."""
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
 def _append_statement(seen: int | None) -> str:
     """The statement that adds ``%(added)s`` to a session's length and returns the new
     length: only while the session holds the ``seen`` messages its holder last saw, the
-    last stored as ``%(last)s`` (no row otherwise); any length when ``seen`` is ``None``
-    (not held, or not yet loaded)."""
+    last stored with the ``_digest`` ``%(last)s`` (no row otherwise); any length when
+    ``seen`` is ``None`` (not held, or not yet loaded)."""
     if seen:
         return (
             "UPDATE littleghost_sessions SET length = length + %(added)s"
-            " WHERE id = %(id)s AND length = %(seen)s AND (SELECT body FROM"
-            " littleghost_messages WHERE session_id = %(id)s AND position = %(seen)s - 1)"
-            " = %(last)s RETURNING length"
+            " WHERE id = %(id)s AND length = %(seen)s AND (SELECT"
+            " encode(sha256(convert_to(body, 'UTF8')), 'hex') FROM littleghost_messages"
+            " WHERE session_id = %(id)s AND position = %(seen)s - 1) = %(last)s"
+            " RETURNING length"
         )
     return (
         "INSERT INTO littleghost_sessions (id, length) VALUES (%(id)s, %(added)s)"
@@ -762,11 +770,15 @@ class PostgresSessionStore:
             )
             # decoded in a worker thread (not on the event loop), once the pooled
             # connection is back for other calls
-            log = await decoded_off_loop(
-                lambda stopped: read_log(rows, session_id, self._where, when, stopped, page)
+            last = rows[-1][2] if page is None and locks.held(session_id) else None
+            log, digest = await decoded_off_loop(
+                lambda stopped: (
+                    read_log(rows, session_id, self._where, when, stopped, page),
+                    None if last is None else _digest(str(last)),
+                )
             )
             if page is None:  # what a holder saw: the whole log
-                locks.saw(session_id, len(log), str(rows[-1][2]) if log else None)
+                locks.saw(session_id, len(log), digest)
         return log, int(rows[0][0] or 0)
 
     async def append(self, session_id: str, messages: Sequence[Message]) -> None:
@@ -788,7 +800,11 @@ class PostgresSessionStore:
         async with locks.writing(session_id) as hold:
             seen, last = (None, None) if hold is None else (hold.seen, hold.last)
 
-            def write(connection: psycopg.Connection[Any], operation: _Operation) -> int:
+            def write(
+                connection: psycopg.Connection[Any], operation: _Operation
+            ) -> tuple[int, str | None]:
+                # for a holder's next append; in the worker thread (it may be 1 GB)
+                last_digest = None if hold is None else _digest(bodies[-1])
                 with self._transaction(connection, operation):
                     connection.execute(_WRITE_LOCK, (self._schema, session_id))
                     row = connection.execute(
@@ -815,9 +831,9 @@ class PostgresSessionStore:
                             )
                     except self._psycopg.errors.UniqueViolation as error:
                         raise length_error(self._where, session_id, start) from error
-                    return start + len(bodies)
+                    return start + len(bodies), last_digest
 
-            locks.saw(session_id, await self._call(write), bodies[-1])
+            locks.saw(session_id, *await self._call(write))
 
     async def list_sessions(self) -> tuple[str, ...]:
         """The ids of the stored sessions, oldest first."""
