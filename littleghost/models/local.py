@@ -31,8 +31,8 @@ import urllib.error
 import urllib.request
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
@@ -894,44 +894,39 @@ class LocalModel:
             usage=error.usage,  # what the call reported before the server stopped: billed
         )
 
-    async def respond(self, request: ModelRequest) -> ModelResponse:
-        """Answer one request (starting the server first if needed)."""
+    @asynccontextmanager
+    async def _serving(self, request: ModelRequest) -> AsyncIterator[_Server]:
+        """The running server for a call of ``request`` (started first if needed); the
+        call's failure leaves as its clear error (see :meth:`_call_failure`)."""
         check_local_settings("settings", request.settings)
         server = await self._ready_server()
         try:
-            return await server.chat.respond(request)
+            yield server
         except Exception as error:
             failure = await self._call_failure(server, error)
             if failure is None:
                 raise
             raise failure from error
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        """Answer one request (starting the server first if needed)."""
+        async with self._serving(request) as server:
+            return await server.chat.respond(request)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The prompt tokens the server counts for ``request`` (its chat template applied,
         then tokenized), starting the server first if needed."""
-        check_local_settings("settings", request.settings)
-        server = await self._ready_server()
-        try:
+        async with self._serving(request) as server:
             return await server.chat.count_prompt_tokens(request)
-        except Exception as error:
-            failure = await self._call_failure(server, error)
-            if failure is None:
-                raise
-            raise failure from error
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one answer; closing the iterator early stops the server's generation."""
-        check_local_settings("settings", request.settings)
-        server = await self._ready_server()
-        try:
-            async with aclosing(server.chat.stream(request)) as events:
-                async for event in events:
-                    yield event
-        except Exception as error:
-            failure = await self._call_failure(server, error)
-            if failure is None:
-                raise
-            raise failure from error
+        async with (
+            self._serving(request) as server,
+            aclosing(server.chat.stream(request)) as events,
+        ):
+            async for event in events:
+                yield event
 
     async def aclose(self) -> None:
         """Stop the server by the caller's deadline (SIGTERM to its own pid, then SIGKILL
