@@ -109,14 +109,22 @@ def logged() -> Iterator[list[str]]:
         root.setLevel(level)
 
 
+class Warned:
+    """The warnings issued so far, each time (recorded, not raised as the suite's
+    ``filterwarnings = error`` would)."""
+
+    def __init__(self, caught: list[warnings.WarningMessage]) -> None:
+        self.caught = caught
+
+    def texts(self) -> list[str]:
+        return [str(warning.message) for warning in self.caught]
+
+
 @pytest.fixture
-def warned() -> Iterator[list[str]]:
-    """The text of every warning issued, each time."""
+def warned() -> Iterator[Warned]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        texts: list[str] = []
-        yield texts
-        texts.extend(str(warning.message) for warning in caught)
+        yield Warned(caught)
 
 
 @attrs.frozen
@@ -493,7 +501,7 @@ async def test_no_canary_reaches_telemetry_or_logs_unless_captured(
     spans: Spans,
     histograms: Histograms,
     logged: list[str],
-    warned: list[str],
+    warned: Warned,
     capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
     case: Callable[[Path, bool], Awaitable[None]],
@@ -512,7 +520,7 @@ async def test_no_canary_reaches_telemetry_or_logs_unless_captured(
         assert [text for text in span_texts if CANARY in text]
         span_texts = []
     printed = capfd.readouterr()  # what Python prints of an exception nobody handled
-    texts = [*span_texts, *metric_texts, *logged, *warned, printed.out, printed.err]
+    texts = [*span_texts, *metric_texts, *logged, *warned.texts(), printed.out, printed.err]
     assert not [text for text in texts if CANARY in text]
 
 
@@ -524,7 +532,7 @@ async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
     spans: Spans,
     histograms: Histograms,
     logged: list[str],
-    warned: list[str],
+    warned: Warned,
     capfd: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
@@ -544,7 +552,7 @@ async def test_no_secret_of_a_faulty_campaign_reaches_telemetry_or_logs(
     assert {"invoke_agent", "chat", "execute_tool"} <= recorded  # there was telemetry to scan
     metrics = histograms.every_text()  # read once: a read takes the points
     assert metrics
-    texts = [*spans.every_text(), *metrics, *logged, *warned, *printed]
+    texts = [*spans.every_text(), *metrics, *logged, *warned.texts(), *printed]
     assert not [text for text in texts if SECRET in text]
 
 
