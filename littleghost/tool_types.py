@@ -1083,8 +1083,8 @@ class ImageNotJson(TypeError):
 
 
 def to_json(value: Any) -> Any:
-    if _is_model(type(value)):
-        return value.model_dump(mode="json", by_alias=True)
+    if _is_model(type(value)):  # no warning of a field's unexpected type: it quotes the value
+        return value.model_dump(mode="json", by_alias=True, warnings=False)
     if attrs.has(type(value)) and not isinstance(value, ImagePart):
         return attrs.asdict(value, recurse=True, value_serializer=_field_json)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

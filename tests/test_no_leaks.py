@@ -307,6 +307,23 @@ async def pydantic_misfits(tmp_path: Path, capture: bool) -> None:
     await Noted(model=model, output_type=Note, capture_content=capture).run(f"input {CANARY}")
 
 
+class Weight(pydantic.BaseModel):
+    grams: int
+
+
+class Weighing(Support):
+    @tool
+    def weigh(self) -> Weight:
+        """Weigh the parcel: a result built past validation, its field of the wrong type."""
+        return Weight.model_construct(grams=f"about {CANARY}")
+
+
+async def pydantic_result(tmp_path: Path, capture: bool) -> None:
+    """pydantic warns of a field of an unexpected type as it dumps it, quoting it."""
+    model = scripted(tool_call_response("weigh", {}), text_response(f"answer {CANARY}"))
+    await Weighing(model=model, capture_content=capture).run(f"input {CANARY}")
+
+
 async def hook_raises(tmp_path: Path, capture: bool) -> None:
     model = scripted(tool_call_response("lookup", {"order_id": 1, "note": CANARY}))
     await Guarded(model=model, capture_content=capture).run(f"input {CANARY}")
@@ -478,6 +495,7 @@ CASES: list[Callable[[Path, bool], Awaitable[None]]] = [
     rate_limited,
     output_repair,
     pydantic_misfits,
+    pydantic_result,
     hook_raises,
     hooks_raise,
     summary,
