@@ -11,16 +11,18 @@ exporter, a metric exporter, a log handler (every record at every level, as a JS
 formatter ships it), the warnings filter or standard output and error receive may hold
 it; with it on, spans may (and do, where a request reached a model), the rest never. A
 campaign of the fault-injection harness, its content and faults carrying
-``tests.faults.SECRET``, is scanned the same way.
+``tests.faults.SECRET``, is scanned the same way; so are drawn runs, which with
+``capture_content`` on must also hold on their spans all that capturing promises.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +58,13 @@ from littleghost.errors import (
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    streamed,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 from tests.faults import SECRET, campaign
 from tests.sdk_bodies import (
     anthropic_client,
@@ -591,3 +599,173 @@ def test_a_client_that_fails_to_close_as_its_event_loop_ends_is_logged_by_type(
     closing = [text for text in logged if "as its event loop ended failed" in text]
     assert closing and "RuntimeError" in closing[0]
     assert not [text for text in logged if CANARY in text]
+
+
+class Drawn(Agent):
+    """Tools of every kind the drawn runs call; what each returns or raises is its
+    argument's marker with another prefix (``res-``, ``err-``)."""
+
+    instructions = f"You help with instr-{CANARY}."
+    max_retries = 1
+    rewrites = False
+
+    @tool
+    def echo(self, note: str) -> str:
+        """Answer."""
+        return note.replace("arg-", "res-")
+
+    @tool
+    async def aecho(self, note: str) -> str:
+        """Answer, asynchronously."""
+        return note.replace("arg-", "res-")
+
+    @tool
+    def fail(self, note: str) -> str:
+        """Fail."""
+        raise ValueError(note.replace("arg-", "err-"))
+
+    @tool
+    async def afail(self, note: str) -> str:
+        """Fail, asynchronously."""
+        raise LookupError(note.replace("arg-", "err-"))
+
+    @tool
+    def count(self, times: int) -> str:
+        """Take a number (a drawn call gives it text: invalid arguments)."""
+        return str(times)
+
+    @tool
+    async def delegate(self, note: str) -> str:
+        """Ask a sub-agent, capturing as this agent does, whose tool fails."""
+        inner = note.replace("arg-", "inner-")
+        model = scripted(tool_call_response("fail", {"note": inner}), text_response(inner))
+        await Drawn(model=model, capture_content=self.capture_content).run(f"question-{inner}")
+        return note.replace("arg-", "res-")
+
+    @after_model
+    def redact_answer(self, response: Any) -> Any:
+        if not self.rewrites:
+            return response
+        message = Message.assistant("redacted", tool_calls=response.message.tool_calls)
+        return attrs.evolve(response, message=message)
+
+    @after_tool
+    def redact_result(self, result: Any) -> Any:
+        return attrs.evolve(result, content="redacted") if self.rewrites else result
+
+
+class Rewriting(Drawn):
+    rewrites = True
+
+
+CALLS = ("echo", "aecho", "fail", "afail", "count", "delegate", "undeclared")
+
+
+def drawn_turns(rng: random.Random, run: int) -> tuple[list[Any], list[str]]:
+    """A script of tool turns and an answer, each text a marker of its own, and the
+    markers of the calls' arguments."""
+    steps: list[Any] = []
+    markers = []
+    for turn in range(rng.randint(0, 3)):
+        if rng.random() < 0.2:  # a failed attempt, retried
+            steps.append(RateLimitError(f"slow down {CANARY}", provider="x", retry_after=0))
+        calls: list[tuple[str, dict[str, Any]]] = []
+        for position in range(rng.randint(1, 3)):
+            name, marker = rng.choice(CALLS), f"arg-{CANARY}-{run}-{turn}-{position}"
+            markers.append(marker)
+            if name == "count":
+                calls.append((name, {"times": marker}))
+            elif name == "undeclared":
+                calls.append((f"tool-{marker}", {"note": marker}))
+            else:
+                calls.append((name, {"note": marker}))
+        steps.append(tool_calls_response(*calls, text=f"calling {CANARY}-{run}-{turn}"))
+    answer = f"answer-{CANARY}-{run}"
+    steps.append(streamed(answer) if rng.random() < 0.5 else text_response(answer))
+    return steps, markers
+
+
+def capture_problems(spans: Spans, question: str, markers: Sequence[str]) -> list[str]:
+    """What the spans of a run with ``capture_content`` lack of what it promises: each
+    request's messages and tools and each answer (as the model gave it) on its ``chat``
+    span; each call's arguments and result (as the tool gave it) and what a failing tool
+    raised on its ``execute_tool`` span."""
+    problems = []
+    chats, executions = spans.named("chat"), spans.named("execute_tool")
+    for chat in chats:  # the run's and its sub-agents'
+        got = dict(chat.attributes or {})
+        sent = str(got.get("gen_ai.input.messages"))
+        if "question-" not in sent or f"instr-{CANARY}" not in sent:
+            problems.append(f"{chat.name}: no request messages")
+        if "echo" not in str(got.get("gen_ai.tool.definitions")):
+            problems.append(f"{chat.name}: no tool definitions")
+        answered = str(got.get("gen_ai.output.messages"))
+        if got.get("error.type") is None and (CANARY not in answered or "redacted" in answered):
+            problems.append(f"{chat.name}: the answer is not as the model gave it")
+    if not any(question in str(chat.attributes) for chat in chats):
+        problems.append("no chat span holds the run's question")
+    for marker in markers:
+        ran = [
+            span
+            for span in executions
+            if marker in str((span.attributes or {}).get("gen_ai.tool.call.arguments"))
+        ]
+        if len(ran) != 1:
+            problems.append(f"{marker}: {len(ran)} execute_tool spans hold its arguments")
+            continue
+        got = dict(ran[0].attributes or {})
+        result = str(got.get("gen_ai.tool.call.result"))
+        if "redacted" in result or not (
+            marker.replace("arg-", "res-") in result
+            or marker.replace("arg-", "err-") in result
+            or got.get("error.type") in ("invalid_arguments", "unknown_tool")
+        ):
+            problems.append(f"{ran[0].name}: the result is not as the tool gave it: {result}")
+        raised = [event for event in ran[0].events if event.name == "exception"]
+        if (ran[0].name in ("execute_tool fail", "execute_tool afail")) != bool(raised) or (
+            raised and marker.replace("arg-", "err-") not in str(raised[0].attributes)
+        ):
+            problems.append(f"{ran[0].name}: {len(raised)} exception events")
+    return problems
+
+
+DRAWN_SEED = 20261207
+DRAWN_RUNS = 40
+
+
+@pytest.mark.virtual_clock  # the retries' waits take no real time
+async def test_drawn_runs_record_content_only_when_captured(
+    spans: Spans,
+    histograms: Histograms,
+    logged: list[str],
+    warned: Warned,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Drawn runs (tools that answer, fail, sync and async, misfitting arguments, calls
+    of undeclared tools, sub-agents, failed model calls retried, answers whole and
+    streamed, through ``run()`` and ``stream()``, in a session or not, hooks that
+    rewrite answers and results): with ``capture_content`` off, no span,
+    metric, log record, warning or printed text holds a marker; with it on, the spans
+    hold all that capturing promises, the rest still none."""
+    rng, store = random.Random(DRAWN_SEED), InMemorySessionStore()
+    for run in range(DRAWN_RUNS):
+        steps, markers = drawn_turns(rng, run)
+        capture = rng.random() < 0.5
+        kind = Rewriting if rng.random() < 0.3 else Drawn
+        agent = kind(model=scripted(*steps), capture_content=capture, session_store=store)
+        question = f"question-{CANARY}-{run}"
+        session = {"session_id": f"s{run}"} if rng.random() < 0.5 else {}
+        spans.clear()
+        if rng.random() < 0.5:
+            await agent.run(question, **session)
+        else:
+            async with agent.stream(question, **session) as events:
+                async for _ in events:
+                    pass
+        span_texts = spans.every_text()
+        if capture:
+            assert capture_problems(spans, question, markers) == [], (run, steps)
+            span_texts = []
+        printed = capfd.readouterr()
+        texts = [*span_texts, *histograms.every_text(), *logged, *warned.texts(), *printed]
+        assert not [text for text in texts if CANARY in text], (run, capture)
