@@ -55,6 +55,7 @@ from littleghost.errors import (
     RateLimitError,
     SessionStoreError,
 )
+from littleghost.models import ModelRequest, ModelResponse
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import InMemorySessionStore, SQLiteSessionStore
@@ -658,6 +659,20 @@ class Rewriting(Drawn):
     rewrites = True
 
 
+@manage_context(compression_threshold=0.5, preserve_recent_messages=2, context_window_tokens=900)
+class Compacting(Drawn):
+    pass
+
+
+class Summarizing(ScriptedModel):
+    """A script for the run's turns; a summary for each summary call, whenever it comes."""
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        if request.purpose == "chat":
+            return await super().respond(request)
+        return text_response(f"- summary-{CANARY} of the conversation so far")
+
+
 CALLS = ("echo", "aecho", "fail", "afail", "count", "delegate", "undeclared")
 
 
@@ -688,13 +703,19 @@ def drawn_turns(rng: random.Random, run: int) -> tuple[list[Any], list[str]]:
 def capture_problems(spans: Spans, question: str, markers: Sequence[str]) -> list[str]:
     """What the spans of a run with ``capture_content`` lack of what it promises: each
     request's messages and tools and each answer (as the model gave it) on its ``chat``
-    span; each call's arguments and result (as the tool gave it) and what a failing tool
+    span, a summary call's request and summary on its own; each call's arguments and result (as the tool gave it) and what a failing tool
     raised on its ``execute_tool`` span."""
     problems = []
     chats, executions = spans.named("chat"), spans.named("execute_tool")
     for chat in chats:  # the run's and its sub-agents'
         got = dict(chat.attributes or {})
         sent = str(got.get("gen_ai.input.messages"))
+        if got.get("littleghost.purpose") == "context_compaction":
+            if CANARY not in sent:  # the history, or the turns since a first summary
+                problems.append(f"{chat.name}: no summary request")
+            if f"summary-{CANARY}" not in str(got.get("gen_ai.output.messages")):
+                problems.append(f"{chat.name}: no summary")
+            continue
         if "question-" not in sent or f"instr-{CANARY}" not in sent:
             problems.append(f"{chat.name}: no request messages")
         if "echo" not in str(got.get("gen_ai.tool.definitions")):
@@ -743,18 +764,25 @@ async def test_drawn_runs_record_content_only_when_captured(
 ) -> None:
     """Drawn runs (tools that answer, fail, sync and async, misfitting arguments, calls
     of undeclared tools, sub-agents, failed model calls retried, answers whole and
-    streamed, through ``run()`` and ``stream()``, in a session or not, hooks that
-    rewrite answers and results): with ``capture_content`` off, no span,
+    streamed, through ``run()`` and ``stream()``, in a session or not, compactions,
+    hooks that rewrite answers and results): with ``capture_content`` off, no span,
     metric, log record, warning or printed text holds a marker; with it on, the spans
     hold all that capturing promises, the rest still none."""
     rng, store = random.Random(DRAWN_SEED), InMemorySessionStore()
     for run in range(DRAWN_RUNS):
         steps, markers = drawn_turns(rng, run)
         capture = rng.random() < 0.5
-        kind = Rewriting if rng.random() < 0.3 else Drawn
-        agent = kind(model=scripted(*steps), capture_content=capture, session_store=store)
+        kind = rng.choice([Drawn, Rewriting, Compacting])
+        model = Summarizing(steps)
+        agent = kind(model=model, capture_content=capture, session_store=store)
         question = f"question-{CANARY}-{run}"
-        session = {"session_id": f"s{run}"} if rng.random() < 0.5 else {}
+        session: dict[str, Any] = {"session_id": f"s{run}"} if rng.random() < 0.5 else {}
+        if kind is Compacting:  # over the threshold: summarized at once
+            session["history"] = [
+                make(f"history-{CANARY}-{run}-{turn} " + "x" * 200)
+                for turn in range(6)
+                for make in (Message.user, Message.assistant)
+            ]
         spans.clear()
         if rng.random() < 0.5:
             await agent.run(question, **session)
