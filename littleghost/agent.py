@@ -101,6 +101,31 @@ def _model(name: str, value: object) -> str | Model | None:
     )
 
 
+def _resolved(owner: str, value: object) -> Model:
+    """``value``, what ``owner`` (a class's own ``resolve_model()``) returned, if it is a
+    ``Model`` whose plain members are sound (``check_model``).
+
+    Raises:
+        ConfigurationError: It is no ``Model`` (a model string, ``None``, a coroutine of an
+            ``async def``) or a ``Model`` holding a wrong ``name``, ``provider`` or window.
+    """
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: no RuntimeWarning besides the error
+        raise ConfigurationError(
+            f"{owner} returned a coroutine, not a Model: resolve_model is called without "
+            "await (a def, not an async def)"
+        )
+    if isinstance(value, type) or not isinstance(value, Model):
+        made = " (littleghost.models.resolve() makes one of a model string)"
+        hint = made if isinstance(value, str) else model_shortfall(value)
+        raise ConfigurationError(
+            f"{owner} must return a Model, not "
+            f"{wrong_value(value, lambda v: 'None' if v is None else type(v).__name__)}{hint}"
+        )
+    check_model(owner, value)
+    return value
+
+
 def _instructions(name: str, value: object) -> Instructions:
     if value is None or isinstance(value, str) or is_callable(value):
         return value
@@ -1042,6 +1067,14 @@ class Agent:
             return declared
         return self._models.get(declared)
 
+    def _resolved_model(self) -> Model:
+        """``resolve_model()``, what runs and compactions call: a class's own override
+        returning no sound ``Model`` fails here, naming the class and the method."""
+        model = self.resolve_model()
+        if type(self).resolve_model is Agent.resolve_model:
+            return model
+        return _resolved(f"{type(self).__name__}.resolve_model()", model)
+
     async def __aenter__(self: _A) -> _A:
         enter_block()
         return self
@@ -1144,19 +1177,18 @@ class Agent:
             output_type=output_type,
             method="run_sync",
         )
-        declared = self._declared_model()
+        declared = self._model_string()  # None: a Model given, or resolve_model overridden
         started = False
 
         def make() -> Model:
             """The run's own model: closing it is the run's cleanup (by its stop time)."""
-            assert isinstance(declared, str)
+            assert declared is not None
             return self._models.close_after_use(resolve(declared))
 
         async def run_and_close() -> RunResult[Any]:
             nonlocal started
             started = True
-            own = not isinstance(declared, Model)
-            return await runner.run(self, plan, make_model=make if own else None)
+            return await runner.run(self, plan, make_model=None if declared is None else make)
 
         try:
             return run_blocking(run_and_close)

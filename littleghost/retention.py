@@ -255,7 +255,7 @@ async def _ask(agent: Agent, question: str, log: Sequence[Message]) -> tuple[str
     or a hook rebuilt it: what the user asked is not what the model was shown)."""
     plan = runner.plan_run(agent, question, history=log, output_type=str)
     async with agent._models.use(  # closed here if given up
-        agent.resolve_model(), agent.cleanup_grace, declared=agent._model_string()
+        agent._resolved_model(), agent.cleanup_grace, declared=agent._model_string()
     ) as used:
         model = _Asking(used)
         result = await runner.run(agent, plan, make_model=lambda: model, observe=model.observe)

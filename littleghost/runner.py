@@ -238,7 +238,7 @@ async def run(
         agent: The agent to run.
         plan: The run's checked arguments (``plan_run``).
         make_model: Makes the model to call (a failure to make it fails a run span
-            too); by default ``agent.resolve_model``.
+            too); by default ``agent.resolve_model()``, its result checked.
         sink: Receives the run's events (``stream()`` passes one).
         observe: Called with the ``RunContext`` once it is made.
         held: Called once the run holds its session and has its log from it (at its
@@ -258,7 +258,7 @@ async def run(
         attributes[telemetry.OUTPUT_TYPE] = "json"
     with logs.naming(names):
         try:  # the provider and model are there when the span starts, for samplers
-            model = (make_model or agent.resolve_model)()
+            model = (make_model or agent._resolved_model)()
             if is_local_model(model):
                 check_local_settings("settings", plan.settings)
             attributes[telemetry.PROVIDER_NAME] = model.provider

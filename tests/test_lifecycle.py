@@ -69,6 +69,17 @@ class LoopBound:
 register_provider("loopbound", LoopBound)
 
 
+class NamelessModel:
+    """A model holding ``name = None``."""
+
+    name = None
+    provider = "nameless"
+    context_window = None
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        raise AssertionError("not called")
+
+
 class Bound(Agent):
     model = "loopbound:m"
 
@@ -681,6 +692,62 @@ class TestClosingDuringRuns:
 
         assert (await Own().run("Hi.")).output == "mine"
         assert len(mine.requests) == 1
+
+    def test_run_sync_uses_a_model_the_class_makes_itself(self) -> None:
+        """``run_sync()`` made the model string's model (or failed, the class declaring
+        no model) instead of the one the class's ``resolve_model()`` gives."""
+        mine = ScriptedModel([text_response("mine"), text_response("mine again")])
+
+        class Own(Agent):
+            def resolve_model(self) -> Any:
+                return mine
+
+        class OwnOverString(Agent):
+            model = "pausing:m"
+
+            def resolve_model(self) -> Any:
+                return mine
+
+        assert Own().run_sync("Hi.").output == "mine"
+        assert OwnOverString().run_sync("Hi.").output == "mine again"
+
+    @pytest.mark.parametrize(
+        ("returned", "said"),
+        [
+            ("openai:gpt-4o", "must return a Model, not str (littleghost.models.resolve()"),
+            (None, "must return a Model, not None"),
+            (ScriptedModel, "must return a Model, not the class ScriptedModel"),
+            (object(), "must return a Model, not object"),
+            (NamelessModel(), "NamelessModel's name must be a non-empty str, not None"),
+            ("coroutine", "returned a coroutine, not a Model"),
+        ],
+    )
+    @pytest.mark.parametrize("entry", ["run", "run_sync", "compact_log"])
+    async def test_a_class_whose_resolve_model_gives_no_model_is_told(
+        self, returned: object, said: str, entry: str
+    ) -> None:
+        """What a class's own ``resolve_model()`` returns is checked as a model given as
+        ``model =`` is: anything else failed later with an ``AttributeError`` (``'str'
+        object has no attribute 'provider'``), or at its first call."""
+
+        async def later() -> None:
+            pass
+
+        @manage_context
+        class Own(Agent):
+            def resolve_model(self) -> Any:
+                return later() if returned == "coroutine" else returned
+
+        agent = Own()
+        with pytest.raises(ConfigurationError) as caught:
+            if entry == "run":
+                await agent.run("Hi.")
+            elif entry == "run_sync":
+                await anyio.to_thread.run_sync(agent.run_sync, "Hi.")
+            else:
+                await compact_log(agent, chat(6))
+        assert str(caught.value).startswith("Own.resolve_model()")
+        assert said in str(caught.value)
 
     def test_a_run_in_another_thread_keeps_off_a_model_closed_as_it_started(self) -> None:
         """Threads share an agent, each running it in an event loop of its own: an

@@ -99,7 +99,7 @@ async def compact_document(
     # its span, the parent of its summary calls' spans, named as they and its log lines are
     with requested_compaction(telemetry.run_names(agent.name, session_id)) as found:
         async with agent:
-            model = agent.resolve_model()
+            model = agent._resolved_model()
             # started here only to learn its window; else by the first summary call, if any
             if window is None and config.context_window_override is None:
                 advance(1, "starting the model")

@@ -63,7 +63,7 @@ async def compact_log(
     log = check_history(messages, "messages")
     with requested_compaction(telemetry.run_names(agent.name)) as found:
         async with agent._models.use(  # closed here if given up
-            agent.resolve_model(), agent.cleanup_grace, declared=agent._model_string()
+            agent._resolved_model(), agent.cleanup_grace, declared=agent._model_string()
         ) as model:
             if config.summarize and config.context_window_override is None:
                 await prepare(model)  # a local model learns its window there; else at its call
