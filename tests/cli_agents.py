@@ -10,6 +10,7 @@ import anyio
 import attrs
 
 from littleghost import Agent, Role, before_model, manage_context, tool
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.context import PromptBudget, Truncation
 from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, ModelResponse, register_provider
@@ -141,6 +142,22 @@ class Unhooked(Hooked):
     """``Hooked`` with its hook turned off."""
 
     shorten = None  # type: ignore[assignment]
+
+
+class Garish(Support):
+    """``Support`` whose model's name and capability's name (its own code's) hold
+    terminal escapes: ``view`` prints them."""
+
+    model = ScriptedModel([], name="m\x1b[31mred", context_window=4_000)
+
+
+def _passing(agent: Agent, request: ModelRequest, *, context: object) -> ModelRequest:
+    return request
+
+
+add_capability(
+    Garish, Capability("\x1b]0;pwned\x07wipe", (CapabilityHook("before_model", _passing),))
+)
 
 
 class NeedsConfiguration(Support):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import random
 import re
 import resource
 import select
@@ -120,6 +121,14 @@ def fails(code: int, *args: str) -> str:
         assert lines[0].startswith("Error: ")
     assert "Traceback" not in result.stderr
     return lines[-1]
+
+
+def shell_read(words: list[str]) -> list[str]:
+    """What bash (in a UTF-8 locale) reads ``words``, pasted into a command, as."""
+    script = "printf '%s\\0' " + " ".join(words)
+    environment = {**os.environ, "LC_ALL": "C.UTF-8"}
+    done = subprocess.run(["bash", "-c", script], capture_output=True, env=environment, check=True)
+    return done.stdout.decode().split("\0")[:-1]
 
 
 def load(url: str, session_id: str) -> tuple[Message, ...]:
@@ -242,7 +251,7 @@ class TestUntrustedText:
         in_store(url, lambda store: store.append(self.ODD_ID, chat))
         listed = ok("sessions", "list", "--store", url).stdout
         assert len(listed.splitlines()) == 2
-        assert listed.splitlines()[1].endswith("\tline\\nbreak\\tid\\x07\\u2028")
+        assert listed.splitlines()[1].endswith("\t$'line\\nbreak\\tid\\x07\\u2028'")
         outputs = [
             listed,
             ok("sessions", "show", self.ODD_ID, "--store", url).stdout,
@@ -251,9 +260,63 @@ class TestUntrustedText:
         for output in outputs:
             assert not {"\x1b", "\x07", "\b", "\u202e", "\u2028"} & set(output), output
         assert "\\x1b]0;pwned-title\\x07" in outputs[1]
-        assert "session line\\nbreak\\tid\\x07\\u2028, as" in outputs[2]
+        assert "session $'line\\nbreak\\tid\\x07\\u2028', as" in outputs[2]
         (session,) = json.loads(ok("sessions", "list", "--store", url, "--json").stdout)
         assert session["id"] == self.ODD_ID
+
+    PASTED_IDS = (
+        "customer-42", "a b", "-1001234567890", "--yes", "it's", '$HOME `id` "x"', "a\\b",
+        "line\nbreak", "\x1b[2J\x1b]0;title\x07", "c1\x85\x7f", "\u202eevil\u200b",
+        "tag\U000e0041", "café 客户", "x" * 256,
+    )  # fmt: skip
+    HAZARDS = "ab -'\"\\$`!*?~#;&|<>()[]{}=\n\t\r\x00\x1b\x07\x7f\x85\u202e\u200b\U000e0041é客"
+
+    def test_every_session_id_printed_pastes_back_exact(self, tmp_path: Path) -> None:
+        """A session id in ``list``'s table and in what ``view``, ``compact``,
+        ``delete`` and an unknown session's error say is one shell word that reads back
+        as the id and carries no control character: ``list`` printed it bare (``a b``
+        read as two words, ``it's`` opened a quote), ``delete`` and the errors as
+        Python's ``repr`` (``"$HOME"`` expands in a shell, ``'a\\nb'`` is no line break)."""
+        rng = random.Random(72)
+        drawn = ("".join(rng.choices(self.HAZARDS, k=rng.randint(1, 9))) for _ in range(40))
+        ids = list(dict.fromkeys([*self.PASTED_IDS, *(i for i in drawn if "\x00" not in i)]))
+        url = f"sqlite:///{tmp_path / 's.db'}"
+
+        async def fill(store: SessionStore) -> None:
+            for session_id in ids:
+                await store.append(session_id, [Message.user("hi"), Message.assistant("ok")])
+
+        in_store(url, fill)
+        listed = ok("sessions", "list", "--store", url).stdout.splitlines()[1:]
+        words = [row.split("\t")[3] for row in listed]
+        said: list[str] = []
+        for session_id in ids:
+            view = ok("sessions", "view", "--store", url, "--", session_id).stdout
+            said.append(view.splitlines()[0].removeprefix("session ").rsplit(", as ", 1)[0])
+            compact = ok(
+                "sessions", "compact", "--store", url, "--agent", "tests.cli_agents:Staffed",
+                "--dry-run", "--", session_id,
+            ).stdout  # fmt: skip
+            said.append(compact.removeprefix("nothing to compact in session ").split(" (")[0])
+            deleted = ok("sessions", "delete", "-y", "--store", url, "--", session_id).stdout
+            said.append(deleted.removeprefix("deleted session ").rsplit(": ", 1)[0])
+            unknown = fails(1, "sessions", "show", "--store", url, "--", session_id)
+            said.append(unknown.removeprefix("Error: no session ").rsplit(" in ", 1)[0])
+        for word in [*words, *said]:
+            assert word.isprintable() and word.strip() == word, word
+        assert shell_read(words) == ids
+        assert shell_read(said) == [session_id for session_id in ids for _ in range(4)]
+
+    def test_names_from_the_agents_code_are_escaped_in_a_view(self, tmp_path: Path) -> None:
+        """``view`` printed the model's name (where the window comes from) and the names
+        of the class's other hooks (its notes) as they were: an escape in them acted on
+        the terminal."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, lambda store: store.append("s", [Message.user("hi")]))
+        out = ok("sessions", "view", "s", "--store", url, "--agent", "tests.cli_agents:Garish")
+        assert not {"\x1b", "\x07"} & set(out.stdout), out.stdout
+        assert "(advertised by the model m\\x1b[31mred)" in out.stdout
+        assert "before_model hooks (\\x1b]0;pwned\\x07wipe)" in out.stdout
 
     def test_text_that_reads_like_a_record_or_a_call_is_shown_as_text(self, tmp_path: Path) -> None:
         """Stored text is quoted in tables: a message whose text reads like a summary's row,
@@ -745,7 +808,7 @@ class TestCompact:
         position = {message.id: index for index, message in enumerate(log)}
         covered = sorted(position[i] for i in record.metadata[SUMMARY_COVERS_KEY])
         assert would[0][0] == str(len(covered))
-        assert "appended 1 record to session other" in done
+        assert "appended 1 record to session 'other'" in done
         assert f"  summary {record.id} covering {would[0][0]} messages: {would[0][1]}" in done
         assert [r.purpose for r in Staffed.model.requests[asked:]] == ["context_compaction"]  # type: ignore[union-attr]
 
@@ -756,7 +819,7 @@ class TestCompact:
         out = ok(
             "sessions", "compact", "short", "--store", url, "--agent", "tests.cli_agents:Staffed"
         ).stdout
-        assert out.startswith("nothing to compact in session short")
+        assert out.startswith("nothing to compact in session 'short'")
         assert contents(url)[2:] == before[2:]
 
     def test_a_run_holding_the_session_ends_first_and_the_wait_is_said(
@@ -779,7 +842,7 @@ class TestCompact:
                 raise
         code, out, err = finished(process)
         assert code == 0, err
-        assert out.startswith("appended 1 record to session other")
+        assert out.startswith("appended 1 record to session 'other'")
         assert load(store_url, "other")[: len(log)] == log
 
     def test_ctrl_c_while_waiting_exits_130_and_appends_nothing(self, store_url: str) -> None:
@@ -807,7 +870,7 @@ class TestCompact:
         before = contents(url)
         compact = ("sessions", "compact", "--store", url, "--window", "8000", "--agent")
         out = ok(*compact, "tests.cli_agents:Keyless", "short").stdout
-        assert out.startswith("nothing to compact in session short (window 8000 tokens")
+        assert out.startswith("nothing to compact in session 'short' (window 8000 tokens")
         assert "no API key for keyless" in fails(1, *compact, "tests.cli_agents:Keyless", "long")
         line = fails(1, *compact, "tests.cli_agents:KeylessBounded", "short")
         assert "no API key for keyless" in line
@@ -830,7 +893,7 @@ class TestCompact:
                     "sessions", "compact", "long", "--store", url,
                     "--agent", f"tests.cli_agents:{agent}", *dry,
                 ).stdout  # fmt: skip
-                assert out.startswith("nothing to compact in session long")
+                assert out.startswith("nothing to compact in session 'long'")
         assert contents(url)[2:] == before[2:]
         assert cli_agents.BoundedStaffed.model.requests == []  # type: ignore[union-attr]
 
@@ -1169,7 +1232,7 @@ class TestDelete:
         out = ok("sessions", "delete", "customer-42", "--store", store_url, "--yes").stdout
         lines = out.splitlines()
         assert lines[0] == (
-            f"deleted session customer-42: {len(log)} messages, {records} compaction "
+            f"deleted session 'customer-42': {len(log)} messages, {records} compaction "
             f"record{'s' if records > 1 else ''} among them"
         )
         if store_address(store_url).kind == "sqlite":
@@ -1260,7 +1323,7 @@ class TestDelete:
         )
         assert (code, out.splitlines()[0]) == (
             0,
-            f"deleted session other: {len(log)} messages, 1 compaction record among them",
+            f"deleted session 'other': {len(log)} messages, 1 compaction record among them",
         )
         assert load(url, "other") == ()
 
@@ -1304,7 +1367,7 @@ class TestDelete:
                 raise
         code, out, err = finished(process)
         assert (code, err) == (0, "")
-        assert out.startswith("deleted session other: ")
+        assert out.startswith("deleted session 'other': ")
         assert load(store_url, "other") == ()
 
     def test_ctrl_c_while_waiting_exits_130_and_deletes_nothing(self, store_url: str) -> None:
@@ -1398,7 +1461,7 @@ class TestErrors:
         for command in ("show", "view", "export", "compact", "delete"):
             line = fails(2, "sessions", command, session_id, "--store", url, *more.get(command, []))
             assert "a session ID that starts with '-' is written last, after '--' (" in line
-            assert line.endswith(f"main sessions {command} ... -- {session_id})")
+            assert line.endswith(f"main sessions {command} ... -- '{session_id}')")
             assert f"(in {session_id!r})" in line if len(session_id) > 2 else "(in" not in line
             ok("sessions", command, "--store", url, *more.get(command, []), "--", session_id)
         assert load(url, session_id) == ()  # the last command, delete, was asked no question
@@ -1866,6 +1929,16 @@ class TestProcess:
             starts = {width(row[: row.index(mark)]) for row, mark in zip(table, marks, strict=True)}
             assert len(starts) == 1, table
 
+    def test_a_terminal_list_shows_each_session_id_whole(self, tmp_path: Path) -> None:
+        """The last column, the session's id, was cut to the terminal's width with an
+        ellipsis: copied, it named no session."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        long_id = "tenant-7:" + "thread-" * 30
+        in_store(url, lambda store: store.append(long_id, [Message.user("hi")]))
+        out, _ = self.terminal("sessions", "list", "--store", url, columns=80)
+        (row,) = re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines()[1:]
+        assert row.endswith(f"  {long_id}") and "…" not in row
+
     def test_a_progress_bar_exports_a_large_log_on_a_terminal(self, tmp_path: Path) -> None:
         url = f"sqlite:///{tmp_path / 's.db'}"
         many = [Message.user(f"message {index}") for index in range(LARGE_LOG)]
@@ -2019,4 +2092,4 @@ def test_a_wait_for_another_connections_write_says_so(
         writer.close()
     code, out, err = finished(process)
     assert code == 0, err
-    assert out.startswith(("deleted session other: ", "appended 1 record to session other"))
+    assert out.startswith(("deleted session 'other': ", "appended 1 record to session 'other'"))

@@ -25,7 +25,7 @@ from littleghost.cli.delete import confirm, delete_document, described, print_de
 from littleghost.cli.export import export_log
 from littleghost.cli.listing import print_sessions, sessions_document
 from littleghost.cli.log import log_document, print_log
-from littleghost.cli.output import Output, escape_unwritable, one_line, shown
+from littleghost.cli.output import Output, escape_unwritable, one_line, shell_word, shown
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
 from littleghost.cli.window import window_of
@@ -135,7 +135,8 @@ class _SessionCommand(click.Command):
             raise click.NoSuchOption(
                 error.option_name,
                 f"No such option {error.option_name!r}{within}; a session ID that starts "
-                f"with '-' is written last, after '--' ({ctx.command_path} ... -- {word})",
+                f"with '-' is written last, after '--' "
+                f"({ctx.command_path} ... -- {shell_word(word)})",
                 ctx=ctx,
             ) from None
 
@@ -515,7 +516,7 @@ def delete(session_id: str, address: StoreAddress, confirmed: bool, as_json: boo
         document = _run(delete_document, address, session_id, lambda: begun.append(True))
     except KeyboardInterrupt:
         if begun:  # its transaction may be committed (SQLite then empties its -wal file)
-            name = shown(repr(session_id))
+            name = shell_word(session_id, in_prose=True)
             click.echo(
                 f"stopped as session {name} was being deleted: it may be deleted already "
                 "(sessions show tells)",

@@ -13,7 +13,7 @@ from littleghost.agent import Agent
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.holding import held
 from littleghost.cli.log import describe_record, positions
-from littleghost.cli.output import Output, shown
+from littleghost.cli.output import Output, shell_word, shown
 from littleghost.cli.stores import StoreAddress
 from littleghost.cli.window import Window, window_of
 from littleghost.context.attempts import ViewChange, requested_compaction, view_change
@@ -71,7 +71,7 @@ async def compact_document(
     advance(0, "reading the session")
     # read-only first: an unknown session fails before the model starts or the store is
     # opened for writing
-    where = f"session {session_id!r}"
+    where = f"session {shell_word(session_id, in_prose=True)}"
     log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
     # The model is made only to summarize or to learn its window: with the window known
     # without it, and the view sized as with it (a budget's is by a calibration kept per
@@ -117,7 +117,8 @@ async def compact_document(
                 log = distinct_ids(await store.load(session_id), where)  # now that it is held
                 if not log:
                     raise UnknownSessionError(
-                        f"no session {session_id!r} in {address}", session_id=session_id
+                        f"no session {shell_word(session_id, in_prose=True)} in {address}",
+                        session_id=session_id,
                     )
                 records = await managed_records(
                     log,
@@ -178,9 +179,9 @@ def _document(
 
 def print_compaction(output: Output, document: dict[str, Any]) -> None:
     """What was (or would be) appended, and what it does to the view."""
-    session, records = shown(document["session"]), document["records"]
+    session, records = shell_word(document["session"], in_prose=True), document["records"]
     window = document["window"]
-    context = f"window {window['tokens']} tokens, {window['source']}"
+    context = f"window {window['tokens']} tokens, {shown(window['source'])}"
     if not records:
         output.line(f"nothing to compact in session {session} ({context})")
         return

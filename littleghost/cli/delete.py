@@ -13,7 +13,7 @@ import click
 
 from littleghost.blocking import WAKE
 from littleghost.cli.holding import held
-from littleghost.cli.output import Output, clock, moment, shown
+from littleghost.cli.output import Output, clock, moment, shell_word
 from littleghost.cli.stores import StoreAddress
 from littleghost.context.records import is_record
 from littleghost.errors import CorruptSessionStoreError, UnknownSessionError
@@ -29,14 +29,14 @@ def _counted(messages: int, records: int) -> str:
 
 
 async def described(address: StoreAddress, session_id: str) -> str:
-    """``session 'ID' (N messages, R compaction records among them, last activity ...)``,
+    """``session ID (N messages, R compaction records among them, last activity ...)``,
     or that its stored log cannot be read (a damaged session is deleted all the same):
     no message content.
 
     Raises:
         UnknownSessionError: The store has no such session.
     """
-    name = f"session {shown(repr(session_id))}"
+    name = f"session {shell_word(session_id, in_prose=True)}"
     log = await _readable(address.log(session_id), session_id)
     if log is None:
         return f"{name} (its stored log cannot be read)"
@@ -115,7 +115,8 @@ async def delete_document(
         log = await _readable(store.load_stored(session_id), session_id)
         if log is not None and not log:
             raise UnknownSessionError(
-                f"no session {session_id!r} in {address}", session_id=session_id
+                f"no session {shell_word(session_id, in_prose=True)} in {address}",
+                session_id=session_id,
             )
         begun()
         await store.delete(session_id)
@@ -146,7 +147,7 @@ def print_deletion(output: Output, document: dict[str, Any]) -> None:
         counts = "its stored log could not be read, so its messages were not counted"
     else:
         counts = _counted(document["messages"], document["records"])
-    output.line(f"deleted session {shown(document['session'])}: {counts}")
+    output.line(f"deleted session {shell_word(document['session'], in_prose=True)}: {counts}")
     if document["store"] == "postgres":
         output.line(
             "PostgreSQL keeps deleted rows in the table's files until VACUUM reuses their "

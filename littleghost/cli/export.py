@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from littleghost.cli.output import Output, echo
+from littleghost.cli.output import Output, echo, shell_word
 from littleghost.cli.stores import StoreAddress
 from littleghost.errors import SessionStoreError, UnknownSessionError
 from littleghost.sessions import message_to_json
@@ -33,7 +33,8 @@ async def export_log(address: StoreAddress, session_id: str, output: Output) -> 
         length = page.length
         if not length:
             raise UnknownSessionError(
-                f"no session {session_id!r} in {address}", session_id=session_id
+                f"no session {shell_word(session_id, in_prose=True)} in {address}",
+                session_id=session_id,
             )
         output = attrs.evolve(output, progress=output.progress and length >= LARGE_LOG)
         written = 0
@@ -51,7 +52,8 @@ async def export_log(address: StoreAddress, session_id: str, output: Output) -> 
                 seen, *rest = page.messages or (None,)
                 if page.length < length or not rest or seen != entries[-1]:
                     raise SessionStoreError(
-                        f"session {session_id!r} was deleted as it was being exported: "
+                        f"session {shell_word(session_id, in_prose=True)} was deleted as it "
+                        "was being exported: "
                         f"{written} of its {length} messages were written",
                         session_id=session_id,
                     )

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import click
 
-from littleghost.cli.output import shown
+from littleghost.cli.output import shell_word
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.locks import hold_session
 from littleghost.sessions.notices import WaitWatch, watching_waits
@@ -22,7 +22,7 @@ WAIT_NOTICE = 1.0
 
 
 def _say_waiting(session_id: str, watch: WaitWatch) -> None:
-    name = shown(repr(session_id))
+    name = shell_word(session_id, in_prose=True)
     if watch.database_busy:
         what = f"the database, busy with another connection's write, to hold session {name}"
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from littleghost.cli.output import Output, clock, moment
+from littleghost.cli.output import Output, clock, moment, shell_word
 from littleghost.cli.stores import Inspectable
 
 __all__ = ["print_sessions", "sessions_document"]
@@ -26,7 +26,8 @@ async def sessions_document(store: Inspectable) -> list[dict[str, Any]]:
 
 
 def print_sessions(output: Output, document: list[dict[str, Any]]) -> None:
-    """The sessions as a table (or plain lines)."""
+    """The sessions as a table (or plain lines), each id whole as a shell word
+    (``shell_word``): pasted into a command, it names the session."""
     if not document and output.terminal:
         output.line("no sessions")
         return
@@ -35,8 +36,9 @@ def print_sessions(output: Output, document: list[dict[str, Any]]) -> None:
             str(session["messages"]),
             str(session["summaries"]),
             clock(session["last_activity"]),
-            session["id"],
+            shell_word(session["id"]),
         ]
         for session in document
     ]
-    output.table(["MESSAGES", "SUMMARIES", "LAST ACTIVITY (UTC)", "SESSION"], rows)
+    headers = ["MESSAGES", "SUMMARIES", "LAST ACTIVITY (UTC)", "SESSION"]
+    output.table(headers, rows, cut_last=False)  # an id cut short names no session

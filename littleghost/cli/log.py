@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment, quoted
+from littleghost.cli.output import SHORT_ID, Output, clock, excerpt, moment, quoted, shell_word
 from littleghost.context.groups import result_calls
 from littleghost.context.records import COMPACTION_KIND_KEY, is_record, record_covers
 from littleghost.context.summarize import call_arguments, summary_text
@@ -41,7 +41,9 @@ def log_document(
     repeated id is read as runs read it (``distinct_ids``). With ``quote``, as a table
     shows it: each text in the excerpts in double quotes (``quoted``)."""
     text = (lambda content: quoted(excerpt(content, EXCERPT_CHARS))) if quote else str
-    messages = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
+    messages = distinct_ids(
+        [entry.message for entry in log], f"session {shell_word(session_id, in_prose=True)}"
+    )
     where = {message.id: position for position, message in enumerate(messages)}
     covered_by: dict[str, int] = {}
     pairs = result_calls(messages)

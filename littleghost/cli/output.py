@@ -31,6 +31,7 @@ __all__ = [
     "moment",
     "one_line",
     "quoted",
+    "shell_word",
     "shown",
 ]
 
@@ -74,6 +75,34 @@ def _escape(match: re.Match[str]) -> str:
     char = match.group()
     code = ord(char)
     if code < 0x100:
+        return _NAMED.get(char) or f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+_BARE_WORD = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+"""What a shell reads as one word unquoted, with no expansion (as ``shlex.quote``)."""
+
+
+def shell_word(text: str, *, in_prose: bool = False) -> str:
+    """``text`` (a session id) as one shell word that reads back exact and is safe to
+    print: bare when it is only ASCII letters, digits and ``_@%+=:,./-`` and starts with
+    no ``-`` (unless ``in_prose``: a sentence quotes it all the same); else in single
+    quotes (``'a b'``, ``''``, ``'it'\\''s'``); and when it holds what ``shown`` escapes,
+    in ANSI-C quotes with those escapes (``$'a\\nb'``: bash, zsh, ksh, and POSIX sh since
+    2024)."""
+    if not in_prose and _BARE_WORD.fullmatch(text) and not text.startswith("-"):
+        return text
+    if _CONTROL.search(text) is None:
+        return "'" + text.replace("'", "'\\''") + "'"
+    body = text.replace("\\", "\\\\").replace("'", "\\'")
+    return "$'" + _CONTROL.sub(_ansi_c_escape, body) + "'"
+
+
+def _ansi_c_escape(match: re.Match[str]) -> str:
+    """``_escape``, but ``\\u`` from U+0080 on: in ``$'...'`` a ``\\x`` is a byte."""
+    char = match.group()
+    code = ord(char)
+    if code < 0x80:
         return _NAMED.get(char) or f"\\x{code:02x}"
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
@@ -202,12 +231,15 @@ class Output:
         rows: Sequence[Sequence[str]],
         styles: Sequence[dict[str, Any]] | None = None,
         narrow: Mapping[int, int] | None = None,
+        *,
+        cut_last: bool = True,
     ) -> None:
         """Rows under their headers: on a terminal, aligned columns (the last one cut to
-        the terminal's width, the ``narrow`` ones by index to their given width; a wide
-        character takes two columns), each row in its ``styles`` entry (click styles);
-        otherwise one tab-separated line per row, headers first, nothing cut. Cells are
-        ``shown``: one line each, no control characters."""
+        the terminal's width unless not ``cut_last``, the ``narrow`` ones by index to
+        their given width; a wide character takes two columns), each row in its
+        ``styles`` entry (click styles); otherwise one tab-separated line per row,
+        headers first, nothing cut. Cells are ``shown``: one line each, no control
+        characters."""
         rows = [[shown(cell) for cell in row] for row in rows]
         if not self.terminal:
             for row in (headers, *rows):
@@ -226,7 +258,8 @@ class Output:
                 cell + " " * (width - columns(cell))
                 for cell, width in zip(row, widths, strict=False)
             )
-            return f"{cells}  {fitted(row[-1], max(room, 20))}".rstrip()
+            last = fitted(row[-1], max(room, 20)) if cut_last else row[-1]
+            return f"{cells}  {last}".rstrip()
 
         self.line(self.style(joined(headers), bold=True, underline=True))
         for index, row in enumerate(rows):

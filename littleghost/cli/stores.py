@@ -10,6 +10,7 @@ from typing import Literal, Protocol
 import click
 from attrs import field, frozen
 
+from littleghost.cli.output import shell_word
 from littleghost.errors import ConfigurationError, UnknownSessionError
 from littleghost.sessions import (
     PostgresSessionStore,
@@ -74,7 +75,10 @@ class StoreAddress:
         async with self.open() as store:
             log = await store.load_stored(session_id)
         if not log:
-            raise UnknownSessionError(f"no session {session_id!r} in {self}", session_id=session_id)
+            raise UnknownSessionError(
+                f"no session {shell_word(session_id, in_prose=True)} in {self}",
+                session_id=session_id,
+            )
         return log
 
 

@@ -12,7 +12,7 @@ from littleghost.agent import Agent
 from littleghost.capabilities import hook_plan
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS, arguments_json, reasoning_label, tool_name
-from littleghost.cli.output import SHORT_ID, Output, excerpt, quoted, shown
+from littleghost.cli.output import SHORT_ID, Output, excerpt, quoted, shell_word, shown
 from littleghost.cli.window import Window
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.config import ContextManagement, context_config
@@ -61,7 +61,9 @@ def view_document(
     class's own hooks): the instructions, the view of the log (with the results a run
     adds for calls left open, and ``next_message``), clipped and bounded by
     ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone."""
-    logged = distinct_ids([entry.message for entry in log], f"session {session_id!r}")
+    logged = distinct_ids(
+        [entry.message for entry in log], f"session {shell_word(session_id, in_prose=True)}"
+    )
     repairs = interrupted_results(logged)
     pending = [*logged, *repairs]
     if next_message is not None:
@@ -174,8 +176,9 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
     """The view as a table (or plain lines), then its figures."""
     window = document["window"]
     who = document["agent"] or "an agent with the default @manage_context"
-    output.line(f"session {shown(document['session'])}, as {who} would send it next")
-    output.line(f"window: {window['tokens']} tokens ({window['source']})")
+    session = shell_word(document["session"], in_prose=True)
+    output.line(f"session {session}, as {shown(who)} would send it next")
+    output.line(f"window: {window['tokens']} tokens ({shown(window['source'])})")
     rows = []
     for entry in document["messages"]:
         message = entry["message"]
@@ -213,7 +216,7 @@ def print_view(output: Output, document: dict[str, Any]) -> None:
             f"{budget['fixed_overhead_tokens']}, prompt {budget['estimated_prompt_tokens']} tokens"
         )
     for note in document["notes"]:
-        output.line(output.style(f"note: {note}", dim=True))
+        output.line(output.style(f"note: {shown(note)}", dim=True))
 
 
 def _threshold_line(output: Output, document: dict[str, Any]) -> str:
