@@ -237,6 +237,51 @@ class TestList:
         assert json.loads(ok("sessions", "list", "--json").stdout) == []
 
 
+FORMS = "sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo (host=... dbname=...)"
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "sqlite:///:memory:",
+            "sqlite:///:memory: is an in-memory database, private to the connection that "
+            "makes it: the command's own would be empty; give the file the agent's "
+            "SQLiteSessionStore writes (sqlite:///path.db)",
+        ),
+        ("sqlite://", "sqlite:// names no file: sqlite:///path.db"),
+        ("sqlite:///", "sqlite:/// names no file: sqlite:///path.db"),
+        ("sqlite:", "sqlite: names no file: sqlite:///path.db"),
+        (
+            "sqlite://sessions.db",
+            "sqlite://sessions.db has 2 slashes after sqlite:, where a file takes three (four "
+            "for an absolute path): sqlite:///sessions.db",
+        ),
+        ("sqlite:s.db", "sqlite:s.db has no slash after sqlite:, where a file takes three"),
+        ("sqlite:/s.db", "sqlite:/s.db has 1 slash after sqlite:, where a file takes three"),
+        ("mysql://app:secret@db/app", f"mysql:// is no session store's scheme; give {FORMS}"),
+        ("POSTGRESQL://db/app", "libpq takes the scheme in lowercase: postgresql://..."),
+        ("postgres:db/app", "a PostgreSQL URL begins: postgres://..."),
+        (" ", f"it is empty; give {FORMS}"),
+        ("sessions.db", f"expected {FORMS} (a SQLite file sessions.db: sqlite:///sessions.db)"),
+    ],
+)
+def test_a_malformed_store_url_says_what_is_wrong(url: str, said: str) -> None:
+    """``--store sqlite:///:memory:`` (the command would open an empty database of its
+    own), ``sqlite://`` and every other malformed URL got the one error listing the forms
+    taken; each names what is wrong now, never the password of a URL it does not take."""
+    line = fails(2, "sessions", "list", "--store", url)
+    assert line.startswith("Error: Invalid value for '--store'") and f"): {said}" in line, line
+    assert "secret" not in line
+
+
+def test_the_sqlite_scheme_is_taken_in_any_case(tmp_path: Path) -> None:
+    """A URL's scheme is case-insensitive: ``SQLite:///`` was no store URL."""
+    in_store(f"sqlite:///{tmp_path / 's.db'}", lambda store: store.list_sessions())
+    listed = ok("sessions", "list", "--store", f"SQLite:///{tmp_path / 's.db'}", "--json")
+    assert json.loads(listed.stdout) == []
+
+
 class TestUntrustedText:
     """Stored content and session ids come from models, tools and users: printed, they
     are one line each and carry no control characters (escape sequences, bells,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal, Protocol
@@ -97,26 +98,64 @@ def _check_absolute_not_meant(path: str) -> None:
         )
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+"""A URL's scheme, as it begins (``mysql:``, ``sqlite:``)."""
+_FORMS = "sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo (host=... dbname=...)"
+
+
 def store_address(text: str) -> StoreAddress:
     """``sqlite:///path.db``, or a PostgreSQL URL (``postgresql://...``) or conninfo
     (``host=... dbname=...``) that libpq can take whole (``check_conninfo``).
 
     Raises:
-        click.BadParameter: It is none of these.
+        click.BadParameter: It is none of these, saying what is wrong with it.
     """
     text = text.strip()
-    if text.startswith(SQLITE_PREFIX):
-        path = text[len(SQLITE_PREFIX) :]
-        if path and path != ":memory:":
-            _check_absolute_not_meant(path)
-            return StoreAddress("sqlite", path)
-    elif text.startswith(_POSTGRES_PREFIXES) or "=" in text:
+    scheme = _SCHEME.match(text)  # a conninfo's first word ends with "=": none
+    if text.startswith(_POSTGRES_PREFIXES) or ("=" in text and scheme is None):
         try:
             return StoreAddress("postgres", check_conninfo(text))
         except ConfigurationError as error:
             raise click.BadParameter(str(error)) from None
-    guess = f" (a SQLite file {text}: sqlite:///{text})" if text and "://" not in text else ""
-    raise click.BadParameter(
-        "expected sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo "
-        f"(host=... dbname=...){guess}"
-    )
+    if scheme is not None and scheme.group(1).lower() == "sqlite":
+        return StoreAddress("sqlite", _sqlite_path(text, text[scheme.end() :]))
+    if not text:
+        raise click.BadParameter(f"it is empty; give {_FORMS}")
+    if scheme is not None and scheme.group(1).lower() in ("postgresql", "postgres"):
+        written = scheme.group(1)
+        lowercase = written != written.lower()
+        why = "libpq takes the scheme in lowercase" if lowercase else "a PostgreSQL URL begins"
+        raise click.BadParameter(f"{why}: {written.lower()}://...")
+    if scheme is not None and text[scheme.end() :].startswith("//"):
+        raise click.BadParameter(
+            f"{scheme.group(1)}:// is no session store's scheme; give {_FORMS}"
+        )
+    raise click.BadParameter(f"expected {_FORMS} (a SQLite file {text}: sqlite:///{text})")
+
+
+def _sqlite_path(url: str, rest: str) -> str:
+    """The file of ``url``, ``sqlite:`` then ``rest``.
+
+    Raises:
+        click.BadParameter: ``rest`` names no file, or not after three slashes, or an
+            in-memory database (private to its connection: the command's would be empty).
+    """
+    path = rest.lstrip("/")
+    if not path:
+        raise click.BadParameter(f"{url} names no file: sqlite:///path.db")
+    slashes = len(rest) - len(path)
+    if slashes < 3:
+        given = "no slash" if not slashes else f"{slashes} slash" + "es" * (slashes > 1)
+        raise click.BadParameter(
+            f"{url} has {given} after sqlite:, where a file takes three (four for an "
+            f"absolute path): sqlite:///{path}"
+        )
+    path = rest[3:]
+    if path == ":memory:":
+        raise click.BadParameter(
+            f"{url} is an in-memory database, private to the connection that makes it: the "
+            "command's own would be empty; give the file the agent's SQLiteSessionStore "
+            "writes (sqlite:///path.db)"
+        )
+    _check_absolute_not_meant(path)
+    return path
