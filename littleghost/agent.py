@@ -860,6 +860,9 @@ class Agent:
             )
         else:
             self._tool_index = cls.__littleghost_tool_index__
+        _check_context_management(self, self.context_management)  # as set on the class since
+        if {"model", "settings"} & given.keys() and is_local_model(self.model):
+            check_local_settings(self._settings_owner, self.settings)  # as the class's were
         if self.output is not None:
             check_tool_names(type(self).__name__, self._tool_index)
             runner.check_response_format(

@@ -791,20 +791,47 @@ def test_a_model_of_the_user_s_own_named_local_takes_its_own_settings(
 async def test_another_provider_s_setting_fails_before_the_server_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streaming: bool
 ) -> None:
-    """With a ``LocalModel`` given to the constructor (or settings given to the run), the
-    first call refuses it, before the server starts."""
+    """With settings given to the run (or set on the agent, or a ``LocalModel`` set on
+    it, later), the first call refuses it, before the server starts."""
     starts = tmp_path / "starts"
     model = fake_server(tmp_path, monkeypatch, f"echo start >> {starts}; exit 3")
-    async with Agent(model=model, settings={"stop_sequences": ["x"]}) as agent:
-        with pytest.raises(ConfigurationError) as caught:
-            if streaming:
-                async with agent.stream("hi") as events:
-                    async for _ in events:
-                        pass
-            else:
-                await agent.run("hi")
-    assert str(caught.value).startswith(f"settings: {LOCAL_IGNORES['stop_sequences']}")
+    async with Agent(model=model) as agent:
+        for settings in ({"stop_sequences": ["x"]}, None):
+            if settings is None:
+                agent.settings = {"stop_sequences": ["x"]}
+            with pytest.raises(ConfigurationError) as caught:
+                if streaming:
+                    async with agent.stream("hi", settings=settings) as events:
+                        async for _ in events:
+                            pass
+                else:
+                    await agent.run("hi", settings=settings)
+            assert str(caught.value).startswith(f"settings: {LOCAL_IGNORES['stop_sequences']}")
     assert not starts.exists()
+
+
+def test_another_provider_s_setting_fails_as_the_agent_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local model and such settings that meet in the constructor (``model=`` given to a
+    class with them, ``settings=`` to a local class, or both) were taken, and the agent's
+    first run failed: they fail as the agent is made, as the class would have."""
+    local = fake_server(tmp_path, monkeypatch, "exit 3")
+    ignored = {"stop_sequences": ["x"]}
+    remote = type("Remote", (Agent,), {"model": "openai:gpt-4o-mini", "settings": ignored})
+    declared = type("Declared", (Agent,), {"model": "local"})
+    made = [
+        (lambda: remote(model=local), "Remote.settings"),
+        (lambda: remote(model="local"), "Remote.settings"),
+        (lambda: declared(settings=ignored), "Declared(…, settings=)"),
+        (lambda: Agent(model=local, settings=ignored), "Agent(…, settings=)"),
+    ]
+    for make, owner in made:
+        with pytest.raises(ConfigurationError) as caught:
+            make()
+        assert str(caught.value).startswith(f"{owner}: {LOCAL_IGNORES['stop_sequences']}")
+    remote(model="openai:gpt-4o")  # another model of the provider: as the class was
+    declared(settings={"stop": "x"})
 
 
 def test_threads_waiting_for_a_start_that_fails_get_its_error(

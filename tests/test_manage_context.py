@@ -160,8 +160,9 @@ class TestDeclaration:
     async def test_context_management_of_another_kind_is_refused(self) -> None:
         """An agent's ``context_management`` is ``None`` or the configuration of a class
         that ``@manage_context`` decorates: another value set on an agent fails as it is
-        set, and one set on a class after its definition fails its run (and a fact check,
-        which compacts with it) before any call, not half managing the run."""
+        set, and one set on a class after its definition fails as an agent of it is made
+        (it was made), and the run of one made before (and a fact check, which compacts with
+        it) before any call, not half managing the run."""
         instance = Small(model=ScriptedModel([]))
         with pytest.raises(ConfigurationError, match=r"Small.context_management cannot be 5"):
             instance.context_management = 5
@@ -177,10 +178,12 @@ class TestDeclaration:
             pass
 
         for value, classes in (("off", (Plain, Later)), (ContextManagement(), (Plain,))):
+            model = ScriptedModel([text_response("ok")])
+            made = {cls: cls(model=model) for cls in classes}
             Plain.context_management = Later.context_management = value
-            for cls in classes:
-                model = ScriptedModel([text_response("ok")])
-                agent = cls(model=model)
+            for cls, agent in made.items():
+                with pytest.raises(ConfigurationError, match=rf"{cls.__name__}.context_man"):
+                    cls(model=model)  # as it is made, once set on its class
                 with pytest.raises(ConfigurationError, match=rf"{cls.__name__}.context_man"):
                     await agent.run("go")
                 with pytest.raises(ConfigurationError, match=rf"{cls.__name__}.context_man"):
@@ -188,6 +191,34 @@ class TestDeclaration:
                 assert model.requests == []
             del Plain.context_management, Later.context_management
         assert (await Later(model=ScriptedModel([text_response("ok")])).run("go")).output == "ok"
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"summary_max_tokens": 5_000},
+            {"context_window_override": 64},
+            {"budget": PromptBudget(response_reserve_tokens=600, safety_reserve_tokens=500)},
+            {"summarize": False},
+            {"summary_instructions": "Summarize. " * 2_000},
+            {"strategy": Truncation(), "summary_ratio": 0.5},
+            {"compression_threshold": 0},
+            {"preserve_recent_messages": 1},
+        ],
+    )
+    def test_a_configuration_set_on_an_agent_is_checked_as_a_class_s(
+        self, options: dict[str, Any]
+    ) -> None:
+        """What ``@manage_context`` refuses at class definition (a summary cap over the
+        window, reserves that fill it, no summary call fitting, options that contradict)
+        is refused as a configuration made for one agent is made, with the same error:
+        the checks are the configuration's own, not the decorator's."""
+        with pytest.raises(ConfigurationError) as declared:
+            manage_context(context_window_tokens=1_000, **options)(type("Declared", (Agent,), {}))
+        agent = Lenient(model=ScriptedModel([]))
+        with pytest.raises(ConfigurationError) as set_on_agent:
+            agent.context_management = attrs.evolve(agent.context_management, **options)
+        assert str(set_on_agent.value) == str(declared.value)
+        assert agent.context_management is Lenient.context_management
 
     def test_bare_and_with_keywords(self) -> None:
         """Bare use gives the defaults; keywords set the fields of a frozen config."""
