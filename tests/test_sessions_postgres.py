@@ -215,6 +215,23 @@ class TestSchema:
         assert "s3cr" not in said and "app" not in said
         assert said.endswith("SQLiteSessionStore(path)") == conninfo.startswith("sqlite:")
 
+    @pytest.mark.parametrize(
+        ("url", "said"),
+        [
+            ("mysql://app:s3cret@db/app", "mysql:// is not a PostgreSQL URL (postgresql://..."),
+            ("http://s3cret/app", "http:// is not a PostgreSQL URL (postgresql://... or a"),
+            ("POSTGRESQL://app:s3cret@db/app", "libpq takes the scheme in lowercase: postgre"),
+            ("Postgres://app:s3cret@db/app", "libpq takes the scheme in lowercase: postgres:"),
+        ],
+    )
+    def test_a_url_of_another_scheme_is_refused_naming_it(self, url: str, said: str) -> None:
+        """libpq's error for them was that a "=" was missing after the URL's first word
+        (as for a conninfo), quoting none of it: the scheme was not named."""
+        with pytest.raises(ConfigurationError) as caught:
+            PostgresSessionStore(url)
+        assert str(caught.value).startswith(f"PostgresSessionStore: {said}")
+        assert "s3cret" not in str(caught.value) and "app" not in str(caught.value)
+
     @pytest.mark.parametrize("name", ["connect_timeout", "statement_timeout"])
     @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), True, "5", None])
     def test_timeouts_are_checked(self, name: str, value: object) -> None:

@@ -187,6 +187,7 @@ def check_conninfo(conninfo: object) -> str:
             f"PostgresSessionStore: conninfo is not encodable as UTF-8 (an undecodable byte "
             f"at {error.start})"
         ) from None
+    _check_scheme(conninfo)
     try:
         from psycopg import ProgrammingError
         from psycopg.conninfo import conninfo_to_dict
@@ -199,6 +200,30 @@ def check_conninfo(conninfo: object) -> str:
         hint = sqlite if conninfo[:7].lower() == "sqlite:" else ""
         raise ConfigurationError(f"PostgresSessionStore: {_unparsable(error)}{hint}") from None
     return conninfo
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+"""A URL's scheme, as it begins; a conninfo's first word ends with ``=``."""
+_SCHEMES = ("postgresql", "postgres")
+
+
+def _check_scheme(conninfo: str) -> None:
+    """Refuse a URL of another scheme (``mysql://``) or one libpq reads only in lowercase
+    (``POSTGRESQL://``), naming the scheme alone (the rest may hold a password); an
+    ``sqlite:`` one is said as libpq fails to parse it.
+
+    Raises:
+        ConfigurationError: ``conninfo`` is such a URL.
+    """
+    found = _SCHEME.match(conninfo)
+    if found is None or found.group(1) in _SCHEMES or found.group(1).lower() == "sqlite":
+        return
+    scheme = found.group(1)
+    if scheme.lower() in _SCHEMES:
+        why = f"libpq takes the scheme in lowercase: {scheme.lower()}://..."
+    else:
+        why = f"{scheme}:// is not a PostgreSQL URL (postgresql://... or a conninfo)"
+    raise ConfigurationError(f"PostgresSessionStore: {why}")
 
 
 def _unparsable(error: Exception) -> str:

@@ -158,14 +158,18 @@ def _check_not_a_url(path: str) -> None:
     """
     if _URL.match(path) is None:
         return
-    if path[:7].lower() != "sqlite:":  # not quoted: a PostgreSQL URL may hold a password
+    if path[:7].lower() != "sqlite:":  # its scheme alone: a URL may hold a password
+        scheme = path.split("://", 1)[0]
+        postgres = scheme.lower() in ("postgresql", "postgres")
         raise ConfigurationError(
-            "SQLiteSessionStore: path must be a file's path, not a URL (a PostgreSQL URL "
-            "goes to PostgresSessionStore)"
+            f"SQLiteSessionStore: path must be a file's path, not a {scheme}:// URL"
+            + (" (a PostgreSQL URL goes to PostgresSessionStore)" if postgres else "")
         )
     rest = path[7:]
     file = rest[3:] if rest.startswith("///") else rest.lstrip("/")
     instead = f": SQLiteSessionStore({file!r})" if file else ""
+    if file == ":memory:":  # the command line refuses it: its database would be empty
+        instead += ", a private in-memory database, gone with the store's connection"
     raise ConfigurationError(
         f"SQLiteSessionStore: path must be a file's path, not the URL {path!r} (sqlite:/// is "
         f"the command line's --store form){instead}"
