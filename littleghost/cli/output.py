@@ -71,10 +71,11 @@ def shown(text: str) -> str:
     return _CONTROL.sub(_escape, text)
 
 
-def _escape(match: re.Match[str]) -> str:
+def _escape(match: re.Match[str], *, bytes_below: int = 0x100) -> str:
+    """The escape of the character ``match`` found: ``\\x`` below ``bytes_below``."""
     char = match.group()
     code = ord(char)
-    if code < 0x100:
+    if code < bytes_below:
         return _NAMED.get(char) or f"\\x{code:02x}"
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
@@ -95,16 +96,8 @@ def shell_word(text: str, *, in_prose: bool = False) -> str:
     if _CONTROL.search(text) is None:
         return "'" + text.replace("'", "'\\''") + "'"
     body = text.replace("\\", "\\\\").replace("'", "\\'")
-    return "$'" + _CONTROL.sub(_ansi_c_escape, body) + "'"
-
-
-def _ansi_c_escape(match: re.Match[str]) -> str:
-    """``_escape``, but ``\\u`` from U+0080 on: in ``$'...'`` a ``\\x`` is a byte."""
-    char = match.group()
-    code = ord(char)
-    if code < 0x80:
-        return _NAMED.get(char) or f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    # in $'...' a \x is a byte, not a character: \u from U+0080 on
+    return "$'" + _CONTROL.sub(functools.partial(_escape, bytes_below=0x80), body) + "'"
 
 
 def quoted(text: str) -> str:
