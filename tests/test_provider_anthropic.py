@@ -67,6 +67,7 @@ from .sdk_bodies import (
     event_stream,
     failed_stream,
     finish,
+    json_answer,
     message,
     message_start,
     text_block,
@@ -547,6 +548,35 @@ async def test_an_answer_a_llama_cpp_server_cut_at_the_full_window_is_an_overflo
     for caught in (unstreamed, streamed):
         assert (caught.value.prompt_tokens, caught.value.context_window) == (502, 512)
         assert caught.value.usage == Usage(502, 10, cache_read_tokens=500)
+
+
+async def test_an_answer_cut_at_the_window_the_server_reports_is_an_overflow(
+    make_model: Callable[..., AnthropicModel],
+) -> None:
+    """The window a llama.cpp server reports (``GET /v1/models``, no ``context_window=``)
+    tells an answer the full window cut from one at its cap, as a window given does: an
+    overflow, streamed or not (it was a ``max_tokens`` answer, a run's ``OutputLimitError``
+    asking for a higher cap, and no compaction)."""
+    usage = {"input_tokens": 2, "cache_read_input_tokens": 500, "output_tokens": 10}
+    served = {"object": "list", "data": [{"id": "m", "meta": {"n_ctx": 512}}]}
+    server = FakeServer(
+        json_answer(served),
+        message([{"type": "text", "text": "x"}], stop_reason="max_tokens", usage=usage),
+        event_stream(
+            anthropic_sse(message_start(usage), *text_block(0, "x"), *finish("max_tokens", 10))
+        ),
+    )
+    model = make_model(server, base_url="http://127.0.0.1:8080", name="m")
+    await model.prepare()
+    assert model.context_window == 512
+    request = ModelRequest([Message.user("hi")], settings={"max_tokens": 40})
+    with pytest.raises(ContextWindowOverflowError) as unstreamed:
+        await model.respond(request)
+    with pytest.raises(ContextWindowOverflowError) as streamed:
+        async for _ in model.stream(request):
+            pass
+    for caught in (unstreamed, streamed):
+        assert (caught.value.prompt_tokens, caught.value.context_window) == (502, 512)
 
 
 @pytest.mark.parametrize(

@@ -742,7 +742,7 @@ class AnthropicModel:
             calls = response.message.tool_calls
             reason = lookup(message, "stop_reason")
             check_answer_whole(self.provider, reason, (call.arguments for call in calls))
-            cap, window = params["max_tokens"], self._context_window
+            cap, window = params["max_tokens"], self.context_window
             return check_window_room(self.provider, response, cap, window)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
@@ -838,7 +838,7 @@ class AnthropicModel:
             if not whole():
                 raise stream_cut_off(self.provider)
             response = _streamed_response(blocks, reason, usage, started)
-            cap, window = params["max_tokens"], self._context_window
+            cap, window = params["max_tokens"], self.context_window
             response = check_window_room(self.provider, response, cap, window)
         yield StreamDone(response)
 
