@@ -496,7 +496,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
     """``model_context_window_exceeded``: the prompt left the answer no room, as the
     overflow error of older models says (so ``@manage_context`` compacts and retries),
     not the answer's own ``max_tokens``; streamed or not. The error carries the answer's
-    usage, which is billed."""
+    usage, which is billed, and its prompt's size (overflow recovery compacts for it)."""
     stopped = "model_context_window_exceeded"
     usage = {"input_tokens": 40, "cache_read_input_tokens": 60, "output_tokens": 1}
     server = FakeServer(
@@ -512,6 +512,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
             pass
     assert unstreamed.value.code == streamed.value.code == stopped
     assert unstreamed.value.usage == streamed.value.usage == Usage(100, 1, cache_read_tokens=60)
+    assert unstreamed.value.prompt_tokens == streamed.value.prompt_tokens == 100
 
 
 @pytest.mark.parametrize(

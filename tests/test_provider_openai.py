@@ -1087,7 +1087,8 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
 ) -> None:
     """Mistral's ``model_length``: the answer was cut where the window was full, as
     Anthropic's ``model_context_window_exceeded`` says; never a complete answer. The error
-    carries the answer's usage, which is billed."""
+    carries the answer's usage, which is billed, and its prompt's size (overflow recovery
+    compacts for it: without, it halved the request)."""
     answer = stopped(streamed, "model_length", 31_990, 10)
     model = make_model(FakeServer(answer), base_url="https://api.mistral.ai/v1")
     request = ModelRequest([Message.user("Tell me a story.")])
@@ -1098,6 +1099,7 @@ async def test_an_answer_stopped_by_the_full_window_is_an_overflow(
             await model.respond(request)
     assert caught.value.code == "model_length"
     assert caught.value.usage == Usage(31_990, 10)
+    assert caught.value.prompt_tokens == 31_990
 
 
 @pytest.mark.parametrize("streamed", [False, True])

@@ -378,11 +378,13 @@ def _answer(
     """
     reason = text_of(PROVIDER, reason, "stop_reason") or None
     if reason == "model_context_window_exceeded":
+        used = _usage(usage)
         raise ContextWindowOverflowError(
             f"{PROVIDER}: the answer stopped at the model's context window",
             code=reason,
             provider=PROVIDER,
-            usage=_usage(usage),
+            usage=used,
+            prompt_tokens=used.input_tokens,
         )
     parts: list[Part] = []
     calls = 0

@@ -172,12 +172,14 @@ def _ended_in_error(provider: str, reason: str, sent: object) -> ProviderError:
 def _window_full(provider: str, usage: Any) -> ContextWindowOverflowError:
     """The exception for an answer that ended with ``_FULL_WINDOW``: the prompt left no
     room for it, as for Anthropic's ``model_context_window_exceeded``; it carries the
-    answer's (billed) ``usage``."""
+    answer's (billed) ``usage``, and its prompt's size as the usage reports it."""
+    used = _usage(usage)
     return ContextWindowOverflowError(
         f"{provider}: the answer stopped at the model's context window",
         code=_FULL_WINDOW,
         provider=provider,
-        usage=_usage(usage),
+        usage=used,
+        prompt_tokens=used.input_tokens,
     )
 
 
