@@ -303,11 +303,12 @@ async def test_a_list_without_the_model_gives_no_window(
         NOT_FOUND,
         httpx2.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
         httpx2.Response(200, content=b"<html>models</html>", headers={"content-type": "text/html"}),
-        error_answer(500, {"error": "boom"}),
+        error_answer(403, {"error": "forbidden"}),
+        error_answer(501, {"error": "not implemented"}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": 2**63}, "max_model_len": 10**30}]}),
     ],
-    ids=["404", "garbage", "html", "500", "bad-figures", "past-2**63-1"],
+    ids=["404", "garbage", "html", "403", "501", "bad-figures", "past-2**63-1"],
 )
 async def test_a_failed_models_request_falls_back_to_the_table(
     serve: Callable[..., LocalServer],
@@ -325,6 +326,39 @@ async def test_a_failed_models_request_falls_back_to_the_table(
     logged = [r for r in caplog.records if r.name == "littleghost.models.openai"]
     assert len(logged) == 2
     assert all(record.levelno == logging.DEBUG for record in logged)
+
+
+LOADING = error_answer(
+    503, {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
+)
+"""What a llama.cpp server answers while it loads its model (``GET /v1/models`` too)."""
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "failure", [LOADING, error_answer(429, {"error": "slow down"})], ids=["503", "429"]
+)
+async def test_a_server_that_cannot_answer_yet_is_asked_for_its_window_again(
+    serve: Callable[..., LocalServer],
+    models: Callable[..., OpenAIModel],
+    claudes: Callable[..., AnthropicModel],
+    provider: str,
+    failure: httpx2.Response,
+) -> None:
+    """A run started while the server loads its model goes on without its window, and the
+    next run reads it (it stayed unknown for the model's life: every run compacted for
+    the default window and overflowed); once read, it is not asked again."""
+    server = serve({"/v1/models": failure, "/v1/chat/completions": COMPLETION})
+    server.routes["/v1/messages"] = ANSWER
+    model = models("m", server.openai_url) if provider == "openai" else claudes("m", server.url)
+    await Helpdesk(model=model).run("Where is order 42?")
+    assert model.context_window is None
+    server.routes["/v1/models"] = llama_cpp(512)
+    for _ in range(2):
+        result = await Helpdesk(model=model).run("Where is order 42?")
+        assert result.output == "They talked about order 42."
+        assert model.context_window == 512
+    assert server.count("/v1/models") == 2
 
 
 async def test_a_refused_connection_is_no_error(models: Callable[..., OpenAIModel]) -> None:
@@ -446,12 +480,12 @@ async def test_anthropics_own_api_is_not_asked(base_url: str | None) -> None:
     [
         NOT_FOUND,
         httpx2.Response(200, content=b"{not json", headers={"content-type": "application/json"}),
-        error_answer(500, {"error": "boom"}),
+        error_answer(403, {"error": "forbidden"}),
         json_answer({"data": [{"id": "other", "meta": {"n_ctx": 512}}, {"id": "else"}]}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": "big"}, "max_model_len": -1}]}),
         json_answer({"data": [{"id": "m", "meta": {"n_ctx": 2**63}, "max_model_len": 10**30}]}),
     ],
-    ids=["404", "garbage", "500", "not-listed", "no-window", "past-2**63-1"],
+    ids=["404", "garbage", "403", "not-listed", "no-window", "past-2**63-1"],
 )
 async def test_a_models_list_anthropic_cannot_read_leaves_the_window_unknown(
     serve: Callable[..., LocalServer],

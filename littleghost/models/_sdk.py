@@ -40,6 +40,7 @@ from littleghost.text import json_text, json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
 
 __all__ = [
+    "ABSENT",
     "COUNT_REFUSALS",
     "CountAsking",
     "RequestLogFilter",
@@ -80,7 +81,7 @@ __all__ = [
 COUNT_REFUSALS = 3
 """Prompt counts a server turns down with a client error, in a row, before that way of
 counting is not asked again."""
-_ABSENT = (404, 405, 501)
+ABSENT = (404, 405, 501)
 """HTTP statuses that say a server has no such endpoint."""
 
 logger = logs.logger("littleghost.models")
@@ -115,7 +116,7 @@ class CountAsking:
             provider_error = mapped(error)
             if provider_error is None:
                 raise
-            if provider_error.status in _ABSENT:
+            if provider_error.status in ABSENT:
                 counted = None
             else:
                 self._refused(provider_error.status)

@@ -538,8 +538,10 @@ class AnthropicModel:
 
     Without ``context_window``, ``prepare()`` asks a server other than Anthropic's (a
     llama.cpp server, a gateway) for its window once (``GET /v1/models``, at most
-    ``MODELS_TIMEOUT`` seconds; a failure only leaves it unknown); otherwise the window
-    documented for the model's name (:mod:`littleghost.models.windows`) applies.
+    ``MODELS_TIMEOUT`` seconds; a failure only leaves it unknown, and a server that could
+    not answer yet is asked again: see
+    :func:`~littleghost.models.served_window.for_now`); otherwise the window documented
+    for the model's name (:mod:`littleghost.models.windows`) applies.
 
     Settings are translated for the API: ``max_tokens`` is always sent (default
     ``DEFAULT_MAX_TOKENS``), ``stop`` becomes ``stop_sequences``, OpenAI-style
@@ -642,7 +644,7 @@ class AnthropicModel:
     async def prepare(self) -> None:
         """Read the window a server other than Anthropic's reports, once; concurrent
         callers, in any event loop or thread, wait for it."""
-        await self._served.read(self._clients, "/v1/models", MODELS_TIMEOUT)
+        await self._served.read(self._clients, "/v1/models", MODELS_TIMEOUT, self._error)
 
     @property
     def default_max_tokens(self) -> int:

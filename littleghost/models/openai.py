@@ -482,8 +482,9 @@ class OpenAIModel:
 
     Without ``context_window``, ``prepare()`` asks a server other than OpenAI's for its
     window once (``GET /models``, at most ``MODELS_TIMEOUT`` seconds; a failure only
-    leaves it unknown); otherwise the window documented for the model's name
-    (:mod:`littleghost.models.windows`) applies.
+    leaves it unknown, and a server that could not answer yet is asked again: see
+    :func:`~littleghost.models.served_window.for_now`); otherwise the window documented
+    for the model's name (:mod:`littleghost.models.windows`) applies.
 
     Settings go to the API as they are (``max_tokens`` becomes ``max_completion_tokens``
     on OpenAI's own API); one the installed SDK does not name travels in ``extra_body``,
@@ -593,7 +594,7 @@ class OpenAIModel:
     async def prepare(self) -> None:
         """Read the window another server reports, once; concurrent callers, in any
         event loop or thread, wait for it."""
-        await self._served.read(self._clients, "models", MODELS_TIMEOUT)
+        await self._served.read(self._clients, "models", MODELS_TIMEOUT, self._error)
 
     async def aclose(self) -> None:
         """Close the running event loop's HTTP client, when this model made it (a loop

@@ -2,25 +2,31 @@
 
 ``OpenAIModel`` and ``AnthropicModel`` ask a server other than their provider's own API
 (llama.cpp, vLLM, a gateway) for its window when they are given none; a failure, a
-silence past the timeout or an answer without a window only leaves it unknown.
+silence past the timeout or an answer without a window only leaves it unknown, for good
+but for a server that could not answer yet (``for_now``), which is asked again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 
 from littleghost._validators import is_token_count
+from littleghost.errors import ProviderError
 from littleghost.models._loops import LoopClients, Signal
+from littleghost.models._sdk import ABSENT
 from littleghost.sessions.forks import reset_in_child
 
-__all__ = ["MODELS_TIMEOUT", "ServedWindow", "reported_window"]
+__all__ = ["MODELS_TIMEOUT", "ServedWindow", "for_now", "reported_window"]
 
 MODELS_TIMEOUT = 3.0
 """Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
+_UNREACHED = ("connection_error", "connection_lost")
+"""The codes of a ``GET /models`` that did not reach the server, or lost it
+(``transport_error``)."""
 
 
 def reported_window(body: object, model: str) -> int | None:
@@ -48,9 +54,21 @@ def reported_window(body: object, model: str) -> int | None:
     return next((figure for figure in figures if is_token_count(figure)), None)
 
 
+def for_now(error: ProviderError | None) -> bool:
+    """Whether a failed ``GET /models`` (``error``, as the model maps it) says only that
+    the server cannot answer yet: a refused connection, a 5xx (llama.cpp's 503 while it
+    loads its model), a 429. A timeout is not (asked again, a silent server would hold
+    each call that long), nor a 4xx or a 501 (no such endpoint, a key without access) or
+    a body that is no JSON."""
+    if error is None or error.status is None:
+        return error is not None and error.code in _UNREACHED
+    absent = error.status in ABSENT  # a 501: no such endpoint
+    return (error.status >= 500 and not absent) or error.status == 429
+
+
 class ServedWindow:
     """The window one model's server reports (``window``, ``None`` until read or when it
-    gives none), read at most once.
+    gives none), read once, or again after a failure ``for_now``.
 
     Args:
         provider: The model's provider, for the log.
@@ -66,6 +84,7 @@ class ServedWindow:
         self._model = model
         self._logger = logger
         self._read = not ask
+        self._asked = 0  # the answers (or failures) the server gave so far
         self._probing: Signal | None = None
         self._lock = threading.Lock()
         _WINDOWS.add(self)
@@ -76,10 +95,18 @@ class ServedWindow:
         self._lock = threading.Lock()
         self._probing = None
 
-    async def read(self, clients: LoopClients, path: str, timeout: float) -> None:
+    async def read(
+        self,
+        clients: LoopClients,
+        path: str,
+        timeout: float,
+        mapped: Callable[[Exception], ProviderError | None],
+    ) -> None:
         """Read the window from ``GET path`` through the running event loop's client of
         ``clients``, unless it was read; concurrent callers, in any event loop or
-        thread, wait for the one reading it. ``timeout``: the longest wait, in seconds.
+        thread, wait for the one reading it and go on with what it read. ``timeout``: the
+        longest wait, in seconds; ``mapped``: the model's ``ProviderError`` for what the
+        SDK raised, read by ``for_now``.
         """
         while not self._read:
             with self._lock:
@@ -87,32 +114,45 @@ class ServedWindow:
                 mine = probing is None
                 if probing is None:
                     probing = self._probing = Signal()
+                asked = self._asked
             if not mine:
                 await probing.wait()
-                continue
+                if self._asked != asked:
+                    return  # its answer stands for this call too
+                continue  # its reader was stopped before an answer
             try:
-                self.window = await self._ask(clients, path, timeout)
-                self._read = True
+                self.window, self._read = await self._ask(clients, path, timeout, mapped)
+                self._asked += 1
+                return
             finally:
                 with self._lock:
                     self._probing = None
                 probing.set()
 
-    async def _ask(self, clients: LoopClients, path: str, timeout: float) -> int | None:
-        """The server's figure; ``None`` (logged) when it gives none in time."""
+    async def _ask(
+        self,
+        clients: LoopClients,
+        path: str,
+        timeout: float,
+        mapped: Callable[[Exception], ProviderError | None],
+    ) -> tuple[int | None, bool]:
+        """The server's figure, ``None`` (logged) when it gives none in time; and whether
+        that settles it (not after a failure ``for_now``)."""
         body: object = None
         client = await clients.get()
         with anyio.move_on_after(timeout) as scope:
             try:
                 body = await client.get(path, cast_to=object)
             except Exception as error:  # cancellation is not an Exception: it propagates
+                again = for_now(mapped(error))
                 self._logger.debug(
-                    "%s: GET /models for %r failed (%s); its window is not read from the server",
+                    "%s: GET /models for %r failed (%s); its window is not read from the server%s",
                     self._provider,
                     self._model,
                     type(error).__name__,
+                    ", asked again before the next call" if again else "",
                 )
-                return None
+                return None, not again
         if scope.cancelled_caught:
             self._logger.debug(
                 "%s: GET /models for %r got no answer within %g s; its window is not read "
@@ -121,13 +161,13 @@ class ServedWindow:
                 self._model,
                 timeout,
             )
-            return None
+            return None, True
         window = reported_window(body, self._model)
         if window is None:
             self._logger.debug(
                 "%s: GET /models reports no window for %r", self._provider, self._model
             )
-        return window
+        return window, True
 
 
 _WINDOWS = reset_in_child(ServedWindow._forget_in_child)
