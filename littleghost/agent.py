@@ -1180,18 +1180,21 @@ class Agent:
             output_type=output_type,
             method="run_sync",
         )
-        declared = self._model_string()  # None: a Model given, or resolve_model overridden
         started = False
 
         def make() -> Model:
-            """The run's own model: closing it is the run's cleanup (by its stop time)."""
-            assert declared is not None
+            """The run's own model, made from a model string (closing it is the run's
+            cleanup, by its stop time), else ``resolve_model()``'s: in the run, whose span
+            a model that cannot be made (none declared) fails, as in ``run()``."""
+            declared = self._model_string()  # None: a Model given, or resolve_model overridden
+            if declared is None:
+                return self._resolved_model()
             return self._models.close_after_use(resolve(declared))
 
         async def run_and_close() -> RunResult[Any]:
             nonlocal started
             started = True
-            return await runner.run(self, plan, make_model=None if declared is None else make)
+            return await runner.run(self, plan, make_model=make)
 
         try:
             return run_blocking(run_and_close)
