@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -18,6 +19,18 @@ from littleghost.models.registry import resolve
 
 _LOCK = threading.Lock()
 """Held while an agent looks up, makes, uses or gives up a model (threads share agents)."""
+
+
+def _unheld_in_child() -> None:
+    """In a process ``fork()`` made: a thread of the parent may have held ``_LOCK`` (making
+    a model, which takes the provider's factory's time), and it is not in the child to
+    release it: every run there waited for it, for good."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_unheld_in_child)
 
 
 class OwnedModels:

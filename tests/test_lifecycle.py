@@ -6,6 +6,8 @@ import contextlib
 import copy
 import functools
 import pickle
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -149,6 +151,60 @@ def test_threads_starting_runs_at_once_share_one_model() -> None:
     assert len(LoopBound.made) == 1 and all(model is LoopBound.made[0] for model in got)
     anyio.run(agent.aclose)
     assert LoopBound.made[0].closed
+
+
+FORKED_WHILE_MAKING = """
+import multiprocessing
+import os
+import threading
+
+from littleghost import Agent
+from littleghost.models import register_provider
+from littleghost.testing import ScriptedModel, text_response
+
+parent = os.getpid()
+making, made = threading.Event(), threading.Event()
+
+
+def slowly(name):
+    if os.getpid() == parent:  # an SDK client taking its time, until the fork is made
+        making.set()
+        made.wait()
+    return ScriptedModel([text_response(f"{name} answers")])
+
+
+register_provider("slowly", slowly)
+
+
+def child():
+    given = Agent(model=ScriptedModel([text_response("given answers")]))
+    print(given.run_sync("hi", timeout=5).output, flush=True)
+    print(Agent(model="slowly:made").run_sync("hi", timeout=5).output, flush=True)
+
+
+maker = threading.Thread(target=Agent(model="slowly:x").resolve_model)
+maker.start()
+making.wait()
+worker = multiprocessing.get_context("fork").Process(target=child)
+worker.start()
+worker.join(20)
+made.set()
+maker.join()
+print("exit code", worker.exitcode)
+if worker.is_alive():
+    worker.kill()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork() is POSIX")
+def test_a_process_forked_while_a_thread_makes_a_model_runs() -> None:
+    """A worker forked (a process pool's) while a thread of the parent makes an agent's
+    model from a string (the provider's factory under way) runs agents as any process:
+    every run there waited, for good, for a lock that thread held, which is not in it."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_WHILE_MAKING], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.splitlines() == ["given answers", "made answers", "exit code 0"], done.stderr
 
 
 class Labelled(Bound):
