@@ -55,6 +55,19 @@ class Looking(Agent):
         await anyio.sleep_forever()
         raise AssertionError("not reached")
 
+    @tool
+    def count(self, n: int) -> int:
+        """Count on from ``n``, in a worker thread."""
+        if n < 0:
+            raise SystemExit(f"cannot count from {n}")
+        return n + 1
+
+    @tool
+    async def wait(self) -> str:
+        """Wait until stopped."""
+        await anyio.sleep_forever()
+        raise AssertionError("not reached")
+
 
 class Undeclared(Agent):
     """Declares no model."""
@@ -128,6 +141,15 @@ CASES = [
         lambda: Looking(model=scripted(tool_call_response("stall", {}), text_response("ok"))),
     ),
     Case(
+        "a sync tool",
+        lambda: Looking(model=scripted(tool_call_response("count", {"n": 1}), text_response("2"))),
+    ),
+    Case(
+        "SystemExit in a sync tool",
+        lambda: Looking(model=scripted(tool_call_response("count", {"n": -1}), text_response("2"))),
+        stored="exited",
+    ),
+    Case(
         "a sub-agent run_sync() in a sync tool",
         lambda: Delegating(
             model=scripted(tool_call_response("delegate", {"task": "t"}), text_response("ok"))
@@ -153,6 +175,12 @@ CASES = [
         {"settings": {"temperature": "warm"}},
     ),
     Case("no time", lambda: Looking(model=scripted(text_response("hi"))), {"timeout": 0}),
+    Case(
+        "the run's deadline in a tool",
+        lambda: Looking(model=scripted(tool_call_response("wait", {}))),
+        {"timeout": 0.05},
+        stored="late",
+    ),
     Case(
         "a deadline passed",
         lambda: Looking(model=scripted(text_response("hi"))),
