@@ -179,6 +179,31 @@ def test_a_run_s_own_cancellation_leaves_run_sync_as_itself() -> None:
     assert [type(error) for error in raised] == [asyncio.CancelledError]
 
 
+def test_a_run_s_own_cancellation_in_the_main_thread_leaves_run_sync_as_itself() -> None:
+    """In the main thread too, where Ctrl-C can come: on Python 3.10 any cancellation
+    that left the loop was taken for Ctrl-C, and a model's own became
+    ``KeyboardInterrupt``, which a script's ``except KeyboardInterrupt`` takes for the
+    user's stop."""
+    script = """
+import asyncio
+from littleghost import Agent
+from littleghost.testing import ScriptedModel
+
+try:
+    Agent(model=ScriptedModel([asyncio.CancelledError()])).run_sync("hi")
+except BaseException as error:
+    print(type(error).__name__)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell starts it
+    )
+    assert (done.stdout, done.stderr) == ("CancelledError\n", "")
+
+
 async def test_messages_hold_history_and_new_messages() -> None:
     """RunResult.messages is the history followed by what the run added."""
     history = [Message.user("earlier"), Message.assistant("earlier answer")]
