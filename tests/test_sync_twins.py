@@ -6,6 +6,7 @@ keyword a ``TypeError`` names, and the line a warning points at, are each path's
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,7 +21,12 @@ from littleghost.errors import ProviderError
 from littleghost.models.base import Model, ModelRequest
 from littleghost.run import RunContext
 from littleghost.sessions import InMemorySessionStore
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 from tests.conftest import Spans
 
 _PER_CALL = frozenset(
@@ -286,7 +292,12 @@ def _outcome(case: Case, path: str, spans: Spans) -> dict[str, Any]:
                 _messages(result.messages),
             )
         except BaseException as error:  # KeyboardInterrupt included
-            ended = (type(error), str(error), type(error.__cause__))
+            ended = (
+                type(error),
+                str(error),
+                type(error.__cause__),
+                getattr(error, "run_usage", None),
+            )
     stored = None if session is None else anyio.run(agent.session_store.load, session)
     names = {span.context.span_id: span.name for span in spans.all() if span.context}
     return {
@@ -304,6 +315,10 @@ def _outcome(case: Case, path: str, spans: Spans) -> dict[str, Any]:
         "stored": None if stored is None else _messages(stored),
         "warnings": [(warning.category, str(warning.message)) for warning in caught],
         "open spans": spans.still_open,
+        "requests": [
+            _messages(request.messages)
+            for request in getattr(agent.model, "requests", ())  # a ScriptedModel's
+        ],
     }
 
 
@@ -313,6 +328,48 @@ def test_every_path_ends_alike(case: Case, spans: Spans) -> None:
     under asyncio (``run_sync()`` of a class that declares no model raised before its
     run: no ``invoke_agent`` span said the run failed)."""
     outcomes = {path: _outcome(case, path, spans) for path in PATHS}
+    first = outcomes["run, asyncio"]
+    assert not first["open spans"]
+    for path, outcome in outcomes.items():
+        assert outcome == first, path
+
+
+def _random_case(seed: int) -> Case:
+    """A script of parallel calls (of tools that answer, fail, time out, exit the
+    process or are not declared) ending in an answer, typed or not, under a turn limit
+    it may reach, with or without a stored session."""
+    chance = random.Random(seed)
+    calls = [
+        ("look", {"q": "x"}),
+        ("look", {"q": "boom"}),
+        ("count", {"n": 2}),
+        ("count", {"n": -1}),
+        ("stall", {}),
+        ("undeclared", {}),
+    ]
+    steps = [
+        tool_calls_response(*chance.choices(calls, k=chance.randint(1, 3)))
+        for _ in range(chance.randint(0, 3))
+    ]
+    typed = chance.random() < 0.3
+    steps.append(text_response('{"n": 1}' if typed and chance.random() < 0.7 else "an answer"))
+    turns = chance.randint(1, 5)
+    return Case(
+        f"seed {seed}",
+        lambda: Looking(model=scripted(*steps), max_turns=turns),
+        {"output_type": Count} if typed else {},
+        stored=f"random {seed}" if chance.random() < 0.5 else None,
+    )
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_scripts_end_alike(seed: int, spans: Spans) -> None:
+    """As ``test_every_path_ends_alike``, for random scripts (the spans of parallel calls
+    in any order)."""
+    case = _random_case(seed)
+    outcomes = {path: _outcome(case, path, spans) for path in PATHS}
+    for outcome in outcomes.values():
+        outcome["spans"] = sorted(map(repr, outcome["spans"]))
     first = outcomes["run, asyncio"]
     assert not first["open spans"]
     for path, outcome in outcomes.items():
