@@ -21,7 +21,14 @@ from littleghost.context.index import LogIndex
 from littleghost.errors import ConfigurationError
 from littleghost.messages import Message, Role, stray_part
 
-__all__ = ["Ledger", "check_history", "check_ids", "check_parts", "check_results"]
+__all__ = [
+    "Ledger",
+    "check_history",
+    "check_ids",
+    "check_pairing",
+    "check_parts",
+    "check_results",
+]
 
 _ID = attrgetter("id")
 
@@ -90,6 +97,29 @@ def check_results(misplaced: list[tuple[int, str]], at: Callable[[int], str]) ->
             "no open call of the assistant message its tool message answers (a result must "
             "come after its call, answer it once, and share a tool message only with results "
             "for calls of the same assistant message)"
+        )
+
+
+def check_pairing(messages: Sequence[Message], where: str) -> None:
+    """``ConfigurationError`` unless each tool result of ``messages`` (a request's)
+    answers a call before it and each call has its result, as providers require;
+    ``where`` names the messages (``"the turn's request (as its hooks left it)"``)."""
+    layout = Layout.scanned(messages, records=False)
+    at = f"{where} message {{}}".format
+    if layout.misplaced:
+        position, call_id = layout.misplaced[0]
+        raise ConfigurationError(
+            f"{at(position)} holds a result for call {call_id!r}, which answers no open "
+            "call of the assistant message its tool message answers (a provider refuses "
+            "such a request: a hook that leaves out a call leaves out its results too)"
+        )
+    unanswered = layout.unanswered(messages)
+    if unanswered:
+        position, call_id = unanswered[0]
+        raise ConfigurationError(
+            f"{at(position)} holds tool call {call_id!r} without its result after it (a "
+            "provider refuses such a request: a hook that leaves out a call's results "
+            "leaves out the call too)"
         )
 
 

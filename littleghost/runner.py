@@ -63,7 +63,7 @@ from littleghost.events import (
 )
 from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
-from littleghost.log_rules import check_history, check_parts, check_results
+from littleghost.log_rules import check_history, check_pairing, check_parts, check_results
 from littleghost.messages import ImagePart, Message, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import (
     Model,
@@ -684,8 +684,10 @@ def _instructions(context: RunContext, text: str) -> Message:
 
 
 async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) -> ModelResponse:
-    """Send ``given`` through the ``before_model`` hooks to the model; on an error, retry
-    with the ``after_model_error`` hooks' replacement (at most ``MAX_RECOVERIES`` times),
+    """Send ``given`` through the ``before_model`` hooks to the model (a request they
+    left with a result or call unpaired is the call's error: ``check_pairing``); on an
+    error, retry with the ``after_model_error`` hooks' replacement (at most
+    ``MAX_RECOVERIES`` times),
     which passes through the ``before_model`` hooks again without the messages they added
     and with those they rebuilt as they were (``_unhooked``: what a hook injects is not
     doubled, what it rewrites not lost; a bounded view's memories and excerpts stay, for
@@ -696,12 +698,15 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     if agent.context_management is not None:
         hooks += " (compaction is one)"
     context._doing = lambda: hooks
+    built = given.messages  # the run's own view: results paired with their calls
     request = await run_chain(before, given, expected=ModelRequest, context=context)
     recoveries = context._turn_retries = 0
     while True:
         _check_answered(context)
         context._doing = lambda: "waiting for the model's answer"
         try:
+            if request.messages is not built:  # as the hooks left it: checked as sent
+                check_pairing(request.messages, "the turn's request (as its hooks left it)")
             return await context._call(request, turn=True)
         except CleanupError:
             raise

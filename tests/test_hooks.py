@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,12 @@ from littleghost.errors import ConfigurationError, InvalidRequestError, Provider
 from littleghost.hooks import HOOK_KINDS
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import InMemorySessionStore
-from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from littleghost.testing import (
+    ScriptedModel,
+    text_response,
+    tool_call_response,
+    tool_calls_response,
+)
 
 if TYPE_CHECKING:
     from conftest import Spans
@@ -1301,6 +1307,103 @@ async def test_settings_a_before_model_hook_makes_are_checked_before_the_call(
     with pytest.raises(ConfigurationError, match=said):
         await Capping(model=model).run("hi")
     assert model.requests == []
+
+
+def _badly_paired(messages: tuple[Message, ...]) -> bool:
+    """Whether a result in ``messages`` answers no open call before it, or a call has no
+    result after it (what providers refuse)."""
+    open_ids: list[str] = []
+    for message in messages:
+        open_ids += [call.id for call in message.tool_calls]
+        for result in message.tool_results:
+            if result.call_id not in open_ids:
+                return True
+            open_ids.remove(result.call_id)
+    return bool(open_ids)
+
+
+def lookup(order: str) -> str:
+    """Look up an order."""
+    return f"order {order} shipped"
+
+
+@pytest.mark.parametrize(
+    ("left_out", "said"),
+    [(Role.ASSISTANT, "answers no open call"), (Role.TOOL, "without its result")],
+    ids=["call", "result"],
+)
+async def test_a_request_a_hook_left_badly_paired_is_refused_before_the_call(
+    left_out: Role, said: str
+) -> None:
+    """A hook that leaves out a call and keeps its result (or the other way round) makes
+    a request every provider refuses: it is the call's error, naming the hooks and the
+    message, and the model is not sent it; the log stays whole."""
+
+    class Forgetting(Agent):
+        tools = [lookup]
+
+        @before_model
+        def forget(self, request: ModelRequest) -> ModelRequest:
+            kept = (m for m in request.messages if m.role is not left_out or m.text)
+            return attrs.evolve(request, messages=tuple(kept))
+
+    store = InMemorySessionStore()
+    model = ScriptedModel([tool_call_response("lookup", {"order": "7"}), text_response("no")])
+    agent = Forgetting(model=model, session_store=store)
+    with pytest.raises(
+        ConfigurationError, match=rf"the turn's request \(as its hooks left it\) message 1 .*{said}"
+    ):
+        await agent.run("Where is order 7?", session_id="s")
+    assert len(model.requests) == 1
+    log = await store.load("s")
+    assert [m.role for m in log] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_no_request_leaves_a_call_or_result_unpaired_whatever_the_hooks_drop(
+    seed: int,
+) -> None:
+    """Hooks drop messages at random from tool loops (parallel calls too), or a recovery
+    hook does: each request the model is sent pairs every result with a call before it
+    and every call with its result, or the run fails with the hooks' ConfigurationError
+    before sending it; the log stays whole either way."""
+    rng = random.Random(seed)
+
+    def drop(request: ModelRequest) -> ModelRequest | None:
+        if rng.random() < 0.5:
+            return None
+        kept = [m for m in request.messages if m.role is Role.USER or rng.random() < 0.7]
+        return attrs.evolve(request, messages=tuple(kept))
+
+    class Dropping(Agent):
+        tools = [lookup]
+        max_retries = 0
+
+        @before_model
+        def forget(self, request: ModelRequest) -> ModelRequest | None:
+            return drop(request)
+
+        @after_model_error
+        def mend(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            return drop(request)
+
+    steps: list[Any] = []
+    for _ in range(rng.randint(1, 6)):
+        calls = [("lookup", {"order": str(rng.randint(1, 9))}) for _ in range(rng.randint(1, 3))]
+        steps.append(tool_calls_response(*calls))
+        if rng.random() < 0.3:
+            steps.append(InvalidRequestError("refused"))
+    steps.append(text_response("done"))
+    model = ScriptedModel(steps)
+    store = InMemorySessionStore()
+    try:
+        await Dropping(model=model, session_store=store).run("Where?", session_id="s")
+    except ConfigurationError as error:
+        assert "the turn's request (as its hooks left it)" in str(error)
+    except InvalidRequestError:
+        pass  # a refusal no hook mended
+    assert not any(_badly_paired(request.messages) for request in model.requests)
+    assert not _badly_paired(tuple(await store.load("s")))
 
 
 async def test_settings_a_recovery_hook_fixes_are_sent() -> None:
