@@ -413,7 +413,16 @@ class RunContext:
         )
 
     def add_usage(self, usage: Usage) -> None:
-        """Add a model call's usage to the run's total."""
+        """Add a model call's usage to the run's total.
+
+        Raises:
+            TypeError: ``usage`` is not a ``Usage``.
+        """
+        if not isinstance(usage, Usage):
+            raise TypeError(
+                "context.add_usage() takes a Usage (Usage(input_tokens=..., "
+                f"output_tokens=...)), not {type(usage).__name__}"
+            )
         self.usage = self.usage + usage
 
     def mark_compacted(self) -> None:
@@ -422,7 +431,16 @@ class RunContext:
 
     def annotate_next_call(self, attributes: Mapping[str, Any]) -> None:
         """Attributes for the span of the next turn's model call, never a side call's
-        (figures, never content)."""
+        (figures, never content).
+
+        Raises:
+            TypeError: ``attributes`` is not a mapping, or holds a name that is not a str
+                or a value a span does not keep (one but a str, bool, int or float, or a
+                list or tuple of one kind of them).
+            ConfigurationError: A name of the GenAI conventions' ``gen_ai.``, ``server.``
+                or ``error.`` attributes, the call's span's own figures.
+        """
+        telemetry.check_annotations("context.annotate_next_call()", attributes)
         self._call_attributes.update(attributes)
 
     async def complete(

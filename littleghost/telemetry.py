@@ -24,7 +24,11 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from littleghost._validators import is_int
 from littleghost._version import __version__
 from littleghost.cleanup import cancellation_turned_into
-from littleghost.errors import ContextWindowOverflowError, DeadlineExceededError
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    DeadlineExceededError,
+)
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models._sdk import inline_image
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
@@ -275,6 +279,46 @@ def setting_attributes(settings: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(stop, (list, tuple)) and stop and all(isinstance(item, str) for item in stop):
         attributes[REQUEST_STOP_SEQUENCES] = tuple(stop)
     return attributes
+
+
+_OWN_NAMESPACES = ("gen_ai.", "server.", "error.")
+"""The conventions' names a call's span sets itself (and its metrics keep)."""
+_ATTRIBUTE_KINDS = (str, bool, int, float)
+
+
+def _kept_value(value: object) -> bool:
+    """Whether a span keeps ``value``: a str, bool, int or float, or a list or tuple of
+    one of those kinds."""
+    if isinstance(value, _ATTRIBUTE_KINDS):
+        return True
+    if not isinstance(value, (list, tuple)):
+        return False
+    kinds = {type(item) for item in value}
+    return len(kinds) <= 1 and kinds <= set(_ATTRIBUTE_KINDS)  # as the SDK: by exact type
+
+
+def check_annotations(owner: str, attributes: object) -> None:
+    """``TypeError`` unless ``attributes`` maps str names to values a span keeps;
+    ``ConfigurationError`` for a name of the conventions' that the span sets itself."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(
+            f"{owner} takes a mapping of attribute names to figures "
+            f"({{'retrieval.documents': 3}}), not {type(attributes).__name__}"
+        )
+    for name, value in attributes.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{owner}: an attribute name must be a str, not {type(name).__name__}")
+        if name.startswith(_OWN_NAMESPACES):
+            raise ConfigurationError(
+                f"{owner}: {name!r} is a name of the GenAI conventions, whose gen_ai., server. "
+                "and error. attributes the call's span sets itself: name yours in a namespace "
+                "of your own ('retrieval.documents')"
+            )
+        if not _kept_value(value):
+            raise TypeError(
+                f"{owner}: attribute {name!r} must be a str, bool, int or float, or a list of "
+                f"one kind of them (what a span keeps), not {type(value).__name__}"
+            )
 
 
 def conversation_attributes(session_id: str | None) -> dict[str, str]:

@@ -6,7 +6,7 @@ import enum
 import gc
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -18,6 +18,9 @@ from littleghost.errors import ConfigurationError
 from littleghost.models import ModelRequest, ModelResponse
 from littleghost.runner import plan_run, run
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+
+if TYPE_CHECKING:
+    from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -388,3 +391,64 @@ def test_what_the_runner_reads_of_an_agent() -> None:
     definition, function = found
     assert (definition.name, function()) == ("ping", "pong")
     assert agent.find_tool("nope") is None
+
+
+def calling(act: Callable[[RunContext], object]) -> type[Agent]:
+    """An agent class whose capability does ``act`` with the run context before each call."""
+
+    def before(agent: Any, request: ModelRequest, *, context: RunContext) -> None:
+        act(context)
+
+    class Acting(Agent):
+        pass
+
+    add_capability(Acting, Capability("acting", [CapabilityHook("before_model", before)]))
+    return Acting
+
+
+@pytest.mark.parametrize(
+    ("attributes", "error", "said"),
+    [
+        ("retrieval.documents", TypeError, r"takes a mapping .* not str"),
+        ([("retrieval.documents", 3)], TypeError, r"takes a mapping .* not list"),
+        ({3: 1}, TypeError, r"an attribute name must be a str, not int"),
+        ({"retrieval.scores": {"a": 1}}, TypeError, r"'retrieval.scores' must be .* not dict"),
+        ({"retrieval.ids": [1, "a"]}, TypeError, r"'retrieval.ids' must be .* not list"),
+        ({"retrieval.hit": None}, TypeError, r"'retrieval.hit' must be .* not NoneType"),
+        ({"gen_ai.request.model": "gpt-5"}, ConfigurationError, r"'gen_ai.request.model' is"),
+        ({"server.address": "x"}, ConfigurationError, r"'server.address' is"),
+        ({"error.type": "x"}, ConfigurationError, r"'error.type' is"),
+    ],
+    ids=["str", "pairs", "name", "dict", "mixed", "none", "gen_ai", "server", "error"],
+)
+async def test_an_annotation_a_span_cannot_keep_is_refused_naming_it(
+    attributes: Any, error: type[Exception], said: str
+) -> None:
+    """annotate_next_call takes names of the capability's own and values a span keeps
+    (a str, bool, int or float, or a list of one kind of them): another value, which the
+    SDK would drop with a warning, a name of the conventions' that the call's span (and
+    the metrics) hold for its own figures, or no mapping at all fail where they are given."""
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(error, match=f"annotate_next_call.*{said}"):
+        await calling(lambda context: context.annotate_next_call(attributes))(model=model).run("hi")
+    assert model.requests == []
+
+
+async def test_annotations_a_span_keeps_land_on_the_turns_call(spans: Spans) -> None:
+    """Figures of every kind a span keeps, lists of one kind included, reach the span."""
+    kept = {"retrieval.hit": True, "retrieval.documents": 3, "retrieval.ids": ["a", "b"]}
+    kept |= {"retrieval.score": 0.5, "retrieval.ranks": (1, 2), "retrieval.mode": "dense"}
+    model = ScriptedModel([text_response("ok")])
+    await calling(lambda context: context.annotate_next_call(kept))(model=model).run("hi")
+    (call,) = spans.named("chat")
+    attributes = call.attributes or {}
+    assert {name: attributes[name] for name in kept} == {**kept, "retrieval.ids": ("a", "b")}
+
+
+@pytest.mark.parametrize("usage", [5, None, {"input_tokens": 3}])
+async def test_add_usage_takes_a_usage(usage: Any) -> None:
+    """A capability that counts its own calls (an embedding's) adds a Usage; anything else
+    is a TypeError saying so, not Python's about an operand."""
+    model = ScriptedModel([text_response("never")])
+    with pytest.raises(TypeError, match=r"context.add_usage\(\) takes a Usage"):
+        await calling(lambda context: context.add_usage(usage))(model=model).run("hi")
