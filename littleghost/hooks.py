@@ -9,6 +9,7 @@ to an agent.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import textwrap
 from collections.abc import Callable, Iterable, Iterator
@@ -279,11 +280,18 @@ class PlanEntry:
 
 @frozen
 class BoundHook:
-    """One hook, ready to call for an agent instance."""
+    """One hook, ready to call for an agent instance (``capability``: the name of the
+    capability it is of, ``None`` for a hook method)."""
 
     name: str
     call: Callable[..., Any]
     takes_context: bool
+    capability: str | None = None
+
+    def told(self, kind: str) -> str:
+        """What a run running it is doing, as its deadline's error tells it."""
+        of = "" if self.capability is None else f" of capability {self.capability!r}"
+        return f"running the {kind} hook {self.name!r}{of}"
 
 
 def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[BoundHook, ...]]:
@@ -308,9 +316,8 @@ def bind_hooks(agent: object, plan: Iterable[PlanEntry]) -> dict[str, tuple[Boun
             def call(*args: Any, _function: Callable[..., Any] = function, **kwargs: Any) -> Any:
                 return _function(agent, *args, **kwargs)
 
-            bound[entry.kind].append(
-                BoundHook(getattr(function, "__qualname__", entry.key[1]), call, True)
-            )
+            name = getattr(function, "__qualname__", entry.key[1])
+            bound[entry.kind].append(BoundHook(name, call, True, entry.key[1]))
     return {kind: tuple(hooks) for kind, hooks in bound.items()}
 
 
@@ -320,12 +327,16 @@ async def run_chain(
     *extra: Any,
     expected: type,
     context: RunContext,
+    told: str | None = None,
 ) -> Any:
     """Run ``hooks`` in order on ``payload``; return the final (possibly replaced) payload.
 
     Each hook is hosted like a tool (``Grace.hosting``): runs it starts share the run's
-    grace when the run is cancelled."""
+    grace when the run is cancelled. With ``told`` (their kind), what the run is doing
+    names the hook running, for the error of a deadline that cuts it."""
     for hook in hooks:
+        if told is not None:
+            context._doing = functools.partial(hook.told, told)
         with context.grace.hosting():
             result = (
                 hook.call(payload, *extra, context=context)

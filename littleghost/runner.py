@@ -527,7 +527,11 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         answered = await _call_model(agent, request, context)
         context._doing = lambda: "running the after_model hooks"
         response = await run_chain(
-            _hooks(agent, context, "after_model"), answered, expected=ModelResponse, context=context
+            _hooks(agent, context, "after_model"),
+            answered,
+            expected=ModelResponse,
+            context=context,
+            told="after_model",
         )
         response = _fresh(response, context)
         await context.append(response.message)
@@ -695,11 +699,11 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     provider). ``given`` is what the hooks were last given."""
     before = _hooks(agent, context, "before_model")
     hooks = "running the before_model hooks"
-    if agent.context_management is not None:
-        hooks += " (compaction is one)"
     context._doing = lambda: hooks
     built = given.messages  # the run's own view: results paired with their calls
-    request = await run_chain(before, given, expected=ModelRequest, context=context)
+    request = await run_chain(
+        before, given, expected=ModelRequest, context=context, told="before_model"
+    )
     recoveries = context._turn_retries = 0
     while True:
         _check_answered(context)
@@ -725,6 +729,7 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
                 error,
                 expected=ModelRequest,
                 context=context,
+                told="after_model_error",
             )
             if replacement is request:
                 raise
@@ -732,7 +737,9 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             await context._retried(error)
             given = _unhooked(given, request, replacement, context)
             context._doing = lambda: hooks
-            request = await run_chain(before, given, expected=ModelRequest, context=context)
+            request = await run_chain(
+                before, given, expected=ModelRequest, context=context, told="before_model"
+            )
 
 
 def _check_answered(context: RunContext, when: str = "before the model call") -> None:

@@ -23,6 +23,7 @@ from littleghost import (
     manage_context,
     tool,
 )
+from littleghost.capabilities import Capability, CapabilityHook, add_capability
 from littleghost.errors import (
     ContextWindowOverflowError,
     DeadlineExceededError,
@@ -137,6 +138,10 @@ class Phases(Agent):
     async def after(self, response: ModelResponse) -> None:
         await self._hang("after_model")
 
+    @after_model_error
+    async def mend(self, request: ModelRequest, error: Exception) -> None:
+        await self._hang("after_model_error")
+
     @before_tool
     async def before_call(self, call: ToolCall) -> None:
         await self._hang("before_tool")
@@ -167,8 +172,9 @@ class HangingPrepare(ScriptedModel):
     ("hangs", "called", "says"),
     [
         ("model", "look_up", "waiting for the model's answer in turn 2"),
-        ("before_model", "", "running the before_model hooks in turn 1"),
-        ("after_model", "", "running the after_model hooks in turn 1"),
+        ("before_model", "", "running the before_model hook 'before' in turn 1"),
+        ("after_model", "", "running the after_model hook 'after' in turn 1"),
+        ("after_model_error", "", "running the after_model_error hook 'mend' in turn 1"),
         ("tool", "look_up", "running tool 'look_up' in turn 1"),
         ("before_tool", "look_up", "running tool 'look_up' in turn 1"),
         ("before_tool", "made-up-by-the-model", "running an undeclared tool in turn 1"),
@@ -179,9 +185,12 @@ class HangingPrepare(ScriptedModel):
 async def test_a_deadline_error_says_what_the_run_was_doing(
     hangs: str, called: str, says: str
 ) -> None:
-    """What a run was doing when its deadline came is in its error (a tool by name when
-    the agent declares it; a name the model made up is its text, not told)."""
+    """What a run was doing when its deadline came is in its error (a hook by name; a
+    tool by name when the agent declares it; a name the model made up is its text, not
+    told)."""
     steps: list[Step] = [tool_call_response(called, {})] if called else []
+    if hangs == "after_model_error":
+        steps.append(InvalidRequestError("refused"))
     steps.append(hang if hangs == "model" else text_response("done"))
     model = (HangingPrepare if hangs == "prepare" else ScriptedModel)(steps)
     store = HangingStore() if hangs == "store" else InMemorySessionStore()
@@ -245,11 +254,37 @@ class ManagedPhases(Phases):
     pass
 
 
+async def retrieve(agent: Phases, request: ModelRequest, *, context: RunContext) -> None:
+    """A retrieval capability's hook, which may hang."""
+    await agent._hang("retrieval")
+
+
 @pytest.mark.virtual_clock
-async def test_a_deadline_error_in_a_managed_runs_hooks_says_compaction_is_one() -> None:
-    agent = ManagedPhases("before_model", model=ScriptedModel([text_response("done")]))
-    with pytest.raises(DeadlineExceededError, match=r"before_model hooks \(compaction is one\)"):
+@pytest.mark.parametrize("managed", [False, True], ids=["plain", "managed"])
+@pytest.mark.parametrize(
+    ("hangs", "says"),
+    [
+        ("retrieval", "hook 'retrieve' of capability 'retrieval'"),
+        ("before_model", "hook 'before'"),
+    ],
+)
+async def test_a_deadline_error_names_the_hook_that_hung_and_its_capability(
+    managed: bool, hangs: str, says: str
+) -> None:
+    """A capability's hook that hangs (a retrieval's) is named with its capability, and
+    under @manage_context the class's own hook that hangs is named, not compaction."""
+
+    class Retrieving(ManagedPhases if managed else Phases):
+        pass
+
+    add_capability(Retrieving, Capability("retrieval", [CapabilityHook("before_model", retrieve)]))
+    agent = Retrieving(hangs, model=ScriptedModel([text_response("done")]))
+    with pytest.raises(DeadlineExceededError) as caught:
         await agent.run("hi", timeout=5)
+    assert str(caught.value) == (
+        f"Retrieving did not finish before its deadline, running the before_model {says} in "
+        "turn 1 (of 100 at most)"
+    )
 
 
 @pytest.mark.parametrize("tool_name", ["wait_async", "wait_sync"])
