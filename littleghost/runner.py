@@ -760,10 +760,11 @@ def _unhooked(
     given: ModelRequest, sent: ModelRequest, replacement: ModelRequest, context: RunContext
 ) -> ModelRequest:
     """``replacement`` (made from ``sent``) without what the ``before_model`` hooks did to
-    ``given`` to make ``sent``, for them to do it again: the messages they added left out,
-    and those they rebuilt under a new id (as ``Message.user`` makes one) back as they were
-    given, unless the replacement changed or dropped the rebuilt copy. The run's question
-    is never lost so: missing, it goes back after what comes before it in ``given``."""
+    ``given`` to make ``sent``, for them to do it again: the messages they added left out
+    (a copy the replacement changed too: they add it again), and those they rebuilt under
+    a new id (as ``Message.user`` makes one) back as they were given, unless the
+    replacement changed or dropped the rebuilt copy. The run's question is never lost so:
+    missing, it goes back after what comes before it in ``given``."""
     added = _added(given, sent, context)
     if not added:
         return replacement
@@ -775,9 +776,9 @@ def _unhooked(
         originals = stood_for.get(message.id, [])
         if message.id not in added:
             messages.append(message)
-        elif message is not as_sent[message.id]:
-            messages.append(message)  # changed by the replacement: kept as it is
-        else:
+        elif originals and message is not as_sent[message.id]:
+            messages.append(message)  # a rebuilt copy the replacement changed: kept as it is
+        else:  # what they added, changed or not, they add again
             messages += (m for m in originals if m.id not in shown)
         shown.update(m.id for m in originals)
     return attrs.evolve(replacement, messages=_with_question(messages, given, shown, context))

@@ -16,6 +16,7 @@ from littleghost import (
     Message,
     Role,
     RunContext,
+    TextPart,
     ToolCall,
     ToolResult,
     after_model,
@@ -1155,6 +1156,36 @@ async def test_every_retry_keeps_what_the_recovery_hook_added() -> None:
         ["hi", "please answer briefly", "retrieved"],
         ["hi", "please answer briefly", "retrieved"],
     ]
+
+
+async def test_what_a_hook_injected_is_not_doubled_when_the_recovery_shortened_it() -> None:
+    """A recovery hook that shortens the long messages of a refused request, keeping
+    their ids, shortens what a retrieval hook injected too: the retry goes out with the
+    retrieval's documents once, as the hook injects them again (they were sent twice,
+    shortened and whole)."""
+
+    class Retrieving(Agent):
+        max_retries = 0
+
+        @before_model
+        def retrieve(self, request: ModelRequest) -> ModelRequest:
+            documents = Message.system("Refund policy: " + "refunds within 30 days. " * 40)
+            return attrs.evolve(request, messages=(documents, *request.messages))
+
+        @after_model_error
+        def shorten(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            if not isinstance(error, InvalidRequestError):
+                return None
+            messages = [
+                attrs.evolve(m, content=[TextPart(m.text[:40])]) if len(m.text) > 40 else m
+                for m in request.messages
+            ]
+            return attrs.evolve(request, messages=messages)
+
+    model = ScriptedModel([InvalidRequestError("too long"), text_response("ok")])
+    await Retrieving(model=model).run("Can I get a refund?")
+    first, retried = ([m.text[:14] for m in r.messages] for r in model.requests)
+    assert retried == first == ["Refund policy:", "Can I get a re"]
 
 
 def masked(message: Message) -> Message:
