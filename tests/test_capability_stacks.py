@@ -112,10 +112,14 @@ def redact(agent: Agent, response: ModelResponse, *, context: RunContext) -> Mod
 def mend(
     agent: Agent, request: ModelRequest, error: Exception, *, context: RunContext
 ) -> ModelRequest | None:
-    """Send a refused request again, colder."""
-    if isinstance(error, InvalidRequestError):
-        return attrs.evolve(request, settings={**request.settings, "temperature": 0})
-    return None
+    """Send a refused request again, colder, its long texts shortened (ids kept)."""
+    if not isinstance(error, InvalidRequestError):
+        return None
+    messages = [
+        attrs.evolve(m, content=[TextPart(m.text[:1_000])]) if len(m.text) > 1_000 else m
+        for m in request.messages
+    ]
+    return attrs.evolve(request, messages=messages, settings={**request.settings, "temperature": 0})
 
 
 def refuse(agent: Agent, call: ToolCall, *, context: RunContext) -> ToolCall | None:
