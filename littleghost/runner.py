@@ -21,6 +21,7 @@ import re
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -763,22 +764,26 @@ def _unhooked(
     ``given`` to make ``sent``, for them to do it again: the messages they added left out
     (a copy the replacement changed too: they add it again), and those they rebuilt under
     a new id (as ``Message.user`` makes one) back as they were given, unless the
-    replacement changed or dropped the rebuilt copy. The run's question is never lost so:
-    missing, it goes back after what comes before it in ``given``."""
+    replacement changed or dropped the rebuilt copy (one that stands for them alone: a
+    note added beside a rebuilt question stands for it too, and which one was rebuilt is
+    not known). The run's question is never lost so: missing, it goes back after what
+    comes before it in ``given``."""
     added = _added(given, sent, context)
     if not added:
         return replacement
     stood_for = _stood_for(given, sent, added, context.log_index.layout.hidden)
+    sharing = Counter(map(id, stood_for.values()))  # a note beside a rebuilt question: 2
     as_sent = {message.id: message for message in sent.messages}
     shown = {message.id for message in replacement.messages}
     messages: list[Message] = []
     for message in replacement.messages:
         originals = stood_for.get(message.id, [])
+        rebuilt = bool(originals) and sharing[id(originals)] == 1  # it alone stands for them
         if message.id not in added:
             messages.append(message)
-        elif originals and message is not as_sent[message.id]:
+        elif rebuilt and message is not as_sent[message.id]:
             messages.append(message)  # a rebuilt copy the replacement changed: kept as it is
-        else:  # what they added, changed or not, they add again
+        else:  # what they added or rebuilt beside it, changed or not, they do again
             messages += (m for m in originals if m.id not in shown)
         shown.update(m.id for m in originals)
     return attrs.evolve(replacement, messages=_with_question(messages, given, shown, context))
@@ -812,7 +817,7 @@ def _stood_for(
             if [m.role for m in new] == [m.role for m in originals]:
                 stood_for.update((m.id, [o]) for m, o in zip(new, originals, strict=True))
             elif len(new) == len(gap):
-                stood_for.update((m.id, originals) for m in new)
+                stood_for.update((m.id, originals) for m in new)  # one list, shared
         start, gap = end + 1, []
     return stood_for
 

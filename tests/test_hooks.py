@@ -1212,6 +1212,36 @@ class Scrubbed(Agent):
 
 
 @pytest.mark.parametrize("turns", [0, 2])
+async def test_the_question_goes_back_when_the_recovery_changed_a_note_beside_it(
+    turns: int,
+) -> None:
+    """A hook rebuilds the question and adds a note before it; the recovery changes the
+    note (keeping its id): the retry goes out with the note and the question rebuilt
+    again, as the first call (the question was lost, the changed note standing for it,
+    and a second note was added)."""
+
+    class Noting(Scrubbed):
+        @after_model_error
+        def again(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            changed = [
+                attrs.evolve(m, content=[TextPart("NOTE")]) if m.text == "note" else m
+                for m in request.messages
+            ]
+            return attrs.evolve(request, messages=changed)
+
+    history = [
+        message
+        for turn in range(turns)
+        for message in (Message.user(f"card 1234-{turn}"), Message.assistant(f"ok {turn}"))
+    ]
+    model = ScriptedModel([InvalidRequestError("bad"), text_response("done")])
+    await Noting(model=model).run("is 5678 blocked?", history=history)
+    first, retried = ([m.text for m in r.messages] for r in model.requests)
+    assert retried == first
+    assert first[-2:] == ["note", "is #### blocked?"]
+
+
+@pytest.mark.parametrize("turns", [0, 2])
 async def test_a_retry_keeps_the_messages_a_hook_rewrote_under_a_new_id(turns: int) -> None:
     """The retry passes what the hooks were given through them again: a message they
     rewrote under a new id goes back as it was, not out with what they added (the
