@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import re
@@ -1368,6 +1369,96 @@ async def test_settings_a_before_model_hook_makes_are_checked_before_the_call(
     with pytest.raises(ConfigurationError, match=said):
         await Capping(model=model).run("hi")
     assert model.requests == []
+
+
+RECOVERIES = ("copy", "change_added", "change_question", "change_answer", "add", "shorten")
+
+
+def recovered(request: ModelRequest, how: str) -> ModelRequest:
+    """``request`` as a recovery hook makes its replacement ``how``: a copy, with what the
+    hooks added or the question changed (ids kept), an answer changed, a note of its own
+    added once, or every text shortened."""
+    messages = list(request.messages)
+    asked = max((i for i, m in enumerate(messages) if "QUESTION" in m.text), default=None)
+
+    def changed(message: Message) -> Message:
+        return attrs.evolve(message, content=[TextPart(message.text + "*")])
+
+    if how == "change_added":
+        messages = [changed(m) if m.text.startswith("ADDED") else m for m in messages]
+    elif how == "change_question" and asked is not None:
+        messages[asked] = changed(messages[asked])
+    elif how == "change_answer":
+        messages = [changed(m) if m.role is Role.ASSISTANT and m.text else m for m in messages]
+    elif how == "add" and not any(m.id == "recovery-note" for m in messages):
+        messages.append(Message.user("RECOVERY note", id="recovery-note"))
+    elif how == "shorten":
+        messages = [
+            attrs.evolve(m, content=[TextPart(m.text[:12])]) if m.text and not m.tool_calls else m
+            for m in messages
+        ]
+    return attrs.evolve(request, messages=messages)
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_every_retry_has_the_question_and_what_hooks_add_once(seed: int) -> None:
+    """Hooks that add messages (a system one, before or after the question, last),
+    rebuild every user message under a new id, or leave older answers out, and a
+    recovery hook that copies, changes (ids kept), adds to or shortens the request,
+    drawn at random over histories and tool loops: every request sent holds the
+    question, and each message the hooks add, once."""
+    rng = random.Random(seed)
+    adds = rng.sample(["system", "before", "after", "last"], rng.randint(0, 3))
+    rebuild, forget = rng.random() < 0.5, rng.random() < 0.3
+    how = rng.choice(RECOVERIES)
+
+    class Hooked(Agent):
+        instructions = "Be brief."
+        tools = [lookup]
+        max_retries = 0
+
+        @before_model
+        def add(self, request: ModelRequest) -> ModelRequest:
+            messages = list(request.messages)
+            if rebuild:
+                messages = [masked(m) if not m.is_summary else m for m in messages]
+            if forget:
+                old = len(messages) - 6
+                messages = [
+                    m
+                    for i, m in enumerate(messages)
+                    if i >= old or m.role is not Role.ASSISTANT or m.tool_calls
+                ]
+            for where in adds:
+                asked = max(i for i, m in enumerate(messages) if "QUESTION" in m.text)
+                added = Message.system if where == "system" else Message.user
+                at = {"system": 1, "before": asked, "after": asked + 1}.get(where, len(messages))
+                messages.insert(at, added(f"ADDED {where}"))
+            return attrs.evolve(request, messages=messages)
+
+        @after_model_error
+        def mend(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
+            return recovered(request, how) if isinstance(error, InvalidRequestError) else None
+
+    history = [
+        message
+        for turn in range(rng.randint(0, 3))
+        for message in (Message.user(f"old {turn}: card 1234"), Message.assistant(f"ok {turn}"))
+    ]
+    steps: list[Any] = [InvalidRequestError("bad")] * (rng.random() < 0.6)
+    for _ in range(rng.randint(0, 2)):
+        steps.append(tool_call_response("lookup", {"order": "7"}))
+        steps += [InvalidRequestError("bad")] * (rng.random() < 0.5)
+    steps += [InvalidRequestError("bad")] * (rng.random() < 0.5)
+    model = ScriptedModel([*steps, text_response("done")])
+    with contextlib.suppress(InvalidRequestError):  # four refusals in one call
+        await Hooked(model=model).run("QUESTION: is 5678 blocked?", history=history)
+    for request in model.requests:
+        texts = [m.text for m in request.messages]
+        assert sum("QUESTION" in text for text in texts) == 1, texts
+        for where in adds:
+            assert sum(text.startswith(f"ADDED {where}") for text in texts) == 1, texts
+        assert sum(text == "RECOVERY note" for text in texts) <= 1, texts
 
 
 def _badly_paired(messages: tuple[Message, ...]) -> bool:
