@@ -766,8 +766,10 @@ def _unhooked(
     a new id (as ``Message.user`` makes one) back as they were given, unless the
     replacement changed or dropped the rebuilt copy (one that stands for them alone: a
     note added beside a rebuilt question stands for it too, and which one was rebuilt is
-    not known). The run's question is never lost so: missing, it goes back after what
-    comes before it in ``given``."""
+    not known; and for messages of their own, not a view's, which the view makes anew: a
+    message added where the view left its excerpts out stands for them). The run's
+    question is never lost so: missing, it goes back after what comes before it in
+    ``given``."""
     added = _added(given, sent, context)
     if not added:
         return replacement
@@ -778,7 +780,9 @@ def _unhooked(
     messages: list[Message] = []
     for message in replacement.messages:
         originals = stood_for.get(message.id, [])
-        rebuilt = bool(originals) and sharing[id(originals)] == 1  # it alone stands for them
+        rebuilt = (  # it alone stands for them, and they are not a view's own, made anew
+            sharing[id(originals)] == 1 and not all(map(view_only, originals))
+        )
         if message.id not in added:
             messages.append(message)
         elif rebuilt and message is not as_sent[message.id]:

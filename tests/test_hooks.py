@@ -25,9 +25,11 @@ from littleghost import (
     after_tool,
     before_model,
     before_tool,
+    manage_context,
     tool,
 )
 from littleghost.capabilities import CapabilityHook
+from littleghost.context import PromptBudget
 from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
 from littleghost.hooks import HOOK_KINDS
 from littleghost.models import ModelRequest, ModelResponse
@@ -1400,17 +1402,19 @@ def recovered(request: ModelRequest, how: str) -> ModelRequest:
     return attrs.evolve(request, messages=messages)
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", range(300))
 async def test_every_retry_has_the_question_and_what_hooks_add_once(seed: int) -> None:
     """Hooks that add messages (a system one, before or after the question, last),
     rebuild every user message under a new id, or leave older answers out, and a
     recovery hook that copies, changes (ids kept), adds to or shortens the request,
-    drawn at random over histories and tool loops: every request sent holds the
+    drawn at random over histories and tool loops, with or without @manage_context
+    (summarizing, or a bounded view with excerpts): every request sent holds the
     question, and each message the hooks add, once."""
     rng = random.Random(seed)
     adds = rng.sample(["system", "before", "after", "last"], rng.randint(0, 3))
     rebuild, forget = rng.random() < 0.5, rng.random() < 0.3
     how = rng.choice(RECOVERIES)
+    managed = rng.choice([None, "summarizing", "bounded"])
 
     class Hooked(Agent):
         instructions = "Be brief."
@@ -1440,20 +1444,33 @@ async def test_every_retry_has_the_question_and_what_hooks_add_once(seed: int) -
         def mend(self, request: ModelRequest, error: Exception) -> ModelRequest | None:
             return recovered(request, how) if isinstance(error, InvalidRequestError) else None
 
+    if managed == "summarizing":
+        Hooked = manage_context(context_window_override=1_500, preserve_recent_messages=2)(Hooked)
+    elif managed == "bounded":
+        bounded = PromptBudget(
+            prompt_budget_tokens=1_200, response_reserve_tokens=100, safety_reserve_tokens=50
+        )
+        Hooked = manage_context(context_window_override=4_000, budget=bounded)(Hooked)
+    words = " and more" * 20 if managed else ""
     history = [
         message
-        for turn in range(rng.randint(0, 3))
-        for message in (Message.user(f"old {turn}: card 1234"), Message.assistant(f"ok {turn}"))
+        for turn in range(rng.randint(0, 12 if managed else 3))
+        for message in (
+            Message.user(f"old {turn}: card 1234{words}"),
+            Message.assistant(f"ok {turn}{words}"),
+        )
     ]
-    steps: list[Any] = [InvalidRequestError("bad")] * (rng.random() < 0.6)
+    steps: list[Any] = [InvalidRequestError("bad")] * rng.choice([0, 1, 2])
     for _ in range(rng.randint(0, 2)):
         steps.append(tool_call_response("lookup", {"order": "7"}))
-        steps += [InvalidRequestError("bad")] * (rng.random() < 0.5)
-    steps += [InvalidRequestError("bad")] * (rng.random() < 0.5)
-    model = ScriptedModel([*steps, text_response("done")])
+        steps += [InvalidRequestError("bad")] * rng.choice([0, 1, 2])
+    summaries = [text_response("- notes")] * 4
+    model = ScriptedModel([*steps, text_response("done"), *summaries])
     with contextlib.suppress(InvalidRequestError):  # four refusals in one call
         await Hooked(model=model).run("QUESTION: is 5678 blocked?", history=history)
     for request in model.requests:
+        if request.purpose != "chat":
+            continue
         texts = [m.text for m in request.messages]
         assert sum("QUESTION" in text for text in texts) == 1, texts
         for where in adds:

@@ -1010,6 +1010,38 @@ class TestWithSummaries:
         first, retried = model.requests
         assert excerpt_lines(first) and not excerpt_lines(retried)
 
+    async def test_what_a_hook_added_where_the_view_left_excerpts_out_is_not_doubled(
+        self,
+    ) -> None:
+        """A recovery hook shortens every message twice (the excerpts no longer match
+        their turns: the view leaves them out); the class's own hook adds a note where
+        they stood: it is sent once each time (it was taken for the excerpts rebuilt, kept
+        as the second recovery changed it, and added again)."""
+
+        class Noted(bounded_agent(prompt_budget_tokens=800)):  # type: ignore[misc]
+            max_retries = 0
+
+            @before_model
+            def note(self, request: ModelRequest) -> ModelRequest:
+                first, *rest = request.messages
+                return attrs.evolve(request, messages=[first, Message.system("NOTE"), *rest])
+
+            @after_model_error
+            def shorter(self, request: ModelRequest, error: Exception) -> ModelRequest:
+                shortened = [
+                    attrs.evolve(m, content=[TextPart(m.text[:12])]) if m.text else m
+                    for m in request.messages
+                ]
+                return attrs.evolve(request, messages=shortened)
+
+        refused = RuntimeError("flaky")
+        model = ScriptedModel([refused, refused, text_response("done")])
+        await Noted(model=model).run("now", history=history(40))
+        first, *retried = model.requests
+        assert excerpt_lines(first) and not excerpt_lines(retried[0])
+        for request in model.requests:
+            assert [m.text for m in request.messages].count("NOTE") == 1
+
     async def test_a_hooks_retry_has_the_excerpts_as_the_hook_left_them(self) -> None:
         """The hook's replacement decides: excerpts it scrubbed stay scrubbed, excerpts it
         left out stay out, and a turn it puts back is not excerpted twice, nor out of the
