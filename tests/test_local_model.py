@@ -10,8 +10,10 @@ kill).
 from __future__ import annotations
 
 import enum
+import functools
 import gc
 import json
+import math
 import os
 import random
 import signal
@@ -944,11 +946,11 @@ async def test_a_call_whose_model_is_closed_under_it_fails_as_stopped_by_aclose(
     call fails with a ``ProviderError`` saying so, never the HTTP client's own error
     ("the client has been closed") nor a transient one that a run would retry (on a new
     server)."""
-    model = python_server(tmp_path, monkeypatch, HOLDING_SERVER)
     got = tmp_path / "got"
     request = ModelRequest([Message.user("hi")])
     rng = random.Random(call)
     for _ in range(10):
+        model = python_server(tmp_path, monkeypatch, HOLDING_SERVER)  # closed for good
         await model.prepare()
         got.unlink(missing_ok=True)
         steps = rng.choice([None, *range(10)])  # None: once the server holds the call
@@ -964,6 +966,393 @@ async def test_a_call_whose_model_is_closed_under_it_fails_as_stopped_by_aclose(
         assert "was stopped by aclose() during the call" in str(failure)
         assert model.pid is None
     assert not [pid for pid in running_servers() if str(tmp_path).encode() in _command(pid)]
+
+
+SCRIPTED_SERVER = (
+    """
+import http.server, json, os, re, signal, sys, threading, time
+
+here = os.path.dirname(os.path.abspath(__file__))
+stopping = threading.Event()
+OVERFLOW = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 600,
+            "n_ctx": 512, "message": "the request exceeds the available context size"}
+REFUSED = {"code": 400, "type": "invalid_request_error", "message": "invalid grammar"}
+
+def on_term(number, frame):  # the calls held for it are answered, then it exits
+    stopping.set()
+    threading.Timer(0.3, os._exit, (0,)).start()
+
+signal.signal(signal.SIGTERM, on_term)
+
+def note(line):
+    with open(os.path.join(here, "log"), "a") as log:
+        log.write(line + "\\n")
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+"""
+    + FAKE_SERVER_GET
+    + """
+    def answer(self, status, body, kind="application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def do_POST(self):  # each call does what its tag says: "<what>-<number>"
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/tokenize":
+            return self.answer(200, b'{"tokens": [1, 2, 3]}')
+        tag = re.search(rb"[a-z]+-[0-9]+", raw).group().decode()
+        what = tag.split("-")[0]
+        note("got " + tag)
+        if what == "hold":
+            time.sleep(60)
+        if what.startswith("onstop"):
+            stopping.wait()
+        if what.endswith("overflow"):
+            self.answer(400, json.dumps({"error": OVERFLOW}).encode())
+        elif what.endswith("refused"):
+            self.answer(400, json.dumps({"error": REFUSED}).encode())
+        elif self.path == "/apply-template":
+            self.answer(200, json.dumps({"prompt": tag}).encode())
+        elif json.loads(raw).get("stream"):
+            delta = {"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}
+            chunk = json.dumps({"id": "x", "model": "m", "choices": [delta]})
+            body = ("data: " + chunk + "\\n\\ndata: [DONE]\\n\\n").encode()
+            self.answer(200, body, "text/event-stream")
+        else:
+            message = {"role": "assistant", "content": "fine"}
+            choice = {"index": 0, "message": message, "finish_reason": "stop"}
+            self.answer(200, json.dumps({"id": "x", "model": "m", "choices": [choice]}).encode())
+        note("sent " + tag)
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+server.daemon_threads = True
+server.serve_forever()
+"""
+)
+"""A fake server whose calls do what the tag in their message says (``WHAT-NUMBER``):
+``ok`` answers; ``overflow`` and ``refused`` fail with llama.cpp's 400s; ``hold`` never
+answers; ``onstopoverflow`` and ``onstoprefused`` fail so once SIGTERM came (then the
+server exits). Its ``log`` (next to it) says ``got TAG``, and ``sent TAG`` once the
+answer is out."""
+
+
+def _tagged(tag: str) -> ModelRequest:
+    return ModelRequest([Message.user(f"Say {tag}.")])
+
+
+def _server_log(tmp_path: Path) -> list[str]:
+    log = tmp_path / "log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process ``pid`` has exited (a zombie, or gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _served(tmp_path: Path) -> list[int]:
+    """The fake servers under ``tmp_path`` still running (a zombie has no command)."""
+    return [pid for pid in running_servers() if str(tmp_path).encode() in _command(pid)]
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+@pytest.mark.parametrize("answer", ["overflow", "refused"])
+async def test_an_answer_the_server_gives_as_aclose_stops_it_keeps_its_meaning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, answer: str
+) -> None:
+    """A call the server answers with an error (an overflow, a 400) as ``aclose()``, from
+    another thread's event loop, stops it fails with that error, not as stopped by
+    ``aclose()``: only a connection or client the close takes is that."""
+    model = python_server(tmp_path, monkeypatch, SCRIPTED_SERVER)
+    await model.prepare()
+    tag = f"onstop{answer}-1"
+
+    async def close_once_held() -> None:
+        while not _server_log(tmp_path):  # noqa: ASYNC110 - a file says so
+            await anyio.sleep(0.005)
+        await anyio.to_thread.run_sync(anyio.run, model.aclose)
+
+    failure: Exception | None = None
+    async with anyio.create_task_group() as group:
+        group.start_soon(close_once_held)
+        try:
+            await CALLS[call](model, _tagged(tag))
+        except Exception as error:
+            failure = error
+    assert _server_log(tmp_path) == [f"got {tag}", f"sent {tag}"]
+    assert isinstance(failure, ProviderError), repr(failure)
+    assert "aclose()" not in str(failure)
+    assert failure.status == 400
+    assert isinstance(failure, ContextWindowOverflowError) is (answer == "overflow")
+    assert model.pid is None
+
+
+SERVER_PROPERTIES = (
+    "pid",
+    "context_window",
+    "base_url",
+    "server_address",
+    "server_port",
+    "api_key",
+)
+
+
+def _server_properties(model: LocalModel) -> dict[str, object]:
+    return {name: getattr(model, name) for name in SERVER_PROPERTIES}
+
+
+async def test_a_server_that_died_reports_no_window_nor_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the server has died (a crash, ``kill -9``), every property says that none
+    runs, as ``pid`` does, before any call notices; the next call starts another."""
+    model = python_server(tmp_path, monkeypatch, SCRIPTED_SERVER)
+    try:
+        await model.prepare()
+        before = _server_properties(model)
+        assert None not in before.values()
+        pid = model.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        while not _exited(pid):  # noqa: ASYNC110 - /proc says so
+            await anyio.sleep(0.005)
+        assert _server_properties(model) == dict.fromkeys(SERVER_PROPERTIES)
+        await model.respond(_tagged("ok-1"))
+        after = _server_properties(model)
+        assert after["pid"] not in (None, pid)
+        assert after["context_window"] == before["context_window"]
+    finally:
+        await model.aclose()
+    assert _server_properties(model) == dict.fromkeys(SERVER_PROPERTIES)
+
+
+def test_a_closed_model_starts_no_server_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aclose()`` closes the model for good: a run in another thread that comes after
+    it, and ``prepare()``, fail with a ``ProviderError`` saying so, and no server starts
+    (one started then would run, unseen, until the process exits)."""
+    model = python_server(tmp_path, monkeypatch, SCRIPTED_SERVER)
+    anyio.run(model.prepare)
+    anyio.run(model.aclose)
+    [outcome] = in_threads(lambda _: Chat(model=model).run_sync("Say ok-1."), 1)
+    assert type(outcome) is ProviderError, repr(outcome)
+    assert "was closed by aclose()" in str(outcome)
+    with pytest.raises(ProviderError, match="was closed by aclose"):
+        anyio.run(model.prepare, backend="trio")
+    assert _server_log(tmp_path) == []
+    assert _served(tmp_path) == []
+    assert _server_properties(model) == dict.fromkeys(SERVER_PROPERTIES)
+
+
+@attrs.define(eq=False)
+class _Call:
+    """One call of the lifecycle harness, and what came of it."""
+
+    how: str  # a key of CALLS, or "prepare"
+    tag: str  # what the server does with it (SCRIPTED_SERVER)
+    loop: str  # the event loop it runs in: "main", or a thread's own
+    began: float = 0.0
+    ended: float = 0.0
+    scope: anyio.CancelScope | None = None
+    cancelled: bool = False  # the harness cancelled it
+    outcome: BaseException | None = None
+
+
+_OWN = {
+    "ok": "answer",
+    "overflow": "overflow",
+    "refused": "refused",
+    "hold": None,
+    "onstopoverflow": "overflow",
+    "onstoprefused": "refused",
+}
+"""The outcome each tag's call gets from the server itself (``hold``: none)."""
+
+
+def _cause(call: _Call) -> str:
+    """What ended ``call``, as far as its outcome tells."""
+    if call.scope is not None and call.scope.cancelled_caught:
+        return "cancelled"
+    outcome = call.outcome
+    if outcome is None:
+        return "answer"
+    if isinstance(outcome, ProviderError) and outcome.status == 400:
+        overflow = isinstance(outcome, ContextWindowOverflowError)
+        return "overflow" if overflow else "refused"
+    text = str(outcome)
+    if type(outcome) is ProviderError and outcome.status is None:
+        if "stopped by aclose()" in text:
+            return "aclose"
+        if "was closed by aclose()" in text:
+            return "closed"
+        if "stopped during the call (killed by SIGKILL)" in text:
+            return "kill"
+    return repr(outcome)
+
+
+def _allowed(
+    call: _Call, log: list[str], closes: list[tuple[float, str]], kills: list[float], closed: float
+) -> set[str | None]:
+    """The causes that may have ended ``call``: the model closed alone when an
+    ``aclose()`` had returned (at ``closed``) before it began; its answer alone once the
+    server sent it (unless an ``aclose()`` in its event loop, which closes its client, or
+    the harness cancelled it); else also what came before it ended."""
+    own = _OWN[call.tag.split("-")[0]]
+    if closed < call.began:
+        return {"closed", "cancelled"} if call.cancelled else {"closed"}
+    client_closed = any(began < call.ended and loop == call.loop for began, loop in closes)
+    if f"sent {call.tag}" in log and not call.cancelled and not client_closed:
+        return {own}
+    allowed = {own}
+    if any(began < call.ended for began, _ in closes):
+        allowed |= {"aclose", "closed"}
+    if any(killed < call.ended for killed in kills):
+        allowed.add("kill")
+    if call.cancelled:
+        allowed.add("cancelled")
+    return allowed
+
+
+def _disagreements(model: LocalModel) -> list[dict[str, object]]:
+    """The properties, when they disagree with ``pid`` (read before and after them, the
+    same: no server started or died meanwhile)."""
+    pid = model.pid
+    seen = _server_properties(model)
+    if pid != model.pid or pid != seen["pid"]:
+        return []
+    running = [value is not None for value in seen.values()]
+    return [] if all(running) or not any(running) else [seen]
+
+
+async def _lifecycle_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rng: random.Random, backend: str
+) -> list[str]:
+    """One random interleaving of calls (in this event loop, or in a thread's own),
+    ``prepare()``, ``aclose()`` (here or in a thread), a ``kill -9`` of the server and
+    a cancellation, closed for good at its end: what went wrong."""
+    (tmp_path / "log").unlink(missing_ok=True)
+    model = python_server(tmp_path, monkeypatch, SCRIPTED_SERVER)
+    other = {"asyncio": "trio", "trio": "asyncio"}[backend]
+    closes: list[tuple[float, str]] = []  # when each aclose() began, and where
+    closed_at = [math.inf]  # when the first aclose() returned
+    kills: list[float] = []
+    calls: list[_Call] = []
+    problems: list[str] = []
+    for number in range(rng.randint(2, 5)):
+        how = rng.choice([*CALLS, "prepare"])
+        what = rng.choice(["ok", "hold"] if how in ("count", "prepare") else list(_OWN))
+        what = "ok" if how == "prepare" else what
+        loop = "main" if rng.random() < 0.6 else f"call {number}"
+        calls.append(_Call(how, f"{what}-{number}", loop))
+
+    async def run(call: _Call) -> None:
+        await anyio.sleep(rng.uniform(0, 0.8))
+        call.began = time.monotonic()
+        if call.how == "prepare":
+            work: Callable[[], Any] = model.prepare
+        else:
+            work = functools.partial(CALLS[call.how], model, _tagged(call.tag))
+
+        async def attempt() -> None:
+            try:
+                await work()
+            except Exception as error:
+                call.outcome = error
+
+        if call.loop == "main":
+            with anyio.CancelScope() as call.scope:
+                await attempt()
+        else:
+            await anyio.to_thread.run_sync(functools.partial(anyio.run, attempt, backend=other))
+        call.ended = time.monotonic()
+
+    async def close(loop: str) -> None:
+        closes.append((time.monotonic(), loop))
+        if loop == "main":
+            await model.aclose()
+        else:
+            await anyio.to_thread.run_sync(
+                functools.partial(anyio.run, model.aclose, backend=other)
+            )
+        closed_at[0] = min(closed_at[0], time.monotonic())
+
+    async def act(action: str) -> None:
+        await anyio.sleep(rng.uniform(0, 0.5))
+        if action == "kill" and (pid := model.pid) is not None:
+            kills.append(time.monotonic())
+            os.kill(pid, signal.SIGKILL)
+        elif action == "cancel":
+            mine = [call for call in calls if call.scope is not None]
+            if mine:
+                chosen = rng.choice(mine)
+                chosen.cancelled = True
+                chosen.scope.cancel()  # type: ignore[union-attr]
+        elif action == "aclose":
+            await close(rng.choice(["main", "closing"]))
+
+    closed = anyio.Event()  # for good, at the end
+    ended = anyio.Event()  # every call
+
+    async def watch() -> None:
+        """Checks the properties, and once the model is closed, that no server runs (one
+        that does is killed, so that the calls it holds end)."""
+        left: set[int] = set()
+        while not ended.is_set():
+            problems.extend(f"properties disagree: {seen}" for seen in _disagreements(model))
+            if closed.is_set():
+                for pid in set(_served(tmp_path)) - left:
+                    left.add(pid)
+                    problems.append(f"a server runs after aclose(): pid {pid}")
+                    os.kill(pid, signal.SIGKILL)
+            await anyio.sleep(0.005)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        async with anyio.create_task_group() as running:
+            for call in calls:
+                running.start_soon(run, call)
+            async with anyio.create_task_group() as actions:
+                for action in ("kill", "cancel", "aclose"):
+                    if rng.random() < 0.5:
+                        actions.start_soon(act, action)
+            while not all(call.began for call in calls):  # noqa: ASYNC110 - no event
+                await anyio.sleep(0.01)
+            await close(rng.choice(["main", "closing at the end"]))
+            if _server_properties(model) != dict.fromkeys(SERVER_PROPERTIES):
+                problems.append(f"a closed model reports {_server_properties(model)}")
+            closed.set()
+        ended.set()
+    log = _server_log(tmp_path)
+    for call in calls:
+        cause = _cause(call)
+        if cause not in _allowed(call, log, closes, kills, closed_at[0]):
+            problems.append(f"{call.how} {call.tag} in {call.loop}: {cause}")
+    return problems
+
+
+@pytest.mark.parametrize("seed", range(2))
+async def test_calls_closes_and_kills_in_any_order_report_their_own_causes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str, seed: int
+) -> None:
+    """Random interleavings of calls, ``prepare()``, ``aclose()`` and ``kill -9``, in
+    this event loop and in threads' own (the other backend's): no call reports another
+    cause than its own (the server's answer once sent, else what came before it ended),
+    the properties agree with ``pid`` throughout, and no server runs after
+    ``aclose()``."""
+    rng = random.Random(f"{anyio_backend} {seed}")
+    for _ in range(4):
+        assert await _lifecycle_round(tmp_path, monkeypatch, rng, anyio_backend) == []
 
 
 DEAF = 'trap "" TERM; echo $$ > "$(dirname "$0")/pid"; exec sleep 60'

@@ -6,7 +6,8 @@ a GGUF file — by default the SmolLM2-135M-Instruct file shipped in ``llm-smoll
 own so that no other client can use it, waits until it answers ``/health`` and holds
 that key (see :func:`_is_ready`), reads the window from ``GET /v1/models`` and talks to
 the server through :class:`~littleghost.models.openai.OpenAIModel`. ``aclose()`` stops
-the server by its process id; at interpreter exit any server still running is killed.
+the server by its process id, and no server starts after it; at interpreter exit any
+server still running is killed.
 On POSIX systems a guardian in the server's process group kills the group once the
 process that started it ends, however it ends (SIGKILL included): see :data:`_LAUNCH`.
 
@@ -430,9 +431,13 @@ def _poll(process: subprocess.Popen[bytes]) -> int | None:
 
 
 def _exit_code(process: subprocess.Popen[bytes], wait: float) -> int | None:
-    """``process``'s exit code once it exits within ``wait`` seconds (see :func:`_poll`)."""
+    """``process``'s exit code once it exits within ``wait`` seconds (see :func:`_poll`),
+    also while another thread reaps it (``aclose()``; ``Popen.poll`` then gives none)."""
     _ended(process, wait)
-    return _poll(process)
+    if not _exited(process):
+        return None
+    _poll(process)
+    return process.wait()
 
 
 def _terminate(process: subprocess.Popen[bytes], wait: float) -> None:
@@ -552,11 +557,32 @@ class _Server:
     dropped: weakref.finalize[Any, Any]
     """Kills it if its model is dropped unclosed; detached once it is stopped and reaped."""
     closed: bool = False
-    """Set by ``aclose()``: a call it was serving fails as stopped by ``aclose()``."""
+    """Set by ``aclose()`` when it stops the process (not one that had exited): a call
+    it was serving that loses its connection then was stopped by it
+    (:func:`_lost_to_close`)."""
 
     @property
     def base_url(self) -> str:
         return _base_url(self.port)
+
+
+_CLOSED_CLIENT = "client has been closed"
+"""What the HTTP client (httpx) says, as a ``RuntimeError``, to a request sent through it
+once closed: ``aclose()`` closed the running event loop's client under the call."""
+_LOST = frozenset({"connection_lost", "connection_error", "incomplete_stream"})
+"""The codes of the errors a call gets from a server that stops under it: its connection
+reset or closed (the stream cut), or refused once the server is gone."""
+
+
+def _lost_to_close(error: Exception, server: _Server) -> bool:
+    """Whether ``error`` is what a call on ``server`` gets from ``aclose()``: the closed
+    client's own ``RuntimeError``, or, once ``aclose()`` stopped the server while it
+    ran (``closed``), the connection lost or refused (no answer with a status). An
+    answer the server gave (an overflow, a 4xx), a timeout or any other error is its
+    own."""
+    if isinstance(error, ProviderUnavailableError):
+        return server.closed and error.status is None and error.code in _LOST
+    return type(error) is RuntimeError and _CLOSED_CLIENT in str(error)
 
 
 @define(eq=False)
@@ -586,7 +612,8 @@ class LocalModel:
             (600 s, 5 s to connect).
 
     The server starts in ``prepare()`` (or on the first call); ``context_window`` is
-    the ``n_ctx`` the server reports, ``None`` before it runs. ``aclose()`` stops it.
+    the ``n_ctx`` the server reports, ``None`` while none runs (before it starts, once
+    it has died). ``aclose()`` stops it and closes the model for good.
     Settings go to the server as ``OpenAIModel``'s do; one another provider takes that
     the server would ignore (vLLM's ``repetition_penalty``, Anthropic's
     ``stop_sequences``) is a ``ConfigurationError`` naming the server's own, when it has
@@ -640,6 +667,8 @@ class LocalModel:
         """Guards ``_server`` and ``_starting`` (callers may run in several threads)."""
         self._server: _Server | None = None
         self._starting: _Start | None = None
+        self._closed = False
+        """Set by ``aclose()``, for good: no server starts after it."""
         _MODELS.add(self)
 
     def _forget_in_child(self) -> None:
@@ -667,41 +696,48 @@ class LocalModel:
         """The llama.cpp server this model starts (see :func:`server_executable`)."""
         return self._executable
 
+    def _running(self) -> _Server | None:
+        """The server while its process runs, ``None`` once it has exited (crashed,
+        killed) or ``aclose()`` took it: what every property below reports on, at once
+        (the process is looked at, not waited for nor signalled)."""
+        server = self._server
+        return server if server is not None and not _exited(server.process) else None
+
     @property
     def context_window(self) -> int | None:
         """The ``n_ctx`` the running server reports; ``None`` while no server runs."""
-        server = self._server
+        server = self._running()
         return server.context_window if server is not None else None
 
     @property
     def base_url(self) -> str | None:
         """The running server's OpenAI-compatible URL (``http://127.0.0.1:PORT/v1``)."""
-        server = self._server
+        server = self._running()
         return server.base_url if server is not None else None
 
     @property
     def server_address(self) -> str | None:
         """The running server's address (for ``server.address``); ``None`` while none runs."""
-        return _HOST if self._server is not None else None
+        return _HOST if self._running() is not None else None
 
     @property
     def server_port(self) -> int | None:
         """The running server's port (for ``server.port``); ``None`` while none runs."""
-        server = self._server
+        server = self._running()
         return server.port if server is not None else None
 
     @property
     def api_key(self) -> str | None:
         """The running server's API key, random per server: ``base_url`` serves only
         requests that send it (``Authorization: Bearer <key>``)."""
-        server = self._server
+        server = self._running()
         return server.key if server is not None else None
 
     @property
     def pid(self) -> int | None:
         """The running server's process id, if one runs."""
-        server = self._server
-        return server.process.pid if server is not None and _poll(server.process) is None else None
+        server = self._running()
+        return server.process.pid if server is not None else None
 
     def _command(self, port: int) -> list[str]:
         command = [
@@ -730,7 +766,7 @@ class LocalModel:
         Raises:
             ProviderError: The server exited before it was ready, or did not get ready
                 within ``START_TIMEOUT`` seconds (its last output is in the message), or
-                ``aclose()`` stopped it while it was starting.
+                ``aclose()`` stopped it while it was starting, or had closed the model.
         """
         await self._ready_server()
 
@@ -738,6 +774,8 @@ class LocalModel:
         """The running server, started first unless it runs (see :meth:`prepare`)."""
         while True:
             with self._lock:
+                if self._closed:
+                    raise self._closed_error()
                 server = self._server
                 if server is not None and _poll(server.process) is None:
                     return server
@@ -802,6 +840,13 @@ class LocalModel:
         )
         return server
 
+    def _closed_error(self) -> ProviderError:
+        return ProviderError(
+            f"local: the LocalModel of {self._path.name} was closed by aclose(), and starts "
+            "no server again; make a new LocalModel",
+            provider=self.provider,
+        )
+
     def _closed_while_starting(self) -> ProviderError:
         return ProviderError(
             f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
@@ -857,26 +902,31 @@ class LocalModel:
 
     async def _call_failure(self, server: _Server, error: Exception) -> ProviderError | None:
         """The clear error for a call on ``server`` that failed with ``error``: stopped
-        by ``aclose()`` (whatever the HTTP client then raised), or stopped during the
-        call (see :meth:`_stopped_error`); ``None`` when ``error`` says it all."""
-        if server.closed:
-            return ProviderError(
-                f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
-                "during the call",
-                provider=self.provider,
-                usage=error.usage if isinstance(error, ProviderError) else None,
-            )
+        by ``aclose()`` (the connection or client it lost then, :func:`_lost_to_close`),
+        or stopped during the call (see :meth:`_stopped_error`); ``None`` when ``error``
+        says it all (an answer of the server, a timeout, ...)."""
+        if _lost_to_close(error, server):
+            return self._closed_during_call(error)
         if isinstance(error, ProviderUnavailableError):
             return await self._stopped_error(server, error)
         return None
+
+    def _closed_during_call(self, error: Exception) -> ProviderError:
+        return ProviderError(
+            f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
+            "during the call",
+            provider=self.provider,
+            usage=error.usage if isinstance(error, ProviderError) else None,
+        )
 
     async def _stopped_error(
         self, server: _Server, error: ProviderUnavailableError
     ) -> ProviderError | None:
         """A clear error when the server died during a call (it lost the connection: a
         server that answered a status, or held the connection open past
-        ``request_timeout``, still runs), seen within a second; ``None`` when it still
-        runs. A deadline or cancellation ends the wait at once."""
+        ``request_timeout``, still runs), seen within a second (one ``aclose()`` stopped
+        meanwhile was stopped by it); ``None`` when it still runs. A deadline or
+        cancellation ends the wait at once."""
         if error.status is not None or error.code == "timeout":
             return None
         code = await anyio.to_thread.run_sync(
@@ -884,12 +934,14 @@ class LocalModel:
         )
         if code is None:
             return None
+        if server.closed:
+            return self._closed_during_call(error)
         self._forget(server)
         await anyio.sleep(0.1)  # let the output thread read the last lines
+        then = "the model is closed" if self._closed else "the next call starts it again"
         return ProviderError(
             f"local: the llama.cpp server (pid {server.process.pid}) stopped during the call "
-            f"({_exit_description(code)}); the next call starts it again; "
-            f"{_last_output(server.output)}",
+            f"({_exit_description(code)}); {then}; {_last_output(server.output)}",
             provider=self.provider,
             usage=error.usage,  # what the call reported before the server stopped: billed
         )
@@ -930,19 +982,24 @@ class LocalModel:
 
     async def aclose(self) -> None:
         """Stop the server by the caller's deadline (SIGTERM to its own pid, then SIGKILL
-        after ``STOP_TIMEOUT`` or sooner, as the deadline nears).
+        after ``STOP_TIMEOUT`` or sooner, as the deadline nears), and close the model for
+        good: a later ``prepare()`` or call, in any task or thread, raises a
+        ``ProviderError`` and starts no server.
 
         A start in progress, in any task or thread, then fails with a ``ProviderError``;
-        this waits until it has stopped its server. A call the server was serving fails
-        with a ``ProviderError`` saying that ``aclose()`` stopped it (not retried).
+        this waits until it has stopped its server. A call the server was serving that
+        loses its connection as it stops fails with a ``ProviderError`` saying that
+        ``aclose()`` stopped it (not retried); an answer the server gave (an overflow, a
+        4xx) stays what it is.
         """
         with self._lock:
-            server = self._server
+            self._closed = True
+            server, self._server = self._server, None
             start = self._starting
             if start is not None:
                 start.closed = True
             if server is not None:
-                server.closed = True
+                server.closed = not _exited(server.process)  # else it had stopped on its own
         if start is not None:
             await start.done.wait()
         if server is None:
