@@ -13,6 +13,7 @@ from typing import Any
 from uuid import uuid4
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import pytest
 
@@ -359,6 +360,32 @@ async def test_a_server_that_cannot_answer_yet_is_asked_for_its_window_again(
         assert result.output == "They talked about order 42."
         assert model.context_window == 512
     assert server.count("/v1/models") == 2
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_window_read_that_aclose_cut_is_read_again(
+    serve: Callable[..., LocalServer],
+    models: Callable[..., OpenAIModel],
+    claudes: Callable[..., AnthropicModel],
+    provider: str,
+) -> None:
+    """``aclose()`` in the event loop of a ``prepare()``, at any point of it: the next
+    ``prepare()`` reads the window (one whose request found the client closed stayed
+    unknown for the model's life, which ``aclose()`` does not end)."""
+    server = serve({"/v1/models": llama_cpp(512)})
+    for steps in range(12):
+        model = models("m", server.openai_url) if provider == "openai" else claudes("m", server.url)
+
+        async def close(model: OpenAIModel | AnthropicModel = model, steps: int = steps) -> None:
+            for _ in range(steps):
+                await anyio.lowlevel.checkpoint()
+            await model.aclose()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(close)
+            await model.prepare()
+        await model.prepare()
+        assert model.context_window == 512, steps
 
 
 async def test_a_refused_connection_is_no_error(models: Callable[..., OpenAIModel]) -> None:

@@ -47,7 +47,7 @@ from littleghost import logs
 from littleghost._validators import is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import Signal
-from littleghost.models._sdk import check_request_timeout, import_sdk
+from littleghost.models._sdk import check_request_timeout, closed_client, import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.served_window import reported_window
@@ -566,9 +566,6 @@ class _Server:
         return _base_url(self.port)
 
 
-_CLOSED_CLIENT = "client has been closed"
-"""What the HTTP client (httpx) says, as a ``RuntimeError``, to a request sent through it
-once closed: ``aclose()`` closed the running event loop's client under the call."""
 _LOST = frozenset({"connection_lost", "connection_error", "incomplete_stream"})
 """The codes of the errors a call gets from a server that stops under it: its connection
 reset or closed (the stream cut), or refused once the server is gone."""
@@ -582,7 +579,7 @@ def _lost_to_close(error: Exception, server: _Server) -> bool:
     own."""
     if isinstance(error, ProviderUnavailableError):
         return server.closed and error.status is None and error.code in _LOST
-    return type(error) is RuntimeError and _CLOSED_CLIENT in str(error)
+    return closed_client(error)
 
 
 @define(eq=False)

@@ -3,7 +3,8 @@
 ``OpenAIModel`` and ``AnthropicModel`` ask a server other than their provider's own API
 (llama.cpp, vLLM, a gateway) for its window when they are given none; a failure, a
 silence past the timeout or an answer without a window only leaves it unknown, for good
-but for a server that could not answer yet (``for_now``), which is asked again.
+but for a server that could not answer yet (``for_now``), or a read the model's
+``aclose()`` cut (its client closed under it): it is asked again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import anyio
 from littleghost._validators import is_token_count
 from littleghost.errors import ProviderError
 from littleghost.models._loops import LoopClients, Signal
-from littleghost.models._sdk import ABSENT
+from littleghost.models._sdk import ABSENT, closed_client
 from littleghost.sessions.forks import reset_in_child
 
 __all__ = ["MODELS_TIMEOUT", "ServedWindow", "for_now", "reported_window"]
@@ -68,7 +69,8 @@ def for_now(error: ProviderError | None) -> bool:
 
 class ServedWindow:
     """The window one model's server reports (``window``, ``None`` until read or when it
-    gives none), read once, or again after a failure ``for_now``.
+    gives none), read once, or again after a failure ``for_now`` or a read ``aclose()``
+    cut.
 
     Args:
         provider: The model's provider, for the log.
@@ -144,7 +146,7 @@ class ServedWindow:
             try:
                 body = await client.get(path, cast_to=object)
             except Exception as error:  # cancellation is not an Exception: it propagates
-                again = for_now(mapped(error))
+                again = closed_client(error) or for_now(mapped(error))
                 self._logger.debug(
                     "%s: GET /models for %r failed (%s); its window is not read from the server%s",
                     self._provider,
