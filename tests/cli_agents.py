@@ -111,6 +111,26 @@ class BoundedStaffed(Bounded):
     model = scripted()
 
 
+PICKED = ScriptedModel([respond] * 200, name="picked", context_window=1_500)
+"""The model ``Picking`` runs with."""
+
+
+class Picking(Support):
+    """``Support`` whose class picks its model itself: its ``model`` string (another
+    window, a provider taking schemas natively) is not what its runs use."""
+
+    model = "anthropic:claude-sonnet-4-5"
+
+    def resolve_model(self) -> ScriptedModel:
+        return PICKED
+
+
+class TypedPicking(Picking):
+    """``Picking`` with a typed result."""
+
+    output_type = dict[str, int]
+
+
 class Typed(Support):
     """Support with a typed result."""
 

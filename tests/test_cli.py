@@ -817,8 +817,38 @@ class TestView:
         viewed with the final-result tool, as its run asks; OpenAI takes it natively."""
         agent = Agent(model=model, output_type=dict[str, int])
         assert agent.output is not None
-        plan, assumed = _output_plan(agent, agent.output)
+        plan, assumed = _output_plan(agent, agent.output, agent.model)
         assert (plan.native, assumed) == (native, False)
+
+    def test_a_class_picking_its_model_is_viewed_and_compacted_with_it(
+        self, tmp_path: Path
+    ) -> None:
+        """A class overriding ``resolve_model()`` runs with what it returns: ``view`` and
+        ``compact --dry-run`` sized the window from its ``model`` string (another
+        provider's documented window) and asked for its output as for that string."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        in_store(url, store_conversation, "customer-42")
+        picked = {"tokens": 1_500, "source": "advertised by the model picked"}
+        args = ("sessions", "view", "customer-42", "--store", url, "--json", "--agent")
+        document = json.loads(ok(*args, "tests.cli_agents:Picking").stdout)
+        assert (document["window"], document["threshold"]["tokens"]) == (picked, 750)
+        typed = json.loads(ok(*args, "tests.cli_agents:TypedPicking").stdout)
+        assert typed["window"] == picked and typed["notes"] == []
+        cli_agents.PICKED.requests.clear()
+
+        async def run(store: SessionStore) -> None:
+            runner = cli_agents.TypedPicking(session_store=store)
+            await runner.run("One more thing.", session_id="customer-42")
+
+        with pytest.raises(OutputValidationError):  # its answers are no dict: asked all the same
+            in_store(url, run)
+        request = next(r for r in cli_agents.PICKED.requests if r.purpose == "chat")
+        assert typed["tools_and_settings_tokens"] == estimate_request(
+            (), request.tools, request.settings, output_schema=request.output_schema
+        )
+        compact = ("sessions", "compact", "customer-42", "--store", url, "--dry-run", "--agent")
+        out = ok(*compact, "tests.cli_agents:Picking").stdout
+        assert "(window 1500 tokens, advertised by the model picked)" in out, out
 
 
 class TestCompact:

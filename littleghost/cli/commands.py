@@ -28,7 +28,7 @@ from littleghost.cli.log import log_document, print_log
 from littleghost.cli.output import Output, escape_unwritable, one_line, shell_word, shown
 from littleghost.cli.stores import StoreAddress, store_address
 from littleghost.cli.view import print_view, view_document
-from littleghost.cli.window import window_of
+from littleghost.cli.window import run_model, window_of
 from littleghost.errors import LittleGhostError
 from littleghost.sessions.base import check_session_id
 
@@ -415,9 +415,10 @@ def view(
     agent = None if agent_type is None else _instance(agent_type)
 
     async def read() -> dict[str, Any]:
-        used = window_of(agent, window)  # may ask the model (the agent's code) its window
+        declared = run_model(agent)  # may call the class's resolve_model (the agent's code)
+        used = window_of(agent, window, declared)  # may ask the model its window
         log = await address.log(session_id)
-        return view_document(session_id, log, agent, used, next_message)
+        return view_document(session_id, log, agent, used, next_message, declared)
 
     _write(_run(read, agents_code=True), as_json, print_view)
 

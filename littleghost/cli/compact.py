@@ -15,7 +15,7 @@ from littleghost.cli.holding import held
 from littleghost.cli.log import describe_record, positions
 from littleghost.cli.output import Output, shell_word, shown
 from littleghost.cli.stores import StoreAddress
-from littleghost.cli.window import Window, window_of
+from littleghost.cli.window import Window, run_model, window_of
 from littleghost.context.attempts import ViewChange, requested_compaction, view_change
 from littleghost.context.compaction import check_smaller
 from littleghost.context.config import context_config
@@ -76,11 +76,12 @@ async def compact_document(
     # The model is made only to summarize or to learn its window: with the window known
     # without it, and the view sized as with it (a budget's is by a calibration kept per
     # model), nothing to cover needs none.
+    declared = run_model(agent)  # a run's: a class's own resolve_model() is called here
     known = window is not None or config.context_window_override is not None
-    sized_alike = config.budget is None or isinstance(agent.model, Model)
+    sized_alike = config.budget is None or isinstance(declared, Model)
     if dry_run or not config.summarize or (known and sized_alike):
         advance(1 if dry_run else 0, "choosing what to cover")
-        used = window_of(agent, window)
+        used = window_of(agent, window, declared)
         records = await managed_records(
             log,
             config,
@@ -88,7 +89,7 @@ async def compact_document(
             complete=_write_nothing,
             settings=agent.run_settings(),
             max_tool_result_tokens=agent.max_tool_result_tokens,
-            model=agent.model if isinstance(agent.model, Model) else None,  # not made here
+            model=declared if isinstance(declared, Model) else None,  # none made here
         )
         if dry_run or not records:  # summarize=False covers nothing
             change = view_change(log, records, config.tokenizer)
@@ -99,14 +100,14 @@ async def compact_document(
     # its span, the parent of its summary calls' spans, named as they and its log lines are
     with requested_compaction(telemetry.run_names(agent.name, session_id)) as found:
         async with agent:
-            model = agent._resolved_model()
+            model = declared if isinstance(declared, Model) else agent._resolved_model()
             # started here only to learn its window; else by the first summary call, if any
             if window is None and config.context_window_override is None:
                 advance(1, "starting the model")
                 await prepare(model)
             else:
                 advance(1, "")
-            used = window_of(agent, window, model)
+            used = window_of(agent, window, model, started=True)
             found.window = used.tokens
             advance(1, "waiting for the session")  # a run may hold it
             async with (

@@ -13,7 +13,7 @@ from littleghost.capabilities import hook_plan
 from littleghost.cli.agents import agent_spec
 from littleghost.cli.log import EXCERPT_CHARS, arguments_json, reasoning_label, tool_name
 from littleghost.cli.output import SHORT_ID, Output, excerpt, quoted, shell_word, shown
-from littleghost.cli.window import Window
+from littleghost.cli.window import Window, run_model
 from littleghost.context.budget import EXCERPTS_KEY, MEMORIES_KEY
 from littleghost.context.config import ContextManagement, context_config
 from littleghost.context.outside import preview_request
@@ -56,11 +56,14 @@ def view_document(
     agent: Agent | None,
     window: Window,
     next_message: str | None,
+    model: str | Model | None = None,
 ) -> dict[str, Any]:
     """What the next run's first model call would send, as the run builds it (before the
     class's own hooks): the instructions, the view of the log (with the results a run
     adds for calls left open, and ``next_message``), clipped and bounded by
-    ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone."""
+    ``@manage_context``; without an agent, a default ``@manage_context`` on the log alone.
+    ``model`` is the model a run would use (by default ``run_model(agent)``'s)."""
+    declared = run_model(agent) if model is None else model
     logged = distinct_ids(
         [entry.message for entry in log], f"session {shell_word(session_id, in_prose=True)}"
     )
@@ -89,7 +92,7 @@ def view_document(
             "run only: what they do is not shown"
         )
     if agent is not None and agent.output is not None:
-        plan, assumed = _output_plan(agent, agent.output)
+        plan, assumed = _output_plan(agent, agent.output, declared)
         request = plan.request(request)  # as the run asks for it, before the hooks
         if assumed:
             notes.append(
@@ -105,7 +108,7 @@ def view_document(
             config,
             window.tokens,
             max_tool_result_tokens=limit,
-            model=agent.model if agent is not None and isinstance(agent.model, Model) else None,
+            model=declared if isinstance(declared, Model) else None,
         )
     except PromptBudgetError as error:  # what the view assumed may be why
         if not notes:
@@ -153,12 +156,15 @@ def view_document(
     }
 
 
-def _output_plan(agent: Agent, output: OutputType) -> tuple[OutputPlan, bool]:
-    """How the next run asks for ``output`` (as ``plan_output`` decides), without making
-    the model: a model string of a built-in provider takes an output schema its provider
-    takes natively; for any other string (or none), the final-result tool is assumed
+def _output_plan(
+    agent: Agent, output: OutputType, declared: str | Model | None
+) -> tuple[OutputPlan, bool]:
+    """How the next run asks for ``output`` (as ``plan_output`` decides) of ``declared``,
+    the model it would use (``run_model``), without making one of a model string: a
+    model string of a built-in provider takes an output schema its provider takes
+    natively; for any other string (or none), the final-result tool is assumed
     (``True``)."""
-    declared, strategy = agent.model, agent.output_strategy
+    strategy = agent.output_strategy
     if isinstance(declared, Model):
         plan = plan_output(output, strategy, declared)
         assert plan is not None  # there is an output
