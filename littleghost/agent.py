@@ -325,8 +325,9 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
 def _check_local_settings(cls: type[Agent]) -> None:
     """``check_local_settings`` of the class's settings when its model (a model string, or
     a model) is littleghost's ``LocalModel``: a setting it would ignore fails at class
-    definition, not as a run starts."""
-    if is_local_model(cls.model):
+    definition, not as a run starts (a class's own ``resolve_model()`` picks the model
+    its runs use: that one is checked as each starts)."""
+    if cls.resolve_model is Agent.resolve_model and is_local_model(cls.model):
         check_local_settings(f"{_owner(cls, 'settings').__name__}.settings", cls.settings)
 
 
@@ -861,7 +862,8 @@ class Agent:
         else:
             self._tool_index = cls.__littleghost_tool_index__
         _check_context_management(self, self.context_management)  # as set on the class since
-        if {"model", "settings"} & given.keys() and is_local_model(self.model):
+        own_pick = type(self).resolve_model is not Agent.resolve_model  # checked as runs start
+        if {"model", "settings"} & given.keys() and not own_pick and is_local_model(self.model):
             check_local_settings(self._settings_owner, self.settings)  # as the class's were
         if self.output is not None:
             check_tool_names(type(self).__name__, self._tool_index)

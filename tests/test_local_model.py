@@ -43,7 +43,7 @@ from littleghost.errors import (
     ProviderError,
 )
 from littleghost.events import TextDelta
-from littleghost.models import ModelRequest, StopReason, register_provider, registry, resolve
+from littleghost.models import Model, ModelRequest, StopReason, register_provider, registry, resolve
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.local import SERVER_ENV, LocalModel, default_model_path
 from littleghost.models.openai import OpenAIModel
@@ -762,6 +762,38 @@ def test_another_provider_s_setting_the_server_ignores_fails_at_class_definition
         "extra_body": {key: 1},
     }
     type("Taken", (Agent,), {"model": "local", "settings": taken})
+
+
+def _picking(picked: Model) -> type[Agent]:
+    """A class that picks ``picked`` itself: its ``"local"`` string is not what runs use."""
+
+    class Picking(Agent):
+        model = "local"
+        settings = {"stop_sequences": ["x"]}
+
+        def resolve_model(self) -> Model:
+            return picked
+
+    return Picking
+
+
+def test_a_class_picking_its_model_is_checked_against_the_model_it_picks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class overriding ``resolve_model()`` does not run with its ``model`` string: its
+    ``"local"`` string no longer refuses it (or its agent given settings) at definition;
+    the model it picks is checked as a run starts, a local one refused before its server
+    starts."""
+    scripted = ScriptedModel([text_response("a"), text_response("b")])
+    assert _picking(scripted)().run_sync("hi").output == "a"
+    made = _picking(scripted)(settings={"stop_sequences": ["y"]})
+    assert made.run_sync("hi").output == "b"
+    assert [r.settings["stop_sequences"] for r in scripted.requests] == [["x"], ["y"]]
+    starts = tmp_path / "starts"
+    local = _picking(fake_server(tmp_path, monkeypatch, f"echo start >> {starts}; exit 3"))
+    with pytest.raises(ConfigurationError, match=r"^settings: 'stop_sequences' is"):
+        local().run_sync("hi")
+    assert not starts.exists()
 
 
 class _OwnLocal(ScriptedModel):
