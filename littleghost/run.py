@@ -6,7 +6,7 @@ import enum
 import math
 import time
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -161,8 +161,10 @@ class RunContext:
     _ended: bool = field(default=False, repr=False, init=False)
     """True once the run has ended: its context appends nothing more."""
     _held: list[Event] = field(factory=list, repr=False, init=False)
-    """Events a cancellation kept from the consumer (a cut side call's): nothing can be
-    awaited under it, so the run's next event brings them first."""
+    """Events a cancellation kept from the consumer (a cut side call's, a failing tool
+    batch's results stored as it ended): nothing can be awaited under it, so the run's
+    next event brings them first, or, the run failing, the stream hands those of the log
+    (``LOGGED_EVENTS``) over before its error."""
     _doing: Callable[[], str] = field(default=lambda: "starting", repr=False, init=False)
     """What the run is doing, for the error of a deadline that cuts it."""
     _turn_retries: int = field(default=0, repr=False, init=False)
@@ -393,6 +395,12 @@ class RunContext:
         cleanup) is not what the deadline cut."""
         deadline = self.grace.run_deadline
         return deadline is not None and anyio.current_time() >= deadline
+
+    def _hold(self, events: Iterable[Event]) -> None:
+        """Hold ``events`` for the consumer (``_held``), if there is one, without waiting
+        for it: the run is failing or stopping."""
+        if self.streaming:
+            self._held.extend(events)
 
     async def _side_call_ended(self, event: SideCallFinished, error: BaseException) -> None:
         """Emit a side call's ``event`` about ``error``; hold it for the run's next event

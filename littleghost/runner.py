@@ -864,10 +864,14 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     fails meanwhile, no call starts any more, and the calls not stored yet are stored
     all the same (within the cleanup grace), in call order: the finished ones with
     their result (or, stopped in their ``after_tool`` hooks, as withheld), the others
-    answered as stopped.
+    answered as stopped. Each call whose ``ToolCallStarted`` went out and whose answer
+    the log then holds has its ``ToolCallFinished`` held for the consumer
+    (``RunContext._hold``, never awaited) if it was not handed over yet.
     """
     answers: list[Message | None] = [None] * len(calls)
     finished = [False] * len(calls)
+    told = [False] * len(calls)  # its ToolCallStarted went out
+    handed = [False] * len(calls)  # its ToolCallFinished went out (or was cut and kept)
     start = len(context.messages)
     stored = 0
     storing = anyio.Lock()
@@ -876,19 +880,23 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     async def store_ready() -> None:
         nonlocal stored
         async with storing:
-            end = stored
+            first = end = stored
             while end < len(answers) and answers[end] is not None:
                 end += 1
-            ready = [answer for answer in answers[stored:end] if answer is not None]
+            ready = [answer for answer in answers[first:end] if answer is not None]
             await context._append(tuple(ready), batch=True)
             stored = end
-            for answer in ready:
+            for index, answer in enumerate(ready, first):
+                handed[index] = True  # a cancellation cutting it keeps it (emit)
                 await context.emit(ToolCallFinished(answer.tool_results[0]))
 
     async def run_one(index: int, call: ToolCall) -> None:
+        def telling() -> None:
+            told[index] = True
+
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
-            result = await _run_tool(agent, call, calls, context)
+            result = await _run_tool(agent, call, calls, context, telling)
             finished[index] = True
             result = await _after_tool(agent, result, context)
             answers[index] = Message(Role.TOOL, (result,))
@@ -925,29 +933,42 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
         # a write cut off by the stop may have put some in the log all the same. The calls
         # not stored yet follow the stored ones: finished ones with their result (or as
         # withheld), the others answered as stopped, in call order.
-        logged = {message.id for message in context.messages[start:]}
-        unstored = [
+        answered = [
             answer or Message.tool(call.id, WITHHELD_TEXT if done else STOPPED_TEXT, is_error=True)
             for call, answer, done in zip(calls, answers, finished, strict=True)
-            if answer is None or answer.id not in logged
         ]
-        if unstored and not context.grace.uncertain:
-            store = context._append(tuple(unstored), batch=True)
-            await context.grace.finish("storing the batch's results", store)
+        logged = {message.id for message in context.messages[start:]}
+        unstored = [answer for answer in answered if answer.id not in logged]
+        try:
+            if unstored and not context.grace.uncertain:
+                store = context._append(tuple(unstored), batch=True)
+                await context.grace.finish("storing the batch's results", store)
+        finally:  # a consumer mirroring the log from the events is told what is in it
+            logged = {message.id for message in context.messages[start:]}
+            context._hold(
+                ToolCallFinished(answer.tool_results[0])
+                for answer, said, sent in zip(answered, told, handed, strict=True)
+                if said and not sent and answer.id in logged
+            )
     if failures:
         raise failures[0]
 
 
 async def _run_tool(
-    agent: Agent, call: ToolCall, batch: Sequence[ToolCall], context: RunContext
+    agent: Agent,
+    call: ToolCall,
+    batch: Sequence[ToolCall],
+    context: RunContext,
+    telling: Callable[[], None],
 ) -> ToolResult:
     """Run ``call`` of the logged ``batch`` (its ``before_tool`` hooks first): the tool's
-    result, whole."""
+    result, whole. ``telling`` is called as its ``ToolCallStarted`` goes out."""
     original_id, asked = call.id, call.name
     before = _hooks(agent, context, "before_tool")
     call = await run_chain(before, call, expected=ToolCall, context=context)
     if call.id != original_id:  # a hook's new id: the event pairs with the logged call
         call = attrs.evolve(call, id=original_id)
+    telling()
     await context.emit(ToolCallStarted(call))
     found = agent.find_tool(call.name)
     if (

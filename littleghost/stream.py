@@ -10,7 +10,9 @@ Leaving the ``async with`` block early cancels that task: the model call in flig
 cancelled, and the log keeps every completed message (a tool call the stop left without
 a result gets an appended error result); ``aclose()`` stops it so inside the block.
 An event whose hand-over a cancellation inside the run cut before the consumer took it
-(a tool's timeout, as its side call's event went out) goes out before the next one.
+(a tool's timeout, as its side call's event went out) goes out before the next one; when
+the run fails, those of what the log holds (a tool batch's results stored as it ended)
+go out before its error.
 What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
 dropped: leaving the block raises it; when the block raises its own exception,
@@ -31,7 +33,13 @@ from attrs import define
 
 from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import StreamStateError
-from littleghost.events import Event, RunFinished
+from littleghost.events import (
+    Event,
+    ModelCallFinished,
+    RunFinished,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from littleghost.messages import Message
 from littleghost.run import OutputT, RunContext, RunResult
 from littleghost.runner import RunPlan, run
@@ -41,6 +49,11 @@ if TYPE_CHECKING:
     from littleghost.agent import Agent
 
 __all__ = ["RunStream", "StreamStateError"]
+
+LOGGED_EVENTS = (ModelCallFinished, ToolCallStarted, ToolCallFinished)
+"""The events a consumer mirrors the log from: those a failed run could not hand over
+(a cancellation cut them, or its tool batch stored its results as it ended) go out
+before its error; the others it held (a side call's, say) do not."""
 
 
 @define
@@ -66,6 +79,9 @@ class RunStream(Generic[OutputT]):
         self._receive: MemoryObjectReceiveStream[_Handed] | None = None
         self._unsent: list[Event] = []
         """Events a cancellation cut on their way to the consumer, oldest first."""
+        self._left: list[Event] = []
+        """The ``LOGGED_EVENTS`` a failed run could not hand over, to go out before its
+        error."""
         self._entered = False
         self._exited = False
         self._waiter: Waiter | None = None
@@ -147,6 +163,8 @@ class RunStream(Generic[OutputT]):
                 # Handed to the consumer, not to the task group (which would drop a stray
                 # cancellation, and wrap anything else in an exception group).
                 self._error = error
+                held = [] if self._context is None else self._context._held
+                self._left = [e for e in [*self._unsent, *held] if isinstance(e, LOGGED_EVENTS)]
                 return
             finally:
                 self._held.set()  # ended before it held its session: the block goes on
@@ -201,6 +219,8 @@ class RunStream(Generic[OutputT]):
         else:
             handed.taken = True
             return handed.event
+        if self._error is not None and self._left:
+            return self._left.pop(0)  # what the log holds, before the error
         if self._error is not None:
             self._raised = True
             if isinstance(self._error, StopAsyncIteration):  # it would end the loop quietly
