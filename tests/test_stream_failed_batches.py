@@ -13,7 +13,13 @@ import pytest
 
 from littleghost import Agent, RunContext, ToolResult, after_tool, tool
 from littleghost.errors import DeadlineExceededError
-from littleghost.events import Event, ToolCallFinished, ToolCallStarted
+from littleghost.events import (
+    Event,
+    ModelCallFinished,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from littleghost.messages import Message
 from littleghost.testing import ScriptedModel, text_response, tool_calls_response
 
@@ -140,3 +146,19 @@ async def test_the_case_found() -> None:
     )
     assert told[1].content == "done 1"
     check_told(received, events.messages)
+
+
+@pytest.mark.virtual_clock
+async def test_an_answer_logged_as_the_deadline_cut_its_event_is_told() -> None:
+    """A consumer dwelling on the answer's delta past the deadline: the answer is in the
+    log, its ``ModelCallFinished`` cut on its way; it now comes before the error."""
+    received: list[Event] = []
+    with pytest.raises(DeadlineExceededError, match="take its ModelCallFinished event"):
+        async with Agent(model=ScriptedModel([text_response("hi")])).stream(
+            "go", timeout=1.5
+        ) as events:
+            async for event in events:
+                received.append(event)
+                await anyio.sleep(2)
+    assert events.messages[-1].text == "hi"
+    assert [type(event) for event in received] == [TextDelta, ModelCallFinished]
