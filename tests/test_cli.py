@@ -260,6 +260,7 @@ FORMS = "sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo (host=.
         ("sqlite:s.db", "sqlite:s.db has no slash after sqlite:, where a file takes three"),
         ("sqlite:/s.db", "sqlite:/s.db has 1 slash after sqlite:, where a file takes three"),
         ("mysql://app:secret@db/app", f"mysql:// is no session store's scheme; give {FORMS}"),
+        ("jdbc:postgresql://app:secret@db/app", f"expected {FORMS}"),
         ("POSTGRESQL://db/app", "libpq takes the scheme in lowercase: postgresql://..."),
         ("postgres:db/app", "a PostgreSQL URL begins: postgres://..."),
         (" ", f"it is empty; give {FORMS}"),

@@ -130,7 +130,9 @@ def store_address(text: str) -> StoreAddress:
         raise click.BadParameter(
             f"{scheme.group(1)}:// is no session store's scheme; give {_FORMS}"
         )
-    raise click.BadParameter(f"expected {_FORMS} (a SQLite file {text}: sqlite:///{text})")
+    # a URL (jdbc:postgresql://...) is not quoted: it may hold a password
+    guess = f" (a SQLite file {text}: sqlite:///{text})" if "://" not in text else ""
+    raise click.BadParameter(f"expected {_FORMS}{guess}")
 
 
 def _sqlite_path(url: str, rest: str) -> str:
