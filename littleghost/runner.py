@@ -692,12 +692,12 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     """Send ``given`` through the ``before_model`` hooks to the model (a request they
     left with a result or call unpaired is the call's error: ``check_pairing``); on an
     error, retry with the ``after_model_error`` hooks' replacement (at most
-    ``MAX_RECOVERIES`` times),
-    which passes through the ``before_model`` hooks again without the messages they added
-    and with those they rebuilt as they were (``_unhooked``: what a hook injects is not
-    doubled, what it rewrites not lost; a bounded view's memories and excerpts stay, for
-    the view rebuilds them: its excerpts from the replacement's, its memories from their
-    provider). ``given`` is what the hooks were last given."""
+    ``MAX_RECOVERIES`` times), which passes through the ``before_model`` hooks again
+    without the messages they added and with those they rebuilt as they were
+    (``_unhooked``: what a hook injects is not doubled, what it rewrites not lost; a
+    bounded view's memories and excerpts stay, for the view rebuilds them: its excerpts
+    from the replacement's, its memories from their provider). ``given`` is what the
+    hooks were last given."""
     before = _hooks(agent, context, "before_model")
     hooks = "running the before_model hooks"
     context._doing = lambda: hooks

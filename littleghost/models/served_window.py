@@ -59,8 +59,8 @@ def for_now(error: ProviderError | None) -> bool:
     """Whether a failed ``GET /models`` (``error``, as the model maps it) says only that
     the server cannot answer yet: a refused connection, a 5xx (llama.cpp's 503 while it
     loads its model), a 429. A timeout is not (asked again, a silent server would hold
-    each call that long), nor a 4xx or a 501 (no such endpoint, a key without access) or
-    a body that is no JSON."""
+    each run's start that long), nor a 4xx or a 501 (no such endpoint, a key without
+    access) or a body that is no JSON."""
     if error is None or error.status is None:
         return error is not None and error.code in _UNREACHED
     absent = error.status in ABSENT  # a 501: no such endpoint
@@ -152,7 +152,7 @@ class ServedWindow:
                     self._provider,
                     self._model,
                     type(error).__name__,
-                    ", asked again before the next call" if again else "",
+                    ", asked again before the next run" if again else "",
                 )
                 return None, not again
         if scope.cancelled_caught:
