@@ -19,6 +19,7 @@ import pytest
 
 import littleghost.models.anthropic as anthropic_provider
 import littleghost.models.openai as openai_provider
+import littleghost.models.served_window as served_window
 from littleghost import Agent, manage_context
 from littleghost.context.budget import PromptBudget
 from littleghost.context.config import ContextManagement, context_window
@@ -360,6 +361,26 @@ async def test_a_server_that_cannot_answer_yet_is_asked_for_its_window_again(
         assert result.output == "They talked about order 42."
         assert model.context_window == 512
     assert server.count("/v1/models") == 2
+
+
+@pytest.mark.parametrize("limit", [0.0, served_window.UNREADY_LIMIT])
+async def test_a_server_that_never_gets_ready_is_asked_for_a_while_only(
+    serve: Callable[..., LocalServer],
+    models: Callable[..., OpenAIModel],
+    monkeypatch: pytest.MonkeyPatch,
+    limit: float,
+) -> None:
+    """A server whose ``GET /models`` always fails with a 5xx (a gateway without the
+    route) is asked before each run only until ``UNREADY_LIMIT`` seconds have passed
+    since its first failure; then the window stays unknown, and it is asked no more."""
+    monkeypatch.setattr(served_window, "UNREADY_LIMIT", limit)
+    server = serve({"/v1/models": LOADING, "/v1/chat/completions": COMPLETION})
+    model = models("m", server.openai_url)
+    for _ in range(3):
+        result = await Helpdesk(model=model).run("Where is order 42?")
+        assert result.output == "They talked about order 42."
+    assert model.context_window is None
+    assert server.count("/v1/models") == (1 if limit == 0 else 3)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

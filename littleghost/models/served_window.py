@@ -3,14 +3,15 @@
 ``OpenAIModel`` and ``AnthropicModel`` ask a server other than their provider's own API
 (llama.cpp, vLLM, a gateway) for its window when they are given none; a failure, a
 silence past the timeout or an answer without a window only leaves it unknown, for good
-but for a server that could not answer yet (``for_now``), or a read the model's
-``aclose()`` cut (its client closed under it): it is asked again.
+but for a server that could not answer yet (``for_now``, for ``UNREADY_LIMIT`` seconds),
+or a read the model's ``aclose()`` cut (its client closed under it): it is asked again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -25,6 +26,10 @@ __all__ = ["MODELS_TIMEOUT", "ServedWindow", "for_now", "reported_window"]
 
 MODELS_TIMEOUT = 3.0
 """Seconds ``prepare()`` waits for another server's ``GET /models`` before doing without."""
+UNREADY_LIMIT = 300.0
+"""Seconds, from its first such failure, that a server which could not answer yet
+(``for_now``) is asked again before each run; then its window is left unknown for good
+(a gateway that always answers ``GET /models`` with a 5xx is not asked every run)."""
 _UNREACHED = ("connection_error", "connection_lost")
 """The codes of a ``GET /models`` that did not reach the server, or lost it
 (``transport_error``)."""
@@ -69,8 +74,8 @@ def for_now(error: ProviderError | None) -> bool:
 
 class ServedWindow:
     """The window one model's server reports (``window``, ``None`` until read or when it
-    gives none), read once, or again after a failure ``for_now`` or a read ``aclose()``
-    cut.
+    gives none), read once, or again after a read ``aclose()`` cut or a failure
+    ``for_now`` (for ``UNREADY_LIMIT`` seconds at most).
 
     Args:
         provider: The model's provider, for the log.
@@ -87,6 +92,7 @@ class ServedWindow:
         self._logger = logger
         self._read = not ask
         self._asked = 0  # the answers (or failures) the server gave so far
+        self._unready_since: float | None = None  # its first failure for_now, monotonic
         self._probing: Signal | None = None
         self._lock = threading.Lock()
         _WINDOWS.add(self)
@@ -146,7 +152,7 @@ class ServedWindow:
             try:
                 body = await client.get(path, cast_to=object)
             except Exception as error:  # cancellation is not an Exception: it propagates
-                again = closed_client(error) or for_now(mapped(error))
+                again = closed_client(error) or (for_now(mapped(error)) and self._still_loading())
                 self._logger.debug(
                     "%s: GET /models for %r failed (%s); its window is not read from the server%s",
                     self._provider,
@@ -170,6 +176,14 @@ class ServedWindow:
                 "%s: GET /models reports no window for %r", self._provider, self._model
             )
         return window, True
+
+    def _still_loading(self) -> bool:
+        """Whether a server that could not answer yet is worth asking again: not once
+        ``UNREADY_LIMIT`` seconds have passed since the first time it could not."""
+        now = time.monotonic()
+        if self._unready_since is None:
+            self._unready_since = now
+        return now - self._unready_since < UNREADY_LIMIT
 
 
 _WINDOWS = reset_in_child(ServedWindow._forget_in_child)
