@@ -439,7 +439,7 @@ class RunContext:
 
     def annotate_next_call(self, attributes: Mapping[str, Any]) -> None:
         """Attributes for the span of the next turn's model call, never a side call's
-        (figures, never content).
+        (figures, never content); one given ``None`` is left off (no figure).
 
         Raises:
             TypeError: ``attributes`` is not a mapping, or holds a name that is not a str
@@ -449,7 +449,11 @@ class RunContext:
                 or ``error.`` attributes, the call's span's own figures.
         """
         telemetry.check_annotations("context.annotate_next_call()", attributes)
-        self._call_attributes.update(attributes)
+        for name, value in attributes.items():
+            if value is None:
+                self._call_attributes.pop(name, None)
+            else:
+                self._call_attributes[name] = value
 
     async def complete(
         self, request: ModelRequest, *, model: Model | None = None, report: bool = True

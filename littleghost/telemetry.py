@@ -287,13 +287,13 @@ _ATTRIBUTE_KINDS = (str, bool, int, float)
 
 
 def _kept_value(value: object) -> bool:
-    """Whether a span keeps ``value``: a str, bool, int or float, or a list or tuple of
-    one of those kinds."""
-    if isinstance(value, _ATTRIBUTE_KINDS):
+    """Whether a span keeps ``value`` (or ``None``, no figure): a str, bool, int or
+    float, or a list or tuple of one of those kinds (``None`` among them too)."""
+    if value is None or isinstance(value, _ATTRIBUTE_KINDS):
         return True
     if not isinstance(value, (list, tuple)):
         return False
-    kinds = {type(item) for item in value}
+    kinds = {type(item) for item in value if item is not None}
     return len(kinds) <= 1 and kinds <= set(_ATTRIBUTE_KINDS)  # as the SDK: by exact type
 
 
