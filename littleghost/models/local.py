@@ -696,7 +696,7 @@ class LocalModel:
     def _running(self) -> _Server | None:
         """The server while its process runs, ``None`` once it has exited (crashed,
         killed) or ``aclose()`` took it: what every property below reports on, at once
-        (the process is looked at, not waited for nor signalled)."""
+        (the process is looked at, never blocked on nor signalled)."""
         server = self._server
         return server if server is not None and not _exited(server.process) else None
 
