@@ -322,6 +322,18 @@ def _check_knobs(cls: type, declaring: Sequence[type]) -> None:
         # a mixin's other knobs stay in their place in the MRO (and may change there)
 
 
+def _check_resolve_model(cls: type) -> None:
+    """A class's own ``resolve_model`` that is an ``async def`` fails at class definition:
+    runs call it without ``await`` (what it returns, a coroutine, is no model)."""
+    own = vars(cls).get("resolve_model")
+    function = getattr(own, "__func__", own)  # a staticmethod's or classmethod's too
+    if inspect.iscoroutinefunction(function):
+        raise ConfigurationError(
+            f"{cls.__name__}.resolve_model is an async def: runs call it without await; "
+            "make it a plain def that returns the Model"
+        )
+
+
 def _check_local_settings(cls: type[Agent]) -> None:
     """``check_local_settings`` of the class's settings when its model (a model string, or
     a model) is littleghost's ``LocalModel``: a setting it would ignore fails at class
@@ -789,6 +801,7 @@ class Agent:
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)
+        _check_resolve_model(cls)
         _check_local_settings(cls)
         if callable(cls.instructions):
             check_method_signature(cls, "instructions", f"{cls.__name__}.instructions", "context")

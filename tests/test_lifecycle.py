@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -26,7 +26,7 @@ from littleghost.errors import (
     DeadlineExceededError,
     OutputValidationError,
 )
-from littleghost.models import ModelRequest, ModelResponse, register_provider
+from littleghost.models import Model, ModelRequest, ModelResponse, register_provider
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -804,6 +804,19 @@ class TestClosingDuringRuns:
                 await compact_log(agent, chat(6))
         assert str(caught.value).startswith("Own.resolve_model()")
         assert said in str(caught.value)
+
+    @pytest.mark.parametrize("wrap", [lambda f: f, staticmethod, classmethod])
+    def test_an_async_resolve_model_fails_at_class_definition(
+        self, wrap: Callable[[Any], Any]
+    ) -> None:
+        """An ``async def resolve_model`` could never give a model (runs call it without
+        ``await``): the class fails as it is defined, not at its first run."""
+
+        async def resolve_model(*_: object) -> Model:
+            raise AssertionError("never called")
+
+        with pytest.raises(ConfigurationError, match=r"^Later.resolve_model is an async def"):
+            type("Later", (Agent,), {"resolve_model": wrap(resolve_model)})
 
     def test_a_run_in_another_thread_keeps_off_a_model_closed_as_it_started(self) -> None:
         """Threads share an agent, each running it in an event loop of its own: an
