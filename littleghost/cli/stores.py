@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal, Protocol
@@ -22,6 +21,7 @@ from littleghost.sessions import (
 )
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.postgres import check_conninfo
+from littleghost.sessions.schemes import is_postgres, lowercase_fault, url_scheme
 
 __all__ = ["SQLITE_PREFIX", "Inspectable", "StoreAddress", "store_address"]
 
@@ -98,8 +98,6 @@ def _check_absolute_not_meant(path: str) -> None:
         )
 
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-"""A URL's scheme, as it begins (``mysql:``, ``sqlite:``)."""
 _FORMS = "sqlite:///path.db, a postgresql:// URL or a PostgreSQL conninfo (host=... dbname=...)"
 
 
@@ -111,25 +109,21 @@ def store_address(text: str) -> StoreAddress:
         click.BadParameter: It is none of these, saying what is wrong with it.
     """
     text = text.strip()
-    scheme = _SCHEME.match(text)  # a conninfo's first word ends with "=": none
+    scheme = url_scheme(text)  # a conninfo's first word ends with "=": none
     if text.startswith(_POSTGRES_PREFIXES) or ("=" in text and scheme is None):
         try:
             return StoreAddress("postgres", check_conninfo(text))
         except ConfigurationError as error:
             raise click.BadParameter(str(error)) from None
-    if scheme is not None and scheme.group(1).lower() == "sqlite":
-        return StoreAddress("sqlite", _sqlite_path(text, text[scheme.end() :]))
+    if scheme is not None and scheme.lower() == "sqlite":
+        return StoreAddress("sqlite", _sqlite_path(text, text[len(scheme) + 1 :]))
     if not text:
         raise click.BadParameter(f"it is empty; give {_FORMS}")
-    if scheme is not None and scheme.group(1).lower() in ("postgresql", "postgres"):
-        written = scheme.group(1)
-        lowercase = written != written.lower()
-        why = "libpq takes the scheme in lowercase" if lowercase else "a PostgreSQL URL begins"
-        raise click.BadParameter(f"{why}: {written.lower()}://...")
-    if scheme is not None and text[scheme.end() :].startswith("//"):
-        raise click.BadParameter(
-            f"{scheme.group(1)}:// is no session store's scheme; give {_FORMS}"
-        )
+    if scheme is not None and is_postgres(scheme):
+        begins = f"a PostgreSQL URL begins: {scheme}://..."
+        raise click.BadParameter(lowercase_fault(scheme) or begins)
+    if url_scheme(text, slashes=True) is not None:
+        raise click.BadParameter(f"{scheme}:// is no session store's scheme; give {_FORMS}")
     # a URL (jdbc:postgresql://...) is not quoted: it may hold a password
     guess = f" (a SQLite file {text}: sqlite:///{text})" if "://" not in text else ""
     raise click.BadParameter(f"expected {_FORMS}{guess}")

@@ -73,6 +73,7 @@ from littleghost.sessions.codec import (
 )
 from littleghost.sessions.forks import reset_in_child
 from littleghost.sessions.locks import SessionLocks, TimeLeft, acquire, shared_locks
+from littleghost.sessions.schemes import is_postgres, lowercase_fault, url_scheme
 
 if TYPE_CHECKING:
     import psycopg
@@ -202,11 +203,6 @@ def check_conninfo(conninfo: object) -> str:
     return conninfo
 
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-"""A URL's scheme, as it begins; a conninfo's first word ends with ``=``."""
-_SCHEMES = ("postgresql", "postgres")
-
-
 def _check_scheme(conninfo: str) -> None:
     """Refuse a URL of another scheme (``mysql://``) or one libpq reads only in lowercase
     (``POSTGRESQL://``), naming the scheme alone (the rest may hold a password); an
@@ -215,15 +211,14 @@ def _check_scheme(conninfo: str) -> None:
     Raises:
         ConfigurationError: ``conninfo`` is such a URL.
     """
-    found = _SCHEME.match(conninfo)
-    if found is None or found.group(1) in _SCHEMES or found.group(1).lower() == "sqlite":
+    scheme = url_scheme(conninfo, slashes=True)
+    if scheme is None or scheme.lower() == "sqlite":
         return
-    scheme = found.group(1)
-    if scheme.lower() in _SCHEMES:
-        why = f"libpq takes the scheme in lowercase: {scheme.lower()}://..."
-    else:
+    why = lowercase_fault(scheme)
+    if why is None and not is_postgres(scheme):
         why = f"{scheme}:// is not a PostgreSQL URL (postgresql://... or a conninfo)"
-    raise ConfigurationError(f"PostgresSessionStore: {why}")
+    if why is not None:
+        raise ConfigurationError(f"PostgresSessionStore: {why}")
 
 
 def _unparsable(error: Exception) -> str:

@@ -55,6 +55,7 @@ from littleghost.sessions.codec import (
 from littleghost.sessions.filelock import LockFile, file_at, lock_file
 from littleghost.sessions.locks import SessionLocks, TimeLeft, shared_locks
 from littleghost.sessions.notices import waiting_for_database
+from littleghost.sessions.schemes import is_postgres
 
 logger = logs.logger(__name__)
 
@@ -160,10 +161,9 @@ def _check_not_a_url(path: str) -> None:
         return
     if path[:7].lower() != "sqlite:":  # its scheme alone: a URL may hold a password
         scheme = path.split("://", 1)[0]
-        postgres = scheme.lower() in ("postgresql", "postgres")
         raise ConfigurationError(
             f"SQLiteSessionStore: path must be a file's path, not a {scheme}:// URL"
-            + (" (a PostgreSQL URL goes to PostgresSessionStore)" if postgres else "")
+            + (" (a PostgreSQL URL goes to PostgresSessionStore)" if is_postgres(scheme) else "")
         )
     rest = path[7:]
     file = rest[3:] if rest.startswith("///") else rest.lstrip("/")
