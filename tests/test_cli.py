@@ -47,9 +47,14 @@ from littleghost.context.management import AFTER_KEY, HOOKED_KEY
 from littleghost.context.records import is_record, record_covers
 from littleghost.context.summarize import split_quotes, summary_message, summary_text
 from littleghost.context.tokens import estimate_request
-from littleghost.errors import OutputValidationError, SessionStoreError
+from littleghost.errors import ConfigurationError, OutputValidationError, SessionStoreError
 from littleghost.messages import SUMMARY_COVERS_KEY
-from littleghost.sessions import PostgresSessionStore, decode_message, message_from_json
+from littleghost.sessions import (
+    PostgresSessionStore,
+    SQLiteSessionStore,
+    decode_message,
+    message_from_json,
+)
 from littleghost.sessions.base import SessionStore
 from littleghost.sessions.locks import hold_session
 from littleghost.testing import ScriptedModel
@@ -274,6 +279,37 @@ def test_a_malformed_store_url_says_what_is_wrong(url: str, said: str) -> None:
     line = fails(2, "sessions", "list", "--store", url)
     assert line.startswith("Error: Invalid value for '--store'") and f"): {said}" in line, line
     assert "secret" not in line
+
+
+def test_no_store_error_quotes_a_drawn_urls_password(tmp_path: Path) -> None:
+    """``--store``, ``SQLiteSessionStore`` and ``PostgresSessionStore`` name a URL's scheme
+    alone: drawn URLs (odd schemes, any case, ``jdbc:postgresql:``, two, one or no slashes)
+    give errors that never hold the password. ``mysql:app:pw@db/app`` quoted it whole in
+    ``--store``'s guess of a SQLite file. (An ``sqlite:`` URL names a file: it is shown.)"""
+    rng = random.Random(72)
+    names = ["postgresql", "postgres", "jdbc:postgresql", "mysql", "mongodb+srv", "x-db.v2"]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    tail = letters + "0123456789+.-"
+    errors = 0
+    for _ in range(400):
+        name = rng.choice([*names, "".join(rng.choices(letters, k=2)) + rng.choice(tail)])
+        scheme = "".join(c.upper() if rng.random() < 0.3 else c for c in name)
+        password = "Pw" + "".join(rng.choices(letters + "0123456789!~*%", k=10))
+        slashes = rng.choice(["//", "/", "", "///"])
+        url = f"{scheme}:{slashes}app:{password}@db.example/app"
+        said = []
+        try:
+            store_address(url)
+        except click.BadParameter as error:
+            said.append(str(error))
+        for make in (SQLiteSessionStore, PostgresSessionStore):
+            try:
+                make(url)
+            except ConfigurationError as error:
+                said.append(str(error))
+        errors += len(said)
+        assert not [line for line in said if password in line], (url, said)
+    assert errors > 400  # most drawn URLs are refused, by two of the three at least
 
 
 def test_the_sqlite_scheme_is_taken_in_any_case(tmp_path: Path) -> None:

@@ -124,8 +124,9 @@ def store_address(text: str) -> StoreAddress:
         raise click.BadParameter(lowercase_fault(scheme) or begins)
     if url_scheme(text, slashes=True) is not None:
         raise click.BadParameter(f"{scheme}:// is no session store's scheme; give {_FORMS}")
-    # a URL (jdbc:postgresql://...) is not quoted: it may hold a password
-    guess = f" (a SQLite file {text}: sqlite:///{text})" if "://" not in text else ""
+    # a URL (jdbc:postgresql://..., mysql:app:pw@db) is not quoted: it may hold a password
+    path = "://" not in text and (scheme is None or len(scheme) == 1)  # C: is a drive
+    guess = f" (a SQLite file {text}: sqlite:///{text})" if path else ""
     raise click.BadParameter(f"expected {_FORMS}{guess}")
 
 
