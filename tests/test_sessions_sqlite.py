@@ -381,6 +381,7 @@ class TestFile:
             ),
             ("postgresql://app:s3cret@db/app", "goes to PostgresSessionStore)"),
             ("mysql://app:s3cret@db/app", "not a mysql:// URL"),
+            ("jdbc:postgresql://app:s3cret@db/app", "not a jdbc:postgresql:// URL"),
         ],
     )
     def test_a_url_is_refused_as_the_store_is_made(

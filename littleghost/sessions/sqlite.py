@@ -145,9 +145,10 @@ def _locks_for(path: str) -> tuple[SessionLocks, LockFile | None]:
     return shared_locks(("sqlite", key)), lock_file(key + _LOCK_FILE_SUFFIX, key)
 
 
-_URL = re.compile(r"(?i)sqlite:|[a-z][a-z0-9+.-]+://")
+_URL = re.compile(r"(?i)sqlite:|[a-z][a-z0-9+.-]+:(?:[a-z][a-z0-9+.-]*:)*//")
 """How a URL given for a file begins: ``sqlite:``, or a scheme (two or more characters:
-``C:`` is a drive) and ``://``."""
+``C:`` is a drive), a JDBC one's inner schemes after it (``jdbc:postgresql:``), and
+``//``."""
 
 
 def _check_not_a_url(path: str) -> None:
