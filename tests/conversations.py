@@ -29,6 +29,19 @@ compacting = manage_context(
 a 100-token window, half of it the threshold, one token per message."""
 
 
+def badly_paired(messages: Sequence[Message]) -> bool:
+    """Whether a result in ``messages`` answers no open call before it, or a call has no
+    result after it (what providers refuse)."""
+    open_ids: list[str] = []
+    for message in messages:
+        open_ids += [call.id for call in message.tool_calls]
+        for result in message.tool_results:
+            if result.call_id not in open_ids:
+                return True
+            open_ids.remove(result.call_id)
+    return bool(open_ids)
+
+
 def chat(pairs: int, prefix: str = "m") -> list[Message]:
     """``pairs`` user/assistant exchanges: ``{prefix} question {i}``, ``{prefix} answer {i}``."""
     return [

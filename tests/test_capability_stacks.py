@@ -11,7 +11,7 @@ the turn's calls alone."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ from littleghost.testing import (
     tool_call_response,
     tool_calls_response,
 )
+
+from .conversations import badly_paired
 
 if TYPE_CHECKING:
     from conftest import Spans
@@ -292,18 +294,6 @@ def drawn_steps(rng: random.Random) -> list[Step]:
     return steps
 
 
-def unpaired(messages: Sequence[Message]) -> bool:
-    """Whether a result answers no open call before it, or a call has no result."""
-    open_ids: list[str] = []
-    for message in messages:
-        open_ids += [call.id for call in message.tool_calls]
-        for result in message.tool_results:
-            if result.call_id not in open_ids:
-                return True
-            open_ids.remove(result.call_id)
-    return bool(open_ids)
-
-
 def check_request(request: ModelRequest, names: list[str]) -> None:
     """What hooks add is in every chat request once (a bounded view may leave out a user
     message before the question it sizes), never in a summary call's; no call or result
@@ -312,7 +302,7 @@ def check_request(request: ModelRequest, names: list[str]) -> None:
     if request.purpose != "chat":
         assert held == [0, 0, 0]
         return
-    assert not unpaired(request.messages)
+    assert not badly_paired(request.messages)
     assert len({m.id for m in request.messages}) == len(request.messages)
     if "retrieval" in names:
         sized = "budget" in names and names.index("retrieval") < names.index("manage_context")
@@ -366,7 +356,7 @@ async def drawn_runs(seed: int, store: SessionStore, spans: Spans, timed: bool) 
                 pass
         assert not (cancelled.cancelled_caught and result is not None)
         log = await store.load("s")
-        assert not unpaired(log)
+        assert not badly_paired(log)
         assert len({message.id for message in log}) == len(log)
         assert not any(marker in message.text for message in log for marker in MARKERS)
         for request in model.requests:

@@ -41,6 +41,8 @@ from littleghost.testing import (
     tool_calls_response,
 )
 
+from .conversations import badly_paired
+
 if TYPE_CHECKING:
     from conftest import Spans
 
@@ -1478,19 +1480,6 @@ async def test_every_retry_has_the_question_and_what_hooks_add_once(seed: int) -
         assert sum(text == "RECOVERY note" for text in texts) <= 1, texts
 
 
-def _badly_paired(messages: tuple[Message, ...]) -> bool:
-    """Whether a result in ``messages`` answers no open call before it, or a call has no
-    result after it (what providers refuse)."""
-    open_ids: list[str] = []
-    for message in messages:
-        open_ids += [call.id for call in message.tool_calls]
-        for result in message.tool_results:
-            if result.call_id not in open_ids:
-                return True
-            open_ids.remove(result.call_id)
-    return bool(open_ids)
-
-
 def lookup(order: str) -> str:
     """Look up an order."""
     return f"order {order} shipped"
@@ -1571,8 +1560,8 @@ async def test_no_request_leaves_a_call_or_result_unpaired_whatever_the_hooks_dr
         assert "the turn's request (as its hooks left it)" in str(error)
     except InvalidRequestError:
         pass  # a refusal no hook mended
-    assert not any(_badly_paired(request.messages) for request in model.requests)
-    assert not _badly_paired(tuple(await store.load("s")))
+    assert not any(badly_paired(request.messages) for request in model.requests)
+    assert not badly_paired(tuple(await store.load("s")))
 
 
 async def test_settings_a_recovery_hook_fixes_are_sent() -> None:
