@@ -80,12 +80,24 @@ def in_thread(agent: Agent, question: str, session_id: str) -> None:
         raise failed[0]
 
 
-async def serve(kind: str, store: SessionStore, session_id: str) -> list[weakref.ref[Any]]:
-    """One request: a fresh agent's runs on ``session_id``, then the session deleted;
-    weak references to the agent, its model and each message the model answered."""
+def tenant_agent(tenant: int, kind: str) -> type[Support]:
+    """A chat service's agent class for ``tenant`` (made as its first request comes), of
+    ``Managed`` for a request of kind ``managed``, else of ``Support``."""
+    base = Managed if kind == "managed" else Support
+    return type(f"Tenant{tenant}", (base,), {"instructions": f"You help tenant {tenant}."})
+
+
+async def serve(
+    kind: str, store: SessionStore, session_id: str, agent_class: type[Support] | None = None
+) -> list[weakref.ref[Any]]:
+    """One request: a fresh agent (of ``agent_class``, else ``Managed`` or ``Support``)
+    runs on ``session_id``, then the session deleted; weak references to the agent, its
+    model and each message the model answered."""
     answered: list[weakref.ref[Any]] = []
     model = ScriptedModel(script(kind, answered), context_window=300)
-    agent = (Managed if kind == "managed" else Support)(model=model, session_store=store)
+    if agent_class is None:
+        agent_class = Managed if kind == "managed" else Support
+    agent = agent_class(model=model, session_store=store)
     questions = ["Where is order 42?", "And order 43?", "And order 44?"]
     for question in questions if kind == "managed" else questions[:2]:
         if kind in ("stream", "stream_left"):

@@ -7,8 +7,10 @@ thread), once its session is deleted, in memory, SQLite and PostgreSQL.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,7 +21,7 @@ from littleghost.sessions import (
     SessionStore,
     SQLiteSessionStore,
 )
-from tests.growth import KINDS, serve
+from tests.growth import KINDS, serve, tenant_agent
 from tests.stores import postgres_schema_sync
 
 pytestmark = pytest.mark.anyio
@@ -41,6 +43,26 @@ async def test_nothing_of_a_request_is_kept_once_it_ended(kind: str, store: Sess
     """Requests of one kind on sessions not used before: once each ended (its session
     deleted), its agent and its model are collected."""
     kept = [ref for number in range(3) for ref in await serve(kind, store, f"{kind}-{number}")]
+    await until_collected(kept, store)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_agent_class_made_per_tenant_is_collected_once_its_requests_ended(
+    kind: str, store: SessionStore
+) -> None:
+    """A class per tenant (with the SDK's providers installed, as the tests have them):
+    nothing kept across runs (class-level caches, the context engine's index, the
+    store's locks, telemetry) holds the class once its requests ended."""
+    kept = []
+    for tenant in range(3):
+        agent_class = tenant_agent(tenant, kind)
+        kept += [weakref.ref(agent_class), *await serve(kind, store, f"t{tenant}", agent_class)]
+        del agent_class
+    await until_collected(kept, store)
+
+
+async def until_collected(kept: list[weakref.ref[Any]], store: SessionStore) -> None:
+    """Fail unless every object of ``kept`` is collected once ``store`` is closed."""
     assert await store.list_sessions() == ()
     close = getattr(store, "aclose", None)
     if close is not None:
