@@ -11,8 +11,8 @@ cancelled, and the log keeps every completed message (a tool call the stop left 
 a result gets an appended error result); ``aclose()`` stops it so inside the block.
 An event whose hand-over a cancellation inside the run cut before the consumer took it
 (a tool's timeout, as its side call's event went out) goes out before the next one; when
-the run fails, those of what the log holds (a tool batch's results stored as it ended)
-go out before its error.
+the run fails before its deadline, those of what the log holds (a tool batch's results
+stored as it ended) go out before its error.
 What the run raised that is not an
 ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, a stray cancellation) is never
 dropped: leaving the block raises it; when the block raises its own exception,
@@ -32,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from attrs import define
 
 from littleghost.cleanup import cancelled_here, log_unraised
-from littleghost.errors import StreamStateError
+from littleghost.errors import DeadlineExceededError, StreamStateError
 from littleghost.events import (
     Event,
     ModelCallFinished,
@@ -53,7 +53,8 @@ __all__ = ["RunStream", "StreamStateError"]
 LOGGED_EVENTS = (ModelCallFinished, ToolCallStarted, ToolCallFinished)
 """The events a consumer mirrors the log from: those a failed run could not hand over
 (a cancellation cut them, or its tool batch stored its results as it ended) go out
-before its error; the others it held (a side call's, say) do not."""
+before its error, unless the run's deadline has passed; the others it held (a side
+call's, say) do not."""
 
 
 @define
@@ -206,6 +207,13 @@ class RunStream(Generic[OutputT]):
         self._stop.cancel()
         await self._ended.wait()
 
+    def _past_deadline(self) -> bool:
+        """Whether the run's own deadline has passed (or ended it): then only its error
+        comes, the consumer's dwell on what the log holds would stretch the deadline."""
+        if isinstance(self._error, DeadlineExceededError):
+            return True
+        return self._context is not None and self._context._past_deadline()
+
     def __aiter__(self) -> RunStream[OutputT]:
         return self
 
@@ -219,7 +227,7 @@ class RunStream(Generic[OutputT]):
         else:
             handed.taken = True
             return handed.event
-        if self._error is not None and self._left:
+        if self._error is not None and self._left and not self._past_deadline():
             return self._left.pop(0)  # what the log holds, before the error
         if self._error is not None:
             self._raised = True
