@@ -125,6 +125,12 @@ def cut_middle(text: str, keep_chars: int, *, unit: str = "characters") -> str:
     return _cut(text, keep_chars - keep_chars // 2, keep_chars // 2, unit)
 
 
+def cut_line(text: str, keep_chars: int) -> str:
+    """``text`` as one line, its whitespace runs (line breaks of every kind) one space, cut
+    in the middle to ``keep_chars`` with the marker inline."""
+    return " ".join(cut_middle(" ".join(text.split()), keep_chars).split())
+
+
 def _cut(text: str, head: int, tail: int, unit: str) -> str:
     """``text`` with its first ``head`` and last ``tail`` characters around a marker."""
     amount: float = len(text) - head - tail

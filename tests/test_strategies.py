@@ -239,6 +239,34 @@ async def test_a_collapse_keeps_assistant_text_errors_and_unanswered_calls() -> 
     assert "truncated" in view[3].text and len(view[3].text) < 200
 
 
+async def test_a_collapse_and_a_mask_are_one_line_whatever_they_cut() -> None:
+    """A result cut to ``max_result_chars``, or a call cut to the mask's length, keeps its
+    marker inline: no line break of any kind in a collapse's or a mask's line."""
+    rng = random.Random(11)
+    breaks = [" ", "  ", "\n", "\r\n", "\t", "\u2028", "\x0b"]
+    for _ in range(60):
+        words = [rng.choice(["data", "x" * rng.randint(1, 40), "42"]) for _ in range(400)]
+        text = "".join(word + rng.choice(breaks) for word in words[: rng.randint(100, 400)])
+        log = [
+            Message.user("go"),
+            Message.assistant(tool_calls=[ToolCall("a", "fetch", {"query": text[:300]})]),
+            Message.tool("a", text),
+            Message.user("again"),
+            Message.assistant("done"),
+        ]
+        chars = rng.randint(16, 400)
+        collapse = ToolResultCompaction(keep_last_tool_call_groups=0, max_result_chars=chars)
+        masking = Summarization(
+            model=ScriptedModel([]),
+            mask_tool_results=0,
+            trigger=tokens_exceed(100),
+            minimum_preserved=1,
+        )  # masking alone reaches the goal: no summary call
+        for strategy, start in [(collapse, "[Tool results: "), (masking, "[Tool results omi")]:
+            line = (await apply_compaction(log, strategy))[1].text
+            assert line.startswith(start) and line.splitlines() == [line], line
+
+
 def shared_id_log() -> list[Message]:
     """Three parallel calls sharing one id, two of them answered (in call order), then a
     later turn reusing the id."""

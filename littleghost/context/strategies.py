@@ -85,7 +85,7 @@ from littleghost.models.base import (
 )
 from littleghost.retry import MAX_RETRIES, call_with_retries
 from littleghost.settings import OUTPUT_CAP, is_output_cap
-from littleghost.text import cut_middle, well_formed_value
+from littleghost.text import cut_line, cut_middle, well_formed_value
 
 __all__ = [
     "SUMMARY_FIT_MARGIN",
@@ -630,7 +630,7 @@ def collapse_text(group: MessageGroup, max_result_chars: int) -> str:
         for index, result in enumerate(message.tool_results):
             found = calls.get((position, index))
             name = "tool" if found is None else head.tool_calls[found[1]].name
-            content = cut_middle(" ".join(result.content.split()), max_result_chars)
+            content = cut_line(result.content, max_result_chars)
             items.append(f"{name}: {'error: ' if result.is_error else ''}{content}")
     answered = {index for _, index in calls.values()}
     unanswered = (call for index, call in enumerate(head.tool_calls) if index not in answered)
@@ -656,7 +656,7 @@ def mask_text(group: MessageGroup) -> str:
         for (position, at), (_, index) in result_calls(group.messages).items()
     }
     items = [
-        f"{cut_middle(f'{call.name}({call_arguments(call.arguments)})', MASKED_CALL_CHARS)} "
+        f"{cut_line(f'{call.name}({call_arguments(call.arguments)})', MASKED_CALL_CHARS)} "
         f"({sizes.get(index, 0)} characters)"
         for index, call in enumerate(head.tool_calls)
     ]

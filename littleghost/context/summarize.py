@@ -26,7 +26,7 @@ from littleghost.messages import (
 )
 from littleghost.models.base import ANSWER_CAPS, ModelRequest, ModelResponse, StopReason
 from littleghost.telemetry import arguments_json as call_arguments
-from littleghost.text import cut_middle
+from littleghost.text import cut_line, cut_middle
 
 __all__ = [
     "DEFAULT_SUMMARY_INSTRUCTIONS",
@@ -272,7 +272,7 @@ def quoted_specifics(messages: Sequence[Message], max_chars: int = 240) -> list[
             fields = _fields(result.content)
             quotes = [fields] if fields else _specific_sentences(result.content)
             lines.extend(f"{name}: {quote}" for quote in quotes)
-    return [cut_middle(" ".join(line.split()), max_chars).replace("\n", " ") for line in lines]
+    return [cut_line(line, max_chars) for line in lines]
 
 
 def _specific_sentences(text: str) -> list[str]:
