@@ -30,6 +30,7 @@ from littleghost.context import (
     build_view,
     tokens_exceed,
 )
+from littleghost.context.strategies import SUMMARY_FLOOR_TOKENS
 from littleghost.context.summarize import (
     DEFAULT_SUMMARY_INSTRUCTIONS,
     DEFAULT_UPDATE_INSTRUCTIONS,
@@ -283,6 +284,12 @@ class TestQuotedSpecifics:
         added = len(view[0].text.partition(f"\n{QUOTES_HEADING}\n")[2]) // 4
         assert added > 0
         assert added + small.requests[0].settings["max_tokens"] <= replaced // 2 + 12
+        short = [*many[:4], *chat(2)]  # half of the replaced part is under the cap's 64
+        least = ScriptedModel([summary_step("- orders")])
+        view = await apply_compaction(short, Summarization(model=least, minimum_preserved=4))
+        assert sum(len(m.text) for m in short[:4]) // 4 < 2 * SUMMARY_FLOOR_TOKENS
+        assert QUOTES_HEADING not in view[0].text  # the notes alone: no room for quotes
+        assert least.requests[0].settings["max_tokens"] == SUMMARY_FLOOR_TOKENS
 
     async def test_each_quote_is_one_line_kept_whole_when_it_resembles_another(self) -> None:
         """Two long results alike but for their id and their end, and a value with a line
