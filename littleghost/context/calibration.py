@@ -212,14 +212,16 @@ def learn_scale(
                 request_was = f"that adds to one it reported {last.tokens} for"
                 _partial_count(state, context, reported, least, request_was, window)
                 return False
-    if reported <= fixed or scaled <= 0:
+    if scaled <= 0:
         return False
-    scale = (reported - fixed) / scaled
-    if served is not None and (scale < MIN_SCALE or suspect):
+    scale = (reported - fixed) / scaled  # at most 0: no more than instructions and schemas
+    if served is not None and reported > 0 and (scale < MIN_SCALE or suspect):
         state.distrusted = served  # its count is not a prefix of the next request
-        if reported < (quarter := math.ceil(MIN_SCALE * (fixed + scaled))):
+        if fixed < reported < (quarter := math.ceil(MIN_SCALE * (fixed + scaled))):
             estimated = f"estimated at {fixed + scaled}"
             _partial_count(state, context, reported, quarter, estimated, window)
+        return False
+    if reported <= fixed:
         return False
     if served is not None:
         state.before = state.scale
