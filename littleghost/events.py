@@ -108,10 +108,12 @@ class CompactionFinished:
 class ModelCallRetried:
     """A transient error, or one an ``after_model_error`` hook recovered from (an overflow
     ``@manage_context`` compacted for), interrupted the turn's model call; drop the text
-    it streamed, it is retried. ``error_type`` names the error (``RateLimitError``,
-    ``context_length_exceeded``, ...); ``attempt`` numbers the turn's retries, both kinds
-    together, from 1; ``usage`` is what the interrupted call was billed, as its error said
-    (an answer stopped at the context window), else zero."""
+    it streamed, it is retried (a recovery is told as its replacement goes out; a request
+    refused before it is sent, for its pairing or settings, is no call, and none tells of
+    it). ``error_type`` names the error (``RateLimitError``, ``context_length_exceeded``,
+    ...); ``attempt`` numbers the turn's retries, both kinds together, from 1; ``usage``
+    is what the interrupted call was billed, as its error said (an answer stopped at the
+    context window), else zero."""
 
     attempt: int
     error_type: str

@@ -589,11 +589,18 @@ class RunContext:
             return None
 
     async def _call(
-        self, request: ModelRequest, *, model: Model | None = None, turn: bool = False
+        self,
+        request: ModelRequest,
+        *,
+        model: Model | None = None,
+        turn: bool = False,
+        retrying: Exception | None = None,
     ) -> ModelResponse:
         """A model call as ``complete(report=False)`` makes it, or the runner's ``turn``
         call, which streams (its span then has ``gen_ai.request.stream``), takes the
-        attributes meant for it, reports its retries and sets ``last_exchange``."""
+        attributes meant for it, reports its retries (that of ``retrying``, the error of
+        the turn's call an ``after_model_error`` hook replaced, once the request passed
+        its checks: it goes out) and sets ``last_sent`` then, ``last_exchange`` after."""
         model = self.model if model is None else model
         if request.settings != self.settings:  # a hook's or a side call's: checked as the run's
             owner = (
@@ -610,6 +617,8 @@ class RunContext:
         if turn:
             extra, self._call_attributes = self._call_attributes, {}
             self.last_sent = request
+            if retrying is not None:
+                await self._retried(retrying)
         streamed = turn and self.streaming
 
         async def attempt() -> ModelResponse:

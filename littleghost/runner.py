@@ -697,7 +697,9 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
     (``_unhooked``: what a hook injects is not doubled, what it rewrites not lost; a
     bounded view's memories and excerpts stay, for the view rebuilds them: its excerpts
     from the replacement's, its memories from their provider). ``given`` is what the
-    hooks were last given."""
+    hooks were last given. The retry is told (``ModelCallRetried``) as the replacement
+    goes out, for the error of the call that went out before it: a request refused
+    before it is sent (its pairing, its settings) is no call, nor is one never sent."""
     before = _hooks(agent, context, "before_model")
     hooks = "running the before_model hooks"
     context._doing = lambda: hooks
@@ -706,16 +708,19 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
         before, given, expected=ModelRequest, context=context, told="before_model"
     )
     recoveries = context._turn_retries = 0
+    interrupted: Exception | None = None  # the error of the call that went out last
     while True:
         _check_answered(context)
         context._doing = lambda: "waiting for the model's answer"
         try:
             if request.messages is not built:  # as the hooks left it: checked as sent
                 check_pairing(request.messages, "the turn's request (as its hooks left it)")
-            return await context._call(request, turn=True)
+            return await context._call(request, turn=True, retrying=interrupted)
         except CleanupError:
             raise
         except Exception as error:
+            if context.last_sent is request:  # it went out (``_call`` refused it not)
+                interrupted = error
             if (
                 recoveries >= MAX_RECOVERIES
                 or cancellation_turned_into(error)
@@ -735,7 +740,6 @@ async def _call_model(agent: Agent, given: ModelRequest, context: RunContext) ->
             if replacement is request:
                 raise
             recoveries += 1
-            await context._retried(error)
             given = _unhooked(given, request, replacement, context)
             context._doing = lambda: hooks
             request = await run_chain(

@@ -30,9 +30,15 @@ from littleghost import (
 )
 from littleghost.capabilities import CapabilityHook
 from littleghost.context import PromptBudget
-from littleghost.errors import ConfigurationError, InvalidRequestError, ProviderError
+from littleghost.errors import (
+    ConfigurationError,
+    ContextWindowOverflowError,
+    InvalidRequestError,
+    ProviderError,
+)
+from littleghost.events import Event, ModelCallRetried
 from littleghost.hooks import HOOK_KINDS
-from littleghost.models import ModelRequest, ModelResponse
+from littleghost.models import ModelRequest, ModelResponse, Usage
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import (
     ScriptedModel,
@@ -1524,7 +1530,8 @@ async def test_no_request_leaves_a_call_or_result_unpaired_whatever_the_hooks_dr
     """Hooks drop messages at random from tool loops (parallel calls too), or a recovery
     hook does: each request the model is sent pairs every result with a call before it
     and every call with its result, or the run fails with the hooks' ConfigurationError
-    before sending it; the log stays whole either way."""
+    before sending it; the log stays whole either way. A ``ModelCallRetried`` tells of
+    each failed call that went out and was sent again, never of a refused request."""
     rng = random.Random(seed)
 
     def drop(request: ModelRequest) -> ModelRequest | None:
@@ -1554,19 +1561,77 @@ async def test_no_request_leaves_a_call_or_result_unpaired_whatever_the_hooks_dr
     steps.append(text_response("done"))
     model = ScriptedModel(steps)
     store = InMemorySessionStore()
+    events: list[Event] = []
+    failed = True
     try:
-        await Dropping(model=model, session_store=store).run("Where?", session_id="s")
+        async with Dropping(model=model, session_store=store).stream(
+            "Where?", session_id="s"
+        ) as stream:
+            async for event in stream:
+                events.append(event)  # a failing run's before its error too
+        failed = False
     except ConfigurationError as error:
         assert "the turn's request (as its hooks left it)" in str(error)
     except InvalidRequestError:
         pass  # a refusal no hook mended
     assert not any(badly_paired(request.messages) for request in model.requests)
     assert not badly_paired(tuple(await store.load("s")))
+    sent = steps[: len(model.requests)]
+    unanswered = sum(isinstance(step, Exception) for step in sent)
+    failing_sent = failed and isinstance(sent[-1], Exception)  # ended on a call sent, no retry
+    retried = [event for event in events if isinstance(event, ModelCallRetried)]
+    assert [event.error_type for event in retried] == ["InvalidRequestError"] * (
+        unanswered - failing_sent
+    )
+
+
+@pytest.mark.parametrize("first", ["refused", "overflow"])
+async def test_a_request_refused_before_it_went_out_is_no_retry(first: str) -> None:
+    """A request a hook left badly paired, which a recovery hook mends, is never sent:
+    no ``ModelCallRetried`` tells of it. After an overflow (a call that went out), the
+    retry is told once, as the mended request goes out, with the overflow's figures."""
+
+    class Splitting(Agent):
+        tools = [lookup]
+
+        @before_model
+        def split(self, request: ModelRequest, context: RunContext) -> ModelRequest | None:
+            if context.turn < 2 or context.state.get("mended"):
+                return None
+            if first == "overflow" and not context.state.get("overflowed"):
+                return None
+            kept = tuple(m for m in request.messages if m.role is not Role.TOOL)
+            return attrs.evolve(request, messages=kept)
+
+        @after_model_error
+        def mend(
+            self, request: ModelRequest, error: Exception, context: RunContext
+        ) -> ModelRequest:
+            if isinstance(error, ContextWindowOverflowError):
+                context.state["overflowed"] = True
+            else:
+                context.state["mended"] = True
+            return attrs.evolve(request)
+
+    steps: list[Any] = [tool_call_response("lookup", {"order": "7"})]
+    if first == "overflow":
+        steps.append(ContextWindowOverflowError("too long", usage=Usage(5, 0)))
+    model = ScriptedModel([*steps, text_response("shipped")])
+    async with Splitting(model=model).stream("Where is order 7?") as stream:
+        events = [event async for event in stream]
+    retried = [event for event in events if isinstance(event, ModelCallRetried)]
+    if first == "overflow":
+        assert retried == [ModelCallRetried(1, "context_length_exceeded", Usage(5, 0))]
+    else:
+        assert retried == []
+    assert len(model.requests) == len(steps) + 1
+    assert stream.result.output == "shipped"
 
 
 async def test_settings_a_recovery_hook_fixes_are_sent() -> None:
     """A setting the check refuses is an error of the call the ``after_model_error``
-    hooks see, as a provider's refusal is: a hook that drops it retries without it."""
+    hooks see, as a provider's refusal is: a hook that drops it retries without it. The
+    refused request never went out: no ``ModelCallRetried`` tells of it."""
     seen: list[BaseException] = []
 
     class Dropping(Agent):
@@ -1583,8 +1648,10 @@ async def test_settings_a_recovery_hook_fixes_are_sent() -> None:
             return attrs.evolve(request, settings=settings)
 
     model = ScriptedModel([text_response("ok")])
-    result = await Dropping(model=model).run("hi")
-    assert result.output == "ok"
+    async with Dropping(model=model).stream("hi") as stream:
+        events = [event async for event in stream]
+    assert stream.result.output == "ok"
+    assert not any(isinstance(event, ModelCallRetried) for event in events)
     assert [type(error) for error in seen] == [ConfigurationError]
     assert "temprature" not in model.requests[0].settings
 
