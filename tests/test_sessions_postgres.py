@@ -189,6 +189,10 @@ class TestSchema:
                 PostgresSessionStore("dbname=x", max_sessions=wrong)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="conninfo"):
             PostgresSessionStore(b"dbname=x")  # type: ignore[arg-type]
+        for blank in ("", " ", "\t\n"):  # an unset variable: libpq's defaults, not a choice
+            with pytest.raises(ConfigurationError, match=r"conninfo is (empty|blank), with"):
+                PostgresSessionStore(blank)
+        PostgresSessionStore("postgresql://")  # libpq's defaults, as asked
         for conninfo in ("dbname=x password=s3cr\x00et", "dbname=x password=s3cr\udce9t"):
             with pytest.raises(ConfigurationError, match="conninfo") as caught:
                 PostgresSessionStore(conninfo)

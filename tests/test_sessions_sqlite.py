@@ -367,6 +367,21 @@ class TestFile:
         with pytest.raises(ConfigurationError, match=named):
             SQLiteSessionStore(**options)  # type: ignore[arg-type]
 
+    @pytest.mark.parametrize("path", ["", " ", "\t \n"])
+    def test_an_empty_or_blank_path_is_refused_as_the_store_is_made(
+        self, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``SQLiteSessionStore(os.environ.get("DB", ""))``, the variable unset, made a
+        private temporary database (SQLite's ``""``): every session was gone with the
+        process; a blank path made a file named with spaces in the current directory."""
+        monkeypatch.chdir(tmp_path)
+        said = "empty" if not path else "blank"
+        with pytest.raises(ConfigurationError, match=rf"^SQLiteSessionStore: path is {said}"):
+            SQLiteSessionStore(path)
+        with pytest.raises(ConfigurationError, match="unset or blank"):
+            SQLiteSessionStore(path, read_only=True)
+        assert list(tmp_path.iterdir()) == []
+
     @pytest.mark.parametrize(
         ("url", "instead"),
         [
@@ -398,7 +413,7 @@ class TestFile:
     def test_any_url_is_refused_and_any_plain_path_taken(self) -> None:
         """Random schemes before ``://`` (never quoted: a password may follow), and
         ``sqlite:`` in any case, are refused; random names without a colon, and with one
-        after a letter alone (a drive), are paths."""
+        after a letter alone (a drive), are paths, unless blank."""
         draw = random.Random(7)
         letters = string.ascii_letters
         for _ in range(500):
@@ -413,6 +428,10 @@ class TestFile:
             with pytest.raises(ConfigurationError, match=r"--store form\)"):
                 SQLiteSessionStore(f"{sqlite}:{'/' * draw.randint(0, 4)}s.db")
             name = "".join(draw.choices(letters + string.digits + "._-/ ", k=draw.randint(1, 20)))
+            if not name.strip():  # a blank path is refused: an unset variable, most likely
+                with pytest.raises(ConfigurationError, match="path is blank"):
+                    SQLiteSessionStore(name)
+                name = f"x{name}"
             for path in (name, f"{draw.choice(letters)}:{name}", f"./{scheme}://{name}"):
                 assert SQLiteSessionStore(path).path == path
 

@@ -166,7 +166,8 @@ _QUOTED = re.compile(r'"[^"]*"')
 
 
 def check_conninfo(conninfo: object) -> str:
-    """``conninfo`` if libpq can take it whole: a str without NUL characters (libpq would
+    """``conninfo`` if libpq can take it whole: a str, not empty or blank (libpq's
+    defaults: a variable left unset, most likely), without NUL characters (libpq would
     end it at the first one) that UTF-8 can encode (an undecodable byte from the command
     line cannot be sent) and, with psycopg installed, that libpq can parse. The error
     never quotes it: it may hold a password.
@@ -177,6 +178,13 @@ def check_conninfo(conninfo: object) -> str:
     if not isinstance(conninfo, str):
         raise ConfigurationError(
             f"PostgresSessionStore: conninfo must be a str, not {type(conninfo).__name__}"
+        )
+    if not conninfo.strip():
+        raise ConfigurationError(
+            f"PostgresSessionStore: conninfo is {'blank' if conninfo else 'empty'}, with which "
+            "libpq would connect wherever its PG* environment variables and defaults lead "
+            "(an environment variable unset or blank?); give a connection string, or "
+            "'postgresql://' for libpq's defaults on purpose"
         )
     nul = conninfo.find("\x00")
     if nul >= 0:

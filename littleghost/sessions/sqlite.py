@@ -177,9 +177,30 @@ def _check_not_a_url(path: str) -> None:
     )
 
 
+def _check_named(path: str) -> None:
+    """Refuse an empty or blank ``path``: SQLite makes a private temporary database of
+    ``""`` (every session gone with the store), a file in the current directory of
+    ``"  "``; an environment variable left unset or blank gives either.
+
+    Raises:
+        ConfigurationError: ``path`` is empty or only whitespace.
+    """
+    if path.strip():
+        return
+    if not path:
+        made = "a private temporary database, every session lost when the store closes"
+    else:
+        made = f"a file named {path!r} in the current directory"
+    raise ConfigurationError(
+        f"SQLiteSessionStore: path is {'blank' if path else 'empty'}, of which SQLite would "
+        f"make {made} (an environment variable unset or blank?); name the database file, or "
+        "':memory:' for a private in-memory database"
+    )
+
+
 def _private(path: str) -> bool:
     """``path`` names a private in-memory database, gone with its connection."""
-    return path in ("", ":memory:")
+    return path == ":memory:"
 
 
 _Identity = tuple[int, int] | None
@@ -363,7 +384,9 @@ class SQLiteSessionStore:
 
     Args:
         path: The database file (``":memory:"`` for a private in-memory database), not
-            a URL: ``sqlite:///app.db``, the command line's ``--store``, is an error.
+            a URL: ``sqlite:///app.db``, the command line's ``--store``, is an error, as
+            is an empty or blank path (SQLite's private temporary database, or a file
+            named with spaces: an environment variable left unset, say).
         timeout: Seconds to wait for another connection's write to finish (> 0); a call
             waits at most until the caller's deadline
             (``anyio.current_effective_deadline()``) when that comes sooner. A cancelled
@@ -392,6 +415,7 @@ class SQLiteSessionStore:
             raise ConfigurationError(
                 f"SQLiteSessionStore: path must not hold a NUL character, not {os.fspath(path)!r}"
             )
+        _check_named(os.fspath(path))
         _check_not_a_url(os.fspath(path))
         if not isinstance(read_only, bool):
             raise ConfigurationError(
