@@ -277,11 +277,7 @@ class RunContext:
                 raise TypeError(
                     f"context.append() takes Message values, not {type(message).__name__}"
                 )
-        if self._ended:
-            raise ConfigurationError(
-                "context.append(): the run of this context has ended; a context kept past "
-                "its run appends nothing"
-            )
+        self._check_running("context.append()", "a context kept past its run appends nothing")
         calling = _CALLING.get()
         if calling is not None and calling.context is self and calling.over:
             raise ConfigurationError(
@@ -360,7 +356,13 @@ class RunContext:
     async def emit(self, event: Event) -> None:
         """Hand an event to the stream's consumer, if there is one, after those a
         cancellation held back (``_held``). The time a tool's call waits for the consumer
-        does not count against the tool's timeout."""
+        does not count against the tool's timeout.
+
+        Raises:
+            ConfigurationError: The run of this context has ended: its stream is over
+                (it was a bare ``ClosedResourceError``).
+        """
+        self._check_running("context.emit()", "its stream is over: the event would reach nobody")
         if self._sink is None:
             return
         calling = _CALLING.get()
@@ -406,7 +408,10 @@ class RunContext:
         """Emit a side call's ``event`` about ``error``; hold it for the run's next event
         (``_held``) when a cancellation cut the call, or cuts the task now (a client that
         turned it into an error of its own): nothing can be awaited under it, which would
-        delay the cancellation, or lose the event."""
+        delay the cancellation, or lose the event. Once the run has ended (a side call
+        that outlived it), the event reaches nobody."""
+        if self._ended:
+            return
         if isinstance(error, Exception) and not cancelled_here():
             await self.emit(event)
         elif self.streaming:
@@ -421,20 +426,45 @@ class RunContext:
         )
 
     def add_usage(self, usage: Usage) -> None:
-        """Add a model call's usage to the run's total.
+        """Add a model call's usage (an embedding call's, say) to the run's total.
 
         Raises:
             TypeError: ``usage`` is not a ``Usage``.
+            ConfigurationError: The run of this context has ended: its usage was told
+                (``RunResult.usage``, the error's ``run_usage``, the ``invoke_agent``
+                span), and what is added now would count nowhere.
         """
         if not isinstance(usage, Usage):
             raise TypeError(
                 "context.add_usage() takes a Usage (Usage(input_tokens=..., "
                 f"output_tokens=...)), not {type(usage).__name__}"
             )
+        self._check_running(
+            "context.add_usage()",
+            "its usage was reported (RunResult.usage, the error's run_usage): what is added "
+            "now would count nowhere; keep such figures yourself",
+        )
+        self._count(usage)
+
+    def _count(self, usage: Usage) -> None:
+        """Add ``usage`` to the run's total; a model call of the run that ends after it (a
+        side call that outlived it) counts so without an error: its usage is on its
+        ``chat`` span and in the token metric, and its caller gets its answer."""
         self.usage = self.usage + usage
 
+    def _check_running(self, name: str, why: str) -> None:
+        """``ConfigurationError`` naming ``name`` and saying ``why`` once the run of this
+        context has ended (a context kept past its run, used by code of its own)."""
+        if self._ended:
+            raise ConfigurationError(f"{name}: the run of this context has ended; {why}")
+
     def mark_compacted(self) -> None:
-        """Note that the next turn's model call's request was compacted."""
+        """Note that the next turn's model call's request was compacted.
+
+        Raises:
+            ConfigurationError: The run of this context has ended (no call comes).
+        """
+        self._check_running("context.mark_compacted()", "no model call of it comes")
         self._call_attributes[telemetry.CONVERSATION_COMPACTED] = True
 
     def annotate_next_call(self, attributes: Mapping[str, Any]) -> None:
@@ -446,9 +476,11 @@ class RunContext:
                 or a value a span does not keep (one but a str, bool, int or float, or a
                 list or tuple of one kind of them).
             ConfigurationError: A name of the GenAI conventions' ``gen_ai.``, ``server.``
-                or ``error.`` attributes, the call's span's own figures.
+                or ``error.`` attributes, the call's span's own figures; or the run of
+                this context has ended (no call comes to take them).
         """
         telemetry.check_annotations("context.annotate_next_call()", attributes)
+        self._check_running("context.annotate_next_call()", "no model call of it comes")
         for name, value in attributes.items():
             if value is None:
                 self._call_attributes.pop(name, None)
@@ -499,11 +531,10 @@ class RunContext:
             raise TypeError(
                 f"context.complete(report=) must be a bool, not {type(report).__name__}"
             )
-        if self._ended:
-            raise ConfigurationError(
-                "context.complete(): the run of this context has ended; a context kept past "
-                "its run makes no side call (its usage would be counted nowhere)"
-            )
+        self._check_running(
+            "context.complete()",
+            "a context kept past its run makes no side call (its usage would be counted nowhere)",
+        )
         try:
             response = await self._call(request, model=model)
         except BaseException as error:
@@ -516,7 +547,7 @@ class RunContext:
                 )
                 await self._side_call_ended(SideCallFinished(used, request.purpose, kind), error)
             raise
-        if report:
+        if report and not self._ended:  # else it outlived its run: the stream is over
             await self.emit(SideCallFinished(response.usage, request.purpose))
         return response
 
@@ -641,9 +672,9 @@ class RunContext:
                     deadline=self.grace.earliest_deadline,  # a served run's deadline too
                 )
             except BaseException as error:
-                self.add_usage(billed(error))
+                self._count(billed(error))
                 raise
-            self.add_usage(response.usage)
+            self._count(response.usage)
             return response
 
         async def on_retry(number: int, error: BaseException) -> None:

@@ -872,6 +872,92 @@ async def test_a_context_kept_past_its_run_makes_no_side_call(via: str) -> None:
     assert kept[0].usage == Usage()
 
 
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_context_kept_past_its_run_takes_no_usage_or_annotation(via: str) -> None:
+    """``add_usage`` on a context kept past its run (an embedding call's figures, say)
+    changed ``context.usage`` alone, after the run had told its usage: the figures were
+    lost without a word. It is refused, as are ``annotate_next_call`` and
+    ``mark_compacted`` (no call comes to take them) and ``emit`` (the stream is over),
+    as ``complete`` and ``append`` are; the run's result keeps what it told."""
+    kept: list[RunContext] = []
+
+    class Keeping(Agent):
+        @before_model
+        def keep(self, request: ModelRequest, context: RunContext) -> None:
+            context.add_usage(Usage(3, 0))
+            kept.append(context)
+
+    model = ScriptedModel([text_response("Hi.", input_tokens=5)])
+    if via == "run":
+        result = await Keeping(model=model).run("Hello")
+    else:
+        async with Keeping(model=model).stream("Hello") as events:
+            async for _ in events:
+                pass
+        result = events.result
+    context = kept[0]
+    ended = "the run of this context has ended"
+    with pytest.raises(ConfigurationError, match=rf"context.add_usage\(\): {ended}"):
+        context.add_usage(Usage(7, 1))
+    with pytest.raises(ConfigurationError, match=rf"context.annotate_next_call\(\): {ended}"):
+        context.annotate_next_call({"app.figure": 1})
+    with pytest.raises(ConfigurationError, match=rf"context.mark_compacted\(\): {ended}"):
+        context.mark_compacted()
+    with pytest.raises(ConfigurationError, match=rf"context.emit\(\): {ended}"):
+        await context.emit(SideCallFinished(Usage(7, 1), "embedding"))  # streamed: a bare
+        # ClosedResourceError
+    with pytest.raises(TypeError):  # bad input is told first, as during the run
+        context.add_usage(7)  # type: ignore[arg-type]
+    assert result.usage == context.usage == Usage(8, 0)
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
+async def test_a_side_call_that_outlives_its_run_answers_its_caller(via: str) -> None:
+    """A side call started in a task of the caller's (outside the run's scope) that
+    ends after the run is counted without an error: its caller gets its answer (its
+    ``SideCallFinished`` reaches nobody: the stream is over), and the run's result keeps
+    the usage it told."""
+    kept: list[RunContext] = []
+    answered: list[str] = []
+    release = anyio.Event()
+
+    class Keeping(Agent):
+        @before_model
+        def keep(self, request: ModelRequest, context: RunContext) -> None:
+            kept.append(context)
+
+    async def late(request: ModelRequest) -> ModelResponse:
+        await release.wait()
+        return text_response("late", input_tokens=9)
+
+    checker = ScriptedModel([late])
+
+    async def side_call(task_status: anyio.abc.TaskStatus[None]) -> None:
+        task_status.started()
+        asking = ModelRequest([Message.user("check")])
+        response = await kept[0].complete(asking, model=checker)
+        answered.append(response.message.text)
+
+    class Starting(Keeping):
+        @before_model
+        async def start(self, request: ModelRequest, context: RunContext) -> None:
+            if not checker.requests:  # once
+                await group.start(side_call)
+
+    model = ScriptedModel([text_response("Hi.", input_tokens=5)])
+    async with anyio.create_task_group() as group:
+        if via == "run":
+            result = await Starting(model=model).run("Hello")
+        else:
+            async with Starting(model=model).stream("Hello") as events:
+                async for _ in events:
+                    pass
+            result = events.result
+        release.set()
+    assert answered == ["late"]
+    assert result.usage == Usage(5, 0)
+
+
 @pytest.mark.parametrize(
     ("request_", "model", "said"),
     [
