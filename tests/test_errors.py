@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 import littleghost
 import littleghost.errors as errors_module
+from littleghost import Agent, Message
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -24,7 +28,7 @@ from littleghost.errors import (
     RateLimitError,
 )
 from littleghost.models import StopReason
-from littleghost.testing import text_response
+from littleghost.testing import ScriptedModel, text_response
 
 PUBLIC = (
     LittleGhostError,
@@ -149,3 +153,51 @@ def test_every_littleghost_error_is_in_the_errors_module() -> None:
             assert getattr(errors_module, error.__name__, None) is error, error
             assert error.__name__ in errors_module.__all__
             assert error.__name__ in (errors_module.__doc__ or "")
+
+
+class Answering(Agent):
+    pass
+
+
+def _runs(**arguments: Any) -> None:
+    """A run of an agent that answers once, with ``arguments`` given to ``run_sync()``."""
+    Answering(model=ScriptedModel([text_response("done")])).run_sync(**arguments)
+
+
+SAME = Message.user("asked twice, one id")
+
+WRONG_CALLS: list[tuple[str, Callable[[], object]]] = [
+    ("misspelled keyword", lambda: Answering(max_turn=3)),
+    ("input not a str", lambda: _runs(input=3)),
+    ("negative timeout", lambda: _runs(input="q", timeout=-1)),
+    ("empty session id", lambda: _runs(input="q", session_id="")),
+    ("history of non-messages", lambda: _runs(input="q", history=[3])),
+]
+WRONG_DECLARATIONS: list[tuple[str, Callable[[], object]]] = [
+    ("knob to the constructor", lambda: Answering(max_turns=0)),
+    ("run settings", lambda: _runs(input="q", settings={"temperature": "hot"})),
+    ("run output type", lambda: _runs(input="q", output_type=3)),
+    ("refused history", lambda: _runs(input="q", history=[SAME, SAME])),
+    ("wall-clock deadline", lambda: _runs(input="q", deadline=time.time() + 30)),
+]
+
+
+@pytest.mark.parametrize(("what", "call"), WRONG_CALLS, ids=[what for what, _ in WRONG_CALLS])
+def test_a_wrong_argument_is_a_type_error(what: str, call: Callable[[], object]) -> None:
+    """The errors page: a wrong argument to a call is Python's own TypeError, which
+    ``except LittleGhostError`` does not catch."""
+    with pytest.raises(TypeError) as raised:
+        call()
+    assert not isinstance(raised.value, LittleGhostError), what
+
+
+@pytest.mark.parametrize(
+    ("what", "call"), WRONG_DECLARATIONS, ids=[what for what, _ in WRONG_DECLARATIONS]
+)
+def test_a_wrong_declaration_given_at_the_call_is_a_configuration_error(
+    what: str, call: Callable[[], object]
+) -> None:
+    """The errors page: a knob given to the constructor, ``run()``'s settings, output
+    type and refused history, and a wall-clock deadline are ``ConfigurationError``s."""
+    with pytest.raises(ConfigurationError):
+        call()
