@@ -1633,3 +1633,57 @@ async def test_every_littleghost_logger_names_the_run(caplog: pytest.LogCaptureF
     probes = {r.name: r.littleghost for r in caplog.records if r.getMessage() == "probe"}  # type: ignore[attr-defined]
     expected = {"gen_ai.agent.name": "Probing", "gen_ai.conversation.id": "s-2"}
     assert probes == {name: expected for name in names}
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "error_type"),
+    [
+        (17, StatusCode.UNSET, None),
+        (None, StatusCode.UNSET, None),
+        (0, StatusCode.ERROR, "ProtocolError"),
+        (-1, StatusCode.ERROR, "ProtocolError"),
+        (True, StatusCode.ERROR, "ProtocolError"),
+        ("17", StatusCode.ERROR, "ProtocolError"),
+        (ValueError(f"count failed on {SECRET}"), StatusCode.ERROR, "ValueError"),
+    ],
+    ids=["figure", "cannot-tell", "zero", "negative", "bool", "str", "raises"],
+)
+async def test_a_prompt_count_is_an_error_span_unless_it_is_a_positive_int_or_none(
+    spans: Spans,
+    caplog: pytest.LogCaptureFixture,
+    answer: object,
+    status: StatusCode,
+    error_type: str | None,
+) -> None:
+    """The telemetry page's *Token counts*: a count that fails, or answers anything but a
+    positive int or None, is ERROR with ``error.type`` and logged by its type alone; None
+    (the model cannot tell) ends UNSET without a figure; the run goes on either way."""
+
+    def count(request: ModelRequest) -> object:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    class Counting(Agent):
+        @tool
+        async def probe(self, context: RunContext) -> str:
+            """Count the prompt."""
+            return str(await context.count_prompt_tokens(ModelRequest([Message.user("q")])))
+
+    model = ScriptedModel(
+        [tool_call_response("probe", {}), text_response("done")],
+        name="counter",
+        count_prompt_tokens=count,  # type: ignore[arg-type]
+    )
+    with caplog.at_level(logging.WARNING, logger="littleghost.models"):
+        result = await Counting(model=model).run("q")
+    assert result.output == "done"
+    [span] = spans.named("count_tokens ")
+    assert span.name == "count_tokens counter" and span.kind is SpanKind.CLIENT
+    assert span.status.status_code is status
+    assert (span.attributes or {}).get("error.type") == error_type
+    figure = (span.attributes or {}).get("littleghost.counted_prompt_tokens")
+    assert figure == (17 if answer == 17 else None)
+    logged = [r.getMessage() for r in caplog.records if r.name == "littleghost.models"]
+    assert len(logged) == (0 if error_type is None else 1)
+    assert SECRET not in " ".join(logged)
