@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from littleghost import (
@@ -78,6 +79,11 @@ class Weather(Agent):
     async def weather(self, city: str) -> str:
         """The weather in a city."""
         return f"sunny in {city}"
+
+
+@attrs.frozen
+class Ticket:
+    order_id: str
 
 
 def chat(pairs: int) -> list[Message]:
@@ -261,6 +267,26 @@ class TestEvents:
         )
         assert "".join(e.text for e in received if isinstance(e, TextDelta)) == "hi there"
         assert events.result.output == "HI THERE"
+
+    @pytest.mark.parametrize("strategy", ["native", "tool"])
+    async def test_a_typed_runs_deltas_are_the_json_its_output_was_read_from(
+        self, strategy: str
+    ) -> None:
+        """The streaming page: a typed run's deltas join to the JSON text its output was
+        read from, and to nothing through the ``final_result`` tool."""
+        answer = (
+            text_response('{"order_id": "42"}')
+            if strategy == "native"
+            else tool_call_response("final_result", {"order_id": "42"})
+        )
+        received, events = await collect(
+            Agent(model=ScriptedModel([answer]), output_strategy=strategy),
+            "go",
+            output_type=Ticket,
+        )
+        deltas = "".join(e.text for e in received if isinstance(e, TextDelta))
+        assert events.result.output == Ticket(order_id="42")
+        assert deltas == ('{"order_id": "42"}' if strategy == "native" else "")
 
 
 async def test_a_call_that_finished_first_is_reported_after_the_earlier_call() -> None:
