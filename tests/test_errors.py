@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +203,30 @@ def test_a_wrong_declaration_given_at_the_call_is_a_configuration_error(
     type and refused history, and a wall-clock deadline are ``ConfigurationError``s."""
     with pytest.raises(ConfigurationError):
         call()
+
+
+def test_the_errors_page_lists_each_errors_fields() -> None:
+    """The errors page's table names every keyword field of each exception, on the row
+    of the class that adds it (or of a parent it says covers its subclasses)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    rows = {
+        row.split("|")[1].strip(): row.split("|")[2]
+        for row in page.splitlines()
+        if row.startswith("| `") and row.count("|") == 3
+    }
+    for name in errors_module.__all__:
+        error = getattr(errors_module, name)
+        parent = error.__mro__[1]
+        fields = [
+            parameter.name
+            for parameter in inspect.signature(error.__init__).parameters.values()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        inherited = set(inspect.signature(parent.__init__).parameters)
+        added = [field for field in fields if field not in inherited]
+        if not added:
+            continue
+        row = rows.get(f"`{name}`") or rows[f"`{name}` and its subclasses"]
+        for field in added:
+            assert f"`{field}`" in row, (name, field)
+    assert "`run_usage`" in page
