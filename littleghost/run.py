@@ -496,13 +496,13 @@ class RunContext:
         A side call is never the turn's own call, whatever its ``purpose``: nothing of it
         is streamed or reported as retried, and it takes none of the attributes meant for
         the turn's call. Each attempt is a ``chat`` span (a child of the run's span, or
-        of the ``execute_tool`` span of the tool that makes it, with the model's ``server.address`` and ``server.port`` when it has them, and the
-        response's id and model when the provider reported them); its usage is added to
-        the run's total and reported by a ``SideCallFinished`` event (a failed call's
-        too when its error says it was billed, and one a cancellation cut, a tool's
-        timeout say, when its provider had reported usage: with ``error_type``
-        ``cancelled``, just before the run's next event, as nothing can be awaited under
-        the cancellation) — unless
+        of the ``execute_tool`` span of the tool that makes it, with the model's
+        ``server.address`` and ``server.port`` when it has them, and the response's id
+        and model when the provider reported them); its usage is added to the run's total
+        and reported by a ``SideCallFinished`` event (a failed call's too when its error
+        says it was billed, and one a cancellation cut, a tool's timeout say, when its
+        provider had reported usage: with ``error_type`` ``cancelled``, just before the
+        run's next event, as nothing can be awaited under the cancellation) — unless
         ``report=False``, for a call whose usage an event of the caller's own reports
         (``@manage_context``'s summary call: ``CompactionFinished``). An attempt that was
         billed, then retried, is reported by a ``SideCallFinished`` (its ``error_type``)

@@ -4,13 +4,14 @@ arguments it sends back, and Python values turned into JSON.
 Supported types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list`` / ``tuple`` /
 ``set`` / ``dict`` (with str keys) and their typed forms, named tuples (an array),
 ``Optional`` and unions, ``Literal``, ``Enum`` subclasses (with members, of JSON values),
-records — attrs classes, dataclasses, ``TypedDict`` and pydantic (v2) models (not recursive) — ``Any`` and
-``Annotated[T, "description"]`` (and bounds: :mod:`littleghost.tool_bounds`); and, as
-JSON strings, ``datetime`` (RFC 3339, with its UTC offset: the value is aware), ``date``,
-``time`` (a time of day, without an offset: the value is naive), ``timedelta`` (an ISO
-8601 duration), ``UUID`` and ``Decimal`` (a string, since a JSON number may lose digits).
-A model's string is parsed here, the same on every Python version, never by
-``fromisoformat`` (Python 3.10's takes less than 3.11's).
+records — attrs classes, dataclasses, ``TypedDict`` and pydantic (v2) models (not
+recursive) — ``Any`` and ``Annotated[T, "description"]`` (and bounds:
+:mod:`littleghost.tool_bounds`); and, as JSON strings, ``datetime`` (RFC 3339, with its
+UTC offset: the value is aware), ``date``, ``time`` (a time of day, without an offset:
+the value is naive), ``timedelta`` (an ISO 8601 duration), ``UUID`` and ``Decimal`` (a
+string, since a JSON number may lose digits). A model's string is parsed here, the same
+on every Python version, never by ``fromisoformat`` (Python 3.10's takes less than
+3.11's).
 
 pydantic is not a dependency: a model class is told by ``pydantic.main`` being imported
 already (defining the class imported it), never by importing it. A model's fields are

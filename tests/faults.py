@@ -1111,7 +1111,6 @@ BOUNDED = {"bounded view", "bounded view and summaries"}
 may end in a ``PromptBudgetError`` when a long turn outgrows the budget)."""
 CONTEXT_SHARE = 0.4
 """The share of the runs with context management."""
-"""The variants whose view leaves turns out without a record, by design."""
 
 
 @define

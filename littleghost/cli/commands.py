@@ -450,8 +450,8 @@ def compact(
     estimate with the newest messages kept; the summary is written by the class's model.
     The session is held as a run holds it (a run of it under way ends first: the command
     says it is waiting; Ctrl-C stops it, appending nothing), and the records are
-    appended: nothing stored is removed. With --dry-run the store is only read and no model is called, so the
-    records say what would be covered but hold no summary text.
+    appended: nothing stored is removed. With --dry-run the store is only read and no
+    model is called, so the records say what would be covered but hold no summary text.
     """
     if dry_run:
         _output_open("sessions compact --dry-run")
