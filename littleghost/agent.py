@@ -1074,7 +1074,8 @@ class Agent:
 
     def resolve_model(self) -> Model:
         """The model this agent runs with: its ``model`` when that is a ``Model``, else
-        the one made from its model string (once per string; ``aclose()`` closes it).
+        the one made from its model string (once per string, of the 8 strings used last;
+        ``aclose()`` closes them).
 
         Raises:
             ConfigurationError: The agent declares no model, or a model string that no

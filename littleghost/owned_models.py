@@ -1,5 +1,6 @@
 """The models an agent makes from model strings: one per string, shared by its runs, and
-closed by ``aclose()`` once no run uses them."""
+closed by ``aclose()`` once no run uses them; only the ``KEPT_MODELS`` strings used last
+are kept (an agent whose model string changes per tenant keeps no client per tenant)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from littleghost.cleanup import close_leaving
 from littleghost.errors import CleanupError, DeadlineExceededError
 from littleghost.models.base import Model
 from littleghost.models.registry import resolve
+
+__all__ = ["KEPT_MODELS", "OwnedModels", "close_models"]
+
+KEPT_MODELS = 8
+"""The most model strings an agent keeps a model of: the model of one used less lately is
+given up (closed as its last use ends), and made anew if the string comes back."""
 
 _LOCK = threading.Lock()
 """Held while an agent looks up, makes, uses or gives up a model (threads share agents)."""
@@ -42,6 +49,8 @@ class OwnedModels:
         """Uses in flight, by ``id`` of the model."""
         self._closing: dict[int, Model] = {}
         """Models to close when their last use ends, by ``id``."""
+        self._retired: list[Model] = []
+        """Models given up for strings used more lately that no use held: to close."""
 
     def get(self, declared: str) -> Model:
         """The model of ``declared``, made the first time (threads asking at once share
@@ -50,10 +59,18 @@ class OwnedModels:
             return self._current(declared)
 
     def _current(self, declared: str) -> Model:
-        """The model of ``declared`` (``_LOCK`` held)."""
-        model = self._by_string.get(declared)
+        """The model of ``declared`` (``_LOCK`` held), now the string used last; the model
+        of the string used least lately is given up when more than ``KEPT_MODELS`` are."""
+        model = self._by_string.pop(declared, None)
         if model is None:
-            model = self._by_string[declared] = resolve(declared)
+            model = resolve(declared)
+        self._by_string[declared] = model  # in the order they were used, the last last
+        while len(self._by_string) > KEPT_MODELS:
+            oldest = self._by_string.pop(next(iter(self._by_string)))
+            if self._uses.get(id(oldest)):
+                self._closing[id(oldest)] = oldest
+            else:
+                self._retired.append(oldest)
         return model
 
     def give_up(self) -> list[Model]:
@@ -64,7 +81,9 @@ class OwnedModels:
             for model in models:
                 if self._uses.get(id(model)):
                     self._closing[id(model)] = model
-            return [model for model in models if id(model) not in self._closing]
+            unused = [model for model in models if id(model) not in self._closing]
+            retired, self._retired = self._retired, []
+            return [*retired, *unused]
 
     def close_after_use(self, model: Model) -> Model:
         """Have ``model``, made for one use, closed as that use ends."""
@@ -87,7 +106,8 @@ class OwnedModels:
         model is closed as the block ends (``close_models`` with ``grace``, not past the
         time ``by()``), failing with ``CleanupError`` (unless the caller's
         cancellation came meanwhile: that goes on); leaving by an exception, that
-        exception goes on (a deadline's with the failure as its cause)."""
+        exception goes on (a deadline's with the failure as its cause). Models given up
+        meanwhile for strings used more lately, which no use holds, are closed with it."""
         with _LOCK:
             if declared is not None:
                 model = self._current(declared)
@@ -95,24 +115,29 @@ class OwnedModels:
         try:
             yield model
         except BaseException as error:
-            if self._last_use(model):
-                close = functools.partial(close_models, [model], grace, by=by())
+            closing = self._ended(model)
+            if closing:
+                close = functools.partial(close_models, closing, grace, by=by())
                 failure = await close_leaving(close, "closing the run's model", error)
                 if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
                     error.__cause__ = failure  # what its cleanup could not do
             raise
-        if self._last_use(model):  # the caller's cancellation meanwhile goes on first
-            close = functools.partial(close_models, [model], grace, by=by())
+        closing = self._ended(model)
+        if closing:  # the caller's cancellation meanwhile goes on first
+            close = functools.partial(close_models, closing, grace, by=by())
             await close_leaving(close, "closing the run's model", None)
 
-    def _last_use(self, model: Model) -> bool:
-        """End one use of ``model``: true when it was the last of a model to close."""
+    def _ended(self, model: Model) -> list[Model]:
+        """End one use of ``model``; the models to close now: it when that was the last
+        use of a model to close, and those given up that no use held."""
         with _LOCK:
+            closing, self._retired = self._retired, []
             left = self._uses.pop(id(model)) - 1
             if left:
                 self._uses[id(model)] = left
-                return False
-            return self._closing.pop(id(model), None) is not None
+            elif self._closing.pop(id(model), None) is not None:
+                closing.append(model)
+            return closing
 
 
 async def close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:

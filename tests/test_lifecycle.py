@@ -6,14 +6,17 @@ import contextlib
 import copy
 import functools
 import pickle
+import random
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from littleghost import Agent, Message, before_model, manage_context, tool
@@ -27,6 +30,7 @@ from littleghost.errors import (
     OutputValidationError,
 )
 from littleghost.models import Model, ModelRequest, ModelResponse, register_provider
+from littleghost.owned_models import KEPT_MODELS
 from littleghost.sessions import InMemorySessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
@@ -35,6 +39,8 @@ from .stores import SlowWrites, working_until
 from .timing import LATE
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class LoopBound:
@@ -118,6 +124,56 @@ async def test_switching_model_strings_makes_one_model_per_string() -> None:
         assert sorted(model.name for model in LoopBound.made) == ["premium", "standard"]
         assert not any(model.closed for model in LoopBound.made)
     assert all(model.closed for model in LoopBound.made)
+
+
+class Napping(LoopBound):
+    """A model whose answer takes a few turns of the event loop (runs at once overlap)."""
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        return await super().respond(request)
+
+
+register_provider("napping", Napping)
+
+
+def _open_models() -> list[str]:
+    return [model.name for model in LoopBound.made if not model.closed]
+
+
+async def test_an_agent_keeps_the_models_of_its_latest_model_strings_only() -> None:
+    """An agent whose model string changes per tenant (``agent.model = ...`` before each
+    run) keeps the models of the ``KEPT_MODELS`` strings it used last, each reused while
+    kept: it kept every model (each an SDK client and its connections, a ``LocalModel``
+    its server) until ``aclose()``. Drawn orders, runs one at a time and at once."""
+    rng = random.Random(73)
+    tenants = [f"loopbound:tenant-{number}" for number in range(3 * KEPT_MODELS)]
+    LoopBound.made.clear()
+    async with Bound() as agent:
+        used: list[str] = []
+        for _ in range(200):
+            name = rng.choice(tenants[: rng.choice((KEPT_MODELS, len(tenants)))])
+            reused = name in used[-KEPT_MODELS:] and name.partition(":")[2] in _open_models()
+            made = len(LoopBound.made)
+            agent.model = name
+            assert (await agent.run("hi")).output == "hello"
+            assert len(LoopBound.made) == made + (not reused)
+            used = [*(kept for kept in used if kept != name), name]
+            latest = {kept.partition(":")[2] for kept in used[-KEPT_MODELS:]}
+            assert sorted(_open_models()) == sorted(latest)
+
+        async def run_as(name: str) -> None:
+            agent.model = name
+            await agent.run("hi")  # reads the string before its first await
+
+        async with anyio.create_task_group() as group:  # no model used after its close
+            for _ in range(100):
+                group.start_soon(run_as, rng.choice(tenants).replace("loopbound", "napping"))
+        assert len(_open_models()) <= KEPT_MODELS
+    assert not _open_models()
+    said = f"keeps the models of the {KEPT_MODELS} model strings it used last"
+    assert said in " ".join((ROOT / "docs" / "agents.md").read_text().split())
 
 
 class SlowToMake(LoopBound):
