@@ -1628,7 +1628,7 @@ class TestCalibratedViews:
         """summarize=False, 4 000 tokens declared: an overflow error says the window is 800,
         so the recovered call and every later call of the tool loop are bounded in 800,
         and one warning (once a process) names both figures."""
-        monkeypatch.setattr(config_module, "_reported_windows", set())
+        monkeypatch.setattr(config_module, "_reported_windows", {})
         overflow = ContextWindowOverflowError("too long", prompt_tokens=1_500, context_window=800)
         steps = [tool_call_response("weather", {"city": f"city {n}"}) for n in range(3)]
         model = ScriptedModel([overflow, *steps, text_response("ok")])

@@ -51,9 +51,13 @@ __all__ = [
 
 logger = logs.logger("littleghost.context")
 
-_assumed_windows: set[tuple[Any, ...]] = set()  # (provider, model name) pairs warned about
-_reported_windows: set[tuple[Any, ...]] = set()  # and (…, a smaller window reported)
-_belied_windows: set[tuple[Any, ...]] = set()  # and those an overflow's size belied
+_WARNED_MODELS = 256
+"""The most models each warning below is remembered for (a model string per tenant would
+grow it for good): one forgotten is warned about again if it comes back."""
+_Warned = dict[tuple[Any, ...], None]  # in the order warned, the oldest first
+_assumed_windows: _Warned = {}  # (provider, model name) pairs warned about
+_reported_windows: _Warned = {}  # and (…, a smaller window reported)
+_belied_windows: _Warned = {}  # and those an overflow's size belied
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -278,13 +282,17 @@ def belied_window(model: Model, window: int, overflowed: int) -> int:
 
 
 def _warn_once(
-    warned: set[tuple[Any, ...]], model: Model, key: tuple[int, ...], said: str, *figures: int
+    warned: _Warned, model: Model, key: tuple[int, ...], said: str, *figures: int
 ) -> None:
-    """Warn that ``model`` ``said`` (with ``figures``), once per model and ``key``."""
+    """Warn that ``model`` ``said`` (with ``figures``), once per model and ``key`` of the
+    ``_WARNED_MODELS`` warned about last."""
     provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
-    if (provider, name, *key) in warned:
+    seen = (provider, name, *key)
+    if seen in warned:
         return
-    warned.add((provider, name, *key))
+    warned[seen] = None
+    if len(warned) > _WARNED_MODELS:
+        del warned[next(iter(warned))]
     logger.warning(
         f"manage_context: model %r (provider %r) {said}. Set context_window= on the model, "
         "or context_window_override= or context_window_tokens= on manage_context",
