@@ -136,6 +136,11 @@ def shell_read(words: list[str]) -> list[str]:
     return done.stdout.decode().split("\0")[:-1]
 
 
+def looks(text: str) -> str:
+    """``text`` as it looks on a terminal: two forms of one character look alike."""
+    return unicodedata.normalize("NFC", text)
+
+
 def load(url: str, session_id: str) -> tuple[Message, ...]:
     return in_store(url, lambda store: store.load(session_id))  # type: ignore[no-any-return]
 
@@ -388,6 +393,51 @@ class TestUntrustedText:
             assert word.isprintable() and word.strip() == word, word
         assert shell_read(words) == ids
         assert shell_read(said) == [session_id for session_id in ids for _ in range(4)]
+
+    LOOK_ALIKES = "ÅåéÉñüÖçǅḱṩ\u212b\u2126ḉ가각"
+    """Characters whose NFC and NFD forms differ (a letter and its accent as one
+    character or two; the Ångström and ohm signs, which NFC makes Å and Ω)."""
+
+    def test_session_ids_that_differ_only_in_normalization_look_different(
+        self, tmp_path: Path
+    ) -> None:
+        """Two sessions whose ids differ only in Unicode normalization (``café`` typed,
+        ``cafe`` and a combining accent from a macOS file name) are printed differently,
+        in ``list`` and in what ``view`` and ``delete`` say, each pasting back exact: both
+        were printed ``'café'``, and an erasure could delete the other one."""
+        rng = random.Random(73)
+        drawn = ["café", *("".join(rng.choices(self.LOOK_ALIKES + "ab c", k=5)) for _ in range(30))]
+        pairs = [(unicodedata.normalize("NFC", i), unicodedata.normalize("NFD", i)) for i in drawn]
+        ids = list(dict.fromkeys(i for pair in pairs if pair[0] != pair[1] for i in pair))
+        url = f"sqlite:///{tmp_path / 's.db'}"
+
+        async def fill(store: SessionStore) -> None:
+            for session_id in ids:
+                await store.append(session_id, [Message.user("hi")])
+
+        in_store(url, fill)
+        listed = ok("sessions", "list", "--store", url, "--json").stdout
+        rows = ok("sessions", "list", "--store", url).stdout.splitlines()[1:]
+        words = dict(
+            zip(
+                [row["id"] for row in json.loads(listed)],
+                [r.split("\t")[3] for r in rows],
+                strict=True,
+            )
+        )
+        said = {}
+        for session_id in ids:
+            view = ok("sessions", "view", "--store", url, "--", session_id).stdout
+            shown_in_view = view.splitlines()[0].removeprefix("session ").rsplit(", as ", 1)[0]
+            deleted = ok("sessions", "delete", "-y", "--store", url, "--", session_id).stdout
+            said[session_id] = (shown_in_view, deleted.split(": ", 1)[0])
+        for composed, decomposed in pairs:  # as a terminal shows them: their NFC forms
+            if composed != decomposed:
+                assert looks(words[composed]) != looks(words[decomposed])
+                assert looks(said[composed][0]) != looks(said[decomposed][0])
+                assert looks(said[composed][1]) != looks(said[decomposed][1])
+        assert shell_read([words[i] for i in ids]) == ids
+        assert shell_read([said[i][0] for i in ids]) == ids
 
     def test_names_from_the_agents_code_are_escaped_in_a_view(self, tmp_path: Path) -> None:
         """``view`` printed the model's name (where the window comes from) and the names

@@ -80,6 +80,8 @@ def _escape(match: re.Match[str], *, bytes_below: int = 0x100) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+_BEYOND_ASCII = re.compile(r"[\x00-\x1f\x7f-\U0010ffff]")
+"""What an id not in NFC form has as escapes: it could look like another, composed id."""
 _BARE_WORD = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
 """What a shell reads as one word unquoted, with no expansion (as ``shlex.quote``)."""
 
@@ -89,15 +91,18 @@ def shell_word(text: str, *, in_prose: bool = False) -> str:
     print: bare when it is only ASCII letters, digits and ``_@%+=:,./-`` and starts with
     no ``-`` (unless ``in_prose``: a sentence quotes it all the same); else in single
     quotes (``'a b'``, ``''``, ``'it'\\''s'``); and when it holds what ``shown`` escapes,
-    in ANSI-C quotes with those escapes (``$'a\\nb'``: bash, zsh, ksh, and POSIX sh since
-    2024)."""
+    or is not in Unicode's NFC form (``cafe\\u0301``, which would look like ``café``), in
+    ANSI-C quotes with those escapes, all beyond ASCII in the second case (``$'a\\nb'``,
+    ``$'cafe\\u0301'``: bash, zsh, ksh, and POSIX sh since 2024)."""
     if not in_prose and _BARE_WORD.fullmatch(text) and not text.startswith("-"):
         return text
-    if _CONTROL.search(text) is None:
+    composed = unicodedata.is_normalized("NFC", text)
+    if composed and _CONTROL.search(text) is None:
         return "'" + text.replace("'", "'\\''") + "'"
     body = text.replace("\\", "\\\\").replace("'", "\\'")
+    escaped = _CONTROL if composed else _BEYOND_ASCII
     # in $'...' a \x is a byte, not a character: \u from U+0080 on
-    return "$'" + _CONTROL.sub(functools.partial(_escape, bytes_below=0x80), body) + "'"
+    return "$'" + escaped.sub(functools.partial(_escape, bytes_below=0x80), body) + "'"
 
 
 def quoted(text: str) -> str:
