@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -16,6 +17,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 import anyio
+import attrs
 
 from littleghost import runner
 from littleghost._validators import is_callable, is_number, safe_repr, wrong_value
@@ -848,6 +850,13 @@ class Agent:
 
     def __init__(self, **overrides: Unpack[AgentOptions]) -> None:
         cls = type(self)
+        try:  # the first attribute the agent sets on itself, set again below
+            self._tool_index = cls.__littleghost_tool_index__
+        except (dataclasses.FrozenInstanceError, attrs.exceptions.FrozenInstanceError):
+            raise ConfigurationError(
+                f"{cls.__name__} is a frozen attrs class or dataclass, and an agent sets "
+                "attributes of its own as it is made and run: drop frozen=True"
+            ) from None
         # knobs a subclass's __init__ set before calling this one count as keywords
         given = {knob: value for knob, value in vars(self).items() if knob in _KNOBS}
         given.update(overrides)

@@ -1815,3 +1815,30 @@ async def test_a_copy_of_an_attrs_or_slotted_dataclass_agent_keeps_fields_and_se
     result = await copied.run("Which plan?")
     (content,) = [part.content for message in result.messages for part in message.tool_results]
     assert (content, copied.audited) == ("ada: gold", 2)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["attrs", "dataclass"])
+def test_a_frozen_attrs_class_or_dataclass_agent_is_a_configuration_error(kind: str) -> None:
+    """A frozen one cannot be an agent, which sets attributes of its own: the error says
+    so, rather than the frozen class's own about the first attribute the agent set."""
+    model = ScriptedModel([text_response("hi")])
+    if kind == "attrs":
+
+        @attrs.frozen
+        class Frozen(Agent):
+            customer: str
+
+            def __attrs_post_init__(self) -> None:
+                Agent.__init__(self, model=model)
+
+    else:
+
+        @dataclasses.dataclass(frozen=True)
+        class Frozen(Agent):  # type: ignore[no-redef]
+            customer: str
+
+            def __post_init__(self) -> None:
+                Agent.__init__(self, model=model)
+
+    with pytest.raises(ConfigurationError, match=r"^Frozen is a frozen attrs class or datacl"):
+        Frozen(customer="ada")
