@@ -874,6 +874,7 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
     """
     answers: list[Message | None] = [None] * len(calls)
     finished = [False] * len(calls)
+    late = [False] * len(calls)  # its tool returned past the run's deadline (held it)
     told = [False] * len(calls)  # its ToolCallStarted went out
     handed = [False] * len(calls)  # its ToolCallFinished went out (or was cut and kept)
     start = len(context.messages)
@@ -902,6 +903,8 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             await anyio.lowlevel.checkpoint_if_cancelled()  # not once another call failed
             result = await _run_tool(agent, call, calls, context, telling)
             finished[index] = True
+            deadline = context.grace.run_deadline
+            late[index] = deadline is not None and anyio.current_time() >= deadline
             result = await _after_tool(agent, result, context)
             answers[index] = Message(Role.TOOL, (result,))
             await store_ready()
@@ -916,10 +919,10 @@ async def _run_tools(agent: Agent, calls: Sequence[ToolCall], context: RunContex
             group.cancel_scope.cancel()
 
     def running() -> str:  # a name the model made up is not told: it is the model's text
-        tools = [
+        tools = [  # a tool that returned past the deadline (it shielded its work) held it
             f"tool {brief(call.name)}" if agent.find_tool(call.name) else "an undeclared tool"
-            for call, done in zip(calls, finished, strict=True)
-            if not done
+            for call, done, past in zip(calls, finished, late, strict=True)
+            if past or not done
         ]
         return f"running {', '.join(tools)}" if tools else "running the after_tool hooks"
 

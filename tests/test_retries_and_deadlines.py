@@ -249,6 +249,35 @@ async def test_a_deadline_error_says_what_the_run_did_then_not_its_cleanup(
     assert "cleanup grace" in str(caught.value.__cause__)
 
 
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("how", ["swallows", "shields"])
+async def test_a_tool_that_held_the_run_past_its_deadline_is_named(how: str) -> None:
+    """A tool that swallows its cancellation, or shields its work, returns past the
+    deadline: the error names it as what the run was doing then, not the ``after_tool``
+    hooks the agent does not have (nothing else was running when the deadline passed)."""
+
+    class Stubborn(Agent):
+        @tool
+        async def work(self) -> str:
+            """Work."""
+            if how == "shields":
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(10)
+                return "done"
+            try:
+                await anyio.sleep(10)
+            except anyio.get_cancelled_exc_class():
+                return "ignored the stop"
+            return "done"
+
+    model = ScriptedModel([tool_call_response("work", {}), text_response("done")])
+    with pytest.raises(DeadlineExceededError) as caught:
+        await Stubborn(model=model).run("hi", timeout=5)
+    assert str(caught.value) == (
+        "Stubborn did not finish before its deadline, running tool 'work' in turn 1 (of 100 at most)"
+    )
+
+
 @manage_context(context_window_override=100_000)
 class ManagedPhases(Phases):
     pass
