@@ -23,7 +23,7 @@ import littleghost.models.served_window as served_window
 from littleghost import Agent, manage_context
 from littleghost.context.budget import PromptBudget
 from littleghost.context.config import ContextManagement, context_window
-from littleghost.errors import ConfigurationError, DeadlineExceededError
+from littleghost.errors import ConfigurationError, DeadlineExceededError, ProviderError
 from littleghost.messages import Message
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
@@ -384,15 +384,15 @@ async def test_a_server_that_never_gets_ready_is_asked_for_a_while_only(
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-async def test_a_window_read_that_aclose_cut_is_read_again(
+async def test_a_window_read_that_aclose_cut_leaves_the_model_closed(
     serve: Callable[..., LocalServer],
     models: Callable[..., OpenAIModel],
     claudes: Callable[..., AnthropicModel],
     provider: str,
 ) -> None:
     """``aclose()`` in the event loop of a ``prepare()``, at any point of it: the next
-    ``prepare()`` reads the window (one whose request found the client closed stayed
-    unknown for the model's life, which ``aclose()`` does not end)."""
+    ``prepare()`` raises a ``ProviderError`` saying so and asks nothing (the model is
+    closed for good)."""
     server = serve({"/v1/models": llama_cpp(512)})
     for steps in range(12):
         model = models("m", server.openai_url) if provider == "openai" else claudes("m", server.url)
@@ -405,8 +405,10 @@ async def test_a_window_read_that_aclose_cut_is_read_again(
         async with anyio.create_task_group() as group:
             group.start_soon(close)
             await model.prepare()
-        await model.prepare()
-        assert model.context_window == 512, steps
+        asked = server.count("/v1/models")
+        with pytest.raises(ProviderError, match=r"was closed by aclose\(\)"):
+            await model.prepare()
+        assert server.count("/v1/models") == asked, steps
 
 
 async def test_a_refused_connection_is_no_error(models: Callable[..., OpenAIModel]) -> None:

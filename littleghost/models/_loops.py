@@ -6,16 +6,29 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
 from anyio.lowlevel import RunVar
 
 from littleghost import logs
-from littleghost.errors import ConfigurationError
+from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 
-__all__ = ["LoopClients", "Signal"]
+__all__ = ["CLOSED", "LoopClients", "Signal"]
+
+CLOSED = "model_closed"
+"""The ``code`` of the ``ProviderError`` of a call the model's ``aclose()`` stopped, or
+that came after it."""
+
+_LOST = frozenset({"connection_lost", "connection_error", "incomplete_stream"})
+"""The codes of the errors a call gets as its client closes under it: its connection
+closed (the stream cut), or refused."""
+
+_CLOSED_CLIENT = "client has been closed"
+"""What the HTTP library (httpx) says, as a ``RuntimeError``, to a request sent through a
+client once closed."""
 
 _POLL = 0.05
 """Seconds between looks at a ``Signal`` set in another event loop or thread."""
@@ -43,27 +56,67 @@ class LoopClients:
     The first loop to ask takes ``client``; another gets one from ``make``. A loop keeps
     its clients weakly keyed, so one dropped with its model is dropped there too, and
     closes those made here as it ends (through an async generator that every anyio,
-    asyncio or trio run finalizes), so none outlives its loop.
+    asyncio or trio run finalizes), so none outlives its loop. ``aclose()`` closes the
+    model for good (unless the client is the user's).
 
     Args:
         client: The client the model was built with.
         make: Makes another client as ``client`` was made; ``None`` when ``client`` is
             the user's (never closed here): it then serves one event loop only.
         owner: The model's class name, for errors.
+        provider: The model's provider, for errors.
+        model: The model's name, for errors.
     """
 
-    def __init__(self, client: Any, make: Callable[[], Any] | None, owner: str) -> None:
+    def __init__(
+        self, client: Any, make: Callable[[], Any] | None, owner: str, provider: str, model: str
+    ) -> None:
         self._first: Any = client
         self._make = make
         self._owner = owner
+        self._provider = provider
+        self._model = model
         self._lock = threading.Lock()
+        self._closed = False
+
+    def check_open(self) -> None:
+        """Raise the ``ProviderError`` of a call after ``aclose()``, if it came."""
+        if self._closed:
+            raise ProviderError(
+                f"{self._provider}: the {self._owner} of {self._model!r} was closed by "
+                f"aclose(), and sends no request again; make a new {self._owner}",
+                code=CLOSED,
+                provider=self._provider,
+            )
+
+    @contextmanager
+    def stopped_by_close(self) -> Iterator[None]:
+        """Raises what the block raises (a ``ProviderError`` as the model maps it, or the
+        HTTP library's closed client) as a ``ProviderError`` saying that ``aclose()``
+        stopped the call (not retried) when the model was closed meanwhile and the call
+        lost its connection or client; an answer the server gave (an overflow, a 4xx),
+        a timeout, a cancellation and any other error go on as they are."""
+        try:
+            yield
+        except Exception as error:
+            if not (self._closed and _lost_to_close(error)):
+                raise
+            raise ProviderError(
+                f"{self._provider}: the call to {self._model!r} was stopped by aclose() of "
+                f"its {self._owner} (not retried)",
+                code=CLOSED,
+                provider=self._provider,
+                usage=error.usage if isinstance(error, ProviderError) else None,
+            ) from error
 
     async def get(self) -> Any:
         """The running event loop's client.
 
         Raises:
             ConfigurationError: The user's client is wanted in a second event loop.
+            ProviderError: The model was closed (``aclose()``).
         """
+        self.check_open()
         clients = await _loop_clients()
         client = clients.get(self)
         if client is None:
@@ -84,10 +137,12 @@ class LoopClients:
         return self._make()
 
     async def aclose(self) -> None:
-        """Close the running event loop's client, unless it is the user's; the next call
-        in this loop makes a new one."""
+        """Close the model for good, and the running event loop's client, unless the
+        client is the user's (then nothing is closed); a later call, in any event loop,
+        raises ``ProviderError``."""
         if self._make is None:
             return
+        self._closed = True
         held = _HELD.get(None)
         client = held.clients.pop(self, None) if held is not None else None
         if client is None:
@@ -101,6 +156,15 @@ class LoopClients:
     def owns(self) -> bool:
         """Whether the clients are made here (and closed here)."""
         return self._make is not None
+
+
+def _lost_to_close(error: Exception) -> bool:
+    """Whether ``error`` is what a call gets as its client closes under it: the
+    connection lost or refused (no answer with a status), or the HTTP library's refusal
+    of a request through a closed client (not mapped: raised outside the SDK's call)."""
+    if isinstance(error, ProviderUnavailableError):
+        return error.status is None and error.code in _LOST
+    return type(error) is RuntimeError and _CLOSED_CLIENT in str(error)
 
 
 async def _loop_clients() -> _Clients:

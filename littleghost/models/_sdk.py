@@ -52,7 +52,6 @@ __all__ = [
     "check_base_url",
     "check_context_window",
     "check_model_name",
-    "closed_client",
     "error_mapper",
     "image_base64",
     "image_media_type",
@@ -804,17 +803,6 @@ def billed_so_far(used: Callable[[], Usage]) -> Iterator[None]:
             if isinstance(error, (ProviderError, ProtocolError)) and error.usage is None:
                 error.usage = reported
         raise
-
-
-_CLOSED_CLIENT = "client has been closed"
-"""What the HTTP library (httpx) says, as a ``RuntimeError``, to a request sent through a
-client once closed."""
-
-
-def closed_client(error: BaseException) -> bool:
-    """Whether ``error`` is the HTTP library's refusal of a request through a closed
-    client: the model's ``aclose()`` closed its event loop's client under the call."""
-    return type(error) is RuntimeError and _CLOSED_CLIENT in str(error)
 
 
 def not_json(provider: str) -> ProviderUnavailableError:

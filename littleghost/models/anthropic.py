@@ -608,7 +608,7 @@ class AnthropicModel:
         else:
             client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
-        self._clients = LoopClients(client, make, owner)
+        self._clients = LoopClients(client, make, owner, self.provider, model)
         official = _is_official(client.base_url)
         if official:
             check_not_model_string(owner, model, self.provider)
@@ -643,7 +643,9 @@ class AnthropicModel:
 
     async def prepare(self) -> None:
         """Read the window a server other than Anthropic's reports, once; concurrent
-        callers, in any event loop or thread, wait for it."""
+        callers, in any event loop or thread, wait for it. ``ProviderError`` once the model
+        was closed."""
+        self._clients.check_open()
         await self._served.read(self._clients, "/v1/models", MODELS_TIMEOUT, self._error)
 
     @property
@@ -659,8 +661,10 @@ class AnthropicModel:
         return schema_problem(schema)
 
     async def aclose(self) -> None:
-        """Close the running event loop's HTTP client, when this model made it (a loop
-        that ended closed its own)."""
+        """Close the model for good and the running event loop's HTTP client (a loop that
+        ended closed its own): a call it cuts, and any later call or ``prepare()`` in any
+        task or thread, raises a ``ProviderError`` (not retried). A model given
+        ``client=`` closes nothing: it goes on as it was."""
         await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
@@ -732,7 +736,11 @@ class AnthropicModel:
         message: Any = None
         # an answer of the wrong shape is billed all the same; an error it tells of
         # too: keys hidden
-        with billed_so_far(lambda: _usage(lookup(message, "usage"))), provider_errors(self._error):
+        with (
+            billed_so_far(lambda: _usage(lookup(message, "usage"))),
+            self._clients.stopped_by_close(),
+            provider_errors(self._error),
+        ):
             client = await self._clients.get()
             message = await client.messages.create(**params)
             if isinstance(message, str):
@@ -762,7 +770,8 @@ class AnthropicModel:
             counted = await count(**{key: v for key, v in params.items() if key in accepted})
             return reported(counted, "input_tokens") or None
 
-        return await self._counting.ask(count, self._error)
+        with self._clients.stopped_by_close():
+            return await self._counting.ask(count, self._error)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call: ``TextChunk``, ``ReasoningChunk`` and
@@ -795,7 +804,11 @@ class AnthropicModel:
                 and all(map(_whole_input, blocks.values()))
             )
 
-        with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
+        with (
+            billed_so_far(lambda: _usage(usage)),
+            self._clients.stopped_by_close(),
+            provider_errors(self._error),
+        ):
             create = (await self._clients.get()).messages.with_streaming_response.create
             async with create(**params, stream=True) as response:
                 http = response.http_response

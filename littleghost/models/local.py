@@ -46,8 +46,8 @@ from attrs import define, field
 from littleghost import logs
 from littleghost._validators import is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
-from littleghost.models._loops import Signal
-from littleghost.models._sdk import check_request_timeout, closed_client, import_sdk
+from littleghost.models._loops import CLOSED, Signal
+from littleghost.models._sdk import check_request_timeout, import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.served_window import reported_window
@@ -572,14 +572,14 @@ reset or closed (the stream cut), or refused once the server is gone."""
 
 
 def _lost_to_close(error: Exception, server: _Server) -> bool:
-    """Whether ``error`` is what a call on ``server`` gets from ``aclose()``: the closed
-    client's own ``RuntimeError``, or, once ``aclose()`` stopped the server while it
-    ran (``closed``), the connection lost or refused (no answer with a status). An
-    answer the server gave (an overflow, a 4xx), a timeout or any other error is its
+    """Whether ``error`` is what a call on ``server`` gets from ``aclose()``: the error
+    of its closed chat client (``CLOSED``), or, once ``aclose()`` stopped the server
+    while it ran (``closed``), the connection lost or refused (no answer with a status).
+    An answer the server gave (an overflow, a 4xx), a timeout or any other error is its
     own."""
     if isinstance(error, ProviderUnavailableError):
         return server.closed and error.status is None and error.code in _LOST
-    return closed_client(error)
+    return isinstance(error, ProviderError) and error.code == CLOSED
 
 
 @define(eq=False)

@@ -543,7 +543,7 @@ class OpenAIModel:
         else:
             client = noting_heads(client.with_options(max_retries=0, timeout=timeout))
             make = None
-        self._clients = LoopClients(client, make, owner)
+        self._clients = LoopClients(client, make, owner, self.provider, model)
         host = _host(client.base_url)
         self._official = _is_official(host)
         if self._official:
@@ -593,12 +593,15 @@ class OpenAIModel:
 
     async def prepare(self) -> None:
         """Read the window another server reports, once; concurrent callers, in any
-        event loop or thread, wait for it."""
+        event loop or thread, wait for it. ``ProviderError`` once the model was closed."""
+        self._clients.check_open()
         await self._served.read(self._clients, "models", MODELS_TIMEOUT, self._error)
 
     async def aclose(self) -> None:
-        """Close the running event loop's HTTP client, when this model made it (a loop
-        that ended closed its own)."""
+        """Close the model for good and the running event loop's HTTP client (a loop that
+        ended closed its own): a call it cuts, and any later call or ``prepare()`` in any
+        task or thread, raises a ``ProviderError`` (not retried). A model given
+        ``client=`` closes nothing: it goes on as it was."""
         await self._clients.aclose()
 
     def _params(self, request: ModelRequest) -> dict[str, Any]:
@@ -666,7 +669,8 @@ class OpenAIModel:
             async def count(counter: _Counter = counter) -> int | None:
                 return await counter(await self._clients.get(), sent)
 
-            counted = await asking.ask(count, self._error)
+            with self._clients.stopped_by_close():
+                counted = await asking.ask(count, self._error)
             if counted is not None:
                 return counted
         return None
@@ -736,6 +740,7 @@ class OpenAIModel:
         # too: keys hidden
         with (
             billed_so_far(lambda: _usage(lookup(completion, "usage"))),
+            self._clients.stopped_by_close(),
             provider_errors(self._error),
         ):
             client = await self._clients.get()
@@ -863,7 +868,11 @@ class OpenAIModel:
             answered = bool(text or calls or legacy)
             return done and answered and all(map(whole_arguments, arguments))
 
-        with billed_so_far(lambda: _usage(usage)), provider_errors(self._error):
+        with (
+            billed_so_far(lambda: _usage(usage)),
+            self._clients.stopped_by_close(),
+            provider_errors(self._error),
+        ):
             async with AsyncExitStack() as stack:
                 http = (await self._open_stream(stack, params)).http_response
                 try:

@@ -3,8 +3,8 @@
 ``OpenAIModel`` and ``AnthropicModel`` ask a server other than their provider's own API
 (llama.cpp, vLLM, a gateway) for its window when they are given none; a failure, a
 silence past the timeout or an answer without a window only leaves it unknown, for good
-but for a server that could not answer yet (``for_now``, for ``UNREADY_LIMIT`` seconds),
-or a read the model's ``aclose()`` cut (its client closed under it): it is asked again.
+but for a server that could not answer yet (``for_now``, for ``UNREADY_LIMIT`` seconds):
+it is asked again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import anyio
 from littleghost._validators import is_token_count
 from littleghost.errors import ProviderError
 from littleghost.models._loops import LoopClients, Signal
-from littleghost.models._sdk import ABSENT, closed_client
+from littleghost.models._sdk import ABSENT
 from littleghost.sessions.forks import reset_in_child
 
 __all__ = ["MODELS_TIMEOUT", "ServedWindow", "for_now", "reported_window"]
@@ -74,8 +74,8 @@ def for_now(error: ProviderError | None) -> bool:
 
 class ServedWindow:
     """The window one model's server reports (``window``, ``None`` until read or when it
-    gives none), read once, or again after a read ``aclose()`` cut or a failure
-    ``for_now`` (for ``UNREADY_LIMIT`` seconds at most).
+    gives none), read once, or again after a failure ``for_now`` (for ``UNREADY_LIMIT``
+    seconds at most).
 
     Args:
         provider: The model's provider, for the log.
@@ -152,7 +152,7 @@ class ServedWindow:
             try:
                 body = await client.get(path, cast_to=object)
             except Exception as error:  # cancellation is not an Exception: it propagates
-                again = closed_client(error) or (for_now(mapped(error)) and self._still_loading())
+                again = for_now(mapped(error)) and self._still_loading()
                 self._logger.debug(
                     "%s: GET /models for %r failed (%s); its window is not read from the server%s",
                     self._provider,
