@@ -1239,12 +1239,14 @@ def _allowed(
     """The causes that may have ended ``call``: the model closed alone when an
     ``aclose()`` had returned (at ``closed``) before it began; its answer alone once the
     server sent it (unless an ``aclose()`` in its event loop, which closes its client, or
-    the harness cancelled it); else also what came before it ended."""
+    the harness cancelled it, or it is a count: its ``/tokenize`` comes after); else also
+    what came before it ended."""
     own = _OWN[call.tag.split("-")[0]]
     if closed < call.began:
         return {"closed", "cancelled"} if call.cancelled else {"closed"}
     client_closed = any(began < call.ended and loop == call.loop for began, loop in closes)
-    if f"sent {call.tag}" in log and not call.cancelled and not client_closed:
+    settled = f"sent {call.tag}" in log and call.how != "count"
+    if settled and not call.cancelled and not client_closed:
         return {own}
     allowed = {own}
     if any(began < call.ended for began, _ in closes):
@@ -1373,15 +1375,14 @@ async def _lifecycle_round(
     return problems
 
 
-# The HTTP library's, as far as known: httpcore2 2.17's pool, closed while one of its
-# connections is being made (an aclose() in the call's event loop closes that loop's
-# client), drops it unclosed (AsyncHTTPConnection.aclose() does nothing before its
-# connect ends); the socket then made (trio's open_tcp_stream, or asyncio's transport)
-# is left to the garbage collector once the call's answer comes. Shown with httpx2 alone;
-# not pinned to a round here (a few in a hundred). Akin to encode/httpcore#986 (a
-# connection neither opened nor closed); no upstream report of this case found.
-@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
-@pytest.mark.parametrize("seed", range(2))
+# No ResourceWarning is filtered: httpcore2 2.17's pool, closed while one of its
+# connections is being made, drops it unclosed (AsyncHTTPConnection.aclose() does
+# nothing before its connect ends; akin to encode/httpcore#986), leaving the socket to
+# the garbage collector. aclose() closed the loop's client before it stopped the
+# server, and about one round in twenty left such a socket (an error here); it now stops
+# the server first, so a call connecting meanwhile is refused. 8 seeds of 4 rounds each,
+# per backend, show it (the old order failed 5 of 24 such tests).
+@pytest.mark.parametrize("seed", range(8))
 async def test_calls_closes_and_kills_in_any_order_report_their_own_causes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str, seed: int
 ) -> None:
@@ -1394,7 +1395,7 @@ async def test_calls_closes_and_kills_in_any_order_report_their_own_causes(
     try:
         for _ in range(4):
             assert await _lifecycle_round(tmp_path, monkeypatch, rng, anyio_backend) == []
-    finally:  # such a socket collected here, under the filter, not in a later test
+    finally:  # a socket left (see above) collected here, failing this test, not a later one
         gc.collect()
 
 

@@ -1002,11 +1002,11 @@ class LocalModel:
         if server is None:
             return
         self._forget(server)
-        try:
-            await server.chat.aclose()
+        try:  # the server first: a call connecting meanwhile is refused, not left
+            await _stop(server.process)  # half made by its pool closing (httpcore2's)
         finally:
-            await _stop(server.process)
             server.dropped.detach()
+            await server.chat.aclose()
 
 
 _MODELS = reset_in_child(LocalModel._forget_in_child)
