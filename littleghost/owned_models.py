@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 import anyio
 
+from littleghost import logs
 from littleghost.cleanup import close_leaving
 from littleghost.errors import CleanupError, DeadlineExceededError
 from littleghost.models.base import Model
@@ -23,6 +24,8 @@ __all__ = ["KEPT_MODELS", "OwnedModels", "close_models"]
 KEPT_MODELS = 8
 """The most model strings an agent keeps a model of: the model of one used less lately is
 given up (closed as its last use ends), and made anew if the string comes back."""
+
+logger = logs.logger("littleghost.cleanup")
 
 _LOCK = threading.Lock()
 """Held while an agent looks up, makes, uses or gives up a model (threads share agents)."""
@@ -49,8 +52,11 @@ class OwnedModels:
         """Uses in flight, by ``id`` of the model."""
         self._closing: dict[int, Model] = {}
         """Models to close when their last use ends, by ``id``."""
+        self._dropping: dict[int, Model] = {}
+        """Models given up for strings used more lately, to close when their last use
+        ends, by ``id``: no run asked for it, so a failure is logged, not raised."""
         self._retired: list[Model] = []
-        """Models given up for strings used more lately that no use held: to close."""
+        """Models given up for strings used more lately that no use held: to close so."""
 
     def get(self, declared: str) -> Model:
         """The model of ``declared``, made the first time (threads asking at once share
@@ -68,7 +74,7 @@ class OwnedModels:
         while len(self._by_string) > KEPT_MODELS:
             oldest = self._by_string.pop(next(iter(self._by_string)))
             if self._uses.get(id(oldest)):
-                self._closing[id(oldest)] = oldest
+                self._dropping[id(oldest)] = oldest
             else:
                 self._retired.append(oldest)
         return model
@@ -78,6 +84,8 @@ class OwnedModels:
         returned to be closed now, the others are closed as their last use ends."""
         with _LOCK:
             models, self._by_string = list(self._by_string.values()), {}
+            self._closing.update(self._dropping)  # closed as aclose() closes the others
+            self._dropping = {}
             for model in models:
                 if self._uses.get(id(model)):
                     self._closing[id(model)] = model
@@ -107,7 +115,9 @@ class OwnedModels:
         time ``by()``), failing with ``CleanupError`` (unless the caller's
         cancellation came meanwhile: that goes on); leaving by an exception, that
         exception goes on (a deadline's with the failure as its cause). Models given up
-        meanwhile for strings used more lately, which no use holds, are closed with it."""
+        for strings used more lately are closed as their last use ends, or with it when
+        no use holds them; a failure to close those is logged, not raised: no run asked
+        for it."""
         with _LOCK:
             if declared is not None:
                 model = self._current(declared)
@@ -115,29 +125,54 @@ class OwnedModels:
         try:
             yield model
         except BaseException as error:
-            closing = self._ended(model)
-            if closing:
-                close = functools.partial(close_models, closing, grace, by=by())
-                failure = await close_leaving(close, "closing the run's model", error)
-                if failure and isinstance(error, DeadlineExceededError) and not error.__cause__:
-                    error.__cause__ = failure  # what its cleanup could not do
+            closing, dropped = self._ended(model)
+            try:
+                if closing:
+                    close = functools.partial(close_models, closing, grace, by=by())
+                    failure = await close_leaving(close, "closing the run's model", error)
+                    if failure and isinstance(error, DeadlineExceededError):
+                        error.__cause__ = error.__cause__ or failure  # what cleanup could not do
+            finally:
+                await _close_dropped(dropped, grace, by())
             raise
-        closing = self._ended(model)
-        if closing:  # the caller's cancellation meanwhile goes on first
-            close = functools.partial(close_models, closing, grace, by=by())
-            await close_leaving(close, "closing the run's model", None)
+        closing, dropped = self._ended(model)
+        try:
+            if closing:  # the caller's cancellation meanwhile goes on first
+                close = functools.partial(close_models, closing, grace, by=by())
+                await close_leaving(close, "closing the run's model", None)
+        finally:
+            await _close_dropped(dropped, grace, by())
 
-    def _ended(self, model: Model) -> list[Model]:
+    def _ended(self, model: Model) -> tuple[list[Model], list[Model]]:
         """End one use of ``model``; the models to close now: it when that was the last
-        use of a model to close, and those given up that no use held."""
+        use of a model to close, and, apart, those given up for strings used more lately
+        (it among them when that was its last use)."""
         with _LOCK:
-            closing, self._retired = self._retired, []
+            dropped, self._retired = self._retired, []
             left = self._uses.pop(id(model)) - 1
             if left:
                 self._uses[id(model)] = left
-            elif self._closing.pop(id(model), None) is not None:
-                closing.append(model)
-            return closing
+                return [], dropped
+            if self._closing.pop(id(model), None) is not None:
+                return [model], dropped
+            if self._dropping.pop(id(model), None) is not None:
+                dropped.append(model)
+            return [], dropped
+
+
+async def _close_dropped(models: list[Model], grace: float, by: float) -> None:
+    """Close ``models``, given up for model strings used more lately, as ``close_models``
+    does; a failure is logged (its type only), not raised: the run closing them is of
+    another string, or did not ask for it."""
+    if not models:
+        return
+    try:
+        await close_models(models, grace, by=by)
+    except CleanupError as failure:
+        cause = type(failure.__cause__).__name__
+        logger.warning(
+            "closing %d model(s) of model strings used less lately failed (%s)", len(models), cause
+        )
 
 
 async def close_models(models: Iterable[Model], grace: float, *, by: float = math.inf) -> None:

@@ -176,6 +176,55 @@ async def test_an_agent_keeps_the_models_of_its_latest_model_strings_only() -> N
     assert said in " ".join((ROOT / "docs" / "agents.md").read_text().split())
 
 
+class FailingToClose(Napping):
+    """A model whose close fails when its name starts with ``bad`` (a server that would
+    not stop), its error's text a secret."""
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        if self.name.startswith("bad"):
+            raise OSError("https://user:secret@host/ would not close")
+
+
+register_provider("failclose", FailingToClose)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_model_given_up_for_other_strings_fails_no_run_as_it_closes(
+    seed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model given up for the strings used more lately is closed by the run that gave
+    it up, or by its own last run, which did not ask for it: a failure to close it is
+    logged (its type only), and every run answers (the run of another tenant's string
+    failed with ``CleanupError``, "closing the run's model", its answer lost). Drawn
+    strings, runs one at a time and at once; then strings of their own give every model
+    up, and ``aclose()`` has nothing left to fail."""
+    rng = random.Random(seed)
+    tenants = [f"failclose:{('bad', 'good')[n % 2]}-{n}" for n in range(2 * KEPT_MODELS)]
+    LoopBound.made.clear()
+    answers: list[str] = []
+
+    async def run_as(agent: Agent, name: str) -> None:
+        agent.model = name
+        answers.append((await agent.run("hi")).output)  # reads the string before awaiting
+
+    agent = Bound()
+    for _ in range(40):
+        await run_as(agent, rng.choice(tenants))
+    async with anyio.create_task_group() as group:
+        for _ in range(60):
+            group.start_soon(run_as, agent, rng.choice(tenants))
+    for fresh in range(KEPT_MODELS):
+        await run_as(agent, f"failclose:fresh-{fresh}")
+    assert answers == ["hello"] * (100 + KEPT_MODELS)
+    assert sorted(_open_models()) == [f"fresh-{fresh}" for fresh in range(KEPT_MODELS)]
+    await agent.aclose()
+    assert not _open_models()
+    failed = [record for record in caplog.records if "used less lately failed" in record.message]
+    assert failed and all(record.name == "littleghost.cleanup" for record in failed)
+    assert "(OSError)" in caplog.text and "secret" not in caplog.text
+
+
 class SlowToMake(LoopBound):
     """A model whose making takes a while (reading a configuration, say)."""
 
