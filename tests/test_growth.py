@@ -138,3 +138,52 @@ def test_a_model_string_per_tenant_leaves_nothing_once_its_requests_ended(backen
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""
+
+
+WARNING_THREADS = """
+import logging, sys, threading
+
+import anyio
+
+from littleghost import Agent, manage_context
+from littleghost.testing import ScriptedModel, text_response
+
+logging.getLogger("littleghost.context").setLevel(logging.ERROR)  # a warning per model
+sys.setswitchinterval(1e-6)  # threads take turns between almost any two bytecodes
+
+
+@manage_context(context_window_tokens=4_000)
+class Tenanted(Agent):
+    pass
+
+
+async def tenants(thread):
+    for tenant in range(4_000):
+        model = ScriptedModel([text_response("hello")], name=f"ft-{thread}-{tenant}")
+        try:
+            await Tenanted(model=model).run("hi")
+        except Exception as error:
+            print(repr(error))
+
+
+threads = [threading.Thread(target=anyio.run, args=(tenants, n)) for n in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+"""
+
+
+def test_runs_in_threads_each_of_a_model_of_its_own_all_answer() -> None:
+    """Runs in four threads, each with a model of its own that advertises no window:
+    the warning said once per model, which forgets the oldest of them past 256, failed
+    some of them with ``KeyError`` (two threads forgetting the same one at once)."""
+    done = subprocess.run(
+        [sys.executable, "-c", WARNING_THREADS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, TypedDict
@@ -58,6 +59,9 @@ _Warned = dict[tuple[Any, ...], None]  # in the order warned, the oldest first
 _assumed_windows: _Warned = {}  # (provider, model name) pairs warned about
 _reported_windows: _Warned = {}  # and (…, a smaller window reported)
 _belied_windows: _Warned = {}  # and those an overflow's size belied
+_WARNED_LOCK = threading.Lock()
+"""Held while one of them is looked up and changed: runs in threads warn at once (two
+forgetting the oldest model at once made one of them fail with ``KeyError``)."""
 
 
 def _check(ok: Callable[[Any], bool], allowed: str) -> Validator:
@@ -288,11 +292,12 @@ def _warn_once(
     ``_WARNED_MODELS`` warned about last."""
     provider, name = str(getattr(model, "provider", "")), str(getattr(model, "name", ""))
     seen = (provider, name, *key)
-    if seen in warned:
-        return
-    warned[seen] = None
-    if len(warned) > _WARNED_MODELS:
-        del warned[next(iter(warned))]
+    with _WARNED_LOCK:
+        if seen in warned:
+            return
+        warned[seen] = None
+        if len(warned) > _WARNED_MODELS:
+            del warned[next(iter(warned))]
     logger.warning(
         f"manage_context: model %r (provider %r) {said}. Set context_window= on the model, "
         "or context_window_override= or context_window_tokens= on manage_context",
