@@ -364,6 +364,13 @@ def test_every_environment_variable_the_library_reads_is_documented() -> None:
         for name in re.findall(r"\bLITTLEGHOST_[A-Z_]+\b", path.read_text())
     }
     assert "LITTLEGHOST_STORE" in read
+    # and those read by name (a provider's key and server: ANTHROPIC_BASE_URL was not told)
+    read |= {
+        name
+        for path in package.rglob("*.py")
+        for name in re.findall(r"\benviron\.get\(\s*\"([A-Z_]+)\"", path.read_text())
+    }
+    assert {"OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"} <= read
     readme = documentation()
     assert sorted(name for name in read if f"`{name}`" not in readme) == []
 
