@@ -47,6 +47,7 @@ from littleghost.models.anthropic import DEFAULT_MAX_TOKENS, LONGEST_UNSTREAMED
 from littleghost.models.local import LocalModel
 from littleghost.models.overflow import MAX_DETAIL_CHARS, SCANNED_CHARS
 from littleghost.models.served_window import MODELS_TIMEOUT
+from littleghost.models.windows import CONTEXT_WINDOWS, known_context_window
 from littleghost.run import COUNT_TIMEOUT
 from littleghost.sessions import InMemorySessionStore, PostgresSessionStore, SQLiteSessionStore
 from littleghost.sessions.base import MAX_SESSION_ID_LENGTH
@@ -354,6 +355,33 @@ def test_the_architecture_names_modules_that_exist() -> None:
         folders[depth + 1 :] = [path] if name.endswith("/") else []
     assert len(named) >= 20
     assert [path for path in named if not path.exists()] == []
+
+
+MODEL_NAME = re.compile(r"\b(?:gpt|chatgpt|o\d|claude)(?:[\w.-]*\w)?")
+"""A model name in the window table's first column (``gpt-4-1106-*`` is its prefix)."""
+
+
+def test_the_window_table_gives_the_code_s_windows_and_leaves_none_out() -> None:
+    """Each model the table names has the window its row states (a row of several
+    figures pairs them with its names in order), and each prefix of the code's table
+    is named, or a model it covers is, in a row of its window."""
+    named: list[tuple[str, int]] = []
+    for names, (windows,) in table("| models | window (tokens) |").items():
+        models = MODEL_NAME.findall(names)
+        figures = [int(figure.replace(" ", "")) for figure in windows.split(", ")]
+        assert len(figures) in (1, len(models)), names
+        named += [
+            (name, figures[-1] if len(figures) == 1 else figures[n])
+            for n, name in enumerate(models)
+        ]
+    for name, window in named:
+        provider = "anthropic" if name.startswith("claude") else "openai"
+        assert known_context_window(provider, name) == window, name
+    for provider, prefixes in CONTEXT_WINDOWS.items():
+        for prefix, window in prefixes.items():
+            assert any(name.startswith(prefix) and stated == window for name, stated in named), (
+                f"{provider}: {prefix} ({window}) is not in the table"
+            )
 
 
 def test_every_environment_variable_the_library_reads_is_documented() -> None:
