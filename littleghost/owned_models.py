@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import anyio
@@ -57,6 +58,9 @@ class OwnedModels:
         ends, by ``id``: no run asked for it, so a failure is logged, not raised."""
         self._retired: list[Model] = []
         """Models given up for strings used more lately that no use held: to close so."""
+        self._strings: dict[int, tuple[weakref.ref[Model], str]] = {}
+        """The string each live model made here was made from, by ``id`` (the reference
+        tells the model from a later object under its ``id``)."""
 
     def get(self, declared: str) -> Model:
         """The model of ``declared``, made the first time (threads asking at once share
@@ -70,6 +74,7 @@ class OwnedModels:
         model = self._by_string.pop(declared, None)
         if model is None:
             model = resolve(declared)
+            self._remember(model, declared)
         self._by_string[declared] = model  # in the order they were used, the last last
         while len(self._by_string) > KEPT_MODELS:
             oldest = self._by_string.pop(next(iter(self._by_string)))
@@ -78,6 +83,18 @@ class OwnedModels:
             else:
                 self._retired.append(oldest)
         return model
+
+    def _remember(self, model: Model, declared: str) -> None:
+        """Note that ``model`` was made from ``declared`` (``_LOCK`` held), forgetting the
+        models gone since; one that takes no weak reference is not noted."""
+        self._strings = {key: made for key, made in self._strings.items() if made[0]()}
+        with contextlib.suppress(TypeError):
+            self._strings[id(model)] = (weakref.ref(model), declared)
+
+    def _made_from(self, model: Model) -> str | None:
+        """The string ``model`` was made from here (``_LOCK`` held), else ``None``."""
+        made = self._strings.get(id(model))
+        return made[1] if made is not None and made[0]() is model else None
 
     def give_up(self) -> list[Model]:
         """Forget every model (the next use makes a new one); those no use holds are
@@ -108,9 +125,10 @@ class OwnedModels:
         by: Callable[[], float] = lambda: math.inf,
         declared: str | None = None,
     ) -> AsyncIterator[Model]:
-        """Use ``model`` for the block, and yield it (``model`` made from ``declared``
-        and given up since, by ``aclose()`` in another thread, the model of ``declared``
-        now in its place). When it is the last use of a model given up meanwhile, the
+        """Use ``model`` for the block, and yield it (``model`` made from ``declared``,
+        or made here from a string without it, and given up since, by ``aclose()`` or
+        the runs of other strings in another thread, the model of that string now in its
+        place). When it is the last use of a model given up meanwhile, the
         model is closed as the block ends (``close_models`` with ``grace``, not past the
         time ``by()``), failing with ``CleanupError`` (unless the caller's
         cancellation came meanwhile: that goes on); leaving by an exception, that
@@ -119,6 +137,8 @@ class OwnedModels:
         no use holds them; a failure to close those is logged, not raised: no run asked
         for it."""
         with _LOCK:
+            if declared is None:  # handed out earlier (a resolve_model() calling super()'s)
+                declared = self._made_from(model)
             if declared is not None:
                 model = self._current(declared)
             self._uses[id(model)] = self._uses.get(id(model), 0) + 1

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import anyio.lowlevel
@@ -223,6 +223,65 @@ async def test_a_model_given_up_for_other_strings_fails_no_run_as_it_closes(
     failed = [record for record in caplog.records if "used less lately failed" in record.message]
     assert failed and all(record.name == "littleghost.cleanup" for record in failed)
     assert "(OSError)" in caplog.text and "secret" not in caplog.text
+
+
+class Gated(LoopBound):
+    """A model whose answer waits for ``gate`` (a run held mid-call), after ``entered``."""
+
+    gate: ClassVar[anyio.Event]
+    entered: ClassVar[anyio.Event]
+
+    async def respond(self, request: ModelRequest) -> ModelResponse:
+        Gated.entered.set()
+        await Gated.gate.wait()
+        return await super().respond(request)
+
+
+register_provider("gated", Gated)
+
+
+class Delegating(Bound):
+    """A class whose ``resolve_model()`` delegates to ``super()``'s; while it runs, other
+    tenants' strings, as another thread's runs would, push its model out of those kept."""
+
+    crowd = False
+
+    def resolve_model(self) -> Model:
+        model = super().resolve_model()
+        if self.crowd:
+            own = self.model
+            for other in range(KEPT_MODELS):
+                self.model = f"napping:other-{other}"
+                super().resolve_model()
+            self.model = own
+        return model
+
+
+async def test_a_model_handed_out_then_given_up_is_not_closed_under_its_run() -> None:
+    """A model ``resolve_model()`` handed out (an override calling ``super()``'s), then
+    given up for other strings before its run used it, is not that run's: the run takes
+    the model of its string now, and another run's end closes the given-up one. (The
+    run's model was closed under it by the other run: "used after aclose".)"""
+    LoopBound.made.clear()
+    Gated.gate, Gated.entered = anyio.Event(), anyio.Event()
+    agent = Delegating(model="gated:tenant")
+    answers: list[str] = []
+
+    async def held_run() -> None:
+        agent.crowd = True
+        answers.append((await agent.run("hi")).output)
+
+    async with agent, anyio.create_task_group() as group:
+        group.start_soon(held_run)
+        await Gated.entered.wait()
+        handed = next(model for model in LoopBound.made if model.name == "tenant")
+        agent.crowd, agent.model = False, "napping:next"
+        answers.append((await agent.run("hi")).output)  # ends, closing what was given up
+        assert handed.closed
+        Gated.gate.set()
+    assert answers == ["hello", "hello"]
+    tenants = [model for model in LoopBound.made if model.name == "tenant"]
+    assert len(tenants) == 2 and all(model.closed for model in tenants)
 
 
 class SlowToMake(LoopBound):
