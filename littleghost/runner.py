@@ -76,6 +76,7 @@ from littleghost.models.base import (
 )
 from littleghost.models.registry import is_local_model
 from littleghost.output import (
+    OUTPUT_TOOL,
     Answer,
     OutputPlan,
     OutputType,
@@ -538,6 +539,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
         await context.append(response.message)
         await context.emit(ModelCallFinished(answered.usage, response.stop_reason))
         calls = response.message.tool_calls
+        unrun: tuple[ToolCall, ...] = ()  # a filtered answer's calls
         if response.stop_reason is StopReason.MAX_TOKENS:  # a tool call in it may be cut too
             await _not_run(
                 context, calls, "the answer asking for it stopped at its output limit (max_tokens)"
@@ -549,7 +551,7 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
                 calls,
                 "the provider filtered (or the model refused) the answer asking for it",
             )
-            calls = ()  # the run ends with the answer, as one without calls would
+            unrun, calls = calls, ()  # the run ends with the answer, as one without calls
         if output is not None and calls and (final := output.final_answer(response.message)):
             call, answer = final
             results = output.final_results(calls, call, answer)
@@ -573,6 +575,9 @@ async def _turns(agent: Agent, context: RunContext, output: OutputPlan | None) -
                 response.message.text, context.messages, context.usage, response.stop_reason
             )
         answer = output.check_text(response.message)
+        if not output.native and any(call.name == OUTPUT_TOOL for call in unrun):
+            why = f"its {OUTPUT_TOOL} call was not run: the provider filtered the answer"
+            answer = attrs.evolve(answer, errors=(f"{why} (or the model refused it)",))
         if answer.ok:
             return RunResult(answer.value, context.messages, context.usage, response.stop_reason)
         repairs = _repair_or_raise(agent, turn, repairs, answer, response)

@@ -602,13 +602,20 @@ class TestRepair:
         assert caught.value.response.stop_reason is StopReason.CONTENT_FILTER
 
     async def test_a_filtered_final_result_call_is_answered_and_ends_the_run(self) -> None:
+        """A filtered answer's ``final_result`` call, fitting or not, is answered, not
+        run; the error says so (it said the answer must be given by calling the tool,
+        which the model had done)."""
         store = InMemorySessionStore()
         call = ToolCall("c1", OUTPUT_TOOL, {"result": {"number": "A-1", "total": 9}})
         filtered = ModelResponse(Message.assistant(tool_calls=(call,)), StopReason.CONTENT_FILTER)
         model = ScriptedModel([filtered, filtered])
         agent = Typed(model=model, output_strategy="tool", session_store=store)
-        with pytest.raises(OutputValidationError, match="filtered"):
+        with pytest.raises(OutputValidationError, match="filtered") as caught:
             await agent.run("go", session_id="s")
+        assert caught.value.errors == (
+            f"its {OUTPUT_TOOL} call was not run: the provider filtered the answer (or the "
+            "model refused it)",
+        )
         assert len(model.requests) == 1
         stored = await store.load("s")
         assert [m.role for m in stored] == [Role.USER, Role.ASSISTANT, Role.TOOL]
