@@ -264,3 +264,53 @@ async def test_a_prompt_count_aclose_cuts_fails_saying_so(
     assert isinstance(error, ProviderError)
     check_closed(error, provider, model)
     assert "stopped by aclose()" in str(error)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_call_in_another_thread_keeps_its_own_error_after_aclose(
+    servers: Callable[..., RawServer], provider: str, streamed: bool
+) -> None:
+    """A call in another event loop goes on to its end (``aclose()`` leaves that loop's
+    client open): the server's reset it then gets is its own error, not "stopped by
+    aclose()" (it was, as the model was closed meanwhile)."""
+    closed = threading.Event()
+
+    def reset_once_closed(connection: Connection) -> None:
+        if streamed:
+            connection.head(200, {"Content-Type": "text/event-stream"})
+            connection.send(first_piece(provider))
+        closed.wait(30)
+        connection.reset()
+
+    server = servers(reset_once_closed)
+    model = model_of(provider, server.url)
+    request = ModelRequest([Message.user("hello")])
+    outcome: list[BaseException] = []
+
+    async def call() -> None:
+        try:
+            if not streamed:
+                await model.respond(request)
+                return
+            async for _ in model.stream(request):
+                pass
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=anyio.run, args=(call,))
+    thread.start()
+
+    async def close() -> None:
+        await until_seen(server, 1)
+        await model.aclose()
+
+    try:
+        anyio.run(close)
+    finally:
+        closed.set()
+        thread.join(30)
+    [error] = outcome
+    assert isinstance(error, ProviderError), repr(error)
+    assert error.code != CLOSED and "aclose()" not in str(error), error
+    assert len(server.requests) == 1

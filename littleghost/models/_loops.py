@@ -93,13 +93,15 @@ class LoopClients:
     def stopped_by_close(self) -> Iterator[None]:
         """Raises what the block raises (a ``ProviderError`` as the model maps it, or the
         HTTP library's closed client) as a ``ProviderError`` saying that ``aclose()``
-        stopped the call (not retried) when the model was closed meanwhile and the call
-        lost its connection or client; an answer the server gave (an overflow, a 4xx),
-        a timeout, a cancellation and any other error go on as they are."""
+        stopped the call (not retried) when it closed the running event loop's client
+        meanwhile and the call lost its connection or client; an answer the server gave
+        (an overflow, a 4xx), a timeout, a cancellation, any other error, and a call in
+        a loop whose client ``aclose()`` left open (it was run in another) go on as they
+        are."""
         try:
             yield
         except Exception as error:
-            if not (self._closed and _lost_to_close(error)):
+            if not (self._closed and _lost_to_close(error) and self._cut_here()):
                 raise
             raise ProviderError(
                 f"{self._provider}: the call to {self._model!r} was stopped by aclose() of "
@@ -108,6 +110,12 @@ class LoopClients:
                 provider=self._provider,
                 usage=error.usage if isinstance(error, ProviderError) else None,
             ) from error
+
+    def _cut_here(self) -> bool:
+        """Whether the running event loop holds no client of the model (``aclose()``
+        took it)."""
+        held = _HELD.get(None)
+        return held is None or self not in held.clients
 
     async def get(self) -> Any:
         """The running event loop's client.
