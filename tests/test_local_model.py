@@ -908,6 +908,7 @@ async def test_aclose_during_a_start_stops_it(
     model = fake_server(tmp_path, monkeypatch, 'echo $$ > "$(dirname "$0")/pid"; exec sleep 60')
     [failure] = await start_and_aclose(model, 0.5, str(tmp_path).encode())
     assert "stopped by aclose() while it was starting" in str(failure)
+    assert failure.code == "model_closed"  # as OpenAIModel's and AnthropicModel's
     assert _command(int((tmp_path / "pid").read_text())) == b""  # started, and gone
 
 
@@ -996,6 +997,7 @@ async def test_a_call_whose_model_is_closed_under_it_fails_as_stopped_by_aclose(
                 failure = error
         assert type(failure) is ProviderError, (steps, elsewhere, repr(failure))
         assert "was stopped by aclose() during the call" in str(failure)
+        assert failure.code == "model_closed"  # as OpenAIModel's and AnthropicModel's
         assert model.pid is None
     assert not [pid for pid in running_servers() if str(tmp_path).encode() in _command(pid)]
 
@@ -1180,6 +1182,7 @@ def test_a_closed_model_starts_no_server_again(
     [outcome] = in_threads(lambda _: Chat(model=model).run_sync("Say ok-1."), 1)
     assert type(outcome) is ProviderError, repr(outcome)
     assert "was closed by aclose()" in str(outcome)
+    assert outcome.code == "model_closed"  # as OpenAIModel's and AnthropicModel's
     with pytest.raises(ProviderError, match="was closed by aclose"):
         anyio.run(model.prepare, backend="trio")
     assert _server_log(tmp_path) == []

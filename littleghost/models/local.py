@@ -841,6 +841,7 @@ class LocalModel:
         return ProviderError(
             f"local: the LocalModel of {self._path.name} was closed by aclose(), and starts "
             "no server again; make a new LocalModel",
+            code=CLOSED,
             provider=self.provider,
         )
 
@@ -848,6 +849,7 @@ class LocalModel:
         return ProviderError(
             f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
             "while it was starting",
+            code=CLOSED,
             provider=self.provider,
         )
 
@@ -912,6 +914,7 @@ class LocalModel:
         return ProviderError(
             f"local: the llama.cpp server for {self._path.name} was stopped by aclose() "
             "during the call",
+            code=CLOSED,
             provider=self.provider,
             usage=error.usage if isinstance(error, ProviderError) else None,
         )
