@@ -37,7 +37,8 @@ def register_provider(name: str, factory: ModelFactory) -> None:
         name: The provider prefix: a non-empty str without ``:`` (case does not matter);
             registering an existing name replaces it.
         factory: Called with the model part of the string (``None`` for a bare ``name``)
-            when an agent first needs the model; it returns the model.
+            when an agent first needs the model; it returns a new model, which that
+            agent owns and closes.
 
     Raises:
         ConfigurationError: ``name`` cannot be a prefix, or ``factory`` cannot take the

@@ -491,7 +491,8 @@ PROVIDERS = (
 async def scenarios(
     name: str, server: Server, provider: Provider, model: OpenAIModel | AnthropicModel
 ) -> None:
-    """Each scenario in turn on an agent of ``model``; the event loop's client closed after."""
+    """Each scenario in turn on an agent of ``model`` (the event loop's client is closed
+    as the loop ends)."""
     agent = Support(model=model)
     asked, answered = provider.asked, provider.answered
 
@@ -570,20 +571,17 @@ async def scenarios(
             [True],
         )
 
-    try:
-        for label, scenario in [
-            ("plain", plain),
-            ("tool", tool_call),
-            ("stream", streamed),
-            ("overflow", overflow),
-            ("rate limit", rate_limit),
-        ]:
-            try:
-                await scenario()
-            except Exception:
-                failures.append(f"{name} {label}: raised\n{traceback.format_exc()}")
-    finally:
-        await model.aclose()
+    for label, scenario in [
+        ("plain", plain),
+        ("tool", tool_call),
+        ("stream", streamed),
+        ("overflow", overflow),
+        ("rate limit", rate_limit),
+    ]:
+        try:
+            await scenario()
+        except Exception:
+            failures.append(f"{name} {label}: raised\n{traceback.format_exc()}")
 
 
 def main(argv: list[str]) -> int:
@@ -618,6 +616,7 @@ def main(argv: list[str]) -> int:
                     failures.append(f"{name}: raised\n{traceback.format_exc()}")
             window = model.context_window
             check(f"{provider.name}: window from GET /v1/models", window, WINDOW)
+            anyio.run(model.aclose)  # once: closed for good, after every event loop's use
     finally:
         server.close()
     for failure in failures:
