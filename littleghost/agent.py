@@ -772,7 +772,9 @@ class Agent:
     cleanup_grace: float = DEFAULT_GRACE
     output_type: Any = None
     output_strategy: Strategy = "auto"
-    context_management: ClassVar[Any] = None
+    context_management: Any = None
+    """``@manage_context``'s configuration; ``None`` (management off) may be set on an
+    agent, in its ``__init__`` too."""
     capabilities: ClassVar[tuple[Capability, ...]] = ()
     """The capabilities in effect for the class, in the order their hooks run."""
     __littleghost_agent__: ClassVar[bool] = True

@@ -342,3 +342,33 @@ def test_knobs_annotated_as_agent_declares_them(mypy: Mypy) -> None:
         """
     )
     assert "Success: no issues found" in annotated
+
+
+def test_context_management_is_turned_off_as_documented(tmp_path: Path, mypy: Mypy) -> None:
+    """docs/context.md: set it to None on an agent, in its __init__ too, or to a
+    configuration of the agent's own."""
+    code = """
+        from typing import Any
+
+        import attrs
+
+        from littleghost import Agent, manage_context
+
+        @manage_context(compression_threshold=0.75)
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+        class Unmanaged(Support):
+            def __init__(self, **options: Any) -> None:
+                self.context_management = None
+                super().__init__(**options)
+
+        agent = Support()
+        agent.context_management = None
+        agent.context_management = attrs.evolve(
+            Support.context_management, compression_threshold=0.5
+        )
+        threshold: float = Support.context_management.compression_threshold
+        """
+    assert "Success: no issues found" in mypy(code)
+    assert pyright(code, tmp_path) == []
