@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 
 from attrs import field, frozen
 
@@ -13,10 +13,13 @@ if TYPE_CHECKING:
     from littleghost.models.base import StopReason
     from littleghost.run import RunResult
 
+OutputT = TypeVar("OutputT")
+
 __all__ = [
     "CompactionFinished",
     "CompactionStarted",
     "Event",
+    "EventOf",
     "ModelCallFinished",
     "ModelCallRetried",
     "ReasoningDelta",
@@ -145,21 +148,25 @@ class SideCallFinished:
 
 
 @frozen
-class RunFinished:
-    """The run completed; ``result`` is its ``RunResult`` (as ``events.result``)."""
+class RunFinished(Generic[OutputT]):
+    """The run completed; ``result`` is its ``RunResult`` (as ``events.result``), typed
+    as the stream's."""
 
-    result: RunResult[Any]
+    result: RunResult[OutputT]
 
 
-Event = (
-    TextDelta
-    | ReasoningDelta
-    | ToolCallStarted
-    | ToolCallFinished
-    | CompactionStarted
-    | CompactionFinished
-    | ModelCallRetried
-    | ModelCallFinished
-    | SideCallFinished
-    | RunFinished
-)
+EventOf = Union[  # noqa: UP007 - a generic alias: its type variable is the output's
+    TextDelta,
+    ReasoningDelta,
+    ToolCallStarted,
+    ToolCallFinished,
+    CompactionStarted,
+    CompactionFinished,
+    ModelCallRetried,
+    ModelCallFinished,
+    SideCallFinished,
+    RunFinished[OutputT],
+]
+"""The events of a stream whose ``result.output`` is an ``OutputT``
+(``agent.stream(..., output_type=T)`` yields ``EventOf[T]``)."""
+Event = EventOf[Any]

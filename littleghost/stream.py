@@ -35,6 +35,7 @@ from littleghost.cleanup import cancelled_here, log_unraised
 from littleghost.errors import DeadlineExceededError, StreamStateError
 from littleghost.events import (
     Event,
+    EventOf,
     ModelCallFinished,
     RunFinished,
     ToolCallFinished,
@@ -217,7 +218,7 @@ class RunStream(Generic[OutputT]):
     def __aiter__(self) -> RunStream[OutputT]:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> EventOf[OutputT]:
         if self._receive is None or self._exited:
             raise StreamStateError("iterate inside `async with agent.stream(...) as events`")
         try:

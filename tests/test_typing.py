@@ -372,3 +372,48 @@ def test_context_management_is_turned_off_as_documented(tmp_path: Path, mypy: My
         """
     assert "Success: no issues found" in mypy(code)
     assert pyright(code, tmp_path) == []
+
+
+def test_a_stream_output_type_types_its_run_finished_event(tmp_path: Path, mypy: Mypy) -> None:
+    code = """
+        import attrs
+
+        from littleghost import Agent
+        from littleghost.events import EventOf, RunFinished, TextDelta
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Triage(Agent):
+            model = "openai:gpt-4o-mini"
+
+        def shown(event: EventOf[Ticket]) -> str:
+            match event:
+                case TextDelta(text=text):
+                    return text
+                case RunFinished(result=result):
+                    return result.output.order_id
+                case _:
+                    return ""
+
+        async def main() -> str:
+            async with Triage().stream("Order 42?", output_type=Ticket) as events:
+                async for event in events:
+                    shown(event)
+                    if isinstance(event, RunFinished):
+                        return event.result.output.order_id
+            return ""
+
+        async def wrong() -> None:
+            async with Triage().stream("Order 42?", output_type=Ticket) as events:
+                async for event in events:
+                    if isinstance(event, RunFinished):
+                        number: int = event.result.output
+        """
+    report = mypy(code)
+    assert 'expression has type "Ticket", variable has type "int"' in report
+    assert "Found 1 error" in report
+    errors = pyright(code, tmp_path)
+    assert len(errors) == 1
+    assert '"Ticket" is not assignable to declared type "int"' in errors[0]
