@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, get_args, get_origin
 
 from attrs import field, frozen
 
@@ -169,4 +169,7 @@ EventOf = Union[  # noqa: UP007 - a generic alias: its type variable is the outp
 ]
 """The events of a stream whose ``result.output`` is an ``OutputT``
 (``agent.stream(..., output_type=T)`` yields ``EventOf[T]``)."""
-Event = EventOf[Any]
+if TYPE_CHECKING:
+    Event = EventOf[Any]
+else:  # a union of the classes, which isinstance() takes (not of a subscripted generic)
+    Event = Union[tuple(get_origin(kind) or kind for kind in get_args(EventOf))]  # noqa: UP007

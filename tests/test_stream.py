@@ -164,6 +164,8 @@ class TestEvents:
         )
         result = events.result
         assert isinstance(received[-1], RunFinished) and received[-1].result is result
+        assert all(isinstance(event, Event) for event in received)  # a union of classes
+        assert not isinstance(result, Event)
         assert "".join(e.text for e in received if isinstance(e, TextDelta)) == result.output
         usages = [
             e.usage for e in received if isinstance(e, (ModelCallFinished, CompactionFinished))
