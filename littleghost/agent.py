@@ -14,7 +14,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar, cast, overload
 
 import anyio
 import attrs
@@ -221,13 +221,17 @@ _OWN_STORES: weakref.WeakKeyDictionary[type, SessionStore] = weakref.WeakKeyDict
 but ``Agent``'s (sessions never leak between classes)."""
 
 
+_NO_MIXINS = (Generic, object)
+"""The classes of every agent class's MRO besides agent classes: no mixin of its."""
+
+
 def _declaring(cls: type) -> list[type]:
     """``cls`` and the plain classes (mixins) of its MRO: the classes whose declarations the
     definition of ``cls`` checks (an agent class's were checked when it was defined)."""
     return [
         klass
         for klass in cls.__mro__
-        if klass is cls or not (issubclass(klass, Agent) or klass is object)
+        if klass is cls or not (issubclass(klass, Agent) or klass in _NO_MIXINS)
     ]
 
 
@@ -374,7 +378,7 @@ def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
         hooks = [
             f"{klass.__name__}.__init_subclass__"
             for klass in cls.__mro__[1:]
-            if "__init_subclass__" in vars(klass) and klass not in (Agent, object)
+            if "__init_subclass__" in vars(klass) and klass not in (Agent, *_NO_MIXINS)
         ]
         raise ConfigurationError(
             f"{cls.__name__} was not set up as an agent class: "
@@ -388,7 +392,7 @@ def _check_unchanged(cls: type[Agent], overridden: Iterable[str] = ()) -> None:
             hooked = any(
                 "__init_subclass__" in vars(klass)
                 for klass in owner.__mro__[1:]
-                if klass not in (Agent, object)
+                if klass not in (Agent, *_NO_MIXINS)
             )
             raise ConfigurationError(
                 f"{owner.__name__}.{knob} was changed after {cls.__name__} was defined; "
@@ -707,6 +711,12 @@ def _function_tools(owner: str, functions: Iterable[Callable[..., Any]]) -> list
 _F = TypeVar("_F", bound=Callable[..., Any])
 _A = TypeVar("_A", bound="Agent")
 _T = TypeVar("_T")
+if TYPE_CHECKING:  # a default: a bare `Agent` is `Agent[Any]`, which no checker flags
+    from typing_extensions import TypeVar as _DefaultedTypeVar
+
+    _O = _DefaultedTypeVar("_O", default=Any)
+else:  # typing_extensions is no dependency from Python 3.11
+    _O = TypeVar("_O")
 
 
 def _named_keywords(method: _F) -> _F:
@@ -737,7 +747,7 @@ def _named_keywords(method: _F) -> _F:
     return cast(_F, functools.wraps(method)(checked))
 
 
-class Agent:
+class Agent(Generic[_O]):
     """An LLM agent declared as a class.
 
     Subclass it and declare, at class level: ``model`` (a ``"provider:model"`` string or
@@ -755,6 +765,9 @@ class Agent:
     class is defined; a knob set on the class later fails its next instance or run (but
     ``model`` and ``settings``, read and checked as each run starts).
     ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
+    ``class Triage(Agent[Ticket])`` tells type checkers the type of ``result.output`` of
+    runs without ``output_type=`` (a bare ``Agent`` is ``Agent[Any]``); at run time the
+    parameter changes nothing: ``output_type`` is what a run asks for.
     """
 
     model: str | Model | None = None
@@ -1170,7 +1183,20 @@ class Agent:
         session_id: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
-        output_type: Any = None,
+        output_type: None = None,
+    ) -> RunResult[_O]: ...
+
+    @overload
+    def run_sync(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any,
     ) -> RunResult[Any]: ...
 
     @_named_keywords
@@ -1256,7 +1282,20 @@ class Agent:
         session_id: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
-        output_type: Any = None,
+        output_type: None = None,
+    ) -> RunResult[_O]: ...
+
+    @overload
+    async def run(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any,
     ) -> RunResult[Any]: ...
 
     @_named_keywords
@@ -1349,7 +1388,20 @@ class Agent:
         session_id: str | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
-        output_type: Any = None,
+        output_type: None = None,
+    ) -> RunStream[_O]: ...
+
+    @overload
+    def stream(
+        self,
+        input: str | Message,
+        *,
+        history: Sequence[Message] | None = None,
+        settings: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        output_type: Any,
     ) -> RunStream[Any]: ...
 
     @_named_keywords

@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import math
+import pickle
 import re
 import time
 import types
@@ -189,6 +190,63 @@ def test_the_constructor_signature_evaluates() -> None:
     framework's dependency injection) reads them: ``Unpack`` is a runtime name."""
     assert "overrides" in typing.get_type_hints(Parent.__init__)
     assert "overrides" in inspect.signature(Parent, eval_str=True).parameters
+
+
+@frozen
+class Ticket:
+    order_id: str
+
+
+class TypedSupport(Agent[str]):
+    instructions = "Help."
+
+
+class TypedTriage(Agent[Ticket]):
+    output_type = Ticket
+
+
+_Output = typing.TypeVar("_Output")
+
+
+class TypedBase(Agent[_Output]):
+    """A class generic in its output: its subclasses or ``TypedBase[...]`` say which."""
+
+
+async def test_an_agent_class_parameter_types_the_output_alone() -> None:
+    """``Agent[str]`` is a base as ``Agent`` is, its class checked and set up; the
+    parameter changes no run (``output_type`` does), and the agent copies, pickles and
+    evaluates its annotations as any."""
+    assert issubclass(TypedSupport, Agent) and TypedSupport.output_type is None
+    assert [klass for klass in TypedTriage.__mro__ if issubclass(klass, Agent)] == [
+        TypedTriage,
+        Agent,
+    ]
+    for agent in (TypedSupport(), TypedBase[str](), TypedBase[Ticket](output_type=Ticket)):
+        assert isinstance(agent, Agent)
+        assert typing.get_type_hints(type(agent))["output_type"] is Any
+        for copied in (copy.copy(agent), copy.deepcopy(agent), pickle.loads(pickle.dumps(agent))):
+            assert type(copied) is type(agent)
+            assert copied.output_type is agent.output_type
+            assert copied.hooks.keys() == agent.hooks.keys()
+    text = await TypedSupport(model=ScriptedModel([text_response("hi")])).run("Hello")
+    assert text.output == "hi"
+    answer = text_response('{"order_id": "42"}')
+    ticket = await TypedTriage(model=ScriptedModel([answer])).run("Order 42?")
+    assert ticket.output == Ticket("42")
+    pending = await TypedBase[Ticket](model=ScriptedModel([answer])).run("Order 42?")
+    assert pending.output == '{"order_id": "42"}'  # no output_type: the answer's text
+
+
+def test_a_typed_agent_class_is_checked_as_any() -> None:
+    """Its declarations are checked when it is defined, a mixin's too."""
+
+    class Declares:
+        instruction = "Help."
+
+    with pytest.raises(ConfigurationError, match=r"Declares\.instruction.*instructions"):
+
+        class Support(Declares, Agent[str]):
+            pass
 
 
 def test_constructor_tools_override_function_tools() -> None:
@@ -713,7 +771,8 @@ async def test_a_knob_changed_after_the_class_was_defined_fails_at_the_next_use(
     child = type("Inheriting", (parent,), {})
     agent = child(model=ScriptedModel([text_response("1")]))
     setattr(parent, knob, value)
-    message = rf"Declared\.{knob} was changed after Inheriting was defined;.* {knob}="
+    message = rf"Declared\.{knob} was changed after Inheriting was defined;.* {knob}= to the "
+    message += "constructor$"  # no __init_subclass__ of theirs to mention
     with pytest.raises(ConfigurationError, match=message):
         if entry == "constructor":
             child()
@@ -1741,7 +1800,7 @@ def rebuilt_agents() -> dict[str, type[Agent]]:
             self.audited += 1  # type: ignore[attr-defined]
 
     @attrs.define
-    class Attrs(Fields, Agent):
+    class Attrs(Fields, Agent[str]):
         customer: str
         audited: int = 0
 

@@ -417,3 +417,102 @@ def test_a_stream_output_type_types_its_run_finished_event(tmp_path: Path, mypy:
     errors = pyright(code, tmp_path)
     assert len(errors) == 1
     assert '"Ticket" is not assignable to declared type "int"' in errors[0]
+
+
+def test_an_agent_class_parameter_types_its_output(tmp_path: Path, mypy: Mypy) -> None:
+    """``class Support(Agent[str])``: runs without ``output_type=`` give a ``str`` output,
+    through ``run``, ``run_sync``, ``stream`` and its ``RunFinished`` event."""
+    code = """
+        # pyright: strict
+        import attrs
+
+        from littleghost import Agent
+        from littleghost.events import RunFinished
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Support(Agent[str]):
+            model = "openai:gpt-4o-mini"
+
+        class Triage(Agent[Ticket]):
+            model = "openai:gpt-4o-mini"
+            output_type = Ticket
+
+        def answer(question: str) -> str:
+            return Support().run_sync(question).output
+
+        async def answer_async(question: str) -> str:
+            return (await Support().run(question)).output
+
+        async def triage(question: str) -> str:
+            async with Triage().stream(question) as events:
+                async for event in events:
+                    if isinstance(event, RunFinished):
+                        return event.result.output.order_id
+                return events.result.output.order_id
+
+        def wrong(question: str) -> int:
+            return Triage().run_sync(question).output
+        """
+    report = mypy(code)
+    assert 'Incompatible return value type (got "Ticket", expected "int")' in report
+    assert "Found 1 error" in report
+    errors = pyright(code, tmp_path)
+    assert len(errors) == 1
+    assert '"Ticket" is not assignable to "int"' in errors[0]
+
+
+def test_a_bare_agent_class_gives_any_output_without_errors(tmp_path: Path, mypy: Mypy) -> None:
+    """A bare ``Agent`` is ``Agent[Any]``: no checker asks for its type parameter, even in
+    strict modes, and its output takes any type, as before."""
+    code = """
+        # pyright: strict
+        from littleghost import Agent
+
+        class Support(Agent):
+            model = "openai:gpt-4o-mini"
+
+        def named(agent: Agent) -> str:
+            return agent.name
+
+        async def main(agent: Agent) -> None:
+            text: str = Support().run_sync("Hello").output
+            number: int = (await agent.run("Hello")).output
+            async with Support().stream("Hello") as events:
+                answer: bytes = events.result.output
+            print(text, number, answer)
+        """
+    assert "Success: no issues found" in mypy(code)
+    assert pyright(code, tmp_path) == []
+
+
+def test_a_run_output_type_overrides_the_class_parameter(tmp_path: Path, mypy: Mypy) -> None:
+    code = """
+        import attrs
+
+        from littleghost import Agent
+
+        @attrs.frozen
+        class Ticket:
+            order_id: str
+
+        class Support(Agent[str]):
+            model = "openai:gpt-4o-mini"
+
+        async def main() -> None:
+            ticket: Ticket = Support().run_sync("Order 42?", output_type=Ticket).output
+            tickets = (await Support().run("Order 42?", output_type=list[Ticket])).output
+            first: Ticket = tickets[0]
+            async with Support().stream("Order 42?", output_type=Ticket) as events:
+                streamed: Ticket = events.result.output
+            anything: int = Support().run_sync("Order 42?", output_type=int | None).output
+            text: str = Support().run_sync("Order 42?", output_type=Ticket).output
+        """
+    report = mypy(code)
+    assert 'expression has type "Ticket", variable has type "str"' in report
+    assert "Found 1 error" in report
+    errors = pyright(code, tmp_path)
+    assert len(errors) == 1
+    assert '"Ticket" is not assignable to declared type "str"' in errors[0]
