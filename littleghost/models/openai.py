@@ -667,7 +667,9 @@ class OpenAIModel:
         for counter, asking in self._counters:
 
             async def count(counter: _Counter = counter) -> int | None:
-                return await counter(await self._clients.get(), sent)
+                client = await self._clients.get()
+                async with self._clients.sending():
+                    return await counter(client, sent)
 
             with self._clients.stopped_by_close():
                 counted = await asking.ask(count, self._error)
@@ -744,7 +746,8 @@ class OpenAIModel:
             provider_errors(self._error),
         ):
             client = await self._clients.get()
-            completion = await client.chat.completions.create(**params)
+            async with self._clients.sending():
+                completion = await client.chat.completions.create(**params)
             if isinstance(completion, str):
                 raise not_json(self.provider)
             provider = self.provider
@@ -874,7 +877,8 @@ class OpenAIModel:
             provider_errors(self._error),
         ):
             async with AsyncExitStack() as stack:
-                http = (await self._open_stream(stack, params)).http_response
+                async with self._clients.sending():  # until the answer's head comes
+                    http = (await self._open_stream(stack, params)).http_response
                 try:
                     read = sse_events(http, provider, whole=ended)
                     async with aclosing(read) as events:
