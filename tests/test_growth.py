@@ -121,6 +121,19 @@ for stat in grown:
 """
 
 
+def check_script(script: str, *args: str) -> None:
+    """Run ``script`` in a Python process of its own: it exits 0, printing nothing."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_model_string_per_tenant_leaves_nothing_once_its_requests_ended(backend: str) -> None:
     """A model string per tenant (a fine-tuned model each, ``@manage_context`` assuming
@@ -129,15 +142,7 @@ def test_a_model_string_per_tenant_leaves_nothing_once_its_requests_ended(backen
     good, some 180 bytes a tenant). No line of littleghost's code holds 100 blocks of
     memory more after 500 more tenants, in a process without an OpenTelemetry SDK (whose
     metric series, one per model, are its own: see docs/telemetry.md)."""
-    done = subprocess.run(
-        [sys.executable, "-c", PER_TENANT_MODELS, backend],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == ""
+    check_script(PER_TENANT_MODELS, backend)
 
 
 WARNING_THREADS = """
@@ -178,12 +183,4 @@ def test_runs_in_threads_each_of_a_model_of_its_own_all_answer() -> None:
     """Runs in four threads, each with a model of its own that advertises no window:
     the warning said once per model, which forgets the oldest of them past 256, failed
     some of them with ``KeyError`` (two threads forgetting the same one at once)."""
-    done = subprocess.run(
-        [sys.executable, "-c", WARNING_THREADS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == ""
+    check_script(WARNING_THREADS)
