@@ -11,10 +11,21 @@ import inspect
 import math
 import re
 import sys
+import typing
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypedDict, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    TypedDict,
+    TypeGuard,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import anyio
 import attrs
@@ -338,6 +349,43 @@ def _check_resolve_model(cls: type) -> None:
             f"{cls.__name__}.resolve_model is an async def: runs call it without await; "
             "make it a plain def that returns the Model"
         )
+
+
+_PROMOTED: dict[type, tuple[type, ...]] = {float: (int,), complex: (int, float)}
+"""The classes type checkers take where another is declared (an ``int`` for a ``float``)."""
+
+
+def _output_parameter(cls: type) -> object:
+    """The ``X`` of the nearest ``Agent[X]`` among the class's bases (``Any`` if none)."""
+    for klass in cls.__mro__:
+        for base in vars(klass).get("__orig_bases__", ()):
+            if typing.get_origin(base) is Agent:
+                return typing.get_args(base)[0]
+    return Any
+
+
+def _is_class(value: object) -> TypeGuard[type]:
+    return isinstance(value, type) and typing.get_origin(value) is None
+
+
+def _check_output_parameter(cls: type, owner: str, output_type: object) -> None:
+    """An agent of a class declared ``Agent[X]`` (``X`` a class) whose ``output_type``
+    makes runs answer no ``X`` fails as it is made: type checkers take ``result.output``
+    for an ``X``. A parameter that is no class (a type variable, ``list[X]``) is not
+    compared."""
+    declared = _output_parameter(cls)
+    answer = str if output_type is None else output_type
+    if not (_is_class(declared) and _is_class(answer)) or declared in (object, Any):
+        return
+    if issubclass(answer, (declared, *_PROMOTED.get(declared, ()))):
+        return
+    expected, given = declared.__name__, answer.__name__
+    runs = "None: its runs answer text (a str)" if output_type is None else given
+    raise ConfigurationError(
+        f"{cls.__name__} is declared Agent[{expected}], but {owner} is {runs}, not the "
+        f"{expected} type checkers take result.output for; set output_type = {expected}, "
+        f"or declare Agent[{given}]"
+    )
 
 
 def _check_local_settings(cls: type[Agent]) -> None:
@@ -767,7 +815,8 @@ class Agent(Generic[_O]):
     ``capabilities`` shows what class decorators added (see :mod:`littleghost.capabilities`).
     ``class Triage(Agent[Ticket])`` tells type checkers the type of ``result.output`` of
     runs without ``output_type=`` (a bare ``Agent`` is ``Agent[Any]``); at run time the
-    parameter changes nothing: ``output_type`` is what a run asks for.
+    parameter changes nothing: ``output_type`` is what a run asks for (an agent whose
+    ``output_type`` answers no such class fails as it is made).
     """
 
     model: str | Model | None = None
@@ -909,6 +958,9 @@ class Agent(Generic[_O]):
             )
             if self.output_strategy == "tool":
                 check_tool_choice(self._settings_owner, self.settings)
+        _check_output_parameter(
+            cls, owners.get("output_type", f"{cls.__name__}.output_type"), self.output_type
+        )
         self._bound_plan = hook_plan(cls)
         self._hooks = MappingProxyType(bind_hooks(self, self._bound_plan))
         self._models = OwnedModels()

@@ -237,6 +237,57 @@ async def test_an_agent_class_parameter_types_the_output_alone() -> None:
     assert pending.output == '{"order_id": "42"}'  # no output_type: the answer's text
 
 
+def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -> None:
+    """``Agent[Ticket]`` with no ``output_type`` (its runs answer text), or with one whose
+    runs answer no ``Ticket`` (the class's, a subclass's, the constructor's), fails as the
+    agent is made, naming both; a subclass of the parameter, a promoted number, a
+    parameter that is no class and an ``output_type`` given by ``__init__`` pass."""
+
+    class Urgent(Ticket):
+        pass
+
+    class Untyped(Agent[Ticket]):
+        pass
+
+    class Text(Agent[str]):
+        output_type = Ticket
+
+    class Dropped(TypedTriage):
+        output_type = None
+
+    made = {
+        "Untyped.output_type is None: its runs answer text": Untyped,
+        "Text.output_type is Ticket, not the str": Text,
+        r"TypedTriage\(…, output_type=\) is str, not the Ticket": lambda: TypedTriage(
+            output_type=str
+        ),
+        "Dropped.output_type is None": Dropped,
+    }
+    for message, make in made.items():
+        with pytest.raises(ConfigurationError, match=message) as caught:
+            make()
+        assert "set output_type = " in str(caught.value)
+
+    class Narrower(Agent[Ticket]):
+        output_type = Urgent
+
+    class Number(Agent[float]):
+        output_type = int
+
+    class Listed(Agent[list[Ticket]]):
+        pass
+
+    class Given(Agent[Ticket]):
+        def __init__(self) -> None:
+            super().__init__(output_type=Ticket)
+
+    class Generic(TypedBase[Ticket]):
+        pass
+
+    for agent in (Narrower(), Number(), Listed(), Given(), Generic(), TypedBase[Ticket]()):
+        assert isinstance(agent, Agent)
+
+
 def test_a_typed_agent_class_is_checked_as_any() -> None:
     """Its declarations are checked when it is defined, a mixin's too."""
 
