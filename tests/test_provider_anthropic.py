@@ -1110,10 +1110,6 @@ STOP = {"type": "message_stop"}
             event_stream(anthropic_sse(START, *thinking_block(0, "Hm", signature="s"), STOP)),
             id="message_stop after thinking alone",
         ),
-        pytest.param(
-            message([{"type": "text", "text": "fine"}]),
-            id="JSON, not a stream",
-        ),
     ],
 )
 async def test_a_stream_that_ends_before_its_end_is_transient(

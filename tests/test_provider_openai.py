@@ -1534,7 +1534,6 @@ HALF_CALL = {
             event_stream(openai_sse(chunk({"reasoning_content": "Let me see"}))),
             id="[DONE] after reasoning alone",
         ),
-        pytest.param(completion({"content": "fine"}), id="JSON, not a stream"),
     ],
 )
 async def test_a_stream_that_ends_before_its_end_is_transient(

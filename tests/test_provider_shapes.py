@@ -26,7 +26,7 @@ from littleghost.errors import (
 from littleghost.messages import Message
 from littleghost.models import ModelRequest, ModelResponse, ToolSpec
 from littleghost.models.anthropic import LONGEST_UNSTREAMED
-from littleghost.models.streaming import StreamDone, ToolCallChunk
+from littleghost.models.streaming import StreamDone, TextChunk, ToolCallChunk
 from littleghost.sessions import InMemorySessionStore
 
 from .sdk_bodies import (
@@ -316,6 +316,77 @@ async def test_an_error_sent_as_a_json_body_with_a_200_is_classified_streamed_or
     make = anthropic_model if adapter == "anthropic" else openai_model
     outcome = await _outcome(make(_json(body)), streamed)
     assert type(outcome) is InvalidRequestError, outcome
+
+
+def _read_as(response: ModelResponse) -> tuple[object, ...]:
+    """What a response says (its message's id is made anew each time)."""
+    return (
+        response.message.content,
+        response.stop_reason,
+        response.usage,
+        response.response_id,
+        response.response_model,
+    )
+
+
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_an_answer_sent_whole_to_a_stream_request_reads_as_one_not_streamed(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    """A server or proxy that ignores ``stream`` sends the whole answer as one JSON body:
+    it was read as a stream cut off, asked for three times more (each billed), then the
+    call failed. It reads as the same body answered to a call not streamed: the same
+    response, or the same error, for the answer and every mutation of its fields (but a
+    count sent as ``true``, which the SDK reads as 1 and littleghost, reading the JSON as
+    it reads a stream's, as no count); the stream gives its reasoning, text and calls."""
+    make, body = (
+        (anthropic_model, ANTHROPIC_MESSAGE)
+        if adapter == "anthropic"
+        else (openai_model, OPENAI_COMPLETION)
+    )
+    compared = []
+    for what, sent in [("the answer", body), *_bodies(body)]:
+        whole = await _outcome(make(_json(sent)), streamed=False)
+        streamed = await _outcome(make(_json(sent)), streamed=True)
+        compared.append(what)
+        if isinstance(whole, ModelResponse) and isinstance(streamed, ModelResponse):
+            if what.startswith("('usage'") and what.endswith(" bool"):
+                assert streamed.message.content == whole.message.content, what
+            else:
+                assert _read_as(streamed) == _read_as(whole), what
+        else:  # an empty body (None) is a stream that ended too soon, and no JSON
+            codes = [getattr(error, "code", None) for error in (streamed, whole)]
+            assert type(streamed) is type(whole), what
+            assert sent is None or codes[0] == codes[1], what
+            assert _fault(what, streamed) is None
+    assert len(compared) > 300
+    server = FakeServer(json_answer(body))
+    async with aclosing(make(server).stream(REQUEST)) as events:
+        chunks = [event async for event in events]
+    assert [type(chunk).__name__ for chunk in chunks] == [
+        "ReasoningChunk",
+        "TextChunk",
+        "ToolCallChunk",
+        "StreamDone",
+    ]
+    assert chunks[1] == TextChunk("SECRET-ANSWER") and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_a_run_streamed_through_a_server_that_does_not_stream_asks_once(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    """The whole answer a server sends in place of a stream is the run's, told as a
+    text delta; the request is not sent again."""
+    if adapter == "anthropic":
+        make, body = anthropic_model, message_body([{"type": "text", "text": "fine"}])
+    else:
+        make, body = openai_model, completion_body({"content": "fine"})
+    server = FakeServer(json_answer(body))
+    async with Agent(model=make(server)).stream("hi") as events:
+        received = [type(event).__name__ async for event in events]
+    assert events.result.output == "fine" and len(server.requests) == 1
+    assert "TextDelta" in received and "ModelCallRetried" not in received
 
 
 async def test_events_labelled_as_json_are_read_as_events(openai_model: Make) -> None:

@@ -5,6 +5,7 @@ and the HTTP library's errors to littleghost's."""
 from __future__ import annotations
 
 import base64
+import enum
 import importlib
 import inspect
 import json
@@ -32,9 +33,16 @@ from littleghost.errors import (
     ProviderError,
     ProviderUnavailableError,
 )
-from littleghost.messages import ImagePart, ToolCall
-from littleghost.models.base import Usage, report_usage
+from littleghost.messages import ImagePart, ReasoningPart, TextPart, ToolCall
+from littleghost.models.base import ModelResponse, Usage, report_usage
 from littleghost.models.overflow import classify_error, should_retry, transport_error
+from littleghost.models.streaming import (
+    ModelStreamEvent,
+    ReasoningChunk,
+    StreamDone,
+    TextChunk,
+    ToolCallChunk,
+)
 from littleghost.models.windows import provider_of
 from littleghost.text import json_text, json_type_name
 from littleghost.tool_types import ToolArgumentError, parse_json
@@ -42,10 +50,12 @@ from littleghost.tool_types import ToolArgumentError, parse_json
 __all__ = [
     "ABSENT",
     "COUNT_REFUSALS",
+    "WHOLE_ANSWER",
     "CountAsking",
     "RequestLogFilter",
     "UrlLogFilter",
     "accepted_parameters",
+    "answered_whole",
     "billed_so_far",
     "check_answer_whole",
     "check_api_key",
@@ -860,19 +870,46 @@ _BYTE_ORDER_MARK = "\ufeff"
 """What a body of events may begin with, not part of its first line (as the format says)."""
 
 
-def _raise_sent_error(provider: str, body: bytes) -> None:
-    """Raise the error a body of JSON sent in place of events reports, if it does."""
+class _Sent(enum.Enum):
+    WHOLE_ANSWER = "a whole answer"
+
+
+WHOLE_ANSWER = _Sent.WHOLE_ANSWER
+"""What ``sse_events`` gives as the name of the one event it makes of a body of JSON sent
+in place of events (a server or proxy that ignored ``stream``): no event a server sends
+is named so."""
+
+
+def answered_whole(response: ModelResponse) -> Iterator[ModelStreamEvent]:
+    """The events of a stream whose answer came whole (``WHOLE_ANSWER``): a chunk per
+    part of its message (its reasoning, text, each tool call), then its ``StreamDone``."""
+    for part in response.message.content:
+        if isinstance(part, ReasoningPart) and part.text:
+            yield ReasoningChunk(part.text)
+        elif isinstance(part, TextPart) and part.text:
+            yield TextChunk(part.text)
+        elif isinstance(part, ToolCall):
+            yield ToolCallChunk()
+    yield StreamDone(response)
+
+
+def _sent_answer(provider: str, body: bytes) -> str | None:
+    """The JSON a body sent in place of events holds (a whole answer, from a server or
+    proxy that does not stream), as text; ``None`` for a body that is no JSON. An object
+    that reports an error is raised as that error."""
     try:
-        sent = json.loads(body)
-    except ValueError:  # not JSON (an integer too long, too: no error's)
-        return
+        text = body.decode()
+        sent = json.loads(text)
+    except ValueError:  # not UTF-8, not JSON (an integer too long, too: no error's)
+        return None
     if isinstance(sent, dict) and sent.get("error"):
         raise classify_error(provider=provider, body=sent)
+    return text
 
 
 async def sse_events(
     response: Any, provider: str, *, whole: Callable[[], bool] = lambda: False
-) -> AsyncGenerator[tuple[str | None, str], None]:
+) -> AsyncGenerator[tuple[str | _Sent | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body, its lines
     ended by CRLF, LF or CR alone and a byte order mark before the first ignored (as the
     format says); an ``error:`` line is an ``error`` event.
@@ -889,9 +926,10 @@ async def sse_events(
     it, also when the caller stops early, so no reader is left for the garbage collector
     (which trio reports).
 
-    A body of JSON in place of events holds no answer: the error it reports (a
-    gateway's, sent with a 200, as to a request not streamed) is raised, classified;
-    another was not a stream (``stream_cut_off``).
+    A body of JSON in place of events (a server or proxy that ignored ``stream``) is
+    given as one event named ``WHOLE_ANSWER``, its data the JSON, for the provider to
+    read as an answer not streamed; or, when it reports an error (a gateway's, sent with
+    a 200, as to a request not streamed), raised, classified.
     """
     buffer = bytearray()  # the line begun, only split again once a line ending came
     held = False  # the buffer ends with CR, whose LF may come in the next chunk
@@ -939,8 +977,10 @@ async def sse_events(
                 lost = error  # right after an event whole but for its blank line
             else:
                 _log_kept(provider, error)
-    if sent is not None:
-        _raise_sent_error(provider, bytes(sent))
+    answer = None if sent is None else _sent_answer(provider, bytes(sent))
+    if answer is not None:
+        yield WHOLE_ANSWER, answer
+        return
     last, cut = _pending(buffer, data, event, first)
     if cut and not whole():
         raise stream_cut_off(provider)

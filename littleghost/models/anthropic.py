@@ -35,8 +35,10 @@ from littleghost.messages import (
 )
 from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
+    WHOLE_ANSWER,
     CountAsking,
     accepted_parameters,
+    answered_whole,
     attempt_timeout,
     billed_so_far,
     check_answer_whole,
@@ -744,19 +746,21 @@ class AnthropicModel:
             client = await self._clients.get()
             async with self._clients.sending():
                 message = await client.messages.create(**params)
-            if isinstance(message, str):
-                raise not_json(self.provider)
-            shaped(self.provider, message, "body")
-            if lookup(message, "type") == "error":  # a gateway's error, sent with a 200
-                raise classify_error(
-                    provider=self.provider, body={"error": lookup(message, "error")}
-                )
-            response = _response(message)
-            calls = response.message.tool_calls
-            reason = lookup(message, "stop_reason")
-            check_answer_whole(self.provider, reason, (call.arguments for call in calls))
-            cap, window = params["max_tokens"], self.context_window
-            return check_window_room(self.provider, response, cap, window)
+            return self._read(message, params["max_tokens"])
+
+    def _read(self, message: Any, cap: int) -> ModelResponse:
+        """The response a Messages answer (the SDK's, or its JSON) gives, asked with an
+        output cap of ``cap``."""
+        if isinstance(message, str):
+            raise not_json(self.provider)
+        shaped(self.provider, message, "body")
+        if lookup(message, "type") == "error":  # a gateway's error, sent with a 200
+            raise classify_error(provider=self.provider, body={"error": lookup(message, "error")})
+        response = _response(message)
+        calls = response.message.tool_calls
+        reason = lookup(message, "stop_reason")
+        check_answer_whole(self.provider, reason, (call.arguments for call in calls))
+        return check_window_room(self.provider, response, cap, self.context_window)
 
     async def count_prompt_tokens(self, request: ModelRequest) -> int | None:
         """The input tokens the API counts for ``request`` (``POST /v1/messages/count_tokens``:
@@ -794,6 +798,7 @@ class AnthropicModel:
         started: dict[str, Any] = {}
         stopped = False
         ended: set[int] = set()  # the blocks stopped
+        sent_whole: ModelResponse | None = None  # from a server that does not stream
 
         def whole() -> bool:
             """Whether the answer came whole (the docstring's rule)."""
@@ -820,6 +825,11 @@ class AnthropicModel:
                     read = sse_events(http, self.provider, whole=whole)
                     async with aclosing(read) as events:
                         async for name, data in events:
+                            if name is WHOLE_ANSWER:  # read as an answer not streamed
+                                sent = json.loads(data)
+                                usage.update(_counts(lookup(sent, "usage")))
+                                sent_whole = self._read(sent, params["max_tokens"])
+                                break
                             event = self._event(name, data)
                             kind = event.get("type")
                             if kind == "message_start":
@@ -856,6 +866,10 @@ class AnthropicModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
+            if sent_whole is not None:
+                for streamed in answered_whole(sent_whole):
+                    yield streamed
+                return
             if not whole():
                 raise stream_cut_off(self.provider)
             response = _streamed_response(blocks, reason, usage, started)

@@ -29,8 +29,10 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
 from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
+    WHOLE_ANSWER,
     CountAsking,
     accepted_parameters,
+    answered_whole,
     attempt_timeout,
     billed_so_far,
     check_answer_whole,
@@ -748,49 +750,54 @@ class OpenAIModel:
             client = await self._clients.get()
             async with self._clients.sending():
                 completion = await client.chat.completions.create(**params)
-            if isinstance(completion, str):
-                raise not_json(self.provider)
-            provider = self.provider
-            shaped(provider, completion, "body")
-            choices = listed(provider, lookup(completion, "choices"), "choices")
-            if not choices:
-                sent = lookup(completion, "error")  # a gateway's error, sent with a 200
-                if sent:
-                    raise classify_error(provider=provider, body={"error": sent})
-                raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
-            choice = shaped(provider, choices[0], "choices[0]")
-            reason = text_of(provider, lookup(choice, "finish_reason"), "choices[0].finish_reason")
-            if reason in _FAILED:
-                raise _ended_in_error(provider, reason, lookup(choice, "error"))
-            if reason == _FULL_WINDOW:
-                raise _window_full(provider, lookup(completion, "usage"))
-            message = lookup(choice, "message")
-            if message is None:
-                raise ProtocolError(f"{provider}: a choice for {self._name!r} has no message")
-            where = "choices[0].message"
-            message = shaped(provider, message, where)
-            calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
-            if not calls and lookup(message, "function_call"):
-                raise _legacy_call(provider)
-            check_answer_whole(provider, reason, (call.arguments for call, _ in calls))
-            content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
-            content = content or _transcript(provider, message, where)
-            refusal = (
-                "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
-            )
-            response = ModelResponse(
-                self._answer(
-                    _reasoning(provider, message, where) or thought,
-                    content or refusal,
-                    calls,
-                    _details(provider, message, where),
-                ),
-                stop_reason(reason or None, bool(calls), bool(refusal)),
-                _usage(lookup(completion, "usage")),
-                response_id=reported_name(completion, "id"),
-                response_model=reported_name(completion, "model"),
-            )
-            return check_window_room(provider, response, request.max_tokens, self.context_window)
+            return self._read(completion, request)
+
+    def _read(self, completion: Any, request: ModelRequest) -> ModelResponse:
+        """The response a chat completion (the SDK's, or its JSON) answers ``request``
+        with."""
+        if isinstance(completion, str):
+            raise not_json(self.provider)
+        provider = self.provider
+        shaped(provider, completion, "body")
+        choices = listed(provider, lookup(completion, "choices"), "choices")
+        if not choices:
+            sent = lookup(completion, "error")  # a gateway's error, sent with a 200
+            if sent:
+                raise classify_error(provider=provider, body={"error": sent})
+            raise ProtocolError(f"{provider}: the completion for {self._name!r} has no choices")
+        choice = shaped(provider, choices[0], "choices[0]")
+        reason = text_of(provider, lookup(choice, "finish_reason"), "choices[0].finish_reason")
+        if reason in _FAILED:
+            raise _ended_in_error(provider, reason, lookup(choice, "error"))
+        if reason == _FULL_WINDOW:
+            raise _window_full(provider, lookup(completion, "usage"))
+        message = lookup(choice, "message")
+        if message is None:
+            raise ProtocolError(f"{provider}: a choice for {self._name!r} has no message")
+        where = "choices[0].message"
+        message = shaped(provider, message, where)
+        calls = _tool_calls(provider, lookup(message, "tool_calls"), f"{where}.tool_calls")
+        if not calls and lookup(message, "function_call"):
+            raise _legacy_call(provider)
+        check_answer_whole(provider, reason, (call.arguments for call, _ in calls))
+        content, thought = _pieces(provider, lookup(message, "content"), f"{where}.content")
+        content = content or _transcript(provider, message, where)
+        refusal = (
+            "" if content else text_of(provider, lookup(message, "refusal"), f"{where}.refusal")
+        )
+        response = ModelResponse(
+            self._answer(
+                _reasoning(provider, message, where) or thought,
+                content or refusal,
+                calls,
+                _details(provider, message, where),
+            ),
+            stop_reason(reason or None, bool(calls), bool(refusal)),
+            _usage(lookup(completion, "usage")),
+            response_id=reported_name(completion, "id"),
+            response_model=reported_name(completion, "model"),
+        )
+        return check_window_room(provider, response, request.max_tokens, self.context_window)
 
     def _answer(
         self,
@@ -862,6 +869,7 @@ class OpenAIModel:
         usage: Any = None
         response_id: str | None = None
         response_model: str | None = None
+        sent_whole: ModelResponse | None = None  # from a server that does not stream
 
         def ended() -> bool:
             """Whether the answer came whole (the docstring's rule)."""
@@ -883,6 +891,11 @@ class OpenAIModel:
                     read = sse_events(http, provider, whole=ended)
                     async with aclosing(read) as events:
                         async for name, data in events:
+                            if name is WHOLE_ANSWER:  # read as an answer not streamed
+                                sent = json.loads(data)
+                                usage = lookup(sent, "usage")
+                                sent_whole = self._read(sent, request)
+                                break
                             if data.strip() == "[DONE]":
                                 done = True
                                 continue  # read the body to its end: nothing is left open
@@ -985,6 +998,10 @@ class OpenAIModel:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
+            if sent_whole is not None:
+                for streamed in answered_whole(sent_whole):
+                    yield streamed
+                return
             if not ended() and (chosen or not done):  # [DONE] alone: no choices, below
                 raise stream_cut_off(self.provider)
             if not chosen:  # as a completion without choices
