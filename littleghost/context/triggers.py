@@ -155,8 +155,8 @@ class HasToolCalls(_Combine):
         return metrics.tool_call_groups > 0
 
 
-def _triggers(name: str, value: Any) -> tuple[Trigger, ...]:
-    triggers = tuple(value)
+def _triggers(name: str, triggers: tuple[Any, ...]) -> tuple[Trigger, ...]:
+    """``triggers``, given to ``name``, once each is checked to be a trigger."""
     for trigger in triggers:
         if not is_callable(trigger):
             raise ConfigurationError(
@@ -166,19 +166,11 @@ def _triggers(name: str, value: Any) -> tuple[Trigger, ...]:
     return triggers
 
 
-def _all_of(value: Any) -> tuple[Trigger, ...]:
-    return _triggers("all_of", value)
-
-
-def _any_of(value: Any) -> tuple[Trigger, ...]:
-    return _triggers("any_of", value)
-
-
 @frozen
 class AllOf(_Combine):
     """Every one of ``triggers`` holds (true when there are none)."""
 
-    triggers: tuple[Trigger, ...] = field(converter=_all_of)
+    triggers: tuple[Trigger, ...]
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return all(trigger(metrics) for trigger in self.triggers)
@@ -188,7 +180,7 @@ class AllOf(_Combine):
 class AnyOf(_Combine):
     """At least one of ``triggers`` holds (false when there are none)."""
 
-    triggers: tuple[Trigger, ...] = field(converter=_any_of)
+    triggers: tuple[Trigger, ...]
 
     def __call__(self, metrics: Metrics, /) -> bool:
         return any(trigger(metrics) for trigger in self.triggers)
@@ -215,12 +207,12 @@ has_tool_calls = HasToolCalls
 
 def all_of(*triggers: Trigger) -> AllOf:
     """Holds when every one of ``triggers`` holds."""
-    return AllOf(triggers)
+    return AllOf(_triggers("all_of", triggers))
 
 
 def any_of(*triggers: Trigger) -> AnyOf:
     """Holds when at least one of ``triggers`` holds."""
-    return AnyOf(triggers)
+    return AnyOf(_triggers("any_of", triggers))
 
 
 def negate(trigger: Trigger) -> Trigger:
