@@ -86,17 +86,20 @@ async def _run(
 
 
 async def _spanned(
+    name: str,
     messages: Sequence[Message],
     strategy: CompactionStrategy,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     complete: Complete | None,
     settings: Mapping[str, Any] | None,
 ) -> CompactionState:
-    """``_run`` in a compaction's span, named as the run it may serve is; without the
-    view's figures, which would take an estimate of every message of a view a strategy
-    may size from its newest end alone."""
+    """``_run`` of ``name``'s arguments, checked, in a compaction's span, named as the run
+    it may serve is; without the view's figures, which would take an estimate of every
+    message of a view a strategy may size from its newest end alone."""
+    counter, settings = _checked(name, strategy, tokenizer, settings)
+    log = check_history(messages, "messages")
     with requested_compaction(logs.current()) as found:
-        state = await _run(messages, strategy, tokenizer, complete, settings)
+        state = await _run(log, strategy, counter, complete, settings)
         found.summary = state.summary_outcome
     return state
 
@@ -116,9 +119,7 @@ async def apply_compaction(
         ConfigurationError: A bad ``strategy`` or ``tokenizer``, or ``messages`` that
             ``run(history=)`` would refuse.
     """
-    counter, _ = _checked("apply_compaction", strategy, tokenizer, None)
-    log = check_history(messages, "messages")
-    state = await _spanned(log, strategy, counter, None, None)
+    state = await _spanned("apply_compaction", messages, strategy, tokenizer, None, None)
     return tuple(state.view())
 
 
@@ -144,9 +145,7 @@ async def compaction_records(
     Raises:
         ConfigurationError: As ``apply_compaction``, or bad ``settings``.
     """
-    counter, settings = _checked("compaction_records", strategy, tokenizer, settings)
-    log = check_history(messages, "messages")
-    state = await _spanned(log, strategy, counter, complete, settings)
+    state = await _spanned("compaction_records", messages, strategy, tokenizer, complete, settings)
     return state.records()
 
 
