@@ -226,8 +226,7 @@ async def load_memories(budget: PromptBudget, context: object) -> list[str]:
         line = well_formed(" ".join(text.split()))  # one line: it cannot pose as several
         if line:  # an empty or blank entry is no memory
             result.append(line)
-    newest = {line: position for position, line in enumerate(result)}  # the last place wins
-    return [line for position, line in enumerate(result) if newest[line] == position]
+    return list(dict.fromkeys(reversed(result)))[::-1]  # a repeated entry at its newest place
 
 
 class _Cuts:
