@@ -435,12 +435,12 @@ def fit_request(
         )
     room -= current_cost
 
-    kept_summaries: list[Message] = []
+    by_id = {summary.id: summary for summary in made}  # the summaries shown, capped
     for summary in reversed([s for s in summaries if not made or s.id not in turn_summaries]):
         capped = cuts.shrink(summary, max(min(summary_tokens, room), 1), _CAPPED)
         if cuts.estimate(capped) > room:
             break
-        kept_summaries.insert(0, capped)
+        by_id.setdefault(summary.id, capped)  # a repeated id: the newest
         room -= cuts.estimate(capped)
 
     excerpt_room = min(budget.excerpt_tokens, max(room // 5, 0))
@@ -482,7 +482,6 @@ def fit_request(
         "excerpts", EXCERPTS_KEY, EXCERPTS_HEADER, texts, Message.user, {EXCERPTED_KEY: first_ids}
     )
     kept = [message for turn in reversed(kept_turns) for message in turn]
-    by_id = {summary.id: summary for summary in [*kept_summaries, *made]}
     shown = [by_id[summary.id] for summary in summaries if summary.id in by_id]  # in order
     messages = [*trusted, *memory, *shown, *excerpts, *kept, *current]
     settings = dict(request.settings)
