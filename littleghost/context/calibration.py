@@ -373,9 +373,14 @@ def _request_split(messages: Sequence[Message], estimates: Estimates, state: Cal
 def request_size(request: ModelRequest, estimates: Estimates, state: Calibration) -> int:
     """``request``'s size in the model's tokens as ``state`` knows it, ``max_tokens``
     included."""
-    fixed, scaled = _split_estimate(request.messages, estimates, state.real, state.dense)
     outside = schema_estimate(request, estimates.tokenizer) + (request.max_tokens or 0)
-    return fixed + math.ceil(state.scale * scaled) + outside
+    return _scaled_size(request.messages, estimates, state) + outside
+
+
+def _scaled_size(messages: Sequence[Message], estimates: Estimates, state: Calibration) -> int:
+    """The size of ``messages`` in the model's tokens as ``state`` knows it."""
+    fixed, scaled = _split_estimate(messages, estimates, state.real, state.dense)
+    return fixed + math.ceil(state.scale * scaled)
 
 
 def calibrated_size(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
@@ -385,10 +390,7 @@ def calibrated_size(request: ModelRequest, context: RunContext, tokenizer: Token
 
 def real_size(messages: Sequence[Message], context: RunContext, tokenizer: Tokenizer) -> int:
     """The size of ``messages`` in the model's tokens as far as known."""
-    state = calibration(context)
-    estimates = context.log_index.estimates(tokenizer)
-    fixed, scaled = _split_estimate(messages, estimates, state.real, state.dense)
-    return fixed + math.ceil(state.scale * scaled)
+    return _scaled_size(messages, context.log_index.estimates(tokenizer), calibration(context))
 
 
 def estimate_tokens(request: ModelRequest, context: RunContext, tokenizer: Tokenizer) -> int:
