@@ -295,31 +295,26 @@ class _Cuts:
         """Excerpt tool results over ``max_tokens`` (head and tail kept, with a marker)."""
         return self.shrink(message, max_tokens, (ToolResult,)) if message.tool_results else message
 
-    def cut_intermediate(self, turn: Sequence[Message], max_tokens: int) -> list[Message]:
-        """``turn`` with each assistant text but the last cut to about ``max_tokens``."""
-        cut = list(turn)
-        for i, message in enumerate(turn[:-1]):
-            if message.role is Role.ASSISTANT and message.text:
-                calls = self.estimate(self.without(message, (TextPart,)))
-                cut[i] = self.shrink(message, calls + max_tokens, (TextPart,))
-        return cut
-
     def fit_turn(
-        self, turn: Sequence[Message], share: int, floor: int, room: int
+        self, turn: Sequence[Message], share: int, floor: int, room: int, *, tighten: bool = True
     ) -> tuple[list[Message], int]:
-        """The current ``turn``, its results over ``share`` excerpted; while over ``room``,
-        its intermediate text, then its results, cut toward ``floor`` tokens; and its cost."""
-        current = [self.cut_results(m, share) for m in turn]
-        cost = self.cost(current)
+        """``turn``, its results over ``share`` excerpted; while over ``room``, each assistant
+        text but the last, then (with ``tighten``, for the current turn) its results, cut
+        toward ``floor`` tokens; and its cost."""
+        fitted = [self.cut_results(m, share) for m in turn]
+        cost = self.cost(fitted)
         if cost > room:
-            current = self.cut_intermediate(current, floor)
-            cost = self.cost(current)
-            for size in (4 * floor, 2 * floor, floor):
+            for i, message in enumerate(fitted[:-1]):
+                if message.role is Role.ASSISTANT and message.text:
+                    calls = self.estimate(self.without(message, (TextPart,)))
+                    fitted[i] = self.shrink(message, calls + floor, (TextPart,))
+            cost = self.cost(fitted)
+            for size in (4 * floor, 2 * floor, floor) if tighten else ():
                 if cost <= room:
                     break
-                current = [self.cut_results(m, size) for m in current]
-                cost = self.cost(current)
-        return current, cost
+                fitted = [self.cut_results(m, size) for m in fitted]
+                cost = self.cost(fitted)
+        return fitted, cost
 
     def without(self, message: Message, kinds: tuple[type, ...]) -> Message:
         def make() -> Message:
@@ -449,14 +444,8 @@ def fit_request(
     history = turns[:-1]
     dropped = 0
     for position in reversed(range(len(history))):
-        turn = [
-            cuts.cut_results(cuts.shrink(m, budget.history_item_tokens, _CAPPED), share)
-            for m in history[position]
-        ]
-        cost = cuts.cost(turn)
-        if cost > room:
-            turn = cuts.cut_intermediate(turn, floor)
-            cost = cuts.cost(turn)
+        older = [cuts.shrink(m, budget.history_item_tokens, _CAPPED) for m in history[position]]
+        turn, cost = cuts.fit_turn(older, share, floor, room, tighten=False)
         if cost > room:
             dropped = position + 1
             break
