@@ -73,20 +73,11 @@ class ByteEstimator:
 
 DEFAULT_TOKENIZER = CharacterEstimator()
 
+_COMPACT = (",", ":")  # JSON's separators in a prompt (``json_text``'s, less the spaces)
+# one encoder built once for the hot paths (``json.dumps`` builds one per call)
 _ENCODE: Callable[[Any], str] = json.JSONEncoder(
-    ensure_ascii=False, separators=(",", ":"), default=str
+    ensure_ascii=False, separators=_COMPACT, default=str
 ).encode
-
-
-def _json(value: Any) -> str:
-    """Compact JSON, non-ASCII kept: one encoder built once (``json.dumps`` builds one per
-    call); an int too long to write as ``json_text`` writes it."""
-    try:
-        return _ENCODE(value)
-    except ValueError:
-        return json_text(value, separators=(",", ":"))
-
-
 _JSON_STR: Callable[[str], str] = json.encoder.encode_basestring
 _CALL_CHARS = len('{"id":"","name":"","arguments":}')  # prompt_text's framing of a tool call
 _RESULT_CHARS = len('{"tool_call_id":"","content":""}')  # and of a tool result
@@ -218,8 +209,9 @@ def estimate_messages(messages: Iterable[Message], tokenizer: Tokenizer = DEFAUL
 
 def tools_text(tools: Iterable[Any]) -> str:
     """The tool schemas as the prompt carries them."""
-    return _json(
-        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
+    return json_text(
+        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools],
+        separators=_COMPACT,
     )
 
 
@@ -238,7 +230,7 @@ def estimate_request(
     if tool_list := tuple(tools):
         total += tokenizer.count_tokens(tools_text(tool_list))
     if output_schema is not None:
-        total += tokenizer.count_tokens(_json(dict(output_schema.schema)))
+        total += tokenizer.count_tokens(json_text(dict(output_schema.schema), separators=_COMPACT))
     extra = {
         key: settings[key] for key in ("stop", "response_format", "tool_choice") if key in settings
     }
