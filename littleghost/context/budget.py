@@ -410,7 +410,22 @@ def fit_request(
     ours = sorted((s for s in summaries if s.id in turn_summaries), key=cuts.estimate)
 
     def fit_current(room: int) -> tuple[list[Message], list[Message], int]:
-        return _fit_current(turn, ours, cuts, share, floor, room, summary_tokens)
+        """The current ``turn`` and the summaries covering part of it (``ours``, smallest
+        first) fitted to ``room`` as far as they can be, and their cost: the summaries share
+        the room the turn leaves (at least ``floor`` each) and give way only to it."""
+        current, current_size = cuts.fit_turn(turn, share, floor, room)
+        made: list[Message] = []
+        left = room - current_size
+        for position, summary in enumerate(ours):  # the smallest first, each its share of the rest
+            share_left = max(left // (len(ours) - position), floor)
+            made.append(cuts.shrink(summary, min(summary_tokens, share_left), _CAPPED))
+            left -= cuts.estimate(made[-1])
+        if made and current_size + cuts.cost(made) > room:  # the turn gives them room
+            current, current_size = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
+            if current_size + cuts.cost(made) > room:  # or they give way to it, last
+                made = []
+                current, current_size = cuts.fit_turn(turn, share, floor, room)
+        return current, made, current_size + cuts.cost(made)
 
     current, made, current_cost = fit_current(limit - base - cuts.cost(memory))
     if memory and base + cuts.cost(memory) + current_cost > limit:
@@ -490,33 +505,6 @@ def fit_request(
     )
     _log(report)
     return evolve(request, messages=messages, settings=settings), report
-
-
-def _fit_current(
-    turn: Sequence[Message],
-    ours: Sequence[Message],
-    cuts: _Cuts,
-    share: int,
-    floor: int,
-    room: int,
-    summary_tokens: int,
-) -> tuple[list[Message], list[Message], int]:
-    """The current ``turn`` and the summaries covering part of it (``ours``, smallest
-    first) fitted to ``room`` as far as they can be, and their cost: the summaries share
-    the room the turn leaves (at least ``floor`` each) and give way only to it."""
-    current, current_size = cuts.fit_turn(turn, share, floor, room)
-    made: list[Message] = []
-    left = room - current_size
-    for position, summary in enumerate(ours):  # the smallest first, each its share of the rest
-        share_left = max(left // (len(ours) - position), floor)
-        made.append(cuts.shrink(summary, min(summary_tokens, share_left), _CAPPED))
-        left -= cuts.estimate(made[-1])
-    if made and current_size + cuts.cost(made) > room:  # the turn gives them room
-        current, current_size = cuts.fit_turn(turn, share, floor, room - cuts.cost(made))
-        if current_size + cuts.cost(made) > room:  # or they give way to it, last
-            made = []
-            current, current_size = cuts.fit_turn(turn, share, floor, room)
-    return current, made, current_size + cuts.cost(made)
 
 
 def _memories(picked: Sequence[str]) -> list[Message]:
