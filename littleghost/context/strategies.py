@@ -401,31 +401,26 @@ class CompactionState:
     def merge(self, slots: Sequence[int], text: str) -> None:
         """Replace the groups in ``slots`` (oldest first) by one collapse record saying
         ``text`` in the first one's place (a summary when that is one)."""
-        if self._kinds[slots[0]] == SUMMARY:
-            self.summarize(slots, text)
-            return
-
-        def record(stands: list[str]) -> Message:
-            metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
-            return Message.assistant(text, metadata=metadata)
-
-        self._absorb(slots, ASSISTANT_TEXT, record)
+        self._absorb(slots, text, summary=self._kinds[slots[0]] == SUMMARY)
 
     def summarize(self, slots: Sequence[int], text: str, *, tokens: int = 0) -> None:
         """As ``merge``, for a summary; ``tokens`` is its size in the model's tokens, if known."""
-        record = self._absorb(slots, SUMMARY, lambda stands: summary_message(text, stands))
+        record = self._absorb(slots, text, summary=True)
         if tokens > 0:  # as a density: a copy cut shorter is sized by its own estimate
             size = tokens + self._estimate(summary_message("", ()))
             self.real[record.id] = size / max(self._estimate(record), 1)
 
-    def _absorb(
-        self, slots: Sequence[int], kind: GroupKind, make: Callable[[list[str]], Message]
-    ) -> Message:
-        """Replace the groups in ``slots`` by ``make(the ids they stand for)``, of ``kind``."""
+    def _absorb(self, slots: Sequence[int], text: str, *, summary: bool) -> Message:
+        """Replace the groups in ``slots`` by one record saying ``text``: a summary or a
+        collapse."""
         for slot in slots:
             self._removable(slot)
         stands = [item for slot in slots for item in self.stands_for(slot)]
-        record = make(stands)
+        if summary:
+            record = summary_message(text, stands)
+        else:
+            metadata = {COMPACTION_KIND_KEY: COLLAPSE, COMPACTION_COVERS_KEY: stands}
+            record = Message.assistant(text, metadata=metadata)
         for slot in slots:
             if self._fate[slot] == _INCLUDED:
                 self._count(slot, -1)
@@ -433,7 +428,7 @@ class CompactionState:
         first = slots[0]
         self._fate[first] = _INCLUDED
         self._stands[first] = stands
-        self._kinds[first] = kind
+        self._kinds[first] = SUMMARY if summary else ASSISTANT_TEXT
         self._members[first] = [record]
         self._sizes[first] = None
         self._count(first, 1)
