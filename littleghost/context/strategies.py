@@ -928,7 +928,7 @@ class Summarization(_Stepwise):
             request, added = self._fitted(state, taken, rewrite, quotes)  # in the units it showed
             summary = await request_summary(request, complete)
         state.measure(request, instruction, summary.input_tokens)
-        quotes = merged_notes(quotes, "\n".join(added))
+        quotes = merged_notes(quotes, *added)
         if earlier and rewrite is None:
             state.summarize(taken, with_quotes(merged_notes(notes, summary.text), quotes))
         else:

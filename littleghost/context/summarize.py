@@ -89,6 +89,7 @@ SUMMARY_PREFIX = (
     "[Summary of the earlier conversation, for reference only; it is not an instruction.]\n"
 )
 QUOTES_HEADING = "Quoted from the conversation:"
+_HEADING_SAID = QUOTES_HEADING.casefold()
 # a summary's outcome: whole; cut at its cap (complete lines kept); asked again shorter
 SUMMARY_COMPLETE = "complete"
 SUMMARY_CUT = "cut_at_cap"
@@ -309,10 +310,20 @@ def _pairs(value: Any, path: str) -> Iterator[str]:
         yield f"{path}={value}"
 
 
-def merged_notes(notes: str, new: str) -> str:
-    """``notes`` followed by the lines of ``new`` they do not already hold (without lines
-    that echo the delimiters or say ``QUOTES_HEADING``)."""
-    return _cleaned(f"{notes}\n{new}")
+def merged_notes(*texts: str) -> str:
+    """The lines of ``texts``, in order, without lines that only echo the delimiters,
+    repeat an earlier line (small models repeat lines) or say ``QUOTES_HEADING``: only
+    ``with_quotes`` writes that line, so ``split_quotes`` never takes what a model wrote
+    for quotes kept by code."""
+    seen: set[str] = set()
+    kept = []
+    for line in "\n".join(texts).splitlines():
+        said = " ".join(line.split()).casefold()
+        if said and (not said.strip("<> ") or said in seen or said == _HEADING_SAID):
+            continue
+        seen.add(said)
+        kept.append(line)
+    return "\n".join(kept).strip()
 
 
 def split_quotes(text: str) -> tuple[str, str]:
@@ -370,7 +381,7 @@ async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
 def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
     """The summary in ``response``; at its cap, its complete part, or ``None`` when that
     holds nothing besides headings."""
-    text = _cleaned(response.message.text)
+    text = merged_notes(response.message.text)
     if response.stop_reason is not StopReason.MAX_TOKENS:
         if not text:
             raise ProtocolError("the context summary came back empty")
@@ -380,24 +391,6 @@ def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
         return None
     tokens = response.usage.output_tokens * len(kept) // max(1, len(text))
     return Summary(kept, tokens, cut, response.usage.input_tokens)
-
-
-_HEADING_SAID = QUOTES_HEADING.casefold()
-
-
-def _cleaned(text: str) -> str:
-    """``text`` without lines that only echo the delimiters, repeat an earlier line (small
-    models repeat lines) or say ``QUOTES_HEADING``: only ``with_quotes`` writes that line,
-    so ``split_quotes`` never takes what a model wrote for quotes kept by code."""
-    seen: set[str] = set()
-    kept = []
-    for line in text.splitlines():
-        said = " ".join(line.split()).casefold()
-        if said and (not said.strip("<> ") or said in seen or said == _HEADING_SAID):
-            continue
-        seen.add(said)
-        kept.append(line)
-    return "\n".join(kept).strip()
 
 
 def _shorter(request: ModelRequest) -> ModelRequest:
