@@ -1174,7 +1174,7 @@ async def test_x_should_retry_is_read_before_a_client_s_own_hooks_read_the_body(
         await http.aclose()
     assert caught.value.should_retry is False
     assert len(server.requests) == 1
-    assert http.event_hooks["response"][1] is logged  # the user's hook is kept
+    assert http.event_hooks["response"][-1] is logged  # the user's hook is kept, last
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
@@ -1198,6 +1198,37 @@ async def test_a_redirect_s_x_should_retry_says_nothing_of_the_stream_it_leads_t
         _, log = await streamed(agent, timeout=20)
     assert log[-1].text == "fine"
     assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("code", [301, 302, 303])
+async def test_a_redirect_that_would_make_the_request_a_get_fails_at_once_naming_it(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool, code: int
+) -> None:
+    """A gateway that redirects the POST to its sign-in page (or ``http://`` to
+    ``https://`` with a 301): followed, the request went again as a GET without its body,
+    and the page (here: a port that refuses) came back as an error retried in vain. It
+    fails at once, naming the redirect and the host it leads to, never the credentials,
+    path or query of its ``Location``."""
+    target = refused_url().replace("http://", "http://user:pw@") + "/login?token=secret"
+
+    def redirect(connection: Connection) -> None:
+        connection.head(code, {"Location": target, "Content-Length": "0"})
+
+    server = servers(redirect, answered(provider) if streaming else answered_whole(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(InvalidRequestError) as caught:
+            if streaming:
+                await streamed(agent, timeout=20)
+            else:
+                await agent.run("hello", timeout=20)
+    assert caught.value.status == code
+    assert caught.value.code == "redirected"
+    where = target.removeprefix("http://user:pw@").partition("/")[0]
+    assert f"(HTTP {code}) to {where}," in str(caught.value)
+    assert "pw" not in str(caught.value) and "secret" not in str(caught.value)
+    assert len(server.requests) == 1
 
 
 # --- an attempt's own timeout -----------------------------------------------------------

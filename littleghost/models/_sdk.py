@@ -29,6 +29,7 @@ from littleghost._validators import (
 )
 from littleghost.errors import (
     ConfigurationError,
+    InvalidRequestError,
     ProtocolError,
     ProviderError,
     ProviderUnavailableError,
@@ -679,14 +680,71 @@ async def _note_head(response: Any) -> None:
         extensions.pop(_HEAD, None)
 
 
+_TO_GET = (301, 302, 303)
+"""The redirects after which an HTTP client sends a POST again as a GET."""
+
+
+class _Redirected(Exception):
+    """A POST redirected with one of ``_TO_GET``: not followed (``_refuse_get_redirect``)."""
+
+    def __init__(self, status: int, where: str | None) -> None:
+        super().__init__(status, where)
+        self.status = status
+        self.where = where
+
+
+async def _refuse_get_redirect(response: Any) -> None:
+    """Raises ``_Redirected`` for a POST's redirect that the HTTP client would follow with
+    a GET without the body (a sign-in page of a gateway, ``http://`` to ``https://``),
+    which no API answers: followed, a page came back as garbled JSON or a stream cut
+    off, asked for again and again."""
+    location = response.headers.get("location")
+    if response.status_code in _TO_GET and location and response.request.method == "POST":
+        try:
+            where = _address(response.request.url.join(location))
+        except Exception:  # a Location the HTTP library cannot read: no place to name
+            where = None
+        raise _Redirected(response.status_code, where)
+
+
+def _address(url: object) -> str | None:
+    """``host:port`` of ``url``; never credentials, path or query."""
+    host, port = server_of(url)
+    if host is None:
+        return None
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return shown if port is None else f"{shown}:{port}"
+
+
+def _redirected(provider: str, redirect: _Redirected) -> InvalidRequestError:
+    """The error of a request ``_refuse_get_redirect`` stopped (not retried)."""
+    where = f" to {redirect.where}" if redirect.where else ""
+    return InvalidRequestError(
+        f"{provider}: the server redirected the request (HTTP {redirect.status}){where}, "
+        "which would send it again as a GET without its body (a gateway's sign-in page, "
+        "or http:// to https://?): set base_url to the API's own URL",
+        status=redirect.status,
+        code="redirected",
+        provider=provider,
+    )
+
+
+_HOOKS = (_refuse_get_redirect, _note_head)
+"""The response hooks ``noting_heads`` adds, in order."""
+
+
 def noting_heads(client: Any) -> Any:
     """``client`` (an SDK's), its HTTP client keeping each answer's head on its request
-    (``_note_head``) for the error of a body that then fails to arrive (a hook added to
-    the HTTP client, once: a client given is shared with its copies; first, before the
-    user's own hooks, which may read the body)."""
+    (``_note_head``) for the error of a body that then fails to arrive, and refusing a
+    redirect that turns the POST into a GET (``_refuse_get_redirect``): hooks added to
+    the HTTP client, once (a client given is shared with its copies); first, before the
+    user's own hooks, which may read the body."""
     hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
-    if isinstance(hooks, dict) and _note_head not in hooks.get("response", ()):
-        hooks.setdefault("response", []).insert(0, _note_head)
+    if isinstance(hooks, dict):
+        response = hooks.setdefault("response", [])
+        for place, hook in enumerate(_HOOKS):
+            if hook not in response:
+                response.insert(place, hook)
     return client
 
 
@@ -702,11 +760,7 @@ def _server_named(error: BaseException) -> str | None:
         request = getattr(error, "request", None)
     except RuntimeError:  # the HTTP library's error without a request
         return None
-    host, port = server_of(getattr(request, "url", None))
-    if host is None:
-        return None
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 address
-    return shown if port is None else f"{shown}:{port}"
+    return _address(getattr(request, "url", None))
 
 
 def _noted_head(error: BaseException) -> tuple[int, bool | None] | None:
@@ -739,6 +793,9 @@ def _classifier(
                 headers=error.response.headers,
                 message=error.message,
             )
+        redirect = error if isinstance(error, _Redirected) else error.__cause__
+        if isinstance(redirect, _Redirected):  # raised by a hook: the SDK's, as its cause
+            return _redirected(provider, redirect)
         if isinstance(error, sdk.APITimeoutError):
             return transport_error(provider, timeout=True, head=_noted_head(error))
         if isinstance(error, sdk.APIConnectionError):  # the HTTP library's error its cause
