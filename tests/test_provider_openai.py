@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -1256,6 +1257,43 @@ async def test_streamed_tool_calls_are_told_apart_by_their_id(
         ToolCall("call_a", "add", {"a": 1, "b": 2}),
         ToolCall("call_b", "add", {"a": 5, "b": 6}),
     )
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_calls_neither_placed_nor_named_are_told_apart_by_their_names(
+    make_model: Callable[..., OpenAIModel], seed: int
+) -> None:
+    """A server that sends each call without an index or id (whole in one piece, or its
+    arguments in pieces, its name with the first or with each): a call named after
+    another once that one's arguments are whole starts the next call (they were merged
+    into one call named ``addmul``, its arguments no JSON, and neither ran)."""
+    rng = random.Random(seed)
+    names = ["add", "mul", "sub"]
+    wanted: list[ToolCall] = []
+    chunks: list[dict[str, Any]] = []
+    for place in range(rng.randint(2, 4)):
+        name = names[place % len(names)]  # each unlike the call before it
+        arguments = {"a": rng.randint(0, 99), "b": rng.randint(0, 99)}
+        wanted.append(ToolCall(f"call_{place}", name, arguments))
+        text = json.dumps(arguments)
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, 3)))
+        pieces = [
+            text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True)
+        ]
+        every = rng.random() < 0.5  # the name sent again with each piece (MiniMax's)
+        for number, piece in enumerate(pieces):
+            function = {"arguments": piece}
+            if number == 0 or every:
+                function["name"] = name
+            chunks.append(chunk({"tool_calls": [{"type": "function", "function": function}]}))
+    chunks.append(chunk({}, finish_reason="tool_calls"))
+    server = FakeServer(event_stream(openai_sse(*chunks)))
+    events = [
+        e async for e in make_model(server).stream(ModelRequest([Message.user("add")], [ADD]))
+    ]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.tool_calls == tuple(wanted)
+    assert sum(isinstance(event, ToolCallChunk) for event in events) == len(wanted)
 
 
 async def test_a_name_sent_again_with_each_piece_of_a_call_is_its_name_once(

@@ -465,6 +465,16 @@ def _arguments(call: Mapping[str, Any]) -> str:
     return joined
 
 
+def _next(call: Mapping[str, Any], name: str) -> bool:
+    """Whether a streamed piece named ``name``, without an index or id, starts the call
+    after ``call``: another name once ``call``'s arguments are a whole JSON object (a
+    server that sends each call whole, neither placed nor named). A name sent again with
+    each piece, or written in pieces (its arguments not begun), goes on with ``call``."""
+    return (
+        bool(name and call["name"]) and name != call["name"] and whole_arguments(_arguments(call))
+    )
+
+
 class OpenAIModel:
     """A chat model behind an OpenAI-compatible chat-completions endpoint.
 
@@ -941,11 +951,22 @@ class OpenAIModel:
                                         text_of(provider, piece.get("id"), f"{place}.id") or None
                                     )
                                     kind = text_of(provider, piece.get("type"), f"{place}.type")
+                                    function = shaped(
+                                        provider, piece.get("function"), f"{place}.function"
+                                    )
+                                    name = text_of(
+                                        provider, function.get("name"), f"{place}.function.name"
+                                    )
                                     key = index if index is not None else named or key
                                     call = at.get(key)
                                     # another id at an index starts another call (Ollama
-                                    # gives every parallel call index 0)
-                                    if call is None or (named and call["id"] not in (None, named)):
+                                    # gives every parallel call index 0), and so does
+                                    # another name after whole arguments, without either
+                                    if (
+                                        call is None
+                                        or (named and call["id"] not in (None, named))
+                                        or (index is None and not named and _next(call, name))
+                                    ):
                                         call = {
                                             "index": index,
                                             "id": named,
@@ -965,12 +986,6 @@ class OpenAIModel:
                                     call["signature"] = (
                                         _thought_signature(provider, piece, place)
                                         or call["signature"]
-                                    )
-                                    function = shaped(
-                                        provider, piece.get("function"), f"{place}.function"
-                                    )
-                                    name = text_of(
-                                        provider, function.get("name"), f"{place}.function.name"
                                     )
                                     if name != call["name"]:  # not the whole name sent again
                                         call["name"] += name  # (MiniMax on NVIDIA NIM does)
