@@ -1122,6 +1122,50 @@ async def test_a_stream_that_ends_before_its_end_is_transient(
     assert caught.value.code == "incomplete_stream"
 
 
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        anthropic_sse(START, *text_block(0, "forty"), *finish("end_turn", 2)) + DONE,
+        anthropic_sse(START, *text_block(0, "forty"), *finish("end_turn", 2)[:1]) + DONE,
+        anthropic_sse(START, *text_block(0, "forty")) + DONE,
+    ],
+    ids=["after message_stop", "in place of message_stop", "in place of both last events"],
+)
+async def test_a_gateway_s_done_ends_a_stream_as_message_stop(
+    make_model: Callable[..., AnthropicModel], body: bytes
+) -> None:
+    """An Anthropic-compatible gateway that ends its streams as OpenAI's end, with
+    ``data: [DONE]``: the answer, whole and billed, failed as an event that is not JSON
+    (a ``ProtocolError``, the run failed). It is read as ``message_stop``."""
+    server = FakeServer(event_stream(body))
+    events = [e async for e in make_model(server).stream(ModelRequest([Message.user("hi")]))]
+    assert isinstance(events[-1], StreamDone)
+    assert events[-1].response.message.text == "forty"
+    assert events[-1].response.stop_reason is StopReason.END_TURN
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        anthropic_sse(START, *text_block(0, "forty")[:2]) + DONE,
+        anthropic_sse(START, *tool_use_block(0, "c1", "lookup", '{"id"')) + DONE,
+    ],
+    ids=["a block never stopped", "half a call's input"],
+)
+async def test_a_gateway_s_done_does_not_end_a_stream_cut_off(
+    make_model: Callable[..., AnthropicModel], body: bytes
+) -> None:
+    model = make_model(FakeServer(event_stream(body)))
+    with pytest.raises(ProviderUnavailableError) as caught:
+        async for _ in model.stream(ModelRequest([Message.user("hi")])):
+            pass
+    assert caught.value.code == "incomplete_stream"
+
+
 async def test_a_cut_off_stream_is_retried_and_only_the_retry_is_kept(
     make_model: Callable[..., AnthropicModel],
 ) -> None:

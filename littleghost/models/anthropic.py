@@ -786,7 +786,8 @@ class AnthropicModel:
         The answer is whole once the ``message_delta`` that gives the stop reason (and the
         usage) came, or ``message_stop`` without it after text or tool calls, every content
         block stopped and every call's input a whole JSON object (a proxy may end a stream
-        its upstream cut with ``message_stop``). A stream that ends before was cut off: a
+        its upstream cut with ``message_stop``); a gateway's ``[DONE]`` (as OpenAI's
+        streams end) is read as ``message_stop``. A stream that ends before was cut off: a
         ``ProviderUnavailableError``. A connection lost or gone silent once the answer is
         whole keeps it (``sse_events``). Closing the iterator early closes the HTTP
         response, which stops generation.
@@ -830,6 +831,9 @@ class AnthropicModel:
                                 usage.update(_counts(lookup(sent, "usage")))
                                 sent_whole = self._read(sent, params["max_tokens"])
                                 break
+                            if data.strip() == "[DONE]":  # a gateway's end, as OpenAI's
+                                stopped = True
+                                continue
                             event = self._event(name, data)
                             kind = event.get("type")
                             if kind == "message_start":
