@@ -1231,6 +1231,45 @@ async def test_a_redirect_that_would_make_the_request_a_get_fails_at_once_naming
     assert len(server.requests) == 1
 
 
+KEEP_ALIVES = [b"data:\n\n", b"data: \n\n", b"data:  \r\n\r\n", b"event: ping\ndata:\n\n"]
+"""Events of a proxy's that carry nothing: ``data:`` alone."""
+AFTER_THE_ANSWER = [b"data: keep-alive\n\n", b"data: ping\n\n", b'data: {"type": \n\n']
+"""Events of a proxy's, after the answer is whole, that are not JSON."""
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("seed", range(4))
+async def test_events_a_proxy_sends_that_carry_nothing_are_passed_over(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, seed: int
+) -> None:
+    """Keep-alives of ``data:`` alone anywhere in a stream, and text that is no JSON once
+    the answer is whole: each failed the call as an event that is not JSON (a
+    ``ProtocolError``, not retried; the whole answer billed and lost, the run failed)."""
+    rng = random.Random(seed)
+    if provider == "openai":
+        events = openai_events(
+            chunk({"content": "fi"}),
+            chunk({"content": "ne"}, finish_reason="stop"),
+            chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}),
+            done=rng.random() < 0.5,
+        )
+    else:
+        events = anthropic_events(
+            message_start({"input_tokens": 9, "output_tokens": 1}),
+            *text_block(0, "fi", "ne"),
+            *finish("end_turn", 2),
+        )
+    sent: list[bytes] = []
+    for event in events:
+        sent += [*rng.choices(KEEP_ALIVES, k=rng.randint(0, 2)), event]
+    sent += rng.choices(KEEP_ALIVES + AFTER_THE_ANSWER, k=rng.randint(1, 3))
+    server = servers(lambda connection: connection.events(sent))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        _, log = await streamed(agent, timeout=20)
+    assert log[-1].text == "fine"
+    assert len(server.requests) == 1
+
+
 # --- an attempt's own timeout -----------------------------------------------------------
 
 

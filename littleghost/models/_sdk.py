@@ -969,7 +969,8 @@ async def sse_events(
 ) -> AsyncGenerator[tuple[str | _Sent | None, str], None]:
     """The ``(event, data)`` pairs of a server-sent-events HTTP response body, its lines
     ended by CRLF, LF or CR alone and a byte order mark before the first ignored (as the
-    format says); an ``error:`` line is an ``error`` event.
+    format says); an ``error:`` line is an ``error`` event. An event that carries nothing
+    is not given (``_carries``).
 
     A body that ends inside an event was cut off: ``stream_cut_off(provider)`` is raised,
     unless that last event is whole but for its blank line or line ending (its data is
@@ -1011,7 +1012,7 @@ async def sse_events(
                     if first:
                         line, first = line.removeprefix(_BYTE_ORDER_MARK), False
                     if not line:
-                        if data:
+                        if data and _carries(event, "\n".join(data), whole):
                             yield event, "\n".join(data)
                         event, data = None, []
                         continue
@@ -1047,6 +1048,15 @@ async def sse_events(
         if not whole():
             raise lost
         _log_kept(provider, lost)
+
+
+def _carries(event: str | None, data: str, whole: Callable[[], bool]) -> bool:
+    """Whether an event is one to give: an error event; else one whose data is not blank
+    (a proxy's keep-alive, ``data:`` alone), nor, once the answer is whole, not JSON or
+    ``[DONE]`` (a proxy's ``data: keep-alive`` after it: the answer is kept, billed)."""
+    if event == "error":
+        return True
+    return bool(data.strip()) and (_whole(data) or not whole())
 
 
 def _pending(
