@@ -1270,6 +1270,27 @@ async def test_events_a_proxy_sends_that_carry_nothing_are_passed_over(
     assert len(server.requests) == 1
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_answer_not_streamed_that_came_as_events_is_read_as_a_stream(
+    servers: Callable[..., RawServer], model_of: Models, provider: str
+) -> None:
+    """A server or proxy that streams whatever it is asked: its answer to a call not
+    streamed, a body of events, failed as a body that is not JSON, asked for three more
+    times (each billed), then the call failed. It is read as the stream it is: a whole
+    one is the answer, billed once; one cut off is asked for again."""
+    if provider == "openai":
+        cut = openai_events(chunk({"content": "fi"}), done=False)
+    else:
+        cut = anthropic_events(message_start({"input_tokens": 9, "output_tokens": 1}))
+    server = servers(lambda connection: connection.events(cut), answered(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        result = await agent.run("hello", timeout=20)
+    assert result.output == "fine"
+    assert len(server.requests) == 2
+    assert all(request.json.get("stream") is not True for request in server.requests)
+    assert result.usage.output_tokens == 2 + (provider == "anthropic")  # the cut one's
+
+
 # --- an attempt's own timeout -----------------------------------------------------------
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "WHOLE_ANSWER",
     "CountAsking",
     "RequestLogFilter",
+    "SentEvents",
     "UrlLogFilter",
     "accepted_parameters",
     "answered_whole",
@@ -79,10 +80,12 @@ __all__ = [
     "reported_name",
     "reported_usage",
     "sent_arguments",
+    "sent_events",
     "server_of",
     "shaped",
     "sse_events",
     "stream_cut_off",
+    "streamed_answer",
     "text_of",
     "whole_arguments",
     "wrong_shape",
@@ -948,6 +951,48 @@ def answered_whole(response: ModelResponse) -> Iterator[ModelStreamEvent]:
         elif isinstance(part, ToolCall):
             yield ToolCallChunk()
     yield StreamDone(response)
+
+
+_EVENT_LINE = re.compile(r"^(?:data|event|error):", re.MULTILINE)
+"""A line of a field of an event, as a body of events has (an HTML page, none)."""
+
+
+class SentEvents:
+    """A body of events an answer not streamed came as (a server or proxy that streams
+    whatever it is asked), to read as a stream's (``sse_events``): the HTTP response's
+    part of it."""
+
+    def __init__(self, body: str) -> None:
+        self._body = body.encode()
+
+    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
+        yield self._body
+
+    async def aclose(self) -> None:
+        """Nothing to close: the body was read."""
+
+
+def sent_events(answer: object) -> SentEvents | None:
+    """The events an answer not streamed came as, when the SDK gave it as text (a body
+    that is not JSON) holding an event's field; else ``None``."""
+    if isinstance(answer, str) and _EVENT_LINE.search(answer.lstrip(_BYTE_ORDER_MARK)):
+        return SentEvents(answer)
+    return None
+
+
+async def streamed_answer(
+    provider: str, events: AsyncGenerator[ModelStreamEvent, None]
+) -> ModelResponse:
+    """The response a provider's stream of ``events`` ends with (closed once it came).
+
+    Raises:
+        ProviderUnavailableError: It ended without one (``stream_cut_off``).
+    """
+    async with aclosing(events):
+        async for event in events:
+            if isinstance(event, StreamDone):
+                return event.response
+    raise stream_cut_off(provider)  # a provider's stream raises that itself first
 
 
 def _sent_answer(provider: str, body: bytes) -> str | None:

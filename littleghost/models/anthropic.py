@@ -37,6 +37,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     WHOLE_ANSWER,
     CountAsking,
+    SentEvents,
     accepted_parameters,
     answered_whole,
     attempt_timeout,
@@ -63,10 +64,12 @@ from littleghost.models._sdk import (
     reported_name,
     reported_usage,
     sent_arguments,
+    sent_events,
     server_of,
     shaped,
     sse_events,
     stream_cut_off,
+    streamed_answer,
     text_of,
     whole_arguments,
 )
@@ -730,11 +733,7 @@ class AnthropicModel:
         call's input not a whole JSON object was cut on its way (``check_answer_whole``)."""
         params = self._params(request)
         if params["max_tokens"] > LONGEST_UNSTREAMED:
-            async with aclosing(self.stream(request)) as events:
-                async for event in events:
-                    if isinstance(event, StreamDone):
-                        return event.response
-            raise stream_cut_off(self.provider)  # stream() raises that itself first
+            return await streamed_answer(self.provider, self.stream(request))
         message: Any = None
         # an answer of the wrong shape is billed all the same; an error it tells of
         # too: keys hidden
@@ -746,7 +745,10 @@ class AnthropicModel:
             client = await self._clients.get()
             async with self._clients.sending():
                 message = await client.messages.create(**params)
-            return self._read(message, params["max_tokens"])
+            events = sent_events(message)
+            if events is None:
+                return self._read(message, params["max_tokens"])
+        return await streamed_answer(self.provider, self._streamed(request, events))
 
     def _read(self, message: Any, cap: int) -> ModelResponse:
         """The response a Messages answer (the SDK's, or its JSON) gives, asked with an
@@ -780,7 +782,16 @@ class AnthropicModel:
             return await self._counting.ask(count, self._error)
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
-        """Stream one Messages call: ``TextChunk``, ``ReasoningChunk`` and
+        """Stream one Messages call (``_streamed``)."""
+        async with aclosing(self._streamed(request, None)) as events:
+            async for event in events:
+                yield event
+
+    async def _streamed(
+        self, request: ModelRequest, sent: SentEvents | None
+    ) -> AsyncGenerator[ModelStreamEvent, None]:
+        """Stream one Messages call, or read ``sent``, the events an answer not streamed
+        came as: ``TextChunk``, ``ReasoningChunk`` and
         ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once the ``message_delta`` that gives the stop reason (and the
@@ -817,11 +828,13 @@ class AnthropicModel:
             self._clients.stopped_by_close(),
             provider_errors(self._error),
         ):
-            create = (await self._clients.get()).messages.with_streaming_response.create
             async with AsyncExitStack() as stack:
-                async with self._clients.sending():  # until the answer's head comes
-                    response = await stack.enter_async_context(create(**params, stream=True))
-                http = response.http_response
+                http: Any = sent
+                if sent is None:
+                    create = (await self._clients.get()).messages.with_streaming_response.create
+                    async with self._clients.sending():  # until the answer's head comes
+                        opened = await stack.enter_async_context(create(**params, stream=True))
+                    http = opened.http_response
                 try:
                     read = sse_events(http, self.provider, whole=whole)
                     async with aclosing(read) as events:

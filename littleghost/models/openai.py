@@ -31,6 +31,7 @@ from littleghost.models._loops import LoopClients
 from littleghost.models._sdk import (
     WHOLE_ANSWER,
     CountAsking,
+    SentEvents,
     accepted_parameters,
     answered_whole,
     attempt_timeout,
@@ -58,10 +59,12 @@ from littleghost.models._sdk import (
     reported_name,
     reported_usage,
     sent_arguments,
+    sent_events,
     server_of,
     shaped,
     sse_events,
     stream_cut_off,
+    streamed_answer,
     text_of,
     whole_arguments,
 )
@@ -747,7 +750,8 @@ class OpenAIModel:
     async def respond(self, request: ModelRequest) -> ModelResponse:
         """Answer one request with one chat completion; one without a finish reason and
         with a tool call's arguments not a whole JSON object was cut on its way
-        (``check_answer_whole``)."""
+        (``check_answer_whole``). An answer that came as a body of events (a server that
+        streams whatever it is asked) is read as a stream's."""
         params = self._params(request)
         completion: Any = None
         # an answer of the wrong shape is billed all the same; an error it tells of
@@ -760,7 +764,10 @@ class OpenAIModel:
             client = await self._clients.get()
             async with self._clients.sending():
                 completion = await client.chat.completions.create(**params)
-            return self._read(completion, request)
+            events = sent_events(completion)
+            if events is None:
+                return self._read(completion, request)
+        return await streamed_answer(self.provider, self._streamed(request, events))
 
     def _read(self, completion: Any, request: ModelRequest) -> ModelResponse:
         """The response a chat completion (the SDK's, or its JSON) answers ``request``
@@ -851,7 +858,16 @@ class OpenAIModel:
         return await stack.enter_async_context(create(**params, stream=True))
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
-        """Stream one chat completion: ``TextChunk`` values (the answer, or a refusal),
+        """Stream one chat completion (``_streamed``)."""
+        async with aclosing(self._streamed(request, None)) as events:
+            async for event in events:
+                yield event
+
+    async def _streamed(
+        self, request: ModelRequest, sent: SentEvents | None
+    ) -> AsyncGenerator[ModelStreamEvent, None]:
+        """Stream one chat completion, or read ``sent``, the events an answer not streamed
+        came as: ``TextChunk`` values (the answer, or a refusal),
         ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
@@ -895,8 +911,10 @@ class OpenAIModel:
             provider_errors(self._error),
         ):
             async with AsyncExitStack() as stack:
-                async with self._clients.sending():  # until the answer's head comes
-                    http = (await self._open_stream(stack, params)).http_response
+                http: Any = sent
+                if sent is None:
+                    async with self._clients.sending():  # until the answer's head comes
+                        http = (await self._open_stream(stack, params)).http_response
                 try:
                     read = sse_events(http, provider, whole=ended)
                     async with aclosing(read) as events:
