@@ -1202,15 +1202,17 @@ async def test_a_redirect_s_x_should_retry_says_nothing_of_the_stream_it_leads_t
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("code", [301, 302, 303])
-async def test_a_redirect_that_would_make_the_request_a_get_fails_at_once_naming_it(
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+async def test_a_redirect_to_a_get_or_to_another_server_fails_at_once_naming_it(
     servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool, code: int
 ) -> None:
     """A gateway that redirects the POST to its sign-in page (or ``http://`` to
     ``https://`` with a 301): followed, the request went again as a GET without its body,
-    and the page (here: a port that refuses) came back as an error retried in vain. It
-    fails at once, naming the redirect and the host it leads to, never the credentials,
-    path or query of its ``Location``."""
+    and the page came back as an error retried in vain. A 307 or 308 to another server
+    was sent it, the prompt and the client's headers with it (a key in a header of its
+    own: Azure's ``api-key``, a gateway's). Either fails at once, naming the redirect and
+    the host it leads to (here a port that refuses), never the credentials, path or
+    query of its ``Location``."""
     target = refused_url().replace("http://", "http://user:pw@") + "/login?token=secret"
 
     def redirect(connection: Connection) -> None:
@@ -1289,6 +1291,23 @@ async def test_an_answer_not_streamed_that_came_as_events_is_read_as_a_stream(
     assert len(server.requests) == 2
     assert all(request.json.get("stream") is not True for request in server.requests)
     assert result.usage.output_tokens == 2 + (provider == "anthropic")  # the cut one's
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("code", [307, 308])
+async def test_a_redirect_that_keeps_the_request_on_its_server_is_followed(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, code: int
+) -> None:
+    path = "/v1/chat/completions" if provider == "openai" else "/v1/messages"
+
+    def redirect(connection: Connection) -> None:
+        connection.head(code, {"Location": f"{path}?moved=1", "Content-Length": "0"})
+
+    server = servers(redirect, answered_whole(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        assert (await agent.run("hello", timeout=20)).output == "fine"
+    assert [request.path.endswith("?moved=1") for request in server.requests] == [False, True]
+    assert server.requests[0].body == server.requests[1].body
 
 
 # --- an attempt's own timeout -----------------------------------------------------------

@@ -685,10 +685,13 @@ async def _note_head(response: Any) -> None:
 
 _TO_GET = (301, 302, 303)
 """The redirects after which an HTTP client sends a POST again as a GET."""
+_KEEPING = (307, 308)
+"""The redirects after which an HTTP client sends a POST again as it was."""
 
 
 class _Redirected(Exception):
-    """A POST redirected with one of ``_TO_GET``: not followed (``_refuse_get_redirect``)."""
+    """A POST's redirect not followed (``_refuse_redirect``): its status, and the host
+    and port it leads to (``None`` when unreadable)."""
 
     def __init__(self, status: int, where: str | None) -> None:
         super().__init__(status, where)
@@ -696,18 +699,37 @@ class _Redirected(Exception):
         self.where = where
 
 
-async def _refuse_get_redirect(response: Any) -> None:
-    """Raises ``_Redirected`` for a POST's redirect that the HTTP client would follow with
-    a GET without the body (a sign-in page of a gateway, ``http://`` to ``https://``),
-    which no API answers: followed, a page came back as garbled JSON or a stream cut
-    off, asked for again and again."""
+async def _refuse_redirect(response: Any) -> None:
+    """Raises ``_Redirected`` for a POST's redirect that would go wrong if followed: one
+    the HTTP client follows with a GET without the body (a gateway's sign-in page,
+    ``http://`` to ``https://`` with a 301), which no API answers (a page came back as
+    garbled JSON or a stream cut off, asked for again and again); or one to another
+    server (``_same_server``), which would be sent the prompt and the client's headers,
+    a key in one of its own (``api-key``, a gateway's) too."""
     location = response.headers.get("location")
-    if response.status_code in _TO_GET and location and response.request.method == "POST":
-        try:
-            where = _address(response.request.url.join(location))
-        except Exception:  # a Location the HTTP library cannot read: no place to name
-            where = None
-        raise _Redirected(response.status_code, where)
+    status = response.status_code
+    if status not in _TO_GET + _KEEPING or not location or response.request.method != "POST":
+        return
+    try:
+        target = response.request.url.join(location)
+    except Exception:  # a Location the HTTP library cannot read: no place to name
+        raise _Redirected(status, None) from None
+    if status in _TO_GET or not _same_server(response.request.url, target):
+        raise _Redirected(status, _address(target))
+
+
+def _same_server(url: Any, target: Any) -> bool:
+    """Whether ``target`` (an HTTP library's URL) is on the server of ``url``: its scheme,
+    host and port, or the same host over ``https://`` (on the schemes' own ports)."""
+    if (target.scheme, target.host, target.port) == (url.scheme, url.host, url.port):
+        return True
+    return (url.scheme, target.scheme, url.host, url.port, target.port) == (
+        "http",
+        "https",
+        target.host,
+        None,
+        None,
+    )
 
 
 def _address(url: object) -> str | None:
@@ -720,27 +742,32 @@ def _address(url: object) -> str | None:
 
 
 def _redirected(provider: str, redirect: _Redirected) -> InvalidRequestError:
-    """The error of a request ``_refuse_get_redirect`` stopped (not retried)."""
+    """The error of a request ``_refuse_redirect`` stopped (not retried)."""
     where = f" to {redirect.where}" if redirect.where else ""
+    why = (
+        "which would send it to another server, the prompt and the client's headers with it"
+        if redirect.status in _KEEPING
+        else "which would send it again as a GET without its body (a gateway's sign-in "
+        "page, or http:// to https://?)"
+    )
     return InvalidRequestError(
         f"{provider}: the server redirected the request (HTTP {redirect.status}){where}, "
-        "which would send it again as a GET without its body (a gateway's sign-in page, "
-        "or http:// to https://?): set base_url to the API's own URL",
+        f"{why}: set base_url to the API's own URL",
         status=redirect.status,
         code="redirected",
         provider=provider,
     )
 
 
-_HOOKS = (_refuse_get_redirect, _note_head)
+_HOOKS = (_refuse_redirect, _note_head)
 """The response hooks ``noting_heads`` adds, in order."""
 
 
 def noting_heads(client: Any) -> Any:
     """``client`` (an SDK's), its HTTP client keeping each answer's head on its request
     (``_note_head``) for the error of a body that then fails to arrive, and refusing a
-    redirect that turns the POST into a GET (``_refuse_get_redirect``): hooks added to
-    the HTTP client, once (a client given is shared with its copies); first, before the
+    redirect that turns the POST into a GET or leads to another server
+    (``_refuse_redirect``): hooks added to the HTTP client, once (a client given is shared with its copies); first, before the
     user's own hooks, which may read the body."""
     hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
     if isinstance(hooks, dict):
