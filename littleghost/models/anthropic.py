@@ -791,8 +791,8 @@ class AnthropicModel:
         self, request: ModelRequest, sent: SentEvents | None
     ) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call, or read ``sent``, the events an answer not streamed
-        came as: ``TextChunk``, ``ReasoningChunk`` and
-        ``ToolCallChunk`` values as they come, then one ``StreamDone``.
+        came as: ``TextChunk``, ``ReasoningChunk`` and ``ToolCallChunk`` values as they
+        come, then one ``StreamDone``.
 
         The answer is whole once the ``message_delta`` that gives the stop reason (and the
         usage) came, or ``message_stop`` without it after text or tool calls, every content

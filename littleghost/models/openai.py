@@ -867,8 +867,8 @@ class OpenAIModel:
         self, request: ModelRequest, sent: SentEvents | None
     ) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one chat completion, or read ``sent``, the events an answer not streamed
-        came as: ``TextChunk`` values (the answer, or a refusal),
-        ``ReasoningChunk`` and ``ToolCallChunk`` values as they come, then one ``StreamDone``.
+        came as: ``TextChunk`` values (the answer, or a refusal), ``ReasoningChunk`` and
+        ``ToolCallChunk`` values as they come, then one ``StreamDone``.
 
         The answer is whole once its ``finish_reason`` came, or ``[DONE]`` without one
         after an answer of text or tool calls, every function call's arguments a whole JSON
