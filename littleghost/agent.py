@@ -371,13 +371,16 @@ def _is_class(value: object) -> TypeGuard[type]:
 def _check_output_parameter(cls: type, owner: str, output_type: object) -> None:
     """An agent of a class declared ``Agent[X]`` (``X`` a class) whose ``output_type``
     makes runs answer no ``X`` fails as it is made: type checkers take ``result.output``
-    for an ``X``. A parameter that is no class (a type variable, ``list[X]``) is not
-    compared."""
+    for an ``X``. A parameter that is no class (a type variable, ``list[X]``), or one
+    ``issubclass`` cannot compare (a ``TypedDict``, a ``Protocol``), is not compared."""
     declared = _output_parameter(cls)
     answer = str if output_type is None else output_type
-    if not (_is_class(declared) and _is_class(answer)) or declared in (object, Any):
+    if not (_is_class(declared) and _is_class(answer)) or declared in (object, Any, answer):
         return
-    if issubclass(answer, (declared, *_PROMOTED.get(declared, ()))):
+    try:
+        if issubclass(answer, (declared, *_PROMOTED.get(declared, ()))):
+            return
+    except TypeError:  # a class that takes no issubclass (a TypedDict, a Protocol)
         return
     expected, given = declared.__name__, answer.__name__
     runs = "None: its runs answer text (a str)" if output_type is None else given

@@ -21,6 +21,7 @@ import anyio
 import attrs
 import pytest
 import trio
+import typing_extensions
 from attrs import field, frozen, validators
 
 from littleghost import (
@@ -286,6 +287,46 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
 
     for agent in (Narrower(), Number(), Listed(), Given(), Generic(), TypedBase[Ticket]()):
         assert isinstance(agent, Agent)
+
+
+def test_an_agent_class_parameter_issubclass_cannot_compare_is_not_compared() -> None:
+    """A ``TypedDict`` or a ``Protocol`` (whose classes refuse ``issubclass`` with a
+    ``TypeError``) as the parameter makes the agent, with its own class or one that fits
+    it as its ``output_type``: it was refused with that ``TypeError``."""
+
+    class Parcel(typing_extensions.TypedDict):
+        weight: int
+
+    class Other(typing_extensions.TypedDict):
+        weight: int
+
+    class Ordered(typing.Protocol):
+        order_id: str
+
+    @typing.runtime_checkable
+    class Identified(typing.Protocol):
+        def ident(self) -> str: ...
+
+    @frozen
+    class Named:
+        order_id: str
+
+        def ident(self) -> str:
+            return self.order_id
+
+    made = [
+        (Parcel, Parcel),
+        (Parcel, Other),
+        (dict, Parcel),
+        (Ordered, Ticket),
+        (Identified, Named),
+    ]
+    for declared, given in made:
+
+        class Typed(Agent[declared]):  # type: ignore[valid-type]
+            output_type = given
+
+        assert isinstance(Typed(), Agent)
 
 
 def test_a_typed_agent_class_is_checked_as_any() -> None:
