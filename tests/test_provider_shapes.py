@@ -389,6 +389,31 @@ async def test_a_run_streamed_through_a_server_that_does_not_stream_asks_once(
     assert "TextDelta" in received and "ModelCallRetried" not in received
 
 
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_an_answer_sent_whole_after_a_byte_order_mark_reads_as_one_not_streamed(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    """A whole answer sent to a stream request after a UTF-8 byte order mark (which the
+    SDK's JSON reading skips), compact or laid out, reads as it does answered to a call
+    not streamed: it was taken for a stream cut off (asked for again, billed)."""
+    make, body = (
+        (anthropic_model, ANTHROPIC_MESSAGE)
+        if adapter == "anthropic"
+        else (openai_model, OPENAI_COMPLETION)
+    )
+    for indent in (None, 2):
+        sent = b"\xef\xbb\xbf" + json.dumps(body, indent=indent).encode()
+
+        def answer(request: httpx2.Request, sent: bytes = sent) -> httpx2.Response:
+            return httpx2.Response(200, content=sent, headers={"content-type": "application/json"})
+
+        whole = await _outcome(make(answer), streamed=False)
+        streamed = await _outcome(make(answer), streamed=True)
+        assert isinstance(whole, ModelResponse), whole
+        assert isinstance(streamed, ModelResponse), streamed
+        assert _read_as(streamed) == _read_as(whole)
+
+
 async def test_events_labelled_as_json_are_read_as_events(openai_model: Make) -> None:
     """Only a body of JSON is one: a stream a server labels ``application/json`` is read
     as the SDK reads it, as events."""

@@ -1028,7 +1028,7 @@ def _sent_answer(provider: str, body: bytes) -> str | None:
     proxy that does not stream), as text; ``None`` for a body that is no JSON. An object
     that reports an error is raised as that error."""
     try:
-        text = body.decode()
+        text = body.decode("utf-8-sig")  # a byte order mark is no part of JSON's text
         sent = json.loads(text)
     except ValueError:  # not UTF-8, not JSON (an integer too long, too: no error's)
         return None
