@@ -71,6 +71,7 @@ from littleghost.settings import (
     check_settings,
 )
 from littleghost.stream import RunStream
+from littleghost.tool_types import spellings
 from littleghost.tools import (
     ToolDefinition,
     closed_over,
@@ -351,6 +352,9 @@ def _check_resolve_model(cls: type) -> None:
         )
 
 
+_UNCOMPARED = (object, *spellings("Any"))
+"""The parameters any output answers (``typing_extensions.Any`` is a class of its own on
+Python 3.10)."""
 _PROMOTED: dict[type, tuple[type, ...]] = {float: (int,), complex: (int, float)}
 """The classes type checkers take where another is declared (an ``int`` for a ``float``)."""
 
@@ -375,7 +379,7 @@ def _check_output_parameter(cls: type, owner: str, output_type: object) -> None:
     ``issubclass`` cannot compare (a ``TypedDict``, a ``Protocol``), is not compared."""
     declared = _output_parameter(cls)
     answer = str if output_type is None else output_type
-    if not (_is_class(declared) and _is_class(answer)) or declared in (object, Any, answer):
+    if not (_is_class(declared) and _is_class(answer)) or declared in (*_UNCOMPARED, answer):
         return
     try:
         if issubclass(answer, (declared, *_PROMOTED.get(declared, ()))):

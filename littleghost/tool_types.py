@@ -55,6 +55,7 @@ __all__ = [
     "left_out",
     "parse_json",
     "shown_default",
+    "spellings",
     "to_json",
     "unexpected",
 ]
@@ -387,23 +388,23 @@ except ImportError:  # pragma: no cover - anyio and opentelemetry-api depend on 
 _TYPINGS = (typing, _extensions) if _extensions is not None else (typing,)
 
 
-def _spellings(name: str) -> tuple[Any, ...]:
+def spellings(name: str) -> tuple[Any, ...]:
     """The objects named ``name`` in ``typing`` and ``typing_extensions``, as they have."""
     return tuple(
         {id(found): found for module in _TYPINGS if (found := getattr(module, name, None))}.values()
     )
 
 
-_REQUIRED = _spellings("Required")
-_KEY_QUALIFIERS = (*_REQUIRED, *_spellings("NotRequired"))
-_READ_ONLY = _spellings("ReadOnly")
+_REQUIRED = spellings("Required")
+_KEY_QUALIFIERS = (*_REQUIRED, *spellings("NotRequired"))
+_READ_ONLY = spellings("ReadOnly")
 """``ReadOnly`` on a ``TypedDict`` key (Python 3.13): says nothing a JSON value can show."""
-_TYPE_ALIAS = _spellings("TypeAliasType")
+_TYPE_ALIAS = spellings("TypeAliasType")
 """The type of a ``type X = ...`` alias (Python 3.12)."""
 
 
 _NEW_TYPES: tuple[type, ...] = tuple(
-    kind for kind in _spellings("NewType") if isinstance(kind, type)
+    kind for kind in spellings("NewType") if isinstance(kind, type)
 )
 
 

@@ -292,7 +292,8 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
 def test_an_agent_class_parameter_issubclass_cannot_compare_is_not_compared() -> None:
     """A ``TypedDict`` or a ``Protocol`` (whose classes refuse ``issubclass`` with a
     ``TypeError``) as the parameter makes the agent, with its own class or one that fits
-    it as its ``output_type``: it was refused with that ``TypeError``."""
+    it as its ``output_type``: it was refused with that ``TypeError``; so does
+    ``typing_extensions.Any`` without one (refused on Python 3.10, where it is a class)."""
 
     class Parcel(typing_extensions.TypedDict):
         weight: int
@@ -315,6 +316,7 @@ def test_an_agent_class_parameter_issubclass_cannot_compare_is_not_compared() ->
             return self.order_id
 
     made = [
+        (typing_extensions.Any, None),  # a class of its own on Python 3.10
         (Parcel, Parcel),
         (Parcel, Other),
         (dict, Parcel),
