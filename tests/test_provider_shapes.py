@@ -414,6 +414,27 @@ async def test_an_answer_sent_whole_after_a_byte_order_mark_reads_as_one_not_str
         assert _read_as(streamed) == _read_as(whole)
 
 
+@pytest.mark.parametrize("adapter", ["anthropic", "openai"])
+async def test_an_answer_sent_whole_with_an_error_beside_it_reads_as_one_not_streamed(
+    adapter: str, anthropic_model: Make, openai_model: Make
+) -> None:
+    """A whole answer sent to a stream request with an ``error`` beside its message reads
+    as it does answered to a call not streamed, as the answer: it was raised as the error
+    (asked for again, each answer billed)."""
+    make, body = (
+        (anthropic_model, ANTHROPIC_MESSAGE)
+        if adapter == "anthropic"
+        else (openai_model, OPENAI_COMPLETION)
+    )
+    for error in ({"message": "busy", "type": "overloaded_error"}, "busy", True):
+        sent = {**body, "error": error}
+        whole = await _outcome(make(_json(sent)), streamed=False)
+        streamed = await _outcome(make(_json(sent)), streamed=True)
+        assert isinstance(whole, ModelResponse), whole
+        assert isinstance(streamed, ModelResponse), streamed
+        assert _read_as(streamed) == _read_as(whole)
+
+
 async def test_events_labelled_as_json_are_read_as_events(openai_model: Make) -> None:
     """Only a body of JSON is one: a stream a server labels ``application/json`` is read
     as the SDK reads it, as events."""

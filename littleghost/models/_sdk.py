@@ -1023,16 +1023,21 @@ async def streamed_answer(
     raise stream_cut_off(provider)  # a provider's stream raises that itself first
 
 
+_ANSWERS = frozenset({"choices", "content"})
+"""The fields that hold a whole answer's message (a chat completion's, a Messages one's)."""
+
+
 def _sent_answer(provider: str, body: bytes) -> str | None:
     """The JSON a body sent in place of events holds (a whole answer, from a server or
     proxy that does not stream), as text; ``None`` for a body that is no JSON. An object
-    that reports an error is raised as that error."""
+    that reports an error and holds no answer (``choices``, ``content``) is raised as that
+    error; one with an answer is read as it is not streamed, as the answer."""
     try:
         text = body.decode("utf-8-sig")  # a byte order mark is no part of JSON's text
         sent = json.loads(text)
     except ValueError:  # not UTF-8, not JSON (an integer too long, too: no error's)
         return None
-    if isinstance(sent, dict) and sent.get("error"):
+    if isinstance(sent, dict) and sent.get("error") and not _ANSWERS.intersection(sent):
         raise classify_error(provider=provider, body=sent)
     return text
 
