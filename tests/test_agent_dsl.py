@@ -329,6 +329,21 @@ def test_an_agent_class_parameter_issubclass_cannot_compare_is_not_compared() ->
             output_type = given
 
         assert isinstance(Typed(), Agent)
+    # every pairing: made (its own class always), or refused with a ConfigurationError
+    outputs = [None, Parcel, Named, Ticket, str, int, float, bool, dict]
+    never_refused = [Parcel, Ordered, typing_extensions.Any, object]
+    refused = 0
+    for declared, given in itertools.product([*outputs[1:], Identified, *never_refused], outputs):
+
+        class Paired(Agent[declared]):  # type: ignore[valid-type]
+            output_type = given
+
+        try:
+            Paired()
+        except ConfigurationError:
+            assert declared is not given and declared not in never_refused, (declared, given)
+            refused += 1
+    assert refused > 40
 
 
 def test_a_typed_agent_class_is_checked_as_any() -> None:
