@@ -359,13 +359,14 @@ _PROMOTED: dict[type, tuple[type, ...]] = {float: (int,), complex: (int, float)}
 """The classes type checkers take where another is declared (an ``int`` for a ``float``)."""
 
 
-def _output_parameter(cls: type) -> object:
-    """The ``X`` of the nearest ``Agent[X]`` among the class's bases (``Any`` if none)."""
+def _output_parameter(cls: type) -> tuple[type, object]:
+    """The class declared ``Agent[X]`` nearest among ``cls``'s and its ``X`` (``Any``, of
+    ``Agent``, if none)."""
     for klass in cls.__mro__:
         for base in vars(klass).get("__orig_bases__", ()):
             if typing.get_origin(base) is Agent:
-                return typing.get_args(base)[0]
-    return Any
+                return klass, typing.get_args(base)[0]
+    return Agent, Any
 
 
 def _is_class(value: object) -> TypeGuard[type]:
@@ -377,7 +378,7 @@ def _check_output_parameter(cls: type, owner: str, output_type: object) -> None:
     makes runs answer no ``X`` fails as it is made: type checkers take ``result.output``
     for an ``X``. A parameter that is no class (a type variable, ``list[X]``), or one
     ``issubclass`` cannot compare (a ``TypedDict``, a ``Protocol``), is not compared."""
-    declared = _output_parameter(cls)
+    declarer, declared = _output_parameter(cls)
     answer = str if output_type is None else output_type
     if not (_is_class(declared) and _is_class(answer)) or declared in (*_UNCOMPARED, answer):
         return
@@ -388,8 +389,9 @@ def _check_output_parameter(cls: type, owner: str, output_type: object) -> None:
         return
     expected, given = declared.__name__, answer.__name__
     runs = "None: its runs answer text (a str)" if output_type is None else given
+    by = "" if declarer is cls else f" (by its base {declarer.__name__})"
     raise ConfigurationError(
-        f"{cls.__name__} is declared Agent[{expected}], but {owner} is {runs}, not the "
+        f"{cls.__name__} is declared Agent[{expected}]{by}, but {owner} is {runs}, not the "
         f"{expected} type checkers take result.output for; set output_type = {expected}, "
         f"or declare Agent[{given}]"
     )

@@ -258,10 +258,11 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
 
     made = {
         "Untyped.output_type is None: its runs answer text": Untyped,
-        "Text.output_type is Ticket, not the str": Text,
+        r"Text is declared Agent\[str\], but Text.output_type is Ticket, not the str": Text,
         r"TypedTriage\(…, output_type=\) is str, not the Ticket": lambda: TypedTriage(
             output_type=str
         ),
+        r"Dropped is declared Agent\[Ticket\] \(by its base TypedTriage\), but "
         "Dropped.output_type is None": Dropped,
     }
     for message, make in made.items():
