@@ -397,13 +397,16 @@ class LocalServer:
         self.requests.append((handler.command, handler.path))
         time.sleep(self.delays.get(handler.path, 0.0))
         answer = self.routes.get(handler.path, NOT_FOUND)
-        handler.send_response(answer.status_code)
-        handler.send_header("Content-Type", answer.headers["content-type"])
-        handler.send_header("Content-Length", str(len(answer.content)))
-        if not self.keep_alive:
-            handler.send_header("Connection", "close")
-        handler.end_headers()
-        handler.wfile.write(answer.content)
+        try:
+            handler.send_response(answer.status_code)
+            handler.send_header("Content-Type", answer.headers["content-type"])
+            handler.send_header("Content-Length", str(len(answer.content)))
+            if not self.keep_alive:
+                handler.send_header("Connection", "close")
+            handler.end_headers()
+            handler.wfile.write(answer.content)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its deadline)
+            handler.close_connection = True
 
     def close(self) -> None:
         self._http.shutdown()
