@@ -1124,8 +1124,16 @@ class Agent(Generic[_O]):
                 ``__init__`` did not call ``Agent.__init__``.
         """
         if "_models" not in vars(self):
+            cls = type(self)
+            if dataclasses.is_dataclass(cls) or attrs.has(cls):  # an __init__ generated
+                hook = "__post_init__" if dataclasses.is_dataclass(cls) else "__attrs_post_init__"
+                raise ConfigurationError(
+                    f"{cls.__name__}'s generated __init__ calls no Agent.__init__: call "
+                    f"Agent.__init__(self) (with the constructor keywords it takes) from "
+                    f"{hook}; the agent was not set up"
+                )
             raise ConfigurationError(
-                f"{type(self).__name__}.__init__ must call super().__init__() (with the "
+                f"{cls.__name__}.__init__ must call super().__init__() (with the "
                 "constructor keywords it takes): the agent was not set up"
             )
         _check_unchanged(type(self), vars(self))

@@ -1602,6 +1602,24 @@ async def test_an_init_that_forgets_agents_own_fails_the_run_saying_so() -> None
         agent.stream("hi")
 
 
+def test_a_dataclass_or_attrs_agent_that_forgets_agents_own_init_is_told_where() -> None:
+    """Their generated ``__init__`` calls no base's: the message names the hook that must,
+    not an ``__init__`` the class does not write."""
+
+    @dataclasses.dataclass
+    class Plain(Agent):
+        database: object = None
+
+    @attrs.define
+    class Defined(Agent):
+        database: object = None
+
+    for agent, hook in ((Plain(), "__post_init__"), (Defined(), "__attrs_post_init__")):
+        agent.model = ScriptedModel([text_response("hi")])
+        with pytest.raises(ConfigurationError, match=f"from {hook}; the agent was not set up"):
+            agent.run_sync("hi")
+
+
 def test_a_method_both_tool_and_hook_fails_saying_so() -> None:
     """Nothing is overridden: the message says what is wrong, not that it overrides."""
     with pytest.raises(
