@@ -361,12 +361,28 @@ _PROMOTED: dict[type, tuple[type, ...]] = {float: (int,), complex: (int, float)}
 
 def _output_parameter(cls: type) -> tuple[type, object]:
     """The class declared ``Agent[X]`` nearest among ``cls``'s and its ``X`` (``Any``, of
-    ``Agent``, if none)."""
+    ``Agent``, if none); a generic base's type variable as a subclass gives it (``X`` is
+    ``Ticket`` for ``class Sub(Base[Ticket])`` over ``class Base(Agent[T])``)."""
+    given: dict[type, dict[object, object]] = {}  # each generic base's variables' values
     for klass in cls.__mro__:
+        own = given.get(klass, {})
         for base in vars(klass).get("__orig_bases__", ()):
-            if typing.get_origin(base) is Agent:
-                return klass, typing.get_args(base)[0]
+            origin = typing.get_origin(base)
+            arguments = [_given(argument, own) for argument in typing.get_args(base)]
+            if origin is Agent:
+                return klass, arguments[0]
+            if isinstance(origin, type):
+                variables = getattr(origin, "__parameters__", ())
+                given.setdefault(origin, dict(zip(variables, arguments, strict=False)))
     return Agent, Any
+
+
+def _given(argument: object, own: Mapping[object, object]) -> object:
+    """``argument``, or the value ``own`` gives it when it is a type variable there."""
+    try:
+        return own.get(argument, argument)
+    except TypeError:  # unhashable (``Annotated`` metadata): no type variable
+        return argument
 
 
 def _is_class(value: object) -> TypeGuard[type]:

@@ -241,8 +241,10 @@ async def test_an_agent_class_parameter_types_the_output_alone() -> None:
 def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -> None:
     """``Agent[Ticket]`` with no ``output_type`` (its runs answer text), or with one whose
     runs answer no ``Ticket`` (the class's, a subclass's, the constructor's), fails as the
-    agent is made, naming both; a subclass of the parameter, a promoted number, a
-    parameter that is no class and an ``output_type`` given by ``__init__`` pass."""
+    agent is made, naming both, and so does a subclass of a generic base given ``Ticket``
+    for its type variable (through any depth of bases); a subclass of the parameter, a
+    promoted number, a parameter that is no class and an ``output_type`` given by
+    ``__init__`` pass."""
 
     class Urgent(Ticket):
         pass
@@ -256,6 +258,15 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
     class Dropped(TypedTriage):
         output_type = None
 
+    class Specialised(TypedBase[Ticket]):  # the base's type variable, given here
+        pass
+
+    class Middle(TypedBase[_Output]):
+        pass
+
+    class Deeper(Middle[Ticket]):
+        pass
+
     made = {
         "Untyped.output_type is None: its runs answer text": Untyped,
         r"Text is declared Agent\[str\], but Text.output_type is Ticket, not the str": Text,
@@ -264,6 +275,8 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
         ),
         r"Dropped is declared Agent\[Ticket\] \(by its base TypedTriage\), but "
         "Dropped.output_type is None": Dropped,
+        r"Specialised is declared Agent\[Ticket\] \(by its base TypedBase\)": Specialised,
+        r"Deeper is declared Agent\[Ticket\] \(by its base TypedBase\)": Deeper,
     }
     for message, make in made.items():
         with pytest.raises(ConfigurationError, match=message) as caught:
@@ -284,9 +297,16 @@ def test_an_agent_whose_output_type_is_not_its_class_parameter_fails_as_made() -
             super().__init__(output_type=Ticket)
 
     class Generic(TypedBase[Ticket]):
+        output_type = Ticket
+
+    class Tagged(typing.Generic[_Output]):  # the same type variable, of another class
         pass
 
-    for agent in (Narrower(), Number(), Listed(), Given(), Generic(), TypedBase[Ticket]()):
+    class Mixed(Tagged[str], TypedBase[Ticket]):
+        output_type = Ticket
+
+    made_directly = TypedBase[Ticket]()  # the alias is no class: not compared
+    for agent in (Narrower(), Number(), Listed(), Given(), Generic(), Mixed(), made_directly):
         assert isinstance(agent, Agent)
 
 
