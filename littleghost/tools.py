@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import difflib
 import inspect
 import re
@@ -592,8 +593,13 @@ def _probe() -> None:  # pragma: no cover - only its code object is used
     pass
 
 
+_MUTABLE_DEFAULTS = (list, dict, set)
+"""Defaults copied for each call that leaves them out (as pydantic copies a field's)."""
+
+
 def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]:
-    """The Python keyword arguments for ``call``.
+    """The Python keyword arguments for ``call`` (a fresh copy of each list, dict or set
+    default it leaves out).
 
     Raises:
         ToolArgumentError: The arguments are not JSON, or do not fit the schema.
@@ -621,6 +627,8 @@ def bind_arguments(definition: ToolDefinition, call: ToolCall) -> dict[str, Any]
                 problems.extend(error.problems)
         elif parameter.required:
             problems.append(f"missing required argument {parameter.name!r}")
+        elif isinstance(parameter.default, _MUTABLE_DEFAULTS):  # the next call's is as shown
+            bound[parameter.name] = copy.deepcopy(parameter.default)
     if problems:
         raise ToolArgumentError(*problems)
     return bound

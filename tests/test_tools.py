@@ -577,6 +577,36 @@ async def test_null_for_an_optional_parameter_is_the_parameter_left_out() -> Non
     assert refused.is_error and "expected a string, got null" in refused.content
 
 
+def tag(name: str, tags: list[str] = [], by_kind: dict[str, list[str]] = {}) -> str:  # noqa: B006
+    """Tag one item."""
+    tags.append(name)
+    by_kind.setdefault("seen", []).append(name)
+    return f"{tags} {by_kind}"
+
+
+async def test_a_mutable_default_is_a_fresh_copy_for_each_call() -> None:
+    """A list, dict or set default (nested values too) is copied for each call that leaves
+    it out, as pydantic copies a field's: what one call, or one user's run, adds to it is
+    never seen by the next, which gets the default the schema shows."""
+
+    class Tagger(Agent):
+        tools = [tag]
+
+    answers = []
+    for _ in range(2):  # two runs: what the first left must not reach the second
+        model = ScriptedModel(
+            [
+                tool_call_response("tag", {"name": "a"}),
+                tool_call_response("tag", {"name": "b", "tags": None}),
+                text_response("ok"),
+            ]
+        )
+        await Tagger(model=model).run("go")
+        answers += [result.content for result in tool_results(model.requests[2].messages)]
+    assert answers == ["['a'] {'seen': ['a']}", "['b'] {'seen': ['b']}"] * 2
+    assert tag.__defaults__ == ([], {})
+
+
 @dataclasses.dataclass(frozen=True)
 class Window:
     width: int
