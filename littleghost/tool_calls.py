@@ -183,6 +183,8 @@ class Outcome:
 
     value: Any = None
     raised: BaseException | None = None
+    rendered: str | None = None
+    """The value's text, made in a sync tool's worker thread (``None``: not made yet)."""
 
     def text(self) -> str:
         """The returned value as the text the model sees, or raise what the tool raised.
@@ -192,7 +194,7 @@ class Outcome:
         """
         if self.raised is not None:
             raise self.raised
-        return render_result(self.value)
+        return render_result(self.value) if self.rendered is None else self.rendered
 
 
 async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Outcome:
@@ -266,11 +268,13 @@ class _ThreadCall:
         self.holds_exit = not threading.current_thread().daemon
         try:
             value = call()
+            # its text too: a slow ``str()`` (a big table's) holds no event loop
+            rendered = None if inspect.isawaitable(value) else render_result(value)
         except BaseException as error:
             self.finish(f"raised {type(error).__name__}")
             return Outcome(raised=error)
         self.finish("returned", value)
-        return Outcome(value)
+        return Outcome(value, rendered=rendered)
 
     def finish(self, outcome: str, value: object = None) -> None:
         with self.lock:

@@ -3258,6 +3258,41 @@ async def test_what_a_tool_raises_or_returns_reaches_the_model_the_same_on_every
     assert not discards.records  # a false one was logged as the run took the outcome
 
 
+class SlowText:
+    """A result whose text waits, as a big table's or a lazy record's can, until the
+    event loop is seen to go on (at most 5 s: then it says it held the loop)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.released = threading.Event()
+
+    def __str__(self) -> str:
+        self.entered.set()
+        return "made" if self.released.wait(5) else "it held the event loop"
+
+
+async def test_a_sync_tool_s_result_is_made_text_in_its_worker_thread() -> None:
+    """A sync tool's whole work, the text of its result too (a slow ``__str__``), is done
+    in its worker thread: the event loop, the run's deadline and the other calls go on
+    meanwhile."""
+    slow = SlowText()
+
+    def table() -> SlowText:
+        """Make a table."""
+        return slow
+
+    async def release() -> None:
+        await anyio.to_thread.run_sync(slow.entered.wait, abandon_on_cancel=True)
+        slow.released.set()
+
+    model = ScriptedModel([tool_call_response("table", {}), text_response("done")])
+    agent = type("Tables", (Agent,), {"tools": [table]})(model=model)
+    async with anyio.create_task_group() as group:
+        group.start_soon(release)
+        result = await agent.run("go")
+    assert [seen.content for seen in tool_results(result.messages)] == ["made"]
+
+
 async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
     """Sync tools run in threads of their own: under trio an abandoned thread keeps its
     limiter token until it returns, yet anyio's default limiter stays free."""
