@@ -624,14 +624,22 @@ async def _refuse(
 
 
 def _cut_short(request: ModelRequest | None) -> str:
-    """What an ``OutputLimitError`` of a run says: the cap the request sent, if any, and
-    what to do."""
+    """What an ``OutputLimitError`` of a run says: the cap the request sent, or that it
+    sent none, and what to do."""
     cap = None if request is None else request.max_tokens
-    sent = "" if cap is None else f" (max_tokens={cap})"
+    if cap is None:
+        return (
+            "the model stopped at its output limit before completing its answer: no "
+            "max_tokens was sent, so the provider's own limit stopped it (its default cap, "
+            "or its context window filled: a small local model may write until it does); "
+            "set max_tokens in the agent's settings (higher for a longer answer, lower to "
+            "stop a rambling model sooner), or ask for a shorter answer (the error's "
+            "response holds what it wrote)"
+        )
     return (
-        f"the model stopped at its output limit{sent} before completing its answer: raise "
-        "max_tokens in the agent's settings, or ask for a shorter answer (the error's "
-        "response holds what it wrote)"
+        f"the model stopped at its output limit (max_tokens={cap}) before completing its "
+        "answer: raise max_tokens in the agent's settings, or ask for a shorter answer "
+        "(the error's response holds what it wrote)"
     )
 
 

@@ -329,18 +329,27 @@ async def test_final_answer_cut_at_max_tokens_raises_output_limit() -> None:
 
 async def test_an_answer_cut_at_max_tokens_says_the_cap_and_what_to_do() -> None:
     """The OutputLimitError names the cap the request sent and says to raise it (or ask
-    for less); without a cap it names none."""
+    for less); without a cap it says none was sent, so the provider's own limit stopped
+    it, and never to raise a max_tokens the agent does not set."""
     cut = text_response("The answer is", stop_reason=StopReason.MAX_TOKENS)
-    advice = (
-        " before completing its answer: raise max_tokens in the agent's settings, or ask "
-        "for a shorter answer (the error's response holds what it wrote)"
-    )
     with pytest.raises(OutputLimitError) as caught:
         await Counter(model=ScriptedModel([cut]), settings={"max_tokens": 40}).run("long")
-    assert str(caught.value) == "the model stopped at its output limit (max_tokens=40)" + advice
+    assert str(caught.value) == (
+        "the model stopped at its output limit (max_tokens=40) before completing its "
+        "answer: raise max_tokens in the agent's settings, or ask for a shorter answer "
+        "(the error's response holds what it wrote)"
+    )
     with pytest.raises(OutputLimitError) as caught:
         await Counter(model=ScriptedModel([cut])).run("long")
-    assert str(caught.value) == "the model stopped at its output limit" + advice
+    assert str(caught.value) == (
+        "the model stopped at its output limit before completing its answer: no "
+        "max_tokens was sent, so the provider's own limit stopped it (its default cap, or "
+        "its context window filled: a small local model may write until it does); set "
+        "max_tokens in the agent's settings (higher for a longer answer, lower to stop a "
+        "rambling model sooner), or ask for a shorter answer (the error's response holds "
+        "what it wrote)"
+    )
+    assert "raise max_tokens" not in str(caught.value)
 
 
 @pytest.mark.parametrize("arguments", [{"n": 1}, {}, '{"n": 1'])
