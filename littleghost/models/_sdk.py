@@ -1090,8 +1090,9 @@ async def sse_events(
                     if first:
                         line, first = line.removeprefix(_BYTE_ORDER_MARK), False
                     if not line:
-                        if data and _carries(event, "\n".join(data), whole):
-                            yield event, "\n".join(data)
+                        given = "\n".join(data)
+                        if data and _carries(event, given, whole):
+                            yield event, given
                         event, data = None, []
                         continue
                     name, _, value = line.partition(":")
@@ -1134,7 +1135,7 @@ def _carries(event: str | None, data: str, whole: Callable[[], bool]) -> bool:
     ``[DONE]`` (a proxy's ``data: keep-alive`` after it: the answer is kept, billed)."""
     if event == "error":
         return True
-    return bool(data.strip()) and (_whole(data) or not whole())
+    return bool(data.strip()) and (not whole() or _whole(data))  # parsed only past the end
 
 
 def _pending(
