@@ -840,9 +840,9 @@ class AnthropicModel:
                     async with aclosing(read) as events:
                         async for name, data in events:
                             if name is WHOLE_ANSWER:  # read as an answer not streamed
-                                sent = json.loads(data)
-                                usage.update(_counts(lookup(sent, "usage")))
-                                sent_whole = self._read(sent, params["max_tokens"])
+                                body = json.loads(data)
+                                usage.update(_counts(lookup(body, "usage")))
+                                sent_whole = self._read(body, params["max_tokens"])
                                 break
                             if data.strip() == "[DONE]":  # a gateway's end, as OpenAI's
                                 stopped = True

@@ -920,9 +920,9 @@ class OpenAIModel:
                     async with aclosing(read) as events:
                         async for name, data in events:
                             if name is WHOLE_ANSWER:  # read as an answer not streamed
-                                sent = json.loads(data)
-                                usage = lookup(sent, "usage")
-                                sent_whole = self._read(sent, request)
+                                body = json.loads(data)
+                                usage = lookup(body, "usage")
+                                sent_whole = self._read(body, request)
                                 break
                             if data.strip() == "[DONE]":
                                 done = True
