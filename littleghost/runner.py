@@ -89,8 +89,8 @@ from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import SessionStore, awaitable, check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
 from littleghost.settings import check_local_settings, check_settings
-from littleghost.text import brief, error_text, truncate_middle, well_formed
-from littleghost.tool_calls import error_result, invoke
+from littleghost.text import brief, truncate_middle, well_formed
+from littleghost.tool_calls import Outcome, error_result, invoke, raised_text
 from littleghost.tools import ToolArgumentError, ToolDefinition, bind_arguments
 
 if TYPE_CHECKING:
@@ -1088,9 +1088,13 @@ async def _execute(
             deadline=math.inf if limit is None else anyio.current_time() + limit
         ) as timer,
     ):
+        outcome = None
         try:
             with context._calling(definition.name, timer):
-                text = (await invoke(function, kwargs, definition.name)).text()
+                outcome = await invoke(
+                    function, kwargs, definition.name, capture_content=context.capture_content
+                )
+                text = outcome.text()
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
                 raise  # the run is stopping, or the tool's own timeout passed
@@ -1107,7 +1111,8 @@ async def _execute(
             if deadline is not None:
                 raise deadline from deadline.__cause__  # out of the tool's own task group
             await go_on_if_turned(error)  # a client's "connection closed": stopped
-            return _raised(call, span, error, context)
+            made = outcome if outcome is not None and outcome.raised is error else None
+            return _raised(call, span, error, context, made)
         late = anyio.current_time() - timer.deadline
         if limit is None or late <= 0:
             return ToolResult(call.id, text)
@@ -1142,16 +1147,24 @@ def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceede
     return None
 
 
-def _raised(call: ToolCall, span: Any, error: BaseException, context: RunContext) -> ToolResult:
+def _raised(
+    call: ToolCall,
+    span: Any,
+    error: BaseException,
+    context: RunContext,
+    made: Outcome | None = None,
+) -> ToolResult:
     """The failure of a call whose tool (or a parameter's class) raised ``error``: what
-    it raised, each exception of a group."""
+    it raised, each exception of a group (its texts as a sync tool's thread ``made``
+    them)."""
     if context.capture_content:  # its message and traceback: content
-        span.record_exception(error)
+        recorded = None if made is None else made.recorded
+        span.add_event(
+            "exception", telemetry.exception_event(error) if recorded is None else recorded
+        )
+    told = raised_text(error) if made is None or made.rendered is None else made.rendered
     failures = leaves(error)
-    if len(failures) == 1:
-        return _failed(call, span, failures[0], error_text(failures[0]))
-    told = "; ".join(error_text(failure) for failure in failures)
-    return _failed(call, span, error, f"{error_text(error)}: {told}")
+    return _failed(call, span, failures[0] if len(failures) == 1 else error, told)
 
 
 def _failed(call: ToolCall, span: Any, error: BaseException | str, what: str) -> ToolResult:

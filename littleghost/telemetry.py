@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -169,6 +170,25 @@ def error_type(error: BaseException) -> str:
     if isinstance(error, ContextWindowOverflowError):
         return "context_length_exceeded"
     return type(error).__qualname__
+
+
+def exception_event(error: BaseException) -> dict[str, str]:
+    """The attributes of the ``exception`` span event of ``error``, as the SDK's
+    ``record_exception`` makes them (but for the deprecated ``exception.escaped``, and a
+    ``str()`` that fails): made ahead where that ``str()`` should not run on the loop."""
+    kind, module = type(error), type(error).__module__
+    try:
+        message = str(error)
+    except Exception:
+        message = "(its message could not be shown)"
+    trace = traceback.format_exception(kind, error, error.__traceback__)
+    return {
+        "exception.type": f"{module}.{kind.__qualname__}"
+        if module and module != "builtins"
+        else kind.__qualname__,
+        "exception.message": message,
+        "exception.stacktrace": "".join(trace),
+    }
 
 
 def failure_type(error: BaseException, deadline: float | None = None) -> str | None:

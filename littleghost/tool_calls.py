@@ -10,21 +10,23 @@ import os
 import re
 import threading
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 from attrs import frozen
 
-from littleghost import logs
+from littleghost import logs, telemetry
 from littleghost._validators import digits_limit, holds_unwritable
 from littleghost.blocking import waking_for_signals
+from littleghost.cleanup import leaves
 from littleghost.exiting import at_exit
 from littleghost.messages import ToolCall, ToolResult
+from littleghost.text import error_text
 from littleghost.tool_types import ImageNotJson, to_json
 
-__all__ = ["Outcome", "error_result", "invoke", "render_result"]
+__all__ = ["Outcome", "error_result", "invoke", "raised_text", "render_result"]
 
 logger = logs.logger("littleghost.tools")
 
@@ -184,7 +186,11 @@ class Outcome:
     value: Any = None
     raised: BaseException | None = None
     rendered: str | None = None
-    """The value's text, made in a sync tool's worker thread (``None``: not made yet)."""
+    """The value's text, or what it raised as :func:`raised_text` tells it, made in a sync
+    tool's worker thread (``None``: not made yet)."""
+    recorded: Mapping[str, str] | None = None
+    """The ``exception`` span event of what it raised, made there too when content is
+    captured (its message and traceback are content)."""
 
     def text(self) -> str:
         """The returned value as the text the model sees, or raise what the tool raised.
@@ -197,7 +203,13 @@ class Outcome:
         return render_result(self.value) if self.rendered is None else self.rendered
 
 
-async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Outcome:
+async def invoke(
+    function: Callable[..., Any],
+    kwargs: dict[str, Any],
+    name: str,
+    *,
+    capture_content: bool = False,
+) -> Outcome:
     """Call a tool: what it returned, or what a sync tool raised (an async tool's
     exception is raised).
 
@@ -207,14 +219,15 @@ async def invoke(function: Callable[..., Any], kwargs: dict[str, Any], name: str
     the tool ``name``. Its outcome comes back boxed, as the backends would not pass it
     whole (a ``StopIteration``, a ``GeneratorExit``, or a coroutine under trio); an
     awaitable it returns (a sync decorator around an async function, say) is awaited, as
-    a coroutine an async tool returns is.
+    a coroutine an async tool returns is. The texts of a sync tool's value or exception
+    are made in its thread too (``capture_content``: the exception's span event's).
     """
     if inspect.iscoroutinefunction(function):
         value = await function(**kwargs)
         if inspect.iscoroutine(value):  # an ``await`` left out of its return statement
             value = await value
         return Outcome(value)
-    outcome = await _in_thread(functools.partial(function, **kwargs), name)
+    outcome = await _in_thread(functools.partial(function, **kwargs), name, capture_content)
     if inspect.isawaitable(outcome.value):
         return Outcome(await outcome.value)
     return outcome
@@ -249,9 +262,10 @@ if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's t
 class _ThreadCall:
     """One sync tool call in a worker thread, and whether its caller stopped waiting."""
 
-    def __init__(self, call: Callable[[], Any], name: str) -> None:
+    def __init__(self, call: Callable[[], Any], name: str, capture_content: bool) -> None:
         self.call: Callable[[], Any] | None = call
         self.name = name
+        self.capture_content = capture_content
         self.lock = threading.Lock()
         self.abandoned = False
         self.outcome: str | None = None  # "returned" or "raised ...", once finished
@@ -271,8 +285,10 @@ class _ThreadCall:
             # its text too: a slow ``str()`` (a big table's) holds no event loop
             rendered = None if inspect.isawaitable(value) else render_result(value)
         except BaseException as error:
+            told = raised_text(error)  # an exception's ``str()`` may be as slow
+            recorded = telemetry.exception_event(error) if self.capture_content else None
             self.finish(f"raised {type(error).__name__}")
-            return Outcome(raised=error)
+            return Outcome(raised=error, rendered=told, recorded=recorded)
         self.finish("returned", value)
         return Outcome(value, rendered=rendered)
 
@@ -307,8 +323,8 @@ class _ThreadCall:
         )
 
 
-async def _in_thread(call: Callable[[], Any], name: str) -> Outcome:
-    thread_call = _ThreadCall(call, name)
+async def _in_thread(call: Callable[[], Any], name: str, capture_content: bool) -> Outcome:
+    thread_call = _ThreadCall(call, name, capture_content)
     async with _tool_threads():  # the turn ends when we stop waiting, whatever the thread does
         try:
             async with anyio.create_task_group() as waking:
@@ -321,6 +337,16 @@ async def _in_thread(call: Callable[[], Any], name: str) -> Outcome:
             thread_call.abandon()
             raise
         return outcome
+
+
+def raised_text(error: BaseException) -> str:
+    """What a tool (or a parameter's class) raised, as the model is told it: each
+    exception of a group."""
+    failures = leaves(error)
+    if len(failures) == 1:
+        return error_text(failures[0])
+    told = "; ".join(error_text(failure) for failure in failures)
+    return f"{error_text(error)}: {told}"
 
 
 def error_result(call: ToolCall, text: str) -> ToolResult:

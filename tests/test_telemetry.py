@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import attrs
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
@@ -1244,6 +1245,33 @@ async def test_content_is_captured_when_asked(spans: Spans) -> None:
     assert 'in explode\n    raise RuntimeError(f"failed because {reason}")' in str(
         raised.attributes["exception.stacktrace"]
     )
+
+
+class SyncSupport(Support):
+    """``Support`` whose failing tool is a plain def, run in a worker thread."""
+
+    @tool
+    def explode(self, reason: str) -> str:
+        """Always fails."""
+        raise ValueError(f"failed because {reason}")
+
+
+async def test_a_sync_tool_s_exception_event_is_as_the_sdk_records_it(spans: Spans) -> None:
+    """The ``exception`` event of what a sync tool raised (made in its worker thread)
+    holds what the SDK's ``record_exception`` writes for it: type, message, traceback."""
+    await run_with_secrets(SyncSupport(capture_content=True))
+    (raised,) = spans.one("execute_tool explode").events
+    assert raised.attributes is not None
+    recorded = dict(raised.attributes)
+    error = ValueError(f"failed because {SECRET}")
+    error.__traceback__ = None
+    with trace.get_tracer("sdk").start_as_current_span("reference") as reference:
+        reference.record_exception(error)
+    expected = dict(spans.one("reference").events[0].attributes or {})
+    expected.pop("exception.escaped", None)  # deprecated by the semantic conventions
+    assert recorded.pop("exception.stacktrace").endswith(expected.pop("exception.stacktrace"))
+    assert recorded == expected
+    assert "in explode\n    raise ValueError" in str(raised.attributes["exception.stacktrace"])
 
 
 class ScriptedAnthropic(ScriptedModel):

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import (
+    TYPE_CHECKING,
     Annotated,
     Any,
     ClassVar,
@@ -64,6 +65,9 @@ if sys.version_info >= (3, 11):
     from typing import NotRequired, Required
 else:  # pragma: no cover - Python 3.10
     from typing_extensions import NotRequired, Required
+
+if TYPE_CHECKING:
+    from conftest import Spans
 
 pytestmark = pytest.mark.anyio
 
@@ -3123,7 +3127,9 @@ async def test_an_abandoned_sync_call_logs_once_without_its_values(
         return f"result {secret}"
 
     with anyio.move_on_after(0.1) as scope:
-        await invoke(blocking, {"secret": "s3cr3t-argument"}, "blocking_tool")
+        await invoke(
+            blocking, {"secret": "s3cr3t-argument"}, "blocking_tool", capture_content=False
+        )
     assert scope.cancelled_caught
     await anyio.sleep(0.05)
     assert not discards.records
@@ -3240,22 +3246,33 @@ async def lookup_order(order: str) -> str:
     ],
     ids=["unprintable", "non-str", "StopIteration", "GeneratorExit", "empty", "wrapped-async"],
 )
+@pytest.mark.parametrize("capture_content", [False, True])
 async def test_what_a_tool_raises_or_returns_reaches_the_model_the_same_on_every_backend(
-    discards: Discards, function: Callable[..., Any], content: str
+    discards: Discards,
+    spans: Spans,
+    function: Callable[..., Any],
+    content: str,
+    capture_content: bool,
 ) -> None:
     """A tool's own exception is told by its type (and message, when there is one it can
-    show), never a crash or a backend's stand-in; a sync decorator's coroutine is awaited;
-    a call the run waited for logs no discarded late result."""
+    show), never a crash or a backend's stand-in, content captured (in its span's
+    ``exception`` event too) or not; a sync decorator's coroutine is awaited; a call the run waited for
+    logs no discarded late result."""
     arguments = {"order": "42"} if function is lookup_order else {}
     model = ScriptedModel(
         [tool_call_response(function.__name__, arguments, call_id="c1"), text_response("done")]
     )
-    agent = type("Holder", (Agent,), {"tools": [function]})(model=model)
+    holder = type("Holder", (Agent,), {"tools": [function]})
+    agent = holder(model=model, capture_content=capture_content)
     result = await agent.run("go")
     assert result.output == "done"
     (seen,) = tool_results(result.messages)
     assert (seen.content, seen.is_error) == (content, function is not lookup_order)
     assert not discards.records  # a false one was logged as the run took the outcome
+    events = spans.one(f"execute_tool {function.__name__}").events
+    recorded = [str((event.attributes or {})["exception.message"]) for event in events]
+    shown = "(its message could not be shown)" if "not be shown" in content else ""
+    assert recorded == ([shown] if capture_content and seen.is_error else [])
 
 
 class SlowText:
@@ -3291,6 +3308,45 @@ async def test_a_sync_tool_s_result_is_made_text_in_its_worker_thread() -> None:
         group.start_soon(release)
         result = await agent.run("go")
     assert [seen.content for seen in tool_results(result.messages)] == ["made"]
+
+
+class SlowError(Exception):
+    """An exception whose text waits as a ``SlowText``'s does (a lazy message's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow = SlowText()
+
+    def __str__(self) -> str:
+        return str(self.slow)
+
+
+@pytest.mark.parametrize("capture_content", [False, True])
+async def test_a_sync_tool_s_exception_is_made_text_in_its_worker_thread(
+    capture_content: bool,
+) -> None:
+    """What a sync tool raised is made text in its worker thread too (and its span
+    event's message and traceback, when content is captured): the loop goes on."""
+    error = SlowError()
+
+    def table() -> str:
+        """Make a table."""
+        raise error
+
+    async def release() -> None:
+        await anyio.to_thread.run_sync(error.slow.entered.wait, abandon_on_cancel=True)
+        error.slow.released.set()
+
+    model = ScriptedModel([tool_call_response("table", {}), text_response("done")])
+    agent = type("Tables", (Agent,), {"tools": [table]})(
+        model=model, capture_content=capture_content
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(release)
+        result = await agent.run("go")
+    assert [seen.content for seen in tool_results(result.messages)] == [
+        "Tool 'table' failed: SlowError: made"
+    ]
 
 
 async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
