@@ -311,8 +311,11 @@ def define_tool(
                     "give the method of an instance (client.method, not Class.method), or "
                     "declare it with @tool in the agent class"
                 )
+            named = ""  # in a class body, a method's instance by another name, maybe
+            if not is_method and parameter is parameters[0] and _method_place(function):
+                named = "; a tool method's first parameter, its instance, is named self"
             raise ConfigurationError(
-                f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation"
+                f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation{named}"
             )
         annotation = hints[parameter.name]
         if _is_run_context(annotation):

@@ -2731,6 +2731,32 @@ def test_a_tool_method_without_a_positional_self_fails(
         type("Bad", (Agent,), {"lookup": tool(method)})
 
 
+def test_a_tool_method_whose_instance_has_another_name_is_told_to_name_it_self() -> None:
+    """``this`` for ``self`` in a class body is read as an unannotated parameter as
+    ``@tool`` runs (the class is not made yet): the error says a method's instance is
+    named self; a function's first parameter is not told so."""
+    with pytest.raises(ConfigurationError) as raised:
+
+        class Holder(Agent):
+            @tool
+            def lookup(this, order_id: str) -> str:
+                """Find an order."""
+                return order_id
+
+    assert str(raised.value) == (
+        "Holder.lookup: tool 'lookup': parameter 'this' needs a type annotation; a tool "
+        "method's first parameter, its instance, is named self"
+    )
+
+    def lookup(this, order_id: str) -> str:
+        """Find an order."""
+        return order_id
+
+    with pytest.raises(ConfigurationError) as raised:
+        tool(lookup)
+    assert str(raised.value) == "tool 'lookup': parameter 'this' needs a type annotation"
+
+
 def test_a_positional_only_self_is_the_instance() -> None:
     """``self`` may be positional-only; the parameters after it are the tool's."""
 
