@@ -140,9 +140,17 @@ def _result_json(value: Any) -> Any:
 
 def _keyed(value: Any) -> Any:
     """``value`` as ``_result_json`` makes it, all through, each key JSON cannot carry
-    made its text (``_result_json``'s when that is one, else its ``str()``)."""
+    made its text (``_result_json``'s when that is one, else its ``str()``).
+
+    Raises:
+        ValueError: two keys of a dict have one text (an enum member whose value is
+            ``"1"`` and ``"1"``): one item would be lost.
+    """
     if isinstance(value, dict):
-        return {_key(key): _keyed(item) for key, item in value.items()}
+        keyed = {_key(key): _keyed(item) for key, item in value.items()}
+        if len(keyed) < len(value):
+            raise ValueError("two keys of a dict have one text")
+        return keyed
     if isinstance(value, (list, tuple)):
         return [_keyed(item) for item in value]
     if isinstance(value, (str, int, float, type(None))):
