@@ -5,6 +5,7 @@ streams against the run's deadline, error statuses — under asyncio and trio.""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import random
 import sys
@@ -889,6 +890,125 @@ async def test_retry_after_in_seconds_or_as_a_date_is_waited_for(
     assert isinstance(caught.value.__cause__, RateLimitError)
     assert caught.value.__cause__.status == 429
     assert len(server.requests) == 1
+
+
+LIMITED = {"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}
+NO_WAITS = ["soon", "-4", "nan", "", "Wed, 99 Foo 2015 07:28:00 GMT"]
+"""``Retry-After`` values that are no wait, passed over."""
+
+
+def repeated(code: int, body: object, lines: list[tuple[str, str]]) -> Behaviour:
+    """An error answer of ``body`` whose head has ``lines``, a header name repeated."""
+
+    def behaviour(connection: Connection) -> None:
+        sent = json.dumps(body).encode()
+        head = [f"HTTP/1.1 {code} Status", "Content-Type: application/json"]
+        head += [f"Content-Length: {len(sent)}", *(f"{name}: {value}" for name, value in lines)]
+        connection.send(("\r\n".join(head) + "\r\n\r\n").encode() + sent)
+
+    return behaviour
+
+
+def asked_waits(rng: random.Random) -> tuple[list[tuple[str, str]], float]:
+    """A random head of ``Retry-After`` (or ``retry-after-ms``) sent more than once: its
+    values on lines of their own, joined with commas on one, or both, no-waits among
+    them; and the longest wait it asks for, in seconds (under ``MAX_RETRY_AFTER``)."""
+    in_ms = rng.random() < 0.25
+    values: list[str] = []
+    waits: list[float] = []
+    for _ in range(rng.randint(2, 4)):
+        seconds = rng.choice([0, rng.randint(1, 250), rng.randint(1, 2500) / 10])
+        if in_ms:
+            values.append(f"{seconds * 1000:g}")
+        elif rng.random() < 0.3:  # an HTTP date, past (a wait of 0) or to come
+            seconds = rng.choice([0, rng.randint(20, 250)])
+            ahead = seconds if seconds else -rng.randint(1, 10**6)
+            values.append(email.utils.formatdate(time.time() + ahead, usegmt=True))
+        else:
+            values.append(f"{seconds:g}")
+        waits.append(seconds)
+    values += rng.sample(NO_WAITS, rng.randint(0, 2))
+    rng.shuffle(values)
+    name = rng.choice(["retry-after-ms"] if in_ms else ["Retry-After", "retry-after"])
+    lines: list[tuple[str, str]] = []
+    while values:
+        taken = rng.randint(1, len(values))
+        lines.append((name, ", ".join(values[:taken])))
+        values = values[taken:]
+    return lines, max(waits)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_retry_after_sent_twice_asks_for_its_longest_wait(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    """``Retry-After`` sent twice (two lines, or a pair a proxy joined with a comma), in
+    seconds, HTTP dates or ``retry-after-ms``: the HTTP library joins the lines with a
+    comma, and the wait was none (the retry went at once). The longest wait is asked
+    for (one over ``MAX_RETRY_AFTER`` not waited for, as one alone); a value that is no
+    wait is passed over."""
+    rng = random.Random(f"{provider} {streaming}")
+    heads = [asked_waits(rng) for _ in range(12)]
+    server = servers(*(repeated(429, LIMITED, lines) for lines, _ in heads))
+    async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
+        for lines, longest in heads:
+            with pytest.raises(RateLimitError) as caught:
+                if streaming:
+                    await streamed(agent, timeout=20)
+                else:
+                    await agent.run("hello", timeout=20)
+            assert caught.value.retry_after == pytest.approx(longest, abs=2), lines
+    assert len(server.requests) == len(heads)
+
+    twice = [("Retry-After", "1"), ("Retry-After", "30")]
+    server = servers(repeated(429, LIMITED, twice), answered_whole(provider))
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        with pytest.raises(DeadlineExceededError) as late:
+            await agent.run("hello", timeout=3)
+    assert isinstance(late.value.__cause__, RateLimitError)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_a_word_on_retrying_sent_twice_is_read(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    """``x-should-retry`` sent twice (``true, true`` once joined) was no word: a 409 lock
+    timeout marked so failed at once. The same word twice is read; two that differ are
+    none. So is OpenAI's ``x-ratelimit-*`` of a limit used up, sent twice: its longest
+    reset is the wait."""
+    told = [("x-should-retry", "true"), ("X-Should-Retry", "true")]
+    answer = answered(provider) if streaming else answered_whole(provider)
+    server = servers(repeated(409, LOCKED, told), answer)
+    async with Plain(model=model_of(provider, server.url)) as agent:
+        if streaming:
+            _, log = await streamed(agent, timeout=20)
+        else:
+            log = list((await agent.run("hello", timeout=20)).messages)
+    assert log[-1].text == "fine"
+    assert len(server.requests) == 2
+
+    differing = [("x-should-retry", "true, false")]
+    limits = [
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "6m0s, 20s"),
+    ]
+    server = servers(repeated(409, LOCKED, differing), repeated(429, LIMITED, limits))
+    async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
+        caught = []
+        for expected in (InvalidRequestError, RateLimitError):
+            with pytest.raises(expected) as raised:
+                if streaming:
+                    await streamed(agent, timeout=20)
+                else:
+                    await agent.run("hello", timeout=20)
+            caught.append(raised.value)
+    assert caught[0].should_retry is None
+    assert caught[1].retry_after == 360
+    assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -294,36 +294,21 @@ def retry_after_seconds(
     an HTTP date), then a Gemini ``retryDelay`` or a "try again in 2s" (or ``20ms``,
     ``6m0s``, ``1h2m3s``) in the message, else OpenAI's ``x-ratelimit-reset-requests``
     or ``-tokens`` of a limit used up (its ``x-ratelimit-remaining-*`` at 0; the longer
-    when both are). A wait past what a float holds (a figure of hundreds of digits) is
-    none."""
+    when both are). A header sent twice (which the HTTP library joins with commas, as some
+    proxies send it) gives its longest wait. A wait past what a float holds (a figure of
+    hundreds of digits) is none."""
     seconds = _asked_wait(headers, body, message)
     return seconds if seconds is None or math.isfinite(seconds) else None
 
 
 def _asked_wait(headers: Mapping[str, str] | None, body: object, message: str) -> float | None:
-    value = _header(headers, "retry-after-ms")
-    if value is not None:
-        try:
-            milliseconds = float(value)
-        except ValueError:
-            pass
-        else:
-            if math.isfinite(milliseconds) and milliseconds >= 0:
-                return milliseconds / 1000
-    value = _header(headers, "retry-after")
-    if value is not None:
-        try:
-            seconds = float(value)
-        except ValueError:
-            try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError, OverflowError):  # a year past C's int
-                when = None
-            if when is not None and when.tzinfo is not None:
-                return max(0.0, when.timestamp() - time.time())
-        else:
-            if math.isfinite(seconds) and seconds >= 0:
-                return seconds
+    delays = (_delay(value) for value in _listed(headers, "retry-after-ms"))
+    milliseconds = max((delay for delay in delays if delay is not None), default=None)
+    if milliseconds is not None:
+        return milliseconds / 1000
+    seconds = max(_waits(_header(headers, "retry-after")), default=None)
+    if seconds is not None:
+        return seconds
     for mapping in _mappings(body):
         delay = mapping.get("retryDelay")
         if isinstance(delay, str) and (found := _DURATION.match(delay)):
@@ -335,17 +320,66 @@ def _asked_wait(headers: Mapping[str, str] | None, body: object, message: str) -
     if found is not None:
         return float(found.group(1))
     resets = [
-        _seconds(_header(headers, f"x-ratelimit-reset-{kind}"))
+        _seconds(reset)
         for kind in _LIMITS
-        if _header(headers, f"x-ratelimit-remaining-{kind}") == "0"  # the limit hit
+        if "0" in _listed(headers, f"x-ratelimit-remaining-{kind}")  # the limit hit
+        for reset in _listed(headers, f"x-ratelimit-reset-{kind}")
     ]
     return max((reset for reset in resets if reset is not None), default=None)
 
 
+def _listed(headers: Mapping[str, str] | None, name: str) -> list[str]:
+    """The values of a header, each of the lines it came in (which the HTTP library joins
+    with commas) and of a list a proxy joined so."""
+    value = _header(headers, name)
+    return [] if value is None else [piece.strip() for piece in value.split(",")]
+
+
+def _delay(text: str) -> float | None:
+    """A number of a header (seconds, milliseconds) that is a wait: finite, >= 0."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _waits(value: str | None) -> Iterator[float]:
+    """The waits, in seconds, a ``retry-after`` value gives: each delay and HTTP date of
+    it (a header sent twice, its lines joined with commas); a date's own comma joins its
+    weekday to the rest (``Wed, 21 Oct 2015 07:28:00 GMT``). What is neither is passed
+    over."""
+    pieces = [] if value is None else value.split(",")
+    at = 0
+    while at < len(pieces):
+        for taken in (2, 1) if pieces[at].strip().isalpha() else (1,):  # a date's weekday
+            wait = _wait(",".join(pieces[at : at + taken]).strip())
+            if wait is not None:
+                yield wait
+                at += taken
+                break
+        else:
+            at += 1
+
+
+def _wait(text: str) -> float | None:
+    """The wait one ``retry-after`` value gives, in seconds: a delay, or the time until
+    an HTTP date (0 for one past); ``None`` for anything else."""
+    delay = _delay(text)
+    if delay is not None:
+        return delay
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a year past C's int
+        return None
+    return None if when.tzinfo is None else max(0.0, when.timestamp() - time.time())
+
+
 def should_retry(headers: Mapping[str, str] | None) -> bool | None:
-    """The provider's ``x-should-retry`` (``true`` or ``false``), else ``None``."""
-    value = (_header(headers, "x-should-retry") or "").strip().lower()
-    return {"true": True, "false": False}.get(value)
+    """The provider's ``x-should-retry`` (``true`` or ``false``; sent twice, the same
+    word twice), else ``None``."""
+    said = {value.lower() for value in _listed(headers, "x-should-retry")}
+    return {"true": True, "false": False}.get(said.pop()) if len(said) == 1 else None
 
 
 def _seconds(duration: str | None) -> float | None:
