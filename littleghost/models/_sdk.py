@@ -57,6 +57,7 @@ __all__ = [
     "SentEvents",
     "UrlLogFilter",
     "accepted_parameters",
+    "answer_or_events",
     "answered_whole",
     "billed_so_far",
     "check_answer_whole",
@@ -1006,6 +1007,19 @@ def sent_events(answer: object) -> SentEvents | None:
     if isinstance(answer, str) and _EVENT_LINE.search(answer.lstrip(_BYTE_ORDER_MARK)):
         return SentEvents(answer)
     return None
+
+
+async def answer_or_events(answer: Awaitable[Any]) -> Any:
+    """What ``answer``, an SDK call not streamed, gives; the body's text when the SDK
+    could not parse it as the JSON it was labelled and it holds events (``sent_events``:
+    a server or proxy that streams whatever it is asked, and labels it JSON), as the SDK
+    gives a body labelled otherwise that is not JSON."""
+    try:
+        return await answer
+    except json.JSONDecodeError as error:
+        if sent_events(error.doc) is None:
+            raise
+        return error.doc
 
 
 async def streamed_answer(

@@ -39,6 +39,7 @@ from littleghost.models._sdk import (
     CountAsking,
     SentEvents,
     accepted_parameters,
+    answer_or_events,
     answered_whole,
     attempt_timeout,
     billed_so_far,
@@ -744,7 +745,7 @@ class AnthropicModel:
         ):
             client = await self._clients.get()
             async with self._clients.sending():
-                message = await client.messages.create(**params)
+                message = await answer_or_events(client.messages.create(**params))
             events = sent_events(message)
             if events is None:
                 return self._read(message, params["max_tokens"])

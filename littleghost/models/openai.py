@@ -33,6 +33,7 @@ from littleghost.models._sdk import (
     CountAsking,
     SentEvents,
     accepted_parameters,
+    answer_or_events,
     answered_whole,
     attempt_timeout,
     billed_so_far,
@@ -763,7 +764,7 @@ class OpenAIModel:
         ):
             client = await self._clients.get()
             async with self._clients.sending():
-                completion = await client.chat.completions.create(**params)
+                completion = await answer_or_events(client.chat.completions.create(**params))
             events = sent_events(completion)
             if events is None:
                 return self._read(completion, request)
