@@ -1393,6 +1393,79 @@ async def test_events_a_proxy_sends_that_carry_nothing_are_passed_over(
     assert len(server.requests) == 1
 
 
+MALFORMED = {
+    "openai": [
+        b"data: 42\n\n",
+        b'data: ["a"]\n\n',
+        b"data: null\n\n",
+        b'data: {"choices": "none"}\n\n',
+        b'data: {"choices": [{"index": "x"}]}\n\n',
+        b'data: {"choices": [{"delta": 7}]}\n\n',
+        b'data: {"choices": [{"delta": {"tool_calls": [5]}}]}\n\n',
+        b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n",  # deeper than json reads
+    ],
+    "anthropic": [
+        b"data: 42\n\n",
+        b'event: ping\ndata: ["a"]\n\n',
+        b'data: {"no": "type"}\n\n',
+        b'data: {"type": 5}\n\n',
+        b'event: message_delta\ndata: {"type": "message_delta", "delta": "x"}\n\n',
+        b'data: {"type": "content_block_delta", "index": "x", "delta": {}}\n\n',
+        b'data: {"type": "content_block_delta", "index": 9, "delta": '
+        b'{"type": "text_delta", "text": "X"}}\n\n',
+        b'data: {"type": "content_block_start", "index": 0, "content_block": '
+        b'{"type": "text", "text": ""}}\n\n',
+        b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n",
+    ],
+}
+"""Events of the wrong shape (JSON, but not the provider's), and one nested deeper than
+Python's JSON parser reads."""
+
+
+# The error event the adapter stops reading at leaves httpcore's byte-stream generator,
+# which httpx does not close, to the garbage collector: trio warns of it.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streamed"])
+async def test_an_event_of_the_wrong_shape_after_the_whole_answer_is_passed_over(
+    servers: Callable[..., RawServer], model_of: Models, provider: str, streaming: bool
+) -> None:
+    """An event of the wrong shape after the answer's finish reason or last event (after
+    Anthropic's ``message_stop``, OpenAI's ``[DONE]``) failed the whole answer, billed,
+    as a ``ProtocolError``, not retried: the run failed. It is passed over, as text that
+    is no JSON there is; an error event there still fails the call."""
+    rng = random.Random(f"{provider} {streaming}")
+    shapes = []
+    for _ in range(10):
+        events = whole_answer(provider, last=rng.random() < 0.7)
+        events += rng.sample(MALFORMED[provider], rng.randint(1, 3))
+        events += rng.choices(KEEP_ALIVES + AFTER_THE_ANSWER, k=rng.randint(0, 2))
+        shapes.append(events)
+    server = servers(*(labelled("text/event-stream", events, sized=False) for events in shapes))
+    async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
+        for _ in shapes:
+            if streaming:
+                _, log = await streamed(agent, timeout=20)
+            else:
+                log = list((await agent.run("hello", timeout=20)).messages)
+            assert log[-1].text == "ABC"
+    assert len(server.requests) == len(shapes)
+
+    if provider == "openai":
+        erred = b'data: {"error": {"message": "busy", "type": "server_error"}}\n\n'
+    else:
+        overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+        erred = f"event: error\ndata: {json.dumps(overloaded)}\n\n".encode()
+    sent = [*whole_answer(provider, last=True), MALFORMED[provider][0], erred]
+    server = servers(labelled("text/event-stream", sent, sized=False))
+    async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
+        with pytest.raises(ProviderUnavailableError, match="busy"):
+            if streaming:
+                await streamed(agent, timeout=20)
+            else:
+                await agent.run("hello", timeout=20)
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_an_answer_not_streamed_that_came_as_events_is_read_as_a_stream(
     servers: Callable[..., RawServer], model_of: Models, provider: str

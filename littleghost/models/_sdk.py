@@ -76,6 +76,7 @@ __all__ = [
     "not_json",
     "noting_heads",
     "parse_arguments",
+    "past_the_end",
     "provider_errors",
     "reported",
     "reported_name",
@@ -915,12 +916,13 @@ def not_json(provider: str) -> ProviderUnavailableError:
 
 
 def _whole(data: str) -> bool:
-    """True when an event's ``data`` is whole: ``[DONE]``, or JSON."""
+    """True when an event's ``data`` is whole: ``[DONE]``, or JSON this process reads (not
+    nested past its parser's depth)."""
     if data.strip() == "[DONE]":
         return True
     try:
         json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 
@@ -1146,10 +1148,27 @@ async def sse_events(
 def _carries(event: str | None, data: str, whole: Callable[[], bool]) -> bool:
     """Whether an event is one to give: an error event; else one whose data is not blank
     (a proxy's keep-alive, ``data:`` alone), nor, once the answer is whole, not JSON or
-    ``[DONE]`` (a proxy's ``data: keep-alive`` after it: the answer is kept, billed)."""
+    ``[DONE]`` (a proxy's ``data: keep-alive`` after it, or JSON nested deeper than this
+    process reads: the answer is kept, billed)."""
     if event == "error":
         return True
     return bool(data.strip()) and (not whole() or _whole(data))  # parsed only past the end
+
+
+@contextmanager
+def past_the_end(provider: str, whole: bool) -> Iterator[None]:
+    """Passes over a ``ProtocolError`` the block raises reading an event (one of the wrong
+    shape: not an object, without its ``type``) when ``whole``: the answer came whole
+    before it (a proxy's event after its end), and is kept, billed. An error the event
+    reports (a ``ProviderError``) still fails the call."""
+    try:
+        yield
+    except ProtocolError:
+        if not whole:
+            raise
+        logger.info(
+            "%s: an event of the wrong shape after the whole answer is passed over", provider
+        )
 
 
 def _pending(

@@ -60,6 +60,7 @@ from littleghost.models._sdk import (
     not_json,
     noting_heads,
     parse_arguments,
+    past_the_end,
     provider_errors,
     reported,
     reported_name,
@@ -801,8 +802,9 @@ class AnthropicModel:
         its upstream cut with ``message_stop``); a gateway's ``[DONE]`` (as OpenAI's
         streams end) is read as ``message_stop``. A stream that ends before was cut off: a
         ``ProviderUnavailableError``. A connection lost or gone silent once the answer is
-        whole keeps it (``sse_events``). Closing the iterator early closes the HTTP
-        response, which stops generation.
+        whole keeps it (``sse_events``), and so does an event of the wrong shape after it
+        (``past_the_end``). Closing the iterator early closes the HTTP response, which
+        stops generation.
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}
@@ -848,39 +850,44 @@ class AnthropicModel:
                             if data.strip() == "[DONE]":  # a gateway's end, as OpenAI's
                                 stopped = True
                                 continue
-                            event = self._event(name, data)
-                            kind = event.get("type")
-                            if kind == "message_start":
-                                started = dict(
-                                    shaped(PROVIDER, event.get("message"), "message_start.message")
-                                )
-                                usage.update(_counts(started.get("usage")))
-                            elif kind == "content_block_start":
-                                index, block = _started(event)
-                                if index in blocks:
-                                    raise ProtocolError(
-                                        f"{PROVIDER}: the stream started content block {index} "
-                                        "twice"
+                            with past_the_end(self.provider, whole()):
+                                event = self._event(name, data)
+                                kind = event.get("type")
+                                if kind == "message_start":
+                                    started = dict(
+                                        shaped(
+                                            PROVIDER, event.get("message"), "message_start.message"
+                                        )
                                     )
-                                blocks[index] = block
-                                opening = _opening(index, block)
-                                if opening is not None:
-                                    yield opening
-                            elif kind == "content_block_delta":
-                                field, piece = _added(blocks, event)
-                                if piece and field == "text":
-                                    yield TextChunk(piece)
-                                elif piece and field == "thinking":
-                                    yield ReasoningChunk(piece)
-                            elif kind == "content_block_stop":
-                                where = "content_block_stop.index"
-                                ended.add(index_of(PROVIDER, event.get("index"), where))
-                            elif kind == "message_delta":
-                                delta = shaped(PROVIDER, event.get("delta"), "message_delta.delta")
-                                reason = delta.get("stop_reason") or reason
-                                usage.update(_counts(event.get("usage")))
-                            elif kind == "message_stop":
-                                stopped = True
+                                    usage.update(_counts(started.get("usage")))
+                                elif kind == "content_block_start":
+                                    index, block = _started(event)
+                                    if index in blocks:
+                                        raise ProtocolError(
+                                            f"{PROVIDER}: the stream started content block {index} "
+                                            "twice"
+                                        )
+                                    blocks[index] = block
+                                    opening = _opening(index, block)
+                                    if opening is not None:
+                                        yield opening
+                                elif kind == "content_block_delta":
+                                    field, piece = _added(blocks, event)
+                                    if piece and field == "text":
+                                        yield TextChunk(piece)
+                                    elif piece and field == "thinking":
+                                        yield ReasoningChunk(piece)
+                                elif kind == "content_block_stop":
+                                    where = "content_block_stop.index"
+                                    ended.add(index_of(PROVIDER, event.get("index"), where))
+                                elif kind == "message_delta":
+                                    delta = shaped(
+                                        PROVIDER, event.get("delta"), "message_delta.delta"
+                                    )
+                                    reason = delta.get("stop_reason") or reason
+                                    usage.update(_counts(event.get("usage")))
+                                elif kind == "message_stop":
+                                    stopped = True
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()

@@ -55,6 +55,7 @@ from littleghost.models._sdk import (
     not_json,
     noting_heads,
     parse_arguments,
+    past_the_end,
     provider_errors,
     reported,
     reported_name,
@@ -879,7 +880,8 @@ class OpenAIModel:
         failed on the provider's side: both a ``ProviderUnavailableError``, unless the
         choice carries an error, which is classified. A connection lost or gone silent once
         the answer is whole keeps it (``sse_events``), with the usage that came (none, when
-        the connection broke before a usage chunk). Closing the iterator early closes the
+        the connection broke before a usage chunk), and so does a chunk of the wrong shape
+        after it (``past_the_end``). Closing the iterator early closes the
         HTTP response, which stops the server's generation.
         """
         params = self._params(request)
@@ -928,107 +930,109 @@ class OpenAIModel:
                             if data.strip() == "[DONE]":
                                 done = True
                                 continue  # read the body to its end: nothing is left open
-                            chunk = self._chunk(name, data)
-                            usage = chunk.get("usage") or usage
-                            response_id = response_id or reported_name(chunk, "id")
-                            response_model = response_model or reported_name(chunk, "model")
-                            for choice in listed(provider, chunk.get("choices"), "choices"):
-                                choice = shaped(provider, choice, "choices[]")
-                                if index_of(provider, choice.get("index"), "choices[].index"):
-                                    continue
-                                chosen = True
-                                delta = shaped(provider, choice.get("delta"), "choices[].delta")
-                                where = "choices[].delta"
-                                legacy = legacy or bool(delta.get("function_call"))
-                                answer, thought = _pieces(
-                                    provider, delta.get("content"), f"{where}.content"
-                                )
-                                answer = answer or _transcript(provider, delta, where)
-                                piece = _reasoning(provider, delta, where) or thought
-                                if piece:
-                                    reasoning.append(piece)
-                                    yield ReasoningChunk(piece)
-                                _merged_details(details, _details(provider, delta, where))
-                                refusal = text_of(
-                                    provider, delta.get("refusal"), f"{where}.refusal"
-                                )
-                                if not answer and refusal:
-                                    answer, refused = refusal, True
-                                if answer:
-                                    text.append(answer)
-                                    yield TextChunk(answer)
-                                pieces = listed(
-                                    provider, delta.get("tool_calls"), f"{where}.tool_calls"
-                                )
-                                for piece in pieces:
-                                    place = f"{where}.tool_calls[]"
-                                    piece = shaped(provider, piece, place)
-                                    index = piece.get("index")
-                                    if index is not None:
-                                        index = index_of(provider, index, f"{place}.index")
-                                    named = (
-                                        text_of(provider, piece.get("id"), f"{place}.id") or None
+                            with past_the_end(provider, ended()):
+                                chunk = self._chunk(name, data)
+                                usage = chunk.get("usage") or usage
+                                response_id = response_id or reported_name(chunk, "id")
+                                response_model = response_model or reported_name(chunk, "model")
+                                for choice in listed(provider, chunk.get("choices"), "choices"):
+                                    choice = shaped(provider, choice, "choices[]")
+                                    if index_of(provider, choice.get("index"), "choices[].index"):
+                                        continue
+                                    chosen = True
+                                    delta = shaped(provider, choice.get("delta"), "choices[].delta")
+                                    where = "choices[].delta"
+                                    legacy = legacy or bool(delta.get("function_call"))
+                                    answer, thought = _pieces(
+                                        provider, delta.get("content"), f"{where}.content"
                                     )
-                                    kind = text_of(provider, piece.get("type"), f"{place}.type")
-                                    function = shaped(
-                                        provider, piece.get("function"), f"{place}.function"
+                                    answer = answer or _transcript(provider, delta, where)
+                                    piece = _reasoning(provider, delta, where) or thought
+                                    if piece:
+                                        reasoning.append(piece)
+                                        yield ReasoningChunk(piece)
+                                    _merged_details(details, _details(provider, delta, where))
+                                    refusal = text_of(
+                                        provider, delta.get("refusal"), f"{where}.refusal"
                                     )
-                                    name = text_of(
-                                        provider, function.get("name"), f"{place}.function.name"
+                                    if not answer and refusal:
+                                        answer, refused = refusal, True
+                                    if answer:
+                                        text.append(answer)
+                                        yield TextChunk(answer)
+                                    pieces = listed(
+                                        provider, delta.get("tool_calls"), f"{where}.tool_calls"
                                     )
-                                    key = index if index is not None else named or key
-                                    call = at.get(key)
-                                    # another id at an index starts another call (Ollama
-                                    # gives every parallel call index 0), and so does
-                                    # another name after whole arguments, without either
-                                    if (
-                                        call is None
-                                        or (named and call["id"] not in (None, named))
-                                        or (index is None and not named and _next(call, name))
-                                    ):
-                                        call = {
-                                            "index": index,
-                                            "id": named,
-                                            "type": kind,
-                                            "name": "",
-                                            "arguments": "",
-                                            "last": "",
-                                            "repeats": True,
-                                            "signature": None,
-                                        }
-                                        calls.append(call)
-                                        at[key] = call
-                                        if kind in _FUNCTION:
-                                            yield ToolCallChunk()
-                                    call["id"] = call["id"] or named
-                                    call["type"] = call["type"] or kind
-                                    call["signature"] = (
-                                        _thought_signature(provider, piece, place)
-                                        or call["signature"]
-                                    )
-                                    if name != call["name"]:  # not the whole name sent again
-                                        call["name"] += name  # (MiniMax on NVIDIA NIM does)
-                                    given = function.get("arguments") or ""
-                                    if not isinstance(given, str):  # sent whole, as an object
-                                        given = json.dumps(given)
-                                    if given:
-                                        call["repeats"] = call["repeats"] and given.startswith(
-                                            call["last"]
+                                    for piece in pieces:
+                                        place = f"{where}.tool_calls[]"
+                                        piece = shaped(provider, piece, place)
+                                        index = piece.get("index")
+                                        if index is not None:
+                                            index = index_of(provider, index, f"{place}.index")
+                                        named = (
+                                            text_of(provider, piece.get("id"), f"{place}.id")
+                                            or None
                                         )
-                                        call["last"] = given
-                                    call["arguments"] += given
-                                finish_reason = (
-                                    text_of(
-                                        provider,
-                                        choice.get("finish_reason"),
-                                        "choices[].finish_reason",
+                                        kind = text_of(provider, piece.get("type"), f"{place}.type")
+                                        function = shaped(
+                                            provider, piece.get("function"), f"{place}.function"
+                                        )
+                                        name = text_of(
+                                            provider, function.get("name"), f"{place}.function.name"
+                                        )
+                                        key = index if index is not None else named or key
+                                        call = at.get(key)
+                                        # another id at an index starts another call (Ollama
+                                        # gives every parallel call index 0), and so does
+                                        # another name after whole arguments, without either
+                                        if (
+                                            call is None
+                                            or (named and call["id"] not in (None, named))
+                                            or (index is None and not named and _next(call, name))
+                                        ):
+                                            call = {
+                                                "index": index,
+                                                "id": named,
+                                                "type": kind,
+                                                "name": "",
+                                                "arguments": "",
+                                                "last": "",
+                                                "repeats": True,
+                                                "signature": None,
+                                            }
+                                            calls.append(call)
+                                            at[key] = call
+                                            if kind in _FUNCTION:
+                                                yield ToolCallChunk()
+                                        call["id"] = call["id"] or named
+                                        call["type"] = call["type"] or kind
+                                        call["signature"] = (
+                                            _thought_signature(provider, piece, place)
+                                            or call["signature"]
+                                        )
+                                        if name != call["name"]:  # not the whole name sent again
+                                            call["name"] += name  # (MiniMax on NVIDIA NIM does)
+                                        given = function.get("arguments") or ""
+                                        if not isinstance(given, str):  # sent whole, as an object
+                                            given = json.dumps(given)
+                                        if given:
+                                            call["repeats"] = call["repeats"] and given.startswith(
+                                                call["last"]
+                                            )
+                                            call["last"] = given
+                                        call["arguments"] += given
+                                    finish_reason = (
+                                        text_of(
+                                            provider,
+                                            choice.get("finish_reason"),
+                                            "choices[].finish_reason",
+                                        )
+                                        or finish_reason
                                     )
-                                    or finish_reason
-                                )
-                                if finish_reason in _FAILED:
-                                    raise _ended_in_error(
-                                        provider, finish_reason, choice.get("error")
-                                    )
+                                    if finish_reason in _FAILED:
+                                        raise _ended_in_error(
+                                            provider, finish_reason, choice.get("error")
+                                        )
                 finally:
                     with anyio.CancelScope(shield=True):
                         await http.aclose()
