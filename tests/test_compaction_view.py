@@ -43,7 +43,7 @@ from littleghost.errors import (
 from littleghost.messages import SUMMARY_COVERS_KEY, SUMMARY_KEY
 from littleghost.models import ModelResponse, StopReason
 from littleghost.sessions import InMemorySessionStore
-from littleghost.testing import ScriptedModel, text_response
+from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 pytestmark = pytest.mark.anyio
 
@@ -475,6 +475,8 @@ async def test_compact_session_appends_nothing_that_would_grow_the_view() -> Non
     ("answer", "error"),
     [
         (text_response("   "), ProtocolError),
+        (text_response("I can't help.", stop_reason=StopReason.CONTENT_FILTER), ProtocolError),
+        (tool_call_response("lookup", {"q": "x"}), ProtocolError),
         (text_response("- a note cut", stop_reason=StopReason.MAX_TOKENS), OutputLimitError),
         (InvalidRequestError("refused", status=400), InvalidRequestError),
     ],

@@ -1021,6 +1021,13 @@ class TestFailures:
             ([text_response("half", stop_reason=StopReason.MAX_TOKENS)] * 2, "OutputLimitError"),
             ([text_response("   ")], "ProtocolError"),
             ([ContextWindowOverflowError("too long")], "context_length_exceeded"),
+            # a refusal, or an answer asking for a tool (none is offered), is no summary
+            (
+                [text_response("I can't help.", stop_reason=StopReason.CONTENT_FILTER)],
+                "ProtocolError",
+            ),
+            ([text_response("Let me look.", stop_reason=StopReason.TOOL_USE)], "ProtocolError"),
+            ([tool_call_response("lookup", {"q": "x"})], "ProtocolError"),
         ],
     )
     async def test_a_failed_summary_leaves_the_request_unchanged(

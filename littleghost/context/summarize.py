@@ -363,7 +363,8 @@ async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
 
     Raises:
         OutputLimitError: The summary stopped at its cap with nothing usable, twice.
-        ProtocolError: The summary came back empty.
+        ProtocolError: The summary came back empty, filtered (or refused), or as a tool
+            call.
     """
     summary = _summary(await complete(request), SUMMARY_COMPLETE, SUMMARY_CUT)
     if summary is None:
@@ -381,6 +382,12 @@ async def request_summary(request: ModelRequest, complete: Complete) -> Summary:
 def _summary(response: ModelResponse, whole: str, cut: str) -> Summary | None:
     """The summary in ``response``; at its cap, its complete part, or ``None`` when that
     holds nothing besides headings."""
+    if response.stop_reason is StopReason.CONTENT_FILTER:
+        raise ProtocolError(
+            "the context summary was filtered by the provider (or refused by the model)"
+        )
+    if response.message.tool_calls or response.stop_reason is StopReason.TOOL_USE:
+        raise ProtocolError("the context summary came back as a tool call (it offers no tools)")
     text = merged_notes(response.message.text)
     if response.stop_reason is not StopReason.MAX_TOKENS:
         if not text:
