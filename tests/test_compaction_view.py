@@ -484,14 +484,40 @@ async def test_compact_session_appends_nothing_that_would_grow_the_view() -> Non
 async def test_compact_session_raises_the_summary_calls_failure_and_appends_nothing(
     answer: ModelResponse | Exception, error: type[Exception]
 ) -> None:
-    """A summary that came back empty or cut at its cap, or a call that failed, is the
-    error ``compact_session`` raises, and the stored log is as it was."""
+    """A summary that came back empty, refused, as a tool call or cut at its cap, or a
+    call that failed, is the error ``compact_session`` raises, and the stored log is as
+    it was."""
     store = InMemorySessionStore()
     log = conversation(5)
     await store.append("s6", log)
     with pytest.raises(error):
         await compact_session(store, "s6", Summarization(model=ScriptedModel([answer] * 9)))
     assert await store.load("s6") == tuple(log)
+
+
+@pytest.mark.parametrize("stop_reason", list(StopReason))
+@pytest.mark.parametrize("calls", [0, 1, 2])
+async def test_only_notes_are_taken_for_a_summary(stop_reason: StopReason, calls: int) -> None:
+    """Whatever stop reason and tool calls an answer to a summary call comes with, a
+    summary is appended only from notes: an answer that stopped as such (or at its cap,
+    its complete lines) asking for no tool; a refusal, or a tool call, is a
+    ``ProtocolError`` (the summary call offers no tools) and the log stays as it was."""
+    store = InMemorySessionStore()
+    log = conversation(5)
+    await store.append("s7", log)
+    notes = "- Ana asked about order A-12.\n- A refund of 20 EUR is open.\n- cut"
+    tool_calls = [ToolCall(f"call-{index}", "lookup", {"q": "x"}) for index in range(calls)]
+    answer = ModelResponse(Message.assistant(notes, tool_calls=tool_calls), stop_reason)
+    strategy = Summarization(model=ScriptedModel([answer] * 2))
+    notes_only = stop_reason not in (StopReason.CONTENT_FILTER, StopReason.TOOL_USE)
+    if notes_only and not calls:
+        (record,) = await compact_session(store, "s7", strategy)
+        assert "refund of 20 EUR" in record.text
+        assert ("- cut" in record.text) is (stop_reason is not StopReason.MAX_TOKENS)
+    else:
+        with pytest.raises(ProtocolError, match=r"filtered|tool call"):
+            await compact_session(store, "s7", strategy)
+        assert await store.load("s7") == tuple(log)
 
 
 async def test_compact_session_appends_nothing_that_leaves_the_view_as_large() -> None:
