@@ -229,8 +229,9 @@ def define_tool(
         NameError: An annotation (other than ``RunContext``) cannot be resolved yet (the
             message names the tool and the parameter).
     """
+    static = False  # a staticmethod: no instance to name self
     if isinstance(function, staticmethod):
-        function, is_method = function.__func__, False
+        function, is_method, static = function.__func__, False, True
     if not (inspect.ismethod(function) or inspect.isfunction(inspect.unwrap(function))):
         raise ConfigurationError(
             f"a tool is a function or a method, not {_not_a_function(function)}: "
@@ -312,8 +313,9 @@ def define_tool(
                     "declare it with @tool in the agent class"
                 )
             named = ""  # in a class body, a method's instance by another name, maybe
-            if not is_method and parameter is parameters[0] and _method_place(function):
-                named = "; a tool method's first parameter, its instance, is named self"
+            first = parameter is parameters[0] and not (is_method or static)
+            if first and _method_place(function):  # a staticmethod under @tool: unknown
+                named = "; if it is the method's instance, name it self"
             raise ConfigurationError(
                 f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation{named}"
             )

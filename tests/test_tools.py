@@ -2744,8 +2744,8 @@ def test_a_tool_method_without_a_positional_self_fails(
 
 def test_a_tool_method_whose_instance_has_another_name_is_told_to_name_it_self() -> None:
     """``this`` for ``self`` in a class body is read as an unannotated parameter as
-    ``@tool`` runs (the class is not made yet): the error says a method's instance is
-    named self; a function's first parameter is not told so."""
+    ``@tool`` runs (the class is not made yet): the error says to name a method's
+    instance self; a function's first parameter is not told so."""
     with pytest.raises(ConfigurationError) as raised:
 
         class Holder(Agent):
@@ -2755,8 +2755,8 @@ def test_a_tool_method_whose_instance_has_another_name_is_told_to_name_it_self()
                 return order_id
 
     assert str(raised.value) == (
-        "Holder.lookup: tool 'lookup': parameter 'this' needs a type annotation; a tool "
-        "method's first parameter, its instance, is named self"
+        "Holder.lookup: tool 'lookup': parameter 'this' needs a type annotation; if it is "
+        "the method's instance, name it self"
     )
 
     def lookup(this, order_id: str) -> str:
@@ -2766,6 +2766,39 @@ def test_a_tool_method_whose_instance_has_another_name_is_told_to_name_it_self()
     with pytest.raises(ConfigurationError) as raised:
         tool(lookup)
     assert str(raised.value) == "tool 'lookup': parameter 'this' needs a type annotation"
+
+
+@pytest.mark.parametrize("tool_outside", [True, False], ids=["tool-static", "static-tool"])
+def test_a_staticmethod_tool_s_unannotated_first_parameter_is_no_instance(
+    tool_outside: bool,
+) -> None:
+    """A staticmethod's unannotated first parameter needs a type annotation, and is never
+    said to be the instance: under ``@tool`` nothing is said of self, over it (where
+    ``@tool`` cannot tell a staticmethod) only if it is one."""
+    with pytest.raises(ConfigurationError) as raised:
+        if tool_outside:
+
+            class Holder(Agent):
+                @tool
+                @staticmethod
+                def find(query) -> str:  # type: ignore[no-untyped-def]
+                    """Find."""
+                    return str(query)
+
+        else:
+
+            class Holder(Agent):  # type: ignore[no-redef]
+                @staticmethod
+                @tool
+                def find(query) -> str:  # type: ignore[no-untyped-def]
+                    """Find."""
+                    return str(query)
+
+    told = "Holder.find: tool 'find': parameter 'query' needs a type annotation"
+    if tool_outside:
+        assert str(raised.value) == told
+    else:
+        assert str(raised.value) == f"{told}; if it is the method's instance, name it self"
 
 
 def test_a_positional_only_self_is_the_instance() -> None:
