@@ -3326,8 +3326,8 @@ async def test_what_a_tool_raises_or_returns_reaches_the_model_the_same_on_every
 ) -> None:
     """A tool's own exception is told by its type (and message, when there is one it can
     show), never a crash or a backend's stand-in, content captured (in its span's
-    ``exception`` event too) or not; a sync decorator's coroutine is awaited; a call the run waited for
-    logs no discarded late result."""
+    ``exception`` event too) or not; a sync decorator's coroutine is awaited; a call the
+    run waited for logs no discarded late result."""
     arguments = {"order": "42"} if function is lookup_order else {}
     model = ScriptedModel(
         [tool_call_response(function.__name__, arguments, call_id="c1"), text_response("done")]
@@ -3386,8 +3386,11 @@ class SlowError(Exception):
     def __init__(self) -> None:
         super().__init__()
         self.slow = SlowText()
+        self.threads: list[threading.Thread] = []
+        """The threads its text was made in, each time."""
 
     def __str__(self) -> str:
+        self.threads.append(threading.current_thread())
         return str(self.slow)
 
 
@@ -3396,7 +3399,8 @@ async def test_a_sync_tool_s_exception_is_made_text_in_its_worker_thread(
     capture_content: bool,
 ) -> None:
     """What a sync tool raised is made text in its worker thread too (and its span
-    event's message and traceback, when content is captured): the loop goes on."""
+    event's message and traceback, when content is captured): the loop goes on, and
+    never makes that text itself."""
     error = SlowError()
 
     def table() -> str:
@@ -3417,6 +3421,8 @@ async def test_a_sync_tool_s_exception_is_made_text_in_its_worker_thread(
     assert [seen.content for seen in tool_results(result.messages)] == [
         "Tool 'table' failed: SlowError: made"
     ]
+    assert error.threads
+    assert threading.current_thread() not in error.threads
 
 
 async def test_sync_calls_past_their_timeout_keep_no_default_thread_token() -> None:
