@@ -35,8 +35,9 @@ import types
 import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, TypeVar, Union, cast, get_args, get_origin
 
+import attr
 import attrs
 
 from littleghost._validators import MAX_DEPTH, digits_limit, nests_deeper
@@ -1088,12 +1089,34 @@ def to_json(value: Any) -> Any:
     if _is_model(type(value)):  # no warning of a field's unexpected type: it quotes the value
         return value.model_dump(mode="json", by_alias=True, warnings=False)
     if attrs.has(type(value)) and not isinstance(value, ImagePart):
-        return attrs.asdict(value, recurse=True, value_serializer=_field_json)
+        # ``attrs.asdict``, with a dict that keeps every item (``attr``'s takes one)
+        distinct = cast("type[dict[Any, Any]]", _distinct_keys)  # called as a class is
+        return attr.asdict(
+            value,
+            dict_factory=distinct,
+            retain_collection_types=True,
+            value_serializer=_field_json,
+        )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # its fields as they are, each made JSON in turn (``asdict`` copies them deeply,
         # and falls over a field that cannot be copied: a lock, a connection)
         return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
     return _to_json_value(value)
+
+
+def _distinct_keys(items: Iterable[tuple[Any, Any]] = ()) -> dict[Any, Any]:
+    """The dict ``attrs.asdict`` makes of ``items``: a dict field's items, keys made JSON
+    as values are (a record's own starts empty, its fields set one by one).
+
+    Raises:
+        ValueError: two keys have one text once made JSON (a date and its ISO text): one
+            item would be lost.
+    """
+    listed = list(items)
+    made = dict(listed)
+    if len(made) < len(listed):
+        raise ValueError("two keys of a dict have one text")
+    return made
 
 
 def _field_json(record: Any, _field: Any, value: Any) -> Any:

@@ -895,11 +895,24 @@ class Described(Unprintable):
         return f"order {self.number}"
 
 
+@frozen
+class DailySums:
+    """An attrs record of sums by day."""
+
+    by_day: dict[Any, int]
+
+
 async def test_a_result_whose_keys_share_a_text_loses_no_item() -> None:
     """Keys that JSON would write as one text (a date and its ISO text, an enum member
-    and its value) lose no item: such a result is Python's text of it, every item in."""
+    and its value) lose no item, in a dict or an attrs record's: such a result is
+    Python's text of it, every item in."""
     day = datetime.date(2026, 1, 31)
-    returned = [{day: 5, "2026-01-31": 6}, {"sums": {Color.RED: 2, "red": 3}}]
+    returned = [
+        {day: 5, "2026-01-31": 6},
+        {"sums": {Color.RED: 2, "red": 3}},
+        DailySums({day: 5, "2026-01-31": 6}),
+        [DailySums({Color.RED: 2, "red": 3})],
+    ]
     results = await fetched(returned)
     assert [(result.content, result.is_error) for result in results] == [
         (str(value), False) for value in returned
