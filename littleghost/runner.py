@@ -1091,9 +1091,8 @@ async def _execute(
         outcome = None
         try:
             with context._calling(definition.name, timer):
-                outcome = await invoke(
-                    function, kwargs, definition.name, capture_content=context.capture_content
-                )
+                captured = context.capture_content and span.is_recording()
+                outcome = await invoke(function, kwargs, definition.name, capture_content=captured)
                 text = outcome.text()
         except anyio.get_cancelled_exc_class():
             if cancelled_here():
@@ -1157,7 +1156,7 @@ def _raised(
     """The failure of a call whose tool (or a parameter's class) raised ``error``: what
     it raised, each exception of a group (its texts as a sync tool's thread ``made``
     them)."""
-    if context.capture_content:  # its message and traceback: content
+    if context.capture_content and span.is_recording():  # its message, traceback: content
         recorded = None if made is None else made.recorded
         span.add_event(
             "exception", telemetry.exception_event(error) if recorded is None else recorded

@@ -947,8 +947,7 @@ async def test_a_retry_after_sent_twice_asks_for_its_longest_wait(
     """``Retry-After`` sent twice (two lines, or a pair a proxy joined with a comma), in
     seconds, HTTP dates or ``retry-after-ms``: the HTTP library joins the lines with a
     comma, and the wait was none (the retry went at once). The longest wait is asked
-    for (one over ``MAX_RETRY_AFTER`` not waited for, as one alone); a value that is no
-    wait is passed over."""
+    for; a value that is no wait is passed over."""
     rng = random.Random(f"{provider} {streaming}")
     heads = [asked_waits(rng) for _ in range(12)]
     server = servers(*(repeated(429, LIMITED, lines) for lines, _ in heads))
