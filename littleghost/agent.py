@@ -1167,8 +1167,9 @@ class Agent(Generic[_O]):
         declared = _model(f"{type(self).__name__}.model", self.model)  # it may have changed
         if declared is None:
             raise ConfigurationError(
-                f'{type(self).__name__} declares no model: set `model = "provider:name"` '
-                "or pass model= to the constructor"
+                f'{type(self).__name__} declares no model: set `model = "provider:name"`, '
+                "pass model= to the constructor, or override resolve_model() (the "
+                "command line makes the class without keywords)"
             )
         return declared
 

@@ -1873,6 +1873,19 @@ class TestErrors:
         )  # fmt: skip
         assert line == "Error: Unmanaged has no @manage_context: nothing to compact with"
 
+    def test_compacting_with_a_class_without_a_model_says_how_to_give_it_one(
+        self, store_url: str
+    ) -> None:
+        """The command makes the class with no keywords, so the error names the ways a
+        class itself gives its model (it once said only `pass model= to the
+        constructor`, which the command line cannot do)."""
+        line = fails(
+            1, "sessions", "compact", "customer-42", "--store", store_url,
+            "--agent", "tests.cli_agents:Support",
+        )  # fmt: skip
+        assert "Support declares no model" in line, line
+        assert "resolve_model()" in line, line
+
 
 def python_m(
     *args: str, io_encoding: str | None = None, **options: Any
