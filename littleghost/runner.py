@@ -1127,7 +1127,16 @@ async def _execute(
         what = f"it did not finish within {limit:g} s; its late result was discarded"
         return _failed(call, span, "timeout", what)
     assert timer.cancelled_caught and limit is not None
-    return _failed(call, span, "timeout", f"it did not finish within {limit:g} s and was stopped")
+    if inspect.iscoroutinefunction(function):
+        return _failed(
+            call, span, "timeout", f"it did not finish within {limit:g} s and was stopped"
+        )
+    # a sync tool's thread runs on: what it does (a file it writes) may still happen
+    what = (
+        f"it did not finish within {limit:g} s; it runs on in a thread that cannot be "
+        "stopped, so what it does may still happen, and its result will not be seen"
+    )
+    return _failed(call, span, "timeout", what)
 
 
 def _runs_deadline(error: BaseException, context: RunContext) -> DeadlineExceededError | None:

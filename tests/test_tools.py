@@ -3195,6 +3195,39 @@ async def test_an_async_tool_that_blocks_past_its_timeout_is_answered_as_timed_o
 # --- sync tools that cannot be stopped -------------------------------------------------
 
 
+async def test_a_sync_tool_past_its_timeout_is_not_told_to_the_model_as_stopped(
+    discards: Discards,
+) -> None:
+    """A sync tool's thread runs on past its timeout, so what it does (a file it writes)
+    still happens: the model is told that it may, not that the call was stopped (it
+    would do it again)."""
+    release, finished = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    class Writer(Agent):
+        @tool(timeout=0.05)
+        def write_file(self, path: str) -> str:
+            """Write a file."""
+            release.wait(30)
+            written.append(path)
+            finished.set()
+            return f"wrote {path}"
+
+    model = ScriptedModel(
+        [tool_call_response("write_file", {"path": "notes.md"}), text_response("done")]
+    )
+    try:
+        result = await Writer(model=model).run("go")
+    finally:
+        release.set()
+    [answered] = tool_results(result.messages)
+    assert answered.is_error and "did not finish within 0.05 s" in answered.content
+    assert "was stopped" not in answered.content, answered.content
+    assert "may still" in answered.content, answered.content
+    await anyio.to_thread.run_sync(finished.wait, 30)
+    assert written == ["notes.md"]  # what the model was told may happen did
+
+
 @pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
 async def test_an_abandoned_sync_call_logs_once_without_its_values(
     discards: Discards, raises: bool
