@@ -1168,8 +1168,7 @@ class Agent(Generic[_O]):
         if declared is None:
             raise ConfigurationError(
                 f'{type(self).__name__} declares no model: set `model = "provider:name"`, '
-                "pass model= to the constructor, or override resolve_model() (the "
-                "command line makes the class without keywords)"
+                "pass model= to the constructor, or override resolve_model()"
             )
         return declared
 
