@@ -100,7 +100,10 @@ if TYPE_CHECKING:
 
 __all__ = ["RunPlan", "check_response_format", "instructions_message", "plan_run", "run"]
 
-STOPPED_TEXT = "The run was stopped before this tool call finished; it has no result."
+STOPPED_TEXT = (
+    "The run was stopped before this tool call finished; it has no result, and what it "
+    "does may have happened or may still happen: check before calling it again."
+)
 WITHHELD_TEXT = (
     "This tool call finished, but the run stopped in an after_tool hook, so its result was "
     "withheld; whatever the call did is done."

@@ -182,7 +182,11 @@ async def test_an_append_waiting_its_turn_when_the_run_is_cancelled_writes_nothi
     assert (
         texts(stored)
         == ["go", "slow"]
-        + ["The run was stopped before this tool call finished; it has no result."] * 2
+        + [
+            "The run was stopped before this tool call finished; it has no result, and what "
+            "it does may have happened or may still happen: check before calling it again."
+        ]
+        * 2
     )
     assert_whole(stored)
 

@@ -485,8 +485,12 @@ class TestRules:
         )
         sent = model.requests[0].messages
         index = next(i for i, m in enumerate(sent) if m.tool_calls)
-        assert sent[index + 1].tool_results[0].call_id == "lost"
-        assert sent[index + 1].tool_results[0].is_error
+        (answered,) = sent[index + 1].tool_results
+        assert (answered.call_id, answered.is_error) == ("lost", True)
+        assert answered.content == (  # never read as not run: it may have done its work
+            "The run was interrupted before this tool call finished; it has no result, and "
+            "what it does may have happened or may still happen: check before calling it again."
+        )
         assert list(result.messages[:2]) == log
 
     async def test_incomplete_exchanges_and_orphans_are_left_out(self) -> None:

@@ -11,7 +11,10 @@ from littleghost.messages import Message
 
 __all__ = ["build_view", "interrupted_results", "misplaced_results", "unanswered_calls"]
 
-INTERRUPTED_TEXT = "The run was interrupted before this tool call finished; it has no result."
+INTERRUPTED_TEXT = (
+    "The run was interrupted before this tool call finished; it has no result, and what "
+    "it does may have happened or may still happen: check before calling it again."
+)
 
 
 def build_view(log: Sequence[Message]) -> tuple[Message, ...]:
