@@ -16,7 +16,7 @@ import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import aclosing, contextmanager
 from typing import Any
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit, urlunsplit
 
 from littleghost import logs
 from littleghost._validators import (
@@ -89,6 +89,7 @@ __all__ = [
     "stream_cut_off",
     "streamed_answer",
     "text_of",
+    "url_options",
     "whole_arguments",
     "wrong_shape",
 ]
@@ -271,6 +272,17 @@ def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
             "host (and a port from 1 to 65535, if any), as in http://localhost:8080/v1"
         )
     return value
+
+
+def url_options(base_url: str | None) -> dict[str, Any]:
+    """An SDK client's ``base_url`` and ``default_query`` for ``base_url``: its query
+    (Azure's ``?api-version=...``, a gateway's) goes with every request, where the SDK
+    would append each endpoint's path to it (``?api-version=1chat/completions``)."""
+    parts = urlsplit(base_url) if base_url is not None else None
+    if parts is None or not parts.query:
+        return {"base_url": base_url}
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return {"base_url": urlunsplit(parts._replace(query="")), "default_query": query}
 
 
 def check_api_key(owner: str, value: str | None, variable: str) -> str | None:

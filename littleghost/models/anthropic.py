@@ -73,6 +73,7 @@ from littleghost.models._sdk import (
     stream_cut_off,
     streamed_answer,
     text_of,
+    url_options,
     whole_arguments,
 )
 from littleghost.models.base import (
@@ -606,7 +607,7 @@ class AnthropicModel:
                 functools.partial(
                     self._sdk.AsyncAnthropic,
                     api_key=api_key,
-                    base_url=base_url,
+                    **url_options(base_url),
                     max_retries=0,
                     timeout=timeout,
                 )

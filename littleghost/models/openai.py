@@ -68,6 +68,7 @@ from littleghost.models._sdk import (
     stream_cut_off,
     streamed_answer,
     text_of,
+    url_options,
     whole_arguments,
 )
 from littleghost.models.base import (
@@ -596,7 +597,9 @@ class OpenAIModel:
     def _new_client(sdk: Any, base_url: str | None, api_key: str, timeout: Any) -> Any:
         """A client of the server, made for each event loop the model is used in, with an
         attempt's ``timeout`` (``attempt_timeout``)."""
-        return sdk.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+        return sdk.AsyncOpenAI(
+            api_key=api_key, **url_options(base_url), max_retries=0, timeout=timeout
+        )
 
     @property
     def name(self) -> str:
