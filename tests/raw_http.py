@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -86,10 +87,13 @@ class Connection:
 
 class RawServer:
     """Serves ``behaviours`` in order, one per POST request (the last one again once they
-    run out), and records each; any other request is a 404."""
+    run out), and records each; any other request is a 404. With ``tls`` (a server
+    context), it serves HTTPS and counts the handshakes tried in ``handshakes``."""
 
-    def __init__(self, *behaviours: Behaviour) -> None:
+    def __init__(self, *behaviours: Behaviour, tls: ssl.SSLContext | None = None) -> None:
         self.behaviours = list(behaviours)
+        self.tls = tls
+        self.handshakes = 0
         self.requests: list[Request] = []
         self.times: list[float] = []
         self._stopping = threading.Event()
@@ -100,7 +104,8 @@ class RawServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self._listener.getsockname()[1]}"
 
     def _accept(self) -> None:
         while True:
@@ -119,6 +124,9 @@ class RawServer:
         sock.settimeout(None)
         buffered = b""
         try:
+            if self.tls is not None:
+                self.handshakes += 1
+                sock = self.tls.wrap_socket(sock, server_side=True)
             while not self._stopping.is_set():
                 request, buffered = self._read(sock, buffered)
                 if request is None:

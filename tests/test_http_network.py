@@ -1,18 +1,27 @@
-"""The providers as an enterprise network serves them: the real SDK clients at a base
-URL with a path and a query (Azure's ``?api-version=``, a gateway's), on 127.0.0.1,
-under asyncio and trio."""
+"""The providers as an enterprise network serves them: the real SDK clients behind a
+proxy named by ``HTTPS_PROXY`` that refuses the tunnel, against a server whose TLS
+certificate is self-signed, and at a base URL with a path and a query (Azure's
+``?api-version=``, a gateway's), all on 127.0.0.1, under asyncio and trio."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import logging
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
 
 from littleghost import Agent
+from littleghost.errors import InvalidRequestError, ProviderError, ProviderUnavailableError
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
+from tests.conftest import Spans
 from tests.raw_http import Behaviour, RawServer
 from tests.sdk_bodies import completion_body, message_body
 
@@ -62,12 +71,175 @@ def answered_whole(provider: str) -> Behaviour:
     return lambda connection: connection.answer(200, body)
 
 
+class TunnelRefusingProxy:
+    """An HTTP proxy on 127.0.0.1 that answers every ``CONNECT`` with ``status``, and
+    records the head of each."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+        self.heads: list[str] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with sock:
+                head = b""
+                while b"\r\n\r\n" not in head and (data := sock.recv(65536)):
+                    head += data
+                if not head:
+                    return  # ``close`` woke the listener
+                self.heads.append(head.decode("latin-1"))
+                page = f"<html><body><h1>{self.status}</h1></body></html>".encode()
+                sock.sendall(
+                    f"HTTP/1.1 {self.status}\r\nContent-Type: text/html\r\n"
+                    f'Proxy-Authenticate: Basic realm="corp"\r\n'
+                    f"Content-Length: {len(page)}\r\n\r\n".encode()
+                    + page
+                )
+
+    def close(self) -> None:
+        socket.create_connection(self._listener.getsockname(), timeout=5).close()
+        self._thread.join(timeout=5)
+        self._listener.close()
+
+
+PROXY_SECRET = "proxy-secret-pw-42"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    ("answer", "kind", "attempts"),
+    [
+        ("407 Proxy Authentication Required", InvalidRequestError, 1),
+        ("403 Forbidden", InvalidRequestError, 1),
+        ("502 Bad Gateway", ProviderUnavailableError, 2),
+        ("504 Gateway Timeout", ProviderUnavailableError, 2),
+    ],
+)
+async def test_a_proxy_refusing_the_tunnel_is_named_and_retried_only_for_a_5xx(
+    model_of: Models,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    spans: Spans,
+    provider: str,
+    answer: str,
+    kind: type[ProviderError],
+    attempts: int,
+) -> None:
+    """A proxy's refusal of the ``CONNECT`` says it is the proxy's, with its status; a
+    407 or 403 is not asked again (the same credentials would be refused), a 502 or 504
+    is; the proxy's user and password are in no message, log or span."""
+    proxy = TunnelRefusingProxy(answer)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://corp-user:{PROXY_SECRET}@{proxy.address}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    caplog.set_level(logging.DEBUG)
+    try:
+        model = model_of(provider, "https://api.example.test")
+        async with Plain(model=model, max_retries=1) as agent:
+            with pytest.raises(ProviderError) as raised:
+                await agent.run("hello")
+    finally:
+        proxy.close()
+    error = raised.value
+    assert type(error) is kind
+    assert (error.status, error.code) == (int(answer[:3]), "proxy_error")
+    assert f"the proxy {'could not connect' if attempts > 1 else 'refused to connect'}" in (
+        str(error)
+    )
+    assert f"to the server at api.example.test:443 (HTTP {answer})" in str(error)
+    assert ("HTTPS_PROXY its user and password" in str(error)) is answer.startswith("407")
+    assert len(proxy.heads) == attempts
+    assert all(head.startswith("CONNECT api.example.test:443 ") for head in proxy.heads)
+    shown = [str(error), caplog.text, *spans.every_text()]
+    assert not [text for text in shown if PROXY_SECRET in text or "corp-user" in text]
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, signed by its own key, and that key."""
+    certificate, key = directory / "cert.pem", directory / "key.pem"
+    command = (
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 "
+        "-subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1"
+    )
+    subprocess.run(
+        [*command.split(), "-keyout", str(key), "-out", str(certificate)],
+        check=True,
+        capture_output=True,
+    )
+    return certificate, key
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def tls_server(certificate: tuple[Path, Path]) -> Iterator[Callable[[Behaviour], RawServer]]:
+    """Makes HTTPS servers of the self-signed ``certificate``, closed after the test."""
+    made: list[RawServer] = []
+
+    def make(behaviour: Behaviour) -> RawServer:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*certificate)
+        made.append(RawServer(behaviour, tls=context))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_untrusted_certificate_is_named_not_retried_and_ssl_cert_file_trusts_it(
+    model_of: Models,
+    tls_server: Callable[[Behaviour], RawServer],
+    certificate: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
+) -> None:
+    """A self-signed certificate fails the call at once with an error that says so (a
+    retry would meet the same certificate), without the URL's credentials; once
+    ``SSL_CERT_FILE`` names it, the server is trusted."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    server = tls_server(answered_whole(provider))
+    url = server.url.replace("https://", "https://user:url-secret-pw@")
+    async with Plain(model=model_of(provider, url), max_retries=3) as agent:
+        with pytest.raises(ProviderError) as raised:
+            await agent.run("hello")
+    assert type(raised.value) is ProviderError
+    assert raised.value.code == "untrusted_certificate"
+    address = server.url.removeprefix("https://")
+    assert f"the server's TLS certificate at {address} is not trusted (self-signed " in str(
+        raised.value
+    )
+    assert "SSL_CERT_FILE" in str(raised.value)
+    assert "url-secret-pw" not in str(raised.value)
+    assert (server.handshakes, server.requests) == (1, [])
+
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    async with Plain(model=model_of(provider, url)) as agent:
+        assert (await agent.run("hello")).output == "fine"
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize(
     "suffix",
     [
         "/openai/deployments/support?api-version=2024-10-21",
-        "/v1/proxy/gateway?tenant=t%201&empty=",
+        "/v1/proxy/gateway?tenant=t%201&region=eu",
         "/v1/proxy/gateway",
     ],
 )

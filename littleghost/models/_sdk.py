@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import ssl
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import aclosing, contextmanager
@@ -819,11 +820,67 @@ def _noted_head(error: BaseException) -> tuple[int, bool | None] | None:
     return head if isinstance(head, tuple) else None
 
 
+_PROXY_ANSWER = re.compile(r"(\d{3})\b ?(.{0,80})")
+"""The status and reason a proxy answered a ``CONNECT`` with, as the HTTP library's
+``ProxyError`` says them (``407 Proxy Authentication Required``)."""
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, in turn."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _refused_connection(
+    provider: str, error: BaseException, proxy_errors: tuple[type[BaseException], ...]
+) -> ProviderError | None:
+    """The error of a connection that cannot be made as things stand, for ``error`` (an
+    SDK's or the HTTP library's), else ``None``: a server certificate that is not trusted
+    (a private CA, a self-signed one), not retried; a proxy that refused the tunnel to the
+    server (``HTTPS_PROXY``), retried only when it answered with a 5xx. Neither shows more
+    of a URL than the server's host and port: a proxy's URL may hold its password."""
+    server = _server_named(error)
+    at = f" at {server}" if server else ""
+    for cause in _causes(error):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            why = cause.verify_message or cause.reason or "not verified"
+            return ProviderError(
+                f"{provider}: the server's TLS certificate{at} is not trusted ({why}): "
+                "trust its CA with SSL_CERT_FILE, or give the model a client that does",
+                code="untrusted_certificate",
+                provider=provider,
+            )
+        answer = _PROXY_ANSWER.match(str(cause)) if isinstance(cause, proxy_errors) else None
+        if answer is not None:
+            status = int(answer[1])
+            said = f"HTTP {status} {answer[2]}".strip()
+            if status >= 500:
+                return ProviderUnavailableError(
+                    f"{provider}: the proxy could not connect to the server{at} ({said})",
+                    status=status,
+                    code="proxy_error",
+                    provider=provider,
+                )
+            hint = ": give HTTPS_PROXY its user and password" if status == 407 else ""
+            return InvalidRequestError(
+                f"{provider}: the proxy refused to connect to the server{at} ({said}){hint}",
+                status=status,
+                code="proxy_error",
+                provider=provider,
+            )
+    return None
+
+
 def _classifier(
     sdk: Any, base: type[Exception], provider: str
 ) -> Callable[[Exception], ProviderError | None]:
     """``error_mapper``'s mapping, before keys are hidden."""
     http_errors, timeouts, unconnected = transport_errors()
+    proxy_errors = tuple(kind for kind in unconnected if kind.__name__ == "ProxyError")
 
     def lost(error: BaseException | None) -> bool:
         """Whether ``error``, the HTTP library's, came once a connection was made."""
@@ -843,6 +900,10 @@ def _classifier(
             return _redirected(provider, redirect)
         if isinstance(error, sdk.APITimeoutError):
             return transport_error(provider, timeout=True, head=_noted_head(error))
+        if isinstance(error, (sdk.APIConnectionError, *http_errors)):
+            refused = _refused_connection(provider, error, proxy_errors)
+            if refused is not None:
+                return refused
         if isinstance(error, sdk.APIConnectionError):  # the HTTP library's error its cause
             return transport_error(
                 provider,
