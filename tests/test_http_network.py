@@ -257,3 +257,34 @@ async def test_a_base_url_keeps_its_path_and_query_on_every_request(
     sent_path, _, sent_query = sent.path.partition("?")
     assert sent_path == path + endpoint
     assert parse_qsl(sent_query, keep_blank_values=True) == parse_qsl(query, True)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_proxy_asking_for_authentication_over_plain_http_says_so_once(
+    servers: Callable[..., RawServer],
+    model_of: Models,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    spans: Spans,
+    provider: str,
+) -> None:
+    """A proxy of ``http://`` requests (``HTTP_PROXY``) answers a 407 itself, with its
+    HTML page: the error says it is the proxy's and is not retried; the proxy's user
+    and password are in no message, log or span."""
+    page = "<html><body><h1>407 Proxy Authentication Required</h1></body></html>"
+    proxy = servers(lambda connection: connection.answer(407, page))
+    address = proxy.url.removeprefix("http://")
+    monkeypatch.setenv("HTTP_PROXY", f"http://corp-user:{PROXY_SECRET}@{address}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    caplog.set_level(logging.DEBUG)
+    async with Plain(model=model_of(provider, "http://api.example.test"), max_retries=3) as agent:
+        with pytest.raises(InvalidRequestError) as raised:
+            await agent.run("hello")
+    assert raised.value.status == 407
+    assert "the proxy asks for authentication (HTTP 407): give HTTP_PROXY its user and " in (
+        str(raised.value)
+    )
+    assert [request.path.split("/")[2] for request in proxy.requests] == ["api.example.test"]
+    shown = [str(raised.value), caplog.text, *spans.every_text()]
+    assert not [text for text in shown if PROXY_SECRET in text or "corp-user" in text]

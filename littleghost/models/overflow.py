@@ -499,6 +499,15 @@ def classify_error(
             retry_after=retry_after_seconds(headers, body=body),
             should_retry=told,
         )
+    if status == 407:  # a proxy's answer (HTTP_PROXY), not the provider's
+        return InvalidRequestError(
+            f"{provider}: the proxy asks for authentication (HTTP 407): give HTTP_PROXY its "
+            f"user and password{detail}",
+            status=status,
+            code=code,
+            provider=provider,
+            should_retry=told,
+        )
     return InvalidRequestError(
         f"{provider}: the request was rejected ({http}){detail}",
         status=status,
