@@ -603,6 +603,25 @@ class TestWhatIsSent:
         assert model.requests[1].settings["thinking"] == thinking
         assert model.requests[1].settings["cache_control"] == {"type": "ephemeral"}
 
+    @pytest.mark.parametrize(
+        ("effort", "summarized"),
+        [("xhigh", "low"), ("high", "low"), ("medium", "low"), ("low", "low"),
+         ("minimal", "minimal"), ("none", "none"), (None, None)],
+    )  # fmt: skip
+    async def test_a_summary_call_reasons_at_low_effort_at_most(
+        self, effort: str | None, summarized: str | None
+    ) -> None:
+        """A reasoning model's hidden reasoning counts against the summary's small cap:
+        a ``reasoning_effort`` above ``low`` is lowered to it for the summary call alone;
+        a lower one, or none, is sent as it is."""
+        model = ScriptedModel([summary_step(), text_response("done")])
+        settings = {} if effort is None else {"reasoning_effort": effort}
+        await Small(model=model).run("go", history=chat(25), settings=settings)
+        summary_call, chat_call = model.requests
+        assert summary_call.purpose == "context_compaction"
+        assert summary_call.settings.get("reasoning_effort") == summarized
+        assert chat_call.settings.get("reasoning_effort") == effort
+
     async def test_summary_max_tokens_and_instructions_are_used(self) -> None:
         """summary_max_tokens caps the summary; summary_instructions replace the prompt."""
 

@@ -104,6 +104,11 @@ _DROPPED_SETTINGS = (
     "cache_control",  # Anthropic's: a summary's prompt is read once, a cache write costs more
 )
 
+_ABOVE_LOW = frozenset({"medium", "high", "xhigh"})
+"""The ``reasoning_effort`` values a summary call lowers to ``low``, which every model
+that takes the setting takes: a reasoning model's hidden reasoning counts against the
+summary's small output cap, and notes need little of it."""
+
 Complete = Callable[[ModelRequest], Awaitable[ModelResponse]]
 """Makes one model call: ``RunContext.complete`` inside a run, or a model's ``respond``."""
 
@@ -232,6 +237,8 @@ def summary_request(
             f"Conversation since:\n{start}\n{transcript}\n{end}"
         )
     kept = {key: value for key, value in settings.items() if key not in _DROPPED_SETTINGS}
+    if kept.get("reasoning_effort") in _ABOVE_LOW:  # its reasoning counts against the cap
+        kept["reasoning_effort"] = "low"
     return ModelRequest(
         (Message.system(summary_framing(fence)), Message.user(f"{data}\n\n{instructions}")),
         (),
