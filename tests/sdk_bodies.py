@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anthropic
 import anyio
@@ -23,6 +23,9 @@ from littleghost.errors import ProviderError
 from littleghost.models import Model
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
+
+if TYPE_CHECKING:
+    from tests.raw_http import Behaviour
 
 OPENAI_URL = "https://api.openai.com/v1"
 SSE_HEADERS = {"content-type": "text/event-stream"}
@@ -169,6 +172,15 @@ def message_body(
         "usage": usage or {"input_tokens": 25, "output_tokens": 6},
         **extra,
     }
+
+
+def answered_whole(provider: str) -> Behaviour:
+    """A raw server's behaviour (``tests.raw_http``): a whole answer, not streamed."""
+    if provider == "openai":
+        body: Any = completion_body({"content": "fine"})
+    else:
+        body = message_body([{"type": "text", "text": "fine"}])
+    return lambda connection: connection.answer(200, body)
 
 
 def message(

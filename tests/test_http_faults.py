@@ -43,6 +43,7 @@ from littleghost.models.streaming import StreamDone
 from tests.raw_http import Behaviour, Connection, RawServer, refused_url
 from tests.sdk_bodies import (
     SDKClients,
+    answered_whole,
     anthropic_events,
     chunk,
     completion_body,
@@ -105,15 +106,6 @@ def answered(provider: str, text: str = "fine") -> Behaviour:
             *finish("end_turn", 2),
         )
     return lambda connection: connection.events(events)
-
-
-def answered_whole(provider: str) -> Behaviour:
-    """A whole answer, not streamed."""
-    if provider == "openai":
-        body: Any = completion_body({"content": "fine"})
-    else:
-        body = message_body([{"type": "text", "text": "fine"}])
-    return lambda connection: connection.answer(200, body)
 
 
 def broken(events: list[bytes]) -> Behaviour:

@@ -12,7 +12,6 @@ import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qsl
 
 import pytest
@@ -23,7 +22,7 @@ from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from tests.conftest import Spans
 from tests.raw_http import Behaviour, RawServer
-from tests.sdk_bodies import completion_body, message_body
+from tests.sdk_bodies import answered_whole
 
 pytestmark = pytest.mark.anyio
 
@@ -61,14 +60,6 @@ async def model_of() -> AsyncIterator[Models]:
     yield make
     for model in made:
         await model.aclose()
-
-
-def answered_whole(provider: str) -> Behaviour:
-    if provider == "openai":
-        body: Any = completion_body({"content": "fine"})
-    else:
-        body = message_body([{"type": "text", "text": "fine"}])
-    return lambda connection: connection.answer(200, body)
 
 
 class TunnelRefusingProxy:
