@@ -784,11 +784,9 @@ class AnthropicModel:
         with self._clients.stopped_by_close():
             return await self._counting.ask(count, self._error)
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one Messages call (``_streamed``)."""
-        async with aclosing(self._streamed(request, None)) as events:
-            async for event in events:
-                yield event
+        return self._streamed(request, None)
 
     async def _streamed(
         self, request: ModelRequest, sent: SentEvents | None

@@ -862,11 +862,9 @@ class OpenAIModel:
                 return opened
         return await stack.enter_async_context(create(**params, stream=True))
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[ModelStreamEvent, None]:
         """Stream one chat completion (``_streamed``)."""
-        async with aclosing(self._streamed(request, None)) as events:
-            async for event in events:
-                yield event
+        return self._streamed(request, None)
 
     async def _streamed(
         self, request: ModelRequest, sent: SentEvents | None
