@@ -125,6 +125,13 @@ class Plain(Agent):
     instructions = "Answer briefly."
 
 
+async def asked(agent: Agent, streaming: bool) -> list[Message]:
+    """Ask ``agent`` "hello" (within 20 s), streamed or not: its log."""
+    if streaming:
+        return (await streamed(agent, timeout=20))[1]
+    return list((await agent.run("hello", timeout=20)).messages)
+
+
 async def streamed(agent: Agent, **options: Any) -> tuple[list[Event], list[Message]]:
     """The events of a streamed run of ``agent``, and its log, whatever the run raised
     (it is raised after)."""
@@ -609,10 +616,7 @@ async def test_a_whole_answer_of_the_wrong_shape_is_billed(
     server = servers(wrong_shape(provider, streaming))
     async with Plain(model=model_of(provider, server.url)) as agent:
         with pytest.raises(ProtocolError) as caught:
-            if streaming:
-                await streamed(agent, timeout=20)
-            else:
-                await agent.run("hello", timeout=20)
+            await asked(agent, streaming)
     assert caught.value.usage == caught.value.run_usage == Usage(30, 4)
     assert len(server.requests) == 1
 
@@ -727,10 +731,7 @@ async def test_a_key_the_server_quotes_back_is_not_in_the_error(
     caplog.set_level("DEBUG")
     async with Plain(model=model_of(provider, server.url, KEY)) as agent:
         with pytest.raises(ProviderError) as caught:
-            if streaming:
-                await streamed(agent, timeout=20)
-            else:
-                await agent.run("hello", timeout=20)
+            await asked(agent, streaming)
     assert "Incorrect API key provided: [redacted]." in str(caught.value)
     assert KEY not in str(caught.value)
     assert KEY not in caplog.text
@@ -946,10 +947,7 @@ async def test_a_retry_after_sent_twice_asks_for_its_longest_wait(
     async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
         for lines, longest in heads:
             with pytest.raises(RateLimitError) as caught:
-                if streaming:
-                    await streamed(agent, timeout=20)
-                else:
-                    await agent.run("hello", timeout=20)
+                await asked(agent, streaming)
             assert caught.value.retry_after == pytest.approx(longest, abs=2), lines
     assert len(server.requests) == len(heads)
 
@@ -975,10 +973,7 @@ async def test_a_word_on_retrying_sent_twice_is_read(
     answer = answered(provider) if streaming else answered_whole(provider)
     server = servers(repeated(409, LOCKED, told), answer)
     async with Plain(model=model_of(provider, server.url)) as agent:
-        if streaming:
-            _, log = await streamed(agent, timeout=20)
-        else:
-            log = list((await agent.run("hello", timeout=20)).messages)
+        log = await asked(agent, streaming)
     assert log[-1].text == "fine"
     assert len(server.requests) == 2
 
@@ -993,10 +988,7 @@ async def test_a_word_on_retrying_sent_twice_is_read(
         caught = []
         for expected in (InvalidRequestError, RateLimitError):
             with pytest.raises(expected) as raised:
-                if streaming:
-                    await streamed(agent, timeout=20)
-                else:
-                    await agent.run("hello", timeout=20)
+                await asked(agent, streaming)
             caught.append(raised.value)
     assert caught[0].should_retry is None
     assert caught[1].retry_after == 360
@@ -1031,10 +1023,7 @@ async def test_a_silent_server_cannot_hold_a_run_past_its_deadline(
         assert anyio.current_time() - started < 1 + 0.5 + LATE  # deadline, grace
         assert len(server.requests) == 1  # it was the silent server that held the run
         # the connection it left is not reused: the next run is answered
-        if streaming:
-            _, log = await streamed(agent, timeout=20)
-        else:
-            log = list((await agent.run("hello", timeout=20)).messages)
+        log = await asked(agent, streaming)
         assert log[-1].text == "fine"
 
 
@@ -1113,10 +1102,7 @@ async def test_an_error_the_provider_says_not_to_retry_is_not_retried(
     server = servers(status(code, body, {"x-should-retry": "false"}), answered(provider))
     async with Plain(model=model_of(provider, server.url)) as agent:
         with pytest.raises(expected) as caught:
-            if streaming:
-                await streamed(agent, timeout=20)
-            else:
-                await agent.run("hello", timeout=20)
+            await asked(agent, streaming)
     assert type(caught.value) is expected
     assert caught.value.status == code
     assert caught.value.should_retry is False
@@ -1225,10 +1211,7 @@ async def test_x_should_retry_false_judges_a_body_lost_after_a_head_that_speaks_
             assert log[-1].text == "fine"
         else:
             with pytest.raises(ProviderUnavailableError) as caught:
-                if streaming:
-                    await streamed(agent, timeout=20)
-                else:
-                    await agent.run("hello", timeout=20)
+                await asked(agent, streaming)
             assert caught.value.code == ("timeout" if silent else "connection_lost")
             assert caught.value.should_retry is False
             assert caught.value.status == (None if code == 200 else code)
@@ -1333,10 +1316,7 @@ async def test_a_redirect_to_a_get_or_to_another_server_fails_at_once_naming_it(
     server = servers(redirect, answered(provider) if streaming else answered_whole(provider))
     async with Plain(model=model_of(provider, server.url)) as agent:
         with pytest.raises(InvalidRequestError) as caught:
-            if streaming:
-                await streamed(agent, timeout=20)
-            else:
-                await agent.run("hello", timeout=20)
+            await asked(agent, streaming)
     assert caught.value.status == code
     assert caught.value.code == "redirected"
     where = target.removeprefix("http://user:pw@").partition("/")[0]
@@ -1435,10 +1415,7 @@ async def test_an_event_of_the_wrong_shape_after_the_whole_answer_is_passed_over
     server = servers(*(labelled("text/event-stream", events, sized=False) for events in shapes))
     async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
         for _ in shapes:
-            if streaming:
-                _, log = await streamed(agent, timeout=20)
-            else:
-                log = list((await agent.run("hello", timeout=20)).messages)
+            log = await asked(agent, streaming)
             assert log[-1].text == "ABC"
     assert len(server.requests) == len(shapes)
 
@@ -1451,10 +1428,7 @@ async def test_an_event_of_the_wrong_shape_after_the_whole_answer_is_passed_over
     server = servers(labelled("text/event-stream", sent, sized=False))
     async with Plain(model=model_of(provider, server.url), max_retries=0) as agent:
         with pytest.raises(ProviderUnavailableError, match="busy"):
-            if streaming:
-                await streamed(agent, timeout=20)
-            else:
-                await agent.run("hello", timeout=20)
+            await asked(agent, streaming)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -243,6 +243,25 @@ def shown(span: Any) -> Usage:
     return Usage(**{field: int(attributes.get(name, 0)) for field, name in NAMES.items()})
 
 
+def drawn_steps(
+    rng: random.Random, provider: str, holder: list[RawServer], *, most: int = 3
+) -> list[Step]:
+    """Up to ``most`` tool calls, each after failed attempts at times."""
+    steps: list[Step] = []
+    for _ in range(rng.randint(0, most)):
+        for _ in range(rng.randint(0, 2)):
+            steps.append(Step(rng, provider, rng.choice(FAILURES), holder))
+        steps.append(Step(rng, provider, "tool", holder))
+    return steps
+
+
+def served_model(provider: str, server: RawServer) -> Any:
+    """``provider``'s model of ``server``."""
+    if provider == "openai":
+        return OpenAIModel("gpt-4o-mini", base_url=f"{server.url}/v1", api_key="k")
+    return AnthropicModel("claude-sonnet-5", base_url=server.url, api_key="k")
+
+
 # An answer the adapter stops reading (its error event) leaves httpcore's byte-stream
 # generator, which httpx does not close, to the garbage collector: trio warns of it.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -258,20 +277,13 @@ async def test_every_reported_token_is_counted_once(
     provider = rng.choice(["openai", "anthropic"])
     streaming = rng.random() < 0.5
     holder: list[RawServer] = []
-    steps: list[Step] = []
-    for _ in range(rng.randint(0, 4)):
-        for _ in range(rng.randint(0, 2)):
-            steps.append(Step(rng, provider, rng.choice(FAILURES), holder))
-        steps.append(Step(rng, provider, "tool", holder))
+    steps = drawn_steps(rng, provider, holder, most=4)
     for _ in range(rng.randint(0, 2)):
         steps.append(Step(rng, provider, rng.choice(FAILURES), holder))
     steps.append(Step(rng, provider, rng.choice(["text", "silent"]), holder))
     server = servers(*steps)
     holder.append(server)
-    if provider == "openai":
-        model: Any = OpenAIModel("gpt-4o-mini", base_url=f"{server.url}/v1", api_key="k")
-    else:
-        model = AnthropicModel("claude-sonnet-5", base_url=server.url, api_key="k")
+    model = served_model(provider, server)
     events = []
     async with Looking(model=model, max_retries=3) as agent:
         if streaming:
@@ -295,16 +307,6 @@ async def test_every_reported_token_is_counted_once(
         assert sum(told, Usage()) == billed, note
 
 
-def drawn_steps(rng: random.Random, provider: str, holder: list[RawServer]) -> list[Step]:
-    """Tool calls, each after failed attempts at times."""
-    steps: list[Step] = []
-    for _ in range(rng.randint(0, 3)):
-        for _ in range(rng.randint(0, 2)):
-            steps.append(Step(rng, provider, rng.choice(FAILURES), holder))
-        steps.append(Step(rng, provider, "tool", holder))
-    return steps
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # as above
 @pytest.mark.parametrize("seed", range(20))
 async def test_a_run_stopped_mid_stream_counts_what_was_reported(
@@ -322,10 +324,7 @@ async def test_a_run_stopped_mid_stream_counts_what_was_reported(
     steps.append(Step(rng, provider, "stall", holder))
     server = servers(*steps)
     holder.append(server)
-    if provider == "openai":
-        model: Any = OpenAIModel("gpt-4o-mini", base_url=f"{server.url}/v1", api_key="k")
-    else:
-        model = AnthropicModel("claude-sonnet-5", base_url=server.url, api_key="k")
+    model = served_model(provider, server)
     used: Usage | None = None
     told: list[Usage] = []
     settings = {"max_tokens": 10_000}  # AnthropicModel asks for so long an answer as a stream
