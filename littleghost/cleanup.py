@@ -437,15 +437,20 @@ async def go_on_if_turned(error: BaseException) -> None:
 def turned_into(error: BaseException) -> bool:
     """Whether ``error`` was raised while a cancellation went on, in code that turned it
     into an error of its own (in a task group of its own too)."""
-    cancelled, seen = anyio.get_cancelled_exc_class(), set()
-    for leaf in leaves(error):  # out of the exception group of such code's task group
-        chained: BaseException | None = leaf
-        while chained is not None and id(chained) not in seen:  # raised while cancelled
-            if isinstance(chained, cancelled):
-                return True
-            seen.add(id(chained))
-            chained = chained.__cause__ or chained.__context__
-    return False
+    cancelled = anyio.get_cancelled_exc_class()
+    return any(  # each exception of such code's task group, raised while cancelled
+        isinstance(link, cancelled) for leaf in leaves(error) for link in chain(leaf)
+    )
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, in turn (each once)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 def leaves(error: BaseException) -> list[BaseException]:

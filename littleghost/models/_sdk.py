@@ -28,6 +28,7 @@ from littleghost._validators import (
     is_token_count,
     safe_repr,
 )
+from littleghost.cleanup import chain
 from littleghost.errors import (
     ConfigurationError,
     InvalidRequestError,
@@ -825,16 +826,6 @@ _PROXY_ANSWER = re.compile(r"(\d{3})\b ?(.{0,80})")
 ``ProxyError`` says them (``407 Proxy Authentication Required``)."""
 
 
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error`` and the exceptions it was raised from or during, in turn."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _refused_connection(
     provider: str, error: BaseException, proxy_errors: tuple[type[BaseException], ...]
 ) -> ProviderError | None:
@@ -845,7 +836,7 @@ def _refused_connection(
     of a URL than the server's host and port: a proxy's URL may hold its password."""
     server = _server_named(error)
     at = f" at {server}" if server else ""
-    for cause in _causes(error):
+    for cause in chain(error):
         if isinstance(cause, ssl.SSLCertVerificationError):
             why = cause.verify_message or cause.reason or "not verified"
             return ProviderError(
