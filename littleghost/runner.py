@@ -88,6 +88,7 @@ from littleghost.output import (
 from littleghost.run import EventSink, RunContext, RunResult
 from littleghost.sessions.base import SessionStore, awaitable, check_session_id, distinct_ids
 from littleghost.sessions.locks import hold_session
+from littleghost.sessions.notices import WaitWatch, watching_waits
 from littleghost.settings import check_local_settings, check_settings
 from littleghost.text import brief, truncate_middle, well_formed
 from littleghost.tool_calls import Outcome, error_result, invoke, raised_text
@@ -389,6 +390,7 @@ async def _run_in(
     result: RunResult[Any] | None = None
     scope = anyio.CancelScope(deadline=end)
     waiting = session_id is not None  # for its session, which another run may hold
+    watch = WaitWatch()  # or for the store's database, busy with another connection
     try:
         with scope:
             async with grace.running():
@@ -397,22 +399,23 @@ async def _run_in(
                         held()
                     result = await _loop(agent, context, message, output)
                 else:
-                    async with holding(hold_session(store, session_id), grace):
-                        waiting = False
-                        try:
-                            await _open_session(agent, context, log, seed, plan)
-                            if held is not None:
-                                held()
-                            result = await _loop(agent, context, message, output)
-                        finally:
-                            context._ended = True  # before the session is released
+                    with watching_waits(watch):
+                        async with holding(hold_session(store, session_id), grace):
+                            waiting = False
+                            try:
+                                await _open_session(agent, context, log, seed, plan)
+                                if held is not None:
+                                    held()
+                                result = await _loop(agent, context, message, output)
+                            finally:
+                                context._ended = True  # before the session is released
     except BaseException as error:
         found = fatal(error)
         deadline = None if found is not None else _runs_deadline(error, context)
         if deadline is not None and deadline is not error:
             raise deadline from deadline.__cause__  # out of a hook's own task group
         if found is None and _deadline_turned_into(error, scope):
-            raise _late(agent, context, waiting) from error
+            raise _late(agent, context, waiting, watch) from error
         if found is None:
             await go_on_if_turned(error)  # the caller's cancellation goes on
         if found is None or found is error:
@@ -423,7 +426,7 @@ async def _run_in(
         span.set_attributes(telemetry.usage_attributes(context.usage))
     if result is None:
         assert scope.cancelled_caught
-        late = _late(agent, context, waiting)
+        late = _late(agent, context, waiting, watch)
         if grace.failures:
             raise late from grace.failures[0]
         raise late
@@ -433,12 +436,17 @@ async def _run_in(
     return result
 
 
-def _late(agent: Agent, context: RunContext, waiting: bool) -> DeadlineExceededError:
+def _late(
+    agent: Agent, context: RunContext, waiting: bool, watch: WaitWatch
+) -> DeadlineExceededError:
     """The run's ``DeadlineExceededError``, saying what the run was doing when it came (a
-    declared tool by name; still ``waiting`` to hold its session, say), never content."""
+    declared tool by name; still ``waiting`` to hold its session, say, and whether the
+    store's database was what it waited for), never content."""
     why = "its deadline"
     if waiting:  # another run holds it, or the store is slow to answer
         why += f", still waiting to hold session {context.session_id!r}"
+        if watch.database_busy:
+            why += ": its store's database was busy with another connection's write"
     else:
         why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
     return DeadlineExceededError(

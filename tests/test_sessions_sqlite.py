@@ -1543,6 +1543,21 @@ class TestDeadlines:
         await store.append("s", [Message.user("after")])
         assert await texts(store) == ["before", "after"]
 
+    async def test_a_run_past_its_deadline_on_a_locked_database_says_what_held_it(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        """No run of the session held it but another connection's write held the
+        database: the error says so, not only that it waited to hold its session."""
+        model = ScriptedModel([text_response("never")])
+        with locked(Path(store.path)), pytest.raises(DeadlineExceededError) as caught:
+            await Agent(model=model, session_store=store).run("hi", session_id="s", timeout=0.3)
+        assert str(caught.value) == (
+            "Agent did not finish before its deadline, still waiting to hold session 's': "
+            "its store's database was busy with another connection's write"
+        )
+        assert model.requests == []
+        assert await texts(store) == ["before"]
+
     async def test_closing_keeps_to_the_caller_s_deadline_while_a_call_waits(
         self, store: SQLiteSessionStore
     ) -> None:

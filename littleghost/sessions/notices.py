@@ -1,4 +1,5 @@
-"""What a store's call is waiting for, for a caller that says so (the command line).
+"""What a store's call is waiting for, for a caller that says so (the command line, a
+run's deadline error).
 
 A session's hold waits for a run of the session to end; a store may wait, besides, for
 its database, busy with another connection's write. A caller watching a wait opens
@@ -27,9 +28,10 @@ _WATCH: ContextVar[WaitWatch | None] = ContextVar("littleghost_wait_watch", defa
 
 
 @contextmanager
-def watching_waits() -> Iterator[WaitWatch]:
-    """Watch what the store calls made inside the block wait for."""
-    watch = WaitWatch()
+def watching_waits(watch: WaitWatch | None = None) -> Iterator[WaitWatch]:
+    """Watch what the store calls made inside the block wait for (in ``watch``, or in a
+    new one)."""
+    watch = WaitWatch() if watch is None else watch
     token = _WATCH.set(watch)
     try:
         yield watch
