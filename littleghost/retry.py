@@ -8,7 +8,7 @@ prompt must change first) and for one a call made inside the call raised first (
 sub-agent's, out of a model of your own that runs one: its run spent its own retries).
 Retries use full-jitter exponential backoff; a ``retry_after`` the provider sent is a
 floor for the wait, and one over ``MAX_RETRY_AFTER`` is not waited for: the error is
-raised as it is. A wait that would pass the run's deadline is not taken:
+raised at once, saying so. A wait that would pass the run's deadline is not taken:
 ``DeadlineExceededError`` is raised at once with the provider error as its cause, also
 when telling of the retry took the time (a stream's consumer held its event).
 """
@@ -59,14 +59,38 @@ def _retry_after(error: BaseException | None) -> float:
     return float(retry_after) if isinstance(retry_after, (int, float)) and retry_after > 0 else 0.0
 
 
-def _retryable(error: BaseException) -> bool:
+def _wanted(error: BaseException) -> bool:
+    """Whether ``error``'s kind is retried (however long a wait it asks for)."""
     if not isinstance(error, ProviderError) or isinstance(error, ContextWindowOverflowError):
         return False
     if relayed(error):  # a sub-agent's run retried it already: not again for each attempt
         return False
     told = error.should_retry
-    wanted = isinstance(error, RETRYABLE_ERRORS) if told is None else told
-    return wanted and _retry_after(error) <= MAX_RETRY_AFTER
+    return isinstance(error, RETRYABLE_ERRORS) if told is None else told
+
+
+def _retryable(error: BaseException) -> bool:
+    return _wanted(error) and _retry_after(error) <= MAX_RETRY_AFTER
+
+
+def _tell(error: ProviderError, attempts: int) -> None:
+    """Say in ``error``'s message how it ended a call of ``attempts`` attempts: after
+    retries, and for one not retried for the wait it asks for (once, for an error raised
+    again, a script's)."""
+    too_long = _wanted(error) and not _retryable(error)
+    if not (attempts > 1 or too_long) or not error.args or getattr(error, _TOLD, False):
+        return
+    setattr(error, _TOLD, True)
+    if _retryable(error):
+        told = f"given up after {attempts} attempts"
+    else:
+        told = "not retried" if attempts == 1 else f"on attempt {attempts}, not retried"
+    if too_long:
+        told += (
+            f": it asks for a wait of {_retry_after(error):g} s, longer than the "
+            f"{MAX_RETRY_AFTER:g} s littleghost waits"
+        )
+    error.args = (f"{error.args[0]} ({told})",)
 
 
 def _wait(state: RetryCallState) -> float:
@@ -119,6 +143,8 @@ async def call_with_retries(
         return await call()
     except ProviderError as error:
         if not _retryable(error):
+            if max_retries:  # with none, no error is told (``_retried`` tells none of one)
+                _tell(error, 1)
             raise
         failed = error
     # out of the ``except``, so that later attempts' errors do not chain onto the first
@@ -172,13 +198,5 @@ async def _retried(
                 f"the run's deadline leaves no time to retry after {type(error).__name__}",
                 deadline=deadline,
             ) from error
-        attempts = retrying.statistics.get("attempt_number", 1)
-        if attempts > 1 and error.args and not getattr(error, _TOLD, False):
-            setattr(error, _TOLD, True)  # an error raised again (a script's) is told once
-            told = (
-                f"given up after {attempts} attempts"
-                if _retryable(error)
-                else f"on attempt {attempts}, not retried"
-            )
-            error.args = (f"{error.args[0]} ({told})",)
+        _tell(error, retrying.statistics.get("attempt_number", 1))
         raise

@@ -346,7 +346,8 @@ async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
 @pytest.mark.virtual_clock
 async def test_a_retry_after_longer_than_any_wait_taken_is_raised_at_once() -> None:
     """A provider that asks for more than 300 s would refuse a retry made sooner: with a
-    deadline further off, or none, its error is raised at once, as it is."""
+    deadline further off, or none, its error is raised at once, saying why it was not
+    retried (an operator wonders why ``max_retries`` did not)."""
     error = RateLimitError("slow down", status=429, retry_after=3_600)
     for timeout in (None, 7_200):
         model = ScriptedModel([error, text_response("never")])
@@ -355,6 +356,32 @@ async def test_a_retry_after_longer_than_any_wait_taken_is_raised_at_once() -> N
             await Slow(model=model).run("hi", timeout=timeout)
         assert anyio.current_time() - start == 0  # at once
         assert caught.value is error and len(model.requests) == 1
+        assert str(error) == (
+            "slow down (not retried: it asks for a wait of 3600 s, longer than the 300 s "
+            "littleghost waits)"
+        )
+
+
+@pytest.mark.virtual_clock
+async def test_a_retry_after_too_long_on_a_later_attempt_says_why_it_ended_the_call() -> None:
+    unavailable = ProviderUnavailableError("down", retry_after=0.01)
+    limited = RateLimitError("slow down", status=429, retry_after=400.5)
+    model = ScriptedModel([unavailable, limited, text_response("never")])
+    with pytest.raises(RateLimitError) as caught:
+        await Slow(model=model).run("hi")
+    assert len(model.requests) == 2
+    assert str(caught.value) == (
+        "slow down (on attempt 2, not retried: it asks for a wait of 400.5 s, longer than "
+        "the 300 s littleghost waits)"
+    )
+
+
+async def test_without_retries_an_error_asking_a_long_wait_is_as_it_is() -> None:
+    """With ``max_retries=0`` nothing is retried: the wait is no reason to tell."""
+    error = RateLimitError("slow down", status=429, retry_after=3_600)
+    with pytest.raises(RateLimitError):
+        await Slow(model=ScriptedModel([error]), max_retries=0).run("hi")
+    assert str(error) == "slow down"
 
 
 class Looking(Agent):
