@@ -108,6 +108,7 @@ class _StopAtDeadline(stop_base):
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline
         self.hit = False
+        self.why = ""  # the wait and the time left, once hit
 
     def __call__(self, state: RetryCallState) -> bool:
         return self.leaves_no_time(state.upcoming_sleep)
@@ -116,8 +117,10 @@ class _StopAtDeadline(stop_base):
         """True (and ``hit``) when a wait of ``wait`` seconds reaches the deadline."""
         if self.deadline is None or math.isinf(self.deadline):
             return False
-        if wait >= self.deadline - anyio.current_time():
+        left = self.deadline - anyio.current_time()
+        if wait >= left and not self.hit:
             self.hit = True
+            self.why = f"a wait of {wait:.3g} s, with {max(left, 0):.3g} s left"
         return self.hit
 
 
@@ -195,7 +198,8 @@ async def _retried(
     except ProviderError as error:
         if deadline_stop.hit:
             raise DeadlineExceededError(
-                f"the run's deadline leaves no time to retry after {type(error).__name__}",
+                f"the run's deadline leaves no time to retry after {type(error).__name__} "
+                f"({deadline_stop.why}): {error}",
                 deadline=deadline,
             ) from error
         _tell(error, retrying.statistics.get("attempt_number", 1))

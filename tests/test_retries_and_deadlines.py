@@ -341,6 +341,10 @@ async def test_a_retry_wait_past_the_deadline_fails_at_once() -> None:
     assert anyio.current_time() - start == 0  # at once
     assert caught.value.__cause__ is error
     assert len(model.requests) == 1
+    assert str(caught.value) == (  # what a one-line log of it needs to tell the cause
+        "the run's deadline leaves no time to retry after RateLimitError (a wait of 30 s, "
+        "with 10 s left): slow down"
+    )
 
 
 @pytest.mark.virtual_clock
