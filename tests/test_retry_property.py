@@ -42,6 +42,8 @@ class Attempt:
     outcome: ProviderError | ModelResponse
     took: float
     at: float | None = None
+    text: str = attrs.field(default=attrs.Factory(lambda self: str(self.outcome), takes_self=True))
+    """The error's message as made, before the call that it ends says so."""
 
     async def __call__(self, request: ModelRequest) -> ModelResponse:
         self.at = anyio.current_time()
@@ -72,13 +74,33 @@ def random_attempt(rng: random.Random) -> Attempt:
     return Attempt(outcome, rng.choice([0.0, 0.0, 0.5, 4.0]))
 
 
-def retried(error: ProviderError | ModelResponse) -> bool:
-    """Whether the docs say ``error`` is retried (within the retries and deadline)."""
+def wanted(error: ProviderError | ModelResponse) -> bool:
+    """Whether the docs say ``error``'s kind is retried (whatever the wait it asks for)."""
     if isinstance(error, ContextWindowOverflowError) or not isinstance(error, ProviderError):
         return False
     transient = isinstance(error, (RateLimitError, ProviderUnavailableError))
-    wanted = transient if error.should_retry is None else error.should_retry
-    return wanted and (error.retry_after or 0) <= 300
+    return transient if error.should_retry is None else error.should_retry
+
+
+def retried(error: ProviderError | ModelResponse) -> bool:
+    """Whether the docs say ``error`` is retried (within the retries and deadline)."""
+    return wanted(error) and (getattr(error, "retry_after", None) or 0) <= 300
+
+
+def ending(error: ProviderError, text: str, attempts: int, max_retries: int) -> str:
+    """The message the docs give ``error`` (made with ``text``) as it ends a call of
+    ``attempts`` attempts: how it ended it, and why when the wait it asks was too long."""
+    too_long = wanted(error) and not retried(error)
+    if attempts == 1 and not (too_long and max_retries):
+        return text
+    if retried(error):
+        told = f"given up after {attempts} attempts"
+    else:
+        told = "not retried" if attempts == 1 else f"on attempt {attempts}, not retried"
+    if too_long:
+        told += f": it asks for a wait of {error.retry_after:g} s, longer than the 300 s "
+        told += "littleghost waits"
+    return f"{text} ({told})"
 
 
 @pytest.mark.virtual_clock
@@ -89,7 +111,8 @@ async def test_retries_keep_to_the_policy(
     """Each wait is the full-jitter backoff of its attempt, ``retry_after`` its floor;
     a call ends at its answer, an error not retried, its last retry, or at once with
     ``DeadlineExceededError`` when the wait would pass the deadline; each attempt is a
-    span, counted once in usage, and each retry one ``ModelCallRetried``."""
+    span, counted once in usage, and each retry one ``ModelCallRetried``; the error that
+    ends it says how (and why, for a wait too long or past the deadline)."""
     rng = random.Random(seed)
     drawn: list[tuple[float, float, float]] = []
 
@@ -137,9 +160,17 @@ async def test_retries_keep_to_the_policy(
             assert len(made) <= max_retries and end == pytest.approx(last.at + last.took)
             wait = max(last.outcome.retry_after or 0, drawn[len(made) - 1][2])
             assert wait >= deadline - end
+            kind = type(last.outcome).__name__
+            message = str(outcome)  # a one-line log of it tells the wait and the cause
+            assert message.startswith(
+                f"the run's deadline leaves no time to retry after {kind} (a wait of "
+                f"{wait:.3g} s, with "
+            )
+            assert message.endswith(f" s left): {last.text}")
     elif isinstance(outcome, ProviderError):
         assert outcome is last.outcome
         assert not retried(outcome) or len(made) == max_retries + 1
+        assert str(outcome) == ending(outcome, last.text, len(made), max_retries)
     else:
         assert not isinstance(last.outcome, ProviderError)
     if not isinstance(outcome, DeadlineExceededError) or outcome.__cause__ is not None:
