@@ -34,11 +34,12 @@ import anyio.to_thread
 import attrs
 import pytest
 
-from littleghost import Agent, Message, ToolCall, manage_context, tool
+from littleghost import Agent, ImagePart, Message, ToolCall, manage_context, tool
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
     DeadlineExceededError,
+    InvalidRequestError,
     OutputLimitError,
     ProviderError,
 )
@@ -168,6 +169,16 @@ async def test_a_prompt_over_the_window_is_an_overflow(local: LocalModel) -> Non
         async with aclosing(local.stream(request)) as events:
             async for _ in events:
                 pass
+
+
+async def test_an_image_the_model_cannot_see_is_an_invalid_request(local: LocalModel) -> None:
+    """The server's model takes no images (no mmproj): its 500 saying so is refused at
+    once, not retried as an outage."""
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+    question = Message.user("What is this?", ImagePart(data=png))
+    with pytest.raises(InvalidRequestError, match="takes no image input") as caught:
+        await Chat(model=local).run(question)
+    assert caught.value.provider == "local"
 
 
 async def test_streaming_yields_pieces_that_make_the_answer(local: LocalModel) -> None:

@@ -983,6 +983,25 @@ async def test_errors_are_mapped_and_not_retried_by_the_sdk(
     assert len(server.requests) == 1
 
 
+async def test_an_image_the_servers_model_cannot_take_is_not_retried(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """llama.cpp answers an image its model cannot take (no mmproj) with a 500: an
+    invalid request, not an outage retried three times."""
+    refusal = (
+        "image input is not supported - hint: if this is unexpected, you may need to "
+        "provide the mmproj"
+    )
+    body = {"error": {"code": 500, "message": refusal, "type": "server_error"}}
+    server = FakeServer(error_answer(500, body), completion({"content": "not reached"}))
+    model = make_model(server, base_url="http://127.0.0.1:8080/v1", context_window=4_096)
+    question = Message.user("What is this?", ImagePart(data=PNG))
+    with pytest.raises(InvalidRequestError, match="the model takes no image input") as caught:
+        await Agent(model=model).run(question)
+    assert caught.value.status == 500
+    assert len(server.requests) == 1
+
+
 async def test_a_body_that_is_not_json_is_transient(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

@@ -128,6 +128,10 @@ _REQUEST_TOO_LARGE = re.compile(
     r"request too large.*?limit\s+([\d,]+).*?requested\s+([\d,]+)", re.I | re.S
 )
 
+_NO_MEDIA = re.compile(r"\b(image|audio) input is not supported\b", re.I)
+"""llama.cpp's refusal of an image or audio its model cannot take (no ``mmproj``), sent
+as a 500: no retry can help."""
+
 _N = r"([\d,]+)"
 # (pattern, group of the prompt size, group of the window); 0 when the message lacks it.
 _SIZES: tuple[tuple[re.Pattern[str], int, int], ...] = tuple(
@@ -488,6 +492,15 @@ def classify_error(
             code=code,
             provider=provider,
             retry_after=retry_after_seconds(headers, body=body, message=text),
+            should_retry=told,
+        )
+    media = _NO_MEDIA.search(text)
+    if media is not None:
+        return InvalidRequestError(
+            f"{provider}: the model takes no {media[1].lower()} input{detail}",
+            status=status,
+            code=code,
+            provider=provider,
             should_retry=told,
         )
     if effective is None or effective >= 500 or effective == 408:
