@@ -473,6 +473,30 @@ class TestWhenItFires:
         await Thinking(model=model).run("go", history=history)
         assert [r.purpose for r in model.requests] == ["context_compaction", "chat"]
 
+    async def test_unsent_reasoning_does_not_count_toward_the_estimate(self) -> None:
+        """An OpenAI-compatible server's reasoning of an answer without tool calls never
+        goes back: a reasoning model's conversation, far under the window as sent, is
+        not compacted for it (it was, then at every run after, its counts refused)."""
+        thought = ReasoningPart("Hmm. " * 400, None, "openai")
+        history = [
+            message
+            for index in range(3)
+            for message in (
+                Message.user(f"m question {index}"),
+                Message(Role.ASSISTANT, [thought, TextPart(f"m answer {index}")]),
+            )
+        ]
+
+        @manage_context(
+            context_window_tokens=1_000, compression_threshold=0.5, preserve_recent_messages=4
+        )
+        class Thinking(Agent):
+            pass
+
+        model = ScriptedModel([text_response("done")])
+        await Thinking(model=model).run("go", history=history)
+        assert [r.purpose for r in model.requests] == ["chat"]
+
     async def test_tool_schemas_count_toward_the_estimate(self) -> None:
         """Tool schemas are estimated with the messages."""
         calls: list[str] = []

@@ -445,18 +445,23 @@ class TestRules:
 
     async def test_an_unsigned_reasoning_block_is_cut_before_the_answer(self) -> None:
         """Capping an older message cuts its unsigned reasoning (an OpenAI-compatible
-        server's) first: the answer it came with is kept, and the cap holds."""
+        server's, which goes back beside tool calls) first: the text and the call it came
+        with are kept, and the cap holds."""
         thought = ReasoningPart("Reason " * 600, None, "openai")
+        call = ToolCall("c1", "weather", {"city": "Lyon"})
         log = [
             Message.user("weather in Lyon?"),
-            Message(Role.ASSISTANT, [thought, TextPart("It is sunny in Lyon.")]),
+            Message(Role.ASSISTANT, [thought, TextPart("Checking."), call]),
+            Message.tool("c1", "sunny"),
+            Message.assistant("It is sunny."),
         ]
         model = ScriptedModel([text_response("done")])
         await bounded_agent(prompt_budget_tokens=3_000, history_item_tokens=100)(model=model).run(
             "now", history=log
         )
-        sent = next(m for m in model.requests[0].messages if m.role is Role.ASSISTANT)
-        assert sent.text == "It is sunny in Lyon." and sent.reasoning
+        sent = next(m for m in model.requests[0].messages if m.tool_calls)
+        assert sent.text == "Checking." and sent.tool_calls == (call,)
+        assert 0 < len(sent.reasoning[0].text) < len(thought.text)
         assert estimate_messages([sent], BYTES) <= 100
 
     @pytest.mark.parametrize("room", [1_000, 200])

@@ -23,12 +23,14 @@ from littleghost import (
     ImagePart,
     Message,
     ReasoningPart,
+    Role,
     TextPart,
     ToolCall,
     ToolResult,
     manage_context,
     tool,
 )
+from littleghost.context.tokens import estimate_messages
 from littleghost.errors import (
     ConfigurationError,
     ContextWindowOverflowError,
@@ -1821,6 +1823,35 @@ async def test_reasoning_of_a_tool_call_answer_goes_back_in_later_turns(
         "Two plus three.",
         None,
     ]
+
+
+async def test_the_estimate_counts_reasoning_exactly_where_it_goes_back(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """For random conversations (answers with and without calls, after a question or
+    tool results), an answer's reasoning adds to the estimate exactly when the request
+    carries it: counted where it stays behind, a reasoning model's conversation was
+    compacted far under its window."""
+    rng = random.Random(20261207)
+    for _ in range(40):
+        messages: list[Message] = [Message.user("q")]
+        for index in range(rng.randrange(1, 6)):
+            thought = ReasoningPart(f"thought {index} " * rng.randrange(1, 9), None, "openai")
+            if rng.random() < 0.5:
+                call = ToolCall(f"c{index}", "add", {"a": index})
+                messages += [Message("assistant", [thought, call]), Message.tool(call.id, "1")]
+            else:
+                messages += [Message("assistant", [thought, TextPart("a")]), Message.user("q")]
+        server = FakeServer(completion({"content": "ok"}))
+        await make_model(server, base_url="http://127.0.0.1:8080/v1", context_window=9_999).respond(
+            ModelRequest(messages, [ADD])
+        )
+        sent = [m for m in server.bodies[0]["messages"] if m["role"] == "assistant"]
+        answers = [m for m in messages if m.role is Role.ASSISTANT]
+        for answer, entry in zip(answers, sent, strict=True):
+            bare = Message("assistant", [p for p in answer.content if p not in answer.reasoning])
+            counted = estimate_messages([answer]) > estimate_messages([bare])
+            assert counted == ("reasoning_content" in entry), (answer, entry)
 
 
 async def test_half_an_emoji_in_arguments_or_reasoning_goes_back_as_utf8_can_carry_it(

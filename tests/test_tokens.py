@@ -100,7 +100,7 @@ DETAILS = json.dumps(
         (ReasoningPart("", "g" * 1_500, "google"), "g" * 1_500),
         (ReasoningPart("", DETAILS, "openrouter"), DETAILS),
         (ReasoningPart("pensée " * 50, "s" * 100, "anthropic"), "pensée " * 50 + "s" * 100),
-        (ReasoningPart("x" * 400), "x" * 400),  # unsigned: its text alone goes
+        (ReasoningPart("x" * 400), ""),  # unsigned: not sent with an answer
         (ReasoningPart("x" * 400, "", "anthropic"), "x" * 400),  # lost: never sent
     ],
     ids=["signed", "redacted", "thought-signature", "openrouter", "beyond-ascii", "no", "lost"],
@@ -116,6 +116,23 @@ def test_reasoning_counts_as_what_goes_back_its_signature_too(
     assert prompt_text(with_reasoning) == "assistant: " + sent + "yes"
     plain = Message.assistant(sent + "yes")
     assert estimate_messages([with_reasoning], tokenizer) == estimate_messages([plain], tokenizer)
+
+
+@pytest.mark.parametrize("tokenizer", [CharacterEstimator(), ByteEstimator()])
+def test_unsigned_reasoning_counts_only_beside_tool_calls(tokenizer: Any) -> None:
+    """An OpenAI-compatible server's reasoning goes back on an answer with tool calls,
+    never on one without (the end of its turn): an answer's counted nothing, so a
+    reasoning model's conversation was compacted long before it filled the window."""
+    thought = ReasoningPart("Hmm, " * 100, None, "openai")
+    call = ToolCall("c1", "lookup", {"order_id": "42"})
+    answer = Message(Role.ASSISTANT, [thought, TextPart("It shipped.")])
+    assert estimate_messages([answer], tokenizer) == estimate_messages(
+        [Message.assistant("It shipped.")], tokenizer
+    )
+    calling = Message(Role.ASSISTANT, [thought, call])
+    assert estimate_messages([calling], tokenizer) == estimate_messages(
+        [Message(Role.ASSISTANT, [TextPart(thought.text), call])], tokenizer
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,6 +217,8 @@ def test_a_message_is_estimated_as_its_prompt_text_whatever_its_script() -> None
                 (
                     Message.user(text()),
                     Message(Role.ASSISTANT, [ReasoningPart(text()), TextPart(text())]),
+                    Message(Role.ASSISTANT, [ReasoningPart(text()), TextPart(text()), call]),
+                    Message(Role.ASSISTANT, [ReasoningPart(text(), text(), "x"), TextPart(text())]),
                     Message.assistant(text(), tool_calls=[call]),
                     Message.tool(text(), text()),
                 )

@@ -98,11 +98,20 @@ def _arguments_length(arguments: Mapping[str, Any] | str) -> float:
     return length
 
 
+def sent_reasoning(reasoning: ReasoningPart, message: Message) -> bool:
+    """Whether ``reasoning`` of ``message`` goes back to a model, as far as the message
+    tells: a signed block always; unsigned reasoning (an OpenAI-compatible server's
+    ``reasoning_content``) beside tool calls only, as ``OpenAIModel`` sends it (an answer
+    without calls is the end of its turn, whose reasoning no later request carries)."""
+    return reasoning.signature is not None or bool(message.tool_calls)
+
+
 def prompt_text(message: Message) -> str:
     """The text of ``message`` that reaches a prompt: role, text, reasoning (its signature
     too, sent back with it: Anthropic's, a redacted block's data, a Gemini thought
-    signature, OpenRouter's ``reasoning_details``), tool calls and results (not metadata,
-    nor image bytes: images are counted by allowance)."""
+    signature, OpenRouter's ``reasoning_details``; unsigned reasoning only beside tool
+    calls, ``sent_reasoning``), tool calls and results (not metadata, nor image bytes:
+    images are counted by allowance)."""
     pieces = [message.role + ": "]
     for part in message.content:
         kind = type(part)
@@ -110,7 +119,8 @@ def prompt_text(message: Message) -> str:
             pieces.append(part.text)  # type: ignore[union-attr]
         elif kind is ReasoningPart:
             reasoning: ReasoningPart = part  # type: ignore[assignment]
-            pieces.append(reasoning.text + (reasoning.signature or ""))
+            if sent_reasoning(reasoning, message):
+                pieces.append(reasoning.text + (reasoning.signature or ""))
         elif kind is ToolCall:
             call: ToolCall = part  # type: ignore[assignment]
             arguments = call.arguments
@@ -147,6 +157,8 @@ def counter(tokenizer: Tokenizer) -> Callable[[Message], int]:
                     length += len(text) if text.isascii() else weighed_length(text)
                 elif kind is ReasoningPart:
                     reasoning: ReasoningPart = part  # type: ignore[assignment]
+                    if not sent_reasoning(reasoning, message):
+                        continue
                     for sent in (reasoning.text, reasoning.signature or ""):
                         length += len(sent) if sent.isascii() else weighed_length(sent)
                 elif kind is ToolResult:
