@@ -1854,6 +1854,39 @@ async def test_the_estimate_counts_reasoning_exactly_where_it_goes_back(
             assert counted == ("reasoning_content" in entry), (answer, entry)
 
 
+async def test_deepseek_is_sent_empty_reasoning_on_calls_that_have_none(
+    make_model: Callable[..., OpenAIModel],
+) -> None:
+    """DeepSeek's thinking mode refuses a request whose answer with tool calls lacks
+    reasoning_content: one it answered with no reasoning, and one another provider
+    wrote (a session resumed on DeepSeek), go with ``""``, never the other's thinking
+    or signature; an answer without calls goes without."""
+    server = FakeServer(
+        completion({"tool_calls": [ADD_CALL]}, finish_reason="tool_calls"),
+        completion({"content": "5"}),
+    )
+    history = [
+        Message.user("1+1?"),
+        Message(
+            "assistant",
+            [ReasoningPart("claude thinks", "sig-1", "anthropic"), ToolCall("c0", "add", {})],
+        ),
+        Message.tool("c0", "2"),
+        Message.assistant("2"),
+    ]
+    agent = Adder(
+        model=make_model(server, base_url="https://api.deepseek.com/v1", context_window=128_000)
+    )
+    await agent.run("2+3?", history=history)
+    sent = server.bodies[1]["messages"]
+    assert [m.get("reasoning_content") for m in sent if m["role"] == "assistant"] == [
+        "",
+        None,
+        "",
+    ]
+    assert "claude thinks" not in json.dumps(sent) and "sig-1" not in json.dumps(sent)
+
+
 async def test_half_an_emoji_in_arguments_or_reasoning_goes_back_as_utf8_can_carry_it(
     make_model: Callable[..., OpenAIModel],
 ) -> None:

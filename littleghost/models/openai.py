@@ -152,6 +152,12 @@ _REASONING_HOSTS = frozenset({"api.groq.com", "api.cerebras.ai"})
 assistant message with ``reasoning_content`` ("property ... is unsupported")."""
 
 
+_CALLS_NEED_REASONING = frozenset({"api.deepseek.com"})
+"""Servers whose thinking mode refuses a request holding an answer with tool calls that
+lacks ``reasoning_content`` ("must be passed back to the API"), in any later turn, even
+one whose reasoning was empty or written by another provider: it is sent ``""``."""
+
+
 def _reasoning_field(host: str) -> str:
     """The field an assistant message's reasoning goes back in to the server at ``host``:
     ``reasoning`` for those of ``_REASONING_HOSTS``, else ``reasoning_content`` (llama.cpp,
@@ -303,10 +309,12 @@ def _message(
     *,
     reasoning_field: str,
     signed: bool,
+    calls_need_reasoning: bool,
 ) -> Iterator[dict[str, Any]]:
     """The chat-completions messages for ``message``; an assistant message carries the
-    reasoning of provider ``reasoning_of`` in ``reasoning_field``, and with ``signed``
-    its tool calls' Google thought signatures and, beside that reasoning, OpenRouter's
+    reasoning of provider ``reasoning_of`` in ``reasoning_field`` (``""`` on one with
+    tool calls and none, with ``calls_need_reasoning``), and with ``signed`` its tool
+    calls' Google thought signatures and, beside that reasoning, OpenRouter's
     ``reasoning_details``."""
     role = message.role
     if role is Role.TOOL:
@@ -322,7 +330,7 @@ def _message(
             for part in message.reasoning
             if reasoning_of is not None and part.sendable_to(reasoning_of)
         )
-        if reasoning:
+        if reasoning or (calls_need_reasoning and message.tool_calls):
             entry[reasoning_field] = reasoning
         details = _sent_details(message) if signed and reasoning_of is not None else []
         if details:
@@ -567,6 +575,7 @@ class OpenAIModel:
         if self._official:
             check_not_model_string(owner, model, self.provider)
         self._reasoning_field = _reasoning_field(host)
+        self._calls_need_reasoning = host in _CALLS_NEED_REASONING
         # The base URL's host and port, for the chat span's server.address and server.port.
         self.server_address, self.server_port = server_of(client.base_url)
         self._known_window = known_context_window(self.provider, model)
@@ -643,6 +652,7 @@ class OpenAIModel:
                     developer_role,
                     self.provider if position > turn or message.tool_calls else None,
                     reasoning_field=self._reasoning_field,
+                    calls_need_reasoning=self._calls_need_reasoning,
                     signed=not self._official,
                 )
             ],
