@@ -46,6 +46,7 @@ from littleghost.models.registry import is_local_model
 from littleghost.models.streaming import ReasoningChunk, StreamDone, TextChunk, ToolCallChunk
 from littleghost.retry import call_with_retries
 from littleghost.sessions.codec import check_storable
+from littleghost.sessions.notices import WaitWatch, watching_waits
 from littleghost.settings import check_local_settings, check_settings
 
 if TYPE_CHECKING:
@@ -167,6 +168,9 @@ class RunContext:
     (``LOGGED_EVENTS``) over before its error."""
     _doing: Callable[[], str] = field(default=lambda: "starting", repr=False, init=False)
     """What the run is doing, for the error of a deadline that cuts it."""
+    _storing: WaitWatch | None = field(default=None, repr=False, init=False)
+    """What the store write the run is doing waits for (its database, busy with another
+    connection's write), for that error too."""
     _turn_retries: int = field(default=0, repr=False, init=False)
     """How many times the turn's model call was retried (``ModelCallRetried.attempt``)."""
     question: Message | None = field(default=None, repr=False, init=False)
@@ -306,15 +310,17 @@ class RunContext:
                     self.grace.uncertain = True  # it may have landed all the same
                     raise
 
-            doing = self._doing
-            if not self._past_deadline():  # a write after it is cleanup, not what it cut
-                self._doing = lambda: "storing messages in the session"
-            await self.grace.protect(
-                write,
-                f"storing {len(messages)} message(s)",
-                then=lambda: self._extend(messages, still_open),
-            )
-            self._doing = doing  # a write the run's stop cut is what it was doing
+            doing, storing = self._doing, self._storing
+            with watching_waits() as watch:
+                if not self._past_deadline():  # a write after it is cleanup, not what it cut
+                    self._doing = lambda: "storing messages in the session"
+                    self._storing = watch
+                await self.grace.protect(
+                    write,
+                    f"storing {len(messages)} message(s)",
+                    then=lambda: self._extend(messages, still_open),
+                )
+            self._doing, self._storing = doing, storing  # a write the stop cut is what it did
 
     @contextmanager
     def _calling(self, name: str, timer: anyio.CancelScope) -> Iterator[None]:

@@ -441,7 +441,7 @@ def _late(
 ) -> DeadlineExceededError:
     """The run's ``DeadlineExceededError``, saying what the run was doing when it came (a
     declared tool by name; still ``waiting`` to hold its session, say, and whether the
-    store's database was what it waited for), never content."""
+    store's database was what it or a store write waited for), never content."""
     why = "its deadline"
     if waiting:  # another run holds it, or the store is slow to answer
         why += f", still waiting to hold session {context.session_id!r}"
@@ -449,6 +449,8 @@ def _late(
             why += ": its store's database was busy with another connection's write"
     else:
         why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
+        if context._storing is not None and context._storing.database_busy:
+            why += ": its store's database was busy with another connection's write"
     return DeadlineExceededError(
         f"{agent.name} did not finish before {why}", deadline=context.grace.run_deadline
     )

@@ -17,7 +17,7 @@ import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -36,6 +36,7 @@ from littleghost.errors import (
     SchemaVersionError,
     SessionStoreError,
 )
+from littleghost.models import ModelRequest, ModelResponse
 from littleghost.sessions import (
     SessionStats,
     SQLiteSessionStore,
@@ -1557,6 +1558,28 @@ class TestDeadlines:
         )
         assert model.requests == []
         assert await texts(store) == ["before"]
+
+    async def test_a_run_past_its_deadline_storing_on_a_locked_database_says_so(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        """Another connection's write takes the database while the model answers: the
+        run stopped storing the answer says what its write waited for; a write that did
+        not wait says only what the run was doing."""
+        with ExitStack() as held:
+
+            def answer(request: ModelRequest) -> ModelResponse:
+                held.enter_context(locked(Path(store.path)))
+                return text_response("stored?")
+
+            agent = Agent(model=ScriptedModel([answer]), session_store=store, cleanup_grace=0.1)
+            with pytest.raises(DeadlineExceededError) as caught:
+                await agent.run("hi", session_id="s", timeout=0.5)
+        assert str(caught.value) == (
+            "Agent did not finish before its deadline, storing messages in the session in "
+            "turn 1 (of 100 at most): its store's database was busy with another "
+            "connection's write"
+        )
+        assert await texts(store) == ["before", "hi"]
 
     async def test_closing_keeps_to_the_caller_s_deadline_while_a_call_waits(
         self, store: SQLiteSessionStore
