@@ -218,7 +218,11 @@ class TestCodec:
             ('{"id": "m", "role": "user", "content": ["S3CRET"], "metadata": {}}', "content[0]"),
             (
                 '{"id": "m", "role": "user", "content": [{"type": "S3CRET"}], "metadata": {}}',
-                "content[0] has no known part type",
+                "content[0] has a part type this littleghost does not know",
+            ),
+            (
+                '{"id": "m", "role": "user", "content": [{"S3CRET": 1}], "metadata": {}}',
+                "content[0] has no part type",
             ),
             (
                 '{"id": "m", "role": "user", "content": [{"type": "text"}], "metadata": {}}',
@@ -265,6 +269,7 @@ class TestCodec:
             "tag",
             "part",
             "part-type",
+            "no-part-type",
             "part-field",
             "part-field-type",
             "base64",
@@ -284,6 +289,24 @@ class TestCodec:
             message_from_json(text)
         assert named in str(caught.value)
         assert "S3CRET" not in str(caught.value)
+
+    @pytest.mark.parametrize("kind", ['"video"', '"S3CRET"', "null", "7", "[]"])
+    def test_a_part_type_not_known_may_be_a_newer_littleghost_s(self, kind: str) -> None:
+        """A part whose type is a name this littleghost does not know (as a newer one
+        writes) may be from a newer littleghost, and the error says so (no version is
+        stored with a message to tell which); a part with no name for its type is
+        damaged, and its error says nothing of a newer littleghost."""
+        text = f'{{"id": "m", "role": "user", "content": [{{"type": {kind}}}], "metadata": {{}}}}'
+        with pytest.raises(CorruptSessionStoreError) as caught:
+            message_from_json(text)
+        newer = (
+            "content[0] has a part type this littleghost does not know: written by a newer "
+            "littleghost (upgrade littleghost to read it), or damaged"
+        )
+        damaged = "content[0] has no part type"
+        said = str(caught.value)
+        assert said.endswith(newer if kind.startswith('"') else damaged)
+        assert ("newer" in said) is kind.startswith('"')
 
     @pytest.mark.parametrize("deep", ["[" * 100_000, '{"a":' * 100_000], ids=["array", "object"])
     def test_json_nested_too_deep_is_corrupt(self, deep: str) -> None:

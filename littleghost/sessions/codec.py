@@ -204,9 +204,14 @@ def _decode_part(data: Any, where: str) -> Part:
     if not isinstance(data, Mapping):
         raise _Corrupt(f"{where} is not an object")
     kind = data.get("type")
-    fields = _PART_FIELDS.get(kind) if isinstance(kind, str) else None
-    if fields is None:
-        raise _Corrupt(f"{where} has no known part type")
+    if not isinstance(kind, str):
+        raise _Corrupt(f"{where} has no part type")
+    fields = _PART_FIELDS.get(kind)
+    if fields is None:  # a part type added later, or damage: no message says its writer
+        raise _Corrupt(
+            f"{where} has a part type this littleghost does not know: written by a newer "
+            "littleghost (upgrade littleghost to read it), or damaged"
+        )
     for name in fields:
         if name not in data:
             raise _Corrupt(f"{where} ({kind}) has no {name!r} field")
