@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -2544,6 +2545,62 @@ class TestTelemetry:
             assert before > 1.4 * started.estimated_tokens  # in the units the summary taught
         else:
             assert before == started.estimated_tokens
+
+    @pytest.mark.parametrize("older", [0, 3, 10])
+    @pytest.mark.parametrize("asked", [600, 1_100, 1_800])
+    @pytest.mark.parametrize("counts", [False, True], ids=["uncounted", "counted"])
+    @pytest.mark.parametrize("refuses", [False, True], ids=["accepted", "refused"])
+    @pytest.mark.parametrize("summary", [1, 400], ids=["short", "long"])
+    async def test_one_record_and_event_per_attempt_each_with_its_reason(
+        self,
+        spans: Spans,
+        caplog: pytest.LogCaptureFixture,
+        older: int,
+        asked: int,
+        counts: bool,
+        refuses: bool,
+        summary: int,
+    ) -> None:
+        """A one-call turn that may not compact (a question alone over the threshold or
+        the window, a summary longer than what it stands for, a model that counts it
+        over, a provider that refuses it): each attempt is one log line and one span
+        event, the same, and no phase tells the same outcome for the same reason twice
+        (a recount of the current request alone, cut as far as it goes, was one more)."""
+
+        def size(request: ModelRequest) -> int:
+            return estimate_request(request.messages, request.tools, request.settings)
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "context_compaction":
+                return text_response("word " * summary)
+            if refuses and size(request) > 1_000:
+                raise ContextWindowOverflowError("too long")
+            return text_response("done")
+
+        @manage_context(context_window_tokens=1_000, preserve_recent_messages=4)
+        class Asking(Agent):
+            max_retries = 0
+
+        model = ScriptedModel([answer] * 8, count_prompt_tokens=size if counts else None)
+        with (
+            caplog.at_level("INFO", logger="littleghost.context"),
+            contextlib.suppress(ContextWindowOverflowError),
+        ):
+            await Asking(model=model).run("go " * asked, history=chat(older))
+        events = spans.compactions()
+        lines = [r for r in caplog.records if r.getMessage().startswith("context compaction")]
+        assert [r.littleghost for r in lines] == [
+            {**e, "gen_ai.agent.name": "Asking"} for e in events
+        ]
+        told = [
+            (
+                e["littleghost.compaction.reason"],
+                e["littleghost.compaction.outcome"],
+                e.get("littleghost.compaction.error_message"),
+            )
+            for e in events
+        ]
+        assert len(set(told)) == len(told), told
 
     async def test_no_compacted_flag_without_compaction(self, spans: Spans) -> None:
         """A request that was not compacted carries no compacted attribute."""

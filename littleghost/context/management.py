@@ -187,6 +187,8 @@ class _Run:
     passed: ModelRequest | None = None  # the request the hook passed on to the later hooks
     hooked: int = 0  # what the later hooks (the class's own) are taken to add (kept_hooked)
     last_hooked: int = 0  # what they added to the last call
+    spent: bool = False  # the last compaction failed with nothing left to remove without a
+    # model (the current request alone, its tool results cut as far as they go)
 
 
 AFTER_KEY = "littleghost.compaction.tokens_after"
@@ -667,7 +669,7 @@ async def _recover(
             return compacted  # it fits: the margin under ``fits`` was only an aim
         if failure is not None and error.__cause__ is None:
             error.__cause__ = failure  # why no summary was made either
-        if calibrated.uncounted:
+        if calibrated.uncounted or state.spent:  # no aim by the count removes more
             raise
         # the estimate said it fits, the count did not: aimed by the count
         fitted = await _counted_fit(compacted, context, fits, tighten)
@@ -835,7 +837,7 @@ async def _compact(
             even the current request alone is over ``limit``.
     """
     run, calibrated = _run(context, config), calibration(context)
-    window = run.window
+    window, run.spent = run.window, False
     shown = request.messages
     if fallback is not None:  # never logged: left out without a record
         shown = tuple(message for message in shown if not view_only(message))
@@ -890,8 +892,9 @@ async def _compact(
             estimated = outcome.before = calibrated_size(request, context, config.tokenizer)
         after = max(estimated + change, 0)  # the units of ``estimated``, as far as known
         if limit is not None and after > limit:
+            alone = fallback is not None and not state.candidates(state.protected)
             compacted, after, outcome.cut_to = await _cut_results(
-                compacted, after, limit, context, config
+                compacted, after, limit, context, config, alone
             )
         if not records and outcome.cut_to is None and len(shown) == len(request.messages):
             strategy = config.strategy
@@ -944,13 +947,19 @@ async def _model_free_compaction(
 
 
 async def _cut_results(
-    request: ModelRequest, size: int, window: int, context: RunContext, config: ContextManagement
+    request: ModelRequest,
+    size: int,
+    window: int,
+    context: RunContext,
+    config: ContextManagement,
+    alone: bool = False,
 ) -> tuple[ModelRequest, int, int | None]:
     """``request`` (``size`` tokens) with its tool results cut until it takes ``CUT_SHARE``
     of ``window``; the request, its size (the model's count when over) and the cut, if any.
 
     Raises:
-        CompactionError: The request still does not fit ``window``.
+        CompactionError: The request still does not fit ``window`` (``spent`` when it is
+            the current request ``alone`` and its results are cut as far as they go).
     """
     tokenizer, index = config.tokenizer, context.log_index
     whole = real_size(request.messages, context, tokenizer)
@@ -964,6 +973,7 @@ async def _cut_results(
     if after > window and (counted := await model_count(cut, context)) is not None:
         after = counted + _answer_room(cut)
     if after > window:
+        _run(context, config).spent = alone and limit <= CUT_FLOOR_TOKENS
         cut_note = f", its tool results cut to {limit} tokens each" if cut is not request else ""
         raise CompactionError(
             f"the current request alone (about {after} tokens{cut_note}) does not fit "
