@@ -4,8 +4,9 @@ A log never holds one id twice, and each tool result answers an open call of the
 assistant message its tool message answers (the pairing rule of
 ``littleghost.context.groups``). A conversation handed to littleghost (a run's
 ``history=``, the conversations the ad hoc compactions and ``check_retention`` take) is
-checked whole (``check_history``); a run's ``Ledger`` checks what is appended to its log
-at the cost of what is appended.
+checked whole (``check_history``), a stored log as a run or compaction loads it too
+(``check_stored``); a run's ``Ledger`` checks what is appended to its log at the cost of
+what is appended.
 """
 
 from __future__ import annotations
@@ -28,15 +29,19 @@ __all__ = [
     "check_pairing",
     "check_parts",
     "check_results",
+    "check_stored",
 ]
 
 _ID = attrgetter("id")
 
 
-def check_history(value: object, name: str, *, keep: bool = True) -> list[Message]:
+def check_history(
+    value: object, name: str, *, keep: bool = True, stored: bool = False
+) -> list[Message]:
     """``value`` (named ``name`` in errors) as a list of messages, checked; at the cost of
     a few passes in C and the engine's index of the log, which the engine reuses (kept
-    among its recent ones unless not ``keep``: a run's history).
+    among its recent ones unless not ``keep``: a run's history). With ``stored``, a tool
+    message whose results answer no call is let through, as ``check_stored`` lets it.
 
     Raises:
         TypeError: Not a sequence of ``Message``.
@@ -63,8 +68,17 @@ def check_history(value: object, name: str, *, keep: bool = True) -> list[Messag
         raise ConfigurationError(f"{at(position)}: {stray_part(log[position])}")
     if len(set(map(_ID, log))) != len(log):
         check_ids(log, at)
-    check_results(layout.misplaced, at)
+    check_results(layout.misplaced_results(orphans=not stored), at)
     return log
+
+
+def check_stored(log: Sequence[Message], where: str) -> None:
+    """``ConfigurationError`` for a stored log (``where``: ``"session 'x'"``) that a run
+    of its session refuses: a result the view would show under a call it does not answer.
+    A tool message whose results answer no call at all is let through: it is left out of
+    the view, and an append-only log could never be rid of it."""
+    at = f"message {{}} of {where}".format
+    check_results(Layout.scanned(log).misplaced_results(orphans=False), at)
 
 
 def check_parts(log: Sequence[Message], at: Callable[[int], str]) -> None:

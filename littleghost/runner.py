@@ -46,7 +46,7 @@ from littleghost.cleanup import (
     turned_into,
 )
 from littleghost.context.budget import view_only
-from littleghost.context.view import interrupted_results, misplaced_results
+from littleghost.context.view import interrupted_results
 from littleghost.errors import (
     CleanupError,
     ConfigurationError,
@@ -64,7 +64,7 @@ from littleghost.events import (
 )
 from littleghost.exiting import stopped_at_exit
 from littleghost.hooks import BoundHook, run_chain
-from littleghost.log_rules import check_history, check_pairing, check_parts, check_results
+from littleghost.log_rules import check_history, check_pairing, check_parts, check_stored
 from littleghost.messages import ImagePart, Message, Role, ToolCall, ToolResult, new_id
 from littleghost.models.base import (
     Model,
@@ -492,11 +492,7 @@ async def _open_session(
         loaded = await awaitable(agent.session_store.load(context.session_id), "load")
     stored = distinct_ids(loaded, where)
     if stored:
-
-        def at(position: int) -> str:
-            return f"message {position} of {where}"
-
-        check_results(misplaced_results(stored, orphans=False), at)
+        check_stored(stored, where)
         _check_new(plan.message, stored, where)
         if seed:
             plan.caller.warn(  # one text: shown once per line, as Python's warnings are

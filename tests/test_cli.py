@@ -36,7 +36,7 @@ import pytest
 from click.testing import CliRunner, Result
 from opentelemetry.trace import StatusCode
 
-from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall
+from littleghost import Agent, Message, ReasoningPart, Role, TextPart, ToolCall, ToolResult
 from littleghost.cli import main
 from littleghost.cli.compact import DRY_RUN_SUMMARY
 from littleghost.cli.export import LARGE_LOG, PAGE
@@ -1036,6 +1036,29 @@ class TestCompact:
         assert "no API key for keyless" in fails(1, *compact, "tests.cli_agents:Keyless", "long")
         line = fails(1, *compact, "tests.cli_agents:KeylessBounded", "short")
         assert "no API key for keyless" in line
+        assert contents(url)[2:] == before[2:]
+
+    def test_a_stored_log_is_checked_as_a_run_of_its_session_checks_it(
+        self, tmp_path: Path
+    ) -> None:
+        """A tool message whose results answer no call is left out of the view, as a run
+        of the session leaves it; a result under a call it does not answer is refused with
+        a run's error, dry run or not, and nothing is written."""
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        chat = [m for i in range(8) for m in (Message.user(f"q{i}"), Message.assistant(f"a{i}"))]
+        call = Message(Role.ASSISTANT, (ToolCall("c1", "count", {}),))
+        beside = Message(Role.TOOL, (ToolResult("c1", "1"), ToolResult("ghost", "stray")))
+        in_store(url, lambda store: store.append("orphan", [*chat, Message.tool("x", "?"), *chat]))
+        in_store(url, lambda store: store.append("beside", [*chat, call, beside, *chat]))
+        compact = ("sessions", "compact", "--store", url, "--agent", "tests.cli_agents:Staffed")
+        assert "appended 1 record to session 'orphan'" in ok(*compact, "orphan").stdout
+        before = contents(url)
+        for dry in ((), ("--dry-run",)):
+            line = fails(1, *compact, *dry, "beside")
+            assert line.startswith(
+                "Error: message 17 of session 'beside' holds a result for call 'ghost', which "
+                "answers no open call"
+            )
         assert contents(url)[2:] == before[2:]
 
     def test_a_class_that_never_summarizes_compacts_nothing(self, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +24,7 @@ from littleghost import (
     RunContext,
     TextPart,
     ToolCall,
+    ToolResult,
     before_model,
     manage_context,
 )
@@ -632,3 +635,69 @@ async def test_a_failing_release_never_replaces_compact_sessions_outcome(
         records = await compact_session(store, "s", Summarization(model=model))
         assert (await store.load("s"))[-len(records) :] == records
     assert "releasing the session could not be done" in caplog.text
+
+
+def faulty_log(chooser: random.Random) -> list[Message]:
+    """A chat with a tool exchange, and a few results at random places: some answering
+    no call at all (orphans, which a run of a session leaves out of the view), some put
+    beside a result of another call (which a run refuses)."""
+    call = Message(Role.ASSISTANT, (ToolCall("c1", "count", {}),))
+    strays = [
+        ToolResult(f"ghost-{chooser.randrange(100)}", "stray") for _ in range(chooser.randint(1, 3))
+    ]
+    beside = [stray for stray in strays if chooser.random() < 0.3]  # under c1: misplaced
+    answer = Message(Role.TOOL, (ToolResult("c1", "1"), *beside))
+    log = [*chat(8), call, answer, *chat(8, prefix="n")]
+    for stray in strays:
+        if stray not in beside:
+            log.insert(chooser.randint(1, len(log)), Message(Role.TOOL, (stray,)))
+    return log
+
+
+def outcome(error: Exception | None) -> tuple[int, str] | None:
+    """Where a refusal points (the position of the result) and what it says after it."""
+    if error is None:
+        return None
+    assert isinstance(error, ConfigurationError), error
+    found = re.fullmatch(r"(?:messages\[(\d+)\]|message (\d+) of session 's') (.*)", str(error))
+    assert found is not None, error
+    return int(found[1] or found[2]), found[3]
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_every_compaction_of_a_stored_log_checks_it_as_a_run_of_its_session(
+    seed: int,
+) -> None:
+    """``compact_session`` and ``compact_log`` take and refuse the stored logs a run of
+    the session takes and refuses, with the same error: a tool message whose results
+    answer no call is left out of the view (an append-only log could never be rid of
+    it), a result put under a call it does not answer is a ``ConfigurationError``."""
+    log = faulty_log(random.Random(seed))
+
+    @manage_context(context_window_tokens=4_000)
+    class Assistant(Agent):
+        pass
+
+    async def run() -> object:
+        store = InMemorySessionStore()
+        await store.append("s", log)
+        agent = Assistant(model=ScriptedModel([text_response("ok")]), session_store=store)
+        return await agent.run("hi", session_id="s")
+
+    async def session() -> object:
+        store = InMemorySessionStore()
+        await store.append("s", log)
+        return await compact_session(store, "s", Summarization(model=summarizer()))
+
+    async def outside() -> object:
+        return await compact_log(Assistant(model=summarizer()), log)
+
+    outcomes = []
+    for entry in (run, session, outside):
+        try:
+            await entry()
+        except ConfigurationError as error:
+            outcomes.append(outcome(error))
+        else:
+            outcomes.append(None)
+    assert outcomes[1] == outcomes[2] == outcomes[0], seed

@@ -22,6 +22,7 @@ from littleghost.context.config import context_config
 from littleghost.context.outside import managed_records
 from littleghost.context.strategies import prepared
 from littleghost.errors import CleanupError, ConfigurationError, UnknownSessionError
+from littleghost.log_rules import check_stored
 from littleghost.messages import Message
 from littleghost.models import Model, ModelRequest, ModelResponse, StopReason, Usage
 from littleghost.models.base import prepare
@@ -60,7 +61,8 @@ async def compact_document(
     compaction that makes the model is a ``littleghost.context.compaction`` span.
 
     Raises:
-        ConfigurationError: The class has no ``@manage_context``.
+        ConfigurationError: The class has no ``@manage_context``, or the stored log is
+            one a run of the session refuses (``check_stored``).
         UnknownSessionError: The store has no such session.
         CompactionError: The records would not make the view smaller
             (``check_smaller``; nothing is appended).
@@ -73,6 +75,7 @@ async def compact_document(
     # opened for writing
     where = f"session {shell_word(session_id, in_prose=True)}"
     log = distinct_ids([entry.message for entry in await address.log(session_id)], where)
+    check_stored(log, where)  # as a run of the session checks it
     # The model is made only to summarize or to learn its window: with the window known
     # without it, and the view sized as with it (a budget's is by a calibration kept per
     # model), nothing to cover needs none.
@@ -121,6 +124,7 @@ async def compact_document(
                         f"no session {shell_word(session_id, in_prose=True)} in {address}",
                         session_id=session_id,
                     )
+                check_stored(log, where)
                 records = await managed_records(
                     log,
                     config,

@@ -22,7 +22,7 @@ from littleghost.context.strategies import (
 )
 from littleghost.context.tokens import DEFAULT_TOKENIZER, Tokenizer
 from littleghost.errors import CompactionError, ConfigurationError, UnknownSessionError
-from littleghost.log_rules import check_history
+from littleghost.log_rules import check_history, check_stored
 from littleghost.messages import Message
 from littleghost.sessions.base import SessionStore, check_store, distinct_ids
 from littleghost.sessions.locks import hold_session
@@ -172,7 +172,9 @@ async def compact_session(
     under it (docs/context.md: "Telemetry").
 
     Raises:
-        ConfigurationError: Not a session store, or bad keywords (as ``compaction_records``).
+        ConfigurationError: Not a session store, bad keywords (as
+            ``compaction_records``), or a stored log a run of the session refuses
+            (``check_stored``).
         SessionBusyError: Called from inside a run of the same session.
         UnknownSessionError: The store has no such session.
         CompactionError: The records would not make the view smaller (``check_smaller``);
@@ -187,12 +189,14 @@ async def compact_session(
     grace = Grace(DEFAULT_GRACE, None if math.isinf(stop) else stop)
     with requested_compaction(telemetry.conversation_attributes(session_id)) as found:
         async with holding(hold_session(store, session_id), grace):  # released as a run's
-            log = distinct_ids(await store.load(session_id), f"session {session_id!r}")
+            where = f"session {session_id!r}"
+            log = distinct_ids(await store.load(session_id), where)
             if not log:
                 raise UnknownSessionError(
                     f"compact_session: no session {session_id!r} in the store",
                     session_id=session_id,
                 )
+            check_stored(log, where)  # as a run of the session checks it
             # loaded for this call alone: its index is not kept
             state = await _run(log, strategy, counter, None, settings, keep=False)
             records = state.records()

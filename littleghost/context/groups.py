@@ -297,6 +297,14 @@ class Layout:
         """The view, flat."""
         return [*chain.from_iterable(self.members), *self.pending]
 
+    def misplaced_results(self, *, orphans: bool = True) -> list[tuple[int, str]]:
+        """``(position, call_id)`` of every misplaced result (``orphans=False``: not of
+        tool messages answering no call)."""
+        if orphans or not self.orphans:
+            return self.misplaced
+        whole = set(self.orphans)
+        return [item for item in self.misplaced if item[0] not in whole]
+
     def unanswered(self, log: Sequence[Message]) -> list[tuple[int, str]]:
         """``(position, call_id)`` of every call left without a result, in log order."""
         missing = [(position, call_id) for call_id, position in self.open_calls.items()]

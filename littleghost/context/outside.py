@@ -48,7 +48,9 @@ async def compact_log(
 
     Raises:
         ConfigurationError: ``share`` is not in (0, 1), no ``@manage_context``, or
-            ``messages`` that ``run(history=)`` would refuse.
+            ``messages`` that ``run(history=)`` would refuse, but for a tool message
+            whose results answer no call: left out of the view, as a run of a session
+            holding it leaves it (``check_stored``).
         ProviderError: The summary call's, once its retries are spent.
         ProtocolError, OutputLimitError: The summary came back empty, or cut at its cap.
     """
@@ -60,7 +62,7 @@ async def compact_log(
     config = agent.context_management
     if config is None:
         raise ConfigurationError(f"{agent.name} has no @manage_context: nothing to compact with")
-    log = check_history(messages, "messages")
+    log = check_history(messages, "messages", stored=True)
     with requested_compaction(telemetry.run_names(agent.name)) as found:
         async with agent._models.use(  # closed here if given up
             agent._resolved_model(), agent.cleanup_grace, declared=agent._model_string()

@@ -35,9 +35,7 @@ def unanswered_calls(log: Sequence[Message]) -> list[tuple[int, str]]:
 def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every result in ``log`` that answers no open call of its
     tool message's assistant message (``orphans=False``: not of messages answering none)."""
-    layout = Layout.scanned(log)
-    whole = set() if orphans else set(layout.orphans)
-    return [item for item in layout.misplaced if item[0] not in whole]
+    return Layout.scanned(log).misplaced_results(orphans=orphans)
 
 
 def interrupted_results(
