@@ -5,6 +5,7 @@ certificate is self-signed, and at a base URL with a path and a query (Azure's
 
 from __future__ import annotations
 
+import base64
 import logging
 import socket
 import ssl
@@ -17,7 +18,12 @@ from urllib.parse import parse_qsl
 import pytest
 
 from littleghost import Agent
-from littleghost.errors import InvalidRequestError, ProviderError, ProviderUnavailableError
+from littleghost.errors import (
+    ConfigurationError,
+    InvalidRequestError,
+    ProviderError,
+    ProviderUnavailableError,
+)
 from littleghost.models.anthropic import AnthropicModel
 from littleghost.models.openai import OpenAIModel
 from tests.conftest import Spans
@@ -201,13 +207,13 @@ async def test_an_untrusted_certificate_is_named_not_retried_and_ssl_cert_file_t
     provider: str,
 ) -> None:
     """A self-signed certificate fails the call at once with an error that says so (a
-    retry would meet the same certificate), without the URL's credentials; once
+    retry would meet the same certificate), without the URL's query; once
     ``SSL_CERT_FILE`` names it, the server is trusted."""
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     server = tls_server(answered_whole(provider))
-    url = server.url.replace("https://", "https://user:url-secret-pw@")
-    async with Plain(model=model_of(provider, url), max_retries=3) as agent:
+    secret = "?token=url-secret-pw"
+    async with Plain(model=model_of(provider, server.url, secret), max_retries=3) as agent:
         with pytest.raises(ProviderError) as raised:
             await agent.run("hello")
     assert type(raised.value) is ProviderError
@@ -221,7 +227,7 @@ async def test_an_untrusted_certificate_is_named_not_retried_and_ssl_cert_file_t
     assert (server.handshakes, server.requests) == (1, [])
 
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
-    async with Plain(model=model_of(provider, url)) as agent:
+    async with Plain(model=model_of(provider, server.url, secret)) as agent:
         assert (await agent.run("hello")).output == "fine"
 
 
@@ -248,6 +254,48 @@ async def test_a_base_url_keeps_its_path_and_query_on_every_request(
     sent_path, _, sent_query = sent.path.partition("?")
     assert sent_path == path + endpoint
     assert parse_qsl(sent_query, keep_blank_values=True) == parse_qsl(query, True)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("where", ["base_url", "environment"])
+@pytest.mark.parametrize("user", ["corp-user:url-secret-pw", "corp-user", ":url-secret-pw"])
+def test_a_user_or_password_in_the_base_url_beside_a_key_is_refused_unshown(
+    monkeypatch: pytest.MonkeyPatch, provider: str, where: str, user: str
+) -> None:
+    """The HTTP client sends a user and password of the URL as Basic auth in the
+    ``Authorization`` header, where the key goes: the key never reached the server. Making
+    the model refuses them, naming neither, from ``base_url=`` or the environment."""
+    url = f"https://{user}@gateway.example.com/v1"
+    variable = f"{provider.upper()}_BASE_URL"
+    kind = OpenAIModel if provider == "openai" else AnthropicModel
+    options = {"base_url": url} if where == "base_url" else {}
+    monkeypatch.setenv(variable, url)
+    with pytest.raises(ConfigurationError) as raised:
+        kind("some-model", api_key=KEY, **options)
+    assert str(raised.value) == (
+        f"{kind.__name__}: base_url (or {variable}) holds a user or password, which the HTTP "
+        "client would send as Basic auth in place of the API key: take them out of the URL "
+        "(for a gateway that asks for both, pass client= with an HTTP client that "
+        "authenticates to it)"
+    )
+
+
+async def test_without_a_key_a_user_and_password_of_the_base_url_are_the_servers_basic_auth(
+    servers: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server of OpenAI's API behind Basic auth (a self-hosted one), given no key: the
+    URL's user and password are what authenticates, and are sent so."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    server = servers(answered_whole("openai"))
+    url = server.url.replace("http://", "http://corp-user:url-secret-pw@") + "/v1"
+    model = OpenAIModel("gpt-4o-mini", base_url=url, context_window=WINDOW)
+    try:
+        assert (await Plain(model=model).run("hello")).output == "fine"
+    finally:
+        await model.aclose()
+    [sent] = server.requests
+    basic = base64.b64encode(b"corp-user:url-secret-pw").decode()
+    assert sent.headers["authorization"] == f"Basic {basic}"
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -67,6 +67,7 @@ __all__ = [
     "check_base_url",
     "check_context_window",
     "check_model_name",
+    "check_url_user",
     "error_mapper",
     "image_base64",
     "image_media_type",
@@ -274,6 +275,23 @@ def check_base_url(owner: str, value: str | None, variable: str) -> str | None:
             "host (and a port from 1 to 65535, if any), as in http://localhost:8080/v1"
         )
     return value
+
+
+def check_url_user(owner: str, base_url: str | None, variable: str, keyed: bool) -> None:
+    """Refuse a user or password in ``base_url`` (``variable``'s, else) beside a key
+    (``keyed``): the HTTP client sends them as Basic auth in the ``Authorization``
+    header, in place of the key's. The message never shows them.
+
+    Raises:
+        ConfigurationError: A ``base_url`` with a user or password, and a key.
+    """
+    if keyed and base_url is not None and "@" in urlsplit(base_url).netloc:
+        raise ConfigurationError(
+            f"{owner}: base_url (or {variable}) holds a user or password, which the HTTP "
+            "client would send as Basic auth in place of the API key: take them out of "
+            "the URL (for a gateway that asks for both, pass client= with an HTTP client "
+            "that authenticates to it)"
+        )
 
 
 def url_options(base_url: str | None) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from littleghost.models._sdk import (
     check_model_name,
     check_not_model_string,
     check_request_timeout,
+    check_url_user,
     error_mapper,
     import_sdk,
     index_of,
@@ -592,11 +593,9 @@ class AnthropicModel:
         self._sdk = import_sdk("anthropic", "anthropic")
         timeout = attempt_timeout(self._sdk, check_request_timeout(owner, request_timeout))
         if client is None:
-            check_base_url(
-                owner,
-                base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
-                "ANTHROPIC_BASE_URL",
-            )
+            given_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+            check_base_url(owner, given_url, "ANTHROPIC_BASE_URL")
+            check_url_user(owner, given_url, "ANTHROPIC_BASE_URL", keyed=True)
             api_key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
             api_key = check_api_key(owner, api_key, "ANTHROPIC_API_KEY")
             if api_key is None:

@@ -44,6 +44,7 @@ from littleghost.models._sdk import (
     check_model_name,
     check_not_model_string,
     check_request_timeout,
+    check_url_user,
     error_mapper,
     image_base64,
     image_media_type,
@@ -555,6 +556,7 @@ class OpenAIModel:
             base_url = check_base_url(owner, base_url, "OPENAI_BASE_URL")
             api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
             api_key = check_api_key(owner, api_key, "OPENAI_API_KEY")
+            check_url_user(owner, base_url, "OPENAI_BASE_URL", keyed=api_key is not None)
             if api_key is None:
                 if base_url is None:
                     raise ConfigurationError(
