@@ -237,6 +237,7 @@ async def test_an_untrusted_certificate_is_named_not_retried_and_ssl_cert_file_t
     [
         "/openai/deployments/support?api-version=2024-10-21",
         "/v1/proxy/gateway?tenant=t%201&region=eu",
+        "/v1/proxy/gateway?scope=read&scope=write&scope=read&region=eu&empty=",
         "/v1/proxy/gateway",
     ],
 )
@@ -254,6 +255,31 @@ async def test_a_base_url_keeps_its_path_and_query_on_every_request(
     sent_path, _, sent_query = sent.path.partition("?")
     assert sent_path == path + endpoint
     assert parse_qsl(sent_query, keep_blank_values=True) == parse_qsl(query, True)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("where", ["base_url", "environment"])
+async def test_a_base_urls_repeated_query_keys_go_on_every_request(
+    servers: Callable[..., RawServer], monkeypatch: pytest.MonkeyPatch, provider: str, where: str
+) -> None:
+    """Every value of a key the base URL's query repeats goes with every request, in its
+    order, from ``base_url=`` or the environment (the SDK's own query keeps one a key)."""
+    query = "scope=read&scope=write&tenant=t1&scope=admin"
+    server = servers(answered_whole(provider), answered_whole(provider))
+    url = f"{server.url}{'/v1' if provider == 'openai' else ''}?{query}"
+    variable = f"{provider.upper()}_BASE_URL"
+    monkeypatch.setenv(variable, url)
+    options = {"base_url": url} if where == "base_url" else {}
+    kind = OpenAIModel if provider == "openai" else AnthropicModel
+    model = kind("some-model", api_key=KEY, context_window=WINDOW, **options)
+    try:
+        for _ in range(2):
+            assert (await Plain(model=model).run("hello")).output == "fine"
+    finally:
+        await model.aclose()
+    expected = [("scope", "read"), ("scope", "write"), ("scope", "admin"), ("tenant", "t1")]
+    for sent in server.requests:
+        assert parse_qsl(sent.path.partition("?")[2], keep_blank_values=True) == expected
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -68,6 +68,7 @@ __all__ = [
     "check_context_window",
     "check_model_name",
     "check_url_user",
+    "client_at",
     "error_mapper",
     "image_base64",
     "image_media_type",
@@ -92,7 +93,6 @@ __all__ = [
     "stream_cut_off",
     "streamed_answer",
     "text_of",
-    "url_options",
     "whole_arguments",
     "wrong_shape",
 ]
@@ -294,15 +294,19 @@ def check_url_user(owner: str, base_url: str | None, variable: str, keyed: bool)
         )
 
 
-def url_options(base_url: str | None) -> dict[str, Any]:
-    """An SDK client's ``base_url`` and ``default_query`` for ``base_url``: its query
-    (Azure's ``?api-version=...``, a gateway's) goes with every request, where the SDK
-    would append each endpoint's path to it (``?api-version=1chat/completions``)."""
+def client_at(make: Callable[..., Any], base_url: str | None, **options: Any) -> Any:
+    """``make(base_url=..., **options)`` (an SDK's client) at ``base_url`` without its
+    query, which its HTTP client sends on every request instead (Azure's
+    ``?api-version=...``, a gateway's), every value of a repeated key in the order given
+    (the keys in the order they first come): left in the URL, the SDK would append each
+    endpoint's path to it (``?api-version=1chat/completions``); its ``default_query``
+    keeps one value a key."""
     parts = urlsplit(base_url) if base_url is not None else None
     if parts is None or not parts.query:
-        return {"base_url": base_url}
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    return {"base_url": urlunsplit(parts._replace(query="")), "default_query": query}
+        return make(base_url=base_url, **options)
+    client = make(base_url=urlunsplit(parts._replace(query="")), **options)
+    client._client.params = parse_qsl(parts.query, keep_blank_values=True)
+    return client
 
 
 def check_api_key(owner: str, value: str | None, variable: str) -> str | None:

@@ -51,6 +51,7 @@ from littleghost.models._sdk import (
     check_not_model_string,
     check_request_timeout,
     check_url_user,
+    client_at,
     error_mapper,
     import_sdk,
     index_of,
@@ -74,7 +75,6 @@ from littleghost.models._sdk import (
     stream_cut_off,
     streamed_answer,
     text_of,
-    url_options,
     whole_arguments,
 )
 from littleghost.models.base import (
@@ -604,9 +604,10 @@ class AnthropicModel:
                 )
             make = made_noting_heads(
                 functools.partial(
+                    client_at,
                     self._sdk.AsyncAnthropic,
+                    given_url,
                     api_key=api_key,
-                    **url_options(base_url),
                     max_retries=0,
                     timeout=timeout,
                 )

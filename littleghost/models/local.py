@@ -47,7 +47,7 @@ from littleghost import logs
 from littleghost._validators import is_int, safe_repr
 from littleghost.errors import ConfigurationError, ProviderError, ProviderUnavailableError
 from littleghost.models._loops import CLOSED, Signal
-from littleghost.models._sdk import check_request_timeout, import_sdk, url_options
+from littleghost.models._sdk import check_request_timeout, client_at, import_sdk
 from littleghost.models.base import ModelRequest, ModelResponse, OutputSchema
 from littleghost.models.openai import OpenAIModel
 from littleghost.models.served_window import reported_window
@@ -530,8 +530,9 @@ class _ServerChat(OpenAIModel):
         connection kept alive (the server serves one request per slot)."""
         limits = type(sdk.DEFAULT_CONNECTION_LIMITS)(max_connections=8, max_keepalive_connections=0)
         http = sdk.DefaultAsyncHttpxClient(limits=limits, trust_env=False)
-        return sdk.AsyncOpenAI(
-            **url_options(base_url),
+        return client_at(
+            sdk.AsyncOpenAI,
+            base_url,
             api_key=api_key,
             max_retries=0,
             http_client=http,

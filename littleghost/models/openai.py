@@ -45,6 +45,7 @@ from littleghost.models._sdk import (
     check_not_model_string,
     check_request_timeout,
     check_url_user,
+    client_at,
     error_mapper,
     image_base64,
     image_media_type,
@@ -69,7 +70,6 @@ from littleghost.models._sdk import (
     stream_cut_off,
     streamed_answer,
     text_of,
-    url_options,
     whole_arguments,
 )
 from littleghost.models.base import (
@@ -608,9 +608,7 @@ class OpenAIModel:
     def _new_client(sdk: Any, base_url: str | None, api_key: str, timeout: Any) -> Any:
         """A client of the server, made for each event loop the model is used in, with an
         attempt's ``timeout`` (``attempt_timeout``)."""
-        return sdk.AsyncOpenAI(
-            api_key=api_key, **url_options(base_url), max_retries=0, timeout=timeout
-        )
+        return client_at(sdk.AsyncOpenAI, base_url, api_key=api_key, max_retries=0, timeout=timeout)
 
     @property
     def name(self) -> str:
