@@ -4086,24 +4086,36 @@ class _CappedModel(ScriptedModel):
     default_max_tokens = 4_096
 
 
+class _HookCapped(Agent):
+    """Its ``before_model`` hook runs before that of ``@manage_context`` on a subclass."""
+
+    settings = {"max_tokens": 500}
+
+    @before_model
+    async def longer_answers(self, request: ModelRequest) -> ModelRequest:
+        return attrs.evolve(request, settings={**request.settings, "max_tokens": 3_000})
+
+
 @pytest.mark.parametrize(
-    ("model", "settings", "named"),
+    ("model", "settings", "base", "named"),
     [
-        (_CappedModel, {}, "the model's default output cap"),
-        (ScriptedModel, {"max_tokens": 3_000}, "the request's output cap"),
+        (_CappedModel, {}, Agent, "the model's default output cap"),
+        (ScriptedModel, {"max_tokens": 3_000}, Agent, "the request's output cap"),
+        (ScriptedModel, {"max_tokens": 500}, _HookCapped, "the output cap a before_model hook "),
     ],
-    ids=["default cap", "settings"],
+    ids=["default cap", "settings", "hook"],
 )
 async def test_an_answer_cap_not_under_the_window_fails_naming_both(
-    model: type[ScriptedModel], settings: dict[str, int], named: str
+    model: type[ScriptedModel], settings: dict[str, int], base: type[Agent], named: str
 ) -> None:
-    """A request whose ``max_tokens`` alone fills the window (a model's default cap, or
-    the settings') leaves no room for any prompt: the run fails with a
-    ``ConfigurationError`` naming both, before any call."""
+    """A request whose ``max_tokens`` alone fills the window (a model's default cap, the
+    settings', or a ``before_model`` hook's that runs first) leaves no room for any
+    prompt: the run fails with a ``ConfigurationError`` naming both and where the cap
+    came from, before any call."""
     given = settings
 
     @manage_context(context_window_override=3_000)
-    class Capped(Agent):
+    class Capped(base):  # type: ignore[valid-type,misc]
         settings = given
 
     scripted = model([text_response("ok")])
@@ -4111,4 +4123,6 @@ async def test_an_answer_cap_not_under_the_window_fails_naming_both(
     with pytest.raises(ConfigurationError, match=r"\(max_tokens \d+\) is not under the 3000") as e:
         await Capped(model=scripted).run("hi", history=history)
     assert named in str(e.value)
+    fix = "have the hook set a smaller one (the run's settings give 500)"
+    assert str(e.value).endswith(fix if base is _HookCapped else "in the agent's settings")
     assert scripted.requests == []

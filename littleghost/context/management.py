@@ -722,13 +722,22 @@ def _limit_named(fits: int, context: RunContext) -> str:
 
 
 def _cap_fills(request: ModelRequest, context: RunContext, window: int) -> str:
-    """The error of a request whose output cap alone fills ``window``."""
+    """The error of a request whose output cap alone fills ``window``, naming where the
+    cap came from: the run's settings, the model's default, or a ``before_model`` hook
+    that ran before this one (a base class's)."""
     cap = request.max_tokens
-    default = cap == getattr(context.model, "default_max_tokens", None)
-    whose = "the model's default output cap" if default else "the request's output cap"
+    given = attrs.evolve(request, settings=context.settings).max_tokens
+    fix = "set a smaller max_tokens in the agent's settings"
+    if cap != given:  # the run's settings hold the model's default cap, if any
+        whose = "the output cap a before_model hook set"
+        fix = f"have the hook set a smaller one (the run's settings give {given})"
+    elif cap == getattr(context.model, "default_max_tokens", None):
+        whose = "the model's default output cap"
+    else:
+        whose = "the request's output cap"
     return (
         f"{whose} (max_tokens {cap}) is not under the {window}-token context window: no "
-        "prompt fits beside its answer; set a smaller max_tokens in the agent's settings"
+        f"prompt fits beside its answer; {fix}"
     )
 
 
