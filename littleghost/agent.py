@@ -35,7 +35,7 @@ from littleghost._validators import is_callable, is_number, safe_repr, wrong_val
 from littleghost.blocking import run_blocking
 from littleghost.capabilities import Capability, hook_plan, in_effect
 from littleghost.cleanup import DEFAULT_GRACE, close_leaving, enter_block, leave_block, shared_stop
-from littleghost.context.config import ContextManagement
+from littleghost.context.config import ContextManagement, check_result_cap, context_config
 from littleghost.errors import ConfigurationError
 from littleghost.hooks import (
     HOOK_KINDS,
@@ -892,6 +892,8 @@ class Agent(Generic[_O]):
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)
+        if (config := context_config(cls)) is not None:  # a managed base's: its own is checked
+            check_result_cap(cls, config.declared_window)
         _check_resolve_model(cls)
         _check_local_settings(cls)
         if callable(cls.instructions):

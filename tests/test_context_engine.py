@@ -850,6 +850,59 @@ class TestErrors:
         with pytest.raises(ConfigurationError, match="max_tokens \\(3000\\) must be under"):
             await store_free.run("hi")
 
+    @pytest.mark.parametrize("cap", [1_000, 1_001, 50_000])
+    @pytest.mark.parametrize("where", ["decorated", "base", "subclass", "window override"])
+    def test_a_tool_result_cap_not_under_the_window_fails_at_class_definition(
+        self, cap: int, where: str
+    ) -> None:
+        """A declared ``max_tool_result_tokens`` not under the declared window lets one
+        tool result fill it: refused as a summary cap over it is, on the decorated class,
+        a class it inherits the cap from, or a subclass that declares it; one under it
+        is taken, and so is ``Agent``'s default over a small window (never declared)."""
+        window = {"context_window_tokens": 1_000}
+        if where == "window override":
+            window = {"context_window_override": 1_000, "context_window_tokens": 100_000}
+        declared = {"max_tool_result_tokens": cap}
+        base = type("Base", (Agent,), declared if where == "base" else {})
+        expected = f"max_tool_result_tokens ({cap}) must be under the 1000-token context window"
+        with pytest.raises(ConfigurationError, match=re.escape(expected)) as caught:
+            made = manage_context(**window)(  # type: ignore[arg-type]
+                type("Wide", (base,), declared if where in ("decorated", "window override") else {})
+            )
+            type("Sub", (made,), declared if where == "subclass" else {})
+        assert str(caught.value).startswith("Wide: " if where != "subclass" else "Sub: ")
+        narrow = {"max_tool_result_tokens": 999}
+        made = manage_context(**window)(type("Narrow", (Agent,), narrow))  # type: ignore[arg-type]
+        type("NarrowSub", (made,), narrow)
+        manage_context(context_window_tokens=1_000)(type("Default", (Agent,), {}))
+
+    @pytest.mark.parametrize("given", ["class", "constructor", "set"])
+    async def test_a_tool_result_cap_over_the_models_window_fails_at_the_first_call(
+        self, given: str
+    ) -> None:
+        """With the window the model advertises (none declared), a declared
+        ``max_tool_result_tokens`` not under it fails the first call, before it goes
+        out, however declared: on the class, to the constructor, or set on the agent."""
+
+        @manage_context
+        class Capped(Agent):
+            if given == "class":
+                max_tool_result_tokens = 3_000
+
+        model = ScriptedModel([text_response("x")], context_window=2_048)
+        agent = Capped(
+            model=model, **({"max_tool_result_tokens": 2_048} if given == "constructor" else {})
+        )
+        if given == "set":
+            agent.max_tool_result_tokens = 5_000
+        with pytest.raises(
+            ConfigurationError, match=r"max_tool_result_tokens \(\d+\) must be under the 2048"
+        ):
+            await agent.run("hi")
+        assert model.requests == []
+        agent.max_tool_result_tokens = 2_047
+        assert (await agent.run("hi")).output == "x"
+
     @pytest.mark.parametrize(
         "options",
         [

@@ -45,6 +45,7 @@ from littleghost.text import well_formed_value
 __all__ = [
     "ContextManagement",
     "ContextOptions",
+    "check_result_cap",
     "context_config",
     "context_window",
     "reported_window",
@@ -166,9 +167,13 @@ class ContextManagement:
                     f"manage_context: tokenizer {type(tokenizer).__name__}'s count_tokens "
                     f"returned {wrong_value(figure)}, not a number of tokens (>= 0)"
                 )
-        declared = self.context_window_override or self.context_window_tokens
-        self.check_window(declared)
-        self._check_summary_room(declared)
+        self.check_window(self.declared_window)
+        self._check_summary_room(self.declared_window)
+
+    @property
+    def declared_window(self) -> int:
+        """The window a class declares: checked against at class definition."""
+        return self.context_window_override or self.context_window_tokens
 
     def _default_summarizer_only(self) -> str | None:
         """The first keyword given that only the default summarizer reads."""
@@ -305,6 +310,26 @@ def _warn_once(
         provider,
         *figures,
     )
+
+
+def check_result_cap(agent: object, window: int) -> None:
+    """``ConfigurationError`` when ``agent`` (a class or an agent) declares a
+    ``max_tool_result_tokens`` (not ``Agent``'s default) not under ``window``: one tool
+    result could fill it.
+    """
+    name = "max_tool_result_tokens"
+    cls = agent if isinstance(agent, type) else type(agent)
+    owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+    own = not isinstance(agent, type) and name in getattr(agent, "__dict__", {})
+    if not own and (owner is None or "__littleghost_agent__" in vars(owner)):
+        return
+    cap = getattr(agent, name)
+    if cap >= window:
+        raise ConfigurationError(
+            f"{cls.__name__}: max_tool_result_tokens ({cap}) must be under the "
+            f"{window}-token context window @manage_context manages: one tool result "
+            "could fill it"
+        )
 
 
 def context_config(agent: object) -> ContextManagement | None:

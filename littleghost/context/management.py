@@ -55,6 +55,7 @@ from littleghost.context.config import (
     ContextManagement,
     ContextOptions,
     belied_window,
+    check_result_cap,
     context_config,
     context_window,
     reported_window,
@@ -158,6 +159,7 @@ def manage_context(
                 f"{target.__name__} is decorated with @manage_context twice: give all the "
                 "options to one (a subclass may declare its own)"
             )
+        check_result_cap(target, config.declared_window)
         setattr(target, "context_management", config)  # noqa: B010 - any Agent subclass
         hooks = (
             CapabilityHook("before_model", _compact_before_model),
@@ -223,6 +225,7 @@ def _run(context: RunContext, config: ContextManagement) -> _Run:
     if not state.window:
         state.window = context_window(context.model, config)
         config.check_window(state.window)
+        check_result_cap(context.agent, state.window)
         learned_for = scale_for(context.model, config.tokenizer)
         after, scale = remembered(context.messages, learned_for)  # what earlier runs learned
         resume(context, scale)
