@@ -433,6 +433,8 @@ async def _run_in(
     span.set_attribute(
         telemetry.RESPONSE_FINISH_REASONS, (telemetry.finish_reason(result.stop_reason),)
     )
+    if output is None and not result.output.strip():  # no repair turn: "" is a str's value
+        span.set_attribute(telemetry.OUTPUT_EMPTY, True)
     return result
 
 

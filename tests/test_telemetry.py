@@ -546,6 +546,34 @@ async def test_invoke_agent_has_its_seed_and_output_type_from_its_start(
 
 
 @pytest.mark.parametrize("via", ["run", "stream"])
+@pytest.mark.parametrize("text", ["", " \n ", "ok", " ok ", "0"])
+@pytest.mark.parametrize("typed", [False, True], ids=["text", "typed"])
+async def test_a_free_text_run_ending_with_no_text_is_marked_on_invoke_agent(
+    spans: Spans, via: str, text: str, typed: bool
+) -> None:
+    """A free-text run whose final answer has no text (whitespace at most) returns it as
+    it is, marked ``littleghost.output.empty`` on ``invoke_agent`` (a typed run gets a
+    repair turn instead): never the text itself."""
+    steps = [text_response(text)]
+    if typed:
+        steps.append(text_response(json.dumps({"order_id": "42"})))
+    model = ScriptedModel(steps)
+    options: dict[str, Any] = {"output_type": Order} if typed else {}
+    if via == "run":
+        result = await Support(model=model).run("Which order?", **options)
+    else:
+        async with Support(model=model).stream("Which order?", **options) as events:
+            async for _ in events:
+                pass
+        result = events.result
+    assert result.output == (Order("42") if typed else text)  # no text fits no Order: repaired
+    assert len(model.requests) == (2 if typed else 1)
+    attributes = dict(spans.one("invoke_agent").attributes or {})
+    empty = not typed and not text.strip()
+    assert attributes.get("littleghost.output.empty") is (True if empty else None)
+
+
+@pytest.mark.parametrize("via", ["run", "stream"])
 async def test_invoke_agent_has_its_provider_and_model_from_its_start(
     spans: Spans, via: str
 ) -> None:
