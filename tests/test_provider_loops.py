@@ -223,3 +223,30 @@ async def test_a_long_lived_loop_keeps_no_model_it_no_longer_uses() -> None:
         assert [ref() for ref in dropped] == [None] * 20
     finally:
         server.close()
+
+
+@MODEL_KINDS
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_model_dropped_unclosed_in_a_loop_of_its_own_has_its_client_closed_with_it(
+    server: LocalServer, make: Callable[[str], Model], backend: str
+) -> None:
+    # an agent made per request, in an event loop of its own, left to the collector
+    def sockets() -> int:
+        fds = [os.path.join("/proc/self/fd", fd) for fd in os.listdir("/proc/self/fd")]
+        return sum(1 for fd in fds if os.path.exists(fd) and "socket:" in os.readlink(fd))
+
+    agent = support(make(server.url))
+
+    async def request() -> str:
+        return (await agent(model=make(server.url)).run("hello", timeout=10)).output
+
+    assert anyio.run(request, backend=backend) == "hi"
+    gc.collect()
+    before = sockets()
+    gc.disable()  # as between two collections: each client waits for the next one
+    try:
+        for _ in range(20):
+            assert anyio.run(request, backend=backend) == "hi"
+        assert sockets() <= before + 1
+    finally:
+        gc.enable()

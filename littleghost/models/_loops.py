@@ -46,6 +46,10 @@ class _Held:
 
     def __init__(self) -> None:
         self.clients: _Clients = weakref.WeakKeyDictionary()
+        self.made: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        """The clients made here, by ``id``: one whose model was dropped unclosed, left to
+        the garbage collector, is still closed as the loop ends (collected in another
+        loop, its SDK would close it there, and fail)."""
         self.closer: AsyncGenerator[None, None] | None = None
 
 
@@ -157,10 +161,12 @@ class LoopClients:
             ProviderError: The model was closed (``aclose()``).
         """
         self.check_open()
-        clients = await _loop_clients()
-        client = clients.get(self)
+        held = await _loop_held()
+        client = held.clients.get(self)
         if client is None:
-            client = clients[self] = self._new()
+            client = held.clients[self] = self._new()
+            if self.owns:
+                held.made[id(client)] = client
         return client
 
     def _new(self) -> Any:
@@ -190,6 +196,8 @@ class LoopClients:
                     scope.cancel()
         held = _HELD.get(None)
         client = held.clients.pop(self, None) if held is not None else None
+        if held is not None and client is not None:
+            held.made.pop(id(client), None)
         if client is None:
             with self._lock:
                 client, self._first = self._first, None
@@ -212,15 +220,15 @@ def _lost_to_close(error: Exception) -> bool:
     return type(error) is RuntimeError and _CLOSED_CLIENT in str(error)
 
 
-async def _loop_clients() -> _Clients:
-    """The running event loop's clients, by their ``LoopClients``."""
+async def _loop_held() -> _Held:
+    """The running event loop's clients."""
     held = _HELD.get(None)
     if held is None:
         held = _Held()
         _HELD.set(held)
         held.closer = _closed_at_loop_end(held)  # held: collected, it would close at once
         await held.closer.asend(None)
-    return held.clients
+    return held
 
 
 async def _closed_at_loop_end(held: _Held) -> AsyncGenerator[None, None]:
@@ -230,11 +238,13 @@ async def _closed_at_loop_end(held: _Held) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
-        owned = [client for holder, client in held.clients.items() if holder.owns]
+        owned = {id(client): client for holder, client in held.clients.items() if holder.owns}
+        owned.update(held.made)  # those of models dropped unclosed, not yet collected
         held.clients.clear()
+        held.made.clear()
         held.closer = None
         with anyio.CancelScope(shield=True):
-            for client in owned:
+            for client in owned.values():
                 try:
                     await client.close()
                 except Exception as error:  # the loop is ending: nobody is left to tell
