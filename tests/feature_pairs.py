@@ -691,8 +691,9 @@ def make_agent(
         "instructions": "You track parcels for ACME. Use the tools.",
         "max_retries": 0,
         "capture_content": combo["capture"],
-        "max_tool_result_tokens": 12 if combo["result_cap"] == "cut" else 10_000,
     }
+    if combo["result_cap"] == "cut":  # else Agent's default, over the window, undeclared
+        knobs["max_tool_result_tokens"] = 12
     members: dict[str, Any] = {}
     if combo["instructions"] == "callable":
         knobs["instructions"] = instructions
