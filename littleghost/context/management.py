@@ -906,7 +906,7 @@ async def _compact(
         if limit is not None and after > limit:
             alone = fallback is not None and not state.candidates(state.protected)
             compacted, after, outcome.cut_to = await _cut_results(
-                compacted, after, limit, context, config, alone
+                compacted, after, limit, context, config, alone=alone
             )
         if not records and outcome.cut_to is None and len(shown) == len(request.messages):
             strategy = config.strategy
@@ -964,7 +964,8 @@ async def _cut_results(
     window: int,
     context: RunContext,
     config: ContextManagement,
-    alone: bool = False,
+    *,
+    alone: bool,
 ) -> tuple[ModelRequest, int, int | None]:
     """``request`` (``size`` tokens) with its tool results cut until it takes ``CUT_SHARE``
     of ``window``; the request, its size (the model's count when over) and the cut, if any.

@@ -32,10 +32,10 @@ def unanswered_calls(log: Sequence[Message]) -> list[tuple[int, str]]:
     return Layout.scanned(log).unanswered(log)
 
 
-def misplaced_results(log: Sequence[Message], *, orphans: bool = True) -> list[tuple[int, str]]:
+def misplaced_results(log: Sequence[Message]) -> list[tuple[int, str]]:
     """``(position, call_id)`` of every result in ``log`` that answers no open call of its
-    tool message's assistant message (``orphans=False``: not of messages answering none)."""
-    return Layout.scanned(log).misplaced_results(orphans=orphans)
+    tool message's assistant message."""
+    return Layout.scanned(log).misplaced
 
 
 def interrupted_results(
