@@ -315,11 +315,16 @@ class RunContext:
                 if not self._past_deadline():  # a write after it is cleanup, not what it cut
                     self._doing = lambda: "storing messages in the session"
                     self._storing = watch
-                await self.grace.protect(
-                    write,
-                    f"storing {len(messages)} message(s)",
-                    then=lambda: self._extend(messages, still_open),
-                )
+                try:
+                    await self.grace.protect(
+                        write,
+                        f"storing {len(messages)} message(s)",
+                        then=lambda: self._extend(messages, still_open),
+                    )
+                except BaseException:
+                    if not self._past_deadline():  # a tool's timeout cut it: the run goes on
+                        self._doing, self._storing = doing, storing
+                    raise
             self._doing, self._storing = doing, storing  # a write the stop cut is what it did
 
     @contextmanager

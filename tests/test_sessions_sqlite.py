@@ -28,7 +28,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from littleghost import Agent, Message, Role, tool
+from littleghost import Agent, Message, Role, RunContext, tool
 from littleghost.errors import (
     ConfigurationError,
     CorruptSessionStoreError,
@@ -1580,6 +1580,42 @@ class TestDeadlines:
             "connection's write"
         )
         assert await texts(store) == ["before", "hi"]
+
+    async def test_a_tool_s_write_its_timeout_cut_leaves_no_note_on_a_later_deadline(
+        self, store: SQLiteSessionStore
+    ) -> None:
+        """A tool's ``context.append`` waited for the database, busy with another
+        connection's write, past the tool's own timeout; the write landed and the run went
+        on: its deadline, passed later waiting for the model, says nothing of the
+        database."""
+        held = threading.Event()
+
+        def hold_briefly() -> None:  # another connection's write, over by itself
+            with locked(Path(store.path)):
+                held.set()
+                time.sleep(0.6)
+
+        class Noting(Agent):
+            @tool(timeout=0.2)
+            async def note(self, context: RunContext) -> str:
+                """Leave a note."""
+                threading.Thread(target=hold_briefly, daemon=True).start()
+                await anyio.to_thread.run_sync(held.wait)
+                await context.append(Message.developer("note"))
+                return "noted"
+
+        async def hang(request: ModelRequest) -> ModelResponse:
+            await anyio.sleep_forever()
+            raise AssertionError("not reached")
+
+        model = ScriptedModel([tool_call_response("note", {}), hang])
+        with pytest.raises(DeadlineExceededError) as caught:
+            await Noting(model=model, session_store=store).run("hi", session_id="s", timeout=2)
+        assert str(caught.value) == (
+            "Noting did not finish before its deadline, waiting for the model's answer in "
+            "turn 2 (of 100 at most)"
+        )
+        assert "note" in await texts(store)
 
     async def test_closing_keeps_to_the_caller_s_deadline_while_a_call_waits(
         self, store: SQLiteSessionStore
