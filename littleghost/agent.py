@@ -892,8 +892,6 @@ class Agent(Generic[_O]):
                     raise ConfigurationError(f"{klass.__name__}.{name} is not declared: {how}")
         cls.capabilities = in_effect(cls)
         _check_knobs(cls, declaring)
-        if (config := context_config(cls)) is not None:  # a managed base's: its own is checked
-            check_result_cap(cls, config.declared_window)
         _check_resolve_model(cls)
         _check_local_settings(cls)
         if callable(cls.instructions):
@@ -975,6 +973,8 @@ class Agent(Generic[_O]):
         else:
             self._tool_index = cls.__littleghost_tool_index__
         _check_context_management(self, self.context_management)  # as set on the class since
+        if (config := context_config(cls)) is not None:  # a subclass may declare its own window
+            check_result_cap(cls, config.declared_window)
         own_pick = type(self).resolve_model is not Agent.resolve_model  # checked as runs start
         if {"model", "settings"} & given.keys() and not own_pick and is_local_model(self.model):
             check_local_settings(self._settings_owner, self.settings)  # as the class's were

@@ -856,9 +856,10 @@ class TestErrors:
         self, cap: int, where: str
     ) -> None:
         """A declared ``max_tool_result_tokens`` not under the declared window lets one
-        tool result fill it: refused as a summary cap over it is, on the decorated class,
-        a class it inherits the cap from, or a subclass that declares it; one under it
-        is taken, and so is ``Agent``'s default over a small window (never declared)."""
+        tool result fill it: refused as a summary cap over it is, on the decorated class
+        or a class it inherits the cap from, and on a subclass that declares it as the
+        agent is made (it may declare a window of its own); one under it is taken, and
+        so is ``Agent``'s default over a small window (never declared)."""
         window = {"context_window_tokens": 1_000}
         if where == "window override":
             window = {"context_window_override": 1_000, "context_window_tokens": 100_000}
@@ -869,12 +870,29 @@ class TestErrors:
             made = manage_context(**window)(  # type: ignore[arg-type]
                 type("Wide", (base,), declared if where in ("decorated", "window override") else {})
             )
-            type("Sub", (made,), declared if where == "subclass" else {})
+            type("Sub", (made,), declared if where == "subclass" else {})()
         assert str(caught.value).startswith("Wide: " if where != "subclass" else "Sub: ")
         narrow = {"max_tool_result_tokens": 999}
         made = manage_context(**window)(type("Narrow", (Agent,), narrow))  # type: ignore[arg-type]
-        type("NarrowSub", (made,), narrow)
-        manage_context(context_window_tokens=1_000)(type("Default", (Agent,), {}))
+        type("NarrowSub", (made,), narrow)()
+        manage_context(context_window_tokens=1_000)(type("Default", (Agent,), {}))()
+
+    async def test_a_subclass_declaring_its_own_window_takes_a_cap_under_it(self) -> None:
+        """A subclass of a decorated class may declare its own ``@manage_context``: its
+        tool result cap is held to its window, not to the one it replaces."""
+
+        @manage_context(context_window_tokens=8_000)
+        class Narrow(Agent):
+            pass
+
+        @manage_context(context_window_tokens=200_000)
+        class Wide(Narrow):
+            max_tool_result_tokens = 20_000
+
+        model = ScriptedModel([text_response("x")])
+        assert (await Wide(model=model).run("hi")).output == "x"
+        with pytest.raises(ConfigurationError, match=r"\(20000\) must be under the 8000-token"):
+            type("Inherits", (Narrow,), {"max_tool_result_tokens": 20_000})()
 
     @pytest.mark.parametrize("given", ["class", "constructor", "set"])
     async def test_a_tool_result_cap_over_the_models_window_fails_at_the_first_call(
