@@ -77,7 +77,10 @@ def check_stored(log: Sequence[Message], where: str) -> None:
     of its session refuses: a result the view would show under a call it does not answer.
     A tool message whose results answer no call at all is let through: it is left out of
     the view, and an append-only log could never be rid of it."""
-    at = f"message {{}} of {where}".format
+
+    def at(position: int) -> str:  # ``where`` names a session: braces are its own
+        return f"message {position} of {where}"
+
     check_results(Layout.scanned(log).misplaced_results(orphans=False), at)
 
 

@@ -701,3 +701,24 @@ async def test_every_compaction_of_a_stored_log_checks_it_as_a_run_of_its_sessio
         else:
             outcomes.append(None)
     assert outcomes[1] == outcomes[2] == outcomes[0], seed
+
+
+@pytest.mark.parametrize("session_id", ["s", "ticket-{42}", "a{b}", "{}", "}{", "{0!r:>{1}}"])
+async def test_a_stored_log_s_refusal_names_a_session_whatever_its_id(session_id: str) -> None:
+    """A run and ``compact_session`` refuse a stored log holding a misplaced result with
+    the same ``ConfigurationError``, naming the session as it is, braces and all."""
+    call = Message(Role.ASSISTANT, (ToolCall("c1", "count", {}),))
+    beside = Message(Role.TOOL, (ToolResult("c1", "1"), ToolResult("ghost", "stray")))
+    store = InMemorySessionStore()
+    await store.append(session_id, [*chat(8), call, beside, *chat(8, prefix="n")])
+
+    @manage_context(context_window_tokens=4_000)
+    class Assistant(Agent):
+        pass
+
+    agent = Assistant(model=ScriptedModel([text_response("ok")]), session_store=store)
+    expected = f"message 17 of session {session_id!r} holds a result for call 'ghost'"
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        await agent.run("hi", session_id=session_id)
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        await compact_session(store, session_id, Summarization(model=summarizer()))
