@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from littleghost import Message, ToolCall, manage_context
+from littleghost import ImagePart, Message, Role, TextPart, ToolCall, manage_context
 from littleghost.context import (
     ByteEstimator,
     CompactionState,
@@ -491,6 +491,23 @@ async def test_a_turn_without_its_question_says_so() -> None:
     stop = ~tokens_exceed(estimate_messages(log) - 1)  # after the first step
     view = await apply_compaction(log, TurnExcerpts(target=stop))
     assert texts(view)[1] == "[Earlier turn, excerpted: Q: (none) | A: answer 0 | 1 tool call]"
+
+
+async def test_a_question_of_images_is_excerpted_by_them() -> None:
+    """A question that is an image (or text and images) is the turn's question, each image
+    marked ``[image]`` as a summary's transcript marks it, not ``Q: (none)``."""
+    image = ImagePart(url="https://example.com/parcel.png")
+    for question, shown in (
+        (Message(Role.USER, (image,)), "[image]"),
+        (
+            Message(Role.USER, (TextPart("what is"), TextPart("this?"), image, image)),
+            "what is this? [image] [image]",
+        ),
+    ):
+        log = [Message.system("You are terse."), question, Message.assistant("a parcel"), *turn(1)]
+        stop = ~tokens_exceed(estimate_messages(log) - 1)  # after the first step
+        view = await apply_compaction(log, TurnExcerpts(target=stop))
+        assert texts(view)[1] == f"[Earlier turn, excerpted: Q: {shown} | A: a parcel]"
 
 
 async def test_a_turn_with_neither_question_nor_answer_is_excerpted_by_its_calls() -> None:

@@ -129,14 +129,20 @@ def _result_names(messages: Sequence[Message]) -> list[list[str]]:
     return [[name((p, i)) for i in range(len(m.tool_results))] for p, m in enumerate(messages)]
 
 
+def _shown(message: Message) -> str:
+    """``message``'s text, each image in it marked ``[image]``."""
+    text = " ".join(part.text for part in message.content if isinstance(part, TextPart)).strip()
+    images = sum(1 for part in message.content if isinstance(part, ImagePart))
+    return f"{text}{' [image]' * images}".strip()
+
+
 def _lines(message: Message, names: Sequence[str]) -> Iterable[str]:
     if message.is_summary:
         yield f"Earlier summary: {summary_text(message)}"
         return
-    text = " ".join(part.text for part in message.content if isinstance(part, TextPart)).strip()
-    images = sum(1 for part in message.content if isinstance(part, ImagePart))
-    if text or images:
-        yield f"{message.role.value.capitalize()}: {text}{' [image]' * images}".rstrip()
+    text = _shown(message)
+    if text:
+        yield f"{message.role.value.capitalize()}: {text}"
     results = iter(names)
     for part in message.content:
         if isinstance(part, ToolCall):
@@ -161,12 +167,12 @@ def turn_line(message: Message) -> str | None:
 
 
 def excerpt(messages: Sequence[Message], chars: int) -> str | None:
-    """One line for a turn, ``Q: <question> | A: <last answer>``, each cut to ``chars`` and
-    its whitespace runs one space (a ``TurnExcerpts`` line: what it holds); ``None`` when
-    the turn has neither."""
+    """One line for a turn, ``Q: <question> | A: <last answer>`` (the question's images
+    ``[image]``), each cut to ``chars`` and its whitespace runs one space (a
+    ``TurnExcerpts`` line: what it holds); ``None`` when the turn has neither."""
     if len(messages) == 1 and (line := turn_line(messages[0])) is not None:
         return line
-    question = next((m.text for m in messages if m.role is Role.USER and m.text), "")
+    question = next((text for m in messages if m.role is Role.USER if (text := _shown(m))), "")
     answer = next((m.text for m in reversed(messages) if m.role is Role.ASSISTANT and m.text), "")
     if not question and not answer:
         return None
