@@ -311,10 +311,16 @@ class Layout:
         for call_id, stack in self.shadowed.items():
             missing.extend((position, call_id) for position in stack)
 
+        places: dict[int, dict[str, int]] = {}  # each message's call ids: their first place
+
         def order(item: tuple[int, str]) -> tuple[int, int]:
             position, call_id = item
-            calls = [call.id for call in log[position].tool_calls]
-            return position, calls.index(call_id)
+            place = places.get(position)
+            if place is None:
+                place = places[position] = {}
+                for index, call in enumerate(log[position].tool_calls):
+                    place.setdefault(call.id, index)
+            return position, place[call_id]
 
         return sorted(missing, key=order)
 
