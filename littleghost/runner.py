@@ -1008,11 +1008,13 @@ async def _run_tool(
         and _hidden(agent, context, original_id, asked, batch)
     ):
         found = None  # the model called a tool the request did not offer: it does not run
-    name = call.name if found is not None or agent.capture_content else UNDECLARED_TOOL
+    name = call.name if found is not None else UNDECLARED_TOOL
+    if found is None and agent.capture_content:  # the model's text, in the span's name too
+        name = telemetry.reported(call.name)
     attributes = {
         telemetry.OPERATION_NAME: "execute_tool",
         telemetry.TOOL_NAME: name,
-        telemetry.TOOL_CALL_ID: original_id,
+        telemetry.TOOL_CALL_ID: telemetry.reported(original_id),
         telemetry.TOOL_TYPE: "function",
         **telemetry.run_names(agent.name, context.session_id),
     }

@@ -47,6 +47,7 @@ __all__ = [
     "messages_json",
     "open_span",
     "record_call",
+    "reported",
     "tracer",
     "usage_attributes",
 ]
@@ -369,6 +370,22 @@ def server_attributes(model: object) -> dict[str, Any]:
     return attributes
 
 
+REPORTED_CHARS = 256
+"""The most characters telemetry keeps of an id or a name a model or its provider gave
+(an answer's id and model, a call's id, the name of a tool the agent does not declare):
+ten times a real one's, whatever a hostile server sends."""
+
+
+def reported(text: str) -> str:
+    """``text``, an id or name a model gave, as telemetry records it: cut in the middle
+    to ``REPORTED_CHARS`` (a marker saying how many characters it lost) when longer."""
+    if len(text) <= REPORTED_CHARS:
+        return text
+    head = REPORTED_CHARS // 2
+    tail = REPORTED_CHARS - head - 32
+    return f"{text[:head]}…[{len(text) - head - tail} cut]…{text[len(text) - tail :]}"
+
+
 def response_attributes(response: ModelResponse) -> dict[str, Any]:
     """The GenAI response attributes: finish reason, usage, and the response's id and
     model when the provider reported them (metadata, never content)."""
@@ -377,9 +394,9 @@ def response_attributes(response: ModelResponse) -> dict[str, Any]:
         RESPONSE_FINISH_REASONS: (finish_reason(response.stop_reason),),
     }
     if response.response_id is not None:
-        attributes[RESPONSE_ID] = response.response_id
+        attributes[RESPONSE_ID] = reported(response.response_id)
     if response.response_model is not None:
-        attributes[RESPONSE_MODEL] = response.response_model
+        attributes[RESPONSE_MODEL] = reported(response.response_model)
     return attributes
 
 
@@ -503,7 +520,7 @@ def record_call(
     kind = None if error is None else ended_type(error, deadline)
     kept = {name: value for name, value in attributes.items() if name in _METRIC_ATTRIBUTES}
     if response is not None and response.response_model is not None:
-        kept[RESPONSE_MODEL] = response.response_model
+        kept[RESPONSE_MODEL] = reported(response.response_model)
     # never changed once recorded: older SDKs keep the dict as the series' attributes
     timed = kept if kind is None else {**kept, ERROR_TYPE: kind}
     _CALL_DURATION.record(time.perf_counter() - started, timed)

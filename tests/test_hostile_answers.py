@@ -5,12 +5,16 @@ answer holds, and what telemetry records of it without ``capture_content`` stays
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from littleghost import Agent, Message, ToolCall, tool
 from littleghost.errors import LimitExceededError
 from littleghost.models import ModelResponse
-from littleghost.testing import ScriptedModel
+from littleghost.telemetry import REPORTED_CHARS
+from littleghost.testing import ScriptedModel, text_response
+from tests.conftest import Histograms, Spans
 
 
 class CountedId(str):
@@ -58,3 +62,39 @@ def test_the_calls_of_one_answer_are_paired_in_work_linear_in_their_number(
     answer of 100 000 calls held the event loop for minutes)."""
     few, many = _comparisons(200, max_tool_calls), _comparisons(800, max_tool_calls)
     assert many <= 5 * max(few, 200)
+
+
+CAPTURED = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments")
+"""Span attributes holding content (``capture_content``), whole by design."""
+
+
+@pytest.mark.parametrize("capture_content", [False, True])
+def test_ids_and_names_a_model_gives_are_bounded_in_telemetry(
+    capture_content: bool, spans: Spans, histograms: Histograms
+) -> None:
+    """An answer's id and model, its calls' ids and an undeclared tool's name, of any
+    length a hostile server sends, are cut to ``REPORTED_CHARS`` in spans (their names
+    too) and metrics: a span of megabytes would make a collector refuse its whole batch,
+    and each model name is a metric series kept for the process's life."""
+    draw = random.Random(7)
+    for _ in range(6):
+        spans.clear()
+
+        def text(tag: str) -> str:
+            return tag + "".join(draw.choice("ab\n ☃") for _ in range(draw.randrange(2_000)))
+
+        calls = [ToolCall(text("id"), "echo", {"x": 1}), ToolCall(text("id"), text("name"), {})]
+        answer = ModelResponse(
+            Message.assistant(tool_calls=calls),
+            stop_reason="tool_use",
+            response_id=text("rid"),
+            response_model=text("model"),
+        )
+        model = ScriptedModel([answer, text_response("done")])
+        Echo(model=model, capture_content=capture_content).run_sync("go")
+        for span in spans.all():
+            assert len(span.name) <= REPORTED_CHARS + len("execute_tool ")
+            for name, value in dict(span.attributes or {}).items():
+                if name not in CAPTURED:
+                    assert len(str(value)) <= REPORTED_CHARS, name
+        assert all(len(value) <= REPORTED_CHARS for value in histograms.every_text())
