@@ -5,16 +5,32 @@ answer holds, and what telemetry records of it without ``capture_content`` stays
 
 from __future__ import annotations
 
+import json
 import random
+from typing import Any
 
 import pytest
 
 from littleghost import Agent, Message, ToolCall, tool
 from littleghost.errors import LimitExceededError
-from littleghost.models import ModelResponse
+from littleghost.models import Model, ModelResponse
+from littleghost.models import anthropic as anthropic_module
+from littleghost.models import openai as openai_module
 from littleghost.telemetry import REPORTED_CHARS
 from littleghost.testing import ScriptedModel, text_response
 from tests.conftest import Histograms, Spans
+from tests.sdk_bodies import (
+    FakeServer,
+    SDKClients,
+    anthropic_sse,
+    chunk,
+    event_stream,
+    finish,
+    message_start,
+    openai_sse,
+    text_block,
+    tool_use_block,
+)
 
 
 class CountedId(str):
@@ -98,3 +114,85 @@ def test_ids_and_names_a_model_gives_are_bounded_in_telemetry(
                 if name not in CAPTURED:
                     assert len(str(value)) <= REPORTED_CHARS, name
         assert all(len(value) <= REPORTED_CHARS for value in histograms.every_text())
+
+
+class CountedPiece(str):
+    """A streamed piece counting the characters a concatenation onto it copies."""
+
+    copied = 0
+
+    def __radd__(self, other: str) -> str:
+        CountedPiece.copied += len(other)
+        return str.__add__(other, self)
+
+
+class CountingJson:
+    """The ``json`` module, but each str it reads a ``CountedPiece``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
+
+    @staticmethod
+    def loads(data: str | bytes, **options: Any) -> Any:
+        def counted(value: Any) -> Any:
+            if isinstance(value, str):
+                return CountedPiece(value)
+            if isinstance(value, list):
+                return [counted(item) for item in value]
+            return value
+
+        return json.loads(data, object_hook=lambda o: {k: counted(v) for k, v in o.items()})
+
+
+def _streamed_arguments(provider: str, pieces: list[str]) -> Any:
+    if provider == "openai":
+        first = {"id": "call_1", "type": "function", "function": {"name": "keep"}}
+        events = [
+            chunk({"tool_calls": [{"index": 0, **first}]}),
+            *(chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces),
+            chunk({}, "tool_calls"),
+        ]
+        return event_stream(openai_sse(*events))
+    blocks = tool_use_block(0, "toolu_1", "keep", *pieces)
+    return event_stream(anthropic_sse(message_start(), *blocks, *finish("tool_use", 5)))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_streamed_answer_is_joined_once_not_copied_piece_by_piece(
+    provider: str, sdk_clients: SDKClients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text and a call's arguments streamed in many small pieces are joined once read:
+    adding each piece to the text so far copied it each time, work growing with the
+    square of the answer (a hostile server's 4 MB of arguments in 16-byte pieces took
+    54 s)."""
+    module = openai_module if provider == "openai" else anthropic_module
+    monkeypatch.setattr(module, "json", CountingJson())
+    arguments = json.dumps({"text": "y" * 20_000})
+    pieces = [arguments[i : i + 16] for i in range(0, len(arguments), 16)]
+    answers = [_streamed_arguments(provider, pieces)]
+    if provider == "openai":
+        answers.append(event_stream(openai_sse(chunk({"content": "fine"}, "stop"))))
+        model: Model = sdk_clients.openai_model(FakeServer(*answers))
+    else:
+        answers.append(
+            event_stream(
+                anthropic_sse(message_start(), *text_block(0, "fine"), *finish("end_turn", 1))
+            )
+        )
+        model = sdk_clients.anthropic_model(FakeServer(*answers))
+    kept: list[int] = []
+
+    class Keeper(Agent):
+        @tool
+        async def keep(self, text: str) -> str:
+            """Keep text."""
+            kept.append(len(text))
+            return "kept"
+
+    CountedPiece.copied = 0
+    async with Keeper(model=model).stream("go") as events:
+        async for _ in events:
+            pass
+    assert kept == [20_000]
+    assert CountedPiece.copied <= 4 * len(arguments)

@@ -479,9 +479,17 @@ def _opening(index: int, block: Mapping[str, Any]) -> ModelStreamEvent | None:
     return TextChunk(piece) if kind == "text" else ReasoningChunk(piece)
 
 
-def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tuple[str, str]:
-    """Add a ``content_block_delta`` event to the block it continues; the field it added
-    to and the piece (``("", "")`` for a kind of delta not kept).
+Pieces = dict[tuple[int, str], list[str]]
+"""The text streamed to each field of each block (its index and the field's name): the
+text it started with, then each piece, joined once the answer is read (``_joined``), not
+as each piece comes (which copies the text so far each time)."""
+
+
+def _added(
+    blocks: Mapping[int, dict[str, Any]], pieces: Pieces, event: Mapping[str, Any]
+) -> tuple[str, str]:
+    """Add a ``content_block_delta`` event to the ``pieces`` of the block it continues;
+    the field it added to and the piece (``("", "")`` for a kind of delta not kept).
 
     Raises:
         ProtocolError: The delta is of the wrong shape, continues no block started, or
@@ -502,8 +510,20 @@ def _added(blocks: Mapping[int, dict[str, Any]], event: Mapping[str, Any]) -> tu
             f"{'was not started' if block is None else 'is of another kind'}"
         )
     piece = text_of(PROVIDER, delta.get(field), f"content_block_delta.delta.{field}")
-    block[field] = text_of(PROVIDER, block.get(field), f"content block {index}.{field}") + piece
+    kept = pieces.get((index, field))
+    if kept is None:
+        start = text_of(PROVIDER, block.get(field), f"content block {index}.{field}")
+        kept = pieces[index, field] = [start]
+    kept.append(piece)
     return field, piece
+
+
+def _joined(blocks: Mapping[int, dict[str, Any]], pieces: Pieces) -> dict[int, dict[str, Any]]:
+    """``blocks`` with the ``pieces`` streamed to their fields joined."""
+    joined = {index: dict(block) for index, block in blocks.items()}
+    for (index, field), kept in pieces.items():
+        joined[index][field] = "".join(kept)
+    return joined
 
 
 def _whole_input(block: Mapping[str, Any]) -> bool:
@@ -807,6 +827,7 @@ class AnthropicModel:
         """
         params = self._params(request)
         blocks: dict[int, dict[str, Any]] = {}
+        pieces: Pieces = {}
         reason: object = None
         usage: dict[str, Any] = {}
         started: dict[str, Any] = {}
@@ -822,7 +843,7 @@ class AnthropicModel:
                 stopped
                 and any(block.get("type") in ("text", "tool_use") for block in blocks.values())
                 and ended.issuperset(blocks)
-                and all(map(_whole_input, blocks.values()))
+                and all(map(_whole_input, _joined(blocks, pieces).values()))
             )
 
         with (
@@ -871,7 +892,7 @@ class AnthropicModel:
                                     if opening is not None:
                                         yield opening
                                 elif kind == "content_block_delta":
-                                    field, piece = _added(blocks, event)
+                                    field, piece = _added(blocks, pieces, event)
                                     if piece and field == "text":
                                         yield TextChunk(piece)
                                     elif piece and field == "thinking":
@@ -896,7 +917,7 @@ class AnthropicModel:
                 return
             if not whole():
                 raise stream_cut_off(self.provider)
-            response = _streamed_response(blocks, reason, usage, started)
+            response = _streamed_response(_joined(blocks, pieces), reason, usage, started)
             cap, window = params["max_tokens"], self.context_window
             response = check_window_room(self.provider, response, cap, window)
         yield StreamDone(response)

@@ -473,7 +473,7 @@ def _arguments(call: Mapping[str, Any]) -> str:
     so far, or whole, again with each piece), the last piece, if it is one. A stream in
     pieces whose join is an object is never read so, and one whose join is none held no
     arguments anyway."""
-    joined: str = call["arguments"]
+    joined = "".join(call["arguments"])
     last: str = call["last"]
     if call["repeats"] and last != joined and not whole_arguments(joined) and whole_arguments(last):
         return last
@@ -1006,7 +1006,7 @@ class OpenAIModel:
                                                 "id": named,
                                                 "type": kind,
                                                 "name": "",
-                                                "arguments": "",
+                                                "arguments": [],  # its pieces
                                                 "last": "",
                                                 "repeats": True,
                                                 "signature": None,
@@ -1031,7 +1031,7 @@ class OpenAIModel:
                                                 call["last"]
                                             )
                                             call["last"] = given
-                                        call["arguments"] += given
+                                        call["arguments"].append(given)  # joined once read
                                     finish_reason = (
                                         text_of(
                                             provider,
