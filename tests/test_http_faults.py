@@ -54,6 +54,7 @@ from tests.sdk_bodies import (
     text_block,
 )
 
+from .stores import eventually
 from .timing import LATE
 
 if TYPE_CHECKING:
@@ -1583,6 +1584,39 @@ async def test_request_timeout_ends_an_attempt_on_a_silent_server(
             assert log[-1].text == "fine"
         else:
             assert (await agent.run("hello")).output == "fine"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_wait_for_a_pooled_connection_past_the_pool_timeout_says_so(
+    provider: str,
+) -> None:
+    """A request waiting past its client's pool timeout for a connection (every one in
+    use by other runs) fails as a timeout that names the pool: it was never sent."""
+    server = RawServer(Connection.stall)
+    http = httpx2.AsyncClient(
+        limits=httpx2.Limits(max_connections=1), timeout=httpx2.Timeout(30, pool=0.2)
+    )
+    model: OpenAIModel | AnthropicModel
+    if provider == "openai":
+        given: Any = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="k", http_client=http)
+        model = OpenAIModel("gpt-4o-mini", client=given)
+    else:
+        given = anthropic.AsyncAnthropic(base_url=server.url, api_key="k", http_client=http)
+        model = AnthropicModel("claude-sonnet-4-5", client=given)
+    try:
+        async with Plain(model=model, max_retries=1) as agent, anyio.create_task_group() as group:
+            group.start_soon(agent.run, "holds the only connection")
+            assert await eventually(lambda: bool(server.requests))
+            with pytest.raises(ProviderUnavailableError) as caught:
+                await agent.run("waits for it")
+            group.cancel_scope.cancel()
+        assert caught.value.code == "timeout"
+        assert "waiting for a connection of its HTTP client's pool" in str(caught.value)
+        assert "never sent" in str(caught.value)
+        assert len(server.requests) == 1
+    finally:
+        await given.close()
+        server.close()
 
 
 async def test_request_timeout_applies_to_a_client_given() -> None:

@@ -637,6 +637,17 @@ def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds]:
     return tuple(errors), tuple(timeouts), tuple(unconnected)
 
 
+def pool_timeouts() -> tuple[type[BaseException], ...]:
+    """The HTTP libraries' timeouts of a wait for a connection of a client's pool."""
+    kinds = []
+    for name in ("httpx2", "httpx"):
+        try:
+            kinds.append(importlib.import_module(name).PoolTimeout)
+        except ImportError:
+            continue
+    return tuple(kinds)
+
+
 SHORTEST_HIDDEN = 8
 """The shortest key ``error_mapper`` hides: a shorter one (a keyless server's
 placeholder) would hide words."""
@@ -894,6 +905,7 @@ def _classifier(
     """``error_mapper``'s mapping, before keys are hidden."""
     http_errors, timeouts, unconnected = transport_errors()
     proxy_errors = tuple(kind for kind in unconnected if kind.__name__ == "ProxyError")
+    pooled = pool_timeouts()
 
     def lost(error: BaseException | None) -> bool:
         """Whether ``error``, the HTTP library's, came once a connection was made."""
@@ -912,7 +924,8 @@ def _classifier(
         if isinstance(redirect, _Redirected):  # raised by a hook: the SDK's, as its cause
             return _redirected(provider, redirect)
         if isinstance(error, sdk.APITimeoutError):
-            return transport_error(provider, timeout=True, head=_noted_head(error))
+            waited = isinstance(error.__cause__, pooled)  # the SDK's, from the library's
+            return transport_error(provider, timeout=True, head=_noted_head(error), pooled=waited)
         if isinstance(error, (sdk.APIConnectionError, *http_errors)):
             refused = _refused_connection(provider, error, proxy_errors)
             if refused is not None:
@@ -931,6 +944,7 @@ def _classifier(
             return transport_error(
                 provider,
                 timeout=isinstance(error, timeouts),
+                pooled=isinstance(error, pooled),
                 lost=lost(error),
                 head=_noted_head(error),
                 server=_server_named(error),

@@ -569,17 +569,25 @@ def transport_error(
     lost: bool = False,
     head: tuple[int, bool | None] | None = None,
     server: str | None = None,
+    pooled: bool = False,
 ) -> ProviderUnavailableError:
-    """The exception for a request that got no whole answer: a timeout, a connection that
-    could not be made (``connection_error``, naming the ``server``'s host and port when
-    known, never more of its URL), or one ``lost`` once made, before the answer was whole
-    (``connection_lost``: reset, or closed early).
+    """The exception for a request that got no whole answer: a timeout (one ``pooled``:
+    spent waiting for a connection of the client's pool, the request never sent), a
+    connection that could not be made (``connection_error``, naming the ``server``'s host
+    and port when known, never more of its URL), or one ``lost`` once made, before the
+    answer was whole (``connection_lost``: reset, or closed early).
 
     ``head`` is the status and ``x-should-retry`` of the answer's head, when one came
     that speaks for the answer (``noted_head``): an error status is kept as the error's
     ``status``, and the header as its ``should_retry``.
     """
-    if timeout:
+    if timeout and pooled:
+        message = (
+            "the request timed out waiting for a connection of its HTTP client's pool "
+            "(every one in use by other requests; it was never sent)"
+        )
+        code = "timeout"
+    elif timeout:
         message, code = "the request timed out", "timeout"
     elif lost:
         message = "the connection to the provider was lost before the answer was complete"
