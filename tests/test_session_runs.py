@@ -11,6 +11,7 @@ import functools
 import gc
 import inspect
 import json
+import random
 import sys
 import textwrap
 import threading
@@ -58,6 +59,7 @@ from littleghost.sessions.locks import SessionLocks
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .conftest import CHILD_PROCESS_ONLY
+from .faults import log_problems, request_problems, unanswered
 from .stores import (
     RUN_KINDS,
     LockingStore,
@@ -785,6 +787,82 @@ class TestConcurrentRuns:
                         refused.append(str(caught.value))
         assert "wait for itself" in refused[0]
         assert events.result.output == "done"
+
+    @pytest.mark.parametrize("seed", range(3))
+    @pytest.mark.parametrize("managed", [False, True], ids=["plain", "compacting"])
+    async def test_a_storm_of_runs_of_few_sessions_stopped_at_random_leaves_logs_whole(
+        self, store: SessionStore, seed: int, managed: bool
+    ) -> None:
+        """Several runs of each of a few sessions at once (so most wait for theirs), half
+        cancelled and many given deadlines at random points (waiting, in the model, in a
+        tool, storing, compacting): no run is refused as busy, every request a provider
+        would take, every stored log whole (no result without its call, nothing twice, no
+        record over what it does not follow), each finished run's messages in it in one
+        piece, and the next run of each session answers every call left open."""
+        sessions, runs_each = 6, 5
+        draw = random.Random(seed)
+        problems: list[str] = []
+
+        async def answer(request: ModelRequest) -> ModelResponse:
+            await anyio.sleep(draw.uniform(0, 0.005))
+            problems.extend(request_problems(request.messages))
+            if not request.tools:  # a summary's call
+                return text_response("## Summary\nQuestions were asked; work was done.")
+            if request.messages[-1].tool_results or draw.random() < 0.3:
+                return text_response("done " * draw.randrange(1, 40))
+            return tool_call_response("work", {"pause": draw.uniform(0, 0.01)})
+
+        class Worker(Agent):
+            @tool
+            async def work(self, pause: float) -> str:
+                """Work a while.
+
+                Args:
+                    pause: Seconds.
+                """
+                await anyio.sleep(pause)
+                return "worked"
+
+        agent_class = Worker
+        if managed:
+            agent_class = manage_context(compression_threshold=0.5, preserve_recent_messages=2)(
+                Worker
+            )
+        steps = [answer] * (sessions * runs_each * 40)
+        agent = agent_class(model=ScriptedModel(steps, context_window=500), session_store=store)
+        finished: dict[str, list[tuple[Message, ...]]] = {f"s{i}": [] for i in range(sessions)}
+
+        async def one(session_id: str, question: str) -> None:
+            with anyio.CancelScope() as scope:
+                if draw.random() < 0.5:
+                    scope.deadline = anyio.current_time() + draw.uniform(0, 0.2)
+                timeout = draw.choice([0.03, 0.15, None])
+                with contextlib.suppress(DeadlineExceededError):
+                    result = await agent.run(question, session_id=session_id, timeout=timeout)
+                    finished[session_id].append(result.messages[question_at(result, question) :])
+
+        def question_at(result: Any, question: str) -> int:
+            return [message.text for message in result.messages].index(question)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for run in range(runs_each):
+                    for session_id in finished:
+                        group.start_soon(one, session_id, f"{session_id} question {run}")
+        assert sum(map(len, finished.values())) > 0
+        for session_id, runs in finished.items():
+            log = await store.load(session_id)
+            ids = [message.id for message in log]
+            problems.extend(log_problems(log))
+            for own in runs:  # what each finished run added, in one piece
+                start = ids.index(own[0].id)
+                if ids[start : start + len(own)] != [message.id for message in own]:
+                    problems.append(f"a finished run of {session_id} is not whole in its log")
+            later = await agent.run("and now?", session_id=session_id)
+            assert later.messages[: len(log)] == log
+            problems.extend(log_problems(later.messages))
+            problems.extend(f"{call} never answered" for call in unanswered(later.messages))
+        assert problems == []
 
 
 FORKED_RUN = textwrap.dedent(
