@@ -49,6 +49,7 @@ from littleghost.sessions import (
     SessionStats,
     message_to_json,
 )
+from littleghost.sessions.postgres import _SCHEMA, _SCHEMA_LOCK
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
 from .ci import missing
@@ -75,6 +76,18 @@ def query(conninfo: str, statement: str) -> list[tuple[object, ...]]:
     with psycopg.connect(conninfo, autocommit=True) as connection:
         cursor = connection.execute(statement)
         return cursor.fetchall() if cursor.description else []
+
+
+def waiting_for_schema_lock(conninfo: str) -> bool:
+    """Whether a connection waits for the lock held while the tables are checked."""
+    key, seed = _SCHEMA_LOCK
+    return bool(
+        query(
+            conninfo,
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            f" AND classid = {key} AND objid = {seed} AND objsubid = 2",
+        )
+    )
 
 
 async def sql(conninfo: str, statement: str) -> list[tuple[object, ...]]:
@@ -119,6 +132,33 @@ class TestSchema:
             assert await store.list_sessions() == ()
         rows = await sql(conninfo, "SELECT key, value FROM littleghost_meta ORDER BY key")
         assert rows == [("format", "littleghost.sessions"), ("schema_version", "1")]
+
+    async def test_tables_made_by_another_worker_while_a_call_waits_to_check_are_used(
+        self, conninfo: str
+    ) -> None:
+        """A worker's call that waits for the tables' check while another worker makes
+        them uses them, also on a connection that looked for them before (PostgreSQL
+        keeps what a connection found missing until its next transaction begins)."""
+        import psycopg
+
+        await sql(conninfo, "CREATE DOMAIN littleghost_meta AS text")
+        async with PostgresSessionStore(conninfo, max_connections=1) as store:
+            with pytest.raises(SessionStoreError, match="already exists"):
+                await store.list_sessions()  # looked for the tables: none
+            await sql(conninfo, "DROP DOMAIN littleghost_meta")
+            with psycopg.connect(conninfo, autocommit=True) as other:
+                other.execute("SELECT pg_advisory_lock(%s, %s)", _SCHEMA_LOCK)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(store.list_sessions)
+                    assert await eventually(lambda: waiting_for_schema_lock(conninfo))
+                    for statement in _SCHEMA:  # the other worker makes the tables
+                        other.execute(statement)
+                    other.execute(
+                        "INSERT INTO littleghost_meta (key, value)"
+                        " VALUES ('format', 'littleghost.sessions'), ('schema_version', '1')"
+                    )
+                    other.execute("SELECT pg_advisory_unlock(%s, %s)", _SCHEMA_LOCK)
+            assert await store.list_sessions() == ()
 
     async def test_tables_made_before_stored_times_load_without_times(self, conninfo: str) -> None:
         for statement in (

@@ -1195,7 +1195,20 @@ class PostgresSessionStore:
 
     def _prepare(self, connection: psycopg.Connection[Any], operation: _Operation) -> None:
         """Check the tables are a littleghost store of a known schema; make them if absent
-        (unless read-only). Then learn where they are."""
+        (unless read-only). Then learn where they are.
+
+        Once more when making them finds them made: another connection made them while
+        this one waited for the lock of the check, its transaction begun before that
+        (PostgreSQL renews what a connection found missing as its next one begins)."""
+        try:
+            self._prepare_once(connection, operation)
+        except self._psycopg.errors.DuplicateTable:
+            if operation.abandoned or connection.broken:
+                raise
+            self._prepare_once(connection, operation)
+
+    def _prepare_once(self, connection: psycopg.Connection[Any], operation: _Operation) -> None:
+        """``_prepare`` in one transaction."""
         with self._transaction(connection, operation):
             self._check_tables(connection)
             found = connection.execute(
