@@ -20,12 +20,14 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     RateLimitError,
 )
+from littleghost.messages import ToolResult
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 from tests.conftest import Spans
 from tests.raw_http import refused_url
 from tests.sdk_bodies import SDKClients, error_answer
+from tests.stores import working_until
 
 pytestmark = pytest.mark.anyio
 
@@ -165,11 +167,13 @@ async def slow_tool(clients: SDKClients, tmp: Path) -> BaseException:
 
 async def session_held(clients: SDKClients, tmp: Path) -> BaseException:
     store = SQLiteSessionStore(tmp / "s.db")
-    first = Slow(model=ScriptedModel([tool_call_response("look_up", {})]), session_store=store)
+    in_tool, release = anyio.Event(), anyio.Event()
+    holder = working_until(in_tool, release)
+    first = holder(model=ScriptedModel([tool_call_response("work", {})]), session_store=store)
     second = Agent(model=ScriptedModel([text_response("never")]), session_store=store)
     async with anyio.create_task_group() as group:
-        group.start_soon(raised, first.run("hi", session_id="customer-42", timeout=20))
-        await anyio.sleep(1)
+        group.start_soon(raised, first.run("hi", session_id="customer-42"))
+        await in_tool.wait()
         error = await raised(second.run("hi", session_id="customer-42", timeout=5))
         group.cancel_scope.cancel()
     await store.aclose()
@@ -360,3 +364,20 @@ async def test_a_row_s_failure_says_what_the_row_quotes(
     failed = [dict(span.attributes or {}).get("error.type") for span in spans.named("invoke_agent")]
     assert expected in failed
     assert not isinstance(error, CompactionError)
+
+
+async def test_a_tool_the_deadline_cut_is_answered_in_the_log_by_its_run(
+    tmp_path: Path,
+) -> None:
+    """The row of a tool cut by the deadline: the run answers the call in the stored log
+    as it stops, saying it may have happened (on real time: the store works in threads)."""
+    model = ScriptedModel([tool_call_response("look_up", {})])
+    async with SQLiteSessionStore(tmp_path / "s.db") as store:
+        agent = Slow(model=model, session_store=store)
+        error = await raised(agent.run("hi", session_id="s", timeout=0.5))
+        stored = await store.load("s")
+    assert "running tool 'look_up'" in str(error)
+    answer = stored[-1].content[0]
+    assert isinstance(answer, ToolResult)
+    assert answer.is_error
+    assert "may have happened" in answer.content
