@@ -20,7 +20,7 @@ from littleghost.errors import (
     ContextWindowOverflowError,
     RateLimitError,
 )
-from littleghost.messages import ToolResult
+from littleghost.messages import Message, ToolResult
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
@@ -203,6 +203,31 @@ async def postgres_refused(clients: SDKClients, tmp: Path) -> BaseException:
         return await raised(agent.run("hi", session_id="s"))
 
 
+async def stored_then_changed(tmp: Path, statement: str) -> BaseException:
+    """The error of a run of session ``s`` of a store holding one message, after
+    ``statement`` (SQL, its parameter the stored message) changed the store."""
+    path = tmp / "s.db"
+    async with SQLiteSessionStore(path) as store:
+        await store.append("s", [Message.user("hi")])
+    with sqlite3.connect(path) as db:
+        (body,) = db.execute("SELECT body FROM littleghost_messages").fetchone()
+        db.execute(statement, (body,) if "?" in statement else ())
+    db.close()
+    async with SQLiteSessionStore(path) as store:
+        agent = Agent(model=ScriptedModel([text_response("x")]), session_store=store)
+        return await raised(agent.run("hi", session_id="s"))
+
+
+async def newer_schema(clients: SDKClients, tmp: Path) -> BaseException:
+    bump = "UPDATE littleghost_meta SET value = '2' WHERE key = 'schema_version'"
+    return await stored_then_changed(tmp, bump)
+
+
+async def newer_part_type(clients: SDKClients, tmp: Path) -> BaseException:
+    video = "UPDATE littleghost_messages SET body = replace(?, '\"text\"', '\"video\"')"
+    return await stored_then_changed(tmp, video)
+
+
 ROWS: dict[str, list[tuple[Reproduce, tuple[str, ...]]]] = {
     # first cell of the row: (a reproduction, the fragments its error's text holds), ...
     "`ProviderUnavailableError`, `could not reach the provider at HOST:PORT` (`code` "
@@ -304,6 +329,19 @@ ROWS: dict[str, list[tuple[Reproduce, tuple[str, ...]]]] = {
             ),
         ),
     ],
+    "`SchemaVersionError`": [
+        (newer_schema, ("SchemaVersionError", "!Upgrade littleghost")),
+    ],
+    "`CorruptSessionStoreError`": [
+        (
+            newer_part_type,
+            (
+                "CorruptSessionStoreError",
+                "!session 's', message at position 0",
+                "has a part type this littleghost does not know: written by a newer littleghost",
+            ),
+        ),
+    ],
 }
 
 PINNED_ELSEWHERE = {
@@ -312,8 +350,6 @@ PINNED_ELSEWHERE = {
     "`SessionStoreError`, `cannot be written: ...`": "test_sessions_sqlite (needs a mount)",
     "`SessionStoreError`, `database or disk is full`": "SQLite's own text, passed on",
     "`SessionStoreError`, `changed under the run that holds it`": "test_session_fences",
-    "`SchemaVersionError`": "test_sessions_sqlite",
-    "`CorruptSessionStoreError`": "test_sessions",
 }
 
 
