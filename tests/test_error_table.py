@@ -5,7 +5,13 @@ added to the page needs a reproduction here, or a test named elsewhere that pins
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ from littleghost.messages import Message, ToolResult
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
+from tests.ci import missing
 from tests.conftest import Spans
 from tests.raw_http import refused_url
 from tests.sdk_bodies import SDKClients, error_answer
@@ -348,13 +355,16 @@ PINNED_ELSEWHERE = {
     "`DeadlineExceededError`, `storing messages in the session`": "test_retries_and_deadlines",
     "a tool's `execute_tool` span ERROR, the run going on": "test_telemetry",
     "`SessionStoreError`, `cannot be written: ...`": "test_sessions_sqlite (needs a mount)",
-    "`SessionStoreError`, `database or disk is full`": "SQLite's own text, passed on",
     "`SessionStoreError`, `changed under the run that holds it`": "test_session_fences",
 }
 
 
+DISK_FULL = "`SessionStoreError`, `database or disk is full`"
+"""The row reproduced in a child of its own (a full file system, mounted there)."""
+
+
 def test_every_row_of_the_table_is_reproduced_or_pinned_elsewhere() -> None:
-    assert set(table_rows()) == set(ROWS) | set(PINNED_ELSEWHERE)
+    assert set(table_rows()) == {*ROWS, *PINNED_ELSEWHERE, DISK_FULL}
 
 
 def described(error: BaseException) -> str:
@@ -417,3 +427,73 @@ async def test_a_tool_the_deadline_cut_is_answered_in_the_log_by_its_run(
     assert isinstance(answer, ToolResult)
     assert answer.is_error
     assert "may have happened" in answer.content
+
+
+FULL_DISK_CHILD = textwrap.dedent(
+    """
+    import json, subprocess, sys
+
+    import anyio
+
+    from littleghost import Agent
+    from littleghost.sessions import SQLiteSessionStore
+    from littleghost.testing import ScriptedModel, text_response
+
+
+    async def texts(agent, store, question):
+        try:
+            result = await agent(store).run(question, session_id="s")
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return [message.text for message in result.messages]
+
+
+    async def main(folder):
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", folder], check=True)
+        def agent(store):
+            return Agent(model=ScriptedModel([text_response("ok")]), session_store=store)
+        found = {}
+        async with SQLiteSessionStore(f"{folder}/s.db") as store:
+            found["first"] = await texts(agent, store, "hi")
+            filler = ["dd", "if=/dev/zero", f"of={folder}/filler", "bs=4k", "count=1000"]
+            subprocess.run(filler, capture_output=True)  # fails once the disk is full
+            found["full"] = await texts(agent, store, "x" * 100_000)
+            found["stored"] = [message.text for message in await store.load("s")]
+            subprocess.run(["rm", f"{folder}/filler"], check=True)
+            found["room"] = await texts(agent, store, "again")
+        print(json.dumps(found))
+
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+def test_a_full_disk_says_so_and_the_next_run_goes_on_from_the_log(
+    tmp_path: Path,
+) -> None:
+    """The row of a full disk: SQLite's words in the store's error; the message the run
+    was storing is not in the log, and once there is room the next run goes on."""
+    if shutil.which("unshare") is None:
+        missing("a full file system is mounted with unshare, which is missing")
+    prefix = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        prefix[1:1] = ["--user", "--map-root-user"]
+    folder = tmp_path / "mounted"
+    folder.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(FULL_DISK_CHILD)
+    done = subprocess.run(
+        [*prefix, sys.executable, str(script), str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["first"] == ["hi", "ok"]
+    assert found["full"].startswith("SessionStoreError: SQLite session store ")
+    assert found["full"].endswith("database or disk is full")
+    assert found["stored"] == ["hi", "ok"]
+    assert found["room"] == ["hi", "ok", "again", "ok"]
