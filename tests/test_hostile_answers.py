@@ -196,3 +196,29 @@ async def test_a_streamed_answer_is_joined_once_not_copied_piece_by_piece(
             pass
     assert kept == [20_000]
     assert CountedPiece.copied <= 4 * len(arguments)
+
+
+@pytest.mark.anyio
+async def test_events_after_an_answer_s_stop_do_not_join_its_text_again(
+    sdk_clients: SDKClients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each event after ``message_stop`` (a proxy's pings, before a stop reason) asks
+    whether the answer came whole, which looks at calls' inputs only: joining the text
+    each time made the work grow with the text times the events."""
+    joined: list[int] = []
+    real = anthropic_module._joined
+
+    def counting(blocks: Any, pieces: Any) -> Any:
+        result = real(blocks, pieces)
+        joined.append(sum(len(str(block.get("text", ""))) for block in result.values()))
+        return result
+
+    monkeypatch.setattr(anthropic_module, "_joined", counting)
+    text = "y" * 20_000
+    pieces = [text[i : i + 16] for i in range(0, len(text), 16)]
+    pings = [{"type": "ping"}] * 200
+    body = anthropic_sse(message_start(), *text_block(0, *pieces), {"type": "message_stop"}, *pings)
+    model = sdk_clients.anthropic_model(FakeServer(event_stream(body)))
+    result = await Agent(model=model).run("go")
+    assert result.output == text
+    assert joined and sum(joined) <= 2 * len(text)

@@ -519,18 +519,25 @@ def _added(
 
 
 def _joined(blocks: Mapping[int, dict[str, Any]], pieces: Pieces) -> dict[int, dict[str, Any]]:
-    """``blocks`` with the ``pieces`` streamed to their fields joined."""
+    """``blocks`` with the ``pieces`` streamed to their fields joined (those of other
+    blocks left out)."""
     joined = {index: dict(block) for index, block in blocks.items()}
     for (index, field), kept in pieces.items():
-        joined[index][field] = "".join(kept)
+        if index in joined:
+            joined[index][field] = "".join(kept)
     return joined
 
 
-def _whole_input(block: Mapping[str, Any]) -> bool:
-    """Whether a streamed block is no tool call, or one whose input came whole: its
-    ``partial_json`` a JSON object, or none sent (the input it started with, if any)."""
-    raw = block.get("partial_json") or block.get("input")
-    return block.get("type") != "tool_use" or raw is None or whole_arguments(raw)
+def _whole_inputs(blocks: Mapping[int, dict[str, Any]], pieces: Pieces) -> bool:
+    """Whether each streamed tool call's input came whole: its ``partial_json`` a JSON
+    object, or none sent (the input it started with, if any). Joins only their pieces:
+    asked at each event, joining the text too would copy it each time."""
+    calls = {index: block for index, block in blocks.items() if block.get("type") == "tool_use"}
+    for block in _joined(calls, pieces).values():
+        raw = block.get("partial_json") or block.get("input")
+        if raw is not None and not whole_arguments(raw):
+            return False
+    return True
 
 
 def _counts(value: object) -> dict[str, Any]:
@@ -843,7 +850,7 @@ class AnthropicModel:
                 stopped
                 and any(block.get("type") in ("text", "tool_use") for block in blocks.values())
                 and ended.issuperset(blocks)
-                and all(map(_whole_input, _joined(blocks, pieces).values()))
+                and _whole_inputs(blocks, pieces)
             )
 
         with (
