@@ -117,9 +117,10 @@ def test_ids_and_names_a_model_gives_are_bounded_in_telemetry(
 
 
 class CountedPiece(str):
-    """A streamed piece counting the characters a concatenation onto it copies."""
+    """A streamed piece counting the characters a concatenation onto it copies (and
+    how many were made: a provider reading its events otherwise would count nothing)."""
 
-    copied = 0
+    copied = made = 0
 
     def __radd__(self, other: str) -> str:
         CountedPiece.copied += len(other)
@@ -136,6 +137,7 @@ class CountingJson:
     def loads(data: str | bytes, **options: Any) -> Any:
         def counted(value: Any) -> Any:
             if isinstance(value, str):
+                CountedPiece.made += 1
                 return CountedPiece(value)
             if isinstance(value, list):
                 return [counted(item) for item in value]
@@ -190,11 +192,12 @@ async def test_a_streamed_answer_is_joined_once_not_copied_piece_by_piece(
             kept.append(len(text))
             return "kept"
 
-    CountedPiece.copied = 0
+    CountedPiece.copied = CountedPiece.made = 0
     async with Keeper(model=model).stream("go") as events:
         async for _ in events:
             pass
     assert kept == [20_000]
+    assert CountedPiece.made >= len(pieces)
     assert CountedPiece.copied <= 4 * len(arguments)
 
 
