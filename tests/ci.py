@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import NoReturn
 
 import pytest
@@ -18,3 +19,15 @@ def missing(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"CI must run this test, yet {reason}")
     pytest.skip(reason)
+
+
+def mount_namespace(what: str) -> list[str]:
+    """The command prefix that runs a child in a mount namespace of its own (a user
+    namespace's too, for a user other than root), where it mounts ``what`` (``"a
+    read-only file system"``); ``missing`` without ``unshare``."""
+    if shutil.which("unshare") is None:
+        missing(f"{what} is mounted with unshare, which is missing")
+    prefix = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        prefix[1:1] = ["--user", "--map-root-user"]
+    return prefix

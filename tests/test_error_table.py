@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from littleghost.messages import Message, ToolResult
 from littleghost.models.openai import OpenAIModel
 from littleghost.sessions import PostgresSessionStore, SQLiteSessionStore
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
-from tests.ci import missing
+from tests.ci import mount_namespace
 from tests.conftest import Spans
 from tests.raw_http import refused_url
 from tests.sdk_bodies import SDKClients, error_answer
@@ -473,11 +472,7 @@ def test_a_full_disk_says_so_and_the_next_run_goes_on_from_the_log(
 ) -> None:
     """The row of a full disk: SQLite's words in the store's error; the message the run
     was storing is not in the log, and once there is room the next run goes on."""
-    if shutil.which("unshare") is None:
-        missing("a full file system is mounted with unshare, which is missing")
-    prefix = ["unshare", "--mount", "--propagation", "private"]
-    if os.geteuid() != 0:
-        prefix[1:1] = ["--user", "--map-root-user"]
+    prefix = mount_namespace("a full file system")
     folder = tmp_path / "mounted"
     folder.mkdir()
     script = tmp_path / "child.py"

@@ -44,7 +44,7 @@ from littleghost.sessions import (
 )
 from littleghost.testing import ScriptedModel, text_response, tool_call_response
 
-from .ci import missing
+from .ci import missing, mount_namespace
 from .conftest import CHILD_PROCESS_ONLY
 from .stores import collected_warnings, eventually
 from .threads import blocking_agent, default_threads_taken
@@ -778,11 +778,7 @@ class TestUnwritable:
     async def test_on_a_read_only_file_system(self, tmp_path: Path) -> None:
         """A read-only tmpfs, mounted in a mount namespace of the child's own (a user
         namespace's too, for a user other than root)."""
-        if shutil.which("unshare") is None:
-            missing("a read-only file system is mounted with unshare, which is missing")
-        prefix = ["unshare", "--mount", "--propagation", "private"]
-        if os.geteuid() != 0:
-            prefix[1:1] = ["--user", "--map-root-user"]
+        prefix = mount_namespace("a read-only file system")
         folder = tmp_path / "mounted"
         folder.mkdir()
         found = unwritable_probe(prefix, folder, mount=True)
