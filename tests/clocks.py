@@ -45,6 +45,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._jumping.now
 
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:
+        """Wait for the default executor's threads without a timeout: ``asyncio.run``
+        gives one (300 s, from Python 3.12), which this clock would pass at once, failing
+        the test as its loop closes while a thread (a name lookup, say) still ends."""
+        await super().shutdown_default_executor()
+
 
 def virtual(backend: str) -> tuple[str, dict[str, Any]]:
     """``backend`` ("asyncio" or "trio") on a virtual clock of its own, as an
