@@ -33,7 +33,7 @@ from littleghost.errors import (
 from littleghost.messages import ImagePart, Message, ReasoningPart, TextPart, ToolCall, ToolResult
 from littleghost.models._sdk import inline_image
 from littleghost.models.base import ModelRequest, ModelResponse, StopReason, Usage
-from littleghost.text import json_text
+from littleghost.text import cut_middle, json_text
 
 __all__ = [
     "CANCELLED",
@@ -378,12 +378,10 @@ ten times a real one's, whatever a hostile server sends."""
 
 def reported(text: str) -> str:
     """``text``, an id or name a model gave, as telemetry records it: cut in the middle
-    to ``REPORTED_CHARS`` (a marker saying how many characters it lost) when longer."""
+    to ``REPORTED_CHARS``, ``cut_middle``'s marker included, when longer."""
     if len(text) <= REPORTED_CHARS:
         return text
-    head = REPORTED_CHARS // 2
-    tail = REPORTED_CHARS - head - 32
-    return f"{text[:head]}…[{len(text) - head - tail} cut]…{text[len(text) - tail :]}"
+    return cut_middle(text, REPORTED_CHARS - 48)  # the marker: 48 characters at most
 
 
 def response_attributes(response: ModelResponse) -> dict[str, Any]:
