@@ -617,15 +617,16 @@ def accepted_parameters(method: Callable[..., Any]) -> frozenset[str]:
 _Kinds = tuple[type[BaseException], ...]
 
 
-def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds]:
-    """The HTTP libraries' request errors and, among them, their timeouts and their
-    failures to connect.
+def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds, _Kinds]:
+    """The HTTP libraries' request errors and, among them, their timeouts, their failures
+    to connect and their timeouts of a wait for a connection of a client's pool.
 
     A stream that breaks after its headers raises these directly, not as SDK errors.
     """
     errors: list[type[BaseException]] = []
     timeouts: list[type[BaseException]] = []
     unconnected: list[type[BaseException]] = []
+    pooled: list[type[BaseException]] = []
     for name in ("httpx2", "httpx"):
         try:
             module = importlib.import_module(name)
@@ -634,18 +635,8 @@ def transport_errors() -> tuple[_Kinds, _Kinds, _Kinds]:
         errors.append(module.RequestError)
         timeouts.append(module.TimeoutException)
         unconnected += (module.ConnectError, module.ProxyError, module.UnsupportedProtocol)
-    return tuple(errors), tuple(timeouts), tuple(unconnected)
-
-
-def pool_timeouts() -> tuple[type[BaseException], ...]:
-    """The HTTP libraries' timeouts of a wait for a connection of a client's pool."""
-    kinds = []
-    for name in ("httpx2", "httpx"):
-        try:
-            kinds.append(importlib.import_module(name).PoolTimeout)
-        except ImportError:
-            continue
-    return tuple(kinds)
+        pooled.append(module.PoolTimeout)
+    return tuple(errors), tuple(timeouts), tuple(unconnected), tuple(pooled)
 
 
 SHORTEST_HIDDEN = 8
@@ -903,9 +894,8 @@ def _classifier(
     sdk: Any, base: type[Exception], provider: str
 ) -> Callable[[Exception], ProviderError | None]:
     """``error_mapper``'s mapping, before keys are hidden."""
-    http_errors, timeouts, unconnected = transport_errors()
+    http_errors, timeouts, unconnected, pooled = transport_errors()
     proxy_errors = tuple(kind for kind in unconnected if kind.__name__ == "ProxyError")
-    pooled = pool_timeouts()
 
     def lost(error: BaseException | None) -> bool:
         """Whether ``error``, the HTTP library's, came once a connection was made."""
