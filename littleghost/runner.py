@@ -447,12 +447,11 @@ def _late(
     why = "its deadline"
     if waiting:  # another run holds it, or the store is slow to answer
         why += f", still waiting to hold session {context.session_id!r}"
-        if watch.database_busy:
-            why += ": its store's database was busy with another connection's write"
     else:
         why += f", {context._doing()} in turn {context.turn + 1} (of {agent.max_turns} at most)"
-        if context._storing is not None and context._storing.database_busy:
-            why += ": its store's database was busy with another connection's write"
+    waited = watch if waiting else context._storing
+    if waited is not None and waited.database_busy:
+        why += ": its store's database was busy with another connection's write"
     return DeadlineExceededError(
         f"{agent.name} did not finish before {why}", deadline=context.grace.run_deadline
     )
