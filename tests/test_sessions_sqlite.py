@@ -865,6 +865,20 @@ class TestUnwritable:
         assert sorted(path.name for path in links.iterdir()) == ["new.db", "s.db"]
 
 
+async def test_a_platform_without_statvfs_writes_as_any_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows has no ``os.statvfs``: the check for a read-only file system, made before
+    every write, says no (it raised ``AttributeError`` at a store's first use)."""
+    monkeypatch.delattr(os, "statvfs")
+    async with SQLiteSessionStore(tmp_path / "s.db") as store:
+        result = await Sleeper(model=ScriptedModel([text_response("a")]), session_store=store).run(
+            "q", session_id="s"
+        )
+        assert [message.text for message in await store.load("s")] == ["q", "a"]
+    assert [message.text for message in result.messages] == ["q", "a"]
+
+
 class TestBadFiles:
     async def test_a_file_that_is_not_a_database_is_corrupt_and_left_untouched(
         self, tmp_path: Path

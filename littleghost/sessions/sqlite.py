@@ -253,7 +253,9 @@ def _close_connection(connection: sqlite3.Connection, file: str, opened: _Files 
 
 def _on_read_only_file_system(file: str) -> bool:
     """Whether ``file`` (or, for none there, its directory) is on a read-only file
-    system."""
+    system (``False`` where there is no ``statvfs``: Windows)."""
+    if not hasattr(os, "statvfs"):
+        return False
     try:
         flags = os.statvfs(file if os.path.exists(file) else os.path.dirname(file)).f_flag
     except OSError:
